@@ -1,0 +1,58 @@
+# Resolve CFX_WITH_* (AUTO/ON/OFF) into CFX_HAVE_* and CFX_EXTRA_LIBS.
+set(CFX_EXTRA_LIBS "")
+
+function(cfx_check_option opt)
+  string(TOUPPER "${${opt}}" v)
+  if(NOT v MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${opt} must be AUTO, ON or OFF (got '${${opt}}')")
+  endif()
+  set(${opt} ${v} PARENT_SCOPE)
+endfunction()
+
+cfx_check_option(CFX_WITH_VERBS)
+cfx_check_option(CFX_WITH_DPDK)
+cfx_check_option(CFX_WITH_CUDA)
+
+# RDMA verbs: libibverbs + librdmacm (rdma-core).
+set(CFX_HAVE_VERBS OFF)
+if(NOT CFX_WITH_VERBS STREQUAL "OFF")
+  find_library(CFX_IBVERBS_LIB ibverbs)
+  find_library(CFX_RDMACM_LIB rdmacm)
+  find_path(CFX_IBVERBS_INC infiniband/verbs.h)
+  find_path(CFX_RDMACM_INC rdma/rdma_cma.h)
+  if(CFX_IBVERBS_LIB AND CFX_RDMACM_LIB AND CFX_IBVERBS_INC AND CFX_RDMACM_INC
+     AND EXISTS ${PROJECT_SOURCE_DIR}/dataplane/verbs)
+    set(CFX_HAVE_VERBS ON)
+    list(APPEND CFX_EXTRA_LIBS ${CFX_IBVERBS_LIB} ${CFX_RDMACM_LIB})
+  elseif(CFX_WITH_VERBS STREQUAL "ON")
+    message(FATAL_ERROR "CFX_WITH_VERBS=ON but libibverbs/librdmacm (or the verbs transport sources) were not found: apt-get install libibverbs-dev librdmacm-dev")
+  endif()
+endif()
+
+# DPDK via pkg-config.
+set(CFX_HAVE_DPDK OFF)
+if(NOT CFX_WITH_DPDK STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(CFX_DPDK QUIET libdpdk)
+  endif()
+  if(CFX_DPDK_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/dataplane/dpdk)
+    set(CFX_HAVE_DPDK ON)
+  elseif(CFX_WITH_DPDK STREQUAL "ON")
+    message(FATAL_ERROR "CFX_WITH_DPDK=ON but libdpdk (or the dpdk transport sources) were not found: apt-get install dpdk-dev")
+  endif()
+endif()
+
+# CUDA toolkit.
+set(CFX_HAVE_CUDA OFF)
+if(NOT CFX_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/gpu/cuda)
+    set(CFX_HAVE_CUDA ON)
+  elseif(CFX_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "CFX_WITH_CUDA=ON but the CUDA toolkit (or gpu/cuda sources) was not found: install the CUDA toolkit under /usr/local/cuda")
+  endif()
+endif()

@@ -1,0 +1,128 @@
+/* Cluster-token authentication: HMAC-SHA256 via OpenSSL libcrypto. */
+#include "control/auth.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/util.h"
+
+static const char *const side_label[] = {
+    [CFX_AUTH_CLIENT] = "conflux-v1 client",
+    [CFX_AUTH_COORD] = "conflux-v1 coord",
+};
+
+int cfx__auth_nonce(uint8_t *buf, size_t len)
+{
+    if (RAND_bytes(buf, (int)len) != 1)
+        return cfx__err(CFX_ERR_INTERNAL, "RAND_bytes failed: no entropy for an auth nonce");
+    return CFX_OK;
+}
+
+int cfx__auth_mac(const char *token, enum cfx_auth_side side,
+                  const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                  const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                  uint8_t mac[CFX_AUTH_MAC_LEN])
+{
+    uint8_t msg[32 + 2 * CFX_AUTH_NONCE_LEN];
+    unsigned maclen = 0;
+
+    if (!token || !*token)
+        return cfx__err(CFX_ERR_INVALID, "empty cluster token");
+    if ((unsigned)side > CFX_AUTH_COORD)
+        return cfx__err(CFX_ERR_INVALID, "bad auth side %d", (int)side);
+    /* Labels are NUL-padded to 32 bytes so the message has a fixed layout. */
+    memset(msg, 0, 32);
+    memcpy(msg, side_label[side], strlen(side_label[side]));
+    memcpy(msg + 32, server_nonce, CFX_AUTH_NONCE_LEN);
+    memcpy(msg + 32 + CFX_AUTH_NONCE_LEN, client_nonce, CFX_AUTH_NONCE_LEN);
+    if (!HMAC(EVP_sha256(), token, (int)strlen(token), msg, sizeof(msg), mac, &maclen) ||
+        maclen != CFX_AUTH_MAC_LEN)
+        return cfx__err(CFX_ERR_INTERNAL, "HMAC-SHA256 failed in libcrypto");
+    return CFX_OK;
+}
+
+int cfx__auth_verify(const char *token, enum cfx_auth_side side,
+                     const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t mac[CFX_AUTH_MAC_LEN])
+{
+    uint8_t want[CFX_AUTH_MAC_LEN];
+    int rc = cfx__auth_mac(token, side, server_nonce, client_nonce, want);
+    if (rc != CFX_OK)
+        return rc;
+    rc = CRYPTO_memcmp(want, mac, CFX_AUTH_MAC_LEN) == 0 ? CFX_OK : CFX_ERR_AUTH;
+    OPENSSL_cleanse(want, sizeof(want));
+    if (rc != CFX_OK)
+        return cfx__err(rc, "cluster token mismatch");
+    return CFX_OK;
+}
+
+static int token_copy(const char *src, size_t n, const char *from, char *buf, size_t len)
+{
+    if (n == 0)
+        return cfx__err(CFX_ERR_AUTH, "the cluster token from %s is empty", from);
+    if (n >= len || n > CFX_TOKEN_MAX)
+        return cfx__err(CFX_ERR_TOO_BIG, "the cluster token from %s is longer than %zu bytes",
+                        from, CFX_MIN(len ? len - 1 : 0, (size_t)CFX_TOKEN_MAX));
+    memcpy(buf, src, n);
+    buf[n] = '\0';
+    return CFX_OK;
+}
+
+int cfx__token_load(const char *explicit_token, char *buf, size_t len)
+{
+    const char *v;
+
+    if (!buf || len == 0)
+        return cfx__err(CFX_ERR_INVALID, "no buffer for the cluster token");
+    buf[0] = '\0';
+    if (explicit_token && *explicit_token)
+        return token_copy(explicit_token, strlen(explicit_token), "the caller", buf, len);
+    v = getenv("CFX_TOKEN");
+    if (v && *v)
+        return token_copy(v, strlen(v), "CFX_TOKEN", buf, len);
+
+    v = getenv("CFX_TOKEN_FILE");
+    if (!v || !*v)
+        return cfx__err(CFX_ERR_AUTH,
+                        "no cluster token: set CFX_TOKEN to the token or CFX_TOKEN_FILE "
+                        "to a file holding it");
+
+    char line[CFX_TOKEN_MAX + 2];
+    FILE *f = fopen(v, "re");
+    if (!f)
+        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file CFX_TOKEN_FILE=%s: %s",
+                        v, strerror(errno));
+    size_t n = fread(line, 1, sizeof(line) - 1, f);
+    int ferr = ferror(f);
+    fclose(f);
+    if (ferr)
+        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file CFX_TOKEN_FILE=%s", v);
+    line[n] = '\0';
+    /* The token is the first line; a trailing newline (or CRLF) is not part of it. */
+    char *nl = memchr(line, '\n', n);
+    if (nl) {
+        *nl = '\0';
+        n = (size_t)(nl - line);
+    } else if (n > CFX_TOKEN_MAX) {
+        OPENSSL_cleanse(line, sizeof(line));
+        return cfx__err(CFX_ERR_TOO_BIG, "the cluster token in CFX_TOKEN_FILE=%s is longer "
+                        "than %d bytes", v, CFX_TOKEN_MAX);
+    }
+    if (n && line[n - 1] == '\r')
+        line[--n] = '\0';
+    char from[64];
+    snprintf(from, sizeof(from), "CFX_TOKEN_FILE");
+    int rc = token_copy(line, strlen(line), from, buf, len);
+    OPENSSL_cleanse(line, sizeof(line));
+    return rc;
+}

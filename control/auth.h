@@ -1,0 +1,54 @@
+/*
+ * Cluster-token authentication (mutual HMAC-SHA256 challenge-response).
+ *
+ *   coord  -> client  CHALLENGE { server nonce Ns }
+ *   client -> coord   AUTH { role, client nonce Nc, HMAC(token, "conflux-v1 client" | Ns | Nc) }
+ *   coord  -> client  AUTH_OK { HMAC(token, "conflux-v1 coord" | Ns | Nc) }  or ERROR(CFX_ERR_AUTH)
+ *
+ * Distinct labels keep one side's MAC from being replayed as the other's;
+ * fresh nonces on both sides keep old exchanges from being replayed.  The
+ * token never travels and is never logged.  MACs are compared with
+ * CRYPTO_memcmp().  All functions are thread-safe.
+ */
+#ifndef CFX_CONTROL_AUTH_H
+#define CFX_CONTROL_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CFX_AUTH_NONCE_LEN 32
+#define CFX_AUTH_MAC_LEN   32
+#define CFX_TOKEN_MAX      256  /* longest token accepted, excluding NUL */
+
+enum cfx_auth_side {
+    CFX_AUTH_CLIENT = 0,   /* MAC a client sends */
+    CFX_AUTH_COORD  = 1,   /* MAC the coordinator sends back */
+};
+
+/* Fill @p buf with @p len cryptographically random bytes.  CFX_OK / CFX_ERR_INTERNAL. */
+int cfx__auth_nonce(uint8_t *buf, size_t len);
+
+/* MAC of one side over both nonces.  CFX_OK, CFX_ERR_INVALID (empty token),
+ * CFX_ERR_INTERNAL (libcrypto failure). */
+int cfx__auth_mac(const char *token, enum cfx_auth_side side,
+                  const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                  const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                  uint8_t mac[CFX_AUTH_MAC_LEN]);
+
+/* Check a received MAC in constant time.  CFX_OK or CFX_ERR_AUTH. */
+int cfx__auth_verify(const char *token, enum cfx_auth_side side,
+                     const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t mac[CFX_AUTH_MAC_LEN]);
+
+/*
+ * Find the cluster token: @p explicit_token if non-NULL and non-empty, else
+ * $CFX_TOKEN, else the first line of the file named by $CFX_TOKEN_FILE
+ * (trailing newline / CR removed).  Copies it into @p buf of @p len bytes.
+ * @return CFX_OK; CFX_ERR_AUTH when none is configured or the file is
+ *         unreadable or empty (cfx_last_error() tells the user to set
+ *         CFX_TOKEN or CFX_TOKEN_FILE); CFX_ERR_TOO_BIG when it does not fit.
+ */
+int cfx__token_load(const char *explicit_token, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,150 @@
+/*
+ * Coordinator client: the library's side of the control plane.
+ *
+ * One client is one authenticated TCP connection to conflux-coord, owned by
+ * a background thread that sends heartbeats, reads replies and events, and
+ * hands each reply to the caller waiting for it (matched by request id).
+ * Every function here may be called from any thread concurrently; each
+ * blocking call takes an absolute deadline (CLOCK_MONOTONIC ns, UINT64_MAX =
+ * none) and fails with CFX_ERR_TIMEOUT after it, naming the coordinator in
+ * cfx_last_error().
+ */
+#ifndef CFX_CONTROL_CLIENT_H
+#define CFX_CONTROL_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/object.h>
+#include "dataplane/transport.h"
+
+#define CFX_NODE_NAME_MAX    64
+#define CFX_HOST_ID_MAX      64
+#define CFX_NODE_ADDRS_MAX   4
+
+/* One transport address a node listens on. */
+struct cfx_node_addr {
+    char tp[CFX_TP_NAME_MAX];      /* transport name */
+    uint8_t len;                   /* bytes in addr */
+    uint8_t addr[CFX_TP_ADDR_MAX]; /* opaque, from iface_addr() */
+};
+
+/* A member node as the coordinator knows it. */
+struct cfx_node_rec {
+    uint32_t node_id;                  /* assigned by the coordinator, never 0 */
+    uint32_t pid;                      /* process id on its host */
+    char name[CFX_NODE_NAME_MAX];      /* "host:pid" or user-given */
+    char host_id[CFX_HOST_ID_MAX];     /* equal for nodes that can use shm */
+    char ctl_addr[48];                 /* "ip:port" the coordinator saw it from */
+    uint8_t alive;                     /* 1 alive, 0 dead */
+    uint32_t last_seen_ms;             /* ms since the last heartbeat */
+    uint8_t naddr;
+    struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
+};
+
+/* A holder of an object, as listed by the directory. */
+struct cfx_obj_holder {
+    uint32_t node_id;
+    uint8_t complete;   /* 1 complete copy, 0 partial (being received) */
+    uint32_t uploads;   /* transfers it is currently serving */
+};
+
+/* Answer to a lookup: where to get an object from. */
+struct cfx_ctl_source {
+    uint64_t size;             /* object size */
+    uint32_t chunk_size;       /* chunk size chosen by the putter */
+    uint8_t is_inline;         /* 1: data holds the object; no source node */
+    uint8_t complete;          /* source holds a complete copy */
+    void *data;                /* inline bytes (malloc'd, caller frees) */
+    struct cfx_node_rec node;  /* source node when !is_inline */
+};
+
+/* Directory listing entry (rdmactl objects). */
+struct cfx_ctl_obj_rec {
+    struct cfx_object_id id;
+    uint64_t size;
+    uint32_t chunk_size;
+    uint8_t is_inline;
+    uint32_t nholders;
+    struct cfx_obj_holder holders[16]; /* first 16 holders */
+};
+
+/* Coordinator summary (rdmactl status). */
+struct cfx_ctl_status {
+    uint32_t proto_version;
+    uint64_t uptime_ms;
+    uint32_t nodes_alive;
+    uint32_t nodes_dead;
+    uint32_t objects;
+    uint64_t inline_bytes;
+    uint32_t heartbeat_ms;
+    uint32_t dead_after_ms;
+    char version[32];
+};
+
+enum cfx_ctl_role {
+    CFX_CTL_ROLE_NODE  = 0,  /* a member: gets a node id, heartbeats */
+    CFX_CTL_ROLE_ADMIN = 1,  /* rdmactl: queries only, not a member */
+};
+
+struct cfx_ctl;
+
+struct cfx_ctl_params {
+    const char *coord;                 /* "host:port" */
+    const char *token;                 /* cluster token (required) */
+    enum cfx_ctl_role role;
+    const struct cfx_node_rec *self;   /* NODE: name, pid, host_id, addrs */
+    int timeout_ms;                    /* connect + authenticate + join */
+    /* Called from the client thread when the coordinator reports a node dead
+     * (or this client loses the coordinator: node_id 0).  May be NULL. */
+    void (*on_node_dead)(void *arg, uint32_t node_id);
+    void *arg;
+};
+
+/* Connect, authenticate (HMAC challenge-response) and join.
+ * CFX_ERR_AUTH when the token is refused; CFX_ERR_CONNECT; CFX_ERR_TIMEOUT. */
+int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
+
+/* Leave (best effort) and free; NULL is a no-op. */
+void cfx__ctl_close(struct cfx_ctl *ctl);
+
+uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
+/* Heartbeat interval and death timeout the coordinator announced. */
+uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl);
+
+/* Announce that this node holds a complete object.  @p data carries the
+ * bytes when size <= CFX_OBJECT_INLINE_MAX (they are stored by the
+ * coordinator), else NULL.  CFX_ERR_EXISTS if this node already announced it. */
+int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                     uint64_t size, uint32_t chunk_size, const void *data,
+                     uint64_t deadline_ns);
+
+/* Find a source for @p id, waiting until one exists or the deadline.  The
+ * caller is recorded as a partial holder and the source's upload count is
+ * raised until cfx__ctl_obj_done().  Nodes in @p exclude are not chosen.
+ * CFX_ERR_TIMEOUT when no holder appeared in time. */
+int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                        const uint32_t *exclude, unsigned nexclude,
+                        uint64_t deadline_ns, struct cfx_ctl_source *out);
+
+/* A transfer from @p source_node ended: the source's upload count drops and
+ * this node becomes a complete holder (@p complete = 1) or stops being a
+ * partial holder (0). */
+int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                      uint32_t source_node, int complete, uint64_t deadline_ns);
+
+/* Withdraw this node's copy.  CFX_ERR_NOT_FOUND if it held none. */
+int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                        uint64_t deadline_ns);
+
+/* Node record of @p node_id. CFX_ERR_NOT_FOUND if unknown. */
+int cfx__ctl_node_get(struct cfx_ctl *ctl, uint32_t node_id,
+                      struct cfx_node_rec *out, uint64_t deadline_ns);
+
+/* Admin queries; arrays are malloc'd, caller frees. */
+int cfx__ctl_status(struct cfx_ctl *ctl, struct cfx_ctl_status *out, uint64_t deadline_ns);
+int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
+                   uint64_t deadline_ns);
+int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *n,
+                     uint64_t deadline_ns);
+
+#endif

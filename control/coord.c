@@ -1,0 +1,674 @@
+/*
+ * The coordinator: listening socket, connections (non-blocking, one input
+ * buffer and one output queue each), authentication and message dispatch.
+ * Membership lives in coord_members.c, the object directory in
+ * coord_directory.c.  Everything runs on one event-loop thread.
+ *
+ * Connections are never closed from inside a callback: cfx__coord_conn_fail()
+ * moves them to coord->closing and the after-batch hook closes them.  So a
+ * reply that fails to send, or a node death that fans out events, cannot
+ * free a connection that a caller up the stack is still using.
+ */
+#include "control/coord_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include <conflux/status.h>
+#include <conflux/version.h>
+
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+
+#define IN_BUF_INITIAL (16u * 1024)
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+
+static void conn_flush(struct coord_conn *c)
+{
+    struct cfx_coord *co = c->coord;
+
+    while (!cfx_list_empty(&c->outq)) {
+        struct coord_frame *f = cfx_list_entry(c->outq.next, struct coord_frame, link);
+        ssize_t n = send(c->fd, f->data + f->off, f->len - f->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                cfx__ev_io_set(co->loop, &c->io, CFX_EV_READ | CFX_EV_WRITE);
+                return;
+            }
+            CFX_LOG(INFO, CTL, "connection %s: send: %s", c->peer, strerror(errno));
+            cfx__coord_conn_fail(c);
+            return;
+        }
+        f->off += (size_t)n;
+        c->out_bytes -= (size_t)n;
+        if (f->off == f->len) {
+            cfx_list_del(&f->link);
+            free(f);
+        }
+    }
+    cfx__ev_io_set(co->loop, &c->io, CFX_EV_READ);
+    if (c->close_after_flush)
+        cfx__coord_conn_fail(c);
+}
+
+void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
+{
+    if (c->failing)
+        return;
+    size_t len = cfx__msg_encoded_len(m);
+    struct coord_frame *f = malloc(sizeof(*f) + len);
+    if (!f) {
+        CFX_LOG(ERR, CTL, "connection %s: no memory for a %zu byte %s reply; closing it",
+                c->peer, len, cfx__msg_type_name(m->type));
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    int rc = cfx__msg_encode(m, f->data, len, &f->len);
+    if (rc != CFX_OK) {
+        /* Our own message is malformed: a bug, not the peer's fault. */
+        CFX_LOG(ERR, CTL, "connection %s: cannot encode %s: %s", c->peer,
+                cfx__msg_type_name(m->type), cfx_last_error());
+        free(f);
+        return;
+    }
+    f->off = 0;
+    if (c->out_bytes + f->len > COORD_OUTQ_MAX) {
+        CFX_LOG(WARN, CTL, "connection %s: %zu reply bytes queued and not read; closing it "
+                "as too slow", c->peer, c->out_bytes);
+        free(f);
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    int was_empty = cfx_list_empty(&c->outq);
+    cfx_list_add_tail(&f->link, &c->outq);
+    c->out_bytes += f->len;
+    if (was_empty)
+        conn_flush(c);
+}
+
+void cfx__coord_reply_ok(struct coord_conn *c, uint64_t req_id)
+{
+    struct cfx_msg m = { .type = CFX_MSG_OK, .req_id = req_id };
+    cfx__coord_send(c, &m);
+}
+
+void cfx__coord_reply_err(struct coord_conn *c, uint64_t req_id, int status, const char *fmt, ...)
+{
+    struct cfx_msg m = { .type = CFX_MSG_ERROR, .req_id = req_id };
+    va_list ap;
+    m.u.error.status = status;
+    va_start(ap, fmt);
+    vsnprintf(m.u.error.text, sizeof(m.u.error.text), fmt, ap);
+    va_end(ap);
+    CFX_LOG(DEBUG, CTL, "connection %s: request %llu failed: %s: %s", c->peer,
+            (unsigned long long)req_id, cfx_errname(status), m.u.error.text);
+    cfx__coord_send(c, &m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connection lifetime                                                       */
+
+void cfx__coord_conn_fail(struct coord_conn *c)
+{
+    if (c->failing)
+        return;
+    c->failing = 1;
+    cfx_list_del(&c->link);
+    cfx_list_add_tail(&c->link, &c->coord->closing);
+}
+
+static void conn_free(struct coord_conn *c)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &c->outq) {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct coord_frame, link));
+    }
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->in);
+    free(c);
+}
+
+/* Close a failed connection: its node (if any) dies, its lookups go. */
+static void conn_close(struct cfx_coord *co, struct coord_conn *c)
+{
+    cfx__ev_io_stop(co->loop, &c->io);
+    cfx__coord_dir_conn_gone(co, c);
+    if (c->node) {
+        struct coord_node *n = c->node;
+        cfx__coord_node_kill(co, n, "its connection closed");
+    }
+    cfx_list_del(&c->link);
+    co->nconns--;
+    CFX_LOG(DEBUG, CTL, "connection %s closed", c->peer);
+    conn_free(c);
+}
+
+/* After every batch: close what failed.  Closing may fail more connections
+ * (a node_dead event that cannot be sent), so drain until empty. */
+static void after_batch(struct cfx_ev_loop *loop, void *arg)
+{
+    struct cfx_coord *co = arg;
+    (void)loop;
+    while (!cfx_list_empty(&co->closing)) {
+        struct coord_conn *c = cfx_list_entry(co->closing.next, struct coord_conn, link);
+        conn_close(co, c);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Authentication and dispatch                                               */
+
+static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_msg r = { .type = CFX_MSG_AUTH_OK, .req_id = m->req_id };
+
+    if (cfx__auth_verify(co->token, CFX_AUTH_CLIENT, c->nonce, m->u.auth.nonce,
+                         m->u.auth.mac) != CFX_OK) {
+        CFX_LOG(WARN, CTL, "refused %s: wrong cluster token", c->peer);
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_AUTH,
+                             "coordinator %s refused the cluster token", co->addr);
+        c->close_after_flush = 1;
+        if (cfx_list_empty(&c->outq))
+            cfx__coord_conn_fail(c);
+        return;
+    }
+    if (cfx__auth_mac(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, r.u.auth_ok.mac) !=
+        CFX_OK) {
+        CFX_LOG(ERR, CTL, "connection %s: %s", c->peer, cfx_last_error());
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INTERNAL, "coordinator cannot compute its MAC");
+        c->close_after_flush = 1;
+        return;
+    }
+    c->state = COORD_CONN_READY;
+    c->role = m->u.auth.role;
+    CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s", c->peer,
+            c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node");
+    cfx__coord_send(c, &r);
+}
+
+static void handle_status(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_msg r = { .type = CFX_MSG_STATUS_REPLY, .req_id = m->req_id };
+    struct cfx_ctl_status *s = &r.u.status;
+    s->proto_version = CFX_PROTO_VERSION;
+    s->uptime_ms = (cfx__now_ns() - co->start_ns) / 1000000ull;
+    s->nodes_alive = co->nodes_alive;
+    s->nodes_dead = co->nodes_dead;
+    s->objects = co->nobjects;
+    s->inline_bytes = co->inline_bytes;
+    s->heartbeat_ms = co->heartbeat_ms;
+    s->dead_after_ms = co->dead_after_ms;
+    snprintf(s->version, sizeof(s->version), "%s", CFX_VERSION_STRING);
+    cfx__coord_send(c, &r);
+}
+
+static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    if (c->node)
+        c->node->last_seen_ns = cfx__now_ns();
+
+    switch (m->type) {
+    case CFX_MSG_JOIN:
+        if (c->role != CFX_CTL_ROLE_NODE)
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
+                                 "an admin connection cannot join the cluster");
+        else if (c->state == COORD_CONN_NODE)
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
+                                 "this connection already joined as node %u",
+                                 c->node->rec.node_id);
+        else
+            cfx__coord_join(co, c, m);
+        break;
+    case CFX_MSG_LEAVE:
+        if (c->state == COORD_CONN_NODE)
+            cfx__coord_leave(co, c);
+        break;
+    case CFX_MSG_HEARTBEAT:
+        break;
+    case CFX_MSG_STATUS:
+        handle_status(co, c, m);
+        break;
+    case CFX_MSG_NODE_GET:
+        cfx__coord_node_get(co, c, m);
+        break;
+    case CFX_MSG_NODES:
+        cfx__coord_nodes_list(co, c, m);
+        break;
+    case CFX_MSG_OBJECTS:
+        cfx__coord_objects_list(co, c, m);
+        break;
+    case CFX_MSG_OBJ_PUT:
+    case CFX_MSG_OBJ_LOOKUP:
+    case CFX_MSG_OBJ_DONE:
+    case CFX_MSG_OBJ_DELETE:
+        if (c->state != COORD_CONN_NODE)
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
+                                 "%s needs a joined node; this connection is not one",
+                                 cfx__msg_type_name(m->type));
+        else if (m->type == CFX_MSG_OBJ_PUT)
+            cfx__coord_obj_put(co, c, m);
+        else if (m->type == CFX_MSG_OBJ_LOOKUP)
+            cfx__coord_obj_lookup(co, c, m);
+        else if (m->type == CFX_MSG_OBJ_DONE)
+            cfx__coord_obj_done(co, c, m);
+        else
+            cfx__coord_obj_delete(co, c, m);
+        break;
+    default:
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_PROTO, "a client may not send %s",
+                             cfx__msg_type_name(m->type));
+        break;
+    }
+}
+
+/* One whole frame of @p len bytes. */
+static void handle_frame(struct cfx_coord *co, struct coord_conn *c, const uint8_t *buf,
+                         size_t len)
+{
+    struct cfx_msg m;
+    int rc = cfx__msg_decode(buf, len, &m);
+
+    if (c->state == COORD_CONN_AUTH) {
+        if (rc != CFX_OK || m.type != CFX_MSG_AUTH) {
+            CFX_LOG(WARN, CTL, "closing %s: %s before authenticating", c->peer,
+                    rc != CFX_OK ? cfx_last_error() : cfx__msg_type_name(m.type));
+            cfx__coord_conn_fail(c);
+            return;
+        }
+        handle_auth(co, c, &m);
+        return;
+    }
+    if (rc != CFX_OK) {
+        /* The framing is intact (the header was valid), so say why and go on. */
+        CFX_LOG(WARN, CTL, "connection %s: %s", c->peer, cfx_last_error());
+        struct cfx_msg_hdr h;
+        uint64_t req_id = cfx__msg_hdr_decode(buf, len, &h) == CFX_OK ? h.req_id : 0;
+        cfx__coord_reply_err(c, req_id, rc, "coordinator %s: %s", co->addr, cfx_last_error());
+        return;
+    }
+    dispatch(co, c, &m);
+}
+
+/* Consume every complete frame in the input buffer. */
+static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
+{
+    size_t off = 0;
+
+    while (!c->failing && !c->close_after_flush && c->in_len - off >= CFX_PROTO_HDR_LEN) {
+        struct cfx_msg_hdr h;
+        int rc = cfx__msg_hdr_decode(c->in + off, c->in_len - off, &h);
+        if (rc != CFX_OK) {
+            /* Framing is lost: nothing after this can be trusted. */
+            CFX_LOG(WARN, CTL, "closing %s: %s", c->peer, cfx_last_error());
+            if (rc == CFX_ERR_VERSION && c->state == COORD_CONN_AUTH) {
+                cfx__coord_reply_err(c, h.req_id, CFX_ERR_VERSION,
+                                     "coordinator %s speaks protocol version %u", co->addr,
+                                     CFX_PROTO_VERSION);
+                c->close_after_flush = 1;
+            } else {
+                cfx__coord_conn_fail(c);
+            }
+            break;
+        }
+        size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
+        if (c->in_len - off < need) {
+            if (need > c->in_cap) {
+                uint8_t *p;
+                if (off) {
+                    memmove(c->in, c->in + off, c->in_len - off);
+                    c->in_len -= off;
+                    off = 0;
+                }
+                p = realloc(c->in, need);
+                if (!p) {
+                    CFX_LOG(ERR, CTL, "closing %s: no memory for a %zu byte frame", c->peer, need);
+                    cfx__coord_conn_fail(c);
+                    return;
+                }
+                c->in = p;
+                c->in_cap = need;
+            }
+            break;
+        }
+        handle_frame(co, c, c->in + off, need);
+        off += need;
+    }
+    if (off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    /* Shrink a buffer a large frame grew, once it is idle. */
+    if (c->in_len == 0 && c->in_cap > 4 * IN_BUF_INITIAL) {
+        uint8_t *p = realloc(c->in, IN_BUF_INITIAL);
+        if (p) {
+            c->in = p;
+            c->in_cap = IN_BUF_INITIAL;
+        }
+    }
+}
+
+static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
+{
+    struct coord_conn *c = io->arg;
+    struct cfx_coord *co = c->coord;
+    (void)loop;
+
+    if (c->failing)
+        return;
+    if (events & CFX_EV_WRITE)
+        conn_flush(c);
+    if (!(events & CFX_EV_READ) || c->failing)
+        return;
+    if (c->close_after_flush) {
+        /* Discard input from a refused peer while its error drains. */
+        char sink[512];
+        ssize_t n = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            cfx__coord_conn_fail(c);
+        return;
+    }
+    if (c->in_len == c->in_cap) {
+        /* Only reachable with a header-sized buffer; conn_parse grows it. */
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+    if (n == 0) {
+        CFX_LOG(DEBUG, CTL, "connection %s: peer closed", c->peer);
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            return;
+        CFX_LOG(INFO, CTL, "connection %s: recv: %s", c->peer, strerror(errno));
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    c->in_len += (size_t)n;
+    c->last_rx_ns = cfx__now_ns();
+    conn_parse(co, c);
+}
+
+static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *sa)
+{
+    struct coord_conn *c;
+    char ip[INET_ADDRSTRLEN] = "?";
+    int one = 1;
+
+    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+    if (co->nconns >= COORD_CONNS_MAX) {
+        CFX_LOG(WARN, CTL, "refusing %s:%u: %u connections open already", ip,
+                ntohs(sa->sin_port), co->nconns);
+        close(fd);
+        return;
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        goto err_close;
+    c->in = malloc(IN_BUF_INITIAL);
+    if (!c->in)
+        goto err_free;
+    c->in_cap = IN_BUF_INITIAL;
+    c->coord = co;
+    c->fd = fd;
+    c->io.fd = -1;
+    snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sa->sin_port));
+    c->accepted_ns = c->last_rx_ns = cfx__now_ns();
+    cfx_list_init(&c->outq);
+    cfx_list_init(&c->parked);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (cfx__auth_nonce(c->nonce, sizeof(c->nonce)) != CFX_OK)
+        goto err_free_in;
+    if (cfx__ev_io_start(co->loop, &c->io, fd, CFX_EV_READ, on_conn_io, c) != CFX_OK)
+        goto err_free_in;
+    cfx_list_add_tail(&c->link, &co->conns);
+    co->nconns++;
+    CFX_LOG(DEBUG, CTL, "connection %s accepted", c->peer);
+
+    struct cfx_msg ch = { .type = CFX_MSG_CHALLENGE, .req_id = 0 };
+    memcpy(ch.u.challenge.nonce, c->nonce, sizeof(c->nonce));
+    cfx__coord_send(c, &ch);
+    return;
+
+err_free_in:
+    CFX_LOG(ERR, CTL, "dropping connection %s:%u: %s", ip, ntohs(sa->sin_port),
+            cfx_last_error());
+    free(c->in);
+err_free:
+    free(c);
+err_close:
+    close(fd);
+}
+
+static void on_listen(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
+{
+    struct cfx_coord *co = io->arg;
+    (void)loop;
+    (void)events;
+    for (int i = 0; i < 64; i++) {
+        struct sockaddr_in sa;
+        socklen_t slen = sizeof(sa);
+        int fd = accept4(co->listen_fd, (struct sockaddr *)&sa, &slen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                CFX_LOG(WARN, CTL, "accept on %s: %s", co->addr, strerror(errno));
+            return;
+        }
+        accept_one(co, fd, &sa);
+    }
+}
+
+/* Housekeeping: authentication and stall deadlines, heartbeats. */
+static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
+{
+    struct cfx_coord *co = t->arg;
+    uint64_t now = cfx__now_ns();
+    struct cfx_list *pos, *tmp;
+
+    cfx_list_for_each_safe(pos, tmp, &co->conns) {
+        struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+        if (c->state == COORD_CONN_AUTH &&
+            now - c->accepted_ns > (uint64_t)co->auth_timeout_ms * 1000000ull) {
+            CFX_LOG(WARN, CTL, "closing %s: not authenticated within %u ms", c->peer,
+                    co->auth_timeout_ms);
+            cfx__coord_conn_fail(c);
+        } else if (c->in_len > 0 &&
+                   now - c->last_rx_ns > (uint64_t)co->stall_timeout_ms * 1000000ull) {
+            CFX_LOG(WARN, CTL, "closing %s: stalled for %u ms in the middle of a frame",
+                    c->peer, co->stall_timeout_ms);
+            cfx__coord_conn_fail(c);
+        }
+    }
+    cfx__coord_members_tick(co, now);
+    cfx__ev_timer_start(loop, t, now + (uint64_t)COORD_TICK_MS * 1000000ull);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start / stop                                                              */
+
+static void *coord_thread(void *arg)
+{
+    struct cfx_coord *co = arg;
+    cfx__log_set_tag("coord");
+    int rc = cfx__ev_loop_run(co->loop);
+    if (rc != CFX_OK)
+        CFX_LOG(ERR, CTL, "coordinator %s: event loop failed: %s", co->addr, cfx_last_error());
+    return NULL;
+}
+
+static int coord_listen(struct cfx_coord *co, const char *bind_addr, uint16_t port)
+{
+    struct sockaddr_in sa;
+    char hp[300];
+    int one = 1;
+
+    /* cfx__parse_hostport wants a port in 1..65535; the real one is set below. */
+    snprintf(hp, sizeof(hp), "%s:1", bind_addr);
+    if (cfx__parse_hostport(hp, &sa) != CFX_OK)
+        return cfx__err(CFX_ERR_INVALID, "coordinator bind address '%s' is not an IPv4 "
+                        "address or host name", bind_addr);
+    sa.sin_port = htons(port);
+    co->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (co->listen_fd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "socket: %s", strerror(errno));
+    setsockopt(co->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(co->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int e = errno;
+        return cfx__err(e == EADDRINUSE ? CFX_ERR_BUSY : cfx__status_from_errno(e),
+                        "coordinator cannot bind %s:%u: %s", bind_addr, port, strerror(e));
+    }
+    if (listen(co->listen_fd, 128) < 0)
+        return cfx__err(cfx__status_from_errno(errno), "listen on %s:%u: %s", bind_addr, port,
+                        strerror(errno));
+    socklen_t slen = sizeof(sa);
+    getsockname(co->listen_fd, (struct sockaddr *)&sa, &slen);
+    co->port = ntohs(sa.sin_port);
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+    snprintf(co->addr, sizeof(co->addr), "%s:%u", ip, co->port);
+    return CFX_OK;
+}
+
+/* Free everything; the loop thread must not be running. */
+static void coord_free(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+
+    /* Directory first: parked lookups are linked into their connections. */
+    cfx__coord_dir_fini(co);
+    cfx_list_for_each_safe(pos, tmp, &co->closing) {
+        struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+        cfx_list_del(&c->link);
+        cfx_list_add_tail(&c->link, &co->conns);
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->conns) {
+        struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+        cfx_list_del(&c->link);
+        if (co->loop)
+            cfx__ev_io_stop(co->loop, &c->io);
+        conn_free(c);
+    }
+    cfx__coord_members_fini(co);
+    if (co->loop && co->listen_fd >= 0)
+        cfx__ev_io_stop(co->loop, &co->listen_io);
+    if (co->listen_fd >= 0)
+        close(co->listen_fd);
+    cfx__ev_loop_destroy(co->loop);
+    OPENSSL_cleanse(co->token, sizeof(co->token));
+    free(co);
+}
+
+int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **out)
+{
+    struct cfx_coord *co;
+    sigset_t all, old;
+    int rc;
+
+    cfx__log_init();
+    if (!params || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx__coord_start: NULL params or out");
+    if (!params->token || !*params->token)
+        return cfx__err(CFX_ERR_AUTH, "the coordinator needs a cluster token: set CFX_TOKEN "
+                        "or CFX_TOKEN_FILE");
+    if (strlen(params->token) > CFX_TOKEN_MAX)
+        return cfx__err(CFX_ERR_TOO_BIG, "cluster token longer than %d bytes", CFX_TOKEN_MAX);
+
+    co = calloc(1, sizeof(*co));
+    if (!co)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for the coordinator");
+    co->listen_fd = -1;
+    co->listen_io.fd = -1;
+    cfx_list_init(&co->conns);
+    cfx_list_init(&co->closing);
+    cfx__coord_members_init(co);
+    snprintf(co->token, sizeof(co->token), "%s", params->token);
+    co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms : 250;
+    co->dead_after_ms = params->dead_after_ms ? params->dead_after_ms : 1500;
+    co->fanout = params->fanout ? params->fanout : 2;
+    co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
+    co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
+    if (co->dead_after_ms <= co->heartbeat_ms) {
+        rc = cfx__err(CFX_ERR_INVALID, "dead-after (%u ms) must exceed the heartbeat "
+                      "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);
+        goto err_free;
+    }
+    co->start_ns = cfx__now_ns();
+    rc = cfx__coord_dir_init(co);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = coord_listen(co, params->bind_addr ? params->bind_addr : "127.0.0.1", params->port);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = cfx__ev_loop_create(&co->loop);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = cfx__ev_io_start(co->loop, &co->listen_io, co->listen_fd, CFX_EV_READ, on_listen, co);
+    if (rc != CFX_OK)
+        goto err_free;
+    cfx__ev_timer_init(&co->tick, on_tick, co);
+    cfx__ev_timer_start(co->loop, &co->tick,
+                        cfx__now_ns() + (uint64_t)COORD_TICK_MS * 1000000ull);
+    cfx__ev_loop_set_hook(co->loop, after_batch, co);
+
+    /* The loop thread takes no signals: they belong to the embedding program. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&co->thread, NULL, coord_thread, co);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        rc = cfx__err(CFX_ERR_NO_RESOURCE, "cannot start the coordinator thread: %s",
+                      strerror(rc));
+        goto err_free;
+    }
+    co->thread_started = 1;
+    CFX_LOG(INFO, CTL, "coordinator listening on %s (heartbeat %u ms, dead after %u ms, "
+            "fanout %u)", co->addr, co->heartbeat_ms, co->dead_after_ms, co->fanout);
+    *out = co;
+    return CFX_OK;
+
+err_free:
+    coord_free(co);
+    return rc;
+}
+
+uint16_t cfx__coord_port(const struct cfx_coord *coord)
+{
+    return coord ? coord->port : 0;
+}
+
+const char *cfx__coord_addr(const struct cfx_coord *coord)
+{
+    return coord ? coord->addr : "";
+}
+
+void cfx__coord_stop(struct cfx_coord *coord)
+{
+    if (!coord)
+        return;
+    if (coord->thread_started) {
+        cfx__ev_loop_stop(coord->loop);
+        pthread_join(coord->thread, NULL);
+    }
+    CFX_LOG(INFO, CTL, "coordinator %s stopped", coord->addr);
+    coord_free(coord);
+}

@@ -1,0 +1,38 @@
+/*
+ * The coordinator: membership, heartbeats and dead-node detection, the
+ * object directory (complete and partial holders, inline objects).  One epoll
+ * event loop in one thread.  Used by conflux-coord (foreground) and embedded
+ * by cfx_run and the tests (background thread).
+ */
+#ifndef CFX_CONTROL_COORD_H
+#define CFX_CONTROL_COORD_H
+
+#include <stdint.h>
+
+struct cfx_coord;
+
+struct cfx_coord_params {
+    const char *bind_addr;   /* default "127.0.0.1" */
+    uint16_t port;           /* 0 = ephemeral */
+    const char *token;       /* required */
+    uint32_t heartbeat_ms;   /* interval clients beat at (default 250) */
+    uint32_t dead_after_ms;  /* silence after which a node is dead (default 1500) */
+    uint32_t fanout;         /* most uploads the directory gives one holder (default 2) */
+    /* Added by the control plane (0 = default); fields only ever appended. */
+    uint32_t auth_timeout_ms;  /* close connections not authenticated by then (default 5000) */
+    uint32_t stall_timeout_ms; /* close connections stalled mid-frame that long (default 10000) */
+};
+
+/* Bind, listen and start the event loop in a background thread. */
+int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **out);
+
+/* Port actually bound (useful with port 0). */
+uint16_t cfx__coord_port(const struct cfx_coord *coord);
+
+/* Address actually bound, "ip:port" (for banners and log lines). */
+const char *cfx__coord_addr(const struct cfx_coord *coord);
+
+/* Stop the loop, close every connection, free.  NULL is a no-op. */
+void cfx__coord_stop(struct cfx_coord *coord);
+
+#endif

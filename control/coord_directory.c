@@ -1,0 +1,605 @@
+/*
+ * Coordinator object directory: object id -> size, chunk size, inline bytes
+ * and holders (complete or partial copies), plus lookups parked until a
+ * holder appears.
+ *
+ * Choosing a source.  Each holder has an upload count (receivers pulling
+ * from it) and a depth (0 for a complete copy, source depth + 1 for a
+ * partial one).  A lookup takes, among live holders other than the requester
+ * and its exclude list:
+ *   1. a holder below the fanout before one at or above it (soft limit);
+ *   2. below the fanout: the smallest depth, then the fewest uploads;
+ *      at or above it: the fewest uploads, then the smallest depth;
+ *   3. the lowest node id.
+ * Depth first (below the fanout) is what makes concurrent getters form a
+ * tree: ordering purely by "fewest uploads" would always pick the newest
+ * partial holder, which has none yet, and grow a chain P->A->B->C...  With
+ * depth first, P feeds fanout receivers, each of those feeds fanout more,
+ * and so on; complete copies (depth 0) still come before partial ones.
+ */
+#include "control/coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+
+#define DIR_BUCKETS_INITIAL 256u
+
+static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++) {
+        buf[2 * i] = digits[id->bytes[i] >> 4];
+        buf[2 * i + 1] = digits[id->bytes[i] & 15];
+    }
+    buf[2 * CFX_OBJECT_ID_LEN] = '\0';
+    return buf;
+}
+
+static uint32_t id_hash(const struct cfx_object_id *id)
+{
+    uint64_t x;
+    memcpy(&x, id->bytes, sizeof(x));
+    /* Ids are usually SHA-1 output, but user-made ids may not be: mix. */
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (uint32_t)x ^ ((uint32_t)id->bytes[19] << 24);
+}
+
+static uint32_t node_id_of(const struct coord_conn *c)
+{
+    return c->node ? c->node->rec.node_id : 0;
+}
+
+int cfx__coord_dir_init(struct cfx_coord *co)
+{
+    cfx_list_init(&co->objects);
+    cfx_list_init(&co->parked);
+    co->buckets = malloc(DIR_BUCKETS_INITIAL * sizeof(*co->buckets));
+    if (!co->buckets)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for the object directory");
+    co->nbuckets = DIR_BUCKETS_INITIAL;
+    for (uint32_t i = 0; i < co->nbuckets; i++)
+        cfx_list_init(&co->buckets[i]);
+    return CFX_OK;
+}
+
+static struct coord_obj *obj_find(struct cfx_coord *co, const struct cfx_object_id *id)
+{
+    struct cfx_list *b = &co->buckets[id_hash(id) & (co->nbuckets - 1)], *pos;
+    cfx_list_for_each(pos, b) {
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, hash_link);
+        if (!memcmp(o->id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return o;
+    }
+    return NULL;
+}
+
+static void dir_grow(struct cfx_coord *co)
+{
+    uint32_t n = co->nbuckets * 2;
+    struct cfx_list *nb = malloc((size_t)n * sizeof(*nb)), *pos;
+    if (!nb)
+        return; /* longer chains, still correct */
+    for (uint32_t i = 0; i < n; i++)
+        cfx_list_init(&nb[i]);
+    cfx_list_for_each(pos, &co->objects) {
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        cfx_list_add_tail(&o->hash_link, &nb[id_hash(&o->id) & (n - 1)]);
+    }
+    free(co->buckets);
+    co->buckets = nb;
+    co->nbuckets = n;
+}
+
+static struct coord_holder *holder_find(struct coord_obj *o, uint32_t node_id)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (h->node->rec.node_id == node_id)
+            return h;
+    }
+    return NULL;
+}
+
+static struct coord_holder *holder_add(struct coord_obj *o, struct coord_node *n,
+                                       int complete, uint32_t depth)
+{
+    struct coord_holder *h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->obj = o;
+    h->node = n;
+    h->complete = complete ? 1 : 0;
+    h->depth = complete ? 0 : depth;
+    cfx_list_add_tail(&h->obj_link, &o->holders);
+    cfx_list_add_tail(&h->node_link, &n->holdings);
+    o->nholders++;
+    return h;
+}
+
+/* @p h stops pulling from its source: the source's upload slot frees. */
+static void holder_release_src(struct coord_obj *o, struct coord_holder *h)
+{
+    if (!h->src)
+        return;
+    struct coord_holder *s = holder_find(o, h->src);
+    if (s && s->uploads)
+        s->uploads--;
+    h->src = 0;
+}
+
+static void holder_remove(struct coord_obj *o, struct coord_holder *h)
+{
+    struct cfx_list *pos;
+    uint32_t id = h->node->rec.node_id;
+
+    holder_release_src(o, h);
+    cfx_list_del(&h->obj_link);
+    cfx_list_del(&h->node_link);
+    o->nholders--;
+    free(h);
+    /* Receivers that were pulling from it will look up another source. */
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *r = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (r->src == id)
+            r->src = 0;
+    }
+}
+
+static void obj_drop(struct cfx_coord *co, struct coord_obj *o)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        cfx_list_del(&h->obj_link);
+        cfx_list_del(&h->node_link);
+        free(h);
+    }
+    cfx_list_del(&o->hash_link);
+    cfx_list_del(&o->link);
+    if (o->is_inline)
+        co->inline_bytes -= o->size;
+    co->nobjects--;
+    free(o->data);
+    free(o);
+}
+
+/* An object without holders goes, except that inline bytes outlive a dead
+ * putter (the coordinator holds them); an explicit delete removes them too. */
+static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o, int explicit_delete)
+{
+    if (o->nholders == 0 && (!o->is_inline || explicit_delete))
+        obj_drop(co, o);
+}
+
+static int excluded(const uint32_t *ex, uint32_t n, uint32_t id)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ex[i] == id)
+            return 1;
+    return 0;
+}
+
+static int holder_better(const struct coord_holder *a, const struct coord_holder *b,
+                         uint32_t fanout)
+{
+    int abelow = a->uploads < fanout, bbelow = b->uploads < fanout;
+    if (abelow != bbelow)
+        return abelow;
+    if (abelow) {
+        if (a->depth != b->depth)
+            return a->depth < b->depth;
+        if (a->uploads != b->uploads)
+            return a->uploads < b->uploads;
+    } else {
+        if (a->uploads != b->uploads)
+            return a->uploads < b->uploads;
+        if (a->depth != b->depth)
+            return a->depth < b->depth;
+    }
+    return a->node->rec.node_id < b->node->rec.node_id;
+}
+
+static struct coord_holder *choose_source(struct cfx_coord *co, struct coord_obj *o,
+                                          uint32_t requester, const uint32_t *ex, uint32_t nex)
+{
+    struct coord_holder *best = NULL;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        uint32_t id = h->node->rec.node_id;
+        if (id == requester || !h->node->rec.alive || excluded(ex, nex, id))
+            continue;
+        if (!best || holder_better(h, best, co->fanout))
+            best = h;
+    }
+    return best;
+}
+
+static void reply_inline(struct coord_conn *c, uint64_t req_id, const struct coord_obj *o)
+{
+    struct cfx_msg r = { .type = CFX_MSG_LOOKUP_REPLY, .req_id = req_id };
+    r.u.lookup_reply.id = o->id;
+    r.u.lookup_reply.size = o->size;
+    r.u.lookup_reply.chunk_size = o->chunk_size;
+    r.u.lookup_reply.is_inline = 1;
+    r.u.lookup_reply.complete = 1;
+    r.u.lookup_reply.data = o->data;
+    cfx__coord_send(c, &r);
+}
+
+/* Serve an inline object: the requester now holds a complete copy too. */
+static void serve_inline(struct coord_conn *c, uint64_t req_id, struct coord_obj *o)
+{
+    if (c->node && !holder_find(o, c->node->rec.node_id))
+        holder_add(o, c->node, 1, 0);
+    reply_inline(c, req_id, o);
+}
+
+/* Record @p c's node as a receiver of @p src and answer.  Returns 1 when the
+ * node became a new (partial) holder, which may unblock parked lookups. */
+static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                         struct coord_obj *o, struct coord_holder *src)
+{
+    struct coord_holder *rh = holder_find(o, c->node->rec.node_id);
+    int added = 0;
+
+    if (!rh) {
+        rh = holder_add(o, c->node, 0, src->depth + 1);
+        if (!rh) {
+            cfx__coord_reply_err(c, req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                                 co->addr);
+            return 0;
+        }
+        added = 1;
+    } else if (!rh->complete) {
+        rh->depth = src->depth + 1;
+    }
+    holder_release_src(o, rh);
+    rh->src = src->node->rec.node_id;
+    src->uploads++;
+
+    struct cfx_msg r = { .type = CFX_MSG_LOOKUP_REPLY, .req_id = req_id };
+    r.u.lookup_reply.id = o->id;
+    r.u.lookup_reply.size = o->size;
+    r.u.lookup_reply.chunk_size = o->chunk_size;
+    r.u.lookup_reply.is_inline = 0;
+    r.u.lookup_reply.complete = src->complete;
+    cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
+    CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, %u uploads)",
+            c->node->rec.node_id, (unsigned long long)o->size, src->node->rec.node_id,
+            src->complete ? "complete" : "partial", src->uploads);
+    cfx__coord_send(c, &r);
+    return added;
+}
+
+static void parked_free(struct cfx_coord *co, struct coord_parked *p)
+{
+    cfx__ev_timer_stop(co->loop, &p->timer);
+    cfx_list_del(&p->link);
+    cfx_list_del(&p->conn_link);
+    p->conn->nparked--;
+    free(p);
+}
+
+/* Try parked lookups of @p o again until none can be served. */
+static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
+{
+    int progress = 1;
+    while (progress) {
+        struct cfx_list *pos, *tmp;
+        progress = 0;
+        cfx_list_for_each_safe(pos, tmp, &co->parked) {
+            struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
+            if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node)
+                continue;
+            if (o->is_inline) {
+                serve_inline(p->conn, p->req_id, o);
+            } else {
+                struct coord_holder *src = choose_source(co, o, p->conn->node->rec.node_id,
+                                                         p->exclude, p->nexclude);
+                if (!src)
+                    continue;
+                if (assign_source(co, p->conn, p->req_id, o, src))
+                    progress = 1;
+            }
+            /* assign_source never frees parked entries, so tmp stays valid. */
+            parked_free(co, p);
+        }
+    }
+}
+
+static void on_parked_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
+{
+    struct coord_parked *p = t->arg;
+    struct cfx_coord *co = p->conn->coord;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    (void)loop;
+    cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_TIMEOUT,
+                         "no holder of object %s appeared within %u ms", idhex(&p->id, hex),
+                         p->timeout_ms);
+    parked_free(co, p);
+}
+
+void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    const uint32_t me = node_id_of(c);
+    struct coord_obj *o = obj_find(co, &m->u.lookup.id);
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    if (o && o->is_inline) {
+        serve_inline(c, m->req_id, o);
+        return;
+    }
+    if (o) {
+        struct coord_holder *src = choose_source(co, o, me, m->u.lookup.exclude,
+                                                 m->u.lookup.nexclude);
+        if (src) {
+            if (assign_source(co, c, m->req_id, o, src))
+                wake_parked(co, o);
+            return;
+        }
+    }
+    if (m->u.lookup.timeout_ms == 0) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_TIMEOUT, "object %s has no holder",
+                             idhex(&m->u.lookup.id, hex));
+        return;
+    }
+    if (c->nparked >= COORD_PARKED_PER_CONN) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "node %u already waits for %u objects", me, c->nparked);
+        return;
+    }
+    struct coord_parked *p = calloc(1, sizeof(*p));
+    if (!p) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                             co->addr);
+        return;
+    }
+    p->conn = c;
+    p->req_id = m->req_id;
+    p->id = m->u.lookup.id;
+    p->start_ns = cfx__now_ns();
+    p->timeout_ms = m->u.lookup.timeout_ms;
+    p->nexclude = m->u.lookup.nexclude;
+    memcpy(p->exclude, m->u.lookup.exclude, p->nexclude * sizeof(p->exclude[0]));
+    cfx__ev_timer_init(&p->timer, on_parked_timeout, p);
+    if (p->timeout_ms != CFX_PROTO_TIMEOUT_NONE)
+        cfx__ev_timer_start(co->loop, &p->timer,
+                            p->start_ns + (uint64_t)p->timeout_ms * 1000000ull);
+    cfx_list_add_tail(&p->link, &co->parked);
+    cfx_list_add_tail(&p->conn_link, &c->parked);
+    c->nparked++;
+    CFX_LOG(DEBUG, CTL, "node %u waits for object %s (%u ms)", me, idhex(&p->id, hex),
+            p->timeout_ms);
+}
+
+void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    const uint32_t me = node_id_of(c);
+    struct coord_obj *o = obj_find(co, &m->u.put.id);
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint64_t size = m->u.put.size;
+
+    idhex(&m->u.put.id, hex);
+    if (size <= CFX_OBJECT_INLINE_MAX && !m->u.put.has_data) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
+                             "object %s of %llu bytes must carry its data inline (objects up "
+                             "to %u bytes travel through the coordinator)",
+                             hex, (unsigned long long)size, CFX_OBJECT_INLINE_MAX);
+        return;
+    }
+    if (o) {
+        if (holder_find(o, me)) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
+                                 "node %u already holds object %s", me, hex);
+            return;
+        }
+        if (o->size != size) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
+                                 "object %s already exists with %llu bytes; node %u put %llu",
+                                 hex, (unsigned long long)o->size, me,
+                                 (unsigned long long)size);
+            return;
+        }
+        if (!holder_add(o, c->node, 1, 0)) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
+                                 "coordinator %s is out of memory", co->addr);
+            return;
+        }
+        cfx__coord_reply_ok(c, m->req_id);
+        wake_parked(co, o);
+        return;
+    }
+
+    if (m->u.put.has_data && co->inline_bytes + size > COORD_INLINE_TOTAL_MAX) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s stores %llu inline bytes already (limit %llu)",
+                             co->addr, (unsigned long long)co->inline_bytes,
+                             (unsigned long long)COORD_INLINE_TOTAL_MAX);
+        return;
+    }
+    o = calloc(1, sizeof(*o));
+    if (!o)
+        goto err_nomem;
+    if (m->u.put.has_data && size) {
+        o->data = malloc((size_t)size);
+        if (!o->data)
+            goto err_free_obj;
+        memcpy(o->data, m->u.put.data, (size_t)size);
+    }
+    o->id = m->u.put.id;
+    o->size = size;
+    o->chunk_size = m->u.put.chunk_size;
+    o->is_inline = m->u.put.has_data;
+    cfx_list_init(&o->holders);
+    if (!holder_add(o, c->node, 1, 0))
+        goto err_free_data;
+    cfx_list_add_tail(&o->link, &co->objects);
+    cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
+    co->nobjects++;
+    if (o->is_inline)
+        co->inline_bytes += size;
+    if (co->nobjects > co->nbuckets)
+        dir_grow(co);
+    CFX_LOG(DEBUG, CTL, "node %u put object %s (%llu bytes%s)", me, hex,
+            (unsigned long long)size, o->is_inline ? ", inline" : "");
+    cfx__coord_reply_ok(c, m->req_id);
+    wake_parked(co, o);
+    return;
+
+err_free_data:
+    free(o->data);
+err_free_obj:
+    free(o);
+err_nomem:
+    cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                         co->addr);
+}
+
+void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    const uint32_t me = node_id_of(c);
+    struct coord_obj *o = obj_find(co, &m->u.done.id);
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    if (!o) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "object %s is not in the directory", idhex(&m->u.done.id, hex));
+        return;
+    }
+    struct coord_holder *rh = holder_find(o, me);
+    if (rh && rh->src == m->u.done.source_node)
+        holder_release_src(o, rh);
+    else
+        CFX_LOG(DEBUG, CTL, "node %u: done with object %s from node %u, which it was not "
+                "pulling from", me, idhex(&o->id, hex), m->u.done.source_node);
+
+    if (m->u.done.complete) {
+        if (!rh)
+            rh = holder_add(o, c->node, 1, 0);
+        if (!rh) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
+                                 "coordinator %s is out of memory", co->addr);
+            return;
+        }
+        rh->complete = 1;
+        rh->depth = 0;
+        cfx__coord_reply_ok(c, m->req_id);
+        wake_parked(co, o);
+        return;
+    }
+    if (rh && !rh->complete) {
+        holder_remove(o, rh);
+        obj_maybe_drop(co, o, 0);
+    }
+    cfx__coord_reply_ok(c, m->req_id);
+}
+
+void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    const uint32_t me = node_id_of(c);
+    struct coord_obj *o = obj_find(co, &m->u.del.id);
+    struct coord_holder *h = o ? holder_find(o, me) : NULL;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    if (!h) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "node %u holds no copy of object %s", me,
+                             idhex(&m->u.del.id, hex));
+        return;
+    }
+    holder_remove(o, h);
+    obj_maybe_drop(co, o, 1);
+    cfx__coord_reply_ok(c, m->req_id);
+}
+
+void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_msg r = { .type = CFX_MSG_OBJECTS_REPLY, .req_id = m->req_id };
+    struct cfx_ctl_obj_rec *recs;
+    struct cfx_list *pos;
+    uint32_t idx = 0, count = 0;
+
+    recs = calloc(CFX_PROTO_OBJECTS_PAGE, sizeof(*recs));
+    if (!recs) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                             co->addr);
+        return;
+    }
+    /* The cursor is a position in insertion order: cheap, not a snapshot. */
+    cfx_list_for_each(pos, &co->objects) {
+        if (idx++ < m->u.list.cursor)
+            continue;
+        if (count == CFX_PROTO_OBJECTS_PAGE) {
+            r.u.page.more = 1;
+            break;
+        }
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        struct cfx_ctl_obj_rec *rec = &recs[count++];
+        struct cfx_list *hp;
+        uint32_t nh = 0;
+        rec->id = o->id;
+        rec->size = o->size;
+        rec->chunk_size = o->chunk_size;
+        rec->is_inline = o->is_inline;
+        rec->nholders = o->nholders;
+        cfx_list_for_each(hp, &o->holders) {
+            struct coord_holder *h = cfx_list_entry(hp, struct coord_holder, obj_link);
+            if (nh == CFX_PROTO_HOLDERS_MAX)
+                break;
+            rec->holders[nh].node_id = h->node->rec.node_id;
+            rec->holders[nh].complete = h->complete;
+            rec->holders[nh].uploads = h->uploads;
+            nh++;
+        }
+    }
+    r.u.page.count = count;
+    r.u.page.next = m->u.list.cursor + count;
+    r.u.page.recs_in = recs;
+    cfx__coord_send(c, &r);
+    free(recs);
+}
+
+void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &n->holdings) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, node_link);
+        struct coord_obj *o = h->obj;
+        holder_remove(o, h);
+        obj_maybe_drop(co, o, 0);
+    }
+}
+
+void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c)
+{
+    while (!cfx_list_empty(&c->parked)) {
+        struct coord_parked *p = cfx_list_entry(c->parked.next, struct coord_parked, conn_link);
+        parked_free(co, p);
+    }
+}
+
+void cfx__coord_dir_fini(struct cfx_coord *co)
+{
+    if (!co->buckets)
+        return;
+    while (!cfx_list_empty(&co->parked)) {
+        struct coord_parked *p = cfx_list_entry(co->parked.next, struct coord_parked, link);
+        cfx_list_del(&p->link);
+        cfx_list_del(&p->conn_link);
+        free(p);
+    }
+    while (!cfx_list_empty(&co->objects))
+        obj_drop(co, cfx_list_entry(co->objects.next, struct coord_obj, link));
+    free(co->buckets);
+    co->buckets = NULL;
+}

@@ -1,0 +1,180 @@
+/*
+ * Coordinator internals shared by coord.c (event loop, connections, auth,
+ * dispatch), coord_members.c (membership, heartbeats, death) and
+ * coord_directory.c (objects, holders, lookups).  Everything here runs on
+ * the coordinator's loop thread only.
+ */
+#ifndef CFX_CONTROL_COORD_INT_H
+#define CFX_CONTROL_COORD_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "control/auth.h"
+#include "control/client.h"
+#include "control/coord.h"
+#include "control/evloop.h"
+#include "control/proto.h"
+#include "dataplane/common/list.h"
+
+#define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection may hold */
+#define COORD_OUTQ_MAX        (64u << 20)   /* queued reply bytes before a reader is "too slow" */
+#define COORD_CONNS_MAX       4096          /* open connections */
+#define COORD_DEAD_KEEP       1024          /* dead node records kept for listings */
+#define COORD_INLINE_TOTAL_MAX (1ull << 30) /* inline bytes stored in all */
+#define COORD_TICK_MS         100           /* housekeeping period */
+
+enum coord_conn_state {
+    COORD_CONN_AUTH = 0,  /* challenge sent, waiting for AUTH */
+    COORD_CONN_READY,     /* authenticated (admin, or node before JOIN / after LEAVE) */
+    COORD_CONN_NODE,      /* joined: conn->node is set */
+};
+
+struct coord_frame {
+    struct cfx_list link;  /* in conn->outq */
+    size_t len;            /* frame bytes */
+    size_t off;            /* bytes already written */
+    uint8_t data[];
+};
+
+struct coord_conn {
+    struct cfx_list link;       /* coord->conns, then coord->closing */
+    struct cfx_coord *coord;
+    struct cfx_ev_io io;
+    int fd;
+    char peer[48];              /* "ip:port" of the peer */
+    enum coord_conn_state state;
+    uint8_t role;               /* enum cfx_ctl_role, once authenticated */
+    uint8_t nonce[CFX_AUTH_NONCE_LEN]; /* our challenge */
+    int failing;                /* scheduled for closing in the after-batch hook */
+    int close_after_flush;      /* close once outq drains (after an auth refusal) */
+    uint64_t accepted_ns;
+    uint64_t last_rx_ns;        /* last byte received */
+    uint8_t *in;                /* input buffer */
+    size_t in_len;              /* bytes in it */
+    size_t in_cap;
+    struct cfx_list outq;       /* struct coord_frame, oldest first */
+    size_t out_bytes;           /* bytes queued in outq */
+    struct coord_node *node;    /* member record once joined */
+    struct cfx_list parked;     /* struct coord_parked.conn_link */
+    uint32_t nparked;
+};
+
+struct coord_node {
+    struct cfx_list link;       /* coord->nodes, in id order */
+    struct cfx_node_rec rec;    /* rec.alive tracks liveness */
+    uint64_t last_seen_ns;      /* last frame from it */
+    struct coord_conn *conn;    /* NULL once dead */
+    struct cfx_list holdings;   /* struct coord_holder.node_link */
+};
+
+struct coord_obj {
+    struct cfx_list hash_link;  /* bucket */
+    struct cfx_list link;       /* coord->objects, insertion order */
+    struct cfx_object_id id;
+    uint64_t size;
+    uint32_t chunk_size;
+    uint8_t is_inline;          /* data holds the object */
+    uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
+    struct cfx_list holders;    /* struct coord_holder.obj_link */
+    uint32_t nholders;
+};
+
+struct coord_holder {
+    struct cfx_list obj_link;   /* obj->holders */
+    struct cfx_list node_link;  /* node->holdings */
+    struct coord_obj *obj;
+    struct coord_node *node;
+    uint8_t complete;           /* 1 complete copy, 0 being received */
+    uint32_t uploads;           /* receivers currently pulling from it */
+    uint32_t depth;             /* hops from a complete copy (0 when complete) */
+    uint32_t src;               /* node it is pulling from while partial, 0 none */
+};
+
+struct coord_parked {
+    struct cfx_list link;       /* coord->parked, oldest first */
+    struct cfx_list conn_link;  /* conn->parked */
+    struct cfx_ev_timer timer;  /* the lookup's deadline */
+    struct coord_conn *conn;    /* requester (a joined node) */
+    uint64_t req_id;
+    uint64_t start_ns;
+    uint32_t timeout_ms;
+    struct cfx_object_id id;
+    uint32_t nexclude;
+    uint32_t exclude[CFX_PROTO_EXCLUDE_MAX];
+};
+
+struct cfx_coord {
+    struct cfx_ev_loop *loop;
+    pthread_t thread;
+    int thread_started;
+    int listen_fd;
+    struct cfx_ev_io listen_io;
+    struct cfx_ev_timer tick;
+    char token[CFX_TOKEN_MAX + 1];
+    char addr[64];              /* "ip:port" bound */
+    uint16_t port;
+    uint32_t heartbeat_ms;
+    uint32_t dead_after_ms;
+    uint32_t fanout;
+    uint32_t auth_timeout_ms;
+    uint32_t stall_timeout_ms;
+    uint64_t start_ns;
+
+    struct cfx_list conns;      /* open connections */
+    struct cfx_list closing;    /* failed connections, closed in the hook */
+    uint32_t nconns;
+
+    /* membership */
+    struct cfx_list nodes;      /* struct coord_node, by id */
+    struct coord_node **by_id;  /* index by node id (NULL once pruned) */
+    uint32_t by_id_cap;
+    uint32_t next_node_id;      /* next id to assign; starts at 1 */
+    uint32_t nodes_alive;
+    uint32_t nodes_dead;
+
+    /* directory */
+    struct cfx_list *buckets;
+    uint32_t nbuckets;          /* power of two */
+    uint32_t nobjects;
+    struct cfx_list objects;
+    uint64_t inline_bytes;
+    struct cfx_list parked;     /* struct coord_parked */
+};
+
+/* coord.c: replies and connection failure. */
+void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_reply_ok(struct coord_conn *c, uint64_t req_id);
+void cfx__coord_reply_err(struct coord_conn *c, uint64_t req_id, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void cfx__coord_conn_fail(struct coord_conn *c);
+
+/* coord_members.c */
+void cfx__coord_members_init(struct cfx_coord *co);
+void cfx__coord_members_fini(struct cfx_coord *co);
+struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id);
+void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c);
+/* Mark @p n dead: drop its holdings and lookups, tell every live member,
+ * close its connection (unless it left politely). */
+void cfx__coord_node_kill(struct cfx_coord *co, struct coord_node *n, const char *why);
+void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now);
+void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
+                          struct cfx_node_rec *out);
+
+/* coord_directory.c */
+int cfx__coord_dir_init(struct cfx_coord *co);
+void cfx__coord_dir_fini(struct cfx_coord *co);
+void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* A node died or left: drop its holdings. */
+void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);
+/* A connection closes or stops being a member: drop its parked lookups. */
+void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c);
+
+#endif

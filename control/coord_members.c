@@ -1,0 +1,227 @@
+/*
+ * Coordinator membership: join, leave, heartbeats, dead-node detection and
+ * the node_dead events that tell every live member about it.
+ *
+ * Node ids start at 1 and are never reused.  A node is dead when it leaves,
+ * when its connection closes, or when it has been silent for dead_after_ms;
+ * death is final (a restarted process joins again under a new id).  Dead
+ * records stay listed (alive = 0) until COORD_DEAD_KEEP newer ones exist.
+ */
+#include "control/coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+
+void cfx__coord_members_init(struct cfx_coord *co)
+{
+    cfx_list_init(&co->nodes);
+    co->next_node_id = 1;
+}
+
+void cfx__coord_members_fini(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        cfx_list_del(&n->link);
+        free(n);
+    }
+    free(co->by_id);
+    co->by_id = NULL;
+    co->by_id_cap = 0;
+}
+
+struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id)
+{
+    if (node_id == 0 || node_id >= co->by_id_cap)
+        return NULL;
+    return co->by_id[node_id];
+}
+
+void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
+                          struct cfx_node_rec *out)
+{
+    uint64_t ms = (cfx__now_ns() - n->last_seen_ns) / 1000000ull;
+    (void)co;
+    *out = n->rec;
+    out->last_seen_ms = ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+}
+
+void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_node *n;
+    uint32_t id = co->next_node_id;
+
+    if (id == 0 || id == UINT32_MAX) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s has run out of node ids", co->addr);
+        return;
+    }
+    if (id >= co->by_id_cap) {
+        uint32_t cap = co->by_id_cap ? co->by_id_cap * 2 : 64;
+        struct coord_node **p = realloc(co->by_id, (size_t)cap * sizeof(*p));
+        if (!p) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
+                                 "coordinator %s is out of memory", co->addr);
+            return;
+        }
+        memset(p + co->by_id_cap, 0, (size_t)(cap - co->by_id_cap) * sizeof(*p));
+        co->by_id = p;
+        co->by_id_cap = cap;
+    }
+    n = calloc(1, sizeof(*n));
+    if (!n) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
+                             "coordinator %s is out of memory", co->addr);
+        return;
+    }
+    n->rec = m->u.join;
+    n->rec.node_id = id;
+    n->rec.alive = 1;
+    n->rec.last_seen_ms = 0;
+    snprintf(n->rec.ctl_addr, sizeof(n->rec.ctl_addr), "%s", c->peer);
+    n->last_seen_ns = cfx__now_ns();
+    n->conn = c;
+    cfx_list_init(&n->holdings);
+    cfx_list_add_tail(&n->link, &co->nodes);
+    co->by_id[id] = n;
+    co->next_node_id++;
+    co->nodes_alive++;
+    c->node = n;
+    c->state = COORD_CONN_NODE;
+    CFX_LOG(INFO, CTL, "node %u joined: name '%s', host '%s', pid %u, from %s", id,
+            n->rec.name, n->rec.host_id, n->rec.pid, c->peer);
+
+    struct cfx_msg r = { .type = CFX_MSG_JOIN_REPLY, .req_id = m->req_id };
+    r.u.join_reply.node_id = id;
+    r.u.join_reply.heartbeat_ms = co->heartbeat_ms;
+    r.u.join_reply.dead_after_ms = co->dead_after_ms;
+    cfx__coord_send(c, &r);
+}
+
+static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *why, int close_conn)
+{
+    struct coord_conn *c = n->conn;
+    struct cfx_list *pos;
+
+    if (!n->rec.alive)
+        return;
+    n->rec.alive = 0;
+    co->nodes_alive--;
+    co->nodes_dead++;
+    if (close_conn)
+        CFX_LOG(WARN, CTL, "node %u ('%s', %s) is dead: %s", n->rec.node_id, n->rec.name,
+                n->rec.ctl_addr, why);
+    else
+        CFX_LOG(INFO, CTL, "node %u ('%s', %s) %s", n->rec.node_id, n->rec.name,
+                n->rec.ctl_addr, why);
+
+    cfx__coord_dir_node_gone(co, n);
+    if (c) {
+        cfx__coord_dir_conn_gone(co, c);
+        c->node = NULL;
+        c->state = COORD_CONN_READY;
+        n->conn = NULL;
+        if (close_conn)
+            cfx__coord_conn_fail(c);
+    }
+
+    struct cfx_msg ev = { .type = CFX_MSG_EV_NODE_DEAD, .req_id = 0 };
+    ev.u.node_dead.node_id = n->rec.node_id;
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *o = cfx_list_entry(pos, struct coord_node, link);
+        if (o->rec.alive && o->conn)
+            cfx__coord_send(o->conn, &ev);
+    }
+}
+
+void cfx__coord_node_kill(struct cfx_coord *co, struct coord_node *n, const char *why)
+{
+    node_kill(co, n, why, 1);
+}
+
+void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c)
+{
+    if (c->node)
+        node_kill(co, c->node, "left the cluster", 0);
+}
+
+void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
+{
+    struct cfx_list *pos, *tmp;
+    uint64_t limit = (uint64_t)co->dead_after_ms * 1000000ull;
+    char why[96];
+
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.alive && now - n->last_seen_ns > limit) {
+            snprintf(why, sizeof(why), "no heartbeat for %llu ms (limit %u ms)",
+                     (unsigned long long)((now - n->last_seen_ns) / 1000000ull),
+                     co->dead_after_ms);
+            node_kill(co, n, why, 1);
+        }
+    }
+    /* Forget the oldest dead records beyond the listing limit. */
+    cfx_list_for_each_safe(pos, tmp, &co->nodes) {
+        if (co->nodes_dead <= COORD_DEAD_KEEP)
+            break;
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.alive)
+            continue;
+        co->by_id[n->rec.node_id] = NULL;
+        cfx_list_del(&n->link);
+        co->nodes_dead--;
+        free(n);
+    }
+}
+
+void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_node *n = cfx__coord_node_find(co, m->u.node_get.node_id);
+    if (!n) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "node %u is not known to coordinator %s",
+                             m->u.node_get.node_id, co->addr);
+        return;
+    }
+    struct cfx_msg r = { .type = CFX_MSG_NODE_REPLY, .req_id = m->req_id };
+    cfx__coord_node_fill(co, n, &r.u.join);
+    cfx__coord_send(c, &r);
+}
+
+void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_node_rec *recs = malloc(CFX_PROTO_NODES_PAGE * sizeof(*recs));
+    struct cfx_msg r = { .type = CFX_MSG_NODES_REPLY, .req_id = m->req_id };
+    struct cfx_list *pos;
+    uint32_t count = 0, last = m->u.list.cursor;
+
+    if (!recs) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
+                             "coordinator %s is out of memory", co->addr);
+        return;
+    }
+    r.u.page.more = 0;
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.node_id <= m->u.list.cursor)
+            continue;
+        if (count == CFX_PROTO_NODES_PAGE) {
+            r.u.page.more = 1;
+            break;
+        }
+        cfx__coord_node_fill(co, n, &recs[count++]);
+        last = n->rec.node_id;
+    }
+    r.u.page.count = count;
+    r.u.page.next = last;
+    r.u.page.recs_in = recs;
+    cfx__coord_send(c, &r);
+    free(recs);
+}

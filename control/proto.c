@@ -1,0 +1,751 @@
+/* Control-plane wire format: encode and validate-while-decoding. */
+#include "control/proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/util.h"
+
+static const char *const type_names[CFX_MSG_TYPE_END] = {
+    [CFX_MSG_ERROR] = "ERROR",
+    [CFX_MSG_OK] = "OK",
+    [CFX_MSG_CHALLENGE] = "CHALLENGE",
+    [CFX_MSG_AUTH] = "AUTH",
+    [CFX_MSG_AUTH_OK] = "AUTH_OK",
+    [CFX_MSG_JOIN] = "JOIN",
+    [CFX_MSG_JOIN_REPLY] = "JOIN_REPLY",
+    [CFX_MSG_LEAVE] = "LEAVE",
+    [CFX_MSG_HEARTBEAT] = "HEARTBEAT",
+    [CFX_MSG_OBJ_PUT] = "OBJ_PUT",
+    [CFX_MSG_OBJ_LOOKUP] = "OBJ_LOOKUP",
+    [CFX_MSG_LOOKUP_REPLY] = "LOOKUP_REPLY",
+    [CFX_MSG_OBJ_DONE] = "OBJ_DONE",
+    [CFX_MSG_OBJ_DELETE] = "OBJ_DELETE",
+    [CFX_MSG_NODE_GET] = "NODE_GET",
+    [CFX_MSG_NODE_REPLY] = "NODE_REPLY",
+    [CFX_MSG_STATUS] = "STATUS",
+    [CFX_MSG_STATUS_REPLY] = "STATUS_REPLY",
+    [CFX_MSG_NODES] = "NODES",
+    [CFX_MSG_NODES_REPLY] = "NODES_REPLY",
+    [CFX_MSG_OBJECTS] = "OBJECTS",
+    [CFX_MSG_OBJECTS_REPLY] = "OBJECTS_REPLY",
+    [CFX_MSG_EV_NODE_DEAD] = "EV_NODE_DEAD",
+};
+
+const char *cfx__msg_type_name(unsigned type)
+{
+    if (type == 0 || type >= CFX_MSG_TYPE_END)
+        return "?";
+    return type_names[type];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writer: counts always, stores only while there is room.                  */
+
+struct wr {
+    uint8_t *p;     /* NULL: count only */
+    size_t cap;
+    size_t off;
+};
+
+static void wr_bytes(struct wr *w, const void *src, size_t n)
+{
+    if (w->p && w->off + n <= w->cap && n)
+        memcpy(w->p + w->off, src, n);
+    w->off += n;
+}
+
+static void wr_zero(struct wr *w, size_t n)
+{
+    if (w->p && w->off + n <= w->cap && n)
+        memset(w->p + w->off, 0, n);
+    w->off += n;
+}
+
+static void wr_u8(struct wr *w, uint8_t v) { wr_bytes(w, &v, 1); }
+
+static void wr_u16(struct wr *w, uint16_t v)
+{
+    uint8_t b[2] = { (uint8_t)v, (uint8_t)(v >> 8) };
+    wr_bytes(w, b, 2);
+}
+
+static void wr_u32(struct wr *w, uint32_t v)
+{
+    uint8_t b[4];
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    wr_bytes(w, b, 4);
+}
+
+static void wr_u64(struct wr *w, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    wr_bytes(w, b, 8);
+}
+
+/* A string into a fixed field: truncated if needed, always terminated. */
+static void wr_str(struct wr *w, const char *s, size_t field)
+{
+    size_t n = strnlen(s, field - 1);
+    wr_bytes(w, s, n);
+    wr_zero(w, field - n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reader: every get is bounds-checked; the first failure sticks.           */
+
+struct rd {
+    const uint8_t *p;
+    size_t len;
+    size_t off;
+    int status;          /* CFX_OK until a field fails */
+    const char *what;    /* message type, for error text */
+};
+
+static int rd_fail(struct rd *r, int status, const char *field)
+{
+    if (r->status == CFX_OK)
+        r->status = cfx__err(status, "bad %s frame: %s", r->what, field);
+    return r->status;
+}
+
+static const uint8_t *rd_take(struct rd *r, size_t n, const char *field)
+{
+    if (r->status != CFX_OK)
+        return NULL;
+    if (n > r->len - r->off) {
+        rd_fail(r, CFX_ERR_PROTO, field);
+        return NULL;
+    }
+    const uint8_t *q = r->p + r->off;
+    r->off += n;
+    return q;
+}
+
+static uint8_t rd_u8(struct rd *r, const char *field)
+{
+    const uint8_t *q = rd_take(r, 1, field);
+    return q ? q[0] : 0;
+}
+
+static uint16_t rd_u16(struct rd *r, const char *field)
+{
+    const uint8_t *q = rd_take(r, 2, field);
+    return q ? (uint16_t)(q[0] | (q[1] << 8)) : 0;
+}
+
+static uint32_t rd_u32(struct rd *r, const char *field)
+{
+    const uint8_t *q = rd_take(r, 4, field);
+    if (!q)
+        return 0;
+    return (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) |
+           ((uint32_t)q[3] << 24);
+}
+
+static uint64_t rd_u64(struct rd *r, const char *field)
+{
+    const uint8_t *q = rd_take(r, 8, field);
+    uint64_t v = 0;
+    if (!q)
+        return 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | q[i];
+    return v;
+}
+
+static uint8_t rd_flag(struct rd *r, const char *field)
+{
+    uint8_t v = rd_u8(r, field);
+    if (v > 1)
+        rd_fail(r, CFX_ERR_PROTO, field);
+    return v;
+}
+
+static void rd_bytes(struct rd *r, void *dst, size_t n, const char *field)
+{
+    const uint8_t *q = rd_take(r, n, field);
+    if (q)
+        memcpy(dst, q, n);
+    else
+        memset(dst, 0, n);
+}
+
+/* A fixed string field; it must hold a NUL. */
+static void rd_str(struct rd *r, char *dst, size_t field, const char *name)
+{
+    const uint8_t *q = rd_take(r, field, name);
+    if (!q) {
+        dst[0] = '\0';
+        return;
+    }
+    if (!memchr(q, 0, field)) {
+        rd_fail(r, CFX_ERR_PROTO, name);
+        dst[0] = '\0';
+        return;
+    }
+    memcpy(dst, q, field);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Records                                                                   */
+
+static void wr_node(struct wr *w, const struct cfx_node_rec *n)
+{
+    unsigned naddr = n->naddr <= CFX_NODE_ADDRS_MAX ? n->naddr : CFX_NODE_ADDRS_MAX;
+    wr_u32(w, n->node_id);
+    wr_u32(w, n->pid);
+    wr_str(w, n->name, sizeof(n->name));
+    wr_str(w, n->host_id, sizeof(n->host_id));
+    wr_str(w, n->ctl_addr, sizeof(n->ctl_addr));
+    wr_u8(w, n->alive ? 1 : 0);
+    wr_u32(w, n->last_seen_ms);
+    wr_u8(w, (uint8_t)naddr);
+    for (unsigned i = 0; i < CFX_NODE_ADDRS_MAX; i++) {
+        if (i < naddr) {
+            const struct cfx_node_addr *a = &n->addr[i];
+            unsigned alen = a->len <= CFX_TP_ADDR_MAX ? a->len : CFX_TP_ADDR_MAX;
+            wr_str(w, a->tp, sizeof(a->tp));
+            wr_u8(w, (uint8_t)alen);
+            wr_bytes(w, a->addr, alen);
+            wr_zero(w, CFX_TP_ADDR_MAX - alen);
+        } else {
+            wr_zero(w, CFX_PROTO_ADDR_WIRE);
+        }
+    }
+}
+
+static void rd_node(struct rd *r, struct cfx_node_rec *n)
+{
+    memset(n, 0, sizeof(*n));
+    n->node_id = rd_u32(r, "node id");
+    n->pid = rd_u32(r, "pid");
+    rd_str(r, n->name, sizeof(n->name), "node name not terminated");
+    rd_str(r, n->host_id, sizeof(n->host_id), "host id not terminated");
+    rd_str(r, n->ctl_addr, sizeof(n->ctl_addr), "control address not terminated");
+    n->alive = rd_flag(r, "alive flag");
+    n->last_seen_ms = rd_u32(r, "last seen");
+    n->naddr = rd_u8(r, "address count");
+    if (n->naddr > CFX_NODE_ADDRS_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "address count over CFX_NODE_ADDRS_MAX");
+    for (unsigned i = 0; i < CFX_NODE_ADDRS_MAX; i++) {
+        struct cfx_node_addr *a = &n->addr[i];
+        rd_str(r, a->tp, sizeof(a->tp), "transport name not terminated");
+        a->len = rd_u8(r, "address length");
+        if (a->len > CFX_TP_ADDR_MAX)
+            rd_fail(r, CFX_ERR_PROTO, "address length over CFX_TP_ADDR_MAX");
+        rd_bytes(r, a->addr, CFX_TP_ADDR_MAX, "address");
+    }
+    if (r->status != CFX_OK)
+        memset(n, 0, sizeof(*n));
+}
+
+static void wr_objrec(struct wr *w, const struct cfx_ctl_obj_rec *o)
+{
+    unsigned nh = o->nholders < CFX_PROTO_HOLDERS_MAX ? o->nholders : CFX_PROTO_HOLDERS_MAX;
+    wr_bytes(w, o->id.bytes, CFX_OBJECT_ID_LEN);
+    wr_u64(w, o->size);
+    wr_u32(w, o->chunk_size);
+    wr_u8(w, o->is_inline ? 1 : 0);
+    wr_u32(w, o->nholders);
+    for (unsigned i = 0; i < CFX_PROTO_HOLDERS_MAX; i++) {
+        if (i < nh) {
+            wr_u32(w, o->holders[i].node_id);
+            wr_u8(w, o->holders[i].complete ? 1 : 0);
+            wr_u32(w, o->holders[i].uploads);
+        } else {
+            wr_zero(w, CFX_PROTO_HOLDER_WIRE);
+        }
+    }
+}
+
+static void rd_objrec(struct rd *r, struct cfx_ctl_obj_rec *o)
+{
+    memset(o, 0, sizeof(*o));
+    rd_bytes(r, o->id.bytes, CFX_OBJECT_ID_LEN, "object id");
+    o->size = rd_u64(r, "object size");
+    o->chunk_size = rd_u32(r, "chunk size");
+    o->is_inline = rd_flag(r, "inline flag");
+    o->nholders = rd_u32(r, "holder count");
+    for (unsigned i = 0; i < CFX_PROTO_HOLDERS_MAX; i++) {
+        o->holders[i].node_id = rd_u32(r, "holder node id");
+        o->holders[i].complete = rd_flag(r, "holder complete flag");
+        o->holders[i].uploads = rd_u32(r, "holder uploads");
+    }
+    if (o->is_inline && o->size > CFX_OBJECT_INLINE_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "inline object over CFX_OBJECT_INLINE_MAX");
+    if (r->status != CFX_OK)
+        memset(o, 0, sizeof(*o));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Encode                                                                    */
+
+static int encode_payload(const struct cfx_msg *m, struct wr *w)
+{
+    switch (m->type) {
+    case CFX_MSG_ERROR: {
+        size_t n = strnlen(m->u.error.text, CFX_PROTO_TEXT_MAX - 1);
+        if (m->u.error.status >= 0 || m->u.error.status <= CFX_STATUS_LAST)
+            return cfx__err(CFX_ERR_INVALID, "ERROR frame with status %d", m->u.error.status);
+        wr_u32(w, (uint32_t)m->u.error.status);
+        wr_u16(w, (uint16_t)n);
+        wr_bytes(w, m->u.error.text, n);
+        break;
+    }
+    case CFX_MSG_OK:
+    case CFX_MSG_LEAVE:
+    case CFX_MSG_HEARTBEAT:
+    case CFX_MSG_STATUS:
+        break;
+    case CFX_MSG_CHALLENGE:
+        wr_bytes(w, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
+        break;
+    case CFX_MSG_AUTH:
+        if (m->u.auth.role > CFX_CTL_ROLE_ADMIN)
+            return cfx__err(CFX_ERR_INVALID, "AUTH frame with role %u", m->u.auth.role);
+        wr_u8(w, m->u.auth.role);
+        wr_bytes(w, m->u.auth.nonce, CFX_PROTO_NONCE_LEN);
+        wr_bytes(w, m->u.auth.mac, CFX_PROTO_MAC_LEN);
+        break;
+    case CFX_MSG_AUTH_OK:
+        wr_bytes(w, m->u.auth_ok.mac, CFX_PROTO_MAC_LEN);
+        break;
+    case CFX_MSG_JOIN:
+    case CFX_MSG_NODE_REPLY:
+        wr_node(w, &m->u.join);
+        break;
+    case CFX_MSG_JOIN_REPLY:
+        wr_u32(w, m->u.join_reply.node_id);
+        wr_u32(w, m->u.join_reply.heartbeat_ms);
+        wr_u32(w, m->u.join_reply.dead_after_ms);
+        break;
+    case CFX_MSG_OBJ_PUT:
+        if (m->u.put.has_data && (m->u.put.size > CFX_OBJECT_INLINE_MAX ||
+                                  (m->u.put.size && !m->u.put.data)))
+            return cfx__err(CFX_ERR_INVALID, "OBJ_PUT with %llu inline bytes",
+                            (unsigned long long)m->u.put.size);
+        wr_bytes(w, m->u.put.id.bytes, CFX_OBJECT_ID_LEN);
+        wr_u64(w, m->u.put.size);
+        wr_u32(w, m->u.put.chunk_size);
+        wr_u8(w, m->u.put.has_data ? 1 : 0);
+        if (m->u.put.has_data) {
+            wr_u32(w, (uint32_t)m->u.put.size);
+            wr_bytes(w, m->u.put.data, (size_t)m->u.put.size);
+        }
+        break;
+    case CFX_MSG_OBJ_LOOKUP:
+        if (m->u.lookup.nexclude > CFX_PROTO_EXCLUDE_MAX)
+            return cfx__err(CFX_ERR_INVALID, "lookup excludes %u nodes (at most %u)",
+                            m->u.lookup.nexclude, CFX_PROTO_EXCLUDE_MAX);
+        wr_bytes(w, m->u.lookup.id.bytes, CFX_OBJECT_ID_LEN);
+        wr_u32(w, m->u.lookup.timeout_ms);
+        wr_u32(w, m->u.lookup.nexclude);
+        for (uint32_t i = 0; i < m->u.lookup.nexclude; i++)
+            wr_u32(w, m->u.lookup.exclude[i]);
+        break;
+    case CFX_MSG_LOOKUP_REPLY:
+        if (m->u.lookup_reply.is_inline &&
+            (m->u.lookup_reply.size > CFX_OBJECT_INLINE_MAX ||
+             (m->u.lookup_reply.size && !m->u.lookup_reply.data)))
+            return cfx__err(CFX_ERR_INVALID, "LOOKUP_REPLY with %llu inline bytes",
+                            (unsigned long long)m->u.lookup_reply.size);
+        wr_bytes(w, m->u.lookup_reply.id.bytes, CFX_OBJECT_ID_LEN);
+        wr_u64(w, m->u.lookup_reply.size);
+        wr_u32(w, m->u.lookup_reply.chunk_size);
+        wr_u8(w, m->u.lookup_reply.is_inline ? 1 : 0);
+        wr_u8(w, m->u.lookup_reply.complete ? 1 : 0);
+        if (m->u.lookup_reply.is_inline) {
+            wr_u32(w, (uint32_t)m->u.lookup_reply.size);
+            wr_bytes(w, m->u.lookup_reply.data, (size_t)m->u.lookup_reply.size);
+        } else {
+            wr_node(w, &m->u.lookup_reply.node);
+        }
+        break;
+    case CFX_MSG_OBJ_DONE:
+        wr_bytes(w, m->u.done.id.bytes, CFX_OBJECT_ID_LEN);
+        wr_u32(w, m->u.done.source_node);
+        wr_u8(w, m->u.done.complete ? 1 : 0);
+        break;
+    case CFX_MSG_OBJ_DELETE:
+        wr_bytes(w, m->u.del.id.bytes, CFX_OBJECT_ID_LEN);
+        break;
+    case CFX_MSG_NODE_GET:
+        wr_u32(w, m->u.node_get.node_id);
+        break;
+    case CFX_MSG_STATUS_REPLY: {
+        const struct cfx_ctl_status *s = &m->u.status;
+        wr_u32(w, s->proto_version);
+        wr_u64(w, s->uptime_ms);
+        wr_u32(w, s->nodes_alive);
+        wr_u32(w, s->nodes_dead);
+        wr_u32(w, s->objects);
+        wr_u64(w, s->inline_bytes);
+        wr_u32(w, s->heartbeat_ms);
+        wr_u32(w, s->dead_after_ms);
+        wr_str(w, s->version, sizeof(s->version));
+        break;
+    }
+    case CFX_MSG_NODES:
+    case CFX_MSG_OBJECTS:
+        wr_u32(w, m->u.list.cursor);
+        break;
+    case CFX_MSG_NODES_REPLY:
+    case CFX_MSG_OBJECTS_REPLY: {
+        const struct cfx_msg_page *pg = &m->u.page;
+        int nodes = m->type == CFX_MSG_NODES_REPLY;
+        uint32_t max = nodes ? CFX_PROTO_NODES_PAGE : CFX_PROTO_OBJECTS_PAGE;
+        if (pg->count > max || (pg->count && !pg->recs_in))
+            return cfx__err(CFX_ERR_INVALID, "listing page of %u records (at most %u)",
+                            pg->count, max);
+        wr_u32(w, pg->count);
+        wr_u32(w, pg->next);
+        wr_u8(w, pg->more ? 1 : 0);
+        for (uint32_t i = 0; i < pg->count; i++) {
+            if (nodes)
+                wr_node(w, &((const struct cfx_node_rec *)pg->recs_in)[i]);
+            else
+                wr_objrec(w, &((const struct cfx_ctl_obj_rec *)pg->recs_in)[i]);
+        }
+        break;
+    }
+    case CFX_MSG_EV_NODE_DEAD:
+        wr_u32(w, m->u.node_dead.node_id);
+        break;
+    default:
+        return cfx__err(CFX_ERR_INVALID, "cannot encode message type %u", m->type);
+    }
+    return CFX_OK;
+}
+
+static int encode(const struct cfx_msg *m, struct wr *w)
+{
+    wr_u16(w, CFX_PROTO_MAGIC);
+    wr_u8(w, CFX_PROTO_VERSION);
+    wr_u8(w, m->type);
+    wr_u32(w, 0); /* payload_len, patched below */
+    wr_u64(w, m->req_id);
+    int rc = encode_payload(m, w);
+    if (rc != CFX_OK)
+        return rc;
+    size_t plen = w->off - CFX_PROTO_HDR_LEN;
+    if (plen > CFX_PROTO_MAX_PAYLOAD)
+        return cfx__err(CFX_ERR_TOO_BIG, "%s payload of %zu bytes over the %u byte limit",
+                        cfx__msg_type_name(m->type), plen, CFX_PROTO_MAX_PAYLOAD);
+    if (w->p && w->off <= w->cap) {
+        for (int i = 0; i < 4; i++)
+            w->p[4 + i] = (uint8_t)(plen >> (8 * i));
+    }
+    return CFX_OK;
+}
+
+size_t cfx__msg_encoded_len(const struct cfx_msg *m)
+{
+    struct wr w = { NULL, 0, 0 };
+    encode(m, &w);
+    return w.off;
+}
+
+int cfx__msg_encode(const struct cfx_msg *m, void *buf, size_t cap, size_t *len)
+{
+    struct wr w = { buf, cap, 0 };
+    int rc = encode(m, &w);
+    if (rc != CFX_OK)
+        return rc;
+    if (w.off > cap)
+        return cfx__err(CFX_ERR_TOO_BIG, "%s frame of %zu bytes does not fit %zu",
+                        cfx__msg_type_name(m->type), w.off, cap);
+    *len = w.off;
+    return CFX_OK;
+}
+
+int cfx__msg_encode_alloc(const struct cfx_msg *m, uint8_t **buf, size_t *len)
+{
+    struct wr w = { NULL, 0, 0 };
+    int rc = encode(m, &w);
+    if (rc != CFX_OK)
+        return rc;
+    uint8_t *p = malloc(w.off);
+    if (!p)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for a %zu byte %s frame", w.off,
+                        cfx__msg_type_name(m->type));
+    rc = cfx__msg_encode(m, p, w.off, len);
+    if (rc != CFX_OK) {
+        free(p);
+        return rc;
+    }
+    *buf = p;
+    return CFX_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decode                                                                    */
+
+int cfx__msg_hdr_decode(const void *buf, size_t len, struct cfx_msg_hdr *out)
+{
+    const uint8_t *p = buf;
+    if (len < CFX_PROTO_HDR_LEN)
+        return cfx__err(CFX_ERR_PROTO, "truncated frame header (%zu of %u bytes)", len,
+                        CFX_PROTO_HDR_LEN);
+    struct rd r = { p, len, 0, CFX_OK, "header" };
+    out->magic = rd_u16(&r, "magic");
+    out->version = rd_u8(&r, "version");
+    out->type = rd_u8(&r, "type");
+    out->payload_len = rd_u32(&r, "payload length");
+    out->req_id = rd_u64(&r, "request id");
+    if (out->magic != CFX_PROTO_MAGIC)
+        return cfx__err(CFX_ERR_PROTO, "bad frame magic 0x%04x (not a Conflux peer?)",
+                        out->magic);
+    if (out->version != CFX_PROTO_VERSION)
+        return cfx__err(CFX_ERR_VERSION, "peer speaks protocol version %u, this build speaks %u",
+                        out->version, CFX_PROTO_VERSION);
+    if (out->type == 0 || out->type >= CFX_MSG_TYPE_END)
+        return cfx__err(CFX_ERR_PROTO, "unknown message type %u", out->type);
+    if (out->payload_len > CFX_PROTO_MAX_PAYLOAD)
+        return cfx__err(CFX_ERR_TOO_BIG, "%s frame announces %u payload bytes (limit %u)",
+                        cfx__msg_type_name(out->type), out->payload_len,
+                        CFX_PROTO_MAX_PAYLOAD);
+    return CFX_OK;
+}
+
+static void decode_payload(struct rd *r, struct cfx_msg *m)
+{
+    switch (m->type) {
+    case CFX_MSG_ERROR: {
+        int32_t st = (int32_t)rd_u32(r, "status");
+        uint16_t n = rd_u16(r, "text length");
+        m->u.error.status = st;
+        m->u.error.text[0] = '\0';
+        if (r->status != CFX_OK)
+            break;
+        if (st >= 0 || st <= CFX_STATUS_LAST) {
+            rd_fail(r, CFX_ERR_PROTO, "status is not an error code");
+            break;
+        }
+        if (n >= CFX_PROTO_TEXT_MAX) {
+            rd_fail(r, CFX_ERR_PROTO, "text longer than CFX_PROTO_TEXT_MAX");
+            break;
+        }
+        const uint8_t *q = rd_take(r, n, "text");
+        if (!q)
+            break;
+        if (memchr(q, 0, n)) {
+            rd_fail(r, CFX_ERR_PROTO, "NUL inside text");
+            break;
+        }
+        memcpy(m->u.error.text, q, n);
+        m->u.error.text[n] = '\0';
+        break;
+    }
+    case CFX_MSG_OK:
+    case CFX_MSG_LEAVE:
+    case CFX_MSG_HEARTBEAT:
+    case CFX_MSG_STATUS:
+        break;
+    case CFX_MSG_CHALLENGE:
+        rd_bytes(r, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN, "nonce");
+        break;
+    case CFX_MSG_AUTH:
+        m->u.auth.role = rd_u8(r, "role");
+        if (m->u.auth.role > CFX_CTL_ROLE_ADMIN)
+            rd_fail(r, CFX_ERR_PROTO, "unknown role");
+        rd_bytes(r, m->u.auth.nonce, CFX_PROTO_NONCE_LEN, "nonce");
+        rd_bytes(r, m->u.auth.mac, CFX_PROTO_MAC_LEN, "mac");
+        break;
+    case CFX_MSG_AUTH_OK:
+        rd_bytes(r, m->u.auth_ok.mac, CFX_PROTO_MAC_LEN, "mac");
+        break;
+    case CFX_MSG_JOIN:
+    case CFX_MSG_NODE_REPLY:
+        rd_node(r, &m->u.join);
+        break;
+    case CFX_MSG_JOIN_REPLY:
+        m->u.join_reply.node_id = rd_u32(r, "node id");
+        m->u.join_reply.heartbeat_ms = rd_u32(r, "heartbeat");
+        m->u.join_reply.dead_after_ms = rd_u32(r, "dead after");
+        if (r->status == CFX_OK && m->u.join_reply.node_id == 0)
+            rd_fail(r, CFX_ERR_PROTO, "node id 0");
+        if (r->status == CFX_OK && m->u.join_reply.heartbeat_ms == 0)
+            rd_fail(r, CFX_ERR_PROTO, "heartbeat interval 0");
+        break;
+    case CFX_MSG_OBJ_PUT:
+        rd_bytes(r, m->u.put.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        m->u.put.size = rd_u64(r, "size");
+        m->u.put.chunk_size = rd_u32(r, "chunk size");
+        m->u.put.has_data = rd_flag(r, "inline flag");
+        m->u.put.data = NULL;
+        if (r->status == CFX_OK && m->u.put.has_data) {
+            uint32_t n = rd_u32(r, "inline length");
+            if (r->status != CFX_OK)
+                break;
+            if (n > CFX_OBJECT_INLINE_MAX || n != m->u.put.size) {
+                rd_fail(r, CFX_ERR_PROTO, "inline length does not match size or over 64 KiB");
+                break;
+            }
+            m->u.put.data = rd_take(r, n, "inline data");
+        }
+        break;
+    case CFX_MSG_OBJ_LOOKUP:
+        rd_bytes(r, m->u.lookup.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        m->u.lookup.timeout_ms = rd_u32(r, "timeout");
+        m->u.lookup.nexclude = rd_u32(r, "exclude count");
+        if (r->status != CFX_OK)
+            break;
+        if (m->u.lookup.nexclude > CFX_PROTO_EXCLUDE_MAX) {
+            rd_fail(r, CFX_ERR_PROTO, "exclude count over CFX_PROTO_EXCLUDE_MAX");
+            m->u.lookup.nexclude = 0;
+            break;
+        }
+        for (uint32_t i = 0; i < m->u.lookup.nexclude; i++)
+            m->u.lookup.exclude[i] = rd_u32(r, "excluded node");
+        break;
+    case CFX_MSG_LOOKUP_REPLY: {
+        rd_bytes(r, m->u.lookup_reply.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        m->u.lookup_reply.size = rd_u64(r, "size");
+        m->u.lookup_reply.chunk_size = rd_u32(r, "chunk size");
+        m->u.lookup_reply.is_inline = rd_flag(r, "inline flag");
+        m->u.lookup_reply.complete = rd_flag(r, "complete flag");
+        m->u.lookup_reply.data = NULL;
+        memset(&m->u.lookup_reply.node, 0, sizeof(m->u.lookup_reply.node));
+        if (r->status != CFX_OK)
+            break;
+        if (m->u.lookup_reply.is_inline) {
+            uint32_t n = rd_u32(r, "inline length");
+            if (r->status != CFX_OK)
+                break;
+            if (n > CFX_OBJECT_INLINE_MAX || n != m->u.lookup_reply.size) {
+                rd_fail(r, CFX_ERR_PROTO, "inline length does not match size or over 64 KiB");
+                break;
+            }
+            m->u.lookup_reply.data = rd_take(r, n, "inline data");
+        } else {
+            rd_node(r, &m->u.lookup_reply.node);
+            if (r->status == CFX_OK && m->u.lookup_reply.node.node_id == 0)
+                rd_fail(r, CFX_ERR_PROTO, "source node id 0");
+        }
+        break;
+    }
+    case CFX_MSG_OBJ_DONE:
+        rd_bytes(r, m->u.done.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        m->u.done.source_node = rd_u32(r, "source node");
+        m->u.done.complete = rd_flag(r, "complete flag");
+        break;
+    case CFX_MSG_OBJ_DELETE:
+        rd_bytes(r, m->u.del.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        break;
+    case CFX_MSG_NODE_GET:
+        m->u.node_get.node_id = rd_u32(r, "node id");
+        break;
+    case CFX_MSG_STATUS_REPLY: {
+        struct cfx_ctl_status *s = &m->u.status;
+        s->proto_version = rd_u32(r, "protocol version");
+        s->uptime_ms = rd_u64(r, "uptime");
+        s->nodes_alive = rd_u32(r, "nodes alive");
+        s->nodes_dead = rd_u32(r, "nodes dead");
+        s->objects = rd_u32(r, "objects");
+        s->inline_bytes = rd_u64(r, "inline bytes");
+        s->heartbeat_ms = rd_u32(r, "heartbeat");
+        s->dead_after_ms = rd_u32(r, "dead after");
+        rd_str(r, s->version, sizeof(s->version), "version not terminated");
+        break;
+    }
+    case CFX_MSG_NODES:
+    case CFX_MSG_OBJECTS:
+        m->u.list.cursor = rd_u32(r, "cursor");
+        break;
+    case CFX_MSG_NODES_REPLY:
+    case CFX_MSG_OBJECTS_REPLY: {
+        struct cfx_msg_page *pg = &m->u.page;
+        int nodes = m->type == CFX_MSG_NODES_REPLY;
+        uint32_t max = nodes ? CFX_PROTO_NODES_PAGE : CFX_PROTO_OBJECTS_PAGE;
+        size_t recsz = nodes ? CFX_PROTO_NODE_WIRE : CFX_PROTO_OBJREC_WIRE;
+        pg->count = rd_u32(r, "record count");
+        pg->next = rd_u32(r, "next cursor");
+        pg->more = rd_flag(r, "more flag");
+        pg->recs_in = NULL;
+        pg->raw = NULL;
+        if (r->status != CFX_OK)
+            break;
+        if (pg->count > max) {
+            rd_fail(r, CFX_ERR_PROTO, "record count over the page limit");
+            pg->count = 0;
+            break;
+        }
+        /* The count is bounded, so count * recsz cannot overflow. */
+        if ((size_t)pg->count * recsz != r->len - r->off) {
+            rd_fail(r, CFX_ERR_PROTO, "record count does not match the payload length");
+            pg->count = 0;
+            break;
+        }
+        pg->raw = r->p + r->off;
+        for (uint32_t i = 0; i < pg->count && r->status == CFX_OK; i++) {
+            if (nodes) {
+                struct cfx_node_rec tmp;
+                rd_node(r, &tmp);
+            } else {
+                struct cfx_ctl_obj_rec tmp;
+                rd_objrec(r, &tmp);
+            }
+        }
+        if (r->status != CFX_OK) {
+            pg->count = 0;
+            pg->raw = NULL;
+        }
+        break;
+    }
+    case CFX_MSG_EV_NODE_DEAD:
+        m->u.node_dead.node_id = rd_u32(r, "node id");
+        if (r->status == CFX_OK && m->u.node_dead.node_id == 0)
+            rd_fail(r, CFX_ERR_PROTO, "node id 0");
+        break;
+    default:
+        rd_fail(r, CFX_ERR_PROTO, "unknown type");
+        break;
+    }
+}
+
+int cfx__msg_decode(const void *buf, size_t len, struct cfx_msg *out)
+{
+    struct cfx_msg_hdr h;
+    int rc = cfx__msg_hdr_decode(buf, len, &h);
+    if (rc != CFX_OK)
+        return rc;
+    if (len - CFX_PROTO_HDR_LEN < h.payload_len)
+        return cfx__err(CFX_ERR_PROTO, "truncated %s frame: %zu of %u payload bytes",
+                        cfx__msg_type_name(h.type), len - CFX_PROTO_HDR_LEN, h.payload_len);
+    if (len - CFX_PROTO_HDR_LEN > h.payload_len)
+        return cfx__err(CFX_ERR_PROTO, "%zu bytes after the %s frame",
+                        len - CFX_PROTO_HDR_LEN - h.payload_len, cfx__msg_type_name(h.type));
+
+    memset(out, 0, offsetof(struct cfx_msg, u));
+    out->type = h.type;
+    out->req_id = h.req_id;
+    struct rd r = { (const uint8_t *)buf + CFX_PROTO_HDR_LEN, h.payload_len, 0, CFX_OK,
+                    cfx__msg_type_name(h.type) };
+    decode_payload(&r, out);
+    if (r.status != CFX_OK)
+        return r.status;
+    if (r.off != r.len)
+        return cfx__err(CFX_ERR_PROTO, "bad %s frame: %zu trailing bytes",
+                        cfx__msg_type_name(h.type), r.len - r.off);
+    return CFX_OK;
+}
+
+void cfx__msg_node_at(const struct cfx_msg *m, uint32_t i, struct cfx_node_rec *out)
+{
+    struct rd r = { m->u.page.raw + (size_t)i * CFX_PROTO_NODE_WIRE, CFX_PROTO_NODE_WIRE, 0,
+                    CFX_OK, "node record" };
+    rd_node(&r, out);
+}
+
+void cfx__msg_obj_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_obj_rec *out)
+{
+    struct rd r = { m->u.page.raw + (size_t)i * CFX_PROTO_OBJREC_WIRE, CFX_PROTO_OBJREC_WIRE,
+                    0, CFX_OK, "object record" };
+    rd_objrec(&r, out);
+}

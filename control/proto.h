@@ -1,0 +1,197 @@
+/*
+ * Control-plane wire protocol.
+ *
+ * Every message is one frame: a 16-byte header followed by payload_len bytes
+ * of payload.  All integers are little-endian.
+ *
+ *   u16 magic (CFX_PROTO_MAGIC)   u8 version   u8 type
+ *   u32 payload_len               u64 req_id
+ *
+ * Requests carry a caller-chosen req_id that the reply echoes; events and
+ * the challenge use req_id 0.  Strings travel in fixed-size fields and must
+ * be NUL-terminated inside them; the error text travels as u16 length +
+ * bytes (no NUL inside).  Listings are paginated (CFX_PROTO_NODES_PAGE,
+ * CFX_PROTO_OBJECTS_PAGE records per reply) so that no frame exceeds
+ * CFX_PROTO_MAX_PAYLOAD.
+ *
+ * Decoders are pure functions over (buf, len): they never allocate, never
+ * read outside [buf, buf+len), and validate every field (type known, lengths
+ * inside the frame and inside their bounds, strings terminated, counts
+ * bounded, flags 0/1, no trailing bytes).  Decoded messages may point into
+ * the frame (inline data, listing records): keep the frame alive while the
+ * message is used.  On failure they return CFX_ERR_PROTO, CFX_ERR_TOO_BIG or
+ * CFX_ERR_VERSION and set cfx_last_error().
+ *
+ * Thread safety: all functions are reentrant.
+ */
+#ifndef CFX_CONTROL_PROTO_H
+#define CFX_CONTROL_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/object.h>
+#include "control/client.h"
+
+#define CFX_PROTO_MAGIC        0xCF1Cu
+#define CFX_PROTO_VERSION      1u
+#define CFX_PROTO_HDR_LEN      16u
+#define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
+#define CFX_PROTO_NONCE_LEN    32u
+#define CFX_PROTO_MAC_LEN      32u          /* HMAC-SHA256 */
+#define CFX_PROTO_TEXT_MAX     512u         /* error text incl. NUL */
+#define CFX_PROTO_EXCLUDE_MAX  64u          /* nodes one lookup may exclude */
+#define CFX_PROTO_NODES_PAGE   256u         /* node records per NODES_REPLY */
+#define CFX_PROTO_OBJECTS_PAGE 1024u        /* object records per OBJECTS_REPLY */
+#define CFX_PROTO_HOLDERS_MAX  16u          /* holders per listed object (see cfx_ctl_obj_rec) */
+#define CFX_PROTO_TIMEOUT_NONE 0xFFFFFFFFu  /* lookup timeout_ms: wait forever */
+
+/* Fixed wire sizes of the records that listings carry. */
+#define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)
+#define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
+                                 CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE)
+#define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4)
+#define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
+                                 CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE)
+
+enum cfx_msg_type {
+    CFX_MSG_ERROR = 1,      /* reply: status + text */
+    CFX_MSG_OK,             /* reply: success, no body */
+    CFX_MSG_CHALLENGE,      /* coord -> client on accept: server nonce */
+    CFX_MSG_AUTH,           /* client -> coord: role, client nonce, client MAC */
+    CFX_MSG_AUTH_OK,        /* coord -> client: coordinator MAC (mutual auth) */
+    CFX_MSG_JOIN,           /* node record -> JOIN_REPLY */
+    CFX_MSG_JOIN_REPLY,     /* node id, heartbeat_ms, dead_after_ms */
+    CFX_MSG_LEAVE,          /* no body, no reply */
+    CFX_MSG_HEARTBEAT,      /* no body, no reply */
+    CFX_MSG_OBJ_PUT,        /* id, size, chunk size, inline data -> OK */
+    CFX_MSG_OBJ_LOOKUP,     /* id, timeout, exclude list -> LOOKUP_REPLY */
+    CFX_MSG_LOOKUP_REPLY,   /* id, size, chunk size, source node or inline data */
+    CFX_MSG_OBJ_DONE,       /* id, source node, complete -> OK */
+    CFX_MSG_OBJ_DELETE,     /* id -> OK */
+    CFX_MSG_NODE_GET,       /* node id -> NODE_REPLY */
+    CFX_MSG_NODE_REPLY,     /* node record */
+    CFX_MSG_STATUS,         /* no body -> STATUS_REPLY */
+    CFX_MSG_STATUS_REPLY,   /* coordinator summary */
+    CFX_MSG_NODES,          /* cursor -> NODES_REPLY */
+    CFX_MSG_NODES_REPLY,    /* page of node records */
+    CFX_MSG_OBJECTS,        /* cursor -> OBJECTS_REPLY */
+    CFX_MSG_OBJECTS_REPLY,  /* page of object records */
+    CFX_MSG_EV_NODE_DEAD,   /* event, coord -> members: node id */
+    CFX_MSG_TYPE_END        /* one past the last type */
+};
+
+struct cfx_msg_hdr {
+    uint16_t magic;
+    uint8_t version;
+    uint8_t type;           /* enum cfx_msg_type */
+    uint32_t payload_len;   /* bytes after the header */
+    uint64_t req_id;        /* 0 for events */
+};
+
+/* A listing page.  Encode: set recs_in (count entries).  Decode: raw points
+ * into the frame; read records with cfx__msg_node_at()/cfx__msg_obj_at(). */
+struct cfx_msg_page {
+    uint32_t count;         /* records in this page */
+    uint32_t next;          /* cursor for the next request */
+    uint8_t more;           /* 1: another page follows */
+    const void *recs_in;    /* encode: struct cfx_node_rec[] or struct cfx_ctl_obj_rec[] */
+    const uint8_t *raw;     /* decode: count fixed-size wire records */
+};
+
+struct cfx_msg {
+    uint8_t type;           /* enum cfx_msg_type */
+    uint64_t req_id;
+    union {
+        struct {
+            int32_t status;                 /* negative cfx_status */
+            char text[CFX_PROTO_TEXT_MAX];  /* NUL-terminated */
+        } error;
+        struct {
+            uint8_t nonce[CFX_PROTO_NONCE_LEN];
+        } challenge;
+        struct {
+            uint8_t role;                   /* enum cfx_ctl_role */
+            uint8_t nonce[CFX_PROTO_NONCE_LEN];
+            uint8_t mac[CFX_PROTO_MAC_LEN];
+        } auth;
+        struct {
+            uint8_t mac[CFX_PROTO_MAC_LEN];
+        } auth_ok;
+        struct cfx_node_rec join;           /* JOIN and NODE_REPLY */
+        struct {
+            uint32_t node_id;
+            uint32_t heartbeat_ms;
+            uint32_t dead_after_ms;
+        } join_reply;
+        struct {
+            struct cfx_object_id id;
+            uint64_t size;
+            uint32_t chunk_size;
+            uint8_t has_data;               /* 1: data holds all size bytes */
+            const uint8_t *data;
+        } put;
+        struct {
+            struct cfx_object_id id;
+            uint32_t timeout_ms;            /* CFX_PROTO_TIMEOUT_NONE = forever */
+            uint32_t nexclude;
+            uint32_t exclude[CFX_PROTO_EXCLUDE_MAX];
+        } lookup;
+        struct {
+            struct cfx_object_id id;
+            uint64_t size;
+            uint32_t chunk_size;
+            uint8_t is_inline;              /* 1: data, else node */
+            uint8_t complete;               /* source holds a complete copy */
+            const uint8_t *data;            /* size bytes when is_inline */
+            struct cfx_node_rec node;       /* source when !is_inline */
+        } lookup_reply;
+        struct {
+            struct cfx_object_id id;
+            uint32_t source_node;
+            uint8_t complete;
+        } done;
+        struct {
+            struct cfx_object_id id;
+        } del;
+        struct {
+            uint32_t node_id;
+        } node_get;
+        struct cfx_ctl_status status;       /* STATUS_REPLY */
+        struct {
+            uint32_t cursor;                /* NODES: after this node id; OBJECTS: index */
+        } list;
+        struct cfx_msg_page page;           /* NODES_REPLY, OBJECTS_REPLY */
+        struct {
+            uint32_t node_id;
+        } node_dead;
+    } u;
+};
+
+/* Name of a message type ("OBJ_LOOKUP"), "?" when unknown. */
+const char *cfx__msg_type_name(unsigned type);
+
+/* Validate and decode the 16-byte header at @p buf (@p len bytes available).
+ * CFX_ERR_PROTO (short, bad magic, unknown type), CFX_ERR_VERSION,
+ * CFX_ERR_TOO_BIG (payload_len over CFX_PROTO_MAX_PAYLOAD). */
+int cfx__msg_hdr_decode(const void *buf, size_t len, struct cfx_msg_hdr *out);
+
+/* Decode exactly one whole frame of @p len bytes (header + payload). */
+int cfx__msg_decode(const void *buf, size_t len, struct cfx_msg *out);
+
+/* Bytes the encoded frame of @p m takes (header included). */
+size_t cfx__msg_encoded_len(const struct cfx_msg *m);
+
+/* Encode @p m into @p buf of @p cap bytes; *len receives the frame size.
+ * CFX_ERR_TOO_BIG when it does not fit or the payload would exceed
+ * CFX_PROTO_MAX_PAYLOAD; CFX_ERR_INVALID for an unknown type or a field out
+ * of range (for example inline data over CFX_OBJECT_INLINE_MAX). */
+int cfx__msg_encode(const struct cfx_msg *m, void *buf, size_t cap, size_t *len);
+
+/* As cfx__msg_encode() into a malloc'd buffer the caller frees. */
+int cfx__msg_encode_alloc(const struct cfx_msg *m, uint8_t **buf, size_t *len);
+
+/* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */
+void cfx__msg_node_at(const struct cfx_msg *m, uint32_t i, struct cfx_node_rec *out);
+void cfx__msg_obj_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_obj_rec *out);
+
+#endif

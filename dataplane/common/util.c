@@ -1,0 +1,115 @@
+/* Environment and address parsing helpers. */
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+#include <conflux/version.h>
+
+#include "log.h"
+
+unsigned cfx_version(void)
+{
+    return CFX_VERSION_HEX;
+}
+
+int cfx__parse_size(const char *s, size_t *out)
+{
+    if (!s || !*s)
+        return CFX_ERR_INVALID;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-')
+        return CFX_ERR_INVALID;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: return CFX_ERR_INVALID;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0')
+        return CFX_ERR_INVALID;
+    if (shift && v > (~0ull >> shift))
+        return CFX_ERR_INVALID;
+    *out = (size_t)(v << shift);
+    return CFX_OK;
+}
+
+const char *cfx__env_str(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return (v && *v) ? v : def;
+}
+
+long long cfx__env_ll(const char *name, long long def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    errno = 0;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (errno || *end != '\0') {
+        CFX_LOG(WARN, CONFIG, "ignoring %s=%s: not an integer", name, v);
+        return def;
+    }
+    return n;
+}
+
+size_t cfx__env_size(const char *name, size_t def)
+{
+    const char *v = getenv(name);
+    size_t out;
+    if (!v || !*v)
+        return def;
+    if (cfx__parse_size(v, &out) != CFX_OK) {
+        CFX_LOG(WARN, CONFIG, "ignoring %s=%s: not a size (e.g. 512K, 4M)", name, v);
+        return def;
+    }
+    return out;
+}
+
+int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
+{
+    char host[256];
+    const char *colon;
+    char *end;
+
+    if (!s || !(colon = strrchr(s, ':')) || colon == s ||
+        (size_t)(colon - s) >= sizeof(host))
+        return cfx__err(CFX_ERR_INVALID, "address '%s' is not host:port", s ? s : "(null)");
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (errno || *end != '\0' || port <= 0 || port > 65535)
+        return cfx__err(CFX_ERR_INVALID, "address '%s' has a bad port", s);
+
+    memset(out, 0, sizeof(*out));
+    out->sin_family = AF_INET;
+    out->sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &out->sin_addr) == 1)
+        return CFX_OK;
+
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || !res)
+        return cfx__err(CFX_ERR_INVALID, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+    out->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+    return CFX_OK;
+}

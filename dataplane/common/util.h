@@ -1,0 +1,76 @@
+/* Small shared helpers: time, deadlines, error detail, container_of. */
+#ifndef CFX_COMMON_UTIL_H
+#define CFX_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#ifndef container_of
+#define container_of(ptr, type, member)                                        \
+    ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+#define likely(x)   __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define CFX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CFX_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CFX_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Monotonic clock in nanoseconds / milliseconds. */
+static inline uint64_t cfx__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t cfx__now_ms(void) { return cfx__now_ns() / 1000000ull; }
+
+/* Deadline in ns from a timeout in ms; timeout < 0 means never (UINT64_MAX). */
+static inline uint64_t cfx__deadline_ns(int timeout_ms)
+{
+    return timeout_ms < 0 ? UINT64_MAX
+                          : cfx__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+/* Milliseconds left until @p deadline (0 when passed, -1 when infinite),
+ * in the form poll(2) takes. */
+static inline int cfx__ms_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return -1;
+    uint64_t now = cfx__now_ns();
+    if (now >= deadline)
+        return 0;
+    uint64_t ms = (deadline - now + 999999ull) / 1000000ull;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+/*
+ * Record the detail of an error on the calling thread (see cfx_last_error())
+ * and return @p status so call sites can write `return cfx__err(...)`.
+ */
+int cfx__err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Clear the calling thread's error detail. */
+void cfx__err_clear(void);
+
+/* Map an errno value to a status (the one place errno is translated). */
+int cfx__status_from_errno(int err);
+
+/* Parse "host:port" (IPv4 or name) into a sockaddr_in.  CFX_OK / CFX_ERR_INVALID. */
+struct sockaddr_in;
+int cfx__parse_hostport(const char *s, struct sockaddr_in *out);
+
+/* Environment helpers: value of @p name parsed, or @p def when unset.
+ * A set but malformed value logs a warning and yields @p def. */
+long long cfx__env_ll(const char *name, long long def);
+size_t cfx__env_size(const char *name, size_t def); /* accepts K/M/G suffixes */
+const char *cfx__env_str(const char *name, const char *def);
+
+/* Parse a size with optional K/M/G suffix.  CFX_OK / CFX_ERR_INVALID. */
+int cfx__parse_size(const char *s, size_t *out);
+
+#endif

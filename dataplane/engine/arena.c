@@ -1,0 +1,142 @@
+/*
+ * The registered arena: memfd-backed MAP_SHARED segments, so that a peer on
+ * the same host can map a destination and copy into it once (shm transport).
+ * One segment per allocation; freed segments are cached for reuse (their fd
+ * stays open, so a peer's cached mapping of an fd number never points at a
+ * different file) up to a bound, then closed.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define ARENA_CACHE_MAX (1024ull * 1024 * 1024) /* bytes of free segments kept */
+#define ARENA_ALIGN     4096u
+
+int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
+                     uint64_t *off)
+{
+    struct cfx_arena *a = &ctx->arena;
+    struct cfx_arena_seg *seg = NULL, *best = NULL;
+    struct cfx_list *pos;
+    size_t len = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    int status;
+
+    if (len == 0)
+        len = ARENA_ALIGN;
+
+    pthread_mutex_lock(&ctx->lock);
+    cfx_list_for_each(pos, &a->segs) {
+        seg = cfx_list_entry(pos, struct cfx_arena_seg, link);
+        /* reuse a cached segment that is big enough but not wasteful */
+        if (!seg->used && seg->len >= len && seg->len <= 2 * len &&
+            (!best || seg->len < best->len))
+            best = seg;
+    }
+    if (best) {
+        best->used = true;
+        a->cached_bytes -= best->len;
+        pthread_mutex_unlock(&ctx->lock);
+        *out = best->base;
+        *fd = best->fd;
+        *off = 0;
+        return CFX_OK;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+
+    seg = calloc(1, sizeof(*seg));
+    if (!seg)
+        return cfx__err(CFX_ERR_NOMEM, "arena: out of memory for a segment header");
+    seg->fd = memfd_create("conflux-arena", MFD_CLOEXEC);
+    if (seg->fd < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "arena: memfd_create: %s",
+                          strerror(errno));
+        goto err_free_seg;
+    }
+    if (ftruncate(seg->fd, (off_t)len) < 0) {
+        status = cfx__err(CFX_ERR_NOMEM, "arena: cannot size a %zu-byte segment: %s",
+                          len, strerror(errno));
+        goto err_close_fd;
+    }
+    seg->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);
+    if (seg->base == MAP_FAILED) {
+        status = cfx__err(CFX_ERR_NOMEM, "arena: cannot map %zu bytes: %s", len,
+                          strerror(errno));
+        goto err_close_fd;
+    }
+    seg->len = len;
+    seg->used = true;
+
+    pthread_mutex_lock(&ctx->lock);
+    cfx_list_add_tail(&seg->link, &a->segs);
+    pthread_mutex_unlock(&ctx->lock);
+    *out = seg->base;
+    *fd = seg->fd;
+    *off = 0;
+    return CFX_OK;
+
+err_close_fd:
+    close(seg->fd);
+err_free_seg:
+    free(seg);
+    return status;
+}
+
+/* ctx->lock held. */
+static struct cfx_arena_seg *arena_find(struct cfx_arena *a, const void *p)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &a->segs) {
+        struct cfx_arena_seg *seg = cfx_list_entry(pos, struct cfx_arena_seg, link);
+        if (seg->used && (const char *)p >= (const char *)seg->base &&
+            (const char *)p < (const char *)seg->base + seg->len)
+            return seg;
+    }
+    return NULL;
+}
+
+int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t *off)
+{
+    struct cfx_arena_seg *seg = arena_find(&ctx->arena, p);
+    if (!seg)
+        return CFX_ERR_NOT_FOUND;
+    *fd = seg->fd;
+    *off = (uint64_t)((const char *)p - (const char *)seg->base);
+    return CFX_OK;
+}
+
+/* ctx->lock held. */
+void cfx__arena_free(struct cfx_context *ctx, void *p)
+{
+    struct cfx_arena *a = &ctx->arena;
+    struct cfx_arena_seg *seg = arena_find(a, p);
+    if (!seg || seg->base != p) {
+        CFX_LOG(ERR, ARENA, "free of %p which is not an arena buffer: ignored", p);
+        return;
+    }
+    seg->used = false;
+    if (a->cached_bytes + seg->len <= ARENA_CACHE_MAX) {
+        a->cached_bytes += seg->len;
+        return;
+    }
+    cfx_list_del(&seg->link);
+    munmap(seg->base, seg->len);
+    close(seg->fd);
+    free(seg);
+}
+
+void cfx__arena_destroy(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->arena.segs) {
+        struct cfx_arena_seg *seg = cfx_list_entry(pos, struct cfx_arena_seg, link);
+        cfx_list_del(&seg->link);
+        munmap(seg->base, seg->len);
+        close(seg->fd);
+        free(seg);
+    }
+    ctx->arena.cached_bytes = 0;
+}

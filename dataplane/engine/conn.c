@@ -1,0 +1,260 @@
+/*
+ * Connections to peer nodes.  Outbound connections (ours, for gets) are
+ * found by node id; inbound ones (peers getting from us) are learned from
+ * their HELLO.  Messages posted while connecting are queued and flushed on
+ * CONNECTED.  Progress thread only, ctx->lock held.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The transport to reach @p node with: the first of ours (in preference
+ * order) that the node also listens on and that can reach it. */
+int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node)
+{
+    for (int t = 0; t < ctx->ntp; t++) {
+        const struct cfx_transport_ops *ops = ctx->tp[t].ops;
+        if ((ops->caps & CFX_TP_CAP_SAME_HOST) &&
+            strncmp(node->host_id, ctx->self.host_id, CFX_HOST_ID_MAX))
+            continue;
+        for (unsigned a = 0; a < node->naddr && a < CFX_NODE_ADDRS_MAX; a++)
+            if (!strncmp(node->addr[a].tp, ops->name, CFX_TP_NAME_MAX))
+                return t;
+    }
+    return -1;
+}
+
+static const struct cfx_node_addr *node_addr(const struct cfx_node_rec *node,
+                                             const char *tp)
+{
+    for (unsigned a = 0; a < node->naddr && a < CFX_NODE_ADDRS_MAX; a++)
+        if (!strncmp(node->addr[a].tp, tp, CFX_TP_NAME_MAX))
+            return &node->addr[a];
+    return NULL;
+}
+
+static void conn_send_hello(struct cfx_conn *conn)
+{
+    struct cfx_dp_hello h = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
+        .node_id = conn->ctx->node_id,
+    };
+    cfx__conn_send(conn, &h, sizeof(h));
+}
+
+struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
+                               int *status)
+{
+    struct cfx_list *pos;
+    struct cfx_conn *conn;
+
+    cfx_list_for_each(pos, &ctx->conns) {
+        conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (conn->outbound && conn->node_id == node->node_id &&
+            conn->state != CFX_CONN_FAILED)
+            return conn;
+    }
+
+    int t = cfx__conn_tp_for(ctx, node);
+    if (t < 0) {
+        *status = cfx__err(CFX_ERR_UNSUPPORTED,
+                           "node %u (%s) shares no transport with node %u (ours: %s)",
+                           node->node_id, node->name, ctx->node_id, ctx->cfg.transports);
+        return NULL;
+    }
+    const struct cfx_node_addr *addr = node_addr(node, ctx->tp[t].ops->name);
+
+    conn = calloc(1, sizeof(*conn));
+    if (!conn) {
+        *status = cfx__err(CFX_ERR_NOMEM, "out of memory connecting to node %u", node->node_id);
+        return NULL;
+    }
+    conn->ctx = ctx;
+    conn->tp = t;
+    conn->node_id = node->node_id;
+    conn->outbound = true;
+    conn->state = CFX_CONN_CONNECTING;
+    cfx_list_init(&conn->pending);
+    cfx_list_init(&conn->uploads);
+    snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
+             ctx->tp[t].ops->name, (int)strnlen((const char *)addr->addr, addr->len),
+             (const char *)addr->addr);
+
+    int rc = ctx->tp[t].ops->ep_connect(ctx->tp[t].iface, addr->addr, addr->len,
+                                        node->node_id, &conn->ep);
+    if (rc != CFX_OK) {
+        *status = cfx__err(rc, "cannot connect to %s: %s", conn->name, cfx_strerror(rc));
+        free(conn);
+        return NULL;
+    }
+    conn->ep->user = conn;
+    snprintf(conn->ep->peer_name, sizeof(conn->ep->peer_name), "node %u", node->node_id);
+    cfx_list_add_tail(&conn->link, &ctx->conns);
+    CFX_LOG(DEBUG, CONN, "node %u: connecting to %s", ctx->node_id, conn->name);
+    conn_send_hello(conn);
+    return conn;
+}
+
+int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
+{
+    const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
+
+    if (conn->state == CFX_CONN_FAILED)
+        return conn->status;
+    if (conn->state == CFX_CONN_READY && cfx_list_empty(&conn->pending)) {
+        int rc = ops->ep_send(conn->ep, msg, len, 0);
+        if (rc != CFX_ERR_AGAIN)
+            return rc;
+    }
+    /* queue: connecting, or the send queue is full */
+    struct cfx_pending_msg *pm = malloc(sizeof(*pm) + len);
+    if (!pm)
+        return CFX_ERR_NOMEM;
+    pm->len = len;
+    memcpy(pm->data, msg, len);
+    cfx_list_add_tail(&pm->link, &conn->pending);
+    return CFX_OK;
+}
+
+/* Flush queued control messages; returns how many went out. */
+static int conn_flush(struct cfx_conn *conn)
+{
+    const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
+    int n = 0;
+    while (conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending)) {
+        struct cfx_pending_msg *pm =
+            cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
+        int rc = ops->ep_send(conn->ep, pm->data, pm->len, 0);
+        if (rc == CFX_ERR_AGAIN)
+            break;
+        cfx_list_del(&pm->link);
+        free(pm);
+        if (rc != CFX_OK) {
+            cfx__conn_fail(conn, rc, "send failed");
+            break;
+        }
+        n++;
+    }
+    return n;
+}
+
+int cfx__conn_flush_all(struct cfx_context *ctx);
+int cfx__conn_flush_all(struct cfx_context *ctx)
+{
+    struct cfx_list *pos;
+    int n = 0;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (!cfx_list_empty(&conn->pending))
+            n += conn_flush(conn);
+    }
+    return n;
+}
+
+void cfx__conn_connected(struct cfx_conn *conn);
+void cfx__conn_connected(struct cfx_conn *conn)
+{
+    conn->state = CFX_CONN_READY;
+    CFX_LOG(DEBUG, CONN, "node %u: connected to %s", conn->ctx->node_id, conn->name);
+    conn_flush(conn);
+}
+
+struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep);
+struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep)
+{
+    struct cfx_conn *conn = calloc(1, sizeof(*conn));
+    if (!conn) {
+        CFX_LOG(ERR, CONN, "node %u: out of memory accepting a connection", ctx->node_id);
+        ctx->tp[tp].ops->ep_close(ep);
+        return NULL;
+    }
+    conn->ctx = ctx;
+    conn->tp = tp;
+    conn->ep = ep;
+    conn->state = CFX_CONN_READY;
+    cfx_list_init(&conn->pending);
+    cfx_list_init(&conn->uploads);
+    snprintf(conn->name, sizeof(conn->name), "unidentified peer (%s %s)",
+             ctx->tp[tp].ops->name, ep->peer_name);
+    ep->user = conn;
+    cfx_list_add_tail(&conn->link, &ctx->conns);
+    return conn;
+}
+
+void cfx__conn_hello(struct cfx_conn *conn, uint32_t node_id);
+void cfx__conn_hello(struct cfx_conn *conn, uint32_t node_id)
+{
+    char old[96];
+    snprintf(old, sizeof(old), "%s", conn->name);
+    conn->node_id = node_id;
+    conn->ep->peer_node = node_id;
+    snprintf(conn->name, sizeof(conn->name), "node %u (%s %s)", node_id,
+             conn->ctx->tp[conn->tp].ops->name, conn->ep->peer_name);
+    CFX_LOG(DEBUG, CONN, "node %u: %s is %s", conn->ctx->node_id, old, conn->name);
+}
+
+/* The connection failed: fail its transfers, close the endpoint. */
+void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why)
+{
+    struct cfx_context *ctx = conn->ctx;
+    if (conn->state == CFX_CONN_FAILED)
+        return;
+    conn->state = CFX_CONN_FAILED;
+    conn->status = status;
+    CFX_LOG(INFO, CONN, "node %u: connection to %s failed: %s (%s)", ctx->node_id,
+            conn->name, why, cfx_errname(status));
+    cfx__xfer_conn_failed(ctx, conn);
+    cfx__conn_destroy(conn);
+}
+
+void cfx__conn_destroy(struct cfx_conn *conn)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &conn->pending) {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_pending_msg, link));
+    }
+    if (conn->ep)
+        conn->ctx->tp[conn->tp].ops->ep_close(conn->ep);
+    conn->ep = NULL;
+    conn->ctx->conn_gen++;
+    cfx_list_del(&conn->link);
+    free(conn);
+}
+
+void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (conn->node_id == node_id)
+            cfx__conn_fail(conn, CFX_ERR_PEER_FAILED, "coordinator reports the node dead");
+    }
+}
+
+/* Register @p obj with transport @p tp on first use. */
+struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
+                              int *status)
+{
+    if (obj->mr[tp])
+        return obj->mr[tp];
+    struct cfx_tp_mem_desc mem = {
+        .addr = obj->buf,
+        .len = obj->size ? obj->size : 1,
+        .memtype = obj->memtype,
+        .shm_fd = obj->shm_fd,
+        .shm_off = obj->shm_off,
+    };
+    int rc = ctx->tp[tp].ops->mem_reg(ctx->tp[tp].iface, &mem,
+                                      CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE,
+                                      &obj->mr[tp]);
+    if (rc != CFX_OK) {
+        *status = cfx__err(rc, "node %u: cannot register %" PRIu64 " bytes with %s: %s",
+                           ctx->node_id, obj->size, ctx->tp[tp].ops->name, cfx_strerror(rc));
+        return NULL;
+    }
+    return obj->mr[tp];
+}

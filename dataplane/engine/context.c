@@ -1,0 +1,383 @@
+/* The context: configuration, transports, coordinator membership. */
+#include "engine.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "control/auth.h"
+
+#define DEFAULT_TIMEOUT_MS 30000
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+/* host id: equal for processes that can reach each other through shm (same
+ * boot of the same machine and the same network namespace, since the shm
+ * transport rendezvous on abstract unix sockets). */
+static void host_id_read(char *buf, size_t len)
+{
+    char boot[64] = "unknown", ns[64] = "net";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(boot, sizeof(boot), f))
+            boot[strcspn(boot, "\n")] = '\0';
+        fclose(f);
+    }
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+    ns[n > 0 ? n : 0] = '\0';
+    snprintf(buf, len, "%.36s/%.24s", boot, ns);
+}
+
+/* Local IP that routes to the coordinator (no packet is sent). */
+static void bind_addr_for(const char *coord, char *buf, size_t len)
+{
+    struct sockaddr_in sa, local;
+    socklen_t sl = sizeof(local);
+    copy_str(buf, len, "127.0.0.1");
+    if (cfx__parse_hostport(coord, &sa) != CFX_OK)
+        return;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&local, &sl) == 0)
+        inet_ntop(AF_INET, &local.sin_addr, buf, (socklen_t)len);
+    close(fd);
+}
+
+static int config_resolve(struct cfx_config *cfg, const struct cfx_context_params *p)
+{
+    uint64_t m = p ? p->field_mask : 0;
+    char host[64];
+
+    copy_str(cfg->coord, sizeof(cfg->coord),
+             (m & CFX_CTX_PARAM_COORD) && p->coord ? p->coord : cfx__env_str("CFX_COORD", NULL));
+    if (!cfg->coord[0])
+        return cfx__err(CFX_ERR_INVALID, "no coordinator configured: set CFX_COORD=host:port "
+                        "(or run under cfx_run, which starts one)");
+    copy_str(cfg->transports, sizeof(cfg->transports),
+             (m & CFX_CTX_PARAM_TRANSPORTS) && p->transports
+                 ? p->transports : cfx__env_str("CFX_TRANSPORT", "shm,tcp"));
+    cfg->chunk_size = (m & CFX_CTX_PARAM_CHUNK_SIZE) ? p->chunk_size
+                                                     : cfx__env_size("CFX_CHUNK_SIZE", 0);
+    if (cfg->chunk_size && (cfg->chunk_size < CFX_CHUNK_MIN || cfg->chunk_size > CFX_CHUNK_MAX))
+        return cfx__err(CFX_ERR_INVALID, "chunk size %zu out of range [%u, %u]",
+                        cfg->chunk_size, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
+    cfg->timeout_ms = (m & CFX_CTX_PARAM_TIMEOUT)
+                          ? p->timeout_ms
+                          : (int)cfx__env_ll("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
+    cfg->inline_max = cfx__env_size("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX);
+    if (cfg->inline_max > CFX_OBJECT_INLINE_MAX)
+        cfg->inline_max = CFX_OBJECT_INLINE_MAX;
+    cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
+    cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 50);
+    if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
+        copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
+    else if (getenv("CFX_BIND_ADDR") && *getenv("CFX_BIND_ADDR"))
+        copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), getenv("CFX_BIND_ADDR"));
+    else
+        bind_addr_for(cfg->coord, cfg->bind_addr, sizeof(cfg->bind_addr));
+    if (gethostname(host, sizeof(host)) != 0)
+        copy_str(host, sizeof(host), "localhost");
+    host[sizeof(host) - 1] = '\0';
+    if ((m & CFX_CTX_PARAM_NAME) && p->name)
+        copy_str(cfg->name, sizeof(cfg->name), p->name);
+    else
+        snprintf(cfg->name, sizeof(cfg->name), "%.40s:%d", host, (int)getpid());
+    return CFX_OK;
+}
+
+/* Is @p name selected by the transport list ("tcp,shm" or "^shm")? */
+static bool tp_selected(const char *list, const char *name, int *rank)
+{
+    bool exclude = list[0] == '^';
+    const char *p = exclude ? list + 1 : list;
+    int i = 0;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        if (n == strlen(name) && !strncmp(p, name, n)) {
+            *rank = i;
+            return !exclude;
+        }
+        p += n + (p[n] == ',');
+        i++;
+    }
+    *rank = 100;
+    return exclude;
+}
+
+static int transports_open(struct cfx_context *ctx)
+{
+    struct cfx_tp_iface_params ip = {
+        .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR | CFX_TP_IFACE_PARAM_NODE_ID,
+        .bind_addr = ctx->cfg.bind_addr,
+        .node_id = 0,
+    };
+    const struct cfx_transport_ops *order[8];
+    int ranks[8], n = 0;
+
+    /* validate names the user gave */
+    const char *p = ctx->cfg.transports + (ctx->cfg.transports[0] == '^');
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        char name[CFX_TP_NAME_MAX];
+        snprintf(name, sizeof(name), "%.*s", (int)len, p);
+        if (len && !cfx__transport_find(name))
+            return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which this build "
+                            "does not have", name);
+        p += len + (p[len] == ',');
+    }
+    for (int i = 0; cfx__transports[i] && n < 8; i++) {
+        int r;
+        if (tp_selected(ctx->cfg.transports, cfx__transports[i]->name, &r)) {
+            int j = n++;
+            while (j > 0 && ranks[j - 1] > r) {
+                order[j] = order[j - 1];
+                ranks[j] = ranks[j - 1];
+                j--;
+            }
+            order[j] = cfx__transports[i];
+            ranks[j] = r;
+        }
+    }
+    for (int i = 0; i < n && ctx->ntp < CFX_MAX_TPS; i++) {
+        struct cfx_tp_slot *s = &ctx->tp[ctx->ntp];
+        int rc = order[i]->iface_open(&ip, &s->iface);
+        if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
+            CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
+                    cfx_last_error());
+            continue;
+        }
+        if (rc != CFX_OK)
+            return cfx__err(rc, "cannot open transport %s: %s", order[i]->name,
+                            cfx_last_error());
+        s->ops = order[i];
+        s->addr_len = sizeof(s->addr);
+        rc = s->ops->iface_addr(s->iface, s->addr, &s->addr_len);
+        if (rc != CFX_OK) {
+            s->ops->iface_close(s->iface);
+            return cfx__err(rc, "transport %s has no address", order[i]->name);
+        }
+        ctx->ntp++;
+    }
+    if (!ctx->ntp)
+        return cfx__err(CFX_ERR_NO_DEVICE, "no usable transport among '%s'", ctx->cfg.transports);
+    return CFX_OK;
+}
+
+static void on_node_dead(void *arg, uint32_t node_id)
+{
+    struct cfx_context *ctx = arg;
+    if (node_id == 0) {
+        CFX_LOG(ERR, CTL, "node %u: lost the coordinator %s", ctx->node_id, ctx->cfg.coord);
+        return;
+    }
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return;
+    cmd->type = CFX_CMD_NODE_DEAD;
+    cmd->node_id = node_id;
+    pthread_mutex_lock(&ctx->lock);
+    cfx__cmd_post(ctx, cmd);
+    pthread_mutex_unlock(&ctx->lock);
+    CFX_LOG(INFO, CTL, "node %u: coordinator reports node %u dead", ctx->node_id, node_id);
+}
+
+static void init_cond(pthread_cond_t *c)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+}
+
+void cfx__worker_stop(struct cfx_context *ctx);
+
+static void transports_close(struct cfx_context *ctx)
+{
+    for (int t = 0; t < ctx->ntp; t++)
+        ctx->tp[t].ops->iface_close(ctx->tp[t].iface);
+    ctx->ntp = 0;
+}
+
+int cfx_context_create(const struct cfx_context_params *params, struct cfx_context **out)
+{
+    struct cfx_context *ctx;
+    int rc;
+
+    cfx__log_init();
+    cfx__err_clear();
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_context_create: out is NULL");
+    ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_context_create: out of memory");
+    pthread_mutex_init(&ctx->lock, NULL);
+    init_cond(&ctx->cmd_done);
+    init_cond(&ctx->obj_cond);
+    init_cond(&ctx->async_cond);
+    cfx_list_init(&ctx->conns);
+    cfx_list_init(&ctx->busy_uploads);
+    cfx_list_init(&ctx->cmds);
+    cfx_list_init(&ctx->async_q);
+    cfx_list_init(&ctx->arena.segs);
+    ctx->epfd = ctx->cmd_fd = -1;
+
+    rc = config_resolve(&ctx->cfg, params);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = cfx__token_load(params && (params->field_mask & CFX_CTX_PARAM_TOKEN) ? params->token
+                                                                               : NULL,
+                         ctx->token, sizeof(ctx->token));
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = transports_open(ctx);
+    if (rc != CFX_OK)
+        goto err_close_tps;
+
+    /* who we are, for the directory */
+    ctx->self.pid = (uint32_t)getpid();
+    copy_str(ctx->self.name, sizeof(ctx->self.name), ctx->cfg.name);
+    host_id_read(ctx->self.host_id, sizeof(ctx->self.host_id));
+    for (int t = 0; t < ctx->ntp && t < CFX_NODE_ADDRS_MAX; t++) {
+        struct cfx_node_addr *a = &ctx->self.addr[ctx->self.naddr++];
+        copy_str(a->tp, sizeof(a->tp), ctx->tp[t].ops->name);
+        a->len = (uint8_t)ctx->tp[t].addr_len;
+        memcpy(a->addr, ctx->tp[t].addr, ctx->tp[t].addr_len);
+    }
+
+    rc = cfx__progress_start(ctx);
+    if (rc != CFX_OK)
+        goto err_close_tps;
+
+    struct cfx_ctl_params cp = {
+        .coord = ctx->cfg.coord,
+        .token = ctx->token,
+        .role = CFX_CTL_ROLE_NODE,
+        .self = &ctx->self,
+        .timeout_ms = ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms,
+        .on_node_dead = on_node_dead,
+        .arg = ctx,
+    };
+    rc = cfx__ctl_open(&cp, &ctx->ctl);
+    if (rc != CFX_OK)
+        goto err_stop_progress;
+    ctx->node_id = cfx__ctl_node_id(ctx->ctl);
+    ctx->self.node_id = ctx->node_id;
+    for (int t = 0; t < ctx->ntp; t++)
+        ctx->tp[t].iface->node_id = ctx->node_id;
+
+    char tag[32];
+    snprintf(tag, sizeof(tag), "node %u", ctx->node_id);
+    cfx__log_set_tag(tag);
+    if (cfx__log_level >= CFX_LOG_LEVEL_INFO) {
+        char cfgtxt[1024];
+        cfx_context_config(ctx, cfgtxt, sizeof(cfgtxt));
+        CFX_LOG(INFO, INIT, "joined %s as node %u; effective configuration:\n%s",
+                ctx->cfg.coord, ctx->node_id, cfgtxt);
+    }
+    *out = ctx;
+    return CFX_OK;
+
+err_stop_progress:
+    cfx__progress_stop(ctx);
+err_close_tps:
+    transports_close(ctx);
+err_free:
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+    return rc;
+}
+
+void cfx_context_destroy(struct cfx_context *ctx)
+{
+    if (!ctx)
+        return;
+    cfx__worker_stop(ctx);
+    /* leave first, so no new getter is sent our way */
+    cfx__ctl_close(ctx->ctl);
+    ctx->ctl = NULL;
+    cfx__progress_stop(ctx);
+
+    /* the progress thread is gone: tear down on this thread */
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        cfx__xfer_conn_failed(ctx, conn);
+        cfx__conn_destroy(conn);
+    }
+    cfx_list_for_each_safe(pos, tmp, &ctx->cmds) {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_cmd, link));
+    }
+    for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
+        while (ctx->store.buckets[b]) {
+            struct cfx_obj *obj = ctx->store.buckets[b];
+            if (obj->in) {
+                obj->in->status = CFX_ERR_CLOSED;
+                obj->in = NULL;
+            }
+            cfx__obj_release(ctx, obj);
+            if (ctx->store.buckets[b] == obj) { /* could not release: drop */
+                cfx__store_remove(&ctx->store, obj);
+            }
+        }
+    }
+    transports_close(ctx);
+    cfx__arena_destroy(ctx);
+    pthread_cond_destroy(&ctx->cmd_done);
+    pthread_cond_destroy(&ctx->obj_cond);
+    pthread_cond_destroy(&ctx->async_cond);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+uint32_t cfx_context_node_id(const struct cfx_context *ctx)
+{
+    return ctx ? ctx->node_id : 0;
+}
+
+int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
+{
+    if (!ctx || (!buf && len))
+        return cfx__err(CFX_ERR_INVALID, "cfx_context_config: NULL argument");
+    char tps[64] = "";
+    for (int t = 0; t < ctx->ntp; t++)
+        snprintf(tps + strlen(tps), sizeof(tps) - strlen(tps), "%s%s", t ? "," : "",
+                 ctx->tp[t].ops->name);
+    int n = snprintf(buf, len,
+                     "version = %s\n"
+                     "node_id = %u\n"
+                     "name = %s\n"
+                     "coordinator = %s\n"
+                     "transports = %s (requested %s)\n"
+                     "bind_addr = %s\n"
+                     "chunk_size = %s%zu\n"
+                     "inline_max = %zu\n"
+                     "window_bytes = %u\n"
+                     "timeout_ms = %d\n"
+                     "spin_us = %u\n"
+                     "host_id = %s\n"
+                     "gpu = %s\n",
+                     CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
+                     ctx->cfg.transports, ctx->cfg.bind_addr,
+                     ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
+                     ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
+                     ctx->cfg.spin_us, ctx->self.host_id,
+#ifdef CFX_HAVE_CUDA
+                     "cuda (built)"
+#else
+                     "absent (built without CUDA)"
+#endif
+    );
+    return n;
+}

@@ -1,0 +1,341 @@
+/*
+ * The data-plane engine: context, progress thread, local object store and
+ * the receiver-driven, credit-based chunk transfer protocol.
+ *
+ * Threads:
+ *  - API threads call the public functions.  They take ctx->lock for short
+ *    sections and never call a transport: work that needs one is queued as
+ *    a command for the progress thread.
+ *  - The progress thread owns every transport iface, endpoint and
+ *    registration.  It polls completions while work is in flight, then
+ *    sleeps on an epoll set of the ifaces' wait fds and a command eventfd.
+ *  - The coordinator client's thread reports dead nodes (queued as commands).
+ * ctx->lock protects the store, the transfer tables, the connection table
+ * and the command queue.
+ */
+#ifndef CFX_ENGINE_H
+#define CFX_ENGINE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <conflux/conflux.h>
+
+#include "control/client.h"
+#include "dataplane/common/list.h"
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+#include "dataplane/transport.h"
+
+#define CFX_MAX_TPS        4         /* transports open at once */
+#define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
+#define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
+#define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
+#define CFX_MAX_CHUNKS     (1u << CFX_IMM_SLOT_SHIFT)
+#define CFX_STORE_BUCKETS  1024
+#define CFX_CHUNK_MIN      (4u * 1024)
+#define CFX_CHUNK_MAX      (64u * 1024 * 1024)
+
+/* ---- data-plane control messages (sent with ep_send) --------------------- */
+
+#define CFX_DP_MAGIC   0xCF1Du
+#define CFX_DP_VERSION 1
+
+enum cfx_dp_type {
+    CFX_DP_HELLO = 1,   /* first message on a connection: who I am */
+    CFX_DP_GET_REQ,     /* receiver -> source: serve chunks into my window */
+    CFX_DP_GET_NACK,    /* source -> receiver: cannot serve (status) */
+    CFX_DP_CREDIT,      /* receiver -> source: more chunk credits */
+    CFX_DP_CANCEL,      /* receiver -> source: stop, I withdraw the window */
+    CFX_DP_CANCEL_ACK,  /* source -> receiver: no more writes for the slot */
+    CFX_DP_TYPE_MAX
+};
+
+struct cfx_dp_hdr {
+    uint16_t magic;
+    uint8_t version;
+    uint8_t type;
+    uint32_t slot;      /* receiver's transfer slot (GET_REQ..CANCEL_ACK) */
+};
+
+struct cfx_dp_hello {
+    struct cfx_dp_hdr hdr;
+    uint32_t node_id;
+};
+
+struct cfx_dp_get_req {
+    struct cfx_dp_hdr hdr;
+    uint8_t id[CFX_OBJECT_ID_LEN];
+    uint64_t size;          /* object size the receiver expects */
+    uint32_t chunk_size;
+    uint32_t first_chunk;   /* resume point */
+    uint32_t credits;       /* initial window, in chunks */
+    uint32_t pad;
+    struct cfx_tp_rdesc rdesc; /* receiver's destination */
+};
+
+struct cfx_dp_nack {
+    struct cfx_dp_hdr hdr;
+    int32_t status;
+};
+
+struct cfx_dp_credit {
+    struct cfx_dp_hdr hdr;
+    uint32_t credits;
+};
+
+/* Validate a received data-plane message; returns its type or CFX_ERR_PROTO. */
+int cfx__dp_msg_check(const void *buf, size_t len);
+
+/* ---- local object store -------------------------------------------------- */
+
+struct cfx_obj {
+    struct cfx_object_id id;
+    uint64_t size;
+    uint32_t chunk_size;
+    uint32_t nchunks;
+    void *buf;
+    enum cfx_memtype memtype;
+    bool arena;                 /* buf came from the arena and is ours to free */
+    int shm_fd;                 /* arena segment fd (-1 otherwise) */
+    uint64_t shm_off;
+    struct cfx_tp_mr *mr[CFX_MAX_TPS]; /* lazily registered per transport */
+    bool complete;
+    bool deleting;              /* withdrawn: serve no new uploads */
+    bool announced;             /* known to the directory */
+    bool releasing;             /* being freed once uploads drain */
+    uint32_t ready_chunks;      /* contiguous prefix received */
+    uint64_t *bitmap;           /* received chunks (partial copies) */
+    struct cfx_list uploads;    /* struct cfx_upload.obj_link */
+    struct cfx_xfer_in *in;     /* active incoming transfer, if any */
+    unsigned refs;              /* API waiters holding the entry */
+    struct cfx_obj *hnext;      /* hash chain */
+};
+
+struct cfx_store {
+    struct cfx_obj *buckets[CFX_STORE_BUCKETS];
+    size_t count;
+};
+
+struct cfx_obj *cfx__store_find(struct cfx_store *s, const struct cfx_object_id *id);
+void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o);
+void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o);
+uint32_t cfx__chunk_size_for(uint64_t size, size_t configured);
+static inline uint32_t cfx__nchunks(uint64_t size, uint32_t chunk)
+{
+    return (uint32_t)((size + chunk - 1) / chunk);
+}
+
+/* ---- connections ----------------------------------------------------------- */
+
+enum cfx_conn_state {
+    CFX_CONN_CONNECTING,
+    CFX_CONN_READY,
+    CFX_CONN_FAILED,
+};
+
+struct cfx_conn {
+    struct cfx_context *ctx;
+    struct cfx_tp_ep *ep;
+    int tp;                     /* index into ctx->tp[] */
+    uint32_t node_id;           /* 0 until HELLO on accepted connections */
+    bool outbound;              /* we connected (used for our gets) */
+    enum cfx_conn_state state;
+    int status;                 /* failure status */
+    struct cfx_list link;       /* ctx->conns */
+    struct cfx_list pending;    /* struct cfx_pending_msg queued while connecting */
+    struct cfx_list uploads;    /* struct cfx_upload.conn_link */
+    char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
+};
+
+struct cfx_pending_msg {
+    struct cfx_list link;
+    size_t len;
+    uint8_t data[];
+};
+
+/* ---- transfers -------------------------------------------------------------- */
+
+/* Source side: one receiver's window we are writing chunks into. */
+struct cfx_upload {
+    struct cfx_obj *obj;
+    struct cfx_conn *conn;
+    uint32_t slot;              /* receiver's slot */
+    uint32_t next;              /* next chunk to write */
+    uint32_t credits;           /* chunks we may still write */
+    uint32_t inflight;          /* writes posted, not yet completed */
+    bool canceled;              /* receiver withdrew: CANCEL_ACK once drained */
+    bool aborted;               /* we release the object: NACK once drained */
+    struct cfx_tp_rdesc rdesc;
+    struct cfx_list obj_link;   /* obj->uploads */
+    struct cfx_list conn_link;  /* conn->uploads */
+    struct cfx_list busy_link;  /* ctx->busy_uploads when blocked on AGAIN */
+    bool busy;
+};
+
+/* Receiver side: chunks of an object arriving from one source. */
+struct cfx_xfer_in {
+    struct cfx_obj *obj;
+    struct cfx_conn *conn;      /* source connection; NULL until posted */
+    uint32_t slot;
+    uint32_t src_node;
+    uint32_t window;            /* credits granted per round */
+    uint32_t owed;              /* chunks landed, credit not yet returned */
+    int status;                 /* CFX_ERR_AGAIN while running */
+    bool cancel_sent;
+    bool cancel_acked;
+    struct cfx_request *req;
+};
+
+/* ---- requests --------------------------------------------------------------- */
+
+enum cfx_req_type { CFX_REQ_PUT = 1, CFX_REQ_GET };
+
+struct cfx_request {
+    struct cfx_context *ctx;
+    enum cfx_req_type type;
+    int status;                 /* CFX_ERR_AGAIN while running */
+    size_t size;
+    pthread_cond_t cond;        /* signalled under ctx->lock on progress */
+    /* non-blocking requests run on a worker thread */
+    bool async;
+    bool freed_by_user;         /* free requested while running */
+    struct cfx_list link;       /* ctx->async_q */
+    struct cfx_object_id id;
+    void *buf;
+    size_t capacity;
+    struct cfx_obj_params params;
+};
+
+/* ---- commands for the progress thread ------------------------------------- */
+
+enum cfx_cmd_type {
+    CFX_CMD_GET_START = 1,  /* post a GET_REQ for obj->in */
+    CFX_CMD_GET_CANCEL,     /* withdraw the window of obj->in */
+    CFX_CMD_OBJ_RELEASE,    /* deregister and free an object entry */
+    CFX_CMD_NODE_DEAD,      /* fail everything with a node */
+};
+
+struct cfx_cmd {
+    struct cfx_list link;
+    enum cfx_cmd_type type;
+    struct cfx_obj *obj;
+    struct cfx_node_rec node;   /* GET_START: source */
+    uint32_t node_id;           /* NODE_DEAD */
+};
+
+/* ---- arena ----------------------------------------------------------------- */
+
+struct cfx_arena_seg {
+    struct cfx_list link;
+    void *base;
+    size_t len;
+    int fd;
+    bool used;
+};
+
+struct cfx_arena {
+    struct cfx_list segs;
+    size_t cached_bytes;        /* free segments kept for reuse */
+};
+
+int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out,
+                     int *fd, uint64_t *off);
+int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t *off);
+void cfx__arena_free(struct cfx_context *ctx, void *p);
+void cfx__arena_destroy(struct cfx_context *ctx);
+
+/* ---- the context ------------------------------------------------------------- */
+
+struct cfx_tp_slot {
+    const struct cfx_transport_ops *ops;
+    struct cfx_tp_iface *iface;
+    int fd;
+    char addr[CFX_TP_ADDR_MAX];
+    size_t addr_len;
+};
+
+struct cfx_config {
+    char coord[128];
+    char transports[64];
+    char bind_addr[64];
+    char name[CFX_NODE_NAME_MAX];
+    size_t chunk_size;          /* 0 = follow object size */
+    size_t inline_max;          /* objects up to this go through the coordinator */
+    int timeout_ms;
+    uint32_t window_bytes;      /* credit window per transfer */
+    uint32_t spin_us;           /* busy-poll before sleeping */
+};
+
+struct cfx_context {
+    pthread_mutex_t lock;
+    struct cfx_config cfg;
+    char token[256];
+    struct cfx_ctl *ctl;
+    uint32_t node_id;
+    struct cfx_node_rec self;
+
+    struct cfx_tp_slot tp[CFX_MAX_TPS];
+    int ntp;
+
+    struct cfx_store store;
+    struct cfx_arena arena;
+    struct cfx_list conns;
+    uint64_t conn_gen;          /* bumped whenever a connection is destroyed */
+    struct cfx_list busy_uploads;
+    struct cfx_xfer_in *slots[CFX_XFER_SLOTS];
+    uint32_t next_slot;
+
+    /* progress thread */
+    pthread_t progress;
+    int epfd;
+    int cmd_fd;                 /* eventfd */
+    bool sleeping;
+    bool stop;
+    struct cfx_list cmds;
+    pthread_cond_t cmd_done;    /* broadcast when a command finished */
+    uint64_t cmd_seq_done;
+
+    /* async workers for the non-blocking calls */
+    pthread_t workers[2];
+    int nworkers;
+    struct cfx_list async_q;
+    pthread_cond_t async_cond;
+
+    uint64_t id_counter;
+    pthread_cond_t obj_cond;    /* broadcast when an object changes state */
+};
+
+/* progress.c */
+int cfx__progress_start(struct cfx_context *ctx);
+void cfx__progress_stop(struct cfx_context *ctx);
+/* Queue a command (ctx->lock held); takes ownership of @p cmd. */
+void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd);
+
+/* xfer.c (progress thread, ctx->lock held) */
+void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
+                         const struct cfx_node_rec *src);
+void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn,
+                    const void *data, size_t len);
+void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn,
+                         uint32_t imm, uint32_t len);
+void cfx__xfer_write_done(struct cfx_context *ctx, struct cfx_upload *up, int status);
+int cfx__xfer_pump_busy(struct cfx_context *ctx);
+void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
+void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status);
+void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
+
+/* conn.c (progress thread, ctx->lock held) */
+struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
+                               int *status);
+int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len);
+void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
+void cfx__conn_destroy(struct cfx_conn *conn);
+void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
+int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
+struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
+                              int *status);
+
+#endif

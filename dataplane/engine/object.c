@@ -1,0 +1,508 @@
+/* The object API: put, get, delete and their non-blocking forms. */
+#include "engine.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CANCEL_GRACE_MS 1000 /* how long a withdrawn window waits for the source's ack */
+#define MAX_SOURCES 16       /* sources a get tries before giving up */
+
+static int obj_timeout(const struct cfx_context *ctx, const struct cfx_obj_params *p)
+{
+    return p && (p->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? p->timeout_ms : ctx->cfg.timeout_ms;
+}
+
+static enum cfx_memtype obj_memtype(const struct cfx_obj_params *p)
+{
+    return p && (p->field_mask & CFX_OBJ_PARAM_MEMTYPE) ? p->memtype : CFX_MEMTYPE_HOST;
+}
+
+/* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline.
+ * Returns false once the deadline has passed. */
+static bool obj_wait(struct cfx_context *ctx, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+        return true;
+    }
+    if (cfx__now_ns() >= deadline)
+        return false;
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
+    return true;
+}
+
+/* Queue a command for the progress thread (ctx->lock held). */
+static int post(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
+                const struct cfx_node_rec *node)
+{
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return CFX_ERR_NOMEM;
+    cmd->type = type;
+    cmd->obj = obj;
+    if (node)
+        cmd->node = *node;
+    cfx__cmd_post(ctx, cmd);
+    return CFX_OK;
+}
+
+static int check_memtype(enum cfx_memtype mt)
+{
+    if (mt == CFX_MEMTYPE_HOST)
+        return CFX_OK;
+    if (mt >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
+#ifndef CFX_HAVE_CUDA
+    return cfx__err(CFX_ERR_UNSUPPORTED, "%s memory: this library was built without CUDA",
+                    cfx_memtype_name(mt));
+#else
+    return CFX_OK;
+#endif
+}
+
+static struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, uint32_t chunk)
+{
+    struct cfx_obj *obj = calloc(1, sizeof(*obj));
+    if (!obj)
+        return NULL;
+    obj->id = *id;
+    obj->size = size;
+    obj->chunk_size = chunk;
+    obj->nchunks = cfx__nchunks(size, chunk);
+    obj->shm_fd = -1;
+    cfx_list_init(&obj->uploads);
+    obj->bitmap = calloc((obj->nchunks + 63) / 64 + 1, sizeof(uint64_t));
+    if (!obj->bitmap) {
+        free(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+/* ---- put ------------------------------------------------------------------- */
+
+int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *buf,
+            size_t size, const struct cfx_obj_params *params)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !id || (!buf && size))
+        return cfx__err(CFX_ERR_INVALID, "cfx_put: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
+    if (size > (1ull << 46))
+        return cfx__err(CFX_ERR_TOO_BIG, "cfx_put: %zu bytes is larger than an object may be", size);
+    rc = check_memtype(obj_memtype(params));
+    if (rc != CFX_OK)
+        return rc;
+    cfx_object_id_to_hex(id, hex);
+
+    size_t want_chunk = params && (params->field_mask & CFX_OBJ_PARAM_CHUNK_SIZE)
+                            ? params->chunk_size : ctx->cfg.chunk_size;
+    if (want_chunk && (want_chunk < CFX_CHUNK_MIN || want_chunk > CFX_CHUNK_MAX))
+        return cfx__err(CFX_ERR_INVALID, "cfx_put: chunk size %zu out of range [%u, %u]",
+                        want_chunk, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
+    uint32_t chunk = cfx__chunk_size_for(size, want_chunk);
+    struct cfx_obj *obj = obj_new(id, size, chunk);
+    if (!obj)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_put %s: out of memory", hex);
+    obj->buf = (void *)buf;
+    obj->memtype = obj_memtype(params);
+    obj->complete = true;
+    obj->ready_chunks = obj->nchunks;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (buf)
+        cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+    if (cfx__store_find(&ctx->store, id)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(obj->bitmap);
+        free(obj);
+        return cfx__err(CFX_ERR_EXISTS, "cfx_put: node %u already holds object %s",
+                        ctx->node_id, hex);
+    }
+    cfx__store_insert(&ctx->store, obj);
+    pthread_mutex_unlock(&ctx->lock);
+
+    bool no_inline = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
+                     (params->flags & CFX_OBJ_FLAG_NO_INLINE);
+    bool inl = size <= ctx->cfg.inline_max && !no_inline;
+    rc = cfx__ctl_obj_put(ctx->ctl, id, size, chunk, inl ? buf : NULL,
+                          cfx__deadline_ns(obj_timeout(ctx, params)));
+    pthread_mutex_lock(&ctx->lock);
+    if (rc != CFX_OK) {
+        post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+        obj->deleting = true;
+    } else {
+        obj->announced = true;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (rc == CFX_OK)
+        CFX_LOG(DEBUG, OBJ, "node %u: put %s (%zu B, %u B chunks)", ctx->node_id, hex, size, chunk);
+    return rc;
+}
+
+/* ---- get ------------------------------------------------------------------- */
+
+/* The object is complete on this node already (ctx->lock held). */
+static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, size_t cap,
+                     bool alloc, void **out_buf, size_t *size_out)
+{
+    if (size_out)
+        *size_out = obj->size;
+    if (alloc) {
+        int fd;
+        uint64_t off;
+        void *p;
+        int rc = cfx__arena_alloc(ctx, obj->size, &p, &fd, &off);
+        if (rc != CFX_OK)
+            return rc;
+        buf = p;
+        *out_buf = p;
+    } else if (cap < obj->size) {
+        return cfx__err(CFX_ERR_TRUNCATED, "object is %" PRIu64 " bytes, buffer %zu",
+                        obj->size, cap);
+    }
+    if (obj->size)
+        memcpy(buf, obj->buf, obj->size);
+    return CFX_OK;
+}
+
+static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                    size_t cap, bool alloc, void **out_buf, size_t *size_out,
+                    const struct cfx_obj_params *params)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    int timeout_ms = obj_timeout(ctx, params);
+    uint64_t t0 = cfx__now_ns();
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    struct cfx_ctl_source src;
+    uint32_t exclude[MAX_SOURCES];
+    unsigned nexclude = 0;
+    struct cfx_obj *obj;
+    int rc;
+
+    cfx_object_id_to_hex(id, hex);
+
+    /* 1. held here already (put here, got before, or being got by another
+     *    thread of this node: wait for that one) */
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        obj = cfx__store_find(&ctx->store, id);
+        if (!obj || obj->deleting)
+            break;
+        if (obj->complete) {
+            /* the arena allocation takes the lock itself */
+            pthread_mutex_unlock(&ctx->lock);
+            void *p = NULL;
+            size_t sz = 0;
+            if (alloc) {
+                int fd;
+                uint64_t off;
+                pthread_mutex_lock(&ctx->lock);
+                obj = cfx__store_find(&ctx->store, id);
+                sz = obj ? obj->size : 0;
+                pthread_mutex_unlock(&ctx->lock);
+                rc = cfx__arena_alloc(ctx, sz, &p, &fd, &off);
+                if (rc != CFX_OK)
+                    return rc;
+            }
+            pthread_mutex_lock(&ctx->lock);
+            obj = cfx__store_find(&ctx->store, id);
+            if (obj && obj->complete && !obj->deleting && (!alloc || obj->size <= sz)) {
+                if (alloc) {
+                    memcpy(p, obj->buf, obj->size);
+                    *out_buf = p;
+                    if (size_out)
+                        *size_out = obj->size;
+                    rc = CFX_OK;
+                } else {
+                    rc = get_local(ctx, obj, buf, cap, false, NULL, size_out);
+                }
+                pthread_mutex_unlock(&ctx->lock);
+                return rc;
+            }
+            if (p)
+                cfx__arena_free(ctx, p);
+            continue;
+        }
+        if (!obj_wait(ctx, deadline)) {
+            pthread_mutex_unlock(&ctx->lock);
+            return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
+                            "on this node did not finish within %d ms", hex, ctx->node_id,
+                            timeout_ms);
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+
+    /* 2. ask the directory for a source */
+    rc = cfx__ctl_obj_lookup(ctx->ctl, id, NULL, 0, deadline, &src);
+    if (rc != CFX_OK) {
+        if (rc == CFX_ERR_TIMEOUT)
+            return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms",
+                            hex, ctx->node_id, timeout_ms);
+        return rc;
+    }
+    if (size_out)
+        *size_out = src.size;
+    if (src.is_inline) {
+        rc = CFX_OK;
+        if (alloc) {
+            int fd;
+            uint64_t off;
+            rc = cfx__arena_alloc(ctx, src.size, out_buf, &fd, &off);
+            buf = rc == CFX_OK ? *out_buf : NULL;
+        } else if (cap < src.size) {
+            rc = cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
+                          " bytes, the buffer %zu", hex, src.size, cap);
+        }
+        if (rc == CFX_OK && src.size)
+            memcpy(buf, src.data, src.size);
+        free(src.data);
+        return rc;
+    }
+    if (!alloc && cap < src.size) {
+        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        return cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
+                        " bytes, the buffer %zu", hex, src.size, cap);
+    }
+
+    /* 3. a partial copy in the store, fed by the source; others may read
+     *    from it while it fills */
+    if (src.chunk_size < CFX_CHUNK_MIN || src.chunk_size > CFX_CHUNK_MAX ||
+        src.size / src.chunk_size >= CFX_MAX_CHUNKS) {
+        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        return cfx__err(CFX_ERR_PROTO, "object %s: directory gave chunk size %u for %" PRIu64
+                        " bytes", hex, src.chunk_size, src.size);
+    }
+    obj = obj_new(id, src.size, src.chunk_size);
+    if (!obj) {
+        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
+    }
+    obj->memtype = obj_memtype(params);
+    if (alloc) {
+        rc = cfx__arena_alloc(ctx, src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
+        if (rc != CFX_OK) {
+            free(obj->bitmap);
+            free(obj);
+            cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+            return rc;
+        }
+        obj->arena = true;
+    } else {
+        obj->buf = buf;
+        pthread_mutex_lock(&ctx->lock);
+        cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+
+    pthread_mutex_lock(&ctx->lock);
+    if (cfx__store_find(&ctx->store, id)) {
+        /* another thread of ours started the same get meanwhile */
+        if (obj->arena)
+            cfx__arena_free(ctx, obj->buf);
+        pthread_mutex_unlock(&ctx->lock);
+        free(obj->bitmap);
+        free(obj);
+        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it is running on "
+                        "node %u", hex, ctx->node_id);
+    }
+    cfx__store_insert(&ctx->store, obj);
+    if (obj->nchunks == 0)
+        obj->complete = true;
+
+    struct cfx_xfer_in in;
+    rc = CFX_OK;
+    while (!obj->complete) {
+        memset(&in, 0, sizeof(in));
+        in.obj = obj;
+        in.status = CFX_ERR_AGAIN;
+        in.src_node = src.node.node_id;
+        obj->in = &in;
+        rc = post(ctx, CFX_CMD_GET_START, obj, &src.node);
+        if (rc != CFX_OK) {
+            obj->in = NULL;
+            break;
+        }
+        while (in.status == CFX_ERR_AGAIN && obj_wait(ctx, deadline))
+            ;
+        if (in.status == CFX_ERR_AGAIN) {
+            /* deadline: withdraw the window and wait for the source to
+             * confirm no more writes are coming before the buffer is
+             * handed back */
+            post(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
+            uint64_t grace = cfx__deadline_ns(CANCEL_GRACE_MS);
+            while (in.status == CFX_ERR_AGAIN && obj_wait(ctx, grace))
+                ;
+            uint32_t got = obj->ready_chunks;
+            obj->in = NULL;
+            rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
+                          "node %u (%s): timed out after %d ms with %u of %u chunks", hex,
+                          obj->size, ctx->node_id, src.node.node_id, src.node.name, timeout_ms,
+                          got, obj->nchunks);
+            break;
+        }
+        obj->in = NULL;
+        rc = in.status;
+        if (rc == CFX_OK)
+            break;
+        /* the source failed or dropped the object: resume from the first
+         * missing chunk at another holder */
+        uint32_t failed = src.node.node_id;
+        CFX_LOG(INFO, OBJ, "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
+                "looking for another source", ctx->node_id, hex, failed, cfx_errname(rc),
+                obj->ready_chunks, obj->nchunks);
+        if (nexclude == MAX_SOURCES || (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_NOT_FOUND &&
+                                        rc != CFX_ERR_CONNECT)) {
+            rc = cfx__err(rc, "get of object %s on node %u from node %u: %s", hex, ctx->node_id,
+                          failed, cfx_strerror(rc));
+            break;
+        }
+        exclude[nexclude++] = failed;
+        pthread_mutex_unlock(&ctx->lock);
+        cfx__ctl_obj_done(ctx->ctl, id, failed, 0, cfx__deadline_ns(1000));
+        rc = cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, &src);
+        pthread_mutex_lock(&ctx->lock);
+        if (rc != CFX_OK) {
+            rc = cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
+                          "get of object %s on node %u: source node %u failed and no other "
+                          "holder was found in time", hex, ctx->node_id, failed);
+            src.node.node_id = 0;
+            break;
+        }
+        free(src.data);
+        if (src.is_inline || src.size != obj->size || src.chunk_size != obj->chunk_size) {
+            rc = cfx__err(CFX_ERR_PROTO, "object %s changed shape between sources", hex);
+            break;
+        }
+    }
+    if (rc != CFX_OK) {
+        obj->deleting = true;
+        post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+        pthread_mutex_unlock(&ctx->lock);
+        if (src.node.node_id)
+            cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        return rc;
+    }
+    void *data = obj->buf;
+    pthread_mutex_unlock(&ctx->lock);
+
+    rc = cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 1, deadline);
+    pthread_mutex_lock(&ctx->lock);
+    obj->announced = rc == CFX_OK;
+    pthread_mutex_unlock(&ctx->lock);
+    if (alloc)
+        *out_buf = data;
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, hex,
+            src.size, secs);
+    return CFX_OK;
+}
+
+int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t capacity,
+            size_t *size_out, const struct cfx_obj_params *params)
+{
+    cfx__err_clear();
+    if (!ctx || !id || (!buf && capacity))
+        return cfx__err(CFX_ERR_INVALID, "cfx_get: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
+    int rc = check_memtype(obj_memtype(params));
+    if (rc != CFX_OK)
+        return rc;
+    return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params);
+}
+
+int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                  size_t *size_out, const struct cfx_obj_params *params)
+{
+    cfx__err_clear();
+    if (!ctx || !id || !buf_out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_get_alloc: NULL %s",
+                        !ctx ? "context" : !id ? "id" : "buf_out");
+    *buf_out = NULL;
+    if (obj_memtype(params) != CFX_MEMTYPE_HOST)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "cfx_get_alloc: the arena holds host memory only");
+    return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params);
+}
+
+/* ---- delete ---------------------------------------------------------------- */
+
+int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
+               const struct cfx_obj_params *params)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint64_t deadline;
+
+    cfx__err_clear();
+    if (!ctx || !id)
+        return cfx__err(CFX_ERR_INVALID, "cfx_delete: NULL %s", !ctx ? "context" : "id");
+    cfx_object_id_to_hex(id, hex);
+    deadline = cfx__deadline_ns(obj_timeout(ctx, params));
+
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+    if (!obj || obj->deleting || !obj->complete) {
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__err(CFX_ERR_NOT_FOUND, "cfx_delete: node %u holds no object %s",
+                        ctx->node_id, hex);
+    }
+    bool announced = obj->announced;
+    obj->deleting = true; /* new GET_REQs are refused from now on */
+    pthread_mutex_unlock(&ctx->lock);
+
+    int rc = CFX_OK;
+    if (announced)
+        rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+
+    /* let uploads in progress finish, up to the deadline */
+    pthread_mutex_lock(&ctx->lock);
+    while (!cfx_list_empty(&obj->uploads) && obj_wait(ctx, deadline))
+        ;
+    obj->announced = false;
+    post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+    pthread_mutex_unlock(&ctx->lock);
+    if (rc == CFX_ERR_NOT_FOUND)
+        rc = CFX_OK; /* the directory had already dropped it (e.g. inline) */
+    return rc;
+}
+
+/* ---- arena ----------------------------------------------------------------- */
+
+int cfx_buf_alloc(struct cfx_context *ctx, size_t size, void **out)
+{
+    int fd;
+    uint64_t off;
+    cfx__err_clear();
+    if (!ctx || !out || !size)
+        return cfx__err(CFX_ERR_INVALID, "cfx_buf_alloc: %s", !size ? "size 0" : "NULL argument");
+    return cfx__arena_alloc(ctx, size, out, &fd, &off);
+}
+
+void cfx_buf_free(struct cfx_context *ctx, void *buf)
+{
+    struct cfx_object_id id;
+    bool backs_object = false;
+
+    if (!ctx || !buf)
+        return;
+    pthread_mutex_lock(&ctx->lock);
+    for (unsigned b = 0; b < CFX_STORE_BUCKETS && !backs_object; b++)
+        for (struct cfx_obj *o = ctx->store.buckets[b]; o; o = o->hnext)
+            if (o->arena && o->buf == buf && !o->deleting) {
+                id = o->id;
+                backs_object = true;
+                break;
+            }
+    if (!backs_object)
+        cfx__arena_free(ctx, buf);
+    pthread_mutex_unlock(&ctx->lock);
+    /* The buffer holds an object this node serves (cfx_get_alloc): withdraw
+     * the object; its release frees the buffer once uploads have drained. */
+    if (backs_object)
+        cfx_delete(ctx, &id, NULL);
+}

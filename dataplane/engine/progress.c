@@ -1,0 +1,247 @@
+/*
+ * The progress engine: one thread per context drives every transport.  It
+ * polls completions while work is in flight, spins briefly when it runs dry,
+ * then arms every iface and sleeps in epoll on their wait fds and on the
+ * command eventfd, so an idle process costs no CPU.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define POLL_BATCH 64
+
+int cfx__conn_flush_all(struct cfx_context *ctx);
+void cfx__conn_connected(struct cfx_conn *conn);
+struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep);
+
+void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
+{
+    cfx_list_add_tail(&cmd->link, &ctx->cmds);
+    if (ctx->sleeping) {
+        uint64_t one = 1;
+        ssize_t rc = write(ctx->cmd_fd, &one, sizeof(one));
+        (void)rc; /* a full eventfd counter still wakes the reader */
+    }
+}
+
+static int run_cmds(struct cfx_context *ctx)
+{
+    int n = 0;
+    while (!cfx_list_empty(&ctx->cmds)) {
+        struct cfx_cmd *cmd = cfx_list_entry(ctx->cmds.next, struct cfx_cmd, link);
+        cfx_list_del(&cmd->link);
+        switch (cmd->type) {
+        case CFX_CMD_GET_START:
+            cfx__xfer_get_start(ctx, cmd->obj, &cmd->node);
+            break;
+        case CFX_CMD_GET_CANCEL:
+            cfx__xfer_get_cancel(ctx, cmd->obj);
+            break;
+        case CFX_CMD_OBJ_RELEASE:
+            cfx__obj_release(ctx, cmd->obj);
+            break;
+        case CFX_CMD_NODE_DEAD:
+            cfx__conn_node_dead(ctx, cmd->node_id);
+            break;
+        }
+        free(cmd);
+        n++;
+    }
+    ctx->cmd_seq_done++;
+    pthread_cond_broadcast(&ctx->cmd_done);
+    return n;
+}
+
+/* Is @p ep still owned by a live connection?  Used after a connection was
+ * torn down in the middle of a batch of completions. */
+static struct cfx_conn *conn_of(struct cfx_context *ctx, struct cfx_tp_ep *ep)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->ep == ep)
+            return c;
+    }
+    return NULL;
+}
+
+static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_completion *c,
+                        bool checked)
+{
+    struct cfx_conn *conn;
+
+    if (c->type == CFX_TP_COMP_ACCEPT) {
+        cfx__conn_accepted(ctx, tp, c->ep);
+        return;
+    }
+    conn = checked ? conn_of(ctx, c->ep) : (struct cfx_conn *)c->ep->user;
+    if (!conn)
+        return; /* its connection was closed earlier in this batch */
+
+    switch (c->type) {
+    case CFX_TP_COMP_WRITE_IMM:
+        cfx__xfer_write_imm(ctx, conn, c->imm, c->len);
+        break;
+    case CFX_TP_COMP_RECV:
+        cfx__xfer_recv(ctx, conn, c->data, c->len);
+        break;
+    case CFX_TP_COMP_WRITE:
+        if (c->wr_id)
+            cfx__xfer_write_done(ctx, (struct cfx_upload *)(uintptr_t)c->wr_id, c->status);
+        break;
+    case CFX_TP_COMP_SEND:
+        break;
+    case CFX_TP_COMP_CONNECTED:
+        cfx__conn_connected(conn);
+        break;
+    case CFX_TP_COMP_EP_ERROR:
+        cfx__conn_fail(conn, c->status ? c->status : CFX_ERR_PEER_FAILED,
+                       "transport reported the endpoint failed");
+        break;
+    }
+}
+
+static int poll_tp(struct cfx_context *ctx, int tp)
+{
+    struct cfx_tp_completion comps[POLL_BATCH];
+    const struct cfx_transport_ops *ops = ctx->tp[tp].ops;
+    int n = ops->poll(ctx->tp[tp].iface, comps, POLL_BATCH);
+
+    if (n <= 0) {
+        if (n < 0)
+            CFX_LOG(WARN, PROGRESS, "node %u: %s poll failed: %s", ctx->node_id, ops->name,
+                    cfx_strerror(n));
+        return 0;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    uint64_t gen = ctx->conn_gen;
+    for (int i = 0; i < n; i++)
+        handle_comp(ctx, tp, &comps[i], ctx->conn_gen != gen);
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+static void *progress_main(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    uint64_t idle_since = cfx__now_ns();
+    struct epoll_event evs[CFX_MAX_TPS + 1];
+
+    for (;;) {
+        int work = 0;
+        for (int t = 0; t < ctx->ntp; t++)
+            work += poll_tp(ctx, t);
+
+        pthread_mutex_lock(&ctx->lock);
+        if (ctx->stop) {
+            pthread_mutex_unlock(&ctx->lock);
+            break;
+        }
+        work += run_cmds(ctx);
+        work += cfx__xfer_pump_busy(ctx);
+        work += cfx__conn_flush_all(ctx);
+        pthread_mutex_unlock(&ctx->lock);
+
+        uint64_t now = cfx__now_ns();
+        if (work) {
+            idle_since = now;
+            continue;
+        }
+        if (now - idle_since < (uint64_t)ctx->cfg.spin_us * 1000)
+            continue;
+
+        /* Sleep: arm every iface; any that has work pending aborts the nap. */
+        bool pending = false;
+        for (int t = 0; t < ctx->ntp && !pending; t++)
+            if (ctx->tp[t].ops->iface_arm &&
+                ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
+                pending = true;
+        pthread_mutex_lock(&ctx->lock);
+        if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) || ctx->stop)
+            pending = true;
+        ctx->sleeping = !pending;
+        pthread_mutex_unlock(&ctx->lock);
+        if (pending)
+            continue;
+        /* A bounded nap: transports that must be polled (fd -1) and
+         * endpoints still connecting get looked at every few ms. */
+        int rc = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), 100);
+        pthread_mutex_lock(&ctx->lock);
+        ctx->sleeping = false;
+        pthread_mutex_unlock(&ctx->lock);
+        if (rc < 0 && errno != EINTR)
+            CFX_LOG(ERR, PROGRESS, "node %u: epoll_wait: %s", ctx->node_id, strerror(errno));
+        for (int i = 0; i < rc; i++) {
+            if (evs[i].data.fd == ctx->cmd_fd) {
+                uint64_t v;
+                ssize_t r = read(ctx->cmd_fd, &v, sizeof(v));
+                (void)r;
+            }
+        }
+        idle_since = cfx__now_ns();
+    }
+    return NULL;
+}
+
+int cfx__progress_start(struct cfx_context *ctx)
+{
+    struct epoll_event ev = { .events = EPOLLIN };
+    int rc;
+
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (ctx->epfd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "epoll_create1: %s", strerror(errno));
+    ctx->cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ctx->cmd_fd < 0) {
+        rc = cfx__err(cfx__status_from_errno(errno), "eventfd: %s", strerror(errno));
+        goto err_close_ep;
+    }
+    ev.data.fd = ctx->cmd_fd;
+    if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->cmd_fd, &ev) < 0) {
+        rc = cfx__err(CFX_ERR_IO, "epoll_ctl: %s", strerror(errno));
+        goto err_close_cmd;
+    }
+    for (int t = 0; t < ctx->ntp; t++) {
+        int fd = ctx->tp[t].ops->iface_fd ? ctx->tp[t].ops->iface_fd(ctx->tp[t].iface) : -1;
+        ctx->tp[t].fd = fd;
+        if (fd < 0)
+            continue;
+        ev.data.fd = fd;
+        if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            rc = cfx__err(CFX_ERR_IO, "epoll_ctl(%s): %s", ctx->tp[t].ops->name, strerror(errno));
+            goto err_close_cmd;
+        }
+    }
+    rc = pthread_create(&ctx->progress, NULL, progress_main, ctx);
+    if (rc) {
+        rc = cfx__err(CFX_ERR_NOMEM, "cannot start the progress thread: %s", strerror(rc));
+        goto err_close_cmd;
+    }
+    return CFX_OK;
+
+err_close_cmd:
+    close(ctx->cmd_fd);
+    ctx->cmd_fd = -1;
+err_close_ep:
+    close(ctx->epfd);
+    ctx->epfd = -1;
+    return rc;
+}
+
+void cfx__progress_stop(struct cfx_context *ctx)
+{
+    uint64_t one = 1;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stop = true;
+    pthread_mutex_unlock(&ctx->lock);
+    ssize_t r = write(ctx->cmd_fd, &one, sizeof(one));
+    (void)r;
+    pthread_join(ctx->progress, NULL);
+    close(ctx->cmd_fd);
+    close(ctx->epfd);
+}

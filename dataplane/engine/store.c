@@ -1,0 +1,70 @@
+/* Local object store: a chained hash table of objects by id. */
+#include "engine.h"
+
+#include <string.h>
+
+static unsigned store_hash(const struct cfx_object_id *id)
+{
+    uint32_t h;
+    /* Ids are SHA-1 outputs or carry a counter in their first bytes: mix. */
+    memcpy(&h, id->bytes + 16, sizeof(h));
+    uint32_t l;
+    memcpy(&l, id->bytes, sizeof(l));
+    h ^= l * 0x9e3779b1u;
+    return h % CFX_STORE_BUCKETS;
+}
+
+struct cfx_obj *cfx__store_find(struct cfx_store *s, const struct cfx_object_id *id)
+{
+    for (struct cfx_obj *o = s->buckets[store_hash(id)]; o; o = o->hnext)
+        if (!memcmp(o->id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return o;
+    return NULL;
+}
+
+void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o)
+{
+    unsigned b = store_hash(&o->id);
+    o->hnext = s->buckets[b];
+    s->buckets[b] = o;
+    s->count++;
+}
+
+void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o)
+{
+    struct cfx_obj **pp = &s->buckets[store_hash(&o->id)];
+    for (; *pp; pp = &(*pp)->hnext) {
+        if (*pp == o) {
+            *pp = o->hnext;
+            o->hnext = NULL;
+            s->count--;
+            return;
+        }
+    }
+}
+
+/*
+ * Default chunk: S/64 clamped to 64 KiB..4 MiB, so that a multi-hop pipeline
+ * has enough stages to approach S/B; never more than CFX_MAX_CHUNKS chunks
+ * (the immediate carries 20 bits of chunk index).
+ */
+uint32_t cfx__chunk_size_for(uint64_t size, size_t configured)
+{
+    uint64_t c;
+    if (configured) {
+        c = configured;
+    } else {
+        c = size / 64;
+        if (c < 64 * 1024)
+            c = 64 * 1024;
+        if (c > 4 * 1024 * 1024)
+            c = 4 * 1024 * 1024;
+    }
+    if (c < CFX_CHUNK_MIN)
+        c = CFX_CHUNK_MIN;
+    while (size / c >= CFX_MAX_CHUNKS)
+        c *= 2;
+    if (c > CFX_CHUNK_MAX && size / CFX_CHUNK_MAX < CFX_MAX_CHUNKS)
+        c = CFX_CHUNK_MAX;
+    return (uint32_t)c;
+}

@@ -1,0 +1,186 @@
+/*
+ * Non-blocking calls.  A put or get needs coordinator round trips and waits
+ * on transfers; the non-blocking forms hand the whole operation to one of a
+ * context's worker threads (started on first use) and return a request.
+ */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NWORKERS 2
+
+static void *worker_main(void *arg)
+{
+    struct cfx_context *ctx = arg;
+
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        while (cfx_list_empty(&ctx->async_q) && !ctx->stop)
+            pthread_cond_wait(&ctx->async_cond, &ctx->lock);
+        if (cfx_list_empty(&ctx->async_q))
+            break;
+        struct cfx_request *req = cfx_list_entry(ctx->async_q.next, struct cfx_request, link);
+        cfx_list_del(&req->link);
+        pthread_mutex_unlock(&ctx->lock);
+
+        int rc;
+        size_t size = 0;
+        if (req->type == CFX_REQ_PUT) {
+            rc = cfx_put(ctx, &req->id, req->buf, req->capacity, &req->params);
+            size = req->capacity;
+        } else {
+            rc = cfx_get(ctx, &req->id, req->buf, req->capacity, &size, &req->params);
+        }
+
+        pthread_mutex_lock(&ctx->lock);
+        req->size = size;
+        req->status = rc;
+        pthread_cond_broadcast(&req->cond);
+        if (req->freed_by_user) {
+            pthread_cond_destroy(&req->cond);
+            free(req);
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return NULL;
+}
+
+static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct cfx_object_id *id,
+                  void *buf, size_t len, const struct cfx_obj_params *params,
+                  struct cfx_request **out)
+{
+    struct cfx_request *req = calloc(1, sizeof(*req));
+    if (!req)
+        return cfx__err(CFX_ERR_NOMEM, "out of memory for a request");
+    req->ctx = ctx;
+    req->type = type;
+    req->status = CFX_ERR_AGAIN;
+    req->async = true;
+    req->id = *id;
+    req->buf = buf;
+    req->capacity = len;
+    if (params)
+        req->params = *params;
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&req->cond, &a);
+    pthread_condattr_destroy(&a);
+
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->stop) {
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_cond_destroy(&req->cond);
+        free(req);
+        return cfx__err(CFX_ERR_CLOSED, "context is being destroyed");
+    }
+    while (ctx->nworkers < NWORKERS) {
+        if (pthread_create(&ctx->workers[ctx->nworkers], NULL, worker_main, ctx))
+            break;
+        ctx->nworkers++;
+    }
+    if (!ctx->nworkers) {
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_cond_destroy(&req->cond);
+        free(req);
+        return cfx__err(CFX_ERR_NO_RESOURCE, "cannot start a worker thread");
+    }
+    cfx_list_add_tail(&req->link, &ctx->async_q);
+    pthread_cond_signal(&ctx->async_cond);
+    pthread_mutex_unlock(&ctx->lock);
+    *out = req;
+    return CFX_OK;
+}
+
+int cfx_put_nb(struct cfx_context *ctx, const struct cfx_object_id *id, const void *buf,
+               size_t size, const struct cfx_obj_params *params, struct cfx_request **req)
+{
+    cfx__err_clear();
+    if (!ctx || !id || !req || (!buf && size))
+        return cfx__err(CFX_ERR_INVALID, "cfx_put_nb: NULL argument");
+    return submit(ctx, CFX_REQ_PUT, id, (void *)buf, size, params, req);
+}
+
+int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+               size_t capacity, const struct cfx_obj_params *params, struct cfx_request **req)
+{
+    cfx__err_clear();
+    if (!ctx || !id || !req || (!buf && capacity))
+        return cfx__err(CFX_ERR_INVALID, "cfx_get_nb: NULL argument");
+    return submit(ctx, CFX_REQ_GET, id, buf, capacity, params, req);
+}
+
+int cfx_request_test(struct cfx_request *req)
+{
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "cfx_request_test: NULL request");
+    pthread_mutex_lock(&req->ctx->lock);
+    int st = req->status;
+    pthread_mutex_unlock(&req->ctx->lock);
+    return st;
+}
+
+int cfx_request_wait(struct cfx_request *req, int timeout_ms)
+{
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "cfx_request_wait: NULL request");
+    struct cfx_context *ctx = req->ctx;
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    pthread_mutex_lock(&ctx->lock);
+    while (req->status == CFX_ERR_AGAIN) {
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&req->cond, &ctx->lock);
+            continue;
+        }
+        if (cfx__now_ns() >= deadline)
+            break;
+        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                               .tv_nsec = (long)(deadline % 1000000000ull) };
+        pthread_cond_timedwait(&req->cond, &ctx->lock, &ts);
+    }
+    int st = req->status;
+    pthread_mutex_unlock(&ctx->lock);
+    if (st == CFX_ERR_AGAIN)
+        return cfx__err(CFX_ERR_TIMEOUT, "request still running after %d ms", timeout_ms);
+    return st;
+}
+
+size_t cfx_request_size(const struct cfx_request *req)
+{
+    return req ? req->size : 0;
+}
+
+void cfx_request_free(struct cfx_request *req)
+{
+    if (!req)
+        return;
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (req->status == CFX_ERR_AGAIN) {
+        /* still running on a worker: it frees the request when done (the
+         * operation itself ends by its own deadline) */
+        req->freed_by_user = true;
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    pthread_cond_destroy(&req->cond);
+    free(req);
+}
+
+void cfx__worker_stop(struct cfx_context *ctx);
+void cfx__worker_stop(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stop = true;
+    pthread_cond_broadcast(&ctx->async_cond);
+    int n = ctx->nworkers;
+    pthread_mutex_unlock(&ctx->lock);
+    for (int i = 0; i < n; i++)
+        pthread_join(ctx->workers[i], NULL);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->nworkers = 0;
+    ctx->stop = false; /* the progress thread is stopped separately */
+    pthread_mutex_unlock(&ctx->lock);
+}

@@ -1,0 +1,515 @@
+/*
+ * Receiver-driven, credit-based chunk transfer.
+ *
+ * The receiver registers its destination, takes a slot and sends GET_REQ
+ * with a remote descriptor and a window of chunk credits.  The source writes
+ * chunk i with imm = slot << 20 | i.  The receiver keeps a bitmap and a
+ * contiguous prefix (ready_chunks); chunks in the prefix may already be
+ * served to further receivers, so a partial copy feeds any number of
+ * downstream getters while it is still being received.  Credits flow back as
+ * chunks land.
+ *
+ * Progress thread only, ctx->lock held.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void id_hex(const struct cfx_object_id *id, char *buf)
+{
+    cfx_object_id_to_hex(id, buf);
+    buf[12] = '\0'; /* a prefix is enough for a log line */
+}
+
+int cfx__dp_msg_check(const void *buf, size_t len)
+{
+    static const size_t sizes[CFX_DP_TYPE_MAX] = {
+        [CFX_DP_HELLO] = sizeof(struct cfx_dp_hello),
+        [CFX_DP_GET_REQ] = sizeof(struct cfx_dp_get_req),
+        [CFX_DP_GET_NACK] = sizeof(struct cfx_dp_nack),
+        [CFX_DP_CREDIT] = sizeof(struct cfx_dp_credit),
+        [CFX_DP_CANCEL] = sizeof(struct cfx_dp_hdr),
+        [CFX_DP_CANCEL_ACK] = sizeof(struct cfx_dp_hdr),
+    };
+    struct cfx_dp_hdr h;
+
+    if (len < sizeof(h))
+        return CFX_ERR_PROTO;
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != CFX_DP_MAGIC || h.version != CFX_DP_VERSION || h.type == 0 ||
+        h.type >= CFX_DP_TYPE_MAX || len != sizes[h.type])
+        return CFX_ERR_PROTO;
+    if (h.type != CFX_DP_HELLO && h.slot >= CFX_XFER_SLOTS)
+        return CFX_ERR_PROTO;
+    if (h.type == CFX_DP_GET_REQ) {
+        const struct cfx_dp_get_req *r = buf;
+        if (r->rdesc.len > CFX_TP_RDESC_MAX || r->chunk_size < CFX_CHUNK_MIN ||
+            r->chunk_size > CFX_CHUNK_MAX || r->credits == 0 ||
+            r->size / r->chunk_size >= CFX_MAX_CHUNKS ||
+            r->first_chunk > cfx__nchunks(r->size, r->chunk_size))
+            return CFX_ERR_PROTO;
+    }
+    return h.type;
+}
+
+static void send_hdr(struct cfx_conn *conn, uint8_t type, uint32_t slot)
+{
+    struct cfx_dp_hdr h = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                            .type = type, .slot = slot };
+    cfx__conn_send(conn, &h, sizeof(h));
+}
+
+static void send_nack(struct cfx_conn *conn, uint32_t slot, int status)
+{
+    struct cfx_dp_nack n = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_GET_NACK, .slot = slot },
+        .status = status,
+    };
+    cfx__conn_send(conn, &n, sizeof(n));
+}
+
+/* ---- receiver side -------------------------------------------------------- */
+
+void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status)
+{
+    if (in->status != CFX_ERR_AGAIN)
+        return;
+    if (in->conn && ctx->slots[in->slot] == in)
+        ctx->slots[in->slot] = NULL;
+    in->conn = NULL;
+    in->status = status;
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+static int slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in)
+{
+    /* round robin, so a slot is not reused while late writes for it may
+     * still be on the wire */
+    for (unsigned i = 0; i < CFX_XFER_SLOTS; i++) {
+        uint32_t s = (ctx->next_slot + i) % CFX_XFER_SLOTS;
+        if (!ctx->slots[s]) {
+            ctx->slots[s] = in;
+            in->slot = s;
+            ctx->next_slot = (s + 1) % CFX_XFER_SLOTS;
+            return CFX_OK;
+        }
+    }
+    return CFX_ERR_NO_RESOURCE;
+}
+
+void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
+                         const struct cfx_node_rec *src)
+{
+    struct cfx_xfer_in *in = obj->in;
+    int status = CFX_OK;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    if (!in || in->status != CFX_ERR_AGAIN)
+        return;
+    struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
+    if (!conn) {
+        in->status = CFX_ERR_AGAIN;
+        cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
+        return;
+    }
+    struct cfx_tp_mr *mr = cfx__obj_mr(ctx, obj, conn->tp, &status);
+    if (!mr) {
+        cfx__xfer_in_finish(ctx, in, status);
+        return;
+    }
+    if (slot_alloc(ctx, in) != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, CFX_ERR_NO_RESOURCE);
+        return;
+    }
+    in->conn = conn;
+    in->src_node = src->node_id;
+
+    uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
+    in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
+
+    struct cfx_dp_get_req req = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_GET_REQ, .slot = in->slot },
+        .size = obj->size,
+        .chunk_size = obj->chunk_size,
+        .first_chunk = obj->ready_chunks,
+        .credits = in->window,
+    };
+    memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
+    int rc = ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc);
+    if (rc == CFX_OK)
+        rc = cfx__conn_send(conn, &req, sizeof(req));
+    if (rc != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, rc);
+        return;
+    }
+    id_hex(&obj->id, hex);
+    CFX_LOG(DEBUG, XFER, "node %u: get %s (%" PRIu64 " B, %u chunks from %u) from %s slot %u",
+            ctx->node_id, hex, obj->size, obj->nchunks, obj->ready_chunks, conn->name, in->slot);
+}
+
+void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    struct cfx_xfer_in *in = obj->in;
+    if (!in || in->status != CFX_ERR_AGAIN || !in->conn) {
+        if (in && in->status == CFX_ERR_AGAIN)
+            cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
+        return;
+    }
+    if (!in->cancel_sent) {
+        in->cancel_sent = true;
+        send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
+    }
+}
+
+static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up);
+
+/* Chunks [ready_chunks, ...) that have landed extend the served prefix. */
+static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    uint32_t before = obj->ready_chunks;
+    while (obj->ready_chunks < obj->nchunks &&
+           (obj->bitmap[obj->ready_chunks / 64] >> (obj->ready_chunks % 64)) & 1)
+        obj->ready_chunks++;
+    if (obj->ready_chunks == before)
+        return;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &obj->uploads)
+        upload_serve(ctx, cfx_list_entry(pos, struct cfx_upload, obj_link));
+}
+
+void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t imm,
+                         uint32_t len)
+{
+    uint32_t slot = imm >> CFX_IMM_SLOT_SHIFT;
+    uint32_t chunk = imm & CFX_IMM_CHUNK_MASK;
+    struct cfx_xfer_in *in = ctx->slots[slot];
+
+    if (unlikely(!in || in->conn != conn)) {
+        /* Late write for a transfer we withdrew: harmless only before the
+         * CANCEL_ACK; anything else is a peer writing where it was not
+         * granted. */
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "write into a slot it was not granted");
+        return;
+    }
+    struct cfx_obj *obj = in->obj;
+    uint64_t off = (uint64_t)chunk * obj->chunk_size;
+    uint64_t want = chunk < obj->nchunks ? CFX_MIN((uint64_t)obj->chunk_size, obj->size - off) : 0;
+    if (unlikely(chunk >= obj->nchunks || len != want)) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "write of a chunk outside the object");
+        return;
+    }
+    if (in->cancel_sent)
+        return; /* withdrawn: the bytes are not ours to use any more */
+
+    uint64_t bit = 1ull << (chunk % 64);
+    if (!(obj->bitmap[chunk / 64] & bit)) {
+        obj->bitmap[chunk / 64] |= bit;
+        in->owed++;
+    }
+    obj_advance(ctx, obj);
+
+    if (obj->ready_chunks == obj->nchunks) {
+        obj->complete = true;
+        cfx__xfer_in_finish(ctx, in, CFX_OK);
+        return;
+    }
+    if (in->owed >= CFX_MAX(in->window / 2, 1u)) {
+        struct cfx_dp_credit c = {
+            .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                     .type = CFX_DP_CREDIT, .slot = in->slot },
+            .credits = in->owed,
+        };
+        in->owed = 0;
+        cfx__conn_send(conn, &c, sizeof(c));
+    }
+}
+
+/* ---- source side ------------------------------------------------------------ */
+
+static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
+{
+    struct cfx_obj *obj = up->obj;
+    cfx_list_del(&up->obj_link);
+    cfx_list_del(&up->conn_link);
+    if (up->busy)
+        cfx_list_del(&up->busy_link);
+    free(up);
+    if (cfx_list_empty(&obj->uploads)) {
+        pthread_cond_broadcast(&ctx->obj_cond);
+        if (obj->releasing)
+            cfx__obj_release(ctx, obj);
+    }
+}
+
+/* Finished or canceled and drained: say so and free. */
+static bool upload_maybe_done(struct cfx_context *ctx, struct cfx_upload *up)
+{
+    if (up->inflight)
+        return false;
+    if (up->aborted) {
+        send_nack(up->conn, up->slot, CFX_ERR_NOT_FOUND);
+        upload_free(ctx, up);
+        return true;
+    }
+    if (up->canceled) {
+        send_hdr(up->conn, CFX_DP_CANCEL_ACK, up->slot);
+        upload_free(ctx, up);
+        return true;
+    }
+    if (up->next == up->obj->nchunks) {
+        upload_free(ctx, up);
+        return true;
+    }
+    return false;
+}
+
+static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
+{
+    struct cfx_obj *obj = up->obj;
+    struct cfx_conn *conn = up->conn;
+    const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
+    struct cfx_tp_mr *mr = obj->mr[conn->tp];
+
+    if (up->busy || up->canceled || up->aborted || conn->state != CFX_CONN_READY)
+        return;
+    while (up->credits && up->next < obj->nchunks &&
+           (obj->complete || up->next < obj->ready_chunks)) {
+        uint64_t off = (uint64_t)up->next * obj->chunk_size;
+        size_t len = (size_t)CFX_MIN((uint64_t)obj->chunk_size, obj->size - off);
+        uint32_t imm = (up->slot << CFX_IMM_SLOT_SHIFT) | up->next;
+        int rc = ops->ep_write(conn->ep, mr, off, &up->rdesc, off, len, imm,
+                               (uint64_t)(uintptr_t)up);
+        if (rc == CFX_ERR_AGAIN) {
+            up->busy = true;
+            cfx_list_add_tail(&up->busy_link, &ctx->busy_uploads);
+            return;
+        }
+        if (unlikely(rc != CFX_OK)) {
+            cfx__conn_fail(conn, rc, "write failed");
+            return;
+        }
+        up->next++;
+        up->credits--;
+        up->inflight++;
+    }
+}
+
+int cfx__xfer_pump_busy(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    int n = 0;
+    cfx_list_for_each_safe(pos, tmp, &ctx->busy_uploads) {
+        struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, busy_link);
+        cfx_list_del(&up->busy_link);
+        up->busy = false;
+        upload_serve(ctx, up);
+        n++;
+    }
+    return n;
+}
+
+void cfx__xfer_write_done(struct cfx_context *ctx, struct cfx_upload *up, int status)
+{
+    up->inflight--;
+    if (status != CFX_OK)
+        return; /* the endpoint's EP_ERROR follows and cleans up */
+    if (!upload_maybe_done(ctx, up))
+        upload_serve(ctx, up);
+}
+
+static struct cfx_upload *upload_find(struct cfx_conn *conn, uint32_t slot)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &conn->uploads) {
+        struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
+        if (up->slot == slot)
+            return up;
+    }
+    return NULL;
+}
+
+static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
+                           const struct cfx_dp_get_req *req)
+{
+    struct cfx_object_id id;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    int status = CFX_OK;
+
+    memcpy(id.bytes, req->id, CFX_OBJECT_ID_LEN);
+    id_hex(&id, hex);
+    struct cfx_obj *obj = cfx__store_find(&ctx->store, &id);
+    if (!obj || obj->deleting) {
+        CFX_LOG(INFO, XFER, "node %u: %s asked for %s which we do not hold", ctx->node_id,
+                conn->name, hex);
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
+        return;
+    }
+    if (obj->size != req->size || obj->chunk_size != req->chunk_size) {
+        CFX_LOG(WARN, XFER, "node %u: %s asked for %s as %" PRIu64 " B / %u B chunks; we hold %"
+                PRIu64 " B / %u B", ctx->node_id, conn->name, hex, req->size, req->chunk_size,
+                obj->size, obj->chunk_size);
+        send_nack(conn, req->hdr.slot, CFX_ERR_INVALID);
+        return;
+    }
+    if (upload_find(conn, req->hdr.slot)) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "GET_REQ for a slot already being served");
+        return;
+    }
+    if (!cfx__obj_mr(ctx, obj, conn->tp, &status)) {
+        send_nack(conn, req->hdr.slot, status);
+        return;
+    }
+    struct cfx_upload *up = calloc(1, sizeof(*up));
+    if (!up) {
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOMEM);
+        return;
+    }
+    up->obj = obj;
+    up->conn = conn;
+    up->slot = req->hdr.slot;
+    up->next = req->first_chunk;
+    up->credits = req->credits;
+    up->rdesc = req->rdesc;
+    cfx_list_add_tail(&up->obj_link, &obj->uploads);
+    cfx_list_add_tail(&up->conn_link, &conn->uploads);
+    CFX_LOG(DEBUG, XFER, "node %u: serving %s from chunk %u to %s slot %u (%s copy)",
+            ctx->node_id, hex, up->next, conn->name, up->slot,
+            obj->complete ? "complete" : "partial");
+    if (!upload_maybe_done(ctx, up))
+        upload_serve(ctx, up);
+}
+
+void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *data,
+                    size_t len)
+{
+    int type = cfx__dp_msg_check(data, len);
+    struct cfx_dp_hdr h;
+
+    if (type < 0) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "malformed data-plane message");
+        return;
+    }
+    memcpy(&h, data, sizeof(h));
+    if (type != CFX_DP_HELLO && conn->node_id == 0) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "message before HELLO");
+        return;
+    }
+    switch (type) {
+    case CFX_DP_HELLO: {
+        const struct cfx_dp_hello *m = data;
+        extern void cfx__conn_hello(struct cfx_conn *, uint32_t);
+        if (m->node_id == 0 || (conn->node_id && conn->node_id != m->node_id)) {
+            cfx__conn_fail(conn, CFX_ERR_PROTO, "bad HELLO");
+            return;
+        }
+        if (!conn->outbound)
+            cfx__conn_hello(conn, m->node_id);
+        break;
+    }
+    case CFX_DP_GET_REQ:
+        handle_get_req(ctx, conn, data);
+        break;
+    case CFX_DP_GET_NACK: {
+        const struct cfx_dp_nack *m = data;
+        struct cfx_xfer_in *in = ctx->slots[h.slot];
+        if (in && in->conn == conn) {
+            int st = (m->status < 0 && m->status > CFX_STATUS_LAST) ? m->status : CFX_ERR_PROTO;
+            cfx__xfer_in_finish(ctx, in, st == CFX_OK ? CFX_ERR_PROTO : st);
+        }
+        break;
+    }
+    case CFX_DP_CREDIT: {
+        const struct cfx_dp_credit *m = data;
+        struct cfx_upload *up = upload_find(conn, h.slot);
+        if (up) {
+            if (m->credits > CFX_MAX_CHUNKS || up->credits + m->credits > CFX_MAX_CHUNKS) {
+                cfx__conn_fail(conn, CFX_ERR_PROTO, "absurd credit grant");
+                return;
+            }
+            up->credits += m->credits;
+            upload_serve(ctx, up);
+        }
+        break;
+    }
+    case CFX_DP_CANCEL: {
+        struct cfx_upload *up = upload_find(conn, h.slot);
+        if (!up) {
+            send_hdr(conn, CFX_DP_CANCEL_ACK, h.slot);
+            break;
+        }
+        up->canceled = true;
+        upload_maybe_done(ctx, up);
+        break;
+    }
+    case CFX_DP_CANCEL_ACK: {
+        struct cfx_xfer_in *in = ctx->slots[h.slot];
+        if (in && in->conn == conn && in->cancel_sent) {
+            in->cancel_acked = true;
+            cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
+        }
+        break;
+    }
+    }
+}
+
+/* A connection died: fail transfers from it and drop uploads on it. */
+void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
+{
+    for (unsigned s = 0; s < CFX_XFER_SLOTS; s++) {
+        struct cfx_xfer_in *in = ctx->slots[s];
+        if (in && in->conn == conn) {
+            cfx__err(CFX_ERR_PEER_FAILED, "source %s failed", conn->name);
+            cfx__xfer_in_finish(ctx, in, CFX_ERR_PEER_FAILED);
+        }
+    }
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &conn->uploads) {
+        struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
+        up->inflight = 0; /* the endpoint is closed right after: nothing completes */
+        upload_free(ctx, up);
+    }
+}
+
+/*
+ * Free an object entry.  Uploads still writing from it must drain first (a
+ * transport may be reading its memory): they are told to stop and the
+ * release finishes when the last write completes.
+ */
+void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    struct cfx_list *pos, *tmp;
+    bool busy = false;
+
+    obj->deleting = true;
+    obj->releasing = true;
+    cfx_list_for_each_safe(pos, tmp, &obj->uploads) {
+        struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, obj_link);
+        if (up->inflight) {
+            up->aborted = true; /* stops posting; NACK once drained */
+            busy = true;
+            continue;
+        }
+        send_nack(up->conn, up->slot, CFX_ERR_NOT_FOUND);
+        cfx_list_del(&up->obj_link);
+        cfx_list_del(&up->conn_link);
+        if (up->busy)
+            cfx_list_del(&up->busy_link);
+        free(up);
+    }
+    if (busy || (obj->in && obj->in->status == CFX_ERR_AGAIN))
+        return; /* finished from upload_free / by the getter */
+
+    for (int t = 0; t < ctx->ntp; t++)
+        if (obj->mr[t])
+            ctx->tp[t].ops->mem_dereg(obj->mr[t]);
+    cfx__store_remove(&ctx->store, obj);
+    if (obj->arena)
+        cfx__arena_free(ctx, obj->buf);
+    free(obj->bitmap);
+    free(obj);
+    pthread_cond_broadcast(&ctx->obj_cond);
+}

@@ -1,0 +1,375 @@
+/*
+ * shm connection set-up and tear-down on the unix socket: connect, accept,
+ * the HELLO/ACK handshake that hands over the ring segment and doorbells,
+ * and the hang-up that tells an endpoint its peer is gone.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+
+#define CTL_MAX_FDS 2
+
+/* ---- control messages -------------------------------------------------------- */
+
+static int ctl_send(int sock, const struct cfx__shm_ctl *m, const int *fds, int nfds)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int) * CTL_MAX_FDS)];
+    } cbuf;
+    struct iovec iov = { .iov_base = (void *)m, .iov_len = sizeof(*m) };
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+    if (nfds) {
+        memset(&cbuf, 0, sizeof(cbuf));
+        msg.msg_control = cbuf.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t rc = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (rc == (ssize_t)sizeof(*m))
+        return CFX_OK;
+    return rc < 0 ? cfx__status_from_errno(errno) : CFX_ERR_IO;
+}
+
+/*
+ * Receive one control message and the fds that came with it (CLOEXEC).
+ * Returns 1 with a message, 0 at end of stream, CFX_ERR_AGAIN when nothing is
+ * there, another negative status on error (fds closed).
+ */
+static int ctl_recv(int sock, struct cfx__shm_ctl *m, int *fds, int *nfds)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int) * 8)];
+    } cbuf;
+    struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
+                          .msg_control = cbuf.buf, .msg_controllen = sizeof(cbuf.buf) };
+    ssize_t rc;
+    int got = 0;
+
+    *nfds = 0;
+    rc = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (rc < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? CFX_ERR_AGAIN
+                                                       : cfx__status_from_errno(errno);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (got < CTL_MAX_FDS)
+                fds[got++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (rc == 0 && got == 0)
+        return 0;
+    if (rc != (ssize_t)sizeof(*m) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+        m->magic != CFX_SHM_MAGIC || m->version != CFX_SHM_VERSION) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return CFX_ERR_PROTO;
+    }
+    *nfds = got;
+    return 1;
+}
+
+static void ctl_init(struct cfx__shm_ctl *m, struct cfx__shm_iface *iface, int type)
+{
+    memset(m, 0, sizeof(*m));
+    m->magic = CFX_SHM_MAGIC;
+    m->version = CFX_SHM_VERSION;
+    m->type = (uint16_t)type;
+    m->node_id = iface->super.node_id;
+}
+
+static void send_bye(struct cfx__shm_ep *ep, int status)
+{
+    struct cfx__shm_ctl m;
+    if (ep->sock < 0)
+        return;
+    ctl_init(&m, ep->iface, CFX_SHM_CTL_BYE);
+    m.status = status;
+    (void)ctl_send(ep->sock, &m, NULL, 0); /* best effort: the hang-up follows */
+}
+
+static pid_t peer_pid(int sock)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+        return 0;
+    return cred.pid;
+}
+
+static int ep_watch(struct cfx__shm_ep *ep)
+{
+    struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &ep->ev };
+    if (epoll_ctl(ep->iface->epfd, EPOLL_CTL_ADD, ep->sock, &e) < 0)
+        return cfx__status_from_errno(errno);
+    return CFX_OK;
+}
+
+/* ---- connecting side ------------------------------------------------------------ */
+
+static void send_hello(struct cfx__shm_ep *ep)
+{
+    struct cfx__shm_iface *iface = ep->iface;
+    struct cfx__shm_ctl m;
+    void *seg;
+    size_t seg_len;
+    int fds[2], rc;
+
+    int memfd = cfx__shm_seg_create(iface->ring_size, &seg, &seg_len);
+    if (memfd < 0) {
+        cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+        return;
+    }
+    cfx__shm_ep_set_rings(ep, seg, seg_len, iface->ring_size, true);
+    ep->peer_pid = peer_pid(ep->sock);
+    ctl_init(&m, iface, CFX_SHM_CTL_HELLO);
+    m.ring_size = iface->ring_size;
+    m.seg_size = seg_len;
+    fds[0] = memfd;
+    fds[1] = iface->doorbell;
+    rc = ctl_send(ep->sock, &m, fds, 2);
+    close(memfd); /* the peer got its own reference; the mapping keeps ours */
+    if (rc == CFX_OK)
+        rc = ep_watch(ep);
+    if (rc != CFX_OK) {
+        CFX_LOG(WARN, SHM, "node %u: cannot send the handshake to %s: %s",
+                iface->super.node_id, ep->super.peer_name, cfx_strerror(rc));
+        cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+        return;
+    }
+    ep->state = CFX_SHM_EP_HELLO_SENT;
+}
+
+void cfx__shm_ep_connect_retry(struct cfx__shm_ep *ep)
+{
+    struct sockaddr_un sun = { .sun_family = AF_UNIX };
+    memcpy(sun.sun_path, ep->sun_path, ep->sun_len);
+    if (connect(ep->sock, (struct sockaddr *)&sun,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + ep->sun_len)) == 0) {
+        send_hello(ep);
+        return;
+    }
+    if ((errno == EAGAIN || errno == EINPROGRESS) && cfx__now_ns() < ep->connect_deadline)
+        return; /* listener's backlog is full: try again from poll() */
+    CFX_LOG(DEBUG, SHM, "node %u: cannot connect to %s: %s", ep->iface->super.node_id,
+            ep->super.peer_name, strerror(errno));
+    cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+}
+
+int cfx__shm_ep_connect(struct cfx_tp_iface *tpi, const void *addr, size_t len,
+                        uint32_t peer_node, struct cfx_tp_ep **out)
+{
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
+    const char *name = addr;
+    struct cfx__shm_ep *ep;
+    size_t nlen;
+    int sock;
+
+    if (!addr || !out)
+        return CFX_ERR_INVALID;
+    nlen = strnlen(name, len);
+    if (nlen < 2 || name[0] != '@' || nlen > sizeof(ep->sun_path))
+        return cfx__err(CFX_ERR_INVALID, "shm: '%.*s' is not an shm address (@name)",
+                        (int)CFX_MIN(nlen, 64u), name);
+    sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return cfx__err(cfx__status_from_errno(errno), "shm: socket: %s", strerror(errno));
+    ep = cfx__shm_ep_alloc(iface, sock, CFX_SHM_EP_CONNECTING, peer_node);
+    if (!ep) {
+        close(sock);
+        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for an endpoint");
+    }
+    snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "node %u (shm %.*s)",
+             peer_node, (int)CFX_MIN(nlen, 40u), name);
+    memcpy(ep->sun_path, name, nlen);
+    ep->sun_path[0] = '\0';
+    ep->sun_len = (uint32_t)nlen;
+    ep->connect_deadline = cfx__now_ns() + CFX_SHM_CONNECT_NS;
+    cfx__shm_ep_connect_retry(ep);
+    *out = &ep->super;
+    return CFX_OK;
+}
+
+/* ---- accepting side ----------------------------------------------------------------- */
+
+void cfx__shm_accept(struct cfx__shm_iface *iface)
+{
+    for (;;) {
+        int sock = accept4(iface->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (sock < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                CFX_LOG(WARN, SHM, "node %u: accept on %s: %s", iface->super.node_id,
+                        iface->addr, strerror(errno));
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        struct cfx__shm_ep *ep = cfx__shm_ep_alloc(iface, sock, CFX_SHM_EP_HELLO_WAIT,
+                                                   UINT32_MAX);
+        if (!ep) {
+            CFX_LOG(ERR, SHM, "node %u: out of memory accepting a peer", iface->super.node_id);
+            close(sock);
+            continue;
+        }
+        ep->peer_pid = peer_pid(sock);
+        snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "pid %d (shm)",
+                 (int)ep->peer_pid);
+        if (ep_watch(ep) != CFX_OK) {
+            cfx_list_del(&ep->link);
+            cfx__shm_ep_free(ep);
+        }
+    }
+}
+
+/* A peer that never became visible to the user goes away quietly. */
+static void drop_unaccepted(struct cfx__shm_ep *ep, const char *why)
+{
+    CFX_LOG(WARN, SHM, "node %u: dropping connection from %s: %s",
+            ep->iface->super.node_id, ep->super.peer_name, why);
+    ep->iface->handshaking--;
+    ep->state = CFX_SHM_EP_FAILED;
+    cfx_list_del(&ep->link);
+    cfx__shm_ep_free(ep);
+}
+
+static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
+{
+    struct cfx__shm_iface *iface = ep->iface;
+    struct cfx__shm_ctl ack;
+    void *seg;
+    size_t seg_len;
+    int rc;
+
+    if (m->type != CFX_SHM_CTL_HELLO || nfds != 2) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        drop_unaccepted(ep, "bad handshake");
+        return;
+    }
+    rc = cfx__shm_seg_attach(fds[0], m->ring_size, &seg, &seg_len);
+    close(fds[0]);
+    if (rc != CFX_OK) {
+        close(fds[1]);
+        drop_unaccepted(ep, cfx_last_error());
+        return;
+    }
+    cfx__shm_ep_set_rings(ep, seg, seg_len, m->ring_size, false);
+    ep->peer_doorbell = fds[1];
+    ep->super.peer_node = m->node_id;
+    snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "node %u (shm pid %d)",
+             m->node_id, (int)ep->peer_pid);
+    ctl_init(&ack, iface, CFX_SHM_CTL_ACK);
+    if (ctl_send(ep->sock, &ack, &iface->doorbell, 1) != CFX_OK) {
+        drop_unaccepted(ep, "cannot answer the handshake");
+        return;
+    }
+    iface->handshaking--;
+    ep->state = CFX_SHM_EP_READY;
+    CFX_LOG(DEBUG, SHM, "node %u: accepted %s", iface->super.node_id, ep->super.peer_name);
+    cfx__shm_cq_push(iface, CFX_TP_COMP_ACCEPT, CFX_OK, ep, 0);
+}
+
+static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
+{
+    if (m->type != CFX_SHM_CTL_ACK || nfds != 1) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+        return;
+    }
+    ep->peer_doorbell = fds[0];
+    ep->iface->handshaking--;
+    ep->state = CFX_SHM_EP_READY;
+    CFX_LOG(DEBUG, SHM, "node %u: connected to %s", ep->iface->super.node_id,
+            ep->super.peer_name);
+    cfx__shm_cq_push(ep->iface, CFX_TP_COMP_CONNECTED, CFX_OK, ep, 0);
+}
+
+/* The socket hung up (or said BYE): drain what the peer left, then fail. */
+static void on_hangup(struct cfx__shm_ep *ep)
+{
+    if (!ep->peer_status)
+        ep->peer_status = CFX_ERR_PEER_FAILED;
+    CFX_LOG(DEBUG, SHM, "node %u: %s hung up (%s)", ep->iface->super.node_id,
+            ep->super.peer_name, cfx_errname(ep->peer_status));
+    cfx__shm_ep_sock_close(ep, false, 0);
+    ep->state = CFX_SHM_EP_PEER_GONE;
+}
+
+void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep)
+{
+    struct cfx__shm_ctl m;
+    int fds[CTL_MAX_FDS], nfds;
+
+    while (ep->sock >= 0) {
+        int rc = ctl_recv(ep->sock, &m, fds, &nfds);
+        if (rc == CFX_ERR_AGAIN)
+            return;
+        switch (ep->state) {
+        case CFX_SHM_EP_HELLO_WAIT:
+            if (rc <= 0)
+                drop_unaccepted(ep, rc == 0 ? "hung up" : cfx_strerror(rc));
+            else
+                on_hello(ep, &m, fds, nfds);
+            return; /* ep may be gone */
+        case CFX_SHM_EP_HELLO_SENT:
+            if (rc <= 0) {
+                cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+                return;
+            }
+            on_ack(ep, &m, fds, nfds);
+            break;
+        case CFX_SHM_EP_READY:
+            if (rc > 0) {
+                for (int i = 0; i < nfds; i++)
+                    close(fds[i]);
+                if (m.type == CFX_SHM_CTL_BYE)
+                    ep->peer_status = m.status < 0 && m.status > CFX_STATUS_LAST
+                                          ? m.status : CFX_ERR_PEER_FAILED;
+                continue;
+            }
+            on_hangup(ep);
+            return;
+        default:
+            if (rc > 0)
+                for (int i = 0; i < nfds; i++)
+                    close(fds[i]);
+            return;
+        }
+    }
+}
+
+void cfx__shm_ep_sock_close(struct cfx__shm_ep *ep, bool bye, int status)
+{
+    if (ep->sock < 0)
+        return;
+    if (bye)
+        send_bye(ep, status);
+    epoll_ctl(ep->iface->epfd, EPOLL_CTL_DEL, ep->sock, NULL);
+    close(ep->sock);
+    ep->sock = -1;
+}

@@ -1,0 +1,536 @@
+/*
+ * shm endpoint: life cycle, the send queue, and both directions of the data
+ * path (producing into the outbound ring, consuming the inbound one).
+ *
+ * Hot path (ep_send, ep_write, tx/rx progress): no logging except on a
+ * protocol failure, no allocation (mapping a peer region the first time a
+ * write targets it is the one exception, cached afterwards).
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+
+/* ---- life cycle ------------------------------------------------------------------- */
+
+struct cfx__shm_ep *cfx__shm_ep_alloc(struct cfx__shm_iface *iface, int sock,
+                                      int state, uint32_t peer_node)
+{
+    struct cfx__shm_ep *ep = calloc(1, sizeof(*ep));
+    if (!ep)
+        return NULL;
+    ep->txq = calloc(CFX_SHM_TXQ_DEPTH, sizeof(*ep->txq));
+    ep->send_pool = malloc((size_t)CFX_SHM_SEND_SLOTS * CFX_TP_SEND_MAX);
+    if (!ep->txq || !ep->send_pool) {
+        free(ep->txq);
+        free(ep->send_pool);
+        free(ep);
+        return NULL;
+    }
+    ep->super.iface = &iface->super;
+    ep->super.peer_node = peer_node;
+    ep->super.status = CFX_OK;
+    ep->iface = iface;
+    ep->ev.kind = CFX_SHM_EV_EP;
+    ep->state = state;
+    ep->sock = sock;
+    ep->peer_doorbell = -1;
+    ep->send_free = CFX_SHM_SEND_SLOTS == 32 ? UINT32_MAX : (1u << CFX_SHM_SEND_SLOTS) - 1;
+    cfx_list_add_tail(&ep->link, &iface->eps);
+    iface->handshaking++;
+    return ep;
+}
+
+void cfx__shm_ep_set_rings(struct cfx__shm_ep *ep, void *seg, size_t seg_len,
+                           size_t ring_size, bool connector)
+{
+    struct cfx__shm_seg_hdr *h = seg;
+    uint8_t *data0 = (uint8_t *)seg + CFX_SHM_SEG_HDR;
+    uint8_t *data1 = data0 + ring_size;
+
+    ep->seg = seg;
+    ep->seg_len = seg_len;
+    /* ring 0 carries connector -> acceptor */
+    cfx__shm_ring_view(&ep->tx, &h->ctl[connector ? 0 : 1], connector ? data0 : data1,
+                       ring_size, 1);
+    cfx__shm_ring_view(&ep->rx, &h->ctl[connector ? 1 : 0], connector ? data1 : data0,
+                       ring_size, 0);
+}
+
+static void op_pop(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
+{
+    if (op->type == CFX_SHM_OP_SEND && op->send_slot >= 0)
+        ep->send_free |= 1u << op->send_slot;
+    if (op->map)
+        cfx__shm_map_put(op->map);
+    op->map = NULL;
+    ep->txq_head = (ep->txq_head + 1) % CFX_SHM_TXQ_DEPTH;
+    ep->txq_count--;
+}
+
+static void op_complete(struct cfx__shm_ep *ep, struct cfx__shm_op *op, int status)
+{
+    cfx__shm_cq_push(ep->iface,
+                     op->type == CFX_SHM_OP_WRITE ? CFX_TP_COMP_WRITE : CFX_TP_COMP_SEND,
+                     status, ep, op->wr_id);
+    op_pop(ep, op);
+}
+
+void cfx__shm_ep_fail(struct cfx__shm_ep *ep, int status, bool tell_peer)
+{
+    if (ep->state == CFX_SHM_EP_FAILED)
+        return;
+    if (ep->state == CFX_SHM_EP_CONNECTING || ep->state == CFX_SHM_EP_HELLO_SENT ||
+        ep->state == CFX_SHM_EP_HELLO_WAIT)
+        ep->iface->handshaking--;
+    cfx__shm_ep_sock_close(ep, tell_peer, status);
+    ep->state = CFX_SHM_EP_FAILED;
+    ep->super.status = status;
+    while (ep->txq_count)
+        op_complete(ep, &ep->txq[ep->txq_head], status);
+    CFX_LOG(DEBUG, SHM, "node %u: endpoint to %s failed: %s", ep->iface->super.node_id,
+            ep->super.peer_name, cfx_errname(status));
+    cfx__shm_cq_push(ep->iface, CFX_TP_COMP_EP_ERROR, status, ep, 0);
+}
+
+void cfx__shm_ep_close(struct cfx_tp_ep *tpe)
+{
+    struct cfx__shm_ep *ep;
+
+    if (!tpe)
+        return;
+    ep = cfx__shm_ep_of(tpe);
+    if (ep->state == CFX_SHM_EP_CONNECTING || ep->state == CFX_SHM_EP_HELLO_SENT ||
+        ep->state == CFX_SHM_EP_HELLO_WAIT)
+        ep->iface->handshaking--;
+    cfx__shm_ep_sock_close(ep, true, CFX_ERR_CLOSED);
+    ep->state = CFX_SHM_EP_FAILED;
+    if (ep->super.status == CFX_OK)
+        ep->super.status = CFX_ERR_CLOSED;
+    while (ep->txq_count)
+        op_pop(ep, &ep->txq[ep->txq_head]);
+    cfx__shm_cq_purge(ep->iface, ep);
+    /* RECV data returned by the last poll() stays readable until the next. */
+    cfx_list_del(&ep->link);
+    cfx_list_add_tail(&ep->link, &ep->iface->zombies);
+}
+
+void cfx__shm_ep_free(struct cfx__shm_ep *ep)
+{
+    while (ep->txq_count)
+        op_pop(ep, &ep->txq[ep->txq_head]);
+    cfx__shm_map_flush(ep);
+    if (ep->seg)
+        munmap(ep->seg, ep->seg_len);
+    if (ep->peer_doorbell >= 0)
+        close(ep->peer_doorbell);
+    if (ep->sock >= 0)
+        cfx__shm_ep_sock_close(ep, false, 0);
+    free(ep->txq);
+    free(ep->send_pool);
+    free(ep);
+}
+
+/* ---- doorbells ---------------------------------------------------------------------- */
+
+static void ring_doorbell(struct cfx__shm_ep *ep)
+{
+    static const uint64_t one = 1;
+    /* A failure means the peer is gone (its socket tells us) or its counter
+     * is already huge (it is awake anyway): nothing to do either way. */
+    ssize_t rc = write(ep->peer_doorbell, &one, sizeof(one));
+    (void)rc;
+}
+
+/* After publishing head: wake the peer if it went to sleep on our ring. */
+static inline void wake_consumer(struct cfx__shm_ep *ep)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (unlikely(atomic_load_explicit(&ep->tx.ctl->consumer_sleeping, memory_order_relaxed)) &&
+        atomic_exchange_explicit(&ep->tx.ctl->consumer_sleeping, 0, memory_order_relaxed))
+        ring_doorbell(ep);
+}
+
+/* After releasing tail: wake the peer if it waits for room in our inbound ring. */
+static inline void wake_producer(struct cfx__shm_ep *ep)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (unlikely(atomic_load_explicit(&ep->rx.ctl->producer_waiting, memory_order_relaxed)) &&
+        atomic_exchange_explicit(&ep->rx.ctl->producer_waiting, 0, memory_order_relaxed))
+        ring_doorbell(ep);
+}
+
+/* ---- posting ------------------------------------------------------------------------- */
+
+/* Status a post gets instead of being queued, or CFX_OK. */
+static inline int post_check(struct cfx__shm_ep *ep)
+{
+    if (unlikely(ep->state == CFX_SHM_EP_FAILED))
+        return ep->super.status;
+    if (unlikely(ep->state == CFX_SHM_EP_PEER_GONE))
+        return ep->peer_status;
+    if (unlikely(ep->txq_count == CFX_SHM_TXQ_DEPTH ||
+                 ep->iface->cq_count >= CFX_SHM_CQ_SOFT_MAX))
+        return CFX_ERR_AGAIN;
+    return CFX_OK;
+}
+
+static inline struct cfx__shm_op *op_push(struct cfx__shm_ep *ep)
+{
+    struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->txq_count++) % CFX_SHM_TXQ_DEPTH];
+    memset(op, 0, offsetof(struct cfx__shm_op, rd));
+    op->send_slot = -1;
+    return op;
+}
+
+int cfx__shm_ep_send(struct cfx_tp_ep *tpe, const void *buf, size_t len, uint64_t wr_id)
+{
+    struct cfx__shm_ep *ep = cfx__shm_ep_of(tpe);
+    struct cfx__shm_op *op;
+    uint64_t fit_len;
+    int rc, where;
+
+    if (unlikely(len > CFX_TP_SEND_MAX))
+        return CFX_ERR_TOO_BIG;
+    if (unlikely(!buf && len))
+        return CFX_ERR_INVALID;
+    if ((rc = post_check(ep)) != CFX_OK)
+        return rc;
+    if (likely(ep->state == CFX_SHM_EP_READY && ep->txq_count == 0) &&
+        (where = cfx__shm_ring_fit(&ep->tx, len, len, &fit_len)) != 0) {
+        struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+        m->type = CFX_SHM_MSG_SEND;
+        m->flags = 0;
+        m->len = (uint32_t)len;
+        if (len)
+            memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, buf, len);
+        cfx__shm_ring_commit(&ep->tx, len);
+        cfx__shm_ring_publish(&ep->tx);
+        wake_consumer(ep);
+        cfx__shm_cq_push(ep->iface, CFX_TP_COMP_SEND, CFX_OK, ep, wr_id);
+        return CFX_OK;
+    }
+    /* behind earlier ops or a full ring: keep a copy */
+    if (!ep->send_free)
+        return CFX_ERR_AGAIN;
+    op = op_push(ep);
+    op->type = CFX_SHM_OP_SEND;
+    op->send_slot = (int16_t)__builtin_ctz(ep->send_free);
+    ep->send_free &= ~(1u << op->send_slot);
+    op->src = ep->send_pool + (size_t)op->send_slot * CFX_TP_SEND_MAX;
+    if (len)
+        memcpy((uint8_t *)op->src, buf, len);
+    op->len = len;
+    op->wr_id = wr_id;
+    return CFX_OK;
+}
+
+int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff,
+                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
+                      uint32_t imm, uint64_t wr_id)
+{
+    struct cfx__shm_ep *ep = cfx__shm_ep_of(tpe);
+    struct cfx__shm_rdesc rd;
+    struct cfx__shm_op *op;
+    int rc;
+
+    if (unlikely(!mr || !rdesc || rdesc->len != sizeof(rd)))
+        return CFX_ERR_INVALID;
+    memcpy(&rd, rdesc->data, sizeof(rd));
+    if (unlikely(rd.tag != CFX_SHM_RDESC_TAG))
+        return CFX_ERR_INVALID;
+    if (unlikely(len > CFX_TP_WRITE_MAX))
+        return CFX_ERR_TOO_BIG;
+    if (unlikely(loff > mr->len || len > mr->len - loff || roff > rd.len || len > rd.len - roff))
+        return CFX_ERR_INVALID; /* refused here: nothing leaves */
+    if ((rc = post_check(ep)) != CFX_OK)
+        return rc;
+    op = op_push(ep);
+    op->type = CFX_SHM_OP_WRITE;
+    op->src = (const uint8_t *)mr->addr + loff;
+    op->key = rd.key;
+    op->roff = roff;
+    op->len = len;
+    op->imm = imm;
+    op->wr_id = wr_id;
+    op->rd = rd;
+    if (ep->state == CFX_SHM_EP_READY && ep->txq_count == 1)
+        cfx__shm_ep_tx_progress(ep);
+    return CFX_OK;
+}
+
+/* ---- producing ---------------------------------------------------------------------------- */
+
+/* Direct: copy into the peer's mapping, then tell it with a WDONE.
+ * Returns false when blocked (budget or ring). */
+static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *budget)
+{
+    uint8_t *dst = op->map->region + op->roff;
+    uint64_t fit_len;
+    int where;
+
+    while (op->done < op->len) {
+        if (!*budget)
+            return false;
+        uint64_t n = CFX_MIN(op->len - op->done, (uint64_t)CFX_SHM_DIRECT_CHUNK);
+        n = CFX_MIN(n, *budget);
+        memcpy(dst + op->done, op->src + op->done, n);
+        op->done += n;
+        *budget -= n;
+    }
+    if (!(where = cfx__shm_ring_fit(&ep->tx, 0, 0, &fit_len)))
+        return false;
+    cfx__shm_wmb(); /* the bytes (maybe non-temporal stores) before the WDONE */
+    struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+    m->type = CFX_SHM_MSG_WDONE;
+    m->flags = 0;
+    m->len = 0;
+    m->key = op->key;
+    m->imm = op->imm;
+    m->off = op->roff;
+    m->total = op->len;
+    cfx__shm_ring_commit(&ep->tx, 0);
+    cfx__shm_ring_publish(&ep->tx);
+    wake_consumer(ep);
+    return true;
+}
+
+/* Staged: copy fragments into the ring; the peer copies them out. */
+static bool tx_staged(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *budget)
+{
+    size_t frag = ep->iface->frag_size;
+    uint64_t p;
+    int where;
+
+    do {
+        if (!*budget && op->len)
+            return false;
+        uint64_t want = CFX_MIN(op->len - op->done, (uint64_t)frag);
+        if (!(where = cfx__shm_ring_fit(&ep->tx, want, CFX_SHM_FRAG_MIN, &p)))
+            return false;
+        struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+        memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, op->src + op->done, p);
+        m->type = CFX_SHM_MSG_WFRAG;
+        m->flags = op->done + p == op->len ? CFX_SHM_MSG_LAST : 0;
+        m->len = (uint32_t)p;
+        m->key = op->key;
+        m->imm = op->imm;
+        m->off = op->roff + op->done;
+        m->total = op->len;
+        cfx__shm_ring_commit(&ep->tx, p);
+        cfx__shm_ring_publish(&ep->tx);
+        wake_consumer(ep);
+        op->done += p;
+        *budget -= CFX_MIN(*budget, p);
+    } while (op->done < op->len);
+    return true;
+}
+
+void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
+{
+    uint64_t budget = CFX_SHM_TX_BUDGET;
+    uint64_t fit_len;
+    int where;
+
+    while (ep->txq_count) {
+        struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+        if (op->type == CFX_SHM_OP_SEND) {
+            if (!(where = cfx__shm_ring_fit(&ep->tx, op->len, op->len, &fit_len)))
+                return;
+            struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+            m->type = CFX_SHM_MSG_SEND;
+            m->flags = 0;
+            m->len = (uint32_t)op->len;
+            memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, op->src, op->len);
+            cfx__shm_ring_commit(&ep->tx, op->len);
+            cfx__shm_ring_publish(&ep->tx);
+            wake_consumer(ep);
+        } else {
+            if (!op->started) {
+                op->started = true;
+                op->map = op->len ? cfx__shm_map_get(ep, &op->rd) : NULL;
+            }
+            if (!(op->map ? tx_direct(ep, op, &budget) : tx_staged(ep, op, &budget)))
+                return;
+        }
+        op_complete(ep, op, CFX_OK);
+    }
+}
+
+/* ---- consuming ----------------------------------------------------------------------------- */
+
+static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h)
+{
+    CFX_LOG(ERR, SHM, "node %u: %s sent %s (type %#x key %#x off %llu len %u total %llu): "
+            "failing the endpoint", ep->iface->super.node_id, ep->super.peer_name, what,
+            h->type, h->key, (unsigned long long)h->off, h->len,
+            (unsigned long long)h->total);
+    cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+    return CFX_ERR_PROTO;
+}
+
+void cfx__shm_ep_rx_release(struct cfx__shm_ep *ep)
+{
+    ep->rx_deferred = false;
+    if (ep->rx.published != ep->rx.pos) {
+        cfx__shm_ring_release(&ep->rx);
+        wake_producer(ep);
+    }
+}
+
+int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *comps, int max)
+{
+    struct cfx__shm_ring *r = &ep->rx;
+    struct cfx__shm_msg h;
+    bool consumed = false;
+    int n = 0;
+
+    while (n < max) {
+        uint64_t avail = cfx__shm_ring_avail(r);
+        if (!avail)
+            break;
+        uint64_t contig = r->size - (r->pos & r->mask);
+        const uint8_t *msg = r->data + (r->pos & r->mask);
+        if (unlikely(avail < CFX_SHM_MSG_HDR || avail > r->size)) {
+            memset(&h, 0, sizeof(h));
+            rx_proto(ep, "a torn ring", &h);
+            return n;
+        }
+        memcpy(&h, msg, sizeof(h)); /* the peer could change it under us */
+        if (h.type == CFX_SHM_MSG_WRAP) {
+            if (unlikely(avail < contig)) {
+                rx_proto(ep, "a short wrap", &h);
+                return n;
+            }
+            r->pos += contig;
+            consumed = true;
+            continue;
+        }
+        uint64_t sz = cfx__shm_msg_size(h.len);
+        if (unlikely(sz > avail || sz > contig)) {
+            rx_proto(ep, "an overlong message", &h);
+            return n;
+        }
+        const uint8_t *payload = msg + CFX_SHM_MSG_HDR;
+        struct cfx__shm_mr *mr;
+        struct cfx_tp_completion *c = &comps[n];
+
+        switch (h.type) {
+        case CFX_SHM_MSG_SEND:
+            if (unlikely(h.len > CFX_TP_SEND_MAX)) {
+                rx_proto(ep, "an overlong send", &h);
+                return n;
+            }
+            memset(c, 0, sizeof(*c));
+            c->type = CFX_TP_COMP_RECV;
+            c->ep = &ep->super;
+            c->len = h.len;
+            c->data = payload;
+            n++;
+            ep->rx_deferred = true; /* payload stays in the ring until next poll */
+            break;
+        case CFX_SHM_MSG_WFRAG:
+            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.off, h.len);
+            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX)) {
+                rx_proto(ep, "a write fragment outside any registration", &h);
+                return n;
+            }
+            memcpy((uint8_t *)mr->super.addr + h.off, payload, h.len);
+            if (h.flags & CFX_SHM_MSG_LAST) {
+                memset(c, 0, sizeof(*c));
+                c->type = CFX_TP_COMP_WRITE_IMM;
+                c->ep = &ep->super;
+                c->imm = h.imm;
+                c->len = (uint32_t)h.total;
+                n++;
+            }
+            break;
+        case CFX_SHM_MSG_WDONE:
+            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.off, h.total);
+            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX)) {
+                rx_proto(ep, "a direct write outside any registration", &h);
+                return n;
+            }
+            memset(c, 0, sizeof(*c));
+            c->type = CFX_TP_COMP_WRITE_IMM;
+            c->ep = &ep->super;
+            c->imm = h.imm;
+            c->len = (uint32_t)h.total;
+            n++;
+            break;
+        default:
+            rx_proto(ep, "an unknown message", &h);
+            return n;
+        }
+        r->pos += sz;
+        consumed = true;
+        if (!ep->rx_deferred)
+            cfx__shm_ring_release(r); /* room for the producer's next fragment */
+    }
+    if (consumed && !ep->rx_deferred) {
+        if (r->published != r->pos)
+            cfx__shm_ring_release(r);
+        wake_producer(ep);
+    }
+    if (ep->state == CFX_SHM_EP_PEER_GONE && n < max && !cfx__shm_ring_avail(r))
+        cfx__shm_ep_fail(ep, ep->peer_status, false);
+    return n;
+}
+
+/* ---- sleeping --------------------------------------------------------------------------------- */
+
+bool cfx__shm_ep_arm(struct cfx__shm_ep *ep)
+{
+    switch (ep->state) {
+    case CFX_SHM_EP_CONNECTING:  /* retried from poll() */
+    case CFX_SHM_EP_PEER_GONE:   /* EP_ERROR to report */
+        return true;
+    case CFX_SHM_EP_READY:
+        break;
+    default:
+        return false;            /* the socket wakes us */
+    }
+    if (ep->rx_deferred)
+        return true;
+    atomic_store_explicit(&ep->rx.ctl->consumer_sleeping, 1, memory_order_relaxed);
+    if (ep->txq_count)
+        atomic_store_explicit(&ep->tx.ctl->producer_waiting, 1, memory_order_relaxed);
+    return false;
+}
+
+static bool tx_can_progress(struct cfx__shm_ep *ep)
+{
+    struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+    uint64_t p;
+
+    if (op->type == CFX_SHM_OP_SEND)
+        return cfx__shm_ring_fit(&ep->tx, op->len, op->len, &p) != 0;
+    if (!op->started || (op->map && op->done < op->len))
+        return true;
+    if (op->map)
+        return cfx__shm_ring_fit(&ep->tx, 0, 0, &p) != 0;
+    return cfx__shm_ring_fit(&ep->tx, CFX_MIN(op->len - op->done, (uint64_t)ep->iface->frag_size),
+                             CFX_SHM_FRAG_MIN, &p) != 0;
+}
+
+bool cfx__shm_ep_recheck(struct cfx__shm_ep *ep)
+{
+    if (ep->state != CFX_SHM_EP_READY)
+        return false;
+    if (atomic_load_explicit(&ep->rx.ctl->head, memory_order_acquire) != ep->rx.pos)
+        return true;
+    return ep->txq_count && tx_can_progress(ep);
+}
+
+void cfx__shm_ep_disarm(struct cfx__shm_ep *ep)
+{
+    if (!ep->seg || ep->state == CFX_SHM_EP_FAILED)
+        return;
+    atomic_store_explicit(&ep->rx.ctl->consumer_sleeping, 0, memory_order_relaxed);
+    atomic_store_explicit(&ep->tx.ctl->producer_waiting, 0, memory_order_relaxed);
+}

@@ -1,0 +1,361 @@
+/*
+ * shm iface: the listening socket, the doorbell, the completion queue, and
+ * poll()/iface_arm() over every endpoint.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+
+#define SHM_EVENTS 32
+#define SHM_CQ_INIT 1024
+
+/* ---- completion queue ----------------------------------------------------- */
+
+static int cq_grow(struct cfx__shm_iface *iface)
+{
+    uint32_t cap = iface->cq_cap ? iface->cq_cap * 2 : SHM_CQ_INIT;
+    struct cfx_tp_completion *cq = malloc(cap * sizeof(*cq));
+    if (!cq)
+        return CFX_ERR_NOMEM;
+    for (uint32_t i = 0; i < iface->cq_count; i++)
+        cq[i] = iface->cq[(iface->cq_head + i) % iface->cq_cap];
+    free(iface->cq);
+    iface->cq = cq;
+    iface->cq_cap = cap;
+    iface->cq_head = 0;
+    return CFX_OK;
+}
+
+void cfx__shm_cq_push(struct cfx__shm_iface *iface, uint8_t type, int status,
+                      struct cfx__shm_ep *ep, uint64_t wr_id)
+{
+    if (unlikely(iface->cq_count == iface->cq_cap) && cq_grow(iface) != CFX_OK) {
+        /* Only reachable when malloc fails; the user is told by the log. */
+        CFX_LOG(ERR, SHM, "node %u: out of memory: completion %u for %s lost",
+                iface->super.node_id, type, ep->super.peer_name);
+        return;
+    }
+    struct cfx_tp_completion *c =
+        &iface->cq[(iface->cq_head + iface->cq_count++) % iface->cq_cap];
+    memset(c, 0, sizeof(*c));
+    c->type = type;
+    c->status = status;
+    c->ep = &ep->super;
+    c->wr_id = wr_id;
+}
+
+void cfx__shm_cq_purge(struct cfx__shm_iface *iface, struct cfx__shm_ep *ep)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < iface->cq_count; i++) {
+        struct cfx_tp_completion c = iface->cq[(iface->cq_head + i) % iface->cq_cap];
+        if (c.ep != &ep->super)
+            iface->cq[(iface->cq_head + kept++) % iface->cq_cap] = c;
+    }
+    iface->cq_count = kept;
+}
+
+static int cq_drain(struct cfx__shm_iface *iface, struct cfx_tp_completion *comps, int max)
+{
+    int n = 0;
+    while (n < max && iface->cq_count) {
+        comps[n++] = iface->cq[iface->cq_head];
+        iface->cq_head = (iface->cq_head + 1) % iface->cq_cap;
+        iface->cq_count--;
+    }
+    return n;
+}
+
+/* ---- open / close ------------------------------------------------------------ */
+
+static int epoll_add(int epfd, int fd, struct cfx__shm_ev *ev)
+{
+    struct epoll_event e = { .events = EPOLLIN, .data.ptr = ev };
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e);
+}
+
+static size_t env_pow2(const char *name, size_t def, size_t min, size_t max)
+{
+    size_t v = cfx__env_size(name, def);
+    if (v < min || v > max || (v & (v - 1))) {
+        CFX_LOG(WARN, CONFIG, "ignoring %s=%zu: want a power of two in [%zu, %zu]",
+                name, v, min, max);
+        return def;
+    }
+    return v;
+}
+
+static int shm_iface_open(const struct cfx_tp_iface_params *params,
+                          struct cfx_tp_iface **out)
+{
+    struct cfx__shm_iface *iface;
+    struct sockaddr_un sun = { .sun_family = AF_UNIX };
+    uint32_t rnd = 0;
+    int status;
+
+    if (!out)
+        return CFX_ERR_INVALID;
+    cfx__log_init();
+    iface = calloc(1, sizeof(*iface));
+    if (!iface)
+        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for an iface");
+    iface->super.ops = &cfx__shm_ops;
+    if (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
+        iface->super.node_id = params->node_id;
+    iface->pid = getpid();
+    iface->ring_size = env_pow2("CFX_SHM_RING_SIZE", CFX_SHM_RING_DEFAULT,
+                                CFX_SHM_RING_MIN, CFX_SHM_RING_MAX);
+    iface->frag_size = cfx__env_size("CFX_SHM_FRAG_SIZE", CFX_SHM_FRAG_DEFAULT);
+    if (iface->frag_size < CFX_SHM_FRAG_MIN || iface->frag_size > iface->ring_size / 4)
+        iface->frag_size = CFX_MIN((size_t)CFX_SHM_FRAG_DEFAULT, iface->ring_size / 4);
+    iface->mrs_free = UINT32_MAX;
+    iface->listen_ev.kind = CFX_SHM_EV_LISTEN;
+    iface->doorbell_ev.kind = CFX_SHM_EV_DOORBELL;
+    cfx_list_init(&iface->eps);
+    cfx_list_init(&iface->zombies);
+
+    iface->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (iface->epfd < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "shm: epoll_create1: %s",
+                          strerror(errno));
+        goto err_free;
+    }
+    iface->doorbell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (iface->doorbell < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "shm: eventfd: %s", strerror(errno));
+        goto err_close_epfd;
+    }
+    iface->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (iface->listen_fd < 0) {
+        status = errno == EAFNOSUPPORT || errno == EPROTONOSUPPORT
+                     ? cfx__err(CFX_ERR_NO_DEVICE, "shm: no AF_UNIX seqpacket sockets")
+                     : cfx__err(cfx__status_from_errno(errno), "shm: socket: %s",
+                                strerror(errno));
+        goto err_close_doorbell;
+    }
+    if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+        rnd = (uint32_t)cfx__now_ns() ^ ((uint32_t)(uintptr_t)iface << 8);
+    snprintf(iface->addr, sizeof(iface->addr), "@conflux-shm-%d-%08x", (int)iface->pid, rnd);
+    /* abstract namespace: a leading NUL, no file to clean up */
+    size_t nlen = strlen(iface->addr);
+    memcpy(sun.sun_path, iface->addr, nlen);
+    sun.sun_path[0] = '\0';
+    if (bind(iface->listen_fd, (struct sockaddr *)&sun,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)) < 0 ||
+        listen(iface->listen_fd, SOMAXCONN) < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "shm: cannot listen on %s: %s",
+                          iface->addr, strerror(errno));
+        goto err_close_listen;
+    }
+    if (epoll_add(iface->epfd, iface->listen_fd, &iface->listen_ev) < 0 ||
+        epoll_add(iface->epfd, iface->doorbell, &iface->doorbell_ev) < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "shm: epoll_ctl: %s", strerror(errno));
+        goto err_close_listen;
+    }
+    CFX_LOG(DEBUG, SHM, "node %u: shm iface listening on %s (ring %zu B, fragment %zu B)",
+            iface->super.node_id, iface->addr, iface->ring_size, iface->frag_size);
+    *out = &iface->super;
+    return CFX_OK;
+
+err_close_listen:
+    close(iface->listen_fd);
+err_close_doorbell:
+    close(iface->doorbell);
+err_close_epfd:
+    close(iface->epfd);
+err_free:
+    free(iface);
+    return status;
+}
+
+static void free_zombies(struct cfx__shm_iface *iface)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &iface->zombies) {
+        struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
+        cfx_list_del(&ep->link);
+        cfx__shm_ep_free(ep);
+    }
+}
+
+static void shm_iface_close(struct cfx_tp_iface *tpi)
+{
+    struct cfx__shm_iface *iface;
+    struct cfx_list *pos, *tmp;
+
+    if (!tpi)
+        return;
+    iface = cfx__shm_iface_of(tpi);
+    cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+        struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
+        cfx__shm_ep_close(&ep->super);
+    }
+    free_zombies(iface);
+    cfx__shm_mr_table_free(iface);
+    close(iface->listen_fd);
+    close(iface->doorbell);
+    close(iface->epfd);
+    free(iface->cq);
+    free(iface);
+}
+
+static int shm_iface_addr(struct cfx_tp_iface *tpi, void *buf, size_t *len)
+{
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
+    size_t need = strlen(iface->addr) + 1;
+
+    if (!buf || !len)
+        return CFX_ERR_INVALID;
+    if (*len < need)
+        return cfx__err(CFX_ERR_TRUNCATED, "shm: address needs %zu bytes, got %zu", need, *len);
+    memcpy(buf, iface->addr, need);
+    *len = need;
+    return CFX_OK;
+}
+
+static int shm_iface_fd(struct cfx_tp_iface *tpi)
+{
+    return cfx__shm_iface_of(tpi)->epfd;
+}
+
+/* ---- sleeping ------------------------------------------------------------------ */
+
+static void drain_doorbell(struct cfx__shm_iface *iface)
+{
+    uint64_t v;
+    while (read(iface->doorbell, &v, sizeof(v)) == (ssize_t)sizeof(v))
+        ;
+}
+
+static void disarm(struct cfx__shm_iface *iface)
+{
+    struct cfx_list *pos;
+    iface->armed = false;
+    cfx_list_for_each(pos, &iface->eps)
+        cfx__shm_ep_disarm(cfx_list_entry(pos, struct cfx__shm_ep, link));
+}
+
+static int shm_iface_arm(struct cfx_tp_iface *tpi)
+{
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
+    struct cfx_list *pos;
+    bool pending = iface->cq_count > 0 || !cfx_list_empty(&iface->zombies);
+
+    drain_doorbell(iface);
+    cfx_list_for_each(pos, &iface->eps)
+        pending |= cfx__shm_ep_arm(cfx_list_entry(pos, struct cfx__shm_ep, link));
+    iface->armed = true;
+    /* Dekker with the peers: flag stores above, then their head/tail loads. */
+    atomic_thread_fence(memory_order_seq_cst);
+    cfx_list_for_each(pos, &iface->eps)
+        pending |= cfx__shm_ep_recheck(cfx_list_entry(pos, struct cfx__shm_ep, link));
+    return pending ? CFX_ERR_AGAIN : CFX_OK;
+}
+
+/* ---- progress ------------------------------------------------------------------ */
+
+static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
+{
+    struct epoll_event evs[SHM_EVENTS];
+    struct cfx_list *pos, *tmp;
+    int n;
+
+    iface->next_sock_check = now + CFX_SHM_SOCK_CHECK_NS;
+    n = epoll_wait(iface->epfd, evs, SHM_EVENTS, 0);
+    for (int i = 0; i < n; i++) {
+        struct cfx__shm_ev *ev = evs[i].data.ptr;
+        switch (ev->kind) {
+        case CFX_SHM_EV_LISTEN:
+            cfx__shm_accept(iface);
+            break;
+        case CFX_SHM_EV_DOORBELL:
+            drain_doorbell(iface);
+            break;
+        case CFX_SHM_EV_EP:
+            cfx__shm_ep_sock_event(container_of(ev, struct cfx__shm_ep, ev));
+            break;
+        }
+    }
+    if (iface->handshaking) {
+        cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+            struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
+            if (ep->state == CFX_SHM_EP_CONNECTING)
+                cfx__shm_ep_connect_retry(ep);
+        }
+    }
+}
+
+static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, int max)
+{
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
+    struct cfx_list *pos, *tmp;
+    uint64_t now;
+    int n = 0;
+
+    if (unlikely(!comps || max < 0))
+        return CFX_ERR_INVALID;
+    if (unlikely(!cfx_list_empty(&iface->zombies)))
+        free_zombies(iface);
+    now = cfx__now_ns();
+    if (unlikely(iface->armed)) {
+        disarm(iface);
+        iface->next_sock_check = 0;
+    }
+    if (unlikely(iface->handshaking) || now >= iface->next_sock_check)
+        sock_check(iface, now);
+
+    cfx_list_for_each(pos, &iface->eps) {
+        struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
+        if (ep->rx_deferred)
+            cfx__shm_ep_rx_release(ep);
+        if (ep->txq_count && ep->state == CFX_SHM_EP_READY)
+            cfx__shm_ep_tx_progress(ep);
+    }
+    n = cq_drain(iface, comps, max);
+    cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+        struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
+        if (n >= max)
+            break;
+        if (ep->state == CFX_SHM_EP_READY || ep->state == CFX_SHM_EP_PEER_GONE)
+            n += cfx__shm_ep_rx_progress(ep, comps + n, max - n);
+    }
+    /* round robin: the first endpoint goes last next time */
+    if (iface->eps.next != iface->eps.prev) {
+        struct cfx_list *first = iface->eps.next;
+        cfx_list_del(first);
+        cfx_list_add_tail(first, &iface->eps);
+    }
+    if (iface->cq_count && n < max)
+        n += cq_drain(iface, comps + n, max - n);
+    return n;
+}
+
+const struct cfx_transport_ops cfx__shm_ops = {
+    .version = CFX_TP_OPS_VERSION,
+    .name = "shm",
+    .caps = CFX_TP_CAP_SAME_HOST,
+    .iface_open = shm_iface_open,
+    .iface_close = shm_iface_close,
+    .iface_addr = shm_iface_addr,
+    .iface_fd = shm_iface_fd,
+    .iface_arm = shm_iface_arm,
+    .ep_connect = cfx__shm_ep_connect,
+    .ep_close = cfx__shm_ep_close,
+    .mem_reg = cfx__shm_mem_reg,
+    .mem_dereg = cfx__shm_mem_dereg,
+    .mr_pack = cfx__shm_mr_pack,
+    .ep_write = cfx__shm_ep_write,
+    .ep_send = cfx__shm_ep_send,
+    .poll = shm_poll,
+};

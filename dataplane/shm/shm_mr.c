@@ -1,0 +1,253 @@
+/*
+ * shm registrations and the writer's cache of mapped peer registrations.
+ *
+ * A registration is a slot in the iface table; its key is gen << 16 | idx,
+ * so a key that outlives mem_dereg() no longer matches.  When the memory sits
+ * in a shareable file (mem->shm_fd, the engine's memfd arena) the rdesc also
+ * names that file as the owner sees it (pid, fd number, inode, offset): a
+ * writer on the same host opens /proc/<pid>/fd/<fd>, checks the inode and
+ * maps the region, then copies straight into it (one copy).  The owner's fd
+ * must stay open while the registration lives; the arena guarantees it.
+ * Anything that stops the writer from mapping it (another pid namespace,
+ * permissions, a closed fd) falls back to the staged path.
+ */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+
+#define MR_IDX_MAX 0x10000u
+
+/* ---- registration table ---------------------------------------------------------- */
+
+static int table_grow(struct cfx__shm_iface *iface)
+{
+    uint32_t cap = iface->mrs_cap ? iface->mrs_cap * 2 : 64;
+    if (cap > MR_IDX_MAX)
+        cap = MR_IDX_MAX;
+    if (cap == iface->mrs_cap)
+        return cfx__err(CFX_ERR_NO_RESOURCE, "shm: %u registrations already", cap);
+    struct cfx__shm_mr_slot *s = realloc(iface->mrs, cap * sizeof(*s));
+    if (!s)
+        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for the registration table");
+    for (uint32_t i = iface->mrs_cap; i < cap; i++) {
+        s[i].mr = NULL;
+        s[i].gen = 1;
+        s[i].next_free = i + 1 < cap ? i + 1 : iface->mrs_free;
+    }
+    iface->mrs_free = iface->mrs_cap;
+    iface->mrs = s;
+    iface->mrs_cap = cap;
+    return CFX_OK;
+}
+
+int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem,
+                     unsigned access, struct cfx_tp_mr **out)
+{
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
+    struct cfx__shm_mr *mr;
+    struct stat st;
+    uint32_t idx;
+    int rc;
+
+    if (!mem || !out || (!mem->addr && mem->len))
+        return CFX_ERR_INVALID;
+    if (mem->memtype != CFX_MEMTYPE_HOST)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "shm: cannot register %s memory",
+                        cfx_memtype_name(mem->memtype));
+    if (iface->mrs_free == UINT32_MAX && (rc = table_grow(iface)) != CFX_OK)
+        return rc;
+    mr = calloc(1, sizeof(*mr));
+    if (!mr)
+        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for a registration");
+    mr->super.iface = tpi;
+    mr->super.addr = mem->addr;
+    mr->super.len = mem->len;
+    mr->super.memtype = mem->memtype;
+    mr->access = access;
+    mr->shm_fd = -1;
+    if (mem->shm_fd >= 0 && fstat(mem->shm_fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        mem->shm_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->shm_off) {
+        mr->shm_fd = mem->shm_fd;
+        mr->shm_off = mem->shm_off;
+        mr->ino = st.st_ino;
+    }
+    idx = iface->mrs_free;
+    iface->mrs_free = iface->mrs[idx].next_free;
+    iface->mrs[idx].mr = mr;
+    mr->key = (uint32_t)iface->mrs[idx].gen << 16 | idx;
+    *out = &mr->super;
+    return CFX_OK;
+}
+
+void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
+{
+    struct cfx__shm_iface *iface;
+    struct cfx__shm_mr *mr;
+    uint32_t idx;
+
+    if (!tpm)
+        return;
+    mr = cfx__shm_mr_of(tpm);
+    iface = cfx__shm_iface_of(tpm->iface);
+    idx = mr->key & 0xffffu;
+    iface->mrs[idx].mr = NULL;
+    iface->mrs[idx].gen++;
+    if (!iface->mrs[idx].gen)
+        iface->mrs[idx].gen = 1;
+    iface->mrs[idx].next_free = iface->mrs_free;
+    iface->mrs_free = idx;
+    free(mr);
+}
+
+int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
+{
+    struct cfx__shm_mr *mr;
+    struct cfx__shm_rdesc rd;
+
+    if (!tpm || !out)
+        return CFX_ERR_INVALID;
+    mr = cfx__shm_mr_of(tpm);
+    memset(&rd, 0, sizeof(rd));
+    rd.tag = CFX_SHM_RDESC_TAG;
+    rd.key = mr->key;
+    rd.len = mr->super.len;
+    rd.pid = cfx__shm_iface_of(tpm->iface)->pid;
+    rd.fd = -1;
+    if (mr->shm_fd >= 0 && (mr->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
+        rd.direct = 1;
+        rd.fd = mr->shm_fd;
+        rd.ino = mr->ino;
+        rd.off = mr->shm_off;
+    }
+    memset(out, 0, sizeof(*out));
+    out->len = sizeof(rd);
+    memcpy(out->data, &rd, sizeof(rd));
+    return CFX_OK;
+}
+
+struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, uint32_t key,
+                                       uint64_t off, uint64_t len)
+{
+    uint32_t idx = key & 0xffffu;
+    struct cfx__shm_mr *mr;
+
+    if (unlikely(idx >= iface->mrs_cap))
+        return NULL;
+    mr = iface->mrs[idx].mr;
+    if (unlikely(!mr || mr->key != key || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE)))
+        return NULL;
+    if (unlikely(off > mr->super.len || len > mr->super.len - off))
+        return NULL;
+    return mr;
+}
+
+void cfx__shm_mr_table_free(struct cfx__shm_iface *iface)
+{
+    for (uint32_t i = 0; i < iface->mrs_cap; i++)
+        free(iface->mrs[i].mr);
+    free(iface->mrs);
+    iface->mrs = NULL;
+    iface->mrs_cap = 0;
+    iface->mrs_free = UINT32_MAX;
+}
+
+/* ---- mapped peer registrations ------------------------------------------------------- */
+
+static void map_drop(struct cfx__shm_map *m)
+{
+    if (m->base)
+        munmap(m->base, m->map_len);
+    memset(m, 0, sizeof(*m));
+}
+
+static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
+                    struct cfx__shm_map *m)
+{
+    char path[64];
+    struct stat st;
+    long page = sysconf(_SC_PAGESIZE);
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)rd->pid, (int)rd->fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EACCES || errno == EPERM) {
+            /* cannot reach this peer's files at all: stage from now on */
+            ep->direct_off = true;
+            CFX_LOG(INFO, SHM, "node %u: cannot open %s of %s (%s): staging writes",
+                    ep->iface->super.node_id, path, ep->super.peer_name, strerror(errno));
+        }
+        return CFX_ERR_NOT_FOUND;
+    }
+    if (fstat(fd, &st) < 0 || (uint64_t)st.st_ino != rd->ino || !S_ISREG(st.st_mode) ||
+        rd->off > (uint64_t)st.st_size || rd->len > (uint64_t)st.st_size - rd->off) {
+        close(fd);
+        return CFX_ERR_NOT_FOUND;
+    }
+    uint64_t moff = rd->off & ~(uint64_t)(page - 1);
+    size_t mlen = (size_t)((rd->off - moff + rd->len + (uint64_t)page - 1) & ~(uint64_t)(page - 1));
+    /* MAP_POPULATE: no page faults in the copy that follows */
+    void *p = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                   (off_t)moff);
+    close(fd);
+    if (p == MAP_FAILED)
+        return CFX_ERR_NOMEM;
+    m->ino = rd->ino;
+    m->off = rd->off;
+    m->len = rd->len;
+    m->base = p;
+    m->map_len = mlen;
+    m->region = (uint8_t *)p + (rd->off - moff);
+    m->refs = 0;
+    return CFX_OK;
+}
+
+struct cfx__shm_map *cfx__shm_map_get(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd)
+{
+    struct cfx__shm_map *victim = NULL;
+
+    if (!rd->direct || ep->direct_off || rd->pid <= 0 || rd->pid != ep->peer_pid)
+        return NULL;
+    for (int i = 0; i < CFX_SHM_MAP_CACHE; i++) {
+        struct cfx__shm_map *m = &ep->maps[i];
+        if (m->ino == rd->ino && m->off == rd->off && m->len >= rd->len && m->base) {
+            m->last_use = ++ep->map_clock;
+            m->refs++;
+            return m;
+        }
+        if (!m->base) {
+            if (!victim || victim->base)
+                victim = m;
+        } else if (!m->refs && (!victim || (victim->base && m->last_use < victim->last_use))) {
+            victim = m;
+        }
+    }
+    if (!victim)
+        return NULL; /* every mapping is busy: stage this one */
+    map_drop(victim);
+    if (map_open(ep, rd, victim) != CFX_OK)
+        return NULL;
+    victim->last_use = ++ep->map_clock;
+    victim->refs = 1;
+    return victim;
+}
+
+void cfx__shm_map_put(struct cfx__shm_map *map)
+{
+    map->refs--;
+}
+
+void cfx__shm_map_flush(struct cfx__shm_ep *ep)
+{
+    for (int i = 0; i < CFX_SHM_MAP_CACHE; i++)
+        map_drop(&ep->maps[i]);
+}

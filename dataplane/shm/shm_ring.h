@@ -1,0 +1,176 @@
+/*
+ * Single-producer/single-consumer byte ring in a shared segment.
+ *
+ * Positions are free-running 64-bit byte counters; the offset in the ring is
+ * pos & mask.  Messages are 64-byte aligned and never straddle the end: a
+ * WRAP message pads up to it.  The producer writes a message, then publishes
+ * head with a release store; the consumer loads head with acquire, uses the
+ * message, then publishes tail with a release store so the producer may
+ * reuse the space.  head, tail and the two wake-up flags sit on separate
+ * cache lines.
+ *
+ * Segment layout: one page holding struct cfx__shm_seg_hdr (the control
+ * blocks of both rings), then ring 0 (connector -> acceptor), then ring 1.
+ */
+#ifndef CFX_SHM_RING_H
+#define CFX_SHM_RING_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CFX_SHM_CACHELINE 64
+#define CFX_SHM_SEG_HDR   4096  /* bytes before ring 0 */
+#define CFX_SHM_MSG_ALIGN 64
+#define CFX_SHM_MSG_HDR   64    /* header bytes; payload is cache-line aligned */
+
+enum cfx__shm_msg_type {
+    CFX_SHM_MSG_WRAP = 0x5701,
+    CFX_SHM_MSG_SEND,
+    CFX_SHM_MSG_WFRAG,
+    CFX_SHM_MSG_WDONE,
+};
+
+#define CFX_SHM_MSG_LAST 1u  /* WFRAG: last fragment of the write */
+
+struct cfx__shm_msg {
+    uint16_t type;         /* enum cfx__shm_msg_type */
+    uint16_t flags;        /* CFX_SHM_MSG_LAST */
+    uint32_t len;          /* payload bytes after the header */
+    uint32_t key;          /* WFRAG, WDONE: receiver's registration key */
+    uint32_t imm;          /* WFRAG(LAST), WDONE */
+    uint64_t off;          /* WFRAG: where this payload goes; WDONE: write start */
+    uint64_t total;        /* WFRAG(LAST), WDONE: bytes of the whole write */
+};
+
+struct cfx__shm_ring_ctl {
+    _Alignas(CFX_SHM_CACHELINE) _Atomic uint64_t head; /* producer */
+    _Alignas(CFX_SHM_CACHELINE) _Atomic uint64_t tail; /* consumer */
+    _Alignas(CFX_SHM_CACHELINE) _Atomic uint32_t consumer_sleeping;
+    _Alignas(CFX_SHM_CACHELINE) _Atomic uint32_t producer_waiting;
+};
+
+struct cfx__shm_seg_hdr {
+    uint32_t magic;        /* CFX_SHM_MAGIC */
+    uint32_t version;
+    uint64_t ring_size;
+    _Alignas(CFX_SHM_CACHELINE) struct cfx__shm_ring_ctl ctl[2];
+};
+
+_Static_assert(sizeof(struct cfx__shm_seg_hdr) <= CFX_SHM_SEG_HDR, "segment header");
+_Static_assert(sizeof(struct cfx__shm_msg) <= CFX_SHM_MSG_HDR, "message header");
+
+/* One side's view of a ring. */
+struct cfx__shm_ring {
+    struct cfx__shm_ring_ctl *ctl;
+    uint8_t *data;
+    uint64_t size;         /* power of two */
+    uint64_t mask;
+    uint64_t pos;          /* producer: next write (unpublished); consumer: next read */
+    uint64_t cached;       /* producer: last tail seen; consumer: last head seen */
+    uint64_t published;    /* producer: head as published; consumer: tail as published */
+};
+
+static inline uint64_t cfx__shm_msg_size(uint64_t payload)
+{
+    return CFX_SHM_MSG_HDR + ((payload + CFX_SHM_MSG_ALIGN - 1) & ~(uint64_t)(CFX_SHM_MSG_ALIGN - 1));
+}
+
+/* ---- producer ----------------------------------------------------------- */
+
+/*
+ * Room for one message with a payload of at most @p want bytes and at least
+ * min(@p want, @p min) bytes.  Returns 0 when none, 1 when it fits at pos,
+ * 2 when it must start after a WRAP; *payload is the size that fits.
+ */
+static inline int cfx__shm_ring_fit(struct cfx__shm_ring *r, uint64_t want,
+                                    uint64_t min, uint64_t *payload)
+{
+    uint64_t need_min = cfx__shm_msg_size(want < min ? want : min);
+    uint64_t want_size = cfx__shm_msg_size(want);
+    uint64_t free_ = r->size - (r->pos - r->cached);
+    if (free_ < want_size) {
+        r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+        free_ = r->size - (r->pos - r->cached);
+    }
+    uint64_t contig = r->size - (r->pos & r->mask);
+    uint64_t here = free_ < contig ? free_ : contig;
+    uint64_t room;
+    int where;
+
+    if (here >= need_min) {
+        room = here;
+        where = 1;
+    } else if (free_ > contig && free_ - contig >= need_min) {
+        room = free_ - contig;
+        where = 2;
+    } else {
+        return 0;
+    }
+    *payload = room >= want_size ? want : room - CFX_SHM_MSG_HDR;
+    return where;
+}
+
+/* Start a message where cfx__shm_ring_fit() said; returns its header. */
+static inline struct cfx__shm_msg *cfx__shm_ring_begin(struct cfx__shm_ring *r, int where)
+{
+    if (where == 2) {
+        struct cfx__shm_msg *w = (struct cfx__shm_msg *)(r->data + (r->pos & r->mask));
+        w->type = CFX_SHM_MSG_WRAP;
+        w->len = 0;
+        r->pos += r->size - (r->pos & r->mask);
+    }
+    return (struct cfx__shm_msg *)(r->data + (r->pos & r->mask));
+}
+
+static inline void cfx__shm_ring_commit(struct cfx__shm_ring *r, uint64_t payload)
+{
+    r->pos += cfx__shm_msg_size(payload);
+}
+
+/* Make committed messages visible to the consumer. */
+static inline void cfx__shm_ring_publish(struct cfx__shm_ring *r)
+{
+    atomic_store_explicit(&r->ctl->head, r->pos, memory_order_release);
+    r->published = r->pos;
+}
+
+/* ---- consumer ----------------------------------------------------------- */
+
+/* Bytes readable at pos (refreshing the cached head when none are known). */
+static inline uint64_t cfx__shm_ring_avail(struct cfx__shm_ring *r)
+{
+    if (r->cached == r->pos)
+        r->cached = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+    return r->cached - r->pos;
+}
+
+static inline void cfx__shm_ring_release(struct cfx__shm_ring *r)
+{
+    atomic_store_explicit(&r->ctl->tail, r->pos, memory_order_release);
+    r->published = r->pos;
+}
+
+/* Set up a view; @p ctl and @p data live in a mapped segment. */
+void cfx__shm_ring_view(struct cfx__shm_ring *r, struct cfx__shm_ring_ctl *ctl,
+                        uint8_t *data, uint64_t size, int producer);
+
+/* Create a memfd segment for two rings of @p ring_size bytes, sealed against
+ * resizing, mapped and initialised.  Returns the fd; *seg and *seg_len set. */
+int cfx__shm_seg_create(uint64_t ring_size, void **seg, size_t *seg_len);
+
+/* Map a segment received from a peer after checking its size and seals. */
+int cfx__shm_seg_attach(int fd, uint64_t ring_size, void **seg, size_t *seg_len);
+
+/* Store fence that also orders non-temporal stores of a large memcpy. */
+static inline void cfx__shm_wmb(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_sfence();
+#else
+    atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
+#endif

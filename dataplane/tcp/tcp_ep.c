@@ -1,0 +1,772 @@
+/*
+ * tcp transport: endpoints.
+ *
+ * Transmit: posted frames wait in a per-ep ring and are handed to the kernel
+ * with sendmsg() straight from their source (a write's payload from the
+ * registered memory, a send's payload from the ep's send buffer), several
+ * frames per call, resuming partial writes.  A frame's local completion is
+ * queued once its last byte is in the kernel.
+ *
+ * Receive: headers are read on their own (recv of exactly one header), so
+ * that a write's payload is then received straight into the registered
+ * destination after its key and bounds were checked: no staging copy.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+#include "tcp.h"
+
+#define HDR_SIZE ((uint32_t)sizeof(struct cfx__tcp_hdr))
+
+/* Keepalive: notice a peer host that vanished without a reset. */
+#define KEEPIDLE_S  10
+#define KEEPINTVL_S 5
+#define KEEPCNT     3
+
+static void ep_tx_progress(struct cfx__tcp_ep *ep);
+
+/* --- helpers ---------------------------------------------------------------- */
+
+static void set_peer_name(struct cfx__tcp_ep *ep)
+{
+    if (ep->super.peer_node != CFX_TCP_NODE_NONE)
+        snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "node %u (%s)",
+                 ep->super.peer_node, ep->addr);
+    else
+        snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "%s", ep->addr);
+}
+
+static void sock_setup(int fd)
+{
+    int one = 1;
+    int idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
+
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+
+    /* Socket buffers are left to kernel autotuning unless asked for: a fixed
+     * size turns autotuning off (see tcp(7)). */
+    long long sndbuf = cfx__env_ll("CFX_TCP_SNDBUF", 0);
+    long long rcvbuf = cfx__env_ll("CFX_TCP_RCVBUF", 0);
+    if (sndbuf > 0 && sndbuf <= 0x7fffffff) {
+        int v = (int)sndbuf;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+    }
+    if (rcvbuf > 0 && rcvbuf <= 0x7fffffff) {
+        int v = (int)rcvbuf;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+    }
+}
+
+static void push_comp(struct cfx__tcp_ep *ep, uint8_t type, int32_t status)
+{
+    struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+    c->type = type;
+    c->status = status;
+    c->ep = &ep->super;
+}
+
+/* Release the send-buffer bytes of the oldest send (FIFO). */
+static inline void sbuf_release(struct cfx__tcp_ep *ep, uint32_t cost)
+{
+    ep->sbuf_used -= cost;
+    if (ep->sbuf_used == 0)
+        ep->sbuf_head = 0;
+}
+
+/* Contiguous room for @p len bytes in the send buffer, or NULL when full. */
+static inline uint8_t *sbuf_alloc(struct cfx__tcp_ep *ep, uint32_t len, uint32_t *cost)
+{
+    uint32_t head = ep->sbuf_head, free_bytes = CFX_TCP_SBUF_SIZE - ep->sbuf_used;
+
+    if (head + len <= CFX_TCP_SBUF_SIZE) {
+        if (len > free_bytes)
+            return NULL;
+        *cost = len;
+        ep->sbuf_head = head + len;
+    } else {
+        uint32_t pad = CFX_TCP_SBUF_SIZE - head;
+        if (pad + len > free_bytes)
+            return NULL;
+        *cost = pad + len;
+        head = 0;
+        ep->sbuf_head = len;
+    }
+    ep->sbuf_used += *cost;
+    return ep->sbuf + head;
+}
+
+static void rx_release_mr(struct cfx__tcp_ep *ep)
+{
+    if (ep->rx_mr) {
+        ep->rx_mr->rx_busy--;
+        ep->rx_mr = NULL;
+    }
+}
+
+static void sock_close(struct cfx__tcp_ep *ep)
+{
+    if (ep->fd < 0)
+        return;
+    if (ep->epoll_events)
+        epoll_ctl(ep->iface->epfd, EPOLL_CTL_DEL, ep->fd, NULL);
+    ep->epoll_events = 0;
+    /* shutdown() ends the connection even if a forked child shares the fd. */
+    shutdown(ep->fd, SHUT_RDWR);
+    close(ep->fd);
+    ep->fd = -1;
+}
+
+/*
+ * The endpoint failed: close the socket, flush every op not yet in the kernel
+ * with @p status, then report one EP_ERROR.  An accepted connection that
+ * never said HELLO was never shown to the user and just goes away.
+ */
+static void ep_fail(struct cfx__tcp_ep *ep, int status)
+{
+    if (ep->state == CFX_TCP_EP_FAILED)
+        return;
+    sock_close(ep);
+    rx_release_mr(ep);
+
+    if (ep->state == CFX_TCP_EP_HELLO_WAIT) {
+        ep->state = CFX_TCP_EP_FAILED;
+        cfx_list_del(&ep->link);
+        cfx_list_add_tail(&ep->link, &ep->iface->graveyard);
+        cfx__tcp_cq_unreserve(ep->iface, CFX_TCP_CQ_PER_EP);
+        return;
+    }
+
+    ep->state = CFX_TCP_EP_FAILED;
+    ep->super.status = status;
+    for (; ep->txq_tail != ep->txq_head; ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS) {
+        struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
+        if (op->comp_type) {
+            struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+            c->type = op->comp_type;
+            c->status = status;
+            c->ep = &ep->super;
+            c->wr_id = op->wr_id;
+        }
+    }
+    ep->tx_off = 0;
+    ep->sbuf_used = ep->sbuf_head = 0;
+    push_comp(ep, CFX_TP_COMP_EP_ERROR, status);
+}
+
+/* Failure with a log line naming both ends; @p status and why. */
+#define EP_FAIL(ep, lvl, status, ...)                                          \
+    do {                                                                       \
+        if ((ep)->state != CFX_TCP_EP_HELLO_WAIT) {                             \
+            char why_[160];                                                    \
+            snprintf(why_, sizeof(why_), __VA_ARGS__);                         \
+            CFX_LOG(lvl, TCP, "iface %s: ep to %s failed (%s): %s",            \
+                    (ep)->iface->addr, (ep)->super.peer_name,                  \
+                    cfx_errname(status), why_);                                \
+        }                                                                      \
+        ep_fail((ep), (status));                                               \
+    } while (0)
+
+/* Status for a failed socket call. */
+static int sock_errno_status(int err)
+{
+    switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ECONNABORTED:
+        return CFX_ERR_PEER_FAILED;
+    default:
+        return CFX_ERR_IO;
+    }
+}
+
+/* --- create / destroy -------------------------------------------------------- */
+
+int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t peer_node,
+                       const char *addr, struct cfx__tcp_ep **out)
+{
+    struct cfx__tcp_ep *ep;
+    uint8_t *slots;
+    int rc;
+
+    ep = calloc(1, sizeof(*ep));
+    if (!ep)
+        return cfx__err(CFX_ERR_NOMEM, "tcp: out of memory for an endpoint");
+    ep->txq = malloc(CFX_TCP_TXQ_SLOTS * sizeof(*ep->txq));
+    ep->sbuf = malloc(CFX_TCP_SBUF_SIZE);
+    slots = malloc((size_t)CFX_TCP_RX_SLOTS * CFX_TP_SEND_MAX);
+    if (!ep->txq || !ep->sbuf || !slots) {
+        rc = cfx__err(CFX_ERR_NOMEM, "tcp: out of memory for an endpoint");
+        goto err_free;
+    }
+    for (int i = 0; i < CFX_TCP_RX_SLOTS; i++)
+        ep->rx_slots[i].buf = slots + (size_t)i * CFX_TP_SEND_MAX;
+
+    ep->super.iface = &iface->super;
+    ep->super.peer_node = peer_node;
+    ep->super.status = CFX_OK;
+    ep->iface = iface;
+    ep->fd = fd;
+    ep->state = state;
+    snprintf(ep->addr, sizeof(ep->addr), "%s", addr);
+    set_peer_name(ep);
+
+    if ((rc = cfx__tcp_cq_reserve(iface, CFX_TCP_CQ_PER_EP)) != CFX_OK)
+        goto err_free;
+    if (fd >= 0) {
+        sock_setup(fd);
+        rc = cfx__tcp_epoll_set(ep, state == CFX_TCP_EP_CONNECTING ? EPOLLOUT : EPOLLIN);
+        if (rc != CFX_OK)
+            goto err_unreserve;
+    }
+    cfx_list_add_tail(&ep->link, &iface->eps);
+    *out = ep;
+    return CFX_OK;
+
+err_unreserve:
+    cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
+err_free:
+    free(slots);
+    free(ep->sbuf);
+    free(ep->txq);
+    free(ep);
+    return rc;
+}
+
+void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep)
+{
+    free(ep->rx_slots[0].buf);
+    free(ep->sbuf);
+    free(ep->txq);
+    free(ep);
+}
+
+/* --- connect / close ----------------------------------------------------------- */
+
+int cfx__tcp_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t len,
+                        uint32_t peer_node, struct cfx_tp_ep **out)
+{
+    struct cfx__tcp_iface *iface;
+    struct cfx__tcp_ep *ep;
+    struct sockaddr_in sa;
+    char host[32];
+    int fd, rc;
+
+    if (!tp_iface || !addr || !out || len == 0)
+        return cfx__err(CFX_ERR_INVALID, "tcp ep_connect: NULL argument");
+    iface = cfx__tcp_iface_of(tp_iface);
+    /* The address is "ip:port", with or without its NUL. */
+    size_t n = strnlen(addr, len);
+    if (n == 0 || n >= sizeof(host))
+        return cfx__err(CFX_ERR_INVALID, "tcp ep_connect: malformed address (%zu bytes)", len);
+    memcpy(host, addr, n);
+    host[n] = '\0';
+    if ((rc = cfx__parse_hostport(host, &sa)) != CFX_OK)
+        return rc;
+
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "tcp ep_connect to %s: socket: %s",
+                        host, strerror(errno));
+    if ((rc = cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_CONNECTING, peer_node, host, &ep))
+        != CFX_OK) {
+        close(fd);
+        return rc;
+    }
+
+    /* HELLO goes first; it does not count against the user's queue depth. */
+    ep->hello.magic = htole32(CFX_TCP_MAGIC);
+    ep->hello.version = htole32(CFX_TCP_VERSION);
+    ep->hello.node_id = htole32(iface->super.node_id);
+    snprintf(ep->hello.addr, sizeof(ep->hello.addr), "%s", iface->addr);
+    struct cfx__tcp_op *op = &ep->txq[ep->txq_head];
+    memset(op, 0, sizeof(*op));
+    op->hdr.type = CFX_TCP_FRAME_HELLO;
+    op->hdr.len = htole32((uint32_t)sizeof(ep->hello));
+    op->payload = (const uint8_t *)&ep->hello;
+    op->total = HDR_SIZE + sizeof(ep->hello);
+    ep->txq_head = (ep->txq_head + 1) % CFX_TCP_TXQ_SLOTS;
+
+    *out = &ep->super;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        ep->state = CFX_TCP_EP_OPEN;
+        cfx__tcp_epoll_set(ep, EPOLLIN);
+        push_comp(ep, CFX_TP_COMP_CONNECTED, CFX_OK);
+        ep_tx_progress(ep);
+    } else if (errno != EINPROGRESS) {
+        /* Reported like a late failure: the caller learns it from poll(). */
+        EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "connect to %s: %s", host, strerror(errno));
+    }
+    return CFX_OK;
+}
+
+static void ep_connect_done(struct cfx__tcp_ep *ep)
+{
+    int err = 0;
+    socklen_t elen = sizeof(err);
+
+    if (getsockopt(ep->fd, SOL_SOCKET, SO_ERROR, &err, &elen) < 0)
+        err = errno;
+    if (err == EINPROGRESS || err == EALREADY)
+        return;
+    if (err) {
+        EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "connect to %s: %s", ep->addr, strerror(err));
+        return;
+    }
+    ep->state = CFX_TCP_EP_OPEN;
+    push_comp(ep, CFX_TP_COMP_CONNECTED, CFX_OK);
+    cfx__tcp_epoll_set(ep, EPOLLIN | EPOLLOUT);
+    ep_tx_progress(ep);
+}
+
+void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
+{
+    if (!tp_ep)
+        return;
+    struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
+    struct cfx__tcp_iface *iface = ep->iface;
+
+    if (ep->state == CFX_TCP_EP_OPEN && ep->tx_off == 0 && ep->fd >= 0) {
+        /* Best effort, at a frame boundary: the peer reports CLOSED rather
+         * than PEER_FAILED.  Never waits. */
+        struct cfx__tcp_hdr bye = { .type = CFX_TCP_FRAME_BYE };
+        (void)!send(ep->fd, &bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    sock_close(ep);
+    rx_release_mr(ep);
+    cfx__tcp_cq_drop_ep(iface, tp_ep);
+    cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
+    ep->state = CFX_TCP_EP_FAILED;
+    /* Freed at the next poll(): data of RECVs it returned stays valid. */
+    cfx_list_del(&ep->link);
+    cfx_list_add_tail(&ep->link, &iface->graveyard);
+}
+
+/* --- transmit ------------------------------------------------------------------- */
+
+static void ep_tx_progress(struct cfx__tcp_ep *ep)
+{
+    struct iovec iov[CFX_TCP_IOV_MAX];
+    struct msghdr msg = { .msg_iov = iov };
+
+    while (ep->txq_tail != ep->txq_head) {
+        size_t want = 0, off = ep->tx_off;
+        int niov = 0;
+
+        /* Gather from the oldest op, skipping what is already sent. */
+        for (uint32_t i = ep->txq_tail; i != ep->txq_head && niov + 2 <= CFX_TCP_IOV_MAX;
+             i = (i + 1) % CFX_TCP_TXQ_SLOTS) {
+            struct cfx__tcp_op *op = &ep->txq[i];
+            size_t plen = op->total - HDR_SIZE;
+            if (off < HDR_SIZE) {
+                iov[niov].iov_base = (uint8_t *)&op->hdr + off;
+                iov[niov++].iov_len = HDR_SIZE - off;
+                off = 0;
+            } else {
+                off -= HDR_SIZE;
+            }
+            if (plen > off) {
+                iov[niov].iov_base = (void *)(op->payload + off);
+                iov[niov++].iov_len = plen - off;
+            }
+            want += op->total - (i == ep->txq_tail ? ep->tx_off : 0);
+            off = 0;
+        }
+        msg.msg_iovlen = (size_t)niov;
+
+        ssize_t n = sendmsg(ep->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            EP_FAIL(ep, WARN, sock_errno_status(errno), "send: %s", strerror(errno));
+            return;
+        }
+
+        /* Retire every op whose last byte went out. */
+        size_t done = (size_t)n;
+        while (done) {
+            struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
+            size_t rem = op->total - ep->tx_off;
+            if (done < rem) {
+                ep->tx_off += done;
+                break;
+            }
+            done -= rem;
+            ep->tx_off = 0;
+            if (op->sbuf_cost)
+                sbuf_release(ep, op->sbuf_cost);
+            if (op->comp_type) {
+                struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+                c->type = op->comp_type;
+                c->ep = &ep->super;
+                c->wr_id = op->wr_id;
+            }
+            ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS;
+        }
+        if ((size_t)n < want)
+            break; /* socket buffer full */
+    }
+
+    /* Ask for EPOLLOUT only while something waits for room. */
+    cfx__tcp_epoll_set(ep, ep->txq_tail != ep->txq_head ? EPOLLIN | EPOLLOUT : EPOLLIN);
+}
+
+/* Queue an op; kick the socket when the queue was idle (lowest latency). */
+static inline void ep_post(struct cfx__tcp_ep *ep)
+{
+    bool idle = ep->txq_tail == ep->txq_head;
+    ep->txq_head = (ep->txq_head + 1) % CFX_TCP_TXQ_SLOTS;
+    ep->tx_unreported++;
+    if (idle && ep->state == CFX_TCP_EP_OPEN)
+        ep_tx_progress(ep);
+}
+
+int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t loff,
+                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
+                      uint32_t imm, uint64_t wr_id)
+{
+    struct cfx__tcp_rkey k;
+
+    if (unlikely(!tp_ep || !tp_mr || !rdesc))
+        return CFX_ERR_INVALID;
+    struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
+    if (unlikely(ep->super.status != CFX_OK))
+        return ep->super.status;
+    if (unlikely(tp_mr->iface != tp_ep->iface || loff > tp_mr->len ||
+                 len > tp_mr->len - loff || len > CFX_TP_WRITE_MAX ||
+                 rdesc->len != sizeof(k) || rdesc->data[0] != CFX_TCP_RDESC_TAG))
+        return CFX_ERR_INVALID;
+    if (unlikely(ep->tx_unreported >= CFX_TCP_TXQ_DEPTH))
+        return CFX_ERR_AGAIN;
+
+    /* The remote bounds are the receiver's to check (as an RDMA responder
+     * would): a bad write fails the connection on both sides. */
+    memcpy(&k, rdesc->data, sizeof(k));
+    struct cfx__tcp_op *op = &ep->txq[ep->txq_head];
+    op->hdr = (struct cfx__tcp_hdr){
+        .type = CFX_TCP_FRAME_WRITE,
+        .len = htole32((uint32_t)len),
+        .imm = htole32(imm),
+        .key_cookie = k.cookie, /* already little endian */
+        .key_idx = k.idx,
+        .key_gen = k.gen,
+        .off = htole64(roff),
+    };
+    op->payload = (const uint8_t *)tp_mr->addr + loff;
+    op->sbuf_cost = 0;
+    op->comp_type = CFX_TP_COMP_WRITE;
+    op->wr_id = wr_id;
+    op->total = HDR_SIZE + len;
+    ep_post(ep);
+    return CFX_OK;
+}
+
+int cfx__tcp_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint64_t wr_id)
+{
+    uint32_t cost = 0;
+    uint8_t *dst;
+
+    if (unlikely(!tp_ep || (!buf && len)))
+        return CFX_ERR_INVALID;
+    struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
+    if (unlikely(ep->super.status != CFX_OK))
+        return ep->super.status;
+    if (unlikely(len > CFX_TP_SEND_MAX))
+        return CFX_ERR_TOO_BIG;
+    if (unlikely(ep->tx_unreported >= CFX_TCP_TXQ_DEPTH))
+        return CFX_ERR_AGAIN;
+    dst = sbuf_alloc(ep, (uint32_t)len, &cost);
+    if (unlikely(!dst))
+        return CFX_ERR_AGAIN;
+    if (len)
+        memcpy(dst, buf, len);
+
+    struct cfx__tcp_op *op = &ep->txq[ep->txq_head];
+    op->hdr = (struct cfx__tcp_hdr){ .type = CFX_TCP_FRAME_SEND, .len = htole32((uint32_t)len) };
+    op->payload = dst;
+    op->sbuf_cost = cost;
+    op->comp_type = CFX_TP_COMP_SEND;
+    op->wr_id = wr_id;
+    op->total = HDR_SIZE + len;
+    ep_post(ep);
+    return CFX_OK;
+}
+
+/* --- receive ------------------------------------------------------------------------ */
+
+/* Tell the peer why we drop it (best effort, only at a frame boundary). */
+static void send_error_frame(struct cfx__tcp_ep *ep, int status)
+{
+    if (ep->tx_off != 0 || ep->fd < 0)
+        return;
+    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_ERROR, .imm = htole32((uint32_t)status) };
+    (void)!send(ep->fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* A whole header arrived: check it and set up its payload.  false: ep failed. */
+static bool rx_header(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_hdr *h = &ep->rx_hdr;
+
+    h->len = le32toh(h->len);
+    h->imm = le32toh(h->imm);
+    h->key_cookie = le32toh(h->key_cookie);
+    h->key_idx = le32toh(h->key_idx);
+    h->key_gen = le32toh(h->key_gen);
+    h->off = le64toh(h->off);
+    ep->rx_got = 0;
+    ep->rx_dst = NULL;
+
+    if (unlikely(ep->state == CFX_TCP_EP_HELLO_WAIT)) {
+        if (h->type != CFX_TCP_FRAME_HELLO || h->len != sizeof(ep->hello)) {
+            CFX_LOG(WARN, TCP, "iface %s: connection from %s did not start with HELLO; dropped",
+                    ep->iface->addr, ep->addr);
+            ep_fail(ep, CFX_ERR_PROTO);
+            return false;
+        }
+        ep->rx_dst = (uint8_t *)&ep->hello;
+        ep->rx_state = CFX_TCP_RX_PAYLOAD;
+        return true;
+    }
+
+    switch (h->type) {
+    case CFX_TCP_FRAME_WRITE: {
+        struct cfx__tcp_mr *mr =
+            cfx__tcp_mr_lookup(ep->iface, h->key_cookie, h->key_idx, h->key_gen);
+        if (unlikely(!mr || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))) {
+            send_error_frame(ep, CFX_ERR_PROTO);
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO,
+                    "write of %u bytes with %s key %08x:%u:%u refused", h->len,
+                    mr ? "read-only" : "unknown or stale", h->key_cookie, h->key_idx,
+                    h->key_gen);
+            return false;
+        }
+        if (unlikely(h->off > mr->super.len || h->len > mr->super.len - h->off)) {
+            send_error_frame(ep, CFX_ERR_PROTO);
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO,
+                    "write [%llu, +%u) outside region of %zu bytes refused",
+                    (unsigned long long)h->off, h->len, mr->super.len);
+            return false;
+        }
+        ep->rx_dst = (uint8_t *)mr->super.addr + h->off;
+        ep->rx_mr = mr;
+        mr->rx_busy++;
+        ep->rx_state = CFX_TCP_RX_PAYLOAD;
+        return true;
+    }
+    case CFX_TCP_FRAME_SEND:
+        if (unlikely(h->len > CFX_TP_SEND_MAX)) {
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "control message of %u bytes (max %u)", h->len,
+                    CFX_TP_SEND_MAX);
+            return false;
+        }
+        ep->rx_state = CFX_TCP_RX_PAYLOAD; /* rx_dst: a slot, taken when free */
+        return true;
+    case CFX_TCP_FRAME_ERROR: {
+        int st = (int32_t)h->imm;
+        if (st >= 0 || st <= CFX_STATUS_LAST)
+            st = CFX_ERR_PROTO;
+        EP_FAIL(ep, WARN, st, "peer reported %s and dropped the connection", cfx_errname(st));
+        return false;
+    }
+    case CFX_TCP_FRAME_BYE:
+        EP_FAIL(ep, INFO, CFX_ERR_CLOSED, "peer closed the endpoint");
+        return false;
+    default:
+        EP_FAIL(ep, ERR, CFX_ERR_PROTO, "unexpected frame type %u", h->type);
+        return false;
+    }
+}
+
+/* The whole payload arrived. */
+static void rx_frame_done(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_hdr *h = &ep->rx_hdr;
+    struct cfx_tp_completion *c;
+
+    ep->rx_state = CFX_TCP_RX_HDR;
+    ep->rx_got = 0;
+
+    switch (h->type) {
+    case CFX_TCP_FRAME_WRITE:
+        rx_release_mr(ep);
+        c = cfx__tcp_cq_push(ep->iface);
+        c->type = CFX_TP_COMP_WRITE_IMM;
+        c->ep = &ep->super;
+        c->imm = h->imm;
+        c->len = h->len;
+        ep->rx_unreported++;
+        break;
+    case CFX_TCP_FRAME_SEND:
+        c = cfx__tcp_cq_push(ep->iface);
+        c->type = CFX_TP_COMP_RECV;
+        c->ep = &ep->super;
+        c->len = h->len;
+        c->data = ep->rx_dst;
+        ep->rx_unreported++;
+        break;
+    case CFX_TCP_FRAME_HELLO: {
+        struct cfx__tcp_hello *hl = &ep->hello;
+        if (le32toh(hl->magic) != CFX_TCP_MAGIC || le32toh(hl->version) != CFX_TCP_VERSION) {
+            CFX_LOG(WARN, TCP, "iface %s: connection from %s: bad HELLO (magic %08x version %u); dropped",
+                    ep->iface->addr, ep->addr, le32toh(hl->magic), le32toh(hl->version));
+            ep_fail(ep, CFX_ERR_VERSION);
+            return;
+        }
+        hl->addr[sizeof(hl->addr) - 1] = '\0';
+        ep->super.peer_node = le32toh(hl->node_id);
+        if (hl->addr[0])
+            snprintf(ep->addr, sizeof(ep->addr), "%s", hl->addr);
+        set_peer_name(ep);
+        ep->state = CFX_TCP_EP_OPEN;
+        push_comp(ep, CFX_TP_COMP_ACCEPT, CFX_OK);
+        CFX_LOG(DEBUG, TCP, "iface %s: accepted %s", ep->iface->addr, ep->super.peer_name);
+        break;
+    }
+    }
+}
+
+/* A free RECV slot, or NULL while the user still holds all of them. */
+static inline uint8_t *rx_slot_take(struct cfx__tcp_ep *ep)
+{
+    if (ep->rx_slot_head - ep->rx_slot_tail == CFX_TCP_RX_SLOTS)
+        return NULL;
+    struct cfx__tcp_rx_slot *s = &ep->rx_slots[ep->rx_slot_head++ % CFX_TCP_RX_SLOTS];
+    s->returned_gen = 0;
+    return s->buf;
+}
+
+/* Free slots returned before this poll (the user's view of them ended). */
+static inline void rx_slots_reclaim(struct cfx__tcp_ep *ep)
+{
+    while (ep->rx_slot_tail != ep->rx_slot_ret) {
+        struct cfx__tcp_rx_slot *s = &ep->rx_slots[ep->rx_slot_tail % CFX_TCP_RX_SLOTS];
+        if (!s->returned_gen || s->returned_gen >= ep->iface->poll_gen)
+            break;
+        ep->rx_slot_tail++;
+    }
+}
+
+/* recv() wrapper: > 0 bytes, 0 would block, -1 ep failed. */
+static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n = recv(ep->fd, buf, len, MSG_DONTWAIT);
+        if (likely(n > 0))
+            return n;
+        if (n == 0) {
+            EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "connection closed by peer");
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        EP_FAIL(ep, WARN, sock_errno_status(errno), "recv: %s", strerror(errno));
+        return -1;
+    }
+}
+
+static void ep_rx_progress(struct cfx__tcp_ep *ep)
+{
+    for (;;) {
+        size_t want;
+        ssize_t n;
+
+        switch (ep->rx_state) {
+        case CFX_TCP_RX_HDR:
+            /* Stop reading while the user holds too many receive completions. */
+            if (unlikely(ep->rx_unreported >= CFX_TCP_RX_MAX))
+                return;
+            want = HDR_SIZE - ep->rx_got;
+            n = rx_read(ep, (uint8_t *)&ep->rx_hdr + ep->rx_got, want);
+            if (n <= 0)
+                return;
+            ep->rx_got += (size_t)n;
+            if (ep->rx_got < HDR_SIZE)
+                return; /* short read: the socket is empty */
+            if (!rx_header(ep))
+                return;
+            if (ep->rx_hdr.len == 0)
+                rx_frame_done(ep);
+            break;
+
+        case CFX_TCP_RX_PAYLOAD:
+            if (!ep->rx_dst) {
+                rx_slots_reclaim(ep);
+                if (!(ep->rx_dst = rx_slot_take(ep)))
+                    return; /* poll() frees slots; epoll brings us back */
+            }
+            want = ep->rx_hdr.len - ep->rx_got;
+            n = rx_read(ep, ep->rx_dst + ep->rx_got, want);
+            if (n <= 0)
+                return;
+            ep->rx_got += (size_t)n;
+            if ((size_t)n < want)
+                return;
+            rx_frame_done(ep);
+            if (ep->state == CFX_TCP_EP_FAILED)
+                return;
+            break;
+
+        case CFX_TCP_RX_DISCARD:
+            want = CFX_MIN(ep->rx_hdr.len - ep->rx_got, CFX_TCP_DISCARD_SIZE);
+            n = rx_read(ep, ep->iface->discard, want);
+            if (n <= 0)
+                return;
+            ep->rx_got += (size_t)n;
+            if (ep->rx_got == ep->rx_hdr.len) {
+                ep->rx_state = CFX_TCP_RX_HDR;
+                ep->rx_got = 0;
+            } else if ((size_t)n < want) {
+                return;
+            }
+            break;
+        }
+    }
+}
+
+void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr)
+{
+    if (ep->rx_mr != mr)
+        return;
+    CFX_LOG(WARN, TCP, "iface %s: region deregistered while %s writes into it; "
+            "dropping the rest of that write", ep->iface->addr, ep->super.peer_name);
+    rx_release_mr(ep);
+    ep->rx_state = CFX_TCP_RX_DISCARD;
+}
+
+void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events)
+{
+    if (unlikely(ep->state == CFX_TCP_EP_FAILED))
+        return;
+    if (unlikely(ep->state == CFX_TCP_EP_CONNECTING)) {
+        ep_connect_done(ep);
+        return;
+    }
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+        ep_rx_progress(ep);
+        if (ep->state == CFX_TCP_EP_FAILED)
+            return;
+    }
+    if (events & (EPOLLOUT | EPOLLERR))
+        ep_tx_progress(ep);
+}

@@ -1,0 +1,349 @@
+/*
+ * tcp transport: the iface (listening socket, epoll set, completion queue,
+ * progress) and the ops table.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+#include "tcp.h"
+
+#define LISTEN_BACKLOG  128
+#define ACCEPT_BURST    16   /* connections accepted per poll() */
+#define CQ_INITIAL      64
+
+/* --- completion queue ------------------------------------------------------ */
+
+static int cq_resize(struct cfx__tcp_iface *iface, uint32_t cap)
+{
+    struct cfx_tp_completion *cq = malloc((size_t)cap * sizeof(*cq));
+    if (!cq)
+        return CFX_ERR_NOMEM;
+    for (uint32_t i = 0; i < iface->cq_count; i++)
+        cq[i] = iface->cq[(iface->cq_head + i) % iface->cq_cap];
+    free(iface->cq);
+    iface->cq = cq;
+    iface->cq_cap = cap;
+    iface->cq_head = 0;
+    return CFX_OK;
+}
+
+int cfx__tcp_cq_reserve(struct cfx__tcp_iface *iface, uint32_t n)
+{
+    uint32_t need = iface->cq_reserved + n;
+    if (need > iface->cq_cap) {
+        uint32_t cap = CFX_MAX(need, iface->cq_cap * 2);
+        if (cq_resize(iface, cap) != CFX_OK)
+            return cfx__err(CFX_ERR_NOMEM, "tcp iface %s: cannot grow completion queue to %u",
+                            iface->addr, cap);
+    }
+    iface->cq_reserved = need;
+    return CFX_OK;
+}
+
+void cfx__tcp_cq_unreserve(struct cfx__tcp_iface *iface, uint32_t n)
+{
+    iface->cq_reserved -= n;
+}
+
+struct cfx_tp_completion *cfx__tcp_cq_push(struct cfx__tcp_iface *iface)
+{
+    /* Reservations make this impossible; growing beats losing a completion. */
+    if (unlikely(iface->cq_count == iface->cq_cap) &&
+        cq_resize(iface, iface->cq_cap ? iface->cq_cap * 2 : CQ_INITIAL) != CFX_OK)
+        abort();
+    struct cfx_tp_completion *c =
+        &iface->cq[(iface->cq_head + iface->cq_count) % iface->cq_cap];
+    iface->cq_count++;
+    memset(c, 0, sizeof(*c));
+    return c;
+}
+
+void cfx__tcp_cq_drop_ep(struct cfx__tcp_iface *iface, struct cfx_tp_ep *ep)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < iface->cq_count; i++) {
+        struct cfx_tp_completion *c = &iface->cq[(iface->cq_head + i) % iface->cq_cap];
+        if (c->ep != ep)
+            iface->cq[(iface->cq_head + kept++) % iface->cq_cap] = *c;
+    }
+    iface->cq_count = kept;
+}
+
+/* Pop up to @p max completions, releasing what each one held. */
+static int cq_drain(struct cfx__tcp_iface *iface, struct cfx_tp_completion *out, int max)
+{
+    int n = 0;
+    while (n < max && iface->cq_count) {
+        struct cfx_tp_completion *c = &iface->cq[iface->cq_head];
+        struct cfx__tcp_ep *ep = cfx__tcp_ep_of(c->ep);
+
+        switch (c->type) {
+        case CFX_TP_COMP_WRITE:
+        case CFX_TP_COMP_SEND:
+            ep->tx_unreported--;
+            break;
+        case CFX_TP_COMP_RECV:
+            ep->rx_slots[ep->rx_slot_ret++ % CFX_TCP_RX_SLOTS].returned_gen = iface->poll_gen;
+            ep->rx_unreported--;
+            break;
+        case CFX_TP_COMP_WRITE_IMM:
+            ep->rx_unreported--;
+            break;
+        default:
+            break;
+        }
+        out[n++] = *c;
+        iface->cq_head = (iface->cq_head + 1) % iface->cq_cap;
+        iface->cq_count--;
+    }
+    return n;
+}
+
+/* --- iface ------------------------------------------------------------------ */
+
+int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events)
+{
+    if (ep->epoll_events == events)
+        return CFX_OK;
+    struct epoll_event ev = { .events = events, .data.ptr = ep };
+    int op = ep->epoll_events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (epoll_ctl(ep->iface->epfd, op, ep->fd, &ev) < 0)
+        return cfx__err(cfx__status_from_errno(errno), "tcp ep %s: epoll_ctl: %s",
+                        ep->super.peer_name, strerror(errno));
+    ep->epoll_events = events;
+    return CFX_OK;
+}
+
+static void iface_accept(struct cfx__tcp_iface *iface)
+{
+    for (int i = 0; i < ACCEPT_BURST; i++) {
+        struct sockaddr_in sa;
+        socklen_t salen = sizeof(sa);
+        char addr[32], ip[INET_ADDRSTRLEN];
+        struct cfx__tcp_ep *ep;
+
+        int fd = accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                CFX_LOG(WARN, TCP, "iface %s: accept: %s", iface->addr, strerror(errno));
+            return;
+        }
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(sa.sin_port));
+        if (cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_HELLO_WAIT, CFX_TCP_NODE_NONE,
+                               addr, &ep) != CFX_OK) {
+            CFX_LOG(WARN, TCP, "iface %s: dropping connection from %s: %s", iface->addr,
+                    addr, cfx_last_error());
+            close(fd);
+        }
+    }
+}
+
+static uint32_t iface_cookie(void)
+{
+    uint32_t v;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) == (ssize_t)sizeof(v) && v)
+        return v;
+    v = (uint32_t)(cfx__now_ns() ^ ((uint64_t)getpid() << 16));
+    return v ? v : 1;
+}
+
+static int tcp_iface_open(const struct cfx_tp_iface_params *params,
+                          struct cfx_tp_iface **out)
+{
+    const char *bind_addr = "127.0.0.1";
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    socklen_t salen = sizeof(sa);
+    struct cfx__tcp_iface *iface;
+    char ip[INET_ADDRSTRLEN];
+    int rc;
+
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "tcp iface_open: NULL out");
+    if (params && (params->field_mask & CFX_TP_IFACE_PARAM_BIND_ADDR) && params->bind_addr)
+        bind_addr = params->bind_addr;
+    if (inet_pton(AF_INET, bind_addr, &sa.sin_addr) != 1)
+        return cfx__err(CFX_ERR_INVALID, "tcp iface_open: bind address '%s' is not an IPv4 address",
+                        bind_addr);
+
+    iface = calloc(1, sizeof(*iface));
+    if (!iface)
+        return cfx__err(CFX_ERR_NOMEM, "tcp iface_open: out of memory");
+    iface->super.ops = &cfx__tcp_ops;
+    iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
+                               ? params->node_id : CFX_TCP_NODE_NONE;
+    iface->cookie = iface_cookie();
+    iface->mrs_free = UINT32_MAX;
+    iface->listen_fd = -1;
+    cfx_list_init(&iface->eps);
+    cfx_list_init(&iface->graveyard);
+
+    iface->discard = malloc(CFX_TCP_DISCARD_SIZE);
+    if (!iface->discard || cq_resize(iface, CQ_INITIAL) != CFX_OK) {
+        rc = cfx__err(CFX_ERR_NOMEM, "tcp iface_open: out of memory");
+        goto err_free;
+    }
+
+    iface->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (iface->epfd < 0) {
+        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: epoll_create1: %s",
+                      strerror(errno));
+        goto err_free;
+    }
+
+    iface->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (iface->listen_fd < 0) {
+        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: socket: %s",
+                      strerror(errno));
+        goto err_close_epoll;
+    }
+    if (bind(iface->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        listen(iface->listen_fd, LISTEN_BACKLOG) < 0 ||
+        getsockname(iface->listen_fd, (struct sockaddr *)&sa, &salen) < 0) {
+        rc = cfx__err(errno == EADDRNOTAVAIL ? CFX_ERR_NO_DEVICE : cfx__status_from_errno(errno),
+                      "tcp iface_open: cannot listen on %s: %s", bind_addr, strerror(errno));
+        goto err_close_listen;
+    }
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+    snprintf(iface->addr, sizeof(iface->addr), "%s:%u", ip, ntohs(sa.sin_port));
+
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+    if (epoll_ctl(iface->epfd, EPOLL_CTL_ADD, iface->listen_fd, &ev) < 0) {
+        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: epoll_ctl: %s",
+                      strerror(errno));
+        goto err_close_listen;
+    }
+
+    CFX_LOG(DEBUG, TCP, "iface listening on %s", iface->addr);
+    *out = &iface->super;
+    return CFX_OK;
+
+err_close_listen:
+    close(iface->listen_fd);
+err_close_epoll:
+    close(iface->epfd);
+err_free:
+    free(iface->cq);
+    free(iface->discard);
+    free(iface);
+    return rc;
+}
+
+static void free_graveyard(struct cfx__tcp_iface *iface)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &iface->graveyard) {
+        cfx_list_del(pos);
+        cfx__tcp_ep_destroy(cfx_list_entry(pos, struct cfx__tcp_ep, link));
+    }
+}
+
+static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
+{
+    if (!tp_iface)
+        return;
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);
+    struct cfx_list *pos, *tmp;
+
+    cfx_list_for_each_safe(pos, tmp, &iface->eps)
+        cfx__tcp_ep_close(&cfx_list_entry(pos, struct cfx__tcp_ep, link)->super);
+    free_graveyard(iface);
+    cfx__tcp_mr_table_free(iface);
+    close(iface->listen_fd);
+    close(iface->epfd);
+    free(iface->cq);
+    free(iface->discard);
+    free(iface);
+}
+
+static int tcp_iface_addr(struct cfx_tp_iface *tp_iface, void *buf, size_t *len)
+{
+    if (!tp_iface || !len || (!buf && *len))
+        return cfx__err(CFX_ERR_INVALID, "tcp iface_addr: NULL argument");
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);
+    size_t need = strlen(iface->addr) + 1;
+    if (*len < need) {
+        *len = need;
+        return cfx__err(CFX_ERR_TRUNCATED, "tcp iface_addr: need %zu bytes", need);
+    }
+    memcpy(buf, iface->addr, need);
+    *len = need;
+    return CFX_OK;
+}
+
+static int tcp_iface_fd(struct cfx_tp_iface *tp_iface)
+{
+    return tp_iface ? cfx__tcp_iface_of(tp_iface)->epfd : -1;
+}
+
+static int tcp_iface_arm(struct cfx_tp_iface *tp_iface)
+{
+    if (!tp_iface)
+        return CFX_ERR_INVALID;
+    /* epoll is level-triggered: the fd stays readable while any socket has
+     * work, so only completions queued here need saying. */
+    return cfx__tcp_iface_of(tp_iface)->cq_count ? CFX_ERR_AGAIN : CFX_OK;
+}
+
+static void iface_progress(struct cfx__tcp_iface *iface)
+{
+    struct epoll_event evs[CFX_TCP_EVENTS];
+    int n = epoll_wait(iface->epfd, evs, CFX_TCP_EVENTS, 0);
+
+    for (int i = 0; i < n; i++) {
+        if (!evs[i].data.ptr)
+            iface_accept(iface);
+        else
+            cfx__tcp_ep_progress(evs[i].data.ptr, evs[i].events);
+    }
+}
+
+static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *comps, int max)
+{
+    if (unlikely(!tp_iface || (!comps && max > 0) || max < 0))
+        return CFX_ERR_INVALID;
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);
+
+    /* RECV data returned by the previous poll() is released from here on. */
+    iface->poll_gen++;
+    if (unlikely(!cfx_list_empty(&iface->graveyard)))
+        free_graveyard(iface);
+
+    int n = cq_drain(iface, comps, max);
+    if (n < max) {
+        iface_progress(iface);
+        n += cq_drain(iface, comps + n, max - n);
+    }
+    return n;
+}
+
+const struct cfx_transport_ops cfx__tcp_ops = {
+    .version    = CFX_TP_OPS_VERSION,
+    .name       = "tcp",
+    .caps       = 0,
+    .iface_open = tcp_iface_open,
+    .iface_close = tcp_iface_close,
+    .iface_addr = tcp_iface_addr,
+    .iface_fd   = tcp_iface_fd,
+    .iface_arm  = tcp_iface_arm,
+    .ep_connect = cfx__tcp_ep_connect,
+    .ep_close   = cfx__tcp_ep_close,
+    .mem_reg    = cfx__tcp_mem_reg,
+    .mem_dereg  = cfx__tcp_mem_dereg,
+    .mr_pack    = cfx__tcp_mr_pack,
+    .ep_write   = cfx__tcp_ep_write,
+    .ep_send    = cfx__tcp_ep_send,
+    .poll       = tcp_poll,
+};

@@ -1,0 +1,150 @@
+/*
+ * tcp transport: memory registration.
+ *
+ * Registrations live in a per-iface table.  A remote key is (iface cookie,
+ * table index, slot generation): the generation is bumped when the slot is
+ * deregistered, so a key that outlived its registration is recognised and
+ * refused instead of landing in whatever reuses the slot.
+ */
+#include <endian.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/common/log.h"
+#include "tcp.h"
+
+#define MR_TABLE_MIN 16u
+#define MR_NONE      UINT32_MAX
+
+static int mr_table_grow(struct cfx__tcp_iface *iface)
+{
+    uint32_t cap = iface->mrs_cap ? iface->mrs_cap * 2 : MR_TABLE_MIN;
+    struct cfx__tcp_mr_slot *t;
+
+    if (cap > (1u << 24))
+        return cfx__err(CFX_ERR_NO_RESOURCE, "tcp: registration table full (%u regions)",
+                        iface->mrs_cap);
+    t = realloc(iface->mrs, (size_t)cap * sizeof(*t));
+    if (!t)
+        return cfx__err(CFX_ERR_NOMEM, "tcp: cannot grow registration table to %u", cap);
+    /* New slots go on the free list, lowest index first. */
+    for (uint32_t i = cap; i-- > iface->mrs_cap;) {
+        t[i].mr = NULL;
+        t[i].gen = 1;
+        t[i].next_free = iface->mrs_free;
+        iface->mrs_free = i;
+    }
+    iface->mrs = t;
+    iface->mrs_cap = cap;
+    return CFX_OK;
+}
+
+int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc *mem,
+                     unsigned access, struct cfx_tp_mr **out)
+{
+    struct cfx__tcp_iface *iface;
+    struct cfx__tcp_mr *mr;
+    int rc;
+
+    if (!tp_iface || !mem || !out || !mem->addr || !mem->len)
+        return cfx__err(CFX_ERR_INVALID, "tcp mem_reg: NULL argument or empty region");
+    if (access & ~(unsigned)(CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE))
+        return cfx__err(CFX_ERR_INVALID, "tcp mem_reg: unknown access bits 0x%x", access);
+    if (mem->memtype != CFX_MEMTYPE_HOST)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "tcp mem_reg: memory type %d is not host memory",
+                        (int)mem->memtype);
+    iface = cfx__tcp_iface_of(tp_iface);
+
+    if (iface->mrs_free == MR_NONE && (rc = mr_table_grow(iface)) != CFX_OK)
+        return rc;
+    mr = calloc(1, sizeof(*mr));
+    if (!mr)
+        return cfx__err(CFX_ERR_NOMEM, "tcp mem_reg: out of memory");
+
+    uint32_t idx = iface->mrs_free;
+    struct cfx__tcp_mr_slot *slot = &iface->mrs[idx];
+    iface->mrs_free = slot->next_free;
+    slot->mr = mr;
+    slot->next_free = MR_NONE;
+
+    mr->super.iface = tp_iface;
+    mr->super.addr = mem->addr;
+    mr->super.len = mem->len;
+    mr->super.memtype = mem->memtype;
+    mr->access = access;
+    mr->idx = idx;
+    mr->gen = slot->gen;
+    *out = &mr->super;
+    return CFX_OK;
+}
+
+void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
+{
+    if (!tp_mr)
+        return;
+    struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_mr->iface);
+    struct cfx__tcp_mr_slot *slot = &iface->mrs[mr->idx];
+
+    /* A peer may be in the middle of writing into it: those bytes now go
+     * nowhere, and that write reports nothing. */
+    if (mr->rx_busy) {
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &iface->eps)
+            cfx__tcp_ep_mr_gone(cfx_list_entry(pos, struct cfx__tcp_ep, link), mr);
+    }
+    slot->mr = NULL;
+    slot->gen++;
+    if (slot->gen == 0)
+        slot->gen = 1;
+    slot->next_free = iface->mrs_free;
+    iface->mrs_free = mr->idx;
+    free(mr);
+}
+
+int cfx__tcp_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
+{
+    struct cfx__tcp_rkey k;
+
+    if (!tp_mr || !out)
+        return cfx__err(CFX_ERR_INVALID, "tcp mr_pack: NULL argument");
+    struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_mr->iface);
+
+    memset(&k, 0, sizeof(k));
+    k.tag = CFX_TCP_RDESC_TAG;
+    k.cookie = htole32(iface->cookie);
+    k.idx = htole32(mr->idx);
+    k.gen = htole32(mr->gen);
+    k.len = htole64((uint64_t)tp_mr->len);
+    memset(out, 0, sizeof(*out));
+    memcpy(out->data, &k, sizeof(k));
+    out->len = (uint8_t)sizeof(k);
+    return CFX_OK;
+}
+
+struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie,
+                                       uint32_t idx, uint32_t gen)
+{
+    if (unlikely(cookie != iface->cookie || idx >= iface->mrs_cap))
+        return NULL;
+    struct cfx__tcp_mr_slot *slot = &iface->mrs[idx];
+    if (unlikely(!slot->mr || slot->gen != gen))
+        return NULL;
+    return slot->mr;
+}
+
+void cfx__tcp_mr_table_free(struct cfx__tcp_iface *iface)
+{
+    for (uint32_t i = 0; i < iface->mrs_cap; i++) {
+        if (iface->mrs[i].mr) {
+            CFX_LOG(WARN, TCP, "iface %s: region %p (%zu bytes) still registered at close",
+                    iface->addr, iface->mrs[i].mr->super.addr, iface->mrs[i].mr->super.len);
+            free(iface->mrs[i].mr);
+        }
+    }
+    free(iface->mrs);
+    iface->mrs = NULL;
+    iface->mrs_cap = 0;
+    iface->mrs_free = MR_NONE;
+}

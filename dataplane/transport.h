@@ -1,0 +1,188 @@
+/*
+ * The transport contract.
+ *
+ * Every transport (tcp, shm, verbs, later dpdk) fills one versioned ops
+ * table.  The shape is one-sided, after RDMA verbs, NCCL's net plugin and
+ * UCX's uct, so that verbs is the natural case and the others emulate it:
+ *
+ *   - memory is registered (mem_reg) and described to peers by a remote
+ *     descriptor (mr_pack -> struct cfx_tp_rdesc);
+ *   - ep_write() is a one-sided write with a 32-bit immediate into a peer's
+ *     registered memory; the peer sees a CFX_TP_COMP_WRITE_IMM completion
+ *     carrying the immediate once every byte has landed (verbs:
+ *     RDMA_WRITE_WITH_IMM; tcp: framed header + payload read straight into
+ *     the registered window after a bounds check; shm: one copy into the
+ *     mapped peer memory, or through a staging ring, plus a doorbell);
+ *   - ep_send() carries small control messages (<= CFX_TP_SEND_MAX bytes);
+ *   - poll() returns completions; nothing calls back.
+ *
+ * Ordering: writes and sends posted on one endpoint are delivered to the
+ * peer in the order they were posted (RC semantics).
+ *
+ * Errors are sticky per endpoint: after a failure every outstanding write and
+ * send on it completes with a non-OK status (flushed), then exactly one
+ * CFX_TP_COMP_EP_ERROR is reported, and later posts return the sticky status.
+ * Nothing ever hangs on a dead peer: a transport notices a dead peer from its
+ * connection (socket hang-up, QP error, peer process exit).
+ *
+ * Threading: one iface and all its endpoints and registrations are driven by
+ * a single thread (the context's progress thread).  Transports need no locks.
+ * A missing op is NULL; callers treat NULL as CFX_ERR_UNSUPPORTED.
+ */
+#ifndef CFX_DATAPLANE_TRANSPORT_H
+#define CFX_DATAPLANE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/mem.h>
+#include <conflux/status.h>
+
+#define CFX_TP_OPS_VERSION 1
+#define CFX_TP_ADDR_MAX    108   /* bytes of an iface address */
+#define CFX_TP_RDESC_MAX   48    /* bytes of a remote memory descriptor */
+#define CFX_TP_SEND_MAX    4096  /* largest ep_send() payload */
+#define CFX_TP_WRITE_MAX   (1u << 30) /* largest single ep_write() */
+#define CFX_TP_NAME_MAX    16
+
+struct cfx_transport_ops;
+
+/* Base objects; each transport embeds them and uses container_of(). */
+struct cfx_tp_iface {
+    const struct cfx_transport_ops *ops;
+    uint32_t node_id;                 /* local node id, for log messages */
+};
+
+struct cfx_tp_ep {
+    struct cfx_tp_iface *iface;
+    uint32_t peer_node;               /* peer node id given at connect/learned by engine */
+    int status;                       /* sticky: CFX_OK until the ep fails */
+    void *user;                       /* owned by the engine */
+    char peer_name[64];               /* "node 3 (127.0.0.1:4321)" for messages */
+};
+
+struct cfx_tp_mr {
+    struct cfx_tp_iface *iface;
+    void *addr;
+    size_t len;
+    enum cfx_memtype memtype;
+};
+
+/* What mem_reg is told about a region. */
+struct cfx_tp_mem_desc {
+    void *addr;
+    size_t len;
+    enum cfx_memtype memtype;
+    int shm_fd;           /* -1, or fd of a shareable mapping that holds addr (arena) */
+    uint64_t shm_off;     /* offset of addr inside shm_fd */
+};
+
+/* Access rights of a registration. */
+enum {
+    CFX_TP_ACCESS_LOCAL  = 1u << 0,   /* source of local writes */
+    CFX_TP_ACCESS_REMOTE_WRITE = 1u << 1, /* peers may write into it */
+};
+
+/* Remote descriptor: the bytes a peer needs to write into a registration. */
+struct cfx_tp_rdesc {
+    uint8_t len;                       /* bytes used in data[] */
+    uint8_t data[CFX_TP_RDESC_MAX];
+};
+
+enum cfx_tp_comp_type {
+    CFX_TP_COMP_WRITE = 1, /* a local ep_write finished: source buffer reusable */
+    CFX_TP_COMP_SEND,      /* a local ep_send finished */
+    CFX_TP_COMP_RECV,      /* control message from the peer: data, len */
+    CFX_TP_COMP_WRITE_IMM, /* peer's write landed in local memory: imm, len */
+    CFX_TP_COMP_CONNECTED, /* ep_connect() finished; the ep may now be used */
+    CFX_TP_COMP_ACCEPT,    /* a peer connected: ep is new and ready */
+    CFX_TP_COMP_EP_ERROR,  /* ep failed (after its flushed ops): status */
+};
+
+struct cfx_tp_completion {
+    uint8_t type;          /* enum cfx_tp_comp_type */
+    int32_t status;        /* CFX_OK or a negative status */
+    struct cfx_tp_ep *ep;  /* endpoint concerned */
+    uint64_t wr_id;        /* WRITE, SEND: as posted */
+    uint32_t imm;          /* WRITE_IMM: the immediate */
+    uint32_t len;          /* WRITE_IMM, RECV: bytes */
+    const void *data;      /* RECV: the message, valid until the next poll() */
+};
+
+enum cfx_tp_iface_param_field {
+    CFX_TP_IFACE_PARAM_BIND_ADDR = 1u << 0,
+    CFX_TP_IFACE_PARAM_NODE_ID   = 1u << 1,
+    CFX_TP_IFACE_PARAM_DEVICE    = 1u << 2,
+};
+
+struct cfx_tp_iface_params {
+    uint64_t field_mask;
+    const char *bind_addr;  /* tcp/verbs: local IP to listen on (default 127.0.0.1) */
+    uint32_t node_id;       /* local node id */
+    const char *device;     /* verbs: HCA name */
+};
+
+enum {
+    CFX_TP_CAP_SAME_HOST = 1u << 0, /* only reaches peers on the same host */
+};
+
+struct cfx_transport_ops {
+    unsigned version;   /* CFX_TP_OPS_VERSION */
+    const char *name;   /* "tcp", "shm", "verbs" */
+    unsigned caps;      /* CFX_TP_CAP_* */
+
+    /* Open an iface (listening for peers).  CFX_ERR_NO_DEVICE when the
+     * transport cannot run on this machine. */
+    int (*iface_open)(const struct cfx_tp_iface_params *params,
+                      struct cfx_tp_iface **out);
+    void (*iface_close)(struct cfx_tp_iface *iface);
+
+    /* Address peers pass to ep_connect(); *len in: capacity, out: used. */
+    int (*iface_addr)(struct cfx_tp_iface *iface, void *buf, size_t *len);
+
+    /* Fd that turns readable when poll() may have work after iface_arm();
+     * -1 when the transport must be polled. */
+    int (*iface_fd)(struct cfx_tp_iface *iface);
+
+    /* Prepare to sleep on iface_fd.  CFX_ERR_AGAIN when work is already
+     * pending (poll again instead of sleeping). */
+    int (*iface_arm)(struct cfx_tp_iface *iface);
+
+    /* Start connecting to a peer; completes with CONNECTED or EP_ERROR. */
+    int (*ep_connect)(struct cfx_tp_iface *iface, const void *addr, size_t len,
+                      uint32_t peer_node, struct cfx_tp_ep **out);
+    /* Close now: outstanding ops are dropped without completions; the peer
+     * sees an EP_ERROR (CFX_ERR_PEER_FAILED or CFX_ERR_CLOSED). */
+    void (*ep_close)(struct cfx_tp_ep *ep);
+
+    int (*mem_reg)(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem,
+                   unsigned access, struct cfx_tp_mr **out);
+    void (*mem_dereg)(struct cfx_tp_mr *mr);
+    int (*mr_pack)(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
+
+    /* One-sided write of [loff, loff+len) of @p mr to [roff, roff+len) of the
+     * peer region @p rdesc, then WRITE_IMM(imm, len) at the peer.
+     * CFX_ERR_AGAIN: send queue full, retry after polling. */
+    int (*ep_write)(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,
+                    const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
+                    uint32_t imm, uint64_t wr_id);
+
+    /* Send a control message (copied before return).  CFX_ERR_AGAIN: queue full. */
+    int (*ep_send)(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+
+    /* Reap up to @p max completions; returns the count or a negative status. */
+    int (*poll)(struct cfx_tp_iface *iface, struct cfx_tp_completion *comps, int max);
+};
+
+/* Registered transports, in default preference order; NULL-terminated. */
+extern const struct cfx_transport_ops *const cfx__transports[];
+
+/* Find a transport by name; NULL if not built. */
+const struct cfx_transport_ops *cfx__transport_find(const char *name);
+
+extern const struct cfx_transport_ops cfx__tcp_ops;
+extern const struct cfx_transport_ops cfx__shm_ops;
+#ifdef CFX_HAVE_VERBS
+extern const struct cfx_transport_ops cfx__verbs_ops;
+#endif
+
+#endif

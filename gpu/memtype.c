@@ -1,0 +1,171 @@
+/* The memory-type table: host always, CUDA when built with it. */
+#include "memtype.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/util.h"
+
+/* Names exist for every type, built in or not, so messages can name them. */
+static const char *const memtype_names[CFX_MEMTYPE_LAST] = {
+    [CFX_MEMTYPE_HOST] = "host",
+    [CFX_MEMTYPE_CUDA] = "cuda",
+};
+
+const char *cfx_memtype_name(enum cfx_memtype type)
+{
+    if ((unsigned)type >= CFX_MEMTYPE_LAST || !memtype_names[type])
+        return "unknown";
+    return memtype_names[type];
+}
+
+/* ---- host ------------------------------------------------------------------- */
+
+static int host_available(void)
+{
+    return 1;
+}
+
+static int host_copy(void *dst, const void *src, size_t len, void *stream)
+{
+    memcpy(dst, src, len);
+    return CFX_OK;
+}
+
+static int host_alloc(size_t len, void **out)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    void *p = NULL;
+
+    if (posix_memalign(&p, page > 0 ? (size_t)page : 4096, len ? len : 1) != 0)
+        return cfx__err(CFX_ERR_NOMEM, "host memory: cannot allocate %zu bytes", len);
+    *out = p;
+    return CFX_OK;
+}
+
+static void host_free(void *ptr)
+{
+    free(ptr);
+}
+
+static const struct cfx_memtype_ops host_ops = {
+    .type = CFX_MEMTYPE_HOST,
+    .name = "host",
+    .available = host_available,
+    .detect = NULL, /* host is what no other entry claims */
+    .copy = host_copy,
+    .alloc = host_alloc,
+    .free_buf = host_free,
+};
+
+/* ---- the table ---------------------------------------------------------------- */
+
+static const struct cfx_memtype_ops *const memtypes[CFX_MEMTYPE_LAST] = {
+    [CFX_MEMTYPE_HOST] = &host_ops,
+#ifdef CFX_HAVE_CUDA
+    [CFX_MEMTYPE_CUDA] = &cfx__memtype_cuda_ops,
+#endif
+};
+
+const struct cfx_memtype_ops *cfx__memtype_ops(enum cfx_memtype type)
+{
+    if ((unsigned)type >= CFX_MEMTYPE_LAST)
+        return NULL;
+    return memtypes[type];
+}
+
+/* The entry of @p type, or an error naming why there is none. */
+static int memtype_get(enum cfx_memtype type, const struct cfx_memtype_ops **out)
+{
+    if ((unsigned)type >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "memory type %d does not exist", (int)type);
+    if (!memtypes[type]) {
+        if (type == CFX_MEMTYPE_CUDA)
+            return cfx__err(CFX_ERR_UNSUPPORTED,
+                            "memory type cuda: conflux was built without CUDA");
+        return cfx__err(CFX_ERR_UNSUPPORTED, "memory type %s is not built in",
+                        cfx_memtype_name(type));
+    }
+    *out = memtypes[type];
+    return CFX_OK;
+}
+
+int cfx__memtype_available(enum cfx_memtype type)
+{
+    const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);
+
+    return ops && ops->available && ops->available() ? 1 : 0;
+}
+
+int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out)
+{
+    if (!ptr || !out)
+        return cfx__err(CFX_ERR_INVALID, "memory type detection: NULL %s",
+                        ptr ? "result" : "pointer");
+    for (unsigned t = 0; t < CFX_MEMTYPE_LAST; t++) {
+        const struct cfx_memtype_ops *ops = memtypes[t];
+        int mine = 0;
+
+        if (!ops || !ops->detect || !ops->available || !ops->available())
+            continue;
+        /* A type that cannot tell is not a reason to fail: a pointer no
+         * device knows is host memory. */
+        if (ops->detect(ptr, 1, &mine) == CFX_OK && mine) {
+            *out = (enum cfx_memtype)t;
+            return CFX_OK;
+        }
+    }
+    *out = CFX_MEMTYPE_HOST;
+    return CFX_OK;
+}
+
+int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                      size_t len)
+{
+    const struct cfx_memtype_ops *ops;
+    int rc;
+
+    if ((unsigned)dt >= CFX_MEMTYPE_LAST || (unsigned)st >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "copy between memory types %d and %d: no such type",
+                        (int)st, (int)dt);
+    if (len == 0)
+        return CFX_OK;
+    if (!dst || !src)
+        return cfx__err(CFX_ERR_INVALID, "copy of %zu bytes from %s to %s: NULL %s", len,
+                        cfx_memtype_name(st), cfx_memtype_name(dt), dst ? "source" : "destination");
+    if (dt != CFX_MEMTYPE_HOST && st != CFX_MEMTYPE_HOST && dt != st)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "copy from %s to %s memory is not supported",
+                        cfx_memtype_name(st), cfx_memtype_name(dt));
+
+    /* The device side's entry does the copy; host to host is host's. */
+    rc = memtype_get(dt != CFX_MEMTYPE_HOST ? dt : st, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    return ops->copy(dst, src, len, NULL);
+}
+
+int cfx__memtype_alloc(enum cfx_memtype type, size_t len, void **out)
+{
+    const struct cfx_memtype_ops *ops;
+    int rc;
+
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "memory allocation: NULL result");
+    rc = memtype_get(type, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    if (!ops->alloc)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "memory type %s cannot allocate", ops->name);
+    return ops->alloc(len, out);
+}
+
+void cfx__memtype_free(enum cfx_memtype type, void *ptr)
+{
+    const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);
+
+    if (ptr && ops && ops->free_buf)
+        ops->free_buf(ptr);
+}

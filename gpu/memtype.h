@@ -1,0 +1,77 @@
+/*
+ * Memory types: one ops table per kind of memory the data plane can touch
+ * (host, CUDA), after perftest's memory_ctx.  Callers ask the table instead
+ * of testing for CUDA themselves, so a CPU-only build differs only in which
+ * entries exist.
+ *
+ * The host entry always exists.  The CUDA entry exists when the library is
+ * built with CUDA (CFX_HAVE_CUDA, sources in gpu/cuda/); without it every
+ * CUDA request fails with CFX_ERR_UNSUPPORTED ("built without CUDA").
+ *
+ * Every function here may be called from any thread.
+ */
+#ifndef CFX_GPU_MEMTYPE_H
+#define CFX_GPU_MEMTYPE_H
+
+#include <stddef.h>
+#include <conflux/mem.h>
+
+struct cfx_memtype_ops {
+    enum cfx_memtype type; /* the slot this entry fills */
+    const char *name;      /* "host", "cuda" */
+
+    /* 1 when this memory type can be used in this process (a device is
+     * present and the driver loads), else 0.  May be slow the first time. */
+    int (*available)(void);
+
+    /* Whether [ptr, ptr+len) is memory of this type: sets *is_mine to 1 or
+     * 0 and returns CFX_OK, or a status when the question cannot be
+     * answered.  NULL for host, the type of anything no other entry claims. */
+    int (*detect)(const void *ptr, size_t len, int *is_mine);
+
+    /* Copy @p len bytes between memory of this type and host memory (or
+     * within this type).  @p stream: a device stream, NULL for a synchronous
+     * copy that is complete when the call returns. */
+    int (*copy)(void *dst, const void *src, size_t len, void *stream);
+
+    /* Allocate @p len bytes of this type, page aligned, for tools and tests;
+     * release with free_buf().  The data plane itself uses caller memory. */
+    int (*alloc)(size_t len, void **out);
+    void (*free_buf)(void *ptr); /* NULL is a no-op */
+};
+
+#ifdef CFX_HAVE_CUDA
+extern const struct cfx_memtype_ops cfx__memtype_cuda_ops; /* gpu/cuda/ */
+#endif
+
+/* The entry of @p type, or NULL when this build has none (CUDA without
+ * CUDA) or @p type is out of range. */
+const struct cfx_memtype_ops *cfx__memtype_ops(enum cfx_memtype type);
+
+/* 1 when @p type is built in and usable in this process, else 0. */
+int cfx__memtype_available(enum cfx_memtype type);
+
+/*
+ * Memory type of the buffer at @p ptr: asks each available non-host entry,
+ * host when none claims it.
+ * @return CFX_OK; CFX_ERR_INVALID for NULL @p ptr or @p out.
+ */
+int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out);
+
+/*
+ * Copy @p len bytes from @p src (of type @p st) to @p dst (of type @p dt),
+ * synchronously.  Host to host is memcpy(); any copy that involves a device
+ * type goes through that type's entry.
+ * @return CFX_OK; CFX_ERR_INVALID (NULL pointer with len > 0, type out of
+ *         range); CFX_ERR_UNSUPPORTED when a type is not built in or the
+ *         pair crosses two different device types.
+ */
+int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                      size_t len);
+
+/* Allocate / free @p len bytes of @p type through its entry (tools, tests).
+ * CFX_ERR_UNSUPPORTED when the type is not built in; CFX_ERR_NOMEM. */
+int cfx__memtype_alloc(enum cfx_memtype type, size_t len, void **out);
+void cfx__memtype_free(enum cfx_memtype type, void *ptr);
+
+#endif

@@ -1,0 +1,11 @@
+/* Conflux: umbrella header. */
+#ifndef CONFLUX_H
+#define CONFLUX_H
+
+#include <conflux/version.h>
+#include <conflux/status.h>
+#include <conflux/mem.h>
+#include <conflux/context.h>
+#include <conflux/object.h>
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * The context: one process's membership in a Conflux cluster.
+ *
+ * A context owns a connection to the coordinator, one progress thread that
+ * drives every transport, the local object store and the registered arena.
+ * All functions here may be called from any thread, except that
+ * cfx_context_destroy() must not race with other calls on the same context.
+ */
+#ifndef CONFLUX_CONTEXT_H
+#define CONFLUX_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/visibility.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cfx_context;
+
+enum cfx_context_param_field {
+    CFX_CTX_PARAM_COORD      = 1u << 0, /* coordinator "host:port" */
+    CFX_CTX_PARAM_TOKEN      = 1u << 1, /* cluster token */
+    CFX_CTX_PARAM_TRANSPORTS = 1u << 2, /* preference list "shm,tcp" */
+    CFX_CTX_PARAM_CHUNK_SIZE = 1u << 3, /* fixed chunk size in bytes */
+    CFX_CTX_PARAM_TIMEOUT    = 1u << 4, /* default deadline in ms */
+    CFX_CTX_PARAM_NAME       = 1u << 5, /* node name shown by rdmactl */
+    CFX_CTX_PARAM_BIND_ADDR  = 1u << 6, /* IP address the data plane listens on */
+};
+
+struct cfx_context_params {
+    uint64_t field_mask;    /* which of the fields below are set */
+    const char *coord;      /* "host:port"; default $CFX_COORD */
+    const char *token;      /* cluster token; default $CFX_TOKEN or $CFX_TOKEN_FILE */
+    const char *transports; /* comma list, e.g. "tcp"; default $CFX_TRANSPORT or "shm,tcp" */
+    size_t chunk_size;      /* 0 = follow object size; default $CFX_CHUNK_SIZE */
+    int timeout_ms;         /* default deadline; default $CFX_TIMEOUT_MS or 30000 */
+    const char *name;       /* node name; default hostname:pid */
+    const char *bind_addr;  /* data-plane listen address; default $CFX_BIND_ADDR or the coordinator-facing address */
+};
+
+/**
+ * Join a cluster: connect and authenticate to the coordinator, start the
+ * progress engine and the transports, and register this node.
+ *
+ * @param params  NULL or a params struct; unset fields come from CFX_* variables.
+ * @param out     receives the context; owned by the caller, released with
+ *                cfx_context_destroy().
+ * @return CFX_OK; CFX_ERR_INVALID when no coordinator is configured;
+ *         CFX_ERR_CONNECT, CFX_ERR_AUTH, CFX_ERR_TIMEOUT, CFX_ERR_VERSION.
+ *         cfx_last_error() says which coordinator and why.
+ */
+CFX_API int cfx_context_create(const struct cfx_context_params *params,
+                               struct cfx_context **out);
+
+/** Leave the cluster and free everything; NULL is a no-op. */
+CFX_API void cfx_context_destroy(struct cfx_context *ctx);
+
+/** Node id the coordinator assigned to this context (never 0). */
+CFX_API uint32_t cfx_context_node_id(const struct cfx_context *ctx);
+
+/**
+ * Write the effective configuration as "key = value" lines into @p buf.
+ * @return number of bytes the full text needs (excluding NUL), like snprintf,
+ *         or a negative status.
+ */
+CFX_API int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

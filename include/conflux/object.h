@@ -1,0 +1,130 @@
+/*
+ * Objects: immutable byte strings named by a 20-byte id, moved chunk by chunk
+ * between the nodes that hold them.
+ *
+ * Ownership:
+ *  - cfx_put() registers the caller's buffer and serves it to other nodes
+ *    without copying.  The buffer must stay valid and unchanged until
+ *    cfx_delete() of that id returns (or the context is destroyed).
+ *  - cfx_get() writes into the caller's buffer; cfx_get_alloc() hands out an
+ *    arena buffer that the caller releases with cfx_buf_free().
+ *  - A node that has got an object also serves it to later getters, until
+ *    cfx_delete() or context destruction.
+ *
+ * Thread safety: any thread may call these concurrently on one context.
+ */
+#ifndef CONFLUX_OBJECT_H
+#define CONFLUX_OBJECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/visibility.h>
+#include <conflux/mem.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cfx_context;
+struct cfx_request;
+
+#define CFX_OBJECT_ID_LEN 20
+#define CFX_OBJECT_ID_HEX_LEN (2 * CFX_OBJECT_ID_LEN + 1) /* with NUL */
+#define CFX_OBJECT_INLINE_MAX (64u * 1024)  /* objects up to this travel via the coordinator */
+
+struct cfx_object_id {
+    uint8_t bytes[CFX_OBJECT_ID_LEN];
+};
+
+/** Id from a user-chosen name (SHA-1 of the name; same name, same id). */
+CFX_API int cfx_object_id_from_name(const char *name, struct cfx_object_id *out);
+
+/** A fresh id unique in the cluster (node id, counter, random bits). */
+CFX_API int cfx_object_id_generate(struct cfx_context *ctx, struct cfx_object_id *out);
+
+/** Hex text of an id into @p buf (at least CFX_OBJECT_ID_HEX_LEN bytes). */
+CFX_API void cfx_object_id_to_hex(const struct cfx_object_id *id, char *buf);
+
+/** Parse 40 hex digits. @return CFX_OK or CFX_ERR_INVALID. */
+CFX_API int cfx_object_id_from_hex(const char *hex, struct cfx_object_id *out);
+
+enum cfx_obj_param_field {
+    CFX_OBJ_PARAM_TIMEOUT    = 1u << 0,
+    CFX_OBJ_PARAM_MEMTYPE    = 1u << 1,
+    CFX_OBJ_PARAM_CHUNK_SIZE = 1u << 2,
+    CFX_OBJ_PARAM_FLAGS      = 1u << 3,
+};
+
+enum cfx_obj_flags {
+    /* put: serve the object through the data plane even when it is small
+     * enough to travel inline through the coordinator */
+    CFX_OBJ_FLAG_NO_INLINE = 1u << 0,
+};
+
+struct cfx_obj_params {
+    uint64_t field_mask;          /* which fields are set */
+    int timeout_ms;               /* deadline; default the context's; <0 = forever */
+    enum cfx_memtype memtype;     /* memory type of the buffer; default host */
+    size_t chunk_size;            /* put: chunk size for this object */
+    uint64_t flags;               /* CFX_OBJ_FLAG_* */
+};
+
+/**
+ * Publish @p size bytes at @p buf as object @p id (zero-copy: see ownership).
+ * @return CFX_OK; CFX_ERR_EXISTS if this node already holds @p id;
+ *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
+ *         CFX_ERR_TIMEOUT / CFX_ERR_CONNECT if the coordinator did not answer.
+ */
+CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
+                    const void *buf, size_t size, const struct cfx_obj_params *params);
+
+/**
+ * Fetch object @p id into @p buf of @p capacity bytes; the object's size is
+ * stored in @p size_out (may be NULL).  Waits for a holder to appear until the
+ * deadline.
+ * @return CFX_OK; CFX_ERR_TIMEOUT when no holder appeared or the transfer did
+ *         not finish in time; CFX_ERR_TRUNCATED when capacity < size (size_out
+ *         still set); CFX_ERR_PEER_FAILED when every source died.
+ */
+CFX_API int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id,
+                    void *buf, size_t capacity, size_t *size_out,
+                    const struct cfx_obj_params *params);
+
+/** As cfx_get() into a fresh arena buffer (release with cfx_buf_free()). */
+CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          void **buf_out, size_t *size_out,
+                          const struct cfx_obj_params *params);
+
+/**
+ * Stop holding @p id on this node and withdraw it from the directory.  Waits
+ * for uploads of it to other nodes in progress to finish (up to the deadline).
+ * @return CFX_OK or CFX_ERR_NOT_FOUND.
+ */
+CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
+                       const struct cfx_obj_params *params);
+
+/* Non-blocking variants.  On CFX_OK *req is set and must be freed with
+ * cfx_request_free() after it completes; on error no request exists. */
+CFX_API int cfx_put_nb(struct cfx_context *ctx, const struct cfx_object_id *id,
+                       const void *buf, size_t size, const struct cfx_obj_params *params,
+                       struct cfx_request **req);
+CFX_API int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id,
+                       void *buf, size_t capacity, const struct cfx_obj_params *params,
+                       struct cfx_request **req);
+
+/** CFX_ERR_AGAIN while in progress, else the final status. */
+CFX_API int cfx_request_test(struct cfx_request *req);
+
+/** Wait until done or @p timeout_ms passes (<0 = forever); CFX_ERR_TIMEOUT then. */
+CFX_API int cfx_request_wait(struct cfx_request *req, int timeout_ms);
+
+/** Object size known to the request (valid once complete). */
+CFX_API size_t cfx_request_size(const struct cfx_request *req);
+
+/** Free a completed request; a request still running is canceled first. NULL: no-op. */
+CFX_API void cfx_request_free(struct cfx_request *req);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,104 @@
+/*
+ * Multi-process object transfer over every transport: cfx_run starts an
+ * embedded coordinator and N ranks of cfx_objtest, which check every byte.
+ * A rank that sees wrong data or an unexpected status exits non-zero, so
+ * cfx_run does; each run also has a deadline (cfx_run --timeout) and
+ * Criterion's own timeout as the outer watchdog.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#ifndef CFX_BIN_DIR
+#error CFX_BIN_DIR must name the build's bin directory
+#endif
+
+/* Run cfx_run with the given arguments; returns its exit status. */
+static int run(const char *env, int n, const char *tp, const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s %s/cfx_run -n %d --transport %s --timeout 240 %s/cfx_objtest %s",
+             env, CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args);
+    cr_log_info("%s", cmd);
+    int st = system(cmd);
+    cr_assert(st != -1, "cannot run %s", cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+struct case_param {
+    const char *tp;
+    int n;
+};
+
+static struct case_param tp_cases[] = {
+    { "tcp", 2 }, { "tcp", 4 }, { "tcp", 8 },
+    { "shm", 2 }, { "shm", 4 }, { "shm", 8 },
+};
+
+ParameterizedTestParameters(objects, sizes)
+{
+    return cr_make_param_array(struct case_param, tp_cases,
+                               sizeof(tp_cases) / sizeof(tp_cases[0]));
+}
+
+/* Edge sizes around a 128 KiB chunk, through the data plane only. */
+ParameterizedTest(struct case_param *p, objects, sizes, .timeout = 300)
+{
+    int rc = run("CFX_CHUNK_SIZE=131072", p->n, p->tp, "sizes 131072 noinline");
+    cr_assert_eq(rc, 0, "sizes over %s with %d ranks: cfx_run exited %d", p->tp, p->n, rc);
+}
+
+static struct case_param small_cases[] = { { "tcp", 3 }, { "shm", 3 } };
+
+ParameterizedTestParameters(objects, sizes_inline)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* The same sizes with small objects going inline through the coordinator. */
+ParameterizedTest(struct case_param *p, objects, sizes_inline, .timeout = 300)
+{
+    int rc = run("CFX_CHUNK_SIZE=131072", p->n, p->tp, "sizes 131072");
+    cr_assert_eq(rc, 0, "sizes (inline) over %s: cfx_run exited %d", p->tp, rc);
+}
+
+static struct case_param fan_cases[] = { { "tcp", 9 }, { "shm", 9 } };
+
+ParameterizedTestParameters(objects, fanin)
+{
+    return cr_make_param_array(struct case_param, fan_cases, 2);
+}
+
+/* 8 getters of one 32 MiB object at once: the directory spreads them over
+ * the putter and the partial copies still being received. */
+ParameterizedTest(struct case_param *p, objects, fanin, .timeout = 300)
+{
+    int rc = run("CFX_CHUNK_SIZE=262144", p->n, p->tp, "fanin 33554432");
+    cr_assert_eq(rc, 0, "8 concurrent getters over %s: cfx_run exited %d", p->tp, rc);
+}
+
+ParameterizedTestParameters(objects, timeout)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+ParameterizedTest(struct case_param *p, objects, timeout, .timeout = 120)
+{
+    int rc = run("", 2, p->tp, "timeout 700");
+    cr_assert_eq(rc, 0, "get of a missing object over %s: cfx_run exited %d", p->tp, rc);
+}
+
+ParameterizedTestParameters(objects, nonblocking)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+ParameterizedTest(struct case_param *p, objects, nonblocking, .timeout = 120)
+{
+    int rc = run("", 3, p->tp, "nb");
+    cr_assert_eq(rc, 0, "non-blocking put/get over %s: cfx_run exited %d", p->tp, rc);
+}

@@ -1,0 +1,234 @@
+/*
+ * Rank program for the multi-process object tests, started by cfx_run.
+ * Every mode checks bytes against the deterministic pattern and exits
+ * non-zero with a message on the first mismatch or unexpected status.
+ *
+ *   sizes CHUNK [noinline]  rank 0 puts objects of edge sizes, the others
+ *                   get them (noinline: small ones through the data plane too)
+ *   fanin SIZE      rank 0 puts one object, all others get it at once
+ *                   (concurrent getters through partial copies)
+ *   timeout MS      a get of an object nobody puts fails with CFX_ERR_TIMEOUT
+ *                   by its deadline
+ *   nb              non-blocking put/get with requests
+ */
+#include <conflux/conflux.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "test/common/testutil.h"
+
+#define DIE(...)                                                               \
+    do {                                                                       \
+        fprintf(stderr, "FAIL: " __VA_ARGS__);                                 \
+        fprintf(stderr, "\n");                                                 \
+        exit(1);                                                               \
+    } while (0)
+
+#define CHECK_OK(expr)                                                         \
+    do {                                                                       \
+        int rc_ = (expr);                                                      \
+        if (rc_ != CFX_OK)                                                     \
+            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
+    } while (0)
+
+static int rank, world;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void name_id(struct cfx_object_id *id, const char *fmt, long a, long b)
+{
+    char name[128];
+    snprintf(name, sizeof(name), fmt, a, b);
+    cfx_object_id_from_name(name, id);
+}
+
+/* Every rank but 0 announces it is done; rank 0 waits for all of them, so
+ * no holder leaves while someone may still be reading from it. */
+static void finish(struct cfx_context *ctx)
+{
+    struct cfx_object_id id;
+    uint8_t one = 1, got;
+    if (rank != 0) {
+        name_id(&id, "done-%ld-%ld", rank, 0);
+        CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
+    }
+    /* every rank waits for every other rank: a rank's copy may be a source */
+    for (int r = 1; r < world; r++) {
+        if (r == rank)
+            continue;
+        name_id(&id, "done-%ld-%ld", r, 0);
+        size_t sz;
+        CHECK_OK(cfx_get(ctx, &id, &got, 1, &sz, NULL));
+    }
+}
+
+static void check_obj(const void *buf, size_t size, uint64_t seed, const char *what)
+{
+    size_t bad = cfx_test_check(buf, size, seed);
+    if (bad != (size_t)-1)
+        DIE("%s: byte %zu of %zu differs", what, bad, size);
+}
+
+static void mode_sizes(struct cfx_context *ctx, size_t chunk, int no_inline)
+{
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = no_inline ? CFX_OBJ_FLAG_NO_INLINE : 0 };
+    const size_t sizes[] = { 0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 7, 64u << 20 };
+    const int n = (int)(sizeof(sizes) / sizeof(sizes[0]));
+    void *bufs[16];
+    struct cfx_object_id id;
+
+    for (int i = 0; i < n; i++) {
+        bufs[i] = malloc(sizes[i] ? sizes[i] : 1);
+        if (!bufs[i])
+            DIE("out of memory");
+        name_id(&id, "sizes-%ld-%ld", i, 0);
+        if (rank == 0) {
+            cfx_test_fill(bufs[i], sizes[i], 1000 + (uint64_t)i);
+            CHECK_OK(cfx_put(ctx, &id, bufs[i], sizes[i], &pp));
+        }
+    }
+    if (rank != 0) {
+        for (int i = 0; i < n; i++) {
+            size_t got = 12345;
+            memset(bufs[i], 0xee, sizes[i]);
+            name_id(&id, "sizes-%ld-%ld", i, 0);
+            double t = now_s();
+            CHECK_OK(cfx_get(ctx, &id, bufs[i], sizes[i], &got, NULL));
+            t = now_s() - t;
+            if (got != sizes[i])
+                DIE("object %d: size %zu, expected %zu", i, got, sizes[i]);
+            check_obj(bufs[i], sizes[i], 1000 + (uint64_t)i, "sizes");
+            printf("size %zu ok (%.1f MB/s)\n", sizes[i], t > 0 ? (double)sizes[i] / t / 1e6 : 0.0);
+        }
+        /* a buffer that is too small: CFX_ERR_TRUNCATED with the size */
+        uint8_t small[4];
+        size_t got = 0;
+        name_id(&id, "sizes-%ld-%ld", n - 1, 0);
+        int rc = cfx_get(ctx, &id, small, sizeof(small), &got, NULL);
+        if (rc != CFX_ERR_TRUNCATED || got != sizes[n - 1])
+            DIE("small buffer: %s, size %zu", cfx_errname(rc), got);
+        /* arena get */
+        void *abuf = NULL;
+        name_id(&id, "sizes-%ld-%ld", 5, 0);
+        CHECK_OK(cfx_get_alloc(ctx, &id, &abuf, &got, NULL));
+        if (got != sizes[5])
+            DIE("get_alloc size %zu", got);
+        check_obj(abuf, got, 1005, "get_alloc");
+        cfx_buf_free(ctx, abuf);
+    }
+    finish(ctx);
+    for (int i = 0; i < n; i++) {
+        name_id(&id, "sizes-%ld-%ld", i, 0);
+        CHECK_OK(cfx_delete(ctx, &id, NULL));
+        free(bufs[i]);
+    }
+}
+
+static void mode_fanin(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id;
+    void *buf;
+    name_id(&id, "fanin-%ld-%ld", (long)size, 0);
+    CHECK_OK(cfx_buf_alloc(ctx, size, &buf));
+    if (rank == 0) {
+        cfx_test_fill(buf, size, 77);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+    } else {
+        size_t got = 0;
+        memset(buf, 0, size);
+        double t = now_s();
+        CHECK_OK(cfx_get(ctx, &id, buf, size, &got, NULL));
+        t = now_s() - t;
+        if (got != size)
+            DIE("size %zu, expected %zu", got, size);
+        check_obj(buf, size, 77, "fanin");
+        printf("fanin %zu B ok in %.3f s (%.1f MB/s)\n", size, t, (double)size / t / 1e6);
+    }
+    finish(ctx);
+    CHECK_OK(cfx_delete(ctx, &id, NULL));
+    cfx_buf_free(ctx, buf);
+}
+
+static void mode_timeout(struct cfx_context *ctx, int ms)
+{
+    struct cfx_object_id id;
+    uint8_t b[16];
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = ms };
+    name_id(&id, "nobody-puts-this-%ld-%ld", rank, 0);
+    double t = now_s();
+    int rc = cfx_get(ctx, &id, b, sizeof(b), NULL, &p);
+    t = now_s() - t;
+    if (rc != CFX_ERR_TIMEOUT)
+        DIE("get of a missing object: %s, expected CFX_ERR_TIMEOUT", cfx_errname(rc));
+    if (t < ms / 1000.0 * 0.9 || t > ms / 1000.0 + 1.0)
+        DIE("timeout after %.3f s, deadline was %d ms", t, ms);
+    if (!strstr(cfx_last_error(), "no node put it"))
+        DIE("error text does not say what was waited for: '%s'", cfx_last_error());
+    printf("timeout ok after %.3f s: %s\n", t, cfx_last_error());
+    finish(ctx);
+}
+
+static void mode_nb(struct cfx_context *ctx)
+{
+    const size_t size = 5u << 20;
+    struct cfx_object_id id;
+    struct cfx_request *req;
+    void *buf = malloc(size);
+    name_id(&id, "nb-%ld-%ld", 0, 0);
+    if (rank == 0) {
+        cfx_test_fill(buf, size, 5);
+        CHECK_OK(cfx_put_nb(ctx, &id, buf, size, NULL, &req));
+        CHECK_OK(cfx_request_wait(req, 10000));
+        cfx_request_free(req);
+    } else {
+        CHECK_OK(cfx_get_nb(ctx, &id, buf, size, NULL, &req));
+        int rc;
+        while ((rc = cfx_request_test(req)) == CFX_ERR_AGAIN)
+            ;
+        if (rc != CFX_OK)
+            DIE("get_nb: %s", cfx_errname(rc));
+        if (cfx_request_size(req) != size)
+            DIE("get_nb size %zu", cfx_request_size(req));
+        cfx_request_free(req);
+        check_obj(buf, size, 5, "nb");
+        printf("nb ok\n");
+    }
+    finish(ctx);
+    cfx_delete(ctx, &id, NULL);
+    free(buf);
+}
+
+int main(int argc, char **argv)
+{
+    struct cfx_context *ctx;
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s sizes CHUNK | fanin SIZE | timeout MS | nb\n", argv[0]);
+        return 2;
+    }
+    rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
+    world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
+    CHECK_OK(cfx_context_create(NULL, &ctx));
+
+    if (!strcmp(argv[1], "sizes") && argc > 2)
+        mode_sizes(ctx, strtoul(argv[2], NULL, 0), argc > 3 && !strcmp(argv[3], "noinline"));
+    else if (!strcmp(argv[1], "fanin") && argc > 2)
+        mode_fanin(ctx, strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "timeout") && argc > 2)
+        mode_timeout(ctx, atoi(argv[2]));
+    else if (!strcmp(argv[1], "nb"))
+        mode_nb(ctx);
+    else
+        DIE("unknown mode %s", argv[1]);
+    cfx_context_destroy(ctx);
+    return 0;
+}

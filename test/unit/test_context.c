@@ -1,0 +1,178 @@
+/*
+ * Context and object API in one process: an embedded coordinator and one or
+ * two contexts.  (Multi-process transfers are in test/integration.)
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "testutil.h"
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void teardown(void)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(context, .init = setup, .fini = teardown, .timeout = 60);
+
+static int join(const char *tok, const char *tps, struct cfx_context **out)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      (tps ? CFX_CTX_PARAM_TRANSPORTS : 0),
+        .coord = coord_addr,
+        .token = tok,
+        .timeout_ms = 5000,
+        .transports = tps,
+    };
+    return cfx_context_create(&p, out);
+}
+
+Test(context, join_and_config)
+{
+    struct cfx_context *a, *b;
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, NULL, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(cfx_context_node_id(a), 0u);
+    cr_assert_neq(cfx_context_node_id(a), cfx_context_node_id(b));
+
+    char buf[2048];
+    int n = cfx_context_config(a, buf, sizeof(buf));
+    cr_assert_gt(n, 0);
+    cr_assert_lt(n, (int)sizeof(buf));
+    cr_assert(strstr(buf, "coordinator = 127.0.0.1:"), "%s", buf);
+    cr_assert(strstr(buf, "transports = shm,tcp"), "%s", buf);
+    cr_assert_eq(cfx_context_config(NULL, buf, sizeof(buf)), CFX_ERR_INVALID);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    cfx_context_destroy(NULL);
+}
+
+Test(context, wrong_token_refused)
+{
+    struct cfx_context *a = NULL;
+    int rc = join("not-the-token", NULL, &a);
+    cr_assert_eq(rc, CFX_ERR_AUTH, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(a);
+    cr_assert(strstr(cfx_last_error(), "127.0.0.1"), "error does not name the coordinator: %s",
+              cfx_last_error());
+}
+
+Test(context, no_coordinator)
+{
+    struct cfx_context *a = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
+        .coord = "127.0.0.1:1", .token = token, .timeout_ms = 2000,
+    };
+    int rc = cfx_context_create(&p, &a);
+    cr_assert_eq(rc, CFX_ERR_CONNECT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(cfx_context_create(NULL, NULL), CFX_ERR_INVALID);
+}
+
+Test(context, unknown_transport)
+{
+    struct cfx_context *a = NULL;
+    int rc = join(token, "carrier-pigeon", &a);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s", cfx_errname(rc));
+    cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
+}
+
+static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
+{
+    struct cfx_context *a, *b;
+    cr_assert_eq(join(token, tps, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, tps, &b), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = NULL;
+    cfx_test_fill(src, size, size);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_ERR_EXISTS);
+
+    size_t got = 0;
+    if (use_arena) {
+        cr_assert_eq(cfx_get_alloc(b, &id, (void **)&dst, &got, NULL), CFX_OK, "%s",
+                     cfx_last_error());
+    } else {
+        dst = malloc(size);
+        cr_assert_eq(cfx_get(b, &id, dst, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    }
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(dst, size, size), (size_t)-1, "bytes differ");
+
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_ERR_NOT_FOUND);
+    if (use_arena)
+        cfx_buf_free(b, dst);
+    else {
+        cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK);
+        free(dst);
+    }
+    free(src);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
+
+Test(context, roundtrip_tcp) { two_context_roundtrip("tcp", (3u << 20) + 7, 0); }
+Test(context, roundtrip_shm) { two_context_roundtrip("shm", (3u << 20) + 7, 0); }
+Test(context, roundtrip_shm_arena) { two_context_roundtrip("shm", (3u << 20) + 7, 1); }
+Test(context, roundtrip_inline) { two_context_roundtrip(NULL, 1000, 0); }
+
+Test(context, api_misuse)
+{
+    struct cfx_context *a;
+    struct cfx_object_id id;
+    uint8_t b[8];
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cfx_object_id_from_name("misuse", &id);
+    cr_assert_eq(cfx_put(NULL, &id, b, 8, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_put(a, NULL, b, 8, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_put(a, &id, NULL, 8, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_get(a, &id, NULL, 8, NULL, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_get_alloc(a, &id, NULL, NULL, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_ERR_NOT_FOUND);
+    cr_assert_eq(cfx_buf_alloc(a, 0, (void **)&b), CFX_ERR_INVALID);
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE, .chunk_size = 1 };
+    cr_assert_eq(cfx_put(a, &id, b, 8, &p), CFX_ERR_INVALID);
+    struct cfx_obj_params m = { .field_mask = CFX_OBJ_PARAM_MEMTYPE, .memtype = 99 };
+    cr_assert_eq(cfx_put(a, &id, b, 8, &m), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_request_test(NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_request_wait(NULL, 0), CFX_ERR_INVALID);
+    cfx_request_free(NULL);
+    cfx_buf_free(a, NULL);
+    cfx_context_destroy(a);
+}
+
+Test(context, object_ids)
+{
+    struct cfx_object_id a, b;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    cr_assert_eq(cfx_object_id_from_name("weights", &a), CFX_OK);
+    cfx_object_id_to_hex(&a, hex);
+    /* SHA-1("weights") */
+    cr_assert_eq(cfx_object_id_from_hex(hex, &b), CFX_OK);
+    cr_assert_eq(memcmp(&a, &b, sizeof(a)), 0);
+    cr_assert_eq(cfx_object_id_from_hex("xyz", &b), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_object_id_from_hex("zz00000000000000000000000000000000000000", &b),
+                 CFX_ERR_INVALID);
+}

@@ -1,0 +1,978 @@
+/*
+ * Transport contract tests (dataplane/transport.h).
+ *
+ * Every test runs once per transport in cfx__transports[], with two ifaces in
+ * this process (a connects to b) driven by one helper that polls both until a
+ * condition holds or a deadline passes; nothing here waits without a
+ * deadline.  Only behaviour the contract promises is checked; transport
+ * specifics live in test_<transport>.c.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dataplane/common/util.h"
+#include "dataplane/transport.h"
+#include "testutil.h"
+
+#define NODE_A 1
+#define NODE_B 2
+#define WAIT_MS 5000
+
+/* --- parameters: one per built transport (names only: no pointers cross
+ * into Criterion's test processes) --------------------------------------- */
+
+struct tp_param {
+    char name[CFX_TP_NAME_MAX];
+};
+
+static size_t tp_params(struct tp_param *out, size_t max)
+{
+    size_t n = 0;
+    for (int i = 0; cfx__transports[i] && n < max; i++) {
+        memset(&out[n], 0, sizeof(out[n]));
+        strncpy(out[n].name, cfx__transports[i]->name, sizeof(out[n].name) - 1);
+        n++;
+    }
+    return n;
+}
+
+#define TP_TEST(name)                                                          \
+    ParameterizedTestParameters(transport, name)                               \
+    {                                                                          \
+        static struct tp_param params[8];                                      \
+        size_t n = tp_params(params, CFX_ARRAY_SIZE(params));                  \
+        return cr_make_param_array(struct tp_param, params, n, NULL);          \
+    }                                                                          \
+    ParameterizedTest(struct tp_param *param, transport, name, .timeout = 60)
+
+/* --- completion log ------------------------------------------------------- */
+
+struct ev {
+    uint8_t type;
+    int32_t status;
+    struct cfx_tp_ep *ep;
+    uint64_t wr_id;
+    uint32_t imm, len;
+    uint8_t *data;        /* RECV: copy of the message */
+    bool used;            /* consumed by a wait */
+};
+
+struct side {
+    struct cfx_tp_iface *iface;
+    struct ev *evs;
+    size_t n, cap;
+};
+
+struct pair {
+    const struct cfx_transport_ops *ops;
+    struct side s[2];      /* [0] = a (connects), [1] = b (accepts) */
+    struct cfx_tp_ep *ab;  /* a's ep to b */
+    struct cfx_tp_ep *ba;  /* b's accepted ep */
+};
+
+static const char *comp_name(int t)
+{
+    static const char *const names[] = { "?", "WRITE", "SEND", "RECV", "WRITE_IMM",
+                                         "CONNECTED", "ACCEPT", "EP_ERROR" };
+    return t >= 0 && t < (int)CFX_ARRAY_SIZE(names) ? names[t] : "?";
+}
+
+/* Poll one iface once; log what came.  Returns the number of completions. */
+static int poll_side(const struct cfx_transport_ops *ops, struct side *s)
+{
+    struct cfx_tp_completion comps[32];
+    int n = ops->poll(s->iface, comps, (int)CFX_ARRAY_SIZE(comps));
+    cr_assert_geq(n, 0, "poll: %s", cfx_errname(n));
+    /* Copies are taken after poll() returned: every RECV of one batch must
+     * still be valid (the data lives until the next poll). */
+    for (int i = 0; i < n; i++) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? s->cap * 2 : 256;
+            s->evs = realloc(s->evs, s->cap * sizeof(*s->evs));
+            cr_assert_not_null(s->evs);
+        }
+        struct ev *e = &s->evs[s->n++];
+        memset(e, 0, sizeof(*e));
+        e->type = comps[i].type;
+        e->status = comps[i].status;
+        e->ep = comps[i].ep;
+        e->wr_id = comps[i].wr_id;
+        e->imm = comps[i].imm;
+        e->len = comps[i].len;
+        cr_assert_not_null(e->ep, "completion %s without an ep", comp_name(e->type));
+        if (e->type == CFX_TP_COMP_RECV && e->len) {
+            cr_assert_leq(e->len, CFX_TP_SEND_MAX);
+            cr_assert_not_null(comps[i].data);
+            e->data = malloc(e->len);
+            memcpy(e->data, comps[i].data, e->len);
+        }
+    }
+    return n;
+}
+
+typedef bool (*cond_fn)(struct pair *p, void *arg);
+
+/* Poll both sides until @p cond holds; fail the test at the deadline. */
+static void drive(struct pair *p, cond_fn cond, void *arg, int timeout_ms, const char *what)
+{
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    for (;;) {
+        if (cond && cond(p, arg))
+            return;
+        if (cfx__now_ns() >= deadline) {
+            if (!cond)
+                return;
+            cr_assert_fail("timed out after %d ms waiting for %s", timeout_ms, what);
+        }
+        int n = 0;
+        for (int i = 0; i < 2; i++)
+            if (p->s[i].iface)
+                n += poll_side(p->ops, &p->s[i]);
+        if (!n)
+            sched_yield();
+    }
+}
+
+/* Drive for a while without a condition (lets stray completions show up). */
+static void settle(struct pair *p, int ms)
+{
+    drive(p, NULL, NULL, ms, "settle");
+}
+
+static struct ev *find_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!s->evs[i].used && s->evs[i].type == type && (!ep || s->evs[i].ep == ep))
+            return &s->evs[i];
+    return NULL;
+}
+
+static size_t count_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->evs[i].type == type && (!ep || s->evs[i].ep == ep))
+            n++;
+    return n;
+}
+
+struct wait_arg {
+    int side, type;
+    struct cfx_tp_ep *ep;
+    size_t count;
+};
+
+static bool have_ev(struct pair *p, void *arg)
+{
+    struct wait_arg *w = arg;
+    return find_ev(&p->s[w->side], w->type, w->ep) != NULL;
+}
+
+static bool have_count(struct pair *p, void *arg)
+{
+    struct wait_arg *w = arg;
+    return count_ev(&p->s[w->side], w->type, w->ep) >= w->count;
+}
+
+/* Wait for the next unconsumed completion of @p type on @p side; consume it. */
+static struct ev *wait_ev(struct pair *p, int side, int type, struct cfx_tp_ep *ep,
+                          int timeout_ms)
+{
+    struct wait_arg w = { side, type, ep, 0 };
+    char what[64];
+    snprintf(what, sizeof(what), "%s on %c", comp_name(type), side ? 'b' : 'a');
+    drive(p, have_ev, &w, timeout_ms, what);
+    struct ev *e = find_ev(&p->s[side], type, ep);
+    e->used = true;
+    return e;
+}
+
+static void wait_count(struct pair *p, int side, int type, struct cfx_tp_ep *ep, size_t count,
+                       int timeout_ms)
+{
+    struct wait_arg w = { side, type, ep, count };
+    char what[80];
+    snprintf(what, sizeof(what), "%zu x %s on %c", count, comp_name(type), side ? 'b' : 'a');
+    drive(p, have_count, &w, timeout_ms, what);
+}
+
+/* --- setup ---------------------------------------------------------------- */
+
+static int open_iface(const struct cfx_transport_ops *ops, uint32_t node,
+                      struct cfx_tp_iface **out)
+{
+    struct cfx_tp_iface_params params = {
+        .field_mask = CFX_TP_IFACE_PARAM_NODE_ID,
+        .node_id = node,
+    };
+    return ops->iface_open(&params, out);
+}
+
+static void pair_open(struct pair *p, const struct tp_param *param)
+{
+    memset(p, 0, sizeof(*p));
+    p->ops = cfx__transport_find(param->name);
+    cr_assert_not_null(p->ops, "transport %s not found", param->name);
+    cr_assert_eq(p->ops->version, CFX_TP_OPS_VERSION);
+    int rc = open_iface(p->ops, NODE_A, &p->s[0].iface);
+    if (rc == CFX_ERR_NO_DEVICE)
+        cr_skip_test("transport %s cannot run here: %s", param->name, cfx_last_error());
+    cr_assert_eq(rc, CFX_OK, "%s iface_open: %s %s", param->name, cfx_errname(rc),
+                 cfx_last_error());
+    rc = open_iface(p->ops, NODE_B, &p->s[1].iface);
+    cr_assert_eq(rc, CFX_OK, "%s iface_open: %s", param->name, cfx_errname(rc));
+}
+
+static void get_addr(struct pair *p, int side, uint8_t *addr, size_t *len)
+{
+    *len = CFX_TP_ADDR_MAX;
+    int rc = p->ops->iface_addr(p->s[side].iface, addr, len);
+    cr_assert_eq(rc, CFX_OK, "iface_addr: %s", cfx_errname(rc));
+    cr_assert(*len > 0 && *len <= CFX_TP_ADDR_MAX, "address length %zu", *len);
+}
+
+static void pair_connect(struct pair *p)
+{
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+
+    get_addr(p, 1, addr, &len);
+    int rc = p->ops->ep_connect(p->s[0].iface, addr, len, NODE_B, &p->ab);
+    cr_assert_eq(rc, CFX_OK, "ep_connect: %s %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_not_null(p->ab);
+
+    struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, p->ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    p->ba = e->ep;
+    cr_assert_eq(p->ab->status, CFX_OK);
+    cr_assert_eq(p->ba->status, CFX_OK);
+    cr_assert_eq(p->ab->iface, p->s[0].iface);
+    cr_assert_eq(p->ba->iface, p->s[1].iface);
+}
+
+static void pair_close(struct pair *p)
+{
+    if (p->ab)
+        p->ops->ep_close(p->ab);
+    if (p->ba)
+        p->ops->ep_close(p->ba);
+    for (int i = 0; i < 2; i++) {
+        if (p->s[i].iface)
+            p->ops->iface_close(p->s[i].iface);
+        for (size_t j = 0; j < p->s[i].n; j++)
+            free(p->s[i].evs[j].data);
+        free(p->s[i].evs);
+    }
+    memset(p, 0, sizeof(*p));
+}
+
+struct region {
+    uint8_t *buf;
+    size_t len;
+    struct cfx_tp_mr *mr;
+    struct cfx_tp_rdesc rdesc;
+};
+
+static void region_reg(struct pair *p, int side, struct region *r, size_t len, unsigned access,
+                       uint8_t fill)
+{
+    struct cfx_tp_mem_desc md;
+
+    r->len = len;
+    r->buf = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
+    cr_assert_not_null(r->buf);
+    memset(r->buf, fill, len);
+    md = (struct cfx_tp_mem_desc){ .addr = r->buf, .len = len,
+                                   .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1 };
+    int rc = p->ops->mem_reg(p->s[side].iface, &md, access, &r->mr);
+    cr_assert_eq(rc, CFX_OK, "mem_reg: %s %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(r->mr->addr, r->buf);
+    cr_assert_eq(r->mr->len, len);
+    rc = p->ops->mr_pack(r->mr, &r->rdesc);
+    cr_assert_eq(rc, CFX_OK, "mr_pack: %s", cfx_errname(rc));
+    cr_assert(r->rdesc.len > 0 && r->rdesc.len <= CFX_TP_RDESC_MAX);
+}
+
+static void region_free(struct pair *p, struct region *r)
+{
+    if (r->mr)
+        p->ops->mem_dereg(r->mr);
+    free(r->buf);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Post a write, polling both sides while the queue is full. */
+static void post_write(struct pair *p, struct cfx_tp_ep *ep, struct region *src, uint64_t loff,
+                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
+                       uint32_t imm, uint64_t wr_id)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        int rc = p->ops->ep_write(ep, src->mr, loff, rdesc, roff, len, imm, wr_id);
+        if (rc == CFX_OK)
+            return;
+        cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_write: %s", cfx_errname(rc));
+        cr_assert(cfx__now_ns() < deadline, "send queue stayed full for %d ms", WAIT_MS);
+        poll_side(p->ops, &p->s[0]);
+        poll_side(p->ops, &p->s[1]);
+    }
+}
+
+static void post_send(struct pair *p, struct cfx_tp_ep *ep, const void *buf, size_t len,
+                      uint64_t wr_id)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        int rc = p->ops->ep_send(ep, buf, len, wr_id);
+        if (rc == CFX_OK)
+            return;
+        cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_send: %s", cfx_errname(rc));
+        cr_assert(cfx__now_ns() < deadline, "send queue stayed full for %d ms", WAIT_MS);
+        poll_side(p->ops, &p->s[0]);
+        poll_side(p->ops, &p->s[1]);
+    }
+}
+
+/* --- tests ------------------------------------------------------------------ */
+
+TP_TEST(connect)
+{
+    struct pair p;
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len = 0;
+
+    pair_open(&p, param);
+    cr_assert_str_eq(p.ops->name, param->name);
+
+    /* A buffer that is too small is refused and told the size needed. */
+    int rc = p.ops->iface_addr(p.s[1].iface, addr, &len);
+    cr_assert_neq(rc, CFX_OK);
+    cr_assert_gt(len, 0);
+
+    pair_connect(&p);
+    cr_assert_gt(strlen(p.ab->peer_name), 0);
+    cr_assert_gt(strlen(p.ba->peer_name), 0);
+    cr_assert_eq(p.ab->peer_node, NODE_B);
+
+    /* Exactly one CONNECTED and one ACCEPT, nothing else. */
+    settle(&p, 50);
+    cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_CONNECTED, NULL), 1);
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_ACCEPT, NULL), 1);
+    cr_assert_eq(p.s[0].n, 1, "a got %zu completions", p.s[0].n);
+    cr_assert_eq(p.s[1].n, 1, "b got %zu completions", p.s[1].n);
+    pair_close(&p);
+}
+
+TP_TEST(two_connections)
+{
+    struct pair p;
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    struct cfx_tp_ep *ep2;
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    get_addr(&p, 1, addr, &len);
+    cr_assert_eq(p.ops->ep_connect(p.s[0].iface, addr, len, NODE_B, &ep2), CFX_OK);
+    wait_ev(&p, 0, CFX_TP_COMP_CONNECTED, ep2, WAIT_MS);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    cr_assert_neq(e->ep, p.ba);
+
+    /* Messages keep to their connection. */
+    post_send(&p, p.ab, "one", 3, 1);
+    post_send(&p, ep2, "two", 3, 2);
+    struct ev *r1 = wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    struct ev *r2 = wait_ev(&p, 1, CFX_TP_COMP_RECV, e->ep, WAIT_MS);
+    cr_assert_arr_eq(r1->data, "one", 3);
+    cr_assert_arr_eq(r2->data, "two", 3);
+    p.ops->ep_close(ep2);
+    p.ops->ep_close(e->ep);
+    pair_close(&p);
+}
+
+static void check_send_recv(struct pair *p, struct cfx_tp_ep *from, int from_side,
+                            struct cfx_tp_ep *to, size_t len, uint64_t seed)
+{
+    uint8_t *buf = malloc(len ? len : 1);
+    cfx_test_fill(buf, len, seed);
+    post_send(p, from, buf, len, 1000 + seed);
+    memset(buf, 0, len); /* the message was copied before ep_send returned */
+
+    struct ev *e = wait_ev(p, from_side, CFX_TP_COMP_SEND, from, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK, "SEND status %s", cfx_errname(e->status));
+    cr_assert_eq(e->wr_id, 1000 + seed);
+    e = wait_ev(p, !from_side, CFX_TP_COMP_RECV, to, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    cr_assert_eq(e->len, len, "RECV len %u, sent %zu", e->len, len);
+    if (len)
+        cr_assert_eq(cfx_test_check(e->data, len, seed), (size_t)-1,
+                     "RECV of %zu bytes differs at byte %zu", len,
+                     cfx_test_check(e->data, len, seed));
+    free(buf);
+}
+
+TP_TEST(send_recv)
+{
+    struct pair p;
+    static const size_t sizes[] = { 0, 1, 100, CFX_TP_SEND_MAX };
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(sizes); i++) {
+        check_send_recv(&p, p.ab, 0, p.ba, sizes[i], 10 + i);
+        check_send_recv(&p, p.ba, 1, p.ab, sizes[i], 20 + i);
+    }
+
+    /* Too big is refused and fires nothing. */
+    uint8_t *big = calloc(1, CFX_TP_SEND_MAX + 1);
+    cr_assert_neq(p.ops->ep_send(p.ab, big, CFX_TP_SEND_MAX + 1, 99), CFX_OK);
+    free(big);
+    settle(&p, 50);
+    cr_assert_null(find_ev(&p.s[0], CFX_TP_COMP_SEND, NULL));
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_RECV, NULL));
+    cr_assert_eq(p.ab->status, CFX_OK);
+    pair_close(&p);
+}
+
+TP_TEST(write_imm)
+{
+    struct pair p;
+    struct region src, dst;
+    const size_t big = (1u << 20) + 3;
+    static const struct { size_t loff, roff, len; } w[] = {
+        { 0, 0, 1 },
+        { 13, 1000, 4095 },
+        { 5, (2u << 20) + 1, (1u << 20) + 3 },
+        { 0, (4u << 20) - 1, 1 }, /* last byte of the region */
+    };
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, big + 64, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 1, &dst, 4u << 20, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(w); i++) {
+        uint64_t seed = 100 + i;
+        uint32_t imm = 0xC0DE0000u + (uint32_t)i;
+        cfx_test_fill(src.buf + w[i].loff, w[i].len, seed);
+        post_write(&p, p.ab, &src, w[i].loff, &dst.rdesc, w[i].roff, w[i].len, imm, 500 + i);
+
+        struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+        cr_assert_eq(e->status, CFX_OK, "WRITE status %s", cfx_errname(e->status));
+        cr_assert_eq(e->wr_id, 500 + i);
+        e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+        cr_assert_eq(e->status, CFX_OK);
+        cr_assert_eq(e->imm, imm, "imm %08x, expected %08x", e->imm, imm);
+        cr_assert_eq(e->len, (uint32_t)w[i].len);
+
+        size_t bad = cfx_test_check(dst.buf + w[i].roff, w[i].len, seed);
+        cr_assert_eq(bad, (size_t)-1, "write %zu (%zu bytes at %zu): byte %zu differs", i,
+                     w[i].len, w[i].roff, bad);
+        if (w[i].roff > 0)
+            cr_assert_eq(dst.buf[w[i].roff - 1], 0xAA, "byte before write %zu touched", i);
+        if (w[i].roff + w[i].len < dst.len)
+            cr_assert_eq(dst.buf[w[i].roff + w[i].len], 0xAA, "byte after write %zu touched", i);
+    }
+    /* A zero-length write still carries its immediate. */
+    post_write(&p, p.ab, &src, 0, &dst.rdesc, 0, 0, 0xFEED, 600);
+    cr_assert_eq(wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS)->wr_id, 600);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    cr_assert_eq(e->imm, 0xFEED);
+    cr_assert_eq(e->len, 0);
+
+    /* And the other direction works too. */
+    struct region src_b, dst_a;
+    region_reg(&p, 1, &src_b, 8192, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 0, &dst_a, 8192, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src_b.buf, 8192, 7);
+    post_write(&p, p.ba, &src_b, 0, &dst_a.rdesc, 0, 8192, 77, 700);
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE, p.ba, WAIT_MS);
+    e = wait_ev(&p, 0, CFX_TP_COMP_WRITE_IMM, p.ab, WAIT_MS);
+    cr_assert_eq(e->imm, 77);
+    cr_assert_eq(cfx_test_check(dst_a.buf, 8192, 7), (size_t)-1);
+
+    region_free(&p, &src_b);
+    region_free(&p, &dst_a);
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+/* Sends and writes posted on one ep arrive in the order posted. */
+TP_TEST(ordering)
+{
+    struct pair p;
+    struct region src, dst;
+    enum { N = 200, SLOT = 8192 };
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, N * SLOT, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 1, &dst, N * SLOT, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+
+    for (uint32_t i = 0; i < N; i++) {
+        if (i % 3 == 1) {
+            uint32_t msg[2] = { i, ~i };
+            post_send(&p, p.ab, msg, sizeof(msg), i);
+        } else {
+            size_t len = 1 + (i * 997) % SLOT;
+            cfx_test_fill(src.buf + (size_t)i * SLOT, len, i);
+            post_write(&p, p.ab, &src, (size_t)i * SLOT, &dst.rdesc, (size_t)i * SLOT, len, i, i);
+        }
+    }
+    wait_count(&p, 1, CFX_TP_COMP_RECV, p.ba, (N + 1) / 3, WAIT_MS);
+    wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, N - (N + 1) / 3, WAIT_MS);
+    wait_count(&p, 0, CFX_TP_COMP_SEND, p.ab, (N + 1) / 3, WAIT_MS);
+    wait_count(&p, 0, CFX_TP_COMP_WRITE, p.ab, N - (N + 1) / 3, WAIT_MS);
+
+    /* Receiver side: one event per op, in posted order, data already there. */
+    uint32_t next = 0;
+    for (size_t k = 0; k < p.s[1].n; k++) {
+        struct ev *e = &p.s[1].evs[k];
+        if (e->type != CFX_TP_COMP_RECV && e->type != CFX_TP_COMP_WRITE_IMM)
+            continue;
+        if (next % 3 == 1) {
+            cr_assert_eq(e->type, CFX_TP_COMP_RECV, "op %u: got %s", next, comp_name(e->type));
+            uint32_t msg[2];
+            cr_assert_eq(e->len, sizeof(msg));
+            memcpy(msg, e->data, sizeof(msg));
+            cr_assert_eq(msg[0], next);
+            cr_assert_eq(msg[1], ~next);
+        } else {
+            cr_assert_eq(e->type, CFX_TP_COMP_WRITE_IMM, "op %u: got %s", next, comp_name(e->type));
+            cr_assert_eq(e->imm, next);
+            size_t len = 1 + (next * 997) % SLOT;
+            cr_assert_eq(e->len, len);
+            cr_assert_eq(cfx_test_check(dst.buf + (size_t)next * SLOT, len, next), (size_t)-1);
+        }
+        next++;
+    }
+    cr_assert_eq(next, N);
+
+    /* Sender side: each kind completes in posted order. */
+    uint64_t last_send = 0, last_write = 0;
+    bool first_send = true, first_write = true;
+    for (size_t k = 0; k < p.s[0].n; k++) {
+        struct ev *e = &p.s[0].evs[k];
+        if (e->type == CFX_TP_COMP_SEND) {
+            cr_assert(first_send || e->wr_id > last_send);
+            last_send = e->wr_id;
+            first_send = false;
+        } else if (e->type == CFX_TP_COMP_WRITE) {
+            cr_assert(first_write || e->wr_id > last_write);
+            last_write = e->wr_id;
+            first_write = false;
+        }
+    }
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+/* Far more writes than any queue holds: CFX_ERR_AGAIN, then all land. */
+TP_TEST(many_writes)
+{
+    struct pair p;
+    struct region src, dst;
+    enum { N = 3000, SZ = 2048 };
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, (size_t)N * SZ, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 1, &dst, (size_t)N * SZ, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, src.len, 42);
+
+    /* Post without polling until the queue says full. */
+    uint32_t posted = 0;
+    int rc = CFX_OK;
+    while (posted < N) {
+        rc = p.ops->ep_write(p.ab, src.mr, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ,
+                             SZ, posted, posted);
+        if (rc != CFX_OK)
+            break;
+        posted++;
+    }
+    cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_write: %s after %u posts", cfx_errname(rc), posted);
+    cr_assert_gt(posted, 0);
+    for (; posted < N; posted++)
+        post_write(&p, p.ab, &src, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ, SZ,
+                   posted, posted);
+
+    wait_count(&p, 0, CFX_TP_COMP_WRITE, p.ab, N, 4 * WAIT_MS);
+    wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, N, 4 * WAIT_MS);
+    uint32_t w = 0, r = 0;
+    for (size_t k = 0; k < p.s[0].n; k++)
+        if (p.s[0].evs[k].type == CFX_TP_COMP_WRITE) {
+            cr_assert_eq(p.s[0].evs[k].status, CFX_OK);
+            cr_assert_eq(p.s[0].evs[k].wr_id, w++);
+        }
+    for (size_t k = 0; k < p.s[1].n; k++)
+        if (p.s[1].evs[k].type == CFX_TP_COMP_WRITE_IMM)
+            cr_assert_eq(p.s[1].evs[k].imm, r++);
+    cr_assert_eq(cfx_test_check(dst.buf, dst.len, 42), (size_t)-1);
+
+    /* Same for sends. */
+    uint8_t msg[64];
+    for (uint32_t i = 0; i < N; i++) {
+        memcpy(msg, &i, sizeof(i));
+        post_send(&p, p.ab, msg, sizeof(msg), 100000 + i);
+    }
+    wait_count(&p, 1, CFX_TP_COMP_RECV, p.ba, N, 4 * WAIT_MS);
+    wait_count(&p, 0, CFX_TP_COMP_SEND, p.ab, N, 4 * WAIT_MS);
+    r = 0;
+    for (size_t k = 0; k < p.s[1].n; k++)
+        if (p.s[1].evs[k].type == CFX_TP_COMP_RECV) {
+            uint32_t v;
+            memcpy(&v, p.s[1].evs[k].data, sizeof(v));
+            cr_assert_eq(v, r++);
+        }
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+/*
+ * After a failure on one ep: exactly one EP_ERROR, with a non-OK status,
+ * after every WRITE/SEND completion of that ep; later posts return the
+ * sticky status.
+ */
+static void check_failed_ep(struct pair *p, int side, struct cfx_tp_ep *ep, struct region *src,
+                            const struct cfx_tp_rdesc *rdesc)
+{
+    struct side *s = &p->s[side];
+    size_t err_at = SIZE_MAX, nerr = 0;
+
+    for (size_t k = 0; k < s->n; k++) {
+        struct ev *e = &s->evs[k];
+        if (e->ep != ep)
+            continue;
+        if (e->type == CFX_TP_COMP_EP_ERROR) {
+            nerr++;
+            err_at = k;
+            cr_assert_neq(e->status, CFX_OK, "EP_ERROR with status OK");
+        } else if (e->type == CFX_TP_COMP_WRITE || e->type == CFX_TP_COMP_SEND) {
+            cr_assert_eq(err_at, SIZE_MAX, "%s completion after EP_ERROR", comp_name(e->type));
+        }
+    }
+    cr_assert_eq(nerr, 1, "%zu EP_ERRORs on %c", nerr, side ? 'b' : 'a');
+    cr_assert_neq(ep->status, CFX_OK, "ep status not sticky");
+    if (src)
+        cr_assert_eq(p->ops->ep_write(ep, src->mr, 0, rdesc, 0, 1, 0, 1), ep->status);
+    cr_assert_eq(p->ops->ep_send(ep, "x", 1, 2), ep->status);
+}
+
+static void check_refused_write(const struct tp_param *param, bool stale)
+{
+    struct pair p;
+    struct region src, dst, reuse;
+    struct cfx_tp_rdesc rdesc;
+    uint64_t roff;
+    size_t len;
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, 65536, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(&p, 1, &dst, 65536, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    rdesc = dst.rdesc;
+    if (stale) {
+        /* Deregister, then register again: the old key must not reach the
+         * new region, whatever slot it reuses. */
+        p.ops->mem_dereg(dst.mr);
+        dst.mr = NULL;
+        region_reg(&p, 1, &reuse, 65536, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+        roff = 0;
+        len = 16;
+    } else {
+        roff = 65536 - 10; /* crosses the end */
+        len = 100;
+    }
+
+    /* Good traffic first, so the failure is not at the start of a stream. */
+    post_send(&p, p.ab, "hello", 5, 1);
+    wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+
+    int rc = p.ops->ep_write(p.ab, src.mr, 0, &rdesc, roff, len, 0xBAD, 2);
+    cr_assert_eq(rc, CFX_OK, "the writer cannot know the remote key is bad: %s",
+                 cfx_errname(rc));
+    wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
+    settle(&p, 50);
+
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, NULL), "refused write reported");
+    struct region *target = stale ? &reuse : &dst;
+    for (size_t i = 0; i < target->len; i++)
+        cr_assert_eq(target->buf[i], 0xAA, "refused write touched byte %zu", i);
+    check_failed_ep(&p, 0, p.ab, &src, &rdesc);
+    check_failed_ep(&p, 1, p.ba, NULL, NULL);
+    /* The write itself completed exactly once, whatever its status. */
+    cr_assert_leq(count_ev(&p.s[0], CFX_TP_COMP_WRITE, p.ab), 1);
+
+    if (stale)
+        region_free(&p, &reuse);
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+TP_TEST(write_out_of_bounds)
+{
+    check_refused_write(param, false);
+}
+
+TP_TEST(write_stale_key)
+{
+    check_refused_write(param, true);
+}
+
+/* The peer iface goes away with ops outstanding: flushed, then EP_ERROR. */
+TP_TEST(peer_iface_closed)
+{
+    struct pair p;
+    struct region src, dst;
+    enum { N = 64, SZ = 1 << 20 };
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, SZ, CFX_TP_ACCESS_LOCAL, 0x5A);
+    region_reg(&p, 1, &dst, SZ, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+
+    /* b is not polled, so these pile up (64 MiB > any socket buffer). */
+    int posted = 0;
+    for (; posted < N; posted++) {
+        int rc = p.ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, SZ, (uint32_t)posted,
+                                 (uint64_t)posted);
+        if (rc == CFX_ERR_AGAIN)
+            break;
+        cr_assert_eq(rc, CFX_OK, "ep_write: %s", cfx_errname(rc));
+    }
+    for (int i = 0; i < 10; i++)
+        poll_side(p.ops, &p.s[0]);
+    post_send(&p, p.ab, "last", 4, 9999);
+
+    p.ops->mem_dereg(dst.mr);
+    dst.mr = NULL;
+    p.ops->iface_close(p.s[1].iface);
+    p.s[1].iface = NULL;
+    p.ba = NULL;
+
+    wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
+    settle(&p, 100);
+
+    /* Every op completed exactly once; once one failed, the rest failed. */
+    int nw = 0, ns = 0;
+    bool failed = false;
+    for (size_t k = 0; k < p.s[0].n; k++) {
+        struct ev *e = &p.s[0].evs[k];
+        if (e->type == CFX_TP_COMP_WRITE) {
+            cr_assert_eq(e->wr_id, (uint64_t)nw, "write completions out of order");
+            nw++;
+        } else if (e->type == CFX_TP_COMP_SEND) {
+            cr_assert_eq(e->wr_id, 9999);
+            ns++;
+        } else {
+            continue;
+        }
+        if (e->status != CFX_OK)
+            failed = true;
+        else
+            cr_assert(!failed, "op %s wr_id %llu OK after a failed one", comp_name(e->type),
+                      (unsigned long long)e->wr_id);
+    }
+    cr_assert_eq(nw, posted, "%d of %d writes completed", nw, posted);
+    cr_assert_eq(ns, 1);
+    check_failed_ep(&p, 0, p.ab, &src, &dst.rdesc);
+
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+/* Closing one end: the other sees EP_ERROR; the closer sees nothing more. */
+TP_TEST(peer_ep_closed)
+{
+    struct pair p;
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    post_send(&p, p.ab, "a", 1, 1);
+    post_send(&p, p.ab, "b", 1, 2);
+    p.ops->ep_close(p.ab);
+    struct cfx_tp_ep *closed = p.ab;
+    p.ab = NULL;
+
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert(e->status == CFX_ERR_PEER_FAILED || e->status == CFX_ERR_CLOSED,
+              "EP_ERROR status %s", cfx_errname(e->status));
+    settle(&p, 50);
+    for (size_t k = 0; k < p.s[0].n; k++)
+        cr_assert(p.s[0].evs[k].ep != closed || p.s[0].evs[k].type == CFX_TP_COMP_CONNECTED,
+                  "%s reported for a closed ep", comp_name(p.s[0].evs[k].type));
+    check_failed_ep(&p, 1, p.ba, NULL, NULL);
+    pair_close(&p);
+}
+
+/* Connecting to an iface that is gone fails with CFX_ERR_CONNECT. */
+TP_TEST(connect_refused)
+{
+    struct pair p;
+    struct cfx_tp_iface *gone;
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len = sizeof(addr);
+    struct cfx_tp_ep *ep = NULL;
+
+    pair_open(&p, param);
+    cr_assert_eq(open_iface(p.ops, 3, &gone), CFX_OK);
+    cr_assert_eq(p.ops->iface_addr(gone, addr, &len), CFX_OK);
+    p.ops->iface_close(gone);
+
+    int rc = p.ops->ep_connect(p.s[0].iface, addr, len, 3, &ep);
+    if (rc == CFX_OK) {
+        struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, ep, WAIT_MS);
+        cr_assert_eq(e->status, CFX_ERR_CONNECT, "EP_ERROR status %s", cfx_errname(e->status));
+        cr_assert_eq(ep->status, CFX_ERR_CONNECT);
+        cr_assert_null(find_ev(&p.s[0], CFX_TP_COMP_CONNECTED, ep));
+        p.ops->ep_close(ep);
+    } else {
+        /* Refusing on the spot is allowed too, with the same status. */
+        cr_assert_eq(rc, CFX_ERR_CONNECT, "ep_connect: %s", cfx_errname(rc));
+    }
+    pair_close(&p);
+}
+
+/* iface_arm + iface_fd: sleeping on the fd wakes up when a message comes. */
+TP_TEST(wakeup_fd)
+{
+    struct pair p;
+
+    pair_open(&p, param);
+    int fd = p.ops->iface_fd ? p.ops->iface_fd(p.s[1].iface) : -1;
+    if (fd < 0) {
+        pair_close(&p);
+        cr_skip_test("%s has no wait fd: it must be polled", param->name);
+    }
+    pair_connect(&p);
+
+    /* Drain b until it may sleep. */
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        poll_side(p.ops, &p.s[1]);
+        int rc = p.ops->iface_arm(p.s[1].iface);
+        if (rc == CFX_OK)
+            break;
+        cr_assert_eq(rc, CFX_ERR_AGAIN, "iface_arm: %s", cfx_errname(rc));
+        cr_assert(cfx__now_ns() < deadline, "iface_arm kept saying AGAIN");
+    }
+    post_send(&p, p.ab, "wake", 4, 1);
+    /* Let a push it out (its own progress may need a poll). */
+    deadline = cfx__deadline_ns(WAIT_MS);
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    int n;
+    while ((n = poll(&pfd, 1, 10)) == 0) {
+        poll_side(p.ops, &p.s[0]);
+        cr_assert(cfx__now_ns() < deadline, "wait fd never turned readable");
+    }
+    cr_assert_eq(n, 1);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    cr_assert_arr_eq(e->data, "wake", 4);
+    pair_close(&p);
+}
+
+/* A peer process killed mid-stream is noticed within 2 s. */
+TP_TEST(peer_killed)
+{
+    struct pair p;
+    struct region dst;
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    enum { SZ = 256 * 1024, SLOTS = 16 };
+
+    pair_open(&p, param);
+    /* Only a is used in the parent; b's iface is not needed. */
+    p.ops->iface_close(p.s[1].iface);
+    p.s[1].iface = NULL;
+    region_reg(&p, 0, &dst, (size_t)SZ * SLOTS, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    get_addr(&p, 0, addr, &len);
+
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* Child: connect to the parent and stream writes until killed. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        struct cfx_tp_iface *ci;
+        struct cfx_tp_ep *ep;
+        struct cfx_tp_completion comps[64];
+        static uint8_t buf[SZ];
+        struct cfx_tp_mr *mr;
+        struct cfx_tp_mem_desc md = { .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST,
+                                      .shm_fd = -1 };
+        uint64_t end = cfx__deadline_ns(30000);
+        if (open_iface(p.ops, 9, &ci) != CFX_OK ||
+            p.ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
+            p.ops->ep_connect(ci, addr, len, NODE_A, &ep) != CFX_OK)
+            _exit(2);
+        uint32_t i = 0;
+        while (cfx__now_ns() < end) {
+            int n = p.ops->poll(ci, comps, 64);
+            for (int k = 0; k < n; k++)
+                if (comps[k].type == CFX_TP_COMP_EP_ERROR)
+                    _exit(3);
+            while (p.ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ, i,
+                                   i) == CFX_OK)
+                i++;
+        }
+        _exit(4);
+    }
+
+    struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    struct cfx_tp_ep *ep = e->ep;
+    wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, ep, 20, WAIT_MS);
+
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    uint64_t t0 = cfx__now_ns();
+    e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, ep, 2000);
+    uint64_t ms = (cfx__now_ns() - t0) / 1000000;
+    cr_assert_neq(e->status, CFX_OK);
+    cr_assert_lt(ms, 2000, "peer death noticed after %llu ms", (unsigned long long)ms);
+    int wst;
+    cr_assert_eq(waitpid(pid, &wst, 0), pid);
+    cr_assert(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL, "child did not stream until killed");
+    check_failed_ep(&p, 0, ep, NULL, NULL);
+
+    p.ops->ep_close(ep);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+/* Registrations: arguments checked, dereg of NULL is harmless. */
+TP_TEST(mem_reg_args)
+{
+    struct pair p;
+    struct cfx_tp_mr *mr = NULL;
+    uint8_t buf[64];
+    struct cfx_tp_mem_desc md = { .addr = buf, .len = 0, .memtype = CFX_MEMTYPE_HOST,
+                                  .shm_fd = -1 };
+
+    pair_open(&p, param);
+    cr_assert_neq(p.ops->mem_reg(p.s[0].iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_OK,
+                  "empty region registered");
+    md.len = sizeof(buf);
+    cr_assert_eq(p.ops->mem_reg(p.s[0].iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_OK);
+    p.ops->mem_dereg(mr);
+    p.ops->mem_dereg(NULL);
+    pair_close(&p);
+}

@@ -1,0 +1,178 @@
+/*
+ * cfx_get_bw: object get bandwidth between two processes, perftest style.
+ *
+ *   server:  CFX_TOKEN=t cfx_get_bw -s 64M
+ *   client:  CFX_TOKEN=t cfx_get_bw -s 64M 127.0.0.1
+ *
+ * The server puts one object per measured get; the client gets each (timed)
+ * and deletes its copy (not timed), so every get crosses the data plane.
+ */
+#include "perf_common.h"
+
+#include <math.h>
+
+#define SERVER_WAIT_MS (10 * 60 * 1000) /* how long a server waits for its client */
+
+static double memcpy_bw(size_t size, long iters)
+{
+    char *a = malloc(size), *b = malloc(size);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, size);
+    memset(b, 2, size);
+    memcpy(b, a, size); /* warm */
+    double t = perf_now();
+    for (long i = 0; i < iters; i++) {
+        memcpy(b, a, size);
+        __asm__ __volatile__("" : : "r"(b) : "memory");
+    }
+    t = perf_now() - t;
+    free(a);
+    free(b);
+    return (double)size * (double)iters / t;
+}
+
+int main(int argc, char **argv)
+{
+    struct perf_opts o;
+    struct cfx_coord *coord;
+    struct cfx_object_id id;
+    size_t sizes[32];
+    int nsizes = 0;
+    int rc = perf_parse(argc, argv, &o, "objects", 64u << 20, 20);
+    if (rc)
+        return rc;
+    if (o.all)
+        for (size_t s = 4096; s <= (64u << 20); s *= 2)
+            sizes[nsizes++] = s;
+    else
+        sizes[nsizes++] = o.size;
+    size_t maxsize = 1;
+    for (int i = 0; i < nsizes; i++)
+        maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;
+
+    struct cfx_context *ctx = perf_join(&o, &coord, argv[0]);
+    void *buf = NULL;
+    if (o.arena || !o.host)
+        rc = cfx_buf_alloc(ctx, maxsize, &buf);
+    else
+        rc = (buf = malloc(maxsize)) ? CFX_OK : CFX_ERR_NOMEM;
+    if (rc != CFX_OK) {
+        fprintf(stderr, "%s: cannot allocate %zu bytes: %s\n", argv[0], maxsize, cfx_last_error());
+        return 1;
+    }
+    memset(buf, 0x5a, maxsize);
+    int status = 0;
+
+    if (!o.host) {
+        /* server: publish every object the client will get, then wait */
+        struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                     .flags = o.inline_ok ? 0 : CFX_OBJ_FLAG_NO_INLINE };
+        for (int s = 0; s < nsizes; s++)
+            for (long i = 0; i < o.iters + o.warmup; i++) {
+                perf_id(&id, "bw", sizes[s], i);
+                rc = cfx_put(ctx, &id, buf, sizes[s], &pp);
+                if (rc != CFX_OK) {
+                    fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+                    return 1;
+                }
+            }
+        if (!o.json)
+            printf("Waiting for a client on port %d...\n", o.port);
+        fflush(stdout);
+        uint8_t done;
+        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                    .timeout_ms = SERVER_WAIT_MS };
+        perf_id(&id, "bw-done", 0, 0);
+        rc = cfx_get(ctx, &id, &done, 1, NULL, &p);
+        if (rc != CFX_OK) {
+            fprintf(stderr, "%s: client did not finish: %s\n", argv[0], cfx_last_error());
+            status = 1;
+        } else if (!o.json) {
+            printf("Client done.\n");
+        }
+    } else {
+        char cfg[2048];
+        cfx_context_config(ctx, cfg, sizeof(cfg));
+        const char *tp = strstr(cfg, "transports = ");
+        char tpname[64] = "?";
+        if (tp)
+            sscanf(tp, "transports = %63[^ \n]", tpname);
+        if (o.json)
+            printf("{\"tool\":\"cfx_get_bw\",\"transport\":\"%s\",\"buffer\":\"%s\",\"results\":[",
+                   o.transport ? o.transport : tpname, o.arena ? "arena" : "user");
+        else {
+            printf("---------------------------------------------------------------------------\n");
+            printf("                    Conflux object get bandwidth test\n");
+            printf(" Coordinator     : %s:%d\n", o.host, o.port);
+            printf(" Transport       : %s\n", o.transport ? o.transport : tpname);
+            printf(" Chunk size      : %s\n", o.chunk ? "fixed" : "follows object size");
+            printf(" Destination     : %s buffer\n", o.arena ? "arena" : "user");
+            printf(" Iterations      : %ld (+%ld warm-up)\n", o.iters, o.warmup);
+            printf("---------------------------------------------------------------------------\n");
+            printf(" %-12s %-12s %-18s %-20s %s\n", "#bytes", "#iterations",
+                   o.gbits ? "BW peak[Gb/sec]" : "BW peak[GB/sec]",
+                   o.gbits ? "BW average[Gb/sec]" : "BW average[GB/sec]", "memcpy ratio");
+        }
+        for (int s = 0; s < nsizes && !status; s++) {
+            double total = 0, best = INFINITY;
+            for (long i = 0; i < o.iters + o.warmup; i++) {
+                size_t got;
+                perf_id(&id, "bw", sizes[s], i);
+                double t = perf_now();
+                rc = cfx_get(ctx, &id, buf, maxsize, &got, NULL);
+                t = perf_now() - t;
+                if (rc != CFX_OK || got != sizes[s]) {
+                    fprintf(stderr, "%s: get of %zu bytes: %s\n", argv[0], sizes[s],
+                            rc ? cfx_last_error() : "wrong size");
+                    status = 1;
+                    break;
+                }
+                cfx_delete(ctx, &id, NULL);
+                if (i >= o.warmup) {
+                    total += t;
+                    best = t < best ? t : best;
+                }
+            }
+            if (status)
+                break;
+            double scale = o.gbits ? 8e-9 : 1e-9;
+            double avg = (double)sizes[s] * (double)o.iters / total;
+            double peak = (double)sizes[s] / best;
+            double ref = o.memcpy_ref ? memcpy_bw(sizes[s], o.iters) : 0;
+            if (o.json)
+                printf("%s{\"bytes\":%zu,\"iterations\":%ld,\"bw_peak\":%.4f,\"bw_avg\":%.4f,"
+                       "\"unit\":\"%s\",\"memcpy_bw\":%.4f,\"memcpy_ratio\":%.4f}",
+                       s ? "," : "", sizes[s], o.iters, peak * scale, avg * scale,
+                       o.gbits ? "Gb/s" : "GB/s", ref * scale, ref > 0 ? avg / ref : 0.0);
+            else if (ref > 0)
+                printf(" %-12zu %-12ld %-18.3f %-20.3f %.3f (memcpy %.3f)\n", sizes[s], o.iters,
+                       peak * scale, avg * scale, avg / ref, ref * scale);
+            else
+                printf(" %-12zu %-12ld %-18.3f %-20.3f -\n", sizes[s], o.iters, peak * scale,
+                       avg * scale);
+            fflush(stdout);
+        }
+        if (o.json)
+            printf("]}\n");
+        else
+            printf("---------------------------------------------------------------------------\n");
+        uint8_t one = 1;
+        perf_id(&id, "bw-done", 0, 0);
+        if (cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK) {
+            fprintf(stderr, "%s: cannot tell the server we are done: %s\n", argv[0],
+                    cfx_last_error());
+            status = 1;
+        }
+    }
+    if (o.arena || !o.host)
+        cfx_buf_free(ctx, buf);
+    else
+        free(buf);
+    cfx_context_destroy(ctx);
+    cfx__coord_stop(coord);
+    return status;
+}

@@ -1,0 +1,869 @@
+/*
+ * cfx_run: start N ranks of a Conflux program on this host.
+ *
+ *   cfx_run -n N [--transport LIST] [--timeout SEC] [--token T]
+ *           [--coord-port P] [--chunk-size S] [-v] CMD [ARGS...]
+ *
+ * Runs the coordinator inside this process (127.0.0.1, an ephemeral port
+ * unless --coord-port), then forks N copies of CMD with the cluster
+ * described in their environment:
+ *
+ *   CFX_RANK, CFX_LOCAL_RANK   0 .. N-1
+ *   CFX_WORLD_SIZE             N
+ *   CFX_COORD                  127.0.0.1:PORT
+ *   CFX_TOKEN                  --token, or 32 fresh random hex digits
+ *   CFX_TRANSPORT              with --transport
+ *   CFX_CHUNK_SIZE             with --chunk-size
+ *
+ * Every line a rank writes to stdout or stderr comes out on the same stream
+ * of cfx_run, whole, prefixed with "[RANK] ".  When a rank fails (non-zero
+ * exit or a signal) the others get SIGTERM, then SIGKILL two seconds later.
+ * SIGINT, SIGTERM and SIGHUP sent to cfx_run are forwarded to the ranks; a
+ * second one kills them.
+ *
+ * Exit status: 0 when every rank exited 0; 1 when a rank exited non-zero
+ * (or cfx_run itself failed); 128+SIG when a rank was killed by SIG or
+ * cfx_run was interrupted by SIG; 124 when --timeout expired.
+ *
+ * Single-threaded apart from the coordinator's own thread: one poll() loop
+ * over the ranks' pipes and a signalfd.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "control/coord.h"
+#include "dataplane/common/util.h"
+
+#define RUN_MAX_RANKS     1024
+#define RUN_KILL_GRACE_MS 2000        /* SIGTERM -> SIGKILL */
+#define RUN_DRAIN_MS      1000        /* pipe output kept open after the last rank exits */
+#define RUN_LINE_INIT     (64u << 10) /* initial line buffer */
+#define RUN_LINE_MAX      (1u << 20)  /* longer lines are split */
+#define RUN_TOKEN_BYTES   16
+
+extern char **environ;
+
+/* One captured stream (stdout or stderr) of one rank. */
+struct run_stream {
+    int fd;     /* read end of the pipe; -1 once closed */
+    int out_fd; /* where its lines go: 1 or 2 */
+    char *buf;  /* bytes of the current, unfinished line(s) */
+    size_t len; /* bytes in buf */
+    size_t cap; /* allocated size of buf */
+};
+
+struct run_rank {
+    int rank;
+    pid_t pid;       /* 0 before fork */
+    bool running;    /* forked and not yet reaped */
+    int wstatus;     /* from waitpid once reaped */
+    char prefix[16]; /* "[3] " */
+    size_t prefix_len;
+    struct run_stream out[2]; /* [0] stdout, [1] stderr */
+    char **envp;              /* environment for exec */
+};
+
+struct run_opts {
+    int nranks;
+    const char *transport;  /* NULL: inherit */
+    const char *chunk_size; /* NULL: inherit */
+    const char *token;      /* NULL: generate */
+    double timeout_s;       /* 0: none */
+    unsigned port;          /* 0: ephemeral */
+    bool verbose;
+    char **argv; /* CMD ARGS... */
+};
+
+enum run_state {
+    RUN_RUNNING,     /* waiting for the ranks */
+    RUN_FAILED,      /* a rank failed; the rest are being stopped */
+    RUN_TIMED_OUT,   /* --timeout expired; every rank is being stopped */
+    RUN_INTERRUPTED, /* cfx_run got a signal and forwarded it */
+};
+
+struct run {
+    struct run_opts opts;
+    struct run_rank *ranks;
+    int running; /* ranks not yet reaped */
+    enum run_state state;
+    int exit_code;           /* decided when the state leaves RUNNING */
+    uint64_t deadline_ns;    /* --timeout; UINT64_MAX none */
+    uint64_t kill_at_ns;     /* SIGKILL stragglers then; UINT64_MAX none */
+    uint64_t drain_until_ns; /* stop reading pipes then; UINT64_MAX none */
+    int sigfd;
+    bool out_dead[3]; /* our stdout/stderr went away (EPIPE) */
+    char *obuf;       /* assembly buffer for prefixed lines */
+    size_t ocap;
+    struct pollfd *pfds;         /* [0] signalfd, then open streams */
+    struct run_stream **pstream; /* stream behind pfds[i], i >= 1 */
+    struct run_rank **prank;     /* its rank */
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cfx_run -n N [options] CMD [ARGS...]\n"
+            "\n"
+            "Start N ranks of CMD on this host around an embedded coordinator.\n"
+            "\n"
+            "  -n, --np N            number of ranks (1..%d)\n"
+            "  -t, --transport LIST  set CFX_TRANSPORT for every rank (tcp, shm, or shm,tcp)\n"
+            "  -T, --timeout SEC     kill every rank and exit 124 after SEC seconds\n"
+            "  -k, --token T         cluster token (default: random)\n"
+            "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
+            "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
+            "  -v, --verbose         print the coordinator address and each rank's exit\n"
+            "  -h, --help            this text\n"
+            "\n"
+            "Exit status: 0 all ranks succeeded, 1 a rank failed, 128+SIG a rank was\n"
+            "killed by SIG (or cfx_run interrupted), 124 timeout.\n",
+            RUN_MAX_RANKS);
+}
+
+static int parse_opts(int argc, char **argv, struct run_opts *o)
+{
+    static const struct option longopts[] = {
+        { "np", required_argument, NULL, 'n' },
+        { "transport", required_argument, NULL, 't' },
+        { "timeout", required_argument, NULL, 'T' },
+        { "token", required_argument, NULL, 'k' },
+        { "coord-port", required_argument, NULL, 'p' },
+        { "chunk-size", required_argument, NULL, 'c' },
+        { "verbose", no_argument, NULL, 'v' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    char *end;
+    size_t sz;
+    int c;
+
+    memset(o, 0, sizeof(*o));
+    /* '+': stop at the first non-option so CMD's own flags pass through. */
+    while ((c = getopt_long(argc, argv, "+n:t:T:k:p:c:vh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'n': {
+            errno = 0;
+            long n = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || n < 1 || n > RUN_MAX_RANKS) {
+                fprintf(stderr, "cfx_run: -n wants 1..%d, got '%s'\n", RUN_MAX_RANKS, optarg);
+                return -1;
+            }
+            o->nranks = (int)n;
+            break;
+        }
+        case 't':
+            if (!*optarg) {
+                fprintf(stderr, "cfx_run: --transport wants a name such as tcp or shm\n");
+                return -1;
+            }
+            o->transport = optarg;
+            break;
+        case 'T':
+            errno = 0;
+            o->timeout_s = strtod(optarg, &end);
+            if (errno || *end || end == optarg || !(o->timeout_s > 0) || o->timeout_s > 1e7) {
+                fprintf(stderr, "cfx_run: --timeout wants seconds > 0, got '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case 'k':
+            if (!*optarg) {
+                fprintf(stderr, "cfx_run: --token must not be empty\n");
+                return -1;
+            }
+            o->token = optarg;
+            break;
+        case 'p': {
+            errno = 0;
+            long p = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || p < 0 || p > 65535) {
+                fprintf(stderr, "cfx_run: --coord-port wants 0..65535, got '%s'\n", optarg);
+                return -1;
+            }
+            o->port = (unsigned)p;
+            break;
+        }
+        case 'c':
+            if (cfx__parse_size(optarg, &sz) != CFX_OK || sz == 0) {
+                fprintf(stderr, "cfx_run: --chunk-size wants a size such as 512K or 4M, got '%s'\n",
+                        optarg);
+                return -1;
+            }
+            o->chunk_size = optarg;
+            break;
+        case 'v': o->verbose = true; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (o->nranks == 0) {
+        fprintf(stderr, "cfx_run: -n N is required\n");
+        usage(stderr);
+        return -1;
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "cfx_run: no command given\n");
+        usage(stderr);
+        return -1;
+    }
+    o->argv = argv + optind;
+    return 0;
+}
+
+static int random_token(char *buf, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[RUN_TOKEN_BYTES];
+    size_t got = 0;
+    int fd;
+
+    if (len < 2 * sizeof(raw) + 1)
+        return -1;
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "cfx_run: cannot open /dev/urandom: %s\n", strerror(errno));
+        return -1;
+    }
+    while (got < sizeof(raw)) {
+        ssize_t n = read(fd, raw + got, sizeof(raw) - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "cfx_run: cannot read /dev/urandom: %s\n",
+                    n < 0 ? strerror(errno) : "end of file");
+            close(fd);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    for (size_t i = 0; i < sizeof(raw); i++) {
+        buf[2 * i] = hex[raw[i] >> 4];
+        buf[2 * i + 1] = hex[raw[i] & 15];
+    }
+    buf[2 * sizeof(raw)] = '\0';
+    return 0;
+}
+
+/* Variables cfx_run sets; inherited values of these are dropped. */
+static bool env_overridden(const char *kv, const struct run_opts *o)
+{
+    static const char *const always[] = {
+        "CFX_RANK=",  "CFX_LOCAL_RANK=", "CFX_WORLD_SIZE=",
+        "CFX_COORD=", "CFX_TOKEN=",      "CFX_TOKEN_FILE=",
+    };
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(always); i++)
+        if (!strncmp(kv, always[i], strlen(always[i])))
+            return true;
+    if (o->transport && !strncmp(kv, "CFX_TRANSPORT=", 14))
+        return true;
+    if (o->chunk_size && !strncmp(kv, "CFX_CHUNK_SIZE=", 15))
+        return true;
+    return false;
+}
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    char *s;
+    va_start(ap, fmt);
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    return n < 0 ? NULL : s;
+}
+
+/* Build the environment of @p rank before forking: the child then only
+ * calls async-signal-safe functions (the coordinator thread may hold locks). */
+static char **build_env(const struct run_opts *o, int rank, const char *coord, const char *token)
+{
+    size_t n = 0, i = 0;
+    char **envp;
+
+    while (environ[n])
+        n++;
+    envp = calloc(n + 9, sizeof(*envp));
+    if (!envp)
+        return NULL;
+    for (size_t j = 0; j < n; j++)
+        if (!env_overridden(environ[j], o))
+            envp[i++] = environ[j];
+    /* Strings we allocate are kept for the life of the process. */
+    if (!(envp[i++] = xasprintf("CFX_RANK=%d", rank)) ||
+        !(envp[i++] = xasprintf("CFX_LOCAL_RANK=%d", rank)) ||
+        !(envp[i++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks)) ||
+        !(envp[i++] = xasprintf("CFX_COORD=%s", coord)) ||
+        !(envp[i++] = xasprintf("CFX_TOKEN=%s", token)))
+        return NULL;
+    if (o->transport && !(envp[i++] = xasprintf("CFX_TRANSPORT=%s", o->transport)))
+        return NULL;
+    if (o->chunk_size && !(envp[i++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size)))
+        return NULL;
+    envp[i] = NULL;
+    return envp;
+}
+
+static void child_write(const char *s)
+{
+    size_t len = strlen(s);
+    while (len) {
+        ssize_t n = write(2, s, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        s += n;
+        len -= (size_t)n;
+    }
+}
+
+/* In the child between fork() and exec: async-signal-safe calls only. */
+static void __attribute__((noreturn))
+child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid_t parent,
+           const sigset_t *oldmask)
+{
+    struct sigaction dfl = { .sa_handler = SIG_DFL };
+
+    /* Own process group: a terminal's ^C reaches cfx_run only, which
+     * forwards it once; and a signal to the group reaches grandchildren. */
+    setpgid(0, 0);
+    /* Die with cfx_run, even when it is SIGKILLed. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(127);
+
+    if (dup2(devnull, 0) < 0 || dup2(pipes[0][1], 1) < 0 || dup2(pipes[1][1], 2) < 0)
+        _exit(127);
+    /* Leave nothing else open: not the coordinator's sockets, not the
+     * other ranks' pipes (those are O_CLOEXEC anyway). */
+    close_range(3, ~0u, 0);
+
+    sigaction(SIGPIPE, &dfl, NULL);
+    sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGTERM, &dfl, NULL);
+    sigaction(SIGHUP, &dfl, NULL);
+    sigprocmask(SIG_SETMASK, oldmask, NULL);
+
+    execvpe(r->opts.argv[0], r->opts.argv, rk->envp);
+
+    int err = errno;
+    child_write("cfx_run: cannot execute ");
+    child_write(r->opts.argv[0]);
+    child_write(": ");
+    child_write(strerror(err));
+    child_write("\n");
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sigset_t *oldmask)
+{
+    int pipes[2][2] = { { -1, -1 }, { -1, -1 } };
+    pid_t parent = getpid();
+    pid_t pid;
+
+    for (int s = 0; s < 2; s++) {
+        if (pipe2(pipes[s], O_CLOEXEC) < 0) {
+            fprintf(stderr, "cfx_run: rank %d: pipe: %s\n", rk->rank, strerror(errno));
+            goto err_close_pipes;
+        }
+    }
+
+    pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "cfx_run: rank %d: fork: %s\n", rk->rank, strerror(errno));
+        goto err_close_pipes;
+    }
+    if (pid == 0)
+        child_exec(r, rk, pipes, devnull, parent, oldmask);
+
+    /* Also set the group from here so kill(-pid) works even before the
+     * child ran (EACCES after its exec is harmless). */
+    setpgid(pid, pid);
+    rk->pid = pid;
+    rk->running = true;
+    r->running++;
+    for (int s = 0; s < 2; s++) {
+        close(pipes[s][1]);
+        rk->out[s].fd = pipes[s][0];
+        fcntl(rk->out[s].fd, F_SETFL, O_NONBLOCK);
+    }
+    return 0;
+
+err_close_pipes:
+    for (int s = 0; s < 2; s++) {
+        if (pipes[s][0] >= 0)
+            close(pipes[s][0]);
+        if (pipes[s][1] >= 0)
+            close(pipes[s][1]);
+    }
+    return -1;
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+static void write_out(struct run *r, int fd, const char *p, size_t len)
+{
+    while (len && !r->out_dead[fd]) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            /* EPIPE (e.g. `| head`) or worse: keep running, drop output. */
+            r->out_dead[fd] = true;
+            return;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static int obuf_reserve(struct run *r, size_t need)
+{
+    if (need <= r->ocap)
+        return 0;
+    size_t cap = r->ocap ? r->ocap : RUN_LINE_INIT;
+    while (cap < need)
+        cap *= 2;
+    char *p = realloc(r->obuf, cap);
+    if (!p)
+        return -1;
+    r->obuf = p;
+    r->ocap = cap;
+    return 0;
+}
+
+/*
+ * Emit the complete lines in @p st's buffer, each with the rank's prefix,
+ * in one write; keep the unfinished tail.  With @p all, the tail is emitted
+ * too (newline added): at end of file, or when one line outgrew RUN_LINE_MAX.
+ */
+static void emit_lines(struct run *r, struct run_rank *rk, struct run_stream *st, bool all)
+{
+    size_t start = 0, olen = 0;
+
+    while (start < st->len) {
+        char *nl = memchr(st->buf + start, '\n', st->len - start);
+        size_t end;
+        if (nl)
+            end = (size_t)(nl - st->buf) + 1;
+        else if (all)
+            end = st->len;
+        else
+            break;
+        size_t linelen = end - start;
+        if (obuf_reserve(r, olen + rk->prefix_len + linelen + 1) < 0) {
+            /* No memory for the prefixed copy: pass the bytes through bare. */
+            write_out(r, st->out_fd, r->obuf, olen);
+            write_out(r, st->out_fd, st->buf + start, linelen);
+            olen = 0;
+            start = end;
+            continue;
+        }
+        memcpy(r->obuf + olen, rk->prefix, rk->prefix_len);
+        olen += rk->prefix_len;
+        memcpy(r->obuf + olen, st->buf + start, linelen);
+        olen += linelen;
+        if (st->buf[end - 1] != '\n')
+            r->obuf[olen++] = '\n';
+        start = end;
+    }
+    write_out(r, st->out_fd, r->obuf, olen);
+    memmove(st->buf, st->buf + start, st->len - start);
+    st->len -= start;
+}
+
+static void stream_close(struct run *r, struct run_rank *rk, struct run_stream *st)
+{
+    emit_lines(r, rk, st, true);
+    close(st->fd);
+    st->fd = -1;
+}
+
+/* Read what is available on @p st; close it on end of file. */
+static void stream_read(struct run *r, struct run_rank *rk, struct run_stream *st)
+{
+    for (;;) {
+        if (st->len == st->cap) {
+            if (st->cap >= RUN_LINE_MAX) {
+                emit_lines(r, rk, st, true); /* one huge line: split it */
+            } else {
+                size_t cap = st->cap ? st->cap * 2 : RUN_LINE_INIT;
+                char *p = realloc(st->buf, cap);
+                if (!p) {
+                    emit_lines(r, rk, st, true);
+                } else {
+                    st->buf = p;
+                    st->cap = cap;
+                }
+            }
+            if (st->len == st->cap)
+                return; /* nothing freed; try again on the next poll */
+        }
+        ssize_t n = read(st->fd, st->buf + st->len, st->cap - st->len);
+        if (n > 0) {
+            st->len += (size_t)n;
+            emit_lines(r, rk, st, false);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        stream_close(r, rk, st); /* EOF or error */
+        return;
+    }
+}
+
+/* ---- ranks and signals ------------------------------------------------------ */
+
+static const char *signame(int sig, char *buf, size_t len)
+{
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev)
+        snprintf(buf, len, "SIG%s", abbrev);
+    else
+        snprintf(buf, len, "signal %d", sig);
+    return buf;
+}
+
+static void signal_ranks(struct run *r, int sig)
+{
+    for (int i = 0; i < r->opts.nranks; i++) {
+        struct run_rank *rk = &r->ranks[i];
+        if (!rk->running)
+            continue;
+        /* The whole group, so that a wrapper script's children hear it too;
+         * the pid itself in case the group was not set up yet. */
+        if (kill(-rk->pid, sig) < 0)
+            kill(rk->pid, sig);
+    }
+}
+
+/* Stop every rank still running: SIGTERM now, SIGKILL after the grace. */
+static void stop_ranks(struct run *r, int sig)
+{
+    if (r->running == 0)
+        return;
+    signal_ranks(r, sig);
+    if (r->kill_at_ns == UINT64_MAX)
+        r->kill_at_ns = cfx__now_ns() + RUN_KILL_GRACE_MS * 1000000ull;
+}
+
+static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
+{
+    char sbuf[32];
+
+    rk->running = false;
+    rk->wstatus = wstatus;
+    r->running--;
+
+    bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+    bool first_failure = !ok && r->state == RUN_RUNNING;
+    if (r->opts.verbose && !first_failure) {
+        if (WIFEXITED(wstatus))
+            fprintf(stderr, "cfx_run: rank %d (pid %d) exited with status %d\n", rk->rank,
+                    (int)rk->pid, WEXITSTATUS(wstatus));
+        else if (WIFSIGNALED(wstatus))
+            fprintf(stderr, "cfx_run: rank %d (pid %d) killed by %s\n", rk->rank, (int)rk->pid,
+                    signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
+    }
+    if (!first_failure)
+        return;
+
+    /* The first failure decides the exit status and stops the rest. */
+    r->state = RUN_FAILED;
+    if (WIFSIGNALED(wstatus)) {
+        int sig = WTERMSIG(wstatus);
+        fprintf(stderr, "cfx_run: rank %d exited with signal %s (%s)%s\n", rk->rank,
+                signame(sig, sbuf, sizeof(sbuf)), strsignal(sig),
+                WCOREDUMP(wstatus) ? ", core dumped" : "");
+        r->exit_code = 128 + sig;
+    } else {
+        fprintf(stderr, "cfx_run: rank %d exited with status %d\n", rk->rank, WEXITSTATUS(wstatus));
+        r->exit_code = 1;
+    }
+    if (r->running > 0)
+        fprintf(stderr, "cfx_run: terminating the other %d rank%s\n", r->running,
+                r->running == 1 ? "" : "s");
+    stop_ranks(r, SIGTERM);
+}
+
+static void reap(struct run *r)
+{
+    int wstatus;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &wstatus, WNOHANG)) > 0) {
+        if (!WIFEXITED(wstatus) && !WIFSIGNALED(wstatus))
+            continue;
+        for (int i = 0; i < r->opts.nranks; i++) {
+            if (r->ranks[i].running && r->ranks[i].pid == pid) {
+                rank_exited(r, &r->ranks[i], wstatus);
+                break;
+            }
+        }
+    }
+}
+
+static void on_signal(struct run *r, int sig)
+{
+    char sbuf[32];
+
+    if (sig == SIGCHLD) {
+        reap(r);
+        return;
+    }
+    if (r->state == RUN_INTERRUPTED) {
+        fprintf(stderr, "cfx_run: %s again: killing every rank\n",
+                signame(sig, sbuf, sizeof(sbuf)));
+        signal_ranks(r, SIGKILL);
+        return;
+    }
+    if (r->state == RUN_RUNNING || r->state == RUN_FAILED) {
+        fprintf(stderr, "cfx_run: got %s: forwarding to %d rank%s\n",
+                signame(sig, sbuf, sizeof(sbuf)), r->running, r->running == 1 ? "" : "s");
+        if (r->state == RUN_RUNNING)
+            r->exit_code = 128 + sig;
+        r->state = RUN_INTERRUPTED;
+        signal_ranks(r, sig);
+        return;
+    }
+    /* Timed out and already stopping: a signal only hurries things. */
+    signal_ranks(r, SIGKILL);
+}
+
+static void drain_signals(struct run *r)
+{
+    struct signalfd_siginfo si;
+
+    for (;;) {
+        ssize_t n = read(r->sigfd, &si, sizeof(si));
+        if (n != (ssize_t)sizeof(si))
+            return; /* EAGAIN */
+        on_signal(r, (int)si.ssi_signo);
+    }
+}
+
+static void check_timers(struct run *r)
+{
+    uint64_t now = cfx__now_ns();
+
+    if (now >= r->deadline_ns) {
+        r->deadline_ns = UINT64_MAX;
+        fprintf(stderr, "cfx_run: timed out after %g s; killing %d rank%s\n", r->opts.timeout_s,
+                r->running, r->running == 1 ? "" : "s");
+        if (r->state == RUN_RUNNING) {
+            r->state = RUN_TIMED_OUT;
+            r->exit_code = 124;
+        }
+        stop_ranks(r, SIGTERM);
+    }
+    if (r->running > 0 && now >= r->kill_at_ns) {
+        fprintf(stderr, "cfx_run: %d rank%s still running after %d ms: SIGKILL\n", r->running,
+                r->running == 1 ? "" : "s", RUN_KILL_GRACE_MS);
+        signal_ranks(r, SIGKILL);
+        r->kill_at_ns = UINT64_MAX;
+    }
+}
+
+static int poll_timeout(const struct run *r)
+{
+    if (r->running > 0)
+        return cfx__ms_left(CFX_MIN(r->deadline_ns, r->kill_at_ns));
+    return cfx__ms_left(r->drain_until_ns);
+}
+
+/* The event loop: until every rank is reaped and its output drained. */
+static void run_loop(struct run *r)
+{
+    for (;;) {
+        size_t nfds = 0;
+
+        r->pfds[nfds++] = (struct pollfd){ .fd = r->sigfd, .events = POLLIN };
+        for (int i = 0; i < r->opts.nranks; i++) {
+            for (int s = 0; s < 2; s++) {
+                struct run_stream *st = &r->ranks[i].out[s];
+                if (st->fd < 0)
+                    continue;
+                r->pstream[nfds] = st;
+                r->prank[nfds] = &r->ranks[i];
+                r->pfds[nfds++] = (struct pollfd){ .fd = st->fd, .events = POLLIN };
+            }
+        }
+        if (r->running == 0) {
+            if (nfds == 1)
+                break;
+            /* A rank's own child may still hold the pipe open: give it a
+             * moment, then stop listening. */
+            if (r->drain_until_ns == UINT64_MAX)
+                r->drain_until_ns = cfx__now_ns() + RUN_DRAIN_MS * 1000000ull;
+            else if (cfx__now_ns() >= r->drain_until_ns)
+                break;
+        }
+
+        int n = poll(r->pfds, nfds, poll_timeout(r));
+        if (n < 0 && errno != EINTR) {
+            fprintf(stderr, "cfx_run: poll: %s\n", strerror(errno));
+            break;
+        }
+        if (n > 0) {
+            for (size_t i = 1; i < nfds; i++)
+                if (r->pfds[i].revents)
+                    stream_read(r, r->prank[i], r->pstream[i]);
+            if (r->pfds[0].revents)
+                drain_signals(r);
+        }
+        check_timers(r);
+    }
+
+    /* Flush and close whatever is left open. */
+    for (int i = 0; i < r->opts.nranks; i++)
+        for (int s = 0; s < 2; s++)
+            if (r->ranks[i].out[s].fd >= 0)
+                stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
+}
+
+int main(int argc, char **argv)
+{
+    struct run r = { .state = RUN_RUNNING,
+                     .sigfd = -1,
+                     .deadline_ns = UINT64_MAX,
+                     .kill_at_ns = UINT64_MAX,
+                     .drain_until_ns = UINT64_MAX };
+    struct cfx_coord *coord = NULL;
+    char token_buf[2 * RUN_TOKEN_BYTES + 1];
+    char coord_addr[32];
+    sigset_t mask, oldmask;
+    int devnull = -1;
+    int spawned = 0;
+    int rc;
+
+    if (parse_opts(argc, argv, &r.opts) < 0)
+        return 1;
+    const char *token = r.opts.token;
+    if (!token) {
+        if (random_token(token_buf, sizeof(token_buf)) < 0)
+            return 1;
+        token = token_buf;
+    }
+
+    /* Block the signals we handle before any thread exists, so the
+     * coordinator's thread inherits the mask and the signalfd sees them. */
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &mask, &oldmask) < 0) {
+        perror("cfx_run: sigprocmask");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    r.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (r.sigfd < 0) {
+        perror("cfx_run: signalfd");
+        return 1;
+    }
+    devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) {
+        perror("cfx_run: /dev/null");
+        rc = 1;
+        goto out_close_sigfd;
+    }
+
+    struct cfx_coord_params cp = {
+        .bind_addr = "127.0.0.1",
+        .port = (uint16_t)r.opts.port,
+        .token = token,
+    };
+    rc = cfx__coord_start(&cp, &coord);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "cfx_run: cannot start the coordinator on 127.0.0.1:%u: %s%s%s\n",
+                r.opts.port, cfx_strerror(rc), *cfx_last_error() ? ": " : "", cfx_last_error());
+        rc = 1;
+        goto out_close_devnull;
+    }
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", (unsigned)cfx__coord_port(coord));
+    if (r.opts.verbose)
+        fprintf(stderr, "cfx_run: coordinator on %s, %d rank%s: %s\n", coord_addr, r.opts.nranks,
+                r.opts.nranks == 1 ? "" : "s", r.opts.argv[0]);
+
+    size_t nfds_max = 1 + 2 * (size_t)r.opts.nranks;
+    r.ranks = calloc((size_t)r.opts.nranks, sizeof(*r.ranks));
+    r.pfds = calloc(nfds_max, sizeof(*r.pfds));
+    r.pstream = calloc(nfds_max, sizeof(*r.pstream));
+    r.prank = calloc(nfds_max, sizeof(*r.prank));
+    if (!r.ranks || !r.pfds || !r.pstream || !r.prank) {
+        fprintf(stderr, "cfx_run: out of memory\n");
+        rc = 1;
+        goto out_free_ranks;
+    }
+    for (int i = 0; i < r.opts.nranks; i++) {
+        struct run_rank *rk = &r.ranks[i];
+        rk->rank = i;
+        rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
+        rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
+        rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
+        rk->envp = build_env(&r.opts, i, coord_addr, token);
+        if (!rk->envp) {
+            fprintf(stderr, "cfx_run: out of memory\n");
+            rc = 1;
+            goto out_free_ranks;
+        }
+    }
+
+    if (r.opts.timeout_s > 0)
+        r.deadline_ns = cfx__now_ns() + (uint64_t)(r.opts.timeout_s * 1e9);
+    /* Flush before forking so nothing buffered is written twice. */
+    fflush(stdout);
+    fflush(stderr);
+    for (; spawned < r.opts.nranks; spawned++) {
+        if (spawn_rank(&r, &r.ranks[spawned], devnull, &oldmask) < 0) {
+            r.state = RUN_FAILED;
+            r.exit_code = 1;
+            stop_ranks(&r, SIGTERM);
+            break;
+        }
+    }
+
+    run_loop(&r);
+    rc = r.exit_code;
+    if (r.running > 0) {
+        /* Only after a poll failure: do not leave ranks behind. */
+        signal_ranks(&r, SIGKILL);
+        while (r.running > 0 && wait(NULL) > 0)
+            r.running--;
+        rc = rc ? rc : 1;
+    }
+
+out_free_ranks:
+    /* The envp strings and arrays live until exit; the process ends here. */
+    for (int i = 0; r.ranks && i < r.opts.nranks; i++)
+        for (int s = 0; s < 2; s++)
+            free(r.ranks[i].out[s].buf);
+    free(r.prank);
+    free(r.pstream);
+    free(r.pfds);
+    free(r.ranks);
+    free(r.obuf);
+    cfx__coord_stop(coord);
+out_close_devnull:
+    close(devnull);
+out_close_sigfd:
+    close(r.sigfd);
+    return rc;
+}

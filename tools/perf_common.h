@@ -1,0 +1,186 @@
+/*
+ * Shared part of the perftest-style object tools (cfx_get_bw, cfx_get_lat):
+ * the same flags on both sides; no host = server (starts an embedded
+ * coordinator and puts), host = client (joins it and gets).
+ */
+#ifndef CFX_TOOLS_PERF_COMMON_H
+#define CFX_TOOLS_PERF_COMMON_H
+
+#include <conflux/conflux.h>
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control/coord.h"
+#include "dataplane/common/util.h"
+
+struct perf_opts {
+    const char *host;        /* NULL: server */
+    const char *bind;        /* server: coordinator bind address */
+    int port;
+    size_t size;
+    int all;                 /* sweep sizes */
+    long iters;
+    long warmup;
+    const char *transport;
+    size_t chunk;
+    int arena;               /* get into an arena buffer */
+    int gbits;
+    int json;
+    int inline_ok;           /* let small objects go through the coordinator */
+    int memcpy_ref;
+    const char *token;
+};
+
+static inline double perf_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static inline void perf_usage(const char *prog, const char *what, FILE *f)
+{
+    fprintf(f,
+            "Usage: %s [options]            start a server (embedded coordinator, puts %s)\n"
+            "       %s [options] <host>     connect to the server at host and get them\n"
+            "Options (give the same ones on both sides):\n"
+            "  -p, --port=N         coordinator port (default 18515)\n"
+            "  -b, --bind=ADDR      server: address the coordinator listens on (default 127.0.0.1)\n"
+            "  -s, --size=N         object size, K/M/G suffixes (default %s)\n"
+            "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
+            "  -n, --iters=N        measured gets per size (default %ld)\n"
+            "  -w, --warmup=N       unmeasured gets first (default 2)\n"
+            "  -t, --transport=T    tcp or shm (default: shm on the same host, else tcp)\n"
+            "  -c, --chunk-size=N   chunk size (default: follows the object size)\n"
+            "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
+            "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
+            "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
+            "  -k, --token=T        cluster token (default $CFX_TOKEN)\n"
+            "      --report_gbits   report Gbit/s instead of GB/s\n"
+            "      --json           one JSON document on stdout instead of the table\n"
+            "  -h, --help\n",
+            prog, what, prog, strcmp(what, "objects") ? "8" : "64M",
+            strcmp(what, "objects") ? 1000L : 20L);
+}
+
+static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const char *what,
+                             size_t def_size, long def_iters)
+{
+    static const struct option lopts[] = {
+        { "port", required_argument, NULL, 'p' },   { "bind", required_argument, NULL, 'b' },
+        { "size", required_argument, NULL, 's' },   { "all", no_argument, NULL, 'a' },
+        { "iters", required_argument, NULL, 'n' },  { "warmup", required_argument, NULL, 'w' },
+        { "transport", required_argument, NULL, 't' },
+        { "chunk-size", required_argument, NULL, 'c' },
+        { "user-buf", no_argument, NULL, 'u' },     { "inline", no_argument, NULL, 'i' },
+        { "memcpy-ref", no_argument, NULL, 'm' },   { "token", required_argument, NULL, 'k' },
+        { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
+        { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
+    };
+    int c;
+    memset(o, 0, sizeof(*o));
+    o->port = 18515;
+    o->bind = "127.0.0.1";
+    o->size = def_size;
+    o->iters = def_iters;
+    o->warmup = 2;
+    o->arena = 1;
+    o->token = getenv("CFX_TOKEN");
+    while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimk:h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'p': o->port = atoi(optarg); break;
+        case 'b': o->bind = optarg; break;
+        case 's':
+            if (cfx__parse_size(optarg, &o->size) != CFX_OK) {
+                fprintf(stderr, "%s: bad size '%s'\n", argv[0], optarg);
+                return 2;
+            }
+            break;
+        case 'a': o->all = 1; break;
+        case 'n': o->iters = atol(optarg); break;
+        case 'w': o->warmup = atol(optarg); break;
+        case 't': o->transport = optarg; break;
+        case 'c':
+            if (cfx__parse_size(optarg, &o->chunk) != CFX_OK) {
+                fprintf(stderr, "%s: bad chunk size '%s'\n", argv[0], optarg);
+                return 2;
+            }
+            break;
+        case 'u': o->arena = 0; break;
+        case 'i': o->inline_ok = 1; break;
+        case 'm': o->memcpy_ref = 1; break;
+        case 'k': o->token = optarg; break;
+        case 'G': o->gbits = 1; break;
+        case 'J': o->json = 1; break;
+        case 'h': perf_usage(argv[0], what, stdout); exit(0);
+        default: perf_usage(argv[0], what, stderr); return 2;
+        }
+    }
+    if (optind < argc)
+        o->host = argv[optind++];
+    if (optind < argc || o->port <= 0 || o->port > 65535 || o->iters <= 0 || o->warmup < 0 ||
+        (o->transport && strcmp(o->transport, "tcp") && strcmp(o->transport, "shm"))) {
+        perf_usage(argv[0], what, stderr);
+        return 2;
+    }
+    if (!o->token || !*o->token) {
+        fprintf(stderr, "%s: no cluster token: set CFX_TOKEN or pass --token (the same on "
+                "both sides)\n", argv[0]);
+        return 2;
+    }
+    return 0;
+}
+
+/* Start the server's coordinator (if server) and join.  Returns 0 or exits. */
+static inline struct cfx_context *perf_join(const struct perf_opts *o, struct cfx_coord **coord,
+                                            const char *prog)
+{
+    char addr[128];
+    struct cfx_context *ctx;
+    *coord = NULL;
+    if (!o->host) {
+        struct cfx_coord_params cp = { .bind_addr = o->bind, .port = (uint16_t)o->port,
+                                       .token = o->token };
+        int rc = cfx__coord_start(&cp, coord);
+        if (rc != CFX_OK) {
+            fprintf(stderr, "%s: cannot start the coordinator on %s:%d: %s\n", prog, o->bind,
+                    o->port, cfx_last_error());
+            exit(1);
+        }
+        snprintf(addr, sizeof(addr), "%s:%d", strcmp(o->bind, "0.0.0.0") ? o->bind : "127.0.0.1",
+                 o->port);
+    } else {
+        snprintf(addr, sizeof(addr), "%s:%d", o->host, o->port);
+    }
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN |
+                      (o->transport ? CFX_CTX_PARAM_TRANSPORTS : 0) |
+                      (o->chunk ? CFX_CTX_PARAM_CHUNK_SIZE : 0),
+        .coord = addr,
+        .token = o->token,
+        .transports = o->transport,
+        .chunk_size = o->chunk,
+    };
+    int rc = cfx_context_create(&p, &ctx);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "%s: cannot join %s: %s: %s\n", prog, addr, cfx_errname(rc),
+                cfx_last_error());
+        cfx__coord_stop(*coord);
+        exit(1);
+    }
+    return ctx;
+}
+
+static inline void perf_id(struct cfx_object_id *id, const char *tool, size_t size, long i)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "%s/%zu/%ld", tool, size, i);
+    cfx_object_id_from_name(name, id);
+}
+
+#endif
