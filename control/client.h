@@ -95,7 +95,10 @@ struct cfx_ctl_params {
     const struct cfx_node_rec *self;   /* NODE: name, pid, host_id, addrs */
     int timeout_ms;                    /* connect + authenticate + join */
     /* Called from the client thread when the coordinator reports a node dead
-     * (or this client loses the coordinator: node_id 0).  May be NULL. */
+     * (or this client loses the coordinator: node_id 0).  May be NULL.
+     * It runs on the thread that receives replies, so it must not wait for
+     * a reply itself (no cfx__ctl_* request calls from inside it): hand the
+     * event to another thread (e.g. the progress engine) instead. */
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void *arg;
 };
@@ -110,6 +113,11 @@ void cfx__ctl_close(struct cfx_ctl *ctl);
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
 /* Heartbeat interval and death timeout the coordinator announced. */
 uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl);
+/* Added by the control plane: silence after which the coordinator declares a
+ * node dead (from the join reply; 0 for ADMIN clients), and the coordinator
+ * address as given to cfx__ctl_open() (for messages). */
+uint32_t cfx__ctl_dead_after_ms(const struct cfx_ctl *ctl);
+const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl);
 
 /* Announce that this node holds a complete object.  @p data carries the
  * bytes when size <= CFX_OBJECT_INLINE_MAX (they are stored by the

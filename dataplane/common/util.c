@@ -21,12 +21,12 @@ unsigned cfx_version(void)
 
 int cfx__parse_size(const char *s, size_t *out)
 {
-    if (!s || !*s)
+    if (!s || *s < '0' || *s > '9') /* strtoull would take space, '+' and '-' */
         return CFX_ERR_INVALID;
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || s[0] == '-')
+    if (errno || end == s)
         return CFX_ERR_INVALID;
     unsigned shift = 0;
     switch (*end) {

@@ -176,6 +176,11 @@ struct cfx__shm_ep {
 
     struct cfx__shm_map maps[CFX_SHM_MAP_CACHE];
     uint64_t map_clock;
+
+    uint64_t n_direct;            /* writes copied straight into the peer */
+    uint64_t n_staged;            /* writes sent through the ring */
+    uint64_t n_rx_direct;         /* peer's direct writes landed here */
+    uint64_t n_rx_staged;         /* peer's staged writes landed here */
 };
 
 struct cfx__shm_iface {

@@ -244,12 +244,16 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
     memcpy(&rd, rdesc->data, sizeof(rd));
     if (unlikely(rd.tag != CFX_SHM_RDESC_TAG))
         return CFX_ERR_INVALID;
-    if (unlikely(len > CFX_TP_WRITE_MAX))
-        return CFX_ERR_TOO_BIG;
-    if (unlikely(loff > mr->len || len > mr->len - loff || roff > rd.len || len > rd.len - roff))
-        return CFX_ERR_INVALID; /* refused here: nothing leaves */
     if ((rc = post_check(ep)) != CFX_OK)
         return rc;
+    if (unlikely(len > CFX_TP_WRITE_MAX))
+        return CFX_ERR_TOO_BIG;
+    if (unlikely(loff > mr->len || len > mr->len - loff))
+        return CFX_ERR_INVALID;
+    /* Outside the region as described: only the owner may judge (its key
+     * could be stale too), so such a write goes staged and is refused there. */
+    if (unlikely(roff > rd.len || len > rd.len - roff))
+        rd.direct = 0;
     op = op_push(ep);
     op->type = CFX_SHM_OP_WRITE;
     op->src = (const uint8_t *)mr->addr + loff;
@@ -293,6 +297,7 @@ static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
     m->key = op->key;
     m->imm = op->imm;
     m->off = op->roff;
+    m->start = op->roff;
     m->total = op->len;
     cfx__shm_ring_commit(&ep->tx, 0);
     cfx__shm_ring_publish(&ep->tx);
@@ -321,6 +326,7 @@ static bool tx_staged(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
         m->key = op->key;
         m->imm = op->imm;
         m->off = op->roff + op->done;
+        m->start = op->roff;
         m->total = op->len;
         cfx__shm_ring_commit(&ep->tx, p);
         cfx__shm_ring_publish(&ep->tx);
@@ -354,6 +360,10 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
             if (!op->started) {
                 op->started = true;
                 op->map = op->len ? cfx__shm_map_get(ep, &op->rd) : NULL;
+                if (op->map)
+                    ep->n_direct++;
+                else
+                    ep->n_staged++;
             }
             if (!(op->map ? tx_direct(ep, op, &budget) : tx_staged(ep, op, &budget)))
                 return;
@@ -435,13 +445,17 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             ep->rx_deferred = true; /* payload stays in the ring until next poll */
             break;
         case CFX_SHM_MSG_WFRAG:
-            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.off, h.len);
-            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX)) {
+            /* the whole write must fit, not just this fragment: a refused
+             * write touches nothing */
+            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.start, h.total);
+            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX || h.off < h.start ||
+                         h.off - h.start > h.total || h.len > h.total - (h.off - h.start))) {
                 rx_proto(ep, "a write fragment outside any registration", &h);
                 return n;
             }
             memcpy((uint8_t *)mr->super.addr + h.off, payload, h.len);
             if (h.flags & CFX_SHM_MSG_LAST) {
+                ep->n_rx_staged++;
                 memset(c, 0, sizeof(*c));
                 c->type = CFX_TP_COMP_WRITE_IMM;
                 c->ep = &ep->super;
@@ -456,6 +470,7 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
                 rx_proto(ep, "a direct write outside any registration", &h);
                 return n;
             }
+            ep->n_rx_direct++;
             memset(c, 0, sizeof(*c));
             c->type = CFX_TP_COMP_WRITE_IMM;
             c->ep = &ep->super;

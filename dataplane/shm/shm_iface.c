@@ -215,10 +215,13 @@ static int shm_iface_addr(struct cfx_tp_iface *tpi, void *buf, size_t *len)
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     size_t need = strlen(iface->addr) + 1;
 
-    if (!buf || !len)
+    if (!len)
         return CFX_ERR_INVALID;
-    if (*len < need)
-        return cfx__err(CFX_ERR_TRUNCATED, "shm: address needs %zu bytes, got %zu", need, *len);
+    if (!buf || *len < need) {
+        size_t had = *len;
+        *len = need; /* tell the caller what it takes */
+        return cfx__err(CFX_ERR_TRUNCATED, "shm: address needs %zu bytes, got %zu", need, had);
+    }
     memcpy(buf, iface->addr, need);
     *len = need;
     return CFX_OK;

@@ -58,7 +58,7 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     uint32_t idx;
     int rc;
 
-    if (!mem || !out || (!mem->addr && mem->len))
+    if (!mem || !out || !mem->addr || !mem->len)
         return CFX_ERR_INVALID;
     if (mem->memtype != CFX_MEMTYPE_HOST)
         return cfx__err(CFX_ERR_UNSUPPORTED, "shm: cannot register %s memory",

@@ -41,7 +41,8 @@ struct cfx__shm_msg {
     uint32_t key;          /* WFRAG, WDONE: receiver's registration key */
     uint32_t imm;          /* WFRAG(LAST), WDONE */
     uint64_t off;          /* WFRAG: where this payload goes; WDONE: write start */
-    uint64_t total;        /* WFRAG(LAST), WDONE: bytes of the whole write */
+    uint64_t start;        /* WFRAG: where the whole write starts */
+    uint64_t total;        /* WFRAG, WDONE: bytes of the whole write */
 };
 
 struct cfx__shm_ring_ctl {

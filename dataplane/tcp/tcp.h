@@ -28,9 +28,7 @@
 #ifndef CFX_TCP_TCP_H
 #define CFX_TCP_TCP_H
 
-#include <stdbool.h>
 #include <stdint.h>
-#include <sys/uio.h>
 
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"

@@ -57,10 +57,16 @@ void cfx__tcp_cq_unreserve(struct cfx__tcp_iface *iface, uint32_t n)
 
 struct cfx_tp_completion *cfx__tcp_cq_push(struct cfx__tcp_iface *iface)
 {
-    /* Reservations make this impossible; growing beats losing a completion. */
+    /* Per-ep reservations make a full queue impossible; should that ever be
+     * wrong, growing beats losing a completion, and losing one beats a crash. */
     if (unlikely(iface->cq_count == iface->cq_cap) &&
-        cq_resize(iface, iface->cq_cap ? iface->cq_cap * 2 : CQ_INITIAL) != CFX_OK)
-        abort();
+        cq_resize(iface, iface->cq_cap ? iface->cq_cap * 2 : CQ_INITIAL) != CFX_OK) {
+        static struct cfx_tp_completion lost;
+        CFX_LOG(ERR, TCP, "iface %s: completion queue full (%u); a completion is lost",
+                iface->addr, iface->cq_cap);
+        memset(&lost, 0, sizeof(lost));
+        return &lost;
+    }
     struct cfx_tp_completion *c =
         &iface->cq[(iface->cq_head + iface->cq_count) % iface->cq_cap];
     iface->cq_count++;

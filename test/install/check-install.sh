@@ -56,15 +56,15 @@ step "SONAME $soname"
 # ---- exported symbols: the public API only ------------------------------------
 leaked=$(nm -D --defined-only "$libdir/libconflux.so" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' |
     grep -v '^cfx_[a-z0-9]' | grep -v '^_init$\|^_fini$' || true)
-[[ -z $leaked ]] || fail "libconflux.so exports non-API symbols: $(echo $leaked | head -c 400)"
+[[ -z $leaked ]] || fail "libconflux.so exports non-API symbols: $(echo "$leaked" | tr "\n" " " | head -c 400)"
 internal=$(nm -D --defined-only "$libdir/libconflux.so" | awk '{print $3}' | grep '^cfx__' || true)
-[[ -z $internal ]] || fail "libconflux.so exports internal symbols: $(echo $internal | head -c 400)"
+[[ -z $internal ]] || fail "libconflux.so exports internal symbols: $(echo "$internal" | tr "\n" " " | head -c 400)"
 
 # A sanitizer build of the library (CFX_SANITIZE=ON) needs its users built
 # with the same runtime.
 san_flags=()
 if readelf -d "$libdir/libconflux.so" | grep -q 'NEEDED.*\[libasan'; then
-    san_flags=(-fsanitize=address,undefined)
+    san_flags=("-fsanitize=address,undefined")
     step "sanitizer build: building the example with ${san_flags[*]}"
 fi
 

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 
 #ifndef CFX_BIN_DIR
-#error CFX_BIN_DIR must name the build's bin directory
+#error "CFX_BIN_DIR must name the bin directory of the build"
 #endif
 
 /* Run cfx_run with the given arguments; returns its exit status. */

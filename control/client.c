@@ -1,0 +1,965 @@
+/*
+ * Coordinator client.
+ *
+ * cfx__ctl_open() connects, authenticates and joins on the caller's thread
+ * (blocking, bounded by the caller's timeout), then starts one reader thread
+ * that owns the receive side: it reads frames, hands each reply to the call
+ * waiting for its req_id, delivers node_dead events, and sends heartbeats.
+ * Callers send their own requests (serialised by send_lock) and sleep on
+ * their own condition variable until the reply or their deadline.
+ *
+ * When the connection is lost every waiting call fails with CFX_ERR_CONNECT,
+ * on_node_dead(arg, 0) runs once, and later calls fail fast.
+ */
+#include "control/client.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include <conflux/status.h>
+
+#include "control/auth.h"
+#include "control/proto.h"
+#include "dataplane/common/list.h"
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+
+#define CTL_DEFAULT_TIMEOUT_MS 10000
+#define CTL_RBUF_INITIAL       (64u * 1024)
+#define CTL_LEAVE_TIMEOUT_MS   250
+
+/* One request waiting for its reply. */
+struct ctl_call {
+    struct cfx_list link;    /* ctl->calls */
+    uint64_t req_id;
+    pthread_cond_t cond;
+    int done;                /* reply arrived or connection lost */
+    int status;              /* CFX_OK: reply holds the answer */
+    uint8_t *frame;          /* reply frame (owned); reply points into it */
+    struct cfx_msg reply;
+};
+
+struct cfx_ctl {
+    int fd;
+    int wake_fd;                     /* eventfd: wakes the reader for close */
+    char coord[128];                 /* "host:port" as given, for messages */
+    enum cfx_ctl_role role;
+    uint32_t node_id;
+    uint32_t heartbeat_ms;
+    uint32_t dead_after_ms;
+    void (*on_node_dead)(void *arg, uint32_t node_id);
+    void *arg;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t lock;            /* calls, next_req, broken, closing */
+    pthread_mutex_t send_lock;       /* one frame on the wire at a time */
+    struct cfx_list calls;
+    uint64_t next_req;
+    int broken;                      /* connection lost: calls fail fast */
+    int closing;
+
+    uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
+    size_t rlen;
+    size_t rcap;
+};
+
+static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++) {
+        buf[2 * i] = digits[id->bytes[i] >> 4];
+        buf[2 * i + 1] = digits[id->bytes[i] & 15];
+    }
+    buf[2 * CFX_OBJECT_ID_LEN] = '\0';
+    return buf;
+}
+
+/* Error detail "<what> at coordinator <addr>: <why>". */
+static int ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const char *fmt, ...)
+{
+    char why[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    return cfx__err(status, "%s at coordinator %s: %s", what, ctl->coord, why);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Wire I/O                                                                  */
+
+static void mark_broken(struct cfx_ctl *ctl)
+{
+    pthread_mutex_lock(&ctl->lock);
+    ctl->broken = 1;
+    pthread_mutex_unlock(&ctl->lock);
+    /* Wakes the reader, which fails the waiting calls. */
+    shutdown(ctl->fd, SHUT_RDWR);
+}
+
+static int is_broken(struct cfx_ctl *ctl)
+{
+    pthread_mutex_lock(&ctl->lock);
+    int b = ctl->broken;
+    pthread_mutex_unlock(&ctl->lock);
+    return b;
+}
+
+/* Write a whole frame by @p deadline.  A frame cut short would leave the
+ * stream unframed, so a partial send that times out breaks the connection. */
+static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_t deadline,
+                    const char *what)
+{
+    size_t off = 0;
+    int rc = CFX_OK;
+
+    pthread_mutex_lock(&ctl->send_lock);
+    while (off < len) {
+        ssize_t n = send(ctl->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = { .fd = ctl->fd, .events = POLLOUT };
+            int ms = cfx__ms_left(deadline);
+            if (ms == 0) {
+                rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what,
+                             "could not send the request in time (coordinator not reading)");
+                break;
+            }
+            if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+                rc = ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
+                break;
+            }
+            continue;
+        }
+        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "connection lost: %s",
+                     n < 0 ? strerror(errno) : "short send");
+        break;
+    }
+    pthread_mutex_unlock(&ctl->send_lock);
+    if (rc != CFX_OK && (off > 0 || rc == CFX_ERR_CONNECT))
+        mark_broken(ctl);
+    return rc;
+}
+
+static int send_msg(struct cfx_ctl *ctl, const struct cfx_msg *m, uint64_t deadline,
+                    const char *what)
+{
+    uint8_t *buf;
+    size_t len;
+    int rc = cfx__msg_encode_alloc(m, &buf, &len);
+    if (rc != CFX_OK)
+        return ctl_err(ctl, rc, what, "%s", cfx_last_error());
+    rc = send_all(ctl, buf, len, deadline, what);
+    free(buf);
+    return rc;
+}
+
+/* Read what the socket has.  CFX_OK (bytes added), CFX_ERR_AGAIN, or
+ * CFX_ERR_CONNECT when the connection ended. */
+static int rbuf_read(struct cfx_ctl *ctl)
+{
+    if (ctl->rlen == ctl->rcap)
+        return cfx__err(CFX_ERR_INTERNAL, "receive buffer full");
+    ssize_t n = recv(ctl->fd, ctl->rbuf + ctl->rlen, ctl->rcap - ctl->rlen, MSG_DONTWAIT);
+    if (n > 0) {
+        ctl->rlen += (size_t)n;
+        return CFX_OK;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return CFX_ERR_AGAIN;
+    return cfx__err(CFX_ERR_CONNECT, "coordinator %s closed the connection%s%s", ctl->coord,
+                    n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+}
+
+/* 1 and *flen when a whole frame starts the buffer, 0 when more bytes are
+ * needed, or a negative status when the stream is not a valid frame. */
+static int rbuf_frame(struct cfx_ctl *ctl, size_t *flen)
+{
+    struct cfx_msg_hdr h;
+    if (ctl->rlen < CFX_PROTO_HDR_LEN)
+        return 0;
+    int rc = cfx__msg_hdr_decode(ctl->rbuf, ctl->rlen, &h);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "coordinator %s: %s", ctl->coord, cfx_last_error());
+    size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
+    if (need > ctl->rcap) {
+        uint8_t *p = realloc(ctl->rbuf, need);
+        if (!p)
+            return cfx__err(CFX_ERR_NOMEM, "no memory for a %zu byte frame", need);
+        ctl->rbuf = p;
+        ctl->rcap = need;
+    }
+    if (ctl->rlen < need)
+        return 0;
+    *flen = need;
+    return 1;
+}
+
+static void rbuf_consume(struct cfx_ctl *ctl, size_t n)
+{
+    memmove(ctl->rbuf, ctl->rbuf + n, ctl->rlen - n);
+    ctl->rlen -= n;
+    if (ctl->rlen == 0 && ctl->rcap > 4 * CTL_RBUF_INITIAL) {
+        uint8_t *p = realloc(ctl->rbuf, CTL_RBUF_INITIAL);
+        if (p) {
+            ctl->rbuf = p;
+            ctl->rcap = CTL_RBUF_INITIAL;
+        }
+    }
+}
+
+/* Handshake only (no reader thread yet): next frame, decoded into @p m,
+ * pointing into *frame (caller frees). */
+static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
+                     struct cfx_msg *m, uint8_t **frame)
+{
+    for (;;) {
+        size_t flen;
+        int r = rbuf_frame(ctl, &flen);
+        if (r < 0)
+            return r;
+        if (r == 1) {
+            uint8_t *f = malloc(flen);
+            if (!f)
+                return cfx__err(CFX_ERR_NOMEM, "no memory for a %zu byte frame", flen);
+            memcpy(f, ctl->rbuf, flen);
+            rbuf_consume(ctl, flen);
+            int rc = cfx__msg_decode(f, flen, m);
+            if (rc != CFX_OK) {
+                free(f);
+                return ctl_err(ctl, rc, what, "%s", cfx_last_error());
+            }
+            *frame = f;
+            return CFX_OK;
+        }
+        struct pollfd p = { .fd = ctl->fd, .events = POLLIN };
+        int ms = cfx__ms_left(deadline);
+        if (ms == 0)
+            return ctl_err(ctl, CFX_ERR_TIMEOUT, what, "no answer in time");
+        int n = poll(&p, 1, ms);
+        if (n < 0 && errno != EINTR)
+            return ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
+        if (n <= 0)
+            continue;
+        int rc = rbuf_read(ctl);
+        if (rc != CFX_OK && rc != CFX_ERR_AGAIN)
+            return ctl_err(ctl, rc, what, "the coordinator closed the connection");
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Calls                                                                     */
+
+static void fail_all_calls(struct cfx_ctl *ctl)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctl->calls) {
+        struct ctl_call *c = cfx_list_entry(pos, struct ctl_call, link);
+        if (!c->done) {
+            c->done = 1;
+            c->status = CFX_ERR_CONNECT;
+            pthread_cond_signal(&c->cond);
+        }
+    }
+}
+
+/*
+ * Send @p req and wait for its reply by @p deadline.  On CFX_OK call->reply
+ * holds a non-ERROR reply and call->frame must be freed by the caller; an
+ * ERROR reply is turned into its status with the coordinator's text.
+ */
+static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
+                    struct ctl_call *call, const char *what)
+{
+    pthread_condattr_t attr;
+    uint64_t start = cfx__now_ns();
+    int rc;
+
+    memset(call, 0, sizeof(*call));
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&call->cond, &attr);
+    pthread_condattr_destroy(&attr);
+
+    pthread_mutex_lock(&ctl->lock);
+    if (ctl->broken || ctl->closing) {
+        pthread_mutex_unlock(&ctl->lock);
+        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator was lost");
+        goto out_destroy;
+    }
+    req->req_id = call->req_id = ++ctl->next_req;
+    cfx_list_add_tail(&call->link, &ctl->calls);
+    pthread_mutex_unlock(&ctl->lock);
+
+    rc = send_msg(ctl, req, deadline, what);
+
+    pthread_mutex_lock(&ctl->lock);
+    while (rc == CFX_OK && !call->done) {
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&call->cond, &ctl->lock);
+            continue;
+        }
+        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                               .tv_nsec = (long)(deadline % 1000000000ull) };
+        if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT && !call->done)
+            rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
+                         (unsigned long long)((deadline - start) / 1000000ull));
+    }
+    cfx_list_del(&call->link);
+    pthread_mutex_unlock(&ctl->lock);
+    if (rc != CFX_OK)
+        goto out_free;
+    if (call->status != CFX_OK) {
+        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator was lost");
+        goto out_free;
+    }
+    if (call->reply.type == CFX_MSG_ERROR) {
+        rc = ctl_err(ctl, call->reply.u.error.status, what, "%s", call->reply.u.error.text);
+        goto out_free;
+    }
+    goto out_destroy;
+
+out_free:
+    free(call->frame);
+    call->frame = NULL;
+out_destroy:
+    pthread_cond_destroy(&call->cond);
+    return rc;
+}
+
+/* The reply has the wrong type: the coordinator is confused or hostile. */
+static int unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *what)
+{
+    int rc = ctl_err(ctl, CFX_ERR_PROTO, what, "unexpected %s reply",
+                     cfx__msg_type_name(call->reply.type));
+    free(call->frame);
+    call->frame = NULL;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reader thread                                                             */
+
+static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
+{
+    struct cfx_msg m;
+    struct cfx_list *pos;
+    struct ctl_call *call = NULL;
+
+    if (cfx__msg_decode(frame, len, &m) != CFX_OK) {
+        CFX_LOG(WARN, CTL, "coordinator %s sent a bad frame: %s", ctl->coord, cfx_last_error());
+        return;
+    }
+    if (m.type == CFX_MSG_EV_NODE_DEAD) {
+        CFX_LOG(INFO, CTL, "coordinator %s: node %u is dead", ctl->coord, m.u.node_dead.node_id);
+        if (ctl->on_node_dead)
+            ctl->on_node_dead(ctl->arg, m.u.node_dead.node_id);
+        return;
+    }
+
+    pthread_mutex_lock(&ctl->lock);
+    cfx_list_for_each(pos, &ctl->calls) {
+        struct ctl_call *c = cfx_list_entry(pos, struct ctl_call, link);
+        if (c->req_id == m.req_id && !c->done) {
+            call = c;
+            break;
+        }
+    }
+    if (call) {
+        uint8_t *copy = malloc(len);
+        if (copy) {
+            memcpy(copy, frame, len);
+            cfx__msg_decode(copy, len, &call->reply); /* same bytes: cannot fail now */
+            call->frame = copy;
+            call->status = CFX_OK;
+        } else {
+            call->status = CFX_ERR_NOMEM;
+        }
+        call->done = 1;
+        pthread_cond_signal(&call->cond);
+    }
+    pthread_mutex_unlock(&ctl->lock);
+
+    /* A lookup answered after its caller gave up still made this node a
+     * receiver of the source; release that slot so it is not leaked. */
+    if (!call && m.type == CFX_MSG_LOOKUP_REPLY && !m.u.lookup_reply.is_inline) {
+        struct cfx_msg d = { .type = CFX_MSG_OBJ_DONE };
+        d.u.done.id = m.u.lookup_reply.id;
+        d.u.done.source_node = m.u.lookup_reply.node.node_id;
+        d.u.done.complete = 0;
+        pthread_mutex_lock(&ctl->lock);
+        d.req_id = ++ctl->next_req;
+        pthread_mutex_unlock(&ctl->lock);
+        send_msg(ctl, &d, cfx__deadline_ns((int)ctl->heartbeat_ms), "release of a late lookup");
+    }
+}
+
+static void *reader_thread(void *arg)
+{
+    struct cfx_ctl *ctl = arg;
+    uint64_t hb_ns = (uint64_t)ctl->heartbeat_ms * 1000000ull;
+    uint64_t next_hb = ctl->role == CFX_CTL_ROLE_NODE ? cfx__now_ns() + hb_ns : UINT64_MAX;
+    int lost = 0, closing = 0;
+    char why[256] = "";
+
+    while (!lost) {
+        if (next_hb != UINT64_MAX && cfx__now_ns() >= next_hb) {
+            struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT, .req_id = 0 };
+            int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms), "heartbeat");
+            if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
+                snprintf(why, sizeof(why), "%s", cfx_last_error());
+                lost = 1;
+                break;
+            }
+            next_hb = cfx__now_ns() + hb_ns;
+        }
+        struct pollfd p[2] = { { .fd = ctl->fd, .events = POLLIN },
+                               { .fd = ctl->wake_fd, .events = POLLIN } };
+        int n = poll(p, 2, cfx__ms_left(next_hb));
+        if (n < 0 && errno != EINTR) {
+            snprintf(why, sizeof(why), "poll: %s", strerror(errno));
+            lost = 1;
+            break;
+        }
+        if (n > 0 && (p[1].revents & POLLIN)) {
+            closing = 1;
+            break;
+        }
+        if (n <= 0 || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        int rc = rbuf_read(ctl);
+        if (rc == CFX_ERR_AGAIN)
+            continue;
+        if (rc != CFX_OK) {
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            lost = 1;
+            break;
+        }
+        size_t flen;
+        while ((rc = rbuf_frame(ctl, &flen)) == 1) {
+            deliver(ctl, ctl->rbuf, flen);
+            rbuf_consume(ctl, flen);
+        }
+        if (rc < 0) {
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            lost = 1;
+        }
+    }
+
+    pthread_mutex_lock(&ctl->lock);
+    ctl->broken = 1;
+    closing |= ctl->closing;
+    fail_all_calls(ctl);
+    pthread_mutex_unlock(&ctl->lock);
+    if (lost && !closing) {
+        CFX_LOG(WARN, CTL, "lost the coordinator %s: %s", ctl->coord, why);
+        if (ctl->on_node_dead)
+            ctl->on_node_dead(ctl->arg, 0);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Open / close                                                              */
+
+static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
+{
+    struct sockaddr_in sa;
+    int one = 1, rc;
+
+    rc = cfx__parse_hostport(ctl->coord, &sa);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "coordinator address: %s", cfx_last_error());
+    ctl->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (ctl->fd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "socket: %s", strerror(errno));
+    setsockopt(ctl->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(ctl->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        return CFX_OK;
+    if (errno != EINPROGRESS)
+        return cfx__err(CFX_ERR_CONNECT, "cannot connect to coordinator %s: %s", ctl->coord,
+                        strerror(errno));
+    for (;;) {
+        struct pollfd p = { .fd = ctl->fd, .events = POLLOUT };
+        int ms = cfx__ms_left(deadline);
+        if (ms == 0)
+            return cfx__err(CFX_ERR_TIMEOUT, "cannot connect to coordinator %s: timed out",
+                            ctl->coord);
+        int n = poll(&p, 1, ms);
+        if (n < 0 && errno != EINTR)
+            return cfx__err(CFX_ERR_IO, "poll: %s", strerror(errno));
+        if (n > 0)
+            break;
+    }
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    getsockopt(ctl->fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err)
+        return cfx__err(CFX_ERR_CONNECT, "cannot connect to coordinator %s: %s", ctl->coord,
+                        strerror(err));
+    return CFX_OK;
+}
+
+static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, uint64_t deadline)
+{
+    struct cfx_msg m, r;
+    uint8_t *frame = NULL;
+    uint8_t snonce[CFX_AUTH_NONCE_LEN], cnonce[CFX_AUTH_NONCE_LEN];
+    int rc;
+
+    rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
+    if (rc != CFX_OK)
+        return rc;
+    if (m.type == CFX_MSG_ERROR) {
+        rc = ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
+        goto out_free;
+    }
+    if (m.type != CFX_MSG_CHALLENGE) {
+        rc = ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected CHALLENGE, got %s",
+                     cfx__msg_type_name(m.type));
+        goto out_free;
+    }
+    memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
+    free(frame);
+    frame = NULL;
+
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_AUTH;
+    r.req_id = ++ctl->next_req;
+    r.u.auth.role = (uint8_t)ctl->role;
+    if ((rc = cfx__auth_nonce(cnonce, sizeof(cnonce))) != CFX_OK ||
+        (rc = cfx__auth_mac(params->token, CFX_AUTH_CLIENT, snonce, cnonce, r.u.auth.mac)) !=
+            CFX_OK)
+        return rc;
+    memcpy(r.u.auth.nonce, cnonce, sizeof(cnonce));
+    rc = send_msg(ctl, &r, deadline, "authentication");
+    if (rc != CFX_OK)
+        return rc;
+    rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
+    if (rc == CFX_ERR_CONNECT)
+        return cfx__err(CFX_ERR_AUTH, "coordinator %s closed the connection during "
+                        "authentication (wrong cluster token?)", ctl->coord);
+    if (rc != CFX_OK)
+        return rc;
+    if (m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_AUTH) {
+        rc = cfx__err(CFX_ERR_AUTH, "coordinator %s refused the cluster token", ctl->coord);
+        goto out_free;
+    }
+    if (m.type == CFX_MSG_ERROR) {
+        rc = ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
+        goto out_free;
+    }
+    if (m.type != CFX_MSG_AUTH_OK) {
+        rc = ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected AUTH_OK, got %s",
+                     cfx__msg_type_name(m.type));
+        goto out_free;
+    }
+    if (cfx__auth_verify(params->token, CFX_AUTH_COORD, snonce, cnonce, m.u.auth_ok.mac) !=
+        CFX_OK) {
+        rc = cfx__err(CFX_ERR_AUTH, "coordinator %s did not prove it knows the cluster token "
+                      "(a coordinator of another cluster?)", ctl->coord);
+        goto out_free;
+    }
+    free(frame);
+    frame = NULL;
+    if (ctl->role != CFX_CTL_ROLE_NODE)
+        return CFX_OK;
+
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_JOIN;
+    r.req_id = ++ctl->next_req;
+    r.u.join = *params->self;
+    r.u.join.node_id = 0;
+    r.u.join.alive = 1;
+    rc = send_msg(ctl, &r, deadline, "join");
+    if (rc != CFX_OK)
+        return rc;
+    rc = recv_sync(ctl, deadline, "join", &m, &frame);
+    if (rc != CFX_OK)
+        return rc;
+    if (m.type == CFX_MSG_ERROR) {
+        rc = ctl_err(ctl, m.u.error.status, "join", "%s", m.u.error.text);
+        goto out_free;
+    }
+    if (m.type != CFX_MSG_JOIN_REPLY) {
+        rc = ctl_err(ctl, CFX_ERR_PROTO, "join", "expected JOIN_REPLY, got %s",
+                     cfx__msg_type_name(m.type));
+        goto out_free;
+    }
+    ctl->node_id = m.u.join_reply.node_id;
+    ctl->heartbeat_ms = m.u.join_reply.heartbeat_ms;
+    ctl->dead_after_ms = m.u.join_reply.dead_after_ms;
+    if (ctl->dead_after_ms < ctl->heartbeat_ms)
+        ctl->dead_after_ms = 2 * ctl->heartbeat_ms;
+    rc = CFX_OK;
+
+out_free:
+    free(frame);
+    return rc;
+}
+
+static void ctl_free(struct cfx_ctl *ctl)
+{
+    if (ctl->fd >= 0)
+        close(ctl->fd);
+    if (ctl->wake_fd >= 0)
+        close(ctl->wake_fd);
+    free(ctl->rbuf);
+    pthread_mutex_destroy(&ctl->send_lock);
+    pthread_mutex_destroy(&ctl->lock);
+    free(ctl);
+}
+
+int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
+{
+    struct cfx_ctl *ctl;
+    int rc;
+
+    cfx__log_init();
+    if (!params || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx__ctl_open: NULL params or out");
+    if (!params->coord || !*params->coord)
+        return cfx__err(CFX_ERR_INVALID, "no coordinator address: set CFX_COORD=host:port");
+    if (!params->token || !*params->token)
+        return cfx__err(CFX_ERR_AUTH, "no cluster token: set CFX_TOKEN or CFX_TOKEN_FILE");
+    if (params->role != CFX_CTL_ROLE_NODE && params->role != CFX_CTL_ROLE_ADMIN)
+        return cfx__err(CFX_ERR_INVALID, "unknown client role %d", (int)params->role);
+    if (params->role == CFX_CTL_ROLE_NODE && !params->self)
+        return cfx__err(CFX_ERR_INVALID, "joining coordinator %s needs a node record",
+                        params->coord);
+    uint64_t deadline = cfx__deadline_ns(params->timeout_ms > 0 ? params->timeout_ms
+                                                                : CTL_DEFAULT_TIMEOUT_MS);
+
+    ctl = calloc(1, sizeof(*ctl));
+    if (!ctl)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for a coordinator client");
+    ctl->fd = -1;
+    ctl->wake_fd = -1;
+    snprintf(ctl->coord, sizeof(ctl->coord), "%s", params->coord);
+    ctl->role = params->role;
+    ctl->on_node_dead = params->on_node_dead;
+    ctl->arg = params->arg;
+    cfx_list_init(&ctl->calls);
+    pthread_mutex_init(&ctl->lock, NULL);
+    pthread_mutex_init(&ctl->send_lock, NULL);
+    ctl->rbuf = malloc(CTL_RBUF_INITIAL);
+    if (!ctl->rbuf) {
+        rc = cfx__err(CFX_ERR_NOMEM, "no memory for a coordinator client");
+        goto err_free;
+    }
+    ctl->rcap = CTL_RBUF_INITIAL;
+    ctl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ctl->wake_fd < 0) {
+        rc = cfx__err(CFX_ERR_IO, "eventfd: %s", strerror(errno));
+        goto err_free;
+    }
+    rc = connect_deadline(ctl, deadline);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = handshake(ctl, params, deadline);
+    if (rc != CFX_OK)
+        goto err_free;
+    rc = pthread_create(&ctl->thread, NULL, reader_thread, ctl);
+    if (rc != 0) {
+        rc = cfx__err(CFX_ERR_NO_RESOURCE, "cannot start the coordinator client thread: %s",
+                      strerror(rc));
+        goto err_free;
+    }
+    ctl->thread_started = 1;
+    CFX_LOG(INFO, CTL, "connected to coordinator %s as %s%s%.0u", ctl->coord,
+            ctl->role == CFX_CTL_ROLE_NODE ? "node" : "admin",
+            ctl->role == CFX_CTL_ROLE_NODE ? " " : "", ctl->node_id);
+    *out = ctl;
+    return CFX_OK;
+
+err_free:
+    ctl_free(ctl);
+    return rc;
+}
+
+void cfx__ctl_close(struct cfx_ctl *ctl)
+{
+    if (!ctl)
+        return;
+    if (ctl->role == CFX_CTL_ROLE_NODE && !is_broken(ctl)) {
+        struct cfx_msg m = { .type = CFX_MSG_LEAVE };
+        pthread_mutex_lock(&ctl->lock);
+        m.req_id = ++ctl->next_req;
+        pthread_mutex_unlock(&ctl->lock);
+        send_msg(ctl, &m, cfx__deadline_ns(CTL_LEAVE_TIMEOUT_MS), "leave");
+    }
+    pthread_mutex_lock(&ctl->lock);
+    ctl->closing = 1;
+    pthread_mutex_unlock(&ctl->lock);
+    if (ctl->thread_started) {
+        uint64_t one = 1;
+        ssize_t n = write(ctl->wake_fd, &one, sizeof(one));
+        (void)n;
+        pthread_join(ctl->thread, NULL);
+    }
+    ctl_free(ctl);
+}
+
+uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl)
+{
+    return ctl ? ctl->node_id : 0;
+}
+
+uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl)
+{
+    return ctl ? ctl->heartbeat_ms : 0;
+}
+
+uint32_t cfx__ctl_dead_after_ms(const struct cfx_ctl *ctl)
+{
+    return ctl ? ctl->dead_after_ms : 0;
+}
+
+const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl)
+{
+    return ctl ? ctl->coord : "";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Requests                                                                  */
+
+static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
+                     const char *what)
+{
+    struct ctl_call call;
+    int rc = ctl_call(ctl, req, deadline, &call, what);
+    if (rc != CFX_OK)
+        return rc;
+    if (call.reply.type != CFX_MSG_OK)
+        return unexpected(ctl, &call, what);
+    free(call.frame);
+    return CFX_OK;
+}
+
+int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                     uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
+    snprintf(what, sizeof(what), "put of object %s", idhex(id, hex));
+    if (size <= CFX_OBJECT_INLINE_MAX && size && !data)
+        return ctl_err(ctl, CFX_ERR_INVALID, what, "objects up to %u bytes need their data",
+                       CFX_OBJECT_INLINE_MAX);
+    m.u.put.id = *id;
+    m.u.put.size = size;
+    m.u.put.chunk_size = chunk_size;
+    m.u.put.has_data = size <= CFX_OBJECT_INLINE_MAX;
+    m.u.put.data = m.u.put.has_data ? data : NULL;
+    return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                        const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
+                        struct cfx_ctl_source *out)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_LOOKUP };
+    struct ctl_call call;
+    int rc;
+
+    if (!ctl || !id || !out || (nexclude && !exclude))
+        return cfx__err(CFX_ERR_INVALID, "lookup: NULL argument");
+    snprintf(what, sizeof(what), "lookup of object %s", idhex(id, hex));
+    if (nexclude > CFX_PROTO_EXCLUDE_MAX)
+        return ctl_err(ctl, CFX_ERR_INVALID, what, "%u nodes excluded (at most %u)", nexclude,
+                       CFX_PROTO_EXCLUDE_MAX);
+    memset(out, 0, sizeof(*out));
+    m.u.lookup.id = *id;
+    if (deadline_ns == UINT64_MAX) {
+        m.u.lookup.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    } else {
+        int ms = cfx__ms_left(deadline_ns);
+        m.u.lookup.timeout_ms = (uint32_t)(ms < 0 ? 0 : ms);
+    }
+    m.u.lookup.nexclude = nexclude;
+    if (nexclude)
+        memcpy(m.u.lookup.exclude, exclude, nexclude * sizeof(*exclude));
+
+    rc = ctl_call(ctl, &m, deadline_ns, &call, what);
+    if (rc != CFX_OK)
+        return rc;
+    if (call.reply.type != CFX_MSG_LOOKUP_REPLY ||
+        memcmp(call.reply.u.lookup_reply.id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+        return unexpected(ctl, &call, what);
+    out->size = call.reply.u.lookup_reply.size;
+    out->chunk_size = call.reply.u.lookup_reply.chunk_size;
+    out->is_inline = call.reply.u.lookup_reply.is_inline;
+    out->complete = call.reply.u.lookup_reply.complete;
+    if (out->is_inline) {
+        if (out->size) {
+            out->data = malloc((size_t)out->size);
+            if (!out->data) {
+                free(call.frame);
+                return ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for %llu inline bytes",
+                               (unsigned long long)out->size);
+            }
+            memcpy(out->data, call.reply.u.lookup_reply.data, (size_t)out->size);
+        }
+    } else {
+        out->node = call.reply.u.lookup_reply.node;
+    }
+    free(call.frame);
+    return CFX_OK;
+}
+
+int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint32_t source_node,
+                      int complete, uint64_t deadline_ns)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_DONE };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "done: NULL client or object id");
+    snprintf(what, sizeof(what), "transfer end of object %s", idhex(id, hex));
+    m.u.done.id = *id;
+    m.u.done.source_node = source_node;
+    m.u.done.complete = complete ? 1 : 0;
+    return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                        uint64_t deadline_ns)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
+    snprintf(what, sizeof(what), "delete of object %s", idhex(id, hex));
+    m.u.del.id = *id;
+    return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_node_get(struct cfx_ctl *ctl, uint32_t node_id, struct cfx_node_rec *out,
+                      uint64_t deadline_ns)
+{
+    char what[64];
+    struct cfx_msg m = { .type = CFX_MSG_NODE_GET };
+    struct ctl_call call;
+
+    if (!ctl || !out)
+        return cfx__err(CFX_ERR_INVALID, "node_get: NULL argument");
+    snprintf(what, sizeof(what), "query of node %u", node_id);
+    m.u.node_get.node_id = node_id;
+    int rc = ctl_call(ctl, &m, deadline_ns, &call, what);
+    if (rc != CFX_OK)
+        return rc;
+    if (call.reply.type != CFX_MSG_NODE_REPLY)
+        return unexpected(ctl, &call, what);
+    *out = call.reply.u.join;
+    free(call.frame);
+    return CFX_OK;
+}
+
+int cfx__ctl_status(struct cfx_ctl *ctl, struct cfx_ctl_status *out, uint64_t deadline_ns)
+{
+    struct cfx_msg m = { .type = CFX_MSG_STATUS };
+    struct ctl_call call;
+
+    if (!ctl || !out)
+        return cfx__err(CFX_ERR_INVALID, "status: NULL argument");
+    int rc = ctl_call(ctl, &m, deadline_ns, &call, "status query");
+    if (rc != CFX_OK)
+        return rc;
+    if (call.reply.type != CFX_MSG_STATUS_REPLY)
+        return unexpected(ctl, &call, "status query");
+    *out = call.reply.u.status;
+    free(call.frame);
+    return CFX_OK;
+}
+
+/* Fetch every page of a listing into one malloc'd array of @p recsz records. */
+static int list_all(struct cfx_ctl *ctl, int nodes, void **out, size_t *n, uint64_t deadline)
+{
+    const char *what = nodes ? "node listing" : "object listing";
+    size_t recsz = nodes ? sizeof(struct cfx_node_rec) : sizeof(struct cfx_ctl_obj_rec);
+    uint8_t *all = NULL;
+    size_t count = 0;
+    uint32_t cursor = 0;
+    int rc;
+
+    if (!ctl || !out || !n)
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", what);
+    for (;;) {
+        struct cfx_msg m = { .type = nodes ? CFX_MSG_NODES : CFX_MSG_OBJECTS };
+        struct ctl_call call;
+        m.u.list.cursor = cursor;
+        rc = ctl_call(ctl, &m, deadline, &call, what);
+        if (rc != CFX_OK)
+            goto err_free;
+        if (call.reply.type != (nodes ? CFX_MSG_NODES_REPLY : CFX_MSG_OBJECTS_REPLY) ||
+            (call.reply.u.page.more && call.reply.u.page.count == 0)) {
+            rc = unexpected(ctl, &call, what);
+            goto err_free;
+        }
+        uint32_t pc = call.reply.u.page.count;
+        uint8_t *p = realloc(all, (count + pc + 1) * recsz);
+        if (!p) {
+            free(call.frame);
+            rc = ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for %zu records", count + pc);
+            goto err_free;
+        }
+        all = p;
+        for (uint32_t i = 0; i < pc; i++) {
+            if (nodes)
+                cfx__msg_node_at(&call.reply, i, (struct cfx_node_rec *)(all + (count + i) * recsz));
+            else
+                cfx__msg_obj_at(&call.reply, i,
+                                (struct cfx_ctl_obj_rec *)(all + (count + i) * recsz));
+        }
+        count += pc;
+        cursor = call.reply.u.page.next;
+        int more = call.reply.u.page.more;
+        free(call.frame);
+        if (!more)
+            break;
+    }
+    *out = all;
+    *n = count;
+    return CFX_OK;
+
+err_free:
+    free(all);
+    return rc;
+}
+
+int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
+                   uint64_t deadline_ns)
+{
+    return list_all(ctl, 1, (void **)out, n, deadline_ns);
+}
+
+int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *n,
+                     uint64_t deadline_ns)
+{
+    return list_all(ctl, 0, (void **)out, n, deadline_ns);
+}

@@ -1,0 +1,230 @@
+/*
+ * cfx_run, the local launcher: environment of the ranks, line-prefixed
+ * output, failure propagation, exit statuses and the timeout.  The ranks
+ * are small sh scripts, so these tests need no transport.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#ifndef CFX_BIN_DIR
+#error "CFX_BIN_DIR must name the bin directory of the build"
+#endif
+
+/* Run the shell command @p cmd with stdout and stderr merged into *out
+ * (malloc'd, NUL terminated); returns its exit status (128+sig when killed). */
+static int run_sh(const char *cmd, char **out, double *secs)
+{
+    struct timespec t0, t1;
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    FILE *f;
+
+    cr_assert_not_null(buf);
+    cr_log_info("%s", cmd);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    f = popen(cmd, "r");
+    cr_assert_not_null(f, "cannot run %s", cmd);
+    for (;;) {
+        if (cap - len < 4096) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            cr_assert_not_null(buf);
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        if (n == 0)
+            break;
+        len += n;
+    }
+    buf[len] = '\0';
+    int st = pclose(f);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (secs)
+        *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    *out = buf;
+    cr_assert(st != -1);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Run `cfx_run ARGS`, as run_sh(). */
+static int run(const char *args, char **out, double *secs)
+{
+    char cmd[2048];
+
+    snprintf(cmd, sizeof(cmd), "%s/cfx_run %s 2>&1", CFX_BIN_DIR, args);
+    return run_sh(cmd, out, secs);
+}
+
+static int has_line(const char *out, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = out; (p = strstr(p, line)); p++)
+        if ((p == out || p[-1] == '\n') && (p[n] == '\n' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+TestSuite(cfx_run, .timeout = 60);
+
+Test(cfx_run, ranks_see_their_environment)
+{
+    char *out;
+    int rc =
+        run("-n 3 sh -c 'echo out $CFX_RANK/$CFX_LOCAL_RANK/$CFX_WORLD_SIZE; "
+            "echo err $CFX_RANK >&2; case $CFX_COORD in 127.0.0.1:[0-9]*) echo coord ok;; esac; "
+            "echo token ${#CFX_TOKEN}'",
+            &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    for (int r = 0; r < 3; r++) {
+        char l[64];
+        snprintf(l, sizeof(l), "[%d] out %d/%d/3", r, r, r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] err %d", r, r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] coord ok", r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] token 32", r); /* 16 random bytes in hex */
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+    }
+    free(out);
+}
+
+Test(cfx_run, options_become_variables)
+{
+    char *out;
+    int rc =
+        run("-n 2 --transport tcp --chunk-size 1M --token s3cret --coord-port 0 "
+            "sh -c 'echo \"$CFX_TRANSPORT $CFX_CHUNK_SIZE $CFX_TOKEN ${CFX_TOKEN_FILE-unset}\"'",
+            &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(has_line(out, "[0] tcp 1M s3cret unset"), "output:\n%s", out);
+    cr_assert(has_line(out, "[1] tcp 1M s3cret unset"), "output:\n%s", out);
+    free(out);
+}
+
+Test(cfx_run, partial_last_line_gets_prefix_and_newline)
+{
+    char *out;
+    int rc = run("-n 1 sh -c 'printf abc; sleep 0.1; printf \"def\\nghi\"'", &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(has_line(out, "[0] abcdef"), "output:\n%s", out);
+    cr_assert(has_line(out, "[0] ghi"), "output:\n%s", out);
+    free(out);
+}
+
+Test(cfx_run, lines_never_interleave)
+{
+    char *out;
+    int rc = run("-n 4 sh -c 'i=0; while [ $i -lt 2000 ]; do "
+                 "echo \"rank $CFX_RANK line $i ........................................\"; "
+                 "i=$((i+1)); done'",
+                 &out, NULL);
+    cr_assert_eq(rc, 0);
+    int count[4] = { 0 };
+    char *save = NULL;
+    for (char *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        int r1, r2, i, n = 0;
+        cr_assert(sscanf(l, "[%d] rank %d line %d ....%n", &r1, &r2, &i, &n) == 3 && n > 0,
+                  "mangled line '%s'", l);
+        cr_assert_eq(r1, r2, "line of rank %d prefixed with %d", r2, r1);
+        cr_assert_eq(i, count[r1], "rank %d: line %d after %d lines", r1, i, count[r1]);
+        cr_assert_eq(strlen(l),
+                     strlen("[0] rank 0 line ") + (size_t)snprintf(NULL, 0, "%d", i) + 1 + 40);
+        count[r1]++;
+    }
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(count[r], 2000, "rank %d: %d lines", r, count[r]);
+    free(out);
+}
+
+Test(cfx_run, failed_rank_stops_the_others)
+{
+    char *out;
+    double secs;
+    int rc = run("-n 3 sh -c 'if [ $CFX_RANK = 1 ]; then exit 3; fi; exec sleep 60'", &out, &secs);
+    cr_assert_eq(rc, 1, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 exited with status 3"), "output:\n%s", out);
+    cr_assert_lt(secs, 20.0, "the other ranks were not stopped (%.1f s)", secs);
+    free(out);
+}
+
+Test(cfx_run, rank_ignoring_sigterm_is_killed)
+{
+    char *out;
+    double secs;
+    int rc = run("-n 2 sh -c 'trap \"\" TERM; if [ $CFX_RANK = 0 ]; then sleep 0.5; exit 1; fi; "
+                 "while :; do sleep 0.1; done'",
+                 &out, &secs);
+    cr_assert_eq(rc, 1, "output:\n%s", out);
+    cr_assert(strstr(out, "SIGKILL"), "output:\n%s", out);
+    cr_assert_lt(secs, 20.0);
+    free(out);
+}
+
+Test(cfx_run, killed_rank_gives_128_plus_signal)
+{
+    char *out;
+    int rc =
+        run("-n 2 sh -c 'if [ $CFX_RANK = 0 ]; then kill -SEGV $$; fi; exec sleep 60'", &out, NULL);
+    cr_assert_eq(rc, 128 + 11, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 0 exited with signal SIGSEGV"), "output:\n%s", out);
+    free(out);
+}
+
+Test(cfx_run, timeout_exits_124)
+{
+    char *out;
+    double secs;
+    int rc = run("-n 2 --timeout 0.5 sleep 60", &out, &secs);
+    cr_assert_eq(rc, 124, "output:\n%s", out);
+    cr_assert(strstr(out, "timed out"), "output:\n%s", out);
+    cr_assert_lt(secs, 20.0);
+    free(out);
+}
+
+Test(cfx_run, usage_errors)
+{
+    char *out;
+
+    cr_assert_eq(run("sh -c true", &out, NULL), 1, "no -n accepted:\n%s", out);
+    free(out);
+    cr_assert_eq(run("-n 0 true", &out, NULL), 1);
+    free(out);
+    cr_assert_eq(run("-n 2", &out, NULL), 1, "no command accepted:\n%s", out);
+    free(out);
+    cr_assert_eq(run("-n 1 --timeout -1 true", &out, NULL), 1);
+    free(out);
+    cr_assert_eq(run("-n 1 --chunk-size lots true", &out, NULL), 1);
+    free(out);
+    cr_assert_eq(run("-n 1 /nonexistent/program", &out, NULL), 1);
+    cr_assert(strstr(out, "cannot execute /nonexistent/program"), "output:\n%s", out);
+    free(out);
+}
+
+Test(cfx_run, sigterm_is_forwarded)
+{
+    char cmd[2048], *out;
+
+    /* cfx_run in the background; SIGTERM to it once both ranks have set
+     * their trap (each touches a file then), or after 20 s at worst. */
+    snprintf(
+        cmd, sizeof(cmd),
+        "d=$(mktemp -d); "
+        "%s/cfx_run -n 2 sh -c 'trap \"echo got TERM; exit 7\" TERM; echo ready; "
+        "touch '$d'/$CFX_RANK; sleep 60 & wait' 2>&1 & p=$!; "
+        "i=0; while [ $i -lt 200 ] && ! [ -e $d/0 -a -e $d/1 ]; do sleep 0.1; i=$((i+1)); done; "
+        "kill -TERM $p; wait $p; echo \"status $?\"; rm -rf $d",
+        CFX_BIN_DIR);
+    int rc = run_sh(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(has_line(out, "[0] ready") && has_line(out, "[1] ready"), "output:\n%s", out);
+    cr_assert(has_line(out, "[0] got TERM"), "output:\n%s", out);
+    cr_assert(has_line(out, "[1] got TERM"), "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: got SIGTERM: forwarding to 2 ranks"), "output:\n%s", out);
+    cr_assert(has_line(out, "status 143"), "output:\n%s", out);
+    free(out);
+}

@@ -1,0 +1,652 @@
+/* Wire protocol: round trips of every message and rejection of bad frames. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "control/proto.h"
+#include "testutil.h"
+
+#define FRAME_MAX (CFX_PROTO_HDR_LEN + CFX_PROTO_MAX_PAYLOAD)
+
+static uint8_t *frame;     /* encode buffer */
+static uint8_t *frame2;    /* scratch copy */
+static uint8_t inline_data[CFX_OBJECT_INLINE_MAX];
+static struct cfx_node_rec node_recs[3];
+static struct cfx_ctl_obj_rec obj_recs[2];
+
+static void sample_node(struct cfx_node_rec *n, uint32_t id)
+{
+    memset(n, 0, sizeof(*n));
+    n->node_id = id;
+    n->pid = 4242 + id;
+    snprintf(n->name, sizeof(n->name), "host-%u:%u", id, n->pid);
+    snprintf(n->host_id, sizeof(n->host_id), "boot-id-%u", id % 2);
+    snprintf(n->ctl_addr, sizeof(n->ctl_addr), "127.0.0.1:%u", 40000 + id);
+    n->alive = (uint8_t)(id & 1);
+    n->last_seen_ms = 17 * id;
+    n->naddr = 2;
+    snprintf(n->addr[0].tp, sizeof(n->addr[0].tp), "tcp");
+    n->addr[0].len = 6;
+    memcpy(n->addr[0].addr, "\x7f\x00\x00\x01\x13\x88", 6);
+    snprintf(n->addr[1].tp, sizeof(n->addr[1].tp), "shm");
+    n->addr[1].len = CFX_TP_ADDR_MAX;
+    for (unsigned i = 0; i < CFX_TP_ADDR_MAX; i++)
+        n->addr[1].addr[i] = (uint8_t)(i * 7 + id);
+}
+
+static void sample_id(struct cfx_object_id *id, uint8_t seed)
+{
+    for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++)
+        id->bytes[i] = (uint8_t)(seed * 31 + i);
+}
+
+static void setup(void)
+{
+    frame = malloc(FRAME_MAX + 64);
+    frame2 = malloc(FRAME_MAX + 64);
+    cr_assert(frame && frame2);
+    cfx_test_fill(inline_data, sizeof(inline_data), 7);
+    for (uint32_t i = 0; i < 3; i++)
+        sample_node(&node_recs[i], i + 1);
+    for (uint32_t i = 0; i < 2; i++) {
+        memset(&obj_recs[i], 0, sizeof(obj_recs[i]));
+        sample_id(&obj_recs[i].id, (uint8_t)(i + 9));
+        obj_recs[i].size = 1000000ull * (i + 1);
+        obj_recs[i].chunk_size = 65536;
+        obj_recs[i].is_inline = 0;
+        obj_recs[i].nholders = 2 + i;
+        for (uint32_t j = 0; j < obj_recs[i].nholders; j++) {
+            obj_recs[i].holders[j].node_id = j + 1;
+            obj_recs[i].holders[j].complete = (uint8_t)(j == 0);
+            obj_recs[i].holders[j].uploads = j;
+        }
+    }
+}
+
+static void teardown(void)
+{
+    free(frame);
+    free(frame2);
+}
+
+TestSuite(proto, .init = setup, .fini = teardown);
+
+/* A representative message of @p type. */
+static void sample_msg(uint8_t type, struct cfx_msg *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = type;
+    m->req_id = 0x0123456789abcdefull ^ type;
+    switch (type) {
+    case CFX_MSG_ERROR:
+        m->u.error.status = CFX_ERR_TIMEOUT;
+        snprintf(m->u.error.text, sizeof(m->u.error.text), "no holder of object x appeared");
+        break;
+    case CFX_MSG_CHALLENGE:
+        for (unsigned i = 0; i < CFX_PROTO_NONCE_LEN; i++)
+            m->u.challenge.nonce[i] = (uint8_t)(i + 1);
+        break;
+    case CFX_MSG_AUTH:
+        m->u.auth.role = CFX_CTL_ROLE_ADMIN;
+        for (unsigned i = 0; i < CFX_PROTO_NONCE_LEN; i++) {
+            m->u.auth.nonce[i] = (uint8_t)(i * 3);
+            m->u.auth.mac[i] = (uint8_t)(255 - i);
+        }
+        break;
+    case CFX_MSG_AUTH_OK:
+        for (unsigned i = 0; i < CFX_PROTO_MAC_LEN; i++)
+            m->u.auth_ok.mac[i] = (uint8_t)(i ^ 0x5a);
+        break;
+    case CFX_MSG_JOIN:
+    case CFX_MSG_NODE_REPLY:
+        sample_node(&m->u.join, 3);
+        break;
+    case CFX_MSG_JOIN_REPLY:
+        m->u.join_reply.node_id = 7;
+        m->u.join_reply.heartbeat_ms = 250;
+        m->u.join_reply.dead_after_ms = 1500;
+        break;
+    case CFX_MSG_OBJ_PUT:
+        sample_id(&m->u.put.id, 1);
+        m->u.put.size = 1000;
+        m->u.put.chunk_size = 512;
+        m->u.put.has_data = 1;
+        m->u.put.data = inline_data;
+        break;
+    case CFX_MSG_OBJ_LOOKUP:
+        sample_id(&m->u.lookup.id, 2);
+        m->u.lookup.timeout_ms = 2000;
+        m->u.lookup.nexclude = 3;
+        m->u.lookup.exclude[0] = 4;
+        m->u.lookup.exclude[1] = 9;
+        m->u.lookup.exclude[2] = 11;
+        break;
+    case CFX_MSG_LOOKUP_REPLY:
+        sample_id(&m->u.lookup_reply.id, 3);
+        m->u.lookup_reply.size = 1ull << 33;
+        m->u.lookup_reply.chunk_size = 1u << 20;
+        m->u.lookup_reply.complete = 1;
+        sample_node(&m->u.lookup_reply.node, 5);
+        break;
+    case CFX_MSG_OBJ_DONE:
+        sample_id(&m->u.done.id, 4);
+        m->u.done.source_node = 3;
+        m->u.done.complete = 1;
+        break;
+    case CFX_MSG_OBJ_DELETE:
+        sample_id(&m->u.del.id, 5);
+        break;
+    case CFX_MSG_NODE_GET:
+        m->u.node_get.node_id = 12;
+        break;
+    case CFX_MSG_STATUS_REPLY:
+        m->u.status.proto_version = CFX_PROTO_VERSION;
+        m->u.status.uptime_ms = 123456789ull;
+        m->u.status.nodes_alive = 3;
+        m->u.status.nodes_dead = 1;
+        m->u.status.objects = 44;
+        m->u.status.inline_bytes = 99999;
+        m->u.status.heartbeat_ms = 250;
+        m->u.status.dead_after_ms = 1500;
+        snprintf(m->u.status.version, sizeof(m->u.status.version), "0.1.0");
+        break;
+    case CFX_MSG_NODES:
+    case CFX_MSG_OBJECTS:
+        m->u.list.cursor = 77;
+        break;
+    case CFX_MSG_NODES_REPLY:
+        m->u.page.count = 3;
+        m->u.page.next = 3;
+        m->u.page.more = 1;
+        m->u.page.recs_in = node_recs;
+        break;
+    case CFX_MSG_OBJECTS_REPLY:
+        m->u.page.count = 2;
+        m->u.page.next = 2;
+        m->u.page.more = 0;
+        m->u.page.recs_in = obj_recs;
+        break;
+    case CFX_MSG_EV_NODE_DEAD:
+        m->u.node_dead.node_id = 6;
+        break;
+    default:
+        break;
+    }
+}
+
+static void assert_node_eq(const struct cfx_node_rec *a, const struct cfx_node_rec *b)
+{
+    cr_assert_eq(a->node_id, b->node_id);
+    cr_assert_eq(a->pid, b->pid);
+    cr_assert_str_eq(a->name, b->name);
+    cr_assert_str_eq(a->host_id, b->host_id);
+    cr_assert_str_eq(a->ctl_addr, b->ctl_addr);
+    cr_assert_eq(a->alive, b->alive);
+    cr_assert_eq(a->last_seen_ms, b->last_seen_ms);
+    cr_assert_eq(a->naddr, b->naddr);
+    for (unsigned i = 0; i < a->naddr; i++) {
+        cr_assert_str_eq(a->addr[i].tp, b->addr[i].tp);
+        cr_assert_eq(a->addr[i].len, b->addr[i].len);
+        cr_assert_arr_eq(a->addr[i].addr, b->addr[i].addr, a->addr[i].len);
+    }
+}
+
+static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
+{
+    cr_assert_eq(a->type, b->type);
+    cr_assert_eq(a->req_id, b->req_id);
+    switch (a->type) {
+    case CFX_MSG_ERROR:
+        cr_assert_eq(a->u.error.status, b->u.error.status);
+        cr_assert_str_eq(a->u.error.text, b->u.error.text);
+        break;
+    case CFX_MSG_CHALLENGE:
+        cr_assert_arr_eq(a->u.challenge.nonce, b->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
+        break;
+    case CFX_MSG_AUTH:
+        cr_assert_eq(a->u.auth.role, b->u.auth.role);
+        cr_assert_arr_eq(a->u.auth.nonce, b->u.auth.nonce, CFX_PROTO_NONCE_LEN);
+        cr_assert_arr_eq(a->u.auth.mac, b->u.auth.mac, CFX_PROTO_MAC_LEN);
+        break;
+    case CFX_MSG_AUTH_OK:
+        cr_assert_arr_eq(a->u.auth_ok.mac, b->u.auth_ok.mac, CFX_PROTO_MAC_LEN);
+        break;
+    case CFX_MSG_JOIN:
+    case CFX_MSG_NODE_REPLY:
+        assert_node_eq(&a->u.join, &b->u.join);
+        break;
+    case CFX_MSG_JOIN_REPLY:
+        cr_assert_eq(a->u.join_reply.node_id, b->u.join_reply.node_id);
+        cr_assert_eq(a->u.join_reply.heartbeat_ms, b->u.join_reply.heartbeat_ms);
+        cr_assert_eq(a->u.join_reply.dead_after_ms, b->u.join_reply.dead_after_ms);
+        break;
+    case CFX_MSG_OBJ_PUT:
+        cr_assert_arr_eq(a->u.put.id.bytes, b->u.put.id.bytes, CFX_OBJECT_ID_LEN);
+        cr_assert_eq(a->u.put.size, b->u.put.size);
+        cr_assert_eq(a->u.put.chunk_size, b->u.put.chunk_size);
+        cr_assert_eq(a->u.put.has_data, b->u.put.has_data);
+        if (a->u.put.has_data && a->u.put.size)
+            cr_assert_arr_eq(a->u.put.data, b->u.put.data, a->u.put.size);
+        break;
+    case CFX_MSG_OBJ_LOOKUP:
+        cr_assert_arr_eq(a->u.lookup.id.bytes, b->u.lookup.id.bytes, CFX_OBJECT_ID_LEN);
+        cr_assert_eq(a->u.lookup.timeout_ms, b->u.lookup.timeout_ms);
+        cr_assert_eq(a->u.lookup.nexclude, b->u.lookup.nexclude);
+        cr_assert_arr_eq(a->u.lookup.exclude, b->u.lookup.exclude,
+                         a->u.lookup.nexclude * sizeof(uint32_t));
+        break;
+    case CFX_MSG_LOOKUP_REPLY:
+        cr_assert_arr_eq(a->u.lookup_reply.id.bytes, b->u.lookup_reply.id.bytes,
+                         CFX_OBJECT_ID_LEN);
+        cr_assert_eq(a->u.lookup_reply.size, b->u.lookup_reply.size);
+        cr_assert_eq(a->u.lookup_reply.chunk_size, b->u.lookup_reply.chunk_size);
+        cr_assert_eq(a->u.lookup_reply.is_inline, b->u.lookup_reply.is_inline);
+        cr_assert_eq(a->u.lookup_reply.complete, b->u.lookup_reply.complete);
+        if (a->u.lookup_reply.is_inline && a->u.lookup_reply.size)
+            cr_assert_arr_eq(a->u.lookup_reply.data, b->u.lookup_reply.data,
+                             a->u.lookup_reply.size);
+        else if (!a->u.lookup_reply.is_inline)
+            assert_node_eq(&a->u.lookup_reply.node, &b->u.lookup_reply.node);
+        break;
+    case CFX_MSG_OBJ_DONE:
+        cr_assert_arr_eq(a->u.done.id.bytes, b->u.done.id.bytes, CFX_OBJECT_ID_LEN);
+        cr_assert_eq(a->u.done.source_node, b->u.done.source_node);
+        cr_assert_eq(a->u.done.complete, b->u.done.complete);
+        break;
+    case CFX_MSG_OBJ_DELETE:
+        cr_assert_arr_eq(a->u.del.id.bytes, b->u.del.id.bytes, CFX_OBJECT_ID_LEN);
+        break;
+    case CFX_MSG_NODE_GET:
+        cr_assert_eq(a->u.node_get.node_id, b->u.node_get.node_id);
+        break;
+    case CFX_MSG_STATUS_REPLY:
+        cr_assert_eq(a->u.status.proto_version, b->u.status.proto_version);
+        cr_assert_eq(a->u.status.uptime_ms, b->u.status.uptime_ms);
+        cr_assert_eq(a->u.status.nodes_alive, b->u.status.nodes_alive);
+        cr_assert_eq(a->u.status.nodes_dead, b->u.status.nodes_dead);
+        cr_assert_eq(a->u.status.objects, b->u.status.objects);
+        cr_assert_eq(a->u.status.inline_bytes, b->u.status.inline_bytes);
+        cr_assert_eq(a->u.status.heartbeat_ms, b->u.status.heartbeat_ms);
+        cr_assert_eq(a->u.status.dead_after_ms, b->u.status.dead_after_ms);
+        cr_assert_str_eq(a->u.status.version, b->u.status.version);
+        break;
+    case CFX_MSG_NODES:
+    case CFX_MSG_OBJECTS:
+        cr_assert_eq(a->u.list.cursor, b->u.list.cursor);
+        break;
+    case CFX_MSG_NODES_REPLY:
+    case CFX_MSG_OBJECTS_REPLY:
+        cr_assert_eq(a->u.page.count, b->u.page.count);
+        cr_assert_eq(a->u.page.next, b->u.page.next);
+        cr_assert_eq(a->u.page.more, b->u.page.more);
+        for (uint32_t i = 0; i < b->u.page.count; i++) {
+            if (a->type == CFX_MSG_NODES_REPLY) {
+                struct cfx_node_rec n;
+                cfx__msg_node_at(b, i, &n);
+                assert_node_eq(&((const struct cfx_node_rec *)a->u.page.recs_in)[i], &n);
+            } else {
+                struct cfx_ctl_obj_rec o;
+                const struct cfx_ctl_obj_rec *w = &((const struct cfx_ctl_obj_rec *)a->u.page.recs_in)[i];
+                cfx__msg_obj_at(b, i, &o);
+                cr_assert_arr_eq(o.id.bytes, w->id.bytes, CFX_OBJECT_ID_LEN);
+                cr_assert_eq(o.size, w->size);
+                cr_assert_eq(o.chunk_size, w->chunk_size);
+                cr_assert_eq(o.nholders, w->nholders);
+                for (uint32_t j = 0; j < w->nholders; j++) {
+                    cr_assert_eq(o.holders[j].node_id, w->holders[j].node_id);
+                    cr_assert_eq(o.holders[j].complete, w->holders[j].complete);
+                    cr_assert_eq(o.holders[j].uploads, w->holders[j].uploads);
+                }
+            }
+        }
+        break;
+    case CFX_MSG_EV_NODE_DEAD:
+        cr_assert_eq(a->u.node_dead.node_id, b->u.node_dead.node_id);
+        break;
+    default:
+        break;
+    }
+}
+
+static size_t encode_ok(const struct cfx_msg *m)
+{
+    size_t len = 0;
+    int rc = cfx__msg_encode(m, frame, FRAME_MAX, &len);
+    cr_assert_eq(rc, CFX_OK, "encode %s: %s", cfx__msg_type_name(m->type), cfx_last_error());
+    cr_assert_eq(len, cfx__msg_encoded_len(m));
+    cr_assert_geq(len, CFX_PROTO_HDR_LEN);
+    return len;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+Test(proto, roundtrip_every_type)
+{
+    for (uint8_t t = 1; t < CFX_MSG_TYPE_END; t++) {
+        struct cfx_msg m, d;
+        sample_msg(t, &m);
+        size_t len = encode_ok(&m);
+        int rc = cfx__msg_decode(frame, len, &d);
+        cr_assert_eq(rc, CFX_OK, "decode %s: %s", cfx__msg_type_name(t), cfx_last_error());
+        assert_msg_eq(&m, &d);
+        cr_assert_str_neq(cfx__msg_type_name(t), "?");
+    }
+}
+
+Test(proto, roundtrip_inline_limits)
+{
+    struct cfx_msg m, d;
+    size_t len;
+    /* 64 KiB exactly, in a put and in a lookup reply. */
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    m.u.put.size = CFX_OBJECT_INLINE_MAX;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    assert_msg_eq(&m, &d);
+
+    sample_msg(CFX_MSG_LOOKUP_REPLY, &m);
+    m.u.lookup_reply.is_inline = 1;
+    m.u.lookup_reply.size = CFX_OBJECT_INLINE_MAX;
+    m.u.lookup_reply.data = inline_data;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    assert_msg_eq(&m, &d);
+    cr_assert_eq(cfx_test_check(d.u.lookup_reply.data, CFX_OBJECT_INLINE_MAX, 7), (size_t)-1);
+
+    /* Zero bytes inline. */
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    m.u.put.size = 0;
+    m.u.put.data = NULL;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    cr_assert_eq(d.u.put.has_data, 1);
+    cr_assert_eq(d.u.put.size, 0);
+
+    /* One byte over the limit cannot be encoded inline. */
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    m.u.put.size = CFX_OBJECT_INLINE_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+}
+
+Test(proto, full_pages_fit_the_frame_limit)
+{
+    static struct cfx_node_rec nodes[CFX_PROTO_NODES_PAGE];
+    static struct cfx_ctl_obj_rec objs[CFX_PROTO_OBJECTS_PAGE];
+    struct cfx_msg m, d;
+    size_t len;
+    for (unsigned i = 0; i < CFX_PROTO_NODES_PAGE; i++)
+        sample_node(&nodes[i], i + 1);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_NODES_REPLY;
+    m.u.page.count = CFX_PROTO_NODES_PAGE;
+    m.u.page.recs_in = nodes;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    cr_assert_eq(d.u.page.count, CFX_PROTO_NODES_PAGE);
+    struct cfx_node_rec last;
+    cfx__msg_node_at(&d, CFX_PROTO_NODES_PAGE - 1, &last);
+    assert_node_eq(&nodes[CFX_PROTO_NODES_PAGE - 1], &last);
+
+    memset(objs, 0, sizeof(objs));
+    m.type = CFX_MSG_OBJECTS_REPLY;
+    m.u.page.count = CFX_PROTO_OBJECTS_PAGE;
+    m.u.page.recs_in = objs;
+    len = encode_ok(&m);
+    cr_assert_leq(len, FRAME_MAX);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+
+    /* A page over the limit is refused at encode time. */
+    m.u.page.count = CFX_PROTO_OBJECTS_PAGE + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+}
+
+Test(proto, truncated_at_every_length)
+{
+    for (uint8_t t = 1; t < CFX_MSG_TYPE_END; t++) {
+        struct cfx_msg m, d;
+        sample_msg(t, &m);
+        size_t len = encode_ok(&m);
+        for (size_t cut = 0; cut < len; cut++) {
+            /* Copy so that reading past the cut would be caught by ASan/valgrind. */
+            uint8_t *p = malloc(cut ? cut : 1);
+            memcpy(p, frame, cut);
+            int rc = cfx__msg_decode(p, cut, &d);
+            free(p);
+            cr_assert_eq(rc, CFX_ERR_PROTO, "%s cut at %zu of %zu: %s", cfx__msg_type_name(t),
+                         cut, len, cfx_errname(rc));
+        }
+        /* The same cut, but with the header's length telling the truth. */
+        if (len > CFX_PROTO_HDR_LEN) {
+            for (size_t cut = CFX_PROTO_HDR_LEN; cut < len; cut++) {
+                memcpy(frame2, frame, cut);
+                put_u32(frame2 + 4, (uint32_t)(cut - CFX_PROTO_HDR_LEN));
+                int rc = cfx__msg_decode(frame2, cut, &d);
+                cr_assert_neq(rc, CFX_OK, "%s shortened to %zu decoded", cfx__msg_type_name(t),
+                              cut);
+            }
+        }
+    }
+}
+
+Test(proto, trailing_garbage)
+{
+    for (uint8_t t = 1; t < CFX_MSG_TYPE_END; t++) {
+        struct cfx_msg m, d;
+        sample_msg(t, &m);
+        size_t len = encode_ok(&m);
+        /* Bytes after the frame. */
+        frame[len] = 0xAA;
+        cr_assert_eq(cfx__msg_decode(frame, len + 1, &d), CFX_ERR_PROTO);
+        /* Bytes inside the payload after the last field. */
+        uint32_t plen = (uint32_t)(len - CFX_PROTO_HDR_LEN);
+        put_u32(frame + 4, plen + 1);
+        cr_assert_eq(cfx__msg_decode(frame, len + 1, &d), CFX_ERR_PROTO, "%s",
+                     cfx__msg_type_name(t));
+    }
+}
+
+Test(proto, bad_header)
+{
+    struct cfx_msg m, d;
+    struct cfx_msg_hdr h;
+    sample_msg(CFX_MSG_HEARTBEAT, &m);
+    size_t len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_hdr_decode(frame, len, &h), CFX_OK);
+    cr_assert_eq(h.magic, CFX_PROTO_MAGIC);
+    cr_assert_eq(h.type, CFX_MSG_HEARTBEAT);
+    cr_assert_eq(h.req_id, m.req_id);
+
+    memcpy(frame2, frame, len);
+    frame2[0] ^= 0xff; /* magic */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "magic"));
+
+    memcpy(frame2, frame, len);
+    frame2[2] = CFX_PROTO_VERSION + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_VERSION);
+    frame2[2] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_VERSION);
+
+    const uint8_t bad_types[] = { 0, CFX_MSG_TYPE_END, 200, 255 };
+    for (unsigned i = 0; i < sizeof(bad_types); i++) {
+        memcpy(frame2, frame, len);
+        frame2[3] = bad_types[i];
+        cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+        cr_assert_eq(cfx__msg_hdr_decode(frame2, len, &h), CFX_ERR_PROTO);
+    }
+
+    const uint32_t huge[] = { CFX_PROTO_MAX_PAYLOAD + 1, 0x7fffffffu, 0xffffffffu };
+    for (unsigned i = 0; i < 3; i++) {
+        memcpy(frame2, frame, len);
+        put_u32(frame2 + 4, huge[i]);
+        cr_assert_eq(cfx__msg_hdr_decode(frame2, len, &h), CFX_ERR_TOO_BIG);
+        cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_TOO_BIG);
+    }
+    cr_assert_eq(cfx__msg_hdr_decode(frame, CFX_PROTO_HDR_LEN - 1, &h), CFX_ERR_PROTO);
+    cr_assert_eq(cfx__msg_decode(NULL, 0, &d), CFX_ERR_PROTO);
+}
+
+/* Offset of the payload in a frame. */
+#define PL(f) ((f) + CFX_PROTO_HDR_LEN)
+
+Test(proto, absurd_counts_and_lengths)
+{
+    struct cfx_msg m, d;
+    size_t len;
+
+    /* Lookup excluding 2^32-1 nodes, and one more than the limit. */
+    sample_msg(CFX_MSG_OBJ_LOOKUP, &m);
+    len = encode_ok(&m);
+    put_u32(PL(frame) + CFX_OBJECT_ID_LEN + 4, 0xffffffffu);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    put_u32(PL(frame) + CFX_OBJECT_ID_LEN + 4, CFX_PROTO_EXCLUDE_MAX + 1);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+
+    /* Listing pages with absurd or inconsistent counts. */
+    sample_msg(CFX_MSG_NODES_REPLY, &m);
+    len = encode_ok(&m);
+    const uint32_t counts[] = { 0xffffffffu, CFX_PROTO_NODES_PAGE + 1, 4, 2, 0 };
+    for (unsigned i = 0; i < 5; i++) {
+        memcpy(frame2, frame, len);
+        put_u32(PL(frame2), counts[i]);
+        cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO, "count %u", counts[i]);
+    }
+    sample_msg(CFX_MSG_OBJECTS_REPLY, &m);
+    len = encode_ok(&m);
+    put_u32(PL(frame), 0x80000000u);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+
+    /* Inline length that disagrees with the size, or is over 64 KiB. */
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    len = encode_ok(&m);
+    size_t inl = CFX_OBJECT_ID_LEN + 8 + 4 + 1;
+    memcpy(frame2, frame, len);
+    put_u32(PL(frame2) + inl, 999);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    put_u32(PL(frame2) + inl, 0xffffffffu);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    /* has_data flag of 2 */
+    memcpy(frame2, frame, len);
+    PL(frame2)[inl - 1] = 2;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+
+    /* Node record with a transport address longer than its field / too many addresses. */
+    sample_msg(CFX_MSG_JOIN, &m);
+    len = encode_ok(&m);
+    size_t naddr_off = 4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4;
+    memcpy(frame2, frame, len);
+    PL(frame2)[naddr_off] = CFX_NODE_ADDRS_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[naddr_off + 1 + CFX_TP_NAME_MAX] = CFX_TP_ADDR_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[naddr_off - 5] = 7; /* alive flag must be 0 or 1 */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+
+    /* Error text length beyond the payload and beyond its limit; bad status. */
+    sample_msg(CFX_MSG_ERROR, &m);
+    len = encode_ok(&m);
+    memcpy(frame2, frame, len);
+    PL(frame2)[4] = 0xff;
+    PL(frame2)[5] = 0xff;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    put_u32(PL(frame2), 5); /* positive status */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    put_u32(PL(frame2), 0); /* CFX_OK is not an error */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[8] = 0; /* NUL inside the text */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+
+    /* Unknown role; node id 0 where it is forbidden. */
+    sample_msg(CFX_MSG_AUTH, &m);
+    len = encode_ok(&m);
+    PL(frame)[0] = 9;
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    sample_msg(CFX_MSG_EV_NODE_DEAD, &m);
+    m.u.node_dead.node_id = 0;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    sample_msg(CFX_MSG_JOIN_REPLY, &m);
+    m.u.join_reply.node_id = 0;
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+}
+
+Test(proto, unterminated_strings)
+{
+    struct cfx_msg m, d;
+    size_t len;
+    const size_t fields[][2] = {
+        { 8, CFX_NODE_NAME_MAX },                                   /* name */
+        { 8 + CFX_NODE_NAME_MAX, CFX_HOST_ID_MAX },                 /* host id */
+        { 8 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX, 48 },            /* ctl addr */
+        { 8 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 6, CFX_TP_NAME_MAX }, /* tp[0] */
+    };
+    sample_msg(CFX_MSG_JOIN, &m);
+    len = encode_ok(&m);
+    for (unsigned i = 0; i < 4; i++) {
+        memcpy(frame2, frame, len);
+        memset(PL(frame2) + fields[i][0], 'A', fields[i][1]);
+        cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO, "field %u", i);
+        /* Filling all but the last byte is fine. */
+        memcpy(frame2, frame, len);
+        memset(PL(frame2) + fields[i][0], 'A', fields[i][1] - 1);
+        cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_OK, "field %u: %s", i,
+                     cfx_last_error());
+    }
+    sample_msg(CFX_MSG_STATUS_REPLY, &m);
+    len = encode_ok(&m);
+    memset(frame + len - 32, 'v', 32);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+
+    /* Encoding truncates an over-long string instead of overrunning. */
+    sample_msg(CFX_MSG_JOIN, &m);
+    memset(m.u.join.name, 'n', sizeof(m.u.join.name));
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    cr_assert_eq(strlen(d.u.join.name), CFX_NODE_NAME_MAX - 1);
+}
+
+Test(proto, random_bytes_never_decode_wrongly)
+{
+    /* A small in-test fuzzer: valid headers over random payloads of every
+     * type, and fully random buffers.  Nothing may crash; whatever decodes
+     * must re-encode to the same length. */
+    uint64_t seed = 12345;
+    for (int iter = 0; iter < 20000; iter++) {
+        uint8_t type = (uint8_t)(1 + iter % (CFX_MSG_TYPE_END - 1));
+        size_t plen = (size_t)(iter * 37) % 800;
+        cfx_test_fill(frame2, CFX_PROTO_HDR_LEN + plen, seed++);
+        frame2[0] = CFX_PROTO_MAGIC & 0xff;
+        frame2[1] = CFX_PROTO_MAGIC >> 8;
+        frame2[2] = CFX_PROTO_VERSION;
+        frame2[3] = type;
+        put_u32(frame2 + 4, (uint32_t)plen);
+        struct cfx_msg d;
+        int rc = cfx__msg_decode(frame2, CFX_PROTO_HDR_LEN + plen, &d);
+        cr_assert(rc == CFX_OK || rc == CFX_ERR_PROTO, "rc %d", rc);
+        if (rc == CFX_OK && type != CFX_MSG_NODES_REPLY && type != CFX_MSG_OBJECTS_REPLY)
+            cr_assert_eq(cfx__msg_encoded_len(&d), CFX_PROTO_HDR_LEN + plen, "type %s",
+                         cfx__msg_type_name(type));
+    }
+    for (int iter = 0; iter < 5000; iter++) {
+        size_t n = (size_t)iter % 200;
+        cfx_test_fill(frame2, n, seed++);
+        struct cfx_msg d;
+        int rc = cfx__msg_decode(frame2, n, &d);
+        cr_assert_neq(rc, CFX_OK);
+    }
+}

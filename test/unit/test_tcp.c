@@ -1,0 +1,615 @@
+/*
+ * tcp transport specifics: address format, peer names, key checks against
+ * forged frames, flow control, queue depth, close semantics.  The contract
+ * behaviour shared with every transport is in test_transport.c.
+ */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dataplane/common/util.h"
+#include "dataplane/tcp/tcp.h"
+#include "dataplane/transport.h"
+#include "testutil.h"
+
+#define WAIT_MS 5000
+
+static const struct cfx_transport_ops *ops = &cfx__tcp_ops;
+
+/* --- a small harness: two ifaces, a completion log each ------------------- */
+
+struct ev {
+    struct cfx_tp_completion c;
+    uint8_t data[CFX_TP_SEND_MAX]; /* RECV copy */
+    bool used;
+};
+
+struct side {
+    struct cfx_tp_iface *iface;
+    struct ev *evs;
+    size_t n, cap;
+};
+
+static struct side A, B;
+
+static int poll_side(struct side *s, int max)
+{
+    struct cfx_tp_completion comps[64];
+    int n = ops->poll(s->iface, comps, CFX_MIN(max, 64));
+    cr_assert_geq(n, 0);
+    for (int i = 0; i < n; i++) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? s->cap * 2 : 128;
+            s->evs = realloc(s->evs, s->cap * sizeof(*s->evs));
+        }
+        struct ev *e = &s->evs[s->n++];
+        e->c = comps[i];
+        e->used = false;
+        if (comps[i].type == CFX_TP_COMP_RECV && comps[i].len)
+            memcpy(e->data, comps[i].data, comps[i].len);
+    }
+    return n;
+}
+
+static struct ev *find_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!s->evs[i].used && s->evs[i].c.type == type && (!ep || s->evs[i].c.ep == ep))
+            return &s->evs[i];
+    return NULL;
+}
+
+static size_t count_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        n += s->evs[i].c.type == type && (!ep || s->evs[i].c.ep == ep);
+    return n;
+}
+
+static void pump(int ms)
+{
+    uint64_t end = cfx__deadline_ns(ms);
+    while (cfx__now_ns() < end) {
+        int n = 0;
+        if (A.iface)
+            n += poll_side(&A, 64);
+        if (B.iface)
+            n += poll_side(&B, 64);
+        if (!n)
+            sched_yield();
+    }
+}
+
+static struct ev *wait_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    struct ev *e;
+    while (!(e = find_ev(s, type, ep))) {
+        cr_assert(cfx__now_ns() < end, "timed out waiting for completion type %d", type);
+        if (A.iface)
+            poll_side(&A, 64);
+        if (B.iface)
+            poll_side(&B, 64);
+    }
+    e->used = true;
+    return e;
+}
+
+static struct cfx_tp_iface *open_node(uint32_t node)
+{
+    struct cfx_tp_iface_params p = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID, .node_id = node };
+    struct cfx_tp_iface *i;
+    cr_assert_eq(ops->iface_open(&p, &i), CFX_OK, "%s", cfx_last_error());
+    return i;
+}
+
+static void addr_of(struct cfx_tp_iface *i, char *buf, size_t *len)
+{
+    *len = CFX_TP_ADDR_MAX;
+    cr_assert_eq(ops->iface_addr(i, buf, len), CFX_OK);
+}
+
+static void setup(void)
+{
+    memset(&A, 0, sizeof(A));
+    memset(&B, 0, sizeof(B));
+    A.iface = open_node(1);
+    B.iface = open_node(2);
+}
+
+static void teardown(void)
+{
+    if (A.iface)
+        ops->iface_close(A.iface);
+    if (B.iface)
+        ops->iface_close(B.iface);
+    free(A.evs);
+    free(B.evs);
+}
+
+/* a connects to b: returns a's ep, *accepted = b's. */
+static struct cfx_tp_ep *connect_ab(struct cfx_tp_ep **accepted)
+{
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    struct cfx_tp_ep *ep;
+
+    addr_of(B.iface, addr, &len);
+    cr_assert_eq(ops->ep_connect(A.iface, addr, len, 2, &ep), CFX_OK);
+    cr_assert_eq(wait_ev(&A, CFX_TP_COMP_CONNECTED, ep)->c.status, CFX_OK);
+    *accepted = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+    return ep;
+}
+
+struct region {
+    uint8_t *buf;
+    struct cfx_tp_mr *mr;
+    struct cfx_tp_rdesc rd;
+};
+
+static void reg(struct cfx_tp_iface *i, struct region *r, size_t len, unsigned access, int fill)
+{
+    r->buf = malloc(len);
+    memset(r->buf, fill, len);
+    struct cfx_tp_mem_desc md = { .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST,
+                                  .shm_fd = -1 };
+    cr_assert_eq(ops->mem_reg(i, &md, access, &r->mr), CFX_OK);
+    cr_assert_eq(ops->mr_pack(r->mr, &r->rd), CFX_OK);
+}
+
+static void unreg(struct region *r)
+{
+    if (r->mr)
+        ops->mem_dereg(r->mr);
+    free(r->buf);
+}
+
+/* A raw, blocking TCP client that speaks the wire format by hand. */
+static int raw_connect(struct cfx_tp_iface *to)
+{
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    struct sockaddr_in sa;
+
+    addr_of(to, addr, &len);
+    cr_assert_eq(cfx__parse_hostport(addr, &sa), CFX_OK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+    return fd;
+}
+
+static void raw_send(int fd, const void *buf, size_t len)
+{
+    cr_assert_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void raw_hello(int fd, uint32_t node, uint32_t version)
+{
+    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_HELLO,
+                              .len = htole32(sizeof(struct cfx__tcp_hello)) };
+    struct cfx__tcp_hello hl = { .magic = htole32(CFX_TCP_MAGIC), .version = htole32(version),
+                                 .node_id = htole32(node) };
+    snprintf(hl.addr, sizeof(hl.addr), "10.0.0.%u:1234", node);
+    raw_send(fd, &h, sizeof(h));
+    raw_send(fd, &hl, sizeof(hl));
+}
+
+static void raw_write_hdr(int fd, const struct cfx_tp_rdesc *rd, uint64_t off, uint32_t len,
+                          uint32_t imm)
+{
+    struct cfx__tcp_rkey k;
+    memcpy(&k, rd->data, sizeof(k));
+    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_WRITE, .len = htole32(len),
+                              .imm = htole32(imm), .key_cookie = k.cookie, .key_idx = k.idx,
+                              .key_gen = k.gen, .off = htole64(off) };
+    raw_send(fd, &h, sizeof(h));
+}
+
+static void raw_send_msg(int fd, const char *msg)
+{
+    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_SEND, .len = htole32((uint32_t)strlen(msg)) };
+    raw_send(fd, &h, sizeof(h));
+    raw_send(fd, msg, strlen(msg));
+}
+
+TestSuite(tcp, .init = setup, .fini = teardown, .timeout = 60);
+
+/* --- tests ------------------------------------------------------------------- */
+
+Test(tcp, addr_format)
+{
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    struct cfx_tp_iface *i;
+
+    addr_of(B.iface, addr, &len);
+    cr_assert_eq(len, strlen(addr) + 1, "len %zu must count the NUL", len);
+    cr_assert_eq(strncmp(addr, "127.0.0.1:", 10), 0, "address %s", addr);
+    cr_assert_gt(atoi(addr + 10), 0);
+
+    size_t small = 5;
+    cr_assert_eq(ops->iface_addr(B.iface, addr, &small), CFX_ERR_TRUNCATED);
+    cr_assert_eq(small, len);
+
+    struct cfx_tp_iface_params p = { .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR,
+                                     .bind_addr = "not-an-address" };
+    cr_assert_eq(ops->iface_open(&p, &i), CFX_ERR_INVALID);
+    p.bind_addr = "192.0.2.1"; /* TEST-NET: not ours */
+    cr_assert_eq(ops->iface_open(&p, &i), CFX_ERR_NO_DEVICE);
+    p.bind_addr = "127.0.0.1";
+    cr_assert_eq(ops->iface_open(&p, &i), CFX_OK);
+    ops->iface_close(i);
+}
+
+Test(tcp, peer_names)
+{
+    char aaddr[CFX_TP_ADDR_MAX], baddr[CFX_TP_ADDR_MAX], want[CFX_TP_ADDR_MAX + 16];
+    size_t len;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+
+    addr_of(A.iface, aaddr, &len);
+    addr_of(B.iface, baddr, &len);
+    snprintf(want, sizeof(want), "node 2 (%s)", baddr);
+    cr_assert_str_eq(ab->peer_name, want);
+    snprintf(want, sizeof(want), "node 1 (%s)", aaddr);
+    cr_assert_str_eq(ba->peer_name, want);
+    cr_assert_eq(ba->peer_node, 1);
+
+    /* Without node ids the name is the address alone. */
+    struct cfx_tp_iface *anon;
+    struct cfx_tp_ep *ep;
+    cr_assert_eq(ops->iface_open(NULL, &anon), CFX_OK);
+    cr_assert_eq(ops->ep_connect(anon, baddr, strlen(baddr), CFX_TCP_NODE_NONE, &ep), CFX_OK);
+    cr_assert_str_eq(ep->peer_name, baddr);
+    struct side an = { .iface = anon };
+    struct ev *e;
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (!(e = find_ev(&B, CFX_TP_COMP_ACCEPT, NULL))) {
+        cr_assert(cfx__now_ns() < end, "no ACCEPT for the anonymous peer");
+        poll_side(&an, 64); /* its HELLO goes out from its own progress */
+        poll_side(&B, 64);
+    }
+    char anon_addr[CFX_TP_ADDR_MAX];
+    addr_of(anon, anon_addr, &len);
+    cr_assert_str_eq(e->c.ep->peer_name, anon_addr);
+    free(an.evs);
+    ops->iface_close(anon);
+}
+
+Test(tcp, connect_refused_names_address)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t salen = sizeof(sa);
+    char addr[32];
+    struct cfx_tp_ep *ep;
+
+    /* A port that was just ours and is now closed. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &salen), 0);
+    close(fd);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", ntohs(sa.sin_port));
+
+    cr_assert_eq(ops->ep_connect(A.iface, addr, strlen(addr) + 1, 7, &ep), CFX_OK);
+    struct ev *e = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ep);
+    cr_assert_eq(e->c.status, CFX_ERR_CONNECT);
+    cr_assert(strstr(ep->peer_name, addr), "peer name '%s' lacks %s", ep->peer_name, addr);
+    cr_assert_eq(ops->ep_send(ep, "x", 1, 0), CFX_ERR_CONNECT);
+    ops->ep_close(ep);
+
+    /* Malformed addresses are refused on the spot. */
+    cr_assert_eq(ops->ep_connect(A.iface, "nonsense", 9, 7, &ep), CFX_ERR_INVALID);
+    cr_assert_eq(ops->ep_connect(A.iface, "127.0.0.1:0", 12, 7, &ep), CFX_ERR_INVALID);
+    cr_assert_eq(ops->ep_connect(A.iface, "127.0.0.1:99999", 16, 7, &ep), CFX_ERR_INVALID);
+}
+
+Test(tcp, queue_depth)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    reg(A.iface, &src, 4096, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+
+    /* Posted-but-unreported ops are bounded at CFX_TCP_TXQ_DEPTH. */
+    for (int i = 0; i < CFX_TCP_TXQ_DEPTH; i++)
+        cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 0, (uint32_t)i, (uint64_t)i),
+                     CFX_OK, "post %d", i);
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 0, 0, 0), CFX_ERR_AGAIN);
+    cr_assert_eq(ops->ep_send(ab, "x", 1, 0), CFX_ERR_AGAIN);
+    /* Completions already queued: do not sleep. */
+    cr_assert_eq(ops->iface_arm(A.iface), CFX_ERR_AGAIN);
+
+    struct cfx_tp_completion c[8];
+    cr_assert_eq(ops->poll(A.iface, c, 8), 8);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(c[i].wr_id, (uint64_t)i);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(ops->ep_send(ab, "y", 1, 1000 + (uint64_t)i), CFX_OK);
+    cr_assert_eq(ops->ep_send(ab, "y", 1, 0), CFX_ERR_AGAIN);
+
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (count_ev(&B, CFX_TP_COMP_WRITE_IMM, ba) < CFX_TCP_TXQ_DEPTH ||
+           count_ev(&B, CFX_TP_COMP_RECV, ba) < 8) {
+        cr_assert(cfx__now_ns() < end);
+        poll_side(&A, 64);
+        poll_side(&B, 64);
+    }
+    unreg(&src);
+    unreg(&dst);
+}
+
+/* The receiver fails with PROTO; the writer hears why (or sees the reset). */
+static void expect_proto_failure(struct cfx_tp_ep *ab, struct cfx_tp_ep *ba, struct region *dst)
+{
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status, CFX_ERR_PROTO);
+    int st = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab)->c.status;
+    cr_assert(st == CFX_ERR_PROTO || st == CFX_ERR_PEER_FAILED, "writer saw %s", cfx_errname(st));
+    cr_assert_eq(ba->status, CFX_ERR_PROTO);
+    cr_assert_null(find_ev(&B, CFX_TP_COMP_WRITE_IMM, NULL));
+    for (int i = 0; i < 4096; i++)
+        cr_assert_eq(dst->buf[i], 0xAA);
+}
+
+Test(tcp, write_refused_foreign_key)
+{
+    struct region src, dst, other;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    struct cfx_tp_iface *c = open_node(3);
+    reg(A.iface, &src, 4096, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    reg(c, &other, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+
+    /* A key of iface c sent to b: the cookie does not match. */
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &other.rd, 0, 16, 1, 1), CFX_OK);
+    expect_proto_failure(ab, ba, &dst);
+    unreg(&other);
+    ops->iface_close(c);
+    unreg(&src);
+    unreg(&dst);
+}
+
+Test(tcp, write_refused_read_only)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    reg(A.iface, &src, 4096, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_LOCAL, 0xAA); /* no REMOTE_WRITE */
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 16, 1, 1), CFX_OK);
+    expect_proto_failure(ab, ba, &dst);
+    unreg(&src);
+    unreg(&dst);
+}
+
+Test(tcp, write_refused_out_of_bounds)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    reg(A.iface, &src, 8192, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 1, 4096, 1, 1), CFX_OK);
+    expect_proto_failure(ab, ba, &dst);
+    /* Sticky. */
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 1, 1, 1), ab->status);
+    unreg(&src);
+    unreg(&dst);
+}
+
+/* Forged frames: an offset that would overflow is caught before any byte lands. */
+Test(tcp, forged_offset_overflow)
+{
+    struct region dst;
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    int fd = raw_connect(B.iface);
+    raw_hello(fd, 5, CFX_TCP_VERSION);
+    struct cfx_tp_ep *ba = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+    cr_assert_eq(ba->peer_node, 5);
+    cr_assert_str_eq(ba->peer_name, "node 5 (10.0.0.5:1234)");
+
+    raw_write_hdr(fd, &dst.rd, UINT64_MAX - 5, 10, 1);
+    raw_send(fd, "0123456789", 10);
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status, CFX_ERR_PROTO);
+    for (int i = 0; i < 4096; i++)
+        cr_assert_eq(dst.buf[i], 0xAA);
+
+    /* The ERROR frame reached the forger before the close. */
+    struct cfx__tcp_hdr h;
+    ssize_t n = recv(fd, &h, sizeof(h), MSG_WAITALL);
+    cr_assert_eq(n, (ssize_t)sizeof(h));
+    cr_assert_eq(h.type, CFX_TCP_FRAME_ERROR);
+    cr_assert_eq((int32_t)le32toh(h.imm), CFX_ERR_PROTO);
+    close(fd);
+    unreg(&dst);
+}
+
+/* Strangers that do not say HELLO are dropped without a word to the user. */
+Test(tcp, strangers_dropped)
+{
+    int fd1 = raw_connect(B.iface);
+    raw_send(fd1, "GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxx", 38);
+    int fd2 = raw_connect(B.iface);
+    close(fd2);
+    int fd3 = raw_connect(B.iface);
+    raw_hello(fd3, 6, CFX_TCP_VERSION + 1); /* wrong version */
+    pump(100);
+    cr_assert_eq(B.n, 0, "b reported %zu completions", B.n);
+    char c;
+    cr_assert_eq(recv(fd1, &c, 1, 0), 0, "junk connection not closed");
+    cr_assert_eq(recv(fd3, &c, 1, 0), 0, "bad-version connection not closed");
+    close(fd1);
+    close(fd3);
+
+    /* And the iface still works. */
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    cr_assert_eq(ops->ep_send(ab, "ok", 2, 1), CFX_OK);
+    cr_assert_arr_eq(wait_ev(&B, CFX_TP_COMP_RECV, ba)->data, "ok", 2);
+}
+
+/* A region deregistered while a write streams into it: the rest is dropped,
+ * no WRITE_IMM, the connection carries on. */
+Test(tcp, dereg_during_write)
+{
+    struct region dst;
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    int fd = raw_connect(B.iface);
+    raw_hello(fd, 5, CFX_TCP_VERSION);
+    struct cfx_tp_ep *ba = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+
+    uint8_t payload[1000];
+    memset(payload, 0x77, sizeof(payload));
+    raw_write_hdr(fd, &dst.rd, 100, sizeof(payload), 9);
+    raw_send(fd, payload, 500);
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (dst.buf[599] != 0x77) {
+        cr_assert(cfx__now_ns() < end, "first half never landed");
+        poll_side(&B, 64);
+    }
+    ops->mem_dereg(dst.mr);
+    dst.mr = NULL;
+    raw_send(fd, payload + 500, 500);
+    raw_send_msg(fd, "after");
+    cr_assert_arr_eq(wait_ev(&B, CFX_TP_COMP_RECV, ba)->data, "after", 5);
+    cr_assert_null(find_ev(&B, CFX_TP_COMP_WRITE_IMM, NULL));
+    cr_assert_eq(ba->status, CFX_OK);
+    close(fd);
+    unreg(&dst);
+}
+
+/* ep_close: the peer learns CLOSED (BYE); the closer hears nothing more. */
+Test(tcp, close_says_bye)
+{
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    cr_assert_eq(ops->ep_send(ab, "bye", 3, 1), CFX_OK);
+    ops->ep_close(ab);
+    cr_assert_arr_eq(wait_ev(&B, CFX_TP_COMP_RECV, ba)->data, "bye", 3);
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status, CFX_ERR_CLOSED);
+    pump(50);
+    for (size_t i = 0; i < A.n; i++)
+        cr_assert(A.evs[i].c.ep != ab || A.evs[i].c.type == CFX_TP_COMP_CONNECTED);
+}
+
+/* Closing with megabytes queued returns at once and reports nothing. */
+Test(tcp, close_drops_queued_ops)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    reg(A.iface, &src, 1 << 20, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 1 << 20, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 1 << 20, 0, 0), CFX_OK);
+    uint64_t t0 = cfx__now_ns();
+    ops->ep_close(ab);
+    cr_assert_lt(cfx__now_ns() - t0, 100000000ull, "ep_close blocked");
+    pump(100);
+    for (size_t i = 0; i < A.n; i++)
+        cr_assert(A.evs[i].c.ep != ab || A.evs[i].c.type == CFX_TP_COMP_CONNECTED);
+    int st = wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status;
+    cr_assert(st == CFX_ERR_PEER_FAILED || st == CFX_ERR_CLOSED);
+    unreg(&src);
+    unreg(&dst);
+}
+
+/* RECV data of one poll() batch stays valid together; slow readers (max 1)
+ * get every message in order while the transport throttles its socket reads. */
+Test(tcp, recv_batches_and_flow_control)
+{
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    enum { N = 300 };
+    char msg[32];
+
+    for (int i = 0; i < 10; i++) {
+        snprintf(msg, sizeof(msg), "batch %d", i);
+        cr_assert_eq(ops->ep_send(ab, msg, strlen(msg) + 1, (uint64_t)i), CFX_OK);
+    }
+    /* All ten are in b's socket once a has handed them to the kernel. */
+    usleep(50000);
+    struct cfx_tp_completion c[16];
+    int n = ops->poll(B.iface, c, 16);
+    cr_assert_eq(n, 10, "one poll returned %d", n);
+    for (int i = 0; i < 10; i++) {
+        snprintf(msg, sizeof(msg), "batch %d", i);
+        cr_assert_eq(c[i].type, CFX_TP_COMP_RECV);
+        cr_assert_str_eq(c[i].data, msg);
+    }
+
+    for (int i = 0; i < N; i++) {
+        snprintf(msg, sizeof(msg), "msg %d", i);
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        int rc;
+        while ((rc = ops->ep_send(ab, msg, strlen(msg) + 1, (uint64_t)i)) == CFX_ERR_AGAIN) {
+            cr_assert(cfx__now_ns() < end);
+            poll_side(&A, 64);
+        }
+        cr_assert_eq(rc, CFX_OK);
+    }
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (count_ev(&B, CFX_TP_COMP_RECV, ba) < N) {
+        cr_assert(cfx__now_ns() < end);
+        poll_side(&A, 64);
+        poll_side(&B, 1);
+    }
+    int next = 0;
+    for (size_t i = 0; i < B.n; i++) {
+        if (B.evs[i].c.type != CFX_TP_COMP_RECV)
+            continue;
+        snprintf(msg, sizeof(msg), "msg %d", next++);
+        cr_assert_str_eq((char *)B.evs[i].data, msg);
+    }
+}
+
+Test(tcp, mem_reg_host_only)
+{
+    struct cfx_tp_mr *mr;
+    uint8_t buf[64];
+    struct cfx_tp_mem_desc md = { .addr = buf, .len = sizeof(buf), .memtype = CFX_MEMTYPE_CUDA,
+                                  .shm_fd = -1 };
+    cr_assert_eq(ops->mem_reg(A.iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_ERR_UNSUPPORTED);
+    md.memtype = CFX_MEMTYPE_HOST;
+    cr_assert_eq(ops->mem_reg(A.iface, &md, 0x80, &mr), CFX_ERR_INVALID);
+
+    /* Many registrations: the table grows and keys stay distinct. */
+    struct cfx_tp_mr *mrs[100];
+    struct cfx_tp_rdesc rd[100];
+    for (int i = 0; i < 100; i++) {
+        cr_assert_eq(ops->mem_reg(A.iface, &md, CFX_TP_ACCESS_REMOTE_WRITE, &mrs[i]), CFX_OK);
+        cr_assert_eq(ops->mr_pack(mrs[i], &rd[i]), CFX_OK);
+        for (int j = 0; j < i; j++)
+            cr_assert(memcmp(rd[i].data, rd[j].data, rd[i].len), "keys %d and %d equal", i, j);
+    }
+    for (int i = 0; i < 100; i++)
+        ops->mem_dereg(mrs[i]);
+}
+
+/* A write posted before CONNECTED waits and goes out once connected. */
+Test(tcp, post_before_connected)
+{
+    struct region src, dst;
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    struct cfx_tp_ep *ab;
+
+    reg(A.iface, &src, 4096, CFX_TP_ACCESS_LOCAL, 0);
+    reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, 4096, 3);
+    addr_of(B.iface, addr, &len);
+    cr_assert_eq(ops->ep_connect(A.iface, addr, len, 2, &ab), CFX_OK);
+    cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 4096, 33, 1), CFX_OK);
+    cr_assert_eq(ops->ep_send(ab, "after", 5, 2), CFX_OK);
+    struct cfx_tp_ep *ba = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_WRITE_IMM, ba)->c.imm, 33);
+    cr_assert_arr_eq(wait_ev(&B, CFX_TP_COMP_RECV, ba)->data, "after", 5);
+    cr_assert_eq(cfx_test_check(dst.buf, 4096, 3), (size_t)-1);
+    unreg(&src);
+    unreg(&dst);
+}

@@ -1,0 +1,144 @@
+/*
+ * conflux-coord: the Conflux coordinator daemon.
+ *
+ *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
+ *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
+ *
+ * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
+ * SIGINT or SIGTERM, then exits 0.  Bad arguments: usage on stderr, exit 2.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "control/auth.h"
+#include "control/coord.h"
+
+#define DEFAULT_PORT 5000
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
+            "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
+            "\n"
+            "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --port N            TCP port, 0 for any free one (default %d)\n"
+            "  --token T           cluster token (default $CFX_TOKEN)\n"
+            "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
+            "  --heartbeat-ms N    interval members heartbeat at (default 250)\n"
+            "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
+            "  --fanout N          uploads one holder is given before others (default 2)\n",
+            DEFAULT_PORT);
+}
+
+static int parse_u32(const char *s, unsigned long max, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > max)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "bind", required_argument, NULL, 'b' },
+        { "port", required_argument, NULL, 'p' },
+        { "token", required_argument, NULL, 't' },
+        { "token-file", required_argument, NULL, 'f' },
+        { "heartbeat-ms", required_argument, NULL, 'H' },
+        { "dead-after-ms", required_argument, NULL, 'D' },
+        { "fanout", required_argument, NULL, 'F' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
+    const char *token_arg = NULL, *token_file = NULL;
+    char token[CFX_TOKEN_MAX + 1];
+    uint32_t v;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'b': params.bind_addr = optarg; break;
+        case 'p':
+            if (parse_u32(optarg, 65535, &v)) goto bad_arg;
+            params.port = (uint16_t)v;
+            break;
+        case 't': token_arg = optarg; break;
+        case 'f': token_file = optarg; break;
+        case 'H':
+            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
+            params.heartbeat_ms = v;
+            break;
+        case 'D':
+            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
+            params.dead_after_ms = v;
+            break;
+        case 'F':
+            if (parse_u32(optarg, 1024, &v) || v == 0) goto bad_arg;
+            params.fanout = v;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "conflux-coord: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (token_arg && token_file) {
+        fprintf(stderr, "conflux-coord: give --token or --token-file, not both\n");
+        usage(stderr);
+        return 2;
+    }
+    if (token_file && setenv("CFX_TOKEN_FILE", token_file, 1) == 0)
+        unsetenv("CFX_TOKEN"); /* an explicit file wins over the environment */
+    if (cfx__token_load(token_arg, token, sizeof(token)) != CFX_OK) {
+        fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
+        return 2;
+    }
+    params.token = token;
+
+    /* Signals are taken synchronously by this thread; block them before the
+     * coordinator thread starts so it inherits the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct cfx_coord *coord;
+    int rc = cfx__coord_start(&params, &coord);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "conflux-coord: %s (%s)\n", cfx_last_error(), cfx_errname(rc));
+        return 1;
+    }
+    printf("conflux-coord listening on %s\n", cfx__coord_addr(coord));
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0)
+        ;
+    fprintf(stderr, "conflux-coord: %s, shutting down\n", strsignal(sig));
+    cfx__coord_stop(coord);
+    return 0;
+
+bad_arg:
+    fprintf(stderr, "conflux-coord: bad value '%s' for an option\n", optarg);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,336 @@
+/*
+ * rdmactl: inspect a Conflux cluster through its coordinator.
+ *
+ *   rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND
+ *
+ * Commands live in one table below ({name, fn, help}); adding one is adding
+ * a function and a row.  Exit status: 0 ok, 1 the coordinator could not be
+ * reached or answered an error, 2 usage errors.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/object.h>
+#include <conflux/status.h>
+
+#include "control/auth.h"
+#include "control/client.h"
+#include "dataplane/common/util.h"
+
+#define RDMACTL_TIMEOUT_MS 5000
+
+struct rdmactl {
+    const char *coord;      /* "host:port" */
+    char token[CFX_TOKEN_MAX + 1];
+    int json;               /* --json */
+    struct cfx_ctl *ctl;    /* opened lazily by ctl_get() */
+};
+
+struct rdmactl_cmd {
+    const char *name;
+    int (*fn)(struct rdmactl *r, int argc, char **argv);  /* returns the exit status */
+    const char *help;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Output helpers                                                            */
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", stdout); break;
+        case '\\': fputs("\\\\", stdout); break;
+        case '\n': fputs("\\n", stdout); break;
+        case '\r': fputs("\\r", stdout); break;
+        case '\t': fputs("\\t", stdout); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f)
+                printf("\\u%04x", *p);
+            else
+                putchar(*p);
+        }
+    }
+    putchar('"');
+}
+
+static void id_hex(const struct cfx_object_id *id, char *buf)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++) {
+        buf[2 * i] = digits[id->bytes[i] >> 4];
+        buf[2 * i + 1] = digits[id->bytes[i] & 15];
+    }
+    buf[2 * CFX_OBJECT_ID_LEN] = '\0';
+}
+
+static const char *human_bytes(uint64_t v, char *buf, size_t len)
+{
+    static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    unsigned u = 0;
+    double d = (double)v;
+    while (d >= 1024 && u + 1 < CFX_ARRAY_SIZE(unit)) {
+        d /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)v);
+    else
+        snprintf(buf, len, "%.1f %s", d, unit[u]);
+    return buf;
+}
+
+/* Printable form of a node's transports: "tcp,shm". */
+static void node_tps(const struct cfx_node_rec *n, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (unsigned i = 0; i < n->naddr && i < CFX_NODE_ADDRS_MAX && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? "," : "", n->addr[i].tp);
+    if (!buf[0])
+        snprintf(buf, len, "-");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connection                                                                */
+
+static struct cfx_ctl *ctl_get(struct rdmactl *r)
+{
+    if (r->ctl)
+        return r->ctl;
+    struct cfx_ctl_params p = {
+        .coord = r->coord,
+        .token = r->token,
+        .role = CFX_CTL_ROLE_ADMIN,
+        .timeout_ms = RDMACTL_TIMEOUT_MS,
+    };
+    int rc = cfx__ctl_open(&p, &r->ctl);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "rdmactl: cannot reach the coordinator at %s: %s\n", r->coord,
+                cfx_last_error());
+        r->ctl = NULL;
+    }
+    return r->ctl;
+}
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "rdmactl: %s failed: %s\n", what, cfx_last_error());
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Commands                                                                  */
+
+static int cmd_status(struct rdmactl *r, int argc, char **argv)
+{
+    struct cfx_ctl_status s;
+    char b[32];
+    (void)argc;
+    (void)argv;
+    if (!ctl_get(r))
+        return 1;
+    if (cfx__ctl_status(r->ctl, &s, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("status");
+    if (r->json) {
+        printf("{\"coordinator\":");
+        json_str(r->coord);
+        printf(",\"version\":");
+        json_str(s.version);
+        printf(",\"protocol\":%u,\"uptime_ms\":%llu,\"nodes_alive\":%u,\"nodes_dead\":%u,"
+               "\"objects\":%u,\"inline_bytes\":%llu,\"heartbeat_ms\":%u,"
+               "\"dead_after_ms\":%u}\n",
+               s.proto_version, (unsigned long long)s.uptime_ms, s.nodes_alive, s.nodes_dead,
+               s.objects, (unsigned long long)s.inline_bytes, s.heartbeat_ms, s.dead_after_ms);
+        return 0;
+    }
+    printf("%-14s : %s\n", "coordinator", r->coord);
+    printf("%-14s : %s (protocol %u)\n", "version", s.version, s.proto_version);
+    printf("%-14s : %llu.%03llu s\n", "uptime", (unsigned long long)(s.uptime_ms / 1000),
+           (unsigned long long)(s.uptime_ms % 1000));
+    printf("%-14s : %u alive, %u dead\n", "nodes", s.nodes_alive, s.nodes_dead);
+    printf("%-14s : %u\n", "objects", s.objects);
+    printf("%-14s : %s\n", "inline bytes", human_bytes(s.inline_bytes, b, sizeof(b)));
+    printf("%-14s : %u ms (dead after %u ms)\n", "heartbeat", s.heartbeat_ms, s.dead_after_ms);
+    return 0;
+}
+
+static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
+{
+    struct cfx_node_rec *nodes = NULL;
+    size_t n = 0;
+    char tps[96];
+    (void)argc;
+    (void)argv;
+    if (!ctl_get(r))
+        return 1;
+    if (cfx__ctl_nodes(r->ctl, &nodes, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("node listing");
+    if (r->json) {
+        printf("[");
+        for (size_t i = 0; i < n; i++) {
+            const struct cfx_node_rec *x = &nodes[i];
+            printf("%s{\"id\":%u,\"name\":", i ? "," : "", x->node_id);
+            json_str(x->name);
+            printf(",\"host\":");
+            json_str(x->host_id);
+            printf(",\"pid\":%u,\"ctl_addr\":", x->pid);
+            json_str(x->ctl_addr);
+            printf(",\"alive\":%s,\"last_seen_ms\":%u,\"transports\":[",
+                   x->alive ? "true" : "false", x->last_seen_ms);
+            for (unsigned j = 0; j < x->naddr && j < CFX_NODE_ADDRS_MAX; j++) {
+                if (j)
+                    putchar(',');
+                json_str(x->addr[j].tp);
+            }
+            printf("]}");
+        }
+        printf("]\n");
+        free(nodes);
+        return 0;
+    }
+    /* Column widths follow the longest value so the table stays aligned. */
+    int wname = 4, whost = 4, waddr = 8;
+    for (size_t i = 0; i < n; i++) {
+        wname = CFX_MAX(wname, (int)strlen(nodes[i].name));
+        whost = CFX_MAX(whost, (int)strlen(nodes[i].host_id));
+        waddr = CFX_MAX(waddr, (int)strlen(nodes[i].ctl_addr));
+    }
+    printf("%6s  %-5s  %-*s  %-*s  %8s  %-*s  %10s  %s\n", "ID", "STATE", wname, "NAME", whost,
+           "HOST", "PID", waddr, "CTL ADDR", "LAST SEEN", "TRANSPORTS");
+    for (size_t i = 0; i < n; i++) {
+        const struct cfx_node_rec *x = &nodes[i];
+        char seen[24];
+        node_tps(x, tps, sizeof(tps));
+        snprintf(seen, sizeof(seen), "%u ms", x->last_seen_ms);
+        printf("%6u  %-5s  %-*s  %-*s  %8u  %-*s  %10s  %s\n", x->node_id,
+               x->alive ? "alive" : "dead", wname, x->name, whost, x->host_id, x->pid, waddr,
+               x->ctl_addr, seen, tps);
+    }
+    free(nodes);
+    return 0;
+}
+
+static int cmd_objects(struct rdmactl *r, int argc, char **argv)
+{
+    struct cfx_ctl_obj_rec *objs = NULL;
+    size_t n = 0;
+    char hex[CFX_OBJECT_ID_HEX_LEN], b[32];
+    (void)argc;
+    (void)argv;
+    if (!ctl_get(r))
+        return 1;
+    if (cfx__ctl_objects(r->ctl, &objs, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("object listing");
+    if (r->json) {
+        printf("[");
+        for (size_t i = 0; i < n; i++) {
+            const struct cfx_ctl_obj_rec *o = &objs[i];
+            id_hex(&o->id, hex);
+            printf("%s{\"id\":\"%s\",\"size\":%llu,\"chunk_size\":%u,\"inline\":%s,"
+                   "\"nholders\":%u,\"holders\":[",
+                   i ? "," : "", hex, (unsigned long long)o->size, o->chunk_size,
+                   o->is_inline ? "true" : "false", o->nholders);
+            for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++)
+                printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u}", j ? "," : "",
+                       o->holders[j].node_id, o->holders[j].complete ? "true" : "false",
+                       o->holders[j].uploads);
+            printf("]}");
+        }
+        printf("]\n");
+        free(objs);
+        return 0;
+    }
+    printf("%-40s  %12s  %10s  %-6s  %s\n", "ID", "SIZE", "CHUNK", "INLINE",
+           "HOLDERS (node:c=complete/p=partial+uploads)");
+    for (size_t i = 0; i < n; i++) {
+        const struct cfx_ctl_obj_rec *o = &objs[i];
+        char holders[256];
+        size_t off = 0;
+        holders[0] = '\0';
+        for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders) &&
+                             off < sizeof(holders); j++)
+            off += (size_t)snprintf(holders + off, sizeof(holders) - off, "%s%u:%c%u",
+                                    j ? " " : "", o->holders[j].node_id,
+                                    o->holders[j].complete ? 'c' : 'p', o->holders[j].uploads);
+        if (o->nholders > CFX_ARRAY_SIZE(o->holders) && off < sizeof(holders))
+            snprintf(holders + off, sizeof(holders) - off, " (+%u more)",
+                     o->nholders - (uint32_t)CFX_ARRAY_SIZE(o->holders));
+        id_hex(&o->id, hex);
+        printf("%-40s  %12s  %10u  %-6s  %s\n", hex, human_bytes(o->size, b, sizeof(b)),
+               o->chunk_size, o->is_inline ? "yes" : "no", holders[0] ? holders : "-");
+    }
+    free(objs);
+    return 0;
+}
+
+static const struct rdmactl_cmd commands[] = {
+    { "status", cmd_status, "coordinator summary: version, uptime, members, objects" },
+    { "nodes", cmd_nodes, "cluster members, alive and recently dead" },
+    { "objects", cmd_objects, "object directory: sizes and holders" },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND\n\n"
+               "  --coord HOST:PORT  coordinator (default $CFX_COORD)\n"
+               "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE)\n"
+               "  --json             machine-readable output\n\ncommands:\n");
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(commands); i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "coord", required_argument, NULL, 'c' },
+        { "token", required_argument, NULL, 't' },
+        { "json", no_argument, NULL, 'j' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    struct rdmactl r = { .coord = NULL };
+    const char *token_arg = NULL;
+    int c;
+
+    /* "+": stop at the command so that commands may take their own options. */
+    while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': r.coord = optarg; break;
+        case 't': token_arg = optarg; break;
+        case 'j': r.json = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "rdmactl: no command given\n");
+        usage(stderr);
+        return 2;
+    }
+    const struct rdmactl_cmd *cmd = NULL;
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(commands); i++)
+        if (!strcmp(argv[optind], commands[i].name))
+            cmd = &commands[i];
+    if (!cmd) {
+        fprintf(stderr, "rdmactl: unknown command '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!r.coord)
+        r.coord = getenv("CFX_COORD");
+    if (!r.coord || !*r.coord) {
+        fprintf(stderr, "rdmactl: no coordinator: pass --coord HOST:PORT or set CFX_COORD\n");
+        return 2;
+    }
+    if (cfx__token_load(token_arg, r.token, sizeof(r.token)) != CFX_OK) {
+        fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
+        return 2;
+    }
+    int status = cmd->fn(&r, argc - optind, argv + optind);
+    cfx__ctl_close(r.ctl);
+    return status;
+}
