@@ -766,13 +766,13 @@ int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64
     if (!ctl || !id)
         return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
     snprintf(what, sizeof(what), "put of object %s", idhex(id, hex));
-    if (size <= CFX_OBJECT_INLINE_MAX && size && !data)
-        return ctl_err(ctl, CFX_ERR_INVALID, what, "objects up to %u bytes need their data",
+    if (data && size > CFX_OBJECT_INLINE_MAX)
+        return ctl_err(ctl, CFX_ERR_TOO_BIG, what, "only objects up to %u bytes go inline",
                        CFX_OBJECT_INLINE_MAX);
     m.u.put.id = *id;
     m.u.put.size = size;
     m.u.put.chunk_size = chunk_size;
-    m.u.put.has_data = size <= CFX_OBJECT_INLINE_MAX;
+    m.u.put.has_data = data != NULL || size == 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
     return expect_ok(ctl, &m, deadline_ns, what);
 }

@@ -172,6 +172,14 @@ static void after_batch(struct cfx_ev_loop *loop, void *arg)
     }
 }
 
+/* Close @p c once what is queued for it (an error reply) has been written. */
+static void conn_close_after_flush(struct coord_conn *c)
+{
+    c->close_after_flush = 1;
+    if (cfx_list_empty(&c->outq))
+        cfx__coord_conn_fail(c);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Authentication and dispatch                                               */
 
@@ -184,16 +192,14 @@ static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct
         CFX_LOG(WARN, CTL, "refused %s: wrong cluster token", c->peer);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_AUTH,
                              "coordinator %s refused the cluster token", co->addr);
-        c->close_after_flush = 1;
-        if (cfx_list_empty(&c->outq))
-            cfx__coord_conn_fail(c);
+        conn_close_after_flush(c);
         return;
     }
     if (cfx__auth_mac(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, r.u.auth_ok.mac) !=
         CFX_OK) {
         CFX_LOG(ERR, CTL, "connection %s: %s", c->peer, cfx_last_error());
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_INTERNAL, "coordinator cannot compute its MAC");
-        c->close_after_flush = 1;
+        conn_close_after_flush(c);
         return;
     }
     c->state = COORD_CONN_READY;
@@ -321,7 +327,7 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
                 cfx__coord_reply_err(c, h.req_id, CFX_ERR_VERSION,
                                      "coordinator %s speaks protocol version %u", co->addr,
                                      CFX_PROTO_VERSION);
-                c->close_after_flush = 1;
+                conn_close_after_flush(c);
             } else {
                 cfx__coord_conn_fail(c);
             }
@@ -509,7 +515,6 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
 static void *coord_thread(void *arg)
 {
     struct cfx_coord *co = arg;
-    cfx__log_set_tag("coord");
     int rc = cfx__ev_loop_run(co->loop);
     if (rc != CFX_OK)
         CFX_LOG(ERR, CTL, "coordinator %s: event loop failed: %s", co->addr, cfx_last_error());

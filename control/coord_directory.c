@@ -390,13 +390,8 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     uint64_t size = m->u.put.size;
 
     idhex(&m->u.put.id, hex);
-    if (size <= CFX_OBJECT_INLINE_MAX && !m->u.put.has_data) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
-                             "object %s of %llu bytes must carry its data inline (objects up "
-                             "to %u bytes travel through the coordinator)",
-                             hex, (unsigned long long)size, CFX_OBJECT_INLINE_MAX);
-        return;
-    }
+    /* small objects normally carry their data (inline); a putter may keep
+     * one on the data plane (CFX_OBJ_FLAG_NO_INLINE) */
     if (o) {
         if (holder_find(o, me)) {
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,

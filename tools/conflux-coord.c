@@ -20,6 +20,7 @@
 
 #include "control/auth.h"
 #include "control/coord.h"
+#include "dataplane/common/log.h"
 
 #define DEFAULT_PORT 5000
 
@@ -122,6 +123,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct cfx_coord *coord;
+    cfx__log_set_tag("coord");
     int rc = cfx__coord_start(&params, &coord);
     if (rc != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s (%s)\n", cfx_last_error(), cfx_errname(rc));

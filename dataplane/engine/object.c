@@ -172,6 +172,33 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
     return CFX_OK;
 }
 
+/*
+ * Keep a got inline object in the store like any other got object, so that
+ * later gets on this node are local and cfx_delete() behaves the same.  The
+ * coordinator keeps serving it to others; this copy is not announced.
+ */
+static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                        uint64_t size, bool arena)
+{
+    struct cfx_obj *obj = obj_new(id, size, cfx__chunk_size_for(size, 0));
+    if (!obj)
+        return; /* only an optimisation: the get itself succeeded */
+    obj->buf = buf;
+    obj->arena = arena;
+    obj->complete = true;
+    obj->ready_chunks = obj->nchunks;
+    pthread_mutex_lock(&ctx->lock);
+    cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+    if (cfx__store_find(&ctx->store, id)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(obj->bitmap);
+        free(obj);
+        return;
+    }
+    cfx__store_insert(&ctx->store, obj);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                     size_t cap, bool alloc, void **out_buf, size_t *size_out,
                     const struct cfx_obj_params *params)
@@ -263,6 +290,8 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
         if (rc == CFX_OK && src.size)
             memcpy(buf, src.data, src.size);
         free(src.data);
+        if (rc == CFX_OK)
+            hold_inline(ctx, id, buf, src.size, alloc);
         return rc;
     }
     if (!alloc && cap < src.size) {

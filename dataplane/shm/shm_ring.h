@@ -85,16 +85,12 @@ static inline uint64_t cfx__shm_msg_size(uint64_t payload)
  * min(@p want, @p min) bytes.  Returns 0 when none, 1 when it fits at pos,
  * 2 when it must start after a WRAP; *payload is the size that fits.
  */
-static inline int cfx__shm_ring_fit(struct cfx__shm_ring *r, uint64_t want,
-                                    uint64_t min, uint64_t *payload)
+static inline int cfx__shm_ring_fit_at(const struct cfx__shm_ring *r, uint64_t tail,
+                                       uint64_t want, uint64_t min, uint64_t *payload)
 {
     uint64_t need_min = cfx__shm_msg_size(want < min ? want : min);
     uint64_t want_size = cfx__shm_msg_size(want);
-    uint64_t free_ = r->size - (r->pos - r->cached);
-    if (free_ < want_size) {
-        r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
-        free_ = r->size - (r->pos - r->cached);
-    }
+    uint64_t free_ = r->size - (r->pos - tail);
     uint64_t contig = r->size - (r->pos & r->mask);
     uint64_t here = free_ < contig ? free_ : contig;
     uint64_t room;
@@ -111,6 +107,16 @@ static inline int cfx__shm_ring_fit(struct cfx__shm_ring *r, uint64_t want,
     }
     *payload = room >= want_size ? want : room - CFX_SHM_MSG_HDR;
     return where;
+}
+
+static inline int cfx__shm_ring_fit(struct cfx__shm_ring *r, uint64_t want, uint64_t min,
+                                    uint64_t *payload)
+{
+    /* the cached tail first: reading the consumer's line costs a transfer */
+    if (r->size - (r->pos - r->cached) >= cfx__shm_msg_size(want) + (r->size - (r->pos & r->mask)))
+        return cfx__shm_ring_fit_at(r, r->cached, want, min, payload);
+    r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+    return cfx__shm_ring_fit_at(r, r->cached, want, min, payload);
 }
 
 /* Start a message where cfx__shm_ring_fit() said; returns its header. */

@@ -34,17 +34,17 @@
 #include "dataplane/common/util.h"
 #include "dataplane/transport.h"
 
-#define CFX_TCP_MAGIC      0x43465854u /* "TXFC" on the wire: HELLO frames */
-#define CFX_TCP_VERSION    1
-#define CFX_TCP_TXQ_DEPTH  512   /* ops posted and not yet reported, per ep */
-#define CFX_TCP_TXQ_SLOTS  (CFX_TCP_TXQ_DEPTH + 1) /* + the HELLO frame */
-#define CFX_TCP_RX_MAX     64    /* receive completions not yet reported, per ep */
-#define CFX_TCP_RX_SLOTS   16    /* RECV message buffers per ep */
-#define CFX_TCP_SBUF_SIZE  (64u * 1024) /* bytes of queued ep_send payloads per ep */
-#define CFX_TCP_IOV_MAX    64    /* iovecs gathered into one sendmsg */
-#define CFX_TCP_EVENTS     64    /* epoll events reaped per epoll_wait */
-#define CFX_TCP_NODE_NONE  UINT32_MAX /* peer node id not known */
-#define CFX_TCP_RDESC_TAG  0x54  /* 'T': first byte of a tcp rdesc */
+#define CFX_TCP_MAGIC     0x43465854u /* "TXFC" on the wire: HELLO frames */
+#define CFX_TCP_VERSION   1
+#define CFX_TCP_TXQ_DEPTH 512                     /* ops posted and not yet reported, per ep */
+#define CFX_TCP_TXQ_SLOTS (CFX_TCP_TXQ_DEPTH + 1) /* + the HELLO frame */
+#define CFX_TCP_RX_MAX    64                      /* receive completions not yet reported, per ep */
+#define CFX_TCP_RX_SLOTS  16                      /* RECV message buffers per ep */
+#define CFX_TCP_SBUF_SIZE (64u * 1024)            /* bytes of queued ep_send payloads per ep */
+#define CFX_TCP_IOV_MAX   64                      /* iovecs gathered into one sendmsg */
+#define CFX_TCP_EVENTS    64                      /* epoll events reaped per epoll_wait */
+#define CFX_TCP_NODE_NONE UINT32_MAX              /* peer node id not known */
+#define CFX_TCP_RDESC_TAG 0x54                    /* 'T': first byte of a tcp rdesc */
 
 enum cfx__tcp_frame {
     CFX_TCP_FRAME_HELLO = 1,
@@ -56,44 +56,44 @@ enum cfx__tcp_frame {
 
 /* Frame header, little endian on the wire. */
 struct cfx__tcp_hdr {
-    uint8_t type;          /* enum cfx__tcp_frame */
-    uint8_t rsv[3];        /* zero */
-    uint32_t len;          /* payload bytes that follow */
-    uint32_t imm;          /* WRITE: immediate; ERROR: status */
-    uint32_t key_cookie;   /* WRITE: iface cookie of the target registration */
-    uint32_t key_idx;      /* WRITE: registration table index */
-    uint32_t key_gen;      /* WRITE: generation of that slot */
-    uint64_t off;          /* WRITE: offset inside the registration */
+    uint8_t type;        /* enum cfx__tcp_frame */
+    uint8_t rsv[3];      /* zero */
+    uint32_t len;        /* payload bytes that follow */
+    uint32_t imm;        /* WRITE: immediate; ERROR: status */
+    uint32_t key_cookie; /* WRITE: iface cookie of the target registration */
+    uint32_t key_idx;    /* WRITE: registration table index */
+    uint32_t key_gen;    /* WRITE: generation of that slot */
+    uint64_t off;        /* WRITE: offset inside the registration */
 };
 
 _Static_assert(sizeof(struct cfx__tcp_hdr) == 32, "wire header is 32 bytes");
 
 /* HELLO payload. */
 struct cfx__tcp_hello {
-    uint32_t magic;        /* CFX_TCP_MAGIC */
-    uint32_t version;      /* CFX_TCP_VERSION */
-    uint32_t node_id;      /* sender's node id, CFX_TCP_NODE_NONE if unknown */
+    uint32_t magic;   /* CFX_TCP_MAGIC */
+    uint32_t version; /* CFX_TCP_VERSION */
+    uint32_t node_id; /* sender's node id, CFX_TCP_NODE_NONE if unknown */
     uint32_t rsv;
-    char addr[32];         /* sender's listen address "ip:port", NUL-terminated */
+    char addr[32]; /* sender's listen address "ip:port", NUL-terminated */
 };
 
 /* Remote descriptor layout inside struct cfx_tp_rdesc.data, little endian. */
 struct cfx__tcp_rkey {
-    uint8_t tag;           /* CFX_TCP_RDESC_TAG */
+    uint8_t tag; /* CFX_TCP_RDESC_TAG */
     uint8_t rsv[3];
-    uint32_t cookie;       /* iface cookie */
-    uint32_t idx;          /* registration table index */
-    uint32_t gen;          /* slot generation: a stale key does not match */
-    uint64_t len;          /* bytes in the region */
+    uint32_t cookie; /* iface cookie */
+    uint32_t idx;    /* registration table index */
+    uint32_t gen;    /* slot generation: a stale key does not match */
+    uint64_t len;    /* bytes in the region */
 } __attribute__((packed));
 _Static_assert(sizeof(struct cfx__tcp_rkey) <= CFX_TP_RDESC_MAX, "rkey fits an rdesc");
 
 struct cfx__tcp_mr {
     struct cfx_tp_mr super;
-    unsigned access;       /* CFX_TP_ACCESS_* */
-    uint32_t idx;          /* slot in the iface table */
-    uint32_t gen;          /* generation when registered */
-    uint32_t rx_busy;      /* eps currently receiving a payload into it */
+    unsigned access;  /* CFX_TP_ACCESS_* */
+    uint32_t idx;     /* slot in the iface table */
+    uint32_t gen;     /* generation when registered */
+    uint32_t rx_busy; /* eps currently receiving a payload into it */
 };
 
 struct cfx__tcp_mr_slot {
@@ -104,12 +104,12 @@ struct cfx__tcp_mr_slot {
 
 /* One queued outgoing frame. */
 struct cfx__tcp_op {
-    struct cfx__tcp_hdr hdr;  /* wire header */
-    const uint8_t *payload;   /* registered memory (WRITE) or sbuf (SEND) */
-    uint32_t sbuf_cost;       /* sbuf bytes to release when sent (SEND) */
-    uint8_t comp_type;        /* CFX_TP_COMP_WRITE / SEND; 0: internal frame */
-    uint64_t wr_id;           /* as posted */
-    size_t total;             /* header + payload bytes */
+    struct cfx__tcp_hdr hdr; /* wire header */
+    const uint8_t *payload;  /* registered memory (WRITE) or sbuf (SEND) */
+    uint32_t sbuf_cost;      /* sbuf bytes to release when sent (SEND) */
+    uint8_t comp_type;       /* CFX_TP_COMP_WRITE / SEND; 0: internal frame */
+    uint64_t wr_id;          /* as posted */
+    size_t total;            /* header + payload bytes */
 };
 
 enum cfx__tcp_ep_state {
@@ -120,72 +120,73 @@ enum cfx__tcp_ep_state {
 };
 
 enum cfx__tcp_rx_state {
-    CFX_TCP_RX_HDR = 0,        /* reading a frame header */
-    CFX_TCP_RX_PAYLOAD,        /* reading a payload to rx_dst */
-    CFX_TCP_RX_DISCARD,        /* draining a payload whose target went away */
+    CFX_TCP_RX_HDR = 0, /* reading a frame header */
+    CFX_TCP_RX_PAYLOAD, /* reading a payload to rx_dst */
+    CFX_TCP_RX_DISCARD, /* draining a payload whose target went away */
 };
 
 struct cfx__tcp_rx_slot {
-    uint8_t *buf;              /* CFX_TP_SEND_MAX bytes */
-    uint64_t returned_gen;     /* poll generation that returned it; 0: busy */
+    uint8_t *buf;          /* CFX_TP_SEND_MAX bytes */
+    uint64_t returned_gen; /* poll generation that returned it; 0: busy */
 };
 
 struct cfx__tcp_ep {
     struct cfx_tp_ep super;
     struct cfx__tcp_iface *iface;
-    struct cfx_list link;         /* iface->eps or iface->graveyard */
+    struct cfx_list link; /* iface->eps or iface->graveyard */
     int fd;
-    int state;                    /* enum cfx__tcp_ep_state */
-    uint32_t epoll_events;        /* events registered now */
-    char addr[32];                /* peer "ip:port" (connect side: dialled) */
+    int state;             /* enum cfx__tcp_ep_state */
+    uint32_t epoll_events; /* events registered now */
+    char addr[32];         /* peer "ip:port" (connect side: dialled) */
 
     /* transmit */
-    struct cfx__tcp_op *txq;      /* CFX_TCP_TXQ_SLOTS ring */
-    uint32_t txq_head;            /* next slot to post */
-    uint32_t txq_tail;            /* oldest op not fully sent */
-    uint32_t tx_unreported;       /* WRITE/SEND ops posted, completion not returned */
-    size_t tx_off;                /* bytes of the tail op already sent */
-    uint8_t *sbuf;                /* ring of ep_send payloads */
-    uint32_t sbuf_head;           /* next byte to allocate */
-    uint32_t sbuf_used;           /* bytes allocated, including wrap padding */
+    struct cfx__tcp_op *txq; /* CFX_TCP_TXQ_SLOTS ring */
+    uint32_t txq_head;       /* next slot to post */
+    uint32_t txq_tail;       /* oldest op not fully sent */
+    uint32_t tx_unreported;  /* WRITE/SEND ops posted, completion not returned */
+    size_t tx_off;           /* bytes of the tail op already sent */
+    uint8_t *sbuf;           /* ring of ep_send payloads */
+    uint32_t sbuf_head;      /* next byte to allocate */
+    uint32_t sbuf_used;      /* bytes allocated, including wrap padding */
 
     /* receive */
-    int rx_state;                 /* enum cfx__tcp_rx_state */
-    struct cfx__tcp_hdr rx_hdr;   /* header being read */
-    size_t rx_got;                /* bytes of header or payload read so far */
-    uint8_t *rx_dst;              /* payload destination */
-    struct cfx__tcp_mr *rx_mr;    /* WRITE target (rx_busy held) */
+    int rx_state;               /* enum cfx__tcp_rx_state */
+    struct cfx__tcp_hdr rx_hdr; /* header being read */
+    size_t rx_got;              /* bytes of header or payload read so far */
+    uint8_t *rx_dst;            /* payload destination */
+    struct cfx__tcp_mr *rx_mr;  /* WRITE target (rx_busy held) */
     struct cfx__tcp_rx_slot rx_slots[CFX_TCP_RX_SLOTS];
-    uint32_t rx_slot_head;        /* next slot to fill */
-    uint32_t rx_slot_ret;         /* next slot whose RECV poll() returns */
-    uint32_t rx_slot_tail;        /* oldest slot not known free */
-    uint32_t rx_unreported;       /* RECV/WRITE_IMM pushed, not returned */
-    struct cfx__tcp_hello hello;  /* HELLO we send (connect) or receive (accept) */
+    uint32_t rx_slot_head;       /* next slot to fill */
+    uint32_t rx_slot_ret;        /* next slot whose RECV poll() returns */
+    uint32_t rx_slot_tail;       /* oldest slot not known free */
+    uint32_t rx_unreported;      /* RECV/WRITE_IMM pushed, not returned */
+    struct cfx__tcp_hello hello; /* HELLO we send (connect) or receive (accept) */
 };
 
 struct cfx__tcp_iface {
     struct cfx_tp_iface super;
-    int epfd;                     /* epoll: listen socket + ep sockets */
+    int epfd; /* epoll: listen socket + ep sockets */
     int listen_fd;
-    char addr[32];                /* "ip:port" we listen on */
-    uint32_t cookie;              /* random; part of every rkey */
-    uint64_t poll_gen;            /* incremented by every poll() */
-    struct cfx_list eps;          /* live endpoints */
-    struct cfx_list graveyard;    /* closed eps freed at the next poll */
+    char addr[32];             /* "ip:port" we listen on */
+    uint32_t cookie;           /* random; part of every rkey */
+    uint64_t poll_gen;         /* incremented by every poll() */
+    struct cfx_list eps;       /* live endpoints */
+    struct cfx_list graveyard; /* closed eps freed at the next poll */
 
-    struct cfx_tp_completion *cq; /* ring; ep == NULL: dropped by ep_close */
-    uint32_t cq_cap;              /* capacity (reserved per ep) */
-    uint32_t cq_reserved;         /* sum of per-ep reservations */
-    uint32_t cq_head;             /* next to pop */
-    uint32_t cq_count;            /* entries queued */
+    struct cfx_tp_completion *cq;     /* ring; ep == NULL: dropped by ep_close */
+    uint32_t cq_cap;                  /* capacity (reserved per ep) */
+    uint32_t cq_reserved;             /* sum of per-ep reservations */
+    uint32_t cq_head;                 /* next to pop */
+    uint32_t cq_count;                /* entries queued */
+    struct cfx_tp_completion cq_lost; /* sink should the queue ever overflow */
 
     struct cfx__tcp_mr_slot *mrs; /* registration table */
     uint32_t mrs_cap;
-    uint32_t mrs_free;            /* free list head, UINT32_MAX: empty */
-    uint8_t *discard;             /* scratch for draining dropped payloads */
+    uint32_t mrs_free; /* free list head, UINT32_MAX: empty */
+    uint8_t *discard;  /* scratch for draining dropped payloads */
 };
 
-#define CFX_TCP_CQ_PER_EP (CFX_TCP_TXQ_DEPTH + CFX_TCP_RX_MAX + 2)
+#define CFX_TCP_CQ_PER_EP    (CFX_TCP_TXQ_DEPTH + CFX_TCP_RX_MAX + 2)
 #define CFX_TCP_DISCARD_SIZE (64u * 1024)
 
 static inline struct cfx__tcp_iface *cfx__tcp_iface_of(struct cfx_tp_iface *i)
@@ -213,9 +214,8 @@ void cfx__tcp_cq_drop_ep(struct cfx__tcp_iface *iface, struct cfx_tp_ep *ep);
 int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events);
 
 /* tcp_ep.c */
-int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state,
-                       uint32_t peer_node, const char *addr,
-                       struct cfx__tcp_ep **out);
+int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t peer_node,
+                       const char *addr, struct cfx__tcp_ep **out);
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep);
 void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events);
 void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr);
@@ -223,19 +223,18 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *ep);
 int cfx__tcp_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len,
                         uint32_t peer_node, struct cfx_tp_ep **out);
 int cfx__tcp_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,
-                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
-                      uint32_t imm, uint64_t wr_id);
-int cfx__tcp_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len,
-                     uint64_t wr_id);
+                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
+                      uint64_t wr_id);
+int cfx__tcp_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
 
 /* tcp_mr.c */
-int cfx__tcp_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem,
-                     unsigned access, struct cfx_tp_mr **out);
+int cfx__tcp_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem, unsigned access,
+                     struct cfx_tp_mr **out);
 void cfx__tcp_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__tcp_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
 /* Registration named by a WRITE header, or NULL when the key is stale/foreign. */
-struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface,
-                                       uint32_t cookie, uint32_t idx, uint32_t gen);
+struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie, uint32_t idx,
+                                       uint32_t gen);
 void cfx__tcp_mr_table_free(struct cfx__tcp_iface *iface);
 
 #endif

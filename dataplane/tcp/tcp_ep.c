@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -168,16 +169,15 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
 }
 
 /* Failure with a log line naming both ends; @p status and why. */
-#define EP_FAIL(ep, lvl, status, ...)                                          \
-    do {                                                                       \
-        if ((ep)->state != CFX_TCP_EP_HELLO_WAIT) {                             \
-            char why_[160];                                                    \
-            snprintf(why_, sizeof(why_), __VA_ARGS__);                         \
-            CFX_LOG(lvl, TCP, "iface %s: ep to %s failed (%s): %s",            \
-                    (ep)->iface->addr, (ep)->super.peer_name,                  \
-                    cfx_errname(status), why_);                                \
-        }                                                                      \
-        ep_fail((ep), (status));                                               \
+#define EP_FAIL(ep, lvl, status, ...)                                                  \
+    do {                                                                               \
+        if ((ep)->state != CFX_TCP_EP_HELLO_WAIT) {                                    \
+            char why_[160];                                                            \
+            snprintf(why_, sizeof(why_), __VA_ARGS__);                                 \
+            CFX_LOG(lvl, TCP, "iface %s: ep to %s failed (%s): %s", (ep)->iface->addr, \
+                    (ep)->super.peer_name, cfx_errname(status), why_);                 \
+        }                                                                              \
+        ep_fail((ep), (status));                                                       \
     } while (0)
 
 /* Status for a failed socket call. */
@@ -189,10 +189,8 @@ static int sock_errno_status(int err)
     case ETIMEDOUT:
     case EHOSTUNREACH:
     case ENETUNREACH:
-    case ECONNABORTED:
-        return CFX_ERR_PEER_FAILED;
-    default:
-        return CFX_ERR_IO;
+    case ECONNABORTED: return CFX_ERR_PEER_FAILED;
+    default: return CFX_ERR_IO;
     }
 }
 
@@ -282,10 +280,10 @@ int cfx__tcp_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t 
 
     fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return cfx__err(cfx__status_from_errno(errno), "tcp ep_connect to %s: socket: %s",
-                        host, strerror(errno));
-    if ((rc = cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_CONNECTING, peer_node, host, &ep))
-        != CFX_OK) {
+        return cfx__err(cfx__status_from_errno(errno), "tcp ep_connect to %s: socket: %s", host,
+                        strerror(errno));
+    if ((rc = cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_CONNECTING, peer_node, host, &ep)) !=
+        CFX_OK) {
         close(fd);
         return rc;
     }
@@ -440,8 +438,8 @@ static inline void ep_post(struct cfx__tcp_ep *ep)
 }
 
 int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t loff,
-                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
-                      uint32_t imm, uint64_t wr_id)
+                      const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
+                      uint64_t wr_id)
 {
     struct cfx__tcp_rkey k;
 
@@ -450,9 +448,9 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
     struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
     if (unlikely(ep->super.status != CFX_OK))
         return ep->super.status;
-    if (unlikely(tp_mr->iface != tp_ep->iface || loff > tp_mr->len ||
-                 len > tp_mr->len - loff || len > CFX_TP_WRITE_MAX ||
-                 rdesc->len != sizeof(k) || rdesc->data[0] != CFX_TCP_RDESC_TAG))
+    if (unlikely(tp_mr->iface != tp_ep->iface || loff > tp_mr->len || len > tp_mr->len - loff ||
+                 len > CFX_TP_WRITE_MAX || rdesc->len != sizeof(k) ||
+                 rdesc->data[0] != CFX_TCP_RDESC_TAG))
         return CFX_ERR_INVALID;
     if (unlikely(ep->tx_unreported >= CFX_TCP_TXQ_DEPTH))
         return CFX_ERR_AGAIN;
@@ -553,16 +551,14 @@ static bool rx_header(struct cfx__tcp_ep *ep)
             cfx__tcp_mr_lookup(ep->iface, h->key_cookie, h->key_idx, h->key_gen);
         if (unlikely(!mr || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))) {
             send_error_frame(ep, CFX_ERR_PROTO);
-            EP_FAIL(ep, ERR, CFX_ERR_PROTO,
-                    "write of %u bytes with %s key %08x:%u:%u refused", h->len,
-                    mr ? "read-only" : "unknown or stale", h->key_cookie, h->key_idx,
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write of %u bytes with %s key %08x:%u:%u refused",
+                    h->len, mr ? "read-only" : "unknown or stale", h->key_cookie, h->key_idx,
                     h->key_gen);
             return false;
         }
         if (unlikely(h->off > mr->super.len || h->len > mr->super.len - h->off)) {
             send_error_frame(ep, CFX_ERR_PROTO);
-            EP_FAIL(ep, ERR, CFX_ERR_PROTO,
-                    "write [%llu, +%u) outside region of %zu bytes refused",
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write [%llu, +%u) outside region of %zu bytes refused",
                     (unsigned long long)h->off, h->len, mr->super.len);
             return false;
         }
@@ -590,9 +586,7 @@ static bool rx_header(struct cfx__tcp_ep *ep)
     case CFX_TCP_FRAME_BYE:
         EP_FAIL(ep, INFO, CFX_ERR_CLOSED, "peer closed the endpoint");
         return false;
-    default:
-        EP_FAIL(ep, ERR, CFX_ERR_PROTO, "unexpected frame type %u", h->type);
-        return false;
+    default: EP_FAIL(ep, ERR, CFX_ERR_PROTO, "unexpected frame type %u", h->type); return false;
     }
 }
 
@@ -626,7 +620,8 @@ static void rx_frame_done(struct cfx__tcp_ep *ep)
     case CFX_TCP_FRAME_HELLO: {
         struct cfx__tcp_hello *hl = &ep->hello;
         if (le32toh(hl->magic) != CFX_TCP_MAGIC || le32toh(hl->version) != CFX_TCP_VERSION) {
-            CFX_LOG(WARN, TCP, "iface %s: connection from %s: bad HELLO (magic %08x version %u); dropped",
+            CFX_LOG(WARN, TCP,
+                    "iface %s: connection from %s: bad HELLO (magic %08x version %u); dropped",
                     ep->iface->addr, ep->addr, le32toh(hl->magic), le32toh(hl->version));
             ep_fail(ep, CFX_ERR_VERSION);
             return;
@@ -748,8 +743,10 @@ void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr)
 {
     if (ep->rx_mr != mr)
         return;
-    CFX_LOG(WARN, TCP, "iface %s: region deregistered while %s writes into it; "
-            "dropping the rest of that write", ep->iface->addr, ep->super.peer_name);
+    CFX_LOG(WARN, TCP,
+            "iface %s: region deregistered while %s writes into it; "
+            "dropping the rest of that write",
+            ep->iface->addr, ep->super.peer_name);
     rx_release_mr(ep);
     ep->rx_state = CFX_TCP_RX_DISCARD;
 }

@@ -17,9 +17,9 @@
 #include "dataplane/common/log.h"
 #include "tcp.h"
 
-#define LISTEN_BACKLOG  128
-#define ACCEPT_BURST    16   /* connections accepted per poll() */
-#define CQ_INITIAL      64
+#define LISTEN_BACKLOG 128
+#define ACCEPT_BURST   16 /* connections accepted per poll() */
+#define CQ_INITIAL     64
 
 /* --- completion queue ------------------------------------------------------ */
 
@@ -61,14 +61,12 @@ struct cfx_tp_completion *cfx__tcp_cq_push(struct cfx__tcp_iface *iface)
      * wrong, growing beats losing a completion, and losing one beats a crash. */
     if (unlikely(iface->cq_count == iface->cq_cap) &&
         cq_resize(iface, iface->cq_cap ? iface->cq_cap * 2 : CQ_INITIAL) != CFX_OK) {
-        static struct cfx_tp_completion lost;
-        CFX_LOG(ERR, TCP, "iface %s: completion queue full (%u); a completion is lost",
-                iface->addr, iface->cq_cap);
-        memset(&lost, 0, sizeof(lost));
-        return &lost;
+        CFX_LOG(ERR, TCP, "iface %s: completion queue full (%u); a completion is lost", iface->addr,
+                iface->cq_cap);
+        memset(&iface->cq_lost, 0, sizeof(iface->cq_lost));
+        return &iface->cq_lost;
     }
-    struct cfx_tp_completion *c =
-        &iface->cq[(iface->cq_head + iface->cq_count) % iface->cq_cap];
+    struct cfx_tp_completion *c = &iface->cq[(iface->cq_head + iface->cq_count) % iface->cq_cap];
     iface->cq_count++;
     memset(c, 0, sizeof(*c));
     return c;
@@ -95,18 +93,13 @@ static int cq_drain(struct cfx__tcp_iface *iface, struct cfx_tp_completion *out,
 
         switch (c->type) {
         case CFX_TP_COMP_WRITE:
-        case CFX_TP_COMP_SEND:
-            ep->tx_unreported--;
-            break;
+        case CFX_TP_COMP_SEND: ep->tx_unreported--; break;
         case CFX_TP_COMP_RECV:
             ep->rx_slots[ep->rx_slot_ret++ % CFX_TCP_RX_SLOTS].returned_gen = iface->poll_gen;
             ep->rx_unreported--;
             break;
-        case CFX_TP_COMP_WRITE_IMM:
-            ep->rx_unreported--;
-            break;
-        default:
-            break;
+        case CFX_TP_COMP_WRITE_IMM: ep->rx_unreported--; break;
+        default: break;
         }
         out[n++] = *c;
         iface->cq_head = (iface->cq_head + 1) % iface->cq_cap;
@@ -138,20 +131,19 @@ static void iface_accept(struct cfx__tcp_iface *iface)
         char addr[32], ip[INET_ADDRSTRLEN];
         struct cfx__tcp_ep *ep;
 
-        int fd = accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd =
+            accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-                errno != ECONNABORTED)
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
                 CFX_LOG(WARN, TCP, "iface %s: accept: %s", iface->addr, strerror(errno));
             return;
         }
         inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
         snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(sa.sin_port));
-        if (cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_HELLO_WAIT, CFX_TCP_NODE_NONE,
-                               addr, &ep) != CFX_OK) {
-            CFX_LOG(WARN, TCP, "iface %s: dropping connection from %s: %s", iface->addr,
-                    addr, cfx_last_error());
+        if (cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_HELLO_WAIT, CFX_TCP_NODE_NONE, addr, &ep) !=
+            CFX_OK) {
+            CFX_LOG(WARN, TCP, "iface %s: dropping connection from %s: %s", iface->addr, addr,
+                    cfx_last_error());
             close(fd);
         }
     }
@@ -166,8 +158,7 @@ static uint32_t iface_cookie(void)
     return v ? v : 1;
 }
 
-static int tcp_iface_open(const struct cfx_tp_iface_params *params,
-                          struct cfx_tp_iface **out)
+static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_tp_iface **out)
 {
     const char *bind_addr = "127.0.0.1";
     struct sockaddr_in sa = { .sin_family = AF_INET };
@@ -189,7 +180,8 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params,
         return cfx__err(CFX_ERR_NOMEM, "tcp iface_open: out of memory");
     iface->super.ops = &cfx__tcp_ops;
     iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
-                               ? params->node_id : CFX_TCP_NODE_NONE;
+                               ? params->node_id
+                               : CFX_TCP_NODE_NONE;
     iface->cookie = iface_cookie();
     iface->mrs_free = UINT32_MAX;
     iface->listen_fd = -1;
@@ -211,8 +203,7 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params,
 
     iface->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (iface->listen_fd < 0) {
-        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: socket: %s",
-                      strerror(errno));
+        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: socket: %s", strerror(errno));
         goto err_close_epoll;
     }
     if (bind(iface->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
@@ -250,7 +241,8 @@ err_free:
 static void free_graveyard(struct cfx__tcp_iface *iface)
 {
     struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &iface->graveyard) {
+    cfx_list_for_each_safe(pos, tmp, &iface->graveyard)
+    {
         cfx_list_del(pos);
         cfx__tcp_ep_destroy(cfx_list_entry(pos, struct cfx__tcp_ep, link));
     }
@@ -336,20 +328,20 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
 }
 
 const struct cfx_transport_ops cfx__tcp_ops = {
-    .version    = CFX_TP_OPS_VERSION,
-    .name       = "tcp",
-    .caps       = 0,
+    .version = CFX_TP_OPS_VERSION,
+    .name = "tcp",
+    .caps = 0,
     .iface_open = tcp_iface_open,
     .iface_close = tcp_iface_close,
     .iface_addr = tcp_iface_addr,
-    .iface_fd   = tcp_iface_fd,
-    .iface_arm  = tcp_iface_arm,
+    .iface_fd = tcp_iface_fd,
+    .iface_arm = tcp_iface_arm,
     .ep_connect = cfx__tcp_ep_connect,
-    .ep_close   = cfx__tcp_ep_close,
-    .mem_reg    = cfx__tcp_mem_reg,
-    .mem_dereg  = cfx__tcp_mem_dereg,
-    .mr_pack    = cfx__tcp_mr_pack,
-    .ep_write   = cfx__tcp_ep_write,
-    .ep_send    = cfx__tcp_ep_send,
-    .poll       = tcp_poll,
+    .ep_close = cfx__tcp_ep_close,
+    .mem_reg = cfx__tcp_mem_reg,
+    .mem_dereg = cfx__tcp_mem_dereg,
+    .mr_pack = cfx__tcp_mr_pack,
+    .ep_write = cfx__tcp_ep_write,
+    .ep_send = cfx__tcp_ep_send,
+    .poll = tcp_poll,
 };

@@ -123,8 +123,8 @@ int cfx__tcp_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
     return CFX_OK;
 }
 
-struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie,
-                                       uint32_t idx, uint32_t gen)
+struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie, uint32_t idx,
+                                       uint32_t gen)
 {
     if (unlikely(cookie != iface->cookie || idx >= iface->mrs_cap))
         return NULL;

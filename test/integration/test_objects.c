@@ -30,7 +30,7 @@ static int run(const char *env, int n, const char *tp, const char *args)
 }
 
 struct case_param {
-    const char *tp;
+    char tp[8];  /* arrays, not pointers: Criterion runs each test in a fresh process */
     int n;
 };
 

@@ -162,8 +162,9 @@ static void reg(struct cfx_tp_iface *i, struct region *r, size_t len, unsigned a
 {
     r->buf = malloc(len);
     memset(r->buf, fill, len);
-    struct cfx_tp_mem_desc md = { .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST,
-                                  .shm_fd = -1 };
+    struct cfx_tp_mem_desc md = {
+        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+    };
     cr_assert_eq(ops->mem_reg(i, &md, access, &r->mr), CFX_OK);
     cr_assert_eq(ops->mr_pack(r->mr, &r->rd), CFX_OK);
 }
@@ -199,7 +200,8 @@ static void raw_hello(int fd, uint32_t node, uint32_t version)
 {
     struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_HELLO,
                               .len = htole32(sizeof(struct cfx__tcp_hello)) };
-    struct cfx__tcp_hello hl = { .magic = htole32(CFX_TCP_MAGIC), .version = htole32(version),
+    struct cfx__tcp_hello hl = { .magic = htole32(CFX_TCP_MAGIC),
+                                 .version = htole32(version),
                                  .node_id = htole32(node) };
     snprintf(hl.addr, sizeof(hl.addr), "10.0.0.%u:1234", node);
     raw_send(fd, &h, sizeof(h));
@@ -211,9 +213,13 @@ static void raw_write_hdr(int fd, const struct cfx_tp_rdesc *rd, uint64_t off, u
 {
     struct cfx__tcp_rkey k;
     memcpy(&k, rd->data, sizeof(k));
-    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_WRITE, .len = htole32(len),
-                              .imm = htole32(imm), .key_cookie = k.cookie, .key_idx = k.idx,
-                              .key_gen = k.gen, .off = htole64(off) };
+    struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_WRITE,
+                              .len = htole32(len),
+                              .imm = htole32(imm),
+                              .key_cookie = k.cookie,
+                              .key_idx = k.idx,
+                              .key_gen = k.gen,
+                              .off = htole64(off) };
     raw_send(fd, &h, sizeof(h));
 }
 
@@ -324,8 +330,8 @@ Test(tcp, queue_depth)
 
     /* Posted-but-unreported ops are bounded at CFX_TCP_TXQ_DEPTH. */
     for (int i = 0; i < CFX_TCP_TXQ_DEPTH; i++)
-        cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 0, (uint32_t)i, (uint64_t)i),
-                     CFX_OK, "post %d", i);
+        cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 0, (uint32_t)i, (uint64_t)i), CFX_OK,
+                     "post %d", i);
     cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 0, 0, 0), CFX_ERR_AGAIN);
     cr_assert_eq(ops->ep_send(ab, "x", 1, 0), CFX_ERR_AGAIN);
     /* Completions already queued: do not sleep. */
@@ -572,8 +578,9 @@ Test(tcp, mem_reg_host_only)
 {
     struct cfx_tp_mr *mr;
     uint8_t buf[64];
-    struct cfx_tp_mem_desc md = { .addr = buf, .len = sizeof(buf), .memtype = CFX_MEMTYPE_CUDA,
-                                  .shm_fd = -1 };
+    struct cfx_tp_mem_desc md = {
+        .addr = buf, .len = sizeof(buf), .memtype = CFX_MEMTYPE_CUDA, .shm_fd = -1
+    };
     cr_assert_eq(ops->mem_reg(A.iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_ERR_UNSUPPORTED);
     md.memtype = CFX_MEMTYPE_HOST;
     cr_assert_eq(ops->mem_reg(A.iface, &md, 0x80, &mr), CFX_ERR_INVALID);

@@ -27,8 +27,8 @@
 #include "dataplane/transport.h"
 #include "testutil.h"
 
-#define NODE_A 1
-#define NODE_B 2
+#define NODE_A  1
+#define NODE_B  2
 #define WAIT_MS 5000
 
 /* --- parameters: one per built transport (names only: no pointers cross
@@ -49,13 +49,13 @@ static size_t tp_params(struct tp_param *out, size_t max)
     return n;
 }
 
-#define TP_TEST(name)                                                          \
-    ParameterizedTestParameters(transport, name)                               \
-    {                                                                          \
-        static struct tp_param params[8];                                      \
-        size_t n = tp_params(params, CFX_ARRAY_SIZE(params));                  \
-        return cr_make_param_array(struct tp_param, params, n, NULL);          \
-    }                                                                          \
+#define TP_TEST(name)                                                 \
+    ParameterizedTestParameters(transport, name)                      \
+    {                                                                 \
+        static struct tp_param params[8];                             \
+        size_t n = tp_params(params, CFX_ARRAY_SIZE(params));         \
+        return cr_make_param_array(struct tp_param, params, n, NULL); \
+    }                                                                 \
     ParameterizedTest(struct tp_param *param, transport, name, .timeout = 60)
 
 /* --- completion log ------------------------------------------------------- */
@@ -66,8 +66,8 @@ struct ev {
     struct cfx_tp_ep *ep;
     uint64_t wr_id;
     uint32_t imm, len;
-    uint8_t *data;        /* RECV: copy of the message */
-    bool used;            /* consumed by a wait */
+    uint8_t *data; /* RECV: copy of the message */
+    bool used;     /* consumed by a wait */
 };
 
 struct side {
@@ -78,15 +78,15 @@ struct side {
 
 struct pair {
     const struct cfx_transport_ops *ops;
-    struct side s[2];      /* [0] = a (connects), [1] = b (accepts) */
-    struct cfx_tp_ep *ab;  /* a's ep to b */
-    struct cfx_tp_ep *ba;  /* b's accepted ep */
+    struct side s[2];     /* [0] = a (connects), [1] = b (accepts) */
+    struct cfx_tp_ep *ab; /* a's ep to b */
+    struct cfx_tp_ep *ba; /* b's accepted ep */
 };
 
 static const char *comp_name(int t)
 {
-    static const char *const names[] = { "?", "WRITE", "SEND", "RECV", "WRITE_IMM",
-                                         "CONNECTED", "ACCEPT", "EP_ERROR" };
+    static const char *const names[] = { "?",         "WRITE",     "SEND",   "RECV",
+                                         "WRITE_IMM", "CONNECTED", "ACCEPT", "EP_ERROR" };
     return t >= 0 && t < (int)CFX_ARRAY_SIZE(names) ? names[t] : "?";
 }
 
@@ -188,8 +188,7 @@ static bool have_count(struct pair *p, void *arg)
 }
 
 /* Wait for the next unconsumed completion of @p type on @p side; consume it. */
-static struct ev *wait_ev(struct pair *p, int side, int type, struct cfx_tp_ep *ep,
-                          int timeout_ms)
+static struct ev *wait_ev(struct pair *p, int side, int type, struct cfx_tp_ep *ep, int timeout_ms)
 {
     struct wait_arg w = { side, type, ep, 0 };
     char what[64];
@@ -211,8 +210,7 @@ static void wait_count(struct pair *p, int side, int type, struct cfx_tp_ep *ep,
 
 /* --- setup ---------------------------------------------------------------- */
 
-static int open_iface(const struct cfx_transport_ops *ops, uint32_t node,
-                      struct cfx_tp_iface **out)
+static int open_iface(const struct cfx_transport_ops *ops, uint32_t node, struct cfx_tp_iface **out)
 {
     struct cfx_tp_iface_params params = {
         .field_mask = CFX_TP_IFACE_PARAM_NODE_ID,
@@ -298,8 +296,9 @@ static void region_reg(struct pair *p, int side, struct region *r, size_t len, u
     r->buf = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
     cr_assert_not_null(r->buf);
     memset(r->buf, fill, len);
-    md = (struct cfx_tp_mem_desc){ .addr = r->buf, .len = len,
-                                   .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1 };
+    md = (struct cfx_tp_mem_desc){
+        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+    };
     int rc = p->ops->mem_reg(p->s[side].iface, &md, access, &r->mr);
     cr_assert_eq(rc, CFX_OK, "mem_reg: %s %s", cfx_errname(rc), cfx_last_error());
     cr_assert_eq(r->mr->addr, r->buf);
@@ -319,8 +318,8 @@ static void region_free(struct pair *p, struct region *r)
 
 /* Post a write, polling both sides while the queue is full. */
 static void post_write(struct pair *p, struct cfx_tp_ep *ep, struct region *src, uint64_t loff,
-                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
-                       uint32_t imm, uint64_t wr_id)
+                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
+                       uint64_t wr_id)
 {
     uint64_t deadline = cfx__deadline_ns(WAIT_MS);
     for (;;) {
@@ -455,7 +454,9 @@ TP_TEST(write_imm)
     struct pair p;
     struct region src, dst;
     const size_t big = (1u << 20) + 3;
-    static const struct { size_t loff, roff, len; } w[] = {
+    static const struct {
+        size_t loff, roff, len;
+    } w[] = {
         { 0, 0, 1 },
         { 13, 1000, 4095 },
         { 5, (2u << 20) + 1, (1u << 20) + 3 },
@@ -482,8 +483,8 @@ TP_TEST(write_imm)
         cr_assert_eq(e->len, (uint32_t)w[i].len);
 
         size_t bad = cfx_test_check(dst.buf + w[i].roff, w[i].len, seed);
-        cr_assert_eq(bad, (size_t)-1, "write %zu (%zu bytes at %zu): byte %zu differs", i,
-                     w[i].len, w[i].roff, bad);
+        cr_assert_eq(bad, (size_t)-1, "write %zu (%zu bytes at %zu): byte %zu differs", i, w[i].len,
+                     w[i].roff, bad);
         if (w[i].roff > 0)
             cr_assert_eq(dst.buf[w[i].roff - 1], 0xAA, "byte before write %zu touched", i);
         if (w[i].roff + w[i].len < dst.len)
@@ -602,8 +603,8 @@ TP_TEST(many_writes)
     uint32_t posted = 0;
     int rc = CFX_OK;
     while (posted < N) {
-        rc = p.ops->ep_write(p.ab, src.mr, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ,
-                             SZ, posted, posted);
+        rc = p.ops->ep_write(p.ab, src.mr, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ, SZ,
+                             posted, posted);
         if (rc != CFX_OK)
             break;
         posted++;
@@ -611,8 +612,8 @@ TP_TEST(many_writes)
     cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_write: %s after %u posts", cfx_errname(rc), posted);
     cr_assert_gt(posted, 0);
     for (; posted < N; posted++)
-        post_write(&p, p.ab, &src, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ, SZ,
-                   posted, posted);
+        post_write(&p, p.ab, &src, (size_t)posted * SZ, &dst.rdesc, (size_t)posted * SZ, SZ, posted,
+                   posted);
 
     wait_count(&p, 0, CFX_TP_COMP_WRITE, p.ab, N, 4 * WAIT_MS);
     wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, N, 4 * WAIT_MS);
@@ -708,8 +709,7 @@ static void check_refused_write(const struct tp_param *param, bool stale)
     wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
 
     int rc = p.ops->ep_write(p.ab, src.mr, 0, &rdesc, roff, len, 0xBAD, 2);
-    cr_assert_eq(rc, CFX_OK, "the writer cannot know the remote key is bad: %s",
-                 cfx_errname(rc));
+    cr_assert_eq(rc, CFX_OK, "the writer cannot know the remote key is bad: %s", cfx_errname(rc));
     wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
     wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
     settle(&p, 50);
@@ -755,8 +755,8 @@ TP_TEST(peer_iface_closed)
     /* b is not polled, so these pile up (64 MiB > any socket buffer). */
     int posted = 0;
     for (; posted < N; posted++) {
-        int rc = p.ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, SZ, (uint32_t)posted,
-                                 (uint64_t)posted);
+        int rc =
+            p.ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, SZ, (uint32_t)posted, (uint64_t)posted);
         if (rc == CFX_ERR_AGAIN)
             break;
         cr_assert_eq(rc, CFX_OK, "ep_write: %s", cfx_errname(rc));
@@ -793,12 +793,11 @@ TP_TEST(peer_iface_closed)
         else if (e->type == CFX_TP_COMP_WRITE)
             nok++;
         if (failed)
-            cr_assert_neq(e->status, CFX_OK, "op %s wr_id %llu OK after a failed one", comp_name(e->type),
-                      (unsigned long long)e->wr_id);
+            cr_assert_neq(e->status, CFX_OK, "op %s wr_id %llu OK after a failed one",
+                          comp_name(e->type), (unsigned long long)e->wr_id);
     }
     cr_assert_eq(nw, posted, "%d of %d writes completed", nw, posted);
-    cr_log_info("%s: %d writes posted, %d completed OK before the flush", param->name, posted,
-                nok);
+    cr_log_info("%s: %d writes posted, %d completed OK before the flush", param->name, posted, nok);
     cr_assert_eq(ns, 1);
     check_failed_ep(&p, 0, p.ab, &src, &dst.rdesc);
 
@@ -821,8 +820,8 @@ TP_TEST(peer_ep_closed)
     p.ab = NULL;
 
     struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
-    cr_assert(e->status == CFX_ERR_PEER_FAILED || e->status == CFX_ERR_CLOSED,
-              "EP_ERROR status %s", cfx_errname(e->status));
+    cr_assert(e->status == CFX_ERR_PEER_FAILED || e->status == CFX_ERR_CLOSED, "EP_ERROR status %s",
+              cfx_errname(e->status));
     settle(&p, 50);
     for (size_t k = 0; k < p.s[0].n; k++)
         cr_assert(p.s[0].evs[k].ep != closed || p.s[0].evs[k].type == CFX_TP_COMP_CONNECTED,
@@ -923,8 +922,9 @@ TP_TEST(peer_killed)
         struct cfx_tp_completion comps[64];
         static uint8_t buf[SZ];
         struct cfx_tp_mr *mr;
-        struct cfx_tp_mem_desc md = { .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST,
-                                      .shm_fd = -1 };
+        struct cfx_tp_mem_desc md = {
+            .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+        };
         uint64_t end = cfx__deadline_ns(30000);
         if (open_iface(p.ops, 9, &ci) != CFX_OK ||
             p.ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
@@ -936,8 +936,8 @@ TP_TEST(peer_killed)
             for (int k = 0; k < n; k++)
                 if (comps[k].type == CFX_TP_COMP_EP_ERROR)
                     _exit(3);
-            while (p.ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ, i,
-                                   i) == CFX_OK)
+            while (p.ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ, i, i) ==
+                   CFX_OK)
                 i++;
         }
         _exit(4);
@@ -969,8 +969,9 @@ TP_TEST(mem_reg_args)
     struct pair p;
     struct cfx_tp_mr *mr = NULL;
     uint8_t buf[64];
-    struct cfx_tp_mem_desc md = { .addr = buf, .len = 0, .memtype = CFX_MEMTYPE_HOST,
-                                  .shm_fd = -1 };
+    struct cfx_tp_mem_desc md = {
+        .addr = buf, .len = 0, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+    };
 
     pair_open(&p, param);
     cr_assert_neq(p.ops->mem_reg(p.s[0].iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_OK,

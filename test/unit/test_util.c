@@ -65,6 +65,9 @@ Test(util, parse_size_rejects_garbage)
         "18446744073709551616", /* 2^64 */
         "17179869184G",         /* 2^34 GiB = 2^64 */
         "18014398509481984K",   /* 2^54 KiB = 2^64 */
+        " -1",                  /* strtoull skips space and takes a sign */
+        "+5",
+        " 4K",
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

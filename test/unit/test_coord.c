@@ -1,0 +1,889 @@
+/* Coordinator + client: an in-process coordinator on 127.0.0.1 and clients. */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "control/auth.h"
+#include "control/client.h"
+#include "control/coord.h"
+#include "control/proto.h"
+#include "dataplane/common/util.h"
+#include "testutil.h"
+
+#define HB_MS        100
+#define DEAD_MS      600
+#define FANOUT       2
+#define AUTH_MS      1000
+#define STALL_MS     1500
+#define BIG          (1u << 20)   /* a size that does not travel inline */
+
+static struct cfx_coord *coord;
+static char token[64];
+static char addr[64];
+
+/* node_dead events seen by one client */
+struct deaths {
+    pthread_mutex_t mu;
+    uint32_t ids[256];
+    uint64_t when_ns[256];
+    int n;
+};
+
+static void on_dead(void *arg, uint32_t id)
+{
+    struct deaths *d = arg;
+    pthread_mutex_lock(&d->mu);
+    if (d->n < 256) {
+        d->ids[d->n] = id;
+        d->when_ns[d->n] = cfx__now_ns();
+        d->n++;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void deaths_init(struct deaths *d)
+{
+    memset(d, 0, sizeof(*d));
+    pthread_mutex_init(&d->mu, NULL);
+}
+
+/* ns timestamp when @p id was reported dead, waiting up to @p ms; 0 if not. */
+static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        for (int i = 0; i < d->n; i++) {
+            if (d->ids[i] == id) {
+                uint64_t t = d->when_ns[i];
+                pthread_mutex_unlock(&d->mu);
+                return t;
+            }
+        }
+        pthread_mutex_unlock(&d->mu);
+        if (cfx__now_ns() >= deadline)
+            return 0;
+        usleep(5000);
+    }
+}
+
+static void start_coord(void)
+{
+    struct cfx_coord_params p = {
+        .bind_addr = "127.0.0.1",
+        .port = 0,
+        .token = token,
+        .heartbeat_ms = HB_MS,
+        .dead_after_ms = DEAD_MS,
+        .fanout = FANOUT,
+        .auth_timeout_ms = AUTH_MS,
+        .stall_timeout_ms = STALL_MS,
+    };
+    int rc = cfx__coord_start(&p, &coord);
+    cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
+    cr_assert_neq(cfx__coord_port(coord), 0);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_str_eq(cfx__coord_addr(coord), addr);
+}
+
+static void setup(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    cfx_test_token(token, sizeof(token));
+    start_coord();
+}
+
+static void teardown(void)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(coord, .init = setup, .fini = teardown, .timeout = 60);
+
+static int open_node_tok(const char *name, const char *tok, struct deaths *d,
+                         struct cfx_ctl **out)
+{
+    struct cfx_node_rec self;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "%s", name);
+    snprintf(self.host_id, sizeof(self.host_id), "test-host");
+    self.pid = (uint32_t)getpid();
+    self.naddr = 1;
+    snprintf(self.addr[0].tp, sizeof(self.addr[0].tp), "tcp");
+    self.addr[0].len = 6;
+    memcpy(self.addr[0].addr, "\x7f\x00\x00\x01\x10\x00", 6);
+    struct cfx_ctl_params p = {
+        .coord = addr,
+        .token = tok,
+        .role = CFX_CTL_ROLE_NODE,
+        .self = &self,
+        .timeout_ms = 5000,
+        .on_node_dead = d ? on_dead : NULL,
+        .arg = d,
+    };
+    return cfx__ctl_open(&p, out);
+}
+
+static struct cfx_ctl *open_node(const char *name, struct deaths *d)
+{
+    struct cfx_ctl *c = NULL;
+    int rc = open_node_tok(name, token, d, &c);
+    cr_assert_eq(rc, CFX_OK, "open %s: %s", name, cfx_last_error());
+    cr_assert_neq(cfx__ctl_node_id(c), 0);
+    return c;
+}
+
+static struct cfx_ctl *open_admin(void)
+{
+    struct cfx_ctl *c = NULL;
+    struct cfx_ctl_params p = {
+        .coord = addr, .token = token, .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = 5000,
+    };
+    int rc = cfx__ctl_open(&p, &c);
+    cr_assert_eq(rc, CFX_OK, "open admin: %s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_node_id(c), 0);
+    return c;
+}
+
+static void make_id(struct cfx_object_id *id, const char *name)
+{
+    memset(id, 0, sizeof(*id));
+    snprintf((char *)id->bytes, sizeof(id->bytes), "%s", name);
+}
+
+static uint64_t ms_since(uint64_t t0)
+{
+    return (cfx__now_ns() - t0) / 1000000ull;
+}
+
+static const struct cfx_ctl_obj_rec *find_obj(const struct cfx_ctl_obj_rec *v, size_t n,
+                                              const struct cfx_object_id *id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(v[i].id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return &v[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+Test(coord, join_gives_distinct_ids_in_order)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL),
+                   *c = open_node("c", NULL);
+    cr_assert_eq(cfx__ctl_node_id(a), 1);
+    cr_assert_eq(cfx__ctl_node_id(b), 2);
+    cr_assert_eq(cfx__ctl_node_id(c), 3);
+    cr_assert_eq(cfx__ctl_heartbeat_ms(a), HB_MS);
+    cr_assert_eq(cfx__ctl_dead_after_ms(a), DEAD_MS);
+
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(a, 2, &rec, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(rec.node_id, 2);
+    cr_assert_str_eq(rec.name, "b");
+    cr_assert_str_eq(rec.host_id, "test-host");
+    cr_assert_eq(rec.alive, 1);
+    cr_assert_eq(rec.naddr, 1);
+    cr_assert_str_eq(rec.addr[0].tp, "tcp");
+    cr_assert(strncmp(rec.ctl_addr, "127.0.0.1:", 10) == 0, "ctl_addr %s", rec.ctl_addr);
+    cr_assert_eq(cfx__ctl_node_get(a, 99, &rec, cfx__deadline_ns(2000)), CFX_ERR_NOT_FOUND);
+    cr_assert(strstr(cfx_last_error(), "node 99"), "%s", cfx_last_error());
+    cfx__ctl_close(c);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord, wrong_token_is_refused)
+{
+    struct cfx_ctl *c = NULL;
+    int rc = open_node_tok("intruder", "not-the-token", NULL, &c);
+    cr_assert_eq(rc, CFX_ERR_AUTH, "got %s", cfx_errname(rc));
+    cr_assert_null(c);
+    char want[128];
+    snprintf(want, sizeof(want), "coordinator %s refused the cluster token", addr);
+    cr_assert(strstr(cfx_last_error(), want), "detail: %s", cfx_last_error());
+    cr_assert_null(strstr(cfx_last_error(), "not-the-token"));
+    /* The coordinator is unharmed. */
+    struct cfx_ctl *ok = open_node("good", NULL);
+    cr_assert_eq(cfx__ctl_node_id(ok), 1);
+    cfx__ctl_close(ok);
+}
+
+Test(coord, unreachable_coordinator)
+{
+    struct cfx_ctl *c = NULL;
+    char dead[64];
+    /* A port nobody listens on: bind, read the port, close. */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    cr_assert_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    getsockname(s, (struct sockaddr *)&sa, &sl);
+    close(s);
+    snprintf(dead, sizeof(dead), "127.0.0.1:%u", ntohs(sa.sin_port));
+    struct cfx_ctl_params p = {
+        .coord = dead, .token = token, .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = 2000,
+    };
+    cr_assert_eq(cfx__ctl_open(&p, &c), CFX_ERR_CONNECT);
+    cr_assert(strstr(cfx_last_error(), dead), "%s", cfx_last_error());
+    p.coord = "no-colon";
+    cr_assert_eq(cfx__ctl_open(&p, &c), CFX_ERR_INVALID);
+    p.coord = addr;
+    p.token = NULL;
+    cr_assert_eq(cfx__ctl_open(&p, &c), CFX_ERR_AUTH);
+}
+
+Test(coord, lookup_of_missing_object_times_out_by_its_deadline)
+{
+    struct cfx_ctl *a = open_node("a", NULL);
+    struct cfx_object_id id;
+    struct cfx_ctl_source src;
+    make_id(&id, "missing");
+    uint64_t t0 = cfx__now_ns();
+    int rc = cfx__ctl_obj_lookup(a, &id, NULL, 0, cfx__deadline_ns(300), &src);
+    uint64_t el = ms_since(t0);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s", cfx_errname(rc));
+    cr_assert_geq(el, 295, "returned after %llu ms", (unsigned long long)el);
+    cr_assert_leq(el, 800, "returned after %llu ms", (unsigned long long)el);
+    cr_assert(strstr(cfx_last_error(), "lookup of object 6d697373696e67"), "%s",
+              cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), addr), "%s", cfx_last_error());
+
+    /* A zero timeout answers at once. */
+    t0 = cfx__now_ns();
+    rc = cfx__ctl_obj_lookup(a, &id, NULL, 0, cfx__now_ns(), &src);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT);
+    cr_assert_leq(ms_since(t0), 200);
+
+    /* The connection is still fine afterwards (late replies are dropped). */
+    usleep(100000);
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(a, &st, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(st.nodes_alive, 1);
+    cfx__ctl_close(a);
+}
+
+struct lookup_job {
+    struct cfx_ctl *ctl;
+    struct cfx_object_id id;
+    int timeout_ms;
+    int rc;
+    uint64_t elapsed_ms;
+    struct cfx_ctl_source src;
+    pthread_barrier_t *start;
+};
+
+static void *lookup_thread(void *arg)
+{
+    struct lookup_job *j = arg;
+    if (j->start)
+        pthread_barrier_wait(j->start);
+    uint64_t t0 = cfx__now_ns();
+    j->rc = cfx__ctl_obj_lookup(j->ctl, &j->id, NULL, 0, cfx__deadline_ns(j->timeout_ms),
+                                &j->src);
+    j->elapsed_ms = ms_since(t0);
+    return NULL;
+}
+
+Test(coord, parked_lookup_is_satisfied_by_a_later_put)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL);
+    struct lookup_job j = { .ctl = a, .timeout_ms = 5000 };
+    pthread_t t;
+    make_id(&j.id, "later");
+    cr_assert_eq(pthread_create(&t, NULL, lookup_thread, &j), 0);
+    usleep(250000);
+    cr_assert_eq(cfx__ctl_obj_put(b, &j.id, BIG, 65536, NULL, cfx__deadline_ns(2000)), CFX_OK,
+                 "%s", cfx_last_error());
+    pthread_join(t, NULL);
+    cr_assert_eq(j.rc, CFX_OK, "lookup: %s", cfx_errname(j.rc));
+    cr_assert_geq(j.elapsed_ms, 200);
+    cr_assert_leq(j.elapsed_ms, 2000);
+    cr_assert_eq(j.src.is_inline, 0);
+    cr_assert_eq(j.src.size, BIG);
+    cr_assert_eq(j.src.chunk_size, 65536);
+    cr_assert_eq(j.src.complete, 1);
+    cr_assert_eq(j.src.node.node_id, cfx__ctl_node_id(b));
+    cr_assert_str_eq(j.src.node.name, "b");
+    cr_assert_eq(j.src.node.naddr, 1);
+
+    /* a is now a partial holder pulling from b. */
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(a, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(objs[0].nholders, 2);
+    cr_assert_eq(objs[0].holders[0].node_id, cfx__ctl_node_id(b));
+    cr_assert_eq(objs[0].holders[0].complete, 1);
+    cr_assert_eq(objs[0].holders[0].uploads, 1);
+    cr_assert_eq(objs[0].holders[1].node_id, cfx__ctl_node_id(a));
+    cr_assert_eq(objs[0].holders[1].complete, 0);
+    free(objs);
+
+    /* Done: a becomes complete, b's upload slot frees. */
+    cr_assert_eq(cfx__ctl_obj_done(a, &j.id, cfx__ctl_node_id(b), 1, cfx__deadline_ns(2000)),
+                 CFX_OK);
+    cr_assert_eq(cfx__ctl_objects(a, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(objs[0].holders[0].uploads, 0);
+    cr_assert_eq(objs[0].holders[1].complete, 1);
+    free(objs);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord, inline_objects_round_trip)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL);
+    struct cfx_object_id big, empty;
+    struct cfx_ctl_source src;
+    uint8_t *data = malloc(CFX_OBJECT_INLINE_MAX);
+    cfx_test_fill(data, CFX_OBJECT_INLINE_MAX, 99);
+    make_id(&big, "inline-64k");
+    make_id(&empty, "inline-0");
+
+    cr_assert_eq(cfx__ctl_obj_put(a, &big, CFX_OBJECT_INLINE_MAX, 4096, data,
+                                  cfx__deadline_ns(2000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(a, &empty, 0, 0, NULL, cfx__deadline_ns(2000)), CFX_OK,
+                 "%s", cfx_last_error());
+    free(data);
+
+    cr_assert_eq(cfx__ctl_obj_lookup(b, &big, NULL, 0, cfx__deadline_ns(2000), &src), CFX_OK);
+    cr_assert_eq(src.is_inline, 1);
+    cr_assert_eq(src.size, CFX_OBJECT_INLINE_MAX);
+    cr_assert_eq(src.chunk_size, 4096);
+    cr_assert_not_null(src.data);
+    cr_assert_eq(cfx_test_check(src.data, CFX_OBJECT_INLINE_MAX, 99), (size_t)-1);
+    free(src.data);
+
+    cr_assert_eq(cfx__ctl_obj_lookup(b, &empty, NULL, 0, cfx__deadline_ns(2000), &src), CFX_OK);
+    cr_assert_eq(src.is_inline, 1);
+    cr_assert_eq(src.size, 0);
+    cr_assert_null(src.data);
+
+    /* A small object without its bytes is refused by the client. */
+    struct cfx_object_id small;
+    make_id(&small, "small-nodata");
+    cr_assert_eq(cfx__ctl_obj_put(a, &small, 10, 0, NULL, cfx__deadline_ns(2000)),
+                 CFX_ERR_INVALID);
+
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(a, &st, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(st.objects, 2);
+    cr_assert_eq(st.inline_bytes, CFX_OBJECT_INLINE_MAX);
+
+    /* The inline bytes outlive the putter. */
+    cfx__ctl_close(a);
+    cr_assert_eq(cfx__ctl_obj_lookup(b, &big, NULL, 0, cfx__deadline_ns(2000), &src), CFX_OK);
+    cr_assert_eq(src.is_inline, 1);
+    free(src.data);
+    cfx__ctl_close(b);
+}
+
+Test(coord, put_conflicts_and_delete)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL),
+                   *c = open_node("c", NULL);
+    struct cfx_object_id id;
+    make_id(&id, "conflict");
+    uint64_t dl = cfx__deadline_ns(2000);
+
+    cr_assert_eq(cfx__ctl_obj_put(a, &id, BIG, 1024, NULL, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(a, &id, BIG, 1024, NULL, dl), CFX_ERR_EXISTS);
+    cr_assert(strstr(cfx_last_error(), "already holds"), "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(b, &id, BIG + 1, 1024, NULL, dl), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "put of object"), "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(b, &id, BIG, 1024, NULL, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_delete(c, &id, dl), CFX_ERR_NOT_FOUND);
+
+    /* Lookup with an exclude list skips the excluded holder. */
+    struct cfx_ctl_source src;
+    uint32_t ex = cfx__ctl_node_id(a);
+    cr_assert_eq(cfx__ctl_obj_lookup(c, &id, &ex, 1, dl, &src), CFX_OK);
+    cr_assert_eq(src.node.node_id, cfx__ctl_node_id(b));
+    cr_assert_eq(cfx__ctl_obj_done(c, &id, src.node.node_id, 0, dl), CFX_OK);
+
+    cr_assert_eq(cfx__ctl_obj_delete(a, &id, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_delete(a, &id, dl), CFX_ERR_NOT_FOUND);
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(c, &objs, &n, dl), CFX_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(objs[0].nholders, 1);
+    free(objs);
+    cr_assert_eq(cfx__ctl_obj_delete(b, &id, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_objects(c, &objs, &n, dl), CFX_OK);
+    cr_assert_eq(n, 0, "object without holders still listed");
+    free(objs);
+    cr_assert_eq(cfx__ctl_obj_done(c, &id, 1, 1, dl), CFX_ERR_NOT_FOUND);
+    cfx__ctl_close(c);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord, concurrent_lookups_form_a_tree)
+{
+    enum { N = 8 };
+    struct cfx_ctl *p = open_node("putter", NULL), *g[N];
+    struct lookup_job jobs[N];
+    pthread_t t[N];
+    pthread_barrier_t bar;
+    struct cfx_object_id id;
+    make_id(&id, "broadcast");
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "getter%d", i);
+        g[i] = open_node(name, NULL);
+    }
+    cr_assert_eq(cfx__ctl_obj_put(p, &id, 64ull << 20, 1 << 20, NULL, cfx__deadline_ns(2000)),
+                 CFX_OK);
+    pthread_barrier_init(&bar, NULL, N);
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct lookup_job){ .ctl = g[i], .id = id, .timeout_ms = 5000, .start = &bar };
+        pthread_create(&t[i], NULL, lookup_thread, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&bar);
+
+    /* uploads per node id, and depth of each getter in the tree */
+    uint32_t uploads[N + 2] = { 0 };
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(jobs[i].rc, CFX_OK, "getter %d: %s", i, cfx_errname(jobs[i].rc));
+        uint32_t s = jobs[i].src.node.node_id;
+        cr_assert(s >= 1 && s <= N + 1);
+        cr_assert_neq(s, cfx__ctl_node_id(g[i]), "a getter was told to pull from itself");
+        uploads[s]++;
+    }
+    /* The directory agrees with what the getters were told. */
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(objs[0].nholders, N + 1);
+    uint32_t max_up = 0, min_up = UINT32_MAX, total = 0;
+    for (uint32_t i = 0; i < objs[0].nholders; i++) {
+        const struct cfx_obj_holder *h = &objs[0].holders[i];
+        cr_assert_eq(h->uploads, uploads[h->node_id], "node %u", h->node_id);
+        max_up = CFX_MAX(max_up, h->uploads);
+        min_up = CFX_MIN(min_up, h->uploads);
+        total += h->uploads;
+    }
+    free(objs);
+    cr_assert_eq(total, N);
+    /* No holder above the fanout while another holder is below it. */
+    cr_assert(max_up <= FANOUT || min_up >= FANOUT, "max %u min %u", max_up, min_up);
+    /* Not everyone hit the putter... */
+    cr_assert_eq(uploads[cfx__ctl_node_id(p)], FANOUT);
+    /* ...and the shape is a tree, not a chain: depth <= log2(N+1) + 1. */
+    uint32_t depth[N + 2] = { 0 };
+    for (int round = 0; round < N; round++)
+        for (int i = 0; i < N; i++) {
+            uint32_t s = jobs[i].src.node.node_id;
+            depth[cfx__ctl_node_id(g[i])] = depth[s] + 1;
+        }
+    for (int i = 0; i < N; i++)
+        cr_assert_leq(depth[cfx__ctl_node_id(g[i])], 3, "getter %d at depth %u", i,
+                      depth[cfx__ctl_node_id(g[i])]);
+
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__ctl_obj_done(g[i], &id, jobs[i].src.node.node_id, 1,
+                                       cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    for (uint32_t i = 0; i < objs[0].nholders; i++) {
+        cr_assert_eq(objs[0].holders[i].uploads, 0);
+        cr_assert_eq(objs[0].holders[i].complete, 1);
+    }
+    free(objs);
+    for (int i = 0; i < N; i++)
+        cfx__ctl_close(g[i]);
+    cfx__ctl_close(p);
+}
+
+/* A node in a child process: joins, puts an object, reports its id, waits. */
+static pid_t spawn_child_node(uint32_t *id_out)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        struct cfx_ctl *c = NULL;
+        struct cfx_object_id id;
+        uint32_t nid = 0;
+        if (open_node_tok("child", token, NULL, &c) == CFX_OK) {
+            make_id(&id, "child-object");
+            if (cfx__ctl_obj_put(c, &id, BIG, 4096, NULL, cfx__deadline_ns(2000)) == CFX_OK)
+                nid = cfx__ctl_node_id(c);
+        }
+        if (write(fds[1], &nid, sizeof(nid)) != sizeof(nid))
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    uint32_t nid = 0;
+    cr_assert_eq(read(fds[0], &nid, sizeof(nid)), (ssize_t)sizeof(nid));
+    close(fds[0]);
+    cr_assert_neq(nid, 0, "child could not join");
+    *id_out = nid;
+    return pid;
+}
+
+static void assert_node_dead_and_gone(struct cfx_ctl *c, uint32_t id)
+{
+    struct cfx_node_rec *nodes;
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_nodes(c, &nodes, &n, cfx__deadline_ns(2000)), CFX_OK);
+    int found = 0;
+    for (size_t i = 0; i < n; i++)
+        if (nodes[i].node_id == id) {
+            found = 1;
+            cr_assert_eq(nodes[i].alive, 0, "node %u still alive", id);
+        }
+    cr_assert(found);
+    free(nodes);
+    cr_assert_eq(cfx__ctl_objects(c, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < objs[i].nholders; j++)
+            cr_assert_neq(objs[i].holders[j].node_id, id, "dead node %u still a holder", id);
+    struct cfx_object_id cid;
+    make_id(&cid, "child-object");
+    cr_assert_null(find_obj(objs, n, &cid), "the dead node's object is still listed");
+    free(objs);
+}
+
+Test(coord, killed_node_is_reported_dead)
+{
+    struct deaths d;
+    deaths_init(&d);
+    struct cfx_ctl *w = open_node("watcher", &d);
+    uint32_t child;
+    pid_t pid = spawn_child_node(&child);
+
+    /* A lookup parked by the watcher must not be served by the dead node. */
+    uint64_t t0 = cfx__now_ns();
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t t = wait_dead(&d, child, 2000);
+    cr_assert_neq(t, 0, "no node_dead event for node %u within 2 s", child);
+    cr_assert_leq((t - t0) / 1000000ull, 2000);
+    assert_node_dead_and_gone(w, child);
+
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(w, &st, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(st.nodes_alive, 1);
+    cr_assert_eq(st.nodes_dead, 1);
+    cr_assert_eq(st.objects, 0);
+    cfx__ctl_close(w);
+}
+
+Test(coord, silent_node_is_reported_dead_after_missed_heartbeats)
+{
+    struct deaths d;
+    deaths_init(&d);
+    struct cfx_ctl *w = open_node("watcher", &d);
+    uint32_t child;
+    pid_t pid = spawn_child_node(&child);
+
+    /* Stopped, not killed: the socket stays open, only heartbeats stop. */
+    uint64_t t0 = cfx__now_ns();
+    kill(pid, SIGSTOP);
+    uint64_t t = wait_dead(&d, child, 3000);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    cr_assert_neq(t, 0, "no node_dead event for the silent node %u", child);
+    uint64_t el = (t - t0) / 1000000ull;
+    cr_assert_geq(el, DEAD_MS - HB_MS - 50, "declared dead after %llu ms", (unsigned long long)el);
+    cr_assert_leq(el, DEAD_MS + 1000, "declared dead after %llu ms", (unsigned long long)el);
+    assert_node_dead_and_gone(w, child);
+    cfx__ctl_close(w);
+}
+
+Test(coord, leaving_node_is_reported_and_calls_fail_after_coordinator_loss)
+{
+    struct deaths d;
+    deaths_init(&d);
+    struct cfx_ctl *w = open_node("watcher", &d), *x = open_node("leaver", NULL);
+    uint32_t xid = cfx__ctl_node_id(x);
+    cfx__ctl_close(x);
+    cr_assert_neq(wait_dead(&d, xid, 2000), 0, "no event for the node that left");
+
+    /* Now the coordinator goes away: the watcher hears node 0 and fails fast. */
+    cfx__coord_stop(coord);
+    coord = NULL;
+    cr_assert_neq(wait_dead(&d, 0, 2000), 0, "no coordinator-lost notification");
+    struct cfx_ctl_status st;
+    uint64_t t0 = cfx__now_ns();
+    cr_assert_eq(cfx__ctl_status(w, &st, cfx__deadline_ns(2000)), CFX_ERR_CONNECT);
+    cr_assert_leq(ms_since(t0), 100);
+    cr_assert(strstr(cfx_last_error(), addr), "%s", cfx_last_error());
+    cfx__ctl_close(w);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Raw sockets                                                               */
+
+static int raw_connect(void)
+{
+    struct sockaddr_in sa;
+    cr_assert_eq(cfx__parse_hostport(addr, &sa), CFX_OK);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(s, 0);
+    cr_assert_eq(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return s;
+}
+
+/* Read one frame from a raw socket into @p buf (blocking, 2 s). */
+static int raw_read_frame(int s, uint8_t *buf, size_t cap, struct cfx_msg *m)
+{
+    size_t have = 0, need = CFX_PROTO_HDR_LEN;
+    while (have < need) {
+        struct pollfd p = { .fd = s, .events = POLLIN };
+        if (poll(&p, 1, 2000) <= 0)
+            return CFX_ERR_TIMEOUT;
+        ssize_t n = recv(s, buf + have, need - have, 0);
+        if (n <= 0)
+            return CFX_ERR_CONNECT;
+        have += (size_t)n;
+        if (have == CFX_PROTO_HDR_LEN) {
+            struct cfx_msg_hdr h;
+            cr_assert_eq(cfx__msg_hdr_decode(buf, have, &h), CFX_OK);
+            need += h.payload_len;
+            cr_assert_leq(need, cap);
+        }
+    }
+    return cfx__msg_decode(buf, have, m);
+}
+
+static void raw_send(int s, const struct cfx_msg *m)
+{
+    uint8_t buf[4096];
+    size_t len;
+    cr_assert_eq(cfx__msg_encode(m, buf, sizeof(buf), &len), CFX_OK);
+    cr_assert_eq(send(s, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* A raw connection authenticated as admin. */
+static int raw_auth(void)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m, r;
+    int s = raw_connect();
+    uint8_t snonce[CFX_AUTH_NONCE_LEN];
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_AUTH;
+    r.req_id = 1;
+    r.u.auth.role = CFX_CTL_ROLE_ADMIN;
+    cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
+    cfx__auth_mac(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, r.u.auth.mac);
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_AUTH_OK);
+    cr_assert_eq(m.req_id, 1);
+    /* Mutual: the coordinator proved it knows the token. */
+    cr_assert_eq(cfx__auth_verify(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce,
+                                  m.u.auth_ok.mac), CFX_OK);
+    return s;
+}
+
+/* Wait until the peer closes @p s; returns ms waited or -1. */
+static long wait_closed(int s, int ms)
+{
+    uint64_t t0 = cfx__now_ns();
+    char sink[4096];
+    for (;;) {
+        struct pollfd p = { .fd = s, .events = POLLIN };
+        int left = ms - (int)ms_since(t0);
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return -1;
+        ssize_t n = recv(s, sink, sizeof(sink), 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return (long)ms_since(t0);
+    }
+}
+
+Test(coord, garbage_and_half_frames_do_not_disturb_good_clients)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL);
+    struct cfx_object_id id;
+    struct cfx_ctl_source src;
+    uint8_t junk[4096];
+    make_id(&id, "robust");
+
+    /* 1. Garbage instead of AUTH: closed at once. */
+    int g = raw_connect();
+    cfx_test_fill(junk, sizeof(junk), 5);
+    send(g, junk, sizeof(junk), MSG_NOSIGNAL);
+    cr_assert_geq(wait_closed(g, 2000), 0, "garbage connection not closed");
+    close(g);
+
+    /* 2. Half a header, never authenticated: closed at the auth deadline. */
+    int h = raw_connect();
+    send(h, junk, 8, MSG_NOSIGNAL);
+    /* 3. Authenticated, then half a frame: closed when stalled. */
+    int s = raw_auth();
+    struct cfx_msg st = { .type = CFX_MSG_STATUS, .req_id = 9 };
+    uint8_t fb[64];
+    size_t flen;
+    cr_assert_eq(cfx__msg_encode(&st, fb, sizeof(fb), &flen), CFX_OK);
+    fb[4] = 100; /* announce 100 payload bytes, send 3 */
+    send(s, fb, flen + 3, MSG_NOSIGNAL);
+
+    /* Meanwhile good clients are served normally. */
+    cr_assert_eq(cfx__ctl_obj_put(a, &id, BIG, 4096, NULL, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_lookup(b, &id, NULL, 0, cfx__deadline_ns(2000), &src), CFX_OK);
+    cr_assert_eq(src.node.node_id, cfx__ctl_node_id(a));
+
+    long th = wait_closed(h, AUTH_MS + 1000);
+    cr_assert_geq(th, 0, "unauthenticated connection not closed");
+    long ts = wait_closed(s, STALL_MS + 1500);
+    cr_assert_geq(ts, 0, "stalled connection not closed");
+    close(h);
+    close(s);
+
+    /* 4. A bad payload inside a valid frame gets an error reply; the connection lives. */
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    s = raw_auth();
+    struct cfx_msg bad = { .type = CFX_MSG_NODE_GET, .req_id = 77 };
+    cr_assert_eq(cfx__msg_encode(&bad, fb, sizeof(fb), &flen), CFX_OK);
+    fb[4] = 5; /* 5 payload bytes where 4 belong */
+    fb[flen] = 0;
+    send(s, fb, flen + 1, MSG_NOSIGNAL);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR);
+    cr_assert_eq(m.req_id, 77);
+    cr_assert_eq(m.u.error.status, CFX_ERR_PROTO);
+    raw_send(s, &st);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_STATUS_REPLY);
+    cr_assert_eq(m.req_id, 9);
+    cr_assert_eq(m.u.status.nodes_alive, 2);
+    /* Object calls from a non-member are refused with a reason. */
+    struct cfx_msg del = { .type = CFX_MSG_OBJ_DELETE, .req_id = 78 };
+    raw_send(s, &del);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR);
+    cr_assert_eq(m.u.error.status, CFX_ERR_INVALID);
+    cr_assert_gt(strlen(m.u.error.text), 0);
+    close(s);
+
+    /* 5. A wrong protocol version is refused with CFX_ERR_VERSION, then closed. */
+    s = raw_connect();
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(cfx__msg_encode(&st, fb, sizeof(fb), &flen), CFX_OK);
+    fb[2] = CFX_PROTO_VERSION + 1;
+    send(s, fb, flen, MSG_NOSIGNAL);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR);
+    cr_assert_eq(m.u.error.status, CFX_ERR_VERSION);
+    cr_assert_geq(wait_closed(s, 2000), 0);
+    close(s);
+
+    struct cfx_ctl_status cs;
+    cr_assert_eq(cfx__ctl_status(a, &cs, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(cs.nodes_alive, 2);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord, admin_queries)
+{
+    struct cfx_ctl *a = open_node("alpha", NULL), *b = open_node("beta", NULL);
+    struct cfx_ctl *adm = open_admin();
+    struct cfx_object_id id1, id2;
+    uint8_t small[100];
+    make_id(&id1, "obj-one");
+    make_id(&id2, "obj-two");
+    cfx_test_fill(small, sizeof(small), 1);
+    cr_assert_eq(cfx__ctl_obj_put(a, &id1, BIG, 8192, NULL, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(b, &id2, sizeof(small), 0, small, cfx__deadline_ns(2000)),
+                 CFX_OK);
+
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(adm, &st, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(st.proto_version, CFX_PROTO_VERSION);
+    cr_assert_eq(st.nodes_alive, 2);
+    cr_assert_eq(st.nodes_dead, 0);
+    cr_assert_eq(st.objects, 2);
+    cr_assert_eq(st.inline_bytes, sizeof(small));
+    cr_assert_eq(st.heartbeat_ms, HB_MS);
+    cr_assert_eq(st.dead_after_ms, DEAD_MS);
+    cr_assert_gt(strlen(st.version), 0);
+
+    struct cfx_node_rec *nodes;
+    size_t n;
+    cr_assert_eq(cfx__ctl_nodes(adm, &nodes, &n, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(n, 2, "admin connections are not members");
+    cr_assert_str_eq(nodes[0].name, "alpha");
+    cr_assert_str_eq(nodes[1].name, "beta");
+    cr_assert_eq(nodes[0].alive, 1);
+    cr_assert_leq(nodes[0].last_seen_ms, 1000);
+    free(nodes);
+
+    struct cfx_ctl_obj_rec *objs;
+    cr_assert_eq(cfx__ctl_objects(adm, &objs, &n, cfx__deadline_ns(2000)), CFX_OK);
+    cr_assert_eq(n, 2);
+    const struct cfx_ctl_obj_rec *o1 = find_obj(objs, n, &id1), *o2 = find_obj(objs, n, &id2);
+    cr_assert_not_null(o1);
+    cr_assert_not_null(o2);
+    cr_assert_eq(o1->size, BIG);
+    cr_assert_eq(o1->chunk_size, 8192);
+    cr_assert_eq(o1->is_inline, 0);
+    cr_assert_eq(o1->nholders, 1);
+    cr_assert_eq(o1->holders[0].node_id, cfx__ctl_node_id(a));
+    cr_assert_eq(o2->is_inline, 1);
+    cr_assert_eq(o2->size, sizeof(small));
+    free(objs);
+
+    /* Admin clients cannot use member calls. */
+    cr_assert_eq(cfx__ctl_obj_put(adm, &id1, BIG, 0, NULL, cfx__deadline_ns(2000)),
+                 CFX_ERR_INVALID);
+    cfx__ctl_close(adm);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord, listings_paginate)
+{
+    enum { NOBJ = CFX_PROTO_OBJECTS_PAGE + 100 };
+    struct cfx_ctl *a = open_node("a", NULL);
+    for (uint32_t i = 0; i < NOBJ; i++) {
+        struct cfx_object_id id;
+        memset(&id, 0, sizeof(id));
+        memcpy(id.bytes, &i, sizeof(i));
+        id.bytes[19] = 0xee;
+        cr_assert_eq(cfx__ctl_obj_put(a, &id, BIG, 0, NULL, cfx__deadline_ns(2000)), CFX_OK);
+    }
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(a, &objs, &n, cfx__deadline_ns(5000)), CFX_OK);
+    cr_assert_eq(n, NOBJ);
+    for (uint32_t i = 0; i < NOBJ; i++) {
+        uint32_t v;
+        memcpy(&v, objs[i].id.bytes, sizeof(v));
+        cr_assert_eq(v, i, "object %u out of order", i);
+    }
+    free(objs);
+    cfx__ctl_close(a);
+}

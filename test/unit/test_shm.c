@@ -1,0 +1,838 @@
+/*
+ * shm transport specifics (the contract itself is test_transport.c):
+ * the direct (mapped memfd) and staged (through the ring) write paths byte
+ * for byte, ring wrap-around, doorbells, a SIGKILLed peer, refused writes,
+ * fd and /dev/shm hygiene, and bandwidth against memcpy.
+ *
+ * Every wait polls with a deadline.  Forked children report by exit code.
+ */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dataplane/common/util.h"
+#include "dataplane/shm/shm.h"
+#include "dataplane/transport.h"
+#include "testutil.h"
+
+#define WAIT_MS 5000
+
+static const struct cfx_transport_ops *ops = &cfx__shm_ops;
+
+/* ---- harness ------------------------------------------------------------------ */
+
+struct ev {
+    struct cfx_tp_completion c;
+    uint8_t data[CFX_TP_SEND_MAX]; /* RECV: copy */
+    bool used;
+};
+
+struct side {
+    struct cfx_tp_iface *iface;
+    struct ev *evs;
+    size_t n, cap;
+};
+
+struct pair {
+    struct side s[2];        /* [0] connects to [1] */
+    struct cfx_tp_ep *ab, *ba;
+};
+
+static int poll_side(struct side *s)
+{
+    struct cfx_tp_completion comps[64];
+    int n = ops->poll(s->iface, comps, 64);
+    cr_assert_geq(n, 0, "poll: %s", cfx_errname(n));
+    for (int i = 0; i < n; i++) {
+        if (s->n == s->cap) {
+            s->cap = s->cap ? 2 * s->cap : 1024;
+            s->evs = realloc(s->evs, s->cap * sizeof(*s->evs));
+            cr_assert_not_null(s->evs);
+        }
+        struct ev *e = &s->evs[s->n++];
+        e->c = comps[i];
+        e->used = false;
+        if (comps[i].type == CFX_TP_COMP_RECV && comps[i].len)
+            memcpy(e->data, comps[i].data, comps[i].len);
+        e->c.data = NULL;
+    }
+    return n;
+}
+
+static void pump(struct pair *p)
+{
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+        if (p->s[i].iface)
+            n += poll_side(&p->s[i]);
+    if (!n)
+        sched_yield();
+}
+
+static struct ev *find_ev(struct side *s, int type, struct cfx_tp_ep *ep)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!s->evs[i].used && s->evs[i].c.type == type && (!ep || s->evs[i].c.ep == ep))
+            return &s->evs[i];
+    return NULL;
+}
+
+static size_t count_ev(struct side *s, int type)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        n += s->evs[i].c.type == type;
+    return n;
+}
+
+static struct ev *wait_ev(struct pair *p, int side, int type, struct cfx_tp_ep *ep, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    struct ev *e;
+    while (!(e = find_ev(&p->s[side], type, ep))) {
+        cr_assert(cfx__now_ns() < deadline, "timed out after %d ms waiting for type %d on %c",
+                  ms, type, side ? 'b' : 'a');
+        pump(p);
+    }
+    e->used = true;
+    return e;
+}
+
+static void wait_count(struct pair *p, int side, int type, size_t count, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    while (count_ev(&p->s[side], type) < count) {
+        cr_assert(cfx__now_ns() < deadline, "timed out waiting for %zu x type %d (have %zu)",
+                  count, type, count_ev(&p->s[side], type));
+        pump(p);
+    }
+}
+
+static struct cfx_tp_iface *open_iface(uint32_t node)
+{
+    struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID,
+                                       .node_id = node };
+    struct cfx_tp_iface *i = NULL;
+    int rc = ops->iface_open(&prm, &i);
+    cr_assert_eq(rc, CFX_OK, "iface_open: %s %s", cfx_errname(rc), cfx_last_error());
+    return i;
+}
+
+static void pair_open(struct pair *p)
+{
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len = sizeof(addr);
+
+    memset(p, 0, sizeof(*p));
+    p->s[0].iface = open_iface(1);
+    p->s[1].iface = open_iface(2);
+    cr_assert_eq(ops->iface_addr(p->s[1].iface, addr, &len), CFX_OK);
+    cr_assert_eq(addr[0], '@');
+    cr_assert_eq(strlen(addr) + 1, len);
+    cr_assert_eq(ops->ep_connect(p->s[0].iface, addr, len, 2, &p->ab), CFX_OK);
+    wait_ev(p, 0, CFX_TP_COMP_CONNECTED, p->ab, WAIT_MS);
+    p->ba = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS)->c.ep;
+    cr_assert_eq(p->ba->peer_node, 1);
+}
+
+static void pair_close(struct pair *p)
+{
+    if (p->ab)
+        ops->ep_close(p->ab);
+    if (p->ba)
+        ops->ep_close(p->ba);
+    for (int i = 0; i < 2; i++) {
+        if (p->s[i].iface)
+            ops->iface_close(p->s[i].iface);
+        free(p->s[i].evs);
+    }
+    memset(p, 0, sizeof(*p));
+}
+
+/* A region: private memory, or a window of a memfd (like the engine's arena). */
+struct region {
+    uint8_t *map;            /* whole allocation */
+    size_t map_len;
+    uint8_t *buf;            /* registered part */
+    size_t len;
+    int fd;
+    struct cfx_tp_mr *mr;
+    struct cfx_tp_rdesc rdesc;
+};
+
+static void region_reg(struct cfx_tp_iface *iface, struct region *r, size_t len, size_t off,
+                       bool memfd, unsigned access, uint8_t fill)
+{
+    memset(r, 0, sizeof(*r));
+    r->map_len = (off + len + 4096 + 4095) & ~(size_t)4095; /* a guard after the region */
+    r->fd = -1;
+    if (memfd) {
+        r->fd = memfd_create("test-arena", MFD_CLOEXEC);
+        cr_assert_geq(r->fd, 0);
+        cr_assert_eq(ftruncate(r->fd, (off_t)r->map_len), 0);
+        r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+        cr_assert_neq(r->map, MAP_FAILED);
+    } else {
+        r->map = aligned_alloc(4096, r->map_len);
+        cr_assert_not_null(r->map);
+    }
+    memset(r->map, fill, r->map_len);
+    r->buf = r->map + off;
+    r->len = len;
+    struct cfx_tp_mem_desc md = { .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST,
+                                  .shm_fd = r->fd, .shm_off = off };
+    cr_assert_eq(ops->mem_reg(iface, &md, access, &r->mr), CFX_OK);
+    cr_assert_eq(ops->mr_pack(r->mr, &r->rdesc), CFX_OK);
+}
+
+static void region_free(struct region *r)
+{
+    if (r->mr)
+        ops->mem_dereg(r->mr);
+    if (r->fd >= 0) {
+        munmap(r->map, r->map_len);
+        close(r->fd);
+    } else {
+        free(r->map);
+    }
+    memset(r, 0, sizeof(*r));
+}
+
+static void post_write(struct pair *p, struct cfx_tp_ep *ep, struct region *src, uint64_t loff,
+                       const struct cfx_tp_rdesc *rd, uint64_t roff, size_t len, uint32_t imm,
+                       uint64_t wr_id)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    int rc;
+    while ((rc = ops->ep_write(ep, src->mr, loff, rd, roff, len, imm, wr_id)) == CFX_ERR_AGAIN) {
+        cr_assert(cfx__now_ns() < deadline, "send queue stayed full");
+        pump(p);
+    }
+    cr_assert_eq(rc, CFX_OK, "ep_write: %s", cfx_errname(rc));
+}
+
+static void post_send(struct pair *p, struct cfx_tp_ep *ep, const void *buf, size_t len,
+                      uint64_t wr_id)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    int rc;
+    while ((rc = ops->ep_send(ep, buf, len, wr_id)) == CFX_ERR_AGAIN) {
+        if (cfx__now_ns() >= deadline) {
+            struct cfx__shm_ep *a = cfx__shm_ep_of(ep);
+            struct cfx__shm_op *op = &a->txq[a->txq_head];
+            fprintf(stderr, "DBG txq %u free %x state %d tx pos %lu cached %lu pub %lu head %lu tail %lu; op type %d len %lu done %lu started %d map %p; cq %u\n",
+                a->txq_count, a->send_free, a->state, a->tx.pos, a->tx.cached, a->tx.published,
+                atomic_load(&a->tx.ctl->head), atomic_load(&a->tx.ctl->tail), op->type, op->len, op->done, op->started, (void*)op->map, a->iface->cq_count);
+        }
+        cr_assert(cfx__now_ns() < deadline, "send queue stayed full");
+        pump(p);
+    }
+    cr_assert_eq(rc, CFX_OK, "ep_send: %s", cfx_errname(rc));
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *de;
+    cr_assert_not_null(d);
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the DIR's own fd */
+}
+
+static int count_dev_shm(void)
+{
+    int n = 0;
+    DIR *d = opendir("/dev/shm");
+    struct dirent *de;
+    if (!d)
+        return 0;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* ---- byte-for-byte over both paths ------------------------------------------------- */
+
+static void check_paths(bool direct)
+{
+    static const struct { size_t loff, roff, len; } w[] = {
+        { 0, 0, 1 },
+        { 7, 4097, 4095 },
+        { 3, 1, (1u << 20) + 3 },
+        { 1, 12345, 9u << 20 },     /* 9 MiB at an odd offset: > 2 rings */
+    };
+    struct pair p;
+    struct region src, dst;
+    const size_t dst_off = 3 * 4096 + 17; /* registration starts mid-page in the file */
+
+    pair_open(&p);
+    region_reg(p.s[0].iface, &src, 10u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(p.s[1].iface, &dst, 10u << 20, dst_off, direct, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(w); i++) {
+        uint64_t seed = 1000 + i;
+        memset(dst.map, 0xAA, dst.map_len);
+        cfx_test_fill(src.buf + w[i].loff, w[i].len, seed);
+        post_write(&p, p.ab, &src, w[i].loff, &dst.rdesc, w[i].roff, w[i].len, 0xABC0u + (uint32_t)i, i);
+        struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+        cr_assert_eq(e->c.imm, 0xABC0u + i);
+        cr_assert_eq(e->c.len, w[i].len);
+        e = wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+        cr_assert_eq(e->c.status, CFX_OK);
+        cr_assert_eq(e->c.wr_id, i);
+        size_t bad = cfx_test_check(dst.buf + w[i].roff, w[i].len, seed);
+        cr_assert_eq(bad, (size_t)-1, "write %zu of %zu bytes: byte %zu differs", i, w[i].len, bad);
+        /* nothing outside [roff, roff + len) changed */
+        for (size_t k = 0; k < dst_off + w[i].roff; k++)
+            cr_assert_eq(dst.map[k], 0xAA, "byte %zu before write %zu touched", k, i);
+        for (size_t k = dst_off + w[i].roff + w[i].len; k < dst.map_len; k++)
+            cr_assert_eq(dst.map[k], 0xAA, "byte %zu after write %zu touched", k, i);
+    }
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p.ab), *b = cfx__shm_ep_of(p.ba);
+    cr_assert_eq(a->n_direct, direct ? CFX_ARRAY_SIZE(w) : 0, "direct writes: %llu",
+                 (unsigned long long)a->n_direct);
+    cr_assert_eq(a->n_staged, direct ? 0 : CFX_ARRAY_SIZE(w), "staged writes: %llu",
+                 (unsigned long long)a->n_staged);
+    cr_assert_eq(b->n_rx_direct + b->n_rx_staged, CFX_ARRAY_SIZE(w));
+    region_free(&src);
+    region_free(&dst);
+    pair_close(&p);
+}
+
+Test(shm, direct_bytes, .timeout = 60)
+{
+    check_paths(true);
+}
+
+Test(shm, staged_bytes, .timeout = 60)
+{
+    check_paths(false);
+}
+
+/* ---- wrap-around and ordering -------------------------------------------------------- */
+
+Test(shm, wrap_interleaved, .timeout = 60)
+{
+    enum { N = 3000, SLOT = 48 * 1024 };
+    struct pair p;
+    struct region src, dst_direct, dst_staged;
+    uint8_t msg[CFX_TP_SEND_MAX];
+
+    setenv("CFX_SHM_RING_SIZE", "64K", 1); /* wraps every few ops */
+    pair_open(&p);
+    unsetenv("CFX_SHM_RING_SIZE");
+    cr_assert_eq(cfx__shm_ep_of(p.ab)->tx.size, 64u * 1024);
+    region_reg(p.s[0].iface, &src, (size_t)N * SLOT / 8, 0, false, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(p.s[1].iface, &dst_direct, (size_t)N * SLOT / 8, 0, true,
+               CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    region_reg(p.s[1].iface, &dst_staged, (size_t)N * SLOT / 8, 0, false,
+               CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, src.len, 77);
+
+    /* op i: send (i % 3 == 0), or a write of 1..SLOT bytes, alternating paths;
+     * slots are reused, so each write is checked when it is reported */
+    size_t nslots = src.len / SLOT;
+    size_t checked = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        if (i % 3 == 0) {
+            size_t len = (i * 131u) % (CFX_TP_SEND_MAX + 1);
+            memset(msg, (int)(i & 0xff), len);
+            if (len >= 4)
+                memcpy(msg, &i, 4);
+            post_send(&p, p.ab, msg, len, i);
+        } else {
+            size_t len = 1 + (i * 7919u) % SLOT;
+            size_t slot = i % nslots;
+            struct region *d = (i & 1) ? &dst_direct : &dst_staged;
+            post_write(&p, p.ab, &src, slot * SLOT, &d->rdesc, slot * SLOT, len, i, i);
+        }
+        /* keep the in-flight window under the slot reuse distance */
+        while (count_ev(&p.s[1], CFX_TP_COMP_RECV) + count_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM) +
+                   nslots / 2 < i + 1)
+            pump(&p);
+        for (; checked < p.s[1].n; checked++) {
+            struct ev *e = &p.s[1].evs[checked];
+            if (e->c.type != CFX_TP_COMP_WRITE_IMM)
+                continue;
+            uint32_t j = e->c.imm;
+            size_t len = 1 + (j * 7919u) % SLOT, slot = j % nslots;
+            struct region *d = (j & 1) ? &dst_direct : &dst_staged;
+            cr_assert_eq(e->c.len, len);
+            cr_assert_eq(memcmp(d->buf + slot * SLOT, src.buf + slot * SLOT, len), 0,
+                         "write %u differs", j);
+        }
+    }
+    wait_count(&p, 1, CFX_TP_COMP_RECV, (N + 2) / 3, WAIT_MS);
+    wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, N - (N + 2) / 3, WAIT_MS);
+    wait_count(&p, 0, CFX_TP_COMP_WRITE, N - (N + 2) / 3, WAIT_MS);
+    wait_count(&p, 0, CFX_TP_COMP_SEND, (N + 2) / 3, WAIT_MS);
+
+    /* receiver: one event per op, in posted order */
+    uint32_t next = 0;
+    for (size_t k = 0; k < p.s[1].n; k++) {
+        struct ev *e = &p.s[1].evs[k];
+        if (e->c.type == CFX_TP_COMP_RECV) {
+            cr_assert_eq(next % 3, 0, "op %u: got a RECV", next);
+            size_t len = (next * 131u) % (CFX_TP_SEND_MAX + 1);
+            cr_assert_eq(e->c.len, len);
+            if (len >= 4) {
+                uint32_t v;
+                memcpy(&v, e->data, 4);
+                cr_assert_eq(v, next);
+            }
+            next++;
+        } else if (e->c.type == CFX_TP_COMP_WRITE_IMM) {
+            cr_assert_neq(next % 3, 0, "op %u: got a WRITE_IMM", next);
+            cr_assert_eq(e->c.imm, next);
+            next++;
+        }
+    }
+    cr_assert_eq(next, N);
+    /* sender: completions in posted order per kind */
+    uint64_t lw = 0, ls = 0;
+    for (size_t k = 0; k < p.s[0].n; k++) {
+        struct ev *e = &p.s[0].evs[k];
+        if (e->c.type == CFX_TP_COMP_WRITE) {
+            cr_assert_geq(e->c.wr_id, lw);
+            lw = e->c.wr_id;
+        } else if (e->c.type == CFX_TP_COMP_SEND) {
+            cr_assert_geq(e->c.wr_id, ls);
+            ls = e->c.wr_id;
+        }
+    }
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p.ab);
+    cr_assert_gt(a->tx.pos / a->tx.size, 100, "the ring wrapped only %llu times",
+                 (unsigned long long)(a->tx.pos / a->tx.size));
+    cr_assert_gt(a->n_direct, 0);
+    cr_assert_gt(a->n_staged, 0);
+    region_free(&src);
+    region_free(&dst_direct);
+    region_free(&dst_staged);
+    pair_close(&p);
+}
+
+/* ---- doorbells ------------------------------------------------------------------------- */
+
+static bool fd_readable(int fd, int ms)
+{
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    return poll(&pfd, 1, ms) == 1;
+}
+
+static void arm_until_ok(struct pair *p, int side)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        poll_side(&p->s[side]);
+        int rc = ops->iface_arm(p->s[side].iface);
+        if (rc == CFX_OK)
+            return;
+        cr_assert_eq(rc, CFX_ERR_AGAIN);
+        cr_assert(cfx__now_ns() < deadline, "iface_arm kept saying AGAIN");
+    }
+}
+
+Test(shm, doorbells, .timeout = 60)
+{
+    struct pair p;
+    struct region src, dst;
+    int fa, fb;
+
+    setenv("CFX_SHM_RING_SIZE", "64K", 1);
+    pair_open(&p);
+    unsetenv("CFX_SHM_RING_SIZE");
+    fa = ops->iface_fd(p.s[0].iface);
+    fb = ops->iface_fd(p.s[1].iface);
+    region_reg(p.s[0].iface, &src, 1u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0x5A);
+    region_reg(p.s[1].iface, &dst, 1u << 20, 0, false, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+
+    /* idle: both may sleep, and nothing wakes them */
+    arm_until_ok(&p, 0);
+    arm_until_ok(&p, 1);
+    cr_assert(!fd_readable(fa, 20) && !fd_readable(fb, 20), "idle iface fd readable");
+
+    /* a write wakes the sleeping receiver */
+    cr_assert_eq(ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, 1000, 1, 1), CFX_OK);
+    cr_assert(fd_readable(fb, WAIT_MS), "receiver not woken by a write");
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+
+    /* a writer blocked on a full ring sleeps until the receiver makes room */
+    cr_assert_eq(ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, 1u << 20, 2, 2), CFX_OK);
+    for (int i = 0; i < 10; i++)
+        poll_side(&p.s[0]);
+    cr_assert_eq(cfx__shm_ep_of(p.ab)->txq_count, 1, "1 MiB went through a 64K ring unread");
+    arm_until_ok(&p, 0);
+    cr_assert(!fd_readable(fa, 20), "blocked writer woken for nothing");
+    poll_side(&p.s[1]); /* drains the ring once */
+    cr_assert(fd_readable(fa, WAIT_MS), "blocked writer not woken when room came");
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+    for (size_t i = 0; i < dst.len; i++)
+        cr_assert_eq(dst.buf[i], 0x5A);
+
+    /* while sleeping, the peer's death wakes us */
+    arm_until_ok(&p, 1);
+    ops->ep_close(p.ab);
+    p.ab = NULL;
+    cr_assert(fd_readable(fb, WAIT_MS), "peer close did not wake us");
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert_eq(e->c.status, CFX_ERR_CLOSED);
+    region_free(&src);
+    region_free(&dst);
+    pair_close(&p);
+}
+
+/* ---- refused writes -------------------------------------------------------------------- */
+
+enum forge { FORGE_LEN, FORGE_KEY, FORGE_NONE_OOB };
+
+static void check_refused(bool memfd, enum forge how)
+{
+    struct pair p;
+    struct region src, dst;
+    struct cfx_tp_rdesc rd;
+    struct cfx__shm_rdesc r;
+    const size_t off = 8192;
+    uint64_t roff = 0;
+    size_t len = 100;
+
+    pair_open(&p);
+    region_reg(p.s[0].iface, &src, 1u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(p.s[1].iface, &dst, 65536, off, memfd, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    rd = dst.rdesc;
+    memcpy(&r, rd.data, sizeof(r));
+    switch (how) {
+    case FORGE_LEN:           /* the rdesc claims more than was registered */
+        r.len = 1u << 20;
+        r.direct = 0;         /* a direct writer would trust it: see shm_mr.c */
+        roff = 65536 - 10;
+        len = 300000;
+        break;
+    case FORGE_KEY:           /* a key of another generation */
+        r.key ^= 0x10000;
+        break;
+    case FORGE_NONE_OOB:      /* honest rdesc, write crossing its end */
+        roff = 65536 - 10;
+        break;
+    }
+    memcpy(rd.data, &r, sizeof(r));
+    post_send(&p, p.ab, "x", 1, 1);
+    wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    cr_assert_eq(ops->ep_write(p.ab, src.mr, 0, &rd, roff, len, 7, 2), CFX_OK);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert_eq(e->c.status, CFX_ERR_PROTO);
+    e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
+    cr_assert_eq(e->c.status, CFX_ERR_PROTO, "writer told %s", cfx_errname(e->c.status));
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, NULL));
+    for (size_t i = 0; i < dst.map_len; i++)
+        cr_assert_eq(dst.map[i], 0xAA, "refused write touched byte %zu", i);
+    cr_assert_eq(p.ab->status, CFX_ERR_PROTO);
+    cr_assert_eq(ops->ep_send(p.ab, "y", 1, 3), CFX_ERR_PROTO);
+    region_free(&src);
+    region_free(&dst);
+    pair_close(&p);
+}
+
+Test(shm, refused_forged_len, .timeout = 30)
+{
+    check_refused(false, FORGE_LEN);
+}
+
+Test(shm, refused_bad_key, .timeout = 30)
+{
+    check_refused(false, FORGE_KEY);
+}
+
+Test(shm, refused_out_of_bounds_staged, .timeout = 30)
+{
+    check_refused(false, FORGE_NONE_OOB);
+}
+
+Test(shm, refused_out_of_bounds_memfd, .timeout = 30)
+{
+    check_refused(true, FORGE_NONE_OOB);
+}
+
+/* A reused fd number names another file: the mapping cache must notice. */
+Test(shm, memfd_fd_reuse, .timeout = 30)
+{
+    struct pair p;
+    struct region src, d1, d2;
+
+    pair_open(&p);
+    region_reg(p.s[0].iface, &src, 65536, 0, false, CFX_TP_ACCESS_LOCAL, 0x33);
+    region_reg(p.s[1].iface, &d1, 65536, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    post_write(&p, p.ab, &src, 0, &d1.rdesc, 0, 65536, 1, 1);
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    int old_fd = d1.fd;
+    region_free(&d1);
+    region_reg(p.s[1].iface, &d2, 65536, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cr_assert_eq(d2.fd, old_fd, "test needs the fd number reused");
+    memset(src.buf, 0x44, src.len);
+    post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 65536, 2, 2);
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    for (size_t i = 0; i < d2.len; i++)
+        cr_assert_eq(d2.buf[i], 0x44, "byte %zu not written into the new file", i);
+    cr_assert_eq(cfx__shm_ep_of(p.ab)->n_direct, 2);
+    region_free(&src);
+    region_free(&d2);
+    pair_close(&p);
+}
+
+/* ---- hygiene ------------------------------------------------------------------------------ */
+
+Test(shm, no_leaks, .timeout = 30)
+{
+    int fds0 = count_fds(), shm0 = count_dev_shm();
+    for (int round = 0; round < 3; round++) {
+        struct pair p;
+        struct region src, d1, d2;
+        pair_open(&p);
+        region_reg(p.s[0].iface, &src, 1u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 1);
+        region_reg(p.s[1].iface, &d1, 1u << 20, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+        region_reg(p.s[1].iface, &d2, 1u << 20, 0, false, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+        post_write(&p, p.ab, &src, 0, &d1.rdesc, 0, 1u << 20, 1, 1);
+        post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 1u << 20, 2, 2);
+        post_send(&p, p.ba, "bye", 3, 3);
+        wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, 2, WAIT_MS);
+        wait_ev(&p, 0, CFX_TP_COMP_RECV, p.ab, WAIT_MS);
+        /* one side closes with writes in flight, the other notices */
+        post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 1u << 20, 3, 3);
+        ops->ep_close(p.ab);
+        p.ab = NULL;
+        wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+        region_free(&src);
+        region_free(&d1);
+        region_free(&d2);
+        pair_close(&p);
+    }
+    cr_assert_eq(count_fds(), fds0, "fds: %d before, %d after", fds0, count_fds());
+    cr_assert_eq(count_dev_shm(), shm0, "/dev/shm grew");
+}
+
+/* ---- a peer killed while it writes straight into our memory ------------------------------- */
+
+Test(shm, peer_killed_direct, .timeout = 30)
+{
+    struct cfx_tp_iface *iface = open_iface(1);
+    struct region dst;
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    enum { SZ = 1 << 20, SLOTS = 8 };
+
+    region_reg(iface, &dst, (size_t)SZ * SLOTS, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cr_assert_eq(ops->iface_addr(iface, addr, &alen), CFX_OK);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID, .node_id = 2 };
+        struct cfx_tp_iface *ci;
+        struct cfx_tp_ep *ep;
+        struct cfx_tp_mr *mr;
+        struct cfx_tp_completion comps[64];
+        static uint8_t buf[SZ];
+        struct cfx_tp_mem_desc md = { .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST,
+                                      .shm_fd = -1 };
+        uint64_t end = cfx__deadline_ns(20000);
+        if (ops->iface_open(&prm, &ci) != CFX_OK ||
+            ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
+            ops->ep_connect(ci, addr, alen, 1, &ep) != CFX_OK)
+            _exit(2);
+        for (uint32_t i = 0; cfx__now_ns() < end;) {
+            int n = ops->poll(ci, comps, 64);
+            for (int k = 0; k < n; k++)
+                if (comps[k].type == CFX_TP_COMP_EP_ERROR)
+                    _exit(3);
+            while (ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ, i, i) ==
+                   CFX_OK)
+                i++;
+            if (cfx__shm_ep_of(ep)->n_staged)
+                _exit(5); /* must be the direct path */
+        }
+        _exit(4);
+    }
+    struct pair p = { .s = { { .iface = iface } } };
+    struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    struct cfx_tp_ep *ep = e->c.ep;
+    wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, 20, WAIT_MS);
+    cr_assert_gt(cfx__shm_ep_of(ep)->n_rx_direct, 0);
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    uint64_t t0 = cfx__now_ns();
+    e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, ep, 2000);
+    uint64_t ms = (cfx__now_ns() - t0) / 1000000;
+    cr_assert_eq(e->c.status, CFX_ERR_PEER_FAILED, "status %s", cfx_errname(e->c.status));
+    cr_assert_lt(ms, 2000);
+    cr_log_info("shm: SIGKILLed peer noticed after %llu ms", (unsigned long long)ms);
+    int wst;
+    cr_assert_eq(waitpid(pid, &wst, 0), pid);
+    cr_assert(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL, "child exited with %d",
+              WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    cr_assert_eq(ops->ep_send(ep, "x", 1, 1), CFX_ERR_PEER_FAILED);
+    ops->ep_close(ep);
+    region_free(&dst);
+    ops->iface_close(iface);
+    free(p.s[0].evs);
+}
+
+/* ---- bandwidth between two processes --------------------------------------------------------- */
+
+#define BW_SIZE  (64u << 20)
+#define BW_CHUNK (4u << 20)  /* the engine writes chunks of 64 KiB..4 MiB */
+#define BW_ITERS 6
+
+static double memcpy_gbps(void)
+{
+    uint8_t *a = malloc(BW_SIZE), *b = malloc(BW_SIZE);
+    double best = 0;
+    cr_assert(a && b);
+    memset(a, 1, BW_SIZE);
+    memset(b, 2, BW_SIZE);
+    for (int i = 0; i < 5; i++) {
+        uint64_t t = cfx__now_ns();
+        memcpy(b, a, BW_SIZE);
+        double g = (double)BW_SIZE / (double)(cfx__now_ns() - t);
+        best = g > best ? g : best;
+        a[i] = b[i + 1];
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+/* Writer process: BW_ITERS rounds of BW_SIZE in BW_CHUNK writes, each round
+ * started by a RECV from the parent. */
+static void bw_child(int rfd)
+{
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen;
+    struct cfx_tp_rdesc rd;
+    struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID, .node_id = 2 };
+    struct cfx_tp_iface *ci;
+    struct cfx_tp_ep *ep;
+    struct cfx_tp_mr *mr;
+    struct cfx_tp_completion c[64];
+    uint64_t end = cfx__deadline_ns(30000);
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (read(rfd, &alen, sizeof(alen)) != sizeof(alen) || alen > sizeof(addr) ||
+        read(rfd, addr, alen) != (ssize_t)alen || read(rfd, &rd, sizeof(rd)) != sizeof(rd))
+        _exit(2);
+    uint8_t *src = malloc(BW_SIZE);
+    if (!src)
+        _exit(2);
+    memset(src, 7, BW_SIZE);
+    struct cfx_tp_mem_desc md = { .addr = src, .len = BW_SIZE, .memtype = CFX_MEMTYPE_HOST,
+                                  .shm_fd = -1 };
+    if (ops->iface_open(&prm, &ci) != CFX_OK || ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) ||
+        ops->ep_connect(ci, addr, alen, 1, &ep) != CFX_OK)
+        _exit(2);
+    int rounds = 0, done = 0, posted = 0;
+    size_t off = 0;
+    while (cfx__now_ns() < end) {
+        int n = ops->poll(ci, c, 64);
+        for (int k = 0; k < n; k++) {
+            if (c[k].type == CFX_TP_COMP_EP_ERROR)
+                _exit(rounds == BW_ITERS ? 0 : 3);
+            if (c[k].type == CFX_TP_COMP_RECV)
+                rounds++;
+            if (c[k].type == CFX_TP_COMP_WRITE)
+                done++;
+        }
+        while (posted < rounds * (int)(BW_SIZE / BW_CHUNK) &&
+               ops->ep_write(ep, mr, off, &rd, off, BW_CHUNK, (uint32_t)posted, 0) == CFX_OK) {
+            posted++;
+            off = (off + BW_CHUNK) % BW_SIZE;
+        }
+        if (!n)
+            sched_yield();
+    }
+    _exit(4);
+}
+
+/* Best GB/s of BW_ITERS rounds (and the first, cold one). */
+static double bw_measure(bool direct, double *first)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        close(pfd[1]);
+        bw_child(pfd[0]);
+    }
+    close(pfd[0]);
+    struct pair p;
+    memset(&p, 0, sizeof(p));
+    p.s[0].iface = open_iface(1);
+    struct region dst;
+    region_reg(p.s[0].iface, &dst, BW_SIZE, 0, direct, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(p.s[0].iface, addr, &alen), CFX_OK);
+    cr_assert(write(pfd[1], &alen, sizeof(alen)) == sizeof(alen) &&
+              write(pfd[1], addr, alen) == (ssize_t)alen &&
+              write(pfd[1], &dst.rdesc, sizeof(dst.rdesc)) == sizeof(dst.rdesc));
+    close(pfd[1]);
+    struct cfx_tp_ep *ep = wait_ev(&p, 0, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS)->c.ep;
+    double best = 0;
+    size_t per_round = BW_SIZE / BW_CHUNK;
+    for (int it = 0; it < BW_ITERS; it++) {
+        uint64_t t = cfx__now_ns();
+        post_send(&p, ep, "go", 2, 0);
+        wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, per_round * (size_t)(it + 1), 10000);
+        double g = (double)BW_SIZE / (double)(cfx__now_ns() - t);
+        if (it == 0)
+            *first = g;
+        best = g > best ? g : best;
+        cr_assert_eq(dst.buf[BW_SIZE - 1], 7);
+    }
+    cr_assert_eq(direct, cfx__shm_ep_of(ep)->n_rx_direct > 0);
+    ops->ep_close(ep);
+    int wst;
+    cr_assert_eq(waitpid(pid, &wst, 0), pid);
+    cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "writer exited with %d",
+              WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    region_free(&dst);
+    ops->iface_close(p.s[0].iface);
+    free(p.s[0].evs);
+    return best;
+}
+
+/*
+ * 64 MiB into a memfd (arena) destination must reach 0.7x single-thread
+ * memcpy; the staged path (private destination) 0.5x.  Machines shared with
+ * other work are noisy, so a miss is measured again up to three times.
+ */
+Test(shm, bandwidth, .timeout = 120)
+{
+    double m = 0, d = 0, s = 0, d_first = 0, s_first = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        m = memcpy_gbps();
+        d = bw_measure(true, &d_first);
+        s = bw_measure(false, &s_first);
+        cr_log_info("shm bandwidth (attempt %d): memcpy %.2f GB/s; direct %.2f GB/s (%.2fx, "
+                    "first %.2f); staged %.2f GB/s (%.2fx, first %.2f)",
+                    attempt + 1, m, d, d / m, d_first, s, s / m, s_first);
+        if (d >= 0.7 * m && s >= 0.5 * m)
+            break;
+    }
+    cr_expect_geq(d, 0.7 * m, "direct %.2f GB/s < 0.7 x memcpy %.2f GB/s", d, m);
+    cr_expect_geq(s, 0.5 * m, "staged %.2f GB/s < 0.5 x memcpy %.2f GB/s", s, m);
+}
