@@ -201,7 +201,7 @@ static int rbuf_frame(struct cfx_ctl *ctl, size_t *flen)
         return 0;
     int rc = cfx__msg_hdr_decode(ctl->rbuf, ctl->rlen, &h);
     if (rc != CFX_OK)
-        return cfx__err(rc, "coordinator %s: %s", ctl->coord, cfx_last_error());
+        return ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
     size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
     if (need > ctl->rcap) {
         uint8_t *p = realloc(ctl->rbuf, need);
@@ -490,7 +490,7 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
 
     rc = cfx__parse_hostport(ctl->coord, &sa);
     if (rc != CFX_OK)
-        return cfx__err(rc, "coordinator address: %s", cfx_last_error());
+        return rc; /* the detail already names the bad address */
     ctl->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (ctl->fd < 0)
         return cfx__err(cfx__status_from_errno(errno), "socket: %s", strerror(errno));
@@ -558,8 +558,11 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
         return rc;
     rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
     if (rc == CFX_ERR_CONNECT)
-        return cfx__err(CFX_ERR_AUTH, "coordinator %s closed the connection during "
-                        "authentication (wrong cluster token?)", ctl->coord);
+        /* A refused token gets an ERROR frame first; a bare close means the
+         * coordinator gave up on us (its authentication deadline, overload). */
+        return cfx__err(CFX_ERR_CONNECT, "coordinator %s closed the connection during "
+                        "authentication without saying why (authentication too slow?)",
+                        ctl->coord);
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_AUTH) {

@@ -121,7 +121,13 @@ const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl);
 
 /* Announce that this node holds a complete object.  @p data carries the
  * bytes when size <= CFX_OBJECT_INLINE_MAX (they are stored by the
- * coordinator), else NULL.  CFX_ERR_EXISTS if this node already announced it. */
+ * coordinator), else NULL.  CFX_ERR_EXISTS if this node already announced it.
+ * (Control plane note: data == NULL with 0 < size <= CFX_OBJECT_INLINE_MAX
+ * announces a small object served from the data plane, as
+ * CFX_OBJ_FLAG_NO_INLINE wants; size 0 is always inline; data with size over
+ * CFX_OBJECT_INLINE_MAX is CFX_ERR_TOO_BIG.  CFX_ERR_INVALID when the same id
+ * exists with another size.  Lookups of inline objects record the getter as a
+ * complete holder, so it may cfx__ctl_obj_delete() them; no obj_done needed.) */
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                      uint64_t size, uint32_t chunk_size, const void *data,
                      uint64_t deadline_ns);

@@ -94,6 +94,7 @@ struct cfx__tcp_mr {
     uint32_t idx;     /* slot in the iface table */
     uint32_t gen;     /* generation when registered */
     uint32_t rx_busy; /* eps currently receiving a payload into it */
+    uint32_t tx_busy; /* queued writes reading from it */
 };
 
 struct cfx__tcp_mr_slot {
@@ -106,6 +107,7 @@ struct cfx__tcp_mr_slot {
 struct cfx__tcp_op {
     struct cfx__tcp_hdr hdr; /* wire header */
     const uint8_t *payload;  /* registered memory (WRITE) or sbuf (SEND) */
+    struct cfx__tcp_mr *mr;  /* WRITE: source region (tx_busy held) */
     uint32_t sbuf_cost;      /* sbuf bytes to release when sent (SEND) */
     uint8_t comp_type;       /* CFX_TP_COMP_WRITE / SEND; 0: internal frame */
     uint64_t wr_id;          /* as posted */
@@ -218,6 +220,8 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
                        const char *addr, struct cfx__tcp_ep **out);
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep);
 void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events);
+/* @p mr is being deregistered: stop receiving into it; an ep with writes
+ * from it still queued fails (CFX_ERR_CANCELED). */
 void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr);
 void cfx__tcp_ep_close(struct cfx_tp_ep *ep);
 int cfx__tcp_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len,

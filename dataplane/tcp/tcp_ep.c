@@ -131,6 +131,25 @@ static void sock_close(struct cfx__tcp_ep *ep)
     ep->fd = -1;
 }
 
+/* Empty the send queue, completing each user op with @p status if @p report. */
+static void txq_drop(struct cfx__tcp_ep *ep, bool report, int status)
+{
+    for (; ep->txq_tail != ep->txq_head; ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS) {
+        struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
+        if (op->mr)
+            op->mr->tx_busy--;
+        if (report && op->comp_type) {
+            struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+            c->type = op->comp_type;
+            c->status = status;
+            c->ep = &ep->super;
+            c->wr_id = op->wr_id;
+        }
+    }
+    ep->tx_off = 0;
+    ep->sbuf_used = ep->sbuf_head = 0;
+}
+
 /*
  * The endpoint failed: close the socket, flush every op not yet in the kernel
  * with @p status, then report one EP_ERROR.  An accepted connection that
@@ -153,18 +172,7 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
 
     ep->state = CFX_TCP_EP_FAILED;
     ep->super.status = status;
-    for (; ep->txq_tail != ep->txq_head; ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS) {
-        struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
-        if (op->comp_type) {
-            struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
-            c->type = op->comp_type;
-            c->status = status;
-            c->ep = &ep->super;
-            c->wr_id = op->wr_id;
-        }
-    }
-    ep->tx_off = 0;
-    ep->sbuf_used = ep->sbuf_head = 0;
+    txq_drop(ep, true, status);
     push_comp(ep, CFX_TP_COMP_EP_ERROR, status);
 }
 
@@ -348,6 +356,7 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
     }
     sock_close(ep);
     rx_release_mr(ep);
+    txq_drop(ep, false, CFX_OK);
     cfx__tcp_cq_drop_ep(iface, tp_ep);
     cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
     ep->state = CFX_TCP_EP_FAILED;
@@ -411,6 +420,8 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
             ep->tx_off = 0;
             if (op->sbuf_cost)
                 sbuf_release(ep, op->sbuf_cost);
+            if (op->mr)
+                op->mr->tx_busy--;
             if (op->comp_type) {
                 struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
                 c->type = op->comp_type;
@@ -469,6 +480,8 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
         .off = htole64(roff),
     };
     op->payload = (const uint8_t *)tp_mr->addr + loff;
+    op->mr = cfx__tcp_mr_of(tp_mr);
+    op->mr->tx_busy++;
     op->sbuf_cost = 0;
     op->comp_type = CFX_TP_COMP_WRITE;
     op->wr_id = wr_id;
@@ -500,6 +513,7 @@ int cfx__tcp_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint6
     struct cfx__tcp_op *op = &ep->txq[ep->txq_head];
     op->hdr = (struct cfx__tcp_hdr){ .type = CFX_TCP_FRAME_SEND, .len = htole32((uint32_t)len) };
     op->payload = dst;
+    op->mr = NULL;
     op->sbuf_cost = cost;
     op->comp_type = CFX_TP_COMP_SEND;
     op->wr_id = wr_id;
@@ -741,14 +755,22 @@ static void ep_rx_progress(struct cfx__tcp_ep *ep)
 
 void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr)
 {
-    if (ep->rx_mr != mr)
-        return;
-    CFX_LOG(WARN, TCP,
-            "iface %s: region deregistered while %s writes into it; "
-            "dropping the rest of that write",
-            ep->iface->addr, ep->super.peer_name);
-    rx_release_mr(ep);
-    ep->rx_state = CFX_TCP_RX_DISCARD;
+    if (ep->rx_mr == mr) {
+        CFX_LOG(WARN, TCP,
+                "iface %s: region deregistered while %s writes into it; "
+                "dropping the rest of that write",
+                ep->iface->addr, ep->super.peer_name);
+        rx_release_mr(ep);
+        ep->rx_state = CFX_TCP_RX_DISCARD;
+    }
+    for (uint32_t i = ep->txq_tail; i != ep->txq_head; i = (i + 1) % CFX_TCP_TXQ_SLOTS) {
+        if (ep->txq[i].mr == mr) {
+            EP_FAIL(ep, ERR, CFX_ERR_CANCELED,
+                    "source region %p deregistered with writes from it still queued",
+                    mr->super.addr);
+            return;
+        }
+    }
 }
 
 void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events)

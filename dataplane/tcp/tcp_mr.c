@@ -87,8 +87,9 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
     struct cfx__tcp_mr_slot *slot = &iface->mrs[mr->idx];
 
     /* A peer may be in the middle of writing into it: those bytes now go
-     * nowhere, and that write reports nothing. */
-    if (mr->rx_busy) {
+     * nowhere, and that write reports nothing.  Writes from it that are still
+     * queued cannot be sent any more: their endpoints fail. */
+    if (mr->rx_busy || mr->tx_busy) {
         struct cfx_list *pos;
         cfx_list_for_each(pos, &iface->eps)
             cfx__tcp_ep_mr_gone(cfx_list_entry(pos, struct cfx__tcp_ep, link), mr);

@@ -26,7 +26,7 @@
 #define HB_MS        100
 #define DEAD_MS      600
 #define FANOUT       2
-#define AUTH_MS      1000
+#define AUTH_MS      2000
 #define STALL_MS     1500
 #define BIG          (1u << 20)   /* a size that does not travel inline */
 
@@ -374,15 +374,27 @@ Test(coord, inline_objects_round_trip)
     cr_assert_eq(src.size, 0);
     cr_assert_null(src.data);
 
-    /* A small object without its bytes is refused by the client. */
+    /* A small object put without its bytes stays on the data plane. */
     struct cfx_object_id small;
     make_id(&small, "small-nodata");
-    cr_assert_eq(cfx__ctl_obj_put(a, &small, 10, 0, NULL, cfx__deadline_ns(2000)),
-                 CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ctl_obj_put(a, &small, 10, 0, NULL, cfx__deadline_ns(2000)), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_lookup(b, &small, NULL, 0, cfx__deadline_ns(2000), &src), CFX_OK);
+    cr_assert_eq(src.is_inline, 0);
+    cr_assert_null(src.data);
+    cr_assert_eq(src.node.node_id, cfx__ctl_node_id(a));
+    cr_assert_eq(cfx__ctl_obj_done(b, &small, src.node.node_id, 0, cfx__deadline_ns(2000)),
+                 CFX_OK);
+    /* Bytes over the inline limit cannot travel through the coordinator. */
+    struct cfx_object_id toobig;
+    uint8_t one = 1;
+    make_id(&toobig, "too-big-inline");
+    cr_assert_eq(cfx__ctl_obj_put(a, &toobig, CFX_OBJECT_INLINE_MAX + 1, 0, &one,
+                                  cfx__deadline_ns(2000)), CFX_ERR_TOO_BIG);
 
     struct cfx_ctl_status st;
     cr_assert_eq(cfx__ctl_status(a, &st, cfx__deadline_ns(2000)), CFX_OK);
-    cr_assert_eq(st.objects, 2);
+    cr_assert_eq(st.objects, 3);
     cr_assert_eq(st.inline_bytes, CFX_OBJECT_INLINE_MAX);
 
     /* The inline bytes outlive the putter. */
@@ -742,7 +754,7 @@ Test(coord, garbage_and_half_frames_do_not_disturb_good_clients)
     /* 3. Authenticated, then half a frame: closed when stalled. */
     int s = raw_auth();
     struct cfx_msg st = { .type = CFX_MSG_STATUS, .req_id = 9 };
-    uint8_t fb[64];
+    uint8_t fb[64] = { 0 };
     size_t flen;
     cr_assert_eq(cfx__msg_encode(&st, fb, sizeof(fb), &flen), CFX_OK);
     fb[4] = 100; /* announce 100 payload bytes, send 3 */

@@ -620,3 +620,29 @@ Test(tcp, post_before_connected)
     unreg(&src);
     unreg(&dst);
 }
+
+/* Deregistering a source with writes still queued fails that ep instead of
+ * sending freed memory (run under ASan to see the difference). */
+Test(tcp, dereg_source_with_queued_writes)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    reg(A.iface, &src, 1 << 20, CFX_TP_ACCESS_LOCAL, 1);
+    reg(B.iface, &dst, 1 << 20, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    for (int i = 0; i < 32; i++)
+        cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, 1 << 20, 0, (uint64_t)i), CFX_OK);
+    ops->mem_dereg(src.mr);
+    src.mr = NULL;
+    free(src.buf);
+    src.buf = NULL;
+
+    cr_assert_eq(wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab)->c.status, CFX_ERR_CANCELED);
+    cr_assert_eq(count_ev(&A, CFX_TP_COMP_WRITE, ab), 32);
+    size_t canceled = 0;
+    for (size_t i = 0; i < A.n; i++)
+        canceled += A.evs[i].c.type == CFX_TP_COMP_WRITE && A.evs[i].c.status == CFX_ERR_CANCELED;
+    cr_assert_gt(canceled, 0);
+    int st = wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status;
+    cr_assert_neq(st, CFX_OK);
+    unreg(&dst);
+}

@@ -37,7 +37,7 @@ usage() {
     exit "${1:-2}"
 }
 
-root= build_dir= list= out= work= test_timeout=120
+root='' build_dir='' list='' out='' work='' test_timeout=120
 while (($#)); do
     case $1 in
         --root) root=${2:?}; shift 2 ;;
@@ -102,8 +102,9 @@ ln -s /vm/busybox/busybox "$rootfs/bin/sh"
 # ---- kernel modules -----------------------------------------------------------
 mods_root=$root/lib/modules
 kvers=("$mods_root"/*)
-((${#kvers[@]} == 1)) && [[ -d ${kvers[0]} ]] ||
+if ((${#kvers[@]} != 1)) || [[ ! -d ${kvers[0]} ]]; then
     die "expected one kernel under $mods_root, found: ${kvers[*]##*/}"
+fi
 kver=${kvers[0]##*/}
 moddir=$mods_root/$kver
 if [[ ! -s $moddir/modules.dep ]]; then

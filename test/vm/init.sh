@@ -155,9 +155,14 @@ kill_leftovers() {
         # shellcheck disable=SC2086 # split the stat fields on purpose
         set -- $rest
         [ "${2:-2}" = 2 ] && continue
-        kill -9 "$pid" 2>/dev/null && killed="$killed $pid"
+        comm=${stat#*(}
+        comm=${comm%%)*}
+        kill -9 "$pid" 2>/dev/null || continue
+        # busybox timeout's watcher outlives a command that ended in time.
+        [ "$comm" = timeout ] || killed="$killed $pid($comm)"
     done
     [ -n "$killed" ] && echo "VM: killed leftover processes:$killed"
+    return 0
 }
 
 # wait_for SECONDS CMD...: poll CMD every 0.1 s until it succeeds.
@@ -197,7 +202,8 @@ boot() {
     echo "METRIC vm_boot_s $(fmt_cs "$boot_cs")"
 
     budget=
-    for arg in $(cat /proc/cmdline); do
+    read -r cmdline </proc/cmdline
+    for arg in $cmdline; do
         case $arg in cfx_budget=*) budget=${arg#cfx_budget=} ;; esac
     done
     deadline_cs=
@@ -221,11 +227,12 @@ boot() {
         setup_failed "rdma link add $RXE_DEV type rxe netdev $NETDEV"
     wait_for 10 port_active || setup_failed "$RXE_DEV port 1 never became ACTIVE"
     wait_for 5 test -c /dev/infiniband/uverbs0 || setup_failed "no /dev/infiniband/uverbs0"
+    # shellcheck disable=SC3045 # busybox sh has ulimit -l
     ulimit -l unlimited || setup_failed "ulimit -l unlimited"
     # The RoCEv2 GID of the IPv4 address (::ffff:10.0.2.15).
     gid_want=0000:0000:0000:0000:0000:ffff:0a00:020f
     CFX_VM_GID_INDEX=
-    for g in /sys/class/infiniband/$RXE_DEV/ports/1/gids/*; do
+    for g in "/sys/class/infiniband/$RXE_DEV/ports/1/gids"/*; do
         read -r v <"$g" 2>/dev/null || continue
         if [ "$v" = "$gid_want" ]; then
             CFX_VM_GID_INDEX=${g##*/}

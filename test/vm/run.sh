@@ -38,7 +38,6 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 start=$SECONDS
 
 say() { echo "vm: $*"; }
@@ -69,7 +68,9 @@ while (($#)); do
         *) echo "vm: unknown argument: $1" >&2; usage ;;
     esac
 done
-[[ $timeout =~ ^[0-9]+$ ]] && ((timeout >= 30)) || die "--timeout takes seconds (at least 30), not '$timeout'"
+if ! [[ $timeout =~ ^[0-9]+$ ]] || ((timeout < 30)); then
+    die "--timeout takes seconds (at least 30), not '$timeout'"
+fi
 [[ $test_timeout =~ ^[0-9]+$ ]] || die "--test-timeout takes seconds, not '$test_timeout'"
 [[ $build_dir == /* ]] || build_dir=$PWD/$build_dir
 [[ -d $build_dir ]] || die "no build directory $build_dir: build the project first"
@@ -128,6 +129,8 @@ fetch() {
     ((${#want[@]})) || return 0
     say "downloading ${want[*]}"
     apt_get_download() {
+        # apt-get's messages are the result; its progress goes nowhere.
+        # shellcheck disable=SC2069
         (cd "$cache/debs" && apt-get download -q -o APT::Sandbox::User=root "$@" 2>&1 >/dev/null)
     }
     if err=$(apt_get_download "${want[@]}"); then return 0; fi
@@ -203,6 +206,7 @@ guest_budget=$(($(left) - 15))
     exit 124
 }
 
+# shellcheck disable=SC2054 # the commas belong to qemu's option syntax
 qemu_args=(
     -machine q35,accel=tcg -cpu max -m "$mem" -smp 2
     -nographic -no-reboot -no-user-config
@@ -224,7 +228,7 @@ stop_qemu() {
         done
         kill -KILL "$qpid" 2>/dev/null || true
     fi
-    [[ -n $tpid ]] && kill "$tpid" 2>/dev/null || true
+    if [[ -n $tpid ]]; then kill "$tpid" 2>/dev/null || true; fi
 }
 trap 'stop_qemu' EXIT
 trap 'echo "vm: interrupted; qemu stopped" >&2; exit 130' INT TERM
@@ -268,7 +272,8 @@ if [[ -z $summary ]]; then
     grep -a -E 'Kernel panic|VM-SETUP|Attempted to kill init|not syncing' <<<"$clean" | sed 's/^/vm:   /' >&2 || true
     exit 3
 fi
-failed=$(sed 's/.*passed, \([0-9]*\) failed/\1/' <<<"$summary")
+failed=${summary##*passed, }
+failed=${failed%% *}
 if [[ -s $metrics ]]; then
     say "metrics -> $metrics: $(tr '\n' ';' <"$metrics" | sed 's/;$//;s/;/; /g')"
 fi

@@ -1,0 +1,406 @@
+/*
+ * verbs transport: private definitions shared by verbs_iface.c, verbs_ep.c,
+ * verbs_cm.c, verbs_oob.c and verbs_mr.c.
+ *
+ * One iface owns one device context (port, GID), a protection domain, one
+ * completion queue shared by the send and receive queues of all its
+ * endpoints, the completion channel that wakes a sleeping progress thread,
+ * and an epoll set over every fd that may need attention: the completion
+ * channel, the device's async event fd, the rdma_cm event channel (cm mode)
+ * or the out-of-band listening socket and per-endpoint sockets (oob mode).
+ *
+ * Each endpoint is one RC queue pair.  Connection setup:
+ *   cm   (CFX_IB_CONNECT=cm, default): rdma_cm on the iface's IP; the hello
+ *        (node id, receive credits, no-op target) travels as private data.
+ *   oob  (CFX_IB_CONNECT=oob): a TCP socket to the peer's out-of-band port
+ *        carries the hello plus QPN, PSN, GID, LID and active MTU, as
+ *        perftest does; the socket stays open afterwards, and its hang-up
+ *        tells one side that the other went away.
+ *
+ * Data path: ep_write is RDMA_WRITE_WITH_IMM into the region an rdesc
+ * names; ep_send is SEND_WITH_IMM (inline when it fits, else from the
+ * endpoint's registered send ring).  The immediate of a SEND carries the
+ * message type and the receive credits returned to the peer.  Every
+ * message consumes one receive at the peer, which is why sends and writes
+ * are gated by credits (see verbs_credit.h).
+ *
+ * Work request ids name the endpoint by a table slot and a generation, so a
+ * completion that arrives after its endpoint was destroyed is recognised and
+ * dropped instead of touching freed memory:
+ *   bits 63..48 slot, 47..33 generation, 32 receive queue, 31..0 sequence
+ *   (send queue: WR sequence; receive queue: receive buffer index).
+ *
+ * Completions reach the user through a software queue (like tcp's) whose
+ * capacity is reserved per endpoint, so pushing never fails.
+ *
+ * Threading: an iface, its endpoints and registrations belong to one thread.
+ */
+#ifndef CFX_VERBS_VERBS_H
+#define CFX_VERBS_VERBS_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "dataplane/common/list.h"
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+#include "dataplane/transport.h"
+#include "verbs_credit.h"
+#include "verbs_rcache.h"
+
+#define CFX_VERBS_MAGIC        0x43465856u /* hello magic */
+#define CFX_VERBS_VERSION      1
+#define CFX_VERBS_RDESC_TAG    0x56        /* 'V': first byte of a verbs rdesc */
+#define CFX_VERBS_NODE_NONE    UINT32_MAX
+
+#define CFX_VERBS_SQ_DEPTH     256   /* send WRs per endpoint */
+#define CFX_VERBS_RQ_DEPTH     64    /* receives posted per endpoint */
+#define CFX_VERBS_SIG_INTERVAL 16    /* signal at least every Nth send WR */
+#define CFX_VERBS_SBUF_SIZE    (64u * 1024) /* send ring bytes per endpoint */
+#define CFX_VERBS_RX_SIZE      CFX_TP_SEND_MAX /* bytes of one receive buffer */
+#define CFX_VERBS_INLINE_WANT  256   /* inline bytes asked for at QP creation */
+#define CFX_VERBS_CQ_MIN       1024  /* CQ entries at iface_open */
+#define CFX_VERBS_CQ_BURST     32    /* CQEs per ibv_poll_cq */
+#define CFX_VERBS_EP_MAX       65535 /* endpoints per iface (wr_id slot bits) */
+
+/* QP attributes: notice a dead peer in well under a second
+ * (4.096 us * 2^14 = 67 ms per try, 7 retries). */
+#define CFX_VERBS_ACK_TIMEOUT  14
+#define CFX_VERBS_RETRY_CNT    7
+#define CFX_VERBS_RNR_RETRY    7     /* infinite: a safety net, credits prevent RNR */
+#define CFX_VERBS_MIN_RNR_TIMER 12   /* 0.64 ms */
+#define CFX_VERBS_HOP_LIMIT    64
+#define CFX_VERBS_RESOLVE_MS   2000  /* rdma_cm address and route resolution */
+
+#define CFX_VERBS_MEMLOCK_NEED (64ull << 20) /* default RLIMIT_MEMLOCK wanted */
+#define CFX_VERBS_IDLE_MAX     256           /* idle cached registrations */
+#define CFX_VERBS_IDLE_BYTES   (1ull << 30)  /* bytes of idle cached registrations */
+
+/* Type of a SEND_WITH_IMM, in bits 31..24 of its immediate; bits 15..0
+ * carry receive credits returned to the peer. */
+enum cfx__verbs_msg {
+    CFX_VERBS_MSG_DATA = 1,    /* ep_send payload */
+    CFX_VERBS_MSG_CREDIT,      /* zero length: credits only */
+    CFX_VERBS_MSG_BYE,         /* zero length: ep_close, the peer reports CLOSED */
+};
+
+#define CFX_VERBS_IMM(type, credits) (((uint32_t)(type) << 24) | ((credits) & 0xffffu))
+#define CFX_VERBS_IMM_TYPE(imm)      ((imm) >> 24)
+#define CFX_VERBS_IMM_CREDITS(imm)   ((imm) & 0xffffu)
+#define CFX_VERBS_CREDITS_MAX        0xffffu
+
+/* wr_id layout (see above). */
+#define CFX_VERBS_WRID(slot, gen, rq, seq)                                      \
+    (((uint64_t)(slot) << 48) | ((uint64_t)((gen) & 0x7fffu) << 33) |           \
+     ((uint64_t)((rq) ? 1 : 0) << 32) | (uint64_t)(uint32_t)(seq))
+#define CFX_VERBS_WRID_SLOT(w) ((uint32_t)((w) >> 48))
+#define CFX_VERBS_WRID_GEN(w)  ((uint32_t)((w) >> 33) & 0x7fffu)
+#define CFX_VERBS_WRID_RQ(w)   ((uint32_t)((w) >> 32) & 1u)
+#define CFX_VERBS_WRID_SEQ(w)  ((uint32_t)(w))
+
+/* Connection hello, little endian.  Fits rdma_cm REQ private data (56 bytes
+ * for RDMA_PS_TCP over IB CM). */
+struct cfx__verbs_hello {
+    uint32_t magic;        /* CFX_VERBS_MAGIC */
+    uint16_t version;      /* CFX_VERBS_VERSION */
+    uint16_t rsv;
+    uint32_t node_id;      /* sender's node id, CFX_VERBS_NODE_NONE if unknown */
+    uint32_t rq_depth;     /* receives the sender posted for us: our initial credits */
+    uint64_t nop_addr;     /* where our signaled no-op may write 0 bytes */
+    uint32_t nop_rkey;
+    uint32_t listen_ip;    /* sender's listening IPv4 address, network order */
+    uint16_t listen_port;  /* network order */
+    uint16_t rsv2;
+} __attribute__((packed));
+_Static_assert(sizeof(struct cfx__verbs_hello) <= 56, "hello fits REQ private data");
+
+/* Out-of-band exchange: hello plus what rdma_cm would otherwise negotiate. */
+struct cfx__verbs_oob_info {
+    struct cfx__verbs_hello hello;
+    uint32_t qpn;          /* sender's QP number */
+    uint32_t psn;          /* sender's initial send PSN */
+    uint8_t gid[16];       /* sender's GID */
+    uint16_t lid;          /* sender's LID (IB) */
+    uint8_t mtu;           /* sender's active MTU (enum ibv_mtu) */
+    uint8_t rsv;
+} __attribute__((packed));
+
+#define CFX_VERBS_OOB_READY 0x52 /* 'R': connect side reached RTS (oob) */
+
+/* Remote descriptor layout inside struct cfx_tp_rdesc.data, little endian. */
+struct cfx__verbs_rkey {
+    uint8_t tag;           /* CFX_VERBS_RDESC_TAG */
+    uint8_t rsv[3];
+    uint32_t rkey;         /* of the region holding the memory */
+    uint64_t addr;         /* virtual address of the registration's first byte */
+    uint64_t len;          /* bytes the registration covers */
+} __attribute__((packed));
+_Static_assert(sizeof(struct cfx__verbs_rkey) <= CFX_TP_RDESC_MAX, "rkey fits an rdesc");
+
+enum cfx__verbs_mode {
+    CFX_VERBS_CM = 1,      /* rdma_cm */
+    CFX_VERBS_OOB,         /* TCP out-of-band exchange */
+};
+
+/* What an epoll event points at. */
+enum cfx__verbs_src_kind {
+    CFX_VERBS_SRC_COMP = 1,  /* completion channel */
+    CFX_VERBS_SRC_ASYNC,     /* device async events */
+    CFX_VERBS_SRC_CM,        /* rdma_cm event channel */
+    CFX_VERBS_SRC_LISTEN,    /* oob listening socket */
+    CFX_VERBS_SRC_OOB_EP,    /* oob socket of an endpoint */
+};
+
+struct cfx__verbs_src {
+    uint8_t kind;          /* enum cfx__verbs_src_kind */
+};
+
+struct cfx__verbs_mr {
+    struct cfx_tp_mr super;
+    struct cfx__verbs_region *region;  /* from the rcache, one reference held */
+    unsigned access;                   /* CFX_TP_ACCESS_* */
+};
+
+/* One posted send WR. */
+struct cfx__verbs_sq_ent {
+    uint64_t wr_id;        /* user's (WRITE, SEND) */
+    uint32_t sbuf_cost;    /* send-ring bytes released when it retires */
+    uint8_t comp_type;     /* CFX_TP_COMP_WRITE / SEND; 0: internal WR */
+};
+
+enum cfx__verbs_ep_state {
+    CFX_VERBS_EP_RESOLVING = 1, /* cm: resolving address and route */
+    CFX_VERBS_EP_CONNECTING,    /* cm: REQ sent; oob: TCP connect / info exchange */
+    CFX_VERBS_EP_ACCEPTING,     /* passive side, not yet shown to the user */
+    CFX_VERBS_EP_OPEN,          /* usable */
+    CFX_VERBS_EP_FAILED,        /* sticky status set; flushed */
+    CFX_VERBS_EP_CLOSED,        /* ep_close called: in the graveyard */
+};
+
+struct cfx__verbs_ep {
+    struct cfx_tp_ep super;
+    struct cfx__verbs_iface *iface;
+    struct cfx_list link;        /* iface->eps or iface->graveyard */
+    struct cfx_list touch_link;  /* iface->touched during a progress pass */
+    struct cfx_list later_link;  /* iface->later while repost_later is not empty */
+    uint32_t slot, gen;          /* iface->ep_tab slot: names it in wr_ids */
+    int state;                   /* enum cfx__verbs_ep_state */
+    bool visible;                /* the user holds it (connect side, or ACCEPT reported) */
+    bool touched;                /* on iface->touched */
+    char addr[48];               /* peer "ip:port" */
+
+    /* connection */
+    struct rdma_cm_id *cm_id;    /* cm mode */
+    int oob_fd;                  /* oob mode: -1 when none */
+    struct cfx__verbs_src oob_src; /* epoll tag of oob_fd */
+    uint32_t oob_events;         /* epoll events registered for oob_fd */
+    struct cfx__verbs_oob_info oob_out;  /* what we send */
+    struct cfx__verbs_oob_info oob_in;   /* what we receive */
+    uint32_t oob_sent, oob_got;  /* bytes of oob_out sent / oob_in received */
+    bool oob_ready_sent;         /* connect side: READY byte sent */
+
+    struct ibv_qp *qp;
+    uint32_t max_inline;         /* inline bytes the QP accepts */
+    uint32_t peer_rq;            /* receives the peer keeps posted for us */
+    uint64_t peer_nop_addr;
+    uint32_t peer_nop_rkey;
+
+    /* send */
+    struct cfx__verbs_sq sq;
+    struct cfx__verbs_fc fc;
+    struct cfx__verbs_sq_ent *sq_ents;  /* sq.depth entries, by sequence */
+    uint32_t sbuf_head, sbuf_used;      /* send ring allocation (FIFO) */
+
+    /* receive */
+    uint32_t rx_posted;          /* receives posted on the QP */
+    uint32_t *repost_now;        /* buffers to re-post after this progress pass */
+    uint32_t n_repost_now;
+    uint32_t *repost_later;      /* RECV buffers returned by poll(): re-posted at the next */
+    uint32_t n_repost_later;
+
+    /* registered buffers: send ring, then rq_depth receive buffers */
+    uint8_t *bufs;
+    struct ibv_mr *bufs_mr;
+};
+
+struct cfx__verbs_ep_slot {
+    struct cfx__verbs_ep *ep;    /* NULL when free */
+    uint32_t gen;                /* bumped when freed */
+    uint32_t next_free;          /* free list link, UINT32_MAX ends */
+};
+
+struct cfx__verbs_iface {
+    struct cfx_tp_iface super;
+    int mode;                    /* enum cfx__verbs_mode */
+    char addr[CFX_TP_ADDR_MAX];  /* what iface_addr returns */
+    char ip_str[INET_ADDRSTRLEN]; /* bound IPv4 address */
+    struct in_addr ip;
+    uint16_t port;               /* listening port (cm or oob), host order */
+
+    /* device */
+    char dev_name[64];
+    uint8_t port_num;
+    int gid_index;               /* -1: chosen by rdma_cm */
+    union ibv_gid gid;
+    uint32_t gid_type;           /* enum ibv_gid_type */
+    uint8_t link_layer;          /* IBV_LINK_LAYER_* */
+    enum ibv_mtu active_mtu;
+    uint16_t lid;
+    struct ibv_context *ctx;
+    bool own_ctx;                /* opened here (oob) rather than by rdma_cm */
+    struct ibv_device_attr dev_attr;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *comp_ch;
+    struct ibv_cq *cq;
+    uint32_t cq_size;            /* CQEs the CQ holds */
+    uint32_t cq_reserved;        /* CQEs reserved by endpoints */
+    unsigned cq_unacked;         /* CQ events read and not yet acked */
+    struct ibv_mr *nop_mr;       /* target of zero-length no-op writes */
+    uint64_t nop_buf[8];
+
+    /* queue sizing, after device limits */
+    uint32_t sq_depth, rq_depth, sig_interval;
+
+    /* events */
+    int epfd;
+    struct cfx__verbs_src comp_src, async_src, cm_src, listen_src;
+    struct rdma_event_channel *cm_ch;
+    struct rdma_cm_id *listen_id;
+    int listen_fd;               /* oob */
+    uint32_t poll_count;         /* polls since the fds were last looked at */
+
+    /* endpoints */
+    struct cfx__verbs_ep_slot *ep_tab;
+    uint32_t ep_cap, ep_free;
+    struct cfx_list eps;         /* live endpoints */
+    struct cfx_list graveyard;   /* closed endpoints, freed at the next poll */
+    struct cfx_list touched;     /* endpoints with work after a CQ pass */
+    struct cfx_list later;       /* endpoints with RECV buffers to re-post */
+
+    /* software completion queue */
+    struct cfx_tp_completion *swq;
+    uint32_t swq_cap, swq_reserved, swq_head, swq_count;
+
+    struct cfx__verbs_rcache *rcache;
+};
+
+#define CFX_VERBS_SWQ_PER_EP(i) ((i)->sq_depth + (i)->rq_depth + 2)
+#define CFX_VERBS_CQ_PER_EP(i)  ((i)->sq_depth + (i)->rq_depth)
+
+static inline struct cfx__verbs_iface *cfx__verbs_iface_of(struct cfx_tp_iface *i)
+{
+    return container_of(i, struct cfx__verbs_iface, super);
+}
+
+static inline struct cfx__verbs_ep *cfx__verbs_ep_of(struct cfx_tp_ep *e)
+{
+    return container_of(e, struct cfx__verbs_ep, super);
+}
+
+static inline struct cfx__verbs_mr *cfx__verbs_mr_of(struct cfx_tp_mr *m)
+{
+    return container_of(m, struct cfx__verbs_mr, super);
+}
+
+/* Log an endpoint failure naming both ends, then fail it. */
+#define CFX_VERBS_EP_FAIL(ep, lvl, status, ...)                                 \
+    do {                                                                        \
+        if ((ep)->visible && (ep)->state < CFX_VERBS_EP_FAILED) {               \
+            char why_[200];                                                     \
+            snprintf(why_, sizeof(why_), __VA_ARGS__);                          \
+            CFX_LOG(lvl, VERBS, "iface %s: ep to %s failed (%s): %s",           \
+                    (ep)->iface->addr, (ep)->super.peer_name,                   \
+                    cfx_errname(status), why_);                                 \
+        }                                                                       \
+        cfx__verbs_ep_fail((ep), (status));                                     \
+    } while (0)
+
+/* verbs_iface.c */
+int cfx__verbs_swq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
+void cfx__verbs_swq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
+struct cfx_tp_completion *cfx__verbs_swq_push(struct cfx__verbs_iface *iface);
+void cfx__verbs_swq_drop_ep(struct cfx__verbs_iface *iface, struct cfx_tp_ep *ep);
+int cfx__verbs_cq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
+void cfx__verbs_cq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
+int cfx__verbs_epoll_add(struct cfx__verbs_iface *iface, int fd, uint32_t events,
+                         struct cfx__verbs_src *src);
+/* Status for a verbs call's errno (positive error code). */
+int cfx__verbs_status(int err);
+const char *cfx__verbs_mtu_str(enum ibv_mtu mtu);
+
+/* verbs_ep.c */
+int cfx__verbs_ep_create(struct cfx__verbs_iface *iface, uint32_t peer_node, const char *addr,
+                         struct cfx__verbs_ep **out);
+void cfx__verbs_ep_destroy(struct cfx__verbs_ep *ep);
+void cfx__verbs_ep_set_peer_name(struct cfx__verbs_ep *ep);
+/* Create the QP (cm: through rdma_create_qp on ep->cm_id), post receives. */
+int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep);
+/* oob: INIT, RTR, RTS with the peer's info. */
+int cfx__verbs_ep_qp_init(struct cfx__verbs_ep *ep);
+int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_oob_info *peer,
+                             uint32_t my_psn);
+void cfx__verbs_ep_hello_fill(struct cfx__verbs_ep *ep, struct cfx__verbs_hello *h);
+/* Check a peer's hello and take its credits; CFX_OK or a status. */
+int cfx__verbs_ep_hello_take(struct cfx__verbs_ep *ep, const void *data, size_t len);
+/* The connection is up: report CONNECTED/ACCEPT. */
+void cfx__verbs_ep_established(struct cfx__verbs_ep *ep);
+void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status);
+void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_wc *wc);
+void cfx__verbs_ep_after_pass(struct cfx__verbs_ep *ep);
+void cfx__verbs_ep_repost_later(struct cfx__verbs_ep *ep);
+void cfx__verbs_ep_close(struct cfx_tp_ep *ep);
+int cfx__verbs_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len,
+                          uint32_t peer_node, struct cfx_tp_ep **out);
+int cfx__verbs_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,
+                        const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
+                        uint32_t imm, uint64_t wr_id);
+int cfx__verbs_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+/* Endpoint a QP async event names, or NULL. */
+struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct ibv_qp *qp);
+
+/* verbs_cm.c */
+int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface);
+void cfx__verbs_cm_close(struct cfx__verbs_iface *iface);
+int cfx__verbs_cm_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *dst);
+void cfx__verbs_cm_progress(struct cfx__verbs_iface *iface);
+void cfx__verbs_cm_disconnect(struct cfx__verbs_ep *ep);
+void cfx__verbs_cm_destroy(struct cfx__verbs_ep *ep);
+
+/* verbs_oob.c */
+int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface);
+void cfx__verbs_oob_close(struct cfx__verbs_iface *iface);
+int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *dst);
+void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface);
+void cfx__verbs_oob_progress(struct cfx__verbs_ep *ep, uint32_t events);
+void cfx__verbs_oob_sock_close(struct cfx__verbs_ep *ep);
+
+/* verbs_mr.c */
+int cfx__verbs_rcache_open(struct cfx__verbs_iface *iface);
+int cfx__verbs_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem,
+                       unsigned access, struct cfx_tp_mr **out);
+void cfx__verbs_mem_dereg(struct cfx_tp_mr *mr);
+int cfx__verbs_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
+/*
+ * Memory in [addr, addr + len) is about to be unmapped: drop cached
+ * registrations of it.  The engine's arena calls this before it unmaps a
+ * segment (registrations of arena memory are cached after their last
+ * mem_dereg; user memory never is).  Safe on any iface of any transport:
+ * not a verbs iface -> no-op.  Returns the number of regions dropped.
+ */
+uint32_t cfx__verbs_rcache_invalidate(struct cfx_tp_iface *iface, const void *addr, size_t len);
+
+/* verbs_devinfo.c */
+/* ibv_get_device_list() with the "no device" case turned into
+ * CFX_ERR_NO_DEVICE and an actionable cfx__err message. */
+int cfx__verbs_device_list(struct ibv_device ***out, int *n);
+const char *cfx__verbs_gid_type_str(uint32_t type, uint8_t link_layer);
+const char *cfx__verbs_port_state_str(enum ibv_port_state s);
+const char *cfx__verbs_link_layer_str(uint8_t ll);
+/* IPv4 address inside an IPv4-mapped GID; false when it is not one. */
+bool cfx__verbs_gid_ipv4(const union ibv_gid *gid, struct in_addr *out);
+
+#endif
