@@ -346,6 +346,16 @@ uint32_t cfx_context_node_id(const struct cfx_context *ctx)
     return ctx ? ctx->node_id : 0;
 }
 
+int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
+{
+    if (!ctx || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_context_stats: NULL argument");
+    pthread_mutex_lock(&ctx->lock);
+    *out = ctx->stats;
+    pthread_mutex_unlock(&ctx->lock);
+    return CFX_OK;
+}
+
 int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
 {
     if (!ctx || (!buf && len))

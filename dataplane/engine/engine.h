@@ -304,6 +304,7 @@ struct cfx_context {
     pthread_cond_t async_cond;
 
     uint64_t id_counter;
+    struct cfx_context_stats stats; /* under ctx->lock */
     pthread_cond_t obj_cond;    /* broadcast when an object changes state */
 };
 

@@ -139,6 +139,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
         obj->deleting = true;
     } else {
         obj->announced = true;
+        ctx->stats.puts++;
     }
     pthread_mutex_unlock(&ctx->lock);
     if (rc == CFX_OK)
@@ -250,6 +251,7 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
                 } else {
                     rc = get_local(ctx, obj, buf, cap, false, NULL, size_out);
                 }
+                ctx->stats.gets_local += rc == CFX_OK;
                 pthread_mutex_unlock(&ctx->lock);
                 return rc;
             }
@@ -290,8 +292,12 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
         if (rc == CFX_OK && src.size)
             memcpy(buf, src.data, src.size);
         free(src.data);
-        if (rc == CFX_OK)
+        if (rc == CFX_OK) {
             hold_inline(ctx, id, buf, src.size, alloc);
+            pthread_mutex_lock(&ctx->lock);
+            ctx->stats.gets_inline++;
+            pthread_mutex_unlock(&ctx->lock);
+        }
         return rc;
     }
     if (!alloc && cap < src.size) {
@@ -394,6 +400,7 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
             break;
         }
         exclude[nexclude++] = failed;
+        ctx->stats.source_failovers++;
         pthread_mutex_unlock(&ctx->lock);
         cfx__ctl_obj_done(ctx->ctl, id, failed, 0, cfx__deadline_ns(1000));
         rc = cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, &src);
@@ -425,6 +432,7 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
     rc = cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 1, deadline);
     pthread_mutex_lock(&ctx->lock);
     obj->announced = rc == CFX_OK;
+    ctx->stats.gets++;
     pthread_mutex_unlock(&ctx->lock);
     if (alloc)
         *out_buf = data;

@@ -209,6 +209,7 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
     if (!(obj->bitmap[chunk / 64] & bit)) {
         obj->bitmap[chunk / 64] |= bit;
         in->owed++;
+        ctx->stats.bytes_received += len;
     }
     obj_advance(ctx, obj);
 
@@ -295,6 +296,7 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
         up->next++;
         up->credits--;
         up->inflight++;
+        ctx->stats.bytes_sent += len;
     }
 }
 
@@ -376,6 +378,8 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
     up->rdesc = req->rdesc;
     cfx_list_add_tail(&up->obj_link, &obj->uploads);
     cfx_list_add_tail(&up->conn_link, &conn->uploads);
+    ctx->stats.uploads++;
+    ctx->stats.uploads_partial += !obj->complete;
     CFX_LOG(DEBUG, XFER, "node %u: serving %s from chunk %u to %s slot %u (%s copy)",
             ctx->node_id, hex, up->next, conn->name, up->slot,
             obj->complete ? "complete" : "partial");

@@ -67,6 +67,22 @@ CFX_API uint32_t cfx_context_node_id(const struct cfx_context *ctx);
  */
 CFX_API int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len);
 
+/* Counters of what this context's data plane has done since creation. */
+struct cfx_context_stats {
+    uint64_t puts;              /* objects put */
+    uint64_t gets;              /* gets that moved data over the data plane */
+    uint64_t gets_inline;       /* gets answered inline by the coordinator */
+    uint64_t gets_local;        /* gets answered from this node's store */
+    uint64_t bytes_received;    /* chunk bytes that landed here */
+    uint64_t bytes_sent;        /* chunk bytes written to peers */
+    uint64_t uploads;           /* transfers served to other nodes */
+    uint64_t uploads_partial;   /* ... of which started from a partial copy */
+    uint64_t source_failovers;  /* gets resumed at another source */
+};
+
+/** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */
+CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -154,6 +154,31 @@ static void mode_fanin(struct cfx_context *ctx, size_t size)
         check_obj(buf, size, 77, "fanin");
         printf("fanin %zu B ok in %.3f s (%.1f MB/s)\n", size, t, (double)size / t / 1e6);
     }
+    /* every getter's copy was a source for someone or not; count the
+     * uploads that started from partial copies across the cluster */
+    struct cfx_context_stats st;
+    CHECK_OK(cfx_context_stats(ctx, &st));
+    struct cfx_object_id sid;
+    name_id(&sid, "fanin-stats-%ld-%ld", rank, 0);
+    uint64_t mine[2] = { st.uploads, st.uploads_partial };
+    CHECK_OK(cfx_put(ctx, &sid, mine, sizeof(mine), NULL));
+    if (rank == 0) {
+        uint64_t partial = 0, most = 0;
+        for (int r = 0; r < world; r++) {
+            uint64_t theirs[2];
+            name_id(&sid, "fanin-stats-%ld-%ld", r, 0);
+            CHECK_OK(cfx_get(ctx, &sid, theirs, sizeof(theirs), NULL, NULL));
+            partial += theirs[1];
+            most = theirs[0] > most ? theirs[0] : most;
+        }
+        printf("fanin: %" PRIu64 " uploads from partial copies; busiest holder served %"
+               PRIu64 "\n", partial, most);
+        if (world > 3 && partial == 0)
+            DIE("no getter was served from a partial copy");
+        if (most > (uint64_t)(world - 1) / 2)
+            DIE("one holder served %" PRIu64 " of %d getters: a chain or a star, not a tree",
+                most, world - 1);
+    }
     finish(ctx);
     CHECK_OK(cfx_delete(ctx, &id, NULL));
     cfx_buf_free(ctx, buf);

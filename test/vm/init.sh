@@ -284,14 +284,17 @@ VM-FAILED: $line (not run: out of time)"
         t0=$(now_cs)
         rc=0
         timeout -s TERM -k 5 "$t" sh -c "$line" </dev/null || rc=$?
-        dt=$(fmt_cs $(($(now_cs) - t0)))
+        dt_cs=$(($(now_cs) - t0))
+        dt=$(fmt_cs "$dt_cs")
         kill_leftovers
         if [ "$rc" -eq 0 ]; then
             echo "VM-TEST: [$i/$total] PASS (${dt} s) $line"
             passed=$((passed + 1))
         else
             why="exit $rc"
-            [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ] && why="exit $rc: timed out after ${t}s?"
+            if [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ]; then
+                [ "$dt_cs" -ge $((t * 100 - 50)) ] && why="timed out after ${t}s"
+            fi
             echo "VM-TEST: [$i/$total] FAIL ($why, ${dt} s) $line"
             failed=$((failed + 1))
             failures="$failures

@@ -257,7 +257,7 @@ tpid=
 run_s=$((SECONDS - boot_t0))
 
 clean=$(sed -e 's/\r//g' "$console")
-grep -a -o 'METRIC [^ ]\+ [^ ]\+.*' <<<"$clean" | sed 's/^METRIC //' >"$metrics" || true
+grep -a '^METRIC [^ ]\+ [^ ]\+' <<<"$clean" | sed 's/^METRIC //' >"$metrics" || true
 summary=$(grep -a -o 'VM-TESTS: [0-9]\+ passed, [0-9]\+ failed' <<<"$clean" | tail -n 1 || true)
 
 total_s=$((SECONDS - start))
