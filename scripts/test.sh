@@ -115,10 +115,18 @@ else
 fi
 
 # ---- 6. rdma-vm -------------------------------------------------------------
-# Hook: the verbs transport tested for real on Soft-RoCE (rdma_rxe) inside a
-# QEMU guest made from Debian packages.  Not part of the tree yet.
+# The build's programs on Soft-RoCE (rdma_rxe) in a QEMU guest made from
+# Debian packages: test/vm/run.sh, commands from test/vm/tests.list.
+# CFX_TEST_VM=0 skips it; its metrics land in $build_dir/vm-metrics.txt.
 stage "rdma-vm"
-echo "skipped (not in the tree yet)"
+if [[ ${CFX_TEST_VM:-1} != 0 ]]; then
+    vm_timeout=$((budget - (SECONDS - start) - 10))
+    ((vm_timeout < 540)) || vm_timeout=540
+    ((vm_timeout >= 30)) || vm_timeout=30
+    budgeted "$repo/test/vm/run.sh" --build-dir "$build_dir" --timeout "$vm_timeout"
+else
+    echo "skipped (CFX_TEST_VM=0)"
+fi
 
 # ---- 7. fuzz ----------------------------------------------------------------
 # Hook: clang -fsanitize=fuzzer targets for the wire protocol decoders, each

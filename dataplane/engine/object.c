@@ -176,7 +176,8 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
 /*
  * Keep a got inline object in the store like any other got object, so that
  * later gets on this node are local and cfx_delete() behaves the same.  The
- * coordinator keeps serving it to others; this copy is not announced.
+ * directory recorded this node as a holder of the inline object; deleting
+ * here withdraws that record.
  */
 static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                         uint64_t size, bool arena)
@@ -187,6 +188,7 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     obj->buf = buf;
     obj->arena = arena;
     obj->complete = true;
+    obj->announced = true;
     obj->ready_chunks = obj->nchunks;
     pthread_mutex_lock(&ctx->lock);
     cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);

@@ -51,7 +51,8 @@
 #define CFX_SHM_TX_BUDGET    (16u << 20)  /* bytes copied per ep per progress call */
 #define CFX_SHM_TXQ_DEPTH    256   /* ops queued behind the ring, per ep */
 #define CFX_SHM_SEND_SLOTS   32    /* ep_send copies queued behind a write, per ep */
-#define CFX_SHM_MAP_CACHE    32    /* peer registrations mapped, per ep */
+#define CFX_SHM_MAP_CACHE    64    /* peer registrations mapped, per ep */
+#define CFX_SHM_MAP_BYTES    (4ull << 30) /* idle mappings kept beyond this are dropped */
 #define CFX_SHM_CQ_SOFT_MAX  65536 /* unpolled completions before posts say AGAIN */
 #define CFX_SHM_SOCK_CHECK_NS 1000000ull /* socket poll period while busy */
 #define CFX_SHM_CONNECT_NS   (10ull * 1000000000ull) /* retrying a full backlog */
@@ -176,6 +177,7 @@ struct cfx__shm_ep {
 
     struct cfx__shm_map maps[CFX_SHM_MAP_CACHE];
     uint64_t map_clock;
+    uint64_t map_bytes;           /* bytes mapped in maps[] */
 
     uint64_t n_direct;            /* writes copied straight into the peer */
     uint64_t n_staged;            /* writes sent through the ring */

@@ -162,11 +162,30 @@ void cfx__shm_mr_table_free(struct cfx__shm_iface *iface)
 
 /* ---- mapped peer registrations ------------------------------------------------------- */
 
-static void map_drop(struct cfx__shm_map *m)
+static void map_drop(struct cfx__shm_ep *ep, struct cfx__shm_map *m)
 {
-    if (m->base)
+    if (m->base) {
         munmap(m->base, m->map_len);
+        ep->map_bytes -= m->map_len;
+    }
     memset(m, 0, sizeof(*m));
+}
+
+/* A mapping keeps the peer's pages alive even after the peer let them go:
+ * drop idle ones, oldest first, until @p more bytes fit under the bound. */
+static void map_trim(struct cfx__shm_ep *ep, uint64_t more)
+{
+    while (ep->map_bytes + more > CFX_SHM_MAP_BYTES) {
+        struct cfx__shm_map *old = NULL;
+        for (int i = 0; i < CFX_SHM_MAP_CACHE; i++) {
+            struct cfx__shm_map *m = &ep->maps[i];
+            if (m->base && !m->refs && (!old || m->last_use < old->last_use))
+                old = m;
+        }
+        if (!old)
+            return;
+        map_drop(ep, old);
+    }
 }
 
 static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
@@ -196,6 +215,7 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
     uint64_t moff = rd->off & ~(uint64_t)(page - 1);
     size_t mlen = (size_t)((rd->off - moff + rd->len + (uint64_t)page - 1) & ~(uint64_t)(page - 1));
     /* MAP_POPULATE: no page faults in the copy that follows */
+    map_trim(ep, mlen);
     void *p = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                    (off_t)moff);
     close(fd);
@@ -206,6 +226,7 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
     m->len = rd->len;
     m->base = p;
     m->map_len = mlen;
+    ep->map_bytes += mlen;
     m->region = (uint8_t *)p + (rd->off - moff);
     m->refs = 0;
     return CFX_OK;
@@ -233,7 +254,7 @@ struct cfx__shm_map *cfx__shm_map_get(struct cfx__shm_ep *ep, const struct cfx__
     }
     if (!victim)
         return NULL; /* every mapping is busy: stage this one */
-    map_drop(victim);
+    map_drop(ep, victim);
     if (map_open(ep, rd, victim) != CFX_OK)
         return NULL;
     victim->last_use = ++ep->map_clock;
@@ -249,5 +270,5 @@ void cfx__shm_map_put(struct cfx__shm_map *map)
 void cfx__shm_map_flush(struct cfx__shm_ep *ep)
 {
     for (int i = 0; i < CFX_SHM_MAP_CACHE; i++)
-        map_drop(&ep->maps[i]);
+        map_drop(ep, &ep->maps[i]);
 }
