@@ -227,6 +227,8 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
     init_cond(&ctx->async_cond);
     cfx_list_init(&ctx->conns);
     cfx_list_init(&ctx->busy_uploads);
+    cfx_list_init(&ctx->p2p_sends);
+    cfx_list_init(&ctx->p2p_rtrs);
     cfx_list_init(&ctx->cmds);
     cfx_list_init(&ctx->async_q);
     cfx_list_init(&ctx->arena.segs);

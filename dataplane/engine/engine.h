@@ -71,9 +71,14 @@ struct cfx_dp_get_req {
     uint32_t chunk_size;
     uint32_t first_chunk;   /* resume point */
     uint32_t credits;       /* initial window, in chunks */
+    uint32_t flags;         /* CFX_DP_GET_P2P: match a posted send, not an object */
+    uint64_t chan;          /* P2P: channel (e.g. a group) */
+    uint32_t tag;           /* P2P: tag within the channel */
     uint32_t pad;
     struct cfx_tp_rdesc rdesc; /* receiver's destination */
 };
+
+#define CFX_DP_GET_P2P 1u
 
 struct cfx_dp_nack {
     struct cfx_dp_hdr hdr;
@@ -111,6 +116,23 @@ struct cfx_obj {
     struct cfx_xfer_in *in;     /* active incoming transfer, if any */
     unsigned refs;              /* API waiters holding the entry */
     struct cfx_obj *hnext;      /* hash chain */
+
+    /* point-to-point messages (p2p.c) are anonymous objects, not in the store */
+    uint8_t p2p;                /* 0, CFX_P2P_SEND or CFX_P2P_RECV */
+    uint32_t peer_node;
+    uint64_t chan;
+    uint32_t tag;
+    int p2p_status;             /* send: CFX_ERR_AGAIN until done */
+    struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched */
+};
+
+enum { CFX_P2P_SEND = 1, CFX_P2P_RECV = 2 };
+
+/* A receiver's request that arrived before the matching send was posted. */
+struct cfx_p2p_rtr {
+    struct cfx_list link;       /* ctx->p2p_rtrs */
+    struct cfx_conn *conn;
+    struct cfx_dp_get_req req;
 };
 
 struct cfx_store {
@@ -122,6 +144,8 @@ struct cfx_obj *cfx__store_find(struct cfx_store *s, const struct cfx_object_id 
 void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o);
 void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o);
 uint32_t cfx__chunk_size_for(uint64_t size, size_t configured);
+/* A fresh entry of @p size bytes in chunks of @p chunk (not in the store). */
+struct cfx_obj *cfx__obj_alloc(uint64_t size, uint32_t chunk);
 static inline uint32_t cfx__nchunks(uint64_t size, uint32_t chunk)
 {
     return (uint32_t)((size + chunk - 1) / chunk);
@@ -215,6 +239,8 @@ enum cfx_cmd_type {
     CFX_CMD_GET_CANCEL,     /* withdraw the window of obj->in */
     CFX_CMD_OBJ_RELEASE,    /* deregister and free an object entry */
     CFX_CMD_NODE_DEAD,      /* fail everything with a node */
+    CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
+    CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
 };
 
 struct cfx_cmd {
@@ -284,6 +310,8 @@ struct cfx_context {
     struct cfx_list conns;
     uint64_t conn_gen;          /* bumped whenever a connection is destroyed */
     struct cfx_list busy_uploads;
+    struct cfx_list p2p_sends;  /* struct cfx_obj.p2p_link: posted, unmatched */
+    struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];
     uint32_t next_slot;
 
@@ -327,6 +355,17 @@ int cfx__xfer_pump_busy(struct cfx_context *ctx);
 void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status);
 void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
+
+/* p2p.c (progress thread, ctx->lock held) */
+void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
+                  const struct cfx_dp_get_req *req);
+void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id);
+void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
+/* xfer.c: start serving @p req from @p obj on @p conn */
+void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
+                            struct cfx_obj *obj, const struct cfx_dp_get_req *req);
 
 /* conn.c (progress thread, ctx->lock held) */
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,

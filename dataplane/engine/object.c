@@ -66,20 +66,9 @@ static int check_memtype(enum cfx_memtype mt)
 
 static struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, uint32_t chunk)
 {
-    struct cfx_obj *obj = calloc(1, sizeof(*obj));
-    if (!obj)
-        return NULL;
-    obj->id = *id;
-    obj->size = size;
-    obj->chunk_size = chunk;
-    obj->nchunks = cfx__nchunks(size, chunk);
-    obj->shm_fd = -1;
-    cfx_list_init(&obj->uploads);
-    obj->bitmap = calloc((obj->nchunks + 63) / 64 + 1, sizeof(uint64_t));
-    if (!obj->bitmap) {
-        free(obj);
-        return NULL;
-    }
+    struct cfx_obj *obj = cfx__obj_alloc(size, chunk);
+    if (obj)
+        obj->id = *id;
     return obj;
 }
 
@@ -377,6 +366,13 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
             uint64_t grace = cfx__deadline_ns(CANCEL_GRACE_MS);
             while (in.status == CFX_ERR_AGAIN && obj_wait(ctx, grace))
                 ;
+            if (in.status == CFX_ERR_AGAIN) {
+                /* no ack: cut the window off (a late write now fails its
+                 * connection instead of landing in the caller's buffer) */
+                post(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
+                while (in.status == CFX_ERR_AGAIN)
+                    obj_wait(ctx, UINT64_MAX);
+            }
             uint32_t got = obj->ready_chunks;
             obj->in = NULL;
             rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "

@@ -47,6 +47,13 @@ static int run_cmds(struct cfx_context *ctx)
             break;
         case CFX_CMD_NODE_DEAD:
             cfx__conn_node_dead(ctx, cmd->node_id);
+            cfx__p2p_node_dead(ctx, cmd->node_id);
+            break;
+        case CFX_CMD_P2P_SEND:
+            cfx__p2p_send_post(ctx, cmd->obj);
+            break;
+        case CFX_CMD_P2P_CANCEL:
+            cfx__p2p_send_cancel(ctx, cmd->obj);
             break;
         }
         free(cmd);

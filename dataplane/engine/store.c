@@ -1,6 +1,7 @@
 /* Local object store: a chained hash table of objects by id. */
 #include "engine.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static unsigned store_hash(const struct cfx_object_id *id)
@@ -67,4 +68,23 @@ uint32_t cfx__chunk_size_for(uint64_t size, size_t configured)
     if (c > CFX_CHUNK_MAX && size / CFX_CHUNK_MAX < CFX_MAX_CHUNKS)
         c = CFX_CHUNK_MAX;
     return (uint32_t)c;
+}
+
+struct cfx_obj *cfx__obj_alloc(uint64_t size, uint32_t chunk)
+{
+    struct cfx_obj *obj = calloc(1, sizeof(*obj));
+    if (!obj)
+        return NULL;
+    obj->size = size;
+    obj->chunk_size = chunk;
+    obj->nchunks = cfx__nchunks(size, chunk);
+    obj->shm_fd = -1;
+    cfx_list_init(&obj->uploads);
+    cfx_list_init(&obj->p2p_link);
+    obj->bitmap = calloc((obj->nchunks + 63) / 64 + 1, sizeof(uint64_t));
+    if (!obj->bitmap) {
+        free(obj);
+        return NULL;
+    }
+    return obj;
 }

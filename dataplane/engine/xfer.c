@@ -45,7 +45,8 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         return CFX_ERR_PROTO;
     if (h.type == CFX_DP_GET_REQ) {
         const struct cfx_dp_get_req *r = buf;
-        if (r->rdesc.len > CFX_TP_RDESC_MAX || r->chunk_size < CFX_CHUNK_MIN ||
+        if (r->rdesc.len > CFX_TP_RDESC_MAX || (r->flags & ~CFX_DP_GET_P2P) ||
+            r->chunk_size < CFX_CHUNK_MIN ||
             r->chunk_size > CFX_CHUNK_MAX || r->credits == 0 ||
             r->size / r->chunk_size >= CFX_MAX_CHUNKS ||
             r->first_chunk > cfx__nchunks(r->size, r->chunk_size))
@@ -115,8 +116,8 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
         return;
     }
-    struct cfx_tp_mr *mr = cfx__obj_mr(ctx, obj, conn->tp, &status);
-    if (!mr) {
+    struct cfx_tp_mr *mr = NULL;
+    if (obj->nchunks && !(mr = cfx__obj_mr(ctx, obj, conn->tp, &status))) {
         cfx__xfer_in_finish(ctx, in, status);
         return;
     }
@@ -137,9 +138,12 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         .chunk_size = obj->chunk_size,
         .first_chunk = obj->ready_chunks,
         .credits = in->window,
+        .flags = obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0,
+        .chan = obj->chan,
+        .tag = obj->tag,
     };
     memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
-    int rc = ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc);
+    int rc = mr ? ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc) : CFX_OK;
     if (rc == CFX_OK)
         rc = cfx__conn_send(conn, &req, sizeof(req));
     if (rc != CFX_OK) {
@@ -162,6 +166,9 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
     if (!in->cancel_sent) {
         in->cancel_sent = true;
         send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
+    } else {
+        /* second cancel: the source never acked; stop waiting for it */
+        cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
     }
 }
 
@@ -238,7 +245,11 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
     cfx_list_del(&up->conn_link);
     if (up->busy)
         cfx_list_del(&up->busy_link);
+    bool finished = up->next == obj->nchunks && !up->canceled && !up->aborted;
+    bool canceled = up->canceled;
     free(up);
+    if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
+        obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
         if (obj->releasing)
@@ -339,8 +350,11 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
 {
     struct cfx_object_id id;
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    int status = CFX_OK;
 
+    if (req->flags & CFX_DP_GET_P2P) {
+        cfx__p2p_rtr(ctx, conn, req);
+        return;
+    }
     memcpy(id.bytes, req->id, CFX_OBJECT_ID_LEN);
     id_hex(&id, hex);
     struct cfx_obj *obj = cfx__store_find(&ctx->store, &id);
@@ -357,12 +371,35 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
         send_nack(conn, req->hdr.slot, CFX_ERR_INVALID);
         return;
     }
+    cfx__xfer_upload_start(ctx, conn, obj, req);
+}
+
+void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
+                            struct cfx_obj *obj, const struct cfx_dp_get_req *req)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    int status = CFX_OK;
+
+    id_hex(&obj->id, hex);
     if (upload_find(conn, req->hdr.slot)) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "GET_REQ for a slot already being served");
         return;
     }
-    if (!cfx__obj_mr(ctx, obj, conn->tp, &status)) {
+    if (obj->nchunks && !cfx__obj_mr(ctx, obj, conn->tp, &status)) {
         send_nack(conn, req->hdr.slot, status);
+        if (obj->p2p == CFX_P2P_SEND) {
+            obj->p2p_status = status;
+            pthread_cond_broadcast(&ctx->obj_cond);
+        }
+        return;
+    }
+    if (obj->nchunks == 0) {
+        /* nothing to write: tell the receiver it is complete */
+        send_nack(conn, req->hdr.slot, CFX_OK);
+        if (obj->p2p == CFX_P2P_SEND) {
+            obj->p2p_status = CFX_OK;
+            pthread_cond_broadcast(&ctx->obj_cond);
+        }
         return;
     }
     struct cfx_upload *up = calloc(1, sizeof(*up));
@@ -381,7 +418,7 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
     ctx->stats.uploads++;
     ctx->stats.uploads_partial += !obj->complete;
     CFX_LOG(DEBUG, XFER, "node %u: serving %s from chunk %u to %s slot %u (%s copy)",
-            ctx->node_id, hex, up->next, conn->name, up->slot,
+            ctx->node_id, obj->p2p ? "a message" : hex, up->next, conn->name, up->slot,
             obj->complete ? "complete" : "partial");
     if (!upload_maybe_done(ctx, up))
         upload_serve(ctx, up);
@@ -422,7 +459,11 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         struct cfx_xfer_in *in = ctx->slots[h.slot];
         if (in && in->conn == conn) {
             int st = (m->status < 0 && m->status > CFX_STATUS_LAST) ? m->status : CFX_ERR_PROTO;
-            cfx__xfer_in_finish(ctx, in, st == CFX_OK ? CFX_ERR_PROTO : st);
+            if (m->status == CFX_OK && in->obj->nchunks == 0) {
+                in->obj->complete = true; /* an empty message: nothing to write */
+                st = CFX_OK;
+            }
+            cfx__xfer_in_finish(ctx, in, st);
         }
         break;
     }
@@ -476,6 +517,7 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         up->inflight = 0; /* the endpoint is closed right after: nothing completes */
         upload_free(ctx, up);
     }
+    cfx__p2p_conn_failed(ctx, conn);
 }
 
 /*

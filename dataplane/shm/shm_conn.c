@@ -239,6 +239,7 @@ void cfx__shm_accept(struct cfx__shm_iface *iface)
         snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "pid %d (shm)",
                  (int)ep->peer_pid);
         if (ep_watch(ep) != CFX_OK) {
+            iface->handshaking--;
             cfx_list_del(&ep->link);
             cfx__shm_ep_free(ep);
         }

@@ -8,7 +8,6 @@
  */
 #include "shm.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>

@@ -359,8 +359,8 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t lof
                         const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
                         uint32_t imm, uint64_t wr_id);
 int cfx__verbs_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
-/* Endpoint a QP async event names, or NULL. */
-struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct ibv_qp *qp);
+/* Endpoint of @p iface that owns @p qp, or NULL. */
+struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct cfx__verbs_iface *iface, struct ibv_qp *qp);
 
 /* verbs_cm.c */
 int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface);

@@ -12,7 +12,8 @@
 #   --list FILE         commands to run in the guest (default test/vm/tests.list)
 #   --test-timeout SEC  per-command timeout for lines that set none (120)
 #   --keep              keep the initramfs staging folder and print its path
-#   -- CMD...           run this one command instead of the list
+#   -- CMD...           run this one command instead of the list (a single
+#                       word is taken as a shell command line: -- 'a; b')
 #
 # Steps: install qemu-system-x86 on the host if it is missing; fetch the
 # guest's Debian packages with `apt-get download` into the cache
@@ -134,7 +135,8 @@ fetch() {
         (cd "$cache/debs" && apt-get download -q -o APT::Sandbox::User=root "$@" 2>&1 >/dev/null)
     }
     if err=$(apt_get_download "${want[@]}"); then return 0; fi
-    echo "$err" >&2
+    echo "vm: apt-get download failed:" >&2
+    echo "vm:   ${err//$'\n'/$'\n'vm:   }" >&2
     apt_update
     for p in "${want[@]}"; do
         [[ -n $(cached_deb "$p") ]] && continue
@@ -143,6 +145,10 @@ fetch() {
 $err"
     done
 }
+
+# One run at a time fetches and unpacks into a cache.
+exec 9>"$cache/.lock"
+flock -w "$(left)" 9 || die "another run held $cache/.lock for ${timeout}s"
 
 if [[ -n ${CFX_VM_KERNEL_PKG:-} ]]; then
     kernel_pkg=$CFX_VM_KERNEL_PKG
@@ -169,8 +175,13 @@ if [[ ! -e $root/.complete ]]; then
     for d in "${debs[@]}"; do
         dpkg -x "$d" "$root" || die "dpkg -x $d failed"
     done
+    # The package's postinst would run depmod; busybox's does it here.
+    for m in "$root"/lib/modules/*; do
+        "$root/bin/busybox" depmod -b "$root" "${m##*/}" || die "depmod failed for ${m##*/}"
+    done
     touch "$root/.complete"
 fi
+exec 9>&-
 vmlinuz=$(compgen -G "$root/boot/vmlinuz-*" | head -n 1) || true
 [[ -n $vmlinuz ]] || die "no /boot/vmlinuz-* in $kernel_pkg"
 
@@ -178,8 +189,12 @@ vmlinuz=$(compgen -G "$root/boot/vmlinuz-*" | head -n 1) || true
 run_list=$list
 if ((${#cmd[@]})); then
     run_list=$vmdir/command.list
-    printf '%q ' "${cmd[@]}" >"$run_list"
-    echo >>"$run_list"
+    if ((${#cmd[@]} == 1)); then
+        printf '%s\n' "${cmd[0]}" >"$run_list" # one word: a shell command line
+    else
+        printf '%q ' "${cmd[@]}" >"$run_list"
+        echo >>"$run_list"
+    fi
 fi
 work_args=()
 if ((keep)); then

@@ -1,0 +1,311 @@
+/* Point-to-point messages: see p2p.h. */
+#include "p2p.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define P2P_CANCEL_GRACE_MS 1000
+
+struct cfx_p2p_req {
+    struct cfx_context *ctx;
+    struct cfx_obj *obj;        /* anonymous object: buffer, registration */
+    struct cfx_xfer_in in;      /* receive state */
+    uint8_t kind;               /* CFX_P2P_SEND / CFX_P2P_RECV */
+    uint32_t peer;
+    uint32_t tag;
+};
+
+/* ---- progress thread (ctx->lock held) ------------------------------------- */
+
+static bool p2p_match(const struct cfx_obj *obj, uint32_t node, const struct cfx_dp_get_req *r)
+{
+    return obj->peer_node == node && obj->chan == r->chan && obj->tag == r->tag;
+}
+
+/* A receiver asks for a message: serve a posted send, or keep the request. */
+void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
+                  const struct cfx_dp_get_req *req)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->p2p_sends) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (!p2p_match(obj, conn->node_id, req))
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        if (obj->size != req->size) {
+            CFX_LOG(WARN, P2P, "node %u: %s wants %" PRIu64 " bytes on tag %u, we send %" PRIu64,
+                    ctx->node_id, conn->name, req->size, req->tag, obj->size);
+            struct cfx_dp_nack n = {
+                .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                         .type = CFX_DP_GET_NACK, .slot = req->hdr.slot },
+                .status = CFX_ERR_INVALID,
+            };
+            cfx__conn_send(conn, &n, sizeof(n));
+            obj->p2p_status = CFX_ERR_INVALID;
+            pthread_cond_broadcast(&ctx->obj_cond);
+            return;
+        }
+        /* the receiver's chunking rules */
+        obj->chunk_size = req->chunk_size;
+        obj->nchunks = cfx__nchunks(obj->size, obj->chunk_size);
+        obj->ready_chunks = obj->nchunks;
+        cfx__xfer_upload_start(ctx, conn, obj, req);
+        return;
+    }
+    struct cfx_p2p_rtr *rtr = malloc(sizeof(*rtr));
+    if (!rtr) {
+        cfx__conn_fail(conn, CFX_ERR_NOMEM, "out of memory queueing a receive request");
+        return;
+    }
+    rtr->conn = conn;
+    rtr->req = *req;
+    cfx_list_add_tail(&rtr->link, &ctx->p2p_rtrs);
+}
+
+void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->p2p_rtrs) {
+        struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
+            continue;
+        cfx_list_del(&rtr->link);
+        /* re-run as if the request had just arrived: one matching path */
+        cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_sends);
+        cfx__p2p_rtr(ctx, rtr->conn, &rtr->req);
+        free(rtr);
+        return;
+    }
+    cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_sends);
+}
+
+void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    if (obj->p2p_status != CFX_ERR_AGAIN)
+        return;
+    if (cfx_list_empty(&obj->uploads)) {
+        /* not matched yet */
+        cfx_list_del(&obj->p2p_link);
+        obj->p2p_status = CFX_ERR_CANCELED;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        return;
+    }
+    /* matched and writing: stop; the receiver is told once writes drain */
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &obj->uploads)
+        cfx_list_entry(pos, struct cfx_upload, obj_link)->aborted = true;
+}
+
+void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_sends) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (obj->peer_node != node_id)
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        obj->p2p_status = CFX_ERR_PEER_FAILED;
+        pthread_cond_broadcast(&ctx->obj_cond);
+    }
+}
+
+void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_rtrs) {
+        struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (rtr->conn == conn) {
+            cfx_list_del(&rtr->link);
+            free(rtr);
+        }
+    }
+}
+
+/* ---- API side ---------------------------------------------------------------- */
+
+static int post_cmd(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
+                    const struct cfx_node_rec *node)
+{
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return CFX_ERR_NOMEM;
+    cmd->type = type;
+    cmd->obj = obj;
+    if (node)
+        cmd->node = *node;
+    cfx__cmd_post(ctx, cmd);
+    return CFX_OK;
+}
+
+static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
+                   uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
+                   struct cfx_p2p_req **out)
+{
+    if (!ctx || !peer || !out || (!buf && len))
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
+    if (mt != CFX_MEMTYPE_HOST && mt != CFX_MEMTYPE_CUDA)
+        return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
+    struct cfx_p2p_req *req = calloc(1, sizeof(*req));
+    struct cfx_obj *obj = cfx__obj_alloc(len, cfx__chunk_size_for(len, ctx->cfg.chunk_size));
+    if (!req || !obj) {
+        free(req);
+        if (obj) {
+            free(obj->bitmap);
+            free(obj);
+        }
+        return cfx__err(CFX_ERR_NOMEM, "out of memory for a message");
+    }
+    obj->buf = buf;
+    obj->memtype = mt;
+    obj->p2p = kind;
+    obj->peer_node = peer->node_id;
+    obj->chan = chan;
+    obj->tag = tag;
+    obj->p2p_status = CFX_ERR_AGAIN;
+    cfx_list_init(&obj->p2p_link);
+    req->ctx = ctx;
+    req->obj = obj;
+    req->kind = kind;
+    req->peer = peer->node_id;
+    req->tag = tag;
+
+    pthread_mutex_lock(&ctx->lock);
+    cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+    int rc;
+    if (kind == CFX_P2P_SEND) {
+        obj->complete = true;
+        obj->ready_chunks = obj->nchunks;
+        rc = post_cmd(ctx, CFX_CMD_P2P_SEND, obj, NULL);
+    } else {
+        req->in.obj = obj;
+        req->in.status = CFX_ERR_AGAIN;
+        req->in.src_node = peer->node_id;
+        obj->in = &req->in;
+        rc = post_cmd(ctx, CFX_CMD_GET_START, obj, peer);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (rc != CFX_OK) {
+        free(obj->bitmap);
+        free(obj);
+        free(req);
+        return cfx__err(rc, "out of memory posting a message");
+    }
+    *out = req;
+    return CFX_OK;
+}
+
+int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                   uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
+                   struct cfx_p2p_req **out)
+{
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, out);
+}
+
+int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                   uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
+                   struct cfx_p2p_req **out)
+{
+    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, out);
+}
+
+/* ctx->lock held */
+static int p2p_status(const struct cfx_p2p_req *req)
+{
+    return req->kind == CFX_P2P_SEND ? req->obj->p2p_status : req->in.status;
+}
+
+int cfx__p2p_test(struct cfx_p2p_req *req)
+{
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "test of a NULL message request");
+    pthread_mutex_lock(&req->ctx->lock);
+    int st = p2p_status(req);
+    pthread_mutex_unlock(&req->ctx->lock);
+    return st;
+}
+
+static void describe(const struct cfx_p2p_req *req, int st)
+{
+    if (st == CFX_ERR_TIMEOUT)
+        cfx__err(st, "%s node %u (tag %u) did not complete in time: %s", req->kind == CFX_P2P_SEND
+                 ? "send to" : "receive from", req->peer, req->tag,
+                 req->kind == CFX_P2P_SEND ? "the receiver never asked for it"
+                                           : "the sender never sent it");
+    else if (st != CFX_OK)
+        cfx__err(st, "%s node %u (tag %u) failed: %s", req->kind == CFX_P2P_SEND ? "send to"
+                 : "receive from", req->peer, req->tag,
+                 st == CFX_ERR_INVALID ? "the two sides disagree on the message size"
+                                       : cfx_strerror(st));
+}
+
+/* Wait on ctx->obj_cond (lock held); false when the deadline passed. */
+static bool cond_wait(struct cfx_context *ctx, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+        return true;
+    }
+    if (cfx__now_ns() >= deadline)
+        return false;
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
+    return true;
+}
+
+int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
+{
+    return cfx__p2p_waitall(&req, 1, deadline_ns);
+}
+
+int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
+{
+    if (n <= 0)
+        return CFX_OK;
+    struct cfx_context *ctx = reqs[0]->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    for (int i = 0; i < n; i++) {
+        int st;
+        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cond_wait(ctx, deadline_ns))
+            ;
+        if (st == CFX_ERR_AGAIN)
+            st = CFX_ERR_TIMEOUT;
+        if (st != CFX_OK) {
+            pthread_mutex_unlock(&ctx->lock);
+            describe(reqs[i], st);
+            return st;
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return CFX_OK;
+}
+
+void cfx__p2p_free(struct cfx_p2p_req *req)
+{
+    if (!req)
+        return;
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (p2p_status(req) == CFX_ERR_AGAIN) {
+        /* withdraw: a receive waits for the sender's ack that no write is
+         * still coming; after the grace period it is cut off (a late write
+         * then fails that connection rather than landing in freed memory) */
+        enum cfx_cmd_type t = req->kind == CFX_P2P_SEND ? CFX_CMD_P2P_CANCEL : CFX_CMD_GET_CANCEL;
+        post_cmd(ctx, t, req->obj, NULL);
+        uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
+        while (p2p_status(req) == CFX_ERR_AGAIN && cond_wait(ctx, grace))
+            ;
+        if (p2p_status(req) == CFX_ERR_AGAIN)
+            post_cmd(ctx, t, req->obj, NULL); /* second cancel forces it */
+        while (p2p_status(req) == CFX_ERR_AGAIN)
+            pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+    }
+    req->obj->in = NULL;
+    req->obj->deleting = true;
+    post_cmd(ctx, CFX_CMD_OBJ_RELEASE, req->obj, NULL);
+    pthread_mutex_unlock(&ctx->lock);
+    free(req);
+}

@@ -1,0 +1,52 @@
+/*
+ * Point-to-point messages between nodes: the primitive the group
+ * collectives are built on.
+ *
+ * Receiver-driven rendezvous over the same one-sided machinery as object
+ * gets: a receive registers its buffer and sends a request (GET_REQ with the
+ * P2P flag, a channel and a tag) to the sender; the sender matches it, in
+ * posting order, with a send posted for the same (peer, channel, tag) and
+ * writes the message with immediates into the receiver's buffer.  Sizes must
+ * agree exactly: a mismatch fails both sides with CFX_ERR_INVALID.
+ *
+ * Any thread may call these; a request is used by one thread at a time.
+ */
+#ifndef CFX_ENGINE_P2P_H
+#define CFX_ENGINE_P2P_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <conflux/conflux.h>
+
+#include "control/client.h"
+
+struct cfx_p2p_req;
+
+/* Post a send of @p len bytes at @p buf to @p peer.  The buffer must stay
+ * unchanged until the request completes. */
+int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                   uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
+                   struct cfx_p2p_req **out);
+
+/* Post a receive of exactly @p len bytes from @p peer into @p buf. */
+int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                   uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
+                   struct cfx_p2p_req **out);
+
+/* CFX_ERR_AGAIN while running, else the final status. */
+int cfx__p2p_test(struct cfx_p2p_req *req);
+
+/* Wait until done or the deadline (CLOCK_MONOTONIC ns; UINT64_MAX = none).
+ * CFX_ERR_TIMEOUT leaves the request running; cfx_last_error() names the peer. */
+int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns);
+
+/* Wait for all; returns the first failure (and stops waiting at it) or
+ * CFX_ERR_TIMEOUT.  Requests stay owned by the caller. */
+int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
+
+/* Free a request; one still running is withdrawn first (the peer sees its
+ * side fail).  NULL is a no-op. */
+void cfx__p2p_free(struct cfx_p2p_req *req);
+
+#endif
