@@ -356,6 +356,12 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status);
 void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
 
+/* worker.c: requests completed by another module's thread (e.g. a group's
+ * collective thread).  A new request runs (CFX_ERR_AGAIN) until completed;
+ * completing one the user already freed frees it.  Any thread. */
+struct cfx_request *cfx__request_new(struct cfx_context *ctx);
+void cfx__request_complete(struct cfx_request *req, int status, size_t size);
+
 /* p2p.c (progress thread, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);

@@ -169,6 +169,36 @@ void cfx_request_free(struct cfx_request *req)
     free(req);
 }
 
+struct cfx_request *cfx__request_new(struct cfx_context *ctx)
+{
+    struct cfx_request *req = calloc(1, sizeof(*req));
+    if (!req)
+        return NULL;
+    req->ctx = ctx;
+    req->status = CFX_ERR_AGAIN;
+    req->async = true;
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&req->cond, &a);
+    pthread_condattr_destroy(&a);
+    return req;
+}
+
+void cfx__request_complete(struct cfx_request *req, int status, size_t size)
+{
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    req->size = size;
+    req->status = status;
+    pthread_cond_broadcast(&req->cond);
+    if (req->freed_by_user) {
+        pthread_cond_destroy(&req->cond);
+        free(req);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 void cfx__worker_stop(struct cfx_context *ctx);
 void cfx__worker_stop(struct cfx_context *ctx)
 {

@@ -213,9 +213,10 @@ metrics=$build_dir/vm-metrics.txt
 : >"$console"
 rm -f "$metrics"
 
-# The guest gets what is left minus a margin to print its summary and
-# power off; the host kills qemu when the whole budget is spent.
-guest_budget=$(($(left) - 15))
+# The guest gets what is left minus a margin (its clock starts some 5 s
+# after qemu does; then it prints its summary and powers off); the host
+# kills qemu when the whole budget is spent.
+guest_budget=$(($(left) - 20))
 ((guest_budget >= 20)) || {
     echo "vm: error: only $(left)s of the ${timeout}s budget left before boot" >&2
     exit 124

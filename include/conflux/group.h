@@ -1,0 +1,165 @@
+/*
+ * Group collectives in the style of NCCL, MPI and ray.util.collective.
+ *
+ * A group is a fixed set of ranks 0..size-1, one per context.  Collectives
+ * are called by every rank of the group in the same order with matching
+ * arguments (count, dtype, op, root); ranks that disagree get
+ * CFX_ERR_INVALID, not wrong data.  Every blocking call has a deadline (the
+ * group's timeout unless a call's params say otherwise) and fails with
+ * CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming the rank it waited for.
+ *
+ * Buffers may be host memory (and CUDA device memory in CUDA builds: say so
+ * with CFX_COLL_PARAM_MEMTYPE).  In-place operation: pass the same pointer
+ * as send and receive buffer (for allgather / gather, the rank's own block
+ * of the receive buffer; for reduce-scatter, the rank's block of the send
+ * buffer), as in MPI_IN_PLACE.
+ *
+ * Thread safety: a group is used by one thread at a time; several groups
+ * of one context may be used from different threads.
+ */
+#ifndef CONFLUX_GROUP_H
+#define CONFLUX_GROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/visibility.h>
+#include <conflux/mem.h>
+#include <conflux/reduce.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cfx_context;
+struct cfx_group;
+struct cfx_request;
+
+enum cfx_group_param_field {
+    CFX_GROUP_PARAM_NAME    = 1u << 0,
+    CFX_GROUP_PARAM_RANK    = 1u << 1,
+    CFX_GROUP_PARAM_SIZE    = 1u << 2,
+    CFX_GROUP_PARAM_TIMEOUT = 1u << 3,
+};
+
+struct cfx_group_params {
+    uint64_t field_mask;   /* which fields are set */
+    const char *name;      /* group name, unique among live groups; default "world" */
+    int rank;              /* this process's rank; default from the environment */
+    int size;              /* number of ranks; default from the environment */
+    int timeout_ms;        /* default deadline of the group's calls; default the context's */
+};
+
+/**
+ * Create (join) a group.  Rank and size come from @p params or, when unset,
+ * from the launcher's variables, in this order: CFX_RANK/CFX_WORLD_SIZE
+ * (cfx_run), OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI),
+ * SLURM_PROCID/SLURM_NTASKS (Slurm), RANK/WORLD_SIZE (torchrun).  Waits until
+ * every rank has joined (the group's deadline).
+ *
+ * @return CFX_OK; CFX_ERR_INVALID (no rank/size found, rank out of range);
+ *         CFX_ERR_TIMEOUT naming the ranks that did not join;
+ *         CFX_ERR_EXISTS when another process already joined as this rank.
+ */
+CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
+                             struct cfx_group **out);
+
+/** Leave the group and free it; NULL is a no-op. */
+CFX_API void cfx_group_destroy(struct cfx_group *group);
+
+CFX_API int cfx_group_rank(const struct cfx_group *group);
+CFX_API int cfx_group_size(const struct cfx_group *group);
+
+enum cfx_algo {
+    CFX_ALGO_AUTO = 0,      /* chosen by size and group size */
+    CFX_ALGO_RING,          /* ring reduce-scatter + allgather; ring allgather */
+    CFX_ALGO_TREE,          /* binomial tree (broadcast, reduce) */
+    CFX_ALGO_CHAIN,         /* pipelined chain (broadcast, reduce) */
+    CFX_ALGO_DBTREE,        /* double binary tree (allreduce, small messages) */
+    CFX_ALGO_RHD,           /* recursive halving-doubling (allreduce) */
+    CFX_ALGO_DIRECT,        /* direct exchange (all-to-all, gather, scatter) */
+    CFX_ALGO_LAST
+};
+
+/** Name of an algorithm ("ring", ...). */
+CFX_API const char *cfx_algo_name(enum cfx_algo algo);
+
+enum cfx_coll_param_field {
+    CFX_COLL_PARAM_TIMEOUT = 1u << 0,
+    CFX_COLL_PARAM_ALGO    = 1u << 1,
+    CFX_COLL_PARAM_MEMTYPE = 1u << 2,
+    CFX_COLL_PARAM_STREAM  = 1u << 3,
+};
+
+struct cfx_coll_params {
+    uint64_t field_mask;      /* which fields are set */
+    int timeout_ms;           /* deadline of this call */
+    enum cfx_algo algo;       /* force an algorithm (else $CFX_ALGO, else auto) */
+    enum cfx_memtype memtype; /* memory type of the buffers (default host) */
+    void *stream;             /* CUDA stream for device reductions (CUDA builds) */
+};
+
+/* Point to point.  Messages between two ranks with the same tag are
+ * matched in posting order; sizes must agree (CFX_ERR_INVALID). */
+CFX_API int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer,
+                           int tag, const struct cfx_coll_params *params);
+CFX_API int cfx_group_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, int tag,
+                           const struct cfx_coll_params *params);
+
+CFX_API int cfx_group_barrier(struct cfx_group *g, const struct cfx_coll_params *params);
+
+/* recvbuf[i] = op over ranks of sendbuf[i], on every rank. */
+CFX_API int cfx_group_allreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                                size_t count, enum cfx_dtype dtype, enum cfx_redop op,
+                                const struct cfx_coll_params *params);
+/* buf of root to every rank. */
+CFX_API int cfx_group_broadcast(struct cfx_group *g, void *buf, size_t count,
+                                enum cfx_dtype dtype, int root,
+                                const struct cfx_coll_params *params);
+/* recvbuf (significant at root only) = op over ranks of sendbuf. */
+CFX_API int cfx_group_reduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                             size_t count, enum cfx_dtype dtype, enum cfx_redop op, int root,
+                             const struct cfx_coll_params *params);
+/* recvbuf[r*count ..] = sendbuf of rank r (count elements each). */
+CFX_API int cfx_group_allgather(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                                size_t count, enum cfx_dtype dtype,
+                                const struct cfx_coll_params *params);
+/* recvbuf (count elements) = op over ranks of block `rank` of sendbuf
+ * (size*count elements). */
+CFX_API int cfx_group_reduce_scatter(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                                     size_t count, enum cfx_dtype dtype, enum cfx_redop op,
+                                     const struct cfx_coll_params *params);
+/* root's recvbuf[r*count ..] = sendbuf of rank r. */
+CFX_API int cfx_group_gather(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                             size_t count, enum cfx_dtype dtype, int root,
+                             const struct cfx_coll_params *params);
+/* recvbuf of rank r = root's sendbuf[r*count ..]. */
+CFX_API int cfx_group_scatter(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                              size_t count, enum cfx_dtype dtype, int root,
+                              const struct cfx_coll_params *params);
+/* recvbuf[r*count ..] of rank q = sendbuf[q*count ..] of rank r. */
+CFX_API int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                               size_t count, enum cfx_dtype dtype,
+                               const struct cfx_coll_params *params);
+
+/*
+ * Non-blocking forms: same arguments, plus a request completed with
+ * cfx_request_test() / cfx_request_wait() and freed with cfx_request_free().
+ * A group runs its collectives in the order they were posted.
+ */
+CFX_API int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                                 size_t count, enum cfx_dtype dtype, enum cfx_redop op,
+                                 const struct cfx_coll_params *params, struct cfx_request **req);
+CFX_API int cfx_group_ibroadcast(struct cfx_group *g, void *buf, size_t count,
+                                 enum cfx_dtype dtype, int root,
+                                 const struct cfx_coll_params *params, struct cfx_request **req);
+CFX_API int cfx_group_ireduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                              size_t count, enum cfx_dtype dtype, enum cfx_redop op, int root,
+                              const struct cfx_coll_params *params, struct cfx_request **req);
+CFX_API int cfx_group_iallgather(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                                 size_t count, enum cfx_dtype dtype,
+                                 const struct cfx_coll_params *params, struct cfx_request **req);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
