@@ -1,0 +1,364 @@
+/*
+ * verbs transport: connection establishment through rdma_cm.
+ *
+ * The iface listens on its IP with an ephemeral port; its address is
+ * "IP:PORT".  Active side: resolve address (from the iface's IP, so the
+ * route uses our device) -> resolve route -> create the QP (rdma_cm moves it
+ * to INIT) and post receives -> rdma_connect with the hello as private data
+ * -> ESTABLISHED carries the peer's hello from the REP: CONNECTED.
+ * Passive side: CONNECT_REQUEST carries the hello -> QP, receives,
+ * rdma_accept with our hello (rdma_cm moves the QP through RTR to RTS) ->
+ * ESTABLISHED: ACCEPT.  DISCONNECTED, or any error event after that, fails
+ * the endpoint.
+ *
+ * The event channel fd is non-blocking and sits in the iface's epoll set.
+ * Every event is copied and acknowledged before it is acted on, so that
+ * destroying an id from a handler never waits for an unacknowledged event.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "verbs.h"
+
+#define LISTEN_BACKLOG 128
+
+struct cm_event {
+    enum rdma_cm_event_type type;
+    int status;
+    struct rdma_cm_id *id;
+    struct rdma_cm_id *listen_id;
+    uint8_t priv[64];      /* private data (hello), copied before the ack */
+    size_t priv_len;
+};
+
+static void conn_param_init(struct cfx__verbs_ep *ep, struct rdma_conn_param *cp,
+                            struct cfx__verbs_hello *h)
+{
+    cfx__verbs_ep_hello_fill(ep, h);
+    memset(cp, 0, sizeof(*cp));
+    cp->private_data = h;
+    cp->private_data_len = (uint8_t)sizeof(*h);
+    cp->responder_resources = 1;
+    cp->initiator_depth = 1;
+    cp->retry_count = CFX_VERBS_RETRY_CNT;
+    cp->rnr_retry_count = CFX_VERBS_RNR_RETRY;
+}
+
+/* ACK timeout: dead peers are noticed in 67 ms x retries, not seconds. */
+static void set_ack_timeout(struct cfx__verbs_ep *ep)
+{
+    uint8_t t = CFX_VERBS_ACK_TIMEOUT;
+    if (rdma_set_option(ep->cm_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)))
+        CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: cannot set the ACK timeout: %s",
+                ep->iface->addr, ep->super.peer_name, strerror(errno));
+}
+
+int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr = iface->ip };
+    int rc, fl;
+
+    iface->cm_ch = rdma_create_event_channel();
+    if (!iface->cm_ch)
+        return cfx__err(cfx__verbs_status(errno), "verbs: rdma_create_event_channel: %s "
+                        "(is the rdma_ucm module loaded?)", strerror(errno));
+    fl = fcntl(iface->cm_ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(iface->cm_ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return cfx__err(cfx__status_from_errno(errno), "verbs: rdma_cm channel: fcntl: %s",
+                        strerror(errno));
+    if (rdma_create_id(iface->cm_ch, &iface->listen_id, NULL, RDMA_PS_TCP))
+        return cfx__err(cfx__verbs_status(errno), "verbs: rdma_create_id: %s", strerror(errno));
+    if (rdma_bind_addr(iface->listen_id, (struct sockaddr *)&sa))
+        return cfx__err(errno == EADDRNOTAVAIL || errno == ENODEV ? CFX_ERR_NO_DEVICE
+                                                                  : cfx__verbs_status(errno),
+                        "verbs: rdma_bind_addr(%s): %s", iface->ip_str, strerror(errno));
+    if (!iface->listen_id->verbs)
+        return cfx__err(CFX_ERR_NO_DEVICE, "verbs: %s is not the address of an RDMA device's "
+                        "network interface (set CFX_BIND_ADDR to one; see 'rdmactl devices')",
+                        iface->ip_str);
+    if (rdma_listen(iface->listen_id, LISTEN_BACKLOG))
+        return cfx__err(cfx__verbs_status(errno), "verbs: rdma_listen on %s: %s", iface->ip_str,
+                        strerror(errno));
+    iface->port = ntohs(rdma_get_src_port(iface->listen_id));
+    snprintf(iface->addr, sizeof(iface->addr), "%s:%u", iface->ip_str, iface->port);
+
+    /* The device is the one rdma_cm bound the IP to. */
+    struct ibv_context *ctx = iface->listen_id->verbs;
+    const char *name = ibv_get_device_name(ctx->device);
+    struct ibv_port_attr pa;
+    if (strcmp(name, iface->dev_name))
+        CFX_LOG(INFO, VERBS, "iface %s: rdma_cm bound %s to device %s", iface->addr,
+                iface->ip_str, name);
+    snprintf(iface->dev_name, sizeof(iface->dev_name), "%s", name);
+    iface->ctx = ctx;
+    iface->own_ctx = false;
+    iface->port_num = iface->listen_id->port_num ? iface->listen_id->port_num : 1;
+    iface->gid_index = -1;
+    if (ibv_query_port(ctx, iface->port_num, &pa) == 0) {
+        iface->link_layer = pa.link_layer;
+        iface->active_mtu = pa.active_mtu;
+        iface->lid = pa.lid;
+    }
+    if ((rc = cfx__verbs_epoll_add(iface, iface->cm_ch->fd, EPOLLIN, &iface->cm_src)) != CFX_OK)
+        return rc;
+    CFX_LOG(DEBUG, VERBS, "iface %s: rdma_cm listening (device %s port %u)", iface->addr,
+            iface->dev_name, iface->port_num);
+    return CFX_OK;
+}
+
+void cfx__verbs_cm_close(struct cfx__verbs_iface *iface)
+{
+    if (iface->listen_id) {
+        rdma_destroy_id(iface->listen_id);
+        iface->listen_id = NULL;
+    }
+    if (iface->cm_ch) {
+        rdma_destroy_event_channel(iface->cm_ch);
+        iface->cm_ch = NULL;
+    }
+}
+
+int cfx__verbs_cm_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *dst)
+{
+    struct cfx__verbs_iface *iface = ep->iface;
+    struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr = iface->ip };
+
+    if (rdma_create_id(iface->cm_ch, &ep->cm_id, ep, RDMA_PS_TCP))
+        return cfx__err(cfx__verbs_status(errno), "verbs ep_connect to %s: rdma_create_id: %s",
+                        ep->addr, strerror(errno));
+    ep->state = CFX_VERBS_EP_RESOLVING;
+    if (rdma_resolve_addr(ep->cm_id, (struct sockaddr *)&src, (struct sockaddr *)dst,
+                          CFX_VERBS_RESOLVE_MS)) {
+        int err = errno;
+        rdma_destroy_id(ep->cm_id);
+        ep->cm_id = NULL;
+        return cfx__err(CFX_ERR_CONNECT, "verbs ep_connect to %s: rdma_resolve_addr: %s",
+                        ep->addr, strerror(err));
+    }
+    return CFX_OK;
+}
+
+void cfx__verbs_cm_disconnect(struct cfx__verbs_ep *ep)
+{
+    /* Also moves the QP to ERR; fails harmlessly when already disconnected. */
+    if (rdma_disconnect(ep->cm_id) == 0)
+        CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: rdma_disconnect", ep->iface->addr,
+                ep->super.peer_name);
+}
+
+void cfx__verbs_cm_destroy(struct cfx__verbs_ep *ep)
+{
+    if (ep->qp)
+        rdma_destroy_qp(ep->cm_id);
+    ep->qp = NULL;
+    rdma_destroy_id(ep->cm_id);
+    ep->cm_id = NULL;
+}
+
+/* A peer asks to connect. */
+static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_event *ev)
+{
+    struct rdma_cm_id *id = ev->id;
+    struct sockaddr_in *peer = (struct sockaddr_in *)rdma_get_peer_addr(id);
+    struct cfx__verbs_ep *ep;
+    struct rdma_conn_param cp;
+    struct cfx__verbs_hello h;
+    char addr[48], ip[INET_ADDRSTRLEN] = "?";
+    int rc;
+
+    if (peer && peer->sin_family == AF_INET)
+        inet_ntop(AF_INET, &peer->sin_addr, ip, sizeof(ip));
+    snprintf(addr, sizeof(addr), "%s:%u", ip, peer ? ntohs(peer->sin_port) : 0);
+
+    if (id->verbs != iface->ctx) {
+        CFX_LOG(WARN, VERBS, "iface %s: connection from %s arrived on another device; rejected",
+                iface->addr, addr);
+        rdma_reject(id, NULL, 0);
+        rdma_destroy_id(id);
+        return;
+    }
+    if ((rc = cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep)) != CFX_OK) {
+        CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected: %s", iface->addr, addr,
+                cfx_last_error());
+        rdma_reject(id, NULL, 0);
+        rdma_destroy_id(id);
+        return;
+    }
+    ep->cm_id = id;
+    id->context = ep;
+    ep->state = CFX_VERBS_EP_ACCEPTING;
+    if ((rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len)) != CFX_OK)
+        goto err_reject;
+    set_ack_timeout(ep);
+    if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK)
+        goto err_reject;
+    conn_param_init(ep, &cp, &h);
+    if (rdma_accept(id, &cp)) {
+        rc = cfx__err(CFX_ERR_CONNECT, "rdma_accept: %s", strerror(errno));
+        goto err_reject;
+    }
+    CFX_LOG(DEBUG, VERBS, "iface %s: accepting %s: QP %#x through INIT, RTR, RTS by rdma_accept",
+            iface->addr, ep->super.peer_name, ep->qp->qp_num);
+    return;
+
+err_reject:
+    CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected (%s): %s", iface->addr,
+            ep->super.peer_name, cfx_errname(rc), cfx_last_error());
+    rdma_reject(id, NULL, 0);
+    cfx__verbs_ep_fail(ep, rc); /* invisible: to the graveyard, id destroyed there */
+}
+
+static void on_addr_resolved(struct cfx__verbs_ep *ep)
+{
+    struct cfx__verbs_iface *iface = ep->iface;
+    if (ep->cm_id->verbs != iface->ctx) {
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "the route to %s leaves through device %s, "
+                          "this iface uses %s", ep->addr,
+                          ep->cm_id->verbs ? ibv_get_device_name(ep->cm_id->verbs->device) : "?",
+                          iface->dev_name);
+        return;
+    }
+    set_ack_timeout(ep);
+    if (rdma_resolve_route(ep->cm_id, CFX_VERBS_RESOLVE_MS))
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_resolve_route: %s", strerror(errno));
+}
+
+static void on_route_resolved(struct cfx__verbs_ep *ep)
+{
+    struct rdma_conn_param cp;
+    struct cfx__verbs_hello h;
+    int rc;
+
+    if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK) {
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "%s", cfx_last_error());
+        return;
+    }
+    conn_param_init(ep, &cp, &h);
+    ep->state = CFX_VERBS_EP_CONNECTING;
+    if (rdma_connect(ep->cm_id, &cp)) {
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_connect: %s", strerror(errno));
+        return;
+    }
+    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: route resolved, QP %#x INIT, REQ sent",
+            ep->iface->addr, ep->super.peer_name, ep->qp->qp_num);
+}
+
+static void on_established(struct cfx__verbs_ep *ep, const struct cm_event *ev)
+{
+    if (ep->state == CFX_VERBS_EP_CONNECTING) {
+        int rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len);
+        if (rc != CFX_OK) {
+            CFX_VERBS_EP_FAIL(ep, ERR, rc, "%s", cfx_last_error());
+            return;
+        }
+    }
+    /* ACCEPTING: may already be up if the peer's first message came first. */
+    cfx__verbs_ep_established(ep);
+}
+
+/* Error events before or after the connection is up. */
+static void on_error_event(struct cfx__verbs_ep *ep, const struct cm_event *ev)
+{
+    const char *what = rdma_event_str(ev->type);
+
+    if (ep->state == CFX_VERBS_EP_OPEN) {
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "rdma_cm %s (status %d)", what,
+                          ev->status);
+        return;
+    }
+    if (ev->type == RDMA_CM_EVENT_REJECTED)
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_cm REJECTED (reason %d): nobody "
+                          "listens at %s, or it refused us", ev->status, ep->addr);
+    else
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_cm %s (status %d) while connecting "
+                          "to %s", what, ev->status, ep->addr);
+}
+
+static void dispatch(struct cfx__verbs_iface *iface, const struct cm_event *ev)
+{
+    if (ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        on_connect_request(iface, ev);
+        return;
+    }
+    if (ev->id == iface->listen_id || !ev->id->context) {
+        if (ev->type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+            struct cfx_list *pos, *tmp;
+            CFX_LOG(ERR, VERBS, "iface %s: device %s removed", iface->addr, iface->dev_name);
+            cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+                struct cfx__verbs_ep *ep = cfx_list_entry(pos, struct cfx__verbs_ep, link);
+                CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_NO_DEVICE, "device removed");
+            }
+        } else {
+            CFX_LOG(INFO, VERBS, "iface %s: listener event %s (status %d)", iface->addr,
+                    rdma_event_str(ev->type), ev->status);
+        }
+        return;
+    }
+
+    struct cfx__verbs_ep *ep = ev->id->context;
+    if (ep->state >= CFX_VERBS_EP_FAILED)
+        return;
+    switch (ev->type) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        on_addr_resolved(ep);
+        break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+        on_route_resolved(ep);
+        break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        on_established(ep, ev);
+        break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+        on_error_event(ep, ev);
+        break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+        if (ep->state == CFX_VERBS_EP_OPEN)
+            CFX_VERBS_EP_FAIL(ep, INFO, CFX_ERR_PEER_FAILED, "peer disconnected (it closed the "
+                              "endpoint or exited)");
+        else
+            on_error_event(ep, ev);
+        break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_NO_DEVICE, "device %s removed", iface->dev_name);
+        break;
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+        /* Only without a QP on the id; ours always has one. */
+        CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_INTERNAL, "unexpected CONNECT_RESPONSE");
+        break;
+    default: /* TIMEWAIT_EXIT, ADDR_CHANGE, ... */
+        CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: rdma_cm %s", iface->addr,
+                ep->super.peer_name, rdma_event_str(ev->type));
+        break;
+    }
+}
+
+void cfx__verbs_cm_progress(struct cfx__verbs_iface *iface)
+{
+    struct rdma_cm_event *e;
+
+    while (rdma_get_cm_event(iface->cm_ch, &e) == 0) {
+        struct cm_event ev = {
+            .type = e->event,
+            .status = e->status,
+            .id = e->id,
+            .listen_id = e->listen_id,
+        };
+        if (e->param.conn.private_data && e->param.conn.private_data_len) {
+            ev.priv_len = CFX_MIN((size_t)e->param.conn.private_data_len, sizeof(ev.priv));
+            memcpy(ev.priv, e->param.conn.private_data, ev.priv_len);
+        }
+        rdma_ack_cm_event(e);
+        CFX_LOG(DEBUG, VERBS, "iface %s: rdma_cm event %s (status %d)", iface->addr,
+                rdma_event_str(ev.type), ev.status);
+        dispatch(iface, &ev);
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        CFX_LOG(WARN, VERBS, "iface %s: rdma_get_cm_event: %s", iface->addr, strerror(errno));
+}
