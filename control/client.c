@@ -401,6 +401,12 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
     }
     pthread_mutex_unlock(&ctl->lock);
 
+    /* Replies to fire-and-forget requests have no waiter: an error among
+     * them is still worth a line in the log. */
+    if (!call && m.type == CFX_MSG_ERROR)
+        CFX_LOG(WARN, CTL, "coordinator %s refused request %llu: %s (%s)", ctl->coord,
+                (unsigned long long)m.req_id, m.u.error.text, cfx_errname(m.u.error.status));
+
     /* A lookup answered after its caller gave up still made this node a
      * receiver of the source; release that slot so it is not leaked. */
     if (!call && m.type == CFX_MSG_LOOKUP_REPLY && !m.u.lookup_reply.is_inline) {
@@ -847,6 +853,26 @@ int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint3
     m.u.done.source_node = source_node;
     m.u.done.complete = complete ? 1 : 0;
     return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                            uint32_t source_node, int complete)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_DONE };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "done: NULL client or object id");
+    if (is_broken(ctl))
+        return ctl_err(ctl, CFX_ERR_CONNECT, "transfer end", "connection lost");
+    snprintf(what, sizeof(what), "transfer end of object %s", idhex(id, hex));
+    m.u.done.id = *id;
+    m.u.done.source_node = source_node;
+    m.u.done.complete = complete ? 1 : 0;
+    pthread_mutex_lock(&ctl->lock);
+    m.req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
+    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
 }
 
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,

@@ -146,6 +146,12 @@ int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                       uint32_t source_node, int complete, uint64_t deadline_ns);
 
+/* As cfx__ctl_obj_done() without waiting for the coordinator's answer (it
+ * is processed in order with this client's later requests; a refusal is
+ * logged).  Only sending can fail. */
+int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                            uint32_t source_node, int complete);
+
 /* Withdraw this node's copy.  CFX_ERR_NOT_FOUND if it held none. */
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns);

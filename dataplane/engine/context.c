@@ -78,7 +78,7 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     if (cfg->inline_max > CFX_OBJECT_INLINE_MAX)
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
-    cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 50);
+    cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
         copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
     else if (getenv("CFX_BIND_ADDR") && *getenv("CFX_BIND_ADDR"))

@@ -427,7 +427,10 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
     void *data = obj->buf;
     pthread_mutex_unlock(&ctx->lock);
 
-    rc = cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 1, deadline);
+    /* the directory learns we are complete in the background: the bytes
+     * are the caller's now, and our partial-holder record already lets
+     * others read from us */
+    rc = cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
     pthread_mutex_lock(&ctx->lock);
     obj->announced = rc == CFX_OK;
     ctx->stats.gets++;

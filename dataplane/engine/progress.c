@@ -7,6 +7,7 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -159,8 +160,12 @@ static void *progress_main(void *arg)
             idle_since = now;
             continue;
         }
-        if (now - idle_since < (uint64_t)ctx->cfg.spin_us * 1000)
+        if (now - idle_since < (uint64_t)ctx->cfg.spin_us * 1000) {
+            /* spin politely: on a machine with fewer cores than busy
+             * threads, the thread we wait for may need this core */
+            sched_yield();
             continue;
+        }
 
         /* Sleep: arm every iface; any that has work pending aborts the nap. */
         bool pending = false;

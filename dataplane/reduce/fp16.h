@@ -65,7 +65,10 @@ CFX__FP_INLINE float cfx__f16_to_f32(uint16_t h)
     /* Subnormal: read the mantissa as 2^-14 * (1 + m/1024) and take 2^-14
      * away, which leaves m * 2^-24 exactly. */
     uint32_t sub = cfx__f32_bits(cfx__f32_from_bits(em + (113u << 23)) - magic);
-    uint32_t o = exp == 0x0f800000u ? infnan : (exp == 0 ? sub : normal);
+    /* Masks rather than ?: so that GCC keeps the loop free of branches. */
+    uint32_t m_infnan = 0u - (uint32_t)(exp == 0x0f800000u);
+    uint32_t m_sub = 0u - (uint32_t)(exp == 0);
+    uint32_t o = (infnan & m_infnan) | (sub & m_sub) | (normal & ~(m_infnan | m_sub));
     return cfx__f32_from_bits(o | ((uint32_t)(h & 0x8000u) << 16));
 }
 
@@ -84,7 +87,9 @@ CFX__FP_INLINE uint16_t cfx__f32_to_f16(float f)
     /* Normal: rebias the exponent and round the 13 dropped bits to nearest
      * even; a carry propagates into the exponent (up to infinity). */
     uint32_t norm = (a + (((uint32_t)(15 - 127)) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    uint32_t o = a >= 0x47800000u ? big : (a < 0x38800000u ? small : norm);
+    uint32_t m_big = 0u - (uint32_t)(a >= 0x47800000u);
+    uint32_t m_small = 0u - (uint32_t)(a < 0x38800000u);
+    uint32_t o = (big & m_big) | (small & m_small) | (norm & ~(m_big | m_small));
     return (uint16_t)(o | sign);
 }
 

@@ -191,7 +191,7 @@ struct cfx__verbs_ep {
     int state;                   /* enum cfx__verbs_ep_state */
     bool visible;                /* the user holds it (connect side, or ACCEPT reported) */
     bool touched;                /* on iface->touched */
-    char addr[48];               /* peer "ip:port" */
+    char addr[32];               /* peer "ip:port" */
 
     /* connection */
     struct rdma_cm_id *cm_id;    /* cm mode */

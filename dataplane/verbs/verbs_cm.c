@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "verbs.h"
 
@@ -166,7 +167,7 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     struct cfx__verbs_ep *ep;
     struct rdma_conn_param cp;
     struct cfx__verbs_hello h;
-    char addr[48], ip[INET_ADDRSTRLEN] = "?";
+    char addr[32], ip[INET_ADDRSTRLEN] = "?";
     int rc;
 
     if (peer && peer->sin_family == AF_INET)

@@ -7,5 +7,6 @@
 #include <conflux/mem.h>
 #include <conflux/context.h>
 #include <conflux/object.h>
+#include <conflux/reduce.h>
 
 #endif

@@ -1,0 +1,345 @@
+/*
+ * verbs transport: out-of-band connection establishment over TCP
+ * (CFX_IB_CONNECT=oob), for fabrics or hosts without rdma_cm, as perftest
+ * offers it.  The iface address is "oob:IP:PORT".
+ *
+ *   connect side                         accept side
+ *   TCP connect
+ *   QP -> INIT, post receives
+ *   send info (hello, QPN, PSN, GID) ->  read info
+ *                                        QP -> INIT, post receives, RTR, RTS
+ *   read info                        <-  send info
+ *   QP -> RTR, RTS
+ *   send READY, report CONNECTED     ->  READY (or a first message): ACCEPT
+ *
+ * The socket stays open for the life of the endpoint: a hang-up means the
+ * peer process is gone (CFX_ERR_PEER_FAILED) and a 'B' byte that it closed
+ * the endpoint (CFX_ERR_CLOSED).  Keepalive notices a vanished host.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "verbs.h"
+
+#define LISTEN_BACKLOG 128
+#define ACCEPT_BURST   16
+#define OOB_BYE        0x42 /* 'B' */
+
+static void sock_setup(int fd)
+{
+    int one = 1, idle = 10, intvl = 5, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+static uint32_t random_psn(void)
+{
+    uint32_t v;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (uint32_t)cfx__now_ns();
+    return v & 0xffffff;
+}
+
+int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr = iface->ip };
+    socklen_t salen = sizeof(sa);
+
+    iface->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (iface->listen_fd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "verbs oob: socket: %s", strerror(errno));
+    if (bind(iface->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        listen(iface->listen_fd, LISTEN_BACKLOG) < 0 ||
+        getsockname(iface->listen_fd, (struct sockaddr *)&sa, &salen) < 0)
+        return cfx__err(errno == EADDRNOTAVAIL ? CFX_ERR_NO_DEVICE : cfx__status_from_errno(errno),
+                        "verbs oob: cannot listen on %s: %s", iface->ip_str, strerror(errno));
+    iface->port = ntohs(sa.sin_port);
+    snprintf(iface->addr, sizeof(iface->addr), "oob:%s:%u", iface->ip_str, iface->port);
+    return cfx__verbs_epoll_add(iface, iface->listen_fd, EPOLLIN, &iface->listen_src);
+}
+
+void cfx__verbs_oob_close(struct cfx__verbs_iface *iface)
+{
+    if (iface->listen_fd >= 0)
+        close(iface->listen_fd);
+    iface->listen_fd = -1;
+}
+
+void cfx__verbs_oob_sock_close(struct cfx__verbs_ep *ep)
+{
+    if (ep->oob_fd < 0)
+        return;
+    epoll_ctl(ep->iface->epfd, EPOLL_CTL_DEL, ep->oob_fd, NULL);
+    shutdown(ep->oob_fd, SHUT_RDWR);
+    close(ep->oob_fd);
+    ep->oob_fd = -1;
+    ep->oob_events = 0;
+}
+
+static int set_events(struct cfx__verbs_ep *ep, uint32_t events)
+{
+    if (ep->oob_events == events)
+        return CFX_OK;
+    struct epoll_event ev = { .events = events, .data.ptr = &ep->oob_src };
+    int op = ep->oob_events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (epoll_ctl(ep->iface->epfd, op, ep->oob_fd, &ev) < 0)
+        return cfx__err(cfx__status_from_errno(errno), "verbs oob ep %s: epoll_ctl: %s",
+                        ep->super.peer_name, strerror(errno));
+    ep->oob_events = events;
+    return CFX_OK;
+}
+
+int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *dst)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "verbs ep_connect to %s: socket: %s",
+                        ep->addr, strerror(errno));
+    sock_setup(fd);
+    if (connect(fd, (const struct sockaddr *)dst, sizeof(*dst)) < 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return cfx__err(CFX_ERR_CONNECT, "verbs ep_connect to %s: %s", ep->addr, strerror(err));
+    }
+    ep->oob_fd = fd;
+    ep->state = CFX_VERBS_EP_CONNECTING;
+    return set_events(ep, EPOLLOUT | EPOLLIN);
+}
+
+void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface)
+{
+    for (int i = 0; i < ACCEPT_BURST; i++) {
+        struct sockaddr_in sa;
+        socklen_t salen = sizeof(sa);
+        char addr[32], ip[INET_ADDRSTRLEN];
+        struct cfx__verbs_ep *ep;
+
+        int fd = accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                CFX_LOG(WARN, VERBS, "iface %s: accept: %s", iface->addr, strerror(errno));
+            return;
+        }
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(sa.sin_port));
+        sock_setup(fd);
+        if (cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep) != CFX_OK) {
+            CFX_LOG(WARN, VERBS, "iface %s: dropping connection from %s: %s", iface->addr, addr,
+                    cfx_last_error());
+            close(fd);
+            continue;
+        }
+        ep->oob_fd = fd;
+        ep->state = CFX_VERBS_EP_ACCEPTING;
+        if (set_events(ep, EPOLLIN) != CFX_OK) {
+            ep->oob_fd = -1;
+            close(fd);
+            cfx__verbs_ep_fail(ep, CFX_ERR_IO);
+        }
+    }
+}
+
+/* Move bytes of the info exchange: 1 done, 0 would block, -1 failed (errno,
+ * 0 for a hang-up). */
+static int xfer(struct cfx__verbs_ep *ep, bool out, void *buf, uint32_t total, uint32_t *done)
+{
+    while (*done < total) {
+        ssize_t n = out ? send(ep->oob_fd, (uint8_t *)buf + *done, total - *done,
+                               MSG_DONTWAIT | MSG_NOSIGNAL)
+                        : recv(ep->oob_fd, (uint8_t *)buf + *done, total - *done, MSG_DONTWAIT);
+        if (n > 0) {
+            *done += (uint32_t)n;
+            continue;
+        }
+        if (n == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return -1;
+    }
+    return 1;
+}
+
+static void fill_info(struct cfx__verbs_ep *ep, uint32_t psn)
+{
+    struct cfx__verbs_iface *iface = ep->iface;
+    struct cfx__verbs_oob_info *o = &ep->oob_out;
+
+    memset(o, 0, sizeof(*o));
+    cfx__verbs_ep_hello_fill(ep, &o->hello);
+    o->qpn = htole32(ep->qp->qp_num);
+    o->psn = htole32(psn);
+    memcpy(o->gid, iface->gid.raw, 16);
+    o->lid = htole16(iface->lid);
+    o->mtu = (uint8_t)iface->active_mtu;
+    ep->oob_sent = 0;
+}
+
+#define OOB_FAIL(ep, status, ...) CFX_VERBS_EP_FAIL(ep, WARN, status, __VA_ARGS__)
+
+static const char *xfer_why(void)
+{
+    return errno ? strerror(errno) : "connection closed by peer";
+}
+
+/* Send what is left of our info; false when the ep failed or must wait. */
+static bool send_info(struct cfx__verbs_ep *ep, int fail_status)
+{
+    int r = xfer(ep, true, &ep->oob_out, sizeof(ep->oob_out), &ep->oob_sent);
+    if (r < 0) {
+        OOB_FAIL(ep, fail_status, "out-of-band send: %s", xfer_why());
+        return false;
+    }
+    if (r == 0) {
+        set_events(ep, EPOLLIN | EPOLLOUT);
+        return false;
+    }
+    set_events(ep, EPOLLIN);
+    return true;
+}
+
+static void connect_progress(struct cfx__verbs_ep *ep)
+{
+    int rc;
+
+    if (!ep->qp) {
+        int err = 0;
+        socklen_t elen = sizeof(err);
+        if (getsockopt(ep->oob_fd, SOL_SOCKET, SO_ERROR, &err, &elen) < 0)
+            err = errno;
+        if (err == EINPROGRESS || err == EALREADY)
+            return;
+        if (err) {
+            OOB_FAIL(ep, CFX_ERR_CONNECT, "connect to %s: %s", ep->addr, strerror(err));
+            return;
+        }
+        if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK) {
+            OOB_FAIL(ep, CFX_ERR_CONNECT, "%s", cfx_last_error());
+            return;
+        }
+        fill_info(ep, random_psn());
+    }
+    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep, CFX_ERR_CONNECT))
+        return;
+    int r = xfer(ep, false, &ep->oob_in, sizeof(ep->oob_in), &ep->oob_got);
+    if (r < 0) {
+        OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band exchange with %s: %s", ep->addr, xfer_why());
+        return;
+    }
+    if (r == 0)
+        return;
+    if ((rc = cfx__verbs_ep_hello_take(ep, &ep->oob_in.hello, sizeof(ep->oob_in.hello))) != CFX_OK ||
+        (rc = cfx__verbs_ep_qp_rtr_rts(ep, &ep->oob_in, le32toh(ep->oob_out.psn))) != CFX_OK) {
+        OOB_FAIL(ep, rc == CFX_ERR_VERSION ? rc : CFX_ERR_CONNECT, "%s", cfx_last_error());
+        return;
+    }
+    static const uint8_t ready = CFX_VERBS_OOB_READY;
+    uint32_t sent = 0;
+    if (xfer(ep, true, (void *)&ready, 1, &sent) != 1) {
+        OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band READY: %s", xfer_why());
+        return;
+    }
+    cfx__verbs_ep_established(ep);
+}
+
+static void accept_progress(struct cfx__verbs_ep *ep)
+{
+    int rc;
+
+    if (ep->oob_got < sizeof(ep->oob_in)) {
+        int r = xfer(ep, false, &ep->oob_in, sizeof(ep->oob_in), &ep->oob_got);
+        if (r < 0) {
+            OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band exchange: %s", xfer_why());
+            return;
+        }
+        if (r == 0)
+            return;
+        uint32_t psn = random_psn();
+        if ((rc = cfx__verbs_ep_hello_take(ep, &ep->oob_in.hello, sizeof(ep->oob_in.hello))) ||
+            (rc = cfx__verbs_ep_qp_create(ep)) ||
+            (rc = cfx__verbs_ep_qp_rtr_rts(ep, &ep->oob_in, psn))) {
+            OOB_FAIL(ep, rc, "%s", cfx_last_error());
+            return;
+        }
+        fill_info(ep, psn);
+    }
+    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep, CFX_ERR_CONNECT))
+        return;
+    uint8_t b;
+    uint32_t got = 0;
+    int r = xfer(ep, false, &b, 1, &got);
+    if (r < 0) {
+        OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band exchange: %s", xfer_why());
+        return;
+    }
+    if (r == 0)
+        return;
+    if (b != CFX_VERBS_OOB_READY) {
+        OOB_FAIL(ep, CFX_ERR_PROTO, "out-of-band: unexpected byte %#x instead of READY", b);
+        return;
+    }
+    cfx__verbs_ep_established(ep);
+}
+
+/* An open endpoint's socket turned readable: READY (late), BYE or hang-up. */
+static void open_progress(struct cfx__verbs_ep *ep)
+{
+    for (;;) {
+        uint8_t b;
+        uint32_t got = 0;
+        int r = xfer(ep, false, &b, 1, &got);
+        if (r == 0)
+            return;
+        if (r < 0) {
+            OOB_FAIL(ep, CFX_ERR_PEER_FAILED, "out-of-band connection lost (%s): the peer "
+                     "process exited or its host went away", xfer_why());
+            return;
+        }
+        if (b == OOB_BYE) {
+            OOB_FAIL(ep, CFX_ERR_CLOSED, "peer closed the endpoint");
+            return;
+        }
+        if (b != CFX_VERBS_OOB_READY) {
+            OOB_FAIL(ep, CFX_ERR_PROTO, "out-of-band: unexpected byte %#x", b);
+            return;
+        }
+    }
+}
+
+void cfx__verbs_oob_progress(struct cfx__verbs_ep *ep, uint32_t events)
+{
+    if (ep->oob_fd < 0)
+        return;
+    switch (ep->state) {
+    case CFX_VERBS_EP_CONNECTING:
+        connect_progress(ep);
+        break;
+    case CFX_VERBS_EP_ACCEPTING:
+        accept_progress(ep);
+        break;
+    case CFX_VERBS_EP_OPEN:
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+            open_progress(ep);
+        break;
+    default:
+        break;
+    }
+}
