@@ -85,6 +85,8 @@ struct run_opts {
     double timeout_s;       /* 0: none */
     unsigned port;          /* 0: ephemeral */
     bool verbose;
+    unsigned fanout;        /* 0: the coordinator's default */
+    uint64_t may_fail;      /* bit r: rank r may fail without stopping the job */
     char **argv; /* CMD ARGS... */
 };
 
@@ -126,6 +128,10 @@ static void usage(FILE *f)
             "  -k, --token T         cluster token (default: random)\n"
             "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
             "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
+            "  -f, --fanout N        most uploads the directory gives one holder (default 2)\n"
+            "  -a, --allow-fail R,.. ranks (< 64) whose failure does not stop the job: fault\n"
+            "                        tests and elastic jobs; the job still fails if any other\n"
+            "                        rank fails\n"
             "  -v, --verbose         print the coordinator address and each rank's exit\n"
             "  -h, --help            this text\n"
             "\n"
@@ -144,6 +150,8 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
         { "coord-port", required_argument, NULL, 'p' },
         { "chunk-size", required_argument, NULL, 'c' },
         { "verbose", no_argument, NULL, 'v' },
+        { "fanout", required_argument, NULL, 'f' },
+        { "allow-fail", required_argument, NULL, 'a' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -153,7 +161,7 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
 
     memset(o, 0, sizeof(*o));
     /* '+': stop at the first non-option so CMD's own flags pass through. */
-    while ((c = getopt_long(argc, argv, "+n:t:T:k:p:c:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:t:T:k:p:c:f:a:vh", longopts, NULL)) != -1) {
         switch (c) {
         case 'n': {
             errno = 0;
@@ -205,6 +213,31 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
             }
             o->chunk_size = optarg;
             break;
+        case 'f': {
+            errno = 0;
+            long f = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || f < 1 || f > 1024) {
+                fprintf(stderr, "cfx_run: --fanout wants 1..1024, got '%s'\n", optarg);
+                return -1;
+            }
+            o->fanout = (unsigned)f;
+            break;
+        }
+        case 'a': {
+            const char *p = optarg;
+            do {
+                errno = 0;
+                long rk = strtol(p, &end, 10);
+                if (errno || end == p || rk < 0 || rk > 63 || (*end && *end != ',')) {
+                    fprintf(stderr, "cfx_run: --allow-fail wants ranks 0..63 separated by "
+                            "commas, got '%s'\n", optarg);
+                    return -1;
+                }
+                o->may_fail |= 1ull << rk;
+                p = end + (*end == ',');
+            } while (*end);
+            break;
+        }
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -572,6 +605,12 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     r->running--;
 
     bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+    if (!ok && rk->rank < 64 && (r->opts.may_fail >> rk->rank) & 1) {
+        fprintf(stderr, "cfx_run: rank %d (allowed to fail) %s\n", rk->rank,
+                WIFSIGNALED(wstatus) ? signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf))
+                                     : "exited non-zero");
+        return;
+    }
     bool first_failure = !ok && r->state == RUN_RUNNING;
     if (r->opts.verbose && !first_failure) {
         if (WIFEXITED(wstatus))
@@ -789,6 +828,7 @@ int main(int argc, char **argv)
         .bind_addr = "127.0.0.1",
         .port = (uint16_t)r.opts.port,
         .token = token,
+        .fanout = r.opts.fanout,
     };
     rc = cfx__coord_start(&cp, &coord);
     if (rc != CFX_OK) {

@@ -79,6 +79,7 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
     cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
+    cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
         copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
     else if (getenv("CFX_BIND_ADDR") && *getenv("CFX_BIND_ADDR"))
@@ -227,6 +228,7 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
     init_cond(&ctx->async_cond);
     cfx_list_init(&ctx->conns);
     cfx_list_init(&ctx->busy_uploads);
+    cfx_list_init(&ctx->paced_uploads);
     cfx_list_init(&ctx->p2p_sends);
     cfx_list_init(&ctx->p2p_rtrs);
     cfx_list_init(&ctx->cmds);
@@ -378,13 +380,15 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "window_bytes = %u\n"
                      "timeout_ms = %d\n"
                      "spin_us = %u\n"
+                     "upload_rate = %llu\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
                      CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
                      ctx->cfg.transports, ctx->cfg.bind_addr,
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
-                     ctx->cfg.spin_us, ctx->self.host_id,
+                     ctx->cfg.spin_us, (unsigned long long)ctx->cfg.upload_rate,
+                     ctx->self.host_id,
 #ifdef CFX_HAVE_CUDA
                      "cuda (built)"
 #else

@@ -194,8 +194,11 @@ struct cfx_upload {
     struct cfx_tp_rdesc rdesc;
     struct cfx_list obj_link;   /* obj->uploads */
     struct cfx_list conn_link;  /* conn->uploads */
-    struct cfx_list busy_link;  /* ctx->busy_uploads when blocked on AGAIN */
-    bool busy;
+    struct cfx_list busy_link;  /* ctx->busy_uploads (blocked on AGAIN) or
+                                   ctx->paced_uploads (waiting for its rate) */
+    bool busy;                  /* on one of those two lists */
+    bool paced;                 /* ... the paced one */
+    uint64_t next_send_ns;      /* pacing: earliest time of the next chunk */
 };
 
 /* Receiver side: chunks of an object arriving from one source. */
@@ -292,6 +295,7 @@ struct cfx_config {
     int timeout_ms;
     uint32_t window_bytes;      /* credit window per transfer */
     uint32_t spin_us;           /* busy-poll before sleeping */
+    uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
 };
 
 struct cfx_context {
@@ -310,6 +314,7 @@ struct cfx_context {
     struct cfx_list conns;
     uint64_t conn_gen;          /* bumped whenever a connection is destroyed */
     struct cfx_list busy_uploads;
+    struct cfx_list paced_uploads;
     struct cfx_list p2p_sends;  /* struct cfx_obj.p2p_link: posted, unmatched */
     struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];

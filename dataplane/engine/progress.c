@@ -182,7 +182,10 @@ static void *progress_main(void *arg)
             continue;
         /* A bounded nap: transports that must be polled (fd -1) and
          * endpoints still connecting get looked at every few ms. */
-        int rc = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), 100);
+        pthread_mutex_lock(&ctx->lock);
+        int nap_ms = cfx_list_empty(&ctx->paced_uploads) ? 100 : 1;
+        pthread_mutex_unlock(&ctx->lock);
+        int rc = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), nap_ms);
         pthread_mutex_lock(&ctx->lock);
         ctx->sleeping = false;
         pthread_mutex_unlock(&ctx->lock);

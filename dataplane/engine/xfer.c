@@ -292,6 +292,17 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
            (obj->complete || up->next < obj->ready_chunks)) {
         uint64_t off = (uint64_t)up->next * obj->chunk_size;
         size_t len = (size_t)CFX_MIN((uint64_t)obj->chunk_size, obj->size - off);
+        if (unlikely(ctx->cfg.upload_rate)) {
+            /* CFX_UPLOAD_RATE: pace this upload's chunks */
+            uint64_t now = cfx__now_ns();
+            if (now < up->next_send_ns) {
+                up->busy = up->paced = true;
+                cfx_list_add_tail(&up->busy_link, &ctx->paced_uploads);
+                return;
+            }
+            up->next_send_ns = CFX_MAX(now, up->next_send_ns) +
+                               (uint64_t)len * 1000000000ull / ctx->cfg.upload_rate;
+        }
         uint32_t imm = (up->slot << CFX_IMM_SLOT_SHIFT) | up->next;
         int rc = ops->ep_write(conn->ep, mr, off, &up->rdesc, off, len, imm,
                                (uint64_t)(uintptr_t)up);
@@ -315,6 +326,18 @@ int cfx__xfer_pump_busy(struct cfx_context *ctx)
 {
     struct cfx_list *pos, *tmp;
     int n = 0;
+    if (!cfx_list_empty(&ctx->paced_uploads)) {
+        uint64_t now = cfx__now_ns();
+        cfx_list_for_each_safe(pos, tmp, &ctx->paced_uploads) {
+            struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, busy_link);
+            if (up->next_send_ns > now)
+                continue;
+            cfx_list_del(&up->busy_link);
+            up->busy = up->paced = false;
+            upload_serve(ctx, up);
+            n++;
+        }
+    }
     cfx_list_for_each_safe(pos, tmp, &ctx->busy_uploads) {
         struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, busy_link);
         cfx_list_del(&up->busy_link);

@@ -405,36 +405,25 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             break;
         uint64_t contig = r->size - (r->pos & r->mask);
         const uint8_t *msg = r->data + (r->pos & r->mask);
-        if (unlikely(avail < CFX_SHM_MSG_HDR || avail > r->size)) {
-            memset(&h, 0, sizeof(h));
-            rx_proto(ep, "a torn ring", &h);
+        const char *why;
+        /* the peer could change the header under us: the check copies it */
+        if (unlikely(cfx__shm_msg_check(msg, CFX_SHM_MSG_HDR, avail, contig, r->size, &h,
+                                        &why) < 0)) {
+            rx_proto(ep, why, &h);
             return n;
         }
-        memcpy(&h, msg, sizeof(h)); /* the peer could change it under us */
         if (h.type == CFX_SHM_MSG_WRAP) {
-            if (unlikely(avail < contig)) {
-                rx_proto(ep, "a short wrap", &h);
-                return n;
-            }
             r->pos += contig;
             consumed = true;
             continue;
         }
         uint64_t sz = cfx__shm_msg_size(h.len);
-        if (unlikely(sz > avail || sz > contig)) {
-            rx_proto(ep, "an overlong message", &h);
-            return n;
-        }
         const uint8_t *payload = msg + CFX_SHM_MSG_HDR;
         struct cfx__shm_mr *mr;
         struct cfx_tp_completion *c = &comps[n];
 
         switch (h.type) {
         case CFX_SHM_MSG_SEND:
-            if (unlikely(h.len > CFX_TP_SEND_MAX)) {
-                rx_proto(ep, "an overlong send", &h);
-                return n;
-            }
             memset(c, 0, sizeof(*c));
             c->type = CFX_TP_COMP_RECV;
             c->ep = &ep->super;
@@ -447,8 +436,7 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             /* the whole write must fit, not just this fragment: a refused
              * write touches nothing */
             mr = cfx__shm_mr_lookup(ep->iface, h.key, h.start, h.total);
-            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX || h.off < h.start ||
-                         h.off - h.start > h.total || h.len > h.total - (h.off - h.start))) {
+            if (unlikely(!mr)) {
                 rx_proto(ep, "a write fragment outside any registration", &h);
                 return n;
             }
@@ -465,7 +453,7 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             break;
         case CFX_SHM_MSG_WDONE:
             mr = cfx__shm_mr_lookup(ep->iface, h.key, h.off, h.total);
-            if (unlikely(!mr || h.total > CFX_TP_WRITE_MAX)) {
+            if (unlikely(!mr)) {
                 rx_proto(ep, "a direct write outside any registration", &h);
                 return n;
             }

@@ -10,6 +10,57 @@
 
 #include "dataplane/common/log.h"
 
+int cfx__shm_msg_check(const void *buf, size_t len, uint64_t avail, uint64_t contig,
+                       uint64_t ring_size, struct cfx__shm_msg *out, const char **why)
+{
+    struct cfx__shm_msg h;
+
+    memset(out, 0, sizeof(*out));
+    *why = NULL;
+    if (avail < CFX_SHM_MSG_HDR || avail > ring_size || len < sizeof(h) ||
+        contig < CFX_SHM_MSG_HDR || contig > ring_size) {
+        *why = "a torn ring";
+        return CFX_ERR_PROTO;
+    }
+    memcpy(&h, buf, sizeof(h));
+    *out = h;
+    switch (h.type) {
+    case CFX_SHM_MSG_WRAP:
+        if (avail < contig) {
+            *why = "a short wrap";
+            return CFX_ERR_PROTO;
+        }
+        return h.type;
+    case CFX_SHM_MSG_SEND:
+    case CFX_SHM_MSG_WFRAG:
+    case CFX_SHM_MSG_WDONE:
+        break;
+    default:
+        *why = "an unknown message";
+        return CFX_ERR_PROTO;
+    }
+    uint64_t sz = cfx__shm_msg_size(h.len);
+    if (sz > avail || sz > contig) {
+        *why = "an overlong message";
+        return CFX_ERR_PROTO;
+    }
+    if (h.type == CFX_SHM_MSG_SEND && h.len > CFX_TP_SEND_MAX) {
+        *why = "an overlong send";
+        return CFX_ERR_PROTO;
+    }
+    if (h.type == CFX_SHM_MSG_WFRAG &&
+        (h.total > CFX_TP_WRITE_MAX || h.off < h.start || h.off - h.start > h.total ||
+         h.len > h.total - (h.off - h.start))) {
+        *why = "a write fragment outside any registration";
+        return CFX_ERR_PROTO;
+    }
+    if (h.type == CFX_SHM_MSG_WDONE && h.total > CFX_TP_WRITE_MAX) {
+        *why = "a direct write outside any registration";
+        return CFX_ERR_PROTO;
+    }
+    return h.type;
+}
+
 void cfx__shm_ring_view(struct cfx__shm_ring *r, struct cfx__shm_ring_ctl *ctl,
                         uint8_t *data, uint64_t size, int producer)
 {

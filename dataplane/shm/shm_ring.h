@@ -159,6 +159,21 @@ static inline void cfx__shm_ring_release(struct cfx__shm_ring *r)
     r->published = r->pos;
 }
 
+/*
+ * Check the message header a consumer sees at its read position: @p avail
+ * bytes are published, @p contig bytes remain before the end of a ring of
+ * @p ring_size bytes; @p buf holds at least CFX_SHM_MSG_HDR bytes of it
+ * (@p len says how many).  Copies the header to @p out (the peer may change
+ * the ring under us: use the copy) and checks what needs no registration
+ * table: a known type, a WRAP that reaches the end, a message inside the
+ * published and contiguous bytes, a SEND under CFX_TP_SEND_MAX, a write
+ * under CFX_TP_WRITE_MAX whose fragment lies inside it.  Pure: fuzzed by
+ * test/fuzz/fuzz_shm_msg.c.  Returns the type, or CFX_ERR_PROTO with a
+ * static reason in *why.
+ */
+int cfx__shm_msg_check(const void *buf, size_t len, uint64_t avail, uint64_t contig,
+                       uint64_t ring_size, struct cfx__shm_msg *out, const char **why);
+
 /* Set up a view; @p ctl and @p data live in a mapped segment. */
 void cfx__shm_ring_view(struct cfx__shm_ring *r, struct cfx__shm_ring_ctl *ctl,
                         uint8_t *data, uint64_t size, int producer);

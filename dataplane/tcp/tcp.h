@@ -28,6 +28,8 @@
 #ifndef CFX_TCP_TCP_H
 #define CFX_TCP_TCP_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dataplane/common/list.h"
@@ -205,6 +207,18 @@ static inline struct cfx__tcp_mr *cfx__tcp_mr_of(struct cfx_tp_mr *m)
 {
     return container_of(m, struct cfx__tcp_mr, super);
 }
+
+/* tcp_wire.c: pure checks of received bytes (fuzzed by test/fuzz/fuzz_tcp_hdr.c) */
+/* Decode the 32-byte little-endian header at @p buf into host order in
+ * @p out and check what needs no state: the frame type (only HELLO while
+ * @p hello_wait), the HELLO and SEND payload sizes, a WRITE under
+ * CFX_TP_WRITE_MAX.  Returns the frame type, or CFX_ERR_PROTO with a
+ * static reason in *why. */
+int cfx__tcp_hdr_check(const void *buf, size_t len, bool hello_wait, struct cfx__tcp_hdr *out,
+                       const char **why);
+/* Copy and check a HELLO payload (magic, version; addr is NUL-terminated in
+ * @p out).  CFX_OK, CFX_ERR_PROTO or CFX_ERR_VERSION. */
+int cfx__tcp_hello_check(const void *buf, size_t len, struct cfx__tcp_hello *out);
 
 /* tcp_iface.c */
 int cfx__tcp_cq_reserve(struct cfx__tcp_iface *iface, uint32_t n);

@@ -537,18 +537,16 @@ static void send_error_frame(struct cfx__tcp_ep *ep, int status)
 static bool rx_header(struct cfx__tcp_ep *ep)
 {
     struct cfx__tcp_hdr *h = &ep->rx_hdr;
+    struct cfx__tcp_hdr wire = *h;
+    const char *why;
+    int type = cfx__tcp_hdr_check(&wire, sizeof(wire), ep->state == CFX_TCP_EP_HELLO_WAIT, h,
+                                  &why);
 
-    h->len = le32toh(h->len);
-    h->imm = le32toh(h->imm);
-    h->key_cookie = le32toh(h->key_cookie);
-    h->key_idx = le32toh(h->key_idx);
-    h->key_gen = le32toh(h->key_gen);
-    h->off = le64toh(h->off);
     ep->rx_got = 0;
     ep->rx_dst = NULL;
 
     if (unlikely(ep->state == CFX_TCP_EP_HELLO_WAIT)) {
-        if (h->type != CFX_TCP_FRAME_HELLO || h->len != sizeof(ep->hello)) {
+        if (type < 0) {
             CFX_LOG(WARN, TCP, "iface %s: connection from %s did not start with HELLO; dropped",
                     ep->iface->addr, ep->addr);
             ep_fail(ep, CFX_ERR_PROTO);
@@ -562,7 +560,7 @@ static bool rx_header(struct cfx__tcp_ep *ep)
     switch (h->type) {
     case CFX_TCP_FRAME_WRITE: {
         struct cfx__tcp_mr *mr =
-            cfx__tcp_mr_lookup(ep->iface, h->key_cookie, h->key_idx, h->key_gen);
+            type < 0 ? NULL : cfx__tcp_mr_lookup(ep->iface, h->key_cookie, h->key_idx, h->key_gen);
         if (unlikely(!mr || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))) {
             send_error_frame(ep, CFX_ERR_PROTO);
             EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write of %u bytes with %s key %08x:%u:%u refused",
@@ -583,7 +581,7 @@ static bool rx_header(struct cfx__tcp_ep *ep)
         return true;
     }
     case CFX_TCP_FRAME_SEND:
-        if (unlikely(h->len > CFX_TP_SEND_MAX)) {
+        if (unlikely(type < 0)) {
             EP_FAIL(ep, ERR, CFX_ERR_PROTO, "control message of %u bytes (max %u)", h->len,
                     CFX_TP_SEND_MAX);
             return false;
@@ -633,14 +631,14 @@ static void rx_frame_done(struct cfx__tcp_ep *ep)
         break;
     case CFX_TCP_FRAME_HELLO: {
         struct cfx__tcp_hello *hl = &ep->hello;
-        if (le32toh(hl->magic) != CFX_TCP_MAGIC || le32toh(hl->version) != CFX_TCP_VERSION) {
+        struct cfx__tcp_hello wire = *hl;
+        if (cfx__tcp_hello_check(&wire, sizeof(wire), hl) != CFX_OK) {
             CFX_LOG(WARN, TCP,
                     "iface %s: connection from %s: bad HELLO (magic %08x version %u); dropped",
                     ep->iface->addr, ep->addr, le32toh(hl->magic), le32toh(hl->version));
             ep_fail(ep, CFX_ERR_VERSION);
             return;
         }
-        hl->addr[sizeof(hl->addr) - 1] = '\0';
         ep->super.peer_node = le32toh(hl->node_id);
         if (hl->addr[0])
             snprintf(ep->addr, sizeof(ep->addr), "%s", hl->addr);

@@ -2,7 +2,10 @@
  * verbs transport: private definitions shared by verbs_iface.c, verbs_ep.c,
  * verbs_cm.c, verbs_oob.c and verbs_mr.c.
  *
- * One iface owns one device context (port, GID), a protection domain, one
+ * One iface owns one device context (port, GID) that it opened itself (also
+ * with rdma_cm, whose own contexts are only used to name the device: QPs and
+ * registrations never depend on librdmacm's device handling, and a forked
+ * child opens its own), a protection domain, one
  * completion queue shared by the send and receive queues of all its
  * endpoints, the completion channel that wakes a sleeping progress thread,
  * and an epoll set over every fd that may need attention: the completion
@@ -11,7 +14,9 @@
  *
  * Each endpoint is one RC queue pair.  Connection setup:
  *   cm   (CFX_IB_CONNECT=cm, default): rdma_cm on the iface's IP; the hello
- *        (node id, receive credits, no-op target) travels as private data.
+ *        (node id, receive credits, MTU, no-op target) travels as private
+ *        data; the QP is moved INIT -> RTR -> RTS here with the attributes
+ *        rdma_init_qp_attr() reports, timeouts and path MTU adjusted.
  *   oob  (CFX_IB_CONNECT=oob): a TCP socket to the peer's out-of-band port
  *        carries the hello plus QPN, PSN, GID, LID and active MTU, as
  *        perftest does; the socket stays open afterwards, and its hang-up
@@ -107,7 +112,8 @@ enum cfx__verbs_msg {
 struct cfx__verbs_hello {
     uint32_t magic;        /* CFX_VERBS_MAGIC */
     uint16_t version;      /* CFX_VERBS_VERSION */
-    uint16_t rsv;
+    uint8_t mtu;           /* sender's port active MTU (enum ibv_mtu): path MTU is the min */
+    uint8_t rsv;
     uint32_t node_id;      /* sender's node id, CFX_VERBS_NODE_NONE if unknown */
     uint32_t rq_depth;     /* receives the sender posted for us: our initial credits */
     uint64_t nop_addr;     /* where our signaled no-op may write 0 bytes */
@@ -125,8 +131,7 @@ struct cfx__verbs_oob_info {
     uint32_t psn;          /* sender's initial send PSN */
     uint8_t gid[16];       /* sender's GID */
     uint16_t lid;          /* sender's LID (IB) */
-    uint8_t mtu;           /* sender's active MTU (enum ibv_mtu) */
-    uint8_t rsv;
+    uint16_t rsv;
 } __attribute__((packed));
 
 #define CFX_VERBS_OOB_READY 0x52 /* 'R': connect side reached RTS (oob) */
@@ -206,6 +211,7 @@ struct cfx__verbs_ep {
     struct ibv_qp *qp;
     uint32_t max_inline;         /* inline bytes the QP accepts */
     uint32_t peer_rq;            /* receives the peer keeps posted for us */
+    enum ibv_mtu peer_mtu;       /* peer port's active MTU */
     uint64_t peer_nop_addr;
     uint32_t peer_nop_rkey;
 
@@ -337,12 +343,15 @@ int cfx__verbs_ep_create(struct cfx__verbs_iface *iface, uint32_t peer_node, con
                          struct cfx__verbs_ep **out);
 void cfx__verbs_ep_destroy(struct cfx__verbs_ep *ep);
 void cfx__verbs_ep_set_peer_name(struct cfx__verbs_ep *ep);
-/* Create the QP (cm: through rdma_create_qp on ep->cm_id), post receives. */
+/* Create the QP, move it to INIT (cm: attributes from rdma_cm), post receives. */
 int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep);
-/* oob: INIT, RTR, RTS with the peer's info. */
-int cfx__verbs_ep_qp_init(struct cfx__verbs_ep *ep);
+/* oob: RTR, RTS with the peer's info (after cfx__verbs_ep_hello_take). */
 int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_oob_info *peer,
                              uint32_t my_psn);
+/* cm: RTR, RTS with what rdma_init_qp_attr() says (after the hello). */
+int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep);
+/* Path MTU for this connection: the smaller active MTU of both ports. */
+enum ibv_mtu cfx__verbs_ep_path_mtu(const struct cfx__verbs_ep *ep);
 void cfx__verbs_ep_hello_fill(struct cfx__verbs_ep *ep, struct cfx__verbs_hello *h);
 /* Check a peer's hello and take its credits; CFX_OK or a status. */
 int cfx__verbs_ep_hello_take(struct cfx__verbs_ep *ep, const void *data, size_t len);

@@ -181,15 +181,15 @@ void cfx__verbs_ep_destroy(struct cfx__verbs_ep *ep)
 {
     struct cfx__verbs_iface *iface = ep->iface;
 
-    if (ep->cm_id) {
-        cfx__verbs_cm_destroy(ep); /* QP, then the id */
-    } else if (ep->qp) {
+    if (ep->qp) {
         int err = ibv_destroy_qp(ep->qp);
         if (err)
             CFX_LOG(WARN, VERBS, "iface %s: ibv_destroy_qp(%#x): %s", iface->addr,
                     ep->qp->qp_num, strerror(err));
+        ep->qp = NULL;
     }
-    ep->qp = NULL;
+    if (ep->cm_id)
+        cfx__verbs_cm_destroy(ep);
     cfx__verbs_oob_sock_close(ep);
     ibv_dereg_mr(ep->bufs_mr);
     slot_free(iface, ep);
@@ -241,7 +241,7 @@ static int qp_modify(struct cfx__verbs_ep *ep, struct ibv_qp_attr *a, int mask, 
     return CFX_OK;
 }
 
-int cfx__verbs_ep_qp_init(struct cfx__verbs_ep *ep)
+static int qp_init(struct cfx__verbs_ep *ep)
 {
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_INIT,
@@ -249,8 +249,60 @@ int cfx__verbs_ep_qp_init(struct cfx__verbs_ep *ep)
         .port_num = ep->iface->port_num,
         .qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
     };
-    return qp_modify(ep, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                     "INIT");
+    int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+
+    if (ep->cm_id) {
+        /* Port and P_Key index as rdma_cm resolved them. */
+        if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
+            return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(INIT): %s",
+                            ep->super.peer_name, strerror(errno));
+        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE; /* no remote reads: nobody needs them */
+        mask |= IBV_QP_ACCESS_FLAGS;
+    }
+    return qp_modify(ep, &a, mask, "INIT");
+}
+
+enum ibv_mtu cfx__verbs_ep_path_mtu(const struct cfx__verbs_ep *ep)
+{
+    enum ibv_mtu m = ep->iface->active_mtu;
+    if (ep->peer_mtu >= IBV_MTU_256 && ep->peer_mtu < m)
+        m = ep->peer_mtu;
+    return m;
+}
+
+int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep)
+{
+    struct ibv_qp_attr a;
+    int mask = 0, rc;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
+        return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(RTR): %s",
+                        ep->super.peer_name, strerror(errno));
+    enum ibv_mtu mtu = cfx__verbs_ep_path_mtu(ep);
+    if (!(mask & IBV_QP_PATH_MTU) || a.path_mtu > mtu || a.path_mtu < IBV_MTU_256)
+        a.path_mtu = mtu;
+    a.min_rnr_timer = CFX_VERBS_MIN_RNR_TIMER;
+    mask |= IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER;
+    if ((rc = qp_modify(ep, &a, mask, "RTR")) != CFX_OK)
+        return rc;
+    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: RTR with remote QP %#x PSN %#x, path MTU %s%s",
+            ep->iface->addr, ep->super.peer_name, a.dest_qp_num, a.rq_psn,
+            cfx__verbs_mtu_str(a.path_mtu), a.ah_attr.is_global ? ", GRH" : "");
+
+    memset(&a, 0, sizeof(a));
+    mask = 0;
+    a.qp_state = IBV_QPS_RTS;
+    if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
+        return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(RTS): %s",
+                        ep->super.peer_name, strerror(errno));
+    /* Ours, not the CM's packet-lifetime default (seconds for RoCE). */
+    a.timeout = CFX_VERBS_ACK_TIMEOUT;
+    a.retry_cnt = CFX_VERBS_RETRY_CNT;
+    a.rnr_retry = CFX_VERBS_RNR_RETRY;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+    return qp_modify(ep, &a, mask, "RTS");
 }
 
 int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep)
@@ -271,16 +323,8 @@ int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep)
         a.cap.max_inline_data = attempt == 0 ? CFX_VERBS_INLINE_WANT : 0;
         a.qp_type = IBV_QPT_RC;
         a.sq_sig_all = 0;
-        if (ep->cm_id) {
-            /* rdma_cm creates it and moves it to INIT; it drives RTR/RTS
-             * in rdma_connect()/rdma_accept(). */
-            if (rdma_create_qp(ep->cm_id, iface->pd, &a) == 0) {
-                ep->qp = ep->cm_id->qp;
-                break;
-            }
-        } else if ((ep->qp = ibv_create_qp(iface->pd, &a))) {
+        if ((ep->qp = ibv_create_qp(iface->pd, &a)))
             break;
-        }
         err = errno;
         /* Some devices refuse the inline size: try once without inline. */
     }
@@ -294,11 +338,10 @@ int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep)
     ep->max_inline = a.cap.max_inline_data;
     if (ibv_query_qp(ep->qp, &qa, IBV_QP_CAP, &qi) == 0)
         ep->max_inline = qi.cap.max_inline_data;
-    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: QP %#x created%s, max_inline %u", iface->addr,
-            ep->super.peer_name, ep->qp->qp_num, ep->cm_id ? " by rdma_cm -> INIT" : "",
-            ep->max_inline);
+    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: QP %#x created (RESET), max_inline %u",
+            iface->addr, ep->super.peer_name, ep->qp->qp_num, ep->max_inline);
 
-    if (!ep->cm_id && (rc = cfx__verbs_ep_qp_init(ep)) != CFX_OK)
+    if ((rc = qp_init(ep)) != CFX_OK)
         return rc;
 
     /* Every receive is posted before the peer can send. */
@@ -315,15 +358,8 @@ int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_o
                              uint32_t my_psn)
 {
     struct cfx__verbs_iface *iface = ep->iface;
-    enum ibv_mtu mtu = (enum ibv_mtu)peer->mtu;
+    enum ibv_mtu mtu = cfx__verbs_ep_path_mtu(ep); /* the smaller active MTU */
     int rc;
-
-    if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096)
-        return cfx__err(CFX_ERR_PROTO, "verbs ep to %s: peer sent active MTU code %u",
-                        ep->super.peer_name, peer->mtu);
-    /* Path MTU: the smaller of both ports' active MTUs. */
-    if (iface->active_mtu < mtu)
-        mtu = iface->active_mtu;
 
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
@@ -373,6 +409,7 @@ void cfx__verbs_ep_hello_fill(struct cfx__verbs_ep *ep, struct cfx__verbs_hello 
     memset(h, 0, sizeof(*h));
     h->magic = htole32(CFX_VERBS_MAGIC);
     h->version = htole16(CFX_VERBS_VERSION);
+    h->mtu = (uint8_t)iface->active_mtu;
     h->node_id = htole32(iface->super.node_id);
     h->rq_depth = htole32(iface->rq_depth);
     h->nop_addr = htole64((uint64_t)(uintptr_t)iface->nop_buf);
@@ -412,6 +449,8 @@ int cfx__verbs_ep_hello_take(struct cfx__verbs_ep *ep, const void *data, size_t 
         snprintf(ep->addr, sizeof(ep->addr), "%s:%u", ip, ntohs(h.listen_port));
     }
     ep->peer_rq = rq;
+    ep->peer_mtu = h.mtu >= IBV_MTU_256 && h.mtu <= IBV_MTU_4096 ? (enum ibv_mtu)h.mtu
+                                                                 : (enum ibv_mtu)0;
     ep->peer_nop_addr = le64toh(h.nop_addr);
     ep->peer_nop_rkey = le32toh(h.nop_rkey);
     cfx__verbs_fc_init(&ep->fc, ep->iface->rq_depth, rq);

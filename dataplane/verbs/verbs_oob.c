@@ -189,7 +189,6 @@ static void fill_info(struct cfx__verbs_ep *ep, uint32_t psn)
     o->psn = htole32(psn);
     memcpy(o->gid, iface->gid.raw, 16);
     o->lid = htole16(iface->lid);
-    o->mtu = (uint8_t)iface->active_mtu;
     ep->oob_sent = 0;
 }
 

@@ -102,3 +102,24 @@ ParameterizedTest(struct case_param *p, objects, nonblocking, .timeout = 120)
     int rc = run("", 3, p->tp, "nb");
     cr_assert_eq(rc, 0, "non-blocking put/get over %s: cfx_run exited %d", p->tp, rc);
 }
+
+ParameterizedTestParameters(objects, source_killed)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* A relay (a partial copy being read by another getter) is SIGKILLed in the
+ * middle: the getter resumes at the original holder from its first missing
+ * chunk and checks every byte; the holder that was feeding the dead relay
+ * carries on.  Uploads are paced so the kill lands mid-transfer. */
+ParameterizedTest(struct case_param *p, objects, source_killed, .timeout = 180)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_UPLOAD_RATE=24M CFX_CHUNK_SIZE=262144 %s/cfx_run -n 3 --transport %s "
+             "--fanout 1 --allow-fail 1 --timeout 120 %s/cfx_objtest failover 33554432",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "relay killed over %s: cfx_run status %d",
+              p->tp, st);
+}

@@ -10,6 +10,7 @@
  *   timeout MS      a get of an object nobody puts fails with CFX_ERR_TIMEOUT
  *                   by its deadline
  *   nb              non-blocking put/get with requests
+ *   failover SIZE   a source killed mid-transfer; the getter resumes elsewhere
  */
 #include <conflux/conflux.h>
 
@@ -17,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "test/common/testutil.h"
 
@@ -203,6 +207,73 @@ static void mode_timeout(struct cfx_context *ctx, int ms)
     finish(ctx);
 }
 
+/*
+ * A source dies in the middle of a transfer: rank 1 gets the object from
+ * rank 0 (uploads paced by CFX_UPLOAD_RATE so the transfer takes a while),
+ * rank 2 gets it from rank 1's partial copy (cfx_run --fanout 1), then rank 1
+ * is killed.  Rank 2 must resume from its first missing chunk at rank 0 and
+ * end with the right bytes.  Run with cfx_run --allow-fail 1.
+ */
+static void *victim_killer(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_context_stats st;
+    struct cfx_object_id id;
+    uint8_t b = 1;
+    do {
+        cfx_context_stats(ctx, &st);
+        usleep(1000);
+    } while (st.bytes_received < (2u << 20));
+    name_id(&id, "failover-victim-receiving-%ld-%ld", 0, 0);
+    CHECK_OK(cfx_put(ctx, &id, &b, 1, NULL));
+    name_id(&id, "failover-follower-started-%ld-%ld", 0, 0);
+    CHECK_OK(cfx_get(ctx, &id, &b, 1, NULL, NULL));
+    usleep(400 * 1000); /* the follower is now reading our partial copy */
+    printf("victim: received %llu bytes, dying now\n", (unsigned long long)st.bytes_received);
+    fflush(stdout);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void mode_failover(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id, mark;
+    uint8_t b = 1;
+    void *buf;
+    name_id(&id, "failover-%ld-%ld", (long)size, 0);
+    CHECK_OK(cfx_buf_alloc(ctx, size, &buf));
+    if (rank == 0) {
+        cfx_test_fill(buf, size, 99);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+        name_id(&mark, "failover-follower-done-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+    } else if (rank == 1) {
+        pthread_t t;
+        pthread_create(&t, NULL, victim_killer, ctx);
+        CHECK_OK(cfx_get(ctx, &id, buf, size, NULL, NULL));
+        DIE("victim finished its get before it was killed: make the transfer slower");
+    } else if (rank == 2) {
+        name_id(&mark, "failover-victim-receiving-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+        name_id(&mark, "failover-follower-started-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+        size_t got = 0;
+        double t = now_s();
+        CHECK_OK(cfx_get(ctx, &id, buf, size, &got, NULL));
+        t = now_s() - t;
+        check_obj(buf, got, 99, "failover");
+        struct cfx_context_stats st;
+        CHECK_OK(cfx_context_stats(ctx, &st));
+        if (st.source_failovers < 1)
+            DIE("the get never switched source (source_failovers = %llu)",
+                (unsigned long long)st.source_failovers);
+        printf("failover ok: %zu bytes in %.3f s after %llu source switch(es)\n", got, t,
+               (unsigned long long)st.source_failovers);
+        name_id(&mark, "failover-follower-done-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+    }
+}
+
 static void mode_nb(struct cfx_context *ctx)
 {
     const size_t size = 5u << 20;
@@ -250,6 +321,8 @@ int main(int argc, char **argv)
         mode_fanin(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "timeout") && argc > 2)
         mode_timeout(ctx, atoi(argv[2]));
+    else if (!strcmp(argv[1], "failover") && argc > 2)
+        mode_failover(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "nb"))
         mode_nb(ctx);
     else
