@@ -126,8 +126,6 @@ RK_INLINE uint16_t rk_bf16_prod(uint16_t x, uint16_t y)
     RK_KERNEL(isa, f64_max, rk_u64, uint64_t, rk_max_f64(x, y))                                    \
     RK_KERNEL(isa, f16_min, rk_u16, uint16_t, rk_min_f16(x, y))                                    \
     RK_KERNEL(isa, f16_max, rk_u16, uint16_t, rk_max_f16(x, y))                                    \
-    RK_KERNEL(isa, bf16_sum, rk_u16, uint16_t, rk_bf16_sum(x, y))                                  \
-    RK_KERNEL(isa, bf16_prod, rk_u16, uint16_t, rk_bf16_prod(x, y))                                \
     RK_KERNEL(isa, bf16_min, rk_u16, uint16_t, rk_min_bf16(x, y))                                  \
     RK_KERNEL(isa, bf16_max, rk_u16, uint16_t, rk_max_bf16(x, y))                                  \
     RK_KERNEL(isa, i32_sum, rk_u32, uint32_t, x + y)                                               \
@@ -173,6 +171,8 @@ _Static_assert(CFX_OP_SUM == 0 && CFX_OP_PROD == 1 && CFX_OP_MIN == 2 && CFX_OP_
 RK_KERNELS_COMMON(default)
 RK_KERNEL(default, f16_sum, rk_u16, uint16_t, rk_f16_sum(x, y))
 RK_KERNEL(default, f16_prod, rk_u16, uint16_t, rk_f16_prod(x, y))
+RK_KERNEL(default, bf16_sum, rk_u16, uint16_t, rk_bf16_sum(x, y))
+RK_KERNEL(default, bf16_prod, rk_u16, uint16_t, rk_bf16_prod(x, y))
 RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
 
 #ifdef RK_X86
@@ -204,6 +204,50 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
         }                                                                                          \
     }
 
+/*
+ * bfloat16 arithmetic, VL values at a time.  GCC vectorises the scalar form
+ * too, but widens and narrows with cross-lane shuffles; here the widening is
+ * an in-lane interleave with zeros (which puts each value in the top half of
+ * a 32-bit lane) and the narrowing the in-lane unsigned pack that undoes it,
+ * so no permutes are needed.  Rounding is the scalar recipe of fp16.h:
+ * add 0x7fff plus the lowest kept bit; a NaN keeps its bits, made quiet.
+ */
+#define RK_BF16_KERNEL(isa, name, VL, IV, FV, LOAD, STORE, ZERO, UNPLO, UNPHI, PACKUS, ADD32, AND, \
+                       OR, SRLI, CMPGT, BLEND, SET1, CASTPS, CASTSI, VOP)                          \
+    static inline __attribute__((always_inline)) IV rk_bf16_round_##isa(FV v)                     \
+    {                                                                                              \
+        IV u = CASTPS(v);                                                                          \
+        IV odd = AND(SRLI(u, 16), SET1(1));                                                        \
+        IV rnd = ADD32(ADD32(u, SET1(0x7fff)), odd);                                               \
+        IV isnan = CMPGT(AND(u, SET1(0x7fffffff)), SET1(0x7f800000));                              \
+        return SRLI(BLEND(rnd, OR(u, SET1(0x00400000)), isnan), 16);                               \
+    }                                                                                              \
+    static inline __attribute__((always_inline)) IV rk_bf16_block_##isa(IV x, IV y)               \
+    {                                                                                              \
+        IV z = ZERO();                                                                             \
+        FV lo = VOP(CASTSI(UNPLO(z, x)), CASTSI(UNPLO(z, y)));                                     \
+        FV hi = VOP(CASTSI(UNPHI(z, x)), CASTSI(UNPHI(z, y)));                                     \
+        return PACKUS(rk_bf16_round_##isa(lo), rk_bf16_round_##isa(hi));                           \
+    }                                                                                              \
+    static void rk_bf16_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n)        \
+    {                                                                                              \
+        uint8_t *d = dst;                                                                          \
+        const uint8_t *a = a_, *b = b_;                                                            \
+        size_t i = 0;                                                                              \
+        _Pragma("GCC unroll 2") for (; i + (VL) <= n; i += (VL))                                   \
+        {                                                                                          \
+            STORE(d + 2 * i, rk_bf16_block_##isa(LOAD(a + 2 * i), LOAD(b + 2 * i)));               \
+        }                                                                                          \
+        if (i < n) {                                                                               \
+            uint16_t ta[VL] = { 0 }, tb[VL] = { 0 };                                               \
+            size_t bytes = 2 * (n - i);                                                            \
+            memcpy(ta, a + 2 * i, bytes);                                                          \
+            memcpy(tb, b + 2 * i, bytes);                                                          \
+            STORE(ta, rk_bf16_block_##isa(LOAD(ta), LOAD(tb)));                                    \
+            memcpy(d + 2 * i, ta, bytes);                                                          \
+        }                                                                                          \
+    }
+
 /* ---- AVX2 + F16C ---------------------------------------------------------- */
 
 #pragma GCC push_options
@@ -217,6 +261,20 @@ RK_F16C_KERNEL(avx2, sum, 8, __m256, RK_LOAD128, RK_STORE128, _mm256_cvtph_ps, _
                _mm256_add_ps)
 RK_F16C_KERNEL(avx2, prod, 8, __m256, RK_LOAD128, RK_STORE128, _mm256_cvtph_ps, _mm256_cvtps_ph,
                _mm256_mul_ps)
+
+#define RK_LOAD256(p)        _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define RK_STORE256(p, v)    _mm256_storeu_si256((__m256i *)(void *)(p), (v))
+#define RK_BLEND256(a, b, m) _mm256_blendv_epi8((a), (b), (m))
+#define RK_BF16_AVX2(name, VOP)                                                                    \
+    RK_BF16_KERNEL(avx2_##name, name, 16, __m256i, __m256, RK_LOAD256, RK_STORE256,                \
+                   _mm256_setzero_si256, _mm256_unpacklo_epi16, _mm256_unpackhi_epi16,             \
+                   _mm256_packus_epi32, _mm256_add_epi32, _mm256_and_si256, _mm256_or_si256,       \
+                   _mm256_srli_epi32, _mm256_cmpgt_epi32, RK_BLEND256, _mm256_set1_epi32,          \
+                   _mm256_castps_si256, _mm256_castsi256_ps, VOP)
+RK_BF16_AVX2(sum, _mm256_add_ps)
+RK_BF16_AVX2(prod, _mm256_mul_ps)
+#define rk_bf16_sum_avx2  rk_bf16_sum_avx2_sum
+#define rk_bf16_prod_avx2 rk_bf16_prod_avx2_prod
 RK_TABLE(avx2, CFX__REDUCE_ISA_AVX2)
 
 #pragma GCC pop_options
@@ -226,14 +284,26 @@ RK_TABLE(avx2, CFX__REDUCE_ISA_AVX2)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")
 
-#define RK_LOAD256(p)     _mm256_loadu_si256((const __m256i *)(const void *)(p))
-#define RK_STORE256(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), (v))
-
 RK_KERNELS_COMMON(avx512)
 RK_F16C_KERNEL(avx512, sum, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps,
                _mm512_cvtps_ph, _mm512_add_ps)
 RK_F16C_KERNEL(avx512, prod, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps,
                _mm512_cvtps_ph, _mm512_mul_ps)
+
+#define RK_LOAD512(p)        _mm512_loadu_si512((const void *)(p))
+#define RK_STORE512(p, v)    _mm512_storeu_si512((void *)(p), (v))
+#define RK_CMPGT512(a, b)    _mm512_movm_epi32(_mm512_cmpgt_epi32_mask((a), (b)))
+#define RK_BLEND512(a, b, m) _mm512_mask_blend_epi32(_mm512_movepi32_mask(m), (a), (b))
+#define RK_BF16_AVX512(name, VOP)                                                                  \
+    RK_BF16_KERNEL(avx512_##name, name, 32, __m512i, __m512, RK_LOAD512, RK_STORE512,              \
+                   _mm512_setzero_si512, _mm512_unpacklo_epi16, _mm512_unpackhi_epi16,             \
+                   _mm512_packus_epi32, _mm512_add_epi32, _mm512_and_si512, _mm512_or_si512,       \
+                   _mm512_srli_epi32, RK_CMPGT512, RK_BLEND512, _mm512_set1_epi32,                 \
+                   _mm512_castps_si512, _mm512_castsi512_ps, VOP)
+RK_BF16_AVX512(sum, _mm512_add_ps)
+RK_BF16_AVX512(prod, _mm512_mul_ps)
+#define rk_bf16_sum_avx512  rk_bf16_sum_avx512_sum
+#define rk_bf16_prod_avx512 rk_bf16_prod_avx512_prod
 RK_TABLE(avx512, CFX__REDUCE_ISA_AVX512)
 
 #pragma GCC pop_options

@@ -326,6 +326,8 @@ static inline struct cfx__verbs_mr *cfx__verbs_mr_of(struct cfx_tp_mr *m)
     } while (0)
 
 /* verbs_iface.c */
+/* Switch to device @p name, port @p port (cm: the device rdma_cm bound). */
+int cfx__verbs_iface_use_device(struct cfx__verbs_iface *iface, const char *name, uint8_t port);
 int cfx__verbs_swq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
 void cfx__verbs_swq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
 struct cfx_tp_completion *cfx__verbs_swq_push(struct cfx__verbs_iface *iface);

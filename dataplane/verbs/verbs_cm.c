@@ -2,14 +2,19 @@
  * verbs transport: connection establishment through rdma_cm.
  *
  * The iface listens on its IP with an ephemeral port; its address is
- * "IP:PORT".  Active side: resolve address (from the iface's IP, so the
- * route uses our device) -> resolve route -> create the QP (rdma_cm moves it
- * to INIT) and post receives -> rdma_connect with the hello as private data
- * -> ESTABLISHED carries the peer's hello from the REP: CONNECTED.
- * Passive side: CONNECT_REQUEST carries the hello -> QP, receives,
- * rdma_accept with our hello (rdma_cm moves the QP through RTR to RTS) ->
- * ESTABLISHED: ACCEPT.  DISCONNECTED, or any error event after that, fails
- * the endpoint.
+ * "IP:PORT".  The QP lives on the iface's own device context and is moved
+ * through its states here, with the attributes rdma_init_qp_attr() reports
+ * (ACK timeout, retries and path MTU set by us), as UCX does:
+ *
+ *   active:  resolve address (from the iface's IP, so the route uses our
+ *            device) -> resolve route -> QP to INIT, post receives ->
+ *            rdma_connect(qp_num, hello) -> CONNECT_RESPONSE with the peer's
+ *            hello -> RTR, RTS -> rdma_establish (RTU): CONNECTED.
+ *   passive: CONNECT_REQUEST with the hello -> QP to INIT, post receives,
+ *            RTR, RTS -> rdma_accept(qp_num, hello) -> ESTABLISHED (or the
+ *            first message, which proves the same): ACCEPT.
+ *
+ * DISCONNECTED, or an error event, fails the endpoint.
  *
  * The event channel fd is non-blocking and sits in the iface's epoll set.
  * Every event is copied and acknowledged before it is acted on, so that
@@ -46,15 +51,7 @@ static void conn_param_init(struct cfx__verbs_ep *ep, struct rdma_conn_param *cp
     cp->initiator_depth = 1;
     cp->retry_count = CFX_VERBS_RETRY_CNT;
     cp->rnr_retry_count = CFX_VERBS_RNR_RETRY;
-}
-
-/* ACK timeout: dead peers are noticed in 67 ms x retries, not seconds. */
-static void set_ack_timeout(struct cfx__verbs_ep *ep)
-{
-    uint8_t t = CFX_VERBS_ACK_TIMEOUT;
-    if (rdma_set_option(ep->cm_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)))
-        CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: cannot set the ACK timeout: %s",
-                ep->iface->addr, ep->super.peer_name, strerror(errno));
+    cp->qp_num = ep->qp->qp_num; /* our QP: rdma_cm does not own it */
 }
 
 int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface)
@@ -86,22 +83,15 @@ int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface)
     iface->port = ntohs(rdma_get_src_port(iface->listen_id));
     snprintf(iface->addr, sizeof(iface->addr), "%s:%u", iface->ip_str, iface->port);
 
-    /* The device is the one rdma_cm bound the IP to. */
-    struct ibv_context *ctx = iface->listen_id->verbs;
-    const char *name = ibv_get_device_name(ctx->device);
-    struct ibv_port_attr pa;
-    if (strcmp(name, iface->dev_name))
-        CFX_LOG(INFO, VERBS, "iface %s: rdma_cm bound %s to device %s", iface->addr,
-                iface->ip_str, name);
-    snprintf(iface->dev_name, sizeof(iface->dev_name), "%s", name);
-    iface->ctx = ctx;
-    iface->own_ctx = false;
-    iface->port_num = iface->listen_id->port_num ? iface->listen_id->port_num : 1;
-    iface->gid_index = -1;
-    if (ibv_query_port(ctx, iface->port_num, &pa) == 0) {
-        iface->link_layer = pa.link_layer;
-        iface->active_mtu = pa.active_mtu;
-        iface->lid = pa.lid;
+    /* The device is the one rdma_cm bound the IP to.  Our own context on
+     * it holds the PD, CQ and QPs (librdmacm's is only compared by name). */
+    const char *name = ibv_get_device_name(iface->listen_id->verbs->device);
+    uint8_t port = iface->listen_id->port_num ? iface->listen_id->port_num : 1;
+    if (strcmp(name, iface->dev_name) || port != iface->port_num) {
+        CFX_LOG(INFO, VERBS, "iface %s: rdma_cm bound %s to device %s port %u", iface->addr,
+                iface->ip_str, name, port);
+        if ((rc = cfx__verbs_iface_use_device(iface, name, port)) != CFX_OK)
+            return rc;
     }
     if ((rc = cfx__verbs_epoll_add(iface, iface->cm_ch->fd, EPOLLIN, &iface->cm_src)) != CFX_OK)
         return rc;
@@ -152,9 +142,7 @@ void cfx__verbs_cm_disconnect(struct cfx__verbs_ep *ep)
 
 void cfx__verbs_cm_destroy(struct cfx__verbs_ep *ep)
 {
-    if (ep->qp)
-        rdma_destroy_qp(ep->cm_id);
-    ep->qp = NULL;
+    /* The QP is ours (destroyed by the caller first). */
     rdma_destroy_id(ep->cm_id);
     ep->cm_id = NULL;
 }
@@ -174,7 +162,7 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
         inet_ntop(AF_INET, &peer->sin_addr, ip, sizeof(ip));
     snprintf(addr, sizeof(addr), "%s:%u", ip, peer ? ntohs(peer->sin_port) : 0);
 
-    if (id->verbs != iface->ctx) {
+    if (!id->verbs || strcmp(ibv_get_device_name(id->verbs->device), iface->dev_name)) {
         CFX_LOG(WARN, VERBS, "iface %s: connection from %s arrived on another device; rejected",
                 iface->addr, addr);
         rdma_reject(id, NULL, 0);
@@ -193,16 +181,16 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     ep->state = CFX_VERBS_EP_ACCEPTING;
     if ((rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len)) != CFX_OK)
         goto err_reject;
-    set_ack_timeout(ep);
-    if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK)
+    if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK ||
+        (rc = cfx__verbs_ep_qp_cm_rtr_rts(ep)) != CFX_OK)
         goto err_reject;
     conn_param_init(ep, &cp, &h);
     if (rdma_accept(id, &cp)) {
         rc = cfx__err(CFX_ERR_CONNECT, "rdma_accept: %s", strerror(errno));
         goto err_reject;
     }
-    CFX_LOG(DEBUG, VERBS, "iface %s: accepting %s: QP %#x through INIT, RTR, RTS by rdma_accept",
-            iface->addr, ep->super.peer_name, ep->qp->qp_num);
+    CFX_LOG(DEBUG, VERBS, "iface %s: accepting %s: QP %#x in RTS, REP sent", iface->addr,
+            ep->super.peer_name, ep->qp->qp_num);
     return;
 
 err_reject:
@@ -215,14 +203,14 @@ err_reject:
 static void on_addr_resolved(struct cfx__verbs_ep *ep)
 {
     struct cfx__verbs_iface *iface = ep->iface;
-    if (ep->cm_id->verbs != iface->ctx) {
+    if (!ep->cm_id->verbs ||
+        strcmp(ibv_get_device_name(ep->cm_id->verbs->device), iface->dev_name)) {
         CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "the route to %s leaves through device %s, "
                           "this iface uses %s", ep->addr,
                           ep->cm_id->verbs ? ibv_get_device_name(ep->cm_id->verbs->device) : "?",
                           iface->dev_name);
         return;
     }
-    set_ack_timeout(ep);
     if (rdma_resolve_route(ep->cm_id, CFX_VERBS_RESOLVE_MS))
         CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_resolve_route: %s", strerror(errno));
 }
@@ -243,21 +231,37 @@ static void on_route_resolved(struct cfx__verbs_ep *ep)
         CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_connect: %s", strerror(errno));
         return;
     }
-    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: route resolved, QP %#x INIT, REQ sent",
+    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: route resolved, QP %#x in INIT, REQ sent",
             ep->iface->addr, ep->super.peer_name, ep->qp->qp_num);
+}
+
+/* Active side: the peer accepted; its hello came with the REP. */
+static void on_connect_response(struct cfx__verbs_ep *ep, const struct cm_event *ev, bool rtu)
+{
+    int rc;
+    if ((rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len)) != CFX_OK) {
+        rdma_reject(ep->cm_id, NULL, 0);
+        CFX_VERBS_EP_FAIL(ep, ERR, rc, "%s", cfx_last_error());
+        return;
+    }
+    if ((rc = cfx__verbs_ep_qp_cm_rtr_rts(ep)) != CFX_OK) {
+        rdma_reject(ep->cm_id, NULL, 0);
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "%s", cfx_last_error());
+        return;
+    }
+    if (rtu && rdma_establish(ep->cm_id)) {
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_establish: %s", strerror(errno));
+        return;
+    }
+    cfx__verbs_ep_established(ep);
 }
 
 static void on_established(struct cfx__verbs_ep *ep, const struct cm_event *ev)
 {
-    if (ep->state == CFX_VERBS_EP_CONNECTING) {
-        int rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len);
-        if (rc != CFX_OK) {
-            CFX_VERBS_EP_FAIL(ep, ERR, rc, "%s", cfx_last_error());
-            return;
-        }
-    }
-    /* ACCEPTING: may already be up if the peer's first message came first. */
-    cfx__verbs_ep_established(ep);
+    if (ep->state == CFX_VERBS_EP_CONNECTING)
+        on_connect_response(ep, ev, false); /* not expected without an rdma_cm QP */
+    else /* ACCEPTING; already OPEN when the peer's first message came first */
+        cfx__verbs_ep_established(ep);
 }
 
 /* Error events before or after the connection is up. */
@@ -330,8 +334,8 @@ static void dispatch(struct cfx__verbs_iface *iface, const struct cm_event *ev)
         CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_NO_DEVICE, "device %s removed", iface->dev_name);
         break;
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
-        /* Only without a QP on the id; ours always has one. */
-        CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_INTERNAL, "unexpected CONNECT_RESPONSE");
+        if (ep->state == CFX_VERBS_EP_CONNECTING)
+            on_connect_response(ep, ev, true);
         break;
     default: /* TIMEWAIT_EXIT, ADDR_CHANGE, ... */
         CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: rdma_cm %s", iface->addr,

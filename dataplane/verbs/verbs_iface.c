@@ -307,9 +307,10 @@ static void iface_take_port(struct cfx__verbs_iface *iface, const struct ibv_por
 }
 
 /*
- * Choose the device, port, GID and (when not given) the IP address.
- * oob: keeps the device open in iface->ctx.  cm: only fills in the IP; the
- * device is whatever rdma_cm binds that IP to (cfx__verbs_cm_listen).
+ * Choose the device, port, GID and (when not given) the IP address, and
+ * open the device in iface->ctx.  With cm, rdma_cm has the last word on the
+ * device: cfx__verbs_iface_use_device() switches when it binds the IP
+ * elsewhere.
  */
 static int iface_select(struct cfx__verbs_iface *iface, const char *hca_spec, int gid_index)
 {
@@ -369,35 +370,53 @@ static int iface_select(struct cfx__verbs_iface *iface, const char *hca_spec, in
     iface->gid = sel.gid.gid;
     iface->gid_type = sel.gid.gid_type;
     iface_take_port(iface, &sel.pattr);
-    if (iface->mode == CFX_VERBS_OOB) {
-        iface->ctx = sel.ctx;
-        iface->own_ctx = true;
-    } else {
-        ibv_close_device(sel.ctx);
-    }
+    iface->ctx = sel.ctx;
+    iface->own_ctx = true;
 out:
     ibv_free_device_list(list);
     return rc;
+}
+
+int cfx__verbs_iface_use_device(struct cfx__verbs_iface *iface, const char *name, uint8_t port)
+{
+    struct ibv_device **list;
+    struct devsel sel;
+    char why[256] = "";
+    int n, rc;
+
+    if ((rc = cfx__verbs_device_list(&list, &n)) != CFX_OK)
+        return rc;
+    rc = select_device(list, n, name, port, -1, &iface->ip, &sel, why, sizeof(why));
+    if (rc != CFX_OK)
+        rc = select_device(list, n, name, port, -1, NULL, &sel, why, sizeof(why));
+    ibv_free_device_list(list);
+    if (rc != CFX_OK)
+        return cfx__err(CFX_ERR_NO_DEVICE, "verbs: cannot use device %s port %u for %s: %s",
+                        name, port, iface->ip_str, why);
+    if (iface->own_ctx && iface->ctx)
+        ibv_close_device(iface->ctx);
+    iface->ctx = sel.ctx;
+    iface->own_ctx = true;
+    snprintf(iface->dev_name, sizeof(iface->dev_name), "%s", name);
+    iface->port_num = sel.port;
+    iface->gid_index = sel.gid_index;
+    iface->gid = sel.gid.gid;
+    iface->gid_type = sel.gid.gid_type;
+    iface_take_port(iface, &sel.pattr);
+    return CFX_OK;
 }
 
 static void log_selection(struct cfx__verbs_iface *iface)
 {
     char gs[INET6_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET6, iface->gid.raw, gs, sizeof(gs));
-    if (iface->gid_index >= 0)
-        CFX_LOG(INFO, VERBS, "iface %s: device %s port %u (%s, active MTU %s), GID index %d "
-                "(%s, %s), connect via %s",
-                iface->addr, iface->dev_name, iface->port_num,
-                cfx__verbs_link_layer_str(iface->link_layer),
-                cfx__verbs_mtu_str(iface->active_mtu), iface->gid_index,
-                cfx__verbs_gid_type_str(iface->gid_type, iface->link_layer), gs,
-                iface->mode == CFX_VERBS_CM ? "rdma_cm" : "out-of-band TCP");
-    else
-        CFX_LOG(INFO, VERBS, "iface %s: device %s port %u (%s, active MTU %s), GID chosen by "
-                "rdma_cm, connect via rdma_cm",
-                iface->addr, iface->dev_name, iface->port_num,
-                cfx__verbs_link_layer_str(iface->link_layer),
-                cfx__verbs_mtu_str(iface->active_mtu));
+    CFX_LOG(INFO, VERBS, "iface %s: device %s port %u (%s, active MTU %s), GID index %d "
+            "(%s, %s)%s, connect via %s",
+            iface->addr, iface->dev_name, iface->port_num,
+            cfx__verbs_link_layer_str(iface->link_layer), cfx__verbs_mtu_str(iface->active_mtu),
+            iface->gid_index, cfx__verbs_gid_type_str(iface->gid_type, iface->link_layer), gs,
+            iface->mode == CFX_VERBS_CM ? " (rdma_cm resolves the GID of each route)" : "",
+            iface->mode == CFX_VERBS_CM ? "rdma_cm" : "out-of-band TCP");
 }
 
 /* --- software completion queue ------------------------------------------------- */
@@ -758,7 +777,7 @@ static void iface_release(struct cfx__verbs_iface *iface)
     if (iface->pd)
         ibv_dealloc_pd(iface->pd);
     if (iface->mode == CFX_VERBS_CM)
-        cfx__verbs_cm_close(iface); /* after the PD: the context belongs to rdma_cm */
+        cfx__verbs_cm_close(iface);
     else
         cfx__verbs_oob_close(iface);
     if (iface->own_ctx && iface->ctx)
@@ -841,8 +860,9 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     rc = iface->mode == CFX_VERBS_CM ? cfx__verbs_cm_listen(iface) : cfx__verbs_oob_listen(iface);
     if (rc != CFX_OK)
         goto err_release;
-    if (iface->mode == CFX_VERBS_CM && hca && *hca &&
-        strncmp(hca, iface->dev_name, strcspn(hca, ":"))) {
+    size_t hca_len = hca ? strcspn(hca, ":") : 0;
+    if (iface->mode == CFX_VERBS_CM && hca_len &&
+        (strlen(iface->dev_name) != hca_len || strncmp(hca, iface->dev_name, hca_len))) {
         rc = cfx__err(CFX_ERR_INVALID, "verbs: CFX_IB_HCA=%s, but %s belongs to device %s",
                       hca, iface->ip_str, iface->dev_name);
         goto err_release;

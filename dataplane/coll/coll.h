@@ -1,0 +1,206 @@
+/*
+ * Group collectives, internal side: the group object, the per-call
+ * execution state and the schedules (one file per family of collectives).
+ *
+ * Every collective call becomes a struct coll_args with a sequence number
+ * taken when it is posted.  Blocking calls run on the caller's thread once
+ * the group's queue of non-blocking calls has drained; non-blocking calls
+ * run on the group's own thread, in posting order.  So at most one
+ * collective of a group runs at a time, and all ranks run them in the same
+ * order.
+ *
+ * Wire rules (shared by every schedule):
+ *  - collectives travel on the group's channel g->chan with tag = sequence
+ *    number; two ranks' messages of one collective are matched in posting
+ *    order, so every schedule posts the messages between one pair of ranks
+ *    in the same order on both sides;
+ *  - cfx_group_send/recv travel on g->chan_user with the user's tag;
+ *  - before the data moves, the ranks agree on the arguments (coll_agree):
+ *    a dissemination exchange of a small header, after which every rank
+ *    knows the minimum and maximum header of the group; if they differ,
+ *    every rank fails with CFX_ERR_INVALID.
+ *
+ * Threads: coll_exec is used by the thread that runs the collective only.
+ */
+#ifndef CFX_COLL_H
+#define CFX_COLL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <conflux/conflux.h>
+#include <conflux/group.h>
+
+#include "control/client.h"
+#include "dataplane/common/list.h"
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+#include "dataplane/engine/p2p.h"
+
+#define COLL_NAME_MAX     128
+#define COLL_SEG_DEFAULT  (256u * 1024) /* pipeline segment; CFX_COLL_SEG overrides */
+#define COLL_SEG_MIN      (4u * 1024)
+#define COLL_WINDOW       4             /* receives posted ahead in pipelines */
+#define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
+
+enum coll_kind {
+    COLL_BARRIER = 1,
+    COLL_ALLREDUCE,
+    COLL_BROADCAST,
+    COLL_REDUCE,
+    COLL_ALLGATHER,
+    COLL_REDUCE_SCATTER,
+    COLL_GATHER,
+    COLL_SCATTER,
+    COLL_ALLTOALL,
+    COLL_KIND_LAST
+};
+
+/* One collective call, as posted. */
+struct coll_args {
+    enum coll_kind kind;
+    const void *sbuf;           /* send buffer (broadcast: the buffer) */
+    void *rbuf;                 /* receive buffer */
+    size_t count;
+    enum cfx_dtype dtype;
+    enum cfx_redop op;          /* reductions only; else 0 */
+    int root;                   /* rooted collectives only; else 0 */
+    struct cfx_coll_params params; /* fields outside field_mask are zero */
+    uint32_t seq;               /* position in the group's call order */
+    struct cfx_request *req;    /* non-blocking: completed when done */
+    struct cfx_list link;       /* group->queue */
+};
+
+struct cfx_group {
+    struct cfx_context *ctx;
+    char name[COLL_NAME_MAX];
+    int rank;
+    int size;
+    int timeout_ms;             /* default deadline of calls */
+    uint32_t epoch;             /* how many times this context created the name before */
+    uint64_t chan;              /* p2p channel of collectives */
+    uint64_t chan_user;         /* p2p channel of cfx_group_send/recv */
+    struct cfx_node_rec *nodes; /* [size]: node record of each rank */
+
+    /* bootstrap objects to withdraw at destroy */
+    struct cfx_object_id *held;
+    int nheld;
+
+    /* tuning, read once at creation */
+    enum cfx_algo env_algo;     /* $CFX_ALGO, or AUTO */
+    size_t seg_bytes;           /* $CFX_COLL_SEG */
+    bool check;                 /* $CFX_COLL_CHECK: argument agreement (default on) */
+
+    /* scratch memory of the running collective (one runs at a time) */
+    void *scratch;
+    size_t scratch_len;
+
+    /* call ordering */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;        /* queue changed / drained */
+    struct cfx_list queue;      /* struct coll_args.link: posted, not finished */
+    uint32_t next_seq;
+    bool thread_started;
+    bool stop;
+    pthread_t thread;
+};
+
+/* An outstanding message of the running collective. */
+struct coll_msg {
+    struct cfx_p2p_req *req;    /* NULL once finished */
+    int peer;                   /* rank */
+    bool send;
+};
+
+/* Execution state of one collective on one rank. */
+struct coll_exec {
+    struct cfx_group *g;
+    const struct coll_args *a;
+    const char *what;           /* "allreduce" */
+    enum cfx_algo algo;         /* the schedule that runs */
+    size_t esz;                 /* element size */
+    enum cfx_memtype mt;
+    uint64_t deadline;
+    int timeout_ms;
+    uint32_t tag;
+    struct coll_msg *msgs;
+    int nmsgs;
+    int cap;
+};
+
+/* ---- coll.c: messages of the running collective --------------------------- */
+
+/* Post a send / receive to @p peer; returns a handle >= 0 or a status. */
+int coll_send(struct coll_exec *x, int peer, const void *buf, size_t len);
+int coll_recv(struct coll_exec *x, int peer, void *buf, size_t len);
+/* Wait for a handle; the message is freed.  A failure names the collective,
+ * both ranks and the peer's node in cfx_last_error(). */
+int coll_wait(struct coll_exec *x, int h);
+/* Wait for every outstanding message. */
+int coll_wait_all(struct coll_exec *x);
+/* Send and receive at once, then wait for both. */
+int coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
+                  void *rbuf, size_t rlen);
+/* Scratch memory of at least @p len bytes, valid until the collective ends. */
+int coll_scratch(struct coll_exec *x, size_t len, void **out);
+/* Copy between buffers of the collective's memory type. */
+int coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len);
+/* dst = dst op src / dst = a op b over @p n elements of the call's dtype. */
+int coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n);
+int coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n);
+/* Pipeline segment size in elements for messages of @p bytes (>= 1). */
+size_t coll_seg_elems(const struct coll_exec *x, size_t bytes);
+
+/* Element range of block @p b when @p count elements are cut into @p n blocks
+ * (the first count % n blocks are one element longer). */
+static inline void coll_block(size_t count, int n, int b, size_t *off, size_t *len)
+{
+    size_t q = count / (size_t)n, r = count % (size_t)n;
+    *off = (size_t)b * q + CFX_MIN((size_t)b, r);
+    *len = q + ((size_t)b < r);
+}
+
+static inline int coll_mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+/* ---- the schedules ----------------------------------------------------------- */
+
+int coll_barrier(struct coll_exec *x);
+int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r);
+int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r);
+int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r);
+int coll_bcast_chain(struct coll_exec *x, void *buf, int root);
+int coll_bcast_tree(struct coll_exec *x, void *buf, int root);
+int coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root);
+int coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root);
+int coll_allgather_ring(struct coll_exec *x, const void *s, void *r);
+int coll_allgather_direct(struct coll_exec *x, const void *s, void *r);
+int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r);
+int coll_reduce_scatter_direct(struct coll_exec *x, const void *s, void *r);
+int coll_gather_direct(struct coll_exec *x, const void *s, void *r, int root);
+int coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root);
+int coll_alltoall_pairwise(struct coll_exec *x, const void *s, void *r);
+
+/* ---- tuning (coll.c) ------------------------------------------------------------ */
+
+/* The schedule for a call: CFX_COLL_PARAM_ALGO, else $CFX_ALGO, else the
+ * tuning table; a forced algorithm that does not apply falls back to the
+ * table's choice. */
+enum cfx_algo coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
+                          enum cfx_algo forced);
+const char *coll_kind_name(enum coll_kind kind);
+
+/* Trees of the double binary tree (also used by unit tests): parent and the
+ * two children of @p rank in tree @p t (0 or 1) of @p n ranks; -1 = none. */
+void coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1);
+
+/* ---- group.c --------------------------------------------------------------------- */
+
+/* Run one collective to completion on the calling thread. */
+int coll_run(struct cfx_group *g, const struct coll_args *a);
+
+#endif

@@ -1,0 +1,45 @@
+/*
+ * libFuzzer target: cfx__dp_msg_check(), the validation of every data-plane
+ * control message (HELLO, AUTH, GET_REQ, ...) a peer sends with ep_send.
+ * What it accepts must be safe for xfer.c to use without further checks of
+ * the same fields: chunk counts that fit the 20-bit chunk index, a resume
+ * point inside the object, a remote descriptor inside its buffer, a slot
+ * inside the slot table.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    /* Transports hand over aligned buffers of exactly the message size. */
+    void *buf = malloc(size ? size : 1);
+    if (!buf)
+        return 0;
+    memcpy(buf, data, size);
+    int type = cfx__dp_msg_check(buf, size);
+    if (type >= 0) {
+        const struct cfx_dp_hdr *h = buf;
+        if (type == 0 || type >= CFX_DP_TYPE_MAX || size < sizeof(*h))
+            abort();
+        if (type != CFX_DP_HELLO && type != CFX_DP_AUTH && h->slot >= CFX_XFER_SLOTS)
+            abort();
+        if (type == CFX_DP_GET_REQ) {
+            const struct cfx_dp_get_req *r = buf;
+            if (size != sizeof(*r) || r->rdesc.len > CFX_TP_RDESC_MAX)
+                abort();
+            uint32_t n = cfx__nchunks(r->size, r->chunk_size);
+            if (n > CFX_MAX_CHUNKS || r->first_chunk > n || r->credits == 0)
+                abort();
+        }
+    } else if (type != CFX_ERR_PROTO) {
+        abort();
+    }
+    free(buf);
+    return 0;
+}
