@@ -18,6 +18,8 @@
 static const char *const side_label[] = {
     [CFX_AUTH_CLIENT] = "conflux-v1 client",
     [CFX_AUTH_COORD] = "conflux-v1 coord",
+    [CFX_AUTH_DP_ACCEPT] = "conflux-v1 dp accept",
+    [CFX_AUTH_DP_CONNECT] = "conflux-v1 dp connect",
 };
 
 int cfx__auth_nonce(uint8_t *buf, size_t len)
@@ -37,7 +39,7 @@ int cfx__auth_mac(const char *token, enum cfx_auth_side side,
 
     if (!token || !*token)
         return cfx__err(CFX_ERR_INVALID, "empty cluster token");
-    if ((unsigned)side > CFX_AUTH_COORD)
+    if ((unsigned)side > CFX_AUTH_DP_CONNECT)
         return cfx__err(CFX_ERR_INVALID, "bad auth side %d", (int)side);
     /* Labels are NUL-padded to 32 bytes so the message has a fixed layout. */
     memset(msg, 0, 32);

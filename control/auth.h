@@ -23,6 +23,10 @@
 enum cfx_auth_side {
     CFX_AUTH_CLIENT = 0,   /* MAC a client sends */
     CFX_AUTH_COORD  = 1,   /* MAC the coordinator sends back */
+    /* Data-plane connection handshake (dataplane/engine/conn_auth.c); the
+     * server nonce is the acceptor's, the client nonce the connector's. */
+    CFX_AUTH_DP_ACCEPT  = 2, /* MAC the accepting node sends */
+    CFX_AUTH_DP_CONNECT = 3, /* MAC the connecting node sends */
 };
 
 /* Fill @p buf with @p len cryptographically random bytes.  CFX_OK / CFX_ERR_INTERNAL. */

@@ -786,9 +786,26 @@ int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64
     return expect_ok(ctl, &m, deadline_ns, what);
 }
 
+static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                      const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
+                      bool no_wait, struct cfx_ctl_source *out);
+
 int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
                         struct cfx_ctl_source *out)
+{
+    return obj_lookup(ctl, id, exclude, nexclude, deadline_ns, false, out);
+}
+
+int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                            uint64_t deadline_ns, struct cfx_ctl_source *out)
+{
+    return obj_lookup(ctl, id, NULL, 0, deadline_ns, true, out);
+}
+
+static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                      const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
+                      bool no_wait, struct cfx_ctl_source *out)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_LOOKUP };
@@ -803,7 +820,9 @@ int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                        CFX_PROTO_EXCLUDE_MAX);
     memset(out, 0, sizeof(*out));
     m.u.lookup.id = *id;
-    if (deadline_ns == UINT64_MAX) {
+    if (no_wait) {
+        m.u.lookup.timeout_ms = 0; /* answer now: a holder or CFX_ERR_TIMEOUT */
+    } else if (deadline_ns == UINT64_MAX) {
         m.u.lookup.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
     } else {
         int ms = cfx__ms_left(deadline_ns);
@@ -869,6 +888,27 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     m.u.done.id = *id;
     m.u.done.source_node = source_node;
     m.u.done.complete = complete ? 1 : 0;
+    pthread_mutex_lock(&ctl->lock);
+    m.req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
+    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+}
+
+int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                           uint32_t chunk_size)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
+    if (is_broken(ctl))
+        return ctl_err(ctl, CFX_ERR_CONNECT, "put", "connection lost");
+    snprintf(what, sizeof(what), "put of object %s", idhex(id, hex));
+    m.u.put.id = *id;
+    m.u.put.size = size;
+    m.u.put.chunk_size = chunk_size;
+    m.u.put.has_data = size == 0;
     pthread_mutex_lock(&ctl->lock);
     m.req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);

@@ -140,6 +140,17 @@ int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         const uint32_t *exclude, unsigned nexclude,
                         uint64_t deadline_ns, struct cfx_ctl_source *out);
 
+/* As cfx__ctl_obj_lookup(), but the coordinator answers at once: a source
+ * (with the same side effects) or CFX_ERR_TIMEOUT when there is no holder
+ * yet.  @p deadline_ns bounds the round trip. */
+int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                            uint64_t deadline_ns, struct cfx_ctl_source *out);
+
+/* Announce a complete, non-inline object without waiting for the answer
+ * (usable from threads that must not block; a refusal is logged). */
+int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                           uint32_t chunk_size);
+
 /* A transfer from @p source_node ended: the source's upload count drops and
  * this node becomes a complete holder (@p complete = 1) or stops being a
  * partial holder (0). */

@@ -744,6 +744,11 @@ int main(int argc, char **argv)
     memset(R.send, 1, bufbytes);
     memset(R.recv, 1, bufbytes);
 
+    if (R.rank == 0 && !o.json)
+        printf("# Conflux %s test: nRanks %d minBytes %zu maxBytes %zu step: %ld(factor) "
+               "warmup iters: %ld iters: %ld validation: %d algo: %s buffers: %s\n",
+               d->name, R.n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters, o.check,
+               o.algo_set ? cfx_algo_name(o.algo) : "auto", o.user_buf ? "user" : "arena");
     print_ranks(&R, ctx);
     int place_lo = o.place & PLACE_OUT ? 0 : 1, place_hi = o.place & PLACE_IN ? 1 : 0;
     if (R.rank == 0) {
@@ -756,12 +761,6 @@ int main(int argc, char **argv)
                    o.algo_set ? cfx_algo_name(o.algo) : "auto", o.iters, o.warmup, o.check,
                    o.user_buf ? "user" : "arena");
         } else {
-            printf("# Conflux %s test: nRanks %d minBytes %zu maxBytes %zu step: %ld(factor) "
-                   "warmup iters: %ld iters: %ld validation: %d algo: %s buffers: %s\n",
-                   d->name, R.n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters,
-                   o.check, o.algo_set ? cfx_algo_name(o.algo) : "auto",
-                   o.user_buf ? "user" : "arena");
-            printf("#\n");
             printf("# %10s  %12s  %8s  %6s  %6s", "", "", "", "", "");
             if (o.place & PLACE_OUT)
                 printf("           out-of-place          ");

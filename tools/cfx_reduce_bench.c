@@ -49,19 +49,20 @@ static double now_s(void)
 
 static void usage(const char *prog, FILE *f)
 {
-    fprintf(f,
-            "Usage: %s [options]\n"
-            "  -d, --dtype=LIST     dtypes, comma separated, or all (default all):\n"
-            "                       float half bfloat16 double int32 int64 uint8 (f32, f16, bf16...)\n"
-            "  -o, --op=LIST        ops, comma separated, or all (default all): sum prod min max\n"
-            "  -s, --size=N         bytes per buffer, K/M/G suffixes (default 64M)\n"
-            "  -n, --iters=N        measured runs per dtype x op (default 20)\n"
-            "  -w, --warmup=N       unmeasured runs first (default 2)\n"
-            "  -3, --out-of-place   dst = a op b into a third buffer (cfx_reduce3)\n"
-            "  -i, --isa=NAME       kernel set: default, avx2, avx512 (default: best supported)\n"
-            "  -J, --json           print one JSON document instead of the table\n"
-            "  -h, --help           this text\n",
-            prog);
+    fprintf(
+        f,
+        "Usage: %s [options]\n"
+        "  -d, --dtype=LIST     dtypes, comma separated, or all (default all):\n"
+        "                       float half bfloat16 double int32 int64 uint8 (f32, f16, bf16...)\n"
+        "  -o, --op=LIST        ops, comma separated, or all (default all): sum prod min max\n"
+        "  -s, --size=N         bytes per buffer, K/M/G suffixes (default 64M)\n"
+        "  -n, --iters=N        measured runs per dtype x op (default 20)\n"
+        "  -w, --warmup=N       unmeasured runs first (default 2)\n"
+        "  -3, --out-of-place   dst = a op b into a third buffer (cfx_reduce3)\n"
+        "  -i, --isa=NAME       kernel set: default, avx2, avx512 (default: best supported)\n"
+        "  -J, --json           print one JSON document instead of the table\n"
+        "  -h, --help           this text\n",
+        prog);
 }
 
 /* Parse "all" or a comma-separated list of names into @p sel. */
@@ -204,8 +205,8 @@ static int time_reduce(const struct bench_opts *o, void *d, void *a, void *b, si
     r->best_s = 1e30;
     for (long i = 0; i < o->warmup + o->iters; i++) {
         double t = now_s();
-        int rc = o->out_of_place ? cfx_reduce3(d, a, b, count, dt, op)
-                                 : cfx_reduce(a, b, count, dt, op);
+        int rc =
+            o->out_of_place ? cfx_reduce3(d, a, b, count, dt, op) : cfx_reduce(a, b, count, dt, op);
         __asm__ __volatile__("" : : "r"(a), "r"(d) : "memory");
         t = now_s() - t;
         if (rc != CFX_OK)
@@ -261,14 +262,14 @@ int main(int argc, char **argv)
         printf(" kernels        : %s\n", isa_name);
         printf(" buffer size    : %zu bytes\n", o.size);
         printf(" iterations     : %ld (+%ld warm-up)\n", o.iters, o.warmup);
-        printf(" mode           : %s\n", o.out_of_place ? "out of place, d = a op b"
-                                                        : "in place, dst op= src");
+        printf(" mode           : %s\n",
+               o.out_of_place ? "out of place, d = a op b" : "in place, dst op= src");
         printf(" bytes counted  : reduce 2 reads + 1 write; memcpy 1 read + 1 write\n");
         printf(" memcpy         : %.2f GB/s (best %.2f)\n", mc_bw,
                2.0 * (double)o.size / mc.best_s / 1e9);
         printf("---------------------------------------------------------------\n");
-        printf(" %-9s %-5s %12s %10s %9s %9s %9s\n", "type", "redop", "count", "time(us)",
-               "GB/s", "best", "xmemcpy");
+        printf(" %-9s %-5s %12s %10s %9s %9s %9s\n", "type", "redop", "count", "time(us)", "GB/s",
+               "best", "xmemcpy");
     }
 
     int first = 1;

@@ -169,7 +169,6 @@ static inline int coll_mod(int a, int n)
 
 /* ---- the schedules ----------------------------------------------------------- */
 
-int coll_barrier(struct coll_exec *x);
 int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r);
 int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r);
 int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r);

@@ -16,8 +16,23 @@
 #define ARENA_CACHE_MAX (1024ull * 1024 * 1024) /* bytes of free segments kept */
 #define ARENA_ALIGN     4096u
 
+static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
+                       uint64_t *off, bool locked);
+
 int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
                      uint64_t *off)
+{
+    return arena_alloc(ctx, size, out, fd, off, false);
+}
+
+int cfx__arena_alloc_locked(struct cfx_context *ctx, size_t size, void **out, int *fd,
+                            uint64_t *off)
+{
+    return arena_alloc(ctx, size, out, fd, off, true);
+}
+
+static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
+                       uint64_t *off, bool locked)
 {
     struct cfx_arena *a = &ctx->arena;
     struct cfx_arena_seg *seg = NULL, *best = NULL;
@@ -28,7 +43,8 @@ int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
     if (len == 0)
         len = ARENA_ALIGN;
 
-    pthread_mutex_lock(&ctx->lock);
+    if (!locked)
+        pthread_mutex_lock(&ctx->lock);
     cfx_list_for_each(pos, &a->segs) {
         seg = cfx_list_entry(pos, struct cfx_arena_seg, link);
         /* reuse a cached segment that is big enough but not wasteful */
@@ -39,13 +55,15 @@ int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
     if (best) {
         best->used = true;
         a->cached_bytes -= best->len;
-        pthread_mutex_unlock(&ctx->lock);
+        if (!locked)
+            pthread_mutex_unlock(&ctx->lock);
         *out = best->base;
         *fd = best->fd;
         *off = 0;
         return CFX_OK;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    if (!locked)
+        pthread_mutex_unlock(&ctx->lock);
 
     seg = calloc(1, sizeof(*seg));
     if (!seg)
@@ -70,9 +88,11 @@ int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
     seg->len = len;
     seg->used = true;
 
-    pthread_mutex_lock(&ctx->lock);
+    if (!locked)
+        pthread_mutex_lock(&ctx->lock);
     cfx_list_add_tail(&seg->link, &a->segs);
-    pthread_mutex_unlock(&ctx->lock);
+    if (!locked)
+        pthread_mutex_unlock(&ctx->lock);
     *out = seg->base;
     *fd = seg->fd;
     *off = 0;

@@ -36,15 +36,6 @@ static const struct cfx_node_addr *node_addr(const struct cfx_node_rec *node,
     return NULL;
 }
 
-static void conn_send_hello(struct cfx_conn *conn)
-{
-    struct cfx_dp_hello h = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
-        .node_id = conn->ctx->node_id,
-    };
-    cfx__conn_send(conn, &h, sizeof(h));
-}
-
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
                                int *status)
 {
@@ -94,7 +85,12 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     snprintf(conn->ep->peer_name, sizeof(conn->ep->peer_name), "node %u", node->node_id);
     cfx_list_add_tail(&conn->link, &ctx->conns);
     CFX_LOG(DEBUG, CONN, "node %u: connecting to %s", ctx->node_id, conn->name);
-    conn_send_hello(conn);
+    rc = cfx__conn_auth_hello_out(conn); /* HELLO with our nonce (conn_auth.c) */
+    if (rc != CFX_OK) {
+        *status = rc;
+        cfx__conn_destroy(conn);
+        return NULL;
+    }
     return conn;
 }
 
@@ -104,19 +100,42 @@ int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
 
     if (conn->state == CFX_CONN_FAILED)
         return conn->status;
-    if (conn->state == CFX_CONN_READY && cfx_list_empty(&conn->pending)) {
+    if (conn->state == CFX_CONN_READY && conn->authed && cfx_list_empty(&conn->pending)) {
         int rc = ops->ep_send(conn->ep, msg, len, 0);
         if (rc != CFX_ERR_AGAIN)
             return rc;
     }
-    /* queue: connecting, or the send queue is full */
+    /* queue: connecting, authenticating, or the send queue is full */
     struct cfx_pending_msg *pm = malloc(sizeof(*pm) + len);
     if (!pm)
         return CFX_ERR_NOMEM;
+    pm->hs = false;
     pm->len = len;
     memcpy(pm->data, msg, len);
     cfx_list_add_tail(&pm->link, &conn->pending);
     return CFX_OK;
+}
+
+static int conn_flush(struct cfx_conn *conn);
+
+int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len)
+{
+    if (conn->state == CFX_CONN_FAILED)
+        return conn->status;
+    struct cfx_pending_msg *pm = malloc(sizeof(*pm) + len);
+    if (!pm)
+        return CFX_ERR_NOMEM;
+    pm->hs = true;
+    pm->len = len;
+    memcpy(pm->data, msg, len);
+    cfx_list_add_head(&pm->link, &conn->pending); /* ahead of what waits for authentication */
+    conn_flush(conn);
+    return CFX_OK;
+}
+
+int cfx__conn_flush(struct cfx_conn *conn)
+{
+    return conn_flush(conn);
 }
 
 /* Flush queued control messages; returns how many went out. */
@@ -127,6 +146,8 @@ static int conn_flush(struct cfx_conn *conn)
     while (conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending)) {
         struct cfx_pending_msg *pm =
             cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
+        if (!conn->authed && !pm->hs)
+            break; /* the rest waits for the handshake */
         int rc = ops->ep_send(conn->ep, pm->data, pm->len, 0);
         if (rc == CFX_ERR_AGAIN)
             break;

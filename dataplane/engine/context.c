@@ -231,6 +231,9 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
     cfx_list_init(&ctx->paced_uploads);
     cfx_list_init(&ctx->p2p_sends);
     cfx_list_init(&ctx->p2p_rtrs);
+    cfx_list_init(&ctx->rtasks);
+    cfx_list_init(&ctx->rwaits);
+    cfx_list_init(&ctx->waiting_gets);
     cfx_list_init(&ctx->cmds);
     cfx_list_init(&ctx->async_q);
     cfx_list_init(&ctx->arena.segs);
@@ -320,9 +323,12 @@ void cfx_context_destroy(struct cfx_context *ctx)
         cfx__conn_destroy(conn);
     }
     cfx_list_for_each_safe(pos, tmp, &ctx->cmds) {
+        struct cfx_cmd *cmd = cfx_list_entry(pos, struct cfx_cmd, link);
         cfx_list_del(pos);
-        free(cfx_list_entry(pos, struct cfx_cmd, link));
+        free(cmd->msg);
+        free(cmd);
     }
+    cfx__rtask_destroy_all(ctx);
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {
             struct cfx_obj *obj = ctx->store.buckets[b];

@@ -40,7 +40,9 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 1
+#define CFX_DP_VERSION 2         /* 2: HELLO carries a nonce; AUTH handshake */
+#define CFX_DP_NONCE_LEN 32
+#define CFX_DP_MAC_LEN   32
 
 enum cfx_dp_type {
     CFX_DP_HELLO = 1,   /* first message on a connection: who I am */
@@ -49,6 +51,9 @@ enum cfx_dp_type {
     CFX_DP_CREDIT,      /* receiver -> source: more chunk credits */
     CFX_DP_CANCEL,      /* receiver -> source: stop, I withdraw the window */
     CFX_DP_CANCEL_ACK,  /* source -> receiver: no more writes for the slot */
+    CFX_DP_AUTH,        /* handshake: acceptor's nonce + MAC, then connector's MAC */
+    CFX_DP_REDUCE_TASK, /* reduce driver -> node: produce a partial reduction */
+    CFX_DP_REDUCE_DONE, /* node producing the result -> driver: finished (status) */
     CFX_DP_TYPE_MAX
 };
 
@@ -62,6 +67,15 @@ struct cfx_dp_hdr {
 struct cfx_dp_hello {
     struct cfx_dp_hdr hdr;
     uint32_t node_id;
+    uint8_t nonce[CFX_DP_NONCE_LEN]; /* connector's fresh nonce (conn_auth.c) */
+};
+
+/* Cluster-token handshake (conn_auth.c): acceptor -> connector with the
+ * acceptor's nonce and MAC, then connector -> acceptor with its MAC. */
+struct cfx_dp_auth {
+    struct cfx_dp_hdr hdr;
+    uint8_t nonce[CFX_DP_NONCE_LEN]; /* acceptor's nonce (echoed by the connector) */
+    uint8_t mac[CFX_DP_MAC_LEN];     /* HMAC-SHA256 over both nonces */
 };
 
 struct cfx_dp_get_req {
@@ -74,11 +88,50 @@ struct cfx_dp_get_req {
     uint32_t flags;         /* CFX_DP_GET_P2P: match a posted send, not an object */
     uint64_t chan;          /* P2P: channel (e.g. a group) */
     uint32_t tag;           /* P2P: tag within the channel */
-    uint32_t pad;
+    uint32_t ring;          /* RING: slots of the receiver's scratch ring */
     struct cfx_tp_rdesc rdesc; /* receiver's destination */
 };
 
-#define CFX_DP_GET_P2P 1u
+#define CFX_DP_GET_P2P  1u /* match a posted send, not an object */
+#define CFX_DP_GET_RING 2u /* chunk i goes to slot i % ring of the destination */
+#define CFX_DP_GET_WAIT 4u /* the object is about to appear here: wait for it */
+#define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT)
+
+/* A node record small enough for a data-plane message. */
+#define CFX_DP_NODE_ADDRS 3
+struct cfx_dp_node {
+    uint32_t node_id;
+    uint8_t naddr;
+    uint8_t pad[3];
+    char host_id[CFX_HOST_ID_MAX];
+    struct cfx_node_addr addr[CFX_DP_NODE_ADDRS];
+};
+
+#define CFX_RTASK_MAX_CHILDREN 7
+
+/* Reduce task: out = input op child_1 op ... op child_n, chunk by chunk. */
+struct cfx_dp_reduce_task {
+    struct cfx_dp_hdr hdr;
+    uint64_t task;              /* driver's id for the whole reduce */
+    uint8_t input[CFX_OBJECT_ID_LEN];  /* held complete by the receiving node */
+    uint8_t output[CFX_OBJECT_ID_LEN]; /* produced here, read by the parent */
+    uint64_t size;
+    uint32_t chunk_size;
+    uint32_t timeout_ms;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t nchildren;
+    uint8_t final;              /* output is the result: announce it, report DONE */
+    uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
+    struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
+};
+
+struct cfx_dp_reduce_done {
+    struct cfx_dp_hdr hdr;
+    uint64_t task;
+    int32_t status;
+    uint32_t node_id;           /* node that failed (or produced the result) */
+};
 
 struct cfx_dp_nack {
     struct cfx_dp_hdr hdr;
@@ -110,6 +163,7 @@ struct cfx_obj {
     bool deleting;              /* withdrawn: serve no new uploads */
     bool announced;             /* known to the directory */
     bool releasing;             /* being freed once uploads drain */
+    bool ephemeral;             /* reduce intermediate: freed once served */
     uint32_t ready_chunks;      /* contiguous prefix received */
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
@@ -171,10 +225,16 @@ struct cfx_conn {
     struct cfx_list pending;    /* struct cfx_pending_msg queued while connecting */
     struct cfx_list uploads;    /* struct cfx_upload.conn_link */
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
+    /* cluster-token handshake (conn_auth.c) */
+    bool authed;                /* peer proved the token: serve it, flush pending */
+    bool auth_sent;             /* our AUTH went out */
+    uint8_t nonce[CFX_DP_NONCE_LEN];      /* ours */
+    uint8_t peer_nonce[CFX_DP_NONCE_LEN]; /* theirs */
 };
 
 struct cfx_pending_msg {
     struct cfx_list link;
+    bool hs;                    /* handshake message: may go before authentication */
     size_t len;
     uint8_t data[];
 };
@@ -189,6 +249,7 @@ struct cfx_upload {
     uint32_t next;              /* next chunk to write */
     uint32_t credits;           /* chunks we may still write */
     uint32_t inflight;          /* writes posted, not yet completed */
+    uint32_t ring;              /* receiver's scratch ring slots (0 = linear) */
     bool canceled;              /* receiver withdrew: CANCEL_ACK once drained */
     bool aborted;               /* we release the object: NACK once drained */
     struct cfx_tp_rdesc rdesc;
@@ -213,7 +274,56 @@ struct cfx_xfer_in {
     bool cancel_sent;
     bool cancel_acked;
     struct cfx_request *req;
+    struct cfx_rchild *rchild;  /* chunks feed a reduce task instead of obj */
 };
+
+/* ---- object reduce (objreduce.c) ------------------------------------------- */
+
+/* One child stream of a reduce task: its chunks land in a scratch ring and
+ * are reduced into the task's output as they arrive. */
+struct cfx_rchild {
+    struct cfx_rtask *task;
+    struct cfx_xfer_in in;      /* slot; in.obj is the scratch ring */
+    struct cfx_obj *scratch;
+    uint32_t ring;              /* slots in the scratch ring */
+    uint32_t got;               /* chunks reduced so far (they arrive in order) */
+    struct cfx_node_rec node;
+    struct cfx_object_id src;   /* object read from the child */
+};
+
+struct cfx_rtask {
+    struct cfx_list link;       /* ctx->rtasks */
+    uint64_t task;
+    struct cfx_conn *driver;    /* NULL when the driver is this node */
+    uint32_t driver_node;
+    struct cfx_obj *x;          /* local input (refs held) */
+    struct cfx_obj *out;        /* output, in the store */
+    enum cfx_dtype dtype;
+    enum cfx_redop op;
+    bool final;
+    uint8_t *count;             /* contributions reduced into each chunk */
+    uint32_t nchildren;
+    uint32_t children_done;
+    struct cfx_rchild child[CFX_RTASK_MAX_CHILDREN];
+    uint64_t deadline;
+    int status;                 /* CFX_ERR_AGAIN while running */
+};
+
+/* Driver-side wait for a reduce's result. */
+struct cfx_rwait {
+    struct cfx_list link;       /* ctx->rwaits */
+    uint64_t task;
+    int status;                 /* CFX_ERR_AGAIN until REDUCE_DONE */
+    uint32_t node_id;           /* who reported */
+};
+
+void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);
+void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t chunk,
+                      uint32_t len);
+void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int status);
+int cfx__rtask_poll(struct cfx_context *ctx);
+void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__rtask_destroy_all(struct cfx_context *ctx);
 
 /* ---- requests --------------------------------------------------------------- */
 
@@ -244,6 +354,7 @@ enum cfx_cmd_type {
     CFX_CMD_NODE_DEAD,      /* fail everything with a node */
     CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
+    CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
 };
 
 struct cfx_cmd {
@@ -251,7 +362,8 @@ struct cfx_cmd {
     enum cfx_cmd_type type;
     struct cfx_obj *obj;
     struct cfx_node_rec node;   /* GET_START: source */
-    uint32_t node_id;           /* NODE_DEAD */
+    uint32_t node_id;           /* NODE_DEAD; RTASK: node to run it (0 = here) */
+    struct cfx_dp_reduce_task *msg; /* RTASK: owned by the command */
 };
 
 /* ---- arena ----------------------------------------------------------------- */
@@ -271,6 +383,9 @@ struct cfx_arena {
 
 int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out,
                      int *fd, uint64_t *off);
+/* The same with ctx->lock already held (progress thread). */
+int cfx__arena_alloc_locked(struct cfx_context *ctx, size_t size, void **out,
+                            int *fd, uint64_t *off);
 int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t *off);
 void cfx__arena_free(struct cfx_context *ctx, void *p);
 void cfx__arena_destroy(struct cfx_context *ctx);
@@ -317,6 +432,13 @@ struct cfx_context {
     struct cfx_list paced_uploads;
     struct cfx_list p2p_sends;  /* struct cfx_obj.p2p_link: posted, unmatched */
     struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
+    struct cfx_list rtasks;     /* struct cfx_rtask running here */
+    struct cfx_list rwaits;     /* struct cfx_rwait: reduces this node drives */
+    struct cfx_list waiting_gets; /* struct cfx_p2p_rtr: GET_REQ (WAIT) for objects
+                                     a reduce task is about to produce */
+    uint64_t rtask_counter;
+    double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
+    double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];
     uint32_t next_slot;
 
@@ -377,6 +499,10 @@ void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 /* xfer.c: start serving @p req from @p obj on @p conn */
 void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
                             struct cfx_obj *obj, const struct cfx_dp_get_req *req);
+/* xfer.c: transfer slots, and chunks becoming ready in a partial object */
+int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
+void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits);
 
 /* conn.c (progress thread, ctx->lock held) */
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
@@ -386,6 +512,19 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
+/* Queue a handshake message ahead of everything else and flush. */
+int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
+/* Flush queued messages once the connection is usable; returns how many. */
+int cfx__conn_flush(struct cfx_conn *conn);
+
+/* conn_auth.c (progress thread, ctx->lock held): the data-plane handshake.
+ * Connector: HELLO{node, Nc} -> acceptor: AUTH{Na, MAC_acc(Na,Nc)} ->
+ * connector checks it, answers AUTH{Na, MAC_conn(Na,Nc)} and is
+ * authenticated; the acceptor is once it checked that.  Nothing but HELLO
+ * and AUTH is accepted on an unauthenticated connection. */
+int cfx__conn_auth_hello_out(struct cfx_conn *conn);
+void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m);
+void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
                               int *status);
 

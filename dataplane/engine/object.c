@@ -438,6 +438,14 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
     if (alloc)
         *out_buf = data;
     double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    /* what reduce planning uses as this node's bandwidth and latency */
+    pthread_mutex_lock(&ctx->lock);
+    if (src.size >= (1u << 20) && secs > 0)
+        ctx->est_bw = ctx->est_bw > 0 ? 0.8 * ctx->est_bw + 0.2 * (double)src.size / secs
+                                      : (double)src.size / secs;
+    else if (src.size <= 65536)
+        ctx->est_lat = ctx->est_lat > 0 ? 0.8 * ctx->est_lat + 0.2 * secs : secs;
+    pthread_mutex_unlock(&ctx->lock);
     CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, hex,
             src.size, secs);
     return CFX_OK;

@@ -18,6 +18,7 @@
 
 int cfx__conn_flush_all(struct cfx_context *ctx);
 void cfx__conn_connected(struct cfx_conn *conn);
+void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd);
 struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep);
 
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
@@ -55,6 +56,9 @@ static int run_cmds(struct cfx_context *ctx)
             break;
         case CFX_CMD_P2P_CANCEL:
             cfx__p2p_send_cancel(ctx, cmd->obj);
+            break;
+        case CFX_CMD_RTASK:
+            cfx__rtask_cmd(ctx, cmd);
             break;
         }
         free(cmd);
@@ -152,6 +156,7 @@ static void *progress_main(void *arg)
         }
         work += run_cmds(ctx);
         work += cfx__xfer_pump_busy(ctx);
+        work += cfx__rtask_poll(ctx);
         work += cfx__conn_flush_all(ctx);
         pthread_mutex_unlock(&ctx->lock);
 

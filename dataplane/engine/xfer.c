@@ -23,37 +23,7 @@ static void id_hex(const struct cfx_object_id *id, char *buf)
     buf[12] = '\0'; /* a prefix is enough for a log line */
 }
 
-int cfx__dp_msg_check(const void *buf, size_t len)
-{
-    static const size_t sizes[CFX_DP_TYPE_MAX] = {
-        [CFX_DP_HELLO] = sizeof(struct cfx_dp_hello),
-        [CFX_DP_GET_REQ] = sizeof(struct cfx_dp_get_req),
-        [CFX_DP_GET_NACK] = sizeof(struct cfx_dp_nack),
-        [CFX_DP_CREDIT] = sizeof(struct cfx_dp_credit),
-        [CFX_DP_CANCEL] = sizeof(struct cfx_dp_hdr),
-        [CFX_DP_CANCEL_ACK] = sizeof(struct cfx_dp_hdr),
-    };
-    struct cfx_dp_hdr h;
-
-    if (len < sizeof(h))
-        return CFX_ERR_PROTO;
-    memcpy(&h, buf, sizeof(h));
-    if (h.magic != CFX_DP_MAGIC || h.version != CFX_DP_VERSION || h.type == 0 ||
-        h.type >= CFX_DP_TYPE_MAX || len != sizes[h.type])
-        return CFX_ERR_PROTO;
-    if (h.type != CFX_DP_HELLO && h.slot >= CFX_XFER_SLOTS)
-        return CFX_ERR_PROTO;
-    if (h.type == CFX_DP_GET_REQ) {
-        const struct cfx_dp_get_req *r = buf;
-        if (r->rdesc.len > CFX_TP_RDESC_MAX || (r->flags & ~CFX_DP_GET_P2P) ||
-            r->chunk_size < CFX_CHUNK_MIN ||
-            r->chunk_size > CFX_CHUNK_MAX || r->credits == 0 ||
-            r->size / r->chunk_size >= CFX_MAX_CHUNKS ||
-            r->first_chunk > cfx__nchunks(r->size, r->chunk_size))
-            return CFX_ERR_PROTO;
-    }
-    return h.type;
-}
+/* cfx__dp_msg_check() is in dp_msg.c (pure; fuzzed by test/fuzz/fuzz_dp_msg.c). */
 
 static void send_hdr(struct cfx_conn *conn, uint8_t type, uint32_t slot)
 {
@@ -74,6 +44,8 @@ static void send_nack(struct cfx_conn *conn, uint32_t slot, int status)
 
 /* ---- receiver side -------------------------------------------------------- */
 
+static int slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
+
 void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status)
 {
     if (in->status != CFX_ERR_AGAIN)
@@ -83,6 +55,23 @@ void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int st
     in->conn = NULL;
     in->status = status;
     pthread_cond_broadcast(&ctx->obj_cond);
+    if (in->rchild && status != CFX_OK)
+        cfx__rtask_child_failed(ctx, in->rchild, status);
+}
+
+void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits)
+{
+    struct cfx_dp_credit c = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_CREDIT, .slot = slot },
+        .credits = credits,
+    };
+    cfx__conn_send(conn, &c, sizeof(c));
+}
+
+int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in)
+{
+    return slot_alloc(ctx, in);
 }
 
 static int slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in)
@@ -175,6 +164,12 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
 static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up);
 
 /* Chunks [ready_chunks, ...) that have landed extend the served prefix. */
+static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    obj_advance(ctx, obj);
+}
+
 static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
 {
     uint32_t before = obj->ready_chunks;
@@ -202,6 +197,10 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
         cfx__conn_fail(conn, CFX_ERR_PROTO, "write into a slot it was not granted");
         return;
     }
+    if (in->rchild) {
+        cfx__rtask_chunk(ctx, in->rchild, chunk, len);
+        return;
+    }
     struct cfx_obj *obj = in->obj;
     uint64_t off = (uint64_t)chunk * obj->chunk_size;
     uint64_t want = chunk < obj->nchunks ? CFX_MIN((uint64_t)obj->chunk_size, obj->size - off) : 0;
@@ -226,13 +225,8 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
         return;
     }
     if (in->owed >= CFX_MAX(in->window / 2, 1u)) {
-        struct cfx_dp_credit c = {
-            .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                     .type = CFX_DP_CREDIT, .slot = in->slot },
-            .credits = in->owed,
-        };
+        cfx__dp_send_credit(conn, in->slot, in->owed);
         in->owed = 0;
-        cfx__conn_send(conn, &c, sizeof(c));
     }
 }
 
@@ -304,7 +298,8 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
                                (uint64_t)len * 1000000000ull / ctx->cfg.upload_rate;
         }
         uint32_t imm = (up->slot << CFX_IMM_SLOT_SHIFT) | up->next;
-        int rc = ops->ep_write(conn->ep, mr, off, &up->rdesc, off, len, imm,
+        uint64_t roff = up->ring ? (uint64_t)(up->next % up->ring) * obj->chunk_size : off;
+        int rc = ops->ep_write(conn->ep, mr, off, &up->rdesc, roff, len, imm,
                                (uint64_t)(uintptr_t)up);
         if (rc == CFX_ERR_AGAIN) {
             up->busy = true;
@@ -368,6 +363,16 @@ static struct cfx_upload *upload_find(struct cfx_conn *conn, uint32_t slot)
     return NULL;
 }
 
+void cfx__xfer_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
+                       const struct cfx_dp_get_req *req);
+static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
+                           const struct cfx_dp_get_req *req);
+void cfx__xfer_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
+                       const struct cfx_dp_get_req *req)
+{
+    handle_get_req(ctx, conn, req);
+}
+
 static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
                            const struct cfx_dp_get_req *req)
 {
@@ -381,6 +386,18 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
     memcpy(id.bytes, req->id, CFX_OBJECT_ID_LEN);
     id_hex(&id, hex);
     struct cfx_obj *obj = cfx__store_find(&ctx->store, &id);
+    if (!obj && (req->flags & CFX_DP_GET_WAIT)) {
+        /* a reduce task here is about to produce it (cfx__rtask_waiting_gets) */
+        struct cfx_p2p_rtr *w = malloc(sizeof(*w));
+        if (!w) {
+            send_nack(conn, req->hdr.slot, CFX_ERR_NOMEM);
+            return;
+        }
+        w->conn = conn;
+        w->req = *req;
+        cfx_list_add_tail(&w->link, &ctx->waiting_gets);
+        return;
+    }
     if (!obj || obj->deleting) {
         CFX_LOG(INFO, XFER, "node %u: %s asked for %s which we do not hold", ctx->node_id,
                 conn->name, hex);
@@ -436,6 +453,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
     up->next = req->first_chunk;
     up->credits = req->credits;
     up->rdesc = req->rdesc;
+    up->ring = (req->flags & CFX_DP_GET_RING) ? req->ring : 0;
     cfx_list_add_tail(&up->obj_link, &obj->uploads);
     cfx_list_add_tail(&up->conn_link, &conn->uploads);
     ctx->stats.uploads++;
@@ -459,7 +477,17 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     }
     memcpy(&h, data, sizeof(h));
     if (type != CFX_DP_HELLO && conn->node_id == 0) {
+        CFX_LOG(WARN, CONN, "node %u: refused %s: message before HELLO", ctx->node_id,
+                conn->name);
         cfx__conn_fail(conn, CFX_ERR_PROTO, "message before HELLO");
+        return;
+    }
+    if (type != CFX_DP_HELLO && type != CFX_DP_AUTH && !conn->authed) {
+        /* Nothing is served to, or taken from, a peer that has not proved
+         * it holds the cluster token (conn_auth.c). */
+        CFX_LOG(WARN, CONN, "node %u: refused %s: message before authentication",
+                ctx->node_id, conn->name);
+        cfx__conn_fail(conn, CFX_ERR_AUTH, "message before authentication");
         return;
     }
     switch (type) {
@@ -470,10 +498,15 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
             cfx__conn_fail(conn, CFX_ERR_PROTO, "bad HELLO");
             return;
         }
-        if (!conn->outbound)
+        if (!conn->outbound) {
             cfx__conn_hello(conn, m->node_id);
+            cfx__conn_auth_hello_in(conn, m);
+        }
         break;
     }
+    case CFX_DP_AUTH:
+        cfx__conn_auth_msg(conn, data);
+        break;
     case CFX_DP_GET_REQ:
         handle_get_req(ctx, conn, data);
         break;
@@ -513,6 +546,10 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         upload_maybe_done(ctx, up);
         break;
     }
+    case CFX_DP_REDUCE_TASK:
+    case CFX_DP_REDUCE_DONE:
+        cfx__rtask_msg(ctx, conn, data, len);
+        break;
     case CFX_DP_CANCEL_ACK: {
         struct cfx_xfer_in *in = ctx->slots[h.slot];
         if (in && in->conn == conn && in->cancel_sent) {
@@ -541,6 +578,13 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         upload_free(ctx, up);
     }
     cfx__p2p_conn_failed(ctx, conn);
+    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
+        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (w->conn == conn) {
+            cfx_list_del(&w->link);
+            free(w);
+        }
+    }
 }
 
 /*
@@ -569,8 +613,8 @@ void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj)
             cfx_list_del(&up->busy_link);
         free(up);
     }
-    if (busy || (obj->in && obj->in->status == CFX_ERR_AGAIN))
-        return; /* finished from upload_free / by the getter */
+    if (busy || (obj->in && obj->in->status == CFX_ERR_AGAIN) || obj->refs)
+        return; /* finished from upload_free / by the getter / the last reference */
 
     for (int t = 0; t < ctx->ntp; t++)
         if (obj->mr[t])

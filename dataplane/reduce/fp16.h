@@ -58,10 +58,10 @@ CFX__FP_INLINE uint16_t cfx__f32_to_bf16(float f)
 CFX__FP_INLINE float cfx__f16_to_f32(uint16_t h)
 {
     const float magic = cfx__f32_from_bits(113u << 23); /* 2^-14 */
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;         /* exponent+mantissa */
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;        /* exponent+mantissa */
     uint32_t exp = em & 0x0f800000u;
-    uint32_t normal = em + (112u << 23);                 /* rebias 15 -> 127 */
-    uint32_t infnan = em + (224u << 23);                 /* exponent 31 -> 255 */
+    uint32_t normal = em + (112u << 23); /* rebias 15 -> 127 */
+    uint32_t infnan = em + (224u << 23); /* exponent 31 -> 255 */
     /* Subnormal: read the mantissa as 2^-14 * (1 + m/1024) and take 2^-14
      * away, which leaves m * 2^-24 exactly. */
     uint32_t sub = cfx__f32_bits(cfx__f32_from_bits(em + (113u << 23)) - magic);

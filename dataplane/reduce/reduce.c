@@ -18,13 +18,16 @@ static const size_t dtype_sizes[CFX_DTYPE_LAST] = {
 };
 
 static const char *const dtype_names[CFX_DTYPE_LAST] = {
-    [CFX_DTYPE_F32] = "float", [CFX_DTYPE_F64] = "double", [CFX_DTYPE_F16] = "half",
-    [CFX_DTYPE_BF16] = "bfloat16", [CFX_DTYPE_I32] = "int32", [CFX_DTYPE_I64] = "int64",
+    [CFX_DTYPE_F32] = "float",     [CFX_DTYPE_F64] = "double", [CFX_DTYPE_F16] = "half",
+    [CFX_DTYPE_BF16] = "bfloat16", [CFX_DTYPE_I32] = "int32",  [CFX_DTYPE_I64] = "int64",
     [CFX_DTYPE_U8] = "uint8",
 };
 
 static const char *const redop_names[CFX_OP_LAST] = {
-    [CFX_OP_SUM] = "sum", [CFX_OP_PROD] = "prod", [CFX_OP_MIN] = "min", [CFX_OP_MAX] = "max",
+    [CFX_OP_SUM] = "sum",
+    [CFX_OP_PROD] = "prod",
+    [CFX_OP_MIN] = "min",
+    [CFX_OP_MAX] = "max",
 };
 
 /* Every spelling the parsers accept (the canonical names come first). */
@@ -32,14 +35,14 @@ static const struct {
     const char *name;
     enum cfx_dtype dtype;
 } dtype_aliases[] = {
-    { "float", CFX_DTYPE_F32 },    { "f32", CFX_DTYPE_F32 },      { "fp32", CFX_DTYPE_F32 },
-    { "float32", CFX_DTYPE_F32 },  { "double", CFX_DTYPE_F64 },   { "f64", CFX_DTYPE_F64 },
-    { "fp64", CFX_DTYPE_F64 },     { "float64", CFX_DTYPE_F64 },  { "half", CFX_DTYPE_F16 },
-    { "f16", CFX_DTYPE_F16 },      { "fp16", CFX_DTYPE_F16 },     { "float16", CFX_DTYPE_F16 },
+    { "float", CFX_DTYPE_F32 },     { "f32", CFX_DTYPE_F32 },     { "fp32", CFX_DTYPE_F32 },
+    { "float32", CFX_DTYPE_F32 },   { "double", CFX_DTYPE_F64 },  { "f64", CFX_DTYPE_F64 },
+    { "fp64", CFX_DTYPE_F64 },      { "float64", CFX_DTYPE_F64 }, { "half", CFX_DTYPE_F16 },
+    { "f16", CFX_DTYPE_F16 },       { "fp16", CFX_DTYPE_F16 },    { "float16", CFX_DTYPE_F16 },
     { "bfloat16", CFX_DTYPE_BF16 }, { "bf16", CFX_DTYPE_BF16 },   { "int32", CFX_DTYPE_I32 },
-    { "i32", CFX_DTYPE_I32 },      { "int", CFX_DTYPE_I32 },      { "int32_t", CFX_DTYPE_I32 },
-    { "int64", CFX_DTYPE_I64 },    { "i64", CFX_DTYPE_I64 },      { "int64_t", CFX_DTYPE_I64 },
-    { "uint8", CFX_DTYPE_U8 },     { "u8", CFX_DTYPE_U8 },        { "uint8_t", CFX_DTYPE_U8 },
+    { "i32", CFX_DTYPE_I32 },       { "int", CFX_DTYPE_I32 },     { "int32_t", CFX_DTYPE_I32 },
+    { "int64", CFX_DTYPE_I64 },     { "i64", CFX_DTYPE_I64 },     { "int64_t", CFX_DTYPE_I64 },
+    { "uint8", CFX_DTYPE_U8 },      { "u8", CFX_DTYPE_U8 },       { "uint8_t", CFX_DTYPE_U8 },
     { "char", CFX_DTYPE_U8 },
 };
 
@@ -47,7 +50,7 @@ static const struct {
     const char *name;
     enum cfx_redop op;
 } redop_aliases[] = {
-    { "sum", CFX_OP_SUM },   { "add", CFX_OP_SUM },  { "plus", CFX_OP_SUM },
+    { "sum", CFX_OP_SUM },   { "add", CFX_OP_SUM },      { "plus", CFX_OP_SUM },
     { "prod", CFX_OP_PROD }, { "product", CFX_OP_PROD }, { "mul", CFX_OP_PROD },
     { "min", CFX_OP_MIN },   { "max", CFX_OP_MAX },
 };
@@ -115,8 +118,7 @@ int cfx__reduce_isa_supported(enum cfx__reduce_isa isa)
     if ((unsigned)isa >= CFX__REDUCE_ISA_LAST || !cfx__reduce_tables[isa])
         return 0;
     switch (isa) {
-    case CFX__REDUCE_ISA_DEFAULT:
-        return 1;
+    case CFX__REDUCE_ISA_DEFAULT: return 1;
 #if defined(__x86_64__) || defined(__i386__)
     case CFX__REDUCE_ISA_AVX2:
         __builtin_cpu_init();
@@ -127,8 +129,7 @@ int cfx__reduce_isa_supported(enum cfx__reduce_isa isa)
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #endif
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -171,8 +172,7 @@ int cfx__reduce_set_isa(enum cfx__reduce_isa isa)
     if ((unsigned)isa >= CFX__REDUCE_ISA_LAST)
         return cfx__err(CFX_ERR_INVALID, "reduction ISA %d unknown", (int)isa);
     if (!cfx__reduce_isa_supported(isa))
-        return cfx__err(CFX_ERR_UNSUPPORTED, "reduction ISA %s not supported here",
-                        isa_names[isa]);
+        return cfx__err(CFX_ERR_UNSUPPORTED, "reduction ISA %s not supported here", isa_names[isa]);
     __atomic_store_n(&reduce_active_table, cfx__reduce_tables[isa], __ATOMIC_RELEASE);
     return CFX_OK;
 }
@@ -190,8 +190,7 @@ int cfx_reduce3(void *dst, const void *a, const void *b, size_t count, enum cfx_
                 enum cfx_redop op)
 {
     if (unlikely((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST))
-        return cfx__err(CFX_ERR_INVALID, "reduce: unknown dtype %d or op %d", (int)dtype,
-                        (int)op);
+        return cfx__err(CFX_ERR_INVALID, "reduce: unknown dtype %d or op %d", (int)dtype, (int)op);
     if (unlikely(count == 0))
         return CFX_OK;
     if (unlikely(!dst || !a || !b))

@@ -25,8 +25,8 @@ enum cfx__reduce_isa {
 };
 
 struct cfx__reduce_table {
-    enum cfx__reduce_isa isa;                      /* what the kernels need */
-    const char *name;                              /* "default", "avx2", "avx512" */
+    enum cfx__reduce_isa isa;                       /* what the kernels need */
+    const char *name;                               /* "default", "avx2", "avx512" */
     cfx__reduce_fn fn[CFX_DTYPE_LAST][CFX_OP_LAST]; /* every entry is set */
 };
 

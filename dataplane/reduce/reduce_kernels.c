@@ -53,26 +53,26 @@ typedef int64_t rk_i64 __attribute__((aligned(1), may_alias));
  * values, with -0 below +0.  The key of a negative encoding flips every bit
  * but the sign, which turns sign-magnitude into two's complement order.
  */
-#define RK_FMINMAX(tag, UT, ST, W, ABS, INF)                                                       \
-    RK_INLINE ST rk_key_##tag(UT x)                                                                \
-    {                                                                                              \
-        return (ST)(x ^ (UT)((UT)((ST)x >> ((W)-1)) >> 1));                                        \
-    }                                                                                              \
-    RK_INLINE int rk_isnan_##tag(UT x)                                                             \
-    {                                                                                              \
-        return (ST)(x & (UT)(ABS)) > (ST)(INF);                                                    \
-    }                                                                                              \
-    RK_INLINE UT rk_min_##tag(UT x, UT y)                                                          \
-    {                                                                                              \
-        UT r = rk_key_##tag(x) <= rk_key_##tag(y) ? x : y;                                         \
-        r = rk_isnan_##tag(y) ? y : r;                                                             \
-        return rk_isnan_##tag(x) ? x : r;                                                          \
-    }                                                                                              \
-    RK_INLINE UT rk_max_##tag(UT x, UT y)                                                          \
-    {                                                                                              \
-        UT r = rk_key_##tag(x) >= rk_key_##tag(y) ? x : y;                                         \
-        r = rk_isnan_##tag(y) ? y : r;                                                             \
-        return rk_isnan_##tag(x) ? x : r;                                                          \
+#define RK_FMINMAX(tag, UT, ST, W, ABS, INF)                \
+    RK_INLINE ST rk_key_##tag(UT x)                         \
+    {                                                       \
+        return (ST)(x ^ (UT)((UT)((ST)x >> ((W)-1)) >> 1)); \
+    }                                                       \
+    RK_INLINE int rk_isnan_##tag(UT x)                      \
+    {                                                       \
+        return (ST)(x & (UT)(ABS)) > (ST)(INF);             \
+    }                                                       \
+    RK_INLINE UT rk_min_##tag(UT x, UT y)                   \
+    {                                                       \
+        UT r = rk_key_##tag(x) <= rk_key_##tag(y) ? x : y;  \
+        r = rk_isnan_##tag(y) ? y : r;                      \
+        return rk_isnan_##tag(x) ? x : r;                   \
+    }                                                       \
+    RK_INLINE UT rk_max_##tag(UT x, UT y)                   \
+    {                                                       \
+        UT r = rk_key_##tag(x) >= rk_key_##tag(y) ? x : y;  \
+        r = rk_isnan_##tag(y) ? y : r;                      \
+        return rk_isnan_##tag(x) ? x : r;                   \
     }
 
 RK_FMINMAX(f16, uint16_t, int16_t, 16, 0x7fffu, 0x7c00)
@@ -102,46 +102,46 @@ RK_INLINE uint16_t rk_bf16_prod(uint16_t x, uint16_t y)
 #define RK_MAX(x, y) ((x) > (y) ? (x) : (y))
 
 /* One element-wise kernel: ST is the storage type, VT the value type. */
-#define RK_KERNEL(isa, name, ST, VT, EXPR)                                                         \
-    static void rk_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n)             \
-    {                                                                                              \
-        ST *d = dst;                                                                               \
-        const ST *a = a_, *b = b_;                                                                 \
-        _Pragma("GCC ivdep") for (size_t i = 0; i < n; i++)                                        \
-        {                                                                                          \
-            VT x = a[i], y = b[i];                                                                 \
-            d[i] = (VT)(EXPR);                                                                     \
-        }                                                                                          \
+#define RK_KERNEL(isa, name, ST, VT, EXPR)                                             \
+    static void rk_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n) \
+    {                                                                                  \
+        ST *d = dst;                                                                   \
+        const ST *a = a_, *b = b_;                                                     \
+        _Pragma("GCC ivdep") for (size_t i = 0; i < n; i++)                            \
+        {                                                                              \
+            VT x = a[i], y = b[i];                                                     \
+            d[i] = (VT)(EXPR);                                                         \
+        }                                                                              \
     }
 
 /* Integer sums and products use the unsigned type: wrap-around, no UB. */
-#define RK_KERNELS_COMMON(isa)                                                                     \
-    RK_KERNEL(isa, f32_sum, rk_f32, float, x + y)                                                  \
-    RK_KERNEL(isa, f32_prod, rk_f32, float, x *y)                                                  \
-    RK_KERNEL(isa, f32_min, rk_u32, uint32_t, rk_min_f32(x, y))                                    \
-    RK_KERNEL(isa, f32_max, rk_u32, uint32_t, rk_max_f32(x, y))                                    \
-    RK_KERNEL(isa, f64_sum, rk_f64, double, x + y)                                                 \
-    RK_KERNEL(isa, f64_prod, rk_f64, double, x *y)                                                 \
-    RK_KERNEL(isa, f64_min, rk_u64, uint64_t, rk_min_f64(x, y))                                    \
-    RK_KERNEL(isa, f64_max, rk_u64, uint64_t, rk_max_f64(x, y))                                    \
-    RK_KERNEL(isa, f16_min, rk_u16, uint16_t, rk_min_f16(x, y))                                    \
-    RK_KERNEL(isa, f16_max, rk_u16, uint16_t, rk_max_f16(x, y))                                    \
-    RK_KERNEL(isa, bf16_min, rk_u16, uint16_t, rk_min_bf16(x, y))                                  \
-    RK_KERNEL(isa, bf16_max, rk_u16, uint16_t, rk_max_bf16(x, y))                                  \
-    RK_KERNEL(isa, i32_sum, rk_u32, uint32_t, x + y)                                               \
-    RK_KERNEL(isa, i32_prod, rk_u32, uint32_t, x *y)                                               \
-    RK_KERNEL(isa, i32_min, rk_i32, int32_t, RK_MIN(x, y))                                         \
-    RK_KERNEL(isa, i32_max, rk_i32, int32_t, RK_MAX(x, y))                                         \
-    RK_KERNEL(isa, i64_sum, rk_u64, uint64_t, x + y)                                               \
-    RK_KERNEL(isa, i64_prod, rk_u64, uint64_t, x *y)                                               \
-    RK_KERNEL(isa, i64_min, rk_i64, int64_t, RK_MIN(x, y))                                         \
-    RK_KERNEL(isa, i64_max, rk_i64, int64_t, RK_MAX(x, y))                                         \
-    RK_KERNEL(isa, u8_sum, rk_u8, uint8_t, x + y)                                                  \
-    RK_KERNEL(isa, u8_prod, rk_u8, uint8_t, x *y)                                                  \
-    RK_KERNEL(isa, u8_min, rk_u8, uint8_t, RK_MIN(x, y))                                           \
+#define RK_KERNELS_COMMON(isa)                                    \
+    RK_KERNEL(isa, f32_sum, rk_f32, float, x + y)                 \
+    RK_KERNEL(isa, f32_prod, rk_f32, float, x *y)                 \
+    RK_KERNEL(isa, f32_min, rk_u32, uint32_t, rk_min_f32(x, y))   \
+    RK_KERNEL(isa, f32_max, rk_u32, uint32_t, rk_max_f32(x, y))   \
+    RK_KERNEL(isa, f64_sum, rk_f64, double, x + y)                \
+    RK_KERNEL(isa, f64_prod, rk_f64, double, x *y)                \
+    RK_KERNEL(isa, f64_min, rk_u64, uint64_t, rk_min_f64(x, y))   \
+    RK_KERNEL(isa, f64_max, rk_u64, uint64_t, rk_max_f64(x, y))   \
+    RK_KERNEL(isa, f16_min, rk_u16, uint16_t, rk_min_f16(x, y))   \
+    RK_KERNEL(isa, f16_max, rk_u16, uint16_t, rk_max_f16(x, y))   \
+    RK_KERNEL(isa, bf16_min, rk_u16, uint16_t, rk_min_bf16(x, y)) \
+    RK_KERNEL(isa, bf16_max, rk_u16, uint16_t, rk_max_bf16(x, y)) \
+    RK_KERNEL(isa, i32_sum, rk_u32, uint32_t, x + y)              \
+    RK_KERNEL(isa, i32_prod, rk_u32, uint32_t, x *y)              \
+    RK_KERNEL(isa, i32_min, rk_i32, int32_t, RK_MIN(x, y))        \
+    RK_KERNEL(isa, i32_max, rk_i32, int32_t, RK_MAX(x, y))        \
+    RK_KERNEL(isa, i64_sum, rk_u64, uint64_t, x + y)              \
+    RK_KERNEL(isa, i64_prod, rk_u64, uint64_t, x *y)              \
+    RK_KERNEL(isa, i64_min, rk_i64, int64_t, RK_MIN(x, y))        \
+    RK_KERNEL(isa, i64_max, rk_i64, int64_t, RK_MAX(x, y))        \
+    RK_KERNEL(isa, u8_sum, rk_u8, uint8_t, x + y)                 \
+    RK_KERNEL(isa, u8_prod, rk_u8, uint8_t, x *y)                 \
+    RK_KERNEL(isa, u8_min, rk_u8, uint8_t, RK_MIN(x, y))          \
     RK_KERNEL(isa, u8_max, rk_u8, uint8_t, RK_MAX(x, y))
 
-#define RK_TABLE(sfx, ISA)                                                                         \
+#define RK_TABLE(sfx, ISA) \
     static const struct cfx__reduce_table rk_table_##sfx = {                                       \
         .isa = ISA,                                                                                \
         .name = #sfx,                                                                              \
@@ -180,28 +180,28 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
  * Half arithmetic with the F16C conversions, VL floats at a time.  The tail
  * goes through a zero-padded block so it rounds exactly like the body.
  */
-#define RK_F16C_KERNEL(isa, name, VL, VEC, LOADH, STOREH, CVT_IN, CVT_OUT, VOP)                     \
-    static void rk_f16_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n)         \
-    {                                                                                              \
-        uint8_t *d = dst;                                                                          \
-        const uint8_t *a = a_, *b = b_;                                                            \
-        size_t i = 0;                                                                              \
-        _Pragma("GCC unroll 4") for (; i + (VL) <= n; i += (VL))                                   \
-        {                                                                                          \
-            VEC x = CVT_IN(LOADH(a + 2 * i));                                                      \
-            VEC y = CVT_IN(LOADH(b + 2 * i));                                                      \
-            STOREH(d + 2 * i, CVT_OUT(VOP(x, y), _MM_FROUND_TO_NEAREST_INT));                      \
-        }                                                                                          \
-        if (i < n) {                                                                               \
-            uint16_t ta[VL] = { 0 }, tb[VL] = { 0 };                                               \
-            size_t bytes = 2 * (n - i);                                                            \
-            memcpy(ta, a + 2 * i, bytes);                                                          \
-            memcpy(tb, b + 2 * i, bytes);                                                          \
-            VEC x = CVT_IN(LOADH(ta));                                                             \
-            VEC y = CVT_IN(LOADH(tb));                                                             \
-            STOREH(ta, CVT_OUT(VOP(x, y), _MM_FROUND_TO_NEAREST_INT));                             \
-            memcpy(d + 2 * i, ta, bytes);                                                          \
-        }                                                                                          \
+#define RK_F16C_KERNEL(isa, name, VL, VEC, LOADH, STOREH, CVT_IN, CVT_OUT, VOP)            \
+    static void rk_f16_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n) \
+    {                                                                                      \
+        uint8_t *d = dst;                                                                  \
+        const uint8_t *a = a_, *b = b_;                                                    \
+        size_t i = 0;                                                                      \
+        _Pragma("GCC unroll 4") for (; i + (VL) <= n; i += (VL))                           \
+        {                                                                                  \
+            VEC x = CVT_IN(LOADH(a + 2 * i));                                              \
+            VEC y = CVT_IN(LOADH(b + 2 * i));                                              \
+            STOREH(d + 2 * i, CVT_OUT(VOP(x, y), _MM_FROUND_TO_NEAREST_INT));              \
+        }                                                                                  \
+        if (i < n) {                                                                       \
+            uint16_t ta[VL] = { 0 }, tb[VL] = { 0 };                                       \
+            size_t bytes = 2 * (n - i);                                                    \
+            memcpy(ta, a + 2 * i, bytes);                                                  \
+            memcpy(tb, b + 2 * i, bytes);                                                  \
+            VEC x = CVT_IN(LOADH(ta));                                                     \
+            VEC y = CVT_IN(LOADH(tb));                                                     \
+            STOREH(ta, CVT_OUT(VOP(x, y), _MM_FROUND_TO_NEAREST_INT));                     \
+            memcpy(d + 2 * i, ta, bytes);                                                  \
+        }                                                                                  \
     }
 
 /*
@@ -214,7 +214,7 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
  */
 #define RK_BF16_KERNEL(isa, name, VL, IV, FV, LOAD, STORE, ZERO, UNPLO, UNPHI, PACKUS, ADD32, AND, \
                        OR, SRLI, CMPGT, BLEND, SET1, CASTPS, CASTSI, VOP)                          \
-    static inline __attribute__((always_inline)) IV rk_bf16_round_##isa(FV v)                     \
+    static inline __attribute__((always_inline)) IV rk_bf16_round_##name##_##isa(FV v)             \
     {                                                                                              \
         IV u = CASTPS(v);                                                                          \
         IV odd = AND(SRLI(u, 16), SET1(1));                                                        \
@@ -222,12 +222,12 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
         IV isnan = CMPGT(AND(u, SET1(0x7fffffff)), SET1(0x7f800000));                              \
         return SRLI(BLEND(rnd, OR(u, SET1(0x00400000)), isnan), 16);                               \
     }                                                                                              \
-    static inline __attribute__((always_inline)) IV rk_bf16_block_##isa(IV x, IV y)               \
+    static inline __attribute__((always_inline)) IV rk_bf16_block_##name##_##isa(IV x, IV y)       \
     {                                                                                              \
         IV z = ZERO();                                                                             \
         FV lo = VOP(CASTSI(UNPLO(z, x)), CASTSI(UNPLO(z, y)));                                     \
         FV hi = VOP(CASTSI(UNPHI(z, x)), CASTSI(UNPHI(z, y)));                                     \
-        return PACKUS(rk_bf16_round_##isa(lo), rk_bf16_round_##isa(hi));                           \
+        return PACKUS(rk_bf16_round_##name##_##isa(lo), rk_bf16_round_##name##_##isa(hi));         \
     }                                                                                              \
     static void rk_bf16_##name##_##isa(void *dst, const void *a_, const void *b_, size_t n)        \
     {                                                                                              \
@@ -236,14 +236,14 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
         size_t i = 0;                                                                              \
         _Pragma("GCC unroll 2") for (; i + (VL) <= n; i += (VL))                                   \
         {                                                                                          \
-            STORE(d + 2 * i, rk_bf16_block_##isa(LOAD(a + 2 * i), LOAD(b + 2 * i)));               \
+            STORE(d + 2 * i, rk_bf16_block_##name##_##isa(LOAD(a + 2 * i), LOAD(b + 2 * i)));      \
         }                                                                                          \
         if (i < n) {                                                                               \
             uint16_t ta[VL] = { 0 }, tb[VL] = { 0 };                                               \
             size_t bytes = 2 * (n - i);                                                            \
             memcpy(ta, a + 2 * i, bytes);                                                          \
             memcpy(tb, b + 2 * i, bytes);                                                          \
-            STORE(ta, rk_bf16_block_##isa(LOAD(ta), LOAD(tb)));                                    \
+            STORE(ta, rk_bf16_block_##name##_##isa(LOAD(ta), LOAD(tb)));                           \
             memcpy(d + 2 * i, ta, bytes);                                                          \
         }                                                                                          \
     }
@@ -266,15 +266,13 @@ RK_F16C_KERNEL(avx2, prod, 8, __m256, RK_LOAD128, RK_STORE128, _mm256_cvtph_ps, 
 #define RK_STORE256(p, v)    _mm256_storeu_si256((__m256i *)(void *)(p), (v))
 #define RK_BLEND256(a, b, m) _mm256_blendv_epi8((a), (b), (m))
 #define RK_BF16_AVX2(name, VOP)                                                                    \
-    RK_BF16_KERNEL(avx2_##name, name, 16, __m256i, __m256, RK_LOAD256, RK_STORE256,                \
-                   _mm256_setzero_si256, _mm256_unpacklo_epi16, _mm256_unpackhi_epi16,             \
-                   _mm256_packus_epi32, _mm256_add_epi32, _mm256_and_si256, _mm256_or_si256,       \
-                   _mm256_srli_epi32, _mm256_cmpgt_epi32, RK_BLEND256, _mm256_set1_epi32,          \
-                   _mm256_castps_si256, _mm256_castsi256_ps, VOP)
+    RK_BF16_KERNEL(avx2, name, 16, __m256i, __m256, RK_LOAD256, RK_STORE256, _mm256_setzero_si256, \
+                   _mm256_unpacklo_epi16, _mm256_unpackhi_epi16, _mm256_packus_epi32,              \
+                   _mm256_add_epi32, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32,         \
+                   _mm256_cmpgt_epi32, RK_BLEND256, _mm256_set1_epi32, _mm256_castps_si256,        \
+                   _mm256_castsi256_ps, VOP)
 RK_BF16_AVX2(sum, _mm256_add_ps)
 RK_BF16_AVX2(prod, _mm256_mul_ps)
-#define rk_bf16_sum_avx2  rk_bf16_sum_avx2_sum
-#define rk_bf16_prod_avx2 rk_bf16_prod_avx2_prod
 RK_TABLE(avx2, CFX__REDUCE_ISA_AVX2)
 
 #pragma GCC pop_options
@@ -285,25 +283,23 @@ RK_TABLE(avx2, CFX__REDUCE_ISA_AVX2)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")
 
 RK_KERNELS_COMMON(avx512)
-RK_F16C_KERNEL(avx512, sum, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps,
-               _mm512_cvtps_ph, _mm512_add_ps)
-RK_F16C_KERNEL(avx512, prod, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps,
-               _mm512_cvtps_ph, _mm512_mul_ps)
+RK_F16C_KERNEL(avx512, sum, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps, _mm512_cvtps_ph,
+               _mm512_add_ps)
+RK_F16C_KERNEL(avx512, prod, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps, _mm512_cvtps_ph,
+               _mm512_mul_ps)
 
 #define RK_LOAD512(p)        _mm512_loadu_si512((const void *)(p))
 #define RK_STORE512(p, v)    _mm512_storeu_si512((void *)(p), (v))
 #define RK_CMPGT512(a, b)    _mm512_movm_epi32(_mm512_cmpgt_epi32_mask((a), (b)))
 #define RK_BLEND512(a, b, m) _mm512_mask_blend_epi32(_mm512_movepi32_mask(m), (a), (b))
-#define RK_BF16_AVX512(name, VOP)                                                                  \
-    RK_BF16_KERNEL(avx512_##name, name, 32, __m512i, __m512, RK_LOAD512, RK_STORE512,              \
-                   _mm512_setzero_si512, _mm512_unpacklo_epi16, _mm512_unpackhi_epi16,             \
-                   _mm512_packus_epi32, _mm512_add_epi32, _mm512_and_si512, _mm512_or_si512,       \
-                   _mm512_srli_epi32, RK_CMPGT512, RK_BLEND512, _mm512_set1_epi32,                 \
+#define RK_BF16_AVX512(name, VOP)                                                            \
+    RK_BF16_KERNEL(avx512, name, 32, __m512i, __m512, RK_LOAD512, RK_STORE512,               \
+                   _mm512_setzero_si512, _mm512_unpacklo_epi16, _mm512_unpackhi_epi16,       \
+                   _mm512_packus_epi32, _mm512_add_epi32, _mm512_and_si512, _mm512_or_si512, \
+                   _mm512_srli_epi32, RK_CMPGT512, RK_BLEND512, _mm512_set1_epi32,           \
                    _mm512_castps_si512, _mm512_castsi512_ps, VOP)
 RK_BF16_AVX512(sum, _mm512_add_ps)
 RK_BF16_AVX512(prod, _mm512_mul_ps)
-#define rk_bf16_sum_avx512  rk_bf16_sum_avx512_sum
-#define rk_bf16_prod_avx512 rk_bf16_prod_avx512_prod
 RK_TABLE(avx512, CFX__REDUCE_ISA_AVX512)
 
 #pragma GCC pop_options

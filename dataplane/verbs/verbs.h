@@ -266,7 +266,8 @@ struct cfx__verbs_iface {
     uint32_t cq_reserved;        /* CQEs reserved by endpoints */
     unsigned cq_unacked;         /* CQ events read and not yet acked */
     struct ibv_mr *nop_mr;       /* target of zero-length no-op writes */
-    uint64_t nop_buf[8];
+    void *nop_buf;               /* its own page: with ibv_fork_init a registered
+                                  * page is not inherited by children */
 
     /* queue sizing, after device limits */
     uint32_t sq_depth, rq_depth, sig_interval;

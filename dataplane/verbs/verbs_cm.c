@@ -134,7 +134,8 @@ int cfx__verbs_cm_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *ds
 
 void cfx__verbs_cm_disconnect(struct cfx__verbs_ep *ep)
 {
-    /* Also moves the QP to ERR; fails harmlessly when already disconnected. */
+    /* Sends a DREQ; the QP is ours and moved to ERR by the caller.  Fails
+     * harmlessly when already disconnected. */
     if (rdma_disconnect(ep->cm_id) == 0)
         CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: rdma_disconnect", ep->iface->addr,
                 ep->super.peer_name);

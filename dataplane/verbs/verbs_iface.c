@@ -767,6 +767,7 @@ static void iface_release(struct cfx__verbs_iface *iface)
     cfx__verbs_rcache_destroy(iface->rcache);
     if (iface->nop_mr)
         ibv_dereg_mr(iface->nop_mr);
+    free(iface->nop_buf);
     if (iface->cq) {
         if (iface->cq_unacked)
             ibv_ack_cq_events(iface->cq, iface->cq_unacked);
@@ -906,11 +907,17 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
         goto err_release;
     }
     iface->cq_size = (uint32_t)iface->cq->cqe;
-    iface->nop_mr = ibv_reg_mr(iface->pd, iface->nop_buf, sizeof(iface->nop_buf),
+    if (posix_memalign(&iface->nop_buf, 4096, 4096)) {
+        iface->nop_buf = NULL;
+        rc = cfx__err(CFX_ERR_NOMEM, "verbs iface_open: out of memory");
+        goto err_release;
+    }
+    memset(iface->nop_buf, 0, 4096);
+    iface->nop_mr = ibv_reg_mr(iface->pd, iface->nop_buf, 64,
                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!iface->nop_mr) {
-        rc = cfx__err(cfx__verbs_status(errno), "verbs: ibv_reg_mr of %zu bytes on %s: %s%s",
-                      sizeof(iface->nop_buf), iface->dev_name, strerror(errno),
+        rc = cfx__err(cfx__verbs_status(errno), "verbs: ibv_reg_mr of %d bytes on %s: %s%s",
+                      64, iface->dev_name, strerror(errno),
                       errno == EPERM || errno == ENOMEM ? " (check 'ulimit -l')" : "");
         goto err_release;
     }

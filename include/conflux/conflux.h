@@ -8,5 +8,6 @@
 #include <conflux/context.h>
 #include <conflux/object.h>
 #include <conflux/reduce.h>
+#include <conflux/group.h>
 
 #endif

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <conflux/visibility.h>
 #include <conflux/mem.h>
+#include <conflux/reduce.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +103,32 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
  */
 CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
                        const struct cfx_obj_params *params);
+
+/**
+ * Reduce objects (Hoplite style): @p result = @p op over the first @p k of the
+ * @p n input objects to become available, element-wise as @p dtype.
+ *
+ * The inputs stay where they were put.  Their holders form a reduction tree
+ * in the order the inputs become ready — a chain for large objects, a
+ * binomial tree for small ones, chosen from the object size and the measured
+ * bandwidth and latency (CFX_REDUCE_SHAPE=chain|tree overrides) — and stream
+ * chunk by chunk, reducing each chunk as it lands.  The node holding the
+ * last input to arrive produces @p result and announces it; any node may
+ * cfx_get() it.  Late inputs are fine: the reduce waits for k of them until
+ * the deadline.  All inputs must have the same size, a multiple of the dtype
+ * size, and the same chunk size.
+ *
+ * @param used  NULL, or k entries that receive the indices (into @p inputs)
+ *              of the inputs reduced, in the order they became ready.
+ * @return CFX_OK once the result is complete; CFX_ERR_TIMEOUT when fewer than
+ *         k inputs appeared in time (cfx_last_error() names the missing ones);
+ *         CFX_ERR_INVALID for bad arguments or inputs of different sizes;
+ *         CFX_ERR_PEER_FAILED naming the node when a participant died.
+ */
+CFX_API int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs,
+                               size_t n, size_t k, enum cfx_dtype dtype, enum cfx_redop op,
+                               const struct cfx_object_id *result,
+                               const struct cfx_obj_params *params, size_t *used);
 
 /* Non-blocking variants.  On CFX_OK *req is set and must be freed with
  * cfx_request_free() after it completes; on error no request exists. */

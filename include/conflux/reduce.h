@@ -31,21 +31,21 @@ extern "C" {
 #endif
 
 enum cfx_dtype {
-    CFX_DTYPE_F32 = 0,  /* IEEE binary32 */
-    CFX_DTYPE_F64,      /* IEEE binary64 */
-    CFX_DTYPE_F16,      /* IEEE binary16 (half) */
-    CFX_DTYPE_BF16,     /* bfloat16: the top half of a binary32 */
-    CFX_DTYPE_I32,      /* int32_t, two's complement */
-    CFX_DTYPE_I64,      /* int64_t, two's complement */
-    CFX_DTYPE_U8,       /* uint8_t */
+    CFX_DTYPE_F32 = 0, /* IEEE binary32 */
+    CFX_DTYPE_F64,     /* IEEE binary64 */
+    CFX_DTYPE_F16,     /* IEEE binary16 (half) */
+    CFX_DTYPE_BF16,    /* bfloat16: the top half of a binary32 */
+    CFX_DTYPE_I32,     /* int32_t, two's complement */
+    CFX_DTYPE_I64,     /* int64_t, two's complement */
+    CFX_DTYPE_U8,      /* uint8_t */
     CFX_DTYPE_LAST
 };
 
 enum cfx_redop {
-    CFX_OP_SUM = 0,     /* a + b */
-    CFX_OP_PROD,        /* a * b */
-    CFX_OP_MIN,         /* IEEE 754-2019 minimum for floats */
-    CFX_OP_MAX,         /* IEEE 754-2019 maximum for floats */
+    CFX_OP_SUM = 0, /* a + b */
+    CFX_OP_PROD,    /* a * b */
+    CFX_OP_MIN,     /* IEEE 754-2019 minimum for floats */
+    CFX_OP_MAX,     /* IEEE 754-2019 maximum for floats */
     CFX_OP_LAST
 };
 
@@ -87,7 +87,7 @@ CFX_API int cfx_redop_from_name(const char *name, enum cfx_redop *out);
  * @param src    operand, @p count elements; may equal @p dst but must not
  *               otherwise overlap it
  * @param count  number of elements (not bytes); 0 is a no-op
- * No alignment is required beyond none at all: any byte address works.
+ * The buffers need no particular alignment.
  *
  * @return CFX_OK, or CFX_ERR_INVALID for an unknown dtype or op, or a NULL
  *         pointer with count > 0 (nothing is written then).
@@ -105,8 +105,8 @@ CFX_API int cfx_reduce(void *dst, const void *src, size_t count, enum cfx_dtype 
  *
  * @return as cfx_reduce().
  */
-CFX_API int cfx_reduce3(void *dst, const void *a, const void *b, size_t count,
-                        enum cfx_dtype dtype, enum cfx_redop op);
+CFX_API int cfx_reduce3(void *dst, const void *a, const void *b, size_t count, enum cfx_dtype dtype,
+                        enum cfx_redop op);
 
 #ifdef __cplusplus
 }

@@ -43,3 +43,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(buf);
     return 0;
 }
+
+/* The reduction kernels (dataplane/reduce) are not part of the fuzz build;
+ * the element sizes cfx__dp_msg_check() needs for REDUCE_TASK are these. */
+size_t cfx_dtype_size(enum cfx_dtype dtype)
+{
+    static const size_t sizes[CFX_DTYPE_LAST] = {
+        [CFX_DTYPE_F32] = 4, [CFX_DTYPE_F64] = 8, [CFX_DTYPE_F16] = 2, [CFX_DTYPE_BF16] = 2,
+        [CFX_DTYPE_I32] = 4, [CFX_DTYPE_I64] = 8, [CFX_DTYPE_U8] = 1,
+    };
+    return (unsigned)dtype < CFX_DTYPE_LAST ? sizes[dtype] : 0;
+}

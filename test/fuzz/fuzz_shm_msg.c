@@ -26,12 +26,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static uint8_t ring_static[RING] __attribute__((aligned(64)));
     uint8_t *ring = malloc(RING);
     uint8_t *region = malloc(REGION);
     if (!ring || !region)
         goto out;
-    (void)ring_static;
     if (size < 1)
         goto out;
     uint64_t pos = (uint64_t)(data[0] % (RING / CFX_SHM_MSG_ALIGN)) * CFX_SHM_MSG_ALIGN;

@@ -123,3 +123,39 @@ ParameterizedTest(struct case_param *p, objects, source_killed, .timeout = 180)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "relay killed over %s: cfx_run status %d",
               p->tp, st);
 }
+
+struct reduce_case {
+    char tp[8];
+    int n;
+    int k;
+    int late;
+    char shape[8];
+    char bytes[12];
+};
+
+static struct reduce_case reduce_cases[] = {
+    { "tcp", 4, 4, -1, "chain", "8388608" },  { "shm", 4, 4, -1, "chain", "8388608" },
+    { "tcp", 5, 5, -1, "tree", "4194304" },   { "shm", 7, 7, -1, "tree", "1048576" },
+    { "tcp", 5, 4, 2, "", "8388608" },        { "shm", 5, 3, 4, "", "8388608" },
+    { "tcp", 3, 1, -1, "", "1048576" },
+};
+
+ParameterizedTestParameters(objects, reduce)
+{
+    return cr_make_param_array(struct reduce_case, reduce_cases,
+                               sizeof(reduce_cases) / sizeof(reduce_cases[0]));
+}
+
+/* Object reduce: chain and tree shapes, subsets (first k of n) with a late
+ * input that must not be used, and a reduce of a single input; every rank
+ * checks the result element by element against the inputs that were used. */
+ParameterizedTest(struct reduce_case *p, objects, reduce, .timeout = 180)
+{
+    char env[64], args[96];
+    snprintf(env, sizeof(env), "CFX_CHUNK_SIZE=262144 %s%s", p->shape[0] ? "CFX_REDUCE_SHAPE=" : "",
+             p->shape);
+    snprintf(args, sizeof(args), "reduce %s %d %d noinline", p->bytes, p->k, p->late);
+    int rc = run(env, p->n, p->tp, args);
+    cr_assert_eq(rc, 0, "reduce %d of %d over %s (%s): cfx_run exited %d", p->k, p->n, p->tp,
+                 p->shape, rc);
+}

@@ -11,6 +11,8 @@
  *                   by its deadline
  *   nb              non-blocking put/get with requests
  *   failover SIZE   a source killed mid-transfer; the getter resumes elsewhere
+ *   reduce BYTES K LATE [noinline]  rank 0 reduces the first K of all ranks'
+ *                   inputs (rank LATE puts its input a second late; -1: none)
  */
 #include <conflux/conflux.h>
 
@@ -274,6 +276,72 @@ static void mode_failover(struct cfx_context *ctx, size_t size)
     }
 }
 
+/*
+ * Object reduce: every rank puts an input of float32 small integers (so sums
+ * are exact in any order); rank 0 reduces the first k of them into a result
+ * and every rank checks the result against the sum of the inputs that were
+ * used.  Rank `late` (if >= 0) puts its input a second late.
+ */
+static float red_value(int r, size_t i)
+{
+    return (float)((r + 1) * 3 + (int)(i % 11));
+}
+
+static void mode_reduce(struct cfx_context *ctx, size_t bytes, int k, int late, int no_inline)
+{
+    struct cfx_object_id in[64], res;
+    size_t count = bytes / sizeof(float);
+    float *buf = malloc(bytes ? bytes : 4);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = no_inline ? CFX_OBJ_FLAG_NO_INLINE : 0 };
+    for (int r = 0; r < world; r++)
+        name_id(&in[r], "reduce-in-%ld-%ld", r, (long)bytes);
+    name_id(&res, "reduce-out-%ld-%ld", k, (long)bytes);
+    for (size_t i = 0; i < count; i++)
+        buf[i] = red_value(rank, i);
+    if (rank == late)
+        usleep(1000 * 1000);
+    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+
+    struct cfx_object_id used_id;
+    size_t used[64];
+    name_id(&used_id, "reduce-used-%ld-%ld", k, (long)bytes);
+    if (rank == 0) {
+        double t = now_s();
+        CHECK_OK(cfx_reduce_objects(ctx, in, (size_t)world, (size_t)k, CFX_DTYPE_F32, CFX_OP_SUM,
+                                    &res, NULL, used));
+        t = now_s() - t;
+        printf("reduce of %d of %d inputs of %zu B in %.3f s; used", k, world, bytes, t);
+        for (int i = 0; i < k; i++)
+            printf(" %zu", used[i]);
+        printf("\n");
+        if (late >= 0 && k < world)
+            for (int i = 0; i < k; i++)
+                if ((int)used[i] == late)
+                    DIE("the late input %d was used although %d others were ready", late, k);
+        CHECK_OK(cfx_put(ctx, &used_id, used, sizeof(size_t) * (size_t)k, NULL));
+    } else {
+        CHECK_OK(cfx_get(ctx, &used_id, used, sizeof(used), NULL, NULL));
+    }
+    /* everyone reads the result and checks it */
+    float *out = malloc(bytes ? bytes : 4);
+    size_t got = 0;
+    CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    if (got != bytes)
+        DIE("result is %zu bytes, expected %zu", got, bytes);
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int j = 0; j < k; j++)
+            want += red_value((int)used[j], i);
+        if (out[i] != want)
+            DIE("result[%zu] = %g, expected %g", i, (double)out[i], (double)want);
+    }
+    printf("reduce result ok (%zu floats)\n", count);
+    finish(ctx);
+    free(out);
+    free(buf);
+}
+
 static void mode_nb(struct cfx_context *ctx)
 {
     const size_t size = 5u << 20;
@@ -321,6 +389,9 @@ int main(int argc, char **argv)
         mode_fanin(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "timeout") && argc > 2)
         mode_timeout(ctx, atoi(argv[2]));
+    else if (!strcmp(argv[1], "reduce") && argc > 4)
+        mode_reduce(ctx, strtoul(argv[2], NULL, 0), atoi(argv[3]), atoi(argv[4]),
+                    argc > 5 && !strcmp(argv[5], "noinline"));
     else if (!strcmp(argv[1], "failover") && argc > 2)
         mode_failover(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "nb"))

@@ -129,8 +129,7 @@ static double elem_value(enum cfx_dtype dt, const void *p)
         memcpy(&h, p, 2);
         return ref_decode(h, dt == CFX_DTYPE_F16 ? FMT_F16 : FMT_BF16);
     }
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -222,8 +221,7 @@ static void ref_op(enum cfx_dtype dt, enum cfx_redop op, const void *a, const vo
         *(uint8_t *)out = (uint8_t)r;
         break;
     }
-    default:
-        cr_assert_fail("bad dtype");
+    default: cr_assert_fail("bad dtype");
     }
 }
 
@@ -244,9 +242,18 @@ static const uint32_t f32_special[] = {
     0x3f000000, 0x33800000, 0x477fe000, 0x477ff000, 0x387fc000, 0x33000000,
 };
 static const uint64_t f64_special[] = {
-    0, 0x8000000000000000ull, 0x7ff0000000000000ull, 0xfff0000000000000ull,
-    0x7ff8000000000000ull, 0xfff8000000000001ull, 0x7ff0000000000001ull, 1,
-    0x800fffffffffffffull, 0x0010000000000000ull, 0x7fefffffffffffffull, 0x3ff0000000000000ull,
+    0,
+    0x8000000000000000ull,
+    0x7ff0000000000000ull,
+    0xfff0000000000000ull,
+    0x7ff8000000000000ull,
+    0xfff8000000000001ull,
+    0x7ff0000000000001ull,
+    1,
+    0x800fffffffffffffull,
+    0x0010000000000000ull,
+    0x7fefffffffffffffull,
+    0x3ff0000000000000ull,
     0xbff0000000000000ull,
 };
 static const uint16_t f16_special[] = {
@@ -297,20 +304,18 @@ static void gen_elem(enum cfx_dtype dt, void *p)
         memcpy(p, &u, 8);
         break;
     }
-    default:
-        *(uint8_t *)p = (uint8_t)v;
-        break;
+    default: *(uint8_t *)p = (uint8_t)v; break;
     }
 }
 
 /* ---- the exhaustive-ish sweep ---------------------------------------------- */
 
 enum mode {
-    MODE_INPLACE,     /* cfx_reduce(A, B) */
-    MODE_OUT,         /* cfx_reduce3(D, A, B) */
-    MODE_ALIAS_A,     /* cfx_reduce3(A, A, B) */
-    MODE_ALIAS_B,     /* cfx_reduce3(B, A, B) */
-    MODE_ALIAS_ALL,   /* cfx_reduce3(A, A, A) */
+    MODE_INPLACE,      /* cfx_reduce(A, B) */
+    MODE_OUT,          /* cfx_reduce3(D, A, B) */
+    MODE_ALIAS_A,      /* cfx_reduce3(A, A, B) */
+    MODE_ALIAS_B,      /* cfx_reduce3(B, A, B) */
+    MODE_ALIAS_ALL,    /* cfx_reduce3(A, A, A) */
     MODE_INPLACE_SELF, /* cfx_reduce(A, A) */
     MODE_LAST
 };
@@ -368,14 +373,14 @@ static void run_case(const char *isa, enum cfx_dtype dt, enum cfx_redop op, size
             cr_assert_fail("%s %s %s n=%zu off=%zu mode=%d [%zu]: %#llx op %#llx = %#llx, "
                            "want %#llx",
                            isa, cfx_dtype_name(dt), cfx_redop_name(op), n, off, (int)mode, i,
-                           (unsigned long long)av, (unsigned long long)bv,
-                           (unsigned long long)gv, (unsigned long long)wv);
+                           (unsigned long long)av, (unsigned long long)bv, (unsigned long long)gv,
+                           (unsigned long long)wv);
         }
     }
     /* Nothing outside the destination range is touched. */
     for (size_t i = 0; i < GUARD + off; i++)
-        cr_assert_eq(buf[i], GUARDB, "%s %s %s n=%zu: wrote before dst", isa,
-                     cfx_dtype_name(dt), cfx_redop_name(op), n);
+        cr_assert_eq(buf[i], GUARDB, "%s %s %s n=%zu: wrote before dst", isa, cfx_dtype_name(dt),
+                     cfx_redop_name(op), n);
     for (size_t i = GUARD + off + n * sz; i < span; i++)
         cr_assert_eq(buf[i], GUARDB, "%s %s %s n=%zu: wrote past dst", isa, cfx_dtype_name(dt),
                      cfx_redop_name(op), n);
@@ -419,13 +424,34 @@ static void sweep(enum cfx_dtype dt)
     cr_assert_gt(ran, 0);
 }
 
-Test(reduce, sweep_f32) { sweep(CFX_DTYPE_F32); }
-Test(reduce, sweep_f64) { sweep(CFX_DTYPE_F64); }
-Test(reduce, sweep_f16) { sweep(CFX_DTYPE_F16); }
-Test(reduce, sweep_bf16) { sweep(CFX_DTYPE_BF16); }
-Test(reduce, sweep_i32) { sweep(CFX_DTYPE_I32); }
-Test(reduce, sweep_i64) { sweep(CFX_DTYPE_I64); }
-Test(reduce, sweep_u8) { sweep(CFX_DTYPE_U8); }
+Test(reduce, sweep_f32)
+{
+    sweep(CFX_DTYPE_F32);
+}
+Test(reduce, sweep_f64)
+{
+    sweep(CFX_DTYPE_F64);
+}
+Test(reduce, sweep_f16)
+{
+    sweep(CFX_DTYPE_F16);
+}
+Test(reduce, sweep_bf16)
+{
+    sweep(CFX_DTYPE_BF16);
+}
+Test(reduce, sweep_i32)
+{
+    sweep(CFX_DTYPE_I32);
+}
+Test(reduce, sweep_i64)
+{
+    sweep(CFX_DTYPE_I64);
+}
+Test(reduce, sweep_u8)
+{
+    sweep(CFX_DTYPE_U8);
+}
 
 /* ---- named special cases, on every kernel set ------------------------------ */
 
@@ -524,9 +550,9 @@ Test(reduce, special_values_f32_f64)
             fa[k] = -0.0f, fb[k] = 0.0f;
             da[k] = 0.0, db[k] = -0.0;
         }
-        fa[3] = NAN, fb[3] = 1.0f;     /* min(NaN, 1) */
-        fa[4] = 1.0f, fb[4] = -NAN;    /* min(1, -NaN) */
-        fa[5] = -INFINITY, fb[5] = 5;  /* ordinary */
+        fa[3] = NAN, fb[3] = 1.0f;    /* min(NaN, 1) */
+        fa[4] = 1.0f, fb[4] = -NAN;   /* min(1, -NaN) */
+        fa[5] = -INFINITY, fb[5] = 5; /* ordinary */
         fa[6] = FLT_TRUE_MIN, fb[6] = -FLT_TRUE_MIN;
         cr_assert_eq(cfx_reduce3(fd, fa, fb, 19, CFX_DTYPE_F32, CFX_OP_MIN), CFX_OK);
         cr_assert(signbit(fd[0]) && fd[0] == 0, "min(-0, +0) = -0");
@@ -570,7 +596,8 @@ Test(reduce, integers_wrap)
                 i64b[5] = { 1, -1, (int64_t)1 << 32 };
         cr_assert_eq(cfx_reduce(i64a, i64b, 5, CFX_DTYPE_I64, CFX_OP_SUM), CFX_OK);
         cr_assert(i64a[0] == INT64_MIN && i64a[1] == INT64_MAX);
-        int64_t i64c[5] = { (int64_t)1 << 32, -3, INT64_MIN }, i64d[5] = { (int64_t)1 << 32, 7, -1 };
+        int64_t i64c[5] = { (int64_t)1 << 32, -3, INT64_MIN },
+                i64d[5] = { (int64_t)1 << 32, 7, -1 };
         cr_assert_eq(cfx_reduce(i64c, i64d, 5, CFX_DTYPE_I64, CFX_OP_PROD), CFX_OK);
         cr_assert(i64c[0] == 0 && i64c[1] == -21 && i64c[2] == INT64_MIN);
         int64_t l[5] = { -1 }, r[5] = { 1 };
@@ -721,7 +748,7 @@ Test(reduce, invalid_arguments)
 {
     float x[4] = { 0 }, y[4] = { 0 };
     cr_assert_eq(cfx_reduce(x, y, 4, CFX_DTYPE_LAST, CFX_OP_SUM), CFX_ERR_INVALID);
-    cr_assert_eq(cfx_reduce(x, y, 4, (enum cfx_dtype)-1, CFX_OP_SUM), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_reduce(x, y, 4, (enum cfx_dtype) - 1, CFX_OP_SUM), CFX_ERR_INVALID);
     cr_assert_eq(cfx_reduce(x, y, 4, CFX_DTYPE_F32, CFX_OP_LAST), CFX_ERR_INVALID);
     cr_assert_eq(cfx_reduce(x, y, 4, CFX_DTYPE_F32, (enum cfx_redop)77), CFX_ERR_INVALID);
     cr_assert_eq(cfx_reduce(x, y, 0, CFX_DTYPE_LAST, CFX_OP_SUM), CFX_ERR_INVALID,
@@ -787,12 +814,12 @@ Test(reduce, names_round_trip)
         const char *name;
         enum cfx_dtype dt;
     } alias[] = {
-        { "float", CFX_DTYPE_F32 },    { "f32", CFX_DTYPE_F32 },     { "FP32", CFX_DTYPE_F32 },
-        { "double", CFX_DTYPE_F64 },   { "f64", CFX_DTYPE_F64 },     { "half", CFX_DTYPE_F16 },
-        { "f16", CFX_DTYPE_F16 },      { "float16", CFX_DTYPE_F16 }, { "bfloat16", CFX_DTYPE_BF16 },
-        { "BF16", CFX_DTYPE_BF16 },    { "int32", CFX_DTYPE_I32 },   { "int", CFX_DTYPE_I32 },
-        { "i32", CFX_DTYPE_I32 },      { "int64", CFX_DTYPE_I64 },   { "i64", CFX_DTYPE_I64 },
-        { "uint8", CFX_DTYPE_U8 },     { "u8", CFX_DTYPE_U8 },       { "char", CFX_DTYPE_U8 },
+        { "float", CFX_DTYPE_F32 },  { "f32", CFX_DTYPE_F32 },     { "FP32", CFX_DTYPE_F32 },
+        { "double", CFX_DTYPE_F64 }, { "f64", CFX_DTYPE_F64 },     { "half", CFX_DTYPE_F16 },
+        { "f16", CFX_DTYPE_F16 },    { "float16", CFX_DTYPE_F16 }, { "bfloat16", CFX_DTYPE_BF16 },
+        { "BF16", CFX_DTYPE_BF16 },  { "int32", CFX_DTYPE_I32 },   { "int", CFX_DTYPE_I32 },
+        { "i32", CFX_DTYPE_I32 },    { "int64", CFX_DTYPE_I64 },   { "i64", CFX_DTYPE_I64 },
+        { "uint8", CFX_DTYPE_U8 },   { "u8", CFX_DTYPE_U8 },       { "char", CFX_DTYPE_U8 },
     };
     for (size_t i = 0; i < ARRAY_N(alias); i++) {
         enum cfx_dtype dt;
@@ -800,7 +827,7 @@ Test(reduce, names_round_trip)
         cr_assert_eq(dt, alias[i].dt, "%s", alias[i].name);
     }
     static const char *const ops[] = { "sum", "SUM", "prod", "product", "min", "Max" };
-    static const enum cfx_redop opv[] = { CFX_OP_SUM, CFX_OP_SUM, CFX_OP_PROD,
+    static const enum cfx_redop opv[] = { CFX_OP_SUM,  CFX_OP_SUM, CFX_OP_PROD,
                                           CFX_OP_PROD, CFX_OP_MIN, CFX_OP_MAX };
     for (size_t i = 0; i < ARRAY_N(ops); i++) {
         enum cfx_redop op;

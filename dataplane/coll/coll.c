@@ -1,0 +1,586 @@
+/*
+ * Collectives: the messages of a running collective, argument agreement,
+ * the tuning table and the dispatch of a call to its schedule.
+ */
+#include "coll.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+#include "gpu/memtype.h"
+
+/* ---- tuning table -------------------------------------------------------------
+ *
+ * The one place where schedules are chosen.  Rows are tried in order; the
+ * first whose kind matches, whose message size (bytes of the whole vector of
+ * one rank) is at most max_bytes and whose group has at least min_ranks ranks
+ * wins.  The numbers come from loopback measurements on a small host and the
+ * usual shapes (NCCL, Open MPI tuned): latency-bound trees and
+ * halving-doubling for small vectors, bandwidth-optimal rings and pipelined
+ * chains for large ones.
+ */
+struct coll_tune_row {
+    enum coll_kind kind;
+    size_t max_bytes;
+    int min_ranks;
+    enum cfx_algo algo;
+};
+
+static const struct coll_tune_row coll_tune[] = {
+    { COLL_ALLREDUCE,      4u << 10,   4, CFX_ALGO_DBTREE },
+    { COLL_ALLREDUCE,      256u << 10, 3, CFX_ALGO_RHD },
+    { COLL_ALLREDUCE,      SIZE_MAX,   1, CFX_ALGO_RING },
+    { COLL_BROADCAST,      64u << 10,  3, CFX_ALGO_TREE },
+    { COLL_BROADCAST,      SIZE_MAX,   1, CFX_ALGO_CHAIN },
+    { COLL_REDUCE,         64u << 10,  3, CFX_ALGO_TREE },
+    { COLL_REDUCE,         SIZE_MAX,   1, CFX_ALGO_CHAIN },
+    { COLL_ALLGATHER,      SIZE_MAX,   1, CFX_ALGO_RING },
+    { COLL_REDUCE_SCATTER, SIZE_MAX,   1, CFX_ALGO_RING },
+    { COLL_GATHER,         SIZE_MAX,   1, CFX_ALGO_DIRECT },
+    { COLL_SCATTER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
+    { COLL_ALLTOALL,       SIZE_MAX,   1, CFX_ALGO_DIRECT },
+    { COLL_BARRIER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
+};
+
+/* Which algorithms each collective has (bit per enum cfx_algo). */
+static const unsigned coll_applies[COLL_KIND_LAST] = {
+    [COLL_BARRIER] = 1u << CFX_ALGO_DIRECT,
+    [COLL_ALLREDUCE] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_RHD | 1u << CFX_ALGO_DBTREE |
+                       1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
+    [COLL_BROADCAST] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
+    [COLL_REDUCE] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
+    [COLL_ALLGATHER] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_DIRECT,
+    [COLL_REDUCE_SCATTER] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_DIRECT,
+    [COLL_GATHER] = 1u << CFX_ALGO_DIRECT,
+    [COLL_SCATTER] = 1u << CFX_ALGO_DIRECT,
+    [COLL_ALLTOALL] = 1u << CFX_ALGO_DIRECT,
+};
+
+static const char *const coll_kind_names[COLL_KIND_LAST] = {
+    [COLL_BARRIER] = "barrier",         [COLL_ALLREDUCE] = "allreduce",
+    [COLL_BROADCAST] = "broadcast",     [COLL_REDUCE] = "reduce",
+    [COLL_ALLGATHER] = "allgather",     [COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [COLL_GATHER] = "gather",           [COLL_SCATTER] = "scatter",
+    [COLL_ALLTOALL] = "alltoall",
+};
+
+const char *coll_kind_name(enum coll_kind kind)
+{
+    return kind > 0 && kind < COLL_KIND_LAST ? coll_kind_names[kind] : "collective";
+}
+
+enum cfx_algo coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
+                          enum cfx_algo forced)
+{
+    enum cfx_algo table = CFX_ALGO_DIRECT;
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(coll_tune); i++) {
+        const struct coll_tune_row *t = &coll_tune[i];
+        if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks) {
+            table = t->algo;
+            break;
+        }
+    }
+    if (forced == CFX_ALGO_AUTO)
+        forced = g->env_algo;
+    if (forced == CFX_ALGO_AUTO || forced == table)
+        return table;
+    if (forced > CFX_ALGO_AUTO && forced < CFX_ALGO_LAST && (coll_applies[kind] >> forced & 1))
+        return forced;
+    CFX_LOG(DEBUG, COLL, "group %s: %s has no %s schedule; using %s", g->name,
+            coll_kind_name(kind), cfx_algo_name(forced), cfx_algo_name(table));
+    return table;
+}
+
+/* ---- the double binary tree ---------------------------------------------------
+ *
+ * Tree 0 is a binary tree over ranks in which a rank's height is the number
+ * of trailing zero bits of its number (as NCCL builds it): odd ranks are
+ * leaves, rank 0 is the root with one child.  Tree 1 is tree 0 mirrored
+ * (rank -> n-1-rank) for even n and shifted by one for odd n, so that the
+ * interior ranks of one tree are leaves of the other and each rank sends
+ * and receives about one half of the vector in each direction.
+ */
+static void btree(int n, int rank, int *parent, int *c0, int *c1)
+{
+    int bit;
+    for (bit = 1; bit < n; bit <<= 1)
+        if (bit & rank)
+            break;
+    if (rank == 0) {
+        *parent = -1;
+        *c0 = -1;
+        *c1 = n > 1 ? bit >> 1 : -1;
+        return;
+    }
+    int up = (rank ^ bit) | (bit << 1);
+    if (up >= n)
+        up = rank ^ bit;
+    *parent = up;
+    int low = bit >> 1;
+    *c0 = low == 0 ? -1 : rank - low;
+    int d1 = low == 0 ? -1 : rank + low;
+    while (d1 >= n) {
+        low >>= 1;
+        d1 = low == 0 ? -1 : rank + low;
+    }
+    *c1 = d1;
+}
+
+void coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1)
+{
+    if (t == 0) {
+        btree(n, rank, parent, child0, child1);
+        return;
+    }
+    int u, d0, d1;
+    if (n % 2) {
+        btree(n, coll_mod(rank - 1, n), &u, &d0, &d1);
+        *parent = u < 0 ? -1 : (u + 1) % n;
+        *child0 = d0 < 0 ? -1 : (d0 + 1) % n;
+        *child1 = d1 < 0 ? -1 : (d1 + 1) % n;
+    } else {
+        btree(n, n - 1 - rank, &u, &d0, &d1);
+        *parent = u < 0 ? -1 : n - 1 - u;
+        *child0 = d1 < 0 ? -1 : n - 1 - d1;
+        *child1 = d0 < 0 ? -1 : n - 1 - d0;
+    }
+}
+
+/* ---- messages ------------------------------------------------------------------ */
+
+static int msg_slot(struct coll_exec *x)
+{
+    if (x->nmsgs == x->cap) {
+        int cap = x->cap ? 2 * x->cap : 64;
+        struct coll_msg *m = realloc(x->msgs, (size_t)cap * sizeof(*m));
+        if (!m)
+            return cfx__err(CFX_ERR_NOMEM, "%s #%" PRIu32 ": out of memory", x->what,
+                            x->a->seq);
+        x->msgs = m;
+        x->cap = cap;
+    }
+    return x->nmsgs++;
+}
+
+static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
+                enum cfx_memtype mt)
+{
+    struct cfx_group *g = x->g;
+    int h = msg_slot(x);
+    if (h < 0)
+        return h;
+    struct coll_msg *m = &x->msgs[h];
+    m->peer = peer;
+    m->send = send;
+    m->req = NULL;
+    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt, &m->req)
+                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt,
+                                   &m->req);
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        m->req = NULL;
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d cannot post a %s rank %d: %s", x->what,
+                        x->a->seq, g->rank, send ? "send to" : "receive from", peer, why);
+    }
+    return h;
+}
+
+int coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
+{
+    return post(x, peer, true, (void *)buf, len, x->mt);
+}
+
+int coll_recv(struct coll_exec *x, int peer, void *buf, size_t len)
+{
+    return post(x, peer, false, buf, len, x->mt);
+}
+
+int coll_wait(struct coll_exec *x, int h)
+{
+    struct coll_msg *m = &x->msgs[h];
+    if (!m->req)
+        return CFX_OK;
+    int rc = cfx__p2p_wait(m->req, x->deadline);
+    if (rc == CFX_OK) {
+        cfx__p2p_free(m->req);
+        m->req = NULL;
+        return CFX_OK;
+    }
+    /* failed or timed out: left for coll_cleanup() to withdraw */
+    struct cfx_group *g = x->g;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    if (rc == CFX_ERR_TIMEOUT)
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d waited for rank %d (node %u): timed out "
+                        "after %d ms (%s)", x->what, x->a->seq, g->rank, m->peer,
+                        g->nodes[m->peer].node_id, x->timeout_ms, why);
+    return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
+                    x->a->seq, g->rank, m->send ? "sending to" : "receiving from", m->peer,
+                    g->nodes[m->peer].node_id, why);
+}
+
+int coll_wait_all(struct coll_exec *x)
+{
+    for (int h = 0; h < x->nmsgs; h++) {
+        int rc = coll_wait(x, h);
+        if (rc != CFX_OK)
+            return rc;
+    }
+    return CFX_OK;
+}
+
+int coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
+                  void *rbuf, size_t rlen)
+{
+    int hs = coll_send(x, to, sbuf, slen);
+    if (hs < 0)
+        return hs;
+    int hr = coll_recv(x, from, rbuf, rlen);
+    if (hr < 0)
+        return hr;
+    int rc = coll_wait(x, hr);
+    return rc != CFX_OK ? rc : coll_wait(x, hs);
+}
+
+/*
+ * After a failure: receives still running are withdrawn at once; sends get
+ * a short grace period first, so a peer that is about to take its message
+ * (and find the failure itself, e.g. an argument mismatch) still gets it.
+ */
+static void coll_cleanup(struct coll_exec *x)
+{
+    uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    for (int h = 0; h < x->nmsgs; h++) {
+        struct coll_msg *m = &x->msgs[h];
+        if (m->req && m->send)
+            cfx__p2p_wait(m->req, grace);
+    }
+    for (int h = 0; h < x->nmsgs; h++) {
+        if (x->msgs[h].req)
+            cfx__p2p_free(x->msgs[h].req);
+        x->msgs[h].req = NULL;
+    }
+    x->nmsgs = 0;
+}
+
+/* ---- scratch, copies and reductions ------------------------------------------ */
+
+int coll_scratch(struct coll_exec *x, size_t len, void **out)
+{
+    struct cfx_group *g = x->g;
+    if (len == 0)
+        len = 1;
+    if (g->scratch_len < len) {
+        /* arena memory: registered once and mapped by shm peers, so
+         * messages into and out of it take the fewest copies */
+        cfx_buf_free(g->ctx, g->scratch);
+        g->scratch = NULL;
+        g->scratch_len = 0;
+        size_t want = CFX_MAX(len, (size_t)1 << 20);
+        int rc = cfx_buf_alloc(g->ctx, want, &g->scratch);
+        if (rc != CFX_OK)
+            return cfx__err(rc, "%s #%" PRIu32 ": no scratch memory of %zu bytes", x->what,
+                            x->a->seq, want);
+        g->scratch_len = want;
+    }
+    *out = g->scratch;
+    return CFX_OK;
+}
+
+int coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len)
+{
+    if (dst == src || len == 0)
+        return CFX_OK;
+    if (x->mt == CFX_MEMTYPE_HOST) {
+        memmove(dst, src, len);
+        return CFX_OK;
+    }
+    return cfx__memcpy_typed(dst, x->mt, src, x->mt, len);
+}
+
+int coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n)
+{
+    return cfx_reduce(dst, src, n, x->a->dtype, x->a->op);
+}
+
+int coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n)
+{
+    return cfx_reduce3(dst, a, b, n, x->a->dtype, x->a->op);
+}
+
+size_t coll_seg_elems(const struct coll_exec *x, size_t bytes)
+{
+    size_t seg = x->g->seg_bytes;
+    (void)bytes;
+    size_t e = seg / x->esz;
+    return e ? e : 1;
+}
+
+static bool has_op(enum coll_kind k)
+{
+    return k == COLL_ALLREDUCE || k == COLL_REDUCE || k == COLL_REDUCE_SCATTER;
+}
+
+static bool has_root(enum coll_kind k)
+{
+    return k == COLL_BROADCAST || k == COLL_REDUCE || k == COLL_GATHER || k == COLL_SCATTER;
+}
+
+/* ---- argument agreement -------------------------------------------------------
+ *
+ * Each rank's header goes round a dissemination pattern (round k: to rank
+ * r+2^k, from rank r-2^k) carrying the smallest and the largest header seen
+ * so far with the ranks they came from.  After ceil(log2 n) rounds every rank
+ * has the minimum and maximum over the whole group; when they differ every
+ * rank fails with CFX_ERR_INVALID and can say which two ranks disagree.
+ */
+#define COLL_HDR_MAGIC 0xC011EC7Fu
+
+struct coll_hdr {
+    uint32_t magic;
+    uint32_t seq;
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t algo;
+    int32_t root;
+    uint64_t count;
+};
+
+struct coll_agree_msg {
+    struct coll_hdr lo, hi;  /* smallest / largest header seen */
+    int32_t lo_rank, hi_rank;
+};
+
+static int hdr_cmp(const struct coll_hdr *a, const struct coll_hdr *b)
+{
+    return memcmp(a, b, sizeof(*a));
+}
+
+static void hdr_text(const struct coll_hdr *h, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s #%" PRIu32 " count %" PRIu64 " %s%s%s root %d algo %s",
+             coll_kind_name((enum coll_kind)h->kind), h->seq, h->count,
+             cfx_dtype_name((enum cfx_dtype)h->dtype), has_op((enum coll_kind)h->kind) ? " " : "",
+             has_op((enum coll_kind)h->kind) ? cfx_redop_name((enum cfx_redop)h->op) : "",
+             (int)h->root,
+             cfx_algo_name((enum cfx_algo)h->algo));
+}
+
+static int coll_agree(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    struct coll_agree_msg me, in;
+    memset(&me, 0, sizeof(me));
+    me.lo.magic = COLL_HDR_MAGIC;
+    me.lo.seq = a->seq;
+    me.lo.kind = (uint8_t)a->kind;
+    me.lo.dtype = (uint8_t)a->dtype;
+    me.lo.op = (uint8_t)a->op;
+    me.lo.algo = (uint8_t)x->algo;
+    me.lo.root = a->root;
+    me.lo.count = a->count;
+    me.hi = me.lo;
+    me.lo_rank = me.hi_rank = g->rank;
+
+    for (int d = 1; d < g->size; d <<= 1) {
+        /* headers live in host memory whatever the buffers are */
+        int hs = post(x, (g->rank + d) % g->size, true, &me, sizeof(me), CFX_MEMTYPE_HOST);
+        if (hs < 0)
+            return hs;
+        int hr = post(x, coll_mod(g->rank - d, g->size), false, &in, sizeof(in),
+                      CFX_MEMTYPE_HOST);
+        if (hr < 0)
+            return hr;
+        int rc = coll_wait(x, hr);
+        if (rc == CFX_OK)
+            rc = coll_wait(x, hs);
+        if (rc != CFX_OK)
+            return rc;
+        if (in.lo.magic != COLL_HDR_MAGIC || in.hi.magic != COLL_HDR_MAGIC)
+            return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
+                            "from rank %d", x->what, a->seq, g->rank,
+                            coll_mod(g->rank - d, g->size));
+        if (hdr_cmp(&in.lo, &me.lo) < 0) {
+            me.lo = in.lo;
+            me.lo_rank = in.lo_rank;
+        }
+        if (hdr_cmp(&in.hi, &me.hi) > 0) {
+            me.hi = in.hi;
+            me.hi_rank = in.hi_rank;
+        }
+    }
+    if (hdr_cmp(&me.lo, &me.hi) == 0)
+        return CFX_OK;
+    char t1[160], t2[160];
+    hdr_text(&me.lo, t1, sizeof(t1));
+    hdr_text(&me.hi, t2, sizeof(t2));
+    return cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                    "arguments: rank %d called %s, rank %d called %s", x->what, a->seq,
+                    g->rank, (int)me.lo_rank, t1, (int)me.hi_rank, t2);
+}
+
+/* ---- dispatch ------------------------------------------------------------------- */
+
+/* Bytes of one rank's vector that decide the schedule. */
+static size_t vector_bytes(const struct coll_args *a, size_t esz, int size)
+{
+    if (a->kind == COLL_REDUCE_SCATTER)
+        return a->count * esz * (size_t)size;
+    return a->count * esz;
+}
+
+static int run_schedule(struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    struct cfx_group *g = x->g;
+    const void *s = a->sbuf;
+    void *r = a->rbuf;
+    size_t bytes = a->count * x->esz;
+
+    switch (a->kind) {
+    case COLL_BARRIER:
+        return CFX_OK; /* the agreement exchange was the barrier */
+    case COLL_ALLREDUCE:
+        if (g->size == 1)
+            return coll_copy(x, r, s, bytes);
+        switch (x->algo) {
+        case CFX_ALGO_RHD: return coll_allreduce_rhd(x, s, r);
+        case CFX_ALGO_DBTREE: return coll_allreduce_dbtree(x, s, r);
+        case CFX_ALGO_TREE:
+        case CFX_ALGO_CHAIN: {
+            int rc = x->algo == CFX_ALGO_TREE ? coll_reduce_tree(x, s, r, 0)
+                                             : coll_reduce_chain(x, s, r, 0);
+            if (rc == CFX_OK)
+                rc = x->algo == CFX_ALGO_TREE ? coll_bcast_tree(x, r, 0)
+                                              : coll_bcast_chain(x, r, 0);
+            return rc;
+        }
+        default: return coll_allreduce_ring(x, s, r);
+        }
+    case COLL_BROADCAST:
+        if (g->size == 1)
+            return CFX_OK;
+        return x->algo == CFX_ALGO_TREE ? coll_bcast_tree(x, r, a->root)
+                                        : coll_bcast_chain(x, r, a->root);
+    case COLL_REDUCE:
+        if (g->size == 1)
+            return coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_TREE ? coll_reduce_tree(x, s, r, a->root)
+                                        : coll_reduce_chain(x, s, r, a->root);
+    case COLL_ALLGATHER:
+        if (g->size == 1)
+            return coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_DIRECT ? coll_allgather_direct(x, s, r)
+                                          : coll_allgather_ring(x, s, r);
+    case COLL_REDUCE_SCATTER:
+        if (g->size == 1)
+            return coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_DIRECT ? coll_reduce_scatter_direct(x, s, r)
+                                          : coll_reduce_scatter_ring(x, s, r);
+    case COLL_GATHER:
+        return coll_gather_direct(x, s, r, a->root);
+    case COLL_SCATTER:
+        return coll_scatter_direct(x, s, r, a->root);
+    case COLL_ALLTOALL:
+        return coll_alltoall_pairwise(x, s, r);
+    default:
+        return cfx__err(CFX_ERR_INVALID, "unknown collective %d", (int)a->kind);
+    }
+}
+
+static int check_args(struct cfx_group *g, const struct coll_args *a, const char *what)
+{
+    const uint64_t m = a->params.field_mask;
+    if (a->kind != COLL_BARRIER) {
+        if (cfx_dtype_size(a->dtype) == 0)
+            return cfx__err(CFX_ERR_INVALID, "%s: unknown dtype %d", what, (int)a->dtype);
+        if (a->count && a->count > SIZE_MAX / cfx_dtype_size(a->dtype) / (size_t)g->size)
+            return cfx__err(CFX_ERR_INVALID, "%s: count %zu overflows", what, a->count);
+    }
+    if (has_op(a->kind) && ((int)a->op < 0 || a->op >= CFX_OP_LAST))
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown reduction op %d", what, (int)a->op);
+    if (has_root(a->kind) && (a->root < 0 || a->root >= g->size))
+        return cfx__err(CFX_ERR_INVALID, "%s: root %d is not a rank of group %s (size %d)",
+                        what, a->root, g->name, g->size);
+    if ((m & CFX_COLL_PARAM_ALGO) && ((int)a->params.algo < 0 || a->params.algo >= CFX_ALGO_LAST))
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown algorithm %d", what, (int)a->params.algo);
+    if (m & CFX_COLL_PARAM_MEMTYPE) {
+        enum cfx_memtype mt = a->params.memtype;
+        if ((int)mt < 0 || mt >= CFX_MEMTYPE_LAST)
+            return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)mt);
+        if (mt != CFX_MEMTYPE_HOST && !cfx__memtype_available(mt))
+            return cfx__err(CFX_ERR_UNSUPPORTED, "%s: %s memory is not available in this "
+                            "build or on this host", what, cfx_memtype_name(mt));
+        if (mt != CFX_MEMTYPE_HOST && has_op(a->kind))
+            return cfx__err(CFX_ERR_UNSUPPORTED, "%s: reductions of %s memory are not "
+                            "supported yet", what, cfx_memtype_name(mt));
+    }
+    /* buffers: NULL only where nothing is read or written */
+    size_t bytes = a->count * (a->kind == COLL_BARRIER ? 0 : cfx_dtype_size(a->dtype));
+    if (bytes) {
+        bool root = g->rank == a->root;
+        bool need_s = true, need_r = true;
+        switch (a->kind) {
+        case COLL_BROADCAST: need_s = false; break;
+        case COLL_REDUCE: need_r = root; break;
+        case COLL_GATHER: need_r = root; break;
+        case COLL_SCATTER: need_s = root; break;
+        default: break;
+        }
+        if ((need_s && !a->sbuf) || (need_r && !a->rbuf))
+            return cfx__err(CFX_ERR_INVALID, "%s: NULL buffer", what);
+    }
+    return CFX_OK;
+}
+
+int coll_run(struct cfx_group *g, const struct coll_args *a)
+{
+    const char *what = coll_kind_name(a->kind);
+    int rc = check_args(g, a, what);
+    if (rc != CFX_OK)
+        return rc;
+    struct coll_exec x = {
+        .g = g,
+        .a = a,
+        .what = what,
+        .esz = a->kind == COLL_BARRIER ? 1 : cfx_dtype_size(a->dtype),
+        .mt = (a->params.field_mask & CFX_COLL_PARAM_MEMTYPE) ? a->params.memtype
+                                                             : CFX_MEMTYPE_HOST,
+        .timeout_ms = (a->params.field_mask & CFX_COLL_PARAM_TIMEOUT) ? a->params.timeout_ms
+                                                                     : g->timeout_ms,
+        .tag = a->seq,
+    };
+    x.deadline = cfx__deadline_ns(x.timeout_ms);
+    enum cfx_algo forced = (a->params.field_mask & CFX_COLL_PARAM_ALGO) ? a->params.algo
+                                                                        : CFX_ALGO_AUTO;
+    x.algo = coll_choose(g, a->kind, vector_bytes(a, x.esz, g->size), forced);
+
+    /* nothing to move: no messages at all (a barrier always talks) */
+    if (a->kind != COLL_BARRIER && a->count == 0)
+        return CFX_OK;
+    if (g->size == 1 && a->kind == COLL_BARRIER)
+        return CFX_OK;
+
+    /* a barrier is the agreement exchange itself (a dissemination barrier) */
+    if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
+        rc = coll_agree(&x);
+    if (rc == CFX_OK)
+        rc = run_schedule(&x);
+    if (rc == CFX_OK)
+        rc = coll_wait_all(&x);
+    if (rc != CFX_OK) {
+        CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", cfx_last_error());
+        coll_cleanup(&x);
+        cfx__err(rc, "%s", keep);
+    }
+    free(x.msgs);
+    return rc;
+}

@@ -1,0 +1,694 @@
+/*
+ * Groups: creation (rank and size, bootstrap through the object directory),
+ * the order in which a group's calls run, and the public entry points.
+ *
+ * Bootstrap.  Rank r publishes a small inline object named after
+ * (group name, creation epoch, r, slot) that holds its node id, and reads the
+ * object of every other rank (one directory lookup each, within the group's
+ * deadline).  The epoch counts how often this context created a group of the
+ * same name before, so a group re-created under an old name never reads the
+ * old group's objects, even while slow ranks still hold them; like the group
+ * counter of torch.distributed it assumes every rank creates a name the same
+ * number of times.  A slot's object can be stale (its node died without
+ * withdrawing it; the coordinator keeps inline bytes of dead putters): then
+ * the next slot is used, by the owner and the readers alike.  An object whose
+ * node is alive but is not ours means another process joined as this rank:
+ * CFX_ERR_EXISTS.
+ *
+ * Channel.  Collectives travel on a p2p channel hashed from the name, the
+ * epoch and rank 0's node id, so no message of an earlier group of the same
+ * name can match.
+ */
+#include "coll.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+
+#define BOOT_MAGIC     0xCF6B0071u
+#define BOOT_SLOTS     8        /* stale objects skipped per rank at most */
+#define BOOT_PROBE_MS  20       /* lookups after the deadline, to list who is missing */
+
+struct boot_rec {
+    uint32_t magic;
+    uint32_t node_id;
+    int32_t rank;
+    int32_t size;
+    uint64_t nonce;             /* tells our object from a stale one of the same node */
+};
+
+static const char *const algo_names[CFX_ALGO_LAST] = {
+    [CFX_ALGO_AUTO] = "auto",     [CFX_ALGO_RING] = "ring",   [CFX_ALGO_TREE] = "tree",
+    [CFX_ALGO_CHAIN] = "chain",   [CFX_ALGO_DBTREE] = "dbtree", [CFX_ALGO_RHD] = "rhd",
+    [CFX_ALGO_DIRECT] = "direct",
+};
+
+const char *cfx_algo_name(enum cfx_algo algo)
+{
+    return (int)algo >= 0 && algo < CFX_ALGO_LAST ? algo_names[algo] : "unknown";
+}
+
+static enum cfx_algo algo_from_env(void)
+{
+    const char *s = cfx__env_str("CFX_ALGO", NULL);
+    if (!s || !*s)
+        return CFX_ALGO_AUTO;
+    for (int a = 0; a < CFX_ALGO_LAST; a++)
+        if (!strcasecmp(s, algo_names[a]))
+            return (enum cfx_algo)a;
+    CFX_LOG(WARN, COLL, "CFX_ALGO=%s is not one of auto, ring, tree, chain, dbtree, rhd, "
+            "direct; ignored", s);
+    return CFX_ALGO_AUTO;
+}
+
+/* ---- creation epochs ------------------------------------------------------------
+ *
+ * Process-wide because the count belongs to (context, name) and outlives the
+ * groups; struct cfx_context is the engine's, so the table lives here, keyed
+ * by node id (unique per context).
+ */
+struct epoch_ent {
+    struct epoch_ent *next;
+    uint32_t node_id;
+    uint32_t count;
+    char name[COLL_NAME_MAX];
+};
+
+static pthread_mutex_t epoch_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct epoch_ent *epochs;
+
+static int epoch_take(uint32_t node_id, const char *name, uint32_t *out)
+{
+    int rc = CFX_OK;
+    pthread_mutex_lock(&epoch_lock);
+    struct epoch_ent *e;
+    for (e = epochs; e; e = e->next)
+        if (e->node_id == node_id && !strcmp(e->name, name))
+            break;
+    if (!e) {
+        e = calloc(1, sizeof(*e));
+        if (!e) {
+            rc = CFX_ERR_NOMEM;
+            goto out;
+        }
+        e->node_id = node_id;
+        snprintf(e->name, sizeof(e->name), "%s", name);
+        e->next = epochs;
+        epochs = e;
+    }
+    *out = e->count++;
+out:
+    pthread_mutex_unlock(&epoch_lock);
+    return rc;
+}
+
+/* ---- rank and size -------------------------------------------------------------- */
+
+static int env_int(const char *name, int *out)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < 0 || v > INT32_MAX)
+        return -1;
+    *out = (int)v;
+    return 1;
+}
+
+/* First of the launcher variables that is set; CFX_ERR_INVALID when one is
+ * malformed or none is set. */
+static int from_env(const char *const *names, int n, const char *what, int *out)
+{
+    for (int i = 0; i < n; i++) {
+        int got = env_int(names[i], out);
+        if (got < 0)
+            return cfx__err(CFX_ERR_INVALID, "group: %s=%s is not a number", names[i],
+                            getenv(names[i]));
+        if (got > 0)
+            return CFX_OK;
+    }
+    return cfx__err(CFX_ERR_INVALID, "group: no %s given and none of %s, %s, %s, %s is set",
+                    what, names[0], names[1], names[2], names[3]);
+}
+
+static int rank_size(const struct cfx_group_params *p, int *rank, int *size)
+{
+    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                             "RANK" };
+    static const char *const size_vars[] = { "CFX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                             "SLURM_NTASKS", "WORLD_SIZE" };
+    uint64_t m = p ? p->field_mask : 0;
+    int rc;
+    if (m & CFX_GROUP_PARAM_RANK)
+        *rank = p->rank;
+    else if ((rc = from_env(rank_vars, 4, "rank", rank)) != CFX_OK)
+        return rc;
+    if (m & CFX_GROUP_PARAM_SIZE)
+        *size = p->size;
+    else if ((rc = from_env(size_vars, 4, "size", size)) != CFX_OK)
+        return rc;
+    if (*size < 1)
+        return cfx__err(CFX_ERR_INVALID, "group: size %d", *size);
+    if (*rank < 0 || *rank >= *size)
+        return cfx__err(CFX_ERR_INVALID, "group: rank %d out of range for size %d", *rank,
+                        *size);
+    return CFX_OK;
+}
+
+/* ---- bootstrap ------------------------------------------------------------------- */
+
+static void boot_id(const struct cfx_group *g, int rank, int slot, struct cfx_object_id *id)
+{
+    char name[COLL_NAME_MAX + 64];
+    snprintf(name, sizeof(name), "cfx.group/%s/%" PRIu32 "/%d/%d", g->name, g->epoch, rank,
+             slot);
+    cfx_object_id_from_name(name, id);
+}
+
+static int hold(struct cfx_group *g, const struct cfx_object_id *id)
+{
+    struct cfx_object_id *h = realloc(g->held, (size_t)(g->nheld + 1) * sizeof(*h));
+    if (!h)
+        return cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", g->name);
+    g->held = h;
+    g->held[g->nheld++] = *id;
+    return CFX_OK;
+}
+
+static bool node_alive(struct cfx_group *g, uint32_t node_id, uint64_t deadline)
+{
+    struct cfx_node_rec rec;
+    if (node_id == g->ctx->node_id)
+        return true;
+    if (cfx__ctl_node_get(g->ctx->ctl, node_id, &rec, deadline) != CFX_OK)
+        return false;
+    return rec.alive != 0;
+}
+
+/* Read the object of @p slot; CFX_OK with *rec filled. */
+static int boot_read(struct cfx_group *g, const struct cfx_object_id *id, uint64_t deadline,
+                     struct boot_rec *rec)
+{
+    struct cfx_ctl_source src;
+    memset(&src, 0, sizeof(src));
+    int rc = cfx__ctl_obj_lookup(g->ctx->ctl, id, NULL, 0, deadline, &src);
+    if (rc != CFX_OK)
+        return rc;
+    if (!src.is_inline || src.size != sizeof(*rec) || !src.data) {
+        free(src.data);
+        return cfx__err(CFX_ERR_PROTO, "group %s: a bootstrap object is not what this "
+                        "library publishes", g->name);
+    }
+    memcpy(rec, src.data, sizeof(*rec));
+    free(src.data);
+    if (rec->magic != BOOT_MAGIC)
+        return cfx__err(CFX_ERR_PROTO, "group %s: a bootstrap object has a bad magic",
+                        g->name);
+    return CFX_OK;
+}
+
+static int boot_publish(struct cfx_group *g, uint64_t deadline)
+{
+    struct cfx_ctl *ctl = g->ctx->ctl;
+    struct boot_rec me = {
+        .magic = BOOT_MAGIC, .node_id = g->ctx->node_id, .rank = g->rank, .size = g->size,
+        .nonce = cfx__now_ns() ^ ((uint64_t)g->ctx->node_id << 32) ^ (uint64_t)(uintptr_t)g,
+    };
+    for (int slot = 0; slot < BOOT_SLOTS; slot++) {
+        struct cfx_object_id id;
+        boot_id(g, g->rank, slot, &id);
+        int rc = cfx__ctl_obj_put(ctl, &id, sizeof(me), sizeof(me), &me, deadline);
+        if (rc == CFX_ERR_INVALID || rc == CFX_ERR_EXISTS)
+            continue; /* some other object: not ours to use */
+        if (rc != CFX_OK)
+            return cfx__err(rc, "group %s: rank %d cannot publish itself: %s", g->name,
+                            g->rank, cfx_last_error());
+        if ((rc = hold(g, &id)) != CFX_OK)
+            return rc;
+        struct boot_rec got;
+        if ((rc = boot_read(g, &id, deadline, &got)) != CFX_OK)
+            return rc;
+        if (got.node_id == me.node_id && got.nonce == me.nonce)
+            return CFX_OK;
+        if (node_alive(g, got.node_id, deadline))
+            return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
+                            g->name, g->rank, got.node_id);
+        CFX_LOG(DEBUG, COLL, "group %s: rank %d slot %d is stale (node %u is gone)", g->name,
+                g->rank, slot, got.node_id);
+    }
+    return cfx__err(CFX_ERR_NO_RESOURCE, "group %s: rank %d found %d stale bootstrap objects",
+                    g->name, g->rank, BOOT_SLOTS);
+}
+
+/* Node id of @p rank; CFX_ERR_TIMEOUT when it did not join by @p deadline. */
+static int boot_lookup(struct cfx_group *g, int rank, uint64_t deadline, uint32_t *node)
+{
+    for (int slot = 0; slot < BOOT_SLOTS; slot++) {
+        struct cfx_object_id id;
+        struct boot_rec rec;
+        boot_id(g, rank, slot, &id);
+        int rc = boot_read(g, &id, deadline, &rec);
+        if (rc != CFX_OK)
+            return rc;
+        if ((rc = hold(g, &id)) != CFX_OK)
+            return rc;
+        if (rec.rank != rank)
+            return cfx__err(CFX_ERR_PROTO, "group %s: rank %d's object names rank %d",
+                            g->name, rank, (int)rec.rank);
+        if (!node_alive(g, rec.node_id, deadline))
+            continue; /* stale: its owner moves on to the next slot too */
+        if (rec.size != g->size)
+            return cfx__err(CFX_ERR_INVALID, "group %s: rank %d (node %u) says the group has "
+                            "%d ranks, rank %d says %d", g->name, rank, rec.node_id,
+                            (int)rec.size, g->rank, g->size);
+        *node = rec.node_id;
+        return CFX_OK;
+    }
+    return cfx__err(CFX_ERR_NO_RESOURCE, "group %s: rank %d has %d stale bootstrap objects",
+                    g->name, rank, BOOT_SLOTS);
+}
+
+static int boot_join(struct cfx_group *g)
+{
+    uint64_t deadline = cfx__deadline_ns(g->timeout_ms);
+    int rc = boot_publish(g, deadline);
+    if (rc != CFX_OK)
+        return rc;
+
+    uint32_t *ids = calloc((size_t)g->size, sizeof(*ids));
+    if (!ids)
+        return cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", g->name);
+    char missing[256] = "";
+    size_t mlen = 0;
+    int nmissing = 0;
+    for (int q = 0; q < g->size && rc == CFX_OK; q++) {
+        if (q == g->rank) {
+            ids[q] = g->ctx->node_id;
+            continue;
+        }
+        uint64_t dl = nmissing ? cfx__deadline_ns(BOOT_PROBE_MS) : deadline;
+        int st = boot_lookup(g, q, dl, &ids[q]);
+        if (st == CFX_ERR_TIMEOUT) {
+            nmissing++;
+            if (mlen < sizeof(missing) - 16)
+                mlen += (size_t)snprintf(missing + mlen, sizeof(missing) - mlen, "%s%d",
+                                         nmissing > 1 ? ", " : "", q);
+            else if (missing[mlen - 1] != '.')
+                mlen += (size_t)snprintf(missing + mlen, sizeof(missing) - mlen, ", ...");
+            continue;
+        }
+        rc = st;
+    }
+    if (rc == CFX_OK && nmissing)
+        rc = cfx__err(CFX_ERR_TIMEOUT, "group %s: rank %d waited %d ms; %d rank(s) never "
+                      "joined: %s", g->name, g->rank, g->timeout_ms, nmissing, missing);
+    for (int q = 0; q < g->size && rc == CFX_OK; q++) {
+        rc = cfx__ctl_node_get(g->ctx->ctl, ids[q], &g->nodes[q], deadline);
+        if (rc != CFX_OK)
+            rc = cfx__err(rc, "group %s: no record of rank %d (node %u): %s", g->name, q,
+                          ids[q], cfx_last_error());
+    }
+    free(ids);
+    return rc;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* ---- the group's thread: non-blocking calls in posting order ------------------- */
+
+static void *group_thread(void *arg)
+{
+    struct cfx_group *g = arg;
+    pthread_mutex_lock(&g->lock);
+    for (;;) {
+        while (cfx_list_empty(&g->queue) && !g->stop)
+            pthread_cond_wait(&g->cond, &g->lock);
+        if (cfx_list_empty(&g->queue))
+            break;
+        /* stays queued while it runs: blocking calls wait behind it */
+        struct coll_args *a = cfx_list_entry(g->queue.next, struct coll_args, link);
+        pthread_mutex_unlock(&g->lock);
+        int rc = coll_run(g, a);
+        pthread_mutex_lock(&g->lock);
+        cfx_list_del(&a->link);
+        pthread_cond_broadcast(&g->cond);
+        pthread_mutex_unlock(&g->lock);
+        size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
+        cfx__request_complete(a->req, rc, bytes);
+        free(a);
+        pthread_mutex_lock(&g->lock);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+/* Take the next sequence number and wait until the calls queued before
+ * have run. */
+static uint32_t wait_turn(struct cfx_group *g)
+{
+    pthread_mutex_lock(&g->lock);
+    uint32_t seq = g->next_seq++;
+    while (!cfx_list_empty(&g->queue))
+        pthread_cond_wait(&g->cond, &g->lock);
+    pthread_mutex_unlock(&g->lock);
+    return seq;
+}
+
+static int run_blocking(struct cfx_group *g, struct coll_args *a)
+{
+    cfx__err_clear();
+    if (!g)
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL group", coll_kind_name(a->kind));
+    a->seq = wait_turn(g);
+    return coll_run(g, a);
+}
+
+static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_request **req)
+{
+    cfx__err_clear();
+    const char *what = coll_kind_name(tmpl->kind);
+    if (!g || !req)
+        return cfx__err(CFX_ERR_INVALID, "i%s: NULL argument", what);
+    struct coll_args *a = malloc(sizeof(*a));
+    if (!a)
+        return cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what);
+    *a = *tmpl;
+    a->req = cfx__request_new(g->ctx);
+    if (!a->req) {
+        free(a);
+        return cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what);
+    }
+    pthread_mutex_lock(&g->lock);
+    if (!g->thread_started) {
+        if (pthread_create(&g->thread, NULL, group_thread, g)) {
+            pthread_mutex_unlock(&g->lock);
+            cfx__request_complete(a->req, CFX_ERR_NO_RESOURCE, 0);
+            cfx_request_free(a->req);
+            free(a);
+            return cfx__err(CFX_ERR_NO_RESOURCE, "i%s: cannot start the group's thread", what);
+        }
+        g->thread_started = true;
+    }
+    a->seq = g->next_seq++;
+    cfx_list_add_tail(&a->link, &g->queue);
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->lock);
+    *req = a->req;
+    return CFX_OK;
+}
+
+/* ---- create / destroy -------------------------------------------------------------- */
+
+int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
+                     struct cfx_group **out)
+{
+    cfx__err_clear();
+    if (!ctx || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_group_create: NULL argument");
+    uint64_t m = params ? params->field_mask : 0;
+    const char *name = (m & CFX_GROUP_PARAM_NAME) && params->name ? params->name : "world";
+    if (!*name || strlen(name) >= COLL_NAME_MAX)
+        return cfx__err(CFX_ERR_INVALID, "group name must have 1 to %d characters",
+                        COLL_NAME_MAX - 1);
+    int rank, size;
+    int rc = rank_size(params, &rank, &size);
+    if (rc != CFX_OK)
+        return rc;
+
+    struct cfx_group *g = calloc(1, sizeof(*g));
+    if (!g)
+        return cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", name);
+    g->nodes = calloc((size_t)size, sizeof(*g->nodes));
+    if (!g->nodes) {
+        rc = cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", name);
+        goto err_free_group;
+    }
+    g->ctx = ctx;
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    g->rank = rank;
+    g->size = size;
+    g->timeout_ms = (m & CFX_GROUP_PARAM_TIMEOUT) ? params->timeout_ms : ctx->cfg.timeout_ms;
+    g->env_algo = algo_from_env();
+    g->seg_bytes = cfx__env_size("CFX_COLL_SEG", COLL_SEG_DEFAULT);
+    if (g->seg_bytes < COLL_SEG_MIN)
+        g->seg_bytes = COLL_SEG_MIN;
+    g->check = cfx__env_ll("CFX_COLL_CHECK", 1) != 0;
+    cfx_list_init(&g->queue);
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cond, NULL);
+    if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {
+        rc = cfx__err(rc, "group %s: out of memory", name);
+        goto err_destroy_sync;
+    }
+
+    if (size > 1 && (rc = boot_join(g)) != CFX_OK)
+        goto err_withdraw;
+    if (size == 1)
+        g->nodes[0] = ctx->self;
+
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = fnv1a(h, g->name, strlen(g->name) + 1);
+    h = fnv1a(h, &g->epoch, sizeof(g->epoch));
+    h = fnv1a(h, &g->nodes[0].node_id, sizeof(g->nodes[0].node_id));
+    g->chan = h & ~1ull;
+    g->chan_user = h | 1ull;
+    CFX_LOG(INFO, COLL, "group %s: rank %d of %d (node %u), epoch %" PRIu32 ", algo %s, "
+            "segment %zu B, agreement check %s", g->name, rank, size, ctx->node_id, g->epoch,
+            cfx_algo_name(g->env_algo), g->seg_bytes, g->check ? "on" : "off");
+    *out = g;
+    return CFX_OK;
+
+err_withdraw:
+    for (int i = 0; i < g->nheld; i++)
+        cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
+    free(g->held);
+err_destroy_sync:
+    pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->lock);
+    free(g->nodes);
+err_free_group:
+    free(g);
+    return rc;
+}
+
+void cfx_group_destroy(struct cfx_group *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->lock);
+    g->stop = true;
+    pthread_cond_broadcast(&g->cond);
+    bool joined = g->thread_started;
+    pthread_mutex_unlock(&g->lock);
+    if (joined)
+        pthread_join(g->thread, NULL); /* runs what was queued first */
+    uint64_t dl = cfx__deadline_ns(g->timeout_ms < 0 ? 5000 : CFX_MIN(g->timeout_ms, 5000));
+    for (int i = 0; i < g->nheld; i++)
+        cfx__ctl_obj_delete(g->ctx->ctl, &g->held[i], dl);
+    free(g->held);
+    cfx_buf_free(g->ctx, g->scratch);
+    pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->lock);
+    free(g->nodes);
+    free(g);
+}
+
+int cfx_group_rank(const struct cfx_group *g)
+{
+    return g ? g->rank : CFX_ERR_INVALID;
+}
+
+int cfx_group_size(const struct cfx_group *g)
+{
+    return g ? g->size : CFX_ERR_INVALID;
+}
+
+/* ---- point to point ------------------------------------------------------------------ */
+
+static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,
+               const struct cfx_coll_params *params)
+{
+    const char *what = send ? "send" : "recv";
+    cfx__err_clear();
+    if (!g || (!buf && bytes))
+        return cfx__err(CFX_ERR_INVALID, "group %s: NULL argument", what);
+    if (peer < 0 || peer >= g->size || peer == g->rank)
+        return cfx__err(CFX_ERR_INVALID, "group %s %s: peer %d is not another rank of %d",
+                        g->name, what, peer, g->size);
+    uint64_t m = params ? params->field_mask : 0;
+    enum cfx_memtype mt = (m & CFX_COLL_PARAM_MEMTYPE) ? params->memtype : CFX_MEMTYPE_HOST;
+    int timeout = (m & CFX_COLL_PARAM_TIMEOUT) ? params->timeout_ms : g->timeout_ms;
+    pthread_mutex_lock(&g->lock);
+    while (!cfx_list_empty(&g->queue))
+        pthread_cond_wait(&g->cond, &g->lock);
+    pthread_mutex_unlock(&g->lock);
+
+    struct cfx_p2p_req *req;
+    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                                   bytes, mt, &req)
+                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                                   bytes, mt, &req);
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__p2p_wait(req, cfx__deadline_ns(timeout));
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        rc = cfx__err(rc, "group %s %s: rank %d %s rank %d (node %u), tag %d: %s", g->name,
+                      what, g->rank, send ? "sending to" : "receiving from", peer,
+                      g->nodes[peer].node_id, tag, why);
+    }
+    cfx__p2p_free(req);
+    return rc;
+}
+
+int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer, int tag,
+                   const struct cfx_coll_params *params)
+{
+    return p2p(g, true, (void *)buf, bytes, peer, tag, params);
+}
+
+int cfx_group_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, int tag,
+                   const struct cfx_coll_params *params)
+{
+    return p2p(g, false, buf, bytes, peer, tag, params);
+}
+
+/* ---- collectives ---------------------------------------------------------------------- */
+
+static struct coll_args args(enum coll_kind kind, const void *s, void *r, size_t count,
+                             enum cfx_dtype dtype, enum cfx_redop op, int root,
+                             const struct cfx_coll_params *params)
+{
+    struct coll_args a = {
+        .kind = kind, .sbuf = s, .rbuf = r, .count = count, .dtype = dtype, .op = op,
+        .root = root,
+    };
+    if (params) {
+        uint64_t m = params->field_mask;
+        a.params.field_mask = m;
+        if (m & CFX_COLL_PARAM_TIMEOUT)
+            a.params.timeout_ms = params->timeout_ms;
+        if (m & CFX_COLL_PARAM_ALGO)
+            a.params.algo = params->algo;
+        if (m & CFX_COLL_PARAM_MEMTYPE)
+            a.params.memtype = params->memtype;
+        if (m & CFX_COLL_PARAM_STREAM)
+            a.params.stream = params->stream;
+    }
+    return a;
+}
+
+int cfx_group_barrier(struct cfx_group *g, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_BARRIER, NULL, NULL, 0, CFX_DTYPE_U8, 0, 0, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_allreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                        enum cfx_dtype dtype, enum cfx_redop op,
+                        const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_broadcast(struct cfx_group *g, void *buf, size_t count, enum cfx_dtype dtype,
+                        int root, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_BROADCAST, buf, buf, count, dtype, 0, root, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_reduce(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                     enum cfx_dtype dtype, enum cfx_redop op, int root,
+                     const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_allgather(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                        enum cfx_dtype dtype, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, 0, 0, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_reduce_scatter(struct cfx_group *g, const void *sendbuf, void *recvbuf,
+                             size_t count, enum cfx_dtype dtype, enum cfx_redop op,
+                             const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_REDUCE_SCATTER, sendbuf, recvbuf, count, dtype, op, 0,
+                              params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_gather(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                     enum cfx_dtype dtype, int root, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_GATHER, sendbuf, recvbuf, count, dtype, 0, root, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_scatter(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                      enum cfx_dtype dtype, int root, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_SCATTER, sendbuf, recvbuf, count, dtype, 0, root, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                       enum cfx_dtype dtype, const struct cfx_coll_params *params)
+{
+    struct coll_args a = args(COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, 0, 0, params);
+    return run_blocking(g, &a);
+}
+
+int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                         enum cfx_dtype dtype, enum cfx_redop op,
+                         const struct cfx_coll_params *params, struct cfx_request **req)
+{
+    struct coll_args a = args(COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, params);
+    return run_nb(g, &a, req);
+}
+
+int cfx_group_ibroadcast(struct cfx_group *g, void *buf, size_t count, enum cfx_dtype dtype,
+                         int root, const struct cfx_coll_params *params,
+                         struct cfx_request **req)
+{
+    struct coll_args a = args(COLL_BROADCAST, buf, buf, count, dtype, 0, root, params);
+    return run_nb(g, &a, req);
+}
+
+int cfx_group_ireduce(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                      enum cfx_dtype dtype, enum cfx_redop op, int root,
+                      const struct cfx_coll_params *params, struct cfx_request **req)
+{
+    struct coll_args a = args(COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, params);
+    return run_nb(g, &a, req);
+}
+
+int cfx_group_iallgather(struct cfx_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                         enum cfx_dtype dtype, const struct cfx_coll_params *params,
+                         struct cfx_request **req)
+{
+    struct coll_args a = args(COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, 0, 0,
+                              params);
+    return run_nb(g, &a, req);
+}

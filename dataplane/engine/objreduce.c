@@ -1,0 +1,716 @@
+/*
+ * Object reduce (Hoplite style): the holders of the inputs form a chain or a
+ * binomial tree in the order the inputs became ready; each inner node pulls
+ * its children's partial results through a small scratch ring (no copy of a
+ * whole child object), reduces every chunk into its own output as it lands,
+ * and serves that output, chunk by chunk, to its parent.  The root's output
+ * is the result object.
+ *
+ * Driver: cfx_reduce_objects() (any API thread) finds k ready inputs, plans
+ * the shape and sends one REDUCE_TASK per inner node.  Node side: the
+ * progress thread runs tasks (ctx->lock held).
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RING_SLOTS        8          /* scratch chunks per child stream */
+#define POLL_MIN_US       500        /* driver: first re-check of missing inputs */
+#define POLL_MAX_US       20000      /* ... backing off to this */
+#define CANCEL_GRACE_NS   1000000000ull
+#define MAX_INPUTS        1024
+#define TREE_MAX_INPUTS   64         /* binomial trees up to this; chains beyond */
+
+/* ---- node records in messages ------------------------------------------- */
+
+static void rec_to_dp(const struct cfx_node_rec *r, struct cfx_dp_node *n)
+{
+    memset(n, 0, sizeof(*n));
+    n->node_id = r->node_id;
+    memcpy(n->host_id, r->host_id, sizeof(n->host_id));
+    n->host_id[sizeof(n->host_id) - 1] = '\0';
+    for (unsigned a = 0; a < r->naddr && n->naddr < CFX_DP_NODE_ADDRS; a++)
+        n->addr[n->naddr++] = r->addr[a];
+}
+
+static void dp_to_rec(const struct cfx_dp_node *n, struct cfx_node_rec *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->node_id = n->node_id;
+    memcpy(r->host_id, n->host_id, sizeof(r->host_id));
+    snprintf(r->name, sizeof(r->name), "node %u", n->node_id);
+    r->alive = 1;
+    for (unsigned a = 0; a < n->naddr && a < CFX_DP_NODE_ADDRS; a++)
+        r->addr[r->naddr++] = n->addr[a];
+}
+
+/* ---- driver bookkeeping (ctx->lock held) -------------------------------- */
+
+static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uint32_t node)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rwaits) {
+        struct cfx_rwait *w = cfx_list_entry(pos, struct cfx_rwait, link);
+        if (w->task != task || w->status != CFX_ERR_AGAIN)
+            continue;
+        w->status = status;
+        w->node_id = node;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        return;
+    }
+}
+
+static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
+{
+    if (!t->driver) {
+        rwait_finish(ctx, t->task, status, node);
+        return;
+    }
+    struct cfx_dp_reduce_done d = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_REDUCE_DONE },
+        .task = t->task,
+        .status = status,
+        .node_id = node,
+    };
+    cfx__conn_send(t->driver, &d, sizeof(d));
+}
+
+/* ---- node side ------------------------------------------------------------ */
+
+static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
+{
+    if (t->status != CFX_ERR_AGAIN)
+        return;
+    t->status = status;
+    CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 " failed: %s (node %u)", ctx->node_id,
+            t->task, cfx_errname(status), node);
+    send_done(ctx, t, status, node);
+    for (uint32_t c = 0; c < t->nchildren; c++)
+        if (t->child[c].scratch && t->child[c].in.status == CFX_ERR_AGAIN)
+            cfx__xfer_get_cancel(ctx, t->child[c].scratch);
+    /* the parent reading our output is told (NACK) and fails in turn */
+    if (t->out) {
+        t->out->deleting = true;
+        t->out->ephemeral = false;
+        cfx__obj_release(ctx, t->out);
+        t->out = NULL;
+    }
+}
+
+void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int status)
+{
+    rtask_fail(ctx, ch->task, status, ch->node.node_id);
+}
+
+static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
+{
+    struct cfx_obj *out = t->out;
+    out->complete = true;
+    t->status = CFX_OK;
+    if (t->final) {
+        /* the result becomes an ordinary object of this node */
+        out->ephemeral = false;
+        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
+                                                out->chunk_size) == CFX_OK;
+        send_done(ctx, t, CFX_OK, ctx->node_id);
+    }
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t chunk,
+                      uint32_t len)
+{
+    struct cfx_rtask *t = ch->task;
+    struct cfx_obj *out = t->out;
+    struct cfx_conn *conn = ch->in.conn;
+
+    if (t->status != CFX_ERR_AGAIN || !out)
+        return; /* failing: the window is being withdrawn */
+    uint64_t off = (uint64_t)chunk * out->chunk_size;
+    uint64_t want = chunk < out->nchunks ? CFX_MIN((uint64_t)out->chunk_size, out->size - off) : 0;
+    if (unlikely(chunk != ch->got || len != want)) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "reduce stream out of order");
+        return;
+    }
+    const uint8_t *src = (const uint8_t *)ch->scratch->buf +
+                         (uint64_t)(chunk % ch->ring) * out->chunk_size;
+    size_t n = len / cfx_dtype_size(t->dtype);
+    uint8_t *dst = (uint8_t *)out->buf + off;
+    if (t->count[chunk] == 0)
+        cfx_reduce3(dst, (const uint8_t *)t->x->buf + off, src, n, t->dtype, t->op);
+    else
+        cfx_reduce(dst, src, n, t->dtype, t->op);
+    t->count[chunk]++;
+    ch->got++;
+    ctx->stats.bytes_received += len;
+
+    /* the slot is free again: give the credit back */
+    ch->in.owed++;
+    if (ch->got == out->nchunks) {
+        cfx__xfer_in_finish(ctx, &ch->in, CFX_OK);
+        t->children_done++;
+    } else if (ch->in.owed >= CFX_MAX(ch->ring / 2, 1u)) {
+        cfx__dp_send_credit(conn, ch->in.slot, ch->in.owed);
+        ch->in.owed = 0;
+    }
+    if (t->count[chunk] == t->nchildren) {
+        out->bitmap[chunk / 64] |= 1ull << (chunk % 64);
+        cfx__obj_advance(ctx, out); /* the parent may read this chunk now */
+    }
+    if (out->ready_chunks == out->nchunks)
+        rtask_complete(ctx, t);
+}
+
+static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_rchild *ch)
+{
+    struct cfx_obj *out = t->out;
+    int status = CFX_OK;
+    struct cfx_conn *conn = cfx__conn_get(ctx, &ch->node, &status);
+    if (!conn)
+        return status;
+
+    ch->ring = CFX_MIN((uint32_t)RING_SLOTS, out->nchunks);
+    ch->scratch = cfx__obj_alloc((uint64_t)ch->ring * out->chunk_size, out->chunk_size);
+    if (!ch->scratch)
+        return CFX_ERR_NOMEM;
+    status = cfx__arena_alloc_locked(ctx, (size_t)ch->scratch->size, &ch->scratch->buf,
+                                     &ch->scratch->shm_fd, &ch->scratch->shm_off);
+    if (status != CFX_OK)
+        return status;
+    ch->scratch->arena = true;
+    ch->scratch->deleting = true; /* never served: not an object */
+    struct cfx_tp_mr *mr = cfx__obj_mr(ctx, ch->scratch, conn->tp, &status);
+    if (!mr)
+        return status;
+
+    ch->in.obj = ch->scratch;
+    ch->in.status = CFX_ERR_AGAIN;
+    ch->in.rchild = ch;
+    ch->in.src_node = ch->node.node_id;
+    ch->in.window = ch->ring;
+    ch->scratch->in = &ch->in;
+    status = cfx__xfer_slot_alloc(ctx, &ch->in);
+    if (status != CFX_OK)
+        return status;
+    ch->in.conn = conn;
+
+    struct cfx_dp_get_req req = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_GET_REQ, .slot = ch->in.slot },
+        .size = out->size,
+        .chunk_size = out->chunk_size,
+        .credits = ch->ring,
+        .flags = CFX_DP_GET_RING | CFX_DP_GET_WAIT,
+        .ring = ch->ring,
+    };
+    memcpy(req.id, ch->src.bytes, CFX_OBJECT_ID_LEN);
+    status = ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc);
+    if (status == CFX_OK)
+        status = cfx__conn_send(conn, &req, sizeof(req));
+    return status;
+}
+
+void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    extern void cfx__xfer_get_req(struct cfx_context *, struct cfx_conn *,
+                                  const struct cfx_dp_get_req *);
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
+        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (memcmp(w->req.id, obj->id.bytes, CFX_OBJECT_ID_LEN))
+            continue;
+        cfx_list_del(&w->link);
+        cfx__xfer_get_req(ctx, w->conn, &w->req);
+        free(w);
+    }
+}
+
+static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
+                        const struct cfx_dp_reduce_task *m)
+{
+    struct cfx_object_id in_id, out_id;
+    struct cfx_rtask *t = calloc(1, sizeof(*t));
+    int status = CFX_OK;
+
+    if (!t) {
+        struct cfx_rtask tmp = { .task = m->task, .driver = driver };
+        send_done(ctx, &tmp, CFX_ERR_NOMEM, ctx->node_id);
+        return;
+    }
+    t->task = m->task;
+    t->driver = driver;
+    t->driver_node = driver ? driver->node_id : ctx->node_id;
+    t->dtype = (enum cfx_dtype)m->dtype;
+    t->op = (enum cfx_redop)m->op;
+    t->final = m->final;
+    t->nchildren = m->nchildren;
+    t->status = CFX_ERR_AGAIN;
+    t->deadline = cfx__deadline_ns((int)CFX_MIN(m->timeout_ms, 0x7fffffffu));
+    cfx_list_add_tail(&t->link, &ctx->rtasks);
+
+    memcpy(in_id.bytes, m->input, CFX_OBJECT_ID_LEN);
+    memcpy(out_id.bytes, m->output, CFX_OBJECT_ID_LEN);
+    struct cfx_obj *x = cfx__store_find(&ctx->store, &in_id);
+    if (!x || !x->complete || x->deleting) {
+        rtask_fail(ctx, t, CFX_ERR_NOT_FOUND, ctx->node_id);
+        return;
+    }
+    if (x->size != m->size || x->chunk_size != m->chunk_size) {
+        rtask_fail(ctx, t, CFX_ERR_INVALID, ctx->node_id);
+        return;
+    }
+    if (cfx__store_find(&ctx->store, &out_id)) {
+        rtask_fail(ctx, t, CFX_ERR_EXISTS, ctx->node_id);
+        return;
+    }
+    x->refs++;
+    t->x = x;
+
+    struct cfx_obj *out = cfx__obj_alloc(m->size, m->chunk_size);
+    if (!out || !(t->count = calloc(out->nchunks + 1, 1))) {
+        if (out) {
+            free(out->bitmap);
+            free(out);
+        }
+        rtask_fail(ctx, t, CFX_ERR_NOMEM, ctx->node_id);
+        return;
+    }
+    out->id = out_id;
+    status = cfx__arena_alloc_locked(ctx, m->size ? (size_t)m->size : 1, &out->buf,
+                                     &out->shm_fd, &out->shm_off);
+    if (status != CFX_OK) {
+        free(out->bitmap);
+        free(out);
+        rtask_fail(ctx, t, status, ctx->node_id);
+        return;
+    }
+    out->arena = true;
+    out->ephemeral = !t->final;
+    cfx__store_insert(&ctx->store, out);
+    t->out = out;
+
+    if (t->nchildren == 0) {
+        /* a reduce of one input: the result is a copy of it */
+        if (out->size)
+            memcpy(out->buf, x->buf, out->size);
+        out->ready_chunks = out->nchunks;
+        rtask_complete(ctx, t);
+    } else {
+        for (uint32_t c = 0; c < t->nchildren; c++) {
+            struct cfx_rchild *ch = &t->child[c];
+            ch->task = t;
+            ch->in.status = CFX_ERR_CANCELED; /* not started */
+            dp_to_rec(&m->child[c], &ch->node);
+            memcpy(ch->src.bytes, m->child_obj[c], CFX_OBJECT_ID_LEN);
+            status = child_start(ctx, t, ch);
+            if (status != CFX_OK) {
+                rtask_fail(ctx, t, status, ch->node.node_id);
+                return;
+            }
+        }
+    }
+    CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": %u children, %s", ctx->node_id,
+            t->task, t->nchildren, t->final ? "produces the result" : "inner node");
+    cfx__rtask_waiting_gets(ctx, out);
+}
+
+void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
+{
+    const struct cfx_dp_hdr *h = msg;
+    if (h->type == CFX_DP_REDUCE_TASK) {
+        rtask_start(ctx, conn, msg);
+    } else {
+        const struct cfx_dp_reduce_done *d = msg;
+        rwait_finish(ctx, d->task, d->status < 0 && d->status > CFX_STATUS_LAST ? d->status
+                     : d->status == CFX_OK ? CFX_OK : CFX_ERR_PROTO, d->node_id);
+    }
+    (void)len;
+}
+
+static void rtask_free(struct cfx_context *ctx, struct cfx_rtask *t)
+{
+    for (uint32_t c = 0; c < t->nchildren; c++) {
+        struct cfx_obj *s = t->child[c].scratch;
+        if (s) {
+            s->in = NULL;
+            cfx__obj_release(ctx, s);
+        }
+    }
+    if (t->x) {
+        t->x->refs--;
+        if (!t->x->refs && t->x->releasing)
+            cfx__obj_release(ctx, t->x);
+    }
+    cfx_list_del(&t->link);
+    free(t->count);
+    free(t);
+}
+
+int cfx__rtask_poll(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    int n = 0;
+    if (cfx_list_empty(&ctx->rtasks))
+        return 0;
+    uint64_t now = cfx__now_ns();
+    cfx_list_for_each_safe(pos, tmp, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (t->status == CFX_ERR_AGAIN) {
+            if (now < t->deadline)
+                continue;
+            rtask_fail(ctx, t, CFX_ERR_TIMEOUT, ctx->node_id);
+        }
+        bool running = false;
+        for (uint32_t c = 0; c < t->nchildren; c++) {
+            if (t->child[c].in.status != CFX_ERR_AGAIN)
+                continue;
+            /* withdrawn but never acknowledged: cut it off */
+            if (now > t->deadline + CANCEL_GRACE_NS && t->child[c].scratch)
+                cfx__xfer_get_cancel(ctx, t->child[c].scratch);
+            running = true;
+        }
+        if (!running) {
+            rtask_free(ctx, t);
+            n++;
+        }
+    }
+    return n;
+}
+
+void cfx__rtask_destroy_all(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        for (uint32_t c = 0; c < t->nchildren; c++)
+            t->child[c].in.status = CFX_ERR_CLOSED;
+        rtask_free(ctx, t);
+    }
+    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_p2p_rtr, link));
+    }
+}
+
+/* ---- driver (API thread) -------------------------------------------------- */
+
+struct arrival {
+    size_t idx;
+    struct cfx_node_rec node;
+};
+
+/* Parent of position i among k in a binomial tree laid out in arrival
+ * order: early arrivals are leaves, the last one is the root. */
+static size_t tree_parent(size_t i, size_t k)
+{
+    size_t p = i + ((i + 1) & -(i + 1));
+    return p >= k ? k - 1 : p;
+}
+
+static bool use_tree(struct cfx_context *ctx, uint64_t size, uint32_t chunk, size_t k)
+{
+    const char *force = getenv("CFX_REDUCE_SHAPE");
+    if (force && !strcmp(force, "chain"))
+        return false;
+    if (k > TREE_MAX_INPUTS)
+        return false;
+    if (force && !strcmp(force, "tree"))
+        return true;
+    pthread_mutex_lock(&ctx->lock);
+    double bw = ctx->est_bw > 0 ? ctx->est_bw : 1e9;
+    double lat = ctx->est_lat > 0 ? ctx->est_lat : 100e-6;
+    pthread_mutex_unlock(&ctx->lock);
+    /* a chain costs one object time plus a chunk per hop; a binomial tree
+     * one object time per level, since each level waits for the one below */
+    double s = (double)size, c = (double)chunk;
+    double chain = s / bw + (double)(k - 1) * (lat + c / bw);
+    unsigned levels = 0;
+    while ((1ull << levels) < k)
+        levels++;
+    double tree = (double)levels * (lat + s / bw);
+    return tree < chain;
+}
+
+static void derived_id(const struct cfx_object_id *result, uint64_t task, size_t pos,
+                       struct cfx_object_id *out)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN], name[128];
+    cfx_object_id_to_hex(result, hex);
+    snprintf(name, sizeof(name), "conflux/reduce/%s/%" PRIx64 "/%zu", hex, task, pos);
+    cfx_object_id_from_name(name, out);
+}
+
+static int post_task(struct cfx_context *ctx, struct cfx_dp_reduce_task *msg,
+                     const struct cfx_node_rec *node)
+{
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return CFX_ERR_NOMEM;
+    cmd->type = CFX_CMD_RTASK;
+    cmd->msg = msg;
+    cmd->node = *node;
+    cmd->node_id = node->node_id == ctx->node_id ? 0 : node->node_id;
+    cfx__cmd_post(ctx, cmd);
+    return CFX_OK;
+}
+
+/* Progress thread: run a task here, or send it to its node. */
+void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd);
+void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd)
+{
+    if (cmd->node_id == 0) {
+        rtask_start(ctx, NULL, cmd->msg);
+    } else {
+        int status = CFX_OK;
+        struct cfx_conn *conn = cfx__conn_get(ctx, &cmd->node, &status);
+        if (conn)
+            status = cfx__conn_send(conn, cmd->msg, sizeof(*cmd->msg));
+        if (status != CFX_OK)
+            rwait_finish(ctx, cmd->msg->task, status, cmd->node_id);
+    }
+    free(cmd->msg);
+}
+
+/* Find k ready inputs, in the order they become ready. */
+static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+                         size_t k, uint64_t deadline, struct arrival *arr, uint64_t *size,
+                         uint32_t *chunk)
+{
+    bool *pending = calloc(n, sizeof(bool));
+    size_t got = 0;
+    unsigned poll_us = POLL_MIN_US;
+    int rc = CFX_OK;
+
+    if (!pending)
+        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+    for (size_t i = 0; i < n; i++)
+        pending[i] = true;
+    while (got < k) {
+        bool progress = false;
+        for (size_t i = 0; i < n && got < k; i++) {
+            if (!pending[i])
+                continue;
+            struct cfx_node_rec node;
+            uint64_t sz;
+            uint32_t cs;
+            /* held here? */
+            pthread_mutex_lock(&ctx->lock);
+            struct cfx_obj *o = cfx__store_find(&ctx->store, &inputs[i]);
+            bool local = o && o->complete && !o->deleting;
+            if (local) {
+                sz = o->size;
+                cs = o->chunk_size;
+                node = ctx->self;
+            }
+            pthread_mutex_unlock(&ctx->lock);
+            if (!local) {
+                struct cfx_ctl_source src;
+                rc = cfx__ctl_obj_lookup_now(ctx->ctl, &inputs[i], cfx__deadline_ns(5000), &src);
+                if (rc == CFX_ERR_TIMEOUT)
+                    continue;
+                if (rc != CFX_OK)
+                    goto out;
+                if (src.is_inline) {
+                    /* small input kept by the coordinator: hold it here */
+                    free(src.data);
+                    void *buf;
+                    size_t bsz;
+                    rc = cfx_get_alloc(ctx, &inputs[i], &buf, &bsz, NULL);
+                    if (rc != CFX_OK)
+                        goto out;
+                    pthread_mutex_lock(&ctx->lock);
+                    o = cfx__store_find(&ctx->store, &inputs[i]);
+                    cs = o ? o->chunk_size : cfx__chunk_size_for(bsz, 0);
+                    pthread_mutex_unlock(&ctx->lock);
+                    sz = bsz;
+                    node = ctx->self;
+                } else {
+                    /* we only wanted to know where it is */
+                    cfx__ctl_obj_done(ctx->ctl, &inputs[i], src.node.node_id, 0,
+                                      cfx__deadline_ns(5000));
+                    sz = src.size;
+                    cs = src.chunk_size;
+                    node = src.node;
+                }
+            }
+            if (got == 0) {
+                *size = sz;
+                *chunk = cs;
+            } else if (sz != *size || cs != *chunk) {
+                rc = cfx__err(CFX_ERR_INVALID, "reduce: input %zu is %" PRIu64 " bytes in %u-byte "
+                              "chunks, input %zu is %" PRIu64 " in %u", i, sz, cs, arr[0].idx,
+                              *size, *chunk);
+                goto out;
+            }
+            pending[i] = false;
+            arr[got].idx = i;
+            arr[got].node = node;
+            got++;
+            progress = true;
+        }
+        if (got == k)
+            break;
+        if (!progress) {
+            if (cfx__now_ns() >= deadline) {
+                char missing[256] = "";
+                size_t len = 0;
+                for (size_t i = 0; i < n && len + 8 < sizeof(missing); i++)
+                    if (pending[i])
+                        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%zu",
+                                                len ? "," : "", i);
+                rc = cfx__err(CFX_ERR_TIMEOUT, "reduce on node %u: %zu of the %zu inputs needed "
+                              "became ready in time; still missing inputs %s", ctx->node_id,
+                              got, k, missing);
+                goto out;
+            }
+            usleep(poll_us);
+            poll_us = CFX_MIN(poll_us * 2, (unsigned)POLL_MAX_US);
+        } else {
+            poll_us = POLL_MIN_US;
+        }
+    }
+out:
+    free(pending);
+    return rc;
+}
+
+int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+                       size_t k, enum cfx_dtype dtype, enum cfx_redop op,
+                       const struct cfx_object_id *result, const struct cfx_obj_params *params,
+                       size_t *used)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint64_t size = 0;
+    uint32_t chunk = 0;
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !inputs || !result)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: NULL argument");
+    if (n == 0 || n > MAX_INPUTS || k == 0 || k > n)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: need 1 <= k <= n <= %d "
+                        "(k = %zu, n = %zu)", MAX_INPUTS, k, n);
+    if ((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown dtype %d or op %d",
+                        (int)dtype, (int)op);
+    int timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
+                                                                           : ctx->cfg.timeout_ms;
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    cfx_object_id_to_hex(result, hex);
+
+    struct arrival *arr = calloc(k, sizeof(*arr));
+    if (!arr)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
+    rc = gather_inputs(ctx, inputs, n, k, deadline, arr, &size, &chunk);
+    if (rc != CFX_OK)
+        goto out;
+    size_t dsz = cfx_dtype_size(dtype);
+    if (size % dsz || chunk % dsz) {
+        rc = cfx__err(CFX_ERR_INVALID, "reduce: inputs of %" PRIu64 " bytes are not a whole "
+                      "number of %s elements", size, cfx_dtype_name(dtype));
+        goto out;
+    }
+
+    bool tree = use_tree(ctx, size, chunk, k);
+    size_t root = k - 1;
+    /* children of each position */
+    uint8_t *nchild = calloc(k, 1);
+    size_t (*child)[CFX_RTASK_MAX_CHILDREN] = calloc(k, sizeof(*child));
+    if (!nchild || !child) {
+        free(nchild);
+        free(child);
+        rc = cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i + 1 < k; i++) {
+        size_t p = tree ? tree_parent(i, k) : i + 1;
+        child[p][nchild[p]++] = i;
+    }
+
+    pthread_mutex_lock(&ctx->lock);
+    uint64_t task = (uint64_t)ctx->node_id << 32 | (++ctx->rtask_counter & 0xffffffffu);
+    struct cfx_rwait wait = { .task = task, .status = CFX_ERR_AGAIN };
+    cfx_list_add_tail(&wait.link, &ctx->rwaits);
+    pthread_mutex_unlock(&ctx->lock);
+
+    int ms_left = cfx__ms_left(deadline);
+    for (size_t p = 0; p < k && rc == CFX_OK; p++) {
+        if (nchild[p] == 0 && p != root)
+            continue; /* a leaf: its parent reads its input directly */
+        struct cfx_dp_reduce_task *m = calloc(1, sizeof(*m));
+        if (!m) {
+            rc = cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+            break;
+        }
+        m->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                      .type = CFX_DP_REDUCE_TASK };
+        m->task = task;
+        memcpy(m->input, inputs[arr[p].idx].bytes, CFX_OBJECT_ID_LEN);
+        struct cfx_object_id oid;
+        if (p == root)
+            oid = *result;
+        else
+            derived_id(result, task, p, &oid);
+        memcpy(m->output, oid.bytes, CFX_OBJECT_ID_LEN);
+        m->size = size;
+        m->chunk_size = chunk;
+        m->timeout_ms = ms_left < 0 ? 0x7fffffffu : (uint32_t)ms_left;
+        m->dtype = (uint8_t)dtype;
+        m->op = (uint8_t)op;
+        m->final = p == root;
+        m->nchildren = nchild[p];
+        for (unsigned c = 0; c < nchild[p]; c++) {
+            size_t ci = child[p][c];
+            struct cfx_object_id cid;
+            if (nchild[ci] == 0)
+                cid = inputs[arr[ci].idx];
+            else
+                derived_id(result, task, ci, &cid);
+            memcpy(m->child_obj[c], cid.bytes, CFX_OBJECT_ID_LEN);
+            rec_to_dp(&arr[ci].node, &m->child[c]);
+        }
+        pthread_mutex_lock(&ctx->lock);
+        rc = post_task(ctx, m, &arr[p].node);
+        pthread_mutex_unlock(&ctx->lock);
+        if (rc != CFX_OK)
+            free(m);
+    }
+    free(nchild);
+    free(child);
+
+    pthread_mutex_lock(&ctx->lock);
+    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN) {
+        if (deadline != UINT64_MAX && cfx__now_ns() >= deadline)
+            break;
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+        } else {
+            struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                                   .tv_nsec = (long)(deadline % 1000000000ull) };
+            pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
+        }
+    }
+    int st = wait.status;
+    uint32_t who = wait.node_id;
+    cfx_list_del(&wait.link);
+    pthread_mutex_unlock(&ctx->lock);
+    if (rc == CFX_OK) {
+        if (st == CFX_ERR_AGAIN)
+            rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %.12s on node %u: the result was not "
+                          "produced within %d ms", hex, ctx->node_id, timeout_ms);
+        else if (st != CFX_OK)
+            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", hex, who, cfx_strerror(st));
+    }
+    CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu/%zu inputs (%" PRIu64 " B) as a %s: %s",
+            ctx->node_id, k, n, size, tree ? "tree" : "chain", cfx_errname(rc));
+    if (rc == CFX_OK && used)
+        for (size_t i = 0; i < k; i++)
+            used[i] = arr[i].idx;
+out:
+    free(arr);
+    return rc;
+}

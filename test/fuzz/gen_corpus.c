@@ -1,0 +1,320 @@
+/*
+ * Writes the fuzzers' seed corpora from the real encoders and structs:
+ *
+ *   fuzz_gen_corpus DIR     (DIR/fuzz_proto/, DIR/fuzz_dp_msg/, ...)
+ *
+ * The files are small and checked in under test/fuzz/corpus/; run this again
+ * after a wire format changes.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <conflux/status.h>
+
+#include "control/proto.h"
+#include "dataplane/engine/engine.h"
+#include "dataplane/shm/shm.h"
+#include "dataplane/tcp/tcp.h"
+
+static const char *root;
+
+static void put(const char *target, const char *name, const void *buf, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, target);
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        perror(path);
+        exit(1);
+    }
+    snprintf(path, sizeof(path), "%s/%s/%s", root, target, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
+static size_t enc(const struct cfx_msg *m, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    if (cfx__msg_encode(m, buf, cap, &len) != CFX_OK) {
+        fprintf(stderr, "encode %s: %s\n", cfx__msg_type_name(m->type), cfx_last_error());
+        exit(1);
+    }
+    return len;
+}
+
+static void node(struct cfx_node_rec *n, uint32_t id)
+{
+    memset(n, 0, sizeof(*n));
+    n->node_id = id;
+    n->pid = 4242;
+    snprintf(n->name, sizeof(n->name), "host:%u", id);
+    snprintf(n->host_id, sizeof(n->host_id), "boot/net");
+    snprintf(n->ctl_addr, sizeof(n->ctl_addr), "127.0.0.1:40000");
+    n->alive = 1;
+    n->naddr = 2;
+    snprintf(n->addr[0].tp, sizeof(n->addr[0].tp), "tcp");
+    n->addr[0].len = 16;
+    memcpy(n->addr[0].addr, "127.0.0.1:41000", 16);
+    snprintf(n->addr[1].tp, sizeof(n->addr[1].tp), "shm");
+    n->addr[1].len = 10;
+    memcpy(n->addr[1].addr, "@cfx-shm-1", 10);
+}
+
+static void proto(void)
+{
+    static uint8_t buf[1u << 17];
+    uint8_t data[100];
+    struct cfx_msg m;
+    size_t len, l2;
+
+    for (unsigned i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)i;
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_CHALLENGE;
+    memset(m.u.challenge.nonce, 0x11, sizeof(m.u.challenge.nonce));
+    put("fuzz_proto", "challenge", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_AUTH;
+    m.req_id = 1;
+    memset(m.u.auth.nonce, 0x22, sizeof(m.u.auth.nonce));
+    memset(m.u.auth.mac, 0x33, sizeof(m.u.auth.mac));
+    put("fuzz_proto", "auth", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_JOIN;
+    m.req_id = 2;
+    node(&m.u.join, 0);
+    put("fuzz_proto", "join", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_PUT;
+    m.req_id = 3;
+    memset(m.u.put.id.bytes, 0xab, sizeof(m.u.put.id.bytes));
+    m.u.put.size = sizeof(data);
+    m.u.put.chunk_size = 65536;
+    m.u.put.has_data = 1;
+    m.u.put.data = data;
+    put("fuzz_proto", "put_inline", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_LOOKUP;
+    m.req_id = 4;
+    memset(m.u.lookup.id.bytes, 0xab, sizeof(m.u.lookup.id.bytes));
+    m.u.lookup.timeout_ms = 1000;
+    m.u.lookup.nexclude = 2;
+    m.u.lookup.exclude[0] = 3;
+    m.u.lookup.exclude[1] = 7;
+    put("fuzz_proto", "lookup", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_LOOKUP_REPLY;
+    m.req_id = 4;
+    m.u.lookup_reply.size = 1u << 24;
+    m.u.lookup_reply.chunk_size = 1u << 20;
+    m.u.lookup_reply.complete = 1;
+    node(&m.u.lookup_reply.node, 5);
+    put("fuzz_proto", "lookup_reply", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_ERROR;
+    m.req_id = 5;
+    m.u.error.status = CFX_ERR_NOT_FOUND;
+    snprintf(m.u.error.text, sizeof(m.u.error.text), "no such object");
+    len = enc(&m, buf, sizeof(buf));
+    put("fuzz_proto", "error", buf, len);
+
+    /* two frames back to back: the stream framing */
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_EV_NODE_DEAD;
+    m.u.node_dead.node_id = 9;
+    l2 = enc(&m, buf + len, sizeof(buf) - len);
+    put("fuzz_proto", "stream_error_then_dead", buf, len + l2);
+
+    struct cfx_node_rec nrec[2];
+    node(&nrec[0], 1);
+    node(&nrec[1], 2);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_NODES_REPLY;
+    m.req_id = 6;
+    m.u.page.count = 2;
+    m.u.page.next = 2;
+    m.u.page.recs_in = nrec;
+    put("fuzz_proto", "nodes_reply", buf, enc(&m, buf, sizeof(buf)));
+
+    struct cfx_ctl_obj_rec orec;
+    memset(&orec, 0, sizeof(orec));
+    orec.size = 1u << 20;
+    orec.chunk_size = 1u << 16;
+    orec.nholders = 1;
+    orec.holders[0].node_id = 1;
+    orec.holders[0].complete = 1;
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJECTS_REPLY;
+    m.req_id = 7;
+    m.u.page.count = 1;
+    m.u.page.recs_in = &orec;
+    put("fuzz_proto", "objects_reply", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_STATUS_REPLY;
+    m.req_id = 8;
+    m.u.status.proto_version = CFX_PROTO_VERSION;
+    m.u.status.heartbeat_ms = 250;
+    snprintf(m.u.status.version, sizeof(m.u.status.version), "0.1.0");
+    put("fuzz_proto", "status_reply", buf, enc(&m, buf, sizeof(buf)));
+}
+
+static void dp(void)
+{
+    struct cfx_dp_hello h = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_HELLO, 0 },
+                              .node_id = 3 };
+    memset(h.nonce, 0x44, sizeof(h.nonce));
+    put("fuzz_dp_msg", "hello", &h, sizeof(h));
+
+    struct cfx_dp_auth a = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_AUTH, 0 } };
+    memset(a.nonce, 0x55, sizeof(a.nonce));
+    memset(a.mac, 0x66, sizeof(a.mac));
+    put("fuzz_dp_msg", "auth", &a, sizeof(a));
+
+    struct cfx_dp_get_req r;
+    memset(&r, 0, sizeof(r));
+    r.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_REQ, 17 };
+    memset(r.id, 0xab, sizeof(r.id));
+    r.size = 3u << 20;
+    r.chunk_size = 1u << 20;
+    r.first_chunk = 1;
+    r.credits = 16;
+    r.rdesc.len = 24;
+    memset(r.rdesc.data, 0x54, 24);
+    put("fuzz_dp_msg", "get_req", &r, sizeof(r));
+    r.flags = CFX_DP_GET_P2P;
+    r.chan = 99;
+    r.tag = 5;
+    put("fuzz_dp_msg", "get_req_p2p", &r, sizeof(r));
+
+    struct cfx_dp_nack n = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_NACK, 17 },
+                             .status = CFX_ERR_NOT_FOUND };
+    put("fuzz_dp_msg", "nack", &n, sizeof(n));
+    struct cfx_dp_credit c = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_CREDIT, 17 },
+                               .credits = 8 };
+    put("fuzz_dp_msg", "credit", &c, sizeof(c));
+    struct cfx_dp_hdr x = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_CANCEL, 17 };
+    put("fuzz_dp_msg", "cancel", &x, sizeof(x));
+}
+
+static void tcp(void)
+{
+    uint8_t buf[1 + sizeof(struct cfx__tcp_hdr) + 128];
+    struct cfx__tcp_hdr h;
+    struct cfx__tcp_hello hl;
+
+    memset(&hl, 0, sizeof(hl));
+    hl.magic = htole32(CFX_TCP_MAGIC);
+    hl.version = htole32(CFX_TCP_VERSION);
+    hl.node_id = htole32(4);
+    snprintf(hl.addr, sizeof(hl.addr), "127.0.0.1:41000");
+    memset(&h, 0, sizeof(h));
+    h.type = CFX_TCP_FRAME_HELLO;
+    h.len = htole32(sizeof(hl));
+    buf[0] = 1;
+    memcpy(buf + 1, &h, sizeof(h));
+    memcpy(buf + 1 + sizeof(h), &hl, sizeof(hl));
+    put("fuzz_tcp_hdr", "hello", buf, 1 + sizeof(h) + sizeof(hl));
+
+    memset(&h, 0, sizeof(h));
+    h.type = CFX_TCP_FRAME_SEND;
+    h.len = htole32(76);
+    buf[0] = 0;
+    memcpy(buf + 1, &h, sizeof(h));
+    put("fuzz_tcp_hdr", "send", buf, 1 + sizeof(h));
+
+    memset(&h, 0, sizeof(h));
+    h.type = CFX_TCP_FRAME_WRITE;
+    h.len = htole32(1u << 20);
+    h.imm = htole32(17u << 20 | 3);
+    h.key_cookie = htole32(0x12345678);
+    h.key_idx = htole32(2);
+    h.key_gen = htole32(1);
+    h.off = htole64(3u << 20);
+    memcpy(buf + 1, &h, sizeof(h));
+    put("fuzz_tcp_hdr", "write", buf, 1 + sizeof(h));
+
+    memset(&h, 0, sizeof(h));
+    h.type = CFX_TCP_FRAME_ERROR;
+    h.imm = htole32((uint32_t)CFX_ERR_PROTO);
+    memcpy(buf + 1, &h, sizeof(h));
+    put("fuzz_tcp_hdr", "error", buf, 1 + sizeof(h));
+}
+
+static void shm(void)
+{
+    /* byte 0: start slot in the fuzzer's 4 KiB ring, then the ring bytes */
+    static uint8_t buf[1 + 4096];
+    struct cfx__shm_msg m;
+    size_t off = 1;
+
+    memset(buf, 0, sizeof(buf));
+    buf[0] = 0;
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_SHM_MSG_SEND;
+    m.len = 40;
+    memcpy(buf + off, &m, sizeof(m));
+    off += cfx__shm_msg_size(m.len);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_SHM_MSG_WFRAG;
+    m.flags = CFX_SHM_MSG_LAST;
+    m.len = 128;
+    m.key = 1;
+    m.imm = 7;
+    m.start = 256;
+    m.off = 256;
+    m.total = 128;
+    memcpy(buf + off, &m, sizeof(m));
+    off += cfx__shm_msg_size(m.len);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_SHM_MSG_WDONE;
+    m.key = 1;
+    m.off = 0;
+    m.total = 4096;
+    memcpy(buf + off, &m, sizeof(m));
+    off += cfx__shm_msg_size(0);
+    put("fuzz_shm_msg", "send_wfrag_wdone", buf, off);
+
+    /* a WRAP two slots before the end, then a SEND at the start */
+    memset(buf, 0, sizeof(buf));
+    buf[0] = 62;
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_SHM_MSG_WRAP;
+    memcpy(buf + 1, &m, sizeof(m));
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_SHM_MSG_SEND;
+    m.len = 8;
+    memcpy(buf + 1 + 128, &m, sizeof(m));
+    put("fuzz_shm_msg", "wrap_then_send", buf, 1 + 128 + 128);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: fuzz_gen_corpus DIR\n");
+        return 2;
+    }
+    root = argv[1];
+    if (mkdir(root, 0755) < 0 && errno != EEXIST) {
+        perror(root);
+        return 1;
+    }
+    proto();
+    dp();
+    tcp();
+    shm();
+    return 0;
+}
