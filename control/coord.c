@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -333,6 +334,14 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             }
             break;
         }
+        if (c->state == COORD_CONN_AUTH && h.payload_len > COORD_PREAUTH_MAX) {
+            /* Only AUTH may come first, and it is small: an unauthenticated
+             * peer must not make us buffer a megabyte. */
+            CFX_LOG(WARN, CTL, "closing %s: %u byte %s frame before authenticating", c->peer,
+                    h.payload_len, cfx__msg_type_name(h.type));
+            cfx__coord_conn_fail(c);
+            break;
+        }
         size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
         if (c->in_len - off < need) {
             if (need > c->in_cap) {
@@ -464,6 +473,45 @@ err_close:
     close(fd);
 }
 
+/*
+ * Out of file descriptors (EMFILE/ENFILE).  The pending connection would
+ * keep the level-triggered listening socket readable and the loop would
+ * spin, so shed it: give up the reserve fd, accept, close, take the reserve
+ * back (the libev/libuv trick).  Without a reserve, stop accepting until the
+ * next tick.  Logged at most once a second.
+ */
+static int accept_shed(struct cfx_coord *co, int err)
+{
+    uint64_t now = cfx__now_ns();
+    int shed = 0;
+
+    if (co->spare_fd >= 0) {
+        close(co->spare_fd);
+        co->spare_fd = -1;
+        int fd = accept4(co->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            shed = 1;
+            co->emfile_shed++;
+        }
+        co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    co->state_dirfd = -1;
+    cfx_list_init(&co->records);
+    }
+    if (!shed && co->spare_fd < 0) {
+        cfx__ev_io_set(co->loop, &co->listen_io, 0);
+        co->listen_paused = 1;
+    }
+    if (now - co->emfile_logged_ns >= 1000000000ull) {
+        CFX_LOG(WARN, CTL, "coordinator %s is out of file descriptors (%s, %u connections "
+                "open): refused %llu new connection%s", co->addr, strerror(err), co->nconns,
+                (unsigned long long)co->emfile_shed, co->emfile_shed == 1 ? "" : "s");
+        co->emfile_logged_ns = now;
+        co->emfile_shed = 0;
+    }
+    return shed;
+}
+
 static void on_listen(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
 {
     struct cfx_coord *co = io->arg;
@@ -475,6 +523,11 @@ static void on_listen(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned e
         int fd = accept4(co->listen_fd, (struct sockaddr *)&sa, &slen,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+                if (accept_shed(co, errno))
+                    continue;
+                return;
+            }
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
                 errno != ECONNABORTED)
                 CFX_LOG(WARN, CTL, "accept on %s: %s", co->addr, strerror(errno));
@@ -506,6 +559,12 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
         }
     }
     cfx__coord_members_tick(co, now);
+    if (co->listen_paused) {
+        if (co->spare_fd < 0)
+            co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        co->listen_paused = 0;
+        cfx__ev_io_set(loop, &co->listen_io, CFX_EV_READ);
+    }
     cfx__ev_timer_start(loop, t, now + (uint64_t)COORD_TICK_MS * 1000000ull);
 }
 
@@ -542,7 +601,7 @@ static int coord_listen(struct cfx_coord *co, const char *bind_addr, uint16_t po
         return cfx__err(e == EADDRINUSE ? CFX_ERR_BUSY : cfx__status_from_errno(e),
                         "coordinator cannot bind %s:%u: %s", bind_addr, port, strerror(e));
     }
-    if (listen(co->listen_fd, 128) < 0)
+    if (listen(co->listen_fd, SOMAXCONN) < 0) /* bursts of joins: a short backlog drops SYNs */
         return cfx__err(cfx__status_from_errno(errno), "listen on %s:%u: %s", bind_addr, port,
                         strerror(errno));
     socklen_t slen = sizeof(sa);
@@ -574,10 +633,13 @@ static void coord_free(struct cfx_coord *co)
         conn_free(c);
     }
     cfx__coord_members_fini(co);
+    cfx__coord_state_close(co);
     if (co->loop && co->listen_fd >= 0)
         cfx__ev_io_stop(co->loop, &co->listen_io);
     if (co->listen_fd >= 0)
         close(co->listen_fd);
+    if (co->spare_fd >= 0)
+        close(co->spare_fd);
     cfx__ev_loop_destroy(co->loop);
     OPENSSL_cleanse(co->token, sizeof(co->token));
     free(co);
@@ -603,6 +665,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         return cfx__err(CFX_ERR_NOMEM, "no memory for the coordinator");
     co->listen_fd = -1;
     co->listen_io.fd = -1;
+    co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     cfx_list_init(&co->conns);
     cfx_list_init(&co->closing);
     cfx__coord_members_init(co);
@@ -618,6 +681,10 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         goto err_free;
     }
     co->start_ns = cfx__now_ns();
+    rc = cfx__coord_state_open(co, params->state_dir);
+    if (rc != CFX_OK)
+        goto err_free;
+    cfx__coord_members_load(co);
     rc = cfx__coord_dir_init(co);
     if (rc != CFX_OK)
         goto err_free;

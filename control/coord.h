@@ -21,6 +21,7 @@ struct cfx_coord_params {
     /* Added by the control plane (0 = default); fields only ever appended. */
     uint32_t auth_timeout_ms;  /* close connections not authenticated by then (default 5000) */
     uint32_t stall_timeout_ms; /* close connections stalled mid-frame that long (default 10000) */
+    const char *state_dir;     /* durable state (coord_state.c); NULL: none, nothing survives */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

@@ -23,6 +23,12 @@
 #define COORD_DEAD_KEEP       1024          /* dead node records kept for listings */
 #define COORD_INLINE_TOTAL_MAX (1ull << 30) /* inline bytes stored in all */
 #define COORD_TICK_MS         100           /* housekeeping period */
+#define COORD_PREAUTH_MAX     256           /* largest frame payload before authentication */
+#define COORD_STATE_KEY_MAX   64            /* durable record key: [A-Za-z0-9._-] */
+#define COORD_STATE_VAL_MAX   (16u << 20)   /* durable record value bytes */
+#define COORD_IDS_KEY         "coord.node_ids" /* record: u32 LE, ids below are taken */
+#define COORD_IDS_BATCH       64            /* node ids reserved per state write */
+#define COORD_REJOIN_SLACK    65536         /* a rejoin may ask for ids up to this above ours */
 
 enum coord_conn_state {
     COORD_CONN_AUTH = 0,  /* challenge sent, waiting for AUTH */
@@ -120,6 +126,15 @@ struct cfx_coord {
     uint32_t auth_timeout_ms;
     uint32_t stall_timeout_ms;
     uint64_t start_ns;
+    int spare_fd;               /* reserve fd: freed to shed a connection at EMFILE */
+    /* durable state (coord_state.c) */
+    struct cfx_list records;    /* struct coord_record, loaded at start */
+    int state_dirfd;            /* -1: no state directory, nothing survives a restart */
+    char state_dir[256];
+    uint32_t ids_reserved;      /* node ids below this are recorded as taken */
+    int listen_paused;          /* no fd even to shed with: accept resumes on a tick */
+    uint64_t emfile_logged_ns;  /* last "out of fds" line (rate limited) */
+    uint64_t emfile_shed;       /* connections shed since that line */
 
     struct cfx_list conns;      /* open connections */
     struct cfx_list closing;    /* failed connections, closed in the hook */
@@ -152,6 +167,8 @@ void cfx__coord_conn_fail(struct coord_conn *c);
 /* coord_members.c */
 void cfx__coord_members_init(struct cfx_coord *co);
 void cfx__coord_members_fini(struct cfx_coord *co);
+/* Resume node ids after the recorded high-water mark (state loaded). */
+void cfx__coord_members_load(struct cfx_coord *co);
 struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id);
 void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c);
@@ -163,6 +180,20 @@ void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struc
 void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
                           struct cfx_node_rec *out);
+
+/* coord_state.c: durable versioned records (see there).  Keys are 1..64 of
+ * [A-Za-z0-9._-]; values up to COORD_STATE_VAL_MAX bytes.  Without a state
+ * directory the records live in memory only. */
+int cfx__coord_state_open(struct cfx_coord *co, const char *dir);
+void cfx__coord_state_close(struct cfx_coord *co);
+/* Store @p val (copied) under @p key, durably before returning; *version
+ * (may be NULL) receives the record's new version (1, 2, ...). */
+int cfx__coord_state_put(struct cfx_coord *co, const char *key, const void *val, size_t len,
+                         uint64_t *version);
+/* A malloc'd copy of the record (caller frees *val); CFX_ERR_NOT_FOUND. */
+int cfx__coord_state_get(struct cfx_coord *co, const char *key, void **val, size_t *len,
+                         uint64_t *version);
+int cfx__coord_state_del(struct cfx_coord *co, const char *key);
 
 /* coord_directory.c */
 int cfx__coord_dir_init(struct cfx_coord *co);

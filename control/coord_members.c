@@ -2,7 +2,11 @@
  * Coordinator membership: join, leave, heartbeats, dead-node detection and
  * the node_dead events that tell every live member about it.
  *
- * Node ids start at 1 and are never reused.  A node is dead when it leaves,
+ * Node ids start at 1 and are never reused: with a state directory the
+ * high-water mark is recorded (in batches of COORD_IDS_BATCH) before an id is
+ * handed out, so a restarted coordinator continues above it.  A JOIN that
+ * names a previous id (a client rejoining after a coordinator restart) gets
+ * it back when no record holds it.  A node is dead when it leaves,
  * when its connection closes, or when it has been silent for dead_after_ms;
  * death is final (a restarted process joins again under a new id).  Dead
  * records stay listed (alive = 0) until COORD_DEAD_KEEP newer ones exist.
@@ -37,6 +41,39 @@ void cfx__coord_members_fini(struct cfx_coord *co)
     co->by_id_cap = 0;
 }
 
+void cfx__coord_members_load(struct cfx_coord *co)
+{
+    void *val = NULL;
+    size_t len = 0;
+    if (cfx__coord_state_get(co, COORD_IDS_KEY, &val, &len, NULL) != CFX_OK)
+        return;
+    if (len == 4) {
+        const uint8_t *p = val;
+        uint32_t mark = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                        (uint32_t)p[3] << 24;
+        if (mark > co->next_node_id) {
+            co->next_node_id = mark;
+            co->ids_reserved = mark;
+            CFX_LOG(INFO, CTL, "coordinator %s: node ids continue at %u", co->addr, mark);
+        }
+    }
+    free(val);
+}
+
+/* Record that ids below @p upto are taken (before handing one out). */
+static int ids_reserve(struct cfx_coord *co, uint32_t upto)
+{
+    if (upto <= co->ids_reserved)
+        return CFX_OK;
+    uint32_t mark = upto > UINT32_MAX - COORD_IDS_BATCH ? UINT32_MAX : upto + COORD_IDS_BATCH;
+    uint8_t b[4] = { (uint8_t)mark, (uint8_t)(mark >> 8), (uint8_t)(mark >> 16),
+                     (uint8_t)(mark >> 24) };
+    int rc = cfx__coord_state_put(co, COORD_IDS_KEY, b, sizeof(b), NULL);
+    if (rc == CFX_OK)
+        co->ids_reserved = mark;
+    return rc;
+}
+
 struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id)
 {
     if (node_id == 0 || node_id >= co->by_id_cap)
@@ -57,13 +94,25 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
 {
     struct coord_node *n;
     uint32_t id = co->next_node_id;
+    uint32_t want = m->u.join.node_id; /* previous id of a rejoining node, 0 if none */
 
+    if (want && want < UINT32_MAX - 1 && want - 1 < co->next_node_id - 1 + COORD_REJOIN_SLACK &&
+        !cfx__coord_node_find(co, want))
+        id = want;
+    else
+        want = 0;
     if (id == 0 || id == UINT32_MAX) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
                              "coordinator %s has run out of node ids", co->addr);
         return;
     }
-    if (id >= co->by_id_cap) {
+    if (ids_reserve(co, id + 1) != CFX_OK) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO,
+                             "coordinator %s cannot record node ids in its state directory",
+                             co->addr);
+        return;
+    }
+    while (id >= co->by_id_cap) {
         uint32_t cap = co->by_id_cap ? co->by_id_cap * 2 : 64;
         struct coord_node **p = realloc(co->by_id, (size_t)cap * sizeof(*p));
         if (!p) {
@@ -91,12 +140,13 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     cfx_list_init(&n->holdings);
     cfx_list_add_tail(&n->link, &co->nodes);
     co->by_id[id] = n;
-    co->next_node_id++;
+    if (id >= co->next_node_id)
+        co->next_node_id = id + 1;
     co->nodes_alive++;
     c->node = n;
     c->state = COORD_CONN_NODE;
-    CFX_LOG(INFO, CTL, "node %u joined: name '%s', host '%s', pid %u, from %s", id,
-            n->rec.name, n->rec.host_id, n->rec.pid, c->peer);
+    CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s', pid %u, from %s", id,
+            want ? "rejoined" : "joined", n->rec.name, n->rec.host_id, n->rec.pid, c->peer);
 
     struct cfx_msg r = { .type = CFX_MSG_JOIN_REPLY, .req_id = m->req_id };
     r.u.join_reply.node_id = id;

@@ -3,6 +3,7 @@
  *
  *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
  *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
+ *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  Bad arguments: usage on stderr, exit 2.
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <conflux/status.h>
 
@@ -29,6 +31,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
             "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
+            "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -36,7 +39,11 @@ static void usage(FILE *f)
             "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
             "  --heartbeat-ms N    interval members heartbeat at (default 250)\n"
             "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
-            "  --fanout N          uploads one holder is given before others (default 2)\n",
+            "  --fanout N          uploads one holder is given before others (default 2)\n"
+            "  --auth-timeout-ms N close connections not authenticated by then (default 5000)\n"
+            "  --stall-timeout-ms N close connections stalled mid-frame that long (default 10000)\n"
+            "  --state-dir DIR     keep durable state (node ids, records) in DIR; it survives\n"
+            "                      a restart, even after kill -9 (default: none)\n",
             DEFAULT_PORT);
 }
 
@@ -61,6 +68,9 @@ int main(int argc, char **argv)
         { "heartbeat-ms", required_argument, NULL, 'H' },
         { "dead-after-ms", required_argument, NULL, 'D' },
         { "fanout", required_argument, NULL, 'F' },
+        { "auth-timeout-ms", required_argument, NULL, 'A' },
+        { "stall-timeout-ms", required_argument, NULL, 'S' },
+        { "state-dir", required_argument, NULL, 'd' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -91,6 +101,15 @@ int main(int argc, char **argv)
             if (parse_u32(optarg, 1024, &v) || v == 0) goto bad_arg;
             params.fanout = v;
             break;
+        case 'A':
+            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
+            params.auth_timeout_ms = v;
+            break;
+        case 'S':
+            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
+            params.stall_timeout_ms = v;
+            break;
+        case 'd': params.state_dir = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -112,6 +131,13 @@ int main(int argc, char **argv)
         return 2;
     }
     params.token = token;
+
+    /* One fd per connection: take all the hard limit allows. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 
     /* Signals are taken synchronously by this thread; block them before the
      * coordinator thread starts so it inherits the mask. */

@@ -55,7 +55,8 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
             "  -n, --iters=N        measured gets per size (default %ld)\n"
             "  -w, --warmup=N       unmeasured gets first (default 2)\n"
-            "  -t, --transport=T    tcp or shm (default: shm on the same host, else tcp)\n"
+            "  -t, --transport=T    tcp, shm or verbs (default: shm on the same host, else verbs,\n"
+            "                       else tcp)\n"
             "  -c, --chunk-size=N   chunk size (default: follows the object size)\n"
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
             "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
@@ -124,7 +125,8 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     if (optind < argc)
         o->host = argv[optind++];
     if (optind < argc || o->port <= 0 || o->port > 65535 || o->iters <= 0 || o->warmup < 0 ||
-        (o->transport && strcmp(o->transport, "tcp") && strcmp(o->transport, "shm"))) {
+        (o->transport && strcmp(o->transport, "tcp") && strcmp(o->transport, "shm") &&
+         strcmp(o->transport, "verbs"))) {
         perf_usage(argv[0], what, stderr);
         return 2;
     }

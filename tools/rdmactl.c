@@ -17,6 +17,9 @@
 
 #include "control/auth.h"
 #include "control/client.h"
+#ifdef CFX_HAVE_VERBS
+#include "dataplane/verbs/verbs_devinfo.h"
+#endif
 #include "dataplane/common/util.h"
 
 #define RDMACTL_TIMEOUT_MS 5000
@@ -32,6 +35,7 @@ struct rdmactl_cmd {
     const char *name;
     int (*fn)(struct rdmactl *r, int argc, char **argv);  /* returns the exit status */
     const char *help;
+    int local;  /* runs on this host alone: no coordinator needed */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -267,10 +271,56 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
     return 0;
 }
 
+/* Local RDMA devices (and GPU support), in the manner of ibv_devinfo. */
+static int cmd_devices(struct rdmactl *r, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+#ifdef CFX_HAVE_CUDA
+    const char *gpu = "cuda (built)";
+#else
+    const char *gpu = "absent (built without CUDA)";
+#endif
+#ifdef CFX_HAVE_VERBS
+    if (r->json) {
+        /* {"devices": [...]} from the verbs side, then our GPU line */
+        char *txt = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&txt, &len);
+        if (!mem)
+            return fail("devices");
+        int rc = cfx__verbs_devices_print(mem, 1);
+        fclose(mem);
+        while (len && (txt[len - 1] == '\n' || txt[len - 1] == ' '))
+            txt[--len] = '\0';
+        if (len && txt[len - 1] == '}') {
+            txt[len - 1] = '\0';
+            printf("%s, \"gpu\": \"%s\"}\n", txt, gpu);
+        } else {
+            printf("{\"devices\": [], \"gpu\": \"%s\"}\n", gpu);
+        }
+        free(txt);
+        return rc == CFX_OK ? 0 : 1;
+    }
+    int rc = cfx__verbs_devices_print(stdout, 0);
+    printf("gpu: %s\n", gpu);
+    return rc == CFX_OK ? 0 : 1;
+#else
+    if (r->json)
+        printf("{\"devices\": [], \"error\": \"built without RDMA verbs support\", "
+               "\"gpu\": \"%s\"}\n", gpu);
+    else
+        printf("no RDMA devices: this build has no verbs transport (configure with "
+               "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\ngpu: %s\n", gpu);
+    return 1;
+#endif
+}
+
 static const struct rdmactl_cmd commands[] = {
-    { "status", cmd_status, "coordinator summary: version, uptime, members, objects" },
-    { "nodes", cmd_nodes, "cluster members, alive and recently dead" },
-    { "objects", cmd_objects, "object directory: sizes and holders" },
+    { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
+    { "nodes", cmd_nodes, "cluster members, alive and recently dead", 0 },
+    { "objects", cmd_objects, "object directory: sizes and holders", 0 },
+    { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
 };
 
 static void usage(FILE *f)
@@ -320,6 +370,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (cmd->local)
+        return cmd->fn(&r, argc - optind, argv + optind);
     if (!r.coord)
         r.coord = getenv("CFX_COORD");
     if (!r.coord || !*r.coord) {

@@ -1,0 +1,369 @@
+/*
+ * The coordinator under bad input and load: a real conflux-coord process
+ * gets garbage, truncated frames, absurd lengths (a u32 length of
+ * 0xffffffff, u64 sizes of 2^64-1), half frames that stall, a thousand
+ * simultaneous connections and an fd limit it runs into, while good clients
+ * keep getting answers within a bound.  A wrong token is refused and logged
+ * with the peer's address; no token text ever reaches the log.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include "control/client.h"
+#include "coord_child.h"
+#include "testutil.h"
+
+#define STALL_MS   500
+#define AUTH_MS    1500
+#define ANSWER_MS  500      /* a good client's round trip must stay under this */
+#define NCONN      1000
+
+static struct coord_child cc;
+static char token[64];
+static char logpath[128];
+
+static void setup(void)
+{
+    char stall[16], auth[16];
+    cfx_test_token(token, sizeof(token));
+    snprintf(logpath, sizeof(logpath), "/tmp/cfx-abuse-%d.log", (int)getpid());
+    unlink(logpath);
+    snprintf(stall, sizeof(stall), "%d", STALL_MS);
+    snprintf(auth, sizeof(auth), "%d", AUTH_MS);
+    setenv("CFX_LOG_LEVEL", "DEBUG", 1); /* the most the coordinator ever logs */
+    const char *args[] = { "--port", "0", "--token", token, "--stall-timeout-ms", stall,
+                           "--auth-timeout-ms", auth, NULL };
+    coord_child_start(&cc, logpath, 0, args);
+    unsetenv("CFX_LOG_LEVEL");
+}
+
+static void teardown(void)
+{
+    coord_child_kill(&cc, SIGTERM);
+    /* Whatever happened, the token never reaches the log. */
+    cr_expect(!file_contains(logpath, token), "the cluster token appears in %s", logpath);
+    unlink(logpath);
+}
+
+TestSuite(coord_abuse, .init = setup, .fini = teardown, .timeout = 120);
+
+static struct cfx_ctl *good_node(const char *name)
+{
+    struct cfx_node_rec self;
+    struct cfx_ctl *ctl;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "%s", name);
+    snprintf(self.host_id, sizeof(self.host_id), "test");
+    self.pid = (uint32_t)getpid();
+    struct cfx_ctl_params p = { .coord = cc.addr, .token = token, .role = CFX_CTL_ROLE_NODE,
+                                .self = &self, .timeout_ms = 5000 };
+    cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_OK, "%s", cfx_last_error());
+    return ctl;
+}
+
+/* A lookup of an inline object: one round trip; returns its duration in ms. */
+static double lookup_ms(struct cfx_ctl *ctl, const struct cfx_object_id *id)
+{
+    struct cfx_ctl_source src;
+    uint64_t t0 = cfx__now_ns();
+    int rc = cfx__ctl_obj_lookup(ctl, id, NULL, 0, cfx__deadline_ns(5000), &src);
+    double ms = (double)(cfx__now_ns() - t0) / 1e6;
+    cr_assert_eq(rc, CFX_OK, "lookup: %s", cfx_last_error());
+    cr_assert(src.is_inline && src.size == 5 && !memcmp(src.data, "hello", 5));
+    free(src.data);
+    return ms;
+}
+
+static void good_client_answers(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                                const char *after)
+{
+    double ms = lookup_ms(ctl, id);
+    cr_assert_lt(ms, ANSWER_MS, "lookup took %.1f ms after %s", ms, after);
+}
+
+static void put_hello(struct cfx_ctl *ctl, struct cfx_object_id *id)
+{
+    memset(id, 0, sizeof(*id));
+    memcpy(id->bytes, "abuse-test-obj", 14);
+    cr_assert_eq(cfx__ctl_obj_put(ctl, id, 5, 4096, "hello", cfx__deadline_ns(5000)), CFX_OK,
+                 "%s", cfx_last_error());
+}
+
+static void hdr_bytes(uint8_t *b, uint8_t type, uint32_t len)
+{
+    memset(b, 0, CFX_PROTO_HDR_LEN);
+    b[0] = (uint8_t)CFX_PROTO_MAGIC;
+    b[1] = (uint8_t)(CFX_PROTO_MAGIC >> 8);
+    b[2] = CFX_PROTO_VERSION;
+    b[3] = type;
+    for (int i = 0; i < 4; i++)
+        b[4 + i] = (uint8_t)(len >> (8 * i));
+}
+
+Test(coord_abuse, garbage_truncated_and_absurd_lengths)
+{
+    struct cfx_ctl *good = good_node("good");
+    struct cfx_object_id id;
+    uint8_t b[64];
+    int fd;
+    put_hello(good, &id);
+    good_client_answers(good, &id, "start");
+
+    /* random garbage: closed */
+    fd = raw_connect(cc.port);
+    cfx_test_fill(b, sizeof(b), 42);
+    raw_send(fd, b, sizeof(b));
+    cr_assert(raw_wait_closed(fd, 3000), "garbage not closed");
+    close(fd);
+    good_client_answers(good, &id, "garbage");
+
+    /* a truncated header, then the peer goes away */
+    fd = raw_connect(cc.port);
+    hdr_bytes(b, CFX_MSG_AUTH, 81);
+    raw_send(fd, b, 7);
+    close(fd);
+    good_client_answers(good, &id, "a truncated header");
+
+    /* length 0xffffffff, before and after authenticating: closed at once */
+    fd = raw_connect(cc.port);
+    hdr_bytes(b, CFX_MSG_AUTH, 0xffffffffu);
+    raw_send(fd, b, CFX_PROTO_HDR_LEN);
+    cr_assert(raw_wait_closed(fd, 1000), "length 0xffffffff not closed");
+    close(fd);
+    fd = raw_auth(cc.port, token, CFX_CTL_ROLE_ADMIN);
+    hdr_bytes(b, CFX_MSG_STATUS, 0xffffffffu);
+    raw_send(fd, b, CFX_PROTO_HDR_LEN);
+    cr_assert(raw_wait_closed(fd, 1000), "authenticated length 0xffffffff not closed");
+    close(fd);
+
+    /* a 1 MiB frame announced before authenticating: no buffering, closed */
+    fd = raw_connect(cc.port);
+    hdr_bytes(b, CFX_MSG_AUTH, CFX_PROTO_MAX_PAYLOAD);
+    raw_send(fd, b, CFX_PROTO_HDR_LEN);
+    cr_assert(raw_wait_closed(fd, 1000), "a pre-auth 1 MiB frame not closed");
+    close(fd);
+    good_client_answers(good, &id, "absurd lengths");
+
+    /* a well-framed but invalid payload after auth: an ERROR reply, still open */
+    fd = raw_auth(cc.port, token, CFX_CTL_ROLE_ADMIN);
+    hdr_bytes(b, CFX_MSG_NODE_GET, 3);
+    b[8] = 9;
+    raw_send(fd, b, CFX_PROTO_HDR_LEN + 3);
+    struct cfx_msg m;
+    uint8_t *frame;
+    cr_assert_eq(raw_recv_msg(fd, 2000, &m, &frame), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR);
+    cr_assert_eq(m.u.error.status, CFX_ERR_PROTO);
+    free(frame);
+    close(fd);
+
+    /* u64 sizes of 2^64-1 from a joined node: refused or stored, never fatal */
+    fd = raw_auth(cc.port, token, CFX_CTL_ROLE_NODE);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_JOIN;
+    m.req_id = 2;
+    snprintf(m.u.join.name, sizeof(m.u.join.name), "raw");
+    raw_send_msg(fd, &m);
+    cr_assert_eq(raw_recv_msg(fd, 2000, &m, &frame), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_JOIN_REPLY);
+    free(frame);
+    struct cfx_msg put = { .type = CFX_MSG_OBJ_PUT, .req_id = 3 };
+    memset(put.u.put.id.bytes, 0xee, sizeof(put.u.put.id.bytes));
+    put.u.put.size = UINT64_MAX;
+    put.u.put.chunk_size = 0;
+    raw_send_msg(fd, &put);
+    cr_assert_eq(raw_recv_msg(fd, 2000, &m, &frame), CFX_OK);
+    free(frame);
+    struct cfx_ctl_source src;
+    int rc = cfx__ctl_obj_lookup(good, &put.u.put.id, NULL, 0, cfx__deadline_ns(2000), &src);
+    cr_assert(rc == CFX_OK || rc < 0);
+    if (rc == CFX_OK)
+        cr_assert_eq(src.size, UINT64_MAX);
+    close(fd);
+    good_client_answers(good, &id, "2^64-1 sizes");
+    cfx__ctl_close(good);
+}
+
+Test(coord_abuse, half_frame_then_stall_is_closed)
+{
+    struct cfx_ctl *good = good_node("good");
+    struct cfx_object_id id;
+    uint8_t b[CFX_PROTO_HDR_LEN + 4];
+    put_hello(good, &id);
+
+    int fd = raw_auth(cc.port, token, CFX_CTL_ROLE_ADMIN);
+    hdr_bytes(b, CFX_MSG_NODES, 4);
+    raw_send(fd, b, CFX_PROTO_HDR_LEN + 2); /* two of the four payload bytes */
+    uint64_t t0 = cfx__now_ns();
+    good_client_answers(good, &id, "a half frame");
+    cr_assert(raw_wait_closed(fd, STALL_MS * 6), "stalled connection not closed");
+    double ms = (double)(cfx__now_ns() - t0) / 1e6;
+    cr_assert_geq(ms, STALL_MS * 0.8, "closed after %.0f ms, before the stall timeout", ms);
+    close(fd);
+
+    /* silent before authenticating: closed after the auth timeout */
+    fd = raw_connect(cc.port);
+    cr_assert(raw_wait_closed(fd, AUTH_MS * 4), "unauthenticated silent peer not closed");
+    close(fd);
+    cr_assert(file_contains(logpath, "stalled for"), "stall not logged");
+    good_client_answers(good, &id, "stalls");
+    cfx__ctl_close(good);
+}
+
+static void raise_nofile(rlim_t want)
+{
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = want < rl.rlim_max ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < want)
+        cr_skip_test("RLIMIT_NOFILE hard limit %llu is under %llu",
+                     (unsigned long long)rl.rlim_max, (unsigned long long)want);
+}
+
+/* Open @p n connections without waiting for each; returns how many opened. */
+static int flood(int *fds, int n, uint16_t port)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fds[i] < 0)
+            break;
+        if (connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+            close(fds[i]);
+            fds[i] = -1;
+            continue;
+        }
+        ok++;
+    }
+    return ok;
+}
+
+Test(coord_abuse, thousand_connections_and_good_clients_still_served)
+{
+    static int fds[NCONN];
+    struct cfx_object_id id;
+    raise_nofile(NCONN + 256);
+    struct cfx_ctl *good = good_node("good");
+    put_hello(good, &id);
+
+    memset(fds, -1, sizeof(fds));
+    cr_assert_eq(flood(fds, NCONN, cc.port), NCONN);
+    /* every connection is accepted and challenged... */
+    int challenged = 0;
+    uint64_t deadline = cfx__deadline_ns(20000);
+    double worst = 0;
+    while (challenged < NCONN && cfx__now_ns() < deadline) {
+        for (int i = 0; i < NCONN; i++) {
+            if (fds[i] < 0)
+                continue;
+            uint8_t buf[64];
+            ssize_t n = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+            if (n > 0) {
+                challenged++;
+                /* ...and half of them then stall in the middle of a frame */
+                if (i % 2)
+                    raw_send(fds[i], buf, 5);
+                else
+                    close(fds[i]), fds[i] = -1;
+                if (fds[i] >= 0)
+                    fds[i] = -fds[i] - 2; /* done: keep it open, skip it */
+            }
+        }
+        double ms = lookup_ms(good, &id);
+        worst = ms > worst ? ms : worst;
+    }
+    cr_assert_eq(challenged, NCONN, "only %d of %d connections were served", challenged, NCONN);
+    for (int k = 0; k < 20; k++) {
+        double ms = lookup_ms(good, &id);
+        worst = ms > worst ? ms : worst;
+    }
+    cr_log_info("worst lookup round trip with %d connections: %.2f ms", NCONN, worst);
+    cr_assert_lt(worst, ANSWER_MS, "a good client waited %.1f ms", worst);
+    /* a new client still joins */
+    struct cfx_ctl *late = good_node("late");
+    good_client_answers(late, &id, "a thousand connections");
+    cfx__ctl_close(late);
+    for (int i = 0; i < NCONN; i++)
+        if (fds[i] < -1)
+            close(-fds[i] - 2);
+    cfx__ctl_close(good);
+}
+
+/* CPU seconds the process @p pid used so far. */
+static double cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert(f);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* fields after the name: state ppid pgrp session tty tpgid flags minflt
+     * cminflt majflt cmajflt utime stime */
+    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+Test(coord_abuse, out_of_fds_sheds_connections_without_spinning)
+{
+    static int fds[300];
+    struct coord_child small;
+    char log2[128];
+    snprintf(log2, sizeof(log2), "/tmp/cfx-abuse-fd-%d.log", (int)getpid());
+    unlink(log2);
+    const char *args[] = { "--port", "0", "--token", token, NULL };
+    coord_child_start(&small, log2, 64, args);
+
+    raise_nofile(512);
+    memset(fds, -1, sizeof(fds));
+    flood(fds, 300, small.port);
+    usleep(300 * 1000);
+    double c0 = cpu_s(small.pid);
+    usleep(1000 * 1000);
+    double used = cpu_s(small.pid) - c0;
+    cr_assert_lt(used, 0.3, "the coordinator burnt %.2f CPU s in 1 s at its fd limit", used);
+    cr_assert(file_contains(log2, "out of file descriptors"), "EMFILE not logged");
+
+    for (int i = 0; i < 300; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    usleep(300 * 1000);
+    /* with fds back, a good client is served again */
+    struct cfx_node_rec self = { .pid = 1 };
+    snprintf(self.name, sizeof(self.name), "after");
+    struct cfx_ctl_params p = { .coord = small.addr, .token = token, .role = CFX_CTL_ROLE_NODE,
+                                .self = &self, .timeout_ms = 5000 };
+    struct cfx_ctl *ctl;
+    cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_OK, "%s", cfx_last_error());
+    cfx__ctl_close(ctl);
+    coord_child_kill(&small, SIGTERM);
+    unlink(log2);
+}
+
+Test(coord_abuse, wrong_token_refused_and_logged_without_the_token)
+{
+    char wrong[64];
+    cfx_test_token(wrong, sizeof(wrong));
+    struct cfx_node_rec self = { .pid = 1 };
+    snprintf(self.name, sizeof(self.name), "intruder");
+    struct cfx_ctl_params p = { .coord = cc.addr, .token = wrong, .role = CFX_CTL_ROLE_NODE,
+                                .self = &self, .timeout_ms = 5000 };
+    struct cfx_ctl *ctl = NULL;
+    cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_ERR_AUTH);
+    cr_assert_null(ctl);
+    usleep(100 * 1000);
+    cr_assert(file_contains(logpath, "refused 127.0.0.1:"), "refusal not logged with the address");
+    cr_assert(!file_contains(logpath, wrong), "the wrong token appears in the log");
+    cr_assert(!file_contains(logpath, token), "the token appears in the log");
+}

@@ -1,0 +1,551 @@
+/*
+ * Rank program for the multi-process collective tests, started by cfx_run.
+ * Inputs are deterministic per (rank, element) and chosen as small integers,
+ * so every reduction is exact in every dtype whatever the order of
+ * operations; every result is compared bit for bit with a reference
+ * computed here.  The first mismatch or unexpected status exits non-zero.
+ *
+ *   matrix         every collective x dtype x op at small sizes (auto
+ *                  algorithm), then every algorithm forced on a few
+ *                  combinations, in place and out of place
+ *   big BYTES      float sum allreduce, broadcast and reduce of BYTES
+ *   mismatch       count / dtype / op / root disagreements -> CFX_ERR_INVALID
+ *                  on every rank, and the group still works afterwards
+ *   nb             non-blocking forms, several in flight, mixed with blocking
+ *   late MS        the last rank enters broadcast / allreduce MS late
+ *   misc           send/recv, barrier, re-creating a group of the same name
+ */
+#include <conflux/conflux.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dataplane/reduce/fp16.h"
+
+#define DIE(...)                                                               \
+    do {                                                                       \
+        fprintf(stderr, "FAIL rank %d: ", rank);                               \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fprintf(stderr, "\n");                                                 \
+        exit(1);                                                               \
+    } while (0)
+
+#define CHECK_OK(expr)                                                         \
+    do {                                                                       \
+        int rc_ = (expr);                                                      \
+        if (rc_ != CFX_OK)                                                     \
+            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
+    } while (0)
+
+static int rank, world;
+static long checks;
+static double coll_s; /* time in the last collective call */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- values ------------------------------------------------------------------------ */
+
+enum kind { K_ALLREDUCE, K_BCAST, K_REDUCE, K_ALLGATHER, K_RS, K_GATHER, K_SCATTER, K_A2A,
+            K_LAST };
+static const char *const kind_names[K_LAST] = { "allreduce", "broadcast", "reduce",
+                                                "allgather", "reduce_scatter", "gather",
+                                                "scatter", "alltoall" };
+
+/* Input element @p i of rank @p q (small integers: exact everywhere). */
+static int64_t val(int q, size_t i, enum cfx_redop op, int reducing, enum cfx_dtype dt)
+{
+    uint64_t a = (uint64_t)q, b = (uint64_t)i;
+    int u = dt == CFX_DTYPE_U8;
+    if (!reducing)
+        return (int64_t)((a * 31 + b) % 97) - (u ? 0 : 48);
+    switch (op) {
+    case CFX_OP_SUM: return (int64_t)((a * 7 + b * 3) % 11) - (u ? 0 : 5);
+    case CFX_OP_PROD: {
+        static const int64_t s[3] = { 1, -1, 2 }, us[3] = { 1, 3, 2 };
+        return u ? us[(a + b) % 3] : s[(a + b) % 3];
+    }
+    default: return (int64_t)((a * 13 + b * 5) % 17) - (u ? 0 : 8);
+    }
+}
+
+static int64_t combine(int64_t x, int64_t y, enum cfx_redop op, enum cfx_dtype dt)
+{
+    int64_t r;
+    switch (op) {
+    case CFX_OP_SUM: r = x + y; break;
+    case CFX_OP_PROD: r = x * y; break;
+    case CFX_OP_MIN: r = x < y ? x : y; break;
+    default: r = x > y ? x : y; break;
+    }
+    if (dt == CFX_DTYPE_U8)
+        r &= 0xff;
+    return r;
+}
+
+static void store(void *buf, size_t i, enum cfx_dtype dt, int64_t v)
+{
+    switch (dt) {
+    case CFX_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+    case CFX_DTYPE_F64: ((double *)buf)[i] = (double)v; break;
+    case CFX_DTYPE_F16: ((uint16_t *)buf)[i] = cfx__f32_to_f16((float)v); break;
+    case CFX_DTYPE_BF16: ((uint16_t *)buf)[i] = cfx__f32_to_bf16((float)v); break;
+    case CFX_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case CFX_DTYPE_I64: ((int64_t *)buf)[i] = v; break;
+    default: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    }
+}
+
+static void fill(void *buf, size_t n, int q, enum cfx_redop op, int reducing, enum cfx_dtype dt,
+                 size_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        store(buf, i, dt, val(q, first + i, op, reducing, dt));
+}
+
+static int64_t reduced(size_t i, enum cfx_redop op, enum cfx_dtype dt)
+{
+    int64_t acc = val(0, i, op, 1, dt);
+    for (int q = 1; q < world; q++)
+        acc = combine(acc, val(q, i, op, 1, dt), op, dt);
+    return acc;
+}
+
+/* Compare @p n elements with what store() makes of @p ref(i). */
+static void expect(const void *got, size_t n, enum cfx_dtype dt, const char *what,
+                   int64_t (*ref)(size_t i, void *arg), void *arg)
+{
+    size_t esz = cfx_dtype_size(dt);
+    uint8_t want[8];
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = ref(i, arg);
+        store(want, 0, dt, v);
+        if (memcmp(want, (const uint8_t *)got + i * esz, esz))
+            DIE("%s: element %zu of %zu is wrong (want %" PRId64 ")", what, i, n, v);
+    }
+    checks++;
+}
+
+struct refarg {
+    enum cfx_redop op;
+    enum cfx_dtype dt;
+    size_t count;
+    size_t base;   /* element offset */
+    int q;         /* rank whose input it is */
+};
+
+static int64_t ref_reduced(size_t i, void *p)
+{
+    struct refarg *a = p;
+    return reduced(a->base + i, a->op, a->dt);
+}
+
+static int64_t ref_input(size_t i, void *p)
+{
+    struct refarg *a = p;
+    return val(a->q, a->base + i, a->op, 0, a->dt);
+}
+
+/* block layout of gathered data: block q holds rank q's input (count elements) */
+static int64_t ref_blocks(size_t i, void *p)
+{
+    struct refarg *a = p;
+    return val((int)(i / a->count), a->base + i % a->count, a->op, 0, a->dt);
+}
+
+/* ---- one collective, checked ---------------------------------------------------------- */
+
+static struct cfx_group *grp;
+
+static void run_one(enum kind k, enum cfx_dtype dt, enum cfx_redop op, size_t count,
+                    int inplace, enum cfx_algo algo, int root)
+{
+    const size_t esz = cfx_dtype_size(dt), n = (size_t)world;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_ALGO, .algo = algo };
+    char what[160];
+    snprintf(what, sizeof(what), "%s %s %s count %zu %s algo %s root %d", kind_names[k],
+             cfx_dtype_name(dt), cfx_redop_name(op), count, inplace ? "in-place" : "out-of-place",
+             cfx_algo_name(algo), root);
+    size_t sbytes = count * esz * ((k == K_RS || k == K_A2A || k == K_SCATTER) ? n : 1);
+    size_t rbytes = count * esz * ((k == K_ALLGATHER || k == K_GATHER || k == K_A2A) ? n : 1);
+    uint8_t *s = malloc(sbytes + 1), *r = malloc(rbytes + 1);
+    if (!s || !r)
+        DIE("out of memory");
+    memset(r, 0xa5, rbytes + 1);
+    struct refarg ra = { .op = op, .dt = dt, .count = count };
+    int rc;
+
+    switch (k) {
+    case K_ALLREDUCE:
+        fill(s, count, rank, op, 1, dt, 0);
+        if (inplace)
+            memcpy(r, s, count * esz);
+        coll_s = now_s();
+        rc = cfx_group_allreduce(grp, inplace ? r : s, r, count, dt, op, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        expect(r, count, dt, what, ref_reduced, &ra);
+        break;
+    case K_BCAST:
+        if (rank == root)
+            fill(r, count, root, op, 0, dt, 0);
+        coll_s = now_s();
+        rc = cfx_group_broadcast(grp, r, count, dt, root, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        ra.q = root;
+        expect(r, count, dt, what, ref_input, &ra);
+        break;
+    case K_REDUCE:
+        fill(s, count, rank, op, 1, dt, 0);
+        if (inplace)
+            memcpy(r, s, count * esz);
+        coll_s = now_s();
+        rc = cfx_group_reduce(grp, inplace ? r : s, r, count, dt, op, root, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        if (rank == root)
+            expect(r, count, dt, what, ref_reduced, &ra);
+        break;
+    case K_ALLGATHER: {
+        uint8_t *mine = inplace ? r + (size_t)rank * count * esz : s;
+        fill(mine, count, rank, op, 0, dt, 0);
+        coll_s = now_s();
+        rc = cfx_group_allgather(grp, mine, r, count, dt, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        expect(r, count * n, dt, what, ref_blocks, &ra);
+        break;
+    }
+    case K_RS: {
+        fill(s, count * n, rank, op, 1, dt, 0);
+        uint8_t *out = inplace ? s + (size_t)rank * count * esz : r;
+        coll_s = now_s();
+        rc = cfx_group_reduce_scatter(grp, s, out, count, dt, op, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        ra.base = (size_t)rank * count;
+        expect(out, count, dt, what, ref_reduced, &ra);
+        break;
+    }
+    case K_GATHER: {
+        uint8_t *mine = inplace && rank == root ? r + (size_t)rank * count * esz : s;
+        fill(mine, count, rank, op, 0, dt, 0);
+        coll_s = now_s();
+        rc = cfx_group_gather(grp, mine, r, count, dt, root, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        if (rank == root)
+            expect(r, count * n, dt, what, ref_blocks, &ra);
+        break;
+    }
+    case K_SCATTER: {
+        /* root's block q = rank q's "input" */
+        if (rank == root)
+            for (int q = 0; q < world; q++)
+                fill(s + (size_t)q * count * esz, count, q, op, 0, dt, 0);
+        uint8_t *out = inplace && rank == root ? s + (size_t)rank * count * esz : r;
+        coll_s = now_s();
+        rc = cfx_group_scatter(grp, s, out, count, dt, root, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        ra.q = rank;
+        expect(out, count, dt, what, ref_input, &ra);
+        break;
+    }
+    case K_A2A: {
+        /* block q of rank r's input: elements starting at (r * n + q) * count of the
+         * pattern; so block q of the output at rank r is block r of rank q */
+        uint8_t *in = inplace ? r : s;
+        for (int q = 0; q < world; q++)
+            fill(in + (size_t)q * count * esz, count, rank, op, 0, dt,
+                 ((size_t)rank * n + (size_t)q) * count);
+        coll_s = now_s();
+        rc = cfx_group_alltoall(grp, in, r, count, dt, &p);
+        coll_s = now_s() - coll_s;
+        if (rc != CFX_OK)
+            DIE("%s: %s (%s)", what, cfx_errname(rc), cfx_last_error());
+        for (int q = 0; q < world; q++) {
+            ra.q = q;
+            ra.base = ((size_t)q * n + (size_t)rank) * count;
+            expect(r + (size_t)q * count * esz, count, dt, what, ref_input, &ra);
+        }
+        break;
+    }
+    default: break;
+    }
+    if (r[rbytes] != 0xa5)
+        DIE("%s: wrote past the end of the receive buffer", what);
+    free(s);
+    free(r);
+}
+
+static int is_reduction(enum kind k)
+{
+    return k == K_ALLREDUCE || k == K_REDUCE || k == K_RS;
+}
+
+static void mode_matrix(void)
+{
+    /* sizes: 0, 1, odd, and more than one segment (the test sets a small
+     * CFX_COLL_SEG) */
+    const size_t sizes[] = { 0, 1, 1023, 5000 };
+    double t = now_s();
+    for (int k = 0; k < K_LAST; k++)
+        for (int dt = 0; dt < CFX_DTYPE_LAST; dt++)
+            for (int op = 0; op < (is_reduction(k) ? CFX_OP_LAST : 1); op++)
+                for (size_t si = 0; si < 3; si++)
+                    run_one(k, dt, op, sizes[si], (int)(si % 2), CFX_ALGO_AUTO,
+                            (int)(si + (size_t)dt) % world);
+    printf("matrix (auto): %ld checks in %.2f s\n", checks, now_s() - t);
+
+    static const struct {
+        enum kind k;
+        enum cfx_algo algo;
+    } forced[] = {
+        { K_ALLREDUCE, CFX_ALGO_RING },   { K_ALLREDUCE, CFX_ALGO_RHD },
+        { K_ALLREDUCE, CFX_ALGO_DBTREE }, { K_ALLREDUCE, CFX_ALGO_TREE },
+        { K_ALLREDUCE, CFX_ALGO_CHAIN },  { K_BCAST, CFX_ALGO_TREE },
+        { K_BCAST, CFX_ALGO_CHAIN },      { K_REDUCE, CFX_ALGO_TREE },
+        { K_REDUCE, CFX_ALGO_CHAIN },     { K_ALLGATHER, CFX_ALGO_RING },
+        { K_ALLGATHER, CFX_ALGO_DIRECT }, { K_RS, CFX_ALGO_RING },
+        { K_RS, CFX_ALGO_DIRECT },        { K_GATHER, CFX_ALGO_DIRECT },
+        { K_SCATTER, CFX_ALGO_DIRECT },   { K_A2A, CFX_ALGO_DIRECT },
+        { K_BCAST, CFX_ALGO_RHD },        /* does not apply: falls back */
+    };
+    t = now_s();
+    long before = checks;
+    for (size_t f = 0; f < sizeof(forced) / sizeof(forced[0]); f++)
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                run_one(forced[f].k, CFX_DTYPE_F32, CFX_OP_SUM, sizes[si], inplace,
+                        forced[f].algo, (int)(si + f) % world);
+                run_one(forced[f].k, CFX_DTYPE_I32, CFX_OP_MAX, sizes[si] + 3, inplace,
+                        forced[f].algo, (int)(si + f + 1) % world);
+            }
+    printf("matrix (forced algorithms): %ld checks in %.2f s\n", checks - before,
+           now_s() - t);
+}
+
+static void mode_big(size_t bytes)
+{
+    const size_t count = bytes / sizeof(float);
+    static const enum kind ks[] = { K_ALLREDUCE, K_BCAST, K_REDUCE };
+    for (size_t i = 0; i < 3; i++) {
+        double t = now_s();
+        run_one(ks[i], CFX_DTYPE_F32, CFX_OP_SUM, count, 0, CFX_ALGO_AUTO, world - 1);
+        t = now_s() - t;
+        printf("%s float sum %zu B: ok in %.2f s (collective %.2f s, %.1f MB/s algbw)\n",
+               kind_names[ks[i]], bytes, t, coll_s, (double)bytes / coll_s / 1e6);
+    }
+}
+
+static void want_invalid(int rc, const char *what)
+{
+    if (rc != CFX_ERR_INVALID)
+        DIE("%s: %s (%s), expected CFX_ERR_INVALID", what, cfx_errname(rc), cfx_last_error());
+    if (!strstr(cfx_last_error(), "disagree"))
+        DIE("%s: error text '%s' does not say the ranks disagree", what, cfx_last_error());
+    printf("%s -> CFX_ERR_INVALID: %s\n", what, cfx_last_error());
+    checks++;
+}
+
+static void mode_mismatch(void)
+{
+    if (world < 2)
+        return;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 10000 };
+    int odd = rank == world - 1;
+    float f[64] = { 0 };
+    int rc;
+    /* count (byte sizes differ) */
+    rc = cfx_group_allreduce(grp, f, f, odd ? 33 : 32, CFX_DTYPE_F32, CFX_OP_SUM, &p);
+    want_invalid(rc, "allreduce, count mismatch");
+    /* dtype with equal byte size */
+    rc = cfx_group_allreduce(grp, f, f, 16, odd ? CFX_DTYPE_I32 : CFX_DTYPE_F32, CFX_OP_SUM, &p);
+    want_invalid(rc, "allreduce, dtype mismatch");
+    rc = cfx_group_reduce(grp, f, f, 16, CFX_DTYPE_F32, odd ? CFX_OP_MAX : CFX_OP_SUM, 0, &p);
+    want_invalid(rc, "reduce, op mismatch");
+    rc = cfx_group_broadcast(grp, f, 16, CFX_DTYPE_F32, odd ? 1 : 0, &p);
+    want_invalid(rc, "broadcast, root mismatch");
+    /* one rank calls another collective */
+    rc = odd ? cfx_group_barrier(grp, &p)
+             : cfx_group_allreduce(grp, f, f, 4, CFX_DTYPE_F32, CFX_OP_SUM, &p);
+    want_invalid(rc, "barrier vs allreduce");
+    /* the group still works */
+    run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 1000, 0, CFX_ALGO_AUTO, 0);
+    run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 100000, 0, CFX_ALGO_RING, 0);
+}
+
+static void mode_nb(void)
+{
+    enum { N = 6, COUNT = 70000 };
+    float *buf[N];
+    float *gath = malloc(sizeof(float) * COUNT * (size_t)world);
+    struct cfx_request *req[N + 1];
+    for (int i = 0; i < N; i++) {
+        buf[i] = malloc(sizeof(float) * COUNT);
+        fill(buf[i], COUNT, rank, CFX_OP_SUM, i % 2 == 0, CFX_DTYPE_F32, 0);
+    }
+    /* allreduce, broadcast, reduce, allgather queued; then a blocking barrier
+     * and allreduce that must run after them */
+    CHECK_OK(cfx_group_iallreduce(grp, buf[0], buf[0], COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL,
+                                  &req[0]));
+    if (rank != 0)
+        memset(buf[1], 0, sizeof(float) * COUNT);
+    CHECK_OK(cfx_group_ibroadcast(grp, buf[1], COUNT, CFX_DTYPE_F32, 0, NULL, &req[1]));
+    CHECK_OK(cfx_group_ireduce(grp, buf[2], buf[3], COUNT, CFX_DTYPE_F32, CFX_OP_SUM,
+                               world - 1, NULL, &req[2]));
+    CHECK_OK(cfx_group_iallgather(grp, buf[5], gath, COUNT, CFX_DTYPE_F32, NULL, &req[3]));
+    CHECK_OK(cfx_group_barrier(grp, NULL));
+    float one = 1.0f, sum = 0;
+    CHECK_OK(cfx_group_allreduce(grp, &one, &sum, 1, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    if (sum != (float)world)
+        DIE("blocking allreduce after non-blocking ones: %f", (double)sum);
+    for (int i = 0; i < 4; i++) {
+        int rc = cfx_request_wait(req[i], 30000);
+        if (rc != CFX_OK)
+            DIE("request %d: %s", i, cfx_errname(rc));
+        cfx_request_free(req[i]);
+    }
+    struct refarg ra = { .op = CFX_OP_SUM, .dt = CFX_DTYPE_F32, .count = COUNT };
+    expect(buf[0], COUNT, CFX_DTYPE_F32, "iallreduce", ref_reduced, &ra);
+    ra.q = 0;
+    float *want1 = malloc(sizeof(float) * COUNT);
+    fill(want1, COUNT, 0, CFX_OP_SUM, 0, CFX_DTYPE_F32, 0);
+    if (memcmp(want1, buf[1], sizeof(float) * COUNT))
+        DIE("ibroadcast result wrong");
+    if (rank == world - 1)
+        expect(buf[3], COUNT, CFX_DTYPE_F32, "ireduce", ref_reduced, &ra);
+    for (int q = 0; q < world; q++) {
+        fill(want1, COUNT, q, CFX_OP_SUM, 0, CFX_DTYPE_F32, 0);
+        if (memcmp(want1, gath + (size_t)q * COUNT, sizeof(float) * COUNT))
+            DIE("iallgather block %d wrong", q);
+    }
+    /* a request freed before it completes still runs to the end */
+    CHECK_OK(cfx_group_iallreduce(grp, buf[4], buf[4], COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL,
+                                  &req[4]));
+    int rc = cfx_request_test(req[4]);
+    if (rc != CFX_ERR_AGAIN && rc != CFX_OK)
+        DIE("request_test: %s", cfx_errname(rc));
+    cfx_request_free(req[4]);
+    CHECK_OK(cfx_group_barrier(grp, NULL));
+    printf("nb ok\n");
+    checks += 5;
+    free(want1);
+    free(gath);
+    for (int i = 0; i < N; i++)
+        free(buf[i]);
+}
+
+static void mode_late(int ms)
+{
+    const size_t count = 300000;
+    for (int round = 0; round < 2; round++) {
+        if (rank == world - 1)
+            usleep((useconds_t)ms * 1000);
+        double t = now_s();
+        if (round == 0)
+            run_one(K_BCAST, CFX_DTYPE_F32, CFX_OP_SUM, count, 0, CFX_ALGO_AUTO, 0);
+        else
+            run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, count, 0, CFX_ALGO_AUTO, 0);
+        printf("%s with rank %d %d ms late: ok after %.2f s\n", round ? "allreduce" : "broadcast",
+               world - 1, ms, now_s() - t);
+    }
+}
+
+static void mode_misc(struct cfx_context *ctx)
+{
+    /* send / recv around a ring */
+    if (world > 1) {
+        int out = rank * 10, in = -1;
+        int to = (rank + 1) % world, from = (rank + world - 1) % world;
+        if (rank % 2 == 0) {
+            CHECK_OK(cfx_group_send(grp, &out, sizeof(out), to, 5, NULL));
+            CHECK_OK(cfx_group_recv(grp, &in, sizeof(in), from, 5, NULL));
+        } else {
+            CHECK_OK(cfx_group_recv(grp, &in, sizeof(in), from, 5, NULL));
+            CHECK_OK(cfx_group_send(grp, &out, sizeof(out), to, 5, NULL));
+        }
+        if (in != from * 10)
+            DIE("recv got %d, want %d", in, from * 10);
+    }
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(cfx_group_barrier(grp, NULL));
+    /* re-create the group under the same name, and a second group beside it */
+    for (int i = 0; i < 3; i++) {
+        cfx_group_destroy(grp);
+        struct cfx_group_params gp = { .field_mask = CFX_GROUP_PARAM_NAME, .name = "world" };
+        CHECK_OK(cfx_group_create(ctx, &gp, &grp));
+        run_one(K_ALLREDUCE, CFX_DTYPE_I64, CFX_OP_SUM, 777, 0, CFX_ALGO_AUTO, 0);
+    }
+    struct cfx_group *g2, *save = grp;
+    struct cfx_group_params gp = { .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK,
+                                   .name = "reversed", .rank = world - 1 - rank };
+    CHECK_OK(cfx_group_create(ctx, &gp, &g2));
+    if (cfx_group_rank(g2) != world - 1 - rank || cfx_group_size(g2) != world)
+        DIE("group 2: rank %d size %d", cfx_group_rank(g2), cfx_group_size(g2));
+    int64_t v = rank, s = 0;
+    CHECK_OK(cfx_group_allreduce(g2, &v, &s, 1, CFX_DTYPE_I64, CFX_OP_SUM, NULL));
+    if (s != (int64_t)world * (world - 1) / 2)
+        DIE("group 2 allreduce: %" PRId64, s);
+    grp = save;
+    run_one(K_BCAST, CFX_DTYPE_U8, CFX_OP_SUM, 100, 0, CFX_ALGO_AUTO, world - 1);
+    cfx_group_destroy(g2);
+    printf("misc ok\n");
+    checks += 3;
+}
+
+int main(int argc, char **argv)
+{
+    struct cfx_context *ctx;
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s matrix | big BYTES | mismatch | nb | late MS | misc\n",
+                argv[0]);
+        return 2;
+    }
+    rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
+    world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
+    CHECK_OK(cfx_context_create(NULL, &ctx));
+    CHECK_OK(cfx_group_create(ctx, NULL, &grp));
+    if (cfx_group_rank(grp) != rank || cfx_group_size(grp) != world)
+        DIE("group says rank %d of %d", cfx_group_rank(grp), cfx_group_size(grp));
+
+    double t = now_s();
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "matrix"))
+            mode_matrix();
+        else if (!strcmp(argv[i], "big") && i + 1 < argc)
+            mode_big(strtoul(argv[++i], NULL, 0));
+        else if (!strcmp(argv[i], "mismatch"))
+            mode_mismatch();
+        else if (!strcmp(argv[i], "nb"))
+            mode_nb();
+        else if (!strcmp(argv[i], "late") && i + 1 < argc)
+            mode_late(atoi(argv[++i]));
+        else if (!strcmp(argv[i], "misc"))
+            mode_misc(ctx);
+        else
+            DIE("unknown mode %s", argv[i]);
+    }
+    CHECK_OK(cfx_group_barrier(grp, NULL));
+    cfx_group_destroy(grp);
+    cfx_context_destroy(ctx);
+    printf("rank %d: %ld checks ok in %.2f s\n", rank, checks, now_s() - t);
+    return 0;
+}
