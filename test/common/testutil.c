@@ -52,3 +52,24 @@ void cfx_test_token(char *buf, size_t len)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     snprintf(buf, len, "test-token-%d-%ld", (int)getpid(), (long)ts.tv_nsec);
 }
+
+int cfx_test_file_contains(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char *buf;
+    long len;
+    int found = 0;
+    if (!f)
+        return 0;
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+        buf[len] = '\0';
+        found = strstr(buf, needle) != NULL;
+    }
+    free(buf);
+    fclose(f);
+    return found;
+}

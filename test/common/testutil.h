@@ -14,4 +14,7 @@ size_t cfx_test_check(const void *buf, size_t len, uint64_t seed);
 /* A random cluster token for a test. */
 void cfx_test_token(char *buf, size_t len);
 
+/* 1 when the text @p needle occurs in the file @p path (log checks). */
+int cfx_test_file_contains(const char *path, const char *needle);
+
 #endif

@@ -94,28 +94,6 @@ static void coord_child_kill(struct coord_child *cc, int sig)
     cc->pid = 0;
 }
 
-/* 1 when @p needle occurs in the file @p path. */
-static int file_contains(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    char *buf;
-    long len;
-    int found = 0;
-    if (!f)
-        return 0;
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)len + 1);
-    if (buf && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-        buf[len] = '\0';
-        found = strstr(buf, needle) != NULL;
-    }
-    free(buf);
-    fclose(f);
-    return found;
-}
-
 /* Blocking TCP connection to 127.0.0.1:@p port (-1 on failure). */
 static int raw_connect(uint16_t port)
 {

@@ -43,7 +43,7 @@ static void teardown(void)
 {
     coord_child_kill(&cc, SIGTERM);
     /* Whatever happened, the token never reaches the log. */
-    cr_expect(!file_contains(logpath, token), "the cluster token appears in %s", logpath);
+    cr_expect(!cfx_test_file_contains(logpath, token), "the cluster token appears in %s", logpath);
     unlink(logpath);
 }
 
@@ -207,7 +207,7 @@ Test(coord_abuse, half_frame_then_stall_is_closed)
     fd = raw_connect(cc.port);
     cr_assert(raw_wait_closed(fd, AUTH_MS * 4), "unauthenticated silent peer not closed");
     close(fd);
-    cr_assert(file_contains(logpath, "stalled for"), "stall not logged");
+    cr_assert(cfx_test_file_contains(logpath, "stalled for"), "stall not logged");
     good_client_answers(good, &id, "stalls");
     cfx__ctl_close(good);
 }
@@ -333,7 +333,7 @@ Test(coord_abuse, out_of_fds_sheds_connections_without_spinning)
     usleep(1000 * 1000);
     double used = cpu_s(small.pid) - c0;
     cr_assert_lt(used, 0.3, "the coordinator burnt %.2f CPU s in 1 s at its fd limit", used);
-    cr_assert(file_contains(log2, "out of file descriptors"), "EMFILE not logged");
+    cr_assert(cfx_test_file_contains(log2, "out of file descriptors"), "EMFILE not logged");
 
     for (int i = 0; i < 300; i++)
         if (fds[i] >= 0)
@@ -363,7 +363,7 @@ Test(coord_abuse, wrong_token_refused_and_logged_without_the_token)
     cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_ERR_AUTH);
     cr_assert_null(ctl);
     usleep(100 * 1000);
-    cr_assert(file_contains(logpath, "refused 127.0.0.1:"), "refusal not logged with the address");
-    cr_assert(!file_contains(logpath, wrong), "the wrong token appears in the log");
-    cr_assert(!file_contains(logpath, token), "the token appears in the log");
+    cr_assert(cfx_test_file_contains(logpath, "refused 127.0.0.1:"), "refusal not logged with the address");
+    cr_assert(!cfx_test_file_contains(logpath, wrong), "the wrong token appears in the log");
+    cr_assert(!cfx_test_file_contains(logpath, token), "the token appears in the log");
 }

@@ -159,3 +159,22 @@ ParameterizedTest(struct reduce_case *p, objects, reduce, .timeout = 180)
     cr_assert_eq(rc, 0, "reduce %d of %d over %s (%s): cfx_run exited %d", p->k, p->n, p->tp,
                  p->shape, rc);
 }
+
+ParameterizedTestParameters(objects, only_source_killed)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* The only holder is SIGKILLed mid-transfer: the getter fails with
+ * CFX_ERR_PEER_FAILED naming the node, within its 5 s deadline. */
+ParameterizedTest(struct case_param *p, objects, only_source_killed, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072 %s/cfx_run -n 2 --transport %s "
+             "--allow-fail 0 --timeout 60 %s/cfx_objtest sourcedies 16777216",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "only source killed over %s: status %d",
+              p->tp, st);
+}

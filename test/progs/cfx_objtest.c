@@ -11,6 +11,7 @@
  *                   by its deadline
  *   nb              non-blocking put/get with requests
  *   failover SIZE   a source killed mid-transfer; the getter resumes elsewhere
+ *   sourcedies SIZE the only source killed mid-transfer: CFX_ERR_PEER_FAILED
  *   reduce BYTES K LATE [noinline]  rank 0 reduces the first K of all ranks'
  *                   inputs (rank LATE puts its input a second late; -1: none)
  */
@@ -342,6 +343,54 @@ static void mode_reduce(struct cfx_context *ctx, size_t bytes, int k, int late, 
     free(buf);
 }
 
+/*
+ * The only holder dies in the middle of a transfer: the getter must fail
+ * with CFX_ERR_PEER_FAILED, naming the dead node, by its deadline (5 s), and
+ * must not hang.  Rank 0 puts (uploads paced by CFX_UPLOAD_RATE) and kills
+ * itself once rank 1 has received a few chunks.  Run with --allow-fail 0.
+ */
+static void *self_killer(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_context_stats st;
+    do {
+        cfx_context_stats(ctx, &st);
+        usleep(1000);
+    } while (st.bytes_sent < (1u << 20));
+    printf("source: sent %llu bytes, dying now\n", (unsigned long long)st.bytes_sent);
+    fflush(stdout);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void mode_sourcedies(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id;
+    void *buf = malloc(size);
+    name_id(&id, "sourcedies-%ld-%ld", (long)size, 0);
+    if (rank == 0) {
+        pthread_t t;
+        cfx_test_fill(buf, size, 5);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+        pthread_create(&t, NULL, self_killer, ctx);
+        pause();
+    } else if (rank == 1) {
+        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 5000 };
+        double t = now_s();
+        int rc = cfx_get(ctx, &id, buf, size, NULL, &p);
+        t = now_s() - t;
+        if (rc != CFX_ERR_PEER_FAILED)
+            DIE("get from a dying source: %s (%s), expected CFX_ERR_PEER_FAILED", cfx_errname(rc),
+                cfx_last_error());
+        if (t > 5.0 + 1.0)
+            DIE("the failure took %.3f s, the deadline was 5 s", t);
+        if (!strstr(cfx_last_error(), "node "))
+            DIE("the error does not name the dead node: %s", cfx_last_error());
+        printf("source died: %s after %.3f s: %s\n", cfx_errname(rc), t, cfx_last_error());
+    }
+    free(buf);
+}
+
 static void mode_nb(struct cfx_context *ctx)
 {
     const size_t size = 5u << 20;
@@ -392,6 +441,8 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "reduce") && argc > 4)
         mode_reduce(ctx, strtoul(argv[2], NULL, 0), atoi(argv[3]), atoi(argv[4]),
                     argc > 5 && !strcmp(argv[5], "noinline"));
+    else if (!strcmp(argv[1], "sourcedies") && argc > 2)
+        mode_sourcedies(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "failover") && argc > 2)
         mode_failover(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "nb"))
