@@ -275,6 +275,7 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
         .self = &ctx->self,
         .timeout_ms = ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms,
         .on_node_dead = on_node_dead,
+        .on_reconnected = cfx__reannounce_on_reconnected,
         .arg = ctx,
     };
     rc = cfx__ctl_open(&cp, &ctx->ctl);
@@ -313,6 +314,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
         return;
     cfx__worker_stop(ctx);
     /* leave first, so no new getter is sent our way */
+    cfx__reannounce_stop(ctx);
     cfx__ctl_close(ctx->ctl);
     ctx->ctl = NULL;
     cfx__progress_stop(ctx);

@@ -461,13 +461,27 @@ struct cfx_context {
     uint64_t id_counter;
     struct cfx_context_stats stats; /* under ctx->lock */
     pthread_cond_t obj_cond;    /* broadcast when an object changes state */
+    struct cfx_reannounce *reannounce; /* reannounce.c; NULL until a reconnect */
 };
+
+/* reannounce.c: after the coordinator client reconnected (a restarted
+ * coordinator knows no objects), announce again every complete object this
+ * node holds, from a thread of its own.  on_reconnected runs on the client
+ * thread; stop joins that thread (call before cfx__ctl_close). */
+void cfx__reannounce_on_reconnected(void *arg);
+void cfx__reannounce_stop(struct cfx_context *ctx);
 
 /* progress.c */
 int cfx__progress_start(struct cfx_context *ctx);
 void cfx__progress_stop(struct cfx_context *ctx);
 /* Queue a command (ctx->lock held); takes ownership of @p cmd. */
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd);
+/* Allocate and queue a command about @p obj (and @p node); ctx->lock held. */
+int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
+                 const struct cfx_node_rec *node);
+/* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline
+ * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
+bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
 
 /* xfer.c (progress thread, ctx->lock held) */
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,

@@ -19,37 +19,6 @@ static enum cfx_memtype obj_memtype(const struct cfx_obj_params *p)
     return p && (p->field_mask & CFX_OBJ_PARAM_MEMTYPE) ? p->memtype : CFX_MEMTYPE_HOST;
 }
 
-/* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline.
- * Returns false once the deadline has passed. */
-static bool obj_wait(struct cfx_context *ctx, uint64_t deadline)
-{
-    if (deadline == UINT64_MAX) {
-        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
-        return true;
-    }
-    if (cfx__now_ns() >= deadline)
-        return false;
-    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                           .tv_nsec = (long)(deadline % 1000000000ull) };
-    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
-    return true;
-}
-
-/* Queue a command for the progress thread (ctx->lock held). */
-static int post(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
-                const struct cfx_node_rec *node)
-{
-    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
-    if (!cmd)
-        return CFX_ERR_NOMEM;
-    cmd->type = type;
-    cmd->obj = obj;
-    if (node)
-        cmd->node = *node;
-    cfx__cmd_post(ctx, cmd);
-    return CFX_OK;
-}
-
 static int check_memtype(enum cfx_memtype mt)
 {
     if (mt == CFX_MEMTYPE_HOST)
@@ -124,7 +93,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
                           cfx__deadline_ns(obj_timeout(ctx, params)));
     pthread_mutex_lock(&ctx->lock);
     if (rc != CFX_OK) {
-        post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+        cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
         obj->deleting = true;
     } else {
         obj->announced = true;
@@ -250,7 +219,7 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
                 cfx__arena_free(ctx, p);
             continue;
         }
-        if (!obj_wait(ctx, deadline)) {
+        if (!cfx__obj_wait(ctx, deadline)) {
             pthread_mutex_unlock(&ctx->lock);
             return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
                             "on this node did not finish within %d ms", hex, ctx->node_id,
@@ -351,27 +320,27 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
         in.status = CFX_ERR_AGAIN;
         in.src_node = src.node.node_id;
         obj->in = &in;
-        rc = post(ctx, CFX_CMD_GET_START, obj, &src.node);
+        rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &src.node);
         if (rc != CFX_OK) {
             obj->in = NULL;
             break;
         }
-        while (in.status == CFX_ERR_AGAIN && obj_wait(ctx, deadline))
+        while (in.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
             ;
         if (in.status == CFX_ERR_AGAIN) {
             /* deadline: withdraw the window and wait for the source to
              * confirm no more writes are coming before the buffer is
              * handed back */
-            post(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
+            cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
             uint64_t grace = cfx__deadline_ns(CANCEL_GRACE_MS);
-            while (in.status == CFX_ERR_AGAIN && obj_wait(ctx, grace))
+            while (in.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
                 ;
             if (in.status == CFX_ERR_AGAIN) {
                 /* no ack: cut the window off (a late write now fails its
                  * connection instead of landing in the caller's buffer) */
-                post(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
+                cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
                 while (in.status == CFX_ERR_AGAIN)
-                    obj_wait(ctx, UINT64_MAX);
+                    cfx__obj_wait(ctx, UINT64_MAX);
             }
             uint32_t got = obj->ready_chunks;
             obj->in = NULL;
@@ -418,7 +387,7 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
     }
     if (rc != CFX_OK) {
         obj->deleting = true;
-        post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+        cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
         pthread_mutex_unlock(&ctx->lock);
         if (src.node.node_id)
             cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
@@ -507,10 +476,10 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
 
     /* let uploads in progress finish, up to the deadline */
     pthread_mutex_lock(&ctx->lock);
-    while (!cfx_list_empty(&obj->uploads) && obj_wait(ctx, deadline))
+    while (!cfx_list_empty(&obj->uploads) && cfx__obj_wait(ctx, deadline))
         ;
     obj->announced = false;
-    post(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
     pthread_mutex_unlock(&ctx->lock);
     if (rc == CFX_ERR_NOT_FOUND)
         rc = CFX_OK; /* the directory had already dropped it (e.g. inline) */

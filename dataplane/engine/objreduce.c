@@ -683,17 +683,8 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
     free(child);
 
     pthread_mutex_lock(&ctx->lock);
-    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN) {
-        if (deadline != UINT64_MAX && cfx__now_ns() >= deadline)
-            break;
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
-        } else {
-            struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                                   .tv_nsec = (long)(deadline % 1000000000ull) };
-            pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
-        }
-    }
+    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
+        ;
     int st = wait.status;
     uint32_t who = wait.node_id;
     cfx_list_del(&wait.link);

@@ -126,20 +126,6 @@ void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
 
 /* ---- API side ---------------------------------------------------------------- */
 
-static int post_cmd(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
-                    const struct cfx_node_rec *node)
-{
-    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
-    if (!cmd)
-        return CFX_ERR_NOMEM;
-    cmd->type = type;
-    cmd->obj = obj;
-    if (node)
-        cmd->node = *node;
-    cfx__cmd_post(ctx, cmd);
-    return CFX_OK;
-}
-
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
                    uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
@@ -178,13 +164,13 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     if (kind == CFX_P2P_SEND) {
         obj->complete = true;
         obj->ready_chunks = obj->nchunks;
-        rc = post_cmd(ctx, CFX_CMD_P2P_SEND, obj, NULL);
+        rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, NULL);
     } else {
         req->in.obj = obj;
         req->in.status = CFX_ERR_AGAIN;
         req->in.src_node = peer->node_id;
         obj->in = &req->in;
-        rc = post_cmd(ctx, CFX_CMD_GET_START, obj, peer);
+        rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, peer);
     }
     pthread_mutex_unlock(&ctx->lock);
     if (rc != CFX_OK) {
@@ -241,21 +227,6 @@ static void describe(const struct cfx_p2p_req *req, int st)
                                        : cfx_strerror(st));
 }
 
-/* Wait on ctx->obj_cond (lock held); false when the deadline passed. */
-static bool cond_wait(struct cfx_context *ctx, uint64_t deadline)
-{
-    if (deadline == UINT64_MAX) {
-        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
-        return true;
-    }
-    if (cfx__now_ns() >= deadline)
-        return false;
-    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                           .tv_nsec = (long)(deadline % 1000000000ull) };
-    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
-    return true;
-}
-
 int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
 {
     return cfx__p2p_waitall(&req, 1, deadline_ns);
@@ -269,7 +240,7 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     pthread_mutex_lock(&ctx->lock);
     for (int i = 0; i < n; i++) {
         int st;
-        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cond_wait(ctx, deadline_ns))
+        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline_ns))
             ;
         if (st == CFX_ERR_AGAIN)
             st = CFX_ERR_TIMEOUT;
@@ -294,18 +265,18 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
          * still coming; after the grace period it is cut off (a late write
          * then fails that connection rather than landing in freed memory) */
         enum cfx_cmd_type t = req->kind == CFX_P2P_SEND ? CFX_CMD_P2P_CANCEL : CFX_CMD_GET_CANCEL;
-        post_cmd(ctx, t, req->obj, NULL);
+        cfx__cmd_new(ctx, t, req->obj, NULL);
         uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
-        while (p2p_status(req) == CFX_ERR_AGAIN && cond_wait(ctx, grace))
+        while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
             ;
         if (p2p_status(req) == CFX_ERR_AGAIN)
-            post_cmd(ctx, t, req->obj, NULL); /* second cancel forces it */
+            cfx__cmd_new(ctx, t, req->obj, NULL); /* second cancel forces it */
         while (p2p_status(req) == CFX_ERR_AGAIN)
             pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
     }
     req->obj->in = NULL;
     req->obj->deleting = true;
-    post_cmd(ctx, CFX_CMD_OBJ_RELEASE, req->obj, NULL);
+    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, req->obj, NULL);
     pthread_mutex_unlock(&ctx->lock);
     free(req);
 }

@@ -31,6 +31,34 @@ void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
     }
 }
 
+int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
+                 const struct cfx_node_rec *node)
+{
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return CFX_ERR_NOMEM;
+    cmd->type = type;
+    cmd->obj = obj;
+    if (node)
+        cmd->node = *node;
+    cfx__cmd_post(ctx, cmd);
+    return CFX_OK;
+}
+
+bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+        return true;
+    }
+    if (cfx__now_ns() >= deadline)
+        return false;
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
+    return true;
+}
+
 static int run_cmds(struct cfx_context *ctx)
 {
     int n = 0;
