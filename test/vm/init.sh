@@ -190,7 +190,14 @@ boot() {
     mkdir -p /dev/pts /dev/shm /tmp /run /root
     mount -t devpts devpts /dev/pts
     mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-    mount -t tmpfs -o mode=1777 tmpfs /tmp
+    # The initramfs root is already writable memory.  A tmpfs over /tmp
+    # would hide a build tree that lives under /tmp (the project's files sit
+    # at their host paths), so /tmp gets one only when it is empty.
+    if [ -z "$(ls -A /tmp 2>/dev/null)" ]; then
+        mount -t tmpfs -o mode=1777 tmpfs /tmp
+    else
+        chmod 1777 /tmp
+    fi
     mount -t tmpfs tmpfs /run
     hostname cfx-vm
     # shellcheck source=/dev/null
