@@ -67,12 +67,12 @@ static const char *const coll_kind_names[COLL_KIND_LAST] = {
     [COLL_ALLTOALL] = "alltoall",
 };
 
-const char *coll_kind_name(enum coll_kind kind)
+const char *cfx__coll_kind_name(enum coll_kind kind)
 {
     return kind > 0 && kind < COLL_KIND_LAST ? coll_kind_names[kind] : "collective";
 }
 
-enum cfx_algo coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
+enum cfx_algo cfx__coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
                           enum cfx_algo forced)
 {
     enum cfx_algo table = CFX_ALGO_DIRECT;
@@ -90,7 +90,7 @@ enum cfx_algo coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t
     if (forced > CFX_ALGO_AUTO && forced < CFX_ALGO_LAST && (coll_applies[kind] >> forced & 1))
         return forced;
     CFX_LOG(DEBUG, COLL, "group %s: %s has no %s schedule; using %s", g->name,
-            coll_kind_name(kind), cfx_algo_name(forced), cfx_algo_name(table));
+            cfx__coll_kind_name(kind), cfx_algo_name(forced), cfx_algo_name(table));
     return table;
 }
 
@@ -129,7 +129,7 @@ static void btree(int n, int rank, int *parent, int *c0, int *c1)
     *c1 = d1;
 }
 
-void coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1)
+void cfx__coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1)
 {
     if (t == 0) {
         btree(n, rank, parent, child0, child1);
@@ -189,17 +189,17 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
     return h;
 }
 
-int coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
+int cfx__coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
 {
     return post(x, peer, true, (void *)buf, len, x->mt);
 }
 
-int coll_recv(struct coll_exec *x, int peer, void *buf, size_t len)
+int cfx__coll_recv(struct coll_exec *x, int peer, void *buf, size_t len)
 {
     return post(x, peer, false, buf, len, x->mt);
 }
 
-int coll_wait(struct coll_exec *x, int h)
+int cfx__coll_wait(struct coll_exec *x, int h)
 {
     struct coll_msg *m = &x->msgs[h];
     if (!m->req)
@@ -223,27 +223,27 @@ int coll_wait(struct coll_exec *x, int h)
                     g->nodes[m->peer].node_id, why);
 }
 
-int coll_wait_all(struct coll_exec *x)
+int cfx__coll_wait_all(struct coll_exec *x)
 {
     for (int h = 0; h < x->nmsgs; h++) {
-        int rc = coll_wait(x, h);
+        int rc = cfx__coll_wait(x, h);
         if (rc != CFX_OK)
             return rc;
     }
     return CFX_OK;
 }
 
-int coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
+int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
                   void *rbuf, size_t rlen)
 {
-    int hs = coll_send(x, to, sbuf, slen);
+    int hs = cfx__coll_send(x, to, sbuf, slen);
     if (hs < 0)
         return hs;
-    int hr = coll_recv(x, from, rbuf, rlen);
+    int hr = cfx__coll_recv(x, from, rbuf, rlen);
     if (hr < 0)
         return hr;
-    int rc = coll_wait(x, hr);
-    return rc != CFX_OK ? rc : coll_wait(x, hs);
+    int rc = cfx__coll_wait(x, hr);
+    return rc != CFX_OK ? rc : cfx__coll_wait(x, hs);
 }
 
 /*
@@ -269,7 +269,7 @@ static void coll_cleanup(struct coll_exec *x)
 
 /* ---- scratch, copies and reductions ------------------------------------------ */
 
-int coll_scratch(struct coll_exec *x, size_t len, void **out)
+int cfx__coll_scratch(struct coll_exec *x, size_t len, void **out)
 {
     struct cfx_group *g = x->g;
     if (len == 0)
@@ -291,7 +291,7 @@ int coll_scratch(struct coll_exec *x, size_t len, void **out)
     return CFX_OK;
 }
 
-int coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len)
+int cfx__coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len)
 {
     if (dst == src || len == 0)
         return CFX_OK;
@@ -302,17 +302,17 @@ int coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len)
     return cfx__memcpy_typed(dst, x->mt, src, x->mt, len);
 }
 
-int coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n)
+int cfx__coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n)
 {
     return cfx_reduce(dst, src, n, x->a->dtype, x->a->op);
 }
 
-int coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n)
+int cfx__coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n)
 {
     return cfx_reduce3(dst, a, b, n, x->a->dtype, x->a->op);
 }
 
-size_t coll_seg_elems(const struct coll_exec *x, size_t bytes)
+size_t cfx__coll_seg_elems(const struct coll_exec *x, size_t bytes)
 {
     size_t seg = x->g->seg_bytes;
     (void)bytes;
@@ -364,7 +364,7 @@ static int hdr_cmp(const struct coll_hdr *a, const struct coll_hdr *b)
 static void hdr_text(const struct coll_hdr *h, char *buf, size_t len)
 {
     snprintf(buf, len, "%s #%" PRIu32 " count %" PRIu64 " %s%s%s root %d algo %s",
-             coll_kind_name((enum coll_kind)h->kind), h->seq, h->count,
+             cfx__coll_kind_name((enum coll_kind)h->kind), h->seq, h->count,
              cfx_dtype_name((enum cfx_dtype)h->dtype), has_op((enum coll_kind)h->kind) ? " " : "",
              has_op((enum coll_kind)h->kind) ? cfx_redop_name((enum cfx_redop)h->op) : "",
              (int)h->root,
@@ -397,9 +397,9 @@ static int coll_agree(struct coll_exec *x)
                       CFX_MEMTYPE_HOST);
         if (hr < 0)
             return hr;
-        int rc = coll_wait(x, hr);
+        int rc = cfx__coll_wait(x, hr);
         if (rc == CFX_OK)
-            rc = coll_wait(x, hs);
+            rc = cfx__coll_wait(x, hs);
         if (rc != CFX_OK)
             return rc;
         if (in.lo.magic != COLL_HDR_MAGIC || in.hi.magic != COLL_HDR_MAGIC)
@@ -448,53 +448,53 @@ static int run_schedule(struct coll_exec *x)
         return CFX_OK; /* the agreement exchange was the barrier */
     case COLL_ALLREDUCE:
         if (g->size == 1)
-            return coll_copy(x, r, s, bytes);
+            return cfx__coll_copy(x, r, s, bytes);
         switch (x->algo) {
-        case CFX_ALGO_RHD: return coll_allreduce_rhd(x, s, r);
-        case CFX_ALGO_DBTREE: return coll_allreduce_dbtree(x, s, r);
+        case CFX_ALGO_RHD: return cfx__coll_allreduce_rhd(x, s, r);
+        case CFX_ALGO_DBTREE: return cfx__coll_allreduce_dbtree(x, s, r);
         case CFX_ALGO_TREE:
         case CFX_ALGO_CHAIN: {
-            int rc = x->algo == CFX_ALGO_TREE ? coll_reduce_tree(x, s, r, 0)
-                                             : coll_reduce_chain(x, s, r, 0);
+            int rc = x->algo == CFX_ALGO_TREE ? cfx__coll_reduce_tree(x, s, r, 0)
+                                             : cfx__coll_reduce_chain(x, s, r, 0);
             if (rc == CFX_OK)
-                rc = x->algo == CFX_ALGO_TREE ? coll_bcast_tree(x, r, 0)
-                                              : coll_bcast_chain(x, r, 0);
+                rc = x->algo == CFX_ALGO_TREE ? cfx__coll_bcast_tree(x, r, 0)
+                                              : cfx__coll_bcast_chain(x, r, 0);
             return rc;
         }
-        default: return coll_allreduce_ring(x, s, r);
+        default: return cfx__coll_allreduce_ring(x, s, r);
         }
     case COLL_BROADCAST:
         if (g->size == 1)
             return CFX_OK;
-        return x->algo == CFX_ALGO_TREE ? coll_bcast_tree(x, r, a->root)
-                                        : coll_bcast_chain(x, r, a->root);
+        return x->algo == CFX_ALGO_TREE ? cfx__coll_bcast_tree(x, r, a->root)
+                                        : cfx__coll_bcast_chain(x, r, a->root);
     case COLL_REDUCE:
         if (g->size == 1)
-            return coll_copy(x, r, s, bytes);
-        return x->algo == CFX_ALGO_TREE ? coll_reduce_tree(x, s, r, a->root)
-                                        : coll_reduce_chain(x, s, r, a->root);
+            return cfx__coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_TREE ? cfx__coll_reduce_tree(x, s, r, a->root)
+                                        : cfx__coll_reduce_chain(x, s, r, a->root);
     case COLL_ALLGATHER:
         if (g->size == 1)
-            return coll_copy(x, r, s, bytes);
-        return x->algo == CFX_ALGO_DIRECT ? coll_allgather_direct(x, s, r)
-                                          : coll_allgather_ring(x, s, r);
+            return cfx__coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_DIRECT ? cfx__coll_allgather_direct(x, s, r)
+                                          : cfx__coll_allgather_ring(x, s, r);
     case COLL_REDUCE_SCATTER:
         if (g->size == 1)
-            return coll_copy(x, r, s, bytes);
-        return x->algo == CFX_ALGO_DIRECT ? coll_reduce_scatter_direct(x, s, r)
-                                          : coll_reduce_scatter_ring(x, s, r);
+            return cfx__coll_copy(x, r, s, bytes);
+        return x->algo == CFX_ALGO_DIRECT ? cfx__coll_reduce_scatter_direct(x, s, r)
+                                          : cfx__coll_reduce_scatter_ring(x, s, r);
     case COLL_GATHER:
-        return coll_gather_direct(x, s, r, a->root);
+        return cfx__coll_gather_direct(x, s, r, a->root);
     case COLL_SCATTER:
-        return coll_scatter_direct(x, s, r, a->root);
+        return cfx__coll_scatter_direct(x, s, r, a->root);
     case COLL_ALLTOALL:
-        return coll_alltoall_pairwise(x, s, r);
+        return cfx__coll_alltoall_pairwise(x, s, r);
     default:
         return cfx__err(CFX_ERR_INVALID, "unknown collective %d", (int)a->kind);
     }
 }
 
-static int check_args(struct cfx_group *g, const struct coll_args *a, const char *what)
+int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *what)
 {
     const uint64_t m = a->params.field_mask;
     if (a->kind != COLL_BARRIER) {
@@ -539,10 +539,10 @@ static int check_args(struct cfx_group *g, const struct coll_args *a, const char
     return CFX_OK;
 }
 
-int coll_run(struct cfx_group *g, const struct coll_args *a)
+int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
 {
-    const char *what = coll_kind_name(a->kind);
-    int rc = check_args(g, a, what);
+    const char *what = cfx__coll_kind_name(a->kind);
+    int rc = cfx__coll_check(g, a, what);
     if (rc != CFX_OK)
         return rc;
     struct coll_exec x = {
@@ -559,7 +559,7 @@ int coll_run(struct cfx_group *g, const struct coll_args *a)
     x.deadline = cfx__deadline_ns(x.timeout_ms);
     enum cfx_algo forced = (a->params.field_mask & CFX_COLL_PARAM_ALGO) ? a->params.algo
                                                                         : CFX_ALGO_AUTO;
-    x.algo = coll_choose(g, a->kind, vector_bytes(a, x.esz, g->size), forced);
+    x.algo = cfx__coll_choose(g, a->kind, vector_bytes(a, x.esz, g->size), forced);
 
     /* nothing to move: no messages at all (a barrier always talks) */
     if (a->kind != COLL_BARRIER && a->count == 0)
@@ -573,7 +573,7 @@ int coll_run(struct cfx_group *g, const struct coll_args *a)
     if (rc == CFX_OK)
         rc = run_schedule(&x);
     if (rc == CFX_OK)
-        rc = coll_wait_all(&x);
+        rc = cfx__coll_wait_all(&x);
     if (rc != CFX_OK) {
         CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
         char keep[512];

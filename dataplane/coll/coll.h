@@ -133,25 +133,25 @@ struct coll_exec {
 /* ---- coll.c: messages of the running collective --------------------------- */
 
 /* Post a send / receive to @p peer; returns a handle >= 0 or a status. */
-int coll_send(struct coll_exec *x, int peer, const void *buf, size_t len);
-int coll_recv(struct coll_exec *x, int peer, void *buf, size_t len);
+int cfx__coll_send(struct coll_exec *x, int peer, const void *buf, size_t len);
+int cfx__coll_recv(struct coll_exec *x, int peer, void *buf, size_t len);
 /* Wait for a handle; the message is freed.  A failure names the collective,
  * both ranks and the peer's node in cfx_last_error(). */
-int coll_wait(struct coll_exec *x, int h);
+int cfx__coll_wait(struct coll_exec *x, int h);
 /* Wait for every outstanding message. */
-int coll_wait_all(struct coll_exec *x);
+int cfx__coll_wait_all(struct coll_exec *x);
 /* Send and receive at once, then wait for both. */
-int coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
+int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
                   void *rbuf, size_t rlen);
 /* Scratch memory of at least @p len bytes, valid until the collective ends. */
-int coll_scratch(struct coll_exec *x, size_t len, void **out);
+int cfx__coll_scratch(struct coll_exec *x, size_t len, void **out);
 /* Copy between buffers of the collective's memory type. */
-int coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len);
+int cfx__coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len);
 /* dst = dst op src / dst = a op b over @p n elements of the call's dtype. */
-int coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n);
-int coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n);
+int cfx__coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n);
+int cfx__coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n);
 /* Pipeline segment size in elements for messages of @p bytes (>= 1). */
-size_t coll_seg_elems(const struct coll_exec *x, size_t bytes);
+size_t cfx__coll_seg_elems(const struct coll_exec *x, size_t bytes);
 
 /* Element range of block @p b when @p count elements are cut into @p n blocks
  * (the first count % n blocks are one element longer). */
@@ -169,37 +169,40 @@ static inline int coll_mod(int a, int n)
 
 /* ---- the schedules ----------------------------------------------------------- */
 
-int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r);
-int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r);
-int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r);
-int coll_bcast_chain(struct coll_exec *x, void *buf, int root);
-int coll_bcast_tree(struct coll_exec *x, void *buf, int root);
-int coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root);
-int coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root);
-int coll_allgather_ring(struct coll_exec *x, const void *s, void *r);
-int coll_allgather_direct(struct coll_exec *x, const void *s, void *r);
-int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r);
-int coll_reduce_scatter_direct(struct coll_exec *x, const void *s, void *r);
-int coll_gather_direct(struct coll_exec *x, const void *s, void *r, int root);
-int coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root);
-int coll_alltoall_pairwise(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_allreduce_ring(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_bcast_chain(struct coll_exec *x, void *buf, int root);
+int cfx__coll_bcast_tree(struct coll_exec *x, void *buf, int root);
+int cfx__coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root);
+int cfx__coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root);
+int cfx__coll_allgather_ring(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_allgather_direct(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_reduce_scatter_direct(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_gather_direct(struct coll_exec *x, const void *s, void *r, int root);
+int cfx__coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root);
+int cfx__coll_alltoall_pairwise(struct coll_exec *x, const void *s, void *r);
 
 /* ---- tuning (coll.c) ------------------------------------------------------------ */
 
 /* The schedule for a call: CFX_COLL_PARAM_ALGO, else $CFX_ALGO, else the
  * tuning table; a forced algorithm that does not apply falls back to the
  * table's choice. */
-enum cfx_algo coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
+enum cfx_algo cfx__coll_choose(const struct cfx_group *g, enum coll_kind kind, size_t bytes,
                           enum cfx_algo forced);
-const char *coll_kind_name(enum coll_kind kind);
+const char *cfx__coll_kind_name(enum coll_kind kind);
 
 /* Trees of the double binary tree (also used by unit tests): parent and the
  * two children of @p rank in tree @p t (0 or 1) of @p n ranks; -1 = none. */
-void coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1);
+void cfx__coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1);
+
+/* Local checks of a call's arguments (before anything is sent or queued). */
+int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *what);
 
 /* ---- group.c --------------------------------------------------------------------- */
 
 /* Run one collective to completion on the calling thread. */
-int coll_run(struct cfx_group *g, const struct coll_args *a);
+int cfx__coll_run(struct cfx_group *g, const struct coll_args *a);
 
 #endif

@@ -24,7 +24,7 @@ struct ring_geom {
 static struct ring_geom ring_geom(const struct coll_exec *x, size_t maxblk, int maxseg)
 {
     struct ring_geom rg;
-    rg.segel = coll_seg_elems(x, maxblk * x->esz);
+    rg.segel = cfx__coll_seg_elems(x, maxblk * x->esz);
     if (maxseg > 0 && (maxblk + rg.segel - 1) / rg.segel > (size_t)maxseg)
         rg.segel = (maxblk + (size_t)maxseg - 1) / (size_t)maxseg;
     if (rg.segel == 0)
@@ -107,13 +107,13 @@ static int ar_post_recvs(struct ar_ring *ar, int upto)
             /* the reduce-scatter send of step g' read this segment */
             int clash = (g - (ar->n - 1)) * ar->rg.nseg + i % ar->rg.nseg;
             if (ar->sh[clash] >= 0) {
-                int rc = coll_wait(x, ar->sh[clash]);
+                int rc = cfx__coll_wait(x, ar->sh[clash]);
                 if (rc != CFX_OK)
                     return rc;
             }
             dst = ar->r + off * x->esz;
         }
-        int h = coll_recv(x, left, dst, n * x->esz);
+        int h = cfx__coll_recv(x, left, dst, n * x->esz);
         if (h < 0)
             return h;
         ar->rh[i] = h;
@@ -129,14 +129,14 @@ static int ar_send(struct ar_ring *ar, int i)
     if (!n)
         return CFX_OK;
     const char *src = (i < ar->rg.nseg ? ar->s : ar->r) + off * x->esz;
-    int h = coll_send(x, (ar->me + 1) % ar->n, src, n * x->esz);
+    int h = cfx__coll_send(x, (ar->me + 1) % ar->n, src, n * x->esz);
     if (h < 0)
         return h;
     ar->sh[i] = h;
     return CFX_OK;
 }
 
-int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r)
+int cfx__coll_allreduce_ring(struct coll_exec *x, const void *s, void *r)
 {
     struct ar_ring ar = { .x = x, .s = s, .r = r, .n = x->g->size, .me = x->g->rank };
     size_t maxblk = (x->a->count + (size_t)ar.n - 1) / (size_t)ar.n;
@@ -144,7 +144,7 @@ int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r)
     ar.steps = 2 * (ar.n - 1);
     ar.items = ar.steps * ar.rg.nseg;
     ar.segb = ar.rg.segel * x->esz;
-    int rc = coll_scratch(x, COLL_WINDOW * ar.segb, (void **)&ar.slots);
+    int rc = cfx__coll_scratch(x, COLL_WINDOW * ar.segb, (void **)&ar.slots);
     if (rc != CFX_OK)
         return rc;
     ar.rh = handles(x, (size_t)ar.items);
@@ -162,12 +162,12 @@ int coll_allreduce_ring(struct coll_exec *x, const void *s, void *r)
         size_t off, n;
         ar_item(&ar, i, false, &off, &n);
         if (n) {
-            if ((rc = coll_wait(x, ar.rh[i])) != CFX_OK)
+            if ((rc = cfx__coll_wait(x, ar.rh[i])) != CFX_OK)
                 break;
             if (g < ar.n - 1) {
                 char *dst = ar.r + off * x->esz;
                 const char *own = ar.s + off * x->esz;
-                rc = coll_reduce3(x, dst, own, ar.slots + (size_t)(i % COLL_WINDOW) * ar.segb,
+                rc = cfx__coll_reduce3(x, dst, own, ar.slots + (size_t)(i % COLL_WINDOW) * ar.segb,
                                   n);
                 if (rc != CFX_OK)
                     break;
@@ -196,7 +196,7 @@ out:
  */
 #define RS_MAXSEG 8
 
-int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
+int cfx__coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t count = x->a->count, esz = x->esz;
@@ -207,7 +207,7 @@ int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
     const size_t segb = rg.segel * esz;
     const int left = coll_mod(me - 1, n), right = (me + 1) % n;
     char *slots;
-    int rc = coll_scratch(x, (size_t)nslots * segb, (void **)&slots);
+    int rc = cfx__coll_scratch(x, (size_t)nslots * segb, (void **)&slots);
     if (rc != CFX_OK)
         return rc;
     int *rh = handles(x, (size_t)items), *sh = handles(x, (size_t)items);
@@ -221,7 +221,7 @@ int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
     for (int j = 0; j < rg.nseg && rc == CFX_OK; j++) {
         size_t off, len;
         seg_of(&rg, RS_BLOCK(0, true), count, j, &off, &len);
-        if (len && (sh[j] = coll_send(x, right, sb + off * esz, len * esz)) < 0)
+        if (len && (sh[j] = cfx__coll_send(x, right, sb + off * esz, len * esz)) < 0)
             rc = sh[j];
     }
     int next_recv = 0;
@@ -235,8 +235,8 @@ int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
             if (!len)
                 continue;
             if (k >= nslots && sh[k - nslots + rg.nseg] >= 0)
-                rc = coll_wait(x, sh[k - nslots + rg.nseg]);
-            if (rc == CFX_OK && (rh[k] = coll_recv(x, left, RS_SLOT(k), len * esz)) < 0)
+                rc = cfx__coll_wait(x, sh[k - nslots + rg.nseg]);
+            if (rc == CFX_OK && (rh[k] = cfx__coll_recv(x, left, RS_SLOT(k), len * esz)) < 0)
                 rc = rh[k];
         }
         if (rc != CFX_OK)
@@ -246,17 +246,17 @@ int coll_reduce_scatter_ring(struct coll_exec *x, const void *s, void *r)
         seg_of(&rg, RS_BLOCK(g, false), count, j, &off, &len);
         if (!len)
             continue;
-        if ((rc = coll_wait(x, rh[i])) != CFX_OK)
+        if ((rc = cfx__coll_wait(x, rh[i])) != CFX_OK)
             break;
         if (g == steps - 1) {
             /* our block: the result goes to recvbuf */
-            rc = coll_reduce3(x, rb + (size_t)j * rg.segel * esz, sb + off * esz, RS_SLOT(i),
+            rc = cfx__coll_reduce3(x, rb + (size_t)j * rg.segel * esz, sb + off * esz, RS_SLOT(i),
                               len);
             continue;
         }
-        if ((rc = coll_reduce3(x, RS_SLOT(i), sb + off * esz, RS_SLOT(i), len)) != CFX_OK)
+        if ((rc = cfx__coll_reduce3(x, RS_SLOT(i), sb + off * esz, RS_SLOT(i), len)) != CFX_OK)
             break;
-        if ((sh[i + rg.nseg] = coll_send(x, right, RS_SLOT(i), len * esz)) < 0)
+        if ((sh[i + rg.nseg] = cfx__coll_send(x, right, RS_SLOT(i), len * esz)) < 0)
             rc = sh[i + rg.nseg];
     }
 #undef RS_SLOT
@@ -272,12 +272,12 @@ out:
  * Step g: send block r-g, receive block r-g-1 straight into recvbuf; a
  * segment is forwarded as soon as it has landed.
  */
-int coll_allgather_ring(struct coll_exec *x, const void *s, void *r)
+int cfx__coll_allgather_ring(struct coll_exec *x, const void *s, void *r)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t count = x->a->count, esz = x->esz, blk = count * esz;
     char *rb = r;
-    int rc = coll_copy(x, rb + (size_t)me * blk, s, blk);
+    int rc = cfx__coll_copy(x, rb + (size_t)me * blk, s, blk);
     if (rc != CFX_OK)
         return rc;
     struct ring_geom rg = ring_geom(x, count, 0);
@@ -290,7 +290,7 @@ int coll_allgather_ring(struct coll_exec *x, const void *s, void *r)
         size_t off, len;
         seg_of(&rg, (size_t)me * count, count, j, &off, &len);
         if (len) {
-            int h = coll_send(x, right, rb + off * esz, len * esz);
+            int h = cfx__coll_send(x, right, rb + off * esz, len * esz);
             rc = h < 0 ? h : CFX_OK;
         }
     }
@@ -301,7 +301,7 @@ int coll_allgather_ring(struct coll_exec *x, const void *s, void *r)
             size_t off, len;
             seg_of(&rg, (size_t)coll_mod(me - k / rg.nseg - 1, n) * count, count,
                    k % rg.nseg, &off, &len);
-            if (len && (rh[k] = coll_recv(x, left, rb + off * esz, len * esz)) < 0)
+            if (len && (rh[k] = cfx__coll_recv(x, left, rb + off * esz, len * esz)) < 0)
                 rc = rh[k];
         }
         if (rc != CFX_OK)
@@ -311,10 +311,10 @@ int coll_allgather_ring(struct coll_exec *x, const void *s, void *r)
         seg_of(&rg, (size_t)coll_mod(me - g - 1, n) * count, count, j, &off, &len);
         if (!len)
             continue;
-        if ((rc = coll_wait(x, rh[i])) != CFX_OK)
+        if ((rc = cfx__coll_wait(x, rh[i])) != CFX_OK)
             break;
         if (g + 1 < n - 1) {
-            int h = coll_send(x, right, rb + off * esz, len * esz);
+            int h = cfx__coll_send(x, right, rb + off * esz, len * esz);
             rc = h < 0 ? h : CFX_OK;
         }
     }

@@ -64,14 +64,14 @@ static int *handles(struct coll_exec *x, size_t n)
 static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
 {
     const size_t count = x->a->count, esz = x->esz;
-    const size_t segel = coll_seg_elems(x, count * esz);
+    const size_t segel = cfx__coll_seg_elems(x, count * esz);
     const int nseg = (int)((count + segel - 1) / segel);
     int rc = CFX_OK;
 #define SEG_LEN(j) (CFX_MIN(segel, count - (size_t)(j) * segel) * esz)
     if (t->parent < 0) {
         for (int j = 0; j < nseg; j++)
             for (int c = 0; c < t->nchild; c++) {
-                int h = coll_send(x, t->child[c], buf + (size_t)j * segel * esz, SEG_LEN(j));
+                int h = cfx__coll_send(x, t->child[c], buf + (size_t)j * segel * esz, SEG_LEN(j));
                 if (h < 0)
                     return h;
             }
@@ -83,7 +83,7 @@ static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
     int posted = 0;
     for (int j = 0; j < nseg && rc == CFX_OK; j++) {
         while (posted < nseg && posted < j + COLL_WINDOW) {
-            rh[posted] = coll_recv(x, t->parent, buf + (size_t)posted * segel * esz,
+            rh[posted] = cfx__coll_recv(x, t->parent, buf + (size_t)posted * segel * esz,
                                    SEG_LEN(posted));
             if (rh[posted] < 0) {
                 rc = rh[posted];
@@ -91,10 +91,10 @@ static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
             }
             posted++;
         }
-        if (rc != CFX_OK || (rc = coll_wait(x, rh[j])) != CFX_OK)
+        if (rc != CFX_OK || (rc = cfx__coll_wait(x, rh[j])) != CFX_OK)
             break;
         for (int c = 0; c < t->nchild && rc == CFX_OK; c++) {
-            int h = coll_send(x, t->child[c], buf + (size_t)j * segel * esz, SEG_LEN(j));
+            int h = cfx__coll_send(x, t->child[c], buf + (size_t)j * segel * esz, SEG_LEN(j));
             rc = h < 0 ? h : CFX_OK;
         }
     }
@@ -103,14 +103,14 @@ static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
     return rc;
 }
 
-int coll_bcast_chain(struct coll_exec *x, void *buf, int root)
+int cfx__coll_bcast_chain(struct coll_exec *x, void *buf, int root)
 {
     struct tree t;
     tree_chain(x->g->size, x->g->rank, root, &t);
     return bcast_pipe(x, buf, &t);
 }
 
-int coll_bcast_tree(struct coll_exec *x, void *buf, int root)
+int cfx__coll_bcast_tree(struct coll_exec *x, void *buf, int root)
 {
     struct tree t;
     tree_binomial(x->g->size, x->g->rank, root, &t);
@@ -127,11 +127,12 @@ int coll_bcast_tree(struct coll_exec *x, void *buf, int root)
 static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct tree *t)
 {
     const size_t count = x->a->count, esz = x->esz;
-    const size_t segel = coll_seg_elems(x, count * esz), segb = segel * esz;
+    const size_t segel = cfx__coll_seg_elems(x, count * esz), segb = segel * esz;
     const int nseg = (int)((count + segel - 1) / segel), nc = t->nchild;
     const int nacc = t->parent >= 0 && nc ? 2 * COLL_WINDOW : 0;
     char *slots;
-    int rc = coll_scratch(x, ((size_t)nc * COLL_WINDOW + (size_t)nacc) * segb, (void **)&slots);
+    int rc = cfx__coll_scratch(x, ((size_t)nc * COLL_WINDOW + (size_t)nacc) * segb,
+                               (void **)&slots);
     if (rc != CFX_OK)
         return rc;
     char *acc = slots + (size_t)nc * COLL_WINDOW * segb;
@@ -146,7 +147,7 @@ static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct
         while (posted < nseg && posted < j + COLL_WINDOW && rc == CFX_OK) {
             size_t len = CFX_MIN(segel, count - (size_t)posted * segel) * esz;
             for (int c = 0; c < nc; c++) {
-                int h = coll_recv(x, t->child[c], CSLOT(c, posted), len);
+                int h = cfx__coll_recv(x, t->child[c], CSLOT(c, posted), len);
                 if (h < 0) {
                     rc = h;
                     break;
@@ -162,18 +163,18 @@ static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct
         const char *up = own;
         if (nc) {
             char *dst = t->parent < 0 ? r + (size_t)j * segb : acc + (size_t)(j % nacc) * segb;
-            if (t->parent >= 0 && j >= nacc && (rc = coll_wait(x, sh[j - nacc])) != CFX_OK)
+            if (t->parent >= 0 && j >= nacc && (rc = cfx__coll_wait(x, sh[j - nacc])) != CFX_OK)
                 break;
             for (int c = 0; c < nc && rc == CFX_OK; c++) {
-                if ((rc = coll_wait(x, rh[(size_t)c * (size_t)nseg + (size_t)j])) != CFX_OK)
+                if ((rc = cfx__coll_wait(x, rh[(size_t)c * (size_t)nseg + (size_t)j])) != CFX_OK)
                     break;
-                rc = c == 0 ? coll_reduce3(x, dst, own, CSLOT(0, j), n)
-                            : coll_reduce(x, dst, CSLOT(c, j), n);
+                rc = c == 0 ? cfx__coll_reduce3(x, dst, own, CSLOT(0, j), n)
+                            : cfx__coll_reduce(x, dst, CSLOT(c, j), n);
             }
             up = dst;
         }
         if (rc == CFX_OK && t->parent >= 0 &&
-            (sh[j] = coll_send(x, t->parent, up, n * esz)) < 0)
+            (sh[j] = cfx__coll_send(x, t->parent, up, n * esz)) < 0)
             rc = sh[j];
     }
 #undef CSLOT
@@ -183,7 +184,7 @@ out:
     return rc;
 }
 
-int coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root)
+int cfx__coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root)
 {
     struct tree t;
     tree_chain(x->g->size, x->g->rank, root, &t);
@@ -191,7 +192,7 @@ int coll_reduce_chain(struct coll_exec *x, const void *s, void *r, int root)
     return reduce_pipe(x, s, r, &t);
 }
 
-int coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root)
+int cfx__coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root)
 {
     struct tree t;
     tree_binomial(x->g->size, x->g->rank, root, &t);
@@ -200,40 +201,40 @@ int coll_reduce_tree(struct coll_exec *x, const void *s, void *r, int root)
 
 /* ---- gather / scatter: the root talks to every rank directly ----------------------------- */
 
-int coll_gather_direct(struct coll_exec *x, const void *s, void *r, int root)
+int cfx__coll_gather_direct(struct coll_exec *x, const void *s, void *r, int root)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t blk = x->a->count * x->esz;
     if (me != root) {
-        int h = coll_send(x, root, s, blk);
+        int h = cfx__coll_send(x, root, s, blk);
         return h < 0 ? h : CFX_OK;
     }
     char *rb = r;
     for (int q = 0; q < n; q++) {
         if (q == me)
             continue;
-        int h = coll_recv(x, q, rb + (size_t)q * blk, blk);
+        int h = cfx__coll_recv(x, q, rb + (size_t)q * blk, blk);
         if (h < 0)
             return h;
     }
-    return coll_copy(x, rb + (size_t)me * blk, s, blk);
+    return cfx__coll_copy(x, rb + (size_t)me * blk, s, blk);
 }
 
-int coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root)
+int cfx__coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t blk = x->a->count * x->esz;
     if (me != root) {
-        int h = coll_recv(x, root, r, blk);
+        int h = cfx__coll_recv(x, root, r, blk);
         return h < 0 ? h : CFX_OK;
     }
     const char *sb = s;
     for (int q = 0; q < n; q++) {
         if (q == me)
             continue;
-        int h = coll_send(x, q, sb + (size_t)q * blk, blk);
+        int h = cfx__coll_send(x, q, sb + (size_t)q * blk, blk);
         if (h < 0)
             return h;
     }
-    return coll_copy(x, r, sb + (size_t)me * blk, blk);
+    return cfx__coll_copy(x, r, sb + (size_t)me * blk, blk);
 }

@@ -16,7 +16,7 @@
  * each moving half of what the previous one moved: as many bytes as a ring
  * in far fewer steps.
  */
-int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
+int cfx__coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t count = x->a->count, esz = x->esz;
@@ -25,28 +25,28 @@ int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
     while (p * 2 <= n)
         p *= 2;
     const int rem = n - p;
-    int rc = coll_copy(x, r, s, count * esz);
+    int rc = cfx__coll_copy(x, r, s, count * esz);
     if (rc == CFX_OK)
-        rc = coll_scratch(x, count * esz, (void **)&tmp);
+        rc = cfx__coll_scratch(x, count * esz, (void **)&tmp);
     if (rc != CFX_OK)
         return rc;
 
     int newrank;
     if (me < 2 * rem) {
         if (me % 2 == 0) {
-            int h = coll_send(x, me + 1, rb, count * esz);
+            int h = cfx__coll_send(x, me + 1, rb, count * esz);
             if (h < 0)
                 return h;
-            if ((rc = coll_wait(x, h)) != CFX_OK)
+            if ((rc = cfx__coll_wait(x, h)) != CFX_OK)
                 return rc;
             newrank = -1;
         } else {
-            int h = coll_recv(x, me - 1, tmp, count * esz);
+            int h = cfx__coll_recv(x, me - 1, tmp, count * esz);
             if (h < 0)
                 return h;
-            if ((rc = coll_wait(x, h)) != CFX_OK)
+            if ((rc = cfx__coll_wait(x, h)) != CFX_OK)
                 return rc;
-            if ((rc = coll_reduce(x, rb, tmp, count)) != CFX_OK)
+            if ((rc = cfx__coll_reduce(x, rb, tmp, count)) != CFX_OK)
                 return rc;
             newrank = me / 2;
         }
@@ -71,9 +71,10 @@ int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
                 s0 = send_idx, s1 = recv_idx, r0 = recv_idx, r1 = last_idx;
             }
             size_t scnt = DISP(s1) - DISP(s0), rcnt = DISP(r1) - DISP(r0);
-            rc = coll_sendrecv(x, peer, rb + DISP(s0) * esz, scnt * esz, peer, tmp, rcnt * esz);
+            rc = cfx__coll_sendrecv(x, peer, rb + DISP(s0) * esz, scnt * esz, peer, tmp,
+                                    rcnt * esz);
             if (rc == CFX_OK)
-                rc = coll_reduce(x, rb + DISP(r0) * esz, tmp, rcnt);
+                rc = cfx__coll_reduce(x, rb + DISP(r0) * esz, tmp, rcnt);
             if (rc != CFX_OK)
                 return rc;
             send_idx = recv_idx;
@@ -95,7 +96,7 @@ int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
                 s0 = send_idx, s1 = last_idx, r0 = recv_idx, r1 = send_idx;
             }
             size_t scnt = DISP(s1) - DISP(s0), rcnt = DISP(r1) - DISP(r0);
-            rc = coll_sendrecv(x, peer, rb + DISP(s0) * esz, scnt * esz, peer,
+            rc = cfx__coll_sendrecv(x, peer, rb + DISP(s0) * esz, scnt * esz, peer,
                                rb + DISP(r0) * esz, rcnt * esz);
             if (rc != CFX_OK)
                 return rc;
@@ -108,11 +109,11 @@ int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
     }
 
     if (me < 2 * rem) {
-        int h = me % 2 ? coll_send(x, me - 1, rb, count * esz)
-                       : coll_recv(x, me + 1, rb, count * esz);
+        int h = me % 2 ? cfx__coll_send(x, me - 1, rb, count * esz)
+                       : cfx__coll_recv(x, me + 1, rb, count * esz);
         if (h < 0)
             return h;
-        rc = coll_wait(x, h);
+        rc = cfx__coll_wait(x, h);
     }
     return rc;
 }
@@ -120,34 +121,34 @@ int coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r)
 /* ---- double binary tree ------------------------------------------------------------
  *
  * The vector is cut in two halves; half t is reduced up tree t to its root
- * and broadcast back down the same tree (coll_dtree() builds the trees).  A
+ * and broadcast back down the same tree (cfx__coll_dtree() builds the trees).  A
  * rank is interior in at most one tree, so the two halves share the work
  * and the links.  Both trees' receives from children are posted first; the
  * messages between two ranks keep one order on both sides: all upward ones
  * (tree 0, then tree 1) before all downward ones.
  */
-int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r)
+int cfx__coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r)
 {
     const int n = x->g->size, me = x->g->rank;
     const size_t count = x->a->count, esz = x->esz;
     char *rb = r, *tmp;
     size_t hoff[2], hlen[2];
     int parent[2], child[2][2];
-    int rc = coll_copy(x, r, s, count * esz);
+    int rc = cfx__coll_copy(x, r, s, count * esz);
     if (rc != CFX_OK)
         return rc;
     for (int t = 0; t < 2; t++) {
         coll_block(count, 2, t, &hoff[t], &hlen[t]);
-        coll_dtree(n, me, t, &parent[t], &child[t][0], &child[t][1]);
+        cfx__coll_dtree(n, me, t, &parent[t], &child[t][0], &child[t][1]);
     }
     size_t half = hlen[0];
-    if ((rc = coll_scratch(x, 4 * half * esz + 1, (void **)&tmp)) != CFX_OK)
+    if ((rc = cfx__coll_scratch(x, 4 * half * esz + 1, (void **)&tmp)) != CFX_OK)
         return rc;
     int hr[2][2] = { { -1, -1 }, { -1, -1 } }, hu[2] = { -1, -1 };
     for (int t = 0; t < 2; t++)
         for (int c = 0; c < 2; c++)
             if (hlen[t] && child[t][c] >= 0 &&
-                (hr[t][c] = coll_recv(x, child[t][c], tmp + (size_t)(2 * t + c) * half * esz,
+                (hr[t][c] = cfx__coll_recv(x, child[t][c], tmp + (size_t)(2 * t + c) * half * esz,
                                       hlen[t] * esz)) < 0)
                 return hr[t][c];
     for (int t = 0; t < 2; t++) {
@@ -156,15 +157,15 @@ int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r)
         for (int c = 0; c < 2; c++) {
             if (hr[t][c] < 0)
                 continue;
-            if ((rc = coll_wait(x, hr[t][c])) != CFX_OK)
+            if ((rc = cfx__coll_wait(x, hr[t][c])) != CFX_OK)
                 return rc;
-            rc = coll_reduce(x, rb + hoff[t] * esz, tmp + (size_t)(2 * t + c) * half * esz,
+            rc = cfx__coll_reduce(x, rb + hoff[t] * esz, tmp + (size_t)(2 * t + c) * half * esz,
                              hlen[t]);
             if (rc != CFX_OK)
                 return rc;
         }
         if (parent[t] >= 0 &&
-            (hu[t] = coll_send(x, parent[t], rb + hoff[t] * esz, hlen[t] * esz)) < 0)
+            (hu[t] = cfx__coll_send(x, parent[t], rb + hoff[t] * esz, hlen[t] * esz)) < 0)
             return hu[t];
     }
     int hd[2] = { -1, -1 };
@@ -172,20 +173,20 @@ int coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r)
         if (!hlen[t] || parent[t] < 0)
             continue;
         /* the same memory went up: take the result once it has left */
-        if ((rc = coll_wait(x, hu[t])) != CFX_OK)
+        if ((rc = cfx__coll_wait(x, hu[t])) != CFX_OK)
             return rc;
-        if ((hd[t] = coll_recv(x, parent[t], rb + hoff[t] * esz, hlen[t] * esz)) < 0)
+        if ((hd[t] = cfx__coll_recv(x, parent[t], rb + hoff[t] * esz, hlen[t] * esz)) < 0)
             return hd[t];
     }
     for (int t = 0; t < 2; t++) {
         if (!hlen[t])
             continue;
-        if (hd[t] >= 0 && (rc = coll_wait(x, hd[t])) != CFX_OK)
+        if (hd[t] >= 0 && (rc = cfx__coll_wait(x, hd[t])) != CFX_OK)
             return rc;
         for (int c = 0; c < 2; c++) {
             if (child[t][c] < 0)
                 continue;
-            int h = coll_send(x, child[t][c], rb + hoff[t] * esz, hlen[t] * esz);
+            int h = cfx__coll_send(x, child[t][c], rb + hoff[t] * esz, hlen[t] * esz);
             if (h < 0)
                 return h;
         }

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "dataplane/engine/engine.h"
 
@@ -343,7 +344,7 @@ static void *group_thread(void *arg)
         /* stays queued while it runs: blocking calls wait behind it */
         struct coll_args *a = cfx_list_entry(g->queue.next, struct coll_args, link);
         pthread_mutex_unlock(&g->lock);
-        int rc = coll_run(g, a);
+        int rc = cfx__coll_run(g, a);
         pthread_mutex_lock(&g->lock);
         cfx_list_del(&a->link);
         pthread_cond_broadcast(&g->cond);
@@ -373,17 +374,21 @@ static int run_blocking(struct cfx_group *g, struct coll_args *a)
 {
     cfx__err_clear();
     if (!g)
-        return cfx__err(CFX_ERR_INVALID, "%s: NULL group", coll_kind_name(a->kind));
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL group", cfx__coll_kind_name(a->kind));
     a->seq = wait_turn(g);
-    return coll_run(g, a);
+    return cfx__coll_run(g, a);
 }
 
 static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_request **req)
 {
     cfx__err_clear();
-    const char *what = coll_kind_name(tmpl->kind);
+    const char *what = cfx__coll_kind_name(tmpl->kind);
     if (!g || !req)
         return cfx__err(CFX_ERR_INVALID, "i%s: NULL argument", what);
+    /* a call that fails returns no request */
+    int rc = cfx__coll_check(g, tmpl, what);
+    if (rc != CFX_OK)
+        return rc;
     struct coll_args *a = malloc(sizeof(*a));
     if (!a)
         return cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what);

@@ -119,4 +119,5 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
     }
     conn->authed = true;
     CFX_LOG(DEBUG, CONN, "node %u: %s authenticated", ctx->node_id, conn->name);
+    cfx__conn_flush(conn); /* anything queued for it meanwhile */
 }

@@ -326,12 +326,19 @@ void cfx_context_destroy(struct cfx_context *ctx)
         cfx__xfer_conn_failed(ctx, conn);
         cfx__conn_destroy(conn);
     }
+    /* commands the progress thread did not get to: releases still free
+     * their objects (nothing is in flight any more), the rest is dropped */
     cfx_list_for_each_safe(pos, tmp, &ctx->cmds) {
         struct cfx_cmd *cmd = cfx_list_entry(pos, struct cfx_cmd, link);
         cfx_list_del(pos);
+        if (cmd->type == CFX_CMD_OBJ_RELEASE)
+            cfx__obj_release(ctx, cmd->obj);
         free(cmd->msg);
         free(cmd);
     }
+    /* sends nobody asked for: their requests were freed by their owners */
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_sends)
+        cfx_list_del(pos);
     cfx__rtask_destroy_all(ctx);
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {

@@ -509,10 +509,11 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                   const struct cfx_dp_get_req *req);
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id);
-void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 /* xfer.c: start serving @p req from @p obj on @p conn */
 void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
                             struct cfx_obj *obj, const struct cfx_dp_get_req *req);
+/* xfer.c: drop queued (unserved) requests of a connection; slot UINT32_MAX = all */
+void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t slot);
 /* xfer.c: transfer slots, and chunks becoming ready in a partial object */
 int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);

@@ -112,18 +112,6 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
     }
 }
 
-void cfx__p2p_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
-{
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_rtrs) {
-        struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
-        if (rtr->conn == conn) {
-            cfx_list_del(&rtr->link);
-            free(rtr);
-        }
-    }
-}
-
 /* ---- API side ---------------------------------------------------------------- */
 
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,

@@ -539,6 +539,11 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     case CFX_DP_CANCEL: {
         struct cfx_upload *up = upload_find(conn, h.slot);
         if (!up) {
+            /* not being served: forget the request if it is still queued
+             * (a receive waiting for its send, or a get waiting for a
+             * reduce output), so nothing is ever written into the
+             * withdrawn slot */
+            cfx__xfer_forget_req(ctx, conn, h.slot);
             send_hdr(conn, CFX_DP_CANCEL_ACK, h.slot);
             break;
         }
@@ -561,6 +566,22 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     }
 }
 
+/* Drop queued requests of @p conn (all of them when @p slot is UINT32_MAX). */
+void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t slot)
+{
+    struct cfx_list *lists[] = { &ctx->p2p_rtrs, &ctx->waiting_gets };
+    struct cfx_list *pos, *tmp;
+    for (unsigned l = 0; l < CFX_ARRAY_SIZE(lists); l++) {
+        cfx_list_for_each_safe(pos, tmp, lists[l]) {
+            struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+            if (w->conn == conn && (slot == UINT32_MAX || w->req.hdr.slot == slot)) {
+                cfx_list_del(&w->link);
+                free(w);
+            }
+        }
+    }
+}
+
 /* A connection died: fail transfers from it and drop uploads on it. */
 void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
 {
@@ -577,14 +598,7 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         up->inflight = 0; /* the endpoint is closed right after: nothing completes */
         upload_free(ctx, up);
     }
-    cfx__p2p_conn_failed(ctx, conn);
-    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
-        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
-        if (w->conn == conn) {
-            cfx_list_del(&w->link);
-            free(w);
-        }
-    }
+    cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
 }
 
 /*

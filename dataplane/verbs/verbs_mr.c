@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "verbs.h"
+#include "verbs_gdr.h"
 
 static int reg_cb(void *arg, void *addr, size_t len, unsigned access,
                   struct cfx__verbs_reg_info *out)
@@ -30,6 +31,16 @@ static int reg_cb(void *arg, void *addr, size_t len, unsigned access,
 
     if (access & CFX_TP_ACCESS_REMOTE_WRITE)
         flags |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (access & CFX__VERBS_ACCESS_CUDA) { /* GPUDirect RDMA: verbs_gdr.c */
+        struct ibv_mr *gmr = NULL;
+        int rc = cfx__verbs_gdr_reg(iface->pd, iface->dev_name, addr, len, flags, &gmr);
+        if (rc != CFX_OK)
+            return rc;
+        out->handle = gmr;
+        out->lkey = gmr->lkey;
+        out->rkey = gmr->rkey;
+        return CFX_OK;
+    }
     struct ibv_mr *mr = ibv_reg_mr(iface->pd, addr, len, flags);
     if (!mr) {
         int err = errno;
@@ -90,8 +101,8 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_de
     iface = cfx__verbs_iface_of(tp_iface);
 
     /* Cached past its last user only when someone reports the memory's
-     * end (see above).  CUDA memory: GPUDirect RDMA through the peer-memory
-     * module; never cached. */
+     * end (see above).  CUDA memory: GPUDirect RDMA by dma-buf or the
+     * peer-memory module (verbs_gdr.c); never cached. */
     bool cacheable = mem->shm_fd >= 0 && mem->memtype == CFX_MEMTYPE_HOST &&
                      (!(access & CFX_TP_ACCESS_REMOTE_WRITE) ||
                       cfx__env_ll("CFX_IB_RCACHE_REMOTE", 0) == 1);
@@ -99,15 +110,13 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_de
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return cfx__err(CFX_ERR_NOMEM, "verbs mem_reg: out of memory");
-    rc = cfx__verbs_rcache_get(iface->rcache, mem->addr, mem->len, access, cacheable,
-                               &mr->region);
+    rc = cfx__verbs_rcache_get(iface->rcache, mem->addr, mem->len,
+                               access | (mem->memtype == CFX_MEMTYPE_CUDA ? CFX__VERBS_ACCESS_CUDA
+                                                                          : 0u),
+                               cacheable, &mr->region);
     if (rc != CFX_OK) {
         free(mr);
-        if (mem->memtype == CFX_MEMTYPE_CUDA)
-            return cfx__err(CFX_ERR_UNSUPPORTED, "verbs mem_reg: cannot register CUDA memory "
-                            "(GPUDirect RDMA needs the nvidia-peermem module): %s",
-                            cfx_last_error());
-        return rc;
+        return rc; /* CUDA memory: CFX_ERR_UNSUPPORTED says why (verbs_gdr.c) */
     }
     mr->super.iface = tp_iface;
     mr->super.addr = mem->addr;

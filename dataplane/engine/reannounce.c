@@ -1,0 +1,205 @@
+/*
+ * Re-announcing this node's objects after the coordinator restarted.
+ *
+ * The coordinator keeps members and the object directory in memory only
+ * (soft state): after a restart it knows nothing, so every node, once its
+ * client has reconnected and rejoined (control/client.c), announces again
+ * each complete object it holds.  The client calls
+ * cfx__reannounce_on_reconnected() on its reader thread, which must not
+ * wait for replies, so the announcing runs on a thread of its own: it copies
+ * the ids, sizes, chunk sizes and inline bytes out of the store under
+ * ctx->lock, then calls cfx__ctl_obj_put() for each without the lock.
+ *
+ * Data-plane transfers do not need the coordinator and go on while it is
+ * away; gets that need a lookup wait for the reconnection until their
+ * deadline.
+ */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct cfx_reannounce {
+    struct cfx_context *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    pthread_t thread;
+    bool started;       /* thread running */
+    bool pending;       /* a reconnect not announced for yet */
+    bool stop;          /* context being destroyed */
+};
+
+/* ctx->reannounce once the context is being destroyed (never written). */
+static struct cfx_reannounce reannounce_closed;
+
+struct announcement {
+    struct cfx_object_id id;
+    uint64_t size;
+    uint32_t chunk_size;
+    void *data;         /* inline bytes (malloc'd) or NULL */
+};
+
+static bool stopping(struct cfx_reannounce *ra)
+{
+    pthread_mutex_lock(&ra->mu);
+    bool s = ra->stop;
+    pthread_mutex_unlock(&ra->mu);
+    return s;
+}
+
+/* The coordinator may have given us a new id (ours was taken). */
+static void adopt_node_id(struct cfx_context *ctx)
+{
+    uint32_t id = cfx__ctl_node_id(ctx->ctl);
+    if (!id || id == ctx->node_id)
+        return;
+    CFX_LOG(WARN, CTL, "node %u: the restarted coordinator %s gave this node id %u",
+            ctx->node_id, ctx->cfg.coord, id);
+    ctx->node_id = id;
+    ctx->self.node_id = id;
+    for (int t = 0; t < ctx->ntp; t++)
+        ctx->tp[t].iface->node_id = id;
+}
+
+/* Copy out what to announce (ctx->lock held). */
+static struct announcement *collect(struct cfx_context *ctx, size_t *n)
+{
+    struct announcement *a = calloc(ctx->store.count ? ctx->store.count : 1, sizeof(*a));
+    size_t k = 0;
+    if (!a)
+        return NULL;
+    for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
+        for (struct cfx_obj *o = ctx->store.buckets[b]; o && k < ctx->store.count; o = o->hnext) {
+            if (!o->complete || o->deleting || o->releasing || o->p2p)
+                continue;
+            struct announcement *x = &a[k];
+            x->id = o->id;
+            x->size = o->size;
+            x->chunk_size = o->chunk_size;
+            /* Small host objects travel inline again, as cfx_put sends them. */
+            if (o->size && o->size <= ctx->cfg.inline_max && o->memtype == CFX_MEMTYPE_HOST &&
+                (x->data = malloc((size_t)o->size)))
+                memcpy(x->data, o->buf, (size_t)o->size);
+            k++;
+        }
+    }
+    *n = k;
+    return a;
+}
+
+static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
+{
+    size_t n = 0, done = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    adopt_node_id(ctx);
+    struct announcement *a = collect(ctx, &n);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!a) {
+        CFX_LOG(ERR, CTL, "node %u: out of memory re-announcing objects", ctx->node_id);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (stopping(ra))
+            break;
+        int rc = cfx__ctl_obj_put(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size, a[i].data,
+                                  cfx__deadline_ns(ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms
+                                                                           : 30000));
+        if (rc == CFX_OK || rc == CFX_ERR_EXISTS) {
+            done++;
+            pthread_mutex_lock(&ctx->lock);
+            struct cfx_obj *o = cfx__store_find(&ctx->store, &a[i].id);
+            if (o && !o->deleting)
+                o->announced = true;
+            pthread_mutex_unlock(&ctx->lock);
+        } else {
+            char hex[CFX_OBJECT_ID_HEX_LEN];
+            cfx_object_id_to_hex(&a[i].id, hex);
+            CFX_LOG(WARN, CTL, "node %u: cannot re-announce object %s: %s", ctx->node_id, hex,
+                    cfx_last_error());
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(a[i].data);
+    free(a);
+    CFX_LOG(INFO, CTL, "node %u: re-announced %zu of %zu objects to coordinator %s",
+            ctx->node_id, done, n, ctx->cfg.coord);
+}
+
+static void *reannounce_thread(void *arg)
+{
+    struct cfx_reannounce *ra = arg;
+    struct cfx_context *ctx = ra->ctx;
+
+    pthread_mutex_lock(&ra->mu);
+    for (;;) {
+        while (!ra->pending && !ra->stop)
+            pthread_cond_wait(&ra->cond, &ra->mu);
+        if (ra->stop)
+            break;
+        ra->pending = false;
+        pthread_mutex_unlock(&ra->mu);
+        announce_all(ctx, ra);
+        pthread_mutex_lock(&ra->mu);
+    }
+    pthread_mutex_unlock(&ra->mu);
+    return NULL;
+}
+
+void cfx__reannounce_on_reconnected(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_reannounce *ra;
+
+    pthread_mutex_lock(&ctx->lock);
+    ra = ctx->reannounce;
+    if (ra == &reannounce_closed) {
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    if (!ra) {
+        ra = calloc(1, sizeof(*ra));
+        if (!ra) {
+            pthread_mutex_unlock(&ctx->lock);
+            CFX_LOG(ERR, CTL, "node %u: out of memory: objects not re-announced",
+                    ctx->node_id);
+            return;
+        }
+        ra->ctx = ctx;
+        pthread_mutex_init(&ra->mu, NULL);
+        pthread_cond_init(&ra->cond, NULL);
+        ctx->reannounce = ra;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+
+    pthread_mutex_lock(&ra->mu);
+    ra->pending = true;
+    if (!ra->started && !ra->stop) {
+        if (pthread_create(&ra->thread, NULL, reannounce_thread, ra) == 0)
+            ra->started = true;
+        else
+            CFX_LOG(ERR, CTL, "node %u: no thread to re-announce objects", ctx->node_id);
+    }
+    pthread_cond_signal(&ra->cond);
+    pthread_mutex_unlock(&ra->mu);
+}
+
+void cfx__reannounce_stop(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_reannounce *ra = ctx->reannounce;
+    ctx->reannounce = &reannounce_closed;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!ra || ra == &reannounce_closed)
+        return;
+    pthread_mutex_lock(&ra->mu);
+    ra->stop = true;
+    pthread_cond_signal(&ra->cond);
+    bool started = ra->started;
+    pthread_mutex_unlock(&ra->mu);
+    if (started)
+        pthread_join(ra->thread, NULL);
+    pthread_cond_destroy(&ra->cond);
+    pthread_mutex_destroy(&ra->mu);
+    free(ra);
+}

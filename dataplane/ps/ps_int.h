@@ -1,0 +1,328 @@
+/*
+ * Parameter server, internal side: the shard map, the load-distribution
+ * algorithm, the message layer and the roles.
+ *
+ * Threads.  Each handle runs one loop thread that owns all protocol state
+ * (mailboxes, blocks, requests, the scheduler) and one watcher thread that
+ * waits on the object directory (new map versions; for the scheduler: new
+ * servers and admin requests) and hands what it finds to the loop under
+ * ps->lock.  API calls queue ops under ps->lock and wake the loop.
+ *
+ * Messages.  Every message is a fixed-size header (struct ps_hdr) sent with
+ * tag PS_TAG_HDR, followed by hdr.len payload bytes with tag PS_TAG_DATA, on
+ * the receiving handle's channel.  Each handle keeps PS_HDR_AHEAD header
+ * receives posted per peer and delivers a peer's messages in the order they
+ * were sent (p2p matches one (peer, channel, tag) in posting order).
+ */
+#ifndef CFX_PS_INT_H
+#define CFX_PS_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <conflux/conflux.h>
+#include <conflux/ps.h>
+
+#include "control/client.h"
+#include "dataplane/common/list.h"
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+#include "dataplane/engine/p2p.h"
+
+#define PS_MAGIC            0xCF505331u
+#define PS_JOB_MAX          64
+#define PS_TENSOR_NAME_MAX  48
+#define PS_MAX_SERVERS      64
+#define PS_MAX_WORKERS      256
+#define PS_MAX_TENSORS      256
+#define PS_MAX_BLOCKS       16384
+#define PS_MAX_STALENESS    64
+#define PS_MAP_MAX          CFX_OBJECT_INLINE_MAX
+#define PS_HDR_AHEAD        4                 /* header receives posted per peer */
+#define PS_TAG_HDR          1
+#define PS_TAG_DATA         2
+#define PS_BLOCK_DEFAULT    (4u << 20)
+#define PS_BLOCK_MIN        64u
+
+/* ---- shard map (ps_map.c) ---------------------------------------------------- */
+
+enum ps_map_flags {
+    PS_MAP_SHUTDOWN = 1u << 0,  /* every worker left: servers stop */
+};
+
+struct ps_tensor {
+    char name[PS_TENSOR_NAME_MAX];
+    uint32_t dtype;             /* enum cfx_dtype */
+    uint32_t ready;             /* initial values stored: blocks may move */
+    uint64_t count;             /* elements */
+    uint64_t block_elems;       /* elements per block (the last may be short) */
+    uint32_t first_block;       /* global id of block 0 */
+    uint32_t nblocks;
+};
+
+struct ps_server_ent {
+    uint32_t node_id;
+    uint32_t state;             /* CFX_PS_SERVER_* */
+    double ns_per_byte;         /* scheduler's estimate; 0 = unknown */
+    uint32_t straggler;         /* flagged by the last decision */
+};
+
+/* Job-wide settings, fixed by server 0 and carried in every map. */
+struct ps_conf {
+    uint32_t consistency;       /* enum cfx_ps_consistency */
+    uint32_t staleness;
+    uint64_t block_size;
+    struct cfx_ps_optim optim;
+};
+
+struct ps_map {
+    uint32_t version;
+    uint32_t flags;             /* PS_MAP_* */
+    uint32_t admin_next;        /* sequence number of the next admin request */
+    struct ps_conf conf;
+    uint32_t nworkers;
+    uint32_t worker_node[PS_MAX_WORKERS];
+    uint32_t nservers;
+    struct ps_server_ent server[PS_MAX_SERVERS];
+    uint32_t ntensors;
+    struct ps_tensor *tensors;  /* [ntensors] */
+    uint32_t nblocks;
+    uint16_t *owner;            /* [nblocks] server index */
+};
+
+void cfx__ps_map_init(struct ps_map *m);
+void cfx__ps_map_free(struct ps_map *m);
+int cfx__ps_map_copy(struct ps_map *dst, const struct ps_map *src);
+/* Append a tensor; its blocks go to the active servers with the fewest bytes.
+ * @return the tensor index, or a negative status. */
+int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype,
+                           uint64_t count);
+int cfx__ps_map_find(const struct ps_map *m, const char *name);
+/* Tensor, first element and element count of global block @p b. */
+int cfx__ps_map_block(const struct ps_map *m, uint32_t b, uint32_t *tensor, uint64_t *off,
+                      uint64_t *elems);
+uint64_t cfx__ps_map_block_bytes(const struct ps_map *m, uint32_t b);
+/* Blocks and bytes server @p s owns. */
+void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint64_t *bytes);
+/* Flat little-endian encoding; encode returns the length or a negative status. */
+int cfx__ps_map_encode(const struct ps_map *m, void *buf, size_t cap);
+int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *m);
+void cfx__ps_map_stats(const struct ps_map *m, struct cfx_ps_stats *out);
+
+/* ---- load distribution (ps_balance.c) ------------------------------------------ */
+
+struct ps_balance_in {
+    uint32_t nservers;
+    const uint32_t *state;      /* [nservers] CFX_PS_SERVER_* */
+    const double *ns_per_byte;  /* [nservers] measured; 0 = unknown */
+    uint32_t nblocks;
+    const uint64_t *bytes;      /* [nblocks] */
+    const uint8_t *movable;     /* [nblocks] 0: pinned (tensor not ready) */
+    const struct cfx_ps_balance *knobs;
+    bool force;                 /* ignore min_gain (admin rebalance, server added) */
+};
+
+struct ps_balance_out {
+    uint32_t moves;             /* blocks whose owner changed */
+    double cur_max;             /* predicted time of the slowest server before */
+    double new_max;             /* ... after */
+    uint64_t stragglers;        /* bit s: server s flagged */
+};
+
+/* Decide a new assignment in @p owner (in/out, [nblocks]).  Blocks on servers
+ * that are not ACTIVE always move.  @return CFX_OK or CFX_ERR_INVALID (no
+ * active server). */
+int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_balance_out *out);
+void cfx__ps_balance_defaults(struct cfx_ps_balance *k);
+
+/* ---- messages ------------------------------------------------------------------ */
+
+enum ps_msg_type {
+    PS_MSG_REQ = 1,     /* worker -> server (or forwarded server -> server) */
+    PS_MSG_REPLY,       /* server -> worker */
+    PS_MSG_REDIRECT,    /* server -> worker: re-send with map >= hdr.map_version */
+    PS_MSG_STATE,       /* server -> server: a migrating block's state */
+    PS_MSG_REGISTER,    /* worker 0 -> scheduler: payload struct ps_tensor */
+    PS_MSG_READY,       /* worker 0 -> scheduler: tensor hdr.block initialized */
+    PS_MSG_REPORT,      /* worker -> scheduler: payload struct ps_report_ent[] */
+    PS_MSG_BYE,         /* worker -> scheduler: done */
+};
+
+enum ps_req_kind {
+    PS_REQ_PUSH = 1,
+    PS_REQ_PULL,
+    PS_REQ_PUSHPULL,
+    PS_REQ_INIT,
+};
+
+struct ps_hdr {
+    uint32_t magic;
+    uint16_t type;          /* enum ps_msg_type */
+    uint16_t kind;          /* enum ps_req_kind (REQ, REPLY) */
+    uint32_t from;          /* sender's (role << 16 | index) */
+    uint32_t worker;        /* worker the request belongs to */
+    uint32_t block;         /* global block id (REQ, STATE); tensor (READY) */
+    uint32_t map_version;   /* sender's map version */
+    int32_t status;         /* REPLY */
+    uint32_t forwarded;     /* REQ: hops so far */
+    uint64_t req_id;        /* worker's request id */
+    uint64_t clock;         /* PUSH: the worker's step; REPLY: block version */
+    uint64_t min_version;   /* PULL, PUSHPULL: wait until the block has this version */
+    uint64_t len;           /* payload bytes */
+};
+
+struct ps_report_ent {
+    uint32_t server;
+    uint32_t requests;
+    uint64_t busy_ns;       /* time with at least one request outstanding */
+    uint64_t bytes;         /* request + reply payload of completed requests */
+};
+
+/* ---- peers and mailboxes (ps_net.c) -------------------------------------------- */
+
+#define PS_ID(role, idx) (((uint32_t)(role) << 16) | (uint32_t)(idx))
+
+struct ps_rx {
+    struct cfx_p2p_req *hreq;
+    struct cfx_p2p_req *dreq;
+    struct ps_hdr hdr;
+    void *payload;          /* malloc'd, or a worker's output buffer */
+    bool owned;             /* payload is ours to free */
+};
+
+struct ps_peer {
+    uint32_t id;                /* PS_ID */
+    struct cfx_node_rec rec;
+    bool up;                    /* receives posted */
+    bool closed;                /* failed or said goodbye: no more receives */
+    struct ps_rx rx[PS_HDR_AHEAD]; /* ring in posting order */
+    unsigned rx_head;
+};
+
+struct ps_tx {
+    struct cfx_list link;
+    struct cfx_p2p_req *hreq;
+    struct cfx_p2p_req *dreq;
+    struct ps_hdr hdr;
+    void *owned;            /* payload to free when sent */
+    uint32_t peer;          /* PS_ID, for messages */
+};
+
+struct ps_block;
+struct ps_sched;
+struct ps_worker;
+
+struct cfx_ps {
+    struct cfx_context *ctx;
+    char job[PS_JOB_MAX];
+    enum cfx_ps_role role;
+    int index;
+    uint32_t self_id;           /* PS_ID */
+    int timeout_ms;
+    struct cfx_ps_params params;
+
+    pthread_mutex_t lock;       /* API <-> loop hand-over */
+    pthread_cond_t cond;        /* ops completed, maps applied, loop stopped */
+    pthread_t loop_thread, watch_thread;
+    bool loop_started, watch_started;
+    bool stop;                  /* threads exit */
+    bool finished;              /* server: job over or retired */
+
+    struct ps_map map;          /* loop thread's current map */
+    struct ps_map *map_pending; /* from the watcher (ps->lock) */
+    uint32_t map_applied;       /* version visible to API threads (ps->lock) */
+    struct cfx_ps_stats stats;  /* published by the loop (ps->lock) */
+
+    /* peers indexed by role */
+    struct ps_peer *workers[PS_MAX_WORKERS];
+    struct ps_peer *servers[PS_MAX_SERVERS];
+    struct cfx_list tx;         /* struct ps_tx: sends in flight */
+
+    struct ps_block **blocks;   /* server: [map.nblocks] or NULL entries */
+    uint32_t nblocks_cap;
+    struct cfx_list orphans;    /* server: requests for blocks not here yet */
+    uint32_t delay_us;          /* test-only service delay (ps->lock) */
+    struct ps_sched *sched;     /* server 0 */
+    struct ps_worker *w;        /* workers */
+
+    /* map objects this handle published (scheduler) */
+    void **map_bufs;
+    uint32_t nmap_bufs;
+};
+
+/* Object names. */
+void cfx__ps_obj_id(const char *job, const char *what, long a, long b,
+                    struct cfx_object_id *id);
+/* The member object of (role, idx): its node id and flags. */
+struct ps_member {
+    uint32_t magic;
+    uint32_t node_id;
+    uint32_t role;
+    uint32_t index;
+    uint32_t standby;
+};
+uint64_t cfx__ps_chan(const char *job, uint32_t id);
+/* Peer record for @p id at @p node_id (looked up once); NULL on failure. */
+struct ps_peer *cfx__ps_peer(struct cfx_ps *ps, uint32_t id, uint32_t node_id);
+/* Post the peer's header receives. */
+int cfx__ps_peer_up(struct cfx_ps *ps, struct ps_peer *p);
+/* Withdraw the peer's receives (it left or failed). */
+void cfx__ps_peer_down(struct cfx_ps *ps, struct ps_peer *p);
+/* Send a header and @p len payload bytes; @p owned (may equal payload) is
+ * freed once sent.  On failure @p owned is freed too. */
+int cfx__ps_send(struct cfx_ps *ps, struct ps_peer *to, struct ps_hdr *hdr, const void *payload,
+                 size_t len, void *owned);
+/* Poll every mailbox and the sends; returns the number of events. */
+int cfx__ps_net_poll(struct cfx_ps *ps);
+void cfx__ps_net_close(struct cfx_ps *ps);
+/* Fetch map @p version into @p m, waiting up to @p timeout_ms. */
+int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
+                    struct ps_map *m);
+/* The newest published map (exponential probe); CFX_ERR_TIMEOUT if none in time. */
+int cfx__ps_map_latest(struct cfx_context *ctx, const char *job, int timeout_ms,
+                       struct ps_map *m);
+/* Wake the loop thread. */
+void cfx__ps_kick(struct cfx_ps *ps);
+
+/* ---- roles --------------------------------------------------------------------- */
+
+/* Called by the mailbox layer: where a REPLY's payload goes (worker), NULL
+ * for a scratch buffer. */
+void *cfx__ps_worker_reply_buf(struct cfx_ps *ps, const struct ps_hdr *h);
+void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h,
+                     void *payload, bool owned);
+/* A peer's mailbox failed. */
+void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status);
+
+/* server (ps_server.c) */
+int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned);
+void cfx__ps_server_map_changed(struct cfx_ps *ps);
+int cfx__ps_server_tick(struct cfx_ps *ps);
+void cfx__ps_server_free(struct cfx_ps *ps);
+
+/* scheduler (ps_sched.c) */
+int cfx__ps_sched_create(struct cfx_ps *ps);
+void cfx__ps_sched_free(struct cfx_ps *ps);
+void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h,
+                          void *payload);
+int cfx__ps_sched_tick(struct cfx_ps *ps);
+/* Watcher side: poll the directory for joins and admin requests. */
+void cfx__ps_sched_watch(struct cfx_ps *ps);
+/* Publish ps->map with version + 1 (loop thread). */
+int cfx__ps_sched_publish(struct cfx_ps *ps);
+
+/* worker (ps_worker.c) */
+int cfx__ps_worker_create(struct cfx_ps *ps);
+void cfx__ps_worker_free(struct cfx_ps *ps);
+void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned);
+int cfx__ps_worker_tick(struct cfx_ps *ps);
+void cfx__ps_worker_map_changed(struct cfx_ps *ps);
+/* Worker: stop (fail pending ops, say goodbye); loop thread. */
+void cfx__ps_worker_bye(struct cfx_ps *ps);
+
+/* Bring peers in line with ps->map (post receives to new members). */
+void cfx__ps_sync_peers(struct cfx_ps *ps);
+
+#endif
