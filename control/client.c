@@ -8,8 +8,15 @@
  * Callers send their own requests (serialised by send_lock) and sleep on
  * their own condition variable until the reply or their deadline.
  *
- * When the connection is lost every waiting call fails with CFX_ERR_CONNECT,
- * on_node_dead(arg, 0) runs once, and later calls fail fast.
+ * When the connection is lost every waiting call fails with CFX_ERR_CONNECT
+ * (its request may or may not have been processed, so it is not retried) and
+ * on_node_dead(arg, 0) runs.  A NODE client then reconnects on its reader
+ * thread with exponential backoff (CTL_BACKOFF_MIN_MS doubling to
+ * CTL_BACKOFF_MAX_MS, until cfx__ctl_close()): it authenticates again and
+ * rejoins asking for its previous node id, then calls on_reconnected(arg)
+ * so the owner re-announces what it holds.  Calls made while it reconnects
+ * wait for the new connection until their own deadline (CFX_ERR_TIMEOUT),
+ * then run on it.  ADMIN clients do not reconnect: later calls fail fast.
  */
 #include "control/client.h"
 
@@ -40,6 +47,9 @@
 #define CTL_DEFAULT_TIMEOUT_MS 10000
 #define CTL_RBUF_INITIAL       (64u * 1024)
 #define CTL_LEAVE_TIMEOUT_MS   250
+#define CTL_BACKOFF_MIN_MS     50     /* first reconnect attempt after a loss */
+#define CTL_BACKOFF_MAX_MS     2000   /* attempts never further apart than this */
+#define CTL_ATTEMPT_MS         2000   /* one connect + authenticate + rejoin */
 
 /* One request waiting for its reply. */
 struct ctl_call {
@@ -61,7 +71,11 @@ struct cfx_ctl {
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;
     void (*on_node_dead)(void *arg, uint32_t node_id);
+    void (*on_reconnected)(void *arg);
     void *arg;
+    char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
+    struct cfx_node_rec self;        /* kept to rejoin (NODE) */
+    uint32_t rejoin_id;              /* JOIN asks for this id (0: any) */
 
     pthread_t thread;
     int thread_started;
@@ -71,6 +85,9 @@ struct cfx_ctl {
     uint64_t next_req;
     int broken;                      /* connection lost: calls fail fast */
     int closing;
+    int reconnecting;                /* broken, and the reader is reconnecting */
+    pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
+    uint64_t reconnects;             /* successful reconnections */
 
     uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
     size_t rlen;
@@ -104,13 +121,19 @@ static int ctl_err(const struct cfx_ctl *ctl, int status, const char *what, cons
 /* ------------------------------------------------------------------------ */
 /* Wire I/O                                                                  */
 
-static void mark_broken(struct cfx_ctl *ctl)
+static void mark_broken(struct cfx_ctl *ctl, int fd)
 {
     pthread_mutex_lock(&ctl->lock);
-    ctl->broken = 1;
+    int current = !ctl->reconnecting;
+    if (current)
+        ctl->broken = 1;
     pthread_mutex_unlock(&ctl->lock);
-    /* Wakes the reader, which fails the waiting calls. */
-    shutdown(ctl->fd, SHUT_RDWR);
+    /* Wakes the reader, which fails the waiting calls; a send that failed on
+     * a connection the reader already replaced leaves the new one alone. */
+    pthread_mutex_lock(&ctl->send_lock);
+    if (current && fd == ctl->fd)
+        shutdown(fd, SHUT_RDWR);
+    pthread_mutex_unlock(&ctl->send_lock);
 }
 
 static int is_broken(struct cfx_ctl *ctl)
@@ -130,6 +153,13 @@ static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_
     int rc = CFX_OK;
 
     pthread_mutex_lock(&ctl->send_lock);
+    int fd = ctl->fd;
+    /* While the reader reconnects only it writes (the handshake). */
+    if (__atomic_load_n(&ctl->reconnecting, __ATOMIC_ACQUIRE) &&
+        !pthread_equal(pthread_self(), ctl->thread)) {
+        pthread_mutex_unlock(&ctl->send_lock);
+        return ctl_err(ctl, CFX_ERR_CONNECT, what, "reconnecting to the coordinator");
+    }
     while (off < len) {
         ssize_t n = send(ctl->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
@@ -158,7 +188,7 @@ static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_
     }
     pthread_mutex_unlock(&ctl->send_lock);
     if (rc != CFX_OK && (off > 0 || rc == CFX_ERR_CONNECT))
-        mark_broken(ctl);
+        mark_broken(ctl, fd);
     return rc;
 }
 
@@ -303,6 +333,22 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
     pthread_condattr_destroy(&attr);
 
     pthread_mutex_lock(&ctl->lock);
+    /* Reconnecting: wait for the new connection until our deadline. */
+    while (ctl->reconnecting && !ctl->closing) {
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&ctl->conn_cond, &ctl->lock);
+            continue;
+        }
+        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                               .tv_nsec = (long)(deadline % 1000000000ull) };
+        if (pthread_cond_timedwait(&ctl->conn_cond, &ctl->lock, &ts) == ETIMEDOUT &&
+            ctl->reconnecting) {
+            pthread_mutex_unlock(&ctl->lock);
+            rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "not reconnected to the coordinator "
+                         "within %llu ms", (unsigned long long)((deadline - start) / 1000000ull));
+            goto out_destroy;
+        }
+    }
     if (ctl->broken || ctl->closing) {
         pthread_mutex_unlock(&ctl->lock);
         rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator was lost");
@@ -421,68 +467,84 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
     }
 }
 
+static int ctl_reconnect(struct cfx_ctl *ctl);
+
 static void *reader_thread(void *arg)
 {
     struct cfx_ctl *ctl = arg;
-    uint64_t hb_ns = (uint64_t)ctl->heartbeat_ms * 1000000ull;
-    uint64_t next_hb = ctl->role == CFX_CTL_ROLE_NODE ? cfx__now_ns() + hb_ns : UINT64_MAX;
-    int lost = 0, closing = 0;
-    char why[256] = "";
 
-    while (!lost) {
-        if (next_hb != UINT64_MAX && cfx__now_ns() >= next_hb) {
-            struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT, .req_id = 0 };
-            int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms), "heartbeat");
-            if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
+    for (;;) {
+        uint64_t hb_ns = (uint64_t)ctl->heartbeat_ms * 1000000ull;
+        uint64_t next_hb = ctl->role == CFX_CTL_ROLE_NODE ? cfx__now_ns() + hb_ns : UINT64_MAX;
+        int lost = 0, closing = 0;
+        char why[256] = "";
+
+        while (!lost) {
+            if (next_hb != UINT64_MAX && cfx__now_ns() >= next_hb) {
+                struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT, .req_id = 0 };
+                int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms),
+                                  "heartbeat");
+                if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
+                    snprintf(why, sizeof(why), "%s", cfx_last_error());
+                    lost = 1;
+                    break;
+                }
+                next_hb = cfx__now_ns() + hb_ns;
+            }
+            struct pollfd p[2] = { { .fd = ctl->fd, .events = POLLIN },
+                                   { .fd = ctl->wake_fd, .events = POLLIN } };
+            int n = poll(p, 2, cfx__ms_left(next_hb));
+            if (n < 0 && errno != EINTR) {
+                snprintf(why, sizeof(why), "poll: %s", strerror(errno));
+                lost = 1;
+                break;
+            }
+            if (n > 0 && (p[1].revents & POLLIN)) {
+                closing = 1;
+                break;
+            }
+            if (n <= 0 || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            int rc = rbuf_read(ctl);
+            if (rc == CFX_ERR_AGAIN)
+                continue;
+            if (rc != CFX_OK) {
                 snprintf(why, sizeof(why), "%s", cfx_last_error());
                 lost = 1;
                 break;
             }
-            next_hb = cfx__now_ns() + hb_ns;
+            size_t flen;
+            while ((rc = rbuf_frame(ctl, &flen)) == 1) {
+                deliver(ctl, ctl->rbuf, flen);
+                rbuf_consume(ctl, flen);
+            }
+            if (rc < 0) {
+                snprintf(why, sizeof(why), "%s", cfx_last_error());
+                lost = 1;
+            }
         }
-        struct pollfd p[2] = { { .fd = ctl->fd, .events = POLLIN },
-                               { .fd = ctl->wake_fd, .events = POLLIN } };
-        int n = poll(p, 2, cfx__ms_left(next_hb));
-        if (n < 0 && errno != EINTR) {
-            snprintf(why, sizeof(why), "poll: %s", strerror(errno));
-            lost = 1;
-            break;
-        }
-        if (n > 0 && (p[1].revents & POLLIN)) {
-            closing = 1;
-            break;
-        }
-        if (n <= 0 || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
-            continue;
-        int rc = rbuf_read(ctl);
-        if (rc == CFX_ERR_AGAIN)
-            continue;
-        if (rc != CFX_OK) {
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-            lost = 1;
-            break;
-        }
-        size_t flen;
-        while ((rc = rbuf_frame(ctl, &flen)) == 1) {
-            deliver(ctl, ctl->rbuf, flen);
-            rbuf_consume(ctl, flen);
-        }
-        if (rc < 0) {
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-            lost = 1;
-        }
-    }
 
-    pthread_mutex_lock(&ctl->lock);
-    ctl->broken = 1;
-    closing |= ctl->closing;
-    fail_all_calls(ctl);
-    pthread_mutex_unlock(&ctl->lock);
-    if (lost && !closing) {
-        CFX_LOG(WARN, CTL, "lost the coordinator %s: %s", ctl->coord, why);
-        if (ctl->on_node_dead)
-            ctl->on_node_dead(ctl->arg, 0);
+        pthread_mutex_lock(&ctl->lock);
+        ctl->broken = 1;
+        closing |= ctl->closing;
+        int again = lost && !closing && ctl->role == CFX_CTL_ROLE_NODE;
+        if (again)
+            __atomic_store_n(&ctl->reconnecting, 1, __ATOMIC_RELEASE);
+        fail_all_calls(ctl);
+        pthread_mutex_unlock(&ctl->lock);
+        if (lost && !closing) {
+            CFX_LOG(WARN, CTL, "lost the coordinator %s: %s%s", ctl->coord, why,
+                    again ? "; reconnecting" : "");
+            if (ctl->on_node_dead)
+                ctl->on_node_dead(ctl->arg, 0);
+        }
+        if (!again || ctl_reconnect(ctl) != CFX_OK)
+            break;
     }
+    pthread_mutex_lock(&ctl->lock);
+    __atomic_store_n(&ctl->reconnecting, 0, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&ctl->conn_cond);
+    pthread_mutex_unlock(&ctl->lock);
     return NULL;
 }
 
@@ -552,7 +614,9 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
 
     memset(&r, 0, sizeof(r));
     r.type = CFX_MSG_AUTH;
+    pthread_mutex_lock(&ctl->lock);
     r.req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
     r.u.auth.role = (uint8_t)ctl->role;
     if ((rc = cfx__auth_nonce(cnonce, sizeof(cnonce))) != CFX_OK ||
         (rc = cfx__auth_mac(params->token, CFX_AUTH_CLIENT, snonce, cnonce, r.u.auth.mac)) !=
@@ -597,9 +661,11 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
 
     memset(&r, 0, sizeof(r));
     r.type = CFX_MSG_JOIN;
+    pthread_mutex_lock(&ctl->lock);
     r.req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
     r.u.join = *params->self;
-    r.u.join.node_id = 0;
+    r.u.join.node_id = ctl->rejoin_id; /* a previous id to keep, or 0 */
     r.u.join.alive = 1;
     rc = send_msg(ctl, &r, deadline, "join");
     if (rc != CFX_OK)
@@ -628,6 +694,64 @@ out_free:
     return rc;
 }
 
+/*
+ * The reader thread, after losing the coordinator: connect, authenticate and
+ * rejoin (asking for our node id) with exponential backoff until it works or
+ * the client is closed.  Calls wait meanwhile (ctl_call); only this thread
+ * writes to the new socket until it is done.
+ */
+static int ctl_reconnect(struct cfx_ctl *ctl)
+{
+    int backoff = CTL_BACKOFF_MIN_MS, attempts = 0;
+    uint32_t old_id = ctl->node_id;
+    uint64_t t0 = cfx__now_ns();
+    int rc;
+
+    for (;;) {
+        struct pollfd p = { .fd = ctl->wake_fd, .events = POLLIN };
+        if (poll(&p, 1, backoff) > 0)
+            return CFX_ERR_CLOSED; /* cfx__ctl_close() */
+        attempts++;
+        pthread_mutex_lock(&ctl->send_lock);
+        if (ctl->fd >= 0)
+            close(ctl->fd);
+        ctl->fd = -1;
+        pthread_mutex_unlock(&ctl->send_lock);
+        ctl->rlen = 0;
+        uint64_t deadline = cfx__deadline_ns(CTL_ATTEMPT_MS);
+        rc = connect_deadline(ctl, deadline);
+        if (rc == CFX_OK) {
+            struct cfx_ctl_params cp = { .coord = ctl->coord, .token = ctl->token,
+                                         .role = ctl->role, .self = &ctl->self };
+            ctl->rejoin_id = old_id;
+            rc = handshake(ctl, &cp, deadline);
+        }
+        if (rc == CFX_OK)
+            break;
+        if (rc == CFX_ERR_AUTH && (attempts == 1 || attempts % 10 == 0))
+            CFX_LOG(ERR, CTL, "reconnecting to coordinator %s: attempt %d: %s", ctl->coord,
+                    attempts, cfx_last_error());
+        else if (attempts == 1 || attempts % 10 == 0)
+            CFX_LOG(INFO, CTL, "reconnecting to coordinator %s: attempt %d failed: %s; "
+                    "retrying every %d ms at most", ctl->coord, attempts, cfx_last_error(),
+                    CTL_BACKOFF_MAX_MS);
+        backoff = backoff * 2 > CTL_BACKOFF_MAX_MS ? CTL_BACKOFF_MAX_MS : backoff * 2;
+    }
+    pthread_mutex_lock(&ctl->lock);
+    ctl->broken = 0;
+    ctl->reconnects++;
+    __atomic_store_n(&ctl->reconnecting, 0, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&ctl->conn_cond);
+    pthread_mutex_unlock(&ctl->lock);
+    CFX_LOG(WARN, CTL, "reconnected to coordinator %s after %d attempt%s (%.1f s) as node %u%s",
+            ctl->coord, attempts, attempts == 1 ? "" : "s",
+            (double)(cfx__now_ns() - t0) / 1e9, ctl->node_id,
+            ctl->node_id == old_id ? "" : " (a new id: the old one was taken)");
+    if (ctl->on_reconnected)
+        ctl->on_reconnected(ctl->arg);
+    return CFX_OK;
+}
+
 static void ctl_free(struct cfx_ctl *ctl)
 {
     if (ctl->fd >= 0)
@@ -635,6 +759,8 @@ static void ctl_free(struct cfx_ctl *ctl)
     if (ctl->wake_fd >= 0)
         close(ctl->wake_fd);
     free(ctl->rbuf);
+    OPENSSL_cleanse(ctl->token, sizeof(ctl->token));
+    pthread_cond_destroy(&ctl->conn_cond);
     pthread_mutex_destroy(&ctl->send_lock);
     pthread_mutex_destroy(&ctl->lock);
     free(ctl);
@@ -668,9 +794,21 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     snprintf(ctl->coord, sizeof(ctl->coord), "%s", params->coord);
     ctl->role = params->role;
     ctl->on_node_dead = params->on_node_dead;
+    ctl->on_reconnected = params->on_reconnected;
     ctl->arg = params->arg;
+    snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
+    if (params->self)
+        ctl->self = *params->self;
+    ctl->self.node_id = 0;
     cfx_list_init(&ctl->calls);
     pthread_mutex_init(&ctl->lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&ctl->conn_cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     pthread_mutex_init(&ctl->send_lock, NULL);
     ctl->rbuf = malloc(CTL_RBUF_INITIAL);
     if (!ctl->rbuf) {
@@ -1031,4 +1169,14 @@ int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *
                      uint64_t deadline_ns)
 {
     return list_all(ctl, 0, (void **)out, n, deadline_ns);
+}
+
+uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl)
+{
+    if (!ctl)
+        return 0;
+    pthread_mutex_lock(&ctl->lock);
+    uint64_t n = ctl->reconnects;
+    pthread_mutex_unlock(&ctl->lock);
+    return n;
 }

@@ -101,6 +101,13 @@ struct cfx_ctl_params {
      * event to another thread (e.g. the progress engine) instead. */
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void *arg;
+    /* Added by the control plane: called from the client thread after a NODE
+     * client reconnected to a restarted coordinator and rejoined (with its
+     * previous node id when the coordinator allowed it: compare
+     * cfx__ctl_node_id()).  The coordinator lost its soft state, so the owner
+     * re-announces what it holds, but not from this thread (the replies are
+     * read here): hand off to another thread.  May be NULL. */
+    void (*on_reconnected)(void *arg);
 };
 
 /* Connect, authenticate (HMAC challenge-response) and join.
@@ -111,6 +118,8 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
 void cfx__ctl_close(struct cfx_ctl *ctl);
 
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
+/* Times this client reconnected to the coordinator (any thread). */
+uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl);
 /* Heartbeat interval and death timeout the coordinator announced. */
 uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl);
 /* Added by the control plane: silence after which the coordinator declares a

@@ -43,7 +43,7 @@ struct coord_child {
 
 /* Start conflux-coord with @p args (NULL-terminated, after the program
  * name); @p nofile > 0 caps its RLIMIT_NOFILE (soft and hard). */
-static void coord_child_start(struct coord_child *cc, const char *log, rlim_t nofile,
+static inline void coord_child_start(struct coord_child *cc, const char *log, rlim_t nofile,
                               const char *const *args)
 {
     int out[2];
@@ -85,7 +85,7 @@ static void coord_child_start(struct coord_child *cc, const char *log, rlim_t no
     cc->port = (uint16_t)atoi(strrchr(cc->addr, ':') + 1);
 }
 
-static void coord_child_kill(struct coord_child *cc, int sig)
+static inline void coord_child_kill(struct coord_child *cc, int sig)
 {
     if (cc->pid <= 0)
         return;
@@ -95,7 +95,7 @@ static void coord_child_kill(struct coord_child *cc, int sig)
 }
 
 /* Blocking TCP connection to 127.0.0.1:@p port (-1 on failure). */
-static int raw_connect(uint16_t port)
+static inline int raw_connect(uint16_t port)
 {
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
     int one = 1;
@@ -111,12 +111,12 @@ static int raw_connect(uint16_t port)
     return fd;
 }
 
-static void raw_send(int fd, const void *buf, size_t len)
+static inline void raw_send(int fd, const void *buf, size_t len)
 {
     (void)!send(fd, buf, len, MSG_NOSIGNAL);
 }
 
-static void raw_send_msg(int fd, const struct cfx_msg *m)
+static inline void raw_send_msg(int fd, const struct cfx_msg *m)
 {
     uint8_t *buf;
     size_t len;
@@ -127,7 +127,7 @@ static void raw_send_msg(int fd, const struct cfx_msg *m)
 
 /* Read one frame within @p ms: CFX_OK with *m (frame in *frame, caller
  * frees), CFX_ERR_CLOSED when the peer closed, CFX_ERR_TIMEOUT. */
-static int raw_recv_msg(int fd, int ms, struct cfx_msg *m, uint8_t **frame)
+static inline int raw_recv_msg(int fd, int ms, struct cfx_msg *m, uint8_t **frame)
 {
     uint8_t hdr[CFX_PROTO_HDR_LEN];
     size_t got = 0, need = sizeof(hdr);
@@ -168,7 +168,7 @@ static int raw_recv_msg(int fd, int ms, struct cfx_msg *m, uint8_t **frame)
 }
 
 /* 1 when the peer closes @p fd within @p ms (any bytes before are drained). */
-static int raw_wait_closed(int fd, int ms)
+static inline int raw_wait_closed(int fd, int ms)
 {
     uint64_t deadline = cfx__deadline_ns(ms);
     char sink[4096];
@@ -184,7 +184,7 @@ static int raw_wait_closed(int fd, int ms)
 }
 
 /* Connect and authenticate with @p token in @p role; returns the fd. */
-static int raw_auth(uint16_t port, const char *token, enum cfx_ctl_role role)
+static inline int raw_auth(uint16_t port, const char *token, enum cfx_ctl_role role)
 {
     struct cfx_msg m, a;
     uint8_t *frame;
