@@ -472,6 +472,20 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     h = fnv1a(h, &g->nodes[0].node_id, sizeof(g->nodes[0].node_id));
     g->chan = h & ~1ull;
     g->chan_user = h | 1ull;
+    /* Nobody may withdraw its bootstrap object (cfx_group_destroy) before
+     * every rank has read it: end creation with a barrier. */
+    if (size > 1) {
+        /* on a channel of its own, so that the user's first call is #0 */
+        g->chan = (h ^ 0x6a6f696eull) & ~1ull;
+        rc = cfx_group_barrier(g, NULL);
+        g->chan = h & ~1ull;
+        g->next_seq = 0;
+        if (rc != CFX_OK) {
+            rc = cfx__err(rc, "group %s: rank %d: the ranks did not all finish joining: %s",
+                          g->name, rank, cfx_last_error());
+            goto err_withdraw;
+        }
+    }
     CFX_LOG(INFO, COLL, "group %s: rank %d of %d (node %u), epoch %" PRIu32 ", algo %s, "
             "segment %zu B, agreement check %s", g->name, rank, size, ctx->node_id, g->epoch,
             cfx_algo_name(g->env_algo), g->seg_bytes, g->check ? "on" : "off");
