@@ -43,16 +43,36 @@ if(NOT CFX_WITH_DPDK STREQUAL "OFF")
   endif()
 endif()
 
-# CUDA toolkit.
+# CUDA toolkit: the CUDA memory type, device reduction kernels and
+# GPUDirect registration (gpu/cuda/).  The runtime is linked statically and
+# finds the driver (libcuda.so.1) at first use, so the library still loads
+# and runs on hosts without one; nothing links libcuda directly.
 set(CFX_HAVE_CUDA OFF)
+set(CFX_CUDA_ARCHITECTURES "90-real;80-virtual" CACHE STRING
+    "CUDA architectures: SASS for sm_90 (H100/H200), PTX that JITs on sm_80 and later")
 if(NOT CFX_WITH_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/gpu/cuda)
+    include(CheckLanguage)
+    check_language(CUDA)
+  endif()
+  if(CUDAToolkit_FOUND AND CMAKE_CUDA_COMPILER AND EXISTS ${PROJECT_SOURCE_DIR}/gpu/cuda)
     set(CFX_HAVE_CUDA ON)
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES ${CFX_CUDA_ARCHITECTURES})
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY None) # cudart_static is linked below, once
+    enable_language(CUDA)
+    # By path rather than CUDA::cudart_static so that the exported targets
+    # need no find_package(CUDAToolkit) in consumers.
+    find_library(CFX_CUDART_STATIC_LIB cudart_static HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+    list(APPEND CFX_EXTRA_LIBS ${CFX_CUDART_STATIC_LIB} ${CMAKE_DL_LIBS} rt)
   elseif(CFX_WITH_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "CFX_WITH_CUDA=ON but the CUDA toolkit (or gpu/cuda sources) was not found: install the CUDA toolkit under /usr/local/cuda")
+    message(FATAL_ERROR "CFX_WITH_CUDA=ON but the CUDA toolkit, a working nvcc (or the gpu/cuda sources) was not found: install the CUDA toolkit under /usr/local/cuda")
   endif()
 endif()

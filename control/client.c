@@ -936,9 +936,10 @@ int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 }
 
 int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                            uint64_t deadline_ns, struct cfx_ctl_source *out)
+                            const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
+                            struct cfx_ctl_source *out)
 {
-    return obj_lookup(ctl, id, NULL, 0, deadline_ns, true, out);
+    return obj_lookup(ctl, id, exclude, nexclude, deadline_ns, true, out);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,

@@ -153,7 +153,8 @@ int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
  * (with the same side effects) or CFX_ERR_TIMEOUT when there is no holder
  * yet.  @p deadline_ns bounds the round trip. */
 int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                            uint64_t deadline_ns, struct cfx_ctl_source *out);
+                            const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
+                            struct cfx_ctl_source *out);
 
 /* Announce a complete, non-inline object without waiting for the answer
  * (usable from threads that must not block; a refusal is logged). */

@@ -1,6 +1,7 @@
 /* The memory-type table: host always, CUDA when built with it. */
 #include "memtype.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -8,6 +9,9 @@
 #include <conflux/status.h>
 
 #include "dataplane/common/util.h"
+#ifdef CFX_HAVE_CUDA
+#include "gpu/cuda/cfx_cuda.h"
+#endif
 
 /* Names exist for every type, built in or not, so messages can name them. */
 static const char *const memtype_names[CFX_MEMTYPE_LAST] = {
@@ -51,6 +55,12 @@ static void host_free(void *ptr)
     free(ptr);
 }
 
+static int host_reduce(void *dst, const void *a, const void *b, size_t count,
+                       enum cfx_dtype dtype, enum cfx_redop op, void *stream)
+{
+    return cfx_reduce3(dst, a, b, count, dtype, op);
+}
+
 static const struct cfx_memtype_ops host_ops = {
     .type = CFX_MEMTYPE_HOST,
     .name = "host",
@@ -59,6 +69,7 @@ static const struct cfx_memtype_ops host_ops = {
     .copy = host_copy,
     .alloc = host_alloc,
     .free_buf = host_free,
+    .reduce = host_reduce,
 };
 
 /* ---- the table ---------------------------------------------------------------- */
@@ -168,4 +179,26 @@ void cfx__memtype_free(enum cfx_memtype type, void *ptr)
 
     if (ptr && ops && ops->free_buf)
         ops->free_buf(ptr);
+}
+
+int cfx__memtype_reduce3(enum cfx_memtype dt, void *dst, const void *a, const void *b,
+                         size_t count, enum cfx_dtype dtype, enum cfx_redop op, void *stream)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    int rc = memtype_get(dt, &ops);
+
+    if (rc != CFX_OK)
+        return rc;
+    if (!ops->reduce)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "memory type %s cannot reduce", ops->name);
+    return ops->reduce(dst, a, b, count, dtype, op, stream);
+}
+
+int cfx__gpu_describe(char *buf, size_t len)
+{
+#ifdef CFX_HAVE_CUDA
+    return cfx__cuda_describe(buf, len);
+#else
+    return buf && len ? snprintf(buf, len, "absent (built without CUDA)") : 0;
+#endif
 }

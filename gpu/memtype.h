@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <conflux/mem.h>
+#include <conflux/reduce.h>
 
 struct cfx_memtype_ops {
     enum cfx_memtype type; /* the slot this entry fills */
@@ -38,6 +39,14 @@ struct cfx_memtype_ops {
      * release with free_buf().  The data plane itself uses caller memory. */
     int (*alloc)(size_t len, void **out);
     void (*free_buf)(void *ptr); /* NULL is a no-op */
+
+    /* dst[i] = a[i] op b[i] with cfx_reduce3()'s semantics, where dst is
+     * memory of this type and a, b are memory it can read (for CUDA: device,
+     * managed or pinned host memory).  @p stream as for copy(): NULL
+     * returns with the result in place; otherwise queued on the stream.
+     * NULL entry: the type cannot reduce (use cfx_reduce3 on host copies). */
+    int (*reduce)(void *dst, const void *a, const void *b, size_t count, enum cfx_dtype dtype,
+                  enum cfx_redop op, void *stream);
 };
 
 #ifdef CFX_HAVE_CUDA
@@ -68,6 +77,26 @@ int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out);
  */
 int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
                       size_t len);
+
+/*
+ * dst[i] = a[i] op b[i] by the entry of @p dt, the memory type of @p dst:
+ * cfx_reduce3() for host, the device kernels for CUDA (gpu/cuda/).
+ * @p stream: NULL for a synchronous reduction, else a stream of that type
+ * (cudaStream_t) the work is queued on.
+ * @return as cfx_reduce3(); CFX_ERR_UNSUPPORTED when @p dt is not built in.
+ */
+int cfx__memtype_reduce3(enum cfx_memtype dt, void *dst, const void *a, const void *b,
+                         size_t count, enum cfx_dtype dtype, enum cfx_redop op, void *stream);
+
+/*
+ * GPU support of this process, in one line, for the effective configuration
+ * ("gpu = ...") and `rdmactl devices`: "cuda: 1 device (NVIDIA H200 sm_90),
+ * driver 13.0", "absent (no CUDA driver)", "absent (no CUDA device)" or
+ * "absent (built without CUDA)".  Probes CUDA on first call (see
+ * gpu/cuda/cfx_cuda.h about fork).  Always NUL-terminates when @p len > 0.
+ * @return the length of the full line (as snprintf).
+ */
+int cfx__gpu_describe(char *buf, size_t len);
 
 /* Allocate / free @p len bytes of @p type through its entry (tools, tests).
  * CFX_ERR_UNSUPPORTED when the type is not built in; CFX_ERR_NOMEM. */

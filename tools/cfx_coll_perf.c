@@ -43,10 +43,10 @@ enum op_kind {
 };
 
 enum bus_factor {
-    BUS_ONE,     /* broadcast, reduce, sendrecv */
-    BUS_RING,    /* (n-1)/n */
-    BUS_ALLRED,  /* 2(n-1)/n */
-    BUS_NONE,    /* barrier: no bandwidth */
+    BUS_ONE,    /* broadcast, reduce, sendrecv */
+    BUS_RING,   /* (n-1)/n */
+    BUS_ALLRED, /* 2(n-1)/n */
+    BUS_NONE,   /* barrier: no bandwidth */
 };
 
 struct op_desc {
@@ -59,21 +59,21 @@ struct op_desc {
 };
 
 static const struct op_desc ops[OP_LAST] = {
-    [OP_ALLREDUCE]     = { "allreduce", 1, 0, 0, 1, BUS_ALLRED },
-    [OP_BROADCAST]     = { "broadcast", 0, 1, 0, 1, BUS_ONE },
-    [OP_REDUCE]        = { "reduce", 1, 1, 0, 1, BUS_ONE },
-    [OP_ALLGATHER]     = { "allgather", 0, 0, 1, 1, BUS_RING },
+    [OP_ALLREDUCE] = { "allreduce", 1, 0, 0, 1, BUS_ALLRED },
+    [OP_BROADCAST] = { "broadcast", 0, 1, 0, 1, BUS_ONE },
+    [OP_REDUCE] = { "reduce", 1, 1, 0, 1, BUS_ONE },
+    [OP_ALLGATHER] = { "allgather", 0, 0, 1, 1, BUS_RING },
     [OP_REDUCESCATTER] = { "reducescatter", 1, 0, 1, 1, BUS_RING },
-    [OP_ALLTOALL]      = { "alltoall", 0, 0, 1, 1, BUS_RING },
-    [OP_GATHER]        = { "gather", 0, 1, 1, 1, BUS_RING },
-    [OP_SCATTER]       = { "scatter", 0, 1, 1, 1, BUS_RING },
-    [OP_SENDRECV]      = { "sendrecv", 0, 0, 0, 0, BUS_ONE },
-    [OP_BARRIER]       = { "barrier", 0, 0, 0, 0, BUS_NONE },
+    [OP_ALLTOALL] = { "alltoall", 0, 0, 1, 1, BUS_RING },
+    [OP_GATHER] = { "gather", 0, 1, 1, 1, BUS_RING },
+    [OP_SCATTER] = { "scatter", 0, 1, 1, 1, BUS_RING },
+    [OP_SENDRECV] = { "sendrecv", 0, 0, 0, 0, BUS_ONE },
+    [OP_BARRIER] = { "barrier", 0, 0, 0, 0, BUS_NONE },
 };
 
 enum place {
-    PLACE_OUT = 1,  /* out-of-place */
-    PLACE_IN = 2,   /* in-place */
+    PLACE_OUT = 1, /* out-of-place */
+    PLACE_IN = 2,  /* in-place */
     PLACE_BOTH = 3,
 };
 
@@ -81,19 +81,19 @@ struct coll_opts {
     enum op_kind op;
     size_t min_bytes;
     size_t max_bytes;
-    long factor;           /* -f: size multiplier of the sweep */
-    long iters;            /* -n */
-    long warmup;           /* -w */
-    enum cfx_dtype dtype;  /* -d */
-    enum cfx_redop redop;  /* -R */
-    int root;              /* -r */
-    int check;             /* -c */
-    int algo_set;          /* -a given (and not "auto") */
-    enum cfx_algo algo;    /* -a */
-    int place;             /* -i: enum place bits */
-    int timeout_ms;        /* -T: deadline of each call; 0 = the group's */
-    int user_buf;          /* -u: malloc'd buffers instead of the arena */
-    int json;              /* --json */
+    long factor;          /* -f: size multiplier of the sweep */
+    long iters;           /* -n */
+    long warmup;          /* -w */
+    enum cfx_dtype dtype; /* -d */
+    enum cfx_redop redop; /* -R */
+    int root;             /* -r */
+    int check;            /* -c */
+    int algo_set;         /* -a given (and not "auto") */
+    enum cfx_algo algo;   /* -a */
+    int place;            /* -i: enum place bits */
+    int timeout_ms;       /* -T: deadline of each call; 0 = the group's */
+    int user_buf;         /* -u: malloc'd buffers instead of the arena */
+    int json;             /* --json */
 };
 
 /* Buffers and the parameters of one call. */
@@ -103,41 +103,42 @@ struct coll_run {
     struct cfx_coll_params cp;       /* params of the measured calls */
     struct cfx_coll_params cp_plain; /* barriers and result reductions: no forced algo */
     int rank, n;
-    size_t count;          /* elements per call (per block for blocked ops) */
-    size_t esize;          /* bytes per element */
-    char *send, *recv;     /* max-size buffers */
-    char *expect;          /* one element, scratch for the check */
+    size_t count;      /* elements per call (per block for blocked ops) */
+    size_t esize;      /* bytes per element */
+    char *send, *recv; /* max-size buffers */
+    char *expect;      /* one element, scratch for the check */
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cfx_coll_perf [options]   (every rank of the group runs it)\n"
-            "\n"
-            "  -o, --op=OP           allreduce, broadcast, reduce, allgather, reducescatter,\n"
-            "                        alltoall, gather, scatter, sendrecv, barrier (default allreduce)\n"
-            "  -b, --minbytes=N      smallest size, K/M/G suffixes (default 32M)\n"
-            "  -e, --maxbytes=N      largest size (default 32M)\n"
-            "  -f, --stepfactor=N    multiply the size by N each step (default 2)\n"
-            "  -n, --iters=N         timed calls per size (default 20)\n"
-            "  -w, --warmup_iters=N  untimed calls first (default 5)\n"
-            "  -d, --datatype=T      float, double, half, bfloat16, int32, int64, uint8\n"
-            "                        (default float)\n"
-            "  -R, --op_redop=OP     sum, prod, min, max (default sum)\n"
-            "  -r, --root=R          root of broadcast, reduce, gather, scatter (default 0)\n"
-            "  -c, --check=0|1       check every result and count wrong elements (default 1)\n"
-            "  -a, --algo=A          auto, ring, tree, chain, dbtree, rhd, direct (default auto,\n"
-            "                        i.e. $CFX_ALGO or the library's choice)\n"
-            "  -i, --inplace=M       0 out-of-place, 1 in-place, both (default 0)\n"
-            "  -T, --timeout=MS      deadline of each call (default: the group's)\n"
-            "  -u, --user-buf        malloc'd buffers instead of the registered arena\n"
-            "      --json            one JSON document on stdout instead of the table\n"
-            "  -h, --help\n"
-            "\n"
-            "Sizes are the bytes of one rank's larger buffer, as in nccl-tests: for\n"
-            "allgather, gather and alltoall the receive buffer, for reducescatter and\n"
-            "scatter the send buffer.  Ranks and the cluster come from the environment\n"
-            "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).\n");
+    fprintf(
+        f,
+        "usage: cfx_coll_perf [options]   (every rank of the group runs it)\n"
+        "\n"
+        "  -o, --op=OP           allreduce, broadcast, reduce, allgather, reducescatter,\n"
+        "                        alltoall, gather, scatter, sendrecv, barrier (default allreduce)\n"
+        "  -b, --minbytes=N      smallest size, K/M/G suffixes (default 32M)\n"
+        "  -e, --maxbytes=N      largest size (default 32M)\n"
+        "  -f, --stepfactor=N    multiply the size by N each step (default 2)\n"
+        "  -n, --iters=N         timed calls per size (default 20)\n"
+        "  -w, --warmup_iters=N  untimed calls first (default 5)\n"
+        "  -d, --datatype=T      float, double, half, bfloat16, int32, int64, uint8\n"
+        "                        (default float)\n"
+        "  -R, --op_redop=OP     sum, prod, min, max (default sum)\n"
+        "  -r, --root=R          root of broadcast, reduce, gather, scatter (default 0)\n"
+        "  -c, --check=0|1       check every result and count wrong elements (default 1)\n"
+        "  -a, --algo=A          auto, ring, tree, chain, dbtree, rhd, direct (default auto,\n"
+        "                        i.e. $CFX_ALGO or the library's choice)\n"
+        "  -i, --inplace=M       0 out-of-place, 1 in-place, both (default 0)\n"
+        "  -T, --timeout=MS      deadline of each call (default: the group's)\n"
+        "  -u, --user-buf        malloc'd buffers instead of the registered arena\n"
+        "      --json            one JSON document on stdout instead of the table\n"
+        "  -h, --help\n"
+        "\n"
+        "Sizes are the bytes of one rank's larger buffer, as in nccl-tests: for\n"
+        "allgather, gather and alltoall the receive buffer, for reducescatter and\n"
+        "scatter the send buffer.  Ranks and the cluster come from the environment\n"
+        "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).\n");
 }
 
 static int parse_op(const char *s, enum op_kind *out)
@@ -478,17 +479,13 @@ static void buffers(struct coll_run *R, int inplace, size_t count, char **s, cha
         return;
     switch (R->o->op) {
     case OP_ALLGATHER:
-    case OP_GATHER:
-        *s = R->recv + (size_t)R->rank * blk;
-        break;
+    case OP_GATHER: *s = R->recv + (size_t)R->rank * blk; break;
     case OP_REDUCESCATTER:
     case OP_SCATTER:
         *r = R->send + (size_t)R->rank * blk;
         *s = R->send;
         break;
-    default:
-        *s = R->recv;
-        break;
+    default: *s = R->recv; break;
     }
 }
 
@@ -519,28 +516,20 @@ static int call(struct coll_run *R, int inplace, size_t count)
     char *s, *r;
     buffers(R, inplace, count, &s, &r);
     switch (o->op) {
-    case OP_ALLREDUCE:
-        return cfx_group_allreduce(R->g, s, r, count, o->dtype, o->redop, &R->cp);
+    case OP_ALLREDUCE: return cfx_group_allreduce(R->g, s, r, count, o->dtype, o->redop, &R->cp);
     case OP_BROADCAST:
         /* one buffer: both placements broadcast in place (the out-of-place
          * form would only add the root's copy) */
         return cfx_group_broadcast(R->g, r, count, o->dtype, o->root, &R->cp);
-    case OP_REDUCE:
-        return cfx_group_reduce(R->g, s, r, count, o->dtype, o->redop, o->root, &R->cp);
-    case OP_ALLGATHER:
-        return cfx_group_allgather(R->g, s, r, count, o->dtype, &R->cp);
+    case OP_REDUCE: return cfx_group_reduce(R->g, s, r, count, o->dtype, o->redop, o->root, &R->cp);
+    case OP_ALLGATHER: return cfx_group_allgather(R->g, s, r, count, o->dtype, &R->cp);
     case OP_REDUCESCATTER:
         return cfx_group_reduce_scatter(R->g, s, r, count, o->dtype, o->redop, &R->cp);
-    case OP_ALLTOALL:
-        return cfx_group_alltoall(R->g, s, r, count, o->dtype, &R->cp);
-    case OP_GATHER:
-        return cfx_group_gather(R->g, s, r, count, o->dtype, o->root, &R->cp);
-    case OP_SCATTER:
-        return cfx_group_scatter(R->g, s, r, count, o->dtype, o->root, &R->cp);
-    case OP_SENDRECV:
-        return sendrecv(R, s, r, count * R->esize);
-    default:
-        return cfx_group_barrier(R->g, &R->cp);
+    case OP_ALLTOALL: return cfx_group_alltoall(R->g, s, r, count, o->dtype, &R->cp);
+    case OP_GATHER: return cfx_group_gather(R->g, s, r, count, o->dtype, o->root, &R->cp);
+    case OP_SCATTER: return cfx_group_scatter(R->g, s, r, count, o->dtype, o->root, &R->cp);
+    case OP_SENDRECV: return sendrecv(R, s, r, count * R->esize);
+    default: return cfx_group_barrier(R->g, &R->cp);
     }
 }
 
@@ -561,21 +550,15 @@ static int check(struct coll_run *R, int inplace, size_t count, uint64_t *wrong)
     switch (o->op) {
     case OP_ALLREDUCE:
     case OP_REDUCE:
-    case OP_SENDRECV:
-        fill(R, s, me, 0, count);
-        break;
+    case OP_SENDRECV: fill(R, s, me, 0, count); break;
     case OP_BROADCAST:
         if (is_root)
             fill(R, r, me, 0, count);
         break;
     case OP_ALLGATHER:
-    case OP_GATHER:
-        fill(R, s, me, 0, count);
-        break;
+    case OP_GATHER: fill(R, s, me, 0, count); break;
     case OP_REDUCESCATTER:
-    case OP_ALLTOALL:
-        fill(R, s, me, 0, n * count);
-        break;
+    case OP_ALLTOALL: fill(R, s, me, 0, n * count); break;
     case OP_SCATTER:
         if (is_root)
             fill(R, s, me, 0, n * count);
@@ -667,8 +650,8 @@ static void print_ranks(struct coll_run *R, struct cfx_context *ctx)
                 printf("#  Rank %2d Pid %6d on %10.*s node %u\n", r, (int)all[r].pid,
                        (int)sizeof(all[r].host), all[r].host, (unsigned)all[r].node);
         else
-            printf("#  Rank %2d Pid %6d on %10s node %u (rank list: %s)\n", 0, (int)me.pid,
-                   me.host, (unsigned)me.node, cfx_errname(rc));
+            printf("#  Rank %2d Pid %6d on %10s node %u (rank list: %s)\n", 0, (int)me.pid, me.host,
+                   (unsigned)me.node, cfx_errname(rc));
         printf("#\n");
     }
     free(all);
@@ -708,14 +691,13 @@ int main(int argc, char **argv)
     R.n = cfx_group_size(R.g);
     if (d->root && o.root >= R.n) {
         if (R.rank == 0)
-            fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.root,
-                    R.n);
+            fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.root, R.n);
         cfx_group_destroy(R.g);
         cfx_context_destroy(ctx);
         return 2;
     }
-    R.cp.field_mask = (o.algo_set ? CFX_COLL_PARAM_ALGO : 0) |
-                      (o.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0);
+    R.cp.field_mask =
+        (o.algo_set ? CFX_COLL_PARAM_ALGO : 0) | (o.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0);
     R.cp.algo = o.algo;
     R.cp.timeout_ms = o.timeout_ms;
     R.cp_plain.field_mask = o.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0;
@@ -827,8 +809,8 @@ int main(int argc, char **argv)
                            "\"root\":%d,\"inplace\":%d,\"time_us\":%.3f,\"algbw\":%.6f,"
                            "\"busbw\":%.6f,\"wrong\":",
                            rows++ ? "," : "", bytes, count, cfx_dtype_name(o.dtype),
-                           d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.root : -1,
-                           p, maxsec * 1e6, algbw, busbw);
+                           d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.root : -1, p,
+                           maxsec * 1e6, algbw, busbw);
                     if (o.check && o.op != OP_BARRIER)
                         printf("%" PRId64 "}", wrong_sum);
                     else

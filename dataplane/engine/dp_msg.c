@@ -19,6 +19,7 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         [CFX_DP_AUTH] = sizeof(struct cfx_dp_auth),
         [CFX_DP_REDUCE_TASK] = sizeof(struct cfx_dp_reduce_task),
         [CFX_DP_REDUCE_DONE] = sizeof(struct cfx_dp_reduce_done),
+        [CFX_DP_REDUCE_ABORT] = sizeof(struct cfx_dp_reduce_done),
     };
     struct cfx_dp_hdr h;
 

@@ -54,6 +54,7 @@ enum cfx_dp_type {
     CFX_DP_AUTH,        /* handshake: acceptor's nonce + MAC, then connector's MAC */
     CFX_DP_REDUCE_TASK, /* reduce driver -> node: produce a partial reduction */
     CFX_DP_REDUCE_DONE, /* node producing the result -> driver: finished (status) */
+    CFX_DP_REDUCE_ABORT,/* driver -> node: give up a task (the driver re-plans) */
     CFX_DP_TYPE_MAX
 };
 
@@ -315,6 +316,8 @@ struct cfx_rwait {
     uint64_t task;
     int status;                 /* CFX_ERR_AGAIN until REDUCE_DONE */
     uint32_t node_id;           /* who reported */
+    const uint32_t *nodes;      /* participants: a death of any fails the wait */
+    size_t nnodes;
 };
 
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);
@@ -324,6 +327,7 @@ void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int
 int cfx__rtask_poll(struct cfx_context *ctx);
 void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__rtask_destroy_all(struct cfx_context *ctx);
+void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id);
 
 /* ---- requests --------------------------------------------------------------- */
 
@@ -363,7 +367,8 @@ struct cfx_cmd {
     struct cfx_obj *obj;
     struct cfx_node_rec node;   /* GET_START: source */
     uint32_t node_id;           /* NODE_DEAD; RTASK: node to run it (0 = here) */
-    struct cfx_dp_reduce_task *msg; /* RTASK: owned by the command */
+    void *msg;                  /* RTASK: reduce task or abort, owned by the command */
+    size_t msg_len;
 };
 
 /* ---- arena ----------------------------------------------------------------- */

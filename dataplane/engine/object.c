@@ -1,5 +1,7 @@
 /* The object API: put, get, delete and their non-blocking forms. */
 #include "engine.h"
+#include "gpu_stage.h"
+#include "gpu/memtype.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -29,6 +31,12 @@ static int check_memtype(enum cfx_memtype mt)
     return cfx__err(CFX_ERR_UNSUPPORTED, "%s memory: this library was built without CUDA",
                     cfx_memtype_name(mt));
 #else
+    if (!cfx__memtype_available(mt)) {
+        char why[160];
+        cfx__gpu_describe(why, sizeof(why));
+        return cfx__err(CFX_ERR_NO_DEVICE, "%s memory: no usable device here: gpu %s",
+                        cfx_memtype_name(mt), why);
+    }
     return CFX_OK;
 #endif
 }
@@ -57,6 +65,8 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     rc = check_memtype(obj_memtype(params));
     if (rc != CFX_OK)
         return rc;
+    if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */
+        return cfx__gpu_stage_put(ctx, id, buf, size, params);
     cfx_object_id_to_hex(id, hex);
 
     size_t want_chunk = params && (params->field_mask & CFX_OBJ_PARAM_CHUNK_SIZE)
@@ -429,6 +439,8 @@ int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, 
     int rc = check_memtype(obj_memtype(params));
     if (rc != CFX_OK)
         return rc;
+    if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */
+        return cfx__gpu_stage_get(ctx, id, buf, capacity, size_out, params);
     return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params);
 }
 

@@ -24,6 +24,7 @@
 #define CANCEL_GRACE_NS   1000000000ull
 #define MAX_INPUTS        1024
 #define TREE_MAX_INPUTS   64         /* binomial trees up to this; chains beyond */
+#define MAX_ATTEMPTS      4          /* plans tried when participants die */
 
 /* ---- node records in messages ------------------------------------------- */
 
@@ -61,6 +62,19 @@ static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uin
         w->node_id = node;
         pthread_cond_broadcast(&ctx->obj_cond);
         return;
+    }
+}
+
+/* The coordinator reports @p node_id dead: reduces waiting on it fail now
+ * rather than at their deadline (it may have been the one to report). */
+void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rwaits) {
+        struct cfx_rwait *w = cfx_list_entry(pos, struct cfx_rwait, link);
+        for (size_t i = 0; i < w->nnodes && w->status == CFX_ERR_AGAIN; i++)
+            if (w->nodes[i] == node_id)
+                rwait_finish(ctx, w->task, CFX_ERR_PEER_FAILED, node_id);
     }
 }
 
@@ -318,11 +332,23 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     cfx__rtask_waiting_gets(ctx, out);
 }
 
+static void rtask_abort(struct cfx_context *ctx, uint64_t task)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (t->task == task)
+            rtask_fail(ctx, t, CFX_ERR_CANCELED, ctx->node_id);
+    }
+}
+
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
 {
     const struct cfx_dp_hdr *h = msg;
     if (h->type == CFX_DP_REDUCE_TASK) {
         rtask_start(ctx, conn, msg);
+    } else if (h->type == CFX_DP_REDUCE_ABORT) {
+        rtask_abort(ctx, ((const struct cfx_dp_reduce_done *)msg)->task);
     } else {
         const struct cfx_dp_reduce_done *d = msg;
         rwait_finish(ctx, d->task, d->status < 0 && d->status > CFX_STATUS_LAST ? d->status
@@ -444,7 +470,7 @@ static void derived_id(const struct cfx_object_id *result, uint64_t task, size_t
     cfx_object_id_from_name(name, out);
 }
 
-static int post_task(struct cfx_context *ctx, struct cfx_dp_reduce_task *msg,
+static int post_task(struct cfx_context *ctx, void *msg, size_t len,
                      const struct cfx_node_rec *node)
 {
     struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
@@ -452,6 +478,7 @@ static int post_task(struct cfx_context *ctx, struct cfx_dp_reduce_task *msg,
         return CFX_ERR_NOMEM;
     cmd->type = CFX_CMD_RTASK;
     cmd->msg = msg;
+    cmd->msg_len = len;
     cmd->node = *node;
     cmd->node_id = node->node_id == ctx->node_id ? 0 : node->node_id;
     cfx__cmd_post(ctx, cmd);
@@ -463,22 +490,23 @@ void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd);
 void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {
     if (cmd->node_id == 0) {
-        rtask_start(ctx, NULL, cmd->msg);
+        cfx__rtask_msg(ctx, NULL, cmd->msg, cmd->msg_len);
     } else {
         int status = CFX_OK;
         struct cfx_conn *conn = cfx__conn_get(ctx, &cmd->node, &status);
         if (conn)
-            status = cfx__conn_send(conn, cmd->msg, sizeof(*cmd->msg));
-        if (status != CFX_OK)
-            rwait_finish(ctx, cmd->msg->task, status, cmd->node_id);
+            status = cfx__conn_send(conn, cmd->msg, cmd->msg_len);
+        if (status != CFX_OK && ((struct cfx_dp_hdr *)cmd->msg)->type == CFX_DP_REDUCE_TASK)
+            rwait_finish(ctx, ((struct cfx_dp_reduce_task *)cmd->msg)->task, status,
+                         cmd->node_id);
     }
     free(cmd->msg);
 }
 
 /* Find k ready inputs, in the order they become ready. */
 static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
-                         size_t k, uint64_t deadline, struct arrival *arr, uint64_t *size,
-                         uint32_t *chunk)
+                         size_t k, uint64_t deadline, const uint32_t *dead, unsigned ndead,
+                         struct arrival *arr, uint64_t *size, uint32_t *chunk)
 {
     bool *pending = calloc(n, sizeof(bool));
     size_t got = 0;
@@ -509,7 +537,8 @@ static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *in
             pthread_mutex_unlock(&ctx->lock);
             if (!local) {
                 struct cfx_ctl_source src;
-                rc = cfx__ctl_obj_lookup_now(ctx->ctl, &inputs[i], cfx__deadline_ns(5000), &src);
+                rc = cfx__ctl_obj_lookup_now(ctx->ctl, &inputs[i], dead, ndead,
+                                             cfx__deadline_ns(5000), &src);
                 if (rc == CFX_ERR_TIMEOUT)
                     continue;
                 if (rc != CFX_OK)
@@ -578,42 +607,16 @@ out:
     return rc;
 }
 
-int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
-                       size_t k, enum cfx_dtype dtype, enum cfx_redop op,
-                       const struct cfx_object_id *result, const struct cfx_obj_params *params,
-                       size_t *used)
+/* One plan and its execution; on failure *who names the node blamed. */
+static int reduce_attempt(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+                          size_t k, const struct arrival *arr, uint64_t size, uint32_t chunk,
+                          enum cfx_dtype dtype, enum cfx_redop op,
+                          const struct cfx_object_id *result, uint64_t deadline, int timeout_ms,
+                          uint32_t *who)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    uint64_t size = 0;
-    uint32_t chunk = 0;
-    int rc;
-
-    cfx__err_clear();
-    if (!ctx || !inputs || !result)
-        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: NULL argument");
-    if (n == 0 || n > MAX_INPUTS || k == 0 || k > n)
-        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: need 1 <= k <= n <= %d "
-                        "(k = %zu, n = %zu)", MAX_INPUTS, k, n);
-    if ((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST)
-        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown dtype %d or op %d",
-                        (int)dtype, (int)op);
-    int timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
-                                                                           : ctx->cfg.timeout_ms;
-    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    int rc = CFX_OK;
     cfx_object_id_to_hex(result, hex);
-
-    struct arrival *arr = calloc(k, sizeof(*arr));
-    if (!arr)
-        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
-    rc = gather_inputs(ctx, inputs, n, k, deadline, arr, &size, &chunk);
-    if (rc != CFX_OK)
-        goto out;
-    size_t dsz = cfx_dtype_size(dtype);
-    if (size % dsz || chunk % dsz) {
-        rc = cfx__err(CFX_ERR_INVALID, "reduce: inputs of %" PRIu64 " bytes are not a whole "
-                      "number of %s elements", size, cfx_dtype_name(dtype));
-        goto out;
-    }
 
     bool tree = use_tree(ctx, size, chunk, k);
     size_t root = k - 1;
@@ -623,17 +626,25 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
     if (!nchild || !child) {
         free(nchild);
         free(child);
-        rc = cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
-        goto out;
+        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
     }
     for (size_t i = 0; i + 1 < k; i++) {
         size_t p = tree ? tree_parent(i, k) : i + 1;
         child[p][nchild[p]++] = i;
     }
 
+    uint32_t *nodes = calloc(k, sizeof(*nodes));
+    if (!nodes) {
+        free(nchild);
+        free(child);
+        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+    }
+    for (size_t i = 0; i < k; i++)
+        nodes[i] = arr[i].node.node_id;
     pthread_mutex_lock(&ctx->lock);
     uint64_t task = (uint64_t)ctx->node_id << 32 | (++ctx->rtask_counter & 0xffffffffu);
-    struct cfx_rwait wait = { .task = task, .status = CFX_ERR_AGAIN };
+    struct cfx_rwait wait = { .task = task, .status = CFX_ERR_AGAIN, .nodes = nodes,
+                              .nnodes = k };
     cfx_list_add_tail(&wait.link, &ctx->rwaits);
     pthread_mutex_unlock(&ctx->lock);
 
@@ -674,34 +685,117 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
             rec_to_dp(&arr[ci].node, &m->child[c]);
         }
         pthread_mutex_lock(&ctx->lock);
-        rc = post_task(ctx, m, &arr[p].node);
+        rc = post_task(ctx, m, sizeof(*m), &arr[p].node);
         pthread_mutex_unlock(&ctx->lock);
         if (rc != CFX_OK)
             free(m);
     }
-    free(nchild);
-    free(child);
 
     pthread_mutex_lock(&ctx->lock);
     while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
         ;
     int st = wait.status;
-    uint32_t who = wait.node_id;
+    *who = wait.node_id;
     cfx_list_del(&wait.link);
+    if (st != CFX_OK) {
+        /* stop every task of this attempt (they would time out anyway) */
+        for (size_t p = 0; p < k; p++) {
+            if (nchild[p] == 0 && p != root)
+                continue;
+            struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
+            if (!a)
+                continue;
+            a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                          .type = CFX_DP_REDUCE_ABORT };
+            a->task = task;
+            if (post_task(ctx, a, sizeof(*a), &arr[p].node) != CFX_OK)
+                free(a);
+        }
+    }
     pthread_mutex_unlock(&ctx->lock);
+    free(nodes);
+    free(nchild);
+    free(child);
     if (rc == CFX_OK) {
         if (st == CFX_ERR_AGAIN)
             rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %.12s on node %u: the result was not "
                           "produced within %d ms", hex, ctx->node_id, timeout_ms);
         else if (st != CFX_OK)
-            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", hex, who, cfx_strerror(st));
+            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", hex, *who,
+                          cfx_strerror(st));
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu/%zu inputs (%" PRIu64 " B) as a %s: %s",
             ctx->node_id, k, n, size, tree ? "tree" : "chain", cfx_errname(rc));
-    if (rc == CFX_OK && used)
-        for (size_t i = 0; i < k; i++)
-            used[i] = arr[i].idx;
-out:
+    return rc;
+}
+
+int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+                       size_t k, enum cfx_dtype dtype, enum cfx_redop op,
+                       const struct cfx_object_id *result, const struct cfx_obj_params *params,
+                       size_t *used)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint64_t size = 0;
+    uint32_t chunk = 0;
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !inputs || !result)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: NULL argument");
+    if (n == 0 || n > MAX_INPUTS || k == 0 || k > n)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: need 1 <= k <= n <= %d "
+                        "(k = %zu, n = %zu)", MAX_INPUTS, k, n);
+    if ((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST)
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown dtype %d or op %d",
+                        (int)dtype, (int)op);
+    int timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
+                                                                           : ctx->cfg.timeout_ms;
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    cfx_object_id_to_hex(result, hex);
+
+    struct arrival *arr = calloc(k, sizeof(*arr));
+    if (!arr)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
+    uint32_t dead[MAX_ATTEMPTS];
+    unsigned ndead = 0;
+    for (int attempt = 0;; attempt++) {
+        uint32_t who = 0;
+        rc = gather_inputs(ctx, inputs, n, k, deadline, dead, ndead, arr, &size, &chunk);
+        if (rc == CFX_ERR_TIMEOUT && ndead) {
+            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
+                          "too few of the other inputs became ready in time (%s)", hex,
+                          ctx->node_id, dead[ndead - 1], cfx_last_error());
+            break;
+        }
+        if (rc != CFX_OK)
+            break;
+        size_t dsz = cfx_dtype_size(dtype);
+        if (size % dsz || chunk % dsz) {
+            rc = cfx__err(CFX_ERR_INVALID, "reduce: inputs of %" PRIu64 " bytes are not a whole "
+                          "number of %s elements", size, cfx_dtype_name(dtype));
+            break;
+        }
+        rc = reduce_attempt(ctx, inputs, n, k, arr, size, chunk, dtype, op, result, deadline,
+                            timeout_ms, &who);
+        if (rc == CFX_OK) {
+            if (used)
+                for (size_t i = 0; i < k; i++)
+                    used[i] = arr[i].idx;
+            break;
+        }
+        /* A participant died: leave its inputs out and plan again, with a
+         * spare input if there is one (first k of n); the tasks of the
+         * failed attempt have been told to stop. */
+        if (rc != CFX_ERR_PEER_FAILED || !who || who == ctx->node_id ||
+            attempt + 1 >= MAX_ATTEMPTS)
+            break;
+        dead[ndead++] = who;
+        CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u failed; planning again "
+                "without it", ctx->node_id, hex, who);
+        pthread_mutex_lock(&ctx->lock);
+        ctx->stats.source_failovers++;
+        pthread_mutex_unlock(&ctx->lock);
+    }
     free(arr);
     return rc;
 }

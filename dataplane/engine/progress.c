@@ -78,6 +78,7 @@ static int run_cmds(struct cfx_context *ctx)
         case CFX_CMD_NODE_DEAD:
             cfx__conn_node_dead(ctx, cmd->node_id);
             cfx__p2p_node_dead(ctx, cmd->node_id);
+            cfx__rtask_node_dead(ctx, cmd->node_id);
             break;
         case CFX_CMD_P2P_SEND:
             cfx__p2p_send_post(ctx, cmd->obj);

@@ -553,6 +553,7 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     }
     case CFX_DP_REDUCE_TASK:
     case CFX_DP_REDUCE_DONE:
+    case CFX_DP_REDUCE_ABORT:
         cfx__rtask_msg(ctx, conn, data, len);
         break;
     case CFX_DP_CANCEL_ACK: {

@@ -19,6 +19,7 @@
 # by PID and the cluster is torn down on exit.  Needs root.
 set -euo pipefail
 
+CMDLINE="$0 $*"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CLUSTER=$HERE/cluster.sh
@@ -129,6 +130,7 @@ forget_pid() { # drop $1 from PIDS once it has been waited for
     PIDS=("${keep[@]+"${keep[@]}"}")
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 "$CLUSTER" up "$NODES" "$RATE" >&2
 HOSTS=$(for i in $(seq 0 $((NODES - 1))); do printf '%s-n%s,' "$PREFIX" "$i"; done)
 HOSTS=${HOSTS%,}
@@ -182,6 +184,7 @@ run_conflux() { # op
 }
 
 # ---- Open MPI ------------------------------------------------------------------
+# shellcheck disable=SC2054  # "tcp,self" is one argument
 MPI_COMMON=(--allow-run-as-root -np "$NODES" --host "$HOSTS" --map-by node --bind-to none
     --mca plm_rsh_agent "$HERE/rsh-agent.sh"
     --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET"
@@ -263,6 +266,8 @@ for op in ops:
               f"| {bound['time_us'] / 1000:.1f} | {ratio(c.get(size), bound)} "
               f"| {ratio(d.get(size), bound)} | {ratio(t.get(size), bound)} |")
 EOF
+echo "# command: $CMDLINE"
+echo "# $(nproc) CPUs; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $NODES nodes, each link $RATE (tbf burst 512kb); $ITERS iterations + $WARMUP warm-up;"
 echo "# bound = S/B (broadcast, reduce), 2(n-1)/n * S/B (allreduce) at the link rate"
 cat "$RESULTS/table.md"

@@ -178,3 +178,31 @@ ParameterizedTest(struct case_param *p, objects, only_source_killed, .timeout = 
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "only source killed over %s: status %d",
               p->tp, st);
 }
+
+struct spare_case {
+    char tp[8];
+    char shape[8];
+};
+
+static struct spare_case spare_cases[] = { { "tcp", "chain" }, { "shm", "chain" },
+                                           { "tcp", "tree" },  { "shm", "tree" } };
+
+ParameterizedTestParameters(objects, reduce_spare)
+{
+    return cr_make_param_array(struct spare_case, spare_cases, 4);
+}
+
+/* First 3 of 5 inputs; a participant is SIGKILLed mid-reduce: the driver
+ * plans again without it, using a spare input, and every survivor checks the
+ * result against the inputs the driver reports. */
+ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072 %s/cfx_run -n 5 "
+             "--transport %s --allow-fail 1 --timeout 150 %s/cfx_objtest reducespare 4194304",
+             p->shape, CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reduce with a dead participant over %s "
+              "(%s): status %d", p->tp, p->shape, st);
+}

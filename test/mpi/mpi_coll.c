@@ -39,9 +39,18 @@ static int parse_size(const char *s, size_t *out)
     if (end == s)
         return -1;
     switch (toupper((unsigned char)*end)) {
-    case 'K': v <<= 10; end++; break;
-    case 'M': v <<= 20; end++; break;
-    case 'G': v <<= 30; end++; break;
+    case 'K':
+        v <<= 10;
+        end++;
+        break;
+    case 'M':
+        v <<= 20;
+        end++;
+        break;
+    case 'G':
+        v <<= 30;
+        end++;
+        break;
     default: break;
     }
     if (*end == 'B' || *end == 'b')
@@ -63,11 +72,16 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct opts *o)
 {
     static const struct option lopts[] = {
-        { "op", required_argument, NULL, 'o' },      { "minbytes", required_argument, NULL, 'b' },
-        { "maxbytes", required_argument, NULL, 'e' }, { "stepfactor", required_argument, NULL, 'f' },
-        { "iters", required_argument, NULL, 'n' },   { "warmup_iters", required_argument, NULL, 'w' },
-        { "root", required_argument, NULL, 'r' },    { "check", required_argument, NULL, 'c' },
-        { "json", no_argument, NULL, 'J' },          { "help", no_argument, NULL, 'h' },
+        { "op", required_argument, NULL, 'o' },
+        { "minbytes", required_argument, NULL, 'b' },
+        { "maxbytes", required_argument, NULL, 'e' },
+        { "stepfactor", required_argument, NULL, 'f' },
+        { "iters", required_argument, NULL, 'n' },
+        { "warmup_iters", required_argument, NULL, 'w' },
+        { "root", required_argument, NULL, 'r' },
+        { "check", required_argument, NULL, 'c' },
+        { "json", no_argument, NULL, 'J' },
+        { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     int c, i;
@@ -87,8 +101,14 @@ static int parse(int argc, char **argv, struct opts *o)
                 return -1;
             o->op = i == 3 ? OP_BCAST : (enum op)i;
             break;
-        case 'b': if (parse_size(optarg, &o->min_bytes)) return -1; break;
-        case 'e': if (parse_size(optarg, &o->max_bytes)) return -1; break;
+        case 'b':
+            if (parse_size(optarg, &o->min_bytes))
+                return -1;
+            break;
+        case 'e':
+            if (parse_size(optarg, &o->max_bytes))
+                return -1;
+            break;
         case 'f': o->factor = atol(optarg); break;
         case 'n': o->iters = atol(optarg); break;
         case 'w': o->warmup = atol(optarg); break;
@@ -185,8 +205,8 @@ int main(int argc, char **argv)
                    "warmup iters: %ld iters: %ld validation: %d\n",
                    op_names[o.op], n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters,
                    o.check);
-            printf("#\n# %10s  %12s  %8s  %6s  %6s           out-of-place          \n", "", "",
-                   "", "", "");
+            printf("#\n# %10s  %12s  %8s  %6s  %6s           out-of-place          \n", "", "", "",
+                   "", "");
             printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s\n", "size", "count", "type",
                    "redop", "root", "time", "algbw", "busbw", "#wrong");
             printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "",

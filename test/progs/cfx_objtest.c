@@ -391,6 +391,89 @@ static void mode_sourcedies(struct cfx_context *ctx, size_t size)
     free(buf);
 }
 
+/*
+ * First k of n with a participant dying: ranks 0..2 put their inputs at
+ * once, the others a second later (spares).  Rank 1 kills itself once it
+ * has moved a little reduce traffic.  Rank 0 reduces the first 3 of all
+ * inputs: the plan must be redone without rank 1, using a spare, and the
+ * result must be the sum of exactly the inputs it reports.  Uploads are
+ * paced (CFX_UPLOAD_RATE) so the death lands mid-reduce.  Run with
+ * cfx_run --allow-fail 1.
+ */
+static void *reduce_victim(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_context_stats st;
+    do {
+        cfx_context_stats(ctx, &st);
+        usleep(1000);
+    } while (st.bytes_sent + st.bytes_received < (512u << 10));
+    printf("reduce participant dying after %llu bytes\n",
+           (unsigned long long)(st.bytes_sent + st.bytes_received));
+    fflush(stdout);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[64], res, used_id, done;
+    size_t count = bytes / sizeof(float), used[3];
+    float *buf = malloc(bytes);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    for (int r = 0; r < world; r++)
+        name_id(&in[r], "spare-in-%ld-%ld", r, (long)bytes);
+    name_id(&res, "spare-out-%ld-%ld", 0, (long)bytes);
+    name_id(&used_id, "spare-used-%ld-%ld", 0, 0);
+    name_id(&done, "spare-done-%ld-%ld", 0, 0);
+    for (size_t i = 0; i < count; i++)
+        buf[i] = red_value(rank, i);
+    if (rank >= 3)
+        usleep(1000 * 1000);
+    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    if (rank == 1) {
+        pthread_t t;
+        pthread_create(&t, NULL, reduce_victim, ctx);
+        pause();
+    }
+    if (rank == 0) {
+        CHECK_OK(cfx_reduce_objects(ctx, in, (size_t)world, 3, CFX_DTYPE_F32, CFX_OP_SUM, &res,
+                                    NULL, used));
+        printf("reduce with a dead participant used %zu %zu %zu\n", used[0], used[1], used[2]);
+        for (int i = 0; i < 3; i++)
+            if (used[i] == 1)
+                DIE("the dead rank's input was reported as used");
+        CHECK_OK(cfx_put(ctx, &used_id, used, sizeof(used), NULL));
+    } else {
+        CHECK_OK(cfx_get(ctx, &used_id, used, sizeof(used), NULL, NULL));
+    }
+    float *out = malloc(bytes);
+    size_t got = 0;
+    CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int j = 0; j < 3; j++)
+            want += red_value((int)used[j], i);
+        if (out[i] != want)
+            DIE("result[%zu] = %g, expected %g", i, (double)out[i], (double)want);
+    }
+    printf("reduce with a spare ok\n");
+    /* the survivors leave together: any of them may be serving the result */
+    uint8_t one = 1;
+    struct cfx_object_id mark;
+    name_id(&mark, "spare-fin-%ld-%ld", rank, 0);
+    CHECK_OK(cfx_put(ctx, &mark, &one, 1, NULL));
+    for (int r = 0; r < world; r++) {
+        if (r == 1 || r == rank)
+            continue;
+        name_id(&mark, "spare-fin-%ld-%ld", r, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &one, 1, NULL, NULL));
+    }
+    free(out);
+    free(buf);
+}
+
 static void mode_nb(struct cfx_context *ctx)
 {
     const size_t size = 5u << 20;
@@ -441,6 +524,8 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "reduce") && argc > 4)
         mode_reduce(ctx, strtoul(argv[2], NULL, 0), atoi(argv[3]), atoi(argv[4]),
                     argc > 5 && !strcmp(argv[5], "noinline"));
+    else if (!strcmp(argv[1], "reducespare") && argc > 2)
+        mode_reducespare(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "sourcedies") && argc > 2)
         mode_sourcedies(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "failover") && argc > 2)

@@ -1,0 +1,163 @@
+/*
+ * Objects in CUDA device memory between two contexts in one process, over
+ * tcp and over shm (the staging path: dataplane/engine/gpu_stage.c): put
+ * from device memory, get into device memory, sizes around the inline
+ * limit and the chunk size, a local get, and truncation.
+ *
+ * Without a GPU the transfer tests skip with the reason; the refusal of
+ * device memory on such a host is tested for real.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "gpu/memtype.h"
+#include "testutil.h"
+#ifdef CFX_HAVE_CUDA
+#include "gpu/cuda/cfx_cuda.h"
+#endif
+
+static struct cfx_coord *coord;
+static char coord_addr[64], token[64];
+static struct cfx_context *a, *b;
+
+static void join(const char *tps, struct cfx_context **out)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr, .token = token, .transports = tps,
+    };
+    cr_assert_eq(cfx_context_create(&p, out), CFX_OK, "%s", cfx_last_error());
+}
+
+static void up(const char *tps)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK);
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    join(tps, &a);
+    join(tps, &b);
+}
+
+static void down(void)
+{
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    cfx__coord_stop(coord);
+}
+
+static const struct cfx_obj_params dev_params = {
+    .field_mask = CFX_OBJ_PARAM_MEMTYPE | CFX_OBJ_PARAM_TIMEOUT,
+    .memtype = CFX_MEMTYPE_CUDA,
+    .timeout_ms = 20000,
+};
+
+static void need_gpu(void)
+{
+#ifndef CFX_HAVE_CUDA
+    cr_skip_test("no CUDA device: conflux was built without CUDA");
+#else
+    const char *why = "";
+    if (cfx__cuda_probe(NULL, &why) != CFX__CUDA_READY)
+        cr_skip_test("no CUDA device: %s", why);
+#endif
+}
+
+/* On a host without a usable GPU, device memory is refused up front with
+ * a reason, and host objects keep working. */
+Test(cuda_xfer, refused_without_device, .timeout = 60)
+{
+    if (cfx__memtype_available(CFX_MEMTYPE_CUDA))
+        cr_skip_test("a CUDA device is present: this test covers hosts without one");
+    up("tcp");
+    struct cfx_object_id id;
+    char buf[256];
+    cr_assert_eq(cfx_object_id_from_name("cuda-refused", &id), CFX_OK);
+    int rc = cfx_put(a, &id, buf, sizeof(buf), &dev_params);
+#ifdef CFX_HAVE_CUDA
+    cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "%s", cfx_errname(rc));
+    cr_assert(strstr(cfx_last_error(), "absent ("), "%s", cfx_last_error());
+#else
+    cr_assert_eq(rc, CFX_ERR_UNSUPPORTED, "%s", cfx_errname(rc));
+    cr_assert(strstr(cfx_last_error(), "without CUDA"), "%s", cfx_last_error());
+#endif
+    cr_assert_neq(cfx_get(b, &id, buf, sizeof(buf), NULL, &dev_params), CFX_OK);
+    /* the context is fine for host memory */
+    cfx_test_fill(buf, sizeof(buf), 3);
+    cr_assert_eq(cfx_put(a, &id, buf, sizeof(buf), NULL), CFX_OK, "%s", cfx_last_error());
+    char got[256];
+    cr_assert_eq(cfx_get(b, &id, got, sizeof(got), NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(got, sizeof(got), 3), (size_t)-1);
+    down();
+}
+
+#ifdef CFX_HAVE_CUDA
+struct tp_param {
+    char tp[8];
+};
+static struct tp_param tps[] = { { "tcp" }, { "shm" } };
+
+ParameterizedTestParameters(cuda_xfer, device_to_device)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, cuda_xfer, device_to_device, .timeout = 120)
+{
+    need_gpu();
+    static const size_t sizes[] = { 1, 4096, 65536, 65537, (9u << 20) + 13 };
+    up(p->tp);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t n = sizes[i], got_n = 0;
+        char name[64];
+        struct cfx_object_id id;
+        void *src = malloc(n), *back = malloc(n), *dsrc = NULL, *ddst = NULL;
+
+        snprintf(name, sizeof(name), "cuda-%s-%zu", p->tp, n);
+        cr_assert_eq(cfx_object_id_from_name(name, &id), CFX_OK);
+        cfx_test_fill(src, n, 100 + i);
+        cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &dsrc), CFX_OK);
+        cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &ddst), CFX_OK);
+        cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, src, CFX_MEMTYPE_HOST, n), CFX_OK);
+
+        cr_assert_eq(cfx_put(a, &id, dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+        /* a put is a snapshot of the device buffer */
+        cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, back, CFX_MEMTYPE_HOST, n), CFX_OK);
+        cr_assert_eq(cfx_get(b, &id, ddst, n, &got_n, &dev_params), CFX_OK, "%zu B over %s: %s",
+                     n, p->tp, cfx_last_error());
+        cr_assert_eq(got_n, n);
+        memset(back, 0, n);
+        cr_assert_eq(cfx__memcpy_typed(back, CFX_MEMTYPE_HOST, ddst, CFX_MEMTYPE_CUDA, n), CFX_OK);
+        cr_assert_eq(cfx_test_check(back, n, 100 + i), (size_t)-1, "%zu B over %s", n, p->tp);
+
+        /* b now serves it too: a host get from b's copy, then a local
+         * device get on b */
+        memset(back, 0, n);
+        cr_assert_eq(cfx_get(b, &id, back, n, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(cfx_test_check(back, n, 100 + i), (size_t)-1);
+        /* too small a device buffer */
+        if (n > 1)
+            cr_assert_eq(cfx_get(b, &id, ddst, n - 1, NULL, &dev_params), CFX_ERR_TRUNCATED);
+
+        cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+        cfx_delete(b, &id, NULL);
+        cfx__memtype_free(CFX_MEMTYPE_CUDA, dsrc);
+        cfx__memtype_free(CFX_MEMTYPE_CUDA, ddst);
+        free(src);
+        free(back);
+    }
+    down();
+}
+#else
+/* CPU-only build: the device tests exist, and say why they do not run. */
+Test(cuda_xfer, device_to_device)
+{
+    need_gpu();
+}
+#endif
