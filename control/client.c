@@ -1054,6 +1054,23 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
     return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
 }
 
+int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *id)
+{
+    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
+    struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
+
+    if (!ctl || !id)
+        return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
+    if (is_broken(ctl))
+        return ctl_err(ctl, CFX_ERR_CONNECT, "delete", "connection lost");
+    snprintf(what, sizeof(what), "delete of object %s", idhex(id, hex));
+    m.u.del.id = *id;
+    pthread_mutex_lock(&ctl->lock);
+    m.req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
+    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+}
+
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns)
 {

@@ -161,6 +161,9 @@ int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                            uint32_t chunk_size);
 
+/* Withdraw this node's copy without waiting for the answer. */
+int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *id);
+
 /* A transfer from @p source_node ended: the source's upload count drops and
  * this node becomes a complete holder (@p complete = 1) or stops being a
  * partial holder (0). */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "control/auth.h"
+#include "gpu/memtype.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
@@ -385,6 +386,8 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
     for (int t = 0; t < ctx->ntp; t++)
         snprintf(tps + strlen(tps), sizeof(tps) - strlen(tps), "%s%s", t ? "," : "",
                  ctx->tp[t].ops->name);
+    char gpu[160];
+    cfx__gpu_describe(gpu, sizeof(gpu)); /* probes CUDA once, on first use */
     int n = snprintf(buf, len,
                      "version = %s\n"
                      "node_id = %u\n"
@@ -405,12 +408,6 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
                      ctx->cfg.spin_us, (unsigned long long)ctx->cfg.upload_rate,
-                     ctx->self.host_id,
-#ifdef CFX_HAVE_CUDA
-                     "cuda (built)"
-#else
-                     "absent (built without CUDA)"
-#endif
-    );
+                     ctx->self.host_id, gpu);
     return n;
 }

@@ -44,7 +44,7 @@ int cfx__dp_msg_check(const void *buf, size_t len)
     if (h.type == CFX_DP_REDUCE_TASK) {
         const struct cfx_dp_reduce_task *t = buf;
         if (t->nchildren > CFX_RTASK_MAX_CHILDREN || t->dtype >= CFX_DTYPE_LAST ||
-            t->op >= CFX_OP_LAST || t->final > 1 || t->chunk_size < CFX_CHUNK_MIN ||
+            t->op >= CFX_OP_LAST || t->final > (CFX_RTASK_FINAL | CFX_RTASK_EARLY) || t->chunk_size < CFX_CHUNK_MIN ||
             t->chunk_size > CFX_CHUNK_MAX || t->size / t->chunk_size >= CFX_MAX_CHUNKS ||
             t->size % cfx_dtype_size((enum cfx_dtype)t->dtype) ||
             t->chunk_size % cfx_dtype_size((enum cfx_dtype)t->dtype))

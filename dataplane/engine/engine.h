@@ -109,6 +109,8 @@ struct cfx_dp_node {
 };
 
 #define CFX_RTASK_MAX_CHILDREN 7
+#define CFX_RTASK_FINAL 1u
+#define CFX_RTASK_EARLY 2u
 
 /* Reduce task: out = input op child_1 op ... op child_n, chunk by chunk. */
 struct cfx_dp_reduce_task {
@@ -122,7 +124,9 @@ struct cfx_dp_reduce_task {
     uint8_t dtype;
     uint8_t op;
     uint8_t nchildren;
-    uint8_t final;              /* output is the result: announce it, report DONE */
+    uint8_t final;              /* CFX_RTASK_FINAL: the output is the result (announce it,
+                                   report DONE); CFX_RTASK_EARLY: announce it at once,
+                                   so getters stream it while it is produced */
     uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
     struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
 };
@@ -302,6 +306,7 @@ struct cfx_rtask {
     enum cfx_dtype dtype;
     enum cfx_redop op;
     bool final;
+    bool early;                 /* result announced before it is complete */
     uint8_t *count;             /* contributions reduced into each chunk */
     uint32_t nchildren;
     uint32_t children_done;

@@ -186,6 +186,8 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
 
     cfx_object_id_to_hex(id, hex);
 
+    int local_retries = 0;
+again:
     /* 1. held here already (put here, got before, or being got by another
      *    thread of this node: wait for that one) */
     pthread_mutex_lock(&ctx->lock);
@@ -308,15 +310,18 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
 
     pthread_mutex_lock(&ctx->lock);
     if (cfx__store_find(&ctx->store, id)) {
-        /* another thread of ours started the same get meanwhile */
+        /* meanwhile another thread of ours started the same get, or a reduce
+         * task here started producing the object: wait for that copy */
         if (obj->arena)
             cfx__arena_free(ctx, obj->buf);
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);
         free(obj);
         cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
-        return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it is running on "
-                        "node %u", hex, ctx->node_id);
+        if (++local_retries > 3)
+            return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it keeps running "
+                            "on node %u", hex, ctx->node_id);
+        goto again;
     }
     cfx__store_insert(&ctx->store, obj);
     if (obj->nchunks == 0)

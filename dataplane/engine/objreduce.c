@@ -108,6 +108,9 @@ static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status,
             cfx__xfer_get_cancel(ctx, t->child[c].scratch);
     /* the parent reading our output is told (NACK) and fails in turn */
     if (t->out) {
+        if (t->out->announced)
+            cfx__ctl_obj_delete_async(ctx->ctl, &t->out->id);
+        t->out->announced = false;
         t->out->deleting = true;
         t->out->ephemeral = false;
         cfx__obj_release(ctx, t->out);
@@ -128,8 +131,9 @@ static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
     if (t->final) {
         /* the result becomes an ordinary object of this node */
         out->ephemeral = false;
-        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
-                                                out->chunk_size) == CFX_OK;
+        if (!t->early)
+            out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
+                                                    out->chunk_size) == CFX_OK;
         send_done(ctx, t, CFX_OK, ctx->node_id);
     }
     pthread_cond_broadcast(&ctx->obj_cond);
@@ -260,7 +264,8 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->driver_node = driver ? driver->node_id : ctx->node_id;
     t->dtype = (enum cfx_dtype)m->dtype;
     t->op = (enum cfx_redop)m->op;
-    t->final = m->final;
+    t->final = m->final & CFX_RTASK_FINAL;
+    t->early = t->final && (m->final & CFX_RTASK_EARLY);
     t->nchildren = m->nchildren;
     t->status = CFX_ERR_AGAIN;
     t->deadline = cfx__deadline_ns((int)CFX_MIN(m->timeout_ms, 0x7fffffffu));
@@ -306,6 +311,11 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     out->ephemeral = !t->final;
     cfx__store_insert(&ctx->store, out);
     t->out = out;
+    if (t->early) {
+        /* getters may attach now and read chunks as they are reduced */
+        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
+                                                out->chunk_size) == CFX_OK;
+    }
 
     if (t->nchildren == 0) {
         /* a reduce of one input: the result is a copy of it */
@@ -672,7 +682,11 @@ static int reduce_attempt(struct cfx_context *ctx, const struct cfx_object_id *i
         m->timeout_ms = ms_left < 0 ? 0x7fffffffu : (uint32_t)ms_left;
         m->dtype = (uint8_t)dtype;
         m->op = (uint8_t)op;
-        m->final = p == root;
+        /* with no spare input a failure cannot be re-planned, so the result
+         * can be read while it is produced (allreduce = reduce + gets
+         * overlapping); with spares it appears once complete, so a reader
+         * never mixes two plans' bytes */
+        m->final = p == root ? (uint8_t)(CFX_RTASK_FINAL | (k == n ? CFX_RTASK_EARLY : 0)) : 0;
         m->nchildren = nchild[p];
         for (unsigned c = 0; c < nchild[p]; c++) {
             size_t ci = child[p][c];

@@ -321,13 +321,14 @@ static void mode_reduce(struct cfx_context *ctx, size_t bytes, int k, int late, 
                 if ((int)used[i] == late)
                     DIE("the late input %d was used although %d others were ready", late, k);
         CHECK_OK(cfx_put(ctx, &used_id, used, sizeof(size_t) * (size_t)k, NULL));
-    } else {
-        CHECK_OK(cfx_get(ctx, &used_id, used, sizeof(used), NULL, NULL));
     }
-    /* everyone reads the result and checks it */
+    /* everyone reads the result and checks it; the other ranks ask for it
+     * right away, while it is still being reduced (allreduce = reduce + gets) */
     float *out = malloc(bytes ? bytes : 4);
     size_t got = 0;
     CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    if (rank != 0)
+        CHECK_OK(cfx_get(ctx, &used_id, used, sizeof(used), NULL, NULL));
     if (got != bytes)
         DIE("result is %zu bytes, expected %zu", got, bytes);
     for (size_t i = 0; i < count; i++) {
