@@ -417,6 +417,11 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
         CFX_LOG(WARN, CTL, "coordinator %s sent a bad frame: %s", ctl->coord, cfx_last_error());
         return;
     }
+    if (m.type == CFX_MSG_EV_NODE_DEAD && m.req_id == CFX_PROTO_EV_LEFT) {
+        /* a goodbye, not a failure: its connections close in order */
+        CFX_LOG(DEBUG, CTL, "coordinator %s: node %u left", ctl->coord, m.u.node_dead.node_id);
+        return;
+    }
     if (m.type == CFX_MSG_EV_NODE_DEAD) {
         CFX_LOG(INFO, CTL, "coordinator %s: node %u is dead", ctl->coord, m.u.node_dead.node_id);
         if (ctl->on_node_dead)

@@ -208,6 +208,20 @@ static int holder_better(const struct coord_holder *a, const struct coord_holder
     return a->node->rec.node_id < b->node->rec.node_id;
 }
 
+/* Does partial holder @p h get its bytes, directly or through other partial
+ * holders, from @p node?  Then it cannot feed @p node: a getter that resumes
+ * after its source died would otherwise be sent to a copy that only it was
+ * filling, and both would wait for ever. */
+static int fed_by(struct coord_obj *o, const struct coord_holder *h, uint32_t node)
+{
+    for (int hops = 0; h && !h->complete && h->src && hops < 64; hops++) {
+        if (h->src == node)
+            return 1;
+        h = holder_find(o, h->src);
+    }
+    return 0;
+}
+
 static struct coord_holder *choose_source(struct cfx_coord *co, struct coord_obj *o,
                                           uint32_t requester, const uint32_t *ex, uint32_t nex)
 {
@@ -216,7 +230,8 @@ static struct coord_holder *choose_source(struct cfx_coord *co, struct coord_obj
     cfx_list_for_each(pos, &o->holders) {
         struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
         uint32_t id = h->node->rec.node_id;
-        if (id == requester || !h->node->rec.alive || excluded(ex, nex, id))
+        if (id == requester || !h->node->rec.alive || excluded(ex, nex, id) ||
+            fed_by(o, h, requester))
             continue;
         if (!best || holder_better(h, best, co->fanout))
             best = h;

@@ -182,7 +182,11 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
             cfx__coord_conn_fail(c);
     }
 
-    struct cfx_msg ev = { .type = CFX_MSG_EV_NODE_DEAD, .req_id = 0 };
+    /* The event's request id says why: CFX_PROTO_EV_DIED (0), or
+     * CFX_PROTO_EV_LEFT for a node that said goodbye (nothing it had
+     * promised is lost: peers must not treat it as a failure). */
+    struct cfx_msg ev = { .type = CFX_MSG_EV_NODE_DEAD,
+                          .req_id = close_conn ? CFX_PROTO_EV_DIED : CFX_PROTO_EV_LEFT };
     ev.u.node_dead.node_id = n->rec.node_id;
     cfx_list_for_each(pos, &co->nodes) {
         struct coord_node *o = cfx_list_entry(pos, struct coord_node, link);

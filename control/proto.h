@@ -53,6 +53,10 @@
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE)
 
+/* Request id of a node_dead event: why the node is gone. */
+#define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
+#define CFX_PROTO_EV_LEFT 1 /* it left the cluster in good order */
+
 enum cfx_msg_type {
     CFX_MSG_ERROR = 1,      /* reply: status + text */
     CFX_MSG_OK,             /* reply: success, no body */
@@ -76,7 +80,7 @@ enum cfx_msg_type {
     CFX_MSG_NODES_REPLY,    /* page of node records */
     CFX_MSG_OBJECTS,        /* cursor -> OBJECTS_REPLY */
     CFX_MSG_OBJECTS_REPLY,  /* page of object records */
-    CFX_MSG_EV_NODE_DEAD,   /* event, coord -> members: node id */
+    CFX_MSG_EV_NODE_DEAD,   /* event, coord -> members: node id; req_id says why */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 

@@ -136,7 +136,7 @@ int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out)
 int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
                       size_t len)
 {
-    const struct cfx_memtype_ops *ops;
+    const struct cfx_memtype_ops *ops = NULL;
     int rc;
 
     if ((unsigned)dt >= CFX_MEMTYPE_LAST || (unsigned)st >= CFX_MEMTYPE_LAST)
@@ -158,9 +158,71 @@ int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_
     return ops->copy(dst, src, len, NULL);
 }
 
+int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                            size_t len, void *stream)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    int rc;
+
+    if (!stream || (dt == CFX_MEMTYPE_HOST && st == CFX_MEMTYPE_HOST))
+        return cfx__memcpy_typed(dst, dt, src, st, len);
+    if ((unsigned)dt >= CFX_MEMTYPE_LAST || (unsigned)st >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "copy between memory types %d and %d: no such type",
+                        (int)st, (int)dt);
+    if (len == 0)
+        return CFX_OK;
+    if (!dst || !src)
+        return cfx__err(CFX_ERR_INVALID, "copy of %zu bytes from %s to %s: NULL %s", len,
+                        cfx_memtype_name(st), cfx_memtype_name(dt), dst ? "source" : "destination");
+    if (dt != CFX_MEMTYPE_HOST && st != CFX_MEMTYPE_HOST && dt != st)
+        return cfx__err(CFX_ERR_UNSUPPORTED, "copy from %s to %s memory is not supported",
+                        cfx_memtype_name(st), cfx_memtype_name(dt));
+    rc = memtype_get(dt != CFX_MEMTYPE_HOST ? dt : st, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    return ops->copy(dst, src, len, stream);
+}
+
+int cfx__memtype_sync(enum cfx_memtype type, void *stream)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    int rc;
+
+    if (type == CFX_MEMTYPE_HOST)
+        return CFX_OK;
+    rc = memtype_get(type, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    return ops->sync ? ops->sync(stream) : CFX_OK;
+}
+
+int cfx__memtype_require(enum cfx_memtype type, const char *what)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    char why[160];
+
+    if (type == CFX_MEMTYPE_HOST)
+        return CFX_OK;
+    if ((unsigned)type >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)type);
+    if (!memtypes[type]) {
+        memtype_get(type, &ops); /* the reason, for the message */
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        return cfx__err(CFX_ERR_UNSUPPORTED, "%s: %s", what, why);
+    }
+    if (cfx__memtype_available(type))
+        return CFX_OK;
+    if (type == CFX_MEMTYPE_CUDA)
+        cfx__gpu_describe(why, sizeof(why));
+    else
+        snprintf(why, sizeof(why), "absent");
+    return cfx__err(CFX_ERR_NO_DEVICE, "%s: %s memory: no usable device here: gpu %s", what,
+                    cfx_memtype_name(type), why);
+}
+
 int cfx__memtype_alloc(enum cfx_memtype type, size_t len, void **out)
 {
-    const struct cfx_memtype_ops *ops;
+    const struct cfx_memtype_ops *ops = NULL;
     int rc;
 
     if (!out)

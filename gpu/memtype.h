@@ -47,6 +47,11 @@ struct cfx_memtype_ops {
      * NULL entry: the type cannot reduce (use cfx_reduce3 on host copies). */
     int (*reduce)(void *dst, const void *a, const void *b, size_t count, enum cfx_dtype dtype,
                   enum cfx_redop op, void *stream);
+
+    /* Block until the work queued on @p stream (copies, reductions and the
+     * caller's own) is done; NULL: the type's default stream (for CUDA the
+     * legacy stream 0).  NULL entry: nothing is ever queued (host). */
+    int (*sync)(void *stream);
 };
 
 #ifdef CFX_HAVE_CUDA
@@ -77,6 +82,34 @@ int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out);
  */
 int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
                       size_t len);
+
+/*
+ * As cfx__memcpy_typed(), queued on @p stream (a stream of the device type
+ * involved; NULL: synchronous).  With a stream the copy may still run when
+ * the call returns: cfx__memtype_sync() before touching either buffer.
+ * Host to host ignores @p stream (memcpy).
+ */
+int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                            size_t len, void *stream);
+
+/*
+ * Wait for the work queued on @p stream of memory type @p type (NULL: its
+ * default stream).  CFX_OK at once for host.
+ * @return CFX_OK; CFX_ERR_UNSUPPORTED when @p type is not built in; the
+ *         status of a failed queued operation.
+ */
+int cfx__memtype_sync(enum cfx_memtype type, void *stream);
+
+/*
+ * Whether buffers of @p type can be used in this process, with the reason
+ * when not, for argument checks: CFX_OK for host and for a usable device
+ * type; CFX_ERR_UNSUPPORTED "@p what: cuda memory: conflux was built without
+ * CUDA"; CFX_ERR_NO_DEVICE "@p what: cuda memory: no usable device here:
+ * gpu absent (no CUDA driver)" (the cfx__gpu_describe() line);
+ * CFX_ERR_INVALID for a type out of range.  The message goes to
+ * cfx_last_error().
+ */
+int cfx__memtype_require(enum cfx_memtype type, const char *what);
 
 /*
  * dst[i] = a[i] op b[i] by the entry of @p dt, the memory type of @p dst:

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <conflux/context.h>
 #include <conflux/object.h>
+#include <conflux/ps.h>
 #include <conflux/status.h>
 
 #include "control/auth.h"
@@ -21,6 +23,7 @@
 #include "dataplane/verbs/verbs_devinfo.h"
 #endif
 #include "dataplane/common/util.h"
+#include "gpu/memtype.h"
 
 #define RDMACTL_TIMEOUT_MS 5000
 
@@ -276,11 +279,8 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-#ifdef CFX_HAVE_CUDA
-    const char *gpu = "cuda (built)";
-#else
-    const char *gpu = "absent (built without CUDA)";
-#endif
+    char gpu[160];
+    cfx__gpu_describe(gpu, sizeof(gpu));
 #ifdef CFX_HAVE_VERBS
     if (r->json) {
         /* {"devices": [...]} from the verbs side, then our GPU line */
@@ -295,10 +295,12 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
             txt[--len] = '\0';
         if (len && txt[len - 1] == '}') {
             txt[len - 1] = '\0';
-            printf("%s, \"gpu\": \"%s\"}\n", txt, gpu);
+            printf("%s, \"gpu\": ", txt);
         } else {
-            printf("{\"devices\": [], \"gpu\": \"%s\"}\n", gpu);
+            printf("{\"devices\": [], \"gpu\": ");
         }
+        json_str(gpu);
+        printf("}\n");
         free(txt);
         return rc == CFX_OK ? 0 : 1;
     }
@@ -306,14 +308,99 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
     printf("gpu: %s\n", gpu);
     return rc == CFX_OK ? 0 : 1;
 #else
-    if (r->json)
+    if (r->json) {
         printf("{\"devices\": [], \"error\": \"built without RDMA verbs support\", "
-               "\"gpu\": \"%s\"}\n", gpu);
-    else
+               "\"gpu\": ");
+        json_str(gpu);
+        printf("}\n");
+    } else {
         printf("no RDMA devices: this build has no verbs transport (configure with "
                "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\ngpu: %s\n", gpu);
+    }
     return 1;
 #endif
+}
+
+/* ps: administer a parameter-server job.  Joins the cluster as a member for
+ * the duration of the command (the scheduler answers through small objects). */
+static int cmd_ps(struct rdmactl *r, int argc, char **argv)
+{
+    static const char *const states[] = { "?", "active", "standby", "draining", "retired" };
+    const char *job = getenv("CFX_PS_JOB") ? getenv("CFX_PS_JOB") : "ps";
+    int timeout = 20000, i = 1;
+    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+        if (!strcmp(argv[i], "--job"))
+            job = argv[i + 1];
+        else if (!strcmp(argv[i], "--timeout"))
+            timeout = atoi(argv[i + 1]);
+        else
+            break;
+    }
+    const char *sub = i < argc ? argv[i] : "";
+    int needs_arg = !strcmp(sub, "add-server") || !strcmp(sub, "remove-server") ||
+                     !strcmp(sub, "auto");
+    int known = needs_arg || !strcmp(sub, "rebalance") || !strcmp(sub, "shards");
+    if (!known || (needs_arg && i + 1 >= argc)) {
+        fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N | remove-server N"
+                        " | rebalance | auto on|off | shards\n");
+        return 2;
+    }
+    struct cfx_context_params cp = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
+        .coord = r->coord, .token = r->token, .name = "rdmactl",
+    };
+    struct cfx_context *ctx;
+    if (cfx_context_create(&cp, &ctx) != CFX_OK) {
+        fprintf(stderr, "rdmactl: cannot join the cluster at %s: %s\n", r->coord,
+                cfx_last_error());
+        return 1;
+    }
+    int rc;
+    uint32_t v = 0;
+    struct cfx_ps_stats st;
+    if (!strcmp(sub, "add-server"))
+        rc = cfx_ps_add_server(ctx, job, atoi(argv[i + 1]), timeout, &v);
+    else if (!strcmp(sub, "remove-server"))
+        rc = cfx_ps_remove_server(ctx, job, atoi(argv[i + 1]), timeout, &v);
+    else if (!strcmp(sub, "rebalance"))
+        rc = cfx_ps_rebalance(ctx, job, timeout, &v);
+    else if (!strcmp(sub, "auto"))
+        rc = cfx_ps_set_auto(ctx, job, !strcmp(argv[i + 1], "on"), timeout);
+    else
+        rc = cfx_ps_shards(ctx, job, timeout, &st);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "rdmactl: ps %s: %s\n", sub, cfx_last_error());
+    } else if (strcmp(sub, "shards")) {
+        if (r->json)
+            printf("{\"job\":\"%s\",\"command\":\"%s\",\"map_version\":%u}\n", job, sub, v);
+        else
+            printf("job %s: %s done (shard map %u)\n", job, sub, v);
+    } else if (r->json) {
+        printf("{\"job\":\"%s\",\"map_version\":%u,\"tensors\":%u,\"blocks\":%u,\"servers\":[",
+               job, st.map_version, st.ntensors, st.nblocks);
+        for (uint32_t s = 0; s < st.nservers; s++)
+            printf("%s{\"index\":%d,\"node\":%u,\"state\":\"%s\",\"blocks\":%u,\"bytes\":%llu,"
+                   "\"ns_per_byte\":%.4f,\"straggler\":%s}", s ? "," : "", st.servers[s].index,
+                   st.servers[s].node_id, st.servers[s].state >= 1 && st.servers[s].state <= 4 ? states[st.servers[s].state] : "?",
+                   st.servers[s].blocks, (unsigned long long)st.servers[s].bytes,
+                   st.servers[s].ns_per_byte, st.servers[s].straggler ? "true" : "false");
+        printf("]}\n");
+    } else {
+        printf("%-14s : %s\n%-14s : %u\n%-14s : %u tensors, %u blocks\n\n", "job", job,
+               "shard map", st.map_version, "tensors", st.ntensors, st.nblocks);
+        printf("%6s %6s %-9s %7s %12s %12s %s\n", "server", "node", "state", "blocks", "bytes",
+               "ns/byte", "");
+        for (uint32_t s = 0; s < st.nservers; s++) {
+            const struct cfx_ps_server_info *x = &st.servers[s];
+            char b[32];
+            printf("%6d %6u %-9s %7u %12s %12.4f %s\n", x->index, x->node_id,
+                   x->state >= 1 && x->state <= 4 ? states[x->state] : "?", x->blocks,
+                   human_bytes(x->bytes, b, sizeof(b)), x->ns_per_byte,
+                   x->straggler ? "straggler" : "");
+        }
+    }
+    cfx_context_destroy(ctx);
+    return rc == CFX_OK ? 0 : 1;
 }
 
 static const struct rdmactl_cmd commands[] = {
@@ -321,6 +408,7 @@ static const struct rdmactl_cmd commands[] = {
     { "nodes", cmd_nodes, "cluster members, alive and recently dead", 0 },
     { "objects", cmd_objects, "object directory: sizes and holders", 0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
+    { "ps", cmd_ps, "parameter server: add-server | remove-server | rebalance | auto | shards", 0 },
 };
 
 static void usage(FILE *f)

@@ -204,14 +204,18 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     struct coll_msg *m = &x->msgs[h];
     if (!m->req)
         return CFX_OK;
-    int rc = cfx__p2p_wait(m->req, x->deadline);
+    struct cfx_group *g = x->g;
+    int dead;
+    int rc = cfx__p2p_wait_watch(m->req, x->deadline, g->ids, g->size, &dead);
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
         m->req = NULL;
         return CFX_OK;
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
-    struct cfx_group *g = x->g;
+    if (dead >= 0)
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) died",
+                        x->what, x->a->seq, g->rank, dead, g->ids[dead]);
     char why[256];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
     if (rc == CFX_ERR_TIMEOUT)
@@ -514,12 +518,10 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
         enum cfx_memtype mt = a->params.memtype;
         if ((int)mt < 0 || mt >= CFX_MEMTYPE_LAST)
             return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)mt);
-        if (mt != CFX_MEMTYPE_HOST && !cfx__memtype_available(mt))
-            return cfx__err(CFX_ERR_UNSUPPORTED, "%s: %s memory is not available in this "
-                            "build or on this host", what, cfx_memtype_name(mt));
-        if (mt != CFX_MEMTYPE_HOST && has_op(a->kind))
-            return cfx__err(CFX_ERR_UNSUPPORTED, "%s: reductions of %s memory are not "
-                            "supported yet", what, cfx_memtype_name(mt));
+        /* built without CUDA: UNSUPPORTED; no driver or device: NO_DEVICE */
+        int rc = cfx__memtype_require(mt, what);
+        if (rc != CFX_OK)
+            return rc;
     }
     /* buffers: NULL only where nothing is read or written */
     size_t bytes = a->count * (a->kind == COLL_BARRIER ? 0 : cfx_dtype_size(a->dtype));
@@ -537,6 +539,166 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
             return cfx__err(CFX_ERR_INVALID, "%s: NULL buffer", what);
     }
     return CFX_OK;
+}
+
+/* ---- device buffers: staged through host memory ------------------------------
+ *
+ * A collective on device memory runs the host schedule, unchanged, on host
+ * copies (docs/COLLECTIVES.md, docs/GPU.md): the bytes this rank reads are
+ * copied from the device into one arena buffer (registered once, mapped by
+ * shm peers), the schedule runs there with x->mt = host, and the bytes it
+ * writes are copied back.  The wire carries host bytes, so ranks may mix
+ * device and host buffers in one call.  Copies go on the caller's stream
+ * (CFX_COLL_PARAM_STREAM; else the legacy default stream, which orders them
+ * after the caller's work there) and the call returns with the result in
+ * device memory.
+ */
+struct coll_stage {
+    const char *dev_s;  /* device bytes this rank reads ... */
+    size_t slen;        /* ... (0: none) */
+    char *dev_r;        /* device bytes this rank writes ... */
+    size_t rlen;        /* ... (0: none) */
+    void *host;         /* arena buffer holding the host copies */
+    char *host_s;       /* the host copies of dev_s / dev_r (NULL when unused) */
+    char *host_r;
+    void *stream;       /* the caller's stream, or NULL */
+};
+
+/* Bytes of the send and receive buffers that this rank reads and writes. */
+static void stage_ranges(const struct coll_exec *x, size_t *slen, size_t *rlen)
+{
+    const struct coll_args *a = x->a;
+    const size_t b = a->count * x->esz, all = b * (size_t)x->g->size;
+    const bool root = x->g->rank == a->root;
+    switch (a->kind) {
+    case COLL_ALLREDUCE: *slen = b; *rlen = b; break;
+    case COLL_BROADCAST: *slen = root ? b : 0; *rlen = root ? 0 : b; break;
+    case COLL_REDUCE: *slen = b; *rlen = root ? b : 0; break;
+    case COLL_ALLGATHER: *slen = b; *rlen = all; break;
+    case COLL_REDUCE_SCATTER: *slen = all; *rlen = b; break;
+    case COLL_GATHER: *slen = b; *rlen = root ? all : 0; break;
+    case COLL_SCATTER: *slen = root ? all : 0; *rlen = b; break;
+    case COLL_ALLTOALL: *slen = all; *rlen = all; break;
+    default: *slen = *rlen = 0; break;
+    }
+}
+
+/* Whether address @p p lies in [base, base + len). */
+static bool stage_within(uintptr_t p, uintptr_t base, size_t len)
+{
+    return base && p >= base && p - base < len;
+}
+
+/*
+ * Give the host copies the same layout as the device buffers, so that the
+ * schedules' in-place tests (send == receive, or the rank's block of the
+ * other) hold on the copies: overlapping ranges share one host region; a
+ * buffer this rank does not use keeps its place when it lies in the other
+ * (broadcast's one buffer), else is NULL.  Then copy the bytes read in.
+ */
+static int stage_in(struct coll_exec *x, struct coll_stage *st)
+{
+    const struct coll_args *a = x->a;
+    const uintptr_t s = (uintptr_t)a->sbuf, r = (uintptr_t)a->rbuf;
+    size_t total, soff = 0, roff = 0;
+    bool shared;
+    int rc;
+
+    stage_ranges(x, &st->slen, &st->rlen);
+    st->dev_s = a->sbuf;
+    st->dev_r = a->rbuf;
+    if (st->slen && st->rlen)
+        shared = s < r + st->rlen && r < s + st->slen;
+    else
+        shared = st->slen ? stage_within(r, s, st->slen) : stage_within(s, r, st->rlen);
+    if (shared) {
+        uintptr_t lo = CFX_MIN(s, r);
+        uintptr_t hi = CFX_MAX(s + st->slen, r + st->rlen);
+        total = hi - lo;
+        soff = s - lo;
+        roff = r - lo;
+    } else {
+        soff = 0;
+        roff = (st->slen + 63) & ~(size_t)63;
+        total = roff + st->rlen;
+    }
+    rc = cfx_buf_alloc(x->g->ctx, total ? total : 1, &st->host);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no host memory of %zu bytes to stage "
+                        "device buffers", x->what, a->seq, x->g->rank, total);
+    st->host_s = st->slen || shared ? (char *)st->host + soff : NULL;
+    st->host_r = st->rlen || shared ? (char *)st->host + roff : NULL;
+    if (!st->slen)
+        return CFX_OK;
+    rc = cfx__memcpy_typed_async(st->host_s, CFX_MEMTYPE_HOST, st->dev_s, x->mt, st->slen,
+                                 st->stream);
+    if (rc == CFX_OK && st->stream)
+        rc = cfx__memtype_sync(x->mt, st->stream);
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes from the device: %s",
+                        x->what, a->seq, x->g->rank, st->slen, why);
+    }
+    return CFX_OK;
+}
+
+/* Copy the bytes written back to the device; the result is in place on
+ * return (the caller's stream, or the legacy stream, is synchronized). */
+static int stage_out(struct coll_exec *x, struct coll_stage *st)
+{
+    int rc = CFX_OK;
+    if (st->rlen)
+        rc = cfx__memcpy_typed_async(st->dev_r, x->mt, st->host_r, CFX_MEMTYPE_HOST, st->rlen,
+                                     st->stream);
+    if (rc == CFX_OK && st->rlen)
+        rc = cfx__memtype_sync(x->mt, st->stream);
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes to the device: %s",
+                        x->what, x->a->seq, x->g->rank, st->rlen, why);
+    }
+    return CFX_OK;
+}
+
+/* Run a collective on device buffers through host copies (above). */
+static int coll_run_staged(struct coll_exec *x)
+{
+    struct coll_args host_args = *x->a; /* the same call on the host copies */
+    const struct coll_args *dev_args = x->a;
+    struct coll_stage st = {
+        .stream = (dev_args->params.field_mask & CFX_COLL_PARAM_STREAM)
+                      ? dev_args->params.stream : NULL,
+    };
+    int rc = stage_in(x, &st);
+    if (rc == CFX_OK) {
+        host_args.sbuf = st.host_s;
+        host_args.rbuf = st.host_r;
+        host_args.params.memtype = CFX_MEMTYPE_HOST;
+        x->a = &host_args;
+        enum cfx_memtype mt = x->mt;
+        x->mt = CFX_MEMTYPE_HOST;
+        if ((x->g->check || host_args.kind == COLL_BARRIER) && x->g->size > 1)
+            rc = coll_agree(x);
+        if (rc == CFX_OK)
+            rc = run_schedule(x);
+        if (rc == CFX_OK)
+            rc = cfx__coll_wait_all(x);
+        x->mt = mt;
+        if (rc == CFX_OK)
+            rc = stage_out(x, &st);
+        x->a = dev_args;
+    }
+    if (rc != CFX_OK) {
+        /* withdraw what is still posted before the host copies go */
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", cfx_last_error());
+        coll_cleanup(x);
+        cfx__err(rc, "%s", keep);
+    }
+    cfx_buf_free(x->g->ctx, st.host);
+    return rc;
 }
 
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
@@ -567,6 +729,13 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
     if (g->size == 1 && a->kind == COLL_BARRIER)
         return CFX_OK;
 
+    if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER) {
+        rc = coll_run_staged(&x); /* device buffers: through host copies */
+        if (rc != CFX_OK)
+            CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
+        free(x.msgs);
+        return rc;
+    }
     /* a barrier is the agreement exchange itself (a dissemination barrier) */
     if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
         rc = coll_agree(&x);

@@ -83,6 +83,7 @@ struct cfx_group {
     uint64_t chan;              /* p2p channel of collectives */
     uint64_t chan_user;         /* p2p channel of cfx_group_send/recv */
     struct cfx_node_rec *nodes; /* [size]: node record of each rank */
+    uint32_t *ids;              /* [size]: node id of each rank (death watch) */
 
     /* bootstrap objects to withdraw at destroy */
     struct cfx_object_id *held;

@@ -29,6 +29,7 @@
 #include <strings.h>
 
 #include "dataplane/engine/engine.h"
+#include "gpu/memtype.h"
 
 #define BOOT_MAGIC     0xCF6B0071u
 #define BOOT_SLOTS     8        /* stale objects skipped per rank at most */
@@ -466,6 +467,14 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     if (size == 1)
         g->nodes[0] = ctx->self;
 
+    g->ids = calloc((size_t)size, sizeof(*g->ids));
+    if (!g->ids) {
+        rc = cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", name);
+        goto err_withdraw;
+    }
+    for (int q = 0; q < size; q++)
+        g->ids[q] = g->nodes[q].node_id;
+
     uint64_t h = 0xcbf29ce484222325ull;
     h = fnv1a(h, g->name, strlen(g->name) + 1);
     h = fnv1a(h, &g->epoch, sizeof(g->epoch));
@@ -499,6 +508,7 @@ err_withdraw:
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
+    free(g->ids);
     free(g->nodes);
 err_free_group:
     free(g);
@@ -523,6 +533,7 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx_buf_free(g->ctx, g->scratch);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
+    free(g->ids);
     free(g->nodes);
     free(g);
 }
@@ -557,13 +568,41 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
         pthread_cond_wait(&g->cond, &g->lock);
     pthread_mutex_unlock(&g->lock);
 
-    struct cfx_p2p_req *req;
-    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
-                                   bytes, mt, &req)
-                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
-                                   bytes, mt, &req);
+    /* device memory travels through a host copy, as in collectives
+     * (cfx__coll_run): the transports move host memory */
+    void *stream = (m & CFX_COLL_PARAM_STREAM) ? params->stream : NULL;
+    void *dev = NULL;
+    const enum cfx_memtype dmt = mt; /* the caller's buffer's type */
+    int rc = cfx__memtype_require(mt, send ? "group send" : "group recv");
     if (rc != CFX_OK)
         return rc;
+    if (mt != CFX_MEMTYPE_HOST && bytes) {
+        dev = buf;
+        if ((rc = cfx_buf_alloc(g->ctx, bytes, &buf)) != CFX_OK)
+            return rc;
+        if (send) {
+            rc = cfx__memcpy_typed_async(buf, CFX_MEMTYPE_HOST, dev, mt, bytes, stream);
+            if (rc == CFX_OK && stream)
+                rc = cfx__memtype_sync(mt, stream);
+            if (rc != CFX_OK) {
+                cfx_buf_free(g->ctx, buf);
+                return rc;
+            }
+        }
+    }
+    if (dev)
+        mt = CFX_MEMTYPE_HOST;
+
+    struct cfx_p2p_req *req;
+    rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                               bytes, mt, &req)
+              : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                               bytes, mt, &req);
+    if (rc != CFX_OK) {
+        if (dev)
+            cfx_buf_free(g->ctx, buf);
+        return rc;
+    }
     rc = cfx__p2p_wait(req, cfx__deadline_ns(timeout));
     if (rc != CFX_OK) {
         char why[256];
@@ -573,6 +612,13 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
                       g->nodes[peer].node_id, tag, why);
     }
     cfx__p2p_free(req);
+    if (rc == CFX_OK && dev && !send) {
+        rc = cfx__memcpy_typed_async(dev, dmt, buf, CFX_MEMTYPE_HOST, bytes, stream);
+        if (rc == CFX_OK)
+            rc = cfx__memtype_sync(dmt, stream);
+    }
+    if (dev)
+        cfx_buf_free(g->ctx, buf);
     return rc;
 }
 

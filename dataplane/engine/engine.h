@@ -447,6 +447,8 @@ struct cfx_context {
     struct cfx_list waiting_gets; /* struct cfx_p2p_rtr: GET_REQ (WAIT) for objects
                                      a reduce task is about to produce */
     uint64_t rtask_counter;
+    uint32_t dead[256];         /* nodes the coordinator reported dead (ring) */
+    unsigned ndead;
     double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
     double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];

@@ -384,7 +384,10 @@ again:
         exclude[nexclude++] = failed;
         ctx->stats.source_failovers++;
         pthread_mutex_unlock(&ctx->lock);
-        cfx__ctl_obj_done(ctx->ctl, id, failed, 0, cfx__deadline_ns(1000));
+        /* Stay a partial holder while looking again: nodes reading our copy
+         * still do, and the directory must know it so that it never offers
+         * us one of them (a cycle in which both wait).  The new assignment
+         * releases the old source's upload slot. */
         rc = cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, &src);
         pthread_mutex_lock(&ctx->lock);
         if (rc != CFX_OK) {

@@ -516,7 +516,7 @@ void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd)
 /* Find k ready inputs, in the order they become ready. */
 static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
                          size_t k, uint64_t deadline, const uint32_t *dead, unsigned ndead,
-                         struct arrival *arr, uint64_t *size, uint32_t *chunk)
+                         const bool *lost, struct arrival *arr, uint64_t *size, uint32_t *chunk)
 {
     bool *pending = calloc(n, sizeof(bool));
     size_t got = 0;
@@ -526,7 +526,7 @@ static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *in
     if (!pending)
         return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
     for (size_t i = 0; i < n; i++)
-        pending[i] = true;
+        pending[i] = !lost[i];
     while (got < k) {
         bool progress = false;
         for (size_t i = 0; i < n && got < k; i++) {
@@ -772,9 +772,15 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
         return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
     uint32_t dead[MAX_ATTEMPTS];
     unsigned ndead = 0;
+    bool *lost = calloc(n, sizeof(bool)); /* inputs that were on a dead node */
+    if (!lost) {
+        free(arr);
+        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
+    }
+    size_t nlost = 0;
     for (int attempt = 0;; attempt++) {
         uint32_t who = 0;
-        rc = gather_inputs(ctx, inputs, n, k, deadline, dead, ndead, arr, &size, &chunk);
+        rc = gather_inputs(ctx, inputs, n, k, deadline, dead, ndead, lost, arr, &size, &chunk);
         if (rc == CFX_ERR_TIMEOUT && ndead) {
             rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
                           "too few of the other inputs became ready in time (%s)", hex,
@@ -804,12 +810,24 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
             attempt + 1 >= MAX_ATTEMPTS)
             break;
         dead[ndead++] = who;
+        for (size_t i = 0; i < k; i++)
+            if (arr[i].node.node_id == who && !lost[arr[i].idx]) {
+                lost[arr[i].idx] = true;
+                nlost++;
+            }
+        if (n - nlost < k) {
+            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
+                          "holding an input, and %zu of %zu inputs cannot make %zu", hex,
+                          ctx->node_id, who, n - nlost, n, k);
+            break;
+        }
         CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u failed; planning again "
                 "without it", ctx->node_id, hex, who);
         pthread_mutex_lock(&ctx->lock);
         ctx->stats.source_failovers++;
         pthread_mutex_unlock(&ctx->lock);
     }
+    free(lost);
     free(arr);
     return rc;
 }

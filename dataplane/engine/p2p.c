@@ -220,6 +220,38 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return cfx__p2p_waitall(&req, 1, deadline_ns);
 }
 
+/* ctx->lock held: index in @p nodes of a node known dead, or -1. */
+static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
+{
+    for (int i = 0; i < nnodes; i++)
+        for (unsigned d = 0; d < ctx->ndead; d++)
+            if (ctx->dead[d] == nodes[i])
+                return i;
+    return -1;
+}
+
+int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
+                        int nnodes, int *dead)
+{
+    struct cfx_context *ctx = req->ctx;
+    int st, who = -1;
+    *dead = -1;
+    pthread_mutex_lock(&ctx->lock);
+    while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
+           (who = watch_dead(ctx, nodes, nnodes)) < 0 && cfx__obj_wait(ctx, deadline_ns))
+        ;
+    pthread_mutex_unlock(&ctx->lock);
+    if (st == CFX_ERR_AGAIN && who >= 0) {
+        *dead = who;
+        return cfx__err(CFX_ERR_PEER_FAILED, "node %u died", nodes[who]);
+    }
+    if (st == CFX_ERR_AGAIN)
+        st = CFX_ERR_TIMEOUT;
+    if (st != CFX_OK)
+        describe(req, st);
+    return st;
+}
+
 int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
 {
     if (n <= 0)

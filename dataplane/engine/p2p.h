@@ -45,6 +45,13 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns);
  * CFX_ERR_TIMEOUT.  Requests stay owned by the caller. */
 int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
 
+/* As cfx__p2p_wait(), and also fail with CFX_ERR_PEER_FAILED (setting *dead
+ * to its index) as soon as any of @p nodes is known dead — so every member
+ * of a group learns of a death, not only the ones that talk to the dead
+ * node.  *dead is -1 otherwise. */
+int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
+                        int nnodes, int *dead);
+
 /* Free a request; one still running is withdrawn first (the peer sees its
  * side fail).  NULL is a no-op. */
 void cfx__p2p_free(struct cfx_p2p_req *req);

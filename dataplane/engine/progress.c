@@ -79,6 +79,12 @@ static int run_cmds(struct cfx_context *ctx)
             cfx__conn_node_dead(ctx, cmd->node_id);
             cfx__p2p_node_dead(ctx, cmd->node_id);
             cfx__rtask_node_dead(ctx, cmd->node_id);
+            if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
+                ctx->dead[ctx->ndead++] = cmd->node_id;
+            else /* forget the oldest: groups hold live members only */
+                memmove(ctx->dead, ctx->dead + 1, sizeof(ctx->dead) - sizeof(ctx->dead[0])),
+                    ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = cmd->node_id;
+            pthread_cond_broadcast(&ctx->obj_cond);
             break;
         case CFX_CMD_P2P_SEND:
             cfx__p2p_send_post(ctx, cmd->obj);

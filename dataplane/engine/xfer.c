@@ -246,7 +246,9 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
         obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
-        if (obj->releasing)
+        /* a reduce intermediate has one reader, its parent: once that is
+         * done (or gone) nobody needs it */
+        if (obj->releasing || (obj->ephemeral && obj->complete))
             cfx__obj_release(ctx, obj);
     }
 }

@@ -24,7 +24,6 @@
  */
 #include "ps_int.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +35,11 @@ void cfx__ps_balance_defaults(struct cfx_ps_balance *k)
     k->min_gain = 0.2;
     k->explore = 0.05;
     k->report_ms = 200;
+}
+
+static double dmax(double a, double b)
+{
+    return a > b ? a : b;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -60,8 +64,8 @@ static double median(const double *v, uint32_t n)
 struct bal {
     const struct ps_balance_in *in;
     uint16_t *owner;
-    double cap[PS_MAX_SERVERS];     /* bytes per ns */
-    double load[PS_MAX_SERVERS];    /* bytes */
+    double cap[PS_MAX_SERVERS];  /* bytes per ns */
+    double load[PS_MAX_SERVERS]; /* bytes */
     uint32_t nblk[PS_MAX_SERVERS];
     bool active[PS_MAX_SERVERS];
     uint32_t moves;
@@ -158,7 +162,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     /* the slowest of all owners, draining ones included */
     for (uint32_t s = 0; s < in->nservers; s++)
         if (!b.active[s] && b.nblk[s])
-            out->cur_max = fmax(out->cur_max, t_of(&b, s, 0));
+            out->cur_max = dmax(out->cur_max, t_of(&b, s, 0));
 
     /* 1. forced moves */
     bool forced = false;
@@ -176,8 +180,8 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
         for (uint32_t s = 0; s < in->nservers; s++) {
             if (!b.active[s])
                 continue;
-            for (uint32_t guard = 0; guard < in->nblocks &&
-                 (b.nblk[s] == 0 || b.load[s] < floor_bytes); guard++) {
+            for (uint32_t guard = 0;
+                 guard < in->nblocks && (b.nblk[s] == 0 || b.load[s] < floor_bytes); guard++) {
                 /* the smallest movable block of the slowest other server with two+ */
                 uint32_t src = UINT32_MAX;
                 for (uint32_t d = 0; d < in->nservers; d++)
@@ -215,7 +219,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
             uint32_t to = best_dest(&b, sz, hi);
             if (to == UINT32_MAX)
                 continue;
-            double t = fmax(t_of(&b, to, sz), t_of(&b, hi, -sz));
+            double t = dmax(t_of(&b, to, sz), t_of(&b, hi, -sz));
             if (t < best_t * (1 - 1e-9)) {
                 best_t = t;
                 best_blk = i;
@@ -232,8 +236,8 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     uint32_t moves = 0;
     for (uint32_t i = 0; i < in->nblocks; i++)
         moves += own[i] != owner[i];
-    bool commit = moves && (forced || in->force ||
-                            out->new_max < out->cur_max * (1 - in->knobs->min_gain));
+    bool commit =
+        moves && (forced || in->force || out->new_max < out->cur_max * (1 - in->knobs->min_gain));
     if (commit) {
         memcpy(owner, own, in->nblocks * sizeof(*own));
         out->moves = moves;

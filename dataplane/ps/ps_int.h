@@ -3,10 +3,12 @@
  * algorithm, the message layer and the roles.
  *
  * Threads.  Each handle runs one loop thread that owns all protocol state
- * (mailboxes, blocks, requests, the scheduler) and one watcher thread that
- * waits on the object directory (new map versions; for the scheduler: new
- * servers and admin requests) and hands what it finds to the loop under
- * ps->lock.  API calls queue ops under ps->lock and wake the loop.
+ * (mailboxes, blocks, requests, the scheduler).  The scheduler adds two
+ * watcher threads that wait on the object directory for joining servers and
+ * admin requests and hand them to the loop under ps->lock.  API calls queue
+ * ops under ps->lock and wake the loop.  A new map version reaches members
+ * as a MAP message from the scheduler (or a REDIRECT naming it); they fetch
+ * it from the directory, where it already exists, so no wait expires.
  *
  * Messages.  Every message is a fixed-size header (struct ps_hdr) sent with
  * tag PS_TAG_HDR, followed by hdr.len payload bytes with tag PS_TAG_DATA, on
@@ -147,7 +149,8 @@ enum ps_msg_type {
     PS_MSG_REGISTER,    /* worker 0 -> scheduler: payload struct ps_tensor */
     PS_MSG_READY,       /* worker 0 -> scheduler: tensor hdr.block initialized */
     PS_MSG_REPORT,      /* worker -> scheduler: payload struct ps_report_ent[] */
-    PS_MSG_BYE,         /* worker -> scheduler: done */
+    PS_MSG_BYE,         /* worker -> scheduler: done; the scheduler answers in kind */
+    PS_MSG_MAP,         /* scheduler -> member: map hdr.map_version is out */
 };
 
 enum ps_req_kind {
@@ -180,6 +183,27 @@ struct ps_report_ent {
     uint64_t bytes;         /* request + reply payload of completed requests */
 };
 
+/* Admin requests and answers (ps_admin.c, ps_sched.c). */
+enum ps_admin_cmd {
+    PS_ADMIN_ADD = 1,
+    PS_ADMIN_REMOVE,
+    PS_ADMIN_REBALANCE,
+    PS_ADMIN_AUTO,
+};
+
+struct ps_admin_req {
+    uint32_t magic;
+    uint32_t cmd;           /* enum ps_admin_cmd */
+    int32_t arg;            /* server index; AUTO: on/off */
+};
+
+struct ps_admin_rep {
+    uint32_t magic;
+    int32_t status;
+    uint32_t version;       /* map version after the command */
+    char detail[116];
+};
+
 /* ---- peers and mailboxes (ps_net.c) -------------------------------------------- */
 
 #define PS_ID(role, idx) (((uint32_t)(role) << 16) | (uint32_t)(idx))
@@ -210,6 +234,15 @@ struct ps_tx {
     uint32_t peer;          /* PS_ID, for messages */
 };
 
+/* The member object of (role, idx): its node id and flags. */
+struct ps_member {
+    uint32_t magic;
+    uint32_t node_id;
+    uint32_t role;
+    uint32_t index;
+    uint32_t standby;
+};
+
 struct ps_block;
 struct ps_sched;
 struct ps_worker;
@@ -225,13 +258,12 @@ struct cfx_ps {
 
     pthread_mutex_t lock;       /* API <-> loop hand-over */
     pthread_cond_t cond;        /* ops completed, maps applied, loop stopped */
-    pthread_t loop_thread, watch_thread;
-    bool loop_started, watch_started;
+    pthread_t loop_thread;
+    bool loop_started;
     bool stop;                  /* threads exit */
     bool finished;              /* server: job over or retired */
 
     struct ps_map map;          /* loop thread's current map */
-    struct ps_map *map_pending; /* from the watcher (ps->lock) */
     uint32_t map_applied;       /* version visible to API threads (ps->lock) */
     struct cfx_ps_stats stats;  /* published by the loop (ps->lock) */
 
@@ -247,6 +279,8 @@ struct cfx_ps {
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */
 
+    struct ps_member member;    /* our announcement (its object's buffer) */
+
     /* map objects this handle published (scheduler) */
     void **map_bufs;
     uint32_t nmap_bufs;
@@ -255,14 +289,6 @@ struct cfx_ps {
 /* Object names. */
 void cfx__ps_obj_id(const char *job, const char *what, long a, long b,
                     struct cfx_object_id *id);
-/* The member object of (role, idx): its node id and flags. */
-struct ps_member {
-    uint32_t magic;
-    uint32_t node_id;
-    uint32_t role;
-    uint32_t index;
-    uint32_t standby;
-};
 uint64_t cfx__ps_chan(const char *job, uint32_t id);
 /* Peer record for @p id at @p node_id (looked up once); NULL on failure. */
 struct ps_peer *cfx__ps_peer(struct cfx_ps *ps, uint32_t id, uint32_t node_id);
@@ -277,6 +303,14 @@ int cfx__ps_send(struct cfx_ps *ps, struct ps_peer *to, struct ps_hdr *hdr, cons
 /* Poll every mailbox and the sends; returns the number of events. */
 int cfx__ps_net_poll(struct cfx_ps *ps);
 void cfx__ps_net_close(struct cfx_ps *ps);
+/* cfx_get() of a small object into a buffer the caller may free afterwards. */
+int cfx__ps_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t cap,
+                size_t *size, int timeout_ms);
+/* Which of @p n objects exist now (one directory listing, no waiting). */
+int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n,
+                  bool *present);
+/* Install map @p version (loop thread) if newer than ours. */
+int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version);
 /* Fetch map @p version into @p m, waiting up to @p timeout_ms. */
 int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
                     struct ps_map *m);
@@ -308,8 +342,11 @@ void cfx__ps_sched_free(struct cfx_ps *ps);
 void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h,
                           void *payload);
 int cfx__ps_sched_tick(struct cfx_ps *ps);
-/* Watcher side: poll the directory for joins and admin requests. */
-void cfx__ps_sched_watch(struct cfx_ps *ps);
+/* A worker's mailbox failed: it will not say goodbye. */
+void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w);
+/* Start / stop (ps->stop set) the threads that watch for joins and admin requests. */
+int cfx__ps_sched_start(struct cfx_ps *ps);
+void cfx__ps_sched_stop(struct cfx_ps *ps);
 /* Publish ps->map with version + 1 (loop thread). */
 int cfx__ps_sched_publish(struct cfx_ps *ps);
 
@@ -319,10 +356,17 @@ void cfx__ps_worker_free(struct cfx_ps *ps);
 void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned);
 int cfx__ps_worker_tick(struct cfx_ps *ps);
 void cfx__ps_worker_map_changed(struct cfx_ps *ps);
-/* Worker: stop (fail pending ops, say goodbye); loop thread. */
+/* Worker: say goodbye to the scheduler and wait for its answer (API thread,
+ * loop running). */
+void cfx__ps_worker_say_bye(struct cfx_ps *ps);
+/* Worker: fail what is still pending (loop stopped). */
 void cfx__ps_worker_bye(struct cfx_ps *ps);
 
 /* Bring peers in line with ps->map (post receives to new members). */
 void cfx__ps_sync_peers(struct cfx_ps *ps);
+/* ps->map changed (loop thread): peers, migrations, re-sends, end of service. */
+void cfx__ps_after_map(struct cfx_ps *ps);
+/* Worker: a server's mailbox failed; its outstanding requests fail. */
+void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status);
 
 #endif

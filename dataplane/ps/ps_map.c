@@ -12,6 +12,7 @@
  */
 #include "ps_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,8 +115,7 @@ void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint
         *bytes = by;
 }
 
-int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype,
-                           uint64_t count)
+int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype, uint64_t count)
 {
     size_t esz = cfx_dtype_size(dtype);
     if (!name || !*name || strlen(name) >= PS_TENSOR_NAME_MAX || !esz || !count)
@@ -181,6 +181,8 @@ struct wbuf {
 
 static void put(struct wbuf *w, const void *v, size_t n)
 {
+    if (!n)
+        return; /* v may be NULL then */
     if (w->len + n > w->cap) {
         w->over = true;
         return;
@@ -219,6 +221,8 @@ struct rbuf {
 
 static void get(struct rbuf *r, void *v, size_t n)
 {
+    if (!n)
+        return;
     if (r->bad || r->off + n > r->len) {
         r->bad = true;
         memset(v, 0, n);

@@ -89,6 +89,13 @@ void cfx__cuda_dev_free(void *ptr); /* NULL is a no-op */
  */
 int cfx__cuda_copy(void *dst, const void *src, size_t len, void *stream);
 
+/*
+ * Block until the work queued on @p stream (a cudaStream_t; NULL: the
+ * legacy default stream) is done (cudaStreamSynchronize).  CFX_OK, the
+ * status of a failed operation, CFX_ERR_NO_DEVICE.
+ */
+int cfx__cuda_stream_sync(void *stream);
+
 /* ---- chunked staging ------------------------------------------------------- */
 
 /*

@@ -232,6 +232,15 @@ int cfx__cuda_copy(void *dst, const void *src, size_t len, void *stream)
     return cfx__cuda_status(err, "cudaMemcpy");
 }
 
+int cfx__cuda_stream_sync(void *stream)
+{
+    int rc = need_cuda("cuda stream synchronize");
+
+    if (rc != CFX_OK)
+        return rc;
+    return cfx__cuda_status(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+}
+
 /* ---- reductions -------------------------------------------------------------- */
 
 /* Whether the device can read (and write) memory at @p ptr: device or
@@ -297,4 +306,5 @@ const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .alloc = cfx__cuda_dev_alloc,
     .free_buf = cfx__cuda_dev_free,
     .reduce = mt_reduce,
+    .sync = cfx__cuda_stream_sync,
 };

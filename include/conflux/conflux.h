@@ -9,5 +9,6 @@
 #include <conflux/object.h>
 #include <conflux/reduce.h>
 #include <conflux/group.h>
+#include <conflux/ps.h>
 
 #endif

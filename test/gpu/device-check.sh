@@ -28,12 +28,12 @@ cmake -S . -B "$build" -DCFX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$b
 grep -q 'cuda=ON' "$build/configure.log" || fail "configure did not enable CUDA"
 say "building with $jobs jobs"
 cmake --build "$build" -j"$jobs" --target conflux test_cuda_memtype test_cuda_reduce \
-    test_cuda_xfer test_memtype cfx_gpu_bench >"$build/build.log" 2>&1 ||
+    test_cuda_xfer test_cuda_coll test_memtype cfx_gpu_bench >"$build/build.log" 2>&1 ||
     { tail -40 "$build/build.log"; fail "build"; }
 say "built in $((SECONDS - start)) s"
 
 status=0
-for t in test_memtype test_cuda_memtype test_cuda_reduce test_cuda_xfer; do
+for t in test_memtype test_cuda_memtype test_cuda_reduce test_cuda_xfer test_cuda_coll; do
     log="$build/$t.log"
     say "running $t"
     if ! timeout 240 "$build/bin/$t" --jobs 1 --verbose >"$log" 2>&1; then
@@ -44,6 +44,11 @@ for t in test_memtype test_cuda_memtype test_cuda_reduce test_cuda_xfer; do
     # On a GPU machine a GPU test that skips is a failure: it did not run.
     if grep -E '^\[SKIP\].*no CUDA device' "$log"; then
         say "$t: GPU tests skipped on a machine that should have a GPU"
+        status=1
+    fi
+    # ... and so is a binary in which nothing passed (nothing ran for real)
+    if ! grep -qE '^\[PASS\]' "$log"; then
+        say "$t: no test passed"
         status=1
     fi
     grep -E '^\[====\] Synthesis' "$log" || true

@@ -58,18 +58,16 @@ static void name_id(struct cfx_object_id *id, const char *fmt, long a, long b)
     cfx_object_id_from_name(name, id);
 }
 
-/* Every rank but 0 announces it is done; rank 0 waits for all of them, so
- * no holder leaves while someone may still be reading from it. */
+/* Every rank announces it is done and waits for all the others, so no
+ * holder leaves while someone may still be reading from it. */
 static void finish(struct cfx_context *ctx)
 {
     struct cfx_object_id id;
     uint8_t one = 1, got;
-    if (rank != 0) {
-        name_id(&id, "done-%ld-%ld", rank, 0);
-        CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
-    }
+    name_id(&id, "done-%ld-%ld", rank, 0);
+    CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
     /* every rank waits for every other rank: a rank's copy may be a source */
-    for (int r = 1; r < world; r++) {
+    for (int r = 0; r < world; r++) {
         if (r == rank)
             continue;
         name_id(&id, "done-%ld-%ld", r, 0);

@@ -1,0 +1,481 @@
+/*
+ * Parameter-server handles: creation and teardown, the loop and watcher
+ * threads, map changes, and message dispatch to the roles.
+ */
+#include "ps_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+
+#define PS_IDLE_MIN_NS 20000ull /* first idle sleep */
+#define PS_IDLE_MAX_NS \
+    5000000ull /* longest idle sleep: p2p progress and API calls
+                                         wake the loop earlier */
+
+/* ---- map changes ----------------------------------------------------------------------- */
+
+void cfx__ps_sync_peers(struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    if (ps->role == CFX_PS_SERVER)
+        for (uint32_t i = 0; i < m->nworkers; i++) {
+            struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_WORKER, i), m->worker_node[i]);
+            if (p && !p->closed)
+                cfx__ps_peer_up(ps, p);
+        }
+    for (uint32_t i = 0; i < m->nservers; i++) {
+        if (ps->role == CFX_PS_SERVER && (int)i == ps->index)
+            continue;
+        struct ps_peer *cur = ps->servers[i];
+        if (m->server[i].state == CFX_PS_SERVER_RETIRED) {
+            if (cur && cur->up)
+                cfx__ps_peer_down(ps, cur);
+            continue;
+        }
+        struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, i), m->server[i].node_id);
+        if (p && !p->closed) {
+            int rc = cfx__ps_peer_up(ps, p);
+            if (rc != CFX_OK)
+                CFX_LOG(WARN, PS, "job %s: cannot listen to server %u (node %u): %s", ps->job, i,
+                        p->rec.node_id, cfx_strerror(rc));
+        }
+    }
+}
+
+void cfx__ps_after_map(struct cfx_ps *ps)
+{
+    cfx__ps_sync_peers(ps);
+    if (ps->role == CFX_PS_SERVER) {
+        cfx__ps_server_map_changed(ps);
+        bool done = (ps->map.flags & PS_MAP_SHUTDOWN) ||
+                    ((uint32_t)ps->index < ps->map.nservers &&
+                     ps->map.server[ps->index].state == CFX_PS_SERVER_RETIRED);
+        if (done) {
+            pthread_mutex_lock(&ps->lock);
+            ps->finished = true;
+            pthread_cond_broadcast(&ps->cond);
+            pthread_mutex_unlock(&ps->lock);
+        }
+    } else {
+        cfx__ps_worker_map_changed(ps);
+    }
+}
+
+int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version)
+{
+    if (version <= ps->map.version)
+        return CFX_OK;
+    struct ps_map m;
+    cfx__ps_map_init(&m);
+    /* it was published before anyone could name it: this does not wait */
+    int rc = cfx__ps_map_get(ps->ctx, ps->job, version, CFX_MIN(ps->timeout_ms, 5000), &m);
+    if (rc != CFX_OK) {
+        CFX_LOG(WARN, PS, "job %s: cannot fetch shard map %u: %s", ps->job, version,
+                cfx_last_error());
+        return rc;
+    }
+    pthread_mutex_lock(&ps->lock);
+    struct ps_map old = ps->map;
+    ps->map = m;
+    ps->map_applied = m.version;
+    cfx__ps_map_stats(&ps->map, &ps->stats);
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_map_free(&old);
+    cfx__ps_after_map(ps);
+    return CFX_OK;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h, void *payload,
+                     bool owned)
+{
+    switch (h->type) {
+    case PS_MSG_MAP: cfx__ps_map_fetch(ps, h->map_version); return;
+    case PS_MSG_REQ:
+    case PS_MSG_STATE:
+        if (ps->role == CFX_PS_SERVER) {
+            cfx__ps_server_handle(ps, h, payload, owned);
+            return;
+        }
+        break;
+    case PS_MSG_REPLY:
+    case PS_MSG_REDIRECT:
+    worker:
+        if (ps->role == CFX_PS_WORKER) {
+            cfx__ps_worker_handle(ps, h, payload, owned);
+            return;
+        }
+        break;
+    case PS_MSG_REGISTER:
+    case PS_MSG_READY:
+    case PS_MSG_REPORT:
+    case PS_MSG_BYE:
+        if (ps->role == CFX_PS_WORKER)
+            goto worker; /* the scheduler's answer */
+        if (ps->sched) {
+            cfx__ps_sched_handle(ps, from, h, payload);
+            if (h->type == PS_MSG_BYE && ps->role == CFX_PS_SERVER) {
+                /* nothing more comes from that worker */
+            }
+        } else if (h->type == PS_MSG_BYE) {
+            cfx__ps_peer_down(ps, from);
+        }
+        break;
+    default:
+        CFX_LOG(WARN, PS, "job %s: message of unknown type %u from node %u", ps->job, h->type,
+                from->rec.node_id);
+        break;
+    }
+    if (owned)
+        free(payload);
+}
+
+void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status)
+{
+    bool worker = (p->id >> 16) == CFX_PS_WORKER;
+    uint32_t idx = p->id & 0xffff;
+    bool quiet = ps->stop || (ps->map.flags & PS_MAP_SHUTDOWN);
+    if (ps->sched && worker)
+        cfx__ps_sched_worker_gone(ps, idx);
+    if (!quiet && worker)
+        CFX_LOG(INFO, PS, "job %s: worker %u (node %u) is gone: %s", ps->job, idx, p->rec.node_id,
+                cfx_strerror(status));
+    else if (!quiet)
+        CFX_LOG(WARN, PS, "job %s: server %u (node %u) is gone: %s", ps->job, idx, p->rec.node_id,
+                cfx_strerror(status));
+    cfx__ps_peer_down(ps, p);
+    if (!worker && ps->role == CFX_PS_WORKER)
+        cfx__ps_worker_server_failed(ps, idx,
+                                     status == CFX_ERR_CLOSED ? CFX_ERR_PEER_FAILED : status);
+}
+
+/* ---- threads ------------------------------------------------------------------------------ */
+
+static void *loop_main(void *arg)
+{
+    struct cfx_ps *ps = arg;
+    uint64_t idle = PS_IDLE_MIN_NS;
+    for (;;) {
+        pthread_mutex_lock(&ps->lock);
+        bool stop = ps->stop;
+        pthread_mutex_unlock(&ps->lock);
+        if (stop)
+            break;
+        int n = cfx__ps_net_poll(ps);
+        if (ps->role == CFX_PS_WORKER)
+            n += cfx__ps_worker_tick(ps);
+        else
+            n += cfx__ps_server_tick(ps);
+        if (ps->sched)
+            n += cfx__ps_sched_tick(ps);
+        if (n) {
+            idle = PS_IDLE_MIN_NS;
+            continue;
+        }
+        /* sleep until the engine makes progress (or an API call kicks us) */
+        pthread_mutex_lock(&ps->ctx->lock);
+        cfx__obj_wait(ps->ctx, cfx__now_ns() + idle);
+        pthread_mutex_unlock(&ps->ctx->lock);
+        idle = CFX_MIN(idle * 2, PS_IDLE_MAX_NS);
+    }
+    return NULL;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+static int env_int(const char *name, int def)
+{
+    return (int)cfx__env_ll(name, def);
+}
+
+static void defaults(struct cfx_ps_params *p, const struct cfx_ps_params *in,
+                     const struct cfx_context *ctx)
+{
+    uint64_t m = in ? in->field_mask : 0;
+    memset(p, 0, sizeof(*p));
+    p->job = (m & CFX_PS_PARAM_JOB) && in->job ? in->job : cfx__env_str("CFX_PS_JOB", "ps");
+    p->role =
+        (m & CFX_PS_PARAM_ROLE)
+            ? in->role
+            : (enum cfx_ps_role)(strcmp(cfx__env_str("CFX_PS_ROLE", "worker"), "server") == 0);
+    p->index = (m & CFX_PS_PARAM_INDEX) ? in->index : env_int("CFX_PS_INDEX", 0);
+    p->num_workers =
+        (m & CFX_PS_PARAM_NUM_WORKERS) ? in->num_workers : env_int("CFX_PS_WORKERS", 1);
+    p->num_servers =
+        (m & CFX_PS_PARAM_NUM_SERVERS) ? in->num_servers : env_int("CFX_PS_SERVERS", 1);
+    p->consistency = (m & CFX_PS_PARAM_CONSISTENCY) ? in->consistency : CFX_PS_BSP;
+    p->staleness = (m & CFX_PS_PARAM_STALENESS) ? in->staleness : 1;
+    p->block_size = (m & CFX_PS_PARAM_BLOCK_SIZE)
+                        ? in->block_size
+                        : cfx__env_size("CFX_PS_BLOCK_SIZE", PS_BLOCK_DEFAULT);
+    struct cfx_ps_optim o = { .type = CFX_PS_OPT_SUM,
+                              .lr = 0.01,
+                              .momentum = 0.9,
+                              .beta1 = 0.9,
+                              .beta2 = 0.999,
+                              .eps = 1e-8,
+                              .grad_scale = 1.0 };
+    p->optim = (m & CFX_PS_PARAM_OPTIMIZER) ? in->optim : o;
+    p->timeout_ms = (m & CFX_PS_PARAM_TIMEOUT) ? in->timeout_ms : ctx->cfg.timeout_ms;
+    cfx__ps_balance_defaults(&p->balance);
+    if (m & CFX_PS_PARAM_BALANCE)
+        p->balance = in->balance;
+    p->standby = (m & CFX_PS_PARAM_STANDBY) ? in->standby : 0;
+}
+
+static int validate(const struct cfx_ps_params *p)
+{
+    if (!p->job || !*p->job || strlen(p->job) >= PS_JOB_MAX || strchr(p->job, '/'))
+        return cfx__err(CFX_ERR_INVALID, "ps: job name must be 1..%d characters without '/'",
+                        PS_JOB_MAX - 1);
+    if (p->role != CFX_PS_WORKER && p->role != CFX_PS_SERVER)
+        return cfx__err(CFX_ERR_INVALID, "ps: unknown role %d", (int)p->role);
+    if (p->num_workers < 1 || p->num_workers > PS_MAX_WORKERS || p->num_servers < 1 ||
+        p->num_servers > PS_MAX_SERVERS)
+        return cfx__err(CFX_ERR_INVALID, "ps: %d workers, %d servers (1..%d, 1..%d)",
+                        p->num_workers, p->num_servers, PS_MAX_WORKERS, PS_MAX_SERVERS);
+    int lim = p->role == CFX_PS_WORKER ? p->num_workers : PS_MAX_SERVERS;
+    if (p->index < 0 || p->index >= lim)
+        return cfx__err(CFX_ERR_INVALID, "ps: %s index %d out of range (0..%d)",
+                        p->role == CFX_PS_WORKER ? "worker" : "server", p->index, lim - 1);
+    if ((unsigned)p->consistency > CFX_PS_ASP || p->staleness < 0 ||
+        p->staleness > PS_MAX_STALENESS)
+        return cfx__err(CFX_ERR_INVALID, "ps: consistency %d / staleness %d", (int)p->consistency,
+                        p->staleness);
+    if (p->block_size < PS_BLOCK_MIN)
+        return cfx__err(CFX_ERR_INVALID, "ps: block size %zu below %u bytes", p->block_size,
+                        PS_BLOCK_MIN);
+    if ((unsigned)p->optim.type > CFX_PS_OPT_ADAM)
+        return cfx__err(CFX_ERR_INVALID, "ps: unknown optimizer %d", (int)p->optim.type);
+    if (p->balance.interval_ms < 1 || p->balance.report_ms < 1 || p->balance.explore < 0 ||
+        p->balance.explore > 1 || p->balance.min_gain < 0 || p->balance.min_gain >= 1)
+        return cfx__err(CFX_ERR_INVALID, "ps: balance knobs out of range");
+    return CFX_OK;
+}
+
+static bool listed(const struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    return ps->role == CFX_PS_WORKER
+               ? (uint32_t)ps->index < m->nworkers && m->worker_node[ps->index] == ps->ctx->node_id
+               : (uint32_t)ps->index < m->nservers &&
+                     m->server[ps->index].node_id == ps->ctx->node_id;
+}
+
+/* Non-schedulers: listen to the scheduler, whose MAP messages bring the
+ * shard maps, then wait (after the loop started) for a map that lists us. */
+static int join_sched(struct cfx_ps *ps)
+{
+    struct ps_member m0;
+    struct cfx_object_id id;
+    size_t sz = 0;
+    cfx__ps_obj_id(ps->job, "server", 0, 0, &id);
+    int rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz, ps->timeout_ms);
+    if (rc != CFX_OK || sz != sizeof(m0) || m0.magic != PS_MAGIC)
+        return cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
+                        "job %s: server 0 (the scheduler) "
+                        "did not announce itself within %d ms",
+                        ps->job, ps->timeout_ms);
+    struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, 0), m0.node_id);
+    if (!p)
+        return cfx__err(CFX_ERR_PEER_FAILED,
+                        "job %s: server 0 is node %u, which the "
+                        "coordinator does not know",
+                        ps->job, m0.node_id);
+    return cfx__ps_peer_up(ps, p);
+}
+
+static int wait_listed(struct cfx_ps *ps)
+{
+    uint64_t dl = cfx__deadline_ns(ps->timeout_ms);
+    pthread_mutex_lock(&ps->lock);
+    while (!listed(ps) && cfx__now_ns() < dl) {
+        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
+                               .tv_nsec = (long)(dl % 1000000000ull) };
+        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
+    }
+    bool ok = listed(ps);
+    uint32_t v = ps->map.version;
+    pthread_mutex_unlock(&ps->lock);
+    if (ok)
+        return CFX_OK;
+    if (ps->role == CFX_PS_WORKER && v)
+        return cfx__err(CFX_ERR_EXISTS, "job %s: shard map %u lists another node as worker %d",
+                        ps->job, v, ps->index);
+    return cfx__err(CFX_ERR_TIMEOUT,
+                    "job %s: %s %d was not listed by the scheduler (server 0) "
+                    "within %d ms (map %u)",
+                    ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index,
+                    ps->timeout_ms, v);
+}
+
+int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, struct cfx_ps **out)
+{
+    cfx__err_clear();
+    if (!ctx || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_create: NULL argument");
+    struct cfx_ps *ps = calloc(1, sizeof(*ps));
+    if (!ps)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_ps_create: out of memory");
+    int rc;
+    defaults(&ps->params, params, ctx);
+    if ((rc = validate(&ps->params)) != CFX_OK)
+        goto err_free;
+    ps->ctx = ctx;
+    snprintf(ps->job, sizeof(ps->job), "%s", ps->params.job);
+    ps->params.job = ps->job;
+    ps->role = ps->params.role;
+    ps->index = ps->params.index;
+    ps->self_id = PS_ID(ps->role, ps->index);
+    ps->timeout_ms = ps->params.timeout_ms < 0 ? 3600 * 1000 : ps->params.timeout_ms;
+    pthread_mutex_init(&ps->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ps->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    cfx_list_init(&ps->tx);
+    cfx_list_init(&ps->orphans);
+    cfx__ps_map_init(&ps->map);
+    if (ps->role == CFX_PS_SERVER) {
+        long us = cfx__env_ll("CFX_PS_TEST_DELAY_US", 0);
+        if (us > 0 && cfx__env_ll("CFX_PS_TEST_DELAY_SERVER", 1) == ps->index) {
+            ps->delay_us = (uint32_t)us;
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only delay of %ld us per request", ps->job,
+                    ps->index, us);
+        }
+    }
+
+    /* announce ourselves */
+    ps->member = (struct ps_member){ .magic = PS_MAGIC,
+                                     .node_id = ctx->node_id,
+                                     .role = ps->role,
+                                     .index = (uint32_t)ps->index,
+                                     .standby = !!ps->params.standby };
+    struct cfx_object_id id;
+    cfx__ps_obj_id(ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, 0, &id);
+    rc = cfx_put(ctx, &id, &ps->member, sizeof(ps->member), NULL);
+    if (rc != CFX_OK) {
+        rc = cfx__err(rc, "job %s: cannot announce %s %d: %s", ps->job,
+                      ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index,
+                      rc == CFX_ERR_EXISTS ? "another process uses that index" : cfx_strerror(rc));
+        goto err_lock;
+    }
+
+    if (ps->role == CFX_PS_WORKER && (rc = cfx__ps_worker_create(ps)) != CFX_OK)
+        goto err_delete;
+    if (ps->role == CFX_PS_SERVER && ps->index == 0)
+        rc = cfx__ps_sched_create(ps);
+    else
+        rc = join_sched(ps);
+    if (rc != CFX_OK)
+        goto err_delete;
+    if (pthread_create(&ps->loop_thread, NULL, loop_main, ps)) {
+        rc = cfx__err(CFX_ERR_NOMEM, "job %s: cannot start the loop thread", ps->job);
+        goto err_delete;
+    }
+    ps->loop_started = true;
+    if (ps->sched && (rc = cfx__ps_sched_start(ps)) != CFX_OK) {
+        rc = cfx__err(rc, "job %s: cannot start the scheduler's watchers", ps->job);
+        goto err_delete;
+    }
+    if (!ps->sched && (rc = wait_listed(ps)) != CFX_OK)
+        goto err_delete;
+    CFX_LOG(INFO, PS, "job %s: %s %d up (map %u)", ps->job,
+            ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, ps->map.version);
+    *out = ps;
+    return CFX_OK;
+
+err_delete:
+    cfx_ps_destroy(ps);
+    return rc;
+err_lock:
+    pthread_cond_destroy(&ps->cond);
+    pthread_mutex_destroy(&ps->lock);
+err_free:
+    free(ps);
+    return rc;
+}
+
+void cfx_ps_destroy(struct cfx_ps *ps)
+{
+    if (!ps)
+        return;
+    if (ps->w && ps->loop_started)
+        cfx__ps_worker_say_bye(ps);
+    pthread_mutex_lock(&ps->lock);
+    ps->stop = true;
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_kick(ps);
+    cfx__ps_sched_stop(ps);
+    if (ps->loop_started)
+        pthread_join(ps->loop_thread, NULL);
+    if (ps->w)
+        cfx__ps_worker_bye(ps);
+    cfx__ps_net_close(ps);
+    cfx__ps_server_free(ps);
+    cfx__ps_worker_free(ps);
+    cfx__ps_sched_free(ps);
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
+    struct cfx_object_id id;
+    cfx__ps_obj_id(ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, 0, &id);
+    cfx_delete(ps->ctx, &id, &op);
+    for (uint32_t i = 0; i < ps->nmap_bufs; i++)
+        free(ps->map_bufs[i]);
+    free(ps->map_bufs);
+    cfx__ps_map_free(&ps->map);
+    pthread_cond_destroy(&ps->cond);
+    pthread_mutex_destroy(&ps->lock);
+    free(ps);
+}
+
+int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
+{
+    cfx__err_clear();
+    if (!ps || ps->role != CFX_PS_SERVER)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_serve: not a server handle");
+    uint64_t dl = cfx__deadline_ns(timeout_ms);
+    pthread_mutex_lock(&ps->lock);
+    while (!ps->finished) {
+        if (dl == UINT64_MAX) {
+            pthread_cond_wait(&ps->cond, &ps->lock);
+            continue;
+        }
+        if (cfx__now_ns() >= dl)
+            break;
+        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
+                               .tv_nsec = (long)(dl % 1000000000ull) };
+        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
+    }
+    bool fin = ps->finished;
+    pthread_mutex_unlock(&ps->lock);
+    return fin ? CFX_OK
+               : cfx__err(CFX_ERR_TIMEOUT, "job %s: server %d still serving after %d ms", ps->job,
+                          ps->index, timeout_ms);
+}
+
+int cfx_ps_stats(struct cfx_ps *ps, struct cfx_ps_stats *out)
+{
+    if (!ps || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_stats: NULL argument");
+    pthread_mutex_lock(&ps->lock);
+    *out = ps->stats;
+    pthread_mutex_unlock(&ps->lock);
+    return CFX_OK;
+}
+
+int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us)
+{
+    if (!ps || ps->role != CFX_PS_SERVER)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_server_set_delay: not a server handle");
+    pthread_mutex_lock(&ps->lock);
+    ps->delay_us = us;
+    pthread_mutex_unlock(&ps->lock);
+    return CFX_OK;
+}

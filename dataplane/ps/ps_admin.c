@@ -1,0 +1,117 @@
+/*
+ * Administration of a running job from any member context (rdmactl joins as
+ * one).  Requests and answers are small objects:
+ *
+ *   ps/<job>/admin/<n>        struct ps_admin_req, put by the administrator
+ *   ps/<job>/admin-reply/<n>  struct ps_admin_rep, put by the scheduler
+ *
+ * The scheduler looks for request n = 1, 2, ... in order; the latest map
+ * says which n comes next (admin_next), and the administrator skips numbers
+ * already taken.  One administrator at a time: two racing for the same n
+ * would write different bytes under one name.
+ */
+#include "ps_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int admin(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg, int timeout_ms,
+                 uint32_t *version_out)
+{
+    cfx__err_clear();
+    if (!ctx || !job || !*job)
+        return cfx__err(CFX_ERR_INVALID, "ps admin: NULL context or job");
+    struct ps_map m;
+    cfx__ps_map_init(&m);
+    int rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
+    if (rc != CFX_OK)
+        return rc;
+    uint32_t n = m.admin_next ? m.admin_next : 1;
+    cfx__ps_map_free(&m);
+    /* skip numbers taken (a request, or an answer to one already deleted) */
+    for (;;) {
+        struct cfx_object_id ids[2];
+        bool present[2];
+        cfx__ps_obj_id(job, "admin", n, 0, &ids[0]);
+        cfx__ps_obj_id(job, "admin-reply", n, 0, &ids[1]);
+        if ((rc = cfx__ps_probe(ctx, ids, 2, present)) != CFX_OK)
+            return cfx__err(rc, "job %s: cannot list the object directory", job);
+        if (!present[0] && !present[1])
+            break;
+        n++;
+    }
+    struct ps_admin_req *req = calloc(1, sizeof(*req));
+    if (!req)
+        return cfx__err(CFX_ERR_NOMEM, "ps admin: out of memory");
+    *req = (struct ps_admin_req){ .magic = PS_MAGIC, .cmd = cmd, .arg = arg };
+    struct cfx_object_id id, rid;
+    cfx__ps_obj_id(job, "admin", n, 0, &id);
+    cfx__ps_obj_id(job, "admin-reply", n, 0, &rid);
+    rc = cfx_put(ctx, &id, req, sizeof(*req), NULL);
+    if (rc != CFX_OK) {
+        free(req);
+        return cfx__err(rc, "job %s: cannot post admin request %u: %s", job, n, cfx_strerror(rc));
+    }
+    struct ps_admin_rep rep;
+    size_t sz = 0;
+    rc = cfx__ps_get(ctx, &rid, &rep, sizeof(rep), &sz, timeout_ms);
+    struct cfx_obj_params dop = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
+    cfx_delete(ctx, &id, &dop);
+    free(req);
+    if (rc == CFX_ERR_TIMEOUT)
+        return cfx__err(rc,
+                        "job %s: the scheduler (server 0) did not answer admin request %u "
+                        "within %d ms",
+                        job, n, timeout_ms);
+    if (rc != CFX_OK)
+        return rc;
+    if (sz != sizeof(rep) || rep.magic != PS_MAGIC)
+        return cfx__err(CFX_ERR_PROTO, "job %s: malformed answer to admin request %u", job, n);
+    rep.detail[sizeof(rep.detail) - 1] = '\0';
+    if (version_out)
+        *version_out = rep.version;
+    if (rep.status != CFX_OK)
+        return cfx__err(rep.status, "job %s: %s", job, rep.detail);
+    return CFX_OK;
+}
+
+int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server, int timeout_ms,
+                      uint32_t *version_out)
+{
+    return admin(ctx, job, PS_ADMIN_ADD, server, timeout_ms, version_out);
+}
+
+int cfx_ps_remove_server(struct cfx_context *ctx, const char *job, int server, int timeout_ms,
+                         uint32_t *version_out)
+{
+    return admin(ctx, job, PS_ADMIN_REMOVE, server, timeout_ms, version_out);
+}
+
+int cfx_ps_rebalance(struct cfx_context *ctx, const char *job, int timeout_ms,
+                     uint32_t *version_out)
+{
+    return admin(ctx, job, PS_ADMIN_REBALANCE, 0, timeout_ms, version_out);
+}
+
+int cfx_ps_set_auto(struct cfx_context *ctx, const char *job, int enabled, int timeout_ms)
+{
+    return admin(ctx, job, PS_ADMIN_AUTO, enabled, timeout_ms, NULL);
+}
+
+int cfx_ps_shards(struct cfx_context *ctx, const char *job, int timeout_ms,
+                  struct cfx_ps_stats *out)
+{
+    cfx__err_clear();
+    if (!ctx || !job || !out)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_shards: NULL argument");
+    struct ps_map m;
+    cfx__ps_map_init(&m);
+    int rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
+    if (rc != CFX_OK)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    cfx__ps_map_stats(&m, out);
+    cfx__ps_map_free(&m);
+    return CFX_OK;
+}

@@ -1,0 +1,393 @@
+/*
+ * Parameter-server messages over point-to-point: peers, mailboxes, sends,
+ * and the objects the job publishes (members, shard maps).
+ *
+ * A mailbox is a ring of PS_HDR_AHEAD header receives posted to one peer.
+ * Entries complete in posting order (the sender's headers match them in
+ * order), so the ring's head is the peer's oldest undelivered message.  When
+ * a header lands, the payload receive of its exact length is posted (in
+ * header order, which keeps the payload tag matched in order too); when the
+ * head's payload has landed the message is delivered and a new header
+ * receive takes its place.
+ */
+#include "ps_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+
+void cfx__ps_obj_id(const char *job, const char *what, long a, long b, struct cfx_object_id *id)
+{
+    char name[PS_JOB_MAX + 96];
+    snprintf(name, sizeof(name), "ps/%s/%s/%ld/%ld", job, what, a, b);
+    cfx_object_id_from_name(name, id);
+}
+
+uint64_t cfx__ps_chan(const char *job, uint32_t id)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = job; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    h = (h ^ id) * 0x100000001b3ull;
+    return h | (1ull << 63);
+}
+
+void cfx__ps_kick(struct cfx_ps *ps)
+{
+    /* the loop sleeps on the engine's progress condition */
+    pthread_mutex_lock(&ps->ctx->lock);
+    pthread_cond_broadcast(&ps->ctx->obj_cond);
+    pthread_mutex_unlock(&ps->ctx->lock);
+}
+
+static const char *role_name(uint32_t id)
+{
+    return (id >> 16) == CFX_PS_SERVER ? "server" : "worker";
+}
+
+struct ps_peer *cfx__ps_peer(struct cfx_ps *ps, uint32_t id, uint32_t node_id)
+{
+    uint32_t role = id >> 16, idx = id & 0xffff;
+    struct ps_peer **slot;
+    if (role == CFX_PS_SERVER && idx < PS_MAX_SERVERS)
+        slot = &ps->servers[idx];
+    else if (role == CFX_PS_WORKER && idx < PS_MAX_WORKERS)
+        slot = &ps->workers[idx];
+    else
+        return NULL;
+    if (*slot && (*slot)->rec.node_id == node_id)
+        return *slot;
+    if (*slot) {
+        /* the slot changed hands (a server index reused): start over */
+        cfx__ps_peer_down(ps, *slot);
+        free(*slot);
+        *slot = NULL;
+    }
+    struct ps_peer *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->id = id;
+    int rc = cfx__ctl_node_get(ps->ctx->ctl, node_id, &p->rec, cfx__deadline_ns(ps->timeout_ms));
+    if (rc != CFX_OK) {
+        CFX_LOG(WARN, PS, "job %s: no record of %s %u (node %u): %s", ps->job, role_name(id), idx,
+                node_id, cfx_strerror(rc));
+        free(p);
+        return NULL;
+    }
+    *slot = p;
+    return p;
+}
+
+static int post_hdr(struct cfx_ps *ps, struct ps_peer *p, struct ps_rx *rx)
+{
+    memset(rx, 0, sizeof(*rx));
+    return cfx__p2p_irecv(ps->ctx, &p->rec, cfx__ps_chan(ps->job, ps->self_id), PS_TAG_HDR,
+                          &rx->hdr, sizeof(rx->hdr), CFX_MEMTYPE_HOST, &rx->hreq);
+}
+
+int cfx__ps_peer_up(struct cfx_ps *ps, struct ps_peer *p)
+{
+    if (p->up || p->closed)
+        return CFX_OK;
+    for (unsigned i = 0; i < PS_HDR_AHEAD; i++) {
+        int rc = post_hdr(ps, p, &p->rx[i]);
+        if (rc != CFX_OK)
+            return rc;
+    }
+    p->rx_head = 0;
+    p->up = true;
+    return CFX_OK;
+}
+
+void cfx__ps_peer_down(struct cfx_ps *ps, struct ps_peer *p)
+{
+    (void)ps;
+    for (unsigned i = 0; i < PS_HDR_AHEAD; i++) {
+        struct ps_rx *rx = &p->rx[i];
+        cfx__p2p_free(rx->dreq);
+        cfx__p2p_free(rx->hreq);
+        if (rx->owned)
+            free(rx->payload);
+        memset(rx, 0, sizeof(*rx));
+    }
+    p->up = false;
+    p->closed = true;
+}
+
+int cfx__ps_send(struct cfx_ps *ps, struct ps_peer *to, struct ps_hdr *hdr, const void *payload,
+                 size_t len, void *owned)
+{
+    int rc = CFX_ERR_NOMEM;
+    struct ps_tx *tx = calloc(1, sizeof(*tx));
+    if (!tx)
+        goto err_free;
+    hdr->magic = PS_MAGIC;
+    hdr->from = ps->self_id;
+    hdr->map_version = ps->map.version;
+    hdr->len = len;
+    tx->hdr = *hdr;
+    tx->owned = owned;
+    tx->peer = to->id;
+    uint64_t chan = cfx__ps_chan(ps->job, to->id);
+    rc = cfx__p2p_isend(ps->ctx, &to->rec, chan, PS_TAG_HDR, &tx->hdr, sizeof(tx->hdr),
+                        CFX_MEMTYPE_HOST, &tx->hreq);
+    if (rc != CFX_OK)
+        goto err_tx;
+    if (len) {
+        rc = cfx__p2p_isend(ps->ctx, &to->rec, chan, PS_TAG_DATA, payload, len, CFX_MEMTYPE_HOST,
+                            &tx->dreq);
+        if (rc != CFX_OK)
+            goto err_tx; /* the receiver will wait for a payload that never comes:
+                            the peer's deadline reports it */
+    }
+    cfx_list_add_tail(&tx->link, &ps->tx);
+    return CFX_OK;
+err_tx:
+    cfx__p2p_free(tx->hreq);
+    free(tx);
+err_free:
+    free(owned);
+    CFX_LOG(WARN, PS, "job %s: cannot send to %s %u (node %u): %s", ps->job, role_name(to->id),
+            to->id & 0xffff, to->rec.node_id, cfx_strerror(rc));
+    return rc;
+}
+
+/* Reap sends that finished. */
+static int poll_tx(struct cfx_ps *ps)
+{
+    int n = 0;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ps->tx)
+    {
+        struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
+        int hs = cfx__p2p_test(tx->hreq);
+        int ds = tx->dreq ? cfx__p2p_test(tx->dreq) : CFX_OK;
+        if (hs == CFX_ERR_AGAIN || ds == CFX_ERR_AGAIN)
+            continue;
+        if (hs != CFX_OK || ds != CFX_OK)
+            CFX_LOG(WARN, PS, "job %s: message %u to %s %u failed: %s", ps->job, tx->hdr.type,
+                    role_name(tx->peer), tx->peer & 0xffff, cfx_strerror(hs != CFX_OK ? hs : ds));
+        cfx_list_del(&tx->link);
+        cfx__p2p_free(tx->hreq);
+        cfx__p2p_free(tx->dreq);
+        free(tx->owned);
+        free(tx);
+        n++;
+    }
+    return n;
+}
+
+static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
+{
+    int n = 0;
+    if (!p || !p->up)
+        return 0;
+    /* post payload receives for headers that landed, in order */
+    for (unsigned k = 0; k < PS_HDR_AHEAD; k++) {
+        struct ps_rx *rx = &p->rx[(p->rx_head + k) % PS_HDR_AHEAD];
+        if (rx->dreq || rx->payload)
+            continue;
+        int st = cfx__p2p_test(rx->hreq);
+        if (st == CFX_ERR_AGAIN)
+            break;
+        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC) {
+            cfx__ps_peer_failed(ps, p, st != CFX_OK ? st : CFX_ERR_PROTO);
+            return n + 1;
+        }
+        if (!rx->hdr.len)
+            continue;
+        void *buf = NULL;
+        if (rx->hdr.type == PS_MSG_REPLY)
+            buf = cfx__ps_worker_reply_buf(ps, &rx->hdr);
+        rx->owned = !buf;
+        if (!buf && !(buf = malloc(rx->hdr.len))) {
+            cfx__ps_peer_failed(ps, p, CFX_ERR_NOMEM);
+            return n + 1;
+        }
+        rx->payload = buf;
+        int rc = cfx__p2p_irecv(ps->ctx, &p->rec, cfx__ps_chan(ps->job, ps->self_id), PS_TAG_DATA,
+                                buf, rx->hdr.len, CFX_MEMTYPE_HOST, &rx->dreq);
+        if (rc != CFX_OK) {
+            cfx__ps_peer_failed(ps, p, rc);
+            return n + 1;
+        }
+    }
+    /* deliver from the head */
+    for (;;) {
+        struct ps_rx *rx = &p->rx[p->rx_head];
+        int st = cfx__p2p_test(rx->hreq);
+        if (st == CFX_ERR_AGAIN)
+            break;
+        if (st != CFX_OK)
+            break; /* reported above */
+        if (rx->hdr.len) {
+            if (!rx->dreq)
+                break;
+            st = cfx__p2p_test(rx->dreq);
+            if (st == CFX_ERR_AGAIN)
+                break;
+            if (st != CFX_OK) {
+                cfx__ps_peer_failed(ps, p, st);
+                return n + 1;
+            }
+        }
+        struct ps_hdr h = rx->hdr;
+        void *payload = rx->payload;
+        bool owned = rx->owned;
+        cfx__p2p_free(rx->dreq);
+        cfx__p2p_free(rx->hreq);
+        rx->dreq = rx->hreq = NULL;
+        rx->payload = NULL;
+        rx->owned = false;
+        int rc = post_hdr(ps, p, rx);
+        p->rx_head = (p->rx_head + 1) % PS_HDR_AHEAD;
+        n++;
+        cfx__ps_deliver(ps, p, &h, payload, owned);
+        if (rc != CFX_OK) {
+            cfx__ps_peer_failed(ps, p, rc);
+            break;
+        }
+        if (!p->up)
+            break; /* the handler closed it */
+    }
+    return n;
+}
+
+int cfx__ps_net_poll(struct cfx_ps *ps)
+{
+    int n = poll_tx(ps);
+    for (uint32_t i = 0; i < PS_MAX_WORKERS; i++)
+        if (ps->workers[i])
+            n += poll_peer(ps, ps->workers[i]);
+    for (uint32_t i = 0; i < PS_MAX_SERVERS; i++)
+        if (ps->servers[i])
+            n += poll_peer(ps, ps->servers[i]);
+    return n;
+}
+
+void cfx__ps_net_close(struct cfx_ps *ps)
+{
+    /* let sends in flight finish (bounded), then withdraw everything */
+    uint64_t dl = cfx__deadline_ns(CFX_MIN(ps->timeout_ms, 2000));
+    while (!cfx_list_empty(&ps->tx) && cfx__now_ns() < dl) {
+        if (!poll_tx(ps)) {
+            struct timespec ts = { 0, 200000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ps->tx)
+    {
+        struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
+        cfx_list_del(&tx->link);
+        cfx__p2p_free(tx->hreq);
+        cfx__p2p_free(tx->dreq);
+        free(tx->owned);
+        free(tx);
+    }
+    for (uint32_t i = 0; i < PS_MAX_WORKERS; i++)
+        if (ps->workers[i]) {
+            cfx__ps_peer_down(ps, ps->workers[i]);
+            free(ps->workers[i]);
+            ps->workers[i] = NULL;
+        }
+    for (uint32_t i = 0; i < PS_MAX_SERVERS; i++)
+        if (ps->servers[i]) {
+            cfx__ps_peer_down(ps, ps->servers[i]);
+            free(ps->servers[i]);
+            ps->servers[i] = NULL;
+        }
+}
+
+/* ---- maps in the object directory ------------------------------------------------ */
+
+int cfx__ps_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t cap,
+                size_t *size, int timeout_ms)
+{
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = timeout_ms };
+    int rc = cfx_get(ctx, id, buf, cap, size, &op);
+    if (rc != CFX_OK)
+        return rc;
+    /* a small object got here stays served from @p buf (object.h): drop that
+     * copy before the caller reuses the buffer, unless this node put it */
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+    bool ours = obj && obj->buf == buf;
+    pthread_mutex_unlock(&ctx->lock);
+    if (ours) {
+        struct cfx_obj_params dop = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
+        cfx_delete(ctx, id, &dop);
+    }
+    return CFX_OK;
+}
+
+int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
+                    struct ps_map *m)
+{
+    struct cfx_object_id id;
+    cfx__ps_obj_id(job, "map", version, 0, &id);
+    void *buf = malloc(PS_MAP_MAX);
+    if (!buf)
+        return CFX_ERR_NOMEM;
+    size_t size = 0;
+    int rc = cfx__ps_get(ctx, &id, buf, PS_MAP_MAX, &size, timeout_ms);
+    if (rc == CFX_OK) {
+        rc = cfx__ps_map_decode(buf, size, m);
+        if (rc == CFX_OK && m->version != version)
+            rc = CFX_ERR_PROTO;
+        if (rc != CFX_OK)
+            cfx__err(rc, "job %s: shard map %u is malformed", job, version);
+    }
+    free(buf);
+    return rc;
+}
+
+int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n, bool *present)
+{
+    struct cfx_ctl_obj_rec *recs = NULL;
+    size_t nrec = 0;
+    int rc = cfx__ctl_objects(ctx->ctl, &recs, &nrec, cfx__deadline_ns(5000));
+    if (rc != CFX_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        present[i] = false;
+        for (size_t j = 0; j < nrec && !present[i]; j++)
+            present[i] = !memcmp(&recs[j].id, &ids[i], sizeof(ids[i])) && recs[j].nholders;
+    }
+    free(recs);
+    return CFX_OK;
+}
+
+int cfx__ps_map_latest(struct cfx_context *ctx, const char *job, int timeout_ms, struct ps_map *m)
+{
+    /* version 1 may still be coming: wait for it; then probe the directory
+     * for the highest version without waiting on any lookup */
+    int rc = cfx__ps_map_get(ctx, job, 1, timeout_ms, m);
+    if (rc != CFX_OK)
+        return rc == CFX_ERR_TIMEOUT
+                   ? cfx__err(rc,
+                              "job %s: no shard map published within %d ms (is server 0 "
+                              "running?)",
+                              job, timeout_ms)
+                   : rc;
+    enum { PROBE = 64 };
+    uint32_t base = 2, last = 1;
+    for (;;) {
+        struct cfx_object_id ids[PROBE];
+        bool present[PROBE];
+        for (uint32_t i = 0; i < PROBE; i++)
+            cfx__ps_obj_id(job, "map", (long)(base + i), 0, &ids[i]);
+        if ((rc = cfx__ps_probe(ctx, ids, PROBE, present)) != CFX_OK)
+            return rc;
+        uint32_t i = 0;
+        while (i < PROBE && present[i])
+            last = base + i++;
+        if (i < PROBE)
+            break;
+        base += PROBE;
+    }
+    return last == 1 ? CFX_OK : cfx__ps_map_get(ctx, job, last, timeout_ms, m);
+}

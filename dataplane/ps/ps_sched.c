@@ -1,0 +1,692 @@
+/*
+ * Scheduler role (runs inside server 0): owns the shard map, publishes each
+ * version as an immutable small object "ps/<job>/map/<version>", turns
+ * workers' load reports into per-server service times, and decides when and
+ * where blocks move (ps_balance.c).  It also admits joining servers, drains
+ * removed ones and answers admin requests ("ps/<job>/admin/<n>").
+ *
+ * Measurement window.  Reports carry the oldest map version the worker still
+ * has requests under; reports older than the window's map version are
+ * dropped, so a window never mixes two assignments.  A decision needs at
+ * least interval_ms of data, a report from every worker still in the job and
+ * traffic to every server that owns blocks.
+ *
+ * Retiring.  A removed server is DRAINING once a map moves its blocks away;
+ * it becomes RETIRED when every worker reports that it has no request left
+ * under an older map, so nothing can reach it any more.
+ */
+#include "ps_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum ps_ev_type { PS_EV_JOIN = 1, PS_EV_ADMIN };
+
+struct ps_ev {
+    struct ps_ev *next;
+    enum ps_ev_type type;
+    uint32_t n; /* JOIN: server index; ADMIN: sequence */
+    struct ps_member member;
+    struct ps_admin_req req;
+};
+
+struct ps_sched {
+    /* measurement window (loop thread) */
+    uint64_t win_start;
+    uint32_t win_version;
+    double busy[PS_MAX_SERVERS];
+    double bytes[PS_MAX_SERVERS];
+    uint32_t reports[PS_MAX_WORKERS];
+    double est[PS_MAX_SERVERS]; /* ns per byte; 0 unknown */
+    uint64_t stragglers;
+    uint32_t worker_ver[PS_MAX_WORKERS]; /* oldest map version in use */
+    bool bye[PS_MAX_WORKERS];
+    uint32_t nbye;
+    uint32_t drain_version[PS_MAX_SERVERS];
+    bool auto_on;
+
+    /* watcher -> loop (ps->lock) */
+    struct ps_ev *events;
+    uint32_t watch_server; /* next server index to look for */
+    uint32_t watch_admin;  /* next admin request to look for */
+
+    pthread_t join_thread, admin_thread;
+    bool join_started, admin_started;
+
+    void **replies; /* admin reply objects we put */
+    uint32_t nreplies;
+};
+
+static void map_bufs_keep(struct cfx_ps *ps, void *buf)
+{
+    void **n = realloc(ps->map_bufs, (ps->nmap_bufs + 1) * sizeof(*n));
+    if (!n) {
+        free(buf); /* inline objects live in the coordinator anyway */
+        return;
+    }
+    ps->map_bufs = n;
+    ps->map_bufs[ps->nmap_bufs++] = buf;
+}
+
+/* Cumulate the window into the published map's server entries. */
+static void stamp_estimates(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    for (uint32_t i = 0; i < ps->map.nservers; i++) {
+        ps->map.server[i].ns_per_byte = s->est[i];
+        ps->map.server[i].straggler = !!(s->stragglers & (1ull << i));
+    }
+}
+
+static void window_reset(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    s->win_start = cfx__now_ns();
+    s->win_version = ps->map.version;
+    memset(s->busy, 0, sizeof(s->busy));
+    memset(s->bytes, 0, sizeof(s->bytes));
+    memset(s->reports, 0, sizeof(s->reports));
+}
+
+/* Tell every member (retiring servers included) that a new map exists. */
+static void notify(struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    struct ps_hdr h = { .type = PS_MSG_MAP };
+    for (uint32_t i = 0; i < m->nworkers; i++) {
+        if (ps->sched->bye[i])
+            continue;
+        struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_WORKER, i), m->worker_node[i]);
+        if (p && !p->closed)
+            cfx__ps_send(ps, p, &h, NULL, 0, NULL);
+    }
+    for (uint32_t i = 1; i < m->nservers; i++) {
+        struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, i), m->server[i].node_id);
+        if (p && !p->closed)
+            cfx__ps_send(ps, p, &h, NULL, 0, NULL);
+    }
+}
+
+int cfx__ps_sched_publish(struct cfx_ps *ps)
+{
+    struct ps_map next;
+    cfx__ps_map_init(&next);
+    stamp_estimates(ps);
+    int rc = cfx__ps_map_copy(&next, &ps->map);
+    if (rc != CFX_OK)
+        return rc;
+    next.version = ps->map.version + 1;
+    next.admin_next = ps->sched->watch_admin;
+    void *buf = malloc(PS_MAP_MAX);
+    if (!buf) {
+        cfx__ps_map_free(&next);
+        return CFX_ERR_NOMEM;
+    }
+    int len = cfx__ps_map_encode(&next, buf, PS_MAP_MAX);
+    if (len < 0) {
+        CFX_LOG(ERR, PS, "job %s: shard map %u does not fit in %u bytes (%u blocks)", ps->job,
+                next.version, PS_MAP_MAX, next.nblocks);
+        free(buf);
+        cfx__ps_map_free(&next);
+        return len;
+    }
+    struct cfx_object_id id;
+    cfx__ps_obj_id(ps->job, "map", next.version, 0, &id);
+    rc = cfx_put(ps->ctx, &id, buf, (size_t)len, NULL);
+    if (rc != CFX_OK) {
+        CFX_LOG(ERR, PS, "job %s: cannot publish shard map %u: %s", ps->job, next.version,
+                cfx_last_error());
+        free(buf);
+        cfx__ps_map_free(&next);
+        return rc;
+    }
+    map_bufs_keep(ps, buf);
+    pthread_mutex_lock(&ps->lock);
+    struct ps_map old = ps->map;
+    ps->map = next;
+    ps->map_applied = next.version;
+    cfx__ps_map_stats(&ps->map, &ps->stats);
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_map_free(&old);
+    CFX_LOG(INFO, PS, "job %s: published shard map %u", ps->job, ps->map.version);
+    notify(ps);
+    cfx__ps_after_map(ps);
+    return CFX_OK;
+}
+
+int cfx__ps_sched_create(struct cfx_ps *ps)
+{
+    struct ps_sched *s = calloc(1, sizeof(*s));
+    if (!s)
+        return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
+    ps->sched = s;
+    s->auto_on = ps->params.balance.enabled != 0;
+    const struct cfx_ps_params *p = &ps->params;
+    uint64_t deadline = cfx__deadline_ns(ps->timeout_ms);
+
+    /* wait for every initial member's announcement */
+    struct ps_map *m = &ps->map;
+    cfx__ps_map_init(m);
+    m->conf.consistency = p->consistency;
+    m->conf.staleness = (uint32_t)p->staleness;
+    m->conf.block_size = p->block_size;
+    m->conf.optim = p->optim;
+    m->nworkers = (uint32_t)p->num_workers;
+    m->nservers = (uint32_t)p->num_servers;
+    for (int r = 0; r < 2; r++) {
+        int n = r ? p->num_servers : p->num_workers;
+        for (int i = 0; i < n; i++) {
+            struct cfx_object_id id;
+            struct ps_member mem;
+            size_t sz = 0;
+            cfx__ps_obj_id(ps->job, r ? "server" : "worker", i, 0, &id);
+            int rc = cfx__ps_get(ps->ctx, &id, &mem, sizeof(mem), &sz, cfx__ms_left(deadline));
+            if (rc != CFX_OK || sz != sizeof(mem) || mem.magic != PS_MAGIC)
+                return cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
+                                "job %s: %s %d did not join within %d ms (%s)", ps->job,
+                                r ? "server" : "worker", i, ps->timeout_ms, cfx_strerror(rc));
+            if (r) {
+                m->server[i].node_id = mem.node_id;
+                m->server[i].state = CFX_PS_SERVER_ACTIVE;
+            } else {
+                m->worker_node[i] = mem.node_id;
+            }
+        }
+    }
+    s->watch_server = (uint32_t)p->num_servers;
+    s->watch_admin = 1;
+    m->version = 0;
+    int rc = cfx__ps_sched_publish(ps);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "job %s: cannot publish the first shard map: %s", ps->job,
+                        cfx_strerror(rc));
+    window_reset(ps);
+    CFX_LOG(INFO, PS, "job %s: scheduler up: %d workers, %d servers", ps->job, p->num_workers,
+            p->num_servers);
+    return CFX_OK;
+}
+
+void cfx__ps_sched_free(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    if (!s)
+        return;
+    while (s->events) {
+        struct ps_ev *e = s->events;
+        s->events = e->next;
+        free(e);
+    }
+    for (uint32_t i = 0; i < s->nreplies; i++)
+        free(s->replies[i]);
+    free(s->replies);
+    free(s);
+    ps->sched = NULL;
+}
+
+/* ---- decisions ---------------------------------------------------------------------- */
+
+static bool all_ready(const struct ps_map *m)
+{
+    for (uint32_t t = 0; t < m->ntensors; t++)
+        if (!m->tensors[t].ready)
+            return false;
+    return true;
+}
+
+/* Run the algorithm on ps->map; publish when blocks move.  Returns moves. */
+static int decide(struct cfx_ps *ps, bool force, const char *why)
+{
+    struct ps_sched *s = ps->sched;
+    struct ps_map *m = &ps->map;
+    uint32_t state[PS_MAX_SERVERS];
+    uint64_t *bytes = calloc(m->nblocks + 1, sizeof(*bytes));
+    uint8_t *movable = calloc(m->nblocks + 1, 1);
+    if (!bytes || !movable) {
+        free(bytes);
+        free(movable);
+        return CFX_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; i < m->nservers; i++)
+        state[i] = m->server[i].state;
+    for (uint32_t b = 0; b < m->nblocks; b++) {
+        uint32_t t = 0;
+        cfx__ps_map_block(m, b, &t, NULL, NULL);
+        bytes[b] = cfx__ps_map_block_bytes(m, b);
+        movable[b] = m->tensors[t].ready != 0;
+    }
+    struct ps_balance_in in = {
+        .nservers = m->nservers,
+        .state = state,
+        .ns_per_byte = s->est,
+        .nblocks = m->nblocks,
+        .bytes = bytes,
+        .movable = movable,
+        .knobs = &ps->params.balance,
+        .force = force,
+    };
+    struct ps_balance_out out;
+    uint16_t *owner = m->owner;
+    int rc = m->nblocks ? cfx__ps_balance(&in, owner, &out) : CFX_OK;
+    free(bytes);
+    free(movable);
+    if (rc != CFX_OK || !m->nblocks)
+        return rc;
+    s->stragglers = out.stragglers;
+    for (uint32_t i = 0; i < m->nservers; i++)
+        if (out.stragglers & (1ull << i))
+            CFX_LOG(INFO, PS, "job %s: server %u is a straggler: %.3f ns/B", ps->job, i, s->est[i]);
+    if (!out.moves)
+        return 0;
+    CFX_LOG(INFO, PS, "job %s: %s: moving %u blocks, predicted step %.0f -> %.0f us", ps->job, why,
+            out.moves, out.cur_max / 1e3, out.new_max / 1e3);
+    rc = cfx__ps_sched_publish(ps);
+    if (rc != CFX_OK)
+        return rc;
+    ps->stats.rebalances++;
+    window_reset(ps);
+    return (int)out.moves;
+}
+
+static void estimate(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    for (uint32_t i = 0; i < ps->map.nservers; i++)
+        if (s->bytes[i] > 0)
+            s->est[i] = s->busy[i] / s->bytes[i];
+}
+
+static bool window_full(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    if (cfx__now_ns() - s->win_start < (uint64_t)ps->params.balance.interval_ms * 1000000ull)
+        return false;
+    for (uint32_t w = 0; w < ps->map.nworkers; w++)
+        if (!s->bye[w] && !s->reports[w])
+            return false;
+    for (uint32_t i = 0; i < ps->map.nservers; i++) {
+        uint32_t nb = 0;
+        cfx__ps_map_load(&ps->map, i, &nb, NULL);
+        if (nb && s->bytes[i] <= 0)
+            return false;
+    }
+    return true;
+}
+
+/* ---- admin requests and joins ------------------------------------------------------- */
+
+static void admin_reply(struct cfx_ps *ps, uint32_t n, int status, const char *detail)
+{
+    struct ps_sched *s = ps->sched;
+    struct ps_admin_rep *rep = calloc(1, sizeof(*rep));
+    void **r = realloc(s->replies, (s->nreplies + 1) * sizeof(*r));
+    if (!rep || !r) {
+        free(rep);
+        return;
+    }
+    s->replies = r;
+    s->replies[s->nreplies++] = rep;
+    rep->magic = PS_MAGIC;
+    rep->status = status;
+    rep->version = ps->map.version;
+    snprintf(rep->detail, sizeof(rep->detail), "%s", detail ? detail : "");
+    struct cfx_object_id id;
+    cfx__ps_obj_id(ps->job, "admin-reply", n, 0, &id);
+    int rc = cfx_put(ps->ctx, &id, rep, sizeof(*rep), NULL);
+    if (rc != CFX_OK)
+        CFX_LOG(WARN, PS, "job %s: cannot answer admin request %u: %s", ps->job, n,
+                cfx_strerror(rc));
+}
+
+static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)
+{
+    struct ps_sched *s = ps->sched;
+    struct ps_map *m = &ps->map;
+    char why[96];
+    int idx = req->arg;
+    switch (req->cmd) {
+    case PS_ADMIN_ADD:
+        if (idx < 0 || (uint32_t)idx >= m->nservers) {
+            snprintf(why, sizeof(why), "server %d has not joined the job", idx);
+            admin_reply(ps, n, CFX_ERR_NOT_FOUND, why);
+            return;
+        }
+        if (m->server[idx].state == CFX_PS_SERVER_ACTIVE) {
+            admin_reply(ps, n, CFX_OK, "already active");
+            return;
+        }
+        if (m->server[idx].state != CFX_PS_SERVER_STANDBY) {
+            snprintf(why, sizeof(why), "server %d was removed", idx);
+            admin_reply(ps, n, CFX_ERR_INVALID, why);
+            return;
+        }
+        m->server[idx].state = CFX_PS_SERVER_ACTIVE;
+        snprintf(why, sizeof(why), "server %d added", idx);
+        if (decide(ps, true, why) <= 0)
+            cfx__ps_sched_publish(ps);
+        admin_reply(ps, n, CFX_OK, why);
+        return;
+    case PS_ADMIN_REMOVE: {
+        if (idx == 0) {
+            admin_reply(ps, n, CFX_ERR_BUSY, "server 0 runs the scheduler and cannot be removed");
+            return;
+        }
+        if (idx < 0 || (uint32_t)idx >= m->nservers) {
+            snprintf(why, sizeof(why), "no server %d in the job", idx);
+            admin_reply(ps, n, CFX_ERR_NOT_FOUND, why);
+            return;
+        }
+        if (m->server[idx].state == CFX_PS_SERVER_DRAINING ||
+            m->server[idx].state == CFX_PS_SERVER_RETIRED) {
+            admin_reply(ps, n, CFX_OK, "already removed");
+            return;
+        }
+        if (!all_ready(m)) {
+            admin_reply(ps, n, CFX_ERR_BUSY, "tensors are still being registered; retry");
+            return;
+        }
+        uint32_t active = 0;
+        for (uint32_t i = 0; i < m->nservers; i++)
+            active += m->server[i].state == CFX_PS_SERVER_ACTIVE;
+        if (active <= 1 && m->server[idx].state == CFX_PS_SERVER_ACTIVE) {
+            admin_reply(ps, n, CFX_ERR_INVALID, "it is the last active server");
+            return;
+        }
+        m->server[idx].state = CFX_PS_SERVER_DRAINING;
+        snprintf(why, sizeof(why), "server %d removed", idx);
+        if (decide(ps, true, why) <= 0)
+            cfx__ps_sched_publish(ps);
+        s->drain_version[idx] = m->version;
+        admin_reply(ps, n, CFX_OK, why);
+        return;
+    }
+    case PS_ADMIN_REBALANCE: {
+        estimate(ps);
+        int moved = decide(ps, true, "rebalance requested");
+        snprintf(why, sizeof(why), "%d blocks moved", moved < 0 ? 0 : moved);
+        admin_reply(ps, n, moved < 0 ? moved : CFX_OK, why);
+        return;
+    }
+    case PS_ADMIN_AUTO:
+        s->auto_on = idx != 0;
+        window_reset(ps);
+        admin_reply(ps, n, CFX_OK,
+                    s->auto_on ? "automatic rebalancing on" : "automatic rebalancing off");
+        return;
+    default: admin_reply(ps, n, CFX_ERR_INVALID, "unknown command");
+    }
+}
+
+static void join(struct cfx_ps *ps, uint32_t idx, const struct ps_member *mem)
+{
+    struct ps_map *m = &ps->map;
+    if (idx != m->nservers || idx >= PS_MAX_SERVERS)
+        return;
+    m->server[idx].node_id = mem->node_id;
+    m->server[idx].state = mem->standby ? CFX_PS_SERVER_STANDBY : CFX_PS_SERVER_ACTIVE;
+    m->server[idx].ns_per_byte = 0;
+    m->nservers++;
+    ps->sched->est[idx] = 0;
+    char why[64];
+    snprintf(why, sizeof(why), "server %u joined", idx);
+    CFX_LOG(INFO, PS, "job %s: %s (node %u)%s", ps->job, why, mem->node_id,
+            mem->standby ? ", standby" : "");
+    if (mem->standby || decide(ps, true, why) <= 0)
+        cfx__ps_sched_publish(ps);
+}
+
+/*
+ * Watcher threads: one waits for the next server to announce itself, the
+ * other for the next admin request.  Each blocks in one lookup that ends
+ * when the object appears, so an idle job costs the coordinator nothing;
+ * cfx__ps_sched_stop() wakes them by putting the objects they wait for.
+ */
+static void queue_event(struct cfx_ps *ps, struct ps_ev *e)
+{
+    struct ps_sched *s = ps->sched;
+    pthread_mutex_lock(&ps->lock);
+    struct ps_ev **tail = &s->events;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = e;
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_kick(ps);
+}
+
+static void *watch_joins(void *arg)
+{
+    struct cfx_ps *ps = arg;
+    struct ps_sched *s = ps->sched;
+    for (;;) {
+        pthread_mutex_lock(&ps->lock);
+        bool stop = ps->stop;
+        uint32_t idx = s->watch_server;
+        pthread_mutex_unlock(&ps->lock);
+        if (stop || idx >= PS_MAX_SERVERS)
+            break;
+        struct ps_ev *e = calloc(1, sizeof(*e));
+        if (!e)
+            break;
+        struct cfx_object_id id;
+        size_t sz = 0;
+        cfx__ps_obj_id(ps->job, "server", idx, 0, &id);
+        int rc = cfx__ps_get(ps->ctx, &id, &e->member, sizeof(e->member), &sz, -1);
+        if (rc != CFX_OK || sz != sizeof(e->member) || e->member.magic != PS_MAGIC) {
+            free(e);
+            if (rc != CFX_OK) {
+                struct timespec ts = { 0, 100000000 };
+                nanosleep(&ts, NULL);
+            }
+            continue; /* woken to stop, or garbage: look again */
+        }
+        e->type = PS_EV_JOIN;
+        e->n = idx;
+        pthread_mutex_lock(&ps->lock);
+        s->watch_server++;
+        pthread_mutex_unlock(&ps->lock);
+        queue_event(ps, e);
+    }
+    return NULL;
+}
+
+static void *watch_admin(void *arg)
+{
+    struct cfx_ps *ps = arg;
+    struct ps_sched *s = ps->sched;
+    for (;;) {
+        pthread_mutex_lock(&ps->lock);
+        bool stop = ps->stop;
+        uint32_t n = s->watch_admin;
+        pthread_mutex_unlock(&ps->lock);
+        if (stop)
+            break;
+        struct ps_ev *e = calloc(1, sizeof(*e));
+        if (!e)
+            break;
+        struct cfx_object_id id;
+        size_t sz = 0;
+        cfx__ps_obj_id(ps->job, "admin", n, 0, &id);
+        int rc = cfx__ps_get(ps->ctx, &id, &e->req, sizeof(e->req), &sz, -1);
+        if (rc != CFX_OK || sz != sizeof(e->req) || e->req.magic != PS_MAGIC) {
+            free(e);
+            if (rc != CFX_OK) {
+                struct timespec ts = { 0, 100000000 };
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
+        e->type = PS_EV_ADMIN;
+        e->n = n;
+        pthread_mutex_lock(&ps->lock);
+        s->watch_admin++;
+        pthread_mutex_unlock(&ps->lock);
+        queue_event(ps, e);
+    }
+    return NULL;
+}
+
+int cfx__ps_sched_start(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    if (pthread_create(&s->join_thread, NULL, watch_joins, ps))
+        return CFX_ERR_NOMEM;
+    s->join_started = true;
+    if (pthread_create(&s->admin_thread, NULL, watch_admin, ps))
+        return CFX_ERR_NOMEM;
+    s->admin_started = true;
+    return CFX_OK;
+}
+
+/* ps->stop is set: wake the watchers with the objects they wait for. */
+void cfx__ps_sched_stop(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    if (!s)
+        return;
+    static const struct ps_member wake_m; /* magic 0: not a member */
+    static const struct ps_admin_req wake_a;
+    struct cfx_object_id jid, aid;
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
+    pthread_mutex_lock(&ps->lock);
+    cfx__ps_obj_id(ps->job, "server", s->watch_server, 0, &jid);
+    cfx__ps_obj_id(ps->job, "admin", s->watch_admin, 0, &aid);
+    pthread_mutex_unlock(&ps->lock);
+    bool jput = s->join_started && cfx_put(ps->ctx, &jid, &wake_m, sizeof(wake_m), NULL) == CFX_OK;
+    bool aput = s->admin_started && cfx_put(ps->ctx, &aid, &wake_a, sizeof(wake_a), NULL) == CFX_OK;
+    if (s->join_started)
+        pthread_join(s->join_thread, NULL);
+    if (s->admin_started)
+        pthread_join(s->admin_thread, NULL);
+    s->join_started = s->admin_started = false;
+    if (jput)
+        cfx_delete(ps->ctx, &jid, &op);
+    if (aput)
+        cfx_delete(ps->ctx, &aid, &op);
+}
+
+/* ---- messages from workers ------------------------------------------------------------ */
+
+void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h,
+                          void *payload)
+{
+    struct ps_sched *s = ps->sched;
+    struct ps_map *m = &ps->map;
+    uint32_t w = h->from & 0xffff;
+    if ((h->from >> 16) != CFX_PS_WORKER || w >= m->nworkers)
+        return;
+    switch (h->type) {
+    case PS_MSG_REGISTER: {
+        struct ps_tensor t;
+        if (h->len != sizeof(t))
+            return;
+        memcpy(&t, payload, sizeof(t));
+        t.name[sizeof(t.name) - 1] = '\0';
+        int rc = cfx__ps_map_add_tensor(m, t.name, (enum cfx_dtype)t.dtype, t.count);
+        if (rc == CFX_ERR_EXISTS)
+            return; /* the worker compares what the map says */
+        if (rc < 0) {
+            CFX_LOG(ERR, PS, "job %s: cannot register tensor %s (%" PRIu64 " elements): %s",
+                    ps->job, t.name, t.count, cfx_strerror(rc));
+            return;
+        }
+        cfx__ps_sched_publish(ps);
+        return;
+    }
+    case PS_MSG_READY:
+        if (h->block < m->ntensors && !m->tensors[h->block].ready) {
+            m->tensors[h->block].ready = 1;
+            cfx__ps_sched_publish(ps);
+        }
+        return;
+    case PS_MSG_REPORT: {
+        s->worker_ver[w] = (uint32_t)h->clock;
+        if (h->clock < s->win_version)
+            return; /* measured (partly) under an older assignment */
+        size_t n = h->len / sizeof(struct ps_report_ent);
+        const struct ps_report_ent *r = payload;
+        for (size_t i = 0; i < n; i++)
+            if (r[i].server < m->nservers) {
+                s->busy[r[i].server] += (double)r[i].busy_ns;
+                s->bytes[r[i].server] += (double)r[i].bytes;
+            }
+        s->reports[w]++;
+        return;
+    }
+    case PS_MSG_BYE:
+        if (!s->bye[w]) {
+            s->bye[w] = true;
+            s->nbye++;
+        }
+        {
+            struct ps_hdr ack = { .type = PS_MSG_BYE };
+            cfx__ps_send(ps, from, &ack, NULL, 0, NULL);
+        }
+        cfx__ps_peer_down(ps, from);
+        return;
+    default: return;
+    }
+}
+
+void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w)
+{
+    struct ps_sched *s = ps->sched;
+    if (w >= PS_MAX_WORKERS || s->bye[w])
+        return;
+    CFX_LOG(WARN, PS, "job %s: worker %u left without saying goodbye; counting it as done", ps->job,
+            w);
+    s->bye[w] = true;
+    s->nbye++;
+}
+
+int cfx__ps_sched_tick(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    int n = 0;
+    pthread_mutex_lock(&ps->lock);
+    struct ps_ev *ev = s->events;
+    s->events = NULL;
+    pthread_mutex_unlock(&ps->lock);
+    while (ev) {
+        struct ps_ev *next = ev->next;
+        if (ev->type == PS_EV_JOIN)
+            join(ps, ev->n, &ev->member);
+        else
+            admin(ps, ev->n, &ev->req);
+        free(ev);
+        ev = next;
+        n++;
+    }
+    struct ps_map *m = &ps->map;
+    if (s->nbye == m->nworkers && !(m->flags & PS_MAP_SHUTDOWN)) {
+        m->flags |= PS_MAP_SHUTDOWN;
+        CFX_LOG(INFO, PS, "job %s: every worker is done: shutting down", ps->job);
+        cfx__ps_sched_publish(ps);
+        return n + 1;
+    }
+    /* retire drained servers nothing can reach any more */
+    for (uint32_t i = 1; i < m->nservers; i++) {
+        if (m->server[i].state != CFX_PS_SERVER_DRAINING)
+            continue;
+        bool clear = true;
+        for (uint32_t w = 0; w < m->nworkers; w++)
+            clear &= s->bye[w] || s->worker_ver[w] >= s->drain_version[i];
+        uint32_t nb = 0;
+        cfx__ps_map_load(m, i, &nb, NULL);
+        if (!clear || nb)
+            continue;
+        m->server[i].state = CFX_PS_SERVER_RETIRED;
+        CFX_LOG(INFO, PS, "job %s: server %u drained and retired", ps->job, i);
+        cfx__ps_sched_publish(ps);
+        n++;
+    }
+    if (s->auto_on && window_full(ps)) {
+        estimate(ps);
+        int moved = decide(ps, false, "load distribution");
+        if (moved <= 0)
+            window_reset(ps);
+        n++;
+    }
+    return n;
+}

@@ -1,0 +1,758 @@
+/*
+ * Server role: the blocks this server owns, the update rules, and live
+ * migration.
+ *
+ * Per block the server keeps the value, the optimizer state, `version`
+ * (BSP/SSP: rounds every worker has pushed; ASP: pushes applied) and, per
+ * worker, the clock of the next push it expects.  A push with a smaller
+ * clock is a duplicate (acknowledged, not applied); one with a larger clock,
+ * or under BSP one for a round after the current, waits in `deferred`.  So
+ * every push is applied exactly once and in clock order, whichever way it
+ * arrived.  A pull waits in `parked` until version >= its min_version.
+ *
+ * Migration (see docs/PARAMETER_SERVER.md).  When a new map gives an owned
+ * block to server X, the block's whole state (value, optimizer state, clocks,
+ * the BSP accumulator) goes to X in one STATE message, followed by the
+ * deferred pushes and parked pulls, forwarded as requests; the block becomes
+ * a forwarding entry.  Requests arriving later are forwarded to X (the new
+ * owner replies to the worker directly).  X processes a peer's messages in
+ * the order they were sent, so the state is installed before anything
+ * forwarded behind it.  A request for a block whose state has not arrived
+ * yet waits in `orphans`; one for a block this server neither has nor owns
+ * is answered with REDIRECT and the worker re-sends it with a newer map.
+ */
+#include "ps_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define PS_MAX_HOPS 8
+
+struct ps_pend {
+    struct cfx_list link;
+    struct ps_hdr h;   /* the request as received */
+    void *payload;     /* owned */
+    uint64_t deadline; /* orphans only */
+};
+
+struct ps_block {
+    uint32_t id;
+    int32_t moved_to; /* -1: owned here; else the server it went to */
+    uint32_t dtype;
+    uint64_t elems;
+    size_t bytes;
+    uint8_t *param;
+    uint8_t *m;     /* MOMENTUM velocity, ADAM first moment */
+    uint8_t *v;     /* ADAM second moment */
+    uint8_t *acc;   /* BSP: sum of this round's pushes */
+    uint32_t acc_n; /* pushes in acc */
+    uint64_t opt_t; /* ADAM steps */
+    uint64_t version;
+    uint32_t nworkers;
+    uint64_t *pushed;         /* [nworkers] next expected clock */
+    struct cfx_list deferred; /* struct ps_pend: pushes waiting for their turn */
+    struct cfx_list parked;   /* struct ps_pend: pulls waiting for a version */
+};
+
+/* Fixed part of a STATE payload; then pushed[], param, m, v, acc. */
+struct ps_state_hdr {
+    uint64_t version;
+    uint64_t opt_t;
+    uint32_t acc_n;
+    uint32_t nworkers;
+    uint32_t dtype;
+    uint32_t has_m, has_v, has_acc;
+    uint64_t elems;
+};
+
+static void pend_free(struct ps_pend *p)
+{
+    free(p->payload);
+    free(p);
+}
+
+static void block_free_data(struct ps_block *b)
+{
+    free(b->param);
+    free(b->m);
+    free(b->v);
+    free(b->acc);
+    free(b->pushed);
+    b->param = b->m = b->v = b->acc = NULL;
+    b->pushed = NULL;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &b->deferred)
+    {
+        cfx_list_del(pos);
+        pend_free(cfx_list_entry(pos, struct ps_pend, link));
+    }
+    cfx_list_for_each_safe(pos, tmp, &b->parked)
+    {
+        cfx_list_del(pos);
+        pend_free(cfx_list_entry(pos, struct ps_pend, link));
+    }
+}
+
+void cfx__ps_server_free(struct cfx_ps *ps)
+{
+    for (uint32_t i = 0; i < ps->nblocks_cap; i++)
+        if (ps->blocks[i]) {
+            block_free_data(ps->blocks[i]);
+            free(ps->blocks[i]);
+        }
+    free(ps->blocks);
+    ps->blocks = NULL;
+    ps->nblocks_cap = 0;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ps->orphans)
+    {
+        cfx_list_del(pos);
+        pend_free(cfx_list_entry(pos, struct ps_pend, link));
+    }
+}
+
+static struct ps_block *block_slot(struct cfx_ps *ps, uint32_t id, bool create)
+{
+    if (id >= ps->nblocks_cap) {
+        if (!create)
+            return NULL;
+        uint32_t cap = CFX_MAX(id + 1, ps->nblocks_cap * 2);
+        struct ps_block **nb = realloc(ps->blocks, cap * sizeof(*nb));
+        if (!nb)
+            return NULL;
+        memset(nb + ps->nblocks_cap, 0, (cap - ps->nblocks_cap) * sizeof(*nb));
+        ps->blocks = nb;
+        ps->nblocks_cap = cap;
+    }
+    if (!ps->blocks[id] && create) {
+        struct ps_block *b = calloc(1, sizeof(*b));
+        if (!b)
+            return NULL;
+        b->id = id;
+        b->moved_to = -1;
+        cfx_list_init(&b->deferred);
+        cfx_list_init(&b->parked);
+        ps->blocks[id] = b;
+    }
+    return ps->blocks[id];
+}
+
+/* Allocate a block's arrays for the current map and configuration. */
+static int block_alloc(struct cfx_ps *ps, struct ps_block *b)
+{
+    uint32_t t;
+    uint64_t off, elems;
+    if (cfx__ps_map_block(&ps->map, b->id, &t, &off, &elems) != CFX_OK)
+        return CFX_ERR_INVALID;
+    b->dtype = ps->map.tensors[t].dtype;
+    b->elems = elems;
+    b->bytes = elems * cfx_dtype_size((enum cfx_dtype)b->dtype);
+    b->nworkers = ps->map.nworkers;
+    enum cfx_ps_optimizer o = ps->map.conf.optim.type;
+    b->param = calloc(1, b->bytes);
+    b->pushed = calloc(b->nworkers, sizeof(uint64_t));
+    if (o == CFX_PS_OPT_MOMENTUM || o == CFX_PS_OPT_ADAM)
+        b->m = calloc(1, b->bytes);
+    if (o == CFX_PS_OPT_ADAM)
+        b->v = calloc(1, b->bytes);
+    if (ps->map.conf.consistency == CFX_PS_BSP)
+        b->acc = calloc(1, b->bytes);
+    if (!b->param || !b->pushed || (o >= CFX_PS_OPT_MOMENTUM && !b->m) ||
+        (o == CFX_PS_OPT_ADAM && !b->v) || (ps->map.conf.consistency == CFX_PS_BSP && !b->acc))
+        return CFX_ERR_NOMEM;
+    return CFX_OK;
+}
+
+/* ---- the update rules ----------------------------------------------------------- */
+
+/* The library does not link libm: the two functions Adam needs. */
+static double ipow(double x, uint64_t n)
+{
+    double r = 1;
+    for (; n; n >>= 1, x *= x)
+        if (n & 1)
+            r *= x;
+    return r;
+}
+
+static double root(double x)
+{
+#if defined(__SSE2__)
+    return _mm_cvtsd_f64(_mm_sqrt_sd(_mm_setzero_pd(), _mm_set_sd(x)));
+#else
+    if (x <= 0)
+        return 0;
+    double r = x > 1 ? x : 1;
+    for (int i = 0; i < 64; i++) {
+        double n = 0.5 * (r + x / r);
+        if (n >= r)
+            break;
+        r = n;
+    }
+    return r;
+#endif
+}
+
+#define OPT_LOOP(T)                                                                    \
+    do {                                                                               \
+        T *p = (T *)b->param, *m = (T *)b->m, *v = (T *)b->v;                          \
+        const T *x = (const T *)g;                                                     \
+        for (uint64_t i = 0; i < b->elems; i++) {                                      \
+            double gi = o->grad_scale * (double)x[i] + o->weight_decay * (double)p[i]; \
+            switch (o->type) {                                                         \
+            case CFX_PS_OPT_SGD: p[i] = (T)((double)p[i] - o->lr * gi); break;         \
+            case CFX_PS_OPT_MOMENTUM:                                                  \
+                m[i] = (T)(o->momentum * (double)m[i] + gi);                           \
+                p[i] = (T)((double)p[i] - o->lr * (double)m[i]);                       \
+                break;                                                                 \
+            case CFX_PS_OPT_ADAM: {                                                    \
+                m[i] = (T)(o->beta1 * (double)m[i] + (1 - o->beta1) * gi);             \
+                v[i] = (T)(o->beta2 * (double)v[i] + (1 - o->beta2) * gi * gi);        \
+                double mh = (double)m[i] / bc1, vh = (double)v[i] / bc2;               \
+                p[i] = (T)((double)p[i] - o->lr * mh / (root(vh) + o->eps));           \
+                break;                                                                 \
+            }                                                                          \
+            default: break;                                                            \
+            }                                                                          \
+        }                                                                              \
+    } while (0)
+
+static void apply_update(struct cfx_ps *ps, struct ps_block *b, const void *g)
+{
+    const struct cfx_ps_optim *o = &ps->map.conf.optim;
+    if (o->type == CFX_PS_OPT_SUM) {
+        cfx_reduce(b->param, g, b->elems, (enum cfx_dtype)b->dtype, CFX_OP_SUM);
+        return;
+    }
+    b->opt_t++;
+    double bc1 = 1 - ipow(o->beta1, b->opt_t);
+    double bc2 = 1 - ipow(o->beta2, b->opt_t);
+    if (b->dtype == CFX_DTYPE_F32)
+        OPT_LOOP(float);
+    else if (b->dtype == CFX_DTYPE_F64)
+        OPT_LOOP(double);
+}
+
+/* ---- replies ---------------------------------------------------------------------- */
+
+static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struct ps_block *b,
+                  bool with_data)
+{
+    struct ps_peer *w = req->worker < PS_MAX_WORKERS ? ps->workers[req->worker] : NULL;
+    if (!w || w->closed) {
+        CFX_LOG(WARN, PS, "job %s: server %d: no worker %u to answer", ps->job, ps->index,
+                req->worker);
+        return;
+    }
+    struct ps_hdr h = {
+        .type = PS_MSG_REPLY,
+        .kind = req->kind,
+        .worker = req->worker,
+        .block = req->block,
+        .status = status,
+        .req_id = req->req_id,
+        .clock = b ? b->version : 0,
+    };
+    void *copy = NULL;
+    size_t len = 0;
+    if (with_data && status == CFX_OK && b) {
+        /* the value changes with the next push: send a copy */
+        copy = malloc(b->bytes);
+        if (!copy) {
+            h.status = CFX_ERR_NOMEM;
+        } else {
+            memcpy(copy, b->param, b->bytes);
+            len = b->bytes;
+        }
+    }
+    cfx__ps_send(ps, w, &h, copy, len, copy);
+}
+
+static void redirect(struct cfx_ps *ps, const struct ps_hdr *req)
+{
+    struct ps_peer *w = req->worker < PS_MAX_WORKERS ? ps->workers[req->worker] : NULL;
+    if (!w || w->closed)
+        return;
+    struct ps_hdr h = {
+        .type = PS_MSG_REDIRECT,
+        .kind = req->kind,
+        .worker = req->worker,
+        .block = req->block,
+        .req_id = req->req_id,
+    };
+    cfx__ps_send(ps, w, &h, NULL, 0, NULL);
+}
+
+/* ---- requests on an owned block ---------------------------------------------------- */
+
+static struct ps_pend *pend_new(const struct ps_hdr *h, void *payload, bool owned)
+{
+    struct ps_pend *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->h = *h;
+    if (owned || !h->len || !payload) {
+        p->payload = payload;
+    } else {
+        p->payload = malloc(h->len);
+        if (!p->payload) {
+            free(p);
+            return NULL;
+        }
+        memcpy(p->payload, payload, h->len);
+    }
+    return p;
+}
+
+static uint64_t min_pushed(const struct ps_block *b)
+{
+    uint64_t m = UINT64_MAX;
+    for (uint32_t w = 0; w < b->nworkers; w++)
+        m = CFX_MIN(m, b->pushed[w]);
+    return b->nworkers ? m : 0;
+}
+
+/* Serve parked pulls that the block's version now satisfies. */
+static void serve_parked(struct cfx_ps *ps, struct ps_block *b)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &b->parked)
+    {
+        struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+        if (b->version < p->h.min_version)
+            continue;
+        cfx_list_del(pos);
+        reply(ps, &p->h, CFX_OK, b, true);
+        pend_free(p);
+    }
+}
+
+/* Try to apply one push; true when it was consumed (applied or duplicate). */
+static bool try_push(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *h,
+                     const void *payload)
+{
+    uint32_t w = h->worker;
+    if (h->clock < b->pushed[w])
+        return true; /* a duplicate: already applied */
+    if (h->clock > b->pushed[w])
+        return false;
+    if (ps->map.conf.consistency == CFX_PS_BSP) {
+        if (h->clock != b->version)
+            return false; /* next round: wait for this one to complete */
+        if (b->acc_n == 0)
+            memcpy(b->acc, payload, b->bytes);
+        else
+            cfx_reduce(b->acc, payload, b->elems, (enum cfx_dtype)b->dtype, CFX_OP_SUM);
+        b->pushed[w]++;
+        if (++b->acc_n == b->nworkers) {
+            apply_update(ps, b, b->acc);
+            b->acc_n = 0;
+            b->version++;
+        }
+    } else {
+        apply_update(ps, b, payload);
+        b->pushed[w]++;
+        b->version = ps->map.conf.consistency == CFX_PS_ASP ? b->version + 1 : min_pushed(b);
+    }
+    return true;
+}
+
+/* After a push was consumed: acknowledge it or queue its pull part. */
+static void push_done(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *h)
+{
+    if (h->kind == PS_REQ_PUSHPULL) {
+        if (b->version >= h->min_version) {
+            reply(ps, h, CFX_OK, b, true);
+        } else {
+            struct ps_pend *p = pend_new(h, NULL, true);
+            if (!p) {
+                reply(ps, h, CFX_ERR_NOMEM, b, false);
+                return;
+            }
+            p->h.len = 0;
+            cfx_list_add_tail(&p->link, &b->parked);
+        }
+    } else {
+        reply(ps, h, CFX_OK, b, false);
+    }
+}
+
+/* Run deferred pushes that became applicable, until none does. */
+static void run_deferred(struct cfx_ps *ps, struct ps_block *b)
+{
+    bool progress = true;
+    while (progress) {
+        progress = false;
+        struct cfx_list *pos, *tmp;
+        cfx_list_for_each_safe(pos, tmp, &b->deferred)
+        {
+            struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+            if (!try_push(ps, b, &p->h, p->payload))
+                continue;
+            cfx_list_del(pos);
+            push_done(ps, b, &p->h);
+            pend_free(p);
+            progress = true;
+        }
+    }
+    serve_parked(ps, b);
+}
+
+static void delay(struct cfx_ps *ps)
+{
+    pthread_mutex_lock(&ps->lock);
+    uint32_t us = ps->delay_us;
+    pthread_mutex_unlock(&ps->lock);
+    if (us)
+        usleep(us);
+}
+
+static void process(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *h, void *payload,
+                    bool owned)
+{
+    if (h->kind == PS_REQ_INIT) {
+        reply(ps, h, CFX_OK, b, false);
+        goto out;
+    }
+    delay(ps);
+    if (h->worker >= b->nworkers) {
+        reply(ps, h, CFX_ERR_INVALID, b, false);
+        goto out;
+    }
+    if (h->kind == PS_REQ_PULL) {
+        if (b->version >= h->min_version) {
+            reply(ps, h, CFX_OK, b, true);
+        } else {
+            struct ps_pend *p = pend_new(h, NULL, true);
+            if (!p)
+                reply(ps, h, CFX_ERR_NOMEM, b, false);
+            else
+                cfx_list_add_tail(&p->link, &b->parked);
+        }
+        goto out;
+    }
+    if (h->len != b->bytes || !payload) {
+        CFX_LOG(WARN, PS, "job %s: server %d: push of %" PRIu64 " bytes to block %u of %zu",
+                ps->job, ps->index, h->len, b->id, b->bytes);
+        reply(ps, h, CFX_ERR_INVALID, b, false);
+        goto out;
+    }
+    if (!try_push(ps, b, h, payload)) {
+        struct ps_pend *p = pend_new(h, payload, owned);
+        if (!p) {
+            reply(ps, h, CFX_ERR_NOMEM, b, false);
+            goto out;
+        }
+        cfx_list_add_tail(&p->link, &b->deferred);
+        return; /* payload now belongs to the deferred entry */
+    }
+    push_done(ps, b, h);
+    run_deferred(ps, b);
+out:
+    if (owned)
+        free(payload);
+}
+
+/* ---- migration -------------------------------------------------------------------- */
+
+static void forward(struct cfx_ps *ps, uint32_t to, struct ps_hdr *h, void *payload, bool owned)
+{
+    struct ps_peer *p = to < PS_MAX_SERVERS ? ps->servers[to] : NULL;
+    if (!p || p->closed || h->forwarded >= PS_MAX_HOPS) {
+        redirect(ps, h);
+        if (owned)
+            free(payload);
+        return;
+    }
+    struct ps_hdr f = *h;
+    f.forwarded++;
+    void *copy = payload;
+    if (h->len && !owned) {
+        copy = malloc(h->len);
+        if (!copy) {
+            redirect(ps, h);
+            return;
+        }
+        memcpy(copy, payload, h->len);
+    }
+    ps->stats.forwarded++;
+    cfx__ps_send(ps, p, &f, h->len ? copy : NULL, h->len, h->len ? copy : NULL);
+}
+
+static void migrate(struct cfx_ps *ps, struct ps_block *b, uint32_t to)
+{
+    struct ps_peer *p = to < PS_MAX_SERVERS ? ps->servers[to] : NULL;
+    if (!p) {
+        CFX_LOG(ERR, PS, "job %s: server %d: block %u goes to server %u, which we cannot reach",
+                ps->job, ps->index, b->id, to);
+        return;
+    }
+    struct ps_state_hdr sh = {
+        .version = b->version,
+        .opt_t = b->opt_t,
+        .acc_n = b->acc_n,
+        .nworkers = b->nworkers,
+        .dtype = b->dtype,
+        .has_m = !!b->m,
+        .has_v = !!b->v,
+        .has_acc = !!b->acc,
+        .elems = b->elems,
+    };
+    size_t len = sizeof(sh) + b->nworkers * sizeof(uint64_t) +
+                 b->bytes * (1 + sh.has_m + sh.has_v + sh.has_acc);
+    uint8_t *buf = malloc(len), *q = buf;
+    if (!buf) {
+        CFX_LOG(ERR, PS, "job %s: server %d: out of memory migrating block %u", ps->job, ps->index,
+                b->id);
+        return;
+    }
+    memcpy(q, &sh, sizeof(sh));
+    q += sizeof(sh);
+    memcpy(q, b->pushed, b->nworkers * sizeof(uint64_t));
+    q += b->nworkers * sizeof(uint64_t);
+    memcpy(q, b->param, b->bytes);
+    q += b->bytes;
+    if (b->m) {
+        memcpy(q, b->m, b->bytes);
+        q += b->bytes;
+    }
+    if (b->v) {
+        memcpy(q, b->v, b->bytes);
+        q += b->bytes;
+    }
+    if (b->acc)
+        memcpy(q, b->acc, b->bytes);
+    struct ps_hdr h = { .type = PS_MSG_STATE, .block = b->id, .clock = b->version };
+    CFX_LOG(INFO, PS, "job %s: server %d: block %u (version %" PRIu64 ") -> server %u", ps->job,
+            ps->index, b->id, b->version, to);
+    cfx__ps_send(ps, p, &h, buf, len, buf);
+    ps->stats.migrations_out++;
+    /* what waited here follows the state, in order */
+    b->moved_to = (int32_t)to;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &b->deferred)
+    {
+        struct ps_pend *d = cfx_list_entry(pos, struct ps_pend, link);
+        cfx_list_del(pos);
+        forward(ps, to, &d->h, d->payload, true);
+        free(d);
+    }
+    cfx_list_for_each_safe(pos, tmp, &b->parked)
+    {
+        struct ps_pend *d = cfx_list_entry(pos, struct ps_pend, link);
+        cfx_list_del(pos);
+        /* a parked push-pull was applied already: forward only its pull */
+        d->h.kind = PS_REQ_PULL;
+        d->h.len = 0;
+        forward(ps, to, &d->h, NULL, true);
+        pend_free(d);
+    }
+    block_free_data(b);
+}
+
+static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *payload)
+{
+    struct ps_state_hdr sh;
+    if (h->len < sizeof(sh))
+        return CFX_ERR_PROTO;
+    memcpy(&sh, payload, sizeof(sh));
+    struct ps_block *b = block_slot(ps, h->block, true);
+    if (!b)
+        return CFX_ERR_NOMEM;
+    if (b->moved_to < 0 && b->param) {
+        CFX_LOG(ERR, PS, "job %s: server %d: state of block %u arrived, but we own it", ps->job,
+                ps->index, h->block);
+        return CFX_ERR_PROTO;
+    }
+    block_free_data(b);
+    b->moved_to = -1;
+    int rc = block_alloc(ps, b);
+    if (rc != CFX_OK)
+        return rc;
+    size_t want = sizeof(sh) + sh.nworkers * sizeof(uint64_t) +
+                  b->bytes * (1 + sh.has_m + sh.has_v + sh.has_acc);
+    if (sh.nworkers != b->nworkers || sh.elems != b->elems || h->len != want ||
+        sh.has_m != !!b->m || sh.has_v != !!b->v || sh.has_acc != !!b->acc)
+        return CFX_ERR_PROTO;
+    const uint8_t *q = (const uint8_t *)payload + sizeof(sh);
+    memcpy(b->pushed, q, b->nworkers * sizeof(uint64_t));
+    q += b->nworkers * sizeof(uint64_t);
+    memcpy(b->param, q, b->bytes);
+    q += b->bytes;
+    if (b->m) {
+        memcpy(b->m, q, b->bytes);
+        q += b->bytes;
+    }
+    if (b->v) {
+        memcpy(b->v, q, b->bytes);
+        q += b->bytes;
+    }
+    if (b->acc)
+        memcpy(b->acc, q, b->bytes);
+    b->version = sh.version;
+    b->opt_t = sh.opt_t;
+    b->acc_n = sh.acc_n;
+    ps->stats.migrations_in++;
+    CFX_LOG(INFO, PS, "job %s: server %d: installed block %u (version %" PRIu64 ")", ps->job,
+            ps->index, b->id, b->version);
+    return CFX_OK;
+}
+
+/* ---- routing ------------------------------------------------------------------------ */
+
+static uint32_t me(const struct cfx_ps *ps)
+{
+    return (uint32_t)ps->index;
+}
+
+/* Route one request; true when it was consumed (false: keep as orphan). */
+static bool route(struct cfx_ps *ps, struct ps_hdr *h, void *payload, bool owned)
+{
+    struct ps_block *b = block_slot(ps, h->block, false);
+    bool owner_here = h->block < ps->map.nblocks && ps->map.owner[h->block] == me(ps);
+    if (b && b->moved_to < 0 && b->param) {
+        process(ps, b, h, payload, owned);
+        return true;
+    }
+    if (h->map_version > ps->map.version || owner_here)
+        return false; /* our map is behind, or the state is on its way here */
+    if (b && b->moved_to >= 0) {
+        forward(ps, (uint32_t)b->moved_to, h, payload, owned);
+        return true;
+    }
+    redirect(ps, h);
+    if (owned)
+        free(payload);
+    return true;
+}
+
+static void orphan(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned)
+{
+    struct ps_pend *p = pend_new(h, payload, owned);
+    if (!p) {
+        reply(ps, h, CFX_ERR_NOMEM, NULL, false);
+        if (owned)
+            free(payload);
+        return;
+    }
+    p->deadline = cfx__deadline_ns(ps->timeout_ms);
+    cfx_list_add_tail(&p->link, &ps->orphans);
+}
+
+static void run_orphans(struct cfx_ps *ps)
+{
+    struct cfx_list todo;
+    cfx_list_init(&todo);
+    /* move the list aside: route() may add new orphans */
+    if (cfx_list_empty(&ps->orphans))
+        return;
+    todo = ps->orphans;
+    todo.next->prev = &todo;
+    todo.prev->next = &todo;
+    cfx_list_init(&ps->orphans);
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &todo)
+    {
+        struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+        cfx_list_del(pos);
+        if (route(ps, &p->h, p->payload, true)) {
+            free(p);
+        } else {
+            cfx_list_add_tail(&p->link, &ps->orphans);
+        }
+    }
+}
+
+static int create_from_init(struct cfx_ps *ps, const struct ps_hdr *h, const void *payload)
+{
+    struct ps_block *b = block_slot(ps, h->block, true);
+    if (!b)
+        return CFX_ERR_NOMEM;
+    int rc = block_alloc(ps, b);
+    if (rc != CFX_OK)
+        return rc;
+    if (h->len != b->bytes || !payload)
+        return CFX_ERR_INVALID;
+    memcpy(b->param, payload, b->bytes);
+    b->moved_to = -1;
+    return CFX_OK;
+}
+
+int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *payload, bool owned)
+{
+    struct ps_hdr h = *hin;
+    if (h.map_version > ps->map.version)
+        cfx__ps_map_fetch(ps, h.map_version); /* the sender saw a newer map: get it now */
+    if (h.type == PS_MSG_STATE) {
+        int rc = install_state(ps, &h, payload);
+        if (owned)
+            free(payload);
+        if (rc != CFX_OK) {
+            CFX_LOG(ERR, PS, "job %s: server %d: bad state of block %u from server %u: %s", ps->job,
+                    ps->index, h.block, h.from & 0xffff, cfx_strerror(rc));
+            return rc;
+        }
+        struct ps_block *b = ps->blocks[h.block];
+        if (h.block < ps->map.nblocks && ps->map.owner[h.block] != me(ps))
+            migrate(ps, b, ps->map.owner[h.block]); /* a newer map moved it on */
+        run_orphans(ps);
+        return CFX_OK;
+    }
+    if (h.type != PS_MSG_REQ)
+        return CFX_ERR_PROTO;
+    if (h.worker >= ps->map.nworkers) {
+        if (owned)
+            free(payload);
+        return CFX_ERR_PROTO;
+    }
+    if (h.kind == PS_REQ_INIT && !block_slot(ps, h.block, false) && h.block < ps->map.nblocks &&
+        ps->map.owner[h.block] == me(ps)) {
+        int rc = create_from_init(ps, &h, payload);
+        reply(ps, &h, rc, NULL, false);
+        if (owned)
+            free(payload);
+        run_orphans(ps);
+        return CFX_OK;
+    }
+    if (!route(ps, &h, payload, owned))
+        orphan(ps, &h, payload, owned);
+    return CFX_OK;
+}
+
+void cfx__ps_server_map_changed(struct cfx_ps *ps)
+{
+    for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {
+        struct ps_block *b = ps->blocks[i];
+        if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps))
+            migrate(ps, b, ps->map.owner[i]);
+    }
+    run_orphans(ps);
+}
+
+int cfx__ps_server_tick(struct cfx_ps *ps)
+{
+    int n = 0;
+    uint64_t now = cfx__now_ns();
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ps->orphans)
+    {
+        struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+        if (now < p->deadline)
+            continue;
+        CFX_LOG(WARN, PS,
+                "job %s: server %d: block %u never arrived here (map %u); failing "
+                "worker %u's request",
+                ps->job, ps->index, p->h.block, ps->map.version, p->h.worker);
+        cfx_list_del(pos);
+        reply(ps, &p->h, CFX_ERR_TIMEOUT, NULL, false);
+        pend_free(p);
+        n++;
+    }
+    return n;
+}

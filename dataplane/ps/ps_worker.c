@@ -1,0 +1,816 @@
+/*
+ * Worker role: tensor registration, push / pull ops split into one request
+ * per block, re-sending after a block moved, and the load measurements that
+ * feed the scheduler.
+ *
+ * Every request carries the worker's clock for its tensor (the number of
+ * pushes posted before it) so servers apply each push exactly once, in
+ * order, and a min_version that encodes the consistency model:
+ *   pull at clock t:         BSP t,      SSP max(0, t - s),      ASP 0
+ *   push-pull of clock t:    BSP t + 1,  SSP max(0, t + 1 - s),  ASP 0
+ *
+ * Measurement.  For each server the worker accumulates the time during
+ * which it had at least one request outstanding there (busy time) and the
+ * payload bytes of the requests completed; busy / bytes is the service time
+ * per byte this worker saw.  Because it counts busy periods, not single
+ * latencies, it does not grow with the number of blocks the server holds.
+ */
+#include "ps_int.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum ps_op_kind {
+    PS_OP_PUSH = PS_REQ_PUSH,
+    PS_OP_PULL = PS_REQ_PULL,
+    PS_OP_PUSHPULL = PS_REQ_PUSHPULL,
+    PS_OP_INIT = PS_REQ_INIT,
+    PS_OP_REGISTER = 16, /* control: send REGISTER to the scheduler */
+    PS_OP_READY,         /* control: send READY */
+    PS_OP_BYE,           /* control: say goodbye, complete on the answer */
+};
+
+struct cfx_ps_request {
+    struct cfx_ps *ps;
+    int status; /* CFX_ERR_AGAIN while running (ps->lock) */
+    bool freed; /* freed by the user while running */
+    char err[240];
+};
+
+struct ps_op {
+    struct cfx_list link; /* queue (ps->lock), then w->ops */
+    struct cfx_ps_request *req;
+    enum ps_op_kind kind;
+    int tensor;
+    const void *grad;
+    void *out;
+    uint64_t clock;
+    uint64_t min_version;
+    struct ps_tensor reg; /* REGISTER */
+    uint32_t nsub, ndone;
+    int status;
+    char err[240];
+    uint64_t deadline;
+};
+
+struct ps_sub {
+    struct cfx_list link; /* w->subs */
+    struct ps_op *op;
+    uint32_t block;
+    uint64_t req_id;
+    uint32_t server;      /* sent to */
+    uint32_t map_version; /* map it was routed with */
+    bool waiting;         /* redirected: waits for need_version */
+    uint32_t need_version;
+    const void *pay;
+    size_t len;
+    void *out;
+    size_t out_len;
+};
+
+struct ps_worker {
+    struct cfx_list queue; /* struct ps_op posted by API threads (ps->lock) */
+    struct cfx_list ops;   /* running (loop) */
+    struct cfx_list subs;  /* outstanding requests (loop) */
+    uint64_t next_req;
+    uint64_t clock[PS_MAX_TENSORS]; /* pushes posted per tensor (ps->lock) */
+    /* measurement (loop) */
+    uint32_t outstanding[PS_MAX_SERVERS];
+    uint64_t busy_start[PS_MAX_SERVERS];
+    uint64_t busy[PS_MAX_SERVERS];
+    uint64_t bytes[PS_MAX_SERVERS];
+    uint32_t reqs[PS_MAX_SERVERS];
+    uint64_t last_report;
+    uint32_t last_report_ver;
+    struct ps_op *bye; /* waiting for the scheduler's answer */
+};
+
+int cfx__ps_worker_create(struct cfx_ps *ps)
+{
+    struct ps_worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CFX_ERR_NOMEM;
+    cfx_list_init(&w->queue);
+    cfx_list_init(&w->ops);
+    cfx_list_init(&w->subs);
+    w->next_req = 1;
+    w->last_report = cfx__now_ns();
+    ps->w = w;
+    return CFX_OK;
+}
+
+static void op_complete(struct cfx_ps *ps, struct ps_op *op)
+{
+    struct cfx_ps_request *r = op->req;
+    pthread_mutex_lock(&ps->lock);
+    bool freed = r->freed;
+    r->status = op->status;
+    memcpy(r->err, op->err, sizeof(r->err));
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+    if (freed)
+        free(r);
+    free(op);
+}
+
+static void op_fail(struct cfx_ps *ps, struct ps_op *op, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void op_fail(struct cfx_ps *ps, struct ps_op *op, int status, const char *fmt, ...)
+{
+    (void)ps;
+    if (op->status != CFX_OK)
+        return; /* keep the first failure */
+    op->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(op->err, sizeof(op->err), fmt, ap);
+    va_end(ap);
+}
+
+static void sub_free(struct ps_worker *w, struct ps_sub *s)
+{
+    (void)w;
+    cfx_list_del(&s->link);
+    free(s);
+}
+
+/* One request finished: account it and complete its op when it was the last. */
+static void sub_done(struct cfx_ps *ps, struct ps_sub *s)
+{
+    struct ps_op *op = s->op;
+    sub_free(ps->w, s);
+    if (++op->ndone == op->nsub) {
+        cfx_list_del(&op->link);
+        op_complete(ps, op);
+    }
+}
+
+static void meter_start(struct ps_worker *w, uint32_t srv)
+{
+    if (srv >= PS_MAX_SERVERS)
+        return;
+    if (w->outstanding[srv]++ == 0)
+        w->busy_start[srv] = cfx__now_ns();
+}
+
+static void meter_end(struct ps_worker *w, uint32_t srv, uint64_t bytes)
+{
+    if (srv >= PS_MAX_SERVERS || !w->outstanding[srv])
+        return;
+    w->bytes[srv] += bytes;
+    w->reqs[srv]++;
+    if (--w->outstanding[srv] == 0)
+        w->busy[srv] += cfx__now_ns() - w->busy_start[srv];
+}
+
+static const char *tensor_name(const struct cfx_ps *ps, int t)
+{
+    return t >= 0 && (uint32_t)t < ps->map.ntensors ? ps->map.tensors[t].name : "?";
+}
+
+static void report(struct cfx_ps *ps, bool force);
+
+static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
+{
+    struct ps_worker *w = ps->w;
+    struct ps_op *op = s->op;
+    if (s->block >= ps->map.nblocks) {
+        op_fail(ps, op, CFX_ERR_INVALID, "block %u is not in shard map %u", s->block,
+                ps->map.version);
+        sub_done(ps, s);
+        return;
+    }
+    uint32_t srv = ps->map.owner[s->block];
+    struct ps_peer *p = srv < PS_MAX_SERVERS ? ps->servers[srv] : NULL;
+    if (!p || p->closed) {
+        op_fail(ps, op, CFX_ERR_PEER_FAILED,
+                "tensor %s block %u: server %u (map %u) is not "
+                "reachable",
+                tensor_name(ps, op->tensor), s->block, srv, ps->map.version);
+        sub_done(ps, s);
+        return;
+    }
+    struct ps_hdr h = {
+        .type = PS_MSG_REQ,
+        .kind = (uint16_t)op->kind,
+        .worker = (uint32_t)ps->index,
+        .block = s->block,
+        .req_id = s->req_id,
+        .clock = op->clock,
+        .min_version = op->min_version,
+    };
+    s->server = srv;
+    s->map_version = ps->map.version;
+    s->waiting = false;
+    meter_start(w, srv);
+    if (cfx__ps_send(ps, p, &h, s->pay, s->len, NULL) != CFX_OK) {
+        meter_end(w, srv, 0);
+        op_fail(ps, op, CFX_ERR_PEER_FAILED,
+                "tensor %s block %u: cannot send to server %u "
+                "(node %u)",
+                tensor_name(ps, op->tensor), s->block, srv, p->rec.node_id);
+        sub_done(ps, s);
+    }
+}
+
+static void start_op(struct cfx_ps *ps, struct ps_op *op)
+{
+    struct ps_worker *w = ps->w;
+    cfx_list_add_tail(&op->link, &w->ops);
+    if (op->kind == PS_OP_BYE) {
+        /* the last report, then goodbye; the scheduler answers so we know it
+         * arrived before our context goes away */
+        report(ps, true);
+        struct ps_peer *sch = ps->servers[0];
+        struct ps_hdr h = { .type = PS_MSG_BYE };
+        if (!sch || sch->closed || cfx__ps_send(ps, sch, &h, NULL, 0, NULL) != CFX_OK) {
+            op_fail(ps, op, CFX_ERR_PEER_FAILED, "cannot reach the scheduler (server 0)");
+            cfx_list_del(&op->link);
+            op_complete(ps, op);
+            return;
+        }
+        op->deadline = cfx__deadline_ns(CFX_MIN(ps->timeout_ms, 5000));
+        w->bye = op;
+        return;
+    }
+    if (op->kind == PS_OP_REGISTER || op->kind == PS_OP_READY) {
+        struct ps_peer *sch = ps->servers[0];
+        struct ps_hdr h = { .type = op->kind == PS_OP_REGISTER ? PS_MSG_REGISTER : PS_MSG_READY,
+                            .block = (uint32_t)op->tensor };
+        int rc = CFX_ERR_PEER_FAILED;
+        if (sch && !sch->closed) {
+            void *copy = NULL;
+            if (op->kind == PS_OP_REGISTER && (copy = malloc(sizeof(op->reg))))
+                memcpy(copy, &op->reg, sizeof(op->reg));
+            rc = cfx__ps_send(ps, sch, &h, copy, copy ? sizeof(op->reg) : 0, copy);
+        }
+        if (rc != CFX_OK)
+            op_fail(ps, op, rc, "cannot reach the scheduler (server 0)");
+        cfx_list_del(&op->link);
+        op_complete(ps, op);
+        return;
+    }
+    const struct ps_tensor *t = &ps->map.tensors[op->tensor];
+    size_t esz = cfx_dtype_size((enum cfx_dtype)t->dtype);
+    op->nsub = t->nblocks;
+    op->deadline = cfx__deadline_ns(ps->timeout_ms);
+    for (uint32_t i = 0; i < t->nblocks; i++) {
+        struct ps_sub *s = calloc(1, sizeof(*s));
+        if (!s) {
+            op_fail(ps, op, CFX_ERR_NOMEM, "out of memory");
+            op->nsub = i;
+            break;
+        }
+        uint64_t off = (uint64_t)i * t->block_elems;
+        uint64_t n = CFX_MIN(t->block_elems, t->count - off);
+        s->op = op;
+        s->block = t->first_block + i;
+        s->req_id = w->next_req++;
+        if (op->kind != PS_OP_PULL) {
+            s->pay = (const uint8_t *)op->grad + off * esz;
+            s->len = n * esz;
+        }
+        if (op->kind == PS_OP_PULL || op->kind == PS_OP_PUSHPULL) {
+            s->out = (uint8_t *)op->out + off * esz;
+            s->out_len = n * esz;
+        }
+        cfx_list_add_tail(&s->link, &w->subs);
+    }
+    if (op->nsub == 0) {
+        cfx_list_del(&op->link);
+        op_complete(ps, op);
+        return;
+    }
+    /* send after queueing all: send_sub may complete the op */
+    struct cfx_list *pos, *tmp;
+    uint32_t left = op->nsub;
+    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (s->op != op || s->map_version)
+            continue;
+        bool last = --left == 0;
+        send_sub(ps, s);
+        if (last)
+            break;
+    }
+}
+
+static struct ps_sub *find_sub(struct ps_worker *w, uint64_t req_id)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (s->req_id == req_id)
+            return s;
+    }
+    return NULL;
+}
+
+void *cfx__ps_worker_reply_buf(struct cfx_ps *ps, const struct ps_hdr *h)
+{
+    if (!ps->w || h->status != CFX_OK)
+        return NULL;
+    struct ps_sub *s = find_sub(ps->w, h->req_id);
+    return s && s->out && s->out_len == h->len ? s->out : NULL;
+}
+
+void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned)
+{
+    struct ps_worker *w = ps->w;
+    if (h->type == PS_MSG_BYE) {
+        if (w->bye) {
+            cfx_list_del(&w->bye->link);
+            op_complete(ps, w->bye);
+            w->bye = NULL;
+        }
+        if (owned)
+            free(payload);
+        return;
+    }
+    struct ps_sub *s = find_sub(w, h->req_id);
+    if (!s) {
+        if (owned)
+            free(payload);
+        return; /* its op failed or was canceled */
+    }
+    struct ps_op *op = s->op;
+    uint32_t from = h->from & 0xffff;
+    if (h->type == PS_MSG_REDIRECT) {
+        meter_end(w, s->server, 0);
+        s->waiting = true;
+        s->need_version = h->map_version;
+        ps->stats.redirects++;
+        if (ps->map.version < s->need_version)
+            cfx__ps_map_fetch(ps, s->need_version); /* re-sends every waiting request */
+        else
+            send_sub(ps, s);
+        return;
+    }
+    meter_end(w, s->server, s->len + h->len);
+    if (h->status != CFX_OK) {
+        op_fail(ps, op, h->status, "tensor %s block %u: server %u (node %u) answered %s",
+                tensor_name(ps, op->tensor), s->block, from,
+                ps->servers[from] ? ps->servers[from]->rec.node_id : 0, cfx_strerror(h->status));
+    } else if (s->out && payload != s->out) {
+        if (h->len == s->out_len)
+            memcpy(s->out, payload, h->len);
+        else
+            op_fail(ps, op, CFX_ERR_PROTO,
+                    "tensor %s block %u: server %u sent %" PRIu64 " bytes, expected %zu",
+                    tensor_name(ps, op->tensor), s->block, from, h->len, s->out_len);
+    }
+    if (owned)
+        free(payload);
+    sub_done(ps, s);
+}
+
+void cfx__ps_worker_map_changed(struct cfx_ps *ps)
+{
+    struct ps_worker *w = ps->w;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (s->waiting && ps->map.version >= s->need_version)
+            send_sub(ps, s);
+    }
+}
+
+/* A server's mailbox failed: its outstanding requests fail. */
+void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
+{
+    struct ps_worker *w = ps->w;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (s->waiting || s->server != srv || !s->map_version)
+            continue;
+        meter_end(w, srv, 0);
+        op_fail(ps, s->op, status, "tensor %s block %u: server %u (node %u) failed: %s",
+                tensor_name(ps, s->op->tensor), s->block, srv,
+                ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0, cfx_strerror(status));
+        sub_done(ps, s);
+    }
+}
+
+static void report(struct cfx_ps *ps, bool force)
+{
+    struct ps_worker *w = ps->w;
+    uint64_t now = cfx__now_ns();
+    if (!force && now - w->last_report < (uint64_t)ps->params.balance.report_ms * 1000000ull)
+        return;
+    struct ps_peer *sch = ps->servers[0];
+    if (!sch || sch->closed)
+        return;
+    uint32_t oldest = ps->map.version;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (s->map_version && s->map_version < oldest)
+            oldest = s->map_version;
+    }
+    struct ps_report_ent ent[PS_MAX_SERVERS];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ps->map.nservers && i < PS_MAX_SERVERS; i++) {
+        if (w->outstanding[i]) {
+            w->busy[i] += now - w->busy_start[i];
+            w->busy_start[i] = now;
+        }
+        if (!w->bytes[i])
+            continue;
+        ent[n++] = (struct ps_report_ent){
+            .server = i, .requests = w->reqs[i], .busy_ns = w->busy[i], .bytes = w->bytes[i]
+        };
+        w->busy[i] = w->bytes[i] = 0;
+        w->reqs[i] = 0;
+    }
+    w->last_report = now;
+    if (!n && oldest == w->last_report_ver)
+        return;
+    w->last_report_ver = oldest;
+    void *buf = n ? malloc(n * sizeof(ent[0])) : NULL;
+    if (n && !buf)
+        return;
+    if (n)
+        memcpy(buf, ent, n * sizeof(ent[0]));
+    struct ps_hdr h = { .type = PS_MSG_REPORT, .clock = oldest };
+    cfx__ps_send(ps, sch, &h, buf, n * sizeof(ent[0]), buf);
+}
+
+int cfx__ps_worker_tick(struct cfx_ps *ps)
+{
+    struct ps_worker *w = ps->w;
+    int n = 0;
+    /* new ops */
+    pthread_mutex_lock(&ps->lock);
+    struct cfx_list todo;
+    cfx_list_init(&todo);
+    if (!cfx_list_empty(&w->queue)) {
+        todo = w->queue;
+        todo.next->prev = &todo;
+        todo.prev->next = &todo;
+        cfx_list_init(&w->queue);
+    }
+    pthread_mutex_unlock(&ps->lock);
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &todo)
+    {
+        struct ps_op *op = cfx_list_entry(pos, struct ps_op, link);
+        cfx_list_del(pos);
+        start_op(ps, op);
+        n++;
+    }
+    /* deadlines */
+    uint64_t now = cfx__now_ns();
+    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        if (now < s->op->deadline)
+            continue;
+        struct ps_peer *p = s->server < PS_MAX_SERVERS ? ps->servers[s->server] : NULL;
+        if (s->waiting)
+            op_fail(ps, s->op, CFX_ERR_TIMEOUT,
+                    "tensor %s block %u: shard map %u (where it "
+                    "moved) did not arrive within %d ms",
+                    tensor_name(ps, s->op->tensor), s->block, s->need_version, ps->timeout_ms);
+        else
+            op_fail(ps, s->op, CFX_ERR_TIMEOUT,
+                    "tensor %s block %u: no answer from server %u "
+                    "(node %u) within %d ms",
+                    tensor_name(ps, s->op->tensor), s->block, s->server, p ? p->rec.node_id : 0,
+                    ps->timeout_ms);
+        if (!s->waiting)
+            meter_end(w, s->server, 0);
+        sub_done(ps, s);
+        n++;
+    }
+    if (w->bye && now >= w->bye->deadline) {
+        op_fail(ps, w->bye, CFX_ERR_TIMEOUT,
+                "the scheduler (server 0) did not acknowledge our "
+                "goodbye");
+        cfx_list_del(&w->bye->link);
+        op_complete(ps, w->bye);
+        w->bye = NULL;
+        n++;
+    }
+    if (!w->bye)
+        report(ps, false);
+    return n;
+}
+
+void cfx__ps_worker_bye(struct cfx_ps *ps)
+{
+    struct ps_worker *w = ps->w;
+    if (w->bye) {
+        op_fail(ps, w->bye, CFX_ERR_CANCELED, "the handle was destroyed");
+        cfx_list_del(&w->bye->link);
+        op_complete(ps, w->bye);
+        w->bye = NULL;
+    }
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    {
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        op_fail(ps, s->op, CFX_ERR_CANCELED, "the handle was destroyed");
+        sub_done(ps, s);
+    }
+    pthread_mutex_lock(&ps->lock);
+    struct cfx_list todo = w->queue;
+    bool any = !cfx_list_empty(&w->queue);
+    cfx_list_init(&w->queue);
+    pthread_mutex_unlock(&ps->lock);
+    if (any) {
+        todo.next->prev = &todo;
+        todo.prev->next = &todo;
+        cfx_list_for_each_safe(pos, tmp, &todo)
+        {
+            struct ps_op *op = cfx_list_entry(pos, struct ps_op, link);
+            cfx_list_del(pos);
+            op_fail(ps, op, CFX_ERR_CANCELED, "the handle was destroyed");
+            op_complete(ps, op);
+        }
+    }
+}
+
+void cfx__ps_worker_free(struct cfx_ps *ps)
+{
+    free(ps->w);
+    ps->w = NULL;
+}
+
+/* ---- API ------------------------------------------------------------------------------ */
+
+static int post(struct cfx_ps *ps, struct ps_op *op, struct cfx_ps_request **out)
+{
+    struct cfx_ps_request *r = calloc(1, sizeof(*r));
+    if (!r) {
+        free(op);
+        return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
+    }
+    r->ps = ps;
+    r->status = CFX_ERR_AGAIN;
+    op->req = r;
+    op->status = CFX_OK;
+    pthread_mutex_lock(&ps->lock);
+    cfx_list_add_tail(&op->link, &ps->w->queue);
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_kick(ps);
+    *out = r;
+    return CFX_OK;
+}
+
+static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const void *grad,
+                        void *out, struct cfx_ps_request **req)
+{
+    cfx__err_clear();
+    if (!ps || !req || ps->role != CFX_PS_WORKER)
+        return cfx__err(CFX_ERR_INVALID, "ps: not a worker handle");
+    if ((kind != PS_OP_PULL && !grad) || (kind != PS_OP_PUSH && kind != PS_OP_INIT && !out))
+        return cfx__err(CFX_ERR_INVALID, "ps: NULL buffer");
+    struct ps_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return cfx__err(CFX_ERR_NOMEM, "ps: out of memory");
+    op->kind = kind;
+    op->tensor = key;
+    op->grad = grad;
+    op->out = out;
+    pthread_mutex_lock(&ps->lock);
+    if (key < 0 || (uint32_t)key >= ps->map.ntensors ||
+        (kind != PS_OP_INIT && !ps->map.tensors[key].ready)) {
+        pthread_mutex_unlock(&ps->lock);
+        free(op);
+        return cfx__err(CFX_ERR_INVALID, "job %s: no registered tensor with key %d", ps->job, key);
+    }
+    uint64_t t = ps->w->clock[key];
+    uint64_t s = ps->map.conf.staleness;
+    enum cfx_ps_consistency c = ps->map.conf.consistency;
+    if (kind == PS_OP_PUSH || kind == PS_OP_PUSHPULL)
+        ps->w->clock[key]++;
+    op->clock = t;
+    uint64_t want = kind == PS_OP_PUSHPULL ? t + 1 : t;
+    op->min_version = c == CFX_PS_BSP ? want : c == CFX_PS_SSP ? (want > s ? want - s : 0) : 0;
+    pthread_mutex_unlock(&ps->lock);
+    return post(ps, op, req);
+}
+
+int cfx_ps_ipush(struct cfx_ps *ps, int key, const void *grad, struct cfx_ps_request **req)
+{
+    return post_data_op(ps, PS_OP_PUSH, key, grad, NULL, req);
+}
+
+int cfx_ps_ipull(struct cfx_ps *ps, int key, void *out, struct cfx_ps_request **req)
+{
+    return post_data_op(ps, PS_OP_PULL, key, NULL, out, req);
+}
+
+int cfx_ps_ipushpull(struct cfx_ps *ps, int key, const void *grad, void *out,
+                     struct cfx_ps_request **req)
+{
+    return post_data_op(ps, PS_OP_PUSHPULL, key, grad, out, req);
+}
+
+int cfx_ps_test(struct cfx_ps_request *req)
+{
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
+    pthread_mutex_lock(&req->ps->lock);
+    int st = req->status;
+    pthread_mutex_unlock(&req->ps->lock);
+    if (st != CFX_OK && st != CFX_ERR_AGAIN)
+        cfx__err(st, "%s", req->err);
+    return st;
+}
+
+int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms)
+{
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
+    struct cfx_ps *ps = req->ps;
+    uint64_t dl = cfx__deadline_ns(timeout_ms);
+    pthread_mutex_lock(&ps->lock);
+    while (req->status == CFX_ERR_AGAIN) {
+        if (dl == UINT64_MAX) {
+            pthread_cond_wait(&ps->cond, &ps->lock);
+            continue;
+        }
+        if (cfx__now_ns() >= dl)
+            break;
+        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
+                               .tv_nsec = (long)(dl % 1000000000ull) };
+        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
+    }
+    int st = req->status;
+    pthread_mutex_unlock(&ps->lock);
+    if (st == CFX_ERR_AGAIN)
+        return cfx__err(CFX_ERR_TIMEOUT, "job %s: request still running after %d ms", ps->job,
+                        timeout_ms);
+    if (st != CFX_OK)
+        return cfx__err(st, "%s", req->err);
+    return CFX_OK;
+}
+
+void cfx_ps_request_free(struct cfx_ps_request *req)
+{
+    if (!req)
+        return;
+    struct cfx_ps *ps = req->ps;
+    pthread_mutex_lock(&ps->lock);
+    bool running = req->status == CFX_ERR_AGAIN;
+    req->freed = running;
+    pthread_mutex_unlock(&ps->lock);
+    if (!running)
+        free(req);
+}
+
+/* Complete a request just posted (@p rc is the posting's status; *@p reqp is
+ * read after it, which is why it comes by address). */
+static int run(struct cfx_ps *ps, int rc, struct cfx_ps_request **reqp)
+{
+    if (rc != CFX_OK)
+        return rc;
+    struct cfx_ps_request *req = *reqp;
+    rc = cfx_ps_wait(req, -1);
+    char err[256];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    cfx_ps_request_free(req);
+    if (rc != CFX_OK)
+        cfx__err(rc, "%s", err);
+    (void)ps;
+    return rc;
+}
+
+int cfx_ps_push(struct cfx_ps *ps, int key, const void *grad)
+{
+    struct cfx_ps_request *r = NULL;
+    return run(ps, cfx_ps_ipush(ps, key, grad, &r), &r);
+}
+
+int cfx_ps_pull(struct cfx_ps *ps, int key, void *out)
+{
+    struct cfx_ps_request *r = NULL;
+    return run(ps, cfx_ps_ipull(ps, key, out, &r), &r);
+}
+
+int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *out)
+{
+    struct cfx_ps_request *r = NULL;
+    return run(ps, cfx_ps_ipushpull(ps, key, grad, out, &r), &r);
+}
+
+/* Wait (ps->lock held) until @p pred holds for the map or the deadline. */
+static bool wait_map(struct cfx_ps *ps, uint64_t dl, bool (*pred)(struct cfx_ps *, const void *),
+                     const void *arg)
+{
+    while (!pred(ps, arg)) {
+        if (cfx__now_ns() >= dl)
+            return false;
+        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
+                               .tv_nsec = (long)(dl % 1000000000ull) };
+        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
+    }
+    return true;
+}
+
+static bool has_tensor(struct cfx_ps *ps, const void *name)
+{
+    return cfx__ps_map_find(&ps->map, name) >= 0;
+}
+
+static bool tensor_ready(struct cfx_ps *ps, const void *name)
+{
+    int t = cfx__ps_map_find(&ps->map, name);
+    return t >= 0 && ps->map.tensors[t].ready;
+}
+
+int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, size_t count,
+                    const void *init, int *key)
+{
+    cfx__err_clear();
+    if (!ps || ps->role != CFX_PS_WORKER || !name || !key)
+        return cfx__err(CFX_ERR_INVALID, "ps register: not a worker handle or NULL argument");
+    if (!*name || strlen(name) >= PS_TENSOR_NAME_MAX || !count || !cfx_dtype_size(dtype))
+        return cfx__err(CFX_ERR_INVALID, "ps register: bad name, dtype or count for '%s'", name);
+    if (ps->index == 0 && !init)
+        return cfx__err(CFX_ERR_INVALID, "ps register '%s': worker 0 gives the initial values",
+                        name);
+    uint64_t dl = cfx__deadline_ns(ps->timeout_ms);
+    pthread_mutex_lock(&ps->lock);
+    enum cfx_ps_optimizer opt = ps->map.conf.optim.type;
+    pthread_mutex_unlock(&ps->lock);
+    if (opt != CFX_PS_OPT_SUM && dtype != CFX_DTYPE_F32 && dtype != CFX_DTYPE_F64)
+        return cfx__err(CFX_ERR_UNSUPPORTED,
+                        "ps register '%s': the servers' optimizer needs "
+                        "float or double, not %s",
+                        name, cfx_dtype_name(dtype));
+    int rc;
+    struct cfx_ps_request *r = NULL;
+    if (ps->index == 0) {
+        struct ps_op *op = calloc(1, sizeof(*op));
+        if (!op)
+            return cfx__err(CFX_ERR_NOMEM, "ps: out of memory");
+        op->kind = PS_OP_REGISTER;
+        snprintf(op->reg.name, sizeof(op->reg.name), "%s", name);
+        op->reg.dtype = dtype;
+        op->reg.count = count;
+        if ((rc = run(ps, post(ps, op, &r), &r)) != CFX_OK)
+            return rc;
+    }
+    pthread_mutex_lock(&ps->lock);
+    bool ok = wait_map(ps, dl, has_tensor, name);
+    int t = cfx__ps_map_find(&ps->map, name);
+    struct ps_tensor info;
+    memset(&info, 0, sizeof(info));
+    if (t >= 0)
+        info = ps->map.tensors[t];
+    pthread_mutex_unlock(&ps->lock);
+    if (!ok)
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "job %s: tensor '%s' did not appear in the shard map "
+                        "within %d ms (worker 0 registers it with the scheduler, server 0)",
+                        ps->job, name, ps->timeout_ms);
+    if (info.dtype != (uint32_t)dtype || info.count != count)
+        return cfx__err(CFX_ERR_INVALID,
+                        "job %s: tensor '%s' is registered as %" PRIu64 " x %s, not %zu x %s",
+                        ps->job, name, info.count, cfx_dtype_name((enum cfx_dtype)info.dtype),
+                        count, cfx_dtype_name(dtype));
+    if (ps->index == 0 && !info.ready) {
+        if ((rc = run(ps, post_data_op(ps, PS_OP_INIT, t, init, NULL, &r), &r)) != CFX_OK)
+            return rc;
+        struct ps_op *op = calloc(1, sizeof(*op));
+        if (!op)
+            return cfx__err(CFX_ERR_NOMEM, "ps: out of memory");
+        op->kind = PS_OP_READY;
+        op->tensor = t;
+        if ((rc = run(ps, post(ps, op, &r), &r)) != CFX_OK)
+            return rc;
+    }
+    pthread_mutex_lock(&ps->lock);
+    ok = wait_map(ps, dl, tensor_ready, name);
+    pthread_mutex_unlock(&ps->lock);
+    if (!ok)
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "job %s: tensor '%s' was not initialized within %d ms "
+                        "(worker 0 stores its initial values)",
+                        ps->job, name, ps->timeout_ms);
+    *key = t;
+    return CFX_OK;
+}
+
+void cfx__ps_worker_say_bye(struct cfx_ps *ps)
+{
+    struct ps_op *op = calloc(1, sizeof(*op));
+    struct cfx_ps_request *r = NULL;
+    if (!op)
+        return;
+    op->kind = PS_OP_BYE;
+    int rc = run(ps, post(ps, op, &r), &r);
+    if (rc != CFX_OK)
+        CFX_LOG(WARN, PS, "job %s: worker %d: %s", ps->job, ps->index, cfx_last_error());
+}

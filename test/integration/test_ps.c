@@ -1,0 +1,159 @@
+/*
+ * Parameter server under cfx_run: exact results under BSP (with blocks
+ * migrating, servers added and removed mid-run, server-side optimizers),
+ * the SSP staleness bound checked from a trace, administration through
+ * rdmactl, and the straggler benchmark's speed-up.  The rank programs
+ * (cfx_pstest, cfx_ps_bench) check every value and exit non-zero with a
+ * message on the first wrong one.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CFX_BIN_DIR
+#error "CFX_BIN_DIR must name the bin directory of the build"
+#endif
+
+static int status_of(int st)
+{
+    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int pstest(int n, const char *tp, const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/cfx_run -n %d --transport %s --timeout 90 %s/cfx_pstest %s",
+             CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args);
+    cr_log_info("%s", cmd);
+    return status_of(system(cmd));
+}
+
+struct tp_param {
+    char tp[8];
+};
+
+static struct tp_param tps[] = { { "shm" }, { "tcp" } };
+
+ParameterizedTestParameters(ps, bsp_exact)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* 3 workers x 40 steps, summing servers: every pulled value exact. */
+ParameterizedTest(struct tp_param *p, ps, bsp_exact, .timeout = 120)
+{
+    int rc = pstest(5, p->tp, "--servers 2 --workers 3 --steps 40");
+    cr_assert_eq(rc, 0, "BSP over %s: exited %d", p->tp, rc);
+}
+
+Test(ps, optimizers_exact, .timeout = 120)
+{
+    static const char *const opts[] = { "sgd", "momentum", "adam" };
+    for (int i = 0; i < 3; i++) {
+        char args[128];
+        snprintf(args, sizeof(args), "--servers 2 --workers 2 --steps 20 --opt %s", opts[i]);
+        int rc = pstest(4, "shm", args);
+        cr_assert_eq(rc, 0, "server-side %s: exited %d", opts[i], rc);
+    }
+}
+
+/* A server removed mid-run: its blocks migrate live, nothing lost or doubled. */
+Test(ps, migrate_on_remove, .timeout = 120)
+{
+    int rc = pstest(5, "shm", "--servers 3 --workers 2 --steps 40 --remove-at 12:1");
+    cr_assert_eq(rc, 0, "remove mid-run: exited %d", rc);
+}
+
+/* A server joins (standby, then added) and another is removed, mid-run. */
+Test(ps, add_and_remove, .timeout = 120)
+{
+    int rc = pstest(6, "shm",
+                    "--servers 2 --workers 3 --late 1 --standby --steps 40 "
+                    "--join-at 5 --remove-at 20:1");
+    cr_assert_eq(rc, 0, "add + remove mid-run: exited %d", rc);
+    rc = pstest(6, "tcp",
+                "--servers 2 --workers 3 --late 1 --steps 40 --join-at 8 "
+                "--remove-at 25:1 --rebalance-at 30");
+    cr_assert_eq(rc, 0, "join + remove + rebalance over tcp: exited %d", rc);
+}
+
+/* A straggler (test-only delay) loses blocks to automatic load distribution
+ * while the values stay exact. */
+Test(ps, straggler_rebalance_exact, .timeout = 120)
+{
+    int rc = pstest(4, "shm",
+                    "--servers 2 --workers 2 --steps 120 --delay 1:2000 "
+                    "--expect-moves");
+    cr_assert_eq(rc, 0, "straggler rebalance: exited %d", rc);
+}
+
+/* SSP: no worker ever more than the bound ahead (checked from the trace),
+ * with skewed workers so that the bound is actually reached; final sums exact.
+ * ASP: final sums exact. */
+Test(ps, ssp_bound_and_asp, .timeout = 120)
+{
+    char dir[] = "/tmp/cfx_ps_traceXXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char args[256];
+    snprintf(args, sizeof(args),
+             "--servers 2 --workers 3 --steps 40 --consistency ssp "
+             "--staleness 2 --skew 3000 --trace %s",
+             dir);
+    int rc = pstest(5, "shm", args);
+    cr_assert_eq(rc, 0, "SSP(2): exited %d", rc);
+    snprintf(args, sizeof(args), "--servers 2 --workers 3 --steps 30 --skew 3000 --trace %s", dir);
+    rc = pstest(5, "shm", args);
+    cr_assert_eq(rc, 0, "BSP trace: exited %d", rc);
+    rc = pstest(5, "tcp", "--servers 2 --workers 3 --steps 40 --consistency asp --skew 1000");
+    cr_assert_eq(rc, 0, "ASP: exited %d", rc);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* rdmactl ps: shards, remove-server while training runs. */
+Test(ps, rdmactl, .timeout = 120)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%1$s/cfx_run -n 6 --timeout 90 sh -c 'if [ $CFX_RANK -eq 5 ]; then "
+             "sleep 1; %1$s/rdmactl ps --job pstest shards && "
+             "%1$s/rdmactl ps --job pstest rebalance && "
+             "%1$s/rdmactl ps --job pstest remove-server 1 && "
+             "%1$s/rdmactl --json ps --job pstest shards | grep -q \"\\\"map_version\\\"\" && "
+             "! %1$s/rdmactl ps --job pstest remove-server 0 && "
+             "! %1$s/rdmactl ps --job pstest add-server 9; "
+             "else exec %1$s/cfx_pstest --servers 3 --workers 2 --steps 200 --pace 10000 "
+             "--extra 1 --expect-removed 1; fi'",
+             CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    int rc = status_of(system(cmd));
+    cr_assert_eq(rc, 0, "rdmactl ps during training: exited %d", rc);
+}
+
+/* The benchmark: throughput after rebalancing at least 2x the static one. */
+Test(ps, straggler_speedup, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "%s/cfx_run -n 6 --timeout 90 %s/cfx_ps_bench --json 2>&1 | "
+             "grep speedup",
+             CFX_BIN_DIR, CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char line[1024] = "";
+    char *got = fgets(line, sizeof(line), f);
+    int st = status_of(pclose(f));
+    cr_assert(got && st == 0, "benchmark failed (%d): %s", st, line);
+    const char *s = strstr(line, "\"speedup\":");
+    cr_assert_not_null(s, "no speedup in: %s", line);
+    double speedup = atof(s + 10);
+    cr_log_info("speed-up %.2fx", speedup);
+    cr_assert_geq(speedup, 2.0, "rebalancing sped training up only %.2fx: %s", speedup, line);
+}

@@ -1,0 +1,492 @@
+/*
+ * Rank program for the fault tests (test/integration/test_faults.c), started
+ * by cfx_run with --allow-fail naming the victim rank.  One rank (the
+ * victim) takes itself down in the middle of an operation; the survivors
+ * check bytes or the stated error, and how long it took them to learn of
+ * the death.
+ *
+ * The victim records the moment of its death (CLOCK_MONOTONIC, shared by
+ * every process of the host), its node id and its pid in a small inline
+ * object "fault-kill" just before raise(); the coordinator keeps inline
+ * bytes of a dead putter, so survivors read it afterwards.  A survivor's
+ * detection time is the moment its call returned minus that moment.
+ *
+ *   receiver SIZE     rank 0 puts; rank 1 is killed while getting it; rank 2
+ *                     then gets it from rank 0 (bytes checked), and rank 0
+ *                     deletes it at once (no upload to the dead receiver is
+ *                     left behind).  Run with --fanout 1 --allow-fail 1.
+ *   relay SIZE        a chain 0 -> 1 -> 2 -> 3 -> ... (--fanout 1, each rank
+ *                     starts after its predecessor is receiving); rank 2 is
+ *                     killed while rank 3 reads its partial copy; every
+ *                     downstream getter ends with the right bytes.  5+ ranks,
+ *                     --allow-fail 2.
+ *   reduce SIZE       every rank puts an input; rank 0 reduces all n of them
+ *                     (k = n); rank 2 dies while the reduce streams.  Rank 0
+ *                     must get CFX_ERR_PEER_FAILED or CFX_ERR_TIMEOUT naming
+ *                     rank 2's node within the reduce's deadline.
+ *                     --allow-fail 2.
+ *   allreduce BYTES [stall]
+ *                     a group of all ranks runs a float allreduce; rank 2
+ *                     dies in the middle (stall: stops with SIGSTOP instead,
+ *                     so only missed heartbeats reveal it).  Every survivor
+ *                     must get CFX_ERR_PEER_FAILED naming rank 2's node
+ *                     within the detection bound; then the survivors form a
+ *                     new group of n-1 ranks and an allreduce there must be
+ *                     right.  --allow-fail 2.
+ *
+ * Bounds (milliseconds, environment): CFX_FAULT_DETECT_MS (default 2000,
+ * the documented "a dead node is known in under 2 s"); the calls' own
+ * deadline is CFX_FAULT_DEADLINE_MS (default 10000).  Every survivor prints
+ * "METRIC fault_<mode>_<transport>_detect_ms <ms>".  CFX_FAULT_GROUP_STRICT=0
+ * relaxes the allreduce modes to "CFX_ERR_PEER_FAILED or CFX_ERR_TIMEOUT by
+ * the deadline" (see docs/RELIABILITY.md, known gaps); the survivors' new
+ * group is checked either way.
+ */
+#include <conflux/conflux.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test/common/testutil.h"
+
+#define DIE(...)                                                               \
+    do {                                                                       \
+        fprintf(stderr, "FAIL rank %d: ", rank);                               \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fprintf(stderr, "\n");                                                 \
+        exit(1);                                                               \
+    } while (0)
+
+#define CHECK_OK(expr)                                                         \
+    do {                                                                       \
+        int rc_ = (expr);                                                      \
+        if (rc_ != CFX_OK)                                                     \
+            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
+    } while (0)
+
+#define VICTIM 2 /* the rank that dies in every mode but receiver */
+
+static int rank, world;
+static int detect_ms = 2000, deadline_ms = 10000;
+static int group_strict = 1; /* CFX_FAULT_GROUP_STRICT: 0 relaxes the allreduce checks */
+static const char *tp = "?";
+
+/* What the victim leaves behind (inline object "fault-kill"). */
+struct kill_rec {
+    double t;        /* CLOCK_MONOTONIC seconds, just before raise() */
+    uint32_t node;   /* its node id */
+    int32_t pid;     /* its pid (stall: the survivors finish it off) */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void name_id(struct cfx_object_id *id, const char *what, long a)
+{
+    char name[128];
+    snprintf(name, sizeof(name), "fault-%s-%ld", what, a);
+    cfx_object_id_from_name(name, id);
+}
+
+/* Small inline markers: the only synchronisation between ranks. */
+static void mark(struct cfx_context *ctx, const char *what, long a)
+{
+    struct cfx_object_id id;
+    uint8_t one = 1;
+    name_id(&id, what, a);
+    CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
+}
+
+static void wait_mark(struct cfx_context *ctx, const char *what, long a)
+{
+    struct cfx_object_id id;
+    uint8_t b;
+    name_id(&id, what, a);
+    CHECK_OK(cfx_get(ctx, &id, &b, 1, NULL, NULL));
+}
+
+static void die_now(struct cfx_context *ctx, int sig)
+{
+    struct kill_rec k = { .node = cfx_context_node_id(ctx), .pid = (int32_t)getpid() };
+    struct cfx_object_id id;
+    name_id(&id, "kill", 0);
+    k.t = now_s();
+    CHECK_OK(cfx_put(ctx, &id, &k, sizeof(k), NULL));
+    printf("victim: node %u %s now\n", k.node, sig == SIGSTOP ? "stalls (SIGSTOP)" : "dies (SIGKILL)");
+    fflush(stdout);
+    raise(sig);
+}
+
+static struct kill_rec read_kill(struct cfx_context *ctx)
+{
+    struct kill_rec k;
+    struct cfx_object_id id;
+    name_id(&id, "kill", 0);
+    CHECK_OK(cfx_get(ctx, &id, &k, sizeof(k), NULL, NULL));
+    return k;
+}
+
+/* 1 when @p text names "node N" with exactly that number. */
+static int names_node(const char *text, uint32_t node)
+{
+    char pat[32];
+    snprintf(pat, sizeof(pat), "node %u", node);
+    size_t n = strlen(pat);
+    for (const char *p = strstr(text, pat); p; p = strstr(p + 1, pat))
+        if (p[n] < '0' || p[n] > '9')
+            return 1;
+    return 0;
+}
+
+/* Every survivor but rank 0 says it is done and rank 0 waits for them, so
+ * no holder leaves while another survivor may still read from it. */
+static void finish(struct cfx_context *ctx, int victim)
+{
+    if (rank != 0) {
+        mark(ctx, "done", rank);
+        return;
+    }
+    for (int r = 1; r < world; r++)
+        if (r != victim)
+            wait_mark(ctx, "done", r);
+}
+
+static void report(const char *mode, double t_err, const struct kill_rec *k)
+{
+    double ms = (t_err - k->t) * 1e3;
+    printf("METRIC fault_%s_%s_detect_ms %.1f\n", mode, tp, ms);
+    printf("rank %d: node %u's death known after %.1f ms (bound %d ms)\n", rank, k->node, ms,
+           detect_ms);
+    if (ms > detect_ms)
+        DIE("%s: node %u's death took %.1f ms to detect, bound %d ms", mode, k->node, ms,
+            detect_ms);
+}
+
+/* ---- watchers: die once this much has moved ---------------------------- */
+
+struct watch {
+    struct cfx_context *ctx;
+    uint64_t bytes;        /* sent or received, whichever comes first */
+    const char *wait_for;  /* then wait for this marker (NULL: none) */
+    long wait_arg;
+    int sig;
+};
+
+static void *watcher(void *arg)
+{
+    struct watch *w = arg;
+    struct cfx_context_stats st;
+    do {
+        usleep(1000);
+        cfx_context_stats(w->ctx, &st);
+    } while (st.bytes_received < w->bytes && st.bytes_sent < w->bytes);
+    if (w->wait_for)
+        wait_mark(w->ctx, w->wait_for, w->wait_arg);
+    die_now(w->ctx, w->sig);
+    return NULL;
+}
+
+/* Announce "receiving-RANK" once this rank has taken @p bytes. */
+struct progress_mark {
+    struct cfx_context *ctx;
+    uint64_t bytes;
+};
+
+static void *progress_marker(void *arg)
+{
+    struct progress_mark *p = arg;
+    struct cfx_context_stats st;
+    do {
+        usleep(1000);
+        cfx_context_stats(p->ctx, &st);
+    } while (st.bytes_received < p->bytes);
+    mark(p->ctx, "receiving", rank);
+    return NULL;
+}
+
+/* ---- receiver ---------------------------------------------------------- */
+
+static void mode_receiver(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id;
+    void *buf;
+    name_id(&id, "receiver-obj", (long)size);
+    CHECK_OK(cfx_buf_alloc(ctx, size, &buf));
+    if (rank == 0) {
+        cfx_test_fill(buf, size, 11);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+        wait_mark(ctx, "done", 2);
+        /* nothing of the dead receiver's upload is left: delete is at once */
+        struct cfx_obj_params dp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 3000 };
+        double t = now_s();
+        CHECK_OK(cfx_delete(ctx, &id, &dp));
+        t = now_s() - t;
+        if (t > 1.0)
+            DIE("delete after the receiver died took %.3f s: an upload was left behind", t);
+        struct cfx_context_stats st;
+        CHECK_OK(cfx_context_stats(ctx, &st));
+        printf("source: %" PRIu64 " uploads, deleted in %.3f s\n", st.uploads, t);
+    } else if (rank == 1) {
+        pthread_t th;
+        static struct watch w;
+        w = (struct watch){ .ctx = ctx, .bytes = 2u << 20, .sig = SIGKILL };
+        pthread_create(&th, NULL, watcher, &w);
+        CHECK_OK(cfx_get(ctx, &id, buf, size, NULL, NULL));
+        DIE("the receiver finished its get before it was killed: make the transfer slower");
+    } else if (rank == 2) {
+        struct kill_rec k = read_kill(ctx);
+        size_t got = 0;
+        double t = now_s();
+        struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                     .timeout_ms = deadline_ms };
+        CHECK_OK(cfx_get(ctx, &id, buf, size, &got, &gp));
+        t = now_s() - t;
+        if (got != size || cfx_test_check(buf, size, 11) != (size_t)-1)
+            DIE("the later getter got wrong bytes (%zu of %zu)", got, size);
+        printf("later getter: %zu bytes ok in %.3f s after node %u died\n", got, t, k.node);
+        mark(ctx, "done", 2);
+    }
+    cfx_buf_free(ctx, buf);
+}
+
+/* ---- relay in a broadcast chain ----------------------------------------- */
+
+static void mode_relay(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id;
+    void *buf;
+    if (world < 5)
+        DIE("relay wants 5 or more ranks");
+    name_id(&id, "relay-obj", (long)size);
+    CHECK_OK(cfx_buf_alloc(ctx, size, &buf));
+    if (rank == 0) {
+        cfx_test_fill(buf, size, 22);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+        finish(ctx, VICTIM);
+        CHECK_OK(cfx_delete(ctx, &id, NULL));
+        cfx_buf_free(ctx, buf);
+        return;
+    }
+    /* rank r starts once r-1 is receiving, so the directory (fanout 1)
+     * sends it to r-1's partial copy: a chain through every rank */
+    if (rank > 1)
+        wait_mark(ctx, "receiving", rank - 1);
+    pthread_t th, pm;
+    static struct progress_mark p;
+    p = (struct progress_mark){ .ctx = ctx, .bytes = 1u << 20 };
+    pthread_create(&pm, NULL, progress_marker, &p);
+    if (rank == VICTIM) {
+        /* die once the next rank reads our partial copy */
+        static struct watch w;
+        w = (struct watch){ .ctx = ctx, .bytes = 2u << 20, .wait_for = "receiving",
+                            .wait_arg = VICTIM + 1, .sig = SIGKILL };
+        pthread_create(&th, NULL, watcher, &w);
+        CHECK_OK(cfx_get(ctx, &id, buf, size, NULL, NULL));
+        DIE("the relay finished its get before it was killed: make the transfer slower");
+    }
+    size_t got = 0;
+    double t = now_s();
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = deadline_ms };
+    CHECK_OK(cfx_get(ctx, &id, buf, size, &got, &gp));
+    t = now_s() - t;
+    pthread_join(pm, NULL);
+    if (got != size || cfx_test_check(buf, size, 22) != (size_t)-1)
+        DIE("downstream getter got wrong bytes (%zu of %zu)", got, size);
+    struct cfx_context_stats st;
+    CHECK_OK(cfx_context_stats(ctx, &st));
+    printf("rank %d: %zu bytes ok in %.3f s, %" PRIu64 " source switch(es)\n", rank, got, t,
+           st.source_failovers);
+    if (rank == VICTIM + 1 && st.source_failovers < 1)
+        DIE("the getter below the dead relay never switched source");
+    finish(ctx, VICTIM);
+    CHECK_OK(cfx_delete(ctx, &id, NULL));
+    cfx_buf_free(ctx, buf);
+}
+
+/* ---- object reduce with an input holder killed --------------------------- */
+
+static void mode_reduce(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[64], res;
+    size_t count = bytes / sizeof(float);
+    float *buf;
+    if (world > 64)
+        DIE("at most 64 ranks");
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&buf));
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (float)(rank + 1);
+    for (int r = 0; r < world; r++)
+        name_id(&in[r], "reduce-in", r);
+    name_id(&res, "reduce-out", 0);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    if (rank == VICTIM) {
+        static struct watch w;
+        pthread_t th;
+        w = (struct watch){ .ctx = ctx, .bytes = 1u << 20, .sig = SIGKILL };
+        pthread_create(&th, NULL, watcher, &w);
+        pause();
+    }
+    if (rank != 0) {
+        wait_mark(ctx, "reduce-over", 0);
+        mark(ctx, "done", rank);
+        cfx_delete(ctx, &in[rank], NULL);
+        cfx_buf_free(ctx, buf);
+        return;
+    }
+    struct cfx_obj_params rp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = deadline_ms };
+    size_t used[64];
+    double t0 = now_s();
+    int rc = cfx_reduce_objects(ctx, in, (size_t)world, (size_t)world, CFX_DTYPE_F32, CFX_OP_SUM,
+                                &res, &rp, used);
+    double t1 = now_s();
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    struct kill_rec k = read_kill(ctx);
+    printf("reduce of %d inputs with node %u killed: %s after %.3f s: %s\n", world, k.node,
+           cfx_errname(rc), t1 - t0, why);
+    if (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_TIMEOUT)
+        DIE("reduce with a dead input holder: %s (%s), expected CFX_ERR_PEER_FAILED or "
+            "CFX_ERR_TIMEOUT", cfx_errname(rc), why);
+    if (!names_node(why, k.node))
+        DIE("the reduce's error does not name the dead node %u: %s", k.node, why);
+    if (t1 - t0 > deadline_ms / 1000.0 + 1.0)
+        DIE("the reduce failed after %.3f s, its deadline was %d ms", t1 - t0, deadline_ms);
+    printf("METRIC fault_reduce_%s_status %d\n", tp, rc);
+    printf("METRIC fault_reduce_%s_detect_ms %.1f\n", tp, (t1 - k.t) * 1e3);
+    mark(ctx, "reduce-over", 0);
+    finish(ctx, VICTIM);
+    CHECK_OK(cfx_delete(ctx, &in[0], NULL));
+    cfx_buf_free(ctx, buf);
+}
+
+/* ---- group member killed during allreduce -------------------------------- */
+
+static void mode_allreduce(struct cfx_context *ctx, size_t bytes, int stall)
+{
+    size_t count = bytes / sizeof(float);
+    float *send, *recv;
+    struct cfx_group *g;
+    struct cfx_group_params gp = { .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_TIMEOUT,
+                                   .name = "fault-world", .timeout_ms = deadline_ms };
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&send));
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&recv));
+    for (size_t i = 0; i < count; i++)
+        send[i] = (float)(rank + 1);
+    CHECK_OK(cfx_group_create(ctx, &gp, &g));
+
+    /* one good round first: the group works */
+    float one = (float)(rank + 1), sum = 0;
+    CHECK_OK(cfx_group_allreduce(g, &one, &sum, 1, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    if (sum != (float)(world * (world + 1) / 2))
+        DIE("warm-up allreduce: %g", (double)sum);
+
+    if (rank == VICTIM) {
+        static struct watch w;
+        pthread_t th;
+        w = (struct watch){ .ctx = ctx, .bytes = 1u << 20, .sig = stall ? SIGSTOP : SIGKILL };
+        pthread_create(&th, NULL, watcher, &w);
+        cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+        DIE("the victim finished its allreduce before it died: make it bigger or slower");
+    }
+    double t0 = now_s();
+    int rc = cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    double t1 = now_s();
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    struct kill_rec k = read_kill(ctx);
+    printf("rank %d: allreduce with node %u %s: %s after %.3f s: %s\n", rank, k.node,
+           stall ? "stalled" : "killed", cfx_errname(rc), t1 - t0, why);
+    if (group_strict) {
+        if (rc != CFX_ERR_PEER_FAILED)
+            DIE("allreduce with a dead member: %s (%s), expected CFX_ERR_PEER_FAILED",
+                cfx_errname(rc), why);
+        if (!names_node(why, k.node))
+            DIE("the error does not name the dead rank's node %u: %s", k.node, why);
+        report(stall ? "allreduce_stall" : "allreduce", t1, &k);
+    } else {
+        /* CFX_FAULT_GROUP_STRICT=0: only "a stated error by the deadline" */
+        if (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_TIMEOUT)
+            DIE("allreduce with a dead member: %s (%s)", cfx_errname(rc), why);
+        if (t1 - t0 > deadline_ms / 1000.0 + 1.0)
+            DIE("allreduce failed after %.3f s, its deadline was %d ms", t1 - t0, deadline_ms);
+        printf("METRIC fault_%s_%s_rank%d_ms %.1f (%s, %s the dead node)\n",
+               stall ? "allreduce_stall" : "allreduce", tp, rank, (t1 - k.t) * 1e3,
+               cfx_errname(rc), names_node(why, k.node) ? "names" : "does not name");
+    }
+    cfx_group_destroy(g);
+
+    /* the survivors go on in a new group of n-1 ranks */
+    int nrank = rank < VICTIM ? rank : rank - 1;
+    struct cfx_group_params np = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "fault-survivors", .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
+    };
+    CHECK_OK(cfx_group_create(ctx, &np, &g));
+    size_t n2 = count < 65536 ? count : 65536;
+    CHECK_OK(cfx_group_allreduce(g, send, recv, n2, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    float want = (float)(world * (world + 1) / 2 - (VICTIM + 1));
+    for (size_t i = 0; i < n2; i++)
+        if (recv[i] != want)
+            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
+                (double)want);
+    CHECK_OK(cfx_group_barrier(g, NULL));
+    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
+    cfx_group_destroy(g);
+    if (stall && rank == 0) {
+        kill((pid_t)k.pid, SIGKILL); /* finish off the stopped victim */
+        printf("killed the stalled victim (pid %d)\n", (int)k.pid);
+    }
+    cfx_buf_free(ctx, send);
+    cfx_buf_free(ctx, recv);
+}
+
+int main(int argc, char **argv)
+{
+    struct cfx_context *ctx;
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s receiver SIZE | relay SIZE | reduce SIZE | "
+                        "allreduce BYTES [stall]\n", argv[0]);
+        return 2;
+    }
+    rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
+    world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
+    if (getenv("CFX_FAULT_DETECT_MS"))
+        detect_ms = atoi(getenv("CFX_FAULT_DETECT_MS"));
+    if (getenv("CFX_FAULT_DEADLINE_MS"))
+        deadline_ms = atoi(getenv("CFX_FAULT_DEADLINE_MS"));
+    if (getenv("CFX_FAULT_GROUP_STRICT"))
+        group_strict = atoi(getenv("CFX_FAULT_GROUP_STRICT"));
+    if (getenv("CFX_TRANSPORT"))
+        tp = getenv("CFX_TRANSPORT");
+    if (world < 3)
+        DIE("the fault tests want 3 or more ranks");
+    CHECK_OK(cfx_context_create(NULL, &ctx));
+    size_t size = strtoul(argv[2], NULL, 0);
+    double t = now_s();
+    if (!strcmp(argv[1], "receiver"))
+        mode_receiver(ctx, size);
+    else if (!strcmp(argv[1], "relay"))
+        mode_relay(ctx, size);
+    else if (!strcmp(argv[1], "reduce"))
+        mode_reduce(ctx, size);
+    else if (!strcmp(argv[1], "allreduce"))
+        mode_allreduce(ctx, size, argc > 3 && !strcmp(argv[3], "stall"));
+    else
+        DIE("unknown mode %s", argv[1]);
+    cfx_context_destroy(ctx);
+    printf("rank %d: %s ok in %.2f s\n", rank, argv[1], now_s() - t);
+    return 0;
+}

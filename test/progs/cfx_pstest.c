@@ -1,0 +1,554 @@
+/*
+ * Rank program for the parameter-server tests, started by cfx_run.
+ *
+ *   cfx_run -n S+W+L cfx_pstest [options]
+ *
+ * Ranks 0..S-1 are servers, S..S+W-1 workers (worker index = rank - S), the
+ * last L ranks are servers that join the running job when worker 0 says so.
+ * Each worker runs STEPS steps; a step push-pulls three tensors (f32, f64,
+ * i32, several blocks each) with gradients that depend on (worker, step,
+ * element) and are exactly representable, so every result has one right
+ * answer:
+ *  - BSP: after each step the pulled values equal the analytic value
+ *    exactly (SUM and SGD: closed form; MOMENTUM and ADAM: the same
+ *    arithmetic replayed here);
+ *  - SSP/ASP: the values after the last step equal the analytic sum, and
+ *    with --trace, no worker ever ran more than the staleness bound ahead
+ *    (checked by worker 0 from every worker's send/receive times).
+ * Options:
+ *   --servers S --workers W --late L --steps N --block BYTES
+ *   --consistency bsp|ssp|asp --staleness K --opt sum|sgd|momentum|adam
+ *   --remove-at STEP:SERVER   worker 0 removes SERVER before STEP
+ *   --join-at STEP            worker 0 lets the next late server join before STEP
+ *   --standby                 late servers join as standby; worker 0 adds them
+ *                             with cfx_ps_add_server()
+ *   --rebalance-at STEP       worker 0 asks for a rebalance before STEP
+ *   --delay SERVER:US         test-only service delay on SERVER from the start
+ *   --skew US                 worker w sleeps w*US per step (SSP tests)
+ *   --trace DIR               write and check the SSP trace
+ *   --expect-moves            fail unless blocks actually migrated
+ *   --expect-removed SERVER   fail unless SERVER ends with no blocks (removed by rdmactl)
+ *   --pace US                 every worker sleeps US per step (a job that lasts)
+ *   --extra N                 N more ranks run something else (a wrapper runs rdmactl)
+ * Exits non-zero with a message on the first wrong value or failed call.
+ */
+#include <conflux/conflux.h>
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DIE(...)                               \
+    do {                                       \
+        fprintf(stderr, "FAIL: " __VA_ARGS__); \
+        fprintf(stderr, "\n");                 \
+        exit(1);                               \
+    } while (0)
+
+#define CHECK_OK(expr)                                                       \
+    do {                                                                     \
+        int rc_ = (expr);                                                    \
+        if (rc_ != CFX_OK)                                                   \
+            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error()); \
+    } while (0)
+
+#define JOB "pstest"
+#define NT  3
+
+static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
+           JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
+           EXPECT_REMOVED = -1, STANDBY = 0;
+static size_t BLOCK = 4096;
+static uint32_t DELAY_US = 0;
+static enum cfx_ps_consistency CONS = CFX_PS_BSP;
+static enum cfx_ps_optimizer OPT = CFX_PS_OPT_SUM;
+static const char *TRACE;
+
+static const char *const tname[NT] = { "w_f32", "w_f64", "w_i32" };
+static enum cfx_dtype tdt[NT] = { CFX_DTYPE_F32, CFX_DTYPE_F64, CFX_DTYPE_I32 };
+static const size_t tcount[NT] = { 5000, 1500, 2100 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static double init_v(size_t i)
+{
+    return (double)(i % 7) - 3.0;
+}
+
+static double grad_v(int w, int step, size_t i)
+{
+    return (double)((w + 1) * (int)((i + (size_t)step) % 5)) - 2.0;
+}
+
+static struct cfx_ps_optim optim(void)
+{
+    struct cfx_ps_optim o = { .type = OPT,
+                              .lr = 0.5,
+                              .momentum = 0.5,
+                              .beta1 = 0.9,
+                              .beta2 = 0.999,
+                              .eps = 1e-8,
+                              .weight_decay = 0,
+                              .grad_scale = 1.0 };
+    return o;
+}
+
+/* The value of element i after @p steps rounds of every worker's pushes. */
+static double expect_closed(size_t i, int steps)
+{
+    double sum = 0;
+    for (int t = 0; t < steps; t++)
+        for (int w = 0; w < W; w++)
+            sum += grad_v(w, t, i);
+    if (OPT == CFX_PS_OPT_SGD)
+        return init_v(i) - 0.5 * sum;
+    return init_v(i) + sum;
+}
+
+/* MOMENTUM / ADAM on f32, replayed exactly as the server computes it. */
+struct replay {
+    float *p, *m, *v;
+    uint64_t t;
+};
+
+static double ipow(double x, uint64_t n)
+{
+    double r = 1;
+    for (; n; n >>= 1, x *= x)
+        if (n & 1)
+            r *= x;
+    return r;
+}
+
+static double root(double x)
+{
+    return __builtin_sqrt(x);
+}
+
+static void replay_round(struct replay *r, size_t n, int step)
+{
+    struct cfx_ps_optim o = optim();
+    r->t++;
+    double bc1 = 1 - ipow(o.beta1, r->t), bc2 = 1 - ipow(o.beta2, r->t);
+    for (size_t i = 0; i < n; i++) {
+        float acc = 0;
+        for (int w = 0; w < W; w++)
+            acc = w ? acc + (float)grad_v(w, step, i) : (float)grad_v(w, step, i);
+        double gi = o.grad_scale * (double)acc + o.weight_decay * (double)r->p[i];
+        if (o.type == CFX_PS_OPT_MOMENTUM) {
+            r->m[i] = (float)(o.momentum * (double)r->m[i] + gi);
+            r->p[i] = (float)((double)r->p[i] - o.lr * (double)r->m[i]);
+        } else {
+            r->m[i] = (float)(o.beta1 * (double)r->m[i] + (1 - o.beta1) * gi);
+            r->v[i] = (float)(o.beta2 * (double)r->v[i] + (1 - o.beta2) * gi * gi);
+            double mh = (double)r->m[i] / bc1, vh = (double)r->v[i] / bc2;
+            r->p[i] = (float)((double)r->p[i] - o.lr * mh / (root(vh) + o.eps));
+        }
+    }
+}
+
+static void fill(void *buf, enum cfx_dtype dt, size_t n, double (*f)(int, int, size_t), int w,
+                 int step)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = f(w, step, i);
+        if (dt == CFX_DTYPE_F32)
+            ((float *)buf)[i] = (float)v;
+        else if (dt == CFX_DTYPE_F64)
+            ((double *)buf)[i] = v;
+        else
+            ((int32_t *)buf)[i] = (int32_t)v;
+    }
+}
+
+static double init_f(int w, int s, size_t i)
+{
+    (void)w;
+    (void)s;
+    return init_v(i);
+}
+
+static double get(const void *buf, enum cfx_dtype dt, size_t i)
+{
+    return dt == CFX_DTYPE_F32   ? ((const float *)buf)[i]
+           : dt == CFX_DTYPE_F64 ? ((const double *)buf)[i]
+                                 : ((const int32_t *)buf)[i];
+}
+
+static void name_id(struct cfx_object_id *id, const char *what, int a)
+{
+    char name[96];
+    snprintf(name, sizeof(name), JOB "-test/%s/%d", what, a);
+    cfx_object_id_from_name(name, id);
+}
+
+static void signal_obj(struct cfx_context *ctx, const char *what, int a)
+{
+    static uint8_t one = 1;
+    struct cfx_object_id id;
+    name_id(&id, what, a);
+    CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
+}
+
+static void wait_obj(struct cfx_context *ctx, const char *what, int a, int timeout_ms)
+{
+    static uint8_t b; /* a got object stays served from this buffer */
+    size_t sz;
+    struct cfx_object_id id;
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = timeout_ms };
+    name_id(&id, what, a);
+    CHECK_OK(cfx_get(ctx, &id, &b, 1, &sz, &op));
+}
+
+static struct cfx_ps_params base_params(void)
+{
+    struct cfx_ps_params p = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_STALENESS | CFX_PS_PARAM_BLOCK_SIZE |
+                      CFX_PS_PARAM_OPTIMIZER | CFX_PS_PARAM_TIMEOUT,
+        .job = JOB,
+        .num_workers = W,
+        .num_servers = S,
+        .consistency = CONS,
+        .staleness = STALE,
+        .block_size = BLOCK,
+        .optim = optim(),
+        .timeout_ms = 30000,
+    };
+    return p;
+}
+
+static int run_server(struct cfx_context *ctx, int index, bool late)
+{
+    struct cfx_ps_params p = base_params();
+    p.role = CFX_PS_SERVER;
+    p.index = index;
+    p.field_mask |= CFX_PS_PARAM_STANDBY;
+    p.standby = late && STANDBY;
+    struct cfx_ps *ps;
+    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
+    if (index == DELAY_SRV)
+        CHECK_OK(cfx_ps_server_set_delay(ps, DELAY_US));
+    int rc;
+    while ((rc = cfx_ps_serve(ps, 1000)) == CFX_ERR_TIMEOUT)
+        ;
+    CHECK_OK(rc);
+    struct cfx_ps_stats st;
+    CHECK_OK(cfx_ps_stats(ps, &st));
+    printf("server %d%s: map %u, blocks in %" PRIu64 " out %" PRIu64 ", forwarded %" PRIu64 "\n",
+           index, late ? " (joined late)" : "", st.map_version, st.migrations_in, st.migrations_out,
+           st.forwarded);
+    cfx_ps_destroy(ps);
+    return 0;
+}
+
+static void check_ssp(int w_self)
+{
+    /* every worker's trace: S[k] push k sent, R[k] push-pull k returned */
+    uint64_t *snd = calloc((size_t)W * STEPS, 8), *rcv = calloc((size_t)W * STEPS, 8);
+    for (int w = 0; w < W; w++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/w%d.trace", TRACE, w);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            DIE("cannot read %s", path);
+        for (int k = 0; k < STEPS; k++)
+            if (fscanf(f, "%" SCNu64 " %" SCNu64, &snd[w * STEPS + k], &rcv[w * STEPS + k]) != 2)
+                DIE("short trace %s", path);
+        fclose(f);
+    }
+    /* after push-pull k returns, worker w starts step k+1; every other
+     * worker must have sent at least k+1-s pushes by then */
+    int max_lead = 0;
+    for (int w = 0; w < W; w++)
+        for (int k = 0; k < STEPS; k++) {
+            uint64_t r = rcv[w * STEPS + k];
+            for (int v = 0; v < W; v++) {
+                int sent = 0;
+                while (sent < STEPS && snd[v * STEPS + sent] < r)
+                    sent++;
+                int lead = (k + 1) - sent;
+                if (lead > max_lead)
+                    max_lead = lead;
+                if (CONS != CFX_PS_ASP && lead > STALE)
+                    DIE("worker %d started step %d when worker %d had sent only %d pushes "
+                        "(lead %d > staleness %d)",
+                        w, k + 1, v, sent, lead, STALE);
+            }
+        }
+    printf("worker %d: trace of %d workers x %d steps: max lead %d (bound %d)\n", w_self, W, STEPS,
+           max_lead, CONS == CFX_PS_BSP ? 0 : STALE);
+    if (CONS == CFX_PS_SSP && SKEW_US && max_lead < 1)
+        DIE("SSP with skew never ran ahead: the check would be vacuous");
+    free(snd);
+    free(rcv);
+}
+
+static int run_worker(struct cfx_context *ctx, int w)
+{
+    struct cfx_ps_params p = base_params();
+    p.role = CFX_PS_WORKER;
+    p.index = w;
+    struct cfx_ps *ps;
+    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
+    int key[NT];
+    void *grad[NT], *out[NT];
+    for (int t = 0; t < NT; t++) {
+        size_t sz = tcount[t] * cfx_dtype_size(tdt[t]);
+        void *init = malloc(sz);
+        grad[t] = malloc(sz);
+        out[t] = malloc(sz);
+        fill(init, tdt[t], tcount[t], init_f, 0, 0);
+        CHECK_OK(cfx_ps_register(ps, tname[t], tdt[t], tcount[t], w == 0 ? init : NULL, &key[t]));
+        /* the first pull gives the initial values */
+        CHECK_OK(cfx_ps_pull(ps, key[t], out[t]));
+        for (size_t i = 0; i < tcount[t]; i++)
+            if (get(out[t], tdt[t], i) != init_v(i))
+                DIE("worker %d: %s[%zu] = %g after registration, want %g", w, tname[t], i,
+                    get(out[t], tdt[t], i), init_v(i));
+        free(init);
+    }
+    struct replay rep = { 0 };
+    bool replaying = OPT == CFX_PS_OPT_MOMENTUM || OPT == CFX_PS_OPT_ADAM;
+    if (replaying) {
+        rep.p = malloc(tcount[0] * sizeof(float));
+        rep.m = calloc(tcount[0], sizeof(float));
+        rep.v = calloc(tcount[0], sizeof(float));
+        for (size_t i = 0; i < tcount[0]; i++)
+            rep.p[i] = (float)init_v(i);
+    }
+    uint64_t *snd = calloc((size_t)STEPS, 8), *rcv = calloc((size_t)STEPS, 8);
+    int joined = 0;
+    uint64_t t0 = now_ns();
+    for (int step = 0; step < STEPS; step++) {
+        if (w == 0 && step == JOIN_AT) {
+            signal_obj(ctx, "join", joined++);
+            printf("worker 0: step %d: server %d may join\n", step, S + joined - 1);
+            uint64_t dl = now_ns() + 20000000000ull;
+            int arc = CFX_ERR_NOT_FOUND;
+            while (STANDBY && arc == CFX_ERR_NOT_FOUND && now_ns() < dl) {
+                uint32_t v = 0;
+                arc = cfx_ps_add_server(ctx, JOB, S + joined - 1, 5000, &v);
+                if (arc == CFX_OK)
+                    printf("worker 0: added standby server %d (map %u)\n", S + joined - 1, v);
+                else if (arc == CFX_ERR_NOT_FOUND)
+                    usleep(20000); /* it has not announced itself yet */
+            }
+            if (STANDBY)
+                CHECK_OK(arc);
+        }
+        if (w == 0 && step == REMOVE_AT) {
+            uint32_t v = 0;
+            CHECK_OK(cfx_ps_remove_server(ctx, JOB, REMOVE_SRV, 20000, &v));
+            printf("worker 0: step %d: removed server %d (map %u)\n", step, REMOVE_SRV, v);
+        }
+        if (w == 0 && step == REBAL_AT) {
+            uint32_t v = 0;
+            CHECK_OK(cfx_ps_rebalance(ctx, JOB, 20000, &v));
+            printf("worker 0: step %d: rebalance (map %u)\n", step, v);
+        }
+        if (SKEW_US || PACE_US)
+            usleep((useconds_t)(w * SKEW_US + PACE_US));
+        struct cfx_ps_request *req[NT];
+        for (int t = 0; t < NT; t++)
+            fill(grad[t], tdt[t], tcount[t], grad_v, w, step);
+        snd[step] = now_ns();
+        for (int t = 0; t < NT; t++)
+            CHECK_OK(cfx_ps_ipushpull(ps, key[t], grad[t], out[t], &req[t]));
+        for (int t = 0; t < NT; t++) {
+            CHECK_OK(cfx_ps_wait(req[t], -1));
+            cfx_ps_request_free(req[t]);
+        }
+        rcv[step] = now_ns();
+        if (CONS != CFX_PS_BSP)
+            continue;
+        if (replaying)
+            replay_round(&rep, tcount[0], step);
+        for (int t = 0; t < NT; t++) {
+            if (replaying && t > 0)
+                break; /* only the f32 tensor is replayed; the others are checked below */
+            for (size_t i = 0; i < tcount[t]; i++) {
+                double want = replaying ? (double)rep.p[i] : expect_closed(i, step + 1);
+                if (get(out[t], tdt[t], i) != want)
+                    DIE("worker %d: step %d: %s[%zu] = %.9g, want %.9g", w, step, tname[t], i,
+                        get(out[t], tdt[t], i), want);
+            }
+        }
+    }
+    double secs = (double)(now_ns() - t0) / 1e9;
+    if (TRACE) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/w%d.trace", TRACE, w);
+        FILE *f = fopen(path, "w");
+        if (!f)
+            DIE("cannot write %s", path);
+        for (int k = 0; k < STEPS; k++)
+            fprintf(f, "%" PRIu64 " %" PRIu64 "\n", snd[k], rcv[k]);
+        fclose(f);
+    }
+    signal_obj(ctx, "done", w);
+    if (w == 0) {
+        for (int v = 1; v < W; v++)
+            wait_obj(ctx, "done", v, 60000);
+        /* every push was applied before its push-pull returned: the sums are final */
+        if (!replaying)
+            for (int t = 0; t < NT; t++) {
+                CHECK_OK(cfx_ps_pull(ps, key[t], out[t]));
+                for (size_t i = 0; i < tcount[t]; i++)
+                    if (get(out[t], tdt[t], i) != expect_closed(i, STEPS))
+                        DIE("final %s[%zu] = %.9g, want %.9g", tname[t], i, get(out[t], tdt[t], i),
+                            expect_closed(i, STEPS));
+            }
+        if (TRACE)
+            check_ssp(w);
+        struct cfx_ps_stats st;
+        CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        printf("worker 0: %d steps in %.2f s; map %u:", STEPS, secs, st.map_version);
+        for (uint32_t s = 0; s < st.nservers; s++)
+            printf(" server %d %s %u blocks;", s,
+                   st.servers[s].state == CFX_PS_SERVER_ACTIVE     ? "active"
+                   : st.servers[s].state == CFX_PS_SERVER_RETIRED  ? "retired"
+                   : st.servers[s].state == CFX_PS_SERVER_DRAINING ? "draining"
+                                                                   : "standby",
+                   st.servers[s].blocks);
+        printf("\n");
+        struct cfx_ps_stats mine;
+        CHECK_OK(cfx_ps_stats(ps, &mine));
+        if (EXPECT_MOVES && st.map_version <= 1u + NT * 2)
+            DIE("expected blocks to move, but the map is still at version %u", st.map_version);
+        if (REMOVE_SRV > 0 && st.servers[REMOVE_SRV].blocks)
+            DIE("removed server %d still owns %u blocks", REMOVE_SRV,
+                st.servers[REMOVE_SRV].blocks);
+        if (EXPECT_REMOVED > 0 && (st.servers[EXPECT_REMOVED].blocks ||
+                                   st.servers[EXPECT_REMOVED].state == CFX_PS_SERVER_ACTIVE))
+            DIE("server %d should have been removed (state %d, %u blocks)", EXPECT_REMOVED,
+                st.servers[EXPECT_REMOVED].state, st.servers[EXPECT_REMOVED].blocks);
+        if (L && JOIN_AT >= 0 && !st.servers[S].blocks)
+            DIE("the server that joined (%d) owns no blocks", S);
+        printf("worker 0: all values exact (%s, %s)\n",
+               CONS == CFX_PS_BSP   ? "bsp"
+               : CONS == CFX_PS_SSP ? "ssp"
+                                    : "asp",
+               OPT == CFX_PS_OPT_SUM        ? "sum"
+               : OPT == CFX_PS_OPT_SGD      ? "sgd"
+               : OPT == CFX_PS_OPT_MOMENTUM ? "momentum"
+                                            : "adam");
+        signal_obj(ctx, "checked", 0);
+    } else {
+        wait_obj(ctx, "checked", 0, 60000);
+    }
+    cfx_ps_destroy(ps);
+    for (int t = 0; t < NT; t++) {
+        free(grad[t]);
+        free(out[t]);
+    }
+    free(snd);
+    free(rcv);
+    free(rep.p);
+    free(rep.m);
+    free(rep.v);
+    return 0;
+}
+
+static void parse_pair(const char *s, int *a, int *b)
+{
+    if (sscanf(s, "%d:%d", a, b) != 2)
+        DIE("expected A:B, got %s", s);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--servers"))
+            S = atoi(v), i++;
+        else if (!strcmp(a, "--workers"))
+            W = atoi(v), i++;
+        else if (!strcmp(a, "--late"))
+            L = atoi(v), i++;
+        else if (!strcmp(a, "--steps"))
+            STEPS = atoi(v), i++;
+        else if (!strcmp(a, "--block"))
+            BLOCK = strtoul(v, NULL, 0), i++;
+        else if (!strcmp(a, "--staleness"))
+            STALE = atoi(v), i++;
+        else if (!strcmp(a, "--skew"))
+            SKEW_US = atoi(v), i++;
+        else if (!strcmp(a, "--trace"))
+            TRACE = v, i++;
+        else if (!strcmp(a, "--expect-moves"))
+            EXPECT_MOVES = 1;
+        else if (!strcmp(a, "--expect-removed"))
+            EXPECT_REMOVED = atoi(v), i++;
+        else if (!strcmp(a, "--standby"))
+            STANDBY = 1;
+        else if (!strcmp(a, "--pace"))
+            PACE_US = atoi(v), i++;
+        else if (!strcmp(a, "--extra"))
+            EXTRA = atoi(v), i++;
+        else if (!strcmp(a, "--remove-at"))
+            parse_pair(v, &REMOVE_AT, &REMOVE_SRV), i++;
+        else if (!strcmp(a, "--join-at"))
+            JOIN_AT = atoi(v), i++;
+        else if (!strcmp(a, "--rebalance-at"))
+            REBAL_AT = atoi(v), i++;
+        else if (!strcmp(a, "--delay")) {
+            int us;
+            parse_pair(v, &DELAY_SRV, &us);
+            DELAY_US = (uint32_t)us;
+            i++;
+        } else if (!strcmp(a, "--consistency")) {
+            CONS = !strcmp(v, "ssp") ? CFX_PS_SSP : !strcmp(v, "asp") ? CFX_PS_ASP : CFX_PS_BSP;
+            i++;
+        } else if (!strcmp(a, "--opt")) {
+            OPT = !strcmp(v, "sgd")        ? CFX_PS_OPT_SGD
+                  : !strcmp(v, "momentum") ? CFX_PS_OPT_MOMENTUM
+                  : !strcmp(v, "adam")     ? CFX_PS_OPT_ADAM
+                                           : CFX_PS_OPT_SUM;
+            i++;
+        } else {
+            DIE("unknown option %s", a);
+        }
+    }
+    if (OPT != CFX_PS_OPT_SUM)
+        tdt[2] = CFX_DTYPE_F32; /* optimizers run on floating point only */
+    if (OPT != CFX_PS_OPT_SUM && OPT != CFX_PS_OPT_SGD && CONS != CFX_PS_BSP)
+        DIE("momentum/adam are checked under BSP only");
+    int rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
+    int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
+    if (world != S + W + L + EXTRA)
+        DIE("run with %d ranks (%d servers, %d workers, %d late servers, %d others), not %d",
+            S + W + L + EXTRA, S, W, L, EXTRA, world);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    struct cfx_context *ctx;
+    CHECK_OK(cfx_context_create(NULL, &ctx));
+    int rc;
+    if (rank < S) {
+        rc = run_server(ctx, rank, false);
+    } else if (rank < S + W) {
+        rc = run_worker(ctx, rank - S);
+    } else {
+        int j = rank - S - W;
+        /* wait for worker 0's signal */
+        static uint8_t b;
+        size_t sz;
+        struct cfx_object_id id;
+        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 120000 };
+        name_id(&id, "join", j);
+        if (cfx_get(ctx, &id, &b, 1, &sz, &op) != CFX_OK)
+            DIE("late server %d was never asked to join", S + j);
+        rc = run_server(ctx, S + j, true);
+    }
+    cfx_context_destroy(ctx);
+    return rc;
+}

@@ -1,0 +1,564 @@
+/*
+ * Device buffers over tcp and shm (the staging path): objects put from and
+ * got into CUDA device memory between the contexts of a 2-4 rank group,
+ * then every group collective on device buffers (CFX_COLL_PARAM_MEMTYPE),
+ * with and without the caller's stream, in place and not, compared byte for
+ * byte with the same call on host buffers (the host reference) and, for
+ * integer sums, with the closed form.  Contexts live in one process, one
+ * thread per rank, as in test_coll_group.c.
+ *
+ * Without a usable GPU the device tests skip with the reason ("no CUDA
+ * device: ..."); the refusal of device buffers on such a host is tested
+ * for real.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "gpu/memtype.h"
+#include "testutil.h"
+#ifdef CFX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gpu/cuda/cfx_cuda.h"
+#endif
+
+#define MAX_RANKS 4
+
+static struct cfx_coord *coord;
+static char coord_addr[64], token[64];
+static struct cfx_context *ctxs[MAX_RANKS];
+
+static void need_gpu(void)
+{
+#ifndef CFX_HAVE_CUDA
+    cr_skip_test("no CUDA device: conflux was built without CUDA");
+#else
+    const char *why = "";
+    if (cfx__cuda_probe(NULL, &why) != CFX__CUDA_READY)
+        cr_skip_test("no CUDA device: %s", why);
+#endif
+}
+
+static void up(const char *tps, int n)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK);
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    for (int i = 0; i < n; i++) {
+        struct cfx_context_params cp = {
+            .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
+            .coord = coord_addr,
+            .token = token,
+            .transports = tps,
+        };
+        cr_assert_eq(cfx_context_create(&cp, &ctxs[i]), CFX_OK, "%s", cfx_last_error());
+    }
+}
+
+static void down(int n)
+{
+    for (int i = n - 1; i >= 0; i--)
+        cfx_context_destroy(ctxs[i]);
+    cfx__coord_stop(coord);
+}
+
+struct rank_run {
+    int rank, size;
+    const char *name; /* group name */
+    const char *tp;   /* transport, for object names and messages */
+    struct cfx_context *ctx;
+    struct cfx_group *g;
+    int (*body)(struct rank_run *rr);
+    int rc;
+    char err[512];
+};
+
+static void *rank_main(void *arg)
+{
+    struct rank_run *rr = arg;
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = rr->name,
+        .rank = rr->rank,
+        .size = rr->size,
+        .timeout_ms = 30000,
+    };
+    rr->rc = cfx_group_create(rr->ctx, &gp, &rr->g);
+    if (rr->rc == CFX_OK && rr->body)
+        rr->rc = rr->body(rr);
+    if (rr->rc != CFX_OK)
+        snprintf(rr->err, sizeof(rr->err), "%s", cfx_last_error());
+    cfx_group_destroy(rr->g);
+    return NULL;
+}
+
+static void run_ranks(int n, const char *name, const char *tp, int (*body)(struct rank_run *))
+{
+    struct rank_run rr[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    for (int i = 0; i < n; i++) {
+        rr[i] = (struct rank_run){
+            .rank = i, .size = n, .name = name, .tp = tp, .ctx = ctxs[i], .body = body
+        };
+        cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &rr[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(rr[i].rc, CFX_OK, "rank %d of %d over %s: %s: %s", i, n, tp,
+                     cfx_errname(rr[i].rc), rr[i].err);
+}
+
+/* ---- without a device: refused up front, with the reason ------------------------ */
+
+static int expect_refused(int rc, const char *what)
+{
+#ifdef CFX_HAVE_CUDA
+    const int want = CFX_ERR_NO_DEVICE;
+    const char *text = "absent (";
+#else
+    const int want = CFX_ERR_UNSUPPORTED;
+    const char *text = "without CUDA";
+#endif
+    if (rc != want)
+        return cfx__err(CFX_ERR_INTERNAL, "%s of device memory gave %s, want %s", what,
+                        cfx_errname(rc), cfx_errname(want));
+    if (!strstr(cfx_last_error(), text) || !strstr(cfx_last_error(), what))
+        return cfx__err(CFX_ERR_INTERNAL, "%s: message \"%s\" does not say \"%s\"", what,
+                        cfx_last_error(), text);
+    return CFX_OK;
+}
+
+static int body_refused(struct rank_run *rr)
+{
+    float buf[64] = { 0 }, out[64];
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_MEMTYPE | CFX_COLL_PARAM_TIMEOUT,
+                                 .memtype = CFX_MEMTYPE_CUDA,
+                                 .timeout_ms = 5000 };
+    int rc;
+    if ((rc =
+             expect_refused(cfx_group_allreduce(rr->g, buf, out, 64, CFX_DTYPE_F32, CFX_OP_SUM, &p),
+                            "allreduce")) != CFX_OK ||
+        (rc = expect_refused(cfx_group_broadcast(rr->g, buf, 64, CFX_DTYPE_F32, 0, &p),
+                             "broadcast")) != CFX_OK ||
+        (rc = expect_refused(cfx_group_allgather(rr->g, buf, out, 64 / rr->size, CFX_DTYPE_F32, &p),
+                             "allgather")) != CFX_OK ||
+        (rc = expect_refused(
+             cfx_group_send(rr->g, buf, sizeof(buf), (rr->rank + 1) % rr->size, 7, &p),
+             "group send")) != CFX_OK)
+        return rc;
+    /* the group still works on host memory */
+    float one = 1, sum = 0;
+    if ((rc = cfx_group_allreduce(rr->g, &one, &sum, 1, CFX_DTYPE_F32, CFX_OP_SUM, NULL)))
+        return rc;
+    return sum == (float)rr->size ? CFX_OK : cfx__err(CFX_ERR_INTERNAL, "sum %f", (double)sum);
+}
+
+Test(cuda_coll, refused_without_device, .timeout = 60)
+{
+    if (cfx__memtype_available(CFX_MEMTYPE_CUDA))
+        cr_skip_test("a CUDA device is present: this test covers hosts without one");
+    up("tcp", 2);
+    run_ranks(2, "nodev", "tcp", body_refused);
+    down(2);
+}
+
+/* ---- with a device ------------------------------------------------------------------ */
+
+static int dev_alloc(size_t len, void **out)
+{
+    int rc = cfx__memtype_alloc(CFX_MEMTYPE_CUDA, len ? len : 1, out);
+    return rc == CFX_OK ? rc
+                        : cfx__err(rc, "device allocation of %zu bytes: %s", len, cfx_last_error());
+}
+
+static int to_dev(void *dev, const void *host, size_t len)
+{
+    return cfx__memcpy_typed(dev, CFX_MEMTYPE_CUDA, host, CFX_MEMTYPE_HOST, len);
+}
+
+static int from_dev(void *host, const void *dev, size_t len)
+{
+    return cfx__memcpy_typed(host, CFX_MEMTYPE_HOST, dev, CFX_MEMTYPE_CUDA, len);
+}
+
+static const struct cfx_obj_params obj_dev = {
+    .field_mask = CFX_OBJ_PARAM_MEMTYPE | CFX_OBJ_PARAM_TIMEOUT,
+    .memtype = CFX_MEMTYPE_CUDA,
+    .timeout_ms = 20000,
+};
+
+/* Put from device memory on every rank, get the next rank's object into
+ * device memory, check the bytes. */
+static int body_put_get(struct rank_run *rr)
+{
+    static const size_t sizes[] = { 1, 65537, (3u << 20) + 5 };
+    const int n = rr->size, next = (rr->rank + 1) % n;
+    int rc = CFX_OK;
+    for (size_t k = 0; k < CFX_ARRAY_SIZE(sizes) && rc == CFX_OK; k++) {
+        const size_t len = sizes[k];
+        char name[96];
+        struct cfx_object_id mine, theirs;
+        void *host = malloc(len), *dsrc = NULL, *ddst = NULL;
+        size_t got = 0;
+        if (!host)
+            return cfx__err(CFX_ERR_NOMEM, "host buffer");
+        snprintf(name, sizeof(name), "cuda-coll-%s-%d-%zu", rr->tp, rr->rank, len);
+        cfx_object_id_from_name(name, &mine);
+        snprintf(name, sizeof(name), "cuda-coll-%s-%d-%zu", rr->tp, next, len);
+        cfx_object_id_from_name(name, &theirs);
+        cfx_test_fill(host, len, 1000u * k + (unsigned)rr->rank);
+        if ((rc = dev_alloc(len, &dsrc)) != CFX_OK || (rc = dev_alloc(len, &ddst)) != CFX_OK ||
+            (rc = to_dev(dsrc, host, len)) != CFX_OK)
+            goto next;
+        if ((rc = cfx_put(rr->ctx, &mine, dsrc, len, &obj_dev)) != CFX_OK ||
+            (rc = cfx_group_barrier(rr->g, NULL)) != CFX_OK)
+            goto next;
+        if ((rc = cfx_get(rr->ctx, &theirs, ddst, len, &got, &obj_dev)) != CFX_OK)
+            goto next;
+        memset(host, 0, len);
+        if ((rc = from_dev(host, ddst, len)) != CFX_OK)
+            goto next;
+        size_t bad = cfx_test_check(host, len, 1000u * k + (unsigned)next);
+        if (got != len || bad != (size_t)-1)
+            rc = cfx__err(CFX_ERR_INTERNAL,
+                          "rank %d got %zu of %zu bytes of rank %d's object "
+                          "over %s, first wrong byte %zu",
+                          rr->rank, got, len, next, rr->tp, bad);
+        /* nobody deletes before everybody has got */
+        if (rc == CFX_OK)
+            rc = cfx_group_barrier(rr->g, NULL);
+        if (rc == CFX_OK)
+            rc = cfx_delete(rr->ctx, &mine, NULL);
+        cfx_delete(rr->ctx, &theirs, NULL); /* the copy this node serves */
+    next:
+        cfx__memtype_free(CFX_MEMTYPE_CUDA, dsrc);
+        cfx__memtype_free(CFX_MEMTYPE_CUDA, ddst);
+        free(host);
+    }
+    return rc;
+}
+
+/* Finite values of every dtype, rank dependent (no NaN, so results do not
+ * depend on NaN payloads; the comparison is byte for byte anyway). */
+static void fill_values(void *buf, size_t count, enum cfx_dtype dt, int rank, unsigned salt)
+{
+    for (size_t i = 0; i < count; i++) {
+        int v = (int)((i * 7 + (size_t)rank * 13 + salt) % 1000) - 500;
+        float f = (float)v * 0.37f;
+        switch (dt) {
+        case CFX_DTYPE_F32: ((float *)buf)[i] = f; break;
+        case CFX_DTYPE_F64: ((double *)buf)[i] = (double)v * 0.37; break;
+        case CFX_DTYPE_BF16: {
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+            break;
+        }
+        case CFX_DTYPE_F16: ((uint16_t *)buf)[i] = (uint16_t)(0x3c00 + (v & 0x3ff)); break;
+        case CFX_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)(i * 3 + (size_t)rank * 1000); break;
+        case CFX_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v * 1000003; break;
+        default: ((uint8_t *)buf)[i] = (uint8_t)(v + rank); break;
+        }
+    }
+}
+
+enum kind {
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALLGATHER,
+    K_REDUCE_SCATTER,
+    K_GATHER,
+    K_SCATTER,
+    K_ALLTOALL,
+    K_LAST
+};
+static const char *const kind_names[K_LAST] = {
+    "allreduce",      "broadcast", "reduce",  "allgather",
+    "reduce_scatter", "gather",    "scatter", "alltoall",
+};
+
+/* Elements of the send / receive buffers of one call (count per block). */
+static void kind_sizes(enum kind k, size_t count, int n, size_t *scount, size_t *rcount)
+{
+    const size_t all = count * (size_t)n;
+    switch (k) {
+    case K_ALLGATHER:
+    case K_GATHER:
+        *scount = count;
+        *rcount = all;
+        break;
+    case K_REDUCE_SCATTER:
+    case K_SCATTER:
+        *scount = all;
+        *rcount = count;
+        break;
+    case K_ALLTOALL:
+        *scount = all;
+        *rcount = all;
+        break;
+    default:
+        *scount = count;
+        *rcount = count;
+        break;
+    }
+}
+
+static int call(struct cfx_group *g, enum kind k, const void *s, void *r, size_t count,
+                enum cfx_dtype dt, enum cfx_redop op, int root, const struct cfx_coll_params *p)
+{
+    switch (k) {
+    case K_ALLREDUCE: return cfx_group_allreduce(g, s, r, count, dt, op, p);
+    case K_BROADCAST: return cfx_group_broadcast(g, r, count, dt, root, p);
+    case K_REDUCE: return cfx_group_reduce(g, s, r, count, dt, op, root, p);
+    case K_ALLGATHER: return cfx_group_allgather(g, s, r, count, dt, p);
+    case K_REDUCE_SCATTER: return cfx_group_reduce_scatter(g, s, r, count, dt, op, p);
+    case K_GATHER: return cfx_group_gather(g, s, r, count, dt, root, p);
+    case K_SCATTER: return cfx_group_scatter(g, s, r, count, dt, root, p);
+    default: return cfx_group_alltoall(g, s, r, count, dt, p);
+    }
+}
+
+struct coll_case {
+    enum kind kind;
+    enum cfx_dtype dt;
+    enum cfx_redop op;
+    enum cfx_algo algo;
+    size_t count;
+    bool inplace; /* allreduce only: send == receive */
+    bool stream;  /* on the caller's stream */
+};
+
+/*
+ * One call on device buffers against the same call on host buffers.  The
+ * receive buffers start with a pattern, so bytes a rank must not write
+ * (a non-root's reduce output, etc.) are checked to be untouched as well.
+ */
+static int one_case(struct rank_run *rr, const struct coll_case *c, void *stream)
+{
+    const int n = rr->size, root = n - 1;
+    const size_t esz = cfx_dtype_size(c->dt);
+    size_t sc, rcnt;
+    kind_sizes(c->kind, c->count, n, &sc, &rcnt);
+    const size_t sb = sc * esz, rb = rcnt * esz;
+    char *hs = malloc(sb), *hr = malloc(rb), *back = malloc(rb);
+    void *ds = NULL, *dr = NULL;
+    int rc;
+    if (!hs || !hr || !back) {
+        rc = cfx__err(CFX_ERR_NOMEM, "host buffers");
+        goto out;
+    }
+    fill_values(hs, sc, c->dt, rr->rank, (unsigned)c->count);
+    cfx_test_fill(hr, rb, 77);
+    if (c->kind == K_BROADCAST && rr->rank == root)
+        fill_values(hr, rcnt, c->dt, rr->rank, 5);
+    if (c->inplace)
+        memcpy(hr, hs, rb);
+    if ((rc = dev_alloc(sb, &ds)) != CFX_OK || (rc = dev_alloc(rb, &dr)) != CFX_OK ||
+        (rc = to_dev(ds, hs, sb)) != CFX_OK || (rc = to_dev(dr, hr, rb)) != CFX_OK)
+        goto out;
+
+    struct cfx_coll_params hp = { .field_mask = CFX_COLL_PARAM_ALGO, .algo = c->algo };
+    struct cfx_coll_params dp = hp;
+    dp.field_mask |= CFX_COLL_PARAM_MEMTYPE;
+    dp.memtype = CFX_MEMTYPE_CUDA;
+    if (c->stream) {
+        dp.field_mask |= CFX_COLL_PARAM_STREAM;
+        dp.stream = stream;
+    }
+    /* the host reference, then the device call */
+    rc = call(rr->g, c->kind, c->inplace ? hr : hs, hr, c->count, c->dt, c->op, root, &hp);
+    if (rc == CFX_OK)
+        rc = call(rr->g, c->kind, c->inplace ? dr : ds, dr, c->count, c->dt, c->op, root, &dp);
+    if (rc == CFX_OK)
+        rc = from_dev(back, dr, rb);
+    if (rc != CFX_OK) {
+        char why[400];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        rc = cfx__err(rc, "%s %s %s count %zu: %s", kind_names[c->kind], cfx_dtype_name(c->dt),
+                      cfx_redop_name(c->op), c->count, why);
+        goto out;
+    }
+    for (size_t i = 0; i < rb; i++)
+        if (back[i] != hr[i]) {
+            rc = cfx__err(CFX_ERR_INTERNAL,
+                          "%s %s %s algo %s count %zu%s%s: rank %d byte %zu "
+                          "is %02x on the device, %02x on the host",
+                          kind_names[c->kind], cfx_dtype_name(c->dt), cfx_redop_name(c->op),
+                          cfx_algo_name(c->algo), c->count, c->inplace ? " in place" : "",
+                          c->stream ? " stream" : "", rr->rank, i, (unsigned char)back[i],
+                          (unsigned char)hr[i]);
+            goto out;
+        }
+    /* not vacuous: integer sums against the closed form */
+    if (c->kind == K_ALLREDUCE && c->dt == CFX_DTYPE_I32 && c->op == CFX_OP_SUM)
+        for (size_t i = 0; i < c->count; i++) {
+            int32_t want = (int32_t)(i * 3 * (size_t)n + 1000 * (size_t)(n * (n - 1) / 2)), got;
+            memcpy(&got, back + i * 4, 4);
+            if (got != want) {
+                rc = cfx__err(CFX_ERR_INTERNAL,
+                              "allreduce int32 sum count %zu: element %zu "
+                              "is %d, want %d",
+                              c->count, i, got, want);
+                goto out;
+            }
+        }
+out:
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, ds);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, dr);
+    free(hs);
+    free(hr);
+    free(back);
+    return rc;
+}
+
+static int body_allreduce(struct rank_run *rr)
+{
+    static const struct {
+        enum cfx_dtype dt;
+        enum cfx_redop op;
+    } ops[] = {
+        { CFX_DTYPE_I32, CFX_OP_SUM },  { CFX_DTYPE_F32, CFX_OP_SUM },
+        { CFX_DTYPE_BF16, CFX_OP_SUM }, { CFX_DTYPE_F64, CFX_OP_MAX },
+        { CFX_DTYPE_U8, CFX_OP_PROD },
+    };
+    static const enum cfx_algo algos[] = { CFX_ALGO_AUTO, CFX_ALGO_RING, CFX_ALGO_RHD,
+                                           CFX_ALGO_DBTREE };
+    static const size_t counts[] = { 1, 4097, 70001 };
+    void *stream = NULL;
+    int rc = CFX_OK;
+#ifdef CFX_HAVE_CUDA
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        return cfx__err(CFX_ERR_INTERNAL, "cudaStreamCreateWithFlags failed");
+    stream = s;
+#endif
+    for (size_t o = 0; o < CFX_ARRAY_SIZE(ops) && rc == CFX_OK; o++)
+        for (size_t a = 0; a < CFX_ARRAY_SIZE(algos) && rc == CFX_OK; a++)
+            for (size_t k = 0; k < CFX_ARRAY_SIZE(counts) && rc == CFX_OK; k++)
+                for (int v = 0; v < 4 && rc == CFX_OK; v++) {
+                    struct coll_case c = {
+                        .kind = K_ALLREDUCE,
+                        .dt = ops[o].dt,
+                        .op = ops[o].op,
+                        .algo = algos[a],
+                        .count = counts[k],
+                        .inplace = v & 1,
+                        .stream = v & 2,
+                    };
+                    rc = one_case(rr, &c, stream);
+                }
+#ifdef CFX_HAVE_CUDA
+    cudaStreamDestroy(s);
+#endif
+    return rc;
+}
+
+static int body_every_kind(struct rank_run *rr)
+{
+    static const size_t counts[] = { 3, 40000 };
+    void *stream = NULL;
+    int rc = CFX_OK;
+#ifdef CFX_HAVE_CUDA
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        return cfx__err(CFX_ERR_INTERNAL, "cudaStreamCreateWithFlags failed");
+    stream = s;
+#endif
+    for (int k = K_BROADCAST; k < K_LAST && rc == CFX_OK; k++)
+        for (size_t i = 0; i < CFX_ARRAY_SIZE(counts) && rc == CFX_OK; i++)
+            for (int v = 0; v < 2 && rc == CFX_OK; v++) {
+                struct coll_case c = {
+                    .kind = (enum kind)k,
+                    .dt = CFX_DTYPE_F32,
+                    .op = CFX_OP_SUM,
+                    .algo = CFX_ALGO_AUTO,
+                    .count = counts[i],
+                    .stream = v,
+                };
+                rc = one_case(rr, &c, stream);
+            }
+    /* point to point from device memory into device memory */
+    if (rc == CFX_OK && rr->size > 1 && rr->rank < 2) {
+        const size_t len = 100003;
+        char *h = malloc(len);
+        void *d = NULL;
+        struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_MEMTYPE,
+                                     .memtype = CFX_MEMTYPE_CUDA };
+        if (!h)
+            rc = cfx__err(CFX_ERR_NOMEM, "host buffer");
+        if (rc == CFX_OK)
+            rc = dev_alloc(len, &d);
+        if (rc == CFX_OK && rr->rank == 0) {
+            cfx_test_fill(h, len, 4242);
+            if ((rc = to_dev(d, h, len)) == CFX_OK)
+                rc = cfx_group_send(rr->g, d, len, 1, 9, &p);
+        } else if (rc == CFX_OK) {
+            if ((rc = cfx_group_recv(rr->g, d, len, 0, 9, &p)) == CFX_OK &&
+                (rc = from_dev(h, d, len)) == CFX_OK && cfx_test_check(h, len, 4242) != (size_t)-1)
+                rc = cfx__err(CFX_ERR_INTERNAL, "group recv into device memory: wrong bytes");
+        }
+        cfx__memtype_free(CFX_MEMTYPE_CUDA, d);
+        free(h);
+    }
+#ifdef CFX_HAVE_CUDA
+    cudaStreamDestroy(s);
+#endif
+    return rc;
+}
+
+struct tp_param {
+    char tp[8];
+    int n;
+};
+
+static struct tp_param tps[] = { { "tcp", 2 }, { "shm", 3 }, { "tcp", 4 }, { "shm", 2 } };
+
+ParameterizedTestParameters(cuda_coll, put_get_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll, put_get_device, .timeout = 240)
+{
+    need_gpu();
+    up(p->tp, p->n);
+    run_ranks(p->n, "pg", p->tp, body_put_get);
+    down(p->n);
+}
+
+ParameterizedTestParameters(cuda_coll, allreduce_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll, allreduce_device, .timeout = 240)
+{
+    need_gpu();
+    up(p->tp, p->n);
+    run_ranks(p->n, "ar", p->tp, body_allreduce);
+    down(p->n);
+}
+
+ParameterizedTestParameters(cuda_coll, every_collective_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll, every_collective_device, .timeout = 240)
+{
+    need_gpu();
+    up(p->tp, p->n);
+    run_ranks(p->n, "all", p->tp, body_every_kind);
+    down(p->n);
+}

@@ -1,0 +1,174 @@
+/*
+ * Load distribution (ps_balance.c): stragglers lose blocks in proportion to
+ * their measured capacity, every active server keeps an exploration share,
+ * a recovered server wins its blocks back, small gains are ignored, and the
+ * blocks of draining servers always move.
+ */
+#include <criterion/criterion.h>
+
+#include <string.h>
+
+#include "dataplane/ps/ps_int.h"
+
+#define NB 40
+
+static struct cfx_ps_balance knobs;
+static uint64_t bytes[NB];
+static uint16_t owner[NB];
+static uint32_t state[4];
+static double npb[4];
+
+static void setup(void)
+{
+    cfx__ps_balance_defaults(&knobs);
+    for (int i = 0; i < NB; i++) {
+        bytes[i] = 1000;
+        owner[i] = (uint16_t)(i % 2);
+    }
+    for (int s = 0; s < 4; s++) {
+        state[s] = s < 2 ? CFX_PS_SERVER_ACTIVE : CFX_PS_SERVER_STANDBY;
+        npb[s] = 1.0;
+    }
+}
+
+TestSuite(ps_balance, .init = setup);
+
+static struct ps_balance_out run(uint32_t nservers, bool force)
+{
+    struct ps_balance_in in = {
+        .nservers = nservers,
+        .state = state,
+        .ns_per_byte = npb,
+        .nblocks = NB,
+        .bytes = bytes,
+        .movable = NULL,
+        .knobs = &knobs,
+        .force = force,
+    };
+    struct ps_balance_out out;
+    cr_assert_eq(cfx__ps_balance(&in, owner, &out), CFX_OK);
+    return out;
+}
+
+static uint32_t count(uint16_t s)
+{
+    uint32_t n = 0;
+    for (int i = 0; i < NB; i++)
+        n += owner[i] == s;
+    return n;
+}
+
+Test(ps_balance, balanced_stays_put)
+{
+    struct ps_balance_out o = run(2, false);
+    cr_assert_eq(o.moves, 0);
+    cr_assert_eq(o.stragglers, 0);
+    cr_assert_eq(count(0), 20);
+}
+
+Test(ps_balance, straggler_loses_blocks_in_proportion)
+{
+    npb[1] = 4.0; /* server 1 is 4x slower: it should keep ~1/5 of the bytes */
+    struct ps_balance_out o = run(2, false);
+    cr_assert_eq(o.stragglers, 2u, "server 1 flagged");
+    cr_assert_gt(o.moves, 0);
+    cr_assert(count(1) == 8, "server 1 keeps %u blocks, want 8", count(1));
+    cr_assert_lt(o.new_max, o.cur_max * 0.7);
+    /* predicted times are within one block of each other */
+    double t0 = count(0) * 1000.0 * 1.0, t1 = count(1) * 1000.0 * 4.0;
+    cr_assert_leq(t0 > t1 ? t0 - t1 : t1 - t0, 4000.0 + 1e-9);
+}
+
+Test(ps_balance, exploration_share_and_recovery)
+{
+    npb[1] = 1000.0; /* nearly dead: keeps only the exploration floor */
+    run(2, false);
+    uint32_t floor = (uint32_t)(knobs.explore * NB / 2 + 0.999);
+    cr_assert_eq(count(1), floor < 1 ? 1 : floor, "server 1 keeps %u blocks", count(1));
+    /* it recovers: measured as fast as server 0 again */
+    npb[1] = 1.0;
+    struct ps_balance_out o = run(2, false);
+    cr_assert_gt(o.moves, 0);
+    cr_assert_eq(count(1), 20, "the recovered server wins its blocks back (has %u)", count(1));
+}
+
+Test(ps_balance, hysteresis_ignores_small_gains)
+{
+    npb[1] = 1.2; /* 20% slower: the best split gains ~9%, under min_gain */
+    struct ps_balance_out o = run(2, false);
+    cr_assert_eq(o.moves, 0);
+    cr_assert_eq(count(1), 20);
+    /* forced (admin rebalance) takes it anyway */
+    o = run(2, true);
+    cr_assert_gt(o.moves, 0);
+    cr_assert_lt(count(1), 20);
+}
+
+Test(ps_balance, draining_server_empties)
+{
+    state[1] = CFX_PS_SERVER_DRAINING;
+    state[2] = CFX_PS_SERVER_ACTIVE; /* a new server: unknown speed counts as the median */
+    npb[2] = 0;
+    struct ps_balance_out o = run(3, false);
+    cr_assert_eq(count(1), 0);
+    cr_assert_eq(count(0) + count(2), NB);
+    cr_assert_eq(count(0), 20);
+    cr_assert_eq(count(2), 20);
+    cr_assert_geq(o.moves, 20);
+}
+
+Test(ps_balance, added_server_takes_a_share)
+{
+    state[2] = CFX_PS_SERVER_ACTIVE;
+    npb[2] = 0;
+    run(3, true);
+    cr_assert(count(2) >= 13 && count(2) <= 14, "new server got %u blocks", count(2));
+}
+
+Test(ps_balance, pinned_blocks_stay)
+{
+    uint8_t movable[NB];
+    memset(movable, 0, sizeof(movable));
+    npb[1] = 10;
+    struct ps_balance_in in = {
+        .nservers = 2,
+        .state = state,
+        .ns_per_byte = npb,
+        .nblocks = NB,
+        .bytes = bytes,
+        .movable = movable,
+        .knobs = &knobs,
+    };
+    struct ps_balance_out out;
+    cr_assert_eq(cfx__ps_balance(&in, owner, &out), CFX_OK);
+    cr_assert_eq(out.moves, 0);
+}
+
+Test(ps_balance, no_active_server)
+{
+    state[0] = state[1] = CFX_PS_SERVER_DRAINING;
+    struct ps_balance_in in = {
+        .nservers = 2,
+        .state = state,
+        .ns_per_byte = npb,
+        .nblocks = NB,
+        .bytes = bytes,
+        .knobs = &knobs,
+    };
+    struct ps_balance_out out;
+    cr_assert_eq(cfx__ps_balance(&in, owner, &out), CFX_ERR_INVALID);
+}
+
+Test(ps_balance, unequal_blocks)
+{
+    for (int i = 0; i < NB; i++)
+        bytes[i] = (uint64_t)(i + 1) * 100;
+    npb[1] = 2.0;
+    run(2, true);
+    double l0 = 0, l1 = 0;
+    for (int i = 0; i < NB; i++)
+        *(owner[i] ? &l1 : &l0) += (double)bytes[i];
+    /* server 1 holds about a third of the bytes */
+    double share = l1 / (l0 + l1);
+    cr_assert(share > 0.28 && share < 0.39, "share %.3f", share);
+}

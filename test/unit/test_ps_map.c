@@ -1,0 +1,137 @@
+/*
+ * Shard-map math: block splitting, initial assignment, the wire form and
+ * its validation.
+ */
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/ps/ps_int.h"
+
+static struct ps_map m;
+
+static void setup(void)
+{
+    cfx__ps_map_init(&m);
+    m.conf.block_size = 4096;
+    m.nworkers = 2;
+    m.worker_node[0] = 11;
+    m.worker_node[1] = 12;
+    m.nservers = 3;
+    for (uint32_t s = 0; s < 3; s++) {
+        m.server[s].node_id = 20 + s;
+        m.server[s].state = CFX_PS_SERVER_ACTIVE;
+    }
+}
+
+static void teardown(void)
+{
+    cfx__ps_map_free(&m);
+}
+
+TestSuite(ps_map, .init = setup, .fini = teardown);
+
+Test(ps_map, blocks_tile_tensors)
+{
+    /* 4096-byte blocks: 1024 floats, 512 doubles */
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 2500), 0);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_F64, 512), 1);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "c", CFX_DTYPE_U8, 1), 2);
+    cr_assert_eq(m.nblocks, 3 + 1 + 1);
+    uint32_t t;
+    uint64_t off, n;
+    cr_assert_eq(cfx__ps_map_block(&m, 2, &t, &off, &n), CFX_OK);
+    cr_assert(t == 0 && off == 2048 && n == 452, "last block of a: t %u off %lu n %lu", t,
+              (unsigned long)off, (unsigned long)n);
+    cr_assert_eq(cfx__ps_map_block(&m, 3, &t, &off, &n), CFX_OK);
+    cr_assert(t == 1 && off == 0 && n == 512);
+    cr_assert_eq(cfx__ps_map_block(&m, 4, &t, &off, &n), CFX_OK);
+    cr_assert(t == 2 && off == 0 && n == 1);
+    cr_assert_eq(cfx__ps_map_block(&m, 5, &t, &off, &n), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_block_bytes(&m, 2), 452 * 4);
+    cr_assert_eq(cfx__ps_map_find(&m, "b"), 1);
+    cr_assert_eq(cfx__ps_map_find(&m, "zz"), CFX_ERR_NOT_FOUND);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1), CFX_ERR_EXISTS);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "", CFX_DTYPE_F32, 1), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "z", CFX_DTYPE_F32, 0), CFX_ERR_INVALID);
+}
+
+Test(ps_map, initial_assignment_balances_bytes_over_active_servers)
+{
+    m.server[1].state = CFX_PS_SERVER_STANDBY;
+    cr_assert_geq(cfx__ps_map_add_tensor(&m, "w", CFX_DTYPE_F32, 1024 * 10), 0);
+    uint32_t nb[3];
+    uint64_t by[3];
+    for (uint32_t s = 0; s < 3; s++)
+        cfx__ps_map_load(&m, s, &nb[s], &by[s]);
+    cr_assert_eq(nb[1], 0, "a standby server gets no blocks");
+    cr_assert_eq(nb[0] + nb[2], 10);
+    cr_assert_eq(nb[0], 5);
+    cr_assert_eq(by[0], by[2]);
+}
+
+Test(ps_map, encode_decode_round_trip)
+{
+    m.version = 7;
+    m.flags = PS_MAP_SHUTDOWN;
+    m.admin_next = 3;
+    m.conf.consistency = CFX_PS_SSP;
+    m.conf.staleness = 2;
+    m.conf.optim.type = CFX_PS_OPT_ADAM;
+    m.conf.optim.lr = 0.125;
+    m.server[2].ns_per_byte = 3.5;
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 5000);
+    cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_I64, 77);
+    m.tensors[0].ready = 1;
+    uint8_t buf[PS_MAP_MAX];
+    int len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(len, 0);
+    struct ps_map d;
+    cfx__ps_map_init(&d);
+    cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_OK);
+    cr_assert(d.version == 7 && d.flags == PS_MAP_SHUTDOWN && d.admin_next == 3);
+    cr_assert(d.conf.consistency == CFX_PS_SSP && d.conf.staleness == 2 &&
+              d.conf.optim.type == CFX_PS_OPT_ADAM && d.conf.optim.lr == 0.125);
+    cr_assert(d.nworkers == 2 && d.worker_node[1] == 12);
+    cr_assert(d.nservers == 3 && d.server[2].ns_per_byte == 3.5 && d.server[1].node_id == 21);
+    cr_assert(d.ntensors == 2 && d.tensors[0].ready == 1 && !strcmp(d.tensors[1].name, "b"));
+    cr_assert_eq(d.nblocks, m.nblocks);
+    cr_assert_eq(memcmp(d.owner, m.owner, m.nblocks * sizeof(*m.owner)), 0);
+
+    /* every truncation is refused, never read past */
+    for (int cut = 0; cut < len; cut += 7)
+        cr_assert_eq(cfx__ps_map_decode(buf, (size_t)cut, &d), CFX_ERR_PROTO, "cut %d", cut);
+    /* an owner out of range */
+    m.owner[0] = 9;
+    len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+    cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_ERR_PROTO);
+    /* too small a buffer */
+    cr_assert_eq(cfx__ps_map_encode(&m, buf, 16), CFX_ERR_TOO_BIG);
+    cfx__ps_map_free(&d);
+}
+
+Test(ps_map, copy_is_deep)
+{
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 3000);
+    struct ps_map c;
+    cfx__ps_map_init(&c);
+    cr_assert_eq(cfx__ps_map_copy(&c, &m), CFX_OK);
+    c.owner[0] = 2;
+    c.tensors[0].ready = 1;
+    cr_assert_neq(m.owner[0], 2u == m.owner[0] ? 99 : 2);
+    cr_assert_eq(m.tensors[0].ready, 0);
+    cfx__ps_map_free(&c);
+}
+
+Test(ps_map, stats)
+{
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1024 * 6);
+    m.version = 4;
+    struct cfx_ps_stats st;
+    memset(&st, 0, sizeof(st));
+    cfx__ps_map_stats(&m, &st);
+    cr_assert(st.map_version == 4 && st.nservers == 3 && st.nblocks == 6 && st.ntensors == 1);
+    cr_assert(st.servers[0].blocks == 2 && st.servers[1].blocks == 2 && st.servers[2].blocks == 2);
+    cr_assert_eq(st.servers[1].bytes, 8192);
+}

@@ -1,0 +1,225 @@
+/*
+ * cfx_ps_bench: parameter-server throughput with one straggling server,
+ * before and after elastic load distribution, in one run.
+ *
+ *   cfx_run -n S+W cfx_ps_bench [-s SERVERS] [-b BYTES] [-B BLOCK] [-D US]
+ *                               [--static N] [--warm N] [--steps N] [--json]
+ *
+ * Ranks 0..S-1 are servers, the rest workers.  Every step each worker
+ * push-pulls one f32 tensor of BYTES (BSP, summing servers).  Server 1 is
+ * slowed by D microseconds per request (the test-only delay knob, standing
+ * in for interference or a slow link).  The scheduler starts with automatic
+ * load distribution off: the first N steps measure the static assignment.
+ * Worker 0 then turns it on; after the warm-up steps (in which the scheduler
+ * measures, detects the straggler and migrates blocks) the last N steps
+ * measure the rebalanced assignment.  Prints a key : value banner, a table
+ * of the two phases and the speed-up.
+ */
+#include <conflux/conflux.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dataplane/common/util.h"
+
+#define JOB "psbench"
+
+struct opts {
+    int servers;
+    size_t bytes, block;
+    unsigned delay_us;
+    int n_static, n_warm, n_steps;
+    int json;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void usage(const char *p)
+{
+    fprintf(stderr,
+            "usage: cfx_run -n S+W %s [-s SERVERS] [-b BYTES] [-B BLOCK] [-D DELAY_US] "
+            "[--static N] [--warm N] [--steps N] [--json]\n",
+            p);
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+    *o = (struct opts){ .servers = 2,
+                        .bytes = 8u << 20,
+                        .block = 256u << 10,
+                        .delay_us = 2000,
+                        .n_static = 15,
+                        .n_warm = 25,
+                        .n_steps = 30 };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!v)
+            return -1;
+        i++;
+        if (!strcmp(a, "-s"))
+            o->servers = atoi(v);
+        else if (!strcmp(a, "-b") && cfx__parse_size(v, &o->bytes) == CFX_OK)
+            ;
+        else if (!strcmp(a, "-B") && cfx__parse_size(v, &o->block) == CFX_OK)
+            ;
+        else if (!strcmp(a, "-D"))
+            o->delay_us = (unsigned)atoi(v);
+        else if (!strcmp(a, "--static"))
+            o->n_static = atoi(v);
+        else if (!strcmp(a, "--warm"))
+            o->n_warm = atoi(v);
+        else if (!strcmp(a, "--steps"))
+            o->n_steps = atoi(v);
+        else
+            return -1;
+    }
+    return o->servers >= 2 && o->bytes >= 4 && o->n_static > 0 && o->n_steps > 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse(argc, argv, &o)) {
+        usage(argv[0]);
+        return 2;
+    }
+    int rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
+    int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
+    int workers = world - o.servers;
+    if (workers < 1) {
+        fprintf(stderr, "need more ranks than servers (%d ranks, %d servers)\n", world, o.servers);
+        return 2;
+    }
+    struct cfx_context *ctx;
+    if (cfx_context_create(NULL, &ctx) != CFX_OK) {
+        fprintf(stderr, "cannot join the cluster: %s\n", cfx_last_error());
+        return 1;
+    }
+    struct cfx_ps_params p = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_BLOCK_SIZE | CFX_PS_PARAM_BALANCE,
+        .job = JOB,
+        .num_workers = workers,
+        .num_servers = o.servers,
+        .block_size = o.block,
+        .role = rank < o.servers ? CFX_PS_SERVER : CFX_PS_WORKER,
+        .index = rank < o.servers ? rank : rank - o.servers,
+        .balance = { .enabled = 0,
+                     .interval_ms = 300,
+                     .straggler_factor = 1.5,
+                     .min_gain = 0.2,
+                     .explore = 0.05,
+                     .report_ms = 100 },
+    };
+    struct cfx_ps *ps;
+    int rc = cfx_ps_create(ctx, &p, &ps);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "cfx_ps_create: %s\n", cfx_last_error());
+        return 1;
+    }
+    int status = 0;
+    if (p.role == CFX_PS_SERVER) {
+        if (p.index == 1)
+            cfx_ps_server_set_delay(ps, o.delay_us);
+        while ((rc = cfx_ps_serve(ps, 1000)) == CFX_ERR_TIMEOUT)
+            ;
+        status = rc != CFX_OK;
+        cfx_ps_destroy(ps);
+        cfx_context_destroy(ctx);
+        return status;
+    }
+
+    size_t n = o.bytes / 4;
+    float *init = calloc(n, 4), *grad = malloc(n * 4), *out = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        grad[i] = 1.0f;
+    int key;
+    if ((rc = cfx_ps_register(ps, "bench", CFX_DTYPE_F32, n, init, &key)) != CFX_OK) {
+        fprintf(stderr, "register: %s\n", cfx_last_error());
+        return 1;
+    }
+    int total = o.n_static + o.n_warm + o.n_steps;
+    double t_static = 0, t_bal = 0, t0 = 0;
+    struct cfx_ps_stats before, after;
+    cfx_ps_stats(ps, &before);
+    for (int step = 0; step < total && status == 0; step++) {
+        if (step == 0)
+            t0 = now_s();
+        if (step == o.n_static) {
+            t_static = now_s() - t0;
+            if (p.index == 0 && (rc = cfx_ps_set_auto(ctx, JOB, 1, 10000)) != CFX_OK) {
+                fprintf(stderr, "auto on: %s\n", cfx_last_error());
+                status = 1;
+            }
+        }
+        if (step == o.n_static + o.n_warm) {
+            cfx_ps_stats(ps, &after);
+            t0 = now_s();
+        }
+        if ((rc = cfx_ps_pushpull(ps, key, grad, out)) != CFX_OK) {
+            fprintf(stderr, "step %d: %s\n", step, cfx_last_error());
+            status = 1;
+        }
+        if (out[0] != (float)(step + 1) * (float)workers || out[n - 1] != out[0]) {
+            fprintf(stderr, "step %d: wrong value %g\n", step, out[0]);
+            status = 1;
+        }
+    }
+    t_bal = now_s() - t0;
+    if (p.index == 0 && status == 0) {
+        double r_static = o.n_static / t_static, r_bal = o.n_steps / t_bal;
+        double gb = 2.0 * (double)o.bytes * workers / 1e9;
+        if (o.json) {
+            printf("{\"servers\":%d,\"workers\":%d,\"bytes\":%zu,\"block\":%zu,\"delay_us\":%u,"
+                   "\"static_steps_per_s\":%.3f,\"balanced_steps_per_s\":%.3f,\"speedup\":%.3f,"
+                   "\"map_before\":%u,\"map_after\":%u}\n",
+                   o.servers, workers, o.bytes, o.block, o.delay_us, r_static, r_bal,
+                   r_bal / r_static, before.map_version, after.map_version);
+        } else {
+            printf("%-22s : %d (server 1 slowed by %u us per request, test-only knob)\n", "servers",
+                   o.servers, o.delay_us);
+            printf("%-22s : %d\n", "workers", workers);
+            printf("%-22s : %zu bytes f32, blocks of %zu bytes\n", "tensor", o.bytes, o.block);
+            printf("%-22s : BSP push-pull, summing servers\n", "step");
+            printf("\n%-12s %7s %10s %10s %12s  %s\n", "phase", "steps", "time_s", "steps/s",
+                   "GB/s", "blocks per server");
+            for (int ph = 0; ph < 2; ph++) {
+                const struct cfx_ps_stats *st = ph ? &after : &before;
+                char own[128] = "";
+                size_t off = 0;
+                for (uint32_t s = 0; s < st->nservers && off < sizeof(own); s++)
+                    off += (size_t)snprintf(own + off, sizeof(own) - off, "%s%u", s ? "/" : "",
+                                            st->servers[s].blocks);
+                int steps = ph ? o.n_steps : o.n_static;
+                double t = ph ? t_bal : t_static;
+                printf("%-12s %7d %10.3f %10.2f %12.3f  %s (map %u)\n",
+                       ph ? "rebalanced" : "static", steps, t, steps / t, gb * steps / t, own,
+                       st->map_version);
+            }
+            printf("\n# speed-up after rebalancing: %.2fx\n", r_bal / r_static);
+        }
+        if (after.map_version == before.map_version) {
+            fprintf(stderr, "no rebalance happened during the warm-up steps\n");
+            status = 1;
+        }
+    }
+    cfx_ps_destroy(ps);
+    free(init);
+    free(grad);
+    free(out);
+    cfx_context_destroy(ctx);
+    return status;
+}
