@@ -8,6 +8,7 @@
 #include "engine.h"
 
 #define P2P_CANCEL_GRACE_MS 1000
+#define DEATH_GRACE_MS      300 /* see cfx__p2p_wait_watch() */
 
 struct cfx_p2p_req {
     struct cfx_context *ctx;
@@ -240,7 +241,19 @@ int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uin
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && cfx__obj_wait(ctx, deadline_ns))
         ;
+    if (st == CFX_ERR_AGAIN && who >= 0) {
+        /* The news of a death can overtake what the node sent just before
+         * it went (a rank that finished and exited): let bytes already on
+         * their way land before calling the call failed. */
+        uint64_t grace = cfx__deadline_ns(DEATH_GRACE_MS);
+        if (grace > deadline_ns)
+            grace = deadline_ns;
+        while ((st = p2p_status(req)) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
+            ;
+    }
     pthread_mutex_unlock(&ctx->lock);
+    if (st != CFX_ERR_AGAIN)
+        who = -1;
     if (st == CFX_ERR_AGAIN && who >= 0) {
         *dead = who;
         return cfx__err(CFX_ERR_PEER_FAILED, "node %u died", nodes[who]);

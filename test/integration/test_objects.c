@@ -77,7 +77,9 @@ ParameterizedTestParameters(objects, fanin)
  * the putter and the partial copies still being received. */
 ParameterizedTest(struct case_param *p, objects, fanin, .timeout = 300)
 {
-    int rc = run("CFX_CHUNK_SIZE=262144", p->n, p->tp, "fanin 33554432");
+    /* paced, so that later getters find copies still being received even
+     * on an idle machine where 32 MiB moves in a few ms */
+    int rc = run("CFX_UPLOAD_RATE=64M CFX_CHUNK_SIZE=262144", p->n, p->tp, "fanin 33554432");
     cr_assert_eq(rc, 0, "8 concurrent getters over %s: cfx_run exited %d", p->tp, rc);
 }
 
