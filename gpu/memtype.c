@@ -133,39 +133,14 @@ int cfx__memtype_detect(const void *ptr, enum cfx_memtype *out)
     return CFX_OK;
 }
 
-int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
-                      size_t len)
+/* One body for both copies: checks, then the device side's entry copies
+ * (host to host is host's), on @p stream when there is one. */
+static int memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                        size_t len, void *stream)
 {
     const struct cfx_memtype_ops *ops = NULL;
     int rc;
 
-    if ((unsigned)dt >= CFX_MEMTYPE_LAST || (unsigned)st >= CFX_MEMTYPE_LAST)
-        return cfx__err(CFX_ERR_INVALID, "copy between memory types %d and %d: no such type",
-                        (int)st, (int)dt);
-    if (len == 0)
-        return CFX_OK;
-    if (!dst || !src)
-        return cfx__err(CFX_ERR_INVALID, "copy of %zu bytes from %s to %s: NULL %s", len,
-                        cfx_memtype_name(st), cfx_memtype_name(dt), dst ? "source" : "destination");
-    if (dt != CFX_MEMTYPE_HOST && st != CFX_MEMTYPE_HOST && dt != st)
-        return cfx__err(CFX_ERR_UNSUPPORTED, "copy from %s to %s memory is not supported",
-                        cfx_memtype_name(st), cfx_memtype_name(dt));
-
-    /* The device side's entry does the copy; host to host is host's. */
-    rc = memtype_get(dt != CFX_MEMTYPE_HOST ? dt : st, &ops);
-    if (rc != CFX_OK)
-        return rc;
-    return ops->copy(dst, src, len, NULL);
-}
-
-int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
-                            size_t len, void *stream)
-{
-    const struct cfx_memtype_ops *ops = NULL;
-    int rc;
-
-    if (!stream || (dt == CFX_MEMTYPE_HOST && st == CFX_MEMTYPE_HOST))
-        return cfx__memcpy_typed(dst, dt, src, st, len);
     if ((unsigned)dt >= CFX_MEMTYPE_LAST || (unsigned)st >= CFX_MEMTYPE_LAST)
         return cfx__err(CFX_ERR_INVALID, "copy between memory types %d and %d: no such type",
                         (int)st, (int)dt);
@@ -181,6 +156,20 @@ int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enu
     if (rc != CFX_OK)
         return rc;
     return ops->copy(dst, src, len, stream);
+}
+
+int cfx__memcpy_typed(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                      size_t len)
+{
+    return memcpy_typed(dst, dt, src, st, len, NULL);
+}
+
+int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                            size_t len, void *stream)
+{
+    if (dt == CFX_MEMTYPE_HOST && st == CFX_MEMTYPE_HOST)
+        stream = NULL;
+    return memcpy_typed(dst, dt, src, st, len, stream);
 }
 
 int cfx__memtype_sync(enum cfx_memtype type, void *stream)

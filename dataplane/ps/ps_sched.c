@@ -19,6 +19,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -455,25 +456,40 @@ static void queue_event(struct cfx_ps *ps, struct ps_ev *e)
     cfx__ps_kick(ps);
 }
 
-static void *watch_joins(void *arg)
+/*
+ * A watcher waits (without a deadline; woken at shutdown by the object it
+ * waits for) for the next small object of a numbered series in the
+ * directory — server announcements, admin requests — and turns each into a
+ * scheduler event.
+ */
+struct watch {
+    const char *kind;           /* "server" or "admin" */
+    int type;                   /* PS_EV_JOIN / PS_EV_ADMIN */
+    uint32_t *next;             /* s->watch_server / s->watch_admin */
+    uint32_t limit;             /* stop at this index */
+    size_t off, len;            /* where the object lands in struct ps_ev */
+};
+
+static void watch_series(struct cfx_ps *ps, const struct watch *w)
 {
-    struct cfx_ps *ps = arg;
-    struct ps_sched *s = ps->sched;
     for (;;) {
         pthread_mutex_lock(&ps->lock);
         bool stop = ps->stop;
-        uint32_t idx = s->watch_server;
+        uint32_t n = *w->next;
         pthread_mutex_unlock(&ps->lock);
-        if (stop || idx >= PS_MAX_SERVERS)
+        if (stop || n >= w->limit)
             break;
         struct ps_ev *e = calloc(1, sizeof(*e));
         if (!e)
             break;
         struct cfx_object_id id;
         size_t sz = 0;
-        cfx__ps_obj_id(ps->job, "server", idx, 0, &id);
-        int rc = cfx__ps_get(ps->ctx, &id, &e->member, sizeof(e->member), &sz, -1);
-        if (rc != CFX_OK || sz != sizeof(e->member) || e->member.magic != PS_MAGIC) {
+        void *dst = (char *)e + w->off;
+        cfx__ps_obj_id(ps->job, w->kind, n, 0, &id);
+        int rc = cfx__ps_get(ps->ctx, &id, dst, w->len, &sz, -1);
+        uint32_t magic;
+        memcpy(&magic, dst, sizeof(magic)); /* both records start with it */
+        if (rc != CFX_OK || sz != w->len || magic != PS_MAGIC) {
             free(e);
             if (rc != CFX_OK) {
                 struct timespec ts = { 0, 100000000 };
@@ -481,49 +497,30 @@ static void *watch_joins(void *arg)
             }
             continue; /* woken to stop, or garbage: look again */
         }
-        e->type = PS_EV_JOIN;
-        e->n = idx;
+        e->type = w->type;
+        e->n = n;
         pthread_mutex_lock(&ps->lock);
-        s->watch_server++;
+        (*w->next)++;
         pthread_mutex_unlock(&ps->lock);
         queue_event(ps, e);
     }
+}
+
+static void *watch_joins(void *arg)
+{
+    struct cfx_ps *ps = arg;
+    struct watch w = { "server", PS_EV_JOIN, &ps->sched->watch_server, PS_MAX_SERVERS,
+                       offsetof(struct ps_ev, member), sizeof(((struct ps_ev *)0)->member) };
+    watch_series(ps, &w);
     return NULL;
 }
 
 static void *watch_admin(void *arg)
 {
     struct cfx_ps *ps = arg;
-    struct ps_sched *s = ps->sched;
-    for (;;) {
-        pthread_mutex_lock(&ps->lock);
-        bool stop = ps->stop;
-        uint32_t n = s->watch_admin;
-        pthread_mutex_unlock(&ps->lock);
-        if (stop)
-            break;
-        struct ps_ev *e = calloc(1, sizeof(*e));
-        if (!e)
-            break;
-        struct cfx_object_id id;
-        size_t sz = 0;
-        cfx__ps_obj_id(ps->job, "admin", n, 0, &id);
-        int rc = cfx__ps_get(ps->ctx, &id, &e->req, sizeof(e->req), &sz, -1);
-        if (rc != CFX_OK || sz != sizeof(e->req) || e->req.magic != PS_MAGIC) {
-            free(e);
-            if (rc != CFX_OK) {
-                struct timespec ts = { 0, 100000000 };
-                nanosleep(&ts, NULL);
-            }
-            continue;
-        }
-        e->type = PS_EV_ADMIN;
-        e->n = n;
-        pthread_mutex_lock(&ps->lock);
-        s->watch_admin++;
-        pthread_mutex_unlock(&ps->lock);
-        queue_event(ps, e);
-    }
+    struct watch w = { "admin", PS_EV_ADMIN, &ps->sched->watch_admin, UINT32_MAX,
+                       offsetof(struct ps_ev, req), sizeof(((struct ps_ev *)0)->req) };
+    watch_series(ps, &w);
     return NULL;
 }
 
