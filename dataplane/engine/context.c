@@ -309,6 +309,40 @@ err_free:
     return rc;
 }
 
+/* Is anything of ours still on its way to a peer (ctx->lock held)? */
+static bool sending(struct cfx_context *ctx)
+{
+    struct cfx_list *pos;
+    if (!cfx_list_empty(&ctx->busy_uploads) || !cfx_list_empty(&ctx->paced_uploads) ||
+        !cfx_list_empty(&ctx->cmds))
+        return true;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->state != CFX_CONN_FAILED &&
+            (!cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads)))
+            return true;
+    }
+    return false;
+}
+
+/*
+ * Before the endpoints close, let what was already handed to them go out
+ * (queued control messages, uploads being written), for at most
+ * QUIESCE_MS: a message whose send completed must not be lost because its
+ * sender left right after.
+ */
+#define QUIESCE_MS 1000
+static void quiesce(struct cfx_context *ctx)
+{
+    uint64_t deadline = cfx__deadline_ns(QUIESCE_MS);
+    pthread_mutex_lock(&ctx->lock);
+    while (sending(ctx) && cfx__now_ns() < deadline) {
+        uint64_t nap = cfx__deadline_ns(10); /* nothing signals "all sent" */
+        cfx__obj_wait(ctx, nap < deadline ? nap : deadline);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 void cfx_context_destroy(struct cfx_context *ctx)
 {
     if (!ctx)
@@ -318,6 +352,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     cfx__reannounce_stop(ctx);
     cfx__ctl_close(ctx->ctl);
     ctx->ctl = NULL;
+    quiesce(ctx);
     cfx__progress_stop(ctx);
 
     /* the progress thread is gone: tear down on this thread */

@@ -319,10 +319,19 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
     }
 }
 
+/*
+ * Retry uploads that were blocked (send queue full) or waiting for their
+ * pace.  Serving one may fail its connection, which frees every upload on
+ * it, including ones still to be retried here: so they are moved to a local
+ * list first (an upload being freed unlinks itself from whatever list holds
+ * it) and taken one at a time from its head.
+ */
 int cfx__xfer_pump_busy(struct cfx_context *ctx)
 {
-    struct cfx_list *pos, *tmp;
+    struct cfx_list todo, *pos, *tmp;
     int n = 0;
+
+    cfx_list_init(&todo);
     if (!cfx_list_empty(&ctx->paced_uploads)) {
         uint64_t now = cfx__now_ns();
         cfx_list_for_each_safe(pos, tmp, &ctx->paced_uploads) {
@@ -330,15 +339,17 @@ int cfx__xfer_pump_busy(struct cfx_context *ctx)
             if (up->next_send_ns > now)
                 continue;
             cfx_list_del(&up->busy_link);
-            up->busy = up->paced = false;
-            upload_serve(ctx, up);
-            n++;
+            cfx_list_add_tail(&up->busy_link, &todo);
         }
     }
     cfx_list_for_each_safe(pos, tmp, &ctx->busy_uploads) {
-        struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, busy_link);
+        cfx_list_del(pos);
+        cfx_list_add_tail(pos, &todo);
+    }
+    while (!cfx_list_empty(&todo)) {
+        struct cfx_upload *up = cfx_list_entry(todo.next, struct cfx_upload, busy_link);
         cfx_list_del(&up->busy_link);
-        up->busy = false;
+        up->busy = up->paced = false;
         upload_serve(ctx, up);
         n++;
     }
