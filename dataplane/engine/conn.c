@@ -129,8 +129,8 @@ int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len)
     pm->len = len;
     memcpy(pm->data, msg, len);
     cfx_list_add_head(&pm->link, &conn->pending); /* ahead of what waits for authentication */
-    conn_flush(conn);
-    return CFX_OK;
+    int n = conn_flush(conn);
+    return n < 0 ? n : CFX_OK; /* < 0: the connection failed and is gone */
 }
 
 int cfx__conn_flush(struct cfx_conn *conn)
@@ -138,7 +138,8 @@ int cfx__conn_flush(struct cfx_conn *conn)
     return conn_flush(conn);
 }
 
-/* Flush queued control messages; returns how many went out. */
+/* Flush queued control messages; returns how many went out, or a negative
+ * status when sending failed the connection (which is then freed). */
 static int conn_flush(struct cfx_conn *conn)
 {
     const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
@@ -155,7 +156,7 @@ static int conn_flush(struct cfx_conn *conn)
         free(pm);
         if (rc != CFX_OK) {
             cfx__conn_fail(conn, rc, "send failed");
-            break;
+            return rc;
         }
         n++;
     }
@@ -165,12 +166,15 @@ static int conn_flush(struct cfx_conn *conn)
 int cfx__conn_flush_all(struct cfx_context *ctx);
 int cfx__conn_flush_all(struct cfx_context *ctx)
 {
-    struct cfx_list *pos;
+    struct cfx_list *pos, *tmp;
     int n = 0;
-    cfx_list_for_each(pos, &ctx->conns) {
+    /* a failing flush frees its own connection (only that one) */
+    cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
-        if (!cfx_list_empty(&conn->pending))
-            n += conn_flush(conn);
+        if (!cfx_list_empty(&conn->pending)) {
+            int k = conn_flush(conn);
+            n += k > 0 ? k : 0;
+        }
     }
     return n;
 }

@@ -300,6 +300,7 @@ struct cfx_rtask {
     struct cfx_list link;       /* ctx->rtasks */
     uint64_t task;
     struct cfx_conn *driver;    /* NULL when the driver is this node */
+    bool driver_lost;           /* its connection failed: nobody to report to */
     uint32_t driver_node;
     struct cfx_obj *x;          /* local input (refs held) */
     struct cfx_obj *out;        /* output, in the store */
@@ -333,6 +334,7 @@ int cfx__rtask_poll(struct cfx_context *ctx);
 void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__rtask_destroy_all(struct cfx_context *ctx);
 void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id);
+void cfx__rtask_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 
 /* ---- requests --------------------------------------------------------------- */
 
@@ -469,6 +471,7 @@ struct cfx_context {
     int nworkers;
     struct cfx_list async_q;
     pthread_cond_t async_cond;
+    bool workers_stop;          /* context destroy: workers finish and exit */
 
     uint64_t id_counter;
     struct cfx_context_stats stats; /* under ctx->lock */
@@ -526,6 +529,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
                             struct cfx_obj *obj, const struct cfx_dp_get_req *req);
 /* xfer.c: drop queued (unserved) requests of a connection; slot UINT32_MAX = all */
 void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t slot);
+void cfx__xfer_upload_abort(struct cfx_context *ctx, struct cfx_upload *up);
 /* xfer.c: transfer slots, and chunks becoming ready in a partial object */
 int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);

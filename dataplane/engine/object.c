@@ -10,6 +10,7 @@
 
 #define CANCEL_GRACE_MS 1000 /* how long a withdrawn window waits for the source's ack */
 #define MAX_SOURCES 16       /* sources a get tries before giving up */
+#define RELEASE_WAIT_MS 2000 /* a failed get waits this long for its release */
 
 static int obj_timeout(const struct cfx_context *ctx, const struct cfx_obj_params *p)
 {
@@ -405,7 +406,17 @@ again:
     }
     if (rc != CFX_OK) {
         obj->deleting = true;
+        /* The buffer goes back to the caller: wait (briefly) until the
+         * progress thread has run the release, so that the registration
+         * exposing it to peers is gone before we return. */
+        uint64_t seq = ctx->cmd_seq_done;
         cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+        uint64_t until = cfx__deadline_ns(RELEASE_WAIT_MS);
+        while (ctx->cmd_seq_done == seq && cfx__now_ns() < until) {
+            struct timespec ts = { .tv_sec = (time_t)(until / 1000000000ull),
+                                   .tv_nsec = (long)(until % 1000000000ull) };
+            pthread_cond_timedwait(&ctx->cmd_done, &ctx->lock, &ts);
+        }
         pthread_mutex_unlock(&ctx->lock);
         if (src.node.node_id)
             cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
@@ -494,9 +505,11 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
     if (announced)
         rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
 
-    /* let uploads in progress finish, up to the deadline */
+    /* let uploads in progress finish, and reduce tasks reading the object
+     * as their input, up to the deadline: the caller may free the buffer
+     * once we return */
     pthread_mutex_lock(&ctx->lock);
-    while (!cfx_list_empty(&obj->uploads) && cfx__obj_wait(ctx, deadline))
+    while ((!cfx_list_empty(&obj->uploads) || obj->refs) && cfx__obj_wait(ctx, deadline))
         ;
     obj->announced = false;
     cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);

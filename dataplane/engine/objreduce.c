@@ -78,8 +78,23 @@ void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id)
     }
 }
 
+/* @p conn is being torn down: tasks it brought forget it. */
+void cfx__rtask_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (t->driver == conn) {
+            t->driver = NULL;
+            t->driver_lost = true;
+        }
+    }
+}
+
 static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
 {
+    if (t->driver_lost)
+        return; /* the driver is gone; it learns from its own side */
     if (!t->driver) {
         rwait_finish(ctx, t->task, status, node);
         return;
@@ -236,14 +251,18 @@ void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj)
 {
     extern void cfx__xfer_get_req(struct cfx_context *, struct cfx_conn *,
                                   const struct cfx_dp_get_req *);
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
+    /* Serving one may fail its connection, which drops every request
+     * queued on it: restart from the head after each one served. */
+    struct cfx_list *pos;
+again:
+    cfx_list_for_each(pos, &ctx->waiting_gets) {
         struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
         if (memcmp(w->req.id, obj->id.bytes, CFX_OBJECT_ID_LEN))
             continue;
         cfx_list_del(&w->link);
         cfx__xfer_get_req(ctx, w->conn, &w->req);
         free(w);
+        goto again;
     }
 }
 
@@ -378,6 +397,7 @@ static void rtask_free(struct cfx_context *ctx, struct cfx_rtask *t)
     }
     if (t->x) {
         t->x->refs--;
+        pthread_cond_broadcast(&ctx->obj_cond); /* cfx_delete may wait for it */
         if (!t->x->refs && t->x->releasing)
             cfx__obj_release(ctx, t->x);
     }

@@ -94,10 +94,11 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
         pthread_cond_broadcast(&ctx->obj_cond);
         return;
     }
-    /* matched and writing: stop; the receiver is told once writes drain */
-    struct cfx_list *pos;
-    cfx_list_for_each(pos, &obj->uploads)
-        cfx_list_entry(pos, struct cfx_upload, obj_link)->aborted = true;
+    /* matched and writing: stop; the receiver is told once writes drain
+     * (an idle upload, e.g. waiting for credits, ends at once) */
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &obj->uploads)
+        cfx__xfer_upload_abort(ctx, cfx_list_entry(pos, struct cfx_upload, obj_link));
 }
 
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)

@@ -16,7 +16,7 @@ static void *worker_main(void *arg)
 
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
-        while (cfx_list_empty(&ctx->async_q) && !ctx->stop)
+        while (cfx_list_empty(&ctx->async_q) && !ctx->workers_stop)
             pthread_cond_wait(&ctx->async_cond, &ctx->lock);
         if (cfx_list_empty(&ctx->async_q))
             break;
@@ -69,7 +69,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     pthread_condattr_destroy(&a);
 
     pthread_mutex_lock(&ctx->lock);
-    if (ctx->stop) {
+    if (ctx->workers_stop) {
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_destroy(&req->cond);
         free(req);
@@ -202,8 +202,10 @@ void cfx__request_complete(struct cfx_request *req, int status, size_t size)
 void cfx__worker_stop(struct cfx_context *ctx);
 void cfx__worker_stop(struct cfx_context *ctx)
 {
+    /* the workers' own flag: the progress thread must keep running until
+     * they are done (a worker may still be waiting on a transfer) */
     pthread_mutex_lock(&ctx->lock);
-    ctx->stop = true;
+    ctx->workers_stop = true;
     pthread_cond_broadcast(&ctx->async_cond);
     int n = ctx->nworkers;
     pthread_mutex_unlock(&ctx->lock);
@@ -211,6 +213,5 @@ void cfx__worker_stop(struct cfx_context *ctx)
         pthread_join(ctx->workers[i], NULL);
     pthread_mutex_lock(&ctx->lock);
     ctx->nworkers = 0;
-    ctx->stop = false; /* the progress thread is stopped separately */
     pthread_mutex_unlock(&ctx->lock);
 }

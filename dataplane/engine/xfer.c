@@ -178,9 +178,17 @@ static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
         obj->ready_chunks++;
     if (obj->ready_chunks == before)
         return;
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &obj->uploads)
+    /* Serving an upload may fail its connection, freeing other uploads of
+     * this object: after that, start over from the head (uploads that have
+     * nothing to send return at once). */
+    struct cfx_list *pos;
+again:
+    cfx_list_for_each(pos, &obj->uploads) {
+        uint64_t gen = ctx->conn_gen;
         upload_serve(ctx, cfx_list_entry(pos, struct cfx_upload, obj_link));
+        if (ctx->conn_gen != gen)
+            goto again;
+    }
 }
 
 void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t imm,
@@ -240,7 +248,7 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
     if (up->busy)
         cfx_list_del(&up->busy_link);
     bool finished = up->next == obj->nchunks && !up->canceled && !up->aborted;
-    bool canceled = up->canceled;
+    bool canceled = up->canceled || up->aborted;
     free(up);
     if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
         obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
@@ -273,6 +281,14 @@ static bool upload_maybe_done(struct cfx_context *ctx, struct cfx_upload *up)
         return true;
     }
     return false;
+}
+
+/* Stop an upload: no more writes; it ends (and the receiver hears NACK) once
+ * its writes in flight have completed — at once if there are none. */
+void cfx__xfer_upload_abort(struct cfx_context *ctx, struct cfx_upload *up)
+{
+    up->aborted = true;
+    upload_maybe_done(ctx, up);
 }
 
 static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
@@ -599,6 +615,7 @@ void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32
 /* A connection died: fail transfers from it and drop uploads on it. */
 void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
 {
+    cfx__rtask_conn_failed(ctx, conn);
     for (unsigned s = 0; s < CFX_XFER_SLOTS; s++) {
         struct cfx_xfer_in *in = ctx->slots[s];
         if (in && in->conn == conn) {
