@@ -17,16 +17,22 @@
 #error "CFX_BIN_DIR must name the bin directory of the build"
 #endif
 
-/* Run cfx_run with the given arguments; returns its exit status. */
-static int run(const char *env, int n, const char *tp, const char *args)
+/* Run cfx_run (with @p opts, which include its --timeout) over @p n ranks of
+ * cfx_objtest @p args; returns its exit status (128+SIG when killed). */
+static int run_with(const char *env, int n, const char *tp, const char *opts, const char *args)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s %s/cfx_run -n %d --transport %s --timeout 240 %s/cfx_objtest %s",
-             env, CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args);
+    snprintf(cmd, sizeof(cmd), "%s %s/cfx_run -n %d --transport %s %s %s/cfx_objtest %s", env,
+             CFX_BIN_DIR, n, tp, opts, CFX_BIN_DIR, args);
     cr_log_info("%s", cmd);
     int st = system(cmd);
     cr_assert(st != -1, "cannot run %s", cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run(const char *env, int n, const char *tp, const char *args)
+{
+    return run_with(env, n, tp, "--timeout 240", args);
 }
 
 struct case_param {
@@ -116,14 +122,9 @@ ParameterizedTestParameters(objects, source_killed)
  * carries on.  Uploads are paced so the kill lands mid-transfer. */
 ParameterizedTest(struct case_param *p, objects, source_killed, .timeout = 180)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "CFX_UPLOAD_RATE=24M CFX_CHUNK_SIZE=262144 %s/cfx_run -n 3 --transport %s "
-             "--fanout 1 --allow-fail 1 --timeout 120 %s/cfx_objtest failover 33554432",
-             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    int st = system(cmd);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "relay killed over %s: cfx_run status %d",
-              p->tp, st);
+    int rc = run_with("CFX_UPLOAD_RATE=24M CFX_CHUNK_SIZE=262144", 3, p->tp,
+                      "--fanout 1 --allow-fail 1 --timeout 120", "failover 33554432");
+    cr_assert_eq(rc, 0, "relay killed over %s: cfx_run exited %d", p->tp, rc);
 }
 
 struct reduce_case {
@@ -171,14 +172,9 @@ ParameterizedTestParameters(objects, only_source_killed)
  * CFX_ERR_PEER_FAILED naming the node, within its 5 s deadline. */
 ParameterizedTest(struct case_param *p, objects, only_source_killed, .timeout = 120)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072 %s/cfx_run -n 2 --transport %s "
-             "--allow-fail 0 --timeout 60 %s/cfx_objtest sourcedies 16777216",
-             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    int st = system(cmd);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "only source killed over %s: status %d",
-              p->tp, st);
+    int rc = run_with("CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072", 2, p->tp,
+                      "--allow-fail 0 --timeout 60", "sourcedies 16777216");
+    cr_assert_eq(rc, 0, "only source killed over %s: cfx_run exited %d", p->tp, rc);
 }
 
 struct spare_case {
@@ -199,12 +195,10 @@ ParameterizedTestParameters(objects, reduce_spare)
  * result against the inputs the driver reports. */
 ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072 %s/cfx_run -n 5 "
-             "--transport %s --allow-fail 1 --timeout 150 %s/cfx_objtest reducespare 4194304",
-             p->shape, CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    int st = system(cmd);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reduce with a dead participant over %s "
-              "(%s): status %d", p->tp, p->shape, st);
+    char env[128];
+    snprintf(env, sizeof(env), "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072",
+             p->shape);
+    int rc = run_with(env, 5, p->tp, "--allow-fail 1 --timeout 150", "reducespare 4194304");
+    cr_assert_eq(rc, 0, "reduce with a dead participant over %s (%s): cfx_run exited %d", p->tp,
+                 p->shape, rc);
 }
