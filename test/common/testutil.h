@@ -17,4 +17,24 @@ void cfx_test_token(char *buf, size_t len);
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
 
+/*
+ * For the rank programs (test/progs): CHECK_OK(expr) fails the program
+ * through the program's own DIE(...) (which says which rank, round, ...)
+ * when @p expr is not CFX_OK, naming the call, the status and the detail.
+ * CFX_TEST_DIE is a DIE for programs that need no prefix.
+ */
+#define CHECK_OK(expr)                                                         \
+    do {                                                                       \
+        int rc_ = (expr);                                                      \
+        if (rc_ != CFX_OK)                                                     \
+            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
+    } while (0)
+
+#define CFX_TEST_DIE(...)                                                      \
+    do {                                                                       \
+        fprintf(stderr, "FAIL: " __VA_ARGS__);                                 \
+        fprintf(stderr, "\n");                                                 \
+        exit(1);                                                               \
+    } while (0)
+
 #endif

@@ -26,19 +26,14 @@
 
 #include "dataplane/reduce/fp16.h"
 
+#include "test/common/testutil.h"
+
 #define DIE(...)                                                               \
     do {                                                                       \
         fprintf(stderr, "FAIL rank %d: ", rank);                               \
         fprintf(stderr, __VA_ARGS__);                                          \
         fprintf(stderr, "\n");                                                 \
         exit(1);                                                               \
-    } while (0)
-
-#define CHECK_OK(expr)                                                         \
-    do {                                                                       \
-        int rc_ = (expr);                                                      \
-        if (rc_ != CFX_OK)                                                     \
-            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
     } while (0)
 
 static int rank, world;

@@ -63,13 +63,6 @@
         exit(1);                                                               \
     } while (0)
 
-#define CHECK_OK(expr)                                                         \
-    do {                                                                       \
-        int rc_ = (expr);                                                      \
-        if (rc_ != CFX_OK)                                                     \
-            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
-    } while (0)
-
 #define VICTIM 2 /* the rank that dies in every mode but receiver */
 
 static int rank, world;

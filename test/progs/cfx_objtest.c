@@ -28,19 +28,7 @@
 
 #include "test/common/testutil.h"
 
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, "FAIL: " __VA_ARGS__);                                 \
-        fprintf(stderr, "\n");                                                 \
-        exit(1);                                                               \
-    } while (0)
-
-#define CHECK_OK(expr)                                                         \
-    do {                                                                       \
-        int rc_ = (expr);                                                      \
-        if (rc_ != CFX_OK)                                                     \
-            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
-    } while (0)
+#define DIE CFX_TEST_DIE
 
 static int rank, world;
 

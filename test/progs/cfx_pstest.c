@@ -42,19 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DIE(...)                               \
-    do {                                       \
-        fprintf(stderr, "FAIL: " __VA_ARGS__); \
-        fprintf(stderr, "\n");                 \
-        exit(1);                               \
-    } while (0)
+#include "test/common/testutil.h"
 
-#define CHECK_OK(expr)                                                       \
-    do {                                                                     \
-        int rc_ = (expr);                                                    \
-        if (rc_ != CFX_OK)                                                   \
-            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error()); \
-    } while (0)
+#define DIE CFX_TEST_DIE
 
 #define JOB "pstest"
 #define NT  3

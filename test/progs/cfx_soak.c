@@ -53,13 +53,6 @@
         exit(1);                                                               \
     } while (0)
 
-#define CHECK_OK(expr)                                                         \
-    do {                                                                       \
-        int rc_ = (expr);                                                      \
-        if (rc_ != CFX_OK)                                                     \
-            DIE("%s -> %s (%s)", #expr, cfx_errname(rc_), cfx_last_error());   \
-    } while (0)
-
 #define BATCH      16            /* rounds between barriers and deletes */
 #define WARMUP     512           /* rounds before the baseline (a multiple of BATCH) */
 #define DP_SIZE    (96u << 10)   /* data-plane objects */
