@@ -173,7 +173,7 @@ struct cfx_obj {
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
     struct cfx_xfer_in *in;     /* active incoming transfer, if any */
-    unsigned refs;              /* API waiters holding the entry */
+    unsigned refs;              /* reduce tasks reading it as their input */
     struct cfx_obj *hnext;      /* hash chain */
 
     /* point-to-point messages (p2p.c) are anonymous objects, not in the store */
@@ -277,7 +277,6 @@ struct cfx_xfer_in {
     uint32_t owed;              /* chunks landed, credit not yet returned */
     int status;                 /* CFX_ERR_AGAIN while running */
     bool cancel_sent;
-    bool cancel_acked;
     struct cfx_request *req;
     struct cfx_rchild *rchild;  /* chunks feed a reduce task instead of obj */
 };
@@ -347,7 +346,6 @@ struct cfx_request {
     size_t size;
     pthread_cond_t cond;        /* signalled under ctx->lock on progress */
     /* non-blocking requests run on a worker thread */
-    bool async;
     bool freed_by_user;         /* free requested while running */
     struct cfx_list link;       /* ctx->async_q */
     struct cfx_object_id id;

@@ -56,7 +56,6 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     req->ctx = ctx;
     req->type = type;
     req->status = CFX_ERR_AGAIN;
-    req->async = true;
     req->id = *id;
     req->buf = buf;
     req->capacity = len;
@@ -176,7 +175,6 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx)
         return NULL;
     req->ctx = ctx;
     req->status = CFX_ERR_AGAIN;
-    req->async = true;
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);

@@ -588,7 +588,6 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     case CFX_DP_CANCEL_ACK: {
         struct cfx_xfer_in *in = ctx->slots[h.slot];
         if (in && in->conn == conn && in->cancel_sent) {
-            in->cancel_acked = true;
             cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
         }
         break;
