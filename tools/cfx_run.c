@@ -75,6 +75,7 @@ struct run_rank {
     size_t prefix_len;
     struct run_stream out[2]; /* [0] stdout, [1] stderr */
     char **envp;              /* environment for exec */
+    size_t env_own;           /* envp[env_own..] are ours to free */
 };
 
 struct run_opts {
@@ -320,12 +321,26 @@ static char *xasprintf(const char *fmt, ...)
     return n < 0 ? NULL : s;
 }
 
+/* Free an environment from build_env(): entries from @p own on are ours. */
+static void free_env(char **envp, size_t own)
+{
+    if (!envp)
+        return;
+    for (size_t i = own; envp[i]; i++)
+        free(envp[i]);
+    free(envp);
+}
+
 /* Build the environment of @p rank before forking: the child then only
- * calls async-signal-safe functions (the coordinator thread may hold locks). */
-static char **build_env(const struct run_opts *o, int rank, const char *coord, const char *token)
+ * calls async-signal-safe functions (the coordinator thread may hold locks).
+ * *@p own is the index of the first entry allocated here. */
+static char **build_env(const struct run_opts *o, int rank, const char *coord, const char *token,
+                        size_t *own)
 {
     size_t n = 0, i = 0;
     char **envp;
+    char *add[7] = { NULL };
+    int nadd = 0;
 
     while (environ[n])
         n++;
@@ -335,17 +350,25 @@ static char **build_env(const struct run_opts *o, int rank, const char *coord, c
     for (size_t j = 0; j < n; j++)
         if (!env_overridden(environ[j], o))
             envp[i++] = environ[j];
-    /* Strings we allocate are kept for the life of the process. */
-    if (!(envp[i++] = xasprintf("CFX_RANK=%d", rank)) ||
-        !(envp[i++] = xasprintf("CFX_LOCAL_RANK=%d", rank)) ||
-        !(envp[i++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks)) ||
-        !(envp[i++] = xasprintf("CFX_COORD=%s", coord)) ||
-        !(envp[i++] = xasprintf("CFX_TOKEN=%s", token)))
-        return NULL;
-    if (o->transport && !(envp[i++] = xasprintf("CFX_TRANSPORT=%s", o->transport)))
-        return NULL;
-    if (o->chunk_size && !(envp[i++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size)))
-        return NULL;
+    *own = i;
+    add[nadd++] = xasprintf("CFX_RANK=%d", rank);
+    add[nadd++] = xasprintf("CFX_LOCAL_RANK=%d", rank);
+    add[nadd++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
+    add[nadd++] = xasprintf("CFX_COORD=%s", coord);
+    add[nadd++] = xasprintf("CFX_TOKEN=%s", token);
+    if (o->transport)
+        add[nadd++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
+    if (o->chunk_size)
+        add[nadd++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size);
+    for (int k = 0; k < nadd; k++) {
+        if (!add[k]) {
+            for (int m = 0; m < nadd; m++)
+                free(add[m]);
+            free(envp);
+            return NULL;
+        }
+        envp[i++] = add[k];
+    }
     envp[i] = NULL;
     return envp;
 }
@@ -858,7 +881,7 @@ int main(int argc, char **argv)
         rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
-        rk->envp = build_env(&r.opts, i, coord_addr, token);
+        rk->envp = build_env(&r.opts, i, coord_addr, token, &rk->env_own);
         if (!rk->envp) {
             fprintf(stderr, "cfx_run: out of memory\n");
             rc = 1;
@@ -891,10 +914,11 @@ int main(int argc, char **argv)
     }
 
 out_free_ranks:
-    /* The envp strings and arrays live until exit; the process ends here. */
-    for (int i = 0; r.ranks && i < r.opts.nranks; i++)
+    for (int i = 0; r.ranks && i < r.opts.nranks; i++) {
         for (int s = 0; s < 2; s++)
             free(r.ranks[i].out[s].buf);
+        free_env(r.ranks[i].envp, r.ranks[i].env_own);
+    }
     free(r.prank);
     free(r.pstream);
     free(r.pfds);

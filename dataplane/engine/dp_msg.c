@@ -7,6 +7,16 @@
 
 #include <string.h>
 
+static bool dp_node_ok(const struct cfx_dp_node *n)
+{
+    if (n->node_id == 0 || n->naddr > CFX_DP_NODE_ADDRS || !memchr(n->host_id, 0, sizeof(n->host_id)))
+        return false;
+    for (unsigned a = 0; a < n->naddr; a++)
+        if (n->addr[a].len > CFX_TP_ADDR_MAX || !memchr(n->addr[a].tp, 0, sizeof(n->addr[a].tp)))
+            return false;
+    return true;
+}
+
 int cfx__dp_msg_check(const void *buf, size_t len)
 {
     static const size_t sizes[CFX_DP_TYPE_MAX] = {
@@ -20,6 +30,8 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         [CFX_DP_REDUCE_TASK] = sizeof(struct cfx_dp_reduce_task),
         [CFX_DP_REDUCE_DONE] = sizeof(struct cfx_dp_reduce_done),
         [CFX_DP_REDUCE_ABORT] = sizeof(struct cfx_dp_reduce_done),
+        [CFX_DP_REDUCE_LOST] = sizeof(struct cfx_dp_reduce_done),
+        [CFX_DP_REDUCE_ADOPT] = sizeof(struct cfx_dp_reduce_adopt),
     };
     struct cfx_dp_hdr h;
 
@@ -44,20 +56,22 @@ int cfx__dp_msg_check(const void *buf, size_t len)
     if (h.type == CFX_DP_REDUCE_TASK) {
         const struct cfx_dp_reduce_task *t = buf;
         if (t->nchildren > CFX_RTASK_MAX_CHILDREN || t->dtype >= CFX_DTYPE_LAST ||
-            t->op >= CFX_OP_LAST || t->final > (CFX_RTASK_FINAL | CFX_RTASK_EARLY) || t->chunk_size < CFX_CHUNK_MIN ||
+            t->op >= CFX_OP_LAST || (t->final & ~CFX_RTASK_FLAGS) || t->chunk_size < CFX_CHUNK_MIN ||
             t->chunk_size > CFX_CHUNK_MAX || t->size / t->chunk_size >= CFX_MAX_CHUNKS ||
             t->size % cfx_dtype_size((enum cfx_dtype)t->dtype) ||
             t->chunk_size % cfx_dtype_size((enum cfx_dtype)t->dtype))
             return CFX_ERR_PROTO;
-        for (unsigned c = 0; c < t->nchildren; c++) {
-            if (t->child[c].node_id == 0 || t->child[c].naddr > CFX_DP_NODE_ADDRS ||
-                !memchr(t->child[c].host_id, 0, sizeof(t->child[c].host_id)))
+        for (unsigned c = 0; c < t->nchildren; c++)
+            if (!dp_node_ok(&t->child[c]))
                 return CFX_ERR_PROTO;
-            for (unsigned a = 0; a < t->child[c].naddr; a++)
-                if (t->child[c].addr[a].len > CFX_TP_ADDR_MAX ||
-                    !memchr(t->child[c].addr[a].tp, 0, sizeof(t->child[c].addr[a].tp)))
-                    return CFX_ERR_PROTO;
-        }
+    }
+    if (h.type == CFX_DP_REDUCE_ADOPT) {
+        const struct cfx_dp_reduce_adopt *a = buf;
+        if (a->n == 0 || a->n > CFX_RTASK_MAX_CHILDREN)
+            return CFX_ERR_PROTO;
+        for (unsigned c = 0; c < a->n; c++)
+            if (!dp_node_ok(&a->child[c]))
+                return CFX_ERR_PROTO;
     }
     return h.type;
 }

@@ -55,6 +55,8 @@ enum cfx_dp_type {
     CFX_DP_REDUCE_TASK, /* reduce driver -> node: produce a partial reduction */
     CFX_DP_REDUCE_DONE, /* node producing the result -> driver: finished (status) */
     CFX_DP_REDUCE_ABORT,/* driver -> node: give up a task (the driver re-plans) */
+    CFX_DP_REDUCE_LOST, /* node -> driver: a child stream died (node_id); task goes on */
+    CFX_DP_REDUCE_ADOPT,/* driver -> node: read these streams in place of a lost one */
     CFX_DP_TYPE_MAX
 };
 
@@ -108,9 +110,13 @@ struct cfx_dp_node {
     struct cfx_node_addr addr[CFX_DP_NODE_ADDRS];
 };
 
-#define CFX_RTASK_MAX_CHILDREN 7
+#define CFX_RTASK_MAX_CHILDREN 7   /* child streams named in one message */
+#define CFX_RTASK_MAX_SLOTS    32  /* child streams of a task, adopted ones included */
 #define CFX_RTASK_FINAL 1u
 #define CFX_RTASK_EARLY 2u
+#define CFX_RTASK_REPAIR 4u        /* a child lost to a dead peer is reported, not fatal:
+                                      the driver sends REDUCE_ADOPT to route around it */
+#define CFX_RTASK_FLAGS (CFX_RTASK_FINAL | CFX_RTASK_EARLY | CFX_RTASK_REPAIR)
 
 /* Reduce task: out = input op child_1 op ... op child_n, chunk by chunk. */
 struct cfx_dp_reduce_task {
@@ -136,6 +142,19 @@ struct cfx_dp_reduce_done {
     uint64_t task;
     int32_t status;
     uint32_t node_id;           /* node that failed (or produced the result) */
+};
+
+/* Route around a lost child: the receiving task reads each child[i]'s
+ * object child_obj[i] from the chunk where its stream of replaces[i] (the
+ * object of the lost child) stopped, in place of that stream. */
+struct cfx_dp_reduce_adopt {
+    struct cfx_dp_hdr hdr;
+    uint64_t task;
+    uint8_t n;                  /* 1..CFX_RTASK_MAX_CHILDREN entries */
+    uint8_t pad[7];
+    uint8_t replaces[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
+    uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
+    struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
 };
 
 struct cfx_dp_nack {
@@ -168,7 +187,8 @@ struct cfx_obj {
     bool deleting;              /* withdrawn: serve no new uploads */
     bool announced;             /* known to the directory */
     bool releasing;             /* being freed once uploads drain */
-    bool ephemeral;             /* reduce intermediate: freed once served */
+    bool ephemeral;             /* reduce intermediate: freed by its task */
+    bool delivered;             /* ephemeral: its reader has read all of it */
     uint32_t ready_chunks;      /* contiguous prefix received */
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
@@ -291,6 +311,8 @@ struct cfx_rchild {
     struct cfx_obj *scratch;
     uint32_t ring;              /* slots in the scratch ring */
     uint32_t got;               /* chunks reduced so far (they arrive in order) */
+    bool lost;                  /* its node died: stopped at chunk `got` */
+    bool adopted;               /* replaced by streams the driver named */
     struct cfx_node_rec node;
     struct cfx_object_id src;   /* object read from the child */
 };
@@ -307,10 +329,12 @@ struct cfx_rtask {
     enum cfx_redop op;
     bool final;
     bool early;                 /* result announced before it is complete */
+    bool repair;                /* CFX_RTASK_REPAIR: report lost children, await ADOPT */
+    bool aborted;               /* the driver is done with it: free it */
     uint8_t *count;             /* contributions reduced into each chunk */
-    uint32_t nchildren;
-    uint32_t children_done;
-    struct cfx_rchild child[CFX_RTASK_MAX_CHILDREN];
+    uint8_t *need;              /* ... that make the chunk whole (adoption changes it) */
+    uint32_t nchildren;         /* slots used, lost ones included */
+    struct cfx_rchild child[CFX_RTASK_MAX_SLOTS];
     uint64_t deadline;
     int status;                 /* CFX_ERR_AGAIN while running */
 };
@@ -321,8 +345,10 @@ struct cfx_rwait {
     uint64_t task;
     int status;                 /* CFX_ERR_AGAIN until REDUCE_DONE */
     uint32_t node_id;           /* who reported */
-    const uint32_t *nodes;      /* participants: a death of any fails the wait */
+    const uint32_t *nodes;      /* nodes whose death fails the wait at once */
     size_t nnodes;
+    uint32_t lost[16];          /* repairable: nodes reported lost, for the driver */
+    unsigned nlost;
 };
 
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);

@@ -9,6 +9,19 @@
  * Driver: cfx_reduce_objects() (any API thread) finds k ready inputs, plans
  * the shape and sends one REDUCE_TASK per inner node.  Node side: the
  * progress thread runs tasks (ctx->lock held).
+ *
+ * A dead participant is routed around where it stands.  The parent whose
+ * stream from it broke (at chunk g) reports REDUCE_LOST to the driver and
+ * keeps going; the driver names what replaces the dead position: its
+ * children's streams, which the parent now reads itself, and its input from
+ * another node holding a copy.  The parent reads those from chunk g on
+ * (chunks before g already hold the dead node's whole subtree), so no chunk
+ * is reduced twice and nothing else restarts.  Intermediates are kept by
+ * their tasks until their reader has read all of them, so an adopted stream
+ * can be read again from any chunk.  A dead result holder (the root), or a
+ * dead input nobody else holds, makes the driver plan again from the start
+ * with a spare input (first k of n) or fail: a spare cannot stand in for the
+ * lost input in place, because chunks before g already hold that input.
  */
 #include "engine.h"
 
@@ -65,7 +78,29 @@ static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uin
     }
 }
 
-/* The coordinator reports @p node_id dead: reduces waiting on it fail now
+/* A task of @p task lost its stream from @p node: the driver routes around it. */
+static void rwait_lost(struct cfx_context *ctx, uint64_t task, uint32_t node)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rwaits) {
+        struct cfx_rwait *w = cfx_list_entry(pos, struct cfx_rwait, link);
+        if (w->task != task || w->status != CFX_ERR_AGAIN)
+            continue;
+        for (unsigned i = 0; i < w->nlost; i++)
+            if (w->lost[i] == node)
+                return; /* already being repaired */
+        if (w->nlost == CFX_ARRAY_SIZE(w->lost)) {
+            rwait_finish(ctx, task, CFX_ERR_PEER_FAILED, node);
+            return;
+        }
+        w->lost[w->nlost++] = node;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        return;
+    }
+}
+
+/* The coordinator reports @p node_id dead: reduces that cannot go on
+ * without it (it holds their result, or they cannot be repaired) fail now
  * rather than at their deadline (it may have been the one to report). */
 void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id)
 {
@@ -110,6 +145,21 @@ static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, 
 
 /* ---- node side ------------------------------------------------------------ */
 
+static void report_lost(struct cfx_context *ctx, struct cfx_rtask *t, uint32_t node)
+{
+    if (!t->driver) {
+        rwait_lost(ctx, t->task, node);
+        return;
+    }
+    struct cfx_dp_reduce_done d = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_REDUCE_LOST },
+        .task = t->task,
+        .status = CFX_ERR_PEER_FAILED,
+        .node_id = node,
+    };
+    cfx__conn_send(t->driver, &d, sizeof(d));
+}
+
 static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
 {
     if (t->status != CFX_ERR_AGAIN)
@@ -135,7 +185,21 @@ static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status,
 
 void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int status)
 {
-    rtask_fail(ctx, ch->task, status, ch->node.node_id);
+    struct cfx_rtask *t = ch->task;
+    if (ch->lost)
+        return; /* withdrawn on the driver's word: adopted streams replace it */
+    if (t->repair && status == CFX_ERR_PEER_FAILED && t->status == CFX_ERR_AGAIN &&
+        !t->driver_lost) {
+        /* keep going with the other children; the driver names what
+         * replaces this one from chunk `got` on */
+        ch->lost = true;
+        CFX_LOG(INFO, REDUCE, "node %u: reduce task %" PRIx64 ": stream from node %u lost at "
+                "chunk %u; asking the driver (node %u) to route around it", ctx->node_id,
+                t->task, ch->node.node_id, ch->got, t->driver_node);
+        report_lost(ctx, t, ch->node.node_id);
+        return;
+    }
+    rtask_fail(ctx, t, status, ch->node.node_id);
 }
 
 static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
@@ -161,8 +225,8 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
     struct cfx_obj *out = t->out;
     struct cfx_conn *conn = ch->in.conn;
 
-    if (t->status != CFX_ERR_AGAIN || !out)
-        return; /* failing: the window is being withdrawn */
+    if (t->status != CFX_ERR_AGAIN || !out || ch->lost)
+        return; /* failing, or a stream replaced: the window is being withdrawn */
     uint64_t off = (uint64_t)chunk * out->chunk_size;
     uint64_t want = chunk < out->nchunks ? CFX_MIN((uint64_t)out->chunk_size, out->size - off) : 0;
     if (unlikely(chunk != ch->got || len != want)) {
@@ -185,12 +249,11 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
     ch->in.owed++;
     if (ch->got == out->nchunks) {
         cfx__xfer_in_finish(ctx, &ch->in, CFX_OK);
-        t->children_done++;
     } else if (ch->in.owed >= CFX_MAX(ch->ring / 2, 1u)) {
         cfx__dp_send_credit(conn, ch->in.slot, ch->in.owed);
         ch->in.owed = 0;
     }
-    if (t->count[chunk] == t->nchildren) {
+    if (t->count[chunk] == t->need[chunk]) {
         out->bitmap[chunk / 64] |= 1ull << (chunk % 64);
         cfx__obj_advance(ctx, out); /* the parent may read this chunk now */
     }
@@ -198,7 +261,9 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
         rtask_complete(ctx, t);
 }
 
-static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_rchild *ch)
+/* Start reading child @p ch's object from chunk @p first. */
+static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_rchild *ch,
+                       uint32_t first)
 {
     struct cfx_obj *out = t->out;
     int status = CFX_OK;
@@ -225,6 +290,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     ch->in.rchild = ch;
     ch->in.src_node = ch->node.node_id;
     ch->in.window = ch->ring;
+    ch->got = first;
     ch->scratch->in = &ch->in;
     status = cfx__xfer_slot_alloc(ctx, &ch->in);
     if (status != CFX_OK)
@@ -236,6 +302,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
                  .type = CFX_DP_GET_REQ, .slot = ch->in.slot },
         .size = out->size,
         .chunk_size = out->chunk_size,
+        .first_chunk = first,
         .credits = ch->ring,
         .flags = CFX_DP_GET_RING | CFX_DP_GET_WAIT,
         .ring = ch->ring,
@@ -285,6 +352,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->op = (enum cfx_redop)m->op;
     t->final = m->final & CFX_RTASK_FINAL;
     t->early = t->final && (m->final & CFX_RTASK_EARLY);
+    t->repair = m->final & CFX_RTASK_REPAIR;
     t->nchildren = m->nchildren;
     t->status = CFX_ERR_AGAIN;
     t->deadline = cfx__deadline_ns((int)CFX_MIN(m->timeout_ms, 0x7fffffffu));
@@ -309,7 +377,8 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->x = x;
 
     struct cfx_obj *out = cfx__obj_alloc(m->size, m->chunk_size);
-    if (!out || !(t->count = calloc(out->nchunks + 1, 1))) {
+    if (!out || !(t->count = calloc(out->nchunks + 1, 1)) ||
+        !(t->need = malloc(out->nchunks + 1))) {
         if (out) {
             free(out->bitmap);
             free(out);
@@ -317,6 +386,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         rtask_fail(ctx, t, CFX_ERR_NOMEM, ctx->node_id);
         return;
     }
+    memset(t->need, (int)t->nchildren, out->nchunks + 1);
     out->id = out_id;
     status = cfx__arena_alloc_locked(ctx, m->size ? (size_t)m->size : 1, &out->buf,
                                      &out->shm_fd, &out->shm_off);
@@ -349,7 +419,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
             ch->in.status = CFX_ERR_CANCELED; /* not started */
             dp_to_rec(&m->child[c], &ch->node);
             memcpy(ch->src.bytes, m->child_obj[c], CFX_OBJECT_ID_LEN);
-            status = child_start(ctx, t, ch);
+            status = child_start(ctx, t, ch, 0);
             if (status != CFX_OK) {
                 rtask_fail(ctx, t, status, ch->node.node_id);
                 return;
@@ -366,9 +436,103 @@ static void rtask_abort(struct cfx_context *ctx, uint64_t task)
     struct cfx_list *pos;
     cfx_list_for_each(pos, &ctx->rtasks) {
         struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
-        if (t->task == task)
+        if (t->task == task) {
             rtask_fail(ctx, t, CFX_ERR_CANCELED, ctx->node_id);
+            t->aborted = true; /* a finished intermediate goes too */
+        }
     }
+}
+
+/* Chunks [from, nchunks) that adoption made whole are ready now. */
+static void rtask_recheck(struct cfx_context *ctx, struct cfx_rtask *t, uint32_t from)
+{
+    struct cfx_obj *out = t->out;
+    for (uint32_t c = from; c < out->nchunks; c++) {
+        if ((out->bitmap[c / 64] >> (c % 64)) & 1 || t->count[c] != t->need[c])
+            continue;
+        if (t->need[c] == 0) {
+            /* every stream of this chunk went away: it is the input alone */
+            uint64_t off = (uint64_t)c * out->chunk_size;
+            memcpy((uint8_t *)out->buf + off, (const uint8_t *)t->x->buf + off,
+                   CFX_MIN((uint64_t)out->chunk_size, out->size - off));
+        }
+        out->bitmap[c / 64] |= 1ull << (c % 64);
+    }
+    cfx__obj_advance(ctx, out);
+    if (out->ready_chunks == out->nchunks)
+        rtask_complete(ctx, t);
+}
+
+/* The driver names the streams that replace lost children. */
+static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
+                        const struct cfx_dp_reduce_adopt *a)
+{
+    struct cfx_rtask *t = NULL;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *x = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (x->task == a->task && x->status == CFX_ERR_AGAIN) {
+            t = x;
+            break;
+        }
+    }
+    if (!t)
+        return; /* finished or failed meanwhile: the driver learns that on its own */
+    if (t->driver != conn) {
+        CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 ": adopt from %s, which is not "
+                "its driver: ignored", ctx->node_id, t->task, conn ? conn->name : "this node");
+        return;
+    }
+    struct cfx_obj *out = t->out;
+    uint32_t from = out->nchunks;
+    for (unsigned i = 0; i < a->n; i++) {
+        struct cfx_rchild *lost = NULL;
+        for (uint32_t c = t->nchildren; c-- > 0;)
+            if (!memcmp(t->child[c].src.bytes, a->replaces[i], CFX_OBJECT_ID_LEN)) {
+                lost = &t->child[c];
+                break;
+            }
+        if (!lost) {
+            rtask_fail(ctx, t, CFX_ERR_PROTO, t->driver_node);
+            return;
+        }
+        if (!lost->lost) {
+            /* the driver heard of the death first: stop reading it here */
+            lost->lost = true;
+            if (lost->in.status == CFX_ERR_AGAIN)
+                cfx__xfer_get_cancel(ctx, lost->scratch);
+        }
+        uint32_t g = lost->got;
+        if (!lost->adopted) {
+            lost->adopted = true;
+            for (uint32_t c = g; c < out->nchunks; c++)
+                t->need[c]--;
+        }
+        if (g >= out->nchunks)
+            continue; /* it had delivered everything: nothing to replace */
+        if (t->nchildren == CFX_RTASK_MAX_SLOTS) {
+            rtask_fail(ctx, t, CFX_ERR_NO_RESOURCE, ctx->node_id);
+            return;
+        }
+        struct cfx_rchild *ch = &t->child[t->nchildren++];
+        memset(ch, 0, sizeof(*ch));
+        ch->task = t;
+        ch->in.status = CFX_ERR_CANCELED; /* not started */
+        dp_to_rec(&a->child[i], &ch->node);
+        memcpy(ch->src.bytes, a->child_obj[i], CFX_OBJECT_ID_LEN);
+        for (uint32_t c = g; c < out->nchunks; c++)
+            t->need[c]++;
+        from = CFX_MIN(from, g);
+        CFX_LOG(INFO, REDUCE, "node %u: reduce task %" PRIx64 ": reading node %u from chunk %u "
+                "in place of node %u", ctx->node_id, t->task, ch->node.node_id, g,
+                lost->node.node_id);
+        int status = child_start(ctx, t, ch, g);
+        if (status != CFX_OK) {
+            rtask_fail(ctx, t, status, ch->node.node_id);
+            return;
+        }
+    }
+    rtask_recheck(ctx, t, from);
 }
 
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
@@ -378,6 +542,11 @@ void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         rtask_start(ctx, conn, msg);
     } else if (h->type == CFX_DP_REDUCE_ABORT) {
         rtask_abort(ctx, ((const struct cfx_dp_reduce_done *)msg)->task);
+    } else if (h->type == CFX_DP_REDUCE_ADOPT) {
+        rtask_adopt(ctx, conn, msg);
+    } else if (h->type == CFX_DP_REDUCE_LOST) {
+        const struct cfx_dp_reduce_done *d = msg;
+        rwait_lost(ctx, d->task, d->node_id);
     } else {
         const struct cfx_dp_reduce_done *d = msg;
         rwait_finish(ctx, d->task, d->status < 0 && d->status > CFX_STATUS_LAST ? d->status
@@ -395,6 +564,8 @@ static void rtask_free(struct cfx_context *ctx, struct cfx_rtask *t)
             cfx__obj_release(ctx, s);
         }
     }
+    if (t->out && t->out->ephemeral)
+        cfx__obj_release(ctx, t->out); /* an intermediate: its reader is done or gone */
     if (t->x) {
         t->x->refs--;
         pthread_cond_broadcast(&ctx->obj_cond); /* cfx_delete may wait for it */
@@ -403,6 +574,7 @@ static void rtask_free(struct cfx_context *ctx, struct cfx_rtask *t)
     }
     cfx_list_del(&t->link);
     free(t->count);
+    free(t->need);
     free(t);
 }
 
@@ -419,6 +591,9 @@ int cfx__rtask_poll(struct cfx_context *ctx)
             if (now < t->deadline)
                 continue;
             rtask_fail(ctx, t, CFX_ERR_TIMEOUT, ctx->node_id);
+        } else if (t->out && t->out->ephemeral && !t->out->delivered && !t->aborted &&
+                   now < t->deadline) {
+            continue; /* an intermediate not yet read to the end: a parent may adopt it */
         }
         bool running = false;
         for (uint32_t c = 0; c < t->nchildren; c++) {
@@ -533,6 +708,52 @@ void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd)
     free(cmd->msg);
 }
 
+/* Where input @p id can be read now: CFX_OK with its node, size and chunk
+ * size; CFX_ERR_TIMEOUT when no live node holds it yet; another error. */
+static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
+                        const uint32_t *dead, unsigned ndead, struct cfx_node_rec *node,
+                        uint64_t *sz, uint32_t *cs)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    bool local = o && o->complete && !o->deleting;
+    if (local) {
+        *sz = o->size;
+        *cs = o->chunk_size;
+        *node = ctx->self;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (local)
+        return CFX_OK;
+
+    struct cfx_ctl_source src;
+    int rc = cfx__ctl_obj_lookup_now(ctx->ctl, id, dead, ndead, cfx__deadline_ns(5000), &src);
+    if (rc != CFX_OK)
+        return rc;
+    if (src.is_inline) {
+        /* small input kept by the coordinator: hold it here */
+        free(src.data);
+        void *buf;
+        size_t bsz;
+        rc = cfx_get_alloc(ctx, id, &buf, &bsz, NULL);
+        if (rc != CFX_OK)
+            return rc;
+        pthread_mutex_lock(&ctx->lock);
+        o = cfx__store_find(&ctx->store, id);
+        *cs = o ? o->chunk_size : cfx__chunk_size_for(bsz, 0);
+        pthread_mutex_unlock(&ctx->lock);
+        *sz = bsz;
+        *node = ctx->self;
+        return CFX_OK;
+    }
+    /* we only wanted to know where it is */
+    cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(5000));
+    *sz = src.size;
+    *cs = src.chunk_size;
+    *node = src.node;
+    return CFX_OK;
+}
+
 /* Find k ready inputs, in the order they become ready. */
 static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
                          size_t k, uint64_t deadline, const uint32_t *dead, unsigned ndead,
@@ -555,47 +776,11 @@ static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *in
             struct cfx_node_rec node;
             uint64_t sz;
             uint32_t cs;
-            /* held here? */
-            pthread_mutex_lock(&ctx->lock);
-            struct cfx_obj *o = cfx__store_find(&ctx->store, &inputs[i]);
-            bool local = o && o->complete && !o->deleting;
-            if (local) {
-                sz = o->size;
-                cs = o->chunk_size;
-                node = ctx->self;
-            }
-            pthread_mutex_unlock(&ctx->lock);
-            if (!local) {
-                struct cfx_ctl_source src;
-                rc = cfx__ctl_obj_lookup_now(ctx->ctl, &inputs[i], dead, ndead,
-                                             cfx__deadline_ns(5000), &src);
-                if (rc == CFX_ERR_TIMEOUT)
-                    continue;
-                if (rc != CFX_OK)
-                    goto out;
-                if (src.is_inline) {
-                    /* small input kept by the coordinator: hold it here */
-                    free(src.data);
-                    void *buf;
-                    size_t bsz;
-                    rc = cfx_get_alloc(ctx, &inputs[i], &buf, &bsz, NULL);
-                    if (rc != CFX_OK)
-                        goto out;
-                    pthread_mutex_lock(&ctx->lock);
-                    o = cfx__store_find(&ctx->store, &inputs[i]);
-                    cs = o ? o->chunk_size : cfx__chunk_size_for(bsz, 0);
-                    pthread_mutex_unlock(&ctx->lock);
-                    sz = bsz;
-                    node = ctx->self;
-                } else {
-                    /* we only wanted to know where it is */
-                    cfx__ctl_obj_done(ctx->ctl, &inputs[i], src.node.node_id, 0,
-                                      cfx__deadline_ns(5000));
-                    sz = src.size;
-                    cs = src.chunk_size;
-                    node = src.node;
-                }
-            }
+            rc = locate_input(ctx, &inputs[i], dead, ndead, &node, &sz, &cs);
+            if (rc == CFX_ERR_TIMEOUT)
+                continue;
+            if (rc != CFX_OK)
+                goto out;
             if (got == 0) {
                 *size = sz;
                 *chunk = cs;
@@ -637,50 +822,232 @@ out:
     return rc;
 }
 
-/* One plan and its execution; on failure *who names the node blamed. */
-static int reduce_attempt(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
-                          size_t k, const struct arrival *arr, uint64_t size, uint32_t chunk,
-                          enum cfx_dtype dtype, enum cfx_redop op,
-                          const struct cfx_object_id *result, uint64_t deadline, int timeout_ms,
-                          uint32_t *who)
-{
+/* ---- one plan: its positions, and routing around dead ones ------------------ */
+
+#define NO_PARENT SIZE_MAX
+#define MAX_DEAD  64
+
+/* A position of the plan: an input, where it is read, and who reads it. */
+struct rpos {
+    size_t idx;                 /* input index */
+    struct cfx_node_rec node;   /* where it is read (and its task runs) */
+    struct cfx_object_id obj;   /* what its parent reads: the input, or an intermediate */
+    size_t parent;              /* NO_PARENT: the root */
+    bool task;                  /* runs a reduce task (inner node or root) */
+    bool dead;
+};
+
+/* Everything one cfx_reduce_objects() call knows, across plans. */
+struct rplan {
+    struct cfx_context *ctx;
+    const struct cfx_object_id *inputs;
+    size_t n, k;
+    uint64_t size;
+    uint32_t chunk;
+    enum cfx_dtype dtype;
+    enum cfx_redop op;
+    const struct cfx_object_id *result;
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    int rc = CFX_OK;
-    cfx_object_id_to_hex(result, hex);
+    uint64_t deadline;
+    int timeout_ms;
+    uint32_t dead[MAX_DEAD];    /* nodes left out of every later plan */
+    unsigned ndead;
+    bool *lost;                 /* inputs whose holder died, none other known */
+    size_t nlost;
+    struct rpos *pos;           /* current plan: k positions, then replacements */
+    size_t npos, cap;
+    uint64_t task;
+};
 
-    bool tree = use_tree(ctx, size, chunk, k);
-    size_t root = k - 1;
-    /* children of each position */
-    uint8_t *nchild = calloc(k, 1);
-    size_t (*child)[CFX_RTASK_MAX_CHILDREN] = calloc(k, sizeof(*child));
-    if (!nchild || !child) {
-        free(nchild);
-        free(child);
-        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
-    }
-    for (size_t i = 0; i + 1 < k; i++) {
-        size_t p = tree ? tree_parent(i, k) : i + 1;
-        child[p][nchild[p]++] = i;
-    }
+static void rec_dead(struct rplan *pl, uint32_t node)
+{
+    for (unsigned i = 0; i < pl->ndead; i++)
+        if (pl->dead[i] == node)
+            return;
+    if (pl->ndead < MAX_DEAD)
+        pl->dead[pl->ndead++] = node;
+}
 
-    uint32_t *nodes = calloc(k, sizeof(*nodes));
-    if (!nodes) {
-        free(nchild);
-        free(child);
-        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+/* A new leaf position under @p parent: input pl->pos[p].idx from another
+ * live holder.  Not a spare input: the parent's chunks before the break
+ * already hold this input, so only the same input keeps every chunk a
+ * reduction of the same k inputs (no holder: the driver plans again). */
+static int replace_input(struct rplan *pl, size_t p, size_t parent, uint32_t who)
+{
+    struct cfx_node_rec node;
+    uint64_t sz;
+    uint32_t cs;
+    size_t idx = pl->pos[p].idx;
+    int rc = locate_input(pl->ctx, &pl->inputs[idx], pl->dead, pl->ndead, &node, &sz, &cs);
+    if (rc == CFX_ERR_TIMEOUT)
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
+                        "holding input %zu and no other node holds it", pl->hex,
+                        pl->ctx->node_id, who, idx);
+    if (rc != CFX_OK)
+        return rc;
+    if (sz != pl->size || cs != pl->chunk)
+        return cfx__err(CFX_ERR_INVALID, "reduce: another copy of input %zu is %" PRIu64
+                        " bytes in %u-byte chunks, not %" PRIu64 " in %u", idx, sz, cs, pl->size,
+                        pl->chunk);
+    struct rpos *y = &pl->pos[pl->npos++];
+    *y = (struct rpos){ .idx = idx, .node = node, .obj = pl->inputs[idx], .parent = parent };
+    return CFX_OK;
+}
+
+struct adopt_list {
+    struct cfx_object_id replaces;
+    size_t n;
+    size_t *pos;                /* positions the adopting parent reads instead */
+};
+
+/* Position @p p (on dead node @p who) and every position below it on the
+ * same node go; its parent @p q reads their live children and replacements
+ * of their inputs instead. */
+static int collect(struct rplan *pl, size_t p, size_t q, uint32_t who, struct adopt_list *al)
+{
+    pl->pos[p].dead = true;
+    int rc = replace_input(pl, p, q, who);
+    if (rc != CFX_OK)
+        return rc;
+    al->pos[al->n++] = pl->npos - 1;
+    for (size_t c = 0; c < pl->npos; c++) {
+        if (pl->pos[c].parent != p || pl->pos[c].dead)
+            continue;
+        if (pl->pos[c].node.node_id == who) {
+            if ((rc = collect(pl, c, q, who, al)) != CFX_OK)
+                return rc;
+        } else {
+            pl->pos[c].parent = q;
+            al->pos[al->n++] = c;
+        }
     }
-    for (size_t i = 0; i < k; i++)
-        nodes[i] = arr[i].node.node_id;
+    return CFX_OK;
+}
+
+static int send_adopt(struct rplan *pl, size_t q, const struct adopt_list *al)
+{
+    struct cfx_context *ctx = pl->ctx;
+    for (size_t i = 0; i < al->n; i += CFX_RTASK_MAX_CHILDREN) {
+        struct cfx_dp_reduce_adopt *m = calloc(1, sizeof(*m));
+        if (!m)
+            return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+        m->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                      .type = CFX_DP_REDUCE_ADOPT };
+        m->task = pl->task;
+        m->n = (uint8_t)CFX_MIN(al->n - i, (size_t)CFX_RTASK_MAX_CHILDREN);
+        for (unsigned e = 0; e < m->n; e++) {
+            const struct rpos *c = &pl->pos[al->pos[i + e]];
+            memcpy(m->replaces[e], al->replaces.bytes, CFX_OBJECT_ID_LEN);
+            memcpy(m->child_obj[e], c->obj.bytes, CFX_OBJECT_ID_LEN);
+            rec_to_dp(&c->node, &m->child[e]);
+        }
+        pthread_mutex_lock(&ctx->lock);
+        int rc = post_task(ctx, m, sizeof(*m), &pl->pos[q].node);
+        pthread_mutex_unlock(&ctx->lock);
+        if (rc != CFX_OK) {
+            free(m);
+            return rc;
+        }
+    }
+    return CFX_OK;
+}
+
+/* Route the running plan around dead node @p who. */
+static int reroute(struct rplan *pl, uint32_t who, size_t root)
+{
+    struct cfx_context *ctx = pl->ctx;
+    if (who == pl->pos[root].node.node_id)
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s: node %u, which produces the "
+                        "result, died", pl->hex, who);
+    rec_dead(pl, who);
+    size_t npos0 = pl->npos;
+    for (size_t p = 0; p < npos0; p++) {
+        struct rpos *x = &pl->pos[p];
+        if (x->dead || x->node.node_id != who || x->parent == NO_PARENT)
+            continue;
+        size_t q = x->parent;
+        if (pl->pos[q].node.node_id == who)
+            continue; /* goes with its parent */
+        struct adopt_list al = { .replaces = x->obj, .n = 0 };
+        al.pos = calloc(pl->cap, sizeof(*al.pos));
+        if (!al.pos)
+            return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+        int rc = collect(pl, p, q, who, &al);
+        if (rc == CFX_OK)
+            rc = send_adopt(pl, q, &al);
+        free(al.pos);
+        if (rc != CFX_OK)
+            return rc;
+        CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u died; node %u reads its "
+                "%zu replacement stream(s) instead", ctx->node_id, pl->hex, who,
+                pl->pos[q].node.node_id, al.n);
+    }
+    return CFX_OK;
+}
+
+static void post_aborts(struct rplan *pl, bool all)
+{
+    struct cfx_context *ctx = pl->ctx;
     pthread_mutex_lock(&ctx->lock);
-    uint64_t task = (uint64_t)ctx->node_id << 32 | (++ctx->rtask_counter & 0xffffffffu);
-    struct cfx_rwait wait = { .task = task, .status = CFX_ERR_AGAIN, .nodes = nodes,
-                              .nnodes = k };
+    for (size_t p = 0; p < pl->npos; p++) {
+        if (!pl->pos[p].task || (pl->pos[p].dead && !all))
+            continue;
+        struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
+        if (!a)
+            continue;
+        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                      .type = CFX_DP_REDUCE_ABORT };
+        a->task = pl->task;
+        if (post_task(ctx, a, sizeof(*a), &pl->pos[p].node) != CFX_OK)
+            free(a);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* One plan and its execution; on failure *who names the node blamed.  On
+ * return arr holds the k inputs the plan ended with. */
+static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
+{
+    struct cfx_context *ctx = pl->ctx;
+    size_t k = pl->k;
+    int rc = CFX_OK;
+
+    bool tree = use_tree(ctx, pl->size, pl->chunk, k);
+    size_t root = k - 1;
+    pthread_mutex_lock(&ctx->lock);
+    pl->task = (uint64_t)ctx->node_id << 32 | (++ctx->rtask_counter & 0xffffffffu);
+    pthread_mutex_unlock(&ctx->lock);
+
+    pl->npos = k;
+    for (size_t i = 0; i < k; i++) {
+        pl->pos[i] = (struct rpos){ .idx = arr[i].idx, .node = arr[i].node,
+                                    .parent = i == root ? NO_PARENT : tree ? tree_parent(i, k)
+                                                                            : i + 1 };
+    }
+    for (size_t i = 0; i + 1 < k; i++)
+        pl->pos[pl->pos[i].parent].task = true;
+    pl->pos[root].task = true;
+    for (size_t i = 0; i < k; i++) {
+        if (i == root)
+            pl->pos[i].obj = *pl->result;
+        else if (pl->pos[i].task)
+            derived_id(pl->result, pl->task, i, &pl->pos[i].obj);
+        else
+            pl->pos[i].obj = pl->inputs[pl->pos[i].idx];
+    }
+
+    /* only the death of the result's node ends this plan at once; any other
+     * is routed around when a task reports the stream it lost */
+    uint32_t root_node = pl->pos[root].node.node_id;
+    struct cfx_rwait wait = { .task = pl->task, .status = CFX_ERR_AGAIN, .nodes = &root_node,
+                              .nnodes = 1 };
+    pthread_mutex_lock(&ctx->lock);
     cfx_list_add_tail(&wait.link, &ctx->rwaits);
     pthread_mutex_unlock(&ctx->lock);
 
-    int ms_left = cfx__ms_left(deadline);
+    int ms_left = cfx__ms_left(pl->deadline);
     for (size_t p = 0; p < k && rc == CFX_OK; p++) {
-        if (nchild[p] == 0 && p != root)
+        if (!pl->pos[p].task)
             continue; /* a leaf: its parent reads its input directly */
         struct cfx_dp_reduce_task *m = calloc(1, sizeof(*m));
         if (!m) {
@@ -689,77 +1056,86 @@ static int reduce_attempt(struct cfx_context *ctx, const struct cfx_object_id *i
         }
         m->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
                                       .type = CFX_DP_REDUCE_TASK };
-        m->task = task;
-        memcpy(m->input, inputs[arr[p].idx].bytes, CFX_OBJECT_ID_LEN);
-        struct cfx_object_id oid;
-        if (p == root)
-            oid = *result;
-        else
-            derived_id(result, task, p, &oid);
-        memcpy(m->output, oid.bytes, CFX_OBJECT_ID_LEN);
-        m->size = size;
-        m->chunk_size = chunk;
+        m->task = pl->task;
+        memcpy(m->input, pl->inputs[pl->pos[p].idx].bytes, CFX_OBJECT_ID_LEN);
+        memcpy(m->output, pl->pos[p].obj.bytes, CFX_OBJECT_ID_LEN);
+        m->size = pl->size;
+        m->chunk_size = pl->chunk;
         m->timeout_ms = ms_left < 0 ? 0x7fffffffu : (uint32_t)ms_left;
-        m->dtype = (uint8_t)dtype;
-        m->op = (uint8_t)op;
-        /* with no spare input a failure cannot be re-planned, so the result
-         * can be read while it is produced (allreduce = reduce + gets
-         * overlapping); with spares it appears once complete, so a reader
-         * never mixes two plans' bytes */
-        m->final = p == root ? (uint8_t)(CFX_RTASK_FINAL | (k == n ? CFX_RTASK_EARLY : 0)) : 0;
-        m->nchildren = nchild[p];
-        for (unsigned c = 0; c < nchild[p]; c++) {
-            size_t ci = child[p][c];
-            struct cfx_object_id cid;
-            if (nchild[ci] == 0)
-                cid = inputs[arr[ci].idx];
-            else
-                derived_id(result, task, ci, &cid);
-            memcpy(m->child_obj[c], cid.bytes, CFX_OBJECT_ID_LEN);
-            rec_to_dp(&arr[ci].node, &m->child[c]);
+        m->dtype = (uint8_t)pl->dtype;
+        m->op = (uint8_t)pl->op;
+        /* with no spare input a failure of the root cannot be re-planned, so
+         * the result can be read while it is produced (allreduce = reduce +
+         * gets overlapping); with spares it appears once complete, so a
+         * reader never mixes two plans' bytes */
+        m->final = CFX_RTASK_REPAIR;
+        if (p == root)
+            m->final |= (uint8_t)(CFX_RTASK_FINAL | (k == pl->n ? CFX_RTASK_EARLY : 0));
+        for (size_t c = 0; c < k; c++) {
+            if (pl->pos[c].parent != p)
+                continue;
+            memcpy(m->child_obj[m->nchildren], pl->pos[c].obj.bytes, CFX_OBJECT_ID_LEN);
+            rec_to_dp(&pl->pos[c].node, &m->child[m->nchildren]);
+            m->nchildren++;
         }
         pthread_mutex_lock(&ctx->lock);
-        rc = post_task(ctx, m, sizeof(*m), &arr[p].node);
+        rc = post_task(ctx, m, sizeof(*m), &pl->pos[p].node);
         pthread_mutex_unlock(&ctx->lock);
         if (rc != CFX_OK)
             free(m);
     }
 
+    unsigned handled = 0, reroutes = 0;
+    char why[256] = ""; /* why a reroute failed */
     pthread_mutex_lock(&ctx->lock);
-    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
-        ;
+    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN) {
+        if (wait.nlost > handled) {
+            uint32_t node = wait.lost[handled++];
+            pthread_mutex_unlock(&ctx->lock);
+            int r = reroute(pl, node, root);
+            pthread_mutex_lock(&ctx->lock);
+            if (r != CFX_OK && wait.status == CFX_ERR_AGAIN) {
+                snprintf(why, sizeof(why), "%s", cfx_last_error());
+                wait.status = r;
+                wait.node_id = node;
+            }
+            reroutes += r == CFX_OK;
+            continue;
+        }
+        if (!cfx__obj_wait(ctx, pl->deadline))
+            break;
+    }
     int st = wait.status;
     *who = wait.node_id;
     cfx_list_del(&wait.link);
-    if (st != CFX_OK) {
-        /* stop every task of this attempt (they would time out anyway) */
-        for (size_t p = 0; p < k; p++) {
-            if (nchild[p] == 0 && p != root)
-                continue;
-            struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
-            if (!a)
-                continue;
-            a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                                          .type = CFX_DP_REDUCE_ABORT };
-            a->task = task;
-            if (post_task(ctx, a, sizeof(*a), &arr[p].node) != CFX_OK)
-                free(a);
-        }
-    }
     pthread_mutex_unlock(&ctx->lock);
-    free(nodes);
-    free(nchild);
-    free(child);
+    /* on failure stop every task of this plan (they would time out anyway);
+     * after a reroute, free intermediates no parent will read again */
+    if (st != CFX_OK || reroutes)
+        post_aborts(pl, st != CFX_OK);
+    if (reroutes) {
+        pthread_mutex_lock(&ctx->lock);
+        ctx->stats.reduce_reroutes += reroutes;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+
+    size_t a = 0;
+    for (size_t p = 0; p < pl->npos && a < k; p++)
+        if (!pl->pos[p].dead)
+            arr[a++] = (struct arrival){ .idx = pl->pos[p].idx, .node = pl->pos[p].node };
     if (rc == CFX_OK) {
         if (st == CFX_ERR_AGAIN)
             rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %.12s on node %u: the result was not "
-                          "produced within %d ms", hex, ctx->node_id, timeout_ms);
+                          "produced within %d ms", pl->hex, ctx->node_id, pl->timeout_ms);
+        else if (st != CFX_OK && why[0])
+            rc = cfx__err(st, "%s", why);
         else if (st != CFX_OK)
-            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", hex, *who,
+            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", pl->hex, *who,
                           cfx_strerror(st));
     }
-    CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu/%zu inputs (%" PRIu64 " B) as a %s: %s",
-            ctx->node_id, k, n, size, tree ? "tree" : "chain", cfx_errname(rc));
+    CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu/%zu inputs (%" PRIu64 " B) as a %s, %u "
+            "reroute(s): %s", ctx->node_id, k, pl->n, pl->size, tree ? "tree" : "chain",
+            reroutes, cfx_errname(rc));
     return rc;
 }
 
@@ -768,9 +1144,6 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
                        const struct cfx_object_id *result, const struct cfx_obj_params *params,
                        size_t *used)
 {
-    char hex[CFX_OBJECT_ID_HEX_LEN];
-    uint64_t size = 0;
-    uint32_t chunk = 0;
     int rc;
 
     cfx__err_clear();
@@ -782,72 +1155,74 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
     if ((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST)
         return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown dtype %d or op %d",
                         (int)dtype, (int)op);
-    int timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
-                                                                           : ctx->cfg.timeout_ms;
-    uint64_t deadline = cfx__deadline_ns(timeout_ms);
-    cfx_object_id_to_hex(result, hex);
+    struct rplan pl = { .ctx = ctx, .inputs = inputs, .n = n, .k = k, .dtype = dtype, .op = op,
+                        .result = result };
+    pl.timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
+                                                                          : ctx->cfg.timeout_ms;
+    pl.deadline = cfx__deadline_ns(pl.timeout_ms);
+    cfx_object_id_to_hex(result, pl.hex);
+    pl.cap = 2 * k + 1;
 
     struct arrival *arr = calloc(k, sizeof(*arr));
-    if (!arr)
-        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
-    uint32_t dead[MAX_ATTEMPTS];
-    unsigned ndead = 0;
-    bool *lost = calloc(n, sizeof(bool)); /* inputs that were on a dead node */
-    if (!lost) {
-        free(arr);
-        return cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
+    pl.lost = calloc(n, sizeof(bool));
+    pl.pos = calloc(pl.cap, sizeof(*pl.pos));
+    if (!arr || !pl.lost || !pl.pos) {
+        rc = cfx__err(CFX_ERR_NOMEM, "cfx_reduce_objects: out of memory");
+        goto out;
     }
-    size_t nlost = 0;
     for (int attempt = 0;; attempt++) {
         uint32_t who = 0;
-        rc = gather_inputs(ctx, inputs, n, k, deadline, dead, ndead, lost, arr, &size, &chunk);
-        if (rc == CFX_ERR_TIMEOUT && ndead) {
+        rc = gather_inputs(ctx, inputs, n, k, pl.deadline, pl.dead, pl.ndead, pl.lost, arr,
+                           &pl.size, &pl.chunk);
+        if (rc == CFX_ERR_TIMEOUT && pl.ndead) {
             rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
-                          "too few of the other inputs became ready in time (%s)", hex,
-                          ctx->node_id, dead[ndead - 1], cfx_last_error());
+                          "too few of the other inputs became ready in time (%s)", pl.hex,
+                          ctx->node_id, pl.dead[pl.ndead - 1], cfx_last_error());
             break;
         }
         if (rc != CFX_OK)
             break;
         size_t dsz = cfx_dtype_size(dtype);
-        if (size % dsz || chunk % dsz) {
+        if (pl.size % dsz || pl.chunk % dsz) {
             rc = cfx__err(CFX_ERR_INVALID, "reduce: inputs of %" PRIu64 " bytes are not a whole "
-                          "number of %s elements", size, cfx_dtype_name(dtype));
+                          "number of %s elements", pl.size, cfx_dtype_name(dtype));
             break;
         }
-        rc = reduce_attempt(ctx, inputs, n, k, arr, size, chunk, dtype, op, result, deadline,
-                            timeout_ms, &who);
+        rc = reduce_attempt(&pl, arr, &who);
         if (rc == CFX_OK) {
             if (used)
                 for (size_t i = 0; i < k; i++)
                     used[i] = arr[i].idx;
             break;
         }
-        /* A participant died: leave its inputs out and plan again, with a
-         * spare input if there is one (first k of n); the tasks of the
-         * failed attempt have been told to stop. */
+        /* The plan could not go on (the result's node died, or a reroute
+         * found no replacement): leave the dead node's inputs out and plan
+         * again with spares if there are enough; the tasks of the failed
+         * plan have been told to stop. */
         if (rc != CFX_ERR_PEER_FAILED || !who || who == ctx->node_id ||
             attempt + 1 >= MAX_ATTEMPTS)
             break;
-        dead[ndead++] = who;
+        rec_dead(&pl, who);
         for (size_t i = 0; i < k; i++)
-            if (arr[i].node.node_id == who && !lost[arr[i].idx]) {
-                lost[arr[i].idx] = true;
-                nlost++;
+            if (arr[i].node.node_id == who && !pl.lost[arr[i].idx]) {
+                pl.lost[arr[i].idx] = true;
+                pl.nlost++;
             }
-        if (n - nlost < k) {
+        if (n - pl.nlost < k) {
             rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
-                          "holding an input, and %zu of %zu inputs cannot make %zu", hex,
-                          ctx->node_id, who, n - nlost, n, k);
+                          "holding an input, and %zu of %zu inputs cannot make %zu (%s)", pl.hex,
+                          ctx->node_id, who, n - pl.nlost, n, k, cfx_last_error());
             break;
         }
         CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u failed; planning again "
-                "without it", ctx->node_id, hex, who);
+                "without it", ctx->node_id, pl.hex, who);
         pthread_mutex_lock(&ctx->lock);
-        ctx->stats.source_failovers++;
+        ctx->stats.reduce_replans++;
         pthread_mutex_unlock(&ctx->lock);
     }
-    free(lost);
+out:
+    free(pl.pos);
+    free(pl.lost);
     free(arr);
     return rc;
 }

@@ -254,9 +254,12 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
         obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
-        /* a reduce intermediate has one reader, its parent: once that is
-         * done (or gone) nobody needs it */
-        if (obj->releasing || (obj->ephemeral && obj->complete))
+        /* a reduce intermediate has one reader, its parent: once that has
+         * read all of it, its task frees it; if the reader died, the task
+         * keeps it for a parent that adopts the stream (objreduce.c) */
+        if (obj->ephemeral && obj->complete && finished)
+            obj->delivered = true;
+        if (obj->releasing)
             cfx__obj_release(ctx, obj);
     }
 }
@@ -583,6 +586,8 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     case CFX_DP_REDUCE_TASK:
     case CFX_DP_REDUCE_DONE:
     case CFX_DP_REDUCE_ABORT:
+    case CFX_DP_REDUCE_LOST:
+    case CFX_DP_REDUCE_ADOPT:
         cfx__rtask_msg(ctx, conn, data, len);
         break;
     case CFX_DP_CANCEL_ACK: {

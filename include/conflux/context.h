@@ -78,6 +78,8 @@ struct cfx_context_stats {
     uint64_t uploads;           /* transfers served to other nodes */
     uint64_t uploads_partial;   /* ... of which started from a partial copy */
     uint64_t source_failovers;  /* gets resumed at another source */
+    uint64_t reduce_reroutes;   /* reduces this node drove that routed around a dead node */
+    uint64_t reduce_replans;    /* ... that had to plan again from the start */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */

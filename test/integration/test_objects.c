@@ -190,9 +190,10 @@ ParameterizedTestParameters(objects, reduce_spare)
     return cr_make_param_array(struct spare_case, spare_cases, 4);
 }
 
-/* First 3 of 5 inputs; a participant is SIGKILLed mid-reduce: the driver
- * plans again without it, using a spare input, and every survivor checks the
- * result against the inputs the driver reports. */
+/* First 3 of 5 inputs; a participant is SIGKILLed mid-reduce, and nobody
+ * else holds its input: the driver plans again without it, using a spare
+ * input, and every survivor checks the result against the inputs the driver
+ * reports. */
 ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
 {
     char env[128];
@@ -200,5 +201,25 @@ ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
              p->shape);
     int rc = run_with(env, 5, p->tp, "--allow-fail 1 --timeout 150", "reducespare 4194304");
     cr_assert_eq(rc, 0, "reduce with a dead participant over %s (%s): cfx_run exited %d", p->tp,
+                 p->shape, rc);
+}
+
+ParameterizedTestParameters(objects, reduce_relay)
+{
+    return cr_make_param_array(struct spare_case, spare_cases, 4);
+}
+
+/* All 4 inputs (k = n); input 1 has two holders and whichever serves it is a
+ * relay of the chain or tree.  It is SIGKILLed mid-reduce: its parent reads
+ * its child's stream and input 1 from the other holder from the chunk where
+ * the dead relay's stream stopped (no plan started again), and every
+ * survivor reads the exact sum. */
+ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
+{
+    char env[128];
+    snprintf(env, sizeof(env), "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072",
+             p->shape);
+    int rc = run_with(env, 5, p->tp, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
+    cr_assert_eq(rc, 0, "reduce with a dead relay over %s (%s): cfx_run exited %d", p->tp,
                  p->shape, rc);
 }

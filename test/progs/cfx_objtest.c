@@ -14,6 +14,8 @@
  *   sourcedies SIZE the only source killed mid-transfer: CFX_ERR_PEER_FAILED
  *   reduce BYTES K LATE [noinline]  rank 0 reduces the first K of all ranks'
  *                   inputs (rank LATE puts its input a second late; -1: none)
+ *   reducespare BYTES  first 3 of 5 with a participant killed: planned again
+ *   reducerelay BYTES  a relay holding a copied input killed: routed around
  */
 #include <conflux/conflux.h>
 
@@ -382,10 +384,12 @@ static void mode_sourcedies(struct cfx_context *ctx, size_t size)
  * First k of n with a participant dying: ranks 0..2 put their inputs at
  * once, the others a second later (spares).  Rank 1 kills itself once it
  * has moved a little reduce traffic.  Rank 0 reduces the first 3 of all
- * inputs: the plan must be redone without rank 1, using a spare, and the
- * result must be the sum of exactly the inputs it reports.  Uploads are
- * paced (CFX_UPLOAD_RATE) so the death lands mid-reduce.  Run with
- * cfx_run --allow-fail 1.
+ * inputs.  Nobody else holds rank 1's input, so the driver must plan again
+ * from the start with a spare (reduce_replans >= 1): the result's chunks
+ * already reduced hold rank 1's input, so a spare cannot stand in for it in
+ * place.  The result must be the sum of exactly the inputs reported.
+ * Uploads are paced (CFX_UPLOAD_RATE) so the death lands mid-reduce.  Run
+ * with cfx_run --allow-fail 1.
  */
 static void *reduce_victim(void *arg)
 {
@@ -427,10 +431,16 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
     if (rank == 0) {
         CHECK_OK(cfx_reduce_objects(ctx, in, (size_t)world, 3, CFX_DTYPE_F32, CFX_OP_SUM, &res,
                                     NULL, used));
-        printf("reduce with a dead participant used %zu %zu %zu\n", used[0], used[1], used[2]);
+        struct cfx_context_stats st;
+        CHECK_OK(cfx_context_stats(ctx, &st));
+        printf("reduce with a dead participant used %zu %zu %zu: %llu reroute(s), %llu "
+               "replan(s)\n", used[0], used[1], used[2],
+               (unsigned long long)st.reduce_reroutes, (unsigned long long)st.reduce_replans);
         for (int i = 0; i < 3; i++)
             if (used[i] == 1)
                 DIE("the dead rank's input was reported as used");
+        if (st.reduce_replans < 1)
+            DIE("the reduce was not planned again without the dead rank's input");
         CHECK_OK(cfx_put(ctx, &used_id, used, sizeof(used), NULL));
     } else {
         CHECK_OK(cfx_get(ctx, &used_id, used, sizeof(used), NULL, NULL));
@@ -455,6 +465,130 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
         if (r == 1 || r == rank)
             continue;
         name_id(&mark, "spare-fin-%ld-%ld", r, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &one, 1, NULL, NULL));
+    }
+    free(out);
+    free(buf);
+}
+
+/*
+ * A relay of a reduce dies and is routed around in place.  Ranks 0..3 put
+ * inputs (n = k = 4); rank 4 holds a second copy of input 1.  Rank 0
+ * reduces all four as a chain 0 -> 1 -> 2 -> 3, so whichever node serves
+ * input 1 (rank 1 or rank 4, the directory picks) is a relay: it reads input
+ * 0's stream and feeds its partial sums to input 2's holder.  That node
+ * kills itself once it has sent 512 KiB of reduce traffic; the other holder
+ * of input 1 stays (a marker says someone died).  The driver must route
+ * around the dead relay where it stands (reduce_reroutes >= 1, no plan
+ * started again) and every survivor reads the right sum.  Run with
+ * cfx_run -n 5 --allow-fail 1,4 and CFX_REDUCE_SHAPE=chain.
+ */
+struct relay_watch {
+    struct cfx_context *ctx;
+    uint64_t base;
+};
+
+static void *relay_victim(void *arg)
+{
+    struct relay_watch *w = arg;
+    struct cfx_context_stats st;
+    struct cfx_object_id dead;
+    name_id(&dead, "relay-dead-%ld-%ld", 0, 0);
+    for (;;) {
+        cfx_context_stats(w->ctx, &st);
+        if (st.bytes_sent - w->base >= (512u << 10))
+            break;
+        usleep(1000);
+    }
+    /* the first holder to relay dies; the one that takes over stays */
+    int32_t who = rank;
+    static uint8_t b[4]; /* a got object stays served from its buffer */
+    struct cfx_obj_params q = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 200 };
+    if (cfx_get(w->ctx, &dead, b, sizeof(b), NULL, &q) == CFX_OK)
+        return NULL;
+    CHECK_OK(cfx_put(w->ctx, &dead, &who, sizeof(who), NULL));
+    printf("relay of input 1 (rank %d) dying after %llu bytes sent\n", rank,
+           (unsigned long long)(st.bytes_sent - w->base));
+    fflush(stdout);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[4], res, mark, dead;
+    size_t count = bytes / sizeof(float), used[4];
+    float *buf = malloc(bytes), *out = malloc(bytes);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    static struct relay_watch w;
+    pthread_t th;
+    size_t got = 0;
+    if (world != 5)
+        DIE("reducerelay wants 5 ranks");
+    if (!buf || !out)
+        DIE("out of memory");
+    for (int r = 0; r < 4; r++)
+        name_id(&in[r], "relay-in-%ld-%ld", r, (long)bytes);
+    name_id(&res, "relay-out-%ld-%ld", 0, (long)bytes);
+    name_id(&dead, "relay-dead-%ld-%ld", 0, 0);
+    if (rank < 4) {
+        for (size_t i = 0; i < count; i++)
+            buf[i] = red_value(rank, i);
+        CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    } else {
+        CHECK_OK(cfx_get(ctx, &in[1], buf, bytes, &got, NULL));
+        for (size_t i = 0; i < count; i++)
+            if (buf[i] != red_value(1, i))
+                DIE("copy of input 1: [%zu] = %g", i, (double)buf[i]);
+    }
+    /* input 1 has two complete holders before the reduce starts */
+    name_id(&mark, "relay-copied-%ld-%ld", 0, 0);
+    if (rank == 4) {
+        uint8_t one = 1;
+        CHECK_OK(cfx_put(ctx, &mark, &one, 1, NULL));
+    } else {
+        uint8_t b;
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+    }
+    if (rank == 1 || rank == 4) {
+        struct cfx_context_stats st;
+        CHECK_OK(cfx_context_stats(ctx, &st));
+        w = (struct relay_watch){ .ctx = ctx, .base = st.bytes_sent };
+        pthread_create(&th, NULL, relay_victim, &w);
+        pthread_detach(th);
+    }
+    if (rank == 0) {
+        CHECK_OK(cfx_reduce_objects(ctx, in, 4, 4, CFX_DTYPE_F32, CFX_OP_SUM, &res, NULL, used));
+        struct cfx_context_stats st;
+        CHECK_OK(cfx_context_stats(ctx, &st));
+        printf("reduce with a dead relay: %llu reroute(s), %llu replan(s)\n",
+               (unsigned long long)st.reduce_reroutes, (unsigned long long)st.reduce_replans);
+        if (st.reduce_reroutes < 1 || st.reduce_replans != 0)
+            DIE("the dead relay was not routed around in place (%llu reroutes, %llu replans)",
+                (unsigned long long)st.reduce_reroutes, (unsigned long long)st.reduce_replans);
+    }
+    CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    if (got != bytes)
+        DIE("result is %zu bytes, expected %zu", got, bytes);
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < 4; r++)
+            want += red_value(r, i);
+        if (out[i] != want)
+            DIE("result[%zu] = %g, expected %g", i, (double)out[i], (double)want);
+    }
+    int32_t victim = -1;
+    CHECK_OK(cfx_get(ctx, &dead, &victim, sizeof(victim), NULL, NULL));
+    printf("rank %d: reduce result ok after rank %d died\n", rank, (int)victim);
+    /* the survivors leave together: any of them may be serving the result */
+    uint8_t one = 1;
+    name_id(&mark, "relay-fin-%ld-%ld", rank, 0);
+    CHECK_OK(cfx_put(ctx, &mark, &one, 1, NULL));
+    for (int r = 0; r < world; r++) {
+        if (r == victim || r == rank)
+            continue;
+        name_id(&mark, "relay-fin-%ld-%ld", r, 0);
         CHECK_OK(cfx_get(ctx, &mark, &one, 1, NULL, NULL));
     }
     free(out);
@@ -513,6 +647,8 @@ int main(int argc, char **argv)
                     argc > 5 && !strcmp(argv[5], "noinline"));
     else if (!strcmp(argv[1], "reducespare") && argc > 2)
         mode_reducespare(ctx, strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "reducerelay") && argc > 2)
+        mode_reducerelay(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "sourcedies") && argc > 2)
         mode_sourcedies(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "failover") && argc > 2)

@@ -526,30 +526,63 @@ Test(coord, concurrent_lookups_form_a_tree)
     cfx__ctl_close(p);
 }
 
-/* A node in a child process: joins, puts an object, reports its id, waits. */
+/*
+ * A node in a child process: joins, puts an object, reports its id on a pipe,
+ * waits to be killed or stopped.  The child execs a fresh image of this
+ * binary (the constructor below runs the node) instead of going on after
+ * fork(): this process has threads (the coordinator, clients), and a child
+ * that allocates after a fork taken while one of them held an allocator lock
+ * (ASan's, for one) deadlocks.
+ */
+#define CHILD_ENV "CFX_TEST_COORD_CHILD"
+
+__attribute__((constructor)) static void child_node_main(void)
+{
+    const char *spec = getenv(CHILD_ENV);   /* "FD ADDR TOKEN" */
+    int fd;
+    char a[64], tok[64];
+    if (!spec || sscanf(spec, "%d %63s %63s", &fd, a, tok) != 3)
+        return;
+    snprintf(addr, sizeof(addr), "%s", a);
+    struct cfx_ctl *c = NULL;
+    struct cfx_object_id id;
+    uint32_t nid = 0;
+    if (open_node_tok("child", tok, NULL, &c) == CFX_OK) {
+        make_id(&id, "child-object");
+        if (cfx__ctl_obj_put(c, &id, BIG, 4096, NULL, cfx__deadline_ns(2000)) == CFX_OK)
+            nid = cfx__ctl_node_id(c);
+    }
+    if (write(fd, &nid, sizeof(nid)) != sizeof(nid))
+        _exit(1);
+    for (;;)
+        pause();
+}
+
 static pid_t spawn_child_node(uint32_t *id_out)
 {
     int fds[2];
+    char spec[192], exe[512];
     cr_assert_eq(pipe(fds), 0);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    snprintf(spec, sizeof(spec), "%d %s %s", fds[1], addr, token);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         close(fds[0]);
-        struct cfx_ctl *c = NULL;
-        struct cfx_object_id id;
-        uint32_t nid = 0;
-        if (open_node_tok("child", token, NULL, &c) == CFX_OK) {
-            make_id(&id, "child-object");
-            if (cfx__ctl_obj_put(c, &id, BIG, 4096, NULL, cfx__deadline_ns(2000)) == CFX_OK)
-                nid = cfx__ctl_node_id(c);
-        }
-        if (write(fds[1], &nid, sizeof(nid)) != sizeof(nid))
-            _exit(1);
-        for (;;)
-            pause();
+        setenv(CHILD_ENV, spec, 1);
+        execl(exe, exe, (char *)NULL);
+        _exit(127);
     }
     close(fds[1]);
     uint32_t nid = 0;
+    struct pollfd pfd = { .fd = fds[0], .events = POLLIN };
+    if (poll(&pfd, 1, 10000) != 1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cr_assert_fail("child node %d did not report within 10 s", (int)pid);
+    }
     cr_assert_eq(read(fds[0], &nid, sizeof(nid)), (ssize_t)sizeof(nid));
     close(fds[0]);
     cr_assert_neq(nid, 0, "child could not join");
