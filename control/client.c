@@ -909,24 +909,41 @@ static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline
     return CFX_OK;
 }
 
-int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                     uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                   uint32_t chunk_size, const void *data, bool durable, uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
 
     if (!ctl || !id)
         return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
-    snprintf(what, sizeof(what), "put of object %s", idhex(id, hex));
+    snprintf(what, sizeof(what), "%sput of object %s", durable ? "durable " : "",
+             idhex(id, hex));
     if (data && size > CFX_OBJECT_INLINE_MAX)
         return ctl_err(ctl, CFX_ERR_TOO_BIG, what, "only objects up to %u bytes go inline",
                        CFX_OBJECT_INLINE_MAX);
+    if (durable && !data && size)
+        return ctl_err(ctl, CFX_ERR_INVALID, what, "only inline objects can be durable");
     m.u.put.id = *id;
     m.u.put.size = size;
     m.u.put.chunk_size = chunk_size;
     m.u.put.has_data = data != NULL || size == 0;
+    m.u.put.durable = durable ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
     return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                     uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+{
+    return obj_put(ctl, id, size, chunk_size, data, false, deadline_ns);
+}
+
+int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                             uint64_t size, uint32_t chunk_size, const void *data,
+                             uint64_t deadline_ns)
+{
+    return obj_put(ctl, id, size, chunk_size, data, true, deadline_ns);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,

@@ -141,6 +141,17 @@ int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                      uint64_t size, uint32_t chunk_size, const void *data,
                      uint64_t deadline_ns);
 
+/* As cfx__ctl_obj_put() for an inline object (@p data holds all @p size
+ * bytes, or size is 0) that the coordinator also keeps in its state
+ * directory: it survives a coordinator restart, kill -9 included, until it
+ * is deleted.  Without a state directory it is an ordinary inline put.
+ * CFX_ERR_INVALID for a non-inline object; CFX_ERR_IO when the coordinator
+ * cannot write the record (nothing is put then).  A coordinator older than
+ * the durable flag refuses the put with CFX_ERR_PROTO. */
+int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                             uint64_t size, uint32_t chunk_size, const void *data,
+                             uint64_t deadline_ns);
+
 /* Find a source for @p id, waiting until one exists or the deadline.  The
  * caller is recorded as a partial holder and the source's upload count is
  * raised until cfx__ctl_obj_done().  Nodes in @p exclude are not chosen.

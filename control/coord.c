@@ -495,8 +495,6 @@ static int accept_shed(struct cfx_coord *co, int err)
             co->emfile_shed++;
         }
         co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    co->state_dirfd = -1;
-    cfx_list_init(&co->records);
     }
     if (!shed && co->spare_fd < 0) {
         cfx__ev_io_set(co->loop, &co->listen_io, 0);
@@ -666,6 +664,8 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->listen_fd = -1;
     co->listen_io.fd = -1;
     co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    co->state_dirfd = -1; /* so that coord_free() before the state opens closes nothing */
+    cfx_list_init(&co->records);
     cfx_list_init(&co->conns);
     cfx_list_init(&co->closing);
     cfx__coord_members_init(co);
@@ -688,6 +688,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     rc = cfx__coord_dir_init(co);
     if (rc != CFX_OK)
         goto err_free;
+    cfx__coord_dir_load(co);
     rc = coord_listen(co, params->bind_addr ? params->bind_addr : "127.0.0.1", params->port);
     if (rc != CFX_OK)
         goto err_free;

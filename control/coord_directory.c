@@ -16,6 +16,20 @@
  * partial holder, which has none yet, and grow a chain P->A->B->C...  With
  * depth first, P feeds fanout receivers, each of those feeds fanout more,
  * and so on; complete copies (depth 0) still come before partial ones.
+ *
+ * Durable objects.  An inline put flagged durable (group bootstrap records)
+ * is also written to the state store (coord_state.c) before it is
+ * acknowledged, as record "obj.<hex id>":
+ *
+ *   u8 format (1)  id[20]  u32 putter node  u64 size  u32 chunk size  data
+ *
+ * (little endian).  A restarted coordinator loads those records back as
+ * inline objects whose only memory of a holder is the putter's node id:
+ * holders are soft state, so a getter is a holder again once it looks the
+ * object up, and the putter once it puts it again.  The putter's delete
+ * counts even before that (it is the one that would otherwise be unable to
+ * withdraw it).  The record goes when the object goes on an explicit delete;
+ * without a state directory the flag is ignored.
  */
 #include "control/coord_int.h"
 
@@ -29,6 +43,9 @@
 #include "dataplane/common/util.h"
 
 #define DIR_BUCKETS_INITIAL 256u
+#define DUR_FORMAT          1u
+#define DUR_HDR_LEN         (1 + CFX_OBJECT_ID_LEN + 4 + 8 + 4)
+#define DUR_KEY_LEN         (sizeof(COORD_OBJ_KEY_PREFIX) - 1 + 2 * CFX_OBJECT_ID_LEN)
 
 static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
 {
@@ -178,6 +195,136 @@ static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o, int explic
 {
     if (o->nholders == 0 && (!o->is_inline || explicit_delete))
         obj_drop(co, o);
+}
+
+/* ---- durable objects (see the top of the file) ---------------------------------- */
+
+static void dur_key(const struct cfx_object_id *id, char key[DUR_KEY_LEN + 1])
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    snprintf(key, DUR_KEY_LEN + 1, "%s%s", COORD_OBJ_KEY_PREFIX, idhex(id, hex));
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Write @p o's record (durably) and mark it durable. */
+static int dur_record(struct cfx_coord *co, struct coord_obj *o)
+{
+    char key[DUR_KEY_LEN + 1];
+    size_t len = DUR_HDR_LEN + (size_t)o->size;
+    uint8_t *val = malloc(len);
+    dur_key(&o->id, key);
+    if (!val)
+        return cfx__err(CFX_ERR_NOMEM, "no memory to record object %s", key);
+    val[0] = DUR_FORMAT;
+    memcpy(val + 1, o->id.bytes, CFX_OBJECT_ID_LEN);
+    put_le(val + 1 + CFX_OBJECT_ID_LEN, o->putter, 4);
+    put_le(val + 1 + CFX_OBJECT_ID_LEN + 4, o->size, 8);
+    put_le(val + 1 + CFX_OBJECT_ID_LEN + 12, o->chunk_size, 4);
+    if (o->size)
+        memcpy(val + DUR_HDR_LEN, o->data, (size_t)o->size);
+    int rc = cfx__coord_state_put(co, key, val, len, NULL);
+    free(val);
+    if (rc == CFX_OK)
+        o->durable = 1;
+    return rc;
+}
+
+/* Remove @p o's record; it is an ordinary object afterwards. */
+static int dur_unrecord(struct cfx_coord *co, struct coord_obj *o)
+{
+    char key[DUR_KEY_LEN + 1];
+    dur_key(&o->id, key);
+    int rc = cfx__coord_state_del(co, key);
+    if (rc != CFX_OK && rc != CFX_ERR_NOT_FOUND)
+        return rc;
+    o->durable = 0;
+    return CFX_OK;
+}
+
+static void dur_load_one(void *arg, const char *key, const void *val, size_t len)
+{
+    struct cfx_coord *co = arg;
+    const uint8_t *p = val;
+    char want[DUR_KEY_LEN + 1];
+    struct cfx_object_id id;
+    struct coord_obj *o;
+    const char *why = NULL;
+    uint32_t putter, chunk;
+    uint64_t size;
+
+    if (len < DUR_HDR_LEN || p[0] != DUR_FORMAT) {
+        why = "unknown format or truncated";
+        goto bad;
+    }
+    memcpy(id.bytes, p + 1, CFX_OBJECT_ID_LEN);
+    dur_key(&id, want);
+    putter = (uint32_t)get_le(p + 1 + CFX_OBJECT_ID_LEN, 4);
+    size = get_le(p + 1 + CFX_OBJECT_ID_LEN + 4, 8);
+    chunk = (uint32_t)get_le(p + 1 + CFX_OBJECT_ID_LEN + 12, 4);
+    if (strcmp(key, want))
+        why = "the key does not name the object's id";
+    else if (size > CFX_OBJECT_INLINE_MAX || len != DUR_HDR_LEN + size)
+        why = "the size disagrees with the record's length";
+    else if (obj_find(co, &id))
+        why = "the object is loaded already";
+    else if (co->inline_bytes + size > COORD_INLINE_TOTAL_MAX)
+        why = "over the coordinator's inline byte limit";
+    if (why)
+        goto bad;
+
+    o = calloc(1, sizeof(*o));
+    if (!o)
+        goto err_nomem;
+    if (size) {
+        o->data = malloc((size_t)size);
+        if (!o->data)
+            goto err_free_obj;
+        memcpy(o->data, p + DUR_HDR_LEN, (size_t)size);
+    }
+    o->id = id;
+    o->size = size;
+    o->chunk_size = chunk;
+    o->is_inline = 1;
+    o->durable = 1;
+    o->putter = putter;
+    cfx_list_init(&o->holders);
+    cfx_list_add_tail(&o->link, &co->objects);
+    cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
+    co->nobjects++;
+    co->inline_bytes += size;
+    if (co->nobjects > co->nbuckets)
+        dir_grow(co);
+    return;
+
+err_free_obj:
+    free(o);
+err_nomem:
+    why = "out of memory";
+bad:
+    CFX_LOG(ERR, CTL, "coordinator state %s: record %s is not a durable object (%s); "
+            "not loading it", co->state_dir, key, why);
+}
+
+void cfx__coord_dir_load(struct cfx_coord *co)
+{
+    uint32_t before = co->nobjects;
+    cfx__coord_state_foreach(co, COORD_OBJ_KEY_PREFIX, dur_load_one, co);
+    if (co->nobjects > before)
+        CFX_LOG(INFO, CTL, "coordinator state %s: %u durable object%s loaded", co->state_dir,
+                co->nobjects - before, co->nobjects - before == 1 ? "" : "s");
 }
 
 static int excluded(const uint32_t *ex, uint32_t n, uint32_t id)
@@ -420,6 +567,13 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
                                  (unsigned long long)size);
             return;
         }
+        /* A durable put of an inline object put plainly before makes it durable. */
+        if (m->u.put.durable && o->is_inline && !o->durable && co->state_dirfd >= 0 &&
+            dur_record(co, o) != CFX_OK) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot record "
+                                 "object %s: %s", co->addr, hex, cfx_last_error());
+            return;
+        }
         if (!holder_add(o, c->node, 1, 0)) {
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
                                  "coordinator %s is out of memory", co->addr);
@@ -450,9 +604,14 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     o->size = size;
     o->chunk_size = m->u.put.chunk_size;
     o->is_inline = m->u.put.has_data;
+    o->putter = me;
     cfx_list_init(&o->holders);
+    /* Recorded before it is acknowledged: an OK means it survives kill -9. */
+    if (m->u.put.durable && o->is_inline && co->state_dirfd >= 0 &&
+        dur_record(co, o) != CFX_OK)
+        goto err_io;
     if (!holder_add(o, c->node, 1, 0))
-        goto err_free_data;
+        goto err_unrecord;
     cfx_list_add_tail(&o->link, &co->objects);
     cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
     co->nobjects++;
@@ -461,12 +620,21 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     if (co->nobjects > co->nbuckets)
         dir_grow(co);
     CFX_LOG(DEBUG, CTL, "node %u put object %s (%llu bytes%s)", me, hex,
-            (unsigned long long)size, o->is_inline ? ", inline" : "");
+            (unsigned long long)size,
+            o->durable ? ", inline, durable" : o->is_inline ? ", inline" : "");
     cfx__coord_reply_ok(c, m->req_id);
     wake_parked(co, o);
     return;
 
-err_free_data:
+err_io:
+    cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot record object %s: "
+                         "%s", co->addr, hex, cfx_last_error());
+    free(o->data);
+    free(o);
+    return;
+err_unrecord:
+    if (o->durable)
+        dur_unrecord(co, o);
     free(o->data);
 err_free_obj:
     free(o);
@@ -521,13 +689,24 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
     struct coord_holder *h = o ? holder_find(o, me) : NULL;
     char hex[CFX_OBJECT_ID_HEX_LEN];
 
-    if (!h) {
+    idhex(&m->u.del.id, hex);
+    /* The putter of a durable object loaded after a restart is no holder
+     * until it puts it again; its delete counts all the same. */
+    if (!h && !(o && o->durable && me && o->putter == me)) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
-                             "node %u holds no copy of object %s", me,
-                             idhex(&m->u.del.id, hex));
+                             "node %u holds no copy of object %s", me, hex);
         return;
     }
-    holder_remove(o, h);
+    /* The last copy goes: its record first, so a failure changes nothing. */
+    if (o->durable && o->nholders == (h ? 1u : 0u) && dur_unrecord(co, o) != CFX_OK) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot remove the "
+                             "record of object %s: %s", co->addr, hex, cfx_last_error());
+        return;
+    }
+    if (h)
+        holder_remove(o, h);
+    if (o->putter == me)
+        o->putter = 0; /* its claim counts once */
     obj_maybe_drop(co, o, 1);
     cfx__coord_reply_ok(c, m->req_id);
 }

@@ -29,6 +29,7 @@
 #define COORD_IDS_KEY         "coord.node_ids" /* record: u32 LE, ids below are taken */
 #define COORD_IDS_BATCH       64            /* node ids reserved per state write */
 #define COORD_REJOIN_SLACK    65536         /* a rejoin may ask for ids up to this above ours */
+#define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
 enum coord_conn_state {
     COORD_CONN_AUTH = 0,  /* challenge sent, waiting for AUTH */
@@ -81,6 +82,8 @@ struct coord_obj {
     uint64_t size;
     uint32_t chunk_size;
     uint8_t is_inline;          /* data holds the object */
+    uint8_t durable;            /* recorded in the state directory (COORD_OBJ_KEY_PREFIX) */
+    uint32_t putter;            /* node that put it first (may be dead, or not rejoined yet) */
     uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
     struct cfx_list holders;    /* struct coord_holder.obj_link */
     uint32_t nholders;
@@ -194,9 +197,20 @@ int cfx__coord_state_put(struct cfx_coord *co, const char *key, const void *val,
 int cfx__coord_state_get(struct cfx_coord *co, const char *key, void **val, size_t *len,
                          uint64_t *version);
 int cfx__coord_state_del(struct cfx_coord *co, const char *key);
+/* Call @p fn for each record whose key starts with @p prefix, in load/put
+ * order.  @p fn sees the stored bytes and must not put or delete records. */
+void cfx__coord_state_foreach(struct cfx_coord *co, const char *prefix,
+                              void (*fn)(void *arg, const char *key, const void *val,
+                                         size_t len),
+                              void *arg);
 
 /* coord_directory.c */
 int cfx__coord_dir_init(struct cfx_coord *co);
+/* Put the durable inline objects of the state store back into the directory
+ * (after cfx__coord_state_open() and cfx__coord_dir_init()).  A record that
+ * does not parse is logged and skipped. */
+void cfx__coord_dir_load(struct cfx_coord *co);
+/* Free the directory; durable records stay in the state directory. */
 void cfx__coord_dir_fini(struct cfx_coord *co);
 void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);

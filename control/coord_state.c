@@ -1,9 +1,10 @@
 /*
  * Coordinator durable state: a small versioned key-value record store in a
  * state directory (--state-dir), for what must survive a coordinator restart
- * (kill -9 included): the node id high-water mark today, groups and shard
- * maps as they arrive.  Soft state (members, the object directory) is not
- * kept: clients re-announce it when they reconnect.
+ * (kill -9 included): the node id high-water mark, durable inline objects
+ * (group bootstrap records, coord_directory.c), shard maps as they arrive.
+ * Soft state (members, the rest of the object directory) is not kept:
+ * clients re-announce it when they reconnect.
  *
  * One file per record, DIR/<key>.rec:
  *
@@ -366,4 +367,20 @@ int cfx__coord_state_del(struct cfx_coord *co, const char *key)
     free(r->val);
     free(r);
     return CFX_OK;
+}
+
+void cfx__coord_state_foreach(struct cfx_coord *co, const char *prefix,
+                              void (*fn)(void *arg, const char *key, const void *val,
+                                         size_t len),
+                              void *arg)
+{
+    struct cfx_list *pos;
+    size_t n = strlen(prefix);
+    if (!co->records.next)
+        return;
+    cfx_list_for_each(pos, &co->records) {
+        struct coord_record *r = cfx_list_entry(pos, struct coord_record, link);
+        if (!strncmp(r->key, prefix, n))
+            fn(arg, r->key, r->val, r->len);
+    }
 }

@@ -330,10 +330,13 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
                                   (m->u.put.size && !m->u.put.data)))
             return cfx__err(CFX_ERR_INVALID, "OBJ_PUT with %llu inline bytes",
                             (unsigned long long)m->u.put.size);
+        if (m->u.put.durable && !m->u.put.has_data)
+            return cfx__err(CFX_ERR_INVALID, "durable OBJ_PUT without inline data");
         wr_bytes(w, m->u.put.id.bytes, CFX_OBJECT_ID_LEN);
         wr_u64(w, m->u.put.size);
         wr_u32(w, m->u.put.chunk_size);
-        wr_u8(w, m->u.put.has_data ? 1 : 0);
+        wr_u8(w, (m->u.put.has_data ? CFX_PROTO_PUT_INLINE : 0) |
+                     (m->u.put.durable ? CFX_PROTO_PUT_DURABLE : 0));
         if (m->u.put.has_data) {
             wr_u32(w, (uint32_t)m->u.put.size);
             wr_bytes(w, m->u.put.data, (size_t)m->u.put.size);
@@ -573,12 +576,22 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         if (r->status == CFX_OK && m->u.join_reply.heartbeat_ms == 0)
             rd_fail(r, CFX_ERR_PROTO, "heartbeat interval 0");
         break;
-    case CFX_MSG_OBJ_PUT:
+    case CFX_MSG_OBJ_PUT: {
         rd_bytes(r, m->u.put.id.bytes, CFX_OBJECT_ID_LEN, "object id");
         m->u.put.size = rd_u64(r, "size");
         m->u.put.chunk_size = rd_u32(r, "chunk size");
-        m->u.put.has_data = rd_flag(r, "inline flag");
+        uint8_t flags = rd_u8(r, "put flags");
+        m->u.put.has_data = (flags & CFX_PROTO_PUT_INLINE) ? 1 : 0;
+        m->u.put.durable = (flags & CFX_PROTO_PUT_DURABLE) ? 1 : 0;
         m->u.put.data = NULL;
+        if (r->status == CFX_OK && (flags & ~CFX_PROTO_PUT_FLAGS)) {
+            rd_fail(r, CFX_ERR_PROTO, "unknown put flags");
+            break;
+        }
+        if (r->status == CFX_OK && m->u.put.durable && !m->u.put.has_data) {
+            rd_fail(r, CFX_ERR_PROTO, "durable put without inline data");
+            break;
+        }
         if (r->status == CFX_OK && m->u.put.has_data) {
             uint32_t n = rd_u32(r, "inline length");
             if (r->status != CFX_OK)
@@ -590,6 +603,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
             m->u.put.data = rd_take(r, n, "inline data");
         }
         break;
+    }
     case CFX_MSG_OBJ_LOOKUP:
         rd_bytes(r, m->u.lookup.id.bytes, CFX_OBJECT_ID_LEN, "object id");
         m->u.lookup.timeout_ms = rd_u32(r, "timeout");

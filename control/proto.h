@@ -17,9 +17,9 @@
  * Decoders are pure functions over (buf, len): they never allocate, never
  * read outside [buf, buf+len), and validate every field (type known, lengths
  * inside the frame and inside their bounds, strings terminated, counts
- * bounded, flags 0/1, no trailing bytes).  Decoded messages may point into
- * the frame (inline data, listing records): keep the frame alive while the
- * message is used.  On failure they return CFX_ERR_PROTO, CFX_ERR_TOO_BIG or
+ * bounded, flags 0/1 or known bits only, no trailing bytes).  Decoded
+ * messages may point into the frame (inline data, listing records): keep the
+ * frame alive while the message is used.  On failure they return CFX_ERR_PROTO, CFX_ERR_TOO_BIG or
  * CFX_ERR_VERSION and set cfx_last_error().
  *
  * Thread safety: all functions are reentrant.
@@ -53,6 +53,11 @@
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE)
 
+/* OBJ_PUT flags byte. */
+#define CFX_PROTO_PUT_INLINE  0x01u /* the frame carries all size bytes */
+#define CFX_PROTO_PUT_DURABLE 0x02u /* keep it in the state directory (needs INLINE) */
+#define CFX_PROTO_PUT_FLAGS   0x03u /* every flag known; other bits are refused */
+
 /* Request id of a node_dead event: why the node is gone. */
 #define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
 #define CFX_PROTO_EV_LEFT 1 /* it left the cluster in good order */
@@ -67,7 +72,7 @@ enum cfx_msg_type {
     CFX_MSG_JOIN_REPLY,     /* node id, heartbeat_ms, dead_after_ms */
     CFX_MSG_LEAVE,          /* no body, no reply */
     CFX_MSG_HEARTBEAT,      /* no body, no reply */
-    CFX_MSG_OBJ_PUT,        /* id, size, chunk size, inline data -> OK */
+    CFX_MSG_OBJ_PUT,        /* id, size, chunk size, flags, inline data -> OK */
     CFX_MSG_OBJ_LOOKUP,     /* id, timeout, exclude list -> LOOKUP_REPLY */
     CFX_MSG_LOOKUP_REPLY,   /* id, size, chunk size, source node or inline data */
     CFX_MSG_OBJ_DONE,       /* id, source node, complete -> OK */
@@ -132,6 +137,7 @@ struct cfx_msg {
             uint64_t size;
             uint32_t chunk_size;
             uint8_t has_data;               /* 1: data holds all size bytes */
+            uint8_t durable;                /* 1: survives a coordinator restart (has_data) */
             const uint8_t *data;
         } put;
         struct {

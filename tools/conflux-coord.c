@@ -42,8 +42,9 @@ static void usage(FILE *f)
             "  --fanout N          uploads one holder is given before others (default 2)\n"
             "  --auth-timeout-ms N close connections not authenticated by then (default 5000)\n"
             "  --stall-timeout-ms N close connections stalled mid-frame that long (default 10000)\n"
-            "  --state-dir DIR     keep durable state (node ids, records) in DIR; it survives\n"
-            "                      a restart, even after kill -9 (default: none)\n",
+            "  --state-dir DIR     keep durable state (node ids, durable objects such as group\n"
+            "                      bootstrap records) in DIR; it survives a restart, even\n"
+            "                      after kill -9 (default: none)\n",
             DEFAULT_PORT);
 }
 

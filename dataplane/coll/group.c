@@ -13,7 +13,12 @@
  * withdrawing it; the coordinator keeps inline bytes of dead putters): then
  * the next slot is used, by the owner and the readers alike.  An object whose
  * node is alive but is not ours means another process joined as this rank:
- * CFX_ERR_EXISTS.
+ * CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
+ * directory keeps them across a restart (kill -9 included), so ranks that
+ * create the group after it still find the ranks that published before.  A
+ * bootstrap call cut off by the coordinator's loss is made again on the new
+ * connection until the deadline (each may be repeated: a put that landed
+ * before the loss is accepted again as this node's).
  *
  * Channel.  Collectives travel on a p2p channel hashed from the name, the
  * epoch and rank 0's node id, so no message of an earlier group of the same
@@ -27,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "dataplane/engine/engine.h"
 #include "gpu/memtype.h"
@@ -34,6 +40,7 @@
 #define BOOT_MAGIC     0xCF6B0071u
 #define BOOT_SLOTS     8        /* stale objects skipped per rank at most */
 #define BOOT_PROBE_MS  20       /* lookups after the deadline, to list who is missing */
+#define BOOT_RETRY_MS  10       /* pause before repeating a call the coordinator's loss cut off */
 
 struct boot_rec {
     uint32_t magic;
@@ -184,12 +191,26 @@ static int hold(struct cfx_group *g, const struct cfx_object_id *id)
     return CFX_OK;
 }
 
+/* Repeat a call that failed because the connection to the coordinator was
+ * lost (the client waits for its reconnection), until @p deadline. */
+static bool boot_retry(int rc, uint64_t deadline)
+{
+    if (rc != CFX_ERR_CONNECT || cfx__now_ns() >= deadline)
+        return false;
+    usleep(BOOT_RETRY_MS * 1000); /* a client that gave up fails at once: no spinning */
+    return true;
+}
+
 static bool node_alive(struct cfx_group *g, uint32_t node_id, uint64_t deadline)
 {
     struct cfx_node_rec rec;
+    int rc;
     if (node_id == g->ctx->node_id)
         return true;
-    if (cfx__ctl_node_get(g->ctx->ctl, node_id, &rec, deadline) != CFX_OK)
+    do
+        rc = cfx__ctl_node_get(g->ctx->ctl, node_id, &rec, deadline);
+    while (boot_retry(rc, deadline));
+    if (rc != CFX_OK)
         return false;
     return rec.alive != 0;
 }
@@ -199,8 +220,11 @@ static int boot_read(struct cfx_group *g, const struct cfx_object_id *id, uint64
                      struct boot_rec *rec)
 {
     struct cfx_ctl_source src;
-    memset(&src, 0, sizeof(src));
-    int rc = cfx__ctl_obj_lookup(g->ctx->ctl, id, NULL, 0, deadline, &src);
+    int rc;
+    do {
+        memset(&src, 0, sizeof(src));
+        rc = cfx__ctl_obj_lookup(g->ctx->ctl, id, NULL, 0, deadline, &src);
+    } while (boot_retry(rc, deadline));
     if (rc != CFX_OK)
         return rc;
     if (!src.is_inline || src.size != sizeof(*rec) || !src.data) {
@@ -226,7 +250,10 @@ static int boot_publish(struct cfx_group *g, uint64_t deadline)
     for (int slot = 0; slot < BOOT_SLOTS; slot++) {
         struct cfx_object_id id;
         boot_id(g, g->rank, slot, &id);
-        int rc = cfx__ctl_obj_put(ctl, &id, sizeof(me), sizeof(me), &me, deadline);
+        int rc;
+        do
+            rc = cfx__ctl_obj_put_durable(ctl, &id, sizeof(me), sizeof(me), &me, deadline);
+        while (boot_retry(rc, deadline));
         if (rc == CFX_ERR_INVALID || rc == CFX_ERR_EXISTS)
             continue; /* some other object: not ours to use */
         if (rc != CFX_OK)
@@ -312,7 +339,9 @@ static int boot_join(struct cfx_group *g)
         rc = cfx__err(CFX_ERR_TIMEOUT, "group %s: rank %d waited %d ms; %d rank(s) never "
                       "joined: %s", g->name, g->rank, g->timeout_ms, nmissing, missing);
     for (int q = 0; q < g->size && rc == CFX_OK; q++) {
-        rc = cfx__ctl_node_get(g->ctx->ctl, ids[q], &g->nodes[q], deadline);
+        do
+            rc = cfx__ctl_node_get(g->ctx->ctl, ids[q], &g->nodes[q], deadline);
+        while (boot_retry(rc, deadline));
         if (rc != CFX_OK)
             rc = cfx__err(rc, "group %s: no record of rank %d (node %u): %s", g->name, q,
                           ids[q], cfx_last_error());

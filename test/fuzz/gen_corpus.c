@@ -103,6 +103,8 @@ static void proto(void)
     m.u.put.has_data = 1;
     m.u.put.data = data;
     put("fuzz_proto", "put_inline", buf, enc(&m, buf, sizeof(buf)));
+    m.u.put.durable = 1;
+    put("fuzz_proto", "put_durable", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_OBJ_LOOKUP;

@@ -7,9 +7,18 @@
  * the coordinator), both nodes reconnect and keep their node ids, objects
  * put before the restart can be got after it (the nodes re-announced them),
  * and the durable state survived (node ids are not reused).
+ *
+ * Durable inline objects: served with the same bytes after kill -9 and a
+ * restart while plain ones are gone until their putter puts them again; a
+ * deleted one stays deleted through the next restart; corrupt records are
+ * refused with a logged error.  Group bootstrap: two ranks wait for a third
+ * while the coordinator is killed and restarted; the third joins afterwards
+ * and the group's allreduce is right.
  */
 #include <criterion/criterion.h>
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <conflux/conflux.h>
@@ -173,4 +182,309 @@ Test(coord_restart, kill_9_mid_transfer)
     free(big);
     free(med);
     free(small);
+}
+
+/* ---- durable inline objects ------------------------------------------------------ */
+
+static struct cfx_ctl *open_ctl(const char *name)
+{
+    struct cfx_node_rec self;
+    struct cfx_ctl *c = NULL;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "%s", name);
+    snprintf(self.host_id, sizeof(self.host_id), "test-host");
+    self.pid = (uint32_t)getpid();
+    struct cfx_ctl_params p = {
+        .coord = cc.addr,
+        .token = token,
+        .role = CFX_CTL_ROLE_NODE,
+        .self = &self,
+        .timeout_ms = 5000,
+    };
+    cr_assert_eq(cfx__ctl_open(&p, &c), CFX_OK, "%s", cfx_last_error());
+    return c;
+}
+
+/* kill -9 the coordinator and start it again on its port and state directory. */
+static void restart_coord(void)
+{
+    char port[16];
+    snprintf(port, sizeof(port), "%u", cc.port);
+    coord_child_kill(&cc, SIGKILL);
+    start_coord(port);
+}
+
+static void ctl_wait_reconnects(struct cfx_ctl *c, uint64_t n)
+{
+    uint64_t deadline = cfx__deadline_ns(15000);
+    while (cfx__ctl_reconnects(c) < n && cfx__now_ns() < deadline)
+        usleep(10 * 1000);
+    cr_assert_geq(cfx__ctl_reconnects(c), n, "node %u did not reconnect", cfx__ctl_node_id(c));
+}
+
+static void rec_path(const struct cfx_object_id *id, char *buf, size_t cap)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    cfx_object_id_to_hex(id, hex);
+    snprintf(buf, cap, "%s/obj.%s.rec", statedir, hex);
+}
+
+/* The coordinator serves @p id inline with @p size bytes of pattern @p seed. */
+static void expect_inline(struct cfx_ctl *c, const struct cfx_object_id *id, size_t size,
+                          uint32_t chunk, uint64_t seed)
+{
+    struct cfx_ctl_source src;
+    int rc = cfx__ctl_obj_lookup_now(c, id, NULL, 0, cfx__deadline_ns(5000), &src);
+    cr_assert_eq(rc, CFX_OK, "lookup: %s", cfx_last_error());
+    cr_assert_eq(src.is_inline, 1);
+    cr_assert_eq(src.size, size);
+    cr_assert_eq(src.chunk_size, chunk);
+    cr_assert(src.data || size == 0);
+    cr_assert_eq(cfx_test_check(src.data, size, seed), (size_t)-1, "bytes differ");
+    free(src.data);
+}
+
+static void expect_gone(struct cfx_ctl *c, const struct cfx_object_id *id)
+{
+    struct cfx_ctl_source src;
+    int rc = cfx__ctl_obj_lookup_now(c, id, NULL, 0, cfx__deadline_ns(5000), &src);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "object still served (%s)", cfx_errname(rc));
+}
+
+/* A record file the store accepts (framing and checksum right) with @p val. */
+static void write_record(const char *key, const void *val, uint32_t vlen)
+{
+    char path[320];
+    uint32_t klen = (uint32_t)strlen(key);
+    size_t total = 8 + 8 + 4 + 4 + klen + vlen + 8;
+    uint8_t *b = calloc(1, total);
+    uint64_t h = 0xcbf29ce484222325ull;
+    memcpy(b, "CFXSTAT1", 8);
+    b[8] = 1;                                   /* version 1 */
+    for (int i = 0; i < 4; i++) {
+        b[16 + i] = (uint8_t)(klen >> (8 * i));
+        b[20 + i] = (uint8_t)(vlen >> (8 * i));
+    }
+    memcpy(b + 24, key, klen);
+    memcpy(b + 24 + klen, val, vlen);
+    for (size_t i = 0; i < total - 8; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    for (int i = 0; i < 8; i++)
+        b[total - 8 + i] = (uint8_t)(h >> (8 * i));
+    snprintf(path, sizeof(path), "%s/%s.rec", statedir, key);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, b, total), (ssize_t)total);
+    close(fd);
+    free(b);
+}
+
+Test(coord_restart, durable_objects)
+{
+    struct cfx_ctl *a = open_ctl("putter"), *b = open_ctl("getter");
+    uint32_t ida = cfx__ctl_node_id(a);
+    uint8_t d[300], n[200], x[10], k[5000];
+    cfx_test_fill(d, sizeof(d), 11);
+    cfx_test_fill(n, sizeof(n), 12);
+    cfx_test_fill(x, sizeof(x), 13);
+    cfx_test_fill(k, sizeof(k), 14);
+    struct cfx_object_id xd, xn, xx, xk, xe, xbad, xbad2;
+    cfx_object_id_from_name("restart/durable", &xd);
+    cfx_object_id_from_name("restart/plain", &xn);
+    cfx_object_id_from_name("restart/deleted", &xx);
+    cfx_object_id_from_name("restart/kept", &xk);
+    cfx_object_id_from_name("restart/empty", &xe);
+    cfx_object_id_from_name("restart/bad", &xbad);
+    cfx_object_id_from_name("restart/bad2", &xbad2);
+    uint64_t dl = cfx__deadline_ns(5000);
+
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xd, sizeof(d), 128, d, dl), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(a, &xn, sizeof(n), 64, n, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xx, sizeof(x), 10, x, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xk, sizeof(k), 4096, k, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xe, 0, 0, NULL, dl), CFX_OK);
+    /* only inline objects can be durable; a second put by the putter is refused */
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xbad, 100, 100, NULL, dl), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xd, sizeof(d), 128, d, dl), CFX_ERR_EXISTS);
+    expect_inline(b, &xd, sizeof(d), 128, 11);
+    expect_inline(b, &xn, sizeof(n), 64, 12);
+
+    /* records exist for the durable ones only; a delete removes its record */
+    char path[320];
+    struct stat sb;
+    rec_path(&xd, path, sizeof(path));
+    cr_assert_eq(stat(path, &sb), 0, "no record %s", path);
+    rec_path(&xn, path, sizeof(path));
+    cr_assert_neq(stat(path, &sb), 0, "a plain object was recorded");
+    rec_path(&xx, path, sizeof(path));
+    cr_assert_eq(stat(path, &sb), 0);
+    cr_assert_eq(cfx__ctl_obj_delete(a, &xx, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(stat(path, &sb), 0, "the record of a deleted object is still there");
+
+    restart_coord();
+    ctl_wait_reconnects(a, 1);
+    ctl_wait_reconnects(b, 1);
+    cr_assert_eq(cfx__ctl_node_id(a), ida);
+
+    /* durable: same bytes, size and chunk size; plain and deleted: gone */
+    struct cfx_ctl *c = open_ctl("late");
+    expect_inline(c, &xd, sizeof(d), 128, 11);
+    expect_inline(c, &xk, sizeof(k), 4096, 14);
+    expect_inline(c, &xe, 0, 0, 0);
+    expect_gone(c, &xn);
+    expect_gone(c, &xx);
+    /* a plain object comes back when its putter announces it again */
+    cr_assert_eq(cfx__ctl_obj_put(a, &xn, sizeof(n), 64, n, cfx__deadline_ns(5000)), CFX_OK);
+    expect_inline(c, &xn, sizeof(n), 64, 12);
+
+    /* b's holding did not survive; a (the putter) may still withdraw its
+     * copy; the object goes with the last holder (c), and its record too */
+    dl = cfx__deadline_ns(5000);
+    cr_assert_eq(cfx__ctl_obj_delete(b, &xd, dl), CFX_ERR_NOT_FOUND);
+    cr_assert_eq(cfx__ctl_obj_delete(a, &xd, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_delete(a, &xd, dl), CFX_ERR_NOT_FOUND);
+    rec_path(&xd, path, sizeof(path));
+    cr_assert_eq(stat(path, &sb), 0, "the record went while c still holds the object");
+    expect_inline(b, &xd, sizeof(d), 128, 11);
+    cr_assert_eq(cfx__ctl_obj_delete(b, &xd, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_delete(c, &xd, dl), CFX_OK);
+    cr_assert_neq(stat(path, &sb), 0, "the record of a deleted object is still there");
+    expect_gone(c, &xd);
+
+    /* corrupt records: a flipped byte (checksum), and a well-framed record
+     * whose value is not a durable object (too short; size disagrees) */
+    cfx__ctl_close(c);
+    rec_path(&xe, path, sizeof(path));
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, "\xff", 1, 40), 1);
+    close(fd);
+    char hex[CFX_OBJECT_ID_HEX_LEN], key[64];
+    cfx_object_id_to_hex(&xbad, hex);
+    snprintf(key, sizeof(key), "obj.%s", hex);
+    write_record(key, "\x01short", 6);
+    uint8_t lie[1 + 20 + 4 + 8 + 4 + 3] = { 1 };
+    memcpy(lie + 1, xbad2.bytes, 20);
+    lie[1 + 20 + 4] = 200;                      /* says 200 bytes, holds 3 */
+    cfx_object_id_to_hex(&xbad2, hex);
+    snprintf(key, sizeof(key), "obj.%s", hex);
+    write_record(key, lie, sizeof(lie));
+
+    restart_coord();
+    ctl_wait_reconnects(a, 2);
+    c = open_ctl("late2");
+    expect_gone(c, &xd);
+    expect_gone(c, &xe);
+    expect_gone(c, &xbad);
+    expect_gone(c, &xbad2);
+    expect_inline(c, &xk, sizeof(k), 4096, 14);
+    cr_assert(cfx_test_file_contains(logpath, "is unreadable or corrupt"),
+              "no error logged for the corrupt record file");
+    cr_assert(cfx_test_file_contains(logpath, "is not a durable object"),
+              "no error logged for the bad durable record");
+    cr_assert_eq(kill(cc.pid, 0), 0, "the coordinator died");
+
+    cfx__ctl_close(c);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+/* ---- a group bootstraps across a coordinator restart ---------------------------- */
+
+struct rank_arg {
+    struct cfx_context *ctx;
+    int rank;
+    struct cfx_group *g;
+    int rc;
+    char err[256];
+};
+
+static void *rank_create(void *p)
+{
+    struct rank_arg *r = p;
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "survivors",
+        .rank = r->rank,
+        .size = 3,
+        .timeout_ms = 40000,
+    };
+    r->rc = cfx_group_create(r->ctx, &gp, &r->g);
+    if (r->rc != CFX_OK)
+        snprintf(r->err, sizeof(r->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void *rank_allreduce(void *p)
+{
+    struct rank_arg *r = p;
+    int32_t v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = (r->rank + 1) * (i + 1);
+    r->rc = cfx_group_allreduce(r->g, v, v, 4, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
+    if (r->rc == CFX_OK)
+        for (int i = 0; i < 4; i++)
+            if (v[i] != 6 * (i + 1))
+                r->rc = CFX_ERR_INVALID;
+    return NULL;
+}
+
+static void run_ranks(struct rank_arg *r, int n, void *(*fn)(void *))
+{
+    pthread_t t[3];
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, fn, &r[i]), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+Test(coord_restart, group_bootstrap_across_restart)
+{
+    struct rank_arg r[3];
+    pthread_t t[2];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 3; i++)
+        r[i].rank = i;
+    r[0].ctx = join();
+    r[1].ctx = join();
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, rank_create, &r[i]), 0);
+
+    /* wait until ranks 0 and 1 have published (their slot-0 objects exist) */
+    struct cfx_ctl *probe = open_ctl("probe");
+    for (int q = 0; q < 2; q++) {
+        char name[64];
+        struct cfx_object_id id;
+        struct cfx_ctl_source src;
+        snprintf(name, sizeof(name), "cfx.group/survivors/0/%d/0", q);
+        cfx_object_id_from_name(name, &id);
+        cr_assert_eq(cfx__ctl_obj_lookup(probe, &id, NULL, 0, cfx__deadline_ns(20000), &src),
+                     CFX_OK, "rank %d did not publish: %s", q, cfx_last_error());
+        free(src.data);
+    }
+    cfx__ctl_close(probe);
+
+    restart_coord();
+    wait_reconnected(r[0].ctx, 15000);
+    wait_reconnected(r[1].ctx, 15000);
+
+    /* the late rank finds the others through the durable objects */
+    r[2].ctx = join();
+    rank_create(&r[2]);
+    cr_assert_eq(r[2].rc, CFX_OK, "late rank: %s", r[2].err);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(r[i].rc, CFX_OK, "rank %d: %s", i, r[i].err);
+    }
+    run_ranks(r, 3, rank_allreduce);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(r[i].rc, CFX_OK, "allreduce on rank %d: %s", i, cfx_strerror(r[i].rc));
+    for (int i = 0; i < 3; i++) {
+        cfx_group_destroy(r[i].g);
+        cfx_context_destroy(r[i].ctx);
+    }
 }

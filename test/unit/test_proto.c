@@ -229,6 +229,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.put.size, b->u.put.size);
         cr_assert_eq(a->u.put.chunk_size, b->u.put.chunk_size);
         cr_assert_eq(a->u.put.has_data, b->u.put.has_data);
+        cr_assert_eq(a->u.put.durable, b->u.put.durable);
         if (a->u.put.has_data && a->u.put.size)
             cr_assert_arr_eq(a->u.put.data, b->u.put.data, a->u.put.size);
         break;
@@ -373,6 +374,18 @@ Test(proto, roundtrip_inline_limits)
     /* One byte over the limit cannot be encoded inline. */
     sample_msg(CFX_MSG_OBJ_PUT, &m);
     m.u.put.size = CFX_OBJECT_INLINE_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+
+    /* Durable: round trip, one flags byte; only inline objects can be durable. */
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    m.u.put.durable = 1;
+    len = encode_ok(&m);
+    cr_assert_eq(frame[CFX_PROTO_HDR_LEN + CFX_OBJECT_ID_LEN + 8 + 4],
+                 CFX_PROTO_PUT_INLINE | CFX_PROTO_PUT_DURABLE);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    assert_msg_eq(&m, &d);
+    m.u.put.has_data = 0;
+    m.u.put.data = NULL;
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
@@ -534,10 +547,21 @@ Test(proto, absurd_counts_and_lengths)
     memcpy(frame2, frame, len);
     put_u32(PL(frame2) + inl, 0xffffffffu);
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
-    /* has_data flag of 2 */
+    /* put flags: durable without inline data (2), unknown bits (4, 0x80) */
     memcpy(frame2, frame, len);
     PL(frame2)[inl - 1] = 2;
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[inl - 1] = CFX_PROTO_PUT_INLINE | 4;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[inl - 1] = CFX_PROTO_PUT_INLINE | CFX_PROTO_PUT_DURABLE | 0x80;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    PL(frame2)[inl - 1] = CFX_PROTO_PUT_INLINE | CFX_PROTO_PUT_DURABLE;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_OK);
+    cr_assert_eq(d.u.put.durable, 1);
+    cr_assert_eq(d.u.put.has_data, 1);
 
     /* Node record with a transport address longer than its field / too many addresses. */
     sample_msg(CFX_MSG_JOIN, &m);
