@@ -107,9 +107,11 @@ run_ctest "$build_dir"
 stage "sanitize"
 # Debug build with -fsanitize=address,undefined (UB aborts: no recovery);
 # leak checking on, so a rank program or tool that loses memory on any exit
-# path fails its test.  CUDA is left out: nothing of it runs here.
+# path fails its test.  CUDA is left out: nothing of it runs here.  Not
+# detect_stack_use_after_return: its fake stack frames break the 64-byte
+# alignment of AVX-512 spill slots at -O0 (the bf16 kernels fault in them).
 if [[ ${CFX_TEST_SANITIZE:-1} != 0 ]]; then
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     configure_and_build "${build_dir}-asan" -DCFX_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
         -DCFX_WITH_CUDA=OFF

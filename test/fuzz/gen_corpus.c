@@ -210,6 +210,48 @@ static void dp(void)
     put("fuzz_dp_msg", "credit", &c, sizeof(c));
     struct cfx_dp_hdr x = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_CANCEL, 17 };
     put("fuzz_dp_msg", "cancel", &x, sizeof(x));
+
+    /* object reduce: a task with two children, its report, a lost child
+     * and the driver's answer naming two streams in its place */
+    static struct cfx_dp_reduce_task t;
+    t.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_TASK, 0 };
+    t.task = 0x500000001ull;
+    memset(t.input, 0x11, sizeof(t.input));
+    memset(t.output, 0x22, sizeof(t.output));
+    t.size = 1u << 20;
+    t.chunk_size = 131072;
+    t.timeout_ms = 30000;
+    t.dtype = CFX_DTYPE_F32;
+    t.op = CFX_OP_SUM;
+    t.final = CFX_RTASK_REPAIR;
+    t.nchildren = 2;
+    for (unsigned c = 0; c < 2; c++) {
+        memset(t.child_obj[c], 0x30 + (int)c, CFX_OBJECT_ID_LEN);
+        t.child[c].node_id = 2 + c;
+        t.child[c].naddr = 1;
+        snprintf(t.child[c].host_id, sizeof(t.child[c].host_id), "host-%u", c);
+        snprintf(t.child[c].addr[0].tp, sizeof(t.child[c].addr[0].tp), "tcp");
+        t.child[c].addr[0].len = 6;
+    }
+    put("fuzz_dp_msg", "reduce_task", &t, sizeof(t));
+    struct cfx_dp_reduce_done d = {
+        .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_DONE, 0 },
+        .task = t.task, .status = CFX_OK, .node_id = 4,
+    };
+    put("fuzz_dp_msg", "reduce_done", &d, sizeof(d));
+    d.hdr.type = CFX_DP_REDUCE_LOST;
+    d.status = CFX_ERR_PEER_FAILED;
+    put("fuzz_dp_msg", "reduce_lost", &d, sizeof(d));
+    static struct cfx_dp_reduce_adopt ad;
+    ad.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ADOPT, 0 };
+    ad.task = t.task;
+    ad.n = 2;
+    for (unsigned c = 0; c < 2; c++) {
+        memset(ad.replaces[c], 0x31, CFX_OBJECT_ID_LEN);
+        memcpy(ad.child_obj[c], t.child_obj[c], CFX_OBJECT_ID_LEN);
+        ad.child[c] = t.child[c];
+    }
+    put("fuzz_dp_msg", "reduce_adopt", &ad, sizeof(ad));
 }
 
 static void tcp(void)
