@@ -225,13 +225,13 @@ static void dp(void)
     t.op = CFX_OP_SUM;
     t.final = CFX_RTASK_REPAIR;
     t.nchildren = 2;
-    for (unsigned c = 0; c < 2; c++) {
-        memset(t.child_obj[c], 0x30 + (int)c, CFX_OBJECT_ID_LEN);
-        t.child[c].node_id = 2 + c;
-        t.child[c].naddr = 1;
-        snprintf(t.child[c].host_id, sizeof(t.child[c].host_id), "host-%u", c);
-        snprintf(t.child[c].addr[0].tp, sizeof(t.child[c].addr[0].tp), "tcp");
-        t.child[c].addr[0].len = 6;
+    for (unsigned k = 0; k < 2; k++) {
+        memset(t.child_obj[k], 0x30 + (int)k, CFX_OBJECT_ID_LEN);
+        t.child[k].node_id = 2 + k;
+        t.child[k].naddr = 1;
+        snprintf(t.child[k].host_id, sizeof(t.child[k].host_id), "host-%u", k);
+        snprintf(t.child[k].addr[0].tp, sizeof(t.child[k].addr[0].tp), "tcp");
+        t.child[k].addr[0].len = 6;
     }
     put("fuzz_dp_msg", "reduce_task", &t, sizeof(t));
     struct cfx_dp_reduce_done d = {
@@ -246,10 +246,10 @@ static void dp(void)
     ad.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ADOPT, 0 };
     ad.task = t.task;
     ad.n = 2;
-    for (unsigned c = 0; c < 2; c++) {
-        memset(ad.replaces[c], 0x31, CFX_OBJECT_ID_LEN);
-        memcpy(ad.child_obj[c], t.child_obj[c], CFX_OBJECT_ID_LEN);
-        ad.child[c] = t.child[c];
+    for (unsigned k = 0; k < 2; k++) {
+        memset(ad.replaces[k], 0x31, CFX_OBJECT_ID_LEN);
+        memcpy(ad.child_obj[k], t.child_obj[k], CFX_OBJECT_ID_LEN);
+        ad.child[k] = t.child[k];
     }
     put("fuzz_dp_msg", "reduce_adopt", &ad, sizeof(ad));
 }
