@@ -205,20 +205,6 @@ static void dur_key(const struct cfx_object_id *id, char key[DUR_KEY_LEN + 1])
     snprintf(key, DUR_KEY_LEN + 1, "%s%s", COORD_OBJ_KEY_PREFIX, idhex(id, hex));
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* Write @p o's record (durably) and mark it durable. */
 static int dur_record(struct cfx_coord *co, struct coord_obj *o)
 {
@@ -230,9 +216,9 @@ static int dur_record(struct cfx_coord *co, struct coord_obj *o)
         return cfx__err(CFX_ERR_NOMEM, "no memory to record object %s", key);
     val[0] = DUR_FORMAT;
     memcpy(val + 1, o->id.bytes, CFX_OBJECT_ID_LEN);
-    put_le(val + 1 + CFX_OBJECT_ID_LEN, o->putter, 4);
-    put_le(val + 1 + CFX_OBJECT_ID_LEN + 4, o->size, 8);
-    put_le(val + 1 + CFX_OBJECT_ID_LEN + 12, o->chunk_size, 4);
+    cfx__coord_put_le(val + 1 + CFX_OBJECT_ID_LEN, o->putter, 4);
+    cfx__coord_put_le(val + 1 + CFX_OBJECT_ID_LEN + 4, o->size, 8);
+    cfx__coord_put_le(val + 1 + CFX_OBJECT_ID_LEN + 12, o->chunk_size, 4);
     if (o->size)
         memcpy(val + DUR_HDR_LEN, o->data, (size_t)o->size);
     int rc = cfx__coord_state_put(co, key, val, len, NULL);
@@ -271,9 +257,9 @@ static void dur_load_one(void *arg, const char *key, const void *val, size_t len
     }
     memcpy(id.bytes, p + 1, CFX_OBJECT_ID_LEN);
     dur_key(&id, want);
-    putter = (uint32_t)get_le(p + 1 + CFX_OBJECT_ID_LEN, 4);
-    size = get_le(p + 1 + CFX_OBJECT_ID_LEN + 4, 8);
-    chunk = (uint32_t)get_le(p + 1 + CFX_OBJECT_ID_LEN + 12, 4);
+    putter = (uint32_t)cfx__coord_get_le(p + 1 + CFX_OBJECT_ID_LEN, 4);
+    size = cfx__coord_get_le(p + 1 + CFX_OBJECT_ID_LEN + 4, 8);
+    chunk = (uint32_t)cfx__coord_get_le(p + 1 + CFX_OBJECT_ID_LEN + 12, 4);
     if (strcmp(key, want))
         why = "the key does not name the object's id";
     else if (size > CFX_OBJECT_INLINE_MAX || len != DUR_HDR_LEN + size)

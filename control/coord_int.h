@@ -184,6 +184,21 @@ void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const str
 void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
                           struct cfx_node_rec *out);
 
+/* Little-endian fields of state records: @p n bytes of @p v at @p p. */
+static inline void cfx__coord_put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t cfx__coord_get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
 /* coord_state.c: durable versioned records (see there).  Keys are 1..64 of
  * [A-Za-z0-9._-]; values up to COORD_STATE_VAL_MAX bytes.  Without a state
  * directory the records live in memory only. */

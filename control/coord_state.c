@@ -53,20 +53,6 @@ static uint64_t fnv1a(const uint8_t *p, size_t n)
     return h;
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 static int key_ok(const char *key)
 {
     size_t n = key ? strlen(key) : 0;
@@ -97,13 +83,13 @@ static int rec_parse(const char *name, const uint8_t *buf, size_t len, struct co
 {
     if (len < STATE_HDR_LEN + 8 || memcmp(buf, STATE_MAGIC, 8))
         return CFX_ERR_PROTO;
-    uint64_t version = get_le(buf + 8, 8);
-    uint32_t klen = (uint32_t)get_le(buf + 16, 4);
-    uint32_t vlen = (uint32_t)get_le(buf + 20, 4);
+    uint64_t version = cfx__coord_get_le(buf + 8, 8);
+    uint32_t klen = (uint32_t)cfx__coord_get_le(buf + 16, 4);
+    uint32_t vlen = (uint32_t)cfx__coord_get_le(buf + 20, 4);
     if (klen == 0 || klen > COORD_STATE_KEY_MAX || vlen > COORD_STATE_VAL_MAX ||
         (uint64_t)STATE_HDR_LEN + klen + vlen + 8 != len)
         return CFX_ERR_PROTO;
-    if (fnv1a(buf, len - 8) != get_le(buf + len - 8, 8))
+    if (fnv1a(buf, len - 8) != cfx__coord_get_le(buf + len - 8, 8))
         return CFX_ERR_PROTO;
     struct coord_record *r = calloc(1, sizeof(*r));
     if (!r)
@@ -254,13 +240,13 @@ static int rec_store(struct cfx_coord *co, const char *key, uint64_t version, co
     if (!buf)
         return cfx__err(CFX_ERR_NOMEM, "no memory to store state record %s", key);
     memcpy(buf, STATE_MAGIC, 8);
-    put_le(buf + 8, version, 8);
-    put_le(buf + 16, klen, 4);
-    put_le(buf + 20, len, 4);
+    cfx__coord_put_le(buf + 8, version, 8);
+    cfx__coord_put_le(buf + 16, klen, 4);
+    cfx__coord_put_le(buf + 20, len, 4);
     memcpy(buf + STATE_HDR_LEN, key, klen);
     if (len)
         memcpy(buf + STATE_HDR_LEN + klen, val, len);
-    put_le(buf + total - 8, fnv1a(buf, total - 8), 8);
+    cfx__coord_put_le(buf + total - 8, fnv1a(buf, total - 8), 8);
 
     snprintf(tmp, sizeof(tmp), "%s.tmp", key);
     snprintf(name, sizeof(name), "%s.rec", key);

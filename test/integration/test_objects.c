@@ -194,14 +194,21 @@ ParameterizedTestParameters(objects, reduce_spare)
  * else holds its input: the driver plans again without it, using a spare
  * input, and every survivor checks the result against the inputs the driver
  * reports. */
-ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
+/* 5 ranks of cfx_objtest MODE over @p p's transport and reduce shape, paced
+ * so that a death lands mid-reduce. */
+static void run_reduce_fault(const struct spare_case *p, const char *cfx_run_opts,
+                             const char *mode)
 {
     char env[128];
     snprintf(env, sizeof(env), "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072",
              p->shape);
-    int rc = run_with(env, 5, p->tp, "--allow-fail 1 --timeout 150", "reducespare 4194304");
-    cr_assert_eq(rc, 0, "reduce with a dead participant over %s (%s): cfx_run exited %d", p->tp,
-                 p->shape, rc);
+    int rc = run_with(env, 5, p->tp, cfx_run_opts, mode);
+    cr_assert_eq(rc, 0, "%s over %s (%s): cfx_run exited %d", mode, p->tp, p->shape, rc);
+}
+
+ParameterizedTest(struct spare_case *p, objects, reduce_spare, .timeout = 180)
+{
+    run_reduce_fault(p, "--allow-fail 1 --timeout 150", "reducespare 4194304");
 }
 
 ParameterizedTestParameters(objects, reduce_relay)
@@ -216,10 +223,5 @@ ParameterizedTestParameters(objects, reduce_relay)
  * survivor reads the exact sum. */
 ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
 {
-    char env[128];
-    snprintf(env, sizeof(env), "CFX_REDUCE_SHAPE=%s CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072",
-             p->shape);
-    int rc = run_with(env, 5, p->tp, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
-    cr_assert_eq(rc, 0, "reduce with a dead relay over %s (%s): cfx_run exited %d", p->tp,
-                 p->shape, rc);
+    run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
 }

@@ -139,6 +139,11 @@ Test(ps, rdmactl, .timeout = 120)
 /* The benchmark: throughput after rebalancing at least 2x the static one. */
 Test(ps, straggler_speedup, .timeout = 120)
 {
+#if defined(__SANITIZE_ADDRESS__)
+    /* a speed ratio says nothing in a sanitized Debug build; the release
+     * build's run of this test is the one that counts */
+    cr_skip_test("speed-up is measured in the release build, not under ASan");
+#endif
     char cmd[1024];
     snprintf(cmd, sizeof(cmd),
              "%s/cfx_run -n 6 --timeout 90 %s/cfx_ps_bench --json 2>&1 | "
