@@ -151,6 +151,9 @@ void cfx__coll_dtree(int n, int rank, int t, int *parent, int *child0, int *chil
 
 /* ---- messages ------------------------------------------------------------------ */
 
+static bool agree_broken(void *arg);
+static int agree_fail(struct coll_exec *x);
+
 static int msg_slot(struct coll_exec *x)
 {
     if (x->nmsgs == x->cap) {
@@ -175,6 +178,7 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
     struct coll_msg *m = &x->msgs[h];
     m->peer = peer;
     m->send = send;
+    m->hdr = false;
     m->req = NULL;
     int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt, &m->req)
                   : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt,
@@ -206,7 +210,10 @@ int cfx__coll_wait(struct coll_exec *x, int h)
         return CFX_OK;
     struct cfx_group *g = x->g;
     int dead;
-    int rc = cfx__p2p_wait_watch(m->req, x->deadline, g->ids, g->size, &dead);
+    int rc = cfx__p2p_wait_stop(m->req, x->deadline, g->ids, g->size, &dead,
+                                x->agree ? agree_broken : NULL, x);
+    if (rc == CFX_ERR_CANCELED && x->agree)
+        return agree_fail(x); /* the headers disagree: this message may never come */
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
         m->req = NULL;
@@ -254,13 +261,15 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
  * After a failure: receives still running are withdrawn at once; sends get
  * a short grace period first, so a peer that is about to take its message
  * (and find the failure itself, e.g. an argument mismatch) still gets it.
+ * When the headers showed a disagreement (@p hdr_only), every peer learns
+ * it from the headers: only those are worth the wait.
  */
-static void coll_cleanup(struct coll_exec *x)
+static void coll_cleanup(struct coll_exec *x, bool hdr_only)
 {
     uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
     for (int h = 0; h < x->nmsgs; h++) {
         struct coll_msg *m = &x->msgs[h];
-        if (m->req && m->send)
+        if (m->req && m->send && (m->hdr || !hdr_only))
             cfx__p2p_wait(m->req, grace);
     }
     for (int h = 0; h < x->nmsgs; h++) {
@@ -429,7 +438,199 @@ static int coll_agree(struct coll_exec *x)
                     g->rank, (int)me.lo_rank, t1, (int)me.hi_rank, t2);
 }
 
+/*
+ * Small groups exchange the headers all-to-all instead, posted with the
+ * data of the call rather than before it: every rank sends its header to
+ * every other rank (tag of the call, posted before any data message, so the
+ * two sides match them first) and compares all of them once they are in.
+ * No round trip is added to the call's critical path.  What the sequential
+ * exchange gave for free, this keeps by other means: a rank waiting for a
+ * message that a disagreeing peer will never send stops as soon as the
+ * headers show the disagreement (agree_broken, checked at every wake-up),
+ * and a size disagreement fails the data messages themselves.  Every rank
+ * fails with CFX_ERR_INVALID and the same explanation; data may have moved
+ * into the receive buffers by then (their content is undefined on error).
+ */
+#define AGREE_ALL_MAX 8         /* ranks up to which headers go all-to-all */
+
+struct coll_agree {
+    struct coll_hdr me;
+    struct coll_hdr *in;        /* [size]: each rank's header */
+    int *rh;                    /* [size]: receive handles, -1 for this rank */
+};
+
+/* Lock held: every header is in and two of them differ. */
+static bool agree_broken(void *arg)
+{
+    struct coll_exec *x = arg;
+    struct coll_agree *ag = x->agree;
+    bool differ = false;
+    for (int p = 0; p < x->g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        struct cfx_p2p_req *r = x->msgs[ag->rh[p]].req;
+        if (r && cfx__p2p_status_locked(r) != CFX_OK)
+            return false;
+        if (hdr_cmp(&ag->in[p], &ag->me))
+            differ = true;
+    }
+    return differ;
+}
+
+/* The disagreement, from the headers that are in (all of them, or enough to
+ * show it), as CFX_ERR_INVALID. */
+static int agree_text(struct coll_exec *x, const bool *have)
+{
+    struct coll_agree *ag = x->agree;
+    const struct coll_hdr *lo = &ag->me, *hi = &ag->me;
+    int lo_rank = x->g->rank, hi_rank = x->g->rank;
+    for (int p = 0; p < x->g->size; p++) {
+        if (!have[p])
+            continue;
+        if (ag->in[p].magic != COLL_HDR_MAGIC)
+            return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
+                            "from rank %d", x->what, x->a->seq, x->g->rank, p);
+        if (hdr_cmp(&ag->in[p], lo) < 0)
+            lo = &ag->in[p], lo_rank = p;
+        if (hdr_cmp(&ag->in[p], hi) > 0)
+            hi = &ag->in[p], hi_rank = p;
+    }
+    if (hdr_cmp(lo, hi) == 0)
+        return CFX_OK;
+    char t1[160], t2[160];
+    hdr_text(lo, t1, sizeof(t1));
+    hdr_text(hi, t2, sizeof(t2));
+    return cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                    "arguments: rank %d called %s, rank %d called %s", x->what, x->a->seq,
+                    x->g->rank, lo_rank, t1, hi_rank, t2);
+}
+
+/* Called when agree_broken() stopped a wait: every header is in. */
+static int agree_fail(struct coll_exec *x)
+{
+    bool have[AGREE_ALL_MAX];
+    for (int p = 0; p < x->g->size; p++)
+        have[p] = x->agree->rh[p] >= 0;
+    int rc = agree_text(x, have);
+    return rc != CFX_OK ? rc : cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the "
+                                        "ranks disagree on the arguments", x->what,
+                                        x->a->seq, x->g->rank);
+}
+
+static int agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    memset(ag, 0, sizeof(*ag));
+    memset(in, 0, (size_t)g->size * sizeof(*in));
+    ag->me.magic = COLL_HDR_MAGIC;
+    ag->me.seq = a->seq;
+    ag->me.kind = (uint8_t)a->kind;
+    ag->me.dtype = (uint8_t)a->dtype;
+    ag->me.op = (uint8_t)a->op;
+    ag->me.algo = (uint8_t)x->algo;
+    ag->me.root = a->root;
+    ag->me.count = a->count;
+    ag->in = in;
+    ag->rh = rh;
+    for (int p = 0; p < g->size; p++)
+        rh[p] = -1;
+    x->agree = ag;
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size, from = coll_mod(g->rank - d, g->size);
+        int h = post(x, to, true, &ag->me, sizeof(ag->me), CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        h = post(x, from, false, &in[from], sizeof(in[from]), CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        rh[from] = h;
+    }
+    return CFX_OK;
+}
+
+/* After the data: the headers decide.  @p rc is how the data went; a
+ * disagreement wins over it (it is the reason), anything else keeps it. */
+static int agree_finish(struct coll_exec *x, int rc)
+{
+    struct cfx_group *g = x->g;
+    struct coll_agree *ag = x->agree;
+    bool have[AGREE_ALL_MAX] = { false };
+    int hrc = CFX_OK;
+    uint64_t deadline = x->deadline;
+    /* the call failed already: the headers say whether a disagreement was
+     * the cause; they were posted first, so they are in or nearly in unless
+     * their rank is gone or elsewhere (bounded wait) */
+    if (rc != CFX_OK)
+        x->deadline = CFX_MIN(deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    for (int p = 0; p < g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        int wrc = cfx__coll_wait(x, ag->rh[p]);
+        if (wrc == CFX_ERR_INVALID) {
+            x->deadline = deadline;
+            return wrc; /* another size of header: another collective, or agree_fail */
+        }
+        if (wrc != CFX_OK) {
+            hrc = hrc != CFX_OK ? hrc : wrc;
+            continue;
+        }
+        have[p] = true;
+    }
+    x->deadline = deadline;
+    int arc = agree_text(x, have);
+    x->agree = NULL;
+    if (arc != CFX_OK)
+        return arc;
+    return rc != CFX_OK ? rc : hrc;
+}
+
 /* ---- dispatch ------------------------------------------------------------------- */
+
+static int run_schedule(struct coll_exec *x);
+
+/*
+ * Agreement, schedule and the wait for every message.  A barrier is the
+ * agreement exchange itself (all-to-all in small groups, a dissemination
+ * barrier in larger ones); small groups check the other calls alongside
+ * their data.  On failure the messages still posted are withdrawn.
+ */
+static int coll_exec_run(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    struct coll_agree ag;
+    struct coll_hdr in[AGREE_ALL_MAX];
+    int rh[AGREE_ALL_MAX];
+    bool alongside = (g->check || a->kind == COLL_BARRIER) && g->size > 1 &&
+                     g->size <= AGREE_ALL_MAX;
+    int rc = CFX_OK;
+
+    if (alongside)
+        rc = agree_post(x, &ag, in, rh);
+    else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
+        rc = coll_agree(x);
+    bool posted = rc == CFX_OK;
+    if (rc == CFX_OK)
+        rc = run_schedule(x);
+    if (rc == CFX_OK)
+        rc = cfx__coll_wait_all(x);
+    bool disagree = false;
+    if (alongside && posted) {
+        rc = agree_finish(x, rc);
+        disagree = rc == CFX_ERR_INVALID;
+    }
+    x->agree = NULL;
+    if (rc != CFX_OK) {
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", cfx_last_error());
+        coll_cleanup(x, disagree);
+        cfx__err(rc, "%s", keep);
+    }
+    return rc;
+}
 
 /* Bytes of one rank's vector that decide the schedule. */
 static size_t vector_bytes(const struct coll_args *a, size_t esz, int size)
@@ -679,23 +880,11 @@ static int coll_run_staged(struct coll_exec *x)
         x->a = &host_args;
         enum cfx_memtype mt = x->mt;
         x->mt = CFX_MEMTYPE_HOST;
-        if ((x->g->check || host_args.kind == COLL_BARRIER) && x->g->size > 1)
-            rc = coll_agree(x);
-        if (rc == CFX_OK)
-            rc = run_schedule(x);
-        if (rc == CFX_OK)
-            rc = cfx__coll_wait_all(x);
+        rc = coll_exec_run(x); /* withdraws what is posted before the copies go */
         x->mt = mt;
         if (rc == CFX_OK)
             rc = stage_out(x, &st);
         x->a = dev_args;
-    }
-    if (rc != CFX_OK) {
-        /* withdraw what is still posted before the host copies go */
-        char keep[512];
-        snprintf(keep, sizeof(keep), "%s", cfx_last_error());
-        coll_cleanup(x);
-        cfx__err(rc, "%s", keep);
     }
     cfx_buf_free(x->g->ctx, st.host);
     return rc;
@@ -736,20 +925,9 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
         free(x.msgs);
         return rc;
     }
-    /* a barrier is the agreement exchange itself (a dissemination barrier) */
-    if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
-        rc = coll_agree(&x);
-    if (rc == CFX_OK)
-        rc = run_schedule(&x);
-    if (rc == CFX_OK)
-        rc = cfx__coll_wait_all(&x);
-    if (rc != CFX_OK) {
+    rc = coll_exec_run(&x);
+    if (rc != CFX_OK)
         CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
-        char keep[512];
-        snprintf(keep, sizeof(keep), "%s", cfx_last_error());
-        coll_cleanup(&x);
-        cfx__err(rc, "%s", keep);
-    }
     free(x.msgs);
     return rc;
 }

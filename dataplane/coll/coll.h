@@ -113,6 +113,7 @@ struct coll_msg {
     struct cfx_p2p_req *req;    /* NULL once finished */
     int peer;                   /* rank */
     bool send;
+    bool hdr;                   /* an argument header (coll.c), not data */
 };
 
 /* Execution state of one collective on one rank. */
@@ -129,6 +130,7 @@ struct coll_exec {
     struct coll_msg *msgs;
     int nmsgs;
     int cap;
+    struct coll_agree *agree;   /* argument headers exchanged alongside the data */
 };
 
 /* ---- coll.c: messages of the running collective --------------------------- */

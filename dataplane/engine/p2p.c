@@ -232,16 +232,33 @@ static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes
     return -1;
 }
 
+int cfx__p2p_status_locked(const struct cfx_p2p_req *req)
+{
+    return p2p_status(req);
+}
+
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead)
 {
+    return cfx__p2p_wait_stop(req, deadline_ns, nodes, nnodes, dead, NULL, NULL);
+}
+
+int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
+                       int nnodes, int *dead, bool (*stop)(void *), void *arg)
+{
     struct cfx_context *ctx = req->ctx;
     int st, who = -1;
+    bool stopped = false;
     *dead = -1;
     pthread_mutex_lock(&ctx->lock);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
-           (who = watch_dead(ctx, nodes, nnodes)) < 0 && cfx__obj_wait(ctx, deadline_ns))
+           (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
+           cfx__obj_wait(ctx, deadline_ns))
         ;
+    if (st == CFX_ERR_AGAIN && stopped) {
+        pthread_mutex_unlock(&ctx->lock);
+        return CFX_ERR_CANCELED; /* the caller says why */
+    }
     if (st == CFX_ERR_AGAIN && who >= 0) {
         /* The news of a death can overtake what the node sent just before
          * it went (a rank that finished and exited): let bytes already on
