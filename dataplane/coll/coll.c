@@ -210,9 +210,10 @@ int cfx__coll_wait(struct coll_exec *x, int h)
         return CFX_OK;
     struct cfx_group *g = x->g;
     int dead;
+    bool stopped;
     int rc = cfx__p2p_wait_stop(m->req, x->deadline, g->ids, g->size, &dead,
-                                x->agree ? agree_broken : NULL, x);
-    if (rc == CFX_ERR_CANCELED && x->agree)
+                                x->agree ? agree_broken : NULL, x, &stopped);
+    if (stopped)
         return agree_fail(x); /* the headers disagree: this message may never come */
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
@@ -505,12 +506,24 @@ static int agree_text(struct coll_exec *x, const bool *have)
                     x->g->rank, lo_rank, t1, hi_rank, t2);
 }
 
-/* Called when agree_broken() stopped a wait: every header is in. */
+/* The headers whose receive completed (the lock taken here). */
+static void agree_have(struct coll_exec *x, bool *have)
+{
+    struct coll_agree *ag = x->agree;
+    pthread_mutex_lock(&x->g->ctx->lock);
+    for (int p = 0; p < x->g->size; p++) {
+        struct cfx_p2p_req *r = ag->rh[p] >= 0 ? x->msgs[ag->rh[p]].req : NULL;
+        /* a handle whose request is gone was waited for and completed */
+        have[p] = ag->rh[p] >= 0 && (!r || cfx__p2p_status_locked(r) == CFX_OK);
+    }
+    pthread_mutex_unlock(&x->g->ctx->lock);
+}
+
+/* Called when agree_broken() stopped a wait: the headers are in and differ. */
 static int agree_fail(struct coll_exec *x)
 {
     bool have[AGREE_ALL_MAX];
-    for (int p = 0; p < x->g->size; p++)
-        have[p] = x->agree->rh[p] >= 0;
+    agree_have(x, have);
     int rc = agree_text(x, have);
     return rc != CFX_OK ? rc : cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the "
                                         "ranks disagree on the arguments", x->what,

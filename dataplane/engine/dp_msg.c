@@ -67,7 +67,7 @@ int cfx__dp_msg_check(const void *buf, size_t len)
     }
     if (h.type == CFX_DP_REDUCE_ADOPT) {
         const struct cfx_dp_reduce_adopt *a = buf;
-        if (a->n == 0 || a->n > CFX_RTASK_MAX_CHILDREN)
+        if (a->n == 0 || a->n > CFX_RTASK_MAX_CHILDREN || a->last > 1)
             return CFX_ERR_PROTO;
         for (unsigned c = 0; c < a->n; c++)
             if (!dp_node_ok(&a->child[c]))

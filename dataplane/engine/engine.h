@@ -151,7 +151,8 @@ struct cfx_dp_reduce_adopt {
     struct cfx_dp_hdr hdr;
     uint64_t task;
     uint8_t n;                  /* 1..CFX_RTASK_MAX_CHILDREN entries */
-    uint8_t pad[7];
+    uint8_t last;               /* 1: the last message of this reroute (0 or 1) */
+    uint8_t pad[6];
     uint8_t replaces[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
     uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
     struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
@@ -188,7 +189,6 @@ struct cfx_obj {
     bool announced;             /* known to the directory */
     bool releasing;             /* being freed once uploads drain */
     bool ephemeral;             /* reduce intermediate: freed by its task */
-    bool delivered;             /* ephemeral: its reader has read all of it */
     uint32_t ready_chunks;      /* contiguous prefix received */
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
@@ -312,6 +312,7 @@ struct cfx_rchild {
     uint32_t ring;              /* slots in the scratch ring */
     uint32_t got;               /* chunks reduced so far (they arrive in order) */
     bool lost;                  /* its node died: stopped at chunk `got` */
+    bool adopting;              /* replacements being named (ADOPT without `last`) */
     bool adopted;               /* replaced by streams the driver named */
     struct cfx_node_rec node;
     struct cfx_object_id src;   /* object read from the child */

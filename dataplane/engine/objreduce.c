@@ -17,8 +17,9 @@
  * another node holding a copy.  The parent reads those from chunk g on
  * (chunks before g already hold the dead node's whole subtree), so no chunk
  * is reduced twice and nothing else restarts.  Intermediates are kept by
- * their tasks until their reader has read all of them, so an adopted stream
- * can be read again from any chunk.  A dead result holder (the root), or a
+ * their tasks until the driver ends the reduce (REDUCE_ABORT after the
+ * result, or the deadline), so an adopted stream can be read again from any
+ * chunk.  A dead result holder (the root), or a
  * dead input nobody else holds, makes the driver plan again from the start
  * with a spare input (first k of n) or fail: a spare cannot stand in for the
  * lost input in place, because chunks before g already hold that input.
@@ -261,9 +262,10 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
         rtask_complete(ctx, t);
 }
 
-/* Start reading child @p ch's object from chunk @p first. */
+/* Start reading child @p ch's object from chunk @p first; @p wait: the
+ * object may not exist yet (a task starting at the same time makes it). */
 static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_rchild *ch,
-                       uint32_t first)
+                       uint32_t first, bool wait)
 {
     struct cfx_obj *out = t->out;
     int status = CFX_OK;
@@ -304,7 +306,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
         .chunk_size = out->chunk_size,
         .first_chunk = first,
         .credits = ch->ring,
-        .flags = CFX_DP_GET_RING | CFX_DP_GET_WAIT,
+        .flags = CFX_DP_GET_RING | (wait ? CFX_DP_GET_WAIT : 0),
         .ring = ch->ring,
     };
     memcpy(req.id, ch->src.bytes, CFX_OBJECT_ID_LEN);
@@ -419,7 +421,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
             ch->in.status = CFX_ERR_CANCELED; /* not started */
             dp_to_rec(&m->child[c], &ch->node);
             memcpy(ch->src.bytes, m->child_obj[c], CFX_OBJECT_ID_LEN);
-            status = child_start(ctx, t, ch, 0);
+            status = child_start(ctx, t, ch, 0, true);
             if (status != CFX_OK) {
                 rtask_fail(ctx, t, status, ch->node.node_id);
                 return;
@@ -503,11 +505,8 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
                 cfx__xfer_get_cancel(ctx, lost->scratch);
         }
         uint32_t g = lost->got;
-        if (!lost->adopted) {
-            lost->adopted = true;
-            for (uint32_t c = g; c < out->nchunks; c++)
-                t->need[c]--;
-        }
+        if (!lost->adopted)
+            lost->adopting = true; /* its own share comes off with the last message */
         if (g >= out->nchunks)
             continue; /* it had delivered everything: nothing to replace */
         if (t->nchildren == CFX_RTASK_MAX_SLOTS) {
@@ -526,11 +525,23 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
         CFX_LOG(INFO, REDUCE, "node %u: reduce task %" PRIx64 ": reading node %u from chunk %u "
                 "in place of node %u", ctx->node_id, t->task, ch->node.node_id, g,
                 lost->node.node_id);
-        int status = child_start(ctx, t, ch, g);
+        int status = child_start(ctx, t, ch, g, false);
         if (status != CFX_OK) {
             rtask_fail(ctx, t, status, ch->node.node_id);
             return;
         }
+    }
+    if (!a->last)
+        return; /* more replacements to come: no chunk may count as whole yet */
+    for (uint32_t c = 0; c < t->nchildren; c++) {
+        struct cfx_rchild *lost = &t->child[c];
+        if (!lost->adopting)
+            continue;
+        lost->adopting = false;
+        lost->adopted = true;
+        for (uint32_t k = lost->got; k < out->nchunks; k++)
+            t->need[k]--;
+        from = CFX_MIN(from, lost->got);
     }
     rtask_recheck(ctx, t, from);
 }
@@ -591,9 +602,8 @@ int cfx__rtask_poll(struct cfx_context *ctx)
             if (now < t->deadline)
                 continue;
             rtask_fail(ctx, t, CFX_ERR_TIMEOUT, ctx->node_id);
-        } else if (t->out && t->out->ephemeral && !t->out->delivered && !t->aborted &&
-                   now < t->deadline) {
-            continue; /* an intermediate not yet read to the end: a parent may adopt it */
+        } else if (t->out && t->out->ephemeral && !t->aborted && now < t->deadline) {
+            continue; /* an intermediate: a parent may adopt it until the reduce ends */
         }
         bool running = false;
         for (uint32_t c = 0; c < t->nchildren; c++) {
@@ -711,9 +721,10 @@ void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd)
 /* Where input @p id can be read now: CFX_OK with its node, size and chunk
  * size; CFX_ERR_TIMEOUT when no live node holds it yet; another error. */
 static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
-                        const uint32_t *dead, unsigned ndead, struct cfx_node_rec *node,
-                        uint64_t *sz, uint32_t *cs)
+                        const uint32_t *dead, unsigned ndead, uint64_t deadline,
+                        struct cfx_node_rec *node, uint64_t *sz, uint32_t *cs)
 {
+    uint64_t step = CFX_MIN(deadline, cfx__deadline_ns(5000));
     pthread_mutex_lock(&ctx->lock);
     struct cfx_obj *o = cfx__store_find(&ctx->store, id);
     bool local = o && o->complete && !o->deleting;
@@ -727,7 +738,7 @@ static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
         return CFX_OK;
 
     struct cfx_ctl_source src;
-    int rc = cfx__ctl_obj_lookup_now(ctx->ctl, id, dead, ndead, cfx__deadline_ns(5000), &src);
+    int rc = cfx__ctl_obj_lookup_now(ctx->ctl, id, dead, ndead, step, &src);
     if (rc != CFX_OK)
         return rc;
     if (src.is_inline) {
@@ -735,7 +746,10 @@ static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
         free(src.data);
         void *buf;
         size_t bsz;
-        rc = cfx_get_alloc(ctx, id, &buf, &bsz, NULL);
+        int ms = cfx__ms_left(deadline);
+        struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                     .timeout_ms = ms < 1 ? 1 : ms };
+        rc = cfx_get_alloc(ctx, id, &buf, &bsz, &gp);
         if (rc != CFX_OK)
             return rc;
         pthread_mutex_lock(&ctx->lock);
@@ -747,7 +761,7 @@ static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
         return CFX_OK;
     }
     /* we only wanted to know where it is */
-    cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(5000));
+    cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, step);
     *sz = src.size;
     *cs = src.chunk_size;
     *node = src.node;
@@ -776,7 +790,7 @@ static int gather_inputs(struct cfx_context *ctx, const struct cfx_object_id *in
             struct cfx_node_rec node;
             uint64_t sz;
             uint32_t cs;
-            rc = locate_input(ctx, &inputs[i], dead, ndead, &node, &sz, &cs);
+            rc = locate_input(ctx, &inputs[i], dead, ndead, deadline, &node, &sz, &cs);
             if (rc == CFX_ERR_TIMEOUT)
                 continue;
             if (rc != CFX_OK)
@@ -878,7 +892,12 @@ static int replace_input(struct rplan *pl, size_t p, size_t parent, uint32_t who
     uint64_t sz;
     uint32_t cs;
     size_t idx = pl->pos[p].idx;
-    int rc = locate_input(pl->ctx, &pl->inputs[idx], pl->dead, pl->ndead, &node, &sz, &cs);
+    if (pl->npos == pl->cap)
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
+                        "this plan has replaced %zu positions already", pl->hex,
+                        pl->ctx->node_id, who, pl->npos - pl->k);
+    int rc = locate_input(pl->ctx, &pl->inputs[idx], pl->dead, pl->ndead, pl->deadline, &node,
+                          &sz, &cs);
     if (rc == CFX_ERR_TIMEOUT)
         return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
                         "holding input %zu and no other node holds it", pl->hex,
@@ -905,10 +924,12 @@ struct adopt_list {
  * of their inputs instead. */
 static int collect(struct rplan *pl, size_t p, size_t q, uint32_t who, struct adopt_list *al)
 {
-    pl->pos[p].dead = true;
+    /* not dead before it is replaced: a plan that fails here still lists
+     * it, so the caller leaves its input out of the next plan */
     int rc = replace_input(pl, p, q, who);
     if (rc != CFX_OK)
         return rc;
+    pl->pos[p].dead = true;
     al->pos[al->n++] = pl->npos - 1;
     for (size_t c = 0; c < pl->npos; c++) {
         if (pl->pos[c].parent != p || pl->pos[c].dead)
@@ -935,6 +956,7 @@ static int send_adopt(struct rplan *pl, size_t q, const struct adopt_list *al)
                                       .type = CFX_DP_REDUCE_ADOPT };
         m->task = pl->task;
         m->n = (uint8_t)CFX_MIN(al->n - i, (size_t)CFX_RTASK_MAX_CHILDREN);
+        m->last = i + m->n == al->n;
         for (unsigned e = 0; e < m->n; e++) {
             const struct rpos *c = &pl->pos[al->pos[i + e]];
             memcpy(m->replaces[e], al->replaces.bytes, CFX_OBJECT_ID_LEN);
@@ -1109,10 +1131,10 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
     *who = wait.node_id;
     cfx_list_del(&wait.link);
     pthread_mutex_unlock(&ctx->lock);
-    /* on failure stop every task of this plan (they would time out anyway);
-     * after a reroute, free intermediates no parent will read again */
-    if (st != CFX_OK || reroutes)
-        post_aborts(pl, st != CFX_OK);
+    /* end every task of this plan: on failure they stop (they would time
+     * out anyway); on success their intermediates, kept until now for a
+     * parent that might have adopted them, are freed */
+    post_aborts(pl, st != CFX_OK);
     if (reroutes) {
         pthread_mutex_lock(&ctx->lock);
         ctx->stats.reduce_reroutes += reroutes;

@@ -240,16 +240,18 @@ int cfx__p2p_status_locked(const struct cfx_p2p_req *req)
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead)
 {
-    return cfx__p2p_wait_stop(req, deadline_ns, nodes, nnodes, dead, NULL, NULL);
+    return cfx__p2p_wait_stop(req, deadline_ns, nodes, nnodes, dead, NULL, NULL, NULL);
 }
 
 int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
-                       int nnodes, int *dead, bool (*stop)(void *), void *arg)
+                       int nnodes, int *dead, bool (*stop)(void *), void *arg, bool *was_stopped)
 {
     struct cfx_context *ctx = req->ctx;
     int st, who = -1;
     bool stopped = false;
     *dead = -1;
+    if (was_stopped)
+        *was_stopped = false;
     pthread_mutex_lock(&ctx->lock);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
@@ -257,6 +259,8 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
         ;
     if (st == CFX_ERR_AGAIN && stopped) {
         pthread_mutex_unlock(&ctx->lock);
+        if (was_stopped)
+            *was_stopped = true;
         return CFX_ERR_CANCELED; /* the caller says why */
     }
     if (st == CFX_ERR_AGAIN && who >= 0) {

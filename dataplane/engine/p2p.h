@@ -53,12 +53,14 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead);
 
-/* As cfx__p2p_wait_watch(), and also give up with CFX_ERR_CANCELED (error
- * text left to the caller) as soon as @p stop returns true; it is called
- * with the context lock held on every wake-up, so it may only look at
- * requests (cfx__p2p_status_locked) and memory they completed into. */
+/* As cfx__p2p_wait_watch(), and also give up with CFX_ERR_CANCELED and
+ * *@p was_stopped set (error text left to the caller) as soon as @p stop
+ * returns true (a request that itself ends CANCELED leaves it false); @p
+ * stop is called with the context lock held on every wake-up, so it may
+ * only look at requests (cfx__p2p_status_locked) and memory they completed
+ * into. */
 int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
-                       int nnodes, int *dead, bool (*stop)(void *), void *arg);
+                       int nnodes, int *dead, bool (*stop)(void *), void *arg, bool *was_stopped);
 
 /* Status of @p req (CFX_ERR_AGAIN while running); the context lock held. */
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req);

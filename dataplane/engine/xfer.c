@@ -254,11 +254,9 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
         obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
-        /* a reduce intermediate has one reader, its parent: once that has
-         * read all of it, its task frees it; if the reader died, the task
-         * keeps it for a parent that adopts the stream (objreduce.c) */
-        if (obj->ephemeral && obj->complete && finished)
-            obj->delivered = true;
+        /* a reduce intermediate is freed by its task, when the driver says
+         * the reduce is over: a parent may adopt it after its reader died
+         * (objreduce.c) */
         if (obj->releasing)
             cfx__obj_release(ctx, obj);
     }

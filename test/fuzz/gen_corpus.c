@@ -246,6 +246,7 @@ static void dp(void)
     ad.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ADOPT, 0 };
     ad.task = t.task;
     ad.n = 2;
+    ad.last = 1;
     for (unsigned k = 0; k < 2; k++) {
         memset(ad.replaces[k], 0x31, CFX_OBJECT_ID_LEN);
         memcpy(ad.child_obj[k], t.child_obj[k], CFX_OBJECT_ID_LEN);

@@ -43,6 +43,7 @@ static struct cfx_dp_reduce_adopt adopt(unsigned n)
     a.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ADOPT, 0 };
     a.task = 7;
     a.n = (uint8_t)n;
+    a.last = 1;
     for (unsigned i = 0; i < n && i < CFX_RTASK_MAX_CHILDREN; i++)
         node(&a.child[i], 10 + i);
     return a;
@@ -89,6 +90,9 @@ Test(dp_msg, adopt_names_one_to_seven_well_formed_streams)
     cr_assert_eq(cfx__dp_msg_check(&a, sizeof(a)), CFX_ERR_PROTO, "no entries");
     a = adopt(CFX_RTASK_MAX_CHILDREN + 1);
     cr_assert_eq(cfx__dp_msg_check(&a, sizeof(a)), CFX_ERR_PROTO, "too many entries");
+    a = adopt(2);
+    a.last = 2;
+    cr_assert_eq(cfx__dp_msg_check(&a, sizeof(a)), CFX_ERR_PROTO, "last is 0 or 1");
     a = adopt(2);
     a.child[1].node_id = 0;
     cr_assert_eq(cfx__dp_msg_check(&a, sizeof(a)), CFX_ERR_PROTO, "node 0");
