@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "util.h"
 
@@ -38,10 +39,14 @@ const char *cfx_last_error(void)
 
 int cfx__err(int status, const char *fmt, ...)
 {
+    /* formatted aside first: an argument may be cfx_last_error() itself
+     * (an error that wraps the one before it) */
+    char buf[sizeof(last_error)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
+    memcpy(last_error, buf, sizeof(buf));
     return status;
 }
 
