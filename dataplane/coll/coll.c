@@ -626,7 +626,7 @@ static int coll_exec_run(struct coll_exec *x)
     else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
         rc = coll_agree(x);
     bool posted = rc == CFX_OK;
-    if (rc == CFX_OK)
+    if (rc == CFX_OK && (a->kind == COLL_BARRIER || a->count > 0))
         rc = run_schedule(x);
     if (rc == CFX_OK)
         rc = cfx__coll_wait_all(x);
@@ -925,13 +925,16 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
                                                                         : CFX_ALGO_AUTO;
     x.algo = cfx__coll_choose(g, a->kind, vector_bytes(a, x.esz, g->size), forced);
 
-    /* nothing to move: no messages at all (a barrier always talks) */
-    if (a->kind != COLL_BARRIER && a->count == 0)
+    /* nothing to move: only the argument check talks, so that a rank
+     * passing 0 where the others pass more fails like any disagreement
+     * (a barrier always talks) */
+    bool empty = a->kind != COLL_BARRIER && a->count == 0;
+    if (empty && (!g->check || g->size == 1))
         return CFX_OK;
     if (g->size == 1 && a->kind == COLL_BARRIER)
         return CFX_OK;
 
-    if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER) {
+    if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER && !empty) {
         rc = coll_run_staged(&x); /* device buffers: through host copies */
         if (rc != CFX_OK)
             CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());

@@ -350,6 +350,8 @@ struct cfx_rwait {
     size_t nnodes;
     uint32_t lost[16];          /* repairable: nodes reported lost, for the driver */
     unsigned nlost;
+    const uint32_t *tasks;      /* nodes running tasks of the plan: who may report */
+    size_t ntasks;
 };
 
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);

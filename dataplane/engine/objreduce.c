@@ -79,6 +79,22 @@ static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uin
     }
 }
 
+/* Whether @p conn's node runs a task of the reduce @p task drives here. */
+static bool rwait_from_task(struct cfx_context *ctx, uint64_t task, const struct cfx_conn *conn)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rwaits) {
+        struct cfx_rwait *w = cfx_list_entry(pos, struct cfx_rwait, link);
+        if (w->task != task)
+            continue;
+        for (size_t i = 0; i < w->ntasks; i++)
+            if (w->tasks[i] == conn->node_id)
+                return true;
+        return false;
+    }
+    return true; /* over already: rwait_lost finds nothing to do */
+}
+
 /* A task of @p task lost its stream from @p node: the driver routes around it. */
 static void rwait_lost(struct cfx_context *ctx, uint64_t task, uint32_t node)
 {
@@ -557,7 +573,11 @@ void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         rtask_adopt(ctx, conn, msg);
     } else if (h->type == CFX_DP_REDUCE_LOST) {
         const struct cfx_dp_reduce_done *d = msg;
-        rwait_lost(ctx, d->task, d->node_id);
+        if (rwait_from_task(ctx, d->task, conn))
+            rwait_lost(ctx, d->task, d->node_id);
+        else
+            CFX_LOG(WARN, REDUCE, "node %u: a loss report for reduce %" PRIx64 " from %s, "
+                    "which runs none of its tasks: ignored", ctx->node_id, d->task, conn->name);
     } else {
         const struct cfx_dp_reduce_done *d = msg;
         rwait_finish(ctx, d->task, d->status < 0 && d->status > CFX_STATUS_LAST ? d->status
@@ -1061,8 +1081,15 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
     /* only the death of the result's node ends this plan at once; any other
      * is routed around when a task reports the stream it lost */
     uint32_t root_node = pl->pos[root].node.node_id;
+    uint32_t *tasks = calloc(k, sizeof(*tasks));
+    size_t ntasks = 0;
+    if (!tasks)
+        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+    for (size_t p = 0; p < k; p++)
+        if (pl->pos[p].task)
+            tasks[ntasks++] = pl->pos[p].node.node_id;
     struct cfx_rwait wait = { .task = pl->task, .status = CFX_ERR_AGAIN, .nodes = &root_node,
-                              .nnodes = 1 };
+                              .nnodes = 1, .tasks = tasks, .ntasks = ntasks };
     pthread_mutex_lock(&ctx->lock);
     cfx_list_add_tail(&wait.link, &ctx->rwaits);
     pthread_mutex_unlock(&ctx->lock);
@@ -1131,6 +1158,7 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
     *who = wait.node_id;
     cfx_list_del(&wait.link);
     pthread_mutex_unlock(&ctx->lock);
+    free(tasks);
     /* end every task of this plan: on failure they stop (they would time
      * out anyway); on success their intermediates, kept until now for a
      * parent that might have adopted them, are freed */

@@ -9,7 +9,8 @@
  *                  algorithm), then every algorithm forced on a few
  *                  combinations, in place and out of place
  *   big BYTES      float sum allreduce, broadcast and reduce of BYTES
- *   mismatch       count / dtype / op / root disagreements -> CFX_ERR_INVALID
+ *   mismatch       count (0 included) / dtype / op / root disagreements ->
+ *                  CFX_ERR_INVALID
  *                  on every rank, and the group still works afterwards
  *   nb             non-blocking forms, several in flight, mixed with blocking
  *   late MS        the last rank enters broadcast / allreduce MS late
@@ -401,6 +402,9 @@ static void mode_mismatch(void)
     want_invalid(rc, "reduce, op mismatch");
     rc = cfx_group_broadcast(grp, f, 16, CFX_DTYPE_F32, odd ? 1 : 0, &p);
     want_invalid(rc, "broadcast, root mismatch");
+    /* one rank has nothing to add: still a disagreement, not a hang */
+    rc = cfx_group_allreduce(grp, f, f, odd ? 0 : 8, CFX_DTYPE_F32, CFX_OP_SUM, &p);
+    want_invalid(rc, "allreduce, count 0 on one rank");
     /* one rank calls another collective */
     rc = odd ? cfx_group_barrier(grp, &p)
              : cfx_group_allreduce(grp, f, f, 4, CFX_DTYPE_F32, CFX_OP_SUM, &p);
