@@ -143,16 +143,21 @@ void cfx__rtask_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     }
 }
 
-static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
+/* Tell the driver: DONE (the result, or a failure) or LOST (a child's node). */
+static void report(struct cfx_context *ctx, struct cfx_rtask *t, uint8_t type, int status,
+                   uint32_t node)
 {
     if (t->driver_lost)
         return; /* the driver is gone; it learns from its own side */
     if (!t->driver) {
-        rwait_finish(ctx, t->task, status, node);
+        if (type == CFX_DP_REDUCE_DONE)
+            rwait_finish(ctx, t->task, status, node);
+        else
+            rwait_lost(ctx, t->task, node);
         return;
     }
     struct cfx_dp_reduce_done d = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_REDUCE_DONE },
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = type },
         .task = t->task,
         .status = status,
         .node_id = node,
@@ -160,21 +165,16 @@ static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, 
     cfx__conn_send(t->driver, &d, sizeof(d));
 }
 
+static void send_done(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
+{
+    report(ctx, t, CFX_DP_REDUCE_DONE, status, node);
+}
+
 /* ---- node side ------------------------------------------------------------ */
 
 static void report_lost(struct cfx_context *ctx, struct cfx_rtask *t, uint32_t node)
 {
-    if (!t->driver) {
-        rwait_lost(ctx, t->task, node);
-        return;
-    }
-    struct cfx_dp_reduce_done d = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_REDUCE_LOST },
-        .task = t->task,
-        .status = CFX_ERR_PEER_FAILED,
-        .node_id = node,
-    };
-    cfx__conn_send(t->driver, &d, sizeof(d));
+    report(ctx, t, CFX_DP_REDUCE_LOST, CFX_ERR_PEER_FAILED, node);
 }
 
 static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status, uint32_t node)
