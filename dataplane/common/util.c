@@ -113,3 +113,17 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
     freeaddrinfo(res);
     return CFX_OK;
 }
+
+bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        pthread_cond_wait(cond, mu);
+        return true;
+    }
+    if (cfx__now_ns() >= deadline)
+        return false;
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+    pthread_cond_timedwait(cond, mu, &ts);
+    return true;
+}

@@ -2,6 +2,8 @@
 #ifndef CFX_COMMON_UTIL_H
 #define CFX_COMMON_UTIL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -47,6 +49,12 @@ static inline int cfx__ms_left(uint64_t deadline)
     uint64_t ms = (deadline - now + 999999ull) / 1000000ull;
     return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
+
+/* Wait on @p cond (created with CLOCK_MONOTONIC; @p mu held) until it is
+ * signalled or @p deadline (UINT64_MAX: none) passes.  Returns false,
+ * without waiting, once the deadline has passed; true after a wake-up or a
+ * timeout, so callers loop: while (!done && cfx__cond_wait_until(...)). */
+bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline);
 
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())

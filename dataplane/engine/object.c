@@ -412,11 +412,9 @@ again:
         uint64_t seq = ctx->cmd_seq_done;
         cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
         uint64_t until = cfx__deadline_ns(RELEASE_WAIT_MS);
-        while (ctx->cmd_seq_done == seq && cfx__now_ns() < until) {
-            struct timespec ts = { .tv_sec = (time_t)(until / 1000000000ull),
-                                   .tv_nsec = (long)(until % 1000000000ull) };
-            pthread_cond_timedwait(&ctx->cmd_done, &ctx->lock, &ts);
-        }
+        while (ctx->cmd_seq_done == seq &&
+               cfx__cond_wait_until(&ctx->cmd_done, &ctx->lock, until))
+            ;
         pthread_mutex_unlock(&ctx->lock);
         if (src.node.node_id)
             cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));

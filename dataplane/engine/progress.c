@@ -47,16 +47,7 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
 
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
 {
-    if (deadline == UINT64_MAX) {
-        pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
-        return true;
-    }
-    if (cfx__now_ns() >= deadline)
-        return false;
-    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                           .tv_nsec = (long)(deadline % 1000000000ull) };
-    pthread_cond_timedwait(&ctx->obj_cond, &ctx->lock, &ts);
-    return true;
+    return cfx__cond_wait_until(&ctx->obj_cond, &ctx->lock, deadline);
 }
 
 static int run_cmds(struct cfx_context *ctx)

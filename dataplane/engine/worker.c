@@ -127,17 +127,8 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     struct cfx_context *ctx = req->ctx;
     uint64_t deadline = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ctx->lock);
-    while (req->status == CFX_ERR_AGAIN) {
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&req->cond, &ctx->lock);
-            continue;
-        }
-        if (cfx__now_ns() >= deadline)
-            break;
-        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                               .tv_nsec = (long)(deadline % 1000000000ull) };
-        pthread_cond_timedwait(&req->cond, &ctx->lock, &ts);
-    }
+    while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&req->cond, &ctx->lock, deadline))
+        ;
     int st = req->status;
     pthread_mutex_unlock(&ctx->lock);
     if (st == CFX_ERR_AGAIN)

@@ -295,11 +295,8 @@ static int wait_listed(struct cfx_ps *ps)
 {
     uint64_t dl = cfx__deadline_ns(ps->timeout_ms);
     pthread_mutex_lock(&ps->lock);
-    while (!listed(ps) && cfx__now_ns() < dl) {
-        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
-                               .tv_nsec = (long)(dl % 1000000000ull) };
-        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
-    }
+    while (!listed(ps) && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+        ;
     bool ok = listed(ps);
     uint32_t v = ps->map.version;
     pthread_mutex_unlock(&ps->lock);
@@ -442,17 +439,8 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_serve: not a server handle");
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
-    while (!ps->finished) {
-        if (dl == UINT64_MAX) {
-            pthread_cond_wait(&ps->cond, &ps->lock);
-            continue;
-        }
-        if (cfx__now_ns() >= dl)
-            break;
-        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
-                               .tv_nsec = (long)(dl % 1000000000ull) };
-        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
-    }
+    while (!ps->finished && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+        ;
     bool fin = ps->finished;
     pthread_mutex_unlock(&ps->lock);
     return fin ? CFX_OK

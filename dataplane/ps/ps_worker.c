@@ -635,17 +635,8 @@ int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms)
     struct cfx_ps *ps = req->ps;
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
-    while (req->status == CFX_ERR_AGAIN) {
-        if (dl == UINT64_MAX) {
-            pthread_cond_wait(&ps->cond, &ps->lock);
-            continue;
-        }
-        if (cfx__now_ns() >= dl)
-            break;
-        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
-                               .tv_nsec = (long)(dl % 1000000000ull) };
-        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
-    }
+    while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+        ;
     int st = req->status;
     pthread_mutex_unlock(&ps->lock);
     if (st == CFX_ERR_AGAIN)
@@ -708,13 +699,9 @@ int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *out)
 static bool wait_map(struct cfx_ps *ps, uint64_t dl, bool (*pred)(struct cfx_ps *, const void *),
                      const void *arg)
 {
-    while (!pred(ps, arg)) {
-        if (cfx__now_ns() >= dl)
+    while (!pred(ps, arg))
+        if (!cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
             return false;
-        struct timespec ts = { .tv_sec = (time_t)(dl / 1000000000ull),
-                               .tv_nsec = (long)(dl % 1000000000ull) };
-        pthread_cond_timedwait(&ps->cond, &ps->lock, &ts);
-    }
     return true;
 }
 
