@@ -308,6 +308,12 @@ static int run_worker(struct cfx_context *ctx, int w)
                     get(out[t], tdt[t], i), init_v(i));
         free(init);
     }
+    /* nobody pushes before every worker has checked the initial values
+     * (a fast worker's first push would otherwise show in a slow one's
+     * first pull) */
+    signal_obj(ctx, "registered", w);
+    for (int o = 0; o < W; o++)
+        wait_obj(ctx, "registered", o, 60000);
     struct replay rep = { 0 };
     bool replaying = OPT == CFX_PS_OPT_MOMENTUM || OPT == CFX_PS_OPT_ADAM;
     if (replaying) {
