@@ -74,12 +74,18 @@ static const struct cfx_memtype_ops host_ops = {
 
 /* ---- the table ---------------------------------------------------------------- */
 
-static const struct cfx_memtype_ops *const memtypes[CFX_MEMTYPE_LAST] = {
+static const struct cfx_memtype_ops *memtypes[CFX_MEMTYPE_LAST] = {
     [CFX_MEMTYPE_HOST] = &host_ops,
 #ifdef CFX_HAVE_CUDA
     [CFX_MEMTYPE_CUDA] = &cfx__memtype_cuda_ops,
 #endif
 };
+
+void cfx__memtype_replace(const struct cfx_memtype_ops *ops)
+{
+    if (ops && (unsigned)ops->type < CFX_MEMTYPE_LAST && ops->type != CFX_MEMTYPE_HOST)
+        memtypes[ops->type] = ops;
+}
 
 const struct cfx_memtype_ops *cfx__memtype_ops(enum cfx_memtype type)
 {
@@ -224,6 +230,30 @@ int cfx__memtype_alloc(enum cfx_memtype type, size_t len, void **out)
     return ops->alloc(len, out);
 }
 
+int cfx__memtype_stream_create(enum cfx_memtype type, void **out)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    int rc;
+
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "stream creation: NULL result");
+    *out = NULL;
+    if (type == CFX_MEMTYPE_HOST)
+        return CFX_OK;
+    rc = memtype_get(type, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    return ops->stream_create ? ops->stream_create(out) : CFX_OK;
+}
+
+void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream)
+{
+    const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);
+
+    if (stream && ops && ops->stream_destroy)
+        ops->stream_destroy(stream);
+}
+
 void cfx__memtype_free(enum cfx_memtype type, void *ptr)
 {
     const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);
@@ -247,9 +277,9 @@ int cfx__memtype_reduce3(enum cfx_memtype dt, void *dst, const void *a, const vo
 
 int cfx__gpu_describe(char *buf, size_t len)
 {
-#ifdef CFX_HAVE_CUDA
-    return cfx__cuda_describe(buf, len);
-#else
+    const struct cfx_memtype_ops *ops = memtypes[CFX_MEMTYPE_CUDA];
+
+    if (ops && ops->describe)
+        return ops->describe(buf, len);
     return buf && len ? snprintf(buf, len, "absent (built without CUDA)") : 0;
-#endif
 }

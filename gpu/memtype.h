@@ -52,11 +52,28 @@ struct cfx_memtype_ops {
      * caller's own) is done; NULL: the type's default stream (for CUDA the
      * legacy stream 0).  NULL entry: nothing is ever queued (host). */
     int (*sync)(void *stream);
+
+    /* A stream of this type of its own, for work that must not queue behind
+     * the application's on the default stream (for CUDA a non-blocking
+     * stream); stream_destroy() waits for the work queued on it.  NULL
+     * entries: the type queues nothing (host). */
+    int (*stream_create)(void **out);
+    void (*stream_destroy)(void *stream); /* NULL stream is a no-op */
+
+    /* The device line of cfx__gpu_describe(); NULL for host. */
+    int (*describe)(char *buf, size_t len);
 };
 
 #ifdef CFX_HAVE_CUDA
 extern const struct cfx_memtype_ops cfx__memtype_cuda_ops; /* gpu/cuda/ */
 #endif
+
+/*
+ * Put @p ops in the slot of its type, for the whole process (gpu/sim.c puts
+ * the simulated device in the CUDA slot this way).  Test processes only,
+ * before any other thread touches memory types: nothing guards the table.
+ */
+void cfx__memtype_replace(const struct cfx_memtype_ops *ops);
 
 /* The entry of @p type, or NULL when this build has none (CUDA without
  * CUDA) or @p type is out of range. */
@@ -130,6 +147,14 @@ int cfx__memtype_reduce3(enum cfx_memtype dt, void *dst, const void *a, const vo
  * @return the length of the full line (as snprintf).
  */
 int cfx__gpu_describe(char *buf, size_t len);
+
+/*
+ * A stream of @p type of its own (see stream_create above); *out is NULL for
+ * host, whose work never queues.  CFX_ERR_UNSUPPORTED when @p type is not
+ * built in; CFX_ERR_NO_DEVICE; a device error's status.
+ */
+int cfx__memtype_stream_create(enum cfx_memtype type, void **out);
+void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream); /* NULL ok */
 
 /* Allocate / free @p len bytes of @p type through its entry (tools, tests).
  * CFX_ERR_UNSUPPORTED when the type is not built in; CFX_ERR_NOMEM. */

@@ -168,20 +168,73 @@ static int msg_slot(struct coll_exec *x)
     return x->nmsgs++;
 }
 
+/*
+ * A message of device data travels as a host copy in an arena buffer (the
+ * bounce): a send copies its bytes out on x->stream and waits for them (the
+ * copy is ordered after the kernels that made them), a receive lands in the
+ * bounce and is copied to the device when it is waited for.
+ */
+static void bounce_free(struct coll_exec *x, void *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&x->g->ctx->lock);
+    cfx__arena_free(x->g->ctx, b);
+    pthread_mutex_unlock(&x->g->ctx->lock);
+}
+
+static int bounce_out(struct coll_exec *x, const void *dev, size_t len, void **out)
+{
+    int fd;
+    uint64_t off;
+    int rc = cfx__arena_alloc(x->g->ctx, len, out, &fd, &off);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no host memory of %zu bytes to stage "
+                        "device data", x->what, x->a->seq, x->g->rank, len);
+    if (!dev)
+        return CFX_OK;
+    rc = cfx__memcpy_typed_async(*out, CFX_MEMTYPE_HOST, dev, x->mt, len, x->stream);
+    if (rc == CFX_OK)
+        rc = cfx__memtype_sync(x->mt, x->stream);
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        bounce_free(x, *out);
+        *out = NULL;
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes from the device: %s",
+                        x->what, x->a->seq, x->g->rank, len, why);
+    }
+    return CFX_OK;
+}
+
 static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
                 enum cfx_memtype mt)
 {
     struct cfx_group *g = x->g;
+    void *bounce = NULL;
+    if (mt != CFX_MEMTYPE_HOST && len) {
+        int rc = bounce_out(x, send ? buf : NULL, len, &bounce);
+        if (rc != CFX_OK)
+            return rc;
+    }
     int h = msg_slot(x);
-    if (h < 0)
+    if (h < 0) {
+        bounce_free(x, bounce);
         return h;
+    }
     struct coll_msg *m = &x->msgs[h];
     m->peer = peer;
     m->send = send;
     m->hdr = false;
     m->req = NULL;
-    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt, &m->req)
-                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan, x->tag, buf, len, mt,
+    m->bounce = bounce;
+    m->dev = bounce && !send ? buf : NULL;
+    m->len = len;
+    void *wire = bounce ? bounce : buf;
+    if (bounce)
+        mt = CFX_MEMTYPE_HOST;
+    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan, x->tag, wire, len, mt, &m->req)
+                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan, x->tag, wire, len, mt,
                                    &m->req);
     if (rc != CFX_OK) {
         char why[256];
@@ -191,6 +244,59 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
                         x->a->seq, g->rank, send ? "send to" : "receive from", peer, why);
     }
     return h;
+}
+
+/* Wait for the device copies queued so far and free the bounces they read. */
+static int held_drain(struct coll_exec *x)
+{
+    int rc = x->nheld ? cfx__memtype_sync(x->mt, x->stream) : CFX_OK;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", rc != CFX_OK ? cfx_last_error() : "");
+    for (int i = 0; i < x->nheld; i++)
+        bounce_free(x, x->held[i]);
+    x->nheld = 0;
+    x->held_bytes = 0;
+    if (rc != CFX_OK) {
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: device copies failed: %s", x->what,
+                        x->a->seq, x->g->rank, why);
+    }
+    return CFX_OK;
+}
+
+/* A message of device data is done: a receive's bytes go on to the device
+ * (queued; its bounce is kept until a sync says the copy ran), a send's
+ * bounce is free at once. */
+static int bounce_done(struct coll_exec *x, struct coll_msg *m)
+{
+    void *b = m->bounce;
+    m->bounce = NULL;
+    if (m->send) {
+        bounce_free(x, b);
+        return CFX_OK;
+    }
+    int rc = cfx__memcpy_typed_async(m->dev, x->mt, b, CFX_MEMTYPE_HOST, m->len, x->stream);
+    if (rc != CFX_OK) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        cfx__memtype_sync(x->mt, x->stream); /* nothing of ours may still read b */
+        bounce_free(x, b);
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes to the device: %s",
+                        x->what, x->a->seq, x->g->rank, m->len, why);
+    }
+    if (x->nheld == x->held_cap) {
+        int cap = x->held_cap ? 2 * x->held_cap : 16;
+        void **n = realloc(x->held, (size_t)cap * sizeof(*n));
+        if (!n) {
+            cfx__memtype_sync(x->mt, x->stream); /* the copy from b has run */
+            bounce_free(x, b);
+            return held_drain(x);
+        }
+        x->held = n;
+        x->held_cap = cap;
+    }
+    x->held[x->nheld++] = b;
+    x->held_bytes += m->len;
+    return x->held_bytes >= COLL_BOUNCE_HELD ? held_drain(x) : CFX_OK;
 }
 
 int cfx__coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
@@ -218,7 +324,7 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
         m->req = NULL;
-        return CFX_OK;
+        return m->bounce ? bounce_done(x, m) : CFX_OK;
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
     if (dead >= 0)
@@ -274,20 +380,50 @@ static void coll_cleanup(struct coll_exec *x, bool hdr_only)
             cfx__p2p_wait(m->req, grace);
     }
     for (int h = 0; h < x->nmsgs; h++) {
-        if (x->msgs[h].req)
-            cfx__p2p_free(x->msgs[h].req);
-        x->msgs[h].req = NULL;
+        struct coll_msg *m = &x->msgs[h];
+        if (m->req)
+            cfx__p2p_free(m->req);
+        m->req = NULL;
+        /* withdrawn: no transfer touches the bounce, and no device copy
+         * was queued from it (that happens only when a receive is done) */
+        bounce_free(x, m->bounce);
+        m->bounce = NULL;
     }
     x->nmsgs = 0;
 }
 
 /* ---- scratch, copies and reductions ------------------------------------------ */
 
+/* Device scratch for calls on device buffers, kept by the group. */
+static int dev_scratch(struct coll_exec *x, size_t len, void **out)
+{
+    struct cfx_group *g = x->g;
+    if (g->dscratch_len < len) {
+        /* a kernel of this call may still read the old one */
+        int rc = cfx__memtype_sync(x->mt, x->stream);
+        if (rc != CFX_OK)
+            return rc;
+        cfx__memtype_free(x->mt, g->dscratch);
+        g->dscratch = NULL;
+        g->dscratch_len = 0;
+        size_t want = CFX_MAX(len, (size_t)1 << 20);
+        rc = cfx__memtype_alloc(x->mt, want, &g->dscratch);
+        if (rc != CFX_OK)
+            return cfx__err(rc, "%s #%" PRIu32 ": no device scratch memory of %zu bytes: %s",
+                            x->what, x->a->seq, want, cfx_last_error());
+        g->dscratch_len = want;
+    }
+    *out = g->dscratch;
+    return CFX_OK;
+}
+
 int cfx__coll_scratch(struct coll_exec *x, size_t len, void **out)
 {
     struct cfx_group *g = x->g;
     if (len == 0)
         len = 1;
+    if (x->mt != CFX_MEMTYPE_HOST)
+        return dev_scratch(x, len, out);
     if (g->scratch_len < len) {
         /* arena memory: registered once and mapped by shm peers, so
          * messages into and out of it take the fewest copies */
@@ -313,16 +449,20 @@ int cfx__coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len)
         memmove(dst, src, len);
         return CFX_OK;
     }
-    return cfx__memcpy_typed(dst, x->mt, src, x->mt, len);
+    return cfx__memcpy_typed_async(dst, x->mt, src, x->mt, len, x->stream);
 }
 
 int cfx__coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n)
 {
+    if (x->mt != CFX_MEMTYPE_HOST)
+        return cfx__memtype_reduce3(x->mt, dst, dst, src, n, x->a->dtype, x->a->op, x->stream);
     return cfx_reduce(dst, src, n, x->a->dtype, x->a->op);
 }
 
 int cfx__coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n)
 {
+    if (x->mt != CFX_MEMTYPE_HOST)
+        return cfx__memtype_reduce3(x->mt, dst, a, b, n, x->a->dtype, x->a->op, x->stream);
     return cfx_reduce3(dst, a, b, n, x->a->dtype, x->a->op);
 }
 
@@ -755,152 +895,51 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
     return CFX_OK;
 }
 
-/* ---- device buffers: staged through host memory ------------------------------
+/* ---- device buffers ------------------------------------------------------------
  *
- * A collective on device memory runs the host schedule, unchanged, on host
- * copies (docs/COLLECTIVES.md, docs/GPU.md): the bytes this rank reads are
- * copied from the device into one arena buffer (registered once, mapped by
- * shm peers), the schedule runs there with x->mt = host, and the bytes it
- * writes are copied back.  The wire carries host bytes, so ranks may mix
- * device and host buffers in one call.  Copies go on the caller's stream
- * (CFX_COLL_PARAM_STREAM; else the legacy default stream, which orders them
- * after the caller's work there) and the call returns with the result in
- * device memory.
+ * A collective on device memory runs the same schedule with x->mt = the
+ * device type: scratch is device memory of the group's, copies and
+ * reductions are queued on one stream (the caller's, CFX_COLL_PARAM_STREAM;
+ * else the group's own, after the caller's work on the default stream is
+ * done), and every message crosses the wire as a host copy (post(),
+ * bounce_done()): a send's bytes come off the device when it is posted
+ * (ordered after the kernels that made them), a receive's go on to it when
+ * it is waited for (ordered before the kernels that read them).  Pipelined
+ * schedules so stage segment i+1 while segment i is on the wire, and reduce
+ * with the device kernels where the data lives.  The call returns with the
+ * result in place (the stream synchronized).  The wire carries host bytes,
+ * so ranks may mix device and host buffers in one call.
  */
-struct coll_stage {
-    const char *dev_s;  /* device bytes this rank reads ... */
-    size_t slen;        /* ... (0: none) */
-    char *dev_r;        /* device bytes this rank writes ... */
-    size_t rlen;        /* ... (0: none) */
-    void *host;         /* arena buffer holding the host copies */
-    char *host_s;       /* the host copies of dev_s / dev_r (NULL when unused) */
-    char *host_r;
-    void *stream;       /* the caller's stream, or NULL */
-};
-
-/* Bytes of the send and receive buffers that this rank reads and writes. */
-static void stage_ranges(const struct coll_exec *x, size_t *slen, size_t *rlen)
+static int coll_run_dev(struct coll_exec *x)
 {
+    struct cfx_group *g = x->g;
     const struct coll_args *a = x->a;
-    const size_t b = a->count * x->esz, all = b * (size_t)x->g->size;
-    const bool root = x->g->rank == a->root;
-    switch (a->kind) {
-    case COLL_ALLREDUCE: *slen = b; *rlen = b; break;
-    case COLL_BROADCAST: *slen = root ? b : 0; *rlen = root ? 0 : b; break;
-    case COLL_REDUCE: *slen = b; *rlen = root ? b : 0; break;
-    case COLL_ALLGATHER: *slen = b; *rlen = all; break;
-    case COLL_REDUCE_SCATTER: *slen = all; *rlen = b; break;
-    case COLL_GATHER: *slen = b; *rlen = root ? all : 0; break;
-    case COLL_SCATTER: *slen = root ? all : 0; *rlen = b; break;
-    case COLL_ALLTOALL: *slen = all; *rlen = all; break;
-    default: *slen = *rlen = 0; break;
-    }
-}
-
-/* Whether address @p p lies in [base, base + len). */
-static bool stage_within(uintptr_t p, uintptr_t base, size_t len)
-{
-    return base && p >= base && p - base < len;
-}
-
-/*
- * Give the host copies the same layout as the device buffers, so that the
- * schedules' in-place tests (send == receive, or the rank's block of the
- * other) hold on the copies: overlapping ranges share one host region; a
- * buffer this rank does not use keeps its place when it lies in the other
- * (broadcast's one buffer), else is NULL.  Then copy the bytes read in.
- */
-static int stage_in(struct coll_exec *x, struct coll_stage *st)
-{
-    const struct coll_args *a = x->a;
-    const uintptr_t s = (uintptr_t)a->sbuf, r = (uintptr_t)a->rbuf;
-    size_t total, soff = 0, roff = 0;
-    bool shared;
-    int rc;
-
-    stage_ranges(x, &st->slen, &st->rlen);
-    st->dev_s = a->sbuf;
-    st->dev_r = a->rbuf;
-    if (st->slen && st->rlen)
-        shared = s < r + st->rlen && r < s + st->slen;
-    else
-        shared = st->slen ? stage_within(r, s, st->slen) : stage_within(s, r, st->rlen);
-    if (shared) {
-        uintptr_t lo = CFX_MIN(s, r);
-        uintptr_t hi = CFX_MAX(s + st->slen, r + st->rlen);
-        total = hi - lo;
-        soff = s - lo;
-        roff = r - lo;
-    } else {
-        soff = 0;
-        roff = (st->slen + 63) & ~(size_t)63;
-        total = roff + st->rlen;
-    }
-    rc = cfx_buf_alloc(x->g->ctx, total ? total : 1, &st->host);
-    if (rc != CFX_OK)
-        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no host memory of %zu bytes to stage "
-                        "device buffers", x->what, a->seq, x->g->rank, total);
-    st->host_s = st->slen || shared ? (char *)st->host + soff : NULL;
-    st->host_r = st->rlen || shared ? (char *)st->host + roff : NULL;
-    if (!st->slen)
-        return CFX_OK;
-    rc = cfx__memcpy_typed_async(st->host_s, CFX_MEMTYPE_HOST, st->dev_s, x->mt, st->slen,
-                                 st->stream);
-    if (rc == CFX_OK && st->stream)
-        rc = cfx__memtype_sync(x->mt, st->stream);
-    if (rc != CFX_OK) {
-        char why[256];
-        snprintf(why, sizeof(why), "%s", cfx_last_error());
-        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes from the device: %s",
-                        x->what, a->seq, x->g->rank, st->slen, why);
-    }
-    return CFX_OK;
-}
-
-/* Copy the bytes written back to the device; the result is in place on
- * return (the caller's stream, or the legacy stream, is synchronized). */
-static int stage_out(struct coll_exec *x, struct coll_stage *st)
-{
     int rc = CFX_OK;
-    if (st->rlen)
-        rc = cfx__memcpy_typed_async(st->dev_r, x->mt, st->host_r, CFX_MEMTYPE_HOST, st->rlen,
-                                     st->stream);
-    if (rc == CFX_OK && st->rlen)
-        rc = cfx__memtype_sync(x->mt, st->stream);
-    if (rc != CFX_OK) {
-        char why[256];
-        snprintf(why, sizeof(why), "%s", cfx_last_error());
-        return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes to the device: %s",
-                        x->what, x->a->seq, x->g->rank, st->rlen, why);
-    }
-    return CFX_OK;
-}
 
-/* Run a collective on device buffers through host copies (above). */
-static int coll_run_staged(struct coll_exec *x)
-{
-    struct coll_args host_args = *x->a; /* the same call on the host copies */
-    const struct coll_args *dev_args = x->a;
-    struct coll_stage st = {
-        .stream = (dev_args->params.field_mask & CFX_COLL_PARAM_STREAM)
-                      ? dev_args->params.stream : NULL,
-    };
-    int rc = stage_in(x, &st);
-    if (rc == CFX_OK) {
-        host_args.sbuf = st.host_s;
-        host_args.rbuf = st.host_r;
-        host_args.params.memtype = CFX_MEMTYPE_HOST;
-        x->a = &host_args;
-        enum cfx_memtype mt = x->mt;
-        x->mt = CFX_MEMTYPE_HOST;
-        rc = coll_exec_run(x); /* withdraws what is posted before the copies go */
-        x->mt = mt;
-        if (rc == CFX_OK)
-            rc = stage_out(x, &st);
-        x->a = dev_args;
+    if (a->params.field_mask & CFX_COLL_PARAM_STREAM && a->params.stream) {
+        x->stream = a->params.stream;
+    } else {
+        /* ours does not wait for the default stream by itself */
+        rc = cfx__memtype_sync(x->mt, NULL);
+        if (rc == CFX_OK && !g->dstream)
+            rc = cfx__memtype_stream_create(x->mt, &g->dstream);
+        if (rc != CFX_OK)
+            return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no device stream: %s", x->what,
+                            a->seq, g->rank, cfx_last_error());
+        x->stream = g->dstream;
     }
-    cfx_buf_free(x->g->ctx, st.host);
-    return rc;
+    rc = coll_exec_run(x);
+    /* the result in place and every bounce free, failed or not */
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", rc != CFX_OK ? cfx_last_error() : "");
+    int drc = held_drain(x);
+    if (drc == CFX_OK)
+        drc = cfx__memtype_sync(x->mt, x->stream);
+    free(x->held);
+    x->held = NULL;
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s", keep);
+    return drc;
 }
 
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
@@ -935,7 +974,7 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
         return CFX_OK;
 
     if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER && !empty) {
-        rc = coll_run_staged(&x); /* device buffers: through host copies */
+        rc = coll_run_dev(&x); /* device buffers */
         if (rc != CFX_OK)
             CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
         free(x.msgs);

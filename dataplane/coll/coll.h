@@ -44,6 +44,7 @@
 #define COLL_SEG_MIN      (4u * 1024)
 #define COLL_WINDOW       4             /* receives posted ahead in pipelines */
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
+#define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: received bounces kept before a sync */
 
 enum coll_kind {
     COLL_BARRIER = 1,
@@ -97,6 +98,9 @@ struct cfx_group {
     /* scratch memory of the running collective (one runs at a time) */
     void *scratch;
     size_t scratch_len;
+    void *dscratch;             /* device scratch of calls on device buffers */
+    size_t dscratch_len;
+    void *dstream;              /* device stream of calls that pass none; made on first use */
 
     /* call ordering */
     pthread_mutex_t lock;
@@ -114,6 +118,9 @@ struct coll_msg {
     int peer;                   /* rank */
     bool send;
     bool hdr;                   /* an argument header (coll.c), not data */
+    void *bounce;               /* device data: the host copy on the wire (arena), or NULL */
+    void *dev;                  /* a receive's device destination of the bounce */
+    size_t len;
 };
 
 /* Execution state of one collective on one rank. */
@@ -131,6 +138,12 @@ struct coll_exec {
     int nmsgs;
     int cap;
     struct coll_agree *agree;   /* argument headers exchanged alongside the data */
+
+    /* device buffers (mt != host, coll.c "device buffers") */
+    void *stream;               /* where the device work goes: the caller's or the group's */
+    void **held;                /* received bounces whose copy to the device may still run */
+    int nheld, held_cap;
+    size_t held_bytes;
 };
 
 /* ---- coll.c: messages of the running collective --------------------------- */
@@ -146,11 +159,14 @@ int cfx__coll_wait_all(struct coll_exec *x);
 /* Send and receive at once, then wait for both. */
 int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t slen, int from,
                   void *rbuf, size_t rlen);
-/* Scratch memory of at least @p len bytes, valid until the collective ends. */
+/* Scratch memory of at least @p len bytes, of the collective's memory type,
+ * valid until the collective ends. */
 int cfx__coll_scratch(struct coll_exec *x, size_t len, void **out);
-/* Copy between buffers of the collective's memory type. */
+/* Copy between buffers of the collective's memory type (device: queued on
+ * x->stream, ordered with the messages and reductions around it). */
 int cfx__coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len);
-/* dst = dst op src / dst = a op b over @p n elements of the call's dtype. */
+/* dst = dst op src / dst = a op b over @p n elements of the call's dtype
+ * (device: the device kernels, queued on x->stream). */
 int cfx__coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n);
 int cfx__coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n);
 /* Pipeline segment size in elements for messages of @p bytes (>= 1). */

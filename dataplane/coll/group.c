@@ -560,6 +560,8 @@ void cfx_group_destroy(struct cfx_group *g)
         cfx__ctl_obj_delete(g->ctx->ctl, &g->held[i], dl);
     free(g->held);
     cfx_buf_free(g->ctx, g->scratch);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g->ids);

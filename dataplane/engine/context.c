@@ -390,6 +390,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
         }
     }
     transports_close(ctx);
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, ctx->dev_stream);
     cfx__arena_destroy(ctx);
     pthread_cond_destroy(&ctx->cmd_done);
     pthread_cond_destroy(&ctx->obj_cond);

@@ -190,6 +190,7 @@ struct cfx_obj {
     bool releasing;             /* being freed once uploads drain */
     bool ephemeral;             /* reduce intermediate: freed by its task */
     uint32_t ready_chunks;      /* contiguous prefix received */
+    bool watched;               /* its getter handles the prefix as it grows: wake it */
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
     struct cfx_xfer_in *in;     /* active incoming transfer, if any */
@@ -465,6 +466,8 @@ struct cfx_context {
 
     struct cfx_store store;
     struct cfx_arena arena;
+    void *dev_stream;           /* device stream of the staging path (gpu_stage.c), made on
+                                   first use under lock; NULL until then */
     struct cfx_list conns;
     uint64_t conn_gen;          /* bumped whenever a connection is destroyed */
     struct cfx_list busy_uploads;
@@ -512,6 +515,27 @@ struct cfx_context {
  * thread; stop joins that thread (call before cfx__ctl_close). */
 void cfx__reannounce_on_reconnected(void *arg);
 void cfx__reannounce_stop(struct cfx_context *ctx);
+
+/*
+ * Progress of a get, told on the getting thread as the object's contiguous
+ * prefix grows (gpu_stage.c copies each part to the device while the rest
+ * is still on the wire).
+ */
+struct cfx__get_watch {
+    /* bytes [0, @p upto) of @p buf are final; called without the context
+     * lock, with @p upto growing; a non-OK return stops the calls */
+    int (*landed)(void *arg, const void *buf, size_t upto);
+    void *arg;
+    size_t upto; /* the last upto told (start 0) */
+    int rc;      /* first failure of landed(), else CFX_OK */
+};
+
+/* cfx_get_alloc() that tells @p w of the bytes as they land from a remote
+ * source; an object held here or inline arrives whole, untold: the caller
+ * finishes from w->upto. */
+int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *id,
+                           void **buf_out, size_t *size_out, const struct cfx_obj_params *params,
+                           struct cfx__get_watch *w);
 
 /* progress.c */
 int cfx__progress_start(struct cfx_context *ctx);

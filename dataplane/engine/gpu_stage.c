@@ -8,13 +8,17 @@
  *      The put is a snapshot: the device buffer may change after it returns
  *      (stronger than the host put's "unchanged until delete").
  * get: the object comes into an arena buffer as a host get would (and is
- *      served from there to later getters, as any got object), then is
- *      copied to the caller's device buffer.
+ *      served from there to later getters, as any got object); each part
+ *      is copied on to the caller's device buffer as soon as the contiguous
+ *      prefix that holds it has landed, so the copy of chunk i runs while
+ *      chunk i+1 is on the wire and only the last part is copied after the
+ *      transfer.
  *
- * Device copies use a private non-blocking stream (gpu/cuda/cuda_stage.c),
- * so they do not serialize with the application's work on stream 0.
- * GPUDirect RDMA (verbs_gdr.c) is the zero-copy path for verbs; the engine
- * does not route device objects to it yet (see docs/GPU.md).
+ * Device copies go through the memory-type table (gpu/memtype.h) on the
+ * context's own device stream, so they do not serialize with the
+ * application's work on the default stream.  GPUDirect RDMA (verbs_gdr.c)
+ * is the zero-copy path for verbs; the engine does not route device
+ * objects to it yet (see docs/GPU.md).
  */
 #include "gpu_stage.h"
 
@@ -23,11 +27,7 @@
 #include <string.h>
 
 #include "gpu/memtype.h"
-#ifdef CFX_HAVE_CUDA
-#include "gpu/cuda/cfx_cuda.h"
-#endif
 
-#ifdef CFX_HAVE_CUDA
 /* Params of the host-memory call that carries a device request. */
 static struct cfx_obj_params host_params(const struct cfx_obj_params *params)
 {
@@ -42,20 +42,43 @@ static struct cfx_obj_params host_params(const struct cfx_obj_params *params)
     return p;
 }
 
+/* The context's device stream, made on first use. */
+static int dev_stream(struct cfx_context *ctx, void **out)
+{
+    int rc = CFX_OK;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (!ctx->dev_stream)
+        rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &ctx->dev_stream);
+    *out = ctx->dev_stream;
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
+/* Copy between host and device on @p stream and wait for it. */
+static int dev_copy(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                    size_t len, void *stream)
+{
+    int rc = cfx__memcpy_typed_async(dst, dt, src, st, len, stream);
+    return rc == CFX_OK ? cfx__memtype_sync(CFX_MEMTYPE_CUDA, stream) : rc;
+}
+
 int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *dev,
                        size_t size, const struct cfx_obj_params *params)
 {
     struct cfx_obj_params hp = host_params(params);
-    void *host = NULL;
+    void *host = NULL, *stream = NULL;
     bool owned = false;
     int rc;
 
     if (!size) /* nothing to stage */
         return cfx_put(ctx, id, dev, 0, &hp);
+    if ((rc = dev_stream(ctx, &stream)) != CFX_OK)
+        return rc;
     rc = cfx_buf_alloc(ctx, size, &host);
     if (rc != CFX_OK)
         return rc;
-    rc = cfx__cuda_stage_d2h(host, dev, size);
+    rc = dev_copy(host, CFX_MEMTYPE_HOST, dev, CFX_MEMTYPE_CUDA, size, stream);
     if (rc != CFX_OK) {
         cfx_buf_free(ctx, host);
         return cfx__err(rc, "cfx_put of device memory on node %u: %s", ctx->node_id,
@@ -75,23 +98,54 @@ int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, 
     return rc;
 }
 
+/* A get into device memory in progress. */
+struct stage_get {
+    char *dev;       /* the caller's device buffer */
+    size_t capacity; /* its size */
+    size_t done;     /* bytes copied to it so far */
+    void *stream;    /* the context's device stream */
+};
+
+/* Copy what landed since the last call on to the device (told by the get,
+ * on this thread; the rest of the object keeps arriving meanwhile). */
+static int stage_landed(void *arg, const void *buf, size_t upto)
+{
+    struct stage_get *sg = arg;
+
+    if (upto > sg->capacity)
+        return CFX_ERR_TRUNCATED; /* said by the caller, who knows the size */
+    int rc = dev_copy(sg->dev + sg->done, CFX_MEMTYPE_CUDA, (const char *)buf + sg->done,
+                      CFX_MEMTYPE_HOST, upto - sg->done, sg->stream);
+    if (rc == CFX_OK)
+        sg->done = upto;
+    return rc;
+}
+
 int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *dev,
                        size_t capacity, size_t *size_out, const struct cfx_obj_params *params)
 {
     struct cfx_obj_params hp = host_params(params);
+    struct stage_get sg = { .dev = dev, .capacity = capacity };
+    struct cfx__get_watch w = { .landed = stage_landed, .arg = &sg };
     void *host = NULL;
     size_t size = 0;
     bool backs_object = false;
     int rc;
 
-    rc = cfx_get_alloc(ctx, id, &host, &size, &hp);
+    if ((rc = dev_stream(ctx, &sg.stream)) != CFX_OK)
+        return rc;
+    rc = cfx__get_alloc_watched(ctx, id, &host, &size, &hp, &w);
     if (rc != CFX_OK)
         return rc;
     if (size > capacity) {
         rc = cfx__err(CFX_ERR_TRUNCATED, "get of an object into device memory on node %u: it is "
                       "%zu bytes, the buffer %zu", ctx->node_id, size, capacity);
+    } else if (w.rc != CFX_OK) {
+        rc = cfx__err(w.rc, "get into device memory on node %u: %s", ctx->node_id,
+                      cfx_last_error());
     } else {
-        rc = cfx__cuda_stage_h2d(dev, host, size);
+        /* the part that landed last (or all of a local or inline object) */
+        rc = stage_landed(&sg, host, size);
         if (rc != CFX_OK)
             rc = cfx__err(rc, "get into device memory on node %u: %s", ctx->node_id,
                           cfx_last_error());
@@ -108,16 +162,3 @@ int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, 
     pthread_mutex_unlock(&ctx->lock);
     return rc;
 }
-#else
-int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *dev,
-                       size_t size, const struct cfx_obj_params *params)
-{
-    return cfx__err(CFX_ERR_UNSUPPORTED, "cuda memory: this library was built without CUDA");
-}
-
-int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *dev,
-                       size_t capacity, size_t *size_out, const struct cfx_obj_params *params)
-{
-    return cfx__err(CFX_ERR_UNSUPPORTED, "cuda memory: this library was built without CUDA");
-}
-#endif

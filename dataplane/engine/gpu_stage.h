@@ -1,8 +1,8 @@
 /*
- * Objects in CUDA device memory through the staging path (gpu_stage.c).
+ * Objects in device memory through the staging path (gpu_stage.c).
  * Called by cfx_put() / cfx_get() for params->memtype == CFX_MEMTYPE_CUDA
- * after their argument checks; same contracts and returns as those calls.
- * Without CUDA in the build both return CFX_ERR_UNSUPPORTED.
+ * after their argument checks (which refuse a type that is not built in or
+ * has no device); same contracts and returns as those calls.
  * Thread safety: as cfx_put() / cfx_get().
  */
 #ifndef CFX_ENGINE_GPU_STAGE_H

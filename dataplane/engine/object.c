@@ -22,24 +22,13 @@ static enum cfx_memtype obj_memtype(const struct cfx_obj_params *p)
     return p && (p->field_mask & CFX_OBJ_PARAM_MEMTYPE) ? p->memtype : CFX_MEMTYPE_HOST;
 }
 
-static int check_memtype(enum cfx_memtype mt)
+/* Buffers of @p mt can be used here: CFX_ERR_INVALID for an unknown type,
+ * CFX_ERR_UNSUPPORTED when not built in, CFX_ERR_NO_DEVICE with no device. */
+static int check_memtype(enum cfx_memtype mt, const char *what)
 {
-    if (mt == CFX_MEMTYPE_HOST)
-        return CFX_OK;
-    if (mt >= CFX_MEMTYPE_LAST)
-        return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
-#ifndef CFX_HAVE_CUDA
-    return cfx__err(CFX_ERR_UNSUPPORTED, "%s memory: this library was built without CUDA",
-                    cfx_memtype_name(mt));
-#else
-    if (!cfx__memtype_available(mt)) {
-        char why[160];
-        cfx__gpu_describe(why, sizeof(why));
-        return cfx__err(CFX_ERR_NO_DEVICE, "%s memory: no usable device here: gpu %s",
-                        cfx_memtype_name(mt), why);
-    }
-    return CFX_OK;
-#endif
+    if ((unsigned)mt >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)mt);
+    return cfx__memtype_require(mt, what);
 }
 
 static struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, uint32_t chunk)
@@ -63,7 +52,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
         return cfx__err(CFX_ERR_INVALID, "cfx_put: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
     if (size > (1ull << 46))
         return cfx__err(CFX_ERR_TOO_BIG, "cfx_put: %zu bytes is larger than an object may be", size);
-    rc = check_memtype(obj_memtype(params));
+    rc = check_memtype(obj_memtype(params), "cfx_put");
     if (rc != CFX_OK)
         return rc;
     if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */
@@ -171,9 +160,24 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* ctx->lock held: tell @p w of the prefix of @p obj that landed since last
+ * time (the lock is dropped around the call; the get owns obj). */
+static void watch_prefix(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx__get_watch *w)
+{
+    uint64_t upto = CFX_MIN((uint64_t)obj->ready_chunks * obj->chunk_size, obj->size);
+    if (!w || w->rc != CFX_OK || upto <= w->upto)
+        return;
+    const void *buf = obj->buf;
+    pthread_mutex_unlock(&ctx->lock);
+    w->rc = w->landed(w->arg, buf, (size_t)upto);
+    pthread_mutex_lock(&ctx->lock);
+    if (w->rc == CFX_OK)
+        w->upto = (size_t)upto;
+}
+
 static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                     size_t cap, bool alloc, void **out_buf, size_t *size_out,
-                    const struct cfx_obj_params *params)
+                    const struct cfx_obj_params *params, struct cfx__get_watch *watch)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     int timeout_ms = obj_timeout(ctx, params);
@@ -293,6 +297,7 @@ again:
         return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
     }
     obj->memtype = obj_memtype(params);
+    obj->watched = watch != NULL;
     if (alloc) {
         rc = cfx__arena_alloc(ctx, src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
         if (rc != CFX_OK) {
@@ -342,7 +347,7 @@ again:
             break;
         }
         while (in.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
-            ;
+            watch_prefix(ctx, obj, watch);
         if (in.status == CFX_ERR_AGAIN) {
             /* deadline: withdraw the window and wait for the source to
              * confirm no more writes are coming before the buffer is
@@ -453,12 +458,12 @@ int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, 
     cfx__err_clear();
     if (!ctx || !id || (!buf && capacity))
         return cfx__err(CFX_ERR_INVALID, "cfx_get: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
-    int rc = check_memtype(obj_memtype(params));
+    int rc = check_memtype(obj_memtype(params), "cfx_put");
     if (rc != CFX_OK)
         return rc;
     if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */
         return cfx__gpu_stage_get(ctx, id, buf, capacity, size_out, params);
-    return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params);
+    return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params, NULL);
 }
 
 int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
@@ -471,7 +476,15 @@ int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void 
     *buf_out = NULL;
     if (obj_memtype(params) != CFX_MEMTYPE_HOST)
         return cfx__err(CFX_ERR_UNSUPPORTED, "cfx_get_alloc: the arena holds host memory only");
-    return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params);
+    return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params, NULL);
+}
+
+int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *id,
+                           void **buf_out, size_t *size_out, const struct cfx_obj_params *params,
+                           struct cfx__get_watch *w)
+{
+    *buf_out = NULL;
+    return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params, w);
 }
 
 /* ---- delete ---------------------------------------------------------------- */

@@ -178,6 +178,8 @@ static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
         obj->ready_chunks++;
     if (obj->ready_chunks == before)
         return;
+    if (obj->watched)
+        pthread_cond_broadcast(&ctx->obj_cond);
     /* Serving an upload may fail its connection, freeing other uploads of
      * this object: after that, start over from the head (uploads that have
      * nothing to send return at once). */

@@ -297,6 +297,27 @@ static int mt_reduce(void *dst, const void *a, const void *b, size_t count, enum
     return cfx__cuda_reduce3(dst, a, b, count, dtype, op, stream);
 }
 
+static int mt_stream_create(void **out)
+{
+    int rc = need_cuda("cuda stream creation");
+    cudaStream_t s;
+
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                          "cudaStreamCreateWithFlags");
+    *out = rc == CFX_OK ? (void *)s : NULL;
+    return rc;
+}
+
+static void mt_stream_destroy(void *stream)
+{
+    /* cudaStreamDestroy returns at once; the queued work is ours to wait for */
+    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess ||
+        cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
+        CFX_LOG(WARN, GPU, "cuda stream %p: %s", stream, cudaGetErrorString(cudaGetLastError()));
+}
+
 const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .type = CFX_MEMTYPE_CUDA,
     .name = "cuda",
@@ -307,4 +328,7 @@ const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .free_buf = cfx__cuda_dev_free,
     .reduce = mt_reduce,
     .sync = cfx__cuda_stream_sync,
+    .stream_create = mt_stream_create,
+    .stream_destroy = mt_stream_destroy,
+    .describe = cfx__cuda_describe,
 };

@@ -1,19 +1,24 @@
 /*
- * Device buffers over tcp and shm (the staging path): objects put from and
- * got into CUDA device memory between the contexts of a 2-4 rank group,
- * then every group collective on device buffers (CFX_COLL_PARAM_MEMTYPE),
- * with and without the caller's stream, in place and not, compared byte for
- * byte with the same call on host buffers (the host reference) and, for
- * integer sums, with the closed form.  Contexts live in one process, one
- * thread per rank, as in test_coll_group.c.
+ * Device buffers over tcp and shm: objects put from and got into CUDA
+ * device memory between the contexts of a 2-4 rank group, then every group
+ * collective on device buffers (CFX_COLL_PARAM_MEMTYPE), with and without
+ * the caller's stream, in place and not, compared byte for byte with the
+ * same call on host buffers (the host reference) and, for integer sums,
+ * with the closed form.  Contexts live in one process, one thread per rank,
+ * as in test_coll_group.c.
  *
- * Without a usable GPU the device tests skip with the reason ("no CUDA
- * device: ..."); the refusal of device buffers on such a host is tested
- * for real.
+ * Every device test runs twice: on a real GPU (cuda_coll; skipped with the
+ * reason, "no CUDA device: ...", where there is none) and on the simulated
+ * device (cuda_coll_sim, gpu/sim.h: device memory the CPU cannot touch,
+ * streams that run late), which runs everywhere and also checks where the
+ * work went: reductions on the device, on the caller's stream when one is
+ * passed, and each byte of a get copied to the device once.  The refusal of
+ * device buffers on a host without a device is tested for real.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,10 +27,9 @@
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
 #include "gpu/memtype.h"
+#include "gpu/sim.h"
 #include "testutil.h"
 #ifdef CFX_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
 #include "gpu/cuda/cfx_cuda.h"
 #endif
 
@@ -34,6 +38,14 @@
 static struct cfx_coord *coord;
 static char coord_addr[64], token[64];
 static struct cfx_context *ctxs[MAX_RANKS];
+
+static bool sim; /* this test runs on the simulated device */
+
+static void use_sim(void)
+{
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    sim = true;
+}
 
 static void need_gpu(void)
 {
@@ -223,7 +235,17 @@ static int body_put_get(struct rank_run *rr)
         if ((rc = cfx_put(rr->ctx, &mine, dsrc, len, &obj_dev)) != CFX_OK ||
             (rc = cfx_group_barrier(rr->g, NULL)) != CFX_OK)
             goto next;
+        struct cfx__gpu_sim_counts before = { 0 }, after = { 0 };
+        if (sim && (rc = cfx__gpu_sim_stream_counts(rr->ctx->dev_stream, &before)) != CFX_OK)
+            goto next;
         if ((rc = cfx_get(rr->ctx, &theirs, ddst, len, &got, &obj_dev)) != CFX_OK)
+            goto next;
+        /* every byte went to the device once, on the context's stream */
+        if (sim && (rc = cfx__gpu_sim_stream_counts(rr->ctx->dev_stream, &after)) == CFX_OK &&
+            after.h2d_bytes - before.h2d_bytes != len)
+            rc = cfx__err(CFX_ERR_INTERNAL, "get of %zu bytes into device memory copied %" PRIu64
+                          " bytes to the device", len, after.h2d_bytes - before.h2d_bytes);
+        if (rc != CFX_OK)
             goto next;
         memset(host, 0, len);
         if ((rc = from_dev(host, ddst, len)) != CFX_OK)
@@ -377,9 +399,24 @@ static int one_case(struct rank_run *rr, const struct coll_case *c, void *stream
         dp.stream = stream;
     }
     /* the host reference, then the device call */
+    struct cfx__gpu_sim_counts before = { 0 }, after = { 0 };
     rc = call(rr->g, c->kind, c->inplace ? hr : hs, hr, c->count, c->dt, c->op, root, &hp);
+    if (rc == CFX_OK && sim && c->stream)
+        rc = cfx__gpu_sim_stream_counts(stream, &before);
     if (rc == CFX_OK)
         rc = call(rr->g, c->kind, c->inplace ? dr : ds, dr, c->count, c->dt, c->op, root, &dp);
+    /* where the reductions ran: every rank of a ring allreduce, of a
+     * recursive-halving one over a power of two ranks, and of a
+     * reduce-scatter reduces a block of its own */
+    bool pow2 = (n & (n - 1)) == 0;
+    bool reduces = n > 1 && ((c->kind == K_ALLREDUCE && c->count >= (size_t)n &&
+                              (c->algo == CFX_ALGO_RING || (c->algo == CFX_ALGO_RHD && pow2))) ||
+                             c->kind == K_REDUCE_SCATTER);
+    if (rc == CFX_OK && sim && c->stream && reduces &&
+        (rc = cfx__gpu_sim_stream_counts(stream, &after)) == CFX_OK &&
+        after.reduces == before.reduces)
+        rc = cfx__err(CFX_ERR_INTERNAL, "rank %d: no reduction ran on the caller's stream",
+                      rr->rank);
     if (rc == CFX_OK)
         rc = from_dev(back, dr, rb);
     if (rc != CFX_OK) {
@@ -436,13 +473,9 @@ static int body_allreduce(struct rank_run *rr)
                                            CFX_ALGO_DBTREE };
     static const size_t counts[] = { 1, 4097, 70001 };
     void *stream = NULL;
-    int rc = CFX_OK;
-#ifdef CFX_HAVE_CUDA
-    cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
-        return cfx__err(CFX_ERR_INTERNAL, "cudaStreamCreateWithFlags failed");
-    stream = s;
-#endif
+    int rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &stream);
+    if (rc != CFX_OK)
+        return rc;
     for (size_t o = 0; o < CFX_ARRAY_SIZE(ops) && rc == CFX_OK; o++)
         for (size_t a = 0; a < CFX_ARRAY_SIZE(algos) && rc == CFX_OK; a++)
             for (size_t k = 0; k < CFX_ARRAY_SIZE(counts) && rc == CFX_OK; k++)
@@ -458,9 +491,7 @@ static int body_allreduce(struct rank_run *rr)
                     };
                     rc = one_case(rr, &c, stream);
                 }
-#ifdef CFX_HAVE_CUDA
-    cudaStreamDestroy(s);
-#endif
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, stream);
     return rc;
 }
 
@@ -468,13 +499,9 @@ static int body_every_kind(struct rank_run *rr)
 {
     static const size_t counts[] = { 3, 40000 };
     void *stream = NULL;
-    int rc = CFX_OK;
-#ifdef CFX_HAVE_CUDA
-    cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
-        return cfx__err(CFX_ERR_INTERNAL, "cudaStreamCreateWithFlags failed");
-    stream = s;
-#endif
+    int rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &stream);
+    if (rc != CFX_OK)
+        return rc;
     for (int k = K_BROADCAST; k < K_LAST && rc == CFX_OK; k++)
         for (size_t i = 0; i < CFX_ARRAY_SIZE(counts) && rc == CFX_OK; i++)
             for (int v = 0; v < 2 && rc == CFX_OK; v++) {
@@ -511,9 +538,7 @@ static int body_every_kind(struct rank_run *rr)
         cfx__memtype_free(CFX_MEMTYPE_CUDA, d);
         free(h);
     }
-#ifdef CFX_HAVE_CUDA
-    cudaStreamDestroy(s);
-#endif
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, stream);
     return rc;
 }
 
@@ -558,6 +583,47 @@ ParameterizedTestParameters(cuda_coll, every_collective_device)
 ParameterizedTest(struct tp_param *p, cuda_coll, every_collective_device, .timeout = 240)
 {
     need_gpu();
+    up(p->tp, p->n);
+    run_ranks(p->n, "all", p->tp, body_every_kind);
+    down(p->n);
+}
+
+/* ---- the same on the simulated device --------------------------------------------- */
+
+ParameterizedTestParameters(cuda_coll_sim, put_get_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll_sim, put_get_device, .timeout = 240)
+{
+    use_sim();
+    up(p->tp, p->n);
+    run_ranks(p->n, "pg", p->tp, body_put_get);
+    down(p->n);
+}
+
+ParameterizedTestParameters(cuda_coll_sim, allreduce_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll_sim, allreduce_device, .timeout = 240)
+{
+    use_sim();
+    up(p->tp, p->n);
+    run_ranks(p->n, "ar", p->tp, body_allreduce);
+    down(p->n);
+}
+
+ParameterizedTestParameters(cuda_coll_sim, every_collective_device)
+{
+    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
+}
+
+ParameterizedTest(struct tp_param *p, cuda_coll_sim, every_collective_device, .timeout = 240)
+{
+    use_sim();
     up(p->tp, p->n);
     run_ranks(p->n, "all", p->tp, body_every_kind);
     down(p->n);
