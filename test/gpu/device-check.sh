@@ -28,12 +28,12 @@ cmake -S . -B "$build" -DCFX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$b
 grep -q 'cuda=ON' "$build/configure.log" || fail "configure did not enable CUDA"
 say "building with $jobs jobs"
 cmake --build "$build" -j"$jobs" --target conflux test_cuda_memtype test_cuda_reduce \
-    test_cuda_xfer test_cuda_coll test_memtype cfx_gpu_bench >"$build/build.log" 2>&1 ||
+    test_cuda_xfer test_cuda_coll test_memtype test_gpu_sim cfx_gpu_bench >"$build/build.log" 2>&1 ||
     { tail -40 "$build/build.log"; fail "build"; }
 say "built in $((SECONDS - start)) s"
 
 status=0
-for t in test_memtype test_cuda_memtype test_cuda_reduce test_cuda_xfer test_cuda_coll; do
+for t in test_memtype test_gpu_sim test_cuda_memtype test_cuda_reduce test_cuda_xfer test_cuda_coll; do
     log="$build/$t.log"
     say "running $t"
     if ! timeout 240 "$build/bin/$t" --jobs 1 --verbose >"$log" 2>&1; then
