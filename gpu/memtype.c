@@ -246,6 +246,19 @@ int cfx__memtype_stream_create(enum cfx_memtype type, void **out)
     return ops->stream_create ? ops->stream_create(out) : CFX_OK;
 }
 
+int cfx__memtype_wait_default(enum cfx_memtype type, void *stream)
+{
+    const struct cfx_memtype_ops *ops = NULL;
+    int rc;
+
+    if (type == CFX_MEMTYPE_HOST)
+        return CFX_OK;
+    rc = memtype_get(type, &ops);
+    if (rc != CFX_OK)
+        return rc;
+    return ops->wait_default ? ops->wait_default(stream) : CFX_OK;
+}
+
 void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream)
 {
     const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);

@@ -60,6 +60,12 @@ struct cfx_memtype_ops {
     int (*stream_create)(void **out);
     void (*stream_destroy)(void *stream); /* NULL stream is a no-op */
 
+    /* Make @p stream wait (without blocking the caller) for the work queued
+     * so far on the default stream, which for CUDA's legacy stream means
+     * also the work of every blocking stream before it.  NULL entry: the
+     * type queues nothing (host). */
+    int (*wait_default)(void *stream);
+
     /* The device line of cfx__gpu_describe(); NULL for host. */
     int (*describe)(char *buf, size_t len);
 };
@@ -155,6 +161,10 @@ int cfx__gpu_describe(char *buf, size_t len);
  */
 int cfx__memtype_stream_create(enum cfx_memtype type, void **out);
 void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream); /* NULL ok */
+
+/* Order @p stream of @p type after the work queued so far on the type's
+ * default stream (see wait_default above); CFX_OK at once for host. */
+int cfx__memtype_wait_default(enum cfx_memtype type, void *stream);
 
 /* Allocate / free @p len bytes of @p type through its entry (tools, tests).
  * CFX_ERR_UNSUPPORTED when the type is not built in; CFX_ERR_NOMEM. */

@@ -357,6 +357,15 @@ static int sim_sync(void *stream)
     return rc;
 }
 
+/* The simulated legacy stream orders nothing else, so waiting for it is
+ * waiting for what was queued there. */
+static int sim_wait_default(void *stream)
+{
+    struct sim_stream *s;
+    int rc = stream_get(stream, "wait for the default stream", &s);
+    return rc == CFX_OK ? sim_sync(NULL) : rc;
+}
+
 static int sim_stream_create(void **out)
 {
     struct sim_stream *s;
@@ -430,6 +439,7 @@ static const struct cfx_memtype_ops sim_ops = {
     .sync = sim_sync,
     .stream_create = sim_stream_create,
     .stream_destroy = sim_stream_destroy,
+    .wait_default = sim_wait_default,
     .describe = sim_describe,
 };
 

@@ -295,8 +295,10 @@ static int bounce_done(struct coll_exec *x, struct coll_msg *m)
         x->held_cap = cap;
     }
     x->held[x->nheld++] = b;
-    x->held_bytes += m->len;
-    return x->held_bytes >= COLL_BOUNCE_HELD ? held_drain(x) : CFX_OK;
+    x->held_bytes += (m->len + 4095) & ~(size_t)4095; /* arena segments are whole pages */
+    /* each bounce is an arena segment with a descriptor of its own */
+    return x->held_bytes >= COLL_BOUNCE_HELD || x->nheld >= COLL_BOUNCE_HELD_N ? held_drain(x)
+                                                                               : CFX_OK;
 }
 
 int cfx__coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
@@ -900,8 +902,8 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
  * A collective on device memory runs the same schedule with x->mt = the
  * device type: scratch is device memory of the group's, copies and
  * reductions are queued on one stream (the caller's, CFX_COLL_PARAM_STREAM;
- * else the group's own, after the caller's work on the default stream is
- * done), and every message crosses the wire as a host copy (post(),
+ * else the group's own, ordered after the work queued on the default
+ * stream), and every message crosses the wire as a host copy (post(),
  * bounce_done()): a send's bytes come off the device when it is posted
  * (ordered after the kernels that made them), a receive's go on to it when
  * it is waited for (ordered before the kernels that read them).  Pipelined
@@ -920,9 +922,10 @@ static int coll_run_dev(struct coll_exec *x)
         x->stream = a->params.stream;
     } else {
         /* ours does not wait for the default stream by itself */
-        rc = cfx__memtype_sync(x->mt, NULL);
-        if (rc == CFX_OK && !g->dstream)
+        if (!g->dstream)
             rc = cfx__memtype_stream_create(x->mt, &g->dstream);
+        if (rc == CFX_OK)
+            rc = cfx__memtype_wait_default(x->mt, g->dstream);
         if (rc != CFX_OK)
             return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no device stream: %s", x->what,
                             a->seq, g->rank, cfx_last_error());

@@ -44,7 +44,8 @@
 #define COLL_SEG_MIN      (4u * 1024)
 #define COLL_WINDOW       4             /* receives posted ahead in pipelines */
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
-#define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: received bounces kept before a sync */
+#define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
+#define COLL_BOUNCE_HELD_N 64           /* ... and how many, before a sync frees them */
 
 enum coll_kind {
     COLL_BARRIER = 1,

@@ -6,7 +6,10 @@
  *      that shm maps zero-copy and tcp/verbs register once), which the
  *      store then owns (obj->arena) and serves until the object is deleted.
  *      The put is a snapshot: the device buffer may change after it returns
- *      (stronger than the host put's "unchanged until delete").
+ *      (stronger than the host put's "unchanged until delete").  The copy
+ *      waits for the legacy default stream first; work of the caller's on
+ *      other streams must be synchronized before the put (as CUDA-aware
+ *      MPI asks).
  * get: the object comes into an arena buffer as a host get would (and is
  *      served from there to later getters, as any got object); each part
  *      is copied on to the caller's device buffer as soon as the contiguous
@@ -24,6 +27,7 @@
 
 #include "engine.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "gpu/memtype.h"
@@ -42,16 +46,35 @@ static struct cfx_obj_params host_params(const struct cfx_obj_params *params)
     return p;
 }
 
-/* The context's device stream, made on first use. */
+/*
+ * The context's device stream, made on first use (outside the lock: the
+ * first CUDA call of a process can take long), ordered after the work
+ * queued so far on the default stream (the kernel that made a put's bytes,
+ * or that still reads a get's destination).
+ */
 static int dev_stream(struct cfx_context *ctx, void **out)
 {
+    void *made = NULL, *extra = NULL;
     int rc = CFX_OK;
 
     pthread_mutex_lock(&ctx->lock);
-    if (!ctx->dev_stream)
-        rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &ctx->dev_stream);
-    *out = ctx->dev_stream;
+    void *s = ctx->dev_stream;
     pthread_mutex_unlock(&ctx->lock);
+    if (!s) {
+        rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &made);
+        if (rc != CFX_OK)
+            return rc;
+        pthread_mutex_lock(&ctx->lock);
+        if (!ctx->dev_stream)
+            ctx->dev_stream = made;
+        else
+            extra = made; /* another thread was first */
+        s = ctx->dev_stream;
+        pthread_mutex_unlock(&ctx->lock);
+        cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, extra);
+    }
+    rc = cfx__memtype_wait_default(CFX_MEMTYPE_CUDA, s);
+    *out = s;
     return rc;
 }
 
@@ -74,7 +97,8 @@ int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, 
     if (!size) /* nothing to stage */
         return cfx_put(ctx, id, dev, 0, &hp);
     if ((rc = dev_stream(ctx, &stream)) != CFX_OK)
-        return rc;
+        return cfx__err(rc, "cfx_put of device memory on node %u: %s", ctx->node_id,
+                        cfx_last_error());
     rc = cfx_buf_alloc(ctx, size, &host);
     if (rc != CFX_OK)
         return rc;
@@ -104,6 +128,7 @@ struct stage_get {
     size_t capacity; /* its size */
     size_t done;     /* bytes copied to it so far */
     void *stream;    /* the context's device stream */
+    char why[256];   /* a failed copy's error text, kept at once */
 };
 
 /* Copy what landed since the last call on to the device (told by the get,
@@ -118,6 +143,8 @@ static int stage_landed(void *arg, const void *buf, size_t upto)
                       CFX_MEMTYPE_HOST, upto - sg->done, sg->stream);
     if (rc == CFX_OK)
         sg->done = upto;
+    else
+        snprintf(sg->why, sizeof(sg->why), "%s", cfx_last_error());
     return rc;
 }
 
@@ -133,22 +160,20 @@ int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, 
     int rc;
 
     if ((rc = dev_stream(ctx, &sg.stream)) != CFX_OK)
-        return rc;
+        return cfx__err(rc, "get into device memory on node %u: %s", ctx->node_id,
+                        cfx_last_error());
     rc = cfx__get_alloc_watched(ctx, id, &host, &size, &hp, &w);
     if (rc != CFX_OK)
         return rc;
     if (size > capacity) {
         rc = cfx__err(CFX_ERR_TRUNCATED, "get of an object into device memory on node %u: it is "
                       "%zu bytes, the buffer %zu", ctx->node_id, size, capacity);
-    } else if (w.rc != CFX_OK) {
-        rc = cfx__err(w.rc, "get into device memory on node %u: %s", ctx->node_id,
-                      cfx_last_error());
     } else {
         /* the part that landed last (or all of a local or inline object) */
-        rc = stage_landed(&sg, host, size);
+        rc = w.rc != CFX_OK ? w.rc : stage_landed(&sg, host, size);
         if (rc != CFX_OK)
-            rc = cfx__err(rc, "get into device memory on node %u: %s", ctx->node_id,
-                          cfx_last_error());
+            rc = cfx__err(rc, "get into device memory on node %u: copy to the device: %s",
+                          ctx->node_id, sg.why);
     }
     if (rc == CFX_OK && size_out)
         *size_out = size;

@@ -458,7 +458,7 @@ int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, 
     cfx__err_clear();
     if (!ctx || !id || (!buf && capacity))
         return cfx__err(CFX_ERR_INVALID, "cfx_get: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
-    int rc = check_memtype(obj_memtype(params), "cfx_put");
+    int rc = check_memtype(obj_memtype(params), "cfx_get");
     if (rc != CFX_OK)
         return rc;
     if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */

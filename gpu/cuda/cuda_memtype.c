@@ -313,9 +313,33 @@ static int mt_stream_create(void **out)
 static void mt_stream_destroy(void *stream)
 {
     /* cudaStreamDestroy returns at once; the queued work is ours to wait for */
-    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess ||
-        cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
-        CFX_LOG(WARN, GPU, "cuda stream %p: %s", stream, cudaGetErrorString(cudaGetLastError()));
+    cudaError_t e1 = cudaStreamSynchronize((cudaStream_t)stream);
+    cudaError_t e2 = cudaStreamDestroy((cudaStream_t)stream);
+    if (e1 != cudaSuccess || e2 != cudaSuccess)
+        CFX_LOG(WARN, GPU, "cuda stream %p: %s", stream,
+                cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+    (void)cudaGetLastError();
+}
+
+static int mt_wait_default(void *stream)
+{
+    cudaEvent_t ev;
+    int rc = need_cuda("cuda stream wait");
+
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+                          "cudaEventCreateWithFlags");
+    if (rc != CFX_OK)
+        return rc;
+    /* recorded on the legacy stream, the event completes after the work
+     * queued there and on the blocking streams before it */
+    rc = cfx__cuda_status(cudaEventRecord(ev, (cudaStream_t)0), "cudaEventRecord");
+    if (rc == CFX_OK)
+        rc = cfx__cuda_status(cudaStreamWaitEvent((cudaStream_t)stream, ev, 0),
+                              "cudaStreamWaitEvent");
+    cudaEventDestroy(ev); /* released once the wait is satisfied */
+    return rc;
 }
 
 const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
@@ -330,5 +354,6 @@ const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .sync = cfx__cuda_stream_sync,
     .stream_create = mt_stream_create,
     .stream_destroy = mt_stream_destroy,
+    .wait_default = mt_wait_default,
     .describe = cfx__cuda_describe,
 };

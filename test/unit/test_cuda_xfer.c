@@ -4,8 +4,9 @@
  * from device memory, get into device memory, sizes around the inline
  * limit and the chunk size, a local get, and truncation.
  *
- * Without a GPU the transfer tests skip with the reason; the refusal of
- * device memory on such a host is tested for real.
+ * Without a GPU the transfer tests skip with the reason and run on the
+ * simulated device instead (cuda_xfer_sim); the refusal of device memory on
+ * such a host is tested for real.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -17,6 +18,7 @@
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
 #include "gpu/memtype.h"
+#include "gpu/sim.h"
 #include "testutil.h"
 #ifdef CFX_HAVE_CUDA
 #include "gpu/cuda/cfx_cuda.h"
@@ -97,29 +99,24 @@ Test(cuda_xfer, refused_without_device, .timeout = 60)
     down();
 }
 
-#ifdef CFX_HAVE_CUDA
 struct tp_param {
     char tp[8];
 };
 static struct tp_param tps[] = { { "tcp" }, { "shm" } };
 
-ParameterizedTestParameters(cuda_xfer, device_to_device)
+/* Put from device memory on a, get into device memory on b, for sizes
+ * around the inline limit and the chunk size; then b serves its copy. */
+static void device_to_device(const char *tp)
 {
-    return cr_make_param_array(struct tp_param, tps, 2);
-}
-
-ParameterizedTest(struct tp_param *p, cuda_xfer, device_to_device, .timeout = 120)
-{
-    need_gpu();
     static const size_t sizes[] = { 1, 4096, 65536, 65537, (9u << 20) + 13 };
-    up(p->tp);
+    up(tp);
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         size_t n = sizes[i], got_n = 0;
         char name[64];
         struct cfx_object_id id;
         void *src = malloc(n), *back = malloc(n), *dsrc = NULL, *ddst = NULL;
 
-        snprintf(name, sizeof(name), "cuda-%s-%zu", p->tp, n);
+        snprintf(name, sizeof(name), "cuda-%s-%zu", tp, n);
         cr_assert_eq(cfx_object_id_from_name(name, &id), CFX_OK);
         cfx_test_fill(src, n, 100 + i);
         cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &dsrc), CFX_OK);
@@ -130,11 +127,11 @@ ParameterizedTest(struct tp_param *p, cuda_xfer, device_to_device, .timeout = 12
         /* a put is a snapshot of the device buffer */
         cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, back, CFX_MEMTYPE_HOST, n), CFX_OK);
         cr_assert_eq(cfx_get(b, &id, ddst, n, &got_n, &dev_params), CFX_OK, "%zu B over %s: %s",
-                     n, p->tp, cfx_last_error());
+                     n, tp, cfx_last_error());
         cr_assert_eq(got_n, n);
         memset(back, 0, n);
         cr_assert_eq(cfx__memcpy_typed(back, CFX_MEMTYPE_HOST, ddst, CFX_MEMTYPE_CUDA, n), CFX_OK);
-        cr_assert_eq(cfx_test_check(back, n, 100 + i), (size_t)-1, "%zu B over %s", n, p->tp);
+        cr_assert_eq(cfx_test_check(back, n, 100 + i), (size_t)-1, "%zu B over %s", n, tp);
 
         /* b now serves it too: a host get from b's copy, then a local
          * device get on b */
@@ -154,10 +151,26 @@ ParameterizedTest(struct tp_param *p, cuda_xfer, device_to_device, .timeout = 12
     }
     down();
 }
-#else
-/* CPU-only build: the device tests exist, and say why they do not run. */
-Test(cuda_xfer, device_to_device)
+
+ParameterizedTestParameters(cuda_xfer, device_to_device)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, cuda_xfer, device_to_device, .timeout = 120)
 {
     need_gpu();
+    device_to_device(p->tp);
 }
-#endif
+
+/* The same on the simulated device (gpu/sim.h), which runs everywhere. */
+ParameterizedTestParameters(cuda_xfer_sim, device_to_device)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, cuda_xfer_sim, device_to_device, .timeout = 120)
+{
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    device_to_device(p->tp);
+}
