@@ -13,6 +13,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifdef CFX_HAVE_VERBS
+#include "dataplane/verbs/verbs.h"
+#endif
+
 #define ARENA_CACHE_MAX (1024ull * 1024 * 1024) /* bytes of free segments kept */
 #define ARENA_ALIGN     4096u
 
@@ -128,6 +132,21 @@ int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t 
     return CFX_OK;
 }
 
+/* Unmap a segment for good.  The verbs registration cache may still hold a
+ * registration of these pages (kept past its last user for reuse); drop it
+ * first, or a later segment mapped at the same address would hit it and
+ * peers would write into the old, still pinned, pages. */
+static void seg_unmap(struct cfx_context *ctx, struct cfx_arena_seg *seg)
+{
+#ifdef CFX_HAVE_VERBS
+    for (int i = 0; i < ctx->ntp; i++)
+        cfx__verbs_rcache_invalidate(ctx->tp[i].iface, seg->base, seg->len);
+#endif
+    munmap(seg->base, seg->len);
+    close(seg->fd);
+    free(seg);
+}
+
 /* ctx->lock held. */
 void cfx__arena_free(struct cfx_context *ctx, void *p)
 {
@@ -143,9 +162,7 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         return;
     }
     cfx_list_del(&seg->link);
-    munmap(seg->base, seg->len);
-    close(seg->fd);
-    free(seg);
+    seg_unmap(ctx, seg);
 }
 
 void cfx__arena_destroy(struct cfx_context *ctx)
@@ -154,9 +171,7 @@ void cfx__arena_destroy(struct cfx_context *ctx)
     cfx_list_for_each_safe(pos, tmp, &ctx->arena.segs) {
         struct cfx_arena_seg *seg = cfx_list_entry(pos, struct cfx_arena_seg, link);
         cfx_list_del(&seg->link);
-        munmap(seg->base, seg->len);
-        close(seg->fd);
-        free(seg);
+        seg_unmap(ctx, seg);
     }
     ctx->arena.cached_bytes = 0;
 }
