@@ -178,17 +178,20 @@ int cfx__memcpy_typed_async(void *dst, enum cfx_memtype dt, const void *src, enu
     return memcpy_typed(dst, dt, src, st, len, stream);
 }
 
+/* The entry of @p type for stream work; *ops stays NULL for host, whose
+ * work never queues. */
+static int queue_ops(enum cfx_memtype type, const struct cfx_memtype_ops **ops)
+{
+    *ops = NULL;
+    return type == CFX_MEMTYPE_HOST ? CFX_OK : memtype_get(type, ops);
+}
+
 int cfx__memtype_sync(enum cfx_memtype type, void *stream)
 {
-    const struct cfx_memtype_ops *ops = NULL;
-    int rc;
+    const struct cfx_memtype_ops *ops;
+    int rc = queue_ops(type, &ops);
 
-    if (type == CFX_MEMTYPE_HOST)
-        return CFX_OK;
-    rc = memtype_get(type, &ops);
-    if (rc != CFX_OK)
-        return rc;
-    return ops->sync ? ops->sync(stream) : CFX_OK;
+    return rc != CFX_OK || !ops || !ops->sync ? rc : ops->sync(stream);
 }
 
 int cfx__memtype_require(enum cfx_memtype type, const char *what)
@@ -232,31 +235,22 @@ int cfx__memtype_alloc(enum cfx_memtype type, size_t len, void **out)
 
 int cfx__memtype_stream_create(enum cfx_memtype type, void **out)
 {
-    const struct cfx_memtype_ops *ops = NULL;
+    const struct cfx_memtype_ops *ops;
     int rc;
 
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "stream creation: NULL result");
     *out = NULL;
-    if (type == CFX_MEMTYPE_HOST)
-        return CFX_OK;
-    rc = memtype_get(type, &ops);
-    if (rc != CFX_OK)
-        return rc;
-    return ops->stream_create ? ops->stream_create(out) : CFX_OK;
+    rc = queue_ops(type, &ops);
+    return rc != CFX_OK || !ops || !ops->stream_create ? rc : ops->stream_create(out);
 }
 
 int cfx__memtype_wait_default(enum cfx_memtype type, void *stream)
 {
-    const struct cfx_memtype_ops *ops = NULL;
-    int rc;
+    const struct cfx_memtype_ops *ops;
+    int rc = queue_ops(type, &ops);
 
-    if (type == CFX_MEMTYPE_HOST)
-        return CFX_OK;
-    rc = memtype_get(type, &ops);
-    if (rc != CFX_OK)
-        return rc;
-    return ops->wait_default ? ops->wait_default(stream) : CFX_OK;
+    return rc != CFX_OK || !ops || !ops->wait_default ? rc : ops->wait_default(stream);
 }
 
 void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream)

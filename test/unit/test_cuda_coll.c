@@ -549,82 +549,36 @@ struct tp_param {
 
 static struct tp_param tps[] = { { "tcp", 2 }, { "shm", 3 }, { "tcp", 4 }, { "shm", 2 } };
 
-ParameterizedTestParameters(cuda_coll, put_get_device)
+/* Bring up @p p's ranks on a real GPU (skipping without one) or on the
+ * simulated device, and run @p body on each. */
+static void run_device(const struct tp_param *p, bool on_sim, const char *name,
+                       int (*body)(struct rank_run *))
 {
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
-
-ParameterizedTest(struct tp_param *p, cuda_coll, put_get_device, .timeout = 240)
-{
-    need_gpu();
+    if (on_sim)
+        use_sim();
+    else
+        need_gpu();
     up(p->tp, p->n);
-    run_ranks(p->n, "pg", p->tp, body_put_get);
+    run_ranks(p->n, name, p->tp, body);
     down(p->n);
 }
 
-ParameterizedTestParameters(cuda_coll, allreduce_device)
-{
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
+#define DEVICE_TEST(suite, test, on_sim, name, body)                                      \
+    ParameterizedTestParameters(suite, test)                                              \
+    {                                                                                     \
+        return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));            \
+    }                                                                                     \
+    ParameterizedTest(struct tp_param *p, suite, test, .timeout = 240)                    \
+    {                                                                                     \
+        run_device(p, on_sim, name, body);                                                \
+    }
 
-ParameterizedTest(struct tp_param *p, cuda_coll, allreduce_device, .timeout = 240)
-{
-    need_gpu();
-    up(p->tp, p->n);
-    run_ranks(p->n, "ar", p->tp, body_allreduce);
-    down(p->n);
-}
-
-ParameterizedTestParameters(cuda_coll, every_collective_device)
-{
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
-
-ParameterizedTest(struct tp_param *p, cuda_coll, every_collective_device, .timeout = 240)
-{
-    need_gpu();
-    up(p->tp, p->n);
-    run_ranks(p->n, "all", p->tp, body_every_kind);
-    down(p->n);
-}
+DEVICE_TEST(cuda_coll, put_get_device, false, "pg", body_put_get)
+DEVICE_TEST(cuda_coll, allreduce_device, false, "ar", body_allreduce)
+DEVICE_TEST(cuda_coll, every_collective_device, false, "all", body_every_kind)
 
 /* ---- the same on the simulated device --------------------------------------------- */
 
-ParameterizedTestParameters(cuda_coll_sim, put_get_device)
-{
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
-
-ParameterizedTest(struct tp_param *p, cuda_coll_sim, put_get_device, .timeout = 240)
-{
-    use_sim();
-    up(p->tp, p->n);
-    run_ranks(p->n, "pg", p->tp, body_put_get);
-    down(p->n);
-}
-
-ParameterizedTestParameters(cuda_coll_sim, allreduce_device)
-{
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
-
-ParameterizedTest(struct tp_param *p, cuda_coll_sim, allreduce_device, .timeout = 240)
-{
-    use_sim();
-    up(p->tp, p->n);
-    run_ranks(p->n, "ar", p->tp, body_allreduce);
-    down(p->n);
-}
-
-ParameterizedTestParameters(cuda_coll_sim, every_collective_device)
-{
-    return cr_make_param_array(struct tp_param, tps, CFX_ARRAY_SIZE(tps));
-}
-
-ParameterizedTest(struct tp_param *p, cuda_coll_sim, every_collective_device, .timeout = 240)
-{
-    use_sim();
-    up(p->tp, p->n);
-    run_ranks(p->n, "all", p->tp, body_every_kind);
-    down(p->n);
-}
+DEVICE_TEST(cuda_coll_sim, put_get_device, true, "pg", body_put_get)
+DEVICE_TEST(cuda_coll_sim, allreduce_device, true, "ar", body_allreduce)
+DEVICE_TEST(cuda_coll_sim, every_collective_device, true, "all", body_every_kind)
