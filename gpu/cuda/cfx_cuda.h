@@ -150,14 +150,6 @@ int cfx__cuda_stager_query(struct cfx__cuda_stager *st);
 /* Block until every queued copy is done; its status. */
 int cfx__cuda_stager_wait(struct cfx__cuda_stager *st);
 
-/*
- * Whole-buffer conveniences for the engine: device <-> host on a private
- * non-blocking stream (so as not to serialize with the application's work
- * on the legacy default stream), complete on return.
- */
-int cfx__cuda_stage_d2h(void *host, const void *dev, size_t len);
-int cfx__cuda_stage_h2d(void *dev, const void *host, size_t len);
-
 /* ---- reduction kernels ------------------------------------------------------- */
 
 /*

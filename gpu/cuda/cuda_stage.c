@@ -178,37 +178,3 @@ int cfx__cuda_stager_wait(struct cfx__cuda_stager *st)
         return cfx__err(CFX_ERR_INVALID, "cuda staging: NULL stager");
     return cfx__cuda_status(cudaStreamSynchronize(st->stream), "cuda staging: copy");
 }
-
-/* One whole copy on a private stream of the device memory's device. */
-static int stage_whole(void *dst, const void *src, size_t len, const void *dev_ptr)
-{
-    struct cfx__cuda_stager *st;
-    int is_dev = 0, device = -1, rc;
-
-    if (!len)
-        return CFX_OK;
-    if (!dst || !src)
-        return cfx__err(CFX_ERR_INVALID, "cuda staging: NULL buffer");
-    rc = cfx__cuda_ptr_is_device(dev_ptr, &is_dev, &device);
-    if (rc != CFX_OK)
-        return rc;
-    rc = cfx__cuda_stager_create(is_dev ? device : -1, &st);
-    if (rc != CFX_OK)
-        return rc;
-    rc = cfx__cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, st->stream),
-                          "cuda staging: copy");
-    if (rc == CFX_OK)
-        rc = cfx__cuda_stager_wait(st);
-    cfx__cuda_stager_destroy(st);
-    return rc;
-}
-
-int cfx__cuda_stage_d2h(void *host, const void *dev, size_t len)
-{
-    return stage_whole(host, dev, len, dev);
-}
-
-int cfx__cuda_stage_h2d(void *dev, const void *host, size_t len)
-{
-    return stage_whole(dev, host, len, dev);
-}

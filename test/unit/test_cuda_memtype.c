@@ -185,12 +185,22 @@ Test(cuda_memtype, copies_both_ways_sync_and_stream)
     cr_assert_eq(cfx_test_check(pinned, n, 7), (size_t)-1);
     cr_assert_eq(cfx__cuda_stager_query(st), CFX_OK);
 
-    /* whole-buffer staging helpers */
+    /* the table's streams: a kernel-free round trip on a stream of the
+     * data plane's own, ordered after the default stream */
+    void *ms = NULL;
+    cr_assert_eq(cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &ms), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_not_null(ms);
     cfx_test_fill(pinned, n, 8);
-    cr_assert_eq(cfx__cuda_stage_h2d(dev, pinned, n), CFX_OK);
+    cr_assert_eq(cfx__memcpy_typed_async(dev, CFX_MEMTYPE_CUDA, pinned, CFX_MEMTYPE_HOST, n, NULL),
+                 CFX_OK);
+    cr_assert_eq(cfx__memtype_wait_default(CFX_MEMTYPE_CUDA, ms), CFX_OK, "%s", cfx_last_error());
     memset(dst, 0, n);
-    cr_assert_eq(cfx__cuda_stage_d2h(dst, dev, n), CFX_OK);
+    cr_assert_eq(cfx__memcpy_typed_async(dst, CFX_MEMTYPE_HOST, dev, CFX_MEMTYPE_CUDA, n, ms),
+                 CFX_OK);
+    cr_assert_eq(cfx__memtype_sync(CFX_MEMTYPE_CUDA, ms), CFX_OK);
     cr_assert_eq(cfx_test_check(dst, n, 8), (size_t)-1);
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, ms);
 
     cfx__cuda_stager_destroy(st);
     cfx__cuda_host_free(pinned);
