@@ -4,6 +4,8 @@
  */
 #include "ps_int.h"
 
+#include "gpu/memtype.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,6 +229,8 @@ static void defaults(struct cfx_ps_params *p, const struct cfx_ps_params *in,
     if (m & CFX_PS_PARAM_BALANCE)
         p->balance = in->balance;
     p->standby = (m & CFX_PS_PARAM_STANDBY) ? in->standby : 0;
+    p->memtype = (m & CFX_PS_PARAM_MEMTYPE) ? in->memtype : CFX_MEMTYPE_HOST;
+    p->stream = (m & CFX_PS_PARAM_STREAM) ? in->stream : NULL;
 }
 
 static int validate(const struct cfx_ps_params *p)
@@ -256,6 +260,9 @@ static int validate(const struct cfx_ps_params *p)
     if (p->balance.interval_ms < 1 || p->balance.report_ms < 1 || p->balance.explore < 0 ||
         p->balance.explore > 1 || p->balance.min_gain < 0 || p->balance.min_gain >= 1)
         return cfx__err(CFX_ERR_INVALID, "ps: balance knobs out of range");
+    /* device buffers: built in and a device here (a server ignores it) */
+    if (p->role == CFX_PS_WORKER)
+        return cfx__memtype_require(p->memtype, "ps worker");
     return CFX_OK;
 }
 

@@ -14,8 +14,16 @@
  * payload bytes of the requests completed; busy / bytes is the service time
  * per byte this worker saw.  Because it counts busy periods, not single
  * latencies, it does not grow with the number of blocks the server holds.
+ *
+ * Device buffers (CFX_PS_PARAM_MEMTYPE): requests carry host bytes.  A
+ * gradient is copied off the device into a host copy when the op is posted
+ * (on the caller's stream, or a stream of the worker's ordered after the
+ * legacy default stream), and a result lands in a host copy that goes on to
+ * the device when the op completes, before the request says so.
  */
 #include "ps_int.h"
+
+#include "gpu/memtype.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -54,6 +62,10 @@ struct ps_op {
     int status;
     char err[240];
     uint64_t deadline;
+    void *hgrad;          /* device buffers: host copy of the gradient ... */
+    void *hout;           /* ... and of the result, which goes on to dout */
+    void *dout;
+    size_t bytes;         /* of each */
 };
 
 struct ps_sub {
@@ -86,6 +98,7 @@ struct ps_worker {
     uint64_t last_report;
     uint32_t last_report_ver;
     struct ps_op *bye; /* waiting for the scheduler's answer */
+    void *dev_stream;  /* device buffers without the caller's stream: ours (made on first use) */
 };
 
 int cfx__ps_worker_create(struct cfx_ps *ps)
@@ -102,9 +115,67 @@ int cfx__ps_worker_create(struct cfx_ps *ps)
     return CFX_OK;
 }
 
+static void op_free(struct ps_op *op)
+{
+    free(op->hgrad);
+    free(op->hout);
+    free(op);
+}
+
+/* The stream device copies of this worker go on. */
+static int dev_stream(struct cfx_ps *ps, void **out)
+{
+    enum cfx_memtype mt = ps->params.memtype;
+    if (ps->params.stream) {
+        *out = ps->params.stream;
+        return CFX_OK;
+    }
+    pthread_mutex_lock(&ps->lock);
+    void *s = ps->w->dev_stream;
+    pthread_mutex_unlock(&ps->lock);
+    if (!s) {
+        /* made outside the lock (a first CUDA call can be slow) */
+        void *made = NULL, *extra = NULL;
+        int rc = cfx__memtype_stream_create(mt, &made);
+        if (rc != CFX_OK)
+            return rc;
+        pthread_mutex_lock(&ps->lock);
+        if (!ps->w->dev_stream)
+            ps->w->dev_stream = made;
+        else
+            extra = made; /* another thread was first */
+        s = ps->w->dev_stream;
+        pthread_mutex_unlock(&ps->lock);
+        cfx__memtype_stream_destroy(mt, extra);
+    }
+    *out = s;
+    return cfx__memtype_wait_default(mt, s);
+}
+
+/* Copy between the caller's device buffer and a host copy, and wait. */
+static int dev_copy(struct cfx_ps *ps, void *dst, enum cfx_memtype dt, const void *src,
+                    enum cfx_memtype st, size_t len)
+{
+    void *stream = NULL;
+    int rc = dev_stream(ps, &stream);
+    if (rc == CFX_OK)
+        rc = cfx__memcpy_typed_async(dst, dt, src, st, len, stream);
+    if (rc == CFX_OK)
+        rc = cfx__memtype_sync(ps->params.memtype, stream);
+    return rc;
+}
+
 static void op_complete(struct cfx_ps *ps, struct ps_op *op)
 {
     struct cfx_ps_request *r = op->req;
+    if (op->dout && op->status == CFX_OK) {
+        /* the result on to the device before anyone hears it is done */
+        op->status = dev_copy(ps, op->dout, ps->params.memtype, op->hout, CFX_MEMTYPE_HOST,
+                              op->bytes);
+        if (op->status != CFX_OK)
+            snprintf(op->err, sizeof(op->err), "job %s: result of tensor %d to the device: %s",
+                     ps->job, op->tensor, cfx_last_error());
+    }
     pthread_mutex_lock(&ps->lock);
     bool freed = r->freed;
     r->status = op->status;
@@ -113,7 +184,7 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     pthread_mutex_unlock(&ps->lock);
     if (freed)
         free(r);
-    free(op);
+    op_free(op);
 }
 
 static void op_fail(struct cfx_ps *ps, struct ps_op *op, int status, const char *fmt, ...)
@@ -541,6 +612,8 @@ void cfx__ps_worker_bye(struct cfx_ps *ps)
 
 void cfx__ps_worker_free(struct cfx_ps *ps)
 {
+    if (ps->w)
+        cfx__memtype_stream_destroy(ps->params.memtype, ps->w->dev_stream);
     free(ps->w);
     ps->w = NULL;
 }
@@ -551,7 +624,7 @@ static int post(struct cfx_ps *ps, struct ps_op *op, struct cfx_ps_request **out
 {
     struct cfx_ps_request *r = calloc(1, sizeof(*r));
     if (!r) {
-        free(op);
+        op_free(op);
         return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
     }
     r->ps = ps;
@@ -563,6 +636,33 @@ static int post(struct cfx_ps *ps, struct ps_op *op, struct cfx_ps_request **out
     pthread_mutex_unlock(&ps->lock);
     cfx__ps_kick(ps);
     *out = r;
+    return CFX_OK;
+}
+
+/* Device buffers: the gradient off the device now, a host copy for the
+ * result (op_complete() moves it on). */
+static int stage_op(struct cfx_ps *ps, struct ps_op *op)
+{
+    const enum cfx_memtype mt = ps->params.memtype;
+    int rc = CFX_OK;
+    if (op->grad) {
+        op->hgrad = malloc(op->bytes ? op->bytes : 1);
+        rc = op->hgrad ? dev_copy(ps, op->hgrad, CFX_MEMTYPE_HOST, op->grad, mt, op->bytes)
+                       : CFX_ERR_NOMEM;
+        op->grad = op->hgrad;
+    }
+    if (rc == CFX_OK && op->out) {
+        op->hout = malloc(op->bytes ? op->bytes : 1);
+        rc = op->hout ? CFX_OK : CFX_ERR_NOMEM;
+        op->dout = op->out;
+        op->out = op->hout;
+    }
+    if (rc != CFX_OK) {
+        char why[200];
+        snprintf(why, sizeof(why), "%s", rc == CFX_ERR_NOMEM ? "out of memory" : cfx_last_error());
+        return cfx__err(rc, "job %s: tensor %d: device buffer staging: %s", ps->job, op->tensor,
+                        why);
+    }
     return CFX_OK;
 }
 
@@ -588,6 +688,18 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
         free(op);
         return cfx__err(CFX_ERR_INVALID, "job %s: no registered tensor with key %d", ps->job, key);
     }
+    op->bytes = (size_t)ps->map.tensors[key].count *
+                cfx_dtype_size((enum cfx_dtype)ps->map.tensors[key].dtype);
+    pthread_mutex_unlock(&ps->lock);
+    /* staged before the clock moves: a failure leaves no push half posted */
+    if (ps->params.memtype != CFX_MEMTYPE_HOST && kind != PS_OP_INIT) {
+        int rc = stage_op(ps, op);
+        if (rc != CFX_OK) {
+            op_free(op);
+            return rc;
+        }
+    }
+    pthread_mutex_lock(&ps->lock);
     uint64_t t = ps->w->clock[key];
     uint64_t s = ps->map.conf.staleness;
     enum cfx_ps_consistency c = ps->map.conf.consistency;

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <conflux/visibility.h>
+#include <conflux/mem.h>
 #include <conflux/reduce.h>
 
 #ifdef __cplusplus
@@ -75,6 +76,8 @@ enum cfx_ps_param_field {
     CFX_PS_PARAM_TIMEOUT     = 1u << 9,
     CFX_PS_PARAM_BALANCE     = 1u << 10,
     CFX_PS_PARAM_STANDBY     = 1u << 11,
+    CFX_PS_PARAM_MEMTYPE     = 1u << 12,
+    CFX_PS_PARAM_STREAM      = 1u << 13,
 };
 
 /* Optimizer hyper-parameters (server side).  g is the aggregated gradient:
@@ -117,6 +120,11 @@ struct cfx_ps_params {
     int timeout_ms;                      /* deadline of every wait; default the context's */
     struct cfx_ps_balance balance;       /* scheduler knobs; defaults above */
     int standby;                         /* server joining later waits for add-server */
+    enum cfx_memtype memtype;            /* worker: memory type of push / pull buffers
+                                            (register's init stays host); default host */
+    void *stream;                        /* worker, device buffers: the stream they are made
+                                            and read on (cudaStream_t); default: ordered
+                                            after the legacy default stream */
 };
 
 /**

@@ -51,6 +51,22 @@ ParameterizedTest(struct tp_param *p, ps, bsp_exact, .timeout = 120)
     cr_assert_eq(rc, 0, "BSP over %s: exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, device_buffers_sim)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* Workers push from and pull into device memory (the simulated device, whose
+ * buffers the CPU cannot touch): every pulled value exact, with a migration
+ * of blocks in the middle; and ADAM, whose values are replayed. */
+ParameterizedTest(struct tp_param *p, ps, device_buffers_sim, .timeout = 120)
+{
+    int rc = pstest(5, p->tp, "--servers 3 --workers 2 --steps 30 --remove-at 10:2 --device sim");
+    cr_assert_eq(rc, 0, "device buffers over %s: exited %d", p->tp, rc);
+    rc = pstest(4, p->tp, "--servers 2 --workers 2 --steps 10 --opt adam --device sim");
+    cr_assert_eq(rc, 0, "device buffers, adam, over %s: exited %d", p->tp, rc);
+}
+
 Test(ps, optimizers_exact, .timeout = 120)
 {
     static const char *const opts[] = { "sgd", "momentum", "adam" };

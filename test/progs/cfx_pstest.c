@@ -30,6 +30,9 @@
  *   --expect-removed SERVER   fail unless SERVER ends with no blocks (removed by rdmactl)
  *   --pace US                 every worker sleeps US per step (a job that lasts)
  *   --extra N                 N more ranks run something else (a wrapper runs rdmactl)
+ *   --device sim|cuda         workers push from and pull into device memory (sim: the
+ *                             simulated device of gpu/sim.h; cuda: a real GPU); the
+ *                             values are checked on host copies of the device buffers
  * Exits non-zero with a message on the first wrong value or failed call.
  */
 #include <conflux/conflux.h>
@@ -42,6 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/memtype.h"
+#include "gpu/sim.h"
 #include "test/common/testutil.h"
 
 #define DIE CFX_TEST_DIE
@@ -57,6 +62,7 @@ static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
 static enum cfx_ps_optimizer OPT = CFX_PS_OPT_SUM;
 static const char *TRACE;
+static const char *DEVICE; /* --device */
 
 static const char *const tname[NT] = { "w_f32", "w_f64", "w_i32" };
 static enum cfx_dtype tdt[NT] = { CFX_DTYPE_F32, CFX_DTYPE_F64, CFX_DTYPE_I32 };
@@ -215,7 +221,49 @@ static struct cfx_ps_params base_params(void)
         .optim = optim(),
         .timeout_ms = 30000,
     };
+    if (DEVICE) {
+        p.field_mask |= CFX_PS_PARAM_MEMTYPE;
+        p.memtype = CFX_MEMTYPE_CUDA;
+    }
     return p;
+}
+
+/* --device: what push and pull see are device copies of the host buffers
+ * the test fills and checks. */
+static void *dgrad[NT], *dout[NT];
+
+static void device_setup(const size_t *sz)
+{
+    if (!DEVICE)
+        return;
+    if (!strcmp(DEVICE, "sim"))
+        CHECK_OK(cfx__gpu_sim_install());
+    for (int t = 0; t < NT; t++) {
+        CHECK_OK(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, sz[t], &dgrad[t]));
+        CHECK_OK(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, sz[t], &dout[t]));
+    }
+}
+
+static const void *push_buf(int t, const void *host, size_t sz)
+{
+    if (!DEVICE)
+        return host;
+    CHECK_OK(cfx__memcpy_typed(dgrad[t], CFX_MEMTYPE_CUDA, host, CFX_MEMTYPE_HOST, sz));
+    return dgrad[t];
+}
+
+static void *pull_buf(int t, void *host)
+{
+    return DEVICE ? dout[t] : host;
+}
+
+/* After a pull: the device result into the host buffer that is checked. */
+static void pulled(int t, void *host, size_t sz)
+{
+    if (DEVICE) {
+        memset(host, 0xee, sz);
+        CHECK_OK(cfx__memcpy_typed(host, CFX_MEMTYPE_HOST, dout[t], CFX_MEMTYPE_CUDA, sz));
+    }
 }
 
 static int run_server(struct cfx_context *ctx, int index, bool late)
@@ -290,18 +338,23 @@ static int run_worker(struct cfx_context *ctx, int w)
     p.role = CFX_PS_WORKER;
     p.index = w;
     struct cfx_ps *ps;
-    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
     int key[NT];
     void *grad[NT], *out[NT];
+    size_t tsz[NT];
+    for (int t = 0; t < NT; t++)
+        tsz[t] = tcount[t] * cfx_dtype_size(tdt[t]);
+    device_setup(tsz); /* before the handle: it checks that the memory type is usable */
+    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
     for (int t = 0; t < NT; t++) {
-        size_t sz = tcount[t] * cfx_dtype_size(tdt[t]);
+        size_t sz = tsz[t];
         void *init = malloc(sz);
         grad[t] = malloc(sz);
         out[t] = malloc(sz);
         fill(init, tdt[t], tcount[t], init_f, 0, 0);
         CHECK_OK(cfx_ps_register(ps, tname[t], tdt[t], tcount[t], w == 0 ? init : NULL, &key[t]));
         /* the first pull gives the initial values */
-        CHECK_OK(cfx_ps_pull(ps, key[t], out[t]));
+        CHECK_OK(cfx_ps_pull(ps, key[t], pull_buf(t, out[t])));
+        pulled(t, out[t], sz);
         for (size_t i = 0; i < tcount[t]; i++)
             if (get(out[t], tdt[t], i) != init_v(i))
                 DIE("worker %d: %s[%zu] = %g after registration, want %g", w, tname[t], i,
@@ -360,10 +413,12 @@ static int run_worker(struct cfx_context *ctx, int w)
             fill(grad[t], tdt[t], tcount[t], grad_v, w, step);
         snd[step] = now_ns();
         for (int t = 0; t < NT; t++)
-            CHECK_OK(cfx_ps_ipushpull(ps, key[t], grad[t], out[t], &req[t]));
+            CHECK_OK(cfx_ps_ipushpull(ps, key[t], push_buf(t, grad[t], tsz[t]),
+                                      pull_buf(t, out[t]), &req[t]));
         for (int t = 0; t < NT; t++) {
             CHECK_OK(cfx_ps_wait(req[t], -1));
             cfx_ps_request_free(req[t]);
+            pulled(t, out[t], tsz[t]);
         }
         rcv[step] = now_ns();
         if (CONS != CFX_PS_BSP)
@@ -399,7 +454,8 @@ static int run_worker(struct cfx_context *ctx, int w)
         /* every push was applied before its push-pull returned: the sums are final */
         if (!replaying)
             for (int t = 0; t < NT; t++) {
-                CHECK_OK(cfx_ps_pull(ps, key[t], out[t]));
+                CHECK_OK(cfx_ps_pull(ps, key[t], pull_buf(t, out[t])));
+                pulled(t, out[t], tsz[t]);
                 for (size_t i = 0; i < tcount[t]; i++)
                     if (get(out[t], tdt[t], i) != expect_closed(i, STEPS))
                         DIE("final %s[%zu] = %.9g, want %.9g", tname[t], i, get(out[t], tdt[t], i),
@@ -490,6 +546,8 @@ int main(int argc, char **argv)
             STANDBY = 1;
         else if (!strcmp(a, "--pace"))
             PACE_US = atoi(v), i++;
+        else if (!strcmp(a, "--device"))
+            DEVICE = v, i++;
         else if (!strcmp(a, "--extra"))
             EXTRA = atoi(v), i++;
         else if (!strcmp(a, "--remove-at"))

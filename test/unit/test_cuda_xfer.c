@@ -90,6 +90,17 @@ Test(cuda_xfer, refused_without_device, .timeout = 60)
     cr_assert(strstr(cfx_last_error(), "without CUDA"), "%s", cfx_last_error());
 #endif
     cr_assert_neq(cfx_get(b, &id, buf, sizeof(buf), NULL, &dev_params), CFX_OK);
+    /* a parameter-server worker on device buffers is refused up front too */
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_ROLE | CFX_PS_PARAM_MEMTYPE,
+        .role = CFX_PS_WORKER,
+        .memtype = CFX_MEMTYPE_CUDA,
+    };
+    struct cfx_ps *ps = NULL;
+    int prc = cfx_ps_create(a, &pp, &ps);
+    cr_assert_eq(prc, rc, "ps worker on device memory: %s", cfx_errname(prc));
+    cr_assert(strstr(cfx_last_error(), "ps worker"), "%s", cfx_last_error());
+    cr_assert_null(ps);
     /* the context is fine for host memory */
     cfx_test_fill(buf, sizeof(buf), 3);
     cr_assert_eq(cfx_put(a, &id, buf, sizeof(buf), NULL), CFX_OK, "%s", cfx_last_error());
