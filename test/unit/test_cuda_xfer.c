@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,4 +185,49 @@ ParameterizedTest(struct tp_param *p, cuda_xfer_sim, device_to_device, .timeout 
 {
     cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
     device_to_device(p->tp);
+}
+
+/*
+ * A get into device memory copies each part as it lands: with the upload
+ * paced (64 KiB chunks at 16 MB/s, so 2 MiB take about 130 ms), the
+ * getter's stream sees many partial copies, which together are the object
+ * exactly once, before the get returns.
+ */
+Test(cuda_xfer_sim, get_copies_parts_as_they_land, .timeout = 60)
+{
+    const size_t n = 2u << 20;
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    setenv("CFX_CHUNK_SIZE", "64K", 1);
+    setenv("CFX_UPLOAD_RATE", "16M", 1);
+    up("tcp");
+    struct cfx_object_id id;
+    char *src = malloc(n), *back = malloc(n);
+    void *dsrc = NULL, *ddst = NULL;
+    cr_assert(src && back);
+    cfx_test_fill(src, n, 77);
+    cr_assert_eq(cfx_object_id_from_name("cuda-sim-paced", &id), CFX_OK);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &dsrc), CFX_OK);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &ddst), CFX_OK);
+    cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, src, CFX_MEMTYPE_HOST, n), CFX_OK);
+    cr_assert_eq(cfx_put(a, &id, dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, n);
+    struct cfx__gpu_sim_counts c;
+    cr_assert_eq(cfx__gpu_sim_stream_counts(b->dev_stream, &c), CFX_OK);
+    cr_log_info("2 MiB paced get: %" PRIu64 " copies to the device", c.copies);
+    cr_assert_eq(c.h2d_bytes, n, "%" PRIu64 " bytes copied to the device", c.h2d_bytes);
+    cr_assert_geq(c.copies, 4, "only %" PRIu64 " copies: the parts were not copied as they "
+                  "landed", c.copies);
+    cr_assert_eq(cfx__memcpy_typed(back, CFX_MEMTYPE_HOST, ddst, CFX_MEMTYPE_CUDA, n), CFX_OK);
+    cr_assert_eq(cfx_test_check(back, n, 77), (size_t)-1);
+
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
+    cfx_delete(b, &id, NULL);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, dsrc);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, ddst);
+    free(src);
+    free(back);
+    down();
 }
