@@ -193,6 +193,16 @@ again:
     }
 }
 
+/* Whether @p conn is still one of the context's connections. */
+static bool conn_live(struct cfx_context *ctx, const struct cfx_conn *conn)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns)
+        if (cfx_list_entry(pos, struct cfx_conn, link) == conn)
+            return true;
+    return false;
+}
+
 void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t imm,
                          uint32_t len)
 {
@@ -227,7 +237,13 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
         in->owed++;
         ctx->stats.bytes_received += len;
     }
+    /* Serving the object's uploads may fail connections, this one among
+     * them (an upload to the same peer): then the transfer was failed with
+     * it and nothing below may touch conn. */
+    uint64_t gen = ctx->conn_gen;
     obj_advance(ctx, obj);
+    if (ctx->conn_gen != gen && !conn_live(ctx, conn))
+        return;
 
     if (obj->ready_chunks == obj->nchunks) {
         obj->complete = true;

@@ -51,6 +51,7 @@
 #define CFX_SHM_TX_BUDGET    (16u << 20)  /* bytes copied per ep per progress call */
 #define CFX_SHM_TXQ_DEPTH    256   /* ops queued behind the ring, per ep */
 #define CFX_SHM_SEND_SLOTS   32    /* ep_send copies queued behind a write, per ep */
+#define CFX_SHM_RX_COPIES   16   /* SENDs handed to the user per poll of one ep */
 #define CFX_SHM_MAP_CACHE    64    /* peer registrations mapped, per ep */
 #define CFX_SHM_MAP_BYTES    (4ull << 30) /* idle mappings kept beyond this are dropped */
 #define CFX_SHM_CQ_SOFT_MAX  65536 /* unpolled completions before posts say AGAIN */
@@ -173,6 +174,8 @@ struct cfx__shm_ep {
     uint32_t txq_head;            /* oldest op */
     uint32_t txq_count;
     uint8_t *send_pool;           /* CFX_SHM_SEND_SLOTS * CFX_TP_SEND_MAX */
+    uint8_t *rx_copy;             /* CFX_SHM_RX_COPIES * CFX_TP_SEND_MAX: received SENDs,
+                                     copied out of the ring the peer can still rewrite */
     uint32_t send_free;           /* bitmap of free slots */
 
     struct cfx__shm_map maps[CFX_SHM_MAP_CACHE];

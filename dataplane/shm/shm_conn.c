@@ -6,6 +6,8 @@
 #include "shm.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +259,23 @@ static void drop_unaccepted(struct cfx__shm_ep *ep, const char *why)
     cfx__shm_ep_free(ep);
 }
 
+/*
+ * A peer's doorbell must be an eventfd: we write to it from the progress
+ * thread, and a pipe with no reader would raise SIGPIPE, a full one block.
+ * Ours is non-blocking and the write of an eventfd never blocks then.
+ */
+static bool doorbell_ok(int fd)
+{
+    char path[64], target[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    if (n <= 0)
+        return false;
+    target[n] = '\0';
+    int fl = fcntl(fd, F_GETFL);
+    return strcmp(target, "anon_inode:[eventfd]") == 0 && fl >= 0 && (fl & O_NONBLOCK);
+}
+
 static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
 {
     struct cfx__shm_iface *iface = ep->iface;
@@ -269,6 +288,12 @@ static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         drop_unaccepted(ep, "bad handshake");
+        return;
+    }
+    if (!doorbell_ok(fds[1])) {
+        close(fds[0]);
+        close(fds[1]);
+        drop_unaccepted(ep, "its doorbell is not a non-blocking eventfd");
         return;
     }
     rc = cfx__shm_seg_attach(fds[0], m->ring_size, &seg, &seg_len);
@@ -296,7 +321,10 @@ static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *
 
 static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
 {
-    if (m->type != CFX_SHM_CTL_ACK || nfds != 1) {
+    if (m->type != CFX_SHM_CTL_ACK || nfds != 1 || !doorbell_ok(fds[0])) {
+        if (nfds == 1 && m->type == CFX_SHM_CTL_ACK)
+            CFX_LOG(ERR, SHM, "node %u: %s answered with a doorbell that is not a "
+                    "non-blocking eventfd", ep->iface->super.node_id, ep->super.peer_name);
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);

@@ -25,9 +25,11 @@ struct cfx__shm_ep *cfx__shm_ep_alloc(struct cfx__shm_iface *iface, int sock,
         return NULL;
     ep->txq = calloc(CFX_SHM_TXQ_DEPTH, sizeof(*ep->txq));
     ep->send_pool = malloc((size_t)CFX_SHM_SEND_SLOTS * CFX_TP_SEND_MAX);
-    if (!ep->txq || !ep->send_pool) {
+    ep->rx_copy = malloc((size_t)CFX_SHM_RX_COPIES * CFX_TP_SEND_MAX);
+    if (!ep->txq || !ep->send_pool || !ep->rx_copy) {
         free(ep->txq);
         free(ep->send_pool);
+        free(ep->rx_copy);
         free(ep);
         return NULL;
     }
@@ -132,6 +134,7 @@ void cfx__shm_ep_free(struct cfx__shm_ep *ep)
         cfx__shm_ep_sock_close(ep, false, 0);
     free(ep->txq);
     free(ep->send_pool);
+    free(ep->rx_copy);
     free(ep);
 }
 
@@ -397,7 +400,7 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
     struct cfx__shm_ring *r = &ep->rx;
     struct cfx__shm_msg h;
     bool consumed = false;
-    int n = 0;
+    int n = 0, copies = 0;
 
     while (n < max) {
         uint64_t avail = cfx__shm_ring_avail(r);
@@ -423,15 +426,23 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
         struct cfx_tp_completion *c = &comps[n];
 
         switch (h.type) {
-        case CFX_SHM_MSG_SEND:
+        case CFX_SHM_MSG_SEND: {
+            if (copies == CFX_SHM_RX_COPIES)
+                goto out; /* the rest at the next poll */
+            /* handed out as a private copy: the peer maps the ring
+             * read-write and could change a message between the user's
+             * validation and its use */
+            uint8_t *copy = ep->rx_copy + (size_t)copies++ * CFX_TP_SEND_MAX;
+            memcpy(copy, payload, h.len);
             memset(c, 0, sizeof(*c));
             c->type = CFX_TP_COMP_RECV;
             c->ep = &ep->super;
             c->len = h.len;
-            c->data = payload;
+            c->data = copy;
             n++;
-            ep->rx_deferred = true; /* payload stays in the ring until next poll */
+            ep->rx_deferred = true; /* the copy is reused at the next poll */
             break;
+        }
         case CFX_SHM_MSG_WFRAG:
             /* the whole write must fit, not just this fragment: a refused
              * write touches nothing */
@@ -474,6 +485,7 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
         if (!ep->rx_deferred)
             cfx__shm_ring_release(r); /* room for the producer's next fragment */
     }
+out:
     if (consumed && !ep->rx_deferred) {
         if (r->published != r->pos)
             cfx__shm_ring_release(r);

@@ -150,11 +150,24 @@ int cfx__shm_seg_attach(int fd, uint64_t ring_size, void **seg, size_t *seg_len)
     if (p == MAP_FAILED)
         return cfx__err(CFX_ERR_NOMEM, "shm: cannot map the peer's ring segment: %s",
                         strerror(errno));
-    const struct cfx__shm_seg_hdr *h = p;
+    struct cfx__shm_seg_hdr *h = p;
     if (h->magic != CFX_SHM_MAGIC || h->version != CFX_SHM_VERSION ||
         h->ring_size != ring_size) {
         munmap(p, len);
         return cfx__err(CFX_ERR_PROTO, "shm: peer's ring segment has a bad header");
+    }
+    /* Both rings start empty at position 0: our ring views take their
+     * starting positions from here, and a position the peer chose (near
+     * the end, unaligned) would make our first write run past the ring. */
+    for (int r = 0; r < 2; r++) {
+        uint64_t head = atomic_load_explicit(&h->ctl[r].head, memory_order_acquire);
+        uint64_t tail = atomic_load_explicit(&h->ctl[r].tail, memory_order_acquire);
+        if (head != 0 || tail != 0) {
+            munmap(p, len);
+            return cfx__err(CFX_ERR_PROTO, "shm: peer's ring segment does not start empty "
+                            "(ring %d at %llu/%llu)", r, (unsigned long long)head,
+                            (unsigned long long)tail);
+        }
     }
     *seg = p;
     *seg_len = len;

@@ -95,7 +95,10 @@ static int cq_drain(struct cfx__tcp_iface *iface, struct cfx_tp_completion *out,
         case CFX_TP_COMP_WRITE:
         case CFX_TP_COMP_SEND: ep->tx_unreported--; break;
         case CFX_TP_COMP_RECV:
-            ep->rx_slots[ep->rx_slot_ret++ % CFX_TCP_RX_SLOTS].returned_gen = iface->poll_gen;
+            /* an empty message is completed from its header and took no
+             * slot: returning one for it would put the ring out of step */
+            if (c->len)
+                ep->rx_slots[ep->rx_slot_ret++ % CFX_TCP_RX_SLOTS].returned_gen = iface->poll_gen;
             ep->rx_unreported--;
             break;
         case CFX_TP_COMP_WRITE_IMM: ep->rx_unreported--; break;

@@ -831,3 +831,29 @@ Test(shm, bandwidth, .timeout = 120)
     cr_expect_geq(d, 0.7 * m, "direct %.2f GB/s < 0.7 x memcpy %.2f GB/s", d, m);
     cr_expect_geq(s, 0.5 * m, "staged %.2f GB/s < 0.5 x memcpy %.2f GB/s", s, m);
 }
+
+/* A peer's segment whose rings do not start empty is refused: the
+ * acceptor's ring views start from those positions, and one near the end
+ * of a ring would make its first write run past the mapping. */
+Test(shm, refused_segment_not_empty, .timeout = 30)
+{
+    const uint64_t ring = CFX_SHM_RING_MIN;
+    void *seg = NULL, *mine = NULL;
+    size_t len = 0, mlen = 0;
+    int fd = cfx__shm_seg_create(ring, &seg, &len);
+    cr_assert_geq(fd, 0, "%s", cfx_last_error());
+    /* a clean one attaches */
+    cr_assert_eq(cfx__shm_seg_attach(fd, ring, &mine, &mlen), CFX_OK, "%s", cfx_last_error());
+    munmap(mine, mlen);
+    struct cfx__shm_seg_hdr *h = seg;
+    for (int r = 0; r < 2; r++) {
+        atomic_store(&h->ctl[r].head, ring - 1);
+        atomic_store(&h->ctl[r].tail, ring - 1);
+        cr_assert_eq(cfx__shm_seg_attach(fd, ring, &mine, &mlen), CFX_ERR_PROTO);
+        cr_assert(strstr(cfx_last_error(), "does not start empty"), "%s", cfx_last_error());
+        atomic_store(&h->ctl[r].head, 0);
+        atomic_store(&h->ctl[r].tail, 0);
+    }
+    munmap(seg, len);
+    close(fd);
+}

@@ -449,6 +449,39 @@ TP_TEST(send_recv)
     pair_close(&p);
 }
 
+/* An empty message among full ones takes its turn and no receive buffer:
+ * 40 messages sent at once (more than a transport keeps buffers for), the
+ * first empty, arrive in order, each intact. */
+TP_TEST(empty_message_in_a_burst)
+{
+    struct pair p;
+    enum { N = 40, LEN = 512 };
+    uint8_t buf[LEN];
+
+    pair_open(&p, param);
+    pair_connect(&p);
+    post_send(&p, p.ab, buf, 0, 500);
+    for (int i = 1; i < N; i++) {
+        cfx_test_fill(buf, LEN, 600 + (uint64_t)i);
+        post_send(&p, p.ab, buf, LEN, 500 + (uint64_t)i);
+    }
+    wait_count(&p, 1, CFX_TP_COMP_RECV, p.ba, N, WAIT_MS);
+    int k = 0;
+    for (size_t j = 0; j < p.s[1].n; j++) {
+        struct ev *e = &p.s[1].evs[j];
+        if (e->type != CFX_TP_COMP_RECV || e->ep != p.ba)
+            continue;
+        cr_assert_eq(e->len, k == 0 ? 0u : (uint32_t)LEN, "message %d: %u bytes", k, e->len);
+        if (k > 0)
+            cr_assert_eq(cfx_test_check(e->data, LEN, 600 + (uint64_t)k), (size_t)-1,
+                         "message %d differs at byte %zu", k,
+                         cfx_test_check(e->data, LEN, 600 + (uint64_t)k));
+        k++;
+    }
+    cr_assert_eq(k, N);
+    pair_close(&p);
+}
+
 TP_TEST(write_imm)
 {
     struct pair p;
