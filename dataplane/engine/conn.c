@@ -167,10 +167,24 @@ int cfx__conn_flush_all(struct cfx_context *ctx);
 int cfx__conn_flush_all(struct cfx_context *ctx)
 {
     struct cfx_list *pos, *tmp;
+    uint64_t now = cfx__now_ns();
     int n = 0;
     /* a failing flush frees its own connection (only that one) */
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (unlikely(!conn->authed && !conn->outbound)) {
+            /* a peer that connects and never proves the token does not
+             * keep the connection (and its buffers) for ever; our own
+             * connections are bounded by the deadlines of their requests */
+            if (!conn->auth_deadline) {
+                conn->auth_deadline = now + (uint64_t)CFX_CONN_AUTH_MS * 1000000ull;
+            } else if (now > conn->auth_deadline) {
+                char why[64];
+                snprintf(why, sizeof(why), "no authentication within %d ms", CFX_CONN_AUTH_MS);
+                cfx__conn_fail(conn, CFX_ERR_TIMEOUT, why);
+                continue;
+            }
+        }
         if (!cfx_list_empty(&conn->pending)) {
             int k = conn_flush(conn);
             n += k > 0 ? k : 0;

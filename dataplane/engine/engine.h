@@ -29,6 +29,7 @@
 #include "dataplane/transport.h"
 
 #define CFX_MAX_TPS        4         /* transports open at once */
+#define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
 #define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
 #define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
@@ -253,6 +254,7 @@ struct cfx_conn {
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
     /* cluster-token handshake (conn_auth.c) */
     bool authed;                /* peer proved the token: serve it, flush pending */
+    uint64_t auth_deadline;     /* not authed by then (ns): failed; 0 until first looked at */
     bool auth_sent;             /* our AUTH went out */
     uint8_t nonce[CFX_DP_NONCE_LEN];      /* ours */
     uint8_t peer_nonce[CFX_DP_NONCE_LEN]; /* theirs */

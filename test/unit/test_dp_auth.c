@@ -280,3 +280,23 @@ Test(dp_auth, right_token_is_served)
     cr_assert_eq(cfx_test_check(r.dst, OBJ_SIZE, 7), (size_t)-1, "bytes differ");
     raw_close(&r);
 }
+
+/* A peer that says HELLO and then nothing does not keep its connection (and
+ * the node's buffers for it) for ever: it is closed after CFX_CONN_AUTH_MS. */
+Test(dp_auth, silent_peer_is_closed_after_the_auth_deadline, .timeout = 60)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    raw_open(&r);
+    send_hello(&r, nonce);
+    uint64_t t0 = cfx__now_ns();
+    raw_poll(&r, CFX_CONN_AUTH_MS / 2);
+    cr_assert(!r.closed, "closed before the deadline");
+    raw_poll(&r, CFX_CONN_AUTH_MS + 5000);
+    cr_assert(r.closed, "a silent peer kept its connection past %d ms", CFX_CONN_AUTH_MS);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    cr_log_info("silent peer closed after %.1f s", secs);
+    cr_assert_geq(secs, CFX_CONN_AUTH_MS / 1000.0 - 0.5);
+    raw_close(&r);
+    cr_assert(cfx_test_file_contains(logpath, "no authentication within"), "not logged");
+}
