@@ -147,6 +147,13 @@ static void seg_unmap(struct cfx_context *ctx, struct cfx_arena_seg *seg)
     free(seg);
 }
 
+void cfx__arena_taint(struct cfx_context *ctx, const void *p)
+{
+    struct cfx_arena_seg *seg = arena_find(&ctx->arena, p);
+    if (seg)
+        seg->tainted = true;
+}
+
 /* ctx->lock held. */
 void cfx__arena_free(struct cfx_context *ctx, void *p)
 {
@@ -157,7 +164,7 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         return;
     }
     seg->used = false;
-    if (a->cached_bytes + seg->len <= ARENA_CACHE_MAX) {
+    if (!seg->tainted && a->cached_bytes + seg->len <= ARENA_CACHE_MAX) {
         a->cached_bytes += seg->len;
         return;
     }

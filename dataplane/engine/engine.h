@@ -416,6 +416,7 @@ struct cfx_arena_seg {
     size_t len;
     int fd;
     bool used;
+    bool tainted;               /* a peer may still write into it: never reuse */
 };
 
 struct cfx_arena {
@@ -430,6 +431,10 @@ int cfx__arena_alloc_locked(struct cfx_context *ctx, size_t size, void **out,
                             int *fd, uint64_t *off);
 int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t *off);
 void cfx__arena_free(struct cfx_context *ctx, void *p);
+/* ctx->lock held: the segment holding @p may still receive a peer's direct
+ * (shm) writes that nobody waits for any more; when freed it is closed and
+ * unmapped instead of cached, so no later buffer shares its pages or inode. */
+void cfx__arena_taint(struct cfx_context *ctx, const void *p);
 void cfx__arena_destroy(struct cfx_context *ctx);
 
 /* ---- the context ------------------------------------------------------------- */

@@ -156,7 +156,11 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
         in->cancel_sent = true;
         send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
     } else {
-        /* second cancel: the source never acked; stop waiting for it */
+        /* second cancel: the source never acked; stop waiting for it.  A
+         * direct shm write of its may still land in the buffer, so arena
+         * memory behind it is never handed out again. */
+        if (obj->shm_fd >= 0)
+            cfx__arena_taint(ctx, obj->buf);
         cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
     }
 }

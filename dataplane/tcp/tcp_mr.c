@@ -4,17 +4,29 @@
  * Registrations live in a per-iface table.  A remote key is (iface cookie,
  * table index, slot generation): the generation is bumped when the slot is
  * deregistered, so a key that outlived its registration is recognised and
- * refused instead of landing in whatever reuses the slot.
+ * refused instead of landing in whatever reuses the slot.  Generations
+ * start at random values, so a peer that learned one key (and so the
+ * cookie) cannot guess the keys of the other regions from their indexes.
  */
 #include <endian.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "dataplane/common/log.h"
 #include "tcp.h"
 
 #define MR_TABLE_MIN 16u
 #define MR_NONE      UINT32_MAX
+
+/* A random nonzero generation for a fresh slot. */
+static uint32_t first_gen(uint32_t i)
+{
+    uint32_t v = 0;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (uint32_t)(cfx__now_ns() * 2654435761u) ^ i;
+    return v ? v : 1;
+}
 
 static int mr_table_grow(struct cfx__tcp_iface *iface)
 {
@@ -30,7 +42,7 @@ static int mr_table_grow(struct cfx__tcp_iface *iface)
     /* New slots go on the free list, lowest index first. */
     for (uint32_t i = cap; i-- > iface->mrs_cap;) {
         t[i].mr = NULL;
-        t[i].gen = 1;
+        t[i].gen = first_gen(i);
         t[i].next_free = iface->mrs_free;
         iface->mrs_free = i;
     }

@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <conflux/conflux.h>
 
 #include "control/coord.h"
+#include "dataplane/engine/engine.h"
 #include "testutil.h"
 
 static struct cfx_coord *coord;
@@ -177,4 +179,41 @@ Test(context, object_ids)
     cr_assert_eq(cfx_object_id_from_hex("xyz", &b), CFX_ERR_INVALID);
     cr_assert_eq(cfx_object_id_from_hex("zz00000000000000000000000000000000000000", &b),
                  CFX_ERR_INVALID);
+}
+
+/* Arena memory a peer may still write into (a get cut off without the
+ * source's acknowledgement) is never handed out again: freed, its segment
+ * is closed, not cached, so a new buffer shares neither pages nor memfd. */
+Test(context, tainted_arena_segment_is_not_reused)
+{
+    struct cfx_context *a;
+    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    const size_t len = 1u << 20;
+    void *p, *q;
+    int fd, fd2;
+    uint64_t off;
+    struct stat st1, st2;
+
+    /* untainted: freed and reused (the same segment comes back) */
+    cr_assert_eq(cfx__arena_alloc(a, len, &p, &fd, &off), CFX_OK);
+    cr_assert_eq(fstat(fd, &st1), 0);
+    pthread_mutex_lock(&a->lock);
+    cfx__arena_free(a, p);
+    pthread_mutex_unlock(&a->lock);
+    cr_assert_eq(cfx__arena_alloc(a, len, &q, &fd2, &off), CFX_OK);
+    cr_assert_eq(fstat(fd2, &st2), 0);
+    cr_assert_eq(st1.st_ino, st2.st_ino, "a clean segment should be reused");
+
+    /* tainted: a fresh memfd */
+    pthread_mutex_lock(&a->lock);
+    cfx__arena_taint(a, (char *)q + 100);
+    cfx__arena_free(a, q);
+    pthread_mutex_unlock(&a->lock);
+    cr_assert_eq(cfx__arena_alloc(a, len, &p, &fd, &off), CFX_OK);
+    cr_assert_eq(fstat(fd, &st1), 0);
+    cr_assert_neq(st1.st_ino, st2.st_ino, "a tainted segment was handed out again");
+    pthread_mutex_lock(&a->lock);
+    cfx__arena_free(a, p);
+    pthread_mutex_unlock(&a->lock);
+    cfx_context_destroy(a);
 }
