@@ -8,6 +8,7 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -72,7 +73,7 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     seg = calloc(1, sizeof(*seg));
     if (!seg)
         return cfx__err(CFX_ERR_NOMEM, "arena: out of memory for a segment header");
-    seg->fd = memfd_create("conflux-arena", MFD_CLOEXEC);
+    seg->fd = memfd_create("conflux-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (seg->fd < 0) {
         status = cfx__err(cfx__status_from_errno(errno), "arena: memfd_create: %s",
                           strerror(errno));
@@ -81,6 +82,13 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     if (ftruncate(seg->fd, (off_t)len) < 0) {
         status = cfx__err(CFX_ERR_NOMEM, "arena: cannot size a %zu-byte segment: %s",
                           len, strerror(errno));
+        goto err_close_fd;
+    }
+    /* sealed against resizing: a peer that maps it for direct writes can
+     * rely on its size (shm refuses to write into unsealed files) */
+    if (fcntl(seg->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        status = cfx__err(cfx__status_from_errno(errno), "arena: cannot seal a segment: %s",
+                          strerror(errno));
         goto err_close_fd;
     }
     seg->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);

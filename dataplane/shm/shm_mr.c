@@ -212,6 +212,13 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
         close(fd);
         return CFX_ERR_NOT_FOUND;
     }
+    /* a file its owner can shrink under our copy would fault it (SIGBUS):
+     * direct writes go only into files sealed against shrinking */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        close(fd);
+        return CFX_ERR_NOT_FOUND; /* staged instead */
+    }
     uint64_t moff = rd->off & ~(uint64_t)(page - 1);
     size_t mlen = (size_t)((rd->off - moff + rd->len + (uint64_t)page - 1) & ~(uint64_t)(page - 1));
     /* MAP_POPULATE: no page faults in the copy that follows */

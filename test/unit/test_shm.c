@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -160,6 +161,8 @@ static void pair_close(struct pair *p)
     memset(p, 0, sizeof(*p));
 }
 
+static bool unsealed_memfd; /* memfd regions left unsealed (the refusal test) */
+
 /* A region: private memory, or a window of a memfd (like the engine's arena). */
 struct region {
     uint8_t *map;            /* whole allocation */
@@ -178,9 +181,12 @@ static void region_reg(struct cfx_tp_iface *iface, struct region *r, size_t len,
     r->map_len = (off + len + 4096 + 4095) & ~(size_t)4095; /* a guard after the region */
     r->fd = -1;
     if (memfd) {
-        r->fd = memfd_create("test-arena", MFD_CLOEXEC);
+        r->fd = memfd_create("test-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         cr_assert_geq(r->fd, 0);
         cr_assert_eq(ftruncate(r->fd, (off_t)r->map_len), 0);
+        /* as the engine's arena: direct writes go only into sealed files */
+        if (!unsealed_memfd)
+            cr_assert_eq(fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
         r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
         cr_assert_neq(r->map, MAP_FAILED);
     } else {
@@ -263,7 +269,7 @@ static int count_dev_shm(void)
 
 /* ---- byte-for-byte over both paths ------------------------------------------------- */
 
-static void check_paths(bool direct)
+static void check_paths(bool memfd, bool direct)
 {
     static const struct { size_t loff, roff, len; } w[] = {
         { 0, 0, 1 },
@@ -277,7 +283,7 @@ static void check_paths(bool direct)
 
     pair_open(&p);
     region_reg(p.s[0].iface, &src, 10u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0);
-    region_reg(p.s[1].iface, &dst, 10u << 20, dst_off, direct, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    region_reg(p.s[1].iface, &dst, 10u << 20, dst_off, memfd, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
 
     for (size_t i = 0; i < CFX_ARRAY_SIZE(w); i++) {
         uint64_t seed = 1000 + i;
@@ -311,12 +317,20 @@ static void check_paths(bool direct)
 
 Test(shm, direct_bytes, .timeout = 60)
 {
-    check_paths(true);
+    check_paths(true, true);
 }
 
 Test(shm, staged_bytes, .timeout = 60)
 {
-    check_paths(false);
+    check_paths(false, false);
+}
+
+/* A destination file its owner could shrink under the writer's copy (not
+ * sealed) is never written directly: every write is staged, bytes intact. */
+Test(shm, unsealed_memfd_is_staged, .timeout = 60)
+{
+    unsealed_memfd = true;
+    check_paths(true, false);
 }
 
 /* ---- wrap-around and ordering -------------------------------------------------------- */
