@@ -140,6 +140,7 @@ struct cfx__tcp_ep {
     struct cfx_list link; /* iface->eps or iface->graveyard */
     int fd;
     int state;             /* enum cfx__tcp_ep_state */
+    uint64_t hello_deadline; /* HELLO_WAIT: dropped unless the HELLO is in by then (ns) */
     uint32_t epoll_events; /* events registered now */
     char addr[32];         /* peer "ip:port" (connect side: dialled) */
 
@@ -174,6 +175,7 @@ struct cfx__tcp_iface {
     char addr[32];             /* "ip:port" we listen on */
     uint32_t cookie;           /* random; part of every rkey */
     uint64_t poll_gen;         /* incremented by every poll() */
+    uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     struct cfx_list eps;       /* live endpoints */
     struct cfx_list graveyard; /* closed eps freed at the next poll */
 
@@ -230,6 +232,11 @@ void cfx__tcp_cq_drop_ep(struct cfx__tcp_iface *iface, struct cfx_tp_ep *ep);
 int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events);
 
 /* tcp_ep.c */
+/* Drop accepted endpoints whose HELLO did not arrive in time (a peer that
+ * connects and says nothing must not pin a descriptor and buffers). */
+#define CFX_TCP_HELLO_MS 10000
+void cfx__tcp_ep_hello_expire(struct cfx__tcp_iface *iface, uint64_t now);
+
 int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t peer_node,
                        const char *addr, struct cfx__tcp_ep **out);
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep);

@@ -176,6 +176,19 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
     push_comp(ep, CFX_TP_COMP_EP_ERROR, status);
 }
 
+void cfx__tcp_ep_hello_expire(struct cfx__tcp_iface *iface, uint64_t now)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+        struct cfx__tcp_ep *ep = cfx_list_entry(pos, struct cfx__tcp_ep, link);
+        if (ep->state == CFX_TCP_EP_HELLO_WAIT && now > ep->hello_deadline) {
+            CFX_LOG(WARN, TCP, "iface %s: connection from %s sent no HELLO in %d ms; dropped",
+                    iface->addr, ep->addr, CFX_TCP_HELLO_MS);
+            ep_fail(ep, CFX_ERR_TIMEOUT); /* to the graveyard: only this one leaves the list */
+        }
+    }
+}
+
 /* Failure with a log line naming both ends; @p status and why. */
 #define EP_FAIL(ep, lvl, status, ...)                                                  \
     do {                                                                               \
@@ -230,6 +243,8 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
     ep->iface = iface;
     ep->fd = fd;
     ep->state = state;
+    if (state == CFX_TCP_EP_HELLO_WAIT)
+        ep->hello_deadline = cfx__now_ns() + (uint64_t)CFX_TCP_HELLO_MS * 1000000ull;
     snprintf(ep->addr, sizeof(ep->addr), "%s", addr);
     set_peer_name(ep);
 

@@ -327,6 +327,11 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
         iface_progress(iface);
         n += cq_drain(iface, comps + n, max - n);
     }
+    uint64_t now = cfx__now_ns();
+    if (unlikely(now > iface->hello_check)) {
+        iface->hello_check = now + 100 * 1000000ull;
+        cfx__tcp_ep_hello_expire(iface, now);
+    }
     return n;
 }
 

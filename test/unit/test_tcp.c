@@ -462,6 +462,27 @@ Test(tcp, strangers_dropped)
     cr_assert_arr_eq(wait_ev(&B, CFX_TP_COMP_RECV, ba)->data, "ok", 2);
 }
 
+/* A stranger that connects and says nothing is dropped at the HELLO
+ * deadline, without a word to the user; one that says half a header too. */
+Test(tcp, silent_strangers_dropped, .timeout = 60)
+{
+    int fd1 = raw_connect(B.iface);
+    int fd2 = raw_connect(B.iface);
+    raw_send(fd2, "\x01\x00", 2); /* half a frame header, then silence */
+    uint64_t t0 = cfx__now_ns();
+    pump(CFX_TCP_HELLO_MS / 2);
+    char c;
+    cr_assert_eq(recv(fd1, &c, 1, MSG_DONTWAIT), -1, "dropped before the deadline");
+    pump(CFX_TCP_HELLO_MS / 2 + 1500);
+    cr_assert_eq(recv(fd1, &c, 1, MSG_DONTWAIT), 0, "silent connection not closed");
+    cr_assert_eq(recv(fd2, &c, 1, MSG_DONTWAIT), 0, "half-header connection not closed");
+    cr_log_info("silent strangers dropped within %.1f s",
+                (double)(cfx__now_ns() - t0) / 1e9);
+    cr_assert_eq(B.n, 0, "b reported %zu completions", B.n);
+    close(fd1);
+    close(fd2);
+}
+
 /* A region deregistered while a write streams into it: the rest is dropped,
  * no WRITE_IMM, the connection carries on. */
 Test(tcp, dereg_during_write)
