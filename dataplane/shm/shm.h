@@ -161,7 +161,7 @@ struct cfx__shm_ep {
     int peer_status;              /* status from the peer's BYE */
     bool direct_off;              /* peer memfds cannot be opened: stage */
     bool rx_deferred;             /* a RECV points into rx: release at next poll */
-    uint64_t connect_deadline;    /* CONNECTING: give up after */
+    uint64_t connect_deadline;    /* CONNECTING, HELLO_SENT, HELLO_WAIT: give up after */
     char sun_path[108];           /* CONNECTING: abstract name (leading NUL) */
     uint32_t sun_len;
 
@@ -241,6 +241,10 @@ int cfx__shm_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len
 void cfx__shm_accept(struct cfx__shm_iface *iface);
 void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep);
 void cfx__shm_ep_connect_retry(struct cfx__shm_ep *ep);
+/* A handshake past its deadline: an accepted peer that sent no HELLO is
+ * dropped quietly, a connection whose ACK never came fails (CFX_ERR_TIMEOUT).
+ * @return true when @p ep is gone from the iface's list. */
+bool cfx__shm_ep_handshake_expire(struct cfx__shm_ep *ep, uint64_t now);
 /* Close the socket (after a best-effort BYE(@p status) when @p bye). */
 void cfx__shm_ep_sock_close(struct cfx__shm_ep *ep, bool bye, int status);
 

@@ -238,6 +238,7 @@ void cfx__shm_accept(struct cfx__shm_iface *iface)
             continue;
         }
         ep->peer_pid = peer_pid(sock);
+        ep->connect_deadline = cfx__now_ns() + CFX_SHM_CONNECT_NS; /* for its HELLO */
         snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "pid %d (shm)",
                  (int)ep->peer_pid);
         if (ep_watch(ep) != CFX_OK) {
@@ -347,6 +348,22 @@ static void on_hangup(struct cfx__shm_ep *ep)
             ep->super.peer_name, cfx_errname(ep->peer_status));
     cfx__shm_ep_sock_close(ep, false, 0);
     ep->state = CFX_SHM_EP_PEER_GONE;
+}
+
+bool cfx__shm_ep_handshake_expire(struct cfx__shm_ep *ep, uint64_t now)
+{
+    if (now <= ep->connect_deadline)
+        return false;
+    if (ep->state == CFX_SHM_EP_HELLO_WAIT) {
+        drop_unaccepted(ep, "no HELLO in time");
+        return true;
+    }
+    if (ep->state == CFX_SHM_EP_HELLO_SENT) {
+        CFX_LOG(WARN, SHM, "node %u: %s did not answer the handshake in time",
+                ep->iface->super.node_id, ep->super.peer_name);
+        cfx__shm_ep_fail(ep, CFX_ERR_TIMEOUT, false);
+    }
+    return false;
 }
 
 void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep)

@@ -295,6 +295,8 @@ static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
             struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
             if (ep->state == CFX_SHM_EP_CONNECTING)
                 cfx__shm_ep_connect_retry(ep);
+            else if (ep->state == CFX_SHM_EP_HELLO_WAIT || ep->state == CFX_SHM_EP_HELLO_SENT)
+                cfx__shm_ep_handshake_expire(ep, now);
         }
     }
 }

@@ -9,15 +9,19 @@
 #include <criterion/criterion.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -870,4 +874,44 @@ Test(shm, refused_segment_not_empty, .timeout = 30)
     }
     munmap(seg, len);
     close(fd);
+}
+
+/* A stranger that connects to the rendezvous socket and says nothing is
+ * dropped at the handshake deadline, without a word to the user. */
+Test(shm, silent_stranger_dropped, .timeout = 60)
+{
+    struct cfx_tp_iface *iface = open_iface(1);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(iface, addr, &alen), CFX_OK);
+    struct sockaddr_un sun = { .sun_family = AF_UNIX };
+    size_t nlen = strlen(addr); /* "@name": abstract, the '@' becomes NUL */
+    memcpy(sun.sun_path, addr, nlen);
+    sun.sun_path[0] = '\0';
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sun,
+                         (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)), 0,
+                 "%s", strerror(errno));
+    struct cfx_tp_completion comps[16];
+    int events = 0;
+    char c;
+    uint64_t t0 = cfx__now_ns(), end = t0 + (CFX_SHM_CONNECT_NS / 1000000 + 3000) * 1000000ull;
+    bool closed = false;
+    while (!closed && cfx__now_ns() < end) {
+        int n = ops->poll(iface, comps, 16);
+        cr_assert_geq(n, 0);
+        events += n;
+        ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
+        closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        if (!n)
+            usleep(1000);
+    }
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    cr_assert(closed, "a silent stranger kept its connection for %.1f s", secs);
+    cr_assert_geq(secs, CFX_SHM_CONNECT_NS / 1e9 - 0.5, "dropped too early (%.1f s)", secs);
+    cr_assert_eq(events, 0, "the user saw %d completions", events);
+    cr_log_info("silent shm stranger dropped after %.1f s", secs);
+    close(fd);
+    ops->iface_close(iface);
 }
