@@ -87,8 +87,7 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     CFX_LOG(DEBUG, CONN, "node %u: connecting to %s", ctx->node_id, conn->name);
     rc = cfx__conn_auth_hello_out(conn); /* HELLO with our nonce (conn_auth.c) */
     if (rc != CFX_OK) {
-        *status = rc;
-        cfx__conn_destroy(conn);
+        *status = rc; /* the connection is gone */
         return NULL;
     }
     return conn;
@@ -123,8 +122,12 @@ int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len)
     if (conn->state == CFX_CONN_FAILED)
         return conn->status;
     struct cfx_pending_msg *pm = malloc(sizeof(*pm) + len);
-    if (!pm)
+    if (!pm) {
+        /* a handshake that cannot go out would leave the connection
+         * unauthenticated for good: end it (a failure means it is gone) */
+        cfx__conn_fail(conn, CFX_ERR_NOMEM, "out of memory for a handshake message");
         return CFX_ERR_NOMEM;
+    }
     pm->hs = true;
     pm->len = len;
     memcpy(pm->data, msg, len);

@@ -49,10 +49,12 @@ int cfx__conn_auth_hello_out(struct cfx_conn *conn)
         .node_id = conn->ctx->node_id,
     };
     int rc = cfx__auth_nonce(conn->nonce, sizeof(conn->nonce));
-    if (rc != CFX_OK)
+    if (rc != CFX_OK) {
+        cfx__conn_fail(conn, rc, "no nonce for the handshake");
         return rc;
+    }
     memcpy(h.nonce, conn->nonce, sizeof(h.nonce));
-    return cfx__conn_send_hs(conn, &h, sizeof(h));
+    return cfx__conn_send_hs(conn, &h, sizeof(h)); /* a failure ended the connection */
 }
 
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m)

@@ -601,7 +601,8 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
-/* Queue a handshake message ahead of everything else and flush. */
+/* Queue a handshake message ahead of everything else and flush.  A failure
+ * has ended the connection (it is freed). */
 int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
 /* Flush queued messages once the connection is usable; returns how many. */
 int cfx__conn_flush(struct cfx_conn *conn);
@@ -611,7 +612,7 @@ int cfx__conn_flush(struct cfx_conn *conn);
  * connector checks it, answers AUTH{Na, MAC_conn(Na,Nc)} and is
  * authenticated; the acceptor is once it checked that.  Nothing but HELLO
  * and AUTH is accepted on an unauthenticated connection. */
-int cfx__conn_auth_hello_out(struct cfx_conn *conn);
+int cfx__conn_auth_hello_out(struct cfx_conn *conn); /* a failure ended the connection */
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m);
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,

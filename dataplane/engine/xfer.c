@@ -210,6 +210,12 @@ static bool conn_live(struct cfx_context *ctx, const struct cfx_conn *conn)
 void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t imm,
                          uint32_t len)
 {
+    if (unlikely(!conn->authed)) {
+        /* writes answer our requests, which go out only once the peer has
+         * proved the token: one before that is an impostor's */
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "a write before authentication");
+        return;
+    }
     uint32_t slot = imm >> CFX_IMM_SLOT_SHIFT;
     uint32_t chunk = imm & CFX_IMM_CHUNK_MASK;
     struct cfx_xfer_in *in = ctx->slots[slot];

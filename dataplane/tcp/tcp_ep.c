@@ -35,6 +35,7 @@
 #define KEEPCNT     3
 
 static void ep_tx_progress(struct cfx__tcp_ep *ep);
+static void ep_rx_progress(struct cfx__tcp_ep *ep);
 
 /* --- helpers ---------------------------------------------------------------- */
 
@@ -418,7 +419,15 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            EP_FAIL(ep, WARN, sock_errno_status(errno), "send: %s", strerror(errno));
+            int err = errno;
+            /* A peer that finished and closed may have sent its last
+             * messages just before: they wait in our receive queue.  Take
+             * them in first (their completions come before the error), or
+             * a reply of ours to a peer that left would lose them. */
+            if (ep->state == CFX_TCP_EP_OPEN)
+                ep_rx_progress(ep);
+            if (ep->state != CFX_TCP_EP_FAILED)
+                EP_FAIL(ep, WARN, sock_errno_status(err), "send: %s", strerror(err));
             return;
         }
 
