@@ -253,6 +253,42 @@ int cfx__memtype_wait_default(enum cfx_memtype type, void *stream)
     return rc != CFX_OK || !ops || !ops->wait_default ? rc : ops->wait_default(stream);
 }
 
+int cfx__memtype_stream_for(enum cfx_memtype type, void **slot, pthread_mutex_t *lock,
+                            void **out)
+{
+    void *s, *made = NULL, *extra = NULL;
+    int rc;
+
+    if (lock)
+        pthread_mutex_lock(lock);
+    s = *slot;
+    if (lock)
+        pthread_mutex_unlock(lock);
+    if (!s) {
+        if ((rc = cfx__memtype_stream_create(type, &made)) != CFX_OK)
+            return rc;
+        if (lock)
+            pthread_mutex_lock(lock);
+        if (!*slot)
+            *slot = made;
+        else
+            extra = made; /* another thread was first */
+        s = *slot;
+        if (lock)
+            pthread_mutex_unlock(lock);
+        cfx__memtype_stream_destroy(type, extra);
+    }
+    *out = s;
+    return cfx__memtype_wait_default(type, s);
+}
+
+int cfx__memcpy_typed_wait(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                           size_t len, void *stream)
+{
+    int rc = cfx__memcpy_typed_async(dst, dt, src, st, len, stream);
+    return rc == CFX_OK ? cfx__memtype_sync(dt != CFX_MEMTYPE_HOST ? dt : st, stream) : rc;
+}
+
 void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream)
 {
     const struct cfx_memtype_ops *ops = cfx__memtype_ops(type);

@@ -13,6 +13,7 @@
 #ifndef CFX_GPU_MEMTYPE_H
 #define CFX_GPU_MEMTYPE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <conflux/mem.h>
 #include <conflux/reduce.h>
@@ -165,6 +166,21 @@ void cfx__memtype_stream_destroy(enum cfx_memtype type, void *stream); /* NULL o
 /* Order @p stream of @p type after the work queued so far on the type's
  * default stream (see wait_default above); CFX_OK at once for host. */
 int cfx__memtype_wait_default(enum cfx_memtype type, void *stream);
+
+/*
+ * A stream of @p type kept in *@p slot, made on first use, then ordered
+ * after the work queued so far on the default stream (the caller's kernels
+ * there): the stream of data-plane copies that have no stream of the
+ * caller's.  @p lock (may be NULL when one thread owns the slot) guards
+ * *@p slot; the stream is made outside it, since a first CUDA call can be
+ * slow.  The slot's owner destroys the stream.  *@p out is the stream.
+ */
+int cfx__memtype_stream_for(enum cfx_memtype type, void **slot, pthread_mutex_t *lock,
+                            void **out);
+
+/* cfx__memcpy_typed_async() on @p stream, then wait for that stream. */
+int cfx__memcpy_typed_wait(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
+                           size_t len, void *stream);
 
 /* Allocate / free @p len bytes of @p type through its entry (tools, tests).
  * CFX_ERR_UNSUPPORTED when the type is not built in; CFX_ERR_NOMEM. */

@@ -193,9 +193,7 @@ static int bounce_out(struct coll_exec *x, const void *dev, size_t len, void **o
                         "device data", x->what, x->a->seq, x->g->rank, len);
     if (!dev)
         return CFX_OK;
-    rc = cfx__memcpy_typed_async(*out, CFX_MEMTYPE_HOST, dev, x->mt, len, x->stream);
-    if (rc == CFX_OK)
-        rc = cfx__memtype_sync(x->mt, x->stream);
+    rc = cfx__memcpy_typed_wait(*out, CFX_MEMTYPE_HOST, dev, x->mt, len, x->stream);
     if (rc != CFX_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -921,15 +919,12 @@ static int coll_run_dev(struct coll_exec *x)
     if (a->params.field_mask & CFX_COLL_PARAM_STREAM && a->params.stream) {
         x->stream = a->params.stream;
     } else {
-        /* ours does not wait for the default stream by itself */
-        if (!g->dstream)
-            rc = cfx__memtype_stream_create(x->mt, &g->dstream);
-        if (rc == CFX_OK)
-            rc = cfx__memtype_wait_default(x->mt, g->dstream);
+        /* the group's, ordered after the default stream (one call of the
+         * group runs at a time: no lock) */
+        rc = cfx__memtype_stream_for(x->mt, &g->dstream, NULL, &x->stream);
         if (rc != CFX_OK)
             return cfx__err(rc, "%s #%" PRIu32 ": rank %d: no device stream: %s", x->what,
                             a->seq, g->rank, cfx_last_error());
-        x->stream = g->dstream;
     }
     rc = coll_exec_run(x);
     /* the result in place and every bounce free, failed or not */

@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <conflux/status.h>
 #include <conflux/version.h>
@@ -126,4 +129,15 @@ bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t de
                            .tv_nsec = (long)(deadline % 1000000000ull) };
     pthread_cond_timedwait(cond, mu, &ts);
     return true;
+}
+
+uint32_t cfx__random_u32(void)
+{
+    static _Atomic uint32_t calls;
+    uint32_t v;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) == (ssize_t)sizeof(v))
+        return v;
+    /* early boot: distinct per call, if not unpredictable */
+    return (uint32_t)(cfx__now_ns() * 2654435761u) ^ (uint32_t)getpid() ^
+           (atomic_fetch_add(&calls, 1) << 16);
 }

@@ -56,6 +56,11 @@ static inline int cfx__ms_left(uint64_t deadline)
  * timeout, so callers loop: while (!done && cfx__cond_wait_until(...)). */
 bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline);
 
+/* 32 random bits for names, keys and sequence numbers that peers should not
+ * guess (getrandom, never blocking; clock bits while the pool is not ready).
+ * Not for secrets: those use cfx__auth_nonce(). */
+uint32_t cfx__random_u32(void);
+
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())
  * and return @p status so call sites can write `return cfx__err(...)`.

@@ -529,9 +529,11 @@ void cfx__reannounce_stop(struct cfx_context *ctx);
  * is still on the wire).
  */
 struct cfx__get_watch {
-    /* bytes [0, @p upto) of @p buf are final; called without the context
-     * lock, with @p upto growing; a non-OK return stops the calls */
-    int (*landed)(void *arg, const void *buf, size_t upto);
+    /* bytes [@p from, @p upto) of @p buf landed, and with them all of
+     * [0, @p upto) is final; @p from is the previous call's @p upto (0
+     * first).  Called without the context lock; a non-OK return stops the
+     * calls */
+    int (*landed)(void *arg, const void *buf, size_t from, size_t upto);
     void *arg;
     size_t upto; /* the last upto told (start 0) */
     int rc;      /* first failure of landed(), else CFX_OK */

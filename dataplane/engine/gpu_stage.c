@@ -46,44 +46,12 @@ static struct cfx_obj_params host_params(const struct cfx_obj_params *params)
     return p;
 }
 
-/*
- * The context's device stream, made on first use (outside the lock: the
- * first CUDA call of a process can take long), ordered after the work
- * queued so far on the default stream (the kernel that made a put's bytes,
- * or that still reads a get's destination).
- */
+/* The context's device stream, ordered after the caller's work on the
+ * default stream (the kernel that made a put's bytes, or that still reads
+ * a get's destination). */
 static int dev_stream(struct cfx_context *ctx, void **out)
 {
-    void *made = NULL, *extra = NULL;
-    int rc = CFX_OK;
-
-    pthread_mutex_lock(&ctx->lock);
-    void *s = ctx->dev_stream;
-    pthread_mutex_unlock(&ctx->lock);
-    if (!s) {
-        rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &made);
-        if (rc != CFX_OK)
-            return rc;
-        pthread_mutex_lock(&ctx->lock);
-        if (!ctx->dev_stream)
-            ctx->dev_stream = made;
-        else
-            extra = made; /* another thread was first */
-        s = ctx->dev_stream;
-        pthread_mutex_unlock(&ctx->lock);
-        cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, extra);
-    }
-    rc = cfx__memtype_wait_default(CFX_MEMTYPE_CUDA, s);
-    *out = s;
-    return rc;
-}
-
-/* Copy between host and device on @p stream and wait for it. */
-static int dev_copy(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
-                    size_t len, void *stream)
-{
-    int rc = cfx__memcpy_typed_async(dst, dt, src, st, len, stream);
-    return rc == CFX_OK ? cfx__memtype_sync(CFX_MEMTYPE_CUDA, stream) : rc;
+    return cfx__memtype_stream_for(CFX_MEMTYPE_CUDA, &ctx->dev_stream, &ctx->lock, out);
 }
 
 int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *dev,
@@ -102,7 +70,7 @@ int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, 
     rc = cfx_buf_alloc(ctx, size, &host);
     if (rc != CFX_OK)
         return rc;
-    rc = dev_copy(host, CFX_MEMTYPE_HOST, dev, CFX_MEMTYPE_CUDA, size, stream);
+    rc = cfx__memcpy_typed_wait(host, CFX_MEMTYPE_HOST, dev, CFX_MEMTYPE_CUDA, size, stream);
     if (rc != CFX_OK) {
         cfx_buf_free(ctx, host);
         return cfx__err(rc, "cfx_put of device memory on node %u: %s", ctx->node_id,
@@ -126,24 +94,21 @@ int cfx__gpu_stage_put(struct cfx_context *ctx, const struct cfx_object_id *id, 
 struct stage_get {
     char *dev;       /* the caller's device buffer */
     size_t capacity; /* its size */
-    size_t done;     /* bytes copied to it so far */
     void *stream;    /* the context's device stream */
     char why[256];   /* a failed copy's error text, kept at once */
 };
 
-/* Copy what landed since the last call on to the device (told by the get,
- * on this thread; the rest of the object keeps arriving meanwhile). */
-static int stage_landed(void *arg, const void *buf, size_t upto)
+/* Copy bytes [from, upto), which just landed, on to the device (told by
+ * the get, on this thread; the rest of the object keeps arriving). */
+static int stage_landed(void *arg, const void *buf, size_t from, size_t upto)
 {
     struct stage_get *sg = arg;
 
     if (upto > sg->capacity)
         return CFX_ERR_TRUNCATED; /* said by the caller, who knows the size */
-    int rc = dev_copy(sg->dev + sg->done, CFX_MEMTYPE_CUDA, (const char *)buf + sg->done,
-                      CFX_MEMTYPE_HOST, upto - sg->done, sg->stream);
-    if (rc == CFX_OK)
-        sg->done = upto;
-    else
+    int rc = cfx__memcpy_typed_wait(sg->dev + from, CFX_MEMTYPE_CUDA, (const char *)buf + from,
+                                    CFX_MEMTYPE_HOST, upto - from, sg->stream);
+    if (rc != CFX_OK)
         snprintf(sg->why, sizeof(sg->why), "%s", cfx_last_error());
     return rc;
 }
@@ -170,7 +135,7 @@ int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, 
                       "%zu bytes, the buffer %zu", ctx->node_id, size, capacity);
     } else {
         /* the part that landed last (or all of a local or inline object) */
-        rc = w.rc != CFX_OK ? w.rc : stage_landed(&sg, host, size);
+        rc = w.rc != CFX_OK ? w.rc : stage_landed(&sg, host, w.upto, size);
         if (rc != CFX_OK)
             rc = cfx__err(rc, "get into device memory on node %u: copy to the device: %s",
                           ctx->node_id, sg.why);

@@ -169,7 +169,7 @@ static void watch_prefix(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
         return;
     const void *buf = obj->buf;
     pthread_mutex_unlock(&ctx->lock);
-    w->rc = w->landed(w->arg, buf, (size_t)upto);
+    w->rc = w->landed(w->arg, buf, w->upto, (size_t)upto);
     pthread_mutex_lock(&ctx->lock);
     if (w->rc == CFX_OK)
         w->upto = (size_t)upto;

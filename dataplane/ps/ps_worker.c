@@ -122,47 +122,16 @@ static void op_free(struct ps_op *op)
     free(op);
 }
 
-/* The stream device copies of this worker go on. */
-static int dev_stream(struct cfx_ps *ps, void **out)
-{
-    enum cfx_memtype mt = ps->params.memtype;
-    if (ps->params.stream) {
-        *out = ps->params.stream;
-        return CFX_OK;
-    }
-    pthread_mutex_lock(&ps->lock);
-    void *s = ps->w->dev_stream;
-    pthread_mutex_unlock(&ps->lock);
-    if (!s) {
-        /* made outside the lock (a first CUDA call can be slow) */
-        void *made = NULL, *extra = NULL;
-        int rc = cfx__memtype_stream_create(mt, &made);
-        if (rc != CFX_OK)
-            return rc;
-        pthread_mutex_lock(&ps->lock);
-        if (!ps->w->dev_stream)
-            ps->w->dev_stream = made;
-        else
-            extra = made; /* another thread was first */
-        s = ps->w->dev_stream;
-        pthread_mutex_unlock(&ps->lock);
-        cfx__memtype_stream_destroy(mt, extra);
-    }
-    *out = s;
-    return cfx__memtype_wait_default(mt, s);
-}
-
-/* Copy between the caller's device buffer and a host copy, and wait. */
+/* Copy between the caller's device buffer and a host copy, and wait: on
+ * the caller's stream, else on the worker's own. */
 static int dev_copy(struct cfx_ps *ps, void *dst, enum cfx_memtype dt, const void *src,
                     enum cfx_memtype st, size_t len)
 {
-    void *stream = NULL;
-    int rc = dev_stream(ps, &stream);
-    if (rc == CFX_OK)
-        rc = cfx__memcpy_typed_async(dst, dt, src, st, len, stream);
-    if (rc == CFX_OK)
-        rc = cfx__memtype_sync(ps->params.memtype, stream);
-    return rc;
+    void *stream = ps->params.stream;
+    int rc = stream ? CFX_OK
+                    : cfx__memtype_stream_for(ps->params.memtype, &ps->w->dev_stream, &ps->lock,
+                                              &stream);
+    return rc == CFX_OK ? cfx__memcpy_typed_wait(dst, dt, src, st, len, stream) : rc;
 }
 
 static void op_complete(struct cfx_ps *ps, struct ps_op *op)

@@ -12,7 +12,8 @@
  * carries the reason of an orderly close or a protocol failure.
  *
  * Data.  Each ring carries 64-byte aligned messages [header | payload]:
- *   SEND   control message (<= CFX_TP_SEND_MAX), handed to the user in place;
+ *   SEND   control message (<= CFX_TP_SEND_MAX), handed to the user as a private
+ *          copy (valid until the next poll; the peer could rewrite the ring);
  *   WFRAG  staged write fragment: the receiver copies the payload into its
  *          registration (key + offset checked first); the LAST one reports
  *          WRITE_IMM;
@@ -160,7 +161,6 @@ struct cfx__shm_ep {
     pid_t peer_pid;               /* from SO_PEERCRED */
     int peer_status;              /* status from the peer's BYE */
     bool direct_off;              /* peer memfds cannot be opened: stage */
-    bool rx_deferred;             /* a RECV points into rx: release at next poll */
     uint64_t connect_deadline;    /* CONNECTING, HELLO_SENT, HELLO_WAIT: give up after */
     char sun_path[108];           /* CONNECTING: abstract name (leading NUL) */
     uint32_t sun_len;
@@ -263,7 +263,6 @@ int cfx__shm_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t
 void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep);
 int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *comps,
                             int max);
-void cfx__shm_ep_rx_release(struct cfx__shm_ep *ep);
 /* iface_arm helper: set the wake-up flags; true when work is pending. */
 bool cfx__shm_ep_arm(struct cfx__shm_ep *ep);
 bool cfx__shm_ep_recheck(struct cfx__shm_ep *ep);

@@ -386,15 +386,6 @@ static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__
     return CFX_ERR_PROTO;
 }
 
-void cfx__shm_ep_rx_release(struct cfx__shm_ep *ep)
-{
-    ep->rx_deferred = false;
-    if (ep->rx.published != ep->rx.pos) {
-        cfx__shm_ring_release(&ep->rx);
-        wake_producer(ep);
-    }
-}
-
 int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *comps, int max)
 {
     struct cfx__shm_ring *r = &ep->rx;
@@ -438,9 +429,8 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             c->type = CFX_TP_COMP_RECV;
             c->ep = &ep->super;
             c->len = h.len;
-            c->data = copy;
+            c->data = copy; /* reused at the next poll */
             n++;
-            ep->rx_deferred = true; /* the copy is reused at the next poll */
             break;
         }
         case CFX_SHM_MSG_WFRAG:
@@ -482,15 +472,11 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
         }
         r->pos += sz;
         consumed = true;
-        if (!ep->rx_deferred)
-            cfx__shm_ring_release(r); /* room for the producer's next fragment */
+        cfx__shm_ring_release(r); /* room for the producer's next fragment */
     }
 out:
-    if (consumed && !ep->rx_deferred) {
-        if (r->published != r->pos)
-            cfx__shm_ring_release(r);
+    if (consumed)
         wake_producer(ep);
-    }
     if (ep->state == CFX_SHM_EP_PEER_GONE && n < max && !cfx__shm_ring_avail(r))
         cfx__shm_ep_fail(ep, ep->peer_status, false);
     return n;
@@ -509,8 +495,6 @@ bool cfx__shm_ep_arm(struct cfx__shm_ep *ep)
     default:
         return false;            /* the socket wakes us */
     }
-    if (ep->rx_deferred)
-        return true;
     atomic_store_explicit(&ep->rx.ctl->consumer_sleeping, 1, memory_order_relaxed);
     if (ep->txq_count)
         atomic_store_explicit(&ep->tx.ctl->producer_waiting, 1, memory_order_relaxed);

@@ -10,7 +10,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -144,8 +143,7 @@ static int shm_iface_open(const struct cfx_tp_iface_params *params,
                                 strerror(errno));
         goto err_close_doorbell;
     }
-    if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
-        rnd = (uint32_t)cfx__now_ns() ^ ((uint32_t)(uintptr_t)iface << 8);
+    rnd = cfx__random_u32();
     snprintf(iface->addr, sizeof(iface->addr), "@conflux-shm-%d-%08x", (int)iface->pid, rnd);
     /* abstract namespace: a leading NUL, no file to clean up */
     size_t nlen = strlen(iface->addr);
@@ -322,8 +320,6 @@ static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, i
 
     cfx_list_for_each(pos, &iface->eps) {
         struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
-        if (ep->rx_deferred)
-            cfx__shm_ep_rx_release(ep);
         if (ep->txq_count && ep->state == CFX_SHM_EP_READY)
             cfx__shm_ep_tx_progress(ep);
     }

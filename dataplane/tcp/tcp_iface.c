@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -154,10 +153,7 @@ static void iface_accept(struct cfx__tcp_iface *iface)
 
 static uint32_t iface_cookie(void)
 {
-    uint32_t v;
-    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) == (ssize_t)sizeof(v) && v)
-        return v;
-    v = (uint32_t)(cfx__now_ns() ^ ((uint64_t)getpid() << 16));
+    uint32_t v = cfx__random_u32();
     return v ? v : 1;
 }
 

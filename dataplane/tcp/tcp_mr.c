@@ -11,22 +11,12 @@
 #include <endian.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "dataplane/common/log.h"
 #include "tcp.h"
 
 #define MR_TABLE_MIN 16u
 #define MR_NONE      UINT32_MAX
-
-/* A random nonzero generation for a fresh slot. */
-static uint32_t first_gen(uint32_t i)
-{
-    uint32_t v = 0;
-    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
-        v = (uint32_t)(cfx__now_ns() * 2654435761u) ^ i;
-    return v ? v : 1;
-}
 
 static int mr_table_grow(struct cfx__tcp_iface *iface)
 {
@@ -42,7 +32,8 @@ static int mr_table_grow(struct cfx__tcp_iface *iface)
     /* New slots go on the free list, lowest index first. */
     for (uint32_t i = cap; i-- > iface->mrs_cap;) {
         t[i].mr = NULL;
-        t[i].gen = first_gen(i);
+        uint32_t gen = cfx__random_u32();
+        t[i].gen = gen ? gen : 1;
         t[i].next_free = iface->mrs_free;
         iface->mrs_free = i;
     }

@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,10 +45,7 @@ static void sock_setup(int fd)
 
 static uint32_t random_psn(void)
 {
-    uint32_t v;
-    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
-        v = (uint32_t)cfx__now_ns();
-    return v & 0xffffff;
+    return cfx__random_u32() & 0xffffff;
 }
 
 int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface)

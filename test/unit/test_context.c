@@ -181,6 +181,26 @@ Test(context, object_ids)
                  CFX_ERR_INVALID);
 }
 
+/* An arena buffer and the inode of the memfd behind it. */
+static ino_t arena_take(struct cfx_context *ctx, size_t len, void **p)
+{
+    int fd;
+    uint64_t off;
+    struct stat st;
+    cr_assert_eq(cfx__arena_alloc(ctx, len, p, &fd, &off), CFX_OK);
+    cr_assert_eq(fstat(fd, &st), 0);
+    return st.st_ino;
+}
+
+static void arena_give(struct cfx_context *ctx, void *p, bool taint)
+{
+    pthread_mutex_lock(&ctx->lock);
+    if (taint)
+        cfx__arena_taint(ctx, (char *)p + 100);
+    cfx__arena_free(ctx, p);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 /* Arena memory a peer may still write into (a get cut off without the
  * source's acknowledgement) is never handed out again: freed, its segment
  * is closed, not cached, so a new buffer shares neither pages nor memfd. */
@@ -189,31 +209,17 @@ Test(context, tainted_arena_segment_is_not_reused)
     struct cfx_context *a;
     cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
     const size_t len = 1u << 20;
-    void *p, *q;
-    int fd, fd2;
-    uint64_t off;
-    struct stat st1, st2;
+    void *p;
 
     /* untainted: freed and reused (the same segment comes back) */
-    cr_assert_eq(cfx__arena_alloc(a, len, &p, &fd, &off), CFX_OK);
-    cr_assert_eq(fstat(fd, &st1), 0);
-    pthread_mutex_lock(&a->lock);
-    cfx__arena_free(a, p);
-    pthread_mutex_unlock(&a->lock);
-    cr_assert_eq(cfx__arena_alloc(a, len, &q, &fd2, &off), CFX_OK);
-    cr_assert_eq(fstat(fd2, &st2), 0);
-    cr_assert_eq(st1.st_ino, st2.st_ino, "a clean segment should be reused");
+    ino_t first = arena_take(a, len, &p);
+    arena_give(a, p, false);
+    ino_t again = arena_take(a, len, &p);
+    cr_assert_eq(first, again, "a clean segment should be reused");
 
     /* tainted: a fresh memfd */
-    pthread_mutex_lock(&a->lock);
-    cfx__arena_taint(a, (char *)q + 100);
-    cfx__arena_free(a, q);
-    pthread_mutex_unlock(&a->lock);
-    cr_assert_eq(cfx__arena_alloc(a, len, &p, &fd, &off), CFX_OK);
-    cr_assert_eq(fstat(fd, &st1), 0);
-    cr_assert_neq(st1.st_ino, st2.st_ino, "a tainted segment was handed out again");
-    pthread_mutex_lock(&a->lock);
-    cfx__arena_free(a, p);
-    pthread_mutex_unlock(&a->lock);
+    arena_give(a, p, true);
+    cr_assert_neq(arena_take(a, len, &p), again, "a tainted segment was handed out again");
+    arena_give(a, p, false);
     cfx_context_destroy(a);
 }

@@ -116,6 +116,33 @@ struct tp_param {
 };
 static struct tp_param tps[] = { { "tcp" }, { "shm" } };
 
+/* An object's bytes: host source and read-back buffers, a device copy of
+ * the source and a device destination. */
+struct dev_obj {
+    char *src, *back;
+    void *dsrc, *ddst;
+};
+
+static void dev_obj_setup(struct dev_obj *o, size_t n, unsigned seed)
+{
+    o->src = malloc(n);
+    o->back = malloc(n);
+    cr_assert(o->src && o->back);
+    cfx_test_fill(o->src, n, seed);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &o->dsrc), CFX_OK);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &o->ddst), CFX_OK);
+    cr_assert_eq(cfx__memcpy_typed(o->dsrc, CFX_MEMTYPE_CUDA, o->src, CFX_MEMTYPE_HOST, n),
+                 CFX_OK);
+}
+
+static void dev_obj_free(struct dev_obj *o)
+{
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, o->dsrc);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, o->ddst);
+    free(o->src);
+    free(o->back);
+}
+
 /* Put from device memory on a, get into device memory on b, for sizes
  * around the inline limit and the chunk size; then b serves its copy. */
 static void device_to_device(const char *tp)
@@ -126,14 +153,13 @@ static void device_to_device(const char *tp)
         size_t n = sizes[i], got_n = 0;
         char name[64];
         struct cfx_object_id id;
-        void *src = malloc(n), *back = malloc(n), *dsrc = NULL, *ddst = NULL;
+        struct dev_obj o;
 
         snprintf(name, sizeof(name), "cuda-%s-%zu", tp, n);
         cr_assert_eq(cfx_object_id_from_name(name, &id), CFX_OK);
-        cfx_test_fill(src, n, 100 + i);
-        cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &dsrc), CFX_OK);
-        cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &ddst), CFX_OK);
-        cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, src, CFX_MEMTYPE_HOST, n), CFX_OK);
+        dev_obj_setup(&o, n, 100 + (unsigned)i);
+        char *back = o.back;
+        void *dsrc = o.dsrc, *ddst = o.ddst;
 
         cr_assert_eq(cfx_put(a, &id, dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
         /* a put is a snapshot of the device buffer */
@@ -156,10 +182,7 @@ static void device_to_device(const char *tp)
 
         cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
         cfx_delete(b, &id, NULL);
-        cfx__memtype_free(CFX_MEMTYPE_CUDA, dsrc);
-        cfx__memtype_free(CFX_MEMTYPE_CUDA, ddst);
-        free(src);
-        free(back);
+        dev_obj_free(&o);
     }
     down();
 }
@@ -201,18 +224,13 @@ Test(cuda_xfer_sim, get_copies_parts_as_they_land, .timeout = 60)
     setenv("CFX_UPLOAD_RATE", "16M", 1);
     up("tcp");
     struct cfx_object_id id;
-    char *src = malloc(n), *back = malloc(n);
-    void *dsrc = NULL, *ddst = NULL;
-    cr_assert(src && back);
-    cfx_test_fill(src, n, 77);
+    struct dev_obj o;
+    dev_obj_setup(&o, n, 77);
     cr_assert_eq(cfx_object_id_from_name("cuda-sim-paced", &id), CFX_OK);
-    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &dsrc), CFX_OK);
-    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, n, &ddst), CFX_OK);
-    cr_assert_eq(cfx__memcpy_typed(dsrc, CFX_MEMTYPE_CUDA, src, CFX_MEMTYPE_HOST, n), CFX_OK);
-    cr_assert_eq(cfx_put(a, &id, dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
 
     size_t got = 0;
-    cr_assert_eq(cfx_get(b, &id, ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id, o.ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(got, n);
     struct cfx__gpu_sim_counts c;
     cr_assert_eq(cfx__gpu_sim_stream_counts(b->dev_stream, &c), CFX_OK);
@@ -220,14 +238,12 @@ Test(cuda_xfer_sim, get_copies_parts_as_they_land, .timeout = 60)
     cr_assert_eq(c.h2d_bytes, n, "%" PRIu64 " bytes copied to the device", c.h2d_bytes);
     cr_assert_geq(c.copies, 4, "only %" PRIu64 " copies: the parts were not copied as they "
                   "landed", c.copies);
-    cr_assert_eq(cfx__memcpy_typed(back, CFX_MEMTYPE_HOST, ddst, CFX_MEMTYPE_CUDA, n), CFX_OK);
-    cr_assert_eq(cfx_test_check(back, n, 77), (size_t)-1);
+    cr_assert_eq(cfx__memcpy_typed(o.back, CFX_MEMTYPE_HOST, o.ddst, CFX_MEMTYPE_CUDA, n),
+                 CFX_OK);
+    cr_assert_eq(cfx_test_check(o.back, n, 77), (size_t)-1);
 
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
     cfx_delete(b, &id, NULL);
-    cfx__memtype_free(CFX_MEMTYPE_CUDA, dsrc);
-    cfx__memtype_free(CFX_MEMTYPE_CUDA, ddst);
-    free(src);
-    free(back);
+    dev_obj_free(&o);
     down();
 }
