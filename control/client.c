@@ -265,7 +265,7 @@ static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
                      struct cfx_msg *m, uint8_t **frame)
 {
     for (;;) {
-        size_t flen;
+        size_t flen = 0;
         int r = rbuf_frame(ctl, &flen);
         if (r < 0)
             return r;
@@ -518,7 +518,7 @@ static void *reader_thread(void *arg)
                 lost = 1;
                 break;
             }
-            size_t flen;
+            size_t flen = 0;
             while ((rc = rbuf_frame(ctl, &flen)) == 1) {
                 deliver(ctl, ctl->rbuf, flen);
                 rbuf_consume(ctl, flen);

@@ -271,7 +271,7 @@ static int stream_get(void *stream, const char *what, struct sim_stream **out)
 /* Queue @p tmpl on @p stream; NULL stream: the legacy one, and wait. */
 static int enqueue(void *stream, const struct sim_op *tmpl, const char *what)
 {
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_get(stream, what, &s);
     if (rc != CFX_OK)
         return rc;
@@ -350,7 +350,7 @@ static int sim_reduce(void *dst, const void *a, const void *b, size_t count,
 
 static int sim_sync(void *stream)
 {
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_get(stream, "synchronize", &s);
     if (rc == CFX_OK)
         stream_drain(s);
@@ -361,14 +361,14 @@ static int sim_sync(void *stream)
  * waiting for what was queued there. */
 static int sim_wait_default(void *stream)
 {
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_get(stream, "wait for the default stream", &s);
     return rc == CFX_OK ? sim_sync(NULL) : rc;
 }
 
 static int sim_stream_create(void **out)
 {
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_start(&s);
     if (rc != CFX_OK)
         return rc;
@@ -452,7 +452,7 @@ int cfx__gpu_sim_install(void)
         pthread_mutex_unlock(&sim.lock);
         return CFX_OK;
     }
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_start(&s);
     if (rc == CFX_OK) {
         s->next = sim.streams;
@@ -467,7 +467,7 @@ int cfx__gpu_sim_install(void)
 
 int cfx__gpu_sim_stream_counts(void *stream, struct cfx__gpu_sim_counts *out)
 {
-    struct sim_stream *s;
+    struct sim_stream *s = NULL;
     int rc = stream_get(stream, "counts", &s);
     if (rc != CFX_OK)
         return rc;

@@ -460,7 +460,7 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     if (!*name || strlen(name) >= COLL_NAME_MAX)
         return cfx__err(CFX_ERR_INVALID, "group name must have 1 to %d characters",
                         COLL_NAME_MAX - 1);
-    int rank, size;
+    int rank = -1, size = 0; /* set by rank_size() on success */
     int rc = rank_size(params, &rank, &size);
     if (rc != CFX_OK)
         return rc;

@@ -184,8 +184,8 @@ static void print_port(FILE *out, int json, struct ibv_context *ctx, uint8_t por
 
 int cfx__verbs_devices_print(FILE *out, int json)
 {
-    struct ibv_device **list;
-    int n, rc;
+    struct ibv_device **list = NULL;
+    int n = 0, rc;
 
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "verbs devices: NULL stream");

@@ -57,7 +57,7 @@ static const struct cfx__verbs_rcache_ops fake_ops = { fake_reg, fake_dereg };
 
 static struct cfx__verbs_rcache *mk(uint32_t max_idle, size_t max_bytes)
 {
-    struct cfx__verbs_rcache *rc;
+    struct cfx__verbs_rcache *rc = NULL;
     memset(&F, 0, sizeof(F));
     struct cfx__verbs_rcache_params p = {
         .page_size = PAGE, .max_idle = max_idle, .max_idle_bytes = max_bytes,
