@@ -113,10 +113,9 @@ const char *cfx__reduce_isa_name(enum cfx__reduce_isa isa)
     return (unsigned)isa < CFX__REDUCE_ISA_LAST ? isa_names[isa] : "unknown";
 }
 
-int cfx__reduce_isa_supported(enum cfx__reduce_isa isa)
+/* What the CPU (and OS) can run, ignoring CFX_REDUCE_ISA. */
+static int isa_cpu_supported(enum cfx__reduce_isa isa)
 {
-    if ((unsigned)isa >= CFX__REDUCE_ISA_LAST || !cfx__reduce_tables[isa])
-        return 0;
     switch (isa) {
     case CFX__REDUCE_ISA_DEFAULT: return 1;
 #if defined(__x86_64__) || defined(__i386__)
@@ -133,23 +132,57 @@ int cfx__reduce_isa_supported(enum cfx__reduce_isa isa)
     }
 }
 
+/* The highest set CFX_REDUCE_ISA allows, read once per process.  A cap makes
+ * the sets above it unsupported to every caller, tests included, so a
+ * machine with AVX-512 runs exactly what an AVX2-only or a baseline x86-64
+ * machine would. */
+static enum cfx__reduce_isa isa_cap(void)
+{
+    static int cap = -1; /* -1: not read yet */
+    int c = __atomic_load_n(&cap, __ATOMIC_ACQUIRE);
+
+    if (c < 0) {
+        const char *want = cfx__env_str("CFX_REDUCE_ISA", NULL);
+        c = CFX__REDUCE_ISA_LAST - 1;
+        if (want && *want) {
+            int i;
+            for (i = 0; i < CFX__REDUCE_ISA_LAST; i++)
+                if (strcasecmp(want, isa_names[i]) == 0)
+                    break;
+            if (i < CFX__REDUCE_ISA_LAST)
+                c = i;
+            else
+                CFX_LOG(WARN, REDUCE,
+                        "CFX_REDUCE_ISA='%s' is not default, avx2 or avx512; ignored", want);
+        }
+        __atomic_store_n(&cap, c, __ATOMIC_RELEASE);
+    }
+    return (enum cfx__reduce_isa)c;
+}
+
+int cfx__reduce_isa_supported(enum cfx__reduce_isa isa)
+{
+    return cfx__reduce_isa_why_not(isa) == NULL;
+}
+
+const char *cfx__reduce_isa_why_not(enum cfx__reduce_isa isa)
+{
+    if ((unsigned)isa >= CFX__REDUCE_ISA_LAST)
+        return "no such kernel set";
+    if (!cfx__reduce_tables[isa])
+        return "this build has no such kernel set (not x86-64)";
+    if (!isa_cpu_supported(isa))
+        return isa == CFX__REDUCE_ISA_AVX512
+                   ? "this CPU lacks AVX-512 F/BW/VL/DQ (or AVX2/F16C)"
+                   : "this CPU lacks AVX2 or F16C";
+    if (isa > isa_cap())
+        return "capped by CFX_REDUCE_ISA";
+    return NULL;
+}
+
 static const struct cfx__reduce_table *reduce_choose(void)
 {
-    enum cfx__reduce_isa cap = CFX__REDUCE_ISA_LAST - 1;
-    const char *want = cfx__env_str("CFX_REDUCE_ISA", NULL);
-
-    if (want && *want) {
-        enum cfx__reduce_isa i;
-        for (i = 0; i < CFX__REDUCE_ISA_LAST; i++)
-            if (strcasecmp(want, isa_names[i]) == 0)
-                break;
-        if (i < CFX__REDUCE_ISA_LAST)
-            cap = i;
-        else
-            CFX_LOG(WARN, REDUCE, "CFX_REDUCE_ISA='%s' is not default, avx2 or avx512; ignored",
-                    want);
-    }
-    for (int i = (int)cap; i > CFX__REDUCE_ISA_DEFAULT; i--)
+    for (int i = CFX__REDUCE_ISA_LAST - 1; i > CFX__REDUCE_ISA_DEFAULT; i--)
         if (cfx__reduce_isa_supported((enum cfx__reduce_isa)i))
             return cfx__reduce_tables[i];
     return cfx__reduce_tables[CFX__REDUCE_ISA_DEFAULT];
@@ -172,7 +205,8 @@ int cfx__reduce_set_isa(enum cfx__reduce_isa isa)
     if ((unsigned)isa >= CFX__REDUCE_ISA_LAST)
         return cfx__err(CFX_ERR_INVALID, "reduction ISA %d unknown", (int)isa);
     if (!cfx__reduce_isa_supported(isa))
-        return cfx__err(CFX_ERR_UNSUPPORTED, "reduction ISA %s not supported here", isa_names[isa]);
+        return cfx__err(CFX_ERR_UNSUPPORTED, "reduction ISA %s not supported here: %s",
+                        isa_names[isa], cfx__reduce_isa_why_not(isa));
     __atomic_store_n(&reduce_active_table, cfx__reduce_tables[isa], __ATOMIC_RELEASE);
     return CFX_OK;
 }

@@ -33,8 +33,12 @@ struct cfx__reduce_table {
 /* The kernel tables (reduce_kernels.c); NULL where the build has no such set. */
 extern const struct cfx__reduce_table *const cfx__reduce_tables[CFX__REDUCE_ISA_LAST];
 
-/* Whether this CPU (and OS) can run the kernels of @p isa. */
+/* Whether this process may run the kernels of @p isa: the build has them,
+ * the CPU (and OS) can run them, and CFX_REDUCE_ISA does not cap them off. */
 int cfx__reduce_isa_supported(enum cfx__reduce_isa isa);
+
+/* Why @p isa is not supported (a static string), or NULL when it is. */
+const char *cfx__reduce_isa_why_not(enum cfx__reduce_isa isa);
 
 /* Name of an instruction set ("default", "avx2", "avx512"); "unknown" otherwise. */
 const char *cfx__reduce_isa_name(enum cfx__reduce_isa isa);

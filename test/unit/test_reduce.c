@@ -398,60 +398,75 @@ static void run_case(const char *isa, enum cfx_dtype dt, enum cfx_redop op, size
     free(want);
 }
 
-static void sweep(enum cfx_dtype dt)
+/* Switch to the kernels of @p isa, or skip the test saying why this process
+ * cannot run them (the CPU lacks them, or CFX_REDUCE_ISA caps them off). */
+static void use_isa(enum cfx__reduce_isa isa)
 {
-    int ran = 0;
-    rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)dt;
-    for (int isa = 0; isa < CFX__REDUCE_ISA_LAST; isa++) {
-        if (!cfx__reduce_isa_supported((enum cfx__reduce_isa)isa)) {
-            cr_log_warn("kernel set %s not supported here: not tested",
-                        cfx__reduce_isa_name((enum cfx__reduce_isa)isa));
-            continue;
-        }
-        cr_assert_eq(cfx__reduce_set_isa((enum cfx__reduce_isa)isa), CFX_OK);
-        const char *name = cfx__reduce_isa_name((enum cfx__reduce_isa)isa);
-        size_t sz = cfx_dtype_size(dt);
-        /* Offsets: aligned, one element off, and (for wide types) one byte off. */
-        size_t offs[3] = { 0, sz, 1 };
-        int noffs = sz > 1 ? 3 : 2;
-        for (int op = 0; op < CFX_OP_LAST; op++)
-            for (size_t c = 0; c < ARRAY_N(counts); c++)
-                for (int o = 0; o < noffs; o++)
-                    for (int m = 0; m < MODE_LAST; m++)
-                        run_case(name, dt, (enum cfx_redop)op, counts[c], offs[o], (enum mode)m);
-        ran++;
-    }
-    cr_assert_gt(ran, 0);
+    const char *why = cfx__reduce_isa_why_not(isa);
+    if (why)
+        cr_skip_test("kernel set %s not run: %s", cfx__reduce_isa_name(isa), why);
+    cr_assert_eq(cfx__reduce_set_isa(isa), CFX_OK);
+    cr_assert_eq(cfx__reduce_active(), cfx__reduce_tables[isa]);
 }
 
-Test(reduce, sweep_f32)
+static void sweep(enum cfx__reduce_isa isa, enum cfx_dtype dt)
 {
-    sweep(CFX_DTYPE_F32);
+    use_isa(isa);
+    rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)dt;
+    const char *name = cfx__reduce_isa_name(isa);
+    size_t sz = cfx_dtype_size(dt);
+    /* Offsets: aligned, one element off, and (for wide types) one byte off. */
+    size_t offs[3] = { 0, sz, 1 };
+    int noffs = sz > 1 ? 3 : 2;
+    for (int op = 0; op < CFX_OP_LAST; op++)
+        for (size_t c = 0; c < ARRAY_N(counts); c++)
+            for (int o = 0; o < noffs; o++)
+                for (int m = 0; m < MODE_LAST; m++)
+                    run_case(name, dt, (enum cfx_redop)op, counts[c], offs[o], (enum mode)m);
 }
-Test(reduce, sweep_f64)
-{
-    sweep(CFX_DTYPE_F64);
-}
-Test(reduce, sweep_f16)
-{
-    sweep(CFX_DTYPE_F16);
-}
-Test(reduce, sweep_bf16)
-{
-    sweep(CFX_DTYPE_BF16);
-}
-Test(reduce, sweep_i32)
-{
-    sweep(CFX_DTYPE_I32);
-}
-Test(reduce, sweep_i64)
-{
-    sweep(CFX_DTYPE_I64);
-}
-Test(reduce, sweep_u8)
-{
-    sweep(CFX_DTYPE_U8);
-}
+
+/* One test per kernel set and dtype, so a set this machine cannot run shows
+ * up as skipped tests with the reason, never as a pass. */
+#define SWEEP_TESTS(dname, DT)                                                                     \
+    Test(reduce, sweep_##dname##_default)                                                          \
+    {                                                                                              \
+        sweep(CFX__REDUCE_ISA_DEFAULT, DT);                                                        \
+    }                                                                                              \
+    Test(reduce, sweep_##dname##_avx2)                                                             \
+    {                                                                                              \
+        sweep(CFX__REDUCE_ISA_AVX2, DT);                                                           \
+    }                                                                                              \
+    Test(reduce, sweep_##dname##_avx512)                                                           \
+    {                                                                                              \
+        sweep(CFX__REDUCE_ISA_AVX512, DT);                                                         \
+    }
+
+SWEEP_TESTS(f32, CFX_DTYPE_F32)
+SWEEP_TESTS(f64, CFX_DTYPE_F64)
+SWEEP_TESTS(f16, CFX_DTYPE_F16)
+SWEEP_TESTS(bf16, CFX_DTYPE_BF16)
+SWEEP_TESTS(i32, CFX_DTYPE_I32)
+SWEEP_TESTS(i64, CFX_DTYPE_I64)
+SWEEP_TESTS(u8, CFX_DTYPE_U8)
+
+/* The same for a check written as static void NAME(void) that runs on the
+ * active kernel set. */
+#define PER_ISA_TESTS(fn)                                                                          \
+    Test(reduce, fn##_default)                                                                     \
+    {                                                                                              \
+        use_isa(CFX__REDUCE_ISA_DEFAULT);                                                          \
+        fn();                                                                                      \
+    }                                                                                              \
+    Test(reduce, fn##_avx2)                                                                        \
+    {                                                                                              \
+        use_isa(CFX__REDUCE_ISA_AVX2);                                                             \
+        fn();                                                                                      \
+    }                                                                                              \
+    Test(reduce, fn##_avx512)                                                                      \
+    {                                                                                              \
+        use_isa(CFX__REDUCE_ISA_AVX512);                                                           \
+        fn();                                                                                      \
+    }
 
 /* ---- named special cases, on every kernel set ------------------------------ */
 
@@ -505,123 +520,114 @@ static int nan16(enum cfx_dtype dt, uint16_t h)
     return dt == CFX_DTYPE_F16 ? (h & 0x7fff) > 0x7c00 : (h & 0x7fff) > 0x7f80;
 }
 
-Test(reduce, special_values_16bit)
+static void special_values_16bit(void)
 {
-    for (int isa = 0; isa < CFX__REDUCE_ISA_LAST; isa++) {
-        if (cfx__reduce_set_isa((enum cfx__reduce_isa)isa) != CFX_OK)
-            continue;
-        for (size_t i = 0; i < ARRAY_N(cases16); i++) {
-            const struct case16 *c = &cases16[i];
-            /* Put the pair in a 37-element run so the vector body and the
-             * tail both see it. */
-            uint16_t a[37], b[37], d[37];
-            for (int k = 0; k < 37; k++)
-                a[k] = c->a, b[k] = c->b;
-            cr_assert_eq(cfx_reduce3(d, a, b, 37, c->dt, c->op), CFX_OK);
-            for (int k = 0; k < 37; k++)
-                cr_assert_eq(d[k], c->want, "%s: %s: got %#06x want %#06x at %d",
-                             cfx__reduce_isa_name((enum cfx__reduce_isa)isa), c->what, d[k],
-                             c->want, k);
-        }
-        /* Arithmetic NaN: NaN in, NaN out (payload unspecified). */
-        for (int dt = CFX_DTYPE_F16; dt <= CFX_DTYPE_BF16; dt++) {
-            uint16_t qn = dt == CFX_DTYPE_F16 ? 0x7e00 : 0x7fc0;
-            uint16_t one = dt == CFX_DTYPE_F16 ? 0x3c00 : 0x3f80;
-            uint16_t inf = dt == CFX_DTYPE_F16 ? 0x7c00 : 0x7f80;
-            uint16_t a[4] = { qn, one, inf, 0 }, b[4] = { one, qn, (uint16_t)(inf | 0x8000), inf };
-            cr_assert_eq(cfx_reduce(a, b, 4, (enum cfx_dtype)dt, CFX_OP_SUM), CFX_OK);
-            cr_assert(nan16(dt, a[0]) && nan16(dt, a[1]) && nan16(dt, a[2]), "NaN / inf-inf");
-            cr_assert_eq(a[3], inf);
-            uint16_t p[2] = { 0, inf }, q[2] = { inf, 0x8000 };
-            cr_assert_eq(cfx_reduce(p, q, 2, (enum cfx_dtype)dt, CFX_OP_PROD), CFX_OK);
-            cr_assert(nan16(dt, p[0]) && nan16(dt, p[1]), "0 * inf");
-        }
+    for (size_t i = 0; i < ARRAY_N(cases16); i++) {
+        const struct case16 *c = &cases16[i];
+        /* Put the pair in a 37-element run so the vector body and the
+         * tail both see it. */
+        uint16_t a[37], b[37], d[37];
+        for (int k = 0; k < 37; k++)
+            a[k] = c->a, b[k] = c->b;
+        cr_assert_eq(cfx_reduce3(d, a, b, 37, c->dt, c->op), CFX_OK);
+        for (int k = 0; k < 37; k++)
+            cr_assert_eq(d[k], c->want, "%s: %s: got %#06x want %#06x at %d",
+                         cfx__reduce_active()->name, c->what, d[k],
+                         c->want, k);
+    }
+    /* Arithmetic NaN: NaN in, NaN out (payload unspecified). */
+    for (int dt = CFX_DTYPE_F16; dt <= CFX_DTYPE_BF16; dt++) {
+        uint16_t qn = dt == CFX_DTYPE_F16 ? 0x7e00 : 0x7fc0;
+        uint16_t one = dt == CFX_DTYPE_F16 ? 0x3c00 : 0x3f80;
+        uint16_t inf = dt == CFX_DTYPE_F16 ? 0x7c00 : 0x7f80;
+        uint16_t a[4] = { qn, one, inf, 0 }, b[4] = { one, qn, (uint16_t)(inf | 0x8000), inf };
+        cr_assert_eq(cfx_reduce(a, b, 4, (enum cfx_dtype)dt, CFX_OP_SUM), CFX_OK);
+        cr_assert(nan16(dt, a[0]) && nan16(dt, a[1]) && nan16(dt, a[2]), "NaN / inf-inf");
+        cr_assert_eq(a[3], inf);
+        uint16_t p[2] = { 0, inf }, q[2] = { inf, 0x8000 };
+        cr_assert_eq(cfx_reduce(p, q, 2, (enum cfx_dtype)dt, CFX_OP_PROD), CFX_OK);
+        cr_assert(nan16(dt, p[0]) && nan16(dt, p[1]), "0 * inf");
     }
 }
+PER_ISA_TESTS(special_values_16bit)
 
-Test(reduce, special_values_f32_f64)
+static void special_values_f32_f64(void)
 {
-    for (int isa = 0; isa < CFX__REDUCE_ISA_LAST; isa++) {
-        if (cfx__reduce_set_isa((enum cfx__reduce_isa)isa) != CFX_OK)
-            continue;
-        float fa[19], fb[19], fd[19];
-        double da[19], db[19], dd[19];
-        for (int k = 0; k < 19; k++) {
-            fa[k] = -0.0f, fb[k] = 0.0f;
-            da[k] = 0.0, db[k] = -0.0;
-        }
-        fa[3] = NAN, fb[3] = 1.0f;    /* min(NaN, 1) */
-        fa[4] = 1.0f, fb[4] = -NAN;   /* min(1, -NaN) */
-        fa[5] = -INFINITY, fb[5] = 5; /* ordinary */
-        fa[6] = FLT_TRUE_MIN, fb[6] = -FLT_TRUE_MIN;
-        cr_assert_eq(cfx_reduce3(fd, fa, fb, 19, CFX_DTYPE_F32, CFX_OP_MIN), CFX_OK);
-        cr_assert(signbit(fd[0]) && fd[0] == 0, "min(-0, +0) = -0");
-        cr_assert(isnan(fd[3]) && !signbit(fd[3]));
-        cr_assert(isnan(fd[4]) && signbit(fd[4]), "min(1, -NaN) is that NaN");
-        cr_assert(fd[5] == -INFINITY);
-        cr_assert(fd[6] == -FLT_TRUE_MIN);
-        cr_assert_eq(cfx_reduce3(fd, fa, fb, 19, CFX_DTYPE_F32, CFX_OP_MAX), CFX_OK);
-        cr_assert(!signbit(fd[0]) && fd[0] == 0, "max(-0, +0) = +0");
-        cr_assert(isnan(fd[3]) && isnan(fd[4]));
-        cr_assert(fd[5] == 5 && fd[6] == FLT_TRUE_MIN);
-
-        da[2] = DBL_MAX, db[2] = DBL_MAX;
-        da[3] = DBL_TRUE_MIN, db[3] = DBL_TRUE_MIN;
-        da[4] = INFINITY, db[4] = -INFINITY;
-        cr_assert_eq(cfx_reduce3(dd, da, db, 19, CFX_DTYPE_F64, CFX_OP_SUM), CFX_OK);
-        cr_assert(dd[0] == 0 && !signbit(dd[0]), "+0 + -0 = +0");
-        cr_assert(dd[2] == INFINITY && dd[3] == 2 * DBL_TRUE_MIN && isnan(dd[4]));
-        cr_assert_eq(cfx_reduce3(dd, da, db, 19, CFX_DTYPE_F64, CFX_OP_MIN), CFX_OK);
-        cr_assert(dd[0] == 0 && signbit(dd[0]), "min(+0, -0) = -0");
-        cr_assert(dd[4] == -INFINITY);
+    float fa[19], fb[19], fd[19];
+    double da[19], db[19], dd[19];
+    for (int k = 0; k < 19; k++) {
+        fa[k] = -0.0f, fb[k] = 0.0f;
+        da[k] = 0.0, db[k] = -0.0;
     }
-}
+    fa[3] = NAN, fb[3] = 1.0f;    /* min(NaN, 1) */
+    fa[4] = 1.0f, fb[4] = -NAN;   /* min(1, -NaN) */
+    fa[5] = -INFINITY, fb[5] = 5; /* ordinary */
+    fa[6] = FLT_TRUE_MIN, fb[6] = -FLT_TRUE_MIN;
+    cr_assert_eq(cfx_reduce3(fd, fa, fb, 19, CFX_DTYPE_F32, CFX_OP_MIN), CFX_OK);
+    cr_assert(signbit(fd[0]) && fd[0] == 0, "min(-0, +0) = -0");
+    cr_assert(isnan(fd[3]) && !signbit(fd[3]));
+    cr_assert(isnan(fd[4]) && signbit(fd[4]), "min(1, -NaN) is that NaN");
+    cr_assert(fd[5] == -INFINITY);
+    cr_assert(fd[6] == -FLT_TRUE_MIN);
+    cr_assert_eq(cfx_reduce3(fd, fa, fb, 19, CFX_DTYPE_F32, CFX_OP_MAX), CFX_OK);
+    cr_assert(!signbit(fd[0]) && fd[0] == 0, "max(-0, +0) = +0");
+    cr_assert(isnan(fd[3]) && isnan(fd[4]));
+    cr_assert(fd[5] == 5 && fd[6] == FLT_TRUE_MIN);
 
-Test(reduce, integers_wrap)
+    da[2] = DBL_MAX, db[2] = DBL_MAX;
+    da[3] = DBL_TRUE_MIN, db[3] = DBL_TRUE_MIN;
+    da[4] = INFINITY, db[4] = -INFINITY;
+    cr_assert_eq(cfx_reduce3(dd, da, db, 19, CFX_DTYPE_F64, CFX_OP_SUM), CFX_OK);
+    cr_assert(dd[0] == 0 && !signbit(dd[0]), "+0 + -0 = +0");
+    cr_assert(dd[2] == INFINITY && dd[3] == 2 * DBL_TRUE_MIN && isnan(dd[4]));
+    cr_assert_eq(cfx_reduce3(dd, da, db, 19, CFX_DTYPE_F64, CFX_OP_MIN), CFX_OK);
+    cr_assert(dd[0] == 0 && signbit(dd[0]), "min(+0, -0) = -0");
+    cr_assert(dd[4] == -INFINITY);
+}
+PER_ISA_TESTS(special_values_f32_f64)
+
+static void integers_wrap(void)
 {
-    for (int isa = 0; isa < CFX__REDUCE_ISA_LAST; isa++) {
-        if (cfx__reduce_set_isa((enum cfx__reduce_isa)isa) != CFX_OK)
-            continue;
-        int32_t i32a[9] = { INT32_MAX, INT32_MIN, -1, 65536 }, i32b[9] = { 1, -1, 1, 65536 };
-        cr_assert_eq(cfx_reduce(i32a, i32b, 9, CFX_DTYPE_I32, CFX_OP_SUM), CFX_OK);
-        cr_assert(i32a[0] == INT32_MIN && i32a[1] == INT32_MAX && i32a[2] == 0);
-        int32_t i32c[9] = { 65536, INT32_MIN, -3 }, i32d[9] = { 65536, -1, 7 };
-        cr_assert_eq(cfx_reduce(i32c, i32d, 9, CFX_DTYPE_I32, CFX_OP_PROD), CFX_OK);
-        cr_assert(i32c[0] == 0 && i32c[1] == INT32_MIN && i32c[2] == -21);
-        int32_t mn[9] = { -5, INT32_MIN }, mx[9] = { 3, INT32_MAX };
-        cr_assert_eq(cfx_reduce(mn, mx, 9, CFX_DTYPE_I32, CFX_OP_MIN), CFX_OK);
-        cr_assert(mn[0] == -5 && mn[1] == INT32_MIN, "min is signed");
+    int32_t i32a[9] = { INT32_MAX, INT32_MIN, -1, 65536 }, i32b[9] = { 1, -1, 1, 65536 };
+    cr_assert_eq(cfx_reduce(i32a, i32b, 9, CFX_DTYPE_I32, CFX_OP_SUM), CFX_OK);
+    cr_assert(i32a[0] == INT32_MIN && i32a[1] == INT32_MAX && i32a[2] == 0);
+    int32_t i32c[9] = { 65536, INT32_MIN, -3 }, i32d[9] = { 65536, -1, 7 };
+    cr_assert_eq(cfx_reduce(i32c, i32d, 9, CFX_DTYPE_I32, CFX_OP_PROD), CFX_OK);
+    cr_assert(i32c[0] == 0 && i32c[1] == INT32_MIN && i32c[2] == -21);
+    int32_t mn[9] = { -5, INT32_MIN }, mx[9] = { 3, INT32_MAX };
+    cr_assert_eq(cfx_reduce(mn, mx, 9, CFX_DTYPE_I32, CFX_OP_MIN), CFX_OK);
+    cr_assert(mn[0] == -5 && mn[1] == INT32_MIN, "min is signed");
 
-        int64_t i64a[5] = { INT64_MAX, INT64_MIN, (int64_t)1 << 32 },
-                i64b[5] = { 1, -1, (int64_t)1 << 32 };
-        cr_assert_eq(cfx_reduce(i64a, i64b, 5, CFX_DTYPE_I64, CFX_OP_SUM), CFX_OK);
-        cr_assert(i64a[0] == INT64_MIN && i64a[1] == INT64_MAX);
-        int64_t i64c[5] = { (int64_t)1 << 32, -3, INT64_MIN },
-                i64d[5] = { (int64_t)1 << 32, 7, -1 };
-        cr_assert_eq(cfx_reduce(i64c, i64d, 5, CFX_DTYPE_I64, CFX_OP_PROD), CFX_OK);
-        cr_assert(i64c[0] == 0 && i64c[1] == -21 && i64c[2] == INT64_MIN);
-        int64_t l[5] = { -1 }, r[5] = { 1 };
-        cr_assert_eq(cfx_reduce(l, r, 5, CFX_DTYPE_I64, CFX_OP_MAX), CFX_OK);
-        cr_assert(l[0] == 1, "max is signed");
+    int64_t i64a[5] = { INT64_MAX, INT64_MIN, (int64_t)1 << 32 },
+            i64b[5] = { 1, -1, (int64_t)1 << 32 };
+    cr_assert_eq(cfx_reduce(i64a, i64b, 5, CFX_DTYPE_I64, CFX_OP_SUM), CFX_OK);
+    cr_assert(i64a[0] == INT64_MIN && i64a[1] == INT64_MAX);
+    int64_t i64c[5] = { (int64_t)1 << 32, -3, INT64_MIN },
+            i64d[5] = { (int64_t)1 << 32, 7, -1 };
+    cr_assert_eq(cfx_reduce(i64c, i64d, 5, CFX_DTYPE_I64, CFX_OP_PROD), CFX_OK);
+    cr_assert(i64c[0] == 0 && i64c[1] == -21 && i64c[2] == INT64_MIN);
+    int64_t l[5] = { -1 }, r[5] = { 1 };
+    cr_assert_eq(cfx_reduce(l, r, 5, CFX_DTYPE_I64, CFX_OP_MAX), CFX_OK);
+    cr_assert(l[0] == 1, "max is signed");
 
-        uint8_t u[40], v[40];
-        for (int k = 0; k < 40; k++)
-            u[k] = 200, v[k] = 100;
-        cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_SUM), CFX_OK);
-        for (int k = 0; k < 40; k++)
-            cr_assert_eq(u[k], 44, "200 + 100 wraps to 44");
-        for (int k = 0; k < 40; k++)
-            u[k] = 16, v[k] = 17;
-        cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_PROD), CFX_OK);
-        for (int k = 0; k < 40; k++)
-            cr_assert_eq(u[k], 16, "16 * 17 = 272 wraps to 16");
-        for (int k = 0; k < 40; k++)
-            u[k] = 255, v[k] = 1;
-        cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_MIN), CFX_OK);
-        for (int k = 0; k < 40; k++)
-            cr_assert_eq(u[k], 1, "u8 min is unsigned");
-    }
+    uint8_t u[40], v[40];
+    for (int k = 0; k < 40; k++)
+        u[k] = 200, v[k] = 100;
+    cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_SUM), CFX_OK);
+    for (int k = 0; k < 40; k++)
+        cr_assert_eq(u[k], 44, "200 + 100 wraps to 44");
+    for (int k = 0; k < 40; k++)
+        u[k] = 16, v[k] = 17;
+    cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_PROD), CFX_OK);
+    for (int k = 0; k < 40; k++)
+        cr_assert_eq(u[k], 16, "16 * 17 = 272 wraps to 16");
+    for (int k = 0; k < 40; k++)
+        u[k] = 255, v[k] = 1;
+    cr_assert_eq(cfx_reduce(u, v, 40, CFX_DTYPE_U8, CFX_OP_MIN), CFX_OK);
+    for (int k = 0; k < 40; k++)
+        cr_assert_eq(u[k], 1, "u8 min is unsigned");
 }
+PER_ISA_TESTS(integers_wrap)
 
 /* A chain of reductions rounds after every step: adding 1.0 to a half
  * accumulator 3000 times stalls at 2048, where 2048 + 1 ties to even. */
@@ -790,6 +796,29 @@ Test(reduce, kernel_sets)
         }
     }
     cr_assert_str_eq(cfx__reduce_isa_name(CFX__REDUCE_ISA_LAST), "unknown");
+}
+
+/* CFX_REDUCE_ISA=default makes the process run as a baseline x86-64 CPU
+ * would: the vector sets are unsupported, with the cap as the reason, and
+ * the first reduction picks the baseline kernels.  (Criterion runs each test
+ * in a fresh process, so the variable is read here for the first time.) */
+Test(reduce, cap_from_environment)
+{
+    cr_assert_eq(setenv("CFX_REDUCE_ISA", "default", 1), 0);
+    cr_assert(cfx__reduce_isa_supported(CFX__REDUCE_ISA_DEFAULT));
+    for (int isa = CFX__REDUCE_ISA_DEFAULT + 1; isa < CFX__REDUCE_ISA_LAST; isa++) {
+        cr_assert_not(cfx__reduce_isa_supported((enum cfx__reduce_isa)isa));
+        cr_assert_not_null(cfx__reduce_isa_why_not((enum cfx__reduce_isa)isa));
+        cr_assert_eq(cfx__reduce_set_isa((enum cfx__reduce_isa)isa), CFX_ERR_UNSUPPORTED);
+        cr_assert_not_null(strstr(cfx_last_error(), "not supported here"), "%s", cfx_last_error());
+    }
+    cr_assert_eq(cfx__reduce_active(), cfx__reduce_tables[CFX__REDUCE_ISA_DEFAULT]);
+    float a[33], b[33];
+    for (int k = 0; k < 33; k++)
+        a[k] = (float)k, b[k] = 0.5f;
+    cr_assert_eq(cfx_reduce(a, b, 33, CFX_DTYPE_F32, CFX_OP_SUM), CFX_OK);
+    for (int k = 0; k < 33; k++)
+        cr_assert_eq(a[k], (float)k + 0.5f);
 }
 
 Test(reduce, names_round_trip)
