@@ -21,7 +21,8 @@ packages=(
     ibverbs-providers # user-space drivers, rdma_rxe (Soft-RoCE) among them
     iperf3            # baseline for the bandwidth benchmarks
     iproute2          # ip netns / tc for the cluster benchmarks
-    clang             # libFuzzer targets
+    clang             # libFuzzer targets; the clang Release build
+    stress-ng         # CPU hogs beside the kernel-cap tests
 )
 packages+=("$@")
 

@@ -5,10 +5,15 @@
 #
 # Works from any directory.  Stages, in order:
 #   1. deps        scripts/deps.sh (installs only what is missing)
-#   2. configure   cmake -S . -B $CFX_BUILD_DIR (RelWithDebInfo, -Werror)
+#   2. configure   cmake -S . -B $CFX_BUILD_DIR (RelWithDebInfo, CFX_WERROR=ON)
 #   3. build       all targets, -j$(nproc)
 #   4. test        ctest: unit and install tests in parallel, then the
 #                  multi-process integration tests one at a time
+#   4b. kernel caps the reduction and collective tests (ctest -L reduce) again
+#                  with CFX_REDUCE_ISA=avx2 and =default: what an AVX2-only
+#                  and a baseline x86-64 CPU run, beside two CPU hogs
+#   4c. release    Release builds with gcc and clang, warnings as errors
+#                  (CFX_TEST_RELEASE=0 skips)
 #   5. sanitize    ASan+UBSan build and the same tests (CFX_TEST_SANITIZE=0 skips)
 #   6. rdma-vm     Soft-RoCE tests in a QEMU guest        (later step)
 #   7. fuzz        libFuzzer targets, time-boxed (CFX_TEST_FUZZ=0 skips)
@@ -36,8 +41,12 @@ jobs=$(nproc 2>/dev/null || echo 2)
 read -r -a extra_cmake_args <<<"${CFX_CMAKE_ARGS:-}"
 
 start=$SECONDS
+hog_pid=
 finish() {
     local rc=$?
+    if [[ -n $hog_pid ]]; then
+        kill "$hog_pid" 2>/dev/null || true
+    fi
     local t=$((SECONDS - start))
     if ((rc == 0)); then
         printf '\ntest.sh: PASSED in %dm%02ds\n' $((t / 60)) $((t % 60))
@@ -55,7 +64,7 @@ stage() {
 configure_and_build() {
     local dir=$1
     shift
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON -DCFX_WERROR=ON \
         "$@" "${extra_cmake_args[@]}"
     cmake --build "$dir" -j"$jobs"
 }
@@ -102,6 +111,42 @@ configure_and_build "$build_dir"
 # ---- 4. test ----------------------------------------------------------------
 stage "test: $build_dir"
 run_ctest "$build_dir"
+
+# ---- 4b. kernel caps ---------------------------------------------------------
+# CFX_REDUCE_ISA caps the reduction kernels; a capped set counts as
+# unsupported everywhere, so this machine runs what a CPU without AVX-512, and
+# one without AVX2, would.  test_reduce lists its skipped sets with the reason.
+# Two CPU hogs (stress-ng) run beside it: no test may depend on an idle machine.
+stage "kernel caps: $build_dir"
+if command -v stress-ng >/dev/null 2>&1; then
+    stress-ng --cpu 2 --timeout "$budget" --quiet &
+    hog_pid=$!
+fi
+caps_rc=0
+for isa in avx2 default; do
+    echo "-- CFX_REDUCE_ISA=$isa"
+    CFX_REDUCE_ISA=$isa "$build_dir/bin/test_reduce" --jobs 1 -S --verbose 2>&1 | grep -F '[SKIP]' || true
+    CFX_REDUCE_ISA=$isa budgeted ctest --test-dir "$build_dir" --output-on-failure \
+        --timeout "$test_timeout" -L reduce --output-junit "ctest-isa-$isa.xml" || caps_rc=1
+done
+if [[ -n $hog_pid ]]; then
+    kill "$hog_pid" 2>/dev/null || true
+    wait "$hog_pid" 2>/dev/null || true
+    hog_pid=
+fi
+((caps_rc == 0))
+
+# ---- 4c. release builds ------------------------------------------------------
+# What a user's `cmake -DCMAKE_BUILD_TYPE=Release` compiles (-O3 finds
+# warnings -O2 does not), with gcc and with clang, warnings as errors.
+stage "release builds"
+if [[ ${CFX_TEST_RELEASE:-1} != 0 ]]; then
+    CC=gcc configure_and_build "${build_dir}-release-gcc" -DCMAKE_BUILD_TYPE=Release
+    CC=clang configure_and_build "${build_dir}-release-clang" -DCMAKE_BUILD_TYPE=Release \
+        -DCFX_WITH_CUDA=OFF
+else
+    echo "skipped (CFX_TEST_RELEASE=0)"
+fi
 
 # ---- 5. sanitize --------------------------------------------------------------
 stage "sanitize"
