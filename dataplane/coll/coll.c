@@ -589,8 +589,11 @@ static int coll_agree(struct coll_exec *x)
  * message that a disagreeing peer will never send stops as soon as the
  * headers show the disagreement (agree_broken, checked at every wake-up),
  * and a size disagreement fails the data messages themselves.  Every rank
- * fails with CFX_ERR_INVALID and the same explanation; data may have moved
- * into the receive buffers by then (their content is undefined on error).
+ * fails with CFX_ERR_INVALID and the same explanation.  An out-of-place
+ * call's data may have moved into its receive buffer by then (its content is
+ * undefined on error; the send buffer is only read); an in-place call waits
+ * for the headers before its first write (agree_gate), so a rejected one
+ * leaves the caller's buffer as it was.
  */
 #define AGREE_ALL_MAX 8         /* ranks up to which headers go all-to-all */
 
@@ -740,6 +743,49 @@ static int agree_finish(struct coll_exec *x, int rc)
     return rc != CFX_OK ? rc : hrc;
 }
 
+/*
+ * Whether the call reads what it writes: its receive range overlaps its send
+ * range (in-place, as group.h defines it).  Such a call must not write
+ * before the headers agree, or a rejected call would already have changed
+ * the caller's input.  A broadcast's buffer is output on every rank but the
+ * root, and the root only reads it.
+ */
+static bool writes_input(const struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    size_t c = a->count * x->esz, cn = c * (size_t)x->g->size, sb, rb;
+    switch (a->kind) {
+    case COLL_ALLREDUCE:
+    case COLL_REDUCE: sb = c, rb = c; break;
+    case COLL_ALLGATHER:
+    case COLL_GATHER: sb = c, rb = cn; break;
+    case COLL_REDUCE_SCATTER:
+    case COLL_SCATTER: sb = cn, rb = c; break;
+    case COLL_ALLTOALL: sb = cn, rb = cn; break;
+    default: return false;
+    }
+    uintptr_t s = (uintptr_t)a->sbuf, r = (uintptr_t)a->rbuf;
+    return s && r && sb && rb && s < r + rb && r < s + sb;
+}
+
+/* Before an in-place call writes: wait for every header (posted before
+ * any data, so they are in flight already) and fail, having written
+ * nothing, when two differ. */
+static int agree_gate(struct coll_exec *x)
+{
+    struct coll_agree *ag = x->agree;
+    bool have[AGREE_ALL_MAX] = { false };
+    for (int p = 0; p < x->g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        int rc = cfx__coll_wait(x, ag->rh[p]);
+        if (rc != CFX_OK)
+            return rc; /* a header of another size is agree_fail's CFX_ERR_INVALID */
+        have[p] = true;
+    }
+    return agree_text(x, have);
+}
+
 /* ---- dispatch ------------------------------------------------------------------- */
 
 static int run_schedule(struct coll_exec *x);
@@ -766,6 +812,8 @@ static int coll_exec_run(struct coll_exec *x)
     else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
         rc = coll_agree(x);
     bool posted = rc == CFX_OK;
+    if (rc == CFX_OK && alongside && writes_input(x))
+        rc = agree_gate(x);
     if (rc == CFX_OK && (a->kind == COLL_BARRIER || a->count > 0))
         rc = run_schedule(x);
     if (rc == CFX_OK)

@@ -483,6 +483,10 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     if (g->seg_bytes < COLL_SEG_MIN)
         g->seg_bytes = COLL_SEG_MIN;
     g->check = cfx__env_ll("CFX_COLL_CHECK", 1) != 0;
+    if (!g->check)
+        CFX_LOG(WARN, COLL, "group %s: CFX_COLL_CHECK=0: the ranks' arguments are not "
+                "compared; a call whose ranks disagree may return CFX_OK with wrong data",
+                name);
     cfx_list_init(&g->queue);
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cond, NULL);

@@ -384,6 +384,64 @@ static void want_invalid(int rc, const char *what)
     checks++;
 }
 
+/* A rejected in-place call has written nothing: each rank's buffer is byte
+ * for byte what it passed in, for every kind with an in-place form and for
+ * counts large enough that data moves in many segments (1M elements, the
+ * case that had rewritten up to a third of the buffer before it failed). */
+static void mismatch_in_place(void)
+{
+    enum { BIG = 1 << 20 };
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    int odd = rank == world - 1;
+    size_t n = (size_t)BIG * (size_t)world;
+    float *buf = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    if (!buf || !ref)
+        DIE("out of memory");
+    for (size_t i = 0; i < n; i++)
+        ref[i] = (float)(rank * 7 + 1) + (float)(i % 1000) * 0.25f;
+    static const char *const what[] = { "allreduce", "reduce", "allgather", "reduce_scatter",
+                                        "alltoall" };
+    for (int k = 0; k < 5; k++) {
+        for (int algo = 0; algo < 2; algo++) {
+            struct cfx_coll_params q = p;
+            if (algo) {
+                if (k != 0)
+                    continue; /* the other kinds have one schedule each at this size */
+                q.field_mask |= CFX_COLL_PARAM_ALGO;
+                q.algo = CFX_ALGO_TREE;
+            }
+            memcpy(buf, ref, n * sizeof(float));
+            /* the last rank disagrees on the count */
+            size_t c = k < 2 ? BIG : BIG / (size_t)world;
+            c -= odd ? 1 : 0;
+            int rc;
+            switch (k) {
+            case 0: rc = cfx_group_allreduce(grp, buf, buf, c, CFX_DTYPE_F32, CFX_OP_SUM, &q); break;
+            case 1: rc = cfx_group_reduce(grp, buf, buf, c, CFX_DTYPE_F32, CFX_OP_SUM, 0, &q); break;
+            case 2:
+                rc = cfx_group_allgather(grp, buf + (size_t)rank * c, buf, c, CFX_DTYPE_F32, &q);
+                break;
+            case 3:
+                rc = cfx_group_reduce_scatter(grp, buf, buf + (size_t)rank * c, c, CFX_DTYPE_F32,
+                                              CFX_OP_SUM, &q);
+                break;
+            default: rc = cfx_group_alltoall(grp, buf, buf, c, CFX_DTYPE_F32, &q); break;
+            }
+            char label[96];
+            snprintf(label, sizeof(label), "in-place %s%s, count mismatch", what[k],
+                     algo ? " (tree)" : "");
+            want_invalid(rc, label);
+            for (size_t i = 0; i < n; i++)
+                if (memcmp(&buf[i], &ref[i], sizeof(float)) != 0)
+                    DIE("%s: element %zu of the caller's buffer changed (%g, was %g)", label, i,
+                        (double)buf[i], (double)ref[i]);
+            checks++;
+        }
+    }
+    free(buf);
+    free(ref);
+}
+
 static void mode_mismatch(void)
 {
     if (world < 2)
@@ -409,6 +467,7 @@ static void mode_mismatch(void)
     rc = odd ? cfx_group_barrier(grp, &p)
              : cfx_group_allreduce(grp, f, f, 4, CFX_DTYPE_F32, CFX_OP_SUM, &p);
     want_invalid(rc, "barrier vs allreduce");
+    mismatch_in_place();
     /* the group still works */
     run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 1000, 0, CFX_ALGO_AUTO, 0);
     run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 100000, 0, CFX_ALGO_RING, 0);
