@@ -5,6 +5,10 @@
 #include <stdint.h>
 #include <strings.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <conflux/reduce.h>
 #include <conflux/status.h>
 
@@ -113,6 +117,17 @@ const char *cfx__reduce_isa_name(enum cfx__reduce_isa isa)
     return (unsigned)isa < CFX__REDUCE_ISA_LAST ? isa_names[isa] : "unknown";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+ * not know "f16c".  It needs the AVX state the OS saves, which the "avx2"
+ * check below has already established. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 /* What the CPU (and OS) can run, ignoring CFX_REDUCE_ISA. */
 static int isa_cpu_supported(enum cfx__reduce_isa isa)
 {
@@ -121,12 +136,12 @@ static int isa_cpu_supported(enum cfx__reduce_isa isa)
 #if defined(__x86_64__) || defined(__i386__)
     case CFX__REDUCE_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case CFX__REDUCE_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("avx2") && cpu_has_f16c();
 #endif
     default: return 0;
     }

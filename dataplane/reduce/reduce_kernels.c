@@ -22,7 +22,25 @@
  *  - Float min/max and all 16-bit float conversions are integer selects, so
  *    they vectorise without -ffast-math and are exact.
  */
+#if defined(__clang__)
+/* clang vectorises these loops at -O2 already; it takes the no-dependence
+ * promise as `loop vectorize(assume_safety)` and target regions as function
+ * attributes applied to every function inside them. */
+#define RK_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#define RK_TARGET_AVX2 \
+    _Pragma("clang attribute push(__attribute__((target(\"avx2,f16c\"))), apply_to = function)")
+#define RK_TARGET_AVX512 \
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c\"))), apply_to = function)")
+#define RK_TARGET_END _Pragma("clang attribute pop")
+#else
 #pragma GCC optimize("O3")
+#define RK_IVDEP       _Pragma("GCC ivdep")
+#define RK_TARGET_AVX2 _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,f16c\")")
+#define RK_TARGET_AVX512 \
+    _Pragma("GCC push_options") \
+    _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512\")")
+#define RK_TARGET_END _Pragma("GCC pop_options")
+#endif
 
 #include <stdint.h>
 #include <string.h>
@@ -107,7 +125,7 @@ RK_INLINE uint16_t rk_bf16_prod(uint16_t x, uint16_t y)
     {                                                                                  \
         ST *d = dst;                                                                   \
         const ST *a = a_, *b = b_;                                                     \
-        _Pragma("GCC ivdep") for (size_t i = 0; i < n; i++)                            \
+        RK_IVDEP for (size_t i = 0; i < n; i++)                                        \
         {                                                                              \
             VT x = a[i], y = b[i];                                                     \
             d[i] = (VT)(EXPR);                                                         \
@@ -250,8 +268,7 @@ RK_TABLE(default, CFX__REDUCE_ISA_DEFAULT)
 
 /* ---- AVX2 + F16C ---------------------------------------------------------- */
 
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+RK_TARGET_AVX2
 
 #define RK_LOAD128(p)     _mm_loadu_si128((const __m128i *)(const void *)(p))
 #define RK_STORE128(p, v) _mm_storeu_si128((__m128i *)(void *)(p), (v))
@@ -275,12 +292,11 @@ RK_BF16_AVX2(sum, _mm256_add_ps)
 RK_BF16_AVX2(prod, _mm256_mul_ps)
 RK_TABLE(avx2, CFX__REDUCE_ISA_AVX2)
 
-#pragma GCC pop_options
+RK_TARGET_END
 
 /* ---- AVX-512 (F, BW, VL, DQ) + F16C --------------------------------------- */
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")
+RK_TARGET_AVX512
 
 RK_KERNELS_COMMON(avx512)
 RK_F16C_KERNEL(avx512, sum, 16, __m512, RK_LOAD256, RK_STORE256, _mm512_cvtph_ps, _mm512_cvtps_ph,
@@ -302,7 +318,7 @@ RK_BF16_AVX512(sum, _mm512_add_ps)
 RK_BF16_AVX512(prod, _mm512_mul_ps)
 RK_TABLE(avx512, CFX__REDUCE_ISA_AVX512)
 
-#pragma GCC pop_options
+RK_TARGET_END
 
 const struct cfx__reduce_table *const cfx__reduce_tables[CFX__REDUCE_ISA_LAST] = {
     [CFX__REDUCE_ISA_DEFAULT] = &rk_table_default,

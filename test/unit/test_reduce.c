@@ -23,6 +23,7 @@
 #include "dataplane/reduce/reduce_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TEST_X86 1
 #endif
@@ -731,8 +732,8 @@ __attribute__((target("f16c"))) static uint32_t hw_f16_to_f32(uint16_t h)
  * the baseline and the vector kernels agree bit for bit. */
 Test(reduce, f16_software_matches_f16c)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("f16c"))
+    unsigned eax, ebx, ecx, edx; /* CPUID.1:ECX.F16C (clang's builtin lacks "f16c") */
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C))
         cr_skip_test("this CPU has no F16C");
     for (uint32_t h = 0; h < 0x10000; h++) {
         uint32_t hw = hw_f16_to_f32((uint16_t)h), sw = cfx__f32_bits(cfx__f16_to_f32((uint16_t)h));
