@@ -354,6 +354,13 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             CFX_LOG(WARN, PS, "job %s: server %d: test-only delay of %ld us per request", ps->job,
                     ps->index, us);
         }
+        if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
+            ps->hold_end = true;
+            CFX_LOG(WARN, PS,
+                    "job %s: server %d: test-only: the scheduler's end notice waits until the "
+                    "scheduler sent something after it or is gone",
+                    ps->job, ps->index);
+        }
     }
 
     /* announce ourselves */

@@ -150,7 +150,13 @@ enum ps_msg_type {
     PS_MSG_READY,       /* worker 0 -> scheduler: tensor hdr.block initialized */
     PS_MSG_REPORT,      /* worker -> scheduler: payload struct ps_report_ent[] */
     PS_MSG_BYE,         /* worker -> scheduler: done; the scheduler answers in kind */
-    PS_MSG_MAP,         /* scheduler -> member: map hdr.map_version is out */
+    PS_MSG_MAP,         /* scheduler -> member: map hdr.map_version is out;
+                           hdr.clock: PS_NOTICE_* for the recipient */
+};
+
+/* PS_MSG_MAP's hdr.clock. */
+enum ps_notice_flags {
+    PS_NOTICE_END = 1u << 0, /* this map ends the recipient's service (shutdown or retired) */
 };
 
 enum ps_req_kind {
@@ -276,6 +282,7 @@ struct cfx_ps {
     uint32_t nblocks_cap;
     struct cfx_list orphans;    /* server: requests for blocks not here yet */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
+    bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */
 

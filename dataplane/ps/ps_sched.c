@@ -105,6 +105,8 @@ static void notify(struct cfx_ps *ps)
     }
     for (uint32_t i = 1; i < m->nservers; i++) {
         struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, i), m->server[i].node_id);
+        bool end = (m->flags & PS_MAP_SHUTDOWN) || m->server[i].state == CFX_PS_SERVER_RETIRED;
+        h.clock = end ? PS_NOTICE_END : 0;
         if (p && !p->closed)
             cfx__ps_send(ps, p, &h, NULL, 0, NULL);
     }

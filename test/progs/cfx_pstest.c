@@ -28,6 +28,8 @@
  *   --trace DIR               write and check the SSP trace
  *   --expect-moves            fail unless blocks actually migrated
  *   --expect-removed SERVER   fail unless SERVER ends with no blocks (removed by rdmactl)
+ *   --wait-retired            worker 0 waits (30 s at most) until the server removed by
+ *                             --remove-at is retired before the job ends
  *   --pace US                 every worker sleeps US per step (a job that lasts)
  *   --extra N                 N more ranks run something else (a wrapper runs rdmactl)
  *   --device sim|cuda         workers push from and pull into device memory (sim: the
@@ -56,7 +58,7 @@
 
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
-           EXPECT_REMOVED = -1, STANDBY = 0;
+           EXPECT_REMOVED = -1, STANDBY = 0, WAIT_RETIRED = 0;
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
@@ -465,6 +467,18 @@ static int run_worker(struct cfx_context *ctx, int w)
             check_ssp(w);
         struct cfx_ps_stats st;
         CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        /* retirement needs every worker's report under the new map: wait for it */
+        uint64_t dl = now_ns() + 30000000000ull;
+        while (WAIT_RETIRED && REMOVE_SRV > 0 &&
+               st.servers[REMOVE_SRV].state != CFX_PS_SERVER_RETIRED) {
+            if (now_ns() > dl)
+                DIE("server %d was not retired within 30 s (state %d)", REMOVE_SRV,
+                    st.servers[REMOVE_SRV].state);
+            usleep(10000);
+            CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        }
+        if (WAIT_RETIRED)
+            printf("worker 0: server %d retired (map %u)\n", REMOVE_SRV, st.map_version);
         printf("worker 0: %d steps in %.2f s; map %u:", STEPS, secs, st.map_version);
         for (uint32_t s = 0; s < st.nservers; s++)
             printf(" server %d %s %u blocks;", s,
@@ -542,6 +556,8 @@ int main(int argc, char **argv)
             EXPECT_MOVES = 1;
         else if (!strcmp(a, "--expect-removed"))
             EXPECT_REMOVED = atoi(v), i++;
+        else if (!strcmp(a, "--wait-retired"))
+            WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
             STANDBY = 1;
         else if (!strcmp(a, "--pace"))
