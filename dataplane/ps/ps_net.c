@@ -210,18 +210,16 @@ static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
     int n = 0;
     if (!p || !p->up)
         return 0;
-    /* post payload receives for headers that landed, in order */
+    /* post payload receives for headers that landed, in order; a failed
+     * one is reported when it reaches the head, after the messages that
+     * came before it (the last thing a leaving peer said still counts) */
     for (unsigned k = 0; k < PS_HDR_AHEAD; k++) {
         struct ps_rx *rx = &p->rx[(p->rx_head + k) % PS_HDR_AHEAD];
         if (rx->dreq || rx->payload)
             continue;
         int st = cfx__p2p_test(rx->hreq);
-        if (st == CFX_ERR_AGAIN)
+        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC)
             break;
-        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC) {
-            cfx__ps_peer_failed(ps, p, st != CFX_OK ? st : CFX_ERR_PROTO);
-            return n + 1;
-        }
         if (!rx->hdr.len)
             continue;
         void *buf = NULL;
@@ -246,8 +244,10 @@ static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
         int st = cfx__p2p_test(rx->hreq);
         if (st == CFX_ERR_AGAIN)
             break;
-        if (st != CFX_OK)
-            break; /* reported above */
+        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC) {
+            cfx__ps_peer_failed(ps, p, st != CFX_OK ? st : CFX_ERR_PROTO);
+            return n + 1;
+        }
         if (hold_end_notice(ps, p, rx))
             break;
         if (rx->hdr.len) {
