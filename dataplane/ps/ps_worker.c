@@ -228,9 +228,9 @@ static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
     struct ps_peer *p = srv < PS_MAX_SERVERS ? ps->servers[srv] : NULL;
     if (!p || p->closed) {
         op_fail(ps, op, CFX_ERR_PEER_FAILED,
-                "tensor %s block %u: server %u (map %u) is not "
-                "reachable",
-                tensor_name(ps, op->tensor), s->block, srv, ps->map.version);
+                "tensor %s block %u: server %u (node %u, map %u) is not reachable",
+                tensor_name(ps, op->tensor), s->block, srv,
+                srv < ps->map.nservers ? ps->map.server[srv].node_id : 0, ps->map.version);
         sub_done(ps, s);
         return;
     }

@@ -182,6 +182,27 @@ ParameterizedTest(struct tp_param *p, ps, end_forced_order, .timeout = 240)
     cr_assert(released, "server 2's end notice was not released by the scheduler's message");
 }
 
+ParameterizedTestParameters(ps, scheduler_lost)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* The scheduler's rank is SIGKILLed mid-job (ASP, so no request waits on a
+ * round): server 1's cfx_ps_serve and every worker's next push-pull return
+ * CFX_ERR_PEER_FAILED naming the scheduler's node (each rank checks it and
+ * exits 0; a rank that waits on instead is caught by cfx_run --timeout). */
+ParameterizedTest(struct tp_param *p, ps, scheduler_lost, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "%s/cfx_run -n 5 --transport %s --timeout 90 --allow-fail 0 %s/cfx_pstest "
+             "--servers 2 --workers 3 --steps 5000 --consistency asp --sched-dies-at 5",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    int rc = status_of(system(cmd));
+    cr_assert_eq(rc, 0, "scheduler killed over %s: exited %d", p->tp, rc);
+}
+
 /* rdmactl ps: shards, remove-server while training runs. */
 Test(ps, rdmactl, .timeout = 120)
 {
