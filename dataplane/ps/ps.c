@@ -34,7 +34,8 @@ void cfx__ps_sync_peers(struct cfx_ps *ps)
             continue;
         struct ps_peer *cur = ps->servers[i];
         if (m->server[i].state == CFX_PS_SERVER_RETIRED) {
-            if (cur && cur->up)
+            /* the scheduler listens until it confirmed its end */
+            if (cur && cur->up && !cfx__ps_sched_awaits(ps, i))
                 cfx__ps_peer_down(ps, cur);
             continue;
         }
@@ -56,15 +57,49 @@ void cfx__ps_after_map(struct cfx_ps *ps)
         bool done = (ps->map.flags & PS_MAP_SHUTDOWN) ||
                     ((uint32_t)ps->index < ps->map.nservers &&
                      ps->map.server[ps->index].state == CFX_PS_SERVER_RETIRED);
-        if (done) {
-            pthread_mutex_lock(&ps->lock);
-            ps->finished = true;
-            pthread_cond_broadcast(&ps->cond);
-            pthread_mutex_unlock(&ps->lock);
-        }
+        if (done)
+            cfx__ps_server_end(ps);
     } else {
         cfx__ps_worker_map_changed(ps);
     }
+}
+
+void cfx__ps_server_end(struct cfx_ps *ps)
+{
+    pthread_mutex_lock(&ps->lock);
+    bool was = ps->finished;
+    ps->finished = true;
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+    if (was || ps->sched)
+        return;
+    /* the scheduler does not leave before this answer */
+    struct ps_peer *sch = ps->servers[0];
+    struct ps_hdr h = { .type = PS_MSG_DONE };
+    if (sch && !sch->closed && cfx__ps_send(ps, sch, &h, NULL, 0, NULL) == CFX_OK)
+        CFX_LOG(INFO, PS, "job %s: server %d: end of service (map %u) confirmed to the scheduler",
+                ps->job, ps->index, ps->map.version);
+}
+
+void cfx__ps_sched_lost(struct cfx_ps *ps, const char *how)
+{
+    struct ps_peer *sch = ps->servers[0];
+    pthread_mutex_lock(&ps->lock);
+    if (!ps->lost_status) {
+        ps->lost_status = CFX_ERR_PEER_FAILED;
+        snprintf(ps->lost_why, sizeof(ps->lost_why),
+                 "job %s: %s %d: the scheduler (server 0, node %u) %s before the job ended",
+                 ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index,
+                 sch ? sch->rec.node_id : 0, how);
+        CFX_LOG(WARN, PS, "%s", ps->lost_why);
+    }
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+}
+
+int cfx__ps_lost_err(struct cfx_ps *ps)
+{
+    return ps->lost_status ? cfx__err(ps->lost_status, "%s", ps->lost_why) : CFX_OK;
 }
 
 int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version)
@@ -98,7 +133,21 @@ void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hd
                      bool owned)
 {
     switch (h->type) {
-    case PS_MSG_MAP: cfx__ps_map_fetch(ps, h->map_version); return;
+    case PS_MSG_MAP:
+        cfx__ps_map_fetch(ps, h->map_version);
+        /* the notice alone says the job is over for us, should the map
+         * itself not come */
+        if (ps->role == CFX_PS_SERVER && !ps->sched && (h->clock & PS_NOTICE_END))
+            cfx__ps_server_end(ps);
+        return;
+    case PS_MSG_LEAVE:
+        if (ps->role == CFX_PS_SERVER && !ps->sched && !ps->finished)
+            cfx__ps_sched_lost(ps, "left");
+        return;
+    case PS_MSG_DONE:
+        if (ps->sched)
+            cfx__ps_sched_handle(ps, from, h, payload);
+        break;
     case PS_MSG_REQ:
     case PS_MSG_STATE:
         if (ps->role == CFX_PS_SERVER) {
@@ -142,9 +191,20 @@ void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status)
 {
     bool worker = (p->id >> 16) == CFX_PS_WORKER;
     uint32_t idx = p->id & 0xffff;
-    bool quiet = ps->stop || (ps->map.flags & PS_MAP_SHUTDOWN);
+    bool quiet = ps->stop || (ps->map.flags & PS_MAP_SHUTDOWN) || ps->finished;
     if (ps->sched && worker)
         cfx__ps_sched_worker_gone(ps, idx);
+    if (ps->sched && !worker) {
+        cfx__ps_sched_server_gone(ps, idx, status);
+        quiet = true; /* said there */
+    }
+    if (!worker && idx == 0 && !ps->sched && !quiet) {
+        /* a server's end or a worker's goodbye that came first ended it cleanly */
+        bool bye_done = ps->role == CFX_PS_WORKER && cfx__ps_worker_said_bye(ps);
+        if (!bye_done)
+            cfx__ps_sched_lost(ps, "is gone");
+        quiet = true;
+    }
     if (!quiet && worker)
         CFX_LOG(INFO, PS, "job %s: worker %u (node %u) is gone: %s", ps->job, idx, p->rec.node_id,
                 cfx_strerror(status));
@@ -354,6 +414,13 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             CFX_LOG(WARN, PS, "job %s: server %d: test-only delay of %ld us per request", ps->job,
                     ps->index, us);
         }
+        if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
+            ps->hold_end = true;
+            CFX_LOG(WARN, PS,
+                    "job %s: server %d: test-only: the scheduler's end notice waits until the "
+                    "scheduler sent something after it or is gone",
+                    ps->job, ps->index);
+        }
     }
 
     /* announce ourselves */
@@ -413,6 +480,8 @@ void cfx_ps_destroy(struct cfx_ps *ps)
         return;
     if (ps->w && ps->loop_started)
         cfx__ps_worker_say_bye(ps);
+    if (ps->sched && ps->loop_started)
+        cfx__ps_sched_leave(ps);
     pthread_mutex_lock(&ps->lock);
     ps->stop = true;
     pthread_mutex_unlock(&ps->lock);
@@ -446,13 +515,15 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_serve: not a server handle");
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
-    while (!ps->finished && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+    while (!ps->finished && !ps->lost_status && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
         ;
     bool fin = ps->finished;
+    int rc = fin ? CFX_OK : cfx__ps_lost_err(ps);
     pthread_mutex_unlock(&ps->lock);
-    return fin ? CFX_OK
-               : cfx__err(CFX_ERR_TIMEOUT, "job %s: server %d still serving after %d ms", ps->job,
-                          ps->index, timeout_ms);
+    if (fin || rc != CFX_OK)
+        return rc;
+    return cfx__err(CFX_ERR_TIMEOUT, "job %s: server %d still serving after %d ms", ps->job,
+                    ps->index, timeout_ms);
 }
 
 int cfx_ps_stats(struct cfx_ps *ps, struct cfx_ps_stats *out)

@@ -150,7 +150,17 @@ enum ps_msg_type {
     PS_MSG_READY,       /* worker 0 -> scheduler: tensor hdr.block initialized */
     PS_MSG_REPORT,      /* worker -> scheduler: payload struct ps_report_ent[] */
     PS_MSG_BYE,         /* worker -> scheduler: done; the scheduler answers in kind */
-    PS_MSG_MAP,         /* scheduler -> member: map hdr.map_version is out */
+    PS_MSG_MAP,         /* scheduler -> member: map hdr.map_version is out;
+                           hdr.clock: PS_NOTICE_* for the recipient */
+    PS_MSG_DONE,        /* server -> scheduler: I have the map that ends my service
+                           (hdr.map_version); nothing more comes from me */
+    PS_MSG_LEAVE,       /* scheduler -> server: I am leaving; at the end of the job I
+                           wait for your DONE, before it you have lost me */
+};
+
+/* PS_MSG_MAP's hdr.clock. */
+enum ps_notice_flags {
+    PS_NOTICE_END = 1u << 0, /* this map ends the recipient's service (shutdown or retired) */
 };
 
 enum ps_req_kind {
@@ -262,6 +272,8 @@ struct cfx_ps {
     bool loop_started;
     bool stop;                  /* threads exit */
     bool finished;              /* server: job over or retired */
+    int lost_status;            /* the scheduler went before our end (ps->lock) */
+    char lost_why[192];         /* ... and the text cfx_last_error() gives for it */
 
     struct ps_map map;          /* loop thread's current map */
     uint32_t map_applied;       /* version visible to API threads (ps->lock) */
@@ -276,6 +288,7 @@ struct cfx_ps {
     uint32_t nblocks_cap;
     struct cfx_list orphans;    /* server: requests for blocks not here yet */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
+    bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */
 
@@ -344,6 +357,15 @@ void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct 
 int cfx__ps_sched_tick(struct cfx_ps *ps);
 /* A worker's mailbox failed: it will not say goodbye. */
 void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w);
+/* A server's mailbox failed: it will not confirm its end. */
+void cfx__ps_sched_server_gone(struct cfx_ps *ps, uint32_t srv, int status);
+/* Whether the scheduler still waits for server @p srv's DONE (keeps its
+ * mailbox open although the map retired it). */
+bool cfx__ps_sched_awaits(const struct cfx_ps *ps, uint32_t srv);
+/* Leave (API thread, loop running, from cfx_ps_destroy): tell the servers
+ * that have not confirmed their end, and after a shutdown wait until each
+ * did or failed, for at most the handle's timeout. */
+void cfx__ps_sched_leave(struct cfx_ps *ps);
 /* Start / stop (ps->stop set) the threads that watch for joins and admin requests. */
 int cfx__ps_sched_start(struct cfx_ps *ps);
 void cfx__ps_sched_stop(struct cfx_ps *ps);
@@ -359,6 +381,8 @@ void cfx__ps_worker_map_changed(struct cfx_ps *ps);
 /* Worker: say goodbye to the scheduler and wait for its answer (API thread,
  * loop running). */
 void cfx__ps_worker_say_bye(struct cfx_ps *ps);
+/* Worker: the scheduler answered our goodbye (loop thread). */
+bool cfx__ps_worker_said_bye(const struct cfx_ps *ps);
 /* Worker: fail what is still pending (loop stopped). */
 void cfx__ps_worker_bye(struct cfx_ps *ps);
 
@@ -366,6 +390,15 @@ void cfx__ps_worker_bye(struct cfx_ps *ps);
 void cfx__ps_sync_peers(struct cfx_ps *ps);
 /* ps->map changed (loop thread): peers, migrations, re-sends, end of service. */
 void cfx__ps_after_map(struct cfx_ps *ps);
+/* Server: the end of its service (job over, or retired) is known: finish and
+ * confirm it to the scheduler (PS_MSG_DONE).  Idempotent. */
+void cfx__ps_server_end(struct cfx_ps *ps);
+/* The scheduler is gone before this member's end: remember why (ps->lock
+ * taken here) so that waits return CFX_ERR_PEER_FAILED naming its node. */
+void cfx__ps_sched_lost(struct cfx_ps *ps, const char *how);
+/* ps->lock held: the status of a lost scheduler, recorded as this thread's
+ * last error; CFX_OK when it is not lost. */
+int cfx__ps_lost_err(struct cfx_ps *ps);
 /* Worker: a server's mailbox failed; its outstanding requests fail. */
 void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status);
 

@@ -180,23 +180,46 @@ static int poll_tx(struct cfx_ps *ps)
     return n;
 }
 
+/*
+ * Test hook (CFX_PS_TEST_HOLD_END): the scheduler's notice that ends this
+ * server's service stays undelivered at the head of the mailbox until a
+ * later header from the scheduler has completed (a message, or the
+ * mailbox's failure).  It forces the order in which the scheduler is done
+ * with everything else, or gone, before this server handles its end.
+ */
+static bool hold_end_notice(struct cfx_ps *ps, struct ps_peer *p, const struct ps_rx *head)
+{
+    if (!ps->hold_end || p->id != PS_ID(CFX_PS_SERVER, 0) || head->hdr.type != PS_MSG_MAP ||
+        !(head->hdr.clock & PS_NOTICE_END))
+        return false;
+    for (unsigned k = 1; k < PS_HDR_AHEAD; k++) {
+        const struct ps_rx *rx = &p->rx[(p->rx_head + k) % PS_HDR_AHEAD];
+        int st = rx->hreq ? cfx__p2p_test(rx->hreq) : CFX_ERR_AGAIN;
+        if (st != CFX_ERR_AGAIN) {
+            CFX_LOG(WARN, PS, "job %s: server %d: test hook: end notice (map %u) released: %s",
+                    ps->job, ps->index, head->hdr.map_version,
+                    st == CFX_OK ? "the scheduler sent more" : "the scheduler's mailbox failed");
+            return false;
+        }
+    }
+    return true;
+}
+
 static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
 {
     int n = 0;
     if (!p || !p->up)
         return 0;
-    /* post payload receives for headers that landed, in order */
+    /* post payload receives for headers that landed, in order; a failed
+     * one is reported when it reaches the head, after the messages that
+     * came before it (the last thing a leaving peer said still counts) */
     for (unsigned k = 0; k < PS_HDR_AHEAD; k++) {
         struct ps_rx *rx = &p->rx[(p->rx_head + k) % PS_HDR_AHEAD];
         if (rx->dreq || rx->payload)
             continue;
         int st = cfx__p2p_test(rx->hreq);
-        if (st == CFX_ERR_AGAIN)
+        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC)
             break;
-        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC) {
-            cfx__ps_peer_failed(ps, p, st != CFX_OK ? st : CFX_ERR_PROTO);
-            return n + 1;
-        }
         if (!rx->hdr.len)
             continue;
         void *buf = NULL;
@@ -221,8 +244,12 @@ static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
         int st = cfx__p2p_test(rx->hreq);
         if (st == CFX_ERR_AGAIN)
             break;
-        if (st != CFX_OK)
-            break; /* reported above */
+        if (st != CFX_OK || rx->hdr.magic != PS_MAGIC) {
+            cfx__ps_peer_failed(ps, p, st != CFX_OK ? st : CFX_ERR_PROTO);
+            return n + 1;
+        }
+        if (hold_end_notice(ps, p, rx))
+            break;
         if (rx->hdr.len) {
             if (!rx->dreq)
                 break;

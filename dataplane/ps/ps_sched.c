@@ -14,6 +14,18 @@
  * Retiring.  A removed server is DRAINING once a map moves its blocks away;
  * it becomes RETIRED when every worker reports that it has no request left
  * under an older map, so nothing can reach it any more.
+ *
+ * The end of the job.  When every worker has said goodbye (or failed) the
+ * scheduler publishes a map flagged PS_MAP_SHUTDOWN.  The notice of a map
+ * that ends a server's service (shutdown, or its retirement) says so in its
+ * header, and the server answers it with DONE once it has the map.  The
+ * scheduler keeps a retired server's mailbox open until that answer.  Its
+ * own server finishes at the shutdown (cfx_ps_serve returns), but the
+ * scheduler leaves (cfx_ps_destroy) only once every other server has
+ * answered or failed, or the handle's timeout has passed since it started
+ * to leave; then it names the servers it left behind.  It tells the ones
+ * that have not answered that it is leaving (LEAVE): at the end of a job
+ * that changes nothing for them, before it they have lost the scheduler.
  */
 #include "ps_int.h"
 
@@ -47,6 +59,13 @@ struct ps_sched {
     uint32_t nbye;
     uint32_t drain_version[PS_MAX_SERVERS];
     bool auto_on;
+    bool srv_done[PS_MAX_SERVERS];  /* confirmed its end (DONE) or failed */
+    bool told_end[PS_MAX_SERVERS];  /* was sent the notice that ends its service */
+    uint64_t leave_deadline;        /* leaving: 0 not yet */
+
+    /* API <-> loop (ps->lock) */
+    bool leaving;          /* cfx_ps_destroy started to leave */
+    bool left;             /* every server answered, failed or was given up */
 
     /* watcher -> loop (ps->lock) */
     struct ps_ev *events;
@@ -104,9 +123,13 @@ static void notify(struct cfx_ps *ps)
             cfx__ps_send(ps, p, &h, NULL, 0, NULL);
     }
     for (uint32_t i = 1; i < m->nservers; i++) {
+        if (ps->sched->told_end[i] || ps->sched->srv_done[i])
+            continue; /* it knows it is done: nothing later concerns it */
         struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, i), m->server[i].node_id);
-        if (p && !p->closed)
-            cfx__ps_send(ps, p, &h, NULL, 0, NULL);
+        bool end = (m->flags & PS_MAP_SHUTDOWN) || m->server[i].state == CFX_PS_SERVER_RETIRED;
+        h.clock = end ? PS_NOTICE_END : 0;
+        if (p && !p->closed && cfx__ps_send(ps, p, &h, NULL, 0, NULL) == CFX_OK)
+            ps->sched->told_end[i] = end;
     }
 }
 
@@ -571,6 +594,14 @@ void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct 
     struct ps_sched *s = ps->sched;
     struct ps_map *m = &ps->map;
     uint32_t w = h->from & 0xffff;
+    if (h->type == PS_MSG_DONE && (h->from >> 16) == CFX_PS_SERVER && w > 0 && w < m->nservers) {
+        if (!s->srv_done[w])
+            CFX_LOG(INFO, PS, "job %s: server %u (node %u) confirmed the end of its service (map %u)",
+                    ps->job, w, from->rec.node_id, h->map_version);
+        s->srv_done[w] = true;
+        cfx__ps_peer_down(ps, from); /* nothing more comes from it */
+        return;
+    }
     if ((h->from >> 16) != CFX_PS_WORKER || w >= m->nworkers)
         return;
     switch (h->type) {
@@ -626,6 +657,22 @@ void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct 
     }
 }
 
+void cfx__ps_sched_server_gone(struct cfx_ps *ps, uint32_t srv, int status)
+{
+    struct ps_sched *s = ps->sched;
+    if (srv == 0 || srv >= PS_MAX_SERVERS || s->srv_done[srv])
+        return;
+    struct ps_peer *p = ps->servers[srv];
+    CFX_LOG(WARN, PS, "job %s: server %u (node %u) is gone before confirming its end: %s", ps->job,
+            srv, p ? p->rec.node_id : 0, cfx_strerror(status));
+    s->srv_done[srv] = true;
+}
+
+bool cfx__ps_sched_awaits(const struct cfx_ps *ps, uint32_t srv)
+{
+    return ps->sched && srv > 0 && srv < PS_MAX_SERVERS && !ps->sched->srv_done[srv];
+}
+
 void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w)
 {
     struct ps_sched *s = ps->sched;
@@ -635,6 +682,85 @@ void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w)
             w);
     s->bye[w] = true;
     s->nbye++;
+}
+
+/* ---- leaving ------------------------------------------------------------------------ */
+
+/* Servers that have not confirmed their end: tell them we leave, once. */
+static void send_leave(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    const struct ps_map *m = &ps->map;
+    struct ps_hdr h = { .type = PS_MSG_LEAVE };
+    for (uint32_t i = 1; i < m->nservers; i++) {
+        if (s->srv_done[i])
+            continue;
+        struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, i), m->server[i].node_id);
+        if (!p || p->closed || cfx__ps_send(ps, p, &h, NULL, 0, NULL) != CFX_OK) {
+            CFX_LOG(WARN, PS, "job %s: server %u (node %u) cannot be reached: counting it as done",
+                    ps->job, i, m->server[i].node_id);
+            s->srv_done[i] = true;
+        }
+    }
+}
+
+/* Loop side of cfx__ps_sched_leave(): returns events. */
+static int leave_tick(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    const struct ps_map *m = &ps->map;
+    pthread_mutex_lock(&ps->lock);
+    bool leaving = s->leaving && !s->left;
+    pthread_mutex_unlock(&ps->lock);
+    if (!leaving)
+        return 0;
+    int n = 0;
+    if (!s->leave_deadline) {
+        s->leave_deadline = cfx__deadline_ns(ps->timeout_ms);
+        send_leave(ps);
+        n++;
+    }
+    /* before the end of the job nobody waits for us: the LEAVE tells them */
+    bool all = true;
+    if (m->flags & PS_MAP_SHUTDOWN)
+        for (uint32_t i = 1; i < m->nservers; i++)
+            all &= s->srv_done[i];
+    if (!all && cfx__now_ns() >= s->leave_deadline) {
+        for (uint32_t i = 1; i < m->nservers; i++)
+            if (!s->srv_done[i])
+                CFX_LOG(WARN, PS,
+                        "job %s: server %u (node %u) did not confirm the end of the job within "
+                        "%d ms: leaving without it",
+                        ps->job, i, m->server[i].node_id, ps->timeout_ms);
+        all = true;
+    }
+    if (!all)
+        return n;
+    pthread_mutex_lock(&ps->lock);
+    s->left = true;
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+    return n + 1;
+}
+
+void cfx__ps_sched_leave(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    /* the loop gives up at the handle's timeout; this bound is for a loop
+     * that cannot run at all */
+    uint64_t dl = cfx__deadline_ns(ps->timeout_ms + 2000);
+    pthread_mutex_lock(&ps->lock);
+    s->leaving = true;
+    pthread_mutex_unlock(&ps->lock);
+    cfx__ps_kick(ps);
+    pthread_mutex_lock(&ps->lock);
+    while (!s->left && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+        ;
+    bool left = s->left;
+    pthread_mutex_unlock(&ps->lock);
+    if (!left)
+        CFX_LOG(WARN, PS, "job %s: the scheduler's loop did not finish leaving within %d ms",
+                ps->job, ps->timeout_ms + 2000);
 }
 
 int cfx__ps_sched_tick(struct cfx_ps *ps)
@@ -656,12 +782,15 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
         n++;
     }
     struct ps_map *m = &ps->map;
+    n += leave_tick(ps);
     if (s->nbye == m->nworkers && !(m->flags & PS_MAP_SHUTDOWN)) {
         m->flags |= PS_MAP_SHUTDOWN;
         CFX_LOG(INFO, PS, "job %s: every worker is done: shutting down", ps->job);
         cfx__ps_sched_publish(ps);
         return n + 1;
     }
+    if (m->flags & PS_MAP_SHUTDOWN)
+        return n; /* no retirements, no decisions: the job is over */
     /* retire drained servers nothing can reach any more */
     for (uint32_t i = 1; i < m->nservers; i++) {
         if (m->server[i].state != CFX_PS_SERVER_DRAINING)

@@ -98,6 +98,7 @@ struct ps_worker {
     uint64_t last_report;
     uint32_t last_report_ver;
     struct ps_op *bye; /* waiting for the scheduler's answer */
+    bool bye_answered; /* the scheduler answered our goodbye */
     void *dev_stream;  /* device buffers without the caller's stream: ours (made on first use) */
 };
 
@@ -227,9 +228,9 @@ static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
     struct ps_peer *p = srv < PS_MAX_SERVERS ? ps->servers[srv] : NULL;
     if (!p || p->closed) {
         op_fail(ps, op, CFX_ERR_PEER_FAILED,
-                "tensor %s block %u: server %u (map %u) is not "
-                "reachable",
-                tensor_name(ps, op->tensor), s->block, srv, ps->map.version);
+                "tensor %s block %u: server %u (node %u, map %u) is not reachable",
+                tensor_name(ps, op->tensor), s->block, srv,
+                srv < ps->map.nservers ? ps->map.server[srv].node_id : 0, ps->map.version);
         sub_done(ps, s);
         return;
     }
@@ -267,7 +268,8 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
         struct ps_peer *sch = ps->servers[0];
         struct ps_hdr h = { .type = PS_MSG_BYE };
         if (!sch || sch->closed || cfx__ps_send(ps, sch, &h, NULL, 0, NULL) != CFX_OK) {
-            op_fail(ps, op, CFX_ERR_PEER_FAILED, "cannot reach the scheduler (server 0)");
+            op_fail(ps, op, CFX_ERR_PEER_FAILED, "cannot reach the scheduler (server 0, node %u)",
+                    sch ? sch->rec.node_id : 0);
             cfx_list_del(&op->link);
             op_complete(ps, op);
             return;
@@ -363,6 +365,7 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
 {
     struct ps_worker *w = ps->w;
     if (h->type == PS_MSG_BYE) {
+        w->bye_answered = true;
         if (w->bye) {
             cfx_list_del(&w->bye->link);
             op_complete(ps, w->bye);
@@ -776,14 +779,20 @@ int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *out)
     return run(ps, cfx_ps_ipushpull(ps, key, grad, out, &r), &r);
 }
 
-/* Wait (ps->lock held) until @p pred holds for the map or the deadline. */
+bool cfx__ps_worker_said_bye(const struct cfx_ps *ps)
+{
+    return ps->w && ps->w->bye_answered;
+}
+
+/* Wait (ps->lock held) until @p pred holds for the map, the deadline, or
+ * the scheduler is lost (ps->lost_status). */
 static bool wait_map(struct cfx_ps *ps, uint64_t dl, bool (*pred)(struct cfx_ps *, const void *),
                      const void *arg)
 {
-    while (!pred(ps, arg))
+    while (!pred(ps, arg) && !ps->lost_status)
         if (!cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
             return false;
-    return true;
+    return pred(ps, arg);
 }
 
 static bool has_tensor(struct cfx_ps *ps, const void *name)
@@ -837,7 +846,10 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     memset(&info, 0, sizeof(info));
     if (t >= 0)
         info = ps->map.tensors[t];
+    rc = ok ? CFX_OK : cfx__ps_lost_err(ps);
     pthread_mutex_unlock(&ps->lock);
+    if (rc != CFX_OK)
+        return rc;
     if (!ok)
         return cfx__err(CFX_ERR_TIMEOUT,
                         "job %s: tensor '%s' did not appear in the shard map "
@@ -861,7 +873,10 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     }
     pthread_mutex_lock(&ps->lock);
     ok = wait_map(ps, dl, tensor_ready, name);
+    rc = ok ? CFX_OK : cfx__ps_lost_err(ps);
     pthread_mutex_unlock(&ps->lock);
+    if (rc != CFX_OK)
+        return rc;
     if (!ok)
         return cfx__err(CFX_ERR_TIMEOUT,
                         "job %s: tensor '%s' was not initialized within %d ms "

@@ -144,17 +144,27 @@ CFX_API int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *p
                           struct cfx_ps **out);
 
 /**
- * Leave the job.  A worker tells the scheduler it is done (pending ops fail
- * with CFX_ERR_CANCELED); when every worker is done the servers stop.
- * NULL is a no-op.
+ * Leave the job.  A worker tells the scheduler it is done and waits for its
+ * answer (pending ops fail with CFX_ERR_CANCELED); when every worker is
+ * done the servers stop.  Server 0 (the scheduler) waits here, at the end
+ * of a job, until every other server has confirmed that it has the map
+ * that ends its service or has failed, for at most the handle's timeout
+ * (it logs the servers it leaves behind).  NULL is a no-op.
  */
 CFX_API void cfx_ps_destroy(struct cfx_ps *ps);
 
 /**
  * Server: serve until the job ends (every worker destroyed its handle) or
  * this server was removed and drained.
- * @return CFX_OK then; CFX_ERR_TIMEOUT after @p timeout_ms (<0: no limit),
- *         the server keeps serving and serve may be called again.
+ *
+ * The end is confirmed to the scheduler (server 0), which does not leave
+ * before that, so a server never misses it.  If the scheduler is lost (its
+ * connection fails, or it leaves) after this server learnt of its end,
+ * that changes nothing; if it is lost before, serve returns at once with
+ * CFX_ERR_PEER_FAILED, and cfx_last_error() names the scheduler's node.
+ * @return CFX_OK at the end; CFX_ERR_PEER_FAILED as above (destroy the
+ *         handle); CFX_ERR_TIMEOUT after @p timeout_ms (<0: no limit), the
+ *         server keeps serving and serve may be called again.
  */
 CFX_API int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms);
 
@@ -165,7 +175,8 @@ CFX_API int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms);
  * tensor is stored on the servers.
  * @param key  receives the tensor's key for push/pull.
  * @return CFX_OK; CFX_ERR_INVALID (a worker disagrees); CFX_ERR_UNSUPPORTED
- *         (an optimizer other than SUM on an integer dtype); CFX_ERR_TIMEOUT.
+ *         (an optimizer other than SUM on an integer dtype); CFX_ERR_TIMEOUT;
+ *         CFX_ERR_PEER_FAILED naming the scheduler's node when it is lost.
  */
 CFX_API int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype,
                             size_t count, const void *init, int *key);

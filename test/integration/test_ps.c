@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,76 @@ Test(ps, ssp_bound_and_asp, .timeout = 120)
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+/*
+ * The end of a job is a protocol.  Server SRV holds the scheduler's notice
+ * that ends its service (test-only CFX_PS_TEST_HOLD_END) until the
+ * scheduler has sent something after it or is gone: the scheduler's rank
+ * has returned from cfx_ps_serve and is leaving before the server handles
+ * its end.  Every rank must still end with status 0 (values exact), and the
+ * held server must say that the scheduler's later message released it, not
+ * its departure.  Run with the shutdown of a whole job and with a server
+ * retired by scale-in.
+ */
+static int pstest_held(int n, const char *tp, int srv, const char *args, bool *released)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_PS_TEST_HOLD_END=%d %s/cfx_run -n %d --transport %s --timeout 90 "
+             "%s/cfx_pstest %s 2>&1",
+             srv, CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args);
+    cr_log_info("%s", cmd);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char line[1024];
+    *released = false;
+    while (fgets(line, sizeof(line), f)) {
+        if (strstr(line, "test hook: end notice") || strstr(line, "is gone") ||
+            strstr(line, "timed out") || strstr(line, "FAIL"))
+            cr_log_info("%s", line);
+        if (strstr(line, "test hook: end notice") && strstr(line, "released: the scheduler sent more"))
+            *released = true;
+    }
+    return status_of(pclose(f));
+}
+
+ParameterizedTestParameters(ps, end_forced_order)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, ps, end_forced_order, .timeout = 240)
+{
+    bool released;
+    int rc = pstest_held(5, p->tp, 1, "--servers 2 --workers 3 --steps 10", &released);
+    cr_assert_eq(rc, 0, "shutdown, server 1 held, over %s: exited %d", p->tp, rc);
+    cr_assert(released, "server 1's end notice was not released by the scheduler's message");
+    rc = pstest_held(5, p->tp, 2, "--servers 3 --workers 2 --steps 20 --remove-at 5:2 --wait-retired",
+                     &released);
+    cr_assert_eq(rc, 0, "retired server 2 held, over %s: exited %d", p->tp, rc);
+    cr_assert(released, "server 2's end notice was not released by the scheduler's message");
+}
+
+ParameterizedTestParameters(ps, scheduler_lost)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* The scheduler's rank is SIGKILLed mid-job (ASP, so no request waits on a
+ * round): server 1's cfx_ps_serve and every worker's next push-pull return
+ * CFX_ERR_PEER_FAILED naming the scheduler's node (each rank checks it and
+ * exits 0; a rank that waits on instead is caught by cfx_run --timeout). */
+ParameterizedTest(struct tp_param *p, ps, scheduler_lost, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "%s/cfx_run -n 5 --transport %s --timeout 90 --allow-fail 0 %s/cfx_pstest "
+             "--servers 2 --workers 3 --steps 5000 --consistency asp --sched-dies-at 5",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    int rc = status_of(system(cmd));
+    cr_assert_eq(rc, 0, "scheduler killed over %s: exited %d", p->tp, rc);
 }
 
 /* rdmactl ps: shards, remove-server while training runs. */

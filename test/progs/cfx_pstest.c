@@ -28,6 +28,11 @@
  *   --trace DIR               write and check the SSP trace
  *   --expect-moves            fail unless blocks actually migrated
  *   --expect-removed SERVER   fail unless SERVER ends with no blocks (removed by rdmactl)
+ *   --sched-dies-at STEP      worker 0 lets the scheduler's rank (server 0) SIGKILL itself
+ *                             before STEP; every other rank must then get
+ *                             CFX_ERR_PEER_FAILED naming the scheduler's node (exit 0)
+ *   --wait-retired            worker 0 waits (30 s at most) until the server removed by
+ *                             --remove-at is retired before the job ends
  *   --pace US                 every worker sleeps US per step (a job that lasts)
  *   --extra N                 N more ranks run something else (a wrapper runs rdmactl)
  *   --device sim|cuda         workers push from and pull into device memory (sim: the
@@ -42,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,7 +62,7 @@
 
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
-           EXPECT_REMOVED = -1, STANDBY = 0;
+           EXPECT_REMOVED = -1, STANDBY = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1;
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
@@ -266,6 +272,23 @@ static void pulled(int t, void *host, size_t sz)
     }
 }
 
+/* --sched-dies-at: @p rc must be CFX_ERR_PEER_FAILED naming the scheduler's node. */
+static void expect_sched_lost(struct cfx_ps *ps, int rc, const char *role, int index)
+{
+    struct cfx_ps_stats st;
+    CHECK_OK(cfx_ps_stats(ps, &st));
+    char node[32];
+    snprintf(node, sizeof(node), "node %u", st.servers[0].node_id);
+    const char *err = cfx_last_error(), *at = err;
+    size_t n = strlen(node);
+    while ((at = strstr(at, node)) && at[n] >= '0' && at[n] <= '9')
+        at += n; /* "node 1" in "node 12" */
+    if (rc != CFX_ERR_PEER_FAILED || !at)
+        DIE("%s %d: got %s (%s), want CFX_ERR_PEER_FAILED naming the scheduler's %s", role, index,
+            cfx_errname(rc), err, node);
+    printf("%s %d: lost the scheduler: %s\n", role, index, err);
+}
+
 static int run_server(struct cfx_context *ctx, int index, bool late)
 {
     struct cfx_ps_params p = base_params();
@@ -277,9 +300,18 @@ static int run_server(struct cfx_context *ctx, int index, bool late)
     CHECK_OK(cfx_ps_create(ctx, &p, &ps));
     if (index == DELAY_SRV)
         CHECK_OK(cfx_ps_server_set_delay(ps, DELAY_US));
+    if (index == 0 && SCHED_DIES_AT >= 0) {
+        wait_obj(ctx, "die", 0, 120000);
+        raise(SIGKILL);
+    }
     int rc;
     while ((rc = cfx_ps_serve(ps, 1000)) == CFX_ERR_TIMEOUT)
         ;
+    if (SCHED_DIES_AT >= 0) {
+        expect_sched_lost(ps, rc, "server", index);
+        cfx_ps_destroy(ps);
+        return 0;
+    }
     CHECK_OK(rc);
     struct cfx_ps_stats st;
     CHECK_OK(cfx_ps_stats(ps, &st));
@@ -401,6 +433,8 @@ static int run_worker(struct cfx_context *ctx, int w)
             CHECK_OK(cfx_ps_remove_server(ctx, JOB, REMOVE_SRV, 20000, &v));
             printf("worker 0: step %d: removed server %d (map %u)\n", step, REMOVE_SRV, v);
         }
+        if (w == 0 && step == SCHED_DIES_AT)
+            signal_obj(ctx, "die", 0);
         if (w == 0 && step == REBAL_AT) {
             uint32_t v = 0;
             CHECK_OK(cfx_ps_rebalance(ctx, JOB, 20000, &v));
@@ -415,10 +449,21 @@ static int run_worker(struct cfx_context *ctx, int w)
         for (int t = 0; t < NT; t++)
             CHECK_OK(cfx_ps_ipushpull(ps, key[t], push_buf(t, grad[t], tsz[t]),
                                       pull_buf(t, out[t]), &req[t]));
+        int lost = CFX_OK;
         for (int t = 0; t < NT; t++) {
-            CHECK_OK(cfx_ps_wait(req[t], -1));
+            int rc = cfx_ps_wait(req[t], -1);
+            if (rc != CFX_OK && SCHED_DIES_AT >= 0 && lost == CFX_OK) {
+                expect_sched_lost(ps, rc, "worker", w);
+                lost = rc;
+            } else if (rc != CFX_OK && lost == CFX_OK) {
+                CHECK_OK(rc);
+            }
             cfx_ps_request_free(req[t]);
             pulled(t, out[t], tsz[t]);
+        }
+        if (lost != CFX_OK) {
+            cfx_ps_destroy(ps);
+            return 0; /* buffers go with the process */
         }
         rcv[step] = now_ns();
         if (CONS != CFX_PS_BSP)
@@ -436,6 +481,8 @@ static int run_worker(struct cfx_context *ctx, int w)
             }
         }
     }
+    if (SCHED_DIES_AT >= 0)
+        DIE("worker %d: %d steps and the scheduler's death was never seen", w, STEPS);
     double secs = (double)(now_ns() - t0) / 1e9;
     if (TRACE) {
         char path[512];
@@ -465,6 +512,18 @@ static int run_worker(struct cfx_context *ctx, int w)
             check_ssp(w);
         struct cfx_ps_stats st;
         CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        /* retirement needs every worker's report under the new map: wait for it */
+        uint64_t dl = now_ns() + 30000000000ull;
+        while (WAIT_RETIRED && REMOVE_SRV > 0 &&
+               st.servers[REMOVE_SRV].state != CFX_PS_SERVER_RETIRED) {
+            if (now_ns() > dl)
+                DIE("server %d was not retired within 30 s (state %d)", REMOVE_SRV,
+                    st.servers[REMOVE_SRV].state);
+            usleep(10000);
+            CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        }
+        if (WAIT_RETIRED)
+            printf("worker 0: server %d retired (map %u)\n", REMOVE_SRV, st.map_version);
         printf("worker 0: %d steps in %.2f s; map %u:", STEPS, secs, st.map_version);
         for (uint32_t s = 0; s < st.nservers; s++)
             printf(" server %d %s %u blocks;", s,
@@ -542,6 +601,10 @@ int main(int argc, char **argv)
             EXPECT_MOVES = 1;
         else if (!strcmp(a, "--expect-removed"))
             EXPECT_REMOVED = atoi(v), i++;
+        else if (!strcmp(a, "--sched-dies-at"))
+            SCHED_DIES_AT = atoi(v), i++;
+        else if (!strcmp(a, "--wait-retired"))
+            WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
             STANDBY = 1;
         else if (!strcmp(a, "--pace"))
