@@ -29,7 +29,7 @@
 
 #define NODE_A  1
 #define NODE_B  2
-#define WAIT_MS 5000
+#define WAIT_MS 20000 /* a limit against hangs only: a loaded machine may be slow */
 
 /* --- parameters: one per built transport (names only: no pointers cross
  * into Criterion's test processes) --------------------------------------- */
