@@ -183,11 +183,15 @@ int main(int argc, char **argv)
         double r_static = o.n_static / t_static, r_bal = o.n_steps / t_bal;
         double gb = 2.0 * (double)o.bytes * workers / 1e9;
         if (o.json) {
+            /* slow_blocks_*: blocks the slowed server 1 owned in each phase */
             printf("{\"servers\":%d,\"workers\":%d,\"bytes\":%zu,\"block\":%zu,\"delay_us\":%u,"
                    "\"static_steps_per_s\":%.3f,\"balanced_steps_per_s\":%.3f,\"speedup\":%.3f,"
-                   "\"map_before\":%u,\"map_after\":%u}\n",
+                   "\"map_before\":%u,\"map_after\":%u,\"slow_blocks_before\":%u,"
+                   "\"slow_blocks_after\":%u}\n",
                    o.servers, workers, o.bytes, o.block, o.delay_us, r_static, r_bal,
-                   r_bal / r_static, before.map_version, after.map_version);
+                   r_bal / r_static, before.map_version, after.map_version,
+                   before.nservers > 1 ? before.servers[1].blocks : 0,
+                   after.nservers > 1 ? after.servers[1].blocks : 0);
         } else {
             printf("%-22s : %d (server 1 slowed by %u us per request, test-only knob)\n", "servers",
                    o.servers, o.delay_us);

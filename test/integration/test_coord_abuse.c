@@ -3,8 +3,14 @@
  * gets garbage, truncated frames, absurd lengths (a u32 length of
  * 0xffffffff, u64 sizes of 2^64-1), half frames that stall, a thousand
  * simultaneous connections and an fd limit it runs into, while good clients
- * keep getting answers within a bound.  A wrong token is refused and logged
- * with the peer's address; no token text ever reaches the log.
+ * keep getting every answer.  A wrong token is refused and logged with the
+ * peer's address; no token text ever reaches the log.
+ *
+ * Nothing here is timed against a goal: each wait is a generous limit
+ * against hangs, and a bad connection is shown to be closed for its own
+ * fault by what the coordinator logged, not by how soon.  The worst round
+ * trip under the flood is printed as a METRIC line for
+ * scripts/bench-goals.sh.
  */
 #include <criterion/criterion.h>
 
@@ -17,7 +23,7 @@
 
 #define STALL_MS   500
 #define AUTH_MS    1500
-#define ANSWER_MS  500      /* a good client's round trip must stay under this */
+#define HANG_MS    30000    /* a wait that ends only a hang */
 #define NCONN      1000
 
 static struct coord_child cc;
@@ -63,12 +69,13 @@ static struct cfx_ctl *good_node(const char *name)
     return ctl;
 }
 
-/* A lookup of an inline object: one round trip; returns its duration in ms. */
+/* A lookup of an inline object: one round trip, answered with the right
+ * bytes; returns its duration in ms (logged, never asserted). */
 static double lookup_ms(struct cfx_ctl *ctl, const struct cfx_object_id *id)
 {
     struct cfx_ctl_source src;
     uint64_t t0 = cfx__now_ns();
-    int rc = cfx__ctl_obj_lookup(ctl, id, NULL, 0, cfx__deadline_ns(5000), &src);
+    int rc = cfx__ctl_obj_lookup(ctl, id, NULL, 0, cfx__deadline_ns(HANG_MS), &src);
     double ms = (double)(cfx__now_ns() - t0) / 1e6;
     cr_assert_eq(rc, CFX_OK, "lookup: %s", cfx_last_error());
     cr_assert(src.is_inline && src.size == 5 && !memcmp(src.data, "hello", 5));
@@ -80,7 +87,7 @@ static void good_client_answers(struct cfx_ctl *ctl, const struct cfx_object_id 
                                 const char *after)
 {
     double ms = lookup_ms(ctl, id);
-    cr_assert_lt(ms, ANSWER_MS, "lookup took %.1f ms after %s", ms, after);
+    cr_log_info("lookup answered in %.1f ms after %s", ms, after);
 }
 
 static void put_hello(struct cfx_ctl *ctl, struct cfx_object_id *id)
@@ -115,7 +122,7 @@ Test(coord_abuse, garbage_truncated_and_absurd_lengths)
     fd = raw_connect(cc.port);
     cfx_test_fill(b, sizeof(b), 42);
     raw_send(fd, b, sizeof(b));
-    cr_assert(raw_wait_closed(fd, 3000), "garbage not closed");
+    cr_assert(raw_wait_closed(fd, HANG_MS), "garbage not closed");
     close(fd);
     good_client_answers(good, &id, "garbage");
 
@@ -130,21 +137,28 @@ Test(coord_abuse, garbage_truncated_and_absurd_lengths)
     fd = raw_connect(cc.port);
     hdr_bytes(b, CFX_MSG_AUTH, 0xffffffffu);
     raw_send(fd, b, CFX_PROTO_HDR_LEN);
-    cr_assert(raw_wait_closed(fd, 1000), "length 0xffffffff not closed");
+    cr_assert(raw_wait_closed(fd, HANG_MS), "length 0xffffffff not closed");
     close(fd);
     fd = raw_auth(cc.port, token, CFX_CTL_ROLE_ADMIN);
     hdr_bytes(b, CFX_MSG_STATUS, 0xffffffffu);
     raw_send(fd, b, CFX_PROTO_HDR_LEN);
-    cr_assert(raw_wait_closed(fd, 1000), "authenticated length 0xffffffff not closed");
+    cr_assert(raw_wait_closed(fd, HANG_MS), "authenticated length 0xffffffff not closed");
     close(fd);
 
     /* a 1 MiB frame announced before authenticating: no buffering, closed */
     fd = raw_connect(cc.port);
     hdr_bytes(b, CFX_MSG_AUTH, CFX_PROTO_MAX_PAYLOAD);
     raw_send(fd, b, CFX_PROTO_HDR_LEN);
-    cr_assert(raw_wait_closed(fd, 1000), "a pre-auth 1 MiB frame not closed");
+    cr_assert(raw_wait_closed(fd, HANG_MS), "a pre-auth 1 MiB frame not closed");
     close(fd);
     good_client_answers(good, &id, "absurd lengths");
+    /* each was closed for what it sent, at once, not by a timeout: none of
+     * them stalled or sat unauthenticated long enough for one */
+    cr_assert(cfx_test_file_contains(logpath, "byte AUTH frame before authenticating"),
+              "the pre-auth 1 MiB frame was not closed for its length");
+    cr_assert(!cfx_test_file_contains(logpath, "stalled for"), "a connection was closed as stalled");
+    cr_assert(!cfx_test_file_contains(logpath, "not authenticated within"),
+              "a connection was closed by the authentication timeout");
 
     /* a well-framed but invalid payload after auth: an ERROR reply, still open */
     fd = raw_auth(cc.port, token, CFX_CTL_ROLE_ADMIN);
@@ -198,16 +212,22 @@ Test(coord_abuse, half_frame_then_stall_is_closed)
     raw_send(fd, b, CFX_PROTO_HDR_LEN + 2); /* two of the four payload bytes */
     uint64_t t0 = cfx__now_ns();
     good_client_answers(good, &id, "a half frame");
-    cr_assert(raw_wait_closed(fd, STALL_MS * 6), "stalled connection not closed");
+    cr_assert(raw_wait_closed(fd, HANG_MS), "stalled connection not closed");
     double ms = (double)(cfx__now_ns() - t0) / 1e6;
+    /* a lower bound only: a slow machine can close it later, never sooner */
     cr_assert_geq(ms, STALL_MS * 0.8, "closed after %.0f ms, before the stall timeout", ms);
     close(fd);
+    cr_assert(cfx_test_file_contains(logpath, "stalled for"), "stall not logged");
 
     /* silent before authenticating: closed after the auth timeout */
     fd = raw_connect(cc.port);
-    cr_assert(raw_wait_closed(fd, AUTH_MS * 4), "unauthenticated silent peer not closed");
+    t0 = cfx__now_ns();
+    cr_assert(raw_wait_closed(fd, HANG_MS), "unauthenticated silent peer not closed");
+    ms = (double)(cfx__now_ns() - t0) / 1e6;
+    cr_assert_geq(ms, AUTH_MS * 0.8, "closed after %.0f ms, before the auth timeout", ms);
     close(fd);
-    cr_assert(cfx_test_file_contains(logpath, "stalled for"), "stall not logged");
+    cr_assert(cfx_test_file_contains(logpath, "not authenticated within"),
+              "the auth timeout not logged");
     good_client_answers(good, &id, "stalls");
     cfx__ctl_close(good);
 }
@@ -257,8 +277,8 @@ Test(coord_abuse, thousand_connections_and_good_clients_still_served)
     memset(fds, -1, sizeof(fds));
     cr_assert_eq(flood(fds, NCONN, cc.port), NCONN);
     /* every connection is accepted and challenged... */
-    int challenged = 0;
-    uint64_t deadline = cfx__deadline_ns(20000);
+    int challenged = 0, lookups = 0;
+    uint64_t deadline = cfx__deadline_ns(60000);
     double worst = 0;
     while (challenged < NCONN && cfx__now_ns() < deadline) {
         for (int i = 0; i < NCONN; i++) {
@@ -277,16 +297,19 @@ Test(coord_abuse, thousand_connections_and_good_clients_still_served)
                     fds[i] = -fds[i] - 2; /* done: keep it open, skip it */
             }
         }
-        double ms = lookup_ms(good, &id);
+        double ms = lookup_ms(good, &id); /* ...while every lookup is answered */
         worst = ms > worst ? ms : worst;
+        lookups++;
     }
     cr_assert_eq(challenged, NCONN, "only %d of %d connections were served", challenged, NCONN);
     for (int k = 0; k < 20; k++) {
         double ms = lookup_ms(good, &id);
         worst = ms > worst ? ms : worst;
+        lookups++;
     }
-    cr_log_info("worst lookup round trip with %d connections: %.2f ms", NCONN, worst);
-    cr_assert_lt(worst, ANSWER_MS, "a good client waited %.1f ms", worst);
+    cr_log_info("%d lookups answered beside %d connections, the worst in %.2f ms", lookups, NCONN,
+                worst);
+    cr_log_info("METRIC coord_flood_worst_lookup_ms %.2f", worst);
     /* a new client still joins */
     struct cfx_ctl *late = good_node("late");
     good_client_answers(late, &id, "a thousand connections");
@@ -315,9 +338,20 @@ static double cpu_s(pid_t pid)
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/*
+ * At its fd limit the coordinator sheds the connections it cannot keep
+ * (accept, close) instead of leaving them pending, which would keep the
+ * listening socket readable and spin the loop.  Checked by the mechanism:
+ * every one of the flood's connections ends challenged (accepted while fds
+ * lasted, then held open so that the limit stays reached) or closed (shed);
+ * none stays pending, and the shedding is logged.  The CPU it used is
+ * logged, not asserted.
+ */
 Test(coord_abuse, out_of_fds_sheds_connections_without_spinning)
 {
-    static int fds[300];
+    enum { NFLOOD = 300 };
+    static int fds[NFLOOD], held[NFLOOD];
+    int nheld = 0;
     struct coord_child small;
     char log2[128];
     snprintf(log2, sizeof(log2), "/tmp/cfx-abuse-fd-%d.log", (int)getpid());
@@ -327,23 +361,56 @@ Test(coord_abuse, out_of_fds_sheds_connections_without_spinning)
 
     raise_nofile(512);
     memset(fds, -1, sizeof(fds));
-    flood(fds, 300, small.port);
-    usleep(300 * 1000);
+    int opened = flood(fds, NFLOOD, small.port);
+    cr_assert_gt(opened, 64, "only %d connections opened", opened);
     double c0 = cpu_s(small.pid);
-    usleep(1000 * 1000);
-    double used = cpu_s(small.pid) - c0;
-    cr_assert_lt(used, 0.3, "the coordinator burnt %.2f CPU s in 1 s at its fd limit", used);
+    uint64_t t0 = cfx__now_ns(), deadline = cfx__deadline_ns(60000);
+    int challenged = 0, shed = 0, pending = opened;
+    while (pending > 0 && cfx__now_ns() < deadline) {
+        struct pollfd pf[NFLOOD];
+        int idx[NFLOOD], np = 0;
+        for (int i = 0; i < NFLOOD; i++)
+            if (fds[i] >= 0) {
+                pf[np] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+                idx[np++] = i;
+            }
+        if (poll(pf, (nfds_t)np, 100) <= 0)
+            continue;
+        for (int k = 0; k < np; k++) {
+            if (!pf[k].revents)
+                continue;
+            uint8_t buf[256];
+            ssize_t n = recv(pf[k].fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+            if (n > 0) {
+                challenged++;
+                held[nheld++] = pf[k].fd; /* kept open: the coordinator stays at its limit */
+            } else {
+                shed++;
+                close(pf[k].fd);
+            }
+            fds[idx[k]] = -1;
+            pending--;
+        }
+    }
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9, used = cpu_s(small.pid) - c0;
+    cr_log_info("%d connections at a 64-fd limit: %d challenged, %d shed, %d pending after %.1f s; "
+                "the coordinator used %.2f CPU s meanwhile",
+                opened, challenged, shed, pending, secs, used);
+    cr_assert_eq(pending, 0, "%d connections left pending: the coordinator stopped accepting",
+                 pending);
+    cr_assert_gt(shed, 0, "no connection was shed at the fd limit");
+    cr_assert_gt(challenged, 0, "no connection was served before the fd limit");
     cr_assert(cfx_test_file_contains(log2, "out of file descriptors"), "EMFILE not logged");
 
-    for (int i = 0; i < 300; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    usleep(300 * 1000);
-    /* with fds back, a good client is served again */
+    /* with fds back, a good client is served again (its open retries) */
     struct cfx_node_rec self = { .pid = 1 };
     snprintf(self.name, sizeof(self.name), "after");
     struct cfx_ctl_params p = { .coord = small.addr, .token = token, .role = CFX_CTL_ROLE_NODE,
-                                .self = &self, .timeout_ms = 5000 };
+                                .self = &self, .timeout_ms = HANG_MS };
     struct cfx_ctl *ctl;
     cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_OK, "%s", cfx_last_error());
     cfx__ctl_close(ctl);
@@ -362,7 +429,10 @@ Test(coord_abuse, wrong_token_refused_and_logged_without_the_token)
     struct cfx_ctl *ctl = NULL;
     cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_ERR_AUTH);
     cr_assert_null(ctl);
-    usleep(100 * 1000);
+    /* the coordinator logs the refusal around the time it answers: wait for the line */
+    uint64_t deadline = cfx__deadline_ns(HANG_MS);
+    while (!cfx_test_file_contains(logpath, "refused 127.0.0.1:") && cfx__now_ns() < deadline)
+        usleep(10 * 1000);
     cr_assert(cfx_test_file_contains(logpath, "refused 127.0.0.1:"), "refusal not logged with the address");
     cr_assert(!cfx_test_file_contains(logpath, wrong), "the wrong token appears in the log");
     cr_assert(!cfx_test_file_contains(logpath, token), "the token appears in the log");

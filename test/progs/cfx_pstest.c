@@ -26,7 +26,8 @@
  *   --delay SERVER:US         test-only service delay on SERVER from the start
  *   --skew US                 worker w sleeps w*US per step (SSP tests)
  *   --trace DIR               write and check the SSP trace
- *   --expect-moves            fail unless blocks actually migrated
+ *   --expect-moves            fail unless blocks actually migrated (with --delay:
+ *                             off the slowed server, below the others' mean)
  *   --expect-removed SERVER   fail unless SERVER ends with no blocks (removed by rdmactl)
  *   --sched-dies-at STEP      worker 0 lets the scheduler's rank (server 0) SIGKILL itself
  *                             before STEP; every other rank must then get
@@ -537,6 +538,16 @@ static int run_worker(struct cfx_context *ctx, int w)
         CHECK_OK(cfx_ps_stats(ps, &mine));
         if (EXPECT_MOVES && st.map_version <= 1u + NT * 2)
             DIE("expected blocks to move, but the map is still at version %u", st.map_version);
+        if (EXPECT_MOVES && DELAY_SRV >= 0) {
+            /* the slowed server must end with fewer blocks than the others' mean */
+            uint32_t others = 0, nothers = 0;
+            for (uint32_t s = 0; s < st.nservers; s++)
+                if ((int)s != DELAY_SRV && st.servers[s].state == CFX_PS_SERVER_ACTIVE)
+                    others += st.servers[s].blocks, nothers++;
+            if (nothers && (uint64_t)st.servers[DELAY_SRV].blocks * nothers >= others)
+                DIE("the slowed server %d still owns %u blocks (the others %u in all)", DELAY_SRV,
+                    st.servers[DELAY_SRV].blocks, others);
+        }
         if (REMOVE_SRV > 0 && st.servers[REMOVE_SRV].blocks)
             DIE("removed server %d still owns %u blocks", REMOVE_SRV,
                 st.servers[REMOVE_SRV].blocks);

@@ -337,9 +337,18 @@ Test(coll_group, duplicate_rank, .timeout = 60)
     /* the first times out waiting for rank 1 but its object stays while it lives */
     struct rank_run rr = { .rank = 0, .size = 2, .name = "dup", .timeout_ms = 3000,
                            .ctx = ctxs[0] };
+    /* wait for the event itself: rank 0's bootstrap record at the directory */
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(ctxs[1]->ctl, &st, cfx__deadline_ns(20000)), CFX_OK);
+    uint32_t before = st.objects;
     pthread_t th;
     pthread_create(&th, NULL, rank_main, &rr);
-    usleep(300000);
+    uint64_t dl = cfx__deadline_ns(20000);
+    do {
+        usleep(1000);
+        cr_assert_eq(cfx__ctl_status(ctxs[1]->ctl, &st, dl), CFX_OK, "%s", cfx_last_error());
+    } while (st.objects == before && cfx__now_ns() < dl);
+    cr_assert_gt(st.objects, before, "rank 0 never published itself");
     int rc = cfx_group_create(ctxs[1], &gp, &g1);
     cr_assert_eq(rc, CFX_ERR_EXISTS, "%s: %s", cfx_errname(rc), cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "already joined"), "%s", cfx_last_error());

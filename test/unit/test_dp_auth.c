@@ -292,7 +292,7 @@ Test(dp_auth, silent_peer_is_closed_after_the_auth_deadline, .timeout = 60)
     uint64_t t0 = cfx__now_ns();
     raw_poll(&r, CFX_CONN_AUTH_MS / 2);
     cr_assert(!r.closed, "closed before the deadline");
-    raw_poll(&r, CFX_CONN_AUTH_MS + 5000);
+    raw_poll(&r, CFX_CONN_AUTH_MS + 20000); /* returns once closed; the rest ends a hang */
     cr_assert(r.closed, "a silent peer kept its connection past %d ms", CFX_CONN_AUTH_MS);
     double secs = (double)(cfx__now_ns() - t0) / 1e9;
     cr_log_info("silent peer closed after %.1f s", secs);

