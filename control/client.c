@@ -48,7 +48,7 @@
 #define CTL_RBUF_INITIAL       (64u * 1024)
 #define CTL_LEAVE_TIMEOUT_MS   250
 #define CTL_BACKOFF_MIN_MS     50     /* first reconnect attempt after a loss */
-#define CTL_BACKOFF_MAX_MS     2000   /* attempts never further apart than this */
+#define CTL_BACKOFF_MAX_MS     ((int)CFX_PROTO_RECONNECT_MAX_MS) /* attempts never further apart */
 #define CTL_ATTEMPT_MS         2000   /* one connect + authenticate + rejoin */
 
 /* One request waiting for its reply. */

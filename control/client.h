@@ -191,7 +191,9 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns);
 
-/* Node record of @p node_id. CFX_ERR_NOT_FOUND if unknown. */
+/* Node record of @p node_id. CFX_ERR_NOT_FOUND if unknown.  After a
+ * coordinator restart, a node of before that has not rejoined yet is waited
+ * for (until it rejoins, its rejoin window ends, or @p deadline_ns). */
 int cfx__ctl_node_get(struct cfx_ctl *ctl, uint32_t node_id,
                       struct cfx_node_rec *out, uint64_t deadline_ns);
 

@@ -151,6 +151,7 @@ static void conn_close(struct cfx_coord *co, struct coord_conn *c)
 {
     cfx__ev_io_stop(co->loop, &c->io);
     cfx__coord_dir_conn_gone(co, c);
+    cfx__coord_members_conn_gone(co, c);
     if (c->node) {
         struct coord_node *n = c->node;
         cfx__coord_node_kill(co, n, "its connection closed");
@@ -449,6 +450,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     c->accepted_ns = c->last_rx_ns = cfx__now_ns();
     cfx_list_init(&c->outq);
     cfx_list_init(&c->parked);
+    cfx_list_init(&c->node_waits);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (cfx__auth_nonce(c->nonce, sizeof(c->nonce)) != CFX_OK)
         goto err_free_in;

@@ -65,6 +65,8 @@ struct coord_conn {
     struct coord_node *node;    /* member record once joined */
     struct cfx_list parked;     /* struct coord_parked.conn_link */
     uint32_t nparked;
+    struct cfx_list node_waits; /* struct coord_node_wait.conn_link */
+    uint32_t nnode_waits;
 };
 
 struct coord_node {
@@ -113,6 +115,16 @@ struct coord_parked {
     uint32_t exclude[CFX_PROTO_EXCLUDE_MAX];
 };
 
+/* A NODE_GET for a node known before a restart that has not rejoined yet
+ * (coord_members.c): answered when it rejoins or its rejoin window ends. */
+struct coord_node_wait {
+    struct cfx_list link;       /* coord->node_waits, oldest first */
+    struct cfx_list conn_link;  /* conn->node_waits */
+    struct coord_conn *conn;    /* requester */
+    uint64_t req_id;
+    uint32_t node_id;           /* the node asked about */
+};
+
 struct cfx_coord {
     struct cfx_ev_loop *loop;
     pthread_t thread;
@@ -150,6 +162,9 @@ struct cfx_coord {
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
     uint32_t nodes_dead;
+    uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
+    uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
+    struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
 
     /* directory */
     struct cfx_list *buckets;
@@ -179,7 +194,11 @@ void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c);
  * close its connection (unless it left politely). */
 void cfx__coord_node_kill(struct cfx_coord *co, struct coord_node *n, const char *why);
 void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now);
+/* Answer NODE_GET; about a node of before a restart that has not rejoined
+ * yet, once it rejoins or its rejoin window ends. */
 void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* Drop what @p c waits for in membership (it is closing). */
+void cfx__coord_members_conn_gone(struct cfx_coord *co, struct coord_conn *c);
 void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
                           struct cfx_node_rec *out);

@@ -10,6 +10,17 @@
  * when its connection closes, or when it has been silent for dead_after_ms;
  * death is final (a restarted process joins again under a new id).  Dead
  * records stay listed (alive = 0) until COORD_DEAD_KEEP newer ones exist.
+ *
+ * After a restart the coordinator knows no member; the nodes of before come
+ * back one by one, in no particular order.  Until one has, "not known" does
+ * not mean "dead": a group rank that took it so skipped a live rank's
+ * bootstrap object as stale and waited for one that never came.  So a
+ * NODE_GET about an id of before the restart (below the recorded mark) that
+ * has not rejoined waits, until the node rejoins (the reply is its record) or
+ * its rejoin window ends (not found, as for any node gone for good).  The
+ * window is the heartbeat rule applied to the restart: a live client tries
+ * again at least every CFX_PROTO_RECONNECT_MAX_MS, and then may be silent
+ * for dead_after_ms like any member before it counts as dead.
  */
 #include "control/coord_int.h"
 
@@ -25,12 +36,57 @@
 void cfx__coord_members_init(struct cfx_coord *co)
 {
     cfx_list_init(&co->nodes);
+    cfx_list_init(&co->node_waits);
     co->next_node_id = 1;
+}
+
+static void node_wait_free(struct coord_node_wait *w)
+{
+    cfx_list_del(&w->link);
+    cfx_list_del(&w->conn_link);
+    w->conn->nnode_waits--;
+    free(w);
+}
+
+/* Answer the NODE_GETs waiting for @p node_id: with @p n's record once it
+ * rejoined, not found when @p n is NULL (its window ended). */
+static void node_waits_answer(struct cfx_coord *co, uint32_t node_id, const struct coord_node *n)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->node_waits) {
+        struct coord_node_wait *w = cfx_list_entry(pos, struct coord_node_wait, link);
+        if (n && w->node_id != node_id)
+            continue;
+        if (n) {
+            struct cfx_msg r = { .type = CFX_MSG_NODE_REPLY, .req_id = w->req_id };
+            cfx__coord_node_fill(co, n, &r.u.join);
+            cfx__coord_send(w->conn, &r);
+        } else {
+            cfx__coord_reply_err(w->conn, w->req_id, CFX_ERR_NOT_FOUND,
+                                 "node %u is not known to coordinator %s: it did not rejoin "
+                                 "within %u ms of the coordinator's restart", w->node_id,
+                                 co->addr, CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms);
+        }
+        node_wait_free(w);
+    }
+}
+
+void cfx__coord_members_conn_gone(struct cfx_coord *co, struct coord_conn *c)
+{
+    (void)co;
+    while (!cfx_list_empty(&c->node_waits))
+        node_wait_free(cfx_list_entry(c->node_waits.next, struct coord_node_wait, conn_link));
 }
 
 void cfx__coord_members_fini(struct cfx_coord *co)
 {
     struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->node_waits) {
+        struct coord_node_wait *w = cfx_list_entry(pos, struct coord_node_wait, link);
+        cfx_list_del(&w->link);
+        cfx_list_del(&w->conn_link);
+        free(w);
+    }
     cfx_list_for_each_safe(pos, tmp, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         cfx_list_del(&n->link);
@@ -54,6 +110,9 @@ void cfx__coord_members_load(struct cfx_coord *co)
         if (mark > co->next_node_id) {
             co->next_node_id = mark;
             co->ids_reserved = mark;
+            co->restart_mark = mark;
+            co->rejoin_until_ns = cfx__now_ns() +
+                (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
             CFX_LOG(INFO, CTL, "coordinator %s: node ids continue at %u", co->addr, mark);
         }
     }
@@ -147,6 +206,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     c->state = COORD_CONN_NODE;
     CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s', pid %u, from %s", id,
             want ? "rejoined" : "joined", n->rec.name, n->rec.host_id, n->rec.pid, c->peer);
+    node_waits_answer(co, id, n);
 
     struct cfx_msg r = { .type = CFX_MSG_JOIN_REPLY, .req_id = m->req_id };
     r.u.join_reply.node_id = id;
@@ -212,6 +272,11 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
     uint64_t limit = (uint64_t)co->dead_after_ms * 1000000ull;
     char why[96];
 
+    if (co->rejoin_until_ns && now >= co->rejoin_until_ns) {
+        co->rejoin_until_ns = 0; /* whoever of before has not rejoined is gone */
+        node_waits_answer(co, 0, NULL);
+    }
+
     cfx_list_for_each(pos, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         if (n->rec.alive && now - n->last_seen_ns > limit) {
@@ -237,7 +302,33 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
 
 void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
-    struct coord_node *n = cfx__coord_node_find(co, m->u.node_get.node_id);
+    uint32_t id = m->u.node_get.node_id;
+    struct coord_node *n = cfx__coord_node_find(co, id);
+    if (!n && id != 0 && id < co->restart_mark && co->rejoin_until_ns &&
+        cfx__now_ns() < co->rejoin_until_ns) {
+        /* maybe a live node that has not reconnected yet: wait for it */
+        if (c->nnode_waits >= COORD_PARKED_PER_CONN) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                                 "coordinator %s: %u queries of nodes that have not rejoined "
+                                 "yet wait already on this connection", co->addr,
+                                 c->nnode_waits);
+            return;
+        }
+        struct coord_node_wait *w = calloc(1, sizeof(*w));
+        if (!w) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                                 co->addr);
+            return;
+        }
+        w->conn = c;
+        w->req_id = m->req_id;
+        w->node_id = id;
+        cfx_list_add_tail(&w->link, &co->node_waits);
+        cfx_list_add_tail(&w->conn_link, &c->node_waits);
+        c->nnode_waits++;
+        CFX_LOG(INFO, CTL, "query of node %u from %s waits for it to rejoin", id, c->peer);
+        return;
+    }
     if (!n) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
                              "node %u is not known to coordinator %s",

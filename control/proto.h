@@ -44,6 +44,7 @@
 #define CFX_PROTO_OBJECTS_PAGE 1024u        /* object records per OBJECTS_REPLY */
 #define CFX_PROTO_HOLDERS_MAX  16u          /* holders per listed object (see cfx_ctl_obj_rec) */
 #define CFX_PROTO_TIMEOUT_NONE 0xFFFFFFFFu  /* lookup timeout_ms: wait forever */
+#define CFX_PROTO_RECONNECT_MAX_MS 2000u    /* a client that lost the coordinator tries again at least this often */
 
 /* Fixed wire sizes of the records that listings carry. */
 #define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)

@@ -11,7 +11,10 @@
  * counter of torch.distributed it assumes every rank creates a name the same
  * number of times.  A slot's object can be stale (its node died without
  * withdrawing it; the coordinator keeps inline bytes of dead putters): then
- * the next slot is used, by the owner and the readers alike.  An object whose
+ * the next slot is used, by the owner and the readers alike (after a
+ * coordinator restart the coordinator answers about a node that has not
+ * rejoined yet only once it has, or its rejoin window ended: so a live rank
+ * slow to reconnect is not taken for a dead one).  An object whose
  * node is alive but is not ours means another process joined as this rank:
  * CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
  * directory keeps them across a restart (kill -9 included), so ranks that
