@@ -142,13 +142,23 @@ Test(cfx_run, lines_never_interleave)
 }
 
 /* The other ranks say that they were stopped (they would otherwise sleep
- * past the suite's timeout): the mechanism, not how soon. */
+ * past the suite's timeout): the mechanism, not how soon.  Rank 1 fails only
+ * once ranks 0 and 2 have their SIGTERM trap in place (each leaves a file),
+ * or a loaded machine could deliver the signal before the trap exists. */
 Test(cfx_run, failed_rank_stops_the_others)
 {
-    char *out;
-    int rc = run("-n 3 sh -c 'trap \"echo rank $CFX_RANK stopped by SIGTERM; kill $! 2>/dev/null; "
-                 "exit 143\" TERM; if [ $CFX_RANK = 1 ]; then exit 3; fi; sleep 600 & wait'",
-                 &out, NULL);
+    char *out, dir[] = "/tmp/cfx_run_stopXXXXXX", args[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof(args),
+             "-n 3 sh -c 'trap \"echo rank $CFX_RANK stopped by SIGTERM; kill $! 2>/dev/null; "
+             "exit 143\" TERM; if [ $CFX_RANK = 1 ]; then i=0; while [ ! -e %s/0 ] || "
+             "[ ! -e %s/2 ]; do i=$((i+1)); [ $i -lt 6000 ] || exit 4; sleep 0.01; done; exit 3; "
+             "fi; sleep 600 & touch %s/$CFX_RANK; wait'",
+             dir, dir, dir);
+    int rc = run(args, &out, NULL);
+    char rm[128];
+    snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+    cr_assert_eq(system(rm), 0);
     cr_assert_eq(rc, 1, "output:\n%s", out);
     cr_assert(strstr(out, "cfx_run: rank 1 exited with status 3"), "output:\n%s", out);
     cr_assert(strstr(out, "[0] rank 0 stopped by SIGTERM"), "rank 0 not stopped:\n%s", out);
@@ -160,10 +170,17 @@ Test(cfx_run, failed_rank_stops_the_others)
  * all (within the suite's timeout) and says SIGKILL is the check. */
 Test(cfx_run, rank_ignoring_sigterm_is_killed)
 {
-    char *out;
-    int rc = run("-n 2 sh -c 'trap \"\" TERM; if [ $CFX_RANK = 0 ]; then sleep 0.5; exit 1; fi; "
-                 "while :; do sleep 0.1; done'",
-                 &out, NULL);
+    char *out, dir[] = "/tmp/cfx_run_killXXXXXX", args[1024], rm[128];
+    cr_assert_not_null(mkdtemp(dir));
+    /* rank 0 fails once rank 1 ignores SIGTERM (it leaves a file) */
+    snprintf(args, sizeof(args),
+             "-n 2 sh -c 'trap \"\" TERM; if [ $CFX_RANK = 0 ]; then i=0; while [ ! -e %s/1 ]; "
+             "do i=$((i+1)); [ $i -lt 6000 ] || exit 4; sleep 0.01; done; exit 1; fi; "
+             "touch %s/1; while :; do sleep 0.1; done'",
+             dir, dir);
+    int rc = run(args, &out, NULL);
+    snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+    cr_assert_eq(system(rm), 0);
     cr_assert_eq(rc, 1, "output:\n%s", out);
     cr_assert(strstr(out, "SIGKILL"), "output:\n%s", out);
     free(out);
