@@ -25,8 +25,12 @@
 #include <conflux/group.h>
 
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <strings.h>
+
+#define PROG "cfx_coll_perf"
+#define COLL_BYTES_MAX (1ull << 46) /* the largest object there may be (cfx_put) */
 
 enum op_kind {
     OP_ALLREDUCE,
@@ -118,9 +122,10 @@ static void usage(FILE *f)
         "  -o, --op=OP           allreduce, broadcast, reduce, allgather, reducescatter,\n"
         "                        alltoall, gather, scatter, sendrecv, barrier (default allreduce)\n"
         "  -b, --minbytes=N      smallest size, K/M/G suffixes (default 32M)\n"
-        "  -e, --maxbytes=N      largest size (default 32M)\n"
-        "  -f, --stepfactor=N    multiply the size by N each step (default 2)\n"
-        "  -n, --iters=N         timed calls per size (default 20)\n"
+        "  -e, --maxbytes=N      largest size (default 32M); two buffers of it must fit in\n"
+        "                        memory (and, over verbs, in ulimit -l)\n"
+        "  -f, --stepfactor=N    multiply the size by N each step, 2..1048576 (default 2)\n"
+        "  -n, --iters=N         timed calls per size, >= 1 (default 20)\n"
         "  -w, --warmup_iters=N  untimed calls first (default 5)\n"
         "  -d, --datatype=T      float, double, half, bfloat16, int32, int64, uint8\n"
         "                        (default float)\n"
@@ -130,7 +135,7 @@ static void usage(FILE *f)
         "  -a, --algo=A          auto, ring, tree, chain, dbtree, rhd, direct (default auto,\n"
         "                        i.e. $CFX_ALGO or the library's choice)\n"
         "  -i, --inplace=M       0 out-of-place, 1 in-place, both (default 0)\n"
-        "  -T, --timeout=MS      deadline of each call (default: the group's)\n"
+        "  -T, --timeout=MS      deadline of each call, >= 1 (default: the group's)\n"
         "  -u, --user-buf        malloc'd buffers instead of the registered arena\n"
         "      --json            one JSON document on stdout instead of the table\n"
         "  -h, --help\n"
@@ -138,7 +143,8 @@ static void usage(FILE *f)
         "Sizes are the bytes of one rank's larger buffer, as in nccl-tests: for\n"
         "allgather, gather and alltoall the receive buffer, for reducescatter and\n"
         "scatter the send buffer.  Ranks and the cluster come from the environment\n"
-        "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).\n");
+        "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).  A bad value is\n"
+        "named on stderr; usage errors exit with status 2.\n");
 }
 
 static int parse_op(const char *s, enum op_kind *out)
@@ -175,16 +181,6 @@ static int parse_algo(const char *s, struct coll_opts *o)
     return -1;
 }
 
-static int parse_long(const char *s, long min, long *out)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < min)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_opts(int argc, char **argv, struct coll_opts *o)
 {
     static const struct option lopts[] = {
@@ -207,7 +203,7 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    long v;
+    const char *min_arg = NULL, *max_arg = NULL;
     int c;
     memset(o, 0, sizeof(*o));
     o->op = OP_ALLREDUCE;
@@ -223,49 +219,49 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
         switch (c) {
         case 'o':
             if (parse_op(optarg, &o->op))
-                goto bad;
+                goto bad_word;
             break;
         case 'b':
-            if (cfx__parse_size(optarg, &o->min_bytes) != CFX_OK)
-                goto bad;
+            if (tool_arg_size(PROG, "-b", optarg, 0, COLL_BYTES_MAX, &o->min_bytes))
+                return TOOL_EXIT_USAGE;
+            min_arg = optarg;
             break;
         case 'e':
-            if (cfx__parse_size(optarg, &o->max_bytes) != CFX_OK)
-                goto bad;
+            if (tool_arg_size(PROG, "-e", optarg, 0, COLL_BYTES_MAX, &o->max_bytes))
+                return TOOL_EXIT_USAGE;
+            max_arg = optarg;
             break;
         case 'f':
-            if (parse_long(optarg, 2, &o->factor))
-                goto bad;
+            if (tool_arg_long(PROG, "-f", optarg, 2, 1 << 20, "a step factor", &o->factor))
+                return TOOL_EXIT_USAGE;
             break;
         case 'n':
-            if (parse_long(optarg, 1, &o->iters))
-                goto bad;
+            if (tool_arg_long(PROG, "-n", optarg, 1, INT_MAX, "an iteration count", &o->iters))
+                return TOOL_EXIT_USAGE;
             break;
         case 'w':
-            if (parse_long(optarg, 0, &o->warmup))
-                goto bad;
+            if (tool_arg_long(PROG, "-w", optarg, 0, INT_MAX, "a warm-up count", &o->warmup))
+                return TOOL_EXIT_USAGE;
             break;
         case 'd':
             if (cfx_dtype_from_name(optarg, &o->dtype) != CFX_OK)
-                goto bad;
+                goto bad_word;
             break;
         case 'R':
             if (cfx_redop_from_name(optarg, &o->redop) != CFX_OK)
-                goto bad;
+                goto bad_word;
             break;
         case 'r':
-            if (parse_long(optarg, 0, &v) || v > 1 << 20)
-                goto bad;
-            o->root = (int)v;
+            if (tool_arg_int(PROG, "-r", optarg, 0, 1 << 20, "a root rank", &o->root))
+                return TOOL_EXIT_USAGE;
             break;
         case 'c':
-            if (parse_long(optarg, 0, &v) || v > 1)
-                goto bad;
-            o->check = (int)v;
+            if (tool_arg_int(PROG, "-c", optarg, 0, 1, "0 or 1", &o->check))
+                return TOOL_EXIT_USAGE;
             break;
         case 'a':
             if (parse_algo(optarg, o))
-                goto bad;
+                goto bad_word;
             break;
         case 'i':
             if (!strcmp(optarg, "0"))
@@ -275,12 +271,12 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
             else if (!strcmp(optarg, "2") || !strcasecmp(optarg, "both"))
                 o->place = PLACE_BOTH;
             else
-                goto bad;
+                goto bad_word;
             break;
         case 'T':
-            if (parse_long(optarg, 1, &v) || v > 0x7fffffff)
-                goto bad;
-            o->timeout_ms = (int)v;
+            /* 0 would be "the group's": refused, as the default is had by leaving -T out */
+            if (tool_arg_int(PROG, "-T", optarg, 1, INT_MAX, "a timeout in ms", &o->timeout_ms))
+                return TOOL_EXIT_USAGE;
             break;
         case 'u': o->user_buf = 1; break;
         case 'J': o->json = 1; break;
@@ -298,15 +294,19 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
                 o->max_bytes);
         return 2;
     }
+    /* a send and a receive buffer of the largest size, before anything is allocated */
+    if (tool_arg_mem(PROG, max_arg ? "-e" : "-b", max_arg ? max_arg : min_arg ? min_arg : "32M",
+                     2 * o->max_bytes, 0))
+        return TOOL_EXIT_USAGE;
     if (o->place & PLACE_IN && !ops[o->op].inplace && o->place != PLACE_BOTH) {
         fprintf(stderr, "cfx_coll_perf: %s has no in-place form\n", ops[o->op].name);
         return 2;
     }
     return 0;
-bad:
-    fprintf(stderr, "cfx_coll_perf: bad value '%s' for -%c\n", optarg, c);
+bad_word: /* names: the usage lists the ones there are */
+    fprintf(stderr, "%s: -%c: '%s' is not a known value\n", PROG, c, optarg);
     usage(stderr);
-    return 2;
+    return TOOL_EXIT_USAGE;
 }
 
 /* ---- deterministic inputs and expected results ---------------------------- */
@@ -708,6 +708,15 @@ int main(int argc, char **argv)
     size_t maxcount = o.max_bytes / R.esize / (d->blocked ? n : 1);
     size_t bufbytes = (d->blocked ? n : 1) * maxcount * R.esize;
     bufbytes = bufbytes ? bufbytes : R.esize;
+    if (!o.user_buf && perf_pins(ctx)) { /* the arena is pinned over verbs */
+        char val[32];
+        snprintf(val, sizeof(val), "%zu", o.max_bytes);
+        if (tool_arg_mem(PROG, "-e", val, 2 * bufbytes, 1)) {
+            cfx_group_destroy(R.g);
+            cfx_context_destroy(ctx);
+            return TOOL_EXIT_USAGE;
+        }
+    }
     if (o.user_buf) {
         R.send = malloc(bufbytes);
         R.recv = malloc(bufbytes);

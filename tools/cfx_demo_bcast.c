@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "dataplane/common/util.h"
 
 static double now_s(void)
@@ -35,10 +36,14 @@ int main(int argc, char **argv)
     int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
     int rc;
 
-    if (argc > 1 && cfx__parse_size(argv[1], &size) != CFX_OK) {
+    if (argc > 2) {
         fprintf(stderr, "usage: %s [SIZE, e.g. 256M]\n", argv[0]);
-        return 2;
+        return TOOL_EXIT_USAGE;
     }
+    /* the object is checked in 8-byte words; the arena holds it before anything else */
+    if (argc > 1 && (tool_arg_size("cfx_demo_bcast", "SIZE", argv[1], 8, 1ull << 46, &size) ||
+                     tool_arg_mem("cfx_demo_bcast", "SIZE", argv[1], size, 0)))
+        return TOOL_EXIT_USAGE;
     size &= ~(size_t)7;
     if ((rc = cfx_context_create(NULL, &ctx)) != CFX_OK) {
         fprintf(stderr, "cannot join the cluster: %s\n", cfx_last_error());

@@ -42,7 +42,7 @@ int main(int argc, char **argv)
     struct cfx_object_id id;
     size_t sizes[32];
     int nsizes = 0;
-    int rc = perf_parse(argc, argv, &o, "objects", 64u << 20, 20);
+    int rc = perf_parse(argc, argv, &o, "cfx_get_bw", "objects", 64u << 20, 20);
     if (rc)
         return rc;
     if (o.all)
@@ -56,12 +56,25 @@ int main(int argc, char **argv)
 
     struct cfx_context *ctx = perf_join(&o, &coord, argv[0]);
     void *buf = NULL;
-    if (o.arena || !o.host)
+    int arena = o.arena || !o.host;
+    /* an arena buffer is registered with every transport: over verbs, pinned */
+    if (arena && perf_pins(ctx)) {
+        char val[32];
+        snprintf(val, sizeof(val), "%zu", maxsize);
+        if (tool_arg_mem("cfx_get_bw", o.all ? "-a" : "-s", val, maxsize, 1)) {
+            cfx_context_destroy(ctx);
+            cfx__coord_stop(coord);
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    if (arena)
         rc = cfx_buf_alloc(ctx, maxsize, &buf);
-    else
-        rc = (buf = malloc(maxsize)) ? CFX_OK : CFX_ERR_NOMEM;
+    else if (!(buf = malloc(maxsize)))
+        rc = cfx__err(CFX_ERR_NOMEM, "malloc of %zu bytes failed", maxsize);
     if (rc != CFX_OK) {
         fprintf(stderr, "%s: cannot allocate %zu bytes: %s\n", argv[0], maxsize, cfx_last_error());
+        cfx_context_destroy(ctx);
+        cfx__coord_stop(coord);
         return 1;
     }
     memset(buf, 0x5a, maxsize);

@@ -23,12 +23,18 @@ int main(int argc, char **argv)
     struct perf_opts o;
     struct cfx_coord *coord;
     struct cfx_object_id id;
-    int rc = perf_parse(argc, argv, &o, "small objects", 8, 1000);
+    int rc = perf_parse(argc, argv, &o, "cfx_get_lat", "small objects", 8, 1000);
     if (rc)
         return rc;
     struct cfx_context *ctx = perf_join(&o, &coord, argv[0]);
-    uint8_t *buf = malloc(o.size ? o.size : 1);
+    uint8_t *buf = malloc(o.size);
     int status = 0;
+    if (!buf) {
+        fprintf(stderr, "%s: cannot allocate %zu bytes\n", argv[0], o.size);
+        cfx_context_destroy(ctx);
+        cfx__coord_stop(coord);
+        return 1;
+    }
     memset(buf, 0x11, o.size);
 
     if (!o.host) {
@@ -54,7 +60,11 @@ int main(int argc, char **argv)
         }
     } else {
         double *lat = calloc((size_t)o.iters, sizeof(double));
-        for (long i = 0; i < o.iters + o.warmup; i++) {
+        if (!lat) {
+            fprintf(stderr, "%s: cannot allocate %ld latencies\n", argv[0], o.iters);
+            status = 1;
+        }
+        for (long i = 0; i < o.iters + o.warmup && !status; i++) {
             size_t got;
             perf_id(&id, "lat", o.size, i);
             double t = perf_now();

@@ -18,24 +18,16 @@
 #include <conflux/conflux.h>
 
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "dataplane/common/util.h"
 #include "gpu/memtype.h"
 
-#ifndef CFX_HAVE_CUDA
-int main(int argc, char **argv)
-{
-    fprintf(stderr, "%s: this build of conflux has no CUDA support (configure with "
-            "-DCFX_WITH_CUDA=ON and the CUDA toolkit installed)\n", argv[0]);
-    return 2;
-}
-#else
-#include <cuda_runtime_api.h>
-
-#include "gpu/cuda/cfx_cuda.h"
+#define PROG "cfx_gpu_bench"
 
 struct opts {
     int dtypes[CFX_DTYPE_LAST];
@@ -55,6 +47,10 @@ static int parse_list(const char *s, int *sel, int n, int is_dtype)
             sel[i] = 1;
         return 0;
     }
+    if (!*s || strlen(s) >= sizeof(buf)) {
+        fprintf(stderr, "%s: %s: '%s' is not a list\n", PROG, is_dtype ? "-d" : "-o", s);
+        return -1;
+    }
     snprintf(buf, sizeof(buf), "%s", s);
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int rc;
@@ -70,12 +66,76 @@ static int parse_list(const char *s, int *sel, int n, int is_dtype)
                 sel[o] = 1;
         }
         if (rc != CFX_OK) {
-            fprintf(stderr, "unknown %s '%s'\n", is_dtype ? "dtype" : "op", t);
+            fprintf(stderr, "%s: %s: '%s' is not %s (in '%s')\n", PROG, is_dtype ? "-d" : "-o", t,
+                    is_dtype ? "a dtype" : "an op", s);
             return -1;
         }
     }
     return 0;
 }
+
+/* 0, or an exit status: TOOL_EXIT_USAGE with the bad option and value named */
+static int parse(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        { "dtype", required_argument, NULL, 'd' }, { "op", required_argument, NULL, 'o' },
+        { "size", required_argument, NULL, 's' },  { "iters", required_argument, NULL, 'n' },
+        { "warmup", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
+        { "help", no_argument, NULL, 'h' },        { NULL, 0, NULL, 0 },
+    };
+    int c;
+
+    parse_list("all", o->dtypes, CFX_DTYPE_LAST, 1);
+    parse_list("all", o->ops, CFX_OP_LAST, 0);
+    while ((c = getopt_long(argc, argv, "d:o:s:n:w:jh", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'd': bad = parse_list(optarg, o->dtypes, CFX_DTYPE_LAST, 1); break;
+        case 'o': bad = parse_list(optarg, o->ops, CFX_OP_LAST, 0); break;
+        case 's': bad = tool_arg_size(PROG, "-s", optarg, 4096, 1ull << 40, &o->size); break;
+        case 'n':
+            bad = tool_arg_long(PROG, "-n", optarg, 1, INT_MAX, "an iteration count", &o->iters);
+            break;
+        case 'w':
+            bad = tool_arg_long(PROG, "-w", optarg, 0, INT_MAX, "a warm-up count", &o->warmup);
+            break;
+        case 'j': o->json = 1; break;
+        case 'h':
+            printf("Usage: %s [-d LIST] [-o LIST] [-s SIZE] [-n ITERS] [-w WARMUP] [--json]\n"
+                   "  SIZE at least 4K; ITERS >= 1; WARMUP >= 0\n", argv[0]);
+            exit(0);
+        default:
+            fprintf(stderr, "Usage: %s [-d LIST] [-o LIST] [-s SIZE] [-n ITERS] [-w WARMUP] "
+                    "[--json]\n", argv[0]);
+            return TOOL_EXIT_USAGE;
+        }
+        if (bad)
+            return TOOL_EXIT_USAGE;
+    }
+    if (optind != argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
+        return TOOL_EXIT_USAGE;
+    }
+    return 0;
+}
+
+#ifndef CFX_HAVE_CUDA
+/* Options are still checked, so that a bad one is named in every build. */
+int main(int argc, char **argv)
+{
+    struct opts o = { .size = 256u << 20, .iters = 20, .warmup = 3 };
+    int prc = parse(argc, argv, &o);
+    if (prc)
+        return prc;
+    fprintf(stderr, "%s: this build of conflux has no CUDA support (configure with "
+            "-DCFX_WITH_CUDA=ON and the CUDA toolkit installed)\n", argv[0]);
+    return 2;
+}
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "gpu/cuda/cfx_cuda.h"
 
 #define CK(call)                                                                         \
     do {                                                                                 \
@@ -117,49 +177,9 @@ static double time_runs(const struct opts *o, void *d, void *a, void *b, size_t 
 int main(int argc, char **argv)
 {
     struct opts o = { .size = 256u << 20, .iters = 20, .warmup = 3 };
-    static const struct option lo[] = {
-        { "dtype", required_argument, NULL, 'd' }, { "op", required_argument, NULL, 'o' },
-        { "size", required_argument, NULL, 's' },  { "iters", required_argument, NULL, 'n' },
-        { "warmup", required_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
-        { "help", no_argument, NULL, 'h' },        { NULL, 0, NULL, 0 },
-    };
-    int c;
-
-    parse_list("all", o.dtypes, CFX_DTYPE_LAST, 1);
-    parse_list("all", o.ops, CFX_OP_LAST, 0);
-    while ((c = getopt_long(argc, argv, "d:o:s:n:w:jh", lo, NULL)) != -1) {
-        switch (c) {
-        case 'd':
-            if (parse_list(optarg, o.dtypes, CFX_DTYPE_LAST, 1))
-                return 1;
-            break;
-        case 'o':
-            if (parse_list(optarg, o.ops, CFX_OP_LAST, 0))
-                return 1;
-            break;
-        case 's':
-            if (cfx__parse_size(optarg, &o.size) != CFX_OK || o.size < 4096) {
-                fprintf(stderr, "bad size '%s' (at least 4K)\n", optarg);
-                return 1;
-            }
-            break;
-        case 'n':
-            o.iters = atol(optarg);
-            break;
-        case 'w':
-            o.warmup = atol(optarg);
-            break;
-        case 'j':
-            o.json = 1;
-            break;
-        default:
-            printf("Usage: %s [-d LIST] [-o LIST] [-s SIZE] [-n ITERS] [-w WARMUP] [--json]\n",
-                   argv[0]);
-            return c == 'h' ? 0 : 1;
-        }
-    }
-    if (o.iters < 1)
-        o.iters = 1;
+    int prc = parse(argc, argv, &o);
+    if (prc)
+        return prc;
 
     char gpu[512];
     cfx__gpu_describe(gpu, sizeof(gpu));

@@ -22,7 +22,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "dataplane/common/util.h"
+
+#define PROG "cfx_ps_bench"
 
 #define JOB "psbench"
 
@@ -45,10 +48,14 @@ static void usage(const char *p)
 {
     fprintf(stderr,
             "usage: cfx_run -n S+W %s [-s SERVERS] [-b BYTES] [-B BLOCK] [-D DELAY_US] "
-            "[--static N] [--warm N] [--steps N] [--json]\n",
+            "[--static N] [--warm N] [--steps N] [--json]\n"
+            "  -s SERVERS   2..64 (default 2)      -b BYTES  tensor size, >= 4 (default 8M)\n"
+            "  -B BLOCK     >= 4 (default 256K)    -D US     slow server's delay (default 2000)\n"
+            "  --static N, --steps N: >= 1; --warm N: >= 0 (defaults 15, 30, 25)\n",
             p);
 }
 
+/* 0, or TOOL_EXIT_USAGE with the bad option and value named on stderr */
 static int parse(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){ .servers = 2,
@@ -61,40 +68,51 @@ static int parse(int argc, char **argv, struct opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad, d;
         if (!strcmp(a, "--json")) {
             o->json = 1;
             continue;
         }
-        if (!v)
-            return -1;
+        if (strcmp(a, "-s") && strcmp(a, "-b") && strcmp(a, "-B") && strcmp(a, "-D") &&
+            strcmp(a, "--static") && strcmp(a, "--warm") && strcmp(a, "--steps")) {
+            fprintf(stderr, "cfx_ps_bench: unknown argument '%s'\n", a);
+            usage(argv[0]);
+            return TOOL_EXIT_USAGE;
+        }
+        if (!v) {
+            fprintf(stderr, "cfx_ps_bench: %s needs a value\n", a);
+            usage(argv[0]);
+            return TOOL_EXIT_USAGE;
+        }
         i++;
         if (!strcmp(a, "-s"))
-            o->servers = atoi(v);
-        else if (!strcmp(a, "-b") && cfx__parse_size(v, &o->bytes) == CFX_OK)
-            ;
-        else if (!strcmp(a, "-B") && cfx__parse_size(v, &o->block) == CFX_OK)
-            ;
-        else if (!strcmp(a, "-D"))
-            o->delay_us = (unsigned)atoi(v);
-        else if (!strcmp(a, "--static"))
-            o->n_static = atoi(v);
+            bad = tool_arg_int(PROG, a, v, 2, 64, "a number of servers", &o->servers);
+        else if (!strcmp(a, "-b"))
+            bad = tool_arg_size(PROG, a, v, 4, 1ull << 40, &o->bytes) ||
+                  tool_arg_mem(PROG, a, v, o->bytes, 0);
+        else if (!strcmp(a, "-B"))
+            bad = tool_arg_size(PROG, a, v, 4, 1ull << 40, &o->block);
+        else if (!strcmp(a, "-D")) {
+            bad = tool_arg_int(PROG, a, v, 0, 10000000, "a delay in us", &d);
+            o->delay_us = (unsigned)d;
+        } else if (!strcmp(a, "--static"))
+            bad = tool_arg_int(PROG, a, v, 1, 1000000, "a number of steps", &o->n_static);
         else if (!strcmp(a, "--warm"))
-            o->n_warm = atoi(v);
-        else if (!strcmp(a, "--steps"))
-            o->n_steps = atoi(v);
+            bad = tool_arg_int(PROG, a, v, 0, 1000000, "a number of steps", &o->n_warm);
         else
-            return -1;
+            bad = tool_arg_int(PROG, a, v, 1, 1000000, "a number of steps", &o->n_steps);
+        if (bad)
+            return TOOL_EXIT_USAGE;
     }
-    return o->servers >= 2 && o->bytes >= 4 && o->n_static > 0 && o->n_steps > 0 ? 0 : -1;
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     struct opts o;
-    if (parse(argc, argv, &o)) {
-        usage(argv[0]);
-        return 2;
-    }
+    int prc = parse(argc, argv, &o);
+    if (prc)
+        return prc;
     int rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
     int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
     int workers = world - o.servers;

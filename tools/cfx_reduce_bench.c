@@ -15,14 +15,19 @@
 #include <conflux/conflux.h>
 
 #include <getopt.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "dataplane/common/util.h"
 #include "dataplane/reduce/fp16.h"
 #include "dataplane/reduce/reduce_impl.h"
+
+#define PROG "cfx_reduce_bench"
 
 struct bench_opts {
     int dtypes[CFX_DTYPE_LAST]; /* selected dtypes */
@@ -55,13 +60,15 @@ static void usage(const char *prog, FILE *f)
         "  -d, --dtype=LIST     dtypes, comma separated, or all (default all):\n"
         "                       float half bfloat16 double int32 int64 uint8 (f32, f16, bf16...)\n"
         "  -o, --op=LIST        ops, comma separated, or all (default all): sum prod min max\n"
-        "  -s, --size=N         bytes per buffer, K/M/G suffixes (default 64M)\n"
-        "  -n, --iters=N        measured runs per dtype x op (default 20)\n"
-        "  -w, --warmup=N       unmeasured runs first (default 2)\n"
+        "  -s, --size=N         bytes per buffer, K/M/G suffixes, at least 64 (default 64M);\n"
+        "                       the buffers must fit in this machine's memory\n"
+        "  -n, --iters=N        measured runs per dtype x op, >= 1 (default 20)\n"
+        "  -w, --warmup=N       unmeasured runs first, >= 0 (default 2)\n"
         "  -3, --out-of-place   dst = a op b into a third buffer (cfx_reduce3)\n"
         "  -i, --isa=NAME       kernel set: default, avx2, avx512 (default: best supported)\n"
         "  -J, --json           print one JSON document instead of the table\n"
-        "  -h, --help           this text\n",
+        "  -h, --help           this text\n"
+        "A bad value is named on stderr; usage errors exit with status 2.\n",
         prog);
 }
 
@@ -69,8 +76,10 @@ static void usage(const char *prog, FILE *f)
 static int parse_list(const char *arg, int *sel, int n, int is_dtype)
 {
     char buf[256];
-    if (strlen(arg) >= sizeof(buf))
-        return -1;
+    const char *opt = is_dtype ? "-d" : "-o";
+    if (strlen(arg) >= sizeof(buf) || !*arg)
+        return fprintf(stderr, "%s: %s: '%s' is not a list of %s\n", PROG, opt, arg,
+                       is_dtype ? "dtypes" : "ops"), -1;
     memset(sel, 0, sizeof(int) * (size_t)n);
     if (strcmp(arg, "all") == 0) {
         for (int i = 0; i < n; i++)
@@ -83,12 +92,14 @@ static int parse_list(const char *arg, int *sel, int n, int is_dtype)
         if (is_dtype) {
             enum cfx_dtype d;
             if (cfx_dtype_from_name(tok, &d) != CFX_OK)
-                return fprintf(stderr, "unknown dtype '%s'\n", tok), -1;
+                return fprintf(stderr, "%s: -d: '%s' is not a dtype (in '%s')\n", PROG, tok,
+                               arg), -1;
             sel[d] = 1;
         } else {
             enum cfx_redop o;
             if (cfx_redop_from_name(tok, &o) != CFX_OK)
-                return fprintf(stderr, "unknown op '%s'\n", tok), -1;
+                return fprintf(stderr, "%s: -o: '%s' is not an op (in '%s')\n", PROG, tok,
+                               arg), -1;
             sel[o] = 1;
         }
     }
@@ -104,6 +115,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
         { "isa", required_argument, NULL, 'i' },    { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
+    const char *size_arg = NULL;
     int c;
 
     memset(o, 0, sizeof(*o));
@@ -125,32 +137,43 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
                 return 2;
             break;
         case 's':
-            if (cfx__parse_size(optarg, &o->size) != CFX_OK || o->size < 64) {
-                fprintf(stderr, "bad size '%s' (at least 64 bytes)\n", optarg);
-                return 2;
-            }
+            if (tool_arg_size(PROG, "-s", optarg, 64, SIZE_MAX / 4, &o->size))
+                return TOOL_EXIT_USAGE;
+            size_arg = optarg;
             break;
         case 'n':
-            o->iters = atol(optarg);
-            if (o->iters < 1)
-                return fprintf(stderr, "bad iteration count '%s'\n", optarg), 2;
+            if (tool_arg_long(PROG, "-n", optarg, 1, INT_MAX, "an iteration count", &o->iters))
+                return TOOL_EXIT_USAGE;
             break;
         case 'w':
-            o->warmup = atol(optarg);
-            if (o->warmup < 0)
-                return fprintf(stderr, "bad warm-up count '%s'\n", optarg), 2;
+            if (tool_arg_long(PROG, "-w", optarg, 0, INT_MAX, "a warm-up count", &o->warmup))
+                return TOOL_EXIT_USAGE;
             break;
         case '3': o->out_of_place = 1; break;
-        case 'i': o->isa = optarg; break;
+        case 'i': {
+            const char *isas[CFX__REDUCE_ISA_LAST + 1] = { NULL };
+            int isa;
+            for (isa = 0; isa < CFX__REDUCE_ISA_LAST; isa++)
+                isas[isa] = cfx__reduce_isa_name((enum cfx__reduce_isa)isa);
+            if (tool_arg_word(PROG, "-i", optarg, isas, &isa))
+                return TOOL_EXIT_USAGE;
+            o->isa = optarg;
+            break;
+        }
         case 'J': o->json = 1; break;
         case 'h': usage(argv[0], stdout); exit(0);
         default: usage(argv[0], stderr); return 2;
         }
     }
     if (optind != argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
         usage(argv[0], stderr);
-        return 2;
+        return TOOL_EXIT_USAGE;
     }
+    /* two buffers (three out of place), before any is allocated */
+    if (tool_arg_mem(PROG, "-s", size_arg ? size_arg : "64M",
+                     o->size * (o->out_of_place ? 3 : 2), 0))
+        return TOOL_EXIT_USAGE;
     return 0;
 }
 

@@ -45,6 +45,7 @@
 
 #include <conflux/status.h>
 
+#include "args.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
 
@@ -136,8 +137,9 @@ static void usage(FILE *f)
             "  -v, --verbose         print the coordinator address and each rank's exit\n"
             "  -h, --help            this text\n"
             "\n"
-            "Exit status: 0 all ranks succeeded, 1 a rank failed, 128+SIG a rank was\n"
-            "killed by SIG (or cfx_run interrupted), 124 timeout.\n",
+            "Exit status: 0 all ranks succeeded, 1 a rank failed, 2 a usage error (the\n"
+            "option and its bad value are named on stderr), 128+SIG a rank was killed by\n"
+            "SIG (or cfx_run interrupted), 124 timeout.\n",
             RUN_MAX_RANKS);
 }
 
@@ -156,7 +158,6 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    char *end;
     size_t sz;
     int c;
 
@@ -164,79 +165,71 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
     /* '+': stop at the first non-option so CMD's own flags pass through. */
     while ((c = getopt_long(argc, argv, "+n:t:T:k:p:c:f:a:vh", longopts, NULL)) != -1) {
         switch (c) {
-        case 'n': {
-            errno = 0;
-            long n = strtol(optarg, &end, 10);
-            if (errno || *end || end == optarg || n < 1 || n > RUN_MAX_RANKS) {
-                fprintf(stderr, "cfx_run: -n wants 1..%d, got '%s'\n", RUN_MAX_RANKS, optarg);
+        case 'n':
+            if (tool_arg_int("cfx_run", "-n", optarg, 1, RUN_MAX_RANKS, "a number of ranks",
+                             &o->nranks))
                 return -1;
-            }
-            o->nranks = (int)n;
             break;
-        }
         case 't':
             if (!*optarg) {
-                fprintf(stderr, "cfx_run: --transport wants a name such as tcp or shm\n");
+                fprintf(stderr, "cfx_run: --transport: '' is not a transport list (tcp, shm, "
+                        "shm,tcp, ...)\n");
                 return -1;
             }
             o->transport = optarg;
             break;
         case 'T':
-            errno = 0;
-            o->timeout_s = strtod(optarg, &end);
-            if (errno || *end || end == optarg || !(o->timeout_s > 0) || o->timeout_s > 1e7) {
-                fprintf(stderr, "cfx_run: --timeout wants seconds > 0, got '%s'\n", optarg);
+            if (tool_arg_double("cfx_run", "--timeout", optarg, 0, 1e7, "a time in seconds",
+                                &o->timeout_s))
+                return -1;
+            if (!(o->timeout_s > 0)) { /* 0 would kill the job at once */
+                fprintf(stderr, "cfx_run: --timeout: '%s' is not a time in seconds > 0\n",
+                        optarg);
                 return -1;
             }
             break;
         case 'k':
             if (!*optarg) {
-                fprintf(stderr, "cfx_run: --token must not be empty\n");
+                fprintf(stderr, "cfx_run: --token: '' is not a token (it must not be empty)\n");
                 return -1;
             }
             o->token = optarg;
             break;
         case 'p': {
-            errno = 0;
-            long p = strtol(optarg, &end, 10);
-            if (errno || *end || end == optarg || p < 0 || p > 65535) {
-                fprintf(stderr, "cfx_run: --coord-port wants 0..65535, got '%s'\n", optarg);
+            int p;
+            if (tool_arg_int("cfx_run", "--coord-port", optarg, 0, 65535, "a TCP port", &p))
                 return -1;
-            }
             o->port = (unsigned)p;
             break;
         }
         case 'c':
-            if (cfx__parse_size(optarg, &sz) != CFX_OK || sz == 0) {
-                fprintf(stderr, "cfx_run: --chunk-size wants a size such as 512K or 4M, got '%s'\n",
-                        optarg);
+            if (tool_arg_size("cfx_run", "--chunk-size", optarg, 1, 1u << 30, &sz))
                 return -1;
-            }
             o->chunk_size = optarg;
             break;
         case 'f': {
-            errno = 0;
-            long f = strtol(optarg, &end, 10);
-            if (errno || *end || end == optarg || f < 1 || f > 1024) {
-                fprintf(stderr, "cfx_run: --fanout wants 1..1024, got '%s'\n", optarg);
+            int f;
+            if (tool_arg_int("cfx_run", "--fanout", optarg, 1, 1024, "a fan-out", &f))
                 return -1;
-            }
             o->fanout = (unsigned)f;
             break;
         }
         case 'a': {
-            const char *p = optarg;
-            do {
-                errno = 0;
-                long rk = strtol(p, &end, 10);
-                if (errno || end == p || rk < 0 || rk > 63 || (*end && *end != ',')) {
-                    fprintf(stderr, "cfx_run: --allow-fail wants ranks 0..63 separated by "
-                            "commas, got '%s'\n", optarg);
+            /* each comma-separated rank through the one strict parser */
+            char list[256], *save = NULL;
+            int rk, n = 0;
+            if (strlen(optarg) >= sizeof(list) || !*optarg || optarg[strlen(optarg) - 1] == ',' ||
+                strstr(optarg, ",,") || optarg[0] == ',') {
+                fprintf(stderr, "cfx_run: --allow-fail: '%s' is not a list of ranks 0..63 "
+                        "separated by commas\n", optarg);
+                return -1;
+            }
+            snprintf(list, sizeof(list), "%s", optarg);
+            for (char *t = strtok_r(list, ",", &save); t && n < 64; t = strtok_r(NULL, ",", &save), n++) {
+                if (tool_arg_int("cfx_run", "--allow-fail", t, 0, 63, "a rank", &rk))
                     return -1;
-                }
                 o->may_fail |= 1ull << rk;
-                p = end + (*end == ',');
-            } while (*end);
+            }
             break;
         }
         case 'v': o->verbose = true; break;
@@ -815,7 +808,7 @@ int main(int argc, char **argv)
     int rc;
 
     if (parse_opts(argc, argv, &r.opts) < 0)
-        return 1;
+        return TOOL_EXIT_USAGE;
     const char *token = r.opts.token;
     if (!token) {
         if (random_token(token_buf, sizeof(token_buf)) < 0)

@@ -32,6 +32,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
+
 #define JOB      "train"
 #define NSERVERS 2
 #define D        32
@@ -366,21 +368,30 @@ static int run_worker(struct cfx_context *ctx, int w, int workers)
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--allreduce"))
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--allreduce")) {
             use_allreduce = 1;
-        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
-            epochs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--slow-us") && i + 1 < argc)
-            slow_us = atoi(argv[++i]);
-        else {
-            fprintf(stderr,
-                    "usage: cfx_run -n 6 %s [--epochs N] [--batch B] [--slow-us US] "
-                    "[--allreduce]\n",
-                    argv[0]);
-            return 2;
+            continue;
         }
+        if (!strcmp(a, "--epochs") || !strcmp(a, "--batch") || !strcmp(a, "--slow-us")) {
+            if (!v) {
+                fprintf(stderr, "cfx_train: %s needs a value\n", a);
+                goto usage;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "cfx_train: unknown argument '%s'\n", a);
+            goto usage;
+        }
+        if (!strcmp(a, "--epochs"))
+            bad = tool_arg_int("cfx_train", a, v, 1, 1000000, "a number of epochs", &epochs);
+        else if (!strcmp(a, "--batch"))
+            bad = tool_arg_int("cfx_train", a, v, 1, NTRAIN, "a batch size", &batch);
+        else
+            bad = tool_arg_int("cfx_train", a, v, 0, 10000000, "a delay in us", &slow_us);
+        if (bad)
+            return TOOL_EXIT_USAGE;
     }
     int rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
     int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
@@ -400,4 +411,12 @@ int main(int argc, char **argv)
                              : run_worker(ctx, rank - NSERVERS, workers);
     cfx_context_destroy(ctx);
     return rc;
+usage:
+    fprintf(stderr,
+            "usage: cfx_run -n 6 %s [--epochs N] [--batch B] [--slow-us US] [--allreduce]\n"
+            "  --epochs N    1..1000000 (default 8)\n"
+            "  --batch B     samples per step, 1..%d (default 32)\n"
+            "  --slow-us US  delay of the slow server, 0..10000000 (default 1500)\n",
+            argv[0], NTRAIN);
+    return TOOL_EXIT_USAGE;
 }

@@ -6,7 +6,8 @@
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
- * SIGINT or SIGTERM, then exits 0.  Bad arguments: usage on stderr, exit 2.
+ * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
+ * and the value on stderr, exit 2.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,11 +21,13 @@
 
 #include <conflux/status.h>
 
+#include "args.h"
 #include "control/auth.h"
 #include "control/coord.h"
 #include "dataplane/common/log.h"
 
 #define DEFAULT_PORT 5000
+#define PROG "conflux-coord"
 
 static void usage(FILE *f)
 {
@@ -37,26 +40,17 @@ static void usage(FILE *f)
             "  --port N            TCP port, 0 for any free one (default %d)\n"
             "  --token T           cluster token (default $CFX_TOKEN)\n"
             "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
-            "  --heartbeat-ms N    interval members heartbeat at (default 250)\n"
+            "  --heartbeat-ms N    interval members heartbeat at, >= 1 (default 250)\n"
             "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
-            "  --fanout N          uploads one holder is given before others (default 2)\n"
+            "  --fanout N          uploads one holder is given before others, 1..1024 (default 2)\n"
             "  --auth-timeout-ms N close connections not authenticated by then (default 5000)\n"
             "  --stall-timeout-ms N close connections stalled mid-frame that long (default 10000)\n"
             "  --state-dir DIR     keep durable state (node ids, durable objects such as group\n"
             "                      bootstrap records) in DIR; it survives a restart, even\n"
-            "                      after kill -9 (default: none)\n",
+            "                      after kill -9 (default: none)\n"
+            "Times are whole milliseconds, 1..2147483647.  A bad value is named on stderr;\n"
+            "usage errors exit with status 2.\n",
             DEFAULT_PORT);
-}
-
-static int parse_u32(const char *s, unsigned long max, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > max)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
 }
 
 int main(int argc, char **argv)
@@ -78,37 +72,43 @@ int main(int argc, char **argv)
     struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
     const char *token_arg = NULL, *token_file = NULL;
     char token[CFX_TOKEN_MAX + 1];
-    uint32_t v;
-    int c;
+    int c, v;
 
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
         case 'b': params.bind_addr = optarg; break;
         case 'p':
-            if (parse_u32(optarg, 65535, &v)) goto bad_arg;
+            if (tool_arg_int(PROG, "--port", optarg, 0, 65535, "a TCP port", &v))
+                return TOOL_EXIT_USAGE;
             params.port = (uint16_t)v;
             break;
         case 't': token_arg = optarg; break;
         case 'f': token_file = optarg; break;
         case 'H':
-            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
-            params.heartbeat_ms = v;
+            if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, INT_MAX, "an interval in ms", &v))
+                return TOOL_EXIT_USAGE;
+            params.heartbeat_ms = (uint32_t)v;
             break;
         case 'D':
-            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
-            params.dead_after_ms = v;
+            if (tool_arg_int(PROG, "--dead-after-ms", optarg, 1, INT_MAX, "a time in ms", &v))
+                return TOOL_EXIT_USAGE;
+            params.dead_after_ms = (uint32_t)v;
             break;
         case 'F':
-            if (parse_u32(optarg, 1024, &v) || v == 0) goto bad_arg;
-            params.fanout = v;
+            if (tool_arg_int(PROG, "--fanout", optarg, 1, 1024, "a fan-out", &v))
+                return TOOL_EXIT_USAGE;
+            params.fanout = (uint32_t)v;
             break;
         case 'A':
-            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
-            params.auth_timeout_ms = v;
+            if (tool_arg_int(PROG, "--auth-timeout-ms", optarg, 1, INT_MAX, "a timeout in ms", &v))
+                return TOOL_EXIT_USAGE;
+            params.auth_timeout_ms = (uint32_t)v;
             break;
         case 'S':
-            if (parse_u32(optarg, INT_MAX, &v) || v == 0) goto bad_arg;
-            params.stall_timeout_ms = v;
+            if (tool_arg_int(PROG, "--stall-timeout-ms", optarg, 1, INT_MAX, "a timeout in ms",
+                             &v))
+                return TOOL_EXIT_USAGE;
+            params.stall_timeout_ms = (uint32_t)v;
             break;
         case 'd': params.state_dir = optarg; break;
         case 'h': usage(stdout); return 0;
@@ -165,9 +165,4 @@ int main(int argc, char **argv)
     fprintf(stderr, "conflux-coord: %s, shutting down\n", strsignal(sig));
     cfx__coord_stop(coord);
     return 0;
-
-bad_arg:
-    fprintf(stderr, "conflux-coord: bad value '%s' for an option\n", optarg);
-    usage(stderr);
-    return 2;
 }

@@ -15,8 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
+
+#define PERF_SIZE_MAX (1ull << 46) /* the largest object there may be (cfx_put) */
 
 struct perf_opts {
     const char *host;        /* NULL: server */
@@ -49,28 +52,33 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "Usage: %s [options]            start a server (embedded coordinator, puts %s)\n"
             "       %s [options] <host>     connect to the server at host and get them\n"
             "Options (give the same ones on both sides):\n"
-            "  -p, --port=N         coordinator port (default 18515)\n"
+            "  -p, --port=N         coordinator port, 1..65535 (default 18515)\n"
             "  -b, --bind=ADDR      server: address the coordinator listens on (default 127.0.0.1)\n"
-            "  -s, --size=N         object size, K/M/G suffixes (default %s)\n"
+            "  -s, --size=N         object size, K/M/G suffixes (default %s); at least 1 byte,\n"
+            "                       at most this machine's memory (and, over verbs, ulimit -l)\n"
             "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
-            "  -n, --iters=N        measured gets per size (default %ld)\n"
-            "  -w, --warmup=N       unmeasured gets first (default 2)\n"
+            "  -n, --iters=N        measured gets per size, 1..1000000 (default %ld)\n"
+            "  -w, --warmup=N       unmeasured gets first, 0..1000000 (default 2)\n"
             "  -t, --transport=T    tcp, shm or verbs (default: shm on the same host, else verbs,\n"
             "                       else tcp)\n"
-            "  -c, --chunk-size=N   chunk size (default: follows the object size)\n"
+            "  -c, --chunk-size=N   chunk size, 1..1G (default: follows the object size)\n"
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
             "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
             "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
             "  -k, --token=T        cluster token (default $CFX_TOKEN)\n"
             "      --report_gbits   report Gbit/s instead of GB/s\n"
             "      --json           one JSON document on stdout instead of the table\n"
-            "  -h, --help\n",
+            "  -h, --help\n"
+            "A bad value is named on stderr; usage errors exit with status 2.\n",
             prog, what, prog, strcmp(what, "objects") ? "8" : "64M",
             strcmp(what, "objects") ? 1000L : 20L);
 }
 
-static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const char *what,
-                             size_t def_size, long def_iters)
+#define PERF_ITERS_MAX 1000000L /* the server keeps one object per get: bound them */
+
+/* Parse the options; 0 or TOOL_EXIT_USAGE (the error already printed). */
+static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const char *prog,
+                             const char *what, size_t def_size, long def_iters)
 {
     static const struct option lopts[] = {
         { "port", required_argument, NULL, 'p' },   { "bind", required_argument, NULL, 'b' },
@@ -83,7 +91,9 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
-    int c;
+    static const char *const transports[] = { "tcp", "shm", "verbs", NULL };
+    const char *size_arg = NULL;
+    int c, tp;
     memset(o, 0, sizeof(*o));
     o->port = 18515;
     o->bind = "127.0.0.1";
@@ -93,49 +103,71 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     o->arena = 1;
     o->token = getenv("CFX_TOKEN");
     while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimk:h", lopts, NULL)) != -1) {
+        int bad = 0;
         switch (c) {
-        case 'p': o->port = atoi(optarg); break;
+        case 'p': bad = tool_arg_int(prog, "-p", optarg, 1, 65535, "a TCP port", &o->port); break;
         case 'b': o->bind = optarg; break;
         case 's':
-            if (cfx__parse_size(optarg, &o->size) != CFX_OK) {
-                fprintf(stderr, "%s: bad size '%s'\n", argv[0], optarg);
-                return 2;
-            }
+            /* the memory check below, once the sweep and -m are known */
+            bad = tool_arg_size(prog, "-s", optarg, 1, PERF_SIZE_MAX, &o->size);
+            size_arg = optarg;
             break;
         case 'a': o->all = 1; break;
-        case 'n': o->iters = atol(optarg); break;
-        case 'w': o->warmup = atol(optarg); break;
-        case 't': o->transport = optarg; break;
-        case 'c':
-            if (cfx__parse_size(optarg, &o->chunk) != CFX_OK) {
-                fprintf(stderr, "%s: bad chunk size '%s'\n", argv[0], optarg);
-                return 2;
-            }
+        case 'n':
+            bad = tool_arg_long(prog, "-n", optarg, 1, PERF_ITERS_MAX, "an iteration count",
+                                &o->iters);
             break;
+        case 'w':
+            bad = tool_arg_long(prog, "-w", optarg, 0, PERF_ITERS_MAX, "a warm-up count",
+                                &o->warmup);
+            break;
+        case 't':
+            bad = tool_arg_word(prog, "-t", optarg, transports, &tp);
+            o->transport = optarg;
+            break;
+        case 'c': bad = tool_arg_size(prog, "-c", optarg, 1, 1u << 30, &o->chunk); break;
         case 'u': o->arena = 0; break;
         case 'i': o->inline_ok = 1; break;
         case 'm': o->memcpy_ref = 1; break;
         case 'k': o->token = optarg; break;
         case 'G': o->gbits = 1; break;
         case 'J': o->json = 1; break;
-        case 'h': perf_usage(argv[0], what, stdout); exit(0);
-        default: perf_usage(argv[0], what, stderr); return 2;
+        case 'h': perf_usage(prog, what, stdout); exit(0);
+        default: perf_usage(prog, what, stderr); return TOOL_EXIT_USAGE;
         }
+        if (bad)
+            return TOOL_EXIT_USAGE;
     }
     if (optind < argc)
         o->host = argv[optind++];
-    if (optind < argc || o->port <= 0 || o->port > 65535 || o->iters <= 0 || o->warmup < 0 ||
-        (o->transport && strcmp(o->transport, "tcp") && strcmp(o->transport, "shm") &&
-         strcmp(o->transport, "verbs"))) {
-        perf_usage(argv[0], what, stderr);
-        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s' (one host at most)\n", prog, argv[optind]);
+        return TOOL_EXIT_USAGE;
     }
+    /* the buffer is the largest size; -m copies between two more of them */
+    if (size_arg && !o->all &&
+        tool_arg_mem(prog, "-s", size_arg, o->size * (o->memcpy_ref ? 3 : 1), 0))
+        return TOOL_EXIT_USAGE;
     if (!o->token || !*o->token) {
         fprintf(stderr, "%s: no cluster token: set CFX_TOKEN or pass --token (the same on "
-                "both sides)\n", argv[0]);
-        return 2;
+                "both sides)\n", prog);
+        return TOOL_EXIT_USAGE;
     }
     return 0;
+}
+
+/*
+ * Whether @p ctx pins what it registers: the verbs transport does, and the
+ * kernel counts that against RLIMIT_MEMLOCK.
+ */
+static inline int perf_pins(struct cfx_context *ctx)
+{
+    char cfg[2048], tps[64] = "";
+    cfx_context_config(ctx, cfg, sizeof(cfg));
+    const char *tp = strstr(cfg, "transports = ");
+    if (tp)
+        sscanf(tp, "transports = %63[^ \n]", tps);
+    return strstr(tps, "verbs") != NULL;
 }
 
 /* Start the server's coordinator (if server) and join.  Returns 0 or exits. */

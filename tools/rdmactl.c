@@ -8,6 +8,7 @@
  * reached or answered an error, 2 usage errors.
  */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <conflux/ps.h>
 #include <conflux/status.h>
 
+#include "args.h"
 #include "control/auth.h"
 #include "control/client.h"
 #ifdef CFX_HAVE_VERBS
@@ -25,7 +27,8 @@
 #include "dataplane/common/util.h"
 #include "gpu/memtype.h"
 
-#define RDMACTL_TIMEOUT_MS 5000
+#define RDMACTL_TIMEOUT_MS 5000     /* coordinator requests */
+#define RDMACTL_PS_TIMEOUT_MS 20000 /* ps requests: the scheduler answers between steps */
 
 struct rdmactl {
     const char *coord;      /* "host:port" */
@@ -326,25 +329,48 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
 static int cmd_ps(struct rdmactl *r, int argc, char **argv)
 {
     static const char *const states[] = { "?", "active", "standby", "draining", "retired" };
+    static const char *const subs[] = { "add-server", "remove-server", "rebalance", "auto",
+                                        "shards", NULL };
+    enum { PS_ADD, PS_REMOVE, PS_REBALANCE, PS_AUTO, PS_SHARDS };
     const char *job = getenv("CFX_PS_JOB") ? getenv("CFX_PS_JOB") : "ps";
-    int timeout = 20000, i = 1;
-    for (; i + 1 < argc && argv[i][0] == '-'; i += 2) {
+    int timeout = RDMACTL_PS_TIMEOUT_MS, i = 1, which, server = 0, on = 0;
+    for (; i < argc && argv[i][0] == '-'; i += 2) {
+        if (strcmp(argv[i], "--job") && strcmp(argv[i], "--timeout")) {
+            fprintf(stderr, "rdmactl: ps: unknown option '%s'\n", argv[i]);
+            goto usage;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "rdmactl: ps: %s needs a value\n", argv[i]);
+            goto usage;
+        }
         if (!strcmp(argv[i], "--job"))
             job = argv[i + 1];
-        else if (!strcmp(argv[i], "--timeout"))
-            timeout = atoi(argv[i + 1]);
-        else
-            break;
+        else if (tool_arg_timeout_ms("rdmactl", "--timeout", argv[i + 1], &timeout))
+            return TOOL_EXIT_USAGE;
     }
-    const char *sub = i < argc ? argv[i] : "";
-    int needs_arg = !strcmp(sub, "add-server") || !strcmp(sub, "remove-server") ||
-                     !strcmp(sub, "auto");
-    int known = needs_arg || !strcmp(sub, "rebalance") || !strcmp(sub, "shards");
-    if (!known || (needs_arg && i + 1 >= argc)) {
-        fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N | remove-server N"
-                        " | rebalance | auto on|off | shards\n");
-        return 2;
+    if (!*job) {
+        fprintf(stderr, "rdmactl: --job: '' is not a job name\n");
+        return TOOL_EXIT_USAGE;
     }
+    if (i >= argc) {
+        fprintf(stderr, "rdmactl: ps: no subcommand given\n");
+        goto usage;
+    }
+    if (tool_arg_word("rdmactl", "ps", argv[i], subs, &which))
+        goto usage;
+    const char *sub = subs[which];
+    int nargs = which == PS_ADD || which == PS_REMOVE || which == PS_AUTO;
+    if (argc - i - 1 != nargs) {
+        fprintf(stderr, "rdmactl: ps %s takes %s\n", sub,
+                which == PS_AUTO ? "one word, on or off" : nargs ? "one server index" : "no argument");
+        goto usage;
+    }
+    if ((which == PS_ADD || which == PS_REMOVE) &&
+        tool_arg_int("rdmactl", sub, argv[i + 1], 0, INT_MAX, "a server index",
+                     &server))
+        return TOOL_EXIT_USAGE;
+    if (which == PS_AUTO && tool_arg_bool("rdmactl", "auto", argv[i + 1], &on))
+        return TOOL_EXIT_USAGE;
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
         .coord = r->coord, .token = r->token, .name = "rdmactl",
@@ -358,16 +384,13 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
     int rc;
     uint32_t v = 0;
     struct cfx_ps_stats st;
-    if (!strcmp(sub, "add-server"))
-        rc = cfx_ps_add_server(ctx, job, atoi(argv[i + 1]), timeout, &v);
-    else if (!strcmp(sub, "remove-server"))
-        rc = cfx_ps_remove_server(ctx, job, atoi(argv[i + 1]), timeout, &v);
-    else if (!strcmp(sub, "rebalance"))
-        rc = cfx_ps_rebalance(ctx, job, timeout, &v);
-    else if (!strcmp(sub, "auto"))
-        rc = cfx_ps_set_auto(ctx, job, !strcmp(argv[i + 1], "on"), timeout);
-    else
-        rc = cfx_ps_shards(ctx, job, timeout, &st);
+    switch (which) {
+    case PS_ADD: rc = cfx_ps_add_server(ctx, job, server, timeout, &v); break;
+    case PS_REMOVE: rc = cfx_ps_remove_server(ctx, job, server, timeout, &v); break;
+    case PS_REBALANCE: rc = cfx_ps_rebalance(ctx, job, timeout, &v); break;
+    case PS_AUTO: rc = cfx_ps_set_auto(ctx, job, on, timeout); break;
+    default: rc = cfx_ps_shards(ctx, job, timeout, &st); break;
+    }
     if (rc != CFX_OK) {
         fprintf(stderr, "rdmactl: ps %s: %s\n", sub, cfx_last_error());
     } else if (strcmp(sub, "shards")) {
@@ -401,6 +424,15 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
     }
     cfx_context_destroy(ctx);
     return rc == CFX_OK ? 0 : 1;
+usage:
+    fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N | remove-server N"
+                    " | rebalance | auto on|off | shards\n"
+                    "  --job J       the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
+                    "                exist is reported as soon as the coordinator answers\n"
+                    "  --timeout MS  deadline of the request, 0..2147483647 (default %d)\n"
+                    "  N             a server index (0, 1, ...); auto takes on or off (yes/no)\n",
+            RDMACTL_PS_TIMEOUT_MS);
+    return TOOL_EXIT_USAGE;
 }
 
 static const struct rdmactl_cmd commands[] = {

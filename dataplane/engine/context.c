@@ -158,6 +158,10 @@ static int transports_open(struct cfx_context *ctx)
         if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
             CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
                     cfx_last_error());
+            /* a transport skipped is no failure: its text must not stand as
+             * the cause of a later one (cfx_last_error() of a call that set
+             * none, e.g. after a malloc in the application) */
+            cfx__err_clear();
             continue;
         }
         if (rc != CFX_OK)

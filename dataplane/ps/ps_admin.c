@@ -16,15 +16,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*
+ * An administrator addresses a running job: with no shard map 1 in the
+ * directory there is none, and the coordinator's answer says so at once;
+ * waiting out the deadline for a map would only turn that into a timeout.
+ */
+static int job_check(struct cfx_context *ctx, const char *job, int timeout_ms, const char *what)
+{
+    struct cfx_object_id id;
+    bool present = false;
+    if (timeout_ms < 0)
+        return cfx__err(CFX_ERR_INVALID, "%s: timeout %d ms is negative", what, timeout_ms);
+    cfx__ps_obj_id(job, "map", 1, 0, &id);
+    int rc = cfx__ps_probe(ctx, &id, 1, &present);
+    if (rc != CFX_OK)
+        return cfx__err(rc, "job %s: cannot list the object directory: %s", job,
+                        cfx_last_error());
+    if (!present)
+        return cfx__err(CFX_ERR_NOT_FOUND,
+                        "job %s: no such job (the coordinator has no shard map of it; is its "
+                        "server 0 running?)", job);
+    return CFX_OK;
+}
+
 static int admin(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg, int timeout_ms,
                  uint32_t *version_out)
 {
     cfx__err_clear();
     if (!ctx || !job || !*job)
         return cfx__err(CFX_ERR_INVALID, "ps admin: NULL context or job");
+    int rc = job_check(ctx, job, timeout_ms, "ps admin");
+    if (rc != CFX_OK)
+        return rc;
     struct ps_map m;
     cfx__ps_map_init(&m);
-    int rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
+    rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
     if (rc != CFX_OK)
         return rc;
     uint32_t n = m.admin_next ? m.admin_next : 1;
@@ -105,9 +131,12 @@ int cfx_ps_shards(struct cfx_context *ctx, const char *job, int timeout_ms,
     cfx__err_clear();
     if (!ctx || !job || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_shards: NULL argument");
+    int rc = job_check(ctx, job, timeout_ms, "cfx_ps_shards");
+    if (rc != CFX_OK)
+        return rc;
     struct ps_map m;
     cfx__ps_map_init(&m);
-    int rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
+    rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);
     if (rc != CFX_OK)
         return rc;
     memset(out, 0, sizeof(*out));

@@ -255,7 +255,10 @@ CFX_API int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us);
  * travel to the scheduler as small objects "ps/<job>/admin/<n>"; one
  * administrator at a time.  Each waits for the scheduler's answer and, for
  * add/remove/rebalance, for the map version that carries the change
- * (*version_out, may be NULL).
+ * (*version_out, may be NULL).  These and cfx_ps_shards() address a running
+ * job: one whose first shard map the coordinator does not hold fails at once
+ * with CFX_ERR_NOT_FOUND (no wait); a negative @p timeout_ms is
+ * CFX_ERR_INVALID.
  */
 CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server,
                               int timeout_ms, uint32_t *version_out);

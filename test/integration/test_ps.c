@@ -209,7 +209,10 @@ Test(ps, rdmactl, .timeout = 120)
     char cmd[2048];
     snprintf(cmd, sizeof(cmd),
              "%1$s/cfx_run -n 6 --timeout 90 sh -c 'if [ $CFX_RANK -eq 5 ]; then "
-             "sleep 1; %1$s/rdmactl ps --job pstest shards && "
+             /* a job not yet published is "no such job" at once: wait for it, bounded */
+             "i=0; until %1$s/rdmactl ps --job pstest shards >/dev/null 2>&1; do "
+             "i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done; "
+             "%1$s/rdmactl ps --job pstest shards && "
              "%1$s/rdmactl ps --job pstest rebalance && "
              "%1$s/rdmactl ps --job pstest remove-server 1 && "
              "%1$s/rdmactl --json ps --job pstest shards | grep -q \"\\\"map_version\\\"\" && "

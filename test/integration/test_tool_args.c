@@ -1,0 +1,279 @@
+/*
+ * Every tool turns a bad argument away: one table of argument vectors, each
+ * run as a child of its own.  Each must end by itself (a generous limit
+ * catches a hang; no speed is asserted), exit with the expected status (2
+ * for usage errors) and name the option and the bad value on stderr.  A few
+ * good vectors show the parsers still take what is right.  rdmactl ps needs
+ * a coordinator: such a case starts one (conflux-coord --port 0).
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CFX_BIN_DIR
+#error "CFX_BIN_DIR must name the bin directory of the build"
+#endif
+
+#define HANG_LIMIT_MS 20000 /* anti-hang limit, not a speed target */
+#define ARGV_MAX 10
+
+struct args_case {
+    const char *tool;
+    const char *argv[ARGV_MAX]; /* after the tool's name; NULL-terminated */
+    int status;                 /* expected exit status */
+    const char *opt;            /* stderr names it (NULL: not checked) */
+    const char *val;            /* and it */
+    int coord;                  /* needs the suite's coordinator */
+};
+
+static const struct args_case cases[] = {
+    /* cfx_get_bw (issue 21, part C) */
+    { "cfx_get_bw", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
+    { "cfx_get_bw", { "-u", "-s", "100G" }, 2, "-s", "'100G'", 0 },
+    { "cfx_get_bw", { "-s", "0" }, 2, "-s", "'0'", 0 },
+    { "cfx_get_bw", { "-s", "12Q" }, 2, "-s", "'12Q'", 0 },
+    { "cfx_get_bw", { "-n", "abc" }, 2, "-n", "'abc'", 0 },
+    { "cfx_get_bw", { "-n", "0" }, 2, "-n", "'0'", 0 },
+    { "cfx_get_bw", { "-w", "-1" }, 2, "-w", "'-1'", 0 },
+    { "cfx_get_bw", { "-t", "carrier-pigeon" }, 2, "-t", "'carrier-pigeon'", 0 },
+    { "cfx_get_bw", { "-p", "99999" }, 2, "-p", "'99999'", 0 },
+    { "cfx_get_bw", { "-p", "12x" }, 2, "-p", "'12x'", 0 },
+    { "cfx_get_bw", { "-c", "0" }, 2, "-c", "'0'", 0 },
+    /* cfx_get_lat */
+    { "cfx_get_lat", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
+    { "cfx_get_lat", { "-n", " 5" }, 2, "-n", "' 5'", 0 },
+    { "cfx_get_lat", { "-w", "1e3" }, 2, "-w", "'1e3'", 0 },
+    /* cfx_coll_perf */
+    { "cfx_coll_perf", { "-n", "abc" }, 2, "-n", "'abc'", 0 },
+    { "cfx_coll_perf", { "-e", "100G" }, 2, "-e", "'100G'", 0 },
+    { "cfx_coll_perf", { "-T", "-1" }, 2, "-T", "'-1'", 0 },
+    { "cfx_coll_perf", { "-f", "1" }, 2, "-f", "'1'", 0 },
+    { "cfx_coll_perf", { "-o", "nope" }, 2, "-o", "'nope'", 0 },
+    { "cfx_coll_perf", { "-r", "-2" }, 2, "-r", "'-2'", 0 },
+    /* cfx_demo_bcast */
+    { "cfx_demo_bcast", { "100G" }, 2, "SIZE", "'100G'", 0 },
+    { "cfx_demo_bcast", { "lots" }, 2, "SIZE", "'lots'", 0 },
+    /* cfx_gpu_bench: checked before it looks for CUDA */
+    { "cfx_gpu_bench", { "-n", "abc" }, 2, "-n", "'abc'", 0 },
+    { "cfx_gpu_bench", { "-s", "1K" }, 2, "-s", "'1K'", 0 },
+    { "cfx_gpu_bench", { "-d", "f99" }, 2, "-d", "'f99'", 0 },
+    /* cfx_ps_bench */
+    { "cfx_ps_bench", { "-s", "abc" }, 2, "-s", "'abc'", 0 },
+    { "cfx_ps_bench", { "-b", "100T" }, 2, "-b", "'100T'", 0 },
+    { "cfx_ps_bench", { "--steps", "0" }, 2, "--steps", "'0'", 0 },
+    /* cfx_reduce_bench */
+    { "cfx_reduce_bench", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
+    { "cfx_reduce_bench", { "-s", "8" }, 2, "-s", "'8'", 0 },
+    { "cfx_reduce_bench", { "-n", "x" }, 2, "-n", "'x'", 0 },
+    { "cfx_reduce_bench", { "-i", "sse9" }, 2, "-i", "'sse9'", 0 },
+    { "cfx_reduce_bench", { "-d", "f33" }, 2, "-d", "'f33'", 0 },
+    /* cfx_run */
+    { "cfx_run", { "-n", "0", "true" }, 2, "-n", "'0'", 0 },
+    { "cfx_run", { "-n", "1", "--timeout", "-1", "true" }, 2, "--timeout", "'-1'", 0 },
+    { "cfx_run", { "-n", "1", "--timeout", "abc", "true" }, 2, "--timeout", "'abc'", 0 },
+    { "cfx_run", { "-n", "1", "--allow-fail", "1,x", "true" }, 2, "--allow-fail", "'x'", 0 },
+    { "cfx_run", { "-n", "1", "--coord-port", "-5", "true" }, 2, "--coord-port", "'-5'", 0 },
+    { "cfx_run", { "-n", "1", "--chunk-size", "lots", "true" }, 2, "--chunk-size", "'lots'", 0 },
+    /* cfx_train */
+    { "cfx_train", { "--epochs", "-3" }, 2, "--epochs", "'-3'", 0 },
+    { "cfx_train", { "--batch", "abc" }, 2, "--batch", "'abc'", 0 },
+    { "cfx_train", { "--slow-us", "1.5" }, 2, "--slow-us", "'1.5'", 0 },
+    /* conflux-coord */
+    { "conflux-coord", { "--port", "abc" }, 2, "--port", "'abc'", 0 },
+    { "conflux-coord", { "--fanout", "0" }, 2, "--fanout", "'0'", 0 },
+    { "conflux-coord", { "--heartbeat-ms", "-1" }, 2, "--heartbeat-ms", "'-1'", 0 },
+    { "conflux-coord", { "--dead-after-ms", "10x" }, 2, "--dead-after-ms", "'10x'", 0 },
+    /* rdmactl ps (issue 21, part C): the coordinator is up, the job is not */
+    { "rdmactl", { "ps", "--timeout", "-1", "--job", "nosuchjob", "rebalance" }, 2, "--timeout",
+      "'-1'", 1 },
+    { "rdmactl", { "ps", "--timeout", "-5", "--job", "nosuchjob", "shards" }, 2, "--timeout",
+      "'-5'", 1 },
+    { "rdmactl", { "ps", "--timeout", "abc", "shards" }, 2, "--timeout", "'abc'", 1 },
+    { "rdmactl", { "ps", "remove-server", "abc" }, 2, "remove-server", "'abc'", 1 },
+    { "rdmactl", { "ps", "add-server", "-1" }, 2, "add-server", "'-1'", 1 },
+    { "rdmactl", { "ps", "auto", "maybe" }, 2, "auto", "'maybe'", 1 },
+    { "rdmactl", { "ps", "frobnicate" }, 2, "ps", "'frobnicate'", 1 },
+    { "rdmactl", { "ps", "--job", "nosuchjob", "shards" }, 1, "nosuchjob", "no such job", 1 },
+    { "rdmactl", { "ps", "--job", "nosuchjob", "rebalance" }, 1, "nosuchjob", "no such job", 1 },
+    { "rdmactl", { "ps", "--job", "nosuchjob", "auto", "on" }, 1, "nosuchjob", "no such job", 1 },
+    /* good vectors still work */
+    { "cfx_reduce_bench", { "-s", "4K", "-n", "2", "-w", "0", "-d", "float", "-o", "sum" }, 0,
+      NULL, NULL, 0 },
+    { "cfx_run", { "-n", "2", "--timeout", "30", "true" }, 0, NULL, NULL, 0 },
+    { "cfx_get_bw", { "--help" }, 0, NULL, NULL, 0 },
+    { "conflux-coord", { "--help" }, 0, NULL, NULL, 0 },
+    { "rdmactl", { "status" }, 0, NULL, NULL, 1 },
+};
+
+static pid_t coord_pid = -1;
+static char coord_addr[128];
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Start conflux-coord on a free port; its address goes to CFX_COORD. */
+static void coord_start(void)
+{
+    int out[2];
+    char path[512], line[256];
+    cr_assert_eq(pipe(out), 0);
+    snprintf(path, sizeof(path), "%s/conflux-coord", CFX_BIN_DIR);
+    coord_pid = fork();
+    cr_assert_neq(coord_pid, -1);
+    if (coord_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlives the test */
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl(path, path, "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    cr_assert_not_null(f);
+    /* it prints one line once it listens; EOF if it died */
+    cr_assert_not_null(fgets(line, sizeof(line), f), "conflux-coord printed nothing");
+    fclose(f);
+    cr_assert_eq(sscanf(line, "conflux-coord listening on %127s", coord_addr), 1, "%s", line);
+    setenv("CFX_COORD", coord_addr, 1);
+}
+
+static void coord_stop(void)
+{
+    if (coord_pid > 0) {
+        kill(coord_pid, SIGTERM);
+        waitpid(coord_pid, NULL, 0);
+        coord_pid = -1;
+    }
+}
+
+/*
+ * Run @p c's tool; stderr into @p err.  Returns its exit status (128+signal
+ * if killed), or -1 if it was still running after HANG_LIMIT_MS (then its
+ * process group, which this test made, is killed).
+ */
+static int run_case(const struct args_case *c, char *err, size_t cap)
+{
+    const char *argv[ARGV_MAX + 2];
+    char path[512];
+    int pipefd[2], n = 0;
+    size_t len = 0;
+
+    snprintf(path, sizeof(path), "%s/%s", CFX_BIN_DIR, c->tool);
+    argv[n++] = path;
+    for (int i = 0; i < ARGV_MAX && c->argv[i]; i++)
+        argv[n++] = c->argv[i];
+    argv[n] = NULL;
+    cr_assert_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        setpgid(0, 0); /* its own group: a hung one is killed with its children */
+        int dn = open("/dev/null", O_RDWR);
+        dup2(dn, 0);
+        dup2(dn, 1);
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    close(pipefd[1]);
+    double deadline = now_ms() + HANG_LIMIT_MS;
+    int hung = 0;
+    for (;;) { /* until EOF on stderr, bounded by the deadline */
+        int left = (int)(deadline - now_ms());
+        if (left <= 0) {
+            hung = 1;
+            break;
+        }
+        struct pollfd p = { .fd = pipefd[0], .events = POLLIN };
+        int r = poll(&p, 1, left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            continue; /* the deadline check above ends it */
+        ssize_t k = read(pipefd[0], err + len, cap - 1 - len);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        if (len == cap - 1)
+            len = 0; /* keep reading (the tail is enough); never block the child */
+    }
+    err[len] = '\0';
+    close(pipefd[0]);
+    if (hung)
+        kill(-pid, SIGKILL);
+    int st;
+    /* stderr closed: the tool (or a child holding it) is at its end */
+    while (!hung && waitpid(pid, &st, WNOHANG) == 0) {
+        if (now_ms() > deadline) {
+            hung = 1;
+            kill(-pid, SIGKILL);
+            break;
+        }
+        usleep(1000);
+    }
+    if (hung) {
+        waitpid(pid, &st, 0);
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void case_init(void)
+{
+    setenv("CFX_TOKEN", "tool-args-test", 1);
+    unsetenv("CFX_TOKEN_FILE");
+    unsetenv("CFX_PS_JOB");
+}
+
+/* The parameter is an index into cases[]: a test may run in a fresh process
+ * image (ASLR), where pointers copied from this one would not hold. */
+ParameterizedTestParameters(tool_args, each)
+{
+    static size_t idx[sizeof(cases) / sizeof(cases[0])];
+    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
+        idx[i] = i;
+    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+}
+
+ParameterizedTest(size_t *ip, tool_args, each, .init = case_init, .fini = coord_stop,
+                  .timeout = 60)
+{
+    const struct args_case *c = &cases[*ip];
+    static char err[1 << 16];
+    char cmd[256] = "";
+    for (int i = 0; i < ARGV_MAX && c->argv[i]; i++)
+        snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), " %s", c->argv[i]);
+    cr_log_info("%s%s", c->tool, cmd);
+    if (c->coord)
+        coord_start();
+    int st = run_case(c, err, sizeof(err));
+    cr_assert_neq(st, -1, "%s%s: still running after %d ms (a hang); stderr:\n%s", c->tool, cmd,
+                  HANG_LIMIT_MS, err);
+    cr_assert_eq(st, c->status, "%s%s: exit %d, want %d; stderr:\n%s", c->tool, cmd, st,
+                 c->status, err);
+    if (c->opt)
+        cr_assert(strstr(err, c->opt), "%s%s: stderr does not name %s:\n%s", c->tool, cmd,
+                  c->opt, err);
+    if (c->val)
+        cr_assert(strstr(err, c->val), "%s%s: stderr does not name %s:\n%s", c->tool, cmd,
+                  c->val, err);
+}

@@ -1,0 +1,167 @@
+/*
+ * Strict parsing of command-line values for the tools (see args.h).
+ */
+#include "args.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/util.h"
+
+static const char *human(unsigned long long v, char *buf, size_t len)
+{
+    static const char *const unit[] = { "bytes", "KiB", "MiB", "GiB", "TiB", "PiB" };
+    unsigned u = 0;
+    double d = (double)v;
+    while (d >= 1024 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+        d /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu byte%s", v, v == 1 ? "" : "s");
+    else if (d == floor(d))
+        snprintf(buf, len, "%.0f %s", d, unit[u]);
+    else
+        snprintf(buf, len, "%.1f %s", d, unit[u]);
+    return buf;
+}
+
+int tool_arg_long(const char *prog, const char *opt, const char *s, long min, long max,
+                  const char *what, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    /* strtol skips leading blanks and takes '+': a number is digits and a '-' */
+    if (!s || errno || end == s || *end || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) ||
+        v < min || v > max) {
+        fprintf(stderr, "%s: %s: '%s' is not %s (%ld..%ld)\n", prog, opt, s ? s : "", what, min,
+                max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tool_arg_int(const char *prog, const char *opt, const char *s, int min, int max,
+                 const char *what, int *out)
+{
+    long v;
+    if (tool_arg_long(prog, opt, s, min, max, what, &v))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int tool_arg_timeout_ms(const char *prog, const char *opt, const char *s, int *out)
+{
+    return tool_arg_int(prog, opt, s, 0, INT_MAX, "a timeout in ms", out);
+}
+
+int tool_arg_double(const char *prog, const char *opt, const char *s, double min, double max,
+                    const char *what, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    /* digits and one '.': no blanks, hex, inf or nan */
+    int ok = s && !errno && end != s && !*end && isfinite(v) && v >= min && v <= max;
+    for (const char *p = s; ok && *p; p++)
+        ok = (*p >= '0' && *p <= '9') || *p == '.' || (*p == '-' && p == s);
+    if (!ok) {
+        fprintf(stderr, "%s: %s: '%s' is not %s (%g..%g)\n", prog, opt, s ? s : "", what, min,
+                max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,
+                  size_t *out)
+{
+    char a[32], b[32];
+    size_t v;
+    if (cfx__parse_size(s, &v) != CFX_OK) {
+        fprintf(stderr, "%s: %s: '%s' is not a size (bytes, or a number with K, M or G)\n", prog,
+                opt, s ? s : "");
+        return -1;
+    }
+    if (v < min) {
+        fprintf(stderr, "%s: %s: '%s' is less than the smallest size, %s\n", prog, opt, s,
+                human(min, a, sizeof(a)));
+        return -1;
+    }
+    if (v > max) {
+        fprintf(stderr, "%s: %s: '%s' is more than the %s this option may have\n", prog, opt, s,
+                human(max, b, sizeof(b)));
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+size_t tool_phys_mem(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0)
+        return 0;
+    if ((unsigned long long)pages > SIZE_MAX / (unsigned long long)psz)
+        return SIZE_MAX;
+    return (size_t)pages * (size_t)psz;
+}
+
+int tool_arg_mem(const char *prog, const char *opt, const char *s, size_t bytes, int pinned)
+{
+    char a[32], b[32];
+    size_t phys = tool_phys_mem();
+    if (phys && bytes > phys) {
+        fprintf(stderr, "%s: %s: '%s' needs %s, more than this machine's %s of memory\n", prog,
+                opt, s, human(bytes, a, sizeof(a)), human(phys, b, sizeof(b)));
+        return -1;
+    }
+    struct rlimit rl;
+    if (pinned && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        bytes > rl.rlim_cur) {
+        fprintf(stderr, "%s: %s: '%s' needs %s pinned, more than the locked-memory limit of %s "
+                "(ulimit -l)\n", prog, opt, s, human(bytes, a, sizeof(a)),
+                human((unsigned long long)rl.rlim_cur, b, sizeof(b)));
+        return -1;
+    }
+    return 0;
+}
+
+int tool_arg_word(const char *prog, const char *opt, const char *s, const char *const *words,
+                  int *out)
+{
+    for (int i = 0; s && words[i]; i++)
+        if (!strcasecmp(s, words[i])) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "%s: %s: '%s' is not one of:", prog, opt, s ? s : "");
+    for (int i = 0; words[i]; i++)
+        fprintf(stderr, "%s %s", i ? "," : "", words[i]);
+    fputc('\n', stderr);
+    return -1;
+}
+
+int tool_arg_bool(const char *prog, const char *opt, const char *s, int *out)
+{
+    static const char *const words[] = { "off", "on", "no", "yes", "false", "true", "0", "1",
+                                         NULL };
+    int i;
+    if (tool_arg_word(prog, opt, s, words, &i))
+        return -1;
+    *out = i & 1;
+    return 0;
+}

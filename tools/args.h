@@ -1,0 +1,55 @@
+/*
+ * Strict parsing of command-line values, shared by every tool.
+ *
+ * Each parser takes the whole string (no trailing junk, no sign where none is
+ * meant, no overflow), checks the range, and on failure prints one line that
+ * names the program, the option and the value:
+ *
+ *   cfx_get_bw: -s: '100G' is more than this machine's 23.4 GiB of memory
+ *   rdmactl: --timeout: '-1' is not a timeout in ms (0..2147483647)
+ *
+ * They return 0, or -1 after printing; the caller exits with TOOL_EXIT_USAGE,
+ * as getopt tools do.  Callable from any thread; no state.
+ */
+#ifndef CFX_TOOLS_ARGS_H
+#define CFX_TOOLS_ARGS_H
+
+#include <stddef.h>
+
+#define TOOL_EXIT_USAGE 2 /* exit status of every usage error */
+
+/* An integer in [min, max]; @p what names it in the error ("an iteration count"). */
+int tool_arg_long(const char *prog, const char *opt, const char *s, long min, long max,
+                  const char *what, long *out);
+int tool_arg_int(const char *prog, const char *opt, const char *s, int min, int max,
+                 const char *what, int *out);
+
+/* A timeout in milliseconds: 0..INT_MAX; negative ones are refused. */
+int tool_arg_timeout_ms(const char *prog, const char *opt, const char *s, int *out);
+
+/* A decimal number (seconds and the like) in [min, max]. */
+int tool_arg_double(const char *prog, const char *opt, const char *s, double min, double max,
+                    const char *what, double *out);
+
+/* A byte count with an optional K/M/G suffix (KiB, MB, ...) in [min, max]. */
+int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,
+                  size_t *out);
+
+/*
+ * The memory an option asks for (@p bytes, from the value @p s) fits this
+ * machine: no more than its physical memory (sysconf(_SC_PHYS_PAGES)) and,
+ * when @p pinned, no more than RLIMIT_MEMLOCK.  Call before allocating.
+ */
+int tool_arg_mem(const char *prog, const char *opt, const char *s, size_t bytes, int pinned);
+
+/* One of the NULL-terminated @p words (case-insensitive); *out is its index. */
+int tool_arg_word(const char *prog, const char *opt, const char *s, const char *const *words,
+                  int *out);
+
+/* on/off, yes/no, true/false, 1/0 -> 1/0. */
+int tool_arg_bool(const char *prog, const char *opt, const char *s, int *out);
+
+/* Physical memory of this machine in bytes (0 if unknown). */
+size_t tool_phys_mem(void);
+
+#endif
