@@ -296,6 +296,7 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
         CFX_LOG(INFO, INIT, "joined %s as node %u; effective configuration:\n%s",
                 ctx->cfg.coord, ctx->node_id, cfgtxt);
     }
+    cfx__err_clear(); /* transports skipped or coordinator retries on the way */
     *out = ctx;
     return CFX_OK;
 
@@ -406,6 +407,7 @@ uint32_t cfx_context_node_id(const struct cfx_context *ctx)
 
 int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
 {
+    cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_context_stats: NULL argument");
     pthread_mutex_lock(&ctx->lock);
@@ -416,6 +418,7 @@ int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
 
 int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
 {
+    cfx__err_clear();
     if (!ctx || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "cfx_context_config: NULL argument");
     char tps[64] = "";

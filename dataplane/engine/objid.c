@@ -8,6 +8,7 @@
 
 int cfx_object_id_from_name(const char *name, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!name || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_object_id_from_name: NULL argument");
     SHA1((const unsigned char *)name, strlen(name), out->bytes);
@@ -16,6 +17,7 @@ int cfx_object_id_from_name(const char *name, struct cfx_object_id *out)
 
 int cfx_object_id_generate(struct cfx_context *ctx, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_object_id_generate: NULL argument");
     pthread_mutex_lock(&ctx->lock);
@@ -59,6 +61,7 @@ static int hexval(char c)
 
 int cfx_object_id_from_hex(const char *hex, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!hex || !out || strlen(hex) != 2 * CFX_OBJECT_ID_LEN)
         return cfx__err(CFX_ERR_INVALID, "object id must be %d hex digits", 2 * CFX_OBJECT_ID_LEN);
     for (int i = 0; i < CFX_OBJECT_ID_LEN; i++) {

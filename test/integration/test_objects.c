@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -224,4 +225,41 @@ ParameterizedTestParameters(objects, reduce_relay)
 ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
 {
     run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
+}
+
+/* cfx_get_bw with another -s on the client than on the server: the client
+ * finds the server's object and says the sizes differ (it used to wait out
+ * its deadline for an object named after its own size, "no node put it"). */
+Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
+{
+    static const char *const sizes[][2] = { { "64K", "256K" }, { "256K", "64K" } };
+    for (int k = 0; k < 2; k++) {
+        char out[256], cmd[2048];
+        int port = 20000 + (int)(getpid() % 20000);
+        snprintf(out, sizeof(out), "/tmp/cfx-getbw-%d-%d.err", (int)getpid(), k);
+        snprintf(cmd, sizeof(cmd),
+                 "CFX_TOKEN=getbw-test CFX_TIMEOUT_MS=60000; export CFX_TOKEN CFX_TIMEOUT_MS; "
+                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s >/dev/null 2>&1 & srv=$!; "
+                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s 127.0.0.1 >/dev/null 2>%s;"
+                 " st=$?; wait $srv; exit $st",
+                 CFX_BIN_DIR, port + k, sizes[k][0], CFX_BIN_DIR, port + k, sizes[k][1], out);
+        cr_log_info("%s", cmd);
+        int st = system(cmd);
+        cr_assert(st != -1);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        FILE *f = fopen(out, "r");
+        char err[4096] = "";
+        if (f) {
+            size_t n = fread(err, 1, sizeof(err) - 1, f);
+            err[n] = '\0';
+            fclose(f);
+        }
+        unlink(out);
+        cr_assert_eq(code, 1, "client -s %s against server -s %s exited %d: %s", sizes[k][1],
+                     sizes[k][0], code, err);
+        cr_assert(strstr(err, "size mismatch") && strstr(err, "same -s"),
+                  "client -s %s against server -s %s: %s", sizes[k][1], sizes[k][0], err);
+        const char *want = k == 0 ? "65536 bytes" : "262144 bytes";
+        cr_assert(strstr(err, want), "the server's size is not named: %s", err);
+    }
 }

@@ -7,7 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
@@ -89,7 +95,58 @@ Test(context, no_coordinator)
     };
     int rc = cfx_context_create(&p, &a);
     cr_assert_eq(rc, CFX_ERR_CONNECT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "127.0.0.1:1"), "error does not name the coordinator: %s",
+              cfx_last_error());
+    cr_assert_null(a);
     cr_assert_eq(cfx_context_create(NULL, NULL), CFX_ERR_INVALID);
+}
+
+struct late_coord {
+    uint16_t port;
+    struct cfx_coord *coord;
+    int rc;
+};
+
+static void *late_coord_main(void *arg)
+{
+    struct late_coord *lc = arg;
+    /* the joiner below is already being refused by now */
+    poll(NULL, 0, 300);
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = lc->port, .token = token };
+    lc->rc = cfx__coord_start(&p, &lc->coord);
+    return NULL;
+}
+
+/* A process started before its coordinator waits for it (until its
+ * deadline) instead of failing on the first refused connection. */
+Test(context, coordinator_started_late)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd); /* a free port that nothing listens on, until the thread starts */
+    struct late_coord lc = { .port = ntohs(sa.sin_port) };
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", lc.port);
+
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, late_coord_main, &lc), 0);
+    struct cfx_context *a = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
+        .coord = addr, .token = token, .timeout_ms = 30000,
+    };
+    int rc = cfx_context_create(&p, &a);
+    pthread_join(th, NULL);
+    cr_assert_eq(lc.rc, CFX_OK, "late coordinator on port %u did not start", lc.port);
+    cr_assert_eq(rc, CFX_OK, "joining a coordinator that came up late: %s: %s",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_str_empty(cfx_last_error(), "a successful create leaves no error behind");
+    cfx_context_destroy(a);
+    cfx__coord_stop(lc.coord);
 }
 
 Test(context, unknown_transport)
@@ -179,6 +236,47 @@ Test(context, object_ids)
     cr_assert_eq(cfx_object_id_from_hex("xyz", &b), CFX_ERR_INVALID);
     cr_assert_eq(cfx_object_id_from_hex("zz00000000000000000000000000000000000000", &b),
                  CFX_ERR_INVALID);
+}
+
+/* A call that succeeds leaves no stale error text from an earlier failure
+ * (status.h: every call that returns a status clears it). */
+Test(context, last_error_cleared_by_success)
+{
+    struct cfx_context *a;
+    struct cfx_object_id id;
+    enum cfx_dtype dt;
+    enum cfx_redop op;
+    char buf[2048];
+    struct cfx_context_stats st;
+    int32_t x = 1, y = 2;
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+#define FAIL_THEN(call)                                                                      \
+    do {                                                                                     \
+        cr_assert_eq(cfx_object_id_from_hex("xyz", &id), CFX_ERR_INVALID);                   \
+        cr_assert_str_not_empty(cfx_last_error());                                           \
+        cr_assert_geq((call), 0, "%s", #call);                                               \
+        cr_assert_str_empty(cfx_last_error(), "%s left '%s'", #call, cfx_last_error());      \
+    } while (0)
+    FAIL_THEN(cfx_object_id_from_name("fine", &id));
+    FAIL_THEN(cfx_object_id_generate(a, &id));
+    FAIL_THEN(cfx_object_id_from_hex("00112233445566778899aabbccddeeff00112233", &id));
+    FAIL_THEN(cfx_dtype_from_name("f32", &dt));
+    FAIL_THEN(cfx_redop_from_name("sum", &op));
+    FAIL_THEN(cfx_reduce(&x, &y, 1, CFX_DTYPE_I32, CFX_OP_SUM));
+    FAIL_THEN(cfx_context_config(a, buf, sizeof(buf)));
+    FAIL_THEN(cfx_context_stats(a, &st));
+    uint8_t v[16] = { 1 };
+    cfx_object_id_from_name("last-error", &id);
+    FAIL_THEN(cfx_put(a, &id, v, sizeof(v), NULL));
+    struct cfx_request *req = NULL;
+    cr_assert_eq(cfx_get_nb(a, &id, buf, sizeof(buf), NULL, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    FAIL_THEN(cfx_request_wait(req, 10000));
+    FAIL_THEN(cfx_request_test(req));
+    cfx_request_free(req);
+    FAIL_THEN(cfx_delete(a, &id, NULL));
+#undef FAIL_THEN
+    cfx_context_destroy(a);
 }
 
 /* An arena buffer and the inode of the memfd behind it. */
