@@ -43,6 +43,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/engine/objname.h"
 
 #define CTL_DEFAULT_TIMEOUT_MS 10000
 #define CTL_RBUF_INITIAL       (64u * 1024)
@@ -969,6 +970,7 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
     m.u.put.has_data = data != NULL || size == 0;
     m.u.put.durable = durable ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
+    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     return expect_ok(ctl, &m, deadline_ns, what);
 }
 
@@ -1109,6 +1111,7 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
     m.u.put.size = size;
     m.u.put.chunk_size = chunk_size;
     m.u.put.has_data = size == 0;
+    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     pthread_mutex_lock(&ctl->lock);
     m.req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);

@@ -215,6 +215,12 @@ static void transports_close(struct cfx_context *ctx)
 
 int cfx_context_create(const struct cfx_context_params *params, struct cfx_context **out)
 {
+    return cfx__context_create_flags(params, 0, out);
+}
+
+int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t node_flags,
+                              struct cfx_context **out)
+{
     struct cfx_context *ctx;
     int rc;
 
@@ -258,6 +264,9 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
     ctx->self.pid = (uint32_t)getpid();
     copy_str(ctx->self.name, sizeof(ctx->self.name), ctx->cfg.name);
     host_id_read(ctx->self.host_id, sizeof(ctx->self.host_id));
+    if (gethostname(ctx->self.host, sizeof(ctx->self.host) - 1) != 0)
+        copy_str(ctx->self.host, sizeof(ctx->self.host), "localhost");
+    ctx->self.flags = node_flags & CFX_NODE_F_OBSERVER;
     for (int t = 0; t < ctx->ntp && t < CFX_NODE_ADDRS_MAX; t++) {
         struct cfx_node_addr *a = &ctx->self.addr[ctx->self.naddr++];
         copy_str(a->tp, sizeof(a->tp), ctx->tp[t].ops->name);

@@ -1,5 +1,6 @@
 /* Object ids: named (SHA-1 of a name), generated, hex. */
 #include "engine.h"
+#include "objname.h"
 
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@ int cfx_object_id_from_name(const char *name, struct cfx_object_id *out)
     if (!name || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_object_id_from_name: NULL argument");
     SHA1((const unsigned char *)name, strlen(name), out->bytes);
+    cfx__objname_remember(out, name); /* a put of this id will name it */
     return CFX_OK;
 }
 

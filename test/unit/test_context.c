@@ -279,6 +279,108 @@ Test(context, last_error_cleared_by_success)
     cfx_context_destroy(a);
 }
 
+static struct cfx_ctl *admin_open(void)
+{
+    struct cfx_ctl *adm = NULL;
+    struct cfx_ctl_params p = { .coord = coord_addr, .token = token,
+                                .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = 5000 };
+    cr_assert_eq(cfx__ctl_open(&p, &adm), CFX_OK, "%s", cfx_last_error());
+    return adm;
+}
+
+static const struct cfx_ctl_obj_rec *obj_listed(const struct cfx_ctl_obj_rec *v, size_t n,
+                                                const struct cfx_object_id *id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(v[i].id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return &v[i];
+    return NULL;
+}
+
+/* The directory knows the name an object id was made from
+ * (cfx_object_id_from_name), capped in length, byte for byte; a generated
+ * id has none.  Small and data-plane objects alike. */
+Test(context, objects_carry_their_names)
+{
+    struct cfx_context *a;
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    static uint8_t big[200000], small[100];
+    memset(big, 'B', sizeof(big));
+    memset(small, 'A', sizeof(small));
+    char longname[200], oddname[] = "run/\x1b[31mred\x07";
+    memset(longname, 'n', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    struct cfx_object_id cfg, weights, lng, odd, gen;
+    cr_assert_eq(cfx_object_id_from_name("run/cfg", &cfg), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name("model/weights", &weights), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name(longname, &lng), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name(oddname, &odd), CFX_OK);
+    cr_assert_eq(cfx_object_id_generate(a, &gen), CFX_OK);
+    cr_assert_eq(cfx_put(a, &cfg, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &weights, big, sizeof(big), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &lng, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &odd, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &gen, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_ctl *adm = admin_open();
+    struct cfx_ctl_obj_rec *objs = NULL;
+    size_t n = 0;
+    const struct cfx_ctl_obj_rec *o;
+    /* the put of the large object is announced from the progress thread */
+    uint64_t t0 = cfx__now_ns();
+    do {
+        free(objs);
+        cr_assert_eq(cfx__ctl_objects(adm, &objs, &n, cfx__deadline_ns(5000)), CFX_OK, "%s",
+                     cfx_last_error());
+    } while (!obj_listed(objs, n, &weights) && cfx__now_ns() - t0 < 20000000000ull &&
+             poll(NULL, 0, 10) == 0);
+    cr_assert_not_null(o = obj_listed(objs, n, &cfg));
+    cr_assert_str_eq(o->name, "run/cfg");
+    cr_assert_not_null(o = obj_listed(objs, n, &weights));
+    cr_assert_str_eq(o->name, "model/weights");
+    cr_assert_eq(o->is_inline, 0);
+    cr_assert_not_null(o = obj_listed(objs, n, &lng));
+    cr_assert_eq(strlen(o->name), CFX_OBJ_NAME_MAX, "a long name is cut");
+    cr_assert(!strncmp(o->name, longname, CFX_OBJ_NAME_MAX));
+    cr_assert_not_null(o = obj_listed(objs, n, &odd));
+    cr_assert_str_eq(o->name, oddname, "the bytes are kept; printers escape them");
+    cr_assert_not_null(o = obj_listed(objs, n, &gen));
+    cr_assert_str_empty(o->name);
+    free(objs);
+
+    /* the member record: the host name for people, the host id for shm */
+    struct cfx_node_rec rec;
+    char host[CFX_HOST_NAME_MAX] = "";
+    gethostname(host, sizeof(host) - 1);
+    cr_assert_eq(cfx__ctl_node_get(adm, cfx_context_node_id(a), &rec, cfx__deadline_ns(5000)),
+                 CFX_OK);
+    cr_assert_str_eq(rec.host, host);
+    cr_assert_str_eq(rec.host_id, a->self.host_id);
+    cr_assert_eq(rec.flags, 0);
+    cfx__ctl_close(adm);
+    cfx_context_destroy(a);
+}
+
+/* A tool's context (rdmactl ps) joins as an observer. */
+Test(context, observer_context_is_marked)
+{
+    struct cfx_context *t;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
+        .coord = coord_addr, .token = token, .name = "a-tool",
+    };
+    cr_assert_eq(cfx__context_create_flags(&p, CFX_NODE_F_OBSERVER, &t), CFX_OK, "%s",
+                 cfx_last_error());
+    struct cfx_ctl *adm = admin_open();
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(adm, cfx_context_node_id(t), &rec, cfx__deadline_ns(5000)),
+                 CFX_OK);
+    cr_assert_str_eq(rec.name, "a-tool");
+    cr_assert_eq(rec.flags, CFX_NODE_F_OBSERVER);
+    cfx__ctl_close(adm);
+    cfx_context_destroy(t);
+}
+
 /* An arena buffer and the inode of the memfd behind it. */
 static ino_t arena_take(struct cfx_context *ctx, size_t len, void **p)
 {
