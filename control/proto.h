@@ -57,7 +57,7 @@
 /* OBJ_PUT flags byte. */
 #define CFX_PROTO_PUT_INLINE  0x01u /* the frame carries all size bytes */
 #define CFX_PROTO_PUT_DURABLE 0x02u /* keep it in the state directory (needs INLINE) */
-#define CFX_PROTO_PUT_NAMED   0x04u /* u8 length (1..CFX_OBJ_NAME_MAX) + name bytes (no NUL) follow */
+#define CFX_PROTO_PUT_NAMED   0x04u /* u8 length (1..CFX_OBJ_NAME_MAX), name bytes (no NUL) */
 #define CFX_PROTO_PUT_FLAGS   0x07u /* every flag known; other bits are refused */
 
 /* Request id of a node_dead event: why the node is gone. */

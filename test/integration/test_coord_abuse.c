@@ -521,7 +521,8 @@ Test(coord_abuse, rdmactl_lists_workers_by_host_name_and_escapes_peer_names)
     cr_assert(strstr(out, "\"name\":\"model/\\u001b[31mweights\""), "%s", out);
     cr_assert_eq(rdmactl("--json nodes", out, sizeof(out)), 0, "%s", out);
     cr_assert(strstr(out, "\"host\":\"host-a.example\"") &&
-              strstr(out, "\"host_id\":\"boot-id-not-for-people\"") && !strstr(out, "observer-tool"),
+              strstr(out, "\"host_id\":\"boot-id-not-for-people\"") &&
+              !strstr(out, "observer-tool"),
               "%s", out);
     cr_assert_eq(rdmactl("nodes --bogus", out, sizeof(out)), 2);
 
