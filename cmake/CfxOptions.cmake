@@ -1,5 +1,15 @@
-# Resolve CFX_WITH_* (AUTO/ON/OFF) into CFX_HAVE_* and CFX_EXTRA_LIBS.
+# Resolve CFX_WITH_* (AUTO/ON/OFF) into CFX_HAVE_* and the libraries the
+# optional parts need, three ways:
+#  CFX_EXTRA_LIBS      to link in this build tree (absolute paths);
+#  CFX_INSTALL_LIBS    what an installed conflux::conflux_static needs, by
+#                      library name or by an imported target that
+#                      conflux-config.cmake finds again (no absolute paths);
+#  CFX_PC_LIBS_PRIVATE the same for conflux.pc (Libs.private), with
+#                      CFX_PC_VARIABLES defining the directories it uses.
 set(CFX_EXTRA_LIBS "")
+set(CFX_INSTALL_LIBS "")
+set(CFX_PC_LIBS_PRIVATE "")
+set(CFX_PC_VARIABLES "")
 
 function(cfx_check_option opt)
   string(TOUPPER "${${opt}}" v)
@@ -24,6 +34,8 @@ if(NOT CFX_WITH_VERBS STREQUAL "OFF")
      AND EXISTS ${PROJECT_SOURCE_DIR}/dataplane/verbs)
     set(CFX_HAVE_VERBS ON)
     list(APPEND CFX_EXTRA_LIBS ${CFX_IBVERBS_LIB} ${CFX_RDMACM_LIB})
+    list(APPEND CFX_INSTALL_LIBS ibverbs rdmacm)
+    string(APPEND CFX_PC_LIBS_PRIVATE " -lrdmacm -libverbs")
   elseif(CFX_WITH_VERBS STREQUAL "ON")
     message(FATAL_ERROR "CFX_WITH_VERBS=ON but libibverbs/librdmacm (or the verbs transport sources) were not found: apt-get install libibverbs-dev librdmacm-dev")
   endif()
@@ -68,10 +80,18 @@ if(NOT CFX_WITH_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(CMAKE_CUDA_RUNTIME_LIBRARY None) # cudart_static is linked below, once
     enable_language(CUDA)
-    # By path rather than CUDA::cudart_static so that the exported targets
-    # need no find_package(CUDAToolkit) in consumers.
+    # By path in this tree.  An installed conflux::conflux_static links
+    # CUDA::cudart_static instead, which conflux-config.cmake finds again on
+    # the user's machine; libconflux.so carries the runtime inside.  The
+    # runtime is C++: a static link also needs libstdc++.
     find_library(CFX_CUDART_STATIC_LIB cudart_static HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
     list(APPEND CFX_EXTRA_LIBS ${CFX_CUDART_STATIC_LIB} ${CMAKE_DL_LIBS} rt)
+    list(APPEND CFX_INSTALL_LIBS CUDA::cudart_static stdc++)
+    get_filename_component(CFX_CUDART_DIR ${CFX_CUDART_STATIC_LIB} DIRECTORY)
+    # A directory outside our prefix: override it with
+    # pkg-config --define-variable=cudalibdir=DIR where CUDA lives elsewhere.
+    string(APPEND CFX_PC_VARIABLES "cudalibdir=${CFX_CUDART_DIR}\n")
+    string(APPEND CFX_PC_LIBS_PRIVATE " -L\${cudalibdir} -lcudart_static -ldl -lrt -lstdc++")
   elseif(CFX_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "CFX_WITH_CUDA=ON but the CUDA toolkit, a working nvcc (or the gpu/cuda sources) was not found: install the CUDA toolkit under /usr/local/cuda")
   endif()

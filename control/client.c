@@ -43,6 +43,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/engine/objname.h"
 
 #define CTL_DEFAULT_TIMEOUT_MS 10000
 #define CTL_RBUF_INITIAL       (64u * 1024)
@@ -594,6 +595,45 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
     return CFX_OK;
 }
 
+/*
+ * First connection of cfx__ctl_open().  A NODE client whose coordinator is
+ * not listening yet (processes on several hosts started in any order) tries
+ * again with backoff until @p deadline; the last error names the
+ * coordinator and how long it was tried.  ADMIN clients (rdmactl) try once.
+ */
+static int connect_first(struct cfx_ctl *ctl, uint64_t deadline)
+{
+    int backoff = CTL_BACKOFF_MIN_MS, attempts = 0;
+    uint64_t t0 = cfx__now_ns();
+    int rc;
+
+    char why[CFX_PROTO_TEXT_MAX] = "";
+
+    for (;;) {
+        attempts++;
+        rc = connect_deadline(ctl, deadline);
+        /* the deadline ran out in an attempt after refusals: the refusal is
+         * the news, not the last attempt's timeout */
+        if (rc == CFX_ERR_TIMEOUT && why[0])
+            rc = CFX_ERR_CONNECT;
+        else if (rc != CFX_ERR_CONNECT || ctl->role != CFX_CTL_ROLE_NODE)
+            return rc;
+        else
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+        if (ctl->fd >= 0)
+            close(ctl->fd);
+        ctl->fd = -1;
+        int left = cfx__ms_left(deadline);
+        if (left == 0)
+            return cfx__err(CFX_ERR_CONNECT, "%s (tried %d times for %llu ms)", why, attempts,
+                            (unsigned long long)((cfx__now_ns() - t0) / 1000000ull));
+        if (attempts == 1)
+            CFX_LOG(INFO, CTL, "%s; retrying until the deadline (%d ms left)", why, left);
+        poll(NULL, 0, backoff < left ? backoff : left);
+        backoff = backoff * 2 > CTL_BACKOFF_MAX_MS ? CTL_BACKOFF_MAX_MS : backoff * 2;
+    }
+}
+
 static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, uint64_t deadline)
 {
     struct cfx_msg m, r;
@@ -826,7 +866,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         rc = cfx__err(CFX_ERR_IO, "eventfd: %s", strerror(errno));
         goto err_free;
     }
-    rc = connect_deadline(ctl, deadline);
+    rc = connect_first(ctl, deadline);
     if (rc != CFX_OK)
         goto err_free;
     rc = handshake(ctl, params, deadline);
@@ -930,6 +970,7 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
     m.u.put.has_data = data != NULL || size == 0;
     m.u.put.durable = durable ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
+    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     return expect_ok(ctl, &m, deadline_ns, what);
 }
 
@@ -1070,6 +1111,7 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
     m.u.put.size = size;
     m.u.put.chunk_size = chunk_size;
     m.u.put.has_data = size == 0;
+    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     pthread_mutex_lock(&ctl->lock);
     m.req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);

@@ -19,7 +19,14 @@
 
 #define CFX_NODE_NAME_MAX    64
 #define CFX_HOST_ID_MAX      64
+#define CFX_HOST_NAME_MAX    64   /* host name field, NUL included */
 #define CFX_NODE_ADDRS_MAX   4
+#define CFX_OBJ_NAME_MAX     63   /* bytes of an object's name a put carries (longer: cut) */
+
+/* cfx_node_rec.flags */
+#define CFX_NODE_F_OBSERVER 0x01u /* a tool's context (rdmactl ps): not listed by default */
+#define CFX_NODE_F_LEFT     0x02u /* dead because it left in good order (set by the coordinator) */
+#define CFX_NODE_F_ALL      0x03u /* every flag known */
 
 /* One transport address a node listens on. */
 struct cfx_node_addr {
@@ -33,12 +40,15 @@ struct cfx_node_rec {
     uint32_t node_id;                  /* assigned by the coordinator, never 0 */
     uint32_t pid;                      /* process id on its host */
     char name[CFX_NODE_NAME_MAX];      /* "host:pid" or user-given */
-    char host_id[CFX_HOST_ID_MAX];     /* equal for nodes that can use shm */
+    char host_id[CFX_HOST_ID_MAX];     /* equal for nodes that can use shm (boot id/netns):
+                                        * an identity for reachability, not for people */
     char ctl_addr[48];                 /* "ip:port" the coordinator saw it from */
     uint8_t alive;                     /* 1 alive, 0 dead */
     uint32_t last_seen_ms;             /* ms since the last heartbeat */
     uint8_t naddr;
     struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
+    char host[CFX_HOST_NAME_MAX];      /* host name, as the node reports it (display only) */
+    uint8_t flags;                     /* CFX_NODE_F_* */
 };
 
 /* A holder of an object, as listed by the directory. */
@@ -66,6 +76,10 @@ struct cfx_ctl_obj_rec {
     uint8_t is_inline;
     uint32_t nholders;
     struct cfx_obj_holder holders[16]; /* first 16 holders */
+    /* the name the id was made from (cfx_object_id_from_name), as the first
+     * putter sent it; "" when unknown.  Peer-supplied bytes: escape them
+     * before printing. */
+    char name[CFX_OBJ_NAME_MAX + 1];
 };
 
 /* Coordinator summary (rdmactl status). */

@@ -677,6 +677,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->fanout = params->fanout ? params->fanout : 2;
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
+    co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
     if (co->dead_after_ms <= co->heartbeat_ms) {
         rc = cfx__err(CFX_ERR_INVALID, "dead-after (%u ms) must exceed the heartbeat "
                       "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);

@@ -22,6 +22,8 @@ struct cfx_coord_params {
     uint32_t auth_timeout_ms;  /* close connections not authenticated by then (default 5000) */
     uint32_t stall_timeout_ms; /* close connections stalled mid-frame that long (default 10000) */
     const char *state_dir;     /* durable state (coord_state.c); NULL: none, nothing survives */
+    uint32_t dead_keep_ms;     /* dead members stay listed that long, then are forgotten
+                                * (default COORD_DEAD_KEEP_MS_DEFAULT, 60000) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

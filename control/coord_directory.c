@@ -591,6 +591,7 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     o->chunk_size = m->u.put.chunk_size;
     o->is_inline = m->u.put.has_data;
     o->putter = me;
+    memcpy(o->name, m->u.put.name, sizeof(o->name)); /* validated by the decoder */
     cfx_list_init(&o->holders);
     /* Recorded before it is acknowledged: an OK means it survives kill -9. */
     if (m->u.put.durable && o->is_inline && co->state_dirfd >= 0 &&
@@ -727,6 +728,7 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
         rec->chunk_size = o->chunk_size;
         rec->is_inline = o->is_inline;
         rec->nholders = o->nholders;
+        memcpy(rec->name, o->name, sizeof(rec->name));
         cfx_list_for_each(hp, &o->holders) {
             struct coord_holder *h = cfx_list_entry(hp, struct coord_holder, obj_link);
             if (nh == CFX_PROTO_HOLDERS_MAX)

@@ -20,7 +20,8 @@
 #define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection may hold */
 #define COORD_OUTQ_MAX        (64u << 20)   /* queued reply bytes before a reader is "too slow" */
 #define COORD_CONNS_MAX       4096          /* open connections */
-#define COORD_DEAD_KEEP       1024          /* dead node records kept for listings */
+#define COORD_DEAD_KEEP       1024          /* dead node records kept for listings, at most */
+#define COORD_DEAD_KEEP_MS_DEFAULT 60000    /* ... and for at most this long after death */
 #define COORD_INLINE_TOTAL_MAX (1ull << 30) /* inline bytes stored in all */
 #define COORD_TICK_MS         100           /* housekeeping period */
 #define COORD_PREAUTH_MAX     256           /* largest frame payload before authentication */
@@ -74,6 +75,7 @@ struct coord_node {
     struct cfx_node_rec rec;    /* rec.alive tracks liveness */
     uint64_t last_seen_ns;      /* last frame from it */
     struct coord_conn *conn;    /* NULL once dead */
+    uint64_t dead_ns;           /* when it died (0 while alive) */
     struct cfx_list holdings;   /* struct coord_holder.node_link */
 };
 
@@ -86,6 +88,7 @@ struct coord_obj {
     uint8_t is_inline;          /* data holds the object */
     uint8_t durable;            /* recorded in the state directory (COORD_OBJ_KEY_PREFIX) */
     uint32_t putter;            /* node that put it first (may be dead, or not rejoined yet) */
+    char name[CFX_OBJ_NAME_MAX + 1]; /* name the putter made the id from; "" unknown */
     uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
     struct cfx_list holders;    /* struct coord_holder.obj_link */
     uint32_t nholders;
@@ -137,6 +140,7 @@ struct cfx_coord {
     uint16_t port;
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;
+    uint32_t dead_keep_ms;      /* dead records are forgotten this long after death */
     uint32_t fanout;
     uint32_t auth_timeout_ms;
     uint32_t stall_timeout_ms;

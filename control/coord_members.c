@@ -9,7 +9,9 @@
  * it back when no record holds it.  A node is dead when it leaves,
  * when its connection closes, or when it has been silent for dead_after_ms;
  * death is final (a restarted process joins again under a new id).  Dead
- * records stay listed (alive = 0) until COORD_DEAD_KEEP newer ones exist.
+ * records stay listed (alive = 0, CFX_NODE_F_LEFT when it left in good
+ * order) for dead_keep_ms after death, and never more than COORD_DEAD_KEEP
+ * of them; then they are forgotten (node_get answers CFX_ERR_NOT_FOUND).
  *
  * After a restart the coordinator knows no member; the nodes of before come
  * back one by one, in no particular order.  Until one has, "not known" does
@@ -192,6 +194,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     n->rec = m->u.join;
     n->rec.node_id = id;
     n->rec.alive = 1;
+    n->rec.flags &= CFX_NODE_F_OBSERVER; /* the only flag a member says of itself */
     n->rec.last_seen_ms = 0;
     snprintf(n->rec.ctl_addr, sizeof(n->rec.ctl_addr), "%s", c->peer);
     n->last_seen_ns = cfx__now_ns();
@@ -204,8 +207,9 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     co->nodes_alive++;
     c->node = n;
     c->state = COORD_CONN_NODE;
-    CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s', pid %u, from %s", id,
-            want ? "rejoined" : "joined", n->rec.name, n->rec.host_id, n->rec.pid, c->peer);
+    CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s' (%s), pid %u, from %s%s", id,
+            want ? "rejoined" : "joined", n->rec.name, n->rec.host, n->rec.host_id, n->rec.pid,
+            c->peer, (n->rec.flags & CFX_NODE_F_OBSERVER) ? " (observer)" : "");
     node_waits_answer(co, id, n);
 
     struct cfx_msg r = { .type = CFX_MSG_JOIN_REPLY, .req_id = m->req_id };
@@ -223,6 +227,9 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
     if (!n->rec.alive)
         return;
     n->rec.alive = 0;
+    n->dead_ns = cfx__now_ns();
+    if (!close_conn)
+        n->rec.flags |= CFX_NODE_F_LEFT;
     co->nodes_alive--;
     co->nodes_dead++;
     if (close_conn)
@@ -286,12 +293,14 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
             node_kill(co, n, why, 1);
         }
     }
-    /* Forget the oldest dead records beyond the listing limit. */
+    /* Forget dead records older than dead_keep_ms, and the oldest beyond
+     * the listing limit. */
+    uint64_t keep = (uint64_t)co->dead_keep_ms * 1000000ull;
     cfx_list_for_each_safe(pos, tmp, &co->nodes) {
-        if (co->nodes_dead <= COORD_DEAD_KEEP)
-            break;
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         if (n->rec.alive)
+            continue;
+        if (co->nodes_dead <= COORD_DEAD_KEEP && (now <= n->dead_ns || now - n->dead_ns <= keep))
             continue;
         co->by_id[n->rec.node_id] = NULL;
         cfx_list_del(&n->link);

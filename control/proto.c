@@ -218,6 +218,8 @@ static void wr_node(struct wr *w, const struct cfx_node_rec *n)
             wr_zero(w, CFX_PROTO_ADDR_WIRE);
         }
     }
+    wr_str(w, n->host, sizeof(n->host));
+    wr_u8(w, n->flags & CFX_NODE_F_ALL);
 }
 
 static void rd_node(struct rd *r, struct cfx_node_rec *n)
@@ -241,6 +243,10 @@ static void rd_node(struct rd *r, struct cfx_node_rec *n)
             rd_fail(r, CFX_ERR_PROTO, "address length over CFX_TP_ADDR_MAX");
         rd_bytes(r, a->addr, CFX_TP_ADDR_MAX, "address");
     }
+    rd_str(r, n->host, sizeof(n->host), "host name not terminated");
+    n->flags = rd_u8(r, "node flags");
+    if (n->flags & ~CFX_NODE_F_ALL)
+        rd_fail(r, CFX_ERR_PROTO, "unknown node flags");
     if (r->status != CFX_OK)
         memset(n, 0, sizeof(*n));
 }
@@ -262,6 +268,7 @@ static void wr_objrec(struct wr *w, const struct cfx_ctl_obj_rec *o)
             wr_zero(w, CFX_PROTO_HOLDER_WIRE);
         }
     }
+    wr_str(w, o->name, sizeof(o->name));
 }
 
 static void rd_objrec(struct rd *r, struct cfx_ctl_obj_rec *o)
@@ -277,6 +284,7 @@ static void rd_objrec(struct rd *r, struct cfx_ctl_obj_rec *o)
         o->holders[i].complete = rd_flag(r, "holder complete flag");
         o->holders[i].uploads = rd_u32(r, "holder uploads");
     }
+    rd_str(r, o->name, sizeof(o->name), "object name not terminated");
     if (o->is_inline && o->size > CFX_OBJECT_INLINE_MAX)
         rd_fail(r, CFX_ERR_PROTO, "inline object over CFX_OBJECT_INLINE_MAX");
     if (r->status != CFX_OK)
@@ -335,11 +343,17 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         wr_bytes(w, m->u.put.id.bytes, CFX_OBJECT_ID_LEN);
         wr_u64(w, m->u.put.size);
         wr_u32(w, m->u.put.chunk_size);
+        size_t nlen = strnlen(m->u.put.name, CFX_OBJ_NAME_MAX);
         wr_u8(w, (m->u.put.has_data ? CFX_PROTO_PUT_INLINE : 0) |
-                     (m->u.put.durable ? CFX_PROTO_PUT_DURABLE : 0));
+                     (m->u.put.durable ? CFX_PROTO_PUT_DURABLE : 0) |
+                     (nlen ? CFX_PROTO_PUT_NAMED : 0));
         if (m->u.put.has_data) {
             wr_u32(w, (uint32_t)m->u.put.size);
             wr_bytes(w, m->u.put.data, (size_t)m->u.put.size);
+        }
+        if (nlen) {
+            wr_u8(w, (uint8_t)nlen);
+            wr_bytes(w, m->u.put.name, nlen);
         }
         break;
     case CFX_MSG_OBJ_LOOKUP:
@@ -601,6 +615,24 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
                 break;
             }
             m->u.put.data = rd_take(r, n, "inline data");
+        }
+        m->u.put.name[0] = '\0';
+        if (r->status == CFX_OK && (flags & CFX_PROTO_PUT_NAMED)) {
+            /* a peer's bytes: bounded, no NUL inside; printers escape them */
+            uint8_t n = rd_u8(r, "name length");
+            if (r->status == CFX_OK && (n == 0 || n > CFX_OBJ_NAME_MAX)) {
+                rd_fail(r, CFX_ERR_PROTO, "object name length 0 or over CFX_OBJ_NAME_MAX");
+                break;
+            }
+            const uint8_t *q = rd_take(r, n, "object name");
+            if (q && memchr(q, 0, n)) {
+                rd_fail(r, CFX_ERR_PROTO, "NUL inside an object name");
+                break;
+            }
+            if (q) {
+                memcpy(m->u.put.name, q, n);
+                m->u.put.name[n] = '\0';
+            }
         }
         break;
     }

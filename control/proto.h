@@ -33,7 +33,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      1u
+#define CFX_PROTO_VERSION      2u  /* 2: host name and flags in node records, object names */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -49,15 +49,17 @@
 /* Fixed wire sizes of the records that listings carry. */
 #define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)
 #define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
-                                 CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE)
+                                 CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE + CFX_HOST_NAME_MAX + 1)
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
-                                 CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE)
+                                 CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
+                                 CFX_OBJ_NAME_MAX + 1)
 
 /* OBJ_PUT flags byte. */
 #define CFX_PROTO_PUT_INLINE  0x01u /* the frame carries all size bytes */
 #define CFX_PROTO_PUT_DURABLE 0x02u /* keep it in the state directory (needs INLINE) */
-#define CFX_PROTO_PUT_FLAGS   0x03u /* every flag known; other bits are refused */
+#define CFX_PROTO_PUT_NAMED   0x04u /* u8 length (1..CFX_OBJ_NAME_MAX), name bytes (no NUL) */
+#define CFX_PROTO_PUT_FLAGS   0x07u /* every flag known; other bits are refused */
 
 /* Request id of a node_dead event: why the node is gone. */
 #define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
@@ -140,6 +142,7 @@ struct cfx_msg {
             uint8_t has_data;               /* 1: data holds all size bytes */
             uint8_t durable;                /* 1: survives a coordinator restart (has_data) */
             const uint8_t *data;
+            char name[CFX_OBJ_NAME_MAX + 1]; /* name the id was made from; "" none */
         } put;
         struct {
             struct cfx_object_id id;

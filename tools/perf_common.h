@@ -200,14 +200,9 @@ static inline struct cfx_context *perf_join(const struct perf_opts *o, struct cf
         .transports = o->transport,
         .chunk_size = o->chunk,
     };
-    /* the client may start before the server's coordinator listens */
-    int rc;
-    for (int tries = 0;; tries++) {
-        rc = cfx_context_create(&p, &ctx);
-        if (rc != CFX_ERR_CONNECT || !o->host || tries >= 50)
-            break;
-        usleep(100 * 1000);
-    }
+    /* the client may start before the server's coordinator listens: the
+     * library retries until its deadline (CFX_TIMEOUT_MS) */
+    int rc = cfx_context_create(&p, &ctx);
     if (rc != CFX_OK) {
         fprintf(stderr, "%s: cannot join %s: %s: %s\n", prog, addr, cfx_errname(rc),
                 cfx_last_error());

@@ -3,6 +3,9 @@
  *
  *   rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND
  *
+ * Names, host names and object names come from peers: they are printed
+ * escaped (bytes outside printable ASCII as \xNN in tables, \u00NN in JSON).
+ *
  * Commands live in one table below ({name, fn, help}); adding one is adding
  * a function and a row.  Exit status: 0 ok, 1 the coordinator could not be
  * reached or answered an error, 2 usage errors.
@@ -25,6 +28,7 @@
 #include "dataplane/verbs/verbs_devinfo.h"
 #endif
 #include "dataplane/common/util.h"
+#include "dataplane/engine/engine.h"
 #include "gpu/memtype.h"
 
 #define RDMACTL_TIMEOUT_MS 5000     /* coordinator requests */
@@ -47,6 +51,8 @@ struct rdmactl_cmd {
 /* ------------------------------------------------------------------------ */
 /* Output helpers                                                            */
 
+/* A JSON string.  Bytes outside printable ASCII are escaped one by one
+ * (\u00NN), so a peer's invalid UTF-8 never makes the document invalid. */
 static void json_str(const char *s)
 {
     putchar('"');
@@ -58,13 +64,33 @@ static void json_str(const char *s)
         case '\r': fputs("\\r", stdout); break;
         case '\t': fputs("\\t", stdout); break;
         default:
-            if (*p < 0x20 || *p == 0x7f)
+            if (*p < 0x20 || *p >= 0x7f)
                 printf("\\u%04x", *p);
             else
                 putchar(*p);
         }
     }
     putchar('"');
+}
+
+/* A peer's string for a table: printable ASCII as is, a backslash doubled,
+ * any other byte as \xNN (no terminal escapes, no column breaks).  @p out
+ * holds 4 * strlen(s) + 1 bytes at most; cut to @p len. */
+static const char *esc(const char *s, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < len; p++) {
+        if (*p == '\\') {
+            out[o++] = '\\';
+            out[o++] = '\\';
+        } else if (*p > 0x20 && *p < 0x7f) {
+            out[o++] = (char)*p;
+        } else {
+            o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
+        }
+    }
+    out[o] = '\0';
+    return out;
 }
 
 static void id_hex(const struct cfx_object_id *id, char *buf)
@@ -168,29 +194,55 @@ static int cmd_status(struct rdmactl *r, int argc, char **argv)
     return 0;
 }
 
+/* "alive", "dead" or "left" (dead after saying goodbye). */
+static const char *node_state(const struct cfx_node_rec *x)
+{
+    return x->alive ? "alive" : (x->flags & CFX_NODE_F_LEFT) ? "left" : "dead";
+}
+
+/* Listed by default: alive members.  --all adds the recently dead (the
+ * coordinator forgets them after a while) and observers (tools' contexts). */
+static int node_listed(const struct cfx_node_rec *x, int all)
+{
+    return all || (x->alive && !(x->flags & CFX_NODE_F_OBSERVER));
+}
+
 static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
 {
     struct cfx_node_rec *nodes = NULL;
     size_t n = 0;
     char tps[96];
-    (void)argc;
-    (void)argv;
+    int all = 0;
+    if (argc == 2 && !strcmp(argv[1], "--all")) {
+        all = 1;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: rdmactl nodes [--all]\n");
+        return 2;
+    }
     if (!ctl_get(r))
         return 1;
     if (cfx__ctl_nodes(r->ctl, &nodes, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
         return fail("node listing");
     if (r->json) {
         printf("[");
+        int first = 1;
         for (size_t i = 0; i < n; i++) {
             const struct cfx_node_rec *x = &nodes[i];
-            printf("%s{\"id\":%u,\"name\":", i ? "," : "", x->node_id);
+            if (!node_listed(x, all))
+                continue;
+            printf("%s{\"id\":%u,\"name\":", first ? "" : ",", x->node_id);
+            first = 0;
             json_str(x->name);
             printf(",\"host\":");
+            json_str(x->host);
+            printf(",\"host_id\":");
             json_str(x->host_id);
             printf(",\"pid\":%u,\"ctl_addr\":", x->pid);
             json_str(x->ctl_addr);
-            printf(",\"alive\":%s,\"last_seen_ms\":%u,\"transports\":[",
-                   x->alive ? "true" : "false", x->last_seen_ms);
+            printf(",\"alive\":%s,\"state\":\"%s\",\"observer\":%s,\"last_seen_ms\":%u,"
+                   "\"transports\":[",
+                   x->alive ? "true" : "false", node_state(x),
+                   (x->flags & CFX_NODE_F_OBSERVER) ? "true" : "false", x->last_seen_ms);
             for (unsigned j = 0; j < x->naddr && j < CFX_NODE_ADDRS_MAX; j++) {
                 if (j)
                     putchar(',');
@@ -203,23 +255,32 @@ static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
         return 0;
     }
     /* Column widths follow the longest value so the table stays aligned. */
+    char name[4 * CFX_NODE_NAME_MAX + 1], host[4 * CFX_HOST_NAME_MAX + 1];
     int wname = 4, whost = 4, waddr = 8;
     for (size_t i = 0; i < n; i++) {
-        wname = CFX_MAX(wname, (int)strlen(nodes[i].name));
-        whost = CFX_MAX(whost, (int)strlen(nodes[i].host_id));
+        if (!node_listed(&nodes[i], all))
+            continue;
+        wname = CFX_MAX(wname, (int)strlen(esc(nodes[i].name, name, sizeof(name))));
+        whost = CFX_MAX(whost, (int)strlen(esc(nodes[i].host, host, sizeof(host))));
         waddr = CFX_MAX(waddr, (int)strlen(nodes[i].ctl_addr));
     }
-    printf("%6s  %-5s  %-*s  %-*s  %8s  %-*s  %10s  %s\n", "ID", "STATE", wname, "NAME", whost,
+    printf("%6s  %-8s  %-*s  %-*s  %8s  %-*s  %10s  %s\n", "ID", "STATE", wname, "NAME", whost,
            "HOST", "PID", waddr, "CTL ADDR", "LAST SEEN", "TRANSPORTS");
     for (size_t i = 0; i < n; i++) {
         const struct cfx_node_rec *x = &nodes[i];
-        char seen[24];
+        char seen[24], state[16];
+        if (!node_listed(x, all))
+            continue;
         node_tps(x, tps, sizeof(tps));
         snprintf(seen, sizeof(seen), "%u ms", x->last_seen_ms);
-        printf("%6u  %-5s  %-*s  %-*s  %8u  %-*s  %10s  %s\n", x->node_id,
-               x->alive ? "alive" : "dead", wname, x->name, whost, x->host_id, x->pid, waddr,
-               x->ctl_addr, seen, tps);
+        snprintf(state, sizeof(state), "%s%s", node_state(x),
+                 (x->flags & CFX_NODE_F_OBSERVER) ? "*" : "");
+        printf("%6u  %-8s  %-*s  %-*s  %8u  %-*s  %10s  %s\n", x->node_id, state, wname,
+               esc(x->name, name, sizeof(name)), whost, esc(x->host, host, sizeof(host)),
+               x->pid, waddr, x->ctl_addr, seen, tps);
     }
+    if (all)
+        printf("(* observer: a tool's connection, not a worker)\n");
     free(nodes);
     return 0;
 }
@@ -240,9 +301,11 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
         for (size_t i = 0; i < n; i++) {
             const struct cfx_ctl_obj_rec *o = &objs[i];
             id_hex(&o->id, hex);
-            printf("%s{\"id\":\"%s\",\"size\":%llu,\"chunk_size\":%u,\"inline\":%s,"
+            printf("%s{\"id\":\"%s\",\"name\":", i ? "," : "", hex);
+            json_str(o->name);
+            printf(",\"size\":%llu,\"chunk_size\":%u,\"inline\":%s,"
                    "\"nholders\":%u,\"holders\":[",
-                   i ? "," : "", hex, (unsigned long long)o->size, o->chunk_size,
+                   (unsigned long long)o->size, o->chunk_size,
                    o->is_inline ? "true" : "false", o->nholders);
             for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++)
                 printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u}", j ? "," : "",
@@ -254,8 +317,12 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
         free(objs);
         return 0;
     }
-    printf("%-40s  %12s  %10s  %-6s  %s\n", "ID", "SIZE", "CHUNK", "INLINE",
-           "HOLDERS (node:c=complete/p=partial+uploads)");
+    char name[4 * CFX_OBJ_NAME_MAX + 1];
+    int wname = 4;
+    for (size_t i = 0; i < n; i++)
+        wname = CFX_MAX(wname, (int)strlen(esc(objs[i].name, name, sizeof(name))));
+    printf("%-40s  %-*s  %12s  %10s  %-6s  %s\n", "ID", wname, "NAME", "SIZE", "CHUNK",
+           "INLINE", "HOLDERS (node:c=complete/p=partial+uploads)");
     for (size_t i = 0; i < n; i++) {
         const struct cfx_ctl_obj_rec *o = &objs[i];
         char holders[256];
@@ -270,8 +337,10 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
             snprintf(holders + off, sizeof(holders) - off, " (+%u more)",
                      o->nholders - (uint32_t)CFX_ARRAY_SIZE(o->holders));
         id_hex(&o->id, hex);
-        printf("%-40s  %12s  %10u  %-6s  %s\n", hex, human_bytes(o->size, b, sizeof(b)),
-               o->chunk_size, o->is_inline ? "yes" : "no", holders[0] ? holders : "-");
+        printf("%-40s  %-*s  %12s  %10u  %-6s  %s\n", hex, wname,
+               o->name[0] ? esc(o->name, name, sizeof(name)) : "-",
+               human_bytes(o->size, b, sizeof(b)), o->chunk_size, o->is_inline ? "yes" : "no",
+               holders[0] ? holders : "-");
     }
     free(objs);
     return 0;
@@ -376,7 +445,8 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
         .coord = r->coord, .token = r->token, .name = "rdmactl",
     };
     struct cfx_context *ctx;
-    if (cfx_context_create(&cp, &ctx) != CFX_OK) {
+    /* an observer: rdmactl nodes does not list it as a worker */
+    if (cfx__context_create_flags(&cp, CFX_NODE_F_OBSERVER, &ctx) != CFX_OK) {
         fprintf(stderr, "rdmactl: cannot join the cluster at %s: %s\n", r->coord,
                 cfx_last_error());
         return 1;
@@ -437,8 +507,8 @@ usage:
 
 static const struct rdmactl_cmd commands[] = {
     { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
-    { "nodes", cmd_nodes, "cluster members, alive and recently dead", 0 },
-    { "objects", cmd_objects, "object directory: sizes and holders", 0 },
+    { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
+    { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
     { "ps", cmd_ps, "parameter server: add-server | remove-server | rebalance | auto | shards", 0 },
 };

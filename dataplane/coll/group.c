@@ -87,12 +87,16 @@ struct epoch_ent {
     struct epoch_ent *next;
     uint32_t node_id;
     uint32_t count;
+    bool live;                 /* a group of this name exists on this context */
     char name[COLL_NAME_MAX];
 };
 
 static pthread_mutex_t epoch_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct epoch_ent *epochs;
 
+/* Take the next epoch of (@p node_id, @p name) and mark the name live: a
+ * second group of the same name on one context would share its channels,
+ * so it is CFX_ERR_EXISTS until the first is destroyed (epoch_release()). */
 static int epoch_take(uint32_t node_id, const char *name, uint32_t *out)
 {
     int rc = CFX_OK;
@@ -101,6 +105,10 @@ static int epoch_take(uint32_t node_id, const char *name, uint32_t *out)
     for (e = epochs; e; e = e->next)
         if (e->node_id == node_id && !strcmp(e->name, name))
             break;
+    if (e && e->live) {
+        rc = CFX_ERR_EXISTS;
+        goto out;
+    }
     if (!e) {
         e = calloc(1, sizeof(*e));
         if (!e) {
@@ -113,9 +121,19 @@ static int epoch_take(uint32_t node_id, const char *name, uint32_t *out)
         epochs = e;
     }
     *out = e->count++;
+    e->live = true;
 out:
     pthread_mutex_unlock(&epoch_lock);
     return rc;
+}
+
+static void epoch_release(uint32_t node_id, const char *name)
+{
+    pthread_mutex_lock(&epoch_lock);
+    for (struct epoch_ent *e = epochs; e; e = e->next)
+        if (e->node_id == node_id && !strcmp(e->name, name))
+            e->live = false;
+    pthread_mutex_unlock(&epoch_lock);
 }
 
 /* ---- rank and size -------------------------------------------------------------- */
@@ -494,7 +512,10 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cond, NULL);
     if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {
-        rc = cfx__err(rc, "group %s: out of memory", name);
+        rc = rc == CFX_ERR_EXISTS
+                 ? cfx__err(rc, "group %s already exists on node %u: destroy it before "
+                            "creating it again", name, ctx->node_id)
+                 : cfx__err(rc, "group %s: out of memory", name);
         goto err_destroy_sync;
     }
 
@@ -541,6 +562,7 @@ err_withdraw:
     for (int i = 0; i < g->nheld; i++)
         cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
     free(g->held);
+    epoch_release(ctx->node_id, g->name);
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
@@ -569,6 +591,7 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx_buf_free(g->ctx, g->scratch);
     cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
+    epoch_release(g->ctx->node_id, g->name);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g->ids);

@@ -219,6 +219,12 @@ static void transports_close(struct cfx_context *ctx)
 
 int cfx_context_create(const struct cfx_context_params *params, struct cfx_context **out)
 {
+    return cfx__context_create_flags(params, 0, out);
+}
+
+int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t node_flags,
+                              struct cfx_context **out)
+{
     struct cfx_context *ctx;
     int rc;
 
@@ -262,6 +268,9 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
     ctx->self.pid = (uint32_t)getpid();
     copy_str(ctx->self.name, sizeof(ctx->self.name), ctx->cfg.name);
     host_id_read(ctx->self.host_id, sizeof(ctx->self.host_id));
+    if (gethostname(ctx->self.host, sizeof(ctx->self.host) - 1) != 0)
+        copy_str(ctx->self.host, sizeof(ctx->self.host), "localhost");
+    ctx->self.flags = node_flags & CFX_NODE_F_OBSERVER;
     for (int t = 0; t < ctx->ntp && t < CFX_NODE_ADDRS_MAX; t++) {
         struct cfx_node_addr *a = &ctx->self.addr[ctx->self.naddr++];
         copy_str(a->tp, sizeof(a->tp), ctx->tp[t].ops->name);
@@ -300,6 +309,7 @@ int cfx_context_create(const struct cfx_context_params *params, struct cfx_conte
         CFX_LOG(INFO, INIT, "joined %s as node %u; effective configuration:\n%s",
                 ctx->cfg.coord, ctx->node_id, cfgtxt);
     }
+    cfx__err_clear(); /* transports skipped or coordinator retries on the way */
     *out = ctx;
     return CFX_OK;
 
@@ -410,6 +420,7 @@ uint32_t cfx_context_node_id(const struct cfx_context *ctx)
 
 int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
 {
+    cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_context_stats: NULL argument");
     pthread_mutex_lock(&ctx->lock);
@@ -420,6 +431,7 @@ int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
 
 int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
 {
+    cfx__err_clear();
     if (!ctx || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "cfx_context_config: NULL argument");
     char tps[64] = "";

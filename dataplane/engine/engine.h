@@ -546,6 +546,12 @@ int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *
                            void **buf_out, size_t *size_out, const struct cfx_obj_params *params,
                            struct cfx__get_watch *w);
 
+/* context.c: cfx_context_create() with CFX_NODE_F_* flags for the member
+ * record (CFX_NODE_F_OBSERVER: a tool's context, such as rdmactl ps, that
+ * rdmactl nodes does not list by default). */
+int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t node_flags,
+                              struct cfx_context **out);
+
 /* progress.c */
 int cfx__progress_start(struct cfx_context *ctx);
 void cfx__progress_stop(struct cfx_context *ctx);

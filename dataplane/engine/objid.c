@@ -1,5 +1,6 @@
 /* Object ids: named (SHA-1 of a name), generated, hex. */
 #include "engine.h"
+#include "objname.h"
 
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -8,14 +9,17 @@
 
 int cfx_object_id_from_name(const char *name, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!name || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_object_id_from_name: NULL argument");
     SHA1((const unsigned char *)name, strlen(name), out->bytes);
+    cfx__objname_remember(out, name); /* a put of this id will name it */
     return CFX_OK;
 }
 
 int cfx_object_id_generate(struct cfx_context *ctx, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_object_id_generate: NULL argument");
     pthread_mutex_lock(&ctx->lock);
@@ -59,6 +63,7 @@ static int hexval(char c)
 
 int cfx_object_id_from_hex(const char *hex, struct cfx_object_id *out)
 {
+    cfx__err_clear();
     if (!hex || !out || strlen(hex) != 2 * CFX_OBJECT_ID_LEN)
         return cfx__err(CFX_ERR_INVALID, "object id must be %d hex digits", 2 * CFX_OBJECT_ID_LEN);
     for (int i = 0; i < CFX_OBJECT_ID_LEN; i++) {

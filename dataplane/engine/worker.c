@@ -112,6 +112,7 @@ int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id, void *bu
 
 int cfx_request_test(struct cfx_request *req)
 {
+    cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_test: NULL request");
     pthread_mutex_lock(&req->ctx->lock);
@@ -122,6 +123,7 @@ int cfx_request_test(struct cfx_request *req)
 
 int cfx_request_wait(struct cfx_request *req, int timeout_ms)
 {
+    cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_wait: NULL request");
     struct cfx_context *ctx = req->ctx;

@@ -528,6 +528,7 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
 
 int cfx_ps_stats(struct cfx_ps *ps, struct cfx_ps_stats *out)
 {
+    cfx__err_clear();
     if (!ps || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_stats: NULL argument");
     pthread_mutex_lock(&ps->lock);
@@ -538,6 +539,7 @@ int cfx_ps_stats(struct cfx_ps *ps, struct cfx_ps_stats *out)
 
 int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us)
 {
+    cfx__err_clear();
     if (!ps || ps->role != CFX_PS_SERVER)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_server_set_delay: not a server handle");
     pthread_mutex_lock(&ps->lock);

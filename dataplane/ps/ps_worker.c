@@ -702,6 +702,7 @@ int cfx_ps_ipushpull(struct cfx_ps *ps, int key, const void *grad, void *out,
 
 int cfx_ps_test(struct cfx_ps_request *req)
 {
+    cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
     pthread_mutex_lock(&req->ps->lock);
@@ -714,6 +715,7 @@ int cfx_ps_test(struct cfx_ps_request *req)
 
 int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms)
 {
+    cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
     struct cfx_ps *ps = req->ps;

@@ -76,6 +76,7 @@ const char *cfx_redop_name(enum cfx_redop op)
 
 int cfx_dtype_from_name(const char *name, enum cfx_dtype *out)
 {
+    cfx__err_clear();
     if (!name || !out)
         return cfx__err(CFX_ERR_INVALID, "dtype name: NULL argument");
     for (size_t i = 0; i < CFX_ARRAY_SIZE(dtype_aliases); i++) {
@@ -89,6 +90,7 @@ int cfx_dtype_from_name(const char *name, enum cfx_dtype *out)
 
 int cfx_redop_from_name(const char *name, enum cfx_redop *out)
 {
+    cfx__err_clear();
     if (!name || !out)
         return cfx__err(CFX_ERR_INVALID, "reduction op name: NULL argument");
     for (size_t i = 0; i < CFX_ARRAY_SIZE(redop_aliases); i++) {
@@ -238,6 +240,7 @@ cfx__reduce_fn cfx__reduce_kernel(enum cfx_dtype dtype, enum cfx_redop op)
 int cfx_reduce3(void *dst, const void *a, const void *b, size_t count, enum cfx_dtype dtype,
                 enum cfx_redop op)
 {
+    cfx__err_clear();
     if (unlikely((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST))
         return cfx__err(CFX_ERR_INVALID, "reduce: unknown dtype %d or op %d", (int)dtype, (int)op);
     if (unlikely(count == 0))

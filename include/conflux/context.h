@@ -22,7 +22,7 @@ struct cfx_context;
 enum cfx_context_param_field {
     CFX_CTX_PARAM_COORD      = 1u << 0, /* coordinator "host:port" */
     CFX_CTX_PARAM_TOKEN      = 1u << 1, /* cluster token */
-    CFX_CTX_PARAM_TRANSPORTS = 1u << 2, /* preference list "shm,tcp" */
+    CFX_CTX_PARAM_TRANSPORTS = 1u << 2, /* preference list, e.g. "shm,tcp" */
     CFX_CTX_PARAM_CHUNK_SIZE = 1u << 3, /* fixed chunk size in bytes */
     CFX_CTX_PARAM_TIMEOUT    = 1u << 4, /* default deadline in ms */
     CFX_CTX_PARAM_NAME       = 1u << 5, /* node name shown by rdmactl */
@@ -33,7 +33,9 @@ struct cfx_context_params {
     uint64_t field_mask;    /* which of the fields below are set */
     const char *coord;      /* "host:port"; default $CFX_COORD */
     const char *token;      /* cluster token; default $CFX_TOKEN or $CFX_TOKEN_FILE */
-    const char *transports; /* comma list, e.g. "tcp"; default $CFX_TRANSPORT or "shm,tcp" */
+    const char *transports; /* comma list, e.g. "tcp"; default $CFX_TRANSPORT or
+                             * "shm,verbs,tcp" (those this build and host lack are
+                             * skipped) */
     size_t chunk_size;      /* 0 = follow object size; default $CFX_CHUNK_SIZE */
     int timeout_ms;         /* default deadline; default $CFX_TIMEOUT_MS or 30000 */
     const char *name;       /* node name; default hostname:pid */
@@ -42,13 +44,16 @@ struct cfx_context_params {
 
 /**
  * Join a cluster: connect and authenticate to the coordinator, start the
- * progress engine and the transports, and register this node.
+ * progress engine and the transports, and register this node.  A coordinator
+ * that is not up yet (connection refused) is retried with backoff until the
+ * deadline (timeout_ms), so processes may start in any order.
  *
  * @param params  NULL or a params struct; unset fields come from CFX_* variables.
  * @param out     receives the context; owned by the caller, released with
  *                cfx_context_destroy().
  * @return CFX_OK; CFX_ERR_INVALID when no coordinator is configured;
- *         CFX_ERR_CONNECT, CFX_ERR_AUTH, CFX_ERR_TIMEOUT, CFX_ERR_VERSION.
+ *         CFX_ERR_CONNECT (no coordinator answered by the deadline),
+ *         CFX_ERR_AUTH, CFX_ERR_TIMEOUT, CFX_ERR_VERSION.
  *         cfx_last_error() says which coordinator and why.
  */
 CFX_API int cfx_context_create(const struct cfx_context_params *params,

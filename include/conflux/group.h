@@ -58,7 +58,9 @@ struct cfx_group_params {
  *
  * @return CFX_OK; CFX_ERR_INVALID (no rank/size found, rank out of range);
  *         CFX_ERR_TIMEOUT naming the ranks that did not join;
- *         CFX_ERR_EXISTS when another process already joined as this rank.
+ *         CFX_ERR_EXISTS when another process already joined as this rank, or
+ *         when this context already has a group of this name (until
+ *         cfx_group_destroy() of that one).
  */
 CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
                              struct cfx_group **out);

@@ -55,7 +55,8 @@ CFX_API const char *cfx_errname(int status);
 /**
  * Detail of the last error raised by the library on the calling thread: what
  * was waited for, on which node, and why.  Valid until the next library call
- * on this thread.  Empty string when there is none.
+ * on this thread: every call that returns a status clears it first, so after
+ * one that returned CFX_OK it is the empty string.
  */
 CFX_API const char *cfx_last_error(void);
 

@@ -105,6 +105,9 @@ static void proto(void)
     put("fuzz_proto", "put_inline", buf, enc(&m, buf, sizeof(buf)));
     m.u.put.durable = 1;
     put("fuzz_proto", "put_durable", buf, enc(&m, buf, sizeof(buf)));
+    m.u.put.durable = 0;
+    snprintf(m.u.put.name, sizeof(m.u.put.name), "model/weights");
+    put("fuzz_proto", "put_named", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_OBJ_LOOKUP;

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Install a built tree into a scratch prefix and build an outside project
-# against it, two ways: CMake's find_package(conflux) and pkg-config.
+# against it, four ways: CMake's find_package(conflux) with conflux::conflux
+# and conflux::conflux_static, and pkg-config, shared and --static.
 #
 #   test/install/check-install.sh SRC_DIR BUILD_DIR
 #
-# Checks: both builds succeed and run; libconflux.so has SONAME
+# Checks: every build succeeds and runs (the static ones too, with no GPU or
+# driver: the CUDA runtime finds the driver only at first use); the
+# installed package files name no library by the build machine's absolute
+# path; libconflux.so has SONAME
 # libconflux.so.0; the public headers compile on their own; the shared
 # library exports only cfx_* symbols.  Exits non-zero with a message naming
 # the failed check.
@@ -102,5 +106,45 @@ cc -std=c11 -Wall -Wextra -Werror "${san_flags[@]}" -o "$tmp/example-pc" "$examp
 readelf -d "$tmp/example-pc" | grep -q 'NEEDED.*\[libconflux.so.0\]' ||
     fail "the pkg-config build does not depend on libconflux.so.0"
 LD_LIBRARY_PATH=$libdir "$tmp/example-pc" || fail "the example built with pkg-config exited with status $?"
+
+# ---- 3. pkg-config --static: libconflux.a and everything it needs --------------------
+step "building the example statically with pkg-config --static"
+pc_static=$(pkg-config --static --libs conflux) || fail "pkg-config --static --libs conflux"
+# -lconflux would pick the shared library: name the archive instead.
+pc_static_flags=()
+for f in $pc_static; do
+    if [[ $f == -lconflux ]]; then
+        pc_static_flags+=("$libdir/libconflux.a")
+    else
+        pc_static_flags+=("$f")
+    fi
+done
+[[ -f $libdir/libconflux.a ]] || fail "libconflux.a not installed"
+# shellcheck disable=SC2046 # the flags are meant to be split
+cc -std=c11 -Wall -Wextra -Werror "${san_flags[@]}" -o "$tmp/example-pc-static" \
+    "$example/example.c" $(pkg-config --cflags conflux) "${pc_static_flags[@]}" \
+    >"$tmp/pc-static.log" 2>&1 ||
+    { head -c 4000 "$tmp/pc-static.log" >&2
+      fail "linking the example statically with: cc \$(pkg-config --static --libs conflux)" \
+          "($(grep -c 'undefined reference' "$tmp/pc-static.log") undefined references)"; }
+if readelf -d "$tmp/example-pc-static" | grep -q 'NEEDED.*\[libconflux'; then
+    fail "the static pkg-config build still depends on a shared libconflux"
+fi
+"$tmp/example-pc-static" || fail "the example linked with pkg-config --static exited with status $?"
+
+# ---- 4. CMake: conflux::conflux_static ------------------------------------------------
+step "building the example with conflux::conflux_static"
+cmake -S "$example" -B "$tmp/cmake-static" -DCMAKE_PREFIX_PATH="$prefix" -DEXAMPLE_STATIC=ON \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS="${san_flags[*]}" >"$tmp/cmake-static.log" 2>&1 ||
+    { cat "$tmp/cmake-static.log" >&2; fail "configuring the example with conflux::conflux_static"; }
+cmake --build "$tmp/cmake-static" >>"$tmp/cmake-static.log" 2>&1 ||
+    { head -c 4000 "$tmp/cmake-static.log" >&2; fail "building the example with conflux::conflux_static"; }
+"$tmp/cmake-static/example" || fail "the example linked with conflux::conflux_static exited with status $?"
+
+# ---- the package files name no library by an absolute path of this machine ---------
+# (the build machine's CUDA or rdma-core location is not the user's)
+bad=$(grep -n -E '(^|[";[:space:]])/[^";[:space:]]*\.(a|so)([";[:space:]]|$)' \
+    "$libdir"/cmake/conflux/*.cmake || true)
+[[ -z $bad ]] || fail "the installed CMake package names libraries by absolute path: $bad"
 
 step "OK"

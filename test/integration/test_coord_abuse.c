@@ -17,6 +17,8 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include <conflux/object.h>
+
 #include "control/client.h"
 #include "coord_child.h"
 #include "testutil.h"
@@ -436,4 +438,95 @@ Test(coord_abuse, wrong_token_refused_and_logged_without_the_token)
     cr_assert(cfx_test_file_contains(logpath, "refused 127.0.0.1:"), "refusal not logged with the address");
     cr_assert(!cfx_test_file_contains(logpath, wrong), "the wrong token appears in the log");
     cr_assert(!cfx_test_file_contains(logpath, token), "the token appears in the log");
+}
+
+/* ---- rdmactl shows what peers said, escaped; workers only by default -------- */
+
+/* stdout of `rdmactl --coord ... ARGS` into @p out; returns its exit status. */
+static int rdmactl(const char *args, char *out, size_t cap)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/rdmactl --coord %s --token %s %s", CFX_BIN_DIR, cc.addr,
+             token, args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static struct cfx_ctl *node_as(const char *name, const char *host, uint8_t flags)
+{
+    struct cfx_node_rec self;
+    struct cfx_ctl *ctl;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "%s", name);
+    snprintf(self.host, sizeof(self.host), "%s", host);
+    snprintf(self.host_id, sizeof(self.host_id), "boot-id-not-for-people");
+    self.pid = (uint32_t)getpid();
+    self.flags = flags;
+    struct cfx_ctl_params p = { .coord = cc.addr, .token = token, .role = CFX_CTL_ROLE_NODE,
+                                .self = &self, .timeout_ms = 5000 };
+    cr_assert_eq(cfx__ctl_open(&p, &ctl), CFX_OK, "%s", cfx_last_error());
+    return ctl;
+}
+
+Test(coord_abuse, rdmactl_lists_workers_by_host_name_and_escapes_peer_names)
+{
+    static char out[65536];
+    struct cfx_ctl *good = node_as("good-node", "host-a.example", 0);
+    struct cfx_ctl *evil = node_as("evil\x1b[2J", "evil\x1b]0;pwned\x07host", 0);
+    struct cfx_ctl *tool = node_as("observer-tool", "host-a.example", CFX_NODE_F_OBSERVER);
+    struct cfx_ctl *gone = node_as("gone-node", "host-b.example", 0);
+    struct cfx_object_id id, id2;
+    cr_assert_eq(cfx_object_id_from_name("model/\x1b[31mweights", &id), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(evil, &id, 5, 4096, "hello", cfx__deadline_ns(HANG_MS)),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_object_id_from_name("run/cfg", &id2), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(good, &id2, 5, 4096, "hello", cfx__deadline_ns(HANG_MS)),
+                 CFX_OK, "%s", cfx_last_error());
+    cfx__ctl_close(gone);
+
+    /* --all: the node that left (once the coordinator has seen it go) and the observer */
+    int left_seen = 0;
+    for (int i = 0; i < 200 && !left_seen; i++) {
+        cr_assert_eq(rdmactl("nodes --all", out, sizeof(out)), 0, "%s", out);
+        left_seen = strstr(out, "left") != NULL;
+        if (!left_seen)
+            poll(NULL, 0, 25);
+    }
+    cr_assert(left_seen, "rdmactl nodes --all does not show the node that left:\n%s", out);
+    cr_assert(strstr(out, "gone-node") && strstr(out, "observer-tool") &&
+              strstr(out, "alive*"), "%s", out);
+
+    /* default: alive workers only, by host name; peers' bytes escaped */
+    cr_assert_eq(rdmactl("nodes", out, sizeof(out)), 0, "%s", out);
+    cr_log_info("rdmactl nodes:\n%s", out);
+    cr_assert(strstr(out, "good-node") && strstr(out, "host-a.example"), "%s", out);
+    cr_assert(!strstr(out, "gone-node"), "a node that left is listed by default:\n%s", out);
+    cr_assert(!strstr(out, "observer-tool"), "an observer is listed by default:\n%s", out);
+    cr_assert(!strstr(out, "boot-id-not-for-people"), "HOST shows the host id:\n%s", out);
+    cr_assert(strstr(out, "evil\\x1b[2J"), "the evil name is not shown escaped:\n%s", out);
+    cr_assert(strstr(out, "evil\\x1b]0;pwned\\x07host"), "%s", out);
+    cr_assert(!strchr(out, 0x1b) && !strchr(out, 0x07), "raw control bytes reach the terminal");
+
+    /* objects by name */
+    cr_assert_eq(rdmactl("objects", out, sizeof(out)), 0, "%s", out);
+    cr_log_info("rdmactl objects:\n%s", out);
+    cr_assert(strstr(out, "run/cfg"), "%s", out);
+    cr_assert(strstr(out, "model/\\x1b[31mweights"), "%s", out);
+    cr_assert(!strchr(out, 0x1b), "raw control bytes reach the terminal");
+    cr_assert_eq(rdmactl("--json objects", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"name\":\"model/\\u001b[31mweights\""), "%s", out);
+    cr_assert_eq(rdmactl("--json nodes", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"host\":\"host-a.example\"") &&
+              strstr(out, "\"host_id\":\"boot-id-not-for-people\"") &&
+              !strstr(out, "observer-tool"),
+              "%s", out);
+    cr_assert_eq(rdmactl("nodes --bogus", out, sizeof(out)), 2);
+
+    cfx__ctl_close(tool);
+    cfx__ctl_close(evil);
+    cfx__ctl_close(good);
 }

@@ -11,7 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -224,4 +228,54 @@ ParameterizedTestParameters(objects, reduce_relay)
 ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
 {
     run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
+}
+
+/* A TCP port nothing listens on now (bound to 0, read, closed). */
+static int free_port(void)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* cfx_get_bw with another -s on the client than on the server: the client
+ * finds the server's object and says the sizes differ (it used to wait out
+ * its deadline for an object named after its own size, "no node put it"). */
+Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
+{
+    static const char *const sizes[][2] = { { "64K", "256K" }, { "256K", "64K" } };
+    for (int k = 0; k < 2; k++) {
+        char out[256], cmd[2048];
+        int port = free_port();
+        snprintf(out, sizeof(out), "/tmp/cfx-getbw-%d-%d.err", (int)getpid(), k);
+        snprintf(cmd, sizeof(cmd),
+                 "CFX_TOKEN=getbw-test CFX_TIMEOUT_MS=60000; export CFX_TOKEN CFX_TIMEOUT_MS; "
+                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s >/dev/null 2>&1 & srv=$!; "
+                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s 127.0.0.1 >/dev/null 2>%s;"
+                 " st=$?; wait $srv; exit $st",
+                 CFX_BIN_DIR, port, sizes[k][0], CFX_BIN_DIR, port, sizes[k][1], out);
+        cr_log_info("%s", cmd);
+        int st = system(cmd);
+        cr_assert(st != -1);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        FILE *f = fopen(out, "r");
+        char err[4096] = "";
+        if (f) {
+            size_t n = fread(err, 1, sizeof(err) - 1, f);
+            err[n] = '\0';
+            fclose(f);
+        }
+        unlink(out);
+        cr_assert_eq(code, 1, "client -s %s against server -s %s exited %d: %s", sizes[k][1],
+                     sizes[k][0], code, err);
+        cr_assert(strstr(err, "size mismatch") && strstr(err, "same -s"),
+                  "client -s %s against server -s %s: %s", sizes[k][1], sizes[k][0], err);
+        const char *want = k == 0 ? "65536 bytes" : "262144 bytes";
+        cr_assert(strstr(err, want), "the server's size is not named: %s", err);
+    }
 }

@@ -435,6 +435,37 @@ Test(coll_group, size_one_and_count_zero, .timeout = 60)
     down(1);
 }
 
+/* A second group of the same name on one context is refused until the first
+ * is destroyed; another name, or the same name after the destroy, works. */
+Test(coll_group, same_name_twice, .timeout = 60)
+{
+    up("tcp", 1);
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE,
+        .name = "twice", .rank = 0, .size = 1,
+    };
+    struct cfx_group *g1 = NULL, *g2 = NULL, *g3 = NULL;
+    cr_assert_eq(cfx_group_create(ctxs[0], &gp, &g1), CFX_OK, "%s", cfx_last_error());
+    int rc = cfx_group_create(ctxs[0], &gp, &g2);
+    cr_assert_eq(rc, CFX_ERR_EXISTS, "second create of 'twice': %s", cfx_errname(rc));
+    cr_assert_null(g2, "a failed create hands out no group");
+    cr_assert(strstr(cfx_last_error(), "twice") && strstr(cfx_last_error(), "exists"),
+              "error names the group: '%s'", cfx_last_error());
+    /* the first one still works */
+    int32_t v = 7, r = 0;
+    cr_assert_eq(cfx_group_allreduce(g1, &v, &r, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL), CFX_OK);
+    cr_assert_eq(r, 7);
+    gp.name = "other";
+    cr_assert_eq(cfx_group_create(ctxs[0], &gp, &g3), CFX_OK, "%s", cfx_last_error());
+    cfx_group_destroy(g3);
+    cfx_group_destroy(g1);
+    gp.name = "twice";
+    cr_assert_eq(cfx_group_create(ctxs[0], &gp, &g2), CFX_OK, "after destroy: %s",
+                 cfx_last_error());
+    cfx_group_destroy(g2);
+    down(1);
+}
+
 /* Rank and size from the launcher variables, in the documented order. */
 Test(coll_group, rank_from_environment, .timeout = 60)
 {

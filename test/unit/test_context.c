@@ -7,7 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
@@ -89,7 +95,58 @@ Test(context, no_coordinator)
     };
     int rc = cfx_context_create(&p, &a);
     cr_assert_eq(rc, CFX_ERR_CONNECT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "127.0.0.1:1"), "error does not name the coordinator: %s",
+              cfx_last_error());
+    cr_assert_null(a);
     cr_assert_eq(cfx_context_create(NULL, NULL), CFX_ERR_INVALID);
+}
+
+struct late_coord {
+    uint16_t port;
+    struct cfx_coord *coord;
+    int rc;
+};
+
+static void *late_coord_main(void *arg)
+{
+    struct late_coord *lc = arg;
+    /* the joiner below is already being refused by now */
+    poll(NULL, 0, 300);
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = lc->port, .token = token };
+    lc->rc = cfx__coord_start(&p, &lc->coord);
+    return NULL;
+}
+
+/* A process started before its coordinator waits for it (until its
+ * deadline) instead of failing on the first refused connection. */
+Test(context, coordinator_started_late)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd); /* a free port that nothing listens on, until the thread starts */
+    struct late_coord lc = { .port = ntohs(sa.sin_port) };
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", lc.port);
+
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, late_coord_main, &lc), 0);
+    struct cfx_context *a = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
+        .coord = addr, .token = token, .timeout_ms = 30000,
+    };
+    int rc = cfx_context_create(&p, &a);
+    pthread_join(th, NULL);
+    cr_assert_eq(lc.rc, CFX_OK, "late coordinator on port %u did not start", lc.port);
+    cr_assert_eq(rc, CFX_OK, "joining a coordinator that came up late: %s: %s",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_str_empty(cfx_last_error(), "a successful create leaves no error behind");
+    cfx_context_destroy(a);
+    cfx__coord_stop(lc.coord);
 }
 
 Test(context, unknown_transport)
@@ -179,6 +236,149 @@ Test(context, object_ids)
     cr_assert_eq(cfx_object_id_from_hex("xyz", &b), CFX_ERR_INVALID);
     cr_assert_eq(cfx_object_id_from_hex("zz00000000000000000000000000000000000000", &b),
                  CFX_ERR_INVALID);
+}
+
+/* A call that succeeds leaves no stale error text from an earlier failure
+ * (status.h: every call that returns a status clears it). */
+Test(context, last_error_cleared_by_success)
+{
+    struct cfx_context *a;
+    struct cfx_object_id id;
+    enum cfx_dtype dt;
+    enum cfx_redop op;
+    char buf[2048];
+    struct cfx_context_stats st;
+    int32_t x = 1, y = 2;
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+#define FAIL_THEN(call)                                                                      \
+    do {                                                                                     \
+        cr_assert_eq(cfx_object_id_from_hex("xyz", &id), CFX_ERR_INVALID);                   \
+        cr_assert_str_not_empty(cfx_last_error());                                           \
+        cr_assert_geq((call), 0, "%s", #call);                                               \
+        cr_assert_str_empty(cfx_last_error(), "%s left '%s'", #call, cfx_last_error());      \
+    } while (0)
+    FAIL_THEN(cfx_object_id_from_name("fine", &id));
+    FAIL_THEN(cfx_object_id_generate(a, &id));
+    FAIL_THEN(cfx_object_id_from_hex("00112233445566778899aabbccddeeff00112233", &id));
+    FAIL_THEN(cfx_dtype_from_name("f32", &dt));
+    FAIL_THEN(cfx_redop_from_name("sum", &op));
+    FAIL_THEN(cfx_reduce(&x, &y, 1, CFX_DTYPE_I32, CFX_OP_SUM));
+    FAIL_THEN(cfx_context_config(a, buf, sizeof(buf)));
+    FAIL_THEN(cfx_context_stats(a, &st));
+    uint8_t v[16] = { 1 };
+    cfx_object_id_from_name("last-error", &id);
+    FAIL_THEN(cfx_put(a, &id, v, sizeof(v), NULL));
+    struct cfx_request *req = NULL;
+    cr_assert_eq(cfx_get_nb(a, &id, buf, sizeof(buf), NULL, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    FAIL_THEN(cfx_request_wait(req, 10000));
+    FAIL_THEN(cfx_request_test(req));
+    cfx_request_free(req);
+    FAIL_THEN(cfx_delete(a, &id, NULL));
+#undef FAIL_THEN
+    cfx_context_destroy(a);
+}
+
+static struct cfx_ctl *admin_open(void)
+{
+    struct cfx_ctl *adm = NULL;
+    struct cfx_ctl_params p = { .coord = coord_addr, .token = token,
+                                .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = 5000 };
+    cr_assert_eq(cfx__ctl_open(&p, &adm), CFX_OK, "%s", cfx_last_error());
+    return adm;
+}
+
+static const struct cfx_ctl_obj_rec *obj_listed(const struct cfx_ctl_obj_rec *v, size_t n,
+                                                const struct cfx_object_id *id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(v[i].id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return &v[i];
+    return NULL;
+}
+
+/* The directory knows the name an object id was made from
+ * (cfx_object_id_from_name), capped in length, byte for byte; a generated
+ * id has none.  Small and data-plane objects alike. */
+Test(context, objects_carry_their_names)
+{
+    struct cfx_context *a;
+    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    static uint8_t big[200000], small[100];
+    memset(big, 'B', sizeof(big));
+    memset(small, 'A', sizeof(small));
+    char longname[200], oddname[] = "run/\x1b[31mred\x07";
+    memset(longname, 'n', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    struct cfx_object_id cfg, weights, lng, odd, gen;
+    cr_assert_eq(cfx_object_id_from_name("run/cfg", &cfg), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name("model/weights", &weights), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name(longname, &lng), CFX_OK);
+    cr_assert_eq(cfx_object_id_from_name(oddname, &odd), CFX_OK);
+    cr_assert_eq(cfx_object_id_generate(a, &gen), CFX_OK);
+    cr_assert_eq(cfx_put(a, &cfg, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &weights, big, sizeof(big), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &lng, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &odd, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &gen, small, sizeof(small), NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_ctl *adm = admin_open();
+    struct cfx_ctl_obj_rec *objs = NULL;
+    size_t n = 0;
+    const struct cfx_ctl_obj_rec *o;
+    /* the put of the large object is announced from the progress thread */
+    uint64_t t0 = cfx__now_ns();
+    do {
+        free(objs);
+        cr_assert_eq(cfx__ctl_objects(adm, &objs, &n, cfx__deadline_ns(5000)), CFX_OK, "%s",
+                     cfx_last_error());
+    } while (!obj_listed(objs, n, &weights) && cfx__now_ns() - t0 < 20000000000ull &&
+             poll(NULL, 0, 10) == 0);
+    cr_assert_not_null(o = obj_listed(objs, n, &cfg));
+    cr_assert_str_eq(o->name, "run/cfg");
+    cr_assert_not_null(o = obj_listed(objs, n, &weights));
+    cr_assert_str_eq(o->name, "model/weights");
+    cr_assert_eq(o->is_inline, 0);
+    cr_assert_not_null(o = obj_listed(objs, n, &lng));
+    cr_assert_eq(strlen(o->name), CFX_OBJ_NAME_MAX, "a long name is cut");
+    cr_assert(!strncmp(o->name, longname, CFX_OBJ_NAME_MAX));
+    cr_assert_not_null(o = obj_listed(objs, n, &odd));
+    cr_assert_str_eq(o->name, oddname, "the bytes are kept; printers escape them");
+    cr_assert_not_null(o = obj_listed(objs, n, &gen));
+    cr_assert_str_empty(o->name);
+    free(objs);
+
+    /* the member record: the host name for people, the host id for shm */
+    struct cfx_node_rec rec;
+    char host[CFX_HOST_NAME_MAX] = "";
+    gethostname(host, sizeof(host) - 1);
+    cr_assert_eq(cfx__ctl_node_get(adm, cfx_context_node_id(a), &rec, cfx__deadline_ns(5000)),
+                 CFX_OK);
+    cr_assert_str_eq(rec.host, host);
+    cr_assert_str_eq(rec.host_id, a->self.host_id);
+    cr_assert_eq(rec.flags, 0);
+    cfx__ctl_close(adm);
+    cfx_context_destroy(a);
+}
+
+/* A tool's context (rdmactl ps) joins as an observer. */
+Test(context, observer_context_is_marked)
+{
+    struct cfx_context *t;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
+        .coord = coord_addr, .token = token, .name = "a-tool",
+    };
+    cr_assert_eq(cfx__context_create_flags(&p, CFX_NODE_F_OBSERVER, &t), CFX_OK, "%s",
+                 cfx_last_error());
+    struct cfx_ctl *adm = admin_open();
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(adm, cfx_context_node_id(t), &rec, cfx__deadline_ns(5000)),
+                 CFX_OK);
+    cr_assert_str_eq(rec.name, "a-tool");
+    cr_assert_eq(rec.flags, CFX_NODE_F_OBSERVER);
+    cfx__ctl_close(adm);
+    cfx_context_destroy(t);
 }
 
 /* An arena buffer and the inode of the memfd behind it. */

@@ -82,6 +82,8 @@ static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
     }
 }
 
+static uint32_t dead_keep_ms; /* 0: the coordinator's default */
+
 static void start_coord(void)
 {
     struct cfx_coord_params p = {
@@ -93,6 +95,7 @@ static void start_coord(void)
         .fanout = FANOUT,
         .auth_timeout_ms = AUTH_MS,
         .stall_timeout_ms = STALL_MS,
+        .dead_keep_ms = dead_keep_ms,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -123,6 +126,7 @@ static int open_node_tok(const char *name, const char *tok, struct deaths *d,
     memset(&self, 0, sizeof(self));
     snprintf(self.name, sizeof(self.name), "%s", name);
     snprintf(self.host_id, sizeof(self.host_id), "test-host");
+    snprintf(self.host, sizeof(self.host), "host-of-%s", name);
     self.pid = (uint32_t)getpid();
     self.naddr = 1;
     snprintf(self.addr[0].tp, sizeof(self.addr[0].tp), "tcp");
@@ -948,4 +952,102 @@ Test(coord, listings_paginate)
     }
     free(objs);
     cfx__ctl_close(a);
+}
+
+/* The record of @p id in a fresh listing, or NULL (*recs to free). */
+static const struct cfx_node_rec *listed(struct cfx_ctl *adm, uint32_t id,
+                                         struct cfx_node_rec **recs)
+{
+    size_t n = 0;
+    *recs = NULL;
+    cr_assert_eq(cfx__ctl_nodes(adm, recs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    for (size_t i = 0; i < n; i++)
+        if ((*recs)[i].node_id == id)
+            return &(*recs)[i];
+    return NULL;
+}
+
+/* Dead members are listed for dead_keep_ms after death (a node that left
+ * says so), then forgotten; live ones stay.  Node records carry the host
+ * name and the observer flag the member gave; admin connections are no
+ * members at all. */
+Test(coord, dead_nodes_are_forgotten_after_dead_keep_ms)
+{
+    cfx__coord_stop(coord);
+    dead_keep_ms = 400;
+    start_coord();
+
+    struct cfx_ctl *stays = open_node("stays", NULL), *leaves = open_node("leaves", NULL);
+    struct cfx_ctl *adm = open_admin();
+    uint32_t id_stays = cfx__ctl_node_id(stays), id_leaves = cfx__ctl_node_id(leaves), id_killed;
+    pid_t pid = spawn_child_node(&id_killed);
+
+    /* an observer says so in its record */
+    struct cfx_node_rec self;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "tool");
+    snprintf(self.host, sizeof(self.host), "tool-host");
+    self.flags = CFX_NODE_F_OBSERVER | CFX_NODE_F_LEFT; /* LEFT is the coordinator's to say */
+    struct cfx_ctl_params op = { .coord = addr, .token = token, .role = CFX_CTL_ROLE_NODE,
+                                 .self = &self, .timeout_ms = CALL_MS };
+    struct cfx_ctl *obs = NULL;
+    cr_assert_eq(cfx__ctl_open(&op, &obs), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_node_rec *recs;
+    size_t n = 0;
+    cr_assert_eq(cfx__ctl_nodes(adm, &recs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(n, 4, "members only, not the admin connection: %zu", n);
+    free(recs);
+    const struct cfx_node_rec *r = listed(adm, id_stays, &recs);
+    cr_assert_not_null(r);
+    cr_assert_str_eq(r->host, "host-of-stays");
+    cr_assert_eq(r->flags, 0);
+    free(recs);
+    r = listed(adm, cfx__ctl_node_id(obs), &recs);
+    cr_assert_not_null(r);
+    cr_assert_str_eq(r->host, "tool-host");
+    cr_assert_eq(r->flags, CFX_NODE_F_OBSERVER);
+    free(recs);
+
+    /* one leaves in good order, one is killed */
+    cfx__ctl_close(leaves);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+
+    /* until both are forgotten: the deadline only ends a hang */
+    uint64_t t0 = cfx__now_ns();
+    bool left_gone = false, killed_gone = false;
+    while (ms_since(t0) < CALL_MS && !(left_gone && killed_gone)) {
+        r = listed(adm, id_leaves, &recs);
+        if (r && !r->alive)
+            cr_assert(r->flags & CFX_NODE_F_LEFT, "a node that left is marked so");
+        left_gone = !r;
+        free(recs);
+        r = listed(adm, id_killed, &recs);
+        if (r && !r->alive)
+            cr_assert(!(r->flags & CFX_NODE_F_LEFT), "a killed node did not leave");
+        killed_gone = !r;
+        free(recs);
+        poll(NULL, 0, 20);
+    }
+    cr_assert(left_gone, "node %u is still listed %llu ms after it left (dead_keep_ms %u)",
+              id_leaves, (unsigned long long)ms_since(t0), dead_keep_ms);
+    cr_assert(killed_gone, "node %u is still listed %llu ms after it was killed",
+              id_killed, (unsigned long long)ms_since(t0));
+    struct cfx_node_rec one;
+    cr_assert_eq(cfx__ctl_node_get(adm, id_leaves, &one, cfx__deadline_ns(CALL_MS)),
+                 CFX_ERR_NOT_FOUND);
+    r = listed(adm, id_stays, &recs);
+    cr_assert(r && r->alive, "a live member is never forgotten");
+    free(recs);
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(adm, &st, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(st.nodes_dead, 0, "forgotten nodes are not counted as dead");
+    cr_assert_eq(st.nodes_alive, 2);
+
+    cfx__ctl_close(obs);
+    cfx__ctl_close(adm);
+    cfx__ctl_close(stays);
+    dead_keep_ms = 0;
 }

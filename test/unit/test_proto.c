@@ -36,6 +36,8 @@ static void sample_node(struct cfx_node_rec *n, uint32_t id)
     n->addr[1].len = CFX_TP_ADDR_MAX;
     for (unsigned i = 0; i < CFX_TP_ADDR_MAX; i++)
         n->addr[1].addr[i] = (uint8_t)(i * 7 + id);
+    snprintf(n->host, sizeof(n->host), "gpu-node-%u.example", id);
+    n->flags = (uint8_t)(id & 1 ? CFX_NODE_F_OBSERVER : CFX_NODE_F_LEFT);
 }
 
 static void sample_id(struct cfx_object_id *id, uint8_t seed)
@@ -59,6 +61,7 @@ static void setup(void)
         obj_recs[i].chunk_size = 65536;
         obj_recs[i].is_inline = 0;
         obj_recs[i].nholders = 2 + i;
+        snprintf(obj_recs[i].name, sizeof(obj_recs[i].name), "model/weights.%u", i);
         for (uint32_t j = 0; j < obj_recs[i].nholders; j++) {
             obj_recs[i].holders[j].node_id = j + 1;
             obj_recs[i].holders[j].complete = (uint8_t)(j == 0);
@@ -188,6 +191,8 @@ static void assert_node_eq(const struct cfx_node_rec *a, const struct cfx_node_r
     cr_assert_eq(a->alive, b->alive);
     cr_assert_eq(a->last_seen_ms, b->last_seen_ms);
     cr_assert_eq(a->naddr, b->naddr);
+    cr_assert_str_eq(a->host, b->host);
+    cr_assert_eq(a->flags, b->flags);
     for (unsigned i = 0; i < a->naddr; i++) {
         cr_assert_str_eq(a->addr[i].tp, b->addr[i].tp);
         cr_assert_eq(a->addr[i].len, b->addr[i].len);
@@ -230,6 +235,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.put.chunk_size, b->u.put.chunk_size);
         cr_assert_eq(a->u.put.has_data, b->u.put.has_data);
         cr_assert_eq(a->u.put.durable, b->u.put.durable);
+        cr_assert_str_eq(a->u.put.name, b->u.put.name);
         if (a->u.put.has_data && a->u.put.size)
             cr_assert_arr_eq(a->u.put.data, b->u.put.data, a->u.put.size);
         break;
@@ -297,6 +303,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
                 cr_assert_eq(o.size, w->size);
                 cr_assert_eq(o.chunk_size, w->chunk_size);
                 cr_assert_eq(o.nholders, w->nholders);
+                cr_assert_str_eq(o.name, w->name);
                 for (uint32_t j = 0; j < w->nholders; j++) {
                     cr_assert_eq(o.holders[j].node_id, w->holders[j].node_id);
                     cr_assert_eq(o.holders[j].complete, w->holders[j].complete);
@@ -673,4 +680,60 @@ Test(proto, random_bytes_never_decode_wrongly)
         int rc = cfx__msg_decode(frame2, n, &d);
         cr_assert_neq(rc, CFX_OK);
     }
+}
+
+/* Host name and flags travel in node records; unknown flags are refused. */
+Test(proto, node_host_and_flags)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_JOIN, &m);
+    size_t len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_str_eq(d.u.join.host, "gpu-node-3.example");
+    cr_assert_eq(d.u.join.flags, CFX_NODE_F_OBSERVER);
+    /* the flags byte ends the record */
+    PL(frame)[len - CFX_PROTO_HDR_LEN - 1] = 0x80;
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    /* an unterminated host name */
+    len = encode_ok(&m);
+    memset(PL(frame) + len - CFX_PROTO_HDR_LEN - 1 - CFX_HOST_NAME_MAX, 'h', CFX_HOST_NAME_MAX);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+}
+
+/* An object's name travels with its put: bounded, without NUL, optional. */
+Test(proto, put_name_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_OBJ_PUT, &m);
+    m.u.put.has_data = 0;
+    m.u.put.data = NULL;
+    snprintf(m.u.put.name, sizeof(m.u.put.name), "run/cfg");
+    size_t len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_str_eq(d.u.put.name, "run/cfg");
+    size_t name_at = CFX_PROTO_HDR_LEN + CFX_OBJECT_ID_LEN + 8 + 4 + 1; /* length byte */
+    cr_assert_eq(frame[name_at], 7);
+    /* NUL inside */
+    memcpy(frame2, frame, len);
+    frame2[name_at + 3] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    /* length 0 with the flag, or over the limit */
+    memcpy(frame2, frame, len);
+    frame2[name_at] = 0;
+    cr_assert_neq(cfx__msg_decode(frame2, len, &d), CFX_OK);
+    memcpy(frame2, frame, len);
+    frame2[name_at] = CFX_OBJ_NAME_MAX + 1;
+    cr_assert_neq(cfx__msg_decode(frame2, len, &d), CFX_OK);
+    /* a name at the limit round-trips; the encoder cuts a longer one */
+    memset(m.u.put.name, 'x', CFX_OBJ_NAME_MAX);
+    m.u.put.name[CFX_OBJ_NAME_MAX] = '\0';
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(strlen(d.u.put.name), CFX_OBJ_NAME_MAX);
+    /* no name: no flag, no bytes */
+    m.u.put.name[0] = '\0';
+    len = encode_ok(&m);
+    cr_assert_eq(len, name_at);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
+    cr_assert_str_empty(d.u.put.name);
 }
