@@ -18,12 +18,16 @@
  * and so on; complete copies (depth 0) still come before partial ones.
  *
  * Lifecycle.  The node that puts an id is its putter (o->putter).  The id
- * names that one object until the putter deletes it or leaves (LEAVE, a lost
- * connection, missed heartbeats): then the object goes from the directory
- * with every copy's record, inline bytes included, and lookups wait for a
- * new put.  A put of an id in the directory fails with CFX_ERR_EXISTS,
- * whoever sends it.  Another holder's delete withdraws its own copy only.
- * Durable objects are the exception: they outlive their putter (below).
+ * names that one object while a node holds a complete copy of it; inline
+ * bytes are the putter's copy, kept here for speed, not a copy of their own.
+ * The putter's delete withdraws the object with every copy's record.  When
+ * the putter leaves (LEAVE, a lost connection, missed heartbeats), nodes
+ * that got all of it keep it alive and served (what lets a get or a reduce
+ * go on at another holder); with none, it goes at once, inline bytes and
+ * partial copies included.  Another holder's delete withdraws its own copy
+ * only; the object goes with the last.  A put of an id in the directory
+ * fails with CFX_ERR_EXISTS, whoever sends it.  Durable objects outlive all
+ * holders (below).
  *
  * Durable objects.  An inline put flagged durable (group bootstrap records)
  * is also written to the state store (coord_state.c) before it is
@@ -36,8 +40,10 @@
  * holders are soft state, so a getter is a holder again once it looks the
  * object up, and the putter once it puts it again.  The putter's delete
  * counts even before that (it is the one that would otherwise be unable to
- * withdraw it).  The record goes when the object goes on an explicit delete;
- * without a state directory the flag is ignored.
+ * withdraw it).  A durable object stays without holders and after its
+ * putter left; it goes, record first, when its putter deletes it, or any
+ * holder once the putter is gone (nobody else could).  Without a state
+ * directory the flag is ignored.
  */
 #include "control/coord_int.h"
 
@@ -198,17 +204,29 @@ static void obj_drop(struct cfx_coord *co, struct coord_obj *o)
 }
 
 /* An object without holders goes, except that a durable one outlives its
- * holders (the coordinator keeps its bytes and record) until an explicit
- * delete.  Inline bytes of an ordinary object are no holder: they go with
- * the last node that holds it, as a data-plane object's bytes do. */
-static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o, int explicit_delete)
+ * holders (the coordinator keeps its bytes and record) until its putter
+ * deletes it.  Inline bytes of an ordinary object are no holder: they go
+ * with the last node that holds it, as a data-plane object's bytes do. */
+static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o)
 {
-    if (o->nholders == 0 && (!o->durable || explicit_delete))
+    if (o->nholders == 0 && !o->durable)
         obj_drop(co, o);
 }
 
-/* The putter of @p o withdrew it or left: the id is gone from the directory,
- * every copy's record with it (see the lifecycle at the top of the file). */
+/* Does a live node other than @p h's hold a complete copy of @p o? */
+static int other_complete(struct coord_obj *o, const struct coord_holder *h)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *x = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (x != h && x->complete && x->node->rec.alive)
+            return 1;
+    }
+    return 0;
+}
+
+/* The putter of @p o withdrew it, or left it to nobody: the id is gone from
+ * the directory, every copy's record with it (the lifecycle at the top). */
 static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
@@ -666,8 +684,9 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
          * putter deleted it or left): a copy of that one must not count as
          * a copy of whatever was put under the id since. */
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
-                             "node %u got object %s, which its putter withdrew meanwhile",
-                             me, idhex(&o->id, hex));
+                             "node %u holds no record of object %s (its putter withdrew "
+                             "the one it got, or the directory restarted since): its copy "
+                             "is not recorded", me, idhex(&o->id, hex));
         return;
     }
     if (rh && rh->src == m->u.done.source_node)
@@ -685,7 +704,7 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
     }
     if (rh && !rh->complete) {
         holder_remove(o, rh);
-        obj_maybe_drop(co, o, 0);
+        obj_maybe_drop(co, o);
     }
     cfx__coord_reply_ok(c, m->req_id);
 }
@@ -698,29 +717,35 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
     char hex[CFX_OBJECT_ID_HEX_LEN];
 
     idhex(&m->u.del.id, hex);
-    const int putter = o && me && o->putter == me;
+    /* The putter's delete withdraws the object.  A durable object whose
+     * putter is gone has no owner left: any node may delete it (else it
+     * would stay for ever). */
+    struct coord_node *pn = o && o->putter ? cfx__coord_node_find(co, o->putter) : NULL;
+    const int owner = o && me && (o->putter == me ||
+                                  (o->durable && h && !(pn && pn->rec.alive)));
 
     /* The putter of a durable object loaded after a restart is no holder
      * until it puts it again; its delete counts all the same. */
-    if (!h && !putter) {
+    if (!h && !owner) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
                              "node %u holds no copy of object %s", me, hex);
         return;
     }
-    /* The object goes (the putter's delete, or a durable one's last copy):
-     * its record first, so a failure changes nothing. */
-    if (o->durable && (putter || o->nholders == (h ? 1u : 0u)) &&
-        dur_unrecord(co, o) != CFX_OK) {
+    /* The object goes: its record first, so a failure changes nothing. */
+    if (o->durable && owner && dur_unrecord(co, o) != CFX_OK) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot remove the "
                              "record of object %s: %s", co->addr, hex, cfx_last_error());
         return;
     }
-    if (putter) {
+    if (owner) {
         /* The id is free for a new put from the moment this reply leaves. */
-        obj_withdraw(co, o, "deleted by its putter");
+        obj_withdraw(co, o, o->putter == me ? "deleted by its putter" : "deleted, its putter "
+                     "gone");
+    } else if (!o->durable && h->complete && !other_complete(o, h)) {
+        obj_withdraw(co, o, "its last complete copy was deleted");
     } else {
         holder_remove(o, h);
-        obj_maybe_drop(co, o, 1);
+        obj_maybe_drop(co, o); /* a durable object stays without holders */
     }
     cfx__coord_reply_ok(c, m->req_id);
 }
@@ -780,12 +805,13 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
     cfx_list_for_each_safe(pos, tmp, &n->holdings) {
         struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, node_link);
         struct coord_obj *o = h->obj;
-        if (!o->durable && o->putter == n->rec.node_id) {
-            obj_withdraw(co, o, "its putter left");
+        if (!o->durable && h->complete && !other_complete(o, h)) {
+            /* partial copies cannot complete without a complete one */
+            obj_withdraw(co, o, "its last complete copy left");
             continue;
         }
         holder_remove(o, h);
-        obj_maybe_drop(co, o, 0);
+        obj_maybe_drop(co, o);
     }
 }
 

@@ -4,10 +4,10 @@
  * cfx_lifetest process that checks every byte it gets and every status it
  * is given, exiting non-zero with a "FAIL:" line otherwise.
  *
- *  - An object goes with its putter, inline (100 B) and data-plane (1 MiB)
- *    alike: after the putting process exited, nobody is served it, nobody
- *    can delete it, and another process's put of the id succeeds and is the
- *    one every reader gets.
+ *  - An object goes with its last complete copy, inline (100 B) and
+ *    data-plane (1 MiB) alike: once the process that put it and the one
+ *    that got it exited, nobody is served it, nobody can delete it, and
+ *    another process's put of the id succeeds and is what every reader gets.
  *  - Put, delete, put of one id: the delete is complete when it returns, so
  *    the second put succeeds at once, many rounds in a row.
  *  - A parameter-server job run twice against the same coordinator.

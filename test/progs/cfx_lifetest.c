@@ -8,7 +8,7 @@
  *   putget NAME SIZE CHAR   one context puts SIZE bytes of CHAR as NAME,
  *                           a second context (another node) gets it and
  *                           checks every byte; the process then exits, and
- *                           the putter's object with it
+ *                           the object with its two copies
  *   redo NAME SIZE ROUNDS   put, get from another node, delete, and put the
  *                           same id again at once, ROUNDS times, each round
  *                           with other bytes; every call must succeed
