@@ -144,13 +144,15 @@ const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl);
 
 /* Announce that this node holds a complete object.  @p data carries the
  * bytes when size <= CFX_OBJECT_INLINE_MAX (they are stored by the
- * coordinator), else NULL.  CFX_ERR_EXISTS if this node already announced it.
+ * coordinator), else NULL; this node becomes the object's putter.
+ * CFX_ERR_EXISTS when the id exists, put by any node (only the putter itself
+ * may announce its object again, to a restarted coordinator).
  * (Control plane note: data == NULL with 0 < size <= CFX_OBJECT_INLINE_MAX
  * announces a small object served from the data plane, as
  * CFX_OBJ_FLAG_NO_INLINE wants; size 0 is always inline; data with size over
- * CFX_OBJECT_INLINE_MAX is CFX_ERR_TOO_BIG.  CFX_ERR_INVALID when the same id
- * exists with another size.  Lookups of inline objects record the getter as a
- * complete holder, so it may cfx__ctl_obj_delete() them; no obj_done needed.) */
+ * CFX_OBJECT_INLINE_MAX is CFX_ERR_TOO_BIG.  Lookups of inline objects record
+ * the getter as a complete holder, so it may cfx__ctl_obj_delete() them; no
+ * obj_done needed.) */
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                      uint64_t size, uint32_t chunk_size, const void *data,
                      uint64_t deadline_ns);
@@ -201,7 +203,8 @@ int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                             uint32_t source_node, int complete);
 
-/* Withdraw this node's copy.  CFX_ERR_NOT_FOUND if it held none. */
+/* Withdraw this node's copy; the putter's delete withdraws the object with
+ * every copy.  CFX_ERR_NOT_FOUND if it held none. */
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns);
 

@@ -17,6 +17,18 @@
  * depth first, P feeds fanout receivers, each of those feeds fanout more,
  * and so on; complete copies (depth 0) still come before partial ones.
  *
+ * Lifecycle.  The node that puts an id is its putter (o->putter).  The id
+ * names that one object while a node holds a complete copy of it; inline
+ * bytes are the putter's copy, kept here for speed, not a copy of their own.
+ * The putter's delete withdraws the object with every copy's record.  When
+ * the putter leaves (LEAVE, a lost connection, missed heartbeats), nodes
+ * that got all of it keep it alive and served (what lets a get or a reduce
+ * go on at another holder); with none, it goes at once, inline bytes and
+ * partial copies included.  Another holder's delete withdraws its own copy
+ * only; the object goes with the last.  A put of an id in the directory
+ * fails with CFX_ERR_EXISTS, whoever sends it.  Durable objects outlive all
+ * holders (below).
+ *
  * Durable objects.  An inline put flagged durable (group bootstrap records)
  * is also written to the state store (coord_state.c) before it is
  * acknowledged, as record "obj.<hex id>":
@@ -28,8 +40,10 @@
  * holders are soft state, so a getter is a holder again once it looks the
  * object up, and the putter once it puts it again.  The putter's delete
  * counts even before that (it is the one that would otherwise be unable to
- * withdraw it).  The record goes when the object goes on an explicit delete;
- * without a state directory the flag is ignored.
+ * withdraw it).  A durable object stays without holders and after its
+ * putter left; it goes, record first, when its putter deletes it, or any
+ * holder once the putter is gone (nobody else could).  Without a state
+ * directory the flag is ignored.
  */
 #include "control/coord_int.h"
 
@@ -189,12 +203,36 @@ static void obj_drop(struct cfx_coord *co, struct coord_obj *o)
     free(o);
 }
 
-/* An object without holders goes, except that inline bytes outlive a dead
- * putter (the coordinator holds them); an explicit delete removes them too. */
-static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o, int explicit_delete)
+/* An object without holders goes, except that a durable one outlives its
+ * holders (the coordinator keeps its bytes and record) until its putter
+ * deletes it.  Inline bytes of an ordinary object are no holder: they go
+ * with the last node that holds it, as a data-plane object's bytes do. */
+static void obj_maybe_drop(struct cfx_coord *co, struct coord_obj *o)
 {
-    if (o->nholders == 0 && (!o->is_inline || explicit_delete))
+    if (o->nholders == 0 && !o->durable)
         obj_drop(co, o);
+}
+
+/* Does a live node other than @p h's hold a complete copy of @p o? */
+static int other_complete(struct coord_obj *o, const struct coord_holder *h)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *x = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (x != h && x->complete && x->node->rec.alive)
+            return 1;
+    }
+    return 0;
+}
+
+/* The putter of @p o withdrew it, or left it to nobody: the id is gone from
+ * the directory, every copy's record with it (the lifecycle at the top). */
+static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", idhex(&o->id, hex),
+            o->putter, why, o->nholders, o->nholders == 1 ? "" : "s");
+    obj_drop(co, o);
 }
 
 /* ---- durable objects (see the top of the file) ---------------------------------- */
@@ -541,16 +579,16 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     /* small objects normally carry their data (inline); a putter may keep
      * one on the data plane (CFX_OBJ_FLAG_NO_INLINE) */
     if (o) {
-        if (holder_find(o, me)) {
+        /* An id names one object until its putter deletes it or leaves: a
+         * second put never succeeds with the first one's bytes visible.  The
+         * one exception is the putter itself announcing it again after a
+         * coordinator restart reloaded it (durable), same size. */
+        if (holder_find(o, me) || o->putter != me || !me || o->size != size) {
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
-                                 "node %u already holds object %s", me, hex);
-            return;
-        }
-        if (o->size != size) {
-            cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
-                                 "object %s already exists with %llu bytes; node %u put %llu",
-                                 hex, (unsigned long long)o->size, me,
-                                 (unsigned long long)size);
+                                 "object %s already exists: node %u put it (%llu bytes%s); "
+                                 "node %u put %llu bytes", hex, o->putter,
+                                 (unsigned long long)o->size, o->durable ? ", durable" : "",
+                                 me, (unsigned long long)size);
             return;
         }
         /* A durable put of an inline object put plainly before makes it durable. */
@@ -642,6 +680,16 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
         return;
     }
     struct coord_holder *rh = holder_find(o, me);
+    if (!rh && m->u.done.complete) {
+        /* Its lookup's record went with the object it was getting (the
+         * putter deleted it or left): a copy of that one must not count as
+         * a copy of whatever was put under the id since. */
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "node %u holds no record of object %s (its putter withdrew "
+                             "the one it got, or the directory restarted since): its copy "
+                             "is not recorded", me, idhex(&o->id, hex));
+        return;
+    }
     if (rh && rh->src == m->u.done.source_node)
         holder_release_src(o, rh);
     else
@@ -649,13 +697,6 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
                 "pulling from", me, idhex(&o->id, hex), m->u.done.source_node);
 
     if (m->u.done.complete) {
-        if (!rh)
-            rh = holder_add(o, c->node, 1, 0);
-        if (!rh) {
-            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
-                                 "coordinator %s is out of memory", co->addr);
-            return;
-        }
         rh->complete = 1;
         rh->depth = 0;
         cfx__coord_reply_ok(c, m->req_id);
@@ -664,7 +705,7 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
     }
     if (rh && !rh->complete) {
         holder_remove(o, rh);
-        obj_maybe_drop(co, o, 0);
+        obj_maybe_drop(co, o);
     }
     cfx__coord_reply_ok(c, m->req_id);
 }
@@ -677,24 +718,36 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
     char hex[CFX_OBJECT_ID_HEX_LEN];
 
     idhex(&m->u.del.id, hex);
+    /* The putter's delete withdraws the object.  A durable object whose
+     * putter is gone has no owner left: any node may delete it (else it
+     * would stay for ever). */
+    struct coord_node *pn = o && o->putter ? cfx__coord_node_find(co, o->putter) : NULL;
+    const int owner = o && me && (o->putter == me ||
+                                  (o->durable && h && !(pn && pn->rec.alive)));
+
     /* The putter of a durable object loaded after a restart is no holder
      * until it puts it again; its delete counts all the same. */
-    if (!h && !(o && o->durable && me && o->putter == me)) {
+    if (!h && !owner) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
                              "node %u holds no copy of object %s", me, hex);
         return;
     }
-    /* The last copy goes: its record first, so a failure changes nothing. */
-    if (o->durable && o->nholders == (h ? 1u : 0u) && dur_unrecord(co, o) != CFX_OK) {
+    /* The object goes: its record first, so a failure changes nothing. */
+    if (o->durable && owner && dur_unrecord(co, o) != CFX_OK) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot remove the "
                              "record of object %s: %s", co->addr, hex, cfx_last_error());
         return;
     }
-    if (h)
+    if (owner) {
+        /* The id is free for a new put from the moment this reply leaves. */
+        obj_withdraw(co, o, o->putter == me ? "deleted by its putter" : "deleted, its putter "
+                     "gone");
+    } else if (!o->durable && h->complete && !other_complete(o, h)) {
+        obj_withdraw(co, o, "its last complete copy was deleted");
+    } else {
         holder_remove(o, h);
-    if (o->putter == me)
-        o->putter = 0; /* its claim counts once */
-    obj_maybe_drop(co, o, 1);
+        obj_maybe_drop(co, o); /* a durable object stays without holders */
+    }
     cfx__coord_reply_ok(c, m->req_id);
 }
 
@@ -749,11 +802,18 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
+    /* A node holds an object once, so the next entry of its holdings never
+     * belongs to the object dropped here. */
     cfx_list_for_each_safe(pos, tmp, &n->holdings) {
         struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, node_link);
         struct coord_obj *o = h->obj;
+        if (!o->durable && h->complete && !other_complete(o, h)) {
+            /* partial copies cannot complete without a complete one */
+            obj_withdraw(co, o, "its last complete copy left");
+            continue;
+        }
         holder_remove(o, h);
-        obj_maybe_drop(co, o, 0);
+        obj_maybe_drop(co, o);
     }
 }
 

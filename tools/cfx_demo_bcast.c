@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "dataplane/common/util.h"
@@ -86,19 +87,45 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", cfx_errname(rc), cfx_last_error());
         status = 1;
     }
-    /* stay until everyone has the object: ranks may be serving each other */
-    uint8_t one = 1;
+    /* stay until everyone has the object: ranks may be serving each other.
+     * Each rank says it is done; rank 0 answers once all have, and leaves
+     * last (an object goes with its last complete copy, so a rank's "done"
+     * must be read before that rank leaves). */
+    uint8_t one = 1, b;
     char name[64];
+    struct cfx_object_id all;
+    cfx_object_id_from_name("demo/done/all", &all);
     snprintf(name, sizeof(name), "demo/done/%d", rank);
     cfx_object_id_from_name(name, &done);
     cfx_put(ctx, &done, &one, 1, NULL);
-    for (int r = 0; r < world; r++) {
+    if (rank != 0 && cfx_get(ctx, &all, &b, 1, NULL, NULL) != CFX_OK) {
+        fprintf(stderr, "rank 0 never finished: %s\n", cfx_last_error());
+        status = 1;
+    }
+    for (int r = 1; rank == 0 && r < world; r++) {
         snprintf(name, sizeof(name), "demo/done/%d", r);
         cfx_object_id_from_name(name, &done);
-        uint8_t b;
         if (cfx_get(ctx, &done, &b, 1, NULL, NULL) != CFX_OK) {
             fprintf(stderr, "rank %d never finished: %s\n", r, cfx_last_error());
             status = 1;
+        }
+    }
+    if (rank == 0 && cfx_put(ctx, &all, &one, 1, NULL) == CFX_OK) {
+        /* a rank has left once its "done" can be put again (our copy
+         * dropped first); bounded by the context's deadline per rank */
+        for (int r = 1; r < world; r++) {
+            snprintf(name, sizeof(name), "demo/done/%d", r);
+            cfx_object_id_from_name(name, &done);
+            cfx_delete(ctx, &done, NULL);
+            for (int tries = 0; tries < 6000; tries++) {
+                int prc = cfx_put(ctx, &done, &one, 1, NULL);
+                if (prc != CFX_ERR_EXISTS) {
+                    if (prc == CFX_OK)
+                        cfx_delete(ctx, &done, NULL);
+                    break;
+                }
+                usleep(5000);
+            }
         }
     }
     cfx_delete(ctx, &id, NULL);

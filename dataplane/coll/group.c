@@ -42,6 +42,7 @@
 
 #define BOOT_MAGIC     0xCF6B0071u
 #define BOOT_SLOTS     8        /* stale objects skipped per rank at most */
+#define BOOT_TAKEN_MS  2000     /* reading a taken slot (it exists: answered at once) */
 #define BOOT_PROBE_MS  20       /* lookups after the deadline, to list who is missing */
 #define BOOT_RETRY_MS  10       /* pause before repeating a call the coordinator's loss cut off */
 
@@ -275,14 +276,27 @@ static int boot_publish(struct cfx_group *g, uint64_t deadline)
         do
             rc = cfx__ctl_obj_put_durable(ctl, &id, sizeof(me), sizeof(me), &me, deadline);
         while (boot_retry(rc, deadline));
-        if (rc == CFX_ERR_INVALID || rc == CFX_ERR_EXISTS)
+        struct boot_rec got;
+        if (rc == CFX_ERR_EXISTS) {
+            /* the slot is taken (an id names one object until its putter
+             * deletes it or leaves): by a live node, the rank is claimed;
+             * by a gone one (durable records outlive it), try the next */
+            if (boot_read(g, &id, cfx__deadline_ns(BOOT_TAKEN_MS), &got) != CFX_OK)
+                continue; /* gone meanwhile, or not a bootstrap object */
+            if ((rc = hold(g, &id)) != CFX_OK)
+                return rc;
+            if (got.node_id != me.node_id && node_alive(g, got.node_id, deadline))
+                return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
+                                g->name, g->rank, got.node_id);
+            continue;
+        }
+        if (rc == CFX_ERR_INVALID)
             continue; /* some other object: not ours to use */
         if (rc != CFX_OK)
             return cfx__err(rc, "group %s: rank %d cannot publish itself: %s", g->name,
                             g->rank, cfx_last_error());
         if ((rc = hold(g, &id)) != CFX_OK)
             return rc;
-        struct boot_rec got;
         if ((rc = boot_read(g, &id, deadline, &got)) != CFX_OK)
             return rc;
         if (got.node_id == me.node_id && got.nonce == me.nonce)
@@ -558,11 +572,17 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     *out = g;
     return CFX_OK;
 
-err_withdraw:
+err_withdraw: {
+    /* A record read from another rank may be gone already (its putter
+     * withdrew it): that delete's error must not replace the reason. */
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
     for (int i = 0; i < g->nheld; i++)
         cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
+    cfx__err(rc, "%s", why);
     free(g->held);
     epoch_release(ctx->node_id, g->name);
+}
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);

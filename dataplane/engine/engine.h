@@ -188,6 +188,7 @@ struct cfx_obj {
     bool complete;
     bool deleting;              /* withdrawn: serve no new uploads */
     bool announced;             /* known to the directory */
+    bool owned;                 /* put here (cfx_put, a reduce result): this node is its putter */
     bool releasing;             /* being freed once uploads drain */
     bool ephemeral;             /* reduce intermediate: freed by its task */
     uint32_t ready_chunks;      /* contiguous prefix received */

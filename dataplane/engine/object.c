@@ -71,6 +71,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     obj->buf = (void *)buf;
     obj->memtype = obj_memtype(params);
     obj->complete = true;
+    obj->owned = true;
     obj->ready_chunks = obj->nchunks;
 
     pthread_mutex_lock(&ctx->lock);
@@ -523,10 +524,29 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
     while ((!cfx_list_empty(&obj->uploads) || obj->refs) && cfx__obj_wait(ctx, deadline))
         ;
     obj->announced = false;
-    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+    int crc = cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+    /* The delete is complete when it returns: the entry leaves the store
+     * (and its registration goes) on the progress thread, and until then a
+     * put of the id here would find it.  Wait for that; uploads told to
+     * stop drain within a completion, so a short grace past the caller's
+     * deadline is enough. */
+    uint64_t until = CFX_MAX(deadline, cfx__deadline_ns(RELEASE_WAIT_MS));
+    struct cfx_obj *left = NULL;
+    while (crc == CFX_OK && (left = cfx__store_find(&ctx->store, id)) && left->deleting &&
+           cfx__obj_wait(ctx, until))
+        ;
+    left = crc == CFX_OK ? cfx__store_find(&ctx->store, id) : obj;
+    bool released = !left || !left->deleting;
     pthread_mutex_unlock(&ctx->lock);
+    if (crc != CFX_OK)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_delete: node %u cannot release object %s: out "
+                        "of memory", ctx->node_id, hex);
+    if (!released)
+        return cfx__err(CFX_ERR_TIMEOUT, "cfx_delete: node %u could not release object %s: "
+                        "uploads of it to other nodes were still draining at the deadline",
+                        ctx->node_id, hex);
     if (rc == CFX_ERR_NOT_FOUND)
-        rc = CFX_OK; /* the directory had already dropped it (e.g. inline) */
+        rc = CFX_OK; /* the directory had already dropped it (its putter left) */
     return rc;
 }
 

@@ -227,6 +227,7 @@ static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
     if (t->final) {
         /* the result becomes an ordinary object of this node */
         out->ephemeral = false;
+        out->owned = true; /* this node is the result's putter */
         if (!t->early)
             out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
                                                     out->chunk_size) == CFX_OK;
@@ -420,6 +421,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->out = out;
     if (t->early) {
         /* getters may attach now and read chunks as they are reduced */
+        out->owned = true;
         out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
                                                 out->chunk_size) == CFX_OK;
     }

@@ -4,7 +4,8 @@
  * The coordinator keeps members and the object directory in memory only
  * (soft state): after a restart it knows nothing, so every node, once its
  * client has reconnected and rejoined (control/client.c), announces again
- * each complete object it holds.  The client calls
+ * each complete object it put (copies it got are not announced: they are
+ * the putter's to announce, see the lifecycle in docs/ARCHITECTURE.md).  The client calls
  * cfx__reannounce_on_reconnected() on its reader thread, which must not
  * wait for replies, so the announcing runs on a thread of its own: it copies
  * the ids, sizes, chunk sizes and inline bytes out of the store under
@@ -70,7 +71,10 @@ static struct announcement *collect(struct cfx_context *ctx, size_t *n)
         return NULL;
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         for (struct cfx_obj *o = ctx->store.buckets[b]; o && k < ctx->store.count; o = o->hnext) {
-            if (!o->complete || o->deleting || o->releasing || o->p2p)
+            /* Only what this node put: a copy it got is no claim on the id
+             * (the putter announces it; a copy announced first would make
+             * this node the object's putter in the new directory). */
+            if (!o->complete || o->deleting || o->releasing || o->p2p || !o->owned)
                 continue;
             struct announcement *x = &a[k];
             x->id = o->id;

@@ -9,7 +9,24 @@
  *  - cfx_get() writes into the caller's buffer; cfx_get_alloc() hands out an
  *    arena buffer that the caller releases with cfx_buf_free().
  *  - A node that has got an object also serves it to later getters, until
- *    cfx_delete() or context destruction.
+ *    cfx_delete(), context destruction, or the object's end (below).
+ *
+ * Lifecycle (docs/ARCHITECTURE.md, "Object lifecycle"), the same for
+ * objects small enough to travel inline and for the rest:
+ *  - The node that put an id is its putter.  The id names that object while
+ *    a node holds a complete copy: the putter, or a node that got all of it.
+ *    When the putter leaves (context destroyed, process exited or died),
+ *    such copies keep it served; with none, it is gone, and a cfx_get() of
+ *    the id waits for a new put.  A putter that publishes for others stays
+ *    until they have it.
+ *  - cfx_put() of an id that exists fails with CFX_ERR_EXISTS, whichever
+ *    node calls it; it never succeeds while the old bytes are served.
+ *  - The putter's cfx_delete() withdraws the object with every copy; when
+ *    it returns, the id is free: a cfx_put() of it from any node, this one
+ *    included, succeeds at once.
+ *  - Not yet: a node that got a copy still answers its own later cfx_get()
+ *    of the id from that copy after the putter withdrew it; it should
+ *    cfx_delete() its copy before reading a re-published id.
  *
  * Thread safety: any thread may call these concurrently on one context.
  */
@@ -71,8 +88,12 @@ struct cfx_obj_params {
 };
 
 /**
- * Publish @p size bytes at @p buf as object @p id (zero-copy: see ownership).
- * @return CFX_OK; CFX_ERR_EXISTS if this node already holds @p id;
+ * Publish @p size bytes at @p buf as object @p id (zero-copy: see ownership);
+ * this node becomes its putter (see the lifecycle).
+ * @return CFX_OK; CFX_ERR_EXISTS if @p id exists (put by any node, and
+ *         neither deleted by its putter nor gone with its last complete
+ *         copy; cfx_last_error() names the putter), or this node holds a
+ *         copy of it;
  *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
  *         CFX_ERR_TIMEOUT / CFX_ERR_CONNECT if the coordinator did not answer.
  */
@@ -97,9 +118,14 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
                           const struct cfx_obj_params *params);
 
 /**
- * Stop holding @p id on this node and withdraw it from the directory.  Waits
- * for uploads of it to other nodes in progress to finish (up to the deadline).
- * @return CFX_OK or CFX_ERR_NOT_FOUND.
+ * Stop holding @p id on this node and withdraw it from the directory: the
+ * putter's delete ends the object everywhere (see the lifecycle), another
+ * node's delete withdraws its own copy.  Waits for uploads of it to other
+ * nodes in progress to finish (up to the deadline).  Complete when it
+ * returns: the buffer is the caller's again and the id may be put at once.
+ * @return CFX_OK; CFX_ERR_NOT_FOUND when this node holds no copy;
+ *         CFX_ERR_TIMEOUT when uploads of it were still draining at the
+ *         deadline (cfx_last_error() says so).
  */
 CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
                        const struct cfx_obj_params *params);

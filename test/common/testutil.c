@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include <conflux/conflux.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,4 +74,26 @@ int cfx_test_file_contains(const char *path, const char *needle)
     free(buf);
     fclose(f);
     return found;
+}
+
+int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, int ms)
+{
+    struct timespec t0, t;
+    uint8_t one = 1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* a copy this node got is its own to drop (and would answer the put) */
+    int rc = cfx_delete(ctx, id, NULL);
+    if (rc != CFX_OK && rc != CFX_ERR_NOT_FOUND)
+        return rc;
+    for (;;) {
+        rc = cfx_put(ctx, id, &one, 1, NULL);
+        if (rc == CFX_OK)
+            return cfx_delete(ctx, id, NULL);
+        if (rc != CFX_ERR_EXISTS)
+            return rc;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
+            return CFX_ERR_TIMEOUT;
+        usleep(5000); /* the directory has no "tell me when it goes" call */
+    }
 }

@@ -17,6 +17,18 @@ void cfx_test_token(char *buf, size_t len);
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
 
+struct cfx_context;
+struct cfx_object_id;
+
+/*
+ * Wait until object @p id is gone from the directory (its putter deleted it
+ * or left: an object goes with its putter) by putting it from @p ctx until
+ * that succeeds, then deleting it again.  How a last rank knows the others
+ * have left, so that the objects they still had to get stayed served.
+ * CFX_OK; CFX_ERR_TIMEOUT after @p ms; another put error as it came.
+ */
+int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, int ms);
+
 /*
  * For the rank programs (test/progs): CHECK_OK(expr) fails the program
  * through the program's own DIE(...) (which says which rank, round, ...)

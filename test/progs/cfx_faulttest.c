@@ -114,25 +114,52 @@ static void wait_mark(struct cfx_context *ctx, const char *what, long a)
     CHECK_OK(cfx_get(ctx, &id, &b, 1, NULL, NULL));
 }
 
+/* Where the victim leaves its record: a file of this run (the coordinator's
+ * address names the run), not an object, because an object goes with its
+ * putter, and the victim is about to go. */
+static void kill_path(char *buf, size_t cap)
+{
+    const char *coord = getenv("CFX_COORD") ? getenv("CFX_COORD") : "none";
+    const char *port = strrchr(coord, ':');
+    snprintf(buf, cap, "/tmp/cfx-faulttest-%u-%s.kill", (unsigned)getuid(),
+             port ? port + 1 : coord);
+}
+
 static void die_now(struct cfx_context *ctx, int sig)
 {
     struct kill_rec k = { .node = cfx_context_node_id(ctx), .pid = (int32_t)getpid() };
-    struct cfx_object_id id;
-    name_id(&id, "kill", 0);
+    char path[256], tmp[300];
+    kill_path(path, sizeof(path));
+    snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
     k.t = now_s();
-    CHECK_OK(cfx_put(ctx, &id, &k, sizeof(k), NULL));
+    FILE *f = fopen(tmp, "w");
+    if (!f || fwrite(&k, sizeof(k), 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0)
+        DIE("cannot leave the kill record in %s", path);
     printf("victim: node %u %s now\n", k.node, sig == SIGSTOP ? "stalls (SIGSTOP)" : "dies (SIGKILL)");
     fflush(stdout);
     raise(sig);
 }
 
+/* The victim's record (it is written before the victim dies or stalls, so
+ * a survivor that saw the failure finds it; the wait is an anti-hang limit). */
 static struct kill_rec read_kill(struct cfx_context *ctx)
 {
     struct kill_rec k;
-    struct cfx_object_id id;
-    name_id(&id, "kill", 0);
-    CHECK_OK(cfx_get(ctx, &id, &k, sizeof(k), NULL, NULL));
-    return k;
+    char path[256];
+    (void)ctx;
+    kill_path(path, sizeof(path));
+    double until = now_s() + deadline_ms / 1000.0 + 20;
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(&k, sizeof(k), 1, f) : 0;
+        if (f)
+            fclose(f);
+        if (n == 1)
+            return k;
+        if (now_s() > until)
+            DIE("no kill record in %s: the victim never died", path);
+        usleep(10 * 1000);
+    }
 }
 
 /* 1 when @p text names "node N" with exactly that number. */
@@ -148,16 +175,27 @@ static int names_node(const char *text, uint32_t node)
 }
 
 /* Every survivor but rank 0 says it is done and rank 0 waits for them, so
- * no holder leaves while another survivor may still read from it. */
+ * no holder leaves while another survivor may still read from it; then
+ * rank 0 says "bye" and stays until they left (an object goes with its
+ * putter: a survivor's "done" must be got before it goes). */
 static void finish(struct cfx_context *ctx, int victim)
 {
     if (rank != 0) {
         mark(ctx, "done", rank);
+        wait_mark(ctx, "bye", 0);
         return;
     }
     for (int r = 1; r < world; r++)
         if (r != victim)
             wait_mark(ctx, "done", r);
+    mark(ctx, "bye", 0);
+    for (int r = 1; r < world; r++) {
+        struct cfx_object_id id;
+        if (r == victim)
+            continue;
+        name_id(&id, "done", r);
+        CHECK_OK(cfx_test_wait_gone(ctx, &id, 60000));
+    }
 }
 
 static void report(const char *mode, double t_err, const struct kill_rec *k)
@@ -340,9 +378,9 @@ static void mode_reduce(struct cfx_context *ctx, size_t bytes)
     }
     if (rank != 0) {
         wait_mark(ctx, "reduce-over", 0);
-        mark(ctx, "done", rank);
         cfx_delete(ctx, &in[rank], NULL);
         cfx_buf_free(ctx, buf);
+        finish(ctx, VICTIM);
         return;
     }
     struct cfx_obj_params rp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = deadline_ms };
@@ -486,6 +524,11 @@ int main(int argc, char **argv)
         mode_allreduce(ctx, size, argc > 3 && !strcmp(argv[3], "stall"));
     else
         DIE("unknown mode %s", argv[1]);
+    if (rank == 0) { /* the last one out: every survivor has read it */
+        char path[256];
+        kill_path(path, sizeof(path));
+        unlink(path);
+    }
     cfx_context_destroy(ctx);
     printf("rank %d: %s ok in %.2f s\n", rank, argv[1], now_s() - t);
     return 0;
