@@ -121,14 +121,24 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
         free(dst[i]);
     }
 
-    /* sizes disagree: both sides fail with CFX_ERR_INVALID */
-    uint8_t small[100], big[200];
+    /* sizes disagree (rendezvous): both sides fail with CFX_ERR_INVALID */
+    static uint8_t small[CFX_EAGER_LIMIT + 100], big[CFX_EAGER_LIMIT + 200];
     struct cfx_p2p_req *ss, *rr;
     cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 2, big, sizeof(big), CFX_MEMTYPE_HOST, &ss), CFX_OK);
     cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 2, small, sizeof(small), CFX_MEMTYPE_HOST, &rr), CFX_OK);
     dl = cfx__deadline_ns(5000);
     cr_assert_eq(cfx__p2p_wait(rr, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
     cr_assert_eq(cfx__p2p_wait(ss, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "disagree"), "%s", cfx_last_error());
+    cfx__p2p_free(ss);
+    cfx__p2p_free(rr);
+
+    /* sizes disagree (eager): the send completed when handed over, the
+     * receive fails with CFX_ERR_INVALID */
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 5, big, 200, CFX_MEMTYPE_HOST, &ss), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 5, small, 100, CFX_MEMTYPE_HOST, &rr), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(ss, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait(rr, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "disagree"), "%s", cfx_last_error());
     cfx__p2p_free(ss);
     cfx__p2p_free(rr);
@@ -144,8 +154,8 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     cfx__p2p_free(rr); /* withdrawn while pending */
 
-    /* an unmatched send is withdrawn too, and a later receive does not
-     * match it */
+    /* an unmatched (rendezvous) send is withdrawn too, and a later receive
+     * does not match it; an eager one is gone once handed over */
     cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 4, big, sizeof(big), CFX_MEMTYPE_HOST, &ss), CFX_OK);
     cfx__p2p_free(ss);
     cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 4, big, sizeof(big), CFX_MEMTYPE_HOST, &rr), CFX_OK);
