@@ -282,6 +282,23 @@ bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id)
     return false;
 }
 
+/* Did a connection with @p node_id end, with none live since? */
+static bool node_gone(struct cfx_context *ctx, uint32_t node_id)
+{
+    bool gone = false;
+    for (unsigned i = 0; i < ctx->eager_ngone && i < CFX_ARRAY_SIZE(ctx->eager_gone); i++)
+        gone |= ctx->eager_gone[i] == node_id;
+    if (!gone)
+        return false;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == node_id && c->state != CFX_CONN_FAILED)
+            return false; /* it came back */
+    }
+    return true;
+}
+
 int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in)
 {
     struct cfx_list *pos;
@@ -296,7 +313,7 @@ int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
         free(u);
         return CFX_OK;
     }
-    if (cfx__node_is_dead(ctx, obj->peer_node)) {
+    if (cfx__node_is_dead(ctx, obj->peer_node) || node_gone(ctx, obj->peer_node)) {
         /* what it sent before it went was matched above */
         in->status = CFX_ERR_PEER_FAILED;
         return CFX_OK;
@@ -348,8 +365,11 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         obj->p2p_status = CFX_ERR_PEER_FAILED;
         wake(ctx);
     }
-    if (conn->node_id)
+    if (conn->node_id) {
+        /* a peer that left is not reported dead: remember that it went */
+        ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
         fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
+    }
 }
 
 void cfx__eager_node_dead(struct cfx_context *ctx, uint32_t node_id)

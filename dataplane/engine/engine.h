@@ -523,6 +523,9 @@ struct cfx_context {
     struct cfx_list eager_posted; /* struct cfx_obj.p2p_link: eager receives, posting order */
     struct cfx_list eager_unexp;  /* struct cfx_eager_unexp: arrived before their receive */
     uint64_t eager_conn_ids;    /* last cfx_conn.eager_id handed out */
+    uint32_t eager_gone[64];    /* nodes whose connection ended (ring): a receive from one
+                                   with none live fails at once (eager.c) */
+    unsigned eager_ngone;
     struct cfx_list rtasks;     /* struct cfx_rtask running here */
     struct cfx_list rwaits;     /* struct cfx_rwait: reduces this node drives */
     struct cfx_list waiting_gets; /* struct cfx_p2p_rtr: GET_REQ (WAIT) for objects
