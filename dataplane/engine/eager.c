@@ -241,7 +241,7 @@ void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     struct cfx_list *pos;
     (void)len; /* cfx__dp_msg_check: len == sizeof(*m) + m->len */
 
-    if (unlikely(conn->eager_held >= conn->eager_granted)) {
+    if (unlikely(conn->outbound || conn->eager_held >= conn->eager_granted)) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "eager message beyond the credits granted");
         return;
     }

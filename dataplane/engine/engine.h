@@ -5,7 +5,9 @@
  * Threads:
  *  - API threads call the public functions.  They take ctx->lock for short
  *    sections and never call a transport: work that needs one is queued as
- *    a command for the progress thread.
+ *    a command for the progress thread.  (An eager receive is matched
+ *    against the unexpected queue and posted right on the calling thread:
+ *    memory only, eager.c.)
  *  - The progress thread owns every transport iface, endpoint and
  *    registration.  It polls completions while work is in flight, then
  *    sleeps on an epoll set of the ifaces' wait fds and a command eventfd.
