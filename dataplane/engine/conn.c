@@ -70,6 +70,8 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     conn->state = CFX_CONN_CONNECTING;
     cfx_list_init(&conn->pending);
     cfx_list_init(&conn->uploads);
+    cfx_list_init(&conn->eager_q);
+    conn->eager_id = ++ctx->eager_conn_ids;
     snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
              ctx->tp[t].ops->name, (int)strnlen((const char *)addr->addr, addr->len),
              (const char *)addr->addr);
@@ -191,6 +193,15 @@ int cfx__conn_flush_all(struct cfx_context *ctx)
         if (!cfx_list_empty(&conn->pending)) {
             int k = conn_flush(conn);
             n += k > 0 ? k : 0;
+            if (k < 0)
+                continue; /* failed and freed */
+        }
+        if (unlikely(!cfx_list_empty(&conn->eager_q)) && conn->eager_credits) {
+            /* eager sends that met a full send queue */
+            uint64_t gen = ctx->conn_gen;
+            cfx__eager_pump(conn);
+            if (ctx->conn_gen != gen)
+                break; /* connections were freed: the rest waits for the next round */
         }
     }
     return n;
@@ -219,6 +230,8 @@ struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_
     conn->state = CFX_CONN_READY;
     cfx_list_init(&conn->pending);
     cfx_list_init(&conn->uploads);
+    cfx_list_init(&conn->eager_q);
+    conn->eager_id = ++ctx->eager_conn_ids;
     snprintf(conn->name, sizeof(conn->name), "unidentified peer (%s %s)",
              ctx->tp[tp].ops->name, ep->peer_name);
     ep->user = conn;

@@ -77,6 +77,11 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
         return;
     }
     memcpy(a.nonce, conn->nonce, sizeof(a.nonce));
+    /* the connector sends eager messages on this connection: our threshold
+     * and our grant rule them (eager.c) */
+    a.eager_max = ctx->cfg.eager_max;
+    a.eager_credits = CFX_EAGER_CREDITS;
+    conn->eager_granted = CFX_EAGER_CREDITS;
     conn->auth_sent = true;
     cfx__conn_send_hs(conn, &a, sizeof(a));
 }
@@ -98,6 +103,13 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
             refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token");
             return;
         }
+        if (m->eager_max > CFX_EAGER_LIMIT || m->eager_credits > 4 * CFX_EAGER_CREDITS) {
+            refuse(conn, CFX_ERR_PROTO, "an eager threshold or grant out of range");
+            return;
+        }
+        conn->eager_max = m->eager_max;
+        conn->eager_credits = conn->eager_granted = m->eager_credits;
+        conn->eager_known = true;
         auth_init(&a);
         if (cfx__auth_mac(ctx->token, CFX_AUTH_DP_CONNECT, conn->peer_nonce, conn->nonce,
                           a.mac) != CFX_OK) {
@@ -109,8 +121,11 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
         if (cfx__conn_send_hs(conn, &a, sizeof(a)) != CFX_OK)
             return;
         conn->authed = true;
-        CFX_LOG(DEBUG, CONN, "node %u: %s authenticated", ctx->node_id, conn->name);
-        cfx__conn_flush(conn);
+        CFX_LOG(DEBUG, CONN, "node %u: %s authenticated (eager up to %u B, %u credits)",
+                ctx->node_id, conn->name, conn->eager_max, conn->eager_credits);
+        if (cfx__conn_flush(conn) < 0)
+            return; /* the connection failed and is gone */
+        cfx__eager_pump(conn);
         return;
     }
     if (!conn->auth_sent || memcmp(m->nonce, conn->nonce, sizeof(conn->nonce)) ||

@@ -15,6 +15,7 @@
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
+#define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE.md */
 
 static void copy_str(char *dst, size_t len, const char *src)
 {
@@ -81,6 +82,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
     cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
+    cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
+                                       (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
         copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
@@ -244,6 +247,8 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx_list_init(&ctx->paced_uploads);
     cfx_list_init(&ctx->p2p_sends);
     cfx_list_init(&ctx->p2p_rtrs);
+    cfx_list_init(&ctx->eager_posted);
+    cfx_list_init(&ctx->eager_unexp);
     cfx_list_init(&ctx->rtasks);
     cfx_list_init(&ctx->rwaits);
     cfx_list_init(&ctx->waiting_gets);
@@ -333,7 +338,8 @@ static bool sending(struct cfx_context *ctx)
     cfx_list_for_each(pos, &ctx->conns) {
         struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
         if (c->state != CFX_CONN_FAILED &&
-            (!cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads)))
+            (!cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads) ||
+             !cfx_list_empty(&c->eager_q)))
             return true;
     }
     return false;
@@ -389,6 +395,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     /* sends nobody asked for: their requests were freed by their owners */
     cfx_list_for_each_safe(pos, tmp, &ctx->p2p_sends)
         cfx_list_del(pos);
+    cfx__eager_destroy_all(ctx);
     cfx__rtask_destroy_all(ctx);
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {
@@ -452,6 +459,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "window_bytes = %u\n"
                      "timeout_ms = %d\n"
                      "spin_us = %u\n"
+                     "eager_max = %u\n"
                      "upload_rate = %llu\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
@@ -459,7 +467,8 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.transports, ctx->cfg.bind_addr,
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
-                     ctx->cfg.spin_us, (unsigned long long)ctx->cfg.upload_rate,
+                     ctx->cfg.spin_us, ctx->cfg.eager_max,
+                     (unsigned long long)ctx->cfg.upload_rate,
                      ctx->self.host_id, gpu);
     return n;
 }

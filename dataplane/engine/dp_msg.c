@@ -5,6 +5,7 @@
  */
 #include "engine.h"
 
+#include <stddef.h>
 #include <string.h>
 
 static bool dp_node_ok(const struct cfx_dp_node *n)
@@ -32,6 +33,8 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         [CFX_DP_REDUCE_ABORT] = sizeof(struct cfx_dp_reduce_done),
         [CFX_DP_REDUCE_LOST] = sizeof(struct cfx_dp_reduce_done),
         [CFX_DP_REDUCE_ADOPT] = sizeof(struct cfx_dp_reduce_adopt),
+        [CFX_DP_P2P_EAGER] = sizeof(struct cfx_dp_eager), /* + its payload */
+        [CFX_DP_EAGER_CREDIT] = sizeof(struct cfx_dp_credit),
     };
     struct cfx_dp_hdr h;
 
@@ -39,7 +42,19 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         return CFX_ERR_PROTO;
     memcpy(&h, buf, sizeof(h));
     if (h.magic != CFX_DP_MAGIC || h.version != CFX_DP_VERSION || h.type == 0 ||
-        h.type >= CFX_DP_TYPE_MAX || len != sizes[h.type])
+        h.type >= CFX_DP_TYPE_MAX)
+        return CFX_ERR_PROTO;
+    if (h.type == CFX_DP_P2P_EAGER) {
+        /* the one variable-length message: header, then exactly len bytes */
+        uint32_t n;
+        if (len < sizeof(struct cfx_dp_eager) || h.slot != 0)
+            return CFX_ERR_PROTO;
+        memcpy(&n, (const uint8_t *)buf + offsetof(struct cfx_dp_eager, len), sizeof(n));
+        if (n > CFX_EAGER_LIMIT || len != sizeof(struct cfx_dp_eager) + n)
+            return CFX_ERR_PROTO;
+        return h.type;
+    }
+    if (len != sizes[h.type])
         return CFX_ERR_PROTO;
     if (h.type != CFX_DP_HELLO && h.type != CFX_DP_AUTH && h.slot >= CFX_XFER_SLOTS)
         return CFX_ERR_PROTO;

@@ -5,7 +5,9 @@
  * Threads:
  *  - API threads call the public functions.  They take ctx->lock for short
  *    sections and never call a transport: work that needs one is queued as
- *    a command for the progress thread.
+ *    a command for the progress thread.  (An eager receive is matched
+ *    against the unexpected queue and posted right on the calling thread:
+ *    memory only, eager.c.)
  *  - The progress thread owns every transport iface, endpoint and
  *    registration.  It polls completions while work is in flight, then
  *    sleeps on an epoll set of the ifaces' wait fds and a command eventfd.
@@ -41,7 +43,8 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 2         /* 2: HELLO carries a nonce; AUTH handshake */
+#define CFX_DP_VERSION 3         /* 2: HELLO carries a nonce; AUTH handshake;
+                                    3: eager messages, AUTH grants eager credits */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -58,6 +61,8 @@ enum cfx_dp_type {
     CFX_DP_REDUCE_ABORT,/* driver -> node: give up a task (the driver re-plans) */
     CFX_DP_REDUCE_LOST, /* node -> driver: a child stream died (node_id); task goes on */
     CFX_DP_REDUCE_ADOPT,/* driver -> node: read these streams in place of a lost one */
+    CFX_DP_P2P_EAGER,   /* sender -> receiver: a whole small message (eager.c) */
+    CFX_DP_EAGER_CREDIT,/* receiver -> sender: eager messages consumed, send more */
     CFX_DP_TYPE_MAX
 };
 
@@ -80,7 +85,26 @@ struct cfx_dp_auth {
     struct cfx_dp_hdr hdr;
     uint8_t nonce[CFX_DP_NONCE_LEN]; /* acceptor's nonce (echoed by the connector) */
     uint8_t mac[CFX_DP_MAC_LEN];     /* HMAC-SHA256 over both nonces */
+    uint32_t eager_max;              /* acceptor's: largest eager payload it takes (eager.c);
+                                        0 from the connector */
+    uint32_t eager_credits;          /* acceptor's: eager messages the connector may have
+                                        unconsumed here (0 from the connector) */
 };
+
+/* An eager point-to-point message: match information and the payload, in
+ * one ep_send (eager.c).  Variable length: sizeof + len bytes. */
+struct cfx_dp_eager {
+    struct cfx_dp_hdr hdr;      /* slot 0 */
+    uint64_t chan;
+    uint32_t tag;
+    uint32_t len;               /* payload bytes that follow */
+    uint8_t data[];
+};
+
+/* Largest eager payload any transport carries in one ep_send. */
+#define CFX_EAGER_LIMIT   (CFX_TP_SEND_MAX - (uint32_t)sizeof(struct cfx_dp_eager))
+#define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (unexpected-queue
+                                   bound per peer: 64 x 4 KiB) */
 
 struct cfx_dp_get_req {
     struct cfx_dp_hdr hdr;
@@ -205,7 +229,10 @@ struct cfx_obj {
     uint64_t chan;
     uint32_t tag;
     int p2p_status;             /* send: CFX_ERR_AGAIN until done */
-    struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched */
+    struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched; conn->eager_q while a
+                                   send waits for its connection or credits; ctx->eager_posted
+                                   while an eager receive waits */
+    bool eager;                 /* receive: in the eager class (eager.c) */
 };
 
 enum { CFX_P2P_SEND = 1, CFX_P2P_RECV = 2 };
@@ -259,6 +286,17 @@ struct cfx_conn {
     bool auth_sent;             /* our AUTH went out */
     uint8_t nonce[CFX_DP_NONCE_LEN];      /* ours */
     uint8_t peer_nonce[CFX_DP_NONCE_LEN]; /* theirs */
+    /* eager messages (eager.c).  Sender side (our outbound connection): */
+    bool eager_known;           /* the acceptor's AUTH told eager_max and the grant */
+    uint32_t eager_max;         /* receiver's threshold: sends up to this go eager */
+    uint32_t eager_credits;     /* eager messages we may still send */
+    struct cfx_list eager_q;    /* struct cfx_obj.p2p_link: sends in posting order waiting
+                                   for the handshake (all) or for credits (eager ones) */
+    /* Receiver side (a peer's connection to us): */
+    uint64_t eager_id;          /* names this connection in unexpected-queue entries */
+    uint32_t eager_granted;     /* credits granted in our AUTH */
+    uint32_t eager_held;        /* messages received, credit not yet returned */
+    uint32_t eager_owed;        /* ... of which consumed: return at granted / 2 */
 };
 
 struct cfx_pending_msg {
@@ -397,6 +435,7 @@ enum cfx_cmd_type {
     CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
     CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
+    CFX_CMD_EAGER_CREDIT,   /* return eager credits owed to peers */
 };
 
 struct cfx_cmd {
@@ -457,7 +496,9 @@ struct cfx_config {
     size_t inline_max;          /* objects up to this go through the coordinator */
     int timeout_ms;
     uint32_t window_bytes;      /* credit window per transfer */
-    uint32_t spin_us;           /* busy-poll before sleeping */
+    uint32_t spin_us;           /* busy-poll before sleeping (progress thread and waiters) */
+    uint32_t eager_max;         /* CFX_EAGER_MAX: messages up to this go eager (receiver's
+                                   value rules a connection) */
     uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
 };
 
@@ -482,6 +523,12 @@ struct cfx_context {
     struct cfx_list paced_uploads;
     struct cfx_list p2p_sends;  /* struct cfx_obj.p2p_link: posted, unmatched */
     struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
+    struct cfx_list eager_posted; /* struct cfx_obj.p2p_link: eager receives, posting order */
+    struct cfx_list eager_unexp;  /* struct cfx_eager_unexp: arrived before their receive */
+    uint64_t eager_conn_ids;    /* last cfx_conn.eager_id handed out */
+    uint32_t eager_gone[64];    /* nodes whose connection ended (ring): a receive from one
+                                   with none live fails at once (eager.c) */
+    unsigned eager_ngone;
     struct cfx_list rtasks;     /* struct cfx_rtask running here */
     struct cfx_list rwaits;     /* struct cfx_rwait: reduces this node drives */
     struct cfx_list waiting_gets; /* struct cfx_p2p_rtr: GET_REQ (WAIT) for objects
@@ -584,6 +631,37 @@ void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
  * completing one the user already freed frees it.  Any thread. */
 struct cfx_request *cfx__request_new(struct cfx_context *ctx);
 void cfx__request_complete(struct cfx_request *req, int status, size_t size);
+
+/* eager.c: small messages pushed whole to the receiver (see p2p.h). */
+struct cfx_eager_unexp {
+    struct cfx_list link;       /* ctx->eager_unexp, arrival order */
+    uint32_t node_id;           /* sender */
+    uint64_t conn_id;           /* cfx_conn.eager_id it came on (credit return) */
+    uint64_t chan;
+    uint32_t tag;
+    uint32_t len;
+    uint8_t data[];
+};
+/* Is a message of @p len bytes eager under threshold @p max (0: none is)? */
+static inline bool cfx__eager_class(uint64_t len, uint32_t max)
+{
+    return max && len <= max;
+}
+/* Progress thread, ctx->lock held. */
+void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
+                          const struct cfx_node_rec *peer);
+void cfx__eager_pump(struct cfx_conn *conn);
+void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);
+void cfx__eager_credit_msg(struct cfx_conn *conn, uint32_t credits);
+void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
+void cfx__eager_node_dead(struct cfx_context *ctx, uint32_t node_id);
+int cfx__eager_return_credits(struct cfx_context *ctx);
+/* Any thread, ctx->lock held (no transport is called). */
+int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in);
+void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in);
+bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
+/* Teardown (no progress thread any more). */
+void cfx__eager_destroy_all(struct cfx_context *ctx);
 
 /* p2p.c (progress thread, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);

@@ -2,6 +2,7 @@
 #include "p2p.h"
 
 #include <inttypes.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,15 +153,20 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
     int rc;
     if (kind == CFX_P2P_SEND) {
+        /* eager or rendezvous: decided on the progress thread by the
+         * receiver's threshold (eager.c) */
         obj->complete = true;
         obj->ready_chunks = obj->nchunks;
-        rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, NULL);
+        rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, peer);
     } else {
         req->in.obj = obj;
         req->in.status = CFX_ERR_AGAIN;
         req->in.src_node = peer->node_id;
         obj->in = &req->in;
-        rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, peer);
+        if (cfx__eager_class(len, ctx->cfg.eager_max))
+            rc = cfx__eager_recv_post(ctx, obj, &req->in); /* no transport: right here */
+        else
+            rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, peer);
     }
     pthread_mutex_unlock(&ctx->lock);
     if (rc != CFX_OK) {
@@ -191,6 +197,30 @@ int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
 static int p2p_status(const struct cfx_p2p_req *req)
 {
     return req->kind == CFX_P2P_SEND ? req->obj->p2p_status : req->in.status;
+}
+
+/*
+ * Before sleeping on the condition variable, watch the request for up to
+ * CFX_SPIN_US without the lock: a completion the progress thread makes
+ * meanwhile is seen without a futex wake-up.  The status is read with an
+ * atomic load (it is written under ctx->lock); the caller confirms under
+ * the lock.  Yields the core while it spins (fewer cores than busy threads
+ * must still let the progress thread run).
+ */
+static void spin_wait(const struct cfx_p2p_req *req)
+{
+    const int *st = req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status;
+    uint32_t us = req->ctx->cfg.spin_us;
+    if (!us)
+        return;
+    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
+    for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
+        if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
+            return;
+        if ((i & 7) == 7 && cfx__now_ns() >= end)
+            return;
+        sched_yield();
+    }
 }
 
 int cfx__p2p_test(struct cfx_p2p_req *req)
@@ -252,6 +282,7 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     *dead = -1;
     if (was_stopped)
         *was_stopped = false;
+    spin_wait(req);
     pthread_mutex_lock(&ctx->lock);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
@@ -292,20 +323,20 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     if (n <= 0)
         return CFX_OK;
     struct cfx_context *ctx = reqs[0]->ctx;
-    pthread_mutex_lock(&ctx->lock);
     for (int i = 0; i < n; i++) {
         int st;
+        spin_wait(reqs[i]);
+        pthread_mutex_lock(&ctx->lock);
         while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline_ns))
             ;
         if (st == CFX_ERR_AGAIN)
             st = CFX_ERR_TIMEOUT;
+        pthread_mutex_unlock(&ctx->lock);
         if (st != CFX_OK) {
-            pthread_mutex_unlock(&ctx->lock);
             describe(reqs[i], st);
             return st;
         }
     }
-    pthread_mutex_unlock(&ctx->lock);
     return CFX_OK;
 }
 
@@ -314,7 +345,19 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
     if (!req)
         return;
     struct cfx_context *ctx = req->ctx;
+    struct cfx_obj *obj = req->obj;
     pthread_mutex_lock(&ctx->lock);
+    if (req->kind == CFX_P2P_RECV && obj->eager)
+        cfx__eager_recv_cancel(ctx, obj, &req->in); /* nothing in flight for it */
+    if (obj->eager && p2p_status(req) != CFX_ERR_AGAIN) {
+        /* an eager message's object was never registered nor shared with
+         * the progress thread after completion: free it here */
+        pthread_mutex_unlock(&ctx->lock);
+        free(obj->bitmap);
+        free(obj);
+        free(req);
+        return;
+    }
     if (p2p_status(req) == CFX_ERR_AGAIN) {
         /* withdraw: a receive waits for the sender's ack that no write is
          * still coming; after the grace period it is cut off (a late write

@@ -2,12 +2,20 @@
  * Point-to-point messages between nodes: the primitive the group
  * collectives are built on.
  *
- * Receiver-driven rendezvous over the same one-sided machinery as object
- * gets: a receive registers its buffer and sends a request (GET_REQ with the
- * P2P flag, a channel and a tag) to the sender; the sender matches it, in
- * posting order, with a send posted for the same (peer, channel, tag) and
- * writes the message with immediates into the receiver's buffer.  Sizes must
- * agree exactly: a mismatch fails both sides with CFX_ERR_INVALID.
+ * Messages up to the receiver's CFX_EAGER_MAX go eager (eager.c): one
+ * send carrying the match information and the payload, copied into the
+ * first matching posted receive or held in a bounded unexpected queue; the
+ * send completes when the transport took the copy (it cannot be withdrawn
+ * after that), and a size disagreement fails only the receive
+ * (CFX_ERR_INVALID).
+ *
+ * Larger ones use receiver-driven rendezvous over the same one-sided
+ * machinery as object gets: a receive registers its buffer and sends a
+ * request (GET_REQ with the P2P flag, a channel and a tag) to the sender;
+ * the sender matches it, in posting order, with a send posted for the same
+ * (peer, channel, tag) and writes the message with immediates into the
+ * receiver's buffer.  Sizes must agree exactly: a mismatch fails both sides
+ * with CFX_ERR_INVALID.  Each class matches in posting order on its own.
  *
  * Any thread may call these; a request is used by one thread at a time.
  */

@@ -69,6 +69,7 @@ static int run_cmds(struct cfx_context *ctx)
         case CFX_CMD_NODE_DEAD:
             cfx__conn_node_dead(ctx, cmd->node_id);
             cfx__p2p_node_dead(ctx, cmd->node_id);
+            cfx__eager_node_dead(ctx, cmd->node_id);
             cfx__rtask_node_dead(ctx, cmd->node_id);
             if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
                 ctx->dead[ctx->ndead++] = cmd->node_id;
@@ -78,7 +79,10 @@ static int run_cmds(struct cfx_context *ctx)
             pthread_cond_broadcast(&ctx->obj_cond);
             break;
         case CFX_CMD_P2P_SEND:
-            cfx__p2p_send_post(ctx, cmd->obj);
+            cfx__eager_send_post(ctx, cmd->obj, &cmd->node);
+            break;
+        case CFX_CMD_EAGER_CREDIT:
+            cfx__eager_return_credits(ctx);
             break;
         case CFX_CMD_P2P_CANCEL:
             cfx__p2p_send_cancel(ctx, cmd->obj);

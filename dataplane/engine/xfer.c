@@ -616,6 +616,12 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     case CFX_DP_REDUCE_ADOPT:
         cfx__rtask_msg(ctx, conn, data, len);
         break;
+    case CFX_DP_P2P_EAGER:
+        cfx__eager_msg(ctx, conn, data, len);
+        break;
+    case CFX_DP_EAGER_CREDIT:
+        cfx__eager_credit_msg(conn, ((const struct cfx_dp_credit *)data)->credits);
+        break;
     case CFX_DP_CANCEL_ACK: {
         struct cfx_xfer_in *in = ctx->slots[h.slot];
         if (in && in->conn == conn && in->cancel_sent) {
@@ -660,6 +666,7 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         upload_free(ctx, up);
     }
     cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
+    cfx__eager_conn_failed(ctx, conn);
 }
 
 /*

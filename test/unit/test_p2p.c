@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
@@ -121,14 +122,24 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
         free(dst[i]);
     }
 
-    /* sizes disagree: both sides fail with CFX_ERR_INVALID */
-    uint8_t small[100], big[200];
+    /* sizes disagree (rendezvous): both sides fail with CFX_ERR_INVALID */
+    static uint8_t small[CFX_EAGER_LIMIT + 100], big[CFX_EAGER_LIMIT + 200];
     struct cfx_p2p_req *ss, *rr;
     cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 2, big, sizeof(big), CFX_MEMTYPE_HOST, &ss), CFX_OK);
     cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 2, small, sizeof(small), CFX_MEMTYPE_HOST, &rr), CFX_OK);
     dl = cfx__deadline_ns(5000);
     cr_assert_eq(cfx__p2p_wait(rr, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
     cr_assert_eq(cfx__p2p_wait(ss, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "disagree"), "%s", cfx_last_error());
+    cfx__p2p_free(ss);
+    cfx__p2p_free(rr);
+
+    /* sizes disagree (eager): the send completed when handed over, the
+     * receive fails with CFX_ERR_INVALID */
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 5, big, 200, CFX_MEMTYPE_HOST, &ss), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 5, small, 100, CFX_MEMTYPE_HOST, &rr), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(ss, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait(rr, dl), CFX_ERR_INVALID, "%s", cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "disagree"), "%s", cfx_last_error());
     cfx__p2p_free(ss);
     cfx__p2p_free(rr);
@@ -144,12 +155,210 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     cfx__p2p_free(rr); /* withdrawn while pending */
 
-    /* an unmatched send is withdrawn too, and a later receive does not
-     * match it */
+    /* an unmatched (rendezvous) send is withdrawn too, and a later receive
+     * does not match it; an eager one is gone once handed over */
     cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 4, big, sizeof(big), CFX_MEMTYPE_HOST, &ss), CFX_OK);
     cfx__p2p_free(ss);
     cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 4, big, sizeof(big), CFX_MEMTYPE_HOST, &rr), CFX_OK);
     cr_assert_eq(cfx__p2p_wait(rr, cfx__deadline_ns(300)), CFX_ERR_TIMEOUT);
     cfx__p2p_free(rr);
     down();
+}
+
+/* ---- eager messages ---------------------------------------------------------- */
+
+static uint64_t uploads_of(struct cfx_context *ctx)
+{
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(ctx, &st), CFX_OK);
+    return st.uploads;
+}
+
+ParameterizedTestParameters(p2p, eager_boundary)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* threshold - 1, =, + 1: every byte arrives; only the last one is a
+ * rendezvous (an upload served by the sender) */
+ParameterizedTest(struct tp_param *p, p2p, eager_boundary, .timeout = 60)
+{
+    up(p->tp);
+    const uint32_t t = a->cfg.eager_max;
+    cr_assert_eq(t, CFX_EAGER_LIMIT, "default threshold");
+    const size_t sizes[] = { t - 1, t, (size_t)t + 1, 0, 1 };
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t n = sizes[i];
+        uint8_t *src = malloc(n + 1), *dst = malloc(n + 1);
+        cfx_test_fill(src, n, 7 + i);
+        memset(dst, 0xEE, n + 1);
+        uint64_t before = uploads_of(a);
+        struct cfx_p2p_req *s, *r;
+        /* receive posted after the send: the eager ones wait in the unexpected queue */
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 11, (uint32_t)i, src, n, CFX_MEMTYPE_HOST, &s), CFX_OK);
+        uint64_t dl = cfx__deadline_ns(10000);
+        if (n <= t)
+            cr_assert_eq(cfx__p2p_wait(s, dl), CFX_OK, "eager send %zu completes alone: %s", n,
+                         cfx_last_error());
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 11, (uint32_t)i, dst, n, CFX_MEMTYPE_HOST, &r), CFX_OK);
+        cr_assert_eq(cfx__p2p_wait(r, dl), CFX_OK, "recv %zu: %s", n, cfx_last_error());
+        cr_assert_eq(cfx__p2p_wait(s, dl), CFX_OK, "send %zu: %s", n, cfx_last_error());
+        cr_assert_eq(cfx_test_check(dst, n, 7 + i), (size_t)-1, "%zu bytes differ", n);
+        cr_assert_eq(dst[n], 0xEE, "wrote past the end");
+        cr_assert_eq(uploads_of(a) - before, n <= t ? 0u : 1u, "size %zu took the wrong path", n);
+        cfx__p2p_free(s);
+        cfx__p2p_free(r);
+        free(src);
+        free(dst);
+    }
+    down();
+}
+
+ParameterizedTestParameters(p2p, eager_unexpected_flood)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+static unsigned unexpected_count(struct cfx_context *ctx)
+{
+    unsigned n = 0;
+    struct cfx_list *pos;
+    pthread_mutex_lock(&ctx->lock);
+    cfx_list_for_each(pos, &ctx->eager_unexp)
+        n++;
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+/* The sender runs 10k messages ahead: credits hold it (the unexpected queue
+ * stays bounded), nothing is dropped or reordered. */
+ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_flood, .timeout = 120)
+{
+    enum { N = 10000 };
+    up(p->tp);
+    uint64_t *src = malloc(N * sizeof(*src)), *dst = calloc(N, sizeof(*dst));
+    struct cfx_p2p_req **s = calloc(N, sizeof(*s)), **r = calloc(N, sizeof(*r));
+    for (int i = 0; i < N; i++) {
+        src[i] = 0x5eed0000ull + (uint64_t)i;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 12, 3, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    /* the first grant goes out, then the sender waits */
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
+                 cfx_last_error());
+    uint64_t settle = cfx__deadline_ns(200);
+    while (cfx__now_ns() < settle && unexpected_count(b) < CFX_EAGER_CREDITS)
+        usleep(1000);
+    usleep(50 * 1000);
+    cr_assert_eq(cfx__p2p_test(s[CFX_EAGER_CREDITS]), CFX_ERR_AGAIN, "sent beyond its credits");
+    cr_assert_leq(unexpected_count(b), CFX_EAGER_CREDITS, "unexpected queue past the grant");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 12, 3, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST,
+                                    &r[i]), CFX_OK);
+    uint64_t dl = cfx__deadline_ns(60000);
+    cr_assert_eq(cfx__p2p_waitall(r, N, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_waitall(s, N, dl), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(dst[i], src[i], "message %d: got %llx", i, (unsigned long long)dst[i]);
+        cfx__p2p_free(s[i]);
+        cfx__p2p_free(r[i]);
+    }
+    cr_assert_eq(unexpected_count(b), 0);
+    free(s);
+    free(r);
+    free(src);
+    free(dst);
+    down();
+}
+
+ParameterizedTestParameters(p2p, eager_tags_out_of_order)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* Receives posted in the reverse order of the sends, some before and some
+ * after the messages arrive: each takes its own tag's message. */
+ParameterizedTest(struct tp_param *p, p2p, eager_tags_out_of_order, .timeout = 60)
+{
+    enum { N = 40 };
+    up(p->tp);
+    uint8_t src[N][64], dst[N][64];
+    struct cfx_p2p_req *s[N], *r[N];
+    memset(dst, 0, sizeof(dst));
+    for (int i = N - 1; i >= N / 2; i--) /* half posted before anything is sent */
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 13, (uint32_t)i, dst[i], 16 + i, CFX_MEMTYPE_HOST,
+                                    &r[i]), CFX_OK);
+    for (int i = 0; i < N; i++) {
+        cfx_test_fill(src[i], 16 + i, 300 + (uint64_t)i);
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 13, (uint32_t)i, src[i], 16 + i, CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    uint64_t dl = cfx__deadline_ns(10000);
+    cr_assert_eq(cfx__p2p_waitall(s, N, dl), CFX_OK, "%s", cfx_last_error());
+    for (int i = N / 2 - 1; i >= 0; i--)
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 13, (uint32_t)i, dst[i], 16 + i, CFX_MEMTYPE_HOST,
+                                    &r[i]), CFX_OK);
+    cr_assert_eq(cfx__p2p_waitall(r, N, dl), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(cfx_test_check(dst[i], 16 + i, 300 + (uint64_t)i), (size_t)-1, "tag %d", i);
+        cfx__p2p_free(s[i]);
+        cfx__p2p_free(r[i]);
+    }
+    down();
+}
+
+ParameterizedTestParameters(p2p, eager_peer_dies)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* The sender leaves with eager messages delivered, some still waiting for
+ * credits: what arrived is received in order, then every receive from it
+ * (waiting or posted later) ends with CFX_ERR_PEER_FAILED naming it. */
+ParameterizedTest(struct tp_param *p, p2p, eager_peer_dies, .timeout = 60)
+{
+    enum { N = 200 };
+    up(p->tp);
+    uint32_t src[N], dst[N], idle;
+    struct cfx_p2p_req *s[N], *r[N], *w;
+    uint32_t a_id = a->node_id;
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 14, 99, &idle, sizeof(idle), CFX_MEMTYPE_HOST, &w), CFX_OK);
+    for (int i = 0; i < N; i++) {
+        src[i] = 0xd1e00000u + (uint32_t)i;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 14, 1, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    cr_assert_eq(cfx__p2p_wait(s[0], cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(s[i]); /* the ones still waiting for credits are withdrawn */
+    cfx_context_destroy(a);
+    a = NULL;
+
+    char want[32];
+    snprintf(want, sizeof(want), "node %u", a_id);
+    cr_assert_eq(cfx__p2p_wait(w, cfx__deadline_ns(10000)), CFX_ERR_PEER_FAILED, "%s",
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 14, 1, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST, &r[i]),
+                     CFX_OK);
+        int st = cfx__p2p_wait(r[i], cfx__deadline_ns(10000));
+        if (st == CFX_OK) {
+            cr_assert_eq(ok, i, "a message after a failure");
+            cr_assert_eq(dst[i], src[i], "message %d out of order", i);
+            ok++;
+        } else {
+            cr_assert_eq(st, CFX_ERR_PEER_FAILED, "%s", cfx_last_error());
+            cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+        }
+    }
+    cr_assert_geq(ok, 1, "the first message was sent before the peer left");
+    cr_assert_leq(ok, CFX_EAGER_CREDITS, "more than the credits allowed");
+    cr_assert_eq(unexpected_count(b), 0);
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(r[i]);
+    cfx__p2p_free(w);
+    cfx_context_destroy(b);
+    cfx__coord_stop(coord);
 }

@@ -1,0 +1,394 @@
+/*
+ * Eager point-to-point messages: a message of at most the receiver's
+ * threshold (CFX_EAGER_MAX, at most CFX_EAGER_LIMIT) travels whole, with its
+ * match information, in one ep_send on the sender's connection to the
+ * receiver.  No registration, no request from the receiver, no write.
+ *
+ * Threshold.  The receiver's value rules a connection: the acceptor tells
+ * it in its AUTH, and the connector (the sender) classifies every send by
+ * it; the receiver classifies every receive by its own value.  So both sides
+ * use one number without the receiver needing a connection first, and two
+ * ranks with different CFX_EAGER_MAX never disagree.  Until the handshake
+ * told it, every send to that peer waits on the connection, in posting
+ * order, then goes eager or to the rendezvous FIFO (p2p.c).
+ *
+ * Matching.  Eager receives match eager messages only, in posting order per
+ * (peer, channel, tag); the rendezvous class keeps its own FIFO.  A message
+ * with no posted receive is copied into the unexpected queue, which a later
+ * receive checks first.  A size disagreement fails the receive with
+ * CFX_ERR_INVALID (the send completed when it was handed over).
+ *
+ * Credits.  The acceptor grants CFX_EAGER_CREDITS messages per connection;
+ * the sender spends one per message and queues, in order, when it has none.
+ * The receiver returns credits for consumed messages once half the grant is
+ * owed (EAGER_CREDIT).  A message beyond the grant is a protocol error, so
+ * a peer can hold at most CFX_EAGER_CREDITS entries in the unexpected queue
+ * per connection.
+ *
+ * Threads: the progress thread sends, receives and returns credits; API
+ * threads post receives and consume unexpected entries under ctx->lock (no
+ * transport call: a credit return they make due is a command).
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/memtype.h"
+
+static void wake(struct cfx_context *ctx)
+{
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+/* ---- sender ---------------------------------------------------------------- */
+
+/* One message out; CFX_ERR_AGAIN: the send queue is full. *copy_rc is set
+ * when the payload could not be read (the send fails, not the connection). */
+static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
+{
+    struct cfx_context *ctx = conn->ctx;
+    union {
+        struct cfx_dp_eager m;
+        uint8_t raw[CFX_TP_SEND_MAX];
+    } u;
+    struct cfx_dp_eager *m = &u.m;
+
+    m->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                  .type = CFX_DP_P2P_EAGER, .slot = 0 };
+    m->chan = obj->chan;
+    m->tag = obj->tag;
+    m->len = (uint32_t)obj->size;
+    *copy_rc = CFX_OK;
+    if (obj->size) {
+        if (likely(obj->memtype == CFX_MEMTYPE_HOST))
+            memcpy(m->data, obj->buf, obj->size);
+        else if ((*copy_rc = cfx__memcpy_typed(m->data, CFX_MEMTYPE_HOST, obj->buf, obj->memtype,
+                                               obj->size)) != CFX_OK)
+            return *copy_rc;
+    }
+    int rc = ctx->tp[conn->tp].ops->ep_send(conn->ep, m, sizeof(*m) + obj->size, 0);
+    if (rc == CFX_OK) {
+        conn->eager_credits--;
+        ctx->stats.bytes_sent += obj->size;
+    }
+    return rc;
+}
+
+/* Send what the connection's queue allows: in posting order, a rendezvous-
+ * class send leaves for the rendezvous FIFO; eager ones go while credits
+ * last (the first one that waits holds back the eager ones behind it only). */
+void cfx__eager_pump(struct cfx_conn *conn)
+{
+    struct cfx_context *ctx = conn->ctx;
+    struct cfx_list *pos, *tmp;
+    bool blocked = false;
+
+    if (!conn->eager_known || conn->state != CFX_CONN_READY || !conn->authed)
+        return;
+    cfx_list_for_each_safe(pos, tmp, &conn->eager_q) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (!cfx__eager_class(obj->size, conn->eager_max)) {
+            cfx_list_del(&obj->p2p_link);
+            /* matching a waiting request may serve (and fail) other
+             * connections, never this outbound one: tmp stays valid */
+            cfx__p2p_send_post(ctx, obj);
+            continue;
+        }
+        if (blocked)
+            continue;
+        if (!conn->eager_credits) {
+            blocked = true;
+            continue;
+        }
+        int copy_rc;
+        int rc = eager_push(conn, obj, &copy_rc);
+        if (rc == CFX_ERR_AGAIN) {
+            blocked = true;
+            continue;
+        }
+        cfx_list_del(&obj->p2p_link);
+        if (copy_rc != CFX_OK) {
+            obj->p2p_status = copy_rc;
+            wake(ctx);
+            continue;
+        }
+        obj->p2p_status = rc;
+        obj->eager = rc == CFX_OK;
+        wake(ctx);
+        if (rc != CFX_OK) {
+            cfx__conn_fail(conn, rc, "eager send failed"); /* fails the rest of the queue */
+            return;
+        }
+    }
+}
+
+void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
+                          const struct cfx_node_rec *peer)
+{
+    int status = CFX_OK;
+    struct cfx_conn *conn = cfx__conn_get(ctx, peer, &status);
+    if (!conn) {
+        if (obj->size > CFX_EAGER_LIMIT) {
+            /* rendezvous in any case, and the receiver drives it */
+            cfx__p2p_send_post(ctx, obj);
+            return;
+        }
+        obj->p2p_status = status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT;
+        wake(ctx);
+        return;
+    }
+    cfx_list_add_tail(&obj->p2p_link, &conn->eager_q);
+    cfx__eager_pump(conn);
+}
+
+void cfx__eager_credit_msg(struct cfx_conn *conn, uint32_t credits)
+{
+    if (!conn->outbound || !conn->eager_known || credits == 0 ||
+        credits > conn->eager_granted - conn->eager_credits) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "eager credits beyond the grant");
+        return;
+    }
+    conn->eager_credits += credits;
+    cfx__eager_pump(conn);
+}
+
+/* ---- receiver ------------------------------------------------------------------ */
+
+static bool key_match(const struct cfx_obj *obj, uint32_t node, uint64_t chan, uint32_t tag)
+{
+    return obj->peer_node == node && obj->chan == chan && obj->tag == tag;
+}
+
+/* Complete the eager receive @p obj with a message of @p len bytes. */
+static void deliver(struct cfx_context *ctx, struct cfx_obj *obj, const void *data,
+                    uint32_t len)
+{
+    struct cfx_xfer_in *in = obj->in;
+    int st = CFX_OK;
+    if (len != obj->size) {
+        CFX_LOG(WARN, P2P, "node %u: node %u sent %u bytes on tag %u, the receive wants %" PRIu64,
+                ctx->node_id, obj->peer_node, len, obj->tag, obj->size);
+        st = CFX_ERR_INVALID;
+    } else if (len) {
+        if (likely(obj->memtype == CFX_MEMTYPE_HOST))
+            memcpy(obj->buf, data, len);
+        else
+            st = cfx__memcpy_typed(obj->buf, obj->memtype, data, CFX_MEMTYPE_HOST, len);
+    }
+    obj->complete = st == CFX_OK;
+    if (in && in->status == CFX_ERR_AGAIN)
+        in->status = st;
+    wake(ctx);
+}
+
+static void send_credit(struct cfx_conn *conn)
+{
+    struct cfx_dp_credit c = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_EAGER_CREDIT, .slot = 0 },
+        .credits = conn->eager_owed,
+    };
+    conn->eager_held -= conn->eager_owed;
+    conn->eager_owed = 0;
+    cfx__conn_send(conn, &c, sizeof(c));
+}
+
+static bool credit_due(const struct cfx_conn *conn)
+{
+    return conn->eager_owed && conn->eager_owed >= CFX_MAX(conn->eager_granted / 2, 1u);
+}
+
+/* A message that came on connection @p conn_id was consumed.  @p progress:
+ * on the progress thread (send the credit now), else leave it to a command. */
+static void consumed(struct cfx_context *ctx, uint64_t conn_id, bool progress)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->eager_id != conn_id || c->state == CFX_CONN_FAILED)
+            continue;
+        c->eager_owed++;
+        if (credit_due(c)) {
+            if (progress)
+                send_credit(c);
+            else
+                cfx__cmd_new(ctx, CFX_CMD_EAGER_CREDIT, NULL, NULL); /* NOMEM: sent by the next */
+        }
+        return;
+    }
+    /* the connection is gone: its credits went with it */
+}
+
+int cfx__eager_return_credits(struct cfx_context *ctx)
+{
+    struct cfx_list *pos;
+    int n = 0;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->state != CFX_CONN_FAILED && credit_due(c)) {
+            send_credit(c);
+            n++;
+        }
+    }
+    return n;
+}
+
+void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
+{
+    const struct cfx_dp_eager *m = msg;
+    struct cfx_list *pos;
+    (void)len; /* cfx__dp_msg_check: len == sizeof(*m) + m->len */
+
+    if (unlikely(conn->outbound || conn->eager_held >= conn->eager_granted)) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "eager message beyond the credits granted");
+        return;
+    }
+    if (unlikely(!cfx__eager_class(m->len, ctx->cfg.eager_max))) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "eager message above the threshold granted");
+        return;
+    }
+    conn->eager_held++;
+    ctx->stats.bytes_received += m->len;
+    cfx_list_for_each(pos, &ctx->eager_posted) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (!key_match(obj, conn->node_id, m->chan, m->tag))
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        deliver(ctx, obj, m->data, m->len);
+        consumed(ctx, conn->eager_id, true);
+        return;
+    }
+    struct cfx_eager_unexp *u = malloc(sizeof(*u) + m->len);
+    if (!u) {
+        cfx__conn_fail(conn, CFX_ERR_NOMEM, "out of memory holding an eager message");
+        return;
+    }
+    u->node_id = conn->node_id;
+    u->conn_id = conn->eager_id;
+    u->chan = m->chan;
+    u->tag = m->tag;
+    u->len = m->len;
+    memcpy(u->data, m->data, m->len);
+    cfx_list_add_tail(&u->link, &ctx->eager_unexp);
+}
+
+bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id)
+{
+    for (unsigned d = 0; d < ctx->ndead; d++)
+        if (ctx->dead[d] == node_id)
+            return true;
+    return false;
+}
+
+/* Did a connection with @p node_id end, with none live since? */
+static bool node_gone(struct cfx_context *ctx, uint32_t node_id)
+{
+    bool gone = false;
+    for (unsigned i = 0; i < ctx->eager_ngone && i < CFX_ARRAY_SIZE(ctx->eager_gone); i++)
+        gone |= ctx->eager_gone[i] == node_id;
+    if (!gone)
+        return false;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == node_id && c->state != CFX_CONN_FAILED)
+            return false; /* it came back */
+    }
+    return true;
+}
+
+int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in)
+{
+    struct cfx_list *pos;
+    obj->eager = true;
+    cfx_list_for_each(pos, &ctx->eager_unexp) {
+        struct cfx_eager_unexp *u = cfx_list_entry(pos, struct cfx_eager_unexp, link);
+        if (!key_match(obj, u->node_id, u->chan, u->tag))
+            continue;
+        cfx_list_del(&u->link);
+        deliver(ctx, obj, u->data, u->len);
+        consumed(ctx, u->conn_id, false);
+        free(u);
+        return CFX_OK;
+    }
+    if (cfx__node_is_dead(ctx, obj->peer_node) || node_gone(ctx, obj->peer_node)) {
+        /* what it sent before it went was matched above */
+        in->status = CFX_ERR_PEER_FAILED;
+        return CFX_OK;
+    }
+    cfx_list_add_tail(&obj->p2p_link, &ctx->eager_posted);
+    return CFX_OK;
+}
+
+void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in)
+{
+    if (in->status != CFX_ERR_AGAIN)
+        return;
+    cfx_list_del(&obj->p2p_link);
+    cfx_list_init(&obj->p2p_link);
+    in->status = CFX_ERR_CANCELED;
+    wake(ctx);
+}
+
+/* Fail the eager receives waiting on @p node_id. */
+static void fail_posted(struct cfx_context *ctx, uint32_t node_id, int status)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->eager_posted) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (obj->peer_node != node_id)
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        cfx_list_init(&obj->p2p_link);
+        if (obj->in && obj->in->status == CFX_ERR_AGAIN)
+            obj->in->status = status;
+        wake(ctx);
+    }
+}
+
+/*
+ * A connection ended.  Sends still queued on it fail; eager receives from
+ * its node fail (nothing more can come: a peer that reconnects is a new
+ * incarnation of the same rank only after a restart, which fails its
+ * groups anyway).  Messages already in the unexpected queue stay: they
+ * arrived whole, and a rank that sent and exited may be matched later.
+ */
+void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &conn->eager_q) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        cfx_list_del(&obj->p2p_link);
+        cfx_list_init(&obj->p2p_link);
+        obj->p2p_status = CFX_ERR_PEER_FAILED;
+        wake(ctx);
+    }
+    if (conn->node_id) {
+        /* a peer that left is not reported dead: remember that it went */
+        ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
+        fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
+    }
+}
+
+void cfx__eager_node_dead(struct cfx_context *ctx, uint32_t node_id)
+{
+    fail_posted(ctx, node_id, CFX_ERR_PEER_FAILED);
+}
+
+void cfx__eager_destroy_all(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->eager_unexp) {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_eager_unexp, link));
+    }
+    cfx_list_for_each_safe(pos, tmp, &ctx->eager_posted) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        cfx_list_del(pos);
+        cfx_list_init(&obj->p2p_link);
+        if (obj->in && obj->in->status == CFX_ERR_AGAIN)
+            obj->in->status = CFX_ERR_CLOSED;
+    }
+}
