@@ -30,6 +30,7 @@ struct coll_tune_row {
 };
 
 static const struct coll_tune_row coll_tune[] = {
+    { COLL_ALLREDUCE,      4u << 10,   2, CFX_ALGO_RECDBL },
     { COLL_ALLREDUCE,      4u << 10,   4, CFX_ALGO_DBTREE },
     { COLL_ALLREDUCE,      256u << 10, 3, CFX_ALGO_RHD },
     { COLL_ALLREDUCE,      SIZE_MAX,   1, CFX_ALGO_RING },
@@ -49,7 +50,7 @@ static const struct coll_tune_row coll_tune[] = {
 static const unsigned coll_applies[COLL_KIND_LAST] = {
     [COLL_BARRIER] = 1u << CFX_ALGO_DIRECT,
     [COLL_ALLREDUCE] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_RHD | 1u << CFX_ALGO_DBTREE |
-                       1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
+                       1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN | 1u << CFX_ALGO_RECDBL,
     [COLL_BROADCAST] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
     [COLL_REDUCE] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
     [COLL_ALLGATHER] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_DIRECT,
@@ -773,6 +774,7 @@ static bool writes_input(const struct coll_exec *x)
  * nothing, when two differ. */
 static int agree_gate(struct coll_exec *x)
 {
+    x->gate = false;
     struct coll_agree *ag = x->agree;
     bool have[AGREE_ALL_MAX] = { false };
     for (int p = 0; p < x->g->size; p++) {
@@ -784,6 +786,29 @@ static int agree_gate(struct coll_exec *x)
         have[p] = true;
     }
     return agree_text(x, have);
+}
+
+int cfx__coll_gate(struct coll_exec *x)
+{
+    return x->gate ? agree_gate(x) : CFX_OK;
+}
+
+/*
+ * Schedules that write the caller's buffers only at their end (or never,
+ * on some ranks) wait for the headers there (cfx__coll_gate()) instead of
+ * before their first message: by then every header has long arrived, since
+ * the result depends on every rank, and each sent its header first.  Small
+ * in-place calls so pay no wait for the check at all.
+ *  - recursive doubling allreduce works in scratch when in place and
+ *    copies the result out at the end;
+ *  - reduce (tree, chain): only the root writes, its reductions land after
+ *    its children's messages, which are received into scratch.
+ */
+static bool gate_deferred(const struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    return (a->kind == COLL_ALLREDUCE && x->algo == CFX_ALGO_RECDBL && x->g->size > 1) ||
+           a->kind == COLL_REDUCE;
 }
 
 /* ---- dispatch ------------------------------------------------------------------- */
@@ -812,7 +837,8 @@ static int coll_exec_run(struct coll_exec *x)
     else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
         rc = coll_agree(x);
     bool posted = rc == CFX_OK;
-    if (rc == CFX_OK && alongside && writes_input(x))
+    x->gate = rc == CFX_OK && alongside && writes_input(x);
+    if (x->gate && !gate_deferred(x))
         rc = agree_gate(x);
     if (rc == CFX_OK && (a->kind == COLL_BARRIER || a->count > 0))
         rc = run_schedule(x);
@@ -824,6 +850,7 @@ static int coll_exec_run(struct coll_exec *x)
         disagree = rc == CFX_ERR_INVALID;
     }
     x->agree = NULL;
+    x->gate = false;
     if (rc != CFX_OK) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", cfx_last_error());
@@ -856,6 +883,7 @@ static int run_schedule(struct coll_exec *x)
         if (g->size == 1)
             return cfx__coll_copy(x, r, s, bytes);
         switch (x->algo) {
+        case CFX_ALGO_RECDBL: return cfx__coll_allreduce_recdbl(x, s, r);
         case CFX_ALGO_RHD: return cfx__coll_allreduce_rhd(x, s, r);
         case CFX_ALGO_DBTREE: return cfx__coll_allreduce_dbtree(x, s, r);
         case CFX_ALGO_TREE:

@@ -163,6 +163,9 @@ static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct
         const char *up = own;
         if (nc) {
             char *dst = t->parent < 0 ? r + (size_t)j * segb : acc + (size_t)(j % nacc) * segb;
+            /* the root's first write to recvbuf (maybe its input) */
+            if (t->parent < 0 && (rc = cfx__coll_gate(x)) != CFX_OK)
+                break;
             if (t->parent >= 0 && j >= nacc && (rc = cfx__coll_wait(x, sh[j - nacc])) != CFX_OK)
                 break;
             for (int c = 0; c < nc && rc == CFX_OK; c++) {

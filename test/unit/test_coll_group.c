@@ -173,8 +173,9 @@ static void all_ok(int n, struct rank_run *rr)
  * values; counts around the block and segment boundaries. */
 static int body_allreduce(struct rank_run *rr)
 {
-    static const enum cfx_algo algos[] = { CFX_ALGO_RING, CFX_ALGO_RHD, CFX_ALGO_DBTREE,
-                                           CFX_ALGO_TREE, CFX_ALGO_CHAIN, CFX_ALGO_AUTO };
+    static const enum cfx_algo algos[] = { CFX_ALGO_RING,  CFX_ALGO_RHD,   CFX_ALGO_DBTREE,
+                                           CFX_ALGO_TREE,  CFX_ALGO_CHAIN, CFX_ALGO_RECDBL,
+                                           CFX_ALGO_AUTO };
     static const size_t counts[] = { 1, 2, 7, 4097, 70001 };
     const int n = rr->size;
     for (size_t a = 0; a < CFX_ARRAY_SIZE(algos); a++)
