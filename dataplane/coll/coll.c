@@ -16,34 +16,40 @@
  *
  * The one place where schedules are chosen.  Rows are tried in order; the
  * first whose kind matches, whose message size (bytes of the whole vector of
- * one rank) is at most max_bytes and whose group has at least min_ranks ranks
- * wins.  The numbers come from loopback measurements on a small host and the
- * usual shapes (NCCL, Open MPI tuned): latency-bound trees and
- * halving-doubling for small vectors, bandwidth-optimal rings and pipelined
- * chains for large ones.
+ * one rank) is at most max_bytes, whose group has at least min_ranks ranks
+ * (and a power of two of them, where the row says so) wins.  The numbers
+ * come from loopback measurements on a small host (docs/COLLECTIVES.md,
+ * "Selection", has them) and the usual shapes (NCCL, Open MPI tuned):
+ * latency-bound recursive doubling and binomial trees for small vectors,
+ * halving-doubling in between, bandwidth-optimal rings and pipelined chains
+ * for large ones.
  */
+#define COLL_SMALL_MAX (16u << 10) /* largest "small" vector: latency-bound schedules */
+
 struct coll_tune_row {
     enum coll_kind kind;
     size_t max_bytes;
     int min_ranks;
+    bool pow2;                  /* only groups whose size is a power of two */
     enum cfx_algo algo;
 };
 
 static const struct coll_tune_row coll_tune[] = {
-    { COLL_ALLREDUCE,      4u << 10,   2, CFX_ALGO_RECDBL },
-    { COLL_ALLREDUCE,      4u << 10,   4, CFX_ALGO_DBTREE },
-    { COLL_ALLREDUCE,      256u << 10, 3, CFX_ALGO_RHD },
-    { COLL_ALLREDUCE,      SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_BROADCAST,      64u << 10,  3, CFX_ALGO_TREE },
-    { COLL_BROADCAST,      SIZE_MAX,   1, CFX_ALGO_CHAIN },
-    { COLL_REDUCE,         64u << 10,  3, CFX_ALGO_TREE },
-    { COLL_REDUCE,         SIZE_MAX,   1, CFX_ALGO_CHAIN },
-    { COLL_ALLGATHER,      SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_REDUCE_SCATTER, SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_GATHER,         SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_SCATTER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_ALLTOALL,       SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_BARRIER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
+    /* kind               max_bytes       ranks pow2   algo */
+    { COLL_ALLREDUCE,      COLL_SMALL_MAX, 2,    true,  CFX_ALGO_RECDBL },
+    { COLL_ALLREDUCE,      COLL_SMALL_MAX, 3,    false, CFX_ALGO_TREE },
+    { COLL_ALLREDUCE,      256u << 10,     3,    false, CFX_ALGO_RHD },
+    { COLL_ALLREDUCE,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_BROADCAST,      64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_BROADCAST,      SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
+    { COLL_REDUCE,         64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_REDUCE,         SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
+    { COLL_ALLGATHER,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_REDUCE_SCATTER, SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_GATHER,         SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_SCATTER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_ALLTOALL,       SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_BARRIER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
 };
 
 /* Which algorithms each collective has (bit per enum cfx_algo). */
@@ -79,7 +85,8 @@ enum cfx_algo cfx__coll_choose(const struct cfx_group *g, enum coll_kind kind, s
     enum cfx_algo table = CFX_ALGO_DIRECT;
     for (size_t i = 0; i < CFX_ARRAY_SIZE(coll_tune); i++) {
         const struct coll_tune_row *t = &coll_tune[i];
-        if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks) {
+        if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks &&
+            (!t->pow2 || (g->size & (g->size - 1)) == 0)) {
             table = t->algo;
             break;
         }
@@ -802,13 +809,20 @@ int cfx__coll_gate(struct coll_exec *x)
  *  - recursive doubling allreduce works in scratch when in place and
  *    copies the result out at the end;
  *  - reduce (tree, chain): only the root writes, its reductions land after
- *    its children's messages, which are received into scratch.
+ *    its children's messages, which are received into scratch;
+ *  - allreduce as reduce then broadcast (tree, chain): the reduce as above,
+ *    and a rank posts the broadcast's receive into recvbuf after the gate
+ *    (by then it has sent its part up; the result is a round trip away).
  */
 static bool gate_deferred(const struct coll_exec *x)
 {
     const struct coll_args *a = x->a;
-    return (a->kind == COLL_ALLREDUCE && x->algo == CFX_ALGO_RECDBL && x->g->size > 1) ||
-           a->kind == COLL_REDUCE;
+    if (x->g->size == 1)
+        return false;
+    if (a->kind == COLL_ALLREDUCE)
+        return x->algo == CFX_ALGO_RECDBL || x->algo == CFX_ALGO_TREE ||
+               x->algo == CFX_ALGO_CHAIN;
+    return a->kind == COLL_REDUCE;
 }
 
 /* ---- dispatch ------------------------------------------------------------------- */

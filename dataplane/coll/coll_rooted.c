@@ -77,6 +77,9 @@ static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
             }
         return CFX_OK;
     }
+    /* an in-place allreduce's broadcast half: recvbuf may be the input */
+    if ((rc = cfx__coll_gate(x)) != CFX_OK)
+        return rc;
     int *rh = handles(x, (size_t)nseg);
     if (!rh)
         return CFX_ERR_NOMEM;
