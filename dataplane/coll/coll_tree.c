@@ -35,7 +35,7 @@ int cfx__coll_allreduce_recdbl(struct coll_exec *x, const void *s, void *r)
     if ((rc = cfx__coll_scratch(x, (stage ? 2 : 1) * bytes, (void **)&tmp)) != CFX_OK)
         return rc;
     acc = stage ? tmp + bytes : r;
-    const char *cur = s;    /* this rank's partial result so far */
+    const char *cur = s; /* this rank's partial result so far */
 
     int newrank;
     if (me < 2 * rem && me % 2 == 0) {

@@ -71,8 +71,9 @@ static int parse_size(const char *s, size_t *out)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce|sendrecv|barrier] [-b MIN] [-e MAX] [-f FACTOR]\n"
-               "                [-n ITERS] [-w WARMUP] [-r ROOT] [-c 0|1] [--json]\n"
+    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce|sendrecv|barrier]\n"
+               "                [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-r ROOT]\n"
+               "                [-c 0|1] [--json]\n"
                "  sizes take K/M/G suffixes; defaults: allreduce, 32M..32M, x2, 20 iters,\n"
                "  5 warm-up, root 0, check 1; data type float, sum\n");
 }
