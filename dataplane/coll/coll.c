@@ -16,40 +16,47 @@
  *
  * The one place where schedules are chosen.  Rows are tried in order; the
  * first whose kind matches, whose message size (bytes of the whole vector of
- * one rank) is at most max_bytes and whose group has at least min_ranks ranks
- * wins.  The numbers come from loopback measurements on a small host and the
- * usual shapes (NCCL, Open MPI tuned): latency-bound trees and
- * halving-doubling for small vectors, bandwidth-optimal rings and pipelined
- * chains for large ones.
+ * one rank) is at most max_bytes, whose group has at least min_ranks ranks
+ * (and a power of two of them, where the row says so) wins.  The numbers
+ * come from loopback measurements on a small host (docs/COLLECTIVES.md,
+ * "Selection", has them) and the usual shapes (NCCL, Open MPI tuned):
+ * latency-bound recursive doubling and binomial trees for small vectors,
+ * halving-doubling in between, bandwidth-optimal rings and pipelined chains
+ * for large ones.
  */
+#define COLL_SMALL_MAX (16u << 10) /* largest "small" vector: latency-bound schedules */
+
 struct coll_tune_row {
     enum coll_kind kind;
     size_t max_bytes;
     int min_ranks;
+    bool pow2;                  /* only groups whose size is a power of two */
     enum cfx_algo algo;
 };
 
 static const struct coll_tune_row coll_tune[] = {
-    { COLL_ALLREDUCE,      4u << 10,   4, CFX_ALGO_DBTREE },
-    { COLL_ALLREDUCE,      256u << 10, 3, CFX_ALGO_RHD },
-    { COLL_ALLREDUCE,      SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_BROADCAST,      64u << 10,  3, CFX_ALGO_TREE },
-    { COLL_BROADCAST,      SIZE_MAX,   1, CFX_ALGO_CHAIN },
-    { COLL_REDUCE,         64u << 10,  3, CFX_ALGO_TREE },
-    { COLL_REDUCE,         SIZE_MAX,   1, CFX_ALGO_CHAIN },
-    { COLL_ALLGATHER,      SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_REDUCE_SCATTER, SIZE_MAX,   1, CFX_ALGO_RING },
-    { COLL_GATHER,         SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_SCATTER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_ALLTOALL,       SIZE_MAX,   1, CFX_ALGO_DIRECT },
-    { COLL_BARRIER,        SIZE_MAX,   1, CFX_ALGO_DIRECT },
+    /* kind               max_bytes       ranks pow2   algo */
+    { COLL_ALLREDUCE,      COLL_SMALL_MAX, 2,    true,  CFX_ALGO_RECDBL },
+    { COLL_ALLREDUCE,      COLL_SMALL_MAX, 3,    false, CFX_ALGO_TREE },
+    { COLL_ALLREDUCE,      256u << 10,     3,    false, CFX_ALGO_RHD },
+    { COLL_ALLREDUCE,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_BROADCAST,      64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_BROADCAST,      SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
+    { COLL_REDUCE,         64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_REDUCE,         SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
+    { COLL_ALLGATHER,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_REDUCE_SCATTER, SIZE_MAX,       1,    false, CFX_ALGO_RING },
+    { COLL_GATHER,         SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_SCATTER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_ALLTOALL,       SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_BARRIER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
 };
 
 /* Which algorithms each collective has (bit per enum cfx_algo). */
 static const unsigned coll_applies[COLL_KIND_LAST] = {
     [COLL_BARRIER] = 1u << CFX_ALGO_DIRECT,
     [COLL_ALLREDUCE] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_RHD | 1u << CFX_ALGO_DBTREE |
-                       1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
+                       1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN | 1u << CFX_ALGO_RECDBL,
     [COLL_BROADCAST] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
     [COLL_REDUCE] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
     [COLL_ALLGATHER] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_DIRECT,
@@ -78,7 +85,8 @@ enum cfx_algo cfx__coll_choose(const struct cfx_group *g, enum coll_kind kind, s
     enum cfx_algo table = CFX_ALGO_DIRECT;
     for (size_t i = 0; i < CFX_ARRAY_SIZE(coll_tune); i++) {
         const struct coll_tune_row *t = &coll_tune[i];
-        if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks) {
+        if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks &&
+            (!t->pow2 || (g->size & (g->size - 1)) == 0)) {
             table = t->algo;
             break;
         }
@@ -773,6 +781,7 @@ static bool writes_input(const struct coll_exec *x)
  * nothing, when two differ. */
 static int agree_gate(struct coll_exec *x)
 {
+    x->gate = false;
     struct coll_agree *ag = x->agree;
     bool have[AGREE_ALL_MAX] = { false };
     for (int p = 0; p < x->g->size; p++) {
@@ -784,6 +793,36 @@ static int agree_gate(struct coll_exec *x)
         have[p] = true;
     }
     return agree_text(x, have);
+}
+
+int cfx__coll_gate(struct coll_exec *x)
+{
+    return x->gate ? agree_gate(x) : CFX_OK;
+}
+
+/*
+ * Schedules that write the caller's buffers only at their end (or never,
+ * on some ranks) wait for the headers there (cfx__coll_gate()) instead of
+ * before their first message: by then every header has long arrived, since
+ * the result depends on every rank, and each sent its header first.  Small
+ * in-place calls so pay no wait for the check at all.
+ *  - recursive doubling allreduce works in scratch when in place and
+ *    copies the result out at the end;
+ *  - reduce (tree, chain): only the root writes, its reductions land after
+ *    its children's messages, which are received into scratch;
+ *  - allreduce as reduce then broadcast (tree, chain): the reduce as above,
+ *    and a rank posts the broadcast's receive into recvbuf after the gate
+ *    (by then it has sent its part up; the result is a round trip away).
+ */
+static bool gate_deferred(const struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    if (x->g->size == 1)
+        return false;
+    if (a->kind == COLL_ALLREDUCE)
+        return x->algo == CFX_ALGO_RECDBL || x->algo == CFX_ALGO_TREE ||
+               x->algo == CFX_ALGO_CHAIN;
+    return a->kind == COLL_REDUCE;
 }
 
 /* ---- dispatch ------------------------------------------------------------------- */
@@ -812,7 +851,8 @@ static int coll_exec_run(struct coll_exec *x)
     else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
         rc = coll_agree(x);
     bool posted = rc == CFX_OK;
-    if (rc == CFX_OK && alongside && writes_input(x))
+    x->gate = rc == CFX_OK && alongside && writes_input(x);
+    if (x->gate && !gate_deferred(x))
         rc = agree_gate(x);
     if (rc == CFX_OK && (a->kind == COLL_BARRIER || a->count > 0))
         rc = run_schedule(x);
@@ -824,6 +864,7 @@ static int coll_exec_run(struct coll_exec *x)
         disagree = rc == CFX_ERR_INVALID;
     }
     x->agree = NULL;
+    x->gate = false;
     if (rc != CFX_OK) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", cfx_last_error());
@@ -856,6 +897,7 @@ static int run_schedule(struct coll_exec *x)
         if (g->size == 1)
             return cfx__coll_copy(x, r, s, bytes);
         switch (x->algo) {
+        case CFX_ALGO_RECDBL: return cfx__coll_allreduce_recdbl(x, s, r);
         case CFX_ALGO_RHD: return cfx__coll_allreduce_rhd(x, s, r);
         case CFX_ALGO_DBTREE: return cfx__coll_allreduce_dbtree(x, s, r);
         case CFX_ALGO_TREE:

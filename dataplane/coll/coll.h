@@ -139,6 +139,8 @@ struct coll_exec {
     int nmsgs;
     int cap;
     struct coll_agree *agree;   /* argument headers exchanged alongside the data */
+    bool gate;                  /* in place, headers not all checked: cfx__coll_gate()
+                                 * before the first write to the caller's buffers */
 
     /* device buffers (mt != host, coll.c "device buffers") */
     void *stream;               /* where the device work goes: the caller's or the group's */
@@ -170,6 +172,11 @@ int cfx__coll_copy(struct coll_exec *x, void *dst, const void *src, size_t len);
  * (device: the device kernels, queued on x->stream). */
 int cfx__coll_reduce(struct coll_exec *x, void *dst, const void *src, size_t n);
 int cfx__coll_reduce3(struct coll_exec *x, void *dst, const void *a, const void *b, size_t n);
+/* Before a schedule that defers the argument gate (coll.c gate_deferred())
+ * first writes the caller's buffers: wait for every argument header and
+ * fail, having written nothing, when the ranks disagree.  A no-op when
+ * nothing is pending (out of place, or checked already). */
+int cfx__coll_gate(struct coll_exec *x);
 /* Pipeline segment size in elements for messages of @p bytes (>= 1). */
 size_t cfx__coll_seg_elems(const struct coll_exec *x, size_t bytes);
 
@@ -190,6 +197,7 @@ static inline int coll_mod(int a, int n)
 /* ---- the schedules ----------------------------------------------------------- */
 
 int cfx__coll_allreduce_ring(struct coll_exec *x, const void *s, void *r);
+int cfx__coll_allreduce_recdbl(struct coll_exec *x, const void *s, void *r);
 int cfx__coll_allreduce_rhd(struct coll_exec *x, const void *s, void *r);
 int cfx__coll_allreduce_dbtree(struct coll_exec *x, const void *s, void *r);
 int cfx__coll_bcast_chain(struct coll_exec *x, void *buf, int root);

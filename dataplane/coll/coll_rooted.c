@@ -77,6 +77,9 @@ static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
             }
         return CFX_OK;
     }
+    /* an in-place allreduce's broadcast half: recvbuf may be the input */
+    if ((rc = cfx__coll_gate(x)) != CFX_OK)
+        return rc;
     int *rh = handles(x, (size_t)nseg);
     if (!rh)
         return CFX_ERR_NOMEM;
@@ -163,6 +166,9 @@ static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct
         const char *up = own;
         if (nc) {
             char *dst = t->parent < 0 ? r + (size_t)j * segb : acc + (size_t)(j % nacc) * segb;
+            /* the root's first write to recvbuf (maybe its input) */
+            if (t->parent < 0 && (rc = cfx__coll_gate(x)) != CFX_OK)
+                break;
             if (t->parent >= 0 && j >= nacc && (rc = cfx__coll_wait(x, sh[j - nacc])) != CFX_OK)
                 break;
             for (int c = 0; c < nc && rc == CFX_OK; c++) {

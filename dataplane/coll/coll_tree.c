@@ -1,8 +1,89 @@
 /*
- * Latency-oriented allreduce schedules: recursive halving-doubling
- * (Rabenseifner) and the double binary tree.
+ * Latency-oriented allreduce schedules: recursive doubling, recursive
+ * halving-doubling (Rabenseifner) and the double binary tree.
  */
 #include "coll.h"
+
+/* ---- recursive doubling -------------------------------------------------------------
+ *
+ * For the smallest vectors, where each message costs its latency and its
+ * bytes cost next to nothing: log2(p) rounds, in round k every rank swaps its
+ * whole partial result with rank ^ 2^k and combines the two.  Both partners
+ * combine the same two values (the ops are commutative), so every rank ends
+ * with the same bits.  Sizes that are not powers of two fold as rhd does: of
+ * the first 2*rem ranks each even one hands its input to the odd one above
+ * it before the rounds and gets the result back after them (2 more steps for
+ * those ranks only).
+ *
+ * The first round sends straight from the send buffer; partial results live
+ * in recvbuf, or in scratch when the caller's buffer may only be written
+ * once the ranks agree on the arguments (an in-place call whose headers are
+ * still travelling, x->gate): then the result is copied out at the end,
+ * after cfx__coll_gate(), which by then costs no wait, since every rank has
+ * sent its header before the data the result depends on.
+ */
+int cfx__coll_allreduce_recdbl(struct coll_exec *x, const void *s, void *r)
+{
+    const int n = x->g->size, me = x->g->rank;
+    const size_t count = x->a->count, bytes = count * x->esz;
+    const bool stage = x->gate;
+    char *tmp, *acc;
+    int p = 1, rc, hr = -1;
+    while (p * 2 <= n)
+        p *= 2;
+    const int rem = n - p;
+    if ((rc = cfx__coll_scratch(x, (stage ? 2 : 1) * bytes, (void **)&tmp)) != CFX_OK)
+        return rc;
+    acc = stage ? tmp + bytes : r;
+    const char *cur = s; /* this rank's partial result so far */
+
+    int newrank;
+    if (me < 2 * rem && me % 2 == 0) {
+        /* folded out: the partner does our share; post the result's
+         * receive at once so that it is waiting when the result comes */
+        int hs = cfx__coll_send(x, me + 1, s, bytes);
+        if (hs < 0)
+            return hs;
+        if ((hr = cfx__coll_recv(x, me + 1, acc, bytes)) < 0)
+            return hr;
+        if ((rc = cfx__coll_wait(x, hr)) != CFX_OK)
+            return rc;
+        newrank = -1;
+    } else if (me < 2 * rem) {
+        int h = cfx__coll_recv(x, me - 1, tmp, bytes);
+        if (h < 0)
+            return h;
+        if ((rc = cfx__coll_wait(x, h)) != CFX_OK ||
+            (rc = cfx__coll_reduce3(x, acc, s, tmp, count)) != CFX_OK)
+            return rc;
+        cur = acc;
+        newrank = me / 2;
+    } else {
+        newrank = me - rem;
+    }
+
+    for (int mask = 1; newrank >= 0 && mask < p; mask <<= 1) {
+        int nr = newrank ^ mask;
+        int peer = nr < rem ? nr * 2 + 1 : nr + rem;
+        /* waits for both: our send read cur, which the reduction overwrites */
+        rc = cfx__coll_sendrecv(x, peer, cur, bytes, peer, tmp, bytes);
+        if (rc == CFX_OK)
+            rc = cfx__coll_reduce3(x, acc, cur, tmp, count);
+        if (rc != CFX_OK)
+            return rc;
+        cur = acc;
+    }
+    if (newrank >= 0 && me < 2 * rem) {
+        int h = cfx__coll_send(x, me - 1, acc, bytes);
+        if (h < 0)
+            return h;
+    }
+    if (!stage)
+        return CFX_OK;
+    if ((rc = cfx__coll_gate(x)) != CFX_OK)
+        return rc;
+    return cfx__coll_copy(x, r, acc, bytes);
+}
 
 /* ---- recursive halving-doubling -------------------------------------------------
  *

@@ -57,7 +57,7 @@ struct boot_rec {
 static const char *const algo_names[CFX_ALGO_LAST] = {
     [CFX_ALGO_AUTO] = "auto",     [CFX_ALGO_RING] = "ring",   [CFX_ALGO_TREE] = "tree",
     [CFX_ALGO_CHAIN] = "chain",   [CFX_ALGO_DBTREE] = "dbtree", [CFX_ALGO_RHD] = "rhd",
-    [CFX_ALGO_DIRECT] = "direct",
+    [CFX_ALGO_DIRECT] = "direct", [CFX_ALGO_RECDBL] = "recdbl",
 };
 
 const char *cfx_algo_name(enum cfx_algo algo)
@@ -74,7 +74,7 @@ static enum cfx_algo algo_from_env(void)
         if (!strcasecmp(s, algo_names[a]))
             return (enum cfx_algo)a;
     CFX_LOG(WARN, COLL, "CFX_ALGO=%s is not one of auto, ring, tree, chain, dbtree, rhd, "
-            "direct; ignored", s);
+            "direct, recdbl; ignored", s);
     return CFX_ALGO_AUTO;
 }
 

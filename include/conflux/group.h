@@ -79,6 +79,7 @@ enum cfx_algo {
     CFX_ALGO_DBTREE,        /* double binary tree (allreduce, small messages) */
     CFX_ALGO_RHD,           /* recursive halving-doubling (allreduce) */
     CFX_ALGO_DIRECT,        /* direct exchange (all-to-all, gather, scatter) */
+    CFX_ALGO_RECDBL,        /* recursive doubling (allreduce, small messages) */
     CFX_ALGO_LAST
 };
 

@@ -106,6 +106,7 @@ struct algo_param {
 static struct algo_param algo_cases[] = {
     { "ring", "tcp", 5 },   { "rhd", "shm", 7 },   { "dbtree", "tcp", 6 },
     { "tree", "shm", 5 },   { "chain", "tcp", 7 }, { "direct", "shm", 3 },
+    { "recdbl", "shm", 6 }, { "recdbl", "tcp", 4 },
 };
 
 ParameterizedTestParameters(coll, env_algo)

@@ -1,15 +1,23 @@
 /*
- * mpi_coll: MPI_Bcast, MPI_Reduce and MPI_Allreduce timed the way
- * cfx_coll_perf times the group collectives, with the same flags and the
- * same nccl-tests columns, so that the two tables can be set side by side.
+ * mpi_coll: MPI_Bcast, MPI_Reduce, MPI_Allreduce, MPI_Barrier and a
+ * send/receive ring timed the way cfx_coll_perf times the group collectives,
+ * with the same flags and the same nccl-tests columns, so that the two
+ * tables can be set side by side.
  *
  *   mpicc -O2 -o mpi_coll test/mpi/mpi_coll.c
  *   mpirun -np 4 ./mpi_coll -o allreduce -b 1M -e 64M -f 2 -n 10 -w 2
  *
  * time: a barrier, then -n calls; each rank's mean per call, the maximum
  * over the ranks.  algbw = size / time; busbw = algbw * 2(n-1)/n for
- * allreduce, * 1 for broadcast and reduce.  Data: float; -c 1 checks the
- * result of one extra call (inputs are small integers, so sums are exact).
+ * allreduce, * 1 for broadcast, reduce and sendrecv.  Data: float; -c 1
+ * checks the result of one extra call (inputs are small integers, so sums
+ * are exact).
+ *
+ * sendrecv is cfx_coll_perf's: rank r sends to r+1 and receives from r-1,
+ * even ranks sending first, odd ranks receiving first, with blocking
+ * MPI_Send / MPI_Recv.  With 2 ranks one call is a ping-pong, a whole round
+ * trip (half of it is the usual one-way latency).  barrier has no size: it
+ * runs once per listed size, like cfx_coll_perf's.
  */
 #include <mpi.h>
 
@@ -21,9 +29,9 @@
 #include <string.h>
 #include <strings.h>
 
-enum op { OP_BCAST, OP_REDUCE, OP_ALLREDUCE };
+enum op { OP_BCAST, OP_REDUCE, OP_ALLREDUCE, OP_SENDRECV, OP_BARRIER, OP_LAST };
 
-static const char *op_names[] = { "broadcast", "reduce", "allreduce" };
+static const char *op_names[] = { "broadcast", "reduce", "allreduce", "sendrecv", "barrier" };
 
 struct opts {
     enum op op;
@@ -63,8 +71,9 @@ static int parse_size(const char *s, size_t *out)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce] [-b MIN] [-e MAX] [-f FACTOR]\n"
-               "                [-n ITERS] [-w WARMUP] [-r ROOT] [-c 0|1] [--json]\n"
+    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce|sendrecv|barrier]\n"
+               "                [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-r ROOT]\n"
+               "                [-c 0|1] [--json]\n"
                "  sizes take K/M/G suffixes; defaults: allreduce, 32M..32M, x2, 20 iters,\n"
                "  5 warm-up, root 0, check 1; data type float, sum\n");
 }
@@ -95,11 +104,11 @@ static int parse(int argc, char **argv, struct opts *o)
     while ((c = getopt_long(argc, argv, "o:b:e:f:n:w:r:c:h", lopts, NULL)) != -1) {
         switch (c) {
         case 'o':
-            for (i = 0; i < 3 && strcasecmp(optarg, op_names[i]); i++)
+            for (i = 0; i < OP_LAST && strcasecmp(optarg, op_names[i]); i++)
                 ;
-            if (i == 3 && strcasecmp(optarg, "bcast"))
+            if (i == OP_LAST && strcasecmp(optarg, "bcast"))
                 return -1;
-            o->op = i == 3 ? OP_BCAST : (enum op)i;
+            o->op = i == OP_LAST ? OP_BCAST : (enum op)i;
             break;
         case 'b':
             if (parse_size(optarg, &o->min_bytes))
@@ -130,9 +139,28 @@ static float input(int rank, size_t i)
     return (float)((rank * 7 + i * 13) % 16);
 }
 
+static void sendrecv(float *send, float *recv, int count)
+{
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    if (n == 1) {
+        memmove(recv, send, (size_t)count * sizeof(float));
+    } else if (rank % 2 == 0) {
+        MPI_Send(send, count, MPI_FLOAT, next, 0, MPI_COMM_WORLD);
+        MPI_Recv(recv, count, MPI_FLOAT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+        MPI_Recv(recv, count, MPI_FLOAT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(send, count, MPI_FLOAT, next, 0, MPI_COMM_WORLD);
+    }
+}
+
 static void call(const struct opts *o, float *send, float *recv, int count)
 {
     switch (o->op) {
+    case OP_SENDRECV: sendrecv(send, recv, count); break;
+    case OP_BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
     case OP_BCAST: MPI_Bcast(recv, count, MPI_FLOAT, o->root, MPI_COMM_WORLD); break;
     case OP_REDUCE:
         MPI_Reduce(send, recv, count, MPI_FLOAT, MPI_SUM, o->root, MPI_COMM_WORLD);
@@ -149,11 +177,13 @@ static long check(const struct opts *o, float *send, float *recv, int count, int
         recv[i] = o->op == OP_BCAST && rank == o->root ? input(rank, (size_t)i) : -1.0f;
     }
     call(o, send, recv, count);
-    if (o->op == OP_REDUCE && rank != o->root)
+    if ((o->op == OP_REDUCE && rank != o->root) || o->op == OP_BARRIER)
         return 0;
     for (int i = 0; i < count; i++) {
         float want = 0;
-        if (o->op == OP_BCAST)
+        if (o->op == OP_SENDRECV)
+            want = input((rank + n - 1) % n, (size_t)i);
+        else if (o->op == OP_BCAST)
             want = input(o->root, (size_t)i);
         else
             for (int r = 0; r < n; r++)
@@ -192,8 +222,8 @@ int main(int argc, char **argv)
     memset(send, 0, maxcount * sizeof(float));
     memset(recv, 0, maxcount * sizeof(float));
     double factor = o.op == OP_ALLREDUCE ? 2.0 * (n - 1) / n : 1.0;
-    int root = o.op == OP_ALLREDUCE ? -1 : o.root;
-    const char *redop = o.op == OP_BCAST ? "none" : "sum";
+    int root = o.op == OP_BCAST || o.op == OP_REDUCE ? o.root : -1;
+    const char *redop = o.op == OP_REDUCE || o.op == OP_ALLREDUCE ? "sum" : "none";
 
     if (rank == 0) {
         if (o.json)
@@ -218,9 +248,9 @@ int main(int argc, char **argv)
     double bw_sum = 0;
     long bw_count = 0, wrong_total = 0;
     for (size_t size = o.min_bytes;; size = size ? size * (size_t)o.factor : 1) {
-        int count = (int)(size / sizeof(float));
+        int count = o.op == OP_BARRIER ? 0 : (int)(size / sizeof(float));
         size_t bytes = (size_t)count * sizeof(float);
-        if (count) {
+        if (count || o.op == OP_BARRIER) {
             for (long i = 0; i < o.warmup; i++)
                 call(&o, send, recv, count);
             MPI_Barrier(MPI_COMM_WORLD);
@@ -233,7 +263,7 @@ int main(int argc, char **argv)
             long wrong = o.check ? check(&o, send, recv, count, rank, n) : 0, wsum = 0;
             MPI_Allreduce(&wrong, &wsum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
             wrong_total += wsum;
-            double algbw = (double)bytes / tmax / 1e9, busbw = algbw * factor;
+            double algbw = tmax > 0 ? (double)bytes / tmax / 1e9 : 0, busbw = algbw * factor;
             bw_sum += busbw;
             bw_count++;
             if (rank == 0) {

@@ -344,7 +344,8 @@ static void mode_matrix(void)
         { K_ALLGATHER, CFX_ALGO_DIRECT }, { K_RS, CFX_ALGO_RING },
         { K_RS, CFX_ALGO_DIRECT },        { K_GATHER, CFX_ALGO_DIRECT },
         { K_SCATTER, CFX_ALGO_DIRECT },   { K_A2A, CFX_ALGO_DIRECT },
-        { K_BCAST, CFX_ALGO_RHD },        /* does not apply: falls back */
+        { K_ALLREDUCE, CFX_ALGO_RECDBL }, { K_BCAST, CFX_ALGO_RHD }, /* does not apply */
+        { K_REDUCE, CFX_ALGO_RECDBL },    /* does not apply: falls back */
     };
     t = now_s();
     long before = checks;
@@ -357,6 +358,32 @@ static void mode_matrix(void)
                         forced[f].algo, (int)(si + f + 1) % world);
             }
     printf("matrix (forced algorithms): %ld checks in %.2f s\n", checks - before,
+           now_s() - t);
+
+    /* the small-message schedules the table picks below its thresholds,
+     * forced, for every dtype and op, in and out of place, at sizes around
+     * the thresholds (a few elements, 1 KiB, 4 KiB and just over) */
+    static const struct {
+        enum kind k;
+        enum cfx_algo algo;
+    } small[] = {
+        { K_ALLREDUCE, CFX_ALGO_RECDBL }, { K_ALLREDUCE, CFX_ALGO_AUTO },
+        { K_BCAST, CFX_ALGO_TREE },       { K_REDUCE, CFX_ALGO_TREE },
+    };
+    const size_t small_bytes[] = { 8, 1024, 4096, 4100 };
+    t = now_s();
+    before = checks;
+    for (size_t f = 0; f < sizeof(small) / sizeof(small[0]); f++)
+        for (int dt = 0; dt < CFX_DTYPE_LAST; dt++)
+            for (int op = 0; op < (is_reduction(small[f].k) ? CFX_OP_LAST : 1); op++)
+                for (size_t si = 0; si < sizeof(small_bytes) / sizeof(small_bytes[0]); si++) {
+                    size_t esz = cfx_dtype_size((enum cfx_dtype)dt);
+                    size_t count = (small_bytes[si] + esz - 1) / esz;
+                    run_one(small[f].k, (enum cfx_dtype)dt, (enum cfx_redop)op, count,
+                            (int)((si + (size_t)op) % 2), small[f].algo,
+                            (int)(si + (size_t)dt) % world);
+                }
+    printf("matrix (small-message schedules): %ld checks in %.2f s\n", checks - before,
            now_s() - t);
 }
 
@@ -437,6 +464,44 @@ static void mismatch_in_place(void)
                         (double)buf[i], (double)ref[i]);
             checks++;
         }
+    }
+    /* small in-place calls: recursive doubling works in scratch and the
+     * reduce root checks the headers before its first write; a disagreement
+     * the message sizes do not show (dtype, op) lets all the data move */
+    for (int c = 0; c < 6; c++) {
+        const size_t cnt = 16;
+        struct cfx_coll_params q = p;
+        if (c % 2) {
+            q.field_mask |= CFX_COLL_PARAM_ALGO;
+            q.algo = c < 4 ? CFX_ALGO_RECDBL : CFX_ALGO_CHAIN;
+        }
+        memcpy(buf, ref, cnt * sizeof(float));
+        int rc;
+        const char *label;
+        switch (c / 2) {
+        case 0:
+            rc = cfx_group_allreduce(grp, buf, buf, cnt, odd ? CFX_DTYPE_I32 : CFX_DTYPE_F32,
+                                     CFX_OP_SUM, &q);
+            label = c % 2 ? "small in-place allreduce (recdbl), dtype mismatch"
+                          : "small in-place allreduce, dtype mismatch";
+            break;
+        case 1:
+            rc = cfx_group_allreduce(grp, buf, buf, cnt - (odd ? 1 : 0), CFX_DTYPE_F32,
+                                     CFX_OP_SUM, &q);
+            label = c % 2 ? "small in-place allreduce (recdbl), count mismatch"
+                          : "small in-place allreduce, count mismatch";
+            break;
+        default:
+            rc = cfx_group_reduce(grp, buf, buf, cnt, CFX_DTYPE_F32, odd ? CFX_OP_MAX : CFX_OP_SUM,
+                                  0, &q);
+            label = c % 2 ? "small in-place reduce (chain), op mismatch"
+                          : "small in-place reduce, op mismatch";
+            break;
+        }
+        want_invalid(rc, label);
+        if (memcmp(buf, ref, cnt * sizeof(float)) != 0)
+            DIE("%s: the caller's buffer changed", label);
+        checks++;
     }
     free(buf);
     free(ref);

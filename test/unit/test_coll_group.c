@@ -67,7 +67,15 @@ Test(coll_unit, tuning)
     memset(&g, 0, sizeof(g));
     snprintf(g.name, sizeof(g.name), "t");
     g.size = 8;
-    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 1024, CFX_ALGO_AUTO), CFX_ALGO_DBTREE);
+    /* small vectors: recursive doubling in groups of a power of two, a
+     * binomial tree (reduce, then broadcast) in the others */
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 16 << 10, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, (16 << 10) + 4, CFX_ALGO_AUTO),
+                 CFX_ALGO_RHD);
+    g.size = 6;
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 1024, CFX_ALGO_AUTO), CFX_ALGO_TREE);
+    g.size = 8;
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 100 << 10, CFX_ALGO_AUTO), CFX_ALGO_RHD);
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 64 << 20, CFX_ALGO_AUTO), CFX_ALGO_RING);
     cr_assert_eq(cfx__coll_choose(&g, COLL_BROADCAST, 1024, CFX_ALGO_AUTO), CFX_ALGO_TREE);
@@ -83,10 +91,13 @@ Test(coll_unit, tuning)
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_AUTO), CFX_ALGO_RING);
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_RHD), CFX_ALGO_RHD);
     cr_assert_eq(cfx__coll_choose(&g, COLL_BROADCAST, 8, CFX_ALGO_AUTO), CFX_ALGO_TREE);
-    /* small groups: no trees where a chain is as short */
+    /* two ranks: one exchange for small allreduces; no trees where a chain is as short */
     g.size = 2;
     g.env_algo = CFX_ALGO_AUTO;
-    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_AUTO), CFX_ALGO_RING);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 1 << 20, CFX_ALGO_AUTO), CFX_ALGO_RING);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BROADCAST, 8, CFX_ALGO_AUTO), CFX_ALGO_CHAIN);
+    cr_assert_str_eq(cfx_algo_name(CFX_ALGO_RECDBL), "recdbl");
     cr_assert_str_eq(cfx_algo_name(CFX_ALGO_DBTREE), "dbtree");
     cr_assert_str_eq(cfx_algo_name((enum cfx_algo)99), "unknown");
 }
@@ -173,8 +184,9 @@ static void all_ok(int n, struct rank_run *rr)
  * values; counts around the block and segment boundaries. */
 static int body_allreduce(struct rank_run *rr)
 {
-    static const enum cfx_algo algos[] = { CFX_ALGO_RING, CFX_ALGO_RHD, CFX_ALGO_DBTREE,
-                                           CFX_ALGO_TREE, CFX_ALGO_CHAIN, CFX_ALGO_AUTO };
+    static const enum cfx_algo algos[] = { CFX_ALGO_RING,  CFX_ALGO_RHD,   CFX_ALGO_DBTREE,
+                                           CFX_ALGO_TREE,  CFX_ALGO_CHAIN, CFX_ALGO_RECDBL,
+                                           CFX_ALGO_AUTO };
     static const size_t counts[] = { 1, 2, 7, 4097, 70001 };
     const int n = rr->size;
     for (size_t a = 0; a < CFX_ARRAY_SIZE(algos); a++)

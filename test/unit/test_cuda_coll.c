@@ -406,11 +406,12 @@ static int one_case(struct rank_run *rr, const struct coll_case *c, void *stream
     if (rc == CFX_OK)
         rc = call(rr->g, c->kind, c->inplace ? dr : ds, dr, c->count, c->dt, c->op, root, &dp);
     /* where the reductions ran: every rank of a ring allreduce, of a
-     * recursive-halving one over a power of two ranks, and of a
-     * reduce-scatter reduces a block of its own */
+     * recursive-halving or recursive-doubling one over a power of two
+     * ranks, and of a reduce-scatter reduces a block of its own */
     bool pow2 = (n & (n - 1)) == 0;
     bool reduces = n > 1 && ((c->kind == K_ALLREDUCE && c->count >= (size_t)n &&
-                              (c->algo == CFX_ALGO_RING || (c->algo == CFX_ALGO_RHD && pow2))) ||
+                              (c->algo == CFX_ALGO_RING ||
+                               ((c->algo == CFX_ALGO_RHD || c->algo == CFX_ALGO_RECDBL) && pow2))) ||
                              c->kind == K_REDUCE_SCATTER);
     if (rc == CFX_OK && sim && c->stream && reduces &&
         (rc = cfx__gpu_sim_stream_counts(stream, &after)) == CFX_OK &&
@@ -470,7 +471,7 @@ static int body_allreduce(struct rank_run *rr)
         { CFX_DTYPE_U8, CFX_OP_PROD },
     };
     static const enum cfx_algo algos[] = { CFX_ALGO_AUTO, CFX_ALGO_RING, CFX_ALGO_RHD,
-                                           CFX_ALGO_DBTREE };
+                                           CFX_ALGO_DBTREE, CFX_ALGO_RECDBL };
     static const size_t counts[] = { 1, 4097, 70001 };
     void *stream = NULL;
     int rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &stream);
