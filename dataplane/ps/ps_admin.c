@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /*
  * An administrator addresses a running job: with no shard map 1 in the
@@ -39,6 +40,14 @@ static int job_check(struct cfx_context *ctx, const char *job, int timeout_ms, c
     return CFX_OK;
 }
 
+static int admin_once(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg,
+                      int timeout_ms, uint32_t *version_out);
+
+/*
+ * One request, asked again while the scheduler answers CFX_ERR_AGAIN (a job
+ * whose tensors are still being registered: a state every job passes
+ * through at its start), until the caller's deadline.
+ */
 static int admin(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg, int timeout_ms,
                  uint32_t *version_out)
 {
@@ -48,6 +57,25 @@ static int admin(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg
     int rc = job_check(ctx, job, timeout_ms, "ps admin");
     if (rc != CFX_OK)
         return rc;
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    for (;;) {
+        int left = cfx__ms_left(deadline);
+        rc = admin_once(ctx, job, cmd, arg, left, version_out);
+        if (rc != CFX_ERR_AGAIN)
+            return rc;
+        if (cfx__ms_left(deadline) <= 20) {
+            char why[256];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            return cfx__err(CFX_ERR_TIMEOUT, "%s (still so after %d ms)", why, timeout_ms);
+        }
+        usleep(20 * 1000); /* the scheduler publishes the next map when registration ends */
+    }
+}
+
+static int admin_once(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg,
+                      int timeout_ms, uint32_t *version_out)
+{
+    int rc;
     struct ps_map m;
     cfx__ps_map_init(&m);
     rc = cfx__ps_map_latest(ctx, job, timeout_ms, &m);

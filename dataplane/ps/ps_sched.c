@@ -408,7 +408,7 @@ static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)
             return;
         }
         if (!all_ready(m)) {
-            admin_reply(ps, n, CFX_ERR_BUSY, "tensors are still being registered; retry");
+            admin_reply(ps, n, CFX_ERR_AGAIN, "tensors are still being registered");
             return;
         }
         uint32_t active = 0;

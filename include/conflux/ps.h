@@ -258,7 +258,9 @@ CFX_API int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us);
  * (*version_out, may be NULL).  These and cfx_ps_shards() address a running
  * job: one whose first shard map the coordinator does not hold fails at once
  * with CFX_ERR_NOT_FOUND (no wait); a negative @p timeout_ms is
- * CFX_ERR_INVALID.
+ * CFX_ERR_INVALID.  While the job's tensors are still being registered (its
+ * first moments) a request is asked again until @p timeout_ms, then
+ * CFX_ERR_TIMEOUT says so.
  */
 CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server,
                               int timeout_ms, uint32_t *version_out);
