@@ -524,7 +524,11 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
 
     /* Replies to fire-and-forget requests have no waiter: an error among
      * them is still worth a line in the log. */
-    if (!call && m.type == CFX_MSG_ERROR)
+    if (!call && m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_TIMEOUT)
+        /* a waiting lookup whose caller's deadline came first: expected */
+        CFX_LOG(DEBUG, CTL, "coordinator %s: late answer to request %llu: %s", ctl->coord,
+                (unsigned long long)m.req_id, m.u.error.text);
+    else if (!call && m.type == CFX_MSG_ERROR)
         CFX_LOG(WARN, CTL, "coordinator %s refused request %llu: %s (%s)", ctl->coord,
                 (unsigned long long)m.req_id, m.u.error.text, cfx_errname(m.u.error.status));
 

@@ -276,11 +276,14 @@ static void pulled(int t, void *host, size_t sz)
 /* --sched-dies-at: @p rc must be CFX_ERR_PEER_FAILED naming the scheduler's node. */
 static void expect_sched_lost(struct cfx_ps *ps, int rc, const char *role, int index)
 {
+    /* the failing call's text, before cfx_ps_stats() (a success) clears it */
+    char err[512];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
     struct cfx_ps_stats st;
     CHECK_OK(cfx_ps_stats(ps, &st));
     char node[32];
     snprintf(node, sizeof(node), "node %u", st.servers[0].node_id);
-    const char *err = cfx_last_error(), *at = err;
+    const char *at = err;
     size_t n = strlen(node);
     while ((at = strstr(at, node)) && at[n] >= '0' && at[n] <= '9')
         at += n; /* "node 1" in "node 12" */
