@@ -8,15 +8,18 @@
  * Callers send their own requests (serialised by send_lock) and sleep on
  * their own condition variable until the reply or their deadline.
  *
- * When the connection is lost every waiting call fails with CFX_ERR_CONNECT
- * (its request may or may not have been processed, so it is not retried) and
- * on_node_dead(arg, 0) runs.  A NODE client then reconnects on its reader
- * thread with exponential backoff (CTL_BACKOFF_MIN_MS doubling to
- * CTL_BACKOFF_MAX_MS, until cfx__ctl_close()): it authenticates again and
- * rejoins asking for its previous node id, then calls on_reconnected(arg)
- * so the owner re-announces what it holds.  Calls made while it reconnects
- * wait for the new connection until their own deadline (CFX_ERR_TIMEOUT),
- * then run on it.  ADMIN clients do not reconnect: later calls fail fast.
+ * When the connection is lost on_node_dead(arg, 0) runs and a NODE client
+ * reconnects on its reader thread with exponential backoff
+ * (CTL_BACKOFF_MIN_MS doubling to CTL_BACKOFF_MAX_MS, until
+ * cfx__ctl_close()): it authenticates again and rejoins asking for its
+ * previous node id, then calls on_reconnected(arg) so the owner re-announces
+ * what it holds.  An outage is a pause: calls waiting for a reply when the
+ * connection goes, and calls made while it is away, wait for the new
+ * connection and are sent (again) on it, all within their own deadline
+ * (ctl_call says why every request may be repeated); a call whose deadline
+ * passes while the coordinator is unreachable fails with CFX_ERR_CONNECT
+ * naming it.  ADMIN clients do not reconnect: their calls fail at once with
+ * CFX_ERR_CONNECT.
  */
 #include "control/client.h"
 
@@ -88,6 +91,7 @@ struct cfx_ctl {
     int closing;
     int reconnecting;                /* broken, and the reader is reconnecting */
     pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
+    uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
     uint64_t reconnects;             /* successful reconnections */
 
     uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
@@ -126,8 +130,11 @@ static void mark_broken(struct cfx_ctl *ctl, int fd)
 {
     pthread_mutex_lock(&ctl->lock);
     int current = !ctl->reconnecting;
-    if (current)
+    if (current) {
         ctl->broken = 1;
+        if (!ctl->lost_ns)
+            ctl->lost_ns = cfx__now_ns();
+    }
     pthread_mutex_unlock(&ctl->lock);
     /* Wakes the reader, which fails the waiting calls; a send that failed on
      * a connection the reader already replaced leaves the new one alone. */
@@ -315,10 +322,61 @@ static void fail_all_calls(struct cfx_ctl *ctl)
     }
 }
 
+/* Until @p deadline, wait while the connection is lost and a NODE client
+ * reconnects (ctl->lock held).  CFX_OK: connected (or closing: the caller
+ * checks); else CFX_ERR_CONNECT naming the coordinator and how long it has
+ * been gone. */
+static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start,
+                          const char *what)
+{
+    while ((ctl->reconnecting || (ctl->broken && ctl->role == CFX_CTL_ROLE_NODE)) &&
+           !ctl->closing) {
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&ctl->conn_cond, &ctl->lock);
+            continue;
+        }
+        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                               .tv_nsec = (long)(deadline % 1000000000ull) };
+        if (pthread_cond_timedwait(&ctl->conn_cond, &ctl->lock, &ts) == ETIMEDOUT &&
+            (ctl->reconnecting || ctl->broken) && !ctl->closing) {
+            uint64_t now = cfx__now_ns();
+            uint64_t gone = ctl->lost_ns && now > ctl->lost_ns ? now - ctl->lost_ns : 0;
+            return ctl_err(ctl, CFX_ERR_CONNECT, what, "the coordinator is unreachable (the "
+                           "connection was lost %llu ms ago; reconnecting) and did not come "
+                           "back within the call's %llu ms",
+                           (unsigned long long)(gone / 1000000ull),
+                           (unsigned long long)((deadline - start) / 1000000ull));
+        }
+    }
+    return CFX_OK;
+}
+
+/* A request sent again on a new connection: a lookup waits only for what is
+ * left of its deadline, and a put says that it may be a repeat. */
+static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
+{
+    if (req->type == CFX_MSG_OBJ_LOOKUP && req->u.lookup.timeout_ms != 0 &&
+        req->u.lookup.timeout_ms != CFX_PROTO_TIMEOUT_NONE) {
+        int ms = cfx__ms_left(deadline);
+        req->u.lookup.timeout_ms = (uint32_t)(ms <= 0 ? 1 : ms);
+    }
+    if (req->type == CFX_MSG_OBJ_PUT && attempt > 0)
+        req->u.put.again = 1;
+}
+
 /*
  * Send @p req and wait for its reply by @p deadline.  On CFX_OK call->reply
  * holds a non-ERROR reply and call->frame must be freed by the caller; an
  * ERROR reply is turned into its status with the coordinator's text.
+ *
+ * A NODE client's call whose connection is lost before its reply came is
+ * sent again once the client has reconnected (every request that goes
+ * through here may be repeated: lookups, node queries and listings read;
+ * a repeated put carries CFX_PROTO_PUT_AGAIN and is acknowledged when its
+ * sender already is the object's putter; a repeated delete or transfer end
+ * finds nothing left to do), all within @p deadline.  When the deadline
+ * passes with the coordinator still unreachable the call fails with
+ * CFX_ERR_CONNECT naming it.
  */
 static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
                     struct ctl_call *call, const char *what)
@@ -333,52 +391,63 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
     pthread_cond_init(&call->cond, &attr);
     pthread_condattr_destroy(&attr);
 
-    pthread_mutex_lock(&ctl->lock);
-    /* Reconnecting: wait for the new connection until our deadline. */
-    while (ctl->reconnecting && !ctl->closing) {
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&ctl->conn_cond, &ctl->lock);
-            continue;
-        }
-        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                               .tv_nsec = (long)(deadline % 1000000000ull) };
-        if (pthread_cond_timedwait(&ctl->conn_cond, &ctl->lock, &ts) == ETIMEDOUT &&
-            ctl->reconnecting) {
+    /* each lost connection costs a reconnect (>= CTL_BACKOFF_MIN_MS), so
+     * the deadline bounds this loop; the count bounds a call without one */
+    for (int attempt = 0;; attempt++) {
+        pthread_mutex_lock(&ctl->lock);
+        rc = wait_connected(ctl, deadline, start, what);
+        if (rc != CFX_OK) {
             pthread_mutex_unlock(&ctl->lock);
-            rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "not reconnected to the coordinator "
-                         "within %llu ms", (unsigned long long)((deadline - start) / 1000000ull));
             goto out_destroy;
         }
-    }
-    if (ctl->broken || ctl->closing) {
+        if (ctl->broken || ctl->closing) {
+            pthread_mutex_unlock(&ctl->lock);
+            rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator "
+                         "was lost%s", ctl->closing ? " (the client is closing)" : "");
+            goto out_destroy;
+        }
+        refresh_request(req, deadline, attempt);
+        req->req_id = call->req_id = ++ctl->next_req;
+        call->done = 0;
+        call->status = CFX_OK;
+        cfx_list_add_tail(&call->link, &ctl->calls);
         pthread_mutex_unlock(&ctl->lock);
-        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator was lost");
-        goto out_destroy;
-    }
-    req->req_id = call->req_id = ++ctl->next_req;
-    cfx_list_add_tail(&call->link, &ctl->calls);
-    pthread_mutex_unlock(&ctl->lock);
 
-    rc = send_msg(ctl, req, deadline, what);
+        rc = send_msg(ctl, req, deadline, what);
 
-    pthread_mutex_lock(&ctl->lock);
-    while (rc == CFX_OK && !call->done) {
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&call->cond, &ctl->lock);
+        pthread_mutex_lock(&ctl->lock);
+        while (rc == CFX_OK && !call->done) {
+            if (deadline == UINT64_MAX) {
+                pthread_cond_wait(&call->cond, &ctl->lock);
+                continue;
+            }
+            struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                                   .tv_nsec = (long)(deadline % 1000000000ull) };
+            if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT &&
+                !call->done)
+                rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
+                             (unsigned long long)((deadline - start) / 1000000ull));
+        }
+        cfx_list_del(&call->link);
+        /* lost before the reply: again on the next connection */
+        bool lost = (rc == CFX_ERR_CONNECT || (rc == CFX_OK && call->status == CFX_ERR_CONNECT));
+        bool again = lost && ctl->role == CFX_CTL_ROLE_NODE && !ctl->closing &&
+                     attempt < 1000;
+        pthread_mutex_unlock(&ctl->lock);
+        if (again) {
+            CFX_LOG(DEBUG, CTL, "%s at coordinator %s: connection lost before the reply; "
+                    "sending it again once reconnected", what, ctl->coord);
             continue;
         }
-        struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                               .tv_nsec = (long)(deadline % 1000000000ull) };
-        if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT && !call->done)
-            rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
-                         (unsigned long long)((deadline - start) / 1000000ull));
+        break;
     }
-    cfx_list_del(&call->link);
-    pthread_mutex_unlock(&ctl->lock);
     if (rc != CFX_OK)
         goto out_free;
     if (call->status != CFX_OK) {
-        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator was lost");
+        rc = ctl_err(ctl, call->status == CFX_ERR_NOMEM ? CFX_ERR_NOMEM : CFX_ERR_CONNECT, what,
+                     "%s", call->status == CFX_ERR_NOMEM ? "no memory for the reply"
+                                                         : "the connection to the coordinator "
+                                                           "was lost");
         goto out_free;
     }
     if (call->reply.type == CFX_MSG_ERROR) {
@@ -455,7 +524,11 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
 
     /* Replies to fire-and-forget requests have no waiter: an error among
      * them is still worth a line in the log. */
-    if (!call && m.type == CFX_MSG_ERROR)
+    if (!call && m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_TIMEOUT)
+        /* a waiting lookup whose caller's deadline came first: expected */
+        CFX_LOG(DEBUG, CTL, "coordinator %s: late answer to request %llu: %s", ctl->coord,
+                (unsigned long long)m.req_id, m.u.error.text);
+    else if (!call && m.type == CFX_MSG_ERROR)
         CFX_LOG(WARN, CTL, "coordinator %s refused request %llu: %s (%s)", ctl->coord,
                 (unsigned long long)m.req_id, m.u.error.text, cfx_errname(m.u.error.status));
 
@@ -532,6 +605,8 @@ static void *reader_thread(void *arg)
 
         pthread_mutex_lock(&ctl->lock);
         ctl->broken = 1;
+        if (!ctl->lost_ns)
+            ctl->lost_ns = cfx__now_ns();
         closing |= ctl->closing;
         int again = lost && !closing && ctl->role == CFX_CTL_ROLE_NODE;
         if (again)
@@ -784,6 +859,7 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
     }
     pthread_mutex_lock(&ctl->lock);
     ctl->broken = 0;
+    ctl->lost_ns = 0;
     ctl->reconnects++;
     __atomic_store_n(&ctl->reconnecting, 0, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&ctl->conn_cond);
@@ -950,7 +1026,8 @@ static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline
 }
 
 static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                   uint32_t chunk_size, const void *data, bool durable, uint64_t deadline_ns)
+                   uint32_t chunk_size, const void *data, bool durable, bool again,
+                   uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
@@ -969,6 +1046,7 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
     m.u.put.chunk_size = chunk_size;
     m.u.put.has_data = data != NULL || size == 0;
     m.u.put.durable = durable ? 1 : 0;
+    m.u.put.again = again ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
     cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     return expect_ok(ctl, &m, deadline_ns, what);
@@ -977,14 +1055,20 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                      uint32_t chunk_size, const void *data, uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, false, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, false, false, deadline_ns);
+}
+
+int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                            uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+{
+    return obj_put(ctl, id, size, chunk_size, data, false, true, deadline_ns);
 }
 
 int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                              uint64_t size, uint32_t chunk_size, const void *data,
                              uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, true, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, true, false, deadline_ns);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
@@ -1251,6 +1335,16 @@ int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *
                      uint64_t deadline_ns)
 {
     return list_all(ctl, 0, (void **)out, n, deadline_ns);
+}
+
+uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl)
+{
+    if (!ctl)
+        return 0;
+    pthread_mutex_lock(&ctl->lock);
+    uint64_t t = ctl->lost_ns, now = cfx__now_ns();
+    pthread_mutex_unlock(&ctl->lock);
+    return t && now > t ? (now - t) / 1000000ull : 0;
 }
 
 uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl)

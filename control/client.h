@@ -124,6 +124,11 @@ struct cfx_ctl_params {
     void (*on_reconnected)(void *arg);
 };
 
+/* Every blocking request below is sent again after a reconnect when the
+ * connection was lost before its reply, within its deadline; when the
+ * deadline passes with the coordinator unreachable it fails with
+ * CFX_ERR_CONNECT naming the coordinator (control/client.c, ctl_call). */
+
 /* Connect, authenticate (HMAC challenge-response) and join.
  * CFX_ERR_AUTH when the token is refused; CFX_ERR_CONNECT; CFX_ERR_TIMEOUT. */
 int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
@@ -134,6 +139,9 @@ void cfx__ctl_close(struct cfx_ctl *ctl);
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
 /* Times this client reconnected to the coordinator (any thread). */
 uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl);
+/* How long the connection has been lost, in ms (0 while connected; any
+ * thread).  A NODE client is reconnecting meanwhile. */
+uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl);
 /* Heartbeat interval and death timeout the coordinator announced. */
 uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl);
 /* Added by the control plane: silence after which the coordinator declares a
@@ -156,6 +164,17 @@ const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl);
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                      uint64_t size, uint32_t chunk_size, const void *data,
                      uint64_t deadline_ns);
+
+/* As cfx__ctl_obj_put() for an object this node holds as its putter and
+ * may have announced already (cfx_put, whose request may be sent again
+ * after a reconnect and race the re-announce; the re-announce itself): the
+ * coordinator acknowledges it when it already records this node as the
+ * object's putter and a complete holder, with the same size and chunk size
+ * (CFX_PROTO_PUT_AGAIN).  Other answers as cfx__ctl_obj_put().  The
+ * caller's store holds one object per id, so such a record is this very
+ * object. */
+int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                            uint32_t chunk_size, const void *data, uint64_t deadline_ns);
 
 /* As cfx__ctl_obj_put() for an inline object (@p data holds all @p size
  * bytes, or size is 0) that the coordinator also keeps in its state

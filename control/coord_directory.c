@@ -583,7 +583,17 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
          * second put never succeeds with the first one's bytes visible.  The
          * one exception is the putter itself announcing it again after a
          * coordinator restart reloaded it (durable), same size. */
-        if (holder_find(o, me) || o->putter != me || !me || o->size != size) {
+        /* A repeat (CFX_PROTO_PUT_AGAIN: sent again after a reconnect, or
+         * re-announced) from the putter that holds it already is the same
+         * put: acknowledged, so that a put never fails on its own object. */
+        struct coord_holder *mine = me ? holder_find(o, me) : NULL;
+        if (m->u.put.again && mine && mine->complete && o->putter == me && o->size == size &&
+            o->chunk_size == m->u.put.chunk_size && !o->is_inline == !m->u.put.has_data) {
+            CFX_LOG(DEBUG, CTL, "node %u put object %s again (a repeat): acknowledged", me, hex);
+            cfx__coord_reply_ok(c, m->req_id);
+            return;
+        }
+        if (mine || o->putter != me || !me || o->size != size) {
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
                                  "object %s already exists: node %u put it (%llu bytes%s); "
                                  "node %u put %llu bytes", hex, o->putter,

@@ -346,6 +346,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         size_t nlen = strnlen(m->u.put.name, CFX_OBJ_NAME_MAX);
         wr_u8(w, (m->u.put.has_data ? CFX_PROTO_PUT_INLINE : 0) |
                      (m->u.put.durable ? CFX_PROTO_PUT_DURABLE : 0) |
+                     (m->u.put.again ? CFX_PROTO_PUT_AGAIN : 0) |
                      (nlen ? CFX_PROTO_PUT_NAMED : 0));
         if (m->u.put.has_data) {
             wr_u32(w, (uint32_t)m->u.put.size);
@@ -597,6 +598,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         uint8_t flags = rd_u8(r, "put flags");
         m->u.put.has_data = (flags & CFX_PROTO_PUT_INLINE) ? 1 : 0;
         m->u.put.durable = (flags & CFX_PROTO_PUT_DURABLE) ? 1 : 0;
+        m->u.put.again = (flags & CFX_PROTO_PUT_AGAIN) ? 1 : 0;
         m->u.put.data = NULL;
         if (r->status == CFX_OK && (flags & ~CFX_PROTO_PUT_FLAGS)) {
             rd_fail(r, CFX_ERR_PROTO, "unknown put flags");

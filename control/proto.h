@@ -59,7 +59,11 @@
 #define CFX_PROTO_PUT_INLINE  0x01u /* the frame carries all size bytes */
 #define CFX_PROTO_PUT_DURABLE 0x02u /* keep it in the state directory (needs INLINE) */
 #define CFX_PROTO_PUT_NAMED   0x04u /* u8 length (1..CFX_OBJ_NAME_MAX), name bytes (no NUL) */
-#define CFX_PROTO_PUT_FLAGS   0x07u /* every flag known; other bits are refused */
+#define CFX_PROTO_PUT_AGAIN   0x08u /* a repeat (sent again after a reconnect, or a
+                                     * re-announce): acknowledged when the sender
+                                     * already holds it as its putter, same size and
+                                     * chunk size */
+#define CFX_PROTO_PUT_FLAGS   0x0fu /* every flag known; other bits are refused */
 
 /* Request id of a node_dead event: why the node is gone. */
 #define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
@@ -141,6 +145,7 @@ struct cfx_msg {
             uint32_t chunk_size;
             uint8_t has_data;               /* 1: data holds all size bytes */
             uint8_t durable;                /* 1: survives a coordinator restart (has_data) */
+            uint8_t again;                  /* 1: may repeat a put already processed */
             const uint8_t *data;
             char name[CFX_OBJ_NAME_MAX + 1]; /* name the id was made from; "" none */
         } put;

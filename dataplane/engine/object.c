@@ -90,8 +90,11 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     bool no_inline = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
                      (params->flags & CFX_OBJ_FLAG_NO_INLINE);
     bool inl = size <= ctx->cfg.inline_max && !no_inline;
-    rc = cfx__ctl_obj_put(ctx->ctl, id, size, chunk, inl ? buf : NULL,
-                          cfx__deadline_ns(obj_timeout(ctx, params)));
+    /* The store refused a second object under this id above, so a record
+     * of this node as the id's putter can only be this put: sent again
+     * after a reconnect, or re-announced first (reannounce.c). */
+    rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL,
+                              cfx__deadline_ns(obj_timeout(ctx, params)));
     pthread_mutex_lock(&ctx->lock);
     if (rc != CFX_OK) {
         cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);

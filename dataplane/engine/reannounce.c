@@ -9,7 +9,7 @@
  * cfx__reannounce_on_reconnected() on its reader thread, which must not
  * wait for replies, so the announcing runs on a thread of its own: it copies
  * the ids, sizes, chunk sizes and inline bytes out of the store under
- * ctx->lock, then calls cfx__ctl_obj_put() for each without the lock.
+ * ctx->lock, then calls cfx__ctl_obj_put_own() for each without the lock.
  *
  * Data-plane transfers do not need the coordinator and go on while it is
  * away; gets that need a lookup wait for the reconnection until their
@@ -106,9 +106,13 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     for (size_t i = 0; i < n; i++) {
         if (stopping(ra))
             break;
-        int rc = cfx__ctl_obj_put(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size, a[i].data,
-                                  cfx__deadline_ns(ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms
-                                                                           : 30000));
+        /* flagged as a repeat: a put of it still in flight (cfx_put waits
+         * for the reconnect and sends it again) and this announcement are
+         * the same put, and whichever comes second is acknowledged */
+        int rc = cfx__ctl_obj_put_own(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
+                                         a[i].data,
+                                         cfx__deadline_ns(ctx->cfg.timeout_ms > 0
+                                                              ? ctx->cfg.timeout_ms : 30000));
         if (rc == CFX_OK || rc == CFX_ERR_EXISTS) {
             done++;
             pthread_mutex_lock(&ctx->lock);

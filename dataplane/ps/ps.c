@@ -508,6 +508,28 @@ void cfx_ps_destroy(struct cfx_ps *ps)
     free(ps);
 }
 
+/*
+ * ps->lock held: a server whose coordinator has been unreachable for the
+ * handle's timeout ends (the job's maps, and so its end, travel through
+ * the coordinator's directory: without it the server would serve for
+ * ever).  Shorter outages are a pause; the client reconnects meanwhile.
+ */
+static void check_coord(struct cfx_ps *ps)
+{
+    uint64_t gone = cfx__ctl_lost_ms(ps->ctx->ctl);
+    if (ps->lost_status || ps->finished || ps->timeout_ms <= 0 ||
+        gone < (uint64_t)ps->timeout_ms)
+        return;
+    ps->lost_status = CFX_ERR_CONNECT;
+    snprintf(ps->lost_why, sizeof(ps->lost_why),
+             "job %s: server %d: the coordinator %s has been unreachable for %llu ms "
+             "(the job's timeout is %d ms): the job cannot go on", ps->job, ps->index,
+             ps->ctx->cfg.coord, (unsigned long long)gone, ps->timeout_ms);
+    CFX_LOG(ERR, PS, "%s", ps->lost_why);
+}
+
+#define SERVE_CHECK_MS 250 /* how often serve looks at the coordinator */
+
 int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
 {
     cfx__err_clear();
@@ -515,8 +537,20 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_serve: not a server handle");
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
-    while (!ps->finished && !ps->lost_status && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
-        ;
+    for (;;) {
+        check_coord(ps);
+        if (ps->finished || ps->lost_status)
+            break;
+        uint64_t slice = cfx__deadline_ns(SERVE_CHECK_MS);
+        bool last = slice >= dl;
+        while (!ps->finished && !ps->lost_status &&
+               cfx__cond_wait_until(&ps->cond, &ps->lock, last ? dl : slice))
+            ;
+        if (last && !ps->finished && !ps->lost_status) {
+            check_coord(ps);
+            break;
+        }
+    }
     bool fin = ps->finished;
     int rc = fin ? CFX_OK : cfx__ps_lost_err(ps);
     pthread_mutex_unlock(&ps->lock);

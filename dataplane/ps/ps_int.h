@@ -273,7 +273,7 @@ struct cfx_ps {
     bool stop;                  /* threads exit */
     bool finished;              /* server: job over or retired */
     int lost_status;            /* the scheduler went before our end (ps->lock) */
-    char lost_why[192];         /* ... and the text cfx_last_error() gives for it */
+    char lost_why[384];         /* ... and the text cfx_last_error() gives for it */
 
     struct ps_map map;          /* loop thread's current map */
     uint32_t map_applied;       /* version visible to API threads (ps->lock) */

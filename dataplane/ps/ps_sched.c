@@ -463,9 +463,11 @@ static void join(struct cfx_ps *ps, uint32_t idx, const struct ps_member *mem)
 
 /*
  * Watcher threads: one waits for the next server to announce itself, the
- * other for the next admin request.  Each blocks in one lookup that ends
- * when the object appears, so an idle job costs the coordinator nothing;
- * cfx__ps_sched_stop() wakes them by putting the objects they wait for.
+ * other for the next admin request.  Each blocks in a lookup that ends
+ * when the object appears or after PS_WATCH_SLICE_MS, so an idle job costs
+ * the coordinator one lookup per second per watcher;
+ * cfx__ps_sched_stop() wakes them by putting the objects they wait for
+ * (or, with no coordinator to put them, they see the stop within a slice).
  */
 static void queue_event(struct cfx_ps *ps, struct ps_ev *e)
 {
@@ -479,9 +481,11 @@ static void queue_event(struct cfx_ps *ps, struct ps_ev *e)
     cfx__ps_kick(ps);
 }
 
+#define PS_WATCH_SLICE_MS 1000 /* a watcher's lookup, then it looks at ps->stop again */
+
 /*
- * A watcher waits (without a deadline; woken at shutdown by the object it
- * waits for) for the next small object of a numbered series in the
+ * A watcher waits (in lookups of PS_WATCH_SLICE_MS; woken at shutdown by the
+ * object it waits for, or by the end of a slice) for the next small object of a numbered series in the
  * directory — server announcements, admin requests — and turns each into a
  * scheduler event.
  */
@@ -509,12 +513,15 @@ static void watch_series(struct cfx_ps *ps, const struct watch *w)
         size_t sz = 0;
         void *dst = (char *)e + w->off;
         cfx__ps_obj_id(ps->job, w->kind, n, 0, &id);
-        int rc = cfx__ps_get(ps->ctx, &id, dst, w->len, &sz, -1);
+        /* in slices: a coordinator outage holds a lookup until the
+         * deadline, and the stop must still be seen (the wake-up object
+         * cannot be put without a coordinator) */
+        int rc = cfx__ps_get(ps->ctx, &id, dst, w->len, &sz, PS_WATCH_SLICE_MS);
         uint32_t magic;
         memcpy(&magic, dst, sizeof(magic)); /* both records start with it */
         if (rc != CFX_OK || sz != w->len || magic != PS_MAGIC) {
             free(e);
-            if (rc != CFX_OK) {
+            if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_CONNECT) {
                 struct timespec ts = { 0, 100000000 };
                 nanosleep(&ts, NULL);
             }

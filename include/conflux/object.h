@@ -24,6 +24,15 @@
  *  - The putter's cfx_delete() withdraws the object with every copy; when
  *    it returns, the id is free: a cfx_put() of it from any node, this one
  *    included, succeeds at once.
+ *  - A coordinator outage is a pause: a call that needs the coordinator
+ *    (a put, a get looking for a holder, a delete) while it is away, or
+ *    that is waiting on it when it goes, waits for the reconnection and is
+ *    sent again on it, all within its own deadline; a put is never refused
+ *    for its own object because of that (it is acknowledged once), and an
+ *    object whose put returned CFX_OK is announced again after a restart.
+ *    Transfers between nodes go on meanwhile.  When the deadline passes
+ *    with the coordinator still unreachable, the call fails with
+ *    CFX_ERR_CONNECT and cfx_last_error() names the coordinator's address.
  *  - Not yet: a node that got a copy still answers its own later cfx_get()
  *    of the id from that copy after the putter withdrew it; it should
  *    cfx_delete() its copy before reading a re-published id.
@@ -95,7 +104,9 @@ struct cfx_obj_params {
  *         copy; cfx_last_error() names the putter), or this node holds a
  *         copy of it;
  *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
- *         CFX_ERR_TIMEOUT / CFX_ERR_CONNECT if the coordinator did not answer.
+ *         CFX_ERR_CONNECT when the coordinator was unreachable until the
+ *         deadline (named in cfx_last_error()); CFX_ERR_TIMEOUT when it did
+ *         not answer in time.
  */
 CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
                     const void *buf, size_t size, const struct cfx_obj_params *params);
@@ -106,7 +117,10 @@ CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
  * deadline.
  * @return CFX_OK; CFX_ERR_TIMEOUT when no holder appeared or the transfer did
  *         not finish in time; CFX_ERR_TRUNCATED when capacity < size (size_out
- *         still set); CFX_ERR_PEER_FAILED when every source died.
+ *         still set); CFX_ERR_PEER_FAILED when every source died;
+ *         CFX_ERR_CONNECT when a holder had to be looked up and the
+ *         coordinator was unreachable until the deadline (named in
+ *         cfx_last_error()).
  */
 CFX_API int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id,
                     void *buf, size_t capacity, size_t *size_out,
@@ -125,7 +139,10 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
  * returns: the buffer is the caller's again and the id may be put at once.
  * @return CFX_OK; CFX_ERR_NOT_FOUND when this node holds no copy;
  *         CFX_ERR_TIMEOUT when uploads of it were still draining at the
- *         deadline (cfx_last_error() says so).
+ *         deadline (cfx_last_error() says so); CFX_ERR_CONNECT when the
+ *         coordinator was unreachable until the deadline (named in
+ *         cfx_last_error()): this node's copy is released all the same, and
+ *         the object is not announced again should the coordinator return.
  */
 CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
                        const struct cfx_obj_params *params);

@@ -162,8 +162,16 @@ CFX_API void cfx_ps_destroy(struct cfx_ps *ps);
  * connection fails, or it leaves) after this server learnt of its end,
  * that changes nothing; if it is lost before, serve returns at once with
  * CFX_ERR_PEER_FAILED, and cfx_last_error() names the scheduler's node.
- * @return CFX_OK at the end; CFX_ERR_PEER_FAILED as above (destroy the
- *         handle); CFX_ERR_TIMEOUT after @p timeout_ms (<0: no limit), the
+ *
+ * The job's shard maps, and so its end, travel through the coordinator: a
+ * coordinator outage shorter than the handle's timeout is a pause (the
+ * context reconnects; serving goes on), but once the coordinator has been
+ * unreachable for the handle's timeout, serve returns CFX_ERR_CONNECT and
+ * cfx_last_error() names the coordinator's address, so that no server
+ * waits for an end it can no longer learn.
+ * @return CFX_OK at the end; CFX_ERR_PEER_FAILED as above, or
+ *         CFX_ERR_CONNECT (the coordinator lost, as above): destroy the
+ *         handle; CFX_ERR_TIMEOUT after @p timeout_ms (<0: no limit), the
  *         server keeps serving and serve may be called again.
  */
 CFX_API int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms);

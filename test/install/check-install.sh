@@ -88,6 +88,10 @@ cmake --build "$tmp/cmake-build" >>"$tmp/cmake.log" 2>&1 ||
     { cat "$tmp/cmake.log" >&2; fail "building the example with conflux::conflux"; }
 LD_LIBRARY_PATH=$libdir "$tmp/cmake-build/example" ||
     fail "the example built with CMake exited with status $?"
+# The README's put/get example: three ranks under the installed cfx_run.
+step "running the README's put/get example under cfx_run -n 3"
+LD_LIBRARY_PATH=$libdir "$prefix/bin/cfx_run" -n 3 --transport tcp --timeout 120 \
+    "$tmp/cmake-build/put_get" || fail "the README's put/get example exited with status $?"
 
 # ---- 2. pkg-config -----------------------------------------------------------------
 step "building the example with pkg-config"
@@ -102,6 +106,10 @@ pc_inc=$(pkg-config --variable=includedir conflux)
 cc -std=c11 -Wall -Wextra -Werror "${san_flags[@]}" -o "$tmp/example-pc" "$example/example.c" \
     $pc_flags ||
     fail "building the example with: cc \$(pkg-config --cflags --libs conflux)"
+# shellcheck disable=SC2086 # the flags are meant to be split
+cc -std=c11 -Wall -Wextra -Werror "${san_flags[@]}" -o "$tmp/put_get-pc" "$example/put_get.c" \
+    $pc_flags ||
+    fail "building the README's put/get example with: cc \$(pkg-config --cflags --libs conflux)"
 # The binary must resolve the library through its SONAME.
 readelf -d "$tmp/example-pc" | grep -q 'NEEDED.*\[libconflux.so.0\]' ||
     fail "the pkg-config build does not depend on libconflux.so.0"
