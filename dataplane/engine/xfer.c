@@ -127,7 +127,8 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         .chunk_size = obj->chunk_size,
         .first_chunk = obj->ready_chunks,
         .credits = in->window,
-        .flags = obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0,
+        .flags = (obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0) |
+                 (in->cached ? CFX_DP_GET_CACHED : 0),
         .chan = obj->chan,
         .tag = obj->tag,
     };
@@ -459,6 +460,17 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
     if (!obj || obj->deleting) {
         CFX_LOG(INFO, XFER, "node %u: %s asked for %s which we do not hold", ctx->node_id,
                 conn->name, hex);
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
+        return;
+    }
+    if ((req->flags & CFX_DP_GET_CACHED) &&
+        (!obj->owned || !obj->announced || !obj->complete || obj->size != req->size ||
+         obj->chunk_size != req->chunk_size)) {
+        /* The getter remembered us as the holder: only the putter's own copy
+         * is surely the object the id names now (loccache.c).  It asks the
+         * directory next. */
+        CFX_LOG(DEBUG, XFER, "node %u: %s asked for %s from its location cache; we hold %s",
+                ctx->node_id, conn->name, hex, obj->owned ? "another shape of it" : "a copy");
         send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
         return;
     }
