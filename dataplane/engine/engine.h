@@ -63,6 +63,8 @@ enum cfx_dp_type {
     CFX_DP_REDUCE_ADOPT,/* driver -> node: read these streams in place of a lost one */
     CFX_DP_P2P_EAGER,   /* sender -> receiver: a whole small message (eager.c) */
     CFX_DP_EAGER_CREDIT,/* receiver -> sender: eager messages consumed, send more */
+    CFX_DP_GET_DATA,    /* source -> receiver: a whole small object, answering a GET_REQ
+                           flagged CFX_DP_GET_SMALL */
     CFX_DP_TYPE_MAX
 };
 
@@ -106,6 +108,19 @@ struct cfx_dp_eager {
 #define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (unexpected-queue
                                    bound per peer: 64 x 4 KiB) */
 
+/* A whole small object in one message, in place of the chunk write: the
+ * answer to a GET_REQ flagged CFX_DP_GET_SMALL (xfer.c).  Variable length:
+ * sizeof + len bytes.  The receiver checks id and len against its request. */
+struct cfx_dp_get_data {
+    struct cfx_dp_hdr hdr;      /* receiver's slot */
+    uint8_t id[CFX_OBJECT_ID_LEN];
+    uint32_t len;               /* the object's size: bytes that follow */
+    uint8_t data[];
+};
+
+/* Largest object that travels as one GET_DATA message. */
+#define CFX_DP_GET_SMALL_MAX (CFX_TP_SEND_MAX - (uint32_t)sizeof(struct cfx_dp_get_data))
+
 struct cfx_dp_get_req {
     struct cfx_dp_hdr hdr;
     uint8_t id[CFX_OBJECT_ID_LEN];
@@ -126,7 +141,10 @@ struct cfx_dp_get_req {
 #define CFX_DP_GET_CACHED 8u /* the getter took this holder from its location cache, not
                                 from the directory: serve only the putter's own copy
                                 (loccache.c); NOT_FOUND otherwise */
-#define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT | CFX_DP_GET_CACHED)
+#define CFX_DP_GET_SMALL 16u /* answer with GET_DATA (size <= CFX_DP_GET_SMALL_MAX, one chunk,
+                                a complete copy): no window, rdesc unused */
+#define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT | \
+                          CFX_DP_GET_CACHED | CFX_DP_GET_SMALL)
 
 /* A node record small enough for a data-plane message. */
 #define CFX_DP_NODE_ADDRS 3
@@ -343,6 +361,7 @@ struct cfx_xfer_in {
     int status;                 /* CFX_ERR_AGAIN while running */
     bool cancel_sent;
     bool cached;                /* source from the location cache: GET_REQ says so */
+    bool small;                 /* may ask for the object in one GET_DATA message */
     struct cfx_request *req;
     struct cfx_rchild *rchild;  /* chunks feed a reduce task instead of obj */
 };

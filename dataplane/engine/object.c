@@ -372,6 +372,9 @@ again:
         in.status = CFX_ERR_AGAIN;
         in.src_node = src.node.node_id;
         in.cached = cached;
+        /* a complete holder answers a small object in one message (the
+         * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
+        in.small = (cached || src.complete) && obj->size <= ctx->cfg.eager_max;
         obj->in = &in;
         rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &src.node);
         if (rc != CFX_OK) {
