@@ -814,10 +814,10 @@ static void mode_loccache(struct cfx_context *ctx)
     }
     lc_step(ctx, 8, -1);
     if (rank == 2) {
-        uint8_t x[8];
+        /* kept: a second holder, served from this buffer until deleted */
         size_t got;
-        CHECK_OK(cfx_get(ctx, &d1, x, sizeof(x), &got, NULL)); /* kept: a second holder */
-        check_obj(x, got, 41, "D copy");
+        CHECK_OK(cfx_get(ctx, &d1, pd, 8, &got, NULL));
+        check_obj(pd, got, 41, "D copy");
     }
     lc_step(ctx, 9, -1);
     if (rank == LC_VICTIM) {
