@@ -36,6 +36,7 @@ struct perf_opts {
     int json;
     int inline_ok;           /* let small objects go through the coordinator */
     int memcpy_ref;
+    int repeat;              /* cfx_get_lat: measure the second get of each object */
     const char *token;
 };
 
@@ -65,6 +66,8 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
             "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
             "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
+            "  -r, --repeat         cfx_get_lat: get each object, delete the copy, and measure\n"
+            "                       a second get of it (its location is known by then)\n"
             "  -k, --token=T        cluster token (default $CFX_TOKEN)\n"
             "      --report_gbits   report Gbit/s instead of GB/s\n"
             "      --json           one JSON document on stdout instead of the table\n"
@@ -88,6 +91,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         { "chunk-size", required_argument, NULL, 'c' },
         { "user-buf", no_argument, NULL, 'u' },     { "inline", no_argument, NULL, 'i' },
         { "memcpy-ref", no_argument, NULL, 'm' },   { "token", required_argument, NULL, 'k' },
+        { "repeat", no_argument, NULL, 'r' },
         { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
@@ -102,7 +106,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     o->warmup = 2;
     o->arena = 1;
     o->token = getenv("CFX_TOKEN");
-    while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimk:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimrk:h", lopts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
         case 'p': bad = tool_arg_int(prog, "-p", optarg, 1, 65535, "a TCP port", &o->port); break;
@@ -129,6 +133,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         case 'u': o->arena = 0; break;
         case 'i': o->inline_ok = 1; break;
         case 'm': o->memcpy_ref = 1; break;
+        case 'r': o->repeat = 1; break;
         case 'k': o->token = optarg; break;
         case 'G': o->gbits = 1; break;
         case 'J': o->json = 1; break;

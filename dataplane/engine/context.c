@@ -16,6 +16,8 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
 #define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE.md */
+#define DEFAULT_LOC_CACHE  4096u            /* location cache entries (loccache.c) */
+#define LOC_CACHE_MAX      (1u << 20)
 
 static void copy_str(char *dst, size_t len, const char *src)
 {
@@ -85,6 +87,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
                                        (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
+    cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
+                                       (size_t)LOC_CACHE_MAX);
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
         copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
     else if (getenv("CFX_BIND_ADDR") && *getenv("CFX_BIND_ADDR"))
@@ -191,6 +195,11 @@ static void on_node_dead(void *arg, uint32_t node_id)
         CFX_LOG(ERR, CTL, "node %u: lost the coordinator %s", ctx->node_id, ctx->cfg.coord);
         return;
     }
+    /* its locations go at once (memory only): a get after this event asks
+     * the directory instead of trying the dead holder */
+    pthread_mutex_lock(&ctx->lock);
+    cfx__loc_forget_node(&ctx->loc, node_id);
+    pthread_mutex_unlock(&ctx->lock);
     struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
     if (!cmd)
         return;
@@ -265,6 +274,11 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
                          ctx->token, sizeof(ctx->token));
     if (rc != CFX_OK)
         goto err_free;
+    rc = cfx__loc_init(&ctx->loc, ctx->cfg.loc_cache);
+    if (rc != CFX_OK) {
+        rc = cfx__err(rc, "no memory for a location cache of %u entries", ctx->cfg.loc_cache);
+        goto err_free;
+    }
     rc = transports_open(ctx);
     if (rc != CFX_OK)
         goto err_close_tps;
@@ -323,6 +337,7 @@ err_stop_progress:
 err_close_tps:
     transports_close(ctx);
 err_free:
+    cfx__loc_fini(&ctx->loc);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
     return rc;
@@ -413,6 +428,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     transports_close(ctx);
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, ctx->dev_stream);
     cfx__arena_destroy(ctx);
+    cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->cmd_done);
     pthread_cond_destroy(&ctx->obj_cond);
     pthread_cond_destroy(&ctx->async_cond);
@@ -461,6 +477,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "spin_us = %u\n"
                      "eager_max = %u\n"
                      "upload_rate = %llu\n"
+                     "loc_cache = %u\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
                      CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
@@ -468,7 +485,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
                      ctx->cfg.spin_us, ctx->cfg.eager_max,
-                     (unsigned long long)ctx->cfg.upload_rate,
+                     (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
                      ctx->self.host_id, gpu);
     return n;
 }

@@ -35,6 +35,7 @@ int cfx__dp_msg_check(const void *buf, size_t len)
         [CFX_DP_REDUCE_ADOPT] = sizeof(struct cfx_dp_reduce_adopt),
         [CFX_DP_P2P_EAGER] = sizeof(struct cfx_dp_eager), /* + its payload */
         [CFX_DP_EAGER_CREDIT] = sizeof(struct cfx_dp_credit),
+        [CFX_DP_GET_DATA] = sizeof(struct cfx_dp_get_data), /* + its payload */
     };
     struct cfx_dp_hdr h;
 
@@ -54,6 +55,16 @@ int cfx__dp_msg_check(const void *buf, size_t len)
             return CFX_ERR_PROTO;
         return h.type;
     }
+    if (h.type == CFX_DP_GET_DATA) {
+        /* header, then exactly len bytes of one small object */
+        uint32_t n;
+        if (len < sizeof(struct cfx_dp_get_data) || h.slot >= CFX_XFER_SLOTS)
+            return CFX_ERR_PROTO;
+        memcpy(&n, (const uint8_t *)buf + offsetof(struct cfx_dp_get_data, len), sizeof(n));
+        if (n == 0 || n > CFX_DP_GET_SMALL_MAX || len != sizeof(struct cfx_dp_get_data) + n)
+            return CFX_ERR_PROTO;
+        return h.type;
+    }
     if (len != sizes[h.type])
         return CFX_ERR_PROTO;
     if (h.type != CFX_DP_HELLO && h.type != CFX_DP_AUTH && h.slot >= CFX_XFER_SLOTS)
@@ -65,7 +76,9 @@ int cfx__dp_msg_check(const void *buf, size_t len)
             r->chunk_size < CFX_CHUNK_MIN ||
             r->chunk_size > CFX_CHUNK_MAX || r->credits == 0 ||
             r->size / r->chunk_size >= CFX_MAX_CHUNKS ||
-            r->first_chunk > cfx__nchunks(r->size, r->chunk_size))
+            r->first_chunk > cfx__nchunks(r->size, r->chunk_size) ||
+            ((r->flags & CFX_DP_GET_SMALL) &&
+             (r->size == 0 || r->size > CFX_DP_GET_SMALL_MAX || (r->flags & CFX_DP_GET_P2P))))
             return CFX_ERR_PROTO;
     }
     if (h.type == CFX_DP_REDUCE_TASK) {

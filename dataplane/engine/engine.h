@@ -63,6 +63,8 @@ enum cfx_dp_type {
     CFX_DP_REDUCE_ADOPT,/* driver -> node: read these streams in place of a lost one */
     CFX_DP_P2P_EAGER,   /* sender -> receiver: a whole small message (eager.c) */
     CFX_DP_EAGER_CREDIT,/* receiver -> sender: eager messages consumed, send more */
+    CFX_DP_GET_DATA,    /* source -> receiver: a whole small object, answering a GET_REQ
+                           flagged CFX_DP_GET_SMALL */
     CFX_DP_TYPE_MAX
 };
 
@@ -106,6 +108,19 @@ struct cfx_dp_eager {
 #define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (unexpected-queue
                                    bound per peer: 64 x 4 KiB) */
 
+/* A whole small object in one message, in place of the chunk write: the
+ * answer to a GET_REQ flagged CFX_DP_GET_SMALL (xfer.c).  Variable length:
+ * sizeof + len bytes.  The receiver checks id and len against its request. */
+struct cfx_dp_get_data {
+    struct cfx_dp_hdr hdr;      /* receiver's slot */
+    uint8_t id[CFX_OBJECT_ID_LEN];
+    uint32_t len;               /* the object's size: bytes that follow */
+    uint8_t data[];
+};
+
+/* Largest object that travels as one GET_DATA message. */
+#define CFX_DP_GET_SMALL_MAX (CFX_TP_SEND_MAX - (uint32_t)sizeof(struct cfx_dp_get_data))
+
 struct cfx_dp_get_req {
     struct cfx_dp_hdr hdr;
     uint8_t id[CFX_OBJECT_ID_LEN];
@@ -123,7 +138,13 @@ struct cfx_dp_get_req {
 #define CFX_DP_GET_P2P  1u /* match a posted send, not an object */
 #define CFX_DP_GET_RING 2u /* chunk i goes to slot i % ring of the destination */
 #define CFX_DP_GET_WAIT 4u /* the object is about to appear here: wait for it */
-#define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT)
+#define CFX_DP_GET_CACHED 8u /* the getter took this holder from its location cache, not
+                                from the directory: serve only the putter's own copy
+                                (loccache.c); NOT_FOUND otherwise */
+#define CFX_DP_GET_SMALL 16u /* answer with GET_DATA (size <= CFX_DP_GET_SMALL_MAX, one chunk,
+                                a complete copy): no window, rdesc unused */
+#define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT | \
+                          CFX_DP_GET_CACHED | CFX_DP_GET_SMALL)
 
 /* A node record small enough for a data-plane message. */
 #define CFX_DP_NODE_ADDRS 3
@@ -339,6 +360,8 @@ struct cfx_xfer_in {
     uint32_t owed;              /* chunks landed, credit not yet returned */
     int status;                 /* CFX_ERR_AGAIN while running */
     bool cancel_sent;
+    bool cached;                /* source from the location cache: GET_REQ says so */
+    bool small;                 /* may ask for the object in one GET_DATA message */
     struct cfx_request *req;
     struct cfx_rchild *rchild;  /* chunks feed a reduce task instead of obj */
 };
@@ -477,6 +500,41 @@ void cfx__arena_free(struct cfx_context *ctx, void *p);
 void cfx__arena_taint(struct cfx_context *ctx, const void *p);
 void cfx__arena_destroy(struct cfx_context *ctx);
 
+/* ---- location cache (loccache.c) -------------------------------------------- */
+
+/* Where an object this node got lives: the directory's answer, kept. */
+struct cfx_loc {
+    struct cfx_object_id id;
+    uint64_t size;
+    uint32_t chunk_size;
+    int32_t hnext;              /* next entry in the hash chain, -1 = end */
+    bool used;
+    bool ref;                   /* clock: hit since the hand last passed */
+    struct cfx_node_rec node;   /* the holder */
+};
+
+struct cfx_loccache {
+    struct cfx_loc *e;          /* cap entries */
+    int32_t *buckets;           /* nbuckets chain heads (power of two), -1 = empty */
+    uint32_t cap;               /* 0: the cache is off */
+    uint32_t nbuckets;
+    uint32_t n;                 /* entries in use */
+    uint32_t hand;              /* clock hand */
+};
+
+/* All under ctx->lock (memory only, any thread). */
+int cfx__loc_init(struct cfx_loccache *lc, uint32_t cap);
+void cfx__loc_fini(struct cfx_loccache *lc);
+/* The cached location of @p id into @p out (a complete, non-inline source). */
+bool cfx__loc_find(struct cfx_loccache *lc, const struct cfx_object_id *id,
+                   struct cfx_ctl_source *out);
+/* Remember @p src for @p id; returns 1 when another entry was evicted for it. */
+uint64_t cfx__loc_put(struct cfx_loccache *lc, const struct cfx_object_id *id,
+                      const struct cfx_ctl_source *src);
+void cfx__loc_forget(struct cfx_loccache *lc, const struct cfx_object_id *id);
+/* Forget every location on @p node_id; returns how many. */
+unsigned cfx__loc_forget_node(struct cfx_loccache *lc, uint32_t node_id);
+
 /* ---- the context ------------------------------------------------------------- */
 
 struct cfx_tp_slot {
@@ -500,6 +558,7 @@ struct cfx_config {
     uint32_t eager_max;         /* CFX_EAGER_MAX: messages up to this go eager (receiver's
                                    value rules a connection) */
     uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
+    uint32_t loc_cache;         /* CFX_LOC_CACHE: location cache entries, 0 = off */
 };
 
 struct cfx_context {
@@ -514,6 +573,7 @@ struct cfx_context {
     int ntp;
 
     struct cfx_store store;
+    struct cfx_loccache loc;    /* where objects asked about live (loccache.c) */
     struct cfx_arena arena;
     void *dev_stream;           /* device stream of the staging path (gpu_stage.c), made on
                                    first use under lock; NULL until then */

@@ -179,6 +179,26 @@ static void watch_prefix(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
         w->upto = (size_t)upto;
 }
 
+/* Ask the directory for a source of @p id (counted: cfx_context_stats). */
+static int dir_lookup(struct cfx_context *ctx, const struct cfx_object_id *id,
+                      const uint32_t *exclude, unsigned nexclude, uint64_t deadline,
+                      struct cfx_ctl_source *src)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stats.dir_lookups++;
+    pthread_mutex_unlock(&ctx->lock);
+    return cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, src);
+}
+
+/* The get no longer pulls from @p src: tell the directory, which assigned
+ * it (a source from the location cache was never assigned). */
+static void src_done(struct cfx_context *ctx, const struct cfx_object_id *id,
+                     const struct cfx_ctl_source *src, bool cached)
+{
+    if (!cached && src->node.node_id)
+        cfx__ctl_obj_done(ctx->ctl, id, src->node.node_id, 0, cfx__deadline_ns(1000));
+}
+
 static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                     size_t cap, bool alloc, void **out_buf, size_t *size_out,
                     const struct cfx_obj_params *params, struct cfx__get_watch *watch)
@@ -192,6 +212,8 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
     unsigned nexclude = 0;
     struct cfx_obj *obj;
     int rc;
+    bool use_cache = true;      /* false once a cached location failed this get */
+    uint32_t refused = 0;       /* holder that refused a cached request: not cached again */
 
     cfx_object_id_to_hex(id, hex);
 
@@ -247,10 +269,18 @@ again:
                             timeout_ms);
         }
     }
+    /* 2. a source: where the location cache says the object lives (no
+     *    round trip; the holder checks the request, loccache.c), else the
+     *    directory's answer */
+    bool cached = use_cache && cfx__loc_find(&ctx->loc, id, &src);
+    if (cached && !alloc && cap < src.size) {
+        cfx__loc_forget(&ctx->loc, id); /* a size learnt earlier: let the directory say */
+        cached = false;
+    }
+    ctx->stats.loc_hits += cached;
     pthread_mutex_unlock(&ctx->lock);
 
-    /* 2. ask the directory for a source */
-    rc = cfx__ctl_obj_lookup(ctx->ctl, id, NULL, 0, deadline, &src);
+    rc = cached ? CFX_OK : dir_lookup(ctx, id, NULL, 0, deadline, &src);
     if (rc != CFX_OK) {
         if (rc == CFX_ERR_TIMEOUT)
             return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms",
@@ -282,7 +312,7 @@ again:
         return rc;
     }
     if (!alloc && cap < src.size) {
-        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        src_done(ctx, id, &src, cached);
         return cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
                         " bytes, the buffer %zu", hex, src.size, cap);
     }
@@ -291,13 +321,13 @@ again:
      *    from it while it fills */
     if (src.chunk_size < CFX_CHUNK_MIN || src.chunk_size > CFX_CHUNK_MAX ||
         src.size / src.chunk_size >= CFX_MAX_CHUNKS) {
-        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        src_done(ctx, id, &src, cached);
         return cfx__err(CFX_ERR_PROTO, "object %s: directory gave chunk size %u for %" PRIu64
                         " bytes", hex, src.chunk_size, src.size);
     }
     obj = obj_new(id, src.size, src.chunk_size);
     if (!obj) {
-        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        src_done(ctx, id, &src, cached);
         return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
     }
     obj->memtype = obj_memtype(params);
@@ -307,7 +337,7 @@ again:
         if (rc != CFX_OK) {
             free(obj->bitmap);
             free(obj);
-            cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+            src_done(ctx, id, &src, cached);
             return rc;
         }
         obj->arena = true;
@@ -327,7 +357,7 @@ again:
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);
         free(obj);
-        cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        src_done(ctx, id, &src, cached);
         if (++local_retries > 3)
             return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it keeps running "
                             "on node %u", hex, ctx->node_id);
@@ -344,6 +374,10 @@ again:
         in.obj = obj;
         in.status = CFX_ERR_AGAIN;
         in.src_node = src.node.node_id;
+        in.cached = cached;
+        /* a complete holder answers a small object in one message (the
+         * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
+        in.small = (cached || src.complete) && obj->size <= ctx->cfg.eager_max;
         obj->in = &in;
         rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &src.node);
         if (rc != CFX_OK) {
@@ -379,6 +413,8 @@ again:
         rc = in.status;
         if (rc == CFX_OK)
             break;
+        if (cached)
+            break; /* below: forget the location, start over at the directory */
         /* the source failed or dropped the object: resume from the first
          * missing chunk at another holder */
         uint32_t failed = src.node.node_id;
@@ -398,7 +434,7 @@ again:
          * still do, and the directory must know it so that it never offers
          * us one of them (a cycle in which both wait).  The new assignment
          * releases the old source's upload slot. */
-        rc = cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, &src);
+        rc = dir_lookup(ctx, id, exclude, nexclude, deadline, &src);
         pthread_mutex_lock(&ctx->lock);
         if (rc != CFX_OK) {
             rc = cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
@@ -424,18 +460,39 @@ again:
         while (ctx->cmd_seq_done == seq &&
                cfx__cond_wait_until(&ctx->cmd_done, &ctx->lock, until))
             ;
+        if (cached && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_NOMEM) {
+            /* The cached holder refused (the putter's copy of the id is gone
+             * or changed) or failed: a stale location costs this one round
+             * trip; the directory knows where the object is now. */
+            cfx__loc_forget(&ctx->loc, id);
+            ctx->stats.loc_stale++;
+            pthread_mutex_unlock(&ctx->lock);
+            CFX_LOG(DEBUG, OBJ, "node %u: cached location of %s (node %u) failed (%s); asking "
+                    "the directory", ctx->node_id, hex, src.node.node_id, cfx_errname(rc));
+            refused = src.node.node_id;
+            use_cache = false;
+            cfx__err_clear();
+            goto again;
+        }
+        if (cached)
+            cfx__loc_forget(&ctx->loc, id);
         pthread_mutex_unlock(&ctx->lock);
-        if (src.node.node_id)
-            cfx__ctl_obj_done(ctx->ctl, id, src.node.node_id, 0, cfx__deadline_ns(1000));
+        src_done(ctx, id, &src, cached);
         return rc;
     }
     void *data = obj->buf;
+    /* remember where it lives for the next get of the id here (after this
+     * node deleted its copy): only a complete holder, and not one that just
+     * refused a cached request (a copy that is not the putter's) */
+    if (!cached && src.complete && src.node.node_id != refused)
+        ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, id, &src);
     pthread_mutex_unlock(&ctx->lock);
 
     /* the directory learns we are complete in the background: the bytes
      * are the caller's now, and our partial-holder record already lets
-     * others read from us */
-    rc = cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
+     * others read from us.  A get from a cached location made no record:
+     * the copy serves this node only, and is not announced. */
+    rc = cached ? CFX_ERR_NOT_FOUND : cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
     pthread_mutex_lock(&ctx->lock);
     obj->announced = rc == CFX_OK;
     ctx->stats.gets++;

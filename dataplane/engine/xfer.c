@@ -105,8 +105,12 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
         return;
     }
+    /* a small object comes back in one GET_DATA message, copied out here:
+     * nothing to register for it */
+    bool small = in->small && obj->size && obj->size <= CFX_DP_GET_SMALL_MAX &&
+                 obj->ready_chunks == 0 && obj->memtype == CFX_MEMTYPE_HOST && !obj->p2p;
     struct cfx_tp_mr *mr = NULL;
-    if (obj->nchunks && !(mr = cfx__obj_mr(ctx, obj, conn->tp, &status))) {
+    if (obj->nchunks && !small && !(mr = cfx__obj_mr(ctx, obj, conn->tp, &status))) {
         cfx__xfer_in_finish(ctx, in, status);
         return;
     }
@@ -116,6 +120,7 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
     }
     in->conn = conn;
     in->src_node = src->node_id;
+    in->small = small;
 
     uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
     in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
@@ -127,7 +132,8 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         .chunk_size = obj->chunk_size,
         .first_chunk = obj->ready_chunks,
         .credits = in->window,
-        .flags = obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0,
+        .flags = (obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0) |
+                 (in->cached ? CFX_DP_GET_CACHED : 0) | (small ? CFX_DP_GET_SMALL : 0),
         .chan = obj->chan,
         .tag = obj->tag,
     };
@@ -266,7 +272,67 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
     }
 }
 
+/* A small object whole, in place of its one chunk write (CFX_DP_GET_SMALL). */
+static void get_data_recv(struct cfx_context *ctx, struct cfx_conn *conn,
+                          const struct cfx_dp_get_data *m)
+{
+    struct cfx_xfer_in *in = ctx->slots[m->hdr.slot];
+    if (unlikely(!in || in->conn != conn || !in->small || in->rchild)) {
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "object bytes for a slot that did not ask for them");
+        return;
+    }
+    if (in->cancel_sent)
+        return; /* withdrawn: the bytes are not ours to use any more */
+    struct cfx_obj *obj = in->obj;
+    if (unlikely(memcmp(m->id, obj->id.bytes, CFX_OBJECT_ID_LEN) != 0 || m->len != obj->size ||
+                 obj->nchunks != 1)) {
+        /* checked against what we asked for: never another object's bytes */
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "GET_DATA for another object or of another size");
+        return;
+    }
+    memcpy(obj->buf, m->data, m->len);
+    obj->bitmap[0] |= 1;
+    ctx->stats.bytes_received += m->len;
+    uint64_t gen = ctx->conn_gen;
+    obj_advance(ctx, obj); /* getters reading our partial copy */
+    if (ctx->conn_gen != gen && !conn_live(ctx, conn))
+        return;
+    obj->complete = true;
+    cfx__xfer_in_finish(ctx, in, CFX_OK);
+}
+
 /* ---- source side ------------------------------------------------------------ */
+
+/* Answer a GET_REQ flagged CFX_DP_GET_SMALL: the whole object in one
+ * message (one ep_send, header and bytes), no upload to track. */
+static void get_data_send(struct cfx_context *ctx, struct cfx_conn *conn, struct cfx_obj *obj,
+                          const struct cfx_dp_get_req *req)
+{
+    union {
+        struct cfx_dp_get_data m;
+        uint8_t raw[CFX_TP_SEND_MAX];
+    } u;
+
+    if (!obj->complete || obj->memtype != CFX_MEMTYPE_HOST || obj->nchunks != 1 ||
+        obj->size > CFX_DP_GET_SMALL_MAX) {
+        /* a partial copy has no bytes to send yet (the getter asks elsewhere) */
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
+        return;
+    }
+    u.m.hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                   .type = CFX_DP_GET_DATA, .slot = req->hdr.slot };
+    memcpy(u.m.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
+    u.m.len = (uint32_t)obj->size;
+    memcpy(u.m.data, obj->buf, obj->size);
+    int rc = cfx__conn_send(conn, &u, sizeof(u.m) + obj->size);
+    if (rc != CFX_OK) {
+        cfx__conn_fail(conn, rc, "send of a small object failed");
+        return;
+    }
+    ctx->stats.uploads++;
+    ctx->stats.bytes_sent += obj->size;
+}
+
 
 static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
 {
@@ -462,11 +528,26 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
         send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
         return;
     }
+    if ((req->flags & CFX_DP_GET_CACHED) &&
+        (!obj->owned || !obj->announced || !obj->complete || obj->size != req->size ||
+         obj->chunk_size != req->chunk_size)) {
+        /* The getter remembered us as the holder: only the putter's own copy
+         * is surely the object the id names now (loccache.c).  It asks the
+         * directory next. */
+        CFX_LOG(DEBUG, XFER, "node %u: %s asked for %s from its location cache; we hold %s",
+                ctx->node_id, conn->name, hex, obj->owned ? "another shape of it" : "a copy");
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
+        return;
+    }
     if (obj->size != req->size || obj->chunk_size != req->chunk_size) {
         CFX_LOG(WARN, XFER, "node %u: %s asked for %s as %" PRIu64 " B / %u B chunks; we hold %"
                 PRIu64 " B / %u B", ctx->node_id, conn->name, hex, req->size, req->chunk_size,
                 obj->size, obj->chunk_size);
         send_nack(conn, req->hdr.slot, CFX_ERR_INVALID);
+        return;
+    }
+    if (req->flags & CFX_DP_GET_SMALL) {
+        get_data_send(ctx, conn, obj, req);
         return;
     }
     cfx__xfer_upload_start(ctx, conn, obj, req);
@@ -621,6 +702,9 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         break;
     case CFX_DP_EAGER_CREDIT:
         cfx__eager_credit_msg(conn, ((const struct cfx_dp_credit *)data)->credits);
+        break;
+    case CFX_DP_GET_DATA:
+        get_data_recv(ctx, conn, data);
         break;
     case CFX_DP_CANCEL_ACK: {
         struct cfx_xfer_in *in = ctx->slots[h.slot];

@@ -85,6 +85,11 @@ struct cfx_context_stats {
     uint64_t source_failovers;  /* gets resumed at another source */
     uint64_t reduce_reroutes;   /* reduces this node drove that routed around a dead node */
     uint64_t reduce_replans;    /* ... that had to plan again from the start */
+    /* fields added later go at the end */
+    uint64_t dir_lookups;       /* directory lookups gets made (the coordinator's round trip) */
+    uint64_t loc_hits;          /* gets that went straight to a holder from the location cache */
+    uint64_t loc_stale;         /* ... of which the holder refused or failed: asked the directory */
+    uint64_t loc_evictions;     /* locations evicted to make room (CFX_LOC_CACHE bounds it) */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */

@@ -37,6 +37,18 @@
  *    of the id from that copy after the putter withdrew it; it should
  *    cfx_delete() its copy before reading a re-published id.
  *
+ * Known locations: a node remembers where the objects it got through the
+ * data plane live (up to CFX_LOC_CACHE ids, default 4096, 0 = off) and gets
+ * such an id again (after deleting its copy) straight from that holder,
+ * without asking the coordinator.  Only the putter's own copy answers such
+ * a request, and only with the size asked for, so a location that went
+ * stale (the object deleted or put again, the holder dead) costs one round
+ * trip to the directory and never yields bytes the id no longer names.  A
+ * copy got that way is not recorded in the directory: it serves this node
+ * only.  Objects up to CFX_EAGER_MAX bytes (at most 4064) come back from a
+ * complete holder in one message.  cfx_context_stats() counts directory
+ * lookups (dir_lookups) and cache hits (loc_hits, loc_stale).
+ *
  * Thread safety: any thread may call these concurrently on one context.
  */
 #ifndef CONFLUX_OBJECT_H

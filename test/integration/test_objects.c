@@ -181,6 +181,21 @@ ParameterizedTest(struct case_param *p, objects, only_source_killed, .timeout = 
     cr_assert_eq(rc, 0, "only source killed over %s: cfx_run exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(objects, loccache)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* Gets from the location cache (4 entries, so that it evicts): a second
+ * get asks no directory; a get after delete + re-put reads the new bytes;
+ * a dead holder and a copy's location fall back to the directory; every
+ * byte checked (cfx_objtest loccache). */
+ParameterizedTest(struct case_param *p, objects, loccache, .timeout = 120)
+{
+    int rc = run_with("CFX_LOC_CACHE=4", 4, p->tp, "--allow-fail 3 --timeout 90", "loccache");
+    cr_assert_eq(rc, 0, "location cache over %s: cfx_run exited %d", p->tp, rc);
+}
+
 struct spare_case {
     char tp[8];
     char shape[8];

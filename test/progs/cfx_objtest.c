@@ -16,6 +16,8 @@
  *                   inputs (rank LATE puts its input a second late; -1: none)
  *   reducespare BYTES  first 3 of 5 with a participant killed: planned again
  *   reducerelay BYTES  a relay holding a copied input killed: routed around
+ *   loccache        gets from known locations: no directory lookup; stale
+ *                   after delete + re-put, a dead holder, a copy; eviction
  */
 #include <conflux/conflux.h>
 
@@ -660,6 +662,248 @@ static void mode_nb(struct cfx_context *ctx)
     free(buf);
 }
 
+/*
+ * Location cache (4 ranks: 0 puts, 1 gets, 2 holds a copy, 3 is a holder
+ * that dies).  Run with a small CFX_LOC_CACHE (4) so that evictions happen.
+ *  A. a second get of an id (after deleting the copy) asks no directory:
+ *     dir_lookups stays, loc_hits grows;
+ *  B. delete + re-put of the id with other bytes (same size, then another
+ *     size): the next get returns the new bytes;
+ *  D. the holder dies: a get of an object another node also holds fails
+ *     over to it; one nobody else holds fails (TIMEOUT or PEER_FAILED);
+ *  C. (after D) a copy that is not the putter's refuses a cached request:
+ *     the getter asks the directory and still reads the right bytes;
+ *  E. more ids than the cache holds: entries are evicted, every byte right.
+ * Run with cfx_run --allow-fail 3.
+ */
+#define LC_VICTIM 3
+
+/* Everyone alive reaches step @p k before anyone goes on (inline objects). */
+static void lc_step(struct cfx_context *ctx, int k, int dead)
+{
+    struct cfx_object_id id;
+    uint8_t one = 1, got;
+    name_id(&id, "lc-step-%ld-%ld", k, rank);
+    CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
+    for (int r = 0; r < world; r++) {
+        if (r == rank || r == dead)
+            continue;
+        name_id(&id, "lc-step-%ld-%ld", k, r);
+        CHECK_OK(cfx_get(ctx, &id, &got, 1, NULL, NULL));
+    }
+}
+
+static const struct cfx_obj_params lc_noinline = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                                   .flags = CFX_OBJ_FLAG_NO_INLINE };
+
+/* Get @p id into a fresh buffer, check size and bytes, delete the copy. */
+static void lc_get_check(struct cfx_context *ctx, const struct cfx_object_id *id, size_t size,
+                         uint64_t seed, const char *what)
+{
+    size_t cap = size + 64, got = 0;
+    uint8_t *b = malloc(cap);
+    if (!b)
+        DIE("out of memory");
+    memset(b, 0xee, cap);
+    CHECK_OK(cfx_get(ctx, id, b, cap, &got, NULL));
+    if (got != size)
+        DIE("%s: size %zu, expected %zu", what, got, size);
+    check_obj(b, size, seed, what);
+    CHECK_OK(cfx_delete(ctx, id, NULL));
+    free(b);
+}
+
+static struct cfx_context_stats lc_stats(struct cfx_context *ctx)
+{
+    struct cfx_context_stats st;
+    CHECK_OK(cfx_context_stats(ctx, &st));
+    return st;
+}
+
+static void mode_loccache(struct cfx_context *ctx)
+{
+    enum { NE = 16 };
+    const size_t big = 3 * 65536 + 5; /* 4 chunks of 64 KiB */
+    struct cfx_object_id a, b, d1, d2, e[NE];
+    struct cfx_obj_params pb = lc_noinline;
+    pb.field_mask |= CFX_OBJ_PARAM_CHUNK_SIZE;
+    pb.chunk_size = 65536;
+    uint8_t *pa = malloc(64), *pbig = malloc(big), *pd = malloc(2 * 8),
+            *pe = malloc(NE * 8);
+    if (!pa || !pbig || !pd || !pe)
+        DIE("out of memory");
+    if (world != 4)
+        DIE("loccache needs 4 ranks, not %d", world);
+    name_id(&a, "lc-a-%ld-%ld", 0, 0);
+    name_id(&b, "lc-b-%ld-%ld", 0, 0);
+    name_id(&d1, "lc-d-%ld-%ld", 1, 0);
+    name_id(&d2, "lc-d-%ld-%ld", 2, 0);
+    for (int i = 0; i < NE; i++)
+        name_id(&e[i], "lc-e-%ld-%ld", i, 0);
+
+    /* A */
+    if (rank == 0) {
+        cfx_test_fill(pa, 8, 1);
+        CHECK_OK(cfx_put(ctx, &a, pa, 8, &lc_noinline));
+        cfx_test_fill(pbig, big, 11);
+        CHECK_OK(cfx_put(ctx, &b, pbig, big, &pb));
+    }
+    lc_step(ctx, 1, -1);
+    if (rank == 1) {
+        lc_get_check(ctx, &a, 8, 1, "A first get");
+        lc_get_check(ctx, &b, big, 11, "A first get (4 chunks)");
+        struct cfx_context_stats s0 = lc_stats(ctx);
+        for (int i = 0; i < 5; i++) {
+            lc_get_check(ctx, &a, 8, 1, "A second get");
+            lc_get_check(ctx, &b, big, 11, "A second get (4 chunks)");
+        }
+        struct cfx_context_stats s1 = lc_stats(ctx);
+        if (s1.dir_lookups != s0.dir_lookups || s1.loc_hits != s0.loc_hits + 10 ||
+            s1.loc_stale != s0.loc_stale)
+            DIE("A: gets of known locations: %llu directory lookups, %llu cache hits, %llu "
+                "stale (expected 0, 10, 0)",
+                (unsigned long long)(s1.dir_lookups - s0.dir_lookups),
+                (unsigned long long)(s1.loc_hits - s0.loc_hits),
+                (unsigned long long)(s1.loc_stale - s0.loc_stale));
+        printf("A: 10 gets of known locations, no directory lookup\n");
+    }
+    lc_step(ctx, 2, -1);
+
+    /* B: the putter deletes and puts the id again, same size, other bytes */
+    if (rank == 0) {
+        CHECK_OK(cfx_delete(ctx, &a, NULL));
+        cfx_test_fill(pa, 8, 2);
+        CHECK_OK(cfx_put(ctx, &a, pa, 8, &lc_noinline));
+    }
+    lc_step(ctx, 3, -1);
+    if (rank == 1)
+        lc_get_check(ctx, &a, 8, 2, "B after re-put (same size)");
+    lc_step(ctx, 4, -1);
+    /* ... and with another size: the cached request is refused */
+    if (rank == 0) {
+        CHECK_OK(cfx_delete(ctx, &a, NULL));
+        cfx_test_fill(pa, 40, 3);
+        CHECK_OK(cfx_put(ctx, &a, pa, 40, &lc_noinline));
+    }
+    lc_step(ctx, 5, -1);
+    if (rank == 1) {
+        struct cfx_context_stats s0 = lc_stats(ctx);
+        lc_get_check(ctx, &a, 40, 3, "B after re-put (40 B)");
+        struct cfx_context_stats s1 = lc_stats(ctx);
+        if (s1.loc_stale != s0.loc_stale + 1 || s1.dir_lookups != s0.dir_lookups + 1)
+            DIE("B: a refused location: %llu stale, %llu lookups (expected 1, 1)",
+                (unsigned long long)(s1.loc_stale - s0.loc_stale),
+                (unsigned long long)(s1.dir_lookups - s0.dir_lookups));
+        lc_get_check(ctx, &a, 40, 3, "B known again");
+        printf("B: delete + re-put read the new bytes\n");
+    }
+    lc_step(ctx, 6, -1);
+
+    /* D: rank 3 puts d1 and d2; rank 1 gets both (learns rank 3); rank 2
+     * copies d1; rank 3 dies */
+    if (rank == LC_VICTIM) {
+        cfx_test_fill(pd, 8, 41);
+        cfx_test_fill(pd + 8, 8, 42);
+        CHECK_OK(cfx_put(ctx, &d1, pd, 8, &lc_noinline));
+        CHECK_OK(cfx_put(ctx, &d2, pd + 8, 8, &lc_noinline));
+    }
+    lc_step(ctx, 7, -1);
+    if (rank == 1) {
+        lc_get_check(ctx, &d1, 8, 41, "D first get");
+        lc_get_check(ctx, &d2, 8, 42, "D first get");
+    }
+    lc_step(ctx, 8, -1);
+    if (rank == 2) {
+        /* kept: a second holder, served from this buffer until deleted */
+        size_t got;
+        CHECK_OK(cfx_get(ctx, &d1, pd, 8, &got, NULL));
+        check_obj(pd, got, 41, "D copy");
+    }
+    lc_step(ctx, 9, -1);
+    if (rank == LC_VICTIM) {
+        printf("D: holder dying\n");
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    if (rank == 1) {
+        /* the cached location of d1 is the dead node: the get goes on at
+         * rank 2's copy (cached locations refuse nothing here: its death
+         * event drops them, or the failed request does) */
+        lc_get_check(ctx, &d1, 8, 41, "D after the holder died");
+        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 2000 };
+        uint8_t x[8];
+        double t = now_s();
+        int rc = cfx_get(ctx, &d2, x, sizeof(x), NULL, &p);
+        t = now_s() - t;
+        if (rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_PEER_FAILED)
+            DIE("D: get of an object only the dead node held: %s (%s)", cfx_errname(rc),
+                cfx_last_error());
+        if (t > 2.0 + HANG_S)
+            DIE("D: the failure took %.3f s, the deadline was 2 s", t);
+        printf("D: only holder dead: %s (%s)\n", cfx_errname(rc), cfx_last_error());
+    }
+    lc_step(ctx, 10, LC_VICTIM);
+
+    /* C (with the victim gone): rank 2's copy of d1 is the only one, and
+     * not the putter's.  Rank 1 learns rank 2 from the directory, deletes
+     * its copy; a get from the cached location is refused (a copy may hold
+     * bytes of an earlier put of the id) and the directory answers. */
+    if (rank == 1) {
+        lc_get_check(ctx, &d1, 8, 41, "C first get from the copy");
+        struct cfx_context_stats s0 = lc_stats(ctx);
+        lc_get_check(ctx, &d1, 8, 41, "C get from a cached copy");
+        lc_get_check(ctx, &d1, 8, 41, "C again");
+        struct cfx_context_stats s1 = lc_stats(ctx);
+        if (s1.loc_stale - s0.loc_stale > 1 || s1.dir_lookups - s0.dir_lookups != 2)
+            DIE("C: %llu stale, %llu lookups (expected at most 1, 2)",
+                (unsigned long long)(s1.loc_stale - s0.loc_stale),
+                (unsigned long long)(s1.dir_lookups - s0.dir_lookups));
+        printf("C: a copy's location refused, read through the directory\n");
+    }
+    lc_step(ctx, 11, LC_VICTIM);
+
+    /* E: 16 ids through a cache of 4 */
+    if (rank == 0)
+        for (int i = 0; i < NE; i++) {
+            cfx_test_fill(pe + 8 * i, 8, 100 + (uint64_t)i);
+            CHECK_OK(cfx_put(ctx, &e[i], pe + 8 * i, 8, &lc_noinline));
+        }
+    lc_step(ctx, 12, LC_VICTIM);
+    if (rank == 1) {
+        struct cfx_context_stats s0 = lc_stats(ctx);
+        for (int round = 0; round < 3; round++)
+            for (int i = 0; i < NE; i++)
+                lc_get_check(ctx, &e[i], 8, 100 + (uint64_t)i, "E");
+        for (int round = 0; round < 3; round++) /* a working set that fits */
+            for (int i = 0; i < 2; i++)
+                lc_get_check(ctx, &e[i], 8, 100 + (uint64_t)i, "E small set");
+        struct cfx_context_stats s1 = lc_stats(ctx);
+        uint64_t gets = s1.gets - s0.gets, hits = s1.loc_hits - s0.loc_hits;
+        uint64_t lookups = s1.dir_lookups - s0.dir_lookups;
+        if (s1.loc_evictions == s0.loc_evictions || hits < 4 || hits + lookups != gets)
+            DIE("E: %llu gets, %llu hits, %llu lookups, %llu evictions",
+                (unsigned long long)gets, (unsigned long long)hits, (unsigned long long)lookups,
+                (unsigned long long)(s1.loc_evictions - s0.loc_evictions));
+        printf("E: %llu gets, %llu hits, %llu evictions, all bytes right\n",
+               (unsigned long long)gets, (unsigned long long)hits,
+               (unsigned long long)(s1.loc_evictions - s0.loc_evictions));
+    }
+    lc_step(ctx, 13, LC_VICTIM);
+    if (rank == 2)
+        CHECK_OK(cfx_delete(ctx, &d1, NULL));
+    finish_without(ctx, LC_VICTIM);
+    if (rank == 0) {
+        CHECK_OK(cfx_delete(ctx, &a, NULL));
+        CHECK_OK(cfx_delete(ctx, &b, NULL));
+        for (int i = 0; i < NE; i++)
+            CHECK_OK(cfx_delete(ctx, &e[i], NULL));
+    }
+    free(pa);
+    free(pbig);
+    free(pd);
+    free(pe);
+}
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
@@ -690,6 +934,8 @@ int main(int argc, char **argv)
         mode_failover(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "nb"))
         mode_nb(ctx);
+    else if (!strcmp(argv[1], "loccache"))
+        mode_loccache(ctx);
     else
         DIE("unknown mode %s", argv[1]);
     cfx_context_destroy(ctx);

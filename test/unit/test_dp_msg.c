@@ -110,3 +110,49 @@ Test(dp_msg, adopt_names_one_to_seven_well_formed_streams)
     a.child[2].node_id = 0;
     cr_assert_eq(cfx__dp_msg_check(&a, sizeof(a)), CFX_DP_REDUCE_ADOPT);
 }
+
+/* A small object's bytes in one message (GET_DATA): exactly len bytes,
+ * 1 .. CFX_DP_GET_SMALL_MAX, a slot in range. */
+Test(dp_msg, get_data_length_is_checked)
+{
+    union {
+        struct cfx_dp_get_data m;
+        uint8_t raw[CFX_TP_SEND_MAX + 8];
+    } u;
+    memset(&u, 0, sizeof(u));
+    u.m.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_DATA, 5 };
+    u.m.len = 8;
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + 8), CFX_DP_GET_DATA);
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + 7), CFX_ERR_PROTO);
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + 9), CFX_ERR_PROTO);
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) - 1), CFX_ERR_PROTO);
+    u.m.len = 0;
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m)), CFX_ERR_PROTO);
+    u.m.len = CFX_DP_GET_SMALL_MAX;
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + CFX_DP_GET_SMALL_MAX), CFX_DP_GET_DATA);
+    u.m.len = CFX_DP_GET_SMALL_MAX + 1;
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + CFX_DP_GET_SMALL_MAX + 1), CFX_ERR_PROTO);
+    u.m.len = 8;
+    u.m.hdr.slot = CFX_XFER_SLOTS;
+    cr_assert_eq(cfx__dp_msg_check(&u, sizeof(u.m) + 8), CFX_ERR_PROTO);
+}
+
+/* A GET_REQ may ask for the one-message answer only for a small object. */
+Test(dp_msg, get_req_small_flag_needs_a_small_object)
+{
+    struct cfx_dp_get_req r;
+    memset(&r, 0, sizeof(r));
+    r.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_REQ, 1 };
+    r.size = 8;
+    r.chunk_size = CFX_CHUNK_MIN;
+    r.credits = 2;
+    r.flags = CFX_DP_GET_SMALL | CFX_DP_GET_CACHED;
+    cr_assert_eq(cfx__dp_msg_check(&r, sizeof(r)), CFX_DP_GET_REQ);
+    r.size = CFX_DP_GET_SMALL_MAX + 1;
+    cr_assert_eq(cfx__dp_msg_check(&r, sizeof(r)), CFX_ERR_PROTO);
+    r.size = 0;
+    cr_assert_eq(cfx__dp_msg_check(&r, sizeof(r)), CFX_ERR_PROTO);
+    r.size = 8;
+    r.flags = 32; /* unknown */
+    cr_assert_eq(cfx__dp_msg_check(&r, sizeof(r)), CFX_ERR_PROTO);
+}
