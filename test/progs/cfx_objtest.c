@@ -490,51 +490,90 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
 /*
  * A relay of a reduce dies and is routed around in place.  Ranks 0..3 put
  * inputs (n = k = 4); rank 4 holds a second copy of input 1.  Rank 0
- * reduces all four as a chain 0 -> 1 -> 2 -> 3, so whichever node serves
- * input 1 (rank 1 or rank 4, the directory picks) is a relay: it reads input
- * 0's stream and feeds its partial sums to input 2's holder.  That node
- * kills itself once it has sent 512 KiB of reduce traffic; the other holder
- * of input 1 stays (a marker says someone died).  The driver must route
+ * reduces all four, which are ready in index order, so input 1 sits at
+ * position 1 of the plan in both shapes (chain 0 -> 1 -> 2 -> 3; tree 0 -> 1,
+ * 1 and 2 -> 3): whichever node serves it (rank 1 or rank 4, the directory
+ * picks) runs an inner reduce task, reading input 0's stream and feeding its
+ * partial sums to its parent.  That node, and only that one, kills itself
+ * mid-stream; the other holder of input 1 stays.  The driver must route
  * around the dead relay where it stands (reduce_reroutes >= 1, no plan
  * started again) and every survivor reads the right sum.  Run with
- * cfx_run -n 5 --allow-fail 1,4 and CFX_REDUCE_SHAPE=chain.
+ * cfx_run -n 5 --allow-fail 1,4 and CFX_REDUCE_SHAPE=chain or tree.
+ *
+ * The victim is the node the plan made the relay, seen in its own task list,
+ * not a node that has sent some bytes: both holders of input 1 also serve
+ * the result to other getters as they read it, so a byte count picked the
+ * idle holder at times (it died outside the plan: 0 reroutes), or both.
  */
+#define RELAY_KILL_CHUNKS 4u /* partial sums made before the relay dies */
+
 struct relay_watch {
     struct cfx_context *ctx;
-    uint64_t base;
+    struct cfx_object_id input; /* input 1 */
+    bool stop;                  /* the reduce is over here (ctx->lock) */
 };
+
+/* This node's running inner reduce task over @p input: the node is a relay
+ * of the plan now.  ctx->lock held. */
+static struct cfx_rtask *relay_task(struct cfx_context *ctx, const struct cfx_object_id *input)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (!t->final && t->status == CFX_ERR_AGAIN && t->x && t->out &&
+            !memcmp(t->x->id.bytes, input->bytes, CFX_OBJECT_ID_LEN))
+            return t;
+    }
+    return NULL;
+}
 
 static void *relay_victim(void *arg)
 {
     struct relay_watch *w = arg;
-    struct cfx_context_stats st;
+    struct cfx_context *ctx = w->ctx;
     struct cfx_object_id dead;
+    struct cfx_rtask *t = NULL;
+    uint64_t end = cfx__deadline_ns(120000);
     name_id(&dead, "relay-dead-%ld-%ld", 0, 0);
-    for (;;) {
-        cfx_context_stats(w->ctx, &st);
-        if (st.bytes_sent - w->base >= (512u << 10))
+    /* woken by every chunk this node's objects advance by (obj_cond) */
+    pthread_mutex_lock(&ctx->lock);
+    while (!w->stop && cfx__now_ns() < end) {
+        t = relay_task(ctx, &w->input);
+        if (t && t->out->ready_chunks >= CFX_MIN(RELAY_KILL_CHUNKS, t->out->nchunks - 1))
             break;
-        usleep(1000);
+        t = NULL;
+        cfx__obj_wait(ctx, CFX_MIN(end, cfx__deadline_ns(10)));
     }
-    /* the first holder to relay dies; the one that takes over stays.  The
-     * directory says at once whether a relay died already (the mark of a
-     * dead putter stays), where a get with a 200 ms timeout could miss the
-     * mark on a loaded machine and kill the second relay too */
+    if (!t) {
+        pthread_mutex_unlock(&ctx->lock);
+        return NULL; /* not the relay (or the reduce failed: rank 0 says why) */
+    }
+    /* Die holding ctx->lock: the progress thread cannot reduce one more
+     * chunk, so the relay's output stays short of complete and its parent
+     * loses the stream while the plan runs.  The first relay to die marks
+     * it; a node made relay by a later plan (a replan, which fails the test
+     * anyway) stays.  The mark goes straight to the coordinator: its client
+     * thread takes ctx->lock only for a node's death, and none comes before
+     * this one. */
     struct cfx_ctl_source src;
-    int rc = cfx__ctl_obj_lookup_now(w->ctx->ctl, &dead, NULL, 0, cfx__deadline_ns(30000), &src);
+    int rc = cfx__ctl_obj_lookup_now(ctx->ctl, &dead, NULL, 0, cfx__deadline_ns(30000), &src);
     if (rc == CFX_OK) {
         free(src.data);
+        pthread_mutex_unlock(&ctx->lock);
         return NULL;
     }
     if (rc != CFX_ERR_TIMEOUT)
         DIE("lookup of the relay-dead mark: %s (%s)", cfx_errname(rc), cfx_last_error());
-    static int32_t who; /* a put object stays served from its buffer */
-    who = rank;
-    CHECK_OK(cfx_put(w->ctx, &dead, &who, sizeof(who), NULL));
-    printf("relay of input 1 (rank %d) dying after %llu bytes sent\n", rank,
-           (unsigned long long)(st.bytes_sent - w->base));
+    int32_t who = rank;
+    rc = cfx__ctl_obj_put(ctx->ctl, &dead, sizeof(who), cfx__chunk_size_for(sizeof(who), 0), &who,
+                          cfx__deadline_ns(30000));
+    if (rc != CFX_OK)
+        DIE("put of the relay-dead mark: %s (%s)", cfx_errname(rc), cfx_last_error());
+    printf("relay of input 1 (rank %d) dying after %u of %u chunks of its partial sums\n", rank,
+           t->out->ready_chunks, t->out->nchunks);
     fflush(stdout);
     raise(SIGKILL);
+    pthread_mutex_unlock(&ctx->lock); /* not reached */
     return NULL;
 }
 
@@ -575,12 +614,11 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
         uint8_t b;
         CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
     }
-    if (rank == 1 || rank == 4) {
-        struct cfx_context_stats st;
-        CHECK_OK(cfx_context_stats(ctx, &st));
-        w = (struct relay_watch){ .ctx = ctx, .base = st.bytes_sent };
-        pthread_create(&th, NULL, relay_victim, &w);
-        pthread_detach(th);
+    bool watching = rank == 1 || rank == 4;
+    if (watching) {
+        w = (struct relay_watch){ .ctx = ctx, .input = in[1] };
+        if (pthread_create(&th, NULL, relay_victim, &w))
+            DIE("pthread_create failed");
     }
     if (rank == 0) {
         CHECK_OK(cfx_reduce_objects(ctx, in, 4, 4, CFX_DTYPE_F32, CFX_OP_SUM, &res, NULL, used));
@@ -593,6 +631,14 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
                 (unsigned long long)st.reduce_reroutes, (unsigned long long)st.reduce_replans);
     }
     CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    if (watching) {
+        /* the result is whole, so the plan is over: this holder was not
+         * the relay (or the relay was not killed: rank 0 fails then) */
+        pthread_mutex_lock(&ctx->lock);
+        w.stop = true;
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_join(th, NULL);
+    }
     if (got != bytes)
         DIE("result is %zu bytes, expected %zu", got, bytes);
     for (size_t i = 0; i < count; i++) {
