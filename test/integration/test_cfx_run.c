@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -142,13 +143,26 @@ Test(cfx_run, lines_never_interleave)
 }
 
 /* The other ranks say that they were stopped (they would otherwise sleep
- * past the suite's timeout): the mechanism, not how soon. */
+ * past the suite's timeout): the mechanism, not how soon.  Rank 1 fails only
+ * once ranks 0 and 2 have set their SIGTERM trap (each leaves a file): a
+ * rank that cfx_run stops before its shell has run `trap` dies silently,
+ * which on a loaded machine happened to rank 2 now and then. */
 Test(cfx_run, failed_rank_stops_the_others)
 {
-    char *out;
-    int rc = run("-n 3 sh -c 'trap \"echo rank $CFX_RANK stopped by SIGTERM; kill $! 2>/dev/null; "
-                 "exit 143\" TERM; if [ $CFX_RANK = 1 ]; then exit 3; fi; sleep 600 & wait'",
-                 &out, NULL);
+    char *out, dir[] = "/tmp/cfx_run_test.XXXXXX", args[1024], f[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof(args),
+             "-n 3 sh -c 'trap \"echo rank $CFX_RANK stopped by SIGTERM; kill $! 2>/dev/null; "
+             "exit 143\" TERM; if [ $CFX_RANK = 1 ]; then i=0; "
+             "while [ ! -e %s/0 ] || [ ! -e %s/2 ]; do i=$((i+1)); [ $i -lt 3000 ] || exit 4; "
+             "sleep 0.01; done; exit 3; fi; sleep 600 & touch %s/$CFX_RANK; wait'",
+             dir, dir, dir);
+    int rc = run(args, &out, NULL);
+    for (int r = 0; r < 3; r += 2) {
+        snprintf(f, sizeof(f), "%s/%d", dir, r);
+        unlink(f);
+    }
+    rmdir(dir);
     cr_assert_eq(rc, 1, "output:\n%s", out);
     cr_assert(strstr(out, "cfx_run: rank 1 exited with status 3"), "output:\n%s", out);
     cr_assert(strstr(out, "[0] rank 0 stopped by SIGTERM"), "rank 0 not stopped:\n%s", out);
