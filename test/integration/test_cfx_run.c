@@ -171,13 +171,22 @@ Test(cfx_run, failed_rank_stops_the_others)
 }
 
 /* Rank 1 ignores SIGTERM and never ends by itself: that cfx_run returns at
- * all (within the suite's timeout) and says SIGKILL is the check. */
+ * all (within the suite's timeout) and says SIGKILL is the check.  Rank 0
+ * fails once rank 1 has set its trap (a file says so), not after a sleep
+ * that a loaded machine can outlast. */
 Test(cfx_run, rank_ignoring_sigterm_is_killed)
 {
-    char *out;
-    int rc = run("-n 2 sh -c 'trap \"\" TERM; if [ $CFX_RANK = 0 ]; then sleep 0.5; exit 1; fi; "
-                 "while :; do sleep 0.1; done'",
-                 &out, NULL);
+    char *out, dir[] = "/tmp/cfx_run_test.XXXXXX", args[1024], f[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof(args),
+             "-n 2 sh -c 'trap \"\" TERM; if [ $CFX_RANK = 0 ]; then i=0; "
+             "while [ ! -e %s/1 ]; do i=$((i+1)); [ $i -lt 3000 ] || exit 4; sleep 0.01; done; "
+             "exit 1; fi; touch %s/1; while :; do sleep 0.1; done'",
+             dir, dir);
+    int rc = run(args, &out, NULL);
+    snprintf(f, sizeof(f), "%s/1", dir);
+    unlink(f);
+    rmdir(dir);
     cr_assert_eq(rc, 1, "output:\n%s", out);
     cr_assert(strstr(out, "SIGKILL"), "output:\n%s", out);
     free(out);
