@@ -396,29 +396,54 @@ static void mode_sourcedies(struct cfx_context *ctx, size_t size)
     free(buf);
 }
 
+#define RELAY_KILL_CHUNKS 4u /* chunks a reduce task makes before its node dies */
+
 /*
  * First k of n with a participant dying: ranks 0..2 put their inputs at
- * once, the others a second later (spares).  Rank 1 kills itself once it
- * has moved a little reduce traffic.  Rank 0 reduces the first 3 of all
- * inputs.  Nobody else holds rank 1's input, so the driver must plan again
- * from the start with a spare (reduce_replans >= 1): the result's chunks
- * already reduced hold rank 1's input, so a spare cannot stand in for it in
- * place.  The result must be the sum of exactly the inputs reported.
- * Uploads are paced (CFX_UPLOAD_RATE) so the death lands mid-reduce.  Run
- * with cfx_run --allow-fail 1.
+ * once, the others (spares) only once rank 1 has marked that it is dying,
+ * so the first plan can only be inputs 0, 1 and 2.  Rank 1 kills itself
+ * once its reduce task (it is position 1 or the root: input 0 is always
+ * first) has made a few chunks.  Rank 0 reduces the first 3 of all inputs.
+ * Nobody else holds rank 1's input, so the driver must plan again from the
+ * start with a spare (reduce_replans >= 1): the result's chunks already
+ * reduced hold rank 1's input, so a spare cannot stand in for it in place.
+ * The result must be the sum of exactly the inputs reported.  Run with
+ * cfx_run --allow-fail 1.
  */
 static void *reduce_victim(void *arg)
 {
     struct cfx_context *ctx = arg;
-    struct cfx_context_stats st;
-    do {
-        cfx_context_stats(ctx, &st);
-        usleep(1000);
-    } while (st.bytes_sent + st.bytes_received < (512u << 10));
-    printf("reduce participant dying after %llu bytes\n",
-           (unsigned long long)(st.bytes_sent + st.bytes_received));
+    struct cfx_object_id dying;
+    struct cfx_rtask *t = NULL;
+    uint64_t end = cfx__deadline_ns(120000);
+    name_id(&dying, "spare-dying-%ld-%ld", 0, 0);
+    pthread_mutex_lock(&ctx->lock);
+    while (cfx__now_ns() < end) {
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &ctx->rtasks) {
+            struct cfx_rtask *c = cfx_list_entry(pos, struct cfx_rtask, link);
+            if (c->status == CFX_ERR_AGAIN && c->out &&
+                c->out->ready_chunks >= CFX_MIN(RELAY_KILL_CHUNKS, c->out->nchunks - 1))
+                t = c;
+        }
+        if (t)
+            break;
+        cfx__obj_wait(ctx, CFX_MIN(end, cfx__deadline_ns(10)));
+    }
+    if (!t)
+        DIE("no reduce task ran here within 120 s");
+    /* as relay_victim: the mark goes to the coordinator and the node dies
+     * holding ctx->lock, its task's output short of complete */
+    uint8_t one = 1;
+    int rc = cfx__ctl_obj_put(ctx->ctl, &dying, 1, cfx__chunk_size_for(1, 0), &one,
+                              cfx__deadline_ns(30000));
+    if (rc != CFX_OK)
+        DIE("put of the dying mark: %s (%s)", cfx_errname(rc), cfx_last_error());
+    printf("reduce participant dying after %u of %u chunks of its task\n", t->out->ready_chunks,
+           t->out->nchunks);
     fflush(stdout);
     raise(SIGKILL);
+    pthread_mutex_unlock(&ctx->lock); /* not reached */
     return NULL;
 }
 
@@ -436,8 +461,12 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
     name_id(&done, "spare-done-%ld-%ld", 0, 0);
     for (size_t i = 0; i < count; i++)
         buf[i] = red_value(rank, i);
-    if (rank >= 3)
-        usleep(1000 * 1000);
+    if (rank >= 3) {
+        struct cfx_object_id dying;
+        uint8_t b;
+        name_id(&dying, "spare-dying-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &dying, &b, 1, NULL, NULL));
+    }
     CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
     if (rank == 1) {
         pthread_t t;
@@ -505,8 +534,6 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
  * the result to other getters as they read it, so a byte count picked the
  * idle holder at times (it died outside the plan: 0 reroutes), or both.
  */
-#define RELAY_KILL_CHUNKS 4u /* partial sums made before the relay dies */
-
 struct relay_watch {
     struct cfx_context *ctx;
     struct cfx_object_id input; /* input 1 */
