@@ -26,8 +26,9 @@
 #   CFX_TEST_TIMEOUT    per-test timeout in seconds for tests that set none
 #                       (default 600; tests' own TIMEOUT properties win)
 #   CFX_REPEAT_BUDGET   seconds all N passes may take (default 14400, 4 h):
-#                       no pass starts once it is spent, and a pass still
-#                       going then is killed (and counted as failed)
+#                       no pass starts when less is left than the last pass
+#                       took, and a pass still going when it is spent is
+#                       killed (and counted as failed)
 set -euo pipefail
 
 usage() {
@@ -85,11 +86,12 @@ fi
 
 declare -A fails=()   # ctest test name -> failing passes
 declare -A cases=()   # "test<TAB>suite::case" -> failing passes
-passed=0 done_runs=0
+passed=0 done_runs=0 last=0
 for ((i = 1; i <= runs; i++)); do
     left=$((budget - (SECONDS - start)))
-    if ((left <= 0)); then
-        echo "test-repeat: the budget of ${budget}s is spent after $done_runs of $runs passes" >&2
+    # a pass that cannot finish in what is left would only be killed
+    if ((left <= 0 || left < last)); then
+        echo "test-repeat: ${left}s of the budget of ${budget}s left, a pass took ${last}s: stopping after $done_runs of $runs passes" >&2
         break
     fi
     log=$log_dir/run-$i.log
@@ -102,7 +104,7 @@ for ((i = 1; i <= runs; i++)); do
     wait "$pass_pid" || rc=$?
     pass_pid=''
     done_runs=$i
-    t=$((SECONDS - t0))
+    t=$((SECONDS - t0)) last=$((SECONDS - t0))
     if ((rc == 0)); then
         passed=$((passed + 1))
         printf 'pass %d/%d: ok (%ds)\n' "$i" "$runs" "$t"
