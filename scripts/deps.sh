@@ -22,7 +22,7 @@ packages=(
     iperf3            # baseline for the bandwidth benchmarks
     iproute2          # ip netns / tc for the cluster benchmarks
     clang             # libFuzzer targets; the clang Release build
-    stress-ng         # CPU hogs beside the kernel-cap tests
+    stress-ng         # CPU hogs: kernel-cap tests, test-repeat.sh --load
 )
 packages+=("$@")
 

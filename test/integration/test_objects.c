@@ -236,10 +236,11 @@ ParameterizedTestParameters(objects, reduce_relay)
 }
 
 /* All 4 inputs (k = n); input 1 has two holders and whichever serves it is a
- * relay of the chain or tree.  It is SIGKILLed mid-reduce: its parent reads
- * its child's stream and input 1 from the other holder from the chunk where
- * the dead relay's stream stopped (no plan started again), and every
- * survivor reads the exact sum. */
+ * relay of the chain or tree.  That node (found by its inner reduce task,
+ * not by bytes sent) is SIGKILLed mid-stream: its parent reads its child's
+ * stream and input 1 from the other holder from the chunk where the dead
+ * relay's stream stopped (no plan started again), and every survivor reads
+ * the exact sum. */
 ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
 {
     run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");

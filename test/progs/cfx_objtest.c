@@ -426,29 +426,54 @@ static void mode_sourcedies(struct cfx_context *ctx, size_t size)
     free(buf);
 }
 
+#define RELAY_KILL_CHUNKS 4u /* chunks a reduce task makes before its node dies */
+
 /*
  * First k of n with a participant dying: ranks 0..2 put their inputs at
- * once, the others a second later (spares).  Rank 1 kills itself once it
- * has moved a little reduce traffic.  Rank 0 reduces the first 3 of all
- * inputs.  Nobody else holds rank 1's input, so the driver must plan again
- * from the start with a spare (reduce_replans >= 1): the result's chunks
- * already reduced hold rank 1's input, so a spare cannot stand in for it in
- * place.  The result must be the sum of exactly the inputs reported.
- * Uploads are paced (CFX_UPLOAD_RATE) so the death lands mid-reduce.  Run
- * with cfx_run --allow-fail 1.
+ * once, the others (spares) only once rank 1 has marked that it is dying,
+ * so the first plan can only be inputs 0, 1 and 2.  Rank 1 kills itself
+ * once its reduce task (it is position 1 or the root: input 0 is always
+ * first) has made a few chunks.  Rank 0 reduces the first 3 of all inputs.
+ * Nobody else holds rank 1's input, so the driver must plan again from the
+ * start with a spare (reduce_replans >= 1): the result's chunks already
+ * reduced hold rank 1's input, so a spare cannot stand in for it in place.
+ * The result must be the sum of exactly the inputs reported.  Run with
+ * cfx_run --allow-fail 1.
  */
 static void *reduce_victim(void *arg)
 {
     struct cfx_context *ctx = arg;
-    struct cfx_context_stats st;
-    do {
-        cfx_context_stats(ctx, &st);
-        usleep(1000);
-    } while (st.bytes_sent + st.bytes_received < (512u << 10));
-    printf("reduce participant dying after %llu bytes\n",
-           (unsigned long long)(st.bytes_sent + st.bytes_received));
+    struct cfx_object_id dying;
+    struct cfx_rtask *t = NULL;
+    uint64_t end = cfx__deadline_ns(120000);
+    name_id(&dying, "spare-dying-%ld-%ld", 0, 0);
+    pthread_mutex_lock(&ctx->lock);
+    while (cfx__now_ns() < end) {
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &ctx->rtasks) {
+            struct cfx_rtask *c = cfx_list_entry(pos, struct cfx_rtask, link);
+            if (c->status == CFX_ERR_AGAIN && c->out &&
+                c->out->ready_chunks >= CFX_MIN(RELAY_KILL_CHUNKS, c->out->nchunks - 1))
+                t = c;
+        }
+        if (t)
+            break;
+        cfx__obj_wait(ctx, CFX_MIN(end, cfx__deadline_ns(10)));
+    }
+    if (!t)
+        DIE("no reduce task ran here within 120 s");
+    /* as relay_victim: the mark goes to the coordinator and the node dies
+     * holding ctx->lock, its task's output short of complete */
+    uint8_t one = 1;
+    int rc = cfx__ctl_obj_put(ctx->ctl, &dying, 1, cfx__chunk_size_for(1, 0), &one,
+                              cfx__deadline_ns(30000));
+    if (rc != CFX_OK)
+        DIE("put of the dying mark: %s (%s)", cfx_errname(rc), cfx_last_error());
+    printf("reduce participant dying after %u of %u chunks of its task\n", t->out->ready_chunks,
+           t->out->nchunks);
     fflush(stdout);
     raise(SIGKILL);
+    pthread_mutex_unlock(&ctx->lock); /* not reached */
     return NULL;
 }
 
@@ -466,8 +491,12 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
     name_id(&done, "spare-done-%ld-%ld", 0, 0);
     for (size_t i = 0; i < count; i++)
         buf[i] = red_value(rank, i);
-    if (rank >= 3)
-        usleep(1000 * 1000);
+    if (rank >= 3) {
+        struct cfx_object_id dying;
+        uint8_t b;
+        name_id(&dying, "spare-dying-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &dying, &b, 1, NULL, NULL));
+    }
     CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
     if (rank == 1) {
         pthread_t t;
@@ -511,44 +540,81 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
 /*
  * A relay of a reduce dies and is routed around in place.  Ranks 0..3 put
  * inputs (n = k = 4); rank 4 holds a second copy of input 1.  Rank 0
- * reduces all four as a chain 0 -> 1 -> 2 -> 3, so whichever node serves
- * input 1 (rank 1 or rank 4, the directory picks) is a relay: it reads input
- * 0's stream and feeds its partial sums to input 2's holder.  That node
- * kills itself once it has sent 512 KiB of reduce traffic; the other holder
- * of input 1 stays (a marker says someone died).  The driver must route
+ * reduces all four, which are ready in index order, so input 1 sits at
+ * position 1 of the plan in both shapes (chain 0 -> 1 -> 2 -> 3; tree 0 -> 1,
+ * 1 and 2 -> 3): whichever node serves it (rank 1 or rank 4, the directory
+ * picks) runs an inner reduce task, reading input 0's stream and feeding its
+ * partial sums to its parent.  That node, and only that one, kills itself
+ * mid-stream; the other holder of input 1 stays.  The driver must route
  * around the dead relay where it stands (reduce_reroutes >= 1, no plan
  * started again) and every survivor reads the right sum.  Run with
- * cfx_run -n 5 --allow-fail 1,4 and CFX_REDUCE_SHAPE=chain.
+ * cfx_run -n 5 --allow-fail 1,4 and CFX_REDUCE_SHAPE=chain or tree.
+ *
+ * The victim is the node the plan made the relay, seen in its own task list,
+ * not a node that has sent some bytes: both holders of input 1 also serve
+ * the result to other getters as they read it, so a byte count picked the
+ * idle holder at times (it died outside the plan: 0 reroutes), or both.
  */
 struct relay_watch {
     struct cfx_context *ctx;
-    uint64_t base;
+    struct cfx_object_id input; /* input 1 */
+    bool stop;                  /* the reduce is over here (ctx->lock) */
 };
+
+/* This node's running inner reduce task over @p input: the node is a relay
+ * of the plan now.  ctx->lock held. */
+static struct cfx_rtask *relay_task(struct cfx_context *ctx, const struct cfx_object_id *input)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (!t->final && t->status == CFX_ERR_AGAIN && t->x && t->out &&
+            !memcmp(t->x->id.bytes, input->bytes, CFX_OBJECT_ID_LEN))
+            return t;
+    }
+    return NULL;
+}
 
 static void *relay_victim(void *arg)
 {
     struct relay_watch *w = arg;
-    struct cfx_context_stats st;
-    for (;;) {
-        cfx_context_stats(w->ctx, &st);
-        if (st.bytes_sent - w->base >= (512u << 10))
+    struct cfx_context *ctx = w->ctx;
+    struct cfx_rtask *t = NULL;
+    uint64_t end = cfx__deadline_ns(120000);
+    /* woken by every chunk this node's objects advance by (obj_cond) */
+    pthread_mutex_lock(&ctx->lock);
+    while (!w->stop && cfx__now_ns() < end) {
+        t = relay_task(ctx, &w->input);
+        if (t && t->out->ready_chunks >= CFX_MIN(RELAY_KILL_CHUNKS, t->out->nchunks - 1))
             break;
-        usleep(1000);
+        t = NULL;
+        cfx__obj_wait(ctx, CFX_MIN(end, cfx__deadline_ns(10)));
     }
-    /* the first holder to relay dies; the one that takes over stays (the
-     * claim is a file: an object would go with the rank that put it) */
+    if (!t) {
+        pthread_mutex_unlock(&ctx->lock);
+        return NULL; /* not the relay (or the reduce failed: rank 0 says why) */
+    }
+    /* Die holding ctx->lock: the progress thread cannot reduce one more
+     * chunk, so the relay's output stays short of complete and its parent
+     * loses the stream while the plan runs.  The first relay to die claims
+     * it with a file (an object would go with the rank that put it); a node
+     * made relay by a later plan (a replan, which fails the test anyway)
+     * stays. */
     int32_t who = rank;
     char path[256];
     run_file("relay-dead", path, sizeof(path));
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
+    if (fd < 0) {
+        pthread_mutex_unlock(&ctx->lock);
         return NULL;
+    }
     if (write(fd, &who, sizeof(who)) != (ssize_t)sizeof(who) || close(fd) != 0)
         DIE("cannot write %s", path);
-    printf("relay of input 1 (rank %d) dying after %llu bytes sent\n", rank,
-           (unsigned long long)(st.bytes_sent - w->base));
+    printf("relay of input 1 (rank %d) dying after %u of %u chunks of its partial sums\n", rank,
+           t->out->ready_chunks, t->out->nchunks);
     fflush(stdout);
     raise(SIGKILL);
+    pthread_mutex_unlock(&ctx->lock); /* not reached */
     return NULL;
 }
 
@@ -588,12 +654,11 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
         uint8_t b;
         CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
     }
-    if (rank == 1 || rank == 4) {
-        struct cfx_context_stats st;
-        CHECK_OK(cfx_context_stats(ctx, &st));
-        w = (struct relay_watch){ .ctx = ctx, .base = st.bytes_sent };
-        pthread_create(&th, NULL, relay_victim, &w);
-        pthread_detach(th);
+    bool watching = rank == 1 || rank == 4;
+    if (watching) {
+        w = (struct relay_watch){ .ctx = ctx, .input = in[1] };
+        if (pthread_create(&th, NULL, relay_victim, &w))
+            DIE("pthread_create failed");
     }
     if (rank == 0) {
         CHECK_OK(cfx_reduce_objects(ctx, in, 4, 4, CFX_DTYPE_F32, CFX_OP_SUM, &res, NULL, used));
@@ -606,6 +671,14 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
                 (unsigned long long)st.reduce_reroutes, (unsigned long long)st.reduce_replans);
     }
     CHECK_OK(cfx_get(ctx, &res, out, bytes, &got, NULL));
+    if (watching) {
+        /* the result is whole, so the plan is over: this holder was not
+         * the relay (or the relay was not killed: rank 0 fails then) */
+        pthread_mutex_lock(&ctx->lock);
+        w.stop = true;
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_join(th, NULL);
+    }
     if (got != bytes)
         DIE("result is %zu bytes, expected %zu", got, bytes);
     for (size_t i = 0; i < count; i++) {
