@@ -103,6 +103,8 @@ int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
         return conn->status;
     if (conn->state == CFX_CONN_READY && conn->authed && cfx_list_empty(&conn->pending)) {
         int rc = ops->ep_send(conn->ep, msg, len, 0);
+        if (rc == CFX_OK)
+            conn->sends_out++;
         if (rc != CFX_ERR_AGAIN)
             return rc;
     }
@@ -163,6 +165,7 @@ static int conn_flush(struct cfx_conn *conn)
             cfx__conn_fail(conn, rc, "send failed");
             return rc;
         }
+        conn->sends_out++;
         n++;
     }
     return n;

@@ -353,7 +353,7 @@ static bool sending(struct cfx_context *ctx)
     cfx_list_for_each(pos, &ctx->conns) {
         struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
         if (c->state != CFX_CONN_FAILED &&
-            (!cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads) ||
+            (c->sends_out || !cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads) ||
              !cfx_list_empty(&c->eager_q)))
             return true;
     }
@@ -362,9 +362,12 @@ static bool sending(struct cfx_context *ctx)
 
 /*
  * Before the endpoints close, let what was already handed to them go out
- * (queued control messages, uploads being written), for at most
- * QUIESCE_MS: a message whose send completed must not be lost because its
- * sender left right after.
+ * (queued control messages, uploads being written, eager messages waiting
+ * for credits, and every ep_send the transport took but has not reported
+ * with CFX_TP_COMP_SEND: tcp keeps those in its user-space send queue, shm
+ * behind a full ring, and ep_close drops them), for at most QUIESCE_MS: a
+ * message whose send completed must not be lost because its sender left
+ * right after.  A peer that reads nothing for that long loses the rest.
  */
 #define QUIESCE_MS 1000
 static void quiesce(struct cfx_context *ctx)

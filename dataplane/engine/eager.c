@@ -70,6 +70,7 @@ static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
     }
     int rc = ctx->tp[conn->tp].ops->ep_send(conn->ep, m, sizeof(*m) + obj->size, 0);
     if (rc == CFX_OK) {
+        conn->sends_out++; /* out of the process at its CFX_TP_COMP_SEND */
         conn->eager_credits--;
         ctx->stats.bytes_sent += obj->size;
     }

@@ -318,6 +318,10 @@ struct cfx_conn {
     uint32_t eager_granted;     /* credits granted in our AUTH */
     uint32_t eager_held;        /* messages received, credit not yet returned */
     uint32_t eager_owed;        /* ... of which consumed: return at granted / 2 */
+    /* ep_sends the transport took (CFX_OK) and has not yet reported with
+     * CFX_TP_COMP_SEND: they may still sit in its user-space queue, and
+     * closing the endpoint would drop them (cfx_context_destroy waits) */
+    uint32_t sends_out;
 };
 
 struct cfx_pending_msg {

@@ -137,6 +137,8 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
             cfx__xfer_write_done(ctx, (struct cfx_upload *)(uintptr_t)c->wr_id, c->status);
         break;
     case CFX_TP_COMP_SEND:
+        if (conn->sends_out) /* the transport let go of it: closing no longer drops it */
+            conn->sends_out--;
         break;
     case CFX_TP_COMP_CONNECTED:
         cfx__conn_connected(conn);

@@ -6,6 +6,8 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -359,6 +361,100 @@ ParameterizedTest(struct tp_param *p, p2p, eager_peer_dies, .timeout = 60)
     for (int i = 0; i < N; i++)
         cfx__p2p_free(r[i]);
     cfx__p2p_free(w);
+    cfx_context_destroy(b);
+    cfx__coord_stop(coord);
+}
+
+ParameterizedTestParameters(p2p, eager_sent_then_destroy)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+struct stall {
+    struct cfx_context *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool held;
+};
+
+/* Hold @p ctx's lock for a while: its progress thread stops taking in what
+ * it reads, so the sender's socket / ring fills and messages wait in the
+ * sender's transport queue. */
+static void *stall_main(void *arg)
+{
+    struct stall *st = arg;
+    pthread_mutex_lock(&st->ctx->lock);
+    pthread_mutex_lock(&st->mu);
+    st->held = true;
+    pthread_cond_signal(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+    usleep(100 * 1000); /* well inside the sender's quiesce bound */
+    pthread_mutex_unlock(&st->ctx->lock);
+    return NULL;
+}
+
+/* The sender hands eager messages near the threshold to a receiver that is
+ * not reading and destroys its context at once: their sends completed, so
+ * every message arrives, byte for byte and in order.  With the socket
+ * buffers pinned small, 24 messages (~98 KB) outgrow what the kernel holds
+ * and the rest, under the tcp endpoint's 64 KiB user-space send queue,
+ * completes there while the receiver is stalled. */
+ParameterizedTest(struct tp_param *p, p2p, eager_sent_then_destroy, .timeout = 60)
+{
+    enum { N = 24 };
+    /* the environment of this test's own process */
+    setenv("CFX_TCP_SNDBUF", "4096", 1);
+    setenv("CFX_TCP_RCVBUF", "16384", 1);
+    up(p->tp);
+    const size_t len = a->cfg.eager_max;
+    cr_assert_gt(len, 1000, "eager threshold %zu", len);
+    uint8_t *src = malloc(N * len), *dst = calloc(N, len);
+    struct cfx_p2p_req *s[N], *r[N];
+    /* the connection is up and its grant known before the receiver stalls */
+    uint32_t hi = 1, ho = 0;
+    struct cfx_p2p_req *hs, *hr;
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 15, 0, &ho, sizeof(ho), CFX_MEMTYPE_HOST, &hr), CFX_OK);
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 15, 0, &hi, sizeof(hi), CFX_MEMTYPE_HOST, &hs), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(hr, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait(hs, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cfx__p2p_free(hs);
+    cfx__p2p_free(hr);
+
+    struct stall st = { .ctx = b, .mu = PTHREAD_MUTEX_INITIALIZER,
+                        .cond = PTHREAD_COND_INITIALIZER };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, stall_main, &st), 0);
+    pthread_mutex_lock(&st.mu);
+    while (!st.held)
+        pthread_cond_wait(&st.cond, &st.mu);
+    pthread_mutex_unlock(&st.mu);
+    for (int i = 0; i < N; i++) {
+        cfx_test_fill(src + (size_t)i * len, len, 700 + (uint64_t)i);
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 15, 1, src + (size_t)i * len, len, CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    cr_assert_eq(cfx__p2p_waitall(s, N, cfx__deadline_ns(10000)), CFX_OK, "%s",
+                 cfx_last_error());
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(s[i]);
+    uint32_t a_id = a->node_id;
+    cfx_context_destroy(a);
+    a = NULL;
+    pthread_join(th, NULL);
+
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 15, 1, dst + (size_t)i * len, len, CFX_MEMTYPE_HOST,
+                                    &r[i]), CFX_OK);
+    for (int i = 0; i < N; i++) {
+        int rc = cfx__p2p_wait(r[i], cfx__deadline_ns(10000));
+        cr_assert_eq(rc, CFX_OK, "message %d of %d from node %u: %s", i, N, a_id,
+                     cfx_last_error());
+        cr_assert_eq(cfx_test_check(dst + (size_t)i * len, len, 700 + (uint64_t)i), (size_t)-1,
+                     "message %d", i);
+        cfx__p2p_free(r[i]);
+    }
+    free(src);
+    free(dst);
     cfx_context_destroy(b);
     cfx__coord_stop(coord);
 }
