@@ -475,10 +475,12 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
         g->thread_started = true;
     }
     a->seq = g->next_seq++;
+    /* once queued, @a belongs to the group's thread, which may run and
+     * free it before this thread reads it again */
+    *req = a->req;
     cfx_list_add_tail(&a->link, &g->queue);
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->lock);
-    *req = a->req;
     return CFX_OK;
 }
 

@@ -467,7 +467,16 @@ static int run_worker(struct cfx_context *ctx, int w)
         }
         if (lost != CFX_OK) {
             cfx_ps_destroy(ps);
-            return 0; /* buffers go with the process */
+            for (int t = 0; t < NT; t++) {
+                free(grad[t]);
+                free(out[t]);
+            }
+            free(snd);
+            free(rcv);
+            free(rep.p);
+            free(rep.m);
+            free(rep.v);
+            return 0;
         }
         rcv[step] = now_ns();
         if (CONS != CFX_PS_BSP)
