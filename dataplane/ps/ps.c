@@ -145,6 +145,7 @@ void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hd
             cfx__ps_sched_lost(ps, "left");
         return;
     case PS_MSG_DONE:
+    case PS_MSG_SETTLED:
         if (ps->sched)
             cfx__ps_sched_handle(ps, from, h, payload);
         break;
@@ -413,6 +414,12 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             ps->delay_us = (uint32_t)us;
             CFX_LOG(WARN, PS, "job %s: server %d: test-only delay of %ld us per request", ps->job,
                     ps->index, us);
+        }
+        long ms = cfx__env_ll("CFX_PS_TEST_MIGRATE_DELAY_MS", 0);
+        if (ms > 0 && cfx__env_ll("CFX_PS_TEST_MIGRATE_SERVER", 1) == ps->index) {
+            ps->migrate_delay_ms = (uint32_t)ms;
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only: each map's migrations wait %ld ms",
+                    ps->job, ps->index, ms);
         }
         if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
             ps->hold_end = true;

@@ -156,6 +156,8 @@ enum ps_msg_type {
                            (hdr.map_version); nothing more comes from me */
     PS_MSG_LEAVE,       /* scheduler -> server: I am leaving; at the end of the job I
                            wait for your DONE, before it you have lost me */
+    PS_MSG_SETTLED,     /* server -> scheduler: under map hdr.clock (a server is
+                           draining) every ready block it owns is installed here */
 };
 
 /* PS_MSG_MAP's hdr.clock. */
@@ -289,6 +291,8 @@ struct cfx_ps {
     struct cfx_list orphans;    /* server: requests for blocks not here yet */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
+    uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */
+    uint32_t settled_sent;      /* server: last map version reported PS_MSG_SETTLED */
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */
 
@@ -348,6 +352,9 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *paylo
 void cfx__ps_server_map_changed(struct cfx_ps *ps);
 int cfx__ps_server_tick(struct cfx_ps *ps);
 void cfx__ps_server_free(struct cfx_ps *ps);
+/* Server: whether every block of a ready tensor that ps->map gives this
+ * server has its state here (none is on its way). */
+bool cfx__ps_server_settled(const struct cfx_ps *ps);
 
 /* scheduler (ps_sched.c) */
 int cfx__ps_sched_create(struct cfx_ps *ps);

@@ -13,7 +13,10 @@
  *
  * Retiring.  A removed server is DRAINING once a map moves its blocks away;
  * it becomes RETIRED when every worker reports that it has no request left
- * under an older map, so nothing can reach it any more.
+ * under an older map, so nothing can reach it any more, and every server
+ * that owns blocks under the current map reports (SETTLED) that it holds
+ * their states, so nothing from it is still on its way: the retirement makes
+ * every server stop listening to it, and it ends.
  *
  * The end of the job.  When every worker has said goodbye (or failed) the
  * scheduler publishes a map flagged PS_MAP_SHUTDOWN.  The notice of a map
@@ -58,6 +61,7 @@ struct ps_sched {
     bool bye[PS_MAX_WORKERS];
     uint32_t nbye;
     uint32_t drain_version[PS_MAX_SERVERS];
+    uint32_t settled[PS_MAX_SERVERS]; /* latest map under which it holds all its blocks */
     bool auto_on;
     bool srv_done[PS_MAX_SERVERS];  /* confirmed its end (DONE) or failed */
     bool told_end[PS_MAX_SERVERS];  /* was sent the notice that ends its service */
@@ -609,6 +613,11 @@ void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct 
         cfx__ps_peer_down(ps, from); /* nothing more comes from it */
         return;
     }
+    if (h->type == PS_MSG_SETTLED && (h->from >> 16) == CFX_PS_SERVER && w > 0 &&
+        w < m->nservers) {
+        s->settled[w] = CFX_MAX(s->settled[w], (uint32_t)h->clock);
+        return;
+    }
     if ((h->from >> 16) != CFX_PS_WORKER || w >= m->nworkers)
         return;
     switch (h->type) {
@@ -689,6 +698,27 @@ void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w)
             w);
     s->bye[w] = true;
     s->nbye++;
+}
+
+/*
+ * Whether every server that owns blocks under the current map holds their
+ * state.  There is one copy of a block's state: once its owner under the
+ * current map has it, no STATE for it travels any more, so none from a
+ * draining server is lost when its retirement stops everyone listening.
+ */
+static bool blocks_settled(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    const struct ps_map *m = &ps->map;
+    if (!cfx__ps_server_settled(ps))
+        return false;
+    for (uint32_t i = 1; i < m->nservers; i++) {
+        uint32_t nb = 0;
+        cfx__ps_map_load(m, i, &nb, NULL);
+        if (nb && s->settled[i] < m->version)
+            return false;
+    }
+    return true;
 }
 
 /* ---- leaving ------------------------------------------------------------------------ */
@@ -807,7 +837,7 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
             clear &= s->bye[w] || s->worker_ver[w] >= s->drain_version[i];
         uint32_t nb = 0;
         cfx__ps_map_load(m, i, &nb, NULL);
-        if (!clear || nb)
+        if (!clear || nb || !blocks_settled(ps))
             continue;
         m->server[i].state = CFX_PS_SERVER_RETIRED;
         CFX_LOG(INFO, PS, "job %s: server %u drained and retired", ps->job, i);

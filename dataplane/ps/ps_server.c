@@ -604,6 +604,47 @@ static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *
     return CFX_OK;
 }
 
+/* ---- handing blocks over before a retirement -------------------------------------- */
+
+bool cfx__ps_server_settled(const struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    for (uint32_t i = 0; i < m->nblocks; i++) {
+        if (m->owner[i] != (uint32_t)ps->index)
+            continue;
+        uint32_t t = 0;
+        if (cfx__ps_map_block(m, i, &t, NULL, NULL) != CFX_OK || !m->tensors[t].ready)
+            continue; /* pinned where worker 0's init puts it: no state travels */
+        const struct ps_block *b = i < ps->nblocks_cap ? ps->blocks[i] : NULL;
+        if (!b || b->moved_to >= 0 || !b->param)
+            return false; /* its state is still on its way here */
+    }
+    return true;
+}
+
+/*
+ * While a server drains, the scheduler retires it only once every owner
+ * under the current map holds its blocks' state: only then is no STATE
+ * from (or through) the draining server still travelling, and the
+ * retirement, which makes every server stop listening to it and lets it
+ * end, loses nothing.  Tell the scheduler when that holds here.
+ */
+static void report_settled(struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    if (ps->sched || ps->settled_sent >= m->version || (m->flags & PS_MAP_SHUTDOWN))
+        return; /* the scheduler looks at its own blocks itself */
+    bool draining = false;
+    for (uint32_t i = 0; i < m->nservers; i++)
+        draining |= m->server[i].state == CFX_PS_SERVER_DRAINING;
+    struct ps_peer *sch = ps->servers[0];
+    if (!draining || !sch || sch->closed || !cfx__ps_server_settled(ps))
+        return;
+    struct ps_hdr h = { .type = PS_MSG_SETTLED, .clock = m->version };
+    if (cfx__ps_send(ps, sch, &h, NULL, 0, NULL) == CFX_OK)
+        ps->settled_sent = m->version;
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 static uint32_t me(const struct cfx_ps *ps)
@@ -702,6 +743,7 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
         if (h.block < ps->map.nblocks && ps->map.owner[h.block] != me(ps))
             migrate(ps, b, ps->map.owner[h.block]); /* a newer map moved it on */
         run_orphans(ps);
+        report_settled(ps);
         return CFX_OK;
     }
     if (h.type != PS_MSG_REQ)
@@ -727,12 +769,22 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
 
 void cfx__ps_server_map_changed(struct cfx_ps *ps)
 {
+    bool slept = false;
     for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {
         struct ps_block *b = ps->blocks[i];
-        if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps))
+        if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps)) {
+            if (ps->migrate_delay_ms && !slept) {
+                /* test hook: a server slow to hand its blocks over */
+                CFX_LOG(WARN, PS, "job %s: server %d: test hook: migrations of map %u wait %u ms",
+                        ps->job, ps->index, ps->map.version, ps->migrate_delay_ms);
+                usleep(ps->migrate_delay_ms * 1000u);
+                slept = true;
+            }
             migrate(ps, b, ps->map.owner[i]);
+        }
     }
     run_orphans(ps);
+    report_settled(ps);
 }
 
 int cfx__ps_server_tick(struct cfx_ps *ps)

@@ -182,6 +182,34 @@ ParameterizedTest(struct tp_param *p, ps, end_forced_order, .timeout = 240)
     cr_assert(released, "server 2's end notice was not released by the scheduler's message");
 }
 
+ParameterizedTestParameters(ps, retire_after_handover)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * A removed server is retired only once its blocks' states reached their
+ * new owners.  Server 1 is slow to hand its blocks over (test-only
+ * CFX_PS_TEST_MIGRATE_DELAY_MS: it sleeps before sending the states of the
+ * map that drains it) while the workers, idle between paced steps, already
+ * report that they have nothing left under an older map.  Retiring it then
+ * made the new owners stop listening to it before its states arrived: the
+ * states were lost and the workers timed out on their blocks.  Every rank
+ * must end with status 0 and exact values.
+ */
+ParameterizedTest(struct tp_param *p, ps, retire_after_handover, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_PS_TEST_MIGRATE_DELAY_MS=1500 CFX_PS_TEST_MIGRATE_SERVER=1 "
+             "%s/cfx_run -n 5 --transport %s --timeout 90 %s/cfx_pstest --servers 3 "
+             "--workers 2 --steps 60 --pace 20000 --remove-at 5:1 --wait-retired",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    int rc = status_of(system(cmd));
+    cr_assert_eq(rc, 0, "server 1 slow to hand over its blocks, over %s: exited %d", p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);
