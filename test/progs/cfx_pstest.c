@@ -368,6 +368,22 @@ static void check_ssp(int w_self)
     free(rcv);
 }
 
+/* A worker's handle and buffers, at its end (normal or the scheduler lost). */
+static void worker_end(struct cfx_ps *ps, void **grad, void **out, uint64_t *snd, uint64_t *rcv,
+                       struct replay *rep)
+{
+    cfx_ps_destroy(ps);
+    for (int t = 0; t < NT; t++) {
+        free(grad[t]);
+        free(out[t]);
+    }
+    free(snd);
+    free(rcv);
+    free(rep->p);
+    free(rep->m);
+    free(rep->v);
+}
+
 static int run_worker(struct cfx_context *ctx, int w)
 {
     struct cfx_ps_params p = base_params();
@@ -466,16 +482,7 @@ static int run_worker(struct cfx_context *ctx, int w)
             pulled(t, out[t], tsz[t]);
         }
         if (lost != CFX_OK) {
-            cfx_ps_destroy(ps);
-            for (int t = 0; t < NT; t++) {
-                free(grad[t]);
-                free(out[t]);
-            }
-            free(snd);
-            free(rcv);
-            free(rep.p);
-            free(rep.m);
-            free(rep.v);
+            worker_end(ps, grad, out, snd, rcv, &rep);
             return 0;
         }
         rcv[step] = now_ns();
@@ -581,16 +588,7 @@ static int run_worker(struct cfx_context *ctx, int w)
     } else {
         wait_obj(ctx, "checked", 0, 60000);
     }
-    cfx_ps_destroy(ps);
-    for (int t = 0; t < NT; t++) {
-        free(grad[t]);
-        free(out[t]);
-    }
-    free(snd);
-    free(rcv);
-    free(rep.p);
-    free(rep.m);
-    free(rep.v);
+    worker_end(ps, grad, out, snd, rcv, &rep);
     return 0;
 }
 
