@@ -25,9 +25,11 @@
  * a peer can hold at most CFX_EAGER_CREDITS entries in the unexpected queue
  * per connection.
  *
- * Threads: the progress thread sends, receives and returns credits; API
- * threads post receives and consume unexpected entries under ctx->lock (no
- * transport call: a credit return they make due is a command).
+ * Threads: the progress-lock holder (the progress thread, or an API thread
+ * that posts or waits while the lock is free) sends, receives and returns
+ * credits; API threads post receives and consume unexpected entries under
+ * ctx->lock (a credit return they make due is a command, run at once when
+ * they hold the progress lock).
  */
 #include "engine.h"
 
@@ -201,7 +203,8 @@ static bool credit_due(const struct cfx_conn *conn)
 }
 
 /* A message that came on connection @p conn_id was consumed.  @p progress:
- * on the progress thread (send the credit now), else leave it to a command. */
+ * the progress lock is held (send the credit now), else leave it to a
+ * command. */
 static void consumed(struct cfx_context *ctx, uint64_t conn_id, bool progress)
 {
     struct cfx_list *pos;

@@ -658,7 +658,7 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
  * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
 
-/* xfer.c (progress thread, ctx->lock held) */
+/* xfer.c (progress-lock holder, ctx->lock held) */
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
                          const struct cfx_node_rec *src);
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
@@ -693,7 +693,7 @@ static inline bool cfx__eager_class(uint64_t len, uint32_t max)
 {
     return max && len <= max;
 }
-/* Progress thread, ctx->lock held. */
+/* Progress-lock holder, ctx->lock held. */
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
                           const struct cfx_node_rec *peer);
 void cfx__eager_pump(struct cfx_conn *conn);
@@ -709,7 +709,7 @@ bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
 /* Teardown (no progress thread any more). */
 void cfx__eager_destroy_all(struct cfx_context *ctx);
 
-/* p2p.c (progress thread, ctx->lock held) */
+/* p2p.c (progress-lock holder, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
@@ -726,7 +726,7 @@ int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits);
 
-/* conn.c (progress thread, ctx->lock held) */
+/* conn.c (progress-lock holder, ctx->lock held) */
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
                                int *status);
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len);
@@ -740,7 +740,7 @@ int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
 /* Flush queued messages once the connection is usable; returns how many. */
 int cfx__conn_flush(struct cfx_conn *conn);
 
-/* conn_auth.c (progress thread, ctx->lock held): the data-plane handshake.
+/* conn_auth.c (progress-lock holder, ctx->lock held): the data-plane handshake.
  * Connector: HELLO{node, Nc} -> acceptor: AUTH{Na, MAC_acc(Na,Nc)} ->
  * connector checks it, answers AUTH{Na, MAC_conn(Na,Nc)} and is
  * authenticated; the acceptor is once it checked that.  Nothing but HELLO
