@@ -371,7 +371,18 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     if (conn->node_id) {
         /* a peer that left is not reported dead: remember that it went */
         ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
-        fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
+        /* The node's messages come on its own (inbound) connection; the
+         * hang-up of ours to it can be seen first while what it sent just
+         * before it left is still unread on the other one.  Fail the
+         * receives when the last connection with the node ends. */
+        struct cfx_list *p;
+        bool other = false;
+        cfx_list_for_each(p, &ctx->conns) {
+            struct cfx_conn *c = cfx_list_entry(p, struct cfx_conn, link);
+            other |= c != conn && c->node_id == conn->node_id && c->state != CFX_CONN_FAILED;
+        }
+        if (!other)
+            fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
     }
 }
 
