@@ -475,10 +475,10 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
         g->thread_started = true;
     }
     a->seq = g->next_seq++;
+    *req = a->req; /* the group's thread may run and free `a` once we unlock */
     cfx_list_add_tail(&a->link, &g->queue);
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->lock);
-    *req = a->req;
     return CFX_OK;
 }
 
