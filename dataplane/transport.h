@@ -26,7 +26,9 @@
  * connection (socket hang-up, QP error, peer process exit).
  *
  * Threading: one iface and all its endpoints and registrations are driven by
- * a single thread (the context's progress thread).  Transports need no locks.
+ * one thread at a time: whoever holds the context's progress lock (the
+ * progress thread, or an API thread polling in a wait; engine.h).  The lock
+ * orders every call, so transports need no locks of their own.
  * A missing op is NULL; callers treat NULL as CFX_ERR_UNSUPPORTED.
  */
 #ifndef CFX_DATAPLANE_TRANSPORT_H

@@ -177,7 +177,31 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         return;
     }
     cfx_list_del(&seg->link);
-    seg_unmap(ctx, seg);
+    /* Unmapping drops the segment from the verbs registration cache: a
+     * transport call, for the progress-lock holder only.  An API thread
+     * does it when the lock is free, else leaves it to the holder (the
+     * pages stay mapped until then, so their address is not reused). */
+    if (cfx__progress_held(ctx)) {
+        seg_unmap(ctx, seg);
+    } else if (cfx__progress_trylock(ctx)) {
+        seg_unmap(ctx, seg);
+        cfx__progress_unlock(ctx);
+    } else {
+        cfx_list_add_tail(&seg->link, &a->doomed);
+    }
+}
+
+int cfx__arena_reap(struct cfx_context *ctx)
+{
+    int n = 0;
+    while (!cfx_list_empty(&ctx->arena.doomed)) {
+        struct cfx_arena_seg *seg =
+            cfx_list_entry(ctx->arena.doomed.next, struct cfx_arena_seg, link);
+        cfx_list_del(&seg->link);
+        seg_unmap(ctx, seg);
+        n++;
+    }
+    return n;
 }
 
 void cfx__arena_destroy(struct cfx_context *ctx)
@@ -189,4 +213,5 @@ void cfx__arena_destroy(struct cfx_context *ctx)
         seg_unmap(ctx, seg);
     }
     ctx->arena.cached_bytes = 0;
+    cfx__arena_reap(ctx);
 }

@@ -2,7 +2,7 @@
  * Connections to peer nodes.  Outbound connections (ours, for gets) are
  * found by node id; inbound ones (peers getting from us) are learned from
  * their HELLO.  Messages posted while connecting are queued and flushed on
- * CONNECTED.  Progress thread only, ctx->lock held.
+ * CONNECTED.  Progress-lock holder only, ctx->lock held.
  */
 #include "engine.h"
 

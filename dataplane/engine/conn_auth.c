@@ -15,7 +15,7 @@
  * (xfer.c).  A refused peer is logged with its address and the connection
  * closed; the token is never logged.
  *
- * Progress thread only, ctx->lock held.
+ * Progress-lock holder only (engine.h), ctx->lock held.
  */
 #include "engine.h"
 

@@ -248,6 +248,8 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     if (!ctx)
         return cfx__err(CFX_ERR_NOMEM, "cfx_context_create: out of memory");
     pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->progress_lock, NULL);
+    init_cond(&ctx->progress_cond);
     init_cond(&ctx->cmd_done);
     init_cond(&ctx->obj_cond);
     init_cond(&ctx->async_cond);
@@ -264,6 +266,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx_list_init(&ctx->cmds);
     cfx_list_init(&ctx->async_q);
     cfx_list_init(&ctx->arena.segs);
+    cfx_list_init(&ctx->arena.doomed);
     ctx->epfd = ctx->cmd_fd = -1;
 
     rc = config_resolve(&ctx->cfg, params);
@@ -338,6 +341,8 @@ err_close_tps:
     transports_close(ctx);
 err_free:
     cfx__loc_fini(&ctx->loc);
+    pthread_cond_destroy(&ctx->progress_cond);
+    pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
     return rc;
@@ -435,6 +440,8 @@ void cfx_context_destroy(struct cfx_context *ctx)
     pthread_cond_destroy(&ctx->cmd_done);
     pthread_cond_destroy(&ctx->obj_cond);
     pthread_cond_destroy(&ctx->async_cond);
+    pthread_cond_destroy(&ctx->progress_cond);
+    pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }

@@ -25,9 +25,11 @@
  * a peer can hold at most CFX_EAGER_CREDITS entries in the unexpected queue
  * per connection.
  *
- * Threads: the progress thread sends, receives and returns credits; API
- * threads post receives and consume unexpected entries under ctx->lock (no
- * transport call: a credit return they make due is a command).
+ * Threads: the progress-lock holder (the progress thread, or an API thread
+ * that posts or waits while the lock is free) sends, receives and returns
+ * credits; API threads post receives and consume unexpected entries under
+ * ctx->lock (a credit return they make due is a command, run at once when
+ * they hold the progress lock).
  */
 #include "engine.h"
 
@@ -202,7 +204,8 @@ static bool credit_due(const struct cfx_conn *conn)
 }
 
 /* A message that came on connection @p conn_id was consumed.  @p progress:
- * on the progress thread (send the credit now), else leave it to a command. */
+ * the progress lock is held (send the credit now), else leave it to a
+ * command. */
 static void consumed(struct cfx_context *ctx, uint64_t conn_id, bool progress)
 {
     struct cfx_list *pos;
@@ -369,7 +372,18 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     if (conn->node_id) {
         /* a peer that left is not reported dead: remember that it went */
         ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
-        fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
+        /* The node's messages come on its own (inbound) connection; the
+         * hang-up of ours to it can be seen first while what it sent just
+         * before it left is still unread on the other one.  Fail the
+         * receives when the last connection with the node ends. */
+        struct cfx_list *p;
+        bool other = false;
+        cfx_list_for_each(p, &ctx->conns) {
+            struct cfx_conn *c = cfx_list_entry(p, struct cfx_conn, link);
+            other |= c != conn && c->node_id == conn->node_id && c->state != CFX_CONN_FAILED;
+        }
+        if (!other)
+            fail_posted(ctx, conn->node_id, CFX_ERR_PEER_FAILED);
     }
 }
 

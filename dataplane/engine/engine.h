@@ -2,15 +2,28 @@
  * The data-plane engine: context, progress thread, local object store and
  * the receiver-driven, credit-based chunk transfer protocol.
  *
- * Threads:
- *  - API threads call the public functions.  They take ctx->lock for short
- *    sections and never call a transport: work that needs one is queued as
- *    a command for the progress thread.  (An eager receive is matched
- *    against the unexpected queue and posted right on the calling thread:
- *    memory only, eager.c.)
- *  - The progress thread owns every transport iface, endpoint and
- *    registration.  It polls completions while work is in flight, then
- *    sleeps on an epoll set of the ifaces' wait fds and a command eventfd.
+ * Threads (docs/ARCHITECTURE.md, "Who owns what"):
+ *  - Transports are driven by whoever holds the context's progress lock
+ *    (ctx->progress_lock; cfx__progress_held() says whether this thread
+ *    does): the progress thread, or an API thread that got it with
+ *    cfx__progress_trylock() while it posts a message or waits on one.
+ *    One thread at a time, so transports stay lock-free inside.  Lock
+ *    order: progress lock, then ctx->lock; ctx->lock holders only ever
+ *    trylock the progress lock.
+ *  - API threads call the public functions and take ctx->lock for short
+ *    sections.  Work that needs a transport is done right there when the
+ *    progress lock is free (a send, the commands queued before it, an
+ *    arena segment's unmapping), else queued as a command (or, for an
+ *    unmapping, on arena.doomed) for whoever holds it next.  A blocking
+ *    p2p wait polls the transports itself for CFX_SPIN_US (p2p.c), then
+ *    sleeps on ctx->obj_cond.  (An eager receive is matched against the
+ *    unexpected queue and posted right on the calling thread: memory only,
+ *    eager.c.)
+ *  - The progress thread does what must happen with no caller polling:
+ *    serving uploads, partial copies, accepting connections, commands.  It
+ *    polls while work is in flight, stands aside while an API thread polls
+ *    (ctx->pollers), then sleeps on an epoll set of the ifaces' wait fds
+ *    and a command eventfd.
  *  - The coordinator client's thread reports dead nodes (queued as commands).
  * ctx->lock protects the store, the transfer tables, the connection table
  * and the command queue.
@@ -488,6 +501,8 @@ struct cfx_arena_seg {
 
 struct cfx_arena {
     struct cfx_list segs;
+    struct cfx_list doomed;     /* segments to unmap by the next progress-lock holder
+                                   (the verbs registration cache is a transport's) */
     size_t cached_bytes;        /* free segments kept for reuse */
 };
 
@@ -503,6 +518,8 @@ void cfx__arena_free(struct cfx_context *ctx, void *p);
  * unmapped instead of cached, so no later buffer shares its pages or inode. */
 void cfx__arena_taint(struct cfx_context *ctx, const void *p);
 void cfx__arena_destroy(struct cfx_context *ctx);
+/* Progress lock and ctx->lock held: unmap the doomed segments; returns how many. */
+int cfx__arena_reap(struct cfx_context *ctx);
 
 /* ---- location cache (loccache.c) -------------------------------------------- */
 
@@ -607,9 +624,16 @@ struct cfx_context {
 
     /* progress thread */
     pthread_t progress;
+    pthread_mutex_t progress_lock; /* held by whoever drives the transports (before ctx->lock) */
+    pthread_cond_t progress_cond;  /* with ctx->lock: wakes the progress thread standing aside */
+    unsigned pollers;           /* API threads polling in a wait (atomic) */
+    unsigned obj_waiters;       /* threads asleep in cfx__obj_wait (ctx->lock) */
+    bool aside;                 /* progress thread stands aside for a poller (ctx->lock) */
+    bool paused_req;            /* tests: park the progress thread (cfx__progress_pause) */
+    bool paused;                /* ... and it is parked (ctx->lock) */
     int epfd;
     int cmd_fd;                 /* eventfd */
-    bool sleeping;
+    bool sleeping;              /* progress thread in epoll_wait (ctx->lock) */
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */
@@ -667,8 +691,30 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
 /* progress.c */
 int cfx__progress_start(struct cfx_context *ctx);
 void cfx__progress_stop(struct cfx_context *ctx);
-/* Queue a command (ctx->lock held); takes ownership of @p cmd. */
+/* Queue a command (ctx->lock held); takes ownership of @p cmd.  Posted by
+ * the progress-lock holder, it waits for that thread's next pass (no
+ * wake-up); otherwise the progress thread is woken if it sleeps. */
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd);
+/* The progress lock (see the top of this file).  trylock may be called with
+ * ctx->lock held; it never blocks. */
+bool cfx__progress_trylock(struct cfx_context *ctx);
+void cfx__progress_unlock(struct cfx_context *ctx);
+bool cfx__progress_held(const struct cfx_context *ctx);
+/* Both locks held: run the queued commands now; returns how many. */
+int cfx__progress_run_cmds(struct cfx_context *ctx);
+/* An API thread's poll: one pass of the progress loop if the progress lock
+ * is free (neither lock held on entry).  Returns the work done, or -1 when
+ * another thread drives the transports. */
+int cfx__progress_drive(struct cfx_context *ctx);
+/* Bracket a waiter's polling: begin before the first cfx__progress_drive,
+ * handback (ctx->lock held) after the last, saying whether any drive got
+ * the lock; it wakes the progress thread when it has work to take over. */
+void cfx__progress_poll_begin(struct cfx_context *ctx);
+void cfx__progress_handback(struct cfx_context *ctx, bool polled);
+/* Tests: park the progress thread (@p on) so that only API threads drive
+ * the transports, or let it go again.  Returns once it is parked (any
+ * thread, no lock held). */
+int cfx__progress_pause(struct cfx_context *ctx, bool on);
 /* Allocate and queue a command about @p obj (and @p node); ctx->lock held. */
 int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
                  const struct cfx_node_rec *node);
@@ -676,7 +722,7 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
  * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
 
-/* xfer.c (progress thread, ctx->lock held) */
+/* xfer.c (progress-lock holder, ctx->lock held) */
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
                          const struct cfx_node_rec *src);
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
@@ -711,7 +757,7 @@ static inline bool cfx__eager_class(uint64_t len, uint32_t max)
 {
     return max && len <= max;
 }
-/* Progress thread, ctx->lock held. */
+/* Progress-lock holder, ctx->lock held. */
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
                           const struct cfx_node_rec *peer);
 void cfx__eager_pump(struct cfx_conn *conn);
@@ -727,7 +773,7 @@ bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
 /* Teardown (no progress thread any more). */
 void cfx__eager_destroy_all(struct cfx_context *ctx);
 
-/* p2p.c (progress thread, ctx->lock held) */
+/* p2p.c (progress-lock holder, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
@@ -744,7 +790,7 @@ int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits);
 
-/* conn.c (progress thread, ctx->lock held) */
+/* conn.c (progress-lock holder, ctx->lock held) */
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
                                int *status);
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len);
@@ -758,7 +804,7 @@ int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
 /* Flush queued messages once the connection is usable; returns how many. */
 int cfx__conn_flush(struct cfx_conn *conn);
 
-/* conn_auth.c (progress thread, ctx->lock held): the data-plane handshake.
+/* conn_auth.c (progress-lock holder, ctx->lock held): the data-plane handshake.
  * Connector: HELLO{node, Nc} -> acceptor: AUTH{Na, MAC_acc(Na,Nc)} ->
  * connector checks it, answers AUTH{Na, MAC_conn(Na,Nc)} and is
  * authenticated; the acceptor is once it checked that.  Nothing but HELLO

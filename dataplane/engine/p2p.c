@@ -150,11 +150,16 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     req->tag = tag;
 
     pthread_mutex_lock(&ctx->lock);
+    /* With the progress lock free, this thread posts the message itself:
+     * an eager send is copied into the transport before we return, with no
+     * command, no eventfd and no progress-thread wake-up.  Commands other
+     * threads queued meanwhile run first (in posting order). */
+    bool drive = cfx__progress_trylock(ctx);
     cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
     int rc;
     if (kind == CFX_P2P_SEND) {
-        /* eager or rendezvous: decided on the progress thread by the
-         * receiver's threshold (eager.c) */
+        /* eager or rendezvous: decided by the receiver's threshold when the
+         * command runs (eager.c) */
         obj->complete = true;
         obj->ready_chunks = obj->nchunks;
         rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, peer);
@@ -167,6 +172,10 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
             rc = cfx__eager_recv_post(ctx, obj, &req->in); /* no transport: right here */
         else
             rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, peer);
+    }
+    if (drive) {
+        cfx__progress_run_cmds(ctx);
+        cfx__progress_unlock(ctx);
     }
     pthread_mutex_unlock(&ctx->lock);
     if (rc != CFX_OK) {
@@ -200,27 +209,38 @@ static int p2p_status(const struct cfx_p2p_req *req)
 }
 
 /*
- * Before sleeping on the condition variable, watch the request for up to
- * CFX_SPIN_US without the lock: a completion the progress thread makes
- * meanwhile is seen without a futex wake-up.  The status is read with an
- * atomic load (it is written under ctx->lock); the caller confirms under
- * the lock.  Yields the core while it spins (fewer cores than busy threads
- * must still let the progress thread run).
+ * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
+ * the transports itself (one pass of the progress loop whenever the
+ * progress lock is free: its own message is read off the wire by this
+ * thread, with no wake-up in between) and watches the request; the
+ * progress thread stands aside meanwhile.  Several waiters of one context
+ * share the lock: the one holding it polls for all, the others watch their
+ * request (an atomic load of a status written under ctx->lock) and yield.
+ * Returns with ctx->lock held, the polling handed back to the progress
+ * thread; the caller confirms the status and sleeps on ctx->obj_cond.
  */
-static void spin_wait(const struct cfx_p2p_req *req)
+static void poll_wait(const struct cfx_p2p_req *req)
 {
+    struct cfx_context *ctx = req->ctx;
     const int *st = req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status;
-    uint32_t us = req->ctx->cfg.spin_us;
-    if (!us)
+    uint32_t us = ctx->cfg.spin_us;
+    if (!us || __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
+        pthread_mutex_lock(&ctx->lock);
         return;
-    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
-    for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
-        if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
-            return;
-        if ((i & 7) == 7 && cfx__now_ns() >= end)
-            return;
-        sched_yield();
     }
+    bool polled = false;
+    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
+    cfx__progress_poll_begin(ctx);
+    for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
+        int work = cfx__progress_drive(ctx);
+        polled |= work >= 0;
+        if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN || cfx__now_ns() >= end)
+            break;
+        if (work <= 0)
+            sched_yield(); /* fewer cores than busy threads: let the peer run */
+    }
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_handback(ctx, polled);
 }
 
 int cfx__p2p_test(struct cfx_p2p_req *req)
@@ -282,8 +302,7 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     *dead = -1;
     if (was_stopped)
         *was_stopped = false;
-    spin_wait(req);
-    pthread_mutex_lock(&ctx->lock);
+    poll_wait(req);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
            cfx__obj_wait(ctx, deadline_ns))
@@ -325,8 +344,7 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     struct cfx_context *ctx = reqs[0]->ctx;
     for (int i = 0; i < n; i++) {
         int st;
-        spin_wait(reqs[i]);
-        pthread_mutex_lock(&ctx->lock);
+        poll_wait(reqs[i]);
         while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline_ns))
             ;
         if (st == CFX_ERR_AGAIN)

@@ -1,8 +1,17 @@
 /*
- * The progress engine: one thread per context drives every transport.  It
- * polls completions while work is in flight, spins briefly when it runs dry,
- * then arms every iface and sleeps in epoll on their wait fds and on the
- * command eventfd, so an idle process costs no CPU.
+ * The progress engine.  Whoever holds the context's progress lock drives
+ * the transports: the progress thread, or an API thread that waits on a
+ * request and polls for itself (cfx__progress_drive) instead of sleeping
+ * until the progress thread wakes it.  One pass (progress_pass) polls every
+ * iface, runs the queued commands, pumps uploads and flushes connections.
+ *
+ * The progress thread polls while work is in flight, spins briefly when it
+ * runs dry, then arms every iface and sleeps in epoll on their wait fds and
+ * on the command eventfd, so an idle process costs no CPU.  While an API
+ * thread polls (ctx->pollers > 0) it stands aside on ctx->progress_cond
+ * instead, so the two do not fight over the lock and the core; the last
+ * poller to leave wakes it when there is work for it (cfx__progress_handback),
+ * and a stand-aside never lasts longer than ASIDE_MS in any case.
  */
 #include "engine.h"
 
@@ -15,20 +24,57 @@
 #include <unistd.h>
 
 #define POLL_BATCH 64
+#define ASIDE_MS   1  /* longest the progress thread stands aside for a poller */
+
+/* The context whose progress lock this thread holds (NULL: none). */
+static __thread struct cfx_context *driving;
 
 int cfx__conn_flush_all(struct cfx_context *ctx);
 void cfx__conn_connected(struct cfx_conn *conn);
 void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd);
 struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep);
 
+static void kick_eventfd(struct cfx_context *ctx)
+{
+    uint64_t one = 1;
+    ssize_t rc = write(ctx->cmd_fd, &one, sizeof(one));
+    (void)rc; /* a full eventfd counter still wakes the reader */
+}
+
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {
     cfx_list_add_tail(&cmd->link, &ctx->cmds);
-    if (ctx->sleeping) {
-        uint64_t one = 1;
-        ssize_t rc = write(ctx->cmd_fd, &one, sizeof(one));
-        (void)rc; /* a full eventfd counter still wakes the reader */
-    }
+    if (driving == ctx)
+        return; /* this thread drives the transports: it runs the queue itself */
+    if (ctx->sleeping)
+        kick_eventfd(ctx);
+    else if (ctx->aside)
+        pthread_cond_signal(&ctx->progress_cond);
+}
+
+bool cfx__progress_held(const struct cfx_context *ctx)
+{
+    return driving == ctx;
+}
+
+bool cfx__progress_trylock(struct cfx_context *ctx)
+{
+    if (pthread_mutex_trylock(&ctx->progress_lock) != 0)
+        return false;
+    driving = ctx;
+    return true;
+}
+
+static void progress_lock(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&ctx->progress_lock);
+    driving = ctx;
+}
+
+void cfx__progress_unlock(struct cfx_context *ctx)
+{
+    driving = NULL;
+    pthread_mutex_unlock(&ctx->progress_lock);
 }
 
 int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
@@ -47,10 +93,13 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
 
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
 {
-    return cfx__cond_wait_until(&ctx->obj_cond, &ctx->lock, deadline);
+    ctx->obj_waiters++; /* someone relies on the progress thread (handback) */
+    bool r = cfx__cond_wait_until(&ctx->obj_cond, &ctx->lock, deadline);
+    ctx->obj_waiters--;
+    return r;
 }
 
-static int run_cmds(struct cfx_context *ctx)
+int cfx__progress_run_cmds(struct cfx_context *ctx)
 {
     int n = 0;
     while (!cfx_list_empty(&ctx->cmds)) {
@@ -170,58 +219,160 @@ static int poll_tp(struct cfx_context *ctx, int tp)
     return n;
 }
 
+/* Is there work the progress thread must not leave for the next poller:
+ * commands, uploads, reduce tasks, connections with something queued or a
+ * handshake under way, threads asleep on the engine, eager receives or
+ * unmatched sends?  ctx->lock held. */
+static bool progress_wanted(struct cfx_context *ctx)
+{
+    if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
+        !cfx_list_empty(&ctx->paced_uploads) || !cfx_list_empty(&ctx->rtasks) ||
+        !cfx_list_empty(&ctx->rwaits) || !cfx_list_empty(&ctx->waiting_gets) ||
+        !cfx_list_empty(&ctx->eager_posted) || !cfx_list_empty(&ctx->p2p_sends) ||
+        !cfx_list_empty(&ctx->arena.doomed) || ctx->obj_waiters || ctx->stop)
+        return true;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->state != CFX_CONN_READY || !c->authed || !cfx_list_empty(&c->pending) ||
+            !cfx_list_empty(&c->eager_q) || !cfx_list_empty(&c->uploads))
+            return true;
+    }
+    return false;
+}
+
+/* One round of everything the lock holder does; progress lock held, not
+ * ctx->lock.  Returns the work done, or -1 once the context stops. */
+static int progress_pass(struct cfx_context *ctx)
+{
+    int work = 0;
+    for (int t = 0; t < ctx->ntp; t++)
+        work += poll_tp(ctx, t);
+
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->stop) {
+        pthread_mutex_unlock(&ctx->lock);
+        return -1;
+    }
+    work += cfx__progress_run_cmds(ctx);
+    work += cfx__xfer_pump_busy(ctx);
+    work += cfx__rtask_poll(ctx);
+    work += cfx__conn_flush_all(ctx);
+    work += cfx__arena_reap(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    return work;
+}
+
+int cfx__progress_drive(struct cfx_context *ctx)
+{
+    if (!cfx__progress_trylock(ctx))
+        return -1;
+    int work = progress_pass(ctx);
+    cfx__progress_unlock(ctx);
+    return work < 0 ? 0 : work;
+}
+
+void cfx__progress_poll_begin(struct cfx_context *ctx)
+{
+    __atomic_add_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST);
+}
+
+void cfx__progress_handback(struct cfx_context *ctx, bool polled)
+{
+    if (__atomic_sub_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST) != 0)
+        return; /* another poller carries on */
+    if (ctx->aside) {
+        if (progress_wanted(ctx))
+            pthread_cond_signal(&ctx->progress_cond);
+    } else if (ctx->sleeping && polled) {
+        /* our polls disarmed the ifaces it sleeps on (a peer no longer rings
+         * our doorbell): let it arm them again */
+        kick_eventfd(ctx);
+    }
+}
+
+/* Stand aside while an API thread polls; ctx->lock held.  True when woken
+ * for work (spin afterwards), false after the timeout (sleep at once). */
+static bool stand_aside(struct cfx_context *ctx)
+{
+    bool woken = false;
+    if (!__atomic_load_n(&ctx->pollers, __ATOMIC_SEQ_CST) || ctx->stop)
+        return true;
+    ctx->aside = true;
+    uint64_t until = cfx__deadline_ns(ASIDE_MS);
+    woken = cfx__cond_wait_until(&ctx->progress_cond, &ctx->lock, until) &&
+            cfx__now_ns() < until;
+    ctx->aside = false;
+    return woken;
+}
+
 static void *progress_main(void *arg)
 {
     struct cfx_context *ctx = arg;
+    const uint64_t spin_ns = (uint64_t)ctx->cfg.spin_us * 1000;
     uint64_t idle_since = cfx__now_ns();
     struct epoll_event evs[CFX_MAX_TPS + 1];
 
     for (;;) {
-        int work = 0;
-        for (int t = 0; t < ctx->ntp; t++)
-            work += poll_tp(ctx, t);
-
-        pthread_mutex_lock(&ctx->lock);
-        if (ctx->stop) {
+        if (unlikely(ctx->paused_req)) {
+            pthread_mutex_lock(&ctx->lock);
+            while (ctx->paused_req && !ctx->stop) {
+                ctx->paused = true; /* tests: only API threads drive now */
+                pthread_cond_broadcast(&ctx->obj_cond);
+                pthread_cond_wait(&ctx->progress_cond, &ctx->lock);
+            }
+            ctx->paused = false;
             pthread_mutex_unlock(&ctx->lock);
+        }
+        if (__atomic_load_n(&ctx->pollers, __ATOMIC_RELAXED)) {
+            pthread_mutex_lock(&ctx->lock);
+            bool woken = stand_aside(ctx);
+            pthread_mutex_unlock(&ctx->lock);
+            /* woken for work: spin as after any work; timed out: the
+             * poller just did the polling, sleep right after one pass */
+            idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_ns;
+        }
+        progress_lock(ctx);
+        int work = progress_pass(ctx);
+        if (work < 0) {
+            cfx__progress_unlock(ctx);
             break;
         }
-        work += run_cmds(ctx);
-        work += cfx__xfer_pump_busy(ctx);
-        work += cfx__rtask_poll(ctx);
-        work += cfx__conn_flush_all(ctx);
-        pthread_mutex_unlock(&ctx->lock);
-
         uint64_t now = cfx__now_ns();
         if (work) {
+            cfx__progress_unlock(ctx);
             idle_since = now;
             continue;
         }
-        if (now - idle_since < (uint64_t)ctx->cfg.spin_us * 1000) {
+        if (now - idle_since < spin_ns) {
+            cfx__progress_unlock(ctx);
             /* spin politely: on a machine with fewer cores than busy
              * threads, the thread we wait for may need this core */
             sched_yield();
             continue;
         }
 
-        /* Sleep: arm every iface; any that has work pending aborts the nap. */
+        /* Sleep: arm every iface (any that has work pending aborts the
+         * nap) and say so under the progress lock, so a poller that comes
+         * after the arming sees `sleeping` when it hands back. */
         bool pending = false;
         for (int t = 0; t < ctx->ntp && !pending; t++)
             if (ctx->tp[t].ops->iface_arm &&
                 ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
                 pending = true;
         pthread_mutex_lock(&ctx->lock);
-        if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) || ctx->stop)
+        if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
+            !cfx_list_empty(&ctx->arena.doomed) || ctx->stop ||
+            __atomic_load_n(&ctx->pollers, __ATOMIC_SEQ_CST))
             pending = true;
         ctx->sleeping = !pending;
-        pthread_mutex_unlock(&ctx->lock);
-        if (pending)
-            continue;
         /* A bounded nap: transports that must be polled (fd -1) and
          * endpoints still connecting get looked at every few ms. */
-        pthread_mutex_lock(&ctx->lock);
         int nap_ms = cfx_list_empty(&ctx->paced_uploads) ? 100 : 1;
         pthread_mutex_unlock(&ctx->lock);
+        cfx__progress_unlock(ctx);
+        if (pending)
+            continue;
         int rc = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), nap_ms);
         pthread_mutex_lock(&ctx->lock);
         ctx->sleeping = false;
@@ -238,6 +389,22 @@ static void *progress_main(void *arg)
         idle_since = cfx__now_ns();
     }
     return NULL;
+}
+
+int cfx__progress_pause(struct cfx_context *ctx, bool on)
+{
+    uint64_t dl = cfx__deadline_ns(5000);
+    pthread_mutex_lock(&ctx->lock);
+    __atomic_store_n(&ctx->paused_req, on, __ATOMIC_SEQ_CST);
+    pthread_cond_broadcast(&ctx->progress_cond);
+    if (ctx->sleeping)
+        kick_eventfd(ctx);
+    while (on && !ctx->paused && cfx__obj_wait(ctx, dl))
+        ;
+    bool ok = !on || ctx->paused;
+    pthread_mutex_unlock(&ctx->lock);
+    return ok ? CFX_OK : cfx__err(CFX_ERR_TIMEOUT, "node %u: the progress thread did not pause",
+                                  ctx->node_id);
 }
 
 int cfx__progress_start(struct cfx_context *ctx)
@@ -290,6 +457,7 @@ void cfx__progress_stop(struct cfx_context *ctx)
     uint64_t one = 1;
     pthread_mutex_lock(&ctx->lock);
     ctx->stop = true;
+    pthread_cond_signal(&ctx->progress_cond);
     pthread_mutex_unlock(&ctx->lock);
     ssize_t r = write(ctx->cmd_fd, &one, sizeof(one));
     (void)r;

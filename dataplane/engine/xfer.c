@@ -9,7 +9,7 @@
  * downstream getters while it is still being received.  Credits flow back as
  * chunks land.
  *
- * Progress thread only, ctx->lock held.
+ * Progress-lock holder only (engine.h), ctx->lock held.
  */
 #include "engine.h"
 

@@ -458,3 +458,151 @@ ParameterizedTest(struct tp_param *p, p2p, eager_sent_then_destroy, .timeout = 6
     cfx_context_destroy(b);
     cfx__coord_stop(coord);
 }
+
+/* ---- caller-driven progress ---------------------------------------------------- */
+
+/* Several threads of one context wait at once: one of them polls the
+ * transports for all, the others watch their requests, and when nothing
+ * comes for longer than CFX_SPIN_US they all sleep and the progress thread
+ * takes over.  Every byte is checked. */
+enum { WT_THREADS = 4, WT_MSGS = 150 };
+
+struct wt_arg {
+    int t;
+    bool send;
+    int rc;
+    char err[256];
+};
+
+static size_t wt_len(int t, int i)
+{
+    static const size_t lens[] = { 8, 1000, 4072, 4073, 70000 };
+    return lens[(t + i) % 5];
+}
+
+static void *wt_main(void *p)
+{
+    struct wt_arg *w = p;
+    uint8_t *buf = malloc(70000);
+    w->rc = CFX_OK;
+    for (int i = 0; i < WT_MSGS && w->rc == CFX_OK; i++) {
+        size_t n = wt_len(w->t, i);
+        uint64_t seed = (uint64_t)w->t * 1000 + (uint64_t)i;
+        struct cfx_p2p_req *r;
+        if (i % 50 == 25)
+            usleep(3000); /* longer than the spin: the other side sleeps */
+        if (w->send) {
+            cfx_test_fill(buf, n, seed);
+            w->rc = cfx__p2p_isend(a, &rb, 11, (uint32_t)w->t, buf, n, CFX_MEMTYPE_HOST, &r);
+        } else {
+            memset(buf, 0, n);
+            w->rc = cfx__p2p_irecv(b, &ra, 11, (uint32_t)w->t, buf, n, CFX_MEMTYPE_HOST, &r);
+        }
+        if (w->rc == CFX_OK) {
+            w->rc = cfx__p2p_wait(r, cfx__deadline_ns(20000));
+            cfx__p2p_free(r);
+        }
+        if (w->rc == CFX_OK && !w->send && cfx_test_check(buf, n, seed) != (size_t)-1)
+            w->rc = CFX_ERR_INVALID;
+        if (w->rc != CFX_OK)
+            snprintf(w->err, sizeof(w->err), "thread %d message %d (%zu B): %s", w->t, i, n,
+                     w->rc == CFX_ERR_INVALID ? "wrong bytes" : cfx_last_error());
+    }
+    free(buf);
+    return NULL;
+}
+
+ParameterizedTestParameters(p2p, threads_wait_at_once)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, p2p, threads_wait_at_once, .timeout = 120)
+{
+    up(p->tp);
+    pthread_t th[2 * WT_THREADS];
+    struct wt_arg w[2 * WT_THREADS];
+    for (int i = 0; i < 2 * WT_THREADS; i++) {
+        w[i] = (struct wt_arg){ .t = i % WT_THREADS, .send = i >= WT_THREADS };
+        cr_assert_eq(pthread_create(&th[i], NULL, wt_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 2 * WT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        cr_expect_eq(w[i].rc, CFX_OK, "%s", w[i].err);
+    }
+    /* nobody polls any more: the progress threads are back on duty */
+    cr_expect_eq(__atomic_load_n(&a->pollers, __ATOMIC_SEQ_CST), 0u);
+    cr_expect_eq(__atomic_load_n(&b->pollers, __ATOMIC_SEQ_CST), 0u);
+    down();
+}
+
+/* A node whose progress thread is parked still serves a peer's get while
+ * one of its API threads polls in a wait: the poll accepts the connection,
+ * registers the object and writes it. */
+ParameterizedTestParameters(p2p, poll_serves_peer_get)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+struct get_arg {
+    struct cfx_object_id id;
+    uint8_t *dst;
+    size_t len;
+    int rc;
+    char err[256];
+};
+
+static void *get_main(void *p)
+{
+    struct get_arg *g = p;
+    size_t got = 0;
+    g->rc = cfx_get(b, &g->id, g->dst, g->len, &got, NULL);
+    if (g->rc == CFX_OK && got != g->len)
+        g->rc = CFX_ERR_INVALID;
+    if (g->rc != CFX_OK)
+        snprintf(g->err, sizeof(g->err), "%s", cfx_last_error());
+    /* tell a's waiting thread we are done */
+    uint8_t one = 1;
+    struct cfx_p2p_req *s;
+    if (cfx__p2p_isend(b, &ra, 12, 1, &one, 1, CFX_MEMTYPE_HOST, &s) == CFX_OK) {
+        cfx__p2p_wait(s, cfx__deadline_ns(10000));
+        cfx__p2p_free(s);
+    }
+    return NULL;
+}
+
+ParameterizedTest(struct tp_param *p, p2p, poll_serves_peer_get, .timeout = 60)
+{
+    up(p->tp);
+    struct get_arg g = { .len = (1u << 20) + 13 };
+    uint8_t *src = malloc(g.len);
+    g.dst = calloc(1, g.len);
+    cfx_test_fill(src, g.len, 77);
+    cr_assert_eq(cfx_object_id_generate(a, &g.id), CFX_OK);
+    cr_assert_eq(cfx_put(a, &g.id, src, g.len, NULL), CFX_OK, "%s", cfx_last_error());
+
+    /* a's waits poll for as long as they wait; its progress thread is parked */
+    a->cfg.spin_us = 20u * 1000 * 1000;
+    cr_assert_eq(cfx__progress_pause(a, true), CFX_OK, "%s", cfx_last_error());
+
+    uint8_t flag = 0;
+    struct cfx_p2p_req *r;
+    cr_assert_eq(cfx__p2p_irecv(a, &rb, 12, 1, &flag, 1, CFX_MEMTYPE_HOST, &r), CFX_OK);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, get_main, &g), 0);
+    int rc = cfx__p2p_wait(r, cfx__deadline_ns(20000));
+    cr_expect(a->paused, "the progress thread ran meanwhile");
+    pthread_join(th, NULL);
+    cr_expect_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_expect_eq(g.rc, CFX_OK, "get: %s", g.err);
+    cr_expect_eq(cfx_test_check(g.dst, g.len, 77), (size_t)-1, "wrong bytes");
+    cr_expect_eq(flag, 1);
+    cfx__p2p_free(r);
+
+    a->cfg.spin_us = 20;
+    cr_assert_eq(cfx__progress_pause(a, false), CFX_OK);
+    cr_assert_eq(cfx_delete(a, &g.id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(src);
+    free(g.dst);
+    down();
+}
