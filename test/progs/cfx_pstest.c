@@ -585,8 +585,17 @@ static int run_worker(struct cfx_context *ctx, int w)
                : OPT == CFX_PS_OPT_MOMENTUM ? "momentum"
                                             : "adam");
         signal_obj(ctx, "checked", 0);
+        /* an object goes with its putter: leave only once every worker
+         * has read "checked" (each says so) */
+        for (int v = 1; v < W; v++)
+            wait_obj(ctx, "bye", v, 60000);
     } else {
         wait_obj(ctx, "checked", 0, 60000);
+        signal_obj(ctx, "bye", w);
+        /* stay (serving "bye") until worker 0 has gone */
+        struct cfx_object_id checked;
+        name_id(&checked, "checked", 0);
+        CHECK_OK(cfx_test_wait_gone(ctx, &checked, 60000));
     }
     worker_end(ps, grad, out, snd, rcv, &rep);
     return 0;
