@@ -410,12 +410,14 @@ static void *group_thread(void *arg)
         struct coll_args *a = cfx_list_entry(g->queue.next, struct coll_args, link);
         pthread_mutex_unlock(&g->lock);
         int rc = cfx__coll_run(g, a);
+        /* done before it leaves the queue: a blocking call waiting for its
+         * turn must not return while this request still reads as running */
+        size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
+        cfx__request_complete(a->req, rc, bytes);
         pthread_mutex_lock(&g->lock);
         cfx_list_del(&a->link);
         pthread_cond_broadcast(&g->cond);
         pthread_mutex_unlock(&g->lock);
-        size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
-        cfx__request_complete(a->req, rc, bytes);
         free(a);
         pthread_mutex_lock(&g->lock);
     }
