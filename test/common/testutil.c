@@ -2,9 +2,12 @@
 
 #include <conflux/conflux.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -96,4 +99,17 @@ int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, 
             return CFX_ERR_TIMEOUT;
         usleep(5000); /* the directory has no "tell me when it goes" call */
     }
+}
+
+int cfx_test_free_port(void)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    int ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+             getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
+    close(fd);
+    return ok ? ntohs(sa.sin_port) : -1;
 }

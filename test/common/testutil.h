@@ -29,6 +29,10 @@ struct cfx_object_id;
  */
 int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, int ms);
 
+/* A loopback TCP port nothing listens on now (bound to 0, read, closed);
+ * -1 if no socket could be bound. */
+int cfx_test_free_port(void);
+
 /*
  * For the rank programs (test/progs): CHECK_OK(expr) fails the program
  * through the program's own DIE(...) (which says which rank, round, ...)

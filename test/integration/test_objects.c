@@ -11,11 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "testutil.h"
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -246,18 +245,6 @@ ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
     run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
 }
 
-/* A TCP port nothing listens on now (bound to 0, read, closed). */
-static int free_port(void)
-{
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t sl = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
 
 /* cfx_get_bw with another -s on the client than on the server: the client
  * finds the server's object and says the sizes differ (it used to wait out
@@ -267,7 +254,8 @@ Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
     static const char *const sizes[][2] = { { "64K", "256K" }, { "256K", "64K" } };
     for (int k = 0; k < 2; k++) {
         char out[256], cmd[2048];
-        int port = free_port();
+        int port = cfx_test_free_port();
+        cr_assert_gt(port, 0);
         snprintf(out, sizeof(out), "/tmp/cfx-getbw-%d-%d.err", (int)getpid(), k);
         snprintf(cmd, sizeof(cmd),
                  "CFX_TOKEN=getbw-test CFX_TIMEOUT_MS=60000; export CFX_TOKEN CFX_TIMEOUT_MS; "

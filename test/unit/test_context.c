@@ -121,14 +121,9 @@ static void *late_coord_main(void *arg)
  * deadline) instead of failing on the first refused connection. */
 Test(context, coordinator_started_late)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t sl = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd); /* a free port that nothing listens on, until the thread starts */
-    struct late_coord lc = { .port = ntohs(sa.sin_port) };
+    int port = cfx_test_free_port(); /* nothing listens on it until the thread starts */
+    cr_assert_gt(port, 0);
+    struct late_coord lc = { .port = port };
     char addr[64];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", lc.port);
 
