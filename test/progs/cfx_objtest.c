@@ -893,6 +893,10 @@ static void mode_loccache(struct cfx_context *ctx)
         check_obj(pd, got, 41, "D copy");
     }
     lc_step(ctx, 9, -1);
+    /* an object goes with its putter: the victim dies only once every other
+     * rank has read its step-9 mark (they say so at step 90, a number no
+     * other step uses) */
+    lc_step(ctx, 90, LC_VICTIM);
     if (rank == LC_VICTIM) {
         printf("D: holder dying\n");
         fflush(stdout);
