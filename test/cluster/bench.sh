@@ -3,6 +3,7 @@
 #
 #   test/cluster/bench.sh [--nodes 4] [--rate 1gbit] [--sizes 1M:64M]
 #                         [--ops "broadcast reduce allreduce"] [--iters 5]
+#                         [--obj-ops "broadcast reduce allreduce"] [--spacing MS]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
 #                         [--results DIR] [--port 5000] [--no-conflux] [--no-mpi]
 #
@@ -13,7 +14,12 @@
 #      default algorithm choices;
 #   3. the same with expert settings: dynamic rules, pipelined chain
 #      broadcast and reduce in 128 KiB segments, ring allreduce.
-# and prints one table: per op and size the three times, their ratios and
+# With --obj-ops, the object operations too (cfx_obj_perf: one rank puts and
+# the others get; every rank puts an input and rank 0 reduces them; reduce
+# and every rank gets the result), with --spacing MS between arrivals, on the
+# same table as obj-broadcast, obj-reduce, obj-allreduce beside Open MPI's
+# group operation of the same name.
+# Prints one table: per op and size the three times, their ratios and
 # the bound the link rate sets (S/B for broadcast and reduce, 2(n-1)/n S/B
 # for allreduce).  Every run has a timeout; everything started is stopped
 # by PID and the cluster is torn down on exit.  Needs root.
@@ -31,6 +37,8 @@ NODES=4
 RATE=1gbit
 SIZES=1M:64M
 OPS="broadcast reduce allreduce"
+OBJ_OPS=
+SPACING=0
 ITERS=5
 WARMUP=1
 RUN_TIMEOUT=300
@@ -51,6 +59,8 @@ while [ $# -gt 0 ]; do
     --rate) RATE=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
     --ops) OPS=$2; shift 2 ;;
+    --obj-ops) OBJ_OPS=$2; shift 2 ;;
+    --spacing) SPACING=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
@@ -72,9 +82,10 @@ MAXB=${BASH_REMATCH[2]}
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "--warmup: a number"
 [[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && [ "$RUN_TIMEOUT" -ge 10 ] || die "--timeout: seconds, >= 10"
 [[ $PORT =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65535 ] || die "--port"
-for op in $OPS; do
-    case "$op" in broadcast | reduce | allreduce) ;; *) die "--ops: broadcast, reduce, allreduce" ;; esac
+for op in $OPS $OBJ_OPS; do
+    case "$op" in broadcast | reduce | allreduce) ;; *) die "--ops, --obj-ops: broadcast, reduce, allreduce" ;; esac
 done
+[[ $SPACING =~ ^[0-9]+$ ]] || die "--spacing: milliseconds"
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 [ -z "${CFX_BENCH_LOCKED:-}" ] || die "already inside a bench run"
 
@@ -98,8 +109,8 @@ if [ "$DO_MPI" = 1 ] && ! command -v mpicc >/dev/null; then
 fi
 if [ "$DO_CFX" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -DCFX_WITH_CUDA=OFF >&2
-    cmake --build "$BUILD" -j"$(nproc)" --target cfx_coll_perf conflux-coord >&2 ||
-        die "build of cfx_coll_perf failed (--no-conflux runs the MPI side alone)"
+    cmake --build "$BUILD" -j"$(nproc)" --target cfx_coll_perf cfx_obj_perf conflux-coord >&2 ||
+        die "build of the Conflux tools failed (--no-conflux runs the MPI side alone)"
 fi
 if [ "$DO_MPI" = 1 ]; then
     mkdir -p "$BUILD"
@@ -140,21 +151,23 @@ export CFX_BENCH_LOCKED=1
 COMMON_FLAGS=(-b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --json)
 
 # ---- conflux -------------------------------------------------------------------
-run_conflux() { # op
-    local op=$1 i coord_pid pids=() rc=0 token
+run_conflux() { # op [tool name flags...]: cfx_coll_perf, or cfx_obj_perf as obj-OP
+    local op=$1 tool=${2:-cfx_coll_perf} name=${3:-$1} i coord_pid pids=() rc=0 token
+    local flags=("${COMMON_FLAGS[@]}")
+    [ $# -gt 3 ] && flags=("${@:4}")
     token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     CFX_TOKEN=$token timeout -k 5 "$((RUN_TIMEOUT + 30))" "$CLUSTER" exec 0 \
         "$BUILD/bin/conflux-coord" --bind "$NODE0_IP" --port "$PORT" \
-        > "$RESULTS/coord-$op.log" 2>&1 9>&- &
+        > "$RESULTS/coord-$name.log" 2>&1 9>&- &
     coord_pid=$!
     PIDS+=("$coord_pid")
     for _ in $(seq 100); do
-        grep -q "listening" "$RESULTS/coord-$op.log" 2>/dev/null && break
+        grep -q "listening" "$RESULTS/coord-$name.log" 2>/dev/null && break
         kill -0 "$coord_pid" 2>/dev/null || break
         sleep 0.1
     done
-    if ! grep -q "listening" "$RESULTS/coord-$op.log"; then
-        log "conflux-coord did not start: $(cat "$RESULTS/coord-$op.log")"
+    if ! grep -q "listening" "$RESULTS/coord-$name.log"; then
+        log "conflux-coord did not start: $(cat "$RESULTS/coord-$name.log")"
         kill -TERM "$coord_pid" 2>/dev/null || true
         wait "$coord_pid" 2>/dev/null || true
         forget_pid "$coord_pid"
@@ -164,22 +177,22 @@ run_conflux() { # op
         CFX_COORD=$NODE0_IP:$PORT CFX_TOKEN=$token CFX_RANK=$i CFX_WORLD_SIZE=$NODES \
             CFX_TRANSPORT=tcp CFX_BIND_ADDR=$("$CLUSTER" addr "$i") \
             timeout -k 5 "$RUN_TIMEOUT" "$CLUSTER" exec "$i" \
-            "$BUILD/bin/cfx_coll_perf" -o "$op" "${COMMON_FLAGS[@]}" \
-            > "$RESULTS/cfx-$op.$i.out" 2> "$RESULTS/cfx-$op.$i.err" 9>&- &
+            "$BUILD/bin/$tool" -o "$op" "${flags[@]}" \
+            > "$RESULTS/cfx-$name.$i.out" 2> "$RESULTS/cfx-$name.$i.err" 9>&- &
         pids+=($!)
         PIDS+=($!)
     done
     for i in "${!pids[@]}"; do
         if ! wait "${pids[$i]}"; then
             rc=1
-            log "conflux $op: rank $i failed: $(tail -3 "$RESULTS/cfx-$op.$i.err")"
+            log "conflux $name: rank $i failed: $(tail -3 "$RESULTS/cfx-$name.$i.err")"
         fi
         forget_pid "${pids[$i]}"
     done
     kill -TERM "$coord_pid" 2>/dev/null || true
     wait "$coord_pid" 2>/dev/null || true
     forget_pid "$coord_pid"
-    cp "$RESULTS/cfx-$op.0.out" "$RESULTS/cfx-$op.json"
+    cp "$RESULTS/cfx-$name.0.out" "$RESULTS/cfx-$name.json"
     return $rc
 }
 
@@ -227,10 +240,17 @@ for op in $OPS; do
     fi
 done
 
+for op in $OBJ_OPS; do
+    log "conflux object $op ($NODES nodes, $RATE, arrivals ${SPACING} ms apart)"
+    run_conflux "$op" cfx_obj_perf "obj-$op" -b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" \
+        -A "$SPACING" --json || status=1
+done
+
 # ---- the table -----------------------------------------------------------------
-python3 - "$RESULTS" "$NODES" "$RATE" "$OPS" > "$RESULTS/table.md" <<'EOF'
+python3 - "$RESULTS" "$NODES" "$RATE" "$OPS" "$OBJ_OPS" > "$RESULTS/table.md" <<'EOF'
 import json, re, sys
 results, n, rate, ops = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split()
+ops += ['obj-' + o for o in sys.argv[5].split()]
 m = re.fullmatch(r'([0-9.]+)(bit|kbit|mbit|gbit)', rate)
 bps = float(m.group(1)) * {'bit': 1, 'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9}[m.group(2)]
 
@@ -242,6 +262,8 @@ def load(name):
     out = {}
     for obj in re.findall(r'\{"size":[^{}]*\}', text):  # survives a truncated document
         r = json.loads(obj)
+        if 'time_ms' in r:  # cfx_obj_perf
+            r['time_us'] = r['time_ms'] * 1000
         if r.get('inplace', 0) == 0:
             out[r['size']] = r
     return out
@@ -256,8 +278,10 @@ print(f"| op | size | conflux ms | MPI default ms | MPI tuned ms | conflux/defau
       f"| conflux/tuned | bound ms | conflux/bound | default/bound | tuned/bound |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for op in ops:
-    c, d, t = load(f'cfx-{op}.json'), load(f'mpi-default-{op}.json'), load(f'mpi-tuned-{op}.json')
-    factor = 2 * (n - 1) / n if op == 'allreduce' else 1.0
+    group_op = op[4:] if op.startswith('obj-') else op  # an object op beside MPI's same op
+    c = load(f'cfx-{op}.json')
+    d, t = load(f'mpi-default-{group_op}.json'), load(f'mpi-tuned-{group_op}.json')
+    factor = 2 * (n - 1) / n if group_op == 'allreduce' else 1.0
     for size in sorted(set(c) | set(d) | set(t)):
         bound = {'time_us': factor * size * 8 / bps * 1e6}
         sz = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
@@ -270,6 +294,7 @@ echo "# command: $CMDLINE"
 echo "# $(nproc) CPUs; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $NODES nodes, each link $RATE (tbf burst 512kb); $ITERS iterations + $WARMUP warm-up;"
 echo "# bound = S/B (broadcast, reduce), 2(n-1)/n * S/B (allreduce) at the link rate"
+[ -z "$OBJ_OPS" ] || echo "# obj-*: cfx_obj_perf, arrivals $SPACING ms apart (time = last finish - last start)"
 cat "$RESULTS/table.md"
 log "logs and JSON in $RESULTS"
 exit $status

@@ -283,3 +283,65 @@ Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
         cr_assert(strstr(err, want), "the server's size is not named: %s", err);
     }
 }
+
+/* Run cfx_obj_perf under cfx_run with --json; its exit status, and its
+ * stdout (rank 0's document, prefixed "[0] " by cfx_run) in @p out. */
+static int obj_perf(const char *tp, int n, const char *args, char *out, size_t cap)
+{
+    char path[128], cmd[1024];
+    snprintf(path, sizeof(path), "/tmp/cfx-objperf-%d.out", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "%s/cfx_run -n %d --transport %s --timeout 200 %s/cfx_obj_perf "
+             "--json %s >%s", CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args, path);
+    cr_log_info("%s", cmd);
+    int st = system(cmd);
+    cr_assert(st != -1, "cannot run %s", cmd);
+    FILE *f = fopen(path, "r");
+    size_t len = f ? fread(out, 1, cap - 1, f) : 0;
+    out[len] = '\0';
+    if (f)
+        fclose(f);
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_of(const char *s, const char *what)
+{
+    int c = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        c++;
+    return c;
+}
+
+static struct case_param perf_cases[] = { { "tcp", 4 }, { "shm", 4 } };
+
+ParameterizedTestParameters(objects, obj_perf)
+{
+    return cr_make_param_array(struct case_param, perf_cases, 2);
+}
+
+/* cfx_obj_perf: every op over a sweep, with arrivals apart, and a getter
+ * killed mid-broadcast; every row has its size, every byte was checked by
+ * the ranks (#wrong 0, no call failed), and the survivors of the kill
+ * report. */
+ParameterizedTest(struct case_param *p, objects, obj_perf, .timeout = 300)
+{
+    static const struct {
+        const char *args;
+        int rows;
+    } runs[] = {
+        { "-o broadcast -b 1K -e 4M -f 64 -n 2 -A 5 -B 1", 3 },
+        { "-o reduce -b 4K -e 1M -f 256 -n 2 -k 3", 2 },
+        { "-o allreduce -b 4K -e 1M -f 256 -n 2 -A 3", 2 },
+        { "-o broadcast -b 8M -e 8M -n 1 --kill 2@20", 1 },
+        { "-o allreduce -b 1M -e 1M -n 1 -k 2 --kill 3@10", 1 },
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        char out[8192];
+        int rc = obj_perf(p->tp, p->n, runs[i].args, out, sizeof(out));
+        cr_assert_eq(rc, 0, "cfx_obj_perf %s over %s exited %d: %s", runs[i].args, p->tp, rc, out);
+        cr_assert_eq(count_of(out, "{\"size\":"), runs[i].rows, "%s: %s", runs[i].args, out);
+        cr_assert_eq(count_of(out, "\"wrong\":0,\"failed\":0}"), runs[i].rows, "%s: %s",
+                     runs[i].args, out);
+        cr_assert(strstr(out, "\"wrong\":0,\"status\":0}"), "%s: %s", runs[i].args, out);
+    }
+}

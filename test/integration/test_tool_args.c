@@ -54,6 +54,14 @@ static const struct args_case cases[] = {
     { "cfx_get_lat", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
     { "cfx_get_lat", { "-n", " 5" }, 2, "-n", "' 5'", 0 },
     { "cfx_get_lat", { "-w", "1e3" }, 2, "-w", "'1e3'", 0 },
+    /* cfx_obj_perf */
+    { "cfx_obj_perf", { "-e", "100G" }, 2, "-e", "'100G'", 0 },
+    { "cfx_obj_perf", { "-o", "scatter" }, 2, "-o", "'scatter'", 0 },
+    { "cfx_obj_perf", { "-A", "-5" }, 2, "-A", "'-5'", 0 },
+    { "cfx_obj_perf", { "-k", "0" }, 2, "-k", "'0'", 0 },
+    { "cfx_obj_perf", { "--kill", "2x" }, 2, "--kill", "'2x'", 0 },
+    { "cfx_obj_perf", { "--kill", "1@-3" }, 2, "--kill", "'-3'", 0 },
+    { "cfx_obj_perf", { "-o", "reduce", "-b", "2" }, 2, "-b", NULL, 0 },
     /* cfx_coll_perf */
     { "cfx_coll_perf", { "-n", "abc" }, 2, "-n", "'abc'", 0 },
     { "cfx_coll_perf", { "-e", "100G" }, 2, "-e", "'100G'", 0 },
