@@ -674,7 +674,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     snprintf(co->token, sizeof(co->token), "%s", params->token);
     co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms : 250;
     co->dead_after_ms = params->dead_after_ms ? params->dead_after_ms : 1500;
-    co->fanout = params->fanout ? params->fanout : 2;
+    co->fanout = params->fanout; /* 0: per object */
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
     co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
@@ -717,8 +717,13 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         goto err_free;
     }
     co->thread_started = 1;
+    char fanout_txt[16];
+    if (co->fanout)
+        snprintf(fanout_txt, sizeof(fanout_txt), "%u", co->fanout);
+    else
+        snprintf(fanout_txt, sizeof(fanout_txt), "per object");
     CFX_LOG(INFO, CTL, "coordinator listening on %s (heartbeat %u ms, dead after %u ms, "
-            "fanout %u)", co->addr, co->heartbeat_ms, co->dead_after_ms, co->fanout);
+            "fanout %s)", co->addr, co->heartbeat_ms, co->dead_after_ms, fanout_txt);
     *out = co;
     return CFX_OK;
 

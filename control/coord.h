@@ -17,7 +17,8 @@ struct cfx_coord_params {
     const char *token;       /* required */
     uint32_t heartbeat_ms;   /* interval clients beat at (default 250) */
     uint32_t dead_after_ms;  /* silence after which a node is dead (default 1500) */
-    uint32_t fanout;         /* most uploads the directory gives one holder (default 2) */
+    uint32_t fanout;         /* most uploads the directory gives one holder; 0 = chosen per
+                              * object (coord_directory.c "Fan-out") */
     /* Added by the control plane (0 = default); fields only ever appended. */
     uint32_t auth_timeout_ms;  /* close connections not authenticated by then (default 5000) */
     uint32_t stall_timeout_ms; /* close connections stalled mid-frame that long (default 10000) */

@@ -17,6 +17,18 @@
  * depth first, P feeds fanout receivers, each of those feeds fanout more,
  * and so on; complete copies (depth 0) still come before partial ones.
  *
+ * Fan-out.  `conflux-coord --fanout N` fixes it for every object.  Without
+ * it the directory chooses per object from its shape.  An object of at
+ * least DIR_CHAIN_MIN_CHUNKS chunks is bandwidth-bound: getters stream it
+ * chunk by chunk, so a chain (fan-out 1: every holder's uplink feeds one
+ * getter at the full link rate, and a later getter attaches to the newest
+ * partial holder) finishes in S/B plus one chunk time and latency per hop,
+ * where any wider tree sends every byte f times over a holder's uplink
+ * (about f S/B).  A smaller object is latency-bound: its hops are what
+ * cost, so it gets a wider tree (DIR_FANOUT_SMALL).  Measured on the 4-node
+ * 1 Gbit/s emulated cluster, 64 MiB, three getters at once: fan-out 2 took
+ * 2.0x S/B, fan-out 1 1.04-1.10x (docs/PERFORMANCE.md).
+ *
  * Lifecycle.  The node that puts an id is its putter (o->putter).  The id
  * names that one object while a node holds a complete copy of it; inline
  * bytes are the putter's copy, kept here for speed, not a copy of their own.
@@ -351,6 +363,18 @@ void cfx__coord_dir_load(struct cfx_coord *co)
                 co->nobjects - before, co->nobjects - before == 1 ? "" : "s");
 }
 
+#define DIR_CHAIN_MIN_CHUNKS 4 /* objects of at least this many chunks: a chain */
+#define DIR_FANOUT_SMALL 2     /* fan-out for fewer chunks */
+
+/* The fan-out for @p o (see "Fan-out" above). */
+static uint32_t obj_fanout(const struct cfx_coord *co, const struct coord_obj *o)
+{
+    if (co->fanout)
+        return co->fanout;
+    uint64_t chunks = o->chunk_size ? (o->size + o->chunk_size - 1) / o->chunk_size : 1;
+    return chunks >= DIR_CHAIN_MIN_CHUNKS ? 1 : DIR_FANOUT_SMALL;
+}
+
 static int excluded(const uint32_t *ex, uint32_t n, uint32_t id)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -398,13 +422,14 @@ static struct coord_holder *choose_source(struct cfx_coord *co, struct coord_obj
 {
     struct coord_holder *best = NULL;
     struct cfx_list *pos;
+    uint32_t fanout = obj_fanout(co, o);
     cfx_list_for_each(pos, &o->holders) {
         struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
         uint32_t id = h->node->rec.node_id;
         if (id == requester || !h->node->rec.alive || excluded(ex, nex, id) ||
             fed_by(o, h, requester))
             continue;
-        if (!best || holder_better(h, best, co->fanout))
+        if (!best || holder_better(h, best, fanout))
             best = h;
     }
     return best;
@@ -460,9 +485,10 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     r.u.lookup_reply.is_inline = 0;
     r.u.lookup_reply.complete = src->complete;
     cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
-    CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, %u uploads)",
-            c->node->rec.node_id, (unsigned long long)o->size, src->node->rec.node_id,
-            src->complete ? "complete" : "partial", src->uploads);
+    CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, depth %u, %u uploads, "
+            "fan-out %u)", c->node->rec.node_id, (unsigned long long)o->size,
+            src->node->rec.node_id, src->complete ? "complete" : "partial", src->depth,
+            src->uploads, obj_fanout(co, o));
     cfx__coord_send(c, &r);
     return added;
 }

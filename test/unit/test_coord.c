@@ -83,6 +83,7 @@ static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
 }
 
 static uint32_t dead_keep_ms; /* 0: the coordinator's default */
+static uint32_t fanout = FANOUT; /* 0: chosen per object */
 
 static void start_coord(void)
 {
@@ -92,7 +93,7 @@ static void start_coord(void)
         .token = token,
         .heartbeat_ms = HB_MS,
         .dead_after_ms = DEAD_MS,
-        .fanout = FANOUT,
+        .fanout = fanout,
         .auth_timeout_ms = AUTH_MS,
         .stall_timeout_ms = STALL_MS,
         .dead_keep_ms = dead_keep_ms,
@@ -564,6 +565,53 @@ Test(coord, concurrent_lookups_form_a_tree)
         cr_assert_eq(objs[0].holders[i].complete, 1);
     }
     free(objs);
+    for (int i = 0; i < N; i++)
+        cfx__ctl_close(g[i]);
+    cfx__ctl_close(p);
+}
+
+/* Without --fanout the directory chooses per object: getters of an object of
+ * many chunks form a chain (each holder feeds one, a later getter attaches
+ * to the newest partial copy), getters of a small one a tree of fan-out 2. */
+Test(coord, fanout_follows_the_object)
+{
+    enum { N = 4 };
+    cfx__coord_stop(coord);
+    fanout = 0;
+    start_coord();
+    fanout = FANOUT;
+    struct cfx_ctl *p = open_node("putter", NULL), *g[N];
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "getter%d", i);
+        g[i] = open_node(name, NULL);
+    }
+    static const struct {
+        const char *name;
+        uint64_t size;
+        uint32_t chunk;
+        int src[N]; /* who feeds getter i: -1 the putter, else a getter */
+    } cases[] = {
+        { "bandwidth-bound", 64ull << 20, 1u << 20, { -1, 0, 1, 2 } },  /* 64 chunks: a chain */
+        { "four chunks", 4u << 20, 1u << 20, { -1, 0, 1, 2 } },
+        { "latency-bound", 2u << 20, 1u << 20, { -1, -1, 0, 1 } },     /* 2 chunks: a tree */
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct cfx_object_id id;
+        make_id(&id, cases[c].name);
+        cr_assert_eq(cfx__ctl_obj_put(p, &id, cases[c].size, cases[c].chunk, NULL,
+                                      cfx__deadline_ns(CALL_MS)), CFX_OK, "%s", cfx_last_error());
+        for (int i = 0; i < N; i++) {
+            struct cfx_ctl_source src;
+            cr_assert_eq(cfx__ctl_obj_lookup(g[i], &id, NULL, 0, cfx__deadline_ns(CALL_MS), &src),
+                         CFX_OK, "%s: getter %d: %s", cases[c].name, i, cfx_last_error());
+            int want = cases[c].src[i];
+            uint32_t want_id = cfx__ctl_node_id(want < 0 ? p : g[want]);
+            cr_assert_eq(src.node.node_id, want_id, "%s: getter %d fed by node %u, want %u",
+                         cases[c].name, i, src.node.node_id, want_id);
+        }
+        cr_assert_eq(cfx__ctl_obj_delete(p, &id, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    }
     for (int i = 0; i < N; i++)
         cfx__ctl_close(g[i]);
     cfx__ctl_close(p);
