@@ -20,6 +20,8 @@ static const char *const side_label[] = {
     [CFX_AUTH_COORD] = "conflux-v1 coord",
     [CFX_AUTH_DP_ACCEPT] = "conflux-v1 dp accept",
     [CFX_AUTH_DP_CONNECT] = "conflux-v1 dp connect",
+    [CFX_AUTH_SHM_ACCEPT] = "conflux-v1 shm accept",
+    [CFX_AUTH_SHM_CONNECT] = "conflux-v1 shm connect",
 };
 
 int cfx__auth_nonce(uint8_t *buf, size_t len)
@@ -39,7 +41,7 @@ int cfx__auth_mac(const char *token, enum cfx_auth_side side,
 
     if (!token || !*token)
         return cfx__err(CFX_ERR_INVALID, "empty cluster token");
-    if ((unsigned)side > CFX_AUTH_DP_CONNECT)
+    if ((unsigned)side >= sizeof(side_label) / sizeof(side_label[0]))
         return cfx__err(CFX_ERR_INVALID, "bad auth side %d", (int)side);
     /* Labels are NUL-padded to 32 bytes so the message has a fixed layout. */
     memset(msg, 0, 32);

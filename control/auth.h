@@ -27,6 +27,10 @@ enum cfx_auth_side {
      * server nonce is the acceptor's, the client nonce the connector's. */
     CFX_AUTH_DP_ACCEPT  = 2, /* MAC the accepting node sends */
     CFX_AUTH_DP_CONNECT = 3, /* MAC the connecting node sends */
+    /* shm transport handshake (dataplane/shm/shm_conn.c), before the rings
+     * carry anything; nonces as for the data-plane handshake. */
+    CFX_AUTH_SHM_ACCEPT  = 4, /* MAC the acceptor puts in its ACK */
+    CFX_AUTH_SHM_CONNECT = 5, /* MAC the connector puts in its AUTH */
 };
 
 /* Fill @p buf with @p len cryptographically random bytes.  CFX_OK / CFX_ERR_INTERNAL. */

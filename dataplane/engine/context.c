@@ -127,9 +127,11 @@ static bool tp_selected(const char *list, const char *name, int *rank)
 static int transports_open(struct cfx_context *ctx)
 {
     struct cfx_tp_iface_params ip = {
-        .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR | CFX_TP_IFACE_PARAM_NODE_ID,
+        .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR | CFX_TP_IFACE_PARAM_NODE_ID |
+                      CFX_TP_IFACE_PARAM_TOKEN,
         .bind_addr = ctx->cfg.bind_addr,
         .node_id = 0,
+        .token = ctx->token, /* loaded before the transports open */
     };
     const struct cfx_transport_ops *order[8];
     int ranks[8], n = 0;
