@@ -223,6 +223,8 @@ static void handle_status(struct cfx_coord *co, struct coord_conn *c, const stru
     s->inline_bytes = co->inline_bytes;
     s->heartbeat_ms = co->heartbeat_ms;
     s->dead_after_ms = co->dead_after_ms;
+    s->node_index_slots = co->by_id_cap;
+    s->node_records = co->by_id_count;
     snprintf(s->version, sizeof(s->version), "%s", CFX_VERSION_STRING);
     cfx__coord_send(c, &r);
 }
@@ -678,6 +680,12 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
     co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
+    co->max_nodes = params->max_nodes ? params->max_nodes : COORD_MAX_NODES_DEFAULT;
+    if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
+        rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
+                      COORD_MAX_NODES_LIMIT);
+        goto err_free;
+    }
     if (co->dead_after_ms <= co->heartbeat_ms) {
         rc = cfx__err(CFX_ERR_INVALID, "dead-after (%u ms) must exceed the heartbeat "
                       "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);

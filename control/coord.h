@@ -24,6 +24,8 @@ struct cfx_coord_params {
     const char *state_dir;     /* durable state (coord_state.c); NULL: none, nothing survives */
     uint32_t dead_keep_ms;     /* dead members stay listed that long, then are forgotten
                                 * (default COORD_DEAD_KEEP_MS_DEFAULT, 60000) */
+    uint32_t max_nodes;        /* members alive at once; a JOIN beyond gets
+                                * CFX_ERR_NO_RESOURCE naming max_nodes (default 65536) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

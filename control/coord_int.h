@@ -29,7 +29,9 @@
 #define COORD_STATE_VAL_MAX   (16u << 20)   /* durable record value bytes */
 #define COORD_IDS_KEY         "coord.node_ids" /* record: u32 LE, ids below are taken */
 #define COORD_IDS_BATCH       64            /* node ids reserved per state write */
-#define COORD_REJOIN_SLACK    65536         /* a rejoin may ask for ids up to this above ours */
+#define COORD_MAX_NODES_DEFAULT 65536       /* members alive at once (--max-nodes) */
+#define COORD_MAX_NODES_LIMIT (1u << 24)    /* largest --max-nodes accepted */
+#define COORD_REJOIN_MAX      65536         /* ids reclaimed after one restart, at most */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
 enum coord_conn_state {
@@ -161,8 +163,14 @@ struct cfx_coord {
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */
-    struct coord_node **by_id;  /* index by node id (NULL once pruned) */
-    uint32_t by_id_cap;
+    struct coord_node **by_id;  /* open-addressing index by node id of every record
+                                 * (alive or dead): slots follow the record count,
+                                 * never the id values */
+    uint32_t by_id_cap;         /* slots, power of two (0: none yet) */
+    uint32_t by_id_count;       /* records in it */
+    uint32_t max_nodes;         /* cap on members alive at once */
+    uint32_t *reclaimed;        /* ids of before the restart taken back (sorted) */
+    uint32_t nreclaimed;
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
     uint32_t nodes_dead;

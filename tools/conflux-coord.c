@@ -4,6 +4,7 @@
  *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
  *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
+ *                 [--max-nodes N]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -35,6 +36,7 @@ static void usage(FILE *f)
             "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
             "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
+            "                     [--max-nodes N]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -48,6 +50,9 @@ static void usage(FILE *f)
             "  --state-dir DIR     keep durable state (node ids, durable objects such as group\n"
             "                      bootstrap records) in DIR; it survives a restart, even\n"
             "                      after kill -9 (default: none)\n"
+            "  --max-nodes N       members alive at once, 1..16777216 (default 65536); a JOIN\n"
+            "                      beyond is refused with an error naming max_nodes.  Node ids\n"
+            "                      are chosen by the coordinator and never reused\n"
             "Times are whole milliseconds, 1..2147483647.  A bad value is named on stderr;\n"
             "usage errors exit with status 2.\n",
             DEFAULT_PORT);
@@ -66,6 +71,7 @@ int main(int argc, char **argv)
         { "auth-timeout-ms", required_argument, NULL, 'A' },
         { "stall-timeout-ms", required_argument, NULL, 'S' },
         { "state-dir", required_argument, NULL, 'd' },
+        { "max-nodes", required_argument, NULL, 'N' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -111,6 +117,11 @@ int main(int argc, char **argv)
             params.stall_timeout_ms = (uint32_t)v;
             break;
         case 'd': params.state_dir = optarg; break;
+        case 'N':
+            if (tool_arg_int(PROG, "--max-nodes", optarg, 1, 1 << 24, "a number of members", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_nodes = (uint32_t)v;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -83,6 +84,7 @@ static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
 }
 
 static uint32_t dead_keep_ms; /* 0: the coordinator's default */
+static uint32_t max_nodes;    /* 0: the coordinator's default */
 
 static void start_coord(void)
 {
@@ -96,6 +98,7 @@ static void start_coord(void)
         .auth_timeout_ms = AUTH_MS,
         .stall_timeout_ms = STALL_MS,
         .dead_keep_ms = dead_keep_ms,
+        .max_nodes = max_nodes,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -751,6 +754,8 @@ static int raw_connect(void)
     int s = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(s, 0);
     cr_assert_eq(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    int one = 1; /* a LEAVE then a JOIN: no waiting for the delayed ACK */
+    cr_assert_eq(setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), 0);
     return s;
 }
 
@@ -784,8 +789,8 @@ static void raw_send(int s, const struct cfx_msg *m)
     cr_assert_eq(send(s, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
-/* A raw connection authenticated as admin. */
-static int raw_auth(void)
+/* A raw connection authenticated in @p role. */
+static int raw_auth_role(uint8_t role)
 {
     static uint8_t buf[1 << 16];
     struct cfx_msg m, r;
@@ -797,7 +802,7 @@ static int raw_auth(void)
     memset(&r, 0, sizeof(r));
     r.type = CFX_MSG_AUTH;
     r.req_id = 1;
-    r.u.auth.role = CFX_CTL_ROLE_ADMIN;
+    r.u.auth.role = role;
     cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
     cfx__auth_mac(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, r.u.auth.mac);
     raw_send(s, &r);
@@ -808,6 +813,105 @@ static int raw_auth(void)
     cr_assert_eq(cfx__auth_verify(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce,
                                   m.u.auth_ok.mac), CFX_OK);
     return s;
+}
+
+static int raw_auth(void)
+{
+    return raw_auth_role(CFX_CTL_ROLE_ADMIN);
+}
+
+/* JOIN on a raw node connection asking for id @p want (0: none); returns
+ * the id given, or the negative status of the ERROR with its text. */
+static int64_t raw_join(int s, uint32_t want, uint64_t req, char *text, size_t text_len)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m, r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_JOIN;
+    r.req_id = req;
+    r.u.join.node_id = want;
+    snprintf(r.u.join.name, sizeof(r.u.join.name), "cycler");
+    snprintf(r.u.join.host, sizeof(r.u.join.host), "cycler-host");
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.req_id, req);
+    if (m.type == CFX_MSG_ERROR) {
+        if (text)
+            snprintf(text, text_len, "%s", m.u.error.text);
+        return m.u.error.status;
+    }
+    cr_assert_eq(m.type, CFX_MSG_JOIN_REPLY, "%s", cfx__msg_type_name(m.type));
+    return m.u.join_reply.node_id;
+}
+
+static void raw_leave(int s)
+{
+    struct cfx_msg r = { .type = CFX_MSG_LEAVE, .req_id = 0 };
+    raw_send(s, &r);
+}
+
+static struct cfx_ctl_status raw_status(int s, uint64_t req)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m, r = { .type = CFX_MSG_STATUS, .req_id = req };
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_STATUS_REPLY);
+    return m.u.status;
+}
+
+/*
+ * 10,000 JOIN/LEAVE cycles on one connection, every other one asking for an
+ * id 65535 above the high-water mark: each gets the next fresh id (the
+ * coordinator chooses), and the node index stays as small as the records it
+ * holds (a thousand dead ones at most), read from STATUS.  Before the fix
+ * the wish was granted (id = high-water + 65535) and the index, a flat
+ * array by id, grew by 512 KiB per such JOIN: gigabytes within the loop.
+ */
+Test(coord, join_leave_cycles_keep_the_index_flat)
+{
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE), adm = raw_auth();
+    int64_t prev = raw_join(s, 0, 1, NULL, 0);
+    cr_assert_gt(prev, 0);
+    raw_leave(s);
+    for (uint32_t i = 1; i <= 10000; i++) {
+        uint32_t want = i % 2 ? (uint32_t)prev + 65535 : 0;
+        int64_t id = raw_join(s, want, 1 + i, NULL, 0);
+        cr_assert_eq(id, prev + 1, "cycle %u: asked for %u, got %lld after %lld", i, want,
+                     (long long)id, (long long)prev);
+        prev = id;
+        raw_leave(s);
+        if (i % 1000 == 0) {
+            struct cfx_ctl_status st = raw_status(adm, i);
+            cr_assert_leq(st.node_records, 1024 + 1, "cycle %u: %u records", i, st.node_records);
+            cr_assert_leq(st.node_index_slots, 4096, "cycle %u: %u index slots", i,
+                          st.node_index_slots);
+        }
+    }
+    close(s);
+    close(adm);
+}
+
+/* A JOIN beyond --max-nodes members alive gets an error naming the cap. */
+Test(coord, join_beyond_max_nodes_is_refused_by_name)
+{
+    cfx__coord_stop(coord);
+    max_nodes = 2;
+    start_coord();
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE), b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    char text[CFX_PROTO_TEXT_MAX];
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_join(c, 0, 1, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_nodes"), "%s", text);
+    raw_leave(a); /* room again, once a's STATUS answer shows the LEAVE was read */
+    raw_status(a, 2);
+    cr_assert_gt(raw_join(c, 0, 2, NULL, 0), 0);
+    close(a);
+    close(b);
+    close(c);
+    max_nodes = 0;
 }
 
 /* Wait until the peer closes @p s; returns ms waited or -1. */
