@@ -88,9 +88,10 @@ void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
         return;
     }
     f->off = 0;
-    if (c->out_bytes + f->len > COORD_OUTQ_MAX) {
-        CFX_LOG(WARN, CTL, "connection %s: %zu reply bytes queued and not read; closing it "
-                "as too slow", c->peer, c->out_bytes);
+    if (c->out_bytes + f->len > c->coord->max_conn_outq) {
+        CFX_LOG(WARN, CTL, "connection %s: %zu reply bytes queued and not read: "
+                "max_conn_outq (%llu B) reached; closing it as too slow", c->peer,
+                c->out_bytes, (unsigned long long)c->coord->max_conn_outq);
         free(f);
         cfx__coord_conn_fail(c);
         return;
@@ -158,6 +159,8 @@ static void conn_close(struct cfx_coord *co, struct coord_conn *c)
     }
     cfx_list_del(&c->link);
     co->nconns--;
+    if (c->state == COORD_CONN_AUTH)
+        co->nunauth--;
     CFX_LOG(DEBUG, CTL, "connection %s closed", c->peer);
     conn_free(c);
 }
@@ -205,6 +208,7 @@ static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct
         return;
     }
     c->state = COORD_CONN_READY;
+    co->nunauth--;
     c->role = m->u.auth.role;
     CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s", c->peer,
             c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node");
@@ -425,6 +429,27 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
     conn_parse(co, c);
 }
 
+/* A connection over a cap: one ERROR frame naming it (best effort, it is
+ * not read yet), then closed. */
+static void refuse_at_cap(int fd, const char *ip, const struct sockaddr_in *sa,
+                          const char *cap, uint32_t count)
+{
+    struct cfx_msg e = { .type = CFX_MSG_ERROR, .req_id = 0 };
+    uint8_t buf[CFX_PROTO_HDR_LEN + 64 + CFX_PROTO_TEXT_MAX];
+    size_t len;
+
+    e.u.error.status = CFX_ERR_NO_RESOURCE;
+    snprintf(e.u.error.text, sizeof(e.u.error.text),
+             "coordinator refuses the connection: %s reached (%u open)", cap, count);
+    CFX_LOG(WARN, CTL, "refusing %s:%u: %s reached (%u open)", ip, ntohs(sa->sin_port), cap,
+            count);
+    if (cfx__msg_encode(&e, buf, sizeof(buf), &len) == CFX_OK) {
+        ssize_t n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)n; /* best effort: the close says it anyway */
+    }
+    close(fd);
+}
+
 static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *sa)
 {
     struct coord_conn *c;
@@ -432,10 +457,12 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     int one = 1;
 
     inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
-    if (co->nconns >= COORD_CONNS_MAX) {
-        CFX_LOG(WARN, CTL, "refusing %s:%u: %u connections open already", ip,
-                ntohs(sa->sin_port), co->nconns);
-        close(fd);
+    if (co->nconns >= co->max_conns) {
+        refuse_at_cap(fd, ip, sa, "max_conns", co->nconns);
+        return;
+    }
+    if (co->nunauth >= co->max_unauth_conns) {
+        refuse_at_cap(fd, ip, sa, "max_unauth_conns", co->nunauth);
         return;
     }
     c = calloc(1, sizeof(*c));
@@ -460,6 +487,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
         goto err_free_in;
     cfx_list_add_tail(&c->link, &co->conns);
     co->nconns++;
+    co->nunauth++;
     CFX_LOG(DEBUG, CTL, "connection %s accepted", c->peer);
 
     struct cfx_msg ch = { .type = CFX_MSG_CHALLENGE, .req_id = 0 };
@@ -681,6 +709,14 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
     co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
     co->max_nodes = params->max_nodes ? params->max_nodes : COORD_MAX_NODES_DEFAULT;
+    co->max_node_objects = params->max_node_objects ? params->max_node_objects
+                                                    : COORD_NODE_OBJECTS_MAX;
+    co->max_node_bytes = params->max_node_bytes ? params->max_node_bytes : COORD_NODE_BYTES_MAX;
+    co->max_parked = params->max_parked ? params->max_parked : COORD_PARKED_MAX;
+    co->max_unauth_conns = params->max_unauth_conns ? params->max_unauth_conns
+                                                    : COORD_UNAUTH_MAX;
+    co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;
+    co->max_conn_outq = params->max_conn_outq ? params->max_conn_outq : COORD_OUTQ_MAX;
     if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
         rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
                       COORD_MAX_NODES_LIMIT);

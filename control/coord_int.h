@@ -18,8 +18,13 @@
 #include "dataplane/common/list.h"
 
 #define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection may hold */
-#define COORD_OUTQ_MAX        (64u << 20)   /* queued reply bytes before a reader is "too slow" */
-#define COORD_CONNS_MAX       4096          /* open connections */
+#define COORD_OUTQ_MAX        (64u << 20)   /* default max_conn_outq: queued reply bytes
+                                             * before a reader is "too slow" */
+#define COORD_CONNS_MAX       4096          /* default max_conns: open connections */
+#define COORD_UNAUTH_MAX      256           /* default max_unauth_conns */
+#define COORD_NODE_OBJECTS_MAX (1u << 20)   /* default max_node_objects */
+#define COORD_NODE_BYTES_MAX  (256ull << 20) /* default max_node_bytes */
+#define COORD_PARKED_MAX      65536         /* default max_parked */
 #define COORD_DEAD_KEEP       1024          /* dead node records kept for listings, at most */
 #define COORD_DEAD_KEEP_MS_DEFAULT 60000    /* ... and for at most this long after death */
 #define COORD_INLINE_TOTAL_MAX (1ull << 30) /* inline bytes stored in all */
@@ -79,6 +84,8 @@ struct coord_node {
     struct coord_conn *conn;    /* NULL once dead */
     uint64_t dead_ns;           /* when it died (0 while alive) */
     struct cfx_list holdings;   /* struct coord_holder.node_link */
+    uint32_t nholdings;         /* entries in holdings (max_node_objects) */
+    uint64_t put_bytes;         /* inline bytes stored for its puts (max_node_bytes) */
 };
 
 struct coord_obj {
@@ -160,6 +167,15 @@ struct cfx_coord {
     struct cfx_list conns;      /* open connections */
     struct cfx_list closing;    /* failed connections, closed in the hook */
     uint32_t nconns;
+    uint32_t nunauth;           /* of those, not authenticated yet */
+    /* caps (struct cfx_coord_params) */
+    uint32_t max_node_objects;
+    uint64_t max_node_bytes;
+    uint32_t max_parked;
+    uint32_t max_unauth_conns;
+    uint32_t max_conns;
+    uint64_t max_conn_outq;
+    uint32_t nparked;           /* lookups parked in all */
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */

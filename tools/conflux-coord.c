@@ -4,7 +4,9 @@
  *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
  *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
- *                 [--max-nodes N]
+ *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
+ *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
+ *                 [--max-conn-outq SIZE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -36,7 +38,9 @@ static void usage(FILE *f)
             "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
             "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
-            "                     [--max-nodes N]\n"
+            "                     [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]\n"
+            "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
+            "                     [--max-conn-outq SIZE]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -53,6 +57,18 @@ static void usage(FILE *f)
             "  --max-nodes N       members alive at once, 1..16777216 (default 65536); a JOIN\n"
             "                      beyond is refused with an error naming max_nodes.  Node ids\n"
             "                      are chosen by the coordinator and never reused\n"
+            "  --max-node-objects N  directory entries (objects put or held) one node may\n"
+            "                      have, 1..2147483647 (default 1048576)\n"
+            "  --max-node-bytes SIZE inline bytes stored for one node's puts (default 256M)\n"
+            "  --max-parked N      lookups waiting for a holder, all nodes together\n"
+            "                      (default 65536; 4096 per connection in any case)\n"
+            "  --max-unauth-conns N connections not yet authenticated (default 256)\n"
+            "  --max-conns N       connections in all (default 4096)\n"
+            "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
+            "                      closed as too slow (default 64M)\n"
+            "Every cap, when hit, answers the caller CFX_ERR_NO_RESOURCE with a text naming\n"
+            "it (max_nodes, max_node_objects, ...); a refused connection gets that error\n"
+            "before the close.  SIZE takes K, M, G suffixes.\n"
             "Times are whole milliseconds, 1..2147483647.  A bad value is named on stderr;\n"
             "usage errors exit with status 2.\n",
             DEFAULT_PORT);
@@ -72,6 +88,12 @@ int main(int argc, char **argv)
         { "stall-timeout-ms", required_argument, NULL, 'S' },
         { "state-dir", required_argument, NULL, 'd' },
         { "max-nodes", required_argument, NULL, 'N' },
+        { "max-node-objects", required_argument, NULL, 'O' },
+        { "max-node-bytes", required_argument, NULL, 'B' },
+        { "max-parked", required_argument, NULL, 'P' },
+        { "max-unauth-conns", required_argument, NULL, 'U' },
+        { "max-conns", required_argument, NULL, 'C' },
+        { "max-conn-outq", required_argument, NULL, 'Q' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -122,6 +144,38 @@ int main(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             params.max_nodes = (uint32_t)v;
             break;
+        case 'O':
+            if (tool_arg_int(PROG, "--max-node-objects", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_node_objects = (uint32_t)v;
+            break;
+        case 'P':
+            if (tool_arg_int(PROG, "--max-parked", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_parked = (uint32_t)v;
+            break;
+        case 'U':
+            if (tool_arg_int(PROG, "--max-unauth-conns", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_unauth_conns = (uint32_t)v;
+            break;
+        case 'C':
+            if (tool_arg_int(PROG, "--max-conns", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_conns = (uint32_t)v;
+            break;
+        case 'B':
+        case 'Q': {
+            size_t sz;
+            if (tool_arg_size(PROG, c == 'B' ? "--max-node-bytes" : "--max-conn-outq", optarg, 1,
+                              SIZE_MAX, &sz))
+                return TOOL_EXIT_USAGE;
+            if (c == 'B')
+                params.max_node_bytes = sz;
+            else
+                params.max_conn_outq = sz;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -85,6 +85,7 @@ static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
 
 static uint32_t dead_keep_ms; /* 0: the coordinator's default */
 static uint32_t max_nodes;    /* 0: the coordinator's default */
+static struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defaults */
 
 static void start_coord(void)
 {
@@ -99,6 +100,10 @@ static void start_coord(void)
         .stall_timeout_ms = STALL_MS,
         .dead_keep_ms = dead_keep_ms,
         .max_nodes = max_nodes,
+        .max_node_objects = caps.max_node_objects,
+        .max_node_bytes = caps.max_node_bytes,
+        .max_parked = caps.max_parked,
+        .max_unauth_conns = caps.max_unauth_conns,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -912,6 +917,119 @@ Test(coord, join_beyond_max_nodes_is_refused_by_name)
     close(b);
     close(c);
     max_nodes = 0;
+}
+
+static long wait_closed(int s, int ms);
+
+/* Read the answer to @p req on @p s: 0 for OK, the status of an ERROR (its
+ * text into @p text). */
+static int raw_answer(int s, uint64_t req, char *text, size_t text_len)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.req_id, req, "answer to %llu, not %llu", (unsigned long long)m.req_id,
+                 (unsigned long long)req);
+    if (m.type == CFX_MSG_ERROR) {
+        snprintf(text, text_len, "%s", m.u.error.text);
+        return m.u.error.status;
+    }
+    cr_assert_eq(m.type, CFX_MSG_OK, "%s", cfx__msg_type_name(m.type));
+    return 0;
+}
+
+/* PUT of object number @p k: inline with @p size bytes, or on the data plane. */
+static int raw_put(int s, uint8_t k, uint64_t size, bool inl, uint64_t req, char *text,
+                   size_t text_len)
+{
+    static uint8_t data[4096];
+    struct cfx_msg r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_OBJ_PUT;
+    r.req_id = req;
+    memset(r.u.put.id.bytes, k, sizeof(r.u.put.id.bytes));
+    r.u.put.size = size;
+    r.u.put.chunk_size = 65536;
+    r.u.put.has_data = inl;
+    r.u.put.data = inl ? data : NULL;
+    raw_send(s, &r);
+    return raw_answer(s, req, text, text_len);
+}
+
+static void raw_lookup(int s, uint8_t k, uint32_t timeout_ms, uint64_t req)
+{
+    struct cfx_msg r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_OBJ_LOOKUP;
+    r.req_id = req;
+    memset(r.u.lookup.id.bytes, k, sizeof(r.u.lookup.id.bytes));
+    r.u.lookup.timeout_ms = timeout_ms;
+    raw_send(s, &r);
+}
+
+/*
+ * Each coordinator cap, set small, answers the request that hits it with
+ * CFX_ERR_NO_RESOURCE and a text naming it: objects per node, inline bytes
+ * per node, parked lookups, unauthenticated connections.  Before the fix
+ * there were no such caps: the fourth object, the second 60-byte inline
+ * object, the third parked lookup and the third silent connection were all
+ * taken.
+ */
+Test(coord, each_cap_hit_is_named)
+{
+    cfx__coord_stop(coord);
+    caps.max_node_objects = 3;
+    caps.max_node_bytes = 100;
+    caps.max_parked = 2;
+    caps.max_unauth_conns = 2;
+    start_coord();
+    char text[CFX_PROTO_TEXT_MAX];
+
+    /* objects per node */
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    for (uint8_t k = 1; k <= 3; k++)
+        cr_assert_eq(raw_put(a, k, BIG, false, 10 + k, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(a, 4, BIG, false, 20, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_objects"), "%s", text);
+
+    /* inline bytes per node */
+    int b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_put(b, 5, 60, true, 2, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(b, 6, 60, true, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_bytes"), "%s", text);
+
+    /* parked lookups, all connections together */
+    raw_lookup(b, 7, 60000, 4);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(c, 0, 1, NULL, 0), 0);
+    raw_lookup(c, 8, 60000, 2);
+    raw_lookup(c, 9, 60000, 3); /* the third: answered at once */
+    cr_assert_eq(raw_answer(c, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_parked"), "%s", text);
+
+    /* unauthenticated connections: two wait for their challenge answer (the
+     * three authenticated ones above do not count against the cap) */
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    int u1 = raw_connect(), u2 = raw_connect();
+    cr_assert_eq(raw_read_frame(u1, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(raw_read_frame(u2, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    int u3 = raw_connect();
+    cr_assert_eq(raw_read_frame(u3, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR, "%s", cfx__msg_type_name(m.type));
+    cr_assert_eq(m.u.error.status, CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(m.u.error.text, "max_unauth_conns"), "%s", m.u.error.text);
+    cr_assert_geq(wait_closed(u3, CALL_MS), 0, "refused connection left open");
+    close(u1);
+    close(u2);
+    close(u3);
+    close(a);
+    close(b);
+    close(c);
 }
 
 /* Wait until the peer closes @p s; returns ms waited or -1. */
