@@ -717,6 +717,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
                                                     : COORD_UNAUTH_MAX;
     co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;
     co->max_conn_outq = params->max_conn_outq ? params->max_conn_outq : COORD_OUTQ_MAX;
+    co->test_fsync_delay_ms = params->test_fsync_delay_ms;
     if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
         rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
                       COORD_MAX_NODES_LIMIT);

@@ -34,6 +34,8 @@ struct cfx_coord_params {
     uint32_t max_unauth_conns; /* connections not yet authenticated (default 256) */
     uint32_t max_conns;        /* connections in all (default 4096) */
     uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
+    uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
+                                   * this much longer (a slow disk); 0 in production */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

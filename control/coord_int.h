@@ -176,6 +176,8 @@ struct cfx_coord {
     uint32_t max_conns;
     uint64_t max_conn_outq;
     uint32_t nparked;           /* lookups parked in all */
+    uint32_t test_fsync_delay_ms; /* fault injection: each state fsync takes this longer */
+    uint64_t last_tick_ns;      /* members_tick: when the last one ran (stall credit) */
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */

@@ -427,6 +427,27 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
     uint64_t limit = (uint64_t)co->dead_after_ms * 1000000ull;
     char why[96];
 
+    /*
+     * Time the loop could not read is nobody's silence.  A stall (durable
+     * puts waiting on a slow disk, the machine swapping) delays this tick
+     * and the reading of heartbeats alike; without this, the first tick
+     * after a stall longer than dead_after_ms would declare every member
+     * dead whose beats still wait in its socket.  So each alive member is
+     * credited with the part of the gap since the last tick beyond two
+     * periods.  A member that really died is found that much later.
+     */
+    if (co->last_tick_ns && now - co->last_tick_ns > 2ull * COORD_TICK_MS * 1000000ull) {
+        uint64_t stall = now - co->last_tick_ns - (uint64_t)COORD_TICK_MS * 1000000ull;
+        cfx_list_for_each(pos, &co->nodes) {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            if (n->rec.alive)
+                n->last_seen_ns = CFX_MIN(now, n->last_seen_ns + stall);
+        }
+        CFX_LOG(WARN, CTL, "coordinator %s: the loop was stalled for %llu ms; members are "
+                "not blamed for it", co->addr, (unsigned long long)(stall / 1000000ull));
+    }
+    co->last_tick_ns = now;
+
     if (co->rejoin_until_ns && now >= co->rejoin_until_ns) {
         co->rejoin_until_ns = 0; /* whoever of before has not rejoined is gone */
         node_waits_answer(co, 0, NULL);

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,6 +106,8 @@ static void start_coord(void)
         .max_node_bytes = caps.max_node_bytes,
         .max_parked = caps.max_parked,
         .max_unauth_conns = caps.max_unauth_conns,
+        .state_dir = caps.state_dir,
+        .test_fsync_delay_ms = caps.test_fsync_delay_ms,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -1030,6 +1034,110 @@ Test(coord, each_cap_hit_is_named)
     close(a);
     close(b);
     close(c);
+}
+
+/* Remove a state directory the test made (records only, no subdirectories). */
+static void rm_state_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    cr_assert_not_null(d);
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", strerror(errno));
+    closedir(d);
+    cr_assert_eq(rmdir(dir), 0);
+}
+
+/*
+ * Durable puts on a slow disk stall the coordinator's loop (each fsync is
+ * made 150 ms slower: ten zero-byte puts sent at once hold the loop for
+ * three seconds, five times dead_after_ms) while four members heartbeat.
+ * None of them is declared dead: checked by membership (STATUS after the
+ * puts: five alive, none dead) and by the node_dead events the members got
+ * (none).  Before the fix the first tick after the stall declared all four
+ * dead: their beats were waiting unread in their sockets.
+ */
+Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
+{
+    char dir[] = "/tmp/cfx-coord-state-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cfx__coord_stop(coord);
+    caps.state_dir = dir;
+    caps.test_fsync_delay_ms = 150;
+    start_coord();
+
+    struct deaths d[4];
+    struct cfx_ctl *n[4];
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "beater%d", i);
+        deaths_init(&d[i]);
+        n[i] = open_node(name, &d[i]);
+    }
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(s, 0, 1, NULL, 0), 0);
+    /* ten puts in one write: the loop takes them back to back */
+    static uint8_t frames[10][1024];
+    uint8_t all[10 * 1024];
+    size_t total = 0;
+    for (int k = 0; k < 10; k++) {
+        struct cfx_msg r;
+        size_t len;
+        memset(&r, 0, sizeof(r));
+        r.type = CFX_MSG_OBJ_PUT;
+        r.req_id = 100 + (uint64_t)k;
+        memset(r.u.put.id.bytes, 0x40 + k, sizeof(r.u.put.id.bytes));
+        r.u.put.has_data = 1;
+        r.u.put.durable = 1;
+        r.u.put.data = frames[k];
+        cr_assert_eq(cfx__msg_encode(&r, frames[k], sizeof(frames[k]), &len), CFX_OK);
+        memcpy(all + total, frames[k], len);
+        total += len;
+    }
+    cr_assert_eq(send(s, all, total, MSG_NOSIGNAL), (ssize_t)total);
+    char text[CFX_PROTO_TEXT_MAX];
+    for (int k = 0; k < 10; k++)
+        cr_assert_eq(raw_answer(s, 100 + (uint64_t)k, text, sizeof(text)), 0, "%s", text);
+    /* one more round trip: a tick has run since the stall */
+    struct cfx_ctl_status st = raw_status(s, 200);
+    st = raw_status(s, 201);
+    cr_assert_eq(st.nodes_dead, 0, "%u members declared dead", st.nodes_dead);
+    cr_assert_eq(st.nodes_alive, 5);
+    for (int i = 0; i < 4; i++) {
+        pthread_mutex_lock(&d[i].mu);
+        cr_assert_eq(d[i].n, 0, "beater%d heard of %d deaths", i, d[i].n);
+        pthread_mutex_unlock(&d[i].mu);
+        cfx__ctl_close(n[i]);
+    }
+    close(s);
+    cfx__coord_stop(coord);
+    coord = NULL;
+    rm_state_dir(dir);
+}
+
+/* A state directory another user could write is refused, and so is a
+ * symbolic link to one (before: both were used). */
+Test(coord, unsafe_state_dir_is_refused)
+{
+    char dir[] = "/tmp/cfx-coord-state-XXXXXX", link[64];
+    struct cfx_coord *co = NULL;
+    cr_assert_not_null(mkdtemp(dir));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token, .state_dir = dir };
+    cr_assert_eq(chmod(dir, 0777), 0);
+    cr_assert_eq(cfx__coord_start(&p, &co), CFX_ERR_AUTH);
+    cr_assert(strstr(cfx_last_error(), "writable by others"), "%s", cfx_last_error());
+    cr_assert_eq(chmod(dir, 0700), 0);
+    snprintf(link, sizeof(link), "%s.link", dir);
+    cr_assert_eq(symlink(dir, link), 0);
+    p.state_dir = link;
+    cr_assert_neq(cfx__coord_start(&p, &co), CFX_OK);
+    cr_assert(strstr(cfx_last_error(), "symbolic link"), "%s", cfx_last_error());
+    p.state_dir = dir;
+    cr_assert_eq(cfx__coord_start(&p, &co), CFX_OK, "%s", cfx_last_error());
+    cfx__coord_stop(co);
+    unlink(link);
+    rm_state_dir(dir);
 }
 
 /* Wait until the peer closes @p s; returns ms waited or -1. */
