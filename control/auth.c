@@ -130,3 +130,10 @@ int cfx__token_load(const char *explicit_token, char *buf, size_t len)
     OPENSSL_cleanse(line, sizeof(line));
     return rc;
 }
+
+unsigned cfx__token_bits(const char *token)
+{
+    size_t n = strlen(token), hex = strspn(token, "0123456789abcdefABCDEF");
+    size_t bits = n * (hex == n ? 4 : 6);
+    return bits > UINT32_MAX ? UINT32_MAX : (unsigned)bits;
+}

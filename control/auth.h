@@ -59,4 +59,11 @@ int cfx__auth_verify(const char *token, enum cfx_auth_side side,
  */
 int cfx__token_load(const char *explicit_token, char *buf, size_t len);
 
+#define CFX_TOKEN_MIN_BITS 128  /* below this, tools warn */
+
+/* At most how many bits of entropy @p token can hold: 4 per character when
+ * it is all hex digits, 6 otherwise (printable text).  An upper bound: a
+ * word from a dictionary holds far less. */
+unsigned cfx__token_bits(const char *token);
+
 #endif

@@ -44,7 +44,8 @@ static void usage(FILE *f)
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
-            "  --token T           cluster token (default $CFX_TOKEN)\n"
+            "  --token T           cluster token (default $CFX_TOKEN); visible in ps, so\n"
+            "                      a warning says so: prefer --token-file\n"
             "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
             "  --heartbeat-ms N    interval members heartbeat at, >= 1 (default 250)\n"
             "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
@@ -98,9 +99,10 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
-    const char *token_arg = NULL, *token_file = NULL;
+    char *token_arg = NULL;
+    const char *token_file = NULL;
     char token[CFX_TOKEN_MAX + 1];
-    int c, v;
+    int c, v, rc;
 
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
@@ -110,7 +112,18 @@ int main(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             params.port = (uint16_t)v;
             break;
-        case 't': token_arg = optarg; break;
+        case 't':
+            /* copied, and the argv bytes overwritten: ps shows them only until here */
+            token_arg = strdup(optarg);
+            if (!token_arg) {
+                fprintf(stderr, "conflux-coord: out of memory\n");
+                return 1;
+            }
+            memset(optarg, '*', strlen(optarg));
+            fprintf(stderr, "conflux-coord: warning: --token puts the cluster token on the "
+                    "command line, where ps and /proc/PID/cmdline show it; use --token-file "
+                    "or CFX_TOKEN_FILE\n");
+            break;
         case 'f': token_file = optarg; break;
         case 'H':
             if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, INT_MAX, "an interval in ms", &v))
@@ -192,11 +205,20 @@ int main(int argc, char **argv)
     }
     if (token_file && setenv("CFX_TOKEN_FILE", token_file, 1) == 0)
         unsetenv("CFX_TOKEN"); /* an explicit file wins over the environment */
-    if (cfx__token_load(token_arg, token, sizeof(token)) != CFX_OK) {
+    rc = cfx__token_load(token_arg, token, sizeof(token));
+    if (token_arg) {
+        explicit_bzero(token_arg, strlen(token_arg));
+        free(token_arg);
+    }
+    if (rc != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
         return 2;
     }
     params.token = token;
+    if (cfx__token_bits(token) < CFX_TOKEN_MIN_BITS)
+        fprintf(stderr, "conflux-coord: warning: the cluster token holds at most %u bits, under "
+                "%u: generate one, e.g. head -c 16 /dev/urandom | xxd -p > token\n",
+                cfx__token_bits(token), CFX_TOKEN_MIN_BITS);
 
     /* One fd per connection: take all the hard limit allows. */
     struct rlimit rl;
@@ -216,7 +238,7 @@ int main(int argc, char **argv)
 
     struct cfx_coord *coord;
     cfx__log_set_tag("coord");
-    int rc = cfx__coord_start(&params, &coord);
+    rc = cfx__coord_start(&params, &coord);
     if (rc != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s (%s)\n", cfx_last_error(), cfx_errname(rc));
         return 1;

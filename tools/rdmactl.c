@@ -517,7 +517,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND\n\n"
                "  --coord HOST:PORT  coordinator (default $CFX_COORD)\n"
-               "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE)\n"
+               "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE);\n"
+               "                     visible in ps: prefer CFX_TOKEN_FILE\n"
                "  --json             machine-readable output\n\ncommands:\n");
     for (size_t i = 0; i < CFX_ARRAY_SIZE(commands); i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
@@ -540,7 +541,11 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': r.coord = optarg; break;
-        case 't': token_arg = optarg; break;
+        case 't':
+            fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
+                    "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
+            token_arg = optarg;
+            break;
         case 'j': r.json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
