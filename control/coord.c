@@ -137,6 +137,7 @@ void cfx__coord_conn_fail(struct coord_conn *c)
 static void conn_free(struct coord_conn *c)
 {
     struct cfx_list *pos, *tmp;
+    cfx__ev_timer_stop(c->coord->loop, &c->resume);
     cfx_list_for_each_safe(pos, tmp, &c->outq) {
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct coord_frame, link));
@@ -369,8 +370,22 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             }
             break;
         }
+        uint64_t writes = co->state_writes;
         handle_frame(co, c, c->in + off, need);
         off += need;
+        /*
+         * A frame that wrote to the disk (a durable put: two fsyncs) ends
+         * this connection's turn: the rest of its frames wait for the next
+         * loop iteration, after every other connection's input, so one
+         * client's burst of durable puts cannot keep heartbeats unread
+         * (at most one disk write per connection per iteration).
+         */
+        if (co->state_writes != writes && c->in_len - off >= CFX_PROTO_HDR_LEN &&
+            !c->failing && !c->close_after_flush) {
+            c->parse_deferred = 1;
+            cfx__ev_timer_start(co->loop, &c->resume, cfx__now_ns());
+            break;
+        }
     }
     if (off) {
         memmove(c->in, c->in + off, c->in_len - off);
@@ -384,6 +399,16 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             c->in_cap = IN_BUF_INITIAL;
         }
     }
+}
+
+static void on_conn_resume(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
+{
+    struct coord_conn *c = t->arg;
+    (void)loop;
+    c->parse_deferred = 0;
+    c->last_rx_ns = cfx__now_ns(); /* its wait was ours: the stall clock restarts */
+    if (!c->failing)
+        conn_parse(c->coord, c);
 }
 
 static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
@@ -406,6 +431,8 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
             cfx__coord_conn_fail(c);
         return;
     }
+    if (c->parse_deferred)
+        return; /* read on once the frames in in[] are parsed (on_conn_resume) */
     if (c->in_len == c->in_cap) {
         /* Only reachable with a header-sized buffer; conn_parse grows it. */
         cfx__coord_conn_fail(c);
@@ -480,6 +507,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     cfx_list_init(&c->outq);
     cfx_list_init(&c->parked);
     cfx_list_init(&c->node_waits);
+    cfx__ev_timer_init(&c->resume, on_conn_resume, c);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (cfx__auth_nonce(c->nonce, sizeof(c->nonce)) != CFX_OK)
         goto err_free_in;
@@ -581,7 +609,7 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
             CFX_LOG(WARN, CTL, "closing %s: not authenticated within %u ms", c->peer,
                     co->auth_timeout_ms);
             cfx__coord_conn_fail(c);
-        } else if (c->in_len > 0 &&
+        } else if (c->in_len > 0 && !c->parse_deferred && /* whole frames waiting on us */
                    now - c->last_rx_ns > (uint64_t)co->stall_timeout_ms * 1000000ull) {
             CFX_LOG(WARN, CTL, "closing %s: stalled for %u ms in the middle of a frame",
                     c->peer, co->stall_timeout_ms);

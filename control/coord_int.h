@@ -75,6 +75,8 @@ struct coord_conn {
     uint32_t nparked;
     struct cfx_list node_waits; /* struct coord_node_wait.conn_link */
     uint32_t nnode_waits;
+    struct cfx_ev_timer resume; /* parses the rest of in[] after a disk write */
+    int parse_deferred;         /* resume is armed: frames wait in in[] */
 };
 
 struct coord_node {
@@ -178,6 +180,7 @@ struct cfx_coord {
     uint32_t nparked;           /* lookups parked in all */
     uint32_t test_fsync_delay_ms; /* fault injection: each state fsync takes this longer */
     uint64_t last_tick_ns;      /* members_tick: when the last one ran (stall credit) */
+    uint64_t state_writes;      /* records written or removed on disk (coord_state.c) */
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */

@@ -312,6 +312,7 @@ static int rec_store(struct cfx_coord *co, const char *key, uint64_t version, co
         return rc;
     }
     free(buf);
+    co->state_writes++;
     return CFX_OK;
 
 err:
@@ -394,6 +395,7 @@ int cfx__coord_state_del(struct cfx_coord *co, const char *key)
         if (unlinkat(co->state_dirfd, name, 0) < 0 && errno != ENOENT)
             return cfx__err(CFX_ERR_IO, "cannot remove state record %s/%s: %s", co->state_dir,
                             name, strerror(errno));
+        co->state_writes++;
         if (state_fsync(co, co->state_dirfd) < 0)
             return cfx__err(CFX_ERR_IO, "cannot sync state directory %s after removing %s: %s",
                             co->state_dir, name, strerror(errno));

@@ -1050,21 +1050,18 @@ static void rm_state_dir(const char *dir)
 }
 
 /*
- * Durable puts on a slow disk stall the coordinator's loop (each fsync is
- * made 150 ms slower: ten zero-byte puts sent at once hold the loop for
- * three seconds, five times dead_after_ms) while four members heartbeat.
- * None of them is declared dead: checked by membership (STATUS after the
- * puts: five alive, none dead) and by the node_dead events the members got
- * (none).  Before the fix the first tick after the stall declared all four
- * dead: their beats were waiting unread in their sockets.
+ * Durable zero-byte puts on a slow disk (each fsync made @p delay_ms slower)
+ * sent by one client in one write while four members heartbeat: none of
+ * them is declared dead, checked by membership (STATUS after the puts: five
+ * alive, none dead) and by the node_dead events the members got (none).
  */
-Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
+static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
 {
     char dir[] = "/tmp/cfx-coord-state-XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     cfx__coord_stop(coord);
     caps.state_dir = dir;
-    caps.test_fsync_delay_ms = 150;
+    caps.test_fsync_delay_ms = delay_ms;
     start_coord();
 
     struct deaths d[4];
@@ -1077,11 +1074,11 @@ Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
     }
     int s = raw_auth_role(CFX_CTL_ROLE_NODE);
     cr_assert_gt(raw_join(s, 0, 1, NULL, 0), 0);
-    /* ten puts in one write: the loop takes them back to back */
-    static uint8_t frames[10][1024];
-    uint8_t all[10 * 1024];
+    static uint8_t frames[16][1024];
+    uint8_t all[16 * 1024];
     size_t total = 0;
-    for (int k = 0; k < 10; k++) {
+    cr_assert_leq(puts, 16);
+    for (int k = 0; k < puts; k++) {
         struct cfx_msg r;
         size_t len;
         memset(&r, 0, sizeof(r));
@@ -1097,9 +1094,9 @@ Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
     }
     cr_assert_eq(send(s, all, total, MSG_NOSIGNAL), (ssize_t)total);
     char text[CFX_PROTO_TEXT_MAX];
-    for (int k = 0; k < 10; k++)
+    for (int k = 0; k < puts; k++)
         cr_assert_eq(raw_answer(s, 100 + (uint64_t)k, text, sizeof(text)), 0, "%s", text);
-    /* one more round trip: a tick has run since the stall */
+    /* two more round trips: a tick has run since the last put */
     struct cfx_ctl_status st = raw_status(s, 200);
     st = raw_status(s, 201);
     cr_assert_eq(st.nodes_dead, 0, "%u members declared dead", st.nodes_dead);
@@ -1114,6 +1111,29 @@ Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
     cfx__coord_stop(coord);
     coord = NULL;
     rm_state_dir(dir);
+}
+
+/*
+ * Ten puts at 300 ms each (two fsyncs, 150 ms slower): three seconds of disk
+ * work, five times dead_after_ms.  The coordinator takes at most one disk
+ * write per connection per loop iteration, so the members' beats are read
+ * in between.  Before the fix the ten went back to back and the first tick
+ * after declared all four members dead.
+ */
+Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
+{
+    durable_puts_while_members_beat(150, 10);
+}
+
+/*
+ * One durable put that holds the loop longer than dead_after_ms (two
+ * fsyncs, 500 ms slower each): the tick after it credits the members with
+ * the time the loop could not read.  Before the fix all four were declared
+ * dead.
+ */
+Test(coord, one_stall_longer_than_dead_after_kills_no_member, .timeout = 120)
+{
+    durable_puts_while_members_beat(500, 2);
 }
 
 /* A state directory another user could write is refused, and so is a
