@@ -20,6 +20,8 @@ static const char *const side_label[] = {
     [CFX_AUTH_COORD] = "conflux-v1 coord",
     [CFX_AUTH_DP_ACCEPT] = "conflux-v1 dp accept",
     [CFX_AUTH_DP_CONNECT] = "conflux-v1 dp connect",
+    [CFX_AUTH_SHM_ACCEPT] = "conflux-v1 shm accept",
+    [CFX_AUTH_SHM_CONNECT] = "conflux-v1 shm connect",
 };
 
 int cfx__auth_nonce(uint8_t *buf, size_t len)
@@ -39,7 +41,7 @@ int cfx__auth_mac(const char *token, enum cfx_auth_side side,
 
     if (!token || !*token)
         return cfx__err(CFX_ERR_INVALID, "empty cluster token");
-    if ((unsigned)side > CFX_AUTH_DP_CONNECT)
+    if ((unsigned)side >= sizeof(side_label) / sizeof(side_label[0]))
         return cfx__err(CFX_ERR_INVALID, "bad auth side %d", (int)side);
     /* Labels are NUL-padded to 32 bytes so the message has a fixed layout. */
     memset(msg, 0, 32);
@@ -127,4 +129,11 @@ int cfx__token_load(const char *explicit_token, char *buf, size_t len)
     int rc = token_copy(line, strlen(line), from, buf, len);
     OPENSSL_cleanse(line, sizeof(line));
     return rc;
+}
+
+unsigned cfx__token_bits(const char *token)
+{
+    size_t n = strlen(token), hex = strspn(token, "0123456789abcdefABCDEF");
+    size_t bits = n * (hex == n ? 4 : 6);
+    return bits > UINT32_MAX ? UINT32_MAX : (unsigned)bits;
 }

@@ -27,6 +27,10 @@ enum cfx_auth_side {
      * server nonce is the acceptor's, the client nonce the connector's. */
     CFX_AUTH_DP_ACCEPT  = 2, /* MAC the accepting node sends */
     CFX_AUTH_DP_CONNECT = 3, /* MAC the connecting node sends */
+    /* shm transport handshake (dataplane/shm/shm_conn.c), before the rings
+     * carry anything; nonces as for the data-plane handshake. */
+    CFX_AUTH_SHM_ACCEPT  = 4, /* MAC the acceptor puts in its ACK */
+    CFX_AUTH_SHM_CONNECT = 5, /* MAC the connector puts in its AUTH */
 };
 
 /* Fill @p buf with @p len cryptographically random bytes.  CFX_OK / CFX_ERR_INTERNAL. */
@@ -54,5 +58,12 @@ int cfx__auth_verify(const char *token, enum cfx_auth_side side,
  *         CFX_TOKEN or CFX_TOKEN_FILE); CFX_ERR_TOO_BIG when it does not fit.
  */
 int cfx__token_load(const char *explicit_token, char *buf, size_t len);
+
+#define CFX_TOKEN_MIN_BITS 128  /* below this, tools warn */
+
+/* At most how many bits of entropy @p token can hold: 4 per character when
+ * it is all hex digits, 6 otherwise (printable text).  An upper bound: a
+ * word from a dictionary holds far less. */
+unsigned cfx__token_bits(const char *token);
 
 #endif

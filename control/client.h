@@ -93,6 +93,8 @@ struct cfx_ctl_status {
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;
     char version[32];
+    uint32_t node_index_slots; /* slots of the node id index (its memory) */
+    uint32_t node_records;     /* member records held, alive and dead */
 };
 
 enum cfx_ctl_role {

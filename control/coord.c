@@ -88,9 +88,10 @@ void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
         return;
     }
     f->off = 0;
-    if (c->out_bytes + f->len > COORD_OUTQ_MAX) {
-        CFX_LOG(WARN, CTL, "connection %s: %zu reply bytes queued and not read; closing it "
-                "as too slow", c->peer, c->out_bytes);
+    if (c->out_bytes + f->len > c->coord->max_conn_outq) {
+        CFX_LOG(WARN, CTL, "connection %s: %zu reply bytes queued and not read: "
+                "max_conn_outq (%llu B) reached; closing it as too slow", c->peer,
+                c->out_bytes, (unsigned long long)c->coord->max_conn_outq);
         free(f);
         cfx__coord_conn_fail(c);
         return;
@@ -136,6 +137,7 @@ void cfx__coord_conn_fail(struct coord_conn *c)
 static void conn_free(struct coord_conn *c)
 {
     struct cfx_list *pos, *tmp;
+    cfx__ev_timer_stop(c->coord->loop, &c->resume);
     cfx_list_for_each_safe(pos, tmp, &c->outq) {
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct coord_frame, link));
@@ -158,6 +160,8 @@ static void conn_close(struct cfx_coord *co, struct coord_conn *c)
     }
     cfx_list_del(&c->link);
     co->nconns--;
+    if (c->state == COORD_CONN_AUTH)
+        co->nunauth--;
     CFX_LOG(DEBUG, CTL, "connection %s closed", c->peer);
     conn_free(c);
 }
@@ -205,6 +209,7 @@ static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct
         return;
     }
     c->state = COORD_CONN_READY;
+    co->nunauth--;
     c->role = m->u.auth.role;
     CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s", c->peer,
             c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node");
@@ -223,6 +228,8 @@ static void handle_status(struct cfx_coord *co, struct coord_conn *c, const stru
     s->inline_bytes = co->inline_bytes;
     s->heartbeat_ms = co->heartbeat_ms;
     s->dead_after_ms = co->dead_after_ms;
+    s->node_index_slots = co->by_id_cap;
+    s->node_records = co->by_id_count;
     snprintf(s->version, sizeof(s->version), "%s", CFX_VERSION_STRING);
     cfx__coord_send(c, &r);
 }
@@ -363,8 +370,22 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             }
             break;
         }
+        uint64_t writes = co->state_writes;
         handle_frame(co, c, c->in + off, need);
         off += need;
+        /*
+         * A frame that wrote to the disk (a durable put: two fsyncs) ends
+         * this connection's turn: the rest of its frames wait for the next
+         * loop iteration, after every other connection's input, so one
+         * client's burst of durable puts cannot keep heartbeats unread
+         * (at most one disk write per connection per iteration).
+         */
+        if (co->state_writes != writes && c->in_len - off >= CFX_PROTO_HDR_LEN &&
+            !c->failing && !c->close_after_flush) {
+            c->parse_deferred = 1;
+            cfx__ev_timer_start(co->loop, &c->resume, cfx__now_ns());
+            break;
+        }
     }
     if (off) {
         memmove(c->in, c->in + off, c->in_len - off);
@@ -378,6 +399,16 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             c->in_cap = IN_BUF_INITIAL;
         }
     }
+}
+
+static void on_conn_resume(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
+{
+    struct coord_conn *c = t->arg;
+    (void)loop;
+    c->parse_deferred = 0;
+    c->last_rx_ns = cfx__now_ns(); /* its wait was ours: the stall clock restarts */
+    if (!c->failing)
+        conn_parse(c->coord, c);
 }
 
 static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
@@ -400,6 +431,8 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
             cfx__coord_conn_fail(c);
         return;
     }
+    if (c->parse_deferred)
+        return; /* read on once the frames in in[] are parsed (on_conn_resume) */
     if (c->in_len == c->in_cap) {
         /* Only reachable with a header-sized buffer; conn_parse grows it. */
         cfx__coord_conn_fail(c);
@@ -423,6 +456,27 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
     conn_parse(co, c);
 }
 
+/* A connection over a cap: one ERROR frame naming it (best effort, it is
+ * not read yet), then closed. */
+static void refuse_at_cap(int fd, const char *ip, const struct sockaddr_in *sa,
+                          const char *cap, uint32_t count)
+{
+    struct cfx_msg e = { .type = CFX_MSG_ERROR, .req_id = 0 };
+    uint8_t buf[CFX_PROTO_HDR_LEN + 64 + CFX_PROTO_TEXT_MAX];
+    size_t len;
+
+    e.u.error.status = CFX_ERR_NO_RESOURCE;
+    snprintf(e.u.error.text, sizeof(e.u.error.text),
+             "coordinator refuses the connection: %s reached (%u open)", cap, count);
+    CFX_LOG(WARN, CTL, "refusing %s:%u: %s reached (%u open)", ip, ntohs(sa->sin_port), cap,
+            count);
+    if (cfx__msg_encode(&e, buf, sizeof(buf), &len) == CFX_OK) {
+        ssize_t n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)n; /* best effort: the close says it anyway */
+    }
+    close(fd);
+}
+
 static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *sa)
 {
     struct coord_conn *c;
@@ -430,10 +484,12 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     int one = 1;
 
     inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
-    if (co->nconns >= COORD_CONNS_MAX) {
-        CFX_LOG(WARN, CTL, "refusing %s:%u: %u connections open already", ip,
-                ntohs(sa->sin_port), co->nconns);
-        close(fd);
+    if (co->nconns >= co->max_conns) {
+        refuse_at_cap(fd, ip, sa, "max_conns", co->nconns);
+        return;
+    }
+    if (co->nunauth >= co->max_unauth_conns) {
+        refuse_at_cap(fd, ip, sa, "max_unauth_conns", co->nunauth);
         return;
     }
     c = calloc(1, sizeof(*c));
@@ -451,6 +507,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     cfx_list_init(&c->outq);
     cfx_list_init(&c->parked);
     cfx_list_init(&c->node_waits);
+    cfx__ev_timer_init(&c->resume, on_conn_resume, c);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (cfx__auth_nonce(c->nonce, sizeof(c->nonce)) != CFX_OK)
         goto err_free_in;
@@ -458,6 +515,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
         goto err_free_in;
     cfx_list_add_tail(&c->link, &co->conns);
     co->nconns++;
+    co->nunauth++;
     CFX_LOG(DEBUG, CTL, "connection %s accepted", c->peer);
 
     struct cfx_msg ch = { .type = CFX_MSG_CHALLENGE, .req_id = 0 };
@@ -551,7 +609,7 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
             CFX_LOG(WARN, CTL, "closing %s: not authenticated within %u ms", c->peer,
                     co->auth_timeout_ms);
             cfx__coord_conn_fail(c);
-        } else if (c->in_len > 0 &&
+        } else if (c->in_len > 0 && !c->parse_deferred && /* whole frames waiting on us */
                    now - c->last_rx_ns > (uint64_t)co->stall_timeout_ms * 1000000ull) {
             CFX_LOG(WARN, CTL, "closing %s: stalled for %u ms in the middle of a frame",
                     c->peer, co->stall_timeout_ms);
@@ -678,6 +736,21 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
     co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
+    co->max_nodes = params->max_nodes ? params->max_nodes : COORD_MAX_NODES_DEFAULT;
+    co->max_node_objects = params->max_node_objects ? params->max_node_objects
+                                                    : COORD_NODE_OBJECTS_MAX;
+    co->max_node_bytes = params->max_node_bytes ? params->max_node_bytes : COORD_NODE_BYTES_MAX;
+    co->max_parked = params->max_parked ? params->max_parked : COORD_PARKED_MAX;
+    co->max_unauth_conns = params->max_unauth_conns ? params->max_unauth_conns
+                                                    : COORD_UNAUTH_MAX;
+    co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;
+    co->max_conn_outq = params->max_conn_outq ? params->max_conn_outq : COORD_OUTQ_MAX;
+    co->test_fsync_delay_ms = params->test_fsync_delay_ms;
+    if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
+        rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
+                      COORD_MAX_NODES_LIMIT);
+        goto err_free;
+    }
     if (co->dead_after_ms <= co->heartbeat_ms) {
         rc = cfx__err(CFX_ERR_INVALID, "dead-after (%u ms) must exceed the heartbeat "
                       "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);

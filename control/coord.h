@@ -25,6 +25,18 @@ struct cfx_coord_params {
     const char *state_dir;     /* durable state (coord_state.c); NULL: none, nothing survives */
     uint32_t dead_keep_ms;     /* dead members stay listed that long, then are forgotten
                                 * (default COORD_DEAD_KEEP_MS_DEFAULT, 60000) */
+    uint32_t max_nodes;        /* members alive at once; a JOIN beyond gets
+                                * CFX_ERR_NO_RESOURCE naming max_nodes (default 65536) */
+    /* Caps (0 = default).  Each one hit answers CFX_ERR_NO_RESOURCE with a
+     * text naming it (conflux-coord --help lists the options). */
+    uint32_t max_node_objects; /* directory entries one node holds (default 1048576) */
+    uint64_t max_node_bytes;   /* inline bytes stored for one node's puts (default 256 MiB) */
+    uint32_t max_parked;       /* lookups parked in all (default 65536) */
+    uint32_t max_unauth_conns; /* connections not yet authenticated (default 256) */
+    uint32_t max_conns;        /* connections in all (default 4096) */
+    uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
+    uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
+                                   * this much longer (a slow disk); 0 in production */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

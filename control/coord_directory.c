@@ -59,6 +59,7 @@
  */
 #include "control/coord_int.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,7 @@ static struct coord_holder *holder_add(struct coord_obj *o, struct coord_node *n
     h->depth = complete ? 0 : depth;
     cfx_list_add_tail(&h->obj_link, &o->holders);
     cfx_list_add_tail(&h->node_link, &n->holdings);
+    n->nholdings++;
     o->nholders++;
     return h;
 }
@@ -187,6 +189,7 @@ static void holder_remove(struct coord_obj *o, struct coord_holder *h)
     holder_release_src(o, h);
     cfx_list_del(&h->obj_link);
     cfx_list_del(&h->node_link);
+    h->node->nholdings--;
     o->nholders--;
     free(h);
     /* Receivers that were pulling from it will look up another source. */
@@ -204,12 +207,18 @@ static void obj_drop(struct cfx_coord *co, struct coord_obj *o)
         struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
         cfx_list_del(&h->obj_link);
         cfx_list_del(&h->node_link);
+        h->node->nholdings--;
         free(h);
     }
     cfx_list_del(&o->hash_link);
     cfx_list_del(&o->link);
-    if (o->is_inline)
+    if (o->is_inline) {
         co->inline_bytes -= o->size;
+        /* ids are never reused: a record under the putter's id is the putter */
+        struct coord_node *putter = cfx__coord_node_find(co, o->putter);
+        if (putter)
+            putter->put_bytes -= CFX_MIN(putter->put_bytes, o->size);
+    }
     co->nobjects--;
     free(o->data);
     free(o);
@@ -499,6 +508,7 @@ static void parked_free(struct cfx_coord *co, struct coord_parked *p)
     cfx_list_del(&p->link);
     cfx_list_del(&p->conn_link);
     p->conn->nparked--;
+    co->nparked--;
     free(p);
 }
 
@@ -541,11 +551,30 @@ static void on_parked_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
     parked_free(co, p);
 }
 
+/* True (and the caller answered) when @p c's node may not hold one more
+ * directory entry: max_node_objects.  An entry it holds already is free. */
+static bool node_objects_full(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                              const struct coord_obj *o)
+{
+    struct coord_node *n = c->node;
+    if (!n || n->nholdings < co->max_node_objects ||
+        (o && holder_find((struct coord_obj *)o, n->rec.node_id)))
+        return false;
+    cfx__coord_reply_err(c, req_id, CFX_ERR_NO_RESOURCE,
+                         "coordinator %s: max_node_objects reached (node %u holds %u objects; "
+                         "conflux-coord --max-node-objects)", co->addr, n->rec.node_id,
+                         n->nholdings);
+    return true;
+}
+
 void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     const uint32_t me = node_id_of(c);
     struct coord_obj *o = obj_find(co, &m->u.lookup.id);
     char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    if (node_objects_full(co, c, m->req_id, o))
+        return;
 
     if (o && o->is_inline) {
         serve_inline(c, m->req_id, o);
@@ -570,6 +599,12 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
                              "node %u already waits for %u objects", me, c->nparked);
         return;
     }
+    if (co->nparked >= co->max_parked) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s: max_parked reached (%u lookups wait; "
+                             "conflux-coord --max-parked)", co->addr, co->nparked);
+        return;
+    }
     struct coord_parked *p = calloc(1, sizeof(*p));
     if (!p) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
@@ -590,6 +625,7 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
     cfx_list_add_tail(&p->link, &co->parked);
     cfx_list_add_tail(&p->conn_link, &c->parked);
     c->nparked++;
+    co->nparked++;
     CFX_LOG(DEBUG, CTL, "node %u waits for object %s (%u ms)", me, idhex(&p->id, hex),
             p->timeout_ms);
 }
@@ -602,6 +638,17 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     uint64_t size = m->u.put.size;
 
     idhex(&m->u.put.id, hex);
+    if (node_objects_full(co, c, m->req_id, o))
+        return;
+    if (c->node && m->u.put.has_data && !o &&
+        size > co->max_node_bytes - CFX_MIN(co->max_node_bytes, c->node->put_bytes)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s: max_node_bytes reached (node %u stores %llu "
+                             "inline bytes, %llu more asked; conflux-coord --max-node-bytes)",
+                             co->addr, me, (unsigned long long)c->node->put_bytes,
+                             (unsigned long long)size);
+        return;
+    }
     /* small objects normally carry their data (inline); a putter may keep
      * one on the data plane (CFX_OBJ_FLAG_NO_INLINE) */
     if (o) {
@@ -676,8 +723,11 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     cfx_list_add_tail(&o->link, &co->objects);
     cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
     co->nobjects++;
-    if (o->is_inline)
+    if (o->is_inline) {
         co->inline_bytes += size;
+        if (c->node)
+            c->node->put_bytes += size;
+    }
     if (co->nobjects > co->nbuckets)
         dir_grow(co);
     CFX_LOG(DEBUG, CTL, "node %u put object %s (%llu bytes%s)", me, hex,

@@ -18,8 +18,13 @@
 #include "dataplane/common/list.h"
 
 #define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection may hold */
-#define COORD_OUTQ_MAX        (64u << 20)   /* queued reply bytes before a reader is "too slow" */
-#define COORD_CONNS_MAX       4096          /* open connections */
+#define COORD_OUTQ_MAX        (64u << 20)   /* default max_conn_outq: queued reply bytes
+                                             * before a reader is "too slow" */
+#define COORD_CONNS_MAX       4096          /* default max_conns: open connections */
+#define COORD_UNAUTH_MAX      256           /* default max_unauth_conns */
+#define COORD_NODE_OBJECTS_MAX (1u << 20)   /* default max_node_objects */
+#define COORD_NODE_BYTES_MAX  (256ull << 20) /* default max_node_bytes */
+#define COORD_PARKED_MAX      65536         /* default max_parked */
 #define COORD_DEAD_KEEP       1024          /* dead node records kept for listings, at most */
 #define COORD_DEAD_KEEP_MS_DEFAULT 60000    /* ... and for at most this long after death */
 #define COORD_INLINE_TOTAL_MAX (1ull << 30) /* inline bytes stored in all */
@@ -29,7 +34,9 @@
 #define COORD_STATE_VAL_MAX   (16u << 20)   /* durable record value bytes */
 #define COORD_IDS_KEY         "coord.node_ids" /* record: u32 LE, ids below are taken */
 #define COORD_IDS_BATCH       64            /* node ids reserved per state write */
-#define COORD_REJOIN_SLACK    65536         /* a rejoin may ask for ids up to this above ours */
+#define COORD_MAX_NODES_DEFAULT 65536       /* members alive at once (--max-nodes) */
+#define COORD_MAX_NODES_LIMIT (1u << 24)    /* largest --max-nodes accepted */
+#define COORD_REJOIN_MAX      65536         /* ids reclaimed after one restart, at most */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
 enum coord_conn_state {
@@ -68,6 +75,8 @@ struct coord_conn {
     uint32_t nparked;
     struct cfx_list node_waits; /* struct coord_node_wait.conn_link */
     uint32_t nnode_waits;
+    struct cfx_ev_timer resume; /* parses the rest of in[] after a disk write */
+    int parse_deferred;         /* resume is armed: frames wait in in[] */
 };
 
 struct coord_node {
@@ -77,6 +86,8 @@ struct coord_node {
     struct coord_conn *conn;    /* NULL once dead */
     uint64_t dead_ns;           /* when it died (0 while alive) */
     struct cfx_list holdings;   /* struct coord_holder.node_link */
+    uint32_t nholdings;         /* entries in holdings (max_node_objects) */
+    uint64_t put_bytes;         /* inline bytes stored for its puts (max_node_bytes) */
 };
 
 struct coord_obj {
@@ -158,11 +169,29 @@ struct cfx_coord {
     struct cfx_list conns;      /* open connections */
     struct cfx_list closing;    /* failed connections, closed in the hook */
     uint32_t nconns;
+    uint32_t nunauth;           /* of those, not authenticated yet */
+    /* caps (struct cfx_coord_params) */
+    uint32_t max_node_objects;
+    uint64_t max_node_bytes;
+    uint32_t max_parked;
+    uint32_t max_unauth_conns;
+    uint32_t max_conns;
+    uint64_t max_conn_outq;
+    uint32_t nparked;           /* lookups parked in all */
+    uint32_t test_fsync_delay_ms; /* fault injection: each state fsync takes this longer */
+    uint64_t last_tick_ns;      /* members_tick: when the last one ran (stall credit) */
+    uint64_t state_writes;      /* records written or removed on disk (coord_state.c) */
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */
-    struct coord_node **by_id;  /* index by node id (NULL once pruned) */
-    uint32_t by_id_cap;
+    struct coord_node **by_id;  /* open-addressing index by node id of every record
+                                 * (alive or dead): slots follow the record count,
+                                 * never the id values */
+    uint32_t by_id_cap;         /* slots, power of two (0: none yet) */
+    uint32_t by_id_count;       /* records in it */
+    uint32_t max_nodes;         /* cap on members alive at once */
+    uint32_t *reclaimed;        /* ids of before the restart taken back (sorted) */
+    uint32_t nreclaimed;
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
     uint32_t nodes_dead;

@@ -4,9 +4,16 @@
  *
  * Node ids start at 1 and are never reused: with a state directory the
  * high-water mark is recorded (in batches of COORD_IDS_BATCH) before an id is
- * handed out, so a restarted coordinator continues above it.  A JOIN that
- * names a previous id (a client rejoining after a coordinator restart) gets
- * it back when no record holds it.  A node is dead when it leaves,
+ * handed out, so a restarted coordinator continues above it.  The
+ * coordinator chooses every id: a JOIN that names a previous id gets it back
+ * only when it is an id of before the restart (below the recorded mark),
+ * within the rejoin window, and not yet taken back by anyone since the
+ * restart; any other JOIN gets the next fresh id.  So a client can neither
+ * push the ids (and the index) up nor take an id that was ever given out in
+ * this coordinator's life.  The id index is a hash of the records held
+ * (alive, plus dead ones still listed), so its memory follows the number of
+ * records and at most max_nodes members are alive at once.
+ * A node is dead when it leaves,
  * when its connection closes, or when it has been silent for dead_after_ms;
  * death is final (a restarted process joins again under a new id).  Dead
  * records stay listed (alive = 0, CFX_NODE_F_LEFT when it left in good
@@ -26,6 +33,7 @@
  */
 #include "control/coord_int.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +104,123 @@ void cfx__coord_members_fini(struct cfx_coord *co)
     }
     free(co->by_id);
     co->by_id = NULL;
-    co->by_id_cap = 0;
+    co->by_id_cap = co->by_id_count = 0;
+    free(co->reclaimed);
+    co->reclaimed = NULL;
+    co->nreclaimed = 0;
+}
+
+/* ---- the id index: linear probing, backward-shift deletion ---------------- */
+
+static uint32_t id_slot(uint32_t id, uint32_t cap)
+{
+    return (id * 2654435761u) & (cap - 1); /* Knuth's multiplicative hash */
+}
+
+static void index_put(struct coord_node **tab, uint32_t cap, struct coord_node *n)
+{
+    uint32_t i = id_slot(n->rec.node_id, cap);
+    while (tab[i])
+        i = (i + 1) & (cap - 1);
+    tab[i] = n;
+}
+
+/* Resize to @p cap slots (a power of two above the count). */
+static int index_resize(struct cfx_coord *co, uint32_t cap)
+{
+    struct coord_node **tab = calloc(cap, sizeof(*tab));
+    if (!tab)
+        return CFX_ERR_NOMEM;
+    for (uint32_t i = 0; i < co->by_id_cap; i++)
+        if (co->by_id[i])
+            index_put(tab, cap, co->by_id[i]);
+    free(co->by_id);
+    co->by_id = tab;
+    co->by_id_cap = cap;
+    return CFX_OK;
+}
+
+/* Room for one more record: at most half full.  The record count is bounded
+ * (max_nodes alive + COORD_DEAD_KEEP dead), so the doubling is too. */
+static int index_reserve(struct cfx_coord *co)
+{
+    if ((uint64_t)(co->by_id_count + 1) * 2 <= co->by_id_cap)
+        return CFX_OK;
+    return index_resize(co, co->by_id_cap ? co->by_id_cap * 2 : 64);
+}
+
+static void index_add(struct cfx_coord *co, struct coord_node *n)
+{
+    index_put(co->by_id, co->by_id_cap, n);
+    co->by_id_count++;
+}
+
+static void index_del(struct cfx_coord *co, uint32_t id)
+{
+    uint32_t mask = co->by_id_cap - 1, i, j;
+    if (!co->by_id_cap)
+        return;
+    for (i = id_slot(id, co->by_id_cap); co->by_id[i]; i = (i + 1) & mask)
+        if (co->by_id[i]->rec.node_id == id)
+            break;
+    if (!co->by_id[i])
+        return;
+    co->by_id[i] = NULL;
+    co->by_id_count--;
+    /* shift back the entries of the cluster that probed past the hole */
+    for (j = (i + 1) & mask; co->by_id[j]; j = (j + 1) & mask) {
+        uint32_t home = id_slot(co->by_id[j]->rec.node_id, co->by_id_cap);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            co->by_id[i] = co->by_id[j];
+            co->by_id[j] = NULL;
+            i = j;
+        }
+    }
+    /* shrink when a quarter full, so a past crowd does not keep its slots */
+    if (co->by_id_cap > 64 && (uint64_t)co->by_id_count * 8 < co->by_id_cap)
+        (void)index_resize(co, co->by_id_cap / 2); /* on failure the big table stays */
+}
+
+/* Forget a dead record. */
+static void node_forget(struct cfx_coord *co, struct coord_node *n)
+{
+    index_del(co, n->rec.node_id);
+    cfx_list_del(&n->link);
+    co->nodes_dead--;
+    free(n);
+}
+
+/* ---- ids of before a restart taken back ---------------------------------- */
+
+static int u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool reclaimed_has(const struct cfx_coord *co, uint32_t id)
+{
+    return co->nreclaimed &&
+           bsearch(&id, co->reclaimed, co->nreclaimed, sizeof(id), u32_cmp) != NULL;
+}
+
+/* Record @p id as taken back (kept sorted; the window bounds how long). */
+static int reclaimed_add(struct cfx_coord *co, uint32_t id)
+{
+    if (co->nreclaimed == COORD_REJOIN_MAX)
+        return CFX_ERR_NO_RESOURCE;
+    uint32_t *p = realloc(co->reclaimed, (co->nreclaimed + 1) * sizeof(*p));
+    if (!p)
+        return CFX_ERR_NOMEM;
+    uint32_t i = co->nreclaimed;
+    while (i > 0 && p[i - 1] > id) {
+        p[i] = p[i - 1];
+        i--;
+    }
+    p[i] = id;
+    co->reclaimed = p;
+    co->nreclaimed++;
+    return CFX_OK;
 }
 
 void cfx__coord_members_load(struct cfx_coord *co)
@@ -137,9 +261,13 @@ static int ids_reserve(struct cfx_coord *co, uint32_t upto)
 
 struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id)
 {
-    if (node_id == 0 || node_id >= co->by_id_cap)
+    if (node_id == 0 || !co->by_id_cap)
         return NULL;
-    return co->by_id[node_id];
+    for (uint32_t i = id_slot(node_id, co->by_id_cap); co->by_id[i];
+         i = (i + 1) & (co->by_id_cap - 1))
+        if (co->by_id[i]->rec.node_id == node_id)
+            return co->by_id[i];
+    return NULL;
 }
 
 void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
@@ -157,8 +285,16 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     uint32_t id = co->next_node_id;
     uint32_t want = m->u.join.node_id; /* previous id of a rejoining node, 0 if none */
 
-    if (want && want < UINT32_MAX - 1 && want - 1 < co->next_node_id - 1 + COORD_REJOIN_SLACK &&
-        !cfx__coord_node_find(co, want))
+    if (co->nodes_alive >= co->max_nodes) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s: max_nodes reached (%u members alive; "
+                             "conflux-coord --max-nodes)", co->addr, co->max_nodes);
+        return;
+    }
+    /* Only an id of before the restart, in the rejoin window, once. */
+    if (want && want < co->restart_mark && co->rejoin_until_ns &&
+        cfx__now_ns() < co->rejoin_until_ns && !cfx__coord_node_find(co, want) &&
+        !reclaimed_has(co, want))
         id = want;
     else
         want = 0;
@@ -173,20 +309,21 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
                              co->addr);
         return;
     }
-    while (id >= co->by_id_cap) {
-        uint32_t cap = co->by_id_cap ? co->by_id_cap * 2 : 64;
-        struct coord_node **p = realloc(co->by_id, (size_t)cap * sizeof(*p));
-        if (!p) {
-            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
-                                 "coordinator %s is out of memory", co->addr);
+    if (want) {
+        int rc = reclaimed_add(co, want);
+        if (rc != CFX_OK) {
+            cfx__coord_reply_err(c, m->req_id, rc,
+                                 rc == CFX_ERR_NO_RESOURCE
+                                     ? "coordinator %s: rejoin cap reached (%u ids taken back "
+                                       "since the restart)"
+                                     : "coordinator %s is out of memory (%u ids taken back)",
+                                 co->addr, co->nreclaimed);
             return;
         }
-        memset(p + co->by_id_cap, 0, (size_t)(cap - co->by_id_cap) * sizeof(*p));
-        co->by_id = p;
-        co->by_id_cap = cap;
     }
     n = calloc(1, sizeof(*n));
-    if (!n) {
+    if (!n || index_reserve(co) != CFX_OK) {
+        free(n);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM,
                              "coordinator %s is out of memory", co->addr);
         return;
@@ -201,7 +338,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     n->conn = c;
     cfx_list_init(&n->holdings);
     cfx_list_add_tail(&n->link, &co->nodes);
-    co->by_id[id] = n;
+    index_add(co, n);
     if (id >= co->next_node_id)
         co->next_node_id = id + 1;
     co->nodes_alive++;
@@ -232,6 +369,17 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
         n->rec.flags |= CFX_NODE_F_LEFT;
     co->nodes_alive--;
     co->nodes_dead++;
+    /* Beyond the listing limit the oldest dead record goes now, not at the
+     * next tick: JOIN/LEAVE in a loop must not pile records up between. */
+    if (co->nodes_dead > COORD_DEAD_KEEP) {
+        cfx_list_for_each(pos, &co->nodes) {
+            struct coord_node *o = cfx_list_entry(pos, struct coord_node, link);
+            if (!o->rec.alive && o != n) {
+                node_forget(co, o);
+                break;
+            }
+        }
+    }
     if (close_conn)
         CFX_LOG(WARN, CTL, "node %u ('%s', %s) is dead: %s", n->rec.node_id, n->rec.name,
                 n->rec.ctl_addr, why);
@@ -279,9 +427,33 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
     uint64_t limit = (uint64_t)co->dead_after_ms * 1000000ull;
     char why[96];
 
+    /*
+     * Time the loop could not read is nobody's silence.  A stall (durable
+     * puts waiting on a slow disk, the machine swapping) delays this tick
+     * and the reading of heartbeats alike; without this, the first tick
+     * after a stall longer than dead_after_ms would declare every member
+     * dead whose beats still wait in its socket.  So each alive member is
+     * credited with the part of the gap since the last tick beyond two
+     * periods.  A member that really died is found that much later.
+     */
+    if (co->last_tick_ns && now - co->last_tick_ns > 2ull * COORD_TICK_MS * 1000000ull) {
+        uint64_t stall = now - co->last_tick_ns - (uint64_t)COORD_TICK_MS * 1000000ull;
+        cfx_list_for_each(pos, &co->nodes) {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            if (n->rec.alive)
+                n->last_seen_ns = CFX_MIN(now, n->last_seen_ns + stall);
+        }
+        CFX_LOG(WARN, CTL, "coordinator %s: the loop was stalled for %llu ms; members are "
+                "not blamed for it", co->addr, (unsigned long long)(stall / 1000000ull));
+    }
+    co->last_tick_ns = now;
+
     if (co->rejoin_until_ns && now >= co->rejoin_until_ns) {
         co->rejoin_until_ns = 0; /* whoever of before has not rejoined is gone */
         node_waits_answer(co, 0, NULL);
+        free(co->reclaimed); /* no id of before can be taken back any more */
+        co->reclaimed = NULL;
+        co->nreclaimed = 0;
     }
 
     cfx_list_for_each(pos, &co->nodes) {
@@ -302,10 +474,7 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
             continue;
         if (co->nodes_dead <= COORD_DEAD_KEEP && (now <= n->dead_ns || now - n->dead_ns <= keep))
             continue;
-        co->by_id[n->rec.node_id] = NULL;
-        cfx_list_del(&n->link);
-        co->nodes_dead--;
-        free(n);
+        node_forget(co, n);
     }
 }
 

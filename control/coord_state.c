@@ -14,6 +14,10 @@
  * DIR/<key>.tmp, fsyncs it, renames it over the record and fsyncs the
  * directory, so a crash leaves the old record or the new one, never a torn
  * one.  Records are loaded into memory at start; reads never touch the disk.
+ * Every fsync is checked: a put or delete whose fsync failed fails (the
+ * caller answers an error, never OK).  The directory must belong to the
+ * coordinator's user and be writable by nobody else (whoever can write it
+ * can change cluster state); records are opened with O_NOFOLLOW.
  * Loop thread only (like everything in coord_int.h).
  */
 #include "control/coord_int.h"
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <conflux/status.h>
@@ -113,13 +118,28 @@ static int rec_parse(const char *name, const uint8_t *buf, size_t len, struct co
     return CFX_OK;
 }
 
+/* fsync, slowed by the test hook that emulates a slow disk. */
+static int state_fsync(struct cfx_coord *co, int fd)
+{
+    int rc = fsync(fd);
+    if (co->test_fsync_delay_ms) {
+        int e = errno;
+        struct timespec ts = { .tv_sec = co->test_fsync_delay_ms / 1000,
+                               .tv_nsec = (long)(co->test_fsync_delay_ms % 1000) * 1000000L };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+        errno = e;
+    }
+    return rc;
+}
+
 static int read_file(int dirfd, const char *name, uint8_t **buf, size_t *len)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
     if (fd < 0)
         return cfx__status_from_errno(errno);
-    if (fstat(fd, &st) < 0 || st.st_size < 0 ||
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
         (uint64_t)st.st_size > (uint64_t)COORD_STATE_VAL_MAX + 4096) {
         close(fd);
         return CFX_ERR_PROTO;
@@ -153,10 +173,24 @@ int cfx__coord_state_open(struct cfx_coord *co, const char *dir)
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s",
                         dir, strerror(errno));
-    co->state_dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    co->state_dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (co->state_dirfd < 0)
+        return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s%s",
+                        dir, strerror(errno),
+                        errno == ELOOP || errno == ENOTDIR ? " (a symbolic link is refused)"
+                                                           : "");
+    struct stat st;
+    if (fstat(co->state_dirfd, &st) < 0)
         return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s",
                         dir, strerror(errno));
+    if (st.st_uid != geteuid())
+        return cfx__err(CFX_ERR_AUTH, "coordinator state directory %s belongs to uid %u, not "
+                        "to us (uid %u): refusing it", dir, (unsigned)st.st_uid,
+                        (unsigned)geteuid());
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return cfx__err(CFX_ERR_AUTH, "coordinator state directory %s is writable by others "
+                        "(mode %03o): refusing it (chmod go-w)", dir,
+                        (unsigned)(st.st_mode & 0777));
     snprintf(co->state_dir, sizeof(co->state_dir), "%s", dir);
 
     int dfd = dup(co->state_dirfd);
@@ -250,21 +284,35 @@ static int rec_store(struct cfx_coord *co, const char *key, uint64_t version, co
 
     snprintf(tmp, sizeof(tmp), "%s.tmp", key);
     snprintf(name, sizeof(name), "%s.rec", key);
-    fd = openat(co->state_dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || write_all(fd, buf, total) < 0 || fsync(fd) < 0) {
+    fd = openat(co->state_dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                0600);
+    if (fd < 0 || write_all(fd, buf, total) < 0 || state_fsync(co, fd) < 0) {
         rc = cfx__err(CFX_ERR_IO, "cannot write state record %s/%s: %s", co->state_dir, tmp,
                       strerror(errno));
         goto err;
     }
-    close(fd);
+    if (close(fd) < 0) {
+        fd = -1;
+        rc = cfx__err(CFX_ERR_IO, "cannot write state record %s/%s: %s", co->state_dir, tmp,
+                      strerror(errno));
+        goto err;
+    }
     fd = -1;
     if (renameat(co->state_dirfd, tmp, co->state_dirfd, name) < 0) {
         rc = cfx__err(CFX_ERR_IO, "cannot rename state record %s/%s: %s", co->state_dir, tmp,
                       strerror(errno));
         goto err;
     }
-    fsync(co->state_dirfd); /* the rename itself must survive a crash */
+    /* the rename itself must survive a crash: not acknowledged before */
+    if (state_fsync(co, co->state_dirfd) < 0) {
+        rc = cfx__err(CFX_ERR_IO, "cannot sync state directory %s after writing %s: %s",
+                      co->state_dir, name, strerror(errno));
+        free(buf);
+        CFX_LOG(ERR, CTL, "%s", cfx_last_error());
+        return rc;
+    }
     free(buf);
+    co->state_writes++;
     return CFX_OK;
 
 err:
@@ -347,7 +395,10 @@ int cfx__coord_state_del(struct cfx_coord *co, const char *key)
         if (unlinkat(co->state_dirfd, name, 0) < 0 && errno != ENOENT)
             return cfx__err(CFX_ERR_IO, "cannot remove state record %s/%s: %s", co->state_dir,
                             name, strerror(errno));
-        fsync(co->state_dirfd);
+        co->state_writes++;
+        if (state_fsync(co, co->state_dirfd) < 0)
+            return cfx__err(CFX_ERR_IO, "cannot sync state directory %s after removing %s: %s",
+                            co->state_dir, name, strerror(errno));
     }
     cfx_list_del(&r->link);
     free(r->val);

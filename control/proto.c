@@ -407,6 +407,8 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         wr_u32(w, s->heartbeat_ms);
         wr_u32(w, s->dead_after_ms);
         wr_str(w, s->version, sizeof(s->version));
+        wr_u32(w, s->node_index_slots);
+        wr_u32(w, s->node_records);
         break;
     }
     case CFX_MSG_NODES:
@@ -700,6 +702,8 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         s->heartbeat_ms = rd_u32(r, "heartbeat");
         s->dead_after_ms = rd_u32(r, "dead after");
         rd_str(r, s->version, sizeof(s->version), "version not terminated");
+        s->node_index_slots = rd_u32(r, "node index slots");
+        s->node_records = rd_u32(r, "node records");
         break;
     }
     case CFX_MSG_NODES:

@@ -114,6 +114,7 @@ enum cfx_tp_iface_param_field {
     CFX_TP_IFACE_PARAM_BIND_ADDR = 1u << 0,
     CFX_TP_IFACE_PARAM_NODE_ID   = 1u << 1,
     CFX_TP_IFACE_PARAM_DEVICE    = 1u << 2,
+    CFX_TP_IFACE_PARAM_TOKEN     = 1u << 3,
 };
 
 struct cfx_tp_iface_params {
@@ -121,6 +122,9 @@ struct cfx_tp_iface_params {
     const char *bind_addr;  /* tcp/verbs: local IP to listen on (default 127.0.0.1) */
     uint32_t node_id;       /* local node id */
     const char *device;     /* verbs: HCA name */
+    const char *token;      /* shm: cluster token every peer must prove before its
+                               rings carry anything (copied; NULL or "": same-user
+                               peers without a token, for transport unit tests) */
 };
 
 enum {

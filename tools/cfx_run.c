@@ -1,7 +1,7 @@
 /*
  * cfx_run: start N ranks of a Conflux program on this host.
  *
- *   cfx_run -n N [--transport LIST] [--timeout SEC] [--token T]
+ *   cfx_run -n N [--transport LIST] [--timeout SEC] [--token-file F | --token T]
  *           [--coord-port P] [--chunk-size S] [-v] CMD [ARGS...]
  *
  * Runs the coordinator inside this process (127.0.0.1, an ephemeral port
@@ -11,7 +11,12 @@
  *   CFX_RANK, CFX_LOCAL_RANK   0 .. N-1
  *   CFX_WORLD_SIZE             N
  *   CFX_COORD                  127.0.0.1:PORT
- *   CFX_TOKEN                  --token, or 32 fresh random hex digits
+ *   CFX_TOKEN_FILE             a file only we can read holding the token
+ *                              (--token-file F itself; else a private
+ *                              temporary file with --token's value or 32
+ *                              fresh random hex digits, removed at the end).
+ *                              The token value is never in a rank's
+ *                              environment or command line.
  *   CFX_TRANSPORT              with --transport
  *   CFX_CHUNK_SIZE             with --chunk-size
  *
@@ -31,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -46,6 +52,7 @@
 #include <conflux/status.h>
 
 #include "args.h"
+#include "control/auth.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
 
@@ -83,7 +90,8 @@ struct run_opts {
     int nranks;
     const char *transport;  /* NULL: inherit */
     const char *chunk_size; /* NULL: inherit */
-    const char *token;      /* NULL: generate */
+    char *token;            /* --token (copied; the argv bytes are overwritten), NULL: */
+    const char *token_file; /* --token-file, NULL: generate a token */
     double timeout_s;       /* 0: none */
     unsigned port;          /* 0: ephemeral */
     bool verbose;
@@ -127,7 +135,10 @@ static void usage(FILE *f)
             "  -n, --np N            number of ranks (1..%d)\n"
             "  -t, --transport LIST  set CFX_TRANSPORT for every rank (tcp, shm, or shm,tcp)\n"
             "  -T, --timeout SEC     kill every rank and exit 124 after SEC seconds\n"
-            "  -k, --token T         cluster token (default: random)\n"
+            "  -K, --token-file F    file whose first line is the cluster token (default:\n"
+            "                        a fresh random token in a private temporary file)\n"
+            "  -k, --token T         cluster token on the command line, where ps shows it\n"
+            "                        (a warning says so): prefer --token-file\n"
             "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
             "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
             "  -f, --fanout N        most uploads the directory gives one holder (default: per\n"
@@ -151,6 +162,7 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
         { "transport", required_argument, NULL, 't' },
         { "timeout", required_argument, NULL, 'T' },
         { "token", required_argument, NULL, 'k' },
+        { "token-file", required_argument, NULL, 'K' },
         { "coord-port", required_argument, NULL, 'p' },
         { "chunk-size", required_argument, NULL, 'c' },
         { "verbose", no_argument, NULL, 'v' },
@@ -164,7 +176,7 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
 
     memset(o, 0, sizeof(*o));
     /* '+': stop at the first non-option so CMD's own flags pass through. */
-    while ((c = getopt_long(argc, argv, "+n:t:T:k:p:c:f:a:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:t:T:k:K:p:c:f:a:vh", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (tool_arg_int("cfx_run", "-n", optarg, 1, RUN_MAX_RANKS, "a number of ranks",
@@ -194,7 +206,18 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
                 fprintf(stderr, "cfx_run: --token: '' is not a token (it must not be empty)\n");
                 return -1;
             }
-            o->token = optarg;
+            o->token = strdup(optarg);
+            if (!o->token) {
+                fprintf(stderr, "cfx_run: out of memory\n");
+                return -1;
+            }
+            /* shorten the window in which ps shows it */
+            memset(optarg, '*', strlen(optarg));
+            fprintf(stderr, "cfx_run: warning: --token puts the cluster token on the command "
+                    "line, where ps and /proc/PID/cmdline show it; use --token-file\n");
+            break;
+        case 'K':
+            o->token_file = optarg;
             break;
         case 'p': {
             int p;
@@ -287,6 +310,37 @@ static int random_token(char *buf, size_t len)
     return 0;
 }
 
+/*
+ * Write @p token to a new file only we can read, in $XDG_RUNTIME_DIR (a
+ * per-user tmpfs) or else $TMPDIR or /tmp; its path into @p path.  The ranks
+ * get the path (CFX_TOKEN_FILE), never the value; main() removes it.
+ */
+static int token_file_write(const char *token, char *path, size_t len)
+{
+    const char *dir = getenv("XDG_RUNTIME_DIR");
+    if (!dir || !*dir || access(dir, W_OK) != 0)
+        dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    if ((size_t)snprintf(path, len, "%s/cfx_run-token-XXXXXX", dir) >= len) {
+        fprintf(stderr, "cfx_run: temporary directory name too long: %s\n", dir);
+        return -1;
+    }
+    int fd = mkostemp(path, O_CLOEXEC); /* mode 0600 */
+    if (fd < 0) {
+        fprintf(stderr, "cfx_run: cannot create a token file in %s: %s\n", dir,
+                strerror(errno));
+        return -1;
+    }
+    size_t n = strlen(token);
+    if (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || close(fd) != 0) {
+        fprintf(stderr, "cfx_run: cannot write the token file %s: %s\n", path, strerror(errno));
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
 /* Variables cfx_run sets; inherited values of these are dropped. */
 static bool env_overridden(const char *kv, const struct run_opts *o)
 {
@@ -328,8 +382,8 @@ static void free_env(char **envp, size_t own)
 /* Build the environment of @p rank before forking: the child then only
  * calls async-signal-safe functions (the coordinator thread may hold locks).
  * *@p own is the index of the first entry allocated here. */
-static char **build_env(const struct run_opts *o, int rank, const char *coord, const char *token,
-                        size_t *own)
+static char **build_env(const struct run_opts *o, int rank, const char *coord,
+                        const char *token_file, size_t *own)
 {
     size_t n = 0, i = 0;
     char **envp;
@@ -349,7 +403,7 @@ static char **build_env(const struct run_opts *o, int rank, const char *coord, c
     add[nadd++] = xasprintf("CFX_LOCAL_RANK=%d", rank);
     add[nadd++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
     add[nadd++] = xasprintf("CFX_COORD=%s", coord);
-    add[nadd++] = xasprintf("CFX_TOKEN=%s", token);
+    add[nadd++] = xasprintf("CFX_TOKEN_FILE=%s", token_file);
     if (o->transport)
         add[nadd++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
     if (o->chunk_size)
@@ -810,11 +864,37 @@ int main(int argc, char **argv)
 
     if (parse_opts(argc, argv, &r.opts) < 0)
         return TOOL_EXIT_USAGE;
+    char token_path[PATH_MAX] = "";     /* file the ranks read; ours to remove when made here */
+    bool token_path_ours = false;
+    char file_token[CFX_TOKEN_MAX + 1];
     const char *token = r.opts.token;
-    if (!token) {
-        if (random_token(token_buf, sizeof(token_buf)) < 0)
+    if (r.opts.token_file && token) {
+        fprintf(stderr, "cfx_run: give --token-file or --token, not both\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (r.opts.token_file) {
+        /* read it as the ranks will, so that a bad file fails here */
+        if (setenv("CFX_TOKEN_FILE", r.opts.token_file, 1) < 0 || unsetenv("CFX_TOKEN") < 0 ||
+            cfx__token_load(NULL, file_token, sizeof(file_token)) != CFX_OK) {
+            fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
+                    cfx_last_error());
             return 1;
-        token = token_buf;
+        }
+        if (!realpath(r.opts.token_file, token_path)) {
+            fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
+                    strerror(errno));
+            return 1;
+        }
+        token = file_token;
+    } else {
+        if (!token) {
+            if (random_token(token_buf, sizeof(token_buf)) < 0)
+                return 1;
+            token = token_buf;
+        }
+        if (token_file_write(token, token_path, sizeof(token_path)) < 0)
+            return 1;
+        token_path_ours = true;
     }
 
     /* Block the signals we handle before any thread exists, so the
@@ -826,13 +906,15 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGHUP);
     if (sigprocmask(SIG_BLOCK, &mask, &oldmask) < 0) {
         perror("cfx_run: sigprocmask");
-        return 1;
+        rc = 1;
+        goto out_unlink_token;
     }
     signal(SIGPIPE, SIG_IGN);
     r.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     if (r.sigfd < 0) {
         perror("cfx_run: signalfd");
-        return 1;
+        rc = 1;
+        goto out_unlink_token;
     }
     devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0) {
@@ -875,7 +957,7 @@ int main(int argc, char **argv)
         rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
-        rk->envp = build_env(&r.opts, i, coord_addr, token, &rk->env_own);
+        rk->envp = build_env(&r.opts, i, coord_addr, token_path, &rk->env_own);
         if (!rk->envp) {
             fprintf(stderr, "cfx_run: out of memory\n");
             rc = 1;
@@ -923,5 +1005,14 @@ out_close_devnull:
     close(devnull);
 out_close_sigfd:
     close(r.sigfd);
+out_unlink_token:
+    if (token_path_ours)
+        unlink(token_path);
+    explicit_bzero(token_buf, sizeof(token_buf));
+    explicit_bzero(file_token, sizeof(file_token));
+    if (r.opts.token) {
+        explicit_bzero(r.opts.token, strlen(r.opts.token));
+        free(r.opts.token);
+    }
     return rc;
 }

@@ -4,6 +4,9 @@
  *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
  *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
+ *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
+ *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
+ *                 [--max-conn-outq SIZE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -35,10 +38,14 @@ static void usage(FILE *f)
             "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
             "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
+            "                     [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]\n"
+            "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
+            "                     [--max-conn-outq SIZE]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
-            "  --token T           cluster token (default $CFX_TOKEN)\n"
+            "  --token T           cluster token (default $CFX_TOKEN); visible in ps, so\n"
+            "                      a warning says so: prefer --token-file\n"
             "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
             "  --heartbeat-ms N    interval members heartbeat at, >= 1 (default 250)\n"
             "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
@@ -50,6 +57,21 @@ static void usage(FILE *f)
             "  --state-dir DIR     keep durable state (node ids, durable objects such as group\n"
             "                      bootstrap records) in DIR; it survives a restart, even\n"
             "                      after kill -9 (default: none)\n"
+            "  --max-nodes N       members alive at once, 1..16777216 (default 65536); a JOIN\n"
+            "                      beyond is refused with an error naming max_nodes.  Node ids\n"
+            "                      are chosen by the coordinator and never reused\n"
+            "  --max-node-objects N  directory entries (objects put or held) one node may\n"
+            "                      have, 1..2147483647 (default 1048576)\n"
+            "  --max-node-bytes SIZE inline bytes stored for one node's puts (default 256M)\n"
+            "  --max-parked N      lookups waiting for a holder, all nodes together\n"
+            "                      (default 65536; 4096 per connection in any case)\n"
+            "  --max-unauth-conns N connections not yet authenticated (default 256)\n"
+            "  --max-conns N       connections in all (default 4096)\n"
+            "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
+            "                      closed as too slow (default 64M)\n"
+            "Every cap, when hit, answers the caller CFX_ERR_NO_RESOURCE with a text naming\n"
+            "it (max_nodes, max_node_objects, ...); a refused connection gets that error\n"
+            "before the close.  SIZE takes K, M, G suffixes.\n"
             "Times are whole milliseconds, 1..2147483647.  A bad value is named on stderr;\n"
             "usage errors exit with status 2.\n",
             DEFAULT_PORT);
@@ -68,13 +90,21 @@ int main(int argc, char **argv)
         { "auth-timeout-ms", required_argument, NULL, 'A' },
         { "stall-timeout-ms", required_argument, NULL, 'S' },
         { "state-dir", required_argument, NULL, 'd' },
+        { "max-nodes", required_argument, NULL, 'N' },
+        { "max-node-objects", required_argument, NULL, 'O' },
+        { "max-node-bytes", required_argument, NULL, 'B' },
+        { "max-parked", required_argument, NULL, 'P' },
+        { "max-unauth-conns", required_argument, NULL, 'U' },
+        { "max-conns", required_argument, NULL, 'C' },
+        { "max-conn-outq", required_argument, NULL, 'Q' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
-    const char *token_arg = NULL, *token_file = NULL;
+    char *token_arg = NULL;
+    const char *token_file = NULL;
     char token[CFX_TOKEN_MAX + 1];
-    int c, v;
+    int c, v, rc;
 
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
@@ -84,7 +114,18 @@ int main(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             params.port = (uint16_t)v;
             break;
-        case 't': token_arg = optarg; break;
+        case 't':
+            /* copied, and the argv bytes overwritten: ps shows them only until here */
+            token_arg = strdup(optarg);
+            if (!token_arg) {
+                fprintf(stderr, "conflux-coord: out of memory\n");
+                return 1;
+            }
+            memset(optarg, '*', strlen(optarg));
+            fprintf(stderr, "conflux-coord: warning: --token puts the cluster token on the "
+                    "command line, where ps and /proc/PID/cmdline show it; use --token-file "
+                    "or CFX_TOKEN_FILE\n");
+            break;
         case 'f': token_file = optarg; break;
         case 'H':
             if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, INT_MAX, "an interval in ms", &v))
@@ -113,6 +154,43 @@ int main(int argc, char **argv)
             params.stall_timeout_ms = (uint32_t)v;
             break;
         case 'd': params.state_dir = optarg; break;
+        case 'N':
+            if (tool_arg_int(PROG, "--max-nodes", optarg, 1, 1 << 24, "a number of members", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_nodes = (uint32_t)v;
+            break;
+        case 'O':
+            if (tool_arg_int(PROG, "--max-node-objects", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_node_objects = (uint32_t)v;
+            break;
+        case 'P':
+            if (tool_arg_int(PROG, "--max-parked", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_parked = (uint32_t)v;
+            break;
+        case 'U':
+            if (tool_arg_int(PROG, "--max-unauth-conns", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_unauth_conns = (uint32_t)v;
+            break;
+        case 'C':
+            if (tool_arg_int(PROG, "--max-conns", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_conns = (uint32_t)v;
+            break;
+        case 'B':
+        case 'Q': {
+            size_t sz;
+            if (tool_arg_size(PROG, c == 'B' ? "--max-node-bytes" : "--max-conn-outq", optarg, 1,
+                              SIZE_MAX, &sz))
+                return TOOL_EXIT_USAGE;
+            if (c == 'B')
+                params.max_node_bytes = sz;
+            else
+                params.max_conn_outq = sz;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -129,11 +207,20 @@ int main(int argc, char **argv)
     }
     if (token_file && setenv("CFX_TOKEN_FILE", token_file, 1) == 0)
         unsetenv("CFX_TOKEN"); /* an explicit file wins over the environment */
-    if (cfx__token_load(token_arg, token, sizeof(token)) != CFX_OK) {
+    rc = cfx__token_load(token_arg, token, sizeof(token));
+    if (token_arg) {
+        explicit_bzero(token_arg, strlen(token_arg));
+        free(token_arg);
+    }
+    if (rc != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
         return 2;
     }
     params.token = token;
+    if (cfx__token_bits(token) < CFX_TOKEN_MIN_BITS)
+        fprintf(stderr, "conflux-coord: warning: the cluster token holds at most %u bits, under "
+                "%u: generate one, e.g. head -c 16 /dev/urandom | xxd -p > token\n",
+                cfx__token_bits(token), CFX_TOKEN_MIN_BITS);
 
     /* One fd per connection: take all the hard limit allows. */
     struct rlimit rl;
@@ -153,7 +240,7 @@ int main(int argc, char **argv)
 
     struct cfx_coord *coord;
     cfx__log_set_tag("coord");
-    int rc = cfx__coord_start(&params, &coord);
+    rc = cfx__coord_start(&params, &coord);
     if (rc != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s (%s)\n", cfx_last_error(), cfx_errname(rc));
         return 1;

@@ -517,7 +517,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND\n\n"
                "  --coord HOST:PORT  coordinator (default $CFX_COORD)\n"
-               "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE)\n"
+               "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE);\n"
+               "                     visible in ps: prefer CFX_TOKEN_FILE\n"
                "  --json             machine-readable output\n\ncommands:\n");
     for (size_t i = 0; i < CFX_ARRAY_SIZE(commands); i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
@@ -534,13 +535,26 @@ int main(int argc, char **argv)
     };
     struct rdmactl r = { .coord = NULL };
     const char *token_arg = NULL;
+    char *token_copy = NULL; /* --token's value, freed once loaded */
     int c;
 
     /* "+": stop at the command so that commands may take their own options. */
     while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': r.coord = optarg; break;
-        case 't': token_arg = optarg; break;
+        case 't':
+            fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
+                    "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
+            /* copied, and the argv bytes overwritten: ps shows them only until here */
+            free(token_copy);
+            token_copy = strdup(optarg);
+            if (!token_copy) {
+                fprintf(stderr, "rdmactl: out of memory\n");
+                return 1;
+            }
+            memset(optarg, '*', strlen(optarg));
+            token_arg = token_copy;
+            break;
         case 'j': r.json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -568,7 +582,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "rdmactl: no coordinator: pass --coord HOST:PORT or set CFX_COORD\n");
         return 2;
     }
-    if (cfx__token_load(token_arg, r.token, sizeof(r.token)) != CFX_OK) {
+    int lrc = cfx__token_load(token_arg, r.token, sizeof(r.token));
+    if (token_copy) {
+        explicit_bzero(token_copy, strlen(token_copy));
+        free(token_copy);
+    }
+    if (lrc != CFX_OK) {
         fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
         return 2;
     }

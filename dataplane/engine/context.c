@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,12 +125,47 @@ static bool tp_selected(const char *list, const char *name, int *rank)
     return exclude;
 }
 
+/*
+ * $CFX_TOKEN, taken out of the environment.  The environment is the
+ * process's, so this copy is too: the one process-wide state of the
+ * library, kept so that every context of the process finds the token.
+ */
+static pthread_mutex_t env_token_mu = PTHREAD_MUTEX_INITIALIZER;
+static char env_token[CFX_TOKEN_MAX + 1];
+
+/* Load the token (explicit, else $CFX_TOKEN, else $CFX_TOKEN_FILE) and
+ * scrub $CFX_TOKEN: its bytes overwritten where the environment keeps them
+ * (which is what /proc/PID/environ reads), then the variable removed. */
+static int token_load_scrub(const char *explicit_token, char *buf, size_t len)
+{
+    int rc;
+    if (explicit_token && *explicit_token)
+        return cfx__token_load(explicit_token, buf, len);
+    pthread_mutex_lock(&env_token_mu);
+    char *v = getenv("CFX_TOKEN");
+    if (v && *v) {
+        rc = cfx__token_load(v, env_token, sizeof(env_token));
+        explicit_bzero(v, strlen(v));
+        unsetenv("CFX_TOKEN");
+        if (rc != CFX_OK) {
+            env_token[0] = '\0';
+            pthread_mutex_unlock(&env_token_mu);
+            return rc;
+        }
+    }
+    rc = cfx__token_load(env_token[0] ? env_token : NULL, buf, len);
+    pthread_mutex_unlock(&env_token_mu);
+    return rc;
+}
+
 static int transports_open(struct cfx_context *ctx)
 {
     struct cfx_tp_iface_params ip = {
-        .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR | CFX_TP_IFACE_PARAM_NODE_ID,
+        .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR | CFX_TP_IFACE_PARAM_NODE_ID |
+                      CFX_TP_IFACE_PARAM_TOKEN,
         .bind_addr = ctx->cfg.bind_addr,
         .node_id = 0,
+        .token = ctx->token, /* loaded before the transports open */
     };
     const struct cfx_transport_ops *order[8];
     int ranks[8], n = 0;
@@ -272,9 +308,9 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     rc = config_resolve(&ctx->cfg, params);
     if (rc != CFX_OK)
         goto err_free;
-    rc = cfx__token_load(params && (params->field_mask & CFX_CTX_PARAM_TOKEN) ? params->token
-                                                                               : NULL,
-                         ctx->token, sizeof(ctx->token));
+    rc = token_load_scrub(params && (params->field_mask & CFX_CTX_PARAM_TOKEN) ? params->token
+                                                                                : NULL,
+                          ctx->token, sizeof(ctx->token));
     if (rc != CFX_OK)
         goto err_free;
     rc = cfx__loc_init(&ctx->loc, ctx->cfg.loc_cache);

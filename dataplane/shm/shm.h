@@ -27,6 +27,15 @@
  * on), issues a full barrier and re-checks; the other side writes the
  * eventfd only when it sees a flag set, so a busy peer costs no syscalls.
  *
+ * Trust.  Only a peer of our effective uid in our user namespace
+ * (SO_PEERCRED and /proc/<pid>/ns/user, checked on accept and on connect)
+ * gets past the socket, and only one that proves the cluster token with a
+ * mutual HMAC over fresh nonces (HELLO: Nc; ACK: Na, MAC_accept; AUTH:
+ * MAC_connect) gets its ring read: the acceptor maps the segment at HELLO
+ * but consumes nothing until AUTH verified.  Every ring position the peer
+ * publishes is checked against what it could be before use; one that
+ * cannot be fails the endpoint with CFX_ERR_PROTO (iface->n_ring_errors).
+ *
  * Threading: an iface, its endpoints and registrations belong to one thread.
  */
 #ifndef CFX_SHM_SHM_H
@@ -42,7 +51,7 @@
 #include "shm_ring.h"
 
 #define CFX_SHM_MAGIC        0x53584643u /* "CFXS" */
-#define CFX_SHM_VERSION      1
+#define CFX_SHM_VERSION      2  /* 2: nonces and MACs in the handshake */
 #define CFX_SHM_RING_DEFAULT (4u << 20)  /* bytes per direction (CFX_SHM_RING_SIZE) */
 #define CFX_SHM_RING_MIN     (64u << 10)
 #define CFX_SHM_RING_MAX     (256u << 20)
@@ -65,7 +74,11 @@ enum cfx__shm_ctl_type {
     CFX_SHM_CTL_HELLO = 1,  /* connector -> acceptor, fds: memfd, doorbell */
     CFX_SHM_CTL_ACK,        /* acceptor -> connector, fds: doorbell */
     CFX_SHM_CTL_BYE,        /* either way, best effort: status says why */
+    CFX_SHM_CTL_AUTH,       /* connector -> acceptor: mac proves the token */
 };
+
+#define CFX_SHM_NONCE_LEN 32  /* == CFX_AUTH_NONCE_LEN (checked in shm_conn.c) */
+#define CFX_SHM_MAC_LEN   32  /* == CFX_AUTH_MAC_LEN */
 
 struct cfx__shm_ctl {
     uint32_t magic;        /* CFX_SHM_MAGIC */
@@ -75,6 +88,8 @@ struct cfx__shm_ctl {
     int32_t status;        /* BYE: CFX_ERR_CLOSED, CFX_ERR_PROTO, ... */
     uint64_t ring_size;    /* HELLO: bytes per ring */
     uint64_t seg_size;     /* HELLO: bytes of the memfd */
+    uint8_t nonce[CFX_SHM_NONCE_LEN]; /* HELLO: connector's; ACK: acceptor's */
+    uint8_t mac[CFX_SHM_MAC_LEN];     /* ACK, AUTH: HMAC over both nonces */
 };
 
 /* Remote descriptor layout inside struct cfx_tp_rdesc.data (same host). */
@@ -138,6 +153,7 @@ enum cfx__shm_ep_state {
     CFX_SHM_EP_CONNECTING = 1, /* connect() said EAGAIN: retried */
     CFX_SHM_EP_HELLO_SENT,     /* waiting for the acceptor's ACK */
     CFX_SHM_EP_HELLO_WAIT,     /* accepted: waiting for the HELLO */
+    CFX_SHM_EP_AUTH_WAIT,      /* accepted, ACK sent: waiting for the connector's MAC */
     CFX_SHM_EP_READY,
     CFX_SHM_EP_PEER_GONE,      /* socket hung up: drain the ring, then fail */
     CFX_SHM_EP_FAILED,         /* status is sticky, EP_ERROR queued */
@@ -159,6 +175,9 @@ struct cfx__shm_ep {
     int sock;                     /* unix socket, -1 once closed */
     int peer_doorbell;            /* peer iface's eventfd, -1 before the handshake */
     pid_t peer_pid;               /* from SO_PEERCRED */
+    uid_t peer_uid;               /* from SO_PEERCRED: always ours once checked */
+    uint8_t nonce[CFX_SHM_NONCE_LEN];      /* ours for this handshake */
+    uint8_t peer_nonce[CFX_SHM_NONCE_LEN]; /* the peer's */
     int peer_status;              /* status from the peer's BYE */
     bool direct_off;              /* peer memfds cannot be opened: stage */
     uint64_t connect_deadline;    /* CONNECTING, HELLO_SENT, HELLO_WAIT: give up after */
@@ -201,6 +220,11 @@ struct cfx__shm_iface {
     pid_t pid;
     bool armed;                   /* flags set in the rings by iface_arm */
     unsigned handshaking;         /* eps not yet READY/FAILED */
+    char token[257];              /* cluster token (CFX_TOKEN_MAX + 1), "" for none */
+    uint64_t n_refused;           /* peers refused: another uid or user namespace,
+                                     or no proof of the token */
+    uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
+                                     the peer wrote that cannot be */
     uint64_t next_sock_check;     /* ns */
     struct cfx_list eps;          /* live endpoints */
     struct cfx_list zombies;      /* closed eps, freed at the next poll */
@@ -241,6 +265,12 @@ int cfx__shm_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len
 void cfx__shm_accept(struct cfx__shm_iface *iface);
 void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep);
 void cfx__shm_ep_connect_retry(struct cfx__shm_ep *ep);
+/* True when an endpoint in @p state counts in iface->handshaking. */
+static inline bool cfx__shm_state_handshaking(int state)
+{
+    return state == CFX_SHM_EP_CONNECTING || state == CFX_SHM_EP_HELLO_SENT ||
+           state == CFX_SHM_EP_HELLO_WAIT || state == CFX_SHM_EP_AUTH_WAIT;
+}
 /* A handshake past its deadline: an accepted peer that sent no HELLO is
  * dropped quietly, a connection whose ACK never came fails (CFX_ERR_TIMEOUT).
  * @return true when @p ep is gone from the iface's list. */

@@ -2,6 +2,11 @@
  * shm connection set-up and tear-down on the unix socket: connect, accept,
  * the HELLO/ACK handshake that hands over the ring segment and doorbells,
  * and the hang-up that tells an endpoint its peer is gone.
+ *
+ * Who may connect (shm.h, "Trust"): a process of our effective uid in our
+ * user namespace, checked from SO_PEERCRED on both ends before anything is
+ * sent, that then proves the cluster token.  A refused peer is counted in
+ * iface->n_refused and logged with its pid and uid.
  */
 #include "shm.h"
 
@@ -14,10 +19,15 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "control/auth.h"
 #include "dataplane/common/log.h"
+
+_Static_assert(CFX_SHM_NONCE_LEN == CFX_AUTH_NONCE_LEN, "nonce sizes");
+_Static_assert(CFX_SHM_MAC_LEN == CFX_AUTH_MAC_LEN, "MAC sizes");
 
 #define CTL_MAX_FDS 2
 
@@ -114,13 +124,58 @@ static void send_bye(struct cfx__shm_ep *ep, int status)
     (void)ctl_send(ep->sock, &m, NULL, 0); /* best effort: the hang-up follows */
 }
 
-static pid_t peer_pid(int sock)
+/* Same user namespace: /proc/<pid>/ns/user names the same inode as ours. */
+static bool same_userns(pid_t pid)
+{
+    char path[64];
+    struct stat mine, theirs;
+
+    snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+    if (stat("/proc/self/ns/user", &mine) < 0 || stat(path, &theirs) < 0)
+        return false;
+    return mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino;
+}
+
+/*
+ * Who is at the other end of @p sock, and may it be trusted with our rings:
+ * our effective uid, our user namespace.  Fills ep->peer_pid/peer_uid.
+ * Returns NULL when it may, else why not (static).  The pid is 0 when the
+ * peer is in a pid namespace we cannot see: its user namespace cannot be
+ * checked then, so it is refused.
+ */
+static const char *peer_check(struct cfx__shm_ep *ep, int sock)
 {
     struct ucred cred;
     socklen_t len = sizeof(cred);
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
-        return 0;
-    return cred.pid;
+
+    ep->peer_pid = 0;
+    ep->peer_uid = (uid_t)-1;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred))
+        return "no peer credentials on the socket";
+    ep->peer_pid = cred.pid;
+    ep->peer_uid = cred.uid;
+    if (cred.uid != geteuid())
+        return "another user";
+    if (cred.pid <= 0)
+        return "a process outside our pid namespace";
+    if (!same_userns(cred.pid))
+        return "another user namespace";
+    return NULL;
+}
+
+static void log_refused(struct cfx__shm_iface *iface, const struct cfx__shm_ep *ep,
+                        const char *why)
+{
+    iface->n_refused++;
+    CFX_LOG(WARN, SHM, "node %u: refused shm peer pid %d uid %d (%s): %s "
+            "(%llu refused so far)", iface->super.node_id, (int)ep->peer_pid,
+            (int)ep->peer_uid, ep->super.peer_name, why,
+            (unsigned long long)iface->n_refused);
+}
+
+static bool has_token(const struct cfx__shm_iface *iface)
+{
+    return iface->token[0] != '\0';
 }
 
 static int ep_watch(struct cfx__shm_ep *ep)
@@ -140,17 +195,30 @@ static void send_hello(struct cfx__shm_ep *ep)
     void *seg;
     size_t seg_len;
     int fds[2], rc;
+    const char *why = peer_check(ep, ep->sock);
 
+    if (why) {
+        /* nothing of ours (segment, doorbell) goes to a stranger */
+        log_refused(iface, ep, why);
+        cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
+        return;
+    }
+    if (cfx__auth_nonce(ep->nonce, sizeof(ep->nonce)) != CFX_OK) {
+        CFX_LOG(ERR, SHM, "node %u: no nonce for the handshake with %s: %s",
+                iface->super.node_id, ep->super.peer_name, cfx_last_error());
+        cfx__shm_ep_fail(ep, CFX_ERR_INTERNAL, false);
+        return;
+    }
     int memfd = cfx__shm_seg_create(iface->ring_size, &seg, &seg_len);
     if (memfd < 0) {
         cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
         return;
     }
     cfx__shm_ep_set_rings(ep, seg, seg_len, iface->ring_size, true);
-    ep->peer_pid = peer_pid(ep->sock);
     ctl_init(&m, iface, CFX_SHM_CTL_HELLO);
     m.ring_size = iface->ring_size;
     m.seg_size = seg_len;
+    memcpy(m.nonce, ep->nonce, sizeof(m.nonce));
     fds[0] = memfd;
     fds[1] = iface->doorbell;
     rc = ctl_send(ep->sock, &m, fds, 2);
@@ -237,10 +305,18 @@ void cfx__shm_accept(struct cfx__shm_iface *iface)
             close(sock);
             continue;
         }
-        ep->peer_pid = peer_pid(sock);
+        const char *why = peer_check(ep, sock);
         ep->connect_deadline = cfx__now_ns() + CFX_SHM_CONNECT_NS; /* for its HELLO */
         snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "pid %d (shm)",
                  (int)ep->peer_pid);
+        if (why) {
+            /* closed before a byte of it is read: its HELLO, its fds die here */
+            log_refused(iface, ep, why);
+            iface->handshaking--;
+            cfx_list_del(&ep->link);
+            cfx__shm_ep_free(ep);
+            continue;
+        }
         if (ep_watch(ep) != CFX_OK) {
             iface->handshaking--;
             cfx_list_del(&ep->link);
@@ -310,8 +386,42 @@ static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *
     snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "node %u (shm pid %d)",
              m->node_id, (int)ep->peer_pid);
     ctl_init(&ack, iface, CFX_SHM_CTL_ACK);
+    if (has_token(iface)) {
+        memcpy(ep->peer_nonce, m->nonce, sizeof(ep->peer_nonce));
+        if (cfx__auth_nonce(ep->nonce, sizeof(ep->nonce)) != CFX_OK ||
+            cfx__auth_mac(iface->token, CFX_AUTH_SHM_ACCEPT, ep->nonce, ep->peer_nonce,
+                          ack.mac) != CFX_OK) {
+            drop_unaccepted(ep, "no MAC for the handshake");
+            return;
+        }
+        memcpy(ack.nonce, ep->nonce, sizeof(ack.nonce));
+    }
     if (ctl_send(ep->sock, &ack, &iface->doorbell, 1) != CFX_OK) {
         drop_unaccepted(ep, "cannot answer the handshake");
+        return;
+    }
+    if (has_token(iface)) {
+        /* the ring is mapped but not read until the connector proved the token */
+        ep->state = CFX_SHM_EP_AUTH_WAIT;
+        return;
+    }
+    iface->handshaking--;
+    ep->state = CFX_SHM_EP_READY;
+    CFX_LOG(DEBUG, SHM, "node %u: accepted %s", iface->super.node_id, ep->super.peer_name);
+    cfx__shm_cq_push(iface, CFX_TP_COMP_ACCEPT, CFX_OK, ep, 0);
+}
+
+static void on_auth(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
+{
+    struct cfx__shm_iface *iface = ep->iface;
+
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (m->type != CFX_SHM_CTL_AUTH || nfds ||
+        cfx__auth_verify(iface->token, CFX_AUTH_SHM_CONNECT, ep->nonce, ep->peer_nonce,
+                         m->mac) != CFX_OK) {
+        log_refused(iface, ep, "it does not prove the cluster token");
+        drop_unaccepted(ep, "no proof of the cluster token");
         return;
     }
     iface->handshaking--;
@@ -332,6 +442,25 @@ static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fd
         return;
     }
     ep->peer_doorbell = fds[0];
+    if (has_token(ep->iface)) {
+        struct cfx__shm_ctl a;
+        memcpy(ep->peer_nonce, m->nonce, sizeof(ep->peer_nonce));
+        if (cfx__auth_verify(ep->iface->token, CFX_AUTH_SHM_ACCEPT, ep->peer_nonce, ep->nonce,
+                             m->mac) != CFX_OK) {
+            log_refused(ep->iface, ep, "it does not prove the cluster token");
+            cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
+            return;
+        }
+        ctl_init(&a, ep->iface, CFX_SHM_CTL_AUTH);
+        if (cfx__auth_mac(ep->iface->token, CFX_AUTH_SHM_CONNECT, ep->peer_nonce, ep->nonce,
+                          a.mac) != CFX_OK ||
+            ctl_send(ep->sock, &a, NULL, 0) != CFX_OK) {
+            CFX_LOG(WARN, SHM, "node %u: cannot prove the token to %s: %s",
+                    ep->iface->super.node_id, ep->super.peer_name, cfx_last_error());
+            cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
+            return;
+        }
+    }
     ep->iface->handshaking--;
     ep->state = CFX_SHM_EP_READY;
     CFX_LOG(DEBUG, SHM, "node %u: connected to %s", ep->iface->super.node_id,
@@ -354,8 +483,9 @@ bool cfx__shm_ep_handshake_expire(struct cfx__shm_ep *ep, uint64_t now)
 {
     if (now <= ep->connect_deadline)
         return false;
-    if (ep->state == CFX_SHM_EP_HELLO_WAIT) {
-        drop_unaccepted(ep, "no HELLO in time");
+    if (ep->state == CFX_SHM_EP_HELLO_WAIT || ep->state == CFX_SHM_EP_AUTH_WAIT) {
+        drop_unaccepted(ep, ep->state == CFX_SHM_EP_HELLO_WAIT ? "no HELLO in time"
+                                                               : "no AUTH in time");
         return true;
     }
     if (ep->state == CFX_SHM_EP_HELLO_SENT) {
@@ -381,6 +511,12 @@ void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep)
                 drop_unaccepted(ep, rc == 0 ? "hung up" : cfx_strerror(rc));
             else
                 on_hello(ep, &m, fds, nfds);
+            return; /* ep may be gone */
+        case CFX_SHM_EP_AUTH_WAIT:
+            if (rc <= 0)
+                drop_unaccepted(ep, rc == 0 ? "hung up" : cfx_strerror(rc));
+            else
+                on_auth(ep, &m, fds, nfds);
             return; /* ep may be gone */
         case CFX_SHM_EP_HELLO_SENT:
             if (rc <= 0) {

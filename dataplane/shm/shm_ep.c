@@ -86,8 +86,7 @@ void cfx__shm_ep_fail(struct cfx__shm_ep *ep, int status, bool tell_peer)
 {
     if (ep->state == CFX_SHM_EP_FAILED)
         return;
-    if (ep->state == CFX_SHM_EP_CONNECTING || ep->state == CFX_SHM_EP_HELLO_SENT ||
-        ep->state == CFX_SHM_EP_HELLO_WAIT)
+    if (cfx__shm_state_handshaking(ep->state))
         ep->iface->handshaking--;
     cfx__shm_ep_sock_close(ep, tell_peer, status);
     ep->state = CFX_SHM_EP_FAILED;
@@ -106,8 +105,7 @@ void cfx__shm_ep_close(struct cfx_tp_ep *tpe)
     if (!tpe)
         return;
     ep = cfx__shm_ep_of(tpe);
-    if (ep->state == CFX_SHM_EP_CONNECTING || ep->state == CFX_SHM_EP_HELLO_SENT ||
-        ep->state == CFX_SHM_EP_HELLO_WAIT)
+    if (cfx__shm_state_handshaking(ep->state))
         ep->iface->handshaking--;
     cfx__shm_ep_sock_close(ep, true, CFX_ERR_CLOSED);
     ep->state = CFX_SHM_EP_FAILED;
@@ -167,6 +165,24 @@ static inline void wake_producer(struct cfx__shm_ep *ep)
         ring_doorbell(ep);
 }
 
+/* ---- ring positions -------------------------------------------------------------------- */
+
+/* The peer published a ring position that cannot be: fail the endpoint. */
+static void ring_corrupt(struct cfx__shm_ep *ep, const char *which)
+{
+    struct cfx__shm_ring *r = which[0] == 't' ? &ep->tx : &ep->rx;
+    ep->iface->n_ring_errors++;
+    CFX_LOG(ERR, SHM, "node %u: %s published %s %llu, impossible at our position %llu "
+            "(ring of %llu B, last seen %llu): failing the endpoint",
+            ep->iface->super.node_id, ep->super.peer_name, which,
+            (unsigned long long)atomic_load_explicit(which[0] == 't' ? &r->ctl->tail
+                                                                     : &r->ctl->head,
+                                                     memory_order_relaxed),
+            (unsigned long long)r->pos, (unsigned long long)r->size,
+            (unsigned long long)r->cached);
+    cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+}
+
 /* ---- posting ------------------------------------------------------------------------- */
 
 /* Status a post gets instead of being queued, or CFX_OK. */
@@ -205,6 +221,10 @@ int cfx__shm_ep_send(struct cfx_tp_ep *tpe, const void *buf, size_t len, uint64_
         return rc;
     if (likely(ep->state == CFX_SHM_EP_READY && ep->txq_count == 0) &&
         (where = cfx__shm_ring_fit(&ep->tx, len, len, &fit_len)) != 0) {
+        if (unlikely(where < 0)) {
+            ring_corrupt(ep, "tail");
+            return CFX_ERR_PROTO;
+        }
         struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
         m->type = CFX_SHM_MSG_SEND;
         m->flags = 0;
@@ -289,8 +309,11 @@ static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
         op->done += n;
         *budget -= n;
     }
-    if (!(where = cfx__shm_ring_fit(&ep->tx, 0, 0, &fit_len)))
+    if ((where = cfx__shm_ring_fit(&ep->tx, 0, 0, &fit_len)) <= 0) {
+        if (where < 0)
+            ring_corrupt(ep, "tail"); /* op completed with the failure */
         return false;
+    }
     cfx__shm_wmb(); /* the bytes (maybe non-temporal stores) before the WDONE */
     struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
     m->type = CFX_SHM_MSG_WDONE;
@@ -318,8 +341,11 @@ static bool tx_staged(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
         if (!*budget && op->len)
             return false;
         uint64_t want = CFX_MIN(op->len - op->done, (uint64_t)frag);
-        if (!(where = cfx__shm_ring_fit(&ep->tx, want, CFX_SHM_FRAG_MIN, &p)))
+        if ((where = cfx__shm_ring_fit(&ep->tx, want, CFX_SHM_FRAG_MIN, &p)) <= 0) {
+            if (where < 0)
+                ring_corrupt(ep, "tail");
             return false;
+        }
         struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
         memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, op->src + op->done, p);
         m->type = CFX_SHM_MSG_WFRAG;
@@ -348,8 +374,11 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
     while (ep->txq_count) {
         struct cfx__shm_op *op = &ep->txq[ep->txq_head];
         if (op->type == CFX_SHM_OP_SEND) {
-            if (!(where = cfx__shm_ring_fit(&ep->tx, op->len, op->len, &fit_len)))
+            if ((where = cfx__shm_ring_fit(&ep->tx, op->len, op->len, &fit_len)) <= 0) {
+                if (where < 0)
+                    ring_corrupt(ep, "tail");
                 return;
+            }
             struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
             m->type = CFX_SHM_MSG_SEND;
             m->flags = 0;
@@ -378,6 +407,7 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
 
 static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h)
 {
+    ep->iface->n_ring_errors++;
     CFX_LOG(ERR, SHM, "node %u: %s sent %s (type %#x key %#x off %llu len %u total %llu): "
             "failing the endpoint", ep->iface->super.node_id, ep->super.peer_name, what,
             h->type, h->key, (unsigned long long)h->off, h->len,
@@ -394,7 +424,11 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
     int n = 0, copies = 0;
 
     while (n < max) {
-        uint64_t avail = cfx__shm_ring_avail(r);
+        uint64_t avail;
+        if (unlikely(cfx__shm_ring_avail(r, &avail) < 0)) {
+            ring_corrupt(ep, "head");
+            return n;
+        }
         if (!avail)
             break;
         uint64_t contig = r->size - (r->pos & r->mask);
@@ -477,8 +511,13 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
 out:
     if (consumed)
         wake_producer(ep);
-    if (ep->state == CFX_SHM_EP_PEER_GONE && n < max && !cfx__shm_ring_avail(r))
-        cfx__shm_ep_fail(ep, ep->peer_status, false);
+    if (ep->state == CFX_SHM_EP_PEER_GONE && n < max) {
+        uint64_t avail;
+        if (cfx__shm_ring_avail(r, &avail) < 0)
+            ring_corrupt(ep, "head");
+        else if (!avail)
+            cfx__shm_ep_fail(ep, ep->peer_status, false);
+    }
     return n;
 }
 
@@ -501,6 +540,7 @@ bool cfx__shm_ep_arm(struct cfx__shm_ep *ep)
     return false;
 }
 
+/* A bad tail (fit < 0) counts as progress: the poll it causes fails the ep. */
 static bool tx_can_progress(struct cfx__shm_ep *ep)
 {
     struct cfx__shm_op *op = &ep->txq[ep->txq_head];

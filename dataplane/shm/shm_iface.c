@@ -112,6 +112,14 @@ static int shm_iface_open(const struct cfx_tp_iface_params *params,
     iface->super.ops = &cfx__shm_ops;
     if (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
         iface->super.node_id = params->node_id;
+    if (params && (params->field_mask & CFX_TP_IFACE_PARAM_TOKEN) && params->token) {
+        if (strlen(params->token) >= sizeof(iface->token)) {
+            free(iface);
+            return cfx__err(CFX_ERR_TOO_BIG, "shm: cluster token longer than %zu bytes",
+                            sizeof(iface->token) - 1);
+        }
+        strcpy(iface->token, params->token);
+    }
     iface->pid = getpid();
     iface->ring_size = env_pow2("CFX_SHM_RING_SIZE", CFX_SHM_RING_DEFAULT,
                                 CFX_SHM_RING_MIN, CFX_SHM_RING_MAX);
@@ -201,6 +209,7 @@ static void shm_iface_close(struct cfx_tp_iface *tpi)
     }
     free_zombies(iface);
     cfx__shm_mr_table_free(iface);
+    explicit_bzero(iface->token, sizeof(iface->token));
     close(iface->listen_fd);
     close(iface->doorbell);
     close(iface->epfd);
@@ -293,7 +302,8 @@ static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
             struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
             if (ep->state == CFX_SHM_EP_CONNECTING)
                 cfx__shm_ep_connect_retry(ep);
-            else if (ep->state == CFX_SHM_EP_HELLO_WAIT || ep->state == CFX_SHM_EP_HELLO_SENT)
+            else if (ep->state == CFX_SHM_EP_HELLO_WAIT || ep->state == CFX_SHM_EP_HELLO_SENT ||
+                     ep->state == CFX_SHM_EP_AUTH_WAIT)
                 cfx__shm_ep_handshake_expire(ep, now);
         }
     }

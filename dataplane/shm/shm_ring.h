@@ -9,6 +9,13 @@
  * reuse the space.  head, tail and the two wake-up flags sit on separate
  * cache lines.
  *
+ * The peer maps the segment read-write, so head and tail as read from it
+ * are claims, not facts: every position read is checked against what the
+ * peer could have published (a tail between the last one seen and our
+ * published head, a head between the last one seen and one ring past our
+ * read position, both message aligned) before it is used.  A bad one makes
+ * the accessor return -1 and the endpoint fails (CFX_ERR_PROTO).
+ *
  * Segment layout: one page holding struct cfx__shm_seg_hdr (the control
  * blocks of both rings), then ring 0 (connector -> acceptor), then ring 1.
  */
@@ -78,12 +85,31 @@ static inline uint64_t cfx__shm_msg_size(uint64_t payload)
     return CFX_SHM_MSG_HDR + ((payload + CFX_SHM_MSG_ALIGN - 1) & ~(uint64_t)(CFX_SHM_MSG_ALIGN - 1));
 }
 
+/* ---- positions ---------------------------------------------------------- */
+
+/* A tail the consumer may have published: in [last seen, our published
+ * head], message aligned.  Modular arithmetic, so counters may wrap. */
+static inline int cfx__shm_ring_tail_ok(const struct cfx__shm_ring *r, uint64_t tail)
+{
+    return tail - r->cached <= r->published - r->cached &&
+           !(tail & (CFX_SHM_MSG_ALIGN - 1));
+}
+
+/* A head the producer may have published: in [last seen, read position +
+ * ring size], message aligned. */
+static inline int cfx__shm_ring_head_ok(const struct cfx__shm_ring *r, uint64_t head)
+{
+    return head - r->cached <= r->pos + r->size - r->cached &&
+           !(head & (CFX_SHM_MSG_ALIGN - 1));
+}
+
 /* ---- producer ----------------------------------------------------------- */
 
 /*
  * Room for one message with a payload of at most @p want bytes and at least
  * min(@p want, @p min) bytes.  Returns 0 when none, 1 when it fits at pos,
  * 2 when it must start after a WRAP; *payload is the size that fits.
+ * @p tail must have passed cfx__shm_ring_tail_ok().
  */
 static inline int cfx__shm_ring_fit_at(const struct cfx__shm_ring *r, uint64_t tail,
                                        uint64_t want, uint64_t min, uint64_t *payload)
@@ -109,13 +135,18 @@ static inline int cfx__shm_ring_fit_at(const struct cfx__shm_ring *r, uint64_t t
     return where;
 }
 
+/* As cfx__shm_ring_fit_at() with the consumer's tail; -1 when the tail it
+ * published cannot be (the endpoint must fail). */
 static inline int cfx__shm_ring_fit(struct cfx__shm_ring *r, uint64_t want, uint64_t min,
                                     uint64_t *payload)
 {
     /* the cached tail first: reading the consumer's line costs a transfer */
     if (r->size - (r->pos - r->cached) >= cfx__shm_msg_size(want) + (r->size - (r->pos & r->mask)))
         return cfx__shm_ring_fit_at(r, r->cached, want, min, payload);
-    r->cached = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+    uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
+    if (__builtin_expect(!cfx__shm_ring_tail_ok(r, tail), 0))
+        return -1;
+    r->cached = tail;
     return cfx__shm_ring_fit_at(r, r->cached, want, min, payload);
 }
 
@@ -145,12 +176,19 @@ static inline void cfx__shm_ring_publish(struct cfx__shm_ring *r)
 
 /* ---- consumer ----------------------------------------------------------- */
 
-/* Bytes readable at pos (refreshing the cached head when none are known). */
-static inline uint64_t cfx__shm_ring_avail(struct cfx__shm_ring *r)
+/* Bytes readable at pos into *avail (refreshing the cached head when none
+ * are known).  0, or -1 when the head the producer published cannot be (the
+ * endpoint must fail). */
+static inline int cfx__shm_ring_avail(struct cfx__shm_ring *r, uint64_t *avail)
 {
-    if (r->cached == r->pos)
-        r->cached = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
-    return r->cached - r->pos;
+    if (r->cached == r->pos) {
+        uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+        if (__builtin_expect(!cfx__shm_ring_head_ok(r, head), 0))
+            return -1;
+        r->cached = head;
+    }
+    *avail = r->cached - r->pos;
+    return 0;
 }
 
 static inline void cfx__shm_ring_release(struct cfx__shm_ring *r)

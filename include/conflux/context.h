@@ -48,6 +48,13 @@ struct cfx_context_params {
  * that is not up yet (connection refused) is retried with backoff until the
  * deadline (timeout_ms), so processes may start in any order.
  *
+ * The cluster token comes from params->token, else $CFX_TOKEN, else the file
+ * named by $CFX_TOKEN_FILE.  $CFX_TOKEN is read once: the library then
+ * overwrites its value in place (so /proc/PID/environ no longer shows it)
+ * and removes it from the environment, so child processes do not inherit
+ * it; later contexts of the process use the copy it kept.  Do not call
+ * getenv()/setenv() from other threads during the first create.
+ *
  * @param params  NULL or a params struct; unset fields come from CFX_* variables.
  * @param out     receives the context; owned by the caller, released with
  *                cfx_context_destroy().

@@ -13,7 +13,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${1:?usage: test/fuzz/run.sh BUILD_DIR [SECONDS]}
 seconds=${2:-20}
-targets=${CFX_FUZZ_TARGETS:-"fuzz_proto fuzz_dp_msg fuzz_tcp_hdr fuzz_shm_msg"}
+targets=${CFX_FUZZ_TARGETS:-"fuzz_proto fuzz_dp_msg fuzz_tcp_hdr fuzz_shm_msg fuzz_shm_ring"}
 cc=${CFX_FUZZ_CC:-clang}
 
 case $build_dir in /*) ;; *) build_dir=$PWD/$build_dir ;; esac

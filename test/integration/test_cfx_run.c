@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -76,7 +77,7 @@ Test(cfx_run, ranks_see_their_environment)
     int rc =
         run("-n 3 sh -c 'echo out $CFX_RANK/$CFX_LOCAL_RANK/$CFX_WORLD_SIZE; "
             "echo err $CFX_RANK >&2; case $CFX_COORD in 127.0.0.1:[0-9]*) echo coord ok;; esac; "
-            "echo token ${#CFX_TOKEN}'",
+            "echo token ${#CFX_TOKEN} $(head -n 1 \"$CFX_TOKEN_FILE\" | tr -d \"\\n\" | wc -c)'",
             &out, NULL);
     cr_assert_eq(rc, 0, "output:\n%s", out);
     for (int r = 0; r < 3; r++) {
@@ -87,7 +88,8 @@ Test(cfx_run, ranks_see_their_environment)
         cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
         snprintf(l, sizeof(l), "[%d] coord ok", r);
         cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
-        snprintf(l, sizeof(l), "[%d] token 32", r); /* 16 random bytes in hex */
+        /* 16 random bytes in hex, in a file: never in the environment */
+        snprintf(l, sizeof(l), "[%d] token 0 32", r);
         cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
     }
     free(out);
@@ -98,12 +100,62 @@ Test(cfx_run, options_become_variables)
     char *out;
     int rc =
         run("-n 2 --transport tcp --chunk-size 1M --token s3cret --coord-port 0 "
-            "sh -c 'echo \"$CFX_TRANSPORT $CFX_CHUNK_SIZE $CFX_TOKEN ${CFX_TOKEN_FILE-unset}\"'",
+            "sh -c 'echo \"$CFX_TRANSPORT $CFX_CHUNK_SIZE ${CFX_TOKEN-unset} $(cat $CFX_TOKEN_FILE)\"'",
             &out, NULL);
     cr_assert_eq(rc, 0, "output:\n%s", out);
-    cr_assert(has_line(out, "[0] tcp 1M s3cret unset"), "output:\n%s", out);
-    cr_assert(has_line(out, "[1] tcp 1M s3cret unset"), "output:\n%s", out);
+    cr_assert(has_line(out, "[0] tcp 1M unset s3cret"), "output:\n%s", out);
+    cr_assert(has_line(out, "[1] tcp 1M unset s3cret"), "output:\n%s", out);
+    cr_assert(strstr(out, "--token puts the cluster token on the command line"), "%s", out);
     free(out);
+}
+
+/*
+ * The token value never reaches a rank's command line or environment (what
+ * ps and /proc/PID/{cmdline,environ} show to the same user and root): each
+ * rank greps its own.  Before the fix every rank had CFX_TOKEN=value in its
+ * environment.  --token-file passes the user's file as it is, and the
+ * temporary file cfx_run makes otherwise is gone when it exits.
+ */
+Test(cfx_run, token_value_not_in_ranks_cmdline_or_environ)
+{
+    char *out, cmd[1024], path[] = "/tmp/cfx-run-token-test-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "9f3c1a77d04e4b2a8c55e2d1b6a09f31\n", 33), 33);
+    close(fd);
+    const char *probe =
+        /* the pattern is put together so that this script's own text lacks it */
+        "sh -c 'p=9f3c1a77; p=${p}d04e4b2a; "
+        "c=$(tr \"\\0\" \"\\n\" < /proc/$$/cmdline | grep -c $p); "
+        "e=$(tr \"\\0\" \"\\n\" < /proc/$$/environ | grep -c $p); "
+        "echo seen $c $e; echo file $CFX_TOKEN_FILE'";
+    snprintf(cmd, sizeof(cmd), "-n 2 --token-file %s %s", path, probe);
+    int rc = run(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    for (int r = 0; r < 2; r++) {
+        char l[128];
+        snprintf(l, sizeof(l), "[%d] seen 0 0", r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] file %s", r, path);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+    }
+    free(out);
+    /* --token: on cfx_run's own command line only (with a warning), never the ranks' */
+    snprintf(cmd, sizeof(cmd), "-n 2 --token 9f3c1a77d04e4b2a8c55e2d1b6a09f31 %s", probe);
+    rc = run(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    char tmpfile[256] = "";
+    for (int r = 0; r < 2; r++) {
+        char l[64];
+        snprintf(l, sizeof(l), "[%d] seen 0 0", r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+    }
+    const char *f = strstr(out, "[0] file ");
+    cr_assert_not_null(f, "%s", out);
+    sscanf(f + 9, "%255s", tmpfile);
+    cr_assert(access(tmpfile, F_OK) != 0, "token file %s left behind", tmpfile);
+    free(out);
+    unlink(path);
 }
 
 Test(cfx_run, partial_last_line_gets_prefix_and_newline)

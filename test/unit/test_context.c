@@ -54,6 +54,31 @@ static int join(const char *tok, const char *tps, struct cfx_context **out)
     return cfx_context_create(&p, out);
 }
 
+/*
+ * A token taken from $CFX_TOKEN is removed from the environment by the
+ * first context (children do not inherit it, /proc/PID/environ stops
+ * showing it); a later context of the process still finds it, and two
+ * contexts of the token join the same cluster.  Before the fix the variable
+ * stayed in the environment.
+ */
+Test(context, token_from_environment_is_removed_from_it)
+{
+    struct cfx_context *a, *b;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TIMEOUT,
+        .coord = coord_addr,
+        .timeout_ms = 5000,
+    };
+    unsetenv("CFX_TOKEN_FILE");
+    cr_assert_eq(setenv("CFX_TOKEN", token, 1), 0);
+    cr_assert_eq(cfx_context_create(&p, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_null(getenv("CFX_TOKEN"), "CFX_TOKEN is still in the environment");
+    cr_assert_eq(cfx_context_create(&p, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(cfx_context_node_id(a), cfx_context_node_id(b));
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
+
 Test(context, join_and_config)
 {
     struct cfx_context *a, *b;

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +87,8 @@ static uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
 
 static uint32_t dead_keep_ms; /* 0: the coordinator's default */
 static uint32_t fanout = FANOUT; /* 0: chosen per object */
+static uint32_t max_nodes;    /* 0: the coordinator's default */
+static struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defaults */
 
 static void start_coord(void)
 {
@@ -97,6 +102,13 @@ static void start_coord(void)
         .auth_timeout_ms = AUTH_MS,
         .stall_timeout_ms = STALL_MS,
         .dead_keep_ms = dead_keep_ms,
+        .max_nodes = max_nodes,
+        .max_node_objects = caps.max_node_objects,
+        .max_node_bytes = caps.max_node_bytes,
+        .max_parked = caps.max_parked,
+        .max_unauth_conns = caps.max_unauth_conns,
+        .state_dir = caps.state_dir,
+        .test_fsync_delay_ms = caps.test_fsync_delay_ms,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -799,6 +811,8 @@ static int raw_connect(void)
     int s = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(s, 0);
     cr_assert_eq(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    int one = 1; /* a LEAVE then a JOIN: no waiting for the delayed ACK */
+    cr_assert_eq(setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), 0);
     return s;
 }
 
@@ -832,8 +846,8 @@ static void raw_send(int s, const struct cfx_msg *m)
     cr_assert_eq(send(s, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
-/* A raw connection authenticated as admin. */
-static int raw_auth(void)
+/* A raw connection authenticated in @p role. */
+static int raw_auth_role(uint8_t role)
 {
     static uint8_t buf[1 << 16];
     struct cfx_msg m, r;
@@ -845,7 +859,7 @@ static int raw_auth(void)
     memset(&r, 0, sizeof(r));
     r.type = CFX_MSG_AUTH;
     r.req_id = 1;
-    r.u.auth.role = CFX_CTL_ROLE_ADMIN;
+    r.u.auth.role = role;
     cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
     cfx__auth_mac(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, r.u.auth.mac);
     raw_send(s, &r);
@@ -856,6 +870,342 @@ static int raw_auth(void)
     cr_assert_eq(cfx__auth_verify(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce,
                                   m.u.auth_ok.mac), CFX_OK);
     return s;
+}
+
+static int raw_auth(void)
+{
+    return raw_auth_role(CFX_CTL_ROLE_ADMIN);
+}
+
+/* JOIN on a raw node connection asking for id @p want (0: none); returns
+ * the id given, or the negative status of the ERROR with its text. */
+static int64_t raw_join(int s, uint32_t want, uint64_t req, char *text, size_t text_len)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m, r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_JOIN;
+    r.req_id = req;
+    r.u.join.node_id = want;
+    snprintf(r.u.join.name, sizeof(r.u.join.name), "cycler");
+    snprintf(r.u.join.host, sizeof(r.u.join.host), "cycler-host");
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.req_id, req);
+    if (m.type == CFX_MSG_ERROR) {
+        if (text)
+            snprintf(text, text_len, "%s", m.u.error.text);
+        return m.u.error.status;
+    }
+    cr_assert_eq(m.type, CFX_MSG_JOIN_REPLY, "%s", cfx__msg_type_name(m.type));
+    return m.u.join_reply.node_id;
+}
+
+static void raw_leave(int s)
+{
+    struct cfx_msg r = { .type = CFX_MSG_LEAVE, .req_id = 0 };
+    raw_send(s, &r);
+}
+
+static struct cfx_ctl_status raw_status(int s, uint64_t req)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m, r = { .type = CFX_MSG_STATUS, .req_id = req };
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_STATUS_REPLY);
+    return m.u.status;
+}
+
+/*
+ * 10,000 JOIN/LEAVE cycles on one connection, every other one asking for an
+ * id 65535 above the high-water mark: each gets the next fresh id (the
+ * coordinator chooses), and the node index stays as small as the records it
+ * holds (a thousand dead ones at most), read from STATUS.  Before the fix
+ * the wish was granted (id = high-water + 65535) and the index, a flat
+ * array by id, grew by 512 KiB per such JOIN: gigabytes within the loop.
+ */
+Test(coord, join_leave_cycles_keep_the_index_flat)
+{
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE), adm = raw_auth();
+    int64_t prev = raw_join(s, 0, 1, NULL, 0);
+    cr_assert_gt(prev, 0);
+    raw_leave(s);
+    for (uint32_t i = 1; i <= 10000; i++) {
+        uint32_t want = i % 2 ? (uint32_t)prev + 65535 : 0;
+        int64_t id = raw_join(s, want, 1 + i, NULL, 0);
+        cr_assert_eq(id, prev + 1, "cycle %u: asked for %u, got %lld after %lld", i, want,
+                     (long long)id, (long long)prev);
+        prev = id;
+        raw_leave(s);
+        if (i % 1000 == 0) {
+            struct cfx_ctl_status st = raw_status(adm, i);
+            cr_assert_leq(st.node_records, 1024 + 1, "cycle %u: %u records", i, st.node_records);
+            cr_assert_leq(st.node_index_slots, 4096, "cycle %u: %u index slots", i,
+                          st.node_index_slots);
+        }
+    }
+    close(s);
+    close(adm);
+}
+
+/* A JOIN beyond --max-nodes members alive gets an error naming the cap. */
+Test(coord, join_beyond_max_nodes_is_refused_by_name)
+{
+    cfx__coord_stop(coord);
+    max_nodes = 2;
+    start_coord();
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE), b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    char text[CFX_PROTO_TEXT_MAX];
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_join(c, 0, 1, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_nodes"), "%s", text);
+    raw_leave(a); /* room again, once a's STATUS answer shows the LEAVE was read */
+    raw_status(a, 2);
+    cr_assert_gt(raw_join(c, 0, 2, NULL, 0), 0);
+    close(a);
+    close(b);
+    close(c);
+    max_nodes = 0;
+}
+
+static long wait_closed(int s, int ms);
+
+/* Read the answer to @p req on @p s: 0 for OK, the status of an ERROR (its
+ * text into @p text). */
+static int raw_answer(int s, uint64_t req, char *text, size_t text_len)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.req_id, req, "answer to %llu, not %llu", (unsigned long long)m.req_id,
+                 (unsigned long long)req);
+    if (m.type == CFX_MSG_ERROR) {
+        snprintf(text, text_len, "%s", m.u.error.text);
+        return m.u.error.status;
+    }
+    cr_assert_eq(m.type, CFX_MSG_OK, "%s", cfx__msg_type_name(m.type));
+    return 0;
+}
+
+/* PUT of object number @p k: inline with @p size bytes, or on the data plane. */
+static int raw_put(int s, uint8_t k, uint64_t size, bool inl, uint64_t req, char *text,
+                   size_t text_len)
+{
+    static uint8_t data[4096];
+    struct cfx_msg r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_OBJ_PUT;
+    r.req_id = req;
+    memset(r.u.put.id.bytes, k, sizeof(r.u.put.id.bytes));
+    r.u.put.size = size;
+    r.u.put.chunk_size = 65536;
+    r.u.put.has_data = inl;
+    r.u.put.data = inl ? data : NULL;
+    raw_send(s, &r);
+    return raw_answer(s, req, text, text_len);
+}
+
+static void raw_lookup(int s, uint8_t k, uint32_t timeout_ms, uint64_t req)
+{
+    struct cfx_msg r;
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_OBJ_LOOKUP;
+    r.req_id = req;
+    memset(r.u.lookup.id.bytes, k, sizeof(r.u.lookup.id.bytes));
+    r.u.lookup.timeout_ms = timeout_ms;
+    raw_send(s, &r);
+}
+
+/*
+ * Each coordinator cap, set small, answers the request that hits it with
+ * CFX_ERR_NO_RESOURCE and a text naming it: objects per node, inline bytes
+ * per node, parked lookups, unauthenticated connections.  Before the fix
+ * there were no such caps: the fourth object, the second 60-byte inline
+ * object, the third parked lookup and the third silent connection were all
+ * taken.
+ */
+Test(coord, each_cap_hit_is_named)
+{
+    cfx__coord_stop(coord);
+    caps.max_node_objects = 3;
+    caps.max_node_bytes = 100;
+    caps.max_parked = 2;
+    caps.max_unauth_conns = 2;
+    start_coord();
+    char text[CFX_PROTO_TEXT_MAX];
+
+    /* objects per node */
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    for (uint8_t k = 1; k <= 3; k++)
+        cr_assert_eq(raw_put(a, k, BIG, false, 10 + k, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(a, 4, BIG, false, 20, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_objects"), "%s", text);
+
+    /* inline bytes per node */
+    int b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_put(b, 5, 60, true, 2, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(b, 6, 60, true, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_bytes"), "%s", text);
+
+    /* parked lookups, all connections together */
+    raw_lookup(b, 7, 60000, 4);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(c, 0, 1, NULL, 0), 0);
+    raw_lookup(c, 8, 60000, 2);
+    raw_lookup(c, 9, 60000, 3); /* the third: answered at once */
+    cr_assert_eq(raw_answer(c, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_parked"), "%s", text);
+
+    /* unauthenticated connections: two wait for their challenge answer (the
+     * three authenticated ones above do not count against the cap) */
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    int u1 = raw_connect(), u2 = raw_connect();
+    cr_assert_eq(raw_read_frame(u1, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(raw_read_frame(u2, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    int u3 = raw_connect();
+    cr_assert_eq(raw_read_frame(u3, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR, "%s", cfx__msg_type_name(m.type));
+    cr_assert_eq(m.u.error.status, CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(m.u.error.text, "max_unauth_conns"), "%s", m.u.error.text);
+    cr_assert_geq(wait_closed(u3, CALL_MS), 0, "refused connection left open");
+    close(u1);
+    close(u2);
+    close(u3);
+    close(a);
+    close(b);
+    close(c);
+}
+
+/* Remove a state directory the test made (records only, no subdirectories). */
+static void rm_state_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    cr_assert_not_null(d);
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", strerror(errno));
+    closedir(d);
+    cr_assert_eq(rmdir(dir), 0);
+}
+
+/*
+ * Durable zero-byte puts on a slow disk (each fsync made @p delay_ms slower)
+ * sent by one client in one write while four members heartbeat: none of
+ * them is declared dead, checked by membership (STATUS after the puts: five
+ * alive, none dead) and by the node_dead events the members got (none).
+ */
+static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
+{
+    char dir[] = "/tmp/cfx-coord-state-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cfx__coord_stop(coord);
+    caps.state_dir = dir;
+    caps.test_fsync_delay_ms = delay_ms;
+    start_coord();
+
+    struct deaths d[4];
+    struct cfx_ctl *n[4];
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "beater%d", i);
+        deaths_init(&d[i]);
+        n[i] = open_node(name, &d[i]);
+    }
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(s, 0, 1, NULL, 0), 0);
+    static uint8_t frames[16][1024];
+    uint8_t all[16 * 1024];
+    size_t total = 0;
+    cr_assert_leq(puts, 16);
+    for (int k = 0; k < puts; k++) {
+        struct cfx_msg r;
+        size_t len;
+        memset(&r, 0, sizeof(r));
+        r.type = CFX_MSG_OBJ_PUT;
+        r.req_id = 100 + (uint64_t)k;
+        memset(r.u.put.id.bytes, 0x40 + k, sizeof(r.u.put.id.bytes));
+        r.u.put.has_data = 1;
+        r.u.put.durable = 1;
+        r.u.put.data = frames[k];
+        cr_assert_eq(cfx__msg_encode(&r, frames[k], sizeof(frames[k]), &len), CFX_OK);
+        memcpy(all + total, frames[k], len);
+        total += len;
+    }
+    cr_assert_eq(send(s, all, total, MSG_NOSIGNAL), (ssize_t)total);
+    char text[CFX_PROTO_TEXT_MAX];
+    for (int k = 0; k < puts; k++)
+        cr_assert_eq(raw_answer(s, 100 + (uint64_t)k, text, sizeof(text)), 0, "%s", text);
+    /* two more round trips: a tick has run since the last put */
+    struct cfx_ctl_status st = raw_status(s, 200);
+    st = raw_status(s, 201);
+    cr_assert_eq(st.nodes_dead, 0, "%u members declared dead", st.nodes_dead);
+    cr_assert_eq(st.nodes_alive, 5);
+    for (int i = 0; i < 4; i++) {
+        pthread_mutex_lock(&d[i].mu);
+        cr_assert_eq(d[i].n, 0, "beater%d heard of %d deaths", i, d[i].n);
+        pthread_mutex_unlock(&d[i].mu);
+        cfx__ctl_close(n[i]);
+    }
+    close(s);
+    cfx__coord_stop(coord);
+    coord = NULL;
+    rm_state_dir(dir);
+}
+
+/*
+ * Ten puts at 300 ms each (two fsyncs, 150 ms slower): three seconds of disk
+ * work, five times dead_after_ms.  The coordinator takes at most one disk
+ * write per connection per loop iteration, so the members' beats are read
+ * in between.  Before the fix the ten went back to back and the first tick
+ * after declared all four members dead.
+ */
+Test(coord, durable_puts_on_a_slow_disk_kill_no_member, .timeout = 120)
+{
+    durable_puts_while_members_beat(150, 10);
+}
+
+/*
+ * One durable put that holds the loop longer than dead_after_ms (two
+ * fsyncs, 500 ms slower each): the tick after it credits the members with
+ * the time the loop could not read.  Before the fix all four were declared
+ * dead.
+ */
+Test(coord, one_stall_longer_than_dead_after_kills_no_member, .timeout = 120)
+{
+    durable_puts_while_members_beat(500, 2);
+}
+
+/* A state directory another user could write is refused, and so is a
+ * symbolic link to one (before: both were used). */
+Test(coord, unsafe_state_dir_is_refused)
+{
+    char dir[] = "/tmp/cfx-coord-state-XXXXXX", link[64];
+    struct cfx_coord *co = NULL;
+    cr_assert_not_null(mkdtemp(dir));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token, .state_dir = dir };
+    cr_assert_eq(chmod(dir, 0777), 0);
+    cr_assert_eq(cfx__coord_start(&p, &co), CFX_ERR_AUTH);
+    cr_assert(strstr(cfx_last_error(), "writable by others"), "%s", cfx_last_error());
+    cr_assert_eq(chmod(dir, 0700), 0);
+    snprintf(link, sizeof(link), "%s.link", dir);
+    cr_assert_eq(symlink(dir, link), 0);
+    p.state_dir = link;
+    cr_assert_neq(cfx__coord_start(&p, &co), CFX_OK);
+    cr_assert(strstr(cfx_last_error(), "symbolic link"), "%s", cfx_last_error());
+    p.state_dir = dir;
+    cr_assert_eq(cfx__coord_start(&p, &co), CFX_OK, "%s", cfx_last_error());
+    cfx__coord_stop(co);
+    unlink(link);
+    rm_state_dir(dir);
 }
 
 /* Wait until the peer closes @p s; returns ms waited or -1. */

@@ -640,7 +640,7 @@ Test(proto, unterminated_strings)
     }
     sample_msg(CFX_MSG_STATUS_REPLY, &m);
     len = encode_ok(&m);
-    memset(frame + len - 32, 'v', 32);
+    memset(frame + len - 8 - 32, 'v', 32); /* the version, before the two index counts */
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
 
     /* Encoding truncates an over-long string instead of overrunning. */

@@ -22,6 +22,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <grp.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,10 +126,30 @@ static void wait_count(struct pair *p, int side, int type, size_t count, int ms)
     }
 }
 
+#define TEST_TOKEN "shm-test-token-5f1c0a9e4b7d2836"
+
+/* Every iface of these tests proves the same token, as the engine's do. */
+static struct cfx_tp_iface_params iface_params(uint32_t node, const char *token)
+{
+    return (struct cfx_tp_iface_params){
+        .field_mask = CFX_TP_IFACE_PARAM_NODE_ID | CFX_TP_IFACE_PARAM_TOKEN,
+        .node_id = node,
+        .token = token,
+    };
+}
+
+static struct cfx_tp_iface *open_iface_token(uint32_t node, const char *token)
+{
+    struct cfx_tp_iface_params prm = iface_params(node, token);
+    struct cfx_tp_iface *i = NULL;
+    int rc = ops->iface_open(&prm, &i);
+    cr_assert_eq(rc, CFX_OK, "iface_open: %s %s", cfx_errname(rc), cfx_last_error());
+    return i;
+}
+
 static struct cfx_tp_iface *open_iface(uint32_t node)
 {
-    struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID,
-                                       .node_id = node };
+    struct cfx_tp_iface_params prm = iface_params(node, TEST_TOKEN);
     struct cfx_tp_iface *i = NULL;
     int rc = ops->iface_open(&prm, &i);
     cr_assert_eq(rc, CFX_OK, "iface_open: %s %s", cfx_errname(rc), cfx_last_error());
@@ -655,7 +677,7 @@ Test(shm, peer_killed_direct, .timeout = 30)
     cr_assert_neq(pid, -1);
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID, .node_id = 2 };
+        struct cfx_tp_iface_params prm = iface_params(2, TEST_TOKEN);
         struct cfx_tp_iface *ci;
         struct cfx_tp_ep *ep;
         struct cfx_tp_mr *mr;
@@ -745,7 +767,7 @@ static void bw_child(int rfd)
     char addr[CFX_TP_ADDR_MAX];
     size_t alen;
     struct cfx_tp_rdesc rd;
-    struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID, .node_id = 2 };
+    struct cfx_tp_iface_params prm = iface_params(2, TEST_TOKEN);
     struct cfx_tp_iface *ci;
     struct cfx_tp_ep *ep;
     struct cfx_tp_mr *mr;
@@ -925,4 +947,294 @@ Test(shm, silent_stranger_dropped, .timeout = 60)
     cr_log_info("silent shm stranger dropped after %.1f s", secs);
     close(fd);
     ops->iface_close(iface);
+}
+
+/* ---- who may connect ------------------------------------------------------------------------ */
+
+/* Become nobody (uid and gid 65534) in a forked child; false when we cannot. */
+static bool become_nobody(void)
+{
+    return setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
+           setresuid(65534, 65534, 65534) == 0;
+}
+
+/* Pump @p iface until @p pid exits; its exit code, or -1 when killed. */
+static int reap_pumping(struct pair *p, pid_t pid)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    int wst;
+    pid_t r;
+    while ((r = waitpid(pid, &wst, WNOHANG)) == 0) {
+        cr_assert(cfx__now_ns() < deadline, "child %d did not finish", (int)pid);
+        pump(p);
+    }
+    cr_assert_eq(r, pid);
+    return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+}
+
+/*
+ * A process of another user (nobody) that even knows the token connects to
+ * a node's rendezvous socket and writes one byte into a registration whose
+ * descriptor it holds.  It is refused (on both ends: neither hands the other
+ * a segment or a doorbell), the node counts it, and the byte never lands.
+ * Before the fix the connection was accepted and the byte written.
+ */
+Test(shm, refused_other_uid, .timeout = 60)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to fork a child as another uid (nobody)");
+    struct pair p = { .s = { { .iface = open_iface(1) } } };
+    struct region dst;
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    region_reg(p.s[0].iface, &dst, 4096, 0, false, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cr_assert_eq(ops->iface_addr(p.s[0].iface, addr, &alen), CFX_OK);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* 10: connected and wrote; 11: refused; 1x: could not even try */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!become_nobody())
+            _exit(20);
+        struct cfx_tp_iface_params prm = iface_params(2, TEST_TOKEN);
+        struct cfx_tp_iface *ci;
+        struct cfx_tp_ep *ep;
+        struct cfx_tp_mr *mr;
+        struct cfx_tp_completion comps[16];
+        static uint8_t byte = 0xab;
+        struct cfx_tp_mem_desc md = { .addr = &byte, .len = 1, .memtype = CFX_MEMTYPE_HOST,
+                                      .shm_fd = -1 };
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        bool connected = false;
+        if (ops->iface_open(&prm, &ci) != CFX_OK ||
+            ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
+            ops->ep_connect(ci, addr, alen, 1, &ep) != CFX_OK)
+            _exit(21);
+        while (cfx__now_ns() < end) {
+            int n = ops->poll(ci, comps, 16);
+            for (int k = 0; k < n; k++) {
+                if (comps[k].type == CFX_TP_COMP_EP_ERROR)
+                    _exit(connected ? 12 : 11);
+                if (comps[k].type == CFX_TP_COMP_CONNECTED) {
+                    connected = true;
+                    if (ops->ep_write(ep, mr, 0, &dst.rdesc, 0, 1, 7, 7) != CFX_OK)
+                        _exit(13);
+                }
+                if (comps[k].type == CFX_TP_COMP_WRITE && comps[k].status == CFX_OK)
+                    _exit(10);
+            }
+        }
+        _exit(14);
+    }
+    int code = reap_pumping(&p, pid);
+    cr_assert_neq(code, 20, "the child could not become nobody");
+    cr_assert_eq(code, 11, "nobody's connection was not refused (child exit %d)", code);
+    struct cfx__shm_iface *si = cfx__shm_iface_of(p.s[0].iface);
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    while (si->n_refused == 0) { /* the refused connection waits in the backlog */
+        cr_assert(cfx__now_ns() < deadline, "the node never refused the connection");
+        pump(&p);
+    }
+    cr_assert_eq(si->n_refused, 1);
+    cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_ACCEPT), 0, "a stranger was accepted");
+    cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_WRITE_IMM), 0, "a stranger wrote");
+    cr_assert_eq(dst.buf[0], 0, "a stranger's byte landed");
+    cr_assert_eq(si->handshaking, 0);
+    region_free(&dst);
+    pair_close(&p);
+}
+
+/*
+ * The acceptor's own check, without the connector's help: nobody sends a
+ * well-formed HELLO (segment and doorbell) by hand.  The node hangs up
+ * without an answer.  Before the fix it answered with an ACK and its
+ * doorbell, and read the stranger's ring.
+ */
+Test(shm, refused_other_uid_raw_hello, .timeout = 60)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to fork a child as another uid (nobody)");
+    struct pair p = { .s = { { .iface = open_iface(1) } } };
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(p.s[0].iface, addr, &alen), CFX_OK);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* 10: got an answer; 11: hung up on; 2x: could not try */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!become_nobody())
+            _exit(20);
+        struct sockaddr_un sun = { .sun_family = AF_UNIX };
+        size_t nlen = strlen(addr);
+        memcpy(sun.sun_path, addr, nlen);
+        sun.sun_path[0] = '\0';
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sun,
+                              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)) != 0)
+            _exit(21);
+        void *seg;
+        size_t seg_len;
+        int fds[2];
+        fds[0] = cfx__shm_seg_create(CFX_SHM_RING_MIN, &seg, &seg_len);
+        fds[1] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fds[0] < 0 || fds[1] < 0)
+            _exit(22);
+        struct cfx__shm_ctl m = { .magic = CFX_SHM_MAGIC, .version = CFX_SHM_VERSION,
+                                  .type = CFX_SHM_CTL_HELLO, .node_id = 9,
+                                  .ring_size = CFX_SHM_RING_MIN, .seg_size = seg_len };
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(fds))];
+        } cbuf;
+        memset(&cbuf, 0, sizeof(cbuf));
+        struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                              .msg_controllen = sizeof(cbuf.buf) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(fds));
+        memcpy(CMSG_DATA(c), fds, sizeof(fds));
+        /* the node may have hung up already: EPIPE/ECONNRESET say so too */
+        if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+            _exit(errno == EPIPE || errno == ECONNRESET ? 11 : 23);
+        /* the blocking read ends with the answer or the hang-up; the
+         * timeout only ends a hang */
+        struct timeval tv = { .tv_sec = WAIT_MS / 1000 };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        struct cfx__shm_ctl ack;
+        ssize_t r = recv(fd, &ack, sizeof(ack), 0);
+        if (r > 0)
+            _exit(10);
+        _exit(r == 0 || errno == ECONNRESET ? 11 : 24);
+    }
+    int code = reap_pumping(&p, pid);
+    cr_assert_neq(code, 20, "the child could not become nobody");
+    cr_assert_eq(code, 11, "nobody's HELLO was not refused (child exit %d)", code);
+    struct cfx__shm_iface *si = cfx__shm_iface_of(p.s[0].iface);
+    cr_assert_eq(si->n_refused, 1);
+    cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_ACCEPT), 0, "a stranger was accepted");
+    cr_assert_eq(si->handshaking, 0);
+    pair_close(&p);
+}
+
+/*
+ * Same user, another job: a peer that cannot prove the cluster token gets
+ * no ring read.  The connector refuses an acceptor whose MAC is wrong, the
+ * acceptor never reports the connection.  Before the fix the two connected.
+ */
+Test(shm, refused_wrong_token, .timeout = 60)
+{
+    struct pair p;
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len = sizeof(addr);
+    memset(&p, 0, sizeof(p));
+    p.s[0].iface = open_iface_token(1, "another-jobs-token-0123456789abcd");
+    p.s[1].iface = open_iface(2);
+    cr_assert_eq(ops->iface_addr(p.s[1].iface, addr, &len), CFX_OK);
+    cr_assert_eq(ops->ep_connect(p.s[0].iface, addr, len, 2, &p.ab), CFX_OK);
+    struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
+    cr_assert_eq(e->c.status, CFX_ERR_AUTH, "status %s", cfx_errname(e->c.status));
+    cr_assert_eq(cfx__shm_iface_of(p.s[0].iface)->n_refused, 1);
+    struct cfx__shm_iface *b = cfx__shm_iface_of(p.s[1].iface);
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    while (b->handshaking) { /* the acceptor drops it when the connector hangs up */
+        cr_assert(cfx__now_ns() < deadline, "the acceptor kept the connection");
+        pump(&p);
+    }
+    cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_CONNECTED), 0);
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_ACCEPT), 0, "accepted without the token");
+    pair_close(&p);
+}
+
+/* ---- ring positions written by the peer ----------------------------------------------------- */
+
+/* Fill a's outbound ring without letting b read, then queue @p queued more
+ * sends behind it. */
+static void fill_ring(struct pair *p, uint32_t queued)
+{
+    static const uint8_t msg[CFX_TP_SEND_MAX];
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p->ab);
+    uint64_t i = 0;
+    while (a->txq_count < queued) {
+        cr_assert_eq(ops->ep_send(p->ab, msg, sizeof(msg), i), CFX_OK);
+        cr_assert_lt(++i, 1u << 20, "the ring never filled");
+    }
+}
+
+/* Poll side @p side alone (the other must not publish positions) until an
+ * EP_ERROR for @p ep; returns its status. */
+static int wait_ep_error_alone(struct pair *p, int side, struct cfx_tp_ep *ep)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    struct ev *e;
+    while (!(e = find_ev(&p->s[side], CFX_TP_COMP_EP_ERROR, ep))) {
+        cr_assert(cfx__now_ns() < deadline, "no EP_ERROR on %c", side ? 'b' : 'a');
+        if (!poll_side(&p->s[side]))
+            sched_yield();
+    }
+    e->used = true;
+    return e->c.status;
+}
+
+/*
+ * The consumer publishes a tail past everything we published (as a buggy or
+ * hostile peer could: it maps the ring read-write) while our ring is full.
+ * The producer fails the endpoint with CFX_ERR_PROTO and counts it; nothing
+ * is copied out of bounds (the build-asan tree runs this under ASan).
+ * Before the fix the producer trusted the tail and wrote over messages the
+ * consumer had not read: the queued sends completed with CFX_OK and no
+ * EP_ERROR came.
+ */
+Test(shm, corrupt_tail_fails_producer, .timeout = 60)
+{
+    struct pair p;
+    pair_open(&p);
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p.ab);
+    fill_ring(&p, 1);
+    atomic_store(&a->tx.ctl->tail, a->tx.published + 3 * a->tx.size);
+    int st = wait_ep_error_alone(&p, 0, p.ab);
+    cr_assert_eq(st, CFX_ERR_PROTO, "status %s", cfx_errname(st));
+    cr_assert_eq(cfx__shm_iface_of(p.s[0].iface)->n_ring_errors, 1);
+    cr_assert_eq(ops->ep_send(p.ab, "x", 1, 1), CFX_ERR_PROTO, "the failure is sticky");
+    /* the peer hears of it */
+    wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    pair_close(&p);
+}
+
+/* A tail that goes backwards (below one the producer already saw). */
+Test(shm, backward_tail_fails_producer, .timeout = 60)
+{
+    struct pair p;
+    pair_open(&p);
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p.ab);
+    fill_ring(&p, CFX_SHM_SEND_SLOTS - 2); /* more than b reads in one poll */
+    poll_side(&p.s[1]); /* b reads some: the tail moves on */
+    poll_side(&p.s[0]); /* a sees it and fills the ring again from its queue */
+    cr_assert_gt(a->tx.cached, 0);
+    cr_assert_gt(a->txq_count, 0, "the ring is no longer full");
+    atomic_store(&a->tx.ctl->tail, 0);
+    int st = wait_ep_error_alone(&p, 0, p.ab);
+    cr_assert_eq(st, CFX_ERR_PROTO, "status %s", cfx_errname(st));
+    cr_assert_eq(cfx__shm_iface_of(p.s[0].iface)->n_ring_errors, 1);
+    pair_close(&p);
+}
+
+/*
+ * The producer publishes an impossible head (unaligned, more than a ring
+ * ahead): the consumer fails the endpoint with CFX_ERR_PROTO and counts it
+ * without reading a byte past the ring.
+ */
+Test(shm, corrupt_head_fails_consumer, .timeout = 60)
+{
+    struct pair p;
+    pair_open(&p);
+    struct cfx__shm_ep *a = cfx__shm_ep_of(p.ab);
+    atomic_store(&a->tx.ctl->head, a->tx.published + 5 * a->tx.size + 8);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert_eq(e->c.status, CFX_ERR_PROTO, "status %s", cfx_errname(e->c.status));
+    cr_assert_eq(cfx__shm_iface_of(p.s[1].iface)->n_ring_errors, 1);
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_RECV), 0);
+    pair_close(&p);
 }
