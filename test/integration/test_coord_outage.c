@@ -17,7 +17,11 @@
  *    CFX_ERR_CONNECT and an error that names the coordinator's address, in
  *    both processes; a parameter-server server ends too (cfx_ps_serve
  *    returns CFX_ERR_CONNECT once the coordinator has been gone for the
- *    handle's timeout).
+ *    handle's timeout), and so does its worker: a register waiting for its
+ *    shard map, and push, pull and a non-blocking push made once the
+ *    coordinator has been gone for that long, fail with CFX_ERR_CONNECT
+ *    naming the coordinator (they used to end with CFX_ERR_TIMEOUT, or be
+ *    served as if the job could go on).
  */
 #include <criterion/criterion.h>
 
@@ -461,6 +465,19 @@ struct ps_arg {
     char err[ERR_LEN];
 };
 
+#define PS_COUNT 1024 /* floats in the worker's tensor */
+
+/* The worker registers a tensor after the coordinator is gone. */
+static void *ps_register_main(void *p)
+{
+    static float init[PS_COUNT]; /* worker 0 gives the initial values */
+    struct ps_arg *r = p;
+    int key = -1;
+    r->rc = cfx_ps_register(r->ps, "late", CFX_DTYPE_F32, PS_COUNT, init, &key);
+    snprintf(r->err, sizeof(r->err), "%s", r->rc == CFX_OK ? "registered" : cfx_last_error());
+    return NULL;
+}
+
 static void *ps_create_main(void *p)
 {
     struct ps_arg *r = p;
@@ -497,6 +514,17 @@ Test(coord_outage, coordinator_gone_for_good)
         pthread_join(pt[i], NULL);
         cr_assert_eq(ps[i].rc, CFX_OK, "ps member %d: %s", i, ps[i].err);
     }
+    /* the job works before the outage: a tensor, pushed and pulled back */
+    static float init[PS_COUNT], grad[PS_COUNT], got[PS_COUNT];
+    for (int i = 0; i < PS_COUNT; i++) {
+        init[i] = (float)i;
+        grad[i] = 1.0f;
+    }
+    int key = -1;
+    cr_assert_eq(cfx_ps_register(ps[1].ps, "w", CFX_DTYPE_F32, PS_COUNT, init, &key), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_ps_pull(ps[1].ps, key, got), CFX_OK, "%s", cfx_last_error());
+    cr_assert(!memcmp(got, init, sizeof(got)), "pulled values differ from the initial ones");
 
     oid("gone/pre", 0, &id);
     op_start(&pre, a, OP_PUT, &id, 7, GONE_MS);
@@ -513,6 +541,15 @@ Test(coord_outage, coordinator_gone_for_good)
 
     coord_child_kill(&cc, SIGKILL); /* for good */
     child_send(&ch, 'G');
+    /* the worker registers a tensor once its node knows the coordinator is
+     * gone: the map it waits for cannot come */
+    uint64_t seen = cfx__deadline_ns(10000);
+    while (cfx__ctl_lost_ms(w->ctl) == 0 && cfx__now_ns() < seen)
+        usleep(1000);
+    cr_assert_gt(cfx__ctl_lost_ms(w->ctl), 0, "the worker's node did not see the coordinator go");
+    struct ps_arg late = { .ctx = w, .ps = ps[1].ps };
+    pthread_t lt;
+    cr_assert_eq(pthread_create(&lt, NULL, ps_register_main, &late), 0);
     for (int i = 0; i < NPUT; i++) {
         oid("gone/new/%d", i, &id);
         op_start(&puts[i], a, OP_PUT, &id, 1000 + i, GONE_MS);
@@ -531,6 +568,26 @@ Test(coord_outage, coordinator_gone_for_good)
         snprintf(serr, sizeof(serr), "%s", cfx_last_error());
     }
     expect_lost(src, serr, "ps server: cfx_ps_serve", 0);
+
+    /* the worker: its register ended, and push, pull and a non-blocking
+     * push now fail at once, all naming the coordinator */
+    pthread_join(lt, NULL);
+    expect_lost(late.rc, late.err, "ps worker: cfx_ps_register", 0);
+    char werr[ERR_LEN];
+    int wrc = cfx_ps_push(ps[1].ps, key, grad);
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_push", 0);
+    wrc = cfx_ps_pull(ps[1].ps, key, got);
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_pull", 0);
+    struct cfx_ps_request *wreq = NULL;
+    wrc = cfx_ps_ipush(ps[1].ps, key, grad, &wreq);
+    if (wrc == CFX_OK) {
+        wrc = cfx_ps_wait(wreq, -1);
+        cfx_ps_request_free(wreq);
+    }
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_ipush", 0);
 
     for (int i = 0; i < NPUT; i++) {
         op_join(&puts[i]);
