@@ -33,7 +33,7 @@
 
 #include <conflux/conflux.h>
 
-#include "coord_child.h"
+#include "coord_run.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
@@ -48,63 +48,24 @@
 
 #define CHILD_ENV "CFX_TEST_OUTAGE_CHILD"
 
-static struct coord_child cc;
-static char token[64];
-static char dir[128], statedir[160], logpath[160];
-static char portarg[16];
+static struct coord_run co; /* the coordinator, its token and state directory */
 
-static void start_coord(const char *port)
-{
-    snprintf(portarg, sizeof(portarg), "%s", port);
-    const char *a[] = { "--port", portarg, "--token", token, "--state-dir", statedir,
-                        "--heartbeat-ms", "100", "--dead-after-ms", "1500", NULL };
-    /* DEBUG: the test waits for the log lines of parked lookups */
-    setenv("CFX_LOG_LEVEL", "DEBUG", 1);
-    coord_child_start(&cc, logpath, 0, a);
-    unsetenv("CFX_LOG_LEVEL");
-}
-
+/* DEBUG: the test waits for the log lines of parked lookups */
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    snprintf(dir, sizeof(dir), "/tmp/cfx-outage-%d", (int)getpid());
-    mkdir(dir, 0700);
-    snprintf(statedir, sizeof(statedir), "%s/state", dir);
-    snprintf(logpath, sizeof(logpath), "%s/coord.log", dir);
-    start_coord("0");
+    coord_run_setup(&co, "outage", true);
 }
 
 static void teardown(void)
 {
-    char cmd[256];
-    coord_child_kill(&cc, SIGTERM);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    (void)!system(cmd);
+    coord_run_teardown(&co);
 }
 
 TestSuite(coord_outage, .init = setup, .fini = teardown, .timeout = 180);
 
-static struct cfx_context *join_at(const char *addr, const char *tok, int timeout_ms)
-{
-    struct cfx_context *ctx = NULL;
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = addr,
-        .token = tok,
-        .timeout_ms = timeout_ms,
-        .transports = "tcp",
-    };
-    if (cfx_context_create(&p, &ctx) != CFX_OK)
-        return NULL;
-    return ctx;
-}
-
 static struct cfx_context *join(int timeout_ms)
 {
-    struct cfx_context *ctx = join_at(cc.addr, token, timeout_ms);
-    cr_assert(ctx, "context: %s", cfx_last_error());
-    return ctx;
+    return coord_run_join(&co, timeout_ms);
 }
 
 static void oid(const char *fmt, int i, struct cfx_object_id *id)
@@ -198,8 +159,8 @@ static void expect_lost(int rc, const char *err, const char *what, int i)
 {
     cr_expect_eq(rc, CFX_ERR_CONNECT, "%s %d without a coordinator: %s (%s)", what, i,
                  cfx_errname(rc), err);
-    cr_expect(strstr(err, cc.addr) != NULL, "%s %d: the error does not name the coordinator "
-              "%s: %s", what, i, cc.addr, err);
+    cr_expect(strstr(err, co.cc.addr) != NULL, "%s %d: the error does not name the coordinator "
+              "%s: %s", what, i, co.cc.addr, err);
     cr_expect(strstr(err, "no node put it") == NULL, "%s %d: the error blames the object: %s",
               what, i, err);
 }
@@ -218,9 +179,9 @@ static void wait_parked(const struct cfx_object_id *ids, int n)
         char hex[CFX_OBJECT_ID_HEX_LEN], line[128];
         cfx_object_id_to_hex(&ids[i], hex);
         snprintf(line, sizeof(line), "waits for object %s", hex);
-        while (!cfx_test_file_contains(logpath, line) && cfx__now_ns() < deadline)
+        while (!cfx_test_file_contains(co.logpath, line) && cfx__now_ns() < deadline)
             usleep(5 * 1000);
-        cr_assert(cfx_test_file_contains(logpath, line), "no lookup of object %d parked", i);
+        cr_assert(cfx_test_file_contains(co.logpath, line), "no lookup of object %d parked", i);
     }
 }
 
@@ -250,7 +211,7 @@ __attribute__((constructor)) static void outage_child_main(void)
     if (!spec || sscanf(spec, "%d %d %63s %63s %15s", &in, &out, a, tok, mode) != 5)
         return;
     int ms = strcmp(mode, "gone") ? CALL_MS : GONE_MS;
-    struct cfx_context *ctx = join_at(a, tok, ms);
+    struct cfx_context *ctx = coord_run_join_at(a, tok, ms);
     if (!ctx) {
         fprintf(stderr, "outage child: %s\n", cfx_last_error());
         _exit(2);
@@ -297,7 +258,7 @@ static void child_start(struct child *ch, const char *mode)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     cr_assert_gt(n, 0);
     exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %d %s %s %s", down[0], up[1], cc.addr, token, mode);
+    snprintf(spec, sizeof(spec), "%d %d %s %s %s", down[0], up[1], co.cc.addr, co.token, mode);
     ch->pid = fork();
     cr_assert_geq(ch->pid, 0);
     if (ch->pid == 0) {
@@ -375,9 +336,7 @@ Test(coord_outage, burst_across_restart)
         oid("outage/late/c%d", i, &parked[NLATE + i]);
     wait_parked(parked, NLATE + NCHILD);
 
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
+    coord_run_kill(&co);
 
     /* the burst, while it is down */
     child_send(&ch, 'G');
@@ -394,7 +353,7 @@ Test(coord_outage, burst_across_restart)
         op_start(&del[i], a, OP_DELETE, &id, 0, CALL_MS);
     }
     usleep(1000 * 1000); /* the outage: 1 s */
-    start_coord(port);   /* same port, same state directory */
+    coord_run_start(&co); /* same port, same state directory */
 
     for (int i = 0; i < NPUT; i++) {
         op_expect_ok(&puts[i], "A:", i);
@@ -539,7 +498,7 @@ Test(coord_outage, coordinator_gone_for_good)
         oid("outage/late/c%d", i, &parked[NLATE + i]);
     wait_parked(parked, NLATE + NCHILD);
 
-    coord_child_kill(&cc, SIGKILL); /* for good */
+    coord_run_kill(&co); /* for good */
     child_send(&ch, 'G');
     /* the worker registers a tensor once its node knows the coordinator is
      * gone: the map it waits for cannot come */
