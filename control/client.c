@@ -75,6 +75,7 @@ struct cfx_ctl {
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;
     void (*on_node_dead)(void *arg, uint32_t node_id);
+    void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
@@ -490,6 +491,8 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
     if (m.type == CFX_MSG_EV_NODE_DEAD && m.req_id == CFX_PROTO_EV_LEFT) {
         /* a goodbye, not a failure: its connections close in order */
         CFX_LOG(DEBUG, CTL, "coordinator %s: node %u left", ctl->coord, m.u.node_dead.node_id);
+        if (ctl->on_node_left)
+            ctl->on_node_left(ctl->arg, m.u.node_dead.node_id);
         return;
     }
     if (m.type == CFX_MSG_EV_NODE_DEAD) {
@@ -915,6 +918,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     snprintf(ctl->coord, sizeof(ctl->coord), "%s", params->coord);
     ctl->role = params->role;
     ctl->on_node_dead = params->on_node_dead;
+    ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);

@@ -115,6 +115,11 @@ struct cfx_ctl_params {
      * event to another thread (e.g. the progress engine) instead. */
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void *arg;
+    /* Added later: called as on_node_dead, with the same rules, when the
+     * coordinator reports that a node left in good order (its goodbye).  It
+     * will send nothing more, but what it sent may still be on its way.
+     * May be NULL. */
+    void (*on_node_left)(void *arg, uint32_t node_id);
     /* Added by the control plane: called from the client thread after a NODE
      * client reconnected to a restarted coordinator and rejoined (with its
      * previous node id when the coordinator allowed it: compare

@@ -211,6 +211,21 @@ static void on_node_dead(void *arg, uint32_t node_id)
     CFX_LOG(INFO, CTL, "node %u: coordinator reports node %u dead", ctx->node_id, node_id);
 }
 
+/* A goodbye: only the waits that watch a group's members care (a member
+ * that left will send nothing more); its connections close in order. */
+static void on_node_left(void *arg, uint32_t node_id)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return;
+    cmd->type = CFX_CMD_NODE_LEFT;
+    cmd->node_id = node_id;
+    pthread_mutex_lock(&ctx->lock);
+    cfx__cmd_post(ctx, cmd);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static void init_cond(pthread_cond_t *c)
 {
     pthread_condattr_t a;
@@ -311,6 +326,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .self = &ctx->self,
         .timeout_ms = ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms,
         .on_node_dead = on_node_dead,
+        .on_node_left = on_node_left,
         .on_reconnected = cfx__reannounce_on_reconnected,
         .arg = ctx,
     };

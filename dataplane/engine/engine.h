@@ -472,6 +472,7 @@ enum cfx_cmd_type {
     CFX_CMD_GET_CANCEL,     /* withdraw the window of obj->in */
     CFX_CMD_OBJ_RELEASE,    /* deregister and free an object entry */
     CFX_CMD_NODE_DEAD,      /* fail everything with a node */
+    CFX_CMD_NODE_LEFT,      /* a node left in good order: group waits stop waiting for it */
     CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
     CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
@@ -617,6 +618,8 @@ struct cfx_context {
     uint64_t rtask_counter;
     uint32_t dead[256];         /* nodes the coordinator reported dead (ring) */
     unsigned ndead;
+    uint32_t left[256];         /* nodes it reported gone in good order (ring) */
+    unsigned nleft;
     double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
     double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];

@@ -272,14 +272,35 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return cfx__p2p_waitall(&req, 1, deadline_ns);
 }
 
-/* ctx->lock held: index in @p nodes of a node known dead, or -1. */
+/* ctx->lock held: whether @p node left in good order. */
+static bool node_left(const struct cfx_context *ctx, uint32_t node)
+{
+    for (unsigned d = 0; d < ctx->nleft; d++)
+        if (ctx->left[d] == node)
+            return true;
+    return false;
+}
+
+/* ctx->lock held: index in @p nodes of a node known dead or gone in good
+ * order (either way it sends nothing more), or -1. */
 static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
 {
-    for (int i = 0; i < nnodes; i++)
+    for (int i = 0; i < nnodes; i++) {
         for (unsigned d = 0; d < ctx->ndead; d++)
             if (ctx->dead[d] == nodes[i])
                 return i;
+        if (node_left(ctx, nodes[i]))
+            return i;
+    }
     return -1;
+}
+
+bool cfx__p2p_node_left(struct cfx_context *ctx, uint32_t node)
+{
+    pthread_mutex_lock(&ctx->lock);
+    bool left = node_left(ctx, node);
+    pthread_mutex_unlock(&ctx->lock);
+    return left;
 }
 
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req)
@@ -328,7 +349,8 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
         who = -1;
     if (st == CFX_ERR_AGAIN && who >= 0) {
         *dead = who;
-        return cfx__err(CFX_ERR_PEER_FAILED, "node %u died", nodes[who]);
+        return cfx__err(CFX_ERR_PEER_FAILED, "node %u %s", nodes[who],
+                        cfx__p2p_node_left(ctx, nodes[who]) ? "left the cluster" : "died");
     }
     if (st == CFX_ERR_AGAIN)
         st = CFX_ERR_TIMEOUT;
