@@ -13,6 +13,7 @@
 #define CFX_CONTROL_CLIENT_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <conflux/object.h>
 #include "dataplane/transport.h"
@@ -140,6 +141,9 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
 
 /* Leave (best effort) and free; NULL is a no-op. */
 void cfx__ctl_close(struct cfx_ctl *ctl);
+/* While @p on, calls end (and new ones fail) with CFX_ERR_CANCELED: a
+ * context being destroyed ends the calls of its other threads.  Any thread. */
+void cfx__ctl_interrupt(struct cfx_ctl *ctl, bool on);
 
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
 /* Times this client reconnected to the coordinator (any thread). */

@@ -326,8 +326,14 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     poll_wait(req);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
-           cfx__obj_wait(ctx, deadline_ns))
+           !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline_ns))
         ;
+    if (st == CFX_ERR_AGAIN && who < 0 && !stopped && cfx__ctx_closing(ctx)) {
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being destroyed",
+                        req->kind == CFX_P2P_SEND ? "send to" : "receive from", req->peer,
+                        req->tag);
+    }
     if (st == CFX_ERR_AGAIN && stopped) {
         pthread_mutex_unlock(&ctx->lock);
         if (was_stopped)
@@ -367,8 +373,15 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     for (int i = 0; i < n; i++) {
         int st;
         poll_wait(reqs[i]);
-        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline_ns))
+        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+               cfx__obj_wait(ctx, deadline_ns))
             ;
+        if (st == CFX_ERR_AGAIN && cfx__ctx_closing(ctx)) {
+            pthread_mutex_unlock(&ctx->lock);
+            return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being "
+                            "destroyed", reqs[i]->kind == CFX_P2P_SEND ? "send to"
+                            : "receive from", reqs[i]->peer, reqs[i]->tag);
+        }
         if (st == CFX_ERR_AGAIN)
             st = CFX_ERR_TIMEOUT;
         pthread_mutex_unlock(&ctx->lock);
