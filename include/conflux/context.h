@@ -18,7 +18,8 @@
  * cfx_group_destroy() frees them.  No call may begin after
  * cfx_context_destroy() has returned (the context is gone), and
  * parameter-server handles (cfx_ps_*) must still be destroyed before their
- * context.
+ * context, and requests (cfx_*_nb, cfx_group_i*) waited for and freed
+ * before it: cfx_request_wait() and cfx_request_free() use the context.
  */
 #ifndef CONFLUX_CONTEXT_H
 #define CONFLUX_CONTEXT_H
