@@ -529,15 +529,11 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     if (rc != CFX_OK)
         return rc;
     rc = group_create(ctx, params, out);
-    if (rc == CFX_OK) /* before the leave: the context is alive until then */
+    /* attached before the leave, while the context is sure to be alive; a
+     * destroy that began meanwhile detaches it like any other group */
+    if (rc == CFX_OK)
         cfx__ctx_user_attach(ctx, &(*out)->user, group_detach);
-    rc = cfx__ctx_leave(ctx, rc);
-    if (rc != CFX_OK && *out) {
-        /* a destroy began as it ended: the group goes again */
-        cfx_group_destroy(*out);
-        *out = NULL;
-    }
-    return rc;
+    return cfx__ctx_leave(ctx, rc);
 }
 
 static int group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
