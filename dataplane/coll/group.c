@@ -681,7 +681,13 @@ void cfx_group_destroy(struct cfx_group *g)
     if (!g)
         return;
     struct cfx_context *ctx = g->ctx;
-    if (cfx__ctx_user_release(ctx, &g->user)) {
+    int r = cfx__ctx_user_release(ctx, &g->user);
+    if (r < 0) {
+        CFX_LOG(ERR, COLL, "group %s: rank %d: its context's destroy gave up on calls still "
+                "in flight: the group is left allocated", g->name, g->rank);
+        return;
+    }
+    if (r > 0) {
         group_release_ctx(g);
         cfx__ctx_leave(ctx, CFX_OK);
     }

@@ -417,7 +417,7 @@ static void quiesce(struct cfx_context *ctx)
 static pthread_mutex_t users_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t users_cond = PTHREAD_COND_INITIALIZER;
 
-enum { USER_ATTACHED = 1, USER_DETACHING, USER_DETACHED, USER_RELEASED };
+enum { USER_ATTACHED = 1, USER_DETACHING, USER_DETACHED, USER_RELEASED, USER_ABANDONED };
 
 int cfx__ctx_enter(struct cfx_context *ctx, const char *what)
 {
@@ -458,7 +458,7 @@ void cfx__ctx_user_attach(struct cfx_context *ctx, struct cfx_ctx_user *u,
     pthread_mutex_unlock(&users_lock);
 }
 
-bool cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u)
+int cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u)
 {
     pthread_mutex_lock(&users_lock);
     /* attached: the context is alive (its destroy takes every handle off
@@ -467,13 +467,28 @@ bool cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u)
         cfx_list_del(&u->link);
         u->state = USER_RELEASED;
         pthread_mutex_unlock(&users_lock);
-        return true;
+        return 1;
     }
     cfx__err_clear();
-    while (u->state != USER_DETACHED)
+    while (u->state != USER_DETACHED && u->state != USER_ABANDONED)
         pthread_cond_wait(&users_cond, &users_lock);
+    int r = u->state == USER_DETACHED ? 0 : -1;
     pthread_mutex_unlock(&users_lock);
-    return false;
+    return r;
+}
+
+/* The destroy gave up (calls still in flight): the handles stay as they
+ * are, and so does the context; their owners' destroys return at once. */
+static void abandon_users(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&users_lock);
+    while (!cfx_list_empty(&ctx->users)) {
+        struct cfx_ctx_user *u = cfx_list_entry(ctx->users.next, struct cfx_ctx_user, link);
+        cfx_list_del(&u->link);
+        u->state = USER_ABANDONED;
+    }
+    pthread_cond_broadcast(&users_cond);
+    pthread_mutex_unlock(&users_lock);
 }
 
 /* Every handle still attached: its context side goes now. */
@@ -528,8 +543,10 @@ void cfx_context_destroy(struct cfx_context *ctx)
 {
     if (!ctx)
         return;
-    if (!drain_calls(ctx))
+    if (!drain_calls(ctx)) {
+        abandon_users(ctx);
         return;
+    }
     detach_users(ctx);
     cfx__worker_stop(ctx);
     /* leave first, so no new getter is sent our way */

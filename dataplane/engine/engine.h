@@ -863,10 +863,12 @@ struct cfx_ctx_user {
 
 void cfx__ctx_user_attach(struct cfx_context *ctx, struct cfx_ctx_user *u,
                           void (*detach)(struct cfx_ctx_user *u));
-/* The owner destroys the handle: true when it may still use the context for
- * that (a call is entered: end it with cfx__ctx_leave()); false when the
+/* The owner destroys the handle: 1 when it may still use the context for
+ * that (a call is entered: end it with cfx__ctx_leave()); 0 when the
  * context is being or was destroyed and did the detach: only the handle's
- * memory is left to free (returns once the detach is done). */
-bool cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u);
+ * memory is left to free (returns once the detach is done); -1 when that
+ * destroy gave up on calls that did not leave (the context was left
+ * allocated): the handle must be left allocated too, as they may use it. */
+int cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u);
 
 #endif

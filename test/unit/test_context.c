@@ -604,3 +604,41 @@ Test(context, group_and_context_destroyed_at_once)
         cfx_context_destroy(b);
     }
 }
+
+/*
+ * The destroy's bound: a call that never leaves (entered by hand here, as
+ * a call stuck outside every wait the destroy can end) makes the destroy
+ * give up after CFX_DESTROY_DRAIN_MS and leave the context allocated, never
+ * freed under the call; the context's group is left too, and its destroy
+ * returns instead of waiting for a detach that will not come.  The context
+ * refuses new calls; the stuck call can still leave.  (Both stay allocated
+ * on purpose: static pointers keep them reachable for the leak check.)
+ */
+static struct cfx_context *abandoned_ctx;
+static struct cfx_group *abandoned_group;
+
+Test(context, destroy_gives_up_on_a_stuck_call)
+{
+    struct cfx_context *b = NULL;
+    cr_assert_eq(join(token, "tcp", &abandoned_ctx), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
+    struct cfx_group *gb;
+    make_group(abandoned_ctx, b, "stuck", &abandoned_group, &gb);
+    cr_assert_eq(cfx__ctx_enter(abandoned_ctx, "a stuck call"), CFX_OK);
+
+    cfx_context_destroy(abandoned_ctx); /* returns after the bound */
+    pthread_mutex_lock(&abandoned_ctx->lock);
+    cr_expect(abandoned_ctx->closing && abandoned_ctx->calls == 1,
+              "the context was not left as it was");
+    pthread_mutex_unlock(&abandoned_ctx->lock);
+    cfx_group_destroy(abandoned_group); /* returns; the group stays allocated */
+    struct cfx_object_id id;
+    uint8_t byte;
+    cfx_object_id_from_name("stuck/nobody", &id);
+    int rc = cfx_get(abandoned_ctx, &id, &byte, 1, NULL, NULL);
+    cr_expect_eq(rc, CFX_ERR_CANCELED, "a call after the destroy gave up: %s", cfx_errname(rc));
+    cr_expect_eq(cfx__ctx_leave(abandoned_ctx, CFX_OK), CFX_OK);
+
+    cfx_group_destroy(gb);
+    cfx_context_destroy(b);
+}
