@@ -13,7 +13,7 @@
  * being destroyed"; calls that begin while it runs are refused the same
  * way.  The destroy waits for those calls to leave (at most 10 s; should
  * one not leave by then, the context is logged and left allocated, never
- * freed under it) and returns.  Groups of the context may outlive it: their
+ * freed under it, and so are its groups) and returns.  Groups of the context may outlive it: their
  * calls then fail with CFX_ERR_CANCELED ("its context was destroyed"), and
  * cfx_group_destroy() frees them.  No call may begin after
  * cfx_context_destroy() has returned (the context is gone), and
