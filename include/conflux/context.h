@@ -13,10 +13,10 @@
  * being destroyed"; calls that begin while it runs are refused the same
  * way.  The destroy waits for those calls to leave (at most 10 s; should
  * one not leave by then, the context is logged and left allocated, never
- * freed under it, and so are its groups) and returns.  Groups of the context may outlive it: their
- * calls then fail with CFX_ERR_CANCELED ("its context was destroyed"), and
- * cfx_group_destroy() frees them.  No call may begin after
- * cfx_context_destroy() has returned (the context is gone), and
+ * freed under it, and so are its groups) and returns.  Groups of the
+ * context may outlive it: their calls then fail with CFX_ERR_CANCELED ("its
+ * context was destroyed"), and cfx_group_destroy() frees them.  No call may
+ * begin after cfx_context_destroy() has returned (the context is gone);
  * parameter-server handles (cfx_ps_*) must still be destroyed before their
  * context, and requests (cfx_*_nb, cfx_group_i*) waited for and freed
  * before it: cfx_request_wait() and cfx_request_free() use the context.
