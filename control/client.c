@@ -75,6 +75,7 @@ struct cfx_ctl {
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;
     void (*on_node_dead)(void *arg, uint32_t node_id);
+    void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
@@ -89,6 +90,7 @@ struct cfx_ctl {
     uint64_t next_req;
     int broken;                      /* connection lost: calls fail fast */
     int closing;
+    int interrupted;                 /* cfx__ctl_interrupt(): calls end CFX_ERR_CANCELED */
     int reconnecting;                /* broken, and the reader is reconnecting */
     pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
     uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
@@ -330,7 +332,7 @@ static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start
                           const char *what)
 {
     while ((ctl->reconnecting || (ctl->broken && ctl->role == CFX_CTL_ROLE_NODE)) &&
-           !ctl->closing) {
+           !ctl->closing && !ctl->interrupted) {
         if (deadline == UINT64_MAX) {
             pthread_cond_wait(&ctl->conn_cond, &ctl->lock);
             continue;
@@ -338,7 +340,7 @@ static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start
         struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
                                .tv_nsec = (long)(deadline % 1000000000ull) };
         if (pthread_cond_timedwait(&ctl->conn_cond, &ctl->lock, &ts) == ETIMEDOUT &&
-            (ctl->reconnecting || ctl->broken) && !ctl->closing) {
+            (ctl->reconnecting || ctl->broken) && !ctl->closing && !ctl->interrupted) {
             uint64_t now = cfx__now_ns();
             uint64_t gone = ctl->lost_ns && now > ctl->lost_ns ? now - ctl->lost_ns : 0;
             return ctl_err(ctl, CFX_ERR_CONNECT, what, "the coordinator is unreachable (the "
@@ -400,6 +402,12 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
             pthread_mutex_unlock(&ctl->lock);
             goto out_destroy;
         }
+        if (ctl->interrupted) {
+            pthread_mutex_unlock(&ctl->lock);
+            rc = ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being "
+                         "destroyed");
+            goto out_destroy;
+        }
         if (ctl->broken || ctl->closing) {
             pthread_mutex_unlock(&ctl->lock);
             rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator "
@@ -443,6 +451,10 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
     }
     if (rc != CFX_OK)
         goto out_free;
+    if (call->status == CFX_ERR_CANCELED) {
+        rc = ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being destroyed");
+        goto out_free;
+    }
     if (call->status != CFX_OK) {
         rc = ctl_err(ctl, call->status == CFX_ERR_NOMEM ? CFX_ERR_NOMEM : CFX_ERR_CONNECT, what,
                      "%s", call->status == CFX_ERR_NOMEM ? "no memory for the reply"
@@ -490,6 +502,8 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
     if (m.type == CFX_MSG_EV_NODE_DEAD && m.req_id == CFX_PROTO_EV_LEFT) {
         /* a goodbye, not a failure: its connections close in order */
         CFX_LOG(DEBUG, CTL, "coordinator %s: node %u left", ctl->coord, m.u.node_dead.node_id);
+        if (ctl->on_node_left)
+            ctl->on_node_left(ctl->arg, m.u.node_dead.node_id);
         return;
     }
     if (m.type == CFX_MSG_EV_NODE_DEAD) {
@@ -915,6 +929,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     snprintf(ctl->coord, sizeof(ctl->coord), "%s", params->coord);
     ctl->role = params->role;
     ctl->on_node_dead = params->on_node_dead;
+    ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
@@ -987,6 +1002,28 @@ void cfx__ctl_close(struct cfx_ctl *ctl)
         pthread_join(ctl->thread, NULL);
     }
     ctl_free(ctl);
+}
+
+void cfx__ctl_interrupt(struct cfx_ctl *ctl, bool on)
+{
+    struct cfx_list *pos;
+    if (!ctl)
+        return;
+    pthread_mutex_lock(&ctl->lock);
+    ctl->interrupted = on;
+    if (on) {
+        /* calls waiting for a reply end now (a late reply finds no call) */
+        cfx_list_for_each(pos, &ctl->calls) {
+            struct ctl_call *c = cfx_list_entry(pos, struct ctl_call, link);
+            if (!c->done) {
+                c->done = 1;
+                c->status = CFX_ERR_CANCELED;
+                pthread_cond_signal(&c->cond);
+            }
+        }
+        pthread_cond_broadcast(&ctl->conn_cond);
+    }
+    pthread_mutex_unlock(&ctl->lock);
 }
 
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl)

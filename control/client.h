@@ -13,6 +13,7 @@
 #define CFX_CONTROL_CLIENT_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <conflux/object.h>
 #include "dataplane/transport.h"
@@ -117,6 +118,11 @@ struct cfx_ctl_params {
      * event to another thread (e.g. the progress engine) instead. */
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void *arg;
+    /* Added later: called as on_node_dead, with the same rules, when the
+     * coordinator reports that a node left in good order (its goodbye).  It
+     * will send nothing more, but what it sent may still be on its way.
+     * May be NULL. */
+    void (*on_node_left)(void *arg, uint32_t node_id);
     /* Added by the control plane: called from the client thread after a NODE
      * client reconnected to a restarted coordinator and rejoined (with its
      * previous node id when the coordinator allowed it: compare
@@ -137,6 +143,9 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
 
 /* Leave (best effort) and free; NULL is a no-op. */
 void cfx__ctl_close(struct cfx_ctl *ctl);
+/* While @p on, calls end (and new ones fail) with CFX_ERR_CANCELED: a
+ * context being destroyed ends the calls of its other threads.  Any thread. */
+void cfx__ctl_interrupt(struct cfx_ctl *ctl, bool on);
 
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl);
 /* Times this client reconnected to the coordinator (any thread). */

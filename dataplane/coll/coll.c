@@ -336,8 +336,10 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
     if (dead >= 0)
-        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) died",
-                        x->what, x->a->seq, g->rank, dead, g->ids[dead]);
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s",
+                        x->what, x->a->seq, g->rank, dead, g->ids[dead],
+                        cfx__p2p_node_left(g->ctx, g->ids[dead]) ? "left the cluster"
+                                                                  : "died");
     char why[256];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
     if (rc == CFX_ERR_TIMEOUT)
@@ -726,9 +728,13 @@ static int agree_finish(struct coll_exec *x, int rc)
     uint64_t deadline = x->deadline;
     /* the call failed already: the headers say whether a disagreement was
      * the cause; they were posted first, so they are in or nearly in unless
-     * their rank is gone or elsewhere (bounded wait) */
-    if (rc != CFX_OK)
+     * their rank is gone or elsewhere (bounded wait).  Their waits set the
+     * last error: keep the one that goes with @p rc. */
+    char why[512] = "";
+    if (rc != CFX_OK) {
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
         x->deadline = CFX_MIN(deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    }
     for (int p = 0; p < g->size; p++) {
         if (ag->rh[p] < 0)
             continue;
@@ -748,7 +754,9 @@ static int agree_finish(struct coll_exec *x, int rc)
     x->agree = NULL;
     if (arc != CFX_OK)
         return arc;
-    return rc != CFX_OK ? rc : hrc;
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s", why);
+    return hrc;
 }
 
 /*

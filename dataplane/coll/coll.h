@@ -37,6 +37,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/engine/engine.h" /* struct cfx_ctx_user */
 #include "dataplane/engine/p2p.h"
 
 #define COLL_NAME_MAX     128
@@ -111,6 +112,10 @@ struct cfx_group {
     bool thread_started;
     bool stop;
     pthread_t thread;
+
+    /* the context's destroy may come first (context.c "handles") */
+    struct cfx_ctx_user user;   /* attached to ctx->users while the group lives */
+    bool orphan;                /* its context was destroyed: calls fail (lock) */
 };
 
 /* An outstanding message of the running collective. */

@@ -437,13 +437,32 @@ static uint32_t wait_turn(struct cfx_group *g)
     return seq;
 }
 
+/*
+ * A call on the group counts as a call on its context (cfx__ctx_enter()),
+ * so that the context's destroy waits for it to leave.  Entered under
+ * g->lock: the destroy marks the group an orphan under that lock before it
+ * frees the context, so g->ctx is alive here unless g->orphan.
+ */
+static int group_enter(struct cfx_group *g, const char *what)
+{
+    pthread_mutex_lock(&g->lock);
+    int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",
+                                  what, g->name)
+                       : cfx__ctx_enter(g->ctx, what);
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
 static int run_blocking(struct cfx_group *g, struct coll_args *a)
 {
     cfx__err_clear();
     if (!g)
         return cfx__err(CFX_ERR_INVALID, "%s: NULL group", cfx__coll_kind_name(a->kind));
+    int rc = group_enter(g, cfx__coll_kind_name(a->kind));
+    if (rc != CFX_OK)
+        return rc;
     a->seq = wait_turn(g);
-    return cfx__coll_run(g, a);
+    return cfx__ctx_leave(g->ctx, cfx__coll_run(g, a));
 }
 
 static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_request **req)
@@ -454,6 +473,13 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
         return cfx__err(CFX_ERR_INVALID, "i%s: NULL argument", what);
     /* a call that fails returns no request */
     int rc = cfx__coll_check(g, tmpl, what);
+    if (rc != CFX_OK)
+        return rc;
+    /* posting only: the group's thread runs it, and the context's destroy
+     * stops that thread before it frees anything */
+    if ((rc = group_enter(g, what)) != CFX_OK)
+        return rc;
+    rc = cfx__ctx_leave(g->ctx, CFX_OK);
     if (rc != CFX_OK)
         return rc;
     struct coll_args *a = malloc(sizeof(*a));
@@ -488,12 +514,31 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
 
 /* ---- create / destroy -------------------------------------------------------------- */
 
+static int group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
+                        struct cfx_group **out);
+static void group_detach(struct cfx_ctx_user *u);
+
 int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
                      struct cfx_group **out)
 {
     cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_group_create: NULL argument");
+    *out = NULL;
+    int rc = cfx__ctx_enter(ctx, "cfx_group_create");
+    if (rc != CFX_OK)
+        return rc;
+    rc = group_create(ctx, params, out);
+    /* attached before the leave, while the context is sure to be alive; a
+     * destroy that began meanwhile detaches it like any other group */
+    if (rc == CFX_OK)
+        cfx__ctx_user_attach(ctx, &(*out)->user, group_detach);
+    return cfx__ctx_leave(ctx, rc);
+}
+
+static int group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
+                        struct cfx_group **out)
+{
     uint64_t m = params ? params->field_mask : 0;
     const char *name = (m & CFX_GROUP_PARAM_NAME) && params->name ? params->name : "world";
     if (!*name || strlen(name) >= COLL_NAME_MAX)
@@ -597,25 +642,58 @@ err_free_group:
     return rc;
 }
 
-void cfx_group_destroy(struct cfx_group *g)
+/* What the group holds in its context: its thread (which runs what was
+ * queued first), its bootstrap records, its scratch buffer, its epoch. */
+static void group_release_ctx(struct cfx_group *g)
 {
-    if (!g)
-        return;
     pthread_mutex_lock(&g->lock);
     g->stop = true;
     pthread_cond_broadcast(&g->cond);
     bool joined = g->thread_started;
+    g->thread_started = false;
     pthread_mutex_unlock(&g->lock);
     if (joined)
-        pthread_join(g->thread, NULL); /* runs what was queued first */
+        pthread_join(g->thread, NULL);
     uint64_t dl = cfx__deadline_ns(g->timeout_ms < 0 ? 5000 : CFX_MIN(g->timeout_ms, 5000));
     for (int i = 0; i < g->nheld; i++)
         cfx__ctl_obj_delete(g->ctx->ctl, &g->held[i], dl);
-    free(g->held);
+    g->nheld = 0;
     cfx_buf_free(g->ctx, g->scratch);
+    g->scratch = NULL;
+    epoch_release(g->ctx->node_id, g->name);
+}
+
+/* The context is being destroyed before the group: its side goes now (all
+ * calls have left it); the group's own destroy frees the rest. */
+static void group_detach(struct cfx_ctx_user *u)
+{
+    struct cfx_group *g = container_of(u, struct cfx_group, user);
+    pthread_mutex_lock(&g->lock);
+    g->orphan = true;
+    pthread_mutex_unlock(&g->lock);
+    CFX_LOG(INFO, COLL, "group %s: rank %d: the context is destroyed before the group: "
+            "its calls fail with CFX_ERR_CANCELED", g->name, g->rank);
+    group_release_ctx(g);
+}
+
+void cfx_group_destroy(struct cfx_group *g)
+{
+    if (!g)
+        return;
+    struct cfx_context *ctx = g->ctx;
+    int r = cfx__ctx_user_release(ctx, &g->user);
+    if (r < 0) {
+        CFX_LOG(ERR, COLL, "group %s: rank %d: its context's destroy gave up on calls still "
+                "in flight: the group is left allocated", g->name, g->rank);
+        return;
+    }
+    if (r > 0) {
+        group_release_ctx(g);
+        cfx__ctx_leave(ctx, CFX_OK);
+    }
+    free(g->held);
     cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
-    epoch_release(g->ctx->node_id, g->name);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g->ids);
@@ -635,6 +713,9 @@ int cfx_group_size(const struct cfx_group *g)
 
 /* ---- point to point ------------------------------------------------------------------ */
 
+static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,
+                    const struct cfx_coll_params *params, enum cfx_memtype mt, int timeout);
+
 static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,
                const struct cfx_coll_params *params)
 {
@@ -648,10 +729,22 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
     uint64_t m = params ? params->field_mask : 0;
     enum cfx_memtype mt = (m & CFX_COLL_PARAM_MEMTYPE) ? params->memtype : CFX_MEMTYPE_HOST;
     int timeout = (m & CFX_COLL_PARAM_TIMEOUT) ? params->timeout_ms : g->timeout_ms;
+    int rc = group_enter(g, what);
+    if (rc != CFX_OK)
+        return rc;
     pthread_mutex_lock(&g->lock);
     while (!cfx_list_empty(&g->queue))
         pthread_cond_wait(&g->cond, &g->lock);
     pthread_mutex_unlock(&g->lock);
+    rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
+    return cfx__ctx_leave(g->ctx, rc);
+}
+
+static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,
+                    const struct cfx_coll_params *params, enum cfx_memtype mt, int timeout)
+{
+    const char *what = send ? "send" : "recv";
+    uint64_t m = params ? params->field_mask : 0;
 
     /* device memory travels through a host copy, as in collectives
      * (cfx__coll_run): the transports move host memory */

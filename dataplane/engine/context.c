@@ -247,6 +247,21 @@ static void on_node_dead(void *arg, uint32_t node_id)
     CFX_LOG(INFO, CTL, "node %u: coordinator reports node %u dead", ctx->node_id, node_id);
 }
 
+/* A goodbye: only the waits that watch a group's members care (a member
+ * that left will send nothing more); its connections close in order. */
+static void on_node_left(void *arg, uint32_t node_id)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
+    if (!cmd)
+        return;
+    cmd->type = CFX_CMD_NODE_LEFT;
+    cmd->node_id = node_id;
+    pthread_mutex_lock(&ctx->lock);
+    cfx__cmd_post(ctx, cmd);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static void init_cond(pthread_cond_t *c)
 {
     pthread_condattr_t a;
@@ -289,6 +304,8 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     init_cond(&ctx->cmd_done);
     init_cond(&ctx->obj_cond);
     init_cond(&ctx->async_cond);
+    init_cond(&ctx->calls_cond);
+    cfx_list_init(&ctx->users);
     cfx_list_init(&ctx->conns);
     cfx_list_init(&ctx->busy_uploads);
     cfx_list_init(&ctx->paced_uploads);
@@ -347,6 +364,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .self = &ctx->self,
         .timeout_ms = ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms,
         .on_node_dead = on_node_dead,
+        .on_node_left = on_node_left,
         .on_reconnected = cfx__reannounce_on_reconnected,
         .arg = ctx,
     };
@@ -378,6 +396,7 @@ err_close_tps:
 err_free:
     cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->progress_cond);
+    pthread_cond_destroy(&ctx->calls_cond);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
@@ -422,10 +441,149 @@ static void quiesce(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* ---- calls in flight and handles ---------------------------------------------- */
+
+/*
+ * Handles (groups) live in their owners' memory, and their destroy may run
+ * on one thread while the context's runs on another: the list and each
+ * handle's state are under one process-wide lock, so that whichever comes
+ * first decides who tears the handle's context side down, and the other
+ * waits for it.  Taken rarely (create, destroy), never with ctx->lock held.
+ */
+static pthread_mutex_t users_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t users_cond = PTHREAD_COND_INITIALIZER;
+
+enum { USER_ATTACHED = 1, USER_DETACHING, USER_DETACHED, USER_RELEASED, USER_ABANDONED };
+
+int cfx__ctx_enter(struct cfx_context *ctx, const char *what)
+{
+    pthread_mutex_lock(&ctx->lock);
+    bool closing = ctx->closing;
+    if (!closing)
+        ctx->calls++;
+    pthread_mutex_unlock(&ctx->lock);
+    if (closing)
+        return cfx__err(CFX_ERR_CANCELED, "%s: the context of node %u is being destroyed", what,
+                        ctx->node_id);
+    return CFX_OK;
+}
+
+int cfx__ctx_leave(struct cfx_context *ctx, int rc)
+{
+    pthread_mutex_lock(&ctx->lock);
+    bool closing = ctx->closing;
+    uint32_t node = ctx->node_id;
+    if (--ctx->calls == 0 && closing)
+        pthread_cond_broadcast(&ctx->calls_cond);
+    pthread_mutex_unlock(&ctx->lock);
+    /* ctx may be gone from here on */
+    if (rc == CFX_OK || !closing || rc == CFX_ERR_CANCELED)
+        return rc;
+    char why[384];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    return cfx__err(CFX_ERR_CANCELED, "the context of node %u is being destroyed: %s", node, why);
+}
+
+void cfx__ctx_user_attach(struct cfx_context *ctx, struct cfx_ctx_user *u,
+                          void (*detach)(struct cfx_ctx_user *u))
+{
+    u->detach = detach;
+    pthread_mutex_lock(&users_lock);
+    u->state = USER_ATTACHED;
+    cfx_list_add_tail(&u->link, &ctx->users);
+    pthread_mutex_unlock(&users_lock);
+}
+
+int cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u)
+{
+    pthread_mutex_lock(&users_lock);
+    /* attached: the context is alive (its destroy takes every handle off
+     * the list before it frees anything) */
+    if (u->state == USER_ATTACHED && cfx__ctx_enter(ctx, "destroy") == CFX_OK) {
+        cfx_list_del(&u->link);
+        u->state = USER_RELEASED;
+        pthread_mutex_unlock(&users_lock);
+        return 1;
+    }
+    cfx__err_clear();
+    while (u->state != USER_DETACHED && u->state != USER_ABANDONED)
+        pthread_cond_wait(&users_cond, &users_lock);
+    int r = u->state == USER_DETACHED ? 0 : -1;
+    pthread_mutex_unlock(&users_lock);
+    return r;
+}
+
+/* The destroy gave up (calls still in flight): the handles stay as they
+ * are, and so does the context; their owners' destroys return at once. */
+static void abandon_users(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&users_lock);
+    while (!cfx_list_empty(&ctx->users)) {
+        struct cfx_ctx_user *u = cfx_list_entry(ctx->users.next, struct cfx_ctx_user, link);
+        cfx_list_del(&u->link);
+        u->state = USER_ABANDONED;
+    }
+    pthread_cond_broadcast(&users_cond);
+    pthread_mutex_unlock(&users_lock);
+}
+
+/* Every handle still attached: its context side goes now. */
+static void detach_users(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&users_lock);
+    while (!cfx_list_empty(&ctx->users)) {
+        struct cfx_ctx_user *u = cfx_list_entry(ctx->users.next, struct cfx_ctx_user, link);
+        cfx_list_del(&u->link);
+        u->state = USER_DETACHING;
+        pthread_mutex_unlock(&users_lock);
+        u->detach(u);
+        pthread_mutex_lock(&users_lock);
+        u->state = USER_DETACHED;
+        pthread_cond_broadcast(&users_cond);
+    }
+    pthread_mutex_unlock(&users_lock);
+}
+
+/*
+ * Calls blocked on other threads end now: waits that watch ctx->closing
+ * give up, and so do the coordinator calls; then wait (bounded) for every
+ * call to leave.  false: some call did not leave in time.
+ */
+static bool drain_calls(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ctx->closing = true;
+    pthread_cond_broadcast(&ctx->obj_cond);
+    unsigned n = ctx->calls;
+    pthread_mutex_unlock(&ctx->lock);
+    if (n)
+        CFX_LOG(INFO, INIT, "node %u: destroy: %u call(s) in flight on other threads end "
+                "with CFX_ERR_CANCELED", ctx->node_id, n);
+    cfx__ctl_interrupt(ctx->ctl, true);
+    uint64_t dl = cfx__deadline_ns(CFX_DESTROY_DRAIN_MS);
+    pthread_mutex_lock(&ctx->lock);
+    while (ctx->calls && cfx__cond_wait_until(&ctx->calls_cond, &ctx->lock, dl))
+        ;
+    n = ctx->calls;
+    pthread_mutex_unlock(&ctx->lock);
+    /* the destroy's own coordinator calls (group records) go through */
+    cfx__ctl_interrupt(ctx->ctl, false);
+    if (n)
+        CFX_LOG(ERR, INIT, "node %u: destroy: %u call(s) still in flight after %d ms; the "
+                "context is left allocated (not freed) so that they do not touch freed "
+                "memory", ctx->node_id, n, CFX_DESTROY_DRAIN_MS);
+    return n == 0;
+}
+
 void cfx_context_destroy(struct cfx_context *ctx)
 {
     if (!ctx)
         return;
+    if (!drain_calls(ctx)) {
+        abandon_users(ctx);
+        return;
+    }
+    detach_users(ctx);
     cfx__worker_stop(ctx);
     /* leave first, so no new getter is sent our way */
     cfx__reannounce_stop(ctx);
@@ -477,6 +635,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     pthread_cond_destroy(&ctx->obj_cond);
     pthread_cond_destroy(&ctx->async_cond);
     pthread_cond_destroy(&ctx->progress_cond);
+    pthread_cond_destroy(&ctx->calls_cond);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);

@@ -472,6 +472,7 @@ enum cfx_cmd_type {
     CFX_CMD_GET_CANCEL,     /* withdraw the window of obj->in */
     CFX_CMD_OBJ_RELEASE,    /* deregister and free an object entry */
     CFX_CMD_NODE_DEAD,      /* fail everything with a node */
+    CFX_CMD_NODE_LEFT,      /* a node left in good order: group waits stop waiting for it */
     CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
     CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
@@ -617,6 +618,14 @@ struct cfx_context {
     uint64_t rtask_counter;
     uint32_t dead[256];         /* nodes the coordinator reported dead (ring) */
     unsigned ndead;
+    uint32_t left[256];         /* nodes it reported gone in good order (ring) */
+    unsigned nleft;
+    /* calls in flight, for cfx_context_destroy() (ctx->lock) */
+    unsigned calls;             /* API calls between cfx__ctx_enter() and _leave() */
+    bool closing;               /* destroy has begun: calls end, new ones are refused */
+    pthread_cond_t calls_cond;  /* calls reached 0 while closing */
+    struct cfx_list users;      /* struct cfx_ctx_user: handles on this context (users_lock
+                                   in context.c, not ctx->lock) */
     double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
     double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];
@@ -814,5 +823,52 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
                               int *status);
+
+
+/* ---- calls in flight and handles, for cfx_context_destroy() (context.c) ----
+ *
+ * A blocking API call runs between cfx__ctx_enter() and cfx__ctx_leave().
+ * cfx_context_destroy() first marks the context closing: waits that watch
+ * it (p2p and group waits, object transfers, the coordinator's replies) end
+ * at once, and cfx__ctx_enter() refuses new calls; then it waits (bounded)
+ * until every call has left before it frees anything.
+ */
+#define CFX_DESTROY_DRAIN_MS 10000 /* how long destroy waits for calls to leave */
+
+/* CFX_OK and the call counted, or CFX_ERR_CANCELED (last error set, naming
+ * @p what) when the context is being destroyed. */
+int cfx__ctx_enter(struct cfx_context *ctx, const char *what);
+/* The call ends with @p rc; a failure while the context is being destroyed
+ * becomes CFX_ERR_CANCELED ("the context ... is being destroyed: <why>"). */
+int cfx__ctx_leave(struct cfx_context *ctx, int rc);
+/* ctx->lock held: destroy has begun (waits give up with CFX_ERR_CANCELED). */
+static inline bool cfx__ctx_closing(const struct cfx_context *ctx)
+{
+    return ctx->closing;
+}
+
+/*
+ * A handle that holds the context (a group).  Its owner attaches it at
+ * creation; cfx_context_destroy() calls @p detach for each one still
+ * attached once every call has left (progress thread and coordinator
+ * connection still up): detach lets go of everything the handle holds in
+ * the context, after which the handle's own destroy frees only its memory.
+ * The owner's destroy calls cfx__ctx_user_release() first.
+ */
+struct cfx_ctx_user {
+    struct cfx_list link;                      /* ctx->users */
+    void (*detach)(struct cfx_ctx_user *u);    /* the context's side of the destroy */
+    int state;                                 /* enum in context.c (users_lock) */
+};
+
+void cfx__ctx_user_attach(struct cfx_context *ctx, struct cfx_ctx_user *u,
+                          void (*detach)(struct cfx_ctx_user *u));
+/* The owner destroys the handle: 1 when it may still use the context for
+ * that (a call is entered: end it with cfx__ctx_leave()); 0 when the
+ * context is being or was destroyed and did the detach: only the handle's
+ * memory is left to free (returns once the detach is done); -1 when that
+ * destroy gave up on calls that did not leave (the context was left
+ * allocated): the handle must be left allocated too, as they may use it. */
+int cfx__ctx_user_release(struct cfx_context *ctx, struct cfx_ctx_user *u);
 
 #endif

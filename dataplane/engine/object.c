@@ -41,8 +41,8 @@ static struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, ui
 
 /* ---- put ------------------------------------------------------------------- */
 
-int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *buf,
-            size_t size, const struct cfx_obj_params *params)
+static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
+                    const void *buf, size_t size, const struct cfx_obj_params *params)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     int rc;
@@ -262,6 +262,11 @@ again:
                 cfx__arena_free(ctx, p);
             continue;
         }
+        if (cfx__ctx_closing(ctx)) {
+            pthread_mutex_unlock(&ctx->lock);
+            return cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is "
+                            "being destroyed", hex, ctx->node_id);
+        }
         if (!cfx__obj_wait(ctx, deadline)) {
             pthread_mutex_unlock(&ctx->lock);
             return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
@@ -384,7 +389,10 @@ again:
             obj->in = NULL;
             break;
         }
-        while (in.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline))
+        /* a destroy of the context ends it as the deadline would (the
+         * caller's leave says CFX_ERR_CANCELED) */
+        while (in.status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+               cfx__obj_wait(ctx, deadline))
             watch_prefix(ctx, obj, watch);
         if (in.status == CFX_ERR_AGAIN) {
             /* deadline: withdraw the window and wait for the source to
@@ -513,8 +521,8 @@ again:
     return CFX_OK;
 }
 
-int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t capacity,
-            size_t *size_out, const struct cfx_obj_params *params)
+static int get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                    size_t capacity, size_t *size_out, const struct cfx_obj_params *params)
 {
     cfx__err_clear();
     if (!ctx || !id || (!buf && capacity))
@@ -527,8 +535,8 @@ int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, 
     return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params, NULL);
 }
 
-int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
-                  size_t *size_out, const struct cfx_obj_params *params)
+static int get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          void **buf_out, size_t *size_out, const struct cfx_obj_params *params)
 {
     cfx__err_clear();
     if (!ctx || !id || !buf_out)
@@ -550,8 +558,8 @@ int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *
 
 /* ---- delete ---------------------------------------------------------------- */
 
-int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
-               const struct cfx_obj_params *params)
+static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
+                       const struct cfx_obj_params *params)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     uint64_t deadline;
@@ -581,7 +589,8 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
      * as their input, up to the deadline: the caller may free the buffer
      * once we return */
     pthread_mutex_lock(&ctx->lock);
-    while ((!cfx_list_empty(&obj->uploads) || obj->refs) && cfx__obj_wait(ctx, deadline))
+    while ((!cfx_list_empty(&obj->uploads) || obj->refs) && !cfx__ctx_closing(ctx) &&
+           cfx__obj_wait(ctx, deadline))
         ;
     obj->announced = false;
     int crc = cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
@@ -644,4 +653,46 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
      * the object; its release frees the buffer once uploads have drained. */
     if (backs_object)
         cfx_delete(ctx, &id, NULL);
+}
+
+/* ---- the API: each call counted for cfx_context_destroy() ------------------- */
+
+int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *buf,
+            size_t size, const struct cfx_obj_params *params)
+{
+    int rc = ctx ? cfx__ctx_enter(ctx, "cfx_put") : CFX_OK;
+    if (rc != CFX_OK)
+        return rc;
+    rc = put_call(ctx, id, buf, size, params);
+    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+}
+
+int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t capacity,
+            size_t *size_out, const struct cfx_obj_params *params)
+{
+    int rc = ctx ? cfx__ctx_enter(ctx, "cfx_get") : CFX_OK;
+    if (rc != CFX_OK)
+        return rc;
+    rc = get_call(ctx, id, buf, capacity, size_out, params);
+    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+}
+
+int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                  size_t *size_out, const struct cfx_obj_params *params)
+{
+    int rc = ctx ? cfx__ctx_enter(ctx, "cfx_get_alloc") : CFX_OK;
+    if (rc != CFX_OK)
+        return rc;
+    rc = get_alloc_call(ctx, id, buf_out, size_out, params);
+    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+}
+
+int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
+               const struct cfx_obj_params *params)
+{
+    int rc = ctx ? cfx__ctx_enter(ctx, "cfx_delete") : CFX_OK;
+    if (rc != CFX_OK)
+        return rc;
+    rc = delete_call(ctx, id, params);
+    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
 }

@@ -1153,7 +1153,7 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
             reroutes += r == CFX_OK;
             continue;
         }
-        if (!cfx__obj_wait(ctx, pl->deadline))
+        if (cfx__ctx_closing(ctx) || !cfx__obj_wait(ctx, pl->deadline))
             break;
     }
     int st = wait.status;
@@ -1191,7 +1191,7 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
     return rc;
 }
 
-int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
                        size_t k, enum cfx_dtype dtype, enum cfx_redop op,
                        const struct cfx_object_id *result, const struct cfx_obj_params *params,
                        size_t *used)
@@ -1277,4 +1277,17 @@ out:
     free(pl.lost);
     free(arr);
     return rc;
+}
+
+/* Counted for cfx_context_destroy(). */
+int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
+                       size_t k, enum cfx_dtype dtype, enum cfx_redop op,
+                       const struct cfx_object_id *result, const struct cfx_obj_params *params,
+                       size_t *used)
+{
+    int rc = ctx ? cfx__ctx_enter(ctx, "cfx_reduce_objects") : CFX_OK;
+    if (rc != CFX_OK)
+        return rc;
+    rc = reduce_call(ctx, inputs, n, k, dtype, op, result, params, used);
+    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
 }

@@ -272,14 +272,35 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return cfx__p2p_waitall(&req, 1, deadline_ns);
 }
 
-/* ctx->lock held: index in @p nodes of a node known dead, or -1. */
+/* ctx->lock held: whether @p node left in good order. */
+static bool node_left(const struct cfx_context *ctx, uint32_t node)
+{
+    for (unsigned d = 0; d < ctx->nleft; d++)
+        if (ctx->left[d] == node)
+            return true;
+    return false;
+}
+
+/* ctx->lock held: index in @p nodes of a node known dead or gone in good
+ * order (either way it sends nothing more), or -1. */
 static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
 {
-    for (int i = 0; i < nnodes; i++)
+    for (int i = 0; i < nnodes; i++) {
         for (unsigned d = 0; d < ctx->ndead; d++)
             if (ctx->dead[d] == nodes[i])
                 return i;
+        if (node_left(ctx, nodes[i]))
+            return i;
+    }
     return -1;
+}
+
+bool cfx__p2p_node_left(struct cfx_context *ctx, uint32_t node)
+{
+    pthread_mutex_lock(&ctx->lock);
+    bool left = node_left(ctx, node);
+    pthread_mutex_unlock(&ctx->lock);
+    return left;
 }
 
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req)
@@ -305,8 +326,14 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     poll_wait(req);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
-           cfx__obj_wait(ctx, deadline_ns))
+           !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline_ns))
         ;
+    if (st == CFX_ERR_AGAIN && who < 0 && !stopped && cfx__ctx_closing(ctx)) {
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being destroyed",
+                        req->kind == CFX_P2P_SEND ? "send to" : "receive from", req->peer,
+                        req->tag);
+    }
     if (st == CFX_ERR_AGAIN && stopped) {
         pthread_mutex_unlock(&ctx->lock);
         if (was_stopped)
@@ -328,7 +355,8 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
         who = -1;
     if (st == CFX_ERR_AGAIN && who >= 0) {
         *dead = who;
-        return cfx__err(CFX_ERR_PEER_FAILED, "node %u died", nodes[who]);
+        return cfx__err(CFX_ERR_PEER_FAILED, "node %u %s", nodes[who],
+                        cfx__p2p_node_left(ctx, nodes[who]) ? "left the cluster" : "died");
     }
     if (st == CFX_ERR_AGAIN)
         st = CFX_ERR_TIMEOUT;
@@ -345,8 +373,15 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     for (int i = 0; i < n; i++) {
         int st;
         poll_wait(reqs[i]);
-        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, deadline_ns))
+        while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+               cfx__obj_wait(ctx, deadline_ns))
             ;
+        if (st == CFX_ERR_AGAIN && cfx__ctx_closing(ctx)) {
+            pthread_mutex_unlock(&ctx->lock);
+            return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being "
+                            "destroyed", reqs[i]->kind == CFX_P2P_SEND ? "send to"
+                            : "receive from", reqs[i]->peer, reqs[i]->tag);
+        }
         if (st == CFX_ERR_AGAIN)
             st = CFX_ERR_TIMEOUT;
         pthread_mutex_unlock(&ctx->lock);

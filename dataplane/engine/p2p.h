@@ -55,8 +55,9 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns);
 int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
 
 /* As cfx__p2p_wait(), and also fail with CFX_ERR_PEER_FAILED (setting *dead
- * to its index) as soon as any of @p nodes is known dead — so every member
- * of a group learns of a death, not only the ones that talk to the dead
+ * to its index) as soon as any of @p nodes is known dead or left the
+ * cluster in good order (cfx__p2p_node_left() tells which) — so every
+ * member of a group learns of it, not only the ones that talk to that
  * node.  *dead is -1 otherwise. */
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead);
@@ -69,6 +70,10 @@ int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uin
  * into. */
 int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                        int nnodes, int *dead, bool (*stop)(void *), void *arg, bool *was_stopped);
+
+/* Whether the coordinator reported @p node gone in good order (takes the
+ * context lock). */
+bool cfx__p2p_node_left(struct cfx_context *ctx, uint32_t node);
 
 /* Status of @p req (CFX_ERR_AGAIN while running); the context lock held. */
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req);

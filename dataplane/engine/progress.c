@@ -127,6 +127,14 @@ int cfx__progress_run_cmds(struct cfx_context *ctx)
                     ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = cmd->node_id;
             pthread_cond_broadcast(&ctx->obj_cond);
             break;
+        case CFX_CMD_NODE_LEFT:
+            if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
+                ctx->left[ctx->nleft++] = cmd->node_id;
+            else /* forget the oldest, as for the dead */
+                memmove(ctx->left, ctx->left + 1, sizeof(ctx->left) - sizeof(ctx->left[0])),
+                    ctx->left[CFX_ARRAY_SIZE(ctx->left) - 1] = cmd->node_id;
+            pthread_cond_broadcast(&ctx->obj_cond);
+            break;
         case CFX_CMD_P2P_SEND:
             cfx__eager_send_post(ctx, cmd->obj, &cmd->node);
             break;

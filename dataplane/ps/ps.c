@@ -516,12 +516,13 @@ void cfx_ps_destroy(struct cfx_ps *ps)
 }
 
 /*
- * ps->lock held: a server whose coordinator has been unreachable for the
+ * ps->lock held: a member whose coordinator has been unreachable for the
  * handle's timeout ends (the job's maps, and so its end, travel through
- * the coordinator's directory: without it the server would serve for
- * ever).  Shorter outages are a pause; the client reconnects meanwhile.
+ * the coordinator's directory: without it a server would serve for ever
+ * and a worker wait for maps that never come).  Shorter outages are a
+ * pause; the client reconnects meanwhile.  Waits are woken to see it.
  */
-static void check_coord(struct cfx_ps *ps)
+void cfx__ps_check_coord(struct cfx_ps *ps)
 {
     uint64_t gone = cfx__ctl_lost_ms(ps->ctx->ctl);
     if (ps->lost_status || ps->finished || ps->timeout_ms <= 0 ||
@@ -529,10 +530,12 @@ static void check_coord(struct cfx_ps *ps)
         return;
     ps->lost_status = CFX_ERR_CONNECT;
     snprintf(ps->lost_why, sizeof(ps->lost_why),
-             "job %s: server %d: the coordinator %s has been unreachable for %llu ms "
-             "(the job's timeout is %d ms): the job cannot go on", ps->job, ps->index,
-             ps->ctx->cfg.coord, (unsigned long long)gone, ps->timeout_ms);
+             "job %s: %s %d: the coordinator %s has been unreachable for %llu ms "
+             "(the job's timeout is %d ms): the job cannot go on", ps->job,
+             ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, ps->ctx->cfg.coord,
+             (unsigned long long)gone, ps->timeout_ms);
     CFX_LOG(ERR, PS, "%s", ps->lost_why);
+    pthread_cond_broadcast(&ps->cond);
 }
 
 #define SERVE_CHECK_MS 250 /* how often serve looks at the coordinator */
@@ -545,7 +548,7 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
     for (;;) {
-        check_coord(ps);
+        cfx__ps_check_coord(ps);
         if (ps->finished || ps->lost_status)
             break;
         uint64_t slice = cfx__deadline_ns(SERVE_CHECK_MS);
@@ -554,7 +557,7 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
                cfx__cond_wait_until(&ps->cond, &ps->lock, last ? dl : slice))
             ;
         if (last && !ps->finished && !ps->lost_status) {
-            check_coord(ps);
+            cfx__ps_check_coord(ps);
             break;
         }
     }

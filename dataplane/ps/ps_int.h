@@ -406,6 +406,9 @@ void cfx__ps_sched_lost(struct cfx_ps *ps, const char *how);
 /* ps->lock held: the status of a lost scheduler, recorded as this thread's
  * last error; CFX_OK when it is not lost. */
 int cfx__ps_lost_err(struct cfx_ps *ps);
+/* ps->lock held: the coordinator has been unreachable for the handle's
+ * timeout: record CFX_ERR_CONNECT naming it as the lost status (waits end). */
+void cfx__ps_check_coord(struct cfx_ps *ps);
 /* Worker: a server's mailbox failed; its outstanding requests fail. */
 void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status);
 

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataplane/engine/engine.h" /* the context's coordinator connection and address */
+
 enum ps_op_kind {
     PS_OP_PUSH = PS_REQ_PUSH,
     PS_OP_PULL = PS_REQ_PULL,
@@ -510,15 +512,32 @@ int cfx__ps_worker_tick(struct cfx_ps *ps)
         start_op(ps, op);
         n++;
     }
+    /* the coordinator gone for the job's timeout ends every request now;
+     * one gone for less names it in a request that runs out of time */
+    pthread_mutex_lock(&ps->lock);
+    cfx__ps_check_coord(ps);
+    bool lost = ps->lost_status == CFX_ERR_CONNECT;
+    char why[sizeof(ps->lost_why)];
+    memcpy(why, ps->lost_why, sizeof(why));
+    pthread_mutex_unlock(&ps->lock);
+    uint64_t cgone = lost ? 0 : cfx__ctl_lost_ms(ps->ctx->ctl);
     /* deadlines */
     uint64_t now = cfx__now_ns();
     cfx_list_for_each_safe(pos, tmp, &w->subs)
     {
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
-        if (now < s->op->deadline)
+        if (!lost && now < s->op->deadline)
             continue;
         struct ps_peer *p = s->server < PS_MAX_SERVERS ? ps->servers[s->server] : NULL;
-        if (s->waiting)
+        if (lost)
+            op_fail(ps, s->op, CFX_ERR_CONNECT, "%s", why);
+        else if (cgone)
+            op_fail(ps, s->op, CFX_ERR_CONNECT,
+                    "tensor %s block %u: no answer within %d ms while the coordinator %s "
+                    "has been unreachable for %llu ms",
+                    tensor_name(ps, s->op->tensor), s->block, ps->timeout_ms,
+                    ps->ctx->cfg.coord, (unsigned long long)cgone);
+        else if (s->waiting)
             op_fail(ps, s->op, CFX_ERR_TIMEOUT,
                     "tensor %s block %u: shard map %u (where it "
                     "moved) did not arrive within %d ms",
@@ -654,6 +673,13 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
     op->grad = grad;
     op->out = out;
     pthread_mutex_lock(&ps->lock);
+    cfx__ps_check_coord(ps);
+    if (ps->lost_status == CFX_ERR_CONNECT) {
+        int rc = cfx__ps_lost_err(ps);
+        pthread_mutex_unlock(&ps->lock);
+        free(op);
+        return rc;
+    }
     if (key < 0 || (uint32_t)key >= ps->map.ntensors ||
         (kind != PS_OP_INIT && !ps->map.tensors[key].ready)) {
         pthread_mutex_unlock(&ps->lock);
@@ -792,9 +818,25 @@ static bool wait_map(struct cfx_ps *ps, uint64_t dl, bool (*pred)(struct cfx_ps 
                      const void *arg)
 {
     while (!pred(ps, arg) && !ps->lost_status)
-        if (!cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+        if (!cfx__cond_wait_until(&ps->cond, &ps->lock, dl)) {
+            cfx__ps_check_coord(ps); /* the loop thread may be behind */
             return false;
+        }
     return pred(ps, arg);
+}
+
+/* A map wait that ran out of time while the coordinator (through whose
+ * directory the maps come) is unreachable: CFX_ERR_CONNECT naming it. */
+static int map_wait_err(struct cfx_ps *ps, const char *name, const char *what)
+{
+    uint64_t gone = cfx__ctl_lost_ms(ps->ctx->ctl);
+    if (!gone)
+        return CFX_OK;
+    return cfx__err(CFX_ERR_CONNECT,
+                    "job %s: worker %d: tensor '%s' %s within %d ms: the coordinator %s (the "
+                    "maps come through its directory) has been unreachable for %llu ms",
+                    ps->job, ps->index, name, what, ps->timeout_ms, ps->ctx->cfg.coord,
+                    (unsigned long long)gone);
 }
 
 static bool has_tensor(struct cfx_ps *ps, const void *name)
@@ -822,7 +864,11 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     uint64_t dl = cfx__deadline_ns(ps->timeout_ms);
     pthread_mutex_lock(&ps->lock);
     enum cfx_ps_optimizer opt = ps->map.conf.optim.type;
+    cfx__ps_check_coord(ps);
+    int lrc = ps->lost_status == CFX_ERR_CONNECT ? cfx__ps_lost_err(ps) : CFX_OK;
     pthread_mutex_unlock(&ps->lock);
+    if (lrc != CFX_OK)
+        return lrc;
     if (opt != CFX_PS_OPT_SUM && dtype != CFX_DTYPE_F32 && dtype != CFX_DTYPE_F64)
         return cfx__err(CFX_ERR_UNSUPPORTED,
                         "ps register '%s': the servers' optimizer needs "
@@ -852,6 +898,8 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     pthread_mutex_unlock(&ps->lock);
     if (rc != CFX_OK)
         return rc;
+    if (!ok && (rc = map_wait_err(ps, name, "did not appear in the shard map")) != CFX_OK)
+        return rc;
     if (!ok)
         return cfx__err(CFX_ERR_TIMEOUT,
                         "job %s: tensor '%s' did not appear in the shard map "
@@ -878,6 +926,8 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     rc = ok ? CFX_OK : cfx__ps_lost_err(ps);
     pthread_mutex_unlock(&ps->lock);
     if (rc != CFX_OK)
+        return rc;
+    if (!ok && (rc = map_wait_err(ps, name, "was not initialized")) != CFX_OK)
         return rc;
     if (!ok)
         return cfx__err(CFX_ERR_TIMEOUT,

@@ -3,8 +3,23 @@
  *
  * A context owns a connection to the coordinator, one progress thread that
  * drives every transport, the local object store and the registered arena.
- * All functions here may be called from any thread, except that
- * cfx_context_destroy() must not race with other calls on the same context.
+ * All functions here may be called from any thread.
+ *
+ * Destroying a context while other threads are inside calls on it: calls
+ * in flight when cfx_context_destroy() begins (cfx_get/put/delete and
+ * their _alloc form, cfx_reduce_objects, and the calls of the context's
+ * groups: collectives, cfx_group_send/recv, cfx_group_create) end at once
+ * with CFX_ERR_CANCELED, cfx_last_error() saying "the context of node N is
+ * being destroyed"; calls that begin while it runs are refused the same
+ * way.  The destroy waits for those calls to leave (at most 10 s; should
+ * one not leave by then, the context is logged and left allocated, never
+ * freed under it, and so are its groups) and returns.  Groups of the
+ * context may outlive it: their calls then fail with CFX_ERR_CANCELED ("its
+ * context was destroyed"), and cfx_group_destroy() frees them.  No call may
+ * begin after cfx_context_destroy() has returned (the context is gone);
+ * parameter-server handles (cfx_ps_*) must still be destroyed before their
+ * context, and requests (cfx_*_nb, cfx_group_i*) waited for and freed
+ * before it: cfx_request_wait() and cfx_request_free() use the context.
  */
 #ifndef CONFLUX_CONTEXT_H
 #define CONFLUX_CONTEXT_H
@@ -66,7 +81,11 @@ struct cfx_context_params {
 CFX_API int cfx_context_create(const struct cfx_context_params *params,
                                struct cfx_context **out);
 
-/** Leave the cluster and free everything; NULL is a no-op. */
+/**
+ * Leave the cluster and free everything; NULL is a no-op.  Calls blocked on
+ * other threads end with CFX_ERR_CANCELED first (see the top of this file);
+ * returns within about 10 s of that plus the leave itself.
+ */
 CFX_API void cfx_context_destroy(struct cfx_context *ctx);
 
 /** Node id the coordinator assigned to this context (never 0). */

@@ -65,7 +65,10 @@ struct cfx_group_params {
 CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
                              struct cfx_group **out);
 
-/** Leave the group and free it; NULL is a no-op. */
+/** Leave the group and free it; NULL is a no-op.  May come after
+ * cfx_context_destroy() of its context, or race with it on another thread
+ * (the context then does the leaving, this frees the memory); the group's
+ * calls fail with CFX_ERR_CANCELED once that destroy has begun. */
 CFX_API void cfx_group_destroy(struct cfx_group *group);
 
 CFX_API int cfx_group_rank(const struct cfx_group *group);

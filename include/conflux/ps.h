@@ -184,7 +184,10 @@ CFX_API int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms);
  * @param key  receives the tensor's key for push/pull.
  * @return CFX_OK; CFX_ERR_INVALID (a worker disagrees); CFX_ERR_UNSUPPORTED
  *         (an optimizer other than SUM on an integer dtype); CFX_ERR_TIMEOUT;
- *         CFX_ERR_PEER_FAILED naming the scheduler's node when it is lost.
+ *         CFX_ERR_PEER_FAILED naming the scheduler's node when it is lost;
+ *         CFX_ERR_CONNECT naming the coordinator's address when it has been
+ *         unreachable for the handle's timeout, or is unreachable when the
+ *         wait runs out (the shard maps come through its directory).
  */
 CFX_API int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype,
                             size_t count, const void *init, int *key);
@@ -193,7 +196,11 @@ CFX_API int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype 
  * push: send this step's gradient (or update, for SUM).  pull: parameters
  * as of this worker's step under the job's consistency.  pushpull: push,
  * then the parameters once this step has been applied (BSP: by every
- * worker).  @p grad must stay unchanged until the call returns. */
+ * worker).  @p grad must stay unchanged until the call returns.
+ * Once the coordinator has been unreachable for the handle's timeout these
+ * (and the non-blocking forms, at the call or in flight) fail with
+ * CFX_ERR_CONNECT naming its address; a request that runs out of time
+ * while it is unreachable fails so too, not with CFX_ERR_TIMEOUT. */
 CFX_API int cfx_ps_push(struct cfx_ps *ps, int key, const void *grad);
 CFX_API int cfx_ps_pull(struct cfx_ps *ps, int key, void *out);
 CFX_API int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *out);

@@ -302,3 +302,62 @@ Test(cfx_run, sigterm_is_forwarded)
     cr_assert(has_line(out, "status 143"), "output:\n%s", out);
     free(out);
 }
+
+/*
+ * A rank killed from outside (SIGKILL, as the OOM killer or an operator
+ * would) while cfx_run waits for its ranks.  Rank 1 writes its pid and
+ * sleeps; ranks 0 and 2 set a SIGTERM trap and leave a file; once all three
+ * files are there the shell kills rank 1.  cfx_run names the rank and the
+ * signal, stops the others (each says so from its trap) and exits 128+9.
+ */
+Test(cfx_run, rank_killed_while_waiting)
+{
+    char cmd[2048], *out;
+
+    snprintf(
+        cmd, sizeof(cmd),
+        "d=$(mktemp -d); "
+        "%s/cfx_run -n 3 sh -c 'if [ $CFX_RANK = 1 ]; then echo $$ > '$d'/pid.tmp; "
+        "mv '$d'/pid.tmp '$d'/pid; exec sleep 600; fi; "
+        "trap \"echo rank $CFX_RANK stopped by SIGTERM; kill $! 2>/dev/null; exit 143\" TERM; "
+        "sleep 600 & touch '$d'/$CFX_RANK; wait' 2>&1 & p=$!; "
+        "i=0; while [ $i -lt 600 ] && ! [ -e $d/0 -a -e $d/2 -a -e $d/pid ]; do "
+        "sleep 0.1; i=$((i+1)); done; "
+        "kill -KILL $(cat $d/pid); wait $p; echo \"status $?\"; rm -rf $d",
+        CFX_BIN_DIR);
+    int rc = run_sh(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 exited with signal SIGKILL"), "output:\n%s", out);
+    cr_assert(has_line(out, "[0] rank 0 stopped by SIGTERM"), "rank 0 not stopped:\n%s", out);
+    cr_assert(has_line(out, "[2] rank 2 stopped by SIGTERM"), "rank 2 not stopped:\n%s", out);
+    cr_assert(has_line(out, "status 137"), "output:\n%s", out);
+    free(out);
+}
+
+/* The same kill of a rank that is allowed to fail: the others are not
+ * stopped; each sees the victim gone (its pid no longer exists), says so
+ * and exits 0, and so does cfx_run. */
+Test(cfx_run, allowed_rank_killed_while_waiting)
+{
+    char cmd[2048], *out;
+
+    snprintf(
+        cmd, sizeof(cmd),
+        "d=$(mktemp -d); "
+        "%s/cfx_run -n 3 --allow-fail 1 sh -c 'if [ $CFX_RANK = 1 ]; then "
+        "echo $$ > '$d'/pid.tmp; mv '$d'/pid.tmp '$d'/pid; exec sleep 600; fi; "
+        "touch '$d'/$CFX_RANK; i=0; while [ ! -e '$d'/pid ] || kill -0 $(cat '$d'/pid) "
+        "2>/dev/null; do i=$((i+1)); [ $i -lt 6000 ] || exit 4; sleep 0.01; done; "
+        "echo rank $CFX_RANK saw the victim gone' 2>&1 & p=$!; "
+        "i=0; while [ $i -lt 600 ] && ! [ -e $d/0 -a -e $d/2 -a -e $d/pid ]; do "
+        "sleep 0.1; i=$((i+1)); done; "
+        "kill -KILL $(cat $d/pid); wait $p; echo \"status $?\"; rm -rf $d",
+        CFX_BIN_DIR);
+    int rc = run_sh(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 (allowed to fail) SIGKILL"), "output:\n%s", out);
+    cr_assert(has_line(out, "[0] rank 0 saw the victim gone"), "output:\n%s", out);
+    cr_assert(has_line(out, "[2] rank 2 saw the victim gone"), "output:\n%s", out);
+    cr_assert(has_line(out, "status 0"), "output:\n%s", out);
+    free(out);
+}

@@ -17,7 +17,11 @@
  *    CFX_ERR_CONNECT and an error that names the coordinator's address, in
  *    both processes; a parameter-server server ends too (cfx_ps_serve
  *    returns CFX_ERR_CONNECT once the coordinator has been gone for the
- *    handle's timeout).
+ *    handle's timeout), and so does its worker: a register waiting for its
+ *    shard map, and push, pull and a non-blocking push made once the
+ *    coordinator has been gone for that long, fail with CFX_ERR_CONNECT
+ *    naming the coordinator (they used to end with CFX_ERR_TIMEOUT, or be
+ *    served as if the job could go on).
  */
 #include <criterion/criterion.h>
 
@@ -29,7 +33,7 @@
 
 #include <conflux/conflux.h>
 
-#include "coord_child.h"
+#include "coord_run.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
@@ -44,63 +48,24 @@
 
 #define CHILD_ENV "CFX_TEST_OUTAGE_CHILD"
 
-static struct coord_child cc;
-static char token[64];
-static char dir[128], statedir[160], logpath[160];
-static char portarg[16];
+static struct coord_run co; /* the coordinator, its token and state directory */
 
-static void start_coord(const char *port)
-{
-    snprintf(portarg, sizeof(portarg), "%s", port);
-    const char *a[] = { "--port", portarg, "--token", token, "--state-dir", statedir,
-                        "--heartbeat-ms", "100", "--dead-after-ms", "1500", NULL };
-    /* DEBUG: the test waits for the log lines of parked lookups */
-    setenv("CFX_LOG_LEVEL", "DEBUG", 1);
-    coord_child_start(&cc, logpath, 0, a);
-    unsetenv("CFX_LOG_LEVEL");
-}
-
+/* DEBUG: the test waits for the log lines of parked lookups */
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    snprintf(dir, sizeof(dir), "/tmp/cfx-outage-%d", (int)getpid());
-    mkdir(dir, 0700);
-    snprintf(statedir, sizeof(statedir), "%s/state", dir);
-    snprintf(logpath, sizeof(logpath), "%s/coord.log", dir);
-    start_coord("0");
+    coord_run_setup(&co, "outage", true);
 }
 
 static void teardown(void)
 {
-    char cmd[256];
-    coord_child_kill(&cc, SIGTERM);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    (void)!system(cmd);
+    coord_run_teardown(&co);
 }
 
 TestSuite(coord_outage, .init = setup, .fini = teardown, .timeout = 180);
 
-static struct cfx_context *join_at(const char *addr, const char *tok, int timeout_ms)
-{
-    struct cfx_context *ctx = NULL;
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = addr,
-        .token = tok,
-        .timeout_ms = timeout_ms,
-        .transports = "tcp",
-    };
-    if (cfx_context_create(&p, &ctx) != CFX_OK)
-        return NULL;
-    return ctx;
-}
-
 static struct cfx_context *join(int timeout_ms)
 {
-    struct cfx_context *ctx = join_at(cc.addr, token, timeout_ms);
-    cr_assert(ctx, "context: %s", cfx_last_error());
-    return ctx;
+    return coord_run_join(&co, timeout_ms);
 }
 
 static void oid(const char *fmt, int i, struct cfx_object_id *id)
@@ -194,8 +159,8 @@ static void expect_lost(int rc, const char *err, const char *what, int i)
 {
     cr_expect_eq(rc, CFX_ERR_CONNECT, "%s %d without a coordinator: %s (%s)", what, i,
                  cfx_errname(rc), err);
-    cr_expect(strstr(err, cc.addr) != NULL, "%s %d: the error does not name the coordinator "
-              "%s: %s", what, i, cc.addr, err);
+    cr_expect(strstr(err, co.cc.addr) != NULL, "%s %d: the error does not name the coordinator "
+              "%s: %s", what, i, co.cc.addr, err);
     cr_expect(strstr(err, "no node put it") == NULL, "%s %d: the error blames the object: %s",
               what, i, err);
 }
@@ -214,9 +179,9 @@ static void wait_parked(const struct cfx_object_id *ids, int n)
         char hex[CFX_OBJECT_ID_HEX_LEN], line[128];
         cfx_object_id_to_hex(&ids[i], hex);
         snprintf(line, sizeof(line), "waits for object %s", hex);
-        while (!cfx_test_file_contains(logpath, line) && cfx__now_ns() < deadline)
+        while (!cfx_test_file_contains(co.logpath, line) && cfx__now_ns() < deadline)
             usleep(5 * 1000);
-        cr_assert(cfx_test_file_contains(logpath, line), "no lookup of object %d parked", i);
+        cr_assert(cfx_test_file_contains(co.logpath, line), "no lookup of object %d parked", i);
     }
 }
 
@@ -246,7 +211,7 @@ __attribute__((constructor)) static void outage_child_main(void)
     if (!spec || sscanf(spec, "%d %d %63s %63s %15s", &in, &out, a, tok, mode) != 5)
         return;
     int ms = strcmp(mode, "gone") ? CALL_MS : GONE_MS;
-    struct cfx_context *ctx = join_at(a, tok, ms);
+    struct cfx_context *ctx = coord_run_join_at(a, tok, ms);
     if (!ctx) {
         fprintf(stderr, "outage child: %s\n", cfx_last_error());
         _exit(2);
@@ -293,7 +258,7 @@ static void child_start(struct child *ch, const char *mode)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     cr_assert_gt(n, 0);
     exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %d %s %s %s", down[0], up[1], cc.addr, token, mode);
+    snprintf(spec, sizeof(spec), "%d %d %s %s %s", down[0], up[1], co.cc.addr, co.token, mode);
     ch->pid = fork();
     cr_assert_geq(ch->pid, 0);
     if (ch->pid == 0) {
@@ -371,9 +336,7 @@ Test(coord_outage, burst_across_restart)
         oid("outage/late/c%d", i, &parked[NLATE + i]);
     wait_parked(parked, NLATE + NCHILD);
 
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
+    coord_run_kill(&co);
 
     /* the burst, while it is down */
     child_send(&ch, 'G');
@@ -390,7 +353,7 @@ Test(coord_outage, burst_across_restart)
         op_start(&del[i], a, OP_DELETE, &id, 0, CALL_MS);
     }
     usleep(1000 * 1000); /* the outage: 1 s */
-    start_coord(port);   /* same port, same state directory */
+    coord_run_start(&co); /* same port, same state directory */
 
     for (int i = 0; i < NPUT; i++) {
         op_expect_ok(&puts[i], "A:", i);
@@ -461,6 +424,19 @@ struct ps_arg {
     char err[ERR_LEN];
 };
 
+#define PS_COUNT 1024 /* floats in the worker's tensor */
+
+/* The worker registers a tensor after the coordinator is gone. */
+static void *ps_register_main(void *p)
+{
+    static float init[PS_COUNT]; /* worker 0 gives the initial values */
+    struct ps_arg *r = p;
+    int key = -1;
+    r->rc = cfx_ps_register(r->ps, "late", CFX_DTYPE_F32, PS_COUNT, init, &key);
+    snprintf(r->err, sizeof(r->err), "%s", r->rc == CFX_OK ? "registered" : cfx_last_error());
+    return NULL;
+}
+
 static void *ps_create_main(void *p)
 {
     struct ps_arg *r = p;
@@ -497,6 +473,17 @@ Test(coord_outage, coordinator_gone_for_good)
         pthread_join(pt[i], NULL);
         cr_assert_eq(ps[i].rc, CFX_OK, "ps member %d: %s", i, ps[i].err);
     }
+    /* the job works before the outage: a tensor, pushed and pulled back */
+    static float init[PS_COUNT], grad[PS_COUNT], got[PS_COUNT];
+    for (int i = 0; i < PS_COUNT; i++) {
+        init[i] = (float)i;
+        grad[i] = 1.0f;
+    }
+    int key = -1;
+    cr_assert_eq(cfx_ps_register(ps[1].ps, "w", CFX_DTYPE_F32, PS_COUNT, init, &key), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_ps_pull(ps[1].ps, key, got), CFX_OK, "%s", cfx_last_error());
+    cr_assert(!memcmp(got, init, sizeof(got)), "pulled values differ from the initial ones");
 
     oid("gone/pre", 0, &id);
     op_start(&pre, a, OP_PUT, &id, 7, GONE_MS);
@@ -511,8 +498,17 @@ Test(coord_outage, coordinator_gone_for_good)
         oid("outage/late/c%d", i, &parked[NLATE + i]);
     wait_parked(parked, NLATE + NCHILD);
 
-    coord_child_kill(&cc, SIGKILL); /* for good */
+    coord_run_kill(&co); /* for good */
     child_send(&ch, 'G');
+    /* the worker registers a tensor once its node knows the coordinator is
+     * gone: the map it waits for cannot come */
+    uint64_t seen = cfx__deadline_ns(10000);
+    while (cfx__ctl_lost_ms(w->ctl) == 0 && cfx__now_ns() < seen)
+        usleep(1000);
+    cr_assert_gt(cfx__ctl_lost_ms(w->ctl), 0, "the worker's node did not see the coordinator go");
+    struct ps_arg late = { .ctx = w, .ps = ps[1].ps };
+    pthread_t lt;
+    cr_assert_eq(pthread_create(&lt, NULL, ps_register_main, &late), 0);
     for (int i = 0; i < NPUT; i++) {
         oid("gone/new/%d", i, &id);
         op_start(&puts[i], a, OP_PUT, &id, 1000 + i, GONE_MS);
@@ -531,6 +527,26 @@ Test(coord_outage, coordinator_gone_for_good)
         snprintf(serr, sizeof(serr), "%s", cfx_last_error());
     }
     expect_lost(src, serr, "ps server: cfx_ps_serve", 0);
+
+    /* the worker: its register ended, and push, pull and a non-blocking
+     * push now fail at once, all naming the coordinator */
+    pthread_join(lt, NULL);
+    expect_lost(late.rc, late.err, "ps worker: cfx_ps_register", 0);
+    char werr[ERR_LEN];
+    int wrc = cfx_ps_push(ps[1].ps, key, grad);
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_push", 0);
+    wrc = cfx_ps_pull(ps[1].ps, key, got);
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_pull", 0);
+    struct cfx_ps_request *wreq = NULL;
+    wrc = cfx_ps_ipush(ps[1].ps, key, grad, &wreq);
+    if (wrc == CFX_OK) {
+        wrc = cfx_ps_wait(wreq, -1);
+        cfx_ps_request_free(wreq);
+    }
+    snprintf(werr, sizeof(werr), "%s", cfx_last_error());
+    expect_lost(wrc, werr, "ps worker: cfx_ps_ipush", 0);
 
     for (int i = 0; i < NPUT; i++) {
         op_join(&puts[i]);

@@ -27,7 +27,7 @@
 
 #include <conflux/conflux.h>
 
-#include "coord_child.h"
+#include "coord_run.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
@@ -35,56 +35,23 @@
 #define MED   (1u << 20)
 #define SMALL 1000u
 
-static struct coord_child cc;
-static char token[64];
-static char dir[128], statedir[160], logpath[160];
-static const char *args[16];
-static char portarg[16];
-static const char *dead_after = "1500"; /* --dead-after-ms of the next start */
-
-static void start_coord(const char *port)
-{
-    snprintf(portarg, sizeof(portarg), "%s", port);
-    const char *a[] = { "--port", portarg, "--token", token, "--state-dir", statedir,
-                        "--heartbeat-ms", "100", "--dead-after-ms", dead_after, NULL };
-    memcpy(args, a, sizeof(a));
-    coord_child_start(&cc, logpath, 0, args);
-}
+static struct coord_run co; /* the coordinator, its token and state directory */
 
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    snprintf(dir, sizeof(dir), "/tmp/cfx-restart-%d", (int)getpid());
-    mkdir(dir, 0700);
-    snprintf(statedir, sizeof(statedir), "%s/state", dir);
-    snprintf(logpath, sizeof(logpath), "%s/coord.log", dir);
-    start_coord("0");
+    coord_run_setup(&co, "restart", false);
 }
 
 static void teardown(void)
 {
-    char cmd[256];
-    coord_child_kill(&cc, SIGTERM);
-    cr_expect(!cfx_test_file_contains(logpath, token), "the token appears in the log");
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    (void)!system(cmd);
+    coord_run_teardown(&co);
 }
 
 TestSuite(coord_restart, .init = setup, .fini = teardown, .timeout = 180);
 
 static struct cfx_context *join(void)
 {
-    struct cfx_context *ctx;
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = cc.addr,
-        .token = token,
-        .timeout_ms = 20000,
-        .transports = "tcp",
-    };
-    cr_assert_eq(cfx_context_create(&p, &ctx), CFX_OK, "%s", cfx_last_error());
-    return ctx;
+    return coord_run_join(&co, 20000);
 }
 
 static void wait_reconnected(struct cfx_context *ctx, int ms)
@@ -143,15 +110,13 @@ Test(coord_restart, kill_9_mid_transfer)
     } while (st.bytes_received < (4u << 20) && cfx__now_ns() < deadline);
     cr_assert_geq(st.bytes_received, 4u << 20, "the transfer did not start");
     cr_assert_lt(st.bytes_received, BIG, "the transfer finished before the kill");
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
+    coord_run_kill(&co);
     cfx_context_stats(b, &st);
     cr_log_info("coordinator killed with %llu of %u bytes received",
                 (unsigned long long)st.bytes_received, BIG);
     cr_assert_lt(st.bytes_received, BIG, "the transfer finished before the kill");
     usleep(300 * 1000);
-    start_coord(port); /* same port, same state directory */
+    coord_run_start(&co); /* same port, same state directory */
 
     /* the transfer completes with the right bytes */
     cr_assert_eq(cfx_request_wait(req, 60000), CFX_OK, "%s", cfx_last_error());
@@ -175,7 +140,7 @@ Test(coord_restart, kill_9_mid_transfer)
     cr_assert(idc != ida && idc != idb && idc != idgone && idc > idgone,
               "node id %u handed out again (ids before: %u %u %u)", idc, ida, idb, idgone);
     char rec[256];
-    snprintf(rec, sizeof(rec), "%s/coord.node_ids.rec", statedir);
+    snprintf(rec, sizeof(rec), "%s/coord.node_ids.rec", co.statedir);
     struct stat sb;
     cr_assert_eq(stat(rec, &sb), 0, "no state record %s", rec);
     get_check(c, &xbig, BIG, 1); /* from a or b, through the new directory */
@@ -200,23 +165,14 @@ static struct cfx_ctl *open_ctl(const char *name)
     snprintf(self.host_id, sizeof(self.host_id), "test-host");
     self.pid = (uint32_t)getpid();
     struct cfx_ctl_params p = {
-        .coord = cc.addr,
-        .token = token,
+        .coord = co.cc.addr,
+        .token = co.token,
         .role = CFX_CTL_ROLE_NODE,
         .self = &self,
         .timeout_ms = 5000,
     };
     cr_assert_eq(cfx__ctl_open(&p, &c), CFX_OK, "%s", cfx_last_error());
     return c;
-}
-
-/* kill -9 the coordinator and start it again on its port and state directory. */
-static void restart_coord(void)
-{
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
-    start_coord(port);
 }
 
 static void ctl_wait_reconnects(struct cfx_ctl *c, uint64_t n)
@@ -231,7 +187,7 @@ static void rec_path(const struct cfx_object_id *id, char *buf, size_t cap)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     cfx_object_id_to_hex(id, hex);
-    snprintf(buf, cap, "%s/obj.%s.rec", statedir, hex);
+    snprintf(buf, cap, "%s/obj.%s.rec", co.statedir, hex);
 }
 
 /* The coordinator serves @p id inline with @p size bytes of pattern @p seed. */
@@ -278,7 +234,7 @@ static void write_record(const char *key, const void *val, uint32_t vlen)
     }
     for (int i = 0; i < 8; i++)
         b[total - 8 + i] = (uint8_t)(h >> (8 * i));
-    snprintf(path, sizeof(path), "%s/%s.rec", statedir, key);
+    snprintf(path, sizeof(path), "%s/%s.rec", co.statedir, key);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     cr_assert_geq(fd, 0);
     cr_assert_eq(write(fd, b, total), (ssize_t)total);
@@ -329,7 +285,7 @@ Test(coord_restart, durable_objects)
     cr_assert_eq(cfx__ctl_obj_delete(a, &xx, dl), CFX_OK, "%s", cfx_last_error());
     cr_assert_neq(stat(path, &sb), 0, "the record of a deleted object is still there");
 
-    restart_coord();
+    coord_run_restart(&co);
     ctl_wait_reconnects(a, 1);
     ctl_wait_reconnects(b, 1);
     cr_assert_eq(cfx__ctl_node_id(a), ida);
@@ -380,7 +336,7 @@ Test(coord_restart, durable_objects)
     snprintf(key, sizeof(key), "obj.%s", hex);
     write_record(key, lie, sizeof(lie));
 
-    restart_coord();
+    coord_run_restart(&co);
     ctl_wait_reconnects(a, 2);
     c = open_ctl("late2");
     expect_gone(c, &xd);
@@ -388,11 +344,11 @@ Test(coord_restart, durable_objects)
     expect_gone(c, &xbad);
     expect_gone(c, &xbad2);
     expect_inline(c, &xk, sizeof(k), 4096, 14);
-    cr_assert(cfx_test_file_contains(logpath, "is unreadable or corrupt"),
+    cr_assert(cfx_test_file_contains(co.logpath, "is unreadable or corrupt"),
               "no error logged for the corrupt record file");
-    cr_assert(cfx_test_file_contains(logpath, "is not a durable object"),
+    cr_assert(cfx_test_file_contains(co.logpath, "is not a durable object"),
               "no error logged for the bad durable record");
-    cr_assert_eq(kill(cc.pid, 0), 0, "the coordinator died");
+    cr_assert_eq(kill(co.cc.pid, 0), 0, "the coordinator died");
 
     cfx__ctl_close(c);
     cfx__ctl_close(b);
@@ -475,7 +431,7 @@ Test(coord_restart, group_bootstrap_across_restart)
     }
     cfx__ctl_close(probe);
 
-    restart_coord();
+    coord_run_restart(&co);
     wait_reconnected(r[0].ctx, 15000);
     wait_reconnected(r[1].ctx, 15000);
 
@@ -541,17 +497,9 @@ __attribute__((constructor)) static void rank_child_main(void)
     char a[64], tok[64];
     if (!spec || sscanf(spec, "%d %63s %63s", &fd, a, tok) != 3)
         return;
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = a,
-        .token = tok,
-        .timeout_ms = 20000,
-        .transports = "tcp",
-    };
-    struct cfx_context *ctx = NULL;
+    struct cfx_context *ctx = coord_run_join_at(a, tok, 20000);
     struct cfx_group *g = NULL;
-    int32_t rc = cfx_context_create(&p, &ctx);
+    int32_t rc = ctx ? CFX_OK : CFX_ERR_CONNECT;
     if (rc == CFX_OK && (rc = slow_group(ctx, 1, &g)) == CFX_OK)
         rc = slow_allreduce(g, 1);
     if (rc != CFX_OK)
@@ -599,7 +547,7 @@ Test(coord_restart, rank_slow_to_rejoin)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     cr_assert_gt(n, 0);
     exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %s %s", fds[1], cc.addr, token);
+    snprintf(spec, sizeof(spec), "%d %s %s", fds[1], co.cc.addr, co.token);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
@@ -629,11 +577,11 @@ Test(coord_restart, rank_slow_to_rejoin)
     cr_assert_eq(kill(pid, SIGSTOP), 0);
 
     /* INFO for the restarted coordinator only: it logs the parked query */
-    dead_after = "10000";
+    co.dead_after = "10000";
     setenv("CFX_LOG_LEVEL", "INFO", 1);
-    restart_coord();
+    coord_run_restart(&co);
     unsetenv("CFX_LOG_LEVEL");
-    dead_after = "1500";
+    co.dead_after = "1500";
 
     struct slow_rank0 r0 = { .ctx = join() };
     pthread_t t;
@@ -641,7 +589,7 @@ Test(coord_restart, rank_slow_to_rejoin)
     /* let rank 1 go once rank 0's query of its node is parked (on code
      * without the wait there is no such query: go on after the bound) */
     uint64_t deadline = cfx__deadline_ns(15000);
-    while (!cfx_test_file_contains(logpath, "waits for it to rejoin") &&
+    while (!cfx_test_file_contains(co.logpath, "waits for it to rejoin") &&
            cfx__now_ns() < deadline)
         usleep(10 * 1000);
     cr_assert_eq(kill(pid, SIGCONT), 0);

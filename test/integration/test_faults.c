@@ -134,6 +134,31 @@ ParameterizedTest(struct tp_param *p, faults, allreduce_stall, .timeout = 150)
     cr_assert_eq(rc, 0, "group member stalled over %s: cfx_run exited %d", p->tp, rc);
 }
 
+TP_PARAMS(gone_exit)
+
+/*
+ * A member of a 4-rank group destroys its group and context and exits 0
+ * after a checked allreduce; once its process is gone, the survivors'
+ * allreduce and barrier on the old group fail with CFX_ERR_PEER_FAILED
+ * naming rank 2 and its node within their 10 s deadline, cfx_group_destroy
+ * returns within it, and the 3 survivors' new group's allreduce is right.
+ */
+ParameterizedTest(struct tp_param *p, faults, gone_exit, .timeout = 150)
+{
+    int rc = run("CFX_FAULT_DEADLINE_MS=10000", p->tp, 4, "", "gone 262144 exit");
+    cr_assert_eq(rc, 0, "group member gone (exit) over %s: cfx_run exited %d", p->tp, rc);
+}
+
+TP_PARAMS(gone_kill)
+
+/* The same with the member SIGKILLed between two collectives. */
+ParameterizedTest(struct tp_param *p, faults, gone_kill, .timeout = 150)
+{
+    int rc = run("CFX_FAULT_DEADLINE_MS=10000", p->tp, 4, "--allow-fail 2",
+                 "gone 262144 kill");
+    cr_assert_eq(rc, 0, "group member gone (SIGKILL) over %s: cfx_run exited %d", p->tp, rc);
+}
+
 /* ---- the coordinator killed mid-operation -------------------------------- */
 
 #define BIG   (32u << 20) /* paced at 16 MiB/s: about two seconds on the wire */

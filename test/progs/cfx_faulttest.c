@@ -33,6 +33,17 @@
  *                     within the detection bound; then the survivors form a
  *                     new group of n-1 ranks and an allreduce there must be
  *                     right.  --allow-fail 2.
+ *   gone BYTES exit|kill
+ *                     a group of all ranks runs a checked allreduce; then
+ *                     rank 2 leaves: "exit" destroys its group and context
+ *                     and exits 0, "kill" SIGKILLs itself.  Once its process
+ *                     is gone (the survivors wait for its pid to vanish),
+ *                     every survivor's allreduce and barrier on the old group
+ *                     must fail with CFX_ERR_PEER_FAILED naming rank 2 and
+ *                     its node within the deadline; cfx_group_destroy
+ *                     returns within the deadline; the survivors form a
+ *                     new group of n-1 ranks whose allreduce is right.
+ *                     "kill" wants --allow-fail 2.
  *
  * What is checked is the mechanism: which error, naming which node, and
  * the bytes.  How soon a death is known is printed, not checked: every
@@ -491,12 +502,124 @@ static void mode_allreduce(struct cfx_context *ctx, size_t bytes, int stall)
     cfx_buf_free(ctx, recv);
 }
 
+/* ---- a group member gone before the next collective ---------------------- */
+
+/* @p why names rank @p r of the group and node @p node. */
+static int names_rank_node(const char *why, int r, uint32_t node)
+{
+    char pat[32];
+    snprintf(pat, sizeof(pat), "rank %d", r);
+    const char *p = strstr(why, pat);
+    return p && (p[strlen(pat)] < '0' || p[strlen(pat)] > '9') && names_node(why, node);
+}
+
+static void mode_gone(struct cfx_context *ctx, size_t bytes, const char *how)
+{
+    int kill9 = !strcmp(how, "kill");
+    if (!kill9 && strcmp(how, "exit"))
+        DIE("gone: 'exit' or 'kill', not '%s'", how);
+    size_t count = bytes / sizeof(float);
+    float *send, *recv;
+    struct cfx_group *g;
+    struct cfx_group_params gp = { .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_TIMEOUT,
+                                   .name = "gone-world", .timeout_ms = deadline_ms };
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&send));
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&recv));
+    for (size_t i = 0; i < count; i++)
+        send[i] = (float)(rank + 1) + (float)(i % 7);
+    CHECK_OK(cfx_group_create(ctx, &gp, &g));
+    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    for (size_t i = 0; i < count; i++)
+        if (recv[i] != (float)(world * (world + 1) / 2) + (float)(world * (int)(i % 7)))
+            DIE("first allreduce: element %zu is %g", i, (double)recv[i]);
+
+    if (rank == VICTIM) {
+        if (kill9)
+            die_now(ctx, SIGKILL);
+        /* in good order: its group, its context, then the process */
+        uint32_t node = cfx_context_node_id(ctx);
+        cfx_group_destroy(g);
+        cfx_buf_free(ctx, send);
+        cfx_buf_free(ctx, recv);
+        struct kill_rec k = { .node = node, .pid = (int32_t)getpid(), .t = now_s() };
+        char path[256], tmp[300];
+        kill_path(path, sizeof(path));
+        snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+        FILE *f = fopen(tmp, "w");
+        if (!f || fwrite(&k, sizeof(k), 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0)
+            DIE("cannot leave the exit record in %s", path);
+        cfx_context_destroy(ctx);
+        printf("victim: node %u left in good order\n", node);
+        exit(0);
+    }
+
+    /* the victim's process is gone (a zombie is reaped by cfx_run at once) */
+    struct kill_rec k = read_kill(ctx);
+    double until = now_s() + deadline_ms / 1000.0 + HANG_S;
+    while (kill((pid_t)k.pid, 0) == 0) {
+        if (now_s() > until)
+            DIE("the victim (pid %d) never went away", (int)k.pid);
+        usleep(5 * 1000);
+    }
+
+    /* collectives started now fail, naming it */
+    for (int c = 0; c < 2; c++) {
+        double t0 = now_s();
+        int rc = c == 0 ? cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM,
+                                              NULL)
+                        : cfx_group_barrier(g, NULL);
+        double t1 = now_s();
+        char why[512];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        const char *what = c == 0 ? "allreduce" : "barrier";
+        printf("rank %d: %s after node %u %s: %s after %.3f s: %s\n", rank, what, k.node,
+               kill9 ? "was killed" : "left", cfx_errname(rc), t1 - t0, why);
+        if (rc != CFX_ERR_PEER_FAILED)
+            DIE("%s with rank %d gone (%s): %s (%s), expected CFX_ERR_PEER_FAILED", what,
+                VICTIM, how, cfx_errname(rc), why);
+        if (!names_rank_node(why, VICTIM, k.node))
+            DIE("the %s's error does not name rank %d and node %u: %s", what, VICTIM, k.node,
+                why);
+        if (t1 - t0 > deadline_ms / 1000.0)
+            DIE("the %s failed after %.3f s, past its deadline of %d ms", what, t1 - t0,
+                deadline_ms);
+    }
+    double t0 = now_s();
+    cfx_group_destroy(g);
+    double td = now_s() - t0;
+    printf("rank %d: cfx_group_destroy took %.3f s\n", rank, td);
+    if (td > deadline_ms / 1000.0)
+        DIE("cfx_group_destroy took %.3f s, past the group's deadline of %d ms", td,
+            deadline_ms);
+
+    /* the survivors go on in a new group of n-1 ranks */
+    int nrank = rank < VICTIM ? rank : rank - 1;
+    struct cfx_group_params np = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "gone-survivors", .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
+    };
+    CHECK_OK(cfx_group_create(ctx, &np, &g));
+    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    float base = (float)(world * (world + 1) / 2 - (VICTIM + 1));
+    for (size_t i = 0; i < count; i++)
+        if (recv[i] != base + (float)((world - 1) * (int)(i % 7)))
+            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
+                (double)(base + (float)((world - 1) * (int)(i % 7))));
+    CHECK_OK(cfx_group_barrier(g, NULL));
+    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
+    cfx_group_destroy(g);
+    finish(ctx, VICTIM);
+    cfx_buf_free(ctx, send);
+    cfx_buf_free(ctx, recv);
+}
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
     if (argc < 3) {
         fprintf(stderr, "usage: %s receiver SIZE | relay SIZE | reduce SIZE | "
-                        "allreduce BYTES [stall]\n", argv[0]);
+                        "allreduce BYTES [stall] | gone BYTES exit|kill\n", argv[0]);
         return 2;
     }
     rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
@@ -520,6 +643,8 @@ int main(int argc, char **argv)
         mode_relay(ctx, size);
     else if (!strcmp(argv[1], "reduce"))
         mode_reduce(ctx, size);
+    else if (!strcmp(argv[1], "gone") && argc > 3)
+        mode_gone(ctx, size, argv[3]);
     else if (!strcmp(argv[1], "allreduce"))
         mode_allreduce(ctx, size, argc > 3 && !strcmp(argv[3], "stall"));
     else

@@ -478,6 +478,89 @@ Test(coll_group, same_name_twice, .timeout = 60)
     down(1);
 }
 
+/*
+ * The process-wide table of creation epochs under threads: several threads
+ * of one context create and destroy groups, each of a name of its own and
+ * all of one shared name.  Each own name counts 0, 1, 2, ... with no gap;
+ * the shared name is live on one thread at a time (the others get
+ * CFX_ERR_EXISTS) and its epochs, over all threads, are 0..M-1 each once.
+ */
+#define EPOCH_THREADS 4
+#define EPOCH_ROUNDS  200
+
+struct epoch_run {
+    int t;
+    int rc;                            /* first failure, else CFX_OK */
+    char err[256];
+    int nshared;                       /* shared-name groups this thread created */
+    uint32_t shared[EPOCH_ROUNDS];     /* their epochs */
+};
+
+static void *epoch_main(void *arg)
+{
+    struct epoch_run *er = arg;
+    char own[32];
+    snprintf(own, sizeof(own), "own-%d", er->t);
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE,
+        .rank = 0, .size = 1,
+    };
+    for (int i = 0; i < EPOCH_ROUNDS && er->rc == CFX_OK; i++) {
+        struct cfx_group *g = NULL, *s = NULL;
+        gp.name = own;
+        int rc = cfx_group_create(ctxs[0], &gp, &g);
+        if (rc != CFX_OK) {
+            er->rc = rc;
+            snprintf(er->err, sizeof(er->err), "%s round %d: %s", own, i, cfx_last_error());
+            break;
+        }
+        if (g->epoch != (uint32_t)i) {
+            er->rc = CFX_ERR_INVALID;
+            snprintf(er->err, sizeof(er->err), "%s round %d: epoch %u", own, i, g->epoch);
+        }
+        gp.name = "shared";
+        rc = cfx_group_create(ctxs[0], &gp, &s);
+        if (rc == CFX_OK)
+            er->shared[er->nshared++] = s->epoch;
+        else if (rc != CFX_ERR_EXISTS) {
+            er->rc = rc;
+            snprintf(er->err, sizeof(er->err), "shared round %d: %s", i, cfx_last_error());
+        }
+        cfx_group_destroy(s);
+        cfx_group_destroy(g);
+    }
+    return NULL;
+}
+
+Test(coll_group, epochs_from_threads, .timeout = 120)
+{
+    up("tcp", 1);
+    static struct epoch_run er[EPOCH_THREADS];
+    pthread_t th[EPOCH_THREADS];
+    for (int t = 0; t < EPOCH_THREADS; t++) {
+        er[t] = (struct epoch_run){ .t = t };
+        cr_assert_eq(pthread_create(&th[t], NULL, epoch_main, &er[t]), 0);
+    }
+    for (int t = 0; t < EPOCH_THREADS; t++)
+        pthread_join(th[t], NULL);
+    static bool seen[EPOCH_THREADS * EPOCH_ROUNDS];
+    int m = 0;
+    for (int t = 0; t < EPOCH_THREADS; t++) {
+        cr_assert_eq(er[t].rc, CFX_OK, "thread %d: %s: %s", t, cfx_errname(er[t].rc),
+                     er[t].err);
+        m += er[t].nshared;
+    }
+    cr_assert_gt(m, 0);
+    for (int t = 0; t < EPOCH_THREADS; t++)
+        for (int i = 0; i < er[t].nshared; i++) {
+            uint32_t e = er[t].shared[i];
+            cr_assert_lt(e, (uint32_t)m, "shared epoch %u of %d groups", e, m);
+            cr_assert(!seen[e], "shared epoch %u handed out twice", e);
+            seen[e] = true;
+        }
+    down(1);
+}
+
 /* Rank and size from the launcher variables, in the documented order. */
 Test(coll_group, rank_from_environment, .timeout = 60)
 {

@@ -1,0 +1,78 @@
+/* A restartable conflux-coord child with a state directory (coord_run.h). */
+#include "coord_run.h"
+
+#include <sys/stat.h>
+
+#include <conflux/conflux.h>
+
+#include "testutil.h"
+
+void coord_run_setup(struct coord_run *r, const char *tag, bool debug)
+{
+    memset(r, 0, sizeof(*r));
+    cfx_test_token(r->token, sizeof(r->token));
+    snprintf(r->dir, sizeof(r->dir), "/tmp/cfx-%s-%d", tag, (int)getpid());
+    cr_assert(mkdir(r->dir, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", r->dir,
+              strerror(errno));
+    snprintf(r->statedir, sizeof(r->statedir), "%s/state", r->dir);
+    snprintf(r->logpath, sizeof(r->logpath), "%s/coord.log", r->dir);
+    snprintf(r->port, sizeof(r->port), "0");
+    r->dead_after = "1500";
+    r->debug = debug;
+    coord_run_start(r);
+}
+
+void coord_run_start(struct coord_run *r)
+{
+    const char *a[] = { "--port", r->port, "--token", r->token, "--state-dir", r->statedir,
+                        "--heartbeat-ms", "100", "--dead-after-ms", r->dead_after, NULL };
+    if (r->debug)
+        setenv("CFX_LOG_LEVEL", "DEBUG", 1);
+    coord_child_start(&r->cc, r->logpath, 0, a);
+    if (r->debug)
+        unsetenv("CFX_LOG_LEVEL");
+}
+
+void coord_run_kill(struct coord_run *r)
+{
+    snprintf(r->port, sizeof(r->port), "%u", r->cc.port);
+    coord_child_kill(&r->cc, SIGKILL);
+}
+
+void coord_run_restart(struct coord_run *r)
+{
+    coord_run_kill(r);
+    coord_run_start(r);
+}
+
+void coord_run_teardown(struct coord_run *r)
+{
+    char cmd[256];
+    coord_child_kill(&r->cc, SIGTERM);
+    cr_expect(!cfx_test_file_contains(r->logpath, r->token), "the token appears in the log");
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", r->dir);
+    (void)!system(cmd);
+}
+
+struct cfx_context *coord_run_join_at(const char *addr, const char *token, int timeout_ms)
+{
+    struct cfx_context *ctx = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS,
+        .coord = addr,
+        .token = token,
+        .timeout_ms = timeout_ms,
+        .transports = "tcp",
+    };
+    if (cfx_context_create(&p, &ctx) != CFX_OK)
+        return NULL;
+    return ctx;
+}
+
+struct cfx_context *coord_run_join(struct coord_run *r, int timeout_ms)
+{
+    struct cfx_context *ctx = coord_run_join_at(r->cc.addr, r->token, timeout_ms);
+    cr_assert(ctx, "context: %s", cfx_last_error());
+    return ctx;
+}

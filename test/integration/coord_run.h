@@ -1,0 +1,46 @@
+/*
+ * Test helper shared by the coordinator outage and restart tests: a
+ * conflux-coord child process with a state directory under /tmp, killed
+ * with SIGKILL and started again on the same port and state directory,
+ * and contexts that join it over tcp.
+ */
+#ifndef CFX_TEST_COORD_RUN_H
+#define CFX_TEST_COORD_RUN_H
+
+#include <stdbool.h>
+
+#include "coord_child.h"
+
+struct cfx_context;
+
+struct coord_run {
+    struct coord_child cc;    /* the running coordinator (cc.pid 0: none) */
+    char token[64];           /* the cluster token */
+    char dir[128];            /* /tmp/cfx-<tag>-<pid>, removed by the teardown */
+    char statedir[160];       /* dir/state: --state-dir */
+    char logpath[160];        /* dir/coord.log: its stderr, across restarts */
+    char port[16];            /* --port of the next start ("0" at first) */
+    const char *dead_after;   /* --dead-after-ms of the next start */
+    bool debug;               /* run it with CFX_LOG_LEVEL=DEBUG (log checks) */
+};
+
+/* A fresh token and directory, then the coordinator on a port of its own
+ * (--heartbeat-ms 100 --dead-after-ms 1500). */
+void coord_run_setup(struct coord_run *r, const char *tag, bool debug);
+/* Start it on r->port and r->statedir. */
+void coord_run_start(struct coord_run *r);
+/* kill -9 it; the next start takes the same port. */
+void coord_run_kill(struct coord_run *r);
+/* kill -9 and start again on the same port and state directory. */
+void coord_run_restart(struct coord_run *r);
+/* Stop it (SIGTERM), check that its log never shows the token, remove the
+ * directory. */
+void coord_run_teardown(struct coord_run *r);
+/* A context on the coordinator at @p addr (tcp data plane, deadline
+ * @p timeout_ms); NULL with cfx_last_error() set on failure.  Usable in a
+ * child process, outside any Criterion test. */
+struct cfx_context *coord_run_join_at(const char *addr, const char *token, int timeout_ms);
+/* The same on @p r, asserting that it works. */
+struct cfx_context *coord_run_join(struct coord_run *r, int timeout_ms);
+
+#endif
