@@ -150,7 +150,13 @@ int cfx__conn_flush(struct cfx_conn *conn)
 static int conn_flush(struct cfx_conn *conn)
 {
     const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
+    struct cfx_tp_ep *ep = conn->ep;
     int n = 0;
+    /* Several queued: the transport may send them together (tcp: one sendmsg). */
+    bool batch = conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending) &&
+                 conn->pending.next->next != &conn->pending;
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, true);
     while (conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending)) {
         struct cfx_pending_msg *pm =
             cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
@@ -162,12 +168,16 @@ static int conn_flush(struct cfx_conn *conn)
         cfx_list_del(&pm->link);
         free(pm);
         if (rc != CFX_OK) {
+            if (batch)
+                cfx__tp_ep_batch(ops, ep, false);
             cfx__conn_fail(conn, rc, "send failed");
             return rc;
         }
         conn->sends_out++;
         n++;
     }
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, false);
     return n;
 }
 
