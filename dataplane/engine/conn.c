@@ -185,7 +185,7 @@ int cfx__conn_flush_all(struct cfx_context *ctx);
 int cfx__conn_flush_all(struct cfx_context *ctx)
 {
     struct cfx_list *pos, *tmp;
-    uint64_t now = cfx__now_ns();
+    uint64_t now = 0; /* read once, and only for a connection still unauthenticated */
     int n = 0;
     /* a failing flush frees its own connection (only that one) */
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
@@ -194,6 +194,8 @@ int cfx__conn_flush_all(struct cfx_context *ctx)
             /* a peer that connects and never proves the token does not
              * keep the connection (and its buffers) for ever; our own
              * connections are bounded by the deadlines of their requests */
+            if (!now)
+                now = cfx__now_ns();
             if (!conn->auth_deadline) {
                 conn->auth_deadline = now + (uint64_t)CFX_CONN_AUTH_MS * 1000000ull;
             } else if (now > conn->auth_deadline) {
