@@ -260,6 +260,7 @@ Test(verbs, inline_boundary_every_byte, .timeout = 240)
     cr_assert_gt(mi, 1, "the QP took no inline data (Soft-RoCE supports it)");
     cr_assert_lt(mi + 1, CFX_TP_SEND_MAX);
     cr_assert_eq(cfx__verbs_ep_max_inline(ba), mi);
+    cr_log_info("max_inline %u: sizes %u, %u, %u", mi, mi - 1, mi, mi + 1);
     const uint32_t sizes[3] = { mi - 1, mi, mi + 1 };
 
     /* Sends, both ways, interleaved. */
