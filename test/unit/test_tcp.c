@@ -777,8 +777,12 @@ Test(tcp, recv_parses_frames_split_anywhere)
     }
     struct cfx__tcp_rkey k;
     memcpy(&k, dst.rd.data, sizeof(k));
-    struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE, .len = htole32(WLEN), .imm = htole32(5),
-                              .key_cookie = k.cookie, .key_idx = k.idx, .key_gen = k.gen,
+    struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE,
+                              .len = htole32(WLEN),
+                              .imm = htole32(5),
+                              .key_cookie = k.cookie,
+                              .key_idx = k.idx,
+                              .key_gen = k.gen,
                               .off = htole64(16) };
     memcpy(stream + len, &w, sizeof(w));
     len += sizeof(w);

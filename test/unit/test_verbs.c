@@ -210,9 +210,7 @@ static void il_poll(const struct cfx_transport_ops *ops, struct il_side *s, size
         case CFX_TP_COMP_SEND: s->nsend++; break;
         case CFX_TP_COMP_WRITE: s->nwrite++; break;
         case CFX_TP_COMP_WRITE_IMM: s->nimm++; break;
-        case CFX_TP_COMP_EP_ERROR:
-            cr_assert_fail("EP_ERROR %s", cfx_errname(c[i].status));
-            break;
+        case CFX_TP_COMP_EP_ERROR: cr_assert_fail("EP_ERROR %s", cfx_errname(c[i].status)); break;
         default: break;
         }
     }
@@ -293,8 +291,8 @@ Test(verbs, inline_boundary_every_byte, .timeout = 240)
             cr_assert_eq(r->len[i], sizes[i % 3], "message %d: %u bytes, sent %u", i, r->len[i],
                          sizes[i % 3]);
             size_t at = cfx_test_check(r->msg[i], r->len[i], 1000 * (uint64_t)d + (uint64_t)i);
-            cr_assert_eq(at, (size_t)-1, "message %d of %u bytes differs at byte %zu", i,
-                         r->len[i], at);
+            cr_assert_eq(at, (size_t)-1, "message %d of %u bytes differs at byte %zu", i, r->len[i],
+                         at);
         }
     }
 
@@ -303,8 +301,9 @@ Test(verbs, inline_boundary_every_byte, .timeout = 240)
     size_t span = GUARD + (size_t)mi + 1 + GUARD;
     uint8_t *src = aligned_alloc(4096, 4096 * 4), *dst = aligned_alloc(4096, 4096 * 4);
     cr_assert_leq(span, 4096 * 4);
-    struct cfx_tp_mem_desc ms = { .addr = src, .len = 4096 * 4, .memtype = CFX_MEMTYPE_HOST,
-                                  .shm_fd = -1 };
+    struct cfx_tp_mem_desc ms = {
+        .addr = src, .len = 4096 * 4, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+    };
     struct cfx_tp_mem_desc md = ms;
     md.addr = dst;
     struct cfx_tp_mr *smr, *dmr;
