@@ -44,11 +44,13 @@
 #define CFX_TCP_RX_SLOTS  16                      /* RECV message buffers per ep */
 #define CFX_TCP_SBUF_SIZE (64u * 1024)            /* bytes of queued ep_send payloads per ep */
 #define CFX_TCP_IOV_MAX   64                      /* iovecs gathered into one sendmsg */
-#define CFX_TCP_BATCH_MAX  32           /* frames an ep_batch holds back before sending */
-#define CFX_TCP_RXBUF_SIZE (16u * 1024) /* receive buffer per ep: headers and small payloads */
 #define CFX_TCP_EVENTS    64                      /* epoll events reaped per epoll_wait */
 #define CFX_TCP_NODE_NONE UINT32_MAX              /* peer node id not known */
 #define CFX_TCP_RDESC_TAG 0x54                    /* 'T': first byte of a tcp rdesc */
+
+/* Small-message fast path (tcp_ep.c) */
+#define CFX_TCP_BATCH_MAX  32           /* frames an ep_batch holds back before sending */
+#define CFX_TCP_RXBUF_SIZE (16u * 1024) /* receive buffer per ep: headers and small payloads */
 
 enum cfx__tcp_frame {
     CFX_TCP_FRAME_HELLO = 1,
