@@ -839,6 +839,11 @@ static bool rx_parse(struct cfx__tcp_ep *ep)
         }
     }
     ep->rxb_off = ep->rxb_len = 0;
+    if (unlikely(ep->rx_backlogged)) {
+        /* resumed by its socket before poll() got to it: nothing waits */
+        cfx_list_del(&ep->rx_link);
+        ep->rx_backlogged = false;
+    }
     return true;
 }
 
