@@ -34,6 +34,7 @@
 #ifndef CFX_DATAPLANE_TRANSPORT_H
 #define CFX_DATAPLANE_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <conflux/mem.h>
@@ -177,7 +178,22 @@ struct cfx_transport_ops {
 
     /* Reap up to @p max completions; returns the count or a negative status. */
     int (*poll)(struct cfx_tp_iface *iface, struct cfx_tp_completion *comps, int max);
+
+    /* Optional.  @p on: the sends and writes posted on @p ep from now on may
+     * wait, so that several leave together (tcp: one sendmsg); !on: they are
+     * handed over now, as an unbatched post would have been.  A transport
+     * bounds what it holds back by itself.  Callers bracket a loop of posts
+     * with (true) ... (false) and never poll in between. */
+    int (*ep_batch)(struct cfx_tp_ep *ep, bool on);
 };
+
+/* ops->ep_batch when the transport has one; CFX_ERR_UNSUPPORTED otherwise
+ * (posting unbatched is then just as correct). */
+static inline int cfx__tp_ep_batch(const struct cfx_transport_ops *ops, struct cfx_tp_ep *ep,
+                                   bool on)
+{
+    return ops->ep_batch ? ops->ep_batch(ep, on) : CFX_ERR_UNSUPPORTED;
+}
 
 /* Registered transports, in default preference order; NULL-terminated. */
 extern const struct cfx_transport_ops *const cfx__transports[];

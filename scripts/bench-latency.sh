@@ -3,7 +3,7 @@
 #
 #   scripts/bench-latency.sh [--check] [-r RUNS] [-n ITERS] [-w WARMUP]
 #                            [--sizes "8 64 512 4K 64K"] [--build-dir DIR]
-#                            [--timeout SEC]
+#                            [--timeout SEC] [--only REGEX]
 #
 # Rows (medians over RUNS runs, each run a mean over ITERS timed calls):
 #   - 2 ranks, ping-pong, shm (Open MPI: btl self,vader) and tcp (btl
@@ -11,8 +11,13 @@
 #     sendrecv` (test/mpi/mpi_coll.c), the same blocking send-then-receive /
 #     receive-then-send pattern; with 2 ranks one call is a round trip, and
 #     the table shows half of it (the one-way latency);
+#   - 2 ranks, a burst of 128 messages of 8 B and one answer, shm and tcp:
+#     `-o sendburst` of both tools; the table shows the call / 128, the time
+#     per message when several are in flight;
 #   - 4 ranks, allreduce (float sum), broadcast (root 0) and barrier on shm
 #     (Open MPI: vader, its default algorithm choices).
+# --only REGEX keeps the rows whose "RANKS TRANSPORT OP" matches (grep -E),
+# e.g. --only '^2 tcp'.
 # Each row prints Conflux's and Open MPI's median in microseconds, the ratio
 # Conflux / Open MPI and the goal of issue 14 where it states one (blank
 # where it does not).  Runs of Conflux and Open MPI alternate, so both see
@@ -37,6 +42,7 @@ RUNS=3
 ITERS=1000
 WARMUP=100
 SIZES="8 64 512 4K 64K"
+ONLY=
 CHECK=0
 RUN_TIMEOUT=120
 
@@ -52,6 +58,7 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift 2 ;;
     --build-dir) BUILD=$(realpath -m "$2"); shift 2 ;;
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
     esac
@@ -125,33 +132,44 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END {
     print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # ---- the rows ----------------------------------------------------------------
-# case: ranks transport op size half goal_kind
-#   half=1: the time shown is half the call (ping-pong round trip -> one way)
+# case: ranks transport op size div goal_kind
+#   div: the time shown is the call / div (2: ping-pong round trip -> one
+#   way; 128: a sendburst call -> per message; 1: the call)
 #   goal: "abs:2,ratio:3" (at most 2 us and at most 3x), "ratio:1.5", or "-"
 rows=()
 for s in $SIZES; do
     g=-; [ "$s" = 8 ] && g="abs:2,ratio:3"
-    rows+=("2 shm sendrecv $s 1 $g")
+    rows+=("2 shm sendrecv $s 2 $g")
 done
 for s in $SIZES; do
     g=-; [ "$s" = 8 ] && g="ratio:1.5"
-    rows+=("2 tcp sendrecv $s 1 $g")
+    rows+=("2 tcp sendrecv $s 2 $g")
 done
+rows+=("2 shm sendburst 8 128 -" "2 tcp sendburst 8 128 -")
 for s in $SIZES; do
     g=-; [ "$s" = 8 ] && g="ratio:2"
-    rows+=("4 shm allreduce $s 0 $g")
+    rows+=("4 shm allreduce $s 1 $g")
 done
-for s in $SIZES; do rows+=("4 shm broadcast $s 0 -"); done
-rows+=("4 shm barrier 0 0 -")
+for s in $SIZES; do rows+=("4 shm broadcast $s 1 -"); done
+rows+=("4 shm barrier 0 1 -")
+if [ -n "$ONLY" ]; then
+    kept=()
+    for row in "${rows[@]}"; do
+        read -r n tp op _ <<<"$row"
+        if echo "$n $tp $op" | grep -Eq -- "$ONLY"; then kept+=("$row"); fi
+    done
+    rows=("${kept[@]}")
+fi
 
 echo "# bench-latency: $(date -u '+%F %T') UTC, $(nproc) CPUs, load average" \
     "$(cut -d' ' -f1-3 /proc/loadavg), $MPI_VERSION"
-echo "# medians of $RUNS runs x $ITERS calls (after $WARMUP warm-up); ping-pong rows: half round trip"
+echo "# medians of $RUNS runs x $ITERS calls (after $WARMUP warm-up); ping-pong rows: half round trip;" \
+    "sendburst rows: per message"
 printf '%-6s %-4s %-10s %7s %12s %12s %8s  %s\n' ranks tp op size "conflux_us" "openmpi_us" \
     ratio goal
 missed=0
 for row in "${rows[@]}"; do
-    read -r n tp op size half goal <<<"$row"
+    read -r n tp op size div goal <<<"$row"
     c=() m=()
     for ((i = 0; i < RUNS; i++)); do
         c+=("$(conflux "$n" "$tp" "$op" "$size")") || exit 2
@@ -159,9 +177,9 @@ for row in "${rows[@]}"; do
     done
     cm=$(echo "${c[*]}" | median)
     mm=$(echo "${m[*]}" | median)
-    if [ "$half" = 1 ]; then
-        cm=$(awk -v v="$cm" 'BEGIN { print v / 2 }')
-        mm=$(awk -v v="$mm" 'BEGIN { print v / 2 }')
+    if [ "$div" != 1 ]; then
+        cm=$(awk -v v="$cm" -v d="$div" 'BEGIN { print v / d }')
+        mm=$(awk -v v="$mm" -v d="$div" 'BEGIN { print v / d }')
     fi
     ratio=$(awk -v a="$cm" -v b="$mm" 'BEGIN { printf (b > 0 ? "%.1f" : "nan"), a / b }')
     gtext="" verdict=""

@@ -15,7 +15,7 @@
  *   algbw  size / time
  *   busbw  algbw times the op's factor: allreduce 2(n-1)/n; allgather,
  *          reducescatter, alltoall, gather, scatter (n-1)/n; broadcast,
- *          reduce, sendrecv 1
+ *          reduce, sendrecv, sendburst 1
  *   #wrong elements that differ from the expected result, summed over ranks
  *          (-c 1: inputs are deterministic per rank, chosen so that every
  *          result is exact in every dtype)
@@ -42,6 +42,7 @@ enum op_kind {
     OP_GATHER,
     OP_SCATTER,
     OP_SENDRECV,
+    OP_SENDBURST,
     OP_BARRIER,
     OP_LAST
 };
@@ -72,6 +73,7 @@ static const struct op_desc ops[OP_LAST] = {
     [OP_GATHER] = { "gather", 0, 1, 1, 1, BUS_RING },
     [OP_SCATTER] = { "scatter", 0, 1, 1, 1, BUS_RING },
     [OP_SENDRECV] = { "sendrecv", 0, 0, 0, 0, BUS_ONE },
+    [OP_SENDBURST] = { "sendburst", 0, 0, 0, 0, BUS_ONE },
     [OP_BARRIER] = { "barrier", 0, 0, 0, 0, BUS_NONE },
 };
 
@@ -120,7 +122,10 @@ static void usage(FILE *f)
         "usage: cfx_coll_perf [options]   (every rank of the group runs it)\n"
         "\n"
         "  -o, --op=OP           allreduce, broadcast, reduce, allgather, reducescatter,\n"
-        "                        alltoall, gather, scatter, sendrecv, barrier (default allreduce)\n"
+        "                        alltoall, gather, scatter, sendrecv, sendburst, barrier\n"
+        "                        (default allreduce); sendburst: an even number of ranks, even\n"
+        "                        rank r sends SENDBURST_N (128) messages to r+1 back to back,\n"
+        "                        then receives one from r-1 (time: the whole call)\n"
         "  -b, --minbytes=N      smallest size, K/M/G suffixes (default 32M)\n"
         "  -e, --maxbytes=N      largest size (default 32M); two buffers of it must fit in\n"
         "                        memory (and, over verbs, in ulimit -l)\n"
@@ -510,6 +515,34 @@ static int sendrecv(struct coll_run *R, const char *s, char *r, size_t bytes)
     return rc;
 }
 
+#define SENDBURST_N 128 /* messages of one sendburst call */
+
+/* Even ranks send SENDBURST_N messages in a row to r+1, odd ranks receive
+ * them, then odd ranks send one to r+1 and even ones receive it: with two
+ * ranks, a burst and an answer to its last message (osu_bw's window). */
+static int sendburst(struct coll_run *R, const char *s, char *r, size_t bytes)
+{
+    int next = (R->rank + 1) % R->n, prev = (R->rank + R->n - 1) % R->n, rc = CFX_OK;
+    if (R->n == 1) {
+        memmove(r, s, bytes);
+        return CFX_OK;
+    }
+    if (R->n % 2)
+        return CFX_ERR_INVALID;
+    if (R->rank % 2 == 0) {
+        for (int i = 0; i < SENDBURST_N && rc == CFX_OK; i++)
+            rc = cfx_group_send(R->g, s, bytes, next, 0, &R->cp);
+        if (rc == CFX_OK)
+            rc = cfx_group_recv(R->g, r, bytes, prev, 0, &R->cp);
+    } else {
+        for (int i = 0; i < SENDBURST_N && rc == CFX_OK; i++)
+            rc = cfx_group_recv(R->g, r, bytes, prev, 0, &R->cp);
+        if (rc == CFX_OK)
+            rc = cfx_group_send(R->g, s, bytes, next, 0, &R->cp);
+    }
+    return rc;
+}
+
 static int call(struct coll_run *R, int inplace, size_t count)
 {
     const struct coll_opts *o = R->o;
@@ -529,6 +562,7 @@ static int call(struct coll_run *R, int inplace, size_t count)
     case OP_GATHER: return cfx_group_gather(R->g, s, r, count, o->dtype, o->root, &R->cp);
     case OP_SCATTER: return cfx_group_scatter(R->g, s, r, count, o->dtype, o->root, &R->cp);
     case OP_SENDRECV: return sendrecv(R, s, r, count * R->esize);
+    case OP_SENDBURST: return sendburst(R, s, r, count * R->esize);
     default: return cfx_group_barrier(R->g, &R->cp);
     }
 }
@@ -550,7 +584,8 @@ static int check(struct coll_run *R, int inplace, size_t count, uint64_t *wrong)
     switch (o->op) {
     case OP_ALLREDUCE:
     case OP_REDUCE:
-    case OP_SENDRECV: fill(R, s, me, 0, count); break;
+    case OP_SENDRECV:
+    case OP_SENDBURST: fill(R, s, me, 0, count); break;
     case OP_BROADCAST:
         if (is_root)
             fill(R, r, me, 0, count);
@@ -579,7 +614,8 @@ static int check(struct coll_run *R, int inplace, size_t count, uint64_t *wrong)
     case OP_REDUCESCATTER: *wrong = compare(R, r, count, exp_reducescatter); break;
     case OP_ALLTOALL: *wrong = compare(R, r, n * count, exp_alltoall); break;
     case OP_SCATTER: *wrong = compare(R, r, count, exp_scatter); break;
-    case OP_SENDRECV: *wrong = compare(R, r, count, exp_sendrecv); break;
+    case OP_SENDRECV:
+    case OP_SENDBURST: *wrong = compare(R, r, count, exp_sendrecv); break;
     default: *wrong = 0; break;
     }
     return CFX_OK;

@@ -150,7 +150,13 @@ int cfx__conn_flush(struct cfx_conn *conn)
 static int conn_flush(struct cfx_conn *conn)
 {
     const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
+    struct cfx_tp_ep *ep = conn->ep;
     int n = 0;
+    /* Several queued: the transport may send them together (tcp: one sendmsg). */
+    bool batch = conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending) &&
+                 conn->pending.next->next != &conn->pending;
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, true);
     while (conn->state == CFX_CONN_READY && !cfx_list_empty(&conn->pending)) {
         struct cfx_pending_msg *pm =
             cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
@@ -162,12 +168,16 @@ static int conn_flush(struct cfx_conn *conn)
         cfx_list_del(&pm->link);
         free(pm);
         if (rc != CFX_OK) {
+            if (batch)
+                cfx__tp_ep_batch(ops, ep, false);
             cfx__conn_fail(conn, rc, "send failed");
             return rc;
         }
         conn->sends_out++;
         n++;
     }
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, false);
     return n;
 }
 
@@ -175,7 +185,7 @@ int cfx__conn_flush_all(struct cfx_context *ctx);
 int cfx__conn_flush_all(struct cfx_context *ctx)
 {
     struct cfx_list *pos, *tmp;
-    uint64_t now = cfx__now_ns();
+    uint64_t now = 0; /* read once, and only for a connection still unauthenticated */
     int n = 0;
     /* a failing flush frees its own connection (only that one) */
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
@@ -184,6 +194,8 @@ int cfx__conn_flush_all(struct cfx_context *ctx)
             /* a peer that connects and never proves the token does not
              * keep the connection (and its buffers) for ever; our own
              * connections are bounded by the deadlines of their requests */
+            if (!now)
+                now = cfx__now_ns();
             if (!conn->auth_deadline) {
                 conn->auth_deadline = now + (uint64_t)CFX_CONN_AUTH_MS * 1000000ull;
             } else if (now > conn->auth_deadline) {

@@ -85,11 +85,19 @@ static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
 void cfx__eager_pump(struct cfx_conn *conn)
 {
     struct cfx_context *ctx = conn->ctx;
+    const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
+    struct cfx_tp_ep *ep = conn->ep;
     struct cfx_list *pos, *tmp;
     bool blocked = false;
 
     if (!conn->eager_known || conn->state != CFX_CONN_READY || !conn->authed)
         return;
+    /* Several waiting (credits came back, or posts queued while the lock
+     * was busy): let the transport send them together (tcp: one sendmsg). */
+    bool batch = !cfx_list_empty(&conn->eager_q) && conn->eager_q.next->next != &conn->eager_q &&
+                 conn->eager_credits > 1;
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, true);
     cfx_list_for_each_safe(pos, tmp, &conn->eager_q) {
         struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
         if (!cfx__eager_class(obj->size, conn->eager_max)) {
@@ -121,10 +129,14 @@ void cfx__eager_pump(struct cfx_conn *conn)
         obj->eager = rc == CFX_OK;
         wake(ctx);
         if (rc != CFX_OK) {
+            if (batch)
+                cfx__tp_ep_batch(ops, ep, false);
             cfx__conn_fail(conn, rc, "eager send failed"); /* fails the rest of the queue */
             return;
         }
     }
+    if (batch)
+        cfx__tp_ep_batch(ops, ep, false);
 }
 
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,

@@ -48,6 +48,10 @@
 #define CFX_TCP_NODE_NONE UINT32_MAX              /* peer node id not known */
 #define CFX_TCP_RDESC_TAG 0x54                    /* 'T': first byte of a tcp rdesc */
 
+/* Small-message fast path (tcp_ep.c) */
+#define CFX_TCP_BATCH_MAX  32           /* frames an ep_batch holds back before sending */
+#define CFX_TCP_RXBUF_SIZE (16u * 1024) /* receive buffer per ep: headers and small payloads */
+
 enum cfx__tcp_frame {
     CFX_TCP_FRAME_HELLO = 1,
     CFX_TCP_FRAME_SEND,
@@ -150,11 +154,18 @@ struct cfx__tcp_ep {
     uint32_t txq_tail;       /* oldest op not fully sent */
     uint32_t tx_unreported;  /* WRITE/SEND ops posted, completion not returned */
     size_t tx_off;           /* bytes of the tail op already sent */
+    uint32_t tx_held;        /* frames posted inside an ep_batch, not yet handed to the kernel */
+    bool tx_batch;           /* inside ep_batch(ep, true): posts wait for ep_batch(ep, false) */
     uint8_t *sbuf;           /* ring of ep_send payloads */
     uint32_t sbuf_head;      /* next byte to allocate */
     uint32_t sbuf_used;      /* bytes allocated, including wrap padding */
 
     /* receive */
+    uint8_t *rxbuf;             /* CFX_TCP_RXBUF_SIZE bytes read ahead from the socket */
+    uint32_t rxb_off;           /* next unparsed byte in rxbuf */
+    uint32_t rxb_len;           /* bytes valid in rxbuf */
+    bool rx_backlogged;         /* on iface->rx_backlog */
+    struct cfx_list rx_link;    /* iface->rx_backlog: parsing stopped with bytes in rxbuf */
     int rx_state;               /* enum cfx__tcp_rx_state */
     struct cfx__tcp_hdr rx_hdr; /* header being read */
     size_t rx_got;              /* bytes of header or payload read so far */
@@ -178,6 +189,7 @@ struct cfx__tcp_iface {
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     struct cfx_list eps;       /* live endpoints */
     struct cfx_list graveyard; /* closed eps freed at the next poll */
+    struct cfx_list rx_backlog; /* eps with buffered frames waiting for slots/credits */
 
     struct cfx_tp_completion *cq;     /* ring; ep == NULL: dropped by ep_close */
     uint32_t cq_cap;                  /* capacity (reserved per ep) */
@@ -241,6 +253,10 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
                        const char *addr, struct cfx__tcp_ep **out);
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep);
 void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events);
+/* Parse the frames of backlogged eps (buffered while poll() owed room). */
+void cfx__tcp_rx_backlog_run(struct cfx__tcp_iface *iface);
+/* Hold posts back (@p on) and send them together in one sendmsg (!on). */
+int cfx__tcp_ep_batch(struct cfx_tp_ep *ep, bool on);
 /* @p mr is being deregistered: stop receiving into it; an ep with writes
  * from it still queued fails (CFX_ERR_CANCELED). */
 void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr);

@@ -3,13 +3,24 @@
  *
  * Transmit: posted frames wait in a per-ep ring and are handed to the kernel
  * with sendmsg() straight from their source (a write's payload from the
- * registered memory, a send's payload from the ep's send buffer), several
- * frames per call, resuming partial writes.  A frame's local completion is
- * queued once its last byte is in the kernel.
+ * registered memory, a send's payload from the ep's send buffer), header and
+ * payload in one call, several frames per call, resuming partial writes.  A
+ * post on an idle ep goes out at once (lowest latency); inside an ep_batch
+ * bracket posts wait, up to CFX_TCP_BATCH_MAX frames, and leave together in
+ * one sendmsg.  A frame's local completion is queued once its last byte is
+ * in the kernel.
  *
- * Receive: headers are read on their own (recv of exactly one header), so
- * that a write's payload is then received straight into the registered
- * destination after its key and bounds were checked: no staging copy.
+ * Receive: one recv() takes whatever the socket holds, up to
+ * CFX_TCP_RXBUF_SIZE, into the ep's receive buffer, and every complete frame
+ * in it is parsed before the socket is read again; a read shorter than the
+ * buffer means the socket is empty, so no recv() is spent to learn EAGAIN.
+ * Headers are checked exactly as before (key, bounds) before a byte of
+ * their payload is placed.  A payload with at least a buffer's worth still
+ * to come is received straight into its destination (a write's registered
+ * memory): large writes stay zero-copy, small frames cost one copy out of
+ * the buffer.  When parsing must stop with bytes buffered (the user holds
+ * every RECV slot or RX_MAX completions), the ep goes on iface->rx_backlog
+ * and poll() resumes it: the socket may have nothing more to say.
  */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -119,6 +130,24 @@ static void rx_release_mr(struct cfx__tcp_ep *ep)
     }
 }
 
+static inline void rx_backlog_add(struct cfx__tcp_ep *ep)
+{
+    if (!ep->rx_backlogged) {
+        ep->rx_backlogged = true;
+        cfx_list_add_tail(&ep->rx_link, &ep->iface->rx_backlog);
+    }
+}
+
+/* Forget buffered bytes (the socket is gone). */
+static void rx_buf_drop(struct cfx__tcp_ep *ep)
+{
+    if (ep->rx_backlogged) {
+        cfx_list_del(&ep->rx_link);
+        ep->rx_backlogged = false;
+    }
+    ep->rxb_off = ep->rxb_len = 0;
+}
+
 static void sock_close(struct cfx__tcp_ep *ep)
 {
     if (ep->fd < 0)
@@ -148,6 +177,7 @@ static void txq_drop(struct cfx__tcp_ep *ep, bool report, int status)
         }
     }
     ep->tx_off = 0;
+    ep->tx_held = 0;
     ep->sbuf_used = ep->sbuf_head = 0;
 }
 
@@ -162,6 +192,7 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
         return;
     sock_close(ep);
     rx_release_mr(ep);
+    rx_buf_drop(ep);
 
     if (ep->state == CFX_TCP_EP_HELLO_WAIT) {
         ep->state = CFX_TCP_EP_FAILED;
@@ -230,8 +261,9 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
         return cfx__err(CFX_ERR_NOMEM, "tcp: out of memory for an endpoint");
     ep->txq = malloc(CFX_TCP_TXQ_SLOTS * sizeof(*ep->txq));
     ep->sbuf = malloc(CFX_TCP_SBUF_SIZE);
+    ep->rxbuf = malloc(CFX_TCP_RXBUF_SIZE);
     slots = malloc((size_t)CFX_TCP_RX_SLOTS * CFX_TP_SEND_MAX);
-    if (!ep->txq || !ep->sbuf || !slots) {
+    if (!ep->txq || !ep->sbuf || !ep->rxbuf || !slots) {
         rc = cfx__err(CFX_ERR_NOMEM, "tcp: out of memory for an endpoint");
         goto err_free;
     }
@@ -265,6 +297,7 @@ err_unreserve:
     cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
 err_free:
     free(slots);
+    free(ep->rxbuf);
     free(ep->sbuf);
     free(ep->txq);
     free(ep);
@@ -274,6 +307,7 @@ err_free:
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep)
 {
     free(ep->rx_slots[0].buf);
+    free(ep->rxbuf);
     free(ep->sbuf);
     free(ep->txq);
     free(ep);
@@ -372,6 +406,7 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
     }
     sock_close(ep);
     rx_release_mr(ep);
+    rx_buf_drop(ep);
     txq_drop(ep, false, CFX_OK);
     cfx__tcp_cq_drop_ep(iface, tp_ep);
     cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
@@ -462,14 +497,38 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
     cfx__tcp_epoll_set(ep, ep->txq_tail != ep->txq_head ? EPOLLIN | EPOLLOUT : EPOLLIN);
 }
 
-/* Queue an op; kick the socket when the queue was idle (lowest latency). */
+/* Queue an op; kick the socket when the queue was idle (lowest latency),
+ * or, inside a batch, once CFX_TCP_BATCH_MAX frames wait. */
 static inline void ep_post(struct cfx__tcp_ep *ep)
 {
     bool idle = ep->txq_tail == ep->txq_head;
     ep->txq_head = (ep->txq_head + 1) % CFX_TCP_TXQ_SLOTS;
     ep->tx_unreported++;
-    if (idle && ep->state == CFX_TCP_EP_OPEN)
+    if (unlikely(ep->state != CFX_TCP_EP_OPEN))
+        return; /* sent once connected */
+    if (ep->tx_batch) {
+        if (++ep->tx_held < CFX_TCP_BATCH_MAX)
+            return;
+        ep->tx_held = 0;
         ep_tx_progress(ep);
+        return;
+    }
+    if (idle)
+        ep_tx_progress(ep);
+}
+
+int cfx__tcp_ep_batch(struct cfx_tp_ep *tp_ep, bool on)
+{
+    if (unlikely(!tp_ep))
+        return CFX_ERR_INVALID;
+    struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
+    ep->tx_batch = on;
+    if (!on && ep->tx_held) {
+        ep->tx_held = 0;
+        if (ep->state == CFX_TCP_EP_OPEN)
+            ep_tx_progress(ep);
+    }
+    return CFX_OK;
 }
 
 int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t loff,
@@ -716,62 +775,155 @@ static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
     }
 }
 
-static void ep_rx_progress(struct cfx__tcp_ep *ep)
+/*
+ * Parse the frames buffered in rxbuf.  true: the buffer is used up; false:
+ * stop (the ep failed, or the user must poll first: then the ep is on the
+ * backlog with its bytes kept).
+ */
+static bool rx_parse(struct cfx__tcp_ep *ep)
 {
-    for (;;) {
-        size_t want;
-        ssize_t n;
+    while (ep->rxb_off < ep->rxb_len) {
+        const uint8_t *p = ep->rxbuf + ep->rxb_off;
+        size_t avail = ep->rxb_len - ep->rxb_off, n;
 
         switch (ep->rx_state) {
         case CFX_TCP_RX_HDR:
-            /* Stop reading while the user holds too many receive completions. */
-            if (unlikely(ep->rx_unreported >= CFX_TCP_RX_MAX))
-                return;
-            want = HDR_SIZE - ep->rx_got;
-            n = rx_read(ep, (uint8_t *)&ep->rx_hdr + ep->rx_got, want);
-            if (n <= 0)
-                return;
-            ep->rx_got += (size_t)n;
+            /* Stop while the user holds too many receive completions. */
+            if (unlikely(ep->rx_unreported >= CFX_TCP_RX_MAX)) {
+                rx_backlog_add(ep);
+                return false;
+            }
+            n = CFX_MIN(HDR_SIZE - ep->rx_got, avail);
+            memcpy((uint8_t *)&ep->rx_hdr + ep->rx_got, p, n);
+            ep->rxb_off += (uint32_t)n;
+            ep->rx_got += n;
             if (ep->rx_got < HDR_SIZE)
-                return; /* short read: the socket is empty */
+                break; /* the rest of the header is still in the socket */
             if (!rx_header(ep))
-                return;
-            if (ep->rx_hdr.len == 0)
+                return false;
+            if (ep->rx_hdr.len == 0) {
                 rx_frame_done(ep);
+                if (ep->state == CFX_TCP_EP_FAILED)
+                    return false;
+            }
             break;
 
         case CFX_TCP_RX_PAYLOAD:
             if (!ep->rx_dst) {
                 rx_slots_reclaim(ep);
-                if (!(ep->rx_dst = rx_slot_take(ep)))
-                    return; /* poll() frees slots; epoll brings us back */
+                if (!(ep->rx_dst = rx_slot_take(ep))) {
+                    rx_backlog_add(ep); /* poll() frees slots, then resumes us */
+                    return false;
+                }
             }
-            want = ep->rx_hdr.len - ep->rx_got;
-            n = rx_read(ep, ep->rx_dst + ep->rx_got, want);
-            if (n <= 0)
-                return;
-            ep->rx_got += (size_t)n;
-            if ((size_t)n < want)
-                return;
-            rx_frame_done(ep);
-            if (ep->state == CFX_TCP_EP_FAILED)
-                return;
+            n = CFX_MIN(ep->rx_hdr.len - ep->rx_got, avail);
+            memcpy(ep->rx_dst + ep->rx_got, p, n);
+            ep->rxb_off += (uint32_t)n;
+            ep->rx_got += n;
+            if (ep->rx_got == ep->rx_hdr.len) {
+                rx_frame_done(ep);
+                if (ep->state == CFX_TCP_EP_FAILED)
+                    return false;
+            }
             break;
 
         case CFX_TCP_RX_DISCARD:
-            want = CFX_MIN(ep->rx_hdr.len - ep->rx_got, CFX_TCP_DISCARD_SIZE);
-            n = rx_read(ep, ep->iface->discard, want);
-            if (n <= 0)
-                return;
-            ep->rx_got += (size_t)n;
+            n = CFX_MIN(ep->rx_hdr.len - ep->rx_got, avail);
+            ep->rxb_off += (uint32_t)n;
+            ep->rx_got += n;
             if (ep->rx_got == ep->rx_hdr.len) {
                 ep->rx_state = CFX_TCP_RX_HDR;
                 ep->rx_got = 0;
-            } else if ((size_t)n < want) {
-                return;
             }
             break;
         }
+    }
+    ep->rxb_off = ep->rxb_len = 0;
+    if (unlikely(ep->rx_backlogged)) {
+        /* resumed by its socket before poll() got to it: nothing waits */
+        cfx_list_del(&ep->rx_link);
+        ep->rx_backlogged = false;
+    }
+    return true;
+}
+
+/* The rest of a large payload, straight from the socket into its
+ * destination.  true: go on reading; false: the socket is empty or the ep
+ * failed. */
+static bool rx_direct(struct cfx__tcp_ep *ep, size_t left)
+{
+    ssize_t n;
+
+    if (ep->rx_state == CFX_TCP_RX_DISCARD) {
+        size_t want = CFX_MIN(left, CFX_TCP_DISCARD_SIZE);
+        if ((n = rx_read(ep, ep->iface->discard, want)) <= 0)
+            return false;
+        ep->rx_got += (size_t)n;
+        if (ep->rx_got == ep->rx_hdr.len) {
+            ep->rx_state = CFX_TCP_RX_HDR;
+            ep->rx_got = 0;
+        }
+        return (size_t)n == want;
+    }
+    if ((n = rx_read(ep, ep->rx_dst + ep->rx_got, left)) <= 0)
+        return false;
+    ep->rx_got += (size_t)n;
+    if ((size_t)n < left)
+        return false; /* short read: the socket is empty */
+    rx_frame_done(ep);
+    return ep->state != CFX_TCP_EP_FAILED;
+}
+
+static void ep_rx_progress(struct cfx__tcp_ep *ep)
+{
+    for (;;) {
+        if (!rx_parse(ep))
+            return;
+        /* rxbuf is empty: read the socket again. */
+        if (ep->rx_state != CFX_TCP_RX_HDR) {
+            size_t left = ep->rx_hdr.len - ep->rx_got;
+            /* Only a WRITE (or a discarded one) has a buffer's worth left:
+             * SEND and HELLO payloads are smaller than the buffer. */
+            if (left >= CFX_TCP_RXBUF_SIZE) {
+                if (!rx_direct(ep, left))
+                    return;
+                continue;
+            }
+        } else if (unlikely(ep->rx_unreported >= CFX_TCP_RX_MAX)) {
+            return; /* read on once the user polled */
+        }
+        ssize_t n = rx_read(ep, ep->rxbuf, CFX_TCP_RXBUF_SIZE);
+        if (n <= 0)
+            return;
+        ep->rxb_off = 0;
+        ep->rxb_len = (uint32_t)n;
+        if ((size_t)n < CFX_TCP_RXBUF_SIZE) {
+            /* Short read: the socket is empty; parse and stop (epoll says
+             * when more arrives). */
+            rx_parse(ep);
+            return;
+        }
+    }
+}
+
+void cfx__tcp_rx_backlog_run(struct cfx__tcp_iface *iface)
+{
+    struct cfx_list todo;
+
+    /* Take the list as it is: an ep that stops again goes back on the
+     * iface's list for the next poll, not on this walk. */
+    cfx_list_init(&todo);
+    while (!cfx_list_empty(&iface->rx_backlog)) {
+        struct cfx_list *pos = iface->rx_backlog.next;
+        cfx_list_del(pos);
+        cfx_list_add_tail(pos, &todo);
+    }
+    while (!cfx_list_empty(&todo)) {
+        struct cfx__tcp_ep *ep = cfx_list_entry(todo.next, struct cfx__tcp_ep, rx_link);
+        cfx_list_del(&ep->rx_link);
+        ep->rx_backlogged = false;
+        if (ep->state == CFX_TCP_EP_OPEN || ep->state == CFX_TCP_EP_HELLO_WAIT)
+            ep_rx_progress(ep);
     }
 }
 

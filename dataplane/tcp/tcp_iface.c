@@ -186,6 +186,7 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
     iface->listen_fd = -1;
     cfx_list_init(&iface->eps);
     cfx_list_init(&iface->graveyard);
+    cfx_list_init(&iface->rx_backlog);
 
     iface->discard = malloc(CFX_TCP_DISCARD_SIZE);
     if (!iface->discard || cq_resize(iface, CQ_INITIAL) != CFX_OK) {
@@ -290,8 +291,10 @@ static int tcp_iface_arm(struct cfx_tp_iface *tp_iface)
     if (!tp_iface)
         return CFX_ERR_INVALID;
     /* epoll is level-triggered: the fd stays readable while any socket has
-     * work, so only completions queued here need saying. */
-    return cfx__tcp_iface_of(tp_iface)->cq_count ? CFX_ERR_AGAIN : CFX_OK;
+     * work, so only completions queued here and frames buffered here need
+     * saying. */
+    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);
+    return iface->cq_count || !cfx_list_empty(&iface->rx_backlog) ? CFX_ERR_AGAIN : CFX_OK;
 }
 
 static void iface_progress(struct cfx__tcp_iface *iface)
@@ -320,6 +323,8 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
 
     int n = cq_drain(iface, comps, max);
     if (n < max) {
+        if (unlikely(!cfx_list_empty(&iface->rx_backlog)))
+            cfx__tcp_rx_backlog_run(iface);
         iface_progress(iface);
         n += cq_drain(iface, comps + n, max - n);
     }
@@ -348,4 +353,5 @@ const struct cfx_transport_ops cfx__tcp_ops = {
     .ep_write = cfx__tcp_ep_write,
     .ep_send = cfx__tcp_ep_send,
     .poll = tcp_poll,
+    .ep_batch = cfx__tcp_ep_batch,
 };

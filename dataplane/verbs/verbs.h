@@ -370,6 +370,9 @@ int cfx__verbs_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t l
 int cfx__verbs_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,
                         const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
                         uint32_t imm, uint64_t wr_id);
+/* Inline bytes the ep's QP took (sends and writes up to it are posted
+ * IBV_SEND_INLINE); 0 for NULL.  For tests. */
+uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *ep);
 int cfx__verbs_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
 /* Endpoint of @p iface that owns @p qp, or NULL. */
 struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct cfx__verbs_iface *iface, struct ibv_qp *qp);

@@ -783,6 +783,11 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64
     return CFX_OK;
 }
 
+uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *tp_ep)
+{
+    return tp_ep ? cfx__verbs_ep_of(tp_ep)->max_inline : 0;
+}
+
 int cfx__verbs_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint64_t wr_id)
 {
     uint32_t cost = 0;

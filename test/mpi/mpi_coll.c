@@ -16,7 +16,9 @@
  * sendrecv is cfx_coll_perf's: rank r sends to r+1 and receives from r-1,
  * even ranks sending first, odd ranks receiving first, with blocking
  * MPI_Send / MPI_Recv.  With 2 ranks one call is a ping-pong, a whole round
- * trip (half of it is the usual one-way latency).  barrier has no size: it
+ * trip (half of it is the usual one-way latency).  sendburst is cfx_coll_perf's
+ * too: even ranks send 128 messages in a row to r+1, then receive one from
+ * r-1; odd ranks receive the 128, then send one (an even number of ranks).  barrier has no size: it
  * runs once per listed size, like cfx_coll_perf's.
  */
 #include <mpi.h>
@@ -29,9 +31,10 @@
 #include <string.h>
 #include <strings.h>
 
-enum op { OP_BCAST, OP_REDUCE, OP_ALLREDUCE, OP_SENDRECV, OP_BARRIER, OP_LAST };
+enum op { OP_BCAST, OP_REDUCE, OP_ALLREDUCE, OP_SENDRECV, OP_SENDBURST, OP_BARRIER, OP_LAST };
 
-static const char *op_names[] = { "broadcast", "reduce", "allreduce", "sendrecv", "barrier" };
+static const char *op_names[] = { "broadcast", "reduce",    "allreduce",
+                                  "sendrecv",  "sendburst", "barrier" };
 
 struct opts {
     enum op op;
@@ -71,7 +74,7 @@ static int parse_size(const char *s, size_t *out)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce|sendrecv|barrier]\n"
+    fprintf(f, "usage: mpi_coll [-o broadcast|reduce|allreduce|sendrecv|sendburst|barrier]\n"
                "                [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-r ROOT]\n"
                "                [-c 0|1] [--json]\n"
                "  sizes take K/M/G suffixes; defaults: allreduce, 32M..32M, x2, 20 iters,\n"
@@ -156,10 +159,32 @@ static void sendrecv(float *send, float *recv, int count)
     }
 }
 
+#define SENDBURST_N 128
+
+static void sendburst(float *send, float *recv, int count)
+{
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    if (n == 1) {
+        memmove(recv, send, (size_t)count * sizeof(float));
+    } else if (rank % 2 == 0) {
+        for (int i = 0; i < SENDBURST_N; i++)
+            MPI_Send(send, count, MPI_FLOAT, next, 0, MPI_COMM_WORLD);
+        MPI_Recv(recv, count, MPI_FLOAT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+        for (int i = 0; i < SENDBURST_N; i++)
+            MPI_Recv(recv, count, MPI_FLOAT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(send, count, MPI_FLOAT, next, 0, MPI_COMM_WORLD);
+    }
+}
+
 static void call(const struct opts *o, float *send, float *recv, int count)
 {
     switch (o->op) {
     case OP_SENDRECV: sendrecv(send, recv, count); break;
+    case OP_SENDBURST: sendburst(send, recv, count); break;
     case OP_BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
     case OP_BCAST: MPI_Bcast(recv, count, MPI_FLOAT, o->root, MPI_COMM_WORLD); break;
     case OP_REDUCE:
@@ -181,7 +206,7 @@ static long check(const struct opts *o, float *send, float *recv, int count, int
         return 0;
     for (int i = 0; i < count; i++) {
         float want = 0;
-        if (o->op == OP_SENDRECV)
+        if (o->op == OP_SENDRECV || o->op == OP_SENDBURST)
             want = input((rank + n - 1) % n, (size_t)i);
         else if (o->op == OP_BCAST)
             want = input(o->root, (size_t)i);

@@ -687,3 +687,150 @@ Test(tcp, dereg_source_with_queued_writes)
     cr_assert_neq(st, CFX_OK);
     unreg(&dst);
 }
+
+/* Sends and writes posted inside an ep_batch wait (at most
+ * CFX_TCP_BATCH_MAX frames) and then leave together; every byte arrives, in
+ * posting order, small and large (a write bigger than the receive buffer
+ * lands straight in its region). */
+Test(tcp, batch_holds_then_sends_in_order)
+{
+    struct region src, dst;
+    struct cfx_tp_ep *ba, *ab = connect_ab(&ba);
+    enum { NSEND = 40, BIG = 3 * CFX_TCP_RXBUF_SIZE + 5 };
+    static uint8_t msg[NSEND][CFX_TP_SEND_MAX];
+    static const size_t sizes[] = { 1, 7, 31, 32, 33, 1000, 4095, CFX_TP_SEND_MAX };
+
+    reg(A.iface, &src, BIG, CFX_TP_ACCESS_LOCAL, 0);
+    reg(B.iface, &dst, BIG, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, BIG, 11);
+    struct cfx__tcp_ep *a = cfx__tcp_ep_of(ab);
+
+    cr_assert_eq(ops->ep_batch(ab, true), CFX_OK);
+    for (int i = 0; i < NSEND; i++) {
+        size_t len = sizes[i % 8];
+        cfx_test_fill(msg[i], len, (unsigned)i + 100);
+        cr_assert_eq(ops->ep_send(ab, msg[i], len, (uint64_t)i), CFX_OK);
+        if (i == 10)
+            cr_assert_eq(ops->ep_write(ab, src.mr, 0, &dst.rd, 0, BIG, 77, 1000), CFX_OK);
+        if (i == 20) {
+            /* 22 frames held, none handed to the kernel yet */
+            cr_assert_eq(a->tx_held, 22);
+            cr_assert_eq((a->txq_head + CFX_TCP_TXQ_SLOTS - a->txq_tail) % CFX_TCP_TXQ_SLOTS, 22);
+            cr_assert_eq(count_ev(&A, CFX_TP_COMP_SEND, ab), 0);
+        }
+    }
+    /* The bound: the 32nd frame sent the first 32, 9 wait. */
+    cr_assert_eq(a->tx_held, NSEND + 1 - CFX_TCP_BATCH_MAX);
+    cr_assert_eq(ops->ep_batch(ab, false), CFX_OK);
+    cr_assert_eq(a->tx_held, 0);
+
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (count_ev(&B, CFX_TP_COMP_RECV, ba) < NSEND || !count_ev(&B, CFX_TP_COMP_WRITE_IMM, ba) ||
+           count_ev(&A, CFX_TP_COMP_SEND, ab) < NSEND || !count_ev(&A, CFX_TP_COMP_WRITE, ab)) {
+        cr_assert(cfx__now_ns() < end, "timed out");
+        pump(1);
+    }
+    int next = 0;
+    for (size_t i = 0; i < B.n; i++) {
+        struct ev *e = &B.evs[i];
+        if (e->c.type == CFX_TP_COMP_WRITE_IMM) {
+            cr_assert_eq(next, 11, "the write arrived after %d sends", next);
+            cr_assert_eq(e->c.imm, 77);
+            cr_assert_eq(e->c.len, BIG);
+        }
+        if (e->c.type != CFX_TP_COMP_RECV)
+            continue;
+        cr_assert_eq(e->c.len, sizes[next % 8]);
+        cr_assert_eq(cfx_test_check(e->data, e->c.len, (unsigned)next + 100), (size_t)-1,
+                     "message %d differs", next);
+        next++;
+    }
+    cr_assert_eq(cfx_test_check(dst.buf, BIG, 11), (size_t)-1);
+    unreg(&src);
+    unreg(&dst);
+}
+
+/* Frames split at every kind of place by the sender's writes (inside a
+ * header, between header and payload, inside a payload, several frames in
+ * one segment) are all parsed, byte for byte, and the key and bounds checks
+ * still apply to a header that arrives after buffered frames. */
+Test(tcp, recv_parses_frames_split_anywhere)
+{
+    struct region dst;
+    enum { WLEN = 2 * CFX_TCP_RXBUF_SIZE + 3, NMSG = 24 };
+    static uint8_t stream[NMSG * (32 + 600) + 32 + WLEN + 64];
+    size_t len = 0;
+
+    reg(B.iface, &dst, WLEN + 16, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    int fd = raw_connect(B.iface);
+    raw_hello(fd, 9, CFX_TCP_VERSION);
+    struct cfx_tp_ep *ba = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+
+    /* NMSG sends of 1..576 bytes, then a write of WLEN bytes at offset 16. */
+    for (int i = 0; i < NMSG; i++) {
+        uint32_t plen = (uint32_t)(1 + i * 25);
+        struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_SEND, .len = htole32(plen) };
+        memcpy(stream + len, &h, sizeof(h));
+        len += sizeof(h);
+        cfx_test_fill(stream + len, plen, (unsigned)i + 1);
+        len += plen;
+    }
+    struct cfx__tcp_rkey k;
+    memcpy(&k, dst.rd.data, sizeof(k));
+    struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE,
+                              .len = htole32(WLEN),
+                              .imm = htole32(5),
+                              .key_cookie = k.cookie,
+                              .key_idx = k.idx,
+                              .key_gen = k.gen,
+                              .off = htole64(16) };
+    memcpy(stream + len, &w, sizeof(w));
+    len += sizeof(w);
+    cfx_test_fill(stream + len, WLEN, 99);
+    len += WLEN;
+
+    /* Odd-sized pieces, polling between some of them. */
+    static const size_t piece[] = { 1, 5, 26, 31, 33, 64, 7, 500, 3, 1024, 17, 4096 };
+    for (size_t off = 0, j = 0; off < len; j++) {
+        size_t n = CFX_MIN(piece[j % 12], len - off);
+        raw_send(fd, stream + off, n);
+        off += n;
+        if (j % 3 == 0)
+            poll_side(&B, 64);
+    }
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_WRITE_IMM, ba)->c.imm, 5);
+    cr_assert_eq(count_ev(&B, CFX_TP_COMP_RECV, ba), NMSG);
+    int next = 0;
+    for (size_t i = 0; i < B.n; i++) {
+        struct ev *e = &B.evs[i];
+        if (e->c.type != CFX_TP_COMP_RECV)
+            continue;
+        cr_assert_eq(e->c.len, 1 + next * 25);
+        cr_assert_eq(cfx_test_check(e->data, e->c.len, (unsigned)next + 1), (size_t)-1,
+                     "message %d differs", next);
+        next++;
+    }
+    cr_assert_eq(cfx_test_check(dst.buf + 16, WLEN, 99), (size_t)-1);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(dst.buf[i], 0, "byte %d before the write's offset changed", i);
+
+    /* A message and an out-of-bounds write in one segment: the message is
+     * delivered, the write refused, the connection failed (CFX_ERR_PROTO). */
+    uint8_t seg[2 * 32 + 4];
+    struct cfx__tcp_hdr s = { .type = CFX_TCP_FRAME_SEND, .len = htole32(4) };
+    memcpy(seg, &s, 32);
+    memcpy(seg + 32, "last", 4);
+    w.len = htole32(32);
+    w.off = htole64(WLEN);
+    memcpy(seg + 36, &w, 32);
+    raw_send(fd, seg, sizeof(seg));
+    cr_assert_eq(wait_ev(&B, CFX_TP_COMP_EP_ERROR, ba)->c.status, CFX_ERR_PROTO);
+    struct ev *last = NULL;
+    for (size_t i = 0; i < B.n; i++)
+        if (B.evs[i].c.type == CFX_TP_COMP_RECV)
+            last = &B.evs[i];
+    cr_assert_eq(count_ev(&B, CFX_TP_COMP_RECV, ba), NMSG + 1);
+    cr_assert_arr_eq(last->data, "last", 4);
+    close(fd);
+    unreg(&dst);
+}

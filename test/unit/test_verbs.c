@@ -15,12 +15,14 @@
 
 #include "dataplane/common/util.h"
 #include "dataplane/transport.h"
+#include "testutil.h"
 
 /* Only present in libconflux when the verbs transport is built; weak so
  * this file links either way (the table entry pulls the object in). */
 int cfx__verbs_devices_print(FILE *out, int json) __attribute__((weak));
 uint32_t cfx__verbs_rcache_invalidate(struct cfx_tp_iface *iface, const void *addr,
                                       size_t len) __attribute__((weak));
+uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *ep) __attribute__((weak));
 
 static const struct cfx_transport_ops *verbs_or_skip(void)
 {
@@ -176,4 +178,170 @@ Test(verbs, connect_mode_mismatch_is_refused)
     cr_assert_eq(rc, CFX_ERR_CONNECT, "ep_connect: %s", cfx_errname(rc));
     cr_assert(strstr(cfx_last_error(), "CFX_IB_CONNECT"), "%s", cfx_last_error());
     ops->iface_close(iface);
+}
+
+/* --- inline boundary ---------------------------------------------------------- */
+
+#define IL_WAIT_MS 60000 /* against hangs only: TCG guests are slow */
+#define IL_ROUNDS  40    /* messages per size and direction: more than the credits */
+
+struct il_side {
+    struct cfx_tp_iface *iface;
+    uint8_t (*msg)[CFX_TP_SEND_MAX]; /* RECV copies, in arrival order */
+    uint32_t *len;
+    size_t nrecv, nsend, nwrite, nimm;
+    int32_t bad_status;
+};
+
+static void il_poll(const struct cfx_transport_ops *ops, struct il_side *s, size_t cap)
+{
+    struct cfx_tp_completion c[32];
+    int n = ops->poll(s->iface, c, 32);
+    cr_assert_geq(n, 0, "poll: %s", cfx_errname(n));
+    for (int i = 0; i < n; i++) {
+        if (c[i].status != CFX_OK && !s->bad_status)
+            s->bad_status = c[i].status;
+        switch (c[i].type) {
+        case CFX_TP_COMP_RECV:
+            cr_assert_lt(s->nrecv, cap);
+            s->len[s->nrecv] = c[i].len;
+            memcpy(s->msg[s->nrecv++], c[i].data, c[i].len);
+            break;
+        case CFX_TP_COMP_SEND: s->nsend++; break;
+        case CFX_TP_COMP_WRITE: s->nwrite++; break;
+        case CFX_TP_COMP_WRITE_IMM: s->nimm++; break;
+        case CFX_TP_COMP_EP_ERROR: cr_assert_fail("EP_ERROR %s", cfx_errname(c[i].status)); break;
+        default: break;
+        }
+    }
+}
+
+/* Sends and writes of max_inline - 1, max_inline and max_inline + 1 bytes
+ * (inline, inline, through the send buffer / registered memory), more of
+ * them than there are credits, both ways: every byte arrives, in order;
+ * bytes around a written range stay as they were. */
+Test(verbs, inline_boundary_every_byte, .timeout = 240)
+{
+    const struct cfx_transport_ops *ops = verbs_or_skip();
+    struct il_side A = { .iface = open_or_skip(ops, 1) }, B = { .iface = open_or_skip(ops, 2) };
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    struct cfx_tp_ep *ab, *ba = NULL;
+    enum { N = 3 * IL_ROUNDS };
+
+    cr_assert_not_null(cfx__verbs_ep_max_inline);
+    cr_assert_eq(ops->iface_addr(B.iface, addr, &alen), CFX_OK);
+    cr_assert_eq(ops->ep_connect(A.iface, addr, alen, 2, &ab), CFX_OK, "%s", cfx_last_error());
+    struct il_side *sides[2] = { &A, &B };
+    for (int i = 0; i < 2; i++) {
+        sides[i]->msg = calloc(N, CFX_TP_SEND_MAX);
+        sides[i]->len = calloc(N, sizeof(uint32_t));
+    }
+    /* Connected on both sides: A's CONNECTED and B's ACCEPT. */
+    uint64_t end = cfx__deadline_ns(IL_WAIT_MS);
+    bool conn = false;
+    while (!conn || !ba) {
+        cr_assert(cfx__now_ns() < end, "no connection");
+        struct cfx_tp_completion c[8];
+        int n = ops->poll(A.iface, c, 8);
+        for (int i = 0; i < n; i++)
+            if (c[i].type == CFX_TP_COMP_CONNECTED) {
+                cr_assert_eq(c[i].status, CFX_OK);
+                conn = true;
+            }
+        n = ops->poll(B.iface, c, 8);
+        for (int i = 0; i < n; i++)
+            if (c[i].type == CFX_TP_COMP_ACCEPT)
+                ba = c[i].ep;
+    }
+    uint32_t mi = cfx__verbs_ep_max_inline(ab);
+    cr_assert_gt(mi, 1, "the QP took no inline data (Soft-RoCE supports it)");
+    cr_assert_lt(mi + 1, CFX_TP_SEND_MAX);
+    cr_assert_eq(cfx__verbs_ep_max_inline(ba), mi);
+    cr_log_info("max_inline %u: sizes %u, %u, %u", mi, mi - 1, mi, mi + 1);
+    const uint32_t sizes[3] = { mi - 1, mi, mi + 1 };
+
+    /* Sends, both ways, interleaved. */
+    uint8_t buf[CFX_TP_SEND_MAX];
+    struct cfx_tp_ep *eps[2] = { ab, ba };
+    for (int i = 0; i < N; i++) {
+        for (int d = 0; d < 2; d++) {
+            cfx_test_fill(buf, sizes[i % 3], 1000 * (uint64_t)d + (uint64_t)i);
+            int rc;
+            while ((rc = ops->ep_send(eps[d], buf, sizes[i % 3], (uint64_t)i)) == CFX_ERR_AGAIN) {
+                cr_assert(cfx__now_ns() < end, "send queue stayed full");
+                il_poll(ops, &A, N);
+                il_poll(ops, &B, N);
+            }
+            cr_assert_eq(rc, CFX_OK, "ep_send of %u bytes: %s", sizes[i % 3], cfx_errname(rc));
+            memset(buf, 0, sizeof(buf)); /* copied (or inlined) before ep_send returned */
+        }
+    }
+    end = cfx__deadline_ns(IL_WAIT_MS);
+    while (A.nrecv < N || B.nrecv < N || A.nsend < N || B.nsend < N) {
+        cr_assert(cfx__now_ns() < end, "A got %zu, B got %zu of %d", A.nrecv, B.nrecv, N);
+        il_poll(ops, &A, N);
+        il_poll(ops, &B, N);
+    }
+    cr_assert_eq(A.bad_status, CFX_OK, "%s", cfx_errname(A.bad_status));
+    cr_assert_eq(B.bad_status, CFX_OK, "%s", cfx_errname(B.bad_status));
+    for (int d = 0; d < 2; d++) {
+        struct il_side *r = sides[!d];
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq(r->len[i], sizes[i % 3], "message %d: %u bytes, sent %u", i, r->len[i],
+                         sizes[i % 3]);
+            size_t at = cfx_test_check(r->msg[i], r->len[i], 1000 * (uint64_t)d + (uint64_t)i);
+            cr_assert_eq(at, (size_t)-1, "message %d of %u bytes differs at byte %zu", i, r->len[i],
+                         at);
+        }
+    }
+
+    /* Writes A -> B of the same sizes into a region with guard bytes. */
+    enum { GUARD = 64 };
+    size_t span = GUARD + (size_t)mi + 1 + GUARD;
+    uint8_t *src = aligned_alloc(4096, 4096 * 4), *dst = aligned_alloc(4096, 4096 * 4);
+    cr_assert_leq(span, 4096 * 4);
+    struct cfx_tp_mem_desc ms = {
+        .addr = src, .len = 4096 * 4, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+    };
+    struct cfx_tp_mem_desc md = ms;
+    md.addr = dst;
+    struct cfx_tp_mr *smr, *dmr;
+    struct cfx_tp_rdesc rd;
+    cr_assert_eq(ops->mem_reg(A.iface, &ms, CFX_TP_ACCESS_LOCAL, &smr), CFX_OK);
+    cr_assert_eq(ops->mem_reg(B.iface, &md, CFX_TP_ACCESS_REMOTE_WRITE | CFX_TP_ACCESS_LOCAL, &dmr),
+                 CFX_OK);
+    cr_assert_eq(ops->mr_pack(dmr, &rd), CFX_OK);
+    for (int k = 0; k < 3; k++) {
+        uint32_t len = sizes[k];
+        memset(dst, 0xee, span);
+        cfx_test_fill(src, len, 77 + (uint64_t)k);
+        size_t w0 = A.nwrite, i0 = B.nimm;
+        cr_assert_eq(ops->ep_write(ab, smr, 0, &rd, GUARD, len, 500 + (uint32_t)k, 9), CFX_OK);
+        end = cfx__deadline_ns(IL_WAIT_MS);
+        while (A.nwrite == w0 || B.nimm == i0) {
+            cr_assert(cfx__now_ns() < end, "write of %u bytes did not complete", len);
+            il_poll(ops, &A, N);
+            il_poll(ops, &B, N);
+        }
+        size_t at = cfx_test_check(dst + GUARD, len, 77 + (uint64_t)k);
+        cr_assert_eq(at, (size_t)-1, "write of %u bytes differs at byte %zu", len, at);
+        for (size_t j = 0; j < span; j++)
+            if (j < GUARD || j >= GUARD + len)
+                cr_assert_eq(dst[j], 0xee, "byte %zu outside a write of %u bytes changed", j, len);
+    }
+    cr_assert_eq(A.bad_status, CFX_OK, "%s", cfx_errname(A.bad_status));
+
+    ops->mem_dereg(smr);
+    ops->mem_dereg(dmr);
+    free(src);
+    free(dst);
+    ops->ep_close(ab);
+    ops->ep_close(ba);
+    ops->iface_close(A.iface);
+    ops->iface_close(B.iface);
+    for (int i = 0; i < 2; i++) {
+        free(sides[i]->msg);
+        free(sides[i]->len);
+    }
 }
