@@ -76,6 +76,7 @@ struct cfx_ctl {
     uint32_t dead_after_ms;
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
+    void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
     struct cfx_node_rec self;        /* kept to rejoin (NODE) */
@@ -498,6 +499,25 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
             ctl->on_node_dead(ctl->arg, m.u.node_dead.node_id);
         return;
     }
+    if (m.type == CFX_MSG_EV_OBJ_GONE) {
+        /* handled before the frames after it: a reply read later (to a
+         * lookup, say) never finds the withdrawn copy still answering */
+        if (ctl->on_obj_gone)
+            ctl->on_obj_gone(ctl->arg, &m.u.gone.id);
+        if (m.req_id) {
+            char hex[CFX_OBJECT_ID_HEX_LEN];
+            struct cfx_msg ack = { .type = CFX_MSG_OBJ_GONE_ACK, .req_id = m.req_id };
+            ack.u.gone.id = m.u.gone.id;
+            /* a lost ack is a lost connection: the coordinator then stops
+             * waiting for this node */
+            if (send_msg(ctl, &ack, cfx__deadline_ns((int)ctl->heartbeat_ms * 4),
+                         "drop of a withdrawn object") != CFX_OK)
+                CFX_LOG(WARN, CTL, "coordinator %s: cannot acknowledge the withdrawal of "
+                        "object %s: %s", ctl->coord, idhex(&m.u.gone.id, hex),
+                        cfx_last_error());
+        }
+        return;
+    }
 
     pthread_mutex_lock(&ctl->lock);
     cfx_list_for_each(pos, &ctl->calls) {
@@ -916,6 +936,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->role = params->role;
     ctl->on_node_dead = params->on_node_dead;
     ctl->on_reconnected = params->on_reconnected;
+    ctl->on_obj_gone = params->on_obj_gone;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
     if (params->self)

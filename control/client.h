@@ -122,6 +122,14 @@ struct cfx_ctl_params {
      * re-announces what it holds, but not from this thread (the replies are
      * read here): hand off to another thread.  May be NULL. */
     void (*on_reconnected)(void *arg);
+    /* Called from the client thread when the directory withdrew object @p id
+     * that this node holds (a copy, or part of one): its putter deleted it or
+     * it went with its last complete copy.  The client acknowledges the
+     * event once this returns, and a putter's delete returns only after
+     * every holder's acknowledgement, so whatever this does (under the
+     * owner's lock) is done before that delete returns.  Same rules as
+     * on_node_dead: no request calls from inside it.  May be NULL. */
+    void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
 };
 
 /* Every blocking request below is sent again after a reconnect when the

@@ -92,6 +92,7 @@ int cfx__coord_dir_init(struct cfx_coord *co)
 {
     cfx_list_init(&co->objects);
     cfx_list_init(&co->parked);
+    cfx_list_init(&co->del_waits);
     co->buckets = malloc(DIR_BUCKETS_INITIAL * sizeof(*co->buckets));
     if (!co->buckets)
         return cfx__err(CFX_ERR_NOMEM, "no memory for the object directory");
@@ -225,14 +226,101 @@ static int other_complete(struct coord_obj *o, const struct coord_holder *h)
     return 0;
 }
 
-/* The putter of @p o withdrew it, or left it to nobody: the id is gone from
- * the directory, every copy's record with it (the lifecycle at the top). */
-static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why)
+static void parked_free(struct cfx_coord *co, struct coord_parked *p);
+
+/* Keep why @p o went, for getters that resume after their source failed. */
+static void gone_record(struct cfx_coord *co, const struct coord_obj *o, const char *why)
+{
+    struct coord_gone *g = &co->gone[co->gone_next++ % COORD_GONE_KEEP];
+    g->id = o->id;
+    g->putter = o->putter;
+    g->used = 1;
+    snprintf(g->why, sizeof(g->why), "%s", why);
+}
+
+/* The latest withdrawal of @p id still remembered, or NULL. */
+static const struct coord_gone *gone_find(struct cfx_coord *co, const struct cfx_object_id *id)
+{
+    for (uint32_t k = 1; k <= COORD_GONE_KEEP; k++) {
+        const struct coord_gone *g = &co->gone[(co->gone_next - k) % COORD_GONE_KEEP];
+        if (!g->used)
+            return NULL;
+        if (!memcmp(g->id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return g;
+    }
+    return NULL;
+}
+
+/*
+ * The putter of @p o withdrew it, or left it to nobody: the id is gone from
+ * the directory, every copy's record with it (the lifecycle at the top).
+ * Every live holder but @p by is told (EV_OBJ_GONE), so that its copy no
+ * longer answers its own gets; with @p w (the putter's delete) each of them
+ * is to acknowledge, and the delete is answered once all have (or died).
+ * A holder's lookup parked here is a get resuming after its source failed:
+ * it is answered with why the object went, as is one that comes later.
+ */
+static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why,
+                         uint32_t by, struct coord_del_wait *w)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", idhex(&o->id, hex),
-            o->putter, why, o->nholders, o->nholders == 1 ? "" : "s");
+    struct cfx_list *pos, *tmp;
+
+    idhex(&o->id, hex);
+    CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", hex, o->putter, why,
+            o->nholders, o->nholders == 1 ? "" : "s");
+    gone_record(co, o, why);
+    cfx_list_for_each_safe(pos, tmp, &co->parked) {
+        struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
+        if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node ||
+            !holder_find(o, p->conn->node->rec.node_id))
+            continue;
+        cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_PEER_FAILED,
+                             "object %s is gone: %s", hex, why);
+        /* tmp may be the same connection's next entry: still listed */
+        parked_free(co, p);
+    }
+    struct cfx_msg ev = { .type = CFX_MSG_EV_OBJ_GONE, .req_id = w ? w->token : 0 };
+    ev.u.gone.id = o->id;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        struct coord_node *n = h->node;
+        if (n->rec.node_id == by || !n->rec.alive || !n->conn)
+            continue;
+        cfx__coord_send(n->conn, &ev);
+        if (w)
+            w->wait[w->nwait++] = n->rec.node_id;
+    }
     obj_drop(co, o);
+}
+
+/* @p w's holder @p node answered or is gone; the delete is answered with the last. */
+static void del_wait_drop(struct cfx_coord *co, struct coord_del_wait *w, uint32_t node)
+{
+    for (uint32_t i = 0; i < w->nwait; i++) {
+        if (w->wait[i] == node) {
+            w->wait[i] = w->wait[--w->nwait];
+            break;
+        }
+    }
+    if (w->nwait)
+        return;
+    cfx__coord_reply_ok(w->conn, w->req_id);
+    cfx_list_del(&w->link);
+    free(w->wait);
+    free(w);
+}
+
+void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        if (w->token == m->req_id) {
+            del_wait_drop(co, w, node_id_of(c));
+            return;
+        }
+    }
 }
 
 /* ---- durable objects (see the top of the file) ---------------------------------- */
@@ -534,6 +622,16 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             return;
         }
     }
+    const struct coord_gone *g =
+        !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms ? gone_find(co, &m->u.lookup.id)
+                                                             : NULL;
+    if (g) {
+        /* a get resuming after its source failed: the object it was
+         * getting is gone, and a later put of the id is another object */
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_PEER_FAILED, "object %s is gone: %s",
+                             idhex(&m->u.lookup.id, hex), g->why);
+        return;
+    }
     if (m->u.lookup.timeout_ms == 0) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_TIMEOUT, "object %s has no holder",
                              idhex(&m->u.lookup.id, hex));
@@ -749,11 +847,42 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         return;
     }
     if (owner) {
-        /* The id is free for a new put from the moment this reply leaves. */
-        obj_withdraw(co, o, o->putter == me ? "deleted by its putter" : "deleted, its putter "
-                     "gone");
+        /* The id is free for a new put from now on; the reply waits until
+         * every other holder dropped its copy (so that none of them answers
+         * a get of the id with these bytes once the delete returned). */
+        char why[96];
+        if (o->putter == me)
+            snprintf(why, sizeof(why), "its putter node %u deleted it", me);
+        else
+            snprintf(why, sizeof(why), "node %u deleted it, its putter node %u gone", me,
+                     o->putter);
+        struct coord_del_wait *w = calloc(1, sizeof(*w));
+        if (w && !(w->wait = calloc(o->nholders ? o->nholders : 1, sizeof(*w->wait)))) {
+            free(w);
+            w = NULL;
+        }
+        if (w) {
+            w->conn = c;
+            w->req_id = m->req_id;
+            w->token = ++co->next_token;
+        } else {
+            CFX_LOG(ERR, CTL, "coordinator %s is out of memory: the delete of object %s by "
+                    "node %u does not wait for its holders", co->addr, hex, me);
+        }
+        obj_withdraw(co, o, why, me, w);
+        if (w && w->nwait) {
+            cfx_list_add_tail(&w->link, &co->del_waits);
+            return;
+        }
+        if (w) {
+            free(w->wait);
+            free(w);
+        }
     } else if (!o->durable && h->complete && !other_complete(o, h)) {
-        obj_withdraw(co, o, "its last complete copy was deleted");
+        char why[96];
+        snprintf(why, sizeof(why), "node %u deleted its last complete copy (its putter node "
+                 "%u gone)", me, o->putter);
+        obj_withdraw(co, o, why, me, NULL);
     } else {
         holder_remove(o, h);
         obj_maybe_drop(co, o); /* a durable object stays without holders */
@@ -812,6 +941,11 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
+    /* deletes waiting for it to drop its copies wait no more */
+    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        del_wait_drop(co, w, n->rec.node_id);
+    }
     /* A node holds an object once, so the next entry of its holdings never
      * belongs to the object dropped here. */
     cfx_list_for_each_safe(pos, tmp, &n->holdings) {
@@ -819,7 +953,14 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
         struct coord_obj *o = h->obj;
         if (!o->durable && h->complete && !other_complete(o, h)) {
             /* partial copies cannot complete without a complete one */
-            obj_withdraw(co, o, "its last complete copy left");
+            char why[96];
+            if (o->putter == n->rec.node_id)
+                snprintf(why, sizeof(why), "its putter node %u left and no other node held "
+                         "a complete copy", o->putter);
+            else
+                snprintf(why, sizeof(why), "node %u, which held its last complete copy, left "
+                         "(its putter node %u gone)", n->rec.node_id, o->putter);
+            obj_withdraw(co, o, why, n->rec.node_id, NULL);
             continue;
         }
         holder_remove(o, h);
@@ -829,6 +970,15 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c)
 {
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        if (w->conn == c) {
+            cfx_list_del(&w->link);
+            free(w->wait);
+            free(w);
+        }
+    }
     while (!cfx_list_empty(&c->parked)) {
         struct coord_parked *p = cfx_list_entry(c->parked.next, struct coord_parked, conn_link);
         parked_free(co, p);
@@ -839,6 +989,13 @@ void cfx__coord_dir_fini(struct cfx_coord *co)
 {
     if (!co->buckets)
         return;
+    while (!cfx_list_empty(&co->del_waits)) {
+        struct coord_del_wait *w = cfx_list_entry(co->del_waits.next, struct coord_del_wait,
+                                                  link);
+        cfx_list_del(&w->link);
+        free(w->wait);
+        free(w);
+    }
     while (!cfx_list_empty(&co->parked)) {
         struct coord_parked *p = cfx_list_entry(co->parked.next, struct coord_parked, link);
         cfx_list_del(&p->link);

@@ -32,6 +32,8 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_OBJECTS] = "OBJECTS",
     [CFX_MSG_OBJECTS_REPLY] = "OBJECTS_REPLY",
     [CFX_MSG_EV_NODE_DEAD] = "EV_NODE_DEAD",
+    [CFX_MSG_EV_OBJ_GONE] = "EV_OBJ_GONE",
+    [CFX_MSG_OBJ_GONE_ACK] = "OBJ_GONE_ACK",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -435,6 +437,10 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_EV_NODE_DEAD:
         wr_u32(w, m->u.node_dead.node_id);
         break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        wr_bytes(w, m->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
+        break;
     default:
         return cfx__err(CFX_ERR_INVALID, "cannot encode message type %u", m->type);
     }
@@ -750,6 +756,10 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         m->u.node_dead.node_id = rd_u32(r, "node id");
         if (r->status == CFX_OK && m->u.node_dead.node_id == 0)
             rd_fail(r, CFX_ERR_PROTO, "node id 0");
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        rd_bytes(r, m->u.gone.id.bytes, CFX_OBJECT_ID_LEN, "object id");
         break;
     default:
         rd_fail(r, CFX_ERR_PROTO, "unknown type");

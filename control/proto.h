@@ -93,6 +93,9 @@ enum cfx_msg_type {
     CFX_MSG_OBJECTS,        /* cursor -> OBJECTS_REPLY */
     CFX_MSG_OBJECTS_REPLY,  /* page of object records */
     CFX_MSG_EV_NODE_DEAD,   /* event, coord -> members: node id; req_id says why */
+    CFX_MSG_EV_OBJ_GONE,    /* event, coord -> holders: id withdrawn; req_id != 0 asks
+                             * for an OBJ_GONE_ACK with that req_id */
+    CFX_MSG_OBJ_GONE_ACK,   /* id: this node dropped its copy; no reply */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -183,6 +186,9 @@ struct cfx_msg {
         struct {
             uint32_t node_id;
         } node_dead;
+        struct {
+            struct cfx_object_id id;
+        } gone;                             /* EV_OBJ_GONE, OBJ_GONE_ACK */
     } u;
 };
 

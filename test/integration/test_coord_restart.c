@@ -189,6 +189,67 @@ Test(coord_restart, kill_9_mid_transfer)
     free(small);
 }
 
+/* Wait until @p ctx finished a re-announce round (after its reconnect). */
+static void wait_reannounced(struct cfx_context *ctx, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    pthread_mutex_lock(&ctx->lock);
+    while (ctx->reannounce_rounds == 0 && cfx__obj_wait(ctx, deadline))
+        ;
+    uint64_t rounds = ctx->reannounce_rounds;
+    pthread_mutex_unlock(&ctx->lock);
+    cr_assert_geq(rounds, 1, "node %u did not re-announce its objects",
+                  cfx_context_node_id(ctx));
+}
+
+/* Issue: a cfx_delete made just after the reconnect, while the re-announce
+ * was still sending, was announced back: the re-announce had collected the
+ * id before the delete and sent it after, so the object lived again in the
+ * directory with nobody holding it (another node's put of the id failed
+ * with CFX_ERR_EXISTS naming the deleter).  The test hook holds the
+ * re-announce between its list and its sends until the delete returned. */
+Test(coord_restart, delete_during_reannounce)
+{
+    setenv("CFX_REANNOUNCE_TEST_HOLD", "1", 1);
+    struct cfx_context *a = join();
+    unsetenv("CFX_REANNOUNCE_TEST_HOLD");
+    struct cfx_context *b = join();
+    uint8_t *gone = malloc(MED), *keep = malloc(MED), *again = malloc(MED);
+    cfx_test_fill(gone, MED, 2);
+    cfx_test_fill(keep, MED, 4);
+    cfx_test_fill(again, MED, 5);
+    struct cfx_object_id xgone, xkeep;
+    cfx_object_id_generate(a, &xgone);
+    cfx_object_id_generate(a, &xkeep);
+    cr_assert_eq(cfx_put(a, &xgone, gone, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &xkeep, keep, MED, NULL), CFX_OK, "%s", cfx_last_error());
+
+    char port[16];
+    snprintf(port, sizeof(port), "%u", cc.port);
+    coord_child_kill(&cc, SIGKILL);
+    start_coord(port);
+
+    /* returns once a's re-announce listed both objects (hook), before it
+     * sent either */
+    cr_assert_eq(cfx_delete(a, &xgone, NULL), CFX_OK, "%s", cfx_last_error());
+    wait_reannounced(a, 20000);
+
+    /* the kept object is back; the deleted one is not: its id is free */
+    get_check(b, &xkeep, MED, 4);
+    int rc = cfx_put(b, &xgone, again, MED, NULL);
+    cr_assert_eq(rc, CFX_OK, "a put of the id deleted during the re-announce -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    struct cfx_context *c = join();
+    get_check(c, &xgone, MED, 5);
+
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(gone);
+    free(keep);
+    free(again);
+}
+
 /* ---- durable inline objects ------------------------------------------------------ */
 
 static struct cfx_ctl *open_ctl(const char *name)

@@ -176,6 +176,11 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
     case CFX_MSG_EV_NODE_DEAD:
         m->u.node_dead.node_id = 6;
         break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        memset(m->u.gone.id.bytes, 0x5a, CFX_OBJECT_ID_LEN);
+        m->req_id = 77;
+        break;
     default:
         break;
     }
@@ -314,6 +319,10 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         break;
     case CFX_MSG_EV_NODE_DEAD:
         cr_assert_eq(a->u.node_dead.node_id, b->u.node_dead.node_id);
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        cr_assert_arr_eq(a->u.gone.id.bytes, b->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
     default:
         break;
