@@ -132,7 +132,10 @@ CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
  * deadline.
  * @return CFX_OK; CFX_ERR_TIMEOUT when no holder appeared or the transfer did
  *         not finish in time; CFX_ERR_TRUNCATED when capacity < size (size_out
- *         still set); CFX_ERR_PEER_FAILED when every source died;
+ *         still set); CFX_ERR_PEER_FAILED when every source died, or when
+ *         the object went while it was being got (its putter left with no
+ *         complete copy anywhere, or deleted it: cfx_last_error() says
+ *         which, naming the putter node);
  *         CFX_ERR_CONNECT when a holder had to be looked up and the
  *         coordinator was unreachable until the deadline (named in
  *         cfx_last_error()).
