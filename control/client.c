@@ -1048,7 +1048,7 @@ static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline
 
 static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                    uint32_t chunk_size, const void *data, bool durable, bool again,
-                   uint64_t deadline_ns)
+                   uint32_t copy_of, uint64_t tag, uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
@@ -1069,6 +1069,13 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
     m.u.put.durable = durable ? 1 : 0;
     m.u.put.again = again ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
+    m.u.put.tag = tag;
+    if (copy_of) {
+        m.u.put.copy = 1;
+        m.u.put.putter = copy_of;
+        m.u.put.has_data = 0;
+        m.u.put.data = NULL;
+    }
     cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     return expect_ok(ctl, &m, deadline_ns, what);
 }
@@ -1076,20 +1083,30 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                      uint32_t chunk_size, const void *data, uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, false, false, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, false, false, 0, 0, deadline_ns);
 }
 
 int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                            uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+                            uint32_t chunk_size, const void *data, uint64_t tag,
+                            uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, false, true, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, false, true, 0, tag, deadline_ns);
+}
+
+int cfx__ctl_obj_put_copy(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                          uint32_t chunk_size, uint32_t putter, uint64_t tag,
+                          uint64_t deadline_ns)
+{
+    if (!putter)
+        return cfx__err(CFX_ERR_INVALID, "put of a copy: putter node 0");
+    return obj_put(ctl, id, size, chunk_size, NULL, false, true, putter, tag, deadline_ns);
 }
 
 int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                              uint64_t size, uint32_t chunk_size, const void *data,
                              uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, true, false, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, true, false, 0, 0, deadline_ns);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
@@ -1149,6 +1166,8 @@ static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     out->chunk_size = call.reply.u.lookup_reply.chunk_size;
     out->is_inline = call.reply.u.lookup_reply.is_inline;
     out->complete = call.reply.u.lookup_reply.complete;
+    out->putter = call.reply.u.lookup_reply.putter;
+    out->tag = call.reply.u.lookup_reply.tag;
     if (out->is_inline) {
         if (out->size) {
             out->data = malloc((size_t)out->size);

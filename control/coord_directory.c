@@ -506,6 +506,8 @@ static void reply_inline(struct coord_conn *c, uint64_t req_id, const struct coo
     r.u.lookup_reply.chunk_size = o->chunk_size;
     r.u.lookup_reply.is_inline = 1;
     r.u.lookup_reply.complete = 1;
+    r.u.lookup_reply.putter = o->putter;
+    r.u.lookup_reply.tag = o->tag;
     r.u.lookup_reply.data = o->data;
     cfx__coord_send(c, &r);
 }
@@ -547,6 +549,8 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     r.u.lookup_reply.chunk_size = o->chunk_size;
     r.u.lookup_reply.is_inline = 0;
     r.u.lookup_reply.complete = src->complete;
+    r.u.lookup_reply.putter = o->putter;
+    r.u.lookup_reply.tag = o->tag;
     cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
     CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, %u uploads)",
             c->node->rec.node_id, (unsigned long long)o->size, src->node->rec.node_id,
@@ -666,6 +670,68 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             p->timeout_ms);
 }
 
+/*
+ * A node announces again, after a restart, a complete copy it got of another
+ * node's put (CFX_PROTO_PUT_COPY, with that putter and its tag).  The copy
+ * is the object the id names when the directory has nothing under the id
+ * (the putter left before the restart, or has not announced it yet) or the
+ * same put (putter, tag, size, chunk size): the node is a complete holder
+ * again.  Anything else means the id names another object by now:
+ * CFX_ERR_EXISTS, and the node drops its copy.
+ */
+static void put_copy(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m,
+                     struct coord_obj *o)
+{
+    const uint32_t me = node_id_of(c);
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    idhex(&m->u.put.id, hex);
+    if (o && (o->putter != m->u.put.putter || o->tag != m->u.put.tag ||
+              o->size != m->u.put.size || o->chunk_size != m->u.put.chunk_size)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
+                             "object %s is another put by now: node %u put %llu bytes; node "
+                             "%u holds a copy of node %u's put of %llu bytes", hex, o->putter,
+                             (unsigned long long)o->size, me, m->u.put.putter,
+                             (unsigned long long)m->u.put.size);
+        return;
+    }
+    if (!o) {
+        o = calloc(1, sizeof(*o));
+        if (!o) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of "
+                                 "memory", co->addr);
+            return;
+        }
+        o->id = m->u.put.id;
+        o->size = m->u.put.size;
+        o->chunk_size = m->u.put.chunk_size;
+        o->putter = m->u.put.putter;
+        o->tag = m->u.put.tag;
+        memcpy(o->name, m->u.put.name, sizeof(o->name));
+        cfx_list_init(&o->holders);
+        cfx_list_add_tail(&o->link, &co->objects);
+        cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
+        co->nobjects++;
+        if (co->nobjects > co->nbuckets)
+            dir_grow(co);
+    }
+    struct coord_holder *h = holder_find(o, me);
+    if (h) {
+        holder_release_src(o, h);
+        h->complete = 1;
+        h->depth = 0;
+    } else if (!holder_add(o, c->node, 1, 0)) {
+        obj_maybe_drop(co, o);
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                             co->addr);
+        return;
+    }
+    CFX_LOG(DEBUG, CTL, "node %u holds a copy of object %s (node %u's put, %llu bytes) again",
+            me, hex, o->putter, (unsigned long long)o->size);
+    cfx__coord_reply_ok(c, m->req_id);
+    wake_parked(co, o);
+}
+
 void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     const uint32_t me = node_id_of(c);
@@ -674,6 +740,10 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     uint64_t size = m->u.put.size;
 
     idhex(&m->u.put.id, hex);
+    if (m->u.put.copy) {
+        put_copy(co, c, m, o);
+        return;
+    }
     /* small objects normally carry their data (inline); a putter may keep
      * one on the data plane (CFX_OBJ_FLAG_NO_INLINE) */
     if (o) {
@@ -684,6 +754,19 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
         /* A repeat (CFX_PROTO_PUT_AGAIN: sent again after a reconnect, or
          * re-announced) from the putter that holds it already is the same
          * put: acknowledged, so that a put never fails on its own object. */
+        struct coord_holder *mine = me ? holder_find(o, me) : NULL;
+        if (m->u.put.again && !mine && o->putter == me && o->tag && m->u.put.tag &&
+            o->tag != m->u.put.tag && !o->durable) {
+            /* Its record came from a copy announced after a restart, of an
+             * earlier put of this id by this node (deleted while the
+             * coordinator was away): that copy is stale, this put wins. */
+            char why[96];
+            snprintf(why, sizeof(why), "node %u put the id again", me);
+            obj_withdraw(co, o, why, me, NULL);
+            o = NULL;
+        }
+    }
+    if (o) {
         struct coord_holder *mine = me ? holder_find(o, me) : NULL;
         if (m->u.put.again && mine && mine->complete && o->putter == me && o->size == size &&
             o->chunk_size == m->u.put.chunk_size && !o->is_inline == !m->u.put.has_data) {
@@ -737,6 +820,7 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     o->chunk_size = m->u.put.chunk_size;
     o->is_inline = m->u.put.has_data;
     o->putter = me;
+    o->tag = m->u.put.tag;
     memcpy(o->name, m->u.put.name, sizeof(o->name)); /* validated by the decoder */
     cfx_list_init(&o->holders);
     /* Recorded before it is acknowledged: an OK means it survives kill -9. */

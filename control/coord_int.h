@@ -88,6 +88,8 @@ struct coord_obj {
     uint8_t is_inline;          /* data holds the object */
     uint8_t durable;            /* recorded in the state directory (COORD_OBJ_KEY_PREFIX) */
     uint32_t putter;            /* node that put it first (may be dead, or not rejoined yet) */
+    uint64_t tag;               /* the putter's mark of this put (0 none): a copy announced
+                                   after a restart must carry the same */
     char name[CFX_OBJ_NAME_MAX + 1]; /* name the putter made the id from; "" unknown */
     uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
     struct cfx_list holders;    /* struct coord_holder.obj_link */

@@ -63,7 +63,12 @@
                                      * re-announce): acknowledged when the sender
                                      * already holds it as its putter, same size and
                                      * chunk size */
-#define CFX_PROTO_PUT_FLAGS   0x0fu /* every flag known; other bits are refused */
+#define CFX_PROTO_PUT_TAGGED  0x10u /* u64 tag after the name: the putter's mark of this
+                                     * put, told apart from other puts of the id */
+#define CFX_PROTO_PUT_COPY    0x20u /* u32 putter node after that: the sender holds a
+                                     * complete copy of that node's put (announced again
+                                     * after a restart), not a put of its own */
+#define CFX_PROTO_PUT_FLAGS   0x3fu /* every flag known; other bits are refused */
 
 /* Request id of a node_dead event: why the node is gone. */
 #define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
@@ -149,6 +154,9 @@ struct cfx_msg {
             uint8_t has_data;               /* 1: data holds all size bytes */
             uint8_t durable;                /* 1: survives a coordinator restart (has_data) */
             uint8_t again;                  /* 1: may repeat a put already processed */
+            uint8_t copy;                   /* 1: a copy of @p putter's put (PUT_COPY) */
+            uint32_t putter;                /* copy: the node that put it */
+            uint64_t tag;                   /* the putter's mark of this put; 0 none */
             const uint8_t *data;
             char name[CFX_OBJ_NAME_MAX + 1]; /* name the id was made from; "" none */
         } put;
@@ -166,6 +174,8 @@ struct cfx_msg {
             uint8_t complete;               /* source holds a complete copy */
             const uint8_t *data;            /* size bytes when is_inline */
             struct cfx_node_rec node;       /* source when !is_inline */
+            uint32_t putter;                /* the node that put it (0 unknown) */
+            uint64_t tag;                   /* its mark of the put (0 none) */
         } lookup_reply;
         struct {
             struct cfx_object_id id;

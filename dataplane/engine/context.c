@@ -214,25 +214,19 @@ static void on_node_dead(void *arg, uint32_t node_id)
 /*
  * The directory withdrew object @p id, of which this node holds a copy or
  * part of one (client thread; see on_obj_gone in control/client.h): the copy
- * stops answering gets here at once, and leaves the store.  Its buffer is
- * the getter's (cfx_get) or the caller's arena buffer (cfx_get_alloc, freed
- * by cfx_buf_free), never ours to free.  A copy still being got is dropped
- * by its get when the transfer ends.
+ * stops answering gets here at once, and leaves the store
+ * (cfx__copy_withdrawn).  Its buffer is the getter's (cfx_get) or the
+ * caller's arena buffer (cfx_get_alloc, freed by cfx_buf_free), never ours
+ * to free.  A copy still being got is dropped by its get when the transfer
+ * ends.
  */
-static void on_obj_gone(void *arg, const struct cfx_object_id *id)
+void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o)
 {
-    struct cfx_context *ctx = arg;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
-
-    pthread_mutex_lock(&ctx->lock);
-    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
-    if (!o || o->owned || o->ephemeral || o->deleting) {
-        pthread_mutex_unlock(&ctx->lock);
+    if (o->owned || o->ephemeral || o->deleting || o->p2p)
         return;
-    }
     o->withdrawn = true;
     o->announced = false;
-    cfx__withdrawn_add(ctx, id);
+    cfx__withdrawn_add(ctx, &o->id);
     if (o->complete && !o->in) {
         o->deleting = true; /* new gets and GET_REQs pass it by from now on */
         o->arena = false;
@@ -240,6 +234,17 @@ static void on_obj_gone(void *arg, const struct cfx_object_id *id)
             CFX_LOG(ERR, OBJ, "node %u: out of memory releasing a withdrawn copy",
                     ctx->node_id);
     }
+}
+
+static void on_obj_gone(void *arg, const struct cfx_object_id *id)
+{
+    struct cfx_context *ctx = arg;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    if (o)
+        cfx__copy_withdrawn(ctx, o);
     pthread_mutex_unlock(&ctx->lock);
     cfx_object_id_to_hex(id, hex);
     CFX_LOG(DEBUG, OBJ, "node %u: object %s was withdrawn: its copy here is dropped",

@@ -263,6 +263,8 @@ struct cfx_obj {
     struct cfx_obj *hnext;      /* hash chain */
     uint64_t seq;               /* insertion order in the store: tells entries of one id apart */
     bool reannouncing;          /* its re-announce is being sent: a delete waits for it */
+    uint32_t putter_node;       /* a got copy: the node that put it (0 unknown) */
+    uint64_t put_tag;           /* ... and its mark of that put (the directory's tag) */
 
     /* point-to-point messages (p2p.c) are anonymous objects, not in the store */
     uint8_t p2p;                /* 0, CFX_P2P_SEND or CFX_P2P_RECV */
@@ -682,6 +684,11 @@ struct cfx_context {
  * thread; stop joins that thread (call before cfx__ctl_close). */
 void cfx__reannounce_on_reconnected(void *arg);
 void cfx__reannounce_stop(struct cfx_context *ctx);
+
+/* The directory no longer has @p o (a copy this node got) as the object its
+ * id names: it answers no more gets and leaves the store (ctx->lock held;
+ * context.c).  Objects this node put are left alone. */
+void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o);
 
 /*
  * Progress of a get, told on the getting thread as the object's contiguous

@@ -94,6 +94,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     }
     cfx__store_insert(&ctx->store, obj);
     cfx__withdrawn_take(ctx, id);
+    uint64_t tag = obj->seq; /* tells this put apart from other puts of the id */
     pthread_mutex_unlock(&ctx->lock);
 
     bool no_inline = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
@@ -102,7 +103,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     /* The store refused a second object under this id above, so a record
      * of this node as the id's putter can only be this put: sent again
      * after a reconnect, or re-announced first (reannounce.c). */
-    rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, deadline);
+    rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, tag, deadline);
     pthread_mutex_lock(&ctx->lock);
     if (rc != CFX_OK) {
         cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
@@ -150,11 +151,17 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
  * here withdraws that record.
  */
 static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
-                        uint64_t size, bool arena)
+                        const struct cfx_ctl_source *src, bool arena)
 {
-    struct cfx_obj *obj = obj_new(id, size, cfx__chunk_size_for(size, 0));
+    uint64_t size = src->size;
+    /* the putter's chunk size, so that the copy matches its put */
+    uint32_t chunk = src->chunk_size >= CFX_CHUNK_MIN && src->chunk_size <= CFX_CHUNK_MAX
+                         ? src->chunk_size : cfx__chunk_size_for(size, 0);
+    struct cfx_obj *obj = obj_new(id, size, chunk);
     if (!obj)
         return; /* only an optimisation: the get itself succeeded */
+    obj->putter_node = src->putter;
+    obj->put_tag = src->tag;
     obj->buf = buf;
     obj->arena = arena;
     obj->complete = true;
@@ -339,7 +346,7 @@ again:
             memcpy(buf, src.data, src.size);
         free(src.data);
         if (rc == CFX_OK) {
-            hold_inline(ctx, id, buf, src.size, alloc);
+            hold_inline(ctx, id, buf, &src, alloc);
             pthread_mutex_lock(&ctx->lock);
             ctx->stats.gets_inline++;
             pthread_mutex_unlock(&ctx->lock);
@@ -367,6 +374,8 @@ again:
     }
     obj->memtype = obj_memtype(params);
     obj->watched = watch != NULL;
+    obj->putter_node = src.putter;
+    obj->put_tag = src.tag;
     if (alloc) {
         rc = cfx__arena_alloc(ctx, src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
         if (rc != CFX_OK) {

@@ -4,8 +4,14 @@
  * The coordinator keeps members and the object directory in memory only
  * (soft state): after a restart it knows nothing, so every node, once its
  * client has reconnected and rejoined (control/client.c), announces again
- * each complete object it put (copies it got are not announced: they are
- * the putter's to announce, see the lifecycle in docs/ARCHITECTURE.md).  The client calls
+ * each complete object it put, and each complete copy it got through the
+ * directory, as a copy of its putter's put (CFX_PROTO_PUT_COPY, with the
+ * putter's node id and tag learnt from the lookup): the directory takes it
+ * when the id names that same put, or nothing (the putter left before the
+ * restart, or has not announced it yet), and refuses it otherwise, when
+ * the copy is dropped here (see the lifecycle in docs/ARCHITECTURE.md).
+ * Copies got from a cached location are not announced: the directory never
+ * knew them.  The client calls
  * cfx__reannounce_on_reconnected() on its reader thread, which must not
  * wait for replies, so the announcing runs on a thread of its own: it copies
  * the ids, sizes, chunk sizes and inline bytes out of the store under
@@ -51,6 +57,8 @@ static struct cfx_reannounce reannounce_closed;
 struct announcement {
     struct cfx_object_id id;
     uint64_t seq;       /* the store entry's, when collected */
+    uint32_t copy_of;   /* a copy: its putter's node id; 0 for our own put */
+    uint64_t tag;       /* a copy: the putter's tag of the put */
     uint64_t size;
     uint32_t chunk_size;
     void *data;         /* inline bytes (malloc'd) or NULL */
@@ -87,16 +95,24 @@ static struct announcement *collect(struct cfx_context *ctx, size_t *n)
         return NULL;
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         for (struct cfx_obj *o = ctx->store.buckets[b]; o && k < ctx->store.count; o = o->hnext) {
-            /* Only what this node put: a copy it got is no claim on the id
-             * (the putter announces it; a copy announced first would make
-             * this node the object's putter in the new directory). */
-            if (!o->complete || o->deleting || o->releasing || o->p2p || !o->owned)
+            /* What this node put, and the copies it got through the
+             * directory, announced as copies of their putter's put (never
+             * as this node's own: that would make it the putter). */
+            bool copy = !o->owned && !o->ephemeral && !o->withdrawn && !o->unrecorded &&
+                        o->putter_node && o->size;
+            if (!o->complete || o->deleting || o->releasing || o->p2p || (!o->owned && !copy))
                 continue;
             struct announcement *x = &a[k];
             x->id = o->id;
             x->seq = o->seq;
+            x->copy_of = copy ? o->putter_node : 0;
+            x->tag = o->put_tag;
             x->size = o->size;
             x->chunk_size = o->chunk_size;
+            if (copy) {
+                k++;
+                continue;
+            }
             /* Small host objects travel inline again, as cfx_put sends them. */
             if (o->size && o->size <= ctx->cfg.inline_max && o->memtype == CFX_MEMTYPE_HOST &&
                 (x->data = malloc((size_t)o->size)))
@@ -171,10 +187,24 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
         /* flagged as a repeat: a put of it still in flight (cfx_put waits
          * for the reconnect and sends it again) and this announcement are
          * the same put, and whichever comes second is acknowledged */
-        int rc = cfx__ctl_obj_put_own(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
-                                         a[i].data,
-                                         cfx__deadline_ns(ctx->cfg.timeout_ms > 0
-                                                              ? ctx->cfg.timeout_ms : 30000));
+        uint64_t deadline = cfx__deadline_ns(ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms
+                                                                      : 30000);
+        int rc = a[i].copy_of
+                     ? cfx__ctl_obj_put_copy(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
+                                             a[i].copy_of, a[i].tag, deadline)
+                     : cfx__ctl_obj_put_own(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
+                                            a[i].data, a[i].seq, deadline);
+        if (a[i].copy_of && rc == CFX_ERR_EXISTS) {
+            /* the id names another put by now: this copy is of none */
+            announce_end(ctx, &a[i], false);
+            pthread_mutex_lock(&ctx->lock);
+            struct cfx_obj *o = cfx__store_find(&ctx->store, &a[i].id);
+            if (o && o->seq == a[i].seq)
+                cfx__copy_withdrawn(ctx, o);
+            pthread_mutex_unlock(&ctx->lock);
+            gone++;
+            continue;
+        }
         announce_end(ctx, &a[i], rc == CFX_OK || rc == CFX_ERR_EXISTS);
         if (rc == CFX_OK || rc == CFX_ERR_EXISTS) {
             done++;

@@ -33,7 +33,9 @@
  *    that is waiting on it when it goes, waits for the reconnection and is
  *    sent again on it, all within its own deadline; a put is never refused
  *    for its own object because of that (it is acknowledged once), and an
- *    object whose put returned CFX_OK is announced again after a restart.
+ *    object whose put returned CFX_OK is announced again after a restart,
+ *    as are the complete copies nodes got of it (so an object whose putter
+ *    left before the restart is still served from them).
  *    Transfers between nodes go on meanwhile.  When the deadline passes
  *    with the coordinator still unreachable, the call fails with
  *    CFX_ERR_CONNECT and cfx_last_error() names the coordinator's address.

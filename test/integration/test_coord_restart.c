@@ -250,6 +250,69 @@ Test(coord_restart, delete_during_reannounce)
     free(again);
 }
 
+/* Issue: only what a node put was announced again after a restart, not
+ * the copies it got.  The putter leaves before the restart with a complete
+ * copy on another node: by the lifecycle the object lives on, but the
+ * restarted directory never learnt of the copy, and a newcomer's get waited
+ * for a new put (CFX_ERR_TIMEOUT).  Data-plane and inline objects. */
+Test(coord_restart, copy_announced_after_putter_left)
+{
+    struct cfx_context *a = join(), *b = join();
+    uint8_t *med = malloc(MED), *small = malloc(SMALL);
+    uint8_t *bmed = malloc(MED), *bsmall = malloc(SMALL); /* b's copies live here */
+    cfx_test_fill(med, MED, 6);
+    cfx_test_fill(small, SMALL, 7);
+    struct cfx_object_id xmed, xsmall;
+    cfx_object_id_generate(a, &xmed);
+    cfx_object_id_generate(a, &xsmall);
+    cr_assert_eq(cfx_put(a, &xmed, med, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &xsmall, small, SMALL, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &xmed, bmed, MED, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &xsmall, bsmall, SMALL, &got, NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    uint32_t ida = cfx_context_node_id(a);
+    cfx_context_destroy(a); /* b's complete copies keep both objects */
+
+    char port[16];
+    snprintf(port, sizeof(port), "%u", cc.port);
+    coord_child_kill(&cc, SIGKILL);
+    start_coord(port);
+    wait_reconnected(b, 15000);
+    wait_reannounced(b, 20000);
+
+    struct cfx_context *c = join();
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 5000 };
+    uint8_t *dst = malloc(MED);
+    int rc = cfx_get(c, &xmed, dst, MED, &got, &gp);
+    cr_assert_eq(rc, CFX_OK, "get of a copy's object after the restart -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(got, MED);
+    cr_assert_eq(cfx_test_check(dst, MED, 6), (size_t)-1, "bytes differ");
+    rc = cfx_get(c, &xsmall, dst, MED, &got, &gp);
+    cr_assert_eq(rc, CFX_OK, "get of a copy's inline object after the restart -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(got, SMALL);
+    cr_assert_eq(cfx_test_check(dst, SMALL, 7), (size_t)-1, "bytes differ");
+    /* still the object its putter put: the id is taken, and named so */
+    struct cfx_context *d = join();
+    rc = cfx_put(d, &xmed, med, MED, NULL);
+    cr_assert_eq(rc, CFX_ERR_EXISTS, "a put of the id of a copy's object -> %s",
+                 cfx_errname(rc));
+    char want[32];
+    snprintf(want, sizeof(want), "node %u put it", ida);
+    cr_assert(strstr(cfx_last_error(), want), "%s (want \"%s\")", cfx_last_error(), want);
+
+    cfx_context_destroy(d);
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    free(dst);
+    free(med);
+    free(small);
+    free(bmed);
+    free(bsmall);
+}
+
 /* ---- durable inline objects ------------------------------------------------------ */
 
 static struct cfx_ctl *open_ctl(const char *name)
