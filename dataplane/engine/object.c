@@ -570,6 +570,9 @@ again:
      * refused a cached request (a copy that is not the putter's) */
     if (!cached && src.complete && src.node.node_id != refused)
         ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, id, &src);
+    /* Without the lock the entry may go (withdrawn meanwhile: on_obj_gone
+     * releases a complete copy): found again by its seq below. */
+    uint64_t entry_seq = obj->seq;
     pthread_mutex_unlock(&ctx->lock);
 
     /* the directory learns we are complete in the background: the bytes
@@ -578,8 +581,11 @@ again:
      * the copy serves this node only, and is not announced. */
     rc = cached ? CFX_ERR_NOT_FOUND : cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
     pthread_mutex_lock(&ctx->lock);
-    obj->announced = rc == CFX_OK;
-    obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
+    obj = cfx__store_find(&ctx->store, id);
+    if (obj && obj->seq == entry_seq && !obj->deleting) {
+        obj->announced = rc == CFX_OK;
+        obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
+    }
     ctx->stats.gets++;
     pthread_mutex_unlock(&ctx->lock);
     if (alloc)
