@@ -77,6 +77,7 @@ struct cfx_ctl {
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
+    void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
     struct cfx_node_rec self;        /* kept to rejoin (NODE) */
@@ -512,6 +513,25 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
             ctl->on_node_dead(ctl->arg, m.u.node_dead.node_id);
         return;
     }
+    if (m.type == CFX_MSG_EV_OBJ_GONE) {
+        /* handled before the frames after it: a reply read later (to a
+         * lookup, say) never finds the withdrawn copy still answering */
+        if (ctl->on_obj_gone)
+            ctl->on_obj_gone(ctl->arg, &m.u.gone.id);
+        if (m.req_id) {
+            char hex[CFX_OBJECT_ID_HEX_LEN];
+            struct cfx_msg ack = { .type = CFX_MSG_OBJ_GONE_ACK, .req_id = m.req_id };
+            ack.u.gone.id = m.u.gone.id;
+            /* a lost ack is a lost connection: the coordinator then stops
+             * waiting for this node */
+            if (send_msg(ctl, &ack, cfx__deadline_ns((int)ctl->heartbeat_ms * 4),
+                         "drop of a withdrawn object") != CFX_OK)
+                CFX_LOG(WARN, CTL, "coordinator %s: cannot acknowledge the withdrawal of "
+                        "object %s: %s", ctl->coord, idhex(&m.u.gone.id, hex),
+                        cfx_last_error());
+        }
+        return;
+    }
 
     pthread_mutex_lock(&ctl->lock);
     cfx_list_for_each(pos, &ctl->calls) {
@@ -931,6 +951,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->on_node_dead = params->on_node_dead;
     ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
+    ctl->on_obj_gone = params->on_obj_gone;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
     if (params->self)
@@ -1064,7 +1085,7 @@ static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline
 
 static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                    uint32_t chunk_size, const void *data, bool durable, bool again,
-                   uint64_t deadline_ns)
+                   uint32_t copy_of, uint64_t tag, uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
@@ -1085,6 +1106,13 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
     m.u.put.durable = durable ? 1 : 0;
     m.u.put.again = again ? 1 : 0;
     m.u.put.data = m.u.put.has_data ? data : NULL;
+    m.u.put.tag = tag;
+    if (copy_of) {
+        m.u.put.copy = 1;
+        m.u.put.putter = copy_of;
+        m.u.put.has_data = 0;
+        m.u.put.data = NULL;
+    }
     cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     return expect_ok(ctl, &m, deadline_ns, what);
 }
@@ -1092,20 +1120,30 @@ static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t
 int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
                      uint32_t chunk_size, const void *data, uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, false, false, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, false, false, 0, 0, deadline_ns);
 }
 
 int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                            uint32_t chunk_size, const void *data, uint64_t deadline_ns)
+                            uint32_t chunk_size, const void *data, uint64_t tag,
+                            uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, false, true, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, false, true, 0, tag, deadline_ns);
+}
+
+int cfx__ctl_obj_put_copy(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                          uint32_t chunk_size, uint32_t putter, uint64_t tag,
+                          uint64_t deadline_ns)
+{
+    if (!putter)
+        return cfx__err(CFX_ERR_INVALID, "put of a copy: putter node 0");
+    return obj_put(ctl, id, size, chunk_size, NULL, false, true, putter, tag, deadline_ns);
 }
 
 int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                              uint64_t size, uint32_t chunk_size, const void *data,
                              uint64_t deadline_ns)
 {
-    return obj_put(ctl, id, size, chunk_size, data, true, false, deadline_ns);
+    return obj_put(ctl, id, size, chunk_size, data, true, false, 0, 0, deadline_ns);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
@@ -1165,6 +1203,8 @@ static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     out->chunk_size = call.reply.u.lookup_reply.chunk_size;
     out->is_inline = call.reply.u.lookup_reply.is_inline;
     out->complete = call.reply.u.lookup_reply.complete;
+    out->putter = call.reply.u.lookup_reply.putter;
+    out->tag = call.reply.u.lookup_reply.tag;
     if (out->is_inline) {
         if (out->size) {
             out->data = malloc((size_t)out->size);

@@ -67,6 +67,8 @@ struct cfx_ctl_source {
     uint8_t complete;          /* source holds a complete copy */
     void *data;                /* inline bytes (malloc'd, caller frees) */
     struct cfx_node_rec node;  /* source node when !is_inline */
+    uint32_t putter;           /* the node that put it (0 unknown) */
+    uint64_t tag;              /* its mark of that put (0 none) */
 };
 
 /* Directory listing entry (rdmactl objects). */
@@ -130,6 +132,14 @@ struct cfx_ctl_params {
      * re-announces what it holds, but not from this thread (the replies are
      * read here): hand off to another thread.  May be NULL. */
     void (*on_reconnected)(void *arg);
+    /* Called from the client thread when the directory withdrew object @p id
+     * that this node holds (a copy, or part of one): its putter deleted it or
+     * it went with its last complete copy.  The client acknowledges the
+     * event once this returns, and a putter's delete returns only after
+     * every holder's acknowledgement, so whatever this does (under the
+     * owner's lock) is done before that delete returns.  Same rules as
+     * on_node_dead: no request calls from inside it.  May be NULL. */
+    void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
 };
 
 /* Every blocking request below is sent again after a reconnect when the
@@ -185,7 +195,17 @@ int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id,
  * caller's store holds one object per id, so such a record is this very
  * object. */
 int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                            uint32_t chunk_size, const void *data, uint64_t deadline_ns);
+                            uint32_t chunk_size, const void *data, uint64_t tag,
+                            uint64_t deadline_ns);
+
+/* Announce again (after a coordinator restart) a complete copy this node got
+ * of node @p putter's put @p tag (CFX_PROTO_PUT_COPY): the directory records
+ * this node as a complete holder of that object, creating the record when
+ * nobody announced it yet, or answers CFX_ERR_EXISTS when the id names
+ * another object (another put, size or chunk size) by now. */
+int cfx__ctl_obj_put_copy(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
+                          uint32_t chunk_size, uint32_t putter, uint64_t tag,
+                          uint64_t deadline_ns);
 
 /* As cfx__ctl_obj_put() for an inline object (@p data holds all @p size
  * bytes, or size is 0) that the coordinator also keeps in its state

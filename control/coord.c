@@ -257,6 +257,10 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
         break;
     case CFX_MSG_HEARTBEAT:
         break;
+    case CFX_MSG_OBJ_GONE_ACK: /* no reply */
+        if (c->state == COORD_CONN_NODE)
+            cfx__coord_obj_gone_ack(co, c, m);
+        break;
     case CFX_MSG_STATUS:
         handle_status(co, c, m);
         break;

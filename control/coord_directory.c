@@ -105,6 +105,7 @@ int cfx__coord_dir_init(struct cfx_coord *co)
 {
     cfx_list_init(&co->objects);
     cfx_list_init(&co->parked);
+    cfx_list_init(&co->del_waits);
     co->buckets = malloc(DIR_BUCKETS_INITIAL * sizeof(*co->buckets));
     if (!co->buckets)
         return cfx__err(CFX_ERR_NOMEM, "no memory for the object directory");
@@ -246,14 +247,101 @@ static int other_complete(struct coord_obj *o, const struct coord_holder *h)
     return 0;
 }
 
-/* The putter of @p o withdrew it, or left it to nobody: the id is gone from
- * the directory, every copy's record with it (the lifecycle at the top). */
-static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why)
+static void parked_free(struct cfx_coord *co, struct coord_parked *p);
+
+/* Keep why @p o went, for getters that resume after their source failed. */
+static void gone_record(struct cfx_coord *co, const struct coord_obj *o, const char *why)
+{
+    struct coord_gone *g = &co->gone[co->gone_next++ % COORD_GONE_KEEP];
+    g->id = o->id;
+    g->putter = o->putter;
+    g->used = 1;
+    snprintf(g->why, sizeof(g->why), "%s", why);
+}
+
+/* The latest withdrawal of @p id still remembered, or NULL. */
+static const struct coord_gone *gone_find(struct cfx_coord *co, const struct cfx_object_id *id)
+{
+    for (uint32_t k = 1; k <= COORD_GONE_KEEP; k++) {
+        const struct coord_gone *g = &co->gone[(co->gone_next - k) % COORD_GONE_KEEP];
+        if (!g->used)
+            return NULL;
+        if (!memcmp(g->id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return g;
+    }
+    return NULL;
+}
+
+/*
+ * The putter of @p o withdrew it, or left it to nobody: the id is gone from
+ * the directory, every copy's record with it (the lifecycle at the top).
+ * Every live holder but @p by is told (EV_OBJ_GONE), so that its copy no
+ * longer answers its own gets; with @p w (the putter's delete) each of them
+ * is to acknowledge, and the delete is answered once all have (or died).
+ * A holder's lookup parked here is a get resuming after its source failed:
+ * it is answered with why the object went, as is one that comes later.
+ */
+static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *why,
+                         uint32_t by, struct coord_del_wait *w)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", idhex(&o->id, hex),
-            o->putter, why, o->nholders, o->nholders == 1 ? "" : "s");
+    struct cfx_list *pos, *tmp;
+
+    idhex(&o->id, hex);
+    CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", hex, o->putter, why,
+            o->nholders, o->nholders == 1 ? "" : "s");
+    gone_record(co, o, why);
+    cfx_list_for_each_safe(pos, tmp, &co->parked) {
+        struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
+        if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node ||
+            !holder_find(o, p->conn->node->rec.node_id))
+            continue;
+        cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_PEER_FAILED,
+                             "object %s is gone: %s", hex, why);
+        /* tmp may be the same connection's next entry: still listed */
+        parked_free(co, p);
+    }
+    struct cfx_msg ev = { .type = CFX_MSG_EV_OBJ_GONE, .req_id = w ? w->token : 0 };
+    ev.u.gone.id = o->id;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        struct coord_node *n = h->node;
+        if (n->rec.node_id == by || !n->rec.alive || !n->conn)
+            continue;
+        cfx__coord_send(n->conn, &ev);
+        if (w)
+            w->wait[w->nwait++] = n->rec.node_id;
+    }
     obj_drop(co, o);
+}
+
+/* @p w's holder @p node answered or is gone; the delete is answered with the last. */
+static void del_wait_drop(struct cfx_coord *co, struct coord_del_wait *w, uint32_t node)
+{
+    for (uint32_t i = 0; i < w->nwait; i++) {
+        if (w->wait[i] == node) {
+            w->wait[i] = w->wait[--w->nwait];
+            break;
+        }
+    }
+    if (w->nwait)
+        return;
+    cfx__coord_reply_ok(w->conn, w->req_id);
+    cfx_list_del(&w->link);
+    free(w->wait);
+    free(w);
+}
+
+void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        if (w->token == m->req_id) {
+            del_wait_drop(co, w, node_id_of(c));
+            return;
+        }
+    }
 }
 
 /* ---- durable objects (see the top of the file) ---------------------------------- */
@@ -452,6 +540,8 @@ static void reply_inline(struct coord_conn *c, uint64_t req_id, const struct coo
     r.u.lookup_reply.chunk_size = o->chunk_size;
     r.u.lookup_reply.is_inline = 1;
     r.u.lookup_reply.complete = 1;
+    r.u.lookup_reply.putter = o->putter;
+    r.u.lookup_reply.tag = o->tag;
     r.u.lookup_reply.data = o->data;
     cfx__coord_send(c, &r);
 }
@@ -493,6 +583,8 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     r.u.lookup_reply.chunk_size = o->chunk_size;
     r.u.lookup_reply.is_inline = 0;
     r.u.lookup_reply.complete = src->complete;
+    r.u.lookup_reply.putter = o->putter;
+    r.u.lookup_reply.tag = o->tag;
     cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
     CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, depth %u, %u uploads, "
             "fan-out %u)", c->node->rec.node_id, (unsigned long long)o->size,
@@ -589,6 +681,16 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             return;
         }
     }
+    const struct coord_gone *g =
+        !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms ? gone_find(co, &m->u.lookup.id)
+                                                             : NULL;
+    if (g) {
+        /* a get resuming after its source failed: the object it was
+         * getting is gone, and a later put of the id is another object */
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_PEER_FAILED, "object %s is gone: %s",
+                             idhex(&m->u.lookup.id, hex), g->why);
+        return;
+    }
     if (m->u.lookup.timeout_ms == 0) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_TIMEOUT, "object %s has no holder",
                              idhex(&m->u.lookup.id, hex));
@@ -630,6 +732,68 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             p->timeout_ms);
 }
 
+/*
+ * A node announces again, after a restart, a complete copy it got of another
+ * node's put (CFX_PROTO_PUT_COPY, with that putter and its tag).  The copy
+ * is the object the id names when the directory has nothing under the id
+ * (the putter left before the restart, or has not announced it yet) or the
+ * same put (putter, tag, size, chunk size): the node is a complete holder
+ * again.  Anything else means the id names another object by now:
+ * CFX_ERR_EXISTS, and the node drops its copy.
+ */
+static void put_copy(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m,
+                     struct coord_obj *o)
+{
+    const uint32_t me = node_id_of(c);
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    idhex(&m->u.put.id, hex);
+    if (o && (o->putter != m->u.put.putter || o->tag != m->u.put.tag ||
+              o->size != m->u.put.size || o->chunk_size != m->u.put.chunk_size)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
+                             "object %s is another put by now: node %u put %llu bytes; node "
+                             "%u holds a copy of node %u's put of %llu bytes", hex, o->putter,
+                             (unsigned long long)o->size, me, m->u.put.putter,
+                             (unsigned long long)m->u.put.size);
+        return;
+    }
+    if (!o) {
+        o = calloc(1, sizeof(*o));
+        if (!o) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of "
+                                 "memory", co->addr);
+            return;
+        }
+        o->id = m->u.put.id;
+        o->size = m->u.put.size;
+        o->chunk_size = m->u.put.chunk_size;
+        o->putter = m->u.put.putter;
+        o->tag = m->u.put.tag;
+        memcpy(o->name, m->u.put.name, sizeof(o->name));
+        cfx_list_init(&o->holders);
+        cfx_list_add_tail(&o->link, &co->objects);
+        cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
+        co->nobjects++;
+        if (co->nobjects > co->nbuckets)
+            dir_grow(co);
+    }
+    struct coord_holder *h = holder_find(o, me);
+    if (h) {
+        holder_release_src(o, h);
+        h->complete = 1;
+        h->depth = 0;
+    } else if (!holder_add(o, c->node, 1, 0)) {
+        obj_maybe_drop(co, o);
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                             co->addr);
+        return;
+    }
+    CFX_LOG(DEBUG, CTL, "node %u holds a copy of object %s (node %u's put, %llu bytes) again",
+            me, hex, o->putter, (unsigned long long)o->size);
+    cfx__coord_reply_ok(c, m->req_id);
+    wake_parked(co, o);
+}
+
 void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     const uint32_t me = node_id_of(c);
@@ -640,6 +804,10 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     idhex(&m->u.put.id, hex);
     if (node_objects_full(co, c, m->req_id, o))
         return;
+    if (m->u.put.copy) {
+        put_copy(co, c, m, o);
+        return;
+    }
     if (c->node && m->u.put.has_data && !o &&
         size > co->max_node_bytes - CFX_MIN(co->max_node_bytes, c->node->put_bytes)) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
@@ -659,6 +827,19 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
         /* A repeat (CFX_PROTO_PUT_AGAIN: sent again after a reconnect, or
          * re-announced) from the putter that holds it already is the same
          * put: acknowledged, so that a put never fails on its own object. */
+        struct coord_holder *mine = me ? holder_find(o, me) : NULL;
+        if (m->u.put.again && !mine && o->putter == me && o->tag && m->u.put.tag &&
+            o->tag != m->u.put.tag && !o->durable) {
+            /* Its record came from a copy announced after a restart, of an
+             * earlier put of this id by this node (deleted while the
+             * coordinator was away): that copy is stale, this put wins. */
+            char why[96];
+            snprintf(why, sizeof(why), "node %u put the id again", me);
+            obj_withdraw(co, o, why, me, NULL);
+            o = NULL;
+        }
+    }
+    if (o) {
         struct coord_holder *mine = me ? holder_find(o, me) : NULL;
         if (m->u.put.again && mine && mine->complete && o->putter == me && o->size == size &&
             o->chunk_size == m->u.put.chunk_size && !o->is_inline == !m->u.put.has_data) {
@@ -712,6 +893,7 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     o->chunk_size = m->u.put.chunk_size;
     o->is_inline = m->u.put.has_data;
     o->putter = me;
+    o->tag = m->u.put.tag;
     memcpy(o->name, m->u.put.name, sizeof(o->name)); /* validated by the decoder */
     cfx_list_init(&o->holders);
     /* Recorded before it is acknowledged: an OK means it survives kill -9. */
@@ -825,11 +1007,42 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         return;
     }
     if (owner) {
-        /* The id is free for a new put from the moment this reply leaves. */
-        obj_withdraw(co, o, o->putter == me ? "deleted by its putter" : "deleted, its putter "
-                     "gone");
+        /* The id is free for a new put from now on; the reply waits until
+         * every other holder dropped its copy (so that none of them answers
+         * a get of the id with these bytes once the delete returned). */
+        char why[96];
+        if (o->putter == me)
+            snprintf(why, sizeof(why), "its putter node %u deleted it", me);
+        else
+            snprintf(why, sizeof(why), "node %u deleted it, its putter node %u gone", me,
+                     o->putter);
+        struct coord_del_wait *w = calloc(1, sizeof(*w));
+        if (w && !(w->wait = calloc(o->nholders ? o->nholders : 1, sizeof(*w->wait)))) {
+            free(w);
+            w = NULL;
+        }
+        if (w) {
+            w->conn = c;
+            w->req_id = m->req_id;
+            w->token = ++co->next_token;
+        } else {
+            CFX_LOG(ERR, CTL, "coordinator %s is out of memory: the delete of object %s by "
+                    "node %u does not wait for its holders", co->addr, hex, me);
+        }
+        obj_withdraw(co, o, why, me, w);
+        if (w && w->nwait) {
+            cfx_list_add_tail(&w->link, &co->del_waits);
+            return;
+        }
+        if (w) {
+            free(w->wait);
+            free(w);
+        }
     } else if (!o->durable && h->complete && !other_complete(o, h)) {
-        obj_withdraw(co, o, "its last complete copy was deleted");
+        char why[96];
+        snprintf(why, sizeof(why), "node %u deleted its last complete copy (its putter node "
+                 "%u gone)", me, o->putter);
+        obj_withdraw(co, o, why, me, NULL);
     } else {
         holder_remove(o, h);
         obj_maybe_drop(co, o); /* a durable object stays without holders */
@@ -888,6 +1101,11 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
+    /* deletes waiting for it to drop its copies wait no more */
+    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        del_wait_drop(co, w, n->rec.node_id);
+    }
     /* A node holds an object once, so the next entry of its holdings never
      * belongs to the object dropped here. */
     cfx_list_for_each_safe(pos, tmp, &n->holdings) {
@@ -895,7 +1113,14 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
         struct coord_obj *o = h->obj;
         if (!o->durable && h->complete && !other_complete(o, h)) {
             /* partial copies cannot complete without a complete one */
-            obj_withdraw(co, o, "its last complete copy left");
+            char why[96];
+            if (o->putter == n->rec.node_id)
+                snprintf(why, sizeof(why), "its putter node %u left and no other node held "
+                         "a complete copy", o->putter);
+            else
+                snprintf(why, sizeof(why), "node %u, which held its last complete copy, left "
+                         "(its putter node %u gone)", n->rec.node_id, o->putter);
+            obj_withdraw(co, o, why, n->rec.node_id, NULL);
             continue;
         }
         holder_remove(o, h);
@@ -905,6 +1130,15 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c)
 {
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
+        if (w->conn == c) {
+            cfx_list_del(&w->link);
+            free(w->wait);
+            free(w);
+        }
+    }
     while (!cfx_list_empty(&c->parked)) {
         struct coord_parked *p = cfx_list_entry(c->parked.next, struct coord_parked, conn_link);
         parked_free(co, p);
@@ -915,6 +1149,13 @@ void cfx__coord_dir_fini(struct cfx_coord *co)
 {
     if (!co->buckets)
         return;
+    while (!cfx_list_empty(&co->del_waits)) {
+        struct coord_del_wait *w = cfx_list_entry(co->del_waits.next, struct coord_del_wait,
+                                                  link);
+        cfx_list_del(&w->link);
+        free(w->wait);
+        free(w);
+    }
     while (!cfx_list_empty(&co->parked)) {
         struct coord_parked *p = cfx_list_entry(co->parked.next, struct coord_parked, link);
         cfx_list_del(&p->link);

@@ -99,6 +99,8 @@ struct coord_obj {
     uint8_t is_inline;          /* data holds the object */
     uint8_t durable;            /* recorded in the state directory (COORD_OBJ_KEY_PREFIX) */
     uint32_t putter;            /* node that put it first (may be dead, or not rejoined yet) */
+    uint64_t tag;               /* the putter's mark of this put (0 none): a copy announced
+                                   after a restart must carry the same */
     char name[CFX_OBJ_NAME_MAX + 1]; /* name the putter made the id from; "" unknown */
     uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
     struct cfx_list holders;    /* struct coord_holder.obj_link */
@@ -131,6 +133,27 @@ struct coord_parked {
 
 /* A NODE_GET for a node known before a restart that has not rejoined yet
  * (coord_members.c): answered when it rejoins or its rejoin window ends. */
+/* A putter's delete whose reply waits until every live holder of the
+ * object said it dropped its copy (EV_OBJ_GONE -> OBJ_GONE_ACK), or died. */
+struct coord_del_wait {
+    struct cfx_list link;       /* coord->del_waits */
+    struct coord_conn *conn;    /* the putter's connection, to reply on */
+    uint64_t req_id;            /* its OBJ_DELETE */
+    uint64_t token;             /* the events' req_id, echoed by the acks */
+    uint32_t nwait;             /* holders still to answer */
+    uint32_t *wait;             /* their node ids (nwait of them) */
+};
+
+/* An object withdrawn lately, and why: a getter that resumes after its
+ * source failed is told that instead of waiting for a new put. */
+#define COORD_GONE_KEEP 256
+struct coord_gone {
+    struct cfx_object_id id;
+    uint32_t putter;
+    uint8_t used;
+    char why[96];
+};
+
 struct coord_node_wait {
     struct cfx_list link;       /* coord->node_waits, oldest first */
     struct cfx_list conn_link;  /* conn->node_waits */
@@ -206,6 +229,10 @@ struct cfx_coord {
     struct cfx_list objects;
     uint64_t inline_bytes;
     struct cfx_list parked;     /* struct coord_parked */
+    struct cfx_list del_waits;  /* struct coord_del_wait */
+    uint64_t next_token;        /* last EV_OBJ_GONE token handed out */
+    struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
+    uint32_t gone_next;         /* next slot of the ring */
 };
 
 /* coord.c: replies and connection failure. */
@@ -283,6 +310,7 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
 void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 /* A node died or left: drop its holdings. */
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);

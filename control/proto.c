@@ -32,6 +32,8 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_OBJECTS] = "OBJECTS",
     [CFX_MSG_OBJECTS_REPLY] = "OBJECTS_REPLY",
     [CFX_MSG_EV_NODE_DEAD] = "EV_NODE_DEAD",
+    [CFX_MSG_EV_OBJ_GONE] = "EV_OBJ_GONE",
+    [CFX_MSG_OBJ_GONE_ACK] = "OBJ_GONE_ACK",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -344,10 +346,15 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         wr_u64(w, m->u.put.size);
         wr_u32(w, m->u.put.chunk_size);
         size_t nlen = strnlen(m->u.put.name, CFX_OBJ_NAME_MAX);
+        if (m->u.put.copy && (!m->u.put.putter || m->u.put.durable || m->u.put.has_data))
+            return cfx__err(CFX_ERR_INVALID, "OBJ_PUT of a copy without its putter, or "
+                            "durable or inline");
         wr_u8(w, (m->u.put.has_data ? CFX_PROTO_PUT_INLINE : 0) |
                      (m->u.put.durable ? CFX_PROTO_PUT_DURABLE : 0) |
                      (m->u.put.again ? CFX_PROTO_PUT_AGAIN : 0) |
-                     (nlen ? CFX_PROTO_PUT_NAMED : 0));
+                     (nlen ? CFX_PROTO_PUT_NAMED : 0) |
+                     (m->u.put.tag ? CFX_PROTO_PUT_TAGGED : 0) |
+                     (m->u.put.copy ? CFX_PROTO_PUT_COPY : 0));
         if (m->u.put.has_data) {
             wr_u32(w, (uint32_t)m->u.put.size);
             wr_bytes(w, m->u.put.data, (size_t)m->u.put.size);
@@ -356,6 +363,10 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
             wr_u8(w, (uint8_t)nlen);
             wr_bytes(w, m->u.put.name, nlen);
         }
+        if (m->u.put.tag)
+            wr_u64(w, m->u.put.tag);
+        if (m->u.put.copy)
+            wr_u32(w, m->u.put.putter);
         break;
     case CFX_MSG_OBJ_LOOKUP:
         if (m->u.lookup.nexclude > CFX_PROTO_EXCLUDE_MAX)
@@ -384,6 +395,8 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         } else {
             wr_node(w, &m->u.lookup_reply.node);
         }
+        wr_u32(w, m->u.lookup_reply.putter);
+        wr_u64(w, m->u.lookup_reply.tag);
         break;
     case CFX_MSG_OBJ_DONE:
         wr_bytes(w, m->u.done.id.bytes, CFX_OBJECT_ID_LEN);
@@ -436,6 +449,10 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     }
     case CFX_MSG_EV_NODE_DEAD:
         wr_u32(w, m->u.node_dead.node_id);
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        wr_bytes(w, m->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
     default:
         return cfx__err(CFX_ERR_INVALID, "cannot encode message type %u", m->type);
@@ -601,6 +618,9 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         m->u.put.has_data = (flags & CFX_PROTO_PUT_INLINE) ? 1 : 0;
         m->u.put.durable = (flags & CFX_PROTO_PUT_DURABLE) ? 1 : 0;
         m->u.put.again = (flags & CFX_PROTO_PUT_AGAIN) ? 1 : 0;
+        m->u.put.copy = (flags & CFX_PROTO_PUT_COPY) ? 1 : 0;
+        m->u.put.putter = 0;
+        m->u.put.tag = 0;
         m->u.put.data = NULL;
         if (r->status == CFX_OK && (flags & ~CFX_PROTO_PUT_FLAGS)) {
             rd_fail(r, CFX_ERR_PROTO, "unknown put flags");
@@ -608,6 +628,10 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         }
         if (r->status == CFX_OK && m->u.put.durable && !m->u.put.has_data) {
             rd_fail(r, CFX_ERR_PROTO, "durable put without inline data");
+            break;
+        }
+        if (r->status == CFX_OK && m->u.put.copy && (m->u.put.durable || m->u.put.has_data)) {
+            rd_fail(r, CFX_ERR_PROTO, "a copy's put is neither durable nor inline");
             break;
         }
         if (r->status == CFX_OK && m->u.put.has_data) {
@@ -637,6 +661,16 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
                 memcpy(m->u.put.name, q, n);
                 m->u.put.name[n] = '\0';
             }
+        }
+        if (r->status == CFX_OK && (flags & CFX_PROTO_PUT_TAGGED)) {
+            m->u.put.tag = rd_u64(r, "put tag");
+            if (r->status == CFX_OK && !m->u.put.tag)
+                rd_fail(r, CFX_ERR_PROTO, "put tag 0");
+        }
+        if (r->status == CFX_OK && m->u.put.copy) {
+            m->u.put.putter = rd_u32(r, "putter node");
+            if (r->status == CFX_OK && !m->u.put.putter)
+                rd_fail(r, CFX_ERR_PROTO, "putter node 0");
         }
         break;
     }
@@ -678,6 +712,8 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
             if (r->status == CFX_OK && m->u.lookup_reply.node.node_id == 0)
                 rd_fail(r, CFX_ERR_PROTO, "source node id 0");
         }
+        m->u.lookup_reply.putter = rd_u32(r, "putter node");
+        m->u.lookup_reply.tag = rd_u64(r, "put tag");
         break;
     }
     case CFX_MSG_OBJ_DONE:
@@ -754,6 +790,10 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         m->u.node_dead.node_id = rd_u32(r, "node id");
         if (r->status == CFX_OK && m->u.node_dead.node_id == 0)
             rd_fail(r, CFX_ERR_PROTO, "node id 0");
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        rd_bytes(r, m->u.gone.id.bytes, CFX_OBJECT_ID_LEN, "object id");
         break;
     default:
         rd_fail(r, CFX_ERR_PROTO, "unknown type");

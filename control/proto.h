@@ -33,7 +33,9 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      2u  /* 2: host name and flags in node records, object names */
+#define CFX_PROTO_VERSION      3u  /* 2: host name and flags in node records, object names;
+                                    * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
+                                    * the putter in LOOKUP_REPLY */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -63,7 +65,12 @@
                                      * re-announce): acknowledged when the sender
                                      * already holds it as its putter, same size and
                                      * chunk size */
-#define CFX_PROTO_PUT_FLAGS   0x0fu /* every flag known; other bits are refused */
+#define CFX_PROTO_PUT_TAGGED  0x10u /* u64 tag after the name: the putter's mark of this
+                                     * put, told apart from other puts of the id */
+#define CFX_PROTO_PUT_COPY    0x20u /* u32 putter node after that: the sender holds a
+                                     * complete copy of that node's put (announced again
+                                     * after a restart), not a put of its own */
+#define CFX_PROTO_PUT_FLAGS   0x3fu /* every flag known; other bits are refused */
 
 /* Request id of a node_dead event: why the node is gone. */
 #define CFX_PROTO_EV_DIED 0 /* connection lost or heartbeats missed */
@@ -93,6 +100,9 @@ enum cfx_msg_type {
     CFX_MSG_OBJECTS,        /* cursor -> OBJECTS_REPLY */
     CFX_MSG_OBJECTS_REPLY,  /* page of object records */
     CFX_MSG_EV_NODE_DEAD,   /* event, coord -> members: node id; req_id says why */
+    CFX_MSG_EV_OBJ_GONE,    /* event, coord -> holders: id withdrawn; req_id != 0 asks
+                             * for an OBJ_GONE_ACK with that req_id */
+    CFX_MSG_OBJ_GONE_ACK,   /* id: this node dropped its copy; no reply */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -146,6 +156,9 @@ struct cfx_msg {
             uint8_t has_data;               /* 1: data holds all size bytes */
             uint8_t durable;                /* 1: survives a coordinator restart (has_data) */
             uint8_t again;                  /* 1: may repeat a put already processed */
+            uint8_t copy;                   /* 1: a copy of @p putter's put (PUT_COPY) */
+            uint32_t putter;                /* copy: the node that put it */
+            uint64_t tag;                   /* the putter's mark of this put; 0 none */
             const uint8_t *data;
             char name[CFX_OBJ_NAME_MAX + 1]; /* name the id was made from; "" none */
         } put;
@@ -163,6 +176,8 @@ struct cfx_msg {
             uint8_t complete;               /* source holds a complete copy */
             const uint8_t *data;            /* size bytes when is_inline */
             struct cfx_node_rec node;       /* source when !is_inline */
+            uint32_t putter;                /* the node that put it (0 unknown) */
+            uint64_t tag;                   /* its mark of the put (0 none) */
         } lookup_reply;
         struct {
             struct cfx_object_id id;
@@ -183,6 +198,9 @@ struct cfx_msg {
         struct {
             uint32_t node_id;
         } node_dead;
+        struct {
+            struct cfx_object_id id;
+        } gone;                             /* EV_OBJ_GONE, OBJ_GONE_ACK */
     } u;
 };
 

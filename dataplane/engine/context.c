@@ -262,6 +262,46 @@ static void on_node_left(void *arg, uint32_t node_id)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/*
+ * The directory withdrew object @p id, of which this node holds a copy or
+ * part of one (client thread; see on_obj_gone in control/client.h): the copy
+ * stops answering gets here at once, and leaves the store
+ * (cfx__copy_withdrawn).  Its buffer is the getter's (cfx_get) or the
+ * caller's arena buffer (cfx_get_alloc, freed by cfx_buf_free), never ours
+ * to free.  A copy still being got is dropped by its get when the transfer
+ * ends.
+ */
+void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o)
+{
+    if (o->owned || o->ephemeral || o->deleting || o->p2p)
+        return;
+    o->withdrawn = true;
+    o->announced = false;
+    cfx__withdrawn_add(ctx, &o->id);
+    if (o->complete && !o->in) {
+        o->deleting = true; /* new gets and GET_REQs pass it by from now on */
+        o->arena = false;
+        if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, o, NULL) != CFX_OK)
+            CFX_LOG(ERR, OBJ, "node %u: out of memory releasing a withdrawn copy",
+                    ctx->node_id);
+    }
+}
+
+static void on_obj_gone(void *arg, const struct cfx_object_id *id)
+{
+    struct cfx_context *ctx = arg;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    if (o)
+        cfx__copy_withdrawn(ctx, o);
+    pthread_mutex_unlock(&ctx->lock);
+    cfx_object_id_to_hex(id, hex);
+    CFX_LOG(DEBUG, OBJ, "node %u: object %s was withdrawn: its copy here is dropped",
+            ctx->node_id, hex);
+}
+
 static void init_cond(pthread_cond_t *c)
 {
     pthread_condattr_t a;
@@ -353,6 +393,11 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         memcpy(a->addr, ctx->tp[t].addr, ctx->tp[t].addr_len);
     }
 
+    if (cfx__env_ll("CFX_REANNOUNCE_TEST_HOLD", 0) > 0) {
+        ctx->reannounce_hold = true;
+        CFX_LOG(WARN, CTL, "test-only: a re-announce waits for a cfx_delete here once it "
+                "has its list, and a cfx_delete waits for such a list");
+    }
     rc = cfx__progress_start(ctx);
     if (rc != CFX_OK)
         goto err_close_tps;
@@ -366,6 +411,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .on_node_dead = on_node_dead,
         .on_node_left = on_node_left,
         .on_reconnected = cfx__reannounce_on_reconnected,
+        .on_obj_gone = on_obj_gone,
         .arg = ctx,
     };
     rc = cfx__ctl_open(&cp, &ctx->ctl);

@@ -249,6 +249,11 @@ struct cfx_obj {
     bool owned;                 /* put here (cfx_put, a reduce result): this node is its putter */
     bool releasing;             /* being freed once uploads drain */
     bool ephemeral;             /* reduce intermediate: freed by its task */
+    bool unrecorded;            /* a copy got from a cached location: the directory does not
+                                   know it, so it is never told when the object goes; it
+                                   answers no get (the next get fetches again) */
+    bool withdrawn;             /* a copy whose object the directory withdrew while it was
+                                   being got: the get keeps the bytes, the store drops it */
     uint32_t ready_chunks;      /* contiguous prefix received */
     bool watched;               /* its getter handles the prefix as it grows: wake it */
     uint64_t *bitmap;           /* received chunks (partial copies) */
@@ -256,6 +261,10 @@ struct cfx_obj {
     struct cfx_xfer_in *in;     /* active incoming transfer, if any */
     unsigned refs;              /* reduce tasks reading it as their input */
     struct cfx_obj *hnext;      /* hash chain */
+    uint64_t seq;               /* insertion order in the store: tells entries of one id apart */
+    bool reannouncing;          /* its re-announce is being sent: a delete waits for it */
+    uint32_t putter_node;       /* a got copy: the node that put it (0 unknown) */
+    uint64_t put_tag;           /* ... and its mark of that put (the directory's tag) */
 
     /* point-to-point messages (p2p.c) are anonymous objects, not in the store */
     uint8_t p2p;                /* 0, CFX_P2P_SEND or CFX_P2P_RECV */
@@ -278,12 +287,19 @@ struct cfx_p2p_rtr {
     struct cfx_dp_get_req req;
 };
 
+#define CFX_WITHDRAWN_KEEP 64 /* withdrawn copies remembered for their holder's delete */
+
 struct cfx_store {
     struct cfx_obj *buckets[CFX_STORE_BUCKETS];
     size_t count;
+    uint64_t last_seq;          /* seq of the latest entry inserted */
 };
 
 struct cfx_obj *cfx__store_find(struct cfx_store *s, const struct cfx_object_id *id);
+/* Remember / forget (returns whether it was there) that the directory
+ * withdrew this node's copy of @p id (ctx->lock held). */
+void cfx__withdrawn_add(struct cfx_context *ctx, const struct cfx_object_id *id);
+bool cfx__withdrawn_take(struct cfx_context *ctx, const struct cfx_object_id *id);
 void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o);
 void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o);
 uint32_t cfx__chunk_size_for(uint64_t size, size_t configured);
@@ -596,6 +612,12 @@ struct cfx_context {
 
     struct cfx_store store;
     struct cfx_loccache loc;    /* where objects asked about live (loccache.c) */
+    /* ids whose copies here the directory withdrew (context.c on_obj_gone),
+     * latest first out: the holder's own cfx_delete of such a copy still
+     * succeeds, as when the putter left (object.c) */
+    struct cfx_object_id withdrawn[CFX_WITHDRAWN_KEEP];
+    unsigned nwithdrawn;        /* entries used */
+    unsigned withdrawn_next;    /* next slot to write */
     struct cfx_arena arena;
     void *dev_stream;           /* device stream of the staging path (gpu_stage.c), made on
                                    first use under lock; NULL until then */
@@ -659,6 +681,10 @@ struct cfx_context {
     struct cfx_context_stats stats; /* under ctx->lock */
     pthread_cond_t obj_cond;    /* broadcast when an object changes state */
     struct cfx_reannounce *reannounce; /* reannounce.c; NULL until a reconnect */
+    uint64_t reannounce_rounds; /* re-announce rounds finished (after reconnects) */
+    uint64_t deletes_done;      /* cfx_delete calls that returned */
+    bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
+    bool reannounce_held;       /* ... a round has its list and waits for a delete */
 };
 
 /* reannounce.c: after the coordinator client reconnected (a restarted
@@ -667,6 +693,11 @@ struct cfx_context {
  * thread; stop joins that thread (call before cfx__ctl_close). */
 void cfx__reannounce_on_reconnected(void *arg);
 void cfx__reannounce_stop(struct cfx_context *ctx);
+
+/* The directory no longer has @p o (a copy this node got) as the object its
+ * id names: it answers no more gets and leaves the store (ctx->lock held;
+ * context.c).  Objects this node put are left alone. */
+void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o);
 
 /*
  * Progress of a get, told on the getting thread as the object's contiguous

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,9 +75,16 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     obj->owned = true;
     obj->ready_chunks = obj->nchunks;
 
+    uint64_t deadline = cfx__deadline_ns(obj_timeout(ctx, params));
+    struct cfx_obj *old;
     pthread_mutex_lock(&ctx->lock);
     if (buf)
         cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+    /* a copy on its way out (deleted here, or withdrawn by its putter) is no
+     * object: the id is free once it has left the store */
+    while ((old = cfx__store_find(&ctx->store, id)) && old->deleting &&
+           cfx__obj_wait(ctx, deadline))
+        ;
     if (cfx__store_find(&ctx->store, id)) {
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);
@@ -85,6 +93,8 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
                         ctx->node_id, hex);
     }
     cfx__store_insert(&ctx->store, obj);
+    cfx__withdrawn_take(ctx, id);
+    uint64_t tag = obj->seq; /* tells this put apart from other puts of the id */
     pthread_mutex_unlock(&ctx->lock);
 
     bool no_inline = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
@@ -93,8 +103,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     /* The store refused a second object under this id above, so a record
      * of this node as the id's putter can only be this put: sent again
      * after a reconnect, or re-announced first (reannounce.c). */
-    rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL,
-                              cfx__deadline_ns(obj_timeout(ctx, params)));
+    rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, tag, deadline);
     pthread_mutex_lock(&ctx->lock);
     if (rc != CFX_OK) {
         cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
@@ -142,11 +151,17 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
  * here withdraws that record.
  */
 static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
-                        uint64_t size, bool arena)
+                        const struct cfx_ctl_source *src, bool arena)
 {
-    struct cfx_obj *obj = obj_new(id, size, cfx__chunk_size_for(size, 0));
+    uint64_t size = src->size;
+    /* the putter's chunk size, so that the copy matches its put */
+    uint32_t chunk = src->chunk_size >= CFX_CHUNK_MIN && src->chunk_size <= CFX_CHUNK_MAX
+                         ? src->chunk_size : cfx__chunk_size_for(size, 0);
+    struct cfx_obj *obj = obj_new(id, size, chunk);
     if (!obj)
         return; /* only an optimisation: the get itself succeeded */
+    obj->putter_node = src->putter;
+    obj->put_tag = src->tag;
     obj->buf = buf;
     obj->arena = arena;
     obj->complete = true;
@@ -161,6 +176,7 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
         return;
     }
     cfx__store_insert(&ctx->store, obj);
+    cfx__withdrawn_take(ctx, id);
     pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -224,8 +240,34 @@ again:
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
         obj = cfx__store_find(&ctx->store, id);
-        if (!obj || obj->deleting)
+        if (!obj)
             break;
+        if (obj->deleting) {
+            /* being released (deleted here, or withdrawn by its putter):
+             * it answers nothing, and the store takes a new copy of the id
+             * only once it has left */
+            if (!cfx__obj_wait(ctx, deadline)) {
+                pthread_mutex_unlock(&ctx->lock);
+                return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: its copy "
+                                "here was still being released after %d ms", hex,
+                                ctx->node_id, timeout_ms);
+            }
+            continue;
+        }
+        if (obj->complete && obj->unrecorded) {
+            /* Got from a cached location, unknown to the directory: nobody
+             * would tell us if the putter withdrew it since.  Fetch again
+             * from the location (the putter checks the request) instead of
+             * answering from it; this entry gives way to the new copy (its
+             * buffer is the caller's of the get that made it). */
+            obj->deleting = true;
+            obj->arena = false;
+            if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) != CFX_OK) {
+                pthread_mutex_unlock(&ctx->lock);
+                return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
+            }
+            continue;
+        }
         if (obj->complete) {
             /* the arena allocation takes the lock itself */
             pthread_mutex_unlock(&ctx->lock);
@@ -309,7 +351,7 @@ again:
             memcpy(buf, src.data, src.size);
         free(src.data);
         if (rc == CFX_OK) {
-            hold_inline(ctx, id, buf, src.size, alloc);
+            hold_inline(ctx, id, buf, &src, alloc);
             pthread_mutex_lock(&ctx->lock);
             ctx->stats.gets_inline++;
             pthread_mutex_unlock(&ctx->lock);
@@ -337,6 +379,8 @@ again:
     }
     obj->memtype = obj_memtype(params);
     obj->watched = watch != NULL;
+    obj->putter_node = src.putter;
+    obj->put_tag = src.tag;
     if (alloc) {
         rc = cfx__arena_alloc(ctx, src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
         if (rc != CFX_OK) {
@@ -354,21 +398,25 @@ again:
     }
 
     pthread_mutex_lock(&ctx->lock);
-    if (cfx__store_find(&ctx->store, id)) {
+    struct cfx_obj *other = cfx__store_find(&ctx->store, id);
+    if (other) {
         /* meanwhile another thread of ours started the same get, or a reduce
-         * task here started producing the object: wait for that copy */
+         * task here started producing the object: wait for that copy (a
+         * copy being released is waited for above, and is no retry) */
+        bool releasing = other->deleting;
         if (obj->arena)
             cfx__arena_free(ctx, obj->buf);
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);
         free(obj);
         src_done(ctx, id, &src, cached);
-        if (++local_retries > 3)
+        if (!releasing && ++local_retries > 3)
             return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it keeps running "
                             "on node %u", hex, ctx->node_id);
         goto again;
     }
     cfx__store_insert(&ctx->store, obj);
+    cfx__withdrawn_take(ctx, id); /* a new copy: its delete is its own */
     if (obj->nchunks == 0)
         obj->complete = true;
 
@@ -444,6 +492,17 @@ again:
          * releases the old source's upload slot. */
         rc = dir_lookup(ctx, id, exclude, nexclude, deadline, &src);
         pthread_mutex_lock(&ctx->lock);
+        if (rc == CFX_ERR_PEER_FAILED) {
+            /* the directory says why the object went (its putter left with
+             * no complete copy anywhere, or deleted it): that is the cause,
+             * not the source that failed because of it */
+            char why[512];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            rc = cfx__err(rc, "get of object %s on node %u: source node %u failed because "
+                          "the object went (%s)", hex, ctx->node_id, failed, why);
+            src.node.node_id = 0;
+            break;
+        }
         if (rc != CFX_OK) {
             rc = cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
                           "get of object %s on node %u: source node %u failed and no other "
@@ -489,11 +548,39 @@ again:
         return rc;
     }
     void *data = obj->buf;
+    if (obj->withdrawn) {
+        /* The directory withdrew the object while it was on its way (the
+         * putter deleted it, or it went with its last complete copy): the
+         * get began before that and keeps the bytes, but they are no copy
+         * of whatever the id names from now on.  Drop the entry (the buffer
+         * is the caller's) and wait for its registration to go, as a failed
+         * get does. */
+        obj->deleting = true;
+        obj->arena = false;
+        uint64_t seq = ctx->cmd_seq_done;
+        if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) == CFX_OK) {
+            uint64_t until = cfx__deadline_ns(RELEASE_WAIT_MS);
+            while (ctx->cmd_seq_done == seq &&
+                   cfx__cond_wait_until(&ctx->cmd_done, &ctx->lock, until))
+                ;
+        }
+        ctx->stats.gets++;
+        pthread_mutex_unlock(&ctx->lock);
+        src_done(ctx, id, &src, cached);
+        if (alloc)
+            *out_buf = data;
+        CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B), withdrawn meanwhile: not kept",
+                ctx->node_id, hex, src.size);
+        return CFX_OK;
+    }
     /* remember where it lives for the next get of the id here (after this
      * node deleted its copy): only a complete holder, and not one that just
      * refused a cached request (a copy that is not the putter's) */
     if (!cached && src.complete && src.node.node_id != refused)
         ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, id, &src);
+    /* Without the lock the entry may go (withdrawn meanwhile: on_obj_gone
+     * releases a complete copy): found again by its seq below. */
+    uint64_t entry_seq = obj->seq;
     pthread_mutex_unlock(&ctx->lock);
 
     /* the directory learns we are complete in the background: the bytes
@@ -502,7 +589,11 @@ again:
      * the copy serves this node only, and is not announced. */
     rc = cached ? CFX_ERR_NOT_FOUND : cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
     pthread_mutex_lock(&ctx->lock);
-    obj->announced = rc == CFX_OK;
+    obj = cfx__store_find(&ctx->store, id);
+    if (obj && obj->seq == entry_seq && !obj->deleting) {
+        obj->announced = rc == CFX_OK;
+        obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
+    }
     ctx->stats.gets++;
     pthread_mutex_unlock(&ctx->lock);
     if (alloc)
@@ -571,14 +662,26 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     deadline = cfx__deadline_ns(obj_timeout(ctx, params));
 
     pthread_mutex_lock(&ctx->lock);
+    while (ctx->reannounce_hold && !ctx->reannounce_held && cfx__obj_wait(ctx, deadline))
+        ; /* test hook: see reannounce.c */
     struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+    if ((!obj || obj->deleting) && cfx__withdrawn_take(ctx, id)) {
+        /* its putter withdrew the copy this node got (on_obj_gone): done
+         * already, as when the putter left */
+        pthread_mutex_unlock(&ctx->lock);
+        return CFX_OK;
+    }
     if (!obj || obj->deleting || !obj->complete) {
         pthread_mutex_unlock(&ctx->lock);
         return cfx__err(CFX_ERR_NOT_FOUND, "cfx_delete: node %u holds no object %s",
                         ctx->node_id, hex);
     }
+    obj->deleting = true; /* new GET_REQs are refused, and no re-announce starts */
+    /* a re-announce of it under way reaches the coordinator before this
+     * delete does (reannounce.c) */
+    while (obj->reannouncing && cfx__obj_wait(ctx, deadline))
+        ;
     bool announced = obj->announced;
-    obj->deleting = true; /* new GET_REQs are refused from now on */
     pthread_mutex_unlock(&ctx->lock);
 
     int rc = CFX_OK;
@@ -606,6 +709,8 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         ;
     left = crc == CFX_OK ? cfx__store_find(&ctx->store, id) : obj;
     bool released = !left || !left->deleting;
+    ctx->deletes_done++;
+    pthread_cond_broadcast(&ctx->obj_cond);
     pthread_mutex_unlock(&ctx->lock);
     if (crc != CFX_OK)
         return cfx__err(CFX_ERR_NOMEM, "cfx_delete: node %u cannot release object %s: out "

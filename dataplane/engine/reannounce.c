@@ -4,12 +4,33 @@
  * The coordinator keeps members and the object directory in memory only
  * (soft state): after a restart it knows nothing, so every node, once its
  * client has reconnected and rejoined (control/client.c), announces again
- * each complete object it put (copies it got are not announced: they are
- * the putter's to announce, see the lifecycle in docs/ARCHITECTURE.md).  The client calls
+ * each complete object it put, and each complete copy it got through the
+ * directory, as a copy of its putter's put (CFX_PROTO_PUT_COPY, with the
+ * putter's node id and tag learnt from the lookup): the directory takes it
+ * when the id names that same put, or nothing (the putter left before the
+ * restart, or has not announced it yet), and refuses it otherwise, when
+ * the copy is dropped here (see the lifecycle in docs/ARCHITECTURE.md).
+ * Copies got from a cached location are not announced: the directory never
+ * knew them.  The client calls
  * cfx__reannounce_on_reconnected() on its reader thread, which must not
  * wait for replies, so the announcing runs on a thread of its own: it copies
  * the ids, sizes, chunk sizes and inline bytes out of the store under
  * ctx->lock, then calls cfx__ctl_obj_put_own() for each without the lock.
+ *
+ * A cfx_delete() may run meanwhile: the announcement of an id must never
+ * reach the coordinator after its delete (the object would live again in
+ * the directory with nobody holding it).  So each id is checked again just
+ * before it is sent, under ctx->lock: its store entry must still be the one
+ * collected (same seq) and not being deleted, and is marked reannouncing
+ * until the coordinator answered; a delete marks the entry deleting first
+ * and then waits for that mark to clear before it sends its own request.
+ * Whichever takes the lock first wins: the announcement is skipped, or the
+ * delete follows it.
+ *
+ * Test hook CFX_REANNOUNCE_TEST_HOLD=1: once a round has its list it waits
+ * (up to the context's timeout) until a cfx_delete() on this node returned,
+ * and a cfx_delete() first waits until a round has its list.  That forces
+ * the order of the race above: delete after the list, before the sends.
  *
  * Data-plane transfers do not need the coordinator and go on while it is
  * away; gets that need a lookup wait for the reconnection until their
@@ -35,6 +56,9 @@ static struct cfx_reannounce reannounce_closed;
 
 struct announcement {
     struct cfx_object_id id;
+    uint64_t seq;       /* the store entry's, when collected */
+    uint32_t copy_of;   /* a copy: its putter's node id; 0 for our own put */
+    uint64_t tag;       /* a copy: the putter's tag of the put */
     uint64_t size;
     uint32_t chunk_size;
     void *data;         /* inline bytes (malloc'd) or NULL */
@@ -71,15 +95,24 @@ static struct announcement *collect(struct cfx_context *ctx, size_t *n)
         return NULL;
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         for (struct cfx_obj *o = ctx->store.buckets[b]; o && k < ctx->store.count; o = o->hnext) {
-            /* Only what this node put: a copy it got is no claim on the id
-             * (the putter announces it; a copy announced first would make
-             * this node the object's putter in the new directory). */
-            if (!o->complete || o->deleting || o->releasing || o->p2p || !o->owned)
+            /* What this node put, and the copies it got through the
+             * directory, announced as copies of their putter's put (never
+             * as this node's own: that would make it the putter). */
+            bool copy = !o->owned && !o->ephemeral && !o->withdrawn && !o->unrecorded &&
+                        o->putter_node && o->size;
+            if (!o->complete || o->deleting || o->releasing || o->p2p || (!o->owned && !copy))
                 continue;
             struct announcement *x = &a[k];
             x->id = o->id;
+            x->seq = o->seq;
+            x->copy_of = copy ? o->putter_node : 0;
+            x->tag = o->put_tag;
             x->size = o->size;
             x->chunk_size = o->chunk_size;
+            if (copy) {
+                k++;
+                continue;
+            }
             /* Small host objects travel inline again, as cfx_put sends them. */
             if (o->size && o->size <= ctx->cfg.inline_max && o->memtype == CFX_MEMTYPE_HOST &&
                 (x->data = malloc((size_t)o->size)))
@@ -91,13 +124,54 @@ static struct announcement *collect(struct cfx_context *ctx, size_t *n)
     return a;
 }
 
+/* Test hook (see the top): ctx->lock held. */
+static void hold_for_delete(struct cfx_context *ctx, struct cfx_reannounce *ra)
+{
+    uint64_t deletes = ctx->deletes_done;
+    uint64_t deadline = cfx__deadline_ns(ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms : 30000);
+    ctx->reannounce_held = true;
+    pthread_cond_broadcast(&ctx->obj_cond);
+    CFX_LOG(WARN, CTL, "node %u: test hook: the re-announce waits for a cfx_delete",
+            ctx->node_id);
+    while (ctx->deletes_done == deletes && !stopping(ra) && cfx__obj_wait(ctx, deadline))
+        ;
+}
+
+/* The entry of @p x is still the one collected and not being deleted: mark
+ * it reannouncing (true), else skip it (false). */
+static bool announce_begin(struct cfx_context *ctx, const struct announcement *x)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, &x->id);
+    bool live = o && o->seq == x->seq && !o->deleting;
+    if (live)
+        o->reannouncing = true;
+    pthread_mutex_unlock(&ctx->lock);
+    return live;
+}
+
+static void announce_end(struct cfx_context *ctx, const struct announcement *x, bool ok)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, &x->id);
+    if (o && o->seq == x->seq) { /* a delete of it waited for this */
+        o->reannouncing = false;
+        if (ok && !o->deleting)
+            o->announced = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
 {
-    size_t n = 0, done = 0;
+    size_t n = 0, done = 0, gone = 0;
 
     pthread_mutex_lock(&ctx->lock);
     adopt_node_id(ctx);
     struct announcement *a = collect(ctx, &n);
+    if (a && ctx->reannounce_hold)
+        hold_for_delete(ctx, ra);
     pthread_mutex_unlock(&ctx->lock);
     if (!a) {
         CFX_LOG(ERR, CTL, "node %u: out of memory re-announcing objects", ctx->node_id);
@@ -106,20 +180,34 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     for (size_t i = 0; i < n; i++) {
         if (stopping(ra))
             break;
+        if (!announce_begin(ctx, &a[i])) {
+            gone++; /* deleted since it was collected */
+            continue;
+        }
         /* flagged as a repeat: a put of it still in flight (cfx_put waits
          * for the reconnect and sends it again) and this announcement are
          * the same put, and whichever comes second is acknowledged */
-        int rc = cfx__ctl_obj_put_own(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
-                                         a[i].data,
-                                         cfx__deadline_ns(ctx->cfg.timeout_ms > 0
-                                                              ? ctx->cfg.timeout_ms : 30000));
-        if (rc == CFX_OK || rc == CFX_ERR_EXISTS) {
-            done++;
+        uint64_t deadline = cfx__deadline_ns(ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms
+                                                                      : 30000);
+        int rc = a[i].copy_of
+                     ? cfx__ctl_obj_put_copy(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
+                                             a[i].copy_of, a[i].tag, deadline)
+                     : cfx__ctl_obj_put_own(ctx->ctl, &a[i].id, a[i].size, a[i].chunk_size,
+                                            a[i].data, a[i].seq, deadline);
+        if (a[i].copy_of && rc == CFX_ERR_EXISTS) {
+            /* the id names another put by now: this copy is of none */
+            announce_end(ctx, &a[i], false);
             pthread_mutex_lock(&ctx->lock);
             struct cfx_obj *o = cfx__store_find(&ctx->store, &a[i].id);
-            if (o && !o->deleting)
-                o->announced = true;
+            if (o && o->seq == a[i].seq)
+                cfx__copy_withdrawn(ctx, o);
             pthread_mutex_unlock(&ctx->lock);
+            gone++;
+            continue;
+        }
+        announce_end(ctx, &a[i], rc == CFX_OK || rc == CFX_ERR_EXISTS);
+        if (rc == CFX_OK || rc == CFX_ERR_EXISTS) {
+            done++;
         } else {
             char hex[CFX_OBJECT_ID_HEX_LEN];
             cfx_object_id_to_hex(&a[i].id, hex);
@@ -130,8 +218,12 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     for (size_t i = 0; i < n; i++)
         free(a[i].data);
     free(a);
-    CFX_LOG(INFO, CTL, "node %u: re-announced %zu of %zu objects to coordinator %s",
-            ctx->node_id, done, n, ctx->cfg.coord);
+    CFX_LOG(INFO, CTL, "node %u: re-announced %zu of %zu objects to coordinator %s (%zu "
+            "deleted meanwhile)", ctx->node_id, done, n, ctx->cfg.coord, gone);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->reannounce_rounds++;
+    pthread_cond_broadcast(&ctx->obj_cond);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 static void *reannounce_thread(void *arg)
@@ -198,6 +290,14 @@ void cfx__reannounce_stop(struct cfx_context *ctx)
     struct cfx_reannounce *ra = ctx->reannounce;
     ctx->reannounce = &reannounce_closed;
     pthread_mutex_unlock(&ctx->lock);
+    if (ra && ra != &reannounce_closed) {
+        pthread_mutex_lock(&ra->mu);
+        ra->stop = true;
+        pthread_mutex_unlock(&ra->mu);
+        pthread_mutex_lock(&ctx->lock);
+        pthread_cond_broadcast(&ctx->obj_cond); /* a held round (test hook) */
+        pthread_mutex_unlock(&ctx->lock);
+    }
     if (!ra || ra == &reannounce_closed)
         return;
     pthread_mutex_lock(&ra->mu);

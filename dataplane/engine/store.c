@@ -29,6 +29,7 @@ void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o)
     o->hnext = s->buckets[b];
     s->buckets[b] = o;
     s->count++;
+    o->seq = ++s->last_seq;
 }
 
 void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o)
@@ -87,4 +88,30 @@ struct cfx_obj *cfx__obj_alloc(uint64_t size, uint32_t chunk)
         return NULL;
     }
     return obj;
+}
+
+void cfx__withdrawn_add(struct cfx_context *ctx, const struct cfx_object_id *id)
+{
+    if (cfx__withdrawn_take(ctx, id) || ctx->nwithdrawn < CFX_WITHDRAWN_KEEP)
+        ctx->nwithdrawn++;
+    ctx->withdrawn[ctx->withdrawn_next] = *id;
+    ctx->withdrawn_next = (ctx->withdrawn_next + 1) % CFX_WITHDRAWN_KEEP;
+}
+
+bool cfx__withdrawn_take(struct cfx_context *ctx, const struct cfx_object_id *id)
+{
+    for (unsigned k = 1; k <= ctx->nwithdrawn; k++) {
+        unsigned i = (ctx->withdrawn_next + CFX_WITHDRAWN_KEEP - k) % CFX_WITHDRAWN_KEEP;
+        if (memcmp(ctx->withdrawn[i].bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            continue;
+        /* close the gap: the entries newer than i move down one */
+        for (unsigned j = i; j != (ctx->withdrawn_next + CFX_WITHDRAWN_KEEP - 1) %
+                                    CFX_WITHDRAWN_KEEP;
+             j = (j + 1) % CFX_WITHDRAWN_KEEP)
+            ctx->withdrawn[j] = ctx->withdrawn[(j + 1) % CFX_WITHDRAWN_KEEP];
+        ctx->withdrawn_next = (ctx->withdrawn_next + CFX_WITHDRAWN_KEEP - 1) % CFX_WITHDRAWN_KEEP;
+        ctx->nwithdrawn--;
+        return true;
+    }
+    return false;
 }

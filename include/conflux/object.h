@@ -23,19 +23,22 @@
  *    node calls it; it never succeeds while the old bytes are served.
  *  - The putter's cfx_delete() withdraws the object with every copy; when
  *    it returns, the id is free: a cfx_put() of it from any node, this one
- *    included, succeeds at once.
+ *    included, succeeds at once, and no node answers a cfx_get() of the id
+ *    from a copy of the withdrawn object, its own gets included (every
+ *    holder dropped its copy before the delete returned; a holder's own
+ *    cfx_delete() of such a copy returns CFX_OK).  A get that was under way
+ *    keeps the bytes it got, but they are not kept as a copy.
  *  - A coordinator outage is a pause: a call that needs the coordinator
  *    (a put, a get looking for a holder, a delete) while it is away, or
  *    that is waiting on it when it goes, waits for the reconnection and is
  *    sent again on it, all within its own deadline; a put is never refused
  *    for its own object because of that (it is acknowledged once), and an
- *    object whose put returned CFX_OK is announced again after a restart.
+ *    object whose put returned CFX_OK is announced again after a restart,
+ *    as are the complete copies nodes got of it (so an object whose putter
+ *    left before the restart is still served from them).
  *    Transfers between nodes go on meanwhile.  When the deadline passes
  *    with the coordinator still unreachable, the call fails with
  *    CFX_ERR_CONNECT and cfx_last_error() names the coordinator's address.
- *  - Not yet: a node that got a copy still answers its own later cfx_get()
- *    of the id from that copy after the putter withdrew it; it should
- *    cfx_delete() its copy before reading a re-published id.
  *
  * Known locations: a node remembers where the objects it got through the
  * data plane live (up to CFX_LOC_CACHE ids, default 4096, 0 = off) and gets
@@ -44,8 +47,10 @@
  * a request, and only with the size asked for, so a location that went
  * stale (the object deleted or put again, the holder dead) costs one round
  * trip to the directory and never yields bytes the id no longer names.  A
- * copy got that way is not recorded in the directory: it serves this node
- * only.  Objects up to CFX_EAGER_MAX bytes (at most 4064) come back from a
+ * copy got that way is not recorded in the directory, so nobody would tell
+ * this node when it is withdrawn: it serves nobody, and a later get of the
+ * id on this node fetches again from the location instead of answering
+ * from it (a data-plane round trip, no directory lookup).  Objects up to CFX_EAGER_MAX bytes (at most 4064) come back from a
  * complete holder in one message.  cfx_context_stats() counts directory
  * lookups (dir_lookups) and cache hits (loc_hits, loc_stale).
  *
@@ -129,7 +134,10 @@ CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
  * deadline.
  * @return CFX_OK; CFX_ERR_TIMEOUT when no holder appeared or the transfer did
  *         not finish in time; CFX_ERR_TRUNCATED when capacity < size (size_out
- *         still set); CFX_ERR_PEER_FAILED when every source died;
+ *         still set); CFX_ERR_PEER_FAILED when every source died, or when
+ *         the object went while it was being got (its putter left with no
+ *         complete copy anywhere, or deleted it: cfx_last_error() says
+ *         which, naming the putter node);
  *         CFX_ERR_CONNECT when a holder had to be looked up and the
  *         coordinator was unreachable until the deadline (named in
  *         cfx_last_error()).

@@ -108,6 +108,13 @@ static void proto(void)
     m.u.put.durable = 0;
     snprintf(m.u.put.name, sizeof(m.u.put.name), "model/weights");
     put("fuzz_proto", "put_named", buf, enc(&m, buf, sizeof(buf)));
+    m.u.put.has_data = 0;
+    m.u.put.data = NULL;
+    m.u.put.tag = 0x1234;
+    put("fuzz_proto", "put_tagged", buf, enc(&m, buf, sizeof(buf)));
+    m.u.put.copy = 1;
+    m.u.put.putter = 9;
+    put("fuzz_proto", "put_copy", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_OBJ_LOOKUP;
@@ -126,7 +133,17 @@ static void proto(void)
     m.u.lookup_reply.chunk_size = 1u << 20;
     m.u.lookup_reply.complete = 1;
     node(&m.u.lookup_reply.node, 5);
+    m.u.lookup_reply.putter = 5;
+    m.u.lookup_reply.tag = 77;
     put("fuzz_proto", "lookup_reply", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_EV_OBJ_GONE;
+    m.req_id = 11;
+    memset(m.u.gone.id.bytes, 0xab, sizeof(m.u.gone.id.bytes));
+    put("fuzz_proto", "ev_obj_gone", buf, enc(&m, buf, sizeof(buf)));
+    m.type = CFX_MSG_OBJ_GONE_ACK;
+    put("fuzz_proto", "obj_gone_ack", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_ERROR;

@@ -154,6 +154,130 @@ Test(coord_restart, kill_9_mid_transfer)
     free(small);
 }
 
+/* Wait until @p ctx finished a re-announce round (after its reconnect). */
+static void wait_reannounced(struct cfx_context *ctx, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    pthread_mutex_lock(&ctx->lock);
+    while (ctx->reannounce_rounds == 0 && cfx__obj_wait(ctx, deadline))
+        ;
+    uint64_t rounds = ctx->reannounce_rounds;
+    pthread_mutex_unlock(&ctx->lock);
+    cr_assert_geq(rounds, 1, "node %u did not re-announce its objects",
+                  cfx_context_node_id(ctx));
+}
+
+/* Issue: a cfx_delete made just after the reconnect, while the re-announce
+ * was still sending, was announced back: the re-announce had collected the
+ * id before the delete and sent it after, so the object lived again in the
+ * directory with nobody holding it (another node's put of the id failed
+ * with CFX_ERR_EXISTS naming the deleter).  The test hook holds the
+ * re-announce between its list and its sends until the delete returned. */
+Test(coord_restart, delete_during_reannounce)
+{
+    setenv("CFX_REANNOUNCE_TEST_HOLD", "1", 1);
+    struct cfx_context *a = join();
+    unsetenv("CFX_REANNOUNCE_TEST_HOLD");
+    struct cfx_context *b = join();
+    uint8_t *gone = malloc(MED), *keep = malloc(MED), *again = malloc(MED);
+    cfx_test_fill(gone, MED, 2);
+    cfx_test_fill(keep, MED, 4);
+    cfx_test_fill(again, MED, 5);
+    struct cfx_object_id xgone, xkeep;
+    cfx_object_id_generate(a, &xgone);
+    cfx_object_id_generate(a, &xkeep);
+    cr_assert_eq(cfx_put(a, &xgone, gone, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &xkeep, keep, MED, NULL), CFX_OK, "%s", cfx_last_error());
+
+    char port[16];
+    snprintf(port, sizeof(port), "%u", cc.port);
+    coord_child_kill(&cc, SIGKILL);
+    start_coord(port);
+
+    /* returns once a's re-announce listed both objects (hook), before it
+     * sent either */
+    cr_assert_eq(cfx_delete(a, &xgone, NULL), CFX_OK, "%s", cfx_last_error());
+    wait_reannounced(a, 20000);
+
+    /* the kept object is back; the deleted one is not: its id is free */
+    get_check(b, &xkeep, MED, 4);
+    int rc = cfx_put(b, &xgone, again, MED, NULL);
+    cr_assert_eq(rc, CFX_OK, "a put of the id deleted during the re-announce -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    struct cfx_context *c = join();
+    get_check(c, &xgone, MED, 5);
+
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(gone);
+    free(keep);
+    free(again);
+}
+
+/* Issue: only what a node put was announced again after a restart, not
+ * the copies it got.  The putter leaves before the restart with a complete
+ * copy on another node: by the lifecycle the object lives on, but the
+ * restarted directory never learnt of the copy, and a newcomer's get waited
+ * for a new put (CFX_ERR_TIMEOUT).  Data-plane and inline objects. */
+Test(coord_restart, copy_announced_after_putter_left)
+{
+    struct cfx_context *a = join(), *b = join();
+    uint8_t *med = malloc(MED), *small = malloc(SMALL);
+    uint8_t *bmed = malloc(MED), *bsmall = malloc(SMALL); /* b's copies live here */
+    cfx_test_fill(med, MED, 6);
+    cfx_test_fill(small, SMALL, 7);
+    struct cfx_object_id xmed, xsmall;
+    cfx_object_id_generate(a, &xmed);
+    cfx_object_id_generate(a, &xsmall);
+    cr_assert_eq(cfx_put(a, &xmed, med, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &xsmall, small, SMALL, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &xmed, bmed, MED, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &xsmall, bsmall, SMALL, &got, NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    uint32_t ida = cfx_context_node_id(a);
+    cfx_context_destroy(a); /* b's complete copies keep both objects */
+
+    char port[16];
+    snprintf(port, sizeof(port), "%u", cc.port);
+    coord_child_kill(&cc, SIGKILL);
+    start_coord(port);
+    wait_reconnected(b, 15000);
+    wait_reannounced(b, 20000);
+
+    struct cfx_context *c = join();
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 5000 };
+    uint8_t *dst = malloc(MED);
+    int rc = cfx_get(c, &xmed, dst, MED, &got, &gp);
+    cr_assert_eq(rc, CFX_OK, "get of a copy's object after the restart -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(got, MED);
+    cr_assert_eq(cfx_test_check(dst, MED, 6), (size_t)-1, "bytes differ");
+    rc = cfx_get(c, &xsmall, dst, MED, &got, &gp);
+    cr_assert_eq(rc, CFX_OK, "get of a copy's inline object after the restart -> %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(got, SMALL);
+    cr_assert_eq(cfx_test_check(dst, SMALL, 7), (size_t)-1, "bytes differ");
+    /* still the object its putter put: the id is taken, and named so */
+    struct cfx_context *d = join();
+    rc = cfx_put(d, &xmed, med, MED, NULL);
+    cr_assert_eq(rc, CFX_ERR_EXISTS, "a put of the id of a copy's object -> %s",
+                 cfx_errname(rc));
+    char want[32];
+    snprintf(want, sizeof(want), "node %u put it", ida);
+    cr_assert(strstr(cfx_last_error(), want), "%s (want \"%s\")", cfx_last_error(), want);
+
+    cfx_context_destroy(d);
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    free(dst);
+    free(med);
+    free(small);
+    free(bmed);
+    free(bsmall);
+}
+
 /* ---- durable inline objects ------------------------------------------------------ */
 
 static struct cfx_ctl *open_ctl(const char *name)

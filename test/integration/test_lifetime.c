@@ -108,6 +108,48 @@ ParameterizedTest(struct life_case *p, lifetime, put_delete_put)
                  "put, delete, put of %s (%zu B) over %s failed", name, p->size, p->tp);
 }
 
+ParameterizedTestParameters(lifetime, regot_one_process)
+{
+    return cr_make_param_array(struct life_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* Issue: a node that got a copy answered its own later gets of the id from
+ * that copy after the putter deleted it (and put it again): B read 'A'
+ * where A had put 'B', then 'C' in another size, then nothing.  Here B
+ * reads right after A's call returns, with nothing reaching B in between:
+ * the delete returns only once every holder dropped its copy. */
+ParameterizedTest(struct life_case *p, lifetime, regot_one_process)
+{
+    char name[64], args[160];
+    snprintf(name, sizeof(name), "regot1-%s-%zu", p->tp, p->size);
+    snprintf(args, sizeof(args), "regot both %s %zu %zu", name, p->size, 2 * p->size + 7);
+    cr_assert_eq(step(p->tp, "cfx_lifetest", args), 0,
+                 "a copy of %s (%zu B) answered a get after its putter withdrew it", name,
+                 p->size);
+}
+
+ParameterizedTestParameters(lifetime, regot_two_processes)
+{
+    return cr_make_param_array(struct life_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* The same with A and B in two processes taking turns through marker
+ * objects. */
+ParameterizedTest(struct life_case *p, lifetime, regot_two_processes)
+{
+    char cmd[1024], name[64];
+    snprintf(name, sizeof(name), "regot2-%s-%zu", p->tp, p->size);
+    snprintf(cmd, sizeof(cmd), "pids=; for r in put get; do CFX_COORD=%s CFX_TOKEN=%s "
+             "CFX_TRANSPORT=%s timeout -k 5 120 %s/cfx_lifetest regot $r %s %zu %zu & "
+             "pids=\"$pids $!\"; done; st=0; for p in $pids; do wait $p || st=1; done; "
+             "exit $st", cc.addr, token, p->tp, CFX_BIN_DIR, name, p->size, 2 * p->size + 7);
+    int st = system(cmd);
+    cr_assert(st != -1, "cannot run cfx_lifetest");
+    cr_assert_eq(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), 0,
+                 "a copy of %s (%zu B) answered a get after its putter withdrew it", name,
+                 p->size);
+}
+
 /* Issue: a parameter-server job run again against the same coordinator
  * failed ("cannot publish shard map 2: ... already exists"): the first
  * run's shard maps and member records outlived it.  Two runs of one job

@@ -130,6 +130,23 @@ ParameterizedTest(struct case_param *p, objects, source_killed, .timeout = 180)
     cr_assert_eq(rc, 0, "relay killed over %s: cfx_run exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(objects, putter_gone)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* Issue: when the putter left mid-transfer, a reader fetching from a
+ * partial copy failed with "source node N failed and no other holder was
+ * found", N the partial copy (alive), after its whole deadline: the error
+ * named the wrong node.  Both the relay and the reader must now fail with
+ * CFX_ERR_PEER_FAILED saying that the putter node left. */
+ParameterizedTest(struct case_param *p, objects, putter_gone, .timeout = 180)
+{
+    int rc = run_with("CFX_UPLOAD_RATE=24M CFX_CHUNK_SIZE=262144", 3, p->tp,
+                      "--fanout 1 --allow-fail 0 --timeout 120", "putter_gone 33554432");
+    cr_assert_eq(rc, 0, "putter killed over %s: cfx_run exited %d", p->tp, rc);
+}
+
 struct reduce_case {
     char tp[8];
     int n;

@@ -312,6 +312,94 @@ static void mode_failover(struct cfx_context *ctx, size_t size)
 }
 
 /*
+ * The putter dies mid-transfer (3 ranks, run with --fanout 1 --allow-fail 0):
+ * rank 0 puts, rank 1 (the relay) gets it from rank 0, rank 2 (the reader)
+ * gets it from rank 1's partial copy.  Once the reader has bytes from the
+ * relay, rank 0 is SIGKILLed: no complete copy is left, so the object goes.
+ * Both gets must fail with CFX_ERR_PEER_FAILED naming the cause, the putter
+ * node that left, not the relay (alive) as a source that failed.
+ */
+static void pg_expect_gone(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                           size_t size, uint32_t putter, const char *who)
+{
+    char want[64];
+    int rc = cfx_get(ctx, id, buf, size, NULL, NULL);
+    const char *err = cfx_last_error();
+    snprintf(want, sizeof(want), "its putter node %u left", putter);
+    if (rc != CFX_ERR_PEER_FAILED || !strstr(err, want))
+        DIE("%s: get after the putter (node %u) died -> %s (%s); want CFX_ERR_PEER_FAILED "
+            "saying \"%s\"", who, putter, cfx_errname(rc), err, want);
+    printf("%s: %s\n", who, err);
+}
+
+/* The relay's markers: it has bytes, then the reader has bytes from it. */
+static void *pg_relay_watch(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_context_stats st;
+    struct cfx_object_id mark;
+    uint8_t b = 1;
+    do {
+        usleep(1000);
+        cfx_context_stats(ctx, &st);
+    } while (st.bytes_received < (2u << 20));
+    name_id(&mark, "pgone-relay-receiving-%ld-%ld", 0, 0);
+    CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+    double end = now_s() + HANG_S;
+    do {
+        usleep(1000);
+        cfx_context_stats(ctx, &st);
+    } while ((st.uploads_partial < 1 || st.bytes_sent == 0) && now_s() < end);
+    if (st.uploads_partial < 1 || st.bytes_sent == 0)
+        DIE("relay: the reader never read our partial copy (%llu partial uploads, %llu "
+            "bytes sent)", (unsigned long long)st.uploads_partial,
+            (unsigned long long)st.bytes_sent);
+    name_id(&mark, "pgone-relay-serving-%ld-%ld", 0, 0);
+    CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+    return NULL;
+}
+
+static void mode_putter_gone(struct cfx_context *ctx, size_t size)
+{
+    struct cfx_object_id id, mark, pid;
+    uint8_t b = 1;
+    uint32_t putter = 0;
+    void *buf;
+    name_id(&id, "pgone-%ld-%ld", (long)size, 0);
+    name_id(&pid, "pgone-putter-%ld-%ld", 0, 0);
+    CHECK_OK(cfx_buf_alloc(ctx, size, &buf));
+    if (rank == 0) {
+        putter = cfx_context_node_id(ctx);
+        CHECK_OK(cfx_put(ctx, &pid, &putter, sizeof(putter), NULL));
+        cfx_test_fill(buf, size, 98);
+        CHECK_OK(cfx_put(ctx, &id, buf, size, NULL));
+        /* the relay says when the reader has bytes from its partial copy */
+        name_id(&mark, "pgone-relay-serving-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+        printf("putter (node %u): dying with the object half sent\n", putter);
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    CHECK_OK(cfx_get(ctx, &pid, &putter, sizeof(putter), NULL, NULL));
+    if (rank == 1) {
+        pthread_t t;
+        pthread_create(&t, NULL, pg_relay_watch, ctx);
+        pg_expect_gone(ctx, &id, buf, size, putter, "relay");
+        pthread_join(t, NULL);
+        /* the reader may still be reading from us: stay until it is done */
+        name_id(&mark, "pgone-reader-done-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+    } else if (rank == 2) {
+        name_id(&mark, "pgone-relay-receiving-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+        pg_expect_gone(ctx, &id, buf, size, putter, "reader");
+        name_id(&mark, "pgone-reader-done-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+    }
+    cfx_buf_free(ctx, buf);
+}
+
+/*
  * Object reduce: every rank puts an input of float32 small integers (so sums
  * are exact in any order); rank 0 reduces the first k of them into a result
  * and every rank checks the result against the sum of the inputs that were
@@ -1009,6 +1097,8 @@ int main(int argc, char **argv)
         mode_sourcedies(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "failover") && argc > 2)
         mode_failover(ctx, strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "putter_gone") && argc > 2)
+        mode_putter_gone(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "nb"))
         mode_nb(ctx);
     else if (!strcmp(argv[1], "loccache"))

@@ -134,6 +134,8 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         m->u.lookup_reply.chunk_size = 1u << 20;
         m->u.lookup_reply.complete = 1;
         sample_node(&m->u.lookup_reply.node, 5);
+        m->u.lookup_reply.putter = 7;
+        m->u.lookup_reply.tag = 99;
         break;
     case CFX_MSG_OBJ_DONE:
         sample_id(&m->u.done.id, 4);
@@ -175,6 +177,11 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         break;
     case CFX_MSG_EV_NODE_DEAD:
         m->u.node_dead.node_id = 6;
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        memset(m->u.gone.id.bytes, 0x5a, CFX_OBJECT_ID_LEN);
+        m->req_id = 77;
         break;
     default:
         break;
@@ -236,6 +243,9 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.put.has_data, b->u.put.has_data);
         cr_assert_eq(a->u.put.durable, b->u.put.durable);
         cr_assert_str_eq(a->u.put.name, b->u.put.name);
+        cr_assert_eq(a->u.put.tag, b->u.put.tag);
+        cr_assert_eq(a->u.put.copy, b->u.put.copy);
+        cr_assert_eq(a->u.put.putter, b->u.put.putter);
         if (a->u.put.has_data && a->u.put.size)
             cr_assert_arr_eq(a->u.put.data, b->u.put.data, a->u.put.size);
         break;
@@ -253,6 +263,8 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.lookup_reply.chunk_size, b->u.lookup_reply.chunk_size);
         cr_assert_eq(a->u.lookup_reply.is_inline, b->u.lookup_reply.is_inline);
         cr_assert_eq(a->u.lookup_reply.complete, b->u.lookup_reply.complete);
+        cr_assert_eq(a->u.lookup_reply.putter, b->u.lookup_reply.putter);
+        cr_assert_eq(a->u.lookup_reply.tag, b->u.lookup_reply.tag);
         if (a->u.lookup_reply.is_inline && a->u.lookup_reply.size)
             cr_assert_arr_eq(a->u.lookup_reply.data, b->u.lookup_reply.data,
                              a->u.lookup_reply.size);
@@ -314,6 +326,10 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         break;
     case CFX_MSG_EV_NODE_DEAD:
         cr_assert_eq(a->u.node_dead.node_id, b->u.node_dead.node_id);
+        break;
+    case CFX_MSG_EV_OBJ_GONE:
+    case CFX_MSG_OBJ_GONE_ACK:
+        cr_assert_arr_eq(a->u.gone.id.bytes, b->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
     default:
         break;
@@ -736,4 +752,41 @@ Test(proto, put_name_bounds)
     cr_assert_eq(len, name_at);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK);
     cr_assert_str_empty(d.u.put.name);
+}
+
+/* A put's tag and a copy's putter (CFX_PROTO_PUT_TAGGED, CFX_PROTO_PUT_COPY)
+ * round-trip; a copy is never inline or durable, its putter never 0. */
+Test(proto, put_tag_and_copy)
+{
+    struct cfx_msg m, d;
+    size_t len;
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_PUT;
+    m.req_id = 5;
+    sample_id(&m.u.put.id, 8);
+    m.u.put.size = 1u << 20;
+    m.u.put.chunk_size = 1u << 18;
+    m.u.put.tag = 0x1234567890ull;
+    m.u.put.copy = 1;
+    m.u.put.putter = 42;
+    len = encode_ok(&m);
+    cr_assert_eq(frame[CFX_PROTO_HDR_LEN + CFX_OBJECT_ID_LEN + 8 + 4],
+                 CFX_PROTO_PUT_TAGGED | CFX_PROTO_PUT_COPY);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&m, &d);
+    /* putter 0 on the wire */
+    memset(frame + len - 4, 0, 4);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    /* tag 0 on the wire with the flag */
+    m.u.put.copy = 0;
+    m.u.put.putter = 0;
+    len = encode_ok(&m);
+    memset(frame + len - 8, 0, 8);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_ERR_PROTO);
+    /* a copy cannot carry inline bytes */
+    m.u.put.copy = 1;
+    m.u.put.putter = 42;
+    m.u.put.has_data = 1;
+    m.u.put.size = 0;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
