@@ -189,10 +189,7 @@ Test(coord_restart, delete_during_reannounce)
     cr_assert_eq(cfx_put(a, &xgone, gone, MED, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_put(a, &xkeep, keep, MED, NULL), CFX_OK, "%s", cfx_last_error());
 
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
-    start_coord(port);
+    coord_run_restart(&co);
 
     /* returns once a's re-announce listed both objects (hook), before it
      * sent either */
@@ -239,10 +236,7 @@ Test(coord_restart, copy_announced_after_putter_left)
     uint32_t ida = cfx_context_node_id(a);
     cfx_context_destroy(a); /* b's complete copies keep both objects */
 
-    char port[16];
-    snprintf(port, sizeof(port), "%u", cc.port);
-    coord_child_kill(&cc, SIGKILL);
-    start_coord(port);
+    coord_run_restart(&co);
     wait_reconnected(b, 15000);
     wait_reannounced(b, 20000);
 
