@@ -991,6 +991,14 @@ static void mode_loccache(struct cfx_context *ctx)
         raise(SIGKILL);
     }
     if (rank == 1) {
+        /* the victim is gone once its step-90 mark is (nobody got it, so it
+         * goes with its putter): before that, the victim may still be
+         * reading the others' marks, alive, and serve d2 */
+        struct cfx_object_id mark;
+        name_id(&mark, "lc-step-%ld-%ld", 90L, (long)LC_VICTIM);
+        int wrc = cfx_test_wait_gone(ctx, &mark, 20000);
+        if (wrc != CFX_OK)
+            DIE("D: the victim's mark did not go: %s (%s)", cfx_errname(wrc), cfx_last_error());
         /* the cached location of d1 is the dead node: the get goes on at
          * rank 2's copy (cached locations refuse nothing here: its death
          * event drops them, or the failed request does) */
