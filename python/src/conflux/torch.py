@@ -12,12 +12,11 @@ Each gradient bucket is divided by the world size and summed over the group,
 as DDP's own allreduce does, in a thread of its own (the GIL is released
 while Conflux works) so communication overlaps the rest of the backward pass.
 """
-from __future__ import annotations
-
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
 
 from ._api import Group, ParameterServer
 
@@ -70,11 +69,12 @@ def _allreduce_bucket(state: AllreduceHookState, buf: torch.Tensor) -> torch.Ten
     return buf
 
 
+# The annotations are real objects, not strings: DDP checks them.
 def allreduce_hook(state: AllreduceHookState,
-                   bucket: "torch.distributed.GradBucket") -> torch.futures.Future:
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over the Conflux group."""
     buf = bucket.buffer()
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
     def run() -> None:
         try:
