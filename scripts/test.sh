@@ -33,6 +33,8 @@
 #   CFX_TEST_TORCH     1 to install PyTorch into that venv for the torch tests
 #                      (PyPI has only the CUDA build: several GB); without it
 #                      they run when torch is importable there, else skip
+#   CFX_TEST_RAY       1 to install Ray into that venv for the conflux.ray tests
+#                      (a local Ray cluster; about a minute more), same rule
 #
 # Exits non-zero when any stage fails; prints the elapsed time either way.
 set -euo pipefail
@@ -133,6 +135,9 @@ if [[ ${CFX_TEST_PYTHON:-1} != 0 ]]; then
         'scikit-build-core>=0.10' ml_dtypes
     if [[ ${CFX_TEST_TORCH:-0} == 1 ]]; then
         "$py_venv/bin/pip" install -q --disable-pip-version-check torch
+    fi
+    if [[ ${CFX_TEST_RAY:-0} == 1 ]]; then
+        "$py_venv/bin/pip" install -q --disable-pip-version-check ray
     fi
     SKBUILD_BUILD_DIR="$repo/$build_dir/python-wheel" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
         "$py_venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
