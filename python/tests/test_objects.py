@@ -186,3 +186,27 @@ def test_reduce_local_bf16():
     want = (a.astype(np.float32) + b.astype(np.float32)).astype(ml.bfloat16)
     conflux.reduce_local(a, b)
     assert a.tobytes() == want.tobytes()
+
+
+def test_close_while_a_call_waits(coord):
+    """close() from another thread never frees the context under a running get."""
+    c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
+    errs = []
+    started = threading.Event()
+
+    def getter():
+        started.set()
+        try:
+            c.get("nobody-puts-this", timeout=1.0)
+        except conflux.Error as e:
+            errs.append(e)
+
+    t = threading.Thread(target=getter)
+    t.start()
+    started.wait(10)
+    c.close()  # the get still runs; the context goes when it returns
+    t.join(30)
+    assert not t.is_alive()
+    assert len(errs) == 1 and isinstance(errs[0], (conflux.TimeoutError, conflux.ClosedError))
+    with pytest.raises(conflux.ClosedError):
+        c.get("x", timeout=0.1)

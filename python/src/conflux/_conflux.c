@@ -279,9 +279,10 @@ typedef struct {
     PyObject_HEAD
     struct cfx_context *ctx;  /* NULL once destroyed */
     int closed;               /* close() called: no more calls */
-    Py_ssize_t children;      /* live groups, ps handles, arena buffers */
+    Py_ssize_t children;      /* live groups, ps handles, arena buffers, and calls in
+                               * flight without the GIL: close() from another thread
+                               * never frees the context under a running call */
     PyObject *puts;           /* dict: id bytes -> capsule of struct put_entry */
-    PyThread_type_lock lock;  /* guards puts across threads without the GIL */
 } ContextObject;
 
 static PyTypeObject ContextType;
@@ -374,12 +375,8 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
         p.bind_addr = bind;
         p.field_mask |= CFX_CTX_PARAM_BIND_ADDR;
     }
-    self->puts = PyDict_New();
-    self->lock = PyThread_allocate_lock();
-    if (!self->puts || !self->lock) {
-        PyErr_NoMemory();
+    if (!(self->puts = PyDict_New()))
         return -1;
-    }
     struct cfx_context *ctx = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -398,8 +395,6 @@ static void Context_dealloc(ContextObject *self)
     /* Children hold references, so none is left here. */
     context_destroy_now(self);
     Py_CLEAR(self->puts);
-    if (self->lock)
-        PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -531,9 +526,11 @@ static PyObject *Context_put(ContextObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     int rc;
+    self->children++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_put(ctx, &id, e->view.buf, (size_t)e->view.len, &p);
     Py_END_ALLOW_THREADS
+    context_child_gone(self);
     if (rc) {
         raise_status(rc);
         Py_DECREF(cap); /* releases the view: the library did not keep it */
@@ -566,9 +563,11 @@ static PyObject *Context_get_into(ContextObject *self, PyObject *args, PyObject 
         return NULL;
     size_t size = 0;
     int rc;
+    self->children++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_get(ctx, &id, view.buf, (size_t)view.len, &size, &p);
     Py_END_ALLOW_THREADS
+    context_child_gone(self);
     PyBuffer_Release(&view);
     if (rc)
         return raise_status(rc);
@@ -643,9 +642,11 @@ static PyObject *Context_get_alloc(ContextObject *self, PyObject *args, PyObject
     void *buf = NULL;
     size_t size = 0;
     int rc;
+    self->children++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_get_alloc(ctx, &id, &buf, &size, &p);
     Py_END_ALLOW_THREADS
+    context_child_gone(self);
     if (rc) {
         Py_DECREF(a);
         return raise_status(rc);
@@ -670,9 +671,11 @@ static PyObject *Context_delete(ContextObject *self, PyObject *args, PyObject *k
     if (!ctx || parse_id(ido, &id) < 0 || obj_params(timeout, 0, 0, &p) < 0)
         return NULL;
     int rc;
+    self->children++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_delete(ctx, &id, &p);
     Py_END_ALLOW_THREADS
+    context_child_gone(self);
     /* CFX_OK and CFX_ERR_CONNECT both release this node's copy (object.h);
      * a timeout leaves uploads draining from the buffer: keep it pinned. */
     if (rc == CFX_OK || rc == CFX_ERR_CONNECT || rc == CFX_ERR_NOT_FOUND) {
@@ -727,10 +730,12 @@ static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyO
         if (parse_id(PySequence_Fast_GET_ITEM(seq, i), &ids[i]) < 0)
             goto out;
     int rc;
+    self->children++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_reduce_objects(ctx, ids, (size_t)n, (size_t)k, (enum cfx_dtype)dtype,
                             (enum cfx_redop)op, &result, &p, used);
     Py_END_ALLOW_THREADS
+    context_child_gone(self);
     if (rc) {
         raise_status(rc);
         goto out;
@@ -1099,11 +1104,17 @@ typedef struct {
     PyObject_HEAD
     ContextObject *owner;
     struct cfx_ps *ps;   /* NULL once destroyed */
+    int closing;         /* close() called while calls were in flight */
+    Py_ssize_t busy;     /* calls in flight without the GIL; the last one destroys */
     PyObject *sizes;     /* dict: key -> bytes of the tensor */
 } PSObject;
 
 static void ps_destroy_now(PSObject *self)
 {
+    if (self->busy > 0) { /* another thread is in a call: it destroys on its way out */
+        self->closing = 1;
+        return;
+    }
     if (self->ps) {
         struct cfx_ps *ps = self->ps;
         self->ps = NULL;
@@ -1194,9 +1205,15 @@ static void PS_dealloc(PSObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static void ps_leave(PSObject *self)
+{
+    if (--self->busy == 0 && self->closing)
+        ps_destroy_now(self);
+}
+
 static struct cfx_ps *live_ps(PSObject *self)
 {
-    if (!self->ps) {
+    if (!self->ps || self->closing) {
         PyErr_SetString(error_types[-CFX_ERR_CLOSED], "the parameter-server handle is closed");
         return NULL;
     }
@@ -1222,9 +1239,11 @@ static PyObject *PS_serve(PSObject *self, PyObject *args)
         return NULL;
     }
     int rc;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_ps_serve(ps, ms);
     Py_END_ALLOW_THREADS
+    ps_leave(self);
     if (rc)
         return raise_status(rc);
     Py_RETURN_NONE;
@@ -1262,9 +1281,11 @@ static PyObject *PS_register(PSObject *self, PyObject *args)
     }
     int key = -1, rc;
     const void *init = have ? ib.buf : NULL;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_ps_register(ps, name, (enum cfx_dtype)dtype, (size_t)count, init, &key);
     Py_END_ALLOW_THREADS
+    ps_leave(self);
     if (have)
         PyBuffer_Release(&ib);
     if (rc)
@@ -1318,6 +1339,7 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
         PyErr_Format(PyExc_ValueError, "tensor %d has %zu bytes; buffers must match", key, bytes);
         goto fail;
     }
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     if (op == PS_PUSH)
         rc = cfx_ps_push(ps, key, gb.buf);
@@ -1326,6 +1348,7 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     else
         rc = cfx_ps_pushpull(ps, key, gb.buf, ob.buf);
     Py_END_ALLOW_THREADS
+    ps_leave(self);
     if (rc)
         raise_status(rc);
 fail:
