@@ -361,13 +361,13 @@ class Group(_c.Group):
     def send(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``tensor`` to rank ``peer``; matched in order with the peer's recv of the same tag."""
         arr, code, count, _ = self._mov(tensor, writable=False)
-        super().send(send=arr, count=count, dtype=code, root=peer, op=tag,
+        super().send(send=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
 
     def recv(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """Receive from rank ``peer`` into ``tensor`` (sizes must agree).  Returns ``tensor``."""
         arr, code, count, _ = self._mov(tensor)
-        super().recv(recv=arr, count=count, dtype=code, root=peer, op=tag,
+        super().recv(recv=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
         return tensor
 

@@ -30,8 +30,8 @@
 /* ---- errors ------------------------------------------------------------- */
 
 #define N_STATUS (-(CFX_STATUS_LAST))
-static PyObject *error_base;                 /* conflux.Error */
-static PyObject *error_types[N_STATUS];      /* per negative status; [0] unused */
+static PyObject *error_base;            /* conflux.Error */
+static PyObject *error_types[N_STATUS]; /* per negative status; [0] unused */
 
 /* obj.attr = v, consuming the new reference @p v (NULL: an error is set). */
 static int set_attr(PyObject *obj, const char *attr, PyObject *v)
@@ -54,10 +54,10 @@ static PyObject *raise_status(int status)
         type = error_types[-status];
     if (!detail)
         detail = "";
-    PyObject *msg = *detail ? PyUnicode_FromFormat("%s: %s (%s)", cfx_errname(status),
-                                                   cfx_strerror(status), detail)
-                            : PyUnicode_FromFormat("%s: %s", cfx_errname(status),
-                                                   cfx_strerror(status));
+    PyObject *msg =
+        *detail
+            ? PyUnicode_FromFormat("%s: %s (%s)", cfx_errname(status), cfx_strerror(status), detail)
+            : PyUnicode_FromFormat("%s: %s", cfx_errname(status), cfx_strerror(status));
     if (!msg)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(type, msg);
@@ -277,12 +277,12 @@ struct put_entry {
 
 typedef struct {
     PyObject_HEAD
-    struct cfx_context *ctx;  /* NULL once destroyed */
-    int closed;               /* close() called: no more calls */
-    Py_ssize_t children;      /* live groups, ps handles, arena buffers, and calls in
+    struct cfx_context *ctx; /* NULL once destroyed */
+    int closed;              /* close() called: no more calls */
+    Py_ssize_t children;     /* live groups, ps handles, arena buffers, and calls in
                                * flight without the GIL: close() from another thread
                                * never frees the context under a running call */
-    PyObject *puts;           /* dict: id bytes -> capsule of struct put_entry */
+    PyObject *puts;          /* dict: id bytes -> capsule of struct put_entry */
 } ContextObject;
 
 static PyTypeObject ContextType;
@@ -329,8 +329,8 @@ static struct cfx_context *live_ctx(ContextObject *c)
 
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "coord", "token", "transports", "timeout_ms", "chunk_size", "name",
-                              "bind_addr", NULL };
+    static char *kwlist[] = { "coord",      "token", "transports", "timeout_ms",
+                              "chunk_size", "name",  "bind_addr",  NULL };
     const char *coord = NULL, *token = NULL, *transports = NULL, *name = NULL, *bind = NULL;
     PyObject *timeout = Py_None;
     Py_ssize_t chunk = 0;
@@ -445,13 +445,13 @@ static PyObject *Context_stats(ContextObject *self, PyObject *unused)
     int rc = cfx_context_stats(ctx, &s);
     if (rc)
         return raise_status(rc);
-    return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}", "puts", s.puts, "gets", s.gets, "gets_inline",
-        s.gets_inline, "gets_local", s.gets_local, "bytes_received", s.bytes_received,
-        "bytes_sent", s.bytes_sent, "uploads", s.uploads, "uploads_partial", s.uploads_partial,
-        "source_failovers", s.source_failovers, "reduce_reroutes", s.reduce_reroutes,
-        "reduce_replans", s.reduce_replans, "dir_lookups", s.dir_lookups, "loc_hits",
-        s.loc_hits, "loc_stale", s.loc_stale, "loc_evictions", s.loc_evictions);
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}", "puts", s.puts, "gets", s.gets,
+                         "gets_inline", s.gets_inline, "gets_local", s.gets_local, "bytes_received",
+                         s.bytes_received, "bytes_sent", s.bytes_sent, "uploads", s.uploads,
+                         "uploads_partial", s.uploads_partial, "source_failovers",
+                         s.source_failovers, "reduce_reroutes", s.reduce_reroutes, "reduce_replans",
+                         s.reduce_replans, "dir_lookups", s.dir_lookups, "loc_hits", s.loc_hits,
+                         "loc_stale", s.loc_stale, "loc_evictions", s.loc_evictions);
 }
 
 static PyObject *Context_generate_id(ContextObject *self, PyObject *unused)
@@ -466,8 +466,7 @@ static PyObject *Context_generate_id(ContextObject *self, PyObject *unused)
     return PyBytes_FromStringAndSize((const char *)id.bytes, CFX_OBJECT_ID_LEN);
 }
 
-static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline,
-                      struct cfx_obj_params *p)
+static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline, struct cfx_obj_params *p)
 {
     int set = 0;
     memset(p, 0, sizeof(*p));
@@ -701,8 +700,8 @@ static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyO
     PyObject *inputs, *reso, *timeout = Py_None;
     Py_ssize_t k;
     int dtype, op;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|O", kwlist, &inputs, &k, &dtype, &op,
-                                     &reso, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|O", kwlist, &inputs, &k, &dtype, &op, &reso,
+                                     &timeout))
         return NULL;
     struct cfx_context *ctx = live_ctx(self);
     struct cfx_object_id result;
@@ -811,8 +810,8 @@ static PyTypeObject ContextType = {
 typedef struct {
     PyObject_HEAD
     ContextObject *owner;
-    struct cfx_group *g;      /* NULL once destroyed */
-    PyThread_type_lock lock;  /* a group is used by one thread at a time */
+    struct cfx_group *g;     /* NULL once destroyed */
+    PyThread_type_lock lock; /* a group is used by one thread at a time */
 } GroupObject;
 
 static void group_destroy_now(GroupObject *self)
@@ -925,21 +924,31 @@ static PyObject *Group_get_size(GroupObject *self, void *unused)
 }
 
 enum coll_kind {
-    K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCE_SCATTER,
-    K_GATHER, K_SCATTER, K_ALLTOALL, K_SEND, K_RECV, K_BARRIER,
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALLGATHER,
+    K_REDUCE_SCATTER,
+    K_GATHER,
+    K_SCATTER,
+    K_ALLTOALL,
+    K_SEND,
+    K_RECV,
+    K_BARRIER,
 };
 
 /* One entry point for every collective: buffers are checked against the
  * sizes the C call will touch, so no call reads or writes past a buffer. */
 static PyObject *group_coll(GroupObject *self, enum coll_kind kind, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "send", "recv", "count", "dtype", "op", "root", "timeout_ms",
-                              "algo", NULL };
+    /* root is the peer of send / recv */
+    static char *kwlist[] = { "send", "recv",       "count", "dtype", "op",
+                              "root", "timeout_ms", "algo",  "tag",   NULL };
     PyObject *sendo = Py_None, *recvo = Py_None, *timeout = Py_None;
     Py_ssize_t count = 0;
-    int dtype = CFX_DTYPE_U8, op = CFX_OP_SUM, root = 0, algo = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOniiiOi", kwlist, &sendo, &recvo, &count,
-                                     &dtype, &op, &root, &timeout, &algo))
+    int dtype = CFX_DTYPE_U8, op = CFX_OP_SUM, root = 0, algo = 0, tag = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOniiiOii", kwlist, &sendo, &recvo, &count, &dtype,
+                                     &op, &root, &timeout, &algo, &tag))
         return NULL;
     struct cfx_group *g = live_group(self);
     if (!g || check_dtype(dtype) < 0)
@@ -970,15 +979,39 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, PyObject *ar
     int has_send = 1, has_recv = 1;
     switch (kind) {
     case K_ALLREDUCE: need_send = need_recv = n; break;
-    case K_BROADCAST: has_send = 0; need_recv = n; break;
-    case K_REDUCE: need_send = n; need_recv = rank == root ? n : 0; break;
-    case K_ALLGATHER: need_send = n; need_recv = n * (size_t)size; break;
-    case K_REDUCE_SCATTER: need_send = n * (size_t)size; need_recv = n; break;
-    case K_GATHER: need_send = n; need_recv = rank == root ? n * (size_t)size : 0; break;
-    case K_SCATTER: need_send = rank == root ? n * (size_t)size : 0; need_recv = n; break;
+    case K_BROADCAST:
+        has_send = 0;
+        need_recv = n;
+        break;
+    case K_REDUCE:
+        need_send = n;
+        need_recv = rank == root ? n : 0;
+        break;
+    case K_ALLGATHER:
+        need_send = n;
+        need_recv = n * (size_t)size;
+        break;
+    case K_REDUCE_SCATTER:
+        need_send = n * (size_t)size;
+        need_recv = n;
+        break;
+    case K_GATHER:
+        need_send = n;
+        need_recv = rank == root ? n * (size_t)size : 0;
+        break;
+    case K_SCATTER:
+        need_send = rank == root ? n * (size_t)size : 0;
+        need_recv = n;
+        break;
     case K_ALLTOALL: need_send = need_recv = n * (size_t)size; break;
-    case K_SEND: has_recv = 0; need_send = n; break;
-    case K_RECV: has_send = 0; need_recv = n; break;
+    case K_SEND:
+        has_recv = 0;
+        need_send = n;
+        break;
+    case K_RECV:
+        has_send = 0;
+        need_recv = n;
+        break;
     case K_BARRIER: has_send = has_recv = 0; break;
     }
     if (kind == K_REDUCE || kind == K_GATHER || kind == K_SCATTER || kind == K_BROADCAST) {
@@ -1026,8 +1059,8 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, PyObject *ar
     case K_GATHER: rc = cfx_group_gather(g, s, r, cnt, dt, root, &p); break;
     case K_SCATTER: rc = cfx_group_scatter(g, s, r, cnt, dt, root, &p); break;
     case K_ALLTOALL: rc = cfx_group_alltoall(g, s, r, cnt, dt, &p); break;
-    case K_SEND: rc = cfx_group_send(g, s, n, root, op, &p); break;
-    case K_RECV: rc = cfx_group_recv(g, r, n, root, op, &p); break;
+    case K_SEND: rc = cfx_group_send(g, s, n, root, tag, &p); break;
+    case K_RECV: rc = cfx_group_recv(g, r, n, root, tag, &p); break;
     case K_BARRIER: rc = cfx_group_barrier(g, &p); break;
     }
     PyThread_release_lock(self->lock);
@@ -1044,10 +1077,10 @@ out:
     return ret;
 }
 
-#define COLL_METHOD(fn, kind)                                                    \
-    static PyObject *fn(GroupObject *self, PyObject *args, PyObject *kw)         \
-    {                                                                            \
-        return group_coll(self, kind, args, kw);                                 \
+#define COLL_METHOD(fn, kind)                                            \
+    static PyObject *fn(GroupObject *self, PyObject *args, PyObject *kw) \
+    {                                                                    \
+        return group_coll(self, kind, args, kw);                         \
     }
 COLL_METHOD(Group_allreduce, K_ALLREDUCE)
 COLL_METHOD(Group_broadcast, K_BROADCAST)
@@ -1061,21 +1094,26 @@ COLL_METHOD(Group_send, K_SEND)
 COLL_METHOD(Group_recv, K_RECV)
 COLL_METHOD(Group_barrier, K_BARRIER)
 
-#define COLL_DEF(name, fn, doc) \
-    { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
+#define COLL_DEF(name, fn, doc)                                                  \
+    {                                                                            \
+        name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc \
+    }
 static PyMethodDef Group_methods[] = {
     { "close", (PyCFunction)Group_close, METH_NOARGS, "Leave the group." },
-    COLL_DEF("allreduce", Group_allreduce, "allreduce(send, recv, count, dtype, op, timeout_ms, algo)"),
-    COLL_DEF("broadcast", Group_broadcast, "broadcast(recv=buf, count, dtype, root, timeout_ms, algo)"),
-    COLL_DEF("reduce", Group_reduce, "reduce(send, recv, count, dtype, op, root, timeout_ms, algo)"),
+    COLL_DEF("allreduce", Group_allreduce,
+             "allreduce(send, recv, count, dtype, op, timeout_ms, algo)"),
+    COLL_DEF("broadcast", Group_broadcast,
+             "broadcast(recv=buf, count, dtype, root, timeout_ms, algo)"),
+    COLL_DEF("reduce", Group_reduce,
+             "reduce(send, recv, count, dtype, op, root, timeout_ms, algo)"),
     COLL_DEF("allgather", Group_allgather, "allgather(send, recv, count, dtype, timeout_ms, algo)"),
     COLL_DEF("reduce_scatter", Group_reduce_scatter,
              "reduce_scatter(send, recv, count, dtype, op, timeout_ms, algo)"),
     COLL_DEF("gather", Group_gather, "gather(send, recv, count, dtype, root, timeout_ms, algo)"),
     COLL_DEF("scatter", Group_scatter, "scatter(send, recv, count, dtype, root, timeout_ms, algo)"),
     COLL_DEF("alltoall", Group_alltoall, "alltoall(send, recv, count, dtype, timeout_ms, algo)"),
-    COLL_DEF("send", Group_send, "send(send, count, dtype, root=peer, op=tag, timeout_ms)"),
-    COLL_DEF("recv", Group_recv, "recv(recv=buf, count, dtype, root=peer, op=tag, timeout_ms)"),
+    COLL_DEF("send", Group_send, "send(send, count, dtype, root=peer, tag, timeout_ms)"),
+    COLL_DEF("recv", Group_recv, "recv(recv=buf, count, dtype, root=peer, tag, timeout_ms)"),
     COLL_DEF("barrier", Group_barrier, "barrier(timeout_ms)"),
     { NULL }
 };
@@ -1103,10 +1141,10 @@ static PyTypeObject GroupType = {
 typedef struct {
     PyObject_HEAD
     ContextObject *owner;
-    struct cfx_ps *ps;   /* NULL once destroyed */
-    int closing;         /* close() called while calls were in flight */
-    Py_ssize_t busy;     /* calls in flight without the GIL; the last one destroys */
-    PyObject *sizes;     /* dict: key -> bytes of the tensor */
+    struct cfx_ps *ps; /* NULL once destroyed */
+    int closing;       /* close() called while calls were in flight */
+    Py_ssize_t busy;   /* calls in flight without the GIL; the last one destroys */
+    PyObject *sizes;   /* dict: key -> bytes of the tensor */
 } PSObject;
 
 static void ps_destroy_now(PSObject *self)
@@ -1130,10 +1168,11 @@ static void ps_destroy_now(PSObject *self)
 
 static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "context", "job", "role", "index", "num_workers", "num_servers",
-                              "consistency", "staleness", "block_size", "optimizer", "lr",
-                              "momentum", "beta1", "beta2", "eps", "weight_decay", "grad_scale",
-                              "timeout_ms", NULL };
+    static char *kwlist[] = { "context",     "job",         "role",        "index",
+                              "num_workers", "num_servers", "consistency", "staleness",
+                              "block_size",  "optimizer",   "lr",          "momentum",
+                              "beta1",       "beta2",       "eps",         "weight_decay",
+                              "grad_scale",  "timeout_ms",  NULL };
     PyObject *ctxo, *timeout = Py_None;
     const char *job = NULL;
     int role = 0, index = 0, nw = 1, ns = 1, cons = 0, stale = 1, opt = 0;
@@ -1143,9 +1182,9 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "ParameterServer.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|ziiiiiinidddddddO", kwlist, &ContextType,
-                                     &ctxo, &job, &role, &index, &nw, &ns, &cons, &stale, &block,
-                                     &opt, &lr, &mom, &b1, &b2, &eps, &wd, &gs, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|ziiiiiinidddddddO", kwlist, &ContextType, &ctxo,
+                                     &job, &role, &index, &nw, &ns, &cons, &stale, &block, &opt,
+                                     &lr, &mom, &b1, &b2, &eps, &wd, &gs, &timeout))
         return -1;
     ContextObject *c = (ContextObject *)ctxo;
     struct cfx_context *ctx = live_ctx(c);
@@ -1156,8 +1195,8 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
     if (parse_timeout(timeout, &p.timeout_ms, &set) < 0)
         return -1;
     p.field_mask = CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX | CFX_PS_PARAM_NUM_WORKERS |
-                   CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_CONSISTENCY |
-                   CFX_PS_PARAM_STALENESS | CFX_PS_PARAM_OPTIMIZER;
+                   CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_STALENESS |
+                   CFX_PS_PARAM_OPTIMIZER;
     if (set)
         p.field_mask |= CFX_PS_PARAM_TIMEOUT;
     if (job) {
@@ -1178,9 +1217,14 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
     p.num_servers = ns;
     p.consistency = (enum cfx_ps_consistency)cons;
     p.staleness = stale;
-    p.optim = (struct cfx_ps_optim){ .type = (enum cfx_ps_optimizer)opt, .lr = lr,
-                                     .momentum = mom, .beta1 = b1, .beta2 = b2, .eps = eps,
-                                     .weight_decay = wd, .grad_scale = gs };
+    p.optim = (struct cfx_ps_optim){ .type = (enum cfx_ps_optimizer)opt,
+                                     .lr = lr,
+                                     .momentum = mom,
+                                     .beta1 = b1,
+                                     .beta2 = b2,
+                                     .eps = eps,
+                                     .weight_decay = wd,
+                                     .grad_scale = gs };
     if (!(self->sizes = PyDict_New()))
         return -1;
     struct cfx_ps *ps = NULL;
@@ -1274,8 +1318,8 @@ static PyObject *PS_register(PSObject *self, PyObject *args)
         have = 1;
         if ((size_t)ib.len != bytes) {
             PyBuffer_Release(&ib);
-            PyErr_Format(PyExc_ValueError, "register: init has %zd bytes, the tensor %zu",
-                         ib.len, bytes);
+            PyErr_Format(PyExc_ValueError, "register: init has %zd bytes, the tensor %zu", ib.len,
+                         bytes);
             return NULL;
         }
     }
@@ -1324,7 +1368,8 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     size_t bytes = PyLong_AsSize_t(bo);
     Py_buffer gb = { 0 }, ob = { 0 };
     int have_g = 0, have_o = 0, rc = CFX_ERR_INVALID;
-    PyObject *grad = op == PS_PULL ? NULL : a, *out = op == PS_PUSH ? NULL : (op == PS_PULL ? a : b);
+    PyObject *grad = op == PS_PULL ? NULL : a,
+             *out = op == PS_PUSH ? NULL : (op == PS_PULL ? a : b);
     if (grad) {
         if (PyObject_GetBuffer(grad, &gb, PyBUF_C_CONTIGUOUS) < 0)
             goto fail;
@@ -1361,8 +1406,14 @@ fail:
     Py_RETURN_NONE;
 }
 
-static PyObject *PS_push(PSObject *self, PyObject *args) { return ps_op(self, PS_PUSH, args); }
-static PyObject *PS_pull(PSObject *self, PyObject *args) { return ps_op(self, PS_PULL, args); }
+static PyObject *PS_push(PSObject *self, PyObject *args)
+{
+    return ps_op(self, PS_PUSH, args);
+}
+static PyObject *PS_pull(PSObject *self, PyObject *args)
+{
+    return ps_op(self, PS_PULL, args);
+}
 static PyObject *PS_pushpull(PSObject *self, PyObject *args)
 {
     return ps_op(self, PS_PUSHPULL, args);
@@ -1403,8 +1454,10 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, .m_name = "conflux._conflux",
-    .m_doc = "CPython binding of libconflux (see the conflux package).", .m_size = -1,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "conflux._conflux",
+    .m_doc = "CPython binding of libconflux (see the conflux package).",
+    .m_size = -1,
     .m_methods = module_methods,
 };
 
