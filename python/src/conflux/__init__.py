@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from . import _conflux
 from ._conflux import Error, ArenaBuffer, LIB_VERSION
-from ._api import Context, Group, ObjectId, ParameterServer
+from ._api import Context, Group, ObjectId, ParameterServer, Work
 from ._dtypes import dtype_code
 from .launch import Coordinator, bin_path, cfx_run
 
 __version__ = "0.1.0"
+
+from ._conflux import (  # noqa: F401,E402  (named for type checkers; all below)
+    AuthError, ClosedError, ConnectError, ExistsError, InvalidError, NotFoundError,
+    PeerFailedError, TimeoutError, TruncatedError)
 
 # One exception class per status of include/conflux/status.h.
 _errors = {n: getattr(_conflux, n) for n in dir(_conflux)
@@ -36,6 +40,6 @@ def reduce_local(dst, src, op: str = "sum") -> None:
     _conflux.reduce(d, s, code, op_code(op))
 
 
-__all__ = ["Context", "Group", "ObjectId", "ParameterServer", "Coordinator", "Error",
+__all__ = ["Context", "Group", "ObjectId", "ParameterServer", "Work", "Coordinator", "Error",
            "ArenaBuffer", "bin_path", "cfx_run", "dtype_code", "reduce_local", "LIB_VERSION",
            *_errors]

@@ -197,6 +197,28 @@ def _like(x: Any, arr: np.ndarray, is_torch: bool, shape: tuple[int, ...]) -> tu
     return a, a
 
 
+class Work:
+    """A non-blocking collective (``async_op=True``): ``wait()`` returns its result.
+
+    Its buffers stay exported until it completes: do not touch them before.
+    Collectives of a group run in the order they were posted.
+    """
+
+    __slots__ = ("_req", "_result")
+
+    def __init__(self, req: Any, result: Any):
+        self._req, self._result = req, result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Until complete (raises its error; conflux.TimeoutError leaves it running)."""
+        self._req.wait(timeout_ms=_ms(timeout))
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once complete (raises its error if it failed)."""
+        return self._req.test()
+
+
 class Group(_c.Group):
     """A fixed set of ranks 0..size-1 running collectives on numpy arrays and torch CPU tensors.
 
@@ -251,26 +273,38 @@ class Group(_c.Group):
 
     # -- collectives
     def allreduce(self, tensor: Any, op: str = "sum", *, out: Any = None,
-                  timeout: float | None = None, algo: str | None = None) -> Any:
-        """Element-wise ``op`` over ranks; in place unless ``out`` is given.  Returns the result."""
+                  timeout: float | None = None, algo: str | None = None,
+                  async_op: bool = False) -> Any:
+        """Element-wise ``op`` over ranks; in place unless ``out`` is given.  Returns the result.
+
+        With ``async_op=True`` it returns a Work at once (also for broadcast,
+        reduce and allgather); ``work.wait()`` returns the result.
+        """
         arr, code, _ = self._red(tensor, writable=out is None)
         dst = arr
         if out is not None:
             dst = self._red(out)[0]
             self._check_out(dst, arr.nbytes, "allreduce")
-        super().allreduce(arr, dst, arr.nbytes // SIZES[code], code, op_code(op),
-                          **self._kw(timeout, algo))
-        return tensor if out is None else out
+        args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op))
+        res = tensor if out is None else out
+        if async_op:
+            return Work(super().iallreduce(*args, **self._kw(timeout, algo)), res)
+        super().allreduce(*args, **self._kw(timeout, algo))
+        return res
 
     def broadcast(self, tensor: Any, root: int = 0, *, timeout: float | None = None,
-                  algo: str | None = None) -> Any:
+                  algo: str | None = None, async_op: bool = False) -> Any:
         """Root's ``tensor`` to every rank, in place."""
         arr, code, count, _ = self._mov(tensor)
-        super().broadcast(recv=arr, count=count, dtype=code, root=root, **self._kw(timeout, algo))
+        kw = dict(recv=arr, count=count, dtype=code, root=root, **self._kw(timeout, algo))
+        if async_op:
+            return Work(super().ibroadcast(**kw), tensor)
+        super().broadcast(**kw)
         return tensor
 
     def reduce(self, tensor: Any, root: int = 0, op: str = "sum", *, out: Any = None,
-               timeout: float | None = None, algo: str | None = None) -> Any:
+               timeout: float | None = None, algo: str | None = None,
+               async_op: bool = False) -> Any:
         """``op`` over ranks into root's ``out`` (or root's ``tensor``, in place).
 
         Returns the result at root, None elsewhere.
@@ -282,14 +316,15 @@ class Group(_c.Group):
             if out is not None:
                 dst = self._red(out)[0]
                 self._check_out(dst, arr.nbytes, "reduce")
-        super().reduce(arr, dst, arr.nbytes // SIZES[code], code, op_code(op), root,
-                       **self._kw(timeout, algo))
-        if self.rank != root:
-            return None
-        return tensor if out is None else out
+        args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op), root)
+        res = None if self.rank != root else (tensor if out is None else out)
+        if async_op:
+            return Work(super().ireduce(*args, **self._kw(timeout, algo)), res)
+        super().reduce(*args, **self._kw(timeout, algo))
+        return res
 
     def allgather(self, tensor: Any, *, out: Any = None, timeout: float | None = None,
-                  algo: str | None = None) -> Any:
+                  algo: str | None = None, async_op: bool = False) -> Any:
         """Every rank's ``tensor`` stacked: result shape (size, *tensor.shape)."""
         arr, code, count, is_t = self._mov(tensor, writable=False)
         if out is None:
@@ -297,6 +332,8 @@ class Group(_c.Group):
         else:
             dst = as_array(out, writable=True)[0]
         self._check_out(dst, arr.nbytes * self.size, "allgather")
+        if async_op:
+            return Work(super().iallgather(arr, dst, count, code, **self._kw(timeout, algo)), out)
         super().allgather(arr, dst, count, code, **self._kw(timeout, algo))
         return out
 

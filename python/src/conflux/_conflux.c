@@ -812,10 +812,16 @@ typedef struct {
     ContextObject *owner;
     struct cfx_group *g;     /* NULL once destroyed */
     PyThread_type_lock lock; /* a group is used by one thread at a time */
+    Py_ssize_t pending;      /* non-blocking requests not yet complete */
+    int closing;             /* close() came while requests were pending */
 } GroupObject;
 
 static void group_destroy_now(GroupObject *self)
 {
+    if (self->pending > 0) { /* the last request to complete destroys it */
+        self->closing = 1;
+        return;
+    }
     if (self->g) {
         struct cfx_group *g = self->g;
         self->g = NULL;
@@ -898,7 +904,7 @@ static void Group_dealloc(GroupObject *self)
 
 static struct cfx_group *live_group(GroupObject *self)
 {
-    if (!self->g) {
+    if (!self->g || self->closing) {
         PyErr_SetString(error_types[-CFX_ERR_CLOSED], "the group is closed");
         return NULL;
     }
@@ -937,9 +943,112 @@ enum coll_kind {
     K_BARRIER,
 };
 
+/* ---- Request: a non-blocking collective in flight ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    GroupObject *group;      /* keeps the group (and its context) alive */
+    struct cfx_request *req; /* NULL once complete */
+    Py_buffer sb, rb;        /* exported until completion: the library uses them */
+    int have_sb, have_rb;
+    int status; /* final status once complete */
+} RequestObject;
+
+static PyTypeObject RequestType;
+
+/* The request finished with @p status: give back its buffers and its group. */
+static void request_finish(RequestObject *self, int status)
+{
+    cfx_request_free(self->req);
+    self->req = NULL;
+    self->status = status;
+    if (self->have_sb)
+        PyBuffer_Release(&self->sb);
+    if (self->have_rb)
+        PyBuffer_Release(&self->rb);
+    self->have_sb = self->have_rb = 0;
+    GroupObject *g = self->group;
+    if (--g->pending == 0 && g->closing) {
+        g->closing = 0;
+        group_destroy_now(g);
+    }
+}
+
+/* wait(timeout_ms=None): None waits for the operation, which ends by its own
+ * deadline (the group's or the call's timeout). */
+static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "timeout_ms", NULL };
+    PyObject *timeout = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
+        return NULL;
+    int ms = -1, set = 0;
+    if (parse_timeout(timeout, &ms, &set) < 0)
+        return NULL;
+    if (self->req) {
+        struct cfx_request *req = self->req;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_request_wait(req, set ? ms : -1);
+        Py_END_ALLOW_THREADS
+        if (rc == CFX_ERR_TIMEOUT && cfx_request_test(req) == CFX_ERR_AGAIN)
+            return raise_status(CFX_ERR_TIMEOUT); /* still running: wait again later */
+        request_finish(self, rc);
+    }
+    if (self->status)
+        return raise_status(self->status);
+    Py_RETURN_NONE;
+}
+
+/* test() -> True once complete (raising its error if it failed), else False. */
+static PyObject *Request_test(RequestObject *self, PyObject *unused)
+{
+    if (self->req) {
+        int rc = cfx_request_test(self->req);
+        if (rc == CFX_ERR_AGAIN)
+            Py_RETURN_FALSE;
+        request_finish(self, rc);
+    }
+    if (self->status)
+        return raise_status(self->status);
+    Py_RETURN_TRUE;
+}
+
+static void Request_dealloc(RequestObject *self)
+{
+    if (self->req) { /* dropped while running: the library still uses the buffers */
+        struct cfx_request *req = self->req;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_request_wait(req, -1); /* bounded by the operation's own deadline */
+        Py_END_ALLOW_THREADS
+        request_finish(self, rc);
+    }
+    Py_CLEAR(self->group);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Request_methods[] = {
+    { "wait", (PyCFunction)(void (*)(void))Request_wait, METH_VARARGS | METH_KEYWORDS,
+      "wait(timeout_ms=None): until complete; raises the operation's error." },
+    { "test", (PyCFunction)Request_test, METH_NOARGS,
+      "test() -> bool: complete yet? (raises the operation's error)" },
+    { NULL }
+};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "conflux._conflux.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_dealloc = (destructor)Request_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A non-blocking collective in flight; its buffers stay exported until it completes.",
+    .tp_methods = Request_methods,
+};
+
 /* One entry point for every collective: buffers are checked against the
  * sizes the C call will touch, so no call reads or writes past a buffer. */
-static PyObject *group_coll(GroupObject *self, enum coll_kind kind, PyObject *args, PyObject *kw)
+static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyObject *args,
+                            PyObject *kw)
 {
     /* root is the peer of send / recv */
     static char *kwlist[] = { "send", "recv",       "count", "dtype", "op",
@@ -1048,6 +1157,42 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, PyObject *ar
     enum cfx_dtype dt = (enum cfx_dtype)dtype;
     enum cfx_redop rop = (enum cfx_redop)op;
     int rc = CFX_ERR_INVALID;
+    if (nb) { /* post it; the Request owns the buffers until it completes */
+        RequestObject *ro = PyObject_New(RequestObject, &RequestType);
+        if (!ro)
+            goto out;
+        ro->group = NULL;
+        ro->req = NULL;
+        ro->have_sb = ro->have_rb = 0;
+        ro->status = 0;
+        struct cfx_request *req = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        switch (kind) {
+        case K_ALLREDUCE: rc = cfx_group_iallreduce(g, s, r, cnt, dt, rop, &p, &req); break;
+        case K_BROADCAST: rc = cfx_group_ibroadcast(g, r, cnt, dt, root, &p, &req); break;
+        case K_REDUCE: rc = cfx_group_ireduce(g, s, r, cnt, dt, rop, root, &p, &req); break;
+        case K_ALLGATHER: rc = cfx_group_iallgather(g, s, r, cnt, dt, &p, &req); break;
+        default: break;
+        }
+        PyThread_release_lock(self->lock);
+        Py_END_ALLOW_THREADS
+        if (rc) {
+            Py_DECREF(ro);
+            raise_status(rc);
+            goto out;
+        }
+        ro->req = req;
+        ro->group = (GroupObject *)Py_NewRef(self);
+        self->pending++;
+        ro->sb = sb;
+        ro->rb = rb;
+        ro->have_sb = have_sb;
+        ro->have_rb = have_rb;
+        have_sb = have_rb = 0; /* moved into the request */
+        ret = (PyObject *)ro;
+        goto out;
+    }
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
     switch (kind) {
@@ -1077,22 +1222,26 @@ out:
     return ret;
 }
 
-#define COLL_METHOD(fn, kind)                                            \
+#define COLL_METHOD(fn, kind, nb)                                        \
     static PyObject *fn(GroupObject *self, PyObject *args, PyObject *kw) \
     {                                                                    \
-        return group_coll(self, kind, args, kw);                         \
+        return group_coll(self, kind, nb, args, kw);                     \
     }
-COLL_METHOD(Group_allreduce, K_ALLREDUCE)
-COLL_METHOD(Group_broadcast, K_BROADCAST)
-COLL_METHOD(Group_reduce, K_REDUCE)
-COLL_METHOD(Group_allgather, K_ALLGATHER)
-COLL_METHOD(Group_reduce_scatter, K_REDUCE_SCATTER)
-COLL_METHOD(Group_gather, K_GATHER)
-COLL_METHOD(Group_scatter, K_SCATTER)
-COLL_METHOD(Group_alltoall, K_ALLTOALL)
-COLL_METHOD(Group_send, K_SEND)
-COLL_METHOD(Group_recv, K_RECV)
-COLL_METHOD(Group_barrier, K_BARRIER)
+COLL_METHOD(Group_allreduce, K_ALLREDUCE, 0)
+COLL_METHOD(Group_broadcast, K_BROADCAST, 0)
+COLL_METHOD(Group_reduce, K_REDUCE, 0)
+COLL_METHOD(Group_allgather, K_ALLGATHER, 0)
+COLL_METHOD(Group_reduce_scatter, K_REDUCE_SCATTER, 0)
+COLL_METHOD(Group_gather, K_GATHER, 0)
+COLL_METHOD(Group_scatter, K_SCATTER, 0)
+COLL_METHOD(Group_alltoall, K_ALLTOALL, 0)
+COLL_METHOD(Group_send, K_SEND, 0)
+COLL_METHOD(Group_recv, K_RECV, 0)
+COLL_METHOD(Group_barrier, K_BARRIER, 0)
+COLL_METHOD(Group_iallreduce, K_ALLREDUCE, 1)
+COLL_METHOD(Group_ibroadcast, K_BROADCAST, 1)
+COLL_METHOD(Group_ireduce, K_REDUCE, 1)
+COLL_METHOD(Group_iallgather, K_ALLGATHER, 1)
 
 #define COLL_DEF(name, fn, doc)                                                  \
     {                                                                            \
@@ -1115,6 +1264,10 @@ static PyMethodDef Group_methods[] = {
     COLL_DEF("send", Group_send, "send(send, count, dtype, root=peer, tag, timeout_ms)"),
     COLL_DEF("recv", Group_recv, "recv(recv=buf, count, dtype, root=peer, tag, timeout_ms)"),
     COLL_DEF("barrier", Group_barrier, "barrier(timeout_ms)"),
+    COLL_DEF("iallreduce", Group_iallreduce, "as allreduce, returning a Request"),
+    COLL_DEF("ibroadcast", Group_ibroadcast, "as broadcast, returning a Request"),
+    COLL_DEF("ireduce", Group_ireduce, "as reduce, returning a Request"),
+    COLL_DEF("iallgather", Group_iallgather, "as allgather, returning a Request"),
     { NULL }
 };
 
@@ -1468,9 +1621,11 @@ PyMODINIT_FUNC PyInit__conflux(void)
     if (!m)
         return NULL;
     if (make_errors(m) < 0 || PyType_Ready(&ContextType) < 0 || PyType_Ready(&GroupType) < 0 ||
-        PyType_Ready(&PSType) < 0 || PyType_Ready(&ArenaType) < 0 ||
+        PyType_Ready(&RequestType) < 0 || PyType_Ready(&PSType) < 0 ||
+        PyType_Ready(&ArenaType) < 0 ||
         PyModule_AddObjectRef(m, "Context", (PyObject *)&ContextType) < 0 ||
         PyModule_AddObjectRef(m, "Group", (PyObject *)&GroupType) < 0 ||
+        PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0 ||
         PyModule_AddObjectRef(m, "ParameterServer", (PyObject *)&PSType) < 0 ||
         PyModule_AddObjectRef(m, "ArenaBuffer", (PyObject *)&ArenaType) < 0 ||
         PyModule_AddStringConstant(m, "LIB_VERSION", CFX_VERSION_STRING) < 0 ||

@@ -142,6 +142,28 @@ if size > 1:
     for t in (0, 5):
         same(unwrap(got[t]), data(prv, 4096 + t, "float32", salt=t), f"send/recv tag {t}")
 
+# non-blocking collectives: four posted at once, run in posting order
+if not use_torch:
+    xs = [data(r, 5000, "float32") for r in range(size)]
+    a = xs[rank].copy()
+    b = xs[rank].copy() if rank == 0 else np.zeros(5000, np.float32)
+    c = xs[rank].copy()
+    works = [g.allreduce(a, async_op=True), g.broadcast(b, root=0, async_op=True),
+             g.reduce(c, root=1 % size, op="max", async_op=True),
+             g.allgather(xs[rank], async_op=True)]
+    res = [w.wait(timeout=60) for w in works]
+    same(res[0], ref_reduce(xs, "sum"), "iallreduce")
+    same(res[1], xs[0], "ibroadcast")
+    if rank == 1 % size:
+        same(res[2], ref_reduce(xs, "max"), "ireduce")
+    else:
+        assert res[2] is None
+    same(res[3], np.stack(xs), "iallgather")
+    assert all(w.is_completed() for w in works)
+    dropped = np.ones(100, np.float32)
+    g.allreduce(dropped, async_op=True)  # never waited for: dropping it waits for it
+    same(dropped, np.full(100, size, np.float32), "dropped iallreduce")
+
 # data movement of a dtype the library cannot reduce moves as bytes
 cplx = (np.arange(64) + 1j * rank).astype(np.complex64)
 agc = g.allgather(cplx) if not use_torch else None
