@@ -529,17 +529,19 @@ static PyObject *Context_put(ContextObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_put(ctx, &id, e->view.buf, (size_t)e->view.len, &p);
     Py_END_ALLOW_THREADS
-    context_child_gone(self);
     if (rc) {
+        context_child_gone(self);
         raise_status(rc);
         Py_DECREF(cap); /* releases the view: the library did not keep it */
         Py_DECREF(key);
         return NULL;
     }
-    /* The library now serves this memory: keep the export until delete. */
+    /* The library now serves this memory: keep the export until delete (or
+     * the context's end, which a close() during the call brings now). */
     int err = PyDict_SetItem(self->puts, key, cap);
     Py_DECREF(cap);
     Py_DECREF(key);
+    context_child_gone(self);
     if (err < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -645,15 +647,16 @@ static PyObject *Context_get_alloc(ContextObject *self, PyObject *args, PyObject
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_get_alloc(ctx, &id, &buf, &size, &p);
     Py_END_ALLOW_THREADS
-    context_child_gone(self);
     if (rc) {
+        context_child_gone(self);
         Py_DECREF(a);
         return raise_status(rc);
     }
+    /* the call's hold on the context passes to the buffer: a close() that
+     * came meanwhile waits for the buffer, which needs the context to free */
     a->buf = buf;
     a->len = (Py_ssize_t)size;
     a->owner = (ContextObject *)Py_NewRef(self);
-    self->children++;
     return (PyObject *)a;
 }
 
