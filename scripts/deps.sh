@@ -23,6 +23,9 @@ packages=(
     iproute2          # ip netns / tc for the cluster benchmarks
     clang             # libFuzzer targets; the clang Release build
     stress-ng         # CPU hogs: kernel-cap tests, test-repeat.sh --load
+    python3-venv      # the Python package's test venv (test.sh stage 4a)
+    python3-dev       # Python.h for its extension module
+    python3-pip
 )
 packages+=("$@")
 

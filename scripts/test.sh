@@ -9,6 +9,8 @@
 #   3. build       all targets, -j$(nproc)
 #   4. test        ctest: unit and install tests in parallel, then the
 #                  multi-process integration tests one at a time
+#   4a. python     the conflux Python package (python/): built by pip into a
+#                  venv, its pytest suite run (CFX_TEST_PYTHON=0 skips)
 #   4b. kernel caps the reduction and collective tests (ctest -L reduce) again
 #                  with CFX_REDUCE_ISA=avx2 and =default: what an AVX2-only
 #                  and a baseline x86-64 CPU run, beside two CPU hogs
@@ -27,6 +29,12 @@
 #   CFX_TEST_BUDGET    seconds the whole script may take (default 1680, 28 min);
 #                      a ctest run still going when it is spent is killed
 #   CFX_SKIP_DEPS      1 to skip stage 1
+#   CFX_TEST_PYTHON    0 to skip stage 4a (venv: $CFX_BUILD_DIR/venv)
+#   CFX_TEST_TORCH     1 to install PyTorch into that venv for the torch tests
+#                      (PyPI has only the CUDA build: several GB); without it
+#                      they run when torch is importable there, else skip
+#   CFX_TEST_RAY       1 to install Ray into that venv for the conflux.ray tests
+#                      (a local Ray cluster; about a minute more), same rule
 #
 # Exits non-zero when any stage fails; prints the elapsed time either way.
 set -euo pipefail
@@ -111,6 +119,34 @@ configure_and_build "$build_dir"
 # ---- 4. test ----------------------------------------------------------------
 stage "test: $build_dir"
 run_ctest "$build_dir"
+
+# ---- 4a. python ---------------------------------------------------------------
+# The conflux package from a venv: pip builds it with the project's CMake
+# (scikit-build-core; its build tree is kept in $build_dir/python-wheel, so a
+# rerun recompiles only what changed), then pytest runs python/tests, whose
+# multi-process tests start their ranks with the package's cfx_run.
+stage "python"
+if [[ ${CFX_TEST_PYTHON:-1} != 0 ]]; then
+    py_venv="$repo/$build_dir/venv"
+    py=${CFX_PYTHON:-/usr/bin/python3}
+    [[ -x $py_venv/bin/python ]] || "$py" -m venv "$py_venv"
+    # already-satisfied requirements cost no network round trip
+    "$py_venv/bin/pip" install -q --disable-pip-version-check numpy pytest \
+        'scikit-build-core>=0.10' ml_dtypes
+    if [[ ${CFX_TEST_TORCH:-0} == 1 ]]; then
+        "$py_venv/bin/pip" install -q --disable-pip-version-check torch
+    fi
+    if [[ ${CFX_TEST_RAY:-0} == 1 ]]; then
+        "$py_venv/bin/pip" install -q --disable-pip-version-check ray
+    fi
+    SKBUILD_BUILD_DIR="$repo/$build_dir/python-wheel" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
+        "$py_venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+        --config-settings=cmake.define.CFX_WERROR=ON "$repo/python"
+    (cd "$repo/python" && budgeted "$py_venv/bin/python" -m pytest -q -rs \
+        --junitxml="$repo/$build_dir/pytest.xml" tests)
+else
+    echo "skipped (CFX_TEST_PYTHON=0)"
+fi
 
 # ---- 4b. kernel caps ---------------------------------------------------------
 # CFX_REDUCE_ISA caps the reduction kernels; a capped set counts as

@@ -1,0 +1,492 @@
+"""Context, ObjectId, Group and ParameterServer: the Pythonic layer over _conflux."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import _conflux as _c
+from ._dtypes import as_array, dtype_code, numpy_dtype, op_code, SIZES, U8, NAMES
+
+Buffer = Any  # numpy array, torch CPU tensor, or an object with the buffer protocol
+
+
+def _ms(timeout: float | None) -> int | None:
+    """Seconds (float) -> milliseconds for the C layer; None keeps the default deadline."""
+    if timeout is None:
+        return None
+    if timeout < 0 or math.isinf(timeout) or math.isnan(timeout):
+        raise ValueError("timeout is in seconds and must be finite and >= 0 "
+                         "(every blocking call has a deadline)")
+    return int(math.ceil(timeout * 1000.0))
+
+
+class ObjectId:
+    """A 20-byte object id.  ``ObjectId.from_name("w")`` is the SHA-1 of the name."""
+
+    __slots__ = ("_b",)
+
+    def __init__(self, raw: bytes | bytearray | memoryview):
+        b = bytes(raw)
+        if len(b) != _c.OBJECT_ID_LEN:
+            raise ValueError(f"an object id is {_c.OBJECT_ID_LEN} bytes, not {len(b)}")
+        self._b = b
+
+    @classmethod
+    def from_name(cls, name: str) -> "ObjectId":
+        """Id of a user-chosen name: same name, same id on every node."""
+        return cls(_c.id_from_name(name))
+
+    @classmethod
+    def from_hex(cls, hex_: str) -> "ObjectId":
+        """Id from 40 hex digits (conflux.InvalidError otherwise)."""
+        return cls(_c.id_from_hex(hex_))
+
+    @property
+    def hex(self) -> str:
+        return _c.id_to_hex(self._b)
+
+    def __bytes__(self) -> bytes:
+        return self._b
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectId) and other._b == self._b
+
+    def __hash__(self) -> int:
+        return hash(self._b)
+
+    def __repr__(self) -> str:
+        return f"ObjectId({self.hex!r})"
+
+    def __str__(self) -> str:
+        return self.hex
+
+
+def _id(x: "ObjectId | str | bytes") -> bytes:
+    if isinstance(x, ObjectId):
+        return x._b
+    if isinstance(x, str):
+        return _c.id_from_name(x)
+    return ObjectId(x)._b
+
+
+class Context(_c.Context):
+    """One process's membership in a Conflux cluster.
+
+    Unset arguments come from the CFX_* variables (cfx_run sets CFX_COORD and
+    CFX_TOKEN)::
+
+        with conflux.Context(coord="127.0.0.1:5000", token="t", timeout=30) as ctx:
+            ctx.put("weights", arr)
+
+    Args:
+        coord: coordinator "host:port".
+        token: the cluster token.
+        transports: preference list, e.g. "shm,tcp".
+        timeout: default deadline of blocking calls, in seconds.
+        chunk_size: fixed chunk size in bytes (default follows the object size).
+        name: node name shown by rdmactl.
+        bind_addr: IP address the data plane listens on.
+
+    close() (or leaving the ``with``) leaves the cluster; groups, parameter-server
+    handles and arrays returned by get() keep the C context alive until they go.
+    """
+
+    def __init__(self, coord: str | None = None, token: str | None = None,
+                 transports: str | None = None, timeout: float | None = None,
+                 chunk_size: int = 0, name: str | None = None, bind_addr: str | None = None):
+        super().__init__(coord=coord, token=token, transports=transports,
+                         timeout_ms=_ms(timeout), chunk_size=chunk_size, name=name,
+                         bind_addr=bind_addr)
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def new_id(self) -> ObjectId:
+        """A fresh id unique in the cluster."""
+        return ObjectId(self.generate_id())
+
+    def put(self, id: ObjectId | str, buffer: Buffer, *, timeout: float | None = None,
+            chunk_size: int = 0, no_inline: bool = False) -> ObjectId:
+        """Publish ``buffer`` (numpy array, torch CPU tensor, bytes...) as object ``id``.
+
+        Zero-copy: the library serves the buffer's own memory, so it stays
+        exported (numpy cannot resize it) and must not change until
+        ``delete(id)``.  A str id is a name (ObjectId.from_name).
+        Raises ExistsError when the id exists.
+        """
+        arr, _, _ = as_array(buffer)
+        raw = _id(id)
+        super().put(raw, arr, timeout_ms=_ms(timeout), chunk_size=chunk_size,
+                    no_inline=no_inline)
+        return ObjectId(raw)
+
+    def get(self, id: ObjectId | str, out: Buffer | None = None, *,
+            timeout: float | None = None, dtype: Any = None,
+            shape: Sequence[int] | int | None = None) -> Any:
+        """Fetch object ``id``; wait for a holder until the deadline.
+
+        With ``out`` (a writable numpy array, torch CPU tensor or buffer) the
+        bytes land there and ``out`` is returned (when the object is smaller
+        than ``out``, a uint8 view of its bytes is returned instead).
+        Without, a new numpy array over registered arena memory is returned
+        (no copy): uint8, or ``dtype`` (numpy/torch dtype or name) and ``shape``.
+        Raises TimeoutError (conflux), TruncatedError when ``out`` is too small.
+        """
+        raw = _id(id)
+        if out is not None:
+            arr, _, _ = as_array(out, writable=True)
+            n = self.get_into(raw, arr, timeout_ms=_ms(timeout))
+            if n == arr.nbytes:
+                return out
+            return arr.reshape(-1).view(np.uint8)[:n]
+        buf = self.get_alloc(raw, timeout_ms=_ms(timeout))
+        a = np.frombuffer(buf, dtype=np.uint8)
+        if dtype is not None:
+            dt = _np_dtype(dtype)
+            a = a.view(dt)
+        if shape is not None:
+            a = a.reshape(shape)
+        return a
+
+    def delete(self, id: ObjectId | str, *, timeout: float | None = None) -> None:
+        """Stop holding ``id`` here; the putter's delete ends the object everywhere.
+
+        The put buffer is released (back to the caller) when this returns.
+        """
+        super().delete(_id(id), timeout_ms=_ms(timeout))
+
+    def reduce_objects(self, inputs: Iterable[ObjectId | str], result: ObjectId | str, *,
+                       dtype: Any, op: str = "sum", k: int | None = None,
+                       timeout: float | None = None) -> list[int]:
+        """result = op over the first ``k`` (default all) ``inputs`` to become ready.
+
+        The reduction runs between the inputs' holders, chunk by chunk; any
+        node may then ``get(result)``.  Returns the indices of the inputs
+        reduced, in the order they became ready.
+        """
+        ids = [_id(x) for x in inputs]
+        return super().reduce_objects(ids, len(ids) if k is None else k, dtype_code(dtype),
+                                      op_code(op), _id(result), timeout_ms=_ms(timeout))
+
+
+def _np_dtype(dt: Any) -> np.dtype:
+    if isinstance(dt, str) and dt.lower() in NAMES:
+        return numpy_dtype(NAMES[dt.lower()])
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        return numpy_dtype(dtype_code(dt))  # a torch dtype
+
+
+_ALGOS = {"auto": 0, "ring": 1, "tree": 2, "chain": 3, "dbtree": 4, "rhd": 5, "direct": 6,
+          "recdbl": 7}
+
+
+def _like(x: Any, arr: np.ndarray, is_torch: bool, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    """A new output of x's kind (numpy or torch) and dtype with ``shape``; plus its numpy view."""
+    if is_torch:
+        import torch
+        t = torch.empty(shape, dtype=x.dtype)
+        return t, as_array(t, writable=True)[0]
+    a = np.empty(shape, dtype=arr.dtype)
+    return a, a
+
+
+class Work:
+    """A non-blocking collective (``async_op=True``): ``wait()`` returns its result.
+
+    Its buffers stay exported until it completes: do not touch them before.
+    Collectives of a group run in the order they were posted.
+    """
+
+    __slots__ = ("_req", "_result")
+
+    def __init__(self, req: Any, result: Any):
+        self._req, self._result = req, result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Until complete (raises its error; conflux.TimeoutError leaves it running)."""
+        self._req.wait(timeout_ms=_ms(timeout))
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once complete (raises its error if it failed)."""
+        return self._req.test()
+
+
+class Group(_c.Group):
+    """A fixed set of ranks 0..size-1 running collectives on numpy arrays and torch CPU tensors.
+
+    Rank and size default to the launcher's variables (cfx_run, Open MPI,
+    Slurm, torchrun).  Every rank calls the same collectives in the same
+    order with matching arguments.  Reductions take float32, float64,
+    float16, bfloat16 (torch.bfloat16 or ml_dtypes.bfloat16), int32, int64
+    and uint8; the data-movement collectives take any dtype.  ``op`` is
+    "sum", "prod", "min" or "max"; ``timeout`` is seconds; ``algo`` forces an
+    algorithm ("ring", "tree", "chain", "dbtree", "rhd", "direct", "recdbl").
+
+    Calls release the GIL while they wait; one group is used by one thread at
+    a time (other threads wait for it).
+    """
+
+    def __init__(self, context: Context, name: str | None = None, *, rank: int | None = None,
+                 size: int | None = None, timeout: float | None = None):
+        super().__init__(context, name=name, rank=rank, size=size, timeout_ms=_ms(timeout))
+        self.context = context
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- helpers
+    @staticmethod
+    def _red(x: Any, writable: bool = True) -> tuple[np.ndarray, int, bool]:
+        arr, code, is_t = as_array(x, writable=writable)
+        if code is None:
+            raise TypeError(f"dtype {getattr(x, 'dtype', type(x))} cannot be reduced; "
+                            "use float32/64/16, bfloat16, int32, int64 or uint8")
+        return arr, code, is_t
+
+    @staticmethod
+    def _mov(x: Any, writable: bool = True) -> tuple[np.ndarray, int, int, bool]:
+        """For data movement: (array, dtype code, element count, is_torch); unknown dtypes move as bytes."""
+        arr, code, is_t = as_array(x, writable=writable)
+        if code is None:
+            return arr, U8, arr.nbytes, is_t
+        return arr, code, arr.nbytes // SIZES[code], is_t
+
+    @staticmethod
+    def _check_out(out_arr: np.ndarray, nbytes: int, what: str) -> None:
+        if out_arr.nbytes != nbytes:
+            raise ValueError(f"{what}: out has {out_arr.nbytes} bytes, needs {nbytes}")
+
+    def _kw(self, timeout: float | None, algo: str | int | None) -> dict[str, Any]:
+        a = 0 if algo is None else (_ALGOS[algo] if isinstance(algo, str) else int(algo))
+        return {"timeout_ms": _ms(timeout), "algo": a}
+
+    # -- collectives
+    def allreduce(self, tensor: Any, op: str = "sum", *, out: Any = None,
+                  timeout: float | None = None, algo: str | None = None,
+                  async_op: bool = False) -> Any:
+        """Element-wise ``op`` over ranks; in place unless ``out`` is given.  Returns the result.
+
+        With ``async_op=True`` it returns a Work at once (also for broadcast,
+        reduce and allgather); ``work.wait()`` returns the result.
+        """
+        arr, code, _ = self._red(tensor, writable=out is None)
+        dst = arr
+        if out is not None:
+            dst = self._red(out)[0]
+            self._check_out(dst, arr.nbytes, "allreduce")
+        args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op))
+        res = tensor if out is None else out
+        if async_op:
+            return Work(super().iallreduce(*args, **self._kw(timeout, algo)), res)
+        super().allreduce(*args, **self._kw(timeout, algo))
+        return res
+
+    def broadcast(self, tensor: Any, root: int = 0, *, timeout: float | None = None,
+                  algo: str | None = None, async_op: bool = False) -> Any:
+        """Root's ``tensor`` to every rank, in place."""
+        arr, code, count, _ = self._mov(tensor)
+        kw = dict(recv=arr, count=count, dtype=code, root=root, **self._kw(timeout, algo))
+        if async_op:
+            return Work(super().ibroadcast(**kw), tensor)
+        super().broadcast(**kw)
+        return tensor
+
+    def reduce(self, tensor: Any, root: int = 0, op: str = "sum", *, out: Any = None,
+               timeout: float | None = None, algo: str | None = None,
+               async_op: bool = False) -> Any:
+        """``op`` over ranks into root's ``out`` (or root's ``tensor``, in place).
+
+        Returns the result at root, None elsewhere.
+        """
+        arr, code, _ = self._red(tensor, writable=out is None and self.rank == root)
+        dst = None
+        if self.rank == root:
+            dst = arr
+            if out is not None:
+                dst = self._red(out)[0]
+                self._check_out(dst, arr.nbytes, "reduce")
+        args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op), root)
+        res = None if self.rank != root else (tensor if out is None else out)
+        if async_op:
+            return Work(super().ireduce(*args, **self._kw(timeout, algo)), res)
+        super().reduce(*args, **self._kw(timeout, algo))
+        return res
+
+    def allgather(self, tensor: Any, *, out: Any = None, timeout: float | None = None,
+                  algo: str | None = None, async_op: bool = False) -> Any:
+        """Every rank's ``tensor`` stacked: result shape (size, *tensor.shape)."""
+        arr, code, count, is_t = self._mov(tensor, writable=False)
+        if out is None:
+            out, dst = _like(tensor, arr, is_t, (self.size, *arr.shape))
+        else:
+            dst = as_array(out, writable=True)[0]
+        self._check_out(dst, arr.nbytes * self.size, "allgather")
+        if async_op:
+            return Work(super().iallgather(arr, dst, count, code, **self._kw(timeout, algo)), out)
+        super().allgather(arr, dst, count, code, **self._kw(timeout, algo))
+        return out
+
+    def reduce_scatter(self, tensor: Any, op: str = "sum", *, out: Any = None,
+                       timeout: float | None = None, algo: str | None = None) -> Any:
+        """Block ``rank`` of ``op`` over ranks; ``tensor`` holds size blocks (first axis or flat)."""
+        arr, code, is_t = self._red(tensor, writable=False)
+        total = arr.nbytes // SIZES[code]
+        if total % self.size:
+            raise ValueError(f"reduce_scatter: {total} elements do not split into {self.size} blocks")
+        count = total // self.size
+        if out is None:
+            shape = arr.shape[1:] if arr.ndim > 1 and arr.shape[0] == self.size else (count,)
+            out, dst = _like(tensor, arr, is_t, tuple(shape))
+        else:
+            dst = self._red(out)[0]
+        self._check_out(dst, count * SIZES[code], "reduce_scatter")
+        super().reduce_scatter(arr, dst, count, code, op_code(op), **self._kw(timeout, algo))
+        return out
+
+    def alltoall(self, tensor: Any, *, out: Any = None, timeout: float | None = None,
+                 algo: str | None = None) -> Any:
+        """Block r of this rank's ``tensor`` goes to rank r; block q of the result came from q."""
+        arr, code, total, is_t = self._mov(tensor, writable=False)
+        if total % self.size:
+            raise ValueError(f"alltoall: {total} elements do not split into {self.size} blocks")
+        if out is None:
+            out, dst = _like(tensor, arr, is_t, arr.shape)
+        else:
+            dst = as_array(out, writable=True)[0]
+        self._check_out(dst, arr.nbytes, "alltoall")
+        super().alltoall(arr, dst, total // self.size, code, **self._kw(timeout, algo))
+        return out
+
+    def gather(self, tensor: Any, root: int = 0, *, out: Any = None,
+               timeout: float | None = None, algo: str | None = None) -> Any:
+        """Every rank's ``tensor`` stacked at root (shape (size, *shape)); None elsewhere."""
+        arr, code, count, is_t = self._mov(tensor, writable=False)
+        dst = None
+        if self.rank == root:
+            if out is None:
+                out, dst = _like(tensor, arr, is_t, (self.size, *arr.shape))
+            else:
+                dst = as_array(out, writable=True)[0]
+            self._check_out(dst, arr.nbytes * self.size, "gather")
+        super().gather(arr, dst, count, code, root=root, **self._kw(timeout, algo))
+        return out if self.rank == root else None
+
+    def scatter(self, out: Any, tensor: Any = None, root: int = 0, *,
+                timeout: float | None = None, algo: str | None = None) -> Any:
+        """Block r of root's ``tensor`` (size blocks) into rank r's ``out``.  Returns ``out``."""
+        dst, code, count, _ = self._mov(out)
+        src = None
+        if self.rank == root:
+            if tensor is None:
+                raise ValueError("scatter: the root passes the tensor to scatter")
+            src = as_array(tensor)[0]
+            self._check_out(src, dst.nbytes * self.size, "scatter (root's tensor)")
+        super().scatter(src, dst, count, code, root=root, **self._kw(timeout, algo))
+        return out
+
+    def send(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``tensor`` to rank ``peer``; matched in order with the peer's recv of the same tag."""
+        arr, code, count, _ = self._mov(tensor, writable=False)
+        super().send(send=arr, count=count, dtype=code, root=peer, tag=tag,
+                     timeout_ms=_ms(timeout))
+
+    def recv(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Any:
+        """Receive from rank ``peer`` into ``tensor`` (sizes must agree).  Returns ``tensor``."""
+        arr, code, count, _ = self._mov(tensor)
+        super().recv(recv=arr, count=count, dtype=code, root=peer, tag=tag,
+                     timeout_ms=_ms(timeout))
+        return tensor
+
+    def barrier(self, *, timeout: float | None = None) -> None:
+        """Wait until every rank has called barrier()."""
+        super().barrier(timeout_ms=_ms(timeout))
+
+
+_ROLES = {"worker": 0, "server": 1}
+_CONSISTENCY = {"bsp": 0, "ssp": 1, "asp": 2}
+_OPTIMIZERS = {"sum": 0, "sgd": 1, "momentum": 2, "adam": 3}
+
+
+class ParameterServer(_c.ParameterServer):
+    """Client of Conflux's parameter server (include/conflux/ps.h).
+
+    A worker registers tensors and pushes gradients / pulls parameters; a
+    server calls serve() until the job ends.  Server 0's settings
+    (consistency, optimizer, lr...) are the job's.  One role per context.
+    """
+
+    def __init__(self, context: Context, job: str = "ps", *, role: str = "worker", index: int = 0,
+                 num_workers: int = 1, num_servers: int = 1, consistency: str = "bsp",
+                 staleness: int = 1, block_size: int = 0, optimizer: str = "sum",
+                 lr: float = 0.01, momentum: float = 0.9, beta1: float = 0.9,
+                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                 grad_scale: float = 1.0, timeout: float | None = None):
+        super().__init__(context, job=job, role=_ROLES[role], index=index,
+                         num_workers=num_workers, num_servers=num_servers,
+                         consistency=_CONSISTENCY[consistency], staleness=staleness,
+                         block_size=block_size, optimizer=_OPTIMIZERS[optimizer], lr=lr,
+                         momentum=momentum, beta1=beta1, beta2=beta2, eps=eps,
+                         weight_decay=weight_decay, grad_scale=grad_scale,
+                         timeout_ms=_ms(timeout))
+        self.context = context
+        self._shapes: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def __enter__(self) -> "ParameterServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def serve(self, timeout: float) -> None:
+        """Server: serve until the job ends (returns) or ``timeout`` seconds pass (TimeoutError)."""
+        super().serve(_ms(timeout))
+
+    def register(self, name: str, init: Any = None, *, dtype: Any = None,
+                 shape: Sequence[int] | int | None = None) -> int:
+        """Register a tensor on every worker (worker 0's ``init`` gives its values); returns its key.
+
+        Workers other than 0 may pass ``dtype`` and ``shape`` instead of ``init``.
+        """
+        if init is not None:
+            arr, code, _ = Group._red(init, writable=False)
+            shape_t = tuple(arr.shape)
+        else:
+            if dtype is None or shape is None:
+                raise ValueError("register: pass init, or dtype and shape")
+            code, arr = dtype_code(dtype), None
+            shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = int(np.prod(shape_t)) if shape_t else 1
+        key = super().register(name, code, count, arr)
+        self._shapes[key] = (shape_t, code)
+        return key
+
+    def push(self, key: int, grad: Any) -> None:
+        """Send this step's gradient (or update, with the "sum" optimizer)."""
+        super().push(key, as_array(grad)[0])
+
+    def pull(self, key: int, out: Any = None) -> Any:
+        """Parameters as of this worker's step, into ``out`` or a new numpy array."""
+        if out is None:
+            shape, code = self._shapes[key]
+            out = np.empty(shape, dtype=numpy_dtype(code))
+        super().pull(key, as_array(out, writable=True)[0])
+        return out
+
+    def pushpull(self, key: int, grad: Any, out: Any = None) -> Any:
+        """push(grad), then the parameters once this step has been applied."""
+        if out is None:
+            shape, code = self._shapes[key]
+            out = np.empty(shape, dtype=numpy_dtype(code))
+        super().pushpull(key, as_array(grad)[0], as_array(out, writable=True)[0])
+        return out

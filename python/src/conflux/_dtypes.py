@@ -1,0 +1,127 @@
+"""Element types: numpy / torch dtypes <-> the library's enum cfx_dtype."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# enum cfx_dtype (include/conflux/reduce.h)
+F32, F64, F16, BF16, I32, I64, U8 = range(7)
+
+#: Names accepted wherever a dtype is expected, beside numpy and torch dtypes.
+NAMES = {
+    "float32": F32, "float": F32, "f32": F32, "fp32": F32,
+    "float64": F64, "double": F64, "f64": F64, "fp64": F64,
+    "float16": F16, "half": F16, "f16": F16, "fp16": F16,
+    "bfloat16": BF16, "bf16": BF16,
+    "int32": I32, "i32": I32,
+    "int64": I64, "i64": I64,
+    "uint8": U8, "u8": U8,
+}
+
+SIZES = {F32: 4, F64: 8, F16: 2, BF16: 2, I32: 4, I64: 8, U8: 1}
+
+_NP = {
+    np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.float16): F16,
+    np.dtype(np.int32): I32, np.dtype(np.int64): I64, np.dtype(np.uint8): U8,
+}
+
+try:  # numpy has no bfloat16; ml_dtypes adds one when it is installed
+    import ml_dtypes as _ml  # type: ignore
+
+    NP_BFLOAT16: Any = np.dtype(_ml.bfloat16)
+    _NP[NP_BFLOAT16] = BF16
+except ImportError:  # pragma: no cover - depends on the environment
+    NP_BFLOAT16 = None
+
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+
+
+def op_code(op: str | int) -> int:
+    """enum cfx_redop of "sum", "prod", "min" or "max" (or the code itself)."""
+    if isinstance(op, int) and 0 <= op < 4:
+        return op
+    try:
+        return OPS[str(op).lower()]
+    except KeyError:
+        raise ValueError(f"unknown reduction op {op!r}; one of {sorted(OPS)}") from None
+
+
+def numpy_code(dt: np.dtype) -> int | None:
+    """cfx dtype of a numpy dtype, or None when the library cannot reduce it."""
+    return _NP.get(np.dtype(dt))
+
+
+def dtype_code(dt: Any) -> int:
+    """cfx dtype of a name, numpy dtype or torch dtype; ValueError otherwise."""
+    if isinstance(dt, str) and dt.lower() in NAMES:
+        return NAMES[dt.lower()]
+    tcode = _torch_code(dt)
+    if tcode is not None:
+        return tcode
+    try:
+        code = _NP.get(np.dtype(dt))
+    except TypeError:
+        code = None
+    if code is None:
+        raise ValueError(f"dtype {dt!r} is not one the library reduces "
+                         "(float32, float64, float16, bfloat16, int32, int64, uint8)")
+    return code
+
+
+def numpy_dtype(code: int) -> np.dtype:
+    """numpy dtype of a cfx dtype (bfloat16: ml_dtypes' when present, else uint16 bits)."""
+    if code == BF16:
+        return NP_BFLOAT16 if NP_BFLOAT16 is not None else np.dtype(np.uint16)
+    for k, v in _NP.items():
+        if v == code:
+            return k
+    raise ValueError(f"unknown dtype code {code}")
+
+
+def _torch_code(dt: Any) -> int | None:
+    torch = _torch_module()
+    if torch is None or not isinstance(dt, torch.dtype):
+        return None
+    return {
+        torch.float32: F32, torch.float64: F64, torch.float16: F16, torch.bfloat16: BF16,
+        torch.int32: I32, torch.int64: I64, torch.uint8: U8,
+    }.get(dt)
+
+
+def _torch_module():
+    import sys
+    return sys.modules.get("torch")  # never imports torch: only a loaded one can be used
+
+
+def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bool]:
+    """A numpy view sharing x's memory, x's cfx dtype (None: movable only), is-torch.
+
+    Accepts numpy arrays, torch CPU tensors (bfloat16 included: seen as int16
+    bits), and anything with the buffer protocol (bytes, bytearray, memoryview).
+    """
+    torch = _torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise ValueError(f"only CPU tensors are supported here, not {x.device}")
+        if not x.is_contiguous():
+            raise ValueError("the tensor must be contiguous")
+        code = _torch_code(x.dtype)
+        t = x.detach()
+        if x.dtype == torch.bfloat16:
+            arr = t.view(torch.int16).numpy()
+        elif x.dtype in (torch.float32, torch.float64, torch.float16, torch.int32,
+                         torch.int64, torch.uint8, torch.int8, torch.int16, torch.bool):
+            arr = t.numpy()
+        else:
+            arr = t.view(torch.uint8).numpy()
+        return arr, code, True
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        arr = np.frombuffer(x, dtype=np.uint8) if not writable else np.asarray(memoryview(x)).view(np.uint8)
+    if not arr.flags.c_contiguous:
+        raise ValueError("the array must be C-contiguous")
+    if writable and not arr.flags.writeable:
+        raise ValueError("the output array is read-only")
+    return arr, numpy_code(arr.dtype), False

@@ -1,0 +1,109 @@
+"""Start a coordinator, or find the launcher, shipped inside the package."""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_BIN = Path(__file__).resolve().parent / "bin"
+
+
+def bin_path(tool: str) -> str:
+    """Path of a tool shipped with the package: "conflux-coord" or "cfx_run"."""
+    p = _BIN / tool
+    if not p.is_file():
+        raise FileNotFoundError(f"{tool} is not in {_BIN}: the package was installed without it")
+    return str(p)
+
+
+class Coordinator:
+    """A conflux-coord process for a job, started from Python.
+
+    ``address`` ("127.0.0.1:PORT") and ``token`` are what every member passes
+    to Context(coord=..., token=...), or ``env()`` for child processes.  The
+    token goes to the coordinator in a file readable only by this user, never
+    on its command line::
+
+        with conflux.Coordinator() as coord:
+            ctx = conflux.Context(coord=coord.address, token=coord.token)
+    """
+
+    def __init__(self, bind: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 timeout: float = 30.0, state_dir: str | None = None):
+        self.token = token or secrets.token_hex(16)
+        self._dir = tempfile.TemporaryDirectory(prefix="conflux-coord-")
+        tok = os.path.join(self._dir.name, "token")
+        fd = os.open(tok, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        cmd = [bin_path("conflux-coord"), "--bind", bind, "--port", str(port),
+               "--token-file", tok]
+        if state_dir:
+            cmd += ["--state-dir", state_dir]
+        # Its output goes to a file: a pipe nobody drains would stall it.
+        self.log_path = os.path.join(self._dir.name, "coord.log")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.address = self._wait_ready(timeout)
+
+    def log(self) -> str:
+        """What the coordinator has written so far."""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def _wait_ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            for ln in self.log().splitlines():
+                if ln.startswith("conflux-coord listening on "):
+                    return ln.split()[-1]
+            if self.proc.poll() is not None:
+                err = self.log()[-2000:]
+                self.stop()
+                raise RuntimeError(f"conflux-coord exited with {self.proc.returncode} "
+                                   f"before it was ready: {err.strip()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"conflux-coord did not report ready within {timeout} s")
+            time.sleep(0.01)
+
+    def env(self) -> dict[str, str]:
+        """CFX_COORD and CFX_TOKEN for a child process's environment."""
+        return {"CFX_COORD": self.address, "CFX_TOKEN": self.token}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the coordinator (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        if not self._log.closed:
+            self._log.close()
+            self._dir.cleanup()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def cfx_run(n: int, cmd: list[str], *, timeout: float = 120.0, transport: str | None = None,
+            env: dict[str, str] | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+    """Run ``cmd`` as ``n`` ranks under the shipped cfx_run (embedded coordinator, fresh token)."""
+    args = [bin_path("cfx_run"), "-n", str(n), "--timeout", str(int(max(1, timeout)))]
+    if transport:
+        args += ["--transport", transport]
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    return subprocess.run(args + list(cmd), env=e,
+                          capture_output=capture, text=True, timeout=timeout + 30)

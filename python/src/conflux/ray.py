@@ -1,0 +1,312 @@
+"""Ray integration: a coordinator for the job, collective groups for actors, object transfer.
+
+The driver starts the job's coordinator; actors join it with the job's token
+and use an API that mirrors ``ray.util.collective``::
+
+    import ray, conflux.ray as cr
+    ray.init()
+    job = cr.start()                             # conflux-coord on the driver's node
+
+    @ray.remote
+    class Worker:
+        def setup(self, job, world, rank):
+            cr.init_collective_group(world, rank, group_name="g", job=job)
+        def step(self, x):
+            return cr.allreduce(x, group_name="g")   # in place, over Conflux
+
+    ws = [Worker.remote() for _ in range(4)]
+    ray.get([w.setup.remote(job, 4, r) for r, w in enumerate(ws)])
+    # or, from the driver: cr.create_collective_group(ws, 4, [0, 1, 2, 3], "g", job=job)
+
+Tensors are numpy arrays or torch CPU tensors; collectives work in place as
+in ray.util.collective.  Large arrays move between actors by id without
+passing through Ray's object store: ``ref = cr.put(arr)`` in one actor,
+``cr.get(ref)`` in another (the ref is a small picklable handle).
+
+Each actor process has one Conflux Context for the job (made on first use);
+``shutdown()`` in the driver stops the coordinator.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._api import Context, Group, ObjectId, _np_dtype
+from .launch import Coordinator
+
+__all__ = ["Job", "ObjectRef", "ReduceOp", "start", "shutdown", "context", "runtime_env",
+           "init_collective_group", "create_collective_group", "destroy_collective_group",
+           "is_group_initialized", "get_rank", "get_collective_group_size", "allreduce",
+           "barrier", "reduce", "broadcast", "allgather", "reducescatter", "send", "recv",
+           "put", "get", "delete"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where the job's coordinator listens, and its token: what an actor needs to join."""
+    coord: str
+    token: str
+    timeout: float = 60.0  # default deadline of every call, in seconds
+
+    def env(self) -> dict[str, str]:
+        return {"CFX_COORD": self.coord, "CFX_TOKEN": self.token,
+                "CFX_TIMEOUT_MS": str(int(self.timeout * 1000))}
+
+
+class ReduceOp(Enum):
+    SUM = "sum"
+    PRODUCT = "prod"
+    MIN = "min"
+    MAX = "max"
+
+
+_coordinator: Coordinator | None = None
+_lock = threading.Lock()
+_ctx: Context | None = None
+_ctx_job: Job | None = None
+_groups: dict[str, Group] = {}
+_puts: dict[str, Any] = {}
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+        return ray.util.get_node_ip_address()
+    except Exception:  # not in a Ray process: the loopback is the job
+        return socket.gethostbyname("localhost")
+
+
+def start(bind: str | None = None, timeout: float = 60.0) -> Job:
+    """Driver: start the job's coordinator (once) on this node; returns the Job handle."""
+    global _coordinator
+    with _lock:
+        if _coordinator is None:
+            _coordinator = Coordinator(bind=bind or _node_ip(), timeout=timeout)
+        return Job(_coordinator.address, _coordinator.token, timeout)
+
+
+def shutdown() -> None:
+    """Driver: stop the coordinator (actors should have left their groups)."""
+    global _coordinator
+    with _lock:
+        if _coordinator is not None:
+            _coordinator.stop()
+            _coordinator = None
+
+
+def runtime_env(job: Job) -> dict[str, Any]:
+    """A runtime_env for actors that join with CFX_COORD / CFX_TOKEN from the environment."""
+    return {"env_vars": job.env()}
+
+
+def context(job: Job | None = None) -> Context:
+    """This process's Context for the job (made on first use; from CFX_* when job is None)."""
+    global _ctx, _ctx_job
+    with _lock:
+        if _ctx is not None and (job is None or job == _ctx_job):
+            return _ctx
+        if _ctx is not None:
+            raise RuntimeError("this process already joined another Conflux job")
+        if job is None:
+            if "CFX_COORD" not in os.environ:
+                raise RuntimeError("no Conflux job: pass job= (from conflux.ray.start()) "
+                                   "or set CFX_COORD and CFX_TOKEN")
+            _ctx = Context()
+        else:
+            _ctx = Context(coord=job.coord, token=job.token, timeout=job.timeout)
+        _ctx_job = job
+        return _ctx
+
+
+# -- collective groups --------------------------------------------------------------
+
+def init_collective_group(world_size: int, rank: int, backend: str = "conflux",
+                          group_name: str = "default", job: Job | None = None,
+                          timeout: float | None = None) -> None:
+    """Actor: join collective group ``group_name`` as ``rank`` of ``world_size`` (waits for all)."""
+    if backend not in ("conflux", "cfx"):
+        raise ValueError(f"backend {backend!r}: conflux.ray provides the 'conflux' backend")
+    if group_name in _groups:
+        raise RuntimeError(f"group {group_name!r} is already initialized in this process")
+    ctx = context(job)
+    _groups[group_name] = Group(ctx, group_name, rank=rank, size=world_size, timeout=timeout)
+
+
+def _info_name(group_name: str) -> str:
+    return f"conflux_group_info:{group_name}"
+
+
+def create_collective_group(actors: Sequence[Any], world_size: int, ranks: Sequence[int],
+                            group_name: str = "default", job: Job | None = None,
+                            backend: str = "conflux") -> None:
+    """Driver: declare a group of actors; each joins on its first collective call.
+
+    As in ray.util.collective, the declaration lives in a named actor that
+    the members read, so the actors need no setup method of their own.
+    """
+    import ray
+    if len(actors) != len(ranks) or sorted(ranks) != list(range(world_size)):
+        raise ValueError("ranks must be a permutation of range(world_size), one per actor")
+    job = job or start()
+    ids = [a._actor_id.hex() for a in actors]
+
+    @ray.remote(num_cpus=0)
+    class _Info:
+        def __init__(self, ids: list[str], ranks: list[int], world: int, job: Job):
+            self.v = (dict(zip(ids, ranks)), world, job)
+
+        def get(self):
+            return self.v
+
+    _Info.options(name=_info_name(group_name), lifetime="detached").remote(
+        ids, list(ranks), world_size, job)
+
+
+def _group(group_name: str) -> Group:
+    g = _groups.get(group_name)
+    if g is not None:
+        return g
+    import ray  # a declared group: join it now
+    try:
+        info = ray.get_actor(_info_name(group_name))
+    except ValueError:
+        raise RuntimeError(f"collective group {group_name!r} is not initialized here") from None
+    ids, world, job = ray.get(info.get.remote())
+    me = ray.get_runtime_context().get_actor_id()
+    if me not in ids:
+        raise RuntimeError(f"this actor is not a member of group {group_name!r}")
+    init_collective_group(world, ids[me], group_name=group_name, job=job)
+    return _groups[group_name]
+
+
+def destroy_collective_group(group_name: str = "default") -> None:
+    """Leave the group in this process (the driver also removes a declared group's record)."""
+    g = _groups.pop(group_name, None)
+    if g is not None:
+        g.close()
+        return
+    try:
+        import ray
+        ray.kill(ray.get_actor(_info_name(group_name)))
+    except Exception:
+        pass
+
+
+def is_group_initialized(group_name: str = "default") -> bool:
+    return group_name in _groups
+
+
+def get_rank(group_name: str = "default") -> int:
+    return _group(group_name).rank
+
+
+def get_collective_group_size(group_name: str = "default") -> int:
+    return _group(group_name).size
+
+
+def _op(op: ReduceOp | str) -> str:
+    return op.value if isinstance(op, ReduceOp) else op
+
+
+def allreduce(tensor: Any, group_name: str = "default", op: ReduceOp | str = ReduceOp.SUM) -> Any:
+    """In place: ``op`` over the group's ranks.  Returns ``tensor``."""
+    return _group(group_name).allreduce(tensor, _op(op))
+
+
+def barrier(group_name: str = "default") -> None:
+    _group(group_name).barrier()
+
+
+def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
+           op: ReduceOp | str = ReduceOp.SUM) -> Any:
+    """In place at ``dst_rank``; the others' tensors are unchanged."""
+    _group(group_name).reduce(tensor, root=dst_rank, op=_op(op))
+    return tensor
+
+
+def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> Any:
+    return _group(group_name).broadcast(tensor, root=src_rank)
+
+
+def allgather(tensor_list: list, tensor: Any, group_name: str = "default") -> list:
+    """Fill ``tensor_list`` (world_size tensors like ``tensor``) with every rank's tensor."""
+    g = _group(group_name)
+    if len(tensor_list) != g.size:
+        raise ValueError(f"tensor_list needs {g.size} tensors")
+    stacked = g.allgather(tensor)
+    for dst, src in zip(tensor_list, stacked):
+        dst[...] = src
+    return tensor_list
+
+
+def reducescatter(tensor: Any, tensor_list: list, group_name: str = "default",
+                  op: ReduceOp | str = ReduceOp.SUM) -> Any:
+    """``tensor`` = ``op`` over ranks of their ``tensor_list[rank]``."""
+    g = _group(group_name)
+    if len(tensor_list) != g.size:
+        raise ValueError(f"tensor_list needs {g.size} tensors")
+    if _is_torch(tensor):
+        import torch
+        src = torch.stack(list(tensor_list))
+    else:
+        src = np.stack(tensor_list)
+    g.reduce_scatter(src, _op(op), out=tensor)
+    return tensor
+
+
+def send(tensor: Any, dst_rank: int, group_name: str = "default", tag: int = 0) -> None:
+    _group(group_name).send(tensor, dst_rank, tag)
+
+
+def recv(tensor: Any, src_rank: int, group_name: str = "default", tag: int = 0) -> Any:
+    return _group(group_name).recv(tensor, src_rank, tag)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+# -- objects ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A handle to an array held by Conflux: its id, dtype and shape (small, picklable)."""
+    id_hex: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def id(self) -> ObjectId:
+        return ObjectId.from_hex(self.id_hex)
+
+
+def put(array: Any, name: str | None = None, job: Job | None = None) -> ObjectRef:
+    """Publish ``array`` from this process (zero-copy: keep it unchanged until delete())."""
+    ctx = context(job)
+    a = array.detach().numpy() if _is_torch(array) else np.ascontiguousarray(array)
+    oid = ObjectId.from_name(name) if name else ctx.new_id()
+    ctx.put(oid, a)
+    _puts[oid.hex] = a  # the library serves this memory until delete()
+    return ObjectRef(oid.hex, a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16",
+                     tuple(a.shape))
+
+
+def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
+        job: Job | None = None) -> Any:
+    """Fetch ``ref`` into ``out`` or a new numpy array of its dtype and shape."""
+    ctx = context(job)
+    if out is not None:
+        return ctx.get(ref.id, out=out, timeout=timeout)
+    return ctx.get(ref.id, timeout=timeout, dtype=_np_dtype(ref.dtype), shape=ref.shape)
+
+
+def delete(ref: ObjectRef, job: Job | None = None) -> None:
+    """Withdraw ``ref`` (from the process that put it: everywhere)."""
+    context(job).delete(ref.id)
+    _puts.pop(ref.id_hex, None)

@@ -1,0 +1,61 @@
+"""Parameter server from Python: rank 0 serves, the others are workers.
+
+Job "py-sum": the servers sum pushes (BSP); every pull must equal the
+initial values plus every worker's gradients of the steps so far.
+Job "py-sgd": the server applies SGD (p -= lr * sum of pushes) itself.
+Values are small integers and lr a power of two, so results are exact.
+"""
+import os
+import sys
+
+import numpy as np
+
+import conflux
+
+rank = int(os.environ["CFX_RANK"])
+size = int(os.environ["CFX_WORLD_SIZE"])
+W = size - 1
+role = "server" if rank == 0 else "worker"
+index = 0 if rank == 0 else rank - 1
+shape = (300, 700)  # 840 KB of float32: several blocks at block_size 64 KiB
+init = (np.arange(np.prod(shape)) % 13).astype(np.float32).reshape(shape)
+
+
+def grad(w, step):
+    return ((np.arange(np.prod(shape)) + w * 5 + step) % 7).astype(np.float32).reshape(shape)
+
+
+def fail(msg):
+    print(f"rank {rank}: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+for job, opt in [("py-sum", "sum"), ("py-sgd", "sgd")]:
+    with conflux.Context(timeout=60) as ctx:
+        ps = conflux.ParameterServer(ctx, job, role=role, index=index, num_workers=W,
+                                     num_servers=1, optimizer=opt, lr=0.5,
+                                     block_size=64 << 10, timeout=60)
+        if role == "server":
+            ps.serve(timeout=120)
+        else:
+            key = ps.register("w", init if index == 0 else None, dtype=np.float32, shape=shape)
+            want = init.copy()
+            for step in range(3):
+                g = grad(index, step)
+                got = ps.pushpull(key, g)
+                total = sum(grad(w, step) for w in range(W))
+                want = want + total if opt == "sum" else want - 0.5 * total
+                if not np.array_equal(got, want):
+                    fail(f"{job} step {step}: pushpull differs from the reference")
+            out = np.empty(shape, np.float32)
+            ps.pull(key, out)
+            if not np.array_equal(out, want):
+                fail(f"{job}: final pull differs from the reference")
+            try:
+                ps.push(key, np.zeros(5, np.float32))
+            except ValueError:
+                pass
+            else:
+                fail("a push of the wrong size was not refused")
+        ps.close()
+print(f"rank {rank}: ok")

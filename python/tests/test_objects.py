@@ -1,0 +1,212 @@
+"""Objects: ids, put/get into every kind of buffer, delete, reduce, and errors by code."""
+import threading
+
+import numpy as np
+import pytest
+
+import conflux
+from conftest import have_torch
+
+
+def test_object_ids():
+    a = conflux.ObjectId.from_name("weights/layer1")
+    assert a == conflux.ObjectId.from_name("weights/layer1")
+    assert a != conflux.ObjectId.from_name("weights/layer2")
+    assert len(bytes(a)) == 20 and len(a.hex) == 40
+    assert conflux.ObjectId.from_hex(a.hex) == a
+    assert conflux.ObjectId(bytes(a)) == a
+    with pytest.raises(conflux.InvalidError) as ei:
+        conflux.ObjectId.from_hex("xyz")
+    assert ei.value.status == -1 and ei.value.name == "CFX_ERR_INVALID"
+    assert isinstance(ei.value, ValueError) and ei.value.detail
+    with pytest.raises(ValueError):
+        conflux.ObjectId(b"short")
+
+
+def test_every_status_has_a_class():
+    names = [n for n in dir(conflux) if n.endswith("Error") and n != "Error"]
+    classes = {getattr(conflux, n).STATUS: getattr(conflux, n) for n in names
+               if hasattr(getattr(conflux, n), "STATUS")}
+    assert sorted(classes) == list(range(-22, 0))
+    assert all(issubclass(c, conflux.Error) for c in classes.values())
+    assert issubclass(conflux.TimeoutError, TimeoutError)
+    assert issubclass(conflux.ConnectError, ConnectionError)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4064, 65536, 65537, 3 << 20])
+def test_put_get_roundtrip(ctx, nbytes):
+    rng = np.random.default_rng(nbytes)
+    src = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    oid = ctx.put(f"rt/{nbytes}", src)
+    # a new array over arena memory
+    got = ctx.get(oid)
+    assert got.dtype == np.uint8 and np.array_equal(got, src)
+    # into a preallocated array of another dtype and shape
+    if nbytes % 4 == 0 and nbytes:
+        out = np.zeros((nbytes // 4,), np.float32)
+        r = ctx.get(oid, out=out)
+        assert r is out and np.array_equal(out.view(np.uint8), src)
+    # into a bytearray
+    ba = bytearray(nbytes)
+    ctx.get(oid, out=ba)
+    assert bytes(ba) == src.tobytes()
+    ctx.delete(oid)
+
+
+def test_get_typed(ctx):
+    src = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) * 0.5
+    ctx.put("typed", src)
+    got = ctx.get("typed", dtype=np.float64, shape=(6, 7))
+    assert got.shape == (6, 7) and np.array_equal(got, src)
+    got2 = ctx.get("typed", dtype="float64", shape=42)
+    assert np.array_equal(got2, src.reshape(-1))
+    ctx.delete("typed")
+
+
+def test_get_into_larger_buffer(ctx):
+    src = np.arange(100, dtype=np.uint8)
+    ctx.put("small", src)
+    out = np.full(300, 7, np.uint8)
+    r = ctx.get("small", out=out)
+    assert r.nbytes == 100 and np.array_equal(r, src) and np.all(out[100:] == 7)
+    ctx.delete("small")
+
+
+def test_put_pins_buffer_until_delete(ctx):
+    import sys
+    a = np.arange(10000, dtype=np.int32)
+    before = sys.getrefcount(a)
+    oid = ctx.put("pinned", a)
+    assert sys.getrefcount(a) == before + 1  # the exported buffer holds the array
+    assert bytes(oid) in ctx.put_ids()
+    del a  # the library still serves it: the memory stays valid
+    assert np.array_equal(ctx.get("pinned", dtype=np.int32), np.arange(10000, dtype=np.int32))
+    b = np.arange(10, dtype=np.int32)
+    before = sys.getrefcount(b)
+    ctx.put("pinned2", b)
+    ctx.delete("pinned2")
+    assert sys.getrefcount(b) == before  # released by delete
+    ctx.delete("pinned")
+    assert ctx.put_ids() == []
+
+
+def test_errors_by_code(ctx):
+    ctx.put("dup", b"abc")
+    with pytest.raises(conflux.ExistsError) as ei:
+        ctx.put("dup", b"xyz")
+    assert ei.value.status == -6
+    with pytest.raises(conflux.TruncatedError) as ei:
+        ctx.get("dup", out=bytearray(2))
+    assert ei.value.status == -17
+    ctx.delete("dup")
+    with pytest.raises(conflux.NotFoundError):
+        ctx.delete("dup")
+    with pytest.raises(conflux.TimeoutError) as ei:
+        ctx.get("never-put", timeout=0.2)
+    assert ei.value.status == -3 and "never" not in ei.value.name and ei.value.detail
+    with pytest.raises(ValueError):
+        ctx.get("x", timeout=-1)
+
+
+def test_closed_context(coord):
+    c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
+    c.close()
+    with pytest.raises(conflux.ClosedError):
+        c.put("x", b"1")
+
+
+def test_wrong_token(coord):
+    with pytest.raises(conflux.AuthError) as ei:
+        conflux.Context(coord=coord.address, token="not-the-token", timeout=5)
+    assert ei.value.status == -8
+
+
+def test_two_contexts_and_threads(coord):
+    """A second node gets the object over the data plane; gets run in threads at once."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    with conflux.Context(**kw) as a, conflux.Context(**kw) as b:
+        big = np.random.default_rng(1).random(1 << 19).astype(np.float32)  # 2 MiB
+        a.put("big", big)
+        outs = [np.zeros_like(big) for _ in range(3)]
+        ths = [threading.Thread(target=b.get, args=("big",), kwargs={"out": o}) for o in outs]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(30)
+        for o in outs:
+            assert np.array_equal(o, big)
+        assert b.stats()["bytes_received"] >= big.nbytes
+        a.delete("big")
+
+
+def test_arena_array_outlives_context(coord):
+    c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
+    c.put("keep", np.arange(256, dtype=np.uint8))
+    got = c.get("keep")
+    c.close()  # the array still refers to arena memory: destroyed after it
+    assert c.closed and np.array_equal(got, np.arange(256, dtype=np.uint8))
+    del got
+
+
+def test_reduce_objects(coord):
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    ctxs = [conflux.Context(**kw) for _ in range(3)]
+    try:
+        n = 300000
+        ins = [(np.arange(n) % 11 + i).astype(np.float32) for i in range(3)]
+        ids = [c.put(f"red/in{i}", ins[i], no_inline=True) for i, c in enumerate(ctxs)]
+        used = ctxs[0].reduce_objects(ids, "red/sum", dtype=np.float32, op="sum")
+        assert sorted(used) == [0, 1, 2]
+        got = ctxs[1].get("red/sum", dtype=np.float32)
+        assert np.array_equal(got, ins[0] + ins[1] + ins[2])
+        used = ctxs[2].reduce_objects(ids, "red/max2", dtype="float32", op="max", k=2)
+        assert len(used) == 2
+        want = np.maximum(ins[used[0]], ins[used[1]])
+        assert np.array_equal(ctxs[2].get("red/max2", dtype=np.float32), want)
+    finally:
+        for c in ctxs:
+            c.close()
+
+
+@pytest.mark.skipif(not have_torch(), reason="torch is not installed")
+def test_torch_tensors(ctx):
+    import torch
+    t = torch.arange(1000, dtype=torch.bfloat16)
+    ctx.put("tbf16", t)
+    out = torch.zeros(1000, dtype=torch.bfloat16)
+    ctx.get("tbf16", out=out)
+    assert torch.equal(out, t)
+    ctx.delete("tbf16")
+
+
+def test_reduce_local_bf16():
+    ml = pytest.importorskip("ml_dtypes")
+    a = np.array([1.5, 2.0, -3.0, 256.0], dtype=ml.bfloat16)
+    b = np.array([0.5, 1.0, 1.0, 1.0], dtype=ml.bfloat16)
+    want = (a.astype(np.float32) + b.astype(np.float32)).astype(ml.bfloat16)
+    conflux.reduce_local(a, b)
+    assert a.tobytes() == want.tobytes()
+
+
+def test_close_while_a_call_waits(coord):
+    """close() from another thread never frees the context under a running get."""
+    c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
+    errs = []
+    started = threading.Event()
+
+    def getter():
+        started.set()
+        try:
+            c.get("nobody-puts-this", timeout=1.0)
+        except conflux.Error as e:
+            errs.append(e)
+
+    t = threading.Thread(target=getter)
+    t.start()
+    started.wait(10)
+    c.close()  # the get still runs; the context goes when it returns
+    t.join(30)
+    assert not t.is_alive()
+    assert len(errs) == 1 and isinstance(errs[0], (conflux.TimeoutError, conflux.ClosedError))
+    with pytest.raises(conflux.ClosedError):
+        c.get("x", timeout=0.1)

@@ -1,0 +1,139 @@
+"""conflux.ray on a local Ray cluster: collective groups of actors and object transfer.
+Skipped when Ray is not installed."""
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+import conflux  # noqa: E402
+import conflux.ray as cr  # noqa: E402
+
+W = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=W + 1, include_dashboard=False, namespace="conflux-tests", log_to_driver=True,
+             configure_logging=False)
+    job = cr.start(timeout=60)
+    yield job
+    ray.shutdown()
+    cr.shutdown()
+
+
+@ray.remote(num_cpus=1)
+class Worker:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def join(self, job, group_name):
+        cr.init_collective_group(W, self.rank, group_name=group_name, job=job)
+        return cr.get_rank(group_name), cr.get_collective_group_size(group_name)
+
+    def collectives(self, group_name):
+        """Every collective, returning what arrived (checked by the driver)."""
+        r = cr.get_rank(group_name)  # a declared group may rank actors otherwise
+        out = {}
+        x = np.arange(1000, dtype=np.float32) + r
+        out["allreduce"] = cr.allreduce(x.copy(), group_name)
+        out["allreduce_max"] = cr.allreduce(x.copy(), group_name, op=cr.ReduceOp.MAX)
+        b = np.full(777, r, np.int64)
+        out["broadcast"] = cr.broadcast(b, src_rank=1, group_name=group_name)
+        red = np.arange(10, dtype=np.float64) * (r + 1)
+        out["reduce"] = cr.reduce(red, dst_rank=2, group_name=group_name)
+        lst = [np.zeros(5, np.int32) for _ in range(W)]
+        out["allgather"] = np.stack(cr.allgather(lst, np.full(5, r, np.int32), group_name))
+        rs = np.zeros(4, np.float32)
+        cr.reducescatter(rs, [np.full(4, q + 10 * r, np.float32) for q in range(W)],
+                         group_name)
+        out["reducescatter"] = rs
+        if r == 0:
+            cr.send(np.arange(64, dtype=np.uint8), 1, group_name)
+        elif r == 1:
+            out["recv"] = cr.recv(np.zeros(64, np.uint8), 0, group_name)
+        cr.barrier(group_name)
+        return out
+
+    def torch_allreduce(self, group_name):
+        import torch
+        t = torch.full((100,), float(self.rank + 1), dtype=torch.bfloat16)
+        cr.allreduce(t, group_name)
+        return t.float().numpy()
+
+    def put(self, n):
+        a = (np.arange(n, dtype=np.float64) * 0.25).reshape(-1, 4)
+        self.kept = a
+        return cr.put(a)
+
+    def get(self, ref):
+        return cr.get(ref, timeout=30)
+
+    def leave(self, group_name):
+        cr.destroy_collective_group(group_name)
+        return True
+
+
+def _check(outs):
+    xs = [np.arange(1000, dtype=np.float32) + r for r in range(W)]
+    for r, o in enumerate(outs):
+        assert np.array_equal(o["allreduce"], sum(xs))
+        assert np.array_equal(o["allreduce_max"], xs[-1])
+        assert np.array_equal(o["broadcast"], np.full(777, 1, np.int64))
+        red = np.arange(10, dtype=np.float64)
+        want = red * sum(q + 1 for q in range(W)) if r == 2 else red * (r + 1)
+        assert np.array_equal(o["reduce"], want)
+        assert np.array_equal(o["allgather"], np.stack([np.full(5, q, np.int32) for q in range(W)]))
+        assert np.array_equal(o["reducescatter"],
+                              np.full(4, sum(r + 10 * q for q in range(W)), np.float32))
+    assert np.array_equal(outs[1]["recv"], np.arange(64, dtype=np.uint8))
+
+
+def test_groups_initialized_in_actors(cluster):
+    ws = [Worker.remote(r) for r in range(W)]
+    assert ray.get([w.join.remote(cluster, "g1") for w in ws], timeout=120) == [(r, W) for r in range(W)]
+    _check(ray.get([w.collectives.remote("g1") for w in ws], timeout=120))
+    assert all(ray.get([w.leave.remote("g1") for w in ws], timeout=60))
+
+
+def test_group_declared_by_driver_and_objects(cluster):
+    ws = [Worker.remote(r) for r in range(W)]
+    # ranks in another order than the actors
+    cr.create_collective_group(ws, W, [2, 0, 1], group_name="g2", job=cluster)
+    order = [None] * W
+    for w, r in zip(ws, [2, 0, 1]):
+        order[r] = w
+    _check(ray.get([w.collectives.remote("g2") for w in order], timeout=120))
+    # object transfer by id between actors: 1 MiB travels over Conflux, not Ray
+    ref = ray.get(ws[0].put.remote(1 << 17))
+    assert ref.shape == ((1 << 17) // 4, 4)
+    got = ray.get([w.get.remote(ref) for w in ws[1:]], timeout=120)
+    want = (np.arange(1 << 17, dtype=np.float64) * 0.25).reshape(-1, 4)
+    for g in got:
+        assert g.dtype == np.float64 and np.array_equal(g, want)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        res = ray.get([w.torch_allreduce.remote("g2") for w in order], timeout=120)
+        for r in res:
+            assert np.array_equal(r, np.full(100, sum(range(1, W + 1)), np.float32))
+    ray.get([w.leave.remote("g2") for w in ws], timeout=60)
+    cr.destroy_collective_group("g2")
+
+
+def test_errors_from_actors(cluster):
+    @ray.remote
+    def not_joined():
+        try:
+            cr.allreduce(np.zeros(3, np.float32), "nope")
+        except RuntimeError as e:
+            return str(e)
+    assert "not initialized" in ray.get(not_joined.remote(), timeout=60)
+
+    @ray.remote
+    def bad_token(job):
+        try:
+            conflux.Context(coord=job.coord, token="wrong", timeout=5)
+        except conflux.AuthError as e:
+            return e.status
+    assert ray.get(bad_token.remote(cluster), timeout=60) == -8
