@@ -4,6 +4,7 @@
 #   test/cluster/bench.sh [--nodes 4] [--rate 1gbit] [--sizes 1M:64M]
 #                         [--ops "broadcast reduce allreduce"] [--iters 5]
 #                         [--obj-ops "broadcast reduce allreduce"] [--spacing MS]
+#                         [--coord-args "ARGS"]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
 #                         [--results DIR] [--port 5000] [--no-conflux] [--no-mpi]
 #
@@ -18,7 +19,8 @@
 # the others get; every rank puts an input and rank 0 reduces them; reduce
 # and every rank gets the result), with --spacing MS between arrivals, on the
 # same table as obj-broadcast, obj-reduce, obj-allreduce beside Open MPI's
-# group operation of the same name.
+# group operation of the same name.  --coord-args passes options to
+# conflux-coord (e.g. "--fanout 2" to compare with a fixed fan-out).
 # Prints one table: per op and size the three times, their ratios and
 # the bound the link rate sets (S/B for broadcast and reduce, 2(n-1)/n S/B
 # for allreduce).  Every run has a timeout; everything started is stopped
@@ -39,6 +41,7 @@ SIZES=1M:64M
 OPS="broadcast reduce allreduce"
 OBJ_OPS=
 SPACING=0
+COORD_ARGS=
 ITERS=5
 WARMUP=1
 RUN_TIMEOUT=300
@@ -61,6 +64,7 @@ while [ $# -gt 0 ]; do
     --ops) OPS=$2; shift 2 ;;
     --obj-ops) OBJ_OPS=$2; shift 2 ;;
     --spacing) SPACING=$2; shift 2 ;;
+    --coord-args) COORD_ARGS=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
@@ -157,7 +161,7 @@ run_conflux() { # op [tool name flags...]: cfx_coll_perf, or cfx_obj_perf as obj
     [ $# -gt 3 ] && flags=("${@:4}")
     token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     CFX_TOKEN=$token timeout -k 5 "$((RUN_TIMEOUT + 30))" "$CLUSTER" exec 0 \
-        "$BUILD/bin/conflux-coord" --bind "$NODE0_IP" --port "$PORT" \
+        "$BUILD/bin/conflux-coord" --bind "$NODE0_IP" --port "$PORT" $COORD_ARGS \
         > "$RESULTS/coord-$name.log" 2>&1 9>&- &
     coord_pid=$!
     PIDS+=("$coord_pid")
