@@ -57,6 +57,7 @@ struct cfx_obj_holder {
     uint32_t node_id;
     uint8_t complete;   /* 1 complete copy, 0 partial (being received) */
     uint32_t uploads;   /* transfers it is currently serving */
+    uint32_t src;       /* a partial copy: the holder feeding it (0: none, or complete) */
 };
 
 /* Answer to a lookup: where to get an object from. */

@@ -1088,6 +1088,7 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
             rec->holders[nh].node_id = h->node->rec.node_id;
             rec->holders[nh].complete = h->complete;
             rec->holders[nh].uploads = h->uploads;
+            rec->holders[nh].src = h->complete ? 0 : h->src;
             nh++;
         }
     }

@@ -266,6 +266,7 @@ static void wr_objrec(struct wr *w, const struct cfx_ctl_obj_rec *o)
             wr_u32(w, o->holders[i].node_id);
             wr_u8(w, o->holders[i].complete ? 1 : 0);
             wr_u32(w, o->holders[i].uploads);
+            wr_u32(w, o->holders[i].src);
         } else {
             wr_zero(w, CFX_PROTO_HOLDER_WIRE);
         }
@@ -285,6 +286,7 @@ static void rd_objrec(struct rd *r, struct cfx_ctl_obj_rec *o)
         o->holders[i].node_id = rd_u32(r, "holder node id");
         o->holders[i].complete = rd_flag(r, "holder complete flag");
         o->holders[i].uploads = rd_u32(r, "holder uploads");
+        o->holders[i].src = rd_u32(r, "holder source");
     }
     rd_str(r, o->name, sizeof(o->name), "object name not terminated");
     if (o->is_inline && o->size > CFX_OBJECT_INLINE_MAX)

@@ -52,7 +52,7 @@
 #define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)
 #define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
                                  CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE + CFX_HOST_NAME_MAX + 1)
-#define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4)
+#define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
                                  CFX_OBJ_NAME_MAX + 1)

@@ -308,9 +308,10 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
                    (unsigned long long)o->size, o->chunk_size,
                    o->is_inline ? "true" : "false", o->nholders);
             for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++)
-                printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u}", j ? "," : "",
-                       o->holders[j].node_id, o->holders[j].complete ? "true" : "false",
-                       o->holders[j].uploads);
+                printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u,\"fed_by\":%u}",
+                       j ? "," : "", o->holders[j].node_id,
+                       o->holders[j].complete ? "true" : "false", o->holders[j].uploads,
+                       o->holders[j].src);
             printf("]}");
         }
         printf("]\n");
@@ -322,7 +323,7 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         wname = CFX_MAX(wname, (int)strlen(esc(objs[i].name, name, sizeof(name))));
     printf("%-40s  %-*s  %12s  %10s  %-6s  %s\n", "ID", wname, "NAME", "SIZE", "CHUNK",
-           "INLINE", "HOLDERS (node:c=complete/p=partial+uploads)");
+           "INLINE", "HOLDERS (node:c=complete/p=partial+uploads[<feeder])");
     for (size_t i = 0; i < n; i++) {
         const struct cfx_ctl_obj_rec *o = &objs[i];
         char holders[256];
@@ -330,9 +331,14 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
         holders[0] = '\0';
         for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders) &&
                              off < sizeof(holders); j++)
+        {
             off += (size_t)snprintf(holders + off, sizeof(holders) - off, "%s%u:%c%u",
                                     j ? " " : "", o->holders[j].node_id,
                                     o->holders[j].complete ? 'c' : 'p', o->holders[j].uploads);
+            if (o->holders[j].src && off < sizeof(holders))
+                off += (size_t)snprintf(holders + off, sizeof(holders) - off, "<%u",
+                                        o->holders[j].src);
+        }
         if (o->nholders > CFX_ARRAY_SIZE(o->holders) && off < sizeof(holders))
             snprintf(holders + off, sizeof(holders) - off, " (+%u more)",
                      o->nholders - (uint32_t)CFX_ARRAY_SIZE(o->holders));

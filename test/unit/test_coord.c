@@ -622,6 +622,21 @@ Test(coord, fanout_follows_the_object)
             cr_assert_eq(src.node.node_id, want_id, "%s: getter %d fed by node %u, want %u",
                          cases[c].name, i, src.node.node_id, want_id);
         }
+        /* the listing says who feeds whom (rdmactl objects) */
+        struct cfx_ctl_obj_rec *objs;
+        size_t n;
+        cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(objs[0].nholders, N + 1);
+        for (uint32_t h = 0; h < objs[0].nholders; h++) {
+            uint32_t want = 0; /* the putter: complete, fed by nobody */
+            for (int i = 0; i < N; i++)
+                if (objs[0].holders[h].node_id == cfx__ctl_node_id(g[i]))
+                    want = cfx__ctl_node_id(cases[c].src[i] < 0 ? p : g[cases[c].src[i]]);
+            cr_assert_eq(objs[0].holders[h].src, want, "%s: node %u listed as fed by %u, want %u",
+                         cases[c].name, objs[0].holders[h].node_id, objs[0].holders[h].src, want);
+        }
+        free(objs);
         cr_assert_eq(cfx__ctl_obj_delete(p, &id, cfx__deadline_ns(CALL_MS)), CFX_OK);
     }
     for (int i = 0; i < N; i++)

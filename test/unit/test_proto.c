@@ -66,6 +66,7 @@ static void setup(void)
             obj_recs[i].holders[j].node_id = j + 1;
             obj_recs[i].holders[j].complete = (uint8_t)(j == 0);
             obj_recs[i].holders[j].uploads = j;
+            obj_recs[i].holders[j].src = j ? j + 100 : 0;
         }
     }
 }
@@ -320,6 +321,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
                     cr_assert_eq(o.holders[j].node_id, w->holders[j].node_id);
                     cr_assert_eq(o.holders[j].complete, w->holders[j].complete);
                     cr_assert_eq(o.holders[j].uploads, w->holders[j].uploads);
+                    cr_assert_eq(o.holders[j].src, w->holders[j].src);
                 }
             }
         }
