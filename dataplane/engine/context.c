@@ -665,7 +665,8 @@ void cfx_context_destroy(struct cfx_context *ctx)
         cfx_list_del(pos);
     cfx__eager_destroy_all(ctx);
     cfx__p2p_cache_destroy(ctx);
-    cfx_list_for_each_safe(pos, tmp, &ctx->cmd_cache) {
+    cfx_list_for_each_safe(pos, tmp, &ctx->cmd_cache)
+    {
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct cfx_cmd, link));
     }
@@ -744,10 +745,9 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "host_id = %s\n"
                      "gpu = %s\n",
                      CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
-                     ctx->cfg.transports, ctx->cfg.bind_addr,
-                     ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
-                     ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
-                     ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
+                     ctx->cfg.transports, ctx->cfg.bind_addr, ctx->cfg.chunk_size ? "" : "auto, ",
+                     ctx->cfg.chunk_size, ctx->cfg.inline_max, ctx->cfg.window_bytes,
+                     ctx->cfg.timeout_ms, ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
                      (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
                      ctx->self.host_id, gpu);
     return n;

@@ -439,7 +439,8 @@ void cfx__eager_destroy_all(struct cfx_context *ctx)
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct cfx_eager_unexp, link));
     }
-    cfx_list_for_each_safe(pos, tmp, &ctx->unexp_cache) {
+    cfx_list_for_each_safe(pos, tmp, &ctx->unexp_cache)
+    {
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct cfx_eager_unexp, link));
     }

@@ -673,11 +673,11 @@ struct cfx_context {
     /* Free lists of the small-message path, so that a steady stream of
      * messages does no malloc/free (ctx->lock; each bounded by
      * CFX_FREE_LIST_MAX, emptied by cfx_context_destroy) */
-    struct cfx_list p2p_cache;  /* p2p request blocks (p2p.c), by obj.p2p_link */
+    struct cfx_list p2p_cache; /* p2p request blocks (p2p.c), by obj.p2p_link */
     unsigned p2p_ncached;
     struct cfx_list unexp_cache; /* struct cfx_eager_unexp of CFX_UNEXP_CACHED_LEN bytes */
     unsigned unexp_ncached;
-    struct cfx_list cmd_cache;  /* struct cfx_cmd */
+    struct cfx_list cmd_cache; /* struct cfx_cmd */
     unsigned cmd_ncached;
     uint64_t cmd_seq_done;
 

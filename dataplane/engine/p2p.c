@@ -29,7 +29,7 @@ struct cfx_p2p_req {
  * with the block, P2P_BITMAP_WORDS at least, and stays with it in the list.
  */
 struct p2p_block {
-    struct cfx_obj obj;         /* first: free(&obj) frees the block */
+    struct cfx_obj obj; /* first: free(&obj) frees the block */
     struct cfx_p2p_req req;
 };
 
@@ -70,8 +70,8 @@ static struct p2p_block *block_alloc(uint64_t len, uint32_t chunk)
     b->obj.shm_fd = -1;
     cfx_list_init(&b->obj.uploads);
     cfx_list_init(&b->obj.p2p_link);
-    b->obj.bitmap = calloc(CFX_MAX((b->obj.nchunks + 63) / 64 + 1, P2P_BITMAP_WORDS),
-                           sizeof(uint64_t));
+    b->obj.bitmap =
+        calloc(CFX_MAX((b->obj.nchunks + 63) / 64 + 1, P2P_BITMAP_WORDS), sizeof(uint64_t));
     if (!b->obj.bitmap) {
         free(b);
         return NULL;
@@ -99,7 +99,8 @@ static bool block_put(struct cfx_context *ctx, struct p2p_block *b)
 void cfx__p2p_cache_destroy(struct cfx_context *ctx)
 {
     struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_cache) {
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_cache)
+    {
         cfx_list_del(pos);
         block_free(cfx_list_entry(pos, struct p2p_block, obj.p2p_link));
     }

@@ -66,7 +66,7 @@
 #define CFX_SHM_MAP_BYTES    (4ull << 30) /* idle mappings kept beyond this are dropped */
 #define CFX_SHM_CQ_SOFT_MAX  65536 /* unpolled completions before posts say AGAIN */
 #define CFX_SHM_SOCK_CHECK_NS 1000000ull /* socket poll period while busy */
-#define CFX_SHM_CLOCK_POLLS   64          /* a busy poll reads the clock once in this many */
+#define CFX_SHM_CLOCK_POLLS   64         /* a busy poll reads the clock once in this many */
 #define CFX_SHM_CONNECT_NS   (10ull * 1000000000ull) /* retrying a full backlog */
 #define CFX_SHM_RDESC_TAG    0x53  /* 'S': first byte of an shm rdesc */
 
