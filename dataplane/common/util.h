@@ -30,6 +30,19 @@ static inline uint64_t cfx__now_ns(void)
 
 static inline uint64_t cfx__now_ms(void) { return cfx__now_ns() / 1000000ull; }
 
+/* A busy-wait hint: the core may save power or lend its pipeline to a
+ * sibling hyperthread for a few tens of cycles. */
+static inline void cfx__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 /* Deadline in ns from a timeout in ms; timeout < 0 means never (UINT64_MAX). */
 static inline uint64_t cfx__deadline_ns(int timeout_ms)
 {

@@ -18,6 +18,7 @@
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
 #define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE.md */
 #define DEFAULT_LOC_CACHE  4096u            /* location cache entries (loccache.c) */
+#define DEFAULT_SPIN_YIELD 8u               /* see poll_wait() in p2p.c */
 #define LOC_CACHE_MAX      (1u << 20)
 
 static void copy_str(char *dst, size_t len, const char *src)
@@ -85,6 +86,7 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
     cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
+    cfg->spin_yield = (uint32_t)CFX_MAX(cfx__env_ll("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD), 1);
     cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
                                        (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
@@ -357,6 +359,9 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx_list_init(&ctx->rwaits);
     cfx_list_init(&ctx->waiting_gets);
     cfx_list_init(&ctx->cmds);
+    cfx_list_init(&ctx->cmd_cache);
+    cfx_list_init(&ctx->p2p_cache);
+    cfx_list_init(&ctx->unexp_cache);
     cfx_list_init(&ctx->async_q);
     cfx_list_init(&ctx->arena.segs);
     cfx_list_init(&ctx->arena.doomed);
@@ -659,6 +664,13 @@ void cfx_context_destroy(struct cfx_context *ctx)
     cfx_list_for_each_safe(pos, tmp, &ctx->p2p_sends)
         cfx_list_del(pos);
     cfx__eager_destroy_all(ctx);
+    cfx__p2p_cache_destroy(ctx);
+    cfx_list_for_each_safe(pos, tmp, &ctx->cmd_cache)
+    {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_cmd, link));
+    }
+    ctx->cmd_ncached = 0;
     cfx__rtask_destroy_all(ctx);
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {
@@ -726,16 +738,16 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "window_bytes = %u\n"
                      "timeout_ms = %d\n"
                      "spin_us = %u\n"
+                     "spin_yield = %u\n"
                      "eager_max = %u\n"
                      "upload_rate = %llu\n"
                      "loc_cache = %u\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
                      CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
-                     ctx->cfg.transports, ctx->cfg.bind_addr,
-                     ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
-                     ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
-                     ctx->cfg.spin_us, ctx->cfg.eager_max,
+                     ctx->cfg.transports, ctx->cfg.bind_addr, ctx->cfg.chunk_size ? "" : "auto, ",
+                     ctx->cfg.chunk_size, ctx->cfg.inline_max, ctx->cfg.window_bytes,
+                     ctx->cfg.timeout_ms, ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
                      (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
                      ctx->self.host_id, gpu);
     return n;

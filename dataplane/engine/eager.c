@@ -251,6 +251,34 @@ int cfx__eager_return_credits(struct cfx_context *ctx)
     return n;
 }
 
+/* An unexpected-queue entry for @p len bytes (ctx->lock held): one of
+ * CFX_UNEXP_CACHED_LEN bytes comes from the context's free list when it
+ * has one, and is allocated at that size otherwise so it can go back. */
+static struct cfx_eager_unexp *unexp_take(struct cfx_context *ctx, uint32_t len)
+{
+    if (len > CFX_UNEXP_CACHED_LEN)
+        return malloc(sizeof(struct cfx_eager_unexp) + len);
+    if (likely(!cfx_list_empty(&ctx->unexp_cache))) {
+        struct cfx_eager_unexp *u =
+            cfx_list_entry(ctx->unexp_cache.next, struct cfx_eager_unexp, link);
+        cfx_list_del(&u->link);
+        ctx->unexp_ncached--;
+        return u;
+    }
+    return malloc(sizeof(struct cfx_eager_unexp) + CFX_UNEXP_CACHED_LEN);
+}
+
+/* ctx->lock held: a consumed entry goes back to the free list or is freed. */
+static void unexp_put(struct cfx_context *ctx, struct cfx_eager_unexp *u)
+{
+    if (u->len > CFX_UNEXP_CACHED_LEN || ctx->unexp_ncached >= CFX_FREE_LIST_MAX) {
+        free(u);
+        return;
+    }
+    cfx_list_add_head(&u->link, &ctx->unexp_cache); /* the warmest first */
+    ctx->unexp_ncached++;
+}
+
 void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
 {
     const struct cfx_dp_eager *m = msg;
@@ -276,7 +304,7 @@ void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         consumed(ctx, conn->eager_id, true);
         return;
     }
-    struct cfx_eager_unexp *u = malloc(sizeof(*u) + m->len);
+    struct cfx_eager_unexp *u = unexp_take(ctx, m->len);
     if (!u) {
         cfx__conn_fail(conn, CFX_ERR_NOMEM, "out of memory holding an eager message");
         return;
@@ -326,7 +354,7 @@ int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
         cfx_list_del(&u->link);
         deliver(ctx, obj, u->data, u->len);
         consumed(ctx, u->conn_id, false);
-        free(u);
+        unexp_put(ctx, u);
         return CFX_OK;
     }
     if (cfx__node_is_dead(ctx, obj->peer_node) || node_gone(ctx, obj->peer_node)) {
@@ -411,6 +439,12 @@ void cfx__eager_destroy_all(struct cfx_context *ctx)
         cfx_list_del(pos);
         free(cfx_list_entry(pos, struct cfx_eager_unexp, link));
     }
+    cfx_list_for_each_safe(pos, tmp, &ctx->unexp_cache)
+    {
+        cfx_list_del(pos);
+        free(cfx_list_entry(pos, struct cfx_eager_unexp, link));
+    }
+    ctx->unexp_ncached = 0;
     cfx_list_for_each_safe(pos, tmp, &ctx->eager_posted) {
         struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
         cfx_list_del(pos);

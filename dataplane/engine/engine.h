@@ -593,6 +593,8 @@ struct cfx_config {
     int timeout_ms;
     uint32_t window_bytes;      /* credit window per transfer */
     uint32_t spin_us;           /* busy-poll before sleeping (progress thread and waiters) */
+    uint32_t spin_yield;        /* a waiter's polls that find nothing between two
+                                   sched_yield calls (pause instructions meanwhile) */
     uint32_t eager_max;         /* CFX_EAGER_MAX: messages up to this go eager (receiver's
                                    value rules a connection) */
     uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
@@ -668,6 +670,15 @@ struct cfx_context {
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */
+    /* Free lists of the small-message path, so that a steady stream of
+     * messages does no malloc/free (ctx->lock; each bounded by
+     * CFX_FREE_LIST_MAX, emptied by cfx_context_destroy) */
+    struct cfx_list p2p_cache; /* p2p request blocks (p2p.c), by obj.p2p_link */
+    unsigned p2p_ncached;
+    struct cfx_list unexp_cache; /* struct cfx_eager_unexp of CFX_UNEXP_CACHED_LEN bytes */
+    unsigned unexp_ncached;
+    struct cfx_list cmd_cache; /* struct cfx_cmd */
+    unsigned cmd_ncached;
     uint64_t cmd_seq_done;
 
     /* async workers for the non-blocking calls */
@@ -751,11 +762,16 @@ int cfx__progress_drive(struct cfx_context *ctx);
  * the lock; it wakes the progress thread when it has work to take over. */
 void cfx__progress_poll_begin(struct cfx_context *ctx);
 void cfx__progress_handback(struct cfx_context *ctx, bool polled);
+/* A non-blocking test's share of progress, as MPI_Test: one bracketed pass
+ * when the progress lock is free, none when another thread drives (no lock
+ * held on entry or return). */
+void cfx__progress_test_pass(struct cfx_context *ctx);
 /* Tests: park the progress thread (@p on) so that only API threads drive
  * the transports, or let it go again.  Returns once it is parked (any
  * thread, no lock held). */
 int cfx__progress_pause(struct cfx_context *ctx, bool on);
-/* Allocate and queue a command about @p obj (and @p node); ctx->lock held. */
+/* Allocate (from the context's free list when it has one) and queue a
+ * command about @p obj (and @p node); ctx->lock held. */
 int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
                  const struct cfx_node_rec *node);
 /* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline
@@ -783,6 +799,9 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx);
 void cfx__request_complete(struct cfx_request *req, int status, size_t size);
 
 /* eager.c: small messages pushed whole to the receiver (see p2p.h). */
+#define CFX_FREE_LIST_MAX    64  /* entries kept by each free list of a context */
+#define CFX_UNEXP_CACHED_LEN 256 /* unexpected messages up to this size reuse entries */
+
 struct cfx_eager_unexp {
     struct cfx_list link;       /* ctx->eager_unexp, arrival order */
     uint32_t node_id;           /* sender */
@@ -812,6 +831,8 @@ void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct
 bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
 /* Teardown (no progress thread any more). */
 void cfx__eager_destroy_all(struct cfx_context *ctx);
+/* Free the context's cached p2p request blocks (destroy, no thread left). */
+void cfx__p2p_cache_destroy(struct cfx_context *ctx);
 
 /* p2p.c (progress-lock holder, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);

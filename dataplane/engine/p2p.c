@@ -20,6 +20,93 @@ struct cfx_p2p_req {
     uint32_t tag;
 };
 
+/*
+ * A request and its anonymous object in one block, the object first: an
+ * eager message's block goes back to the context's free list when the
+ * request is freed (no malloc/free per message); a block whose object is
+ * handed to the release path (rendezvous, or withdrawn) is freed there by
+ * free(obj), which frees the request with it.  The bitmap is allocated
+ * with the block, P2P_BITMAP_WORDS at least, and stays with it in the list.
+ */
+struct p2p_block {
+    struct cfx_obj obj; /* first: free(&obj) frees the block */
+    struct cfx_p2p_req req;
+};
+
+#define P2P_BITMAP_WORDS 2 /* (nchunks + 63) / 64 + 1 for a message of one chunk */
+
+/* ctx->lock held: a block from the free list for a message of @p len bytes
+ * in chunks of @p chunk, or NULL when the list is empty. */
+static struct p2p_block *block_take(struct cfx_context *ctx, uint64_t len, uint32_t chunk)
+{
+    uint32_t nchunks = cfx__nchunks(len, chunk);
+    if (cfx_list_empty(&ctx->p2p_cache) || (nchunks + 63) / 64 + 1 > P2P_BITMAP_WORDS)
+        return NULL;
+    struct p2p_block *b = cfx_list_entry(ctx->p2p_cache.next, struct p2p_block, obj.p2p_link);
+    cfx_list_del(&b->obj.p2p_link);
+    ctx->p2p_ncached--;
+    uint64_t *bitmap = b->obj.bitmap;
+    memset(b, 0, sizeof(*b));
+    memset(bitmap, 0, P2P_BITMAP_WORDS * sizeof(uint64_t));
+    b->obj.bitmap = bitmap;
+    b->obj.size = len;
+    b->obj.chunk_size = chunk;
+    b->obj.nchunks = nchunks;
+    b->obj.shm_fd = -1;
+    cfx_list_init(&b->obj.uploads);
+    cfx_list_init(&b->obj.p2p_link);
+    return b;
+}
+
+/* A fresh block (as cfx__obj_alloc, with the request behind the object). */
+static struct p2p_block *block_alloc(uint64_t len, uint32_t chunk)
+{
+    struct p2p_block *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->obj.size = len;
+    b->obj.chunk_size = chunk;
+    b->obj.nchunks = cfx__nchunks(len, chunk);
+    b->obj.shm_fd = -1;
+    cfx_list_init(&b->obj.uploads);
+    cfx_list_init(&b->obj.p2p_link);
+    b->obj.bitmap =
+        calloc(CFX_MAX((b->obj.nchunks + 63) / 64 + 1, P2P_BITMAP_WORDS), sizeof(uint64_t));
+    if (!b->obj.bitmap) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void block_free(struct p2p_block *b)
+{
+    free(b->obj.bitmap);
+    free(b);
+}
+
+/* ctx->lock held: a block nothing refers to any more goes back to the free
+ * list; false: the list is full, the caller frees it (block_free). */
+static bool block_put(struct cfx_context *ctx, struct p2p_block *b)
+{
+    if (ctx->p2p_ncached >= CFX_FREE_LIST_MAX)
+        return false;
+    cfx_list_add_head(&b->obj.p2p_link, &ctx->p2p_cache); /* the warmest first */
+    ctx->p2p_ncached++;
+    return true;
+}
+
+void cfx__p2p_cache_destroy(struct cfx_context *ctx)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_cache)
+    {
+        cfx_list_del(pos);
+        block_free(cfx_list_entry(pos, struct p2p_block, obj.p2p_link));
+    }
+    ctx->p2p_ncached = 0;
+}
+
 /* ---- progress thread (ctx->lock held) ------------------------------------- */
 
 static bool p2p_match(const struct cfx_obj *obj, uint32_t node, const struct cfx_dp_get_req *r)
@@ -125,16 +212,18 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
     if (mt != CFX_MEMTYPE_HOST && mt != CFX_MEMTYPE_CUDA)
         return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
-    struct cfx_p2p_req *req = calloc(1, sizeof(*req));
-    struct cfx_obj *obj = cfx__obj_alloc(len, cfx__chunk_size_for(len, ctx->cfg.chunk_size));
-    if (!req || !obj) {
-        free(req);
-        if (obj) {
-            free(obj->bitmap);
-            free(obj);
-        }
-        return cfx__err(CFX_ERR_NOMEM, "out of memory for a message");
+    uint32_t chunk = cfx__chunk_size_for(len, ctx->cfg.chunk_size);
+    pthread_mutex_lock(&ctx->lock);
+    struct p2p_block *b = block_take(ctx, len, chunk);
+    if (!b) {
+        pthread_mutex_unlock(&ctx->lock);
+        b = block_alloc(len, chunk);
+        if (!b)
+            return cfx__err(CFX_ERR_NOMEM, "out of memory for a message");
+        pthread_mutex_lock(&ctx->lock);
     }
+    struct cfx_p2p_req *req = &b->req;
+    struct cfx_obj *obj = &b->obj;
     obj->buf = buf;
     obj->memtype = mt;
     obj->p2p = kind;
@@ -149,7 +238,6 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     req->peer = peer->node_id;
     req->tag = tag;
 
-    pthread_mutex_lock(&ctx->lock);
     /* With the progress lock free, this thread posts the message itself:
      * an eager send is copied into the transport before we return, with no
      * command, no eventfd and no progress-thread wake-up.  Commands other
@@ -187,9 +275,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     }
     pthread_mutex_unlock(&ctx->lock);
     if (rc != CFX_OK) {
-        free(obj->bitmap);
-        free(obj);
-        free(req);
+        block_free(b);
         return cfx__err(rc, "out of memory posting a message");
     }
     *out = req;
@@ -238,18 +324,35 @@ static void poll_wait(const struct cfx_p2p_req *req)
     }
     bool polled = false;
     uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
+    uint32_t idle = 0, yield_every = ctx->cfg.spin_yield;
     cfx__progress_poll_begin(ctx);
     for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
         int work = cfx__progress_drive(ctx);
         polled |= work >= 0;
         if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
             break;
-        /* The clock only bounds the spin: read it before giving the core
-         * away or every 16th pass, not on every pass of the hot loop. */
-        if ((work <= 0 || (i & 15) == 15) && cfx__now_ns() >= end)
+        /* The clock only bounds the spin: read it every 16th pass, not on
+         * every pass of the hot loop. */
+        if ((i & 15) == 15 && cfx__now_ns() >= end)
             break;
-        if (work <= 0)
-            sched_yield(); /* fewer cores than busy threads: let the peer run */
+        if (work > 0) {
+            idle = 0;
+            continue;
+        }
+        /* Nothing came.  A sched_yield costs a system call, most of a
+         * short round trip, and gains nothing when the peer has a core of
+         * its own; on fewer cores than busy threads the peer needs ours.
+         * Which of the two holds cannot be known from here, so: pause
+         * (cheap, and kind to a sibling hyperthread) for CFX_SPIN_YIELD
+         * empty polls, then yield once. */
+        if (++idle < yield_every) {
+            cfx__cpu_relax();
+            continue;
+        }
+        idle = 0;
+        if (cfx__now_ns() >= end)
+            break;
+        sched_yield();
     }
     pthread_mutex_lock(&ctx->lock);
     cfx__progress_handback(ctx, polled);
@@ -259,6 +362,10 @@ int cfx__p2p_test(struct cfx_p2p_req *req)
 {
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "test of a NULL message request");
+    const int *st_p = req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status;
+    /* a caller that only tests must still move its message along */
+    if (__atomic_load_n(st_p, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN)
+        cfx__progress_test_pass(req->ctx);
     pthread_mutex_lock(&req->ctx->lock);
     int st = p2p_status(req);
     pthread_mutex_unlock(&req->ctx->lock);
@@ -411,16 +518,17 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
         return;
     struct cfx_context *ctx = req->ctx;
     struct cfx_obj *obj = req->obj;
+    struct p2p_block *b = container_of(req, struct p2p_block, req);
     pthread_mutex_lock(&ctx->lock);
     if (req->kind == CFX_P2P_RECV && obj->eager)
         cfx__eager_recv_cancel(ctx, obj, &req->in); /* nothing in flight for it */
     if (obj->eager && p2p_status(req) != CFX_ERR_AGAIN) {
         /* an eager message's object was never registered nor shared with
-         * the progress thread after completion: free it here */
+         * the progress thread after completion: reuse or free it here */
+        bool kept = block_put(ctx, b);
         pthread_mutex_unlock(&ctx->lock);
-        free(obj->bitmap);
-        free(obj);
-        free(req);
+        if (!kept)
+            block_free(b);
         return;
     }
     if (p2p_status(req) == CFX_ERR_AGAIN) {
@@ -437,9 +545,9 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
         while (p2p_status(req) == CFX_ERR_AGAIN)
             pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
     }
-    req->obj->in = NULL;
-    req->obj->deleting = true;
-    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, req->obj, NULL);
+    obj->in = NULL;
+    obj->deleting = true;
+    /* the release frees the block, this request with it: touch neither after */
+    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
     pthread_mutex_unlock(&ctx->lock);
-    free(req);
 }

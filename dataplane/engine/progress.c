@@ -77,12 +77,29 @@ void cfx__progress_unlock(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->progress_lock);
 }
 
+/* ctx->lock held: a command that ran goes back to the free list. */
+static void cmd_put(struct cfx_context *ctx, struct cfx_cmd *cmd)
+{
+    if (ctx->cmd_ncached >= CFX_FREE_LIST_MAX) {
+        free(cmd);
+        return;
+    }
+    cfx_list_add_head(&cmd->link, &ctx->cmd_cache); /* the warmest first */
+    ctx->cmd_ncached++;
+}
+
 int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
                  const struct cfx_node_rec *node)
 {
-    struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
-    if (!cmd)
+    struct cfx_cmd *cmd;
+    if (likely(!cfx_list_empty(&ctx->cmd_cache))) {
+        cmd = cfx_list_entry(ctx->cmd_cache.next, struct cfx_cmd, link);
+        cfx_list_del(&cmd->link);
+        ctx->cmd_ncached--;
+        memset(cmd, 0, sizeof(*cmd));
+    } else if (!(cmd = calloc(1, sizeof(*cmd)))) {
         return CFX_ERR_NOMEM;
+    }
     cmd->type = type;
     cmd->obj = obj;
     if (node)
@@ -148,7 +165,7 @@ int cfx__progress_run_cmds(struct cfx_context *ctx)
             cfx__rtask_cmd(ctx, cmd);
             break;
         }
-        free(cmd);
+        cmd_put(ctx, cmd);
         n++;
     }
     ctx->cmd_seq_done++;
@@ -278,6 +295,15 @@ int cfx__progress_drive(struct cfx_context *ctx)
     int work = progress_pass(ctx);
     cfx__progress_unlock(ctx);
     return work < 0 ? 0 : work;
+}
+
+void cfx__progress_test_pass(struct cfx_context *ctx)
+{
+    cfx__progress_poll_begin(ctx);
+    int work = cfx__progress_drive(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_handback(ctx, work >= 0);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 void cfx__progress_poll_begin(struct cfx_context *ctx)

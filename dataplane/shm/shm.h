@@ -66,6 +66,7 @@
 #define CFX_SHM_MAP_BYTES    (4ull << 30) /* idle mappings kept beyond this are dropped */
 #define CFX_SHM_CQ_SOFT_MAX  65536 /* unpolled completions before posts say AGAIN */
 #define CFX_SHM_SOCK_CHECK_NS 1000000ull /* socket poll period while busy */
+#define CFX_SHM_CLOCK_POLLS   64         /* a busy poll reads the clock once in this many */
 #define CFX_SHM_CONNECT_NS   (10ull * 1000000000ull) /* retrying a full backlog */
 #define CFX_SHM_RDESC_TAG    0x53  /* 'S': first byte of an shm rdesc */
 
@@ -226,6 +227,7 @@ struct cfx__shm_iface {
     uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
                                      the peer wrote that cannot be */
     uint64_t next_sock_check;     /* ns */
+    uint32_t polls_unclocked;     /* polls since the clock was last read (shm_poll) */
     struct cfx_list eps;          /* live endpoints */
     struct cfx_list zombies;      /* closed eps, freed at the next poll */
 

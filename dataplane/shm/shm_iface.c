@@ -313,20 +313,29 @@ static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, i
 {
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx_list *pos, *tmp;
-    uint64_t now;
     int n = 0;
 
     if (unlikely(!comps || max < 0))
         return CFX_ERR_INVALID;
     if (unlikely(!cfx_list_empty(&iface->zombies)))
         free_zombies(iface);
-    now = cfx__now_ns();
     if (unlikely(iface->armed)) {
         disarm(iface);
         iface->next_sock_check = 0;
+        iface->polls_unclocked = CFX_SHM_CLOCK_POLLS; /* check the sockets now */
     }
-    if (unlikely(iface->handshaking) || now >= iface->next_sock_check)
-        sock_check(iface, now);
+    /* The socket check is due once a millisecond; a busy caller polls
+     * millions of times a second, so the clock is read only while a
+     * handshake runs, after a sleep (armed), and once every
+     * CFX_SHM_CLOCK_POLLS polls: a busy poller checks at most some tens of
+     * microseconds late, a rare poller (one that polls less often than
+     * the period) at most that many polls late. */
+    if (unlikely(iface->handshaking) || ++iface->polls_unclocked >= CFX_SHM_CLOCK_POLLS) {
+        iface->polls_unclocked = 0;
+        uint64_t now = cfx__now_ns();
+        if (iface->handshaking || now >= iface->next_sock_check)
+            sock_check(iface, now);
+    }
 
     cfx_list_for_each(pos, &iface->eps) {
         struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);

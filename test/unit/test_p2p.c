@@ -606,3 +606,118 @@ ParameterizedTest(struct tp_param *p, p2p, poll_serves_peer_get, .timeout = 60)
     free(g.dst);
     down();
 }
+
+/* A caller that only tests (no wait, no progress thread: it is parked)
+ * still completes its messages, eager and rendezvous, as with MPI_Test:
+ * each test drives one pass when the progress lock is free. */
+ParameterizedTestParameters(p2p, test_drives_progress)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* Test @p r until it completes, at most 20 s; returns its status. */
+static int test_until_done(struct cfx_p2p_req *r)
+{
+    uint64_t dl = cfx__deadline_ns(20000);
+    int st;
+    while ((st = cfx__p2p_test(r)) == CFX_ERR_AGAIN && cfx__now_ns() < dl)
+        ;
+    return st;
+}
+
+ParameterizedTest(struct tp_param *p, p2p, test_drives_progress, .timeout = 60)
+{
+    static const size_t sizes[] = { 8, (1u << 20) + 5 };
+    up(p->tp);
+    cr_assert_eq(cfx__progress_pause(a, true), CFX_OK, "%s", cfx_last_error());
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t n = sizes[i];
+        uint8_t *src = malloc(n), *dst = calloc(1, n);
+        cfx_test_fill(src, n, 90 + i);
+        struct cfx_p2p_req *s, *r;
+        /* b sends (its progress thread runs), a only tests */
+        cr_assert_eq(cfx__p2p_irecv(a, &rb, 21, (uint32_t)i, dst, n, CFX_MEMTYPE_HOST, &r), CFX_OK);
+        cr_assert_eq(cfx__p2p_isend(b, &ra, 21, (uint32_t)i, src, n, CFX_MEMTYPE_HOST, &s), CFX_OK);
+        cr_expect_eq(test_until_done(r), CFX_OK, "receive of %zu bytes: %s", n, cfx_last_error());
+        cr_expect(a->paused, "the progress thread ran meanwhile");
+        cr_expect_eq(cfx_test_check(dst, n, 90 + i), (size_t)-1, "wrong bytes (%zu)", n);
+        cr_expect_eq(cfx__p2p_wait(s, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+        cfx__p2p_free(s);
+        cfx__p2p_free(r);
+
+        /* the other way: a's send completes by its tests alone */
+        memset(dst, 0, n);
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 22, (uint32_t)i, src, n, CFX_MEMTYPE_HOST, &s), CFX_OK);
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 22, (uint32_t)i, dst, n, CFX_MEMTYPE_HOST, &r), CFX_OK);
+        cr_expect_eq(test_until_done(s), CFX_OK, "send of %zu bytes: %s", n, cfx_last_error());
+        cr_expect_eq(cfx__p2p_wait(r, cfx__deadline_ns(20000)), CFX_OK, "%s", cfx_last_error());
+        cr_expect_eq(cfx_test_check(dst, n, 90 + i), (size_t)-1, "wrong bytes back (%zu)", n);
+        cfx__p2p_free(s);
+        cfx__p2p_free(r);
+        free(src);
+        free(dst);
+    }
+    cr_expect(a->paused, "the progress thread ran meanwhile");
+
+    /* an object get run by a worker thread: cfx_request_test drives it */
+    struct cfx_object_id id;
+    size_t len = (1u << 20) + 3;
+    uint8_t *src = malloc(len), *dst = calloc(1, len);
+    cfx_test_fill(src, len, 7);
+    cr_assert_eq(cfx_object_id_generate(b, &id), CFX_OK);
+    cr_assert_eq(cfx_put(b, &id, src, len, NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx_request *req;
+    cr_assert_eq(cfx_get_nb(a, &id, dst, len, NULL, &req), CFX_OK, "%s", cfx_last_error());
+    uint64_t dl = cfx__deadline_ns(20000);
+    int st;
+    while ((st = cfx_request_test(req)) == CFX_ERR_AGAIN && cfx__now_ns() < dl)
+        ;
+    cr_expect_eq(st, CFX_OK, "get: %s", cfx_last_error());
+    cr_expect(a->paused, "the progress thread ran meanwhile");
+    cr_expect_eq(cfx_test_check(dst, len, 7), (size_t)-1, "wrong bytes got");
+    cfx_request_free(req);
+
+    cr_assert_eq(cfx__progress_pause(a, false), CFX_OK);
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(src);
+    free(dst);
+    down();
+}
+
+/* A steady stream of small messages reuses its request blocks and
+ * unexpected-queue entries: the context's free lists stay bounded and the
+ * bytes stay right. */
+ParameterizedTestParameters(p2p, small_messages_reuse)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, p2p, small_messages_reuse, .timeout = 60)
+{
+    up(p->tp);
+    for (unsigned i = 0; i < 2000; i++) {
+        uint64_t v = 0x0102030405060708ull * (i + 1), got = 0;
+        struct cfx_p2p_req *s, *r;
+        /* even: the receive first; odd: the message may wait unexpected */
+        if (i % 2)
+            cr_assert_eq(cfx__p2p_isend(a, &rb, 31, 1, &v, 8, CFX_MEMTYPE_HOST, &s), CFX_OK);
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 31, 1, &got, 8, CFX_MEMTYPE_HOST, &r), CFX_OK);
+        if (!(i % 2))
+            cr_assert_eq(cfx__p2p_isend(a, &rb, 31, 1, &v, 8, CFX_MEMTYPE_HOST, &s), CFX_OK);
+        cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(cfx__p2p_wait(s, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(got, v, "message %u", i);
+        cfx__p2p_free(s);
+        cfx__p2p_free(r);
+    }
+    pthread_mutex_lock(&a->lock);
+    unsigned na = a->p2p_ncached;
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_lock(&b->lock);
+    unsigned nb = b->p2p_ncached, nu = b->unexp_ncached;
+    pthread_mutex_unlock(&b->lock);
+    cr_expect(na >= 1 && na <= CFX_FREE_LIST_MAX, "a keeps %u request blocks", na);
+    cr_expect(nb >= 1 && nb <= CFX_FREE_LIST_MAX, "b keeps %u request blocks", nb);
+    cr_expect(nu <= CFX_FREE_LIST_MAX, "b keeps %u unexpected entries", nu);
+    down();
+}
