@@ -141,3 +141,11 @@ uint32_t cfx__random_u32(void)
     return (uint32_t)(cfx__now_ns() * 2654435761u) ^ (uint32_t)getpid() ^
            (atomic_fetch_add(&calls, 1) << 16);
 }
+
+uint64_t cfx__random_u64(void)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (uint64_t)cfx__random_u32() << 32 | cfx__random_u32();
+    return v ? v : 1;
+}

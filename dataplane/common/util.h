@@ -60,6 +60,8 @@ bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t de
  * guess (getrandom, never blocking; clock bits while the pool is not ready).
  * Not for secrets: those use cfx__auth_nonce(). */
 uint32_t cfx__random_u32(void);
+/* 64 such bits, never 0 (grant keys: 0 means none). */
+uint64_t cfx__random_u64(void);
 
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())

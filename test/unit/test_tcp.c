@@ -217,9 +217,9 @@ static void raw_write_hdr(int fd, const struct cfx_tp_rdesc *rd, uint64_t off, u
     struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_WRITE,
                               .len = htole32(len),
                               .imm = htole32(imm),
-                              .key_cookie = k.cookie,
+                              .key_lo = k.key_lo,
                               .key_idx = k.idx,
-                              .key_gen = k.gen,
+                              .key_hi = k.key_hi,
                               .off = htole64(off) };
     raw_send(fd, &h, sizeof(h));
 }
@@ -780,9 +780,9 @@ Test(tcp, recv_parses_frames_split_anywhere)
     struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE,
                               .len = htole32(WLEN),
                               .imm = htole32(5),
-                              .key_cookie = k.cookie,
+                              .key_lo = k.key_lo,
                               .key_idx = k.idx,
-                              .key_gen = k.gen,
+                              .key_hi = k.key_hi,
                               .off = htole64(16) };
     memcpy(stream + len, &w, sizeof(w));
     len += sizeof(w);
