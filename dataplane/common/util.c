@@ -142,6 +142,27 @@ uint32_t cfx__random_u32(void)
            (atomic_fetch_add(&calls, 1) << 16);
 }
 
+uint64_t cfx__keystream_next(struct cfx__keystream *ks)
+{
+    int pid = (int)getpid();
+    if (unlikely(!ks->left || ks->pid != pid)) {
+        if (getrandom(ks->buf, sizeof(ks->buf), GRND_NONBLOCK) != (ssize_t)sizeof(ks->buf)) {
+            ks->left = 0;
+            return cfx__random_u64(); /* pool not ready: one at a time */
+        }
+        ks->left = CFX_KEYSTREAM_N;
+        ks->pid = pid;
+    }
+    uint64_t v = ks->buf[--ks->left];
+    ks->buf[ks->left] = 0;
+    return v ? v : 1;
+}
+
+void cfx__keystream_wipe(struct cfx__keystream *ks)
+{
+    explicit_bzero(ks, sizeof(*ks));
+}
+
 uint64_t cfx__random_u64(void)
 {
     uint64_t v;

@@ -63,6 +63,21 @@ uint32_t cfx__random_u32(void);
 /* 64 such bits, never 0 (grant keys: 0 means none). */
 uint64_t cfx__random_u64(void);
 
+/* Grant keys drawn from the kernel's CSPRNG in batches: one getrandom per
+ * CFX_KEYSTREAM_N keys (a grant is per transfer, and a syscall per grant
+ * cost ~0.8 us on the shared machine).  Refilled after a fork, so parent and
+ * child never hand out the same keys.  Owned by one iface (its thread). */
+#define CFX_KEYSTREAM_N 32
+struct cfx__keystream {
+    uint64_t buf[CFX_KEYSTREAM_N]; /* unused keys, consumed from the end */
+    unsigned left;                 /* keys left in buf */
+    int pid;                       /* process that filled buf */
+};
+/* Next key: 64 random bits, never 0. */
+uint64_t cfx__keystream_next(struct cfx__keystream *ks);
+/* Forget the unused keys (iface close). */
+void cfx__keystream_wipe(struct cfx__keystream *ks);
+
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())
  * and return @p status so call sites can write `return cfx__err(...)`.

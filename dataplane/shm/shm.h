@@ -231,6 +231,7 @@ struct cfx__shm_iface {
     uint64_t ep_serial;           /* last ep serial handed out */
     uint64_t n_grant_refused;     /* writes refused: no live grant, another ep's, or
                                      out of bounds (nothing copied) */
+    struct cfx__keystream keys;   /* grant keys */
     uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
                                      the peer wrote that cannot be */
     uint64_t next_sock_check;     /* ns */

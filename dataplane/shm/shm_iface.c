@@ -209,6 +209,7 @@ static void shm_iface_close(struct cfx_tp_iface *tpi)
     }
     free_zombies(iface);
     cfx__shm_mr_table_free(iface);
+    cfx__keystream_wipe(&iface->keys);
     explicit_bzero(iface->token, sizeof(iface->token));
     close(iface->listen_fd);
     close(iface->doorbell);

@@ -122,7 +122,7 @@ int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_t
     if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
         return cfx__err(CFX_ERR_INVALID, "shm mr_grant: region %p is not remote-writable",
                         tpm->addr);
-    mr->grant_key = cfx__random_u64();
+    mr->grant_key = cfx__keystream_next(&cfx__shm_iface_of(tpm->iface)->keys);
     mr->grant_ep = tpe ? cfx__shm_ep_of(tpe)->serial : 0;
     memset(&rd, 0, sizeof(rd));
     rd.grant = mr->grant_key;

@@ -190,6 +190,7 @@ struct cfx__tcp_iface {
     uint32_t cookie;           /* random; names the iface in logs */
     uint64_t ep_serial;        /* last ep serial handed out */
     uint64_t n_grant_refused;  /* writes refused: no live grant, another ep's, out of bounds */
+    struct cfx__keystream keys; /* grant keys */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     struct cfx_list eps;       /* live endpoints */

@@ -259,6 +259,7 @@ static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
         cfx__tcp_ep_close(&cfx_list_entry(pos, struct cfx__tcp_ep, link)->super);
     free_graveyard(iface);
     cfx__tcp_mr_table_free(iface);
+    cfx__keystream_wipe(&iface->keys);
     close(iface->listen_fd);
     close(iface->epfd);
     free(iface->cq);

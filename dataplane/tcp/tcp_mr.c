@@ -3,7 +3,7 @@
  *
  * Registrations live in a per-iface table.  A registration takes no
  * remote write until it is granted (mr_grant): a grant draws 64 fresh random
- * bits (getrandom) as its key and may name the one endpoint allowed to
+ * bits (the iface's keystream, getrandom in batches) as its key and may name the one endpoint allowed to
  * write.  A remote key is (table index, grant key); the receive path checks
  * key, writer and bounds before reading a byte of payload.  Revoking (or
  * deregistering, or granting again) clears the key, so a key that outlived
@@ -111,7 +111,7 @@ int cfx__tcp_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct c
     if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
         return cfx__err(CFX_ERR_INVALID, "tcp mr_grant: region %p is not remote-writable",
                         tp_mr->addr);
-    mr->grant_key = cfx__random_u64();
+    mr->grant_key = cfx__keystream_next(&cfx__tcp_iface_of(tp_mr->iface)->keys);
     mr->grant_ep = tp_ep ? cfx__tcp_ep_of(tp_ep)->serial : 0;
 
     memset(&k, 0, sizeof(k));
