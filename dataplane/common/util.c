@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -142,16 +143,36 @@ uint32_t cfx__random_u32(void)
            (atomic_fetch_add(&calls, 1) << 16);
 }
 
+/* Forks of this process so far, as the child sees it: a keystream filled
+ * before a fork is refilled after it (getpid() per key was a syscall, half
+ * the cost of a key).  Process-wide by nature, like the fork itself. */
+static _Atomic uint32_t fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void)
+{
+    atomic_fetch_add_explicit(&fork_gen, 1, memory_order_relaxed);
+}
+
+static void fork_watch(void)
+{
+    (void)pthread_atfork(NULL, NULL, fork_child);
+}
+
 uint64_t cfx__keystream_next(struct cfx__keystream *ks)
 {
-    int pid = (int)getpid();
-    if (unlikely(!ks->left || ks->pid != pid)) {
+    if (unlikely(!ks->watching)) {
+        pthread_once(&fork_once, fork_watch);
+        ks->watching = true;
+    }
+    uint32_t gen = atomic_load_explicit(&fork_gen, memory_order_relaxed);
+    if (unlikely(!ks->left || ks->fork_gen != gen)) {
         if (getrandom(ks->buf, sizeof(ks->buf), GRND_NONBLOCK) != (ssize_t)sizeof(ks->buf)) {
             ks->left = 0;
             return cfx__random_u64(); /* pool not ready: one at a time */
         }
         ks->left = CFX_KEYSTREAM_N;
-        ks->pid = pid;
+        ks->fork_gen = gen;
     }
     uint64_t v = ks->buf[--ks->left];
     ks->buf[ks->left] = 0;

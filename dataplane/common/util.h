@@ -64,14 +64,16 @@ uint32_t cfx__random_u32(void);
 uint64_t cfx__random_u64(void);
 
 /* Grant keys drawn from the kernel's CSPRNG in batches: one getrandom per
- * CFX_KEYSTREAM_N keys (a grant is per transfer, and a syscall per grant
- * cost ~0.8 us on the shared machine).  Refilled after a fork, so parent and
- * child never hand out the same keys.  Owned by one iface (its thread). */
-#define CFX_KEYSTREAM_N 32
+ * CFX_KEYSTREAM_N keys (a grant is per transfer; 45-65 ns a key against
+ * 0.8-1.1 us for a getrandom per key on the shared machine).  Refilled
+ * after a fork, so parent and child never hand out the same keys.  Owned
+ * by one iface (its thread). */
+#define CFX_KEYSTREAM_N 128
 struct cfx__keystream {
     uint64_t buf[CFX_KEYSTREAM_N]; /* unused keys, consumed from the end */
     unsigned left;                 /* keys left in buf */
-    int pid;                       /* process that filled buf */
+    uint32_t fork_gen;             /* forks seen when buf was filled */
+    bool watching;                 /* the fork handler is installed */
 };
 /* Next key: 64 random bits, never 0. */
 uint64_t cfx__keystream_next(struct cfx__keystream *ks);

@@ -412,9 +412,11 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
 static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx__shm_msg *h)
 {
     ep->iface->n_grant_refused++;
-    CFX_LOG(ERR, SHM, "node %u: %s wrote [%llu, +%llu) into registration %u: refused, %s; "
-            "failing the endpoint", ep->iface->super.node_id, ep->super.peer_name,
-            (unsigned long long)h->start, (unsigned long long)h->total, h->key, why);
+    CFX_LOG(ERR, SHM,
+            "node %u: %s wrote [%llu, +%llu) into registration %u: refused, %s; "
+            "failing the endpoint",
+            ep->iface->super.node_id, ep->super.peer_name, (unsigned long long)h->start,
+            (unsigned long long)h->total, h->key, why);
     cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
     return CFX_ERR_PROTO;
 }

@@ -158,8 +158,9 @@ int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
         return CFX_ERR_INVALID;
     if (!(cfx__shm_mr_of(tpm)->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
         /* described all the same; its key matches nothing */
-        struct cfx__shm_rdesc rd = { .tag = CFX_SHM_RDESC_TAG, .key = cfx__shm_mr_of(tpm)->key,
-                                     .len = tpm->len, .fd = -1 };
+        struct cfx__shm_rdesc rd = {
+            .tag = CFX_SHM_RDESC_TAG, .key = cfx__shm_mr_of(tpm)->key, .len = tpm->len, .fd = -1
+        };
         memset(out, 0, sizeof(*out));
         out->len = sizeof(rd);
         memcpy(out->data, &rd, sizeof(rd));
