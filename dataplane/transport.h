@@ -199,6 +199,9 @@ struct cfx_transport_ops {
     int (*mr_grant)(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
     /* End the live grant of @p mr, if any: its key is refused from now on. */
     void (*mr_revoke)(struct cfx_tp_mr *mr);
+    /* Optional.  Writes refused so far for want of a live grant; may be
+     * called from any thread (cfx_context_stats: writes_refused). */
+    uint64_t (*iface_grant_refused)(struct cfx_tp_iface *iface);
 };
 
 /* ops->ep_batch when the transport has one; CFX_ERR_UNSUPPORTED otherwise

@@ -41,6 +41,7 @@
 #ifndef CFX_SHM_SHM_H
 #define CFX_SHM_SHM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -229,8 +230,8 @@ struct cfx__shm_iface {
     uint64_t n_refused;           /* peers refused: another uid or user namespace,
                                      or no proof of the token */
     uint64_t ep_serial;           /* last ep serial handed out */
-    uint64_t n_grant_refused;     /* writes refused: no live grant, another ep's, or
-                                     out of bounds (nothing copied) */
+    _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's,
+                                         or out of bounds (read by any thread) */
     struct cfx__keystream keys;   /* grant keys */
     uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
                                      the peer wrote that cannot be */

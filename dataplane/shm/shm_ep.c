@@ -411,7 +411,7 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
 /* A write outside a live grant: nothing of it was copied here. */
 static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx__shm_msg *h)
 {
-    ep->iface->n_grant_refused++;
+    atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
     CFX_LOG(ERR, SHM,
             "node %u: %s wrote [%llu, +%llu) into registration %u: refused, %s; "
             "failing the endpoint",

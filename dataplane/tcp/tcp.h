@@ -30,6 +30,7 @@
 #ifndef CFX_TCP_TCP_H
 #define CFX_TCP_TCP_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -189,7 +190,8 @@ struct cfx__tcp_iface {
     char addr[32];             /* "ip:port" we listen on */
     uint32_t cookie;           /* random; names the iface in logs */
     uint64_t ep_serial;        /* last ep serial handed out */
-    uint64_t n_grant_refused;  /* writes refused: no live grant, another ep's, out of bounds */
+    _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's, out of
+                                         bounds (read by any thread) */
     struct cfx__keystream keys; /* grant keys */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */

@@ -647,7 +647,7 @@ static bool rx_header(struct cfx__tcp_ep *ep)
         const char *gwhy = why;
         struct cfx__tcp_mr *mr = type < 0 ? NULL : cfx__tcp_mr_lookup(ep->iface, ep, h, &gwhy);
         if (unlikely(!mr)) {
-            ep->iface->n_grant_refused++;
+            atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
             send_error_frame(ep, CFX_ERR_PROTO);
             EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write [%llu, +%u) into registration %u refused: %s",
                     (unsigned long long)h->off, h->len, h->key_idx, gwhy);

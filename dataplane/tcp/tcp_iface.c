@@ -337,6 +337,12 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
     return n;
 }
 
+static uint64_t tcp_grant_refused(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__tcp_iface_of(tp_iface)->n_grant_refused,
+                                memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__tcp_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "tcp",
@@ -353,6 +359,7 @@ const struct cfx_transport_ops cfx__tcp_ops = {
     .mr_pack = cfx__tcp_mr_pack,
     .mr_grant = cfx__tcp_mr_grant,
     .mr_revoke = cfx__tcp_mr_revoke,
+    .iface_grant_refused = tcp_grant_refused,
     .ep_write = cfx__tcp_ep_write,
     .ep_send = cfx__tcp_ep_send,
     .poll = tcp_poll,
