@@ -121,7 +121,6 @@ struct cfx__shm_mr {
 
 struct cfx__shm_mr_slot {
     struct cfx__shm_mr *mr;  /* NULL when free */
-    uint16_t gen;            /* bumped on every dereg */
     uint32_t next_free;      /* free list link, UINT32_MAX ends */
 };
 

@@ -188,7 +188,6 @@ struct cfx__tcp_iface {
     int epfd; /* epoll: listen socket + ep sockets */
     int listen_fd;
     char addr[32];             /* "ip:port" we listen on */
-    uint32_t cookie;           /* random; names the iface in logs */
     uint64_t ep_serial;        /* last ep serial handed out */
     _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's, out of
                                          bounds (read by any thread) */

@@ -151,12 +151,6 @@ static void iface_accept(struct cfx__tcp_iface *iface)
     }
 }
 
-static uint32_t iface_cookie(void)
-{
-    uint32_t v = cfx__random_u32();
-    return v ? v : 1;
-}
-
 static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_tp_iface **out)
 {
     const char *bind_addr = "127.0.0.1";
@@ -181,7 +175,6 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
     iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
                                ? params->node_id
                                : CFX_TCP_NODE_NONE;
-    iface->cookie = iface_cookie();
     iface->mrs_free = UINT32_MAX;
     iface->listen_fd = -1;
     cfx_list_init(&iface->eps);

@@ -378,7 +378,7 @@ Test(tcp, write_refused_foreign_key)
     reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
     reg(c, &other, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
 
-    /* A key of iface c sent to b: the cookie does not match. */
+    /* A key of iface c sent to b: no live grant of b's has that key. */
     cr_assert_eq(ops->ep_write(ab, src.mr, 0, &other.rd, 0, 16, 1, 1), CFX_OK);
     expect_proto_failure(ab, ba, &dst);
     unreg(&other);
