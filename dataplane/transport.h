@@ -164,6 +164,8 @@ struct cfx_transport_ops {
     int (*mem_reg)(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem,
                    unsigned access, struct cfx_tp_mr **out);
     void (*mem_dereg)(struct cfx_tp_mr *mr);
+    /* Describe @p mr to peers.  tcp and shm: a grant of the whole region to
+     * any peer, as mr_grant(mr, NULL, out) (transport tests and verbs). */
     int (*mr_pack)(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
 
     /* One-sided write of [loff, loff+len) of @p mr to [roff, roff+len) of the
@@ -185,6 +187,21 @@ struct cfx_transport_ops {
      * bounds what it holds back by itself.  Callers bracket a loop of posts
      * with (true) ... (false) and never poll in between. */
     int (*ep_batch)(struct cfx_tp_ep *ep, bool on);
+
+    /* Optional (tcp, shm).  Let the peer of @p ep (NULL: any peer) write
+     * into [0, mr->len) of @p mr until mr_revoke() or mem_dereg(), and pack
+     * the rdesc that names this grant: its key is fresh random bits, so no
+     * peer can derive it from the keys of earlier grants.  One live grant
+     * per registration: a new one revokes the one before.  A write outside a
+     * live grant (stale key, another peer's, past the region) changes no
+     * byte of the registration, fails the writer's endpoint with
+     * CFX_ERR_PROTO and is counted (the iface's n_grant_refused). */
+    int (*mr_grant)(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
+    /* End the live grant of @p mr, if any: its key is refused from now on. */
+    void (*mr_revoke)(struct cfx_tp_mr *mr);
+    /* Optional.  Writes refused so far for want of a live grant; may be
+     * called from any thread (cfx_context_stats: writes_refused). */
+    uint64_t (*iface_grant_refused)(struct cfx_tp_iface *iface);
 };
 
 /* ops->ep_batch when the transport has one; CFX_ERR_UNSUPPORTED otherwise

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <pthread.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -140,4 +141,53 @@ uint32_t cfx__random_u32(void)
     /* early boot: distinct per call, if not unpredictable */
     return (uint32_t)(cfx__now_ns() * 2654435761u) ^ (uint32_t)getpid() ^
            (atomic_fetch_add(&calls, 1) << 16);
+}
+
+/* Forks of this process so far, as the child sees it: a keystream filled
+ * before a fork is refilled after it (getpid() per key was a syscall, half
+ * the cost of a key).  Process-wide by nature, like the fork itself. */
+static _Atomic uint32_t fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void)
+{
+    atomic_fetch_add_explicit(&fork_gen, 1, memory_order_relaxed);
+}
+
+static void fork_watch(void)
+{
+    (void)pthread_atfork(NULL, NULL, fork_child);
+}
+
+uint64_t cfx__keystream_next(struct cfx__keystream *ks)
+{
+    if (unlikely(!ks->watching)) {
+        pthread_once(&fork_once, fork_watch);
+        ks->watching = true;
+    }
+    uint32_t gen = atomic_load_explicit(&fork_gen, memory_order_relaxed);
+    if (unlikely(!ks->left || ks->fork_gen != gen)) {
+        if (getrandom(ks->buf, sizeof(ks->buf), GRND_NONBLOCK) != (ssize_t)sizeof(ks->buf)) {
+            ks->left = 0;
+            return cfx__random_u64(); /* pool not ready: one at a time */
+        }
+        ks->left = CFX_KEYSTREAM_N;
+        ks->fork_gen = gen;
+    }
+    uint64_t v = ks->buf[--ks->left];
+    ks->buf[ks->left] = 0;
+    return v ? v : 1;
+}
+
+void cfx__keystream_wipe(struct cfx__keystream *ks)
+{
+    explicit_bzero(ks, sizeof(*ks));
+}
+
+uint64_t cfx__random_u64(void)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (uint64_t)cfx__random_u32() << 32 | cfx__random_u32();
+    return v ? v : 1;
 }

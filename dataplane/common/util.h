@@ -73,6 +73,25 @@ bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t de
  * guess (getrandom, never blocking; clock bits while the pool is not ready).
  * Not for secrets: those use cfx__auth_nonce(). */
 uint32_t cfx__random_u32(void);
+/* 64 such bits, never 0 (grant keys: 0 means none). */
+uint64_t cfx__random_u64(void);
+
+/* Grant keys drawn from the kernel's CSPRNG in batches: one getrandom per
+ * CFX_KEYSTREAM_N keys (a grant is per transfer; 45-65 ns a key against
+ * 0.8-1.1 us for a getrandom per key on the shared machine).  Refilled
+ * after a fork, so parent and child never hand out the same keys.  Owned
+ * by one iface (its thread). */
+#define CFX_KEYSTREAM_N 128
+struct cfx__keystream {
+    uint64_t buf[CFX_KEYSTREAM_N]; /* unused keys, consumed from the end */
+    unsigned left;                 /* keys left in buf */
+    uint32_t fork_gen;             /* forks seen when buf was filled */
+    bool watching;                 /* the fork handler is installed */
+};
+/* Next key: 64 random bits, never 0. */
+uint64_t cfx__keystream_next(struct cfx__keystream *ks);
+/* Forget the unused keys (iface close). */
+void cfx__keystream_wipe(struct cfx__keystream *ks);
 
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())

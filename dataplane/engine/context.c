@@ -712,6 +712,10 @@ int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
     pthread_mutex_lock(&ctx->lock);
     *out = ctx->stats;
     pthread_mutex_unlock(&ctx->lock);
+    out->writes_refused = 0;
+    for (int t = 0; t < ctx->ntp; t++)
+        if (ctx->tp[t].ops->iface_grant_refused)
+            out->writes_refused += ctx->tp[t].ops->iface_grant_refused(ctx->tp[t].iface);
     return CFX_OK;
 }
 

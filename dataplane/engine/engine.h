@@ -848,6 +848,11 @@ void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32
 void cfx__xfer_upload_abort(struct cfx_context *ctx, struct cfx_upload *up);
 /* xfer.c: transfer slots, and chunks becoming ready in a partial object */
 int cfx__xfer_slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in);
+/* Grant the peer of @p conn writes into @p mr for one transfer and pack the
+ * rdesc naming the grant (a fresh random key); cfx__xfer_in_finish() revokes
+ * it.  Transports without grants (verbs) pack the registration's rkey. */
+int cfx__xfer_grant(struct cfx_context *ctx, struct cfx_conn *conn, struct cfx_tp_mr *mr,
+                    struct cfx_tp_rdesc *out);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits);
 

@@ -327,7 +327,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
         .ring = ch->ring,
     };
     memcpy(req.id, ch->src.bytes, CFX_OBJECT_ID_LEN);
-    status = ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc);
+    status = cfx__xfer_grant(ctx, conn, mr, &req.rdesc);
     if (status == CFX_OK)
         status = cfx__conn_send(conn, &req, sizeof(req));
     return status;

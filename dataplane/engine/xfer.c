@@ -50,6 +50,13 @@ void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int st
 {
     if (in->status != CFX_ERR_AGAIN)
         return;
+    if (in->conn) {
+        /* the transfer is over: its window takes no more writes */
+        struct cfx_tp_mr *mr = in->obj ? in->obj->mr[in->conn->tp] : NULL;
+        const struct cfx_transport_ops *ops = ctx->tp[in->conn->tp].ops;
+        if (mr && ops->mr_revoke)
+            ops->mr_revoke(mr);
+    }
     if (in->conn && ctx->slots[in->slot] == in)
         ctx->slots[in->slot] = NULL;
     in->conn = NULL;
@@ -57,6 +64,14 @@ void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int st
     pthread_cond_broadcast(&ctx->obj_cond);
     if (in->rchild && status != CFX_OK)
         cfx__rtask_child_failed(ctx, in->rchild, status);
+}
+
+int cfx__xfer_grant(struct cfx_context *ctx, struct cfx_conn *conn, struct cfx_tp_mr *mr,
+                    struct cfx_tp_rdesc *out)
+{
+    const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
+    /* verbs has no grants yet: its rkey lives as long as the registration */
+    return ops->mr_grant ? ops->mr_grant(mr, conn->ep, out) : ops->mr_pack(mr, out);
 }
 
 void cfx__dp_send_credit(struct cfx_conn *conn, uint32_t slot, uint32_t credits)
@@ -138,7 +153,7 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         .tag = obj->tag,
     };
     memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
-    int rc = mr ? ctx->tp[conn->tp].ops->mr_pack(mr, &req.rdesc) : CFX_OK;
+    int rc = mr ? cfx__xfer_grant(ctx, conn, mr, &req.rdesc) : CFX_OK;
     if (rc == CFX_OK)
         rc = cfx__conn_send(conn, &req, sizeof(req));
     if (rc != CFX_OK) {

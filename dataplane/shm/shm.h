@@ -41,6 +41,7 @@
 #ifndef CFX_SHM_SHM_H
 #define CFX_SHM_SHM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -98,18 +99,22 @@ struct cfx__shm_rdesc {
     uint8_t tag;           /* CFX_SHM_RDESC_TAG */
     uint8_t direct;        /* 1: pid/fd/ino/off name a mappable memfd */
     uint16_t rsv;
-    uint32_t key;          /* gen << 16 | idx in the owner's table */
+    uint32_t key;          /* index in the owner's table */
     uint64_t len;          /* bytes in the region */
     int32_t pid;           /* owner's pid */
     int32_t fd;            /* owner's fd of the shareable file */
     uint64_t ino;          /* inode of that file: a reused fd number won't match */
     uint64_t off;          /* offset of the region in that file */
+    uint64_t grant;        /* random key of the grant (mr_grant), fresh per grant */
 };
+_Static_assert(sizeof(struct cfx__shm_rdesc) <= CFX_TP_RDESC_MAX, "shm rdesc fits an rdesc");
 
 struct cfx__shm_mr {
     struct cfx_tp_mr super;
     unsigned access;       /* CFX_TP_ACCESS_* */
-    uint32_t key;          /* gen << 16 | idx */
+    uint32_t key;          /* index in the iface table */
+    uint64_t grant_key;    /* live grant's random key; 0: none (no write accepted) */
+    uint64_t grant_ep;     /* serial of the only ep that may write; 0: any */
     int shm_fd;            /* -1, or fd holding addr (not owned) */
     uint64_t shm_off;
     uint64_t ino;
@@ -117,7 +122,6 @@ struct cfx__shm_mr {
 
 struct cfx__shm_mr_slot {
     struct cfx__shm_mr *mr;  /* NULL when free */
-    uint16_t gen;            /* bumped on every dereg */
     uint32_t next_free;      /* free list link, UINT32_MAX ends */
 };
 
@@ -170,6 +174,7 @@ struct cfx__shm_ev {
 struct cfx__shm_ep {
     struct cfx_tp_ep super;
     struct cfx__shm_iface *iface;
+    uint64_t serial;              /* never reused in the iface: names the ep in grants */
     struct cfx__shm_ev ev;        /* epoll tag for sock */
     struct cfx_list link;         /* iface->eps or iface->zombies */
     int state;                    /* enum cfx__shm_ep_state */
@@ -224,6 +229,10 @@ struct cfx__shm_iface {
     char token[257];              /* cluster token (CFX_TOKEN_MAX + 1), "" for none */
     uint64_t n_refused;           /* peers refused: another uid or user namespace,
                                      or no proof of the token */
+    uint64_t ep_serial;           /* last ep serial handed out */
+    _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's,
+                                         or out of bounds (read by any thread) */
+    struct cfx__keystream keys;   /* grant keys */
     uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
                                      the peer wrote that cannot be */
     uint64_t next_sock_check;     /* ns */
@@ -305,9 +314,13 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *m
                      unsigned access, struct cfx_tp_mr **out);
 void cfx__shm_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__shm_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
-/* Registration named by @p key that may receive [off, off+len), or NULL. */
-struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, uint32_t key,
-                                       uint64_t off, uint64_t len);
+int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_tp_rdesc *out);
+void cfx__shm_mr_revoke(struct cfx_tp_mr *tpm);
+/* Registration whose live grant @p grant lets @p ep write [off, off+len),
+ * or NULL with a static reason in *why. */
+struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struct cfx__shm_ep *ep,
+                                       uint32_t key, uint64_t grant, uint64_t off, uint64_t len,
+                                       const char **why);
 void cfx__shm_mr_table_free(struct cfx__shm_iface *iface);
 /* Mapping of the peer region @p rd for direct writes, or NULL: stage. */
 struct cfx__shm_map *cfx__shm_map_get(struct cfx__shm_ep *ep,

@@ -23,6 +23,7 @@ struct cfx__shm_ep *cfx__shm_ep_alloc(struct cfx__shm_iface *iface, int sock,
     struct cfx__shm_ep *ep = calloc(1, sizeof(*ep));
     if (!ep)
         return NULL;
+    ep->serial = ++iface->ep_serial;
     ep->txq = calloc(CFX_SHM_TXQ_DEPTH, sizeof(*ep->txq));
     ep->send_pool = malloc((size_t)CFX_SHM_SEND_SLOTS * CFX_TP_SEND_MAX);
     ep->rx_copy = malloc((size_t)CFX_SHM_RX_COPIES * CFX_TP_SEND_MAX);
@@ -320,6 +321,7 @@ static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
     m->flags = 0;
     m->len = 0;
     m->key = op->key;
+    m->grant = op->rd.grant;
     m->imm = op->imm;
     m->off = op->roff;
     m->start = op->roff;
@@ -352,6 +354,7 @@ static bool tx_staged(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *
         m->flags = op->done + p == op->len ? CFX_SHM_MSG_LAST : 0;
         m->len = (uint32_t)p;
         m->key = op->key;
+        m->grant = op->rd.grant;
         m->imm = op->imm;
         m->off = op->roff + op->done;
         m->start = op->roff;
@@ -404,6 +407,19 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
 }
 
 /* ---- consuming ----------------------------------------------------------------------------- */
+
+/* A write outside a live grant: nothing of it was copied here. */
+static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx__shm_msg *h)
+{
+    atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
+    CFX_LOG(ERR, SHM,
+            "node %u: %s wrote [%llu, +%llu) into registration %u: refused, %s; "
+            "failing the endpoint",
+            ep->iface->super.node_id, ep->super.peer_name, (unsigned long long)h->start,
+            (unsigned long long)h->total, h->key, why);
+    cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+    return CFX_ERR_PROTO;
+}
 
 static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h)
 {
@@ -470,9 +486,9 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
         case CFX_SHM_MSG_WFRAG:
             /* the whole write must fit, not just this fragment: a refused
              * write touches nothing */
-            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.start, h.total);
+            mr = cfx__shm_mr_lookup(ep->iface, ep, h.key, h.grant, h.start, h.total, &why);
             if (unlikely(!mr)) {
-                rx_proto(ep, "a write fragment outside any registration", &h);
+                rx_refused(ep, why, &h);
                 return n;
             }
             memcpy((uint8_t *)mr->super.addr + h.off, payload, h.len);
@@ -487,9 +503,10 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             }
             break;
         case CFX_SHM_MSG_WDONE:
-            mr = cfx__shm_mr_lookup(ep->iface, h.key, h.off, h.total);
+            mr = cfx__shm_mr_lookup(ep->iface, ep, h.key, h.grant, h.off, h.total, &why);
             if (unlikely(!mr)) {
-                rx_proto(ep, "a direct write outside any registration", &h);
+                h.start = h.off;
+                rx_refused(ep, why, &h); /* after the fact: see shm_mr.c */
                 return n;
             }
             ep->n_rx_direct++;

@@ -209,6 +209,7 @@ static void shm_iface_close(struct cfx_tp_iface *tpi)
     }
     free_zombies(iface);
     cfx__shm_mr_table_free(iface);
+    cfx__keystream_wipe(&iface->keys);
     explicit_bzero(iface->token, sizeof(iface->token));
     close(iface->listen_fd);
     close(iface->doorbell);
@@ -361,6 +362,11 @@ static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, i
     return n;
 }
 
+static uint64_t shm_grant_refused(struct cfx_tp_iface *tpi)
+{
+    return atomic_load_explicit(&cfx__shm_iface_of(tpi)->n_grant_refused, memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__shm_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "shm",
@@ -375,6 +381,9 @@ const struct cfx_transport_ops cfx__shm_ops = {
     .mem_reg = cfx__shm_mem_reg,
     .mem_dereg = cfx__shm_mem_dereg,
     .mr_pack = cfx__shm_mr_pack,
+    .mr_grant = cfx__shm_mr_grant,
+    .mr_revoke = cfx__shm_mr_revoke,
+    .iface_grant_refused = shm_grant_refused,
     .ep_write = cfx__shm_ep_write,
     .ep_send = cfx__shm_ep_send,
     .poll = shm_poll,

@@ -1,8 +1,15 @@
 /*
  * shm registrations and the writer's cache of mapped peer registrations.
  *
- * A registration is a slot in the iface table; its key is gen << 16 | idx,
- * so a key that outlives mem_dereg() no longer matches.  When the memory sits
+ * A registration is a slot in the iface table.  It takes no remote write
+ * until it is granted (mr_grant): a grant draws 64 fresh random bits as its
+ * key and may name the one endpoint allowed to write; revoking, granting
+ * again or deregistering clears it.  A staged write is checked against the
+ * grant (key, writer, bounds) before its first byte is copied; a direct
+ * write (below) lands before its WDONE is checked: a writer that keeps its
+ * mapping of the receiver's arena file past the grant is refused and failed
+ * only afterwards (same user only; such a process could as well write
+ * /proc/<pid>/mem).  When the memory sits
  * in a shareable file (mem->shm_fd, the engine's memfd arena) the rdesc also
  * names that file as the owner sees it (pid, fd number, inode, offset): a
  * writer on the same host opens /proc/<pid>/fd/<fd>, checks the inode and
@@ -40,7 +47,6 @@ static int table_grow(struct cfx__shm_iface *iface)
         return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for the registration table");
     for (uint32_t i = iface->mrs_cap; i < cap; i++) {
         s[i].mr = NULL;
-        s[i].gen = 1;
         s[i].next_free = i + 1 < cap ? i + 1 : iface->mrs_free;
     }
     iface->mrs_free = iface->mrs_cap;
@@ -83,7 +89,7 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     idx = iface->mrs_free;
     iface->mrs_free = iface->mrs[idx].next_free;
     iface->mrs[idx].mr = mr;
-    mr->key = (uint32_t)iface->mrs[idx].gen << 16 | idx;
+    mr->key = idx;
     *out = &mr->super;
     return CFX_OK;
 }
@@ -100,23 +106,26 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
     iface = cfx__shm_iface_of(tpm->iface);
     idx = mr->key & 0xffffu;
     iface->mrs[idx].mr = NULL;
-    iface->mrs[idx].gen++;
-    if (!iface->mrs[idx].gen)
-        iface->mrs[idx].gen = 1;
     iface->mrs[idx].next_free = iface->mrs_free;
     iface->mrs_free = idx;
     free(mr);
 }
 
-int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
+int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_tp_rdesc *out)
 {
     struct cfx__shm_mr *mr;
     struct cfx__shm_rdesc rd;
 
-    if (!tpm || !out)
-        return CFX_ERR_INVALID;
+    if (!tpm || !out || (tpe && tpe->iface != tpm->iface))
+        return cfx__err(CFX_ERR_INVALID, "shm mr_grant: NULL argument or another iface's ep");
     mr = cfx__shm_mr_of(tpm);
+    if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
+        return cfx__err(CFX_ERR_INVALID, "shm mr_grant: region %p is not remote-writable",
+                        tpm->addr);
+    mr->grant_key = cfx__keystream_next(&cfx__shm_iface_of(tpm->iface)->keys);
+    mr->grant_ep = tpe ? cfx__shm_ep_of(tpe)->serial : 0;
     memset(&rd, 0, sizeof(rd));
+    rd.grant = mr->grant_key;
     rd.tag = CFX_SHM_RDESC_TAG;
     rd.key = mr->key;
     rd.len = mr->super.len;
@@ -134,19 +143,50 @@ int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
     return CFX_OK;
 }
 
-struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, uint32_t key,
-                                       uint64_t off, uint64_t len)
+void cfx__shm_mr_revoke(struct cfx_tp_mr *tpm)
 {
-    uint32_t idx = key & 0xffffu;
-    struct cfx__shm_mr *mr;
+    if (!tpm)
+        return;
+    struct cfx__shm_mr *mr = cfx__shm_mr_of(tpm);
+    mr->grant_key = 0;
+    mr->grant_ep = 0;
+}
 
-    if (unlikely(idx >= iface->mrs_cap))
+int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
+{
+    if (!tpm || !out)
+        return CFX_ERR_INVALID;
+    if (!(cfx__shm_mr_of(tpm)->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
+        /* described all the same; its key matches nothing */
+        struct cfx__shm_rdesc rd = {
+            .tag = CFX_SHM_RDESC_TAG, .key = cfx__shm_mr_of(tpm)->key, .len = tpm->len, .fd = -1
+        };
+        memset(out, 0, sizeof(*out));
+        out->len = sizeof(rd);
+        memcpy(out->data, &rd, sizeof(rd));
+        return CFX_OK;
+    }
+    return cfx__shm_mr_grant(tpm, NULL, out);
+}
+
+struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struct cfx__shm_ep *ep,
+                                       uint32_t key, uint64_t grant, uint64_t off, uint64_t len,
+                                       const char **why)
+{
+    struct cfx__shm_mr *mr = likely(key < iface->mrs_cap) ? iface->mrs[key].mr : NULL;
+
+    if (unlikely(!mr || !mr->grant_key || mr->grant_key != grant)) {
+        *why = "no live grant with that key";
         return NULL;
-    mr = iface->mrs[idx].mr;
-    if (unlikely(!mr || mr->key != key || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE)))
+    }
+    if (unlikely(mr->grant_ep && mr->grant_ep != ep->serial)) {
+        *why = "granted to another peer";
         return NULL;
-    if (unlikely(off > mr->super.len || len > mr->super.len - off))
+    }
+    if (unlikely(off > mr->super.len || len > mr->super.len - off)) {
+        *why = "outside the granted bytes";
         return NULL;
+    }
     return mr;
 }
 

@@ -50,6 +50,7 @@ struct cfx__shm_msg {
     uint64_t off;          /* WFRAG: where this payload goes; WDONE: write start */
     uint64_t start;        /* WFRAG: where the whole write starts */
     uint64_t total;        /* WFRAG, WDONE: bytes of the whole write */
+    uint64_t grant;        /* WFRAG, WDONE: random key of the receiver's live grant */
 };
 
 struct cfx__shm_ring_ctl {

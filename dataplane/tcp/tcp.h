@@ -9,9 +9,11 @@
  *          cfx__tcp_hello (its node id and listen address), so the accepting
  *          side can name its peer before it reports ACCEPT;
  *   SEND   control message, payload <= CFX_TP_SEND_MAX;
- *   WRITE  one-sided write: key names a registration of the receiver,
- *          off is the offset in it; the payload is received straight into
- *          the registered memory after the key and bounds are checked;
+ *   WRITE  one-sided write: key_idx names a registration of the receiver,
+ *          key_lo/key_hi the 64 random bits of its live grant (mr_grant), off
+ *          the offset in it; the payload is received straight into the
+ *          registered memory only after the grant (key, the writing
+ *          endpoint, bounds) is checked, so a refused write lands nothing;
  *   ERROR  sent best-effort before a protocol failure closes the socket,
  *          imm carries the status;
  *   BYE    sent best-effort by ep_close so the peer reports CFX_ERR_CLOSED.
@@ -28,6 +30,7 @@
 #ifndef CFX_TCP_TCP_H
 #define CFX_TCP_TCP_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,9 +69,9 @@ struct cfx__tcp_hdr {
     uint8_t rsv[3];      /* zero */
     uint32_t len;        /* payload bytes that follow */
     uint32_t imm;        /* WRITE: immediate; ERROR: status */
-    uint32_t key_cookie; /* WRITE: iface cookie of the target registration */
+    uint32_t key_lo;     /* WRITE: grant key, low 32 bits */
     uint32_t key_idx;    /* WRITE: registration table index */
-    uint32_t key_gen;    /* WRITE: generation of that slot */
+    uint32_t key_hi;     /* WRITE: grant key, high 32 bits */
     uint64_t off;        /* WRITE: offset inside the registration */
 };
 
@@ -87,9 +90,9 @@ struct cfx__tcp_hello {
 struct cfx__tcp_rkey {
     uint8_t tag; /* CFX_TCP_RDESC_TAG */
     uint8_t rsv[3];
-    uint32_t cookie; /* iface cookie */
+    uint32_t key_lo; /* grant key, low 32 bits: random per grant */
     uint32_t idx;    /* registration table index */
-    uint32_t gen;    /* slot generation: a stale key does not match */
+    uint32_t key_hi; /* grant key, high 32 bits */
     uint64_t len;    /* bytes in the region */
 } __attribute__((packed));
 _Static_assert(sizeof(struct cfx__tcp_rkey) <= CFX_TP_RDESC_MAX, "rkey fits an rdesc");
@@ -98,14 +101,14 @@ struct cfx__tcp_mr {
     struct cfx_tp_mr super;
     unsigned access;  /* CFX_TP_ACCESS_* */
     uint32_t idx;     /* slot in the iface table */
-    uint32_t gen;     /* generation when registered */
+    uint64_t grant_key; /* live grant's random key; 0: none (no write accepted) */
+    uint64_t grant_ep;  /* serial of the only ep that may write; 0: any */
     uint32_t rx_busy; /* eps currently receiving a payload into it */
     uint32_t tx_busy; /* queued writes reading from it */
 };
 
 struct cfx__tcp_mr_slot {
     struct cfx__tcp_mr *mr; /* NULL when free */
-    uint32_t gen;           /* bumped on every dereg */
     uint32_t next_free;     /* free list link (index), UINT32_MAX ends */
 };
 
@@ -141,6 +144,7 @@ struct cfx__tcp_rx_slot {
 struct cfx__tcp_ep {
     struct cfx_tp_ep super;
     struct cfx__tcp_iface *iface;
+    uint64_t serial;      /* never reused in the iface: names the ep in grants */
     struct cfx_list link; /* iface->eps or iface->graveyard */
     int fd;
     int state;             /* enum cfx__tcp_ep_state */
@@ -184,7 +188,10 @@ struct cfx__tcp_iface {
     int epfd; /* epoll: listen socket + ep sockets */
     int listen_fd;
     char addr[32];             /* "ip:port" we listen on */
-    uint32_t cookie;           /* random; part of every rkey */
+    uint64_t ep_serial;        /* last ep serial handed out */
+    _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's, out of
+                                         bounds (read by any thread) */
+    struct cfx__keystream keys; /* grant keys */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     struct cfx_list eps;       /* live endpoints */
@@ -273,9 +280,12 @@ int cfx__tcp_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *m
                      struct cfx_tp_mr **out);
 void cfx__tcp_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__tcp_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
-/* Registration named by a WRITE header, or NULL when the key is stale/foreign. */
-struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie, uint32_t idx,
-                                       uint32_t gen);
+int cfx__tcp_mr_grant(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
+void cfx__tcp_mr_revoke(struct cfx_tp_mr *mr);
+/* Registration whose live grant lets @p ep write [off, off+len), or NULL
+ * with a static reason in *why. */
+struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, const struct cfx__tcp_ep *ep,
+                                       const struct cfx__tcp_hdr *h, const char **why);
 void cfx__tcp_mr_table_free(struct cfx__tcp_iface *iface);
 
 #endif

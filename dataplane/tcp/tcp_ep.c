@@ -271,6 +271,7 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
         ep->rx_slots[i].buf = slots + (size_t)i * CFX_TP_SEND_MAX;
 
     ep->super.iface = &iface->super;
+    ep->serial = ++iface->ep_serial;
     ep->super.peer_node = peer_node;
     ep->super.status = CFX_OK;
     ep->iface = iface;
@@ -557,9 +558,9 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
         .type = CFX_TCP_FRAME_WRITE,
         .len = htole32((uint32_t)len),
         .imm = htole32(imm),
-        .key_cookie = k.cookie, /* already little endian */
+        .key_lo = k.key_lo, /* already little endian */
         .key_idx = k.idx,
-        .key_gen = k.gen,
+        .key_hi = k.key_hi,
         .off = htole64(roff),
     };
     op->payload = (const uint8_t *)tp_mr->addr + loff;
@@ -621,7 +622,7 @@ static bool rx_header(struct cfx__tcp_ep *ep)
 {
     struct cfx__tcp_hdr *h = &ep->rx_hdr;
     struct cfx__tcp_hdr wire = *h;
-    const char *why;
+    const char *why = "bad header";
     int type = cfx__tcp_hdr_check(&wire, sizeof(wire), ep->state == CFX_TCP_EP_HELLO_WAIT, h,
                                   &why);
 
@@ -642,19 +643,14 @@ static bool rx_header(struct cfx__tcp_ep *ep)
 
     switch (h->type) {
     case CFX_TCP_FRAME_WRITE: {
-        struct cfx__tcp_mr *mr =
-            type < 0 ? NULL : cfx__tcp_mr_lookup(ep->iface, h->key_cookie, h->key_idx, h->key_gen);
-        if (unlikely(!mr || !(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))) {
+        /* checked before a byte is read: a refused write lands nothing */
+        const char *gwhy = why;
+        struct cfx__tcp_mr *mr = type < 0 ? NULL : cfx__tcp_mr_lookup(ep->iface, ep, h, &gwhy);
+        if (unlikely(!mr)) {
+            atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
             send_error_frame(ep, CFX_ERR_PROTO);
-            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write of %u bytes with %s key %08x:%u:%u refused",
-                    h->len, mr ? "read-only" : "unknown or stale", h->key_cookie, h->key_idx,
-                    h->key_gen);
-            return false;
-        }
-        if (unlikely(h->off > mr->super.len || h->len > mr->super.len - h->off)) {
-            send_error_frame(ep, CFX_ERR_PROTO);
-            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write [%llu, +%u) outside region of %zu bytes refused",
-                    (unsigned long long)h->off, h->len, mr->super.len);
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "write [%llu, +%u) into registration %u refused: %s",
+                    (unsigned long long)h->off, h->len, h->key_idx, gwhy);
             return false;
         }
         ep->rx_dst = (uint8_t *)mr->super.addr + h->off;

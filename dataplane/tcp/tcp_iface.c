@@ -151,12 +151,6 @@ static void iface_accept(struct cfx__tcp_iface *iface)
     }
 }
 
-static uint32_t iface_cookie(void)
-{
-    uint32_t v = cfx__random_u32();
-    return v ? v : 1;
-}
-
 static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_tp_iface **out)
 {
     const char *bind_addr = "127.0.0.1";
@@ -181,7 +175,6 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
     iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
                                ? params->node_id
                                : CFX_TCP_NODE_NONE;
-    iface->cookie = iface_cookie();
     iface->mrs_free = UINT32_MAX;
     iface->listen_fd = -1;
     cfx_list_init(&iface->eps);
@@ -259,6 +252,7 @@ static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
         cfx__tcp_ep_close(&cfx_list_entry(pos, struct cfx__tcp_ep, link)->super);
     free_graveyard(iface);
     cfx__tcp_mr_table_free(iface);
+    cfx__keystream_wipe(&iface->keys);
     close(iface->listen_fd);
     close(iface->epfd);
     free(iface->cq);
@@ -336,6 +330,12 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
     return n;
 }
 
+static uint64_t tcp_grant_refused(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__tcp_iface_of(tp_iface)->n_grant_refused,
+                                memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__tcp_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "tcp",
@@ -350,6 +350,9 @@ const struct cfx_transport_ops cfx__tcp_ops = {
     .mem_reg = cfx__tcp_mem_reg,
     .mem_dereg = cfx__tcp_mem_dereg,
     .mr_pack = cfx__tcp_mr_pack,
+    .mr_grant = cfx__tcp_mr_grant,
+    .mr_revoke = cfx__tcp_mr_revoke,
+    .iface_grant_refused = tcp_grant_refused,
     .ep_write = cfx__tcp_ep_write,
     .ep_send = cfx__tcp_ep_send,
     .poll = tcp_poll,

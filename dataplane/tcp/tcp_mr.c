@@ -1,12 +1,13 @@
 /*
  * tcp transport: memory registration.
  *
- * Registrations live in a per-iface table.  A remote key is (iface cookie,
- * table index, slot generation): the generation is bumped when the slot is
- * deregistered, so a key that outlived its registration is recognised and
- * refused instead of landing in whatever reuses the slot.  Generations
- * start at random values, so a peer that learned one key (and so the
- * cookie) cannot guess the keys of the other regions from their indexes.
+ * Registrations live in a per-iface table.  A registration takes no
+ * remote write until it is granted (mr_grant): a grant draws 64 fresh random
+ * bits (the iface's keystream, getrandom in batches) as its key and may name the one endpoint allowed to
+ * write.  A remote key is (table index, grant key); the receive path checks
+ * key, writer and bounds before reading a byte of payload.  Revoking (or
+ * deregistering, or granting again) clears the key, so a key that outlived
+ * its transfer, or one learned from an earlier grant, matches nothing.
  */
 #include <endian.h>
 #include <stdlib.h>
@@ -32,8 +33,6 @@ static int mr_table_grow(struct cfx__tcp_iface *iface)
     /* New slots go on the free list, lowest index first. */
     for (uint32_t i = cap; i-- > iface->mrs_cap;) {
         t[i].mr = NULL;
-        uint32_t gen = cfx__random_u32();
-        t[i].gen = gen ? gen : 1;
         t[i].next_free = iface->mrs_free;
         iface->mrs_free = i;
     }
@@ -76,7 +75,6 @@ int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc
     mr->super.memtype = mem->memtype;
     mr->access = access;
     mr->idx = idx;
-    mr->gen = slot->gen;
     *out = &mr->super;
     return CFX_OK;
 }
@@ -98,28 +96,29 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
             cfx__tcp_ep_mr_gone(cfx_list_entry(pos, struct cfx__tcp_ep, link), mr);
     }
     slot->mr = NULL;
-    slot->gen++;
-    if (slot->gen == 0)
-        slot->gen = 1;
     slot->next_free = iface->mrs_free;
     iface->mrs_free = mr->idx;
     free(mr);
 }
 
-int cfx__tcp_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
+int cfx__tcp_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct cfx_tp_rdesc *out)
 {
     struct cfx__tcp_rkey k;
 
-    if (!tp_mr || !out)
-        return cfx__err(CFX_ERR_INVALID, "tcp mr_pack: NULL argument");
+    if (!tp_mr || !out || (tp_ep && tp_ep->iface != tp_mr->iface))
+        return cfx__err(CFX_ERR_INVALID, "tcp mr_grant: NULL argument or another iface's ep");
     struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
-    struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_mr->iface);
+    if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
+        return cfx__err(CFX_ERR_INVALID, "tcp mr_grant: region %p is not remote-writable",
+                        tp_mr->addr);
+    mr->grant_key = cfx__keystream_next(&cfx__tcp_iface_of(tp_mr->iface)->keys);
+    mr->grant_ep = tp_ep ? cfx__tcp_ep_of(tp_ep)->serial : 0;
 
     memset(&k, 0, sizeof(k));
     k.tag = CFX_TCP_RDESC_TAG;
-    k.cookie = htole32(iface->cookie);
+    k.key_lo = htole32((uint32_t)mr->grant_key);
     k.idx = htole32(mr->idx);
-    k.gen = htole32(mr->gen);
+    k.key_hi = htole32((uint32_t)(mr->grant_key >> 32));
     k.len = htole64((uint64_t)tp_mr->len);
     memset(out, 0, sizeof(*out));
     memcpy(out->data, &k, sizeof(k));
@@ -127,15 +126,54 @@ int cfx__tcp_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
     return CFX_OK;
 }
 
-struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, uint32_t cookie, uint32_t idx,
-                                       uint32_t gen)
+void cfx__tcp_mr_revoke(struct cfx_tp_mr *tp_mr)
 {
-    if (unlikely(cookie != iface->cookie || idx >= iface->mrs_cap))
+    if (!tp_mr)
+        return;
+    struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
+    mr->grant_key = 0;
+    mr->grant_ep = 0;
+    /* A write of it already being received keeps landing (its header was
+     * checked against the grant it had); the next header is refused. */
+}
+
+int cfx__tcp_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
+{
+    if (!tp_mr || !out)
+        return cfx__err(CFX_ERR_INVALID, "tcp mr_pack: NULL argument");
+    /* a registration that takes no remote write is described all the same
+     * (its key matches nothing) */
+    if (!(cfx__tcp_mr_of(tp_mr)->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
+        struct cfx__tcp_rkey k = { .tag = CFX_TCP_RDESC_TAG,
+                                   .idx = htole32(cfx__tcp_mr_of(tp_mr)->idx),
+                                   .len = htole64((uint64_t)tp_mr->len) };
+        memset(out, 0, sizeof(*out));
+        memcpy(out->data, &k, sizeof(k));
+        out->len = (uint8_t)sizeof(k);
+        return CFX_OK;
+    }
+    return cfx__tcp_mr_grant(tp_mr, NULL, out);
+}
+
+struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, const struct cfx__tcp_ep *ep,
+                                       const struct cfx__tcp_hdr *h, const char **why)
+{
+    uint64_t key = (uint64_t)h->key_hi << 32 | h->key_lo;
+    struct cfx__tcp_mr *mr = likely(h->key_idx < iface->mrs_cap) ? iface->mrs[h->key_idx].mr : NULL;
+
+    if (unlikely(!mr || !mr->grant_key || mr->grant_key != key)) {
+        *why = "no live grant with that key";
         return NULL;
-    struct cfx__tcp_mr_slot *slot = &iface->mrs[idx];
-    if (unlikely(!slot->mr || slot->gen != gen))
+    }
+    if (unlikely(mr->grant_ep && mr->grant_ep != ep->serial)) {
+        *why = "granted to another peer";
         return NULL;
-    return slot->mr;
+    }
+    if (unlikely(h->off > mr->super.len || h->len > mr->super.len - h->off)) {
+        *why = "outside the granted bytes";
+        return NULL;
+    }
+    return mr;
 }
 
 void cfx__tcp_mr_table_free(struct cfx__tcp_iface *iface)

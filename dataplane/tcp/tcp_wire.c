@@ -25,9 +25,9 @@ int cfx__tcp_hdr_check(const void *buf, size_t len, bool hello_wait, struct cfx_
     memcpy(&h, buf, sizeof(h));
     h.len = le32toh(h.len);
     h.imm = le32toh(h.imm);
-    h.key_cookie = le32toh(h.key_cookie);
+    h.key_lo = le32toh(h.key_lo);
     h.key_idx = le32toh(h.key_idx);
-    h.key_gen = le32toh(h.key_gen);
+    h.key_hi = le32toh(h.key_hi);
     h.off = le64toh(h.off);
     *out = h;
 

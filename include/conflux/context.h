@@ -116,6 +116,9 @@ struct cfx_context_stats {
     uint64_t loc_hits;          /* gets that went straight to a holder from the location cache */
     uint64_t loc_stale;         /* ... of which the holder refused or failed: asked the directory */
     uint64_t loc_evictions;     /* locations evicted to make room (CFX_LOC_CACHE bounds it) */
+    uint64_t writes_refused;    /* peers' writes outside a live grant (stale key, granted to
+                                   another peer, outside the object): refused by the transport
+                                   before a byte landed, their connection failed (tcp, shm) */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */

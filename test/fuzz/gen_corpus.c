@@ -305,7 +305,7 @@ static void tcp(void)
     h.type = CFX_TCP_FRAME_WRITE;
     h.len = htole32(1u << 20);
     h.imm = htole32(17u << 20 | 3);
-    h.key_cookie = htole32(0x12345678);
+    h.key_lo = htole32(0x12345678);
     h.key_idx = htole32(2);
     h.key_gen = htole32(1);
     h.off = htole64(3u << 20);

@@ -20,6 +20,8 @@
 
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
+#include "dataplane/shm/shm.h"
+#include "dataplane/tcp/tcp.h"
 #include "testutil.h"
 
 static struct cfx_coord *coord;
@@ -178,6 +180,34 @@ Test(context, unknown_transport)
     cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
 }
 
+/* After a get returned, the destination it granted to its source takes no
+ * more writes: its registration holds no live grant, whichever transport.
+ * Returns the number of registrations checked. */
+static int check_no_live_grant(struct cfx_context *c, const struct cfx_object_id *id)
+{
+    int checked = 0;
+    pthread_mutex_lock(&c->lock);
+    struct cfx_obj *o = cfx__store_find(&c->store, id);
+    cr_assert_not_null(o, "the got object is not in the store");
+    for (int t = 0; t < c->ntp; t++) {
+        struct cfx_tp_mr *mr = o->mr[t];
+        uint64_t key;
+        if (!mr)
+            continue;
+        if (c->tp[t].ops == &cfx__tcp_ops)
+            key = container_of(mr, struct cfx__tcp_mr, super)->grant_key;
+        else if (c->tp[t].ops == &cfx__shm_ops)
+            key = container_of(mr, struct cfx__shm_mr, super)->grant_key;
+        else
+            continue;
+        cr_assert_eq(key, 0, "%s: the destination is still granted after the get returned",
+                     c->tp[t].ops->name);
+        checked++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return checked;
+}
+
 static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
 {
     struct cfx_context *a, *b;
@@ -201,6 +231,8 @@ static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
     }
     cr_assert_eq(got, size);
     cr_assert_eq(cfx_test_check(dst, size, size), (size_t)-1, "bytes differ");
+    if (tps)
+        cr_assert_gt(check_no_live_grant(b, &id), 0, "the get registered nothing");
 
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_ERR_NOT_FOUND);

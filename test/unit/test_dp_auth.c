@@ -8,7 +8,10 @@
  */
 #include <criterion/criterion.h>
 
+#include <endian.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 #include "control/auth.h"
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
+#include "dataplane/tcp/tcp.h"
 #include "testutil.h"
 
 #define OBJ_SIZE (1u << 20)
@@ -278,6 +282,44 @@ Test(dp_auth, right_token_is_served)
         raw_poll(&r, 50);
     cr_assert_eq(r.writes, (int)(OBJ_SIZE / CHUNK), "closed %d", r.closed);
     cr_assert_eq(cfx_test_check(r.dst, OBJ_SIZE, 7), (size_t)-1, "bytes differ");
+    raw_close(&r);
+}
+
+/* An authenticated peer that writes with a key it was never granted (here:
+ * the node's first registration slots with made-up keys, after the node
+ * served it, so the node holds registrations) is refused by the transport
+ * before a byte lands, closed, and counted in cfx_context_stats. */
+Test(dp_auth, write_without_a_grant_is_refused_and_counted)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    struct cfx_context_stats st;
+    raw_open(&r);
+    send_hello(&r, nonce);
+    for (int i = 0; i < 50 && !r.got_auth; i++)
+        raw_poll(&r, 100);
+    cr_assert(r.got_auth);
+    send_auth(&r, token, nonce);
+    send_get(&r); /* served: the node registered its object with tcp */
+    for (int i = 0; i < 100 && r.writes < (int)(OBJ_SIZE / CHUNK) && !r.closed; i++)
+        raw_poll(&r, 50);
+    cr_assert_eq(r.writes, (int)(OBJ_SIZE / CHUNK));
+    cr_assert_eq(cfx_context_stats(node, &st), CFX_OK);
+    cr_assert_eq(st.writes_refused, 0);
+
+    struct cfx__tcp_rkey k = { .tag = CFX_TCP_RDESC_TAG, .len = htole64(OBJ_SIZE) };
+    k.key_lo = cfx__random_u32();
+    k.key_hi = cfx__random_u32();
+    struct cfx_tp_rdesc rd = { .len = sizeof(k) };
+    memcpy(rd.data, &k, sizeof(k));
+    cr_assert_eq(r.ops->ep_write(r.ep, r.mr, 0, &rd, 0, 64, 0, 9), CFX_OK);
+    raw_poll(&r, 10000); /* returns once closed */
+    cr_assert(r.closed, "the node kept a peer that wrote without a grant");
+    uint64_t deadline = cfx__deadline_ns(10000);
+    do {
+        cr_assert_eq(cfx_context_stats(node, &st), CFX_OK);
+    } while (st.writes_refused == 0 && cfx__now_ns() < deadline && !sched_yield());
+    cr_assert_eq(st.writes_refused, 1, "refused writes counted: %" PRIu64, st.writes_refused);
     raw_close(&r);
 }
 

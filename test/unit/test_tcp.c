@@ -217,9 +217,9 @@ static void raw_write_hdr(int fd, const struct cfx_tp_rdesc *rd, uint64_t off, u
     struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_WRITE,
                               .len = htole32(len),
                               .imm = htole32(imm),
-                              .key_cookie = k.cookie,
+                              .key_lo = k.key_lo,
                               .key_idx = k.idx,
-                              .key_gen = k.gen,
+                              .key_hi = k.key_hi,
                               .off = htole64(off) };
     raw_send(fd, &h, sizeof(h));
 }
@@ -378,7 +378,7 @@ Test(tcp, write_refused_foreign_key)
     reg(B.iface, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
     reg(c, &other, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
 
-    /* A key of iface c sent to b: the cookie does not match. */
+    /* A key of iface c sent to b: no live grant of b's has that key. */
     cr_assert_eq(ops->ep_write(ab, src.mr, 0, &other.rd, 0, 16, 1, 1), CFX_OK);
     expect_proto_failure(ab, ba, &dst);
     unreg(&other);
@@ -780,9 +780,9 @@ Test(tcp, recv_parses_frames_split_anywhere)
     struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE,
                               .len = htole32(WLEN),
                               .imm = htole32(5),
-                              .key_cookie = k.cookie,
+                              .key_lo = k.key_lo,
                               .key_idx = k.idx,
-                              .key_gen = k.gen,
+                              .key_hi = k.key_hi,
                               .off = htole64(16) };
     memcpy(stream + len, &w, sizeof(w));
     len += sizeof(w);

@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "dataplane/common/util.h"
+#include "dataplane/shm/shm.h"
+#include "dataplane/tcp/tcp.h"
 #include "dataplane/transport.h"
 #include "testutil.h"
 
@@ -771,6 +773,184 @@ TP_TEST(write_out_of_bounds)
 TP_TEST(write_stale_key)
 {
     check_refused_write(param, true);
+}
+
+/* --- write grants (mr_grant / mr_revoke) ----------------------------------- */
+
+/* Writes a transport refused for want of a live grant, on iface @p side. */
+static uint64_t grant_refused(struct pair *p, int side)
+{
+    struct cfx_tp_iface *i = p->s[side].iface;
+    if (p->ops == &cfx__tcp_ops)
+        return container_of(i, struct cfx__tcp_iface, super)->n_grant_refused;
+    if (p->ops == &cfx__shm_ops)
+        return container_of(i, struct cfx__shm_iface, super)->n_grant_refused;
+    return 0;
+}
+
+static void grant_open(struct pair *p, const struct tp_param *param)
+{
+    pair_open(p, param);
+    if (!p->ops->mr_grant || !p->ops->mr_revoke) {
+        const char *name = p->ops->name;
+        pair_close(p);
+        cr_skip_test("transport %s has no write grants (docs/SECURITY.md: not yet done)", name);
+    }
+    pair_connect(p);
+}
+
+/* Second connection a -> b: another peer as far as b's grants go. */
+static void connect_another(struct pair *p, struct cfx_tp_ep **ab2, struct cfx_tp_ep **ba2)
+{
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+
+    get_addr(p, 1, addr, &len);
+    int rc = p->ops->ep_connect(p->s[0].iface, addr, len, NODE_B, ab2);
+    cr_assert_eq(rc, CFX_OK, "ep_connect: %s", cfx_errname(rc));
+    struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, *ab2, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    *ba2 = e->ep;
+}
+
+enum grant_attack { STALE, OTHER_PEER, PAST_END };
+
+/*
+ * b grants its 64 KiB region to a's endpoint for one "transfer"; a's first
+ * write in the grant lands.  Then the attack: a write with the key after the
+ * grant was revoked, from another endpoint, or one byte past the region.
+ * It must change no byte, fail the writer's connection on both sides, report
+ * no WRITE_IMM and be counted once.
+ */
+static void check_grant_attack(const struct tp_param *param, enum grant_attack how)
+{
+    enum { LEN = 65536 };
+    struct pair p;
+    struct region src, dst;
+    struct cfx_tp_rdesc grant;
+    struct cfx_tp_ep *ab2 = NULL, *ba2 = NULL;
+
+    grant_open(&p, param);
+    region_reg(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    if (how == OTHER_PEER)
+        connect_another(&p, &ab2, &ba2);
+    int rc = p.ops->mr_grant(dst.mr, p.ba, &grant);
+    cr_assert_eq(rc, CFX_OK, "mr_grant: %s %s", cfx_errname(rc), cfx_last_error());
+
+    /* the granted peer's write lands */
+    post_write(&p, p.ab, &src, 0, &grant, 0, 16, 7, 1);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    cr_assert_eq(e->imm, 7);
+    for (size_t i = 0; i < 16; i++)
+        cr_assert_eq(dst.buf[i], 0x11);
+    memset(dst.buf, 0xAA, 16);
+    cr_assert_eq(grant_refused(&p, 1), 0);
+
+    struct cfx_tp_ep *w = p.ab, *r = p.ba;
+    uint64_t roff = 0;
+    size_t len = 16;
+    switch (how) {
+    case STALE:
+        p.ops->mr_revoke(dst.mr); /* the transfer ended */
+        break;
+    case OTHER_PEER:
+        w = ab2;
+        r = ba2;
+        break;
+    case PAST_END:
+        roff = LEN - 15; /* its last byte is the one past the region */
+        break;
+    }
+    rc = p.ops->ep_write(w, src.mr, 0, &grant, roff, len, 0xBAD, 2);
+    cr_assert_eq(rc, CFX_OK, "the writer cannot know the grant is bad: %s", cfx_errname(rc));
+    wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, r, WAIT_MS);
+    wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, w, WAIT_MS);
+    settle(&p, 50);
+
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, NULL), 1, "refused write reported");
+    for (size_t i = 0; i < LEN; i++)
+        cr_assert_eq(dst.buf[i], 0xAA, "refused write changed byte %zu", i);
+    cr_assert_eq(grant_refused(&p, 1), 1, "refusal not counted");
+    cr_assert_neq(r->status, CFX_OK);
+    if (how == OTHER_PEER) {
+        /* the peer it was granted to is unaffected and may still write */
+        cr_assert_eq(p.ba->status, CFX_OK);
+        post_write(&p, p.ab, &src, 0, &grant, LEN - 16, 16, 8, 3);
+        e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+        cr_assert_eq(e->imm, 8);
+        cr_assert_eq(dst.buf[LEN - 1], 0x11);
+        p.ops->ep_close(ab2);
+        p.ops->ep_close(ba2);
+    }
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+
+TP_TEST(grant_stale_key_refused)
+{
+    check_grant_attack(param, STALE);
+}
+
+TP_TEST(grant_other_peer_refused)
+{
+    check_grant_attack(param, OTHER_PEER);
+}
+
+TP_TEST(grant_one_byte_past_refused)
+{
+    check_grant_attack(param, PAST_END);
+}
+
+static unsigned bits_differing(const struct cfx_tp_rdesc *a, const struct cfx_tp_rdesc *b)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < CFX_TP_RDESC_MAX; i++)
+        n += (unsigned)__builtin_popcount((unsigned)(a->data[i] ^ b->data[i]));
+    return n;
+}
+
+/*
+ * Keys of consecutive grants, of one registration and of registrations that
+ * reuse one slot, share nothing a peer could extrapolate: all differ, and
+ * on average about half of 64 random bits flip from one to the next (a
+ * counter, gen + 1, flips one or two).
+ */
+TP_TEST(grant_keys_unpredictable)
+{
+    enum { N = 512 };
+    struct pair p;
+    struct region dst;
+    static struct cfx_tp_rdesc keys[2][N];
+
+    grant_open(&p, param);
+    region_reg(&p, 1, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(p.ops->mr_grant(dst.mr, p.ba, &keys[0][i]), CFX_OK);
+    region_free(&p, &dst);
+    for (int i = 0; i < N; i++) {
+        region_reg(&p, 1, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+        cr_assert_eq(p.ops->mr_grant(dst.mr, p.ba, &keys[1][i]), CFX_OK);
+        region_free(&p, &dst);
+    }
+    for (int k = 0; k < 2; k++) {
+        uint64_t flips = 0;
+        for (int i = 1; i < N; i++) {
+            unsigned d = bits_differing(&keys[k][i - 1], &keys[k][i]);
+            cr_assert_gt(d, 0, "%s: grant %d repeats the key before it",
+                         k ? "re-registered" : "one registration", i);
+            flips += d;
+        }
+        double mean = (double)flips / (N - 1);
+        cr_log_info("%s: %.1f key bits flip per grant", k ? "re-registered" : "one registration",
+                    mean);
+        cr_assert_geq(mean, 24.0, "%s: consecutive keys differ in %.1f bits on average",
+                      k ? "re-registered" : "one registration", mean);
+    }
+    pair_close(&p);
 }
 
 /* The peer iface goes away with ops outstanding: flushed, then EP_ERROR. */
