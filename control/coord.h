@@ -48,6 +48,11 @@ uint16_t cfx__coord_port(const struct cfx_coord *coord);
 /* Address actually bound, "ip:port" (for banners and log lines). */
 const char *cfx__coord_addr(const struct cfx_coord *coord);
 
+/* Wait until at most @p most members are alive (joined, not yet left or
+ * dead), or until @p deadline (CLOCK_MONOTONIC ns).  Any thread.
+ * CFX_OK, or CFX_ERR_TIMEOUT saying how many are left. */
+int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t deadline);
+
 /* Stop the loop, close every connection, free.  NULL is a no-op. */
 void cfx__coord_stop(struct cfx_coord *coord);
 

@@ -218,6 +218,11 @@ struct cfx_coord {
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
     uint32_t nodes_dead;
+    /* nodes_alive as other threads may read it (cfx__coord_wait_members):
+     * the loop thread writes it under alive_mu and signals alive_cond */
+    pthread_mutex_t alive_mu;
+    pthread_cond_t alive_cond;
+    uint32_t alive_pub;
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
     struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
@@ -234,6 +239,9 @@ struct cfx_coord {
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
 };
+
+/* coord.c: publish nodes_alive to cfx__coord_wait_members() (loop thread). */
+void cfx__coord_alive_publish(struct cfx_coord *co);
 
 /* coord.c: replies and connection failure. */
 void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m);
