@@ -848,8 +848,10 @@ int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t dea
     n = coord->alive_pub;
     pthread_mutex_unlock(&coord->alive_mu);
     if (n > most)
-        return cfx__err(CFX_ERR_TIMEOUT, "coordinator %s: %u member(s) still alive at the "
-                        "deadline (waited for at most %u)", coord->addr, n, most);
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "coordinator %s: %u member(s) still alive at the "
+                        "deadline (waited for at most %u)",
+                        coord->addr, n, most);
     return CFX_OK;
 }
 

@@ -25,8 +25,8 @@
 
 /* Same order as the group's rank (coll/group.c rank_size), so that the
  * rank that hosts is the group's rank 0. */
-static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
-                                         "RANK", "PMI_RANK" };
+static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK",
+                                         "PMI_RANK" };
 
 static int env_port(const char *name, long add, uint16_t *out)
 {
@@ -51,7 +51,8 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
     memset(b, 0, sizeof(*b));
     b->rank = -1;
     if (!master || !*master)
-        return cfx__err(CFX_ERR_INVALID, "no coordinator configured: set CFX_COORD=host:port, "
+        return cfx__err(CFX_ERR_INVALID,
+                        "no coordinator configured: set CFX_COORD=host:port, "
                         "or MASTER_ADDR and MASTER_PORT as torchrun does (rank 0 then hosts "
                         "it; under Slurm or Open MPI set MASTER_ADDR to the first host), or "
                         "run under cfx_run, which starts one");
@@ -63,9 +64,11 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
     else if (mport && *mport)
         rc = env_port("MASTER_PORT", 1, &b->port);
     else
-        rc = cfx__err(CFX_ERR_INVALID, "MASTER_ADDR=%s is set but neither MASTER_PORT nor "
+        rc = cfx__err(CFX_ERR_INVALID,
+                      "MASTER_ADDR=%s is set but neither MASTER_PORT nor "
                       "CFX_COORD_PORT: the coordinator's port is CFX_COORD_PORT, else "
-                      "MASTER_PORT+1", master);
+                      "MASTER_PORT+1",
+                      master);
     if (rc != CFX_OK)
         return rc;
     for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
@@ -82,9 +85,11 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
         break;
     }
     if (b->rank < 0)
-        return cfx__err(CFX_ERR_INVALID, "MASTER_ADDR=%s is set but no rank: set RANK (torchrun), "
+        return cfx__err(CFX_ERR_INVALID,
+                        "MASTER_ADDR=%s is set but no rank: set RANK (torchrun), "
                         "SLURM_PROCID, OMPI_COMM_WORLD_RANK or CFX_RANK; rank 0 hosts the "
-                        "coordinator", master);
+                        "coordinator",
+                        master);
     b->used = true;
     b->host = b->rank == 0;
     snprintf(coord, len, "%s:%u", b->master, (unsigned)b->port);
@@ -99,7 +104,8 @@ int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord
 
     *out = NULL;
     if (!token || !*token)
-        return cfx__err(CFX_ERR_AUTH, "rank 0 (%s) refuses to host the coordinator on %s:%u "
+        return cfx__err(CFX_ERR_AUTH,
+                        "rank 0 (%s) refuses to host the coordinator on %s:%u "
                         "without a cluster token: set CFX_TOKEN or CFX_TOKEN_FILE on every rank",
                         b->rank_var, b->master, (unsigned)b->port);
     snprintf(hp, sizeof(hp), "%s:%u", b->master, (unsigned)b->port);
@@ -114,9 +120,10 @@ int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord
     };
     rc = cfx__coord_start(&cp, out);
     if (rc != CFX_OK)
-        return cfx__err(rc, "rank 0 (%s) cannot host the coordinator on MASTER_ADDR=%s "
-                        "(%s) port %u (CFX_COORD_PORT, else MASTER_PORT+1): %s", b->rank_var,
-                        b->master, ip, (unsigned)b->port, cfx_last_error());
+        return cfx__err(rc,
+                        "rank 0 (%s) cannot host the coordinator on MASTER_ADDR=%s "
+                        "(%s) port %u (CFX_COORD_PORT, else MASTER_PORT+1): %s",
+                        b->rank_var, b->master, ip, (unsigned)b->port, cfx_last_error());
     CFX_LOG(INFO, CTL, "rank 0 hosts the coordinator on %s (from MASTER_ADDR)",
             cfx__coord_addr(*out));
     return CFX_OK;

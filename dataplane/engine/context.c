@@ -103,10 +103,11 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     } else if (ba && *ba) {
         /* not an address: an interface name, exactly */
         if (strlen(ba) >= IF_NAMESIZE || strchr(ba, ','))
-            return cfx__err(CFX_ERR_INVALID, "CFX_BIND_ADDR=%s is neither an IPv4 address nor "
-                            "an interface name", ba);
-        int rc = cfx__netif_pick("CFX_BIND_ADDR", ba, true, cfg->bind_addr,
-                                 sizeof(cfg->bind_addr));
+            return cfx__err(CFX_ERR_INVALID,
+                            "CFX_BIND_ADDR=%s is neither an IPv4 address nor "
+                            "an interface name",
+                            ba);
+        int rc = cfx__netif_pick("CFX_BIND_ADDR", ba, true, cfg->bind_addr, sizeof(cfg->bind_addr));
         if (rc != CFX_OK)
             return rc;
     } else if (ifn) {
@@ -718,8 +719,8 @@ void cfx_context_destroy(struct cfx_context *ctx)
     pthread_cond_destroy(&ctx->calls_cond);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
-    cfx__boot_unhost(ctx->hosted, ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS
-                                                          : ctx->cfg.timeout_ms);
+    cfx__boot_unhost(ctx->hosted,
+                     ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms);
     free(ctx);
 }
 

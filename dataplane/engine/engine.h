@@ -585,12 +585,12 @@ struct cfx_tp_slot {
 
 /* A coordinator found through the launcher's environment (bootstrap.c). */
 struct cfx_boot {
-    bool used;                  /* coord came from MASTER_ADDR, not CFX_COORD */
-    bool host;                  /* this process is rank 0: it hosts the coordinator */
-    int rank;                   /* from rank_var */
-    const char *rank_var;       /* the variable the rank came from ("RANK", ...) */
-    char master[64];            /* MASTER_ADDR */
-    uint16_t port;              /* CFX_COORD_PORT, else MASTER_PORT+1 */
+    bool used;            /* coord came from MASTER_ADDR, not CFX_COORD */
+    bool host;            /* this process is rank 0: it hosts the coordinator */
+    int rank;             /* from rank_var */
+    const char *rank_var; /* the variable the rank came from ("RANK", ...) */
+    char master[64];      /* MASTER_ADDR */
+    uint16_t port;        /* CFX_COORD_PORT, else MASTER_PORT+1 */
 };
 
 struct cfx_coord;
@@ -613,7 +613,7 @@ void cfx__boot_unhost(struct cfx_coord *coord, int timeout_ms);
 int cfx__netif_pick(const char *var, const char *spec, bool exact, char *ip, size_t len);
 
 struct cfx_config {
-    struct cfx_boot boot;       /* used when CFX_COORD is not given */
+    struct cfx_boot boot; /* used when CFX_COORD is not given */
     char coord[128];
     char transports[64];
     char bind_addr[64];
@@ -633,7 +633,7 @@ struct cfx_context {
     pthread_mutex_t lock;
     struct cfx_config cfg;
     char token[256];
-    struct cfx_coord *hosted;   /* the coordinator this rank 0 hosts (bootstrap.c), or NULL */
+    struct cfx_coord *hosted; /* the coordinator this rank 0 hosts (bootstrap.c), or NULL */
     struct cfx_ctl *ctl;
     uint32_t node_id;
     struct cfx_node_rec self;

@@ -54,8 +54,8 @@ int cfx__netif_pick(const char *var, const char *spec, bool exact, char *ip, siz
     if (!spec || !*spec || !strcmp(spec, "^") || !strcmp(spec, "="))
         return cfx__err(CFX_ERR_INVALID, "%s is empty: name an interface or a prefix", var);
     if (getifaddrs(&all) != 0)
-        return cfx__err(cfx__status_from_errno(errno), "%s=%s: cannot list the interfaces: %s",
-                        var, spec, strerror(errno));
+        return cfx__err(cfx__status_from_errno(errno), "%s=%s: cannot list the interfaces: %s", var,
+                        spec, strerror(errno));
     for (ifa = all; ifa; ifa = ifa->ifa_next) {
         if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP))
             continue;
@@ -73,6 +73,8 @@ int cfx__netif_pick(const char *var, const char *spec, bool exact, char *ip, siz
             used += (size_t)n;
     }
     freeifaddrs(all);
-    return cfx__err(CFX_ERR_INVALID, "%s=%s selects no interface that is up with an IPv4 "
-                    "address; there are: %s", var, spec, used ? seen : "none");
+    return cfx__err(CFX_ERR_INVALID,
+                    "%s=%s selects no interface that is up with an IPv4 "
+                    "address; there are: %s",
+                    var, spec, used ? seen : "none");
 }

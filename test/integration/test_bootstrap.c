@@ -23,7 +23,7 @@
 #error "CFX_BIN_DIR must name the bin directory of the build"
 #endif
 
-#define WORLD 3
+#define WORLD      3
 #define DEADLINE_S 60
 
 static char dir[] = "/tmp/cfx_boot_XXXXXX";
@@ -100,8 +100,8 @@ static size_t read_until(int fd, char *buf, size_t cap, size_t len, const char *
             return len;
         struct pollfd pfd = { .fd = fd, .events = POLLIN };
         int ms = (int)(end - time(NULL)) * 1000;
-        cr_assert(ms > 0, "no %s by the deadline; output so far:\n%s",
-                  needle ? needle : "EOF", buf);
+        cr_assert(ms > 0, "no %s by the deadline; output so far:\n%s", needle ? needle : "EOF",
+                  buf);
         int r = poll(&pfd, 1, ms);
         cr_assert(r >= 0);
         if (r == 0)

@@ -18,12 +18,12 @@
 
 static int rank = -1;
 
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, "FAIL rank %d: ", rank);                               \
-        fprintf(stderr, __VA_ARGS__);                                          \
-        fprintf(stderr, "\n");                                                 \
-        exit(1);                                                               \
+#define DIE(...)                                 \
+    do {                                         \
+        fprintf(stderr, "FAIL rank %d: ", rank); \
+        fprintf(stderr, __VA_ARGS__);            \
+        fprintf(stderr, "\n");                   \
+        exit(1);                                 \
     } while (0)
 
 /* Element @p i of rank @p r's input: small, so every sum is exact. */

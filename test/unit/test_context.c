@@ -209,8 +209,7 @@ static void first_non_loopback(char *out, size_t len)
     for (struct ifaddrs *i = all; i; i = i->ifa_next)
         if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
             !(i->ifa_flags & IFF_LOOPBACK)) {
-            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out,
-                      (socklen_t)len);
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)len);
             break;
         }
     freeifaddrs(all);
@@ -221,18 +220,18 @@ Test(context, socket_ifname_selects_the_interface)
 {
     char addr[64], want[64];
     int rc;
-    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "lo", addr, sizeof(addr)), CFX_OK,
-                 "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
     cr_expect_str_eq(addr, "127.0.0.1");
     cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "nosuch,l", addr, sizeof(addr)), CFX_OK,
                  "%s: %s", cfx_errname(rc), cfx_last_error());
     cr_expect_str_eq(addr, "127.0.0.1");
-    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "=lo", addr, sizeof(addr)), CFX_OK,
-                 "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "=lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
     cr_expect_str_eq(addr, "127.0.0.1");
     /* an interface name in CFX_BIND_ADDR is taken whole */
-    cr_assert_eq(rc = join_if("CFX_BIND_ADDR", "lo", addr, sizeof(addr)), CFX_OK,
-                 "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(rc = join_if("CFX_BIND_ADDR", "lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
     cr_expect_str_eq(addr, "127.0.0.1");
     /* an exclusion never takes loopback */
     first_non_loopback(want, sizeof(want));
@@ -253,7 +252,7 @@ Test(context, socket_ifname_bad_name)
     int rc = join_if("CFX_SOCKET_IFNAME", "=l", addr, sizeof(addr));
     cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
     cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME==l selects no interface that is up "
-                     "with an IPv4 address; there are: "),
+                                       "with an IPv4 address; there are: "),
               "%s", cfx_last_error());
     cr_expect(strstr(cfx_last_error(), "lo (127.0.0.1)"), "%s", cfx_last_error());
     rc = join_if("CFX_SOCKET_IFNAME", "nosuch0", addr, sizeof(addr));
