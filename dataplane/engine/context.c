@@ -457,7 +457,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         ctx->tp[t].iface->node_id = ctx->node_id;
 
     char tag[32];
-    snprintf(tag, sizeof(tag), "node %u", ctx->node_id);
+    snprintf(tag, sizeof(tag), "%u", ctx->node_id);
     cfx__log_set_tag(tag);
     if (cfx__log_level >= CFX_LOG_LEVEL_INFO) {
         char cfgtxt[1024];
