@@ -28,8 +28,8 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 /* Where lines go and the rank they carry: set once, at the first line or
  * cfx__log_init(), whichever comes first (sink_once). */
 static pthread_once_t sink_once = PTHREAD_ONCE_INIT;
-static int log_fd = 2;                   /* stderr, or CFX_LOG_FILE */
-static char log_rank[16] = "-";          /* the launcher's rank, "-" if none */
+static int log_fd = 2;          /* stderr, or CFX_LOG_FILE */
+static char log_rank[16] = "-"; /* the launcher's rank, "-" if none */
 
 static const char *const level_names[] = { "ERR", "WARN", "INFO", "DEBUG", "TRACE" };
 
@@ -70,8 +70,8 @@ static void log_init_once(void)
  */
 static void sink_init_once(void)
 {
-    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK",
-                                             "SLURM_PROCID", "RANK" };
+    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                             "RANK" };
     for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
         const char *v = getenv(rank_vars[i]);
         if (v && *v && strlen(v) < sizeof(log_rank) && strspn(v, "0123456789") == strlen(v)) {

@@ -118,7 +118,7 @@ Test(log, file_iso_time_node_rank, .timeout = 30)
     unsetenv("CFX_RANK");
     unsetenv("OMPI_COMM_WORLD_RANK");
     unsetenv("SLURM_PROCID");
-    mode_t old = umask(0);                   /* the mode is the log's, not the umask's */
+    mode_t old = umask(0); /* the mode is the log's, not the umask's */
     cfx__log_init();
     umask(old);
     int level = cfx__log_level;
@@ -145,7 +145,8 @@ Test(log, file_iso_time_node_rank, .timeout = 30)
     snprintf(want, sizeof(want), " conflux[%d] node=- rank=7 INFO TEST test_log.c:", (int)getpid());
     cr_expect_not_null(strstr(buf, want), "line 1: %s", buf);
     cr_expect_not_null(strstr(buf, ": first 1"), "line 1: %s", buf);
-    snprintf(want, sizeof(want), " conflux[%d] node=12 rank=7 WARN TEST test_log.c:", (int)getpid());
+    snprintf(want, sizeof(want),
+             " conflux[%d] node=12 rank=7 WARN TEST test_log.c:", (int)getpid());
     cr_expect_not_null(strstr(l2, want), "line 2: %s", l2);
     cr_expect_null(strstr(l2, "not at this level"), "%s", l2);
     cr_expect_eq(strchr(l2, '\n') - l2 + 1, (long)strlen(l2), "two lines only: %s", l2);
