@@ -176,6 +176,7 @@ static void after_batch(struct cfx_ev_loop *loop, void *arg)
         struct coord_conn *c = cfx_list_entry(co->closing.next, struct coord_conn, link);
         conn_close(co, c);
     }
+    cfx__coord_metrics_reap(co->metrics);
 }
 
 /* Close @p c once what is queued for it (an error reply) has been written. */
@@ -702,6 +703,7 @@ static void coord_free(struct cfx_coord *co)
         close(co->listen_fd);
     if (co->spare_fd >= 0)
         close(co->spare_fd);
+    cfx__coord_metrics_stop(co->metrics); /* the loop's thread is gone (or never ran) */
     cfx__ev_loop_destroy(co->loop);
     OPENSSL_cleanse(co->token, sizeof(co->token));
     pthread_cond_destroy(&co->alive_cond);
@@ -789,6 +791,11 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     rc = cfx__ev_io_start(co->loop, &co->listen_io, co->listen_fd, CFX_EV_READ, on_listen, co);
     if (rc != CFX_OK)
         goto err_free;
+    if (params->metrics_addr) {
+        rc = cfx__coord_metrics_start(co, params->metrics_addr, &co->metrics);
+        if (rc != CFX_OK)
+            goto err_free;
+    }
     cfx__ev_timer_init(&co->tick, on_tick, co);
     cfx__ev_timer_start(co->loop, &co->tick,
                         cfx__now_ns() + (uint64_t)COORD_TICK_MS * 1000000ull);

@@ -223,6 +223,7 @@ struct cfx_coord {
     pthread_mutex_t alive_mu;
     pthread_cond_t alive_cond;
     uint32_t alive_pub;
+    struct coord_metrics *metrics; /* the HTTP metrics endpoint (coord_metrics.c), or NULL */
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
     struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
@@ -239,6 +240,14 @@ struct cfx_coord {
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
 };
+
+/* coord_metrics.c: the metrics endpoint on the loop (params->metrics_addr);
+ * reap frees the connections a batch closed (after-batch hook). */
+struct coord_metrics;
+int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport,
+                             struct coord_metrics **out);
+void cfx__coord_metrics_reap(struct coord_metrics *m);
+void cfx__coord_metrics_stop(struct coord_metrics *m);
 
 /* coord.c: publish nodes_alive to cfx__coord_wait_members() (loop thread). */
 void cfx__coord_alive_publish(struct cfx_coord *co);
