@@ -10,7 +10,8 @@
  *
  * A minimal, bounded, read-only responder: a request is one head of at
  * most METRICS_REQ_MAX bytes (a longer one: 431), only GET (405) of
- * /metrics (404); every answer closes its connection.  At most
+ * /metrics (404); every answer ends its connection (the endpoint shuts
+ * its side, reads what the client still sends until it closes too).  At most
  * METRICS_CONNS_MAX connections at once (more are closed at accept), and
  * each has METRICS_TIMEOUT_MS from accept to its last byte sent.
  */
@@ -47,6 +48,9 @@ struct metrics_conn {
     size_t req_len;
     char *out;                  /* the answer (malloc'd) once the request is read */
     size_t out_len, out_off;
+    int draining;               /* answer sent, write side shut: reading to EOF, so that
+                                 * unread request bytes do not turn the close into a reset
+                                 * that could discard the answer at the client */
     int done;                   /* closed; freed in the after-batch hook */
 };
 
@@ -273,6 +277,13 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
     (void)events;
     if (c->done)
         return;
+    if (c->draining) {
+        char sink[4096];
+        ssize_t r = read(c->fd, sink, sizeof(sink));
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            conn_close(c);
+        return; /* bounded by the connection's timer */
+    }
     if (!c->out) {
         ssize_t r = read(c->fd, c->req + c->req_len, METRICS_REQ_MAX - c->req_len);
         if (r < 0 && (errno == EAGAIN || errno == EINTR))
@@ -303,15 +314,17 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
         c->out_off += (size_t)w;
     }
     shutdown(c->fd, SHUT_WR);
-    conn_close(c);
+    c->draining = 1;
+    cfx__ev_io_set(c->m->co->loop, &c->io, CFX_EV_READ);
 }
 
 static void on_conn_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
 {
     struct metrics_conn *c = t->arg;
     (void)loop;
-    CFX_LOG(INFO, CTL, "metrics %s: no complete exchange within %d ms: closed", c->peer,
-            METRICS_TIMEOUT_MS);
+    if (!c->draining)
+        CFX_LOG(INFO, CTL, "metrics %s: no complete exchange within %d ms: closed", c->peer,
+                METRICS_TIMEOUT_MS);
     conn_close(c);
 }
 
