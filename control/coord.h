@@ -37,7 +37,7 @@ struct cfx_coord_params {
     uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
     uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
                                    * this much longer (a slow disk); 0 in production */
-    const char *metrics_addr;  /* "ip:port" of the Prometheus endpoint (coord_metrics.c);
+    const char *metrics_addr;     /* "ip:port" of the Prometheus endpoint (coord_metrics.c);
                                 * NULL: none.  Unauthenticated: bind it to loopback
                                 * unless scrapers elsewhere must reach it */
 };

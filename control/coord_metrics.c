@@ -33,37 +33,37 @@
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
 
-#define METRICS_REQ_MAX    4096  /* bytes of one request head */
-#define METRICS_CONNS_MAX  16    /* scrapers at once */
-#define METRICS_TIMEOUT_MS 5000  /* from accept to the last byte of the answer */
+#define METRICS_REQ_MAX    4096 /* bytes of one request head */
+#define METRICS_CONNS_MAX  16   /* scrapers at once */
+#define METRICS_TIMEOUT_MS 5000 /* from accept to the last byte of the answer */
 
 struct metrics_conn {
-    struct cfx_list link;       /* metrics->conns */
+    struct cfx_list link; /* metrics->conns */
     struct coord_metrics *m;
     struct cfx_ev_io io;
-    struct cfx_ev_timer timer;  /* METRICS_TIMEOUT_MS after accept */
+    struct cfx_ev_timer timer; /* METRICS_TIMEOUT_MS after accept */
     int fd;
     char peer[48];
     char req[METRICS_REQ_MAX + 1];
     size_t req_len;
-    char *out;                  /* the answer (malloc'd) once the request is read */
+    char *out; /* the answer (malloc'd) once the request is read */
     size_t out_len, out_off;
-    int draining;               /* answer sent, write side shut: reading to EOF, so that
+    int draining; /* answer sent, write side shut: reading to EOF, so that
                                  * unread request bytes do not turn the close into a reset
                                  * that could discard the answer at the client */
-    int done;                   /* closed; freed in the after-batch hook */
+    int done;     /* closed; freed in the after-batch hook */
 };
 
 struct coord_metrics {
     struct cfx_coord *co;
-    int fd;                     /* listening socket */
+    int fd; /* listening socket */
     struct cfx_ev_io io;
-    char addr[64];              /* "ip:port" bound */
+    char addr[64]; /* "ip:port" bound */
     uint16_t port;
-    struct cfx_list conns;      /* struct metrics_conn, open */
-    struct cfx_list dead;       /* closed, freed after the batch */
+    struct cfx_list conns; /* struct metrics_conn, open */
+    struct cfx_list dead;  /* closed, freed after the batch */
     unsigned nconns;
-    uint64_t scrapes;           /* answers of 200 */
+    uint64_t scrapes; /* answers of 200 */
 };
 
 /* ---- text ---------------------------------------------------------------- */
@@ -130,7 +130,8 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     struct cfx_list *pos;
     uint64_t bytes = 0, inline_n = 0, holders = 0;
 
-    cfx_list_for_each(pos, &co->objects) {
+    cfx_list_for_each(pos, &co->objects)
+    {
         struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
         bytes += o->size;
         inline_n += o->is_inline;
@@ -140,42 +141,50 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     bprintf(b, "conflux_coord_info{version=\"%s\",protocol=\"%u\"} 1\n", CFX_VERSION_STRING,
             (unsigned)CFX_PROTO_VERSION);
     family(b, "conflux_coord_uptime_seconds", "gauge", "Seconds since the coordinator started.");
-    bprintf(b, "conflux_coord_uptime_seconds %.3f\n",
-            (double)(cfx__now_ns() - co->start_ns) / 1e9);
+    bprintf(b, "conflux_coord_uptime_seconds %.3f\n", (double)(cfx__now_ns() - co->start_ns) / 1e9);
     family(b, "conflux_coord_members", "gauge",
            "Members by state: alive, or dead (and still listed).");
     bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", co->nodes_alive);
     bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead);
     family(b, "conflux_coord_objects", "gauge", "Objects in the directory.");
     bprintf(b, "conflux_coord_objects %u\n", co->nobjects);
-    family(b, "conflux_coord_object_bytes", "gauge", "Sum of the sizes of the objects in the "
+    family(b, "conflux_coord_object_bytes", "gauge",
+           "Sum of the sizes of the objects in the "
            "directory.");
     bprintf(b, "conflux_coord_object_bytes %llu\n", (unsigned long long)bytes);
-    family(b, "conflux_coord_inline_objects", "gauge", "Objects whose bytes the coordinator "
+    family(b, "conflux_coord_inline_objects", "gauge",
+           "Objects whose bytes the coordinator "
            "holds (inline).");
     bprintf(b, "conflux_coord_inline_objects %llu\n", (unsigned long long)inline_n);
-    family(b, "conflux_coord_inline_bytes", "gauge", "Bytes of inline objects the coordinator "
+    family(b, "conflux_coord_inline_bytes", "gauge",
+           "Bytes of inline objects the coordinator "
            "holds.");
     bprintf(b, "conflux_coord_inline_bytes %llu\n", (unsigned long long)co->inline_bytes);
-    family(b, "conflux_coord_object_holders", "gauge", "Copies (complete or being received) "
+    family(b, "conflux_coord_object_holders", "gauge",
+           "Copies (complete or being received) "
            "of all objects.");
     bprintf(b, "conflux_coord_object_holders %llu\n", (unsigned long long)holders);
-    family(b, "conflux_coord_lookups_parked", "gauge", "Lookups waiting for an object to "
+    family(b, "conflux_coord_lookups_parked", "gauge",
+           "Lookups waiting for an object to "
            "appear.");
     bprintf(b, "conflux_coord_lookups_parked %u\n", co->nparked);
-    family(b, "conflux_coord_connections", "gauge", "Control connections open, and of those "
+    family(b, "conflux_coord_connections", "gauge",
+           "Control connections open, and of those "
            "not yet authenticated.");
     bprintf(b, "conflux_coord_connections{state=\"all\"} %u\n", co->nconns);
     bprintf(b, "conflux_coord_connections{state=\"unauthenticated\"} %u\n", co->nunauth);
-    family(b, "conflux_coord_state_writes_total", "counter", "Records written to or removed "
+    family(b, "conflux_coord_state_writes_total", "counter",
+           "Records written to or removed "
            "from the state directory.");
     bprintf(b, "conflux_coord_state_writes_total %llu\n", (unsigned long long)co->state_writes);
-    family(b, "conflux_coord_metrics_scrapes_total", "counter", "Answers of /metrics before "
+    family(b, "conflux_coord_metrics_scrapes_total", "counter",
+           "Answers of /metrics before "
            "this one.");
     bprintf(b, "conflux_coord_metrics_scrapes_total %llu\n", (unsigned long long)m->scrapes);
 
     family(b, "conflux_coord_node_alive", "gauge", "1 while the member is alive, 0 once dead.");
-    cfx_list_for_each(pos, &co->nodes) {
+    cfx_list_for_each(pos, &co->nodes)
+    {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         bprintf(b, "conflux_coord_node_alive{node=\"%u\",name=\"", n->rec.node_id);
         blabel(b, n->rec.name);
@@ -183,16 +192,19 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
         blabel(b, n->rec.host);
         bprintf(b, "\"} %u\n", n->rec.alive ? 1u : 0u);
     }
-    family(b, "conflux_coord_node_holdings", "gauge", "Objects a member holds a copy of (or "
+    family(b, "conflux_coord_node_holdings", "gauge",
+           "Objects a member holds a copy of (or "
            "is receiving).");
-    cfx_list_for_each(pos, &co->nodes) {
+    cfx_list_for_each(pos, &co->nodes)
+    {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        bprintf(b, "conflux_coord_node_holdings{node=\"%u\"} %u\n", n->rec.node_id,
-                n->nholdings);
+        bprintf(b, "conflux_coord_node_holdings{node=\"%u\"} %u\n", n->rec.node_id, n->nholdings);
     }
-    family(b, "conflux_coord_node_inline_bytes", "gauge", "Inline bytes stored for a member's "
+    family(b, "conflux_coord_node_inline_bytes", "gauge",
+           "Inline bytes stored for a member's "
            "puts.");
-    cfx_list_for_each(pos, &co->nodes) {
+    cfx_list_for_each(pos, &co->nodes)
+    {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         bprintf(b, "conflux_coord_node_inline_bytes{node=\"%u\"} %llu\n", n->rec.node_id,
                 (unsigned long long)n->put_bytes);
@@ -219,7 +231,8 @@ static void answer(struct metrics_conn *c, int code, const char *reason, const c
                    const char *body, size_t body_len)
 {
     struct buf b = { 0 };
-    bprintf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+    bprintf(&b,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
             "Connection: close\r\nCache-Control: no-store\r\n%s\r\n",
             code, reason, ctype, body_len, code == 405 ? "Allow: GET\r\n" : "");
     if (!b.oom && body_len) {
@@ -344,8 +357,8 @@ static void on_accept(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned e
         char ip[INET_ADDRSTRLEN] = "?";
         inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
         if (m->nconns >= METRICS_CONNS_MAX) {
-            CFX_LOG(WARN, CTL, "metrics %s: %u scrapers connected already: refused %s:%u",
-                    m->addr, m->nconns, ip, ntohs(sa.sin_port));
+            CFX_LOG(WARN, CTL, "metrics %s: %u scrapers connected already: refused %s:%u", m->addr,
+                    m->nconns, ip, ntohs(sa.sin_port));
             close(fd);
             continue;
         }
@@ -369,8 +382,7 @@ static void on_accept(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned e
 
 /* ---- life ---------------------------------------------------------------- */
 
-int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport,
-                             struct coord_metrics **out)
+int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport, struct coord_metrics **out)
 {
     struct sockaddr_in sa;
     socklen_t sl = sizeof(sa);
@@ -381,8 +393,7 @@ int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport,
     if (rc != CFX_OK && strrchr(hostport, ':') && !strcmp(strrchr(hostport, ':'), ":0")) {
         /* port 0: an ephemeral one (tests) */
         char host[64];
-        snprintf(host, sizeof(host), "%.*s:1", (int)(strrchr(hostport, ':') - hostport),
-                 hostport);
+        snprintf(host, sizeof(host), "%.*s:1", (int)(strrchr(hostport, ':') - hostport), hostport);
         rc = cfx__parse_hostport(host, &sa);
         sa.sin_port = 0;
     }
@@ -414,8 +425,7 @@ int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport,
     rc = cfx__ev_io_start(co->loop, &m->io, m->fd, CFX_EV_READ, on_accept, m);
     if (rc != CFX_OK)
         goto err_close;
-    CFX_LOG(INFO, CTL, "metrics on http://%s/metrics (readable by whoever can connect)",
-            m->addr);
+    CFX_LOG(INFO, CTL, "metrics on http://%s/metrics (readable by whoever can connect)", m->addr);
     *out = m;
     return CFX_OK;
 

@@ -200,8 +200,8 @@ int main(int argc, char **argv)
         case 'M': {
             /* a bare port: on loopback */
             const char *colon = strrchr(optarg, ':');
-            if (tool_arg_int(PROG, "--metrics", colon ? colon + 1 : optarg, 0, 65535,
-                             "[ADDR:]PORT", &v))
+            if (tool_arg_int(PROG, "--metrics", colon ? colon + 1 : optarg, 0, 65535, "[ADDR:]PORT",
+                             &v))
                 return TOOL_EXIT_USAGE;
             if (colon && colon != optarg)
                 snprintf(metrics, sizeof(metrics), "%.*s:%d", (int)(colon - optarg), optarg, v);
@@ -267,8 +267,8 @@ int main(int argc, char **argv)
     printf("conflux-coord listening on %s\n", cfx__coord_addr(coord));
     if (params.metrics_addr)
         printf("conflux-coord metrics on http://%.*s:%u/metrics\n",
-               (int)(strrchr(params.metrics_addr, ':') - params.metrics_addr),
-               params.metrics_addr, (unsigned)cfx__coord_metrics_port(coord));
+               (int)(strrchr(params.metrics_addr, ':') - params.metrics_addr), params.metrics_addr,
+               (unsigned)cfx__coord_metrics_port(coord));
     fflush(stdout);
 
     int sig = 0;

@@ -33,7 +33,10 @@ static void setup(void)
 {
     cfx_test_token(token, sizeof(token));
     struct cfx_coord_params p = {
-        .bind_addr = "127.0.0.1", .port = 0, .token = token, .metrics_addr = "127.0.0.1:0",
+        .bind_addr = "127.0.0.1",
+        .port = 0,
+        .token = token,
+        .metrics_addr = "127.0.0.1:0",
     };
     cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
@@ -51,7 +54,8 @@ TestSuite(coord_metrics, .init = setup, .fini = teardown, .timeout = 60);
 
 static int connect_metrics(void)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(mport),
+    struct sockaddr_in sa = { .sin_family = AF_INET,
+                              .sin_port = htons(mport),
                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     cr_assert_geq(fd, 0);
@@ -156,7 +160,10 @@ static int join(struct cfx_context **out)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr, .token = token, .timeout_ms = 10000, .transports = "tcp",
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 10000,
+        .transports = "tcp",
     };
     return cfx_context_create(&p, out);
 }
