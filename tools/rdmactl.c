@@ -615,13 +615,12 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
         switch (c) {
         case 'o': once = 1; break;
         case 'i':
-            if (tool_arg_int("rdmactl top", "--interval", optarg, 100, 3600000,
-                             "milliseconds", &interval))
+            if (tool_arg_int("rdmactl top", "--interval", optarg, 100, 3600000, "milliseconds",
+                             &interval))
                 return TOOL_EXIT_USAGE;
             break;
         case 'n':
-            if (tool_arg_int("rdmactl top", "--count", optarg, 1, INT_MAX, "a frame count",
-                             &count))
+            if (tool_arg_int("rdmactl top", "--count", optarg, 1, INT_MAX, "a frame count", &count))
                 return TOOL_EXIT_USAGE;
             break;
         default: goto usage;
@@ -658,7 +657,8 @@ static const struct rdmactl_cmd commands[] = {
     { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
     { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
     { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
-    { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts", 0 },
+    { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
+      0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
     { "ps", cmd_ps, "parameter server: add-server | remove-server | rebalance | auto | shards", 0 },
 };

@@ -56,7 +56,10 @@ static int join(const char *name, struct cfx_context **out)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_NAME,
-        .coord = coord_addr, .token = token, .timeout_ms = 10000, .transports = "tcp",
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 10000,
+        .transports = "tcp",
         .name = name,
     };
     return cfx_context_create(&p, out);
@@ -82,8 +85,7 @@ Test(rdmactl_top, once_shows_members_copies_and_transfers)
                      cfx_last_error());
     }
     /* b gets a's object 1: a complete copy on b once the get returned */
-    cr_assert_eq(cfx_get(b, &id[1], got, sizeof(got), &gsz, NULL), CFX_OK, "%s",
-                 cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id[1], got, sizeof(got), &gsz, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(gsz, size[1]);
     cr_assert_eq(cfx_test_check(got, gsz, 7), (size_t)-1);
     /* the get tells the directory of b's copy without waiting; a request b
@@ -97,8 +99,7 @@ Test(rdmactl_top, once_shows_members_copies_and_transfers)
     cr_expect_null(strchr(out, '\033'), "escapes in --once output");
     cr_expect_eq(strncmp(out, "conflux top  ", 13), 0, "%s", out);
     cr_expect_not_null(strstr(out, "\nmembers: 2 alive, 0 dead   objects: 4 ("), "%s", out);
-    cr_expect_not_null(strstr(out, "\ntransfers: 0 copies being received, 0 uploads\n"), "%s",
-                       out);
+    cr_expect_not_null(strstr(out, "\ntransfers: 0 copies being received, 0 uploads\n"), "%s", out);
     /* a: objects 0 and 1 (puts); b: objects 2 and 3 (puts) and its copy of 1 */
     snprintf(line, sizeof(line), "\n%6u  %-5s  ", cfx_context_node_id(a), "top-a");
     const char *ra = strstr(out, line);
