@@ -105,16 +105,18 @@ static void bprintf(struct buf *b, const char *fmt, ...)
     }
 }
 
-/* A label value as the exposition format wants it (\\, \" and \n escaped). */
+/* A label value as the exposition format wants it (\\ and \" escaped).
+ * Names and hosts come from peers: a byte outside printable ASCII becomes
+ * '?', so that the text stays valid UTF-8 whatever a peer sent. */
 static void blabel(struct buf *b, const char *s)
 {
-    for (; *s; s++) {
-        if (*s == '\\' || *s == '"')
-            bprintf(b, "\\%c", *s);
-        else if (*s == '\n')
-            bprintf(b, "\\n");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            bprintf(b, "\\%c", *p);
+        else if (*p < 0x20 || *p > 0x7e)
+            bprintf(b, "?");
         else
-            bprintf(b, "%c", *s);
+            bprintf(b, "%c", *p);
     }
 }
 

@@ -126,6 +126,11 @@ int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord
                         b->rank_var, b->master, ip, (unsigned)b->port, cfx_last_error());
     CFX_LOG(INFO, CTL, "rank 0 hosts the coordinator on %s (from MASTER_ADDR)",
             cfx__coord_addr(*out));
+    if ((ntohl(sa.sin_addr.s_addr) >> 24) == 127 && strcmp(b->master, ip) &&
+        strcmp(b->master, "localhost"))
+        CFX_LOG(WARN, CTL, "MASTER_ADDR=%s resolves to %s here, a loopback address: ranks "
+                "on other hosts cannot reach the coordinator (give MASTER_ADDR as an IP "
+                "address of a network they share)", b->master, ip);
     return CFX_OK;
 }
 

@@ -314,3 +314,28 @@ Test(coord_metrics, connection_cap)
     body_of(ok);
     free(ok);
 }
+
+/* A peer's name with quotes, a backslash and bytes that are not UTF-8:
+ * escaped or replaced, and promtool still accepts the text. */
+Test(coord_metrics, peer_names_escaped)
+{
+    struct cfx_context *a;
+    char out[4096], want[128];
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        cr_skip_test("promtool is not installed (Debian package prometheus; scripts/deps.sh)");
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_NAME,
+        .coord = coord_addr, .token = token, .timeout_ms = 10000, .transports = "tcp",
+        .name = "we\"ird\\\xff\x01",
+    };
+    cr_assert_eq(cfx_context_create(&p, &a), CFX_OK, "%s", cfx_last_error());
+    char *r = scrape();
+    const char *body = body_of(r);
+    snprintf(want, sizeof(want), "conflux_coord_node_alive{node=\"%u\",name=\"we\\\"ird\\\\??\",",
+             cfx_context_node_id(a));
+    cr_expect_not_null(strstr(body, want), "no '%s' in:\n%s", want, body);
+    cr_assert_eq(promtool(body, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, body);
+    free(r);
+    cfx_context_destroy(a);
+}
