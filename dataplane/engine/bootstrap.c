@@ -128,9 +128,11 @@ int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord
             cfx__coord_addr(*out));
     if ((ntohl(sa.sin_addr.s_addr) >> 24) == 127 && strcmp(b->master, ip) &&
         strcmp(b->master, "localhost"))
-        CFX_LOG(WARN, CTL, "MASTER_ADDR=%s resolves to %s here, a loopback address: ranks "
+        CFX_LOG(WARN, CTL,
+                "MASTER_ADDR=%s resolves to %s here, a loopback address: ranks "
                 "on other hosts cannot reach the coordinator (give MASTER_ADDR as an IP "
-                "address of a network they share)", b->master, ip);
+                "address of a network they share)",
+                b->master, ip);
     return CFX_OK;
 }
 

@@ -326,7 +326,10 @@ Test(coord_metrics, peer_names_escaped)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_NAME,
-        .coord = coord_addr, .token = token, .timeout_ms = 10000, .transports = "tcp",
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 10000,
+        .transports = "tcp",
         .name = "we\"ird\\\xff\x01",
     };
     cr_assert_eq(cfx_context_create(&p, &a), CFX_OK, "%s", cfx_last_error());
