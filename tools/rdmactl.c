@@ -610,7 +610,7 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
         { "count", required_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
-    optind = 1;
+    optind = 0; /* glibc: a fresh scan of this argv */
     while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
         switch (c) {
         case 'o': once = 1; break;
