@@ -755,7 +755,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "version = %s\n"
                      "node_id = %u\n"
                      "name = %s\n"
-                     "coordinator = %s\n"
+                     "coordinator = %s%s\n"
                      "transports = %s (requested %s)\n"
                      "bind_addr = %s\n"
                      "chunk_size = %s%zu\n"
@@ -768,7 +768,11 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "loc_cache = %u\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
-                     CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
+                     CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord,
+                     !ctx->cfg.boot.used ? ""
+                     : ctx->hosted       ? " (from MASTER_ADDR; hosted here, rank 0)"
+                                         : " (from MASTER_ADDR)",
+                     tps,
                      ctx->cfg.transports, ctx->cfg.bind_addr,
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,

@@ -270,6 +270,44 @@ Test(context, socket_ifname_bad_name)
     cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME is empty"), "%s", cfx_last_error());
 }
 
+/* MASTER_ADDR, CFX_COORD_PORT and RANK=0, no CFX_COORD: this context hosts
+ * the coordinator on that port, says so in its configuration, and its
+ * destroy (no other member) stops it at once. */
+Test(context, rank0_hosts_coordinator_on_cfx_coord_port)
+{
+    struct cfx_context *a = NULL, *b = NULL;
+    char port[16], buf[2048], want[96];
+    int p = cfx_test_free_port();
+    cr_assert_gt(p, 0);
+    snprintf(port, sizeof(port), "%d", p);
+    unsetenv("CFX_COORD");
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "1", 1); /* CFX_COORD_PORT wins over MASTER_PORT+1 */
+    setenv("CFX_COORD_PORT", port, 1);
+    setenv("RANK", "0", 1);
+    struct cfx_context_params cp = {
+        .field_mask = CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT | CFX_CTX_PARAM_TRANSPORTS,
+        .token = token, .timeout_ms = 5000, .transports = "tcp",
+    };
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
+    snprintf(want, sizeof(want), "\ncoordinator = 127.0.0.1:%d (from MASTER_ADDR; hosted here, "
+             "rank 0)\n", p);
+    cr_expect_not_null(strstr(buf, want), "%s", buf);
+    /* rank 1 of the same environment joins it */
+    setenv("RANK", "1", 1);
+    cr_assert_eq(cfx_context_create(&cp, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_gt(cfx_context_config(b, buf, sizeof(buf)), 0);
+    snprintf(want, sizeof(want), "\ncoordinator = 127.0.0.1:%d (from MASTER_ADDR)\n", p);
+    cr_expect_not_null(strstr(buf, want), "%s", buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    /* the port is free again: the coordinator stopped with rank 0 */
+    setenv("RANK", "0", 1);
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(a);
+}
+
 Test(context, unknown_transport)
 {
     struct cfx_context *a = NULL;
