@@ -176,6 +176,7 @@ static void after_batch(struct cfx_ev_loop *loop, void *arg)
         struct coord_conn *c = cfx_list_entry(co->closing.next, struct coord_conn, link);
         conn_close(co, c);
     }
+    cfx__coord_metrics_reap(co->metrics);
 }
 
 /* Close @p c once what is queued for it (an error reply) has been written. */
@@ -702,8 +703,11 @@ static void coord_free(struct cfx_coord *co)
         close(co->listen_fd);
     if (co->spare_fd >= 0)
         close(co->spare_fd);
+    cfx__coord_metrics_stop(co->metrics); /* the loop's thread is gone (or never ran) */
     cfx__ev_loop_destroy(co->loop);
     OPENSSL_cleanse(co->token, sizeof(co->token));
+    pthread_cond_destroy(&co->alive_cond);
+    pthread_mutex_destroy(&co->alive_mu);
     free(co);
 }
 
@@ -727,6 +731,14 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         return cfx__err(CFX_ERR_NOMEM, "no memory for the coordinator");
     co->listen_fd = -1;
     co->listen_io.fd = -1;
+    pthread_mutex_init(&co->alive_mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* cfx__cond_wait_until's clock */
+        pthread_cond_init(&co->alive_cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     co->state_dirfd = -1; /* so that coord_free() before the state opens closes nothing */
     cfx_list_init(&co->records);
@@ -765,6 +777,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     if (rc != CFX_OK)
         goto err_free;
     cfx__coord_members_load(co);
+    cfx__coord_alive_publish(co);
     rc = cfx__coord_dir_init(co);
     if (rc != CFX_OK)
         goto err_free;
@@ -778,6 +791,11 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     rc = cfx__ev_io_start(co->loop, &co->listen_io, co->listen_fd, CFX_EV_READ, on_listen, co);
     if (rc != CFX_OK)
         goto err_free;
+    if (params->metrics_addr) {
+        rc = cfx__coord_metrics_start(co, params->metrics_addr, &co->metrics);
+        if (rc != CFX_OK)
+            goto err_free;
+    }
     cfx__ev_timer_init(&co->tick, on_tick, co);
     cfx__ev_timer_start(co->loop, &co->tick,
                         cfx__now_ns() + (uint64_t)COORD_TICK_MS * 1000000ull);
@@ -817,6 +835,31 @@ uint16_t cfx__coord_port(const struct cfx_coord *coord)
 const char *cfx__coord_addr(const struct cfx_coord *coord)
 {
     return coord ? coord->addr : "";
+}
+
+void cfx__coord_alive_publish(struct cfx_coord *co)
+{
+    pthread_mutex_lock(&co->alive_mu);
+    co->alive_pub = co->nodes_alive;
+    pthread_cond_broadcast(&co->alive_cond);
+    pthread_mutex_unlock(&co->alive_mu);
+}
+
+int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t deadline)
+{
+    uint32_t n;
+    pthread_mutex_lock(&coord->alive_mu);
+    while (coord->alive_pub > most &&
+           cfx__cond_wait_until(&coord->alive_cond, &coord->alive_mu, deadline))
+        ;
+    n = coord->alive_pub;
+    pthread_mutex_unlock(&coord->alive_mu);
+    if (n > most)
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "coordinator %s: %u member(s) still alive at the "
+                        "deadline (waited for at most %u)",
+                        coord->addr, n, most);
+    return CFX_OK;
 }
 
 void cfx__coord_stop(struct cfx_coord *coord)

@@ -37,6 +37,9 @@ struct cfx_coord_params {
     uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
     uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
                                    * this much longer (a slow disk); 0 in production */
+    const char *metrics_addr;     /* "ip:port" of the Prometheus endpoint (coord_metrics.c);
+                                * NULL: none.  Unauthenticated: bind it to loopback
+                                * unless scrapers elsewhere must reach it */
 };
 
 /* Bind, listen and start the event loop in a background thread. */
@@ -47,6 +50,14 @@ uint16_t cfx__coord_port(const struct cfx_coord *coord);
 
 /* Address actually bound, "ip:port" (for banners and log lines). */
 const char *cfx__coord_addr(const struct cfx_coord *coord);
+
+/* Port of the metrics endpoint (0: none). */
+uint16_t cfx__coord_metrics_port(const struct cfx_coord *coord);
+
+/* Wait until at most @p most members are alive (joined, not yet left or
+ * dead), or until @p deadline (CLOCK_MONOTONIC ns).  Any thread.
+ * CFX_OK, or CFX_ERR_TIMEOUT saying how many are left. */
+int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t deadline);
 
 /* Stop the loop, close every connection, free.  NULL is a no-op. */
 void cfx__coord_stop(struct cfx_coord *coord);

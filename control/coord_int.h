@@ -218,6 +218,12 @@ struct cfx_coord {
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
     uint32_t nodes_dead;
+    /* nodes_alive as other threads may read it (cfx__coord_wait_members):
+     * the loop thread writes it under alive_mu and signals alive_cond */
+    pthread_mutex_t alive_mu;
+    pthread_cond_t alive_cond;
+    uint32_t alive_pub;
+    struct coord_metrics *metrics; /* the HTTP metrics endpoint (coord_metrics.c), or NULL */
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
     struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
@@ -234,6 +240,17 @@ struct cfx_coord {
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
 };
+
+/* coord_metrics.c: the metrics endpoint on the loop (params->metrics_addr);
+ * reap frees the connections a batch closed (after-batch hook). */
+struct coord_metrics;
+int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport,
+                             struct coord_metrics **out);
+void cfx__coord_metrics_reap(struct coord_metrics *m);
+void cfx__coord_metrics_stop(struct coord_metrics *m);
+
+/* coord.c: publish nodes_alive to cfx__coord_wait_members() (loop thread). */
+void cfx__coord_alive_publish(struct cfx_coord *co);
 
 /* coord.c: replies and connection failure. */
 void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m);

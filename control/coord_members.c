@@ -342,6 +342,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     if (id >= co->next_node_id)
         co->next_node_id = id + 1;
     co->nodes_alive++;
+    cfx__coord_alive_publish(co);
     c->node = n;
     c->state = COORD_CONN_NODE;
     CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s' (%s), pid %u, from %s%s", id,
@@ -368,6 +369,7 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
     if (!close_conn)
         n->rec.flags |= CFX_NODE_F_LEFT;
     co->nodes_alive--;
+    cfx__coord_alive_publish(co);
     co->nodes_dead++;
     /* Beyond the listing limit the oldest dead record goes now, not at the
      * next tick: JOIN/LEAVE in a loop must not pile records up between. */

@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
             "                     [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]\n"
             "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
-            "                     [--max-conn-outq SIZE]\n"
+            "                     [--max-conn-outq SIZE] [--metrics [ADDR:]PORT]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -69,6 +69,10 @@ static void usage(FILE *f)
             "  --max-conns N       connections in all (default 4096)\n"
             "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
             "                      closed as too slow (default 64M)\n"
+            "  --metrics [ADDR:]PORT serve Prometheus metrics over HTTP (GET /metrics) on\n"
+            "                      ADDR (default 127.0.0.1): unauthenticated and read-only,\n"
+            "                      so whoever can connect reads member names, hosts and\n"
+            "                      counts; bind it beyond loopback only on a trusted network\n"
             "Every cap, when hit, answers the caller CFX_ERR_NO_RESOURCE with a text naming\n"
             "it (max_nodes, max_node_objects, ...); a refused connection gets that error\n"
             "before the close.  SIZE takes K, M, G suffixes.\n"
@@ -97,11 +101,13 @@ int main(int argc, char **argv)
         { "max-unauth-conns", required_argument, NULL, 'U' },
         { "max-conns", required_argument, NULL, 'C' },
         { "max-conn-outq", required_argument, NULL, 'Q' },
+        { "metrics", required_argument, NULL, 'M' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
     char *token_arg = NULL;
+    char metrics[80];
     const char *token_file = NULL;
     char token[CFX_TOKEN_MAX + 1];
     int c, v, rc;
@@ -191,6 +197,19 @@ int main(int argc, char **argv)
                 params.max_conn_outq = sz;
             break;
         }
+        case 'M': {
+            /* a bare port: on loopback */
+            const char *colon = strrchr(optarg, ':');
+            if (tool_arg_int(PROG, "--metrics", colon ? colon + 1 : optarg, 0, 65535, "[ADDR:]PORT",
+                             &v))
+                return TOOL_EXIT_USAGE;
+            if (colon && colon != optarg)
+                snprintf(metrics, sizeof(metrics), "%.*s:%d", (int)(colon - optarg), optarg, v);
+            else
+                snprintf(metrics, sizeof(metrics), "127.0.0.1:%d", v);
+            params.metrics_addr = metrics;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -246,6 +265,10 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("conflux-coord listening on %s\n", cfx__coord_addr(coord));
+    if (params.metrics_addr)
+        printf("conflux-coord metrics on http://%.*s:%u/metrics\n",
+               (int)(strrchr(params.metrics_addr, ':') - params.metrics_addr), params.metrics_addr,
+               (unsigned)cfx__coord_metrics_port(coord));
     fflush(stdout);
 
     int sig = 0;

@@ -12,9 +12,12 @@
  */
 #include <getopt.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <conflux/context.h>
 #include <conflux/object.h>
@@ -511,10 +514,157 @@ usage:
     return TOOL_EXIT_USAGE;
 }
 
+/*
+ * top: a refreshing per-node view.  Each frame asks the coordinator for its
+ * status, members and objects, and shows per member the copies it holds
+ * (complete, partial: being received) and the uploads it is serving.  On a
+ * terminal the screen is redrawn; otherwise (a pipe, a file) or with
+ * --once, frames are printed one after another, without escapes.
+ */
+struct top_row {
+    uint32_t complete, partial, uploads;
+};
+
+static int top_frame(struct rdmactl *r, int tty)
+{
+    struct cfx_ctl_status s;
+    struct cfx_node_rec *nodes = NULL;
+    struct cfx_ctl_obj_rec *objs = NULL;
+    size_t nn = 0, no = 0;
+    char b[32], when[40], name[4 * CFX_NODE_NAME_MAX + 1], host[4 * CFX_HOST_NAME_MAX + 1];
+    uint32_t partial = 0, uploads = 0, truncated = 0;
+
+    if (cfx__ctl_status(r->ctl, &s, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("status");
+    if (cfx__ctl_nodes(r->ctl, &nodes, &nn, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("node listing");
+    if (cfx__ctl_objects(r->ctl, &objs, &no, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK) {
+        free(nodes);
+        return fail("object listing");
+    }
+    struct top_row *rows = calloc(nn ? nn : 1, sizeof(*rows));
+    if (!rows) {
+        free(nodes);
+        free(objs);
+        fprintf(stderr, "rdmactl: out of memory\n");
+        return 1;
+    }
+    uint64_t obytes = 0;
+    for (size_t i = 0; i < no; i++) {
+        const struct cfx_ctl_obj_rec *o = &objs[i];
+        obytes += o->size;
+        if (o->nholders > CFX_ARRAY_SIZE(o->holders))
+            truncated++;
+        for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++) {
+            const struct cfx_obj_holder *h = &o->holders[j];
+            partial += !h->complete;
+            uploads += h->uploads;
+            for (size_t k = 0; k < nn; k++)
+                if (nodes[k].node_id == h->node_id) {
+                    rows[k].complete += h->complete ? 1 : 0;
+                    rows[k].partial += h->complete ? 0 : 1;
+                    rows[k].uploads += h->uploads;
+                }
+        }
+    }
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (tty)
+        fputs("\033[H\033[2J", stdout);
+    printf("conflux top  %s  coordinator %s  up %llu s\n", when, r->coord,
+           (unsigned long long)(s.uptime_ms / 1000));
+    printf("members: %u alive, %u dead   objects: %u (%s)   inline: %s\n", s.nodes_alive,
+           s.nodes_dead, s.objects, human_bytes(obytes, b, sizeof(b)),
+           human_bytes(s.inline_bytes, when, sizeof(when)));
+    printf("transfers: %u copies being received, %u uploads%s\n\n", partial, uploads,
+           truncated ? " (objects of more than 16 holders counted by their first 16)" : "");
+    int wname = 4, whost = 4;
+    for (size_t i = 0; i < nn; i++) {
+        if (!node_listed(&nodes[i], 0))
+            continue;
+        wname = CFX_MAX(wname, (int)strlen(esc(nodes[i].name, name, sizeof(name))));
+        whost = CFX_MAX(whost, (int)strlen(esc(nodes[i].host, host, sizeof(host))));
+    }
+    printf("%6s  %-*s  %-*s  %10s  %8s  %8s  %8s\n", "ID", wname, "NAME", whost, "HOST",
+           "LAST SEEN", "COMPLETE", "PARTIAL", "UPLOADS");
+    for (size_t i = 0; i < nn; i++) {
+        const struct cfx_node_rec *x = &nodes[i];
+        char seen[24];
+        if (!node_listed(x, 0))
+            continue;
+        snprintf(seen, sizeof(seen), "%u ms", x->last_seen_ms);
+        printf("%6u  %-*s  %-*s  %10s  %8u  %8u  %8u\n", x->node_id, wname,
+               esc(x->name, name, sizeof(name)), whost, esc(x->host, host, sizeof(host)), seen,
+               rows[i].complete, rows[i].partial, rows[i].uploads);
+    }
+    fflush(stdout);
+    free(rows);
+    free(nodes);
+    free(objs);
+    return 0;
+}
+
+static int cmd_top(struct rdmactl *r, int argc, char **argv)
+{
+    int once = 0, interval = 1000, count = 0, c;
+    static const struct option opts[] = {
+        { "once", no_argument, NULL, 'o' },
+        { "interval", required_argument, NULL, 'i' },
+        { "count", required_argument, NULL, 'n' },
+        { NULL, 0, NULL, 0 },
+    };
+    optind = 0; /* glibc: a fresh scan of this argv */
+    while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': once = 1; break;
+        case 'i':
+            if (tool_arg_int("rdmactl top", "--interval", optarg, 100, 3600000, "milliseconds",
+                             &interval))
+                return TOOL_EXIT_USAGE;
+            break;
+        case 'n':
+            if (tool_arg_int("rdmactl top", "--count", optarg, 1, INT_MAX, "a frame count", &count))
+                return TOOL_EXIT_USAGE;
+            break;
+        default: goto usage;
+        }
+    }
+    if (optind != argc || r->json)
+        goto usage;
+    if (once)
+        count = 1;
+    if (!ctl_get(r))
+        return 1;
+    int tty = !once && isatty(STDOUT_FILENO);
+    for (int i = 0; !count || i < count; i++) {
+        if (i && !tty)
+            putchar('\n');
+        int rc = top_frame(r, tty);
+        if (rc)
+            return rc;
+        if (count && i + 1 == count)
+            break;
+        poll(NULL, 0, interval); /* the refresh period, not a wait for anything */
+    }
+    return 0;
+usage:
+    fprintf(stderr, "usage: rdmactl top [--once] [--interval MS] [--count N]\n"
+                    "  --once         one frame, no terminal escapes (for scripts)\n"
+                    "  --interval MS  refresh period, 100..3600000 (default 1000)\n"
+                    "  --count N      stop after N frames (default: until interrupted)\n"
+                    "  (no --json: use status, nodes and objects for machines)\n");
+    return TOOL_EXIT_USAGE;
+}
+
 static const struct rdmactl_cmd commands[] = {
     { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
     { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
     { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
+    { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
+      0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
     { "ps", cmd_ps, "parameter server: add-server | remove-server | rebalance | auto | shards", 0 },
 };

@@ -1,6 +1,8 @@
-/* Logging to stderr with level, subsystem and node tag. */
+/* Logging to stderr or CFX_LOG_FILE with time, node, rank, level, subsystem. */
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,12 @@ int cfx__log_level = CFX_LOG_LEVEL_WARN;
 static pthread_mutex_t log_tag_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_tag[64];                 /* e.g. "node 3"; under log_tag_lock */
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+/* Where lines go and the rank they carry: set once, at the first line or
+ * cfx__log_init(), whichever comes first (sink_once). */
+static pthread_once_t sink_once = PTHREAD_ONCE_INIT;
+static int log_fd = 2;          /* stderr, or CFX_LOG_FILE */
+static char log_rank[16] = "-"; /* the launcher's rank, "-" if none */
 
 static const char *const level_names[] = { "ERR", "WARN", "INFO", "DEBUG", "TRACE" };
 
@@ -53,9 +61,39 @@ static void log_init_once(void)
         fprintf(stderr, "conflux: ignoring CFX_LOG_LEVEL=%s (use ERR, WARN, INFO, DEBUG or TRACE)\n", v);
 }
 
+/*
+ * CFX_LOG_FILE: lines are appended to it (O_APPEND: one write per line, so
+ * the lines of several threads and processes sharing it stay whole); a
+ * file it creates is the user's alone (0600), since lines name peers,
+ * addresses and objects.  A file that cannot be opened leaves the lines on
+ * stderr, after a line saying why.
+ */
+static void sink_init_once(void)
+{
+    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                             "RANK" };
+    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
+        const char *v = getenv(rank_vars[i]);
+        if (v && *v && strlen(v) < sizeof(log_rank) && strspn(v, "0123456789") == strlen(v)) {
+            snprintf(log_rank, sizeof(log_rank), "%s", v);
+            break;
+        }
+    }
+    const char *path = getenv("CFX_LOG_FILE");
+    if (!path || !*path)
+        return;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+    if (fd < 0)
+        fprintf(stderr, "conflux: cannot open CFX_LOG_FILE=%s: %s; logging to stderr\n", path,
+                strerror(errno));
+    else
+        log_fd = fd;
+}
+
 void cfx__log_init(void)
 {
     pthread_once(&log_once, log_init_once);
+    pthread_once(&sink_once, sink_init_once);
 }
 
 void cfx__log_set_tag(const char *tag)
@@ -68,10 +106,12 @@ void cfx__log_set_tag(const char *tag)
 void cfx__log(int level, const char *subsys, const char *file, int line,
               const char *fmt, ...)
 {
-    char msg[1024], tag[sizeof(log_tag)];
+    char msg[1024], tag[sizeof(log_tag)], out[1400], when[40];
     va_list ap;
     struct timespec ts;
+    struct tm tm;
 
+    pthread_once(&sink_once, sink_init_once);
     clock_gettime(CLOCK_REALTIME, &ts);
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -81,11 +121,29 @@ void cfx__log(int level, const char *subsys, const char *file, int line,
     memcpy(tag, log_tag, sizeof(tag));
     pthread_mutex_unlock(&log_tag_lock);
 
+    /* ISO 8601, UTC, microseconds: 2026-12-02T06:30:01.123456Z */
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t w = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(when + w, sizeof(when) - w, ".%06ldZ", ts.tv_nsec / 1000);
+
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    /* One fprintf call: stdio locks the stream, so lines do not interleave. */
-    fprintf(stderr, "%ld.%06ld conflux[%d]%s%s %s %s %s:%d: %s\n",
-            (long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(),
-            tag[0] ? " " : "", tag, cfx__log_level_name(level), subsys,
-            base, line, msg);
+    int n = snprintf(out, sizeof(out), "%s conflux[%d] node=%s rank=%s %s %s %s:%d: %s\n", when,
+                     (int)getpid(), tag[0] ? tag : "-", log_rank, cfx__log_level_name(level),
+                     subsys, base, line, msg);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof(out)) { /* cut: still one line */
+        n = (int)sizeof(out) - 1;
+        out[n - 1] = '\n';
+    }
+    /* One write per line: lines of threads and processes do not interleave. */
+    for (size_t off = 0; off < (size_t)n;) {
+        ssize_t k = write(log_fd, out + off, (size_t)n - off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return;
+        off += (size_t)k;
+    }
 }

@@ -1,8 +1,15 @@
 /*
  * Logging: per-subsystem macros, level from CFX_LOG_LEVEL (ERR, WARN, INFO,
- * DEBUG, TRACE; default WARN).  Output goes to stderr, one line per call,
- * prefixed with the node tag set by cfx__log_set_tag().  The library never
- * writes to stdout.  Safe from any thread.
+ * DEBUG, TRACE; default WARN).  Output goes to stderr, or is appended to
+ * CFX_LOG_FILE (created 0600), one line per call:
+ *
+ *   2026-12-02T06:30:01.123456Z conflux[PID] node=3 rank=1 INFO CTL client.c:994: text
+ *
+ * time in ISO 8601 UTC with microseconds; node: the tag set by
+ * cfx__log_set_tag() (a context's node id once it joined, "coord" in
+ * conflux-coord, "-" before); rank: CFX_RANK, OMPI_COMM_WORLD_RANK,
+ * SLURM_PROCID or RANK, "-" if none.  The library never writes to stdout.
+ * Safe from any thread.
  */
 #ifndef CFX_COMMON_LOG_H
 #define CFX_COMMON_LOG_H

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "control/auth.h"
+#include "control/coord.h"
 #include "gpu/memtype.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
@@ -67,9 +69,11 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
 
     copy_str(cfg->coord, sizeof(cfg->coord),
              (m & CFX_CTX_PARAM_COORD) && p->coord ? p->coord : cfx__env_str("CFX_COORD", NULL));
-    if (!cfg->coord[0])
-        return cfx__err(CFX_ERR_INVALID, "no coordinator configured: set CFX_COORD=host:port "
-                        "(or run under cfx_run, which starts one)");
+    if (!cfg->coord[0]) {
+        int rc = cfx__boot_resolve(&cfg->boot, cfg->coord, sizeof(cfg->coord));
+        if (rc != CFX_OK)
+            return rc;
+    }
     copy_str(cfg->transports, sizeof(cfg->transports),
              (m & CFX_CTX_PARAM_TRANSPORTS) && p->transports
                  ? p->transports : cfx__env_str("CFX_TRANSPORT", DEFAULT_TRANSPORTS));
@@ -92,12 +96,30 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
                                        (size_t)LOC_CACHE_MAX);
-    if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr)
+    const char *ba = getenv("CFX_BIND_ADDR"), *ifn = getenv("CFX_SOCKET_IFNAME");
+    struct in_addr probe;
+    if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr) {
         copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), p->bind_addr);
-    else if (getenv("CFX_BIND_ADDR") && *getenv("CFX_BIND_ADDR"))
-        copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), getenv("CFX_BIND_ADDR"));
-    else
+    } else if (ba && *ba && inet_pton(AF_INET, ba, &probe) == 1) {
+        copy_str(cfg->bind_addr, sizeof(cfg->bind_addr), ba);
+    } else if (ba && *ba) {
+        /* not an address: an interface name, exactly */
+        if (strlen(ba) >= IF_NAMESIZE || strchr(ba, ','))
+            return cfx__err(CFX_ERR_INVALID,
+                            "CFX_BIND_ADDR=%s is neither an IPv4 address nor "
+                            "an interface name",
+                            ba);
+        int rc = cfx__netif_pick("CFX_BIND_ADDR", ba, true, cfg->bind_addr, sizeof(cfg->bind_addr));
+        if (rc != CFX_OK)
+            return rc;
+    } else if (ifn) {
+        int rc = cfx__netif_pick("CFX_SOCKET_IFNAME", ifn, false, cfg->bind_addr,
+                                 sizeof(cfg->bind_addr));
+        if (rc != CFX_OK)
+            return rc;
+    } else {
         bind_addr_for(cfg->coord, cfg->bind_addr, sizeof(cfg->bind_addr));
+    }
     if (gethostname(host, sizeof(host)) != 0)
         copy_str(host, sizeof(host), "localhost");
     host[sizeof(host) - 1] = '\0';
@@ -373,8 +395,20 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     rc = token_load_scrub(params && (params->field_mask & CFX_CTX_PARAM_TOKEN) ? params->token
                                                                                 : NULL,
                           ctx->token, sizeof(ctx->token));
-    if (rc != CFX_OK)
+    if (rc != CFX_OK) {
+        if (ctx->cfg.boot.host) {
+            char why[256];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            rc = cfx__err(rc, "rank 0 (%s) refuses to host the coordinator on %s: %s",
+                          ctx->cfg.boot.rank_var, ctx->cfg.coord, why);
+        }
         goto err_free;
+    }
+    if (ctx->cfg.boot.host) {
+        rc = cfx__boot_host(&ctx->cfg.boot, ctx->token, &ctx->hosted);
+        if (rc != CFX_OK)
+            goto err_free;
+    }
     rc = cfx__loc_init(&ctx->loc, ctx->cfg.loc_cache);
     if (rc != CFX_OK) {
         rc = cfx__err(rc, "no memory for a location cache of %u entries", ctx->cfg.loc_cache);
@@ -428,7 +462,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         ctx->tp[t].iface->node_id = ctx->node_id;
 
     char tag[32];
-    snprintf(tag, sizeof(tag), "node %u", ctx->node_id);
+    snprintf(tag, sizeof(tag), "%u", ctx->node_id);
     cfx__log_set_tag(tag);
     if (cfx__log_level >= CFX_LOG_LEVEL_INFO) {
         char cfgtxt[1024];
@@ -445,6 +479,7 @@ err_stop_progress:
 err_close_tps:
     transports_close(ctx);
 err_free:
+    cfx__coord_stop(ctx->hosted); /* nobody joined it: nothing to wait for */
     cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->progress_cond);
     pthread_cond_destroy(&ctx->calls_cond);
@@ -696,6 +731,8 @@ void cfx_context_destroy(struct cfx_context *ctx)
     pthread_cond_destroy(&ctx->calls_cond);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
+    cfx__boot_unhost(ctx->hosted,
+                     ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms);
     free(ctx);
 }
 
@@ -734,7 +771,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "version = %s\n"
                      "node_id = %u\n"
                      "name = %s\n"
-                     "coordinator = %s\n"
+                     "coordinator = %s%s\n"
                      "transports = %s (requested %s)\n"
                      "bind_addr = %s\n"
                      "chunk_size = %s%zu\n"
@@ -748,10 +785,15 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "loc_cache = %u\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
-                     CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord, tps,
-                     ctx->cfg.transports, ctx->cfg.bind_addr, ctx->cfg.chunk_size ? "" : "auto, ",
-                     ctx->cfg.chunk_size, ctx->cfg.inline_max, ctx->cfg.window_bytes,
-                     ctx->cfg.timeout_ms, ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
+                     CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord,
+                     !ctx->cfg.boot.used ? ""
+                     : ctx->hosted       ? " (from MASTER_ADDR; hosted here, rank 0)"
+                                         : " (from MASTER_ADDR)",
+                     tps,
+                     ctx->cfg.transports, ctx->cfg.bind_addr,
+                     ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
+                     ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
+                     ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
                      (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
                      ctx->self.host_id, gpu);
     return n;

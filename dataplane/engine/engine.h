@@ -583,7 +583,37 @@ struct cfx_tp_slot {
     size_t addr_len;
 };
 
+/* A coordinator found through the launcher's environment (bootstrap.c). */
+struct cfx_boot {
+    bool used;            /* coord came from MASTER_ADDR, not CFX_COORD */
+    bool host;            /* this process is rank 0: it hosts the coordinator */
+    int rank;             /* from rank_var */
+    const char *rank_var; /* the variable the rank came from ("RANK", ...) */
+    char master[64];      /* MASTER_ADDR */
+    uint16_t port;        /* CFX_COORD_PORT, else MASTER_PORT+1 */
+};
+
+struct cfx_coord;
+
+/* Fill @p b and "MASTER_ADDR:port" into @p coord from the environment;
+ * CFX_ERR_INVALID naming the variable missing or wrong. */
+int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len);
+/* Rank 0: start the embedded coordinator on MASTER_ADDR (CFX_ERR_AUTH
+ * without a token).  *out is the caller's, for cfx__boot_unhost(). */
+int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord **out);
+/* Wait (at most @p timeout_ms) for the other members to leave, then stop
+ * the coordinator.  NULL is a no-op. */
+void cfx__boot_unhost(struct cfx_coord *coord, int timeout_ms);
+
+/* The IPv4 address of the first interface that is up and selected by
+ * @p spec (NCCL_SOCKET_IFNAME syntax: prefixes, '=' exact, '^' exclude;
+ * @p exact: @p spec lists whole names only),
+ * into @p ip.  CFX_ERR_INVALID naming @p var and listing the interfaces
+ * there are when none is (netif.c). */
+int cfx__netif_pick(const char *var, const char *spec, bool exact, char *ip, size_t len);
+
 struct cfx_config {
+    struct cfx_boot boot; /* used when CFX_COORD is not given */
     char coord[128];
     char transports[64];
     char bind_addr[64];
@@ -605,6 +635,7 @@ struct cfx_context {
     pthread_mutex_t lock;
     struct cfx_config cfg;
     char token[256];
+    struct cfx_coord *hosted; /* the coordinator this rank 0 hosts (bootstrap.c), or NULL */
     struct cfx_ctl *ctl;
     uint32_t node_id;
     struct cfx_node_rec self;

@@ -9,13 +9,16 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -102,6 +105,9 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--fanout", "0" }, 2, "--fanout", "'0'", 0 },
     { "conflux-coord", { "--heartbeat-ms", "-1" }, 2, "--heartbeat-ms", "'-1'", 0 },
     { "conflux-coord", { "--dead-after-ms", "10x" }, 2, "--dead-after-ms", "'10x'", 0 },
+    { "conflux-coord", { "--metrics", "abc" }, 2, "--metrics", "'abc'", 0 },
+    { "conflux-coord", { "--metrics", "127.0.0.1:99999" }, 2, "--metrics", "'99999'", 0 },
+    { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     /* rdmactl ps (issue 21, part C): the coordinator is up, the job is not */
     { "rdmactl", { "ps", "--timeout", "-1", "--job", "nosuchjob", "rebalance" }, 2, "--timeout",
       "'-1'", 1 },
@@ -284,4 +290,59 @@ ParameterizedTest(size_t *ip, tool_args, each, .init = case_init, .fini = coord_
     if (c->val)
         cr_assert(strstr(err, c->val), "%s%s: stderr does not name %s:\n%s", c->tool, cmd,
                   c->val, err);
+}
+
+/* conflux-coord --metrics PORT: on loopback, announced on stdout, and it
+ * answers GET /metrics. */
+Test(tool_args, coord_metrics_bare_port_is_loopback, .init = case_init, .timeout = 60)
+{
+    int out[2];
+    char path[512], line[256], maddr[128];
+    unsigned mport = 0;
+    cr_assert_eq(pipe(out), 0);
+    snprintf(path, sizeof(path), "%s/conflux-coord", CFX_BIN_DIR);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl(path, path, "--port", "0", "--metrics", "0", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(line, sizeof(line), f), "conflux-coord printed nothing");
+    cr_assert_not_null(fgets(line, sizeof(line), f), "no metrics line");
+    fclose(f);
+    cr_assert_eq(sscanf(line, "conflux-coord metrics on http://%127[^/]/metrics", maddr), 1, "%s",
+                 line);
+    cr_assert_eq(sscanf(maddr, "127.0.0.1:%u", &mport), 1, "not on loopback: %s", line);
+
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)mport),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    static char resp[1 << 16];
+    size_t len = 0;
+    for (;;) {
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        cr_assert_eq(poll(&pfd, 1, HANG_LIMIT_MS), 1, "no answer in %d ms", HANG_LIMIT_MS);
+        ssize_t n = read(fd, resp + len, sizeof(resp) - 1 - len);
+        cr_assert_geq(n, 0);
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    resp[len] = '\0';
+    close(fd);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    cr_expect_eq(strncmp(resp, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", resp);
+    cr_expect_not_null(strstr(resp, "\nconflux_coord_members{state=\"alive\"} 0\n"), "%s", resp);
 }

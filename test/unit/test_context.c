@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -170,6 +172,142 @@ Test(context, coordinator_started_late)
     cr_assert_str_empty(cfx_last_error(), "a successful create leaves no error behind");
     cfx_context_destroy(a);
     cfx__coord_stop(lc.coord);
+}
+
+/* The bind address a context resolved, from its configuration text. */
+static void config_bind_addr(struct cfx_context *c, char *out, size_t len)
+{
+    char buf[2048];
+    cr_assert_gt(cfx_context_config(c, buf, sizeof(buf)), 0);
+    const char *p = strstr(buf, "bind_addr = ");
+    cr_assert_not_null(p, "%s", buf);
+    p += strlen("bind_addr = ");
+    snprintf(out, len, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/* Join with CFX_SOCKET_IFNAME or CFX_BIND_ADDR (@p var) set to @p val;
+ * the bind address into @p addr on success. */
+static int join_if(const char *var, const char *val, char *addr, size_t len)
+{
+    struct cfx_context *c = NULL;
+    cr_assert_eq(setenv(var, val, 1), 0);
+    int rc = join(token, "tcp", &c);
+    unsetenv(var);
+    if (rc == CFX_OK) {
+        config_bind_addr(c, addr, len);
+        cfx_context_destroy(c);
+    } else {
+        cr_assert_null(c);
+    }
+    return rc;
+}
+
+/* First interface that is up, not loopback, with an IPv4 address ("" if none). */
+static void first_non_loopback(char *out, size_t len)
+{
+    struct ifaddrs *all;
+    out[0] = '\0';
+    cr_assert_eq(getifaddrs(&all), 0);
+    for (struct ifaddrs *i = all; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+            !(i->ifa_flags & IFF_LOOPBACK)) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)len);
+            break;
+        }
+    freeifaddrs(all);
+}
+
+/* CFX_SOCKET_IFNAME as NCCL_SOCKET_IFNAME: a prefix, '=' exact, '^' exclude. */
+Test(context, socket_ifname_selects_the_interface)
+{
+    char addr[64], want[64];
+    int rc;
+    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
+    cr_expect_str_eq(addr, "127.0.0.1");
+    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "nosuch,l", addr, sizeof(addr)), CFX_OK,
+                 "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect_str_eq(addr, "127.0.0.1");
+    cr_assert_eq(rc = join_if("CFX_SOCKET_IFNAME", "=lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
+    cr_expect_str_eq(addr, "127.0.0.1");
+    /* an interface name in CFX_BIND_ADDR is taken whole */
+    cr_assert_eq(rc = join_if("CFX_BIND_ADDR", "lo", addr, sizeof(addr)), CFX_OK, "%s: %s",
+                 cfx_errname(rc), cfx_last_error());
+    cr_expect_str_eq(addr, "127.0.0.1");
+    /* an exclusion never takes loopback */
+    first_non_loopback(want, sizeof(want));
+    rc = join_if("CFX_SOCKET_IFNAME", "^docker,virbr", addr, sizeof(addr));
+    if (want[0]) {
+        cr_assert_eq(rc, CFX_OK, "%s: %s", cfx_errname(rc), cfx_last_error());
+        cr_expect_str_eq(addr, want);
+    } else {
+        cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    }
+}
+
+/* A name that selects nothing: CFX_ERR_INVALID naming the variable and
+ * listing the interfaces there are (lo among them). */
+Test(context, socket_ifname_bad_name)
+{
+    char addr[64];
+    int rc = join_if("CFX_SOCKET_IFNAME", "=l", addr, sizeof(addr));
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME==l selects no interface that is up "
+                                       "with an IPv4 address; there are: "),
+              "%s", cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "lo (127.0.0.1)"), "%s", cfx_last_error());
+    rc = join_if("CFX_SOCKET_IFNAME", "nosuch0", addr, sizeof(addr));
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME=nosuch0 selects no interface"), "%s",
+              cfx_last_error());
+    /* CFX_BIND_ADDR=eth0 where there is no eth0: the variable is named, not verbs */
+    rc = join_if("CFX_BIND_ADDR", "nosuch0", addr, sizeof(addr));
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "CFX_BIND_ADDR=nosuch0 selects no interface"), "%s",
+              cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "lo (127.0.0.1)"), "%s", cfx_last_error());
+    rc = join_if("CFX_SOCKET_IFNAME", "", addr, sizeof(addr));
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME is empty"), "%s", cfx_last_error());
+}
+
+/* MASTER_ADDR, CFX_COORD_PORT and RANK=0, no CFX_COORD: this context hosts
+ * the coordinator on that port, says so in its configuration, and its
+ * destroy (no other member) stops it at once. */
+Test(context, rank0_hosts_coordinator_on_cfx_coord_port)
+{
+    struct cfx_context *a = NULL, *b = NULL;
+    char port[16], buf[2048], want[96];
+    int p = cfx_test_free_port();
+    cr_assert_gt(p, 0);
+    snprintf(port, sizeof(port), "%d", p);
+    unsetenv("CFX_COORD");
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "1", 1); /* CFX_COORD_PORT wins over MASTER_PORT+1 */
+    setenv("CFX_COORD_PORT", port, 1);
+    setenv("RANK", "0", 1);
+    struct cfx_context_params cp = {
+        .field_mask = CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT | CFX_CTX_PARAM_TRANSPORTS,
+        .token = token, .timeout_ms = 5000, .transports = "tcp",
+    };
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
+    snprintf(want, sizeof(want), "\ncoordinator = 127.0.0.1:%d (from MASTER_ADDR; hosted here, "
+             "rank 0)\n", p);
+    cr_expect_not_null(strstr(buf, want), "%s", buf);
+    /* rank 1 of the same environment joins it */
+    setenv("RANK", "1", 1);
+    cr_assert_eq(cfx_context_create(&cp, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_gt(cfx_context_config(b, buf, sizeof(buf)), 0);
+    snprintf(want, sizeof(want), "\ncoordinator = 127.0.0.1:%d (from MASTER_ADDR)\n", p);
+    cr_expect_not_null(strstr(buf, want), "%s", buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    /* the port is free again: the coordinator stopped with rank 0 */
+    setenv("RANK", "0", 1);
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(a);
 }
 
 Test(context, unknown_transport)

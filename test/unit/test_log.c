@@ -7,6 +7,8 @@
 #include <criterion/criterion.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,16 +69,16 @@ Test(log, tag_set_while_logging, .timeout = 120)
     cfx__log_level = level;
     cfx__log_set_tag(NULL);
 
-    /* every line: "... conflux[pid] <tag> DEBUG TEST test_log.c:N: logger I line J" */
+    /* every line: "TIME conflux[pid] node=<tag> rank=- DEBUG TEST test_log.c:N: logger I line J" */
     FILE *f = fdopen(fd, "r");
     cr_assert(f);
     rewind(f);
     char line[2048];
     int lines = 0, a = 0, b = 0;
     while (fgets(line, sizeof(line), f)) {
-        char *p = strstr(line, "] ");
+        char *p = strstr(line, "] node=");
         cr_assert(p, "line %d has no tag: %s", lines, line);
-        p += 2;
+        p += strlen("] node=");
         size_t n = strcspn(p, " ");
         cr_assert(n == TAG_LEN && (!strncmp(p, tag_a, n) || !strncmp(p, tag_b, n)),
                   "line %d carries a torn tag '%.*s'", lines, (int)n, p);
@@ -89,4 +91,99 @@ Test(log, tag_set_while_logging, .timeout = 120)
     unlink(path);
     cr_assert_eq(lines, LOGGERS * LINES, "%d lines logged, %d written", LOGGERS * LINES, lines);
     cr_assert_eq(a + b, lines);
+}
+
+/* Read all of @p path into @p buf (NUL terminated); bytes read. */
+static size_t slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return n;
+}
+
+/*
+ * CFX_LOG_FILE: created 0600 and appended to; every line starts with an
+ * ISO 8601 UTC time with microseconds, then the pid, node and rank.
+ */
+Test(log, file_iso_time_node_rank, .timeout = 30)
+{
+    char dir[] = "/tmp/cfx-test-logf-XXXXXX", path[128], buf[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/conflux.log", dir);
+    cr_assert_eq(setenv("CFX_LOG_FILE", path, 1), 0);
+    cr_assert_eq(setenv("RANK", "7", 1), 0);
+    unsetenv("CFX_RANK");
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    unsetenv("SLURM_PROCID");
+    mode_t old = umask(0); /* the mode is the log's, not the umask's */
+    cfx__log_init();
+    umask(old);
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_INFO;
+
+    time_t t0 = time(NULL);
+    cfx__log_set_tag(NULL);
+    CFX_LOG(INFO, TEST, "first %d", 1);
+    cfx__log_set_tag("12");
+    CFX_LOG(WARN, TEST, "second");
+    CFX_LOG(DEBUG, TEST, "not at this level");
+    time_t t1 = time(NULL);
+    cfx__log_level = level;
+    cfx__log_set_tag(NULL);
+
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0600, "mode %o", st.st_mode & 0777);
+    slurp(path, buf, sizeof(buf));
+    char *l2 = strchr(buf, '\n');
+    cr_assert_not_null(l2, "%s", buf);
+    *l2++ = '\0';
+    char want[256];
+    snprintf(want, sizeof(want), " conflux[%d] node=- rank=7 INFO TEST test_log.c:", (int)getpid());
+    cr_expect_not_null(strstr(buf, want), "line 1: %s", buf);
+    cr_expect_not_null(strstr(buf, ": first 1"), "line 1: %s", buf);
+    snprintf(want, sizeof(want),
+             " conflux[%d] node=12 rank=7 WARN TEST test_log.c:", (int)getpid());
+    cr_expect_not_null(strstr(l2, want), "line 2: %s", l2);
+    cr_expect_null(strstr(l2, "not at this level"), "%s", l2);
+    cr_expect_eq(strchr(l2, '\n') - l2 + 1, (long)strlen(l2), "two lines only: %s", l2);
+
+    /* 2026-12-02T06:30:01.123456Z: parse it back, within [t0, t1] */
+    for (char *l = buf; l; l = l == buf ? l2 : NULL) {
+        struct tm tm = { 0 };
+        char *end = strptime(l, "%Y-%m-%dT%H:%M:%S", &tm);
+        cr_assert_not_null(end, "no ISO 8601 time: %s", l);
+        cr_expect_eq(strspn(end, "."), 1u, "%s", l);
+        cr_expect_eq(strspn(end + 1, "0123456789"), 6u, "microseconds: %s", l);
+        cr_expect_eq(strncmp(end + 7, "Z conflux[", 10), 0, "%s", l);
+        time_t t = timegm(&tm);
+        cr_expect(t >= t0 && t <= t1, "time %lld not in [%lld, %lld]: %s", (long long)t,
+                  (long long)t0, (long long)t1, l);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+/* An existing CFX_LOG_FILE is appended to, never truncated; its mode stays. */
+Test(log, file_appended, .timeout = 30)
+{
+    char path[] = "/tmp/cfx-test-loga-XXXXXX", buf[4096];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "before\n", 7), 7);
+    close(fd);
+    cr_assert_eq(setenv("CFX_LOG_FILE", path, 1), 0);
+    cfx__log_init();
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_WARN;
+    CFX_LOG(ERR, TEST, "after");
+    cfx__log_level = level;
+    slurp(path, buf, sizeof(buf));
+    cr_expect_eq(strncmp(buf, "before\n", 7), 0, "%s", buf);
+    cr_expect_not_null(strstr(buf + 7, " ERR TEST test_log.c:"), "%s", buf);
+    cr_expect_eq(strcmp(buf + strlen(buf) - 8, ": after\n"), 0, "%s", buf);
+    unlink(path);
 }

@@ -1,0 +1,469 @@
+/*
+ * The coordinator's metrics: the Prometheus text exposition format (0.0.4)
+ * over HTTP/1.x, GET /metrics, on the coordinator's own event loop.
+ *
+ * Trust boundary: whoever can connect to the metrics address reads them,
+ * unauthenticated (Prometheus scrapes so): member counts, object counts and
+ * bytes, node ids, names and hosts.  No object ids, names or data, no token,
+ * and nothing can be changed through it.  conflux-coord binds it to
+ * loopback unless told otherwise (--metrics ADDR:PORT).
+ *
+ * A minimal, bounded, read-only responder: a request is one head of at
+ * most METRICS_REQ_MAX bytes (a longer one: 431), only GET (405) of
+ * /metrics (404); every answer ends its connection (the endpoint shuts
+ * its side, reads what the client still sends until it closes too).  At most
+ * METRICS_CONNS_MAX connections at once (more are closed at accept), and
+ * each has METRICS_TIMEOUT_MS from accept to its last byte sent.
+ */
+#include "control/coord_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+#include <conflux/version.h>
+
+#include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
+
+#define METRICS_REQ_MAX    4096 /* bytes of one request head */
+#define METRICS_CONNS_MAX  16   /* scrapers at once */
+#define METRICS_TIMEOUT_MS 5000 /* from accept to the last byte of the answer */
+
+struct metrics_conn {
+    struct cfx_list link; /* metrics->conns */
+    struct coord_metrics *m;
+    struct cfx_ev_io io;
+    struct cfx_ev_timer timer; /* METRICS_TIMEOUT_MS after accept */
+    int fd;
+    char peer[48];
+    char req[METRICS_REQ_MAX + 1];
+    size_t req_len;
+    char *out; /* the answer (malloc'd) once the request is read */
+    size_t out_len, out_off;
+    int draining; /* answer sent, write side shut: reading to EOF, so that
+                                 * unread request bytes do not turn the close into a reset
+                                 * that could discard the answer at the client */
+    int done;     /* closed; freed in the after-batch hook */
+};
+
+struct coord_metrics {
+    struct cfx_coord *co;
+    int fd; /* listening socket */
+    struct cfx_ev_io io;
+    char addr[64]; /* "ip:port" bound */
+    uint16_t port;
+    struct cfx_list conns; /* struct metrics_conn, open */
+    struct cfx_list dead;  /* closed, freed after the batch */
+    unsigned nconns;
+    uint64_t scrapes; /* answers of 200 */
+};
+
+/* ---- text ---------------------------------------------------------------- */
+
+struct buf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+static void bprintf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bprintf(struct buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        if (b->oom)
+            return;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap - b->len <= (size_t)n)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+/* A label value as the exposition format wants it (\\ and \" escaped).
+ * Names and hosts come from peers: a byte outside printable ASCII becomes
+ * '?', so that the text stays valid UTF-8 whatever a peer sent. */
+static void blabel(struct buf *b, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            bprintf(b, "\\%c", *p);
+        else if (*p < 0x20 || *p > 0x7e)
+            bprintf(b, "?");
+        else
+            bprintf(b, "%c", *p);
+    }
+}
+
+static void family(struct buf *b, const char *name, const char *type, const char *help)
+{
+    bprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The exposition of what the coordinator knows now (loop thread). */
+static void metrics_text(struct coord_metrics *m, struct buf *b)
+{
+    struct cfx_coord *co = m->co;
+    struct cfx_list *pos;
+    uint64_t bytes = 0, inline_n = 0, holders = 0;
+
+    cfx_list_for_each(pos, &co->objects)
+    {
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        bytes += o->size;
+        inline_n += o->is_inline;
+        holders += o->nholders;
+    }
+    family(b, "conflux_coord_info", "gauge", "Coordinator version and protocol (always 1).");
+    bprintf(b, "conflux_coord_info{version=\"%s\",protocol=\"%u\"} 1\n", CFX_VERSION_STRING,
+            (unsigned)CFX_PROTO_VERSION);
+    family(b, "conflux_coord_uptime_seconds", "gauge", "Seconds since the coordinator started.");
+    bprintf(b, "conflux_coord_uptime_seconds %.3f\n", (double)(cfx__now_ns() - co->start_ns) / 1e9);
+    family(b, "conflux_coord_members", "gauge",
+           "Members by state: alive, or dead (and still listed).");
+    bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", co->nodes_alive);
+    bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead);
+    family(b, "conflux_coord_objects", "gauge", "Objects in the directory.");
+    bprintf(b, "conflux_coord_objects %u\n", co->nobjects);
+    family(b, "conflux_coord_object_bytes", "gauge",
+           "Sum of the sizes of the objects in the "
+           "directory.");
+    bprintf(b, "conflux_coord_object_bytes %llu\n", (unsigned long long)bytes);
+    family(b, "conflux_coord_inline_objects", "gauge",
+           "Objects whose bytes the coordinator "
+           "holds (inline).");
+    bprintf(b, "conflux_coord_inline_objects %llu\n", (unsigned long long)inline_n);
+    family(b, "conflux_coord_inline_bytes", "gauge",
+           "Bytes of inline objects the coordinator "
+           "holds.");
+    bprintf(b, "conflux_coord_inline_bytes %llu\n", (unsigned long long)co->inline_bytes);
+    family(b, "conflux_coord_object_holders", "gauge",
+           "Copies (complete or being received) "
+           "of all objects.");
+    bprintf(b, "conflux_coord_object_holders %llu\n", (unsigned long long)holders);
+    family(b, "conflux_coord_lookups_parked", "gauge",
+           "Lookups waiting for an object to "
+           "appear.");
+    bprintf(b, "conflux_coord_lookups_parked %u\n", co->nparked);
+    family(b, "conflux_coord_connections", "gauge",
+           "Control connections open, and of those "
+           "not yet authenticated.");
+    bprintf(b, "conflux_coord_connections{state=\"all\"} %u\n", co->nconns);
+    bprintf(b, "conflux_coord_connections{state=\"unauthenticated\"} %u\n", co->nunauth);
+    family(b, "conflux_coord_state_writes_total", "counter",
+           "Records written to or removed "
+           "from the state directory.");
+    bprintf(b, "conflux_coord_state_writes_total %llu\n", (unsigned long long)co->state_writes);
+    family(b, "conflux_coord_metrics_scrapes_total", "counter",
+           "Answers of /metrics before "
+           "this one.");
+    bprintf(b, "conflux_coord_metrics_scrapes_total %llu\n", (unsigned long long)m->scrapes);
+
+    family(b, "conflux_coord_node_alive", "gauge", "1 while the member is alive, 0 once dead.");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        bprintf(b, "conflux_coord_node_alive{node=\"%u\",name=\"", n->rec.node_id);
+        blabel(b, n->rec.name);
+        bprintf(b, "\",host=\"");
+        blabel(b, n->rec.host);
+        bprintf(b, "\"} %u\n", n->rec.alive ? 1u : 0u);
+    }
+    family(b, "conflux_coord_node_holdings", "gauge",
+           "Objects a member holds a copy of (or "
+           "is receiving).");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        bprintf(b, "conflux_coord_node_holdings{node=\"%u\"} %u\n", n->rec.node_id, n->nholdings);
+    }
+    family(b, "conflux_coord_node_inline_bytes", "gauge",
+           "Inline bytes stored for a member's "
+           "puts.");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        bprintf(b, "conflux_coord_node_inline_bytes{node=\"%u\"} %llu\n", n->rec.node_id,
+                (unsigned long long)n->put_bytes);
+    }
+}
+
+/* ---- HTTP ---------------------------------------------------------------- */
+
+static void conn_close(struct metrics_conn *c)
+{
+    if (c->done)
+        return;
+    c->done = 1;
+    cfx__ev_io_stop(c->m->co->loop, &c->io);
+    cfx__ev_timer_stop(c->m->co->loop, &c->timer);
+    close(c->fd);
+    c->fd = -1;
+    cfx_list_del(&c->link);
+    cfx_list_add_tail(&c->link, &c->m->dead);
+    c->m->nconns--;
+}
+
+static void answer(struct metrics_conn *c, int code, const char *reason, const char *ctype,
+                   const char *body, size_t body_len)
+{
+    struct buf b = { 0 };
+    bprintf(&b,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+            "Connection: close\r\nCache-Control: no-store\r\n%s\r\n",
+            code, reason, ctype, body_len, code == 405 ? "Allow: GET\r\n" : "");
+    if (!b.oom && body_len) {
+        bprintf(&b, "%.*s", (int)body_len, body);
+    }
+    if (b.oom) {
+        free(b.p);
+        CFX_LOG(ERR, CTL, "metrics %s: out of memory for the answer", c->peer);
+        conn_close(c);
+        return;
+    }
+    c->out = b.p;
+    c->out_len = b.len;
+    c->out_off = 0;
+    cfx__ev_io_set(c->m->co->loop, &c->io, CFX_EV_WRITE);
+}
+
+static void on_request(struct metrics_conn *c)
+{
+    char method[8] = "", path[64] = "";
+    static const char text[] = "text/plain; charset=utf-8";
+    static const char prom[] = "text/plain; version=0.0.4; charset=utf-8";
+
+    /* "GET /metrics HTTP/1.1": the request line is all we read */
+    int n = sscanf(c->req, "%7[A-Z] %63[^ \r\n] HTTP/1.%*1[01]", method, path);
+    if (n != 2) {
+        answer(c, 400, "Bad Request", text, "bad request\n", 12);
+        return;
+    }
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        answer(c, 405, "Method Not Allowed", text, "only GET\n", 9);
+        return;
+    }
+    if (strcmp(path, "/metrics")) {
+        answer(c, 404, "Not Found", text, "only /metrics\n", 14);
+        return;
+    }
+    struct buf b = { 0 };
+    metrics_text(c->m, &b);
+    if (b.oom) {
+        free(b.p);
+        answer(c, 503, "Service Unavailable", text, "out of memory\n", 14);
+        return;
+    }
+    c->m->scrapes++;
+    answer(c, 200, "OK", prom, !strcmp(method, "HEAD") ? "" : b.p,
+           !strcmp(method, "HEAD") ? 0 : b.len);
+    free(b.p);
+}
+
+static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
+{
+    struct metrics_conn *c = io->arg;
+    (void)loop;
+    (void)events;
+    if (c->done)
+        return;
+    if (c->draining) {
+        char sink[4096];
+        ssize_t r = read(c->fd, sink, sizeof(sink));
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            conn_close(c);
+        return; /* bounded by the connection's timer */
+    }
+    if (!c->out) {
+        ssize_t r = read(c->fd, c->req + c->req_len, METRICS_REQ_MAX - c->req_len);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (r <= 0) {
+            conn_close(c);
+            return;
+        }
+        c->req_len += (size_t)r;
+        c->req[c->req_len] = '\0';
+        if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
+            on_request(c);
+        else if (c->req_len >= METRICS_REQ_MAX)
+            answer(c, 431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
+                   "request too large\n", 18);
+        return;
+    }
+    while (c->out_off < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN)
+            return;
+        if (w <= 0) {
+            conn_close(c);
+            return;
+        }
+        c->out_off += (size_t)w;
+    }
+    shutdown(c->fd, SHUT_WR);
+    c->draining = 1;
+    cfx__ev_io_set(c->m->co->loop, &c->io, CFX_EV_READ);
+}
+
+static void on_conn_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
+{
+    struct metrics_conn *c = t->arg;
+    (void)loop;
+    if (!c->draining)
+        CFX_LOG(INFO, CTL, "metrics %s: no complete exchange within %d ms: closed", c->peer,
+                METRICS_TIMEOUT_MS);
+    conn_close(c);
+}
+
+static void on_accept(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned events)
+{
+    struct coord_metrics *m = io->arg;
+    (void)events;
+    for (;;) {
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof(sa);
+        int fd = accept4(m->fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                CFX_LOG(WARN, CTL, "metrics %s: accept: %s", m->addr, strerror(errno));
+            return;
+        }
+        char ip[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        if (m->nconns >= METRICS_CONNS_MAX) {
+            CFX_LOG(WARN, CTL, "metrics %s: %u scrapers connected already: refused %s:%u", m->addr,
+                    m->nconns, ip, ntohs(sa.sin_port));
+            close(fd);
+            continue;
+        }
+        struct metrics_conn *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->m = m;
+        c->fd = fd;
+        snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sa.sin_port));
+        cfx_list_add_tail(&c->link, &m->conns);
+        m->nconns++;
+        cfx__ev_timer_init(&c->timer, on_conn_timeout, c);
+        cfx__ev_timer_start(loop, &c->timer,
+                            cfx__now_ns() + (uint64_t)METRICS_TIMEOUT_MS * 1000000ull);
+        if (cfx__ev_io_start(loop, &c->io, fd, CFX_EV_READ, on_conn_io, c) != CFX_OK)
+            conn_close(c);
+    }
+}
+
+/* ---- life ---------------------------------------------------------------- */
+
+int cfx__coord_metrics_start(struct cfx_coord *co, const char *hostport, struct coord_metrics **out)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    int one = 1, rc;
+
+    *out = NULL;
+    rc = cfx__parse_hostport(hostport, &sa);
+    if (rc != CFX_OK && strrchr(hostport, ':') && !strcmp(strrchr(hostport, ':'), ":0")) {
+        /* port 0: an ephemeral one (tests) */
+        char host[64];
+        snprintf(host, sizeof(host), "%.*s:1", (int)(strrchr(hostport, ':') - hostport), hostport);
+        rc = cfx__parse_hostport(host, &sa);
+        sa.sin_port = 0;
+    }
+    if (rc != CFX_OK)
+        return cfx__err(rc, "metrics address '%s': %s", hostport, cfx_last_error());
+    struct coord_metrics *m = calloc(1, sizeof(*m));
+    if (!m)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for the metrics endpoint");
+    m->co = co;
+    cfx_list_init(&m->conns);
+    cfx_list_init(&m->dead);
+    m->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (m->fd < 0) {
+        rc = cfx__err(cfx__status_from_errno(errno), "metrics socket: %s", strerror(errno));
+        goto err_free;
+    }
+    setsockopt(m->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(m->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(m->fd, 16) < 0 ||
+        getsockname(m->fd, (struct sockaddr *)&sa, &sl) < 0) {
+        int e = errno;
+        rc = cfx__err(cfx__status_from_errno(e), "metrics endpoint cannot listen on %s: %s",
+                      hostport, strerror(e));
+        goto err_close;
+    }
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+    m->port = ntohs(sa.sin_port);
+    snprintf(m->addr, sizeof(m->addr), "%s:%u", ip, m->port);
+    rc = cfx__ev_io_start(co->loop, &m->io, m->fd, CFX_EV_READ, on_accept, m);
+    if (rc != CFX_OK)
+        goto err_close;
+    CFX_LOG(INFO, CTL, "metrics on http://%s/metrics (readable by whoever can connect)", m->addr);
+    *out = m;
+    return CFX_OK;
+
+err_close:
+    close(m->fd);
+err_free:
+    free(m);
+    return rc;
+}
+
+/* Free the connections closed during the batch (after-batch hook). */
+void cfx__coord_metrics_reap(struct coord_metrics *m)
+{
+    if (!m)
+        return;
+    while (!cfx_list_empty(&m->dead)) {
+        struct metrics_conn *c = cfx_list_entry(m->dead.next, struct metrics_conn, link);
+        cfx_list_del(&c->link);
+        free(c->out);
+        free(c);
+    }
+}
+
+void cfx__coord_metrics_stop(struct coord_metrics *m)
+{
+    if (!m)
+        return;
+    while (!cfx_list_empty(&m->conns))
+        conn_close(cfx_list_entry(m->conns.next, struct metrics_conn, link));
+    cfx__coord_metrics_reap(m);
+    cfx__ev_io_stop(m->co->loop, &m->io);
+    close(m->fd);
+    free(m);
+}
+
+uint16_t cfx__coord_metrics_port(const struct cfx_coord *coord)
+{
+    return coord && coord->metrics ? coord->metrics->port : 0;
+}

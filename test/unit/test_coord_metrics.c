@@ -1,0 +1,344 @@
+/*
+ * The coordinator's Prometheus endpoint (control/coord_metrics.c): scraped
+ * over a socket, checked by promtool and for exact values after two nodes
+ * join and put three objects; the bounds of its HTTP responder (methods,
+ * paths, request size, slow clients).
+ */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "testutil.h"
+
+#define DEADLINE_S 20
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+static uint16_t mport;
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = {
+        .bind_addr = "127.0.0.1",
+        .port = 0,
+        .token = token,
+        .metrics_addr = "127.0.0.1:0",
+    };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    mport = cfx__coord_metrics_port(coord);
+    cr_assert_neq(mport, 0);
+}
+
+static void teardown(void)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(coord_metrics, .init = setup, .fini = teardown, .timeout = 60);
+
+static int connect_metrics(void)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET,
+                              .sin_port = htons(mport),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+    return fd;
+}
+
+/* Read @p fd until the peer closes (by the deadline) into a malloc'd string. */
+static char *read_all(int fd)
+{
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    time_t end = time(NULL) + DEADLINE_S;
+    cr_assert_not_null(buf);
+    for (;;) {
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        int ms = (int)(end - time(NULL)) * 1000;
+        cr_assert_gt(ms, 0, "the endpoint did not close by the deadline");
+        int r = poll(&pfd, 1, ms);
+        cr_assert_geq(r, 0);
+        if (r == 0)
+            continue;
+        if (cap - len < 4096) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            cr_assert_not_null(buf);
+        }
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n < 0 && errno == ECONNRESET)
+            n = 0;
+        cr_assert_geq(n, 0, "%s", strerror(errno));
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* Send @p req whole and return the whole answer. */
+static char *exchange(const char *req, size_t len)
+{
+    int fd = connect_metrics();
+    cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    return read_all(fd);
+}
+
+static char *scrape(void)
+{
+    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    return exchange(req, sizeof(req) - 1);
+}
+
+/* The body of an answer of 200 (fails on any other status). */
+static const char *body_of(const char *resp)
+{
+    cr_assert_eq(strncmp(resp, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", resp);
+    cr_assert_not_null(strstr(resp, "\r\nContent-Type: text/plain; version=0.0.4; "
+                                    "charset=utf-8\r\n"),
+                       "%s", resp);
+    const char *b = strstr(resp, "\r\n\r\n");
+    cr_assert_not_null(b);
+    b += 4;
+    char want[64];
+    snprintf(want, sizeof(want), "\r\nContent-Length: %zu\r\n", strlen(b));
+    cr_assert_not_null(strstr(resp, want), "length of a body of %zu bytes: %s", strlen(b), resp);
+    return b;
+}
+
+/* The sample line "@p name value" (labels in @p name) exactly once. */
+static void expect_sample(const char *body, const char *name, unsigned long long value)
+{
+    char line[256];
+    snprintf(line, sizeof(line), "\n%s %llu\n", name, value);
+    const char *p = strstr(body, line);
+    cr_expect_not_null(p, "no line '%s %llu' in:\n%s", name, value, body);
+    if (p)
+        cr_expect_null(strstr(p + 1, line), "'%s' twice", name);
+}
+
+/* promtool check metrics, reading @p body: its exit status and output. */
+static int promtool(const char *body, char *out, size_t cap)
+{
+    char path[] = "/tmp/cfx-metrics-XXXXXX", cmd[256];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+    close(fd);
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    unlink(path);
+    return WEXITSTATUS(st);
+}
+
+static int join(struct cfx_context **out)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 10000,
+        .transports = "tcp",
+    };
+    return cfx_context_create(&p, out);
+}
+
+Test(coord_metrics, two_nodes_three_objects)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id id[3];
+    static const size_t size[3] = { 100, 1000, 200000 }; /* two inline, one not */
+    static uint8_t data[200000];
+    char out[4096], line[128];
+
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        cr_skip_test("promtool is not installed (Debian package prometheus; scripts/deps.sh)");
+    /* empty directory */
+    char *r0 = scrape();
+    const char *b0 = body_of(r0);
+    expect_sample(b0, "conflux_coord_members{state=\"alive\"}", 0);
+    expect_sample(b0, "conflux_coord_objects", 0);
+    expect_sample(b0, "conflux_coord_metrics_scrapes_total", 0);
+    cr_assert_eq(promtool(b0, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b0);
+    free(r0);
+
+    cr_assert_eq(join(&a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(&b), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "metrics-%d", i);
+        cfx_object_id_from_name(name, &id[i]);
+        cr_assert_eq(cfx_put(i < 2 ? a : b, &id[i], data, size[i], NULL), CFX_OK, "%s",
+                     cfx_last_error());
+    }
+    char *r1 = scrape();
+    const char *b1 = body_of(r1);
+    cr_log_info("%s", b1);
+    expect_sample(b1, "conflux_coord_members{state=\"alive\"}", 2);
+    expect_sample(b1, "conflux_coord_members{state=\"dead\"}", 0);
+    expect_sample(b1, "conflux_coord_objects", 3);
+    expect_sample(b1, "conflux_coord_object_bytes", 201100);
+    expect_sample(b1, "conflux_coord_inline_objects", 2);
+    expect_sample(b1, "conflux_coord_inline_bytes", 1100);
+    expect_sample(b1, "conflux_coord_object_holders", 3);
+    expect_sample(b1, "conflux_coord_lookups_parked", 0);
+    expect_sample(b1, "conflux_coord_metrics_scrapes_total", 1);
+    snprintf(line, sizeof(line), "conflux_coord_node_holdings{node=\"%u\"}",
+             cfx_context_node_id(a));
+    expect_sample(b1, line, 2);
+    snprintf(line, sizeof(line), "conflux_coord_node_holdings{node=\"%u\"}",
+             cfx_context_node_id(b));
+    expect_sample(b1, line, 1);
+    snprintf(line, sizeof(line), "conflux_coord_node_inline_bytes{node=\"%u\"}",
+             cfx_context_node_id(a));
+    expect_sample(b1, line, 1100);
+    cr_assert_eq(promtool(b1, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b1);
+    free(r1);
+
+    /* b leaves: its object goes with it, and it is listed as dead */
+    cfx_context_destroy(b);
+    /* the leave is a call the coordinator answered: scrape after it */
+    char *r2 = scrape();
+    const char *b2 = body_of(r2);
+    expect_sample(b2, "conflux_coord_members{state=\"alive\"}", 1);
+    expect_sample(b2, "conflux_coord_members{state=\"dead\"}", 1);
+    expect_sample(b2, "conflux_coord_objects", 2);
+    expect_sample(b2, "conflux_coord_object_bytes", 1100);
+    cr_assert_eq(promtool(b2, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b2);
+    free(r2);
+    cfx_context_destroy(a);
+}
+
+Test(coord_metrics, only_get_of_metrics)
+{
+    static const char post[] = "POST /metrics HTTP/1.1\r\n\r\n";
+    static const char other[] = "GET / HTTP/1.1\r\n\r\n";
+    static const char junk[] = "hello\r\n\r\n";
+    static const char head[] = "HEAD /metrics HTTP/1.0\r\n\r\n";
+    char *r;
+
+    r = exchange(post, sizeof(post) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 405 Method Not Allowed\r\n", 33), 0, "%s", r);
+    cr_expect_not_null(strstr(r, "\r\nAllow: GET\r\n"), "%s", r);
+    free(r);
+    r = exchange(other, sizeof(other) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 404 Not Found\r\n", 24), 0, "%s", r);
+    free(r);
+    r = exchange(junk, sizeof(junk) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 400 Bad Request\r\n", 26), 0, "%s", r);
+    free(r);
+    r = exchange(head, sizeof(head) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", r);
+    cr_expect_eq(strcmp(strstr(r, "\r\n\r\n"), "\r\n\r\n"), 0, "a HEAD has no body: %s", r);
+    cr_expect_not_null(strstr(r, "\r\nContent-Length: 0\r\n"), "%s", r);
+    free(r);
+}
+
+/* A head past 4096 bytes: 431, and the connection closed. */
+Test(coord_metrics, oversized_request)
+{
+    char req[8192];
+    memset(req, 'a', sizeof(req));
+    memcpy(req, "GET /metrics HTTP/1.1\r\nX-Pad: ", 30);
+    int fd = connect_metrics();
+    /* the endpoint may answer and close before it has read all of it */
+    ssize_t n = send(fd, req, sizeof(req), MSG_NOSIGNAL);
+    cr_assert(n > 0 || errno == EPIPE || errno == ECONNRESET, "%s", strerror(errno));
+    char *r = read_all(fd);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 431 Request Header Fields Too Large\r\n", 46), 0, "%s", r);
+    free(r);
+}
+
+/* A client that never sends its request is closed (5 s after it connected);
+ * meanwhile the endpoint answers others. */
+Test(coord_metrics, slow_client_is_closed)
+{
+    int idle = connect_metrics();
+    char *r = scrape();
+    body_of(r);
+    free(r);
+    char *rest = read_all(idle); /* fails at the deadline if never closed */
+    cr_expect_str_empty(rest, "no answer to no request: %s", rest);
+    free(rest);
+}
+
+/* Past 16 connections at once, the next ones are closed at accept, and the
+ * endpoint serves again once they go. */
+Test(coord_metrics, connection_cap)
+{
+    int fds[16];
+    for (int i = 0; i < 16; i++)
+        fds[i] = connect_metrics();
+    /* the 17th: closed without an answer (once the 16 are accepted) */
+    char *r = scrape();
+    cr_expect_str_empty(r, "answered past the cap: %s", r);
+    free(r);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    /* closed connections are noticed on their next event: the cap frees up
+     * as the endpoint reads their EOF; a scrape then is answered */
+    char *ok = NULL;
+    for (int tries = 0; tries < 100; tries++) {
+        ok = scrape();
+        if (ok[0])
+            break;
+        free(ok);
+        ok = NULL;
+    }
+    cr_assert_not_null(ok, "never answered again after the 16 closed");
+    body_of(ok);
+    free(ok);
+}
+
+/* A peer's name with quotes, a backslash and bytes that are not UTF-8:
+ * escaped or replaced, and promtool still accepts the text. */
+Test(coord_metrics, peer_names_escaped)
+{
+    struct cfx_context *a;
+    char out[4096], want[128];
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        cr_skip_test("promtool is not installed (Debian package prometheus; scripts/deps.sh)");
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_NAME,
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 10000,
+        .transports = "tcp",
+        .name = "we\"ird\\\xff\x01",
+    };
+    cr_assert_eq(cfx_context_create(&p, &a), CFX_OK, "%s", cfx_last_error());
+    char *r = scrape();
+    const char *body = body_of(r);
+    snprintf(want, sizeof(want), "conflux_coord_node_alive{node=\"%u\",name=\"we\\\"ird\\\\??\",",
+             cfx_context_node_id(a));
+    cr_expect_not_null(strstr(body, want), "no '%s' in:\n%s", want, body);
+    cr_assert_eq(promtool(body, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, body);
+    free(r);
+    cfx_context_destroy(a);
+}
