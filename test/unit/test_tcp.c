@@ -805,7 +805,7 @@ Test(tcp, recv_parses_frames_split_anywhere)
         struct ev *e = &B.evs[i];
         if (e->c.type != CFX_TP_COMP_RECV)
             continue;
-        cr_assert_eq(e->c.len, 1 + next * 25);
+        cr_assert_eq(e->c.len, (uint32_t)(1 + next * 25));
         cr_assert_eq(cfx_test_check(e->data, e->c.len, (unsigned)next + 1), (size_t)-1,
                      "message %d differs", next);
         next++;
