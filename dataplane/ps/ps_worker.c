@@ -437,9 +437,20 @@ void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
         if (s->waiting || s->server != srv || !s->map_version)
             continue;
         meter_end(w, srv, 0);
-        op_fail(ps, s->op, status, "tensor %s block %u: server %u (node %u) failed: %s",
-                tensor_name(ps, s->op->tensor), s->block, srv,
-                ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0, cfx_strerror(status));
+        /* a server that goes after the scheduler was lost ends because of
+         * it: name the cause (the caller waits on the scheduler's node) */
+        pthread_mutex_lock(&ps->lock);
+        int lost = ps->lost_status;
+        char why[sizeof(ps->lost_why)];
+        memcpy(why, ps->lost_why, sizeof(why));
+        pthread_mutex_unlock(&ps->lock);
+        if (lost == CFX_ERR_PEER_FAILED && srv != 0)
+            op_fail(ps, s->op, lost, "%s (server %u, node %u, went too)", why, srv,
+                    ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0);
+        else
+            op_fail(ps, s->op, status, "tensor %s block %u: server %u (node %u) failed: %s",
+                    tensor_name(ps, s->op->tensor), s->block, srv,
+                    ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0, cfx_strerror(status));
         sub_done(ps, s);
     }
 }

@@ -386,15 +386,23 @@ static void mode_putter_gone(struct cfx_context *ctx, size_t size)
         pthread_create(&t, NULL, pg_relay_watch, ctx);
         pg_expect_gone(ctx, &id, buf, size, putter, "relay");
         pthread_join(t, NULL);
-        /* the reader may still be reading from us: stay until it is done */
+        /* the reader may still be reading from us: stay until it is done.
+         * Its mark goes with it, so it waits for our answer before leaving,
+         * and we leave once it has (its mark is gone). */
         name_id(&mark, "pgone-reader-done-%ld-%ld", 0, 0);
         CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+        struct cfx_object_id ack;
+        name_id(&ack, "pgone-relay-ack-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_put(ctx, &ack, &b, 1, NULL));
+        CHECK_OK(cfx_test_wait_gone(ctx, &mark, (int)(HANG_S * 1000)));
     } else if (rank == 2) {
         name_id(&mark, "pgone-relay-receiving-%ld-%ld", 0, 0);
         CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
         pg_expect_gone(ctx, &id, buf, size, putter, "reader");
         name_id(&mark, "pgone-reader-done-%ld-%ld", 0, 0);
         CHECK_OK(cfx_put(ctx, &mark, &b, 1, NULL));
+        name_id(&mark, "pgone-relay-ack-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
     }
     cfx_buf_free(ctx, buf);
 }
@@ -984,6 +992,14 @@ static void mode_loccache(struct cfx_context *ctx)
     /* an object goes with its putter: the victim dies only once every other
      * rank has read its step-9 mark (they say so at step 90, a number no
      * other step uses) */
+    /* rank 1 must see the victim's step-90 mark before the victim can die
+     * (below: it waits for that mark to go with the victim) */
+    struct cfx_object_id mark;
+    name_id(&mark, "lc-step-%ld-%ld", 90L, (long)LC_VICTIM);
+    if (rank == 1) {
+        uint8_t seen;
+        CHECK_OK(cfx_get(ctx, &mark, &seen, 1, NULL, NULL));
+    }
     lc_step(ctx, 90, LC_VICTIM);
     if (rank == LC_VICTIM) {
         printf("D: holder dying\n");
@@ -991,11 +1007,9 @@ static void mode_loccache(struct cfx_context *ctx)
         raise(SIGKILL);
     }
     if (rank == 1) {
-        /* the victim is gone once its step-90 mark is (nobody got it, so it
-         * goes with its putter): before that, the victim may still be
-         * reading the others' marks, alive, and serve d2 */
-        struct cfx_object_id mark;
-        name_id(&mark, "lc-step-%ld-%ld", 90L, (long)LC_VICTIM);
+        /* the victim is gone once its step-90 mark is (it goes with its
+         * putter once our copy is dropped): before that, the victim may
+         * still be reading the others' marks, alive, and serve d2 */
         int wrc = cfx_test_wait_gone(ctx, &mark, 20000);
         if (wrc != CFX_OK)
             DIE("D: the victim's mark did not go: %s (%s)", cfx_errname(wrc), cfx_last_error());
