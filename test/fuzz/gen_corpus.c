@@ -307,7 +307,7 @@ static void tcp(void)
     h.imm = htole32(17u << 20 | 3);
     h.key_lo = htole32(0x12345678);
     h.key_idx = htole32(2);
-    h.key_gen = htole32(1);
+    h.key_hi = htole32(0x9abcdef0);
     h.off = htole64(3u << 20);
     memcpy(buf + 1, &h, sizeof(h));
     put("fuzz_tcp_hdr", "write", buf, 1 + sizeof(h));
