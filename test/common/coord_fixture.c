@@ -42,33 +42,34 @@ static void on_dead(void *arg, uint32_t id)
         d->when_ns[d->n] = cfx__now_ns();
         d->n++;
     }
+    pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
 }
 
 void deaths_init(struct deaths *d)
 {
+    pthread_condattr_t a;
     memset(d, 0, sizeof(*d));
     pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* cfx__now_ns()'s clock: deadlines */
+    pthread_cond_init(&d->cv, &a);
+    pthread_condattr_destroy(&a);
 }
 
 /* ns timestamp when @p id was reported dead, waiting up to @p ms; 0 if not. */
 uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
 {
-    uint64_t deadline = cfx__deadline_ns(ms);
-    for (;;) {
-        pthread_mutex_lock(&d->mu);
-        for (int i = 0; i < d->n; i++) {
-            if (d->ids[i] == id) {
-                uint64_t t = d->when_ns[i];
-                pthread_mutex_unlock(&d->mu);
-                return t;
-            }
-        }
-        pthread_mutex_unlock(&d->mu);
-        if (cfx__now_ns() >= deadline)
-            return 0;
-        usleep(5000);
-    }
+    uint64_t deadline = cfx__deadline_ns(ms), t = 0;
+    int seen = 0; /* events already looked at */
+    pthread_mutex_lock(&d->mu);
+    do {
+        for (; seen < d->n && !t; seen++)
+            if (d->ids[seen] == id)
+                t = d->when_ns[seen];
+    } while (!t && cfx__cond_wait_until(&d->cv, &d->mu, deadline));
+    pthread_mutex_unlock(&d->mu);
+    return t;
 }
 
 uint32_t dead_keep_ms;

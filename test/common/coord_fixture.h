@@ -37,6 +37,7 @@ extern struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defau
 /* node_dead events seen by one client */
 struct deaths {
     pthread_mutex_t mu;
+    pthread_cond_t cv; /* broadcast on every event */
     uint32_t ids[256];
     uint64_t when_ns[256];
     int n;
@@ -57,7 +58,8 @@ struct lookup_job {
 /* Empty, with its mutex ready; pass it to open_node() for node_dead events. */
 void deaths_init(struct deaths *d);
 
-/* ns timestamp when @p id was reported dead, waiting up to @p ms; 0 if not. */
+/* ns timestamp when @p id was reported dead, waiting up to @p ms for the
+ * event (not polling); 0 if it did not come. */
 uint64_t wait_dead(struct deaths *d, uint32_t id, int ms);
 
 /* Start the coordinator with the settings above into coord and addr. */
