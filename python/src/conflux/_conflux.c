@@ -277,7 +277,7 @@ static PyMethodDef module_methods[] = {
     { "errname", mod_errname, METH_O, "Symbolic name of a status." },
     { "strerror", mod_strerror, METH_O, "Text of a status." },
     { "reduce", mod_reduce, METH_VARARGS, "reduce(dst, src, dtype, op): dst op= src locally." },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 static struct PyModuleDef moduledef = {

@@ -505,13 +505,13 @@ static PyMethodDef Context_methods[] = {
       "reduce_objects(inputs, k, dtype, op, result, timeout_ms=None) -> used indices." },
     { "put_ids", (PyCFunction)Context_put_ids, METH_NOARGS,
       "Ids put by this context and not yet deleted (their buffers stay pinned)." },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 static PyGetSetDef Context_getset[] = {
     { "node_id", (getter)Context_get_node_id, NULL, "Node id the coordinator assigned.", NULL },
     { "closed", (getter)Context_get_closed, NULL, "True once close() was called.", NULL },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 PyTypeObject cfx__py_context_type = {

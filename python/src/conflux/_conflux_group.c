@@ -230,7 +230,7 @@ static PyMethodDef Request_methods[] = {
       "wait(timeout_ms=None): until complete; raises the operation's error." },
     { "test", (PyCFunction)Request_test, METH_NOARGS,
       "test() -> bool: complete yet? (raises the operation's error)" },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 PyTypeObject cfx__py_request_type = {
@@ -465,13 +465,13 @@ static PyMethodDef Group_methods[] = {
     COLL_DEF("ibroadcast", Group_ibroadcast, "as broadcast, returning a Request"),
     COLL_DEF("ireduce", Group_ireduce, "as reduce, returning a Request"),
     COLL_DEF("iallgather", Group_iallgather, "as allgather, returning a Request"),
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 static PyGetSetDef Group_getset[] = {
     { "rank", (getter)Group_get_rank, NULL, "This process's rank.", NULL },
     { "size", (getter)Group_get_size, NULL, "Number of ranks.", NULL },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 PyTypeObject cfx__py_group_type = {

@@ -296,7 +296,7 @@ static PyMethodDef PS_methods[] = {
     { "push", (PyCFunction)PS_push, METH_VARARGS, "push(key, grad)" },
     { "pull", (PyCFunction)PS_pull, METH_VARARGS, "pull(key, out)" },
     { "pushpull", (PyCFunction)PS_pushpull, METH_VARARGS, "pushpull(key, grad, out)" },
-    { NULL }
+    { 0 } /* sentinel */
 };
 
 PyTypeObject cfx__py_ps_type = {
