@@ -432,6 +432,12 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         memcpy(a->addr, ctx->tp[t].addr, ctx->tp[t].addr_len);
     }
 
+    long long stall = cfx__env_ll("CFX_XFER_TEST_STALL", 0);
+    if (stall > 0) {
+        ctx->test_stall = (uint32_t)CFX_MIN(stall, (long long)CFX_MAX_CHUNKS);
+        CFX_LOG(WARN, CTL, "test-only: uploads from here stop after chunk %u and drop "
+                "cancels until resumed", ctx->test_stall);
+    }
     if (cfx__env_ll("CFX_REANNOUNCE_TEST_HOLD", 0) > 0) {
         ctx->reannounce_hold = true;
         CFX_LOG(WARN, CTL, "test-only: a re-announce waits for a cfx_delete here once it "
@@ -707,6 +713,11 @@ void cfx_context_destroy(struct cfx_context *ctx)
     }
     ctx->cmd_ncached = 0;
     cfx__rtask_destroy_all(ctx);
+    for (unsigned sl = 0; sl < CFX_XFER_SLOTS; sl++)
+        if (ctx->slots[sl] && ctx->slots[sl]->abandoned) { /* no getter left to free it */
+            free(ctx->slots[sl]);
+            ctx->slots[sl] = NULL;
+        }
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {
             struct cfx_obj *obj = ctx->store.buckets[b];

@@ -9,9 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CANCEL_GRACE_MS 1000 /* how long a withdrawn window waits for the source's ack */
 #define MAX_SOURCES 16       /* sources a get tries before giving up */
-#define RELEASE_WAIT_MS 2000 /* a failed get waits this long for its release */
+#define RELEASE_WAIT_MS 2000 /* a delete waits past its deadline this long for its release */
 
 static int obj_timeout(const struct cfx_context *ctx, const struct cfx_obj_params *p)
 {
@@ -215,42 +214,128 @@ static void src_done(struct cfx_context *ctx, const struct cfx_object_id *id,
         cfx__ctl_obj_done(ctx->ctl, id, src->node.node_id, 0, cfx__deadline_ns(1000));
 }
 
-static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
-                    size_t cap, bool alloc, void **out_buf, size_t *size_out,
-                    const struct cfx_obj_params *params, struct cfx__get_watch *watch)
-{
+/*
+ * A get, in steps (get_impl):
+ *  1. held here already?  Copy it out (get_held);
+ *  2. a source: the location cache, else the directory; an inline object
+ *     is done right there (get_source);
+ *  3. an entry in the store that the source fills, which other nodes may
+ *     read while it fills (get_entry);
+ *  4. pull: post the request, wait up to the deadline, withdraw the window
+ *     at the deadline, fail over to another holder (get_pull);
+ *  5. keep the copy, or let it go when the get failed (get_finish,
+ *     get_fail), and start over once when a cached location was stale.
+ */
+enum {
+    GET_MISSING = 1, /* step 1: not held here */
+    GET_AGAIN,       /* look again from step 1 */
+    GET_FETCH,       /* step 2: a source to pull from */
+};
+
+struct get_op {
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
     char hex[CFX_OBJECT_ID_HEX_LEN];
-    int timeout_ms = obj_timeout(ctx, params);
-    uint64_t t0 = cfx__now_ns();
-    uint64_t deadline = cfx__deadline_ns(timeout_ms);
-    struct cfx_ctl_source src;
-    uint32_t exclude[MAX_SOURCES];
-    unsigned nexclude = 0;
-    struct cfx_obj *obj;
+    void *buf;                     /* the caller's destination (NULL with alloc) */
+    size_t cap;
+    bool alloc;                    /* cfx_get_alloc: an arena buffer, in *out_buf */
+    void **out_buf;
+    size_t *size_out;
+    const struct cfx_obj_params *params;
+    struct cfx__get_watch *watch;  /* told of the prefix as it lands (may be NULL) */
+    int timeout_ms;
+    uint64_t t0;
+    uint64_t deadline;
+    struct cfx_ctl_source src;     /* the source pulled from now */
+    bool cached;                   /* src came from the location cache */
+    bool use_cache;                /* false once a cached location failed this get */
+    uint32_t refused;              /* holder that refused a cached request: not cached again */
+    uint32_t exclude[MAX_SOURCES]; /* sources that failed this get */
+    unsigned nexclude;
+    unsigned local_retries;        /* another get of the id here won the store entry */
+    struct cfx_obj *obj;           /* our entry in the store while it fills */
+};
+
+/* Become the progress-lock holder for a transport call that must be made
+ * before the caller's buffer goes back (ctx->lock held; dropped while
+ * waiting, as the lock order wants).  Returns whether the lock was held
+ * already, for progress_leave(). */
+static bool progress_enter(struct cfx_context *ctx)
+{
+    if (cfx__progress_held(ctx))
+        return true;
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_lock(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    return false;
+}
+
+static void progress_leave(struct cfx_context *ctx, bool was_held)
+{
+    if (was_held)
+        return;
+    cfx__progress_wake(ctx); /* what we queued (a CANCEL) goes out on its pass */
+    cfx__progress_unlock(ctx);
+}
+
+/* Step 1, the object is complete here: copy it out (ctx->lock held on
+ * entry and return).  GET_AGAIN when the entry changed meanwhile. */
+static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
+{
+    struct cfx_context *ctx = g->ctx;
+    void *p = NULL;
+    size_t sz = 0;
     int rc;
-    bool use_cache = true;      /* false once a cached location failed this get */
-    uint32_t refused = 0;       /* holder that refused a cached request: not cached again */
 
-    cfx_object_id_to_hex(id, hex);
+    if (g->alloc) {
+        /* the arena allocation takes the lock itself */
+        int fd;
+        uint64_t off;
+        sz = obj->size;
+        pthread_mutex_unlock(&ctx->lock);
+        rc = cfx__arena_alloc(ctx, sz, &p, &fd, &off);
+        pthread_mutex_lock(&ctx->lock);
+        if (rc != CFX_OK)
+            return rc;
+        obj = cfx__store_find(&ctx->store, g->id);
+        if (!obj || !obj->complete || obj->deleting || obj->size > sz) {
+            cfx__arena_free(ctx, p);
+            return GET_AGAIN;
+        }
+        memcpy(p, obj->buf, obj->size);
+        *g->out_buf = p;
+        if (g->size_out)
+            *g->size_out = obj->size;
+        rc = CFX_OK;
+    } else {
+        rc = get_local(ctx, obj, g->buf, g->cap, false, NULL, g->size_out);
+    }
+    ctx->stats.gets_local += rc == CFX_OK;
+    return rc;
+}
 
-    int local_retries = 0;
-again:
-    /* 1. held here already (put here, got before, or being got by another
-     *    thread of this node: wait for that one) */
+/* Step 1: held here already (put here, got before, or being got by another
+ * thread of this node: wait for that one).  Returns a status when done;
+ * GET_MISSING, with ctx->lock still held, when step 2 is next. */
+static int get_held(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    int rc = GET_MISSING;
+
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
-        obj = cfx__store_find(&ctx->store, id);
+        struct cfx_obj *obj = cfx__store_find(&ctx->store, g->id);
         if (!obj)
-            break;
+            return GET_MISSING;
         if (obj->deleting) {
             /* being released (deleted here, or withdrawn by its putter):
              * it answers nothing, and the store takes a new copy of the id
              * only once it has left */
-            if (!cfx__obj_wait(ctx, deadline)) {
-                pthread_mutex_unlock(&ctx->lock);
-                return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: its copy "
-                                "here was still being released after %d ms", hex,
-                                ctx->node_id, timeout_ms);
+            if (!cfx__obj_wait(ctx, g->deadline)) {
+                rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: its copy "
+                              "here was still being released after %d ms", g->hex,
+                              ctx->node_id, g->timeout_ms);
+                break;
             }
             continue;
         }
@@ -263,321 +348,356 @@ again:
             obj->deleting = true;
             obj->arena = false;
             if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) != CFX_OK) {
-                pthread_mutex_unlock(&ctx->lock);
-                return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
+                rc = cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", g->hex);
+                break;
             }
             continue;
         }
         if (obj->complete) {
-            /* the arena allocation takes the lock itself */
-            pthread_mutex_unlock(&ctx->lock);
-            void *p = NULL;
-            size_t sz = 0;
-            if (alloc) {
-                int fd;
-                uint64_t off;
-                pthread_mutex_lock(&ctx->lock);
-                obj = cfx__store_find(&ctx->store, id);
-                sz = obj ? obj->size : 0;
-                pthread_mutex_unlock(&ctx->lock);
-                rc = cfx__arena_alloc(ctx, sz, &p, &fd, &off);
-                if (rc != CFX_OK)
-                    return rc;
-            }
-            pthread_mutex_lock(&ctx->lock);
-            obj = cfx__store_find(&ctx->store, id);
-            if (obj && obj->complete && !obj->deleting && (!alloc || obj->size <= sz)) {
-                if (alloc) {
-                    memcpy(p, obj->buf, obj->size);
-                    *out_buf = p;
-                    if (size_out)
-                        *size_out = obj->size;
-                    rc = CFX_OK;
-                } else {
-                    rc = get_local(ctx, obj, buf, cap, false, NULL, size_out);
-                }
-                ctx->stats.gets_local += rc == CFX_OK;
-                pthread_mutex_unlock(&ctx->lock);
-                return rc;
-            }
-            if (p)
-                cfx__arena_free(ctx, p);
-            continue;
+            rc = get_copy_held(g, obj);
+            if (rc == GET_AGAIN)
+                continue;
+            break;
         }
         if (cfx__ctx_closing(ctx)) {
-            pthread_mutex_unlock(&ctx->lock);
-            return cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is "
-                            "being destroyed", hex, ctx->node_id);
+            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is "
+                          "being destroyed", g->hex, ctx->node_id);
+            break;
         }
-        if (!cfx__obj_wait(ctx, deadline)) {
-            pthread_mutex_unlock(&ctx->lock);
-            return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
-                            "on this node did not finish within %d ms", hex, ctx->node_id,
-                            timeout_ms);
+        if (!cfx__obj_wait(ctx, g->deadline)) {
+            rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
+                          "on this node did not finish within %d ms", g->hex, ctx->node_id,
+                          g->timeout_ms);
+            break;
         }
     }
-    /* 2. a source: where the location cache says the object lives (no
-     *    round trip; the holder checks the request, loccache.c), else the
-     *    directory's answer */
-    bool cached = use_cache && cfx__loc_find(&ctx->loc, id, &src);
-    if (cached && !alloc && cap < src.size) {
-        cfx__loc_forget(&ctx->loc, id); /* a size learnt earlier: let the directory say */
-        cached = false;
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
+/* An inline object came with the directory's answer: copy it out and keep
+ * it (hold_inline).  Done either way. */
+static int get_inline(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    void *buf = g->buf;
+    int rc = CFX_OK;
+
+    if (g->alloc) {
+        int fd;
+        uint64_t off;
+        rc = cfx__arena_alloc(ctx, g->src.size, g->out_buf, &fd, &off);
+        buf = rc == CFX_OK ? *g->out_buf : NULL;
+    } else if (g->cap < g->src.size) {
+        rc = cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64 " bytes, the "
+                      "buffer %zu", g->hex, g->src.size, g->cap);
     }
-    ctx->stats.loc_hits += cached;
+    if (rc == CFX_OK && g->src.size)
+        memcpy(buf, g->src.data, g->src.size);
+    free(g->src.data);
+    if (rc == CFX_OK) {
+        hold_inline(ctx, g->id, buf, &g->src, g->alloc);
+        pthread_mutex_lock(&ctx->lock);
+        ctx->stats.gets_inline++;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    return rc;
+}
+
+/* Step 2 (ctx->lock held on entry, not on return): a source, where the
+ * location cache says the object lives (no round trip; the holder checks
+ * the request, loccache.c), else the directory's answer.  GET_FETCH with
+ * g->src set, or a status when done (an inline object, or a failure). */
+static int get_source(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    int rc;
+
+    g->cached = g->use_cache && cfx__loc_find(&ctx->loc, g->id, &g->src);
+    if (g->cached && !g->alloc && g->cap < g->src.size) {
+        cfx__loc_forget(&ctx->loc, g->id); /* a size learnt earlier: let the directory say */
+        g->cached = false;
+    }
+    ctx->stats.loc_hits += g->cached;
     pthread_mutex_unlock(&ctx->lock);
 
-    rc = cached ? CFX_OK : dir_lookup(ctx, id, NULL, 0, deadline, &src);
-    if (rc != CFX_OK) {
-        if (rc == CFX_ERR_TIMEOUT)
-            return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms",
-                            hex, ctx->node_id, timeout_ms);
+    rc = g->cached ? CFX_OK : dir_lookup(ctx, g->id, NULL, 0, g->deadline, &g->src);
+    if (rc == CFX_ERR_TIMEOUT)
+        return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms",
+                        g->hex, ctx->node_id, g->timeout_ms);
+    if (rc != CFX_OK)
         return rc;
-    }
-    if (size_out)
-        *size_out = src.size;
-    if (src.is_inline) {
-        rc = CFX_OK;
-        if (alloc) {
-            int fd;
-            uint64_t off;
-            rc = cfx__arena_alloc(ctx, src.size, out_buf, &fd, &off);
-            buf = rc == CFX_OK ? *out_buf : NULL;
-        } else if (cap < src.size) {
-            rc = cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
-                          " bytes, the buffer %zu", hex, src.size, cap);
-        }
-        if (rc == CFX_OK && src.size)
-            memcpy(buf, src.data, src.size);
-        free(src.data);
-        if (rc == CFX_OK) {
-            hold_inline(ctx, id, buf, &src, alloc);
-            pthread_mutex_lock(&ctx->lock);
-            ctx->stats.gets_inline++;
-            pthread_mutex_unlock(&ctx->lock);
-        }
-        return rc;
-    }
-    if (!alloc && cap < src.size) {
-        src_done(ctx, id, &src, cached);
+    if (g->size_out)
+        *g->size_out = g->src.size;
+    if (g->src.is_inline)
+        return get_inline(g);
+    if (!g->alloc && g->cap < g->src.size) {
+        src_done(ctx, g->id, &g->src, g->cached);
         return cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
-                        " bytes, the buffer %zu", hex, src.size, cap);
+                        " bytes, the buffer %zu", g->hex, g->src.size, g->cap);
     }
-
-    /* 3. a partial copy in the store, fed by the source; others may read
-     *    from it while it fills */
-    if (src.chunk_size < CFX_CHUNK_MIN || src.chunk_size > CFX_CHUNK_MAX ||
-        src.size / src.chunk_size >= CFX_MAX_CHUNKS) {
-        src_done(ctx, id, &src, cached);
+    if (g->src.chunk_size < CFX_CHUNK_MIN || g->src.chunk_size > CFX_CHUNK_MAX ||
+        g->src.size / g->src.chunk_size >= CFX_MAX_CHUNKS) {
+        src_done(ctx, g->id, &g->src, g->cached);
         return cfx__err(CFX_ERR_PROTO, "object %s: directory gave chunk size %u for %" PRIu64
-                        " bytes", hex, src.chunk_size, src.size);
+                        " bytes", g->hex, g->src.chunk_size, g->src.size);
     }
-    obj = obj_new(id, src.size, src.chunk_size);
+    return GET_FETCH;
+}
+
+/* Step 3: a partial copy in the store, fed by the source; others may read
+ * from it while it fills.  CFX_OK with ctx->lock held and g->obj in the
+ * store; GET_AGAIN (lock not held) when another copy of the id got there
+ * first; else a status (lock not held). */
+static int get_entry(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    struct cfx_obj *obj = obj_new(g->id, g->src.size, g->src.chunk_size);
+    int rc;
+
     if (!obj) {
-        src_done(ctx, id, &src, cached);
-        return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", hex);
+        src_done(ctx, g->id, &g->src, g->cached);
+        return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", g->hex);
     }
-    obj->memtype = obj_memtype(params);
-    obj->watched = watch != NULL;
-    obj->putter_node = src.putter;
-    obj->put_tag = src.tag;
-    if (alloc) {
-        rc = cfx__arena_alloc(ctx, src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
+    obj->memtype = obj_memtype(g->params);
+    obj->watched = g->watch != NULL;
+    obj->putter_node = g->src.putter;
+    obj->put_tag = g->src.tag;
+    if (g->alloc) {
+        rc = cfx__arena_alloc(ctx, g->src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
         if (rc != CFX_OK) {
             free(obj->bitmap);
             free(obj);
-            src_done(ctx, id, &src, cached);
+            src_done(ctx, g->id, &g->src, g->cached);
             return rc;
         }
         obj->arena = true;
-    } else {
-        obj->buf = buf;
-        pthread_mutex_lock(&ctx->lock);
-        cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
-        pthread_mutex_unlock(&ctx->lock);
     }
 
     pthread_mutex_lock(&ctx->lock);
-    struct cfx_obj *other = cfx__store_find(&ctx->store, id);
+    if (!g->alloc) {
+        obj->buf = g->buf;
+        cfx__arena_lookup(ctx, g->buf, &obj->shm_fd, &obj->shm_off);
+    }
+    struct cfx_obj *other = cfx__store_find(&ctx->store, g->id);
     if (other) {
         /* meanwhile another thread of ours started the same get, or a reduce
          * task here started producing the object: wait for that copy (a
-         * copy being released is waited for above, and is no retry) */
+         * copy being released is waited for in step 1, and is no retry) */
         bool releasing = other->deleting;
         if (obj->arena)
             cfx__arena_free(ctx, obj->buf);
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);
         free(obj);
-        src_done(ctx, id, &src, cached);
-        if (!releasing && ++local_retries > 3)
+        src_done(ctx, g->id, &g->src, g->cached);
+        if (!releasing && ++g->local_retries > 3)
             return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it keeps running "
-                            "on node %u", hex, ctx->node_id);
-        goto again;
+                            "on node %u", g->hex, ctx->node_id);
+        return GET_AGAIN;
     }
     cfx__store_insert(&ctx->store, obj);
-    cfx__withdrawn_take(ctx, id); /* a new copy: its delete is its own */
+    cfx__withdrawn_take(ctx, g->id); /* a new copy: its delete is its own */
     if (obj->nchunks == 0)
         obj->complete = true;
+    g->obj = obj;
+    return CFX_OK;
+}
 
-    struct cfx_xfer_in in;
-    rc = CFX_OK;
-    while (!obj->complete) {
-        memset(&in, 0, sizeof(in));
-        in.obj = obj;
-        in.status = CFX_ERR_AGAIN;
-        in.src_node = src.node.node_id;
-        in.cached = cached;
-        /* a complete holder answers a small object in one message (the
-         * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
-        in.small = (cached || src.complete) && obj->size <= ctx->cfg.eager_max;
-        obj->in = &in;
-        rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &src.node);
-        if (rc != CFX_OK) {
-            obj->in = NULL;
-            break;
-        }
-        /* a destroy of the context ends it as the deadline would (the
-         * caller's leave says CFX_ERR_CANCELED) */
-        while (in.status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-               cfx__obj_wait(ctx, deadline))
-            watch_prefix(ctx, obj, watch);
-        if (in.status == CFX_ERR_AGAIN) {
-            /* deadline: withdraw the window and wait for the source to
-             * confirm no more writes are coming before the buffer is
-             * handed back */
-            cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
-            uint64_t grace = cfx__deadline_ns(CANCEL_GRACE_MS);
-            while (in.status == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
-                ;
-            if (in.status == CFX_ERR_AGAIN) {
-                /* no ack: cut the window off (a late write now fails its
-                 * connection instead of landing in the caller's buffer) */
-                cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, obj, NULL);
-                while (in.status == CFX_ERR_AGAIN)
-                    cfx__obj_wait(ctx, UINT64_MAX);
-            }
-            uint32_t got = obj->ready_chunks;
-            obj->in = NULL;
-            rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
-                          "node %u (%s): timed out after %d ms with %u of %u chunks", hex,
-                          obj->size, ctx->node_id, src.node.node_id, src.node.name, timeout_ms,
-                          got, obj->nchunks);
-            break;
-        }
+/* Step 4b, the deadline passed with the transfer running: withdraw its
+ * window before the buffer goes back to the caller.  That calls a
+ * transport, so this thread takes the progress lock for it (a pass never
+ * blocks: a short wait), and does not wait for the source's answer: the
+ * transfer state is the engine's from here (cfx__xfer_get_abandon).
+ * ctx->lock held.  True when abandoned; false when it ended meanwhile. */
+static bool get_abandon(struct get_op *g, struct cfx_xfer_in *in)
+{
+    bool was_held = progress_enter(g->ctx);
+    bool gone = cfx__xfer_get_abandon(g->ctx, in);
+    progress_leave(g->ctx, was_held);
+    return gone;
+}
+
+/* Step 4a: one request to g->src, waited for up to the deadline (ctx->lock
+ * held, dropped while waiting).  Returns the transfer's status. */
+static int get_attempt(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    struct cfx_obj *obj = g->obj;
+    /* on the heap: at the deadline the getter leaves, the engine keeps it
+     * until the source's answer comes (or never does) */
+    struct cfx_xfer_in *in = calloc(1, sizeof(*in));
+    int rc;
+
+    if (!in)
+        return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", g->hex);
+    in->obj = obj;
+    in->status = CFX_ERR_AGAIN;
+    in->src_node = g->src.node.node_id;
+    in->cached = g->cached;
+    /* a complete holder answers a small object in one message (the
+     * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
+    in->small = (g->cached || g->src.complete) && obj->size <= ctx->cfg.eager_max;
+    obj->in = in;
+    rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &g->src.node);
+    if (rc != CFX_OK) {
         obj->in = NULL;
-        rc = in.status;
-        if (rc == CFX_OK)
-            break;
-        if (cached)
-            break; /* below: forget the location, start over at the directory */
-        /* the source failed or dropped the object: resume from the first
-         * missing chunk at another holder */
-        uint32_t failed = src.node.node_id;
-        CFX_LOG(INFO, OBJ, "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
-                "looking for another source", ctx->node_id, hex, failed, cfx_errname(rc),
-                obj->ready_chunks, obj->nchunks);
-        if (nexclude == MAX_SOURCES || (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_NOT_FOUND &&
-                                        rc != CFX_ERR_CONNECT)) {
-            rc = cfx__err(rc, "get of object %s on node %u from node %u: %s", hex, ctx->node_id,
-                          failed, cfx_strerror(rc));
-            break;
-        }
-        exclude[nexclude++] = failed;
-        ctx->stats.source_failovers++;
-        pthread_mutex_unlock(&ctx->lock);
-        /* Stay a partial holder while looking again: nodes reading our copy
-         * still do, and the directory must know it so that it never offers
-         * us one of them (a cycle in which both wait).  The new assignment
-         * releases the old source's upload slot. */
-        rc = dir_lookup(ctx, id, exclude, nexclude, deadline, &src);
-        pthread_mutex_lock(&ctx->lock);
-        if (rc == CFX_ERR_PEER_FAILED) {
-            /* the directory says why the object went (its putter left with
-             * no complete copy anywhere, or deleted it): that is the cause,
-             * not the source that failed because of it */
-            char why[512];
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-            rc = cfx__err(rc, "get of object %s on node %u: source node %u failed because "
-                          "the object went (%s)", hex, ctx->node_id, failed, why);
-            src.node.node_id = 0;
-            break;
-        }
-        if (rc != CFX_OK) {
-            rc = cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
-                          "get of object %s on node %u: source node %u failed and no other "
-                          "holder was found in time", hex, ctx->node_id, failed);
-            src.node.node_id = 0;
-            break;
-        }
-        free(src.data);
-        if (src.is_inline || src.size != obj->size || src.chunk_size != obj->chunk_size) {
-            rc = cfx__err(CFX_ERR_PROTO, "object %s changed shape between sources", hex);
-            break;
-        }
+        free(in);
+        return cfx__err(rc, "get of object %s: out of memory", g->hex);
+    }
+    /* a destroy of the context ends it as the deadline would (the caller's
+     * leave says CFX_ERR_CANCELED) */
+    while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+           cfx__obj_wait(ctx, g->deadline))
+        watch_prefix(ctx, obj, g->watch);
+    if (in->status == CFX_ERR_AGAIN && get_abandon(g, in))
+        return cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
+                        "node %u (%s): timed out after %d ms with %u of %u chunks", g->hex,
+                        obj->size, ctx->node_id, g->src.node.node_id, g->src.node.name,
+                        g->timeout_ms, obj->ready_chunks, obj->nchunks);
+    obj->in = NULL;
+    rc = in->status;
+    free(in);
+    return rc;
+}
+
+/* Step 4c: the source failed or dropped the object: resume from the first
+ * missing chunk at another holder (ctx->lock held, dropped for the
+ * directory).  CFX_OK with the new g->src, else the get's status. */
+static int get_failover(struct get_op *g, int rc)
+{
+    struct cfx_context *ctx = g->ctx;
+    struct cfx_obj *obj = g->obj;
+    uint32_t failed = g->src.node.node_id;
+
+    CFX_LOG(INFO, OBJ, "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
+            "looking for another source", ctx->node_id, g->hex, failed, cfx_errname(rc),
+            obj->ready_chunks, obj->nchunks);
+    if (g->nexclude == MAX_SOURCES ||
+        (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_NOT_FOUND && rc != CFX_ERR_CONNECT))
+        return cfx__err(rc, "get of object %s on node %u from node %u: %s", g->hex,
+                        ctx->node_id, failed, cfx_strerror(rc));
+    g->exclude[g->nexclude++] = failed;
+    ctx->stats.source_failovers++;
+    pthread_mutex_unlock(&ctx->lock);
+    /* Stay a partial holder while looking again: nodes reading our copy
+     * still do, and the directory must know it so that it never offers us
+     * one of them (a cycle in which both wait).  The new assignment
+     * releases the old source's upload slot. */
+    rc = dir_lookup(ctx, g->id, g->exclude, g->nexclude, g->deadline, &g->src);
+    pthread_mutex_lock(&ctx->lock);
+    if (rc == CFX_ERR_PEER_FAILED) {
+        /* the directory says why the object went (its putter left with no
+         * complete copy anywhere, or deleted it): that is the cause, not
+         * the source that failed because of it */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        g->src.node.node_id = 0;
+        return cfx__err(rc, "get of object %s on node %u: source node %u failed because "
+                        "the object went (%s)", g->hex, ctx->node_id, failed, why);
     }
     if (rc != CFX_OK) {
-        obj->deleting = true;
-        /* The buffer goes back to the caller: wait (briefly) until the
-         * progress thread has run the release, so that the registration
-         * exposing it to peers is gone before we return. */
-        uint64_t seq = ctx->cmd_seq_done;
-        cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
-        uint64_t until = cfx__deadline_ns(RELEASE_WAIT_MS);
-        while (ctx->cmd_seq_done == seq &&
-               cfx__cond_wait_until(&ctx->cmd_done, &ctx->lock, until))
-            ;
-        if (cached && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_NOMEM) {
-            /* The cached holder refused (the putter's copy of the id is gone
-             * or changed) or failed: a stale location costs this one round
-             * trip; the directory knows where the object is now. */
-            cfx__loc_forget(&ctx->loc, id);
-            ctx->stats.loc_stale++;
-            pthread_mutex_unlock(&ctx->lock);
-            CFX_LOG(DEBUG, OBJ, "node %u: cached location of %s (node %u) failed (%s); asking "
-                    "the directory", ctx->node_id, hex, src.node.node_id, cfx_errname(rc));
-            refused = src.node.node_id;
-            use_cache = false;
-            cfx__err_clear();
-            goto again;
-        }
-        if (cached)
-            cfx__loc_forget(&ctx->loc, id);
-        pthread_mutex_unlock(&ctx->lock);
-        src_done(ctx, id, &src, cached);
-        return rc;
+        g->src.node.node_id = 0;
+        return cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
+                        "get of object %s on node %u: source node %u failed and no other "
+                        "holder was found in time", g->hex, ctx->node_id, failed);
     }
+    free(g->src.data);
+    if (g->src.is_inline || g->src.size != obj->size || g->src.chunk_size != obj->chunk_size)
+        return cfx__err(CFX_ERR_PROTO, "object %s changed shape between sources", g->hex);
+    return CFX_OK;
+}
+
+/* Step 4: pull g->obj from g->src, failing over to other holders (ctx->lock
+ * held on entry and return). */
+static int get_pull(struct get_op *g)
+{
+    int rc = CFX_OK;
+    while (!g->obj->complete) {
+        rc = get_attempt(g);
+        if (rc == CFX_OK || rc == CFX_ERR_TIMEOUT || g->cached)
+            break; /* a cached location that failed: get_fail starts over */
+        rc = get_failover(g, rc);
+        if (rc != CFX_OK)
+            break;
+    }
+    return rc;
+}
+
+/* The entry goes (a failed get, or one withdrawn meanwhile), and with it
+ * the registration that exposes the caller's buffer to peers: released
+ * right here as the progress-lock holder, so that it is gone before the
+ * buffer goes back (ctx->lock held; the buffer stays the caller's). */
+static void get_release(struct get_op *g, bool keep_buf)
+{
+    struct cfx_obj *obj = g->obj;
+    obj->deleting = true; /* nobody else releases it while we take the lock */
+    if (keep_buf)
+        obj->arena = false;
+    bool was_held = progress_enter(g->ctx);
+    cfx__obj_release(g->ctx, obj); /* uploads reading it may keep it a little longer */
+    progress_leave(g->ctx, was_held);
+    g->obj = NULL;
+}
+
+/* Step 5, the get failed (ctx->lock held on entry, not on return).
+ * GET_AGAIN when a cached location was stale: once more from the
+ * directory; else the get's status. */
+static int get_fail(struct get_op *g, int rc)
+{
+    struct cfx_context *ctx = g->ctx;
+
+    get_release(g, false);
+    if (g->cached && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_NOMEM) {
+        /* The cached holder refused (the putter's copy of the id is gone or
+         * changed) or failed: a stale location costs this one round trip;
+         * the directory knows where the object is now. */
+        cfx__loc_forget(&ctx->loc, g->id);
+        ctx->stats.loc_stale++;
+        pthread_mutex_unlock(&ctx->lock);
+        CFX_LOG(DEBUG, OBJ, "node %u: cached location of %s (node %u) failed (%s); asking "
+                "the directory", ctx->node_id, g->hex, g->src.node.node_id, cfx_errname(rc));
+        g->refused = g->src.node.node_id;
+        g->use_cache = false;
+        cfx__err_clear();
+        return GET_AGAIN;
+    }
+    if (g->cached)
+        cfx__loc_forget(&ctx->loc, g->id);
+    pthread_mutex_unlock(&ctx->lock);
+    src_done(ctx, g->id, &g->src, g->cached);
+    return rc;
+}
+
+/* Step 5, the bytes are in (ctx->lock held on entry, not on return). */
+static int get_finish(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    struct cfx_obj *obj = g->obj;
     void *data = obj->buf;
+    int rc;
+
     if (obj->withdrawn) {
         /* The directory withdrew the object while it was on its way (the
          * putter deleted it, or it went with its last complete copy): the
          * get began before that and keeps the bytes, but they are no copy
          * of whatever the id names from now on.  Drop the entry (the buffer
-         * is the caller's) and wait for its registration to go, as a failed
-         * get does. */
-        obj->deleting = true;
-        obj->arena = false;
-        uint64_t seq = ctx->cmd_seq_done;
-        if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) == CFX_OK) {
-            uint64_t until = cfx__deadline_ns(RELEASE_WAIT_MS);
-            while (ctx->cmd_seq_done == seq &&
-                   cfx__cond_wait_until(&ctx->cmd_done, &ctx->lock, until))
-                ;
-        }
+         * is the caller's) and its registration, as a failed get does. */
+        get_release(g, true);
         ctx->stats.gets++;
         pthread_mutex_unlock(&ctx->lock);
-        src_done(ctx, id, &src, cached);
-        if (alloc)
-            *out_buf = data;
+        src_done(ctx, g->id, &g->src, g->cached);
+        if (g->alloc)
+            *g->out_buf = data;
         CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B), withdrawn meanwhile: not kept",
-                ctx->node_id, hex, src.size);
+                ctx->node_id, g->hex, g->src.size);
         return CFX_OK;
     }
     /* remember where it lives for the next get of the id here (after this
      * node deleted its copy): only a complete holder, and not one that just
      * refused a cached request (a copy that is not the putter's) */
-    if (!cached && src.complete && src.node.node_id != refused)
-        ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, id, &src);
+    if (!g->cached && g->src.complete && g->src.node.node_id != g->refused)
+        ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, g->id, &g->src);
     /* Without the lock the entry may go (withdrawn meanwhile: on_obj_gone
      * releases a complete copy): found again by its seq below. */
     uint64_t entry_seq = obj->seq;
@@ -587,29 +707,63 @@ again:
      * are the caller's now, and our partial-holder record already lets
      * others read from us.  A get from a cached location made no record:
      * the copy serves this node only, and is not announced. */
-    rc = cached ? CFX_ERR_NOT_FOUND : cfx__ctl_obj_done_async(ctx->ctl, id, src.node.node_id, 1);
+    rc = g->cached ? CFX_ERR_NOT_FOUND
+                   : cfx__ctl_obj_done_async(ctx->ctl, g->id, g->src.node.node_id, 1);
+    double secs = (double)(cfx__now_ns() - g->t0) / 1e9;
     pthread_mutex_lock(&ctx->lock);
-    obj = cfx__store_find(&ctx->store, id);
+    obj = cfx__store_find(&ctx->store, g->id);
     if (obj && obj->seq == entry_seq && !obj->deleting) {
         obj->announced = rc == CFX_OK;
         obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
     }
     ctx->stats.gets++;
-    pthread_mutex_unlock(&ctx->lock);
-    if (alloc)
-        *out_buf = data;
-    double secs = (double)(cfx__now_ns() - t0) / 1e9;
     /* what reduce planning uses as this node's bandwidth and latency */
-    pthread_mutex_lock(&ctx->lock);
-    if (src.size >= (1u << 20) && secs > 0)
-        ctx->est_bw = ctx->est_bw > 0 ? 0.8 * ctx->est_bw + 0.2 * (double)src.size / secs
-                                      : (double)src.size / secs;
-    else if (src.size <= 65536)
+    if (g->src.size >= (1u << 20) && secs > 0)
+        ctx->est_bw = ctx->est_bw > 0 ? 0.8 * ctx->est_bw + 0.2 * (double)g->src.size / secs
+                                      : (double)g->src.size / secs;
+    else if (g->src.size <= 65536)
         ctx->est_lat = ctx->est_lat > 0 ? 0.8 * ctx->est_lat + 0.2 * secs : secs;
     pthread_mutex_unlock(&ctx->lock);
-    CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, hex,
-            src.size, secs);
+    g->obj = NULL;
+    if (g->alloc)
+        *g->out_buf = data;
+    CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, g->hex,
+            g->src.size, secs);
     return CFX_OK;
+}
+
+static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                    size_t cap, bool alloc, void **out_buf, size_t *size_out,
+                    const struct cfx_obj_params *params, struct cfx__get_watch *watch)
+{
+    struct get_op g = {
+        .ctx = ctx, .id = id, .buf = buf, .cap = cap, .alloc = alloc, .out_buf = out_buf,
+        .size_out = size_out, .params = params, .watch = watch,
+        .timeout_ms = obj_timeout(ctx, params), .t0 = cfx__now_ns(), .use_cache = true,
+    };
+    int rc;
+
+    g.deadline = cfx__deadline_ns(g.timeout_ms);
+    cfx_object_id_to_hex(id, g.hex);
+    for (;;) {
+        rc = get_held(&g);                  /* 1 (GET_MISSING: ctx->lock held) */
+        if (rc != GET_MISSING)
+            return rc;
+        rc = get_source(&g);                /* 2 */
+        if (rc != GET_FETCH)
+            return rc;
+        rc = get_entry(&g);                 /* 3 (CFX_OK: ctx->lock held) */
+        if (rc == GET_AGAIN)
+            continue;
+        if (rc != CFX_OK)
+            return rc;
+        rc = get_pull(&g);                  /* 4 */
+        if (rc == CFX_OK)
+            return get_finish(&g);          /* 5 */
+        rc = get_fail(&g, rc);
+        if (rc != GET_AGAIN)
+            return rc;
+    }
 }
 
 static int get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,

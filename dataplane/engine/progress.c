@@ -65,10 +65,18 @@ bool cfx__progress_trylock(struct cfx_context *ctx)
     return true;
 }
 
-static void progress_lock(struct cfx_context *ctx)
+void cfx__progress_lock(struct cfx_context *ctx)
 {
     pthread_mutex_lock(&ctx->progress_lock);
     driving = ctx;
+}
+
+void cfx__progress_wake(struct cfx_context *ctx)
+{
+    if (ctx->sleeping)
+        kick_eventfd(ctx);
+    else if (ctx->aside)
+        pthread_cond_signal(&ctx->progress_cond);
 }
 
 void cfx__progress_unlock(struct cfx_context *ctx)
@@ -366,7 +374,7 @@ static void *progress_main(void *arg)
              * poller just did the polling, sleep right after one pass */
             idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_ns;
         }
-        progress_lock(ctx);
+        cfx__progress_lock(ctx);
         int work = progress_pass(ctx);
         if (work < 0) {
             cfx__progress_unlock(ctx);
