@@ -443,6 +443,10 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         CFX_LOG(WARN, CTL, "test-only: a re-announce waits for a cfx_delete here once it "
                 "has its list, and a cfx_delete waits for such a list");
     }
+    /* from here the transports are the progress-lock holder's (checked in
+     * CFX_THREAD_CHECKS builds, transport.h) */
+    for (int t = 0; t < ctx->ntp; t++)
+        ctx->tp[t].iface->owner = ctx;
     rc = cfx__progress_start(ctx);
     if (rc != CFX_OK)
         goto err_close_tps;
@@ -684,7 +688,9 @@ void cfx_context_destroy(struct cfx_context *ctx)
     quiesce(ctx);
     cfx__progress_stop(ctx);
 
-    /* the progress thread is gone: tear down on this thread */
+    /* the progress thread is gone: tear down on this thread, which drives
+     * the transports from now on */
+    cfx__progress_lock(ctx);
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
@@ -734,6 +740,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     transports_close(ctx);
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, ctx->dev_stream);
     cfx__arena_destroy(ctx);
+    cfx__progress_unlock(ctx);
     cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->cmd_done);
     pthread_cond_destroy(&ctx->obj_cond);

@@ -2,14 +2,19 @@
  * The data-plane engine: context, progress thread, local object store and
  * the receiver-driven, credit-based chunk transfer protocol.
  *
- * Threads (docs/ARCHITECTURE.md, "Who owns what"):
+ * Threads (docs/ARCHITECTURE.md, "Which thread owns what"):
  *  - Transports are driven by whoever holds the context's progress lock
  *    (ctx->progress_lock; cfx__progress_held() says whether this thread
  *    does): the progress thread, or an API thread that got it with
  *    cfx__progress_trylock() while it posts a message or waits on one.
  *    One thread at a time, so transports stay lock-free inside.  Lock
  *    order: progress lock, then ctx->lock; ctx->lock holders only ever
- *    trylock the progress lock.
+ *    trylock the progress lock.  A thread that must have a transport
+ *    called before it returns (a get at its deadline withdrawing its
+ *    window, a failed get's release, teardown) blocks on it with no lock
+ *    held (cfx__progress_lock): a holder never blocks, so that is one pass
+ *    at most.  CFX_THREAD_CHECKS builds abort on a transport call from a
+ *    thread that does not hold it (transport.h).
  *  - API threads call the public functions and take ctx->lock for short
  *    sections.  Work that needs a transport is done right there when the
  *    progress lock is free (a send, the commands queued before it, an

@@ -258,7 +258,9 @@ struct get_op {
 
 /* Become the progress-lock holder for a transport call that must be made
  * before the caller's buffer goes back (ctx->lock held; dropped while
- * waiting, as the lock order wants).  Returns whether the lock was held
+ * waiting, as the lock order wants).  The commands queued so far run
+ * first, as any holder runs them: our GET_START among them, which refers
+ * to the entry we may free next.  Returns whether the lock was held
  * already, for progress_leave(). */
 static bool progress_enter(struct cfx_context *ctx)
 {
@@ -267,6 +269,7 @@ static bool progress_enter(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->lock);
     cfx__progress_lock(ctx);
     pthread_mutex_lock(&ctx->lock);
+    cfx__progress_run_cmds(ctx);
     return false;
 }
 

@@ -26,8 +26,8 @@
 #define POLL_BATCH 64
 #define ASIDE_MS   1  /* longest the progress thread stands aside for a poller */
 
-/* The context whose progress lock this thread holds (NULL: none). */
-static __thread struct cfx_context *driving;
+/* The context whose progress lock this thread holds (NULL: none) is
+ * cfx__tp_driver (transport.h): the transports' thread checks read it. */
 
 int cfx__conn_flush_all(struct cfx_context *ctx);
 void cfx__conn_connected(struct cfx_conn *conn);
@@ -44,7 +44,7 @@ static void kick_eventfd(struct cfx_context *ctx)
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {
     cfx_list_add_tail(&cmd->link, &ctx->cmds);
-    if (driving == ctx)
+    if (cfx__tp_driver == ctx)
         return; /* this thread drives the transports: it runs the queue itself */
     if (ctx->sleeping)
         kick_eventfd(ctx);
@@ -54,21 +54,21 @@ void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
 
 bool cfx__progress_held(const struct cfx_context *ctx)
 {
-    return driving == ctx;
+    return cfx__tp_driver == ctx;
 }
 
 bool cfx__progress_trylock(struct cfx_context *ctx)
 {
     if (pthread_mutex_trylock(&ctx->progress_lock) != 0)
         return false;
-    driving = ctx;
+    cfx__tp_driver = ctx;
     return true;
 }
 
 void cfx__progress_lock(struct cfx_context *ctx)
 {
     pthread_mutex_lock(&ctx->progress_lock);
-    driving = ctx;
+    cfx__tp_driver = ctx;
 }
 
 void cfx__progress_wake(struct cfx_context *ctx)
@@ -81,7 +81,7 @@ void cfx__progress_wake(struct cfx_context *ctx)
 
 void cfx__progress_unlock(struct cfx_context *ctx)
 {
-    driving = NULL;
+    cfx__tp_driver = NULL;
     pthread_mutex_unlock(&ctx->progress_lock);
 }
 
