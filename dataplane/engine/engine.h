@@ -814,6 +814,11 @@ void cfx__progress_handback(struct cfx_context *ctx, bool polled);
  * when the progress lock is free, none when another thread drives (no lock
  * held on entry or return). */
 void cfx__progress_test_pass(struct cfx_context *ctx);
+/* A blocking wait's first part: drive the transports from this thread for
+ * up to CFX_SPIN_US while *@p st is CFX_ERR_AGAIN (no lock held on entry;
+ * ctx->lock held on return, the polling handed back to the progress
+ * thread).  The caller then confirms the status and sleeps on obj_cond. */
+void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st);
 /* Tests: park the progress thread (@p on) so that only API threads drive
  * the transports, or let it go again.  Returns once it is parked (any
  * thread, no lock held). */

@@ -411,6 +411,27 @@ static bool get_abandon(struct get_op *g, struct cfx_xfer_in *in)
     return gone;
 }
 
+/* Post the request for g->obj (ctx->lock held).  With the progress lock
+ * free this thread sends it itself, after the commands queued before it,
+ * with no command and no wake-up of the progress thread (as a message
+ * post does, p2p.c); otherwise it is queued for the holder. */
+static int get_post(struct get_op *g, struct cfx_xfer_in *in)
+{
+    struct cfx_context *ctx = g->ctx;
+    if (!cfx__progress_trylock(ctx))
+        return cfx__cmd_new(ctx, CFX_CMD_GET_START, g->obj, &g->src.node);
+    cfx__progress_run_cmds(ctx);
+    cfx__xfer_get_start(ctx, g->obj, &g->src.node);
+    /* a request left queued on a connection still being set up (or a
+     * handshake to finish) needs the progress thread */
+    struct cfx_conn *conn = in->conn;
+    if (conn && (conn->state != CFX_CONN_READY || !conn->authed ||
+                 !cfx_list_empty(&conn->pending)))
+        cfx__progress_wake(ctx);
+    cfx__progress_unlock(ctx);
+    return CFX_OK;
+}
+
 /* Step 4a: one request to g->src, waited for up to the deadline (ctx->lock
  * held, dropped while waiting).  Returns the transfer's status. */
 static int get_attempt(struct get_op *g)
@@ -432,14 +453,20 @@ static int get_attempt(struct get_op *g)
      * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
     in->small = (g->cached || g->src.complete) && obj->size <= ctx->cfg.eager_max;
     obj->in = in;
-    rc = cfx__cmd_new(ctx, CFX_CMD_GET_START, obj, &g->src.node);
+    rc = get_post(g, in);
     if (rc != CFX_OK) {
         obj->in = NULL;
         free(in);
         return cfx__err(rc, "get of object %s: out of memory", g->hex);
     }
-    /* a destroy of the context ends it as the deadline would (the caller's
-     * leave says CFX_ERR_CANCELED) */
+    /* caller-driven: the answer is read off the wire by this thread while
+     * it spins (CFX_SPIN_US), then it sleeps until the progress thread
+     * finishes the transfer.  A destroy of the context ends the wait as
+     * the deadline would (the caller's leave says CFX_ERR_CANCELED). */
+    if (in->status == CFX_ERR_AGAIN) {
+        pthread_mutex_unlock(&ctx->lock);
+        cfx__progress_poll_wait(ctx, &in->status);
+    }
     while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
            cfx__obj_wait(ctx, g->deadline))
         watch_prefix(ctx, obj, g->watch);
