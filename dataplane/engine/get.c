@@ -459,14 +459,8 @@ static int get_attempt(struct get_op *g)
         free(in);
         return cfx__err(rc, "get of object %s: out of memory", g->hex);
     }
-    /* caller-driven: the answer is read off the wire by this thread while
-     * it spins (CFX_SPIN_US), then it sleeps until the progress thread
-     * finishes the transfer.  A destroy of the context ends the wait as
-     * the deadline would (the caller's leave says CFX_ERR_CANCELED). */
-    if (in->status == CFX_ERR_AGAIN) {
-        pthread_mutex_unlock(&ctx->lock);
-        cfx__progress_poll_wait(ctx, &in->status);
-    }
+    /* A destroy of the context ends the wait as the deadline would (the
+     * caller's leave says CFX_ERR_CANCELED). */
     while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
            cfx__obj_wait(ctx, g->deadline))
         watch_prefix(ctx, obj, g->watch);

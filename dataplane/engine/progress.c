@@ -319,10 +319,10 @@ void cfx__progress_test_pass(struct cfx_context *ctx)
  * the transports itself (one pass of the progress loop whenever the
  * progress lock is free: its own message is read off the wire by this
  * thread, with no wake-up in between) and watches the request; the
- * progress thread stands aside meanwhile (p2p waits, gets).  Several waiters of one context
- * share the lock: the one holding it polls for all, the others watch their
- * request (an atomic load of @p st, a status written under ctx->lock,
- * CFX_ERR_AGAIN while it runs) and yield.
+ * progress thread stands aside meanwhile (message waits, p2p.c).  Several
+ * waiters of one context share the lock: the one holding it polls for all,
+ * the others watch their request (an atomic load of @p st, a status
+ * written under ctx->lock, CFX_ERR_AGAIN while it runs) and yield.
  * Returns with ctx->lock held, the polling handed back to the progress
  * thread; the caller confirms the status and sleeps on ctx->obj_cond.
  */
