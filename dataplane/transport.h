@@ -71,11 +71,11 @@ extern __thread const void *cfx__tp_driver;
 void cfx__tp_thread_violation(const struct cfx_tp_iface *iface, const char *fn);
 
 #ifdef CFX_THREAD_CHECKS
-#define CFX_TP_THREAD_CHECK(iface)                                                         \
-    do {                                                                                   \
-        const struct cfx_tp_iface *chk_ = (iface);                                          \
-        if (__builtin_expect(chk_ && chk_->owner && chk_->owner != cfx__tp_driver, 0))     \
-            cfx__tp_thread_violation(chk_, __func__);                                      \
+#define CFX_TP_THREAD_CHECK(iface)                                                     \
+    do {                                                                               \
+        const struct cfx_tp_iface *chk_ = (iface);                                     \
+        if (__builtin_expect(chk_ && chk_->owner && chk_->owner != cfx__tp_driver, 0)) \
+            cfx__tp_thread_violation(chk_, __func__);                                  \
     } while (0)
 #else
 #define CFX_TP_THREAD_CHECK(iface) ((void)0)

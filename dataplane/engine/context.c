@@ -435,8 +435,10 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     long long stall = cfx__env_ll("CFX_XFER_TEST_STALL", 0);
     if (stall > 0) {
         ctx->test_stall = (uint32_t)CFX_MIN(stall, (long long)CFX_MAX_CHUNKS);
-        CFX_LOG(WARN, CTL, "test-only: uploads from here stop after chunk %u and drop "
-                "cancels until resumed", ctx->test_stall);
+        CFX_LOG(WARN, CTL,
+                "test-only: uploads from here stop after chunk %u and drop "
+                "cancels until resumed",
+                ctx->test_stall);
     }
     if (cfx__env_ll("CFX_REANNOUNCE_TEST_HOLD", 0) > 0) {
         ctx->reannounce_hold = true;

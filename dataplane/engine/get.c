@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SOURCES 16       /* sources a get tries before giving up */
+#define MAX_SOURCES 16 /* sources a get tries before giving up */
 
 /* The object is complete on this node already (ctx->lock held). */
 static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, size_t cap,
@@ -25,8 +25,8 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
         buf = p;
         *out_buf = p;
     } else if (cap < obj->size) {
-        return cfx__err(CFX_ERR_TRUNCATED, "object is %" PRIu64 " bytes, buffer %zu",
-                        obj->size, cap);
+        return cfx__err(CFX_ERR_TRUNCATED, "object is %" PRIu64 " bytes, buffer %zu", obj->size,
+                        cap);
     }
     if (obj->size)
         memcpy(buf, obj->buf, obj->size);
@@ -45,7 +45,8 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     uint64_t size = src->size;
     /* the putter's chunk size, so that the copy matches its put */
     uint32_t chunk = src->chunk_size >= CFX_CHUNK_MIN && src->chunk_size <= CFX_CHUNK_MAX
-                         ? src->chunk_size : cfx__chunk_size_for(size, 0);
+                         ? src->chunk_size
+                         : cfx__chunk_size_for(size, 0);
     struct cfx_obj *obj = obj_new(id, size, chunk);
     if (!obj)
         return; /* only an optimisation: the get itself succeeded */
@@ -123,27 +124,27 @@ enum {
 };
 
 struct get_op {
-    struct cfx_context *ctx;
-    const struct cfx_object_id *id;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
-    void *buf;                     /* the caller's destination (NULL with alloc) */
-    size_t cap;
-    bool alloc;                    /* cfx_get_alloc: an arena buffer, in *out_buf */
-    void **out_buf;
-    size_t *size_out;
-    const struct cfx_obj_params *params;
-    struct cfx__get_watch *watch;  /* told of the prefix as it lands (may be NULL) */
-    int timeout_ms;
-    uint64_t t0;
-    uint64_t deadline;
-    struct cfx_ctl_source src;     /* the source pulled from now */
-    bool cached;                   /* src came from the location cache */
-    bool use_cache;                /* false once a cached location failed this get */
-    uint32_t refused;              /* holder that refused a cached request: not cached again */
-    uint32_t exclude[MAX_SOURCES]; /* sources that failed this get */
-    unsigned nexclude;
-    unsigned local_retries;        /* another get of the id here won the store entry */
-    struct cfx_obj *obj;           /* our entry in the store while it fills */
+    struct cfx_context *ctx;             /* the getter's context */
+    const struct cfx_object_id *id;      /* the object */
+    char hex[CFX_OBJECT_ID_HEX_LEN];     /* id for messages */
+    void *buf;                           /* the caller's destination (NULL with alloc) */
+    size_t cap;                          /* its capacity */
+    bool alloc;                          /* cfx_get_alloc: an arena buffer, in *out_buf */
+    void **out_buf;                      /* alloc: where the buffer goes */
+    size_t *size_out;                    /* the object's size (may be NULL) */
+    const struct cfx_obj_params *params; /* the caller's (may be NULL) */
+    struct cfx__get_watch *watch;        /* told of the prefix as it lands (may be NULL) */
+    int timeout_ms;                      /* the get's timeout, for messages */
+    uint64_t t0;                         /* start (ns), for the latency estimate */
+    uint64_t deadline;                   /* CLOCK_MONOTONIC ns */
+    struct cfx_ctl_source src;           /* the source pulled from now */
+    bool cached;                         /* src came from the location cache */
+    bool use_cache;                      /* false once a cached location failed this get */
+    uint32_t refused;                    /* node that refused a cached request: not cached */
+    uint32_t exclude[MAX_SOURCES];       /* sources that failed this get */
+    unsigned nexclude;                   /* entries of exclude used */
+    unsigned local_retries;              /* another get of the id here won the store entry */
+    struct cfx_obj *obj;                 /* our entry in the store while it fills */
 };
 
 /* Become the progress-lock holder for a transport call that must be made
@@ -225,9 +226,10 @@ static int get_held(struct get_op *g)
              * it answers nothing, and the store takes a new copy of the id
              * only once it has left */
             if (!cfx__obj_wait(ctx, g->deadline)) {
-                rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: its copy "
-                              "here was still being released after %d ms", g->hex,
-                              ctx->node_id, g->timeout_ms);
+                rc = cfx__err(CFX_ERR_TIMEOUT,
+                              "get of object %s on node %u: its copy "
+                              "here was still being released after %d ms",
+                              g->hex, ctx->node_id, g->timeout_ms);
                 break;
             }
             continue;
@@ -253,14 +255,17 @@ static int get_held(struct get_op *g)
             break;
         }
         if (cfx__ctx_closing(ctx)) {
-            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is "
-                          "being destroyed", g->hex, ctx->node_id);
+            rc = cfx__err(CFX_ERR_CANCELED,
+                          "get of object %s on node %u: the context is "
+                          "being destroyed",
+                          g->hex, ctx->node_id);
             break;
         }
         if (!cfx__obj_wait(ctx, g->deadline)) {
-            rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: another get of it "
-                          "on this node did not finish within %d ms", g->hex, ctx->node_id,
-                          g->timeout_ms);
+            rc = cfx__err(CFX_ERR_TIMEOUT,
+                          "get of object %s on node %u: another get of it "
+                          "on this node did not finish within %d ms",
+                          g->hex, ctx->node_id, g->timeout_ms);
             break;
         }
     }
@@ -282,8 +287,10 @@ static int get_inline(struct get_op *g)
         rc = cfx__arena_alloc(ctx, g->src.size, g->out_buf, &fd, &off);
         buf = rc == CFX_OK ? *g->out_buf : NULL;
     } else if (g->cap < g->src.size) {
-        rc = cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64 " bytes, the "
-                      "buffer %zu", g->hex, g->src.size, g->cap);
+        rc = cfx__err(CFX_ERR_TRUNCATED,
+                      "get of object %s: it is %" PRIu64 " bytes, the "
+                      "buffer %zu",
+                      g->hex, g->src.size, g->cap);
     }
     if (rc == CFX_OK && g->src.size)
         memcpy(buf, g->src.data, g->src.size);
@@ -316,8 +323,8 @@ static int get_source(struct get_op *g)
 
     rc = g->cached ? CFX_OK : dir_lookup(ctx, g->id, NULL, 0, g->deadline, &g->src);
     if (rc == CFX_ERR_TIMEOUT)
-        return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms",
-                        g->hex, ctx->node_id, g->timeout_ms);
+        return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms", g->hex,
+                        ctx->node_id, g->timeout_ms);
     if (rc != CFX_OK)
         return rc;
     if (g->size_out)
@@ -326,14 +333,16 @@ static int get_source(struct get_op *g)
         return get_inline(g);
     if (!g->alloc && g->cap < g->src.size) {
         src_done(ctx, g->id, &g->src, g->cached);
-        return cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64
-                        " bytes, the buffer %zu", g->hex, g->src.size, g->cap);
+        return cfx__err(CFX_ERR_TRUNCATED,
+                        "get of object %s: it is %" PRIu64 " bytes, the buffer %zu", g->hex,
+                        g->src.size, g->cap);
     }
     if (g->src.chunk_size < CFX_CHUNK_MIN || g->src.chunk_size > CFX_CHUNK_MAX ||
         g->src.size / g->src.chunk_size >= CFX_MAX_CHUNKS) {
         src_done(ctx, g->id, &g->src, g->cached);
-        return cfx__err(CFX_ERR_PROTO, "object %s: directory gave chunk size %u for %" PRIu64
-                        " bytes", g->hex, g->src.chunk_size, g->src.size);
+        return cfx__err(CFX_ERR_PROTO,
+                        "object %s: directory gave chunk size %u for %" PRIu64 " bytes", g->hex,
+                        g->src.chunk_size, g->src.size);
     }
     return GET_FETCH;
 }
@@ -385,8 +394,10 @@ static int get_entry(struct get_op *g)
         free(obj);
         src_done(ctx, g->id, &g->src, g->cached);
         if (!releasing && ++g->local_retries > 3)
-            return cfx__err(CFX_ERR_BUSY, "get of object %s: another get of it keeps running "
-                            "on node %u", g->hex, ctx->node_id);
+            return cfx__err(CFX_ERR_BUSY,
+                            "get of object %s: another get of it keeps running "
+                            "on node %u",
+                            g->hex, ctx->node_id);
         return GET_AGAIN;
     }
     cfx__store_insert(&ctx->store, obj);
@@ -425,8 +436,7 @@ static int get_post(struct get_op *g, struct cfx_xfer_in *in)
     /* a request left queued on a connection still being set up (or a
      * handshake to finish) needs the progress thread */
     struct cfx_conn *conn = in->conn;
-    if (conn && (conn->state != CFX_CONN_READY || !conn->authed ||
-                 !cfx_list_empty(&conn->pending)))
+    if (conn && (conn->state != CFX_CONN_READY || !conn->authed || !cfx_list_empty(&conn->pending)))
         cfx__progress_wake(ctx);
     cfx__progress_unlock(ctx);
     return CFX_OK;
@@ -461,13 +471,13 @@ static int get_attempt(struct get_op *g)
     }
     /* A destroy of the context ends the wait as the deadline would (the
      * caller's leave says CFX_ERR_CANCELED). */
-    while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-           cfx__obj_wait(ctx, g->deadline))
+    while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, g->deadline))
         watch_prefix(ctx, obj, g->watch);
     if (in->status == CFX_ERR_AGAIN && get_abandon(g, in))
-        return cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
-                        "node %u (%s): timed out after %d ms with %u of %u chunks", g->hex,
-                        obj->size, ctx->node_id, g->src.node.node_id, g->src.node.name,
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "get of object %s (%" PRIu64 " B) on node %u from "
+                        "node %u (%s): timed out after %d ms with %u of %u chunks",
+                        g->hex, obj->size, ctx->node_id, g->src.node.node_id, g->src.node.name,
                         g->timeout_ms, obj->ready_chunks, obj->nchunks);
     obj->in = NULL;
     rc = in->status;
@@ -484,13 +494,14 @@ static int get_failover(struct get_op *g, int rc)
     struct cfx_obj *obj = g->obj;
     uint32_t failed = g->src.node.node_id;
 
-    CFX_LOG(INFO, OBJ, "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
-            "looking for another source", ctx->node_id, g->hex, failed, cfx_errname(rc),
-            obj->ready_chunks, obj->nchunks);
+    CFX_LOG(INFO, OBJ,
+            "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
+            "looking for another source",
+            ctx->node_id, g->hex, failed, cfx_errname(rc), obj->ready_chunks, obj->nchunks);
     if (g->nexclude == MAX_SOURCES ||
         (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_NOT_FOUND && rc != CFX_ERR_CONNECT))
-        return cfx__err(rc, "get of object %s on node %u from node %u: %s", g->hex,
-                        ctx->node_id, failed, cfx_strerror(rc));
+        return cfx__err(rc, "get of object %s on node %u from node %u: %s", g->hex, ctx->node_id,
+                        failed, cfx_strerror(rc));
     g->exclude[g->nexclude++] = failed;
     ctx->stats.source_failovers++;
     pthread_mutex_unlock(&ctx->lock);
@@ -507,14 +518,17 @@ static int get_failover(struct get_op *g, int rc)
         char why[512];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
         g->src.node.node_id = 0;
-        return cfx__err(rc, "get of object %s on node %u: source node %u failed because "
-                        "the object went (%s)", g->hex, ctx->node_id, failed, why);
+        return cfx__err(rc,
+                        "get of object %s on node %u: source node %u failed because "
+                        "the object went (%s)",
+                        g->hex, ctx->node_id, failed, why);
     }
     if (rc != CFX_OK) {
         g->src.node.node_id = 0;
         return cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
                         "get of object %s on node %u: source node %u failed and no other "
-                        "holder was found in time", g->hex, ctx->node_id, failed);
+                        "holder was found in time",
+                        g->hex, ctx->node_id, failed);
     }
     free(g->src.data);
     if (g->src.is_inline || g->src.size != obj->size || g->src.chunk_size != obj->chunk_size)
@@ -569,8 +583,10 @@ static int get_fail(struct get_op *g, int rc)
         cfx__loc_forget(&ctx->loc, g->id);
         ctx->stats.loc_stale++;
         pthread_mutex_unlock(&ctx->lock);
-        CFX_LOG(DEBUG, OBJ, "node %u: cached location of %s (node %u) failed (%s); asking "
-                "the directory", ctx->node_id, g->hex, g->src.node.node_id, cfx_errname(rc));
+        CFX_LOG(DEBUG, OBJ,
+                "node %u: cached location of %s (node %u) failed (%s); asking "
+                "the directory",
+                ctx->node_id, g->hex, g->src.node.node_id, cfx_errname(rc));
         g->refused = g->src.node.node_id;
         g->use_cache = false;
         cfx__err_clear();
@@ -646,34 +662,43 @@ static int get_finish(struct get_op *g)
     return CFX_OK;
 }
 
-static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
-                    size_t cap, bool alloc, void **out_buf, size_t *size_out,
+static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t cap,
+                    bool alloc, void **out_buf, size_t *size_out,
                     const struct cfx_obj_params *params, struct cfx__get_watch *watch)
 {
     struct get_op g = {
-        .ctx = ctx, .id = id, .buf = buf, .cap = cap, .alloc = alloc, .out_buf = out_buf,
-        .size_out = size_out, .params = params, .watch = watch,
-        .timeout_ms = obj_timeout(ctx, params), .t0 = cfx__now_ns(), .use_cache = true,
+        .ctx = ctx,
+        .id = id,
+        .buf = buf,
+        .cap = cap,
+        .alloc = alloc,
+        .out_buf = out_buf,
+        .size_out = size_out,
+        .params = params,
+        .watch = watch,
+        .timeout_ms = obj_timeout(ctx, params),
+        .t0 = cfx__now_ns(),
+        .use_cache = true,
     };
     int rc;
 
     g.deadline = cfx__deadline_ns(g.timeout_ms);
     cfx_object_id_to_hex(id, g.hex);
     for (;;) {
-        rc = get_held(&g);                  /* 1 (GET_MISSING: ctx->lock held) */
+        rc = get_held(&g); /* 1 (GET_MISSING: ctx->lock held) */
         if (rc != GET_MISSING)
             return rc;
-        rc = get_source(&g);                /* 2 */
+        rc = get_source(&g); /* 2 */
         if (rc != GET_FETCH)
             return rc;
-        rc = get_entry(&g);                 /* 3 (CFX_OK: ctx->lock held) */
+        rc = get_entry(&g); /* 3 (CFX_OK: ctx->lock held) */
         if (rc == GET_AGAIN)
             continue;
         if (rc != CFX_OK)
             return rc;
-        rc = get_pull(&g);                  /* 4 */
+        rc = get_pull(&g); /* 4 */
         if (rc == CFX_OK)
-            return get_finish(&g);          /* 5 */
+            return get_finish(&g); /* 5 */
         rc = get_fail(&g, rc);
         if (rc != GET_AGAIN)
             return rc;
@@ -685,7 +710,10 @@ int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void 
 {
     cfx__err_clear();
     if (!ctx || !id || (!buf && capacity))
-        return cfx__err(CFX_ERR_INVALID, "cfx_get: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
+        return cfx__err(CFX_ERR_INVALID, "cfx_get: NULL %s",
+                        !ctx  ? "context"
+                        : !id ? "id"
+                              : "buffer");
     int rc = check_memtype(obj_memtype(params), "cfx_get");
     if (rc != CFX_OK)
         return rc;
@@ -694,21 +722,23 @@ int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void 
     return get_impl(ctx, id, buf, capacity, false, NULL, size_out, params, NULL);
 }
 
-int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id,
-                        void **buf_out, size_t *size_out, const struct cfx_obj_params *params)
+int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                        size_t *size_out, const struct cfx_obj_params *params)
 {
     cfx__err_clear();
     if (!ctx || !id || !buf_out)
         return cfx__err(CFX_ERR_INVALID, "cfx_get_alloc: NULL %s",
-                        !ctx ? "context" : !id ? "id" : "buf_out");
+                        !ctx  ? "context"
+                        : !id ? "id"
+                              : "buf_out");
     *buf_out = NULL;
     if (obj_memtype(params) != CFX_MEMTYPE_HOST)
         return cfx__err(CFX_ERR_UNSUPPORTED, "cfx_get_alloc: the arena holds host memory only");
     return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params, NULL);
 }
 
-int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *id,
-                           void **buf_out, size_t *size_out, const struct cfx_obj_params *params,
+int cfx__get_alloc_watched(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                           size_t *size_out, const struct cfx_obj_params *params,
                            struct cfx__get_watch *w)
 {
     *buf_out = NULL;

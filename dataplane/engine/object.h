@@ -38,7 +38,7 @@ static inline struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t s
 /* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                   size_t capacity, size_t *size_out, const struct cfx_obj_params *params);
-int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id,
-                        void **buf_out, size_t *size_out, const struct cfx_obj_params *params);
+int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                        size_t *size_out, const struct cfx_obj_params *params);
 
 #endif

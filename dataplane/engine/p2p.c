@@ -306,8 +306,8 @@ static int p2p_status(const struct cfx_p2p_req *req)
  * returns with ctx->lock held, the polling handed back. */
 static void poll_wait(const struct cfx_p2p_req *req)
 {
-    cfx__progress_poll_wait(req->ctx, req->kind == CFX_P2P_SEND ? &req->obj->p2p_status
-                                                                : &req->in.status);
+    cfx__progress_poll_wait(req->ctx,
+                            req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status);
 }
 
 int cfx__p2p_test(struct cfx_p2p_req *req)

@@ -20,9 +20,9 @@
 
 #define CHUNK      4096u
 #define NCHUNKS    64u
-#define STALL_AT   4u       /* the holder sends chunks [0, STALL_AT) and stalls */
+#define STALL_AT   4u /* the holder sends chunks [0, STALL_AT) and stalls */
 #define TIMEOUT_MS 500
-#define SLACK_MS   700      /* scheduling on a loaded machine; the old wait was 1000 past */
+#define SLACK_MS   700 /* scheduling on a loaded machine; the old wait was 1000 past */
 
 static struct cfx_coord *coord;
 static char coord_addr[64];
@@ -72,7 +72,8 @@ static void stalled_get(struct cfx_context *a, struct cfx_context *b, struct cfx
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
     struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK, .flags = CFX_OBJ_FLAG_NO_INLINE };
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = TIMEOUT_MS };
 
     cfx_object_id_generate(a, id);
@@ -88,8 +89,10 @@ static void stalled_get(struct cfx_context *a, struct cfx_context *b, struct cfx
     snprintf(holder, sizeof(holder), "from node %u ", cfx_context_node_id(a));
     cr_expect(strstr(cfx_last_error(), holder), "the error does not name the holder: %s",
               cfx_last_error());
-    cr_expect_leq(ms, TIMEOUT_MS + SLACK_MS, "the get returned %llu ms after it began "
-                  "(deadline %d ms)", (unsigned long long)ms, TIMEOUT_MS);
+    cr_expect_leq(ms, TIMEOUT_MS + SLACK_MS,
+                  "the get returned %llu ms after it began "
+                  "(deadline %d ms)",
+                  (unsigned long long)ms, TIMEOUT_MS);
 }
 
 static bool has_abandoned(struct cfx_context *c)
@@ -137,19 +140,19 @@ static void stalled_holder_resumes_late(const char *tps)
     cr_assert(has_abandoned(b), "%s: no transfer was left behind at the deadline", tps);
     pthread_mutex_unlock(&b->lock);
     cfx__xfer_test_resume(a); /* the rest of the chunks go out now */
-    cr_assert(wait_abandoned_gone(b), "%s: the holder's late writes never reached the getter",
-              tps);
+    cr_assert(wait_abandoned_gone(b), "%s: the holder's late writes never reached the getter", tps);
     cr_assert_eq(cfx_context_stats(b, &after), CFX_OK);
     cr_expect_gt(after.writes_refused, before.writes_refused,
                  "%s: the holder's late writes were not refused", tps);
-    cr_assert_eq(memcmp(buf, seen, size), 0, "%s: the buffer was written after the get "
-                 "returned", tps);
+    cr_assert_eq(memcmp(buf, seen, size), 0,
+                 "%s: the buffer was written after the get "
+                 "returned",
+                 tps);
 
     /* the engine is sound afterwards: the same holder serves the object */
     memset(buf, 0, size);
     size_t got = 0;
-    cr_assert_eq(cfx_get(b, &id, buf, size, &got, NULL), CFX_OK, "%s: %s", tps,
-                 cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id, buf, size, &got, NULL), CFX_OK, "%s: %s", tps, cfx_last_error());
     cr_assert_eq(got, size);
     cr_assert_eq(cfx_test_check(buf, size, 7), (size_t)-1, "%s: wrong bytes", tps);
 
@@ -160,8 +163,14 @@ static void stalled_holder_resumes_late(const char *tps)
     free(seen);
 }
 
-Test(get, stalled_holder_tcp) { stalled_holder_resumes_late("tcp"); }
-Test(get, stalled_holder_shm) { stalled_holder_resumes_late("shm"); }
+Test(get, stalled_holder_tcp)
+{
+    stalled_holder_resumes_late("tcp");
+}
+Test(get, stalled_holder_shm)
+{
+    stalled_holder_resumes_late("shm");
+}
 
 /* The holder never answers: the transfer the getter left behind is freed
  * with the context (ASan's leak check), and the getter's buffer is free
