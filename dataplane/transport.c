@@ -1,7 +1,21 @@
 /* The table of built transports. */
 #include "transport.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "dataplane/common/log.h"
+
+__thread const void *cfx__tp_driver;
+
+void cfx__tp_thread_violation(const struct cfx_tp_iface *iface, const char *fn)
+{
+    CFX_LOG(ERR, PROGRESS,
+            "node %u: %s %s() called by a thread that does not hold the "
+            "progress lock (engine.h: API threads never call a transport)",
+            iface->node_id, iface->ops ? iface->ops->name : "?", fn);
+    abort();
+}
 
 const struct cfx_transport_ops *const cfx__transports[] = {
     &cfx__shm_ops,

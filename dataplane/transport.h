@@ -28,7 +28,12 @@
  * Threading: one iface and all its endpoints and registrations are driven by
  * one thread at a time: whoever holds the context's progress lock (the
  * progress thread, or an API thread polling in a wait; engine.h).  The lock
- * orders every call, so transports need no locks of their own.
+ * orders every call, so transports need no locks of their own.  Built with
+ * CFX_THREAD_CHECKS (the default where tests are built), every entry point
+ * but iface_open/close/addr/fd and iface_grant_refused checks that rule and
+ * aborts, naming the function, when another thread calls it
+ * (CFX_TP_THREAD_CHECK below; the engine sets iface->owner once its
+ * progress thread starts, and cfx__tp_driver while a thread drives).
  * A missing op is NULL; callers treat NULL as CFX_ERR_UNSUPPORTED.
  */
 #ifndef CFX_DATAPLANE_TRANSPORT_H
@@ -53,7 +58,28 @@ struct cfx_transport_ops;
 struct cfx_tp_iface {
     const struct cfx_transport_ops *ops;
     uint32_t node_id;                 /* local node id, for log messages */
+    const void *owner;                /* the engine's context driving it (thread checks);
+                                         NULL: unchecked (a transport on its own, tests) */
 };
+
+/* The owner this thread drives now (the context whose progress lock it
+ * holds), NULL for none; set by the engine (progress.c). */
+extern __thread const void *cfx__tp_driver;
+
+/* Report a transport entry point called by a thread that does not drive
+ * its iface, and abort (CFX_THREAD_CHECKS builds). */
+void cfx__tp_thread_violation(const struct cfx_tp_iface *iface, const char *fn);
+
+#ifdef CFX_THREAD_CHECKS
+#define CFX_TP_THREAD_CHECK(iface)                                                     \
+    do {                                                                               \
+        const struct cfx_tp_iface *chk_ = (iface);                                     \
+        if (__builtin_expect(chk_ && chk_->owner && chk_->owner != cfx__tp_driver, 0)) \
+            cfx__tp_thread_violation(chk_, __func__);                                  \
+    } while (0)
+#else
+#define CFX_TP_THREAD_CHECK(iface) ((void)0)
+#endif
 
 struct cfx_tp_ep {
     struct cfx_tp_iface *iface;

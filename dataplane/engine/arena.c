@@ -188,6 +188,7 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         cfx__progress_unlock(ctx);
     } else {
         cfx_list_add_tail(&seg->link, &a->doomed);
+        cfx__progress_wake(ctx); /* an asleep progress thread reaps it now, not at its nap's end */
     }
 }
 

@@ -432,11 +432,23 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         memcpy(a->addr, ctx->tp[t].addr, ctx->tp[t].addr_len);
     }
 
+    long long stall = cfx__env_ll("CFX_XFER_TEST_STALL", 0);
+    if (stall > 0) {
+        ctx->test_stall = (uint32_t)CFX_MIN(stall, (long long)CFX_MAX_CHUNKS);
+        CFX_LOG(WARN, CTL,
+                "test-only: uploads from here stop after chunk %u and drop "
+                "cancels until resumed",
+                ctx->test_stall);
+    }
     if (cfx__env_ll("CFX_REANNOUNCE_TEST_HOLD", 0) > 0) {
         ctx->reannounce_hold = true;
         CFX_LOG(WARN, CTL, "test-only: a re-announce waits for a cfx_delete here once it "
                 "has its list, and a cfx_delete waits for such a list");
     }
+    /* from here the transports are the progress-lock holder's (checked in
+     * CFX_THREAD_CHECKS builds, transport.h) */
+    for (int t = 0; t < ctx->ntp; t++)
+        ctx->tp[t].iface->owner = ctx;
     rc = cfx__progress_start(ctx);
     if (rc != CFX_OK)
         goto err_close_tps;
@@ -678,7 +690,9 @@ void cfx_context_destroy(struct cfx_context *ctx)
     quiesce(ctx);
     cfx__progress_stop(ctx);
 
-    /* the progress thread is gone: tear down on this thread */
+    /* the progress thread is gone: tear down on this thread, which drives
+     * the transports from now on */
+    cfx__progress_lock(ctx);
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
@@ -707,6 +721,11 @@ void cfx_context_destroy(struct cfx_context *ctx)
     }
     ctx->cmd_ncached = 0;
     cfx__rtask_destroy_all(ctx);
+    for (unsigned sl = 0; sl < CFX_XFER_SLOTS; sl++)
+        if (ctx->slots[sl] && ctx->slots[sl]->abandoned) { /* no getter left to free it */
+            free(ctx->slots[sl]);
+            ctx->slots[sl] = NULL;
+        }
     for (unsigned b = 0; b < CFX_STORE_BUCKETS; b++) {
         while (ctx->store.buckets[b]) {
             struct cfx_obj *obj = ctx->store.buckets[b];
@@ -723,6 +742,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     transports_close(ctx);
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, ctx->dev_stream);
     cfx__arena_destroy(ctx);
+    cfx__progress_unlock(ctx);
     cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->cmd_done);
     pthread_cond_destroy(&ctx->obj_cond);

@@ -2,14 +2,19 @@
  * The data-plane engine: context, progress thread, local object store and
  * the receiver-driven, credit-based chunk transfer protocol.
  *
- * Threads (docs/ARCHITECTURE.md, "Who owns what"):
+ * Threads (docs/ARCHITECTURE.md, "Which thread owns what"):
  *  - Transports are driven by whoever holds the context's progress lock
  *    (ctx->progress_lock; cfx__progress_held() says whether this thread
  *    does): the progress thread, or an API thread that got it with
  *    cfx__progress_trylock() while it posts a message or waits on one.
  *    One thread at a time, so transports stay lock-free inside.  Lock
  *    order: progress lock, then ctx->lock; ctx->lock holders only ever
- *    trylock the progress lock.
+ *    trylock the progress lock.  A thread that must have a transport
+ *    called before it returns (a get at its deadline withdrawing its
+ *    window, a failed get's release, teardown) blocks on it with no lock
+ *    held (cfx__progress_lock): a holder never blocks, so that is one pass
+ *    at most.  CFX_THREAD_CHECKS builds abort on a transport call from a
+ *    thread that does not hold it (transport.h).
  *  - API threads call the public functions and take ctx->lock for short
  *    sections.  Work that needs a transport is done right there when the
  *    progress lock is free (a send, the commands queued before it, an
@@ -395,6 +400,9 @@ struct cfx_xfer_in {
     bool cancel_sent;
     bool cached;                /* source from the location cache: GET_REQ says so */
     bool small;                 /* may ask for the object in one GET_DATA message */
+    bool abandoned;             /* a get's, left by its getter at the deadline: obj is NULL,
+                                   the grant revoked; it keeps the slot until the source's
+                                   answer (or the connection) ends it, then is freed */
     struct cfx_request *req;
     struct cfx_rchild *rchild;  /* chunks feed a reduce task instead of obj */
 };
@@ -726,6 +734,8 @@ struct cfx_context {
     uint64_t reannounce_rounds; /* re-announce rounds finished (after reconnects) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
+    uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: uploads stop after this
+                                   chunk (0: off; xfer.c) */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
 };
 
@@ -780,7 +790,14 @@ void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd);
 /* The progress lock (see the top of this file).  trylock may be called with
  * ctx->lock held; it never blocks. */
 bool cfx__progress_trylock(struct cfx_context *ctx);
+/* Take the progress lock, waiting for the holder's current pass (no lock
+ * held on entry; a pass never blocks, so the wait is short).  For an API
+ * thread that must have a transport called before it returns. */
+void cfx__progress_lock(struct cfx_context *ctx);
 void cfx__progress_unlock(struct cfx_context *ctx);
+/* ctx->lock held, after an API thread drove the transports: wake the
+ * progress thread (asleep or standing aside) to take over what it queued. */
+void cfx__progress_wake(struct cfx_context *ctx);
 bool cfx__progress_held(const struct cfx_context *ctx);
 /* Both locks held: run the queued commands now; returns how many. */
 int cfx__progress_run_cmds(struct cfx_context *ctx);
@@ -797,6 +814,11 @@ void cfx__progress_handback(struct cfx_context *ctx, bool polled);
  * when the progress lock is free, none when another thread drives (no lock
  * held on entry or return). */
 void cfx__progress_test_pass(struct cfx_context *ctx);
+/* A blocking wait's first part: drive the transports from this thread for
+ * up to CFX_SPIN_US while *@p st is CFX_ERR_AGAIN (no lock held on entry;
+ * ctx->lock held on return, the polling handed back to the progress
+ * thread).  The caller then confirms the status and sleeps on obj_cond. */
+void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st);
 /* Tests: park the progress thread (@p on) so that only API threads drive
  * the transports, or let it go again.  Returns once it is parked (any
  * thread, no lock held). */
@@ -813,6 +835,15 @@ bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
                          const struct cfx_node_rec *src);
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
+/* A get's deadline passed: withdraw obj->in's window now (CANCEL to the
+ * source, grant revoked, arena behind it tainted) and detach it from obj;
+ * the engine frees it when its slot is released.  False when the transfer
+ * had ended already (in->status says how; the getter still owns it). */
+bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in);
+/* Test hook CFX_XFER_TEST_STALL=N: this node's uploads stop after chunk N
+ * and drop CANCELs (a holder that stalls mid-transfer) until resumed here
+ * (any thread, no lock held). */
+void cfx__xfer_test_resume(struct cfx_context *ctx);
 void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn,
                     const void *data, size_t len);
 void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn,

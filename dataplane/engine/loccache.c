@@ -1,7 +1,7 @@
 /*
  * Location cache: where objects this node asked the directory about live,
  * so that a later get of the same id goes straight to that holder over the
- * data plane (object.c) instead of asking the coordinator first.
+ * data plane (get.c) instead of asking the coordinator first.
  *
  * An entry is the directory's answer for one id: the holder's node record
  * and the object's size and chunk size.  The cache is bounded

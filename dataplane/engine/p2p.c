@@ -302,60 +302,12 @@ static int p2p_status(const struct cfx_p2p_req *req)
     return req->kind == CFX_P2P_SEND ? req->obj->p2p_status : req->in.status;
 }
 
-/*
- * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
- * the transports itself (one pass of the progress loop whenever the
- * progress lock is free: its own message is read off the wire by this
- * thread, with no wake-up in between) and watches the request; the
- * progress thread stands aside meanwhile.  Several waiters of one context
- * share the lock: the one holding it polls for all, the others watch their
- * request (an atomic load of a status written under ctx->lock) and yield.
- * Returns with ctx->lock held, the polling handed back to the progress
- * thread; the caller confirms the status and sleeps on ctx->obj_cond.
- */
+/* Caller-driven progress while @p req runs (cfx__progress_poll_wait):
+ * returns with ctx->lock held, the polling handed back. */
 static void poll_wait(const struct cfx_p2p_req *req)
 {
-    struct cfx_context *ctx = req->ctx;
-    const int *st = req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status;
-    uint32_t us = ctx->cfg.spin_us;
-    if (!us || __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
-        pthread_mutex_lock(&ctx->lock);
-        return;
-    }
-    bool polled = false;
-    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
-    uint32_t idle = 0, yield_every = ctx->cfg.spin_yield;
-    cfx__progress_poll_begin(ctx);
-    for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
-        int work = cfx__progress_drive(ctx);
-        polled |= work >= 0;
-        if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
-            break;
-        /* The clock only bounds the spin: read it every 16th pass, not on
-         * every pass of the hot loop. */
-        if ((i & 15) == 15 && cfx__now_ns() >= end)
-            break;
-        if (work > 0) {
-            idle = 0;
-            continue;
-        }
-        /* Nothing came.  A sched_yield costs a system call, most of a
-         * short round trip, and gains nothing when the peer has a core of
-         * its own; on fewer cores than busy threads the peer needs ours.
-         * Which of the two holds cannot be known from here, so: pause
-         * (cheap, and kind to a sibling hyperthread) for CFX_SPIN_YIELD
-         * empty polls, then yield once. */
-        if (++idle < yield_every) {
-            cfx__cpu_relax();
-            continue;
-        }
-        idle = 0;
-        if (cfx__now_ns() >= end)
-            break;
-        sched_yield();
-    }
-    pthread_mutex_lock(&ctx->lock);
-    cfx__progress_handback(ctx, polled);
+    cfx__progress_poll_wait(req->ctx,
+                            req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status);
 }
 
 int cfx__p2p_test(struct cfx_p2p_req *req)

@@ -26,8 +26,8 @@
 #define POLL_BATCH 64
 #define ASIDE_MS   1  /* longest the progress thread stands aside for a poller */
 
-/* The context whose progress lock this thread holds (NULL: none). */
-static __thread struct cfx_context *driving;
+/* The context whose progress lock this thread holds (NULL: none) is
+ * cfx__tp_driver (transport.h): the transports' thread checks read it. */
 
 int cfx__conn_flush_all(struct cfx_context *ctx);
 void cfx__conn_connected(struct cfx_conn *conn);
@@ -44,7 +44,7 @@ static void kick_eventfd(struct cfx_context *ctx)
 void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {
     cfx_list_add_tail(&cmd->link, &ctx->cmds);
-    if (driving == ctx)
+    if (cfx__tp_driver == ctx)
         return; /* this thread drives the transports: it runs the queue itself */
     if (ctx->sleeping)
         kick_eventfd(ctx);
@@ -54,26 +54,34 @@ void cfx__cmd_post(struct cfx_context *ctx, struct cfx_cmd *cmd)
 
 bool cfx__progress_held(const struct cfx_context *ctx)
 {
-    return driving == ctx;
+    return cfx__tp_driver == ctx;
 }
 
 bool cfx__progress_trylock(struct cfx_context *ctx)
 {
     if (pthread_mutex_trylock(&ctx->progress_lock) != 0)
         return false;
-    driving = ctx;
+    cfx__tp_driver = ctx;
     return true;
 }
 
-static void progress_lock(struct cfx_context *ctx)
+void cfx__progress_lock(struct cfx_context *ctx)
 {
     pthread_mutex_lock(&ctx->progress_lock);
-    driving = ctx;
+    cfx__tp_driver = ctx;
+}
+
+void cfx__progress_wake(struct cfx_context *ctx)
+{
+    if (ctx->sleeping)
+        kick_eventfd(ctx);
+    else if (ctx->aside)
+        pthread_cond_signal(&ctx->progress_cond);
 }
 
 void cfx__progress_unlock(struct cfx_context *ctx)
 {
-    driving = NULL;
+    cfx__tp_driver = NULL;
     pthread_mutex_unlock(&ctx->progress_lock);
 }
 
@@ -306,6 +314,61 @@ void cfx__progress_test_pass(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/*
+ * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
+ * the transports itself (one pass of the progress loop whenever the
+ * progress lock is free: its own message is read off the wire by this
+ * thread, with no wake-up in between) and watches the request; the
+ * progress thread stands aside meanwhile (message waits, p2p.c).  Several
+ * waiters of one context share the lock: the one holding it polls for all,
+ * the others watch their request (an atomic load of @p st, a status
+ * written under ctx->lock, CFX_ERR_AGAIN while it runs) and yield.
+ * Returns with ctx->lock held, the polling handed back to the progress
+ * thread; the caller confirms the status and sleeps on ctx->obj_cond.
+ */
+void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st)
+{
+    uint32_t us = ctx->cfg.spin_us;
+    if (!us || __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
+        pthread_mutex_lock(&ctx->lock);
+        return;
+    }
+    bool polled = false;
+    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
+    uint32_t idle = 0, yield_every = ctx->cfg.spin_yield;
+    cfx__progress_poll_begin(ctx);
+    for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
+        int work = cfx__progress_drive(ctx);
+        polled |= work >= 0;
+        if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
+            break;
+        /* The clock only bounds the spin: read it every 16th pass, not on
+         * every pass of the hot loop. */
+        if ((i & 15) == 15 && cfx__now_ns() >= end)
+            break;
+        if (work > 0) {
+            idle = 0;
+            continue;
+        }
+        /* Nothing came.  A sched_yield costs a system call, most of a
+         * short round trip, and gains nothing when the peer has a core of
+         * its own; on fewer cores than busy threads the peer needs ours.
+         * Which of the two holds cannot be known from here, so: pause
+         * (cheap, and kind to a sibling hyperthread) for CFX_SPIN_YIELD
+         * empty polls, then yield once. */
+        if (++idle < yield_every) {
+            cfx__cpu_relax();
+            continue;
+        }
+        idle = 0;
+        if (cfx__now_ns() >= end)
+            break;
+        sched_yield();
+    }
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_handback(ctx, polled);
+}
+
 void cfx__progress_poll_begin(struct cfx_context *ctx)
 {
     __atomic_add_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST);
@@ -366,7 +429,7 @@ static void *progress_main(void *arg)
              * poller just did the polling, sleep right after one pass */
             idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_ns;
         }
-        progress_lock(ctx);
+        cfx__progress_lock(ctx);
         int work = progress_pass(ctx);
         if (work < 0) {
             cfx__progress_unlock(ctx);

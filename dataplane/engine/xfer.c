@@ -186,6 +186,50 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
     }
 }
 
+/* An abandoned transfer's slot is released: nothing refers to it any more. */
+static void in_drop(struct cfx_context *ctx, struct cfx_xfer_in *in)
+{
+    if (ctx->slots[in->slot] == in)
+        ctx->slots[in->slot] = NULL;
+    free(in);
+    pthread_cond_broadcast(&ctx->obj_cond); /* tests wait for it */
+}
+
+bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
+{
+    struct cfx_obj *obj = in->obj;
+    if (in->status != CFX_ERR_AGAIN)
+        return false; /* ended meanwhile: the getter takes its status */
+    if (!in->conn) {
+        /* not posted (the command has not run): nothing is in flight */
+        cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
+        obj->in = NULL;
+        return false;
+    }
+    if (!in->cancel_sent) {
+        in->cancel_sent = true;
+        send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
+    }
+    /* From here a write into the window is refused by the transport (and
+     * fails the connection: the source wrote after its grant ended); one
+     * being received now goes nowhere once the registration is dropped
+     * with the entry (cfx__obj_release).  A direct shm write cannot be
+     * stopped: arena memory behind it is never handed out again. */
+    struct cfx_tp_mr *mr = obj->mr[in->conn->tp];
+    if (mr && ctx->tp[in->conn->tp].ops->mr_revoke)
+        ctx->tp[in->conn->tp].ops->mr_revoke(mr);
+    if (obj->shm_fd >= 0)
+        cfx__arena_taint(ctx, obj->buf);
+    /* The slot stays taken until the source answers the cancel (or sends
+     * what it had sent before it), so that answer finds nothing to write
+     * into instead of failing the connection. */
+    in->abandoned = true;
+    in->obj = NULL;
+    in->status = CFX_ERR_CANCELED;
+    obj->in = NULL;
+    return true;
+}
+
 static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up);
 
 /* Chunks [ready_chunks, ...) that have landed extend the served prefix. */
@@ -252,6 +296,8 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
         cfx__rtask_chunk(ctx, in->rchild, chunk, len);
         return;
     }
+    if (unlikely(in->abandoned))
+        return; /* its registration is gone: the transport wrote nothing */
     struct cfx_obj *obj = in->obj;
     uint64_t off = (uint64_t)chunk * obj->chunk_size;
     uint64_t want = chunk < obj->nchunks ? CFX_MIN((uint64_t)obj->chunk_size, obj->size - off) : 0;
@@ -294,6 +340,10 @@ static void get_data_recv(struct cfx_context *ctx, struct cfx_conn *conn,
     struct cfx_xfer_in *in = ctx->slots[m->hdr.slot];
     if (unlikely(!in || in->conn != conn || !in->small || in->rchild)) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "object bytes for a slot that did not ask for them");
+        return;
+    }
+    if (in->abandoned) {
+        in_drop(ctx, in); /* the answer came after the getter left: dropped */
         return;
     }
     if (in->cancel_sent)
@@ -412,6 +462,8 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
         return;
     while (up->credits && up->next < obj->nchunks &&
            (obj->complete || up->next < obj->ready_chunks)) {
+        if (unlikely(ctx->test_stall) && up->next >= ctx->test_stall)
+            return; /* test hook: a holder that stalls mid-transfer */
         uint64_t off = (uint64_t)up->next * obj->chunk_size;
         size_t len = (size_t)CFX_MIN((uint64_t)obj->chunk_size, obj->size - off);
         if (unlikely(ctx->cfg.upload_rate)) {
@@ -667,7 +719,9 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     case CFX_DP_GET_NACK: {
         const struct cfx_dp_nack *m = data;
         struct cfx_xfer_in *in = ctx->slots[h.slot];
-        if (in && in->conn == conn) {
+        if (in && in->conn == conn && in->abandoned) {
+            in_drop(ctx, in);
+        } else if (in && in->conn == conn) {
             int st = (m->status < 0 && m->status > CFX_STATUS_LAST) ? m->status : CFX_ERR_PROTO;
             if (m->status == CFX_OK && in->obj->nchunks == 0) {
                 in->obj->complete = true; /* an empty message: nothing to write */
@@ -691,6 +745,8 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         break;
     }
     case CFX_DP_CANCEL: {
+        if (unlikely(ctx->test_stall))
+            break; /* test hook: the stalled holder does not answer */
         struct cfx_upload *up = upload_find(conn, h.slot);
         if (!up) {
             /* not being served: forget the request if it is still queued
@@ -723,12 +779,35 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         break;
     case CFX_DP_CANCEL_ACK: {
         struct cfx_xfer_in *in = ctx->slots[h.slot];
-        if (in && in->conn == conn && in->cancel_sent) {
+        if (in && in->conn == conn && in->abandoned)
+            in_drop(ctx, in);
+        else if (in && in->conn == conn && in->cancel_sent)
             cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
-        }
         break;
     }
     }
+}
+
+void cfx__xfer_test_resume(struct cfx_context *ctx)
+{
+    cfx__progress_lock(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->test_stall = 0;
+    struct cfx_list *cpos;
+again:
+    cfx_list_for_each(cpos, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(cpos, struct cfx_conn, link);
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &conn->uploads) {
+            uint64_t gen = ctx->conn_gen;
+            upload_serve(ctx, cfx_list_entry(pos, struct cfx_upload, conn_link));
+            if (ctx->conn_gen != gen)
+                goto again; /* a connection failed under us: start over */
+        }
+    }
+    cfx__progress_wake(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_unlock(ctx);
 }
 
 /* Drop queued requests of @p conn (all of them when @p slot is UINT32_MAX). */
@@ -753,7 +832,9 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     cfx__rtask_conn_failed(ctx, conn);
     for (unsigned s = 0; s < CFX_XFER_SLOTS; s++) {
         struct cfx_xfer_in *in = ctx->slots[s];
-        if (in && in->conn == conn) {
+        if (in && in->conn == conn && in->abandoned) {
+            in_drop(ctx, in);
+        } else if (in && in->conn == conn) {
             cfx__err(CFX_ERR_PEER_FAILED, "source %s failed", conn->name);
             cfx__xfer_in_finish(ctx, in, CFX_ERR_PEER_FAILED);
         }

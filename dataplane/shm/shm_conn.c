@@ -253,6 +253,7 @@ void cfx__shm_ep_connect_retry(struct cfx__shm_ep *ep)
 int cfx__shm_ep_connect(struct cfx_tp_iface *tpi, const void *addr, size_t len,
                         uint32_t peer_node, struct cfx_tp_ep **out)
 {
+    CFX_TP_THREAD_CHECK(tpi);
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     const char *name = addr;
     struct cfx__shm_ep *ep;

@@ -101,6 +101,7 @@ void cfx__shm_ep_fail(struct cfx__shm_ep *ep, int status, bool tell_peer)
 
 void cfx__shm_ep_close(struct cfx_tp_ep *tpe)
 {
+    CFX_TP_THREAD_CHECK(tpe ? tpe->iface : NULL);
     struct cfx__shm_ep *ep;
 
     if (!tpe)
@@ -209,6 +210,7 @@ static inline struct cfx__shm_op *op_push(struct cfx__shm_ep *ep)
 
 int cfx__shm_ep_send(struct cfx_tp_ep *tpe, const void *buf, size_t len, uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tpe ? tpe->iface : NULL);
     struct cfx__shm_ep *ep = cfx__shm_ep_of(tpe);
     struct cfx__shm_op *op;
     uint64_t fit_len;
@@ -257,6 +259,7 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
                       uint32_t imm, uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tpe ? tpe->iface : NULL);
     struct cfx__shm_ep *ep = cfx__shm_ep_of(tpe);
     struct cfx__shm_rdesc rd;
     struct cfx__shm_op *op;

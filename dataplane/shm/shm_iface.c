@@ -259,6 +259,7 @@ static void disarm(struct cfx__shm_iface *iface)
 
 static int shm_iface_arm(struct cfx_tp_iface *tpi)
 {
+    CFX_TP_THREAD_CHECK(tpi);
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx_list *pos;
     bool pending = iface->cq_count > 0 || !cfx_list_empty(&iface->zombies);
@@ -312,6 +313,7 @@ static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
 
 static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, int max)
 {
+    CFX_TP_THREAD_CHECK(tpi);
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx_list *pos, *tmp;
     int n = 0;

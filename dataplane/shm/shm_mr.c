@@ -58,6 +58,7 @@ static int table_grow(struct cfx__shm_iface *iface)
 int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
 {
+    CFX_TP_THREAD_CHECK(tpi);
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx__shm_mr *mr;
     struct stat st;
@@ -96,6 +97,7 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
 
 void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
 {
+    CFX_TP_THREAD_CHECK(tpm ? tpm->iface : NULL);
     struct cfx__shm_iface *iface;
     struct cfx__shm_mr *mr;
     uint32_t idx;
@@ -113,6 +115,7 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
 
 int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_tp_rdesc *out)
 {
+    CFX_TP_THREAD_CHECK(tpm ? tpm->iface : NULL);
     struct cfx__shm_mr *mr;
     struct cfx__shm_rdesc rd;
 
@@ -145,6 +148,7 @@ int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_t
 
 void cfx__shm_mr_revoke(struct cfx_tp_mr *tpm)
 {
+    CFX_TP_THREAD_CHECK(tpm ? tpm->iface : NULL);
     if (!tpm)
         return;
     struct cfx__shm_mr *mr = cfx__shm_mr_of(tpm);

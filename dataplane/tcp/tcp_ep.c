@@ -319,6 +319,7 @@ void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep)
 int cfx__tcp_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t len,
                         uint32_t peer_node, struct cfx_tp_ep **out)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     struct cfx__tcp_iface *iface;
     struct cfx__tcp_ep *ep;
     struct sockaddr_in sa;
@@ -394,6 +395,7 @@ static void ep_connect_done(struct cfx__tcp_ep *ep)
 
 void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     if (!tp_ep)
         return;
     struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
@@ -520,6 +522,7 @@ static inline void ep_post(struct cfx__tcp_ep *ep)
 
 int cfx__tcp_ep_batch(struct cfx_tp_ep *tp_ep, bool on)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     if (unlikely(!tp_ep))
         return CFX_ERR_INVALID;
     struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
@@ -536,6 +539,7 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
                       uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     struct cfx__tcp_rkey k;
 
     if (unlikely(!tp_ep || !tp_mr || !rdesc))
@@ -576,6 +580,7 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
 
 int cfx__tcp_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     uint32_t cost = 0;
     uint8_t *dst;
 

@@ -282,6 +282,7 @@ static int tcp_iface_fd(struct cfx_tp_iface *tp_iface)
 
 static int tcp_iface_arm(struct cfx_tp_iface *tp_iface)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     if (!tp_iface)
         return CFX_ERR_INVALID;
     /* epoll is level-triggered: the fd stays readable while any socket has
@@ -306,6 +307,7 @@ static void iface_progress(struct cfx__tcp_iface *iface)
 
 static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *comps, int max)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     if (unlikely(!tp_iface || (!comps && max > 0) || max < 0))
         return CFX_ERR_INVALID;
     struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);

@@ -44,6 +44,7 @@ static int mr_table_grow(struct cfx__tcp_iface *iface)
 int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     struct cfx__tcp_iface *iface;
     struct cfx__tcp_mr *mr;
     int rc;
@@ -81,6 +82,7 @@ int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc
 
 void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
 {
+    CFX_TP_THREAD_CHECK(tp_mr ? tp_mr->iface : NULL);
     if (!tp_mr)
         return;
     struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
@@ -103,6 +105,7 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
 
 int cfx__tcp_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct cfx_tp_rdesc *out)
 {
+    CFX_TP_THREAD_CHECK(tp_mr ? tp_mr->iface : NULL);
     struct cfx__tcp_rkey k;
 
     if (!tp_mr || !out || (tp_ep && tp_ep->iface != tp_mr->iface))
@@ -128,6 +131,7 @@ int cfx__tcp_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct c
 
 void cfx__tcp_mr_revoke(struct cfx_tp_mr *tp_mr)
 {
+    CFX_TP_THREAD_CHECK(tp_mr ? tp_mr->iface : NULL);
     if (!tp_mr)
         return;
     struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);

@@ -550,6 +550,7 @@ void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status)
 
 void cfx__verbs_ep_close(struct cfx_tp_ep *tp_ep)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     if (!tp_ep)
         return;
     struct cfx__verbs_ep *ep = cfx__verbs_ep_of(tp_ep);
@@ -581,6 +582,7 @@ void cfx__verbs_ep_close(struct cfx_tp_ep *tp_ep)
 int cfx__verbs_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t len,
                           uint32_t peer_node, struct cfx_tp_ep **out)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     struct cfx__verbs_iface *iface;
     struct cfx__verbs_ep *ep;
     struct sockaddr_in sa;
@@ -728,6 +730,7 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64
                         const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len,
                         uint32_t imm, uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     struct cfx__verbs_rkey k;
 
     if (unlikely(!tp_ep || !tp_mr || !rdesc))
@@ -790,6 +793,7 @@ uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *tp_ep)
 
 int cfx__verbs_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint64_t wr_id)
 {
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
     uint32_t cost = 0;
 
     if (unlikely(!tp_ep || (!buf && len)))

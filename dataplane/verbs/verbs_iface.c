@@ -691,6 +691,7 @@ static void repost_deferred(struct cfx__verbs_iface *iface)
 
 static int verbs_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *comps, int max)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     if (unlikely(!tp_iface || (!comps && max > 0) || max < 0))
         return CFX_ERR_INVALID;
     struct cfx__verbs_iface *iface = cfx__verbs_iface_of(tp_iface);
@@ -715,6 +716,7 @@ static int verbs_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *c
 
 static int verbs_iface_arm(struct cfx_tp_iface *tp_iface)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     if (!tp_iface)
         return CFX_ERR_INVALID;
     struct cfx__verbs_iface *iface = cfx__verbs_iface_of(tp_iface);

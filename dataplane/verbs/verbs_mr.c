@@ -88,6 +88,7 @@ int cfx__verbs_rcache_open(struct cfx__verbs_iface *iface)
 int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc *mem,
                        unsigned access, struct cfx_tp_mr **out)
 {
+    CFX_TP_THREAD_CHECK(tp_iface);
     struct cfx__verbs_iface *iface;
     struct cfx__verbs_mr *mr;
     int rc;
@@ -129,6 +130,7 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_de
 
 void cfx__verbs_mem_dereg(struct cfx_tp_mr *tp_mr)
 {
+    CFX_TP_THREAD_CHECK(tp_mr ? tp_mr->iface : NULL);
     if (!tp_mr)
         return;
     struct cfx__verbs_mr *mr = cfx__verbs_mr_of(tp_mr);
@@ -158,6 +160,7 @@ int cfx__verbs_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
 
 uint32_t cfx__verbs_rcache_invalidate(struct cfx_tp_iface *tp_iface, const void *addr, size_t len)
 {
+    CFX_TP_THREAD_CHECK(tp_iface && tp_iface->ops == &cfx__verbs_ops ? tp_iface : NULL);
     if (!tp_iface || tp_iface->ops != &cfx__verbs_ops)
         return 0;
     struct cfx__verbs_iface *iface = cfx__verbs_iface_of(tp_iface);

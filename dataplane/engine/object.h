@@ -1,0 +1,44 @@
+/*
+ * What put, get and delete share (object.c, get.c): the call's parameters
+ * read with their defaults, and a new store entry.
+ */
+#ifndef CFX_ENGINE_OBJECT_H
+#define CFX_ENGINE_OBJECT_H
+
+#include "engine.h"
+#include "gpu/memtype.h"
+
+static inline int obj_timeout(const struct cfx_context *ctx, const struct cfx_obj_params *p)
+{
+    return p && (p->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? p->timeout_ms : ctx->cfg.timeout_ms;
+}
+
+static inline enum cfx_memtype obj_memtype(const struct cfx_obj_params *p)
+{
+    return p && (p->field_mask & CFX_OBJ_PARAM_MEMTYPE) ? p->memtype : CFX_MEMTYPE_HOST;
+}
+
+/* Buffers of @p mt can be used here: CFX_ERR_INVALID for an unknown type,
+ * CFX_ERR_UNSUPPORTED when not built in, CFX_ERR_NO_DEVICE with no device. */
+static inline int check_memtype(enum cfx_memtype mt, const char *what)
+{
+    if ((unsigned)mt >= CFX_MEMTYPE_LAST)
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)mt);
+    return cfx__memtype_require(mt, what);
+}
+
+static inline struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, uint32_t chunk)
+{
+    struct cfx_obj *obj = cfx__obj_alloc(size, chunk);
+    if (obj)
+        obj->id = *id;
+    return obj;
+}
+
+/* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
+int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                  size_t capacity, size_t *size_out, const struct cfx_obj_params *params);
+int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
+                        size_t *size_out, const struct cfx_obj_params *params);
+
+#endif

@@ -1,0 +1,83 @@
+/*
+ * The engine's thread rule (engine.h, transport.h): only the thread that
+ * holds a context's progress lock calls its transports.  Builds with
+ * CFX_THREAD_CHECKS (the default where tests are built) abort on a call
+ * from any other thread; every other suite runs with that check on, and
+ * this one shows that it fires.
+ */
+#include <criterion/criterion.h>
+
+#include <signal.h>
+#include <stdio.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "testutil.h"
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void teardown(void)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(progress, .init = setup, .fini = teardown, .timeout = 60);
+
+static struct cfx_context *join(const char *tps)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 5000,
+        .transports = tps,
+    };
+    struct cfx_context *ctx = NULL;
+    cr_assert_eq(cfx_context_create(&p, &ctx), CFX_OK, "%s", cfx_last_error());
+    return ctx;
+}
+
+/* The progress-lock holder may call a transport; this thread, once it
+ * holds the lock, may too. */
+Test(progress, holder_may_call_a_transport)
+{
+    struct cfx_context *ctx = join("tcp");
+    cfx__progress_lock(ctx);
+    int rc = ctx->tp[0].ops->iface_arm(ctx->tp[0].iface);
+    cr_expect(rc == CFX_OK || rc == CFX_ERR_AGAIN, "iface_arm: %s", cfx_errname(rc));
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_wake(ctx); /* it re-arms after our arm */
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_unlock(ctx);
+    cfx_context_destroy(ctx);
+}
+
+#ifdef CFX_THREAD_CHECKS
+/* An API thread that calls a transport without the progress lock is
+ * stopped at the transport's door. */
+Test(progress, api_thread_transport_call_aborts, .signal = SIGABRT)
+{
+    struct cfx_context *ctx = join("tcp");
+    ctx->tp[0].ops->iface_arm(ctx->tp[0].iface);
+    cr_assert_fail("a transport call from an API thread went through");
+}
+#else
+Test(progress, api_thread_transport_call_aborts)
+{
+    cr_skip_test("built without CFX_THREAD_CHECKS: transports do not check the calling thread");
+}
+#endif
