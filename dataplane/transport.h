@@ -70,13 +70,19 @@ struct cfx_tp_mr {
     enum cfx_memtype memtype;
 };
 
-/* What mem_reg is told about a region. */
+/* What mem_reg is told about a region: what the memory is, never what a
+ * transport should do with it.  What a transport derives from it (shm: the
+ * file's inode, the rdesc that lets a peer map it) lives in its own
+ * registration object, which embeds struct cfx_tp_mr. */
 struct cfx_tp_mem_desc {
     void *addr;
     size_t len;
     enum cfx_memtype memtype;
-    int shm_fd;           /* -1, or fd of a shareable mapping that holds addr (arena) */
-    uint64_t shm_off;     /* offset of addr inside shm_fd */
+    int file_fd;          /* -1, or fd of a shareable file (memfd) that holds addr: the
+                             engine's arena, whose memory outlives any one user (shm
+                             lets a peer process map it; verbs caches its registrations
+                             past mem_dereg, see mem_invalidate) */
+    uint64_t file_off;    /* offset of addr inside file_fd */
 };
 
 /* Access rights of a registration. */
@@ -202,7 +208,23 @@ struct cfx_transport_ops {
     /* Optional.  Writes refused so far for want of a live grant; may be
      * called from any thread (cfx_context_stats: writes_refused). */
     uint64_t (*iface_grant_refused)(struct cfx_tp_iface *iface);
+
+    /* Optional.  The memory in [addr, addr + len) is about to be unmapped
+     * (the engine's arena drops a segment): forget whatever the transport
+     * keeps of it past mem_dereg (verbs: cached registrations), so a later
+     * mapping at the same address is not taken for it.  Returns the number
+     * of registrations dropped.  NULL: the transport keeps nothing of a
+     * region past its mem_dereg, so there is nothing to invalidate. */
+    uint32_t (*mem_invalidate)(struct cfx_tp_iface *iface, const void *addr, size_t len);
 };
+
+/* ops->mem_invalidate when the transport has one; 0 otherwise. */
+static inline uint32_t cfx__tp_mem_invalidate(const struct cfx_transport_ops *ops,
+                                              struct cfx_tp_iface *iface, const void *addr,
+                                              size_t len)
+{
+    return ops->mem_invalidate ? ops->mem_invalidate(iface, addr, len) : 0;
+}
 
 /* ops->ep_batch when the transport has one; CFX_ERR_UNSUPPORTED otherwise
  * (posting unbatched is then just as correct). */

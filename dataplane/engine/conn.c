@@ -315,8 +315,8 @@ struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int 
         .addr = obj->buf,
         .len = obj->size ? obj->size : 1,
         .memtype = obj->memtype,
-        .shm_fd = obj->shm_fd,
-        .shm_off = obj->shm_off,
+        .file_fd = obj->shm_fd,
+        .file_off = obj->shm_off,
     };
     int rc = ctx->tp[tp].ops->mem_reg(ctx->tp[tp].iface, &mem,
                                       CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE,

@@ -10,7 +10,7 @@
  * mapping of the receiver's arena file past the grant is refused and failed
  * only afterwards (same user only; such a process could as well write
  * /proc/<pid>/mem).  When the memory sits
- * in a shareable file (mem->shm_fd, the engine's memfd arena) the rdesc also
+ * in a shareable file (mem->file_fd, the engine's memfd arena) the rdesc also
  * names that file as the owner sees it (pid, fd number, inode, offset): a
  * writer on the same host opens /proc/<pid>/fd/<fd>, checks the inode and
  * maps the region, then copies straight into it (one copy).  The owner's fd
@@ -54,10 +54,10 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     mr->super.memtype = mem->memtype;
     mr->access = access;
     mr->shm_fd = -1;
-    if (mem->shm_fd >= 0 && fstat(mem->shm_fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        mem->shm_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->shm_off) {
-        mr->shm_fd = mem->shm_fd;
-        mr->shm_off = mem->shm_off;
+    if (mem->file_fd >= 0 && fstat(mem->file_fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off) {
+        mr->shm_fd = mem->file_fd;
+        mr->shm_off = mem->file_off;
         mr->ino = st.st_ino;
     }
     if ((rc = cfx__tp_table_add(&iface->mrs, mr, &idx, NULL)) != CFX_OK) {

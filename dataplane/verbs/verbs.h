@@ -389,9 +389,9 @@ void cfx__verbs_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__verbs_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
 /*
  * Memory in [addr, addr + len) is about to be unmapped: drop cached
- * registrations of it.  The engine's arena calls this before it unmaps a
- * segment (registrations of arena memory are cached after their last
- * mem_dereg; user memory never is).  Safe on any iface of any transport:
+ * registrations of it (ops->mem_invalidate).  The engine's arena calls it
+ * before it unmaps a segment (registrations of arena memory are cached
+ * after their last mem_dereg; user memory never is).  Safe on any iface of any transport:
  * not a verbs iface -> no-op.  Returns the number of regions dropped.
  */
 uint32_t cfx__verbs_rcache_invalidate(struct cfx_tp_iface *iface, const void *addr, size_t len);

@@ -924,4 +924,5 @@ const struct cfx_transport_ops cfx__verbs_ops = {
     .ep_write    = cfx__verbs_ep_write,
     .ep_send     = cfx__verbs_ep_send,
     .poll        = verbs_poll,
+    .mem_invalidate = cfx__verbs_rcache_invalidate,
 };

@@ -98,7 +98,7 @@ static void raw_open(struct raw *r)
     cr_assert_eq(r->ops->iface_open(&ip, &r->iface), CFX_OK, "%s", cfx_last_error());
     r->dst = calloc(1, OBJ_SIZE);
     struct cfx_tp_mem_desc mem = { .addr = r->dst, .len = OBJ_SIZE, .memtype = CFX_MEMTYPE_HOST,
-                                   .shm_fd = -1 };
+                                   .file_fd = -1 };
     cr_assert_eq(r->ops->mem_reg(r->iface, &mem, CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE,
                                  &r->mr), CFX_OK);
     /* the node's advertised tcp address, as the directory would give it */

@@ -210,3 +210,22 @@ Test(tp_graveyard, frees_oldest_first)
     cr_assert_eq(bury_order[1], 0);
     cr_assert(cfx__tp_graveyard_empty(&g));
 }
+
+TestSuite(tp_ops);
+
+/* The engine asks every transport to forget memory it is about to unmap
+ * (arena.c) through ops->mem_invalidate; a transport that keeps nothing of
+ * a region past mem_dereg has no such op, and asking it is a no-op. */
+Test(tp_ops, mem_invalidate_is_optional)
+{
+    char region[64];
+    for (int i = 0; cfx__transports[i]; i++) {
+        const struct cfx_transport_ops *ops = cfx__transports[i];
+        if (!strcmp(ops->name, "verbs"))
+            cr_assert_not_null(ops->mem_invalidate, "verbs caches registrations");
+        else if (!strcmp(ops->name, "tcp") || !strcmp(ops->name, "shm"))
+            cr_assert_null(ops->mem_invalidate, "%s keeps nothing past mem_dereg", ops->name);
+        if (!ops->mem_invalidate)
+            cr_assert_eq(cfx__tp_mem_invalidate(ops, NULL, region, sizeof(region)), 0);
+    }
+}
