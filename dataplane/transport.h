@@ -136,6 +136,10 @@ struct cfx_tp_iface_params {
 
 enum {
     CFX_TP_CAP_SAME_HOST = 1u << 0, /* only reaches peers on the same host */
+    CFX_TP_CAP_BUSY_POLL = 1u << 1, /* packets arrive with no fd turning readable (a user-space
+                                       NIC queue): the progress thread polls it without a nap
+                                       while it has endpoints (a transport whose iface_fd is
+                                       -1 is treated the same) */
 };
 
 struct cfx_transport_ops {
@@ -153,7 +157,7 @@ struct cfx_transport_ops {
     int (*iface_addr)(struct cfx_tp_iface *iface, void *buf, size_t *len);
 
     /* Fd that turns readable when poll() may have work after iface_arm();
-     * -1 when the transport must be polled. */
+     * -1 when the transport must be polled (as CFX_TP_CAP_BUSY_POLL). */
     int (*iface_fd)(struct cfx_tp_iface *iface);
 
     /* Prepare to sleep on iface_fd.  CFX_ERR_AGAIN when work is already

@@ -797,6 +797,15 @@ void cfx__progress_handback(struct cfx_context *ctx, bool polled);
  * when the progress lock is free, none when another thread drives (no lock
  * held on entry or return). */
 void cfx__progress_test_pass(struct cfx_context *ctx);
+/* How long the idle progress thread may sleep in epoll (ctx->lock held):
+ * 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL, or no wait fd) has
+ * a live connection: it must not nap while packets can arrive;
+ * CFX_PROGRESS_NAP_SHORT_MS while such a transport is open without one, or
+ * paced uploads wait; CFX_PROGRESS_NAP_MS otherwise (connections still
+ * connecting get looked at now and then). */
+#define CFX_PROGRESS_NAP_MS       100
+#define CFX_PROGRESS_NAP_SHORT_MS 1
+int cfx__progress_nap_ms(struct cfx_context *ctx);
 /* Tests: park the progress thread (@p on) so that only API threads drive
  * the transports, or let it go again.  Returns once it is parked (any
  * thread, no lock held). */
