@@ -330,6 +330,9 @@ struct cfx_conn {
     struct cfx_list pending;    /* struct cfx_pending_msg queued while connecting */
     struct cfx_list uploads;    /* struct cfx_upload.conn_link */
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
+    struct cfx_node_rec *peer;  /* outbound: the peer's record (owned), for trying the next
+                                   transport when a connect fails */
+    uint32_t tps_tried;         /* outbound: ctx->tp[] indices tried (bit mask) */
     /* cluster-token handshake (conn_auth.c) */
     bool authed;                /* peer proved the token: serve it, flush pending */
     uint64_t auth_deadline;     /* not authed by then (ns): failed; 0 until first looked at */
@@ -726,6 +729,8 @@ struct cfx_context {
     uint64_t reannounce_rounds; /* re-announce rounds finished (after reconnects) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
+    char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
+                                                 connects over this transport fail */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
 };
 
@@ -904,6 +909,12 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
+/* An outbound connection failed before it connected (@p status): connect
+ * again over the next transport both sides share, its queued requests
+ * granted anew over that one.  False when there is none left (the caller
+ * fails the connection); true when the connection was taken care of
+ * (connecting again, or failed and freed). */
+bool cfx__conn_fallback(struct cfx_conn *conn, int status);
 /* Queue a handshake message ahead of everything else and flush.  A failure
  * has ended the connection (it is freed). */
 int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);

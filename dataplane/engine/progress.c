@@ -218,6 +218,10 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
         cfx__conn_connected(conn);
         break;
     case CFX_TP_COMP_EP_ERROR:
+        /* a connect that failed tries the next transport both sides share */
+        if (conn->state == CFX_CONN_CONNECTING &&
+            cfx__conn_fallback(conn, c->status ? c->status : CFX_ERR_CONNECT))
+            break;
         cfx__conn_fail(conn, c->status ? c->status : CFX_ERR_PEER_FAILED,
                        "transport reported the endpoint failed");
         break;
