@@ -224,6 +224,20 @@ bool cfx__conn_fallback(struct cfx_conn *conn, int status)
     return true;
 }
 
+/* Encode the host-form message @p msg for the wire (dp_msg.c) and hand it
+ * to the transport.  What waits in conn->pending stays in host form: a
+ * fallback to another transport grants its requests anew (conn_regrant). */
+static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *ops,
+                        const void *msg, size_t len)
+{
+    uint8_t wire[CFX_TP_SEND_MAX];
+    int n = cfx__dp_msg_encode(msg, len, wire, sizeof(wire));
+    if (unlikely(n < 0))
+        return cfx__err(n, "%s: a data-plane message of type %u does not encode (%s)",
+                        conn->name, ((const struct cfx_dp_hdr *)msg)->type, cfx_errname(n));
+    return ops->ep_send(conn->ep, wire, (size_t)n, 0);
+}
+
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
 {
     const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
@@ -231,7 +245,7 @@ int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
     if (conn->state == CFX_CONN_FAILED)
         return conn->status;
     if (conn->state == CFX_CONN_READY && conn->authed && cfx_list_empty(&conn->pending)) {
-        int rc = ops->ep_send(conn->ep, msg, len, 0);
+        int rc = conn_ep_send(conn, ops, msg, len);
         if (rc == CFX_OK)
             conn->sends_out++;
         if (rc != CFX_ERR_AGAIN)
@@ -291,7 +305,7 @@ static int conn_flush(struct cfx_conn *conn)
             cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
         if (!conn->authed && !pm->hs)
             break; /* the rest waits for the handshake */
-        int rc = ops->ep_send(conn->ep, pm->data, pm->len, 0);
+        int rc = conn_ep_send(conn, ops, pm->data, pm->len);
         if (rc == CFX_ERR_AGAIN)
             break;
         cfx_list_del(&pm->link);

@@ -56,8 +56,10 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 3         /* 2: HELLO carries a nonce; AUTH handshake;
-                                    3: eager messages, AUTH grants eager credits */
+#define CFX_DP_VERSION 4         /* 2: HELLO carries a nonce; AUTH handshake;
+                                    3: eager messages, AUTH grants eager credits;
+                                    4: explicit little-endian layout (dp_msg.c), node
+                                       records of every address */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -159,14 +161,15 @@ struct cfx_dp_get_req {
 #define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT | \
                           CFX_DP_GET_CACHED | CFX_DP_GET_SMALL)
 
-/* A node record small enough for a data-plane message. */
-#define CFX_DP_NODE_ADDRS 3
+/* A node record in a data-plane message: every address a node has
+ * (CFX_NODE_ADDRS_MAX, as in the directory's records); on the wire only
+ * the bytes used (dp_msg.c). */
 struct cfx_dp_node {
     uint32_t node_id;
     uint8_t naddr;
     uint8_t pad[3];
     char host_id[CFX_HOST_ID_MAX];
-    struct cfx_node_addr addr[CFX_DP_NODE_ADDRS];
+    struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
 };
 
 #define CFX_RTASK_MAX_CHILDREN 7   /* child streams named in one message */
@@ -227,7 +230,46 @@ struct cfx_dp_credit {
     uint32_t credits;
 };
 
-/* Validate a received data-plane message; returns its type or CFX_ERR_PROTO. */
+/* Wire sizes of the messages (dp_msg.c has the layout): the fixed part of
+ * REDUCE_TASK, REDUCE_ADOPT, P2P_EAGER and GET_DATA, all of the others. */
+#define CFX_DP_WIRE_HDR          8
+#define CFX_DP_WIRE_HELLO        44
+#define CFX_DP_WIRE_AUTH         80
+#define CFX_DP_WIRE_GET_REQ      117
+#define CFX_DP_WIRE_NACK         12
+#define CFX_DP_WIRE_CREDIT       12
+#define CFX_DP_WIRE_REDUCE_DONE  24
+#define CFX_DP_WIRE_REDUCE_TASK  76
+#define CFX_DP_WIRE_REDUCE_ADOPT 18
+#define CFX_DP_WIRE_EAGER        24
+#define CFX_DP_WIRE_GET_DATA     32
+
+/* Any data-plane message in host form, with room for the payload of an
+ * eager or GET_DATA message. */
+union cfx_dp_msg {
+    struct cfx_dp_hdr hdr;
+    struct cfx_dp_hello hello;
+    struct cfx_dp_auth auth;
+    struct cfx_dp_get_req get_req;
+    struct cfx_dp_nack nack;
+    struct cfx_dp_credit credit;
+    struct cfx_dp_reduce_task reduce_task;
+    struct cfx_dp_reduce_done reduce_done;
+    struct cfx_dp_reduce_adopt reduce_adopt;
+    struct cfx_dp_eager eager;
+    struct cfx_dp_get_data get_data;
+    uint8_t raw[CFX_TP_SEND_MAX + 64];
+};
+
+/* Encode the host-form message @p msg (@p len bytes: its struct, plus the
+ * payload of an eager or GET_DATA message) into @p out: its wire length,
+ * or CFX_ERR_TOO_BIG (does not fit @p cap) / CFX_ERR_INVALID (not a
+ * message an encoder can write). */
+int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap);
+/* Decode and validate the wire bytes of a received message into @p out
+ * (host form; its length in *out_len): its type, or CFX_ERR_PROTO. */
+int cfx__dp_msg_decode(const void *buf, size_t len, union cfx_dp_msg *out, size_t *out_len);
+/* cfx__dp_msg_decode into a scratch message: the type, or CFX_ERR_PROTO. */
 int cfx__dp_msg_check(const void *buf, size_t len);
 
 /* ---- local object store -------------------------------------------------- */

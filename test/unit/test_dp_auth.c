@@ -127,10 +127,13 @@ static void raw_poll(struct raw *r, int ms)
                 r->writes++;
             else if (c[i].type == CFX_TP_COMP_EP_ERROR)
                 r->closed = 1;
-            else if (c[i].type == CFX_TP_COMP_RECV &&
-                     cfx__dp_msg_check(c[i].data, c[i].len) == CFX_DP_AUTH) {
-                memcpy(&r->auth, c[i].data, sizeof(r->auth));
-                r->got_auth = 1;
+            else if (c[i].type == CFX_TP_COMP_RECV) {
+                static union cfx_dp_msg m;
+                size_t len;
+                if (cfx__dp_msg_decode(c[i].data, c[i].len, &m, &len) == CFX_DP_AUTH) {
+                    r->auth = m.auth;
+                    r->got_auth = 1;
+                }
             }
         }
         if (!n)
@@ -138,10 +141,14 @@ static void raw_poll(struct raw *r, int ms)
     }
 }
 
+/* Send host-form message @p m as the engine does: encoded for the wire. */
 static void raw_send(struct raw *r, const void *m, size_t len)
 {
-    int rc;
-    while ((rc = r->ops->ep_send(r->ep, m, len, 0)) == CFX_ERR_AGAIN)
+    static uint8_t wire[CFX_TP_SEND_MAX];
+    int rc = cfx__dp_msg_encode(m, len, wire, sizeof(wire));
+    cr_assert_geq(rc, 0, "encode: %s", cfx_strerror(rc));
+    size_t n = (size_t)rc;
+    while ((rc = r->ops->ep_send(r->ep, wire, n, 0)) == CFX_ERR_AGAIN)
         raw_poll(r, 1);
     cr_assert_eq(rc, CFX_OK, "%s", cfx_strerror(rc));
 }
