@@ -193,7 +193,10 @@ static int conn_regrant(struct cfx_conn *conn, int old_tp)
 bool cfx__conn_fallback(struct cfx_conn *conn, int status)
 {
     struct cfx_context *ctx = conn->ctx;
+    /* a peer that refused us (token, version) would refuse us over any
+     * transport: only a connection that could not be made moves on */
     if (!conn->outbound || conn->state != CFX_CONN_CONNECTING || !conn->peer ||
+        status == CFX_ERR_AUTH || status == CFX_ERR_VERSION ||
         tp_next(ctx, conn->peer, conn->tps_tried) < 0)
         return false;
 
