@@ -96,13 +96,19 @@ struct cfx_tp_mr {
     enum cfx_memtype memtype;
 };
 
-/* What mem_reg is told about a region. */
+/* What mem_reg is told about a region: what the memory is, never what a
+ * transport should do with it.  What a transport derives from it (shm: the
+ * file's inode, the rdesc that lets a peer map it) lives in its own
+ * registration object, which embeds struct cfx_tp_mr. */
 struct cfx_tp_mem_desc {
     void *addr;
     size_t len;
     enum cfx_memtype memtype;
-    int shm_fd;           /* -1, or fd of a shareable mapping that holds addr (arena) */
-    uint64_t shm_off;     /* offset of addr inside shm_fd */
+    int file_fd;          /* -1, or fd of a shareable file (memfd) that holds addr: the
+                             engine's arena, whose memory outlives any one user (shm
+                             lets a peer process map it; verbs caches its registrations
+                             past mem_dereg, see mem_invalidate) */
+    uint64_t file_off;    /* offset of addr inside file_fd */
 };
 
 /* Access rights of a registration. */
@@ -156,6 +162,10 @@ struct cfx_tp_iface_params {
 
 enum {
     CFX_TP_CAP_SAME_HOST = 1u << 0, /* only reaches peers on the same host */
+    CFX_TP_CAP_BUSY_POLL = 1u << 1, /* packets arrive with no fd turning readable (a user-space
+                                       NIC queue): the progress thread polls it without a nap
+                                       while it has endpoints (a transport whose iface_fd is
+                                       -1 is treated the same) */
 };
 
 struct cfx_transport_ops {
@@ -173,7 +183,7 @@ struct cfx_transport_ops {
     int (*iface_addr)(struct cfx_tp_iface *iface, void *buf, size_t *len);
 
     /* Fd that turns readable when poll() may have work after iface_arm();
-     * -1 when the transport must be polled. */
+     * -1 when the transport must be polled (as CFX_TP_CAP_BUSY_POLL). */
     int (*iface_fd)(struct cfx_tp_iface *iface);
 
     /* Prepare to sleep on iface_fd.  CFX_ERR_AGAIN when work is already
@@ -228,7 +238,23 @@ struct cfx_transport_ops {
     /* Optional.  Writes refused so far for want of a live grant; may be
      * called from any thread (cfx_context_stats: writes_refused). */
     uint64_t (*iface_grant_refused)(struct cfx_tp_iface *iface);
+
+    /* Optional.  The memory in [addr, addr + len) is about to be unmapped
+     * (the engine's arena drops a segment): forget whatever the transport
+     * keeps of it past mem_dereg (verbs: cached registrations), so a later
+     * mapping at the same address is not taken for it.  Returns the number
+     * of registrations dropped.  NULL: the transport keeps nothing of a
+     * region past its mem_dereg, so there is nothing to invalidate. */
+    uint32_t (*mem_invalidate)(struct cfx_tp_iface *iface, const void *addr, size_t len);
 };
+
+/* ops->mem_invalidate when the transport has one; 0 otherwise. */
+static inline uint32_t cfx__tp_mem_invalidate(const struct cfx_transport_ops *ops,
+                                              struct cfx_tp_iface *iface, const void *addr,
+                                              size_t len)
+{
+    return ops->mem_invalidate ? ops->mem_invalidate(iface, addr, len) : 0;
+}
 
 /* ops->ep_batch when the transport has one; CFX_ERR_UNSUPPORTED otherwise
  * (posting unbatched is then just as correct). */

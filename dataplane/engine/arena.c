@@ -14,10 +14,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#ifdef CFX_HAVE_VERBS
-#include "dataplane/verbs/verbs.h"
-#endif
-
 #define ARENA_CACHE_MAX (1024ull * 1024 * 1024) /* bytes of free segments kept */
 #define ARENA_ALIGN     4096u
 
@@ -140,16 +136,14 @@ int cfx__arena_lookup(struct cfx_context *ctx, const void *p, int *fd, uint64_t 
     return CFX_OK;
 }
 
-/* Unmap a segment for good.  The verbs registration cache may still hold a
- * registration of these pages (kept past its last user for reuse); drop it
- * first, or a later segment mapped at the same address would hit it and
- * peers would write into the old, still pinned, pages. */
+/* Unmap a segment for good.  A transport may still hold a registration of
+ * these pages past its last user (verbs caches them for reuse); it drops
+ * it first (mem_invalidate), or a later segment mapped at the same address
+ * would hit it and peers would write into the old, still pinned, pages. */
 static void seg_unmap(struct cfx_context *ctx, struct cfx_arena_seg *seg)
 {
-#ifdef CFX_HAVE_VERBS
     for (int i = 0; i < ctx->ntp; i++)
-        cfx__verbs_rcache_invalidate(ctx->tp[i].iface, seg->base, seg->len);
-#endif
+        cfx__tp_mem_invalidate(ctx->tp[i].ops, ctx->tp[i].iface, seg->base, seg->len);
     munmap(seg->base, seg->len);
     close(seg->fd);
     free(seg);
@@ -177,8 +171,8 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         return;
     }
     cfx_list_del(&seg->link);
-    /* Unmapping drops the segment from the verbs registration cache: a
-     * transport call, for the progress-lock holder only.  An API thread
+    /* Unmapping drops the segment from the transports' registration caches
+     * (mem_invalidate): a transport call, for the progress-lock holder only.  An API thread
      * does it when the lock is free, else leaves it to the holder (the
      * pages stay mapped until then, so their address is not reused). */
     if (cfx__progress_held(ctx)) {

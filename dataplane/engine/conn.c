@@ -12,11 +12,14 @@
 #include <string.h>
 
 /* The transport to reach @p node with: the first of ours (in preference
- * order) that the node also listens on and that can reach it. */
-int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node)
+ * order), not in @p tried (a mask of ctx->tp[] indices), that the node also
+ * listens on and that can reach it; -1 when none is left. */
+static int tp_next(struct cfx_context *ctx, const struct cfx_node_rec *node, uint32_t tried)
 {
     for (int t = 0; t < ctx->ntp; t++) {
         const struct cfx_transport_ops *ops = ctx->tp[t].ops;
+        if (tried & (1u << t))
+            continue;
         if ((ops->caps & CFX_TP_CAP_SAME_HOST) &&
             strncmp(node->host_id, ctx->self.host_id, CFX_HOST_ID_MAX))
             continue;
@@ -27,6 +30,11 @@ int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node)
     return -1;
 }
 
+int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node)
+{
+    return tp_next(ctx, node, 0);
+}
+
 static const struct cfx_node_addr *node_addr(const struct cfx_node_rec *node,
                                              const char *tp)
 {
@@ -34,6 +42,73 @@ static const struct cfx_node_addr *node_addr(const struct cfx_node_rec *node,
         if (!strncmp(node->addr[a].tp, tp, CFX_TP_NAME_MAX))
             return &node->addr[a];
     return NULL;
+}
+
+/* Test hook CFX_TEST_CONNECT_BREAK=<transport>: connections over that
+ * transport go to an address nobody listens on (that of an iface of the
+ * same transport opened and closed at once), so they fail the way a
+ * connection to a peer that cannot be reached does. */
+static bool test_dead_addr(struct cfx_context *ctx, int t, struct cfx_node_addr *out)
+{
+    const struct cfx_transport_ops *ops = ctx->tp[t].ops;
+    struct cfx_tp_iface_params ip = { .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR,
+                                      .bind_addr = ctx->cfg.bind_addr };
+    struct cfx_tp_iface *iface;
+    size_t len = sizeof(out->addr);
+
+    if (!ctx->test_connect_break[0] ||
+        strncmp(ctx->test_connect_break, ops->name, sizeof(ctx->test_connect_break)))
+        return false;
+    if (ops->iface_open(&ip, &iface) != CFX_OK)
+        return false;
+    bool ok = ops->iface_addr(iface, out->addr, &len) == CFX_OK;
+    ops->iface_close(iface);
+    out->len = (uint8_t)len;
+    if (ok)
+        CFX_LOG(WARN, CONN, "node %u: test hook: connecting over %s to %.*s, where nobody "
+                "listens", ctx->node_id, ops->name, (int)len, (const char *)out->addr);
+    return ok;
+}
+
+/*
+ * Connect @p conn to its peer over the next transport both sides share
+ * that it has not tried yet; a transport whose ep_connect fails at once is
+ * logged and the next one tried.  CFX_OK with conn->tp and conn->ep set, or
+ * the status of the last failure (CFX_ERR_UNSUPPORTED: nothing shared).
+ */
+static int conn_dial(struct cfx_conn *conn)
+{
+    struct cfx_context *ctx = conn->ctx;
+    const struct cfx_node_rec *node = conn->peer;
+    int rc = CFX_ERR_UNSUPPORTED, t;
+
+    while ((t = tp_next(ctx, node, conn->tps_tried)) >= 0) {
+        struct cfx_node_addr dead;
+        const struct cfx_node_addr *addr = node_addr(node, ctx->tp[t].ops->name);
+        conn->tps_tried |= 1u << t;
+        snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
+                 ctx->tp[t].ops->name, (int)strnlen((const char *)addr->addr, addr->len),
+                 (const char *)addr->addr);
+        if (unlikely(ctx->test_connect_break[0]) && test_dead_addr(ctx, t, &dead))
+            addr = &dead;
+        rc = ctx->tp[t].ops->ep_connect(ctx->tp[t].iface, addr->addr, addr->len,
+                                        node->node_id, &conn->ep);
+        if (rc == CFX_OK) {
+            conn->tp = t;
+            conn->ep->user = conn;
+            snprintf(conn->ep->peer_name, sizeof(conn->ep->peer_name), "node %u",
+                     node->node_id);
+            return CFX_OK;
+        }
+        rc = cfx__err(rc, "cannot connect to %s: %s", conn->name, cfx_strerror(rc));
+        CFX_LOG(WARN, CONN, "node %u: %s%s", ctx->node_id, cfx_last_error(),
+                tp_next(ctx, node, conn->tps_tried) >= 0 ? "; trying the next transport" : "");
+    }
+    if (rc == CFX_ERR_UNSUPPORTED)
+        rc = cfx__err(CFX_ERR_UNSUPPORTED,
+                      "node %u (%s) shares no transport with node %u (ours: %s)",
+                      node->node_id, node->name, ctx->node_id, ctx->cfg.transports);
+    return rc;
 }
 
 struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_rec *node,
@@ -49,22 +124,20 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
             return conn;
     }
 
-    int t = cfx__conn_tp_for(ctx, node);
-    if (t < 0) {
+    if (cfx__conn_tp_for(ctx, node) < 0) {
         *status = cfx__err(CFX_ERR_UNSUPPORTED,
                            "node %u (%s) shares no transport with node %u (ours: %s)",
                            node->node_id, node->name, ctx->node_id, ctx->cfg.transports);
         return NULL;
     }
-    const struct cfx_node_addr *addr = node_addr(node, ctx->tp[t].ops->name);
-
     conn = calloc(1, sizeof(*conn));
-    if (!conn) {
+    if (!conn || !(conn->peer = malloc(sizeof(*conn->peer)))) {
+        free(conn);
         *status = cfx__err(CFX_ERR_NOMEM, "out of memory connecting to node %u", node->node_id);
         return NULL;
     }
+    *conn->peer = *node;
     conn->ctx = ctx;
-    conn->tp = t;
     conn->node_id = node->node_id;
     conn->outbound = true;
     conn->state = CFX_CONN_CONNECTING;
@@ -72,19 +145,14 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     cfx_list_init(&conn->uploads);
     cfx_list_init(&conn->eager_q);
     conn->eager_id = ++ctx->eager_conn_ids;
-    snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
-             ctx->tp[t].ops->name, (int)strnlen((const char *)addr->addr, addr->len),
-             (const char *)addr->addr);
 
-    int rc = ctx->tp[t].ops->ep_connect(ctx->tp[t].iface, addr->addr, addr->len,
-                                        node->node_id, &conn->ep);
+    int rc = conn_dial(conn);
     if (rc != CFX_OK) {
-        *status = cfx__err(rc, "cannot connect to %s: %s", conn->name, cfx_strerror(rc));
+        *status = rc;
+        free(conn->peer);
         free(conn);
         return NULL;
     }
-    conn->ep->user = conn;
-    snprintf(conn->ep->peer_name, sizeof(conn->ep->peer_name), "node %u", node->node_id);
     cfx_list_add_tail(&conn->link, &ctx->conns);
     CFX_LOG(DEBUG, CONN, "node %u: connecting to %s", ctx->node_id, conn->name);
     rc = cfx__conn_auth_hello_out(conn); /* HELLO with our nonce (conn_auth.c) */
@@ -95,6 +163,84 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     return conn;
 }
 
+/* The GET_REQs queued on @p conn name windows granted over transport
+ * @p old_tp: grant them again over the connection's new transport. */
+static int conn_regrant(struct cfx_conn *conn, int old_tp)
+{
+    struct cfx_context *ctx = conn->ctx;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &conn->pending) {
+        struct cfx_pending_msg *pm = cfx_list_entry(pos, struct cfx_pending_msg, link);
+        struct cfx_dp_get_req *req = (struct cfx_dp_get_req *)(void *)pm->data;
+        if (pm->len != sizeof(*req) || req->hdr.type != CFX_DP_GET_REQ || !req->rdesc.len)
+            continue;
+        struct cfx_xfer_in *in = req->hdr.slot < CFX_XFER_SLOTS ? ctx->slots[req->hdr.slot]
+                                                                : NULL;
+        if (!in || in->conn != conn || !in->obj)
+            continue;
+        struct cfx_obj *obj = in->obj;
+        const struct cfx_transport_ops *old = ctx->tp[old_tp].ops;
+        if (obj->mr[old_tp] && old->mr_revoke)
+            old->mr_revoke(obj->mr[old_tp]);
+        int status = CFX_OK;
+        struct cfx_tp_mr *mr = cfx__obj_mr(ctx, obj, conn->tp, &status);
+        if (!mr || (status = cfx__xfer_grant(ctx, conn, mr, &req->rdesc)) != CFX_OK)
+            return status;
+    }
+    return CFX_OK;
+}
+
+bool cfx__conn_fallback(struct cfx_conn *conn, int status)
+{
+    struct cfx_context *ctx = conn->ctx;
+    /* a peer that refused us (token, version) would refuse us over any
+     * transport: only a connection that could not be made moves on */
+    if (!conn->outbound || conn->state != CFX_CONN_CONNECTING || !conn->peer ||
+        status == CFX_ERR_AUTH || status == CFX_ERR_VERSION ||
+        tp_next(ctx, conn->peer, conn->tps_tried) < 0)
+        return false;
+
+    int old_tp = conn->tp;
+    CFX_LOG(WARN, CONN, "node %u: connecting to %s failed (%s); trying the next transport",
+            ctx->node_id, conn->name, cfx_errname(status));
+    ctx->tp[old_tp].ops->ep_close(conn->ep);
+    conn->ep = NULL;
+    ctx->conn_gen++; /* completions of the old endpoint in this batch are stale */
+    /* the handshake starts again on the new endpoint */
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &conn->pending) {
+        struct cfx_pending_msg *pm = cfx_list_entry(pos, struct cfx_pending_msg, link);
+        if (pm->hs) {
+            cfx_list_del(pos);
+            free(pm);
+        }
+    }
+    int rc = conn_dial(conn);
+    if (rc == CFX_OK)
+        rc = conn_regrant(conn, old_tp);
+    if (rc != CFX_OK) {
+        cfx__conn_fail(conn, rc, "no transport left to connect over");
+        return true;
+    }
+    CFX_LOG(INFO, CONN, "node %u: connecting to %s instead", ctx->node_id, conn->name);
+    cfx__conn_auth_hello_out(conn); /* a failure ended the connection */
+    return true;
+}
+
+/* Encode the host-form message @p msg for the wire (dp_msg.c) and hand it
+ * to the transport.  What waits in conn->pending stays in host form: a
+ * fallback to another transport grants its requests anew (conn_regrant). */
+static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *ops,
+                        const void *msg, size_t len)
+{
+    uint8_t wire[CFX_TP_SEND_MAX];
+    int n = cfx__dp_msg_encode(msg, len, wire, sizeof(wire));
+    if (unlikely(n < 0))
+        return cfx__err(n, "%s: a data-plane message of type %u does not encode (%s)",
+                        conn->name, ((const struct cfx_dp_hdr *)msg)->type, cfx_errname(n));
+    return ops->ep_send(conn->ep, wire, (size_t)n, 0);
+}
+
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
 {
     const struct cfx_transport_ops *ops = conn->ctx->tp[conn->tp].ops;
@@ -102,7 +248,7 @@ int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
     if (conn->state == CFX_CONN_FAILED)
         return conn->status;
     if (conn->state == CFX_CONN_READY && conn->authed && cfx_list_empty(&conn->pending)) {
-        int rc = ops->ep_send(conn->ep, msg, len, 0);
+        int rc = conn_ep_send(conn, ops, msg, len);
         if (rc == CFX_OK)
             conn->sends_out++;
         if (rc != CFX_ERR_AGAIN)
@@ -162,7 +308,7 @@ static int conn_flush(struct cfx_conn *conn)
             cfx_list_entry(conn->pending.next, struct cfx_pending_msg, link);
         if (!conn->authed && !pm->hs)
             break; /* the rest waits for the handshake */
-        int rc = ops->ep_send(conn->ep, pm->data, pm->len, 0);
+        int rc = conn_ep_send(conn, ops, pm->data, pm->len);
         if (rc == CFX_ERR_AGAIN)
             break;
         cfx_list_del(&pm->link);
@@ -292,6 +438,7 @@ void cfx__conn_destroy(struct cfx_conn *conn)
     conn->ep = NULL;
     conn->ctx->conn_gen++;
     cfx_list_del(&conn->link);
+    free(conn->peer);
     free(conn);
 }
 
@@ -315,8 +462,8 @@ struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int 
         .addr = obj->buf,
         .len = obj->size ? obj->size : 1,
         .memtype = obj->memtype,
-        .shm_fd = obj->shm_fd,
-        .shm_off = obj->shm_off,
+        .file_fd = obj->shm_fd,
+        .file_off = obj->shm_off,
     };
     int rc = ctx->tp[tp].ops->mem_reg(ctx->tp[tp].iface, &mem,
                                       CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE,

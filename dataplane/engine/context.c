@@ -440,6 +440,12 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
                 "cancels until resumed",
                 ctx->test_stall);
     }
+    const char *brk = cfx__env_str("CFX_TEST_CONNECT_BREAK", NULL);
+    if (brk && *brk) {
+        snprintf(ctx->test_connect_break, sizeof(ctx->test_connect_break), "%s", brk);
+        CFX_LOG(WARN, CTL, "test-only: connections over %s go where nobody listens",
+                ctx->test_connect_break);
+    }
     if (cfx__env_ll("CFX_REANNOUNCE_TEST_HOLD", 0) > 0) {
         ctx->reannounce_hold = true;
         CFX_LOG(WARN, CTL, "test-only: a re-announce waits for a cfx_delete here once it "

@@ -70,7 +70,10 @@ static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
                                                obj->size)) != CFX_OK)
             return *copy_rc;
     }
-    int rc = ctx->tp[conn->tp].ops->ep_send(conn->ep, m, sizeof(*m) + obj->size, 0);
+    uint8_t wire[CFX_TP_SEND_MAX];
+    int rc = cfx__dp_msg_encode(m, sizeof(*m) + obj->size, wire, sizeof(wire));
+    if (rc >= 0)
+        rc = ctx->tp[conn->tp].ops->ep_send(conn->ep, wire, (size_t)rc, 0);
     if (rc == CFX_OK) {
         conn->sends_out++; /* out of the process at its CFX_TP_COMP_SEND */
         conn->eager_credits--;

@@ -61,8 +61,10 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 3         /* 2: HELLO carries a nonce; AUTH handshake;
-                                    3: eager messages, AUTH grants eager credits */
+#define CFX_DP_VERSION 4         /* 2: HELLO carries a nonce; AUTH handshake;
+                                    3: eager messages, AUTH grants eager credits;
+                                    4: explicit little-endian layout (dp_msg.c), node
+                                       records of every address */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -164,14 +166,15 @@ struct cfx_dp_get_req {
 #define CFX_DP_GET_FLAGS (CFX_DP_GET_P2P | CFX_DP_GET_RING | CFX_DP_GET_WAIT | \
                           CFX_DP_GET_CACHED | CFX_DP_GET_SMALL)
 
-/* A node record small enough for a data-plane message. */
-#define CFX_DP_NODE_ADDRS 3
+/* A node record in a data-plane message: every address a node has
+ * (CFX_NODE_ADDRS_MAX, as in the directory's records); on the wire only
+ * the bytes used (dp_msg.c). */
 struct cfx_dp_node {
     uint32_t node_id;
     uint8_t naddr;
     uint8_t pad[3];
     char host_id[CFX_HOST_ID_MAX];
-    struct cfx_node_addr addr[CFX_DP_NODE_ADDRS];
+    struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
 };
 
 #define CFX_RTASK_MAX_CHILDREN 7   /* child streams named in one message */
@@ -232,7 +235,46 @@ struct cfx_dp_credit {
     uint32_t credits;
 };
 
-/* Validate a received data-plane message; returns its type or CFX_ERR_PROTO. */
+/* Wire sizes of the messages (dp_msg.c has the layout): the fixed part of
+ * REDUCE_TASK, REDUCE_ADOPT, P2P_EAGER and GET_DATA, all of the others. */
+#define CFX_DP_WIRE_HDR          8
+#define CFX_DP_WIRE_HELLO        44
+#define CFX_DP_WIRE_AUTH         80
+#define CFX_DP_WIRE_GET_REQ      117
+#define CFX_DP_WIRE_NACK         12
+#define CFX_DP_WIRE_CREDIT       12
+#define CFX_DP_WIRE_REDUCE_DONE  24
+#define CFX_DP_WIRE_REDUCE_TASK  76
+#define CFX_DP_WIRE_REDUCE_ADOPT 18
+#define CFX_DP_WIRE_EAGER        24
+#define CFX_DP_WIRE_GET_DATA     32
+
+/* Any data-plane message in host form, with room for the payload of an
+ * eager or GET_DATA message. */
+union cfx_dp_msg {
+    struct cfx_dp_hdr hdr;
+    struct cfx_dp_hello hello;
+    struct cfx_dp_auth auth;
+    struct cfx_dp_get_req get_req;
+    struct cfx_dp_nack nack;
+    struct cfx_dp_credit credit;
+    struct cfx_dp_reduce_task reduce_task;
+    struct cfx_dp_reduce_done reduce_done;
+    struct cfx_dp_reduce_adopt reduce_adopt;
+    struct cfx_dp_eager eager;
+    struct cfx_dp_get_data get_data;
+    uint8_t raw[CFX_TP_SEND_MAX + 64];
+};
+
+/* Encode the host-form message @p msg (@p len bytes: its struct, plus the
+ * payload of an eager or GET_DATA message) into @p out: its wire length,
+ * or CFX_ERR_TOO_BIG (does not fit @p cap) / CFX_ERR_INVALID (not a
+ * message an encoder can write). */
+int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap);
+/* Decode and validate the wire bytes of a received message into @p out
+ * (host form; its length in *out_len): its type, or CFX_ERR_PROTO. */
+int cfx__dp_msg_decode(const void *buf, size_t len, union cfx_dp_msg *out, size_t *out_len);
+/* cfx__dp_msg_decode into a scratch message: the type, or CFX_ERR_PROTO. */
 int cfx__dp_msg_check(const void *buf, size_t len);
 
 /* ---- local object store -------------------------------------------------- */
@@ -335,6 +377,9 @@ struct cfx_conn {
     struct cfx_list pending;    /* struct cfx_pending_msg queued while connecting */
     struct cfx_list uploads;    /* struct cfx_upload.conn_link */
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
+    struct cfx_node_rec *peer;  /* outbound: the peer's record (owned), for trying the next
+                                   transport when a connect fails */
+    uint32_t tps_tried;         /* outbound: ctx->tp[] indices tried (bit mask) */
     /* cluster-token handshake (conn_auth.c) */
     bool authed;                /* peer proved the token: serve it, flush pending */
     uint64_t auth_deadline;     /* not authed by then (ns): failed; 0 until first looked at */
@@ -736,6 +781,8 @@ struct cfx_context {
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
     uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: uploads stop after this
                                    chunk (0: off; xfer.c) */
+    char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
+                                                 connects over this transport fail */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
 };
 
@@ -819,6 +866,15 @@ void cfx__progress_test_pass(struct cfx_context *ctx);
  * ctx->lock held on return, the polling handed back to the progress
  * thread).  The caller then confirms the status and sleeps on obj_cond. */
 void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st);
+/* How long the idle progress thread may sleep in epoll (ctx->lock held):
+ * 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL, or no wait fd) has
+ * a live connection: it must not nap while packets can arrive;
+ * CFX_PROGRESS_NAP_SHORT_MS while such a transport is open without one, or
+ * paced uploads wait; CFX_PROGRESS_NAP_MS otherwise (connections still
+ * connecting get looked at now and then). */
+#define CFX_PROGRESS_NAP_MS       100
+#define CFX_PROGRESS_NAP_SHORT_MS 1
+int cfx__progress_nap_ms(struct cfx_context *ctx);
 /* Tests: park the progress thread (@p on) so that only API threads drive
  * the transports, or let it go again.  Returns once it is parked (any
  * thread, no lock held). */
@@ -926,6 +982,12 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
+/* An outbound connection failed before it connected (@p status): connect
+ * again over the next transport both sides share, its queued requests
+ * granted anew over that one.  False when there is none left (the caller
+ * fails the connection); true when the connection was taken care of
+ * (connecting again, or failed and freed). */
+bool cfx__conn_fallback(struct cfx_conn *conn, int status);
 /* Queue a handshake message ahead of everything else and flush.  A failure
  * has ended the connection (it is freed). */
 int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);

@@ -48,7 +48,7 @@ static void rec_to_dp(const struct cfx_node_rec *r, struct cfx_dp_node *n)
     n->node_id = r->node_id;
     memcpy(n->host_id, r->host_id, sizeof(n->host_id));
     n->host_id[sizeof(n->host_id) - 1] = '\0';
-    for (unsigned a = 0; a < r->naddr && n->naddr < CFX_DP_NODE_ADDRS; a++)
+    for (unsigned a = 0; a < r->naddr && n->naddr < CFX_NODE_ADDRS_MAX; a++)
         n->addr[n->naddr++] = r->addr[a];
 }
 
@@ -59,7 +59,7 @@ static void dp_to_rec(const struct cfx_dp_node *n, struct cfx_node_rec *r)
     memcpy(r->host_id, n->host_id, sizeof(r->host_id));
     snprintf(r->name, sizeof(r->name), "node %u", n->node_id);
     r->alive = 1;
-    for (unsigned a = 0; a < n->naddr && a < CFX_DP_NODE_ADDRS; a++)
+    for (unsigned a = 0; a < n->naddr && a < CFX_NODE_ADDRS_MAX; a++)
         r->addr[r->naddr++] = n->addr[a];
 }
 

@@ -226,6 +226,10 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
         cfx__conn_connected(conn);
         break;
     case CFX_TP_COMP_EP_ERROR:
+        /* a connect that failed tries the next transport both sides share */
+        if (conn->state == CFX_CONN_CONNECTING &&
+            cfx__conn_fallback(conn, c->status ? c->status : CFX_ERR_CONNECT))
+            break;
         cfx__conn_fail(conn, c->status ? c->status : CFX_ERR_PEER_FAILED,
                        "transport reported the endpoint failed");
         break;
@@ -388,6 +392,35 @@ void cfx__progress_handback(struct cfx_context *ctx, bool polled)
     }
 }
 
+/* Does transport @p t have to be polled without a nap: no wait fd, or
+ * packets that arrive without one turning readable? */
+static bool tp_busy_polled(const struct cfx_context *ctx, int t)
+{
+    return (ctx->tp[t].ops->caps & CFX_TP_CAP_BUSY_POLL) || ctx->tp[t].fd < 0;
+}
+
+int cfx__progress_nap_ms(struct cfx_context *ctx)
+{
+    bool busy_iface = false;
+    for (int t = 0; t < ctx->ntp; t++) {
+        if (!tp_busy_polled(ctx, t))
+            continue;
+        busy_iface = true;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &ctx->conns) {
+            const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+            if (c->tp == t && c->state != CFX_CONN_FAILED)
+                return 0;
+        }
+    }
+    /* An idle busy-polled iface may still be called by a new peer, and
+     * paced uploads have their next step due: a short nap.  Otherwise a
+     * bounded one: endpoints still connecting get looked at now and then. */
+    if (busy_iface || !cfx_list_empty(&ctx->paced_uploads))
+        return CFX_PROGRESS_NAP_SHORT_MS;
+    return CFX_PROGRESS_NAP_MS;
+}
+
 /* Stand aside while an API thread polls; ctx->lock held.  True when woken
  * for work (spin afterwards), false after the timeout (sleep at once). */
 static bool stand_aside(struct cfx_context *ctx)
@@ -462,14 +495,18 @@ static void *progress_main(void *arg)
             !cfx_list_empty(&ctx->arena.doomed) || ctx->stop ||
             __atomic_load_n(&ctx->pollers, __ATOMIC_SEQ_CST))
             pending = true;
-        ctx->sleeping = !pending;
-        /* A bounded nap: transports that must be polled (fd -1) and
-         * endpoints still connecting get looked at every few ms. */
-        int nap_ms = cfx_list_empty(&ctx->paced_uploads) ? 100 : 1;
+        int nap_ms = pending ? 0 : cfx__progress_nap_ms(ctx);
+        ctx->sleeping = !pending && nap_ms != 0;
         pthread_mutex_unlock(&ctx->lock);
         cfx__progress_unlock(ctx);
         if (pending)
             continue;
+        if (nap_ms == 0) {
+            /* a busy-polled transport has endpoints: packets may arrive
+             * with nothing to wake us, so keep polling (politely) */
+            sched_yield();
+            continue;
+        }
         int rc = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), nap_ms);
         pthread_mutex_lock(&ctx->lock);
         ctx->sleeping = false;

@@ -23,7 +23,7 @@ static void id_hex(const struct cfx_object_id *id, char *buf)
     buf[12] = '\0'; /* a prefix is enough for a log line */
 }
 
-/* cfx__dp_msg_check() is in dp_msg.c (pure; fuzzed by test/fuzz/fuzz_dp_msg.c). */
+/* cfx__dp_msg_decode() is in dp_msg.c (pure; fuzzed by test/fuzz/fuzz_dp_msg.c). */
 
 static void send_hdr(struct cfx_conn *conn, uint8_t type, uint32_t slot)
 {
@@ -671,17 +671,20 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
         upload_serve(ctx, up);
 }
 
-void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *data,
-                    size_t len)
+void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *wire,
+                    size_t wire_len)
 {
-    int type = cfx__dp_msg_check(data, len);
+    union cfx_dp_msg u;
+    size_t len;
+    int type = cfx__dp_msg_decode(wire, wire_len, &u, &len);
+    const void *data = &u;
     struct cfx_dp_hdr h;
 
     if (type < 0) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "malformed data-plane message");
         return;
     }
-    memcpy(&h, data, sizeof(h));
+    h = u.hdr;
     if (type != CFX_DP_HELLO && conn->node_id == 0) {
         CFX_LOG(WARN, CONN, "node %u: refused %s: message before HELLO", ctx->node_id,
                 conn->name);

@@ -48,6 +48,7 @@
 
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 #include "shm_ring.h"
 
@@ -120,11 +121,6 @@ struct cfx__shm_mr {
     uint64_t ino;
 };
 
-struct cfx__shm_mr_slot {
-    struct cfx__shm_mr *mr;  /* NULL when free */
-    uint32_t next_free;      /* free list link, UINT32_MAX ends */
-};
-
 /* A peer registration mapped into this process for direct writes. */
 struct cfx__shm_map {
     uint64_t ino;          /* 0: unused entry */
@@ -176,7 +172,7 @@ struct cfx__shm_ep {
     struct cfx__shm_iface *iface;
     uint64_t serial;              /* never reused in the iface: names the ep in grants */
     struct cfx__shm_ev ev;        /* epoll tag for sock */
-    struct cfx_list link;         /* iface->eps or iface->zombies */
+    struct cfx_list link;         /* iface->eps or iface->graveyard */
     int state;                    /* enum cfx__shm_ep_state */
     int sock;                     /* unix socket, -1 once closed */
     int peer_doorbell;            /* peer iface's eventfd, -1 before the handshake */
@@ -238,16 +234,11 @@ struct cfx__shm_iface {
     uint64_t next_sock_check;     /* ns */
     uint32_t polls_unclocked;     /* polls since the clock was last read (shm_poll) */
     struct cfx_list eps;          /* live endpoints */
-    struct cfx_list zombies;      /* closed eps, freed at the next poll */
+    struct cfx__tp_graveyard graveyard; /* closed eps, freed at the next poll */
 
-    struct cfx_tp_completion *cq; /* FIFO ring, grows */
-    uint32_t cq_cap;
-    uint32_t cq_head;
-    uint32_t cq_count;
-
-    struct cfx__shm_mr_slot *mrs; /* registration table */
-    uint32_t mrs_cap;
-    uint32_t mrs_free;            /* free list head, UINT32_MAX: empty */
+    struct cfx__tp_cq cq;         /* completions not yet polled (no reservations:
+                                     posts say AGAIN past CFX_SHM_CQ_SOFT_MAX) */
+    struct cfx__tp_table mrs;     /* registrations (struct cfx__shm_mr), by key */
 };
 
 static inline struct cfx__shm_iface *cfx__shm_iface_of(struct cfx_tp_iface *i)
@@ -266,9 +257,15 @@ static inline struct cfx__shm_mr *cfx__shm_mr_of(struct cfx_tp_mr *m)
 }
 
 /* shm_iface.c */
-void cfx__shm_cq_push(struct cfx__shm_iface *iface, uint8_t type, int status,
-                      struct cfx__shm_ep *ep, uint64_t wr_id);
-void cfx__shm_cq_purge(struct cfx__shm_iface *iface, struct cfx__shm_ep *ep);
+static inline void cfx__shm_cq_push(struct cfx__shm_iface *iface, uint8_t type, int status,
+                                    struct cfx__shm_ep *ep, uint64_t wr_id)
+{
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+    c->type = type;
+    c->status = status;
+    c->ep = &ep->super;
+    c->wr_id = wr_id;
+}
 
 /* shm_conn.c: sockets, handshake, hang-up */
 int cfx__shm_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len,

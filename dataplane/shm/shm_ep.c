@@ -115,10 +115,9 @@ void cfx__shm_ep_close(struct cfx_tp_ep *tpe)
         ep->super.status = CFX_ERR_CLOSED;
     while (ep->txq_count)
         op_pop(ep, &ep->txq[ep->txq_head]);
-    cfx__shm_cq_purge(ep->iface, ep);
+    cfx__tp_cq_drop_ep(&ep->iface->cq, &ep->super);
     /* RECV data returned by the last poll() stays readable until the next. */
-    cfx_list_del(&ep->link);
-    cfx_list_add_tail(&ep->link, &ep->iface->zombies);
+    cfx__tp_graveyard_add(&ep->iface->graveyard, &ep->link);
 }
 
 void cfx__shm_ep_free(struct cfx__shm_ep *ep)
@@ -195,7 +194,7 @@ static inline int post_check(struct cfx__shm_ep *ep)
     if (unlikely(ep->state == CFX_SHM_EP_PEER_GONE))
         return ep->peer_status;
     if (unlikely(ep->txq_count == CFX_SHM_TXQ_DEPTH ||
-                 ep->iface->cq_count >= CFX_SHM_CQ_SOFT_MAX))
+                 cfx__tp_cq_count(&ep->iface->cq) >= CFX_SHM_CQ_SOFT_MAX))
         return CFX_ERR_AGAIN;
     return CFX_OK;
 }

@@ -19,59 +19,20 @@
 #define SHM_EVENTS 32
 #define SHM_CQ_INIT 1024
 
+static void ep_bury(struct cfx_list *link)
+{
+    cfx__shm_ep_free(cfx_list_entry(link, struct cfx__shm_ep, link));
+}
+
 /* ---- completion queue ----------------------------------------------------- */
-
-static int cq_grow(struct cfx__shm_iface *iface)
-{
-    uint32_t cap = iface->cq_cap ? iface->cq_cap * 2 : SHM_CQ_INIT;
-    struct cfx_tp_completion *cq = malloc(cap * sizeof(*cq));
-    if (!cq)
-        return CFX_ERR_NOMEM;
-    for (uint32_t i = 0; i < iface->cq_count; i++)
-        cq[i] = iface->cq[(iface->cq_head + i) % iface->cq_cap];
-    free(iface->cq);
-    iface->cq = cq;
-    iface->cq_cap = cap;
-    iface->cq_head = 0;
-    return CFX_OK;
-}
-
-void cfx__shm_cq_push(struct cfx__shm_iface *iface, uint8_t type, int status,
-                      struct cfx__shm_ep *ep, uint64_t wr_id)
-{
-    if (unlikely(iface->cq_count == iface->cq_cap) && cq_grow(iface) != CFX_OK) {
-        /* Only reachable when malloc fails; the user is told by the log. */
-        CFX_LOG(ERR, SHM, "node %u: out of memory: completion %u for %s lost",
-                iface->super.node_id, type, ep->super.peer_name);
-        return;
-    }
-    struct cfx_tp_completion *c =
-        &iface->cq[(iface->cq_head + iface->cq_count++) % iface->cq_cap];
-    memset(c, 0, sizeof(*c));
-    c->type = type;
-    c->status = status;
-    c->ep = &ep->super;
-    c->wr_id = wr_id;
-}
-
-void cfx__shm_cq_purge(struct cfx__shm_iface *iface, struct cfx__shm_ep *ep)
-{
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < iface->cq_count; i++) {
-        struct cfx_tp_completion c = iface->cq[(iface->cq_head + i) % iface->cq_cap];
-        if (c.ep != &ep->super)
-            iface->cq[(iface->cq_head + kept++) % iface->cq_cap] = c;
-    }
-    iface->cq_count = kept;
-}
 
 static int cq_drain(struct cfx__shm_iface *iface, struct cfx_tp_completion *comps, int max)
 {
+    struct cfx_tp_completion *c;
     int n = 0;
-    while (n < max && iface->cq_count) {
-        comps[n++] = iface->cq[iface->cq_head];
-        iface->cq_head = (iface->cq_head + 1) % iface->cq_cap;
-        iface->cq_count--;
+    while (n < max && (c = cfx__tp_cq_head(&iface->cq))) {
+        comps[n++] = *c;
+        cfx__tp_cq_pop(&iface->cq);
     }
     return n;
 }
@@ -126,11 +87,15 @@ static int shm_iface_open(const struct cfx_tp_iface_params *params,
     iface->frag_size = cfx__env_size("CFX_SHM_FRAG_SIZE", CFX_SHM_FRAG_DEFAULT);
     if (iface->frag_size < CFX_SHM_FRAG_MIN || iface->frag_size > iface->ring_size / 4)
         iface->frag_size = CFX_MIN((size_t)CFX_SHM_FRAG_DEFAULT, iface->ring_size / 4);
-    iface->mrs_free = UINT32_MAX;
+    cfx__tp_table_init(&iface->mrs, 64, 0x10000u, 32, "shm registration");
     iface->listen_ev.kind = CFX_SHM_EV_LISTEN;
     iface->doorbell_ev.kind = CFX_SHM_EV_DOORBELL;
     cfx_list_init(&iface->eps);
-    cfx_list_init(&iface->zombies);
+    cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
+    if (cfx__tp_cq_init(&iface->cq, SHM_CQ_INIT, iface->addr) != CFX_OK) {
+        free(iface);
+        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for an iface");
+    }
 
     iface->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (iface->epfd < 0) {
@@ -181,18 +146,9 @@ err_close_doorbell:
 err_close_epfd:
     close(iface->epfd);
 err_free:
+    cfx__tp_cq_fini(&iface->cq);
     free(iface);
     return status;
-}
-
-static void free_zombies(struct cfx__shm_iface *iface)
-{
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &iface->zombies) {
-        struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
-        cfx_list_del(&ep->link);
-        cfx__shm_ep_free(ep);
-    }
 }
 
 static void shm_iface_close(struct cfx_tp_iface *tpi)
@@ -207,14 +163,14 @@ static void shm_iface_close(struct cfx_tp_iface *tpi)
         struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
         cfx__shm_ep_close(&ep->super);
     }
-    free_zombies(iface);
+    cfx__tp_graveyard_free(&iface->graveyard);
     cfx__shm_mr_table_free(iface);
     cfx__keystream_wipe(&iface->keys);
     explicit_bzero(iface->token, sizeof(iface->token));
     close(iface->listen_fd);
     close(iface->doorbell);
     close(iface->epfd);
-    free(iface->cq);
+    cfx__tp_cq_fini(&iface->cq);
     free(iface);
 }
 
@@ -262,7 +218,7 @@ static int shm_iface_arm(struct cfx_tp_iface *tpi)
     CFX_TP_THREAD_CHECK(tpi);
     struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx_list *pos;
-    bool pending = iface->cq_count > 0 || !cfx_list_empty(&iface->zombies);
+    bool pending = cfx__tp_cq_count(&iface->cq) > 0 || !cfx__tp_graveyard_empty(&iface->graveyard);
 
     drain_doorbell(iface);
     cfx_list_for_each(pos, &iface->eps)
@@ -320,8 +276,8 @@ static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, i
 
     if (unlikely(!comps || max < 0))
         return CFX_ERR_INVALID;
-    if (unlikely(!cfx_list_empty(&iface->zombies)))
-        free_zombies(iface);
+    if (unlikely(!cfx__tp_graveyard_empty(&iface->graveyard)))
+        cfx__tp_graveyard_free(&iface->graveyard);
     if (unlikely(iface->armed)) {
         disarm(iface);
         iface->next_sock_check = 0;
@@ -359,9 +315,9 @@ static int shm_poll(struct cfx_tp_iface *tpi, struct cfx_tp_completion *comps, i
         cfx_list_del(first);
         cfx_list_add_tail(first, &iface->eps);
     }
-    if (iface->cq_count && n < max)
+    if (cfx__tp_cq_count(&iface->cq) && n < max)
         n += cq_drain(iface, comps + n, max - n);
-    return n;
+    return n ? n : cfx__tp_cq_take_status(&iface->cq);
 }
 
 static uint64_t shm_grant_refused(struct cfx_tp_iface *tpi)

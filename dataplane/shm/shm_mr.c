@@ -10,7 +10,7 @@
  * mapping of the receiver's arena file past the grant is refused and failed
  * only afterwards (same user only; such a process could as well write
  * /proc/<pid>/mem).  When the memory sits
- * in a shareable file (mem->shm_fd, the engine's memfd arena) the rdesc also
+ * in a shareable file (mem->file_fd, the engine's memfd arena) the rdesc also
  * names that file as the owner sees it (pid, fd number, inode, offset): a
  * writer on the same host opens /proc/<pid>/fd/<fd>, checks the inode and
  * maps the region, then copies straight into it (one copy).  The owner's fd
@@ -31,30 +31,6 @@
 
 #include "dataplane/common/log.h"
 
-#define MR_IDX_MAX 0x10000u
-
-/* ---- registration table ---------------------------------------------------------- */
-
-static int table_grow(struct cfx__shm_iface *iface)
-{
-    uint32_t cap = iface->mrs_cap ? iface->mrs_cap * 2 : 64;
-    if (cap > MR_IDX_MAX)
-        cap = MR_IDX_MAX;
-    if (cap == iface->mrs_cap)
-        return cfx__err(CFX_ERR_NO_RESOURCE, "shm: %u registrations already", cap);
-    struct cfx__shm_mr_slot *s = realloc(iface->mrs, cap * sizeof(*s));
-    if (!s)
-        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for the registration table");
-    for (uint32_t i = iface->mrs_cap; i < cap; i++) {
-        s[i].mr = NULL;
-        s[i].next_free = i + 1 < cap ? i + 1 : iface->mrs_free;
-    }
-    iface->mrs_free = iface->mrs_cap;
-    iface->mrs = s;
-    iface->mrs_cap = cap;
-    return CFX_OK;
-}
-
 int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
 {
@@ -70,8 +46,6 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     if (mem->memtype != CFX_MEMTYPE_HOST)
         return cfx__err(CFX_ERR_UNSUPPORTED, "shm: cannot register %s memory",
                         cfx_memtype_name(mem->memtype));
-    if (iface->mrs_free == UINT32_MAX && (rc = table_grow(iface)) != CFX_OK)
-        return rc;
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for a registration");
@@ -81,15 +55,16 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     mr->super.memtype = mem->memtype;
     mr->access = access;
     mr->shm_fd = -1;
-    if (mem->shm_fd >= 0 && fstat(mem->shm_fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        mem->shm_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->shm_off) {
-        mr->shm_fd = mem->shm_fd;
-        mr->shm_off = mem->shm_off;
+    if (mem->file_fd >= 0 && fstat(mem->file_fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off) {
+        mr->shm_fd = mem->file_fd;
+        mr->shm_off = mem->file_off;
         mr->ino = st.st_ino;
     }
-    idx = iface->mrs_free;
-    iface->mrs_free = iface->mrs[idx].next_free;
-    iface->mrs[idx].mr = mr;
+    if ((rc = cfx__tp_table_add(&iface->mrs, mr, &idx, NULL)) != CFX_OK) {
+        free(mr);
+        return rc;
+    }
     mr->key = idx;
     *out = &mr->super;
     return CFX_OK;
@@ -107,9 +82,7 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
     mr = cfx__shm_mr_of(tpm);
     iface = cfx__shm_iface_of(tpm->iface);
     idx = mr->key & 0xffffu;
-    iface->mrs[idx].mr = NULL;
-    iface->mrs[idx].next_free = iface->mrs_free;
-    iface->mrs_free = idx;
+    cfx__tp_table_remove(&iface->mrs, idx);
     free(mr);
 }
 
@@ -177,7 +150,7 @@ struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struc
                                        uint32_t key, uint64_t grant, uint64_t off, uint64_t len,
                                        const char **why)
 {
-    struct cfx__shm_mr *mr = likely(key < iface->mrs_cap) ? iface->mrs[key].mr : NULL;
+    struct cfx__shm_mr *mr = cfx__tp_table_at(&iface->mrs, key);
 
     if (unlikely(!mr || !mr->grant_key || mr->grant_key != grant)) {
         *why = "no live grant with that key";
@@ -196,12 +169,9 @@ struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struc
 
 void cfx__shm_mr_table_free(struct cfx__shm_iface *iface)
 {
-    for (uint32_t i = 0; i < iface->mrs_cap; i++)
-        free(iface->mrs[i].mr);
-    free(iface->mrs);
-    iface->mrs = NULL;
-    iface->mrs_cap = 0;
-    iface->mrs_free = UINT32_MAX;
+    for (uint32_t i = 0; i < iface->mrs.cap; i++)
+        free(cfx__tp_table_at(&iface->mrs, i));
+    cfx__tp_table_fini(&iface->mrs);
 }
 
 /* ---- mapped peer registrations ------------------------------------------------------- */

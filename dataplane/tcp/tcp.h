@@ -18,9 +18,9 @@
  *          imm carries the status;
  *   BYE    sent best-effort by ep_close so the peer reports CFX_ERR_CLOSED.
  *
- * Completion bookkeeping.  Every completion goes through one FIFO per iface
- * (the cq).  Its capacity is reserved per endpoint (TXQ_DEPTH + RX_MAX + 2),
- * so pushing never fails: an endpoint owns at most TXQ_DEPTH unreported
+ * Completion bookkeeping.  Every completion goes through the iface's queue
+ * (the transport base's cq, tpbase.h).  Its capacity is reserved per endpoint
+ * (TXQ_DEPTH + RX_MAX + 2), so a push always finds room in the ring: an endpoint owns at most TXQ_DEPTH unreported
  * write/send completions (posting beyond that returns CFX_ERR_AGAIN), at most
  * RX_MAX unreported receive completions (the endpoint stops reading its
  * socket until the user polls), one CONNECTED/ACCEPT and one EP_ERROR.
@@ -37,6 +37,7 @@
 
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 
 #define CFX_TCP_MAGIC     0x43465854u /* "TXFC" on the wire: HELLO frames */
@@ -105,11 +106,6 @@ struct cfx__tcp_mr {
     uint64_t grant_ep;  /* serial of the only ep that may write; 0: any */
     uint32_t rx_busy; /* eps currently receiving a payload into it */
     uint32_t tx_busy; /* queued writes reading from it */
-};
-
-struct cfx__tcp_mr_slot {
-    struct cfx__tcp_mr *mr; /* NULL when free */
-    uint32_t next_free;     /* free list link (index), UINT32_MAX ends */
 };
 
 /* One queued outgoing frame. */
@@ -195,19 +191,11 @@ struct cfx__tcp_iface {
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     struct cfx_list eps;       /* live endpoints */
-    struct cfx_list graveyard; /* closed eps freed at the next poll */
+    struct cfx__tp_graveyard graveyard; /* closed eps freed at the next poll */
     struct cfx_list rx_backlog; /* eps with buffered frames waiting for slots/credits */
 
-    struct cfx_tp_completion *cq;     /* ring; ep == NULL: dropped by ep_close */
-    uint32_t cq_cap;                  /* capacity (reserved per ep) */
-    uint32_t cq_reserved;             /* sum of per-ep reservations */
-    uint32_t cq_head;                 /* next to pop */
-    uint32_t cq_count;                /* entries queued */
-    struct cfx_tp_completion cq_lost; /* sink should the queue ever overflow */
-
-    struct cfx__tcp_mr_slot *mrs; /* registration table */
-    uint32_t mrs_cap;
-    uint32_t mrs_free; /* free list head, UINT32_MAX: empty */
+    struct cfx__tp_cq cq;      /* completions, capacity reserved per ep */
+    struct cfx__tp_table mrs;  /* registrations (struct cfx__tcp_mr), by rkey index */
     uint8_t *discard;  /* scratch for draining dropped payloads */
 };
 
@@ -242,12 +230,6 @@ int cfx__tcp_hdr_check(const void *buf, size_t len, bool hello_wait, struct cfx_
 int cfx__tcp_hello_check(const void *buf, size_t len, struct cfx__tcp_hello *out);
 
 /* tcp_iface.c */
-int cfx__tcp_cq_reserve(struct cfx__tcp_iface *iface, uint32_t n);
-void cfx__tcp_cq_unreserve(struct cfx__tcp_iface *iface, uint32_t n);
-/* Queue one completion (zeroed); never fails within the reservations. */
-struct cfx_tp_completion *cfx__tcp_cq_push(struct cfx__tcp_iface *iface);
-/* Drop the queued completions of an endpoint that is being closed. */
-void cfx__tcp_cq_drop_ep(struct cfx__tcp_iface *iface, struct cfx_tp_ep *ep);
 int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events);
 
 /* tcp_ep.c */

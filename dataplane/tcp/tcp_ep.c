@@ -41,9 +41,6 @@
 #define HDR_SIZE ((uint32_t)sizeof(struct cfx__tcp_hdr))
 
 /* Keepalive: notice a peer host that vanished without a reset. */
-#define KEEPIDLE_S  10
-#define KEEPINTVL_S 5
-#define KEEPCNT     3
 
 static void ep_tx_progress(struct cfx__tcp_ep *ep);
 static void ep_rx_progress(struct cfx__tcp_ep *ep);
@@ -59,34 +56,9 @@ static void set_peer_name(struct cfx__tcp_ep *ep)
         snprintf(ep->super.peer_name, sizeof(ep->super.peer_name), "%s", ep->addr);
 }
 
-static void sock_setup(int fd)
-{
-    int one = 1;
-    int idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
-
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-
-    /* Socket buffers are left to kernel autotuning unless asked for: a fixed
-     * size turns autotuning off (see tcp(7)). */
-    long long sndbuf = cfx__env_ll("CFX_TCP_SNDBUF", 0);
-    long long rcvbuf = cfx__env_ll("CFX_TCP_RCVBUF", 0);
-    if (sndbuf > 0 && sndbuf <= 0x7fffffff) {
-        int v = (int)sndbuf;
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-    }
-    if (rcvbuf > 0 && rcvbuf <= 0x7fffffff) {
-        int v = (int)rcvbuf;
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
-    }
-}
-
 static void push_comp(struct cfx__tcp_ep *ep, uint8_t type, int32_t status)
 {
-    struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
     c->type = type;
     c->status = status;
     c->ep = &ep->super;
@@ -169,7 +141,7 @@ static void txq_drop(struct cfx__tcp_ep *ep, bool report, int status)
         if (op->mr)
             op->mr->tx_busy--;
         if (report && op->comp_type) {
-            struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+            struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
             c->type = op->comp_type;
             c->status = status;
             c->ep = &ep->super;
@@ -196,9 +168,8 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
 
     if (ep->state == CFX_TCP_EP_HELLO_WAIT) {
         ep->state = CFX_TCP_EP_FAILED;
-        cfx_list_del(&ep->link);
-        cfx_list_add_tail(&ep->link, &ep->iface->graveyard);
-        cfx__tcp_cq_unreserve(ep->iface, CFX_TCP_CQ_PER_EP);
+        cfx__tp_graveyard_add(&ep->iface->graveyard, &ep->link);
+        cfx__tp_cq_unreserve(&ep->iface->cq, CFX_TCP_CQ_PER_EP);
         return;
     }
 
@@ -282,10 +253,10 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
     snprintf(ep->addr, sizeof(ep->addr), "%s", addr);
     set_peer_name(ep);
 
-    if ((rc = cfx__tcp_cq_reserve(iface, CFX_TCP_CQ_PER_EP)) != CFX_OK)
+    if ((rc = cfx__tp_cq_reserve(&iface->cq, CFX_TCP_CQ_PER_EP)) != CFX_OK)
         goto err_free;
     if (fd >= 0) {
-        sock_setup(fd);
+        cfx__tp_sock_setup(fd, true);
         rc = cfx__tcp_epoll_set(ep, state == CFX_TCP_EP_CONNECTING ? EPOLLOUT : EPOLLIN);
         if (rc != CFX_OK)
             goto err_unreserve;
@@ -295,7 +266,7 @@ int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t
     return CFX_OK;
 
 err_unreserve:
-    cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
+    cfx__tp_cq_unreserve(&iface->cq, CFX_TCP_CQ_PER_EP);
 err_free:
     free(slots);
     free(ep->rxbuf);
@@ -411,12 +382,11 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
     rx_release_mr(ep);
     rx_buf_drop(ep);
     txq_drop(ep, false, CFX_OK);
-    cfx__tcp_cq_drop_ep(iface, tp_ep);
-    cfx__tcp_cq_unreserve(iface, CFX_TCP_CQ_PER_EP);
+    cfx__tp_cq_drop_ep(&iface->cq, tp_ep);
+    cfx__tp_cq_unreserve(&iface->cq, CFX_TCP_CQ_PER_EP);
     ep->state = CFX_TCP_EP_FAILED;
     /* Freed at the next poll(): data of RECVs it returned stays valid. */
-    cfx_list_del(&ep->link);
-    cfx_list_add_tail(&ep->link, &iface->graveyard);
+    cfx__tp_graveyard_add(&iface->graveyard, &ep->link);
 }
 
 /* --- transmit ------------------------------------------------------------------- */
@@ -485,7 +455,7 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
             if (op->mr)
                 op->mr->tx_busy--;
             if (op->comp_type) {
-                struct cfx_tp_completion *c = cfx__tcp_cq_push(ep->iface);
+                struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
                 c->type = op->comp_type;
                 c->ep = &ep->super;
                 c->wr_id = op->wr_id;
@@ -698,7 +668,7 @@ static void rx_frame_done(struct cfx__tcp_ep *ep)
     switch (h->type) {
     case CFX_TCP_FRAME_WRITE:
         rx_release_mr(ep);
-        c = cfx__tcp_cq_push(ep->iface);
+        c = cfx__tp_cq_push(&ep->iface->cq);
         c->type = CFX_TP_COMP_WRITE_IMM;
         c->ep = &ep->super;
         c->imm = h->imm;
@@ -706,7 +676,7 @@ static void rx_frame_done(struct cfx__tcp_ep *ep)
         ep->rx_unreported++;
         break;
     case CFX_TCP_FRAME_SEND:
-        c = cfx__tcp_cq_push(ep->iface);
+        c = cfx__tp_cq_push(&ep->iface->cq);
         c->type = CFX_TP_COMP_RECV;
         c->ep = &ep->super;
         c->len = h->len;

@@ -16,78 +16,22 @@
 #include "dataplane/common/log.h"
 #include "tcp.h"
 
-#define LISTEN_BACKLOG 128
 #define ACCEPT_BURST   16 /* connections accepted per poll() */
 #define CQ_INITIAL     64
 
+static void ep_bury(struct cfx_list *link)
+{
+    cfx__tcp_ep_destroy(cfx_list_entry(link, struct cfx__tcp_ep, link));
+}
+
 /* --- completion queue ------------------------------------------------------ */
-
-static int cq_resize(struct cfx__tcp_iface *iface, uint32_t cap)
-{
-    struct cfx_tp_completion *cq = malloc((size_t)cap * sizeof(*cq));
-    if (!cq)
-        return CFX_ERR_NOMEM;
-    for (uint32_t i = 0; i < iface->cq_count; i++)
-        cq[i] = iface->cq[(iface->cq_head + i) % iface->cq_cap];
-    free(iface->cq);
-    iface->cq = cq;
-    iface->cq_cap = cap;
-    iface->cq_head = 0;
-    return CFX_OK;
-}
-
-int cfx__tcp_cq_reserve(struct cfx__tcp_iface *iface, uint32_t n)
-{
-    uint32_t need = iface->cq_reserved + n;
-    if (need > iface->cq_cap) {
-        uint32_t cap = CFX_MAX(need, iface->cq_cap * 2);
-        if (cq_resize(iface, cap) != CFX_OK)
-            return cfx__err(CFX_ERR_NOMEM, "tcp iface %s: cannot grow completion queue to %u",
-                            iface->addr, cap);
-    }
-    iface->cq_reserved = need;
-    return CFX_OK;
-}
-
-void cfx__tcp_cq_unreserve(struct cfx__tcp_iface *iface, uint32_t n)
-{
-    iface->cq_reserved -= n;
-}
-
-struct cfx_tp_completion *cfx__tcp_cq_push(struct cfx__tcp_iface *iface)
-{
-    /* Per-ep reservations make a full queue impossible; should that ever be
-     * wrong, growing beats losing a completion, and losing one beats a crash. */
-    if (unlikely(iface->cq_count == iface->cq_cap) &&
-        cq_resize(iface, iface->cq_cap ? iface->cq_cap * 2 : CQ_INITIAL) != CFX_OK) {
-        CFX_LOG(ERR, TCP, "iface %s: completion queue full (%u); a completion is lost", iface->addr,
-                iface->cq_cap);
-        memset(&iface->cq_lost, 0, sizeof(iface->cq_lost));
-        return &iface->cq_lost;
-    }
-    struct cfx_tp_completion *c = &iface->cq[(iface->cq_head + iface->cq_count) % iface->cq_cap];
-    iface->cq_count++;
-    memset(c, 0, sizeof(*c));
-    return c;
-}
-
-void cfx__tcp_cq_drop_ep(struct cfx__tcp_iface *iface, struct cfx_tp_ep *ep)
-{
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < iface->cq_count; i++) {
-        struct cfx_tp_completion *c = &iface->cq[(iface->cq_head + i) % iface->cq_cap];
-        if (c->ep != ep)
-            iface->cq[(iface->cq_head + kept++) % iface->cq_cap] = *c;
-    }
-    iface->cq_count = kept;
-}
 
 /* Pop up to @p max completions, releasing what each one held. */
 static int cq_drain(struct cfx__tcp_iface *iface, struct cfx_tp_completion *out, int max)
 {
+    struct cfx_tp_completion *c;
     int n = 0;
-    while (n < max && iface->cq_count) {
-        struct cfx_tp_completion *c = &iface->cq[iface->cq_head];
+    while (n < max && (c = cfx__tp_cq_head(&iface->cq))) {
         struct cfx__tcp_ep *ep = cfx__tcp_ep_of(c->ep);
 
         switch (c->type) {
@@ -104,8 +48,7 @@ static int cq_drain(struct cfx__tcp_iface *iface, struct cfx_tp_completion *out,
         default: break;
         }
         out[n++] = *c;
-        iface->cq_head = (iface->cq_head + 1) % iface->cq_cap;
-        iface->cq_count--;
+        cfx__tp_cq_pop(&iface->cq);
     }
     return n;
 }
@@ -128,20 +71,15 @@ int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events)
 static void iface_accept(struct cfx__tcp_iface *iface)
 {
     for (int i = 0; i < ACCEPT_BURST; i++) {
-        struct sockaddr_in sa;
-        socklen_t salen = sizeof(sa);
-        char addr[32], ip[INET_ADDRSTRLEN];
+        char addr[32];
         struct cfx__tcp_ep *ep;
 
-        int fd =
-            accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr));
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+            if (cfx__tp_sock_accept_err_notable(errno))
                 CFX_LOG(WARN, TCP, "iface %s: accept: %s", iface->addr, strerror(errno));
             return;
         }
-        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
-        snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(sa.sin_port));
         if (cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_HELLO_WAIT, CFX_TCP_NODE_NONE, addr, &ep) !=
             CFX_OK) {
             CFX_LOG(WARN, TCP, "iface %s: dropping connection from %s: %s", iface->addr, addr,
@@ -155,9 +93,7 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
 {
     const char *bind_addr = "127.0.0.1";
     struct sockaddr_in sa = { .sin_family = AF_INET };
-    socklen_t salen = sizeof(sa);
     struct cfx__tcp_iface *iface;
-    char ip[INET_ADDRSTRLEN];
     int rc;
 
     if (!out)
@@ -175,14 +111,14 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
     iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
                                ? params->node_id
                                : CFX_TCP_NODE_NONE;
-    iface->mrs_free = UINT32_MAX;
     iface->listen_fd = -1;
+    cfx__tp_table_init(&iface->mrs, 16, 1u << 24, 32, "tcp registration");
     cfx_list_init(&iface->eps);
-    cfx_list_init(&iface->graveyard);
+    cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
     cfx_list_init(&iface->rx_backlog);
 
     iface->discard = malloc(CFX_TCP_DISCARD_SIZE);
-    if (!iface->discard || cq_resize(iface, CQ_INITIAL) != CFX_OK) {
+    if (!iface->discard || cfx__tp_cq_init(&iface->cq, CQ_INITIAL, iface->addr) != CFX_OK) {
         rc = cfx__err(CFX_ERR_NOMEM, "tcp iface_open: out of memory");
         goto err_free;
     }
@@ -194,20 +130,13 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
         goto err_free;
     }
 
-    iface->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (iface->listen_fd < 0) {
-        rc = cfx__err(cfx__status_from_errno(errno), "tcp iface_open: socket: %s", strerror(errno));
+    uint16_t port;
+    if ((rc = cfx__tp_sock_listen("tcp iface_open", &sa.sin_addr, &iface->listen_fd, &port)) !=
+        CFX_OK)
         goto err_close_epoll;
-    }
-    if (bind(iface->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        listen(iface->listen_fd, LISTEN_BACKLOG) < 0 ||
-        getsockname(iface->listen_fd, (struct sockaddr *)&sa, &salen) < 0) {
-        rc = cfx__err(errno == EADDRNOTAVAIL ? CFX_ERR_NO_DEVICE : cfx__status_from_errno(errno),
-                      "tcp iface_open: cannot listen on %s: %s", bind_addr, strerror(errno));
-        goto err_close_listen;
-    }
+    char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
-    snprintf(iface->addr, sizeof(iface->addr), "%s:%u", ip, ntohs(sa.sin_port));
+    snprintf(iface->addr, sizeof(iface->addr), "%s:%u", ip, port);
 
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
     if (epoll_ctl(iface->epfd, EPOLL_CTL_ADD, iface->listen_fd, &ev) < 0) {
@@ -225,20 +154,10 @@ err_close_listen:
 err_close_epoll:
     close(iface->epfd);
 err_free:
-    free(iface->cq);
+    cfx__tp_cq_fini(&iface->cq);
     free(iface->discard);
     free(iface);
     return rc;
-}
-
-static void free_graveyard(struct cfx__tcp_iface *iface)
-{
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &iface->graveyard)
-    {
-        cfx_list_del(pos);
-        cfx__tcp_ep_destroy(cfx_list_entry(pos, struct cfx__tcp_ep, link));
-    }
 }
 
 static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
@@ -250,12 +169,12 @@ static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
 
     cfx_list_for_each_safe(pos, tmp, &iface->eps)
         cfx__tcp_ep_close(&cfx_list_entry(pos, struct cfx__tcp_ep, link)->super);
-    free_graveyard(iface);
+    cfx__tp_graveyard_free(&iface->graveyard);
     cfx__tcp_mr_table_free(iface);
     cfx__keystream_wipe(&iface->keys);
     close(iface->listen_fd);
     close(iface->epfd);
-    free(iface->cq);
+    cfx__tp_cq_fini(&iface->cq);
     free(iface->discard);
     free(iface);
 }
@@ -289,7 +208,8 @@ static int tcp_iface_arm(struct cfx_tp_iface *tp_iface)
      * work, so only completions queued here and frames buffered here need
      * saying. */
     struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_iface);
-    return iface->cq_count || !cfx_list_empty(&iface->rx_backlog) ? CFX_ERR_AGAIN : CFX_OK;
+    return cfx__tp_cq_count(&iface->cq) || !cfx_list_empty(&iface->rx_backlog) ? CFX_ERR_AGAIN
+                                                                          : CFX_OK;
 }
 
 static void iface_progress(struct cfx__tcp_iface *iface)
@@ -314,8 +234,8 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
 
     /* RECV data returned by the previous poll() is released from here on. */
     iface->poll_gen++;
-    if (unlikely(!cfx_list_empty(&iface->graveyard)))
-        free_graveyard(iface);
+    if (unlikely(!cfx__tp_graveyard_empty(&iface->graveyard)))
+        cfx__tp_graveyard_free(&iface->graveyard);
 
     int n = cq_drain(iface, comps, max);
     if (n < max) {
@@ -329,7 +249,7 @@ static int tcp_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *com
         iface->hello_check = now + 100 * 1000000ull;
         cfx__tcp_ep_hello_expire(iface, now);
     }
-    return n;
+    return n ? n : cfx__tp_cq_take_status(&iface->cq);
 }
 
 static uint64_t tcp_grant_refused(struct cfx_tp_iface *tp_iface)

@@ -16,31 +16,6 @@
 #include "dataplane/common/log.h"
 #include "tcp.h"
 
-#define MR_TABLE_MIN 16u
-#define MR_NONE      UINT32_MAX
-
-static int mr_table_grow(struct cfx__tcp_iface *iface)
-{
-    uint32_t cap = iface->mrs_cap ? iface->mrs_cap * 2 : MR_TABLE_MIN;
-    struct cfx__tcp_mr_slot *t;
-
-    if (cap > (1u << 24))
-        return cfx__err(CFX_ERR_NO_RESOURCE, "tcp: registration table full (%u regions)",
-                        iface->mrs_cap);
-    t = realloc(iface->mrs, (size_t)cap * sizeof(*t));
-    if (!t)
-        return cfx__err(CFX_ERR_NOMEM, "tcp: cannot grow registration table to %u", cap);
-    /* New slots go on the free list, lowest index first. */
-    for (uint32_t i = cap; i-- > iface->mrs_cap;) {
-        t[i].mr = NULL;
-        t[i].next_free = iface->mrs_free;
-        iface->mrs_free = i;
-    }
-    iface->mrs = t;
-    iface->mrs_cap = cap;
-    return CFX_OK;
-}
-
 int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
 {
@@ -58,17 +33,14 @@ int cfx__tcp_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_desc
                         (int)mem->memtype);
     iface = cfx__tcp_iface_of(tp_iface);
 
-    if (iface->mrs_free == MR_NONE && (rc = mr_table_grow(iface)) != CFX_OK)
-        return rc;
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return cfx__err(CFX_ERR_NOMEM, "tcp mem_reg: out of memory");
-
-    uint32_t idx = iface->mrs_free;
-    struct cfx__tcp_mr_slot *slot = &iface->mrs[idx];
-    iface->mrs_free = slot->next_free;
-    slot->mr = mr;
-    slot->next_free = MR_NONE;
+    uint32_t idx;
+    if ((rc = cfx__tp_table_add(&iface->mrs, mr, &idx, NULL)) != CFX_OK) {
+        free(mr);
+        return rc;
+    }
 
     mr->super.iface = tp_iface;
     mr->super.addr = mem->addr;
@@ -87,7 +59,6 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
         return;
     struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
     struct cfx__tcp_iface *iface = cfx__tcp_iface_of(tp_mr->iface);
-    struct cfx__tcp_mr_slot *slot = &iface->mrs[mr->idx];
 
     /* A peer may be in the middle of writing into it: those bytes now go
      * nowhere, and that write reports nothing.  Writes from it that are still
@@ -97,9 +68,7 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
         cfx_list_for_each(pos, &iface->eps)
             cfx__tcp_ep_mr_gone(cfx_list_entry(pos, struct cfx__tcp_ep, link), mr);
     }
-    slot->mr = NULL;
-    slot->next_free = iface->mrs_free;
-    iface->mrs_free = mr->idx;
+    cfx__tp_table_remove(&iface->mrs, mr->idx);
     free(mr);
 }
 
@@ -163,7 +132,7 @@ struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, const struc
                                        const struct cfx__tcp_hdr *h, const char **why)
 {
     uint64_t key = (uint64_t)h->key_hi << 32 | h->key_lo;
-    struct cfx__tcp_mr *mr = likely(h->key_idx < iface->mrs_cap) ? iface->mrs[h->key_idx].mr : NULL;
+    struct cfx__tcp_mr *mr = cfx__tp_table_at(&iface->mrs, h->key_idx);
 
     if (unlikely(!mr || !mr->grant_key || mr->grant_key != key)) {
         *why = "no live grant with that key";
@@ -182,15 +151,13 @@ struct cfx__tcp_mr *cfx__tcp_mr_lookup(struct cfx__tcp_iface *iface, const struc
 
 void cfx__tcp_mr_table_free(struct cfx__tcp_iface *iface)
 {
-    for (uint32_t i = 0; i < iface->mrs_cap; i++) {
-        if (iface->mrs[i].mr) {
+    for (uint32_t i = 0; i < iface->mrs.cap; i++) {
+        struct cfx__tcp_mr *mr = cfx__tp_table_at(&iface->mrs, i);
+        if (mr) {
             CFX_LOG(WARN, TCP, "iface %s: region %p (%zu bytes) still registered at close",
-                    iface->addr, iface->mrs[i].mr->super.addr, iface->mrs[i].mr->super.len);
-            free(iface->mrs[i].mr);
+                    iface->addr, mr->super.addr, mr->super.len);
+            free(mr);
         }
     }
-    free(iface->mrs);
-    iface->mrs = NULL;
-    iface->mrs_cap = 0;
-    iface->mrs_free = MR_NONE;
+    cfx__tp_table_fini(&iface->mrs);
 }

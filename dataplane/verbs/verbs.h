@@ -35,8 +35,8 @@
  *   bits 63..48 slot, 47..33 generation, 32 receive queue, 31..0 sequence
  *   (send queue: WR sequence; receive queue: receive buffer index).
  *
- * Completions reach the user through a software queue (like tcp's) whose
- * capacity is reserved per endpoint, so pushing never fails.
+ * Completions reach the user through the transport base's software queue
+ * (tpbase.h), whose capacity is reserved per endpoint.
  *
  * Threading: an iface, its endpoints and registrations belong to one thread.
  */
@@ -53,6 +53,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 #include "verbs_credit.h"
 #include "verbs_rcache.h"
@@ -192,7 +193,7 @@ struct cfx__verbs_ep {
     struct cfx_list link;        /* iface->eps or iface->graveyard */
     struct cfx_list touch_link;  /* iface->touched during a progress pass */
     struct cfx_list later_link;  /* iface->later while repost_later is not empty */
-    uint32_t slot, gen;          /* iface->ep_tab slot: names it in wr_ids */
+    uint32_t slot, gen;          /* iface->ep_tab slot and generation: name it in wr_ids */
     int state;                   /* enum cfx__verbs_ep_state */
     bool visible;                /* the user holds it (connect side, or ACCEPT reported) */
     bool touched;                /* on iface->touched */
@@ -231,12 +232,6 @@ struct cfx__verbs_ep {
     /* registered buffers: send ring, then rq_depth receive buffers */
     uint8_t *bufs;
     struct ibv_mr *bufs_mr;
-};
-
-struct cfx__verbs_ep_slot {
-    struct cfx__verbs_ep *ep;    /* NULL when free */
-    uint32_t gen;                /* bumped when freed */
-    uint32_t next_free;          /* free list link, UINT32_MAX ends */
 };
 
 struct cfx__verbs_iface {
@@ -281,16 +276,13 @@ struct cfx__verbs_iface {
     uint32_t poll_count;         /* polls since the fds were last looked at */
 
     /* endpoints */
-    struct cfx__verbs_ep_slot *ep_tab;
-    uint32_t ep_cap, ep_free;
+    struct cfx__tp_table ep_tab; /* endpoints (struct cfx__verbs_ep) by wr_id slot */
     struct cfx_list eps;         /* live endpoints */
-    struct cfx_list graveyard;   /* closed endpoints, freed at the next poll */
+    struct cfx__tp_graveyard graveyard; /* closed endpoints, freed at the next poll */
     struct cfx_list touched;     /* endpoints with work after a CQ pass */
     struct cfx_list later;       /* endpoints with RECV buffers to re-post */
 
-    /* software completion queue */
-    struct cfx_tp_completion *swq;
-    uint32_t swq_cap, swq_reserved, swq_head, swq_count;
+    struct cfx__tp_cq swq;       /* software completion queue */
 
     struct cfx__verbs_rcache *rcache;
 };
@@ -329,10 +321,6 @@ static inline struct cfx__verbs_mr *cfx__verbs_mr_of(struct cfx_tp_mr *m)
 /* verbs_iface.c */
 /* Switch to device @p name, port @p port (cm: the device rdma_cm bound). */
 int cfx__verbs_iface_use_device(struct cfx__verbs_iface *iface, const char *name, uint8_t port);
-int cfx__verbs_swq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
-void cfx__verbs_swq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
-struct cfx_tp_completion *cfx__verbs_swq_push(struct cfx__verbs_iface *iface);
-void cfx__verbs_swq_drop_ep(struct cfx__verbs_iface *iface, struct cfx_tp_ep *ep);
 int cfx__verbs_cq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
 void cfx__verbs_cq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
 int cfx__verbs_epoll_add(struct cfx__verbs_iface *iface, int fd, uint32_t events,
@@ -401,9 +389,9 @@ void cfx__verbs_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__verbs_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
 /*
  * Memory in [addr, addr + len) is about to be unmapped: drop cached
- * registrations of it.  The engine's arena calls this before it unmaps a
- * segment (registrations of arena memory are cached after their last
- * mem_dereg; user memory never is).  Safe on any iface of any transport:
+ * registrations of it (ops->mem_invalidate).  The engine's arena calls it
+ * before it unmaps a segment (registrations of arena memory are cached
+ * after their last mem_dereg; user memory never is).  Safe on any iface of any transport:
  * not a verbs iface -> no-op.  Returns the number of regions dropped.
  */
 uint32_t cfx__verbs_rcache_invalidate(struct cfx_tp_iface *iface, const void *addr, size_t len);

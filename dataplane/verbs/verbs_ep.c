@@ -41,7 +41,7 @@ static inline uint8_t *rxbuf(struct cfx__verbs_ep *ep, uint32_t i)
 
 static void push_comp(struct cfx__verbs_ep *ep, uint8_t type, int32_t status)
 {
-    struct cfx_tp_completion *c = cfx__verbs_swq_push(ep->iface);
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->swq);
     c->type = type;
     c->status = status;
     c->ep = &ep->super;
@@ -71,41 +71,16 @@ struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct cfx__verbs_iface *iface, struct
 
 static int slot_alloc(struct cfx__verbs_iface *iface, struct cfx__verbs_ep *ep)
 {
-    if (iface->ep_free == UINT32_MAX) {
-        uint32_t cap = iface->ep_cap ? iface->ep_cap * 2 : 16;
-        if (cap > CFX_VERBS_EP_MAX)
-            cap = CFX_VERBS_EP_MAX;
-        if (cap <= iface->ep_cap)
-            return cfx__err(CFX_ERR_NO_RESOURCE, "verbs iface %s: %u endpoints is the limit",
-                            iface->addr, iface->ep_cap);
-        struct cfx__verbs_ep_slot *t = realloc(iface->ep_tab, (size_t)cap * sizeof(*t));
-        if (!t)
-            return cfx__err(CFX_ERR_NOMEM, "verbs: cannot grow the endpoint table");
-        for (uint32_t i = cap; i-- > iface->ep_cap;) {
-            t[i].ep = NULL;
-            t[i].gen = 1;
-            t[i].next_free = iface->ep_free;
-            iface->ep_free = i;
-        }
-        iface->ep_tab = t;
-        iface->ep_cap = cap;
-    }
-    uint32_t i = iface->ep_free;
-    iface->ep_free = iface->ep_tab[i].next_free;
-    iface->ep_tab[i].ep = ep;
-    iface->ep_tab[i].next_free = UINT32_MAX;
-    ep->slot = i;
-    ep->gen = iface->ep_tab[i].gen & 0x7fffu;
-    return CFX_OK;
+    int rc = cfx__tp_table_add(&iface->ep_tab, ep, &ep->slot, &ep->gen);
+    if (rc == CFX_ERR_NO_RESOURCE)
+        return cfx__err(rc, "verbs iface %s: %u endpoints is the limit", iface->addr,
+                        iface->ep_tab.cap);
+    return rc;
 }
 
 static void slot_free(struct cfx__verbs_iface *iface, struct cfx__verbs_ep *ep)
 {
-    struct cfx__verbs_ep_slot *s = &iface->ep_tab[ep->slot];
-    s->ep = NULL;
-    s->gen = (s->gen + 1) & 0x7fffu;
-    s->next_free = iface->ep_free;
-    iface->ep_free = ep->slot;
+    cfx__tp_table_remove(&iface->ep_tab, ep->slot);
 }
 
 /* --- create / destroy --------------------------------------------------------------- */
@@ -153,7 +128,7 @@ int cfx__verbs_ep_create(struct cfx__verbs_iface *iface, uint32_t peer_node, con
 
     if ((rc = slot_alloc(iface, ep)) != CFX_OK)
         goto err_dereg;
-    if ((rc = cfx__verbs_swq_reserve(iface, CFX_VERBS_SWQ_PER_EP(iface))) != CFX_OK)
+    if ((rc = cfx__tp_cq_reserve(&iface->swq, CFX_VERBS_SWQ_PER_EP(iface))) != CFX_OK)
         goto err_slot;
     if ((rc = cfx__verbs_cq_reserve(iface, CFX_VERBS_CQ_PER_EP(iface))) != CFX_OK)
         goto err_swq;
@@ -162,7 +137,7 @@ int cfx__verbs_ep_create(struct cfx__verbs_iface *iface, uint32_t peer_node, con
     return CFX_OK;
 
 err_swq:
-    cfx__verbs_swq_unreserve(iface, CFX_VERBS_SWQ_PER_EP(iface));
+    cfx__tp_cq_unreserve(&iface->swq, CFX_VERBS_SWQ_PER_EP(iface));
 err_slot:
     slot_free(iface, ep);
 err_dereg:
@@ -193,7 +168,7 @@ void cfx__verbs_ep_destroy(struct cfx__verbs_ep *ep)
     cfx__verbs_oob_sock_close(ep);
     ibv_dereg_mr(ep->bufs_mr);
     slot_free(iface, ep);
-    cfx__verbs_swq_unreserve(iface, CFX_VERBS_SWQ_PER_EP(iface));
+    cfx__tp_cq_unreserve(&iface->swq, CFX_VERBS_SWQ_PER_EP(iface));
     cfx__verbs_cq_unreserve(iface, CFX_VERBS_CQ_PER_EP(iface));
     free(ep->bufs);
     free(ep->repost_later);
@@ -527,8 +502,7 @@ void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status)
         /* Accepted, never shown to the user: it just goes away. */
         CFX_LOG(DEBUG, VERBS, "iface %s: incoming connection from %s dropped (%s): %s",
                 iface->addr, ep->addr, cfx_errname(status), cfx_last_error());
-        cfx_list_del(&ep->link);
-        cfx_list_add_tail(&ep->link, &iface->graveyard);
+        cfx__tp_graveyard_add(&iface->graveyard, &ep->link);
         return;
     }
 
@@ -536,7 +510,7 @@ void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status)
     for (uint32_t s = ep->sq.retired; s != ep->sq.posted; s++) {
         struct cfx__verbs_sq_ent *e = &ep->sq_ents[s & (ep->sq.depth - 1)];
         if (e->comp_type) {
-            struct cfx_tp_completion *c = cfx__verbs_swq_push(iface);
+            struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->swq);
             c->type = e->comp_type;
             c->status = status;
             c->ep = &ep->super;
@@ -570,11 +544,10 @@ void cfx__verbs_ep_close(struct cfx_tp_ep *tp_ep)
         cfx__verbs_oob_sock_close(ep);
     }
     drop_pending(ep);
-    cfx__verbs_swq_drop_ep(iface, tp_ep);
+    cfx__tp_cq_drop_ep(&iface->swq, tp_ep);
     ep->state = CFX_VERBS_EP_CLOSED;
     /* Destroyed at the next poll(): data of RECVs it returned stays valid. */
-    cfx_list_del(&ep->link);
-    cfx_list_add_tail(&ep->link, &iface->graveyard);
+    cfx__tp_graveyard_add(&iface->graveyard, &ep->link);
 }
 
 /* --- connect --------------------------------------------------------------------------------- */
@@ -895,7 +868,7 @@ static void sq_complete(struct cfx__verbs_ep *ep, uint32_t seq)
         if (e->sbuf_cost)
             sbuf_release(ep, e->sbuf_cost);
         if (e->comp_type) {
-            struct cfx_tp_completion *c = cfx__verbs_swq_push(ep->iface);
+            struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->swq);
             c->type = e->comp_type;
             c->ep = &ep->super;
             c->wr_id = e->wr_id;
@@ -905,12 +878,9 @@ static void sq_complete(struct cfx__verbs_ep *ep, uint32_t seq)
 
 void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_wc *wc)
 {
-    uint32_t slot = CFX_VERBS_WRID_SLOT(wc->wr_id);
-    if (unlikely(slot >= iface->ep_cap))
-        return;
-    struct cfx__verbs_ep *ep = iface->ep_tab[slot].ep;
-    if (unlikely(!ep || ep->gen != CFX_VERBS_WRID_GEN(wc->wr_id) ||
-                 ep->state >= CFX_VERBS_EP_FAILED))
+    struct cfx__verbs_ep *ep = cfx__tp_table_get(&iface->ep_tab, CFX_VERBS_WRID_SLOT(wc->wr_id),
+                                                 CFX_VERBS_WRID_GEN(wc->wr_id));
+    if (unlikely(!ep || ep->state >= CFX_VERBS_EP_FAILED))
         return; /* for an endpoint that failed or is gone */
     bool rq = CFX_VERBS_WRID_RQ(wc->wr_id);
     if (unlikely(wc->status != IBV_WC_SUCCESS)) {
@@ -937,7 +907,7 @@ void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_w
 
     struct cfx_tp_completion *c;
     if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        c = cfx__verbs_swq_push(iface);
+        c = cfx__tp_cq_push(&iface->swq);
         c->type = CFX_TP_COMP_WRITE_IMM;
         c->ep = &ep->super;
         c->imm = be32toh(wc->imm_data);
@@ -959,7 +929,7 @@ void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_w
     }
     switch (CFX_VERBS_IMM_TYPE(imm)) {
     case CFX_VERBS_MSG_DATA:
-        c = cfx__verbs_swq_push(iface);
+        c = cfx__tp_cq_push(&iface->swq);
         c->type = CFX_TP_COMP_RECV;
         c->ep = &ep->super;
         c->len = wc->byte_len;

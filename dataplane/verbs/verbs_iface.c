@@ -421,69 +421,13 @@ static void log_selection(struct cfx__verbs_iface *iface)
 
 /* --- software completion queue ------------------------------------------------- */
 
-static int swq_resize(struct cfx__verbs_iface *iface, uint32_t cap)
-{
-    struct cfx_tp_completion *q = malloc((size_t)cap * sizeof(*q));
-    if (!q)
-        return CFX_ERR_NOMEM;
-    for (uint32_t i = 0; i < iface->swq_count; i++)
-        q[i] = iface->swq[(iface->swq_head + i) % iface->swq_cap];
-    free(iface->swq);
-    iface->swq = q;
-    iface->swq_cap = cap;
-    iface->swq_head = 0;
-    return CFX_OK;
-}
-
-int cfx__verbs_swq_reserve(struct cfx__verbs_iface *iface, uint32_t n)
-{
-    uint32_t need = iface->swq_reserved + n;
-    if (need > iface->swq_cap) {
-        uint32_t cap = CFX_MAX(need, iface->swq_cap * 2);
-        if (swq_resize(iface, cap) != CFX_OK)
-            return cfx__err(CFX_ERR_NOMEM, "verbs iface %s: cannot grow the completion "
-                            "queue to %u", iface->addr, cap);
-    }
-    iface->swq_reserved = need;
-    return CFX_OK;
-}
-
-void cfx__verbs_swq_unreserve(struct cfx__verbs_iface *iface, uint32_t n)
-{
-    iface->swq_reserved -= n;
-}
-
-struct cfx_tp_completion *cfx__verbs_swq_push(struct cfx__verbs_iface *iface)
-{
-    /* Reservations make a full queue impossible; growing beats losing one. */
-    if (unlikely(iface->swq_count == iface->swq_cap) &&
-        swq_resize(iface, iface->swq_cap ? iface->swq_cap * 2 : SWQ_INITIAL) != CFX_OK)
-        abort();
-    struct cfx_tp_completion *c =
-        &iface->swq[(iface->swq_head + iface->swq_count) % iface->swq_cap];
-    iface->swq_count++;
-    memset(c, 0, sizeof(*c));
-    return c;
-}
-
-void cfx__verbs_swq_drop_ep(struct cfx__verbs_iface *iface, struct cfx_tp_ep *ep)
-{
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < iface->swq_count; i++) {
-        struct cfx_tp_completion *c = &iface->swq[(iface->swq_head + i) % iface->swq_cap];
-        if (c->ep != ep)
-            iface->swq[(iface->swq_head + kept++) % iface->swq_cap] = *c;
-    }
-    iface->swq_count = kept;
-}
-
 /* Pop up to @p max completions.  A receive buffer whose completion leaves
  * here is re-posted at the next poll (its data lives until then). */
 static int swq_drain(struct cfx__verbs_iface *iface, struct cfx_tp_completion *out, int max)
 {
+    struct cfx_tp_completion *c;
     int n = 0;
-    while (n < max && iface->swq_count) {
-        struct cfx_tp_completion *c = &iface->swq[iface->swq_head];
+    while (n < max && (c = cfx__tp_cq_head(&iface->swq))) {
         if (c->type == CFX_TP_COMP_RECV || c->type == CFX_TP_COMP_WRITE_IMM) {
             struct cfx__verbs_ep *ep = cfx__verbs_ep_of(c->ep);
             ep->repost_later[ep->n_repost_later++] = (uint32_t)c->wr_id; /* buffer index */
@@ -492,8 +436,7 @@ static int swq_drain(struct cfx__verbs_iface *iface, struct cfx_tp_completion *o
             c->wr_id = 0;
         }
         out[n++] = *c;
-        iface->swq_head = (iface->swq_head + 1) % iface->swq_cap;
-        iface->swq_count--;
+        cfx__tp_cq_pop(&iface->swq);
     }
     return n;
 }
@@ -667,16 +610,16 @@ static void fds_progress(struct cfx__verbs_iface *iface)
     iface->poll_count = 0;
 }
 
+static void ep_bury(struct cfx_list *link)
+{
+    cfx__verbs_ep_destroy(cfx_list_entry(link, struct cfx__verbs_ep, link));
+}
+
 static void free_graveyard(struct cfx__verbs_iface *iface)
 {
     /* Take what the CQ still holds for the dying QPs first. */
     cq_pass(iface);
-    while (!cfx_list_empty(&iface->graveyard)) {
-        struct cfx__verbs_ep *ep = cfx_list_entry(iface->graveyard.next, struct cfx__verbs_ep,
-                                                  link);
-        cfx_list_del(&ep->link);
-        cfx__verbs_ep_destroy(ep);
-    }
+    cfx__tp_graveyard_free(&iface->graveyard);
 }
 
 static void repost_deferred(struct cfx__verbs_iface *iface)
@@ -697,7 +640,7 @@ static int verbs_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *c
     struct cfx__verbs_iface *iface = cfx__verbs_iface_of(tp_iface);
 
     /* RECV data returned by the previous poll() is released from here on. */
-    if (unlikely(!cfx_list_empty(&iface->graveyard)))
+    if (unlikely(!cfx__tp_graveyard_empty(&iface->graveyard)))
         free_graveyard(iface);
     if (!cfx_list_empty(&iface->later))
         repost_deferred(iface);
@@ -711,7 +654,7 @@ static int verbs_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *c
             fds_progress(iface);
         n += swq_drain(iface, comps + n, max - n);
     }
-    return n;
+    return n ? n : cfx__tp_cq_take_status(&iface->swq);
 }
 
 static int verbs_iface_arm(struct cfx_tp_iface *tp_iface)
@@ -723,8 +666,8 @@ static int verbs_iface_arm(struct cfx_tp_iface *tp_iface)
 
     /* Receive buffers waiting for the next poll() would leave the peer
      * without credits while we sleep. */
-    if (iface->swq_count || !cfx_list_empty(&iface->later) ||
-        !cfx_list_empty(&iface->graveyard))
+    if (cfx__tp_cq_count(&iface->swq) || !cfx_list_empty(&iface->later) ||
+        !cfx__tp_graveyard_empty(&iface->graveyard))
         return CFX_ERR_AGAIN;
     comp_channel_drain(iface);
     if (iface->cq_unacked) {
@@ -737,7 +680,7 @@ static int verbs_iface_arm(struct cfx_tp_iface *tp_iface)
         return CFX_ERR_AGAIN; /* cannot sleep safely: keep polling */
     }
     /* A CQE that arrived before the request raised no event: look again. */
-    if (cq_pass(iface) || iface->swq_count)
+    if (cq_pass(iface) || cfx__tp_cq_count(&iface->swq))
         return CFX_ERR_AGAIN;
     return CFX_OK;
 }
@@ -787,8 +730,8 @@ static void iface_release(struct cfx__verbs_iface *iface)
         ibv_close_device(iface->ctx);
     if (iface->epfd >= 0)
         close(iface->epfd);
-    free(iface->ep_tab);
-    free(iface->swq);
+    cfx__tp_table_fini(&iface->ep_tab);
+    cfx__tp_cq_fini(&iface->swq);
     free(iface);
 }
 
@@ -817,13 +760,13 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     iface->epfd = -1;
     iface->listen_fd = -1;
     iface->gid_index = -1;
-    iface->ep_free = UINT32_MAX;
+    cfx__tp_table_init(&iface->ep_tab, 16, CFX_VERBS_EP_MAX, 15, "verbs endpoint");
     iface->comp_src.kind = CFX_VERBS_SRC_COMP;
     iface->async_src.kind = CFX_VERBS_SRC_ASYNC;
     iface->cm_src.kind = CFX_VERBS_SRC_CM;
     iface->listen_src.kind = CFX_VERBS_SRC_LISTEN;
     cfx_list_init(&iface->eps);
-    cfx_list_init(&iface->graveyard);
+    cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
     cfx_list_init(&iface->touched);
     cfx_list_init(&iface->later);
 
@@ -843,6 +786,10 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     }
     snprintf(iface->ip_str, sizeof(iface->ip_str), "%s", bind_addr);
     snprintf(iface->addr, sizeof(iface->addr), "verbs(%s)", bind_addr); /* until listening */
+    if ((rc = cfx__tp_cq_init(&iface->swq, SWQ_INITIAL, iface->addr)) != CFX_OK) {
+        rc = cfx__err(rc, "verbs iface_open: out of memory");
+        goto err_free;
+    }
 
     long long gid_index = cfx__env_ll("CFX_IB_GID_INDEX", -1);
     if (gid_index >= 0 && iface->mode == CFX_VERBS_CM)
@@ -925,10 +872,6 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     }
     if ((rc = cfx__verbs_rcache_open(iface)) != CFX_OK)
         goto err_release;
-    if ((rc = swq_resize(iface, SWQ_INITIAL)) != CFX_OK) {
-        rc = cfx__err(rc, "verbs iface_open: out of memory");
-        goto err_release;
-    }
 
     if (set_nonblock(iface->ctx->async_fd) != CFX_OK ||
         (rc = cfx__verbs_epoll_add(iface, iface->comp_ch->fd, EPOLLIN, &iface->comp_src)) ||
@@ -949,6 +892,7 @@ err_release:
     iface_release(iface);
     return rc;
 err_free:
+    cfx__tp_cq_fini(&iface->swq);
     free(iface);
     return rc;
 }
@@ -982,4 +926,5 @@ const struct cfx_transport_ops cfx__verbs_ops = {
     .ep_write    = cfx__verbs_ep_write,
     .ep_send     = cfx__verbs_ep_send,
     .poll        = verbs_poll,
+    .mem_invalidate = cfx__verbs_rcache_invalidate,
 };

@@ -8,7 +8,7 @@
  * responder's NIC checks the rkey's region.
  *
  * What is cached after its last mem_dereg: only registrations of memory
- * whose owner reports frees, that is the engine's arena (shm_fd >= 0), and
+ * whose owner reports frees, that is the engine's arena (file_fd >= 0), and
  * only local-only ones unless CFX_IB_RCACHE_REMOTE=1.  A remotely writable
  * registration is deregistered with its last user so that its rkey dies
  * with it: a peer holding a stale descriptor then gets a remote access
@@ -104,7 +104,7 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_de
     /* Cached past its last user only when someone reports the memory's
      * end (see above).  CUDA memory: GPUDirect RDMA by dma-buf or the
      * peer-memory module (verbs_gdr.c); never cached. */
-    bool cacheable = mem->shm_fd >= 0 && mem->memtype == CFX_MEMTYPE_HOST &&
+    bool cacheable = mem->file_fd >= 0 && mem->memtype == CFX_MEMTYPE_HOST &&
                      (!(access & CFX_TP_ACCESS_REMOTE_WRITE) ||
                       cfx__env_ll("CFX_IB_RCACHE_REMOTE", 0) == 1);
 

@@ -29,19 +29,8 @@
 
 #include "verbs.h"
 
-#define LISTEN_BACKLOG 128
 #define ACCEPT_BURST   16
 #define OOB_BYE        0x42 /* 'B' */
-
-static void sock_setup(int fd)
-{
-    int one = 1, idle = 10, intvl = 5, cnt = 3;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-}
 
 static uint32_t random_psn(void)
 {
@@ -50,18 +39,9 @@ static uint32_t random_psn(void)
 
 int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr = iface->ip };
-    socklen_t salen = sizeof(sa);
-
-    iface->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (iface->listen_fd < 0)
-        return cfx__err(cfx__status_from_errno(errno), "verbs oob: socket: %s", strerror(errno));
-    if (bind(iface->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        listen(iface->listen_fd, LISTEN_BACKLOG) < 0 ||
-        getsockname(iface->listen_fd, (struct sockaddr *)&sa, &salen) < 0)
-        return cfx__err(errno == EADDRNOTAVAIL ? CFX_ERR_NO_DEVICE : cfx__status_from_errno(errno),
-                        "verbs oob: cannot listen on %s: %s", iface->ip_str, strerror(errno));
-    iface->port = ntohs(sa.sin_port);
+    int rc = cfx__tp_sock_listen("verbs oob", &iface->ip, &iface->listen_fd, &iface->port);
+    if (rc != CFX_OK)
+        return rc;
     snprintf(iface->addr, sizeof(iface->addr), "oob:%s:%u", iface->ip_str, iface->port);
     return cfx__verbs_epoll_add(iface, iface->listen_fd, EPOLLIN, &iface->listen_src);
 }
@@ -99,16 +79,10 @@ static int set_events(struct cfx__verbs_ep *ep, uint32_t events)
 
 int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *dst)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = cfx__tp_sock_connect("verbs ep_connect", ep->addr, dst);
     if (fd < 0)
-        return cfx__err(cfx__status_from_errno(errno), "verbs ep_connect to %s: socket: %s",
-                        ep->addr, strerror(errno));
-    sock_setup(fd);
-    if (connect(fd, (const struct sockaddr *)dst, sizeof(*dst)) < 0 && errno != EINPROGRESS) {
-        int err = errno;
-        close(fd);
-        return cfx__err(CFX_ERR_CONNECT, "verbs ep_connect to %s: %s", ep->addr, strerror(err));
-    }
+        return fd;
+    cfx__tp_sock_setup(fd, false);
     ep->oob_fd = fd;
     ep->state = CFX_VERBS_EP_CONNECTING;
     return set_events(ep, EPOLLOUT | EPOLLIN);
@@ -117,22 +91,16 @@ int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *d
 void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface)
 {
     for (int i = 0; i < ACCEPT_BURST; i++) {
-        struct sockaddr_in sa;
-        socklen_t salen = sizeof(sa);
-        char addr[32], ip[INET_ADDRSTRLEN];
+        char addr[32];
         struct cfx__verbs_ep *ep;
 
-        int fd = accept4(iface->listen_fd, (struct sockaddr *)&sa, &salen,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr));
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-                errno != ECONNABORTED)
+            if (cfx__tp_sock_accept_err_notable(errno))
                 CFX_LOG(WARN, VERBS, "iface %s: accept: %s", iface->addr, strerror(errno));
             return;
         }
-        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
-        snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(sa.sin_port));
-        sock_setup(fd);
+        cfx__tp_sock_setup(fd, false);
         if (cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep) != CFX_OK) {
             CFX_LOG(WARN, VERBS, "iface %s: dropping connection from %s: %s", iface->addr, addr,
                     cfx_last_error());

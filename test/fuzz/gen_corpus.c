@@ -194,17 +194,29 @@ static void proto(void)
     put("fuzz_proto", "status_reply", buf, enc(&m, buf, sizeof(buf)));
 }
 
+/* A data-plane seed: the wire bytes of host-form @p msg (dp_msg.c). */
+static void put_dp(const char *name, const void *msg, size_t len)
+{
+    static uint8_t wire[CFX_TP_SEND_MAX];
+    int n = cfx__dp_msg_encode(msg, len, wire, sizeof(wire));
+    if (n < 0) {
+        fprintf(stderr, "gen_corpus: seed %s does not encode\n", name);
+        exit(1);
+    }
+    put("fuzz_dp_msg", name, wire, (size_t)n);
+}
+
 static void dp(void)
 {
     struct cfx_dp_hello h = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_HELLO, 0 },
                               .node_id = 3 };
     memset(h.nonce, 0x44, sizeof(h.nonce));
-    put("fuzz_dp_msg", "hello", &h, sizeof(h));
+    put_dp("hello", &h, sizeof(h));
 
     struct cfx_dp_auth a = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_AUTH, 0 } };
     memset(a.nonce, 0x55, sizeof(a.nonce));
     memset(a.mac, 0x66, sizeof(a.mac));
-    put("fuzz_dp_msg", "auth", &a, sizeof(a));
+    put_dp("auth", &a, sizeof(a));
 
     struct cfx_dp_get_req r;
     memset(&r, 0, sizeof(r));
@@ -216,20 +228,20 @@ static void dp(void)
     r.credits = 16;
     r.rdesc.len = 24;
     memset(r.rdesc.data, 0x54, 24);
-    put("fuzz_dp_msg", "get_req", &r, sizeof(r));
+    put_dp("get_req", &r, sizeof(r));
     r.flags = CFX_DP_GET_P2P;
     r.chan = 99;
     r.tag = 5;
-    put("fuzz_dp_msg", "get_req_p2p", &r, sizeof(r));
+    put_dp("get_req_p2p", &r, sizeof(r));
 
     struct cfx_dp_nack n = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_NACK, 17 },
                              .status = CFX_ERR_NOT_FOUND };
-    put("fuzz_dp_msg", "nack", &n, sizeof(n));
+    put_dp("nack", &n, sizeof(n));
     struct cfx_dp_credit c = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_CREDIT, 17 },
                                .credits = 8 };
-    put("fuzz_dp_msg", "credit", &c, sizeof(c));
+    put_dp("credit", &c, sizeof(c));
     struct cfx_dp_hdr x = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_CANCEL, 17 };
-    put("fuzz_dp_msg", "cancel", &x, sizeof(x));
+    put_dp("cancel", &x, sizeof(x));
 
     /* object reduce: a task with two children, its report, a lost child
      * and the driver's answer naming two streams in its place */
@@ -253,15 +265,15 @@ static void dp(void)
         snprintf(t.child[k].addr[0].tp, sizeof(t.child[k].addr[0].tp), "tcp");
         t.child[k].addr[0].len = 6;
     }
-    put("fuzz_dp_msg", "reduce_task", &t, sizeof(t));
+    put_dp("reduce_task", &t, sizeof(t));
     struct cfx_dp_reduce_done d = {
         .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_DONE, 0 },
         .task = t.task, .status = CFX_OK, .node_id = 4,
     };
-    put("fuzz_dp_msg", "reduce_done", &d, sizeof(d));
+    put_dp("reduce_done", &d, sizeof(d));
     d.hdr.type = CFX_DP_REDUCE_LOST;
     d.status = CFX_ERR_PEER_FAILED;
-    put("fuzz_dp_msg", "reduce_lost", &d, sizeof(d));
+    put_dp("reduce_lost", &d, sizeof(d));
     static struct cfx_dp_reduce_adopt ad;
     ad.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ADOPT, 0 };
     ad.task = t.task;
@@ -272,7 +284,7 @@ static void dp(void)
         memcpy(ad.child_obj[k], t.child_obj[k], CFX_OBJECT_ID_LEN);
         ad.child[k] = t.child[k];
     }
-    put("fuzz_dp_msg", "reduce_adopt", &ad, sizeof(ad));
+    put_dp("reduce_adopt", &ad, sizeof(ad));
 }
 
 static void tcp(void)
@@ -382,4 +394,15 @@ int main(int argc, char **argv)
     tcp();
     shm();
     return 0;
+}
+
+/* The reduction kernels (dataplane/reduce) are not part of the fuzz build;
+ * the element sizes dp_msg.c needs for REDUCE_TASK are these. */
+size_t cfx_dtype_size(enum cfx_dtype dtype)
+{
+    static const size_t sizes[CFX_DTYPE_LAST] = {
+        [CFX_DTYPE_F32] = 4, [CFX_DTYPE_F64] = 8, [CFX_DTYPE_F16] = 2, [CFX_DTYPE_BF16] = 2,
+        [CFX_DTYPE_I32] = 4, [CFX_DTYPE_I64] = 8, [CFX_DTYPE_U8] = 1,
+    };
+    return (unsigned)dtype < CFX_DTYPE_LAST ? sizes[dtype] : 0;
 }

@@ -828,3 +828,49 @@ Test(context, destroy_gives_up_on_a_stuck_call)
     cfx_group_destroy(gb);
     cfx_context_destroy(b);
 }
+
+/*
+ * A connect that fails falls back to the next transport both sides share:
+ * with CFX_TEST_CONNECT_BREAK=shm the getter's shm connection goes where
+ * nobody listens (and fails as one to an unreachable peer does), and the
+ * get still returns every byte, over tcp.  Before, the connection failed and
+ * the get with it (the one holder shares tcp as well).
+ */
+Test(context, failed_connect_falls_back_to_the_next_transport)
+{
+    const size_t size = (1u << 20) + 13;
+    struct cfx_context *a, *b;
+    cr_assert_eq(join(token, "shm,tcp", &a), CFX_OK, "%s", cfx_last_error());
+    setenv("CFX_TEST_CONNECT_BREAK", "shm", 1);
+    int rc = join(token, "shm,tcp", &b);
+    unsetenv("CFX_TEST_CONNECT_BREAK");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size);
+    cfx_test_fill(src, size, 7);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, dst, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(dst, size, 7), (size_t)-1, "bytes differ");
+
+    /* the connection that carried it is b's outbound one to a, over tcp */
+    pthread_mutex_lock(&b->lock);
+    const struct cfx_transport_ops *used = NULL;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &b->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->outbound && c->node_id == a->node_id && c->state == CFX_CONN_READY)
+            used = b->tp[c->tp].ops;
+    }
+    pthread_mutex_unlock(&b->lock);
+    cr_assert_not_null(used, "no connection from b to a");
+    cr_assert_str_eq(used->name, "tcp");
+
+    free(src);
+    free(dst);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}

@@ -97,7 +97,7 @@ static void raw_open(struct raw *r)
     cr_assert_eq(r->ops->iface_open(&ip, &r->iface), CFX_OK, "%s", cfx_last_error());
     r->dst = calloc(1, OBJ_SIZE);
     struct cfx_tp_mem_desc mem = { .addr = r->dst, .len = OBJ_SIZE, .memtype = CFX_MEMTYPE_HOST,
-                                   .shm_fd = -1 };
+                                   .file_fd = -1 };
     cr_assert_eq(r->ops->mem_reg(r->iface, &mem, CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE,
                                  &r->mr), CFX_OK);
     /* the node's advertised tcp address, as the directory would give it */
@@ -126,10 +126,13 @@ static void raw_poll(struct raw *r, int ms)
                 r->writes++;
             else if (c[i].type == CFX_TP_COMP_EP_ERROR)
                 r->closed = 1;
-            else if (c[i].type == CFX_TP_COMP_RECV &&
-                     cfx__dp_msg_check(c[i].data, c[i].len) == CFX_DP_AUTH) {
-                memcpy(&r->auth, c[i].data, sizeof(r->auth));
-                r->got_auth = 1;
+            else if (c[i].type == CFX_TP_COMP_RECV) {
+                static union cfx_dp_msg m;
+                size_t len;
+                if (cfx__dp_msg_decode(c[i].data, c[i].len, &m, &len) == CFX_DP_AUTH) {
+                    r->auth = m.auth;
+                    r->got_auth = 1;
+                }
             }
         }
         if (!n)
@@ -137,10 +140,14 @@ static void raw_poll(struct raw *r, int ms)
     }
 }
 
+/* Send host-form message @p m as the engine does: encoded for the wire. */
 static void raw_send(struct raw *r, const void *m, size_t len)
 {
-    int rc;
-    while ((rc = r->ops->ep_send(r->ep, m, len, 0)) == CFX_ERR_AGAIN)
+    static uint8_t wire[CFX_TP_SEND_MAX];
+    int rc = cfx__dp_msg_encode(m, len, wire, sizeof(wire));
+    cr_assert_geq(rc, 0, "encode: %s", cfx_strerror(rc));
+    size_t n = (size_t)rc;
+    while ((rc = r->ops->ep_send(r->ep, wire, n, 0)) == CFX_ERR_AGAIN)
         raw_poll(r, 1);
     cr_assert_eq(rc, CFX_OK, "%s", cfx_strerror(rc));
 }

@@ -223,7 +223,7 @@ static void region_reg(struct cfx_tp_iface *iface, struct region *r, size_t len,
     r->buf = r->map + off;
     r->len = len;
     struct cfx_tp_mem_desc md = { .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST,
-                                  .shm_fd = r->fd, .shm_off = off };
+                                  .file_fd = r->fd, .file_off = off };
     cr_assert_eq(ops->mem_reg(iface, &md, access, &r->mr), CFX_OK);
     cr_assert_eq(ops->mr_pack(r->mr, &r->rdesc), CFX_OK);
 }
@@ -684,7 +684,7 @@ Test(shm, peer_killed_direct, .timeout = 30)
         struct cfx_tp_completion comps[64];
         static uint8_t buf[SZ];
         struct cfx_tp_mem_desc md = { .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST,
-                                      .shm_fd = -1 };
+                                      .file_fd = -1 };
         uint64_t end = cfx__deadline_ns(20000);
         if (ops->iface_open(&prm, &ci) != CFX_OK ||
             ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
@@ -783,7 +783,7 @@ static void bw_child(int rfd)
         _exit(2);
     cfx_test_fill(src, BW_SIZE, BW_SEED);
     struct cfx_tp_mem_desc md = { .addr = src, .len = BW_SIZE, .memtype = CFX_MEMTYPE_HOST,
-                                  .shm_fd = -1 };
+                                  .file_fd = -1 };
     if (ops->iface_open(&prm, &ci) != CFX_OK || ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) ||
         ops->ep_connect(ci, addr, alen, 1, &ep) != CFX_OK)
         _exit(2);
@@ -1003,7 +1003,7 @@ Test(shm, refused_other_uid, .timeout = 60)
         struct cfx_tp_completion comps[16];
         static uint8_t byte = 0xab;
         struct cfx_tp_mem_desc md = { .addr = &byte, .len = 1, .memtype = CFX_MEMTYPE_HOST,
-                                      .shm_fd = -1 };
+                                      .file_fd = -1 };
         uint64_t end = cfx__deadline_ns(WAIT_MS);
         bool connected = false;
         if (ops->iface_open(&prm, &ci) != CFX_OK ||

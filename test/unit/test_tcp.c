@@ -164,7 +164,7 @@ static void reg(struct cfx_tp_iface *i, struct region *r, size_t len, unsigned a
     r->buf = malloc(len);
     memset(r->buf, fill, len);
     struct cfx_tp_mem_desc md = {
-        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
     };
     cr_assert_eq(ops->mem_reg(i, &md, access, &r->mr), CFX_OK);
     cr_assert_eq(ops->mr_pack(r->mr, &r->rd), CFX_OK);
@@ -620,7 +620,7 @@ Test(tcp, mem_reg_host_only)
     struct cfx_tp_mr *mr;
     uint8_t buf[64];
     struct cfx_tp_mem_desc md = {
-        .addr = buf, .len = sizeof(buf), .memtype = CFX_MEMTYPE_CUDA, .shm_fd = -1
+        .addr = buf, .len = sizeof(buf), .memtype = CFX_MEMTYPE_CUDA, .file_fd = -1
     };
     cr_assert_eq(ops->mem_reg(A.iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_ERR_UNSUPPORTED);
     md.memtype = CFX_MEMTYPE_HOST;

@@ -299,7 +299,7 @@ static void region_reg(struct pair *p, int side, struct region *r, size_t len, u
     cr_assert_not_null(r->buf);
     memset(r->buf, fill, len);
     md = (struct cfx_tp_mem_desc){
-        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+        .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
     };
     int rc = p->ops->mem_reg(p->s[side].iface, &md, access, &r->mr);
     cr_assert_eq(rc, CFX_OK, "mem_reg: %s %s", cfx_errname(rc), cfx_last_error());
@@ -1136,7 +1136,7 @@ TP_TEST(peer_killed)
         static uint8_t buf[SZ];
         struct cfx_tp_mr *mr;
         struct cfx_tp_mem_desc md = {
-            .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+            .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
         };
         uint64_t end = cfx__deadline_ns(30000);
         if (open_iface(p.ops, 9, &ci) != CFX_OK ||
@@ -1184,7 +1184,7 @@ TP_TEST(mem_reg_args)
     struct cfx_tp_mr *mr = NULL;
     uint8_t buf[64];
     struct cfx_tp_mem_desc md = {
-        .addr = buf, .len = 0, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+        .addr = buf, .len = 0, .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
     };
 
     pair_open(&p, param);

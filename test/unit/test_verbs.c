@@ -133,7 +133,7 @@ Test(verbs, iface_basics)
     size_t sz = 3 * 4096 + 100;
     uint8_t *buf = aligned_alloc(4096, 4 * 4096);
     struct cfx_tp_mem_desc md = { .addr = buf + 100, .len = sz - 100,
-                                  .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1 };
+                                  .memtype = CFX_MEMTYPE_HOST, .file_fd = -1 };
     struct cfx_tp_mr *a, *b;
     struct cfx_tp_rdesc rd;
     cr_assert_eq(ops->mem_reg(iface, &md, CFX_TP_ACCESS_REMOTE_WRITE | CFX_TP_ACCESS_LOCAL, &a),
@@ -302,7 +302,7 @@ Test(verbs, inline_boundary_every_byte, .timeout = 240)
     uint8_t *src = aligned_alloc(4096, 4096 * 4), *dst = aligned_alloc(4096, 4096 * 4);
     cr_assert_leq(span, 4096 * 4);
     struct cfx_tp_mem_desc ms = {
-        .addr = src, .len = 4096 * 4, .memtype = CFX_MEMTYPE_HOST, .shm_fd = -1
+        .addr = src, .len = 4096 * 4, .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
     };
     struct cfx_tp_mem_desc md = ms;
     md.addr = dst;

@@ -1,0 +1,250 @@
+/*
+ * The transport base: what every transport (tcp, shm, verbs, dpdk) needs
+ * and none should write again, after UCX's uct_base.  A transport embeds
+ * these objects in its iface and drives them from its own code; nothing here
+ * knows a transport.
+ *
+ *   struct cfx__tp_cq         the software completion queue poll() drains,
+ *                             with the one overflow rule (below);
+ *   struct cfx__tp_table      a table of slots named by index and generation
+ *                             (registrations, endpoints named in wr_ids);
+ *   struct cfx__tp_graveyard  closed endpoints, freed at the next poll();
+ *   cfx__tp_sock_*            non-blocking IPv4 TCP sockets: listen, connect.
+ *
+ * The overflow rule.  A transport reserves room in its queue for what each
+ * endpoint may have outstanding (cfx__tp_cq_reserve at endpoint creation:
+ * an allocation that fails there is an error the caller sees), so a push
+ * normally lands in the ring.  Should a push find the ring full anyway (a
+ * transport that does not reserve, or reserves too little), the completion
+ * goes to an overflow list of chunks behind the ring, and every later push
+ * follows it there until poll() has drained the ring and moved the overflow
+ * back: nothing is lost and the order stays the order of the pushes.  The
+ * overflow is capped (CFX_TP_CQ_OVERFLOW_MAX entries, or memory): a push
+ * past the cap cannot be kept; the queue then logs an error naming its iface
+ * and poll() returns CFX_ERR_NO_RESOURCE once, so the loss is never silent.
+ * cfx__tp_cq_backlogged() is true while anything sits in the overflow, so a
+ * transport may refuse new posts (CFX_ERR_AGAIN) until it drains.
+ *
+ * Threading: like the iface that holds them (transport.h): one thread at a
+ * time, under the context's progress lock.
+ */
+#ifndef CFX_TPBASE_TPBASE_H
+#define CFX_TPBASE_TPBASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataplane/common/list.h"
+#include "dataplane/common/util.h"
+#include "dataplane/transport.h"
+
+/* ---- completion queue ------------------------------------------------------- */
+
+#define CFX_TP_CQ_CHUNK        256          /* completions per overflow chunk */
+#define CFX_TP_CQ_OVERFLOW_MAX (1u << 20)   /* completions the overflow may hold */
+
+struct cfx__tp_cq_chunk {
+    struct cfx_list link;                         /* cq->overflow, oldest first */
+    uint32_t head;                                /* next entry to pop */
+    uint32_t tail;                                /* next entry to fill */
+    struct cfx_tp_completion c[CFX_TP_CQ_CHUNK];
+};
+
+struct cfx__tp_cq {
+    struct cfx_tp_completion *ring; /* FIFO, cap entries */
+    uint32_t cap;                   /* ring capacity: at least the reservations */
+    uint32_t head;                  /* next ring entry to pop */
+    uint32_t count;                 /* entries in the ring */
+    uint32_t reserved;              /* sum of the reservations */
+    struct cfx_list overflow;       /* chunks behind the ring (struct cfx__tp_cq_chunk) */
+    uint32_t n_overflow;            /* entries in the overflow */
+    uint32_t overflow_max;          /* cap on n_overflow (CFX_TP_CQ_OVERFLOW_MAX) */
+    struct cfx__tp_cq_chunk *spare; /* an empty chunk kept for the next overflow */
+    int status;                     /* CFX_ERR_NO_RESOURCE after a push past the cap,
+                                       until poll() reported it */
+    uint64_t n_overflowed;          /* pushes that went to the overflow (stats, tests) */
+    uint64_t n_lost;                /* pushes past the cap */
+    const char *who;                /* names the iface in messages (owned by it) */
+    struct cfx_tp_completion sink;  /* what a push past the cap fills */
+};
+
+/* Empty queue with a ring of @p cap entries (0: a default).  @p who names
+ * the owner in messages and must outlive the queue.  CFX_OK or
+ * CFX_ERR_NOMEM. */
+int cfx__tp_cq_init(struct cfx__tp_cq *cq, uint32_t cap, const char *who);
+/* Free what the queue holds (its completions are dropped). */
+void cfx__tp_cq_fini(struct cfx__tp_cq *cq);
+/* Reserve @p n entries (one endpoint's worst case): the ring grows to hold
+ * every reservation.  CFX_OK, or CFX_ERR_NOMEM with the detail set. */
+int cfx__tp_cq_reserve(struct cfx__tp_cq *cq, uint32_t n);
+void cfx__tp_cq_unreserve(struct cfx__tp_cq *cq, uint32_t n);
+
+struct cfx_tp_completion *cfx__tp_cq_push_slow(struct cfx__tp_cq *cq);
+
+/* Queue one completion: returns it zeroed for the caller to fill.  Never
+ * NULL (past the overflow cap: a sink, and the loss is reported). */
+static inline struct cfx_tp_completion *cfx__tp_cq_push(struct cfx__tp_cq *cq)
+{
+    if (unlikely(cq->count == cq->cap || cq->n_overflow))
+        return cfx__tp_cq_push_slow(cq);
+    uint32_t i = cq->head + cq->count++;
+    struct cfx_tp_completion *c = &cq->ring[i >= cq->cap ? i - cq->cap : i];
+    *c = (struct cfx_tp_completion){ 0 };
+    return c;
+}
+
+/* Oldest queued completion, or NULL when empty. */
+static inline struct cfx_tp_completion *cfx__tp_cq_head(struct cfx__tp_cq *cq)
+{
+    return cq->count ? &cq->ring[cq->head] : NULL;
+}
+
+void cfx__tp_cq_refill(struct cfx__tp_cq *cq);
+
+/* Drop the oldest completion (the one cfx__tp_cq_head returned). */
+static inline void cfx__tp_cq_pop(struct cfx__tp_cq *cq)
+{
+    cq->head = cq->head + 1 == cq->cap ? 0 : cq->head + 1;
+    cq->count--;
+    if (unlikely(cq->n_overflow))
+        cfx__tp_cq_refill(cq);
+}
+
+/* Completions queued (ring and overflow). */
+static inline uint32_t cfx__tp_cq_count(const struct cfx__tp_cq *cq)
+{
+    return cq->count + cq->n_overflow;
+}
+
+/* True while completions wait in the overflow: new posts may say AGAIN. */
+static inline bool cfx__tp_cq_backlogged(const struct cfx__tp_cq *cq)
+{
+    return cq->n_overflow != 0;
+}
+
+/* Forget every queued completion of @p ep (being closed); the others keep
+ * their order. */
+void cfx__tp_cq_drop_ep(struct cfx__tp_cq *cq, const struct cfx_tp_ep *ep);
+
+/* What poll() returns when it has no completion to give: 0, or the status
+ * of a loss not yet reported (reported once). */
+static inline int cfx__tp_cq_take_status(struct cfx__tp_cq *cq)
+{
+    int s = cq->status;
+    cq->status = 0;
+    return s;
+}
+
+/* ---- slot table -------------------------------------------------------------- */
+
+/*
+ * Objects named by a small index, so that a peer or a work request can name
+ * them in a few bits, and by a generation bumped each time a slot is freed,
+ * so that a stale name (a completion for an endpoint already destroyed) is
+ * recognised instead of touching another object.  Free slots are reused
+ * lowest index first after growth, most recently freed first after that.
+ */
+struct cfx__tp_slot {
+    void *obj;          /* NULL when free */
+    uint32_t gen;       /* bumped (within gen_mask) when freed */
+    uint32_t next_free; /* free list link, UINT32_MAX ends */
+};
+
+struct cfx__tp_table {
+    struct cfx__tp_slot *slots;
+    uint32_t cap;       /* slots allocated */
+    uint32_t free;      /* free list head, UINT32_MAX: none */
+    uint32_t first;     /* capacity of the first allocation */
+    uint32_t max;       /* most slots the table may have */
+    uint32_t gen_mask;  /* generations wrap within it */
+    const char *what;   /* "tcp registration": names the objects in messages */
+};
+
+/* Empty table growing from @p first slots to at most @p max, generations in
+ * @p gen_bits bits (1..32). */
+void cfx__tp_table_init(struct cfx__tp_table *t, uint32_t first, uint32_t max,
+                        unsigned gen_bits, const char *what);
+/* Free the slots (not the objects: the caller walks them first). */
+void cfx__tp_table_fini(struct cfx__tp_table *t);
+/* Put @p obj in a free slot: its index in *idx, its generation in *gen
+ * (either may be NULL).  CFX_ERR_NO_RESOURCE (table at max) or
+ * CFX_ERR_NOMEM, with the detail set. */
+int cfx__tp_table_add(struct cfx__tp_table *t, void *obj, uint32_t *idx, uint32_t *gen);
+/* Free slot @p idx; its generation moves on. */
+void cfx__tp_table_remove(struct cfx__tp_table *t, uint32_t idx);
+
+/* Object in slot @p idx, or NULL (free or out of range). */
+static inline void *cfx__tp_table_at(const struct cfx__tp_table *t, uint32_t idx)
+{
+    return likely(idx < t->cap) ? t->slots[idx].obj : NULL;
+}
+
+/* Object in slot @p idx if its generation is still @p gen, else NULL. */
+static inline void *cfx__tp_table_get(const struct cfx__tp_table *t, uint32_t idx, uint32_t gen)
+{
+    if (unlikely(idx >= t->cap) || unlikely(t->slots[idx].gen != (gen & t->gen_mask)))
+        return NULL;
+    return t->slots[idx].obj;
+}
+
+/* ---- graveyard ------------------------------------------------------------------ */
+
+/*
+ * A closed endpoint is not freed at once: the data of a RECV that poll()
+ * returned stays valid until the next poll(), and a transport may still hold
+ * completions or hardware work naming it.  ep_close moves it here; poll()
+ * and iface_close free what lies here through the transport's destroy.
+ */
+struct cfx__tp_graveyard {
+    struct cfx_list list;                    /* closed endpoints (their link) */
+    void (*destroy)(struct cfx_list *link);  /* the transport's: frees one */
+};
+
+static inline void cfx__tp_graveyard_init(struct cfx__tp_graveyard *g,
+                                          void (*destroy)(struct cfx_list *link))
+{
+    cfx_list_init(&g->list);
+    g->destroy = destroy;
+}
+
+/* Move the endpoint whose list link is @p link (on a live list or on none)
+ * to the graveyard. */
+static inline void cfx__tp_graveyard_add(struct cfx__tp_graveyard *g, struct cfx_list *link)
+{
+    cfx_list_del(link);
+    cfx_list_add_tail(link, &g->list);
+}
+
+static inline bool cfx__tp_graveyard_empty(const struct cfx__tp_graveyard *g)
+{
+    return cfx_list_empty(&g->list);
+}
+
+/* Destroy every endpoint in the graveyard, oldest first. */
+void cfx__tp_graveyard_free(struct cfx__tp_graveyard *g);
+
+/* ---- IPv4 TCP sockets (tcp's connections, verbs' out-of-band exchange) ------------ */
+
+struct in_addr;
+struct sockaddr_in;
+
+/* Non-blocking listening socket on @p ip, port chosen by the kernel: the
+ * fd in *fd, the port (host order) in *port.  An address that is not ours
+ * is CFX_ERR_NO_DEVICE.  @p who prefixes the error detail. */
+int cfx__tp_sock_listen(const char *who, const struct in_addr *ip, int *fd, uint16_t *port);
+/* Accept one connection (non-blocking, close-on-exec) and name its peer
+ * "ip:port" in @p addr.  The fd, or -1 with errno set (EAGAIN: none). */
+int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len);
+/* True when an accept4 errno is worth a warning (not "none left"). */
+bool cfx__tp_sock_accept_err_notable(int err);
+/* Non-blocking socket connecting to @p dst (EINPROGRESS is success): the fd,
+ * or a negative status with the detail "<who> to <peer>: ...". */
+int cfx__tp_sock_connect(const char *who, const char *peer, const struct sockaddr_in *dst);
+/* Options of a data or control connection: no Nagle, keepalive that notices
+ * a silent peer in about 25 s (idle 10 s, then 3 probes 5 s apart), and
+ * CFX_TCP_SNDBUF / CFX_TCP_RCVBUF when @p bufs_from_env (they turn kernel
+ * autotuning off, see tcp(7)). */
+void cfx__tp_sock_setup(int fd, bool bufs_from_env);
+
+#endif
