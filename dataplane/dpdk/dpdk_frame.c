@@ -13,10 +13,10 @@
 #include "dpdk_io.h"
 
 #define ETHERTYPE_IPV4 0x0800u
-#define IPPROTO_UDP_ 17u
-#define IP_DF 0x4000u /* don't fragment */
-#define IP_MF 0x2000u /* more fragments */
-#define IP_OFFMASK 0x1FFFu
+#define IPPROTO_UDP_   17u
+#define IP_DF          0x4000u /* don't fragment */
+#define IP_MF          0x2000u /* more fragments */
+#define IP_OFFMASK     0x1FFFu
 
 _Static_assert(CFX_DPDK_FRAME_OVERHEAD == 98, "frame overhead: 14 + 20 + 8 + 56");
 
@@ -32,9 +32,15 @@ static inline void put32(uint8_t *p, uint32_t v)
     put16(p + 2, (uint16_t)v);
 }
 
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static inline uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
 
-static inline uint32_t get32(const uint8_t *p) { return (uint32_t)get16(p) << 16 | get16(p + 2); }
+static inline uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)get16(p) << 16 | get16(p + 2);
+}
 
 /* RFC 1071 one's-complement sum of len bytes (big-endian 16-bit words). */
 static uint32_t csum_add(uint32_t sum, const uint8_t *p, size_t len)
@@ -106,15 +112,15 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
     return (int)len;
 }
 
-#define REFUSE(text)                                                           \
-    do {                                                                       \
-        *why = (text);                                                         \
-        return CFX_ERR_PROTO;                                                  \
+#define REFUSE(text)          \
+    do {                      \
+        *why = (text);        \
+        return CFX_ERR_PROTO; \
     } while (0)
 
 int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_addr *local,
-                          struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h,
-                          const void **payload, const char **why)
+                          struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h, const void **payload,
+                          const char **why)
 {
     const uint8_t *eth = buf, *ip = eth + CFX_DPDK_ETH_LEN, *udp = ip + CFX_DPDK_IP_LEN;
 

@@ -25,17 +25,17 @@
 #include "dataplane/common/log.h"
 #include "dpdk_io.h"
 
-#define BURST 32
+#define BURST        32
 #define EAL_ARGV_MAX 64
 
 struct cfx__dpdk_port {
-    uint16_t port_id;             /* ethdev port */
-    struct rte_mempool *pool;     /* mbufs of both queues */
-    struct cfx__dpdk_addr local;  /* our MAC, IP and UDP port */
-    struct rte_mbuf *txb[BURST];  /* frames built, not yet sent */
-    unsigned ntx;                 /* in txb */
-    uint32_t rx_drop_ppm;         /* test hook */
-    uint64_t rng;                 /* its PRNG state */
+    uint16_t port_id;            /* ethdev port */
+    struct rte_mempool *pool;    /* mbufs of both queues */
+    struct cfx__dpdk_addr local; /* our MAC, IP and UDP port */
+    struct rte_mbuf *txb[BURST]; /* frames built, not yet sent */
+    unsigned ntx;                /* in txb */
+    uint32_t rx_drop_ppm;        /* test hook */
+    uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
     struct cfx__dpdk_port_stats stats;
 };
@@ -62,7 +62,8 @@ int cfx__dpdk_eal_init(const char *args)
     if (!args) {
         const char *vdev = getenv("CFX_DPDK_VDEV");
         snprintf(defaults, sizeof(defaults),
-                 "--no-huge -m 512 --no-pci --file-prefix=cfx%d -l 0 --log-level=*:warning --no-telemetry%s%s",
+                 "--no-huge -m 512 --no-pci --file-prefix=cfx%d -l 0 --log-level=*:warning "
+                 "--no-telemetry%s%s",
                  (int)getpid(), vdev ? " --vdev=" : "", vdev ? vdev : "");
         args = defaults;
     }
@@ -137,11 +138,9 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     rte_eth_dev_get_name_by_port(pid, port->name);
 
     snprintf(pool_name, sizeof(pool_name), "cfx_mb%u", pid);
-    port->pool = rte_pktmbuf_pool_create(pool_name, p->nb_mbufs ? p->nb_mbufs : 4095, 256, 0,
-                                         RTE_MBUF_DEFAULT_BUF_SIZE,
-                                         (int)rte_eth_dev_socket_id(pid) < 0
-                                             ? (int)rte_socket_id()
-                                             : rte_eth_dev_socket_id(pid));
+    port->pool = rte_pktmbuf_pool_create(
+        pool_name, p->nb_mbufs ? p->nb_mbufs : 4095, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
+        (int)rte_eth_dev_socket_id(pid) < 0 ? (int)rte_socket_id() : rte_eth_dev_socket_id(pid));
     if (!port->pool) {
         CFX_LOG(ERR, DPDK, "port %s: mbuf pool: %s", port->name, rte_strerror(rte_errno));
         rc = CFX_ERR_NOMEM;
@@ -222,8 +221,8 @@ int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *
     if (unlikely(!m))
         return CFX_ERR_AGAIN;
     size_t cap = rte_pktmbuf_tailroom(m);
-    int len = cfx__dpdk_frame_build(rte_pktmbuf_mtod(m, void *), cap, &port->local, dst, h,
-                                    payload);
+    int len =
+        cfx__dpdk_frame_build(rte_pktmbuf_mtod(m, void *), cap, &port->local, dst, h, payload);
     if (unlikely(len < 0)) {
         rte_pktmbuf_free(m);
         return len;

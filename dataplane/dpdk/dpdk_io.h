@@ -18,11 +18,12 @@
 
 #include "dpdk_rel.h"
 
-#define CFX_DPDK_ETH_LEN   14u /* Ethernet II header, no VLAN tag */
-#define CFX_DPDK_IP_LEN    20u /* IPv4 header, no options */
-#define CFX_DPDK_UDP_LEN   8u
-#define CFX_DPDK_FRAME_OVERHEAD (CFX_DPDK_ETH_LEN + CFX_DPDK_IP_LEN + CFX_DPDK_UDP_LEN + CFX_DPDK_HDR_LEN)
-#define CFX_DPDK_UDP_PORT  4791u /* default UDP port (any free port does) */
+#define CFX_DPDK_ETH_LEN 14u /* Ethernet II header, no VLAN tag */
+#define CFX_DPDK_IP_LEN  20u /* IPv4 header, no options */
+#define CFX_DPDK_UDP_LEN 8u
+#define CFX_DPDK_FRAME_OVERHEAD \
+    (CFX_DPDK_ETH_LEN + CFX_DPDK_IP_LEN + CFX_DPDK_UDP_LEN + CFX_DPDK_HDR_LEN)
+#define CFX_DPDK_UDP_PORT 4791u /* default UDP port (any free port does) */
 
 /* One end of a flow: where a frame comes from or goes to. */
 struct cfx__dpdk_addr {
@@ -50,8 +51,8 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
  * (pointing into buf).
  */
 int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_addr *local,
-                          struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h,
-                          const void **payload, const char **why);
+                          struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h, const void **payload,
+                          const char **why);
 
 /* --- the DPDK port (CFX_HAVE_DPDK only) ----------------------------------- */
 
@@ -69,11 +70,11 @@ struct cfx__dpdk_port_params {
 };
 
 struct cfx__dpdk_port_stats {
-    uint64_t rx;          /* frames taken */
-    uint64_t rx_refused;  /* frames refused by cfx__dpdk_frame_parse */
-    uint64_t rx_dropped;  /* frames dropped by the rx_drop_ppm hook */
-    uint64_t tx;          /* frames handed to the device */
-    uint64_t tx_full;     /* frames the device queue did not take */
+    uint64_t rx;         /* frames taken */
+    uint64_t rx_refused; /* frames refused by cfx__dpdk_frame_parse */
+    uint64_t rx_dropped; /* frames dropped by the rx_drop_ppm hook */
+    uint64_t tx;         /* frames handed to the device */
+    uint64_t tx_full;    /* frames the device queue did not take */
 };
 
 /*

@@ -56,7 +56,7 @@ struct cfx__dpdk_tx_slot {
 };
 
 struct cfx__dpdk_rx_slot {
-    bool used;         /* holds packet seq */
+    bool used; /* holds packet seq */
     uint32_t seq;
     uint16_t len;
     uint16_t frag_idx;
@@ -65,18 +65,27 @@ struct cfx__dpdk_rx_slot {
     uint32_t msg_len;
 };
 
-static inline int32_t seq_diff(uint32_t a, uint32_t b) { return (int32_t)(a - b); }
+static inline int32_t seq_diff(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b);
+}
 
-static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
-static inline uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+static inline uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+static inline uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
 
 __attribute__((format(printf, 3, 4))) static int sess_fail(struct cfx__dpdk_sess *s, int rc,
                                                            const char *fmt, ...)
 {
     if (s->error)
         return s->error;
-    int n = snprintf(s->error_msg, sizeof(s->error_msg), "session %u to %s: ", s->local_id,
-                     s->peer);
+    int n =
+        snprintf(s->error_msg, sizeof(s->error_msg), "session %u to %s: ", s->local_id, s->peer);
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof(s->error_msg))
@@ -89,8 +98,8 @@ __attribute__((format(printf, 3, 4))) static int sess_fail(struct cfx__dpdk_sess
 
 static void params_fill(struct cfx__dpdk_rel_params *p)
 {
-#define DEF(f, v)                                                              \
-    if (!p->f)                                                                 \
+#define DEF(f, v) \
+    if (!p->f)    \
         p->f = (v);
     DEF(mtu_payload, 1024);
     DEF(snd_slots, 256);
@@ -102,7 +111,7 @@ static void params_fill(struct cfx__dpdk_rel_params *p)
     DEF(rto_min_ns, 200000);
     DEF(rto_max_ns, 100000000);
     DEF(cwnd_init, 16);
-    DEF(t_low_ns, 50000);   /* Timely's defaults for a datacenter */
+    DEF(t_low_ns, 50000); /* Timely's defaults for a datacenter */
     DEF(t_high_ns, 500000);
 #undef DEF
 }
@@ -201,7 +210,7 @@ static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h)
 
 static void send_ack(struct cfx__dpdk_sess *s, uint64_t now, uint8_t extra)
 {
-    struct cfx__dpdk_hdr h = {.flags = extra, .session = s->peer_id, .ts = now};
+    struct cfx__dpdk_hdr h = { .flags = extra, .session = s->peer_id, .ts = now };
 
     fill_ack(s, &h);
     if (s->ops->tx(s->ctx, &h, NULL) == CFX_ERR_AGAIN)
@@ -468,8 +477,8 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
     int32_t newly = seq_diff(h->ack, s->snd_una);
 
     if (seq_diff(h->ack, s->snd_nxt) > 0)
-        return sess_fail(s, CFX_ERR_PROTO, "peer acknowledged seq %u, never sent (next %u)",
-                         h->ack, s->snd_nxt);
+        return sess_fail(s, CFX_ERR_PROTO, "peer acknowledged seq %u, never sent (next %u)", h->ack,
+                         s->snd_nxt);
     if (newly < 0)
         return CFX_OK; /* an older ack overtaken by a newer one */
     uint32_t right = h->ack + h->window;
@@ -577,8 +586,9 @@ static void drain(struct cfx__dpdk_sess *s)
         const uint8_t *pl = rx_payload(s, s->rcv_dlv);
         if (r->msg_id != s->rcv_msg_id || r->frag_idx != s->asm_next ||
             (s->asm_next && (r->frag_cnt != s->asm_cnt || r->msg_len != s->asm_total))) {
-            sess_fail(s, CFX_ERR_PROTO, "fragment %u/%u of message %u where fragment %u of %u was due",
-                      r->frag_idx, r->frag_cnt, r->msg_id, s->asm_next, s->rcv_msg_id);
+            sess_fail(s, CFX_ERR_PROTO,
+                      "fragment %u/%u of message %u where fragment %u of %u was due", r->frag_idx,
+                      r->frag_cnt, r->msg_id, s->asm_next, s->rcv_msg_id);
             return;
         }
         if (r->frag_cnt == 1) {
@@ -591,8 +601,7 @@ static void drain(struct cfx__dpdk_sess *s)
                 if (s->asm_cap < r->msg_len) {
                     uint8_t *nb = realloc(s->asm_buf, r->msg_len);
                     if (!nb) {
-                        sess_fail(s, CFX_ERR_NOMEM, "no memory to reassemble %u bytes",
-                                  r->msg_len);
+                        sess_fail(s, CFX_ERR_NOMEM, "no memory to reassemble %u bytes", r->msg_len);
                         return;
                     }
                     s->asm_buf = nb;
@@ -622,8 +631,8 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
     uint32_t mtu = s->p.mtu_payload;
 
     if (h->msg_len > s->p.msg_max)
-        return sess_fail(s, CFX_ERR_TOO_BIG, "message %u of %u bytes, over msg_max %u",
-                         h->msg_id, h->msg_len, s->p.msg_max);
+        return sess_fail(s, CFX_ERR_TOO_BIG, "message %u of %u bytes, over msg_max %u", h->msg_id,
+                         h->msg_len, s->p.msg_max);
     uint32_t frags = h->msg_len ? (h->msg_len + mtu - 1) / mtu : 1;
     uint32_t want = h->frag_idx + 1u < frags ? mtu : h->msg_len - (frags - 1) * mtu;
     if (h->frag_cnt != frags || h->len != want)
@@ -668,8 +677,8 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
     return s->error;
 }
 
-int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
-                      const void *payload, uint64_t now)
+int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, const void *payload,
+                      uint64_t now)
 {
     if (s->error)
         return s->error;

@@ -15,9 +15,9 @@
 
 /* The header as it lies on the wire: every field little endian, no padding. */
 struct cfx__dpdk_wire {
-    uint16_t magic;    /* CFX_DPDK_MAGIC */
-    uint8_t version;   /* CFX_DPDK_VERSION */
-    uint8_t flags;     /* enum cfx__dpdk_flag */
+    uint16_t magic;  /* CFX_DPDK_MAGIC */
+    uint8_t version; /* CFX_DPDK_VERSION */
+    uint8_t flags;   /* enum cfx__dpdk_flag */
     uint32_t session;
     uint32_t seq;
     uint32_t ack;
@@ -60,8 +60,7 @@ void cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out)
     memcpy(out, &w, sizeof(w));
 }
 
-int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out,
-                         const char **why)
+int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out, const char **why)
 {
     struct cfx__dpdk_wire w;
 

@@ -33,15 +33,19 @@
 
 /* --- frames (no DPDK needed) ------------------------------------------------- */
 
-static const struct cfx__dpdk_addr addr_a = {{0x02, 0, 0, 0, 0, 0xA}, 0x0A000001, 4791};
-static const struct cfx__dpdk_addr addr_b = {{0x02, 0, 0, 0, 0, 0xB}, 0x0A000002, 4792};
+static const struct cfx__dpdk_addr addr_a = { { 0x02, 0, 0, 0, 0, 0xA }, 0x0A000001, 4791 };
+static const struct cfx__dpdk_addr addr_b = { { 0x02, 0, 0, 0, 0, 0xB }, 0x0A000002, 4792 };
 
 Test(dpdk_frame, build_and_parse_round_trip)
 {
     uint8_t frame[2048], payload[1000];
-    struct cfx__dpdk_hdr h = {.flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK, .session = 3,
-                              .seq = 77, .len = sizeof(payload), .frag_cnt = 1,
-                              .msg_len = sizeof(payload), .window = 9};
+    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK,
+                               .session = 3,
+                               .seq = 77,
+                               .len = sizeof(payload),
+                               .frag_cnt = 1,
+                               .msg_len = sizeof(payload),
+                               .window = 9 };
     cfx_test_fill(payload, sizeof(payload), 5);
     int len = cfx__dpdk_frame_build(frame, sizeof(frame), &addr_a, &addr_b, &h, payload);
     cr_assert_eq(len, CFX_DPDK_FRAME_OVERHEAD + sizeof(payload));
@@ -52,8 +56,8 @@ Test(dpdk_frame, build_and_parse_round_trip)
     struct cfx__dpdk_hdr out;
     const void *pl;
     const char *why;
-    cr_assert_eq(cfx__dpdk_frame_parse(frame, (size_t)len, &addr_b, &src, &out, &pl, &why),
-                 CFX_OK, "%s", why);
+    cr_assert_eq(cfx__dpdk_frame_parse(frame, (size_t)len, &addr_b, &src, &out, &pl, &why), CFX_OK,
+                 "%s", why);
     cr_assert_eq(memcmp(src.mac, addr_a.mac, 6), 0);
     cr_assert_eq(src.ip, addr_a.ip);
     cr_assert_eq(src.port, addr_a.port);
@@ -70,7 +74,7 @@ Test(dpdk_frame, build_and_parse_round_trip)
 Test(dpdk_frame, parser_refuses_frames_not_ours)
 {
     uint8_t good[256], f[256];
-    struct cfx__dpdk_hdr h = {.flags = CFX_DPDK_F_ACK, .session = 3};
+    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_ACK, .session = 3 };
     struct cfx__dpdk_addr src;
     struct cfx__dpdk_hdr out;
     const void *pl;
@@ -82,19 +86,19 @@ Test(dpdk_frame, parser_refuses_frames_not_ours)
         size_t off;
         uint8_t val;
     } bad[] = {
-        {0, 0x04},   /* destination MAC */
-        {12, 0x81},  /* ethertype: VLAN */
-        {14, 0x46},  /* IPv4 options */
-        {14, 0x65},  /* IPv6 version */
-        {16, 0x7F},  /* IP length */
-        {20, 0x20},  /* more fragments */
-        {23, 6},     /* TCP */
-        {24, 0x00},  /* IPv4 checksum */
-        {33, 0x03},  /* destination IP (checksum fixed below) */
-        {36, 0x00},  /* destination port */
-        {38, 0x7F},  /* UDP length */
-        {60, 0xFF},  /* payload byte: UDP checksum */
-        {42, 0x00},  /* our magic */
+        { 0, 0x04 },  /* destination MAC */
+        { 12, 0x81 }, /* ethertype: VLAN */
+        { 14, 0x46 }, /* IPv4 options */
+        { 14, 0x65 }, /* IPv6 version */
+        { 16, 0x7F }, /* IP length */
+        { 20, 0x20 }, /* more fragments */
+        { 23, 6 },    /* TCP */
+        { 24, 0x00 }, /* IPv4 checksum */
+        { 33, 0x03 }, /* destination IP (checksum fixed below) */
+        { 36, 0x00 }, /* destination port */
+        { 38, 0x7F }, /* UDP length */
+        { 60, 0xFF }, /* payload byte: UDP checksum */
+        { 42, 0x00 }, /* our magic */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         memcpy(f, good, (size_t)len);
@@ -113,10 +117,10 @@ Test(dpdk_frame, parser_refuses_frames_not_ours)
 /* --- two processes over net_memif --------------------------------------------- */
 #ifdef CFX_HAVE_DPDK
 
-#define NMSG 300
+#define NMSG   300
 #define MAXMSG 65536
-#define MTU 1400
-#define SEED 0x5EEDu
+#define MTU    1400
+#define SEED   0x5EEDu
 
 struct role {
     bool server;
@@ -128,7 +132,7 @@ struct role {
 
 static uint32_t msg_size(uint32_t i)
 {
-    static const uint32_t fixed[] = {0, 1, MTU - 1, MTU, MTU + 1, MAXMSG};
+    static const uint32_t fixed[] = { 0, 1, MTU - 1, MTU, MTU + 1, MAXMSG };
     if (i < 6)
         return fixed[i];
     return (uint32_t)((i * 2654435761u) % (MAXMSG + 1));
@@ -164,8 +168,9 @@ static void role_sent(void *ctx, void *cookie)
     r->acked++;
 }
 
-static const struct cfx__dpdk_rel_ops role_ops = {
-    .tx = role_tx, .deliver = role_deliver, .sent = role_sent};
+static const struct cfx__dpdk_rel_ops role_ops = { .tx = role_tx,
+                                                   .deliver = role_deliver,
+                                                   .sent = role_sent };
 
 static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx__dpdk_hdr *h,
                     const void *payload)
@@ -175,12 +180,12 @@ static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cf
         cfx__dpdk_sess_rx(&r->s, h, payload, cfx__now_ns());
 }
 
-#define FAIL(...)                                                              \
-    do {                                                                       \
-        fprintf(stderr, "%s: ", server ? "server" : "client");                 \
-        fprintf(stderr, __VA_ARGS__);                                          \
-        fprintf(stderr, "\n");                                                 \
-        return 1;                                                              \
+#define FAIL(...)                                              \
+    do {                                                       \
+        fprintf(stderr, "%s: ", server ? "server" : "client"); \
+        fprintf(stderr, __VA_ARGS__);                          \
+        fprintf(stderr, "\n");                                 \
+        return 1;                                              \
     } while (0)
 
 /* One side.  to_peer/from_peer: pipes for the MAC exchange (the handshake's
@@ -189,10 +194,11 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
 {
     static struct role r;
     char eal[512];
-    snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l 0 --log-level=*:warning --no-telemetry "
-             "--vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
-             (int)getpid(), server ? "server" : "client", dir);
+    snprintf(
+        eal, sizeof(eal),
+        "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l 0 --log-level=*:warning --no-telemetry "
+        "--vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
+        (int)getpid(), server ? "server" : "client", dir);
     if (cfx__dpdk_eal_init(eal) != CFX_OK)
         FAIL("EAL init failed with: %s", eal);
     struct cfx__dpdk_port_params pp = {
@@ -217,9 +223,14 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
             FAIL("memif link never came up");
         usleep(1000);
     }
-    struct cfx__dpdk_rel_params rp = {.mtu_payload = MTU, .rcv_slots = 256, .snd_slots = 256,
-                                      .sendq_max = 32, .msg_max = MAXMSG, .max_retries = 10,
-                                      .rto_init_ns = 5000000, .rto_min_ns = 1000000};
+    struct cfx__dpdk_rel_params rp = { .mtu_payload = MTU,
+                                       .rcv_slots = 256,
+                                       .snd_slots = 256,
+                                       .sendq_max = 32,
+                                       .msg_max = MAXMSG,
+                                       .max_retries = 10,
+                                       .rto_init_ns = 5000000,
+                                       .rto_min_ns = 1000000 };
     if (cfx__dpdk_sess_init(&r.s, &rp, &role_ops, &r, server ? 1 : 2, server ? 2 : 1,
                             server ? "memif-client" : "memif-server") != CFX_OK)
         FAIL("session init");
@@ -255,7 +266,7 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
         }
         if (server && r.got == NMSG) {
             /* keep acking until the client has every ack */
-            struct pollfd pfd = {.fd = from_peer, .events = POLLIN};
+            struct pollfd pfd = { .fd = from_peer, .events = POLLIN };
             if (poll(&pfd, 1, 0) == 1)
                 done = true;
         }

@@ -21,13 +21,13 @@
 /* --- the simulated network ----------------------------------------------- */
 
 struct impair {
-    uint32_t drop_ppm;        /* random loss, per million packets */
-    uint32_t burst_ppm;       /* chance a packet starts a loss burst */
-    uint64_t burst_ns;        /* a burst loses every packet sent for this long */
-    uint32_t dup_ppm;         /* packets delivered twice */
-    uint32_t reorder_ppm;     /* packets held back by up to reorder_ns */
+    uint32_t drop_ppm;    /* random loss, per million packets */
+    uint32_t burst_ppm;   /* chance a packet starts a loss burst */
+    uint64_t burst_ns;    /* a burst loses every packet sent for this long */
+    uint32_t dup_ppm;     /* packets delivered twice */
+    uint32_t reorder_ppm; /* packets held back by up to reorder_ns */
     uint64_t reorder_ns;
-    bool drop_all;            /* a dead peer */
+    bool drop_all; /* a dead peer */
 };
 
 struct pkt {
@@ -43,15 +43,15 @@ struct sim;
 struct ep {
     struct cfx__dpdk_sess s;
     struct sim *sim;
-    int idx;             /* in sim->ep */
-    int peer;            /* where its packets go */
-    bool bottleneck;     /* its packets cross the shared queue */
+    int idx;         /* in sim->ep */
+    int peer;        /* where its packets go */
+    bool bottleneck; /* its packets cross the shared queue */
     /* sender */
-    uint32_t to_send;    /* messages to send in all */
-    uint32_t queued;     /* queued so far */
-    uint32_t acked;      /* sent() calls */
-    uint32_t max_len;    /* message sizes up to this */
-    uint64_t seed;       /* reference stream of its messages */
+    uint32_t to_send; /* messages to send in all */
+    uint32_t queued;  /* queued so far */
+    uint32_t acked;   /* sent() calls */
+    uint32_t max_len; /* message sizes up to this */
+    uint64_t seed;    /* reference stream of its messages */
     /* receiver */
     uint32_t got;        /* messages delivered */
     uint32_t got_late;   /* delivered after the fairness warm-up */
@@ -67,18 +67,18 @@ struct sim {
     uint64_t rng;
     uint64_t serial;
     struct impair imp;
-    uint64_t latency_ns;     /* one way */
-    uint64_t burst_end;      /* a loss burst lasts until then */
-    struct pkt **heap;       /* min-heap of packets in flight */
+    uint64_t latency_ns; /* one way */
+    uint64_t burst_end;  /* a loss burst lasts until then */
+    struct pkt **heap;   /* min-heap of packets in flight */
     size_t nheap, capheap;
     struct ep ep[4];
     int nep;
     /* shared bottleneck */
-    uint64_t svc_ns;         /* per packet; 0: none */
-    uint32_t queue_max;      /* packets */
-    uint64_t busy_until;     /* when the queue drains */
-    uint64_t warmup_ns;      /* count deliveries after this */
-    uint64_t drops;          /* dropped by the channel */
+    uint64_t svc_ns;     /* per packet; 0: none */
+    uint32_t queue_max;  /* packets */
+    uint64_t busy_until; /* when the queue drains */
+    uint64_t warmup_ns;  /* count deliveries after this */
+    uint64_t drops;      /* dropped by the channel */
 };
 
 static uint64_t rnd(struct sim *sim)
@@ -90,7 +90,10 @@ static uint64_t rnd(struct sim *sim)
     return z ^ (z >> 31);
 }
 
-static bool chance(struct sim *sim, uint32_t ppm) { return ppm && rnd(sim) % 1000000 < ppm; }
+static bool chance(struct sim *sim, uint32_t ppm)
+{
+    return ppm && rnd(sim) % 1000000 < ppm;
+}
 
 static bool pkt_before(const struct pkt *a, const struct pkt *b)
 {
@@ -204,14 +207,10 @@ static uint32_t msg_len(uint64_t seed, uint32_t i, uint32_t max_len)
     uint64_t z = (seed ^ (0x5851F42D4C957F2Dull * (i + 1))) * 0x9E3779B97F4A7C15ull;
     z ^= z >> 29;
     switch (z % 8) {
-    case 0:
-        return 0;
-    case 1:
-        return 1 + (uint32_t)(z >> 8) % 64;
-    case 2:
-        return max_len; /* the largest */
-    default:
-        return (uint32_t)(z >> 8) % (max_len + 1);
+    case 0: return 0;
+    case 1: return 1 + (uint32_t)(z >> 8) % 64;
+    case 2: return max_len; /* the largest */
+    default: return (uint32_t)(z >> 8) % (max_len + 1);
     }
 }
 
@@ -257,8 +256,7 @@ static void ep_init(struct sim *sim, int idx, int peer, const struct cfx__dpdk_r
     e->max_len = max_len;
     e->seed = seed;
     snprintf(name, sizeof(name), "sim-node-%d", peer);
-    cr_assert_eq(cfx__dpdk_sess_init(&e->s, p, &sim_ops, e, 100 + idx, 100 + peer, name),
-                 CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_init(&e->s, p, &sim_ops, e, 100 + idx, 100 + peer, name), CFX_OK);
     if (idx >= sim->nep)
         sim->nep = idx + 1;
 }
@@ -347,8 +345,12 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
 {
     static struct sim sim; /* big: keep it off the stack */
     memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = {.mtu_payload = 1024, .rcv_slots = 64, .snd_slots = 64,
-                                     .sendq_max = 16, .isn = isn, .max_retries = 12};
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
+                                      .rcv_slots = 64,
+                                      .snd_slots = 64,
+                                      .sendq_max = 16,
+                                      .isn = isn,
+                                      .max_retries = 12 };
     sim.rng = seed;
     sim.imp = *imp;
     sim.latency_ns = 10000;
@@ -383,38 +385,42 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
 
 Test(dpdk_rel, clean_channel)
 {
-    struct impair imp = {0};
+    struct impair imp = { 0 };
     run_pair(&imp, 1, 0);
 }
 
 Test(dpdk_rel, drop_1pct)
 {
-    struct impair imp = {.drop_ppm = 10000};
+    struct impair imp = { .drop_ppm = 10000 };
     run_pair(&imp, 2, 0);
 }
 
 Test(dpdk_rel, drop_bursts)
 {
-    struct impair imp = {.burst_ppm = 2000, .burst_ns = 200000};
+    struct impair imp = { .burst_ppm = 2000, .burst_ns = 200000 };
     run_pair(&imp, 3, 0);
 }
 
 Test(dpdk_rel, duplicates)
 {
-    struct impair imp = {.dup_ppm = 50000};
+    struct impair imp = { .dup_ppm = 50000 };
     run_pair(&imp, 4, 0);
 }
 
 Test(dpdk_rel, reordering)
 {
-    struct impair imp = {.reorder_ppm = 100000, .reorder_ns = 50000};
+    struct impair imp = { .reorder_ppm = 100000, .reorder_ns = 50000 };
     run_pair(&imp, 5, 0);
 }
 
 Test(dpdk_rel, everything_at_once_across_seq_wrap)
 {
-    struct impair imp = {.drop_ppm = 10000, .burst_ppm = 1000, .burst_ns = 100000,
-                         .dup_ppm = 10000, .reorder_ppm = 50000, .reorder_ns = 30000};
+    struct impair imp = { .drop_ppm = 10000,
+                          .burst_ppm = 1000,
+                          .burst_ns = 100000,
+                          .dup_ppm = 10000,
+                          .reorder_ppm = 50000,
+                          .reorder_ns = 30000 };
     run_pair(&imp, 6, 0xFFFFFF00u);
 }
 
@@ -424,8 +430,9 @@ Test(dpdk_rel, full_window_makes_the_sender_wait)
 {
     static struct sim sim;
     memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = {.mtu_payload = 1024, .rcv_slots = 32, .snd_slots = 256,
-                                     .sendq_max = 64};
+    struct cfx__dpdk_rel_params p = {
+        .mtu_payload = 1024, .rcv_slots = 32, .snd_slots = 256, .sendq_max = 64
+    };
     sim.rng = 7;
     sim.latency_ns = 10000;
     ep_init(&sim, 0, 1, &p, 300, 4096, 11);
@@ -462,8 +469,9 @@ Test(dpdk_rel, dead_peer_fails_with_a_sticky_error_naming_it)
 {
     static struct sim sim;
     memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = {.max_retries = 5, .rto_init_ns = 1000000,
-                                     .rto_max_ns = 16000000};
+    struct cfx__dpdk_rel_params p = { .max_retries = 5,
+                                      .rto_init_ns = 1000000,
+                                      .rto_max_ns = 16000000 };
     sim.rng = 8;
     sim.latency_ns = 10000;
     sim.imp.drop_all = true;
@@ -498,9 +506,13 @@ static void run_bottleneck(uint64_t t_low, uint64_t t_high, bool want_delay_cuts
 {
     static struct sim sim;
     memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = {.mtu_payload = 1024, .rcv_slots = 512, .snd_slots = 512,
-                                     .sendq_max = 512, .t_low_ns = t_low, .t_high_ns = t_high,
-                                     .cwnd_init = 4};
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
+                                      .rcv_slots = 512,
+                                      .snd_slots = 512,
+                                      .sendq_max = 512,
+                                      .t_low_ns = t_low,
+                                      .t_high_ns = t_high,
+                                      .cwnd_init = 4 };
     sim.rng = 9;
     sim.latency_ns = 10000;
     sim.svc_ns = 1000;
@@ -573,9 +585,10 @@ static const struct cfx__dpdk_hdr good_hdr = {
     .ts_echo = 0x99AABBCCDDEEFF00ull,
 };
 
-static int decode_mod(struct cfx__dpdk_hdr h, size_t off, uint8_t byte, size_t len, const char **why)
+static int decode_mod(struct cfx__dpdk_hdr h, size_t off, uint8_t byte, size_t len,
+                      const char **why)
 {
-    uint8_t buf[CFX_DPDK_HDR_LEN + 200] = {0};
+    uint8_t buf[CFX_DPDK_HDR_LEN + 200] = { 0 };
     struct cfx__dpdk_hdr out;
     cfx__dpdk_hdr_encode(&h, buf);
     if (off < sizeof(buf))
@@ -585,7 +598,7 @@ static int decode_mod(struct cfx__dpdk_hdr h, size_t off, uint8_t byte, size_t l
 
 Test(dpdk_rel, header_round_trip_little_endian)
 {
-    uint8_t buf[CFX_DPDK_HDR_LEN + 100] = {0};
+    uint8_t buf[CFX_DPDK_HDR_LEN + 100] = { 0 };
     struct cfx__dpdk_hdr out;
     const char *why;
     cfx__dpdk_hdr_encode(&good_hdr, buf);
@@ -594,7 +607,7 @@ Test(dpdk_rel, header_round_trip_little_endian)
     cr_assert_eq(buf[1], 0xCF);
     cr_assert_eq(buf[2], CFX_DPDK_VERSION);
     cr_assert_eq(buf[4], 7);
-    cr_assert_eq(buf[8], 0x04); /* seq, low byte first */
+    cr_assert_eq(buf[8], 0x04);  /* seq, low byte first */
     cr_assert_eq(buf[16], 0x01); /* sack */
     cr_assert_eq(buf[23], 0x80);
     cr_assert_eq(buf[40], 0x88); /* ts */
@@ -624,39 +637,39 @@ Test(dpdk_rel, decoder_refuses_malformed_headers)
         int rc;
     } cases[12];
     int n = 0;
-#define CASE(expr)                                                             \
-    do {                                                                       \
-        cases[n].what = #expr;                                                 \
-        cases[n].rc = (expr);                                                  \
-        cr_assert_eq(cases[n].rc, CFX_ERR_PROTO, "%s accepted", #expr);        \
-        cr_assert_not_null(why);                                               \
-        n++;                                                                   \
+#define CASE(expr)                                                      \
+    do {                                                                \
+        cases[n].what = #expr;                                          \
+        cases[n].rc = (expr);                                           \
+        cr_assert_eq(cases[n].rc, CFX_ERR_PROTO, "%s accepted", #expr); \
+        cr_assert_not_null(why);                                        \
+        n++;                                                            \
     } while (0)
-    CASE(decode_mod(good_hdr, 999, 0, CFX_DPDK_HDR_LEN - 1, &why));  /* truncated */
-    CASE(decode_mod(good_hdr, 0, 0x00, full, &why));                 /* magic */
-    CASE(decode_mod(good_hdr, 2, 2, full, &why));                    /* version */
-    CASE(decode_mod(good_hdr, 3, 0x80, full, &why));                 /* unknown flag */
-    CASE(decode_mod(good_hdr, 3, 0, full, &why));                    /* no flag */
-    CASE(decode_mod(good_hdr, 999, 0, full - 1, &why));              /* len not the rest */
+    CASE(decode_mod(good_hdr, 999, 0, CFX_DPDK_HDR_LEN - 1, &why)); /* truncated */
+    CASE(decode_mod(good_hdr, 0, 0x00, full, &why));                /* magic */
+    CASE(decode_mod(good_hdr, 2, 2, full, &why));                   /* version */
+    CASE(decode_mod(good_hdr, 3, 0x80, full, &why));                /* unknown flag */
+    CASE(decode_mod(good_hdr, 3, 0, full, &why));                   /* no flag */
+    CASE(decode_mod(good_hdr, 999, 0, full - 1, &why));             /* len not the rest */
     h = good_hdr;
     h.frag_idx = 3;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* idx >= cnt */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* idx >= cnt */
     h = good_hdr;
     h.frag_cnt = 0;
     h.frag_idx = 0;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* no fragments */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* no fragments */
     h = good_hdr;
     h.msg_len = CFX_DPDK_MSG_MAX + 1;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* message cap */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* message cap */
     h = good_hdr;
     h.msg_len = 50;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* fragment > message */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* fragment > message */
     h = good_hdr;
     h.flags = CFX_DPDK_F_ACK;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* payload without DATA */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* payload without DATA */
     h = good_hdr;
     h.window = CFX_DPDK_WIN_MAX + 1;
-    CASE(decode_mod(h, 999, 0, full, &why));                         /* window cap */
+    CASE(decode_mod(h, 999, 0, full, &why)); /* window cap */
 #undef CASE
     /* a fragment count that cannot carry the message */
     h = good_hdr;
@@ -678,15 +691,21 @@ Test(dpdk_rel, decoder_refuses_malformed_headers)
 }
 
 /* Protocol errors past the decoder fail the session, naming the peer. */
-static int null_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload) { return 0; }
-static int null_deliver(void *ctx, const void *buf, size_t len) { return 0; }
-static const struct cfx__dpdk_rel_ops null_ops = {.tx = null_tx, .deliver = null_deliver};
+static int null_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    return 0;
+}
+static int null_deliver(void *ctx, const void *buf, size_t len)
+{
+    return 0;
+}
+static const struct cfx__dpdk_rel_ops null_ops = { .tx = null_tx, .deliver = null_deliver };
 
 static int sess_one(struct cfx__dpdk_hdr h)
 {
     struct cfx__dpdk_sess s;
     static uint8_t payload[CFX_DPDK_PAYLOAD_MAX];
-    struct cfx__dpdk_rel_params p = {.mtu_payload = 1024, .msg_max = 4096};
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 7, 8, "node-x"), CFX_OK);
     int rc = cfx__dpdk_sess_rx(&s, &h, payload, 1000);
     if (rc)
@@ -698,39 +717,41 @@ static int sess_one(struct cfx__dpdk_hdr h)
 
 Test(dpdk_rel, session_refuses_what_the_protocol_forbids)
 {
-    struct cfx__dpdk_hdr h = {.flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024,
-                              .frag_cnt = 3, .msg_len = 2148};
+    struct cfx__dpdk_hdr h = {
+        .flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024, .frag_cnt = 3, .msg_len = 2148
+    };
     cr_assert_eq(sess_one(h), CFX_OK); /* fragment 0 of 3, 1024 bytes: fine */
     h.len = 1000;
     cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* short middle fragment */
     h.len = 100;
     h.frag_idx = 2;
-    h.seq = 2; /* out of order, so it waits in the reorder buffer */
+    h.seq = 2;                         /* out of order, so it waits in the reorder buffer */
     cr_assert_eq(sess_one(h), CFX_OK); /* the last one is short */
     h.seq = 0;
     cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* a message starting at fragment 2 */
     h.frag_cnt = 4;
     h.frag_idx = 3;
     cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* count does not match the length */
-    h = (struct cfx__dpdk_hdr){.flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024,
-                               .frag_cnt = 5, .msg_len = 5000};
+    h = (struct cfx__dpdk_hdr){
+        .flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024, .frag_cnt = 5, .msg_len = 5000
+    };
     cr_assert_eq(sess_one(h), CFX_ERR_TOO_BIG); /* over msg_max */
-    h = (struct cfx__dpdk_hdr){.flags = CFX_DPDK_F_ACK, .session = 7, .ack = 5, .window = 1};
+    h = (struct cfx__dpdk_hdr){ .flags = CFX_DPDK_F_ACK, .session = 7, .ack = 5, .window = 1 };
     cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* acks data never sent */
-    h = (struct cfx__dpdk_hdr){.flags = CFX_DPDK_F_ACK, .session = 7, .sack = 1, .window = 1};
+    h = (struct cfx__dpdk_hdr){ .flags = CFX_DPDK_F_ACK, .session = 7, .sack = 1, .window = 1 };
     cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* sacks data never sent */
 }
 
 Test(dpdk_rel, parameters_over_their_caps_are_refused)
 {
     struct cfx__dpdk_sess s;
-    struct cfx__dpdk_rel_params p = {.rcv_slots = CFX_DPDK_WIN_MAX + 1};
+    struct cfx__dpdk_rel_params p = { .rcv_slots = CFX_DPDK_WIN_MAX + 1 };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
-    p = (struct cfx__dpdk_rel_params){.mtu_payload = CFX_DPDK_PAYLOAD_MAX + 1};
+    p = (struct cfx__dpdk_rel_params){ .mtu_payload = CFX_DPDK_PAYLOAD_MAX + 1 };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
-    p = (struct cfx__dpdk_rel_params){.msg_max = CFX_DPDK_MSG_MAX + 1};
+    p = (struct cfx__dpdk_rel_params){ .msg_max = CFX_DPDK_MSG_MAX + 1 };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
-    p = (struct cfx__dpdk_rel_params){.mtu_payload = 64, .msg_max = CFX_DPDK_MSG_MAX};
+    p = (struct cfx__dpdk_rel_params){ .mtu_payload = 64, .msg_max = CFX_DPDK_MSG_MAX };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
     /* sender side: a message over msg_max */
     cr_assert_eq(cfx__dpdk_sess_init(&s, NULL, &null_ops, NULL, 1, 2, "x"), CFX_OK);
