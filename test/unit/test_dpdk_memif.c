@@ -199,6 +199,11 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
         "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l 0 --log-level=*:warning --no-telemetry "
         "--vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
         (int)getpid(), server ? "server" : "client", dir);
+    /* The server's socket must exist before the client's port starts (a
+     * memif client that finds no socket does not try again): the client
+     * waits for the server's address before it starts EAL. */
+    if (!server && read(from_peer, &r.peer, sizeof(r.peer)) != sizeof(r.peer))
+        FAIL("address from the server: %s", strerror(errno));
     if (cfx__dpdk_eal_init(eal) != CFX_OK)
         FAIL("EAL init failed with: %s", eal);
     struct cfx__dpdk_port_params pp = {
@@ -211,9 +216,10 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
         FAIL("port open failed");
     struct cfx__dpdk_addr me;
     cfx__dpdk_port_addr(r.port, &me);
-    if (write(to_peer, &me, sizeof(me)) != sizeof(me) ||
-        read(from_peer, &r.peer, sizeof(r.peer)) != sizeof(r.peer))
-        FAIL("address exchange: %s", strerror(errno));
+    if (write(to_peer, &me, sizeof(me)) != sizeof(me))
+        FAIL("address to the peer: %s", strerror(errno));
+    if (server && read(from_peer, &r.peer, sizeof(r.peer)) != sizeof(r.peer))
+        FAIL("address from the client: %s", strerror(errno));
 
     uint64_t deadline = cfx__now_ns() + 60ull * 1000000000ull;
     /* memif raises its link when both sides connected; there is no event to
