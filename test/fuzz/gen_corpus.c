@@ -395,6 +395,28 @@ static void dpdk(void)
     put("fuzz_dpdk_hdr", "frame_data", buf, 1 + (size_t)len);
     len = cfx__dpdk_frame_build(buf + 1, sizeof(buf) - 1, &a, &b, &ack, NULL);
     put("fuzz_dpdk_hdr", "frame_ack", buf, 1 + (size_t)len);
+
+    /* a session stream: an ack with a sack, then two data packets */
+    uint8_t st[1 + 3 * (2 + CFX_DPDK_HDR_LEN + 64)];
+    size_t n = 0;
+    st[n++] = 2;
+    struct cfx__dpdk_hdr sa = {.flags = CFX_DPDK_F_ACK, .session = 7, .ack = 2, .sack = 0x3,
+                               .window = 16, .ts_echo = 1000};
+    st[n++] = CFX_DPDK_HDR_LEN;
+    st[n++] = 0;
+    cfx__dpdk_hdr_encode(&sa, st + n);
+    n += CFX_DPDK_HDR_LEN;
+    for (uint32_t i = 0; i < 2; i++) {
+        struct cfx__dpdk_hdr d = {.flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK, .session = 7,
+                                  .seq = 1 - i, .len = 64, .frag_idx = (uint16_t)(1 - i),
+                                  .frag_cnt = 2, .msg_len = 128, .window = 16, .ts = 5};
+        st[n++] = CFX_DPDK_HDR_LEN + 64;
+        st[n++] = 0;
+        cfx__dpdk_hdr_encode(&d, st + n);
+        memset(st + n + CFX_DPDK_HDR_LEN, 0x5A, 64);
+        n += CFX_DPDK_HDR_LEN + 64;
+    }
+    put("fuzz_dpdk_hdr", "session_stream", st, n);
 }
 
 int main(int argc, char **argv)
