@@ -42,7 +42,8 @@ struct cfx__dpdk_port {
 
 /* EAL is process-wide: one initialisation, whose result every caller gets. */
 static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
-static int eal_state; /* 0: not tried; 1: up; negative: the failure */
+static int eal_state;       /* 0: not tried; 1: up; negative: the failure */
+static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on */
 
 int cfx__dpdk_eal_init(const char *args)
 {
@@ -97,9 +98,10 @@ int cfx__dpdk_eal_init(const char *args)
     rc = CFX_OK;
     CFX_LOG(INFO, DPDK, "EAL up (%s), %u ports", args, rte_eth_dev_count_avail());
 out_free:
-    /* EAL keeps pointers into argv: the copy lives as long as the process */
     if (rc)
         free(copy);
+    else
+        eal_args_kept = copy;
 out_unlock:
     pthread_mutex_unlock(&eal_lock);
     return rc;

@@ -52,6 +52,7 @@ struct ep {
     uint32_t acked;   /* sent() calls */
     uint32_t max_len; /* message sizes up to this */
     uint64_t seed;    /* reference stream of its messages */
+    void *bufs[1024]; /* buffers of messages acked..queued-1 (sendq_max <= 1024) */
     /* receiver */
     uint32_t got;        /* messages delivered */
     uint32_t got_late;   /* delivered after the fairness warm-up */
@@ -278,6 +279,7 @@ static void ep_feed(struct ep *e)
             free(buf);
             return; /* the sticky error: the test looks at it */
         }
+        e->bufs[e->queued % 1024] = buf;
         e->queued++;
     }
 }
@@ -333,8 +335,13 @@ static void sim_fini(struct sim *sim)
     while (sim->nheap)
         free(heap_pop(sim));
     free(sim->heap);
-    for (int i = 0; i < sim->nep; i++)
-        cfx__dpdk_sess_fini(&sim->ep[i].s);
+    for (int i = 0; i < sim->nep; i++) {
+        struct ep *e = &sim->ep[i];
+        cfx__dpdk_sess_fini(&e->s);
+        /* messages still queued: fini does not call sent(), they are ours */
+        for (uint32_t m = e->acked; m != e->queued; m++)
+            free(e->bufs[m % 1024]);
+    }
 }
 
 /* --- delivery under impairments -------------------------------------------- */
