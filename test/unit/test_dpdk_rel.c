@@ -381,6 +381,13 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
         cr_assert_leq(e->max_inflight, p.rcv_slots, "window overrun");
         cr_assert_eq(e->s.stats.rx_beyond, 0);
     }
+    for (int i = 0; i < 2; i++)
+        cr_log_info("endpoint %d: data %llu retx %llu rto %llu fast %llu dup %llu, %.3f ms", i,
+                    (unsigned long long)sim.ep[i].s.stats.tx_data,
+                    (unsigned long long)sim.ep[i].s.stats.tx_retx,
+                    (unsigned long long)sim.ep[i].s.stats.rto,
+                    (unsigned long long)sim.ep[i].s.stats.fast_retx,
+                    (unsigned long long)sim.ep[i].s.stats.rx_dup, (double)sim.now / 1e6);
     if (imp->drop_ppm || imp->burst_ppm) {
         cr_assert_gt(sim.drops, 0);
         cr_assert_gt(sim.ep[0].s.stats.tx_retx + sim.ep[1].s.stats.tx_retx, 0);
