@@ -190,7 +190,7 @@ static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cf
 
 /* One side.  to_peer/from_peer: pipes for the MAC exchange (the handshake's
  * job in the transport) and the client's "all acknowledged". */
-static int run_role(bool server, const char *dir, int to_peer, int from_peer)
+static int run_role(bool server, const char *dir, int to_peer, int from_peer, uint32_t die_after)
 {
     static struct role r;
     char eal[512];
@@ -261,8 +261,19 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer)
             queued++;
         }
         cfx__dpdk_port_rx(r.port, role_rx, &r);
-        if (cfx__dpdk_sess_poll(&r.s, now))
+        if (server && die_after && r.got >= die_after)
+            _exit(0); /* a crash: no goodbye, the port and the memif socket just go */
+        if (cfx__dpdk_sess_poll(&r.s, now)) {
+            if (die_after && r.s.error == CFX_ERR_TIMEOUT &&
+                strstr(r.s.error_msg, "memif-server")) {
+                fprintf(stderr, "client: the dead server noticed after %.3f s: %s\n",
+                        (double)(cfx__now_ns() - t0) / 1e9, r.s.error_msg);
+                cfx__dpdk_sess_fini(&r.s);
+                cfx__dpdk_port_close(r.port);
+                return 0;
+            }
             FAIL("%s", r.s.error_msg);
+        }
         cfx__dpdk_port_flush(r.port);
         if (!server && r.acked == NMSG) {
             char d = 'D';
@@ -318,8 +329,8 @@ Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0)
-        _exit(run_role(false, dir, c2s[1], s2c[0]));
-    int rc = run_role(true, dir, s2c[1], c2s[0]);
+        _exit(run_role(false, dir, c2s[1], s2c[0], 0));
+    int rc = run_role(true, dir, s2c[1], c2s[0], 0);
     int status = 0;
     if (rc)
         kill(pid, SIGKILL);
@@ -331,5 +342,35 @@ Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
     cr_assert_eq(rc, 0, "server side failed");
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client side failed (status %#x)",
               status);
+#endif
+}
+
+/* The server dies (exits without a word) after 50 of the 300 messages: the
+ * client's session fails with CFX_ERR_TIMEOUT naming it, within its retry
+ * cap, and does not hang. */
+Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK (CFX_WITH_DPDK=OFF, or libdpdk-dev missing)");
+#else
+    char dir[] = "/tmp/cfx_memif_XXXXXX";
+    int c2s[2], s2c[2];
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(pipe(c2s), 0);
+    cr_assert_eq(pipe(s2c), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(run_role(true, dir, s2c[1], c2s[0], 50));
+    int rc = run_role(false, dir, c2s[1], s2c[0], 50);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    char sock[64];
+    snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
+    unlink(sock);
+    rmdir(dir);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server side failed (status %#x)",
+              status);
+    cr_assert_eq(rc, 0, "client did not fail with a timeout naming the server");
 #endif
 }
