@@ -128,6 +128,7 @@ struct role {
     struct cfx__dpdk_addr peer;
     struct cfx__dpdk_sess s;
     uint32_t got, acked;
+    void *bufs[64]; /* buffers of messages acked..queued-1 (sendq_max 32) */
 };
 
 static uint32_t msg_size(uint32_t i)
@@ -258,6 +259,7 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
             }
             if (rc)
                 FAIL("send: %s", r.s.error_msg);
+            r.bufs[queued % 64] = buf;
             queued++;
         }
         cfx__dpdk_port_rx(r.port, role_rx, &r);
@@ -269,6 +271,8 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
                 fprintf(stderr, "client: the dead server noticed after %.3f s: %s\n",
                         (double)(cfx__now_ns() - t0) / 1e9, r.s.error_msg);
                 cfx__dpdk_sess_fini(&r.s);
+                for (uint32_t m = r.acked; m != queued; m++)
+                    free(r.bufs[m % 64]); /* fini does not call sent(): ours */
                 cfx__dpdk_port_close(r.port);
                 return 0;
             }
