@@ -16,6 +16,8 @@ packages=(
     binutils          # readelf: SONAME check in the install test
     libssl-dev        # libcrypto: HMAC token authentication, SHA-1 object ids
     libcriterion-dev  # unit and integration tests
+    dpdk-dev          # DPDK transport: testpmd and tools (CFX_WITH_DPDK=AUTO finds libdpdk)
+    libdpdk-dev       # librte_* and the net_memif / net_af_packet drivers
     libibverbs-dev    # RDMA verbs transport (CFX_WITH_VERBS=AUTO finds it)
     librdmacm-dev
     ibverbs-providers # user-space drivers, rdma_rxe (Soft-RoCE) among them

@@ -16,6 +16,7 @@
 #include <conflux/status.h>
 
 #include "control/proto.h"
+#include "dataplane/dpdk/dpdk_io.h"
 #include "dataplane/engine/engine.h"
 #include "dataplane/shm/shm.h"
 #include "dataplane/tcp/tcp.h"
@@ -378,6 +379,58 @@ static void shm(void)
     put("fuzz_shm_msg", "wrap_then_send", buf, 1 + 128 + 128);
 }
 
+static void dpdk(void)
+{
+    static const struct cfx__dpdk_addr a = {{0x02, 0, 0, 0, 0, 0xA}, 0x0A000001, 4791};
+    static const struct cfx__dpdk_addr b = {{0x02, 0, 0, 0, 0, 0xB}, 0x0A000002, 4791};
+    uint8_t buf[1 + CFX_DPDK_FRAME_OVERHEAD + 64], payload[64];
+    struct cfx__dpdk_hdr h = {.flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK, .session = 1, .seq = 5,
+                              .ack = 3, .sack = 0x5, .window = 64, .len = sizeof(payload),
+                              .msg_id = 2, .frag_idx = 1, .frag_cnt = 2, .msg_len = 1088,
+                              .ts = 1000, .ts_echo = 900};
+
+    memset(payload, 0xAB, sizeof(payload));
+    buf[0] = 0; /* a bare header */
+    cfx__dpdk_hdr_encode(&h, buf + 1);
+    memcpy(buf + 1 + CFX_DPDK_HDR_LEN, payload, sizeof(payload));
+    put("fuzz_dpdk_hdr", "data", buf, 1 + CFX_DPDK_HDR_LEN + sizeof(payload));
+    struct cfx__dpdk_hdr ack = {.flags = CFX_DPDK_F_ACK | CFX_DPDK_F_ACKREQ, .session = 1,
+                                .ack = 9, .sack = 1ull << 63, .window = 0, .ts_echo = 77};
+    cfx__dpdk_hdr_encode(&ack, buf + 1);
+    put("fuzz_dpdk_hdr", "ack", buf, 1 + CFX_DPDK_HDR_LEN);
+    buf[0] = 1; /* a whole frame a -> b */
+    int len = cfx__dpdk_frame_build(buf + 1, sizeof(buf) - 1, &a, &b, &h, payload);
+    if (len < 0) {
+        fprintf(stderr, "dpdk frame does not fit\n");
+        exit(1);
+    }
+    put("fuzz_dpdk_hdr", "frame_data", buf, 1 + (size_t)len);
+    len = cfx__dpdk_frame_build(buf + 1, sizeof(buf) - 1, &a, &b, &ack, NULL);
+    put("fuzz_dpdk_hdr", "frame_ack", buf, 1 + (size_t)len);
+
+    /* a session stream: an ack with a sack, then two data packets */
+    uint8_t st[1 + 3 * (2 + CFX_DPDK_HDR_LEN + 64)];
+    size_t n = 0;
+    st[n++] = 2;
+    struct cfx__dpdk_hdr sa = {.flags = CFX_DPDK_F_ACK, .session = 7, .ack = 2, .sack = 0x3,
+                               .window = 16, .ts_echo = 1000};
+    st[n++] = CFX_DPDK_HDR_LEN;
+    st[n++] = 0;
+    cfx__dpdk_hdr_encode(&sa, st + n);
+    n += CFX_DPDK_HDR_LEN;
+    for (uint32_t i = 0; i < 2; i++) {
+        struct cfx__dpdk_hdr d = {.flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK, .session = 7,
+                                  .seq = 1 - i, .len = 64, .frag_idx = (uint16_t)(1 - i),
+                                  .frag_cnt = 2, .msg_len = 128, .window = 16, .ts = 5};
+        st[n++] = CFX_DPDK_HDR_LEN + 64;
+        st[n++] = 0;
+        cfx__dpdk_hdr_encode(&d, st + n);
+        memset(st + n + CFX_DPDK_HDR_LEN, 0x5A, 64);
+        n += CFX_DPDK_HDR_LEN + 64;
+    }
+    put("fuzz_dpdk_hdr", "session_stream", st, n);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -393,6 +446,7 @@ int main(int argc, char **argv)
     dp();
     tcp();
     shm();
+    dpdk();
     return 0;
 }
 

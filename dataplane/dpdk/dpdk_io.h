@@ -1,0 +1,122 @@
+/*
+ * dpdk transport, packet I/O: UDP/IPv4/Ethernet frames carrying the
+ * reliability header (dpdk_rel.h), and one DPDK port with one rx/tx queue
+ * pair to send and receive them.
+ *
+ * The frame functions (dpdk_frame.c) are pure C over bytes and build
+ * everywhere; the port (dpdk_io.c) exists only when DPDK was found
+ * (CFX_HAVE_DPDK).  No DPDK type appears here, so callers and tests need no
+ * DPDK headers.
+ *
+ * Threads: EAL initialisation is process-wide and may be called from any
+ * thread (once wins); a port is used by one thread at a time.
+ */
+#ifndef CFX_DPDK_IO_H
+#define CFX_DPDK_IO_H
+
+#include <stdint.h>
+
+#include "dpdk_rel.h"
+
+#define CFX_DPDK_ETH_LEN 14u /* Ethernet II header, no VLAN tag */
+#define CFX_DPDK_IP_LEN  20u /* IPv4 header, no options */
+#define CFX_DPDK_UDP_LEN 8u
+#define CFX_DPDK_FRAME_OVERHEAD \
+    (CFX_DPDK_ETH_LEN + CFX_DPDK_IP_LEN + CFX_DPDK_UDP_LEN + CFX_DPDK_HDR_LEN)
+#define CFX_DPDK_UDP_PORT 4791u /* default UDP port (any free port does) */
+
+/* One end of a flow: where a frame comes from or goes to. */
+struct cfx__dpdk_addr {
+    uint8_t mac[6]; /* Ethernet address */
+    uint32_t ip;    /* IPv4 address, host order */
+    uint16_t port;  /* UDP port, host order */
+};
+
+/*
+ * Writes the frame src -> dst carrying h and its h->len payload bytes into
+ * buf (cap bytes), with the IPv4 header and UDP checksums filled in.
+ * Returns the frame length, or CFX_ERR_TOO_BIG when it does not fit cap.
+ */
+int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *src,
+                          const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
+                          const void *payload);
+
+/*
+ * Checks a received frame of len bytes against the local address: refuses
+ * (CFX_ERR_PROTO, *why says why) another ethertype or VLAN tag, another
+ * destination MAC, IP or UDP port, IPv4 options or fragments, a protocol
+ * other than UDP, lengths that disagree with the frame, a bad IPv4 or UDP
+ * checksum (a zero UDP checksum means none, as IPv4 allows), and whatever
+ * cfx__dpdk_hdr_decode refuses.  On success fills *src, *h and *payload
+ * (pointing into buf).
+ */
+int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_addr *local,
+                          struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h, const void **payload,
+                          const char **why);
+
+/* --- the DPDK port (CFX_HAVE_DPDK only) ----------------------------------- */
+
+struct cfx__dpdk_port;
+
+/* Port parameters; zero fields take the defaults in brackets. */
+struct cfx__dpdk_port_params {
+    const char *name;      /* ethdev name (e.g. "net_memif0"); NULL: the first port */
+    uint32_t ip;           /* our IPv4 address, host order (required) */
+    uint16_t udp_port;     /* our UDP port [CFX_DPDK_UDP_PORT] */
+    uint32_t nb_mbufs;     /* mbuf pool size [4095] */
+    uint16_t nb_desc;      /* descriptors per queue [512] */
+    uint32_t rx_drop_ppm;  /* test hook: drop this many received frames per million */
+    uint64_t rx_drop_seed; /* and the seed of that choice */
+};
+
+struct cfx__dpdk_port_stats {
+    uint64_t rx;         /* frames taken */
+    uint64_t rx_refused; /* frames refused by cfx__dpdk_frame_parse */
+    uint64_t rx_dropped; /* frames dropped by the rx_drop_ppm hook */
+    uint64_t tx;         /* frames handed to the device */
+    uint64_t tx_full;    /* frames the device queue did not take */
+};
+
+/*
+ * Initialises DPDK's EAL once per process.  args: the EAL command line, or
+ * NULL for $CFX_DPDK_EAL, or when that is unset the default
+ *   --no-huge -m 512 --no-pci --file-prefix=cfx<pid> -l 0 --log-level=*:warning
+ * (and --no-telemetry) plus --vdev=$CFX_DPDK_VDEV when set.  (--in-memory is refused with
+ * --no-huge in DPDK 22.11, and --no-shconf breaks net_memif.)  The calling
+ * thread keeps its CPU affinity.  Returns 0 (also on later calls), or
+ * CFX_ERR_NO_DEVICE when EAL failed, now or on the first call.
+ */
+int cfx__dpdk_eal_init(const char *args);
+
+/* Opens and starts the port; *out on success.  CFX_ERR_NO_DEVICE when no
+ * such port, CFX_ERR_NOMEM for the pool, CFX_ERR_IO when it did not start. */
+int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out);
+/* Stops and frees the port; NULL is a no-op. */
+void cfx__dpdk_port_close(struct cfx__dpdk_port *port);
+/* Our address (MAC of the port, IP and UDP port of the parameters). */
+void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_addr *out);
+/* 1 when the link is up, 0 when not. */
+int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);
+
+/*
+ * Builds one frame to dst into an mbuf of the batch; the batch goes out
+ * when full or at cfx__dpdk_port_flush.  Returns 0, CFX_ERR_AGAIN when no
+ * mbuf is free, CFX_ERR_TOO_BIG when the frame does not fit one mbuf.
+ * (Fits cfx__dpdk_rel_ops.tx through a small adapter holding dst.)
+ */
+int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
+                      const struct cfx__dpdk_hdr *h, const void *payload);
+/* Sends the batch; frames the device does not take are freed and counted
+ * (the reliability layer retransmits them).  Returns frames sent. */
+int cfx__dpdk_port_flush(struct cfx__dpdk_port *port);
+
+/* Called for each frame received for us; payload is valid during the call. */
+typedef void (*cfx__dpdk_rx_cb)(void *ctx, const struct cfx__dpdk_addr *src,
+                                const struct cfx__dpdk_hdr *h, const void *payload);
+/* Receives one burst, hands each frame of ours to cb and frees them all.
+ * Returns the frames taken (refused and dropped ones not counted). */
+int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx);
+
+void cfx__dpdk_port_get_stats(const struct cfx__dpdk_port *port, struct cfx__dpdk_port_stats *out);
+
+#endif

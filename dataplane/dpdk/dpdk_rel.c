@@ -1,0 +1,723 @@
+/*
+ * dpdk transport, reliability layer: sessions over a lossy datagram service.
+ *
+ * Send side: messages queue in a ring (sendq) and go out as packets of
+ * mtu_payload bytes with consecutive sequence numbers.  A packet leaves
+ * when three windows allow it: the ring of packets in flight (snd_slots),
+ * the peer's advertised window (snd_right) and the congestion window
+ * (cwnd, counted against `pipe`: packets sent and not yet acked, sacked or
+ * found lost).  Losses are found two ways: from the sack bitmap, as RACK
+ * does (a packet sent before one that arrived, by more than a quarter of
+ * the minimum RTT or three sequence numbers, is lost), and by the
+ * retransmission timer (RTO from the smoothed RTT, doubled on each timeout
+ * up to rto_max; max_retries timeouts in a row fail the session).
+ *
+ * Congestion control: AIMD on packets, as in TCP Reno with SACK, plus a
+ * delay signal after Timely (eRPC's choice): an RTT above t_high cuts the
+ * window in proportion to how far above it is; between t_low and t_high a
+ * rising RTT gradient cuts it; each cut at most once per window of data.  Loss and delay cuts are
+ * multiplicative and growth additive, so flows sharing a bottleneck
+ * converge to equal windows.
+ *
+ * Receive side: a ring of rcv_slots packets indexed by sequence number is
+ * the reorder buffer; the advertised window is what is left of it past the
+ * cumulative ack, so its right edge (rcv_dlv + rcv_slots) only moves
+ * forward.  In-order packets are reassembled into whole messages and
+ * handed to deliver(); a refused message holds everything behind it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/common/log.h"
+#include "dpdk_rel.h"
+
+struct cfx__dpdk_msg {
+    const uint8_t *buf; /* caller's bytes, valid until sent() */
+    uint32_t len;       /* bytes */
+    uint32_t msg_id;    /* on the wire */
+    uint16_t frag_cnt;  /* packets it takes */
+    uint16_t next_frag; /* next fragment to send the first time */
+    void *cookie;       /* handed back to sent() */
+};
+
+struct cfx__dpdk_tx_slot {
+    uint64_t sent_ns;  /* last transmission */
+    uint32_t msg;      /* sendq index (unwrapped) of its message */
+    uint16_t frag_idx; /* fragment of that message */
+    bool last;         /* last fragment: the message completes with its ack */
+    bool in_pipe;      /* counted in pipe */
+    bool lost;         /* found lost, waits for retransmission */
+    bool sacked;       /* the peer has it, out of order */
+    bool retx;         /* retransmitted at least once (Karn) */
+};
+
+struct cfx__dpdk_rx_slot {
+    bool used; /* holds packet seq */
+    uint32_t seq;
+    uint16_t len;
+    uint16_t frag_idx;
+    uint16_t frag_cnt;
+    uint32_t msg_id;
+    uint32_t msg_len;
+};
+
+static inline int32_t seq_diff(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b);
+}
+
+static inline uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+static inline uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+__attribute__((format(printf, 3, 4))) static int sess_fail(struct cfx__dpdk_sess *s, int rc,
+                                                           const char *fmt, ...)
+{
+    if (s->error)
+        return s->error;
+    int n =
+        snprintf(s->error_msg, sizeof(s->error_msg), "session %u to %s: ", s->local_id, s->peer);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof(s->error_msg))
+        vsnprintf(s->error_msg + n, sizeof(s->error_msg) - (size_t)n, fmt, ap);
+    va_end(ap);
+    s->error = rc;
+    CFX_LOG(ERR, DPDK, "%s", s->error_msg);
+    return rc;
+}
+
+static void params_fill(struct cfx__dpdk_rel_params *p)
+{
+#define DEF(f, v) \
+    if (!p->f)    \
+        p->f = (v);
+    DEF(mtu_payload, 1024);
+    DEF(snd_slots, 256);
+    DEF(rcv_slots, 256);
+    DEF(sendq_max, 128);
+    DEF(msg_max, 1u << 20);
+    DEF(max_retries, 8);
+    DEF(rto_init_ns, 1000000);
+    DEF(rto_min_ns, 200000);
+    DEF(rto_max_ns, 100000000);
+    DEF(cwnd_init, 16);
+    DEF(t_low_ns, 50000); /* Timely's defaults for a datacenter */
+    DEF(t_high_ns, 500000);
+#undef DEF
+}
+
+int cfx__dpdk_sess_init(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rel_params *p,
+                        const struct cfx__dpdk_rel_ops *ops, void *ctx, uint32_t local_id,
+                        uint32_t peer_id, const char *peer)
+{
+    memset(s, 0, sizeof(*s));
+    if (p)
+        s->p = *p;
+    params_fill(&s->p);
+    const struct cfx__dpdk_rel_params *q = &s->p;
+    if (q->mtu_payload > CFX_DPDK_PAYLOAD_MAX || q->snd_slots > CFX_DPDK_WIN_MAX ||
+        q->rcv_slots > CFX_DPDK_WIN_MAX || q->sendq_max > 65536 || q->msg_max > CFX_DPDK_MSG_MAX ||
+        (q->msg_max + q->mtu_payload - 1) / q->mtu_payload > CFX_DPDK_FRAG_MAX ||
+        q->t_low_ns > q->t_high_ns || q->rto_min_ns > q->rto_max_ns)
+        return CFX_ERR_INVALID;
+    s->ops = ops;
+    s->ctx = ctx;
+    s->local_id = local_id;
+    s->peer_id = peer_id;
+    snprintf(s->peer, sizeof(s->peer), "%s", peer ? peer : "?");
+
+    s->sendq = calloc(q->sendq_max, sizeof(*s->sendq));
+    s->tx = calloc(q->snd_slots, sizeof(*s->tx));
+    s->rx = calloc(q->rcv_slots, sizeof(*s->rx));
+    s->rx_buf = malloc((size_t)q->rcv_slots * q->mtu_payload);
+    if (!s->sendq || !s->tx || !s->rx || !s->rx_buf) {
+        cfx__dpdk_sess_fini(s);
+        return CFX_ERR_NOMEM;
+    }
+    s->snd_una = s->snd_nxt = q->isn;
+    s->snd_right = q->isn + q->rcv_slots; /* until the peer says otherwise: its own default */
+    s->recover = q->isn;
+    s->rack_seq = q->isn;
+    s->delay_cut_seq = q->isn;
+    s->rcv_nxt = s->rcv_dlv = q->isn;
+    s->cwnd = q->cwnd_init;
+    s->ssthresh = q->snd_slots;
+    s->rto_ns = q->rto_init_ns;
+    return CFX_OK;
+}
+
+void cfx__dpdk_sess_fini(struct cfx__dpdk_sess *s)
+{
+    if (!s)
+        return;
+    free(s->sendq);
+    free(s->tx);
+    free(s->rx);
+    free(s->rx_buf);
+    free(s->asm_buf);
+    s->sendq = NULL;
+    s->tx = NULL;
+    s->rx = NULL;
+    s->rx_buf = NULL;
+    s->asm_buf = NULL;
+}
+
+static inline struct cfx__dpdk_tx_slot *tx_slot(struct cfx__dpdk_sess *s, uint32_t seq)
+{
+    return &s->tx[seq % s->p.snd_slots];
+}
+
+static inline struct cfx__dpdk_rx_slot *rx_slot(struct cfx__dpdk_sess *s, uint32_t seq)
+{
+    return &s->rx[seq % s->p.rcv_slots];
+}
+
+static inline uint8_t *rx_payload(struct cfx__dpdk_sess *s, uint32_t seq)
+{
+    return s->rx_buf + (size_t)(seq % s->p.rcv_slots) * s->p.mtu_payload;
+}
+
+/* --- acknowledgements we send --------------------------------------------- */
+
+static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h)
+{
+    uint64_t sack = 0;
+
+    h->flags |= CFX_DPDK_F_ACK;
+    h->ack = s->rcv_nxt;
+    h->window = (uint16_t)(s->p.rcv_slots - (s->rcv_nxt - s->rcv_dlv));
+    for (uint32_t i = 0; i < CFX_DPDK_SACK_BITS; i++) {
+        uint32_t seq = s->rcv_nxt + 1 + i;
+        if (seq - s->rcv_dlv >= s->p.rcv_slots)
+            break;
+        const struct cfx__dpdk_rx_slot *r = rx_slot(s, seq);
+        if (r->used && r->seq == seq)
+            sack |= 1ull << i;
+    }
+    h->sack = sack;
+    h->ts_echo = s->ts_echo;
+}
+
+static void send_ack(struct cfx__dpdk_sess *s, uint64_t now, uint8_t extra)
+{
+    struct cfx__dpdk_hdr h = { .flags = extra, .session = s->peer_id, .ts = now };
+
+    fill_ack(s, &h);
+    if (s->ops->tx(s->ctx, &h, NULL) == CFX_ERR_AGAIN)
+        return; /* stays pending: the next poll tries again */
+    s->ack_pending = false;
+    s->stats.tx_ack++;
+}
+
+/* --- congestion control ---------------------------------------------------- */
+
+static void cc_clamp(struct cfx__dpdk_sess *s)
+{
+    if (s->cwnd < 1.0)
+        s->cwnd = 1.0;
+    if (s->cwnd > s->p.snd_slots)
+        s->cwnd = s->p.snd_slots;
+}
+
+/* A loss of packet seq: one multiplicative cut per window of data. */
+static void cc_on_loss(struct cfx__dpdk_sess *s, uint32_t seq)
+{
+    if (seq_diff(seq, s->recover) < 0)
+        return;
+    s->ssthresh = s->cwnd / 2 > 2.0 ? s->cwnd / 2 : 2.0;
+    s->cwnd = s->ssthresh;
+    s->recover = s->snd_nxt;
+    s->delay_cut_seq = s->snd_nxt;
+    s->stats.cwnd_cut_loss++;
+    cc_clamp(s);
+}
+
+static void cc_grow(struct cfx__dpdk_sess *s, uint32_t acked)
+{
+    if (seq_diff(s->snd_una, s->recover) < 0)
+        return; /* still recovering from a loss */
+    if (s->cwnd < s->ssthresh)
+        s->cwnd += acked;
+    else
+        s->cwnd += (double)acked / s->cwnd;
+    cc_clamp(s);
+}
+
+/* A delay cut (factor in (0, 1]), at most once per window of data. */
+static void cc_delay_cut(struct cfx__dpdk_sess *s, double factor)
+{
+    if (seq_diff(s->snd_una, s->delay_cut_seq) < 0)
+        return;
+    s->cwnd *= factor;
+    if (s->ssthresh > s->cwnd)
+        s->ssthresh = s->cwnd;
+    s->delay_cut_seq = s->snd_nxt;
+    s->stats.cwnd_cut_delay++;
+    cc_clamp(s);
+}
+
+/*
+ * Timely's decision on each RTT sample, on the window instead of a rate.
+ * The thresholds are absolute RTTs and the gradient is normalised by
+ * t_low, a constant: every flow through the same queue sees the same
+ * signal and cuts by the same factor.  (Against each flow's own minimum
+ * RTT a flow that starts behind a standing queue takes that queue for its
+ * base and starves the others: the first version here did, 4% to 96%.)
+ */
+static void cc_on_ack(struct cfx__dpdk_sess *s, uint32_t acked, uint64_t rtt)
+{
+    if (!rtt) {
+        cc_grow(s, acked);
+        return;
+    }
+    double diff = (double)rtt - (double)s->prev_rtt_ns;
+    s->prev_rtt_ns = rtt;
+    s->rtt_diff_ns = 0.875 * s->rtt_diff_ns + 0.125 * diff;
+    double gradient = s->rtt_diff_ns / (double)s->p.t_low_ns;
+
+    if (rtt > s->p.t_high_ns) {
+        /* Timely: rate *= 1 - beta * (1 - T_high / rtt), beta = 0.5 */
+        cc_delay_cut(s, 1.0 - 0.5 * (1.0 - (double)s->p.t_high_ns / (double)rtt));
+    } else if (rtt < s->p.t_low_ns || gradient <= 0) {
+        cc_grow(s, acked);
+    } else {
+        cc_delay_cut(s, 1.0 - 0.5 * (gradient < 1.0 ? gradient : 1.0));
+    }
+}
+
+static void rtt_sample(struct cfx__dpdk_sess *s, uint64_t r)
+{
+    if (!r)
+        r = 1;
+    if (!s->srtt_ns) {
+        s->srtt_ns = r;
+        s->rttvar_ns = r / 2;
+        s->min_rtt_ns = r;
+        s->prev_rtt_ns = r;
+    } else {
+        uint64_t dev = s->srtt_ns > r ? s->srtt_ns - r : r - s->srtt_ns;
+        s->rttvar_ns = (3 * s->rttvar_ns + dev) / 4;
+        s->srtt_ns = (7 * s->srtt_ns + r) / 8;
+        s->min_rtt_ns = min_u64(s->min_rtt_ns, r);
+    }
+}
+
+static uint64_t rto_base(const struct cfx__dpdk_sess *s)
+{
+    if (!s->srtt_ns)
+        return s->p.rto_init_ns;
+    uint64_t rto = s->srtt_ns + 4 * s->rttvar_ns;
+    return min_u64(max_u64(rto, s->p.rto_min_ns), s->p.rto_max_ns);
+}
+
+/* --- send side ------------------------------------------------------------- */
+
+static void mark_lost(struct cfx__dpdk_sess *s, struct cfx__dpdk_tx_slot *t)
+{
+    if (t->in_pipe) {
+        t->in_pipe = false;
+        s->pipe--;
+    }
+    if (!t->lost) {
+        t->lost = true;
+        s->nlost++;
+    }
+}
+
+/* The packet is known to be at the peer (acked or sacked). */
+static void slot_delivered(struct cfx__dpdk_sess *s, struct cfx__dpdk_tx_slot *t, uint32_t seq)
+{
+    if (t->in_pipe) {
+        t->in_pipe = false;
+        s->pipe--;
+    }
+    if (t->lost) {
+        t->lost = false;
+        s->nlost--;
+    }
+    if (t->sent_ns > s->rack_ts || (t->sent_ns == s->rack_ts && seq_diff(seq, s->rack_seq) > 0)) {
+        s->rack_ts = t->sent_ns;
+        s->rack_seq = seq;
+    }
+}
+
+/* RACK: a packet sent before one that arrived is lost once it is older by
+ * a quarter of the minimum RTT or three sequence numbers (reordering). */
+static void detect_loss(struct cfx__dpdk_sess *s)
+{
+    uint64_t reo_wnd = s->min_rtt_ns / 4;
+
+    if (seq_diff(s->rack_seq, s->snd_una) <= 0)
+        return;
+    if (seq_diff(s->rack_seq, s->snd_nxt) >= 0)
+        return; /* cannot be: rack_seq is a packet that was sent */
+    for (uint32_t seq = s->snd_una; seq_diff(seq, s->rack_seq) < 0; seq++) {
+        struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+        if (t->sacked || t->lost || t->sent_ns > s->rack_ts)
+            continue;
+        if (s->rack_ts - t->sent_ns > reo_wnd || seq_diff(s->rack_seq, seq) >= 3) {
+            mark_lost(s, t);
+            s->stats.fast_retx++;
+            cc_on_loss(s, seq);
+        }
+    }
+}
+
+static int send_data(struct cfx__dpdk_sess *s, uint32_t seq, uint64_t now)
+{
+    struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+    const struct cfx__dpdk_msg *m = &s->sendq[t->msg % s->p.sendq_max];
+    uint32_t off = (uint32_t)t->frag_idx * s->p.mtu_payload;
+    uint32_t len = m->len - off < s->p.mtu_payload ? m->len - off : s->p.mtu_payload;
+    struct cfx__dpdk_hdr h = {
+        .flags = CFX_DPDK_F_DATA,
+        .session = s->peer_id,
+        .seq = seq,
+        .len = (uint16_t)len,
+        .msg_id = m->msg_id,
+        .frag_idx = t->frag_idx,
+        .frag_cnt = m->frag_cnt,
+        .msg_len = m->len,
+        .ts = now,
+    };
+    fill_ack(s, &h);
+    int rc = s->ops->tx(s->ctx, &h, m->buf + off);
+    if (rc == CFX_ERR_AGAIN)
+        return rc;
+    /* any other failure counts as a loss on the wire: the timer recovers it */
+    s->ack_pending = false;
+    t->sent_ns = now;
+    t->in_pipe = true;
+    s->pipe++;
+    if (!s->rto_at)
+        s->rto_at = now + s->rto_ns;
+    return CFX_OK;
+}
+
+static void transmit(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    uint32_t limit = s->cwnd < 1.0 ? 1 : (uint32_t)s->cwnd;
+
+    while (s->pipe < limit && !s->error) {
+        if (s->nlost) {
+            uint32_t seq = s->snd_una;
+            while (seq_diff(seq, s->snd_nxt) < 0 && !tx_slot(s, seq)->lost)
+                seq++;
+            if (seq == s->snd_nxt) { /* cannot happen: nlost counts slots in flight */
+                sess_fail(s, CFX_ERR_INTERNAL, "lost-packet count out of step");
+                return;
+            }
+            struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+            if (send_data(s, seq, now) == CFX_ERR_AGAIN)
+                return;
+            t->lost = false;
+            t->retx = true;
+            s->nlost--;
+            s->stats.tx_retx++;
+            continue;
+        }
+        if (s->sq_next == s->sq_tail || s->snd_nxt - s->snd_una >= s->p.snd_slots)
+            return;
+        if (seq_diff(s->snd_nxt, s->snd_right) >= 0) {
+            /* the peer's window is closed: probe it by the timer */
+            if (!s->rto_at)
+                s->rto_at = now + s->rto_ns;
+            return;
+        }
+        struct cfx__dpdk_msg *m = &s->sendq[s->sq_next % s->p.sendq_max];
+        struct cfx__dpdk_tx_slot *t = tx_slot(s, s->snd_nxt);
+        *t = (struct cfx__dpdk_tx_slot){
+            .msg = s->sq_next,
+            .frag_idx = m->next_frag,
+            .last = m->next_frag + 1u == m->frag_cnt,
+        };
+        if (send_data(s, s->snd_nxt, now) == CFX_ERR_AGAIN)
+            return;
+        s->snd_nxt++;
+        s->stats.tx_data++;
+        if (++m->next_frag == m->frag_cnt)
+            s->sq_next++;
+    }
+}
+
+int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, void *cookie,
+                        uint64_t now)
+{
+    if (s->error)
+        return s->error;
+    size_t frags = len ? (len + s->p.mtu_payload - 1) / s->p.mtu_payload : 1;
+    if (len > s->p.msg_max || frags > CFX_DPDK_FRAG_MAX)
+        return CFX_ERR_TOO_BIG;
+    if (s->sq_tail - s->sq_head >= s->p.sendq_max)
+        return CFX_ERR_AGAIN;
+    s->sendq[s->sq_tail % s->p.sendq_max] = (struct cfx__dpdk_msg){
+        .buf = buf,
+        .len = (uint32_t)len,
+        .msg_id = s->next_msg_id++,
+        .frag_cnt = (uint16_t)frags,
+        .cookie = cookie,
+    };
+    s->sq_tail++;
+    transmit(s, now);
+    return s->error;
+}
+
+static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now)
+{
+    int32_t newly = seq_diff(h->ack, s->snd_una);
+
+    if (seq_diff(h->ack, s->snd_nxt) > 0)
+        return sess_fail(s, CFX_ERR_PROTO, "peer acknowledged seq %u, never sent (next %u)", h->ack,
+                         s->snd_nxt);
+    if (newly < 0)
+        return CFX_OK; /* an older ack overtaken by a newer one */
+    uint32_t right = h->ack + h->window;
+    if (seq_diff(right, s->snd_right) > 0)
+        s->snd_right = right;
+
+    bool karn_ok = true;
+    uint32_t done = 0;
+    for (uint32_t seq = s->snd_una; seq != h->ack; seq++) {
+        struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+        slot_delivered(s, t, seq);
+        if (t->retx)
+            karn_ok = false;
+        if (t->last)
+            done++;
+    }
+    s->snd_una = h->ack;
+
+    for (uint32_t i = 0; i < CFX_DPDK_SACK_BITS && (h->sack >> i); i++) {
+        if (!(h->sack & (1ull << i)))
+            continue;
+        uint32_t seq = h->ack + 1 + i;
+        if (seq_diff(seq, s->snd_nxt) >= 0)
+            return sess_fail(s, CFX_ERR_PROTO, "peer sacked seq %u, never sent (next %u)", seq,
+                             s->snd_nxt);
+        struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+        if (!t->sacked) {
+            t->sacked = true;
+            slot_delivered(s, t, seq);
+        }
+    }
+
+    if (newly > 0) {
+        uint64_t rtt = 0;
+        /* Karn: no sample when an acknowledged packet was retransmitted */
+        if (karn_ok && h->ts_echo && now >= h->ts_echo) {
+            rtt = now - h->ts_echo;
+            rtt_sample(s, rtt);
+            rtt = rtt ? rtt : 1;
+        }
+        s->retries = 0;
+        s->rto_ns = rto_base(s);
+        s->rto_at = s->snd_una == s->snd_nxt ? 0 : now + s->rto_ns;
+        cc_on_ack(s, (uint32_t)newly, rtt);
+    } else if (s->snd_una == s->snd_nxt) {
+        s->retries = 0; /* a window probe answered: the peer is alive */
+        s->rto_at = 0;
+    }
+    detect_loss(s);
+
+    for (uint32_t i = 0; i < done; i++) {
+        void *cookie = s->sendq[s->sq_head % s->p.sendq_max].cookie;
+        s->sq_head++;
+        s->stats.msgs_sent++;
+        if (s->ops->sent)
+            s->ops->sent(s->ctx, cookie);
+    }
+    return s->error;
+}
+
+static void on_timeout(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    s->stats.rto++;
+    if (++s->retries > s->p.max_retries) {
+        sess_fail(s, CFX_ERR_TIMEOUT,
+                  "no acknowledgement after %u retransmission timeouts "
+                  "(last RTO %llu us, seq %u unacknowledged)",
+                  s->p.max_retries, (unsigned long long)(s->rto_ns / 1000), s->snd_una);
+        return;
+    }
+    if (s->snd_una != s->snd_nxt) {
+        for (uint32_t seq = s->snd_una; seq != s->snd_nxt; seq++) {
+            struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+            if (!t->sacked)
+                mark_lost(s, t);
+        }
+        s->ssthresh = s->cwnd / 2 > 2.0 ? s->cwnd / 2 : 2.0;
+        s->cwnd = 1.0;
+        s->recover = s->snd_nxt;
+    } else {
+        send_ack(s, now, CFX_DPDK_F_ACKREQ); /* probe a closed window */
+    }
+    s->rto_ns = min_u64(s->rto_ns * 2, s->p.rto_max_ns);
+    s->rto_at = now + s->rto_ns;
+}
+
+/* --- receive side ---------------------------------------------------------- */
+
+/* Hands in-order packets to reassembly and whole messages to deliver(). */
+static void drain(struct cfx__dpdk_sess *s)
+{
+    while (!s->error) {
+        if (s->asm_ready) {
+            int rc = s->ops->deliver(s->ctx, s->asm_buf, s->asm_len);
+            if (rc == CFX_ERR_AGAIN)
+                return;
+            s->asm_ready = false;
+            s->asm_next = 0;
+            s->stats.msgs_rcvd++;
+            continue;
+        }
+        if (s->rcv_dlv == s->rcv_nxt)
+            return;
+        struct cfx__dpdk_rx_slot *r = rx_slot(s, s->rcv_dlv);
+        const uint8_t *pl = rx_payload(s, s->rcv_dlv);
+        if (r->msg_id != s->rcv_msg_id || r->frag_idx != s->asm_next ||
+            (s->asm_next && (r->frag_cnt != s->asm_cnt || r->msg_len != s->asm_total))) {
+            sess_fail(s, CFX_ERR_PROTO,
+                      "fragment %u/%u of message %u where fragment %u of %u was due", r->frag_idx,
+                      r->frag_cnt, r->msg_id, s->asm_next, s->rcv_msg_id);
+            return;
+        }
+        if (r->frag_cnt == 1) {
+            if (s->ops->deliver(s->ctx, pl, r->len) == CFX_ERR_AGAIN)
+                return;
+            s->stats.msgs_rcvd++;
+            s->rcv_msg_id++;
+        } else {
+            if (r->frag_idx == 0) {
+                if (s->asm_cap < r->msg_len) {
+                    uint8_t *nb = realloc(s->asm_buf, r->msg_len);
+                    if (!nb) {
+                        sess_fail(s, CFX_ERR_NOMEM, "no memory to reassemble %u bytes", r->msg_len);
+                        return;
+                    }
+                    s->asm_buf = nb;
+                    s->asm_cap = r->msg_len;
+                }
+                s->asm_len = 0;
+                s->asm_total = r->msg_len;
+                s->asm_cnt = r->frag_cnt;
+            }
+            memcpy(s->asm_buf + (size_t)r->frag_idx * s->p.mtu_payload, pl, r->len);
+            s->asm_len += r->len;
+            s->asm_next++;
+            if (s->asm_next == s->asm_cnt) {
+                s->asm_ready = true;
+                s->rcv_msg_id++;
+            }
+        }
+        r->used = false;
+        s->rcv_dlv++;
+        s->ack_pending = true; /* the window opened */
+    }
+}
+
+static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
+                        const void *payload)
+{
+    uint32_t mtu = s->p.mtu_payload;
+
+    if (h->msg_len > s->p.msg_max)
+        return sess_fail(s, CFX_ERR_TOO_BIG, "message %u of %u bytes, over msg_max %u", h->msg_id,
+                         h->msg_len, s->p.msg_max);
+    uint32_t frags = h->msg_len ? (h->msg_len + mtu - 1) / mtu : 1;
+    uint32_t want = h->frag_idx + 1u < frags ? mtu : h->msg_len - (frags - 1) * mtu;
+    if (h->frag_cnt != frags || h->len != want)
+        return sess_fail(s, CFX_ERR_PROTO,
+                         "fragment %u/%u of %u bytes does not fit a %u-byte message "
+                         "in %u-byte packets",
+                         h->frag_idx, h->frag_cnt, h->len, h->msg_len, mtu);
+
+    s->ts_echo = h->ts;
+    s->ack_pending = true;
+    if (seq_diff(h->seq, s->rcv_nxt) < 0) {
+        s->stats.rx_dup++;
+        return CFX_OK;
+    }
+    if (h->seq - s->rcv_dlv >= s->p.rcv_slots) {
+        s->stats.rx_beyond++; /* past the window we advertised */
+        return CFX_OK;
+    }
+    struct cfx__dpdk_rx_slot *r = rx_slot(s, h->seq);
+    if (r->used) {
+        s->stats.rx_dup++;
+        return CFX_OK;
+    }
+    *r = (struct cfx__dpdk_rx_slot){
+        .used = true,
+        .seq = h->seq,
+        .len = h->len,
+        .frag_idx = h->frag_idx,
+        .frag_cnt = h->frag_cnt,
+        .msg_id = h->msg_id,
+        .msg_len = h->msg_len,
+    };
+    memcpy(rx_payload(s, h->seq), payload, h->len);
+    s->stats.rx_data++;
+    while (s->rcv_nxt - s->rcv_dlv < s->p.rcv_slots) {
+        const struct cfx__dpdk_rx_slot *n = rx_slot(s, s->rcv_nxt);
+        if (!n->used || n->seq != s->rcv_nxt)
+            break;
+        s->rcv_nxt++;
+    }
+    drain(s);
+    return s->error;
+}
+
+int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, const void *payload,
+                      uint64_t now)
+{
+    if (s->error)
+        return s->error;
+    if (h->session != s->local_id)
+        return CFX_ERR_INVALID; /* the caller demultiplexes */
+    if ((h->flags & CFX_DPDK_F_ACK) && process_ack(s, h, now))
+        return s->error;
+    if ((h->flags & CFX_DPDK_F_DATA) && process_data(s, h, payload))
+        return s->error;
+    if (h->flags & CFX_DPDK_F_ACKREQ)
+        s->ack_pending = true;
+    return s->error;
+}
+
+int cfx__dpdk_sess_poll(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    if (s->error)
+        return s->error;
+    drain(s);
+    if (s->rto_at && now >= s->rto_at)
+        on_timeout(s, now);
+    if (s->error)
+        return s->error;
+    transmit(s, now);
+    if (s->ack_pending)
+        send_ack(s, now, 0);
+    return s->error;
+}
+
+uint64_t cfx__dpdk_sess_deadline(const struct cfx__dpdk_sess *s)
+{
+    if (s->error)
+        return UINT64_MAX;
+    if (s->ack_pending)
+        return 0;
+    return s->rto_at ? s->rto_at : UINT64_MAX;
+}
+
+bool cfx__dpdk_sess_idle(const struct cfx__dpdk_sess *s)
+{
+    return s->sq_head == s->sq_tail;
+}

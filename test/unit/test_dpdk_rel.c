@@ -1,0 +1,774 @@
+/*
+ * The dpdk transport's reliability layer (dataplane/dpdk/dpdk_rel.c) over a
+ * simulated channel: a discrete-event loop in simulated time, seeded PRNGs,
+ * so every run is the same.  Every packet goes through the header encoder
+ * and decoder; every delivered byte is checked against the reference
+ * pattern.  Nothing here measures speed: the fairness test counts packets
+ * in simulated time.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/status.h>
+
+#include "dataplane/dpdk/dpdk_rel.h"
+#include "testutil.h"
+
+#define MAXPKT (CFX_DPDK_HDR_LEN + 2048)
+
+/* --- the simulated network ----------------------------------------------- */
+
+struct impair {
+    uint32_t drop_ppm;    /* random loss, per million packets */
+    uint32_t burst_ppm;   /* chance a packet starts a loss burst */
+    uint64_t burst_ns;    /* a burst loses every packet sent for this long */
+    uint32_t dup_ppm;     /* packets delivered twice */
+    uint32_t reorder_ppm; /* packets held back by up to reorder_ns */
+    uint64_t reorder_ns;
+    bool drop_all; /* a dead peer */
+};
+
+struct pkt {
+    uint64_t at;     /* arrival time */
+    uint64_t serial; /* ties in time go in send order */
+    int dst;         /* endpoint index */
+    uint32_t len;
+    uint8_t data[MAXPKT];
+};
+
+struct sim;
+
+struct ep {
+    struct cfx__dpdk_sess s;
+    struct sim *sim;
+    int idx;         /* in sim->ep */
+    int peer;        /* where its packets go */
+    bool bottleneck; /* its packets cross the shared queue */
+    /* sender */
+    uint32_t to_send; /* messages to send in all */
+    uint32_t queued;  /* queued so far */
+    uint32_t acked;   /* sent() calls */
+    uint32_t max_len; /* message sizes up to this */
+    uint64_t seed;    /* reference stream of its messages */
+    void *bufs[1024]; /* buffers of messages acked..queued-1 (sendq_max <= 1024) */
+    /* receiver */
+    uint32_t got;        /* messages delivered */
+    uint32_t got_late;   /* delivered after the fairness warm-up */
+    uint64_t hold_until; /* refuse deliveries before this time */
+    uint32_t refused;    /* deliveries refused */
+    uint64_t peer_seed;  /* reference stream of the peer's messages */
+    uint32_t peer_max_len;
+    uint32_t max_inflight; /* largest snd_nxt - snd_una seen */
+};
+
+struct sim {
+    uint64_t now;
+    uint64_t rng;
+    uint64_t serial;
+    struct impair imp;
+    uint64_t latency_ns; /* one way */
+    uint64_t burst_end;  /* a loss burst lasts until then */
+    struct pkt **heap;   /* min-heap of packets in flight */
+    size_t nheap, capheap;
+    struct ep ep[4];
+    int nep;
+    /* shared bottleneck */
+    uint64_t svc_ns;     /* per packet; 0: none */
+    uint32_t queue_max;  /* packets */
+    uint64_t busy_until; /* when the queue drains */
+    uint64_t warmup_ns;  /* count deliveries after this */
+    uint64_t drops;      /* dropped by the channel */
+};
+
+static uint64_t rnd(struct sim *sim)
+{
+    /* splitmix64 */
+    uint64_t z = (sim->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static bool chance(struct sim *sim, uint32_t ppm)
+{
+    return ppm && rnd(sim) % 1000000 < ppm;
+}
+
+static bool pkt_before(const struct pkt *a, const struct pkt *b)
+{
+    return a->at < b->at || (a->at == b->at && a->serial < b->serial);
+}
+
+static void heap_push(struct sim *sim, struct pkt *p)
+{
+    if (sim->nheap == sim->capheap) {
+        sim->capheap = sim->capheap ? 2 * sim->capheap : 256;
+        sim->heap = realloc(sim->heap, sim->capheap * sizeof(*sim->heap));
+        cr_assert_not_null(sim->heap);
+    }
+    size_t i = sim->nheap++;
+    sim->heap[i] = p;
+    while (i && pkt_before(sim->heap[i], sim->heap[(i - 1) / 2])) {
+        struct pkt *t = sim->heap[i];
+        sim->heap[i] = sim->heap[(i - 1) / 2];
+        sim->heap[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static struct pkt *heap_pop(struct sim *sim)
+{
+    struct pkt *top = sim->heap[0];
+    sim->heap[0] = sim->heap[--sim->nheap];
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < sim->nheap && pkt_before(sim->heap[l], sim->heap[m]))
+            m = l;
+        if (r < sim->nheap && pkt_before(sim->heap[r], sim->heap[m]))
+            m = r;
+        if (m == i)
+            break;
+        struct pkt *t = sim->heap[i];
+        sim->heap[i] = sim->heap[m];
+        sim->heap[m] = t;
+        i = m;
+    }
+    return top;
+}
+
+static void enqueue(struct sim *sim, int dst, const uint8_t *data, uint32_t len, uint64_t at)
+{
+    struct pkt *p = malloc(sizeof(*p));
+    cr_assert_not_null(p);
+    p->at = at;
+    p->serial = sim->serial++;
+    p->dst = dst;
+    p->len = len;
+    memcpy(p->data, data, len);
+    heap_push(sim, p);
+}
+
+static int sim_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    struct ep *e = ctx;
+    struct sim *sim = e->sim;
+    uint8_t buf[MAXPKT];
+
+    cr_assert_leq(h->len, MAXPKT - CFX_DPDK_HDR_LEN);
+    cfx__dpdk_hdr_encode(h, buf);
+    if (h->len)
+        memcpy(buf + CFX_DPDK_HDR_LEN, payload, h->len);
+    uint32_t len = CFX_DPDK_HDR_LEN + h->len;
+    uint32_t inflight = e->s.snd_nxt - e->s.snd_una;
+    if (inflight > e->max_inflight)
+        e->max_inflight = inflight;
+
+    if (sim->imp.drop_all) {
+        sim->drops++;
+        return CFX_OK;
+    }
+    if (sim->now < sim->burst_end) {
+        sim->drops++;
+        return CFX_OK;
+    }
+    if (chance(sim, sim->imp.burst_ppm)) {
+        sim->burst_end = sim->now + sim->imp.burst_ns;
+        sim->drops++;
+        return CFX_OK;
+    }
+    if (chance(sim, sim->imp.drop_ppm)) {
+        sim->drops++;
+        return CFX_OK;
+    }
+    uint64_t at = sim->now;
+    if (e->bottleneck && sim->svc_ns) {
+        uint64_t start = sim->busy_until > at ? sim->busy_until : at;
+        if ((start - at) / sim->svc_ns >= sim->queue_max) {
+            sim->drops++; /* drop tail */
+            return CFX_OK;
+        }
+        sim->busy_until = start + sim->svc_ns;
+        at = sim->busy_until;
+    }
+    at += sim->latency_ns;
+    if (chance(sim, sim->imp.reorder_ppm))
+        at += 1 + rnd(sim) % sim->imp.reorder_ns;
+    enqueue(sim, e->peer, buf, len, at);
+    if (chance(sim, sim->imp.dup_ppm))
+        enqueue(sim, e->peer, buf, len, at + 1 + rnd(sim) % (sim->latency_ns + 1));
+    return CFX_OK;
+}
+
+/* Message i of a stream: its size and its bytes. */
+static uint32_t msg_len(uint64_t seed, uint32_t i, uint32_t max_len)
+{
+    uint64_t z = (seed ^ (0x5851F42D4C957F2Dull * (i + 1))) * 0x9E3779B97F4A7C15ull;
+    z ^= z >> 29;
+    switch (z % 8) {
+    case 0: return 0;
+    case 1: return 1 + (uint32_t)(z >> 8) % 64;
+    case 2: return max_len; /* the largest */
+    default: return (uint32_t)(z >> 8) % (max_len + 1);
+    }
+}
+
+static int sim_deliver(void *ctx, const void *buf, size_t len)
+{
+    struct ep *e = ctx;
+    if (e->sim->now < e->hold_until) {
+        e->refused++;
+        return CFX_ERR_AGAIN;
+    }
+    uint32_t want = msg_len(e->peer_seed, e->got, e->peer_max_len);
+    cr_assert_eq(len, want, "message %u: %zu bytes, %u expected", e->got, len, want);
+    size_t bad = cfx_test_check(buf, len, e->peer_seed + e->got);
+    cr_assert_eq(bad, (size_t)-1, "message %u: byte %zu differs", e->got, bad);
+    e->got++;
+    if (e->sim->now >= e->sim->warmup_ns)
+        e->got_late++;
+    return CFX_OK;
+}
+
+static void sim_sent(void *ctx, void *cookie)
+{
+    struct ep *e = ctx;
+    free(cookie);
+    e->acked++;
+}
+
+static const struct cfx__dpdk_rel_ops sim_ops = {
+    .tx = sim_tx,
+    .deliver = sim_deliver,
+    .sent = sim_sent,
+};
+
+static void ep_init(struct sim *sim, int idx, int peer, const struct cfx__dpdk_rel_params *p,
+                    uint32_t to_send, uint32_t max_len, uint64_t seed)
+{
+    struct ep *e = &sim->ep[idx];
+    char name[32];
+    e->sim = sim;
+    e->idx = idx;
+    e->peer = peer;
+    e->to_send = to_send;
+    e->max_len = max_len;
+    e->seed = seed;
+    snprintf(name, sizeof(name), "sim-node-%d", peer);
+    cr_assert_eq(cfx__dpdk_sess_init(&e->s, p, &sim_ops, e, 100 + idx, 100 + peer, name), CFX_OK);
+    if (idx >= sim->nep)
+        sim->nep = idx + 1;
+}
+
+/* Queues what the send queue takes now. */
+static void ep_feed(struct ep *e)
+{
+    while (e->queued < e->to_send) {
+        uint32_t len = msg_len(e->seed, e->queued, e->max_len);
+        uint8_t *buf = malloc(len ? len : 1);
+        cr_assert_not_null(buf);
+        cfx_test_fill(buf, len, e->seed + e->queued);
+        int rc = cfx__dpdk_sess_send(&e->s, buf, len, buf, e->sim->now);
+        if (rc == CFX_ERR_AGAIN) {
+            free(buf);
+            return;
+        }
+        if (rc != CFX_OK) {
+            free(buf);
+            return; /* the sticky error: the test looks at it */
+        }
+        e->bufs[e->queued % 1024] = buf;
+        e->queued++;
+    }
+}
+
+static bool sim_done(struct sim *sim)
+{
+    for (int i = 0; i < sim->nep; i++) {
+        struct ep *e = &sim->ep[i];
+        if (e->s.error)
+            return true;
+        if (e->acked < e->to_send)
+            return false;
+    }
+    return true;
+}
+
+/* Runs until every message was acknowledged, an error, or until `until`. */
+static void sim_run(struct sim *sim, uint64_t until)
+{
+    uint64_t steps = 0;
+    while (!sim_done(sim) && sim->now < until) {
+        cr_assert_lt(++steps, 50000000ull, "simulation does not converge");
+        for (int i = 0; i < sim->nep; i++)
+            ep_feed(&sim->ep[i]);
+        uint64_t next = until;
+        if (sim->nheap && sim->heap[0]->at < next)
+            next = sim->heap[0]->at;
+        for (int i = 0; i < sim->nep; i++) {
+            uint64_t d = cfx__dpdk_sess_deadline(&sim->ep[i].s);
+            if (d < next)
+                next = d;
+            if (sim->ep[i].hold_until > sim->now && sim->ep[i].hold_until < next)
+                next = sim->ep[i].hold_until;
+        }
+        if (next > sim->now)
+            sim->now = next;
+        while (sim->nheap && sim->heap[0]->at <= sim->now) {
+            struct pkt *p = heap_pop(sim);
+            struct cfx__dpdk_hdr h;
+            const char *why;
+            int rc = cfx__dpdk_hdr_decode(p->data, p->len, &h, &why);
+            cr_assert_eq(rc, CFX_OK, "decoder refused our own packet: %s", why);
+            cfx__dpdk_sess_rx(&sim->ep[p->dst].s, &h, p->data + CFX_DPDK_HDR_LEN, sim->now);
+            free(p);
+        }
+        for (int i = 0; i < sim->nep; i++)
+            cfx__dpdk_sess_poll(&sim->ep[i].s, sim->now);
+    }
+}
+
+static void sim_fini(struct sim *sim)
+{
+    while (sim->nheap)
+        free(heap_pop(sim));
+    free(sim->heap);
+    for (int i = 0; i < sim->nep; i++) {
+        struct ep *e = &sim->ep[i];
+        cfx__dpdk_sess_fini(&e->s);
+        /* messages still queued: fini does not call sent(), they are ours */
+        for (uint32_t m = e->acked; m != e->queued; m++)
+            free(e->bufs[m % 1024]);
+    }
+}
+
+/* --- delivery under impairments -------------------------------------------- */
+
+#define NMSG 400
+
+static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
+{
+    static struct sim sim; /* big: keep it off the stack */
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
+                                      .rcv_slots = 64,
+                                      .snd_slots = 64,
+                                      .sendq_max = 16,
+                                      .isn = isn,
+                                      .max_retries = 12 };
+    sim.rng = seed;
+    sim.imp = *imp;
+    sim.latency_ns = 10000;
+    sim.warmup_ns = 0;
+    /* both directions at once, sizes up to 20 KiB (20 fragments) */
+    ep_init(&sim, 0, 1, &p, NMSG, 20000, seed * 3 + 1);
+    ep_init(&sim, 1, 0, &p, NMSG, 20000, seed * 5 + 2);
+    sim.ep[0].peer_seed = sim.ep[1].seed;
+    sim.ep[0].peer_max_len = sim.ep[1].max_len;
+    sim.ep[1].peer_seed = sim.ep[0].seed;
+    sim.ep[1].peer_max_len = sim.ep[0].max_len;
+
+    sim_run(&sim, 60ull * 1000000000ull);
+    for (int i = 0; i < 2; i++) {
+        struct ep *e = &sim.ep[i];
+        cr_assert_eq(e->s.error, 0, "endpoint %d: %s", i, e->s.error_msg);
+        cr_assert_eq(e->acked, NMSG, "endpoint %d: %u of %u acknowledged", i, e->acked, NMSG);
+        cr_assert_eq(e->got, NMSG, "endpoint %d: %u of %u delivered", i, e->got, NMSG);
+        cr_assert_eq(e->s.stats.msgs_rcvd, NMSG);
+        cr_assert(cfx__dpdk_sess_idle(&e->s));
+        cr_assert_leq(e->max_inflight, p.rcv_slots, "window overrun");
+        cr_assert_eq(e->s.stats.rx_beyond, 0);
+    }
+    for (int i = 0; i < 2; i++)
+        cr_log_info("endpoint %d: data %llu retx %llu rto %llu fast %llu dup %llu, %.3f ms", i,
+                    (unsigned long long)sim.ep[i].s.stats.tx_data,
+                    (unsigned long long)sim.ep[i].s.stats.tx_retx,
+                    (unsigned long long)sim.ep[i].s.stats.rto,
+                    (unsigned long long)sim.ep[i].s.stats.fast_retx,
+                    (unsigned long long)sim.ep[i].s.stats.rx_dup, (double)sim.now / 1e6);
+    if (imp->drop_ppm || imp->burst_ppm) {
+        cr_assert_gt(sim.drops, 0);
+        cr_assert_gt(sim.ep[0].s.stats.tx_retx + sim.ep[1].s.stats.tx_retx, 0);
+    }
+    if (imp->dup_ppm)
+        cr_assert_gt(sim.ep[0].s.stats.rx_dup + sim.ep[1].s.stats.rx_dup, 0);
+    sim_fini(&sim);
+}
+
+Test(dpdk_rel, clean_channel)
+{
+    struct impair imp = { 0 };
+    run_pair(&imp, 1, 0);
+}
+
+Test(dpdk_rel, drop_1pct)
+{
+    struct impair imp = { .drop_ppm = 10000 };
+    run_pair(&imp, 2, 0);
+}
+
+Test(dpdk_rel, drop_bursts)
+{
+    struct impair imp = { .burst_ppm = 2000, .burst_ns = 200000 };
+    run_pair(&imp, 3, 0);
+}
+
+Test(dpdk_rel, duplicates)
+{
+    struct impair imp = { .dup_ppm = 50000 };
+    run_pair(&imp, 4, 0);
+}
+
+Test(dpdk_rel, reordering)
+{
+    struct impair imp = { .reorder_ppm = 100000, .reorder_ns = 50000 };
+    run_pair(&imp, 5, 0);
+}
+
+Test(dpdk_rel, everything_at_once_across_seq_wrap)
+{
+    struct impair imp = { .drop_ppm = 10000,
+                          .burst_ppm = 1000,
+                          .burst_ns = 100000,
+                          .dup_ppm = 10000,
+                          .reorder_ppm = 50000,
+                          .reorder_ns = 30000 };
+    run_pair(&imp, 6, 0xFFFFFF00u);
+}
+
+/* --- flow control ------------------------------------------------------------ */
+
+Test(dpdk_rel, full_window_makes_the_sender_wait)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = {
+        .mtu_payload = 1024, .rcv_slots = 32, .snd_slots = 256, .sendq_max = 64
+    };
+    sim.rng = 7;
+    sim.latency_ns = 10000;
+    ep_init(&sim, 0, 1, &p, 300, 4096, 11);
+    ep_init(&sim, 1, 0, &p, 0, 0, 12);
+    sim.ep[1].peer_seed = 11;
+    sim.ep[1].peer_max_len = 4096;
+    sim.ep[1].hold_until = 5000000; /* the receiver takes nothing for 5 ms */
+
+    sim_run(&sim, 4000000);
+    struct ep *a = &sim.ep[0], *b = &sim.ep[1];
+    cr_assert_eq(b->got, 0);
+    cr_assert_gt(b->refused, 0);
+    /* the sender stopped at the window: nothing in flight, window closed */
+    cr_assert_eq(a->s.snd_una, a->s.snd_nxt);
+    cr_assert_eq(a->s.snd_right, a->s.snd_nxt);
+    /* what was sent fits the reorder buffer and the one message held */
+    cr_assert_leq(a->s.stats.tx_data, p.rcv_slots + 4);
+    cr_assert(!cfx__dpdk_sess_idle(&a->s));
+
+    sim_run(&sim, 10ull * 1000000000ull);
+    cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
+    cr_assert_eq(b->got, 300);
+    cr_assert_eq(a->acked, 300);
+    cr_assert_eq(sim.drops, 0);
+    cr_assert_eq(a->s.stats.tx_retx, 0, "a closed window is not a loss");
+    cr_assert_eq(b->s.stats.rx_beyond, 0);
+    cr_assert_eq(b->s.stats.rx_dup, 0);
+    sim_fini(&sim);
+}
+
+/* --- a dead peer ------------------------------------------------------------ */
+
+Test(dpdk_rel, dead_peer_fails_with_a_sticky_error_naming_it)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .max_retries = 5,
+                                      .rto_init_ns = 1000000,
+                                      .rto_max_ns = 16000000 };
+    sim.rng = 8;
+    sim.latency_ns = 10000;
+    sim.imp.drop_all = true;
+    ep_init(&sim, 0, 1, &p, 3, 3000, 13);
+    ep_init(&sim, 1, 0, &p, 0, 0, 14);
+
+    sim_run(&sim, 10ull * 1000000000ull);
+    struct ep *a = &sim.ep[0];
+    cr_assert_eq(a->s.error, CFX_ERR_TIMEOUT);
+    cr_assert_not_null(strstr(a->s.error_msg, "sim-node-1"), "%s", a->s.error_msg);
+    cr_assert_eq(a->s.stats.rto, p.max_retries + 1);
+    cr_assert_eq(a->acked, 0);
+    /* 1 + 2 + 4 + 8 + 16 + 16 ms of backed-off timeouts, capped */
+    cr_assert_leq(sim.now, 48000000ull);
+    cr_assert_geq(sim.now, 47000000ull);
+    /* sticky: every later call returns it */
+    uint8_t x = 0;
+    cr_assert_eq(cfx__dpdk_sess_send(&a->s, &x, 1, NULL, sim.now), CFX_ERR_TIMEOUT);
+    cr_assert_eq(cfx__dpdk_sess_poll(&a->s, sim.now + 1), CFX_ERR_TIMEOUT);
+    sim_fini(&sim);
+}
+
+/* --- fairness at a shared bottleneck ------------------------------------------ */
+
+/*
+ * 1 packet per us through a 64-packet drop-tail queue, 20 us base RTT (so
+ * 20 to 84 us with the queue); flow 2 starts 20 ms after flow 1, into its
+ * standing queue.  Delay thresholds t_low/t_high; with both far above any
+ * RTT, loss is the only signal.
+ */
+static void run_bottleneck(uint64_t t_low, uint64_t t_high, bool want_delay_cuts)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
+                                      .rcv_slots = 512,
+                                      .snd_slots = 512,
+                                      .sendq_max = 512,
+                                      .t_low_ns = t_low,
+                                      .t_high_ns = t_high,
+                                      .cwnd_init = 4 };
+    sim.rng = 9;
+    sim.latency_ns = 10000;
+    sim.svc_ns = 1000;
+    sim.queue_max = 64;
+    sim.warmup_ns = 100000000; /* count from 100 ms */
+    ep_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 21);
+    ep_init(&sim, 1, 0, &p, 0, 0, 22);
+    ep_init(&sim, 2, 3, &p, 0, 1024, 23); /* starts 20 ms later */
+    ep_init(&sim, 3, 2, &p, 0, 0, 24);
+    sim.ep[0].bottleneck = sim.ep[2].bottleneck = true;
+    sim.ep[1].peer_seed = 21;
+    sim.ep[1].peer_max_len = 1024;
+    sim.ep[3].peer_seed = 23;
+    sim.ep[3].peer_max_len = 1024;
+
+    sim_run(&sim, 20000000);
+    sim.ep[2].to_send = UINT32_MAX;
+    sim_run(&sim, 400000000);
+
+    uint64_t f1 = sim.ep[1].got_late, f2 = sim.ep[3].got_late;
+    double share = (double)f1 / (double)(f1 + f2);
+    cr_log_info("bottleneck: flow 1 %llu, flow 2 %llu packets after warm-up (%.1f%%); "
+                "loss cuts %llu/%llu, delay cuts %llu/%llu",
+                (unsigned long long)f1, (unsigned long long)f2, 100 * share,
+                (unsigned long long)sim.ep[0].s.stats.cwnd_cut_loss,
+                (unsigned long long)sim.ep[2].s.stats.cwnd_cut_loss,
+                (unsigned long long)sim.ep[0].s.stats.cwnd_cut_delay,
+                (unsigned long long)sim.ep[2].s.stats.cwnd_cut_delay);
+    cr_assert_eq(sim.ep[0].s.error, 0, "%s", sim.ep[0].s.error_msg);
+    cr_assert_eq(sim.ep[2].s.error, 0, "%s", sim.ep[2].s.error_msg);
+    /* the link was used: at least half of its 300000 packet slots */
+    cr_assert_gt(f1 + f2, 150000);
+    cr_assert(share > 0.3 && share < 0.7, "flow 1 got %.1f%% of the bottleneck", 100 * share);
+    if (want_delay_cuts) {
+        cr_assert_gt(sim.ep[0].s.stats.cwnd_cut_delay, 0);
+        cr_assert_gt(sim.ep[2].s.stats.cwnd_cut_delay, 0);
+    } else {
+        cr_assert_eq(sim.ep[0].s.stats.cwnd_cut_delay + sim.ep[2].s.stats.cwnd_cut_delay, 0);
+        cr_assert_gt(sim.ep[0].s.stats.cwnd_cut_loss, 0);
+        cr_assert_gt(sim.ep[2].s.stats.cwnd_cut_loss, 0);
+    }
+    sim_fini(&sim);
+}
+
+Test(dpdk_rel, two_flows_share_a_bottleneck_fairly_on_delay)
+{
+    run_bottleneck(30000, 70000, true);
+}
+
+Test(dpdk_rel, two_flows_share_a_bottleneck_fairly_on_loss)
+{
+    run_bottleneck(1000000000, 1000000000, false);
+}
+
+/* --- malformed packets ---------------------------------------------------- */
+
+static const struct cfx__dpdk_hdr good_hdr = {
+    .flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK,
+    .session = 7,
+    .seq = 0x01020304,
+    .ack = 0x05060708,
+    .sack = 0x8000000000000001ull,
+    .window = 64,
+    .len = 100,
+    .msg_id = 9,
+    .frag_idx = 1,
+    .frag_cnt = 3,
+    .msg_len = 2148,
+    .ts = 0x1122334455667788ull,
+    .ts_echo = 0x99AABBCCDDEEFF00ull,
+};
+
+static int decode_mod(struct cfx__dpdk_hdr h, size_t off, uint8_t byte, size_t len,
+                      const char **why)
+{
+    uint8_t buf[CFX_DPDK_HDR_LEN + 200] = { 0 };
+    struct cfx__dpdk_hdr out;
+    cfx__dpdk_hdr_encode(&h, buf);
+    if (off < sizeof(buf))
+        buf[off] = byte;
+    return cfx__dpdk_hdr_decode(buf, len, &out, why);
+}
+
+Test(dpdk_rel, header_round_trip_little_endian)
+{
+    uint8_t buf[CFX_DPDK_HDR_LEN + 100] = { 0 };
+    struct cfx__dpdk_hdr out;
+    const char *why;
+    cfx__dpdk_hdr_encode(&good_hdr, buf);
+    /* magic 0xCF5D little endian, then version, flags, session */
+    cr_assert_eq(buf[0], 0x5D);
+    cr_assert_eq(buf[1], 0xCF);
+    cr_assert_eq(buf[2], CFX_DPDK_VERSION);
+    cr_assert_eq(buf[4], 7);
+    cr_assert_eq(buf[8], 0x04);  /* seq, low byte first */
+    cr_assert_eq(buf[16], 0x01); /* sack */
+    cr_assert_eq(buf[23], 0x80);
+    cr_assert_eq(buf[40], 0x88); /* ts */
+    cr_assert_eq(cfx__dpdk_hdr_decode(buf, sizeof(buf), &out, &why), CFX_OK);
+    cr_assert_eq(out.flags, good_hdr.flags);
+    cr_assert_eq(out.session, good_hdr.session);
+    cr_assert_eq(out.seq, good_hdr.seq);
+    cr_assert_eq(out.ack, good_hdr.ack);
+    cr_assert_eq(out.sack, good_hdr.sack);
+    cr_assert_eq(out.window, good_hdr.window);
+    cr_assert_eq(out.len, good_hdr.len);
+    cr_assert_eq(out.msg_id, good_hdr.msg_id);
+    cr_assert_eq(out.frag_idx, good_hdr.frag_idx);
+    cr_assert_eq(out.frag_cnt, good_hdr.frag_cnt);
+    cr_assert_eq(out.msg_len, good_hdr.msg_len);
+    cr_assert_eq(out.ts, good_hdr.ts);
+    cr_assert_eq(out.ts_echo, good_hdr.ts_echo);
+}
+
+Test(dpdk_rel, decoder_refuses_malformed_headers)
+{
+    const size_t full = CFX_DPDK_HDR_LEN + 100;
+    struct cfx__dpdk_hdr h;
+    const char *why;
+    struct {
+        const char *what;
+        int rc;
+    } cases[12];
+    int n = 0;
+#define CASE(expr)                                                      \
+    do {                                                                \
+        cases[n].what = #expr;                                          \
+        cases[n].rc = (expr);                                           \
+        cr_assert_eq(cases[n].rc, CFX_ERR_PROTO, "%s accepted", #expr); \
+        cr_assert_not_null(why);                                        \
+        n++;                                                            \
+    } while (0)
+    CASE(decode_mod(good_hdr, 999, 0, CFX_DPDK_HDR_LEN - 1, &why)); /* truncated */
+    CASE(decode_mod(good_hdr, 0, 0x00, full, &why));                /* magic */
+    CASE(decode_mod(good_hdr, 2, 2, full, &why));                   /* version */
+    CASE(decode_mod(good_hdr, 3, 0x80, full, &why));                /* unknown flag */
+    CASE(decode_mod(good_hdr, 3, 0, full, &why));                   /* no flag */
+    CASE(decode_mod(good_hdr, 999, 0, full - 1, &why));             /* len not the rest */
+    h = good_hdr;
+    h.frag_idx = 3;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* idx >= cnt */
+    h = good_hdr;
+    h.frag_cnt = 0;
+    h.frag_idx = 0;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* no fragments */
+    h = good_hdr;
+    h.msg_len = CFX_DPDK_MSG_MAX + 1;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* message cap */
+    h = good_hdr;
+    h.msg_len = 50;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* fragment > message */
+    h = good_hdr;
+    h.flags = CFX_DPDK_F_ACK;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* payload without DATA */
+    h = good_hdr;
+    h.window = CFX_DPDK_WIN_MAX + 1;
+    CASE(decode_mod(h, 999, 0, full, &why)); /* window cap */
+#undef CASE
+    /* a fragment count that cannot carry the message */
+    h = good_hdr;
+    h.frag_cnt = 2;
+    h.frag_idx = 0;
+    h.msg_len = 2 * CFX_DPDK_PAYLOAD_MAX + 1;
+    cr_assert_eq(decode_mod(h, 999, 0, full, &why), CFX_ERR_PROTO);
+    /* a payload over the cap */
+    uint8_t *big = calloc(1, CFX_DPDK_HDR_LEN + CFX_DPDK_PAYLOAD_MAX + 1);
+    cr_assert_not_null(big);
+    h = good_hdr;
+    h.len = CFX_DPDK_PAYLOAD_MAX + 1;
+    h.frag_cnt = 1;
+    h.frag_idx = 0;
+    h.msg_len = CFX_DPDK_PAYLOAD_MAX + 1;
+    cfx__dpdk_hdr_encode(&h, big);
+    cr_assert_eq(cfx__dpdk_hdr_decode(big, CFX_DPDK_HDR_LEN + h.len, &h, &why), CFX_ERR_PROTO);
+    free(big);
+}
+
+/* Protocol errors past the decoder fail the session, naming the peer. */
+static int null_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    return 0;
+}
+static int null_deliver(void *ctx, const void *buf, size_t len)
+{
+    return 0;
+}
+static const struct cfx__dpdk_rel_ops null_ops = { .tx = null_tx, .deliver = null_deliver };
+
+static int sess_one(struct cfx__dpdk_hdr h)
+{
+    struct cfx__dpdk_sess s;
+    static uint8_t payload[CFX_DPDK_PAYLOAD_MAX];
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 7, 8, "node-x"), CFX_OK);
+    int rc = cfx__dpdk_sess_rx(&s, &h, payload, 1000);
+    if (rc)
+        cr_assert_not_null(strstr(s.error_msg, "node-x"), "%s", s.error_msg);
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, 2000), rc, "the error is sticky");
+    cfx__dpdk_sess_fini(&s);
+    return rc;
+}
+
+Test(dpdk_rel, session_refuses_what_the_protocol_forbids)
+{
+    struct cfx__dpdk_hdr h = {
+        .flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024, .frag_cnt = 3, .msg_len = 2148
+    };
+    cr_assert_eq(sess_one(h), CFX_OK); /* fragment 0 of 3, 1024 bytes: fine */
+    h.len = 1000;
+    cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* short middle fragment */
+    h.len = 100;
+    h.frag_idx = 2;
+    h.seq = 2;                         /* out of order, so it waits in the reorder buffer */
+    cr_assert_eq(sess_one(h), CFX_OK); /* the last one is short */
+    h.seq = 0;
+    cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* a message starting at fragment 2 */
+    h.frag_cnt = 4;
+    h.frag_idx = 3;
+    cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* count does not match the length */
+    h = (struct cfx__dpdk_hdr){
+        .flags = CFX_DPDK_F_DATA, .session = 7, .len = 1024, .frag_cnt = 5, .msg_len = 5000
+    };
+    cr_assert_eq(sess_one(h), CFX_ERR_TOO_BIG); /* over msg_max */
+    h = (struct cfx__dpdk_hdr){ .flags = CFX_DPDK_F_ACK, .session = 7, .ack = 5, .window = 1 };
+    cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* acks data never sent */
+    h = (struct cfx__dpdk_hdr){ .flags = CFX_DPDK_F_ACK, .session = 7, .sack = 1, .window = 1 };
+    cr_assert_eq(sess_one(h), CFX_ERR_PROTO); /* sacks data never sent */
+}
+
+Test(dpdk_rel, parameters_over_their_caps_are_refused)
+{
+    struct cfx__dpdk_sess s;
+    struct cfx__dpdk_rel_params p = { .rcv_slots = CFX_DPDK_WIN_MAX + 1 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    p = (struct cfx__dpdk_rel_params){ .mtu_payload = CFX_DPDK_PAYLOAD_MAX + 1 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    p = (struct cfx__dpdk_rel_params){ .msg_max = CFX_DPDK_MSG_MAX + 1 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    p = (struct cfx__dpdk_rel_params){ .mtu_payload = 64, .msg_max = CFX_DPDK_MSG_MAX };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    /* sender side: a message over msg_max */
+    cr_assert_eq(cfx__dpdk_sess_init(&s, NULL, &null_ops, NULL, 1, 2, "x"), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_send(&s, "", (1u << 20) + 1, NULL, 0), CFX_ERR_TOO_BIG);
+    cfx__dpdk_sess_fini(&s);
+}
