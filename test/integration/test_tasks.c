@@ -588,3 +588,30 @@ Test(tasks, chain_of_results)
     }
     free(cur);
 }
+
+Test(tasks, offered_again_after_a_coordinator_restart)
+{
+    /* tasks are soft state, but the workers register "work" again once they
+     * rejoined the restarted coordinator; nothing tells this process when,
+     * so it asks for each worker until the deadline */
+    coord_run_restart(&co);
+    for (int w = 0; w < NWORKERS; w++) {
+        struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_NODES | CFX_TASK_NEEDS_RESERVE,
+                                     .nodes = &wk[w].node, .n_nodes = 1, .reserve_ms = 1 };
+        uint64_t dl = cfx__deadline_ns(CALL_MS);
+        uint32_t node = 0;
+        int rc;
+        while ((rc = cfx_place(ctx, "work", &nd, NULL, 0, &node)) != CFX_OK &&
+               cfx__now_ns() < dl)
+            usleep(20 * 1000);
+        cr_assert_eq(rc, CFX_OK, "worker %d (node %u): %s", w, wk[w].node, cfx_last_error());
+        cr_assert_eq(node, wk[w].node);
+    }
+    for (int w = 0; w < NWORKERS; w++) {
+        char name[64];
+        struct work_arg a = { .seed = 0 };
+        snprintf(name, sizeof(name), "tasks/restart/%d", w);
+        cr_assert_eq(run(name, NULL, 0, a, wk[w].node), wk[w].node);
+        cr_assert_eq(check_result(name, NULL, NULL, 0), wk[w].node);
+    }
+}
