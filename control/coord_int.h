@@ -317,6 +317,8 @@ struct cfx_coord {
     uint32_t ntask_waits;       /* of them (capped by max_parked) */
     uint32_t max_node_tasks;    /* cap: live reservations per node */
     uint32_t max_queued_tasks;  /* cap: tasks waiting for a slot */
+    uint64_t tasks_ok;          /* tasks ended with CFX_OK (metrics) */
+    uint64_t tasks_failed;      /* ... with an error */
 };
 
 /* coord_metrics.c: the metrics endpoint on the loop (params->metrics_addr);

@@ -108,6 +108,10 @@ static void task_end(struct cfx_coord *co, struct coord_task *t, int status, con
     t->done_ns = cfx__now_ns();
     snprintf(t->text, sizeof(t->text), "%s", text ? text : "");
     if (status == CFX_OK)
+        co->tasks_ok++;
+    else
+        co->tasks_failed++;
+    if (status == CFX_OK)
         CFX_LOG(DEBUG, CTL, "task %llu ('%s') ended on node %u", (unsigned long long)t->id,
                 t->t.name, t->node_id);
     else

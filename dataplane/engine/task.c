@@ -131,8 +131,9 @@ void cfx__task_on_run(void *arg, const struct cfx_msg_task *t)
     if (t->arg_len)
         memcpy(j->arg, t->arg, t->arg_len);
     j->t.arg = j->arg;
-    j->deadline_ns = t->timeout_ms == CFX_PROTO_TIMEOUT_NONE ? UINT64_MAX
-                                                             : cfx__deadline_ns((int)t->timeout_ms);
+    j->deadline_ns = t->timeout_ms == CFX_PROTO_TIMEOUT_NONE
+                         ? UINT64_MAX
+                         : cfx__now_ns() + (uint64_t)t->timeout_ms * 1000000ull;
     pthread_mutex_lock(&rt->mu);
     if (rt->stop) {
         pthread_mutex_unlock(&rt->mu);
@@ -529,7 +530,9 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
     snprintf(what, sizeof(what), "wait for task %llu", (unsigned long long)task->id);
     /* the coordinator answers by the timeout; the margin covers the round trip */
     rc = cfx__ctl_request(task->ctx->ctl, &m,
-                          timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms + TASK_REQ_MS),
+                          timeout_ms < 0 ? UINT64_MAX
+                                         : cfx__now_ns() + ((uint64_t)timeout_ms + TASK_REQ_MS) *
+                                                               1000000ull,
                           what, CFX_MSG_TASK_REPLY, &reply, &frame);
     if (rc == CFX_OK) {
         if (node_out)
