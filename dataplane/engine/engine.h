@@ -918,6 +918,8 @@ struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int 
 /* ---- tasks (task.c) ------------------------------------------------------- */
 
 #define CFX_TASK_FNS_MAX 64        /* functions one context may register */
+#define CFX_TASK_RESERVED "cfx."   /* prefix of the library's own names (refused to users) */
+#define CFX_TASK_PS_SERVER "cfx.ps.server" /* offered by parameter servers, for placement */
 
 struct cfx_task_rt;
 struct cfx_msg_task;
@@ -934,6 +936,9 @@ void cfx__task_on_run(void *arg, const struct cfx_msg_task *t);
 void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
 /* Client thread: the coordinator restarted; a runner registers the functions again. */
 void cfx__task_on_reconnected(struct cfx_context *ctx);
+/* Offer @p name for placement only (never run here; registered again after
+ * a coordinator restart); a second offer is CFX_OK. */
+int cfx__task_offer(struct cfx_context *ctx, const char *name);
 /* cfx_put() of arena buffer @p buf that the store then owns (frees with the object). */
 int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                    size_t size);

@@ -352,43 +352,40 @@ static int name_check(const char *name, const char *what)
     if (!name || !*name || strlen(name) > CFX_TASK_NAME_MAX)
         return cfx__err(CFX_ERR_INVALID, "%s: the function name must be 1..%d bytes", what,
                         CFX_TASK_NAME_MAX);
+    if (!strncmp(name, CFX_TASK_RESERVED, strlen(CFX_TASK_RESERVED)))
+        return cfx__err(CFX_ERR_INVALID, "%s: names starting with '%s' are the library's "
+                        "('%s')", what, CFX_TASK_RESERVED, name);
     return CFX_OK;
 }
 
-int cfx_task_register(struct cfx_context *ctx, const char *name, cfx_task_fn fn,
-                              void *arg)
+/* Add @p name to the table (fn NULL: offered for placement only, never run
+ * here) and register it with the coordinator.  @p quiet_exists: a second
+ * offer of the name is CFX_OK. */
+static int task_add(struct cfx_context *ctx, const char *name, cfx_task_fn fn, void *arg,
+                    bool quiet_exists)
 {
-    struct cfx_task_rt *rt;
+    struct cfx_task_rt *rt = ctx->tasks;
     int rc;
 
-    cfx__err_clear();
-    if (!ctx || !fn)
-        return cfx__err(CFX_ERR_INVALID, "cfx_task_register: NULL %s", !ctx ? "context" : "fn");
-    rc = name_check(name, "cfx_task_register");
-    if (rc != CFX_OK)
-        return rc;
-    rc = cfx__ctx_enter(ctx, "cfx_task_register");
-    if (rc != CFX_OK)
-        return rc;
-    rt = ctx->tasks;
     pthread_mutex_lock(&rt->mu);
     for (unsigned i = 0; i < rt->nfns; i++) {
         if (!strcmp(rt->fns[i].name, name)) {
             pthread_mutex_unlock(&rt->mu);
-            return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_EXISTS, "node %u registered the "
-                                                "function '%s' already", ctx->node_id, name));
+            return quiet_exists ? CFX_OK
+                                : cfx__err(CFX_ERR_EXISTS, "node %u registered the function "
+                                           "'%s' already", ctx->node_id, name);
         }
     }
     if (rt->nfns >= CFX_TASK_FNS_MAX) {
         pthread_mutex_unlock(&rt->mu);
-        return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NO_RESOURCE, "node %u registered %d "
-                                            "functions, the most one context may",
-                                            ctx->node_id, CFX_TASK_FNS_MAX));
+        return cfx__err(CFX_ERR_NO_RESOURCE, "node %u registered %d functions, the most one "
+                        "context may", ctx->node_id, CFX_TASK_FNS_MAX);
     }
+    /* runners also register the functions again after a coordinator restart */
     rc = start_runners(ctx);
     if (rc != CFX_OK) {
         pthread_mutex_unlock(&rt->mu);
-        return cfx__ctx_leave(ctx, rc);
+        return rc;
     }
     struct task_fn_ent *e = &rt->fns[rt->nfns++];
     snprintf(e->name, sizeof(e->name), "%s", name);
@@ -408,7 +405,28 @@ int cfx_task_register(struct cfx_context *ctx, const char *name, cfx_task_fn fn,
         }
         pthread_mutex_unlock(&rt->mu);
     }
-    return cfx__ctx_leave(ctx, rc);
+    return rc;
+}
+
+int cfx__task_offer(struct cfx_context *ctx, const char *name)
+{
+    return task_add(ctx, name, NULL, NULL, true);
+}
+
+int cfx_task_register(struct cfx_context *ctx, const char *name, cfx_task_fn fn, void *arg)
+{
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !fn)
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_register: NULL %s", !ctx ? "context" : "fn");
+    rc = name_check(name, "cfx_task_register");
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__ctx_enter(ctx, "cfx_task_register");
+    if (rc != CFX_OK)
+        return rc;
+    return cfx__ctx_leave(ctx, task_add(ctx, name, fn, arg, false));
 }
 
 /* The wire form of a task from the API's arguments. */
@@ -578,8 +596,10 @@ int cfx_place(struct cfx_context *ctx, const char *name,
     cfx__err_clear();
     if (!ctx || !out_node)
         return cfx__err(CFX_ERR_INVALID, "cfx_place: NULL %s", !ctx ? "context" : "out_node");
-    if (name && (rc = name_check(name, "cfx_place")) != CFX_OK)
-        return rc;
+    /* a query may name the library's own offers (cfx_ps_add_server_auto) */
+    if (name && (!*name || strlen(name) > CFX_TASK_NAME_MAX))
+        return cfx__err(CFX_ERR_INVALID, "cfx_place: the function name must be 1..%d bytes",
+                        CFX_TASK_NAME_MAX);
     rc = task_msg("cfx_place", name, inputs, n_inputs, NULL, 0, needs, &m.u.task);
     if (rc != CFX_OK)
         return rc;
