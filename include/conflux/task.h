@@ -75,7 +75,8 @@ typedef int (*cfx_task_fn)(const struct cfx_task_call *call, void *arg);
  * @param arg  handed to every call of @p fn; owned by the caller, valid until
  *             the context is destroyed.
  * @return CFX_OK; CFX_ERR_EXISTS when this context registered @p name
- *         already; CFX_ERR_INVALID (empty or too long name, NULL fn);
+ *         already; CFX_ERR_INVALID (empty or too long name, a name starting
+ *         with "cfx.", which the library keeps for itself, NULL fn);
  *         CFX_ERR_NO_RESOURCE when the coordinator's cap on functions per
  *         node is reached (named in cfx_last_error()); CFX_ERR_CONNECT.
  */
