@@ -125,6 +125,42 @@ static void family(struct buf *b, const char *name, const char *type, const char
     bprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One sample without labels under its own family. */
+struct scalar {
+    const char *name;
+    const char *help;
+    unsigned long long value;
+};
+
+static void scalar(struct buf *b, const char *type, const struct scalar *sc)
+{
+    family(b, sc->name, type, sc->help);
+    bprintf(b, "%s %llu\n", sc->name, sc->value);
+}
+
+static unsigned long long node_holdings(const struct coord_node *n)
+{
+    return n->nholdings;
+}
+
+static unsigned long long node_inline_bytes(const struct coord_node *n)
+{
+    return n->put_bytes;
+}
+
+/* A gauge family with one sample per member, labelled by its node id. */
+static void node_gauge(struct buf *b, struct cfx_coord *co, const char *name, const char *help,
+                       unsigned long long (*value)(const struct coord_node *))
+{
+    struct cfx_list *pos;
+    family(b, name, "gauge", help);
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        bprintf(b, "%s{node=\"%u\"} %llu\n", name, n->rec.node_id, value(n));
+    }
+}
+
 /* The exposition of what the coordinator knows now (loop thread). */
 static void metrics_text(struct coord_metrics *m, struct buf *b)
 {
@@ -148,41 +184,34 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
            "Members by state: alive, or dead (and still listed).");
     bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", co->nodes_alive);
     bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead);
-    family(b, "conflux_coord_objects", "gauge", "Objects in the directory.");
-    bprintf(b, "conflux_coord_objects %u\n", co->nobjects);
-    family(b, "conflux_coord_object_bytes", "gauge",
-           "Sum of the sizes of the objects in the "
-           "directory.");
-    bprintf(b, "conflux_coord_object_bytes %llu\n", (unsigned long long)bytes);
-    family(b, "conflux_coord_inline_objects", "gauge",
-           "Objects whose bytes the coordinator "
-           "holds (inline).");
-    bprintf(b, "conflux_coord_inline_objects %llu\n", (unsigned long long)inline_n);
-    family(b, "conflux_coord_inline_bytes", "gauge",
-           "Bytes of inline objects the coordinator "
-           "holds.");
-    bprintf(b, "conflux_coord_inline_bytes %llu\n", (unsigned long long)co->inline_bytes);
-    family(b, "conflux_coord_object_holders", "gauge",
-           "Copies (complete or being received) "
-           "of all objects.");
-    bprintf(b, "conflux_coord_object_holders %llu\n", (unsigned long long)holders);
-    family(b, "conflux_coord_lookups_parked", "gauge",
-           "Lookups waiting for an object to "
-           "appear.");
-    bprintf(b, "conflux_coord_lookups_parked %u\n", co->nparked);
+    const struct scalar gauges[] = {
+        { "conflux_coord_objects", "Objects in the directory.", co->nobjects },
+        { "conflux_coord_object_bytes", "Sum of the sizes of the objects in the directory.",
+          bytes },
+        { "conflux_coord_inline_objects", "Objects whose bytes the coordinator holds (inline).",
+          inline_n },
+        { "conflux_coord_inline_bytes", "Bytes of inline objects the coordinator holds.",
+          co->inline_bytes },
+        { "conflux_coord_object_holders", "Copies (complete or being received) of all objects.",
+          holders },
+        { "conflux_coord_lookups_parked", "Lookups waiting for an object to appear.",
+          co->nparked },
+    };
+    for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++)
+        scalar(b, "gauge", &gauges[i]);
     family(b, "conflux_coord_connections", "gauge",
            "Control connections open, and of those "
            "not yet authenticated.");
     bprintf(b, "conflux_coord_connections{state=\"all\"} %u\n", co->nconns);
     bprintf(b, "conflux_coord_connections{state=\"unauthenticated\"} %u\n", co->nunauth);
-    family(b, "conflux_coord_state_writes_total", "counter",
-           "Records written to or removed "
-           "from the state directory.");
-    bprintf(b, "conflux_coord_state_writes_total %llu\n", (unsigned long long)co->state_writes);
-    family(b, "conflux_coord_metrics_scrapes_total", "counter",
-           "Answers of /metrics before "
-           "this one.");
-    bprintf(b, "conflux_coord_metrics_scrapes_total %llu\n", (unsigned long long)m->scrapes);
+    const struct scalar counters[] = {
+        { "conflux_coord_state_writes_total",
+          "Records written to or removed from the state directory.", co->state_writes },
+        { "conflux_coord_metrics_scrapes_total", "Answers of /metrics before this one.",
+          m->scrapes },
+    };
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+        scalar(b, "counter", &counters[i]);
 
     uint32_t placed = 0;
     cfx_list_for_each(pos, &co->tasks)
@@ -205,14 +234,11 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
         blabel(b, n->rec.host);
         bprintf(b, "\"} %u\n", n->rec.alive ? 1u : 0u);
     }
-    family(b, "conflux_coord_node_holdings", "gauge",
-           "Objects a member holds a copy of (or "
-           "is receiving).");
-    cfx_list_for_each(pos, &co->nodes)
-    {
-        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        bprintf(b, "conflux_coord_node_holdings{node=\"%u\"} %u\n", n->rec.node_id, n->nholdings);
-    }
+    node_gauge(b, co, "conflux_coord_node_holdings",
+               "Objects a member holds a copy of (or is receiving).", node_holdings);
+    node_gauge(b, co, "conflux_coord_node_inline_bytes", "Inline bytes stored for a member's puts.",
+               node_inline_bytes);
+    /* live members only: a dead one has no load, and its reservations went with it */
     family(b, "conflux_coord_node_load", "gauge",
            "A member's 1-minute load average, from its heartbeats.");
     cfx_list_for_each(pos, &co->nodes)
@@ -230,15 +256,6 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
         if (n->rec.alive && n->worker)
             bprintf(b, "conflux_coord_node_task_reservations{node=\"%u\"} %u\n",
                     n->rec.node_id, n->worker->nres);
-    }
-    family(b, "conflux_coord_node_inline_bytes", "gauge",
-           "Inline bytes stored for a member's "
-           "puts.");
-    cfx_list_for_each(pos, &co->nodes)
-    {
-        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        bprintf(b, "conflux_coord_node_inline_bytes{node=\"%u\"} %llu\n", n->rec.node_id,
-                (unsigned long long)n->put_bytes);
     }
 }
 

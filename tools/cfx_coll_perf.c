@@ -21,6 +21,7 @@
  *          result is exact in every dtype)
  */
 #include "perf_common.h"
+#include "sweep.h"
 
 #include <conflux/group.h>
 
@@ -30,7 +31,6 @@
 #include <strings.h>
 
 #define PROG "cfx_coll_perf"
-#define COLL_BYTES_MAX (1ull << 46) /* the largest object there may be (cfx_put) */
 
 enum op_kind {
     OP_ALLREDUCE,
@@ -85,21 +85,13 @@ enum place {
 
 struct coll_opts {
     enum op_kind op;
-    size_t min_bytes;
-    size_t max_bytes;
-    long factor;          /* -f: size multiplier of the sweep */
-    long iters;           /* -n */
-    long warmup;          /* -w */
+    struct sweep_opts sw; /* -b -e -f -n -w -r -c -T (0 = the group's) --json */
     enum cfx_dtype dtype; /* -d */
     enum cfx_redop redop; /* -R */
-    int root;             /* -r */
-    int check;            /* -c */
     int algo_set;         /* -a given (and not "auto") */
     enum cfx_algo algo;   /* -a */
     int place;            /* -i: enum place bits */
-    int timeout_ms;       /* -T: deadline of each call; 0 = the group's */
     int user_buf;         /* -u: malloc'd buffers instead of the arena */
-    int json;             /* --json */
 };
 
 /* Buffers and the parameters of one call. */
@@ -208,45 +200,27 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    const char *min_arg = NULL, *max_arg = NULL;
     int c;
     memset(o, 0, sizeof(*o));
     o->op = OP_ALLREDUCE;
-    o->min_bytes = o->max_bytes = 32u << 20;
-    o->factor = 2;
-    o->iters = 20;
-    o->warmup = 5;
+    o->sw.min_bytes = o->sw.max_bytes = 32u << 20;
+    o->sw.factor = 2;
+    o->sw.iters = 20;
+    o->sw.warmup = 5;
     o->dtype = CFX_DTYPE_F32;
     o->redop = CFX_OP_SUM;
-    o->check = 1;
+    o->sw.check = 1;
     o->place = PLACE_OUT;
     while ((c = getopt_long(argc, argv, "o:b:e:f:n:w:d:R:r:c:a:i:T:uh", lopts, NULL)) != -1) {
+        int taken = sweep_opt(PROG, c, optarg, 0, INT_MAX, &o->sw);
+        if (taken < 0)
+            return TOOL_EXIT_USAGE;
+        if (taken)
+            continue;
         switch (c) {
         case 'o':
             if (parse_op(optarg, &o->op))
                 goto bad_word;
-            break;
-        case 'b':
-            if (tool_arg_size(PROG, "-b", optarg, 0, COLL_BYTES_MAX, &o->min_bytes))
-                return TOOL_EXIT_USAGE;
-            min_arg = optarg;
-            break;
-        case 'e':
-            if (tool_arg_size(PROG, "-e", optarg, 0, COLL_BYTES_MAX, &o->max_bytes))
-                return TOOL_EXIT_USAGE;
-            max_arg = optarg;
-            break;
-        case 'f':
-            if (tool_arg_long(PROG, "-f", optarg, 2, 1 << 20, "a step factor", &o->factor))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'n':
-            if (tool_arg_long(PROG, "-n", optarg, 1, INT_MAX, "an iteration count", &o->iters))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'w':
-            if (tool_arg_long(PROG, "-w", optarg, 0, INT_MAX, "a warm-up count", &o->warmup))
-                return TOOL_EXIT_USAGE;
             break;
         case 'd':
             if (cfx_dtype_from_name(optarg, &o->dtype) != CFX_OK)
@@ -255,14 +229,6 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
         case 'R':
             if (cfx_redop_from_name(optarg, &o->redop) != CFX_OK)
                 goto bad_word;
-            break;
-        case 'r':
-            if (tool_arg_int(PROG, "-r", optarg, 0, 1 << 20, "a root rank", &o->root))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'c':
-            if (tool_arg_int(PROG, "-c", optarg, 0, 1, "0 or 1", &o->check))
-                return TOOL_EXIT_USAGE;
             break;
         case 'a':
             if (parse_algo(optarg, o))
@@ -278,30 +244,19 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
             else
                 goto bad_word;
             break;
-        case 'T':
-            /* 0 would be "the group's": refused, as the default is had by leaving -T out */
-            if (tool_arg_int(PROG, "-T", optarg, 1, INT_MAX, "a timeout in ms", &o->timeout_ms))
-                return TOOL_EXIT_USAGE;
-            break;
         case 'u': o->user_buf = 1; break;
-        case 'J': o->json = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "cfx_coll_perf: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
-    if (o->min_bytes > o->max_bytes) {
-        fprintf(stderr, "cfx_coll_perf: -b %zu is larger than -e %zu\n", o->min_bytes,
-                o->max_bytes);
-        return 2;
-    }
+    if (sweep_done(PROG, argc, argv, optind, &o->sw, usage))
+        return TOOL_EXIT_USAGE;
     /* a send and a receive buffer of the largest size, before anything is allocated */
-    if (tool_arg_mem(PROG, max_arg ? "-e" : "-b", max_arg ? max_arg : min_arg ? min_arg : "32M",
-                     2 * o->max_bytes, 0))
+    if (tool_arg_mem(PROG, o->sw.max_arg ? "-e" : "-b",
+                     o->sw.max_arg   ? o->sw.max_arg
+                     : o->sw.min_arg ? o->sw.min_arg
+                                     : "32M",
+                     2 * o->sw.max_bytes, 0))
         return TOOL_EXIT_USAGE;
     if (o->place & PLACE_IN && !ops[o->op].inplace && o->place != PLACE_BOTH) {
         fprintf(stderr, "cfx_coll_perf: %s has no in-place form\n", ops[o->op].name);
@@ -443,7 +398,7 @@ static double exp_allreduce(const struct coll_run *R, size_t k)
 
 static double exp_bcast(const struct coll_run *R, size_t k)
 {
-    return input_value(R, R->o->root, k);
+    return input_value(R, R->o->sw.root, k);
 }
 
 static double exp_allgather(const struct coll_run *R, size_t k)
@@ -463,7 +418,7 @@ static double exp_alltoall(const struct coll_run *R, size_t k)
 
 static double exp_scatter(const struct coll_run *R, size_t k)
 {
-    return input_value(R, R->o->root, (uint64_t)R->rank * R->count + k);
+    return input_value(R, R->o->sw.root, (uint64_t)R->rank * R->count + k);
 }
 
 static double exp_sendrecv(const struct coll_run *R, size_t k)
@@ -553,14 +508,15 @@ static int call(struct coll_run *R, int inplace, size_t count)
     case OP_BROADCAST:
         /* one buffer: both placements broadcast in place (the out-of-place
          * form would only add the root's copy) */
-        return cfx_group_broadcast(R->g, r, count, o->dtype, o->root, &R->cp);
-    case OP_REDUCE: return cfx_group_reduce(R->g, s, r, count, o->dtype, o->redop, o->root, &R->cp);
+        return cfx_group_broadcast(R->g, r, count, o->dtype, o->sw.root, &R->cp);
+    case OP_REDUCE:
+        return cfx_group_reduce(R->g, s, r, count, o->dtype, o->redop, o->sw.root, &R->cp);
     case OP_ALLGATHER: return cfx_group_allgather(R->g, s, r, count, o->dtype, &R->cp);
     case OP_REDUCESCATTER:
         return cfx_group_reduce_scatter(R->g, s, r, count, o->dtype, o->redop, &R->cp);
     case OP_ALLTOALL: return cfx_group_alltoall(R->g, s, r, count, o->dtype, &R->cp);
-    case OP_GATHER: return cfx_group_gather(R->g, s, r, count, o->dtype, o->root, &R->cp);
-    case OP_SCATTER: return cfx_group_scatter(R->g, s, r, count, o->dtype, o->root, &R->cp);
+    case OP_GATHER: return cfx_group_gather(R->g, s, r, count, o->dtype, o->sw.root, &R->cp);
+    case OP_SCATTER: return cfx_group_scatter(R->g, s, r, count, o->dtype, o->sw.root, &R->cp);
     case OP_SENDRECV: return sendrecv(R, s, r, count * R->esize);
     case OP_SENDBURST: return sendburst(R, s, r, count * R->esize);
     default: return cfx_group_barrier(R->g, &R->cp);
@@ -574,7 +530,7 @@ static int check(struct coll_run *R, int inplace, size_t count, uint64_t *wrong)
     size_t blk = count * R->esize, n = (size_t)R->n;
     size_t total = ops[o->op].blocked ? n * blk : blk;
     char *s, *r;
-    int rc, me = R->rank, is_root = me == o->root;
+    int rc, me = R->rank, is_root = me == o->sw.root;
     buffers(R, inplace, count, &s, &r);
     /* poison both buffers: the timed calls left correct results in them */
     memset(R->recv, 0xa5, total);
@@ -625,16 +581,16 @@ static int check(struct coll_run *R, int inplace, size_t count, uint64_t *wrong)
 static int timed(struct coll_run *R, int inplace, size_t count, double *sec)
 {
     int rc;
-    for (long i = 0; i < R->o->warmup; i++)
+    for (long i = 0; i < R->o->sw.warmup; i++)
         if ((rc = call(R, inplace, count)) != CFX_OK)
             return rc;
     if ((rc = cfx_group_barrier(R->g, &R->cp_plain)) != CFX_OK)
         return rc;
     double t = perf_now();
-    for (long i = 0; i < R->o->iters; i++)
+    for (long i = 0; i < R->o->sw.iters; i++)
         if ((rc = call(R, inplace, count)) != CFX_OK)
             return rc;
-    *sec = (perf_now() - t) / (double)R->o->iters;
+    *sec = (perf_now() - t) / (double)R->o->sw.iters;
     return CFX_OK;
 }
 
@@ -679,7 +635,7 @@ static void print_ranks(struct coll_run *R, struct cfx_context *ctx)
     gethostname(me.host, sizeof(me.host) - 1);
     int rc = all ? cfx_group_allgather(R->g, &me, all, sizeof(me), CFX_DTYPE_U8, &R->cp_plain)
                  : CFX_ERR_NOMEM;
-    if (R->rank == 0 && !R->o->json) {
+    if (R->rank == 0 && !R->o->sw.json) {
         printf("#\n# Using ranks\n");
         if (rc == CFX_OK)
             for (int r = 0; r < R->n; r++)
@@ -725,28 +681,29 @@ int main(int argc, char **argv)
     }
     R.rank = cfx_group_rank(R.g);
     R.n = cfx_group_size(R.g);
-    if (d->root && o.root >= R.n) {
+    if (d->root && o.sw.root >= R.n) {
         if (R.rank == 0)
-            fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.root, R.n);
+            fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.sw.root,
+                    R.n);
         cfx_group_destroy(R.g);
         cfx_context_destroy(ctx);
         return 2;
     }
     R.cp.field_mask =
-        (o.algo_set ? CFX_COLL_PARAM_ALGO : 0) | (o.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0);
+        (o.algo_set ? CFX_COLL_PARAM_ALGO : 0) | (o.sw.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0);
     R.cp.algo = o.algo;
-    R.cp.timeout_ms = o.timeout_ms;
-    R.cp_plain.field_mask = o.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0;
-    R.cp_plain.timeout_ms = o.timeout_ms;
+    R.cp.timeout_ms = o.sw.timeout_ms;
+    R.cp_plain.field_mask = o.sw.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0;
+    R.cp_plain.timeout_ms = o.sw.timeout_ms;
 
     /* Buffers for the largest size: blocked ops hold n blocks on one side. */
     size_t n = (size_t)R.n;
-    size_t maxcount = o.max_bytes / R.esize / (d->blocked ? n : 1);
+    size_t maxcount = o.sw.max_bytes / R.esize / (d->blocked ? n : 1);
     size_t bufbytes = (d->blocked ? n : 1) * maxcount * R.esize;
     bufbytes = bufbytes ? bufbytes : R.esize;
     if (!o.user_buf && perf_pins(ctx)) { /* the arena is pinned over verbs */
         char val[32];
-        snprintf(val, sizeof(val), "%zu", o.max_bytes);
+        snprintf(val, sizeof(val), "%zu", o.sw.max_bytes);
         if (tool_arg_mem(PROG, "-e", val, 2 * bufbytes, 1)) {
             cfx_group_destroy(R.g);
             cfx_context_destroy(ctx);
@@ -771,21 +728,22 @@ int main(int argc, char **argv)
     memset(R.send, 1, bufbytes);
     memset(R.recv, 1, bufbytes);
 
-    if (R.rank == 0 && !o.json)
+    if (R.rank == 0 && !o.sw.json)
         printf("# Conflux %s test: nRanks %d minBytes %zu maxBytes %zu step: %ld(factor) "
                "warmup iters: %ld iters: %ld validation: %d algo: %s buffers: %s\n",
-               d->name, R.n, o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters, o.check,
-               o.algo_set ? cfx_algo_name(o.algo) : "auto", o.user_buf ? "user" : "arena");
+               d->name, R.n, o.sw.min_bytes, o.sw.max_bytes, o.sw.factor, o.sw.warmup, o.sw.iters,
+               o.sw.check, o.algo_set ? cfx_algo_name(o.algo) : "auto",
+               o.user_buf ? "user" : "arena");
     print_ranks(&R, ctx);
     int place_lo = o.place & PLACE_OUT ? 0 : 1, place_hi = o.place & PLACE_IN ? 1 : 0;
     if (R.rank == 0) {
-        if (o.json) {
+        if (o.sw.json) {
             printf("{\"tool\":\"cfx_coll_perf\",\"op\":\"%s\",\"nranks\":%d,\"datatype\":\"%s\","
                    "\"redop\":\"%s\",\"root\":%d,\"algo\":\"%s\",\"iters\":%ld,\"warmup\":%ld,"
                    "\"check\":%d,\"buffer\":\"%s\",\"results\":[",
                    d->name, R.n, cfx_dtype_name(o.dtype),
-                   d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.root : -1,
-                   o.algo_set ? cfx_algo_name(o.algo) : "auto", o.iters, o.warmup, o.check,
+                   d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.sw.root : -1,
+                   o.algo_set ? cfx_algo_name(o.algo) : "auto", o.sw.iters, o.sw.warmup, o.sw.check,
                    o.user_buf ? "user" : "arena");
         } else {
             printf("# %10s  %12s  %8s  %6s  %6s", "", "", "", "", "");
@@ -807,20 +765,20 @@ int main(int argc, char **argv)
     double bw_sum = 0;
     long bw_count = 0, rows = 0;
     int64_t wrong_total = 0;
-    size_t size = o.min_bytes;
+    size_t size = o.sw.min_bytes;
     for (;;) {
         size_t count = d->blocked ? size / R.esize / n : size / R.esize;
         size_t bytes = (d->blocked ? n : 1) * count * R.esize;
         if (o.op == OP_BARRIER)
             count = bytes = 0;
         if (count || o.op == OP_BARRIER) {
-            if (R.rank == 0 && !o.json)
+            if (R.rank == 0 && !o.sw.json)
                 printf("%12zu  %12zu  %8s  %6s  %6d", bytes, count,
                        o.op == OP_BARRIER ? "none" : cfx_dtype_name(o.dtype),
-                       d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.root : -1);
+                       d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.sw.root : -1);
             for (int p = place_lo; p <= place_hi; p++) {
                 if (p == 1 && !d->inplace) {
-                    if (R.rank == 0 && !o.json)
+                    if (R.rank == 0 && !o.sw.json)
                         printf("  %7s  %6s  %6s  %5s", "-", "-", "-", "-");
                     continue;
                 }
@@ -832,7 +790,7 @@ int main(int argc, char **argv)
                                          &R.cp_plain);
                 if (rc != CFX_OK)
                     die(&R, "time reduction after", bytes, rc);
-                if (o.check && o.op != OP_BARRIER) {
+                if (o.sw.check && o.op != OP_BARRIER) {
                     uint64_t w = 0;
                     if ((rc = check(&R, p, count, &w)) != CFX_OK)
                         die(&R, "check run", bytes, rc);
@@ -849,39 +807,39 @@ int main(int argc, char **argv)
                 bw_count++;
                 if (R.rank != 0)
                     continue;
-                if (o.json) {
+                if (o.sw.json) {
                     printf("%s{\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\","
                            "\"root\":%d,\"inplace\":%d,\"time_us\":%.3f,\"algbw\":%.6f,"
                            "\"busbw\":%.6f,\"wrong\":",
                            rows++ ? "," : "", bytes, count, cfx_dtype_name(o.dtype),
-                           d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.root : -1, p,
+                           d->redop ? cfx_redop_name(o.redop) : "none", d->root ? o.sw.root : -1, p,
                            maxsec * 1e6, algbw, busbw);
-                    if (o.check && o.op != OP_BARRIER)
+                    if (o.sw.check && o.op != OP_BARRIER)
                         printf("%" PRId64 "}", wrong_sum);
                     else
                         printf("null}");
                 } else {
                     print_time(maxsec * 1e6);
                     printf("  %6.2f  %6.2f", algbw, busbw);
-                    if (o.check && o.op != OP_BARRIER)
+                    if (o.sw.check && o.op != OP_BARRIER)
                         printf("  %5" PRId64, wrong_sum);
                     else
                         printf("  %5s", "N/A");
                 }
             }
-            if (R.rank == 0 && !o.json) {
+            if (R.rank == 0 && !o.sw.json) {
                 printf("\n");
                 fflush(stdout);
             }
         }
-        if (o.op == OP_BARRIER || size > o.max_bytes / (size_t)o.factor)
+        if (o.op == OP_BARRIER || size > o.sw.max_bytes / (size_t)o.sw.factor)
             break;
-        size = size ? size * (size_t)o.factor : 1;
+        size = size ? size * (size_t)o.sw.factor : 1;
     }
 
     double avg = bw_count ? bw_sum / (double)bw_count : 0;
     if (R.rank == 0) {
-        if (o.json)
+        if (o.sw.json)
             printf("],\"wrong\":%" PRId64 ",\"avg_busbw\":%.6f}\n", wrong_total, avg);
         else {
             printf("# Out of bounds values : %" PRId64 " %s\n", wrong_total,

@@ -63,9 +63,9 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "sweep.h"
 
-#define PROG "cfx_obj_perf"
-#define OBJ_BYTES_MAX (1ull << 46) /* the largest object there may be (cfx_put) */
+#define PROG      "cfx_obj_perf"
 #define ITERS_MAX 100000L
 
 enum op_kind { OP_BROADCAST, OP_REDUCE, OP_ALLREDUCE, OP_LAST };
@@ -73,17 +73,12 @@ static const char *const op_names[] = { "broadcast", "reduce", "allreduce", NULL
 
 struct opts {
     enum op_kind op;
-    size_t min_bytes, max_bytes;
-    long factor, iters, warmup;
-    int root;
+    struct sweep_opts sw; /* -b -e -f -n -w -r -c -T (0 = the context's) --json */
     int k;              /* reduce: first k of n; 0 = n */
     int spacing_ms;     /* -A */
     double link_gbit;   /* -B; 0 = no bound column */
-    int check;          /* -c */
-    int timeout_ms;     /* -T; 0 = the context's */
     int kill_rank;      /* --kill R@MS; -1 = none */
     int kill_ms;
-    int json;
 };
 
 struct run {
@@ -188,47 +183,26 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    const char *max_arg = "64M";
     int c, w;
     memset(o, 0, sizeof(*o));
     o->op = OP_BROADCAST;
-    o->min_bytes = o->max_bytes = 64u << 20;
-    o->factor = 2;
-    o->iters = 5;
-    o->warmup = 1;
-    o->check = 1;
+    o->sw.min_bytes = o->sw.max_bytes = 64u << 20;
+    o->sw.factor = 2;
+    o->sw.iters = 5;
+    o->sw.warmup = 1;
+    o->sw.check = 1;
     o->kill_rank = -1;
     while ((c = getopt_long(argc, argv, "o:b:e:f:n:w:r:k:A:B:c:T:h", lopts, NULL)) != -1) {
+        int taken = sweep_opt(PROG, c, optarg, 1, ITERS_MAX, &o->sw);
+        if (taken < 0)
+            return TOOL_EXIT_USAGE;
+        if (taken)
+            continue;
         switch (c) {
         case 'o':
             if (tool_arg_word(PROG, "-o", optarg, op_names, &w))
                 return TOOL_EXIT_USAGE;
             o->op = (enum op_kind)w;
-            break;
-        case 'b':
-            if (tool_arg_size(PROG, "-b", optarg, 1, OBJ_BYTES_MAX, &o->min_bytes))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'e':
-            if (tool_arg_size(PROG, "-e", optarg, 1, OBJ_BYTES_MAX, &o->max_bytes))
-                return TOOL_EXIT_USAGE;
-            max_arg = optarg;
-            break;
-        case 'f':
-            if (tool_arg_long(PROG, "-f", optarg, 2, 1 << 20, "a step factor", &o->factor))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'n':
-            if (tool_arg_long(PROG, "-n", optarg, 1, ITERS_MAX, "an iteration count", &o->iters))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'w':
-            if (tool_arg_long(PROG, "-w", optarg, 0, ITERS_MAX, "a warm-up count", &o->warmup))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'r':
-            if (tool_arg_int(PROG, "-r", optarg, 0, 1 << 20, "a root rank", &o->root))
-                return TOOL_EXIT_USAGE;
             break;
         case 'k':
             if (tool_arg_int(PROG, "-k", optarg, 1, 1 << 20, "an input count", &o->k))
@@ -243,39 +217,24 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                                 &o->link_gbit))
                 return TOOL_EXIT_USAGE;
             break;
-        case 'c':
-            if (tool_arg_int(PROG, "-c", optarg, 0, 1, "0 or 1", &o->check))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'T':
-            if (tool_arg_int(PROG, "-T", optarg, 1, INT_MAX, "a timeout in ms", &o->timeout_ms))
-                return TOOL_EXIT_USAGE;
-            break;
         case 'K':
             if (parse_kill(optarg, o))
                 return TOOL_EXIT_USAGE;
             break;
-        case 'J': o->json = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return TOOL_EXIT_USAGE;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
-        usage(stderr);
+    if (sweep_done(PROG, argc, argv, optind, &o->sw, usage))
         return TOOL_EXIT_USAGE;
-    }
-    if (o->min_bytes > o->max_bytes) {
-        fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", PROG, o->min_bytes, o->max_bytes);
-        return TOOL_EXIT_USAGE;
-    }
-    if (o->op != OP_BROADCAST && o->min_bytes < 4) {
+    if (o->op != OP_BROADCAST && o->sw.min_bytes < 4) {
         fprintf(stderr, "%s: -b: %s needs at least one float32 (4 bytes)\n", PROG,
                 op_names[o->op]);
         return TOOL_EXIT_USAGE;
     }
     /* the object or input, and for reduce the result read back */
-    if (tool_arg_mem(PROG, "-e", max_arg, (o->op == OP_BROADCAST ? 1 : 2) * o->max_bytes, 0))
+    if (tool_arg_mem(PROG, "-e", o->sw.max_arg ? o->sw.max_arg : "64M",
+                     (o->op == OP_BROADCAST ? 1 : 2) * o->sw.max_bytes, 0))
         return TOOL_EXIT_USAGE;
     return 0;
 }
@@ -380,7 +339,7 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
     s->end = -1;
     if (o->op == OP_BROADCAST) {
         make_id(R, size, it, "bcast", 0, &obj);
-        if (R->rank == o->root)
+        if (R->rank == o->sw.root)
             for (size_t i = 0; i < size; i++)
                 R->buf[i] = (char)bcast_byte(seed, i);
     } else {
@@ -401,14 +360,14 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
         maybe_die(R, true, t0); /* no thread: die at once rather than never */
 
     if (o->op == OP_BROADCAST) {
-        if (R->rank == o->root) {
+        if (R->rank == o->sw.root) {
             s->start = 0;
             s->rc = rc = cfx_put(R->ctx, &obj, R->buf, size, &R->op);
             if (rc != CFX_OK)
                 fprintf(stderr, "%s: rank %d: put of %zu B: %s: %s\n", PROG, R->rank, size,
                         cfx_errname(rc), cfx_last_error());
         } else {
-            int pos = R->rank < o->root ? R->rank : R->rank - 1;
+            int pos = R->rank < o->sw.root ? R->rank : R->rank - 1;
             sleep_until(t0 + slot_of(pos, it, R->n - 1) * o->spacing_ms / 1e3);
             memset(R->buf, 0, size);
             s->start = now_s() - t0;
@@ -419,7 +378,7 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             if (rc != CFX_OK) {
                 fprintf(stderr, "%s: rank %d: get of %zu B: %s: %s\n", PROG, R->rank, size,
                         cfx_errname(rc), cfx_last_error());
-            } else if (o->check) {
+            } else if (o->sw.check) {
                 for (size_t i = 0; i < size; i++)
                     s->wrong += (uint8_t)R->buf[i] != bcast_byte(seed, i);
                 s->wrong += got != size ? 1 : 0;
@@ -431,8 +390,8 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
         struct put_job pj = { R, &obj, count * 4,
                               slot_of(R->rank, it, R->n) * o->spacing_ms / 1e3, t0, s };
         pthread_t putter;
-        bool threaded = R->rank == o->root && pthread_create(&putter, NULL, put_later, &pj) == 0;
-        if (R->rank == o->root) {
+        bool threaded = R->rank == o->sw.root && pthread_create(&putter, NULL, put_later, &pj) == 0;
+        if (R->rank == o->sw.root) {
             size_t used[1 << 10];
             size_t *u = k <= (int)(sizeof(used) / sizeof(used[0])) ? used
                                                                      : malloc(sizeof(size_t) * (size_t)k);
@@ -463,11 +422,11 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
     }
     /* the root says which inputs it reduced; every rank checks against them */
     if (o->op != OP_BROADCAST && !fault) {
-        int brc = cfx_group_broadcast(R->g, used_out, (size_t)k, CFX_DTYPE_I64, o->root, &R->cp);
+        int brc = cfx_group_broadcast(R->g, used_out, (size_t)k, CFX_DTYPE_I64, o->sw.root, &R->cp);
         if (brc != CFX_OK)
             return brc;
     }
-    if (o->op == OP_ALLREDUCE || (o->op == OP_REDUCE && o->check && R->rank == o->root)) {
+    if (o->op == OP_ALLREDUCE || (o->op == OP_REDUCE && o->sw.check && R->rank == o->sw.root)) {
         size_t got = 0;
         memset(R->res, 0, count * 4);
         int grc = cfx_get(R->ctx, &result, R->res, count * 4, &got, &R->op);
@@ -477,7 +436,7 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             fprintf(stderr, "%s: rank %d: get of the result (%zu B): %s: %s\n", PROG, R->rank,
                     count * 4, cfx_errname(grc), cfx_last_error());
             s->rc = grc;
-        } else if (o->check && !fault) {
+        } else if (o->sw.check && !fault) {
             for (size_t i = 0; i < count; i++) {
                 float want = 0, have;
                 for (int j = 0; j < k; j++)
@@ -550,12 +509,12 @@ static void print_head(const struct run *R)
 {
     const struct opts *o = R->o;
     int k = o->k ? o->k : R->n;
-    if (o->json) {
+    if (o->sw.json) {
         printf("{\"tool\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"root\":%d,\"k\":%d,"
                "\"spacing_ms\":%d,\"link_gbit\":%g,\"iters\":%ld,\"warmup\":%ld,\"check\":%d,"
                "\"kill\":",
-               PROG, op_names[o->op], R->n, o->root, o->op == OP_BROADCAST ? 0 : k,
-               o->spacing_ms, o->link_gbit, o->iters, o->warmup, o->check);
+               PROG, op_names[o->op], R->n, o->sw.root, o->op == OP_BROADCAST ? 0 : k,
+               o->spacing_ms, o->link_gbit, o->sw.iters, o->sw.warmup, o->sw.check);
         if (o->kill_rank >= 0)
             printf("{\"rank\":%d,\"ms\":%d}", o->kill_rank, o->kill_ms);
         else
@@ -564,7 +523,8 @@ static void print_head(const struct run *R)
     } else {
         printf("# Conflux object %s test: nRanks %d root %d spacing %d ms iters %ld "
                "warmup %ld validation %d",
-               op_names[o->op], R->n, o->root, o->spacing_ms, o->iters, o->warmup, o->check);
+               op_names[o->op], R->n, o->sw.root, o->spacing_ms, o->sw.iters, o->sw.warmup,
+               o->sw.check);
         if (o->op != OP_BROADCAST)
             printf(" first %d of %d (float32 sum)", k, R->n);
         if (o->kill_rank >= 0)
@@ -585,7 +545,7 @@ static void print_row(const struct run *R, size_t size, double *times, long nt, 
     double med = nt ? (nt & 1 ? times[nt / 2] : (times[nt / 2 - 1] + times[nt / 2]) / 2) : 0;
     double bound = bound_s(o, size, R->n);
     double algbw = med > 0 ? (double)size / med / 1e9 : 0;
-    if (o->json) {
+    if (o->sw.json) {
         printf("%s{\"size\":%zu,\"time_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,"
                "\"algbw\":%.6f,\"xbound\":",
                (*rows)++ ? "," : "", size, med * 1e3, nt ? times[0] * 1e3 : 0,
@@ -654,7 +614,7 @@ int main(int argc, char **argv)
     R.n = cfx_group_size(R.g);
     int status = 0;
     const char *why = NULL;
-    if (o.root >= R.n)
+    if (o.sw.root >= R.n)
         why = "-r: the root is not a rank of the group";
     else if (o.k > R.n)
         why = "-k: more inputs than ranks";
@@ -662,7 +622,7 @@ int main(int argc, char **argv)
         why = "--kill: no such rank";
     else if (o.kill_rank >= 0 && R.n < 3)
         why = "--kill: needs at least 3 ranks (two survivors)";
-    else if (o.kill_rank >= 0 && o.op != OP_BROADCAST && o.kill_rank == o.root)
+    else if (o.kill_rank >= 0 && o.op != OP_BROADCAST && o.kill_rank == o.sw.root)
         why = "--kill: the root of a reduce is the one rank that calls it; choose another";
     else if (o.kill_rank >= 0 && o.op != OP_BROADCAST && o.k == 0)
         why = "--kill: a reduce that survives a victim needs -k below n";
@@ -673,11 +633,11 @@ int main(int argc, char **argv)
         cfx_context_destroy(R.ctx);
         return TOOL_EXIT_USAGE;
     }
-    if (o.timeout_ms) {
+    if (o.sw.timeout_ms) {
         R.op.field_mask = CFX_OBJ_PARAM_TIMEOUT;
-        R.op.timeout_ms = o.timeout_ms;
+        R.op.timeout_ms = o.sw.timeout_ms;
         R.cp.field_mask = CFX_COLL_PARAM_TIMEOUT;
-        R.cp.timeout_ms = o.timeout_ms;
+        R.cp.timeout_ms = o.sw.timeout_ms;
     }
     /* Ids of this run: rank 0's random tag, so that a long-running
      * coordinator never confuses two runs. */
@@ -690,23 +650,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: rank %d: %s: %s\n", PROG, R.rank, cfx_errname(rc), cfx_last_error());
         return 1;
     }
-    rc = cfx_buf_alloc(R.ctx, o.max_bytes, (void **)&R.buf);
+    rc = cfx_buf_alloc(R.ctx, o.sw.max_bytes, (void **)&R.buf);
     if (rc == CFX_OK && o.op != OP_BROADCAST)
-        rc = cfx_buf_alloc(R.ctx, o.max_bytes, (void **)&R.res);
+        rc = cfx_buf_alloc(R.ctx, o.sw.max_bytes, (void **)&R.res);
     if (rc != CFX_OK) {
-        fprintf(stderr, "%s: rank %d: cannot allocate %zu bytes: %s\n", PROG, R.rank, o.max_bytes,
-                cfx_last_error());
+        fprintf(stderr, "%s: rank %d: cannot allocate %zu bytes: %s\n", PROG, R.rank,
+                o.sw.max_bytes, cfx_last_error());
         return 1;
     }
-    memset(R.buf, 0, o.max_bytes);
+    memset(R.buf, 0, o.sw.max_bytes);
     if (R.res)
-        memset(R.res, 0, o.max_bytes);
+        memset(R.res, 0, o.sw.max_bytes);
 
     int k = o.k ? o.k : R.n;
     struct sample *all = calloc((size_t)R.n, sizeof(*all));
     bool *alive = calloc((size_t)R.n, sizeof(*alive));
     uint64_t *used = calloc((size_t)k, sizeof(*used));
-    double *times = calloc((size_t)o.iters, sizeof(*times));
+    double *times = calloc((size_t)o.sw.iters, sizeof(*times));
     if (!all || !alive || !used || !times) {
         fprintf(stderr, "%s: out of memory\n", PROG);
         return 1;
@@ -718,15 +678,15 @@ int main(int argc, char **argv)
 
     int64_t wrong_total = 0;
     long rows = 0;
-    for (size_t size = o.min_bytes;; size *= (size_t)o.factor) {
+    for (size_t size = o.sw.min_bytes;; size *= (size_t)o.sw.factor) {
         size_t bytes = o.op == OP_BROADCAST ? size : size / 4 * 4;
         int64_t wrong = 0;
         int failed = 0;
         long nt = 0;
         bool fault = false;
-        for (long it = 0; it < o.warmup + o.iters; it++) {
+        for (long it = 0; it < o.sw.warmup + o.sw.iters; it++) {
             struct sample mine;
-            fault = o.kill_rank >= 0 && it == o.warmup;
+            fault = o.kill_rank >= 0 && it == o.sw.warmup;
             rc = iteration(&R, bytes, it, fault, &mine, used);
             if (fault) {
                 /* the group has lost a rank: go on with the survivors */
@@ -740,8 +700,8 @@ int main(int argc, char **argv)
                     return 1;
                 }
                 /* the root told nobody what it reduced: it says it now */
-                if (o.op != OP_BROADCAST && o.root != o.kill_rank) {
-                    int root = o.root < o.kill_rank ? o.root : o.root - 1;
+                if (o.op != OP_BROADCAST && o.sw.root != o.kill_rank) {
+                    int root = o.sw.root < o.kill_rank ? o.sw.root : o.sw.root - 1;
                     grc = cfx_group_broadcast(R.g, used, (size_t)k, CFX_DTYPE_I64, root, &R.cp);
                     if (grc != CFX_OK)
                         rc = grc;
@@ -771,7 +731,7 @@ int main(int argc, char **argv)
                 wrong += (int64_t)all[r].wrong;
                 failed += all[r].rc != CFX_OK;
             }
-            if (it >= o.warmup)
+            if (it >= o.sw.warmup)
                 times[nt++] = iteration_time(&R, all, alive, used, k);
             if (fault)
                 break;
@@ -785,12 +745,12 @@ int main(int argc, char **argv)
         status |= failed != 0 || wrong != 0;
         if (R.rank == 0 || (fault && R.rank == 1 && o.kill_rank == 0))
             print_row(&R, bytes, times, nt, wrong, failed, &rows);
-        if (fault || size > o.max_bytes / (size_t)o.factor)
+        if (fault || size > o.sw.max_bytes / (size_t)o.sw.factor)
             break;
     }
     bool printer = R.rank == 0 || (o.kill_rank == 0 && R.rank == 1);
     if (printer) {
-        if (o.json)
+        if (o.sw.json)
             printf("],\"wrong\":%" PRId64 ",\"status\":%d}\n", wrong_total, status);
         else
             printf("# Out of bounds values : %" PRId64 " %s\n", wrong_total,

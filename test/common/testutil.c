@@ -2,12 +2,15 @@
 
 #include <conflux/conflux.h>
 
+#include "control/coord.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -112,4 +115,46 @@ int cfx_test_free_port(void)
              getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
     close(fd);
     return ok ? ntohs(sa.sin_port) : -1;
+}
+
+int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, char *token,
+                         size_t token_len, char *addr, size_t addr_len)
+{
+    cfx_test_token(token, token_len);
+    struct cfx_coord_params p = {
+        .bind_addr = "127.0.0.1",
+        .port = 0,
+        .token = token,
+        .metrics_addr = metrics_addr,
+    };
+    int rc = cfx__coord_start(&p, coord);
+    if (rc == CFX_OK)
+        snprintf(addr, addr_len, "127.0.0.1:%u", cfx__coord_port(*coord));
+    return rc;
+}
+
+int cfx_test_join(const char *addr, const char *tok, const char *tps, const char *name,
+                  int timeout_ms, struct cfx_context **out)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      (tps ? CFX_CTX_PARAM_TRANSPORTS : 0) | (name ? CFX_CTX_PARAM_NAME : 0),
+        .coord = addr,
+        .token = tok,
+        .timeout_ms = timeout_ms,
+        .transports = tps,
+        .name = name,
+    };
+    return cfx_context_create(&p, out);
+}
+
+int cfx_test_run_output(const char *cmd, char *out, size_t cap)
+{
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }

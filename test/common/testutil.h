@@ -33,6 +33,27 @@ int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, 
  * -1 if no socket could be bound. */
 int cfx_test_free_port(void);
 
+struct cfx_coord;
+
+/*
+ * Start an in-process coordinator on 127.0.0.1 (a port the kernel picks)
+ * under a fresh token: the token into @p token, "127.0.0.1:PORT" into
+ * @p addr.  @p metrics_addr: where it serves /metrics (NULL: nowhere).
+ * The status of cfx__coord_start() (cfx_last_error() says why).
+ */
+int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, char *token,
+                         size_t token_len, char *addr, size_t addr_len);
+
+/* cfx_context_create() at @p addr with token @p tok, transports @p tps
+ * (NULL: the default), node name @p name (NULL: none) and @p timeout_ms. */
+int cfx_test_join(const char *addr, const char *tok, const char *tps, const char *name,
+                  int timeout_ms, struct cfx_context **out);
+
+/* Run the shell command @p cmd; its stdout, up to @p cap - 1 bytes, into
+ * @p out (NUL-terminated).  Its exit status; 128 when it did not exit; -1
+ * when it could not be started. */
+int cfx_test_run_output(const char *cmd, char *out, size_t cap);
+
 /*
  * For the rank programs (test/progs): CHECK_OK(expr) fails the program
  * through the program's own DIE(...) (which says which rank, round, ...)

@@ -448,12 +448,9 @@ static int rdmactl(const char *args, char *out, size_t cap)
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s/rdmactl --coord %s --token %s %s", CFX_BIN_DIR, cc.addr,
              token, args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f, "cannot run %s", cmd);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    int st = cfx_test_run_output(cmd, out, cap);
+    cr_assert_neq(st, -1, "cannot run %s", cmd);
+    return st;
 }
 
 static struct cfx_ctl *node_as(const char *name, const char *host, uint8_t flags)

@@ -24,10 +24,9 @@ static char token[64];
 
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
+                                      sizeof(coord_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
@@ -43,26 +42,14 @@ static int rdmactl(const char *args, char *out, size_t cap)
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "CFX_TOKEN=%s %s/rdmactl --coord %s %s", token, CFX_BIN_DIR,
              coord_addr, args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    int st = cfx_test_run_output(cmd, out, cap);
+    cr_assert_neq(st, -1, "cannot run %s", cmd);
+    return st;
 }
 
 static int join(const char *name, struct cfx_context **out)
 {
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_NAME,
-        .coord = coord_addr,
-        .token = token,
-        .timeout_ms = 10000,
-        .transports = "tcp",
-        .name = name,
-    };
-    return cfx_context_create(&p, out);
+    return cfx_test_join(coord_addr, token, "tcp", name, 10000, out);
 }
 
 Test(rdmactl_top, once_shows_members_copies_and_transfers)

@@ -32,10 +32,9 @@ static char token[64];
 
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
+                                      sizeof(coord_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
@@ -48,15 +47,7 @@ TestSuite(context, .init = setup, .fini = teardown, .timeout = 60);
 
 static int join(const char *tok, const char *tps, struct cfx_context **out)
 {
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      (tps ? CFX_CTX_PARAM_TRANSPORTS : 0),
-        .coord = coord_addr,
-        .token = tok,
-        .timeout_ms = 5000,
-        .transports = tps,
-    };
-    return cfx_context_create(&p, out);
+    return cfx_test_join(coord_addr, tok, tps, NULL, 5000, out);
 }
 
 /*

@@ -31,15 +31,9 @@ static uint16_t mport;
 
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = {
-        .bind_addr = "127.0.0.1",
-        .port = 0,
-        .token = token,
-        .metrics_addr = "127.0.0.1:0",
-    };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_eq(cfx_test_coord_start("127.0.0.1:0", &coord, token, sizeof(token), coord_addr,
+                                      sizeof(coord_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
     mport = cfx__coord_metrics_port(coord);
     cr_assert_neq(mport, 0);
 }
@@ -146,26 +140,15 @@ static int promtool(const char *body, char *out, size_t cap)
     cr_assert_eq(write(fd, body, strlen(body)), (ssize_t)strlen(body));
     close(fd);
     snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
+    int st = cfx_test_run_output(cmd, out, cap);
+    cr_assert_neq(st, -1, "cannot run %s", cmd);
     unlink(path);
-    return WEXITSTATUS(st);
+    return st;
 }
 
 static int join(struct cfx_context **out)
 {
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
-        .timeout_ms = 10000,
-        .transports = "tcp",
-    };
-    return cfx_context_create(&p, out);
+    return cfx_test_join(coord_addr, token, "tcp", NULL, 10000, out);
 }
 
 Test(coord_metrics, two_nodes_three_objects)

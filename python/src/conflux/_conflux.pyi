@@ -1,4 +1,4 @@
-# Type stub of the C extension (src/conflux/_conflux.c).  Timeouts here are
+# Type stub of the C extension (src/conflux/_conflux*.c).  Timeouts here are
 # milliseconds (None: the default deadline); dtypes and ops are the enum
 # values of conflux/reduce.h.  Users call the classes in conflux._api.
 from typing import Any, Sequence

@@ -1,0 +1,66 @@
+/*
+ * _conflux.h: what the files of the CPython extension share (private).
+ *
+ * _conflux.c         module init, module functions, exceptions, argument helpers
+ * _conflux_context.c Context and ArenaBuffer
+ * _conflux_group.c   Group and Request (collectives)
+ * _conflux_ps.c      ParameterServer
+ *
+ * Every function here is called with the GIL held.
+ */
+#ifndef CFX_PY_CONFLUX_H
+#define CFX_PY_CONFLUX_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+
+#include <string.h>
+
+#include <conflux/conflux.h>
+
+/* ---- exceptions and argument helpers (_conflux.c) ----------------------- */
+
+#define N_STATUS (-(CFX_STATUS_LAST))
+extern PyObject *cfx__py_error_types[N_STATUS]; /* per negative status; [0] unused */
+
+/* Raise the exception for @p status (negative); returns NULL. */
+PyObject *cfx__py_raise_status(int status);
+/* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
+int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
+/* A 20-byte object id from any bytes-like object; -1 with ValueError set. */
+int cfx__py_parse_id(PyObject *o, struct cfx_object_id *id);
+/* 0 when @p dtype is a known enum cfx_dtype, else -1 with ValueError set. */
+int cfx__py_check_dtype(int dtype);
+
+/* ---- Context (_conflux_context.c) ---------------------------------------- */
+
+struct put_entry {
+    Py_buffer view; /* exported until the delete: cfx_put() serves it zero-copy */
+};
+
+typedef struct {
+    PyObject_HEAD
+    struct cfx_context *ctx; /* NULL once destroyed */
+    int closed;              /* close() called: no more calls */
+    Py_ssize_t children;     /* live groups, ps handles, arena buffers, and calls in
+                               * flight without the GIL: close() from another thread
+                               * never frees the context under a running call */
+    PyObject *puts;          /* dict: id bytes -> capsule of struct put_entry */
+} ContextObject;
+
+/* A child (group, ps handle, arena buffer, call in flight) of @p c went:
+ * destroys the context when it was closed and this was the last. */
+void cfx__py_context_child_gone(ContextObject *c);
+/* The live context, or NULL with ClosedError set. */
+struct cfx_context *cfx__py_live_ctx(ContextObject *c);
+
+/* ---- the types the module exports ---------------------------------------- */
+
+extern PyTypeObject cfx__py_context_type; /* conflux._conflux.Context */
+extern PyTypeObject cfx__py_arena_type;   /* conflux._conflux.ArenaBuffer */
+extern PyTypeObject cfx__py_group_type;   /* conflux._conflux.Group */
+extern PyTypeObject cfx__py_request_type; /* conflux._conflux.Request */
+extern PyTypeObject cfx__py_ps_type;      /* conflux._conflux.ParameterServer */
+
+#endif /* CFX_PY_CONFLUX_H */

@@ -1,0 +1,487 @@
+/*
+ * _conflux_group.c: the Group type (blocking and non-blocking collectives)
+ * and Request, a non-blocking collective in flight.
+ */
+#include "_conflux.h"
+
+/* ---- Group ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ContextObject *owner;
+    struct cfx_group *g;     /* NULL once destroyed */
+    PyThread_type_lock lock; /* a group is used by one thread at a time */
+    Py_ssize_t pending;      /* non-blocking requests not yet complete */
+    int closing;             /* close() came while requests were pending */
+} GroupObject;
+
+static void group_destroy_now(GroupObject *self)
+{
+    if (self->pending > 0) { /* the last request to complete destroys it */
+        self->closing = 1;
+        return;
+    }
+    if (self->g) {
+        struct cfx_group *g = self->g;
+        self->g = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        cfx_group_destroy(g);
+        PyThread_release_lock(self->lock);
+        Py_END_ALLOW_THREADS
+    }
+    if (self->owner) {
+        cfx__py_context_child_gone(self->owner);
+        Py_CLEAR(self->owner);
+    }
+}
+
+static int Group_init(GroupObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "context", "name", "rank", "size", "timeout_ms", NULL };
+    PyObject *ctxo, *timeout = Py_None, *ranko = Py_None, *sizeo = Py_None;
+    const char *name = NULL;
+    if (self->g || self->owner) {
+        PyErr_SetString(PyExc_RuntimeError, "Group.__init__ called twice");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|zOOO", kwlist, &cfx__py_context_type, &ctxo,
+                                     &name, &ranko, &sizeo, &timeout))
+        return -1;
+    ContextObject *c = (ContextObject *)ctxo;
+    struct cfx_context *ctx = cfx__py_live_ctx(c);
+    if (!ctx)
+        return -1;
+    struct cfx_group_params p = { 0 };
+    int set = 0;
+    if (cfx__py_parse_timeout(timeout, &p.timeout_ms, &set) < 0)
+        return -1;
+    if (set)
+        p.field_mask |= CFX_GROUP_PARAM_TIMEOUT;
+    if (name) {
+        p.name = name;
+        p.field_mask |= CFX_GROUP_PARAM_NAME;
+    }
+    if (ranko != Py_None) {
+        p.rank = (int)PyLong_AsLong(ranko);
+        if (PyErr_Occurred())
+            return -1;
+        p.field_mask |= CFX_GROUP_PARAM_RANK;
+    }
+    if (sizeo != Py_None) {
+        p.size = (int)PyLong_AsLong(sizeo);
+        if (PyErr_Occurred())
+            return -1;
+        p.field_mask |= CFX_GROUP_PARAM_SIZE;
+    }
+    if (!self->lock && !(self->lock = PyThread_allocate_lock())) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    struct cfx_group *g = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cfx_group_create(ctx, &p, &g);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        cfx__py_raise_status(rc);
+        return -1;
+    }
+    self->g = g;
+    self->owner = (ContextObject *)Py_NewRef(c);
+    c->children++;
+    return 0;
+}
+
+static void Group_dealloc(GroupObject *self)
+{
+    group_destroy_now(self);
+    if (self->lock)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static struct cfx_group *live_group(GroupObject *self)
+{
+    if (!self->g || self->closing) {
+        PyErr_SetString(cfx__py_error_types[-CFX_ERR_CLOSED], "the group is closed");
+        return NULL;
+    }
+    return self->g;
+}
+
+static PyObject *Group_close(GroupObject *self, PyObject *unused)
+{
+    group_destroy_now(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Group_get_rank(GroupObject *self, void *unused)
+{
+    struct cfx_group *g = live_group(self);
+    return g ? PyLong_FromLong(cfx_group_rank(g)) : NULL;
+}
+
+static PyObject *Group_get_size(GroupObject *self, void *unused)
+{
+    struct cfx_group *g = live_group(self);
+    return g ? PyLong_FromLong(cfx_group_size(g)) : NULL;
+}
+
+enum coll_kind {
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_REDUCE,
+    K_ALLGATHER,
+    K_REDUCE_SCATTER,
+    K_GATHER,
+    K_SCATTER,
+    K_ALLTOALL,
+    K_SEND,
+    K_RECV,
+    K_BARRIER,
+};
+
+/* ---- Request: a non-blocking collective in flight ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    GroupObject *group;      /* keeps the group (and its context) alive */
+    struct cfx_request *req; /* NULL once complete */
+    Py_buffer sb, rb;        /* exported until completion: the library uses them */
+    int have_sb, have_rb;
+    int status; /* final status once complete */
+} RequestObject;
+
+/* The request finished with @p status: give back its buffers and its group. */
+static void request_finish(RequestObject *self, int status)
+{
+    cfx_request_free(self->req);
+    self->req = NULL;
+    self->status = status;
+    if (self->have_sb)
+        PyBuffer_Release(&self->sb);
+    if (self->have_rb)
+        PyBuffer_Release(&self->rb);
+    self->have_sb = self->have_rb = 0;
+    GroupObject *g = self->group;
+    if (--g->pending == 0 && g->closing) {
+        g->closing = 0;
+        group_destroy_now(g);
+    }
+}
+
+/* wait(timeout_ms=None): None waits for the operation, which ends by its own
+ * deadline (the group's or the call's timeout). */
+static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "timeout_ms", NULL };
+    PyObject *timeout = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
+        return NULL;
+    int ms = -1, set = 0;
+    if (cfx__py_parse_timeout(timeout, &ms, &set) < 0)
+        return NULL;
+    if (self->req) {
+        struct cfx_request *req = self->req;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_request_wait(req, set ? ms : -1);
+        Py_END_ALLOW_THREADS
+        if (rc == CFX_ERR_TIMEOUT && cfx_request_test(req) == CFX_ERR_AGAIN)
+            return cfx__py_raise_status(CFX_ERR_TIMEOUT); /* still running: wait again later */
+        request_finish(self, rc);
+    }
+    if (self->status)
+        return cfx__py_raise_status(self->status);
+    Py_RETURN_NONE;
+}
+
+/* test() -> True once complete (raising its error if it failed), else False. */
+static PyObject *Request_test(RequestObject *self, PyObject *unused)
+{
+    if (self->req) {
+        int rc = cfx_request_test(self->req);
+        if (rc == CFX_ERR_AGAIN)
+            Py_RETURN_FALSE;
+        request_finish(self, rc);
+    }
+    if (self->status)
+        return cfx__py_raise_status(self->status);
+    Py_RETURN_TRUE;
+}
+
+static void Request_dealloc(RequestObject *self)
+{
+    if (self->req) { /* dropped while running: the library still uses the buffers */
+        struct cfx_request *req = self->req;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_request_wait(req, -1); /* bounded by the operation's own deadline */
+        Py_END_ALLOW_THREADS
+        request_finish(self, rc);
+    }
+    Py_CLEAR(self->group);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Request_methods[] = {
+    { "wait", (PyCFunction)(void (*)(void))Request_wait, METH_VARARGS | METH_KEYWORDS,
+      "wait(timeout_ms=None): until complete; raises the operation's error." },
+    { "test", (PyCFunction)Request_test, METH_NOARGS,
+      "test() -> bool: complete yet? (raises the operation's error)" },
+    { 0 } /* sentinel */
+};
+
+PyTypeObject cfx__py_request_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "conflux._conflux.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_dealloc = (destructor)Request_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A non-blocking collective in flight; its buffers stay exported until it completes.",
+    .tp_methods = Request_methods,
+};
+
+/* One entry point for every collective: buffers are checked against the
+ * sizes the C call will touch, so no call reads or writes past a buffer. */
+static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyObject *args,
+                            PyObject *kw)
+{
+    /* root is the peer of send / recv */
+    static char *kwlist[] = { "send", "recv",       "count", "dtype", "op",
+                              "root", "timeout_ms", "algo",  "tag",   NULL };
+    PyObject *sendo = Py_None, *recvo = Py_None, *timeout = Py_None;
+    Py_ssize_t count = 0;
+    int dtype = CFX_DTYPE_U8, op = CFX_OP_SUM, root = 0, algo = 0, tag = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOniiiOii", kwlist, &sendo, &recvo, &count, &dtype,
+                                     &op, &root, &timeout, &algo, &tag))
+        return NULL;
+    struct cfx_group *g = live_group(self);
+    if (!g || cfx__py_check_dtype(dtype) < 0)
+        return NULL;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "count must be >= 0");
+        return NULL;
+    }
+    struct cfx_coll_params p = { 0 };
+    int set = 0;
+    if (cfx__py_parse_timeout(timeout, &p.timeout_ms, &set) < 0)
+        return NULL;
+    if (set)
+        p.field_mask |= CFX_COLL_PARAM_TIMEOUT;
+    if (algo < 0 || algo >= CFX_ALGO_LAST) {
+        PyErr_Format(PyExc_ValueError, "unknown algorithm code %d", algo);
+        return NULL;
+    }
+    if (algo) {
+        p.algo = (enum cfx_algo)algo;
+        p.field_mask |= CFX_COLL_PARAM_ALGO;
+    }
+    int size = cfx_group_size(g), rank = cfx_group_rank(g);
+    size_t es = cfx_dtype_size((enum cfx_dtype)dtype);
+    size_t n = (size_t)count * es;
+    /* bytes the call reads from send / writes to recv on this rank */
+    size_t need_send = 0, need_recv = 0;
+    int has_send = 1, has_recv = 1;
+    switch (kind) {
+    case K_ALLREDUCE: need_send = need_recv = n; break;
+    case K_BROADCAST:
+        has_send = 0;
+        need_recv = n;
+        break;
+    case K_REDUCE:
+        need_send = n;
+        need_recv = rank == root ? n : 0;
+        break;
+    case K_ALLGATHER:
+        need_send = n;
+        need_recv = n * (size_t)size;
+        break;
+    case K_REDUCE_SCATTER:
+        need_send = n * (size_t)size;
+        need_recv = n;
+        break;
+    case K_GATHER:
+        need_send = n;
+        need_recv = rank == root ? n * (size_t)size : 0;
+        break;
+    case K_SCATTER:
+        need_send = rank == root ? n * (size_t)size : 0;
+        need_recv = n;
+        break;
+    case K_ALLTOALL: need_send = need_recv = n * (size_t)size; break;
+    case K_SEND:
+        has_recv = 0;
+        need_send = n;
+        break;
+    case K_RECV:
+        has_send = 0;
+        need_recv = n;
+        break;
+    case K_BARRIER: has_send = has_recv = 0; break;
+    }
+    if (kind == K_REDUCE || kind == K_GATHER || kind == K_SCATTER || kind == K_BROADCAST) {
+        if (root < 0 || root >= size) {
+            PyErr_Format(PyExc_ValueError, "root %d is not a rank of a group of %d", root, size);
+            return NULL;
+        }
+    }
+    Py_buffer sb = { 0 }, rb = { 0 };
+    int have_sb = 0, have_rb = 0;
+    PyObject *ret = NULL;
+    if (has_send && sendo != Py_None) {
+        if (PyObject_GetBuffer(sendo, &sb, PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        have_sb = 1;
+    }
+    if (has_recv && recvo != Py_None) {
+        if (PyObject_GetBuffer(recvo, &rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        have_rb = 1;
+    }
+    if ((need_send && (!have_sb || (size_t)sb.len < need_send)) ||
+        (need_recv && (!have_rb || (size_t)rb.len < need_recv))) {
+        PyErr_Format(PyExc_ValueError,
+                     "buffers too small: this rank's call reads %zu bytes and writes %zu "
+                     "(send has %zd, recv has %zd)",
+                     need_send, need_recv, have_sb ? sb.len : (Py_ssize_t)-1,
+                     have_rb ? rb.len : (Py_ssize_t)-1);
+        goto out;
+    }
+    const void *s = have_sb ? sb.buf : NULL;
+    void *r = have_rb ? rb.buf : NULL;
+    size_t cnt = (size_t)count;
+    enum cfx_dtype dt = (enum cfx_dtype)dtype;
+    enum cfx_redop rop = (enum cfx_redop)op;
+    int rc = CFX_ERR_INVALID;
+    if (nb) { /* post it; the Request owns the buffers until it completes */
+        RequestObject *ro = PyObject_New(RequestObject, &cfx__py_request_type);
+        if (!ro)
+            goto out;
+        ro->group = NULL;
+        ro->req = NULL;
+        ro->have_sb = ro->have_rb = 0;
+        ro->status = 0;
+        struct cfx_request *req = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        switch (kind) {
+        case K_ALLREDUCE: rc = cfx_group_iallreduce(g, s, r, cnt, dt, rop, &p, &req); break;
+        case K_BROADCAST: rc = cfx_group_ibroadcast(g, r, cnt, dt, root, &p, &req); break;
+        case K_REDUCE: rc = cfx_group_ireduce(g, s, r, cnt, dt, rop, root, &p, &req); break;
+        case K_ALLGATHER: rc = cfx_group_iallgather(g, s, r, cnt, dt, &p, &req); break;
+        default: break;
+        }
+        PyThread_release_lock(self->lock);
+        Py_END_ALLOW_THREADS
+        if (rc) {
+            Py_DECREF(ro);
+            cfx__py_raise_status(rc);
+            goto out;
+        }
+        ro->req = req;
+        ro->group = (GroupObject *)Py_NewRef(self);
+        self->pending++;
+        ro->sb = sb;
+        ro->rb = rb;
+        ro->have_sb = have_sb;
+        ro->have_rb = have_rb;
+        have_sb = have_rb = 0; /* moved into the request */
+        ret = (PyObject *)ro;
+        goto out;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    switch (kind) {
+    case K_ALLREDUCE: rc = cfx_group_allreduce(g, s, r, cnt, dt, rop, &p); break;
+    case K_BROADCAST: rc = cfx_group_broadcast(g, r, cnt, dt, root, &p); break;
+    case K_REDUCE: rc = cfx_group_reduce(g, s, r, cnt, dt, rop, root, &p); break;
+    case K_ALLGATHER: rc = cfx_group_allgather(g, s, r, cnt, dt, &p); break;
+    case K_REDUCE_SCATTER: rc = cfx_group_reduce_scatter(g, s, r, cnt, dt, rop, &p); break;
+    case K_GATHER: rc = cfx_group_gather(g, s, r, cnt, dt, root, &p); break;
+    case K_SCATTER: rc = cfx_group_scatter(g, s, r, cnt, dt, root, &p); break;
+    case K_ALLTOALL: rc = cfx_group_alltoall(g, s, r, cnt, dt, &p); break;
+    case K_SEND: rc = cfx_group_send(g, s, n, root, tag, &p); break;
+    case K_RECV: rc = cfx_group_recv(g, r, n, root, tag, &p); break;
+    case K_BARRIER: rc = cfx_group_barrier(g, &p); break;
+    }
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        cfx__py_raise_status(rc);
+    else
+        ret = Py_NewRef(Py_None);
+out:
+    if (have_sb)
+        PyBuffer_Release(&sb);
+    if (have_rb)
+        PyBuffer_Release(&rb);
+    return ret;
+}
+
+#define COLL_METHOD(fn, kind, nb)                                        \
+    static PyObject *fn(GroupObject *self, PyObject *args, PyObject *kw) \
+    {                                                                    \
+        return group_coll(self, kind, nb, args, kw);                     \
+    }
+COLL_METHOD(Group_allreduce, K_ALLREDUCE, 0)
+COLL_METHOD(Group_broadcast, K_BROADCAST, 0)
+COLL_METHOD(Group_reduce, K_REDUCE, 0)
+COLL_METHOD(Group_allgather, K_ALLGATHER, 0)
+COLL_METHOD(Group_reduce_scatter, K_REDUCE_SCATTER, 0)
+COLL_METHOD(Group_gather, K_GATHER, 0)
+COLL_METHOD(Group_scatter, K_SCATTER, 0)
+COLL_METHOD(Group_alltoall, K_ALLTOALL, 0)
+COLL_METHOD(Group_send, K_SEND, 0)
+COLL_METHOD(Group_recv, K_RECV, 0)
+COLL_METHOD(Group_barrier, K_BARRIER, 0)
+COLL_METHOD(Group_iallreduce, K_ALLREDUCE, 1)
+COLL_METHOD(Group_ibroadcast, K_BROADCAST, 1)
+COLL_METHOD(Group_ireduce, K_REDUCE, 1)
+COLL_METHOD(Group_iallgather, K_ALLGATHER, 1)
+
+#define COLL_DEF(name, fn, doc)                                                  \
+    {                                                                            \
+        name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc \
+    }
+static PyMethodDef Group_methods[] = {
+    { "close", (PyCFunction)Group_close, METH_NOARGS, "Leave the group." },
+    COLL_DEF("allreduce", Group_allreduce,
+             "allreduce(send, recv, count, dtype, op, timeout_ms, algo)"),
+    COLL_DEF("broadcast", Group_broadcast,
+             "broadcast(recv=buf, count, dtype, root, timeout_ms, algo)"),
+    COLL_DEF("reduce", Group_reduce,
+             "reduce(send, recv, count, dtype, op, root, timeout_ms, algo)"),
+    COLL_DEF("allgather", Group_allgather, "allgather(send, recv, count, dtype, timeout_ms, algo)"),
+    COLL_DEF("reduce_scatter", Group_reduce_scatter,
+             "reduce_scatter(send, recv, count, dtype, op, timeout_ms, algo)"),
+    COLL_DEF("gather", Group_gather, "gather(send, recv, count, dtype, root, timeout_ms, algo)"),
+    COLL_DEF("scatter", Group_scatter, "scatter(send, recv, count, dtype, root, timeout_ms, algo)"),
+    COLL_DEF("alltoall", Group_alltoall, "alltoall(send, recv, count, dtype, timeout_ms, algo)"),
+    COLL_DEF("send", Group_send, "send(send, count, dtype, root=peer, tag, timeout_ms)"),
+    COLL_DEF("recv", Group_recv, "recv(recv=buf, count, dtype, root=peer, tag, timeout_ms)"),
+    COLL_DEF("barrier", Group_barrier, "barrier(timeout_ms)"),
+    COLL_DEF("iallreduce", Group_iallreduce, "as allreduce, returning a Request"),
+    COLL_DEF("ibroadcast", Group_ibroadcast, "as broadcast, returning a Request"),
+    COLL_DEF("ireduce", Group_ireduce, "as reduce, returning a Request"),
+    COLL_DEF("iallgather", Group_iallgather, "as allgather, returning a Request"),
+    { 0 } /* sentinel */
+};
+
+static PyGetSetDef Group_getset[] = {
+    { "rank", (getter)Group_get_rank, NULL, "This process's rank.", NULL },
+    { "size", (getter)Group_get_size, NULL, "Number of ranks.", NULL },
+    { 0 } /* sentinel */
+};
+
+PyTypeObject cfx__py_group_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "conflux._conflux.Group",
+    .tp_basicsize = sizeof(GroupObject),
+    .tp_dealloc = (destructor)Group_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Low-level group (see conflux.Group).",
+    .tp_methods = Group_methods,
+    .tp_getset = Group_getset,
+    .tp_init = (initproc)Group_init,
+    .tp_new = PyType_GenericNew,
+};

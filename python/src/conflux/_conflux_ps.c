@@ -1,0 +1,311 @@
+/*
+ * _conflux_ps.c: the ParameterServer type (server, scheduler and worker roles).
+ */
+#include "_conflux.h"
+
+/* ---- ParameterServer --------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ContextObject *owner;
+    struct cfx_ps *ps; /* NULL once destroyed */
+    int closing;       /* close() called while calls were in flight */
+    Py_ssize_t busy;   /* calls in flight without the GIL; the last one destroys */
+    PyObject *sizes;   /* dict: key -> bytes of the tensor */
+} PSObject;
+
+static void ps_destroy_now(PSObject *self)
+{
+    if (self->busy > 0) { /* another thread is in a call: it destroys on its way out */
+        self->closing = 1;
+        return;
+    }
+    if (self->ps) {
+        struct cfx_ps *ps = self->ps;
+        self->ps = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        cfx_ps_destroy(ps);
+        Py_END_ALLOW_THREADS
+    }
+    if (self->owner) {
+        cfx__py_context_child_gone(self->owner);
+        Py_CLEAR(self->owner);
+    }
+}
+
+static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "context",     "job",         "role",        "index",
+                              "num_workers", "num_servers", "consistency", "staleness",
+                              "block_size",  "optimizer",   "lr",          "momentum",
+                              "beta1",       "beta2",       "eps",         "weight_decay",
+                              "grad_scale",  "timeout_ms",  NULL };
+    PyObject *ctxo, *timeout = Py_None;
+    const char *job = NULL;
+    int role = 0, index = 0, nw = 1, ns = 1, cons = 0, stale = 1, opt = 0;
+    Py_ssize_t block = 0;
+    double lr = 0.01, mom = 0.9, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0, gs = 1;
+    if (self->ps || self->owner) {
+        PyErr_SetString(PyExc_RuntimeError, "ParameterServer.__init__ called twice");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|ziiiiiinidddddddO", kwlist,
+                                     &cfx__py_context_type, &ctxo, &job, &role, &index, &nw, &ns,
+                                     &cons, &stale, &block, &opt, &lr, &mom, &b1, &b2, &eps, &wd,
+                                     &gs, &timeout))
+        return -1;
+    ContextObject *c = (ContextObject *)ctxo;
+    struct cfx_context *ctx = cfx__py_live_ctx(c);
+    if (!ctx)
+        return -1;
+    struct cfx_ps_params p = { 0 };
+    int set = 0;
+    if (cfx__py_parse_timeout(timeout, &p.timeout_ms, &set) < 0)
+        return -1;
+    p.field_mask = CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX | CFX_PS_PARAM_NUM_WORKERS |
+                   CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_STALENESS |
+                   CFX_PS_PARAM_OPTIMIZER;
+    if (set)
+        p.field_mask |= CFX_PS_PARAM_TIMEOUT;
+    if (job) {
+        p.job = job;
+        p.field_mask |= CFX_PS_PARAM_JOB;
+    }
+    if (block < 0) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be >= 0");
+        return -1;
+    }
+    if (block) {
+        p.block_size = (size_t)block;
+        p.field_mask |= CFX_PS_PARAM_BLOCK_SIZE;
+    }
+    p.role = (enum cfx_ps_role)role;
+    p.index = index;
+    p.num_workers = nw;
+    p.num_servers = ns;
+    p.consistency = (enum cfx_ps_consistency)cons;
+    p.staleness = stale;
+    p.optim = (struct cfx_ps_optim){ .type = (enum cfx_ps_optimizer)opt,
+                                     .lr = lr,
+                                     .momentum = mom,
+                                     .beta1 = b1,
+                                     .beta2 = b2,
+                                     .eps = eps,
+                                     .weight_decay = wd,
+                                     .grad_scale = gs };
+    if (!(self->sizes = PyDict_New()))
+        return -1;
+    struct cfx_ps *ps = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cfx_ps_create(ctx, &p, &ps);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        cfx__py_raise_status(rc);
+        return -1;
+    }
+    self->ps = ps;
+    self->owner = (ContextObject *)Py_NewRef(c);
+    c->children++;
+    return 0;
+}
+
+static void PS_dealloc(PSObject *self)
+{
+    ps_destroy_now(self);
+    Py_CLEAR(self->sizes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void ps_leave(PSObject *self)
+{
+    if (--self->busy == 0 && self->closing)
+        ps_destroy_now(self);
+}
+
+static struct cfx_ps *live_ps(PSObject *self)
+{
+    if (!self->ps || self->closing) {
+        PyErr_SetString(cfx__py_error_types[-CFX_ERR_CLOSED],
+                        "the parameter-server handle is closed");
+        return NULL;
+    }
+    return self->ps;
+}
+
+static PyObject *PS_close(PSObject *self, PyObject *unused)
+{
+    ps_destroy_now(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *PS_serve(PSObject *self, PyObject *args)
+{
+    int ms;
+    if (!PyArg_ParseTuple(args, "i", &ms))
+        return NULL;
+    struct cfx_ps *ps = live_ps(self);
+    if (!ps)
+        return NULL;
+    if (ms < 0) {
+        PyErr_SetString(PyExc_ValueError, "serve: timeout must be >= 0 ms");
+        return NULL;
+    }
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cfx_ps_serve(ps, ms);
+    Py_END_ALLOW_THREADS
+    ps_leave(self);
+    if (rc)
+        return cfx__py_raise_status(rc);
+    Py_RETURN_NONE;
+}
+
+/* register(name, dtype, count, init=None) -> key */
+static PyObject *PS_register(PSObject *self, PyObject *args)
+{
+    const char *name;
+    int dtype;
+    Py_ssize_t count;
+    PyObject *inito = Py_None;
+    if (!PyArg_ParseTuple(args, "sin|O", &name, &dtype, &count, &inito))
+        return NULL;
+    struct cfx_ps *ps = live_ps(self);
+    if (!ps || cfx__py_check_dtype(dtype) < 0)
+        return NULL;
+    if (count <= 0) {
+        PyErr_SetString(PyExc_ValueError, "register: count must be > 0");
+        return NULL;
+    }
+    size_t bytes = (size_t)count * cfx_dtype_size((enum cfx_dtype)dtype);
+    Py_buffer ib;
+    int have = 0;
+    if (inito != Py_None) {
+        if (PyObject_GetBuffer(inito, &ib, PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        have = 1;
+        if ((size_t)ib.len != bytes) {
+            PyBuffer_Release(&ib);
+            PyErr_Format(PyExc_ValueError, "register: init has %zd bytes, the tensor %zu", ib.len,
+                         bytes);
+            return NULL;
+        }
+    }
+    int key = -1, rc;
+    const void *init = have ? ib.buf : NULL;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cfx_ps_register(ps, name, (enum cfx_dtype)dtype, (size_t)count, init, &key);
+    Py_END_ALLOW_THREADS
+    ps_leave(self);
+    if (have)
+        PyBuffer_Release(&ib);
+    if (rc)
+        return cfx__py_raise_status(rc);
+    PyObject *k = PyLong_FromLong(key), *b = PyLong_FromSize_t(bytes);
+    if (!k || !b || PyDict_SetItem(self->sizes, k, b) < 0) {
+        Py_XDECREF(k);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    Py_DECREF(b);
+    return k;
+}
+
+enum ps_op { PS_PUSH, PS_PULL, PS_PUSHPULL };
+
+static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
+{
+    int key;
+    PyObject *a = Py_None, *b = Py_None;
+    if (!PyArg_ParseTuple(args, op == PS_PUSHPULL ? "iOO" : "iO", &key, &a, &b))
+        return NULL;
+    struct cfx_ps *ps = live_ps(self);
+    if (!ps)
+        return NULL;
+    PyObject *k = PyLong_FromLong(key);
+    if (!k)
+        return NULL;
+    PyObject *bo = PyDict_GetItemWithError(self->sizes, k);
+    Py_DECREF(k);
+    if (!bo) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_KeyError, "no tensor with key %d was registered here", key);
+        return NULL;
+    }
+    size_t bytes = PyLong_AsSize_t(bo);
+    Py_buffer gb = { 0 }, ob = { 0 };
+    int have_g = 0, have_o = 0, rc = CFX_ERR_INVALID;
+    PyObject *grad = op == PS_PULL ? NULL : a,
+             *out = op == PS_PUSH ? NULL : (op == PS_PULL ? a : b);
+    if (grad) {
+        if (PyObject_GetBuffer(grad, &gb, PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+        have_g = 1;
+    }
+    if (out) {
+        if (PyObject_GetBuffer(out, &ob, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+        have_o = 1;
+    }
+    if ((have_g && (size_t)gb.len != bytes) || (have_o && (size_t)ob.len != bytes)) {
+        PyErr_Format(PyExc_ValueError, "tensor %d has %zu bytes; buffers must match", key, bytes);
+        goto fail;
+    }
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    if (op == PS_PUSH)
+        rc = cfx_ps_push(ps, key, gb.buf);
+    else if (op == PS_PULL)
+        rc = cfx_ps_pull(ps, key, ob.buf);
+    else
+        rc = cfx_ps_pushpull(ps, key, gb.buf, ob.buf);
+    Py_END_ALLOW_THREADS
+    ps_leave(self);
+    if (rc)
+        cfx__py_raise_status(rc);
+fail:
+    if (have_g)
+        PyBuffer_Release(&gb);
+    if (have_o)
+        PyBuffer_Release(&ob);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *PS_push(PSObject *self, PyObject *args)
+{
+    return ps_op(self, PS_PUSH, args);
+}
+static PyObject *PS_pull(PSObject *self, PyObject *args)
+{
+    return ps_op(self, PS_PULL, args);
+}
+static PyObject *PS_pushpull(PSObject *self, PyObject *args)
+{
+    return ps_op(self, PS_PUSHPULL, args);
+}
+
+static PyMethodDef PS_methods[] = {
+    { "close", (PyCFunction)PS_close, METH_NOARGS, "Leave the job." },
+    { "serve", (PyCFunction)PS_serve, METH_VARARGS, "serve(timeout_ms): server loop." },
+    { "register", (PyCFunction)PS_register, METH_VARARGS,
+      "register(name, dtype, count, init=None) -> key" },
+    { "push", (PyCFunction)PS_push, METH_VARARGS, "push(key, grad)" },
+    { "pull", (PyCFunction)PS_pull, METH_VARARGS, "pull(key, out)" },
+    { "pushpull", (PyCFunction)PS_pushpull, METH_VARARGS, "pushpull(key, grad, out)" },
+    { 0 } /* sentinel */
+};
+
+PyTypeObject cfx__py_ps_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "conflux._conflux.ParameterServer",
+    .tp_basicsize = sizeof(PSObject),
+    .tp_dealloc = (destructor)PS_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Low-level parameter-server handle (see conflux.ParameterServer).",
+    .tp_methods = PS_methods,
+    .tp_init = (initproc)PS_init,
+    .tp_new = PyType_GenericNew,
+};

@@ -1,0 +1,319 @@
+/* The coordinator's directory: node ids given at JOIN, the fan-out of the
+ * trees and chains getters form, and the caps on what one node may hold. */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "control/auth.h"
+#include "control/client.h"
+#include "control/coord.h"
+#include "control/proto.h"
+#include "dataplane/common/util.h"
+#include "coord_fixture.h"
+#include "testutil.h"
+
+TestSuite(coord_dir, .init = coord_fixture_setup, .fini = coord_fixture_teardown, .timeout = 60);
+
+Test(coord_dir, join_gives_distinct_ids_in_order)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL),
+                   *c = open_node("c", NULL);
+    cr_assert_eq(cfx__ctl_node_id(a), 1);
+    cr_assert_eq(cfx__ctl_node_id(b), 2);
+    cr_assert_eq(cfx__ctl_node_id(c), 3);
+    cr_assert_eq(cfx__ctl_heartbeat_ms(a), HB_MS);
+    cr_assert_eq(cfx__ctl_dead_after_ms(a), DEAD_MS);
+
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(a, 2, &rec, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(rec.node_id, 2);
+    cr_assert_str_eq(rec.name, "b");
+    cr_assert_str_eq(rec.host_id, "test-host");
+    cr_assert_eq(rec.alive, 1);
+    cr_assert_eq(rec.naddr, 1);
+    cr_assert_str_eq(rec.addr[0].tp, "tcp");
+    cr_assert(strncmp(rec.ctl_addr, "127.0.0.1:", 10) == 0, "ctl_addr %s", rec.ctl_addr);
+    cr_assert_eq(cfx__ctl_node_get(a, 99, &rec, cfx__deadline_ns(CALL_MS)), CFX_ERR_NOT_FOUND);
+    cr_assert(strstr(cfx_last_error(), "node 99"), "%s", cfx_last_error());
+    cfx__ctl_close(c);
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+Test(coord_dir, concurrent_lookups_form_a_tree)
+{
+    enum { N = 8 };
+    struct cfx_ctl *p = open_node("putter", NULL), *g[N];
+    struct lookup_job jobs[N];
+    pthread_t t[N];
+    pthread_barrier_t bar;
+    struct cfx_object_id id;
+    make_id(&id, "broadcast");
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "getter%d", i);
+        g[i] = open_node(name, NULL);
+    }
+    cr_assert_eq(cfx__ctl_obj_put(p, &id, 64ull << 20, 1 << 20, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    pthread_barrier_init(&bar, NULL, N);
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (struct lookup_job){ .ctl = g[i], .id = id, .timeout_ms = CALL_MS, .start = &bar };
+        pthread_create(&t[i], NULL, lookup_thread, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&bar);
+
+    /* uploads per node id, and depth of each getter in the tree */
+    uint32_t uploads[N + 2] = { 0 };
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(jobs[i].rc, CFX_OK, "getter %d: %s", i, cfx_errname(jobs[i].rc));
+        uint32_t s = jobs[i].src.node.node_id;
+        cr_assert(s >= 1 && s <= N + 1);
+        cr_assert_neq(s, cfx__ctl_node_id(g[i]), "a getter was told to pull from itself");
+        uploads[s]++;
+    }
+    /* The directory agrees with what the getters were told. */
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(objs[0].nholders, N + 1);
+    uint32_t max_up = 0, min_up = UINT32_MAX, total = 0;
+    for (uint32_t i = 0; i < objs[0].nholders; i++) {
+        const struct cfx_obj_holder *h = &objs[0].holders[i];
+        cr_assert_eq(h->uploads, uploads[h->node_id], "node %u", h->node_id);
+        max_up = CFX_MAX(max_up, h->uploads);
+        min_up = CFX_MIN(min_up, h->uploads);
+        total += h->uploads;
+    }
+    free(objs);
+    cr_assert_eq(total, N);
+    /* No holder above the fanout while another holder is below it. */
+    cr_assert(max_up <= FANOUT || min_up >= FANOUT, "max %u min %u", max_up, min_up);
+    /* Not everyone hit the putter... */
+    cr_assert_eq(uploads[cfx__ctl_node_id(p)], FANOUT);
+    /* ...and the shape is a tree, not a chain: depth <= log2(N+1) + 1. */
+    uint32_t depth[N + 2] = { 0 };
+    for (int round = 0; round < N; round++)
+        for (int i = 0; i < N; i++) {
+            uint32_t s = jobs[i].src.node.node_id;
+            depth[cfx__ctl_node_id(g[i])] = depth[s] + 1;
+        }
+    for (int i = 0; i < N; i++)
+        cr_assert_leq(depth[cfx__ctl_node_id(g[i])], 3, "getter %d at depth %u", i,
+                      depth[cfx__ctl_node_id(g[i])]);
+
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__ctl_obj_done(g[i], &id, jobs[i].src.node.node_id, 1,
+                                       cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    for (uint32_t i = 0; i < objs[0].nholders; i++) {
+        cr_assert_eq(objs[0].holders[i].uploads, 0);
+        cr_assert_eq(objs[0].holders[i].complete, 1);
+    }
+    free(objs);
+    for (int i = 0; i < N; i++)
+        cfx__ctl_close(g[i]);
+    cfx__ctl_close(p);
+}
+
+/* Without --fanout the directory chooses per object: getters of an object of
+ * many chunks form a chain (each holder feeds one, a later getter attaches
+ * to the newest partial copy), getters of a small one a tree of fan-out 2. */
+Test(coord_dir, fanout_follows_the_object)
+{
+    enum { N = 4 };
+    cfx__coord_stop(coord);
+    fanout = 0;
+    start_coord();
+    fanout = FANOUT;
+    struct cfx_ctl *p = open_node("putter", NULL), *g[N];
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "getter%d", i);
+        g[i] = open_node(name, NULL);
+    }
+    static const struct {
+        const char *name;
+        uint64_t size;
+        uint32_t chunk;
+        int src[N]; /* who feeds getter i: -1 the putter, else a getter */
+    } cases[] = {
+        { "bandwidth-bound", 64ull << 20, 1u << 20, { -1, 0, 1, 2 } },  /* 64 chunks: a chain */
+        { "four chunks", 4u << 20, 1u << 20, { -1, 0, 1, 2 } },
+        { "latency-bound", 2u << 20, 1u << 20, { -1, -1, 0, 1 } },     /* 2 chunks: a tree */
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct cfx_object_id id;
+        make_id(&id, cases[c].name);
+        cr_assert_eq(cfx__ctl_obj_put(p, &id, cases[c].size, cases[c].chunk, NULL,
+                                      cfx__deadline_ns(CALL_MS)), CFX_OK, "%s", cfx_last_error());
+        for (int i = 0; i < N; i++) {
+            struct cfx_ctl_source src;
+            cr_assert_eq(cfx__ctl_obj_lookup(g[i], &id, NULL, 0, cfx__deadline_ns(CALL_MS), &src),
+                         CFX_OK, "%s: getter %d: %s", cases[c].name, i, cfx_last_error());
+            int want = cases[c].src[i];
+            uint32_t want_id = cfx__ctl_node_id(want < 0 ? p : g[want]);
+            cr_assert_eq(src.node.node_id, want_id, "%s: getter %d fed by node %u, want %u",
+                         cases[c].name, i, src.node.node_id, want_id);
+        }
+        /* the listing says who feeds whom (rdmactl objects) */
+        struct cfx_ctl_obj_rec *objs;
+        size_t n;
+        cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(objs[0].nholders, N + 1);
+        for (uint32_t h = 0; h < objs[0].nholders; h++) {
+            uint32_t want = 0; /* the putter: complete, fed by nobody */
+            for (int i = 0; i < N; i++)
+                if (objs[0].holders[h].node_id == cfx__ctl_node_id(g[i]))
+                    want = cfx__ctl_node_id(cases[c].src[i] < 0 ? p : g[cases[c].src[i]]);
+            cr_assert_eq(objs[0].holders[h].src, want, "%s: node %u listed as fed by %u, want %u",
+                         cases[c].name, objs[0].holders[h].node_id, objs[0].holders[h].src, want);
+        }
+        free(objs);
+        cr_assert_eq(cfx__ctl_obj_delete(p, &id, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    }
+    for (int i = 0; i < N; i++)
+        cfx__ctl_close(g[i]);
+    cfx__ctl_close(p);
+}
+
+/*
+ * 10,000 JOIN/LEAVE cycles on one connection, every other one asking for an
+ * id 65535 above the high-water mark: each gets the next fresh id (the
+ * coordinator chooses), and the node index stays as small as the records it
+ * holds (a thousand dead ones at most), read from STATUS.  Before the fix
+ * the wish was granted (id = high-water + 65535) and the index, a flat
+ * array by id, grew by 512 KiB per such JOIN: gigabytes within the loop.
+ */
+Test(coord_dir, join_leave_cycles_keep_the_index_flat)
+{
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE), adm = raw_auth();
+    int64_t prev = raw_join(s, 0, 1, NULL, 0);
+    cr_assert_gt(prev, 0);
+    raw_leave(s);
+    for (uint32_t i = 1; i <= 10000; i++) {
+        uint32_t want = i % 2 ? (uint32_t)prev + 65535 : 0;
+        int64_t id = raw_join(s, want, 1 + i, NULL, 0);
+        cr_assert_eq(id, prev + 1, "cycle %u: asked for %u, got %lld after %lld", i, want,
+                     (long long)id, (long long)prev);
+        prev = id;
+        raw_leave(s);
+        if (i % 1000 == 0) {
+            struct cfx_ctl_status st = raw_status(adm, i);
+            cr_assert_leq(st.node_records, 1024 + 1, "cycle %u: %u records", i, st.node_records);
+            cr_assert_leq(st.node_index_slots, 4096, "cycle %u: %u index slots", i,
+                          st.node_index_slots);
+        }
+    }
+    close(s);
+    close(adm);
+}
+
+/* A JOIN beyond --max-nodes members alive gets an error naming the cap. */
+Test(coord_dir, join_beyond_max_nodes_is_refused_by_name)
+{
+    cfx__coord_stop(coord);
+    max_nodes = 2;
+    start_coord();
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE), b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    char text[CFX_PROTO_TEXT_MAX];
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_join(c, 0, 1, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_nodes"), "%s", text);
+    raw_leave(a); /* room again, once a's STATUS answer shows the LEAVE was read */
+    raw_status(a, 2);
+    cr_assert_gt(raw_join(c, 0, 2, NULL, 0), 0);
+    close(a);
+    close(b);
+    close(c);
+    max_nodes = 0;
+}
+
+/*
+ * Each coordinator cap, set small, answers the request that hits it with
+ * CFX_ERR_NO_RESOURCE and a text naming it: objects per node, inline bytes
+ * per node, parked lookups, unauthenticated connections.  Before the fix
+ * there were no such caps: the fourth object, the second 60-byte inline
+ * object, the third parked lookup and the third silent connection were all
+ * taken.
+ */
+Test(coord_dir, each_cap_hit_is_named)
+{
+    cfx__coord_stop(coord);
+    caps.max_node_objects = 3;
+    caps.max_node_bytes = 100;
+    caps.max_parked = 2;
+    caps.max_unauth_conns = 2;
+    start_coord();
+    char text[CFX_PROTO_TEXT_MAX];
+
+    /* objects per node */
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(a, 0, 1, NULL, 0), 0);
+    for (uint8_t k = 1; k <= 3; k++)
+        cr_assert_eq(raw_put(a, k, BIG, false, 10 + k, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(a, 4, BIG, false, 20, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_objects"), "%s", text);
+
+    /* inline bytes per node */
+    int b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    cr_assert_eq(raw_put(b, 5, 60, true, 2, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(raw_put(b, 6, 60, true, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_node_bytes"), "%s", text);
+
+    /* parked lookups, all connections together */
+    raw_lookup(b, 7, 60000, 4);
+    int c = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(c, 0, 1, NULL, 0), 0);
+    raw_lookup(c, 8, 60000, 2);
+    raw_lookup(c, 9, 60000, 3); /* the third: answered at once */
+    cr_assert_eq(raw_answer(c, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, "max_parked"), "%s", text);
+
+    /* unauthenticated connections: two wait for their challenge answer (the
+     * three authenticated ones above do not count against the cap) */
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    int u1 = raw_connect(), u2 = raw_connect();
+    cr_assert_eq(raw_read_frame(u1, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(raw_read_frame(u2, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    int u3 = raw_connect();
+    cr_assert_eq(raw_read_frame(u3, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_ERROR, "%s", cfx__msg_type_name(m.type));
+    cr_assert_eq(m.u.error.status, CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(m.u.error.text, "max_unauth_conns"), "%s", m.u.error.text);
+    cr_assert_geq(wait_closed(u3, CALL_MS), 0, "refused connection left open");
+    close(u1);
+    close(u2);
+    close(u3);
+    close(a);
+    close(b);
+    close(c);
+}
+
