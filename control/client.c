@@ -716,13 +716,19 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
     return CFX_OK;
 }
 
+static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, uint64_t deadline);
+
 /*
- * First connection of cfx__ctl_open().  A NODE client whose coordinator is
- * not listening yet (processes on several hosts started in any order) tries
- * again with backoff until @p deadline; the last error names the
- * coordinator and how long it was tried.  ADMIN clients (rdmactl) try once.
+ * First connection and handshake of cfx__ctl_open().  A NODE client whose
+ * coordinator is not listening yet (processes on several hosts started in
+ * any order), or closed the connection without a word (it shed us at its
+ * file-descriptor or connection limit, or is going down for a restart),
+ * tries again with backoff until @p deadline; the last error names the
+ * coordinator and how long it was tried.  A refusal the coordinator gives
+ * (token, version, a named cap) is final.  ADMIN clients (rdmactl) try once.
  */
-static int connect_first(struct cfx_ctl *ctl, uint64_t deadline)
+static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *params,
+                         uint64_t deadline)
 {
     int backoff = CTL_BACKOFF_MIN_MS, attempts = 0;
     uint64_t t0 = cfx__now_ns();
@@ -732,7 +738,12 @@ static int connect_first(struct cfx_ctl *ctl, uint64_t deadline)
 
     for (;;) {
         attempts++;
+        ctl->rlen = 0;
         rc = connect_deadline(ctl, deadline);
+        if (rc == CFX_OK)
+            rc = handshake(ctl, params, deadline);
+        if (rc == CFX_OK)
+            return CFX_OK;
         /* the deadline ran out in an attempt after refusals: the refusal is
          * the news, not the last attempt's timeout */
         if (rc == CFX_ERR_TIMEOUT && why[0])
@@ -992,10 +1003,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         rc = cfx__err(CFX_ERR_IO, "eventfd: %s", strerror(errno));
         goto err_free;
     }
-    rc = connect_first(ctl, deadline);
-    if (rc != CFX_OK)
-        goto err_free;
-    rc = handshake(ctl, params, deadline);
+    rc = connect_first(ctl, params, deadline);
     if (rc != CFX_OK)
         goto err_free;
     rc = pthread_create(&ctl->thread, NULL, reader_thread, ctl);
