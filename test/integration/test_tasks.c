@@ -458,13 +458,15 @@ Test(tasks, pack_fills_one_node)
 
 Test(tasks, reservation_expires)
 {
-    /* a placement query holds both cores of worker 0 for 2 s (the next two
-     * calls come well within it, even on a loaded machine) */
+    /* a placement query holds both cores of worker 0 for 5 s: the next two
+     * calls must come within it, so it is long beside a loaded machine's
+     * pauses (a second-long stall has been seen), and the task then waits
+     * out the rest of it */
     uint32_t node = 0;
     struct cfx_task_needs all = { .field_mask = CFX_TASK_NEEDS_CORES | CFX_TASK_NEEDS_NODES |
                                                 CFX_TASK_NEEDS_RESERVE,
                                   .cores = 2, .nodes = &wk[0].node, .n_nodes = 1,
-                                  .reserve_ms = 2000 };
+                                  .reserve_ms = 5000 };
     cr_assert_eq(cfx_place(ctx, "work", &all, NULL, 0, &node), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(node, wk[0].node);
     cr_assert_eq(cfx_place(ctx, "work", &all, NULL, 0, &node), CFX_ERR_BUSY);
