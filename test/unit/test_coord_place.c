@@ -207,7 +207,7 @@ static uint32_t place(const struct cfx_object_id *in, int nin, const uint32_t *n
                       uint8_t flags)
 {
     struct cfx_msg m;
-    struct cfx_msg_task_st st;
+    struct cfx_msg_task_st st = { 0 };
     task_init(&m, CFX_MSG_TASK_PLACE, in, nin, nodes, nn);
     m.u.task.flags = flags;
     cr_assert_eq(ask(W[0].c, &m, &st), CFX_OK, "place: %s", cfx_last_error());
