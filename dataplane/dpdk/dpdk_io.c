@@ -107,6 +107,24 @@ out_unlock:
     return rc;
 }
 
+int cfx__dpdk_port_name(unsigned n, char *name, size_t len)
+{
+    uint16_t pid;
+    char buf[RTE_ETH_NAME_MAX_LEN];
+
+    if (eal_state <= 0)
+        return CFX_ERR_NOT_FOUND;
+    RTE_ETH_FOREACH_DEV(pid) {
+        if (n--)
+            continue;
+        if (rte_eth_dev_get_name_by_port(pid, buf) != 0)
+            return CFX_ERR_NOT_FOUND;
+        snprintf(name, len, "%s", buf);
+        return CFX_OK;
+    }
+    return CFX_ERR_NOT_FOUND;
+}
+
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out)
 {
     struct cfx__dpdk_port *port;

@@ -88,6 +88,10 @@ struct cfx__dpdk_port_stats {
  */
 int cfx__dpdk_eal_init(const char *args);
 
+/* Name of the n-th available port (0, 1, ...) in name (len bytes).
+ * CFX_ERR_NOT_FOUND past the last port or before EAL is up. */
+int cfx__dpdk_port_name(unsigned n, char *name, size_t len);
+
 /* Opens and starts the port; *out on success.  CFX_ERR_NO_DEVICE when no
  * such port, CFX_ERR_NOMEM for the pool, CFX_ERR_IO when it did not start. */
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out);
