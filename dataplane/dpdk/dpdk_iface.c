@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dataplane/common/log.h"
 #include "dpdk.h"
@@ -354,6 +355,12 @@ static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
     }
     cfx__tp_graveyard_free(&iface->graveyard);
     cfx__dpdk_port_flush(iface->port);
+    /* net_memif connects from EAL's interrupt thread: closing a port in the
+     * middle of that handshake crashes it (DPDK 22.11), so a port whose link
+     * never came up gets a moment to finish first */
+    uint64_t until = cfx__deadline_ns(500);
+    while (!cfx__dpdk_port_link_up(iface->port) && cfx__now_ns() < until)
+        usleep(1000);
     cfx__dpdk_port_close(iface->port);
     port_release(iface->port_name);
     cfx__dpdk_mr_table_free(iface);

@@ -1241,3 +1241,48 @@ TP_TEST(mem_reg_args)
     p.ops->mem_dereg(NULL);
     pair_close(&p);
 }
+
+#ifdef CFX_HAVE_DPDK
+/*
+ * dpdk with 1% of the received frames dropped on both ports (the port's
+ * test hook): writes of many sizes (one packet, many, several chunks) and
+ * sends interleaved on both directions arrive whole and in order, every
+ * byte checked against the reference.
+ */
+Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
+{
+    enum { N = 24, SZ = 600 * 1024 };
+    struct pair p;
+    struct tp_param param = { .name = "dpdk" };
+    struct region src, dst;
+
+    setenv("CFX_DPDK_RX_DROP_PPM", "10000", 1);
+    pair_open(&p, &param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, SZ, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 1, &dst, (size_t)SZ * 2, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, SZ, 77);
+    for (int i = 0; i < N; i++) {
+        size_t len = i == 0 ? 0 : i == 1 ? 1 : (size_t)((i * 2654435761u) % SZ);
+        uint64_t roff = (uint64_t)(i % 2) * SZ;
+        post_write(&p, p.ab, &src, 0, &dst.rdesc, roff, len, (uint32_t)i, (uint64_t)i);
+        check_send_recv(&p, p.ba, 1, p.ab, (size_t)(i * 97) % CFX_TP_SEND_MAX, 300 + (uint64_t)i);
+        struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+        cr_assert_eq(e->imm, (uint32_t)i, "write %d: immediate %u", i, e->imm);
+        cr_assert_eq(e->len, len);
+        cr_assert_eq(memcmp(dst.buf + roff, src.buf, len), 0, "write %d of %zu bytes differs", i,
+                     len);
+        e = wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+        cr_assert_eq(e->status, CFX_OK);
+        cr_assert_eq(e->wr_id, (uint64_t)i);
+    }
+    struct cfx__dpdk_port_stats st;
+    cfx__dpdk_port_get_stats(container_of(p.s[1].iface, struct cfx__dpdk_iface, super)->port, &st);
+    cr_log_info("b: %llu frames taken, %llu dropped by the hook", (unsigned long long)st.rx,
+                (unsigned long long)st.rx_dropped);
+    cr_assert_gt(st.rx_dropped, 0, "the hook dropped nothing");
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+#endif
