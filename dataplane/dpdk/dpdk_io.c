@@ -107,6 +107,40 @@ out_unlock:
     return rc;
 }
 
+int cfx__dpdk_ports_print(FILE *out, int json)
+{
+    uint16_t pid;
+    int n = 0;
+
+    if (json)
+        fputc('[', out);
+    if ((getenv("CFX_DPDK_EAL") || getenv("CFX_DPDK_VDEV")) && cfx__dpdk_eal_init(NULL) == CFX_OK) {
+        RTE_ETH_FOREACH_DEV(pid) {
+            char name[RTE_ETH_NAME_MAX_LEN];
+            struct rte_ether_addr mac;
+            struct rte_eth_link link;
+            if (rte_eth_dev_get_name_by_port(pid, name) != 0 ||
+                rte_eth_macaddr_get(pid, &mac) != 0)
+                continue;
+            bool up = rte_eth_link_get_nowait(pid, &link) == 0 &&
+                      link.link_status == RTE_ETH_LINK_UP;
+            char m[18];
+            snprintf(m, sizeof(m), "%02x:%02x:%02x:%02x:%02x:%02x", mac.addr_bytes[0],
+                     mac.addr_bytes[1], mac.addr_bytes[2], mac.addr_bytes[3], mac.addr_bytes[4],
+                     mac.addr_bytes[5]);
+            if (json)
+                fprintf(out, "%s{\"name\": \"%s\", \"mac\": \"%s\", \"link\": %s}",
+                        n ? ", " : "", name, m, up ? "true" : "false");
+            else
+                fprintf(out, "dpdk port %s: mac %s, link %s\n", name, m, up ? "up" : "down");
+            n++;
+        }
+    }
+    if (json)
+        fputc(']', out);
+    return n;
+}
+
 int cfx__dpdk_port_name(unsigned n, char *name, size_t len)
 {
     uint16_t pid;

@@ -15,6 +15,7 @@
 #define CFX_DPDK_IO_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dpdk_rel.h"
 
@@ -87,6 +88,15 @@ struct cfx__dpdk_port_stats {
  * CFX_ERR_NO_DEVICE when EAL failed, now or on the first call.
  */
 int cfx__dpdk_eal_init(const char *args);
+
+/*
+ * Lists the DPDK ports (rdmactl devices) on out: text lines
+ * "dpdk port NAME: mac M, link up|down", or with json a JSON array of
+ * {"name", "mac", "link"} objects.  EAL is started only when CFX_DPDK_EAL
+ * or CFX_DPDK_VDEV asks for it (no port exists otherwise); then prints
+ * nothing (text) or [] (json).  Returns the number of ports.
+ */
+int cfx__dpdk_ports_print(FILE *out, int json);
 
 /* Name of the n-th available port (0, 1, ...) in name (len bytes).
  * CFX_ERR_NOT_FOUND past the last port or before EAL is up. */
