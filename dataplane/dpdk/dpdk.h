@@ -65,6 +65,8 @@
 #define CFX_DPDK_CONNECT_MS 5000         /* connect gives up after this */
 #define CFX_DPDK_PING_MS    200          /* silence before a PING */
 #define CFX_DPDK_DEAD_MS    3000         /* silence that fails the endpoint */
+#define CFX_DPDK_LINK_CHECK_MS   100  /* poll() looks at the link this often */
+#define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */
 #define CFX_DPDK_NODE_NONE  UINT32_MAX
 #define CFX_DPDK_CQ_PER_EP  (CFX_DPDK_TXQ_DEPTH + CFX_DPDK_RX_MAX + 2)
 
@@ -206,6 +208,8 @@ struct cfx__dpdk_iface {
     struct cfx__tp_table mrs;     /* registrations, by rkey index */
     struct cfx__tp_table eps_tab; /* endpoints, by session id */
     uint64_t now;                 /* time of the current poll (ns) */
+    uint64_t link_check;          /* next look at the link (ns) */
+    uint64_t link_down_since;     /* link seen down since (ns); 0: up */
 };
 
 static inline struct cfx__dpdk_iface *cfx__dpdk_iface_of(struct cfx_tp_iface *i)

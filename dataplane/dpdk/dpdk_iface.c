@@ -203,6 +203,28 @@ static void rx_cb(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx_
         cfx__dpdk_ep_rx(ep, h, payload);
 }
 
+/* A link that stays down gets its port restarted: a net_memif client that
+ * reached its server's socket before the server's port started is turned
+ * away ("ID not found") and does not try again by itself. */
+static void link_watch(struct cfx__dpdk_iface *iface)
+{
+    iface->link_check = iface->now + CFX_DPDK_LINK_CHECK_MS * 1000000ull;
+    if (cfx__dpdk_port_link_up(iface->port)) {
+        iface->link_down_since = 0;
+        return;
+    }
+    if (!iface->link_down_since) {
+        iface->link_down_since = iface->now;
+        return;
+    }
+    if (iface->now - iface->link_down_since >= CFX_DPDK_LINK_RESTART_MS * 1000000ull) {
+        CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, restarting the port", iface->name,
+                (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
+        cfx__dpdk_port_restart(iface->port);
+        iface->link_down_since = iface->now;
+    }
+}
+
 static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *comps, int max)
 {
     CFX_TP_THREAD_CHECK(tp_iface);
@@ -220,6 +242,8 @@ static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *co
     cfx_list_for_each_safe(pos, n, &iface->eps)
         cfx__dpdk_ep_progress(cfx_list_entry(pos, struct cfx__dpdk_ep, link));
     cfx__dpdk_port_flush(iface->port);
+    if (unlikely(iface->now >= iface->link_check))
+        link_watch(iface);
 
     while (got < max) {
         struct cfx_tp_completion *c = cfx__tp_cq_head(&iface->cq);
@@ -305,6 +329,8 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     }
     if (!ip)
         pp.ip = 0x0A4D0000u | ((nth + 1) & 0xFFu); /* 10.77.0.<n + 1> */
+    /* a memif client may start before its server: wait for it a while */
+    pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
     const char *drop = getenv("CFX_DPDK_RX_DROP_PPM");
     if (drop) {
         pp.rx_drop_ppm = (uint32_t)strtoul(drop, NULL, 10);

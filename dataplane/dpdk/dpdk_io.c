@@ -23,6 +23,7 @@
 #include <conflux/status.h>
 
 #include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
 #include "dpdk_io.h"
 
 #define BURST        32
@@ -209,7 +210,10 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         rc = CFX_ERR_IO;
         goto err_pool;
     }
-    if ((rc = rte_eth_dev_start(pid)) != 0) {
+    uint64_t start_until = cfx__deadline_ns(p->start_wait_ms);
+    while ((rc = rte_eth_dev_start(pid)) != 0 && cfx__now_ns() < start_until)
+        usleep(10000);
+    if (rc != 0) {
         CFX_LOG(ERR, DPDK, "port %s: start: %s", port->name, rte_strerror(-rc));
         rc = CFX_ERR_IO;
         goto err_pool;
@@ -242,6 +246,18 @@ void cfx__dpdk_port_close(struct cfx__dpdk_port *port)
 void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_addr *out)
 {
     *out = port->local;
+}
+
+int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
+{
+    cfx__dpdk_port_flush(port);
+    rte_eth_dev_stop(port->port_id);
+    int rc = rte_eth_dev_start(port->port_id);
+    if (rc != 0) {
+        CFX_LOG(WARN, DPDK, "port %s: restart: %s", port->name, rte_strerror(-rc));
+        return CFX_ERR_IO;
+    }
+    return CFX_OK;
 }
 
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port)
