@@ -6,6 +6,7 @@
  * an mbuf; zero-copy transmit from registered memory (external mbufs)
  * belongs to the transport above, which knows the registrations.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -46,8 +47,31 @@ static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
 static int eal_state;       /* 0: not tried; 1: up; negative: the failure */
 static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on */
 
+/* The runtime directory EAL made for a file prefix of our own (ending in
+ * our pid: no other process shares it) goes at exit instead of piling up
+ * under /var/run/dpdk. */
+static char eal_rundir[512];
+
+static void eal_rundir_remove(void)
+{
+    DIR *d = opendir(eal_rundir);
+    struct dirent *e;
+    char path[800];
+    if (!d)
+        return;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", eal_rundir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(eal_rundir);
+}
+
 int cfx__dpdk_eal_init(const char *args)
 {
+    bool own_prefix = false;
     char defaults[512];
     char *copy = NULL;
     char *argv[EAL_ARGV_MAX];
@@ -68,6 +92,15 @@ int cfx__dpdk_eal_init(const char *args)
                  "--no-telemetry%s%s",
                  (int)getpid(), vdev ? " --vdev=" : "", vdev ? vdev : "");
         args = defaults;
+    }
+    /* a file prefix that ends in our pid is ours alone (the default one, and
+     * the tests'): its runtime directory is removed at exit */
+    const char *fp = strstr(args, "--file-prefix=");
+    if (fp) {
+        char pid[16];
+        size_t n = strcspn(fp, " \t");
+        int pl = snprintf(pid, sizeof(pid), "%d", (int)getpid());
+        own_prefix = n > (size_t)pl && !strncmp(fp + n - (size_t)pl, pid, (size_t)pl);
     }
     copy = strdup(args);
     if (!copy) {
@@ -97,6 +130,10 @@ int cfx__dpdk_eal_init(const char *args)
         sched_setaffinity(0, sizeof(cpus), &cpus);
     eal_state = 1;
     rc = CFX_OK;
+    if (own_prefix) {
+        snprintf(eal_rundir, sizeof(eal_rundir), "%s", rte_eal_get_runtime_dir());
+        atexit(eal_rundir_remove);
+    }
     CFX_LOG(INFO, DPDK, "EAL up (%s), %u ports", args, rte_eth_dev_count_avail());
 out_free:
     if (rc)

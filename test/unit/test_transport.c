@@ -245,7 +245,7 @@ static void dpdk_setup(void)
 
 static void dpdk_teardown(void)
 {
-    char path[128];
+    char path[256];
     if (!memif_dir[0])
         return;
     snprintf(path, sizeof(path), "%s/m.sock", memif_dir);
