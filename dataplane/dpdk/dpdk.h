@@ -45,6 +45,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
@@ -67,6 +68,7 @@
 #define CFX_DPDK_DEAD_MS    3000         /* silence that fails the endpoint */
 #define CFX_DPDK_LINK_CHECK_MS   100  /* poll() looks at the link this often */
 #define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */
+#define CFX_DPDK_SEND_INLINE 256 /* sends up to this (with header) need no allocation */
 #define CFX_DPDK_NODE_NONE  UINT32_MAX
 #define CFX_DPDK_CQ_PER_EP  (CFX_DPDK_TXQ_DEPTH + CFX_DPDK_RX_MAX + 2)
 
@@ -138,9 +140,18 @@ struct cfx__dpdk_op {
     bool hdr_queued;             /* WRITE: the header of the next chunk is queued */
     uint32_t key_idx, imm;       /* WRITE: target */
     uint64_t key, roff;          /* WRITE: target */
-    uint8_t *msg;                /* SEND: header + payload (owned) */
+    uint8_t *msg;                /* SEND: header + payload (small, or allocated) */
     uint32_t msg_len;            /* SEND: bytes at msg */
+    uint8_t small[CFX_DPDK_SEND_INLINE]; /* SEND: msg when it fits */
 };
+
+/* Free what a SEND op allocated. */
+static inline void cfx__dpdk_op_free(struct cfx__dpdk_op *op)
+{
+    if (op->msg != op->small)
+        free(op->msg);
+    op->msg = NULL;
+}
 
 enum cfx__dpdk_ep_state {
     CFX_DPDK_EP_CONNECTING = 1, /* SYN sent, no SYNACK yet */

@@ -35,8 +35,7 @@ static void rel_sent(void *ctx, void *cookie)
     c->status = CFX_OK;
     c->ep = &ep->super;
     c->wr_id = op->wr_id;
-    free(op->msg);
-    op->msg = NULL;
+    cfx__dpdk_op_free(op);
     ep->op_tail++;
 }
 
@@ -231,7 +230,7 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
     if (ep->sess_up)
         cfx__dpdk_sess_fini(&ep->sess);
     for (uint32_t i = ep->op_tail; i != ep->op_head; i++)
-        free(ep->ops[i % CFX_DPDK_TXQ_DEPTH].msg);
+        cfx__dpdk_op_free(&ep->ops[i % CFX_DPDK_TXQ_DEPTH]);
     for (int i = 0; i < CFX_DPDK_RX_SLOTS; i++)
         free(ep->rx_slots[i].buf);
     free(ep);
@@ -254,8 +253,7 @@ void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
         c->status = status;
         c->ep = &ep->super;
         c->wr_id = op->wr_id;
-        free(op->msg);
-        op->msg = NULL;
+        cfx__dpdk_op_free(op);
     }
     ep->op_feed = ep->op_head;
     struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
@@ -484,7 +482,10 @@ int cfx__dpdk_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_
     memcpy(&k, rdesc->data, sizeof(k));
 
     struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
-    memset(op, 0, sizeof(*op));
+    op->msg = NULL;
+    op->msg_len = 0;
+    op->done = 0;
+    op->hdr_queued = false;
     op->type = CFX_DPDK_OP_WRITE;
     op->wr_id = wr_id;
     op->mr = cfx__dpdk_mr_of(tp_mr);
@@ -515,7 +516,8 @@ int cfx__dpdk_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint
     if (len > CFX_TP_SEND_MAX)
         return cfx__err(CFX_ERR_TOO_BIG, "dpdk ep_send: %zu bytes to %s, at most %u", len,
                         tp_ep->peer_name, CFX_TP_SEND_MAX);
-    uint8_t *msg = malloc(sizeof(h) + len);
+    struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
+    uint8_t *msg = sizeof(h) + len <= sizeof(op->small) ? op->small : malloc(sizeof(h) + len);
     if (!msg)
         return cfx__err(CFX_ERR_NOMEM, "dpdk ep_send: out of memory");
     memset(&h, 0, sizeof(h));
@@ -525,8 +527,6 @@ int cfx__dpdk_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint
     if (len)
         memcpy(msg + sizeof(h), buf, len);
 
-    struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
-    memset(op, 0, sizeof(*op));
     op->type = CFX_DPDK_OP_SEND;
     op->wr_id = wr_id;
     op->msg = msg;
