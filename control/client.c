@@ -78,6 +78,8 @@ struct cfx_ctl {
     void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
     void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
+    void (*on_task_run)(void *arg, const struct cfx_msg_task *task);
+    void (*load_fill)(void *arg, struct cfx_msg_load *out);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
     struct cfx_node_rec self;        /* kept to rejoin (NODE) */
@@ -513,6 +515,14 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
             ctl->on_node_dead(ctl->arg, m.u.node_dead.node_id);
         return;
     }
+    if (m.type == CFX_MSG_EV_TASK_RUN) {
+        if (ctl->on_task_run)
+            ctl->on_task_run(ctl->arg, &m.u.task);
+        else
+            CFX_LOG(WARN, CTL, "coordinator %s sent task %llu to a node that runs none",
+                    ctl->coord, (unsigned long long)m.u.task.task_id);
+        return;
+    }
     if (m.type == CFX_MSG_EV_OBJ_GONE) {
         /* handled before the frames after it: a reply read later (to a
          * lookup, say) never finds the withdrawn copy still answering */
@@ -595,6 +605,8 @@ static void *reader_thread(void *arg)
         while (!lost) {
             if (next_hb != UINT64_MAX && cfx__now_ns() >= next_hb) {
                 struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT, .req_id = 0 };
+                if (ctl->load_fill)
+                    ctl->load_fill(ctl->arg, &hb.u.load);
                 int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms),
                                   "heartbeat");
                 if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
@@ -704,13 +716,19 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
     return CFX_OK;
 }
 
+static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, uint64_t deadline);
+
 /*
- * First connection of cfx__ctl_open().  A NODE client whose coordinator is
- * not listening yet (processes on several hosts started in any order) tries
- * again with backoff until @p deadline; the last error names the
- * coordinator and how long it was tried.  ADMIN clients (rdmactl) try once.
+ * First connection and handshake of cfx__ctl_open().  A NODE client whose
+ * coordinator is not listening yet (processes on several hosts started in
+ * any order), or closed the connection without a word (it shed us at its
+ * file-descriptor or connection limit, or is going down for a restart),
+ * tries again with backoff until @p deadline; the last error names the
+ * coordinator and how long it was tried.  A refusal the coordinator gives
+ * (token, version, a named cap) is final.  ADMIN clients (rdmactl) try once.
  */
-static int connect_first(struct cfx_ctl *ctl, uint64_t deadline)
+static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *params,
+                         uint64_t deadline)
 {
     int backoff = CTL_BACKOFF_MIN_MS, attempts = 0;
     uint64_t t0 = cfx__now_ns();
@@ -720,7 +738,12 @@ static int connect_first(struct cfx_ctl *ctl, uint64_t deadline)
 
     for (;;) {
         attempts++;
+        ctl->rlen = 0;
         rc = connect_deadline(ctl, deadline);
+        if (rc == CFX_OK)
+            rc = handshake(ctl, params, deadline);
+        if (rc == CFX_OK)
+            return CFX_OK;
         /* the deadline ran out in an attempt after refusals: the refusal is
          * the news, not the last attempt's timeout */
         if (rc == CFX_ERR_TIMEOUT && why[0])
@@ -952,6 +975,8 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
     ctl->on_obj_gone = params->on_obj_gone;
+    ctl->on_task_run = params->on_task_run;
+    ctl->load_fill = params->load_fill;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
     if (params->self)
@@ -978,10 +1003,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         rc = cfx__err(CFX_ERR_IO, "eventfd: %s", strerror(errno));
         goto err_free;
     }
-    rc = connect_first(ctl, deadline);
-    if (rc != CFX_OK)
-        goto err_free;
-    rc = handshake(ctl, params, deadline);
+    rc = connect_first(ctl, params, deadline);
     if (rc != CFX_OK)
         goto err_free;
     rc = pthread_create(&ctl->thread, NULL, reader_thread, ctl);
@@ -1432,4 +1454,30 @@ uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl)
     uint64_t n = ctl->reconnects;
     pthread_mutex_unlock(&ctl->lock);
     return n;
+}
+
+int cfx__ctl_request(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline_ns,
+                     const char *what, uint8_t expect, struct cfx_msg *reply, void **frame)
+{
+    struct ctl_call call;
+    int rc = ctl_call(ctl, req, deadline_ns, &call, what);
+    if (rc != CFX_OK)
+        return rc;
+    if (call.reply.type != expect)
+        return unexpected(ctl, &call, what);
+    if (reply && frame) {
+        *reply = call.reply;
+        *frame = call.frame;
+    } else {
+        free(call.frame);
+    }
+    return CFX_OK;
+}
+
+int cfx__ctl_send_nowait(struct cfx_ctl *ctl, struct cfx_msg *m, const char *what)
+{
+    pthread_mutex_lock(&ctl->lock);
+    m->req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
+    return send_msg(ctl, m, cfx__deadline_ns((int)ctl->dead_after_ms + 1000), what);
 }

@@ -107,6 +107,9 @@ enum cfx_ctl_role {
 };
 
 struct cfx_ctl;
+struct cfx_msg;
+struct cfx_msg_task;
+struct cfx_msg_load;
 
 struct cfx_ctl_params {
     const char *coord;                 /* "host:port" */
@@ -141,6 +144,14 @@ struct cfx_ctl_params {
      * owner's lock) is done before that delete returns.  Same rules as
      * on_node_dead: no request calls from inside it.  May be NULL. */
     void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
+    /* Called from the client thread when the coordinator sends this node a
+     * task to run (EV_TASK_RUN).  @p task (its argument bytes included) is
+     * valid during the call only: copy it and hand it to another thread.
+     * Same rules as on_node_dead.  May be NULL. */
+    void (*on_task_run)(void *arg, const struct cfx_msg_task *task);
+    /* Called from the client thread before each heartbeat to fill in this
+     * node's load; must not block.  May be NULL (zeros are sent). */
+    void (*load_fill)(void *arg, struct cfx_msg_load *out);
 };
 
 /* Every blocking request below is sent again after a reconnect when the
@@ -271,5 +282,16 @@ int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
                    uint64_t deadline_ns);
 int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *n,
                      uint64_t deadline_ns);
+
+/* Send @p req (any request type; its req_id is set here) and wait for a
+ * reply of type @p expect by the deadline, as the requests above do (an
+ * ERROR reply becomes its status).  With @p reply and @p frame, the reply
+ * is decoded into *reply, pointing into *frame, which the caller frees;
+ * without, it is dropped. */
+int cfx__ctl_request(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline_ns,
+                     const char *what, uint8_t expect, struct cfx_msg *reply, void **frame);
+
+/* Send @p m (req_id set here) without waiting for any reply. */
+int cfx__ctl_send_nowait(struct cfx_ctl *ctl, struct cfx_msg *m, const char *what);
 
 #endif

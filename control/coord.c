@@ -153,6 +153,7 @@ static void conn_close(struct cfx_coord *co, struct coord_conn *c)
 {
     cfx__ev_io_stop(co->loop, &c->io);
     cfx__coord_dir_conn_gone(co, c);
+    cfx__coord_task_conn_gone(co, c);
     cfx__coord_members_conn_gone(co, c);
     if (c->node) {
         struct coord_node *n = c->node;
@@ -257,6 +258,30 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
             cfx__coord_leave(co, c);
         break;
     case CFX_MSG_HEARTBEAT:
+        if (c->node)
+            c->node->load = m->u.load;
+        break;
+    case CFX_MSG_TASK_REG:
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_TASK_DONE:
+        if (c->state != COORD_CONN_NODE) {
+            if (m->type != CFX_MSG_TASK_DONE)
+                cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
+                                     "%s needs a joined node; this connection is not one",
+                                     cfx__msg_type_name(m->type));
+        } else if (m->type == CFX_MSG_TASK_REG) {
+            cfx__coord_task_reg(co, c, m);
+        } else if (m->type == CFX_MSG_TASK_SUBMIT) {
+            cfx__coord_task_submit(co, c, m);
+        } else if (m->type == CFX_MSG_TASK_PLACE) {
+            cfx__coord_task_place(co, c, m);
+        } else if (m->type == CFX_MSG_TASK_WAIT) {
+            cfx__coord_task_wait(co, c, m);
+        } else {
+            cfx__coord_task_done(co, c, m);
+        }
         break;
     case CFX_MSG_OBJ_GONE_ACK: /* no reply */
         if (c->state == COORD_CONN_NODE)
@@ -622,6 +647,7 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
         }
     }
     cfx__coord_members_tick(co, now);
+    cfx__coord_task_tick(co, now);
     if (co->listen_paused) {
         if (co->spare_fd < 0)
             co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -683,6 +709,7 @@ static void coord_free(struct cfx_coord *co)
 
     /* Directory first: parked lookups are linked into their connections. */
     cfx__coord_dir_fini(co);
+    cfx__coord_task_fini(co);
     cfx_list_for_each_safe(pos, tmp, &co->closing) {
         struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
         cfx_list_del(&c->link);
@@ -762,6 +789,9 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;
     co->max_conn_outq = params->max_conn_outq ? params->max_conn_outq : COORD_OUTQ_MAX;
     co->test_fsync_delay_ms = params->test_fsync_delay_ms;
+    co->max_node_tasks = params->max_node_tasks;
+    co->max_queued_tasks = params->max_queued_tasks;
+    cfx__coord_task_init(co);
     if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
         rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
                       COORD_MAX_NODES_LIMIT);

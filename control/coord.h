@@ -37,6 +37,10 @@ struct cfx_coord_params {
     uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
     uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
                                    * this much longer (a slow disk); 0 in production */
+    uint32_t max_node_tasks;      /* tasks placed on one node at once; beyond, tasks queue
+                                   * (default 64) */
+    uint32_t max_queued_tasks;    /* tasks waiting for a slot; a submit beyond gets
+                                   * CFX_ERR_NO_RESOURCE naming it (default 4096) */
     const char *metrics_addr;     /* "ip:port" of the Prometheus endpoint (coord_metrics.c);
                                 * NULL: none.  Unauthenticated: bind it to loopback
                                 * unless scrapers elsewhere must reach it */

@@ -1168,3 +1168,35 @@ void cfx__coord_dir_fini(struct cfx_coord *co)
     free(co->buckets);
     co->buckets = NULL;
 }
+
+uint64_t cfx__coord_dir_held_bytes(struct cfx_coord *co, const struct cfx_object_id *id,
+                                   uint32_t node_id)
+{
+    struct coord_obj *o = obj_find(co, id);
+    struct cfx_list *pos;
+    if (!o || o->is_inline) /* inline: every node gets it from the coordinator alike */
+        return 0;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (h->node->rec.node_id == node_id)
+            return h->complete ? o->size : o->size / 2;
+    }
+    return 0;
+}
+
+int cfx__coord_dir_held_elsewhere(struct cfx_coord *co, const struct cfx_object_id *id,
+                                  uint32_t dead)
+{
+    struct coord_obj *o = obj_find(co, id);
+    struct cfx_list *pos;
+    if (!o)
+        return 0;
+    if (o->is_inline)
+        return 1;
+    cfx_list_for_each(pos, &o->holders) {
+        struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        if (h->complete && h->node->rec.node_id != dead && h->node->rec.alive)
+            return 1;
+    }
+    return 0;
+}

@@ -37,6 +37,12 @@
 #define COORD_MAX_NODES_DEFAULT 65536       /* members alive at once (--max-nodes) */
 #define COORD_MAX_NODES_LIMIT (1u << 24)    /* largest --max-nodes accepted */
 #define COORD_REJOIN_MAX      65536         /* ids reclaimed after one restart, at most */
+#define COORD_NODE_TASKS_MAX  64            /* default max_node_tasks: live tasks per node */
+#define COORD_QUEUED_TASKS_MAX 4096         /* default max_queued_tasks: waiting for a slot */
+#define COORD_NODE_FUNCS_MAX  64            /* functions one node may register */
+#define COORD_TASKS_DONE_KEEP 1024          /* ended tasks remembered for late waits */
+#define COORD_TASK_DONE_KEEP_MS 60000       /* ... and for at most this long */
+#define COORD_PLACE_RESERVE_MS 2000         /* a placement query's reservation, by default */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
 enum coord_conn_state {
@@ -88,6 +94,66 @@ struct coord_node {
     struct cfx_list holdings;   /* struct coord_holder.node_link */
     uint32_t nholdings;         /* entries in holdings (max_node_objects) */
     uint64_t put_bytes;         /* inline bytes stored for its puts (max_node_bytes) */
+    struct cfx_msg_load load;   /* from its last heartbeat */
+    struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
+};
+
+/* What a node that registered task functions offers, and what is reserved
+ * of it (coord_place.c). */
+struct coord_worker {
+    char funcs[COORD_NODE_FUNCS_MAX][CFX_TASK_NAME_MAX + 1];
+    uint32_t nfuncs;
+    uint32_t cores;             /* offered */
+    uint32_t gpus;
+    uint64_t memory;
+    uint32_t res_cores;         /* reserved by live reservations */
+    uint32_t res_gpus;
+    uint64_t res_memory;
+    uint32_t nres;              /* live reservations on it (max_node_tasks) */
+};
+
+/* A reservation: what one placement holds on its node until its task ends
+ * or, for a placement query or a task past its deadline, it expires. */
+struct coord_resv {
+    struct cfx_list link;       /* coord->resvs */
+    uint32_t node_id;
+    uint32_t cores;
+    uint32_t gpus;
+    uint64_t memory;
+    char group[CFX_TASK_GROUP_MAX + 1]; /* anti-affinity group; "" none */
+    uint64_t expires_ns;        /* UINT64_MAX: held by a task until it ends */
+    struct coord_task *task;    /* the task holding it, or NULL (a query's) */
+};
+
+enum coord_task_state {
+    COORD_TASK_QUEUED = 0,      /* waiting for a slot on a capable node */
+    COORD_TASK_PLACED,          /* sent to its node, running there */
+    COORD_TASK_DONE,            /* ended: status says how */
+};
+
+struct coord_task {
+    struct cfx_list link;       /* coord->tasks (live ones), then coord->tasks_done */
+    uint64_t id;
+    struct cfx_msg_task t;      /* as submitted (t.arg points to arg) */
+    uint8_t *arg;               /* malloc'd copy of the argument */
+    enum coord_task_state state;
+    uint32_t node_id;           /* placed on (0 while queued) */
+    uint32_t submitter;         /* node that submitted it */
+    uint32_t placements;        /* times placed (more than 1: moved after a death) */
+    uint64_t deadline_ns;
+    uint64_t done_ns;
+    int32_t status;
+    char text[CFX_PROTO_TEXT_MAX];
+    struct coord_resv *resv;    /* while placed */
+};
+
+/* A TASK_WAIT parked until its task ends or its timeout. */
+struct coord_task_wait {
+    struct cfx_list link;       /* coord->task_waits */
+    struct coord_conn *conn;
+    uint64_t req_id;
+    uint64_t task_id;
+    uint64_t deadline_ns;       /* UINT64_MAX: none */
 };
 
 struct coord_obj {
@@ -239,6 +305,20 @@ struct cfx_coord {
     uint64_t next_token;        /* last EV_OBJ_GONE token handed out */
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
+
+    /* tasks (coord_task.c) and placement (coord_place.c) */
+    struct cfx_list tasks;      /* struct coord_task, live (queued or placed), oldest first */
+    struct cfx_list tasks_done; /* ended, oldest first (COORD_TASKS_DONE_KEEP) */
+    uint32_t ntasks_queued;
+    uint32_t ntasks_done;
+    uint64_t next_task_id;
+    struct cfx_list resvs;      /* struct coord_resv */
+    struct cfx_list task_waits; /* struct coord_task_wait */
+    uint32_t ntask_waits;       /* of them (capped by max_parked) */
+    uint32_t max_node_tasks;    /* cap: live reservations per node */
+    uint32_t max_queued_tasks;  /* cap: tasks waiting for a slot */
+    uint64_t tasks_ok;          /* tasks ended with CFX_OK (metrics) */
+    uint64_t tasks_failed;      /* ... with an error */
 };
 
 /* coord_metrics.c: the metrics endpoint on the loop (params->metrics_addr);
@@ -333,5 +413,41 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);
 /* A connection closes or stops being a member: drop its parked lookups. */
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c);
+
+/* coord_task.c */
+void cfx__coord_task_init(struct cfx_coord *co);
+void cfx__coord_task_fini(struct cfx_coord *co);
+void cfx__coord_task_reg(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* Deadlines, expired reservations, queued tasks that fit now. */
+void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now);
+/* Node @p n died or left (its holdings are dropped already): its tasks are
+ * placed again or fail naming it; its reservations and functions go. */
+void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n);
+void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c);
+
+/* coord_place.c: choose a node for @p t.  CFX_OK with *out; CFX_ERR_NOT_FOUND
+ * when no live node registered the function; CFX_ERR_NO_RESOURCE when none
+ * could ever meet the needs (or is under the per-node cap... see there);
+ * CFX_ERR_BUSY when capable nodes exist but none has room now.  @p why
+ * receives the reason of a failure.  Nodes in @p avoid are skipped. */
+int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
+                     struct coord_node **out, char *why, size_t why_len);
+/* Hold what @p t needs on @p n until @p expires_ns (UINT64_MAX: until freed). */
+struct coord_resv *cfx__coord_resv_take(struct cfx_coord *co, struct coord_node *n,
+                                        const struct cfx_msg_task *t, uint64_t expires_ns);
+void cfx__coord_resv_free(struct cfx_coord *co, struct coord_resv *r);
+
+/* coord_directory.c: bytes of object @p id that node @p node_id holds (a
+ * complete copy counts its size, a partial one half: the directory does not
+ * know how far it got); whether a live node other than @p dead holds a
+ * complete copy (or the coordinator holds it inline). */
+uint64_t cfx__coord_dir_held_bytes(struct cfx_coord *co, const struct cfx_object_id *id,
+                                   uint32_t node_id);
+int cfx__coord_dir_held_elsewhere(struct cfx_coord *co, const struct cfx_object_id *id,
+                                  uint32_t dead);
 
 #endif

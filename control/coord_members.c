@@ -390,6 +390,7 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
                 n->rec.ctl_addr, why);
 
     cfx__coord_dir_node_gone(co, n);
+    cfx__coord_task_node_gone(co, n);
     if (c) {
         cfx__coord_dir_conn_gone(co, c);
         c->node = NULL;

@@ -213,6 +213,17 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
         scalar(b, "counter", &counters[i]);
 
+    uint32_t placed = 0;
+    cfx_list_for_each(pos, &co->tasks)
+        placed += cfx_list_entry(pos, struct coord_task, link)->state == COORD_TASK_PLACED;
+    family(b, "conflux_coord_tasks", "gauge", "Tasks waiting for a node, and placed on one.");
+    bprintf(b, "conflux_coord_tasks{state=\"queued\"} %u\n", co->ntasks_queued);
+    bprintf(b, "conflux_coord_tasks{state=\"placed\"} %u\n", placed);
+    family(b, "conflux_coord_tasks_ended_total", "counter", "Tasks ended, by outcome.");
+    bprintf(b, "conflux_coord_tasks_ended_total{status=\"ok\"} %llu\n",
+            (unsigned long long)co->tasks_ok);
+    bprintf(b, "conflux_coord_tasks_ended_total{status=\"failed\"} %llu\n",
+            (unsigned long long)co->tasks_failed);
     family(b, "conflux_coord_node_alive", "gauge", "1 while the member is alive, 0 once dead.");
     cfx_list_for_each(pos, &co->nodes)
     {
@@ -227,6 +238,25 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
                "Objects a member holds a copy of (or is receiving).", node_holdings);
     node_gauge(b, co, "conflux_coord_node_inline_bytes", "Inline bytes stored for a member's puts.",
                node_inline_bytes);
+    /* live members only: a dead one has no load, and its reservations went with it */
+    family(b, "conflux_coord_node_load", "gauge",
+           "A member's 1-minute load average, from its heartbeats.");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.alive)
+            bprintf(b, "conflux_coord_node_load{node=\"%u\"} %.3f\n", n->rec.node_id,
+                    n->load.load_milli / 1000.0);
+    }
+    family(b, "conflux_coord_node_task_reservations", "gauge",
+           "Reservations (placed tasks and placement queries) on a member that offers tasks.");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.alive && n->worker)
+            bprintf(b, "conflux_coord_node_task_reservations{node=\"%u\"} %u\n",
+                    n->rec.node_id, n->worker->nres);
+    }
 }
 
 /* ---- HTTP ---------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* Control-plane wire format: encode and validate-while-decoding. */
 #include "control/proto.h"
+#include "control/proto_io.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,13 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_EV_NODE_DEAD] = "EV_NODE_DEAD",
     [CFX_MSG_EV_OBJ_GONE] = "EV_OBJ_GONE",
     [CFX_MSG_OBJ_GONE_ACK] = "OBJ_GONE_ACK",
+    [CFX_MSG_TASK_REG] = "TASK_REG",
+    [CFX_MSG_TASK_SUBMIT] = "TASK_SUBMIT",
+    [CFX_MSG_TASK_PLACE] = "TASK_PLACE",
+    [CFX_MSG_TASK_REPLY] = "TASK_REPLY",
+    [CFX_MSG_TASK_WAIT] = "TASK_WAIT",
+    [CFX_MSG_EV_TASK_RUN] = "EV_TASK_RUN",
+    [CFX_MSG_TASK_DONE] = "TASK_DONE",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -43,156 +51,6 @@ const char *cfx__msg_type_name(unsigned type)
     return type_names[type];
 }
 
-/* ------------------------------------------------------------------------ */
-/* Writer: counts always, stores only while there is room.                  */
-
-struct wr {
-    uint8_t *p;     /* NULL: count only */
-    size_t cap;
-    size_t off;
-};
-
-static void wr_bytes(struct wr *w, const void *src, size_t n)
-{
-    if (w->p && w->off + n <= w->cap && n)
-        memcpy(w->p + w->off, src, n);
-    w->off += n;
-}
-
-static void wr_zero(struct wr *w, size_t n)
-{
-    if (w->p && w->off + n <= w->cap && n)
-        memset(w->p + w->off, 0, n);
-    w->off += n;
-}
-
-static void wr_u8(struct wr *w, uint8_t v) { wr_bytes(w, &v, 1); }
-
-static void wr_u16(struct wr *w, uint16_t v)
-{
-    uint8_t b[2] = { (uint8_t)v, (uint8_t)(v >> 8) };
-    wr_bytes(w, b, 2);
-}
-
-static void wr_u32(struct wr *w, uint32_t v)
-{
-    uint8_t b[4];
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    wr_bytes(w, b, 4);
-}
-
-static void wr_u64(struct wr *w, uint64_t v)
-{
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    wr_bytes(w, b, 8);
-}
-
-/* A string into a fixed field: truncated if needed, always terminated. */
-static void wr_str(struct wr *w, const char *s, size_t field)
-{
-    size_t n = strnlen(s, field - 1);
-    wr_bytes(w, s, n);
-    wr_zero(w, field - n);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Reader: every get is bounds-checked; the first failure sticks.           */
-
-struct rd {
-    const uint8_t *p;
-    size_t len;
-    size_t off;
-    int status;          /* CFX_OK until a field fails */
-    const char *what;    /* message type, for error text */
-};
-
-static int rd_fail(struct rd *r, int status, const char *field)
-{
-    if (r->status == CFX_OK)
-        r->status = cfx__err(status, "bad %s frame: %s", r->what, field);
-    return r->status;
-}
-
-static const uint8_t *rd_take(struct rd *r, size_t n, const char *field)
-{
-    if (r->status != CFX_OK)
-        return NULL;
-    if (n > r->len - r->off) {
-        rd_fail(r, CFX_ERR_PROTO, field);
-        return NULL;
-    }
-    const uint8_t *q = r->p + r->off;
-    r->off += n;
-    return q;
-}
-
-static uint8_t rd_u8(struct rd *r, const char *field)
-{
-    const uint8_t *q = rd_take(r, 1, field);
-    return q ? q[0] : 0;
-}
-
-static uint16_t rd_u16(struct rd *r, const char *field)
-{
-    const uint8_t *q = rd_take(r, 2, field);
-    return q ? (uint16_t)(q[0] | (q[1] << 8)) : 0;
-}
-
-static uint32_t rd_u32(struct rd *r, const char *field)
-{
-    const uint8_t *q = rd_take(r, 4, field);
-    if (!q)
-        return 0;
-    return (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) |
-           ((uint32_t)q[3] << 24);
-}
-
-static uint64_t rd_u64(struct rd *r, const char *field)
-{
-    const uint8_t *q = rd_take(r, 8, field);
-    uint64_t v = 0;
-    if (!q)
-        return 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | q[i];
-    return v;
-}
-
-static uint8_t rd_flag(struct rd *r, const char *field)
-{
-    uint8_t v = rd_u8(r, field);
-    if (v > 1)
-        rd_fail(r, CFX_ERR_PROTO, field);
-    return v;
-}
-
-static void rd_bytes(struct rd *r, void *dst, size_t n, const char *field)
-{
-    const uint8_t *q = rd_take(r, n, field);
-    if (q)
-        memcpy(dst, q, n);
-    else
-        memset(dst, 0, n);
-}
-
-/* A fixed string field; it must hold a NUL. */
-static void rd_str(struct rd *r, char *dst, size_t field, const char *name)
-{
-    const uint8_t *q = rd_take(r, field, name);
-    if (!q) {
-        dst[0] = '\0';
-        return;
-    }
-    if (!memchr(q, 0, field)) {
-        rd_fail(r, CFX_ERR_PROTO, name);
-        dst[0] = '\0';
-        return;
-    }
-    memcpy(dst, q, field);
-}
 
 /* ------------------------------------------------------------------------ */
 /* Records                                                                   */
@@ -312,9 +170,17 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     }
     case CFX_MSG_OK:
     case CFX_MSG_LEAVE:
-    case CFX_MSG_HEARTBEAT:
     case CFX_MSG_STATUS:
         break;
+    case CFX_MSG_HEARTBEAT:
+    case CFX_MSG_TASK_REG:
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_DONE:
+        return cfx__msg_task_encode(m, w);
     case CFX_MSG_CHALLENGE:
         wr_bytes(w, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
         break;
@@ -583,8 +449,17 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     }
     case CFX_MSG_OK:
     case CFX_MSG_LEAVE:
-    case CFX_MSG_HEARTBEAT:
     case CFX_MSG_STATUS:
+        break;
+    case CFX_MSG_HEARTBEAT:
+    case CFX_MSG_TASK_REG:
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_DONE:
+        cfx__msg_task_decode(r, m);
         break;
     case CFX_MSG_CHALLENGE:
         rd_bytes(r, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN, "nonce");

@@ -30,12 +30,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <conflux/object.h>
+#include <conflux/task.h>
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      3u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      4u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
-                                    * the putter in LOOKUP_REPLY */
+                                    * the putter in LOOKUP_REPLY;
+                                    * 4: tasks (TASK_*), load in HEARTBEAT */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -103,6 +105,14 @@ enum cfx_msg_type {
     CFX_MSG_EV_OBJ_GONE,    /* event, coord -> holders: id withdrawn; req_id != 0 asks
                              * for an OBJ_GONE_ACK with that req_id */
     CFX_MSG_OBJ_GONE_ACK,   /* id: this node dropped its copy; no reply */
+    CFX_MSG_TASK_REG,       /* function name, node's cores, GPUs, memory -> OK */
+    CFX_MSG_TASK_SUBMIT,    /* task -> TASK_REPLY (task id, node placed on or 0: queued) */
+    CFX_MSG_TASK_PLACE,     /* task (no id) -> TASK_REPLY (node), reserves for reserve_ms */
+    CFX_MSG_TASK_REPLY,     /* task id, node, status, text */
+    CFX_MSG_TASK_WAIT,      /* task id, timeout -> TASK_REPLY once it ended (status
+                             * CFX_ERR_AGAIN when the timeout came first) */
+    CFX_MSG_EV_TASK_RUN,    /* event, coord -> worker: run this task */
+    CFX_MSG_TASK_DONE,      /* worker -> coord: task id, status, text; no reply */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -122,6 +132,45 @@ struct cfx_msg_page {
     uint8_t more;           /* 1: another page follows */
     const void *recs_in;    /* encode: struct cfx_node_rec[] or struct cfx_ctl_obj_rec[] */
     const uint8_t *raw;     /* decode: count fixed-size wire records */
+};
+
+/* A task: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN. */
+#define CFX_PROTO_TASK_PACK 0x01u /* policy: pack, not spread */
+struct cfx_msg_task {
+    uint64_t task_id;                       /* EV_TASK_RUN: the coordinator's id; else 0 */
+    char name[CFX_TASK_NAME_MAX + 1];       /* function; "" (PLACE only): any */
+    uint32_t timeout_ms;                    /* deadline from submission */
+    uint32_t cores;                         /* needs */
+    uint32_t gpus;
+    uint64_t memory;
+    uint8_t flags;                          /* CFX_PROTO_TASK_* */
+    uint32_t reserve_ms;                    /* PLACE: how long the reservation holds */
+    char group[CFX_TASK_GROUP_MAX + 1];     /* anti-affinity group; "" none */
+    uint8_t nnodes;                         /* node set (0: any) */
+    uint32_t nodes[CFX_TASK_NODES_MAX];
+    uint8_t ninputs;
+    struct cfx_object_id inputs[CFX_TASK_IO_MAX];
+    uint8_t nresults;
+    struct cfx_object_id results[CFX_TASK_IO_MAX];
+    uint16_t arg_len;                       /* <= CFX_TASK_ARG_MAX */
+    const uint8_t *arg;                     /* decode: points into the frame */
+};
+
+/* A task's state: TASK_REPLY, TASK_WAIT, TASK_DONE. */
+struct cfx_msg_task_st {
+    uint64_t task_id;
+    uint32_t node_id;                       /* placed on / ran on (0: queued, none) */
+    int32_t status;                         /* 0 or a negative cfx_status */
+    uint32_t timeout_ms;                    /* WAIT: how long to wait; CFX_PROTO_TIMEOUT_NONE */
+    char text[CFX_PROTO_TEXT_MAX];          /* why it failed; "" */
+};
+
+/* A node's load (HEARTBEAT). */
+struct cfx_msg_load {
+    uint32_t load_milli;                    /* 1-minute load average x 1000 */
+    uint64_t mem_avail;                     /* bytes of memory available */
+    uint64_t arena_used;                    /* bytes of its arena in use */
+    uint32_t tasks_running;                 /* tasks its runners are running */
 };
 
 struct cfx_msg {
@@ -201,6 +250,15 @@ struct cfx_msg {
         struct {
             struct cfx_object_id id;
         } gone;                             /* EV_OBJ_GONE, OBJ_GONE_ACK */
+        struct {
+            char name[CFX_TASK_NAME_MAX + 1];
+            uint32_t cores;                 /* what the node offers */
+            uint32_t gpus;
+            uint64_t memory;
+        } task_reg;
+        struct cfx_msg_task task;           /* TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN */
+        struct cfx_msg_task_st task_st;     /* TASK_REPLY, TASK_WAIT, TASK_DONE */
+        struct cfx_msg_load load;           /* HEARTBEAT */
     } u;
 };
 
@@ -226,6 +284,13 @@ int cfx__msg_encode(const struct cfx_msg *m, void *buf, size_t cap, size_t *len)
 
 /* As cfx__msg_encode() into a malloc'd buffer the caller frees. */
 int cfx__msg_encode_alloc(const struct cfx_msg *m, uint8_t **buf, size_t *len);
+
+/* proto_task.c: payloads of the task messages and the heartbeat (types
+ * TASK_* and HEARTBEAT), called by the codec in proto.c. */
+struct wr;
+struct rd;
+int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w);
+void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
 
 /* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */
 void cfx__msg_node_at(const struct cfx_msg *m, uint32_t i, struct cfx_node_rec *out);

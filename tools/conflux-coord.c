@@ -6,7 +6,7 @@
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
  *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
  *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
- *                 [--max-conn-outq SIZE]
+ *                 [--max-conn-outq SIZE] [--max-node-tasks N] [--max-queued-tasks N]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -40,7 +40,8 @@ static void usage(FILE *f)
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
             "                     [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]\n"
             "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
-            "                     [--max-conn-outq SIZE] [--metrics [ADDR:]PORT]\n"
+            "                     [--max-conn-outq SIZE] [--max-node-tasks N]\n"
+            "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -69,6 +70,9 @@ static void usage(FILE *f)
             "  --max-conns N       connections in all (default 4096)\n"
             "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
             "                      closed as too slow (default 64M)\n"
+            "  --max-node-tasks N  tasks placed on one node at once; more wait queued\n"
+            "                      (default 64)\n"
+            "  --max-queued-tasks N tasks waiting for a free node (default 4096)\n"
             "  --metrics [ADDR:]PORT serve Prometheus metrics over HTTP (GET /metrics) on\n"
             "                      ADDR (default 127.0.0.1): unauthenticated and read-only,\n"
             "                      so whoever can connect reads member names, hosts and\n"
@@ -102,6 +106,8 @@ int main(int argc, char **argv)
         { "max-conns", required_argument, NULL, 'C' },
         { "max-conn-outq", required_argument, NULL, 'Q' },
         { "metrics", required_argument, NULL, 'M' },
+        { "max-node-tasks", required_argument, NULL, 'T' },
+        { "max-queued-tasks", required_argument, NULL, 'q' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -169,6 +175,16 @@ int main(int argc, char **argv)
             if (tool_arg_int(PROG, "--max-node-objects", optarg, 1, INT_MAX, "a count", &v))
                 return TOOL_EXIT_USAGE;
             params.max_node_objects = (uint32_t)v;
+            break;
+        case 'T':
+            if (tool_arg_int(PROG, "--max-node-tasks", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_node_tasks = (uint32_t)v;
+            break;
+        case 'q':
+            if (tool_arg_int(PROG, "--max-queued-tasks", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_queued_tasks = (uint32_t)v;
             break;
         case 'P':
             if (tool_arg_int(PROG, "--max-parked", optarg, 1, INT_MAX, "a count", &v))

@@ -467,7 +467,9 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
                 which == PS_AUTO ? "one word, on or off" : nargs ? "one server index" : "no argument");
         goto usage;
     }
-    if ((which == PS_ADD || which == PS_REMOVE) &&
+    /* add-server --auto: the standby server that task placement chooses */
+    int add_auto = which == PS_ADD && !strcmp(argv[i + 1], "--auto");
+    if ((which == PS_ADD || which == PS_REMOVE) && !add_auto &&
         tool_arg_int("rdmactl", sub, argv[i + 1], 0, INT_MAX, "a server index",
                      &server))
         return TOOL_EXIT_USAGE;
@@ -488,7 +490,10 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
     uint32_t v = 0;
     struct cfx_ps_stats st;
     switch (which) {
-    case PS_ADD: rc = cfx_ps_add_server(ctx, job, server, timeout, &v); break;
+    case PS_ADD:
+        rc = add_auto ? cfx_ps_add_server_auto(ctx, job, timeout, &server, &v)
+                      : cfx_ps_add_server(ctx, job, server, timeout, &v);
+        break;
     case PS_REMOVE: rc = cfx_ps_remove_server(ctx, job, server, timeout, &v); break;
     case PS_REBALANCE: rc = cfx_ps_rebalance(ctx, job, timeout, &v); break;
     case PS_AUTO: rc = cfx_ps_set_auto(ctx, job, on, timeout); break;
@@ -496,6 +501,12 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
     }
     if (rc != CFX_OK) {
         fprintf(stderr, "rdmactl: ps %s: %s\n", sub, cfx_last_error());
+    } else if (add_auto) {
+        if (r->json)
+            printf("{\"job\":\"%s\",\"command\":\"%s\",\"server\":%d,\"map_version\":%u}\n",
+                   job, sub, server, v);
+        else
+            printf("job %s: %s done: server %d (shard map %u)\n", job, sub, server, v);
     } else if (strcmp(sub, "shards")) {
         if (r->json)
             printf("{\"job\":\"%s\",\"command\":\"%s\",\"map_version\":%u}\n", job, sub, v);
@@ -528,7 +539,7 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
     cfx_context_destroy(ctx);
     return rc == CFX_OK ? 0 : 1;
 usage:
-    fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N | remove-server N"
+    fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N|--auto | remove-server N"
                     " | rebalance | auto on|off | shards\n"
                     "  --job J       the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
                     "                exist is reported as soon as the coordinator answers\n"
@@ -690,7 +701,7 @@ static const struct rdmactl_cmd commands[] = {
     { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
       0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1 },
-    { "ps", cmd_ps, "parameter server: add-server | remove-server | rebalance | auto | shards", 0 },
+    { "ps", cmd_ps, "parameter server: add-server N|--auto | remove-server | rebalance | auto | shards", 0 },
 };
 
 static void usage(FILE *f)

@@ -56,6 +56,7 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     if (best) {
         best->used = true;
         a->cached_bytes -= best->len;
+        __atomic_add_fetch(&a->used_bytes, best->len, __ATOMIC_RELAXED);
         if (!locked)
             pthread_mutex_unlock(&ctx->lock);
         *out = best->base;
@@ -99,6 +100,7 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     if (!locked)
         pthread_mutex_lock(&ctx->lock);
     cfx_list_add_tail(&seg->link, &a->segs);
+    __atomic_add_fetch(&a->used_bytes, seg->len, __ATOMIC_RELAXED);
     if (!locked)
         pthread_mutex_unlock(&ctx->lock);
     *out = seg->base;
@@ -166,6 +168,7 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
         return;
     }
     seg->used = false;
+    __atomic_sub_fetch(&a->used_bytes, seg->len, __ATOMIC_RELAXED);
     if (!seg->tainted && a->cached_bytes + seg->len <= ARENA_CACHE_MAX) {
         a->cached_bytes += seg->len;
         return;

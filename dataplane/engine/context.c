@@ -311,6 +311,14 @@ void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o)
     }
 }
 
+/* Client thread, after a coordinator restart: objects are announced again,
+ * task functions registered again (each on a thread of its own). */
+static void on_reconnected(void *arg)
+{
+    cfx__reannounce_on_reconnected(arg);
+    cfx__task_on_reconnected(arg);
+}
+
 static void on_obj_gone(void *arg, const struct cfx_object_id *id)
 {
     struct cfx_context *ctx = arg;
@@ -458,6 +466,9 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     rc = cfx__progress_start(ctx);
     if (rc != CFX_OK)
         goto err_close_tps;
+    rc = cfx__task_init(ctx);
+    if (rc != CFX_OK)
+        goto err_stop_progress;
 
     struct cfx_ctl_params cp = {
         .coord = ctx->cfg.coord,
@@ -467,8 +478,10 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .timeout_ms = ctx->cfg.timeout_ms < 0 ? DEFAULT_TIMEOUT_MS : ctx->cfg.timeout_ms,
         .on_node_dead = on_node_dead,
         .on_node_left = on_node_left,
-        .on_reconnected = cfx__reannounce_on_reconnected,
+        .on_reconnected = on_reconnected,
         .on_obj_gone = on_obj_gone,
+        .on_task_run = cfx__task_on_run,
+        .load_fill = cfx__task_load_fill,
         .arg = ctx,
     };
     rc = cfx__ctl_open(&cp, &ctx->ctl);
@@ -493,6 +506,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     return CFX_OK;
 
 err_stop_progress:
+    cfx__task_fini(ctx);
     cfx__progress_stop(ctx);
 err_close_tps:
     transports_close(ctx);
@@ -688,11 +702,13 @@ void cfx_context_destroy(struct cfx_context *ctx)
         return;
     }
     detach_users(ctx);
+    cfx__task_stop(ctx);
     cfx__worker_stop(ctx);
     /* leave first, so no new getter is sent our way */
     cfx__reannounce_stop(ctx);
     cfx__ctl_close(ctx->ctl);
     ctx->ctl = NULL;
+    cfx__task_fini(ctx);
     quiesce(ctx);
     cfx__progress_stop(ctx);
 

@@ -574,6 +574,7 @@ struct cfx_arena {
     struct cfx_list doomed;     /* segments to unmap by the next progress-lock holder
                                    (the verbs registration cache is a transport's) */
     size_t cached_bytes;        /* free segments kept for reuse */
+    uint64_t used_bytes;        /* bytes of segments in use (atomic: heartbeats read it) */
 };
 
 int cfx__arena_alloc(struct cfx_context *ctx, size_t size, void **out,
@@ -776,6 +777,7 @@ struct cfx_context {
     struct cfx_context_stats stats; /* under ctx->lock */
     pthread_cond_t obj_cond;    /* broadcast when an object changes state */
     struct cfx_reannounce *reannounce; /* reannounce.c; NULL until a reconnect */
+    struct cfx_task_rt *tasks;  /* task.c: functions offered, runner threads */
     uint64_t reannounce_rounds; /* re-announce rounds finished (after reconnects) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
@@ -1005,6 +1007,34 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
                               int *status);
 
+
+/* ---- tasks (task.c) ------------------------------------------------------- */
+
+#define CFX_TASK_FNS_MAX 64        /* functions one context may register */
+#define CFX_TASK_RESERVED "cfx."   /* prefix of the library's own names (refused to users) */
+#define CFX_TASK_PS_SERVER "cfx.ps.server" /* offered by parameter servers, for placement */
+
+struct cfx_task_rt;
+struct cfx_msg_task;
+struct cfx_msg_load;
+/* Set up the runner state (threads start with the first registration). */
+int cfx__task_init(struct cfx_context *ctx);
+/* Stop and join the runners (calls already drained); later EV_TASK_RUNs are dropped. */
+void cfx__task_stop(struct cfx_context *ctx);
+/* Free it (the coordinator client is closed: no more events). */
+void cfx__task_fini(struct cfx_context *ctx);
+/* Client thread: queue a task the coordinator placed here. */
+void cfx__task_on_run(void *arg, const struct cfx_msg_task *t);
+/* Client thread: this node's load for a heartbeat. */
+void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
+/* Client thread: the coordinator restarted; a runner registers the functions again. */
+void cfx__task_on_reconnected(struct cfx_context *ctx);
+/* Offer @p name for placement only (never run here; registered again after
+ * a coordinator restart); a second offer is CFX_OK. */
+int cfx__task_offer(struct cfx_context *ctx, const char *name);
+/* cfx_put() of arena buffer @p buf that the store then owns (frees with the object). */
+int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                   size_t size);
 
 /* ---- calls in flight and handles, for cfx_context_destroy() (context.c) ----
  *

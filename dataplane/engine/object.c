@@ -213,6 +213,24 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     return ctx ? cfx__ctx_leave(ctx, rc) : rc;
 }
 
+int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                   size_t size)
+{
+    int rc = cfx__ctx_enter(ctx, "cfx_put");
+    if (rc != CFX_OK)
+        return rc;
+    rc = put_call(ctx, id, buf, size, NULL);
+    if (rc == CFX_OK && buf) {
+        /* the store frees it with the object (its delete, or the context's end) */
+        pthread_mutex_lock(&ctx->lock);
+        struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+        if (obj && obj->owned && obj->buf == buf)
+            obj->arena = true;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    return cfx__ctx_leave(ctx, rc);
+}
+
 int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t capacity,
             size_t *size_out, const struct cfx_obj_params *params)
 {

@@ -430,6 +430,12 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         }
     }
 
+    /* a server offers itself to placement, so that an administrator may let
+     * it choose which standby server to admit (cfx_ps_add_server_auto) */
+    if (ps->role == CFX_PS_SERVER && cfx__task_offer(ctx, CFX_TASK_PS_SERVER) != CFX_OK)
+        CFX_LOG(WARN, PS, "job %s: server %d: not offered to placement (add-server --auto "
+                "will not choose it): %s", ps->job, ps->index, cfx_last_error());
+
     /* announce ourselves */
     ps->member = (struct ps_member){ .magic = PS_MAGIC,
                                      .node_id = ctx->node_id,

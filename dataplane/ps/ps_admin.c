@@ -12,6 +12,8 @@
  */
 #include "ps_int.h"
 
+#include "dataplane/engine/engine.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +136,58 @@ int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server, int 
                       uint32_t *version_out)
 {
     return admin(ctx, job, PS_ADMIN_ADD, server, timeout_ms, version_out);
+}
+
+int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout_ms,
+                           int *server_out, uint32_t *version_out)
+{
+    struct cfx_ps_stats *st;
+    uint32_t nodes[CFX_TASK_NODES_MAX], node = 0;
+    size_t n = 0;
+    int rc, index = -1;
+
+    cfx__err_clear();
+    if (!ctx || !job)
+        return cfx__err(CFX_ERR_INVALID, "cfx_ps_add_server_auto: NULL argument");
+    st = calloc(1, sizeof(*st));
+    if (!st)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_ps_add_server_auto: out of memory");
+    rc = cfx_ps_shards(ctx, job, timeout_ms, st);
+    if (rc != CFX_OK)
+        goto out;
+    for (uint32_t i = 0; i < st->nservers && n < CFX_TASK_NODES_MAX; i++)
+        if (st->servers[i].state == CFX_PS_SERVER_STANDBY)
+            nodes[n++] = st->servers[i].node_id;
+    if (!n) {
+        rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: no standby server to add (shard map %u)", job,
+                      st->map_version);
+        goto out;
+    }
+    /* the placement's choice among their nodes: the least loaded (spread) */
+    struct cfx_task_needs needs = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = nodes,
+                                    .n_nodes = n };
+    rc = cfx_place(ctx, CFX_TASK_PS_SERVER, &needs, NULL, 0, &node);
+    if (rc != CFX_OK) {
+        rc = cfx__err(rc, "job %s: placement among %zu standby server(s): %s", job, n,
+                      cfx_last_error());
+        goto out;
+    }
+    for (uint32_t i = 0; i < st->nservers; i++)
+        if (st->servers[i].state == CFX_PS_SERVER_STANDBY && st->servers[i].node_id == node)
+            index = st->servers[i].index;
+    if (index < 0) {
+        rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: placement chose node %u, which runs no "
+                      "standby server of it", job, node);
+        goto out;
+    }
+    CFX_LOG(INFO, PS, "job %s: placement chose standby server %d on node %u", job, index,
+            node);
+    rc = cfx_ps_add_server(ctx, job, index, timeout_ms, version_out);
+    if (rc == CFX_OK && server_out)
+        *server_out = index;
+out:
+    free(st);
+    return rc;
 }
 
 int cfx_ps_remove_server(struct cfx_context *ctx, const char *job, int server, int timeout_ms,

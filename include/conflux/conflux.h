@@ -10,5 +10,6 @@
 #include <conflux/reduce.h>
 #include <conflux/group.h>
 #include <conflux/ps.h>
+#include <conflux/task.h>
 
 #endif

@@ -279,6 +279,13 @@ CFX_API int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us);
  */
 CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server,
                               int timeout_ms, uint32_t *version_out);
+/* As cfx_ps_add_server() for the standby server that task placement
+ * chooses among the job's standby servers (include/conflux/task.h: every
+ * server offers itself; among their nodes, the least loaded); *server_out
+ * (may be NULL) receives its index.  CFX_ERR_NOT_FOUND when the job has no
+ * standby server. */
+CFX_API int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout_ms,
+                                   int *server_out, uint32_t *version_out);
 /* Drain @p server's blocks to the others; it stops serving once no request
  * can reach it any more.  Server 0 (the scheduler) cannot be removed. */
 CFX_API int cfx_ps_remove_server(struct cfx_context *ctx, const char *job, int server,

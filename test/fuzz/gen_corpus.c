@@ -193,6 +193,67 @@ static void proto(void)
     m.u.status.heartbeat_ms = 250;
     snprintf(m.u.status.version, sizeof(m.u.status.version), "0.1.0");
     put("fuzz_proto", "status_reply", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_HEARTBEAT;
+    m.u.load.load_milli = 1500;
+    m.u.load.mem_avail = 1ull << 33;
+    m.u.load.arena_used = 1ull << 20;
+    m.u.load.tasks_running = 2;
+    put("fuzz_proto", "heartbeat", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_TASK_REG;
+    m.req_id = 9;
+    snprintf(m.u.task_reg.name, sizeof(m.u.task_reg.name), "square");
+    m.u.task_reg.cores = 4;
+    m.u.task_reg.memory = 1ull << 30;
+    put("fuzz_proto", "task_reg", buf, enc(&m, buf, sizeof(buf)));
+
+    static const uint8_t targ[] = "argument";
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_TASK_SUBMIT;
+    m.req_id = 10;
+    snprintf(m.u.task.name, sizeof(m.u.task.name), "square");
+    m.u.task.timeout_ms = 5000;
+    m.u.task.cores = 1;
+    snprintf(m.u.task.group, sizeof(m.u.task.group), "shard");
+    m.u.task.nnodes = 2;
+    m.u.task.nodes[0] = 1;
+    m.u.task.nodes[1] = 2;
+    m.u.task.ninputs = 1;
+    memset(m.u.task.inputs[0].bytes, 0x11, CFX_OBJECT_ID_LEN);
+    m.u.task.nresults = 1;
+    memset(m.u.task.results[0].bytes, 0x22, CFX_OBJECT_ID_LEN);
+    m.u.task.arg = targ;
+    m.u.task.arg_len = sizeof(targ);
+    put("fuzz_proto", "task_submit", buf, enc(&m, buf, sizeof(buf)));
+    m.type = CFX_MSG_EV_TASK_RUN;
+    m.req_id = 0;
+    m.u.task.task_id = 3;
+    put("fuzz_proto", "ev_task_run", buf, enc(&m, buf, sizeof(buf)));
+    m.type = CFX_MSG_TASK_PLACE;
+    m.req_id = 11;
+    m.u.task.task_id = 0;
+    m.u.task.flags = CFX_PROTO_TASK_PACK;
+    m.u.task.reserve_ms = 500;
+    put("fuzz_proto", "task_place", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_TASK_DONE;
+    m.req_id = 12;
+    m.u.task_st.task_id = 3;
+    m.u.task_st.node_id = 2;
+    m.u.task_st.status = CFX_ERR_PEER_FAILED;
+    snprintf(m.u.task_st.text, sizeof(m.u.task_st.text), "node 2 died");
+    put("fuzz_proto", "task_done", buf, enc(&m, buf, sizeof(buf)));
+    m.type = CFX_MSG_TASK_REPLY;
+    m.u.task_st.status = 0;
+    m.u.task_st.text[0] = '\0';
+    put("fuzz_proto", "task_reply", buf, enc(&m, buf, sizeof(buf)));
+    m.type = CFX_MSG_TASK_WAIT;
+    m.u.task_st.timeout_ms = 1000;
+    put("fuzz_proto", "task_wait", buf, enc(&m, buf, sizeof(buf)));
 }
 
 /* A data-plane seed: the wire bytes of host-form @p msg (dp_msg.c). */

@@ -93,6 +93,9 @@ Test(ps, add_and_remove, .timeout = 120)
                     "--servers 2 --workers 3 --late 1 --standby --steps 40 "
                     "--join-at 5 --remove-at 20:1");
     cr_assert_eq(rc, 0, "add + remove mid-run: exited %d", rc);
+    /* the standby server admitted as placement chose it (rdmactl ps add-server --auto) */
+    rc = pstest(5, "shm", "--servers 2 --workers 2 --late 1 --auto-add --steps 30 --join-at 5");
+    cr_assert_eq(rc, 0, "add chosen by placement: exited %d", rc);
     rc = pstest(6, "tcp",
                 "--servers 2 --workers 3 --late 1 --steps 40 --join-at 8 "
                 "--remove-at 25:1 --rebalance-at 30");

@@ -22,6 +22,8 @@
  *   --join-at STEP            worker 0 lets the next late server join before STEP
  *   --standby                 late servers join as standby; worker 0 adds them
  *                             with cfx_ps_add_server()
+ *   --auto-add                ... with cfx_ps_add_server_auto() (placement chooses;
+ *                             the one standby server must be chosen)
  *   --rebalance-at STEP       worker 0 asks for a rebalance before STEP
  *   --delay SERVER:US         test-only service delay on SERVER from the start
  *   --skew US                 worker w sleeps w*US per step (SSP tests)
@@ -63,7 +65,7 @@
 
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
-           EXPECT_REMOVED = -1, STANDBY = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1;
+           EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1;
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
@@ -439,9 +441,15 @@ static int run_worker(struct cfx_context *ctx, int w)
             int arc = CFX_ERR_NOT_FOUND;
             while (STANDBY && arc == CFX_ERR_NOT_FOUND && now_ns() < dl) {
                 uint32_t v = 0;
-                arc = cfx_ps_add_server(ctx, JOB, S + joined - 1, 5000, &v);
+                int chosen = S + joined - 1;
+                arc = AUTO_ADD ? cfx_ps_add_server_auto(ctx, JOB, 5000, &chosen, &v)
+                               : cfx_ps_add_server(ctx, JOB, S + joined - 1, 5000, &v);
+                if (arc == CFX_OK && chosen != S + joined - 1)
+                    DIE("placement chose standby server %d, the only one is %d", chosen,
+                        S + joined - 1);
                 if (arc == CFX_OK)
-                    printf("worker 0: added standby server %d (map %u)\n", S + joined - 1, v);
+                    printf("worker 0: added standby server %d%s (map %u)\n", chosen,
+                           AUTO_ADD ? " chosen by placement" : "", v);
                 else if (arc == CFX_ERR_NOT_FOUND)
                     usleep(20000); /* it has not announced itself yet */
             }
@@ -637,6 +645,8 @@ int main(int argc, char **argv)
             WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
             STANDBY = 1;
+        else if (!strcmp(a, "--auto-add"))
+            STANDBY = AUTO_ADD = 1;
         else if (!strcmp(a, "--pace"))
             PACE_US = atoi(v), i++;
         else if (!strcmp(a, "--device"))

@@ -190,6 +190,8 @@ Test(coord_metrics, two_nodes_three_objects)
     expect_sample(b1, "conflux_coord_inline_bytes", 1100);
     expect_sample(b1, "conflux_coord_object_holders", 3);
     expect_sample(b1, "conflux_coord_lookups_parked", 0);
+    expect_sample(b1, "conflux_coord_tasks{state=\"queued\"}", 0);
+    expect_sample(b1, "conflux_coord_tasks_ended_total{status=\"ok\"}", 0);
     expect_sample(b1, "conflux_coord_metrics_scrapes_total", 1);
     snprintf(line, sizeof(line), "conflux_coord_node_holdings{node=\"%u\"}",
              cfx_context_node_id(a));

@@ -184,6 +184,53 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         memset(m->u.gone.id.bytes, 0x5a, CFX_OBJECT_ID_LEN);
         m->req_id = 77;
         break;
+    case CFX_MSG_HEARTBEAT:
+        m->u.load.load_milli = 1234;
+        m->u.load.mem_avail = 5ull << 32;
+        m->u.load.arena_used = 1ull << 20;
+        m->u.load.tasks_running = 3;
+        break;
+    case CFX_MSG_TASK_REG:
+        strcpy(m->u.task_reg.name, "square");
+        m->u.task_reg.cores = 8;
+        m->u.task_reg.gpus = 2;
+        m->u.task_reg.memory = 16ull << 30;
+        break;
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_EV_TASK_RUN: {
+        static const uint8_t targ[] = "task argument";
+        struct cfx_msg_task *t = &m->u.task;
+        t->task_id = type == CFX_MSG_EV_TASK_RUN ? 42 : 0;
+        strcpy(t->name, "square");
+        t->timeout_ms = 5000;
+        t->cores = 2;
+        t->gpus = 1;
+        t->memory = 1ull << 30;
+        t->flags = CFX_PROTO_TASK_PACK;
+        t->reserve_ms = 700;
+        strcpy(t->group, "shard");
+        t->nnodes = 2;
+        t->nodes[0] = 3;
+        t->nodes[1] = 9;
+        t->ninputs = 2;
+        memset(t->inputs[0].bytes, 0x11, CFX_OBJECT_ID_LEN);
+        memset(t->inputs[1].bytes, 0x22, CFX_OBJECT_ID_LEN);
+        t->nresults = 1;
+        memset(t->results[0].bytes, 0x33, CFX_OBJECT_ID_LEN);
+        t->arg = targ;
+        t->arg_len = sizeof(targ);
+        break;
+    }
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_TASK_DONE:
+        m->u.task_st.task_id = 42;
+        m->u.task_st.node_id = 7;
+        m->u.task_st.status = type == CFX_MSG_TASK_DONE ? CFX_ERR_PEER_FAILED : 0;
+        m->u.task_st.timeout_ms = 250;
+        strcpy(m->u.task_st.text, type == CFX_MSG_TASK_DONE ? "node 7 died" : "");
+        break;
     default:
         break;
     }
@@ -333,6 +380,50 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
     case CFX_MSG_OBJ_GONE_ACK:
         cr_assert_arr_eq(a->u.gone.id.bytes, b->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
+    case CFX_MSG_HEARTBEAT:
+        cr_assert_eq(a->u.load.load_milli, b->u.load.load_milli);
+        cr_assert_eq(a->u.load.mem_avail, b->u.load.mem_avail);
+        cr_assert_eq(a->u.load.arena_used, b->u.load.arena_used);
+        cr_assert_eq(a->u.load.tasks_running, b->u.load.tasks_running);
+        break;
+    case CFX_MSG_TASK_REG:
+        cr_assert_str_eq(a->u.task_reg.name, b->u.task_reg.name);
+        cr_assert_eq(a->u.task_reg.cores, b->u.task_reg.cores);
+        cr_assert_eq(a->u.task_reg.gpus, b->u.task_reg.gpus);
+        cr_assert_eq(a->u.task_reg.memory, b->u.task_reg.memory);
+        break;
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_EV_TASK_RUN: {
+        const struct cfx_msg_task *x = &a->u.task, *y = &b->u.task;
+        cr_assert_eq(x->task_id, y->task_id);
+        cr_assert_str_eq(x->name, y->name);
+        cr_assert_eq(x->timeout_ms, y->timeout_ms);
+        cr_assert_eq(x->cores, y->cores);
+        cr_assert_eq(x->gpus, y->gpus);
+        cr_assert_eq(x->memory, y->memory);
+        cr_assert_eq(x->flags, y->flags);
+        cr_assert_eq(x->reserve_ms, y->reserve_ms);
+        cr_assert_str_eq(x->group, y->group);
+        cr_assert_eq(x->nnodes, y->nnodes);
+        cr_assert_arr_eq(x->nodes, y->nodes, x->nnodes * sizeof(uint32_t));
+        cr_assert_eq(x->ninputs, y->ninputs);
+        cr_assert_arr_eq(x->inputs, y->inputs, x->ninputs * sizeof(x->inputs[0]));
+        cr_assert_eq(x->nresults, y->nresults);
+        cr_assert_arr_eq(x->results, y->results, x->nresults * sizeof(x->results[0]));
+        cr_assert_eq(x->arg_len, y->arg_len);
+        cr_assert_arr_eq(x->arg, y->arg, x->arg_len);
+        break;
+    }
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_TASK_DONE:
+        cr_assert_eq(a->u.task_st.task_id, b->u.task_st.task_id);
+        cr_assert_eq(a->u.task_st.node_id, b->u.task_st.node_id);
+        cr_assert_eq(a->u.task_st.status, b->u.task_st.status);
+        cr_assert_eq(a->u.task_st.timeout_ms, b->u.task_st.timeout_ms);
+        cr_assert_str_eq(a->u.task_st.text, b->u.task_st.text);
+        break;
     default:
         break;
     }
@@ -352,6 +443,31 @@ static void put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
+}
+
+Test(proto, task_frames_refuse_bad_fields)
+{
+    struct cfx_msg m;
+    size_t len;
+
+    sample_msg(CFX_MSG_TASK_SUBMIT, &m);
+    m.u.task.ninputs = CFX_TASK_IO_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    sample_msg(CFX_MSG_TASK_SUBMIT, &m);
+    len = encode_ok(&m);
+    /* node count byte: after id, name, timeout, cores, gpus, memory, flags,
+     * reserve, group */
+    size_t at = CFX_PROTO_HDR_LEN + 8 + (CFX_TASK_NAME_MAX + 1) + 4 + 4 + 4 + 8 + 1 + 4 +
+                (CFX_TASK_GROUP_MAX + 1);
+    cr_assert_eq(frame[at], 2);
+    frame[at] = CFX_TASK_NODES_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame, len, &m), CFX_ERR_PROTO);
+    frame[at] = 2;
+    frame[at - 4 - (CFX_TASK_GROUP_MAX + 1) - 1] = 0x80; /* unknown flag */
+    cr_assert_eq(cfx__msg_decode(frame, len, &m), CFX_ERR_PROTO);
+    sample_msg(CFX_MSG_TASK_DONE, &m);
+    m.u.task_st.status = 5;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
 Test(proto, roundtrip_every_type)

@@ -1,0 +1,193 @@
+/*
+ * Placement: which node runs a task (or would, for a placement query).
+ *
+ * Candidates are the live nodes that registered the function (any function
+ * for a query without a name), are in the task's node set when it has one,
+ * and offer at least the cores, GPUs and memory it needs.  No candidate:
+ * CFX_ERR_NO_RESOURCE (or CFX_ERR_NOT_FOUND when nobody registered the
+ * function), since waiting would not help.  Of those, the ones with room
+ * now: what live reservations hold plus what the task needs fits what the
+ * node offers, it has fewer than max_node_tasks reservations, and none of
+ * them is of the task's anti-affinity group.  None with room: CFX_ERR_BUSY
+ * (a task waits in the queue for one).
+ *
+ * Ranking, best first:
+ *  1. bytes of the task's inputs the node holds (cfx__coord_dir_held_bytes:
+ *     complete copies whole, partial copies half); moving the task is
+ *     cheaper than moving its inputs;
+ *  2. spread: the fewest reservations, then the lowest load (heartbeat's
+ *     load average per offered core, then arena bytes in use);
+ *     pack: the most reservations (that still fit);
+ *  3. the lowest node id, so that equal nodes are chosen the same way.
+ * A reservation is taken for the chosen node by the caller
+ * (cfx__coord_resv_take), so the next placement, handled after this one on
+ * the same loop thread, sees it.
+ */
+#include "control/coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/common/log.h"
+
+static int worker_has(const struct coord_worker *w, const char *name)
+{
+    if (!name[0])
+        return w->nfuncs > 0;
+    for (uint32_t i = 0; i < w->nfuncs; i++)
+        if (!strcmp(w->funcs[i], name))
+            return 1;
+    return 0;
+}
+
+static int in_set(const struct cfx_msg_task *t, uint32_t node_id)
+{
+    if (!t->nnodes)
+        return 1;
+    for (unsigned i = 0; i < t->nnodes; i++)
+        if (t->nodes[i] == node_id)
+            return 1;
+    return 0;
+}
+
+/* Does a reservation of the task's anti-affinity group sit on the node? */
+static int group_taken(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t node_id)
+{
+    struct cfx_list *pos;
+    if (!t->group[0])
+        return 0;
+    cfx_list_for_each(pos, &co->resvs) {
+        struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
+        if (r->node_id == node_id && !strcmp(r->group, t->group))
+            return 1;
+    }
+    return 0;
+}
+
+static int has_room(struct cfx_coord *co, const struct coord_worker *w,
+                    const struct cfx_msg_task *t, uint32_t node_id)
+{
+    return w->res_cores + t->cores <= w->cores && w->res_gpus + t->gpus <= w->gpus &&
+           w->res_memory + t->memory <= w->memory && w->nres < co->max_node_tasks &&
+           !group_taken(co, t, node_id);
+}
+
+struct cand {
+    struct coord_node *n;
+    uint64_t local;     /* input bytes held */
+    uint32_t nres;
+    uint64_t load;      /* load average x 1000 per core */
+    uint64_t arena;
+};
+
+/* Is @p a better than @p b? */
+static int better(const struct cand *a, const struct cand *b, int pack)
+{
+    if (a->local != b->local)
+        return a->local > b->local;
+    if (a->nres != b->nres)
+        return pack ? a->nres > b->nres : a->nres < b->nres;
+    if (!pack && a->load != b->load)
+        return a->load < b->load;
+    if (!pack && a->arena != b->arena)
+        return a->arena < b->arena;
+    return a->n->rec.node_id < b->n->rec.node_id;
+}
+
+int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
+                     struct coord_node **out, char *why, size_t why_len)
+{
+    struct cfx_list *pos;
+    struct cand best = { 0 };
+    uint32_t nregistered = 0, ncapable = 0, nfull = 0;
+    int pack = (t->flags & CFX_PROTO_TASK_PACK) != 0;
+
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        struct coord_worker *w = n->worker;
+        if (!n->rec.alive || !w || n->rec.node_id == avoid || !worker_has(w, t->name))
+            continue;
+        nregistered++;
+        if (!in_set(t, n->rec.node_id) || t->cores > w->cores || t->gpus > w->gpus ||
+            t->memory > w->memory)
+            continue;
+        ncapable++;
+        if (!has_room(co, w, t, n->rec.node_id)) {
+            nfull += w->nres >= co->max_node_tasks;
+            continue;
+        }
+        struct cand c = { .n = n, .nres = w->nres, .arena = n->load.arena_used };
+        c.load = w->cores ? (uint64_t)n->load.load_milli / w->cores : n->load.load_milli;
+        for (unsigned i = 0; i < t->ninputs; i++)
+            c.local += cfx__coord_dir_held_bytes(co, &t->inputs[i], n->rec.node_id);
+        if (!best.n || better(&c, &best, pack))
+            best = c;
+    }
+    if (best.n) {
+        *out = best.n;
+        CFX_LOG(DEBUG, CTL, "placement of '%s': node %u (%llu input bytes there, %u "
+                "reservations)", t->name[0] ? t->name : "(any)", best.n->rec.node_id,
+                (unsigned long long)best.local, best.nres);
+        return CFX_OK;
+    }
+    if (!nregistered) {
+        snprintf(why, why_len, "no live node registered the function '%s'%s",
+                 t->name[0] ? t->name : "(any)", avoid ? " (besides the dead one)" : "");
+        return CFX_ERR_NOT_FOUND;
+    }
+    if (!ncapable) {
+        snprintf(why, why_len, "none of the %u node(s) that registered '%s' %s (needs: %u "
+                 "cores, %u GPUs, %llu bytes of memory)", nregistered,
+                 t->name[0] ? t->name : "(any)",
+                 t->nnodes ? "is in the node set and offers what it needs"
+                           : "offers what it needs",
+                 t->cores, t->gpus, (unsigned long long)t->memory);
+        return CFX_ERR_NO_RESOURCE;
+    }
+    if (nfull == ncapable)
+        snprintf(why, why_len, "every capable node has max_node_tasks (%u) tasks placed",
+                 co->max_node_tasks);
+    else
+        snprintf(why, why_len, "all %u capable node(s) are busy (cores, GPUs, memory or "
+                 "anti-affinity group '%s' taken)", ncapable, t->group);
+    return CFX_ERR_BUSY;
+}
+
+struct coord_resv *cfx__coord_resv_take(struct cfx_coord *co, struct coord_node *n,
+                                        const struct cfx_msg_task *t, uint64_t expires_ns)
+{
+    struct coord_resv *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->node_id = n->rec.node_id;
+    r->cores = t->cores;
+    r->gpus = t->gpus;
+    r->memory = t->memory;
+    snprintf(r->group, sizeof(r->group), "%s", t->group);
+    r->expires_ns = expires_ns;
+    n->worker->res_cores += r->cores;
+    n->worker->res_gpus += r->gpus;
+    n->worker->res_memory += r->memory;
+    n->worker->nres++;
+    cfx_list_add_tail(&r->link, &co->resvs);
+    return r;
+}
+
+void cfx__coord_resv_free(struct cfx_coord *co, struct coord_resv *r)
+{
+    struct coord_node *n;
+    if (!r)
+        return;
+    n = cfx__coord_node_find(co, r->node_id);
+    if (n && n->worker) {
+        n->worker->res_cores -= r->cores;
+        n->worker->res_gpus -= r->gpus;
+        n->worker->res_memory -= r->memory;
+        n->worker->nres--;
+    }
+    if (r->task)
+        r->task->resv = NULL;
+    cfx_list_del(&r->link);
+    free(r);
+}

@@ -1,0 +1,472 @@
+/*
+ * Tasks at the coordinator: the functions nodes offer, the tasks submitted,
+ * where they run (coord_place.c chooses), and how they end.
+ *
+ * A task's life: SUBMIT -> placed (a reservation on its node, EV_TASK_RUN
+ * sent to it) or queued (every capable node busy; placed when a slot frees:
+ * a task ends, a reservation expires, a node registers) -> DONE when its
+ * worker reports TASK_DONE, its deadline passes, or its node dies and it
+ * cannot be placed again.  Ended tasks are remembered for a while
+ * (COORD_TASKS_DONE_KEEP, COORD_TASK_DONE_KEEP_MS) so that a TASK_WAIT sent
+ * after the end still gets the status.  Tasks are soft state: a coordinator
+ * restart forgets them (their waiters get CFX_ERR_NOT_FOUND); workers
+ * register their functions again when they rejoin.
+ *
+ * Everything here runs on the coordinator's loop thread.
+ */
+#include "control/coord_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/common/log.h"
+
+void cfx__coord_task_init(struct cfx_coord *co)
+{
+    cfx_list_init(&co->tasks);
+    cfx_list_init(&co->tasks_done);
+    cfx_list_init(&co->resvs);
+    cfx_list_init(&co->task_waits);
+    co->max_node_tasks = co->max_node_tasks ? co->max_node_tasks : COORD_NODE_TASKS_MAX;
+    co->max_queued_tasks = co->max_queued_tasks ? co->max_queued_tasks : COORD_QUEUED_TASKS_MAX;
+}
+
+static void task_free(struct coord_task *t)
+{
+    free(t->arg);
+    free(t);
+}
+
+void cfx__coord_task_fini(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
+        struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
+        cfx_list_del(&w->link);
+        free(w);
+        co->ntask_waits--;
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->resvs)
+        cfx__coord_resv_free(co, cfx_list_entry(pos, struct coord_resv, link));
+    cfx_list_for_each_safe(pos, tmp, &co->tasks) {
+        cfx_list_del(pos);
+        task_free(cfx_list_entry(pos, struct coord_task, link));
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->tasks_done) {
+        cfx_list_del(pos);
+        task_free(cfx_list_entry(pos, struct coord_task, link));
+    }
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        free(n->worker);
+        n->worker = NULL;
+    }
+}
+
+static struct coord_task *task_find(struct cfx_coord *co, uint64_t id)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->id == id)
+            return t;
+    }
+    cfx_list_for_each(pos, &co->tasks_done) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->id == id)
+            return t;
+    }
+    return NULL;
+}
+
+static void reply_task(struct coord_conn *c, uint64_t req_id, const struct coord_task *t,
+                       int status)
+{
+    struct cfx_msg r = { .type = CFX_MSG_TASK_REPLY, .req_id = req_id };
+    r.u.task_st.task_id = t->id;
+    r.u.task_st.node_id = t->node_id;
+    r.u.task_st.status = status;
+    if (status != CFX_OK && status != CFX_ERR_AGAIN)
+        snprintf(r.u.task_st.text, sizeof(r.u.task_st.text), "%s", t->text);
+    cfx__coord_send(c, &r);
+}
+
+static void retry_queue(struct cfx_coord *co);
+
+/* The task ended with @p status: release its slot, answer its waiters,
+ * remember it for late ones. */
+static void task_end(struct cfx_coord *co, struct coord_task *t, int status, const char *text)
+{
+    struct cfx_list *pos, *tmp;
+
+    if (t->state == COORD_TASK_QUEUED)
+        co->ntasks_queued--;
+    cfx__coord_resv_free(co, t->resv);
+    t->state = COORD_TASK_DONE;
+    t->status = status;
+    t->done_ns = cfx__now_ns();
+    snprintf(t->text, sizeof(t->text), "%s", text ? text : "");
+    if (status == CFX_OK)
+        co->tasks_ok++;
+    else
+        co->tasks_failed++;
+    if (status == CFX_OK)
+        CFX_LOG(DEBUG, CTL, "task %llu ('%s') ended on node %u", (unsigned long long)t->id,
+                t->t.name, t->node_id);
+    else
+        CFX_LOG(INFO, CTL, "task %llu ('%s') failed (%s): %s", (unsigned long long)t->id,
+                t->t.name, cfx_errname(status), t->text);
+    cfx_list_del(&t->link);
+    cfx_list_add_tail(&t->link, &co->tasks_done);
+    co->ntasks_done++;
+    cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
+        struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
+        if (w->task_id != t->id)
+            continue;
+        reply_task(w->conn, w->req_id, t, status);
+        cfx_list_del(&w->link);
+        free(w);
+        co->ntask_waits--;
+    }
+    while (co->ntasks_done > COORD_TASKS_DONE_KEEP) {
+        struct coord_task *old = cfx_list_entry(co->tasks_done.next, struct coord_task, link);
+        cfx_list_del(&old->link);
+        task_free(old);
+        co->ntasks_done--;
+    }
+}
+
+/* Send the task to node @p n with a reservation there. */
+static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_node *n)
+{
+    struct cfx_msg ev = { .type = CFX_MSG_EV_TASK_RUN, .req_id = 0 };
+    uint64_t now = cfx__now_ns();
+
+    t->resv = cfx__coord_resv_take(co, n, &t->t, UINT64_MAX);
+    if (!t->resv)
+        return CFX_ERR_NOMEM;
+    t->resv->task = t;
+    if (t->state == COORD_TASK_QUEUED)
+        co->ntasks_queued--;
+    t->state = COORD_TASK_PLACED;
+    t->node_id = n->rec.node_id;
+    t->placements++;
+    ev.u.task = t->t;
+    ev.u.task.task_id = t->id;
+    ev.u.task.timeout_ms = t->deadline_ns == UINT64_MAX ? CFX_PROTO_TIMEOUT_NONE
+                           : t->deadline_ns > now ? (uint32_t)((t->deadline_ns - now) / 1000000ull) + 1
+                                                  : 1;
+    cfx__coord_send(n->conn, &ev);
+    return CFX_OK;
+}
+
+void cfx__coord_task_reg(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_node *n = c->node;
+    struct coord_worker *w = n->worker;
+
+    if (!w) {
+        w = calloc(1, sizeof(*w));
+        if (!w) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
+                                 co->addr);
+            return;
+        }
+        n->worker = w;
+    }
+    for (uint32_t i = 0; i < w->nfuncs; i++) {
+        if (!strcmp(w->funcs[i], m->u.task_reg.name)) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS, "node %u registered the "
+                                 "function '%s' already", n->rec.node_id, m->u.task_reg.name);
+            return;
+        }
+    }
+    if (w->nfuncs >= COORD_NODE_FUNCS_MAX) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "node %u registered %u "
+                             "functions: the cap on functions per node", n->rec.node_id,
+                             w->nfuncs);
+        return;
+    }
+    snprintf(w->funcs[w->nfuncs++], sizeof(w->funcs[0]), "%s", m->u.task_reg.name);
+    w->cores = m->u.task_reg.cores;
+    w->gpus = m->u.task_reg.gpus;
+    w->memory = m->u.task_reg.memory;
+    CFX_LOG(INFO, CTL, "node %u offers task '%s' (%u cores, %u GPUs, %llu bytes)",
+            n->rec.node_id, m->u.task_reg.name, w->cores, w->gpus,
+            (unsigned long long)w->memory);
+    cfx__coord_reply_ok(c, m->req_id);
+    retry_queue(co);
+}
+
+void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_task *t;
+    struct coord_node *n = NULL;
+    char why[CFX_PROTO_TEXT_MAX - 64];
+    int rc;
+
+    if (!m->u.task.name[0] || !m->u.task.nresults) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "a task needs a function name "
+                             "and at least one result");
+        return;
+    }
+    rc = cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
+    if (rc == CFX_ERR_BUSY && co->ntasks_queued >= co->max_queued_tasks) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "coordinator %s: %u tasks "
+                             "queued, the max_queued_tasks cap (%s)", co->addr,
+                             co->ntasks_queued, why);
+        return;
+    }
+    if (rc != CFX_OK && rc != CFX_ERR_BUSY) {
+        cfx__coord_reply_err(c, m->req_id, rc, "task '%s': %s", m->u.task.name, why);
+        return;
+    }
+    t = calloc(1, sizeof(*t));
+    if (!t || (m->u.task.arg_len && !(t->arg = malloc(m->u.task.arg_len)))) {
+        free(t);
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory for a "
+                             "task", co->addr);
+        return;
+    }
+    t->t = m->u.task;
+    if (t->arg)
+        memcpy(t->arg, m->u.task.arg, m->u.task.arg_len);
+    t->t.arg = t->arg;
+    t->id = ++co->next_task_id;
+    t->submitter = c->node->rec.node_id;
+    t->deadline_ns = m->u.task.timeout_ms == CFX_PROTO_TIMEOUT_NONE
+                         ? UINT64_MAX
+                         : cfx__now_ns() + (uint64_t)m->u.task.timeout_ms * 1000000ull;
+    t->state = COORD_TASK_QUEUED;
+    co->ntasks_queued++;
+    cfx_list_add_tail(&t->link, &co->tasks);
+    if (rc == CFX_OK && task_start(co, t, n) != CFX_OK) {
+        task_end(co, t, CFX_ERR_NOMEM, "coordinator out of memory");
+        reply_task(c, m->req_id, t, CFX_ERR_NOMEM);
+        return;
+    }
+    if (rc == CFX_ERR_BUSY)
+        CFX_LOG(DEBUG, CTL, "task %llu ('%s') queued: %s", (unsigned long long)t->id,
+                t->t.name, why);
+    reply_task(c, m->req_id, t, CFX_OK);
+}
+
+void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_node *n = NULL;
+    char why[CFX_PROTO_TEXT_MAX - 64];
+    uint32_t ms = m->u.task.reserve_ms ? m->u.task.reserve_ms : COORD_PLACE_RESERVE_MS;
+    int rc = cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
+
+    if (rc != CFX_OK) {
+        cfx__coord_reply_err(c, m->req_id, rc, "placement of '%s': %s",
+                             m->u.task.name[0] ? m->u.task.name : "(any)", why);
+        return;
+    }
+    if (!cfx__coord_resv_take(co, n, &m->u.task, cfx__now_ns() + (uint64_t)ms * 1000000ull)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
+                             co->addr);
+        return;
+    }
+    struct cfx_msg r = { .type = CFX_MSG_TASK_REPLY, .req_id = m->req_id };
+    r.u.task_st.node_id = n->rec.node_id;
+    cfx__coord_send(c, &r);
+}
+
+void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_task *t = task_find(co, m->u.task_st.task_id);
+    struct coord_task_wait *w;
+
+    if (!t) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND, "coordinator %s knows no task "
+                             "%llu (ended long ago, or submitted before a restart)", co->addr,
+                             (unsigned long long)m->u.task_st.task_id);
+        return;
+    }
+    if (t->state == COORD_TASK_DONE || m->u.task_st.timeout_ms == 0) {
+        reply_task(c, m->req_id, t, t->state == COORD_TASK_DONE ? t->status : CFX_ERR_AGAIN);
+        return;
+    }
+    if (co->ntask_waits >= co->max_parked) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "coordinator %s: %u task "
+                             "waits parked, the max_parked cap", co->addr, co->ntask_waits);
+        return;
+    }
+    w = calloc(1, sizeof(*w));
+    if (!w) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
+                             co->addr);
+        return;
+    }
+    w->conn = c;
+    w->req_id = m->req_id;
+    w->task_id = t->id;
+    w->deadline_ns = m->u.task_st.timeout_ms == CFX_PROTO_TIMEOUT_NONE
+                         ? UINT64_MAX
+                         : cfx__now_ns() + (uint64_t)m->u.task_st.timeout_ms * 1000000ull;
+    cfx_list_add_tail(&w->link, &co->task_waits);
+    co->ntask_waits++;
+}
+
+void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct coord_task *t = task_find(co, m->u.task_st.task_id);
+    uint32_t node = c->node->rec.node_id;
+
+    /* a task that moved (its node was declared dead, then spoke) or ended
+     * by its deadline: the report comes too late to count */
+    if (!t || t->state != COORD_TASK_PLACED || t->node_id != node) {
+        CFX_LOG(DEBUG, CTL, "node %u reports task %llu, which it does not hold (now)", node,
+                (unsigned long long)m->u.task_st.task_id);
+        return;
+    }
+    task_end(co, t, m->u.task_st.status, m->u.task_st.text);
+    retry_queue(co);
+}
+
+/* Place the queued tasks that fit now, oldest first. */
+static void retry_queue(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+    char why[CFX_PROTO_TEXT_MAX - 64];
+
+    if (!co->ntasks_queued)
+        return;
+    cfx_list_for_each_safe(pos, tmp, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        struct coord_node *n = NULL;
+        if (t->state != COORD_TASK_QUEUED)
+            continue;
+        int rc = cfx__coord_place(co, &t->t, 0, &n, why, sizeof(why));
+        if (rc == CFX_OK)
+            rc = task_start(co, t, n);
+        if (rc != CFX_OK && rc != CFX_ERR_BUSY)
+            task_end(co, t, rc, why);
+    }
+}
+
+void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
+{
+    struct cfx_list *pos, *tmp;
+    int freed = 0;
+    char text[CFX_PROTO_TEXT_MAX];
+
+    cfx_list_for_each_safe(pos, tmp, &co->resvs) {
+        struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
+        if (!r->task && r->expires_ns <= now) {
+            cfx__coord_resv_free(co, r);
+            freed = 1;
+        }
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->deadline_ns > now)
+            continue;
+        if (t->state == COORD_TASK_QUEUED)
+            snprintf(text, sizeof(text), "task %llu ('%s') found no free node before its "
+                     "deadline (%u ms)", (unsigned long long)t->id, t->t.name,
+                     t->t.timeout_ms);
+        else
+            snprintf(text, sizeof(text), "task %llu ('%s') did not end on node %u before its "
+                     "deadline (%u ms)", (unsigned long long)t->id, t->t.name, t->node_id,
+                     t->t.timeout_ms);
+        task_end(co, t, CFX_ERR_TIMEOUT, text);
+        freed = 1;
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
+        struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
+        struct coord_task *t = task_find(co, w->task_id);
+        if (w->deadline_ns > now || !t)
+            continue;
+        reply_task(w->conn, w->req_id, t, CFX_ERR_AGAIN);
+        cfx_list_del(&w->link);
+        free(w);
+        co->ntask_waits--;
+    }
+    while (co->ntasks_done) {
+        struct coord_task *old = cfx_list_entry(co->tasks_done.next, struct coord_task, link);
+        if (now - old->done_ns < (uint64_t)COORD_TASK_DONE_KEEP_MS * 1000000ull)
+            break;
+        cfx_list_del(&old->link);
+        task_free(old);
+        co->ntasks_done--;
+    }
+    if (freed)
+        retry_queue(co);
+}
+
+/* Which input of @p t no live node but @p dead holds completely (NULL: none). */
+static const struct cfx_object_id *input_lost(struct cfx_coord *co, const struct coord_task *t,
+                                              uint32_t dead)
+{
+    for (unsigned i = 0; i < t->t.ninputs; i++)
+        if (!cfx__coord_dir_held_elsewhere(co, &t->t.inputs[i], dead))
+            return &t->t.inputs[i];
+    return NULL;
+}
+
+void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
+{
+    struct cfx_list *pos, *tmp;
+    uint32_t dead = n->rec.node_id;
+    char why[256], text[CFX_PROTO_TEXT_MAX];
+
+    if (!n->worker)
+        return;
+    cfx_list_for_each_safe(pos, tmp, &co->resvs) {
+        struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
+        if (r->node_id == dead && !r->task)
+            cfx__coord_resv_free(co, r);
+    }
+    cfx_list_for_each_safe(pos, tmp, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        struct coord_node *to = NULL;
+        const struct cfx_object_id *lost;
+        if (t->state != COORD_TASK_PLACED || t->node_id != dead)
+            continue;
+        cfx__coord_resv_free(co, t->resv);
+        lost = input_lost(co, t, dead);
+        if (lost) {
+            char hex[CFX_OBJECT_ID_HEX_LEN];
+            cfx_object_id_to_hex(lost, hex);
+            snprintf(text, sizeof(text), "task %llu ('%s'): node %u died while it ran there, "
+                     "and its input %s is held by no other live node", (unsigned long long)t->id,
+                     t->t.name, dead, hex);
+            task_end(co, t, CFX_ERR_PEER_FAILED, text);
+            continue;
+        }
+        t->state = COORD_TASK_QUEUED;
+        co->ntasks_queued++;
+        t->node_id = 0;
+        int rc = cfx__coord_place(co, &t->t, dead, &to, why, sizeof(why));
+        if (rc == CFX_OK)
+            rc = task_start(co, t, to);
+        if (rc == CFX_OK) {
+            CFX_LOG(INFO, CTL, "task %llu ('%s') placed again on node %u: node %u died while "
+                    "it ran there", (unsigned long long)t->id, t->t.name, to->rec.node_id, dead);
+        } else if (rc != CFX_ERR_BUSY) {
+            snprintf(text, sizeof(text), "task %llu ('%s'): node %u died while it ran there, "
+                     "and it cannot be placed again: %s", (unsigned long long)t->id, t->t.name,
+                     dead, why);
+            task_end(co, t, CFX_ERR_PEER_FAILED, text);
+        }
+    }
+    free(n->worker);
+    n->worker = NULL;
+    retry_queue(co);
+}
+
+void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
+        struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
+        if (w->conn == c) {
+            cfx_list_del(&w->link);
+            free(w);
+            co->ntask_waits--;
+        }
+    }
+}

@@ -1,0 +1,171 @@
+/* Control-plane wire format of tasks and of the heartbeat's load report. */
+#include "control/proto.h"
+#include "control/proto_io.h"
+
+/* A task's body: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN.
+ *   u64 task id, name[64], u32 timeout_ms, u32 cores, u32 gpus, u64 memory,
+ *   u8 flags, u32 reserve_ms, group[32], u8 nnodes + u32 each,
+ *   u8 ninputs + ids, u8 nresults + ids, u16 arg_len + bytes */
+static int wr_task(struct wr *w, const struct cfx_msg_task *t)
+{
+    if (t->nnodes > CFX_TASK_NODES_MAX || t->ninputs > CFX_TASK_IO_MAX ||
+        t->nresults > CFX_TASK_IO_MAX || t->arg_len > CFX_TASK_ARG_MAX ||
+        (t->arg_len && !t->arg) || (t->flags & ~CFX_PROTO_TASK_PACK))
+        return cfx__err(CFX_ERR_INVALID, "task frame with %u nodes, %u inputs, %u results, "
+                        "%u argument bytes, flags 0x%x", t->nnodes, t->ninputs, t->nresults,
+                        t->arg_len, t->flags);
+    wr_u64(w, t->task_id);
+    wr_str(w, t->name, sizeof(t->name));
+    wr_u32(w, t->timeout_ms);
+    wr_u32(w, t->cores);
+    wr_u32(w, t->gpus);
+    wr_u64(w, t->memory);
+    wr_u8(w, t->flags);
+    wr_u32(w, t->reserve_ms);
+    wr_str(w, t->group, sizeof(t->group));
+    wr_u8(w, t->nnodes);
+    for (unsigned i = 0; i < t->nnodes; i++)
+        wr_u32(w, t->nodes[i]);
+    wr_u8(w, t->ninputs);
+    for (unsigned i = 0; i < t->ninputs; i++)
+        wr_bytes(w, t->inputs[i].bytes, CFX_OBJECT_ID_LEN);
+    wr_u8(w, t->nresults);
+    for (unsigned i = 0; i < t->nresults; i++)
+        wr_bytes(w, t->results[i].bytes, CFX_OBJECT_ID_LEN);
+    wr_u16(w, t->arg_len);
+    wr_bytes(w, t->arg, t->arg_len);
+    return CFX_OK;
+}
+
+static void rd_task(struct rd *r, struct cfx_msg_task *t)
+{
+    t->task_id = rd_u64(r, "task id");
+    rd_str(r, t->name, sizeof(t->name), "function name");
+    t->timeout_ms = rd_u32(r, "timeout");
+    t->cores = rd_u32(r, "cores");
+    t->gpus = rd_u32(r, "gpus");
+    t->memory = rd_u64(r, "memory");
+    t->flags = rd_u8(r, "flags");
+    if (t->flags & ~CFX_PROTO_TASK_PACK)
+        rd_fail(r, CFX_ERR_PROTO, "unknown task flags");
+    t->reserve_ms = rd_u32(r, "reserve");
+    rd_str(r, t->group, sizeof(t->group), "group");
+    t->nnodes = rd_u8(r, "node count");
+    if (t->nnodes > CFX_TASK_NODES_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "node count");
+    for (unsigned i = 0; i < t->nnodes && r->status == CFX_OK; i++)
+        t->nodes[i] = rd_u32(r, "node");
+    t->ninputs = rd_u8(r, "input count");
+    if (t->ninputs > CFX_TASK_IO_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "input count");
+    for (unsigned i = 0; i < t->ninputs && r->status == CFX_OK; i++)
+        rd_bytes(r, t->inputs[i].bytes, CFX_OBJECT_ID_LEN, "input");
+    t->nresults = rd_u8(r, "result count");
+    if (t->nresults > CFX_TASK_IO_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "result count");
+    for (unsigned i = 0; i < t->nresults && r->status == CFX_OK; i++)
+        rd_bytes(r, t->results[i].bytes, CFX_OBJECT_ID_LEN, "result");
+    t->arg_len = rd_u16(r, "argument length");
+    if (t->arg_len > CFX_TASK_ARG_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "argument length");
+    t->arg = t->arg_len ? rd_take(r, t->arg_len, "argument") : NULL;
+    if (r->status != CFX_OK) {
+        t->nnodes = t->ninputs = t->nresults = 0;
+        t->arg_len = 0;
+        t->arg = NULL;
+    }
+}
+
+int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
+{
+    switch (m->type) {
+    case CFX_MSG_HEARTBEAT:
+        wr_u32(w, m->u.load.load_milli);
+        wr_u64(w, m->u.load.mem_avail);
+        wr_u64(w, m->u.load.arena_used);
+        wr_u32(w, m->u.load.tasks_running);
+        return CFX_OK;
+    case CFX_MSG_TASK_REG:
+        if (!m->u.task_reg.name[0])
+            return cfx__err(CFX_ERR_INVALID, "TASK_REG without a function name");
+        wr_str(w, m->u.task_reg.name, sizeof(m->u.task_reg.name));
+        wr_u32(w, m->u.task_reg.cores);
+        wr_u32(w, m->u.task_reg.gpus);
+        wr_u64(w, m->u.task_reg.memory);
+        return CFX_OK;
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_EV_TASK_RUN:
+        return wr_task(w, &m->u.task);
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_TASK_DONE: {
+        const struct cfx_msg_task_st *st = &m->u.task_st;
+        size_t n = strnlen(st->text, CFX_PROTO_TEXT_MAX - 1);
+        if (st->status > 0 || st->status <= CFX_STATUS_LAST)
+            return cfx__err(CFX_ERR_INVALID, "%s frame with status %d",
+                            cfx__msg_type_name(m->type), st->status);
+        wr_u64(w, st->task_id);
+        wr_u32(w, st->node_id);
+        wr_u32(w, (uint32_t)st->status);
+        wr_u32(w, st->timeout_ms);
+        wr_u16(w, (uint16_t)n);
+        wr_bytes(w, st->text, n);
+        return CFX_OK;
+    }
+    default:
+        return cfx__err(CFX_ERR_INVALID, "cannot encode message type %u", m->type);
+    }
+}
+
+void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
+{
+    switch (m->type) {
+    case CFX_MSG_HEARTBEAT:
+        m->u.load.load_milli = rd_u32(r, "load");
+        m->u.load.mem_avail = rd_u64(r, "available memory");
+        m->u.load.arena_used = rd_u64(r, "arena in use");
+        m->u.load.tasks_running = rd_u32(r, "tasks running");
+        break;
+    case CFX_MSG_TASK_REG:
+        rd_str(r, m->u.task_reg.name, sizeof(m->u.task_reg.name), "function name");
+        if (r->status == CFX_OK && !m->u.task_reg.name[0])
+            rd_fail(r, CFX_ERR_PROTO, "empty function name");
+        m->u.task_reg.cores = rd_u32(r, "cores");
+        m->u.task_reg.gpus = rd_u32(r, "gpus");
+        m->u.task_reg.memory = rd_u64(r, "memory");
+        break;
+    case CFX_MSG_TASK_SUBMIT:
+    case CFX_MSG_TASK_PLACE:
+    case CFX_MSG_EV_TASK_RUN:
+        rd_task(r, &m->u.task);
+        break;
+    case CFX_MSG_TASK_REPLY:
+    case CFX_MSG_TASK_WAIT:
+    case CFX_MSG_TASK_DONE: {
+        struct cfx_msg_task_st *st = &m->u.task_st;
+        st->task_id = rd_u64(r, "task id");
+        st->node_id = rd_u32(r, "node id");
+        st->status = (int32_t)rd_u32(r, "status");
+        if (r->status == CFX_OK && (st->status > 0 || st->status <= CFX_STATUS_LAST))
+            rd_fail(r, CFX_ERR_PROTO, "status");
+        st->timeout_ms = rd_u32(r, "timeout");
+        uint16_t n = rd_u16(r, "text length");
+        if (n >= CFX_PROTO_TEXT_MAX)
+            rd_fail(r, CFX_ERR_TOO_BIG, "text length");
+        const uint8_t *q = rd_take(r, n, "text");
+        if (q && memchr(q, 0, n))
+            rd_fail(r, CFX_ERR_PROTO, "NUL inside the text");
+        if (q && r->status == CFX_OK) {
+            memcpy(st->text, q, n);
+            st->text[n] = '\0';
+        } else {
+            st->text[0] = '\0';
+        }
+        break;
+    }
+    default:
+        rd_fail(r, CFX_ERR_PROTO, "unknown type");
+        break;
+    }
+}

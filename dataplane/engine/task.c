@@ -1,0 +1,637 @@
+/*
+ * Tasks on the node side (include/conflux/task.h): the functions this
+ * context offers, the task runner threads that run what the coordinator
+ * places here, and the calls that submit, wait for and place tasks.
+ *
+ * Threads: the coordinator client's thread hands each EV_TASK_RUN to
+ * cfx__task_on_run(), which only queues a copy (it must not wait for a
+ * reply); $CFX_TASK_THREADS runner threads (default 4, started by the first
+ * cfx_task_register()) take the queue in order, run the function, check
+ * that its results are here, and report TASK_DONE.  After a coordinator
+ * restart a runner registers the functions again.  rt->mu protects the
+ * function table, the queue and the flags.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <conflux/task.h>
+
+#include "control/proto.h"
+#include "dataplane/engine/engine.h"
+
+#define TASK_THREADS_DEFAULT 4
+#define TASK_THREADS_MAX     64
+#define TASK_REQ_MS          10000 /* a registration, a submit, a placement query */
+
+struct task_fn_ent {
+    char name[CFX_TASK_NAME_MAX + 1];
+    cfx_task_fn fn;
+    void *arg;
+};
+
+struct task_job {
+    struct cfx_list link;       /* rt->jobs */
+    struct cfx_msg_task t;      /* as sent (t.arg points to arg) */
+    uint64_t deadline_ns;
+    uint8_t arg[];
+};
+
+struct cfx_task_rt {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;        /* jobs queued, rereg, stop */
+    struct task_fn_ent fns[CFX_TASK_FNS_MAX];
+    unsigned nfns;
+    struct cfx_list jobs;       /* struct task_job, oldest first */
+    pthread_t threads[TASK_THREADS_MAX];
+    unsigned nthreads;
+    bool stop;
+    bool rereg;                 /* register the functions again (coordinator restarted) */
+    uint32_t running;           /* tasks being run (atomic: heartbeats read it) */
+    uint32_t cores;             /* what this node offers (CFX_TASK_CORES, ...) */
+    uint32_t gpus;
+    uint64_t memory;
+};
+
+struct cfx_task {
+    struct cfx_context *ctx;
+    uint64_t id;
+    uint32_t node;
+};
+
+/* ---- setup ------------------------------------------------------------------ */
+
+int cfx__task_init(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = calloc(1, sizeof(*rt));
+    struct sysinfo si;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (!rt)
+        return cfx__err(CFX_ERR_NOMEM, "no memory for the task runner");
+    pthread_mutex_init(&rt->mu, NULL);
+    pthread_cond_init(&rt->cond, NULL);
+    cfx_list_init(&rt->jobs);
+    rt->cores = (uint32_t)cfx__env_ll("CFX_TASK_CORES", ncpu > 0 ? ncpu : 1);
+    rt->gpus = (uint32_t)cfx__env_ll("CFX_TASK_GPUS", 0);
+    rt->memory = cfx__env_size("CFX_TASK_MEMORY",
+                               sysinfo(&si) == 0 ? (size_t)si.totalram * si.mem_unit : 0);
+    ctx->tasks = rt;
+    return CFX_OK;
+}
+
+void cfx__task_stop(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    if (!rt)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    rt->stop = true;
+    pthread_cond_broadcast(&rt->cond);
+    pthread_mutex_unlock(&rt->mu);
+    for (unsigned i = 0; i < rt->nthreads; i++)
+        pthread_join(rt->threads[i], NULL);
+    rt->nthreads = 0;
+}
+
+void cfx__task_fini(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    if (!rt)
+        return;
+    cfx__task_stop(ctx);
+    while (!cfx_list_empty(&rt->jobs)) {
+        struct task_job *j = cfx_list_entry(rt->jobs.next, struct task_job, link);
+        cfx_list_del(&j->link);
+        free(j);
+    }
+    pthread_cond_destroy(&rt->cond);
+    pthread_mutex_destroy(&rt->mu);
+    free(rt);
+    ctx->tasks = NULL;
+}
+
+/* ---- client thread ------------------------------------------------------------ */
+
+void cfx__task_on_run(void *arg, const struct cfx_msg_task *t)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_task_rt *rt = ctx->tasks;
+    struct task_job *j = malloc(sizeof(*j) + t->arg_len);
+
+    if (!j) {
+        CFX_LOG(ERR, CTL, "node %u: no memory to queue task %llu ('%s'); its deadline will "
+                "fail it", ctx->node_id, (unsigned long long)t->task_id, t->name);
+        return;
+    }
+    j->t = *t;
+    if (t->arg_len)
+        memcpy(j->arg, t->arg, t->arg_len);
+    j->t.arg = j->arg;
+    j->deadline_ns = t->timeout_ms == CFX_PROTO_TIMEOUT_NONE
+                         ? UINT64_MAX
+                         : cfx__now_ns() + (uint64_t)t->timeout_ms * 1000000ull;
+    pthread_mutex_lock(&rt->mu);
+    if (rt->stop) {
+        pthread_mutex_unlock(&rt->mu);
+        free(j);
+        return;
+    }
+    cfx_list_add_tail(&j->link, &rt->jobs);
+    pthread_cond_signal(&rt->cond);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+void cfx__task_load_fill(void *arg, struct cfx_msg_load *out)
+{
+    struct cfx_context *ctx = arg;
+    struct sysinfo si;
+    double avg;
+
+    memset(out, 0, sizeof(*out));
+    if (getloadavg(&avg, 1) == 1 && avg >= 0)
+        out->load_milli = (uint32_t)(avg * 1000.0);
+    if (sysinfo(&si) == 0)
+        out->mem_avail = (uint64_t)si.freeram * si.mem_unit;
+    out->arena_used = __atomic_load_n(&ctx->arena.used_bytes, __ATOMIC_RELAXED);
+    if (ctx->tasks)
+        out->tasks_running = __atomic_load_n(&ctx->tasks->running, __ATOMIC_RELAXED);
+}
+
+void cfx__task_on_reconnected(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    pthread_mutex_lock(&rt->mu);
+    if (rt->nfns) {
+        rt->rereg = true;
+        pthread_cond_signal(&rt->cond);
+    }
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* ---- runners ------------------------------------------------------------------ */
+
+static int send_reg(struct cfx_context *ctx, const char *name)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    struct cfx_msg m = { .type = CFX_MSG_TASK_REG };
+    char what[96];
+
+    snprintf(m.u.task_reg.name, sizeof(m.u.task_reg.name), "%s", name);
+    m.u.task_reg.cores = rt->cores;
+    m.u.task_reg.gpus = rt->gpus;
+    m.u.task_reg.memory = rt->memory;
+    snprintf(what, sizeof(what), "registration of task '%s'", name);
+    return cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what, CFX_MSG_OK,
+                            NULL, NULL);
+}
+
+/* A runner: register again after a restart. */
+static void rereg_all(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    char names[CFX_TASK_FNS_MAX][CFX_TASK_NAME_MAX + 1];
+    unsigned n;
+
+    pthread_mutex_lock(&rt->mu);
+    n = rt->nfns;
+    for (unsigned i = 0; i < n; i++)
+        memcpy(names[i], rt->fns[i].name, sizeof(names[i]));
+    pthread_mutex_unlock(&rt->mu);
+    for (unsigned i = 0; i < n; i++) {
+        int rc = send_reg(ctx, names[i]);
+        if (rc != CFX_OK && rc != CFX_ERR_EXISTS)
+            CFX_LOG(WARN, CTL, "node %u: cannot register task '%s' again: %s", ctx->node_id,
+                    names[i], cfx_last_error());
+    }
+}
+
+/* Every result of the task is held here (put by it). */
+static int results_here(struct cfx_context *ctx, const struct cfx_msg_task *t, unsigned *missing)
+{
+    int ok = 1;
+    pthread_mutex_lock(&ctx->lock);
+    for (unsigned i = 0; i < t->nresults && ok; i++) {
+        struct cfx_obj *o = cfx__store_find(&ctx->store, &t->results[i]);
+        if (!o || !o->complete || !o->owned) {
+            *missing = i;
+            ok = 0;
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return ok;
+}
+
+static void run_job(struct cfx_context *ctx, struct task_job *j)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    struct cfx_msg done = { .type = CFX_MSG_TASK_DONE };
+    struct task_fn_ent ent = { .fn = NULL };
+    unsigned missing = 0;
+    int rc;
+
+    pthread_mutex_lock(&rt->mu);
+    for (unsigned i = 0; i < rt->nfns; i++)
+        if (!strcmp(rt->fns[i].name, j->t.name))
+            ent = rt->fns[i];
+    pthread_mutex_unlock(&rt->mu);
+
+    cfx__err_clear();
+    if (!ent.fn) {
+        rc = cfx__err(CFX_ERR_NOT_FOUND, "node %u offers no function '%s'", ctx->node_id,
+                      j->t.name);
+    } else {
+        struct cfx_task_call call = {
+            .ctx = ctx,
+            .task_id = j->t.task_id,
+            .name = j->t.name,
+            .inputs = j->t.inputs,
+            .n_inputs = j->t.ninputs,
+            .results = j->t.results,
+            .n_results = j->t.nresults,
+            .arg = j->t.arg_len ? j->arg : NULL,
+            .arg_len = j->t.arg_len,
+            .timeout_ms = cfx__ms_left(j->deadline_ns),
+        };
+        CFX_LOG(DEBUG, CTL, "node %u: running task %llu ('%s')", ctx->node_id,
+                (unsigned long long)j->t.task_id, j->t.name);
+        rc = ent.fn(&call, ent.arg);
+        if (rc > 0)
+            rc = cfx__err(CFX_ERR_INVALID, "task function '%s' returned %d, not a status",
+                          j->t.name, rc);
+        if (rc == CFX_OK && !results_here(ctx, &j->t, &missing)) {
+            char hex[CFX_OBJECT_ID_HEX_LEN];
+            cfx_object_id_to_hex(&j->t.results[missing], hex);
+            rc = cfx__err(CFX_ERR_INVALID, "task function '%s' returned CFX_OK without "
+                          "putting its result %u (%s)", j->t.name, missing, hex);
+        }
+    }
+    pthread_mutex_lock(&ctx->lock);
+    bool closing = cfx__ctx_closing(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    if (closing) {
+        /* the node leaves: the coordinator places its tasks again */
+        CFX_LOG(INFO, CTL, "node %u: task %llu ('%s') cut short: the context is being "
+                "destroyed", ctx->node_id, (unsigned long long)j->t.task_id, j->t.name);
+        return;
+    }
+    done.u.task_st.task_id = j->t.task_id;
+    done.u.task_st.node_id = ctx->node_id;
+    done.u.task_st.status = rc;
+    if (rc != CFX_OK)
+        snprintf(done.u.task_st.text, sizeof(done.u.task_st.text), "task %llu ('%s') on node "
+                 "%u: %s", (unsigned long long)j->t.task_id, j->t.name, ctx->node_id,
+                 cfx_last_error());
+    if (cfx__ctl_send_nowait(ctx->ctl, &done, "task end") != CFX_OK)
+        CFX_LOG(WARN, CTL, "node %u: cannot report the end of task %llu: %s", ctx->node_id,
+                (unsigned long long)j->t.task_id, cfx_last_error());
+}
+
+static void *runner(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_task_rt *rt = ctx->tasks;
+
+    pthread_mutex_lock(&rt->mu);
+    while (!rt->stop) {
+        if (rt->rereg) {
+            rt->rereg = false;
+            pthread_mutex_unlock(&rt->mu);
+            rereg_all(ctx);
+            pthread_mutex_lock(&rt->mu);
+            continue;
+        }
+        if (cfx_list_empty(&rt->jobs)) {
+            pthread_cond_wait(&rt->cond, &rt->mu);
+            continue;
+        }
+        struct task_job *j = cfx_list_entry(rt->jobs.next, struct task_job, link);
+        cfx_list_del(&j->link);
+        __atomic_add_fetch(&rt->running, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&rt->mu);
+        run_job(ctx, j);
+        free(j);
+        pthread_mutex_lock(&rt->mu);
+        __atomic_sub_fetch(&rt->running, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}
+
+/* rt->mu held: start the runners once. */
+static int start_runners(struct cfx_context *ctx)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    long long want = cfx__env_ll("CFX_TASK_THREADS", TASK_THREADS_DEFAULT);
+
+    if (rt->nthreads)
+        return CFX_OK;
+    if (want < 1 || want > TASK_THREADS_MAX)
+        return cfx__err(CFX_ERR_INVALID, "CFX_TASK_THREADS=%lld is not in 1..%d", want,
+                        TASK_THREADS_MAX);
+    for (long long i = 0; i < want; i++) {
+        int e = pthread_create(&rt->threads[rt->nthreads], NULL, runner, ctx);
+        if (e) {
+            if (rt->nthreads)
+                break; /* fewer runners still run tasks */
+            return cfx__err(CFX_ERR_NO_RESOURCE, "node %u: cannot start a task runner: %s",
+                            ctx->node_id, strerror(e));
+        }
+        rt->nthreads++;
+    }
+    return CFX_OK;
+}
+
+/* ---- API ---------------------------------------------------------------------- */
+
+static int name_check(const char *name, const char *what)
+{
+    if (!name || !*name || strlen(name) > CFX_TASK_NAME_MAX)
+        return cfx__err(CFX_ERR_INVALID, "%s: the function name must be 1..%d bytes", what,
+                        CFX_TASK_NAME_MAX);
+    if (!strncmp(name, CFX_TASK_RESERVED, strlen(CFX_TASK_RESERVED)))
+        return cfx__err(CFX_ERR_INVALID, "%s: names starting with '%s' are the library's "
+                        "('%s')", what, CFX_TASK_RESERVED, name);
+    return CFX_OK;
+}
+
+/* Add @p name to the table (fn NULL: offered for placement only, never run
+ * here) and register it with the coordinator.  @p quiet_exists: a second
+ * offer of the name is CFX_OK. */
+static int task_add(struct cfx_context *ctx, const char *name, cfx_task_fn fn, void *arg,
+                    bool quiet_exists)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    int rc;
+
+    pthread_mutex_lock(&rt->mu);
+    for (unsigned i = 0; i < rt->nfns; i++) {
+        if (!strcmp(rt->fns[i].name, name)) {
+            pthread_mutex_unlock(&rt->mu);
+            return quiet_exists ? CFX_OK
+                                : cfx__err(CFX_ERR_EXISTS, "node %u registered the function "
+                                           "'%s' already", ctx->node_id, name);
+        }
+    }
+    if (rt->nfns >= CFX_TASK_FNS_MAX) {
+        pthread_mutex_unlock(&rt->mu);
+        return cfx__err(CFX_ERR_NO_RESOURCE, "node %u registered %d functions, the most one "
+                        "context may", ctx->node_id, CFX_TASK_FNS_MAX);
+    }
+    /* runners also register the functions again after a coordinator restart */
+    rc = start_runners(ctx);
+    if (rc != CFX_OK) {
+        pthread_mutex_unlock(&rt->mu);
+        return rc;
+    }
+    struct task_fn_ent *e = &rt->fns[rt->nfns++];
+    snprintf(e->name, sizeof(e->name), "%s", name);
+    e->fn = fn;
+    e->arg = arg;
+    pthread_mutex_unlock(&rt->mu);
+
+    /* the table has it first: a task placed here at once finds it */
+    rc = send_reg(ctx, name);
+    if (rc != CFX_OK) {
+        pthread_mutex_lock(&rt->mu);
+        for (unsigned i = 0; i < rt->nfns; i++) {
+            if (!strcmp(rt->fns[i].name, name)) {
+                rt->fns[i] = rt->fns[--rt->nfns];
+                break;
+            }
+        }
+        pthread_mutex_unlock(&rt->mu);
+    }
+    return rc;
+}
+
+int cfx__task_offer(struct cfx_context *ctx, const char *name)
+{
+    return task_add(ctx, name, NULL, NULL, true);
+}
+
+int cfx_task_register(struct cfx_context *ctx, const char *name, cfx_task_fn fn, void *arg)
+{
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !fn)
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_register: NULL %s", !ctx ? "context" : "fn");
+    rc = name_check(name, "cfx_task_register");
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__ctx_enter(ctx, "cfx_task_register");
+    if (rc != CFX_OK)
+        return rc;
+    return cfx__ctx_leave(ctx, task_add(ctx, name, fn, arg, false));
+}
+
+/* The wire form of a task from the API's arguments. */
+static int task_msg(const char *what, const char *name, const struct cfx_object_id *inputs,
+                    size_t n_inputs, const struct cfx_object_id *results, size_t n_results,
+                    const struct cfx_task_needs *needs, struct cfx_msg_task *t)
+{
+    uint64_t f = needs ? needs->field_mask : 0;
+
+    if (n_inputs > CFX_TASK_IO_MAX || n_results > CFX_TASK_IO_MAX ||
+        (n_inputs && !inputs) || (n_results && !results))
+        return cfx__err(CFX_ERR_INVALID, "%s: %zu inputs and %zu results (at most %d each)",
+                        what, n_inputs, n_results, CFX_TASK_IO_MAX);
+    snprintf(t->name, sizeof(t->name), "%s", name ? name : "");
+    t->cores = (f & CFX_TASK_NEEDS_CORES) ? needs->cores : 1;
+    t->memory = (f & CFX_TASK_NEEDS_MEMORY) ? needs->memory : 0;
+    t->gpus = (f & CFX_TASK_NEEDS_GPUS) ? needs->gpus : 0;
+    if (f & CFX_TASK_NEEDS_NODES) {
+        if (needs->n_nodes > CFX_TASK_NODES_MAX || (needs->n_nodes && !needs->nodes))
+            return cfx__err(CFX_ERR_INVALID, "%s: a node set of %zu nodes (at most %d)", what,
+                            needs->n_nodes, CFX_TASK_NODES_MAX);
+        t->nnodes = (uint8_t)needs->n_nodes;
+        for (size_t i = 0; i < needs->n_nodes; i++)
+            t->nodes[i] = needs->nodes[i];
+    }
+    if ((f & CFX_TASK_NEEDS_POLICY) && needs->policy == CFX_TASK_PACK)
+        t->flags |= CFX_PROTO_TASK_PACK;
+    else if ((f & CFX_TASK_NEEDS_POLICY) && needs->policy != CFX_TASK_SPREAD)
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown policy %d", what, (int)needs->policy);
+    if ((f & CFX_TASK_NEEDS_GROUP) && needs->group) {
+        if (strlen(needs->group) > CFX_TASK_GROUP_MAX)
+            return cfx__err(CFX_ERR_INVALID, "%s: group name over %d bytes", what,
+                            CFX_TASK_GROUP_MAX);
+        snprintf(t->group, sizeof(t->group), "%s", needs->group);
+    }
+    if (f & CFX_TASK_NEEDS_RESERVE)
+        t->reserve_ms = needs->reserve_ms > 0 ? (uint32_t)needs->reserve_ms : 1;
+    t->ninputs = (uint8_t)n_inputs;
+    for (size_t i = 0; i < n_inputs; i++)
+        t->inputs[i] = inputs[i];
+    t->nresults = (uint8_t)n_results;
+    for (size_t i = 0; i < n_results; i++)
+        t->results[i] = results[i];
+    return CFX_OK;
+}
+
+int cfx_task_submit(struct cfx_context *ctx, const char *name,
+                            const struct cfx_object_id *inputs, size_t n_inputs,
+                            const struct cfx_object_id *results, size_t n_results,
+                            const struct cfx_task_needs *needs,
+                            const struct cfx_task_params *params, struct cfx_task **out)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_SUBMIT }, reply;
+    void *frame = NULL;
+    char what[96];
+    int rc;
+
+    cfx__err_clear();
+    if (out)
+        *out = NULL;
+    if (!ctx)
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: NULL context");
+    rc = name_check(name, "cfx_task_submit");
+    if (rc != CFX_OK)
+        return rc;
+    if (!n_results)
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: a task puts at least one result");
+    rc = task_msg("cfx_task_submit", name, inputs, n_inputs, results, n_results, needs, &m.u.task);
+    if (rc != CFX_OK)
+        return rc;
+    int timeout_ms = params && (params->field_mask & CFX_TASK_PARAM_TIMEOUT)
+                         ? params->timeout_ms : ctx->cfg.timeout_ms;
+    m.u.task.timeout_ms = timeout_ms < 0 ? CFX_PROTO_TIMEOUT_NONE : (uint32_t)timeout_ms;
+    if (params && (params->field_mask & CFX_TASK_PARAM_ARG) && params->arg_len) {
+        if (params->arg_len > CFX_TASK_ARG_MAX || !params->arg)
+            return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: argument of %zu bytes (at most "
+                            "%d)", params->arg_len, CFX_TASK_ARG_MAX);
+        m.u.task.arg = params->arg;
+        m.u.task.arg_len = (uint16_t)params->arg_len;
+    }
+    struct cfx_task *task = out ? calloc(1, sizeof(*task)) : NULL;
+    if (out && !task)
+        return cfx__err(CFX_ERR_NOMEM, "cfx_task_submit: no memory");
+    rc = cfx__ctx_enter(ctx, "cfx_task_submit");
+    if (rc != CFX_OK) {
+        free(task);
+        return rc;
+    }
+    snprintf(what, sizeof(what), "submission of task '%s'", name);
+    rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what,
+                          CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK && task) {
+        task->ctx = ctx;
+        task->id = reply.u.task_st.task_id;
+        task->node = reply.u.task_st.node_id;
+        *out = task;
+        task = NULL;
+    }
+    free(frame);
+    free(task);
+    return cfx__ctx_leave(ctx, rc);
+}
+
+int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_WAIT }, reply;
+    void *frame = NULL;
+    char what[64];
+    int rc;
+
+    cfx__err_clear();
+    if (!task)
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_wait: NULL task");
+    m.u.task_st.task_id = task->id;
+    m.u.task_st.timeout_ms = timeout_ms < 0 ? CFX_PROTO_TIMEOUT_NONE : (uint32_t)timeout_ms;
+    rc = cfx__ctx_enter(task->ctx, "cfx_task_wait");
+    if (rc != CFX_OK)
+        return rc;
+    snprintf(what, sizeof(what), "wait for task %llu", (unsigned long long)task->id);
+    /* the coordinator answers by the timeout; the margin covers the round trip */
+    rc = cfx__ctl_request(task->ctx->ctl, &m,
+                          timeout_ms < 0 ? UINT64_MAX
+                                         : cfx__now_ns() + ((uint64_t)timeout_ms + TASK_REQ_MS) *
+                                                               1000000ull,
+                          what, CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK) {
+        if (node_out)
+            *node_out = reply.u.task_st.node_id;
+        task->node = reply.u.task_st.node_id ? reply.u.task_st.node_id : task->node;
+        rc = reply.u.task_st.status;
+        if (rc == CFX_ERR_AGAIN)
+            cfx__err(rc, "task %llu has not ended after %d ms", (unsigned long long)task->id,
+                     timeout_ms);
+        else if (rc != CFX_OK)
+            cfx__err(rc, "%s", reply.u.task_st.text);
+    }
+    free(frame);
+    /* not through cfx__ctx_leave's rewrite of the status: a task's own
+     * failure is the answer, not this call's */
+    int left = cfx__ctx_leave(task->ctx, CFX_OK);
+    return rc != CFX_OK ? rc : left;
+}
+
+uint64_t cfx_task_id(const struct cfx_task *task)
+{
+    return task ? task->id : 0;
+}
+
+uint32_t cfx_task_node(const struct cfx_task *task)
+{
+    return task ? task->node : 0;
+}
+
+void cfx_task_free(struct cfx_task *task)
+{
+    free(task);
+}
+
+int cfx_place(struct cfx_context *ctx, const char *name,
+                      const struct cfx_task_needs *needs, const struct cfx_object_id *inputs,
+                      size_t n_inputs, uint32_t *out_node)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_PLACE }, reply;
+    void *frame = NULL;
+    int rc;
+
+    cfx__err_clear();
+    if (!ctx || !out_node)
+        return cfx__err(CFX_ERR_INVALID, "cfx_place: NULL %s", !ctx ? "context" : "out_node");
+    /* a query may name the library's own offers (cfx_ps_add_server_auto) */
+    if (name && (!*name || strlen(name) > CFX_TASK_NAME_MAX))
+        return cfx__err(CFX_ERR_INVALID, "cfx_place: the function name must be 1..%d bytes",
+                        CFX_TASK_NAME_MAX);
+    rc = task_msg("cfx_place", name, inputs, n_inputs, NULL, 0, needs, &m.u.task);
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__ctx_enter(ctx, "cfx_place");
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), "placement query",
+                          CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK)
+        *out_node = reply.u.task_st.node_id;
+    free(frame);
+    return cfx__ctx_leave(ctx, rc);
+}
+
+int cfx_task_result_put(const struct cfx_task_call *call, size_t index,
+                                const void *buf, size_t size)
+{
+    void *copy = NULL;
+    int rc;
+
+    cfx__err_clear();
+    if (!call || index >= call->n_results || (size && !buf))
+        return cfx__err(CFX_ERR_INVALID, "cfx_task_result_put: result %zu of %zu%s", index,
+                        call ? call->n_results : 0, size && !buf ? ", NULL buffer" : "");
+    if (size) {
+        rc = cfx_buf_alloc(call->ctx, size, &copy);
+        if (rc != CFX_OK)
+            return rc;
+        memcpy(copy, buf, size);
+    }
+    rc = cfx__put_arena(call->ctx, &call->results[index], copy, size);
+    if (rc != CFX_OK && copy)
+        cfx_buf_free(call->ctx, copy);
+    return rc;
+}

@@ -1,0 +1,197 @@
+/*
+ * Tasks: named C functions that read objects and put objects, placed by the
+ * coordinator on the node that suits them best (docs/ARCHITECTURE.md,
+ * "Tasks and placement").
+ *
+ *  - A worker process registers functions by name (cfx_task_register()).
+ *    It tells the coordinator what it offers (cores, GPUs, memory) and
+ *    reports its load with every heartbeat.
+ *  - Any process submits a task by name with its input object ids, the ids
+ *    of the results it will put, and its needs (cfx_task_submit()).  The
+ *    coordinator places it: among the nodes that registered the function
+ *    and meet the needs, the one holding most bytes of its inputs (complete
+ *    copies count whole, partial copies half), then the least loaded
+ *    (spread) or the fullest that still fits (pack).  Each placement holds
+ *    a reservation on its node until the task ends, so concurrent
+ *    placements do not take the same cores.
+ *  - The chosen worker runs the function on a task runner thread of its
+ *    context (never the progress thread, never a caller's thread).  The
+ *    function gets its inputs with cfx_get() and puts its results (with
+ *    cfx_put() or cfx_task_result_put()).  Its status travels back to the
+ *    submitter: cfx_task_wait() returns it, and the results are ordinary
+ *    objects any node may cfx_get().
+ *  - A worker that dies with tasks placed on it: each task is placed again
+ *    when its inputs are still held elsewhere, else it fails with
+ *    CFX_ERR_PEER_FAILED naming the dead node.
+ *
+ * Thread safety: every function here may be called from any thread, the
+ * task functions themselves included (a task may submit tasks).
+ */
+#ifndef CONFLUX_TASK_H
+#define CONFLUX_TASK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <conflux/visibility.h>
+#include <conflux/object.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cfx_context;
+struct cfx_task;
+
+#define CFX_TASK_NAME_MAX   63   /* bytes of a function name (no NUL) */
+#define CFX_TASK_IO_MAX     16   /* inputs, and results, of one task */
+#define CFX_TASK_NODES_MAX  32   /* nodes of a node set */
+#define CFX_TASK_GROUP_MAX  31   /* bytes of an anti-affinity group name */
+#define CFX_TASK_ARG_MAX    4096 /* bytes of a task's argument */
+
+/** What a running task sees.  Valid for the duration of the call only. */
+struct cfx_task_call {
+    struct cfx_context *ctx;                 /* the worker's context */
+    uint64_t task_id;                        /* the coordinator's id of the task */
+    const char *name;                        /* the function's name */
+    const struct cfx_object_id *inputs;      /* n_inputs ids, to cfx_get() */
+    size_t n_inputs;
+    const struct cfx_object_id *results;     /* n_results ids the task must put */
+    size_t n_results;
+    const void *arg;                         /* the submitter's argument bytes (or NULL) */
+    size_t arg_len;
+    int timeout_ms;                          /* what is left of the task's deadline */
+};
+
+/**
+ * A task function.  Return CFX_OK once every result is put, or a negative
+ * cfx_status (with cfx_last_error() saying why: its text travels to the
+ * submitter).  Runs on a task runner thread of the worker's context.
+ */
+typedef int (*cfx_task_fn)(const struct cfx_task_call *call, void *arg);
+
+/**
+ * Offer function @p fn under @p name on this node.  The first registration
+ * starts the context's task runner threads ($CFX_TASK_THREADS, default 4).
+ * @param arg  handed to every call of @p fn; owned by the caller, valid until
+ *             the context is destroyed.
+ * @return CFX_OK; CFX_ERR_EXISTS when this context registered @p name
+ *         already; CFX_ERR_INVALID (empty or too long name, a name starting
+ *         with "cfx.", which the library keeps for itself, NULL fn);
+ *         CFX_ERR_NO_RESOURCE when the coordinator's cap on functions per
+ *         node is reached (named in cfx_last_error()); CFX_ERR_CONNECT.
+ */
+CFX_API int cfx_task_register(struct cfx_context *ctx, const char *name, cfx_task_fn fn,
+                              void *arg);
+
+enum cfx_task_needs_field {
+    CFX_TASK_NEEDS_CORES   = 1u << 0,
+    CFX_TASK_NEEDS_MEMORY  = 1u << 1,
+    CFX_TASK_NEEDS_GPUS    = 1u << 2,
+    CFX_TASK_NEEDS_NODES   = 1u << 3,
+    CFX_TASK_NEEDS_POLICY  = 1u << 4,
+    CFX_TASK_NEEDS_GROUP   = 1u << 5,
+    CFX_TASK_NEEDS_RESERVE = 1u << 6,
+};
+
+enum cfx_task_policy {
+    CFX_TASK_SPREAD = 0, /* among equally local nodes, the least loaded (default) */
+    CFX_TASK_PACK   = 1, /* ... the most loaded that still fits */
+};
+
+/** A task's needs; unset fields: 1 core, no memory, no GPU, any node, spread. */
+struct cfx_task_needs {
+    uint64_t field_mask;                /* which fields are set */
+    uint32_t cores;                     /* cores it keeps busy (reserved while it runs) */
+    uint64_t memory;                    /* bytes of memory it needs */
+    uint32_t gpus;                      /* GPUs it needs */
+    const uint32_t *nodes;              /* only these node ids may run it ... */
+    size_t n_nodes;                     /* ... (at most CFX_TASK_NODES_MAX) */
+    enum cfx_task_policy policy;        /* spread or pack */
+    const char *group;                  /* anti-affinity: never on a node that runs a
+                                           task of the same group (NULL: none) */
+    int reserve_ms;                     /* cfx_place(): how long its reservation holds
+                                           (default 2000 ms) */
+};
+
+enum cfx_task_param_field {
+    CFX_TASK_PARAM_TIMEOUT = 1u << 0,
+    CFX_TASK_PARAM_ARG     = 1u << 1,
+};
+
+struct cfx_task_params {
+    uint64_t field_mask;    /* which fields are set */
+    int timeout_ms;         /* the task's deadline from submission (queueing and
+                               running); default the context's */
+    const void *arg;        /* bytes handed to the function (copied) */
+    size_t arg_len;         /* at most CFX_TASK_ARG_MAX */
+};
+
+/**
+ * Submit a task: run function @p name on the node the coordinator places it
+ * on.  Returns once it is placed (or queued: when every capable node is
+ * busy, it waits at the coordinator for a free slot until its deadline).
+ * @param inputs   n_inputs object ids (may be NULL when 0) that the task reads
+ * @param results  n_results object ids that the task puts (1..CFX_TASK_IO_MAX)
+ * @param needs    NULL for the defaults
+ * @param out      receives the handle; free it with cfx_task_free().  NULL:
+ *                 fire and forget (wait on the result with cfx_get()).
+ * @return CFX_OK; CFX_ERR_NOT_FOUND when no live node registered @p name;
+ *         CFX_ERR_NO_RESOURCE when no node that registered it could ever meet
+ *         the needs, or a cap (tasks per node, queued tasks) is reached:
+ *         cfx_last_error() says which; CFX_ERR_INVALID; CFX_ERR_CONNECT.
+ */
+CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
+                            const struct cfx_object_id *inputs, size_t n_inputs,
+                            const struct cfx_object_id *results, size_t n_results,
+                            const struct cfx_task_needs *needs,
+                            const struct cfx_task_params *params, struct cfx_task **out);
+
+/**
+ * Wait until the task ended or @p timeout_ms passed (<0: forever).
+ * @param node_out  NULL, or receives the node that ran it (or last held it)
+ * @return the task's status: CFX_OK; what its function returned (with its
+ *         text, naming the node, in cfx_last_error()); CFX_ERR_PEER_FAILED
+ *         naming the node that died with it when it could not be placed
+ *         again; CFX_ERR_TIMEOUT when the task's own deadline passed;
+ *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on).
+ */
+CFX_API int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out);
+
+/** The coordinator's id of the task. */
+CFX_API uint64_t cfx_task_id(const struct cfx_task *task);
+
+/** Node the task was placed on when submitted (it may move if that node dies). */
+CFX_API uint32_t cfx_task_node(const struct cfx_task *task);
+
+/** Free the handle (the task goes on); NULL is a no-op. */
+CFX_API void cfx_task_free(struct cfx_task *task);
+
+/**
+ * Answer where a task with these needs and inputs would run, without running
+ * anything.  The answer holds a reservation on that node for
+ * needs->reserve_ms (default 2000 ms), so that concurrent queries spread as
+ * concurrent tasks would; it expires by itself.  When @p name is NULL every
+ * node that registered any function is a candidate.
+ * @return CFX_OK with *out_node set; CFX_ERR_NO_RESOURCE when no node could
+ *         ever meet the needs; CFX_ERR_BUSY when candidates exist but all
+ *         are taken now; CFX_ERR_NOT_FOUND when no live node registered
+ *         @p name.
+ */
+CFX_API int cfx_place(struct cfx_context *ctx, const char *name,
+                      const struct cfx_task_needs *needs, const struct cfx_object_id *inputs,
+                      size_t n_inputs, uint32_t *out_node);
+
+/**
+ * Put result @p index of the running task from a copy of @p size bytes at
+ * @p buf (the copy lives in the context's arena and is freed when the object
+ * is deleted): the convenient way for a task to put a result whose buffer it
+ * does not keep.
+ * @return as cfx_put(); CFX_ERR_INVALID for an index out of range.
+ */
+CFX_API int cfx_task_result_put(const struct cfx_task_call *call, size_t index,
+                                const void *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,620 @@
+/*
+ * Tasks and their placement across processes: a conflux-coord child, three
+ * worker processes (exec'd fresh images of this binary, see the constructor
+ * below) that offer the function "work" with 2 cores each (the third also 1
+ * GPU), and this process submitting tasks.
+ *
+ * "work" (struct work_arg): optionally waits for the object "tasks/go";
+ * with make, puts result 0 as size bytes of pattern(seed); else puts
+ * result 0 as its node id (u32 LE) followed by every input's bytes plus 1;
+ * with fail, returns CFX_ERR_INVALID instead.  Every result is checked
+ * byte by byte here, and the node id in it says where it ran.
+ */
+#include <criterion/criterion.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <conflux/conflux.h>
+
+#include "coord_run.h"
+
+#define CHILD_ENV "CFX_TEST_TASKS_CHILD"
+#define NWORKERS  3
+#define CALL_MS   30000
+#define BIG       (256u * 1024) /* over the inline limit: held by its node, not the coordinator */
+
+struct work_arg {
+    uint8_t wait_go;
+    uint8_t make;
+    uint8_t fail;
+    uint8_t pad;
+    uint32_t seed;
+    uint64_t size;
+};
+
+static uint8_t pattern(uint32_t seed, size_t i)
+{
+    return (uint8_t)(seed * 31u + i * 7u + (i >> 9));
+}
+
+static void oid(const char *name, struct cfx_object_id *id)
+{
+    cr_assert_eq(cfx_object_id_from_name(name, id), CFX_OK);
+}
+
+/* ---- the worker ------------------------------------------------------------------ */
+
+static int work(const struct cfx_task_call *call, void *arg)
+{
+    struct work_arg a;
+    uint8_t *out = NULL;
+    size_t len = 0;
+    int rc = CFX_OK;
+    (void)arg;
+
+    if (call->arg_len != sizeof(a))
+        return CFX_ERR_INVALID;
+    memcpy(&a, call->arg, sizeof(a));
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                 .timeout_ms = call->timeout_ms };
+    if (a.wait_go) {
+        struct cfx_object_id go;
+        char b;
+        cfx_object_id_from_name("tasks/go", &go);
+        rc = cfx_get(call->ctx, &go, &b, 1, NULL, &op);
+        if (rc != CFX_OK)
+            return rc;
+    }
+    if (a.fail)
+        return CFX_ERR_INVALID;
+    if (a.make) {
+        len = a.size;
+        out = malloc(len);
+        for (size_t i = 0; out && i < len; i++)
+            out[i] = pattern(a.seed, i);
+    } else {
+        uint32_t node = cfx_context_node_id(call->ctx);
+        len = 4;
+        out = malloc(4);
+        if (out)
+            memcpy(out, &node, 4);
+        for (size_t k = 0; out && k < call->n_inputs; k++) {
+            void *in = NULL;
+            size_t n = 0;
+            rc = cfx_get_alloc(call->ctx, &call->inputs[k], &in, &n, &op);
+            if (rc != CFX_OK)
+                break;
+            uint8_t *grown = realloc(out, len + n);
+            if (!grown) {
+                cfx_buf_free(call->ctx, in);
+                break;
+            }
+            out = grown;
+            for (size_t i = 0; i < n; i++)
+                out[len + i] = (uint8_t)(((const uint8_t *)in)[i] + 1);
+            len += n;
+            cfx_buf_free(call->ctx, in);
+        }
+    }
+    if (!out)
+        return rc != CFX_OK ? rc : CFX_ERR_NOMEM;
+    if (rc == CFX_OK)
+        rc = cfx_task_result_put(call, 0, out, len);
+    free(out);
+    return rc;
+}
+
+/* "IN OUT ADDR TOKEN": join, offer "work", report the node id, serve until
+ * 'D' (or the end of the pipe). */
+__attribute__((constructor)) static void tasks_child_main(void)
+{
+    const char *spec = getenv(CHILD_ENV);
+    int in, out;
+    char a[64], tok[64], c = 0;
+    if (!spec || sscanf(spec, "%d %d %63s %63s", &in, &out, a, tok) != 4)
+        return;
+    struct cfx_context *ctx = coord_run_join_at(a, tok, CALL_MS);
+    if (!ctx) {
+        fprintf(stderr, "tasks worker: %s\n", cfx_last_error());
+        _exit(2);
+    }
+    if (cfx_task_register(ctx, "work", work, NULL) != CFX_OK) {
+        fprintf(stderr, "tasks worker: register: %s\n", cfx_last_error());
+        _exit(3);
+    }
+    uint32_t id = cfx_context_node_id(ctx);
+    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id))
+        _exit(4);
+    if (read(in, &c, 1) < 0)
+        _exit(5);
+    cfx_context_destroy(ctx);
+    _exit(0);
+}
+
+/* ---- the submitter -------------------------------------------------------------- */
+
+struct worker {
+    pid_t pid;
+    int to, from;
+    uint32_t node;
+};
+
+static struct coord_run co;
+static struct worker wk[NWORKERS];
+static struct cfx_context *ctx;
+
+static void worker_start(struct worker *w, int gpus)
+{
+    int down[2], up[2];
+    char spec[256], exe[512];
+    cr_assert_eq(pipe(down), 0);
+    cr_assert_eq(pipe(up), 0);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    snprintf(spec, sizeof(spec), "%d %d %s %s", down[0], up[1], co.cc.addr, co.token);
+    w->pid = fork();
+    cr_assert_geq(w->pid, 0);
+    if (w->pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        setenv(CHILD_ENV, spec, 1);
+        setenv("CFX_TASK_CORES", "2", 1);
+        setenv("CFX_TASK_GPUS", gpus ? "1" : "0", 1);
+        setenv("CFX_TASK_MEMORY", "1G", 1);
+        execl(exe, exe, (char *)NULL);
+        _exit(127);
+    }
+    close(down[0]);
+    close(up[1]);
+    w->to = down[1];
+    w->from = up[0];
+    struct pollfd p = { .fd = w->from, .events = POLLIN };
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->from, &w->node, 4) == 4,
+              "worker did not start (log %s)", co.logpath);
+}
+
+static void worker_end(struct worker *w)
+{
+    int st = 0;
+    char c = 'D';
+    if (!w->pid)
+        return;
+    if (write(w->to, &c, 1) != 1) { /* gone already */
+    }
+    close(w->to);
+    close(w->from);
+    for (int i = 0; i < 3000 && waitpid(w->pid, &st, WNOHANG) == 0; i++)
+        usleep(10 * 1000); /* bounded wait for its exit: waitpid has no timeout */
+    if (waitpid(w->pid, &st, WNOHANG) == 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, &st, 0);
+    }
+    w->pid = 0;
+}
+
+static void worker_kill(struct worker *w)
+{
+    int st;
+    kill(w->pid, SIGKILL);
+    waitpid(w->pid, &st, 0);
+    close(w->to);
+    close(w->from);
+    w->pid = 0;
+}
+
+static void setup(void)
+{
+    coord_run_setup(&co, "tasks", false);
+    for (int i = 0; i < NWORKERS; i++)
+        worker_start(&wk[i], i == 2);
+    ctx = coord_run_join(&co, CALL_MS);
+}
+
+static void teardown(void)
+{
+    cfx_context_destroy(ctx);
+    for (int i = 0; i < NWORKERS; i++)
+        worker_end(&wk[i]);
+    coord_run_teardown(&co);
+}
+
+TestSuite(tasks, .init = setup, .fini = teardown, .timeout = 120);
+
+static const struct cfx_task_params *targ(struct cfx_task_params *p, struct work_arg *a)
+{
+    p->field_mask = CFX_TASK_PARAM_ARG | CFX_TASK_PARAM_TIMEOUT;
+    p->arg = a;
+    p->arg_len = sizeof(*a);
+    p->timeout_ms = CALL_MS;
+    return p;
+}
+
+/* Run "work" with @p a on node @p node (0: anywhere), wait, return the node. */
+static uint32_t run(const char *result, const struct cfx_object_id *inputs, size_t n,
+                    struct work_arg a, uint32_t node)
+{
+    struct cfx_object_id r;
+    struct cfx_task_params p;
+    struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &node,
+                                 .n_nodes = 1 };
+    struct cfx_task *t;
+    uint32_t ran = 0;
+    oid(result, &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", inputs, n, &r, 1, node ? &nd : NULL,
+                                 targ(&p, &a), &t), CFX_OK, "submit: %s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &ran), CFX_OK, "task: %s", cfx_last_error());
+    cr_assert_eq(ran, cfx_task_node(t));
+    cfx_task_free(t);
+    return ran;
+}
+
+/* Get @p name and check it is node id + (each expected input + 1). */
+static uint32_t check_result(const char *name, const uint8_t *const *ins, const size_t *lens,
+                             size_t n)
+{
+    struct cfx_object_id id;
+    void *buf = NULL;
+    size_t len = 0, want = 4;
+    uint32_t node;
+    oid(name, &id);
+    cr_assert_eq(cfx_get_alloc(ctx, &id, &buf, &len, NULL), CFX_OK, "get %s: %s", name,
+                 cfx_last_error());
+    for (size_t k = 0; k < n; k++)
+        want += lens[k];
+    cr_assert_eq(len, want, "%s: %zu bytes, want %zu", name, len, want);
+    memcpy(&node, buf, 4);
+    const uint8_t *p = (const uint8_t *)buf + 4;
+    for (size_t k = 0; k < n; k++) {
+        for (size_t i = 0; i < lens[k]; i++)
+            cr_assert_eq(p[i], (uint8_t)(ins[k][i] + 1), "%s: input %zu byte %zu", name, k, i);
+        p += lens[k];
+    }
+    cfx_buf_free(ctx, buf);
+    return node;
+}
+
+static uint8_t *made(uint32_t seed, size_t size)
+{
+    uint8_t *b = malloc(size);
+    cr_assert(b);
+    for (size_t i = 0; i < size; i++)
+        b[i] = pattern(seed, i);
+    return b;
+}
+
+Test(tasks, locality_wins)
+{
+    /* a big input made on each worker in turn: the task reading it goes there */
+    for (int w = 0; w < NWORKERS; w++) {
+        char in_name[64], out_name[64];
+        struct cfx_object_id in;
+        struct work_arg mk = { .make = 1, .seed = 10u + (uint32_t)w, .size = BIG };
+        snprintf(in_name, sizeof(in_name), "tasks/loc/in%d", w);
+        snprintf(out_name, sizeof(out_name), "tasks/loc/out%d", w);
+        cr_assert_eq(run(in_name, NULL, 0, mk, wk[w].node), wk[w].node);
+        oid(in_name, &in);
+        uint32_t placed = 0;
+        cr_assert_eq(cfx_place(ctx, "work", NULL, &in, 1, &placed), CFX_OK, "%s",
+                     cfx_last_error());
+        cr_assert_eq(placed, wk[w].node, "placement query chose node %u, the input is on %u",
+                     placed, wk[w].node);
+        struct work_arg xf = { .seed = 0 };
+        cr_assert_eq(run(out_name, &in, 1, xf, 0), wk[w].node);
+        uint8_t *ref = made(10u + (uint32_t)w, BIG);
+        const uint8_t *ins[1] = { ref };
+        size_t lens[1] = { BIG };
+        cr_assert_eq(check_result(out_name, ins, lens, 1), wk[w].node);
+        free(ref);
+    }
+}
+
+Test(tasks, resources_respected)
+{
+    struct cfx_object_id r;
+    struct work_arg a = { .seed = 0 };
+    struct cfx_task_params p;
+    struct cfx_task *t = NULL;
+    uint32_t node = 0;
+    oid("tasks/res/r", &r);
+
+    struct cfx_task_needs cores = { .field_mask = CFX_TASK_NEEDS_CORES, .cores = 3 };
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &cores, targ(&p, &a), &t),
+                 CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "3 cores"), "%s", cfx_last_error());
+    struct cfx_task_needs gpus2 = { .field_mask = CFX_TASK_NEEDS_GPUS, .gpus = 2 };
+    cr_assert_eq(cfx_place(ctx, "work", &gpus2, NULL, 0, &node), CFX_ERR_NO_RESOURCE);
+    struct cfx_task_needs mem = { .field_mask = CFX_TASK_NEEDS_MEMORY, .memory = 2ull << 30 };
+    cr_assert_eq(cfx_place(ctx, "work", &mem, NULL, 0, &node), CFX_ERR_NO_RESOURCE);
+    cr_assert_eq(cfx_task_submit(ctx, "nosuch", NULL, 0, &r, 1, NULL, targ(&p, &a), &t),
+                 CFX_ERR_NOT_FOUND);
+
+    /* one GPU: only the third worker has one */
+    struct cfx_task_needs gpu = { .field_mask = CFX_TASK_NEEDS_GPUS, .gpus = 1 };
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &gpu, targ(&p, &a), &t), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk[2].node);
+    cfx_task_free(t);
+    cr_assert_eq(check_result("tasks/res/r", NULL, NULL, 0), wk[2].node);
+
+    /* a node set of one: honoured however the others rank */
+    for (int w = 0; w < NWORKERS; w++) {
+        char name[64];
+        snprintf(name, sizeof(name), "tasks/res/set%d", w);
+        cr_assert_eq(run(name, NULL, 0, a, wk[w].node), wk[w].node);
+        cr_assert_eq(check_result(name, NULL, NULL, 0), wk[w].node);
+    }
+    /* a node set with no capable node: 3 cores nowhere */
+    struct cfx_task_needs set_gpu = { .field_mask = CFX_TASK_NEEDS_GPUS | CFX_TASK_NEEDS_NODES,
+                                      .gpus = 1, .nodes = &wk[0].node, .n_nodes = 1 };
+    cr_assert_eq(cfx_place(ctx, "work", &set_gpu, NULL, 0, &node), CFX_ERR_NO_RESOURCE);
+
+    /* a task's own failure comes back with its code, naming its node */
+    struct work_arg bad = { .fail = 1 };
+    struct cfx_task_needs on0 = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &wk[0].node,
+                                  .n_nodes = 1 };
+    oid("tasks/res/bad", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &on0, targ(&p, &bad), &t), CFX_OK);
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &node), CFX_ERR_INVALID);
+    char want[32];
+    snprintf(want, sizeof(want), "on node %u", wk[0].node);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cfx_task_free(t);
+}
+
+static void submit_waiting(const char *fmt, int i, const struct cfx_task_needs *nd,
+                           struct cfx_task **t)
+{
+    char name[64];
+    struct cfx_object_id r;
+    struct cfx_task_params p;
+    struct work_arg a = { .wait_go = 1 };
+    snprintf(name, sizeof(name), fmt, i);
+    oid(name, &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, nd, targ(&p, &a), t), CFX_OK,
+                 "%s", cfx_last_error());
+}
+
+/* Put "tasks/go", wait for the tasks, check their results, delete "go". */
+static void release_and_check(const char *fmt, struct cfx_task **t, int n)
+{
+    struct cfx_object_id go;
+    oid("tasks/go", &go);
+    cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        uint32_t ran = 0;
+        cr_assert_eq(cfx_task_wait(t[i], CALL_MS, &ran), CFX_OK, "%s", cfx_last_error());
+        snprintf(name, sizeof(name), fmt, i);
+        cr_assert_eq(check_result(name, NULL, NULL, 0), ran);
+        cr_assert_eq(ran, cfx_task_node(t[i]));
+        cfx_task_free(t[i]);
+    }
+    cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
+}
+
+Test(tasks, spread_under_load)
+{
+    /* one-core tasks that hold their cores until "tasks/go" appears: the
+     * first 3 go one to each worker, the next 3 too (2 cores each), then no
+     * core is left */
+    enum { N = 6 };
+    struct cfx_task *t[N];
+    struct cfx_task_needs sp = { .field_mask = CFX_TASK_NEEDS_POLICY, .policy = CFX_TASK_SPREAD };
+    for (int round = 0; round < 2; round++) {
+        unsigned per[NWORKERS] = { 0 };
+        for (int i = 0; i < 3; i++)
+            submit_waiting("tasks/spread/%d", round * 3 + i, &sp, &t[round * 3 + i]);
+        for (int i = 0; i < N; i++)
+            for (int w = 0; w < NWORKERS && i < (round + 1) * 3; w++)
+                per[w] += cfx_task_node(t[i]) == wk[w].node;
+        for (int w = 0; w < NWORKERS; w++)
+            cr_assert_eq(per[w], (unsigned)round + 1, "round %d: worker %d (node %u) got %u "
+                         "tasks", round, w, wk[w].node, per[w]);
+    }
+    uint32_t node;
+    cr_assert_eq(cfx_place(ctx, "work", NULL, NULL, 0, &node), CFX_ERR_BUSY);
+    release_and_check("tasks/spread/%d", t, N);
+}
+
+Test(tasks, pack_fills_one_node)
+{
+    struct cfx_task *t[2];
+    struct cfx_task_needs pk = { .field_mask = CFX_TASK_NEEDS_POLICY, .policy = CFX_TASK_PACK };
+    for (int i = 0; i < 2; i++)
+        submit_waiting("tasks/pack/%d", i, &pk, &t[i]);
+    cr_assert_neq(cfx_task_node(t[0]), 0);
+    cr_assert_eq(cfx_task_node(t[0]), cfx_task_node(t[1]));
+    /* anti-affinity: a second task of a group never shares a node with the first */
+    struct cfx_task *g[2];
+    struct cfx_task_needs grp = { .field_mask = CFX_TASK_NEEDS_POLICY | CFX_TASK_NEEDS_GROUP,
+                                  .policy = CFX_TASK_PACK, .group = "replica" };
+    for (int i = 0; i < 2; i++)
+        submit_waiting("tasks/group/%d", i, &grp, &g[i]);
+    cr_assert_neq(cfx_task_node(g[0]), 0);
+    cr_assert_neq(cfx_task_node(g[1]), 0);
+    cr_assert_neq(cfx_task_node(g[0]), cfx_task_node(g[1]));
+    release_and_check("tasks/pack/%d", t, 2);
+    /* "go" is deleted, but the group tasks read it before, or read the new one */
+    struct cfx_object_id go;
+    oid("tasks/go", &go);
+    cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
+    for (int i = 0; i < 2; i++) {
+        uint32_t ran = 0;
+        char name[64];
+        cr_assert_eq(cfx_task_wait(g[i], CALL_MS, &ran), CFX_OK, "%s", cfx_last_error());
+        snprintf(name, sizeof(name), "tasks/group/%d", i);
+        cr_assert_eq(check_result(name, NULL, NULL, 0), ran);
+        cfx_task_free(g[i]);
+    }
+}
+
+Test(tasks, reservation_expires)
+{
+    /* a placement query holds both cores of worker 0 for 5 s: the next two
+     * calls must come within it, so it is long beside a loaded machine's
+     * pauses (a second-long stall has been seen), and the task then waits
+     * out the rest of it */
+    uint32_t node = 0;
+    struct cfx_task_needs all = { .field_mask = CFX_TASK_NEEDS_CORES | CFX_TASK_NEEDS_NODES |
+                                                CFX_TASK_NEEDS_RESERVE,
+                                  .cores = 2, .nodes = &wk[0].node, .n_nodes = 1,
+                                  .reserve_ms = 5000 };
+    cr_assert_eq(cfx_place(ctx, "work", &all, NULL, 0, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk[0].node);
+    cr_assert_eq(cfx_place(ctx, "work", &all, NULL, 0, &node), CFX_ERR_BUSY);
+
+    /* a task that needs them queues, and runs once the reservation expired */
+    struct cfx_object_id r;
+    struct cfx_task_params p;
+    struct cfx_task *t;
+    struct work_arg a = { .seed = 0 };
+    all.field_mask &= ~(uint64_t)CFX_TASK_NEEDS_RESERVE;
+    oid("tasks/resv/r", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &all, targ(&p, &a), &t), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t), 0, "placed at once on node %u", cfx_task_node(t));
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk[0].node);
+    cr_assert_eq(check_result("tasks/resv/r", NULL, NULL, 0), wk[0].node);
+    cfx_task_free(t);
+}
+
+Test(tasks, replaced_when_its_node_dies)
+{
+    /* a task waiting for "tasks/go", its input inline (held by the
+     * coordinator): its node is killed, it runs elsewhere */
+    struct cfx_object_id in, r;
+    uint8_t small[100];
+    for (size_t i = 0; i < sizeof(small); i++)
+        small[i] = pattern(77, i);
+    oid("tasks/die/in", &in);
+    cr_assert_eq(cfx_put(ctx, &in, small, sizeof(small), NULL), CFX_OK);
+    struct cfx_task_params p;
+    struct cfx_task *t;
+    struct work_arg a = { .wait_go = 1 };
+    oid("tasks/die/r", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", &in, 1, &r, 1, NULL, targ(&p, &a), &t), CFX_OK,
+                 "%s", cfx_last_error());
+    uint32_t first = cfx_task_node(t);
+    int victim = -1;
+    for (int w = 0; w < NWORKERS; w++)
+        victim = wk[w].node == first ? w : victim;
+    cr_assert_geq(victim, 0, "placed on node %u, no worker", first);
+    worker_kill(&wk[victim]);
+
+    struct cfx_object_id go;
+    oid("tasks/go", &go);
+    cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
+    uint32_t ran = 0;
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &ran), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(ran, first);
+    const uint8_t *ins[1] = { small };
+    size_t lens[1] = { sizeof(small) };
+    cr_assert_eq(check_result("tasks/die/r", ins, lens, 1), ran);
+    cfx_task_free(t);
+    cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
+}
+
+Test(tasks, fails_naming_the_dead_node_when_its_input_went_with_it)
+{
+    /* the input is made on worker 1 and held nowhere else; the task reading
+     * it goes there, waits for "tasks/go", and worker 1 is killed */
+    struct cfx_object_id in, r;
+    struct work_arg mk = { .make = 1, .seed = 5, .size = BIG };
+    cr_assert_eq(run("tasks/lost/in", NULL, 0, mk, wk[1].node), wk[1].node);
+    oid("tasks/lost/in", &in);
+    struct cfx_task_params p;
+    struct cfx_task *t;
+    struct work_arg a = { .wait_go = 1 };
+    oid("tasks/lost/r", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", &in, 1, &r, 1, NULL, targ(&p, &a), &t), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t), wk[1].node);
+    uint32_t dead = wk[1].node;
+    worker_kill(&wk[1]);
+    uint32_t ran = 0;
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &ran), CFX_ERR_PEER_FAILED);
+    char want[32];
+    snprintf(want, sizeof(want), "node %u died", dead);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cfx_task_free(t);
+}
+
+Test(tasks, chain_of_results)
+{
+    /* made on worker 0, then 4 tasks each reading the previous result,
+     * all submitted at once: each one's get waits for its input */
+    enum { STEPS = 4 };
+    struct cfx_object_id ids[STEPS + 1];
+    struct cfx_task *t[STEPS];
+    struct cfx_task_params p;
+    struct work_arg mk = { .make = 1, .seed = 3, .size = BIG };
+    cr_assert_eq(run("tasks/chain/0", NULL, 0, mk, wk[0].node), wk[0].node);
+    oid("tasks/chain/0", &ids[0]);
+    struct work_arg a = { .seed = 0 };
+    for (int s = 1; s <= STEPS; s++) {
+        char name[64];
+        snprintf(name, sizeof(name), "tasks/chain/%d", s);
+        oid(name, &ids[s]);
+        cr_assert_eq(cfx_task_submit(ctx, "work", &ids[s - 1], 1, &ids[s], 1, NULL,
+                                     targ(&p, &a), &t[s - 1]), CFX_OK, "%s", cfx_last_error());
+    }
+    /* expected bytes: step s = node(s) + (step s-1 + 1) */
+    size_t len = BIG;
+    uint8_t *cur = made(3, BIG);
+    for (int s = 1; s <= STEPS; s++) {
+        char name[64];
+        uint32_t ran = 0;
+        cr_assert_eq(cfx_task_wait(t[s - 1], CALL_MS, &ran), CFX_OK, "step %d: %s", s,
+                     cfx_last_error());
+        snprintf(name, sizeof(name), "tasks/chain/%d", s);
+        const uint8_t *ins[1] = { cur };
+        size_t lens[1] = { len };
+        cr_assert_eq(check_result(name, ins, lens, 1), ran);
+        uint8_t *next = malloc(len + 4);
+        cr_assert(next);
+        memcpy(next, &ran, 4);
+        for (size_t i = 0; i < len; i++)
+            next[4 + i] = (uint8_t)(cur[i] + 1);
+        free(cur);
+        cur = next;
+        len += 4;
+        cfx_task_free(t[s - 1]);
+    }
+    free(cur);
+}
+
+Test(tasks, offered_again_after_a_coordinator_restart)
+{
+    /* tasks are soft state, but the workers register "work" again once they
+     * rejoined the restarted coordinator; nothing tells this process when,
+     * so it asks for each worker until the deadline */
+    coord_run_restart(&co);
+    for (int w = 0; w < NWORKERS; w++) {
+        struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_NODES | CFX_TASK_NEEDS_RESERVE,
+                                     .nodes = &wk[w].node, .n_nodes = 1, .reserve_ms = 1 };
+        uint64_t dl = cfx__deadline_ns(CALL_MS);
+        uint32_t node = 0;
+        int rc;
+        while ((rc = cfx_place(ctx, "work", &nd, NULL, 0, &node)) != CFX_OK &&
+               cfx__now_ns() < dl)
+            usleep(20 * 1000);
+        cr_assert_eq(rc, CFX_OK, "worker %d (node %u): %s", w, wk[w].node, cfx_last_error());
+        cr_assert_eq(node, wk[w].node);
+    }
+    for (int w = 0; w < NWORKERS; w++) {
+        char name[64];
+        struct work_arg a = { .seed = 0 };
+        snprintf(name, sizeof(name), "tasks/restart/%d", w);
+        cr_assert_eq(run(name, NULL, 0, a, wk[w].node), wk[w].node);
+        cr_assert_eq(check_result(name, NULL, NULL, 0), wk[w].node);
+    }
+}

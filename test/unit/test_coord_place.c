@@ -1,0 +1,371 @@
+/* Task placement at the coordinator (control/coord_place.c, coord_task.c):
+ * the scoring (input bytes held, complete and partial; load; spread and
+ * pack), the caps, the queue, and tasks of a node that goes.  Workers are
+ * coordinator clients that register a function and report a chosen load. */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <conflux/status.h>
+
+#include "control/client.h"
+#include "control/coord.h"
+#include "control/proto.h"
+#include "dataplane/common/util.h"
+#include "testutil.h"
+
+#define HB_MS   50
+#define DEAD_MS 2000
+#define CALL_MS 20000
+#define MiB     (1u << 20)
+
+static struct cfx_coord *coord;
+static char token[64];
+static char addr[64];
+
+struct worker {
+    struct cfx_ctl *c;
+    uint32_t id;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    uint32_t load_milli;        /* what its heartbeats report */
+    unsigned fills;             /* heartbeats filled */
+    uint64_t runs[16];          /* EV_TASK_RUN task ids, in order */
+    unsigned nruns;
+    char last_name[CFX_TASK_NAME_MAX + 1];
+};
+
+static struct worker W[3];
+
+static void on_run(void *arg, const struct cfx_msg_task *t)
+{
+    struct worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    if (w->nruns < 16)
+        w->runs[w->nruns++] = t->task_id;
+    snprintf(w->last_name, sizeof(w->last_name), "%s", t->name);
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void on_fill(void *arg, struct cfx_msg_load *out)
+{
+    struct worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    out->load_milli = w->load_milli;
+    w->fills++;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void worker_open(struct worker *w, const char *name)
+{
+    struct cfx_node_rec self;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "%s", name);
+    snprintf(self.host_id, sizeof(self.host_id), "test-host");
+    self.pid = (uint32_t)getpid();
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    struct cfx_ctl_params p = {
+        .coord = addr, .token = token, .role = CFX_CTL_ROLE_NODE, .self = &self,
+        .timeout_ms = CALL_MS, .on_task_run = on_run, .load_fill = on_fill, .arg = w,
+    };
+    cr_assert_eq(cfx__ctl_open(&p, &w->c), CFX_OK, "open %s: %s", name, cfx_last_error());
+    w->id = cfx__ctl_node_id(w->c);
+    struct cfx_msg m = { .type = CFX_MSG_TASK_REG };
+    snprintf(m.u.task_reg.name, sizeof(m.u.task_reg.name), "f");
+    m.u.task_reg.cores = 4;
+    m.u.task_reg.gpus = 1;
+    m.u.task_reg.memory = 1ull << 30;
+    cr_assert_eq(cfx__ctl_request(w->c, &m, cfx__deadline_ns(CALL_MS), "reg", CFX_MSG_OK, NULL,
+                                  NULL), CFX_OK, "%s", cfx_last_error());
+}
+
+static void worker_close(struct worker *w)
+{
+    if (!w->c)
+        return;
+    cfx__ctl_close(w->c);
+    w->c = NULL;
+}
+
+/* Wait until @p w filled @p n more heartbeats (so its load was sent). */
+static void beats(struct worker *w, unsigned n)
+{
+    uint64_t dl = cfx__deadline_ns(CALL_MS);
+    pthread_mutex_lock(&w->mu);
+    unsigned want = w->fills + n;
+    while (w->fills < want && cfx__now_ns() < dl) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&w->cond, &w->mu, &ts);
+    }
+    cr_assert_geq(w->fills, want);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Wait until @p w was sent its @p n-th task; returns that task's id. */
+static uint64_t nth_run(struct worker *w, unsigned n)
+{
+    uint64_t dl = cfx__deadline_ns(CALL_MS), id;
+    pthread_mutex_lock(&w->mu);
+    while (w->nruns < n && cfx__now_ns() < dl) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&w->cond, &w->mu, &ts);
+    }
+    cr_assert_geq(w->nruns, n, "node %u was sent %u tasks, want %u", w->id, w->nruns, n);
+    id = w->runs[n - 1];
+    pthread_mutex_unlock(&w->mu);
+    return id;
+}
+
+static void start(uint32_t max_node_tasks, uint32_t max_queued_tasks)
+{
+    signal(SIGPIPE, SIG_IGN);
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = {
+        .bind_addr = "127.0.0.1", .token = token, .heartbeat_ms = HB_MS,
+        .dead_after_ms = DEAD_MS, .max_node_tasks = max_node_tasks,
+        .max_queued_tasks = max_queued_tasks,
+    };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "%s", cfx_last_error());
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    memset(W, 0, sizeof(W));
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "w%d", i);
+        worker_open(&W[i], name);
+    }
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < 3; i++)
+        worker_close(&W[i]);
+    cfx__coord_stop(coord);
+}
+
+static void setup(void)
+{
+    start(0, 0);
+}
+
+/* max_node_tasks 2, max_queued_tasks 1 */
+static void setup_caps(void)
+{
+    start(2, 1);
+}
+
+/* Every query below holds its reservation for the whole test, so the
+ * reservation counts they leave are known. */
+TestSuite(place, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(placecap, .init = setup_caps, .fini = teardown, .timeout = 60);
+
+static void task_init(struct cfx_msg *m, uint8_t type, const struct cfx_object_id *in, int nin,
+                      const uint32_t *nodes, int nn)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = type;
+    snprintf(m->u.task.name, sizeof(m->u.task.name), "f");
+    m->u.task.cores = 1;
+    m->u.task.timeout_ms = CALL_MS;
+    m->u.task.reserve_ms = CALL_MS;
+    m->u.task.ninputs = (uint8_t)nin;
+    for (int i = 0; i < nin; i++)
+        m->u.task.inputs[i] = in[i];
+    m->u.task.nnodes = (uint8_t)nn;
+    for (int i = 0; i < nn; i++)
+        m->u.task.nodes[i] = nodes[i];
+    m->u.task.nresults = 1;
+    memset(m->u.task.results[0].bytes, 0xee, CFX_OBJECT_ID_LEN);
+}
+
+/* Send @p m from @p c; the reply's status (request failures as their code). */
+static int ask(struct cfx_ctl *c, struct cfx_msg *m, struct cfx_msg_task_st *st)
+{
+    struct cfx_msg reply;
+    void *frame = NULL;
+    int rc = cfx__ctl_request(c, m, cfx__deadline_ns(CALL_MS), "task request",
+                              CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK) {
+        *st = reply.u.task_st;
+        rc = st->status;
+    }
+    free(frame);
+    return rc;
+}
+
+static uint32_t place(const struct cfx_object_id *in, int nin, const uint32_t *nodes, int nn,
+                      uint8_t flags)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    task_init(&m, CFX_MSG_TASK_PLACE, in, nin, nodes, nn);
+    m.u.task.flags = flags;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_OK, "place: %s", cfx_last_error());
+    return st.node_id;
+}
+
+static void obj(const char *name, struct cfx_object_id *id)
+{
+    memset(id, 0, sizeof(*id));
+    snprintf((char *)id->bytes, sizeof(id->bytes), "%s", name);
+}
+
+Test(place, input_bytes_rank_first_partial_copies_half)
+{
+    struct cfx_object_id x, x2, y;
+    struct cfx_ctl_source src;
+    obj("x", &x);
+    obj("x2", &x2);
+    obj("y", &y);
+    /* x, x2: 1 MiB each on w0; y: 3 MiB on w1, and a partial copy on w2 */
+    cr_assert_eq(cfx__ctl_obj_put(W[0].c, &x, MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(W[0].c, &x2, MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(W[1].c, &y, 3 * MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_lookup_now(W[2].c, &y, NULL, 0, cfx__deadline_ns(CALL_MS), &src),
+                 CFX_OK);
+    cr_assert_eq(src.node.node_id, W[1].id);
+
+    cr_assert_eq(place(&x, 1, NULL, 0, 0), W[0].id);
+    cr_assert_eq(place(&y, 1, NULL, 0, 0), W[1].id);
+    struct cfx_object_id all[3] = { x, x2, y };
+    cr_assert_eq(place(all, 3, NULL, 0, 0), W[1].id);       /* 3 MiB > 2 MiB > 1.5 MiB */
+    uint32_t not_w1[2] = { W[0].id, W[2].id };
+    cr_assert_eq(place(&y, 1, not_w1, 2, 0), W[2].id);      /* a partial copy beats none */
+    cr_assert_eq(place(all, 3, not_w1, 2, 0), W[0].id);     /* 2 MiB > half of 3 MiB */
+    /* the partial copy completes: now it counts whole */
+    cr_assert_eq(cfx__ctl_obj_done(W[2].c, &y, W[1].id, 1, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(place(all, 3, not_w1, 2, 0), W[2].id);     /* 3 MiB > 2 MiB */
+}
+
+Test(place, load_then_spread_or_pack)
+{
+    /* no inputs: spread takes the fewest reservations, then the least
+     * loaded per core; pack the most reservations that still fit */
+    uint32_t load[3] = { 3000, 100, 2000 };
+    for (int i = 0; i < 3; i++) {
+        pthread_mutex_lock(&W[i].mu);
+        W[i].load_milli = load[i];
+        pthread_mutex_unlock(&W[i].mu);
+    }
+    for (int i = 0; i < 3; i++)
+        beats(&W[i], 2);
+    cr_assert_eq(place(NULL, 0, NULL, 0, 0), W[1].id);       /* all 0 reservations: load */
+    cr_assert_eq(place(NULL, 0, NULL, 0, 0), W[2].id);       /* w0 and w2 have 0: load */
+    cr_assert_eq(place(NULL, 0, NULL, 0, 0), W[0].id);       /* the only one with 0 */
+    cr_assert_eq(place(NULL, 0, NULL, 0, CFX_PROTO_TASK_PACK), W[0].id); /* tie: lowest id */
+    cr_assert_eq(place(NULL, 0, NULL, 0, CFX_PROTO_TASK_PACK), W[0].id); /* 2 there now */
+    cr_assert_eq(place(NULL, 0, NULL, 0, 0), W[1].id);       /* 1 and 1 vs 3: load */
+
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    /* needs nobody meets */
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.cores = 5;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_NO_RESOURCE);
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.gpus = 2;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_NO_RESOURCE);
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    snprintf(m.u.task.name, sizeof(m.u.task.name), "g");
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_NOT_FOUND);
+}
+
+Test(placecap, caps_queue_and_done)
+{
+    /* max_node_tasks 2, max_queued_tasks 1: two tasks fill w0, a third queues,
+     * a fourth is refused naming the cap */
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++) {
+        task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
+        cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+        ids[i] = st.task_id;
+        cr_assert_eq(st.node_id, i < 2 ? W[0].id : 0u);
+    }
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "max_queued_tasks"), "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "max_node_tasks"), "%s", cfx_last_error());
+    cr_assert_eq(nth_run(&W[0], 1), ids[0]);
+    cr_assert_eq(nth_run(&W[0], 2), ids[1]);
+    cr_assert_str_eq(W[0].last_name, "f");
+
+    /* w0 ends the first with an error: it travels to the waiter, and the
+     * queued one takes the freed slot */
+    struct cfx_msg d = { .type = CFX_MSG_TASK_DONE };
+    d.u.task_st.task_id = ids[0];
+    d.u.task_st.status = CFX_ERR_INVALID;
+    snprintf(d.u.task_st.text, sizeof(d.u.task_st.text), "bad input on node %u", W[0].id);
+    cr_assert_eq(cfx__ctl_send_nowait(W[0].c, &d, "done"), CFX_OK);
+    cr_assert_eq(nth_run(&W[0], 3), ids[2]);
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = ids[0];
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_INVALID);
+    cr_assert(strstr(st.text, "bad input"), "%s", st.text);
+    /* a wait that times out first says so, and the task goes on */
+    w.u.task_st.task_id = ids[1];
+    w.u.task_st.timeout_ms = 50;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_AGAIN);
+    d.u.task_st.task_id = ids[1];
+    d.u.task_st.status = CFX_OK;
+    d.u.task_st.text[0] = '\0';
+    cr_assert_eq(cfx__ctl_send_nowait(W[0].c, &d, "done"), CFX_OK);
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_OK);
+    cr_assert_eq(st.node_id, W[0].id);
+}
+
+Test(place, tasks_of_a_node_that_goes)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    struct cfx_object_id x;
+    obj("only-on-w0", &x);
+    cr_assert_eq(cfx__ctl_obj_put(W[0].c, &x, MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    /* one reads x, held only by w0 (placed there); one has no input, on w0 too */
+    task_init(&m, CFX_MSG_TASK_SUBMIT, &x, 1, NULL, 0);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK);
+    uint64_t lost = st.task_id;
+    cr_assert_eq(st.node_id, W[0].id);
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    m.u.task.flags = CFX_PROTO_TASK_PACK; /* next to the first */
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK);
+    uint64_t moved = st.task_id;
+    cr_assert_eq(st.node_id, W[0].id);
+    uint32_t gone = W[0].id;
+    worker_close(&W[0]);
+
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = lost;
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_PEER_FAILED);
+    char want[32];
+    snprintf(want, sizeof(want), "node %u", gone);
+    cr_assert(strstr(st.text, want), "%s", st.text);
+
+    /* the other runs again on w1 (lower id than w2, equal otherwise) */
+    uint32_t to = W[1].id < W[2].id ? 1 : 2;
+    cr_assert_eq(nth_run(&W[to], 1), moved);
+    struct cfx_msg d = { .type = CFX_MSG_TASK_DONE };
+    d.u.task_st.task_id = moved;
+    cr_assert_eq(cfx__ctl_send_nowait(W[to].c, &d, "done"), CFX_OK);
+    w.u.task_st.task_id = moved;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_OK);
+    cr_assert_eq(st.node_id, W[to].id);
+}
