@@ -23,6 +23,9 @@ const struct cfx_transport_ops *const cfx__transports[] = {
     &cfx__verbs_ops,
 #endif
     &cfx__tcp_ops,
+#ifdef CFX_HAVE_DPDK
+    &cfx__dpdk_ops, /* last: chosen only when asked for (--transport dpdk) */
+#endif
     NULL,
 };
 

@@ -275,5 +275,8 @@ extern const struct cfx_transport_ops cfx__shm_ops;
 #ifdef CFX_HAVE_VERBS
 extern const struct cfx_transport_ops cfx__verbs_ops;
 #endif
+#ifdef CFX_HAVE_DPDK
+extern const struct cfx_transport_ops cfx__dpdk_ops;
+#endif
 
 #endif

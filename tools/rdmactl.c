@@ -31,6 +31,7 @@
 #include "dataplane/verbs/verbs_devinfo.h"
 #endif
 #include "dataplane/common/util.h"
+#include "dataplane/dpdk/dpdk_io.h"
 #include "dataplane/engine/engine.h"
 #include "gpu/memtype.h"
 
@@ -355,7 +356,24 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
     return 0;
 }
 
-/* Local RDMA devices (and GPU support), in the manner of ibv_devinfo. */
+/* DPDK ports (when CFX_DPDK_VDEV or CFX_DPDK_EAL names some): text lines,
+ * or a "dpdk": [...] member followed by ", " (json). */
+static void dpdk_ports(int json)
+{
+    if (json)
+        printf("\"dpdk\": ");
+#ifdef CFX_HAVE_DPDK
+    cfx__dpdk_ports_print(stdout, json);
+#else
+    if (json)
+        printf("[]");
+#endif
+    if (json)
+        printf(", ");
+}
+
+/* Local RDMA devices and DPDK ports (and GPU support), in the manner of
+ * ibv_devinfo. */
 static int cmd_devices(struct rdmactl *r, int argc, char **argv)
 {
     (void)argc;
@@ -376,27 +394,33 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
             txt[--len] = '\0';
         if (len && txt[len - 1] == '}') {
             txt[len - 1] = '\0';
-            printf("%s, \"gpu\": ", txt);
+            printf("%s, ", txt);
         } else {
-            printf("{\"devices\": [], \"gpu\": ");
+            printf("{\"devices\": [], ");
         }
+        dpdk_ports(1);
+        printf("\"gpu\": ");
         json_str(gpu);
         printf("}\n");
         free(txt);
         return rc == CFX_OK ? 0 : 1;
     }
     int rc = cfx__verbs_devices_print(stdout, 0);
+    dpdk_ports(0);
     printf("gpu: %s\n", gpu);
     return rc == CFX_OK ? 0 : 1;
 #else
     if (r->json) {
-        printf("{\"devices\": [], \"error\": \"built without RDMA verbs support\", "
-               "\"gpu\": ");
+        printf("{\"devices\": [], \"error\": \"built without RDMA verbs support\", ");
+        dpdk_ports(1);
+        printf("\"gpu\": ");
         json_str(gpu);
         printf("}\n");
     } else {
         printf("no RDMA devices: this build has no verbs transport (configure with "
-               "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\ngpu: %s\n", gpu);
+               "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\n");
+        dpdk_ports(0);
+        printf("gpu: %s\n", gpu);
     }
     return 1;
 #endif
@@ -676,7 +700,7 @@ static const struct rdmactl_cmd commands[] = {
     { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
     { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
       0 },
-    { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; GPU support", 1 },
+    { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1 },
     { "ps", cmd_ps, "parameter server: add-server N|--auto | remove-server | rebalance | auto | shards", 0 },
 };
 

@@ -6,6 +6,7 @@
  * an mbuf; zero-copy transmit from registered memory (external mbufs)
  * belongs to the transport above, which knows the registrations.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <conflux/status.h>
 
 #include "dataplane/common/log.h"
+#include "dataplane/common/util.h"
 #include "dpdk_io.h"
 
 #define BURST        32
@@ -45,8 +47,31 @@ static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
 static int eal_state;       /* 0: not tried; 1: up; negative: the failure */
 static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on */
 
+/* The runtime directory EAL made for a file prefix of our own (ending in
+ * our pid: no other process shares it) goes at exit instead of piling up
+ * under /var/run/dpdk. */
+static char eal_rundir[512];
+
+static void eal_rundir_remove(void)
+{
+    DIR *d = opendir(eal_rundir);
+    struct dirent *e;
+    char path[800];
+    if (!d)
+        return;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", eal_rundir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(eal_rundir);
+}
+
 int cfx__dpdk_eal_init(const char *args)
 {
+    bool own_prefix = false;
     char defaults[512];
     char *copy = NULL;
     char *argv[EAL_ARGV_MAX];
@@ -67,6 +92,15 @@ int cfx__dpdk_eal_init(const char *args)
                  "--no-telemetry%s%s",
                  (int)getpid(), vdev ? " --vdev=" : "", vdev ? vdev : "");
         args = defaults;
+    }
+    /* a file prefix that ends in our pid is ours alone (the default one, and
+     * the tests'): its runtime directory is removed at exit */
+    const char *fp = strstr(args, "--file-prefix=");
+    if (fp) {
+        char pid[16];
+        size_t n = strcspn(fp, " \t");
+        int pl = snprintf(pid, sizeof(pid), "%d", (int)getpid());
+        own_prefix = n > (size_t)pl && !strncmp(fp + n - (size_t)pl, pid, (size_t)pl);
     }
     copy = strdup(args);
     if (!copy) {
@@ -96,6 +130,10 @@ int cfx__dpdk_eal_init(const char *args)
         sched_setaffinity(0, sizeof(cpus), &cpus);
     eal_state = 1;
     rc = CFX_OK;
+    if (own_prefix) {
+        snprintf(eal_rundir, sizeof(eal_rundir), "%s", rte_eal_get_runtime_dir());
+        atexit(eal_rundir_remove);
+    }
     CFX_LOG(INFO, DPDK, "EAL up (%s), %u ports", args, rte_eth_dev_count_avail());
 out_free:
     if (rc)
@@ -105,6 +143,58 @@ out_free:
 out_unlock:
     pthread_mutex_unlock(&eal_lock);
     return rc;
+}
+
+int cfx__dpdk_ports_print(FILE *out, int json)
+{
+    uint16_t pid;
+    int n = 0;
+
+    if (json)
+        fputc('[', out);
+    if ((getenv("CFX_DPDK_EAL") || getenv("CFX_DPDK_VDEV")) && cfx__dpdk_eal_init(NULL) == CFX_OK) {
+        RTE_ETH_FOREACH_DEV(pid) {
+            char name[RTE_ETH_NAME_MAX_LEN];
+            struct rte_ether_addr mac;
+            struct rte_eth_link link;
+            if (rte_eth_dev_get_name_by_port(pid, name) != 0 ||
+                rte_eth_macaddr_get(pid, &mac) != 0)
+                continue;
+            bool up = rte_eth_link_get_nowait(pid, &link) == 0 &&
+                      link.link_status == RTE_ETH_LINK_UP;
+            char m[18];
+            snprintf(m, sizeof(m), "%02x:%02x:%02x:%02x:%02x:%02x", mac.addr_bytes[0],
+                     mac.addr_bytes[1], mac.addr_bytes[2], mac.addr_bytes[3], mac.addr_bytes[4],
+                     mac.addr_bytes[5]);
+            if (json)
+                fprintf(out, "%s{\"name\": \"%s\", \"mac\": \"%s\", \"link\": %s}",
+                        n ? ", " : "", name, m, up ? "true" : "false");
+            else
+                fprintf(out, "dpdk port %s: mac %s, link %s\n", name, m, up ? "up" : "down");
+            n++;
+        }
+    }
+    if (json)
+        fputc(']', out);
+    return n;
+}
+
+int cfx__dpdk_port_name(unsigned n, char *name, size_t len)
+{
+    uint16_t pid;
+    char buf[RTE_ETH_NAME_MAX_LEN];
+
+    if (eal_state <= 0)
+        return CFX_ERR_NOT_FOUND;
+    RTE_ETH_FOREACH_DEV(pid) {
+        if (n--)
+            continue;
+        if (rte_eth_dev_get_name_by_port(pid, buf) != 0)
+            return CFX_ERR_NOT_FOUND;
+        snprintf(name, len, "%s", buf);
+        return CFX_OK;
+    }
+    return CFX_ERR_NOT_FOUND;
 }
 
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out)
@@ -157,7 +247,10 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         rc = CFX_ERR_IO;
         goto err_pool;
     }
-    if ((rc = rte_eth_dev_start(pid)) != 0) {
+    uint64_t start_until = cfx__deadline_ns(p->start_wait_ms);
+    while ((rc = rte_eth_dev_start(pid)) != 0 && cfx__now_ns() < start_until)
+        usleep(10000);
+    if (rc != 0) {
         CFX_LOG(ERR, DPDK, "port %s: start: %s", port->name, rte_strerror(-rc));
         rc = CFX_ERR_IO;
         goto err_pool;
@@ -190,6 +283,18 @@ void cfx__dpdk_port_close(struct cfx__dpdk_port *port)
 void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_addr *out)
 {
     *out = port->local;
+}
+
+int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
+{
+    cfx__dpdk_port_flush(port);
+    rte_eth_dev_stop(port->port_id);
+    int rc = rte_eth_dev_start(port->port_id);
+    if (rc != 0) {
+        CFX_LOG(WARN, DPDK, "port %s: restart: %s", port->name, rte_strerror(-rc));
+        return CFX_ERR_IO;
+    }
+    return CFX_OK;
 }
 
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port)

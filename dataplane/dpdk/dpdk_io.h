@@ -15,6 +15,7 @@
 #define CFX_DPDK_IO_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dpdk_rel.h"
 
@@ -67,6 +68,9 @@ struct cfx__dpdk_port_params {
     uint16_t nb_desc;      /* descriptors per queue [512] */
     uint32_t rx_drop_ppm;  /* test hook: drop this many received frames per million */
     uint64_t rx_drop_seed; /* and the seed of that choice */
+    uint32_t start_wait_ms; /* a port that does not start (a net_memif client whose
+                               server is not up yet) is tried again every 10 ms
+                               for this long [0: once] */
 };
 
 struct cfx__dpdk_port_stats {
@@ -88,6 +92,19 @@ struct cfx__dpdk_port_stats {
  */
 int cfx__dpdk_eal_init(const char *args);
 
+/*
+ * Lists the DPDK ports (rdmactl devices) on out: text lines
+ * "dpdk port NAME: mac M, link up|down", or with json a JSON array of
+ * {"name", "mac", "link"} objects.  EAL is started only when CFX_DPDK_EAL
+ * or CFX_DPDK_VDEV asks for it (no port exists otherwise); then prints
+ * nothing (text) or [] (json).  Returns the number of ports.
+ */
+int cfx__dpdk_ports_print(FILE *out, int json);
+
+/* Name of the n-th available port (0, 1, ...) in name (len bytes).
+ * CFX_ERR_NOT_FOUND past the last port or before EAL is up. */
+int cfx__dpdk_port_name(unsigned n, char *name, size_t len);
+
 /* Opens and starts the port; *out on success.  CFX_ERR_NO_DEVICE when no
  * such port, CFX_ERR_NOMEM for the pool, CFX_ERR_IO when it did not start. */
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out);
@@ -95,6 +112,9 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
 void cfx__dpdk_port_close(struct cfx__dpdk_port *port);
 /* Our address (MAC of the port, IP and UDP port of the parameters). */
 void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_addr *out);
+/* Stops and starts the port again (a net_memif client whose server turned
+ * it away before it was ready connects anew).  Returns 0 or CFX_ERR_IO. */
+int cfx__dpdk_port_restart(struct cfx__dpdk_port *port);
 /* 1 when the link is up, 0 when not. */
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);
 

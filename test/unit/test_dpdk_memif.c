@@ -378,3 +378,28 @@ Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
     cr_assert_eq(rc, 0, "client did not fail with a timeout naming the server");
 #endif
 }
+
+#ifdef CFX_HAVE_DPDK
+/* rdmactl devices: the ports EAL was given are listed, text and JSON. */
+Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
+{
+    char dir[] = "/tmp/cfx_memif_XXXXXX", eal[512], sock[128], *buf = NULL;
+    size_t len = 0;
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/m.sock", dir);
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxl%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=server,socket=%s,id=0",
+             (int)getpid(), sock);
+    setenv("CFX_DPDK_EAL", eal, 1);
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 1);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 1), 1);
+    fclose(f);
+    cr_assert(strstr(buf, "dpdk port net_memif0: mac "), "text: %s", buf);
+    cr_assert(strstr(buf, "[{\"name\": \"net_memif0\", \"mac\": \""), "json: %s", buf);
+    free(buf);
+    unlink(sock);
+    rmdir(dir);
+}
+#endif

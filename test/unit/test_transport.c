@@ -27,6 +27,9 @@
 #include "dataplane/shm/shm.h"
 #include "dataplane/tcp/tcp.h"
 #include "dataplane/transport.h"
+#ifdef CFX_HAVE_DPDK
+#include "dataplane/dpdk/dpdk.h"
+#endif
 #include "testutil.h"
 
 #define NODE_A  1
@@ -221,9 +224,43 @@ static int open_iface(const struct cfx_transport_ops *ops, uint32_t node, struct
     return ops->iface_open(&params, out);
 }
 
+/* dpdk: this test process's EAL gets two net_memif ports joined to each
+ * other (server and client on one socket: a opens the first, b the second)
+ * and a third with no peer (an iface that is gone); no hugepages. */
+static char memif_dir[64];
+
+static void dpdk_setup(void)
+{
+    char eal[768];
+    snprintf(memif_dir, sizeof(memif_dir), "/tmp/cfx_tp_memif_XXXXXX");
+    cr_assert_not_null(mkdtemp(memif_dir));
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxtp%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=server,socket=%s/m.sock,id=0 "
+             "--vdev=net_memif1,role=client,socket=%s/m.sock,id=0 "
+             "--vdev=net_memif2,role=server,socket=%s/gone.sock,id=0",
+             (int)getpid(), memif_dir, memif_dir, memif_dir);
+    setenv("CFX_DPDK_EAL", eal, 1);
+}
+
+static void dpdk_teardown(void)
+{
+    char path[256];
+    if (!memif_dir[0])
+        return;
+    snprintf(path, sizeof(path), "%s/m.sock", memif_dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/gone.sock", memif_dir);
+    unlink(path);
+    rmdir(memif_dir);
+    memif_dir[0] = 0;
+}
+
 static void pair_open(struct pair *p, const struct tp_param *param)
 {
     memset(p, 0, sizeof(*p));
+    if (!strcmp(param->name, "dpdk") && !memif_dir[0])
+        dpdk_setup();
     p->ops = cfx__transport_find(param->name);
     cr_assert_not_null(p->ops, "transport %s not found", param->name);
     cr_log_info("transport %s", param->name);
@@ -280,6 +317,7 @@ static void pair_close(struct pair *p)
         free(p->s[i].evs);
     }
     memset(p, 0, sizeof(*p));
+    dpdk_teardown();
 }
 
 struct region {
@@ -785,6 +823,10 @@ static uint64_t grant_refused(struct pair *p, int side)
         return container_of(i, struct cfx__tcp_iface, super)->n_grant_refused;
     if (p->ops == &cfx__shm_ops)
         return container_of(i, struct cfx__shm_iface, super)->n_grant_refused;
+#ifdef CFX_HAVE_DPDK
+    if (p->ops == &cfx__dpdk_ops)
+        return container_of(i, struct cfx__dpdk_iface, super)->n_grant_refused;
+#endif
     return 0;
 }
 
@@ -1118,6 +1160,9 @@ TP_TEST(peer_killed)
     size_t len;
     enum { SZ = 256 * 1024, SLOTS = 16 };
 
+    if (!strcmp(param->name, "dpdk"))
+        cr_skip_test("dpdk: a forked child cannot use its parent's EAL (test_dpdk_memif.c "
+                     "kills a peer process)");
     pair_open(&p, param);
     /* Only a is used in the parent; b's iface is not needed. */
     p.ops->iface_close(p.s[1].iface);
@@ -1196,3 +1241,48 @@ TP_TEST(mem_reg_args)
     p.ops->mem_dereg(NULL);
     pair_close(&p);
 }
+
+#ifdef CFX_HAVE_DPDK
+/*
+ * dpdk with 1% of the received frames dropped on both ports (the port's
+ * test hook): writes of many sizes (one packet, many, several chunks) and
+ * sends interleaved on both directions arrive whole and in order, every
+ * byte checked against the reference.
+ */
+Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
+{
+    enum { N = 24, SZ = 600 * 1024 };
+    struct pair p;
+    struct tp_param param = { .name = "dpdk" };
+    struct region src, dst;
+
+    setenv("CFX_DPDK_RX_DROP_PPM", "10000", 1);
+    pair_open(&p, &param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, SZ, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(&p, 1, &dst, (size_t)SZ * 2, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    cfx_test_fill(src.buf, SZ, 77);
+    for (int i = 0; i < N; i++) {
+        size_t len = i == 0 ? 0 : i == 1 ? 1 : (size_t)((i * 2654435761u) % SZ);
+        uint64_t roff = (uint64_t)(i % 2) * SZ;
+        post_write(&p, p.ab, &src, 0, &dst.rdesc, roff, len, (uint32_t)i, (uint64_t)i);
+        check_send_recv(&p, p.ba, 1, p.ab, (size_t)(i * 97) % CFX_TP_SEND_MAX, 300 + (uint64_t)i);
+        struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+        cr_assert_eq(e->imm, (uint32_t)i, "write %d: immediate %u", i, e->imm);
+        cr_assert_eq(e->len, len);
+        cr_assert_eq(memcmp(dst.buf + roff, src.buf, len), 0, "write %d of %zu bytes differs", i,
+                     len);
+        e = wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+        cr_assert_eq(e->status, CFX_OK);
+        cr_assert_eq(e->wr_id, (uint64_t)i);
+    }
+    struct cfx__dpdk_port_stats st;
+    cfx__dpdk_port_get_stats(container_of(p.s[1].iface, struct cfx__dpdk_iface, super)->port, &st);
+    cr_log_info("b: %llu frames taken, %llu dropped by the hook", (unsigned long long)st.rx,
+                (unsigned long long)st.rx_dropped);
+    cr_assert_gt(st.rx_dropped, 0, "the hook dropped nothing");
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
+#endif

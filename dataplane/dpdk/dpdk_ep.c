@@ -1,0 +1,539 @@
+/*
+ * dpdk transport: endpoints.  One reliability session each (dpdk_rel.c);
+ * posted ops wait in a ring and are fed to the session as messages (the
+ * session keeps up to CFX_DPDK_SENDQ queued); completions come from the
+ * session's "sent" callback, in order.  Received messages are checked and
+ * placed by deliver() (see dpdk.h for the message layout).
+ */
+#include <endian.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/common/log.h"
+#include "dpdk.h"
+
+static int rel_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    struct cfx__dpdk_ep *ep = ctx;
+    return cfx__dpdk_port_tx(ep->iface->port, &ep->peer, h, payload);
+}
+
+static void rel_sent(void *ctx, void *cookie)
+{
+    struct cfx__dpdk_ep *ep = ctx;
+    if (!cookie || ep->state == CFX_DPDK_EP_FAILED)
+        return;
+    struct cfx__dpdk_op *op = cookie;
+    /* the session acknowledges in order: it is the oldest op */
+    if (unlikely(op != &ep->ops[ep->op_tail % CFX_DPDK_TXQ_DEPTH])) {
+        cfx__dpdk_ep_fail(ep, CFX_ERR_INTERNAL, "completion out of order");
+        return;
+    }
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
+    c->type = op->type == CFX_DPDK_OP_SEND ? CFX_TP_COMP_SEND : CFX_TP_COMP_WRITE;
+    c->status = CFX_OK;
+    c->ep = &ep->super;
+    c->wr_id = op->wr_id;
+    cfx__dpdk_op_free(op);
+    ep->op_tail++;
+}
+
+/* A protocol breach by the peer: it learns (RST), the ep fails. */
+static void ep_proto(struct cfx__dpdk_ep *ep, int status, const char *why)
+{
+    cfx__dpdk_ctl_send(ep->iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
+                       (uint32_t)status);
+    cfx__dpdk_ep_fail(ep, status, why);
+}
+
+static int deliver_chunk(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
+{
+    struct cfx__dpdk_iface *iface = ep->iface;
+    if (unlikely(len != ep->rx_len)) {
+        ep_proto(ep, CFX_ERR_PROTO, "write chunk of another length than its header said");
+        return CFX_OK;
+    }
+    if (ep->rx_last && ep->rx_unreported >= CFX_DPDK_RX_MAX)
+        return CFX_ERR_AGAIN;
+    /* the registration may have gone since its header was checked: then the
+     * bytes go nowhere and the write reports nothing */
+    struct cfx__dpdk_mr *mr = cfx__tp_table_get(&iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
+    if (mr && len)
+        memcpy((uint8_t *)mr->super.addr + ep->rx_off, buf, len);
+    ep->rx_expect = false;
+    if (ep->rx_last && mr) {
+        struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+        c->type = CFX_TP_COMP_WRITE_IMM;
+        c->ep = &ep->super;
+        c->imm = ep->rx_imm;
+        c->len = ep->rx_total;
+        ep->rx_unreported++;
+    }
+    return CFX_OK;
+}
+
+static int deliver_send(struct cfx__dpdk_ep *ep, const uint8_t *data, uint32_t len)
+{
+    struct cfx__dpdk_iface *iface = ep->iface;
+    uint8_t *copy = NULL;
+
+    if (ep->rx_unreported >= CFX_DPDK_RX_MAX)
+        return CFX_ERR_AGAIN;
+    if (len) { /* an empty message takes no buffer */
+        while (ep->rx_slot_tail != ep->rx_slot_ret &&
+               ep->rx_slots[ep->rx_slot_tail % CFX_DPDK_RX_SLOTS].returned_gen < iface->poll_gen)
+            ep->rx_slot_tail++;
+        if (ep->rx_slot_head - ep->rx_slot_tail == CFX_DPDK_RX_SLOTS)
+            return CFX_ERR_AGAIN;
+        struct cfx__dpdk_rx_slot *slot = &ep->rx_slots[ep->rx_slot_head % CFX_DPDK_RX_SLOTS];
+        if (!slot->buf && !(slot->buf = malloc(CFX_TP_SEND_MAX)))
+            return CFX_ERR_AGAIN;
+        copy = slot->buf;
+        memcpy(copy, data, len);
+        ep->rx_slot_head++;
+    }
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+    c->type = CFX_TP_COMP_RECV;
+    c->ep = &ep->super;
+    c->len = len;
+    c->data = copy;
+    ep->rx_unreported++;
+    return CFX_OK;
+}
+
+static int rel_deliver(void *ctx, const void *buf, size_t len)
+{
+    struct cfx__dpdk_ep *ep = ctx;
+    struct cfx__dpdk_op_hdr h;
+    const char *why;
+
+    if (ep->state != CFX_DPDK_EP_OPEN)
+        return CFX_OK; /* dropped: a refused write's bytes among them */
+    if (ep->rx_expect)
+        return deliver_chunk(ep, buf, len);
+    if (unlikely(len < sizeof(h))) {
+        ep_proto(ep, CFX_ERR_PROTO, "message shorter than its header");
+        return CFX_OK;
+    }
+    memcpy(&h, buf, sizeof(h));
+    uint32_t hlen = le32toh(h.len);
+    switch (h.type) {
+    case CFX_DPDK_OP_SEND:
+        if (unlikely(hlen != len - sizeof(h) || hlen > CFX_TP_SEND_MAX)) {
+            ep_proto(ep, CFX_ERR_PROTO, "send of a bad length");
+            return CFX_OK;
+        }
+        return deliver_send(ep, (const uint8_t *)buf + sizeof(h), hlen);
+    case CFX_DPDK_OP_WRITE: {
+        uint64_t off = le64toh(h.off);
+        if (unlikely(len != sizeof(h) || hlen > CFX_DPDK_CHUNK)) {
+            ep_proto(ep, CFX_ERR_PROTO, "write header of a bad length");
+            return CFX_OK;
+        }
+        struct cfx__dpdk_mr *mr = cfx__dpdk_mr_lookup(ep->iface, ep, le32toh(h.key_idx),
+                                                      le64toh(h.key), off, hlen, &why);
+        if (unlikely(!mr)) {
+            atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "write refused: %s", why);
+            ep_proto(ep, CFX_ERR_PROTO, msg);
+            return CFX_OK;
+        }
+        ep->rx_expect = true;
+        ep->rx_len = hlen;
+        ep->rx_mr_idx = mr->idx;
+        ep->rx_mr_gen = mr->gen;
+        ep->rx_off = off;
+        ep->rx_last = h.flags & CFX_DPDK_OP_F_LAST;
+        ep->rx_imm = le32toh(h.imm);
+        ep->rx_total = le32toh(h.total);
+        return CFX_OK;
+    }
+    default:
+        ep_proto(ep, CFX_ERR_PROTO, "unknown message type");
+        return CFX_OK;
+    }
+}
+
+static const struct cfx__dpdk_rel_ops rel_ops = {
+    .tx = rel_tx,
+    .deliver = rel_deliver,
+    .sent = rel_sent,
+};
+
+int cfx__dpdk_ep_new(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *peer,
+                     uint32_t peer_node, struct cfx__dpdk_ep **out)
+{
+    struct cfx__dpdk_ep *ep = calloc(1, sizeof(*ep));
+    uint32_t gen;
+    int rc;
+
+    if (!ep)
+        return cfx__err(CFX_ERR_NOMEM, "dpdk: out of memory for an endpoint");
+    cfx_list_init(&ep->link);
+    if ((rc = cfx__tp_cq_reserve(&iface->cq, CFX_DPDK_CQ_PER_EP)) != CFX_OK) {
+        free(ep);
+        return rc;
+    }
+    if ((rc = cfx__tp_table_add(&iface->eps_tab, ep, &ep->idx, &gen)) != CFX_OK) {
+        cfx__tp_cq_unreserve(&iface->cq, CFX_DPDK_CQ_PER_EP);
+        free(ep);
+        return rc;
+    }
+    ep->in_tab = true;
+    ep->super.iface = &iface->super;
+    ep->super.peer_node = peer_node;
+    ep->super.status = CFX_OK;
+    ep->iface = iface;
+    ep->serial = ++iface->ep_serial;
+    ep->sess_id = cfx__dpdk_sess_id(ep->idx, gen);
+    ep->peer = *peer;
+    ep->heard = iface->now;
+    snprintf(ep->super.peer_name, sizeof(ep->super.peer_name),
+             "node %u (%02x:%02x:%02x:%02x:%02x:%02x %u.%u.%u.%u:%u)", peer_node, peer->mac[0],
+             peer->mac[1], peer->mac[2], peer->mac[3], peer->mac[4], peer->mac[5], peer->ip >> 24,
+             peer->ip >> 16 & 0xFF, peer->ip >> 8 & 0xFF, peer->ip & 0xFF, peer->port);
+    cfx_list_add_tail(&ep->link, &iface->eps);
+    *out = ep;
+    return CFX_OK;
+}
+
+int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess)
+{
+    struct cfx__dpdk_rel_params p = {
+        .mtu_payload = CFX_DPDK_MTU,
+        .sendq_max = CFX_DPDK_SENDQ,
+        .msg_max = CFX_DPDK_CHUNK + sizeof(struct cfx__dpdk_op_hdr),
+        .max_retries = 20, /* with the RTO's backoff: over a second of silence */
+    };
+    int rc = cfx__dpdk_sess_init(&ep->sess, &p, &rel_ops, ep, ep->sess_id, peer_sess,
+                                 ep->super.peer_name);
+    if (rc != CFX_OK)
+        return rc;
+    ep->sess_up = true;
+    ep->peer_sess = peer_sess;
+    ep->state = CFX_DPDK_EP_OPEN;
+    ep->heard = ep->iface->now;
+    ep->ping_next = ep->iface->now + CFX_DPDK_PING_MS * 1000000ull;
+    return CFX_OK;
+}
+
+void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
+{
+    struct cfx__dpdk_iface *iface = ep->iface;
+    cfx_list_del(&ep->link);
+    if (ep->in_tab) {
+        cfx__tp_table_remove(&iface->eps_tab, ep->idx);
+        cfx__tp_cq_unreserve(&iface->cq, CFX_DPDK_CQ_PER_EP);
+    }
+    if (ep->sess_up)
+        cfx__dpdk_sess_fini(&ep->sess);
+    for (uint32_t i = ep->op_tail; i != ep->op_head; i++)
+        cfx__dpdk_op_free(&ep->ops[i % CFX_DPDK_TXQ_DEPTH]);
+    for (int i = 0; i < CFX_DPDK_RX_SLOTS; i++)
+        free(ep->rx_slots[i].buf);
+    free(ep);
+}
+
+void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
+{
+    struct cfx__dpdk_iface *iface = ep->iface;
+    if (ep->state == CFX_DPDK_EP_FAILED)
+        return;
+    CFX_LOG(WARN, DPDK, "node %u: connection to %s failed (%s): %s", iface->super.node_id,
+            ep->super.peer_name, cfx_errname(status), why);
+    ep->state = CFX_DPDK_EP_FAILED;
+    ep->super.status = status;
+    /* every outstanding op completes, in order, with the status */
+    for (; ep->op_tail != ep->op_head; ep->op_tail++) {
+        struct cfx__dpdk_op *op = &ep->ops[ep->op_tail % CFX_DPDK_TXQ_DEPTH];
+        struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+        c->type = op->type == CFX_DPDK_OP_SEND ? CFX_TP_COMP_SEND : CFX_TP_COMP_WRITE;
+        c->status = status;
+        c->ep = &ep->super;
+        c->wr_id = op->wr_id;
+        cfx__dpdk_op_free(op);
+    }
+    ep->op_feed = ep->op_head;
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+    c->type = CFX_TP_COMP_EP_ERROR;
+    c->status = status;
+    c->ep = &ep->super;
+}
+
+void cfx__dpdk_ep_rx(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    ep->heard = ep->iface->now;
+    int rc = cfx__dpdk_sess_rx(&ep->sess, h, payload, ep->iface->now);
+    if (unlikely(rc < 0 && rc != CFX_ERR_INVALID && ep->state == CFX_DPDK_EP_OPEN))
+        ep_proto(ep, rc, ep->sess.error_msg);
+}
+
+/* Feed posted ops to the session while it takes them. */
+static void ep_pump(struct cfx__dpdk_ep *ep)
+{
+    uint64_t now = ep->iface->now;
+    int rc;
+
+    while (ep->op_feed != ep->op_head && ep->state == CFX_DPDK_EP_OPEN) {
+        struct cfx__dpdk_op *op = &ep->ops[ep->op_feed % CFX_DPDK_TXQ_DEPTH];
+        if (op->type == CFX_DPDK_OP_SEND) {
+            rc = cfx__dpdk_sess_send(&ep->sess, op->msg, op->msg_len, op, now);
+            if (rc == CFX_ERR_AGAIN)
+                return;
+            if (rc != CFX_OK)
+                goto err;
+            ep->op_feed++;
+            continue;
+        }
+        for (;;) {
+            uint64_t chunk = op->len - op->done;
+            if (chunk > CFX_DPDK_CHUNK)
+                chunk = CFX_DPDK_CHUNK;
+            bool last = op->done + chunk == op->len;
+            if (!op->hdr_queued) {
+                /* CFX_DPDK_SENDQ + 1 entries: the one written now is not
+                 * still queued in the session (it holds CFX_DPDK_SENDQ) */
+                struct cfx__dpdk_op_hdr *h = &ep->hdrs[ep->hdr_next % (CFX_DPDK_SENDQ + 1)];
+                memset(h, 0, sizeof(*h));
+                h->type = CFX_DPDK_OP_WRITE;
+                h->flags = last ? CFX_DPDK_OP_F_LAST : 0;
+                h->imm = htole32(op->imm);
+                h->key_idx = htole32(op->key_idx);
+                h->len = htole32((uint32_t)chunk);
+                h->total = htole32((uint32_t)op->len);
+                h->key = htole64(op->key);
+                h->off = htole64(op->roff + op->done);
+                rc = cfx__dpdk_sess_send(&ep->sess, h, sizeof(*h), NULL, now);
+                if (rc == CFX_ERR_AGAIN)
+                    return;
+                if (rc != CFX_OK)
+                    goto err;
+                ep->hdr_next++;
+                op->hdr_queued = true;
+            }
+            rc = cfx__dpdk_sess_send(&ep->sess, op->src + op->done, chunk, last ? op : NULL, now);
+            if (rc == CFX_ERR_AGAIN)
+                return;
+            if (rc != CFX_OK)
+                goto err;
+            op->done += chunk;
+            op->hdr_queued = false;
+            if (last)
+                break;
+        }
+        ep->op_feed++;
+    }
+    return;
+err:
+    ep_proto(ep, rc, ep->sess.error_msg[0] ? ep->sess.error_msg : "the session refused a message");
+}
+
+void cfx__dpdk_ep_progress(struct cfx__dpdk_ep *ep)
+{
+    struct cfx__dpdk_iface *iface = ep->iface;
+    uint64_t now = iface->now;
+
+    if (ep->state == CFX_DPDK_EP_CONNECTING) {
+        if (now >= ep->connect_deadline) {
+            cfx__dpdk_ep_fail(ep, CFX_ERR_CONNECT, "no answer to the connection request");
+        } else if (now >= ep->syn_next) {
+            cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_SYN, ep->sess_id, 0,
+                               iface->super.node_id);
+            ep->syn_next = now + CFX_DPDK_SYN_MS * 1000000ull;
+        }
+        return;
+    }
+    if (ep->state != CFX_DPDK_EP_OPEN)
+        return;
+    ep_pump(ep);
+    int rc = cfx__dpdk_sess_poll(&ep->sess, now);
+    if (rc < 0) {
+        if (ep->state == CFX_DPDK_EP_OPEN)
+            ep_proto(ep, rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc, ep->sess.error_msg);
+        return;
+    }
+    if (ep->state != CFX_DPDK_EP_OPEN)
+        return;
+    ep_pump(ep);
+    uint64_t silent = now - ep->heard;
+    if (silent > CFX_DPDK_DEAD_MS * 1000000ull) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "nothing heard for %llu ms",
+                 (unsigned long long)(silent / 1000000));
+        cfx__dpdk_ep_fail(ep, CFX_ERR_PEER_FAILED, msg);
+    } else if (silent > CFX_DPDK_PING_MS * 1000000ull && now >= ep->ping_next) {
+        cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_PING, ep->sess_id, ep->peer_sess, 0);
+        ep->ping_next = now + CFX_DPDK_PING_MS * 1000000ull;
+    }
+}
+
+void cfx__dpdk_ep_returned(struct cfx__dpdk_ep *ep, const struct cfx_tp_completion *c)
+{
+    switch (c->type) {
+    case CFX_TP_COMP_RECV:
+        if (c->len)
+            ep->rx_slots[ep->rx_slot_ret++ % CFX_DPDK_RX_SLOTS].returned_gen = ep->iface->poll_gen;
+        ep->rx_unreported--;
+        break;
+    case CFX_TP_COMP_WRITE_IMM:
+        ep->rx_unreported--;
+        break;
+    case CFX_TP_COMP_WRITE:
+    case CFX_TP_COMP_SEND:
+        ep->tx_unreported--;
+        break;
+    default:
+        break;
+    }
+}
+
+void cfx__dpdk_ep_mr_gone(struct cfx__dpdk_ep *ep, struct cfx__dpdk_mr *mr)
+{
+    for (uint32_t i = ep->op_tail; i != ep->op_head; i++) {
+        const struct cfx__dpdk_op *op = &ep->ops[i % CFX_DPDK_TXQ_DEPTH];
+        if (op->type == CFX_DPDK_OP_WRITE && op->mr == mr) {
+            ep_proto(ep, CFX_ERR_CANCELED, "a region with writes from it queued was deregistered");
+            return;
+        }
+    }
+}
+
+void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    if (!tp_ep)
+        return;
+    struct cfx__dpdk_ep *ep = cfx__dpdk_ep_of(tp_ep);
+    struct cfx__dpdk_iface *iface = ep->iface;
+
+    if (ep->state == CFX_DPDK_EP_OPEN) {
+        cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
+                           (uint32_t)CFX_ERR_CLOSED);
+        cfx__dpdk_port_flush(iface->port);
+    }
+    ep->state = CFX_DPDK_EP_FAILED;
+    cfx__tp_cq_drop_ep(&iface->cq, tp_ep);
+    /* its session id answers with a reset from now on */
+    cfx__tp_table_remove(&iface->eps_tab, ep->idx);
+    cfx__tp_cq_unreserve(&iface->cq, CFX_DPDK_CQ_PER_EP);
+    ep->in_tab = false;
+    cfx__tp_graveyard_add(&iface->graveyard, &ep->link);
+}
+
+int cfx__dpdk_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t len,
+                         uint32_t peer_node, struct cfx_tp_ep **out)
+{
+    CFX_TP_THREAD_CHECK(tp_iface);
+    struct cfx__dpdk_ifaddr a;
+    struct cfx__dpdk_ep *ep;
+    int rc;
+
+    if (!tp_iface || !addr || !out || len != sizeof(a))
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_connect: NULL argument or address of %zu bytes",
+                        len);
+    memcpy(&a, addr, sizeof(a));
+    if (le32toh(a.magic) != CFX_DPDK_ADDR_MAGIC)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_connect: not a dpdk address");
+    struct cfx__dpdk_iface *iface = cfx__dpdk_iface_of(tp_iface);
+    struct cfx__dpdk_addr peer = { .ip = le32toh(a.ip), .port = le16toh(a.port) };
+    memcpy(peer.mac, a.mac, 6);
+    iface->now = cfx__now_ns();
+    if ((rc = cfx__dpdk_ep_new(iface, &peer, peer_node, &ep)) != CFX_OK)
+        return rc;
+    ep->state = CFX_DPDK_EP_CONNECTING;
+    ep->connect_deadline = iface->now + CFX_DPDK_CONNECT_MS * 1000000ull;
+    ep->syn_next = iface->now; /* the first SYN leaves at the next poll */
+    *out = &ep->super;
+    return CFX_OK;
+}
+
+/* Room for one more op on ep, or why not. */
+static int ep_room(struct cfx__dpdk_ep *ep)
+{
+    if (ep->super.status != CFX_OK)
+        return ep->super.status;
+    if (ep->tx_unreported >= CFX_DPDK_TXQ_DEPTH || cfx__tp_cq_backlogged(&ep->iface->cq))
+        return CFX_ERR_AGAIN;
+    return CFX_OK;
+}
+
+int cfx__dpdk_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t loff,
+                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
+                       uint64_t wr_id)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    struct cfx__dpdk_rkey k;
+    int rc;
+
+    if (!tp_ep || !tp_mr || !rdesc)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: NULL argument");
+    struct cfx__dpdk_ep *ep = cfx__dpdk_ep_of(tp_ep);
+    if ((rc = ep_room(ep)) != CFX_OK)
+        return rc;
+    if (len > CFX_TP_WRITE_MAX)
+        return cfx__err(CFX_ERR_TOO_BIG, "dpdk ep_write: %zu bytes to %s", len,
+                        tp_ep->peer_name);
+    if (tp_mr->iface != tp_ep->iface || loff > tp_mr->len || len > tp_mr->len - loff)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: source outside its registration");
+    if (rdesc->len != sizeof(k) || rdesc->data[0] != CFX_DPDK_RDESC_TAG)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: not a dpdk remote descriptor");
+    memcpy(&k, rdesc->data, sizeof(k));
+
+    struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
+    op->msg = NULL;
+    op->msg_len = 0;
+    op->done = 0;
+    op->hdr_queued = false;
+    op->type = CFX_DPDK_OP_WRITE;
+    op->wr_id = wr_id;
+    op->mr = cfx__dpdk_mr_of(tp_mr);
+    op->src = (const uint8_t *)tp_mr->addr + loff;
+    op->len = len;
+    op->key_idx = le32toh(k.idx);
+    op->key = le64toh(k.key);
+    op->roff = roff;
+    op->imm = imm;
+    ep->op_head++;
+    ep->tx_unreported++;
+    ep->iface->now = cfx__now_ns();
+    ep_pump(ep);
+    return CFX_OK;
+}
+
+int cfx__dpdk_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint64_t wr_id)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    struct cfx__dpdk_op_hdr h;
+    int rc;
+
+    if (!tp_ep || (!buf && len))
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_send: NULL argument");
+    struct cfx__dpdk_ep *ep = cfx__dpdk_ep_of(tp_ep);
+    if ((rc = ep_room(ep)) != CFX_OK)
+        return rc;
+    if (len > CFX_TP_SEND_MAX)
+        return cfx__err(CFX_ERR_TOO_BIG, "dpdk ep_send: %zu bytes to %s, at most %u", len,
+                        tp_ep->peer_name, CFX_TP_SEND_MAX);
+    struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
+    uint8_t *msg = sizeof(h) + len <= sizeof(op->small) ? op->small : malloc(sizeof(h) + len);
+    if (!msg)
+        return cfx__err(CFX_ERR_NOMEM, "dpdk ep_send: out of memory");
+    memset(&h, 0, sizeof(h));
+    h.type = CFX_DPDK_OP_SEND;
+    h.len = htole32((uint32_t)len);
+    memcpy(msg, &h, sizeof(h));
+    if (len)
+        memcpy(msg + sizeof(h), buf, len);
+
+    op->type = CFX_DPDK_OP_SEND;
+    op->wr_id = wr_id;
+    op->msg = msg;
+    op->msg_len = (uint32_t)(sizeof(h) + len);
+    ep->op_head++;
+    ep->tx_unreported++;
+    ep->iface->now = cfx__now_ns();
+    ep_pump(ep);
+    return CFX_OK;
+}

@@ -1,0 +1,456 @@
+/*
+ * dpdk transport: the iface (one DPDK port), its poll loop, control
+ * packets and the ops table.
+ *
+ * Which port: the iface parameter device names it (an ethdev name such as
+ * "net_memif0"); otherwise $CFX_DPDK_PORT; otherwise the first port this
+ * process has not opened yet, so that two ifaces of one process (the
+ * transport tests: two memif vdevs joined to each other) take one port each.
+ * Our IPv4 address: $CFX_DPDK_IP, else bind_addr, else 10.77.0.<n + 1> for
+ * the n-th port; it only has to be what peers send to (their address record).
+ * $CFX_DPDK_RX_DROP_PPM (a test hook) drops that many received frames per
+ * million before the transport sees them.
+ *
+ * No wait fd: the transport is busy-polled (CFX_TP_CAP_BUSY_POLL); timers
+ * (SYN repeats, RTO, keepalive) run from poll() with the time it reads.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataplane/common/log.h"
+#include "dpdk.h"
+
+#define CQ_INITIAL 1024
+#define RX_BURSTS  8 /* receive bursts per poll() at most */
+
+/* Ports of this process that an iface holds (EAL and its ports are process-wide). */
+static pthread_mutex_t ports_lock = PTHREAD_MUTEX_INITIALIZER;
+static char ports_held[8][64];
+
+static bool port_hold(const char *name)
+{
+    bool ok = false;
+    int free_at = -1;
+    pthread_mutex_lock(&ports_lock);
+    for (int i = 0; i < 8; i++) {
+        if (!strcmp(ports_held[i], name))
+            goto out;
+        if (!ports_held[i][0] && free_at < 0)
+            free_at = i;
+    }
+    if (free_at >= 0) {
+        snprintf(ports_held[free_at], sizeof(ports_held[free_at]), "%s", name);
+        ok = true;
+    }
+out:
+    pthread_mutex_unlock(&ports_lock);
+    return ok;
+}
+
+static void port_release(const char *name)
+{
+    pthread_mutex_lock(&ports_lock);
+    for (int i = 0; i < 8; i++)
+        if (!strcmp(ports_held[i], name))
+            ports_held[i][0] = 0;
+    pthread_mutex_unlock(&ports_lock);
+}
+
+void cfx__dpdk_ctl_send(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *dst,
+                        unsigned type, uint32_t from_sess, uint32_t to_sess, uint64_t arg)
+{
+    struct cfx__dpdk_hdr h = {
+        .flags = CFX_DPDK_F_ACKREQ,
+        .session = 0,
+        .seq = type,
+        .ack = from_sess,
+        .msg_id = to_sess,
+        .sack = arg,
+        .ts = iface->now,
+    };
+    /* best effort: a lost control packet is repeated (SYN, PING) or made up
+     * for by the reset answering the peer's next packet */
+    (void)cfx__dpdk_port_tx(iface->port, dst, &h, NULL);
+}
+
+static bool same_addr(const struct cfx__dpdk_addr *a, const struct cfx__dpdk_addr *b)
+{
+    return !memcmp(a->mac, b->mac, 6) && a->ip == b->ip && a->port == b->port;
+}
+
+static struct cfx__dpdk_ep *ep_by_peer(struct cfx__dpdk_iface *iface,
+                                       const struct cfx__dpdk_addr *src, uint32_t peer_sess)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &iface->eps) {
+        struct cfx__dpdk_ep *ep = cfx_list_entry(pos, struct cfx__dpdk_ep, link);
+        if (ep->peer_sess == peer_sess && same_addr(&ep->peer, src))
+            return ep;
+    }
+    return NULL;
+}
+
+static struct cfx__dpdk_ep *ep_by_sess(struct cfx__dpdk_iface *iface, uint32_t sess)
+{
+    if (!sess || !(sess & 0xFFFFu))
+        return NULL;
+    return cfx__tp_table_get(&iface->eps_tab, (sess & 0xFFFFu) - 1, sess >> 16);
+}
+
+static void accept_syn(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *src,
+                       const struct cfx__dpdk_hdr *h)
+{
+    struct cfx__dpdk_ep *ep = ep_by_peer(iface, src, h->ack);
+    if (ep) { /* our SYNACK was lost */
+        if (ep->state == CFX_DPDK_EP_OPEN)
+            cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_SYNACK, ep->sess_id, h->ack,
+                               iface->super.node_id);
+        return;
+    }
+    uint32_t node = (uint32_t)h->sack;
+    if (cfx__dpdk_ep_new(iface, src, node, &ep) != CFX_OK) {
+        CFX_LOG(WARN, DPDK, "iface %s: connection from node %u refused: %s", iface->name, node,
+                cfx_last_error());
+        cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, 0, h->ack, (uint32_t)CFX_ERR_CONNECT);
+        return;
+    }
+    if (cfx__dpdk_ep_open(ep, h->ack) != CFX_OK) {
+        cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, 0, h->ack, (uint32_t)CFX_ERR_CONNECT);
+        cfx__dpdk_ep_destroy(ep);
+        return;
+    }
+    struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+    c->type = CFX_TP_COMP_ACCEPT;
+    c->ep = &ep->super;
+    cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_SYNACK, ep->sess_id, h->ack, iface->super.node_id);
+}
+
+static void ctl_rx(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *src,
+                   const struct cfx__dpdk_hdr *h)
+{
+    struct cfx__dpdk_ep *ep;
+
+    switch (h->seq) {
+    case CFX_DPDK_CTL_SYN:
+        accept_syn(iface, src, h);
+        return;
+    case CFX_DPDK_CTL_SYNACK:
+        ep = ep_by_sess(iface, h->msg_id);
+        if (!ep || ep->state != CFX_DPDK_EP_CONNECTING || !same_addr(&ep->peer, src))
+            return; /* a repeated SYNACK */
+        ep->heard = iface->now;
+        if (cfx__dpdk_ep_open(ep, h->ack) != CFX_OK) {
+            cfx__dpdk_ep_fail(ep, CFX_ERR_NOMEM, "no memory for the session");
+            return;
+        }
+        struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
+        c->type = CFX_TP_COMP_CONNECTED;
+        c->ep = &ep->super;
+        return;
+    case CFX_DPDK_CTL_RST:
+        ep = h->msg_id ? ep_by_sess(iface, h->msg_id) : ep_by_peer(iface, src, h->ack);
+        if (!ep || !same_addr(&ep->peer, src) ||
+            (ep->state == CFX_DPDK_EP_OPEN && ep->peer_sess != h->ack))
+            return;
+        int st = (int32_t)(uint32_t)h->sack;
+        if (st >= 0 || st <= CFX_STATUS_LAST)
+            st = CFX_ERR_PEER_FAILED;
+        cfx__dpdk_ep_fail(ep, st,
+                          st == CFX_ERR_CLOSED ? "the peer closed the connection"
+                                               : "the peer reset the connection");
+        return;
+    case CFX_DPDK_CTL_PING:
+    case CFX_DPDK_CTL_PONG:
+        ep = ep_by_sess(iface, h->msg_id);
+        if (!ep || ep->state != CFX_DPDK_EP_OPEN || ep->peer_sess != h->ack ||
+            !same_addr(&ep->peer, src)) {
+            if (h->seq == CFX_DPDK_CTL_PING)
+                cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, 0, h->ack,
+                                   (uint32_t)CFX_ERR_PEER_FAILED);
+            return;
+        }
+        ep->heard = iface->now;
+        if (h->seq == CFX_DPDK_CTL_PING)
+            cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_PONG, ep->sess_id, ep->peer_sess, 0);
+        return;
+    default:
+        return;
+    }
+}
+
+static void rx_cb(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx__dpdk_hdr *h,
+                  const void *payload)
+{
+    struct cfx__dpdk_iface *iface = ctx;
+    if (h->session == 0) {
+        ctl_rx(iface, src, h);
+        return;
+    }
+    struct cfx__dpdk_ep *ep = ep_by_sess(iface, h->session);
+    if (unlikely(!ep || ep->state == CFX_DPDK_EP_CONNECTING || !same_addr(&ep->peer, src))) {
+        /* a session that is gone: tell the sender (by the id it used) */
+        if (h->flags & CFX_DPDK_F_DATA)
+            cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, h->session, 0,
+                               (uint32_t)CFX_ERR_PEER_FAILED);
+        return;
+    }
+    if (ep->state == CFX_DPDK_EP_OPEN)
+        cfx__dpdk_ep_rx(ep, h, payload);
+}
+
+/* A link that stays down gets its port restarted: a net_memif client that
+ * reached its server's socket before the server's port started is turned
+ * away ("ID not found") and does not try again by itself. */
+static void link_watch(struct cfx__dpdk_iface *iface)
+{
+    iface->link_check = iface->now + CFX_DPDK_LINK_CHECK_MS * 1000000ull;
+    if (cfx__dpdk_port_link_up(iface->port)) {
+        iface->link_down_since = 0;
+        return;
+    }
+    if (!iface->link_down_since) {
+        iface->link_down_since = iface->now;
+        return;
+    }
+    if (iface->now - iface->link_down_since >= CFX_DPDK_LINK_RESTART_MS * 1000000ull) {
+        CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, restarting the port", iface->name,
+                (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
+        cfx__dpdk_port_restart(iface->port);
+        iface->link_down_since = iface->now;
+    }
+}
+
+static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *comps, int max)
+{
+    CFX_TP_THREAD_CHECK(tp_iface);
+    struct cfx__dpdk_iface *iface = cfx__dpdk_iface_of(tp_iface);
+    struct cfx_list *pos, *n;
+    int got = 0;
+
+    if (!cfx__tp_graveyard_empty(&iface->graveyard))
+        cfx__tp_graveyard_free(&iface->graveyard);
+    iface->poll_gen++;
+    iface->now = cfx__now_ns();
+    for (int i = 0; i < RX_BURSTS; i++)
+        if (cfx__dpdk_port_rx(iface->port, rx_cb, iface) <= 0)
+            break;
+    cfx_list_for_each_safe(pos, n, &iface->eps)
+        cfx__dpdk_ep_progress(cfx_list_entry(pos, struct cfx__dpdk_ep, link));
+    cfx__dpdk_port_flush(iface->port);
+    if (unlikely(iface->now >= iface->link_check))
+        link_watch(iface);
+
+    while (got < max) {
+        struct cfx_tp_completion *c = cfx__tp_cq_head(&iface->cq);
+        if (!c)
+            break;
+        comps[got++] = *c;
+        cfx__tp_cq_pop(&iface->cq);
+        cfx__dpdk_ep_returned(cfx__dpdk_ep_of(comps[got - 1].ep), &comps[got - 1]);
+    }
+    return got ? got : cfx__tp_cq_take_status(&iface->cq);
+}
+
+static void ep_bury(struct cfx_list *link)
+{
+    cfx__dpdk_ep_destroy(cfx_list_entry(link, struct cfx__dpdk_ep, link));
+}
+
+static int parse_ip(const char *s, uint32_t *ip)
+{
+    struct in_addr a;
+    if (!s || inet_pton(AF_INET, s, &a) != 1)
+        return CFX_ERR_INVALID;
+    *ip = ntohl(a.s_addr);
+    return CFX_OK;
+}
+
+static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_params *params,
+                     unsigned *nth)
+{
+    const char *want = (params && (params->field_mask & CFX_TP_IFACE_PARAM_DEVICE) &&
+                        params->device && params->device[0])
+                           ? params->device
+                           : getenv("CFX_DPDK_PORT");
+    char name[64];
+    for (unsigned i = 0; cfx__dpdk_port_name(i, name, sizeof(name)) == CFX_OK; i++) {
+        if (want && strcmp(want, name))
+            continue;
+        if (port_hold(name)) {
+            snprintf(iface->port_name, sizeof(iface->port_name), "%s", name);
+            *nth = i;
+            return CFX_OK;
+        }
+        if (want)
+            return cfx__err(CFX_ERR_BUSY, "dpdk iface_open: port %s is in use", want);
+    }
+    return cfx__err(CFX_ERR_NO_DEVICE,
+                    want ? "dpdk iface_open: no DPDK port %s"
+                         : "dpdk iface_open: no free DPDK port%s (CFX_DPDK_VDEV, CFX_DPDK_EAL)",
+                    want ? want : "");
+}
+
+static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_tp_iface **out)
+{
+    struct cfx__dpdk_iface *iface;
+    unsigned nth = 0;
+    int rc;
+
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "dpdk iface_open: NULL argument");
+    if (cfx__dpdk_eal_init(NULL) != CFX_OK)
+        return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: DPDK's EAL did not start");
+    iface = calloc(1, sizeof(*iface));
+    if (!iface)
+        return cfx__err(CFX_ERR_NOMEM, "dpdk iface_open: out of memory");
+    iface->super.ops = &cfx__dpdk_ops;
+    iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
+                               ? params->node_id
+                               : CFX_DPDK_NODE_NONE;
+    cfx_list_init(&iface->eps);
+    cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
+    cfx__tp_table_init(&iface->mrs, 16, 1u << 24, 32, "dpdk registration");
+    cfx__tp_table_init(&iface->eps_tab, 16, 0xFFFEu, 15, "dpdk endpoint");
+
+    if ((rc = pick_port(iface, params, &nth)) != CFX_OK)
+        goto err_free;
+    struct cfx__dpdk_port_params pp = { .name = iface->port_name };
+    const char *ip = getenv("CFX_DPDK_IP");
+    if (!ip && params && (params->field_mask & CFX_TP_IFACE_PARAM_BIND_ADDR))
+        ip = params->bind_addr;
+    if (ip && parse_ip(ip, &pp.ip) != CFX_OK) {
+        rc = cfx__err(CFX_ERR_INVALID, "dpdk iface_open: %s is not an IPv4 address", ip);
+        goto err_release;
+    }
+    if (!ip)
+        pp.ip = 0x0A4D0000u | ((nth + 1) & 0xFFu); /* 10.77.0.<n + 1> */
+    /* a memif client may start before its server: wait for it a while */
+    pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
+    const char *drop = getenv("CFX_DPDK_RX_DROP_PPM");
+    if (drop) {
+        pp.rx_drop_ppm = (uint32_t)strtoul(drop, NULL, 10);
+        pp.rx_drop_seed = 0x5EED0000u + nth;
+    }
+    if ((rc = cfx__dpdk_port_open(&pp, &iface->port)) != CFX_OK) {
+        rc = cfx__err(rc, "dpdk iface_open: port %s did not open (%s)", iface->port_name,
+                      cfx_errname(rc));
+        goto err_release;
+    }
+    cfx__dpdk_port_addr(iface->port, &iface->local);
+    snprintf(iface->name, sizeof(iface->name), "%s %u.%u.%u.%u:%u", iface->port_name,
+             iface->local.ip >> 24, iface->local.ip >> 16 & 0xFF, iface->local.ip >> 8 & 0xFF,
+             iface->local.ip & 0xFF, iface->local.port);
+    if (cfx__tp_cq_init(&iface->cq, CQ_INITIAL, iface->name) != CFX_OK) {
+        rc = cfx__err(CFX_ERR_NOMEM, "dpdk iface_open: out of memory");
+        goto err_port;
+    }
+    CFX_LOG(INFO, DPDK, "node %u: dpdk iface on %s", iface->super.node_id, iface->name);
+    *out = &iface->super;
+    return CFX_OK;
+
+err_port:
+    cfx__dpdk_port_close(iface->port);
+err_release:
+    port_release(iface->port_name);
+err_free:
+    cfx__tp_table_fini(&iface->eps_tab);
+    cfx__tp_table_fini(&iface->mrs);
+    free(iface);
+    return rc;
+}
+
+static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
+{
+    if (!tp_iface)
+        return;
+    struct cfx__dpdk_iface *iface = cfx__dpdk_iface_of(tp_iface);
+    struct cfx_list *pos, *n;
+
+    iface->now = cfx__now_ns();
+    cfx_list_for_each_safe(pos, n, &iface->eps) {
+        struct cfx__dpdk_ep *ep = cfx_list_entry(pos, struct cfx__dpdk_ep, link);
+        if (ep->state == CFX_DPDK_EP_OPEN)
+            cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
+                               (uint32_t)CFX_ERR_CLOSED);
+        cfx__dpdk_ep_destroy(ep);
+    }
+    cfx__tp_graveyard_free(&iface->graveyard);
+    cfx__dpdk_port_flush(iface->port);
+    /* net_memif connects from EAL's interrupt thread: closing a port in the
+     * middle of that handshake crashes it (DPDK 22.11), so a port whose link
+     * never came up gets a moment to finish first */
+    uint64_t until = cfx__deadline_ns(500);
+    while (!cfx__dpdk_port_link_up(iface->port) && cfx__now_ns() < until)
+        usleep(1000);
+    cfx__dpdk_port_close(iface->port);
+    port_release(iface->port_name);
+    cfx__dpdk_mr_table_free(iface);
+    cfx__tp_table_fini(&iface->eps_tab);
+    cfx__tp_cq_fini(&iface->cq);
+    cfx__keystream_wipe(&iface->keys);
+    free(iface);
+}
+
+static int dpdk_iface_addr(struct cfx_tp_iface *tp_iface, void *buf, size_t *len)
+{
+    struct cfx__dpdk_iface *iface = cfx__dpdk_iface_of(tp_iface);
+    struct cfx__dpdk_ifaddr a;
+
+    if (!buf || !len || *len < sizeof(a)) {
+        if (len)
+            *len = sizeof(a);
+        return cfx__err(CFX_ERR_INVALID, "dpdk iface_addr: buffer under %zu bytes", sizeof(a));
+    }
+    memset(&a, 0, sizeof(a));
+    a.magic = htole32(CFX_DPDK_ADDR_MAGIC);
+    memcpy(a.mac, iface->local.mac, 6);
+    a.port = htole16(iface->local.port);
+    a.ip = htole32(iface->local.ip);
+    a.node_id = htole32(iface->super.node_id);
+    memcpy(buf, &a, sizeof(a));
+    *len = sizeof(a);
+    return CFX_OK;
+}
+
+static int dpdk_iface_fd(struct cfx_tp_iface *tp_iface)
+{
+    return -1;
+}
+
+static int dpdk_iface_arm(struct cfx_tp_iface *tp_iface)
+{
+    return CFX_ERR_AGAIN; /* never sleep: a user-space queue has no fd */
+}
+
+static uint64_t dpdk_grant_refused(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__dpdk_iface_of(tp_iface)->n_grant_refused,
+                                memory_order_relaxed);
+}
+
+const struct cfx_transport_ops cfx__dpdk_ops = {
+    .version = CFX_TP_OPS_VERSION,
+    .name = "dpdk",
+    .caps = CFX_TP_CAP_BUSY_POLL,
+    .iface_open = dpdk_iface_open,
+    .iface_close = dpdk_iface_close,
+    .iface_addr = dpdk_iface_addr,
+    .iface_fd = dpdk_iface_fd,
+    .iface_arm = dpdk_iface_arm,
+    .ep_connect = cfx__dpdk_ep_connect,
+    .ep_close = cfx__dpdk_ep_close,
+    .mem_reg = cfx__dpdk_mem_reg,
+    .mem_dereg = cfx__dpdk_mem_dereg,
+    .mr_pack = cfx__dpdk_mr_pack,
+    .mr_grant = cfx__dpdk_mr_grant,
+    .mr_revoke = cfx__dpdk_mr_revoke,
+    .iface_grant_refused = dpdk_grant_refused,
+    .ep_write = cfx__dpdk_ep_write,
+    .ep_send = cfx__dpdk_ep_send,
+    .poll = dpdk_poll,
+};
