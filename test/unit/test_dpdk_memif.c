@@ -14,6 +14,7 @@
  * Also the frame builder and parser, which need no DPDK.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -320,6 +321,34 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
 
 #endif /* CFX_HAVE_DPDK */
 
+#ifdef CFX_HAVE_DPDK
+/* A forked side ends with _exit() (a crash, or Criterion's child that must
+ * not run the parent's exit handlers), so the runtime directory its EAL made
+ * for its file prefix (cfxt<pid>) is removed here, after waitpid: EAL puts
+ * it under /var/run/dpdk for root, else under $XDG_RUNTIME_DIR or /tmp. */
+static void eal_rundir_reap(pid_t pid)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    char base[256], dir[400], path[700];
+    if (geteuid() == 0)
+        snprintf(base, sizeof(base), "/var/run/dpdk");
+    else
+        snprintf(base, sizeof(base), "%s/dpdk", xdg ? xdg : "/tmp");
+    snprintf(dir, sizeof(dir), "%s/cfxt%d", base, (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+#endif
+
 Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
 {
 #ifndef CFX_HAVE_DPDK
@@ -339,6 +368,7 @@ Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
     if (rc)
         kill(pid, SIGKILL);
     cr_assert_eq(waitpid(pid, &status, 0), pid);
+    eal_rundir_reap(pid);
     char sock[64];
     snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
     unlink(sock);
@@ -369,6 +399,7 @@ Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
     int rc = run_role(false, dir, c2s[1], s2c[0], 50);
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
+    eal_rundir_reap(pid);
     char sock[64];
     snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
     unlink(sock);
