@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -190,8 +191,14 @@ static void worker_end(struct worker *w)
     }
     close(w->to);
     close(w->from);
-    for (int i = 0; i < 3000 && waitpid(w->pid, &st, WNOHANG) == 0; i++)
-        usleep(10 * 1000); /* bounded wait for its exit: waitpid has no timeout */
+    /* wait for its exit itself, bounded: a pidfd turns readable when the
+     * process ends (waitpid has no timeout) */
+    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
+    if (pfd >= 0) {
+        struct pollfd p = { .fd = pfd, .events = POLLIN };
+        poll(&p, 1, 30000);
+        close(pfd);
+    }
     if (waitpid(w->pid, &st, WNOHANG) == 0) {
         kill(w->pid, SIGKILL);
         waitpid(w->pid, &st, 0);
