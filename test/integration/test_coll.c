@@ -35,31 +35,7 @@ static int run(const char *env, int n, const char *tp, const char *args)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-#ifdef CFX_HAVE_DPDK
-/*
- * dpdk between two processes: each rank its own EAL and one net_memif port
- * (CFX_DPDK_VDEV), rank 0 the memif server, rank 1 the client, on a socket
- * in a fresh directory (memif joins two ports, so two ranks).  cfx_run
- * starts the program through sh, which picks the role from CFX_RANK.
- */
-static int run_dpdk(const char *env, const char *prog, const char *args)
-{
-    char dir[] = "/tmp/cfx_memif_XXXXXX", cmd[1536], sock[128];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(sock, sizeof(sock), "%s/m.sock", dir);
-    snprintf(cmd, sizeof(cmd),
-             "%s %s/cfx_run -n 2 --transport dpdk --timeout 200 /bin/sh -c 'if [ \"$CFX_RANK\" "
-             "= 0 ]; then r=server; else r=client; fi; "
-             "CFX_DPDK_VDEV=net_memif0,role=$r,socket=%s,id=0 exec %s/%s %s'",
-             env, CFX_BIN_DIR, sock, CFX_BIN_DIR, prog, args);
-    cr_log_info("%s", cmd);
-    int st = system(cmd);
-    unlink(sock);
-    rmdir(dir);
-    cr_assert(st != -1, "cannot run %s", cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-#endif
+#include "dpdk_run.h" /* run_dpdk() */
 
 struct case_param {
     char tp[8]; /* arrays, not pointers: Criterion runs each test in a fresh process */
