@@ -3,8 +3,9 @@
  * Every mode checks bytes against the deterministic pattern and exits
  * non-zero with a message on the first mismatch or unexpected status.
  *
- *   sizes CHUNK [noinline]  rank 0 puts objects of edge sizes, the others
- *                   get them (noinline: small ones through the data plane too)
+ *   sizes CHUNK [noinline] [BIG]  rank 0 puts objects of edge sizes, the
+ *                   others get them (noinline: small ones through the data
+ *                   plane too); the largest is BIG bytes (default 64 MiB)
  *   fanin SIZE      rank 0 puts one object, all others get it at once
  *                   (concurrent getters through partial copies)
  *   timeout MS      a get of an object nobody puts fails with CFX_ERR_TIMEOUT
@@ -107,11 +108,11 @@ static void check_obj(const void *buf, size_t size, uint64_t seed, const char *w
         DIE("%s: byte %zu of %zu differs", what, bad, size);
 }
 
-static void mode_sizes(struct cfx_context *ctx, size_t chunk, int no_inline)
+static void mode_sizes(struct cfx_context *ctx, size_t chunk, int no_inline, size_t big)
 {
     struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
                                  .flags = no_inline ? CFX_OBJ_FLAG_NO_INLINE : 0 };
-    const size_t sizes[] = { 0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 7, 64u << 20 };
+    const size_t sizes[] = { 0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 7, big };
     const int n = (int)(sizeof(sizes) / sizeof(sizes[0]));
     void *bufs[16];
     struct cfx_object_id id;
@@ -1103,7 +1104,8 @@ int main(int argc, char **argv)
     CHECK_OK(cfx_context_create(NULL, &ctx));
 
     if (!strcmp(argv[1], "sizes") && argc > 2)
-        mode_sizes(ctx, strtoul(argv[2], NULL, 0), argc > 3 && !strcmp(argv[3], "noinline"));
+        mode_sizes(ctx, strtoul(argv[2], NULL, 0), argc > 3 && !strcmp(argv[3], "noinline"),
+                   argc > 4 ? strtoul(argv[4], NULL, 0) : 64u << 20);
     else if (!strcmp(argv[1], "fanin") && argc > 2)
         mode_fanin(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "timeout") && argc > 2)
