@@ -898,6 +898,14 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
  * the engine frees it when its slot is released.  False when the transfer
  * had ended already (in->status says how; the getter still owns it). */
 bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in);
+/* As cfx__xfer_get_abandon() for a transfer state its owner cannot leave
+ * behind (a p2p receive's, inside its request): the engine carries on with
+ * @p spare (heap, a copy of @p in), which is the engine's when true is
+ * returned (freed once the source answers); a running @p in ends
+ * CFX_ERR_CANCELED either way.  With @p spare NULL (out of memory) the transfer is cut off
+ * in place instead: grant revoked, slot freed, false. */
+bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
+                          struct cfx_xfer_in *spare);
 /* Test hook CFX_XFER_TEST_STALL=N: this node's uploads stop after chunk N
  * and drop CANCELs (a holder that stalls mid-transfer) until resumed here
  * (any thread, no lock held). */

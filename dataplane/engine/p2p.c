@@ -464,6 +464,76 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     return CFX_OK;
 }
 
+/* Take the progress lock (ctx->lock held, dropped meanwhile), running the
+ * commands queued before it; true when this thread held it already, for
+ * progress_leave(). */
+static bool progress_enter(struct cfx_context *ctx)
+{
+    if (cfx__progress_held(ctx))
+        return true;
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_lock(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_run_cmds(ctx);
+    return false;
+}
+
+static void progress_leave(struct cfx_context *ctx, bool was_held)
+{
+    if (was_held)
+        return;
+    cfx__progress_wake(ctx); /* what we queued (a CANCEL) goes out on its pass */
+    cfx__progress_unlock(ctx);
+}
+
+/* A pending rendezvous receive is freed (ctx->lock held): withdraw its
+ * window now, as a get does at its deadline, without waiting for the
+ * sender.  The grant is revoked here, so a write the sender makes later is
+ * refused (and fails that connection) instead of landing in the caller's
+ * buffer; the transfer state goes on in a heap copy the engine frees when
+ * the sender answers the CANCEL or the connection ends. */
+static void recv_withdraw(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    struct cfx_xfer_in *spare = malloc(sizeof(*spare));
+    bool was_held = progress_enter(ctx);
+    if (cfx__xfer_in_abandon(ctx, &req->in, spare))
+        spare = NULL; /* the engine's now */
+    progress_leave(ctx, was_held);
+    free(spare);
+}
+
+/* A pending send is freed (ctx->lock held): unmatched it ends at once;
+ * matched, its writes in flight still read the caller's buffer, so the
+ * upload stops and we wait for the transport to finish them, up to a grace
+ * period; past it the connection is failed, which ends them.  No wait
+ * depends on the receiver answering. */
+static void send_withdraw(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    struct cfx_obj *obj = req->obj;
+    cfx__cmd_new(ctx, CFX_CMD_P2P_CANCEL, obj, NULL);
+    uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
+    while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
+        ;
+    if (p2p_status(req) != CFX_ERR_AGAIN)
+        return;
+    bool was_held = progress_enter(ctx);
+    while (p2p_status(req) == CFX_ERR_AGAIN && !cfx_list_empty(&obj->uploads)) {
+        struct cfx_upload *up = cfx_list_entry(obj->uploads.next, struct cfx_upload, obj_link);
+        if (up->conn->state == CFX_CONN_FAILED)
+            break; /* its teardown is under way: it ends the upload */
+        cfx__conn_fail(up->conn, CFX_ERR_TIMEOUT, "a send withdrawn with writes in flight "
+                       "did not drain in time");
+    }
+    if (p2p_status(req) == CFX_ERR_AGAIN) {
+        if (!cfx_list_empty(&obj->p2p_link))
+            cfx_list_del(&obj->p2p_link);
+        obj->p2p_status = CFX_ERR_CANCELED;
+    }
+    progress_leave(ctx, was_held);
+}
+
 void cfx__p2p_free(struct cfx_p2p_req *req)
 {
     if (!req)
@@ -484,18 +554,10 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
         return;
     }
     if (p2p_status(req) == CFX_ERR_AGAIN) {
-        /* withdraw: a receive waits for the sender's ack that no write is
-         * still coming; after the grace period it is cut off (a late write
-         * then fails that connection rather than landing in freed memory) */
-        enum cfx_cmd_type t = req->kind == CFX_P2P_SEND ? CFX_CMD_P2P_CANCEL : CFX_CMD_GET_CANCEL;
-        cfx__cmd_new(ctx, t, req->obj, NULL);
-        uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
-        while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
-            ;
-        if (p2p_status(req) == CFX_ERR_AGAIN)
-            cfx__cmd_new(ctx, t, req->obj, NULL); /* second cancel forces it */
-        while (p2p_status(req) == CFX_ERR_AGAIN)
-            pthread_cond_wait(&ctx->obj_cond, &ctx->lock);
+        if (req->kind == CFX_P2P_RECV)
+            recv_withdraw(req);
+        else
+            send_withdraw(req);
     }
     obj->in = NULL;
     obj->deleting = true;

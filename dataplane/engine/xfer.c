@@ -230,6 +230,37 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
     return true;
 }
 
+bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
+                          struct cfx_xfer_in *spare)
+{
+    struct cfx_obj *obj = in->obj;
+    if (in->status != CFX_ERR_AGAIN || !in->conn)
+        return cfx__xfer_get_abandon(ctx, in); /* ended, or never posted */
+    if (!spare) {
+        /* no memory for the engine's copy: cut the transfer off in place,
+         * as a second cancel does (grant revoked, slot freed; a late write
+         * is refused and fails the connection) */
+        if (!in->cancel_sent) {
+            in->cancel_sent = true;
+            send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
+        }
+        if (obj->shm_fd >= 0)
+            cfx__arena_taint(ctx, obj->buf);
+        cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
+        return false;
+    }
+    /* the engine's copy takes the slot; the caller's goes with its owner */
+    *spare = *in;
+    if (ctx->slots[in->slot] == in)
+        ctx->slots[in->slot] = spare;
+    obj->in = spare;
+    bool gone = cfx__xfer_get_abandon(ctx, spare); /* true: running and posted */
+    in->conn = NULL;
+    in->obj = NULL;
+    in->status = CFX_ERR_CANCELED;
+    return gone;
+}
+
 static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up);
 
 /* Chunks [ready_chunks, ...) that have landed extend the served prefix. */
