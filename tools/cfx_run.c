@@ -1,8 +1,11 @@
 /*
- * cfx_run: start N ranks of a Conflux program on this host.
+ * cfx_run: start N ranks of a Conflux program on this host, or on several
+ * hosts through a remote shell.
  *
  *   cfx_run -n N [--transport LIST] [--timeout SEC] [--token-file F | --token T]
  *           [--coord-port P] [--chunk-size S] [-v] CMD [ARGS...]
+ *   cfx_run --hosts H1[:SLOTS],H2,... [-n N] [--rsh CMD] [--coord-addr A]
+ *           [--oversubscribe] [-x NAME[=VALUE]]... [same options] CMD [ARGS...]
  *
  * Runs the coordinator inside this process (127.0.0.1, an ephemeral port
  * unless --coord-port), then forks N copies of CMD with the cluster
@@ -26,13 +29,23 @@
  * SIGINT, SIGTERM and SIGHUP sent to cfx_run are forwarded to the ranks; a
  * second one kills them.
  *
- * Exit status: 0 when every rank exited 0; 1 when a rank exited non-zero
- * (or cfx_run itself failed); 128+SIG when a rank was killed by SIG or
- * cfx_run was interrupted by SIG; 124 when --timeout expired.
+ * With --hosts, each rank is `RSH HOST "exec sh -c WRAPPER cfx_run VAR=V...
+ * CMD ARGS..."` (run/hosts.c): ranks are placed by slot as mpirun does, the
+ * coordinator binds an address the hosts can reach (--coord-addr, else
+ * CFX_SOCKET_IFNAME's, else this host's name's), and the token goes down
+ * the rsh's stdin into a 0600 file the remote side makes.  That stdin stays
+ * open as the rank's lifeline: closing it stops the remote rank even where
+ * killing the local rsh does not reach the remote host.
+ *
+ * Exit status: 0 when every rank exited 0; the status of the first rank
+ * that exited non-zero (1 when cfx_run itself failed); 128+SIG when a rank
+ * was killed by SIG or cfx_run was interrupted by SIG; 124 when --timeout
+ * expired.
  *
  * Single-threaded apart from the coordinator's own thread: one poll() loop
  * over the ranks' pipes and a signalfd.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -53,6 +66,7 @@
 
 #include "args.h"
 #include "control/auth.h"
+#include "run/hosts.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
 
@@ -62,6 +76,7 @@
 #define RUN_LINE_INIT     (64u << 10) /* initial line buffer */
 #define RUN_LINE_MAX      (1u << 20)  /* longer lines are split */
 #define RUN_TOKEN_BYTES   16
+#define RUN_XVARS_MAX     64          /* -x options */
 
 extern char **environ;
 
@@ -84,6 +99,9 @@ struct run_rank {
     struct run_stream out[2]; /* [0] stdout, [1] stderr */
     char **envp;              /* environment for exec */
     size_t env_own;           /* envp[env_own..] are ours to free */
+    const char *host;         /* --hosts: where it runs; NULL: here */
+    char **argv;              /* --hosts: the rsh command line; NULL: opts.argv */
+    int lifeline;             /* --hosts: write end of the rsh's stdin; -1 closed */
 };
 
 struct run_opts {
@@ -97,6 +115,12 @@ struct run_opts {
     bool verbose;
     unsigned fanout;        /* 0: the coordinator's default */
     uint64_t may_fail;      /* bit r: rank r may fail without stopping the job */
+    const char *hosts;      /* --hosts spec, NULL: every rank here */
+    const char *rsh;        /* --rsh, NULL: $CFX_RSH or ssh */
+    const char *coord_host; /* --coord-addr */
+    bool oversubscribe;
+    const char *xvars[RUN_XVARS_MAX]; /* -x NAME[=VALUE] */
+    int nxvars;
     char **argv; /* CMD ARGS... */
 };
 
@@ -129,10 +153,22 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: cfx_run -n N [options] CMD [ARGS...]\n"
+            "       cfx_run --hosts H1[:SLOTS],H2,... [-n N] [options] CMD [ARGS...]\n"
             "\n"
-            "Start N ranks of CMD on this host around an embedded coordinator.\n"
+            "Start N ranks of CMD on this host (or on the hosts) around an embedded\n"
+            "coordinator.\n"
             "\n"
-            "  -n, --np N            number of ranks (1..%d)\n"
+            "  -n, --np N            number of ranks (1..%d; with --hosts, default: the slots)\n"
+            "  -H, --hosts LIST      start the ranks on these hosts through the remote shell,\n"
+            "                        by slot as mpirun: fill H1's SLOTS (default 1), then H2's\n"
+            "      --rsh CMD         remote shell, called as CMD HOST COMMAND (default:\n"
+            "                        $CFX_RSH, else 'ssh -o BatchMode=yes'); split on blanks\n"
+            "      --coord-addr A    address the hosts reach this host at; the coordinator\n"
+            "                        binds it (default: CFX_SOCKET_IFNAME's, else this\n"
+            "                        host's name's)\n"
+            "      --oversubscribe   more ranks than slots: go around the hosts again\n"
+            "  -x NAME[=VALUE]       with --hosts, also set NAME on the hosts (every CFX_*\n"
+            "                        variable but the token's and the ones set here goes)\n"
             "  -t, --transport LIST  set CFX_TRANSPORT for every rank (tcp, shm, or shm,tcp)\n"
             "  -T, --timeout SEC     kill every rank and exit 124 after SEC seconds\n"
             "  -K, --token-file F    file whose first line is the cluster token (default:\n"
@@ -149,9 +185,9 @@ static void usage(FILE *f)
             "  -v, --verbose         print the coordinator address and each rank's exit\n"
             "  -h, --help            this text\n"
             "\n"
-            "Exit status: 0 all ranks succeeded, 1 a rank failed, 2 a usage error (the\n"
-            "option and its bad value are named on stderr), 128+SIG a rank was killed by\n"
-            "SIG (or cfx_run interrupted), 124 timeout.\n",
+            "Exit status: 0 all ranks succeeded, the first failing rank's status, 2 a usage\n"
+            "error (the option and its bad value are named on stderr), 128+SIG a rank was\n"
+            "killed by SIG (or cfx_run interrupted), 124 timeout.\n",
             RUN_MAX_RANKS);
 }
 
@@ -168,6 +204,10 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
         { "verbose", no_argument, NULL, 'v' },
         { "fanout", required_argument, NULL, 'f' },
         { "allow-fail", required_argument, NULL, 'a' },
+        { "hosts", required_argument, NULL, 'H' },
+        { "rsh", required_argument, NULL, 'R' },
+        { "coord-addr", required_argument, NULL, 'A' },
+        { "oversubscribe", no_argument, NULL, 'O' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -176,7 +216,7 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
 
     memset(o, 0, sizeof(*o));
     /* '+': stop at the first non-option so CMD's own flags pass through. */
-    while ((c = getopt_long(argc, argv, "+n:t:T:k:K:p:c:f:a:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:t:T:k:K:p:c:f:a:H:x:vh", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (tool_arg_int("cfx_run", "-n", optarg, 1, RUN_MAX_RANKS, "a number of ranks",
@@ -256,12 +296,42 @@ static int parse_opts(int argc, char **argv, struct run_opts *o)
             }
             break;
         }
+        case 'H': o->hosts = optarg; break;
+        case 'R': o->rsh = optarg; break;
+        case 'A': o->coord_host = optarg; break;
+        case 'O': o->oversubscribe = true; break;
+        case 'x': {
+            size_t nl = strcspn(optarg, "=");
+            bool ok = nl > 0 && (isalpha((unsigned char)optarg[0]) || optarg[0] == '_');
+            for (size_t i = 0; ok && i < nl; i++)
+                ok = isalnum((unsigned char)optarg[i]) || optarg[i] == '_';
+            if (!ok) {
+                fprintf(stderr, "cfx_run: -x: '%s' is not NAME or NAME=VALUE\n", optarg);
+                return -1;
+            }
+            if (nl == 9 && !strncmp(optarg, "CFX_TOKEN", 9)) {
+                fprintf(stderr, "cfx_run: -x: '%s': the token never travels in the "
+                        "environment (it goes on the rsh's stdin)\n", optarg);
+                return -1;
+            }
+            if (o->nxvars == RUN_XVARS_MAX) {
+                fprintf(stderr, "cfx_run: -x: more than %d variables\n", RUN_XVARS_MAX);
+                return -1;
+            }
+            o->xvars[o->nxvars++] = optarg;
+            break;
+        }
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
     }
-    if (o->nranks == 0) {
+    if (!o->hosts && (o->rsh || o->coord_host || o->oversubscribe || o->nxvars)) {
+        fprintf(stderr, "cfx_run: --rsh, --coord-addr, --oversubscribe and -x go with "
+                "--hosts\n");
+        return -1;
+    }
+    if (o->nranks == 0 && !o->hosts) {
         fprintf(stderr, "cfx_run: -n N is required\n");
         usage(stderr);
         return -1;
@@ -383,7 +453,7 @@ static void free_env(char **envp, size_t own)
  * calls async-signal-safe functions (the coordinator thread may hold locks).
  * *@p own is the index of the first entry allocated here. */
 static char **build_env(const struct run_opts *o, int rank, const char *coord,
-                        const char *token_file, size_t *own)
+                        const char *token_file, size_t *own, bool bare)
 {
     size_t n = 0, i = 0;
     char **envp;
@@ -399,6 +469,10 @@ static char **build_env(const struct run_opts *o, int rank, const char *coord,
         if (!env_overridden(environ[j], o))
             envp[i++] = environ[j];
     *own = i;
+    if (bare) { /* a remote rank's rsh: the cluster's variables go on its command line */
+        envp[i] = NULL;
+        return envp;
+    }
     add[nadd++] = xasprintf("CFX_RANK=%d", rank);
     add[nadd++] = xasprintf("CFX_LOCAL_RANK=%d", rank);
     add[nadd++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
@@ -421,6 +495,58 @@ static char **build_env(const struct run_opts *o, int rank, const char *coord,
     return envp;
 }
 
+/* Variables of this environment a remote rank gets too: CFX_* ones, but not
+ * the token's, the rsh's, nor those that name this host's own addresses. */
+static bool env_forwarded(const char *kv, const struct run_opts *o)
+{
+    static const char *const never[] = { "CFX_RSH=", "CFX_BIND_ADDR=", "CFX_COORD_PORT=" };
+    if (strncmp(kv, "CFX_", 4) || env_overridden(kv, o))
+        return false;
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(never); i++)
+        if (!strncmp(kv, never[i], strlen(never[i])))
+            return false;
+    return true;
+}
+
+/* The NAME=VALUE words a remote rank is started with (its rsh command line:
+ * no secret among them). */
+static char **remote_vars(const struct run_opts *o, int rank, int local, const char *coord)
+{
+    size_t n = 0, i = 0;
+    char **v;
+
+    while (environ[n])
+        n++;
+    v = calloc(n + (size_t)o->nxvars + 8, sizeof(*v));
+    if (!v)
+        return NULL;
+    v[i++] = xasprintf("CFX_RANK=%d", rank);
+    v[i++] = xasprintf("CFX_LOCAL_RANK=%d", local);
+    v[i++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
+    v[i++] = xasprintf("CFX_COORD=%s", coord);
+    if (o->transport)
+        v[i++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
+    if (o->chunk_size)
+        v[i++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size);
+    for (size_t j = 0; j < n; j++)
+        if (env_forwarded(environ[j], o))
+            v[i++] = strdup(environ[j]);
+    for (int x = 0; x < o->nxvars; x++) {
+        const char *val = getenv(o->xvars[x]);
+        v[i++] = strchr(o->xvars[x], '=') ? strdup(o->xvars[x])
+                                          : xasprintf("%s=%s", o->xvars[x], val ? val : "");
+    }
+    for (size_t j = 0; j < i; j++) {
+        if (!v[j]) {
+            for (size_t k = 0; k < i; k++)
+                free(v[k]);
+            free(v);
+            return NULL;
+        }
+    }
+    return v;
+}
+
 static void child_write(const char *s)
 {
     size_t len = strlen(s);
@@ -437,7 +563,7 @@ static void child_write(const char *s)
 
 /* In the child between fork() and exec: async-signal-safe calls only. */
 static void __attribute__((noreturn))
-child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid_t parent,
+child_exec(struct run *r, struct run_rank *rk, int pipes[3][2], int devnull, pid_t parent,
            const sigset_t *oldmask)
 {
     struct sigaction dfl = { .sa_handler = SIG_DFL };
@@ -450,7 +576,10 @@ child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid
     if (getppid() != parent)
         _exit(127);
 
-    if (dup2(devnull, 0) < 0 || dup2(pipes[0][1], 1) < 0 || dup2(pipes[1][1], 2) < 0)
+    /* stdin: /dev/null here; a remote rank's rsh reads the token and then
+     * holds the lifeline from pipes[2] */
+    if (dup2(rk->host ? pipes[2][0] : devnull, 0) < 0 || dup2(pipes[0][1], 1) < 0 ||
+        dup2(pipes[1][1], 2) < 0)
         _exit(127);
     /* Leave nothing else open: not the coordinator's sockets, not the
      * other ranks' pipes (those are O_CLOEXEC anyway). */
@@ -462,24 +591,26 @@ child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid
     sigaction(SIGHUP, &dfl, NULL);
     sigprocmask(SIG_SETMASK, oldmask, NULL);
 
-    execvpe(r->opts.argv[0], r->opts.argv, rk->envp);
+    char **argv = rk->argv ? rk->argv : r->opts.argv;
+    execvpe(argv[0], argv, rk->envp);
 
     int err = errno;
     child_write("cfx_run: cannot execute ");
-    child_write(r->opts.argv[0]);
+    child_write(argv[0]);
     child_write(": ");
     child_write(strerror(err));
     child_write("\n");
     _exit(err == ENOENT ? 127 : 126);
 }
 
-static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sigset_t *oldmask)
+static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sigset_t *oldmask,
+                      const char *token)
 {
-    int pipes[2][2] = { { -1, -1 }, { -1, -1 } };
+    int pipes[3][2] = { { -1, -1 }, { -1, -1 }, { -1, -1 } };
     pid_t parent = getpid();
     pid_t pid;
 
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (rk->host ? 3 : 2); s++) {
         if (pipe2(pipes[s], O_CLOEXEC) < 0) {
             fprintf(stderr, "cfx_run: rank %d: pipe: %s\n", rk->rank, strerror(errno));
             goto err_close_pipes;
@@ -505,10 +636,20 @@ static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sig
         rk->out[s].fd = pipes[s][0];
         fcntl(rk->out[s].fd, F_SETFL, O_NONBLOCK);
     }
+    if (rk->host) {
+        /* The token's one line fits the empty pipe's buffer: this write does
+         * not block.  The write end stays open as the lifeline. */
+        size_t tl = strlen(token);
+        close(pipes[2][0]);
+        rk->lifeline = pipes[2][1];
+        if (write(rk->lifeline, token, tl) != (ssize_t)tl || write(rk->lifeline, "\n", 1) != 1)
+            fprintf(stderr, "cfx_run: rank %d on %s: cannot pass the token to its rsh: %s\n",
+                    rk->rank, rk->host, strerror(errno));
+    }
     return 0;
 
 err_close_pipes:
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (pipes[s][0] >= 0)
             close(pipes[s][0]);
         if (pipes[s][1] >= 0)
@@ -644,10 +785,21 @@ static const char *signame(int sig, char *buf, size_t len)
     return buf;
 }
 
+static void close_lifeline(struct run_rank *rk)
+{
+    if (rk->lifeline >= 0) {
+        close(rk->lifeline);
+        rk->lifeline = -1;
+    }
+}
+
 static void signal_ranks(struct run *r, int sig)
 {
     for (int i = 0; i < r->opts.nranks; i++) {
         struct run_rank *rk = &r->ranks[i];
+        /* A remote rank hears its stdin end even when the signal stops at
+         * the local rsh (ssh does not pass it on). */
+        close_lifeline(rk);
         if (!rk->running)
             continue;
         /* The whole group, so that a wrapper script's children hear it too;
@@ -674,10 +826,14 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     rk->running = false;
     rk->wstatus = wstatus;
     r->running--;
+    close_lifeline(rk);
+    char where[CFX_RUN_HOST_MAX + 8] = "";
+    if (rk->host)
+        snprintf(where, sizeof(where), " on %s", rk->host);
 
     bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
     if (!ok && rk->rank < 64 && (r->opts.may_fail >> rk->rank) & 1) {
-        fprintf(stderr, "cfx_run: rank %d (allowed to fail) %s\n", rk->rank,
+        fprintf(stderr, "cfx_run: rank %d%s (allowed to fail) %s\n", rk->rank, where,
                 WIFSIGNALED(wstatus) ? signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf))
                                      : "exited non-zero");
         return;
@@ -685,11 +841,11 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     bool first_failure = !ok && r->state == RUN_RUNNING;
     if (r->opts.verbose && !first_failure) {
         if (WIFEXITED(wstatus))
-            fprintf(stderr, "cfx_run: rank %d (pid %d) exited with status %d\n", rk->rank,
-                    (int)rk->pid, WEXITSTATUS(wstatus));
+            fprintf(stderr, "cfx_run: rank %d%s (pid %d) exited with status %d\n", rk->rank,
+                    where, (int)rk->pid, WEXITSTATUS(wstatus));
         else if (WIFSIGNALED(wstatus))
-            fprintf(stderr, "cfx_run: rank %d (pid %d) killed by %s\n", rk->rank, (int)rk->pid,
-                    signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
+            fprintf(stderr, "cfx_run: rank %d%s (pid %d) killed by %s\n", rk->rank, where,
+                    (int)rk->pid, signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
     }
     if (!first_failure)
         return;
@@ -698,13 +854,22 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     r->state = RUN_FAILED;
     if (WIFSIGNALED(wstatus)) {
         int sig = WTERMSIG(wstatus);
-        fprintf(stderr, "cfx_run: rank %d exited with signal %s (%s)%s\n", rk->rank,
+        fprintf(stderr, "cfx_run: rank %d%s exited with signal %s (%s)%s\n", rk->rank, where,
                 signame(sig, sbuf, sizeof(sbuf)), strsignal(sig),
                 WCOREDUMP(wstatus) ? ", core dumped" : "");
         r->exit_code = 128 + sig;
     } else {
-        fprintf(stderr, "cfx_run: rank %d exited with status %d\n", rk->rank, WEXITSTATUS(wstatus));
-        r->exit_code = 1;
+        int st = WEXITSTATUS(wstatus);
+        /* Through an rsh: 127 is the remote shell's "not found", 255 ssh's
+         * own failure (no connection, refused login). */
+        const char *hint = !rk->host ? ""
+                           : st == 127 ? " (the command was not found there)"
+                           : st == 255 ? " (the remote shell's own failure: host unreachable or "
+                                         "login refused?)"
+                                       : "";
+        fprintf(stderr, "cfx_run: rank %d%s exited with status %d%s\n", rk->rank, where, st,
+                hint);
+        r->exit_code = st;
     }
     if (r->running > 0)
         fprintf(stderr, "cfx_run: terminating the other %d rank%s\n", r->running,
@@ -856,21 +1021,54 @@ int main(int argc, char **argv)
                      .drain_until_ns = UINT64_MAX };
     struct cfx_coord *coord = NULL;
     char token_buf[2 * RUN_TOKEN_BYTES + 1];
-    char coord_addr[32];
+    char coord_ip[64] = "127.0.0.1", coord_addr[80];
+    struct cfx_run_hosts hosts = { 0 };
+    int *host_of = NULL, *local_of = NULL;
+    char **rsh = NULL;
     sigset_t mask, oldmask;
     int devnull = -1;
     int spawned = 0;
     int rc;
 
-    if (parse_opts(argc, argv, &r.opts) < 0)
-        return TOOL_EXIT_USAGE;
     char token_path[PATH_MAX] = "";     /* file the ranks read; ours to remove when made here */
     bool token_path_ours = false;
     char file_token[CFX_TOKEN_MAX + 1];
+    if (parse_opts(argc, argv, &r.opts) < 0)
+        return TOOL_EXIT_USAGE;
+    if (r.opts.hosts) {
+        /* every check of --hosts before anything starts */
+        if (cfx__run_hosts_parse(r.opts.hosts, &hosts) < 0)
+            return TOOL_EXIT_USAGE;
+        if (r.opts.nranks == 0)
+            r.opts.nranks = CFX_MIN(hosts.total_slots, RUN_MAX_RANKS);
+        host_of = calloc((size_t)r.opts.nranks, sizeof(*host_of));
+        local_of = calloc((size_t)r.opts.nranks, sizeof(*local_of));
+        if (!host_of || !local_of) {
+            fprintf(stderr, "cfx_run: out of memory\n");
+            rc = 1;
+            goto out_hosts;
+        }
+        rc = TOOL_EXIT_USAGE;
+        if (cfx__run_hosts_place(&hosts, r.opts.nranks, r.opts.oversubscribe, host_of,
+                                 local_of) < 0 ||
+            !(rsh = cfx__run_rsh_split(r.opts.rsh)))
+            goto out_hosts;
+        for (int x = 0; x < r.opts.nxvars; x++) {
+            if (!strchr(r.opts.xvars[x], '=') && !getenv(r.opts.xvars[x])) {
+                fprintf(stderr, "cfx_run: -x: '%s' is not set here (give -x NAME=VALUE)\n",
+                        r.opts.xvars[x]);
+                goto out_hosts;
+            }
+        }
+        rc = 1;
+        if (cfx__run_coord_addr(r.opts.coord_host, &hosts, coord_ip, sizeof(coord_ip)) < 0)
+            goto out_hosts;
+    }
     const char *token = r.opts.token;
     if (r.opts.token_file && token) {
         fprintf(stderr, "cfx_run: give --token-file or --token, not both\n");
-        return TOOL_EXIT_USAGE;
+        rc = TOOL_EXIT_USAGE;
+        goto out_hosts;
     }
     if (r.opts.token_file) {
         /* read it as the ranks will, so that a bad file fails here */
@@ -878,23 +1076,29 @@ int main(int argc, char **argv)
             cfx__token_load(NULL, file_token, sizeof(file_token)) != CFX_OK) {
             fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
                     cfx_last_error());
-            return 1;
+            rc = 1;
+            goto out_hosts;
         }
         if (!realpath(r.opts.token_file, token_path)) {
             fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
                     strerror(errno));
-            return 1;
+            rc = 1;
+            goto out_hosts;
         }
         token = file_token;
     } else {
+        rc = 1;
         if (!token) {
             if (random_token(token_buf, sizeof(token_buf)) < 0)
-                return 1;
+                goto out_hosts;
             token = token_buf;
         }
-        if (token_file_write(token, token_path, sizeof(token_path)) < 0)
-            return 1;
-        token_path_ours = true;
+        /* remote ranks get their own file on their host, from the lifeline */
+        if (!r.opts.hosts) {
+            if (token_file_write(token, token_path, sizeof(token_path)) < 0)
+                goto out_hosts;
+            token_path_ours = true;
+        }
     }
 
     /* Block the signals we handle before any thread exists, so the
@@ -924,19 +1128,19 @@ int main(int argc, char **argv)
     }
 
     struct cfx_coord_params cp = {
-        .bind_addr = "127.0.0.1",
+        .bind_addr = coord_ip,
         .port = (uint16_t)r.opts.port,
         .token = token,
         .fanout = r.opts.fanout,
     };
     rc = cfx__coord_start(&cp, &coord);
     if (rc != CFX_OK) {
-        fprintf(stderr, "cfx_run: cannot start the coordinator on 127.0.0.1:%u: %s%s%s\n",
+        fprintf(stderr, "cfx_run: cannot start the coordinator on %s:%u: %s%s%s\n", coord_ip,
                 r.opts.port, cfx_strerror(rc), *cfx_last_error() ? ": " : "", cfx_last_error());
         rc = 1;
         goto out_close_devnull;
     }
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", (unsigned)cfx__coord_port(coord));
+    snprintf(coord_addr, sizeof(coord_addr), "%s:%u", coord_ip, (unsigned)cfx__coord_port(coord));
     if (r.opts.verbose)
         fprintf(stderr, "cfx_run: coordinator on %s, %d rank%s: %s\n", coord_addr, r.opts.nranks,
                 r.opts.nranks == 1 ? "" : "s", r.opts.argv[0]);
@@ -957,7 +1161,22 @@ int main(int argc, char **argv)
         rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
-        rk->envp = build_env(&r.opts, i, coord_addr, token_path, &rk->env_own);
+        rk->lifeline = -1;
+        rk->envp = build_env(&r.opts, i, coord_addr, token_path, &rk->env_own, r.opts.hosts);
+        if (rk->envp && r.opts.hosts) {
+            char **vars = remote_vars(&r.opts, i, local_of[i], coord_addr);
+            rk->host = hosts.v[host_of[i]].name;
+            rk->argv = vars ? cfx__run_remote_argv(rsh, rk->host, vars, r.opts.argv) : NULL;
+            cfx__run_argv_free(vars);
+            if (!rk->argv) {
+                fprintf(stderr, "cfx_run: out of memory\n");
+                rc = 1;
+                goto out_free_ranks;
+            }
+            if (r.opts.verbose)
+                fprintf(stderr, "cfx_run: rank %d on %s (local rank %d)\n", i, rk->host,
+                        local_of[i]);
+        }
         if (!rk->envp) {
             fprintf(stderr, "cfx_run: out of memory\n");
             rc = 1;
@@ -971,7 +1190,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     fflush(stderr);
     for (; spawned < r.opts.nranks; spawned++) {
-        if (spawn_rank(&r, &r.ranks[spawned], devnull, &oldmask) < 0) {
+        if (spawn_rank(&r, &r.ranks[spawned], devnull, &oldmask, token) < 0) {
             r.state = RUN_FAILED;
             r.exit_code = 1;
             stop_ranks(&r, SIGTERM);
@@ -994,6 +1213,8 @@ out_free_ranks:
         for (int s = 0; s < 2; s++)
             free(r.ranks[i].out[s].buf);
         free_env(r.ranks[i].envp, r.ranks[i].env_own);
+        cfx__run_argv_free(r.ranks[i].argv);
+        close_lifeline(&r.ranks[i]);
     }
     free(r.prank);
     free(r.pstream);
@@ -1008,11 +1229,16 @@ out_close_sigfd:
 out_unlink_token:
     if (token_path_ours)
         unlink(token_path);
+out_hosts:
     explicit_bzero(token_buf, sizeof(token_buf));
     explicit_bzero(file_token, sizeof(file_token));
     if (r.opts.token) {
         explicit_bzero(r.opts.token, strlen(r.opts.token));
         free(r.opts.token);
     }
+    cfx__run_argv_free(rsh);
+    free(host_of);
+    free(local_of);
+    cfx__run_hosts_free(&hosts);
     return rc;
 }
