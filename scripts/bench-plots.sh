@@ -16,8 +16,9 @@
 #    scripts/plot.sh busbw draws IMG/busbw-OP.png.
 # 2. The parameter-server demo (`cfx_run -n 6 cfx_train --epochs N`, server
 #    1 made slow halfway) with `rdmactl --json ps --job train shards` asked
-#    every 0.2 s (each ask joins the coordinator briefly): the blocks of each server over time into ps-timeline.csv,
-#    and scripts/plot.sh ps draws IMG/ps-blocks.png.
+#    every 0.2 s (each ask joins the coordinator briefly): the blocks of each
+#    server over time into ps-timeline.csv, and scripts/plot.sh ps draws
+#    IMG/ps-blocks.png.
 #
 # The raw JSON and CSV stay in RESULTS (default: a new /tmp/cfx-plots-XXXXXX,
 # printed).  Needs gnuplot and jq, and Open MPI with mpicc (apt-get install
