@@ -43,16 +43,14 @@
  * expired.
  *
  * Single-threaded apart from the coordinator's own thread: one poll() loop
- * over the ranks' pipes and a signalfd.
+ * over the ranks' pipes and a signalfd.  Options, environment and output
+ * are in run/ (run.h).
  */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,486 +64,12 @@
 
 #include "args.h"
 #include "control/auth.h"
-#include "run/hosts.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
+#include "run/hosts.h"
+#include "run/run.h"
 
-#define RUN_MAX_RANKS     1024
-#define RUN_KILL_GRACE_MS 2000        /* SIGTERM -> SIGKILL */
-#define RUN_DRAIN_MS      1000        /* pipe output kept open after the last rank exits */
-#define RUN_LINE_INIT     (64u << 10) /* initial line buffer */
-#define RUN_LINE_MAX      (1u << 20)  /* longer lines are split */
-#define RUN_TOKEN_BYTES   16
-#define RUN_XVARS_MAX     64          /* -x options */
-
-extern char **environ;
-
-/* One captured stream (stdout or stderr) of one rank. */
-struct run_stream {
-    int fd;     /* read end of the pipe; -1 once closed */
-    int out_fd; /* where its lines go: 1 or 2 */
-    char *buf;  /* bytes of the current, unfinished line(s) */
-    size_t len; /* bytes in buf */
-    size_t cap; /* allocated size of buf */
-};
-
-struct run_rank {
-    int rank;
-    pid_t pid;       /* 0 before fork */
-    bool running;    /* forked and not yet reaped */
-    int wstatus;     /* from waitpid once reaped */
-    char prefix[16]; /* "[3] " */
-    size_t prefix_len;
-    struct run_stream out[2]; /* [0] stdout, [1] stderr */
-    char **envp;              /* environment for exec */
-    size_t env_own;           /* envp[env_own..] are ours to free */
-    const char *host;         /* --hosts: where it runs; NULL: here */
-    char **argv;              /* --hosts: the rsh command line; NULL: opts.argv */
-    int lifeline;             /* --hosts: write end of the rsh's stdin; -1 closed */
-};
-
-struct run_opts {
-    int nranks;
-    const char *transport;  /* NULL: inherit */
-    const char *chunk_size; /* NULL: inherit */
-    char *token;            /* --token (copied; the argv bytes are overwritten), NULL: */
-    const char *token_file; /* --token-file, NULL: generate a token */
-    double timeout_s;       /* 0: none */
-    unsigned port;          /* 0: ephemeral */
-    bool verbose;
-    unsigned fanout;        /* 0: the coordinator's default */
-    uint64_t may_fail;      /* bit r: rank r may fail without stopping the job */
-    const char *hosts;      /* --hosts spec, NULL: every rank here */
-    const char *rsh;        /* --rsh, NULL: $CFX_RSH or ssh */
-    const char *coord_host; /* --coord-addr */
-    bool oversubscribe;
-    const char *xvars[RUN_XVARS_MAX]; /* -x NAME[=VALUE] */
-    int nxvars;
-    char **argv; /* CMD ARGS... */
-};
-
-enum run_state {
-    RUN_RUNNING,     /* waiting for the ranks */
-    RUN_FAILED,      /* a rank failed; the rest are being stopped */
-    RUN_TIMED_OUT,   /* --timeout expired; every rank is being stopped */
-    RUN_INTERRUPTED, /* cfx_run got a signal and forwarded it */
-};
-
-struct run {
-    struct run_opts opts;
-    struct run_rank *ranks;
-    int running; /* ranks not yet reaped */
-    enum run_state state;
-    int exit_code;           /* decided when the state leaves RUNNING */
-    uint64_t deadline_ns;    /* --timeout; UINT64_MAX none */
-    uint64_t kill_at_ns;     /* SIGKILL stragglers then; UINT64_MAX none */
-    uint64_t drain_until_ns; /* stop reading pipes then; UINT64_MAX none */
-    int sigfd;
-    bool out_dead[3]; /* our stdout/stderr went away (EPIPE) */
-    char *obuf;       /* assembly buffer for prefixed lines */
-    size_t ocap;
-    struct pollfd *pfds;         /* [0] signalfd, then open streams */
-    struct run_stream **pstream; /* stream behind pfds[i], i >= 1 */
-    struct run_rank **prank;     /* its rank */
-};
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: cfx_run -n N [options] CMD [ARGS...]\n"
-            "       cfx_run --hosts H1[:SLOTS],H2,... [-n N] [options] CMD [ARGS...]\n"
-            "\n"
-            "Start N ranks of CMD on this host (or on the hosts) around an embedded\n"
-            "coordinator.\n"
-            "\n"
-            "  -n, --np N            number of ranks (1..%d; with --hosts, default: the slots)\n"
-            "  -H, --hosts LIST      start the ranks on these hosts through the remote shell,\n"
-            "                        by slot as mpirun: fill H1's SLOTS (default 1), then H2's\n"
-            "      --rsh CMD         remote shell, called as CMD HOST COMMAND (default:\n"
-            "                        $CFX_RSH, else 'ssh -o BatchMode=yes'); split on blanks\n"
-            "      --coord-addr A    address the hosts reach this host at; the coordinator\n"
-            "                        binds it (default: CFX_SOCKET_IFNAME's, else this\n"
-            "                        host's name's)\n"
-            "      --oversubscribe   more ranks than slots: go around the hosts again\n"
-            "  -x NAME[=VALUE]       with --hosts, also set NAME on the hosts (every CFX_*\n"
-            "                        variable but the token's and the ones set here goes)\n"
-            "  -t, --transport LIST  set CFX_TRANSPORT for every rank (tcp, shm, or shm,tcp)\n"
-            "  -T, --timeout SEC     kill every rank and exit 124 after SEC seconds\n"
-            "  -K, --token-file F    file whose first line is the cluster token (default:\n"
-            "                        a fresh random token in a private temporary file)\n"
-            "  -k, --token T         cluster token on the command line, where ps shows it\n"
-            "                        (a warning says so): prefer --token-file\n"
-            "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
-            "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
-            "  -f, --fanout N        most uploads the directory gives one holder (default: per\n"
-            "                        object, as conflux-coord)\n"
-            "  -a, --allow-fail R,.. ranks (< 64) whose failure does not stop the job: fault\n"
-            "                        tests and elastic jobs; the job still fails if any other\n"
-            "                        rank fails\n"
-            "  -v, --verbose         print the coordinator address and each rank's exit\n"
-            "  -h, --help            this text\n"
-            "\n"
-            "Exit status: 0 all ranks succeeded, the first failing rank's status, 2 a usage\n"
-            "error (the option and its bad value are named on stderr), 128+SIG a rank was\n"
-            "killed by SIG (or cfx_run interrupted), 124 timeout.\n",
-            RUN_MAX_RANKS);
-}
-
-static int parse_opts(int argc, char **argv, struct run_opts *o)
-{
-    static const struct option longopts[] = {
-        { "np", required_argument, NULL, 'n' },
-        { "transport", required_argument, NULL, 't' },
-        { "timeout", required_argument, NULL, 'T' },
-        { "token", required_argument, NULL, 'k' },
-        { "token-file", required_argument, NULL, 'K' },
-        { "coord-port", required_argument, NULL, 'p' },
-        { "chunk-size", required_argument, NULL, 'c' },
-        { "verbose", no_argument, NULL, 'v' },
-        { "fanout", required_argument, NULL, 'f' },
-        { "allow-fail", required_argument, NULL, 'a' },
-        { "hosts", required_argument, NULL, 'H' },
-        { "rsh", required_argument, NULL, 'R' },
-        { "coord-addr", required_argument, NULL, 'A' },
-        { "oversubscribe", no_argument, NULL, 'O' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    size_t sz;
-    int c;
-
-    memset(o, 0, sizeof(*o));
-    /* '+': stop at the first non-option so CMD's own flags pass through. */
-    while ((c = getopt_long(argc, argv, "+n:t:T:k:K:p:c:f:a:H:x:vh", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (tool_arg_int("cfx_run", "-n", optarg, 1, RUN_MAX_RANKS, "a number of ranks",
-                             &o->nranks))
-                return -1;
-            break;
-        case 't':
-            if (!*optarg) {
-                fprintf(stderr, "cfx_run: --transport: '' is not a transport list (tcp, shm, "
-                        "shm,tcp, ...)\n");
-                return -1;
-            }
-            o->transport = optarg;
-            break;
-        case 'T':
-            if (tool_arg_double("cfx_run", "--timeout", optarg, 0, 1e7, "a time in seconds",
-                                &o->timeout_s))
-                return -1;
-            if (!(o->timeout_s > 0)) { /* 0 would kill the job at once */
-                fprintf(stderr, "cfx_run: --timeout: '%s' is not a time in seconds > 0\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 'k':
-            if (!*optarg) {
-                fprintf(stderr, "cfx_run: --token: '' is not a token (it must not be empty)\n");
-                return -1;
-            }
-            o->token = strdup(optarg);
-            if (!o->token) {
-                fprintf(stderr, "cfx_run: out of memory\n");
-                return -1;
-            }
-            /* shorten the window in which ps shows it */
-            memset(optarg, '*', strlen(optarg));
-            fprintf(stderr, "cfx_run: warning: --token puts the cluster token on the command "
-                    "line, where ps and /proc/PID/cmdline show it; use --token-file\n");
-            break;
-        case 'K':
-            o->token_file = optarg;
-            break;
-        case 'p': {
-            int p;
-            if (tool_arg_int("cfx_run", "--coord-port", optarg, 0, 65535, "a TCP port", &p))
-                return -1;
-            o->port = (unsigned)p;
-            break;
-        }
-        case 'c':
-            if (tool_arg_size("cfx_run", "--chunk-size", optarg, 1, 1u << 30, &sz))
-                return -1;
-            o->chunk_size = optarg;
-            break;
-        case 'f': {
-            int f;
-            if (tool_arg_int("cfx_run", "--fanout", optarg, 1, 1024, "a fan-out", &f))
-                return -1;
-            o->fanout = (unsigned)f;
-            break;
-        }
-        case 'a': {
-            /* each comma-separated rank through the one strict parser */
-            char list[256], *save = NULL;
-            int rk, n = 0;
-            if (strlen(optarg) >= sizeof(list) || !*optarg || optarg[strlen(optarg) - 1] == ',' ||
-                strstr(optarg, ",,") || optarg[0] == ',') {
-                fprintf(stderr, "cfx_run: --allow-fail: '%s' is not a list of ranks 0..63 "
-                        "separated by commas\n", optarg);
-                return -1;
-            }
-            snprintf(list, sizeof(list), "%s", optarg);
-            for (char *t = strtok_r(list, ",", &save); t && n < 64; t = strtok_r(NULL, ",", &save), n++) {
-                if (tool_arg_int("cfx_run", "--allow-fail", t, 0, 63, "a rank", &rk))
-                    return -1;
-                o->may_fail |= 1ull << rk;
-            }
-            break;
-        }
-        case 'H': o->hosts = optarg; break;
-        case 'R': o->rsh = optarg; break;
-        case 'A': o->coord_host = optarg; break;
-        case 'O': o->oversubscribe = true; break;
-        case 'x': {
-            size_t nl = strcspn(optarg, "=");
-            bool ok = nl > 0 && (isalpha((unsigned char)optarg[0]) || optarg[0] == '_');
-            for (size_t i = 0; ok && i < nl; i++)
-                ok = isalnum((unsigned char)optarg[i]) || optarg[i] == '_';
-            if (!ok) {
-                fprintf(stderr, "cfx_run: -x: '%s' is not NAME or NAME=VALUE\n", optarg);
-                return -1;
-            }
-            if (nl == 9 && !strncmp(optarg, "CFX_TOKEN", 9)) {
-                fprintf(stderr, "cfx_run: -x: '%s': the token never travels in the "
-                        "environment (it goes on the rsh's stdin)\n", optarg);
-                return -1;
-            }
-            if (o->nxvars == RUN_XVARS_MAX) {
-                fprintf(stderr, "cfx_run: -x: more than %d variables\n", RUN_XVARS_MAX);
-                return -1;
-            }
-            o->xvars[o->nxvars++] = optarg;
-            break;
-        }
-        case 'v': o->verbose = true; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
-        }
-    }
-    if (!o->hosts && (o->rsh || o->coord_host || o->oversubscribe || o->nxvars)) {
-        fprintf(stderr, "cfx_run: --rsh, --coord-addr, --oversubscribe and -x go with "
-                "--hosts\n");
-        return -1;
-    }
-    if (o->nranks == 0 && !o->hosts) {
-        fprintf(stderr, "cfx_run: -n N is required\n");
-        usage(stderr);
-        return -1;
-    }
-    if (optind >= argc) {
-        fprintf(stderr, "cfx_run: no command given\n");
-        usage(stderr);
-        return -1;
-    }
-    o->argv = argv + optind;
-    return 0;
-}
-
-static int random_token(char *buf, size_t len)
-{
-    static const char hex[] = "0123456789abcdef";
-    unsigned char raw[RUN_TOKEN_BYTES];
-    size_t got = 0;
-    int fd;
-
-    if (len < 2 * sizeof(raw) + 1)
-        return -1;
-    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "cfx_run: cannot open /dev/urandom: %s\n", strerror(errno));
-        return -1;
-    }
-    while (got < sizeof(raw)) {
-        ssize_t n = read(fd, raw + got, sizeof(raw) - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            fprintf(stderr, "cfx_run: cannot read /dev/urandom: %s\n",
-                    n < 0 ? strerror(errno) : "end of file");
-            close(fd);
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    close(fd);
-    for (size_t i = 0; i < sizeof(raw); i++) {
-        buf[2 * i] = hex[raw[i] >> 4];
-        buf[2 * i + 1] = hex[raw[i] & 15];
-    }
-    buf[2 * sizeof(raw)] = '\0';
-    return 0;
-}
-
-/*
- * Write @p token to a new file only we can read, in $XDG_RUNTIME_DIR (a
- * per-user tmpfs) or else $TMPDIR or /tmp; its path into @p path.  The ranks
- * get the path (CFX_TOKEN_FILE), never the value; main() removes it.
- */
-static int token_file_write(const char *token, char *path, size_t len)
-{
-    const char *dir = getenv("XDG_RUNTIME_DIR");
-    if (!dir || !*dir || access(dir, W_OK) != 0)
-        dir = getenv("TMPDIR");
-    if (!dir || !*dir)
-        dir = "/tmp";
-    if ((size_t)snprintf(path, len, "%s/cfx_run-token-XXXXXX", dir) >= len) {
-        fprintf(stderr, "cfx_run: temporary directory name too long: %s\n", dir);
-        return -1;
-    }
-    int fd = mkostemp(path, O_CLOEXEC); /* mode 0600 */
-    if (fd < 0) {
-        fprintf(stderr, "cfx_run: cannot create a token file in %s: %s\n", dir,
-                strerror(errno));
-        return -1;
-    }
-    size_t n = strlen(token);
-    if (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || close(fd) != 0) {
-        fprintf(stderr, "cfx_run: cannot write the token file %s: %s\n", path, strerror(errno));
-        unlink(path);
-        return -1;
-    }
-    return 0;
-}
-
-/* Variables cfx_run sets; inherited values of these are dropped. */
-static bool env_overridden(const char *kv, const struct run_opts *o)
-{
-    static const char *const always[] = {
-        "CFX_RANK=",  "CFX_LOCAL_RANK=", "CFX_WORLD_SIZE=",
-        "CFX_COORD=", "CFX_TOKEN=",      "CFX_TOKEN_FILE=",
-    };
-    for (size_t i = 0; i < CFX_ARRAY_SIZE(always); i++)
-        if (!strncmp(kv, always[i], strlen(always[i])))
-            return true;
-    if (o->transport && !strncmp(kv, "CFX_TRANSPORT=", 14))
-        return true;
-    if (o->chunk_size && !strncmp(kv, "CFX_CHUNK_SIZE=", 15))
-        return true;
-    return false;
-}
-
-static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *xasprintf(const char *fmt, ...)
-{
-    va_list ap;
-    char *s;
-    va_start(ap, fmt);
-    int n = vasprintf(&s, fmt, ap);
-    va_end(ap);
-    return n < 0 ? NULL : s;
-}
-
-/* Free an environment from build_env(): entries from @p own on are ours. */
-static void free_env(char **envp, size_t own)
-{
-    if (!envp)
-        return;
-    for (size_t i = own; envp[i]; i++)
-        free(envp[i]);
-    free(envp);
-}
-
-/* Build the environment of @p rank before forking: the child then only
- * calls async-signal-safe functions (the coordinator thread may hold locks).
- * *@p own is the index of the first entry allocated here. */
-static char **build_env(const struct run_opts *o, int rank, const char *coord,
-                        const char *token_file, size_t *own, bool bare)
-{
-    size_t n = 0, i = 0;
-    char **envp;
-    char *add[7] = { NULL };
-    int nadd = 0;
-
-    while (environ[n])
-        n++;
-    envp = calloc(n + 9, sizeof(*envp));
-    if (!envp)
-        return NULL;
-    for (size_t j = 0; j < n; j++)
-        if (!env_overridden(environ[j], o))
-            envp[i++] = environ[j];
-    *own = i;
-    if (bare) { /* a remote rank's rsh: the cluster's variables go on its command line */
-        envp[i] = NULL;
-        return envp;
-    }
-    add[nadd++] = xasprintf("CFX_RANK=%d", rank);
-    add[nadd++] = xasprintf("CFX_LOCAL_RANK=%d", rank);
-    add[nadd++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
-    add[nadd++] = xasprintf("CFX_COORD=%s", coord);
-    add[nadd++] = xasprintf("CFX_TOKEN_FILE=%s", token_file);
-    if (o->transport)
-        add[nadd++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
-    if (o->chunk_size)
-        add[nadd++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size);
-    for (int k = 0; k < nadd; k++) {
-        if (!add[k]) {
-            for (int m = 0; m < nadd; m++)
-                free(add[m]);
-            free(envp);
-            return NULL;
-        }
-        envp[i++] = add[k];
-    }
-    envp[i] = NULL;
-    return envp;
-}
-
-/* Variables of this environment a remote rank gets too: CFX_* ones, but not
- * the token's, the rsh's, nor those that name this host's own addresses. */
-static bool env_forwarded(const char *kv, const struct run_opts *o)
-{
-    static const char *const never[] = { "CFX_RSH=", "CFX_BIND_ADDR=", "CFX_COORD_PORT=" };
-    if (strncmp(kv, "CFX_", 4) || env_overridden(kv, o))
-        return false;
-    for (size_t i = 0; i < CFX_ARRAY_SIZE(never); i++)
-        if (!strncmp(kv, never[i], strlen(never[i])))
-            return false;
-    return true;
-}
-
-/* The NAME=VALUE words a remote rank is started with (its rsh command line:
- * no secret among them). */
-static char **remote_vars(const struct run_opts *o, int rank, int local, const char *coord)
-{
-    size_t n = 0, i = 0;
-    char **v;
-
-    while (environ[n])
-        n++;
-    v = calloc(n + (size_t)o->nxvars + 8, sizeof(*v));
-    if (!v)
-        return NULL;
-    v[i++] = xasprintf("CFX_RANK=%d", rank);
-    v[i++] = xasprintf("CFX_LOCAL_RANK=%d", local);
-    v[i++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
-    v[i++] = xasprintf("CFX_COORD=%s", coord);
-    if (o->transport)
-        v[i++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
-    if (o->chunk_size)
-        v[i++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size);
-    for (size_t j = 0; j < n; j++)
-        if (env_forwarded(environ[j], o))
-            v[i++] = strdup(environ[j]);
-    for (int x = 0; x < o->nxvars; x++) {
-        const char *val = getenv(o->xvars[x]);
-        v[i++] = strchr(o->xvars[x], '=') ? strdup(o->xvars[x])
-                                          : xasprintf("%s=%s", o->xvars[x], val ? val : "");
-    }
-    for (size_t j = 0; j < i; j++) {
-        if (!v[j]) {
-            for (size_t k = 0; k < i; k++)
-                free(v[k]);
-            free(v);
-            return NULL;
-        }
-    }
-    return v;
-}
+/* ---- starting ranks --------------------------------------------------------- */
 
 static void child_write(const char *s)
 {
@@ -656,121 +180,6 @@ err_close_pipes:
             close(pipes[s][1]);
     }
     return -1;
-}
-
-/* ---- output ---------------------------------------------------------------- */
-
-static void write_out(struct run *r, int fd, const char *p, size_t len)
-{
-    while (len && !r->out_dead[fd]) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            /* EPIPE (e.g. `| head`) or worse: keep running, drop output. */
-            r->out_dead[fd] = true;
-            return;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-}
-
-static int obuf_reserve(struct run *r, size_t need)
-{
-    if (need <= r->ocap)
-        return 0;
-    size_t cap = r->ocap ? r->ocap : RUN_LINE_INIT;
-    while (cap < need)
-        cap *= 2;
-    char *p = realloc(r->obuf, cap);
-    if (!p)
-        return -1;
-    r->obuf = p;
-    r->ocap = cap;
-    return 0;
-}
-
-/*
- * Emit the complete lines in @p st's buffer, each with the rank's prefix,
- * in one write; keep the unfinished tail.  With @p all, the tail is emitted
- * too (newline added): at end of file, or when one line outgrew RUN_LINE_MAX.
- */
-static void emit_lines(struct run *r, struct run_rank *rk, struct run_stream *st, bool all)
-{
-    size_t start = 0, olen = 0;
-
-    while (start < st->len) {
-        char *nl = memchr(st->buf + start, '\n', st->len - start);
-        size_t end;
-        if (nl)
-            end = (size_t)(nl - st->buf) + 1;
-        else if (all)
-            end = st->len;
-        else
-            break;
-        size_t linelen = end - start;
-        if (obuf_reserve(r, olen + rk->prefix_len + linelen + 1) < 0) {
-            /* No memory for the prefixed copy: pass the bytes through bare. */
-            write_out(r, st->out_fd, r->obuf, olen);
-            write_out(r, st->out_fd, st->buf + start, linelen);
-            olen = 0;
-            start = end;
-            continue;
-        }
-        memcpy(r->obuf + olen, rk->prefix, rk->prefix_len);
-        olen += rk->prefix_len;
-        memcpy(r->obuf + olen, st->buf + start, linelen);
-        olen += linelen;
-        if (st->buf[end - 1] != '\n')
-            r->obuf[olen++] = '\n';
-        start = end;
-    }
-    write_out(r, st->out_fd, r->obuf, olen);
-    memmove(st->buf, st->buf + start, st->len - start);
-    st->len -= start;
-}
-
-static void stream_close(struct run *r, struct run_rank *rk, struct run_stream *st)
-{
-    emit_lines(r, rk, st, true);
-    close(st->fd);
-    st->fd = -1;
-}
-
-/* Read what is available on @p st; close it on end of file. */
-static void stream_read(struct run *r, struct run_rank *rk, struct run_stream *st)
-{
-    for (;;) {
-        if (st->len == st->cap) {
-            if (st->cap >= RUN_LINE_MAX) {
-                emit_lines(r, rk, st, true); /* one huge line: split it */
-            } else {
-                size_t cap = st->cap ? st->cap * 2 : RUN_LINE_INIT;
-                char *p = realloc(st->buf, cap);
-                if (!p) {
-                    emit_lines(r, rk, st, true);
-                } else {
-                    st->buf = p;
-                    st->cap = cap;
-                }
-            }
-            if (st->len == st->cap)
-                return; /* nothing freed; try again on the next poll */
-        }
-        ssize_t n = read(st->fd, st->buf + st->len, st->cap - st->len);
-        if (n > 0) {
-            st->len += (size_t)n;
-            emit_lines(r, rk, st, false);
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
-            return;
-        stream_close(r, rk, st); /* EOF or error */
-        return;
-    }
 }
 
 /* ---- ranks and signals ------------------------------------------------------ */
@@ -998,7 +407,7 @@ static void run_loop(struct run *r)
         if (n > 0) {
             for (size_t i = 1; i < nfds; i++)
                 if (r->pfds[i].revents)
-                    stream_read(r, r->prank[i], r->pstream[i]);
+                    cfx__run_stream_read(r, r->prank[i], r->pstream[i]);
             if (r->pfds[0].revents)
                 drain_signals(r);
         }
@@ -1009,7 +418,7 @@ static void run_loop(struct run *r)
     for (int i = 0; i < r->opts.nranks; i++)
         for (int s = 0; s < 2; s++)
             if (r->ranks[i].out[s].fd >= 0)
-                stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
+                cfx__run_stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
 }
 
 int main(int argc, char **argv)
@@ -1033,7 +442,7 @@ int main(int argc, char **argv)
     char token_path[PATH_MAX] = "";     /* file the ranks read; ours to remove when made here */
     bool token_path_ours = false;
     char file_token[CFX_TOKEN_MAX + 1];
-    if (parse_opts(argc, argv, &r.opts) < 0)
+    if (cfx__run_parse_opts(argc, argv, &r.opts) < 0)
         return TOOL_EXIT_USAGE;
     if (r.opts.hosts) {
         /* every check of --hosts before anything starts */
@@ -1089,13 +498,13 @@ int main(int argc, char **argv)
     } else {
         rc = 1;
         if (!token) {
-            if (random_token(token_buf, sizeof(token_buf)) < 0)
+            if (cfx__run_random_token(token_buf, sizeof(token_buf)) < 0)
                 goto out_hosts;
             token = token_buf;
         }
         /* remote ranks get their own file on their host, from the lifeline */
         if (!r.opts.hosts) {
-            if (token_file_write(token, token_path, sizeof(token_path)) < 0)
+            if (cfx__run_token_file_write(token, token_path, sizeof(token_path)) < 0)
                 goto out_hosts;
             token_path_ours = true;
         }
@@ -1162,9 +571,9 @@ int main(int argc, char **argv)
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
         rk->lifeline = -1;
-        rk->envp = build_env(&r.opts, i, coord_addr, token_path, &rk->env_own, r.opts.hosts);
+        rk->envp = cfx__run_build_env(&r.opts, i, coord_addr, token_path, &rk->env_own, r.opts.hosts);
         if (rk->envp && r.opts.hosts) {
-            char **vars = remote_vars(&r.opts, i, local_of[i], coord_addr);
+            char **vars = cfx__run_remote_vars(&r.opts, i, local_of[i], coord_addr);
             rk->host = hosts.v[host_of[i]].name;
             rk->argv = vars ? cfx__run_remote_argv(rsh, rk->host, vars, r.opts.argv) : NULL;
             cfx__run_argv_free(vars);
@@ -1212,7 +621,7 @@ out_free_ranks:
     for (int i = 0; r.ranks && i < r.opts.nranks; i++) {
         for (int s = 0; s < 2; s++)
             free(r.ranks[i].out[s].buf);
-        free_env(r.ranks[i].envp, r.ranks[i].env_own);
+        cfx__run_free_env(r.ranks[i].envp, r.ranks[i].env_own);
         cfx__run_argv_free(r.ranks[i].argv);
         close_lifeline(&r.ranks[i]);
     }
