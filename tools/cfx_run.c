@@ -564,13 +564,14 @@ int main(int argc, char **argv)
         rc = 1;
         goto out_free_ranks;
     }
+    for (int i = 0; i < r.opts.nranks; i++)
+        r.ranks[i].lifeline = -1; /* before any exit through the cleanup below */
     for (int i = 0; i < r.opts.nranks; i++) {
         struct run_rank *rk = &r.ranks[i];
         rk->rank = i;
         rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
-        rk->lifeline = -1;
         rk->envp = cfx__run_build_env(&r.opts, i, coord_addr, token_path, &rk->env_own, r.opts.hosts);
         if (rk->envp && r.opts.hosts) {
             char **vars = cfx__run_remote_vars(&r.opts, i, local_of[i], coord_addr);

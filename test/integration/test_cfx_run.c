@@ -401,7 +401,8 @@ static void write_fake_rsh(const char *dir)
  * remote wrapper's (its parent's) /proc cmdline and environ, that its token
  * file is mode 600 and not the --token-file path, then runs cfx_boottest:
  * an int32 allreduce through cfx_run's coordinator, every element compared.
- * The token files made on the "hosts" are gone afterwards.
+ * The token files made on the "hosts" are gone afterwards, and -x values
+ * arrive as given (a quote and a $ in one).
  */
 Test(cfx_run, hosts_allreduce_through_rsh_token_off_cmdline_and_environ)
 {
@@ -416,7 +417,8 @@ Test(cfx_run, hosts_allreduce_through_rsh_token_off_cmdline_and_environ)
     cr_assert_eq(chmod(path, 0600), 0);
     snprintf(args, sizeof(args),
              "--hosts ha:2,hb,hc -n 4 --rsh %s/rsh --coord-addr 127.0.0.1 --token-file %s "
-             "--timeout 50 sh -c '"
+             "--timeout 50 -x 'CFX_XV=it'\\''s $HOME' -x PLAIN_XV=7 sh -c '"
+             "echo \"x $CFX_XV $PLAIN_XV\"; "
              "p=9f3c1a77; p=${p}d04e4b2a; n=0; for q in $$ $PPID; do "
              "n=$((n + $(tr \"\\0\" \"\\n\" < /proc/$q/cmdline | grep -c $p))); "
              "n=$((n + $(tr \"\\0\" \"\\n\" < /proc/$q/environ | grep -c $p))); done; "
@@ -435,6 +437,9 @@ Test(cfx_run, hosts_allreduce_through_rsh_token_off_cmdline_and_environ)
         snprintf(l, sizeof(l), "[%d] seen 0 mode 600", r);
         cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
         snprintf(l, sizeof(l), "[%d] on %s of 4", r, where[r]);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        /* -x values reach the host verbatim: quotes and $ pass the remote shell */
+        snprintf(l, sizeof(l), "[%d] x it's $HOME 7", r);
         cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
         snprintf(l, sizeof(l), "[%d] rank %d/4 ok: ", r, r);
         ok = strstr(out, l);

@@ -39,7 +39,7 @@ static const char wrapper[] =
     "exit 126; fi; "
     "printf \"%s\\n\" \"$t\" >\"$f\"; t=; "
     "exec 3<&0 0</dev/null; "
-    "env CFX_TOKEN_FILE=\"$f\" \"$@\" & p=$!; "
+    "env CFX_TOKEN_FILE=\"$f\" \"$@\" 3<&- & p=$!; "
     "(while read -r l <&3; do :; done; kill -TERM $p; sleep 2; kill -KILL $p) "
     ">/dev/null 2>&1 & w=$!; "
     "exec 3<&-; "
