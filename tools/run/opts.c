@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                        a fresh random token in a private temporary file)\n"
             "  -k, --token T         cluster token on the command line, where ps shows it\n"
             "                        (a warning says so): prefer --token-file\n"
-            "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
+            "  -p, --coord-port P    coordinator port (default: any free)\n"
             "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
             "  -f, --fanout N        most uploads the directory gives one holder (default: per\n"
             "                        object, as conflux-coord)\n"
