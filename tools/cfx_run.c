@@ -1,8 +1,11 @@
 /*
- * cfx_run: start N ranks of a Conflux program on this host.
+ * cfx_run: start N ranks of a Conflux program on this host, or on several
+ * hosts through a remote shell.
  *
  *   cfx_run -n N [--transport LIST] [--timeout SEC] [--token-file F | --token T]
  *           [--coord-port P] [--chunk-size S] [-v] CMD [ARGS...]
+ *   cfx_run --hosts H1[:SLOTS],H2,... [-n N] [--rsh CMD] [--coord-addr A]
+ *           [--oversubscribe] [-x NAME[=VALUE]]... [same options] CMD [ARGS...]
  *
  * Runs the coordinator inside this process (127.0.0.1, an ephemeral port
  * unless --coord-port), then forks N copies of CMD with the cluster
@@ -26,20 +29,28 @@
  * SIGINT, SIGTERM and SIGHUP sent to cfx_run are forwarded to the ranks; a
  * second one kills them.
  *
- * Exit status: 0 when every rank exited 0; 1 when a rank exited non-zero
- * (or cfx_run itself failed); 128+SIG when a rank was killed by SIG or
- * cfx_run was interrupted by SIG; 124 when --timeout expired.
+ * With --hosts, each rank is `RSH HOST "exec sh -c WRAPPER cfx_run VAR=V...
+ * CMD ARGS..."` (run/hosts.c): ranks are placed by slot as mpirun does, the
+ * coordinator binds an address the hosts can reach (--coord-addr, else
+ * CFX_SOCKET_IFNAME's, else this host's name's), and the token goes down
+ * the rsh's stdin into a 0600 file the remote side makes.  That stdin stays
+ * open as the rank's lifeline: closing it stops the remote rank even where
+ * killing the local rsh does not reach the remote host.
+ *
+ * Exit status: 0 when every rank exited 0; the status of the first rank
+ * that exited non-zero (1 when cfx_run itself failed); 128+SIG when a rank
+ * was killed by SIG or cfx_run was interrupted by SIG; 124 when --timeout
+ * expired.
  *
  * Single-threaded apart from the coordinator's own thread: one poll() loop
- * over the ranks' pipes and a signalfd.
+ * over the ranks' pipes and a signalfd.  Options, environment and output
+ * are in run/ (run.h).
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,371 +66,10 @@
 #include "control/auth.h"
 #include "control/coord.h"
 #include "dataplane/common/util.h"
+#include "run/hosts.h"
+#include "run/run.h"
 
-#define RUN_MAX_RANKS     1024
-#define RUN_KILL_GRACE_MS 2000        /* SIGTERM -> SIGKILL */
-#define RUN_DRAIN_MS      1000        /* pipe output kept open after the last rank exits */
-#define RUN_LINE_INIT     (64u << 10) /* initial line buffer */
-#define RUN_LINE_MAX      (1u << 20)  /* longer lines are split */
-#define RUN_TOKEN_BYTES   16
-
-extern char **environ;
-
-/* One captured stream (stdout or stderr) of one rank. */
-struct run_stream {
-    int fd;     /* read end of the pipe; -1 once closed */
-    int out_fd; /* where its lines go: 1 or 2 */
-    char *buf;  /* bytes of the current, unfinished line(s) */
-    size_t len; /* bytes in buf */
-    size_t cap; /* allocated size of buf */
-};
-
-struct run_rank {
-    int rank;
-    pid_t pid;       /* 0 before fork */
-    bool running;    /* forked and not yet reaped */
-    int wstatus;     /* from waitpid once reaped */
-    char prefix[16]; /* "[3] " */
-    size_t prefix_len;
-    struct run_stream out[2]; /* [0] stdout, [1] stderr */
-    char **envp;              /* environment for exec */
-    size_t env_own;           /* envp[env_own..] are ours to free */
-};
-
-struct run_opts {
-    int nranks;
-    const char *transport;  /* NULL: inherit */
-    const char *chunk_size; /* NULL: inherit */
-    char *token;            /* --token (copied; the argv bytes are overwritten), NULL: */
-    const char *token_file; /* --token-file, NULL: generate a token */
-    double timeout_s;       /* 0: none */
-    unsigned port;          /* 0: ephemeral */
-    bool verbose;
-    unsigned fanout;        /* 0: the coordinator's default */
-    uint64_t may_fail;      /* bit r: rank r may fail without stopping the job */
-    char **argv; /* CMD ARGS... */
-};
-
-enum run_state {
-    RUN_RUNNING,     /* waiting for the ranks */
-    RUN_FAILED,      /* a rank failed; the rest are being stopped */
-    RUN_TIMED_OUT,   /* --timeout expired; every rank is being stopped */
-    RUN_INTERRUPTED, /* cfx_run got a signal and forwarded it */
-};
-
-struct run {
-    struct run_opts opts;
-    struct run_rank *ranks;
-    int running; /* ranks not yet reaped */
-    enum run_state state;
-    int exit_code;           /* decided when the state leaves RUNNING */
-    uint64_t deadline_ns;    /* --timeout; UINT64_MAX none */
-    uint64_t kill_at_ns;     /* SIGKILL stragglers then; UINT64_MAX none */
-    uint64_t drain_until_ns; /* stop reading pipes then; UINT64_MAX none */
-    int sigfd;
-    bool out_dead[3]; /* our stdout/stderr went away (EPIPE) */
-    char *obuf;       /* assembly buffer for prefixed lines */
-    size_t ocap;
-    struct pollfd *pfds;         /* [0] signalfd, then open streams */
-    struct run_stream **pstream; /* stream behind pfds[i], i >= 1 */
-    struct run_rank **prank;     /* its rank */
-};
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: cfx_run -n N [options] CMD [ARGS...]\n"
-            "\n"
-            "Start N ranks of CMD on this host around an embedded coordinator.\n"
-            "\n"
-            "  -n, --np N            number of ranks (1..%d)\n"
-            "  -t, --transport LIST  set CFX_TRANSPORT for every rank (tcp, shm, or shm,tcp)\n"
-            "  -T, --timeout SEC     kill every rank and exit 124 after SEC seconds\n"
-            "  -K, --token-file F    file whose first line is the cluster token (default:\n"
-            "                        a fresh random token in a private temporary file)\n"
-            "  -k, --token T         cluster token on the command line, where ps shows it\n"
-            "                        (a warning says so): prefer --token-file\n"
-            "  -p, --coord-port P    coordinator port on 127.0.0.1 (default: any free)\n"
-            "  -c, --chunk-size S    set CFX_CHUNK_SIZE for every rank (e.g. 1M)\n"
-            "  -f, --fanout N        most uploads the directory gives one holder (default: per\n"
-            "                        object, as conflux-coord)\n"
-            "  -a, --allow-fail R,.. ranks (< 64) whose failure does not stop the job: fault\n"
-            "                        tests and elastic jobs; the job still fails if any other\n"
-            "                        rank fails\n"
-            "  -v, --verbose         print the coordinator address and each rank's exit\n"
-            "  -h, --help            this text\n"
-            "\n"
-            "Exit status: 0 all ranks succeeded, 1 a rank failed, 2 a usage error (the\n"
-            "option and its bad value are named on stderr), 128+SIG a rank was killed by\n"
-            "SIG (or cfx_run interrupted), 124 timeout.\n",
-            RUN_MAX_RANKS);
-}
-
-static int parse_opts(int argc, char **argv, struct run_opts *o)
-{
-    static const struct option longopts[] = {
-        { "np", required_argument, NULL, 'n' },
-        { "transport", required_argument, NULL, 't' },
-        { "timeout", required_argument, NULL, 'T' },
-        { "token", required_argument, NULL, 'k' },
-        { "token-file", required_argument, NULL, 'K' },
-        { "coord-port", required_argument, NULL, 'p' },
-        { "chunk-size", required_argument, NULL, 'c' },
-        { "verbose", no_argument, NULL, 'v' },
-        { "fanout", required_argument, NULL, 'f' },
-        { "allow-fail", required_argument, NULL, 'a' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    size_t sz;
-    int c;
-
-    memset(o, 0, sizeof(*o));
-    /* '+': stop at the first non-option so CMD's own flags pass through. */
-    while ((c = getopt_long(argc, argv, "+n:t:T:k:K:p:c:f:a:vh", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (tool_arg_int("cfx_run", "-n", optarg, 1, RUN_MAX_RANKS, "a number of ranks",
-                             &o->nranks))
-                return -1;
-            break;
-        case 't':
-            if (!*optarg) {
-                fprintf(stderr, "cfx_run: --transport: '' is not a transport list (tcp, shm, "
-                        "shm,tcp, ...)\n");
-                return -1;
-            }
-            o->transport = optarg;
-            break;
-        case 'T':
-            if (tool_arg_double("cfx_run", "--timeout", optarg, 0, 1e7, "a time in seconds",
-                                &o->timeout_s))
-                return -1;
-            if (!(o->timeout_s > 0)) { /* 0 would kill the job at once */
-                fprintf(stderr, "cfx_run: --timeout: '%s' is not a time in seconds > 0\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 'k':
-            if (!*optarg) {
-                fprintf(stderr, "cfx_run: --token: '' is not a token (it must not be empty)\n");
-                return -1;
-            }
-            o->token = strdup(optarg);
-            if (!o->token) {
-                fprintf(stderr, "cfx_run: out of memory\n");
-                return -1;
-            }
-            /* shorten the window in which ps shows it */
-            memset(optarg, '*', strlen(optarg));
-            fprintf(stderr, "cfx_run: warning: --token puts the cluster token on the command "
-                    "line, where ps and /proc/PID/cmdline show it; use --token-file\n");
-            break;
-        case 'K':
-            o->token_file = optarg;
-            break;
-        case 'p': {
-            int p;
-            if (tool_arg_int("cfx_run", "--coord-port", optarg, 0, 65535, "a TCP port", &p))
-                return -1;
-            o->port = (unsigned)p;
-            break;
-        }
-        case 'c':
-            if (tool_arg_size("cfx_run", "--chunk-size", optarg, 1, 1u << 30, &sz))
-                return -1;
-            o->chunk_size = optarg;
-            break;
-        case 'f': {
-            int f;
-            if (tool_arg_int("cfx_run", "--fanout", optarg, 1, 1024, "a fan-out", &f))
-                return -1;
-            o->fanout = (unsigned)f;
-            break;
-        }
-        case 'a': {
-            /* each comma-separated rank through the one strict parser */
-            char list[256], *save = NULL;
-            int rk, n = 0;
-            if (strlen(optarg) >= sizeof(list) || !*optarg || optarg[strlen(optarg) - 1] == ',' ||
-                strstr(optarg, ",,") || optarg[0] == ',') {
-                fprintf(stderr, "cfx_run: --allow-fail: '%s' is not a list of ranks 0..63 "
-                        "separated by commas\n", optarg);
-                return -1;
-            }
-            snprintf(list, sizeof(list), "%s", optarg);
-            for (char *t = strtok_r(list, ",", &save); t && n < 64; t = strtok_r(NULL, ",", &save), n++) {
-                if (tool_arg_int("cfx_run", "--allow-fail", t, 0, 63, "a rank", &rk))
-                    return -1;
-                o->may_fail |= 1ull << rk;
-            }
-            break;
-        }
-        case 'v': o->verbose = true; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
-        }
-    }
-    if (o->nranks == 0) {
-        fprintf(stderr, "cfx_run: -n N is required\n");
-        usage(stderr);
-        return -1;
-    }
-    if (optind >= argc) {
-        fprintf(stderr, "cfx_run: no command given\n");
-        usage(stderr);
-        return -1;
-    }
-    o->argv = argv + optind;
-    return 0;
-}
-
-static int random_token(char *buf, size_t len)
-{
-    static const char hex[] = "0123456789abcdef";
-    unsigned char raw[RUN_TOKEN_BYTES];
-    size_t got = 0;
-    int fd;
-
-    if (len < 2 * sizeof(raw) + 1)
-        return -1;
-    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "cfx_run: cannot open /dev/urandom: %s\n", strerror(errno));
-        return -1;
-    }
-    while (got < sizeof(raw)) {
-        ssize_t n = read(fd, raw + got, sizeof(raw) - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            fprintf(stderr, "cfx_run: cannot read /dev/urandom: %s\n",
-                    n < 0 ? strerror(errno) : "end of file");
-            close(fd);
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    close(fd);
-    for (size_t i = 0; i < sizeof(raw); i++) {
-        buf[2 * i] = hex[raw[i] >> 4];
-        buf[2 * i + 1] = hex[raw[i] & 15];
-    }
-    buf[2 * sizeof(raw)] = '\0';
-    return 0;
-}
-
-/*
- * Write @p token to a new file only we can read, in $XDG_RUNTIME_DIR (a
- * per-user tmpfs) or else $TMPDIR or /tmp; its path into @p path.  The ranks
- * get the path (CFX_TOKEN_FILE), never the value; main() removes it.
- */
-static int token_file_write(const char *token, char *path, size_t len)
-{
-    const char *dir = getenv("XDG_RUNTIME_DIR");
-    if (!dir || !*dir || access(dir, W_OK) != 0)
-        dir = getenv("TMPDIR");
-    if (!dir || !*dir)
-        dir = "/tmp";
-    if ((size_t)snprintf(path, len, "%s/cfx_run-token-XXXXXX", dir) >= len) {
-        fprintf(stderr, "cfx_run: temporary directory name too long: %s\n", dir);
-        return -1;
-    }
-    int fd = mkostemp(path, O_CLOEXEC); /* mode 0600 */
-    if (fd < 0) {
-        fprintf(stderr, "cfx_run: cannot create a token file in %s: %s\n", dir,
-                strerror(errno));
-        return -1;
-    }
-    size_t n = strlen(token);
-    if (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || close(fd) != 0) {
-        fprintf(stderr, "cfx_run: cannot write the token file %s: %s\n", path, strerror(errno));
-        unlink(path);
-        return -1;
-    }
-    return 0;
-}
-
-/* Variables cfx_run sets; inherited values of these are dropped. */
-static bool env_overridden(const char *kv, const struct run_opts *o)
-{
-    static const char *const always[] = {
-        "CFX_RANK=",  "CFX_LOCAL_RANK=", "CFX_WORLD_SIZE=",
-        "CFX_COORD=", "CFX_TOKEN=",      "CFX_TOKEN_FILE=",
-    };
-    for (size_t i = 0; i < CFX_ARRAY_SIZE(always); i++)
-        if (!strncmp(kv, always[i], strlen(always[i])))
-            return true;
-    if (o->transport && !strncmp(kv, "CFX_TRANSPORT=", 14))
-        return true;
-    if (o->chunk_size && !strncmp(kv, "CFX_CHUNK_SIZE=", 15))
-        return true;
-    return false;
-}
-
-static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *xasprintf(const char *fmt, ...)
-{
-    va_list ap;
-    char *s;
-    va_start(ap, fmt);
-    int n = vasprintf(&s, fmt, ap);
-    va_end(ap);
-    return n < 0 ? NULL : s;
-}
-
-/* Free an environment from build_env(): entries from @p own on are ours. */
-static void free_env(char **envp, size_t own)
-{
-    if (!envp)
-        return;
-    for (size_t i = own; envp[i]; i++)
-        free(envp[i]);
-    free(envp);
-}
-
-/* Build the environment of @p rank before forking: the child then only
- * calls async-signal-safe functions (the coordinator thread may hold locks).
- * *@p own is the index of the first entry allocated here. */
-static char **build_env(const struct run_opts *o, int rank, const char *coord,
-                        const char *token_file, size_t *own)
-{
-    size_t n = 0, i = 0;
-    char **envp;
-    char *add[7] = { NULL };
-    int nadd = 0;
-
-    while (environ[n])
-        n++;
-    envp = calloc(n + 9, sizeof(*envp));
-    if (!envp)
-        return NULL;
-    for (size_t j = 0; j < n; j++)
-        if (!env_overridden(environ[j], o))
-            envp[i++] = environ[j];
-    *own = i;
-    add[nadd++] = xasprintf("CFX_RANK=%d", rank);
-    add[nadd++] = xasprintf("CFX_LOCAL_RANK=%d", rank);
-    add[nadd++] = xasprintf("CFX_WORLD_SIZE=%d", o->nranks);
-    add[nadd++] = xasprintf("CFX_COORD=%s", coord);
-    add[nadd++] = xasprintf("CFX_TOKEN_FILE=%s", token_file);
-    if (o->transport)
-        add[nadd++] = xasprintf("CFX_TRANSPORT=%s", o->transport);
-    if (o->chunk_size)
-        add[nadd++] = xasprintf("CFX_CHUNK_SIZE=%s", o->chunk_size);
-    for (int k = 0; k < nadd; k++) {
-        if (!add[k]) {
-            for (int m = 0; m < nadd; m++)
-                free(add[m]);
-            free(envp);
-            return NULL;
-        }
-        envp[i++] = add[k];
-    }
-    envp[i] = NULL;
-    return envp;
-}
+/* ---- starting ranks --------------------------------------------------------- */
 
 static void child_write(const char *s)
 {
@@ -437,7 +87,7 @@ static void child_write(const char *s)
 
 /* In the child between fork() and exec: async-signal-safe calls only. */
 static void __attribute__((noreturn))
-child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid_t parent,
+child_exec(struct run *r, struct run_rank *rk, int pipes[3][2], int devnull, pid_t parent,
            const sigset_t *oldmask)
 {
     struct sigaction dfl = { .sa_handler = SIG_DFL };
@@ -450,7 +100,10 @@ child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid
     if (getppid() != parent)
         _exit(127);
 
-    if (dup2(devnull, 0) < 0 || dup2(pipes[0][1], 1) < 0 || dup2(pipes[1][1], 2) < 0)
+    /* stdin: /dev/null here; a remote rank's rsh reads the token and then
+     * holds the lifeline from pipes[2] */
+    if (dup2(rk->host ? pipes[2][0] : devnull, 0) < 0 || dup2(pipes[0][1], 1) < 0 ||
+        dup2(pipes[1][1], 2) < 0)
         _exit(127);
     /* Leave nothing else open: not the coordinator's sockets, not the
      * other ranks' pipes (those are O_CLOEXEC anyway). */
@@ -462,24 +115,26 @@ child_exec(struct run *r, struct run_rank *rk, int pipes[2][2], int devnull, pid
     sigaction(SIGHUP, &dfl, NULL);
     sigprocmask(SIG_SETMASK, oldmask, NULL);
 
-    execvpe(r->opts.argv[0], r->opts.argv, rk->envp);
+    char **argv = rk->argv ? rk->argv : r->opts.argv;
+    execvpe(argv[0], argv, rk->envp);
 
     int err = errno;
     child_write("cfx_run: cannot execute ");
-    child_write(r->opts.argv[0]);
+    child_write(argv[0]);
     child_write(": ");
     child_write(strerror(err));
     child_write("\n");
     _exit(err == ENOENT ? 127 : 126);
 }
 
-static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sigset_t *oldmask)
+static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sigset_t *oldmask,
+                      const char *token)
 {
-    int pipes[2][2] = { { -1, -1 }, { -1, -1 } };
+    int pipes[3][2] = { { -1, -1 }, { -1, -1 }, { -1, -1 } };
     pid_t parent = getpid();
     pid_t pid;
 
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (rk->host ? 3 : 2); s++) {
         if (pipe2(pipes[s], O_CLOEXEC) < 0) {
             fprintf(stderr, "cfx_run: rank %d: pipe: %s\n", rk->rank, strerror(errno));
             goto err_close_pipes;
@@ -505,131 +160,26 @@ static int spawn_rank(struct run *r, struct run_rank *rk, int devnull, const sig
         rk->out[s].fd = pipes[s][0];
         fcntl(rk->out[s].fd, F_SETFL, O_NONBLOCK);
     }
+    if (rk->host) {
+        /* The token's one line fits the empty pipe's buffer: this write does
+         * not block.  The write end stays open as the lifeline. */
+        size_t tl = strlen(token);
+        close(pipes[2][0]);
+        rk->lifeline = pipes[2][1];
+        if (write(rk->lifeline, token, tl) != (ssize_t)tl || write(rk->lifeline, "\n", 1) != 1)
+            fprintf(stderr, "cfx_run: rank %d on %s: cannot pass the token to its rsh: %s\n",
+                    rk->rank, rk->host, strerror(errno));
+    }
     return 0;
 
 err_close_pipes:
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         if (pipes[s][0] >= 0)
             close(pipes[s][0]);
         if (pipes[s][1] >= 0)
             close(pipes[s][1]);
     }
     return -1;
-}
-
-/* ---- output ---------------------------------------------------------------- */
-
-static void write_out(struct run *r, int fd, const char *p, size_t len)
-{
-    while (len && !r->out_dead[fd]) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            /* EPIPE (e.g. `| head`) or worse: keep running, drop output. */
-            r->out_dead[fd] = true;
-            return;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-}
-
-static int obuf_reserve(struct run *r, size_t need)
-{
-    if (need <= r->ocap)
-        return 0;
-    size_t cap = r->ocap ? r->ocap : RUN_LINE_INIT;
-    while (cap < need)
-        cap *= 2;
-    char *p = realloc(r->obuf, cap);
-    if (!p)
-        return -1;
-    r->obuf = p;
-    r->ocap = cap;
-    return 0;
-}
-
-/*
- * Emit the complete lines in @p st's buffer, each with the rank's prefix,
- * in one write; keep the unfinished tail.  With @p all, the tail is emitted
- * too (newline added): at end of file, or when one line outgrew RUN_LINE_MAX.
- */
-static void emit_lines(struct run *r, struct run_rank *rk, struct run_stream *st, bool all)
-{
-    size_t start = 0, olen = 0;
-
-    while (start < st->len) {
-        char *nl = memchr(st->buf + start, '\n', st->len - start);
-        size_t end;
-        if (nl)
-            end = (size_t)(nl - st->buf) + 1;
-        else if (all)
-            end = st->len;
-        else
-            break;
-        size_t linelen = end - start;
-        if (obuf_reserve(r, olen + rk->prefix_len + linelen + 1) < 0) {
-            /* No memory for the prefixed copy: pass the bytes through bare. */
-            write_out(r, st->out_fd, r->obuf, olen);
-            write_out(r, st->out_fd, st->buf + start, linelen);
-            olen = 0;
-            start = end;
-            continue;
-        }
-        memcpy(r->obuf + olen, rk->prefix, rk->prefix_len);
-        olen += rk->prefix_len;
-        memcpy(r->obuf + olen, st->buf + start, linelen);
-        olen += linelen;
-        if (st->buf[end - 1] != '\n')
-            r->obuf[olen++] = '\n';
-        start = end;
-    }
-    write_out(r, st->out_fd, r->obuf, olen);
-    memmove(st->buf, st->buf + start, st->len - start);
-    st->len -= start;
-}
-
-static void stream_close(struct run *r, struct run_rank *rk, struct run_stream *st)
-{
-    emit_lines(r, rk, st, true);
-    close(st->fd);
-    st->fd = -1;
-}
-
-/* Read what is available on @p st; close it on end of file. */
-static void stream_read(struct run *r, struct run_rank *rk, struct run_stream *st)
-{
-    for (;;) {
-        if (st->len == st->cap) {
-            if (st->cap >= RUN_LINE_MAX) {
-                emit_lines(r, rk, st, true); /* one huge line: split it */
-            } else {
-                size_t cap = st->cap ? st->cap * 2 : RUN_LINE_INIT;
-                char *p = realloc(st->buf, cap);
-                if (!p) {
-                    emit_lines(r, rk, st, true);
-                } else {
-                    st->buf = p;
-                    st->cap = cap;
-                }
-            }
-            if (st->len == st->cap)
-                return; /* nothing freed; try again on the next poll */
-        }
-        ssize_t n = read(st->fd, st->buf + st->len, st->cap - st->len);
-        if (n > 0) {
-            st->len += (size_t)n;
-            emit_lines(r, rk, st, false);
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
-            return;
-        stream_close(r, rk, st); /* EOF or error */
-        return;
-    }
 }
 
 /* ---- ranks and signals ------------------------------------------------------ */
@@ -644,10 +194,21 @@ static const char *signame(int sig, char *buf, size_t len)
     return buf;
 }
 
+static void close_lifeline(struct run_rank *rk)
+{
+    if (rk->lifeline >= 0) {
+        close(rk->lifeline);
+        rk->lifeline = -1;
+    }
+}
+
 static void signal_ranks(struct run *r, int sig)
 {
     for (int i = 0; i < r->opts.nranks; i++) {
         struct run_rank *rk = &r->ranks[i];
+        /* A remote rank hears its stdin end even when the signal stops at
+         * the local rsh (ssh does not pass it on). */
+        close_lifeline(rk);
         if (!rk->running)
             continue;
         /* The whole group, so that a wrapper script's children hear it too;
@@ -674,10 +235,14 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     rk->running = false;
     rk->wstatus = wstatus;
     r->running--;
+    close_lifeline(rk);
+    char where[CFX_RUN_HOST_MAX + 8] = "";
+    if (rk->host)
+        snprintf(where, sizeof(where), " on %s", rk->host);
 
     bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
     if (!ok && rk->rank < 64 && (r->opts.may_fail >> rk->rank) & 1) {
-        fprintf(stderr, "cfx_run: rank %d (allowed to fail) %s\n", rk->rank,
+        fprintf(stderr, "cfx_run: rank %d%s (allowed to fail) %s\n", rk->rank, where,
                 WIFSIGNALED(wstatus) ? signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf))
                                      : "exited non-zero");
         return;
@@ -685,11 +250,11 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     bool first_failure = !ok && r->state == RUN_RUNNING;
     if (r->opts.verbose && !first_failure) {
         if (WIFEXITED(wstatus))
-            fprintf(stderr, "cfx_run: rank %d (pid %d) exited with status %d\n", rk->rank,
-                    (int)rk->pid, WEXITSTATUS(wstatus));
+            fprintf(stderr, "cfx_run: rank %d%s (pid %d) exited with status %d\n", rk->rank,
+                    where, (int)rk->pid, WEXITSTATUS(wstatus));
         else if (WIFSIGNALED(wstatus))
-            fprintf(stderr, "cfx_run: rank %d (pid %d) killed by %s\n", rk->rank, (int)rk->pid,
-                    signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
+            fprintf(stderr, "cfx_run: rank %d%s (pid %d) killed by %s\n", rk->rank, where,
+                    (int)rk->pid, signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
     }
     if (!first_failure)
         return;
@@ -698,13 +263,22 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
     r->state = RUN_FAILED;
     if (WIFSIGNALED(wstatus)) {
         int sig = WTERMSIG(wstatus);
-        fprintf(stderr, "cfx_run: rank %d exited with signal %s (%s)%s\n", rk->rank,
+        fprintf(stderr, "cfx_run: rank %d%s exited with signal %s (%s)%s\n", rk->rank, where,
                 signame(sig, sbuf, sizeof(sbuf)), strsignal(sig),
                 WCOREDUMP(wstatus) ? ", core dumped" : "");
         r->exit_code = 128 + sig;
     } else {
-        fprintf(stderr, "cfx_run: rank %d exited with status %d\n", rk->rank, WEXITSTATUS(wstatus));
-        r->exit_code = 1;
+        int st = WEXITSTATUS(wstatus);
+        /* Through an rsh: 127 is the remote shell's "not found", 255 ssh's
+         * own failure (no connection, refused login). */
+        const char *hint = !rk->host ? ""
+                           : st == 127 ? " (the command was not found there)"
+                           : st == 255 ? " (the remote shell's own failure: host unreachable or "
+                                         "login refused?)"
+                                       : "";
+        fprintf(stderr, "cfx_run: rank %d%s exited with status %d%s\n", rk->rank, where, st,
+                hint);
+        r->exit_code = st;
     }
     if (r->running > 0)
         fprintf(stderr, "cfx_run: terminating the other %d rank%s\n", r->running,
@@ -833,7 +407,7 @@ static void run_loop(struct run *r)
         if (n > 0) {
             for (size_t i = 1; i < nfds; i++)
                 if (r->pfds[i].revents)
-                    stream_read(r, r->prank[i], r->pstream[i]);
+                    cfx__run_stream_read(r, r->prank[i], r->pstream[i]);
             if (r->pfds[0].revents)
                 drain_signals(r);
         }
@@ -844,7 +418,7 @@ static void run_loop(struct run *r)
     for (int i = 0; i < r->opts.nranks; i++)
         for (int s = 0; s < 2; s++)
             if (r->ranks[i].out[s].fd >= 0)
-                stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
+                cfx__run_stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
 }
 
 int main(int argc, char **argv)
@@ -856,21 +430,54 @@ int main(int argc, char **argv)
                      .drain_until_ns = UINT64_MAX };
     struct cfx_coord *coord = NULL;
     char token_buf[2 * RUN_TOKEN_BYTES + 1];
-    char coord_addr[32];
+    char coord_ip[64] = "127.0.0.1", coord_addr[80];
+    struct cfx_run_hosts hosts = { 0 };
+    int *host_of = NULL, *local_of = NULL;
+    char **rsh = NULL;
     sigset_t mask, oldmask;
     int devnull = -1;
     int spawned = 0;
     int rc;
 
-    if (parse_opts(argc, argv, &r.opts) < 0)
-        return TOOL_EXIT_USAGE;
     char token_path[PATH_MAX] = "";     /* file the ranks read; ours to remove when made here */
     bool token_path_ours = false;
     char file_token[CFX_TOKEN_MAX + 1];
+    if (cfx__run_parse_opts(argc, argv, &r.opts) < 0)
+        return TOOL_EXIT_USAGE;
+    if (r.opts.hosts) {
+        /* every check of --hosts before anything starts */
+        if (cfx__run_hosts_parse(r.opts.hosts, &hosts) < 0)
+            return TOOL_EXIT_USAGE;
+        if (r.opts.nranks == 0)
+            r.opts.nranks = CFX_MIN(hosts.total_slots, RUN_MAX_RANKS);
+        host_of = calloc((size_t)r.opts.nranks, sizeof(*host_of));
+        local_of = calloc((size_t)r.opts.nranks, sizeof(*local_of));
+        if (!host_of || !local_of) {
+            fprintf(stderr, "cfx_run: out of memory\n");
+            rc = 1;
+            goto out_hosts;
+        }
+        rc = TOOL_EXIT_USAGE;
+        if (cfx__run_hosts_place(&hosts, r.opts.nranks, r.opts.oversubscribe, host_of,
+                                 local_of) < 0 ||
+            !(rsh = cfx__run_rsh_split(r.opts.rsh)))
+            goto out_hosts;
+        for (int x = 0; x < r.opts.nxvars; x++) {
+            if (!strchr(r.opts.xvars[x], '=') && !getenv(r.opts.xvars[x])) {
+                fprintf(stderr, "cfx_run: -x: '%s' is not set here (give -x NAME=VALUE)\n",
+                        r.opts.xvars[x]);
+                goto out_hosts;
+            }
+        }
+        rc = 1;
+        if (cfx__run_coord_addr(r.opts.coord_host, &hosts, coord_ip, sizeof(coord_ip)) < 0)
+            goto out_hosts;
+    }
     const char *token = r.opts.token;
     if (r.opts.token_file && token) {
         fprintf(stderr, "cfx_run: give --token-file or --token, not both\n");
-        return TOOL_EXIT_USAGE;
+        rc = TOOL_EXIT_USAGE;
+        goto out_hosts;
     }
     if (r.opts.token_file) {
         /* read it as the ranks will, so that a bad file fails here */
@@ -878,23 +485,29 @@ int main(int argc, char **argv)
             cfx__token_load(NULL, file_token, sizeof(file_token)) != CFX_OK) {
             fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
                     cfx_last_error());
-            return 1;
+            rc = 1;
+            goto out_hosts;
         }
         if (!realpath(r.opts.token_file, token_path)) {
             fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
                     strerror(errno));
-            return 1;
+            rc = 1;
+            goto out_hosts;
         }
         token = file_token;
     } else {
+        rc = 1;
         if (!token) {
-            if (random_token(token_buf, sizeof(token_buf)) < 0)
-                return 1;
+            if (cfx__run_random_token(token_buf, sizeof(token_buf)) < 0)
+                goto out_hosts;
             token = token_buf;
         }
-        if (token_file_write(token, token_path, sizeof(token_path)) < 0)
-            return 1;
-        token_path_ours = true;
+        /* remote ranks get their own file on their host, from the lifeline */
+        if (!r.opts.hosts) {
+            if (cfx__run_token_file_write(token, token_path, sizeof(token_path)) < 0)
+                goto out_hosts;
+            token_path_ours = true;
+        }
     }
 
     /* Block the signals we handle before any thread exists, so the
@@ -924,19 +537,19 @@ int main(int argc, char **argv)
     }
 
     struct cfx_coord_params cp = {
-        .bind_addr = "127.0.0.1",
+        .bind_addr = coord_ip,
         .port = (uint16_t)r.opts.port,
         .token = token,
         .fanout = r.opts.fanout,
     };
     rc = cfx__coord_start(&cp, &coord);
     if (rc != CFX_OK) {
-        fprintf(stderr, "cfx_run: cannot start the coordinator on 127.0.0.1:%u: %s%s%s\n",
+        fprintf(stderr, "cfx_run: cannot start the coordinator on %s:%u: %s%s%s\n", coord_ip,
                 r.opts.port, cfx_strerror(rc), *cfx_last_error() ? ": " : "", cfx_last_error());
         rc = 1;
         goto out_close_devnull;
     }
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", (unsigned)cfx__coord_port(coord));
+    snprintf(coord_addr, sizeof(coord_addr), "%s:%u", coord_ip, (unsigned)cfx__coord_port(coord));
     if (r.opts.verbose)
         fprintf(stderr, "cfx_run: coordinator on %s, %d rank%s: %s\n", coord_addr, r.opts.nranks,
                 r.opts.nranks == 1 ? "" : "s", r.opts.argv[0]);
@@ -951,13 +564,29 @@ int main(int argc, char **argv)
         rc = 1;
         goto out_free_ranks;
     }
+    for (int i = 0; i < r.opts.nranks; i++)
+        r.ranks[i].lifeline = -1; /* before any exit through the cleanup below */
     for (int i = 0; i < r.opts.nranks; i++) {
         struct run_rank *rk = &r.ranks[i];
         rk->rank = i;
         rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", i);
         rk->out[0] = (struct run_stream){ .fd = -1, .out_fd = 1 };
         rk->out[1] = (struct run_stream){ .fd = -1, .out_fd = 2 };
-        rk->envp = build_env(&r.opts, i, coord_addr, token_path, &rk->env_own);
+        rk->envp = cfx__run_build_env(&r.opts, i, coord_addr, token_path, &rk->env_own, r.opts.hosts);
+        if (rk->envp && r.opts.hosts) {
+            char **vars = cfx__run_remote_vars(&r.opts, i, local_of[i], coord_addr);
+            rk->host = hosts.v[host_of[i]].name;
+            rk->argv = vars ? cfx__run_remote_argv(rsh, rk->host, vars, r.opts.argv) : NULL;
+            cfx__run_argv_free(vars);
+            if (!rk->argv) {
+                fprintf(stderr, "cfx_run: out of memory\n");
+                rc = 1;
+                goto out_free_ranks;
+            }
+            if (r.opts.verbose)
+                fprintf(stderr, "cfx_run: rank %d on %s (local rank %d)\n", i, rk->host,
+                        local_of[i]);
+        }
         if (!rk->envp) {
             fprintf(stderr, "cfx_run: out of memory\n");
             rc = 1;
@@ -971,7 +600,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     fflush(stderr);
     for (; spawned < r.opts.nranks; spawned++) {
-        if (spawn_rank(&r, &r.ranks[spawned], devnull, &oldmask) < 0) {
+        if (spawn_rank(&r, &r.ranks[spawned], devnull, &oldmask, token) < 0) {
             r.state = RUN_FAILED;
             r.exit_code = 1;
             stop_ranks(&r, SIGTERM);
@@ -993,7 +622,9 @@ out_free_ranks:
     for (int i = 0; r.ranks && i < r.opts.nranks; i++) {
         for (int s = 0; s < 2; s++)
             free(r.ranks[i].out[s].buf);
-        free_env(r.ranks[i].envp, r.ranks[i].env_own);
+        cfx__run_free_env(r.ranks[i].envp, r.ranks[i].env_own);
+        cfx__run_argv_free(r.ranks[i].argv);
+        close_lifeline(&r.ranks[i]);
     }
     free(r.prank);
     free(r.pstream);
@@ -1008,11 +639,16 @@ out_close_sigfd:
 out_unlink_token:
     if (token_path_ours)
         unlink(token_path);
+out_hosts:
     explicit_bzero(token_buf, sizeof(token_buf));
     explicit_bzero(file_token, sizeof(file_token));
     if (r.opts.token) {
         explicit_bzero(r.opts.token, strlen(r.opts.token));
         free(r.opts.token);
     }
+    cfx__run_argv_free(rsh);
+    free(host_of);
+    free(local_of);
+    cfx__run_hosts_free(&hosts);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,7 +55,7 @@ static int run_sh(const char *cmd, char **out, double *secs)
 /* Run `cfx_run ARGS`, as run_sh(). */
 static int run(const char *args, char **out, double *secs)
 {
-    char cmd[2048];
+    char cmd[4096];
 
     snprintf(cmd, sizeof(cmd), "%s/cfx_run %s 2>&1", CFX_BIN_DIR, args);
     return run_sh(cmd, out, secs);
@@ -193,8 +194,9 @@ Test(cfx_run, lines_never_interleave)
     free(out);
 }
 
-/* The other ranks say that they were stopped (they would otherwise sleep
- * past the suite's timeout): the mechanism, not how soon.  Rank 1 fails only
+/* cfx_run exits with the failing rank's status (3).  The other ranks say
+ * that they were stopped (they would otherwise sleep past the suite's
+ * timeout): the mechanism, not how soon.  Rank 1 fails only
  * once ranks 0 and 2 have their SIGTERM trap in place (each leaves a file),
  * or a loaded machine could deliver the signal before the trap exists. */
 Test(cfx_run, failed_rank_stops_the_others)
@@ -211,7 +213,7 @@ Test(cfx_run, failed_rank_stops_the_others)
     char rm[128];
     snprintf(rm, sizeof(rm), "rm -rf %s", dir);
     cr_assert_eq(system(rm), 0);
-    cr_assert_eq(rc, 1, "output:\n%s", out);
+    cr_assert_eq(rc, 3, "output:\n%s", out);
     cr_assert(strstr(out, "cfx_run: rank 1 exited with status 3"), "output:\n%s", out);
     cr_assert(strstr(out, "[0] rank 0 stopped by SIGTERM"), "rank 0 not stopped:\n%s", out);
     cr_assert(strstr(out, "[2] rank 2 stopped by SIGTERM"), "rank 2 not stopped:\n%s", out);
@@ -274,7 +276,8 @@ Test(cfx_run, usage_errors)
     free(out);
     cr_assert_eq(run("-n 1 --chunk-size lots true", &out, NULL), 2);
     free(out);
-    cr_assert_eq(run("-n 1 /nonexistent/program", &out, NULL), 1);
+    /* the rank's own status: 127, the shell's "not found" */
+    cr_assert_eq(run("-n 1 /nonexistent/program", &out, NULL), 127);
     cr_assert(strstr(out, "cannot execute /nonexistent/program"), "output:\n%s", out);
     free(out);
 }
@@ -360,4 +363,133 @@ Test(cfx_run, allowed_rank_killed_while_waiting)
     cr_assert(has_line(out, "[2] rank 2 saw the victim gone"), "output:\n%s", out);
     cr_assert(has_line(out, "status 0"), "output:\n%s", out);
     free(out);
+}
+
+/* ---- --hosts: ranks started through a remote shell ------------------------ */
+
+/*
+ * Fake remote shells, written into @p dir: "rsh HOST CMD" runs the shell
+ * command CMD here, as ssh runs it on HOST, with CFX_TEST_HOST=HOST so that
+ * a rank can say where it was sent.  "rsh-detached" also runs CMD in a
+ * session of its own, so that, as with ssh, a signal to the rsh's process
+ * group does not reach the remote command: only the end of its stdin does.
+ */
+static void write_fake_rsh(const char *dir)
+{
+    char path[256];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/rsh", dir);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\nCFX_TEST_HOST=$1; export CFX_TEST_HOST; shift\nexec sh -c \"$*\"\n");
+    fclose(f);
+    cr_assert_eq(chmod(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/rsh-detached", dir);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\nCFX_TEST_HOST=$1; export CFX_TEST_HOST; shift\n"
+               "exec 3<&0\nsetsid -w sh -c \"$*\" <&3 3<&- &\nwait $!\n");
+    fclose(f);
+    cr_assert_eq(chmod(path, 0755), 0);
+}
+
+/*
+ * Four ranks on three "hosts" (ha:2,hb,hc) through the fake rsh: each says
+ * where it runs and its local rank (placement by slot: 0,1 on ha, 2 on hb,
+ * 3 on hc), checks that the token's value is neither in its own nor in its
+ * remote wrapper's (its parent's) /proc cmdline and environ, that its token
+ * file is mode 600 and not the --token-file path, then runs cfx_boottest:
+ * an int32 allreduce through cfx_run's coordinator, every element compared.
+ * The token files made on the "hosts" are gone afterwards, and -x values
+ * arrive as given (a quote and a $ in one).
+ */
+Test(cfx_run, hosts_allreduce_through_rsh_token_off_cmdline_and_environ)
+{
+    char *out, dir[] = "/tmp/cfx_run_hostsXXXXXX", args[2048], path[256];
+    cr_assert_not_null(mkdtemp(dir));
+    write_fake_rsh(dir);
+    snprintf(path, sizeof(path), "%s/token", dir);
+    FILE *tf = fopen(path, "w");
+    cr_assert_not_null(tf);
+    fprintf(tf, "9f3c1a77d04e4b2a8c55e2d1b6a09f31\n");
+    fclose(tf);
+    cr_assert_eq(chmod(path, 0600), 0);
+    snprintf(args, sizeof(args),
+             "--hosts ha:2,hb,hc -n 4 --rsh %s/rsh --coord-addr 127.0.0.1 --token-file %s "
+             "--timeout 50 -x 'CFX_XV=it'\\''s $HOME' -x PLAIN_XV=7 sh -c '"
+             "echo \"x $CFX_XV $PLAIN_XV\"; "
+             "p=9f3c1a77; p=${p}d04e4b2a; n=0; for q in $$ $PPID; do "
+             "n=$((n + $(tr \"\\0\" \"\\n\" < /proc/$q/cmdline | grep -c $p))); "
+             "n=$((n + $(tr \"\\0\" \"\\n\" < /proc/$q/environ | grep -c $p))); done; "
+             "echo seen $n mode $(stat -c %%a $CFX_TOKEN_FILE); echo file $CFX_TOKEN_FILE; "
+             "echo on $CFX_TEST_HOST local $CFX_LOCAL_RANK of $CFX_WORLD_SIZE; "
+             "[ $CFX_TOKEN_FILE != %s ] || echo same file; "
+             "exec %s/cfx_boottest 100003'",
+             dir, path, path, CFX_BIN_DIR);
+    int rc = run(args, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    static const char *const where[4] = { "ha local 0", "ha local 1", "hb local 0",
+                                          "hc local 0" };
+    char sum[64] = "";
+    for (int r = 0; r < 4; r++) {
+        char l[128], *ok, file[256] = "";
+        snprintf(l, sizeof(l), "[%d] seen 0 mode 600", r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] on %s of 4", r, where[r]);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        /* -x values reach the host verbatim: quotes and $ pass the remote shell */
+        snprintf(l, sizeof(l), "[%d] x it's $HOME 7", r);
+        cr_assert(has_line(out, l), "missing '%s' in:\n%s", l, out);
+        snprintf(l, sizeof(l), "[%d] rank %d/4 ok: ", r, r);
+        ok = strstr(out, l);
+        cr_assert_not_null(ok, "rank %d did not check its allreduce:\n%s", r, out);
+        if (!sum[0])
+            sscanf(ok + strlen(l), "%63s", sum);
+        snprintf(l + strlen(l), sizeof(l) - strlen(l), "%s", sum);
+        cr_assert(has_line(out, l), "rank %d's sum differs from '%s':\n%s", r, sum, out);
+        snprintf(l, sizeof(l), "[%d] file ", r);
+        const char *f = strstr(out, l);
+        cr_assert_not_null(f, "%s", out);
+        sscanf(f + strlen(l), "%255s", file);
+        cr_assert(access(file, F_OK) != 0, "rank %d's token file %s left behind", r, file);
+    }
+    cr_assert_null(strstr(out, "same file"), "%s", out);
+    free(out);
+    snprintf(args, sizeof(args), "rm -rf %s", dir);
+    cr_assert_eq(system(args), 0);
+}
+
+/*
+ * Through an rsh that, like ssh, does not pass signals on (rsh-detached):
+ * rank 1 on hb exits 3 once ranks 0 and 2 have their SIGTERM trap set;
+ * cfx_run exits 3 naming the rank and its host, and the other two remote
+ * commands are stopped by the end of their stdin (the lifeline cfx_run
+ * closes): each trap leaves a file, waited for here (up to 20 s).
+ */
+Test(cfx_run, hosts_failing_rank_gives_its_status_and_stops_the_others)
+{
+    char *out, dir[] = "/tmp/cfx_run_hfailXXXXXX", args[2048];
+    cr_assert_not_null(mkdtemp(dir));
+    write_fake_rsh(dir);
+    snprintf(args, sizeof(args),
+             "--hosts ha,hb,hc --rsh %s/rsh-detached --coord-addr 127.0.0.1 --timeout 50 "
+             "sh -c 'if [ $CFX_RANK = 1 ]; then i=0; while [ ! -e %s/0 ] || [ ! -e %s/2 ]; do "
+             "i=$((i+1)); [ $i -lt 6000 ] || exit 4; sleep 0.01; done; exit 3; fi; "
+             "trap \"touch %s/stopped.$CFX_RANK; kill $! 2>/dev/null; exit 143\" TERM; "
+             "sleep 600 & touch %s/$CFX_RANK; wait'",
+             dir, dir, dir, dir, dir);
+    int rc = run(args, &out, NULL);
+    cr_assert_eq(rc, 3, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 on hb exited with status 3"), "output:\n%s", out);
+    for (int r = 0; r <= 2; r += 2) {
+        char f[128];
+        snprintf(f, sizeof(f), "%s/stopped.%d", dir, r);
+        for (int i = 0; i < 2000 && access(f, F_OK) != 0; i++)
+            usleep(10000);
+        cr_assert(access(f, F_OK) == 0, "rank %d was not stopped:\n%s", r, out);
+    }
+    free(out);
+    snprintf(args, sizeof(args), "rm -rf %s", dir);
+    cr_assert_eq(system(args), 0);
 }
