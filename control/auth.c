@@ -16,10 +16,11 @@
 #include "dataplane/common/util.h"
 
 static const char *const side_label[] = {
-    [CFX_AUTH_CLIENT] = "conflux-v1 client",
-    [CFX_AUTH_COORD] = "conflux-v1 coord",
-    [CFX_AUTH_DP_ACCEPT] = "conflux-v1 dp accept",
-    [CFX_AUTH_DP_CONNECT] = "conflux-v1 dp connect",
+    /* v2: the MACs of these sides also cover binding bytes (roles, node ids) */
+    [CFX_AUTH_CLIENT] = "conflux-v2 client",
+    [CFX_AUTH_COORD] = "conflux-v2 coord",
+    [CFX_AUTH_DP_ACCEPT] = "conflux-v2 dp accept",
+    [CFX_AUTH_DP_CONNECT] = "conflux-v2 dp connect",
     [CFX_AUTH_SHM_ACCEPT] = "conflux-v1 shm accept",
     [CFX_AUTH_SHM_CONNECT] = "conflux-v1 shm connect",
 };
@@ -31,36 +32,43 @@ int cfx__auth_nonce(uint8_t *buf, size_t len)
     return CFX_OK;
 }
 
-int cfx__auth_mac(const char *token, enum cfx_auth_side side,
-                  const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
-                  const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
-                  uint8_t mac[CFX_AUTH_MAC_LEN])
+int cfx__auth_mac_bound(const char *token, enum cfx_auth_side side,
+                        const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                        const uint8_t client_nonce[CFX_AUTH_NONCE_LEN], const void *bind,
+                        size_t bind_len, uint8_t mac[CFX_AUTH_MAC_LEN])
 {
-    uint8_t msg[32 + 2 * CFX_AUTH_NONCE_LEN];
+    uint8_t msg[32 + 2 * CFX_AUTH_NONCE_LEN + CFX_AUTH_BIND_MAX];
     unsigned maclen = 0;
 
     if (!token || !*token)
         return cfx__err(CFX_ERR_INVALID, "empty cluster token");
     if ((unsigned)side >= sizeof(side_label) / sizeof(side_label[0]))
         return cfx__err(CFX_ERR_INVALID, "bad auth side %d", (int)side);
-    /* Labels are NUL-padded to 32 bytes so the message has a fixed layout. */
+    if (bind_len > CFX_AUTH_BIND_MAX || (bind_len && !bind))
+        return cfx__err(CFX_ERR_INVALID, "%zu binding bytes for a MAC (at most %d)", bind_len,
+                        CFX_AUTH_BIND_MAX);
+    /* Labels are NUL-padded to 32 bytes so the message has a fixed layout;
+     * the binding bytes of one side have a fixed length too. */
     memset(msg, 0, 32);
     memcpy(msg, side_label[side], strlen(side_label[side]));
     memcpy(msg + 32, server_nonce, CFX_AUTH_NONCE_LEN);
     memcpy(msg + 32 + CFX_AUTH_NONCE_LEN, client_nonce, CFX_AUTH_NONCE_LEN);
-    if (!HMAC(EVP_sha256(), token, (int)strlen(token), msg, sizeof(msg), mac, &maclen) ||
+    if (bind_len)
+        memcpy(msg + 32 + 2 * CFX_AUTH_NONCE_LEN, bind, bind_len);
+    if (!HMAC(EVP_sha256(), token, (int)strlen(token), msg,
+              32 + 2 * CFX_AUTH_NONCE_LEN + bind_len, mac, &maclen) ||
         maclen != CFX_AUTH_MAC_LEN)
         return cfx__err(CFX_ERR_INTERNAL, "HMAC-SHA256 failed in libcrypto");
     return CFX_OK;
 }
 
-int cfx__auth_verify(const char *token, enum cfx_auth_side side,
-                     const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
-                     const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
-                     const uint8_t mac[CFX_AUTH_MAC_LEN])
+int cfx__auth_verify_bound(const char *token, enum cfx_auth_side side,
+                           const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                           const uint8_t client_nonce[CFX_AUTH_NONCE_LEN], const void *bind,
+                           size_t bind_len, const uint8_t mac[CFX_AUTH_MAC_LEN])
 {
     uint8_t want[CFX_AUTH_MAC_LEN];
-    int rc = cfx__auth_mac(token, side, server_nonce, client_nonce, want);
+    int rc = cfx__auth_mac_bound(token, side, server_nonce, client_nonce, bind, bind_len, want);
     if (rc != CFX_OK)
         return rc;
     rc = CRYPTO_memcmp(want, mac, CFX_AUTH_MAC_LEN) == 0 ? CFX_OK : CFX_ERR_AUTH;
@@ -68,6 +76,32 @@ int cfx__auth_verify(const char *token, enum cfx_auth_side side,
     if (rc != CFX_OK)
         return cfx__err(rc, "cluster token mismatch");
     return CFX_OK;
+}
+
+int cfx__auth_mac(const char *token, enum cfx_auth_side side,
+                  const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                  const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                  uint8_t mac[CFX_AUTH_MAC_LEN])
+{
+    return cfx__auth_mac_bound(token, side, server_nonce, client_nonce, NULL, 0, mac);
+}
+
+int cfx__auth_verify(const char *token, enum cfx_auth_side side,
+                     const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
+                     const uint8_t mac[CFX_AUTH_MAC_LEN])
+{
+    return cfx__auth_verify_bound(token, side, server_nonce, client_nonce, NULL, 0, mac);
+}
+
+void cfx__auth_dp_bind(uint32_t connector_node, uint32_t acceptor_node,
+                       uint8_t out[CFX_AUTH_DP_BIND_LEN])
+{
+    /* little-endian, connector first: the roles are the labels' */
+    for (int i = 0; i < 4; i++) {
+        out[i] = (uint8_t)(connector_node >> (8 * i));
+        out[4 + i] = (uint8_t)(acceptor_node >> (8 * i));
+    }
 }
 
 static int token_copy(const char *src, size_t n, const char *from, char *buf, size_t len)

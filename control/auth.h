@@ -2,11 +2,16 @@
  * Cluster-token authentication (mutual HMAC-SHA256 challenge-response).
  *
  *   coord  -> client  CHALLENGE { server nonce Ns }
- *   client -> coord   AUTH { role, client nonce Nc, HMAC(token, "conflux-v1 client" | Ns | Nc) }
- *   coord  -> client  AUTH_OK { HMAC(token, "conflux-v1 coord" | Ns | Nc) }  or ERROR(CFX_ERR_AUTH)
+ *   client -> coord   AUTH { role, Nc, HMAC(token, "conflux-v2 client" | Ns | Nc | role) }
+ *   coord  -> client  AUTH_OK { HMAC(token, "conflux-v2 coord" | Ns | Nc | role) }
+ *                     or ERROR(CFX_ERR_AUTH)
  *
- * Distinct labels keep one side's MAC from being replayed as the other's;
- * fresh nonces on both sides keep old exchanges from being replayed.  The
+ * The client proves the token first; the coordinator's MAC goes out only
+ * once that proof verified, so a stranger collects nothing it could test
+ * token guesses against offline.  Distinct labels keep one side's MAC from
+ * being replayed as the other's; the role byte under both MACs keeps a
+ * node's proof from being turned into an admin's (or back); fresh nonces on
+ * both sides keep old exchanges from being replayed.  The
  * token never travels and is never logged.  MACs are compared with
  * CRYPTO_memcmp().  All functions are thread-safe.
  */
@@ -48,6 +53,26 @@ int cfx__auth_verify(const char *token, enum cfx_auth_side side,
                      const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
                      const uint8_t client_nonce[CFX_AUTH_NONCE_LEN],
                      const uint8_t mac[CFX_AUTH_MAC_LEN]);
+
+#define CFX_AUTH_BIND_MAX    32 /* binding bytes one MAC may cover */
+#define CFX_AUTH_DP_BIND_LEN 8  /* data plane: connector and acceptor node ids */
+
+/* As cfx__auth_mac / cfx__auth_verify, the MAC also covering @p bind_len
+ * (<= CFX_AUTH_BIND_MAX, fixed per side) bytes that say who talks to whom
+ * (control: the role; data plane: both node ids), so a proof made for one
+ * pair of peers or one role is refused for any other. */
+int cfx__auth_mac_bound(const char *token, enum cfx_auth_side side,
+                        const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                        const uint8_t client_nonce[CFX_AUTH_NONCE_LEN], const void *bind,
+                        size_t bind_len, uint8_t mac[CFX_AUTH_MAC_LEN]);
+int cfx__auth_verify_bound(const char *token, enum cfx_auth_side side,
+                           const uint8_t server_nonce[CFX_AUTH_NONCE_LEN],
+                           const uint8_t client_nonce[CFX_AUTH_NONCE_LEN], const void *bind,
+                           size_t bind_len, const uint8_t mac[CFX_AUTH_MAC_LEN]);
+
+/* The data plane's binding bytes: connector's node id, acceptor's (u32 LE each). */
+void cfx__auth_dp_bind(uint32_t connector_node, uint32_t acceptor_node,
+                       uint8_t out[CFX_AUTH_DP_BIND_LEN]);
 
 /*
  * Find the cluster token: @p explicit_token if non-NULL and non-empty, else

@@ -796,8 +796,8 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     pthread_mutex_unlock(&ctl->lock);
     r.u.auth.role = (uint8_t)ctl->role;
     if ((rc = cfx__auth_nonce(cnonce, sizeof(cnonce))) != CFX_OK ||
-        (rc = cfx__auth_mac(params->token, CFX_AUTH_CLIENT, snonce, cnonce, r.u.auth.mac)) !=
-            CFX_OK)
+        (rc = cfx__auth_mac_bound(params->token, CFX_AUTH_CLIENT, snonce, cnonce,
+                                  &r.u.auth.role, 1, r.u.auth.mac)) != CFX_OK)
         return rc;
     memcpy(r.u.auth.nonce, cnonce, sizeof(cnonce));
     rc = send_msg(ctl, &r, deadline, "authentication");
@@ -825,8 +825,8 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
-    if (cfx__auth_verify(params->token, CFX_AUTH_COORD, snonce, cnonce, m.u.auth_ok.mac) !=
-        CFX_OK) {
+    if (cfx__auth_verify_bound(params->token, CFX_AUTH_COORD, snonce, cnonce, &r.u.auth.role,
+                               1, m.u.auth_ok.mac) != CFX_OK) {
         rc = cfx__err(CFX_ERR_AUTH, "coordinator %s did not prove it knows the cluster token "
                       "(a coordinator of another cluster?)", ctl->coord);
         goto out_free;

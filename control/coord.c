@@ -194,17 +194,20 @@ static void conn_close_after_flush(struct coord_conn *c)
 static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     struct cfx_msg r = { .type = CFX_MSG_AUTH_OK, .req_id = m->req_id };
+    const uint8_t role = m->u.auth.role; /* under both MACs (control/auth.h) */
 
-    if (cfx__auth_verify(co->token, CFX_AUTH_CLIENT, c->nonce, m->u.auth.nonce,
-                         m->u.auth.mac) != CFX_OK) {
+    /* The client proves the token first; nothing derived from it goes back
+     * to a peer whose proof failed (only the refusal). */
+    if (cfx__auth_verify_bound(co->token, CFX_AUTH_CLIENT, c->nonce, m->u.auth.nonce, &role, 1,
+                               m->u.auth.mac) != CFX_OK) {
         CFX_LOG(WARN, CTL, "refused %s: wrong cluster token", c->peer);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_AUTH,
                              "coordinator %s refused the cluster token", co->addr);
         conn_close_after_flush(c);
         return;
     }
-    if (cfx__auth_mac(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, r.u.auth_ok.mac) !=
-        CFX_OK) {
+    if (cfx__auth_mac_bound(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, &role, 1,
+                            r.u.auth_ok.mac) != CFX_OK) {
         CFX_LOG(ERR, CTL, "connection %s: %s", c->peer, cfx_last_error());
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_INTERNAL, "coordinator cannot compute its MAC");
         conn_close_after_flush(c);

@@ -34,10 +34,11 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      4u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      5u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
-                                    * 4: tasks (TASK_*), load in HEARTBEAT */
+                                    * 4: tasks (TASK_*), load in HEARTBEAT;
+                                    * 5: the role under both AUTH MACs */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u

@@ -1,19 +1,28 @@
 /*
  * Data-plane connection authentication: mutual HMAC-SHA256 challenge-response
  * with the cluster token, on every transport (tcp, shm, verbs alike), before
- * any transfer message is served or accepted.
+ * any transfer message is served or accepted.  The connector proves itself
+ * first:
  *
- *   connector -> acceptor  HELLO { node id, Nc }
- *   acceptor  -> connector AUTH  { Na, HMAC(token, "conflux-v1 dp accept"  | Na | Nc) }
- *   connector -> acceptor  AUTH  { Na, HMAC(token, "conflux-v1 dp connect" | Na | Nc) }
+ *   connector -> acceptor  HELLO { node id C, Nc }
+ *   acceptor  -> connector AUTH  { Na, no MAC }                              (challenge)
+ *   connector -> acceptor  AUTH  { Na, HMAC(token, "conflux-v2 dp connect" | Na | Nc | C | A) }
+ *   acceptor  -> connector AUTH  { Na, HMAC(token, "conflux-v2 dp accept"  | Na | Nc | C | A),
+ *                                  eager threshold and credits }             (proof)
  *
- * Both nonces are fresh per connection (32 random bytes each), so a recorded
- * exchange cannot be replayed; the labels differ per direction and from the
- * control plane's, so no MAC can be reflected or reused across protocols.
- * The connector holds its requests until the acceptor proved itself; the
- * acceptor takes nothing but HELLO and AUTH until the connector did
- * (xfer.c).  A refused peer is logged with its address and the connection
- * closed; the token is never logged.
+ * The acceptor sends nothing computed from the token until the connector's
+ * MAC verified, so a stranger who reaches the port gets a nonce and then a
+ * refusal, never a MAC it could test token guesses against offline.  Both
+ * MACs cover both node ids: C as the HELLO claims it, A as the connector
+ * expects it (the directory's record for the address it dialled) and as the
+ * acceptor knows itself; a proof made for another pair of nodes is refused,
+ * and a connector that reached another node than it meant (an address
+ * reused) refuses the answer.  The labels name the roles, so no MAC can be
+ * reflected.  Nonces are fresh per connection (32 random bytes each), so a
+ * recorded exchange cannot be replayed.  The connector holds its requests
+ * until the acceptor proved itself; the acceptor takes nothing but HELLO and
+ * AUTH until the connector did (xfer.c).  A refused peer is logged with its
+ * address and the connection closed; the token is never logged.
  *
  * Progress-lock holder only (engine.h), ctx->lock held.
  */
@@ -34,14 +43,6 @@ static void refuse(struct cfx_conn *conn, int status, const char *why)
     cfx__conn_fail(conn, status, why);
 }
 
-static void auth_init(struct cfx_dp_auth *a)
-{
-    memset(a, 0, sizeof(*a));
-    a->hdr.magic = CFX_DP_MAGIC;
-    a->hdr.version = CFX_DP_VERSION;
-    a->hdr.type = CFX_DP_AUTH;
-}
-
 int cfx__conn_auth_hello_out(struct cfx_conn *conn)
 {
     struct cfx_dp_hello h = {
@@ -57,6 +58,44 @@ int cfx__conn_auth_hello_out(struct cfx_conn *conn)
     return cfx__conn_send_hs(conn, &h, sizeof(h)); /* a failure ended the connection */
 }
 
+static void auth_init(struct cfx_dp_auth *a, const uint8_t nonce[CFX_DP_NONCE_LEN])
+{
+    memset(a, 0, sizeof(*a));
+    a->hdr.magic = CFX_DP_MAGIC;
+    a->hdr.version = CFX_DP_VERSION;
+    a->hdr.type = CFX_DP_AUTH;
+    memcpy(a->nonce, nonce, sizeof(a->nonce));
+}
+
+/* Both node ids under the MACs: @p conn's connector first. */
+static void conn_bind(const struct cfx_conn *conn, uint8_t bind[CFX_AUTH_DP_BIND_LEN])
+{
+    uint32_t self = conn->ctx->node_id;
+    if (conn->outbound)
+        cfx__auth_dp_bind(self, conn->node_id, bind);
+    else
+        cfx__auth_dp_bind(conn->node_id, self, bind);
+}
+
+/* MAC of @p side on @p conn; the acceptor's nonce is the server nonce. */
+static int conn_mac(const struct cfx_conn *conn, enum cfx_auth_side side, uint8_t *mac)
+{
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    const uint8_t *na = conn->outbound ? conn->peer_nonce : conn->nonce;
+    const uint8_t *nc = conn->outbound ? conn->nonce : conn->peer_nonce;
+    conn_bind(conn, bind);
+    return cfx__auth_mac_bound(conn->ctx->token, side, na, nc, bind, sizeof(bind), mac);
+}
+
+static int conn_verify(const struct cfx_conn *conn, enum cfx_auth_side side, const uint8_t *mac)
+{
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    const uint8_t *na = conn->outbound ? conn->peer_nonce : conn->nonce;
+    const uint8_t *nc = conn->outbound ? conn->nonce : conn->peer_nonce;
+    conn_bind(conn, bind);
+    return cfx__auth_verify_bound(conn->ctx->token, side, na, nc, bind, sizeof(bind), mac);
+}
+
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m)
 {
     struct cfx_context *ctx = conn->ctx;
@@ -67,74 +106,97 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
         return;
     }
     memcpy(conn->peer_nonce, m->nonce, sizeof(conn->peer_nonce));
-    auth_init(&a);
-    if (cfx__auth_nonce(conn->nonce, sizeof(conn->nonce)) != CFX_OK ||
-        cfx__auth_mac(ctx->token, CFX_AUTH_DP_ACCEPT, conn->nonce, conn->peer_nonce, a.mac) !=
-            CFX_OK) {
+    if (cfx__auth_nonce(conn->nonce, sizeof(conn->nonce)) != CFX_OK) {
         CFX_LOG(ERR, CONN, "node %u: cannot answer %s: %s", ctx->node_id, conn->name,
                 cfx_last_error());
+        cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no nonce for the handshake");
+        return;
+    }
+    /* The challenge: our nonce and nothing derived from the token. */
+    auth_init(&a, conn->nonce);
+    conn->auth_sent = true;
+    cfx__conn_send_hs(conn, &a, sizeof(a));
+}
+
+/* Connector: the acceptor's challenge (@p m: its nonce) came; prove the token. */
+static void connector_prove(struct cfx_conn *conn, const struct cfx_dp_auth *m)
+{
+    struct cfx_dp_auth a;
+
+    memcpy(conn->peer_nonce, m->nonce, sizeof(conn->peer_nonce));
+    auth_init(&a, conn->peer_nonce);
+    if (conn_mac(conn, CFX_AUTH_DP_CONNECT, a.mac) != CFX_OK) {
         cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no MAC");
         return;
     }
-    memcpy(a.nonce, conn->nonce, sizeof(a.nonce));
-    /* the connector sends eager messages on this connection: our threshold
-     * and our grant rule them (eager.c) */
-    a.eager_max = ctx->cfg.eager_max;
-    a.eager_credits = CFX_EAGER_CREDITS;
-    conn->eager_granted = CFX_EAGER_CREDITS;
     conn->auth_sent = true;
-    cfx__conn_send_hs(conn, &a, sizeof(a));
+    cfx__conn_send_hs(conn, &a, sizeof(a)); /* a failure ended the connection */
+}
+
+/* Connector: the acceptor's proof (@p m) came. */
+static void connector_check(struct cfx_conn *conn, const struct cfx_dp_auth *m)
+{
+    struct cfx_context *ctx = conn->ctx;
+
+    if (CRYPTO_memcmp(m->nonce, conn->peer_nonce, sizeof(conn->peer_nonce)) ||
+        conn_verify(conn, CFX_AUTH_DP_ACCEPT, m->mac) != CFX_OK) {
+        refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token (or it is not node "
+                                   "the directory named for its address)");
+        return;
+    }
+    if (m->eager_max > CFX_EAGER_LIMIT || m->eager_credits > 4 * CFX_EAGER_CREDITS) {
+        refuse(conn, CFX_ERR_PROTO, "an eager threshold or grant out of range");
+        return;
+    }
+    conn->eager_max = m->eager_max;
+    conn->eager_credits = conn->eager_granted = m->eager_credits;
+    conn->eager_known = true;
+    conn->authed = true;
+    CFX_LOG(DEBUG, CONN, "node %u: %s authenticated (eager up to %u B, %u credits)",
+            ctx->node_id, conn->name, conn->eager_max, conn->eager_credits);
+    if (cfx__conn_flush(conn) < 0)
+        return; /* the connection failed and is gone */
+    cfx__eager_pump(conn);
 }
 
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
 {
     struct cfx_context *ctx = conn->ctx;
+    struct cfx_dp_auth a;
 
     if (conn->authed) {
         refuse(conn, CFX_ERR_PROTO, "AUTH on an authenticated connection");
         return;
     }
     if (conn->outbound) {
-        /* The acceptor proves itself first: requests wait for it. */
-        struct cfx_dp_auth a;
-        memcpy(conn->peer_nonce, m->nonce, sizeof(conn->peer_nonce));
-        if (cfx__auth_verify(ctx->token, CFX_AUTH_DP_ACCEPT, conn->peer_nonce, conn->nonce,
-                             m->mac) != CFX_OK) {
-            refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token");
-            return;
-        }
-        if (m->eager_max > CFX_EAGER_LIMIT || m->eager_credits > 4 * CFX_EAGER_CREDITS) {
-            refuse(conn, CFX_ERR_PROTO, "an eager threshold or grant out of range");
-            return;
-        }
-        conn->eager_max = m->eager_max;
-        conn->eager_credits = conn->eager_granted = m->eager_credits;
-        conn->eager_known = true;
-        auth_init(&a);
-        if (cfx__auth_mac(ctx->token, CFX_AUTH_DP_CONNECT, conn->peer_nonce, conn->nonce,
-                          a.mac) != CFX_OK) {
-            cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no MAC");
-            return;
-        }
-        memcpy(a.nonce, conn->peer_nonce, sizeof(a.nonce));
-        conn->auth_sent = true;
-        if (cfx__conn_send_hs(conn, &a, sizeof(a)) != CFX_OK)
-            return;
-        conn->authed = true;
-        CFX_LOG(DEBUG, CONN, "node %u: %s authenticated (eager up to %u B, %u credits)",
-                ctx->node_id, conn->name, conn->eager_max, conn->eager_credits);
-        if (cfx__conn_flush(conn) < 0)
-            return; /* the connection failed and is gone */
-        cfx__eager_pump(conn);
+        if (!conn->auth_sent)
+            connector_prove(conn, m);
+        else
+            connector_check(conn, m);
         return;
     }
-    if (!conn->auth_sent || memcmp(m->nonce, conn->nonce, sizeof(conn->nonce)) ||
-        cfx__auth_verify(ctx->token, CFX_AUTH_DP_CONNECT, conn->nonce, conn->peer_nonce,
-                         m->mac) != CFX_OK) {
-        refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token");
+    /* Acceptor: the connector's proof.  A wrong one gets the refusal only. */
+    if (!conn->auth_sent || CRYPTO_memcmp(m->nonce, conn->nonce, sizeof(conn->nonce)) ||
+        conn_verify(conn, CFX_AUTH_DP_CONNECT, m->mac) != CFX_OK) {
+        refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token for the node id it "
+                                   "claims");
         return;
     }
+    auth_init(&a, conn->nonce);
+    if (conn_mac(conn, CFX_AUTH_DP_ACCEPT, a.mac) != CFX_OK) {
+        CFX_LOG(ERR, CONN, "node %u: cannot answer %s: %s", ctx->node_id, conn->name,
+                cfx_last_error());
+        cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no MAC");
+        return;
+    }
+    /* the connector sends eager messages on this connection: our threshold
+     * and our grant rule them (eager.c) */
+    a.eager_max = ctx->cfg.eager_max;
+    a.eager_credits = CFX_EAGER_CREDITS;
+    conn->eager_granted = CFX_EAGER_CREDITS;
     conn->authed = true;
     CFX_LOG(DEBUG, CONN, "node %u: %s authenticated", ctx->node_id, conn->name);
+    if (cfx__conn_send_hs(conn, &a, sizeof(a)) != CFX_OK)
+        return; /* the connection failed and is gone */
     cfx__conn_flush(conn); /* anything queued for it meanwhile */
 }

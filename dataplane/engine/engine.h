@@ -61,10 +61,12 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 4         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 5         /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
-                                       records of every address */
+                                       records of every address;
+                                    5: the connector proves the token first; both
+                                       node ids under the MACs (conn_auth.c) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -75,7 +77,7 @@ enum cfx_dp_type {
     CFX_DP_CREDIT,      /* receiver -> source: more chunk credits */
     CFX_DP_CANCEL,      /* receiver -> source: stop, I withdraw the window */
     CFX_DP_CANCEL_ACK,  /* source -> receiver: no more writes for the slot */
-    CFX_DP_AUTH,        /* handshake: acceptor's nonce + MAC, then connector's MAC */
+    CFX_DP_AUTH,        /* handshake: acceptor's nonce, connector's MAC, acceptor's MAC */
     CFX_DP_REDUCE_TASK, /* reduce driver -> node: produce a partial reduction */
     CFX_DP_REDUCE_DONE, /* node producing the result -> driver: finished (status) */
     CFX_DP_REDUCE_ABORT,/* driver -> node: give up a task (the driver re-plans) */
@@ -102,13 +104,15 @@ struct cfx_dp_hello {
 };
 
 /* Cluster-token handshake (conn_auth.c): acceptor -> connector with the
- * acceptor's nonce and MAC, then connector -> acceptor with its MAC. */
+ * acceptor's nonce alone (the challenge), connector -> acceptor with its MAC,
+ * then acceptor -> connector with its MAC (the proof). */
 struct cfx_dp_auth {
     struct cfx_dp_hdr hdr;
-    uint8_t nonce[CFX_DP_NONCE_LEN]; /* acceptor's nonce (echoed by the connector) */
-    uint8_t mac[CFX_DP_MAC_LEN];     /* HMAC-SHA256 over both nonces */
-    uint32_t eager_max;              /* acceptor's: largest eager payload it takes (eager.c);
-                                        0 from the connector */
+    uint8_t nonce[CFX_DP_NONCE_LEN]; /* acceptor's nonce (echoed in the later two) */
+    uint8_t mac[CFX_DP_MAC_LEN];     /* HMAC-SHA256 over both nonces and both node ids;
+                                        zero in the challenge */
+    uint32_t eager_max;              /* acceptor's proof: largest eager payload it takes
+                                        (eager.c); 0 in the other two */
     uint32_t eager_credits;          /* acceptor's: eager messages the connector may have
                                         unconsumed here (0 from the connector) */
 };
@@ -383,7 +387,7 @@ struct cfx_conn {
     /* cluster-token handshake (conn_auth.c) */
     bool authed;                /* peer proved the token: serve it, flush pending */
     uint64_t auth_deadline;     /* not authed by then (ns): failed; 0 until first looked at */
-    bool auth_sent;             /* our AUTH went out */
+    bool auth_sent;             /* acceptor: our challenge went out; connector: our MAC */
     uint8_t nonce[CFX_DP_NONCE_LEN];      /* ours */
     uint8_t peer_nonce[CFX_DP_NONCE_LEN]; /* theirs */
     /* eager messages (eager.c).  Sender side (our outbound connection): */
@@ -1005,10 +1009,10 @@ int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
 int cfx__conn_flush(struct cfx_conn *conn);
 
 /* conn_auth.c (progress-lock holder, ctx->lock held): the data-plane handshake.
- * Connector: HELLO{node, Nc} -> acceptor: AUTH{Na, MAC_acc(Na,Nc)} ->
- * connector checks it, answers AUTH{Na, MAC_conn(Na,Nc)} and is
- * authenticated; the acceptor is once it checked that.  Nothing but HELLO
- * and AUTH is accepted on an unauthenticated connection. */
+ * Connector: HELLO{C, Nc} -> acceptor: AUTH{Na} -> connector: AUTH{Na,
+ * MAC_conn(Na,Nc,C,A)} -> acceptor checks it, is authenticated and answers
+ * AUTH{Na, MAC_acc(Na,Nc,C,A), eager}; the connector is once it checked that.
+ * Nothing but HELLO and AUTH is accepted on an unauthenticated connection. */
 int cfx__conn_auth_hello_out(struct cfx_conn *conn); /* a failure ended the connection */
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m);
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);

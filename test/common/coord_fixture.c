@@ -252,14 +252,14 @@ int raw_auth_role(uint8_t role)
     r.req_id = 1;
     r.u.auth.role = role;
     cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-    cfx__auth_mac(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, r.u.auth.mac);
+    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, &role, 1, r.u.auth.mac);
     raw_send(s, &r);
     cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_AUTH_OK);
     cr_assert_eq(m.req_id, 1);
     /* Mutual: the coordinator proved it knows the token. */
-    cr_assert_eq(cfx__auth_verify(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce,
-                                  m.u.auth_ok.mac), CFX_OK);
+    cr_assert_eq(cfx__auth_verify_bound(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce, &role, 1,
+                                        m.u.auth_ok.mac), CFX_OK);
     return s;
 }
 

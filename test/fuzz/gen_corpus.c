@@ -275,10 +275,17 @@ static void dp(void)
     memset(h.nonce, 0x44, sizeof(h.nonce));
     put_dp("hello", &h, sizeof(h));
 
+    /* the handshake's three AUTHs (conn_auth.c): the acceptor's challenge
+     * (nonce, no MAC), the connector's MAC, the acceptor's proof (MAC and
+     * its eager threshold and credits) */
     struct cfx_dp_auth a = { .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_AUTH, 0 } };
     memset(a.nonce, 0x55, sizeof(a.nonce));
+    put_dp("auth_challenge", &a, sizeof(a));
     memset(a.mac, 0x66, sizeof(a.mac));
     put_dp("auth", &a, sizeof(a));
+    a.eager_max = 8192;
+    a.eager_credits = 64;
+    put_dp("auth_proof", &a, sizeof(a));
 
     struct cfx_dp_get_req r;
     memset(&r, 0, sizeof(r));

@@ -197,8 +197,8 @@ static inline int raw_auth(uint16_t port, const char *token, enum cfx_ctl_role r
     a.req_id = 1;
     a.u.auth.role = (uint8_t)role;
     cfx__auth_nonce(a.u.auth.nonce, sizeof(a.u.auth.nonce));
-    cr_assert_eq(cfx__auth_mac(token, CFX_AUTH_CLIENT, m.u.challenge.nonce, a.u.auth.nonce,
-                               a.u.auth.mac), CFX_OK);
+    cr_assert_eq(cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, m.u.challenge.nonce,
+                                     a.u.auth.nonce, &a.u.auth.role, 1, a.u.auth.mac), CFX_OK);
     free(frame);
     raw_send_msg(fd, &a);
     cr_assert_eq(raw_recv_msg(fd, 5000, &m, &frame), CFX_OK, "no AUTH_OK");

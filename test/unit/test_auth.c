@@ -68,6 +68,37 @@ Test(auth, mac_is_hmac_sha256_of_label_and_nonces)
     cr_assert_arr_neq(a, b, sizeof(a));
 }
 
+/* The binding bytes are under the MAC: another role, another node id, or
+ * the two node ids swapped (connector and acceptor) give another MAC. */
+Test(auth, bound_mac_depends_on_the_binding)
+{
+    uint8_t sn[CFX_AUTH_NONCE_LEN] = { 0 }, cn[CFX_AUTH_NONCE_LEN] = { 0 };
+    uint8_t a[CFX_AUTH_MAC_LEN], b[CFX_AUTH_MAC_LEN];
+    uint8_t b12[CFX_AUTH_DP_BIND_LEN], b21[CFX_AUTH_DP_BIND_LEN], b13[CFX_AUTH_DP_BIND_LEN];
+    uint8_t role0 = 0, role1 = 1;
+    cfx__auth_dp_bind(1, 2, b12);
+    cfx__auth_dp_bind(2, 1, b21);
+    cfx__auth_dp_bind(1, 3, b13);
+    cr_assert_eq(cfx__auth_mac_bound("k", CFX_AUTH_DP_CONNECT, sn, cn, b12, 8, a), CFX_OK);
+    cr_assert_eq(cfx__auth_verify_bound("k", CFX_AUTH_DP_CONNECT, sn, cn, b12, 8, a), CFX_OK);
+    cr_assert_eq(cfx__auth_verify_bound("k", CFX_AUTH_DP_CONNECT, sn, cn, b21, 8, a),
+                 CFX_ERR_AUTH);
+    cr_assert_eq(cfx__auth_verify_bound("k", CFX_AUTH_DP_CONNECT, sn, cn, b13, 8, a),
+                 CFX_ERR_AUTH);
+    cr_assert_eq(cfx__auth_verify_bound("k", CFX_AUTH_DP_ACCEPT, sn, cn, b12, 8, a),
+                 CFX_ERR_AUTH);
+    cr_assert_eq(cfx__auth_verify("k", CFX_AUTH_DP_CONNECT, sn, cn, a), CFX_ERR_AUTH);
+    cr_assert_eq(cfx__auth_mac_bound("k", CFX_AUTH_CLIENT, sn, cn, &role0, 1, a), CFX_OK);
+    cr_assert_eq(cfx__auth_mac_bound("k", CFX_AUTH_CLIENT, sn, cn, &role1, 1, b), CFX_OK);
+    cr_assert_arr_neq(a, b, sizeof(a));
+    /* little-endian, connector first */
+    cr_assert_eq(b12[0], 1);
+    cr_assert_eq(b12[4], 2);
+    uint8_t big[CFX_AUTH_BIND_MAX + 1] = { 0 };
+    cr_assert_eq(cfx__auth_mac_bound("k", CFX_AUTH_CLIENT, sn, cn, big, sizeof(big), a),
+                 CFX_ERR_INVALID);
+}
+
 Test(auth, wrong_token_or_tampered_mac_is_refused)
 {
     uint8_t sn[CFX_AUTH_NONCE_LEN], cn[CFX_AUTH_NONCE_LEN], mac[CFX_AUTH_MAC_LEN];

@@ -46,6 +46,45 @@ Test(coord, wrong_token_is_refused)
     cfx__ctl_close(ok);
 }
 
+/* The role is under the client's MAC: a node's proof presented with the
+ * admin role (or an admin's as a node) is refused, and the coordinator sends
+ * no MAC of its own to a client whose proof failed, only the refusal.
+ * (Before, the MAC covered the nonces only: the role byte could be changed
+ * on the way.) */
+Test(coord, proof_for_another_role_is_refused)
+{
+    static uint8_t buf[1 << 16];
+    static const uint8_t roles[][2] = { { CFX_CTL_ROLE_NODE, CFX_CTL_ROLE_ADMIN },
+                                        { CFX_CTL_ROLE_ADMIN, CFX_CTL_ROLE_NODE } };
+    for (size_t i = 0; i < 2; i++) {
+        struct cfx_msg m, r;
+        uint8_t snonce[CFX_AUTH_NONCE_LEN];
+        uint8_t made_for = roles[i][0];
+        int s = raw_connect();
+        cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+        cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+        memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
+        memset(&r, 0, sizeof(r));
+        r.type = CFX_MSG_AUTH;
+        r.req_id = 1;
+        r.u.auth.role = roles[i][1];
+        cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
+        cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, &made_for, 1,
+                            r.u.auth.mac);
+        raw_send(s, &r);
+        cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+        cr_assert_eq(m.type, CFX_MSG_ERROR, "role %u accepted with a proof for role %u",
+                     roles[i][1], made_for);
+        cr_assert_eq(m.u.error.status, CFX_ERR_AUTH);
+        /* nothing after the refusal: the connection ends */
+        cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_ERR_CONNECT);
+        close(s);
+    }
+    /* the same proof for its own role is taken: not vacuous */
+    close(raw_auth_role(CFX_CTL_ROLE_ADMIN));
+    close(raw_auth_role(CFX_CTL_ROLE_NODE));
+}
+
 Test(coord, unreachable_coordinator)
 {
     struct cfx_ctl *c = NULL;

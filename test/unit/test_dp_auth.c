@@ -5,11 +5,15 @@
  * cluster-token proof it gets no byte of an object and is closed, and the
  * node logs the refusal with the peer's address but never the token.  The
  * same raw peer with the right token is served, so the test is not vacuous.
+ * The node proves nothing before the peer did: a stranger gets a nonce and a
+ * refusal, no MAC to test token guesses against offline; and a proof made for
+ * another node id, or in the acceptor's role, is refused.
  */
 #include <criterion/criterion.h>
 
 #include <endian.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
@@ -83,9 +87,13 @@ struct raw {
     uint8_t *dst;
     int writes;          /* WRITE_IMM completions seen */
     int closed;          /* EP_ERROR seen */
-    int got_auth;        /* the node's AUTH arrived */
-    struct cfx_dp_auth auth;
+    int got_auth;        /* the node's AUTH messages that arrived */
+    struct cfx_dp_auth auth;  /* the first (the challenge) */
+    struct cfx_dp_auth proof; /* the second (the node's MAC) */
+    int got_other;       /* other messages that arrived */
 };
+
+#define RAW_NODE 4242u   /* the node id the raw peer claims */
 
 static void raw_open(struct raw *r)
 {
@@ -130,8 +138,12 @@ static void raw_poll(struct raw *r, int ms)
                 static union cfx_dp_msg m;
                 size_t len;
                 if (cfx__dp_msg_decode(c[i].data, c[i].len, &m, &len) == CFX_DP_AUTH) {
-                    r->auth = m.auth;
-                    r->got_auth = 1;
+                    if (r->got_auth++ == 0)
+                        r->auth = m.auth;
+                    else
+                        r->proof = m.auth;
+                } else {
+                    r->got_other++;
                 }
             }
         }
@@ -156,21 +168,50 @@ static void send_hello(struct raw *r, uint8_t nonce[CFX_DP_NONCE_LEN])
 {
     struct cfx_dp_hello h = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
-        .node_id = 4242,
+        .node_id = RAW_NODE,
     };
     cfx__auth_nonce(nonce, CFX_DP_NONCE_LEN);
     memcpy(h.nonce, nonce, CFX_DP_NONCE_LEN);
     raw_send(r, &h, sizeof(h));
 }
 
-static void send_auth(struct raw *r, const char *tok, const uint8_t nonce[CFX_DP_NONCE_LEN])
+/* Our proof as @p side for connector node @p from to the node: the MAC over
+ * the node's challenge nonce, ours, and both node ids. */
+static void send_auth_as(struct raw *r, const char *tok, const uint8_t nonce[CFX_DP_NONCE_LEN],
+                         enum cfx_auth_side side, uint32_t from)
 {
     struct cfx_dp_auth a = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
     };
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    cfx__auth_dp_bind(from, node->node_id, bind);
     memcpy(a.nonce, r->auth.nonce, sizeof(a.nonce));
-    cr_assert_eq(cfx__auth_mac(tok, CFX_AUTH_DP_CONNECT, r->auth.nonce, nonce, a.mac), CFX_OK);
+    cr_assert_eq(cfx__auth_mac_bound(tok, side, r->auth.nonce, nonce, bind, sizeof(bind), a.mac),
+                 CFX_OK);
     raw_send(r, &a, sizeof(a));
+}
+
+static void send_auth(struct raw *r, const char *tok, const uint8_t nonce[CFX_DP_NONCE_LEN])
+{
+    send_auth_as(r, tok, nonce, CFX_AUTH_DP_CONNECT, RAW_NODE);
+}
+
+/* HELLO, then wait for the node's challenge. */
+static void hello_and_challenge(struct raw *r, uint8_t nonce[CFX_DP_NONCE_LEN])
+{
+    send_hello(r, nonce);
+    for (int i = 0; i < 50 && !r->got_auth; i++)
+        raw_poll(r, 100);
+    cr_assert_eq(r->got_auth, 1, "the node did not answer HELLO with its challenge");
+}
+
+/* Does the node's proof verify for the raw peer's node id? */
+static int proof_ok(const struct raw *r, const uint8_t nonce[CFX_DP_NONCE_LEN])
+{
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
+    return cfx__auth_verify_bound(token, CFX_AUTH_DP_ACCEPT, r->auth.nonce, nonce, bind,
+                                  sizeof(bind), r->proof.mac) == CFX_OK;
 }
 
 static void send_get(struct raw *r)
@@ -217,18 +258,12 @@ Test(dp_auth, wrong_token_gets_nothing_and_is_closed)
     uint8_t nonce[CFX_DP_NONCE_LEN];
     cfx_test_token(wrong, sizeof(wrong));
     raw_open(&r);
-    send_hello(&r, nonce);
-    raw_poll(&r, 200);
-    for (int i = 0; i < 50 && !r.got_auth; i++)
-        raw_poll(&r, 100);
-    cr_assert(r.got_auth, "the node did not answer HELLO with its proof");
-    /* the node proved the real token; we cannot check it without the token */
-    cr_assert_neq(cfx__auth_verify(wrong, CFX_AUTH_DP_ACCEPT, r.auth.nonce, nonce, r.auth.mac),
-                  CFX_OK);
+    hello_and_challenge(&r, nonce);
     send_auth(&r, wrong, nonce);
     send_get(&r);
     raw_poll(&r, 3000);
     cr_assert(r.closed, "a peer with the wrong token was not closed");
+    cr_assert_eq(r.got_auth, 1, "the node answered a wrong proof with its own");
     cr_assert_eq(r.writes, 0);
     cr_assert(all_zero(r.dst, OBJ_SIZE), "object bytes reached a peer with the wrong token");
     raw_close(&r);
@@ -243,23 +278,23 @@ Test(dp_auth, replayed_proof_is_refused)
      * nonce is fresh per connection. */
     struct raw r1, r2;
     uint8_t n1[CFX_DP_NONCE_LEN], n2[CFX_DP_NONCE_LEN];
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
     raw_open(&r1);
-    send_hello(&r1, n1);
-    for (int i = 0; i < 50 && !r1.got_auth; i++)
-        raw_poll(&r1, 100);
-    cr_assert(r1.got_auth);
+    hello_and_challenge(&r1, n1);
     struct cfx_dp_auth proof = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
     };
     memcpy(proof.nonce, r1.auth.nonce, sizeof(proof.nonce));
-    cfx__auth_mac(token, CFX_AUTH_DP_CONNECT, r1.auth.nonce, n1, proof.mac);
+    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
+    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r1.auth.nonce, n1, bind, sizeof(bind),
+                        proof.mac);
     raw_close(&r1);
 
     raw_open(&r2);
     memcpy(n2, n1, sizeof(n2));
     struct cfx_dp_hello h = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
-        .node_id = 4242,
+        .node_id = RAW_NODE,
     };
     memcpy(h.nonce, n2, sizeof(h.nonce)); /* same client nonce as before */
     raw_send(&r2, &h, sizeof(h));
@@ -276,13 +311,12 @@ Test(dp_auth, right_token_is_served)
     struct raw r;
     uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
-    send_hello(&r, nonce);
-    for (int i = 0; i < 50 && !r.got_auth; i++)
-        raw_poll(&r, 100);
-    cr_assert(r.got_auth);
-    cr_assert_eq(cfx__auth_verify(token, CFX_AUTH_DP_ACCEPT, r.auth.nonce, nonce, r.auth.mac),
-                 CFX_OK, "the node's proof does not verify");
+    hello_and_challenge(&r, nonce);
     send_auth(&r, token, nonce);
+    for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
+        raw_poll(&r, 100);
+    cr_assert_eq(r.got_auth, 2, "the node did not answer a right proof with its own");
+    cr_assert(proof_ok(&r, nonce), "the node's proof does not verify");
     send_get(&r);
     for (int i = 0; i < 100 && r.writes < (int)(OBJ_SIZE / CHUNK) && !r.closed; i++)
         raw_poll(&r, 50);
@@ -301,10 +335,7 @@ Test(dp_auth, write_without_a_grant_is_refused_and_counted)
     uint8_t nonce[CFX_DP_NONCE_LEN];
     struct cfx_context_stats st;
     raw_open(&r);
-    send_hello(&r, nonce);
-    for (int i = 0; i < 50 && !r.got_auth; i++)
-        raw_poll(&r, 100);
-    cr_assert(r.got_auth);
+    hello_and_challenge(&r, nonce);
     send_auth(&r, token, nonce);
     send_get(&r); /* served: the node registered its object with tcp */
     for (int i = 0; i < 100 && r.writes < (int)(OBJ_SIZE / CHUNK) && !r.closed; i++)
@@ -347,4 +378,222 @@ Test(dp_auth, silent_peer_is_closed_after_the_auth_deadline, .timeout = 60)
     cr_assert_geq(secs, CFX_CONN_AUTH_MS / 1000.0 - 0.5);
     raw_close(&r);
     cr_assert(cfx_test_file_contains(logpath, "no authentication within"), "not logged");
+}
+
+/* The acceptor proves nothing before the connector has: its answer to HELLO
+ * is a nonce with no MAC, and a stranger that then sends a wrong proof, or
+ * garbage, gets only the close.  (Before, the answer to HELLO carried the
+ * acceptor's MAC: material for an offline guess of a weak token.) */
+Test(dp_auth, stranger_gets_no_mac_before_proving)
+{
+    struct raw r;
+    char wrong[64];
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    static const uint8_t zero[CFX_DP_MAC_LEN];
+    cfx_test_token(wrong, sizeof(wrong));
+
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    cr_assert(!memcmp(r.auth.mac, zero, sizeof(zero)), "the challenge carries a MAC");
+    send_auth(&r, wrong, nonce);
+    raw_poll(&r, 10000); /* returns once closed */
+    cr_assert(r.closed, "a wrong proof was not refused");
+    cr_assert_eq(r.got_auth, 1, "the node sent its MAC to a peer that proved nothing");
+    cr_assert_eq(r.got_other, 0);
+    raw_close(&r);
+
+    /* garbage in place of the proof: the same */
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    uint8_t junk[80];
+    cfx__auth_nonce(junk, sizeof(junk));
+    int rc;
+    while ((rc = r.ops->ep_send(r.ep, junk, sizeof(junk), 0)) == CFX_ERR_AGAIN)
+        raw_poll(&r, 1);
+    cr_assert_eq(rc, CFX_OK);
+    raw_poll(&r, 10000);
+    cr_assert(r.closed, "garbage was not refused");
+    cr_assert_eq(r.got_auth, 1, "the node sent its MAC to a peer that sent garbage");
+    cr_assert_eq(r.got_other, 0);
+    raw_close(&r);
+}
+
+/* A proof is bound to the node ids and the role: a token holder's proof made
+ * for another connector id than its HELLO claims, or made in the acceptor's
+ * role (a reflected MAC), opens nothing and gets no MAC back.  (Before, the
+ * MACs covered the nonces only: any node id's proof served.) */
+Test(dp_auth, proof_for_another_node_id_or_role_is_refused)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    send_auth_as(&r, token, nonce, CFX_AUTH_DP_CONNECT, RAW_NODE + 1);
+    send_get(&r);
+    raw_poll(&r, 10000);
+    cr_assert(r.closed, "a proof for node %u opened a connection claimed by node %u",
+              RAW_NODE + 1, RAW_NODE);
+    cr_assert_eq(r.got_auth, 1);
+    cr_assert_eq(r.writes, 0);
+    raw_close(&r);
+
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    send_auth_as(&r, token, nonce, CFX_AUTH_DP_ACCEPT, RAW_NODE);
+    send_get(&r);
+    raw_poll(&r, 10000);
+    cr_assert(r.closed, "the acceptor's MAC opened a connection as the connector's");
+    cr_assert_eq(r.got_auth, 1);
+    cr_assert_eq(r.writes, 0);
+    cr_assert(all_zero(r.dst, OBJ_SIZE));
+    raw_close(&r);
+    cr_assert(cfx_test_file_contains(logpath, "for the node id it claims"), "not logged");
+
+    /* the same peer with a proof for its own id is served: not vacuous */
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    send_auth(&r, token, nonce);
+    for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
+        raw_poll(&r, 100);
+    cr_assert_eq(r.got_auth, 2);
+    cr_assert(proof_ok(&r, nonce));
+    raw_close(&r);
+}
+
+/* ---- the node as connector: a raw member answers its dial ---------------- */
+
+struct getter {
+    struct cfx_object_id id;
+    uint8_t *buf;
+    int rc;
+};
+
+static void *get_thread(void *arg)
+{
+    struct getter *g = arg;
+    size_t got = 0;
+    g->rc = cfx_get(node, &g->id, g->buf, OBJ_SIZE, &got, NULL);
+    return NULL;
+}
+
+/* A raw member joins the directory with a tcp address of its own and
+ * announces an object; the node's get dials it.  The raw member answers
+ * the node's HELLO with a challenge, takes the node's MAC, and proves the
+ * token bound to @p claimed_acceptor as the acceptor's node id.  Returns how
+ * many messages other than the handshake the node sent it (GET_REQs). */
+static int raw_member_serves(uint32_t id_offset, int *get_rc, int *node_mac_ok)
+{
+    struct raw r;
+    memset(&r, 0, sizeof(r));
+    r.ops = cfx__transport_find("tcp");
+    struct cfx_tp_iface_params ip = { .field_mask = CFX_TP_IFACE_PARAM_BIND_ADDR,
+                                      .bind_addr = "127.0.0.1" };
+    cr_assert_eq(r.ops->iface_open(&ip, &r.iface), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_node_rec self = { .pid = (uint32_t)getpid(), .naddr = 1 };
+    snprintf(self.name, sizeof(self.name), "raw-member");
+    snprintf(self.host_id, sizeof(self.host_id), "elsewhere");
+    snprintf(self.addr[0].tp, sizeof(self.addr[0].tp), "tcp");
+    size_t alen = sizeof(self.addr[0].addr);
+    cr_assert_eq(r.ops->iface_addr(r.iface, self.addr[0].addr, &alen), CFX_OK);
+    self.addr[0].len = (uint8_t)alen;
+    struct cfx_ctl_params cp = { .coord = coord_addr, .token = token,
+                                 .role = CFX_CTL_ROLE_NODE, .self = &self, .timeout_ms = 5000 };
+    struct cfx_ctl *ctl = NULL;
+    cr_assert_eq(cfx__ctl_open(&cp, &ctl), CFX_OK, "%s", cfx_last_error());
+    uint32_t me = cfx__ctl_node_id(ctl);
+
+    struct getter g = { .buf = calloc(1, OBJ_SIZE), .rc = 1 };
+    cfx_object_id_generate(node, &g.id);
+    cr_assert_eq(cfx__ctl_obj_put(ctl, &g.id, OBJ_SIZE, CHUNK, NULL, cfx__deadline_ns(5000)),
+                 CFX_OK, "%s", cfx_last_error());
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, get_thread, &g), 0);
+
+    /* accept the node's connection and take its HELLO */
+    struct cfx_tp_completion c[32];
+    struct cfx_dp_hello hello = { 0 };
+    uint8_t na[CFX_DP_NONCE_LEN];
+    int stage = 0, others = 0;
+    *node_mac_ok = 0;
+    uint64_t deadline = cfx__deadline_ns(15000);
+    while (cfx__now_ns() < deadline && !r.closed && stage < 3) {
+        int n = r.ops->poll(r.iface, c, 32);
+        for (int i = 0; i < n; i++) {
+            if (c[i].type == CFX_TP_COMP_ACCEPT && !r.ep) {
+                r.ep = c[i].ep;
+            } else if (c[i].type == CFX_TP_COMP_EP_ERROR && c[i].ep == r.ep) {
+                r.closed = 1;
+            } else if (c[i].type == CFX_TP_COMP_RECV && c[i].ep == r.ep) {
+                static union cfx_dp_msg m;
+                size_t len;
+                int type = cfx__dp_msg_decode(c[i].data, c[i].len, &m, &len);
+                if (type == CFX_DP_HELLO && stage == 0) {
+                    hello = m.hello;
+                    cr_assert_eq(hello.node_id, node->node_id);
+                    struct cfx_dp_auth ch = {
+                        .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_AUTH, 0 },
+                    };
+                    cfx__auth_nonce(na, sizeof(na));
+                    memcpy(ch.nonce, na, sizeof(na));
+                    raw_send(&r, &ch, sizeof(ch));
+                    stage = 1;
+                } else if (type == CFX_DP_AUTH && stage == 1) {
+                    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+                    cfx__auth_dp_bind(node->node_id, me, bind);
+                    *node_mac_ok = cfx__auth_verify_bound(token, CFX_AUTH_DP_CONNECT, na,
+                                                          hello.nonce, bind, sizeof(bind),
+                                                          m.auth.mac) == CFX_OK;
+                    struct cfx_dp_auth pr = {
+                        .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_AUTH, 0 },
+                        .eager_max = 0,
+                        .eager_credits = 0,
+                    };
+                    memcpy(pr.nonce, na, sizeof(na));
+                    cfx__auth_dp_bind(node->node_id, me + id_offset, bind);
+                    cfx__auth_mac_bound(token, CFX_AUTH_DP_ACCEPT, na, hello.nonce, bind,
+                                        sizeof(bind), pr.mac);
+                    raw_send(&r, &pr, sizeof(pr));
+                    stage = 2;
+                } else if (stage == 2 && type > 0) {
+                    others++; /* the node asks (GET_REQ): it took our proof */
+                    stage = 3;
+                }
+            }
+        }
+        if (!n)
+            usleep(1000);
+    }
+    /* end the get: the member leaves (the directory drops its object) */
+    cfx__ctl_close(ctl);
+    if (r.ep && !r.closed)
+        r.ops->ep_close(r.ep);
+    r.ep = NULL;
+    r.ops->iface_close(r.iface);
+    pthread_join(t, NULL);
+    *get_rc = g.rc;
+    free(g.buf);
+    return others;
+}
+
+/* The node dials the address the directory gave for a member; the answer
+ * must prove the token for that member's node id.  A proof bound to another
+ * node id (what a node that took over the address would send) is refused:
+ * the node sends no request on the connection.  (Before, the MACs covered
+ * the nonces only, so any token holder at the address was taken for the
+ * member.)  The node proves itself first, bound to both ids. */
+Test(dp_auth, connector_refuses_an_acceptor_with_another_node_id)
+{
+    int get_rc, mac_ok;
+    int asked = raw_member_serves(1, &get_rc, &mac_ok);
+    cr_assert(mac_ok, "the node's proof is not bound to both node ids");
+    cr_assert_eq(asked, 0, "the node asked a peer that proved another node id");
+    cr_assert_neq(get_rc, CFX_OK);
+    cr_assert(cfx_test_file_contains(logpath, "not node the directory named"), "not logged");
+
+    /* the right binding is taken: the node asks for the object (not vacuous) */
+    asked = raw_member_serves(0, &get_rc, &mac_ok);
+    cr_assert(mac_ok);
+    cr_assert_eq(asked, 1, "the node did not ask a peer that proved the right node id");
 }
