@@ -36,6 +36,34 @@ struct cfx_node_addr {
     uint8_t addr[CFX_TP_ADDR_MAX]; /* opaque, from iface_addr() */
 };
 
+/*
+ * A node's load and traffic, reported with every heartbeat (HEARTBEAT) and
+ * listed with its record (NODES_REPLY).  Byte and event counters count from
+ * the node's start; a reader takes rates from two reports.
+ */
+#define CFX_LOAD_TPS_MAX 4u /* transports reported per node */
+struct cfx_load_tp {
+    char name[CFX_TP_NAME_MAX];  /* "tcp", "shm", ...; "" for an unused slot */
+    uint64_t tx_bytes;           /* bytes this node handed the transport to send */
+    uint64_t rx_bytes;           /* bytes that arrived through it */
+};
+struct cfx_msg_load {
+    uint32_t load_milli;         /* 1-minute load average x 1000 */
+    uint64_t mem_avail;          /* bytes of memory available */
+    uint64_t arena_used;         /* bytes of its arena in use */
+    uint32_t tasks_running;      /* tasks its runners are running */
+    uint8_t ntp;                 /* entries of tp[] used */
+    struct cfx_load_tp tp[CFX_LOAD_TPS_MAX];
+    uint32_t uploads_active;     /* transfers it is serving now */
+    uint32_t xfers_in_active;    /* transfers it is receiving now (gets, large messages) */
+    uint64_t puts;               /* objects put */
+    uint64_t gets;               /* gets that moved data over the data plane */
+    uint64_t uploads;            /* transfers served to other nodes */
+    uint64_t failovers;          /* gets resumed at another source */
+    uint64_t reduce_reroutes;    /* reduces routed around a dead node */
+    uint64_t writes_refused;     /* peers' writes outside a live grant */
+};
+
 /* A member node as the coordinator knows it. */
 struct cfx_node_rec {
     uint32_t node_id;                  /* assigned by the coordinator, never 0 */
@@ -50,6 +78,8 @@ struct cfx_node_rec {
     struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
     char host[CFX_HOST_NAME_MAX];      /* host name, as the node reports it (display only) */
     uint8_t flags;                     /* CFX_NODE_F_* */
+    struct cfx_msg_load load;          /* its last heartbeat's report: node listings
+                                        * (NODES_REPLY) only, zero elsewhere */
 };
 
 /* A holder of an object, as listed by the directory. */
@@ -109,7 +139,6 @@ enum cfx_ctl_role {
 struct cfx_ctl;
 struct cfx_msg;
 struct cfx_msg_task;
-struct cfx_msg_load;
 
 struct cfx_ctl_params {
     const char *coord;                 /* "host:port" */

@@ -34,10 +34,12 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      4u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      5u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
-                                    * 4: tasks (TASK_*), load in HEARTBEAT */
+                                    * 4: tasks (TASK_*), load in HEARTBEAT;
+                                    * 5: traffic in HEARTBEAT, each node's last
+                                    *    report in NODES_REPLY */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -54,6 +56,9 @@
 #define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)
 #define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
                                  CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE + CFX_HOST_NAME_MAX + 1)
+#define CFX_PROTO_LOAD_WIRE     (4 + 8 + 8 + 4 + 1 + \
+                                 CFX_LOAD_TPS_MAX * (CFX_TP_NAME_MAX + 8 + 8) + 4 + 4 + 6 * 8)
+#define CFX_PROTO_NODE_LIST_WIRE (CFX_PROTO_NODE_WIRE + CFX_PROTO_LOAD_WIRE) /* NODES_REPLY */
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
@@ -163,14 +168,6 @@ struct cfx_msg_task_st {
     int32_t status;                         /* 0 or a negative cfx_status */
     uint32_t timeout_ms;                    /* WAIT: how long to wait; CFX_PROTO_TIMEOUT_NONE */
     char text[CFX_PROTO_TEXT_MAX];          /* why it failed; "" */
-};
-
-/* A node's load (HEARTBEAT). */
-struct cfx_msg_load {
-    uint32_t load_milli;                    /* 1-minute load average x 1000 */
-    uint64_t mem_avail;                     /* bytes of memory available */
-    uint64_t arena_used;                    /* bytes of its arena in use */
-    uint32_t tasks_running;                 /* tasks its runners are running */
 };
 
 struct cfx_msg {
@@ -290,6 +287,9 @@ int cfx__msg_encode_alloc(const struct cfx_msg *m, uint8_t **buf, size_t *len);
 struct wr;
 struct rd;
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w);
+/* A node's load and traffic: CFX_PROTO_LOAD_WIRE bytes (HEARTBEAT, NODES_REPLY). */
+void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l);
+void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l);
 void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
 
 /* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */

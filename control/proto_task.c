@@ -76,14 +76,63 @@ static void rd_task(struct rd *r, struct cfx_msg_task *t)
     }
 }
 
+void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l)
+{
+    unsigned ntp = l->ntp <= CFX_LOAD_TPS_MAX ? l->ntp : CFX_LOAD_TPS_MAX;
+    wr_u32(w, l->load_milli);
+    wr_u64(w, l->mem_avail);
+    wr_u64(w, l->arena_used);
+    wr_u32(w, l->tasks_running);
+    wr_u8(w, (uint8_t)ntp);
+    for (unsigned i = 0; i < CFX_LOAD_TPS_MAX; i++) {
+        if (i < ntp) {
+            wr_str(w, l->tp[i].name, sizeof(l->tp[i].name));
+            wr_u64(w, l->tp[i].tx_bytes);
+            wr_u64(w, l->tp[i].rx_bytes);
+        } else {
+            wr_zero(w, CFX_TP_NAME_MAX + 16);
+        }
+    }
+    wr_u32(w, l->uploads_active);
+    wr_u32(w, l->xfers_in_active);
+    wr_u64(w, l->puts);
+    wr_u64(w, l->gets);
+    wr_u64(w, l->uploads);
+    wr_u64(w, l->failovers);
+    wr_u64(w, l->reduce_reroutes);
+    wr_u64(w, l->writes_refused);
+}
+
+void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l)
+{
+    memset(l, 0, sizeof(*l));
+    l->load_milli = rd_u32(r, "load");
+    l->mem_avail = rd_u64(r, "available memory");
+    l->arena_used = rd_u64(r, "arena in use");
+    l->tasks_running = rd_u32(r, "tasks running");
+    l->ntp = rd_u8(r, "transport count");
+    if (l->ntp > CFX_LOAD_TPS_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "transport count over CFX_LOAD_TPS_MAX");
+    for (unsigned i = 0; i < CFX_LOAD_TPS_MAX; i++) {
+        rd_str(r, l->tp[i].name, sizeof(l->tp[i].name), "transport name not terminated");
+        l->tp[i].tx_bytes = rd_u64(r, "bytes sent");
+        l->tp[i].rx_bytes = rd_u64(r, "bytes received");
+    }
+    l->uploads_active = rd_u32(r, "uploads active");
+    l->xfers_in_active = rd_u32(r, "transfers in active");
+    l->puts = rd_u64(r, "puts");
+    l->gets = rd_u64(r, "gets");
+    l->uploads = rd_u64(r, "uploads");
+    l->failovers = rd_u64(r, "failovers");
+    l->reduce_reroutes = rd_u64(r, "reduce reroutes");
+    l->writes_refused = rd_u64(r, "writes refused");
+}
+
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
 {
     switch (m->type) {
     case CFX_MSG_HEARTBEAT:
-        wr_u32(w, m->u.load.load_milli);
-        wr_u64(w, m->u.load.mem_avail);
-        wr_u64(w, m->u.load.arena_used);
-        wr_u32(w, m->u.load.tasks_running);
+        cfx__msg_load_wr(w, &m->u.load);
         return CFX_OK;
     case CFX_MSG_TASK_REG:
         if (!m->u.task_reg.name[0])
@@ -122,10 +171,7 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
 {
     switch (m->type) {
     case CFX_MSG_HEARTBEAT:
-        m->u.load.load_milli = rd_u32(r, "load");
-        m->u.load.mem_avail = rd_u64(r, "available memory");
-        m->u.load.arena_used = rd_u64(r, "arena in use");
-        m->u.load.tasks_running = rd_u32(r, "tasks running");
+        cfx__msg_load_rd(r, &m->u.load);
         break;
     case CFX_MSG_TASK_REG:
         rd_str(r, m->u.task_reg.name, sizeof(m->u.task_reg.name), "function name");

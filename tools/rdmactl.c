@@ -211,6 +211,27 @@ static int node_listed(const struct cfx_node_rec *x, int all)
     return all || (x->alive && !(x->flags & CFX_NODE_F_OBSERVER));
 }
 
+/* A node's last heartbeat report (struct cfx_msg_load) as a JSON object. */
+static void json_load(const struct cfx_msg_load *l)
+{
+    printf("{\"load\":%.3f,\"mem_avail\":%llu,\"arena_used\":%llu,\"tasks_running\":%u,"
+           "\"transfers_in\":%u,\"transfers_out\":%u,\"puts\":%llu,\"gets\":%llu,"
+           "\"uploads\":%llu,\"source_failovers\":%llu,\"reduce_reroutes\":%llu,"
+           "\"writes_refused\":%llu,\"transports\":{",
+           l->load_milli / 1000.0, (unsigned long long)l->mem_avail,
+           (unsigned long long)l->arena_used, l->tasks_running, l->xfers_in_active,
+           l->uploads_active, (unsigned long long)l->puts, (unsigned long long)l->gets,
+           (unsigned long long)l->uploads, (unsigned long long)l->failovers,
+           (unsigned long long)l->reduce_reroutes, (unsigned long long)l->writes_refused);
+    for (unsigned t = 0; t < l->ntp && t < CFX_LOAD_TPS_MAX; t++) {
+        printf("%s", t ? "," : "");
+        json_str(l->tp[t].name);
+        printf(":{\"sent_bytes\":%llu,\"received_bytes\":%llu}",
+               (unsigned long long)l->tp[t].tx_bytes, (unsigned long long)l->tp[t].rx_bytes);
+    }
+    printf("}}");
+}
+
 static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
 {
     struct cfx_node_rec *nodes = NULL;
@@ -252,7 +273,9 @@ static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
                     putchar(',');
                 json_str(x->addr[j].tp);
             }
-            printf("]}");
+            printf("],\"report\":");
+            json_load(&x->load);
+            printf("}");
         }
         printf("]\n");
         free(nodes);
@@ -560,7 +583,41 @@ struct top_row {
     uint32_t complete, partial, uploads;
 };
 
-static int top_frame(struct rdmactl *r, int tty)
+/* Totals of the frame before, per node, for rates (bytes/s between frames). */
+struct top_prev {
+    uint32_t node_id;
+    uint64_t tx, rx;     /* all transports */
+    uint64_t at_ns;      /* when the frame was taken */
+};
+
+static void load_totals(const struct cfx_msg_load *l, uint64_t *tx, uint64_t *rx)
+{
+    *tx = *rx = 0;
+    for (unsigned t = 0; t < l->ntp && t < CFX_LOAD_TPS_MAX; t++) {
+        *tx += l->tp[t].tx_bytes;
+        *rx += l->tp[t].rx_bytes;
+    }
+}
+
+/* "12.3 MB/s" from two totals, "-" without a frame before or when the
+ * counters went back (the node restarted under the same id: it cannot). */
+static const char *top_rate(const struct top_prev *prev, size_t nprev, uint32_t node_id,
+                            uint64_t now_ns, uint64_t total, int rx, char *buf, size_t len)
+{
+    for (size_t i = 0; i < nprev; i++) {
+        const struct top_prev *p = &prev[i];
+        uint64_t before = rx ? p->rx : p->tx;
+        if (p->node_id != node_id || now_ns <= p->at_ns || total < before)
+            continue;
+        char b[32];
+        double rate = (double)(total - before) * 1e9 / (double)(now_ns - p->at_ns);
+        snprintf(buf, len, "%s/s", human_bytes((uint64_t)rate, b, sizeof(b)));
+        return buf;
+    }
+    return "-";
+}
+
+static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t *nprev)
 {
     struct cfx_ctl_status s;
     struct cfx_node_rec *nodes = NULL;
@@ -623,19 +680,37 @@ static int top_frame(struct rdmactl *r, int tty)
         wname = CFX_MAX(wname, (int)strlen(esc(nodes[i].name, name, sizeof(name))));
         whost = CFX_MAX(whost, (int)strlen(esc(nodes[i].host, host, sizeof(host))));
     }
-    printf("%6s  %-*s  %-*s  %10s  %8s  %8s  %8s\n", "ID", wname, "NAME", whost, "HOST",
-           "LAST SEEN", "COMPLETE", "PARTIAL", "UPLOADS");
+    /* SENT/s and RECV/s: all transports, between this frame and the one before;
+     * IN/OUT: transfers the node reported receiving and serving */
+    printf("%6s  %-*s  %-*s  %10s  %8s  %8s  %8s  %12s  %12s  %4s  %4s\n", "ID", wname, "NAME",
+           whost, "HOST", "LAST SEEN", "COMPLETE", "PARTIAL", "UPLOADS", "SENT/s", "RECV/s", "IN",
+           "OUT");
+    uint64_t now_ns = cfx__now_ns();
+    struct top_prev *next = calloc(nn ? nn : 1, sizeof(*next));
+    size_t nnext = 0;
     for (size_t i = 0; i < nn; i++) {
         const struct cfx_node_rec *x = &nodes[i];
-        char seen[24];
+        char seen[24], txr[32], rxr[32];
+        uint64_t tx, rx;
         if (!node_listed(x, 0))
             continue;
+        load_totals(&x->load, &tx, &rx);
         snprintf(seen, sizeof(seen), "%u ms", x->last_seen_ms);
-        printf("%6u  %-*s  %-*s  %10s  %8u  %8u  %8u\n", x->node_id, wname,
+        printf("%6u  %-*s  %-*s  %10s  %8u  %8u  %8u  %12s  %12s  %4u  %4u\n", x->node_id, wname,
                esc(x->name, name, sizeof(name)), whost, esc(x->host, host, sizeof(host)), seen,
-               rows[i].complete, rows[i].partial, rows[i].uploads);
+               rows[i].complete, rows[i].partial, rows[i].uploads,
+               top_rate(*prev, *nprev, x->node_id, now_ns, tx, 0, txr, sizeof(txr)),
+               top_rate(*prev, *nprev, x->node_id, now_ns, rx, 1, rxr, sizeof(rxr)),
+               x->load.xfers_in_active, x->load.uploads_active);
+        if (next)
+            next[nnext++] = (struct top_prev){ x->node_id, tx, rx, now_ns };
     }
     fflush(stdout);
+    if (next) { /* else the next frame shows no rates: nothing else lost */
+        free(*prev);
+        *prev = next;
+        *nprev = nnext;
+    }
     free(rows);
     free(nodes);
     free(objs);
@@ -674,17 +749,19 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
     if (!ctl_get(r))
         return 1;
     int tty = !once && isatty(STDOUT_FILENO);
+    struct top_prev *prev = NULL; /* the frame before: rates from the second frame on */
+    size_t nprev = 0;
+    int rc = 0;
     for (int i = 0; !count || i < count; i++) {
         if (i && !tty)
             putchar('\n');
-        int rc = top_frame(r, tty);
-        if (rc)
-            return rc;
-        if (count && i + 1 == count)
+        rc = top_frame(r, tty, &prev, &nprev);
+        if (rc || (count && i + 1 == count))
             break;
         poll(NULL, 0, interval); /* the refresh period, not a wait for anything */
     }
-    return 0;
+    free(prev);
+    return rc;
 usage:
     fprintf(stderr, "usage: rdmactl top [--once] [--interval MS] [--count N]\n"
                     "  --once         one frame, no terminal escapes (for scripts)\n"
