@@ -62,6 +62,8 @@ struct cfx_msg_load {
     uint64_t failovers;          /* gets resumed at another source */
     uint64_t reduce_reroutes;    /* reduces routed around a dead node */
     uint64_t writes_refused;     /* peers' writes outside a live grant */
+    uint64_t link_bw;            /* its gets' measured bandwidth, bytes/s (0: none yet) */
+    uint64_t link_lat_ns;        /* its small gets' measured latency (0: none yet) */
 };
 
 /* A member node as the coordinator knows it. */

@@ -242,6 +242,13 @@ struct cfx_coord {
     uint32_t dead_after_ms;
     uint32_t dead_keep_ms;      /* dead records are forgotten this long after death */
     uint32_t fanout;
+    /* the members' links as their heartbeats report them (medians over live
+     * members with an estimate; 0: none), refreshed at most once a second
+     * when a fan-out is chosen (coord_directory.c) */
+    double link_bw;             /* bytes/s */
+    double link_lat;            /* s */
+    uint32_t link_getters;      /* live members but one: the getters a broadcast has */
+    uint64_t link_at_ns;        /* when they were computed */
     uint32_t auth_timeout_ms;
     uint32_t stall_timeout_ms;
     uint64_t start_ns;

@@ -57,7 +57,7 @@
 #define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
                                  CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE + CFX_HOST_NAME_MAX + 1)
 #define CFX_PROTO_LOAD_WIRE     (4 + 8 + 8 + 4 + 1 + \
-                                 CFX_LOAD_TPS_MAX * (CFX_TP_NAME_MAX + 8 + 8) + 4 + 4 + 6 * 8)
+                                 CFX_LOAD_TPS_MAX * (CFX_TP_NAME_MAX + 8 + 8) + 4 + 4 + 8 * 8)
 #define CFX_PROTO_NODE_LIST_WIRE (CFX_PROTO_NODE_WIRE + CFX_PROTO_LOAD_WIRE) /* NODES_REPLY */
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \

@@ -101,6 +101,8 @@ void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l)
     wr_u64(w, l->failovers);
     wr_u64(w, l->reduce_reroutes);
     wr_u64(w, l->writes_refused);
+    wr_u64(w, l->link_bw);
+    wr_u64(w, l->link_lat_ns);
 }
 
 void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l)
@@ -126,6 +128,8 @@ void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l)
     l->failovers = rd_u64(r, "failovers");
     l->reduce_reroutes = rd_u64(r, "reduce reroutes");
     l->writes_refused = rd_u64(r, "writes refused");
+    l->link_bw = rd_u64(r, "link bandwidth");
+    l->link_lat_ns = rd_u64(r, "link latency");
 }
 
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)

@@ -195,6 +195,8 @@ void cfx__task_load_fill(void *arg, struct cfx_msg_load *out)
         r->uploads = ctx->stats.uploads;
         r->failovers = ctx->stats.source_failovers;
         r->reduce_reroutes = ctx->stats.reduce_reroutes;
+        r->link_bw = ctx->est_bw > 0 ? (uint64_t)ctx->est_bw : 0;
+        r->link_lat_ns = ctx->est_lat > 0 ? (uint64_t)(ctx->est_lat * 1e9) : 0;
         pthread_mutex_unlock(&ctx->lock);
     }
     *out = *r;

@@ -63,6 +63,8 @@ static void sample_load(struct cfx_msg_load *l, uint32_t seed)
     l->failovers = 4 + seed;
     l->reduce_reroutes = 5 + seed;
     l->writes_refused = 6 + seed;
+    l->link_bw = 117500000ull + seed;
+    l->link_lat_ns = 85000 + seed;
 }
 
 static void assert_load_eq(const struct cfx_msg_load *a, const struct cfx_msg_load *b)
@@ -85,6 +87,8 @@ static void assert_load_eq(const struct cfx_msg_load *a, const struct cfx_msg_lo
     cr_assert_eq(a->failovers, b->failovers);
     cr_assert_eq(a->reduce_reroutes, b->reduce_reroutes);
     cr_assert_eq(a->writes_refused, b->writes_refused);
+    cr_assert_eq(a->link_bw, b->link_bw);
+    cr_assert_eq(a->link_lat_ns, b->link_lat_ns);
 }
 
 static void sample_id(struct cfx_object_id *id, uint8_t seed)
