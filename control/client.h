@@ -118,6 +118,27 @@ struct cfx_ctl_obj_rec {
     char name[CFX_OBJ_NAME_MAX + 1];
 };
 
+/* Task listing entry (rdmactl tasks). */
+#define CFX_CTL_TASK_QUEUED 0u /* waiting for a slot on a capable node */
+#define CFX_CTL_TASK_PLACED 1u /* sent to its node, running there */
+#define CFX_CTL_TASK_DONE   2u /* ended: status says how */
+#define CFX_CTL_TASK_TEXT_MAX 256u
+struct cfx_ctl_task_rec {
+    uint64_t id;                       /* the coordinator's task id, from 1 */
+    char name[64];                     /* function (CFX_TASK_NAME_MAX + 1) */
+    uint8_t state;                     /* CFX_CTL_TASK_* */
+    uint32_t node_id;                  /* placed on / ran on (0: none) */
+    uint32_t submitter;                /* node that submitted it */
+    uint32_t placements;               /* times placed (more than 1: moved after a death) */
+    int32_t status;                    /* DONE: 0 or a negative cfx_status */
+    uint32_t age_ms;                   /* since it was submitted */
+    uint32_t cores, gpus;              /* its needs */
+    uint64_t memory;
+    uint8_t ninputs, nresults;
+    struct cfx_object_id result;       /* its first result */
+    char text[CFX_CTL_TASK_TEXT_MAX];  /* DONE with an error: why (truncated) */
+};
+
 /* Coordinator summary (rdmactl status). */
 struct cfx_ctl_status {
     uint32_t proto_version;
@@ -313,6 +334,9 @@ int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
                    uint64_t deadline_ns);
 int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *n,
                      uint64_t deadline_ns);
+/* Tasks the coordinator holds, live and recently ended, by id. */
+int cfx__ctl_tasks(struct cfx_ctl *ctl, struct cfx_ctl_task_rec **out, size_t *n,
+                   uint64_t deadline_ns);
 
 /* Send @p req (any request type; its req_id is set here) and wait for a
  * reply of type @p expect by the deadline, as the requests above do (an

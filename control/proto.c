@@ -42,6 +42,8 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_TASK_WAIT] = "TASK_WAIT",
     [CFX_MSG_EV_TASK_RUN] = "EV_TASK_RUN",
     [CFX_MSG_TASK_DONE] = "TASK_DONE",
+    [CFX_MSG_TASKS] = "TASKS",
+    [CFX_MSG_TASKS_REPLY] = "TASKS_REPLY",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -180,6 +182,8 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_EV_TASK_RUN:
     case CFX_MSG_TASK_DONE:
+    case CFX_MSG_TASKS:
+    case CFX_MSG_TASKS_REPLY:
         return cfx__msg_task_encode(m, w);
     case CFX_MSG_CHALLENGE:
         wr_bytes(w, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
@@ -461,6 +465,8 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_EV_TASK_RUN:
     case CFX_MSG_TASK_DONE:
+    case CFX_MSG_TASKS:
+    case CFX_MSG_TASKS_REPLY:
         cfx__msg_task_decode(r, m);
         break;
     case CFX_MSG_CHALLENGE:

@@ -39,7 +39,7 @@
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
                                     * 5: traffic in HEARTBEAT, each node's last
-                                    *    report in NODES_REPLY */
+                                    *    report in NODES_REPLY; TASKS listing */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -59,6 +59,9 @@
 #define CFX_PROTO_LOAD_WIRE     (4 + 8 + 8 + 4 + 1 + \
                                  CFX_LOAD_TPS_MAX * (CFX_TP_NAME_MAX + 8 + 8) + 4 + 4 + 8 * 8)
 #define CFX_PROTO_NODE_LIST_WIRE (CFX_PROTO_NODE_WIRE + CFX_PROTO_LOAD_WIRE) /* NODES_REPLY */
+#define CFX_PROTO_TASKS_PAGE    256u         /* task records per TASKS_REPLY */
+#define CFX_PROTO_TASKREC_WIRE  (8 + 64 + 1 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 8 + 1 + 1 + \
+                                 CFX_OBJECT_ID_LEN + CFX_CTL_TASK_TEXT_MAX)
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
@@ -118,6 +121,8 @@ enum cfx_msg_type {
                              * CFX_ERR_AGAIN when the timeout came first) */
     CFX_MSG_EV_TASK_RUN,    /* event, coord -> worker: run this task */
     CFX_MSG_TASK_DONE,      /* worker -> coord: task id, status, text; no reply */
+    CFX_MSG_TASKS,          /* cursor (task id) -> TASKS_REPLY */
+    CFX_MSG_TASKS_REPLY,    /* page of task records, by id */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -159,6 +164,15 @@ struct cfx_msg_task {
     struct cfx_object_id results[CFX_TASK_IO_MAX];
     uint16_t arg_len;                       /* <= CFX_TASK_ARG_MAX */
     const uint8_t *arg;                     /* decode: points into the frame */
+};
+
+/* A page of the task listing (TASKS_REPLY). */
+struct cfx_msg_tpage {
+    uint32_t count;         /* records in this page */
+    uint64_t next;          /* cursor for the next request: the last id listed */
+    uint8_t more;           /* 1: another page follows */
+    const struct cfx_ctl_task_rec *recs_in; /* encode */
+    const uint8_t *raw;     /* decode: count records of CFX_PROTO_TASKREC_WIRE bytes */
 };
 
 /* A task's state: TASK_REPLY, TASK_WAIT, TASK_DONE. */
@@ -241,6 +255,8 @@ struct cfx_msg {
             uint32_t cursor;                /* NODES: after this node id; OBJECTS: index */
         } list;
         struct cfx_msg_page page;           /* NODES_REPLY, OBJECTS_REPLY */
+        uint64_t task_cursor;               /* TASKS: list ids above this */
+        struct cfx_msg_tpage tpage;         /* TASKS_REPLY */
         struct {
             uint32_t node_id;
         } node_dead;
@@ -290,6 +306,8 @@ int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w);
 /* A node's load and traffic: CFX_PROTO_LOAD_WIRE bytes (HEARTBEAT, NODES_REPLY). */
 void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l);
 void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l);
+/* Record @p i of a decoded TASKS_REPLY. */
+void cfx__msg_task_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_task_rec *out);
 void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
 
 /* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */

@@ -572,6 +572,78 @@ usage:
     return TOOL_EXIT_USAGE;
 }
 
+static const char *task_state(const struct cfx_ctl_task_rec *t)
+{
+    if (t->state == CFX_CTL_TASK_QUEUED)
+        return "queued";
+    if (t->state == CFX_CTL_TASK_PLACED)
+        return "running";
+    return t->status == CFX_OK ? "ok" : "failed";
+}
+
+/*
+ * tasks: what the coordinator holds of tasks, live ones and those that ended
+ * lately (it remembers the last 1,024), by id: state, the node it runs or
+ * ran on, who submitted it, its age, how often it was placed, and for a
+ * failed one the status and why.
+ */
+static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
+{
+    struct cfx_ctl_task_rec *tasks = NULL;
+    size_t n = 0;
+    char hex[CFX_OBJECT_ID_HEX_LEN], name[4 * 64 + 1], text[4 * CFX_CTL_TASK_TEXT_MAX + 1];
+    if (argc != 1) {
+        fprintf(stderr, "rdmactl tasks: unexpected argument '%s'\nusage: rdmactl tasks\n",
+                argv[1]);
+        return TOOL_EXIT_USAGE;
+    }
+    if (!ctl_get(r))
+        return 1;
+    if (cfx__ctl_tasks(r->ctl, &tasks, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("task listing");
+    if (r->json) {
+        printf("[");
+        for (size_t i = 0; i < n; i++) {
+            const struct cfx_ctl_task_rec *t = &tasks[i];
+            id_hex(&t->result, hex);
+            printf("%s{\"id\":%llu,\"function\":", i ? "," : "", (unsigned long long)t->id);
+            json_str(t->name);
+            printf(",\"state\":\"%s\",\"node\":%u,\"submitter\":%u,\"placements\":%u,"
+                   "\"age_ms\":%u,\"cores\":%u,\"gpus\":%u,\"memory\":%llu,\"inputs\":%u,"
+                   "\"results\":%u,\"result\":\"%s\",\"status\":\"%s\",\"error\":",
+                   task_state(t), t->node_id, t->submitter, t->placements, t->age_ms, t->cores,
+                   t->gpus, (unsigned long long)t->memory, t->ninputs, t->nresults, hex,
+                   cfx_errname(t->status));
+            json_str(t->text);
+            printf("}");
+        }
+        printf("]\n");
+        free(tasks);
+        return 0;
+    }
+    int wname = 8;
+    for (size_t i = 0; i < n; i++)
+        wname = CFX_MAX(wname, (int)strlen(esc(tasks[i].name, name, sizeof(name))));
+    printf("%8s  %-*s  %-7s  %6s  %9s  %10s  %5s  %s\n", "ID", wname, "FUNCTION", "STATE", "NODE",
+           "SUBMITTER", "AGE", "MOVES", "STATUS");
+    for (size_t i = 0; i < n; i++) {
+        const struct cfx_ctl_task_rec *t = &tasks[i];
+        char node[16], age[24];
+        if (t->node_id)
+            snprintf(node, sizeof(node), "%u", t->node_id);
+        else
+            snprintf(node, sizeof(node), "-");
+        snprintf(age, sizeof(age), "%u.%01u s", t->age_ms / 1000, t->age_ms % 1000 / 100);
+        printf("%8llu  %-*s  %-7s  %6s  %9u  %10s  %5u  %s%s%s\n", (unsigned long long)t->id,
+               wname, esc(t->name, name, sizeof(name)), task_state(t), node, t->submitter, age,
+               t->placements > 1 ? t->placements - 1 : 0,
+               t->state == CFX_CTL_TASK_DONE ? cfx_errname(t->status) : "-",
+               t->text[0] ? ": " : "", esc(t->text, text, sizeof(text)));
+    }
+    free(tasks);
+    return 0;
+}
+
 /*
  * top: a refreshing per-node view.  Each frame asks the coordinator for its
  * status, members and objects, and shows per member the copies it holds
@@ -775,6 +847,8 @@ static const struct rdmactl_cmd commands[] = {
     { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
     { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
     { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
+    { "tasks", cmd_tasks, "tasks: queued, running and lately ended, where, and how they ended",
+      0 },
     { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
       0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1 },

@@ -16,6 +16,7 @@ static uint8_t *frame;     /* encode buffer */
 static uint8_t *frame2;    /* scratch copy */
 static uint8_t inline_data[CFX_OBJECT_INLINE_MAX];
 static struct cfx_node_rec node_recs[3];
+static struct cfx_ctl_task_rec task_recs[2];
 static struct cfx_ctl_obj_rec obj_recs[2];
 
 static void sample_node(struct cfx_node_rec *n, uint32_t id)
@@ -103,6 +104,25 @@ static void setup(void)
     frame2 = malloc(FRAME_MAX + 64);
     cr_assert(frame && frame2);
     cfx_test_fill(inline_data, sizeof(inline_data), 7);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct cfx_ctl_task_rec *t = &task_recs[i];
+        memset(t, 0, sizeof(*t));
+        t->id = 0x100000000ull + i; /* above 32 bits: ids are 64-bit */
+        snprintf(t->name, sizeof(t->name), "train_step_%u", i);
+        t->state = i ? CFX_CTL_TASK_DONE : CFX_CTL_TASK_PLACED;
+        t->node_id = 3 + i;
+        t->submitter = 9;
+        t->placements = 1 + i;
+        t->status = i ? CFX_ERR_PEER_FAILED : 0;
+        t->age_ms = 123456 + i;
+        t->cores = 4;
+        t->gpus = i;
+        t->memory = 1ull << 33;
+        t->ninputs = 2;
+        t->nresults = 1;
+        sample_id(&t->result, (uint8_t)(40 + i));
+        snprintf(t->text, sizeof(t->text), i ? "node 4 died holding input 0" : "");
+    }
     for (uint32_t i = 0; i < 3; i++) {
         sample_node(&node_recs[i], i + 1);
         sample_load(&node_recs[i].load, i); /* carried by NODES_REPLY only */
@@ -272,6 +292,15 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         t->arg_len = sizeof(targ);
         break;
     }
+    case CFX_MSG_TASKS:
+        m->u.task_cursor = 0x1234567890ull;
+        break;
+    case CFX_MSG_TASKS_REPLY:
+        m->u.tpage.count = 2;
+        m->u.tpage.next = task_recs[1].id;
+        m->u.tpage.more = 1;
+        m->u.tpage.recs_in = task_recs;
+        break;
     case CFX_MSG_TASK_REPLY:
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_TASK_DONE:
@@ -471,6 +500,34 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.task_st.status, b->u.task_st.status);
         cr_assert_eq(a->u.task_st.timeout_ms, b->u.task_st.timeout_ms);
         cr_assert_str_eq(a->u.task_st.text, b->u.task_st.text);
+        break;
+    case CFX_MSG_TASKS:
+        cr_assert_eq(a->u.task_cursor, b->u.task_cursor);
+        break;
+    case CFX_MSG_TASKS_REPLY:
+        cr_assert_eq(a->u.tpage.count, b->u.tpage.count);
+        cr_assert_eq(a->u.tpage.next, b->u.tpage.next);
+        cr_assert_eq(a->u.tpage.more, b->u.tpage.more);
+        for (uint32_t i = 0; i < b->u.tpage.count; i++) {
+            struct cfx_ctl_task_rec t;
+            const struct cfx_ctl_task_rec *w = &a->u.tpage.recs_in[i];
+            cfx__msg_task_at(b, i, &t);
+            cr_assert_eq(t.id, w->id);
+            cr_assert_str_eq(t.name, w->name);
+            cr_assert_eq(t.state, w->state);
+            cr_assert_eq(t.node_id, w->node_id);
+            cr_assert_eq(t.submitter, w->submitter);
+            cr_assert_eq(t.placements, w->placements);
+            cr_assert_eq(t.status, w->status);
+            cr_assert_eq(t.age_ms, w->age_ms);
+            cr_assert_eq(t.cores, w->cores);
+            cr_assert_eq(t.gpus, w->gpus);
+            cr_assert_eq(t.memory, w->memory);
+            cr_assert_eq(t.ninputs, w->ninputs);
+            cr_assert_eq(t.nresults, w->nresults);
+            cr_assert_arr_eq(t.result.bytes, w->result.bytes, CFX_OBJECT_ID_LEN);
+            cr_assert_str_eq(t.text, w->text);
+        }
         break;
     default:
         break;
@@ -685,6 +742,37 @@ Test(proto, heartbeat_report_bounds)
     len = encode_ok(&m);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
     assert_load_eq(&m.u.load, &d.u.load);
+}
+
+/* A task page's records are checked like every field: state, status and
+ * counts in range, the count agreeing with the payload. */
+Test(proto, task_page_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_TASKS_REPLY, &m);
+    size_t len = encode_ok(&m);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + 4 + 8 + 1 + 2 * CFX_PROTO_TASKREC_WIRE);
+    size_t rec = CFX_PROTO_HDR_LEN + 13; /* the first record */
+    size_t state_at = rec + 8 + 64, status_at = state_at + 1 + 12;
+    size_t counts_at = status_at + 4 + 4 + 4 + 4 + 8;
+    memcpy(frame2, frame, len);
+    frame2[state_at] = 3;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "task state"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[status_at] = 1; /* a positive status */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[counts_at] = CFX_TASK_IO_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "CFX_TASK_IO_MAX"), "%s", cfx_last_error());
+    /* a count that disagrees with the payload */
+    memcpy(frame2, frame, len);
+    frame2[CFX_PROTO_HDR_LEN] = 3;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    /* over the page limit, whatever the payload */
+    m.u.tpage.count = CFX_PROTO_TASKS_PAGE + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
 Test(proto, bad_header)
