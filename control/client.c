@@ -1424,6 +1424,57 @@ err_free:
     return rc;
 }
 
+int cfx__ctl_tasks(struct cfx_ctl *ctl, struct cfx_ctl_task_rec **out, size_t *n,
+                   uint64_t deadline_ns)
+{
+    static const char what[] = "task listing";
+    struct cfx_ctl_task_rec *all = NULL;
+    size_t count = 0;
+    uint64_t cursor = 0;
+    int rc;
+
+    if (!ctl || !out || !n)
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", what);
+    for (;;) {
+        struct cfx_msg m = { .type = CFX_MSG_TASKS };
+        struct ctl_call call;
+        m.u.task_cursor = cursor;
+        rc = ctl_call(ctl, &m, deadline_ns, &call, what);
+        if (rc != CFX_OK)
+            goto err_free;
+        /* a page that says more must make progress, or a peer could keep us here */
+        if (call.reply.type != CFX_MSG_TASKS_REPLY ||
+            (call.reply.u.tpage.more &&
+             (call.reply.u.tpage.count == 0 || call.reply.u.tpage.next <= cursor))) {
+            rc = unexpected(ctl, &call, what);
+            goto err_free;
+        }
+        uint32_t pc = call.reply.u.tpage.count;
+        struct cfx_ctl_task_rec *p = realloc(all, (count + pc + 1) * sizeof(*p));
+        if (!p) {
+            free(call.frame);
+            rc = ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for %zu records", count + pc);
+            goto err_free;
+        }
+        all = p;
+        for (uint32_t i = 0; i < pc; i++)
+            cfx__msg_task_at(&call.reply, i, &all[count + i]);
+        count += pc;
+        cursor = call.reply.u.tpage.next;
+        int more = call.reply.u.tpage.more;
+        free(call.frame);
+        if (!more)
+            break;
+    }
+    *out = all;
+    *n = count;
+    return CFX_OK;
+
+err_free:
+    free(all);
+    return rc;
+}
+
 int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
                    uint64_t deadline_ns)
 {

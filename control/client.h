@@ -36,6 +36,36 @@ struct cfx_node_addr {
     uint8_t addr[CFX_TP_ADDR_MAX]; /* opaque, from iface_addr() */
 };
 
+/*
+ * A node's load and traffic, reported with every heartbeat (HEARTBEAT) and
+ * listed with its record (NODES_REPLY).  Byte and event counters count from
+ * the node's start; a reader takes rates from two reports.
+ */
+#define CFX_LOAD_TPS_MAX 4u /* transports reported per node */
+struct cfx_load_tp {
+    char name[CFX_TP_NAME_MAX];  /* "tcp", "shm", ...; "" for an unused slot */
+    uint64_t tx_bytes;           /* bytes this node handed the transport to send */
+    uint64_t rx_bytes;           /* bytes that arrived through it */
+};
+struct cfx_msg_load {
+    uint32_t load_milli;         /* 1-minute load average x 1000 */
+    uint64_t mem_avail;          /* bytes of memory available */
+    uint64_t arena_used;         /* bytes of its arena in use */
+    uint32_t tasks_running;      /* tasks its runners are running */
+    uint8_t ntp;                 /* entries of tp[] used */
+    struct cfx_load_tp tp[CFX_LOAD_TPS_MAX];
+    uint32_t uploads_active;     /* transfers it is serving now */
+    uint32_t xfers_in_active;    /* transfers it is receiving now (gets, large messages) */
+    uint64_t puts;               /* objects put */
+    uint64_t gets;               /* gets that moved data over the data plane */
+    uint64_t uploads;            /* transfers served to other nodes */
+    uint64_t failovers;          /* gets resumed at another source */
+    uint64_t reduce_reroutes;    /* reduces routed around a dead node */
+    uint64_t writes_refused;     /* peers' writes outside a live grant */
+    uint64_t link_bw;            /* its gets' measured bandwidth, bytes/s (0: none yet) */
+    uint64_t link_lat_ns;        /* its small gets' measured latency (0: none yet) */
+};
+
 /* A member node as the coordinator knows it. */
 struct cfx_node_rec {
     uint32_t node_id;                  /* assigned by the coordinator, never 0 */
@@ -50,6 +80,8 @@ struct cfx_node_rec {
     struct cfx_node_addr addr[CFX_NODE_ADDRS_MAX];
     char host[CFX_HOST_NAME_MAX];      /* host name, as the node reports it (display only) */
     uint8_t flags;                     /* CFX_NODE_F_* */
+    struct cfx_msg_load load;          /* its last heartbeat's report: node listings
+                                        * (NODES_REPLY) only, zero elsewhere */
 };
 
 /* A holder of an object, as listed by the directory. */
@@ -86,6 +118,27 @@ struct cfx_ctl_obj_rec {
     char name[CFX_OBJ_NAME_MAX + 1];
 };
 
+/* Task listing entry (rdmactl tasks). */
+#define CFX_CTL_TASK_QUEUED 0u /* waiting for a slot on a capable node */
+#define CFX_CTL_TASK_PLACED 1u /* sent to its node, running there */
+#define CFX_CTL_TASK_DONE   2u /* ended: status says how */
+#define CFX_CTL_TASK_TEXT_MAX 256u
+struct cfx_ctl_task_rec {
+    uint64_t id;                       /* the coordinator's task id, from 1 */
+    char name[64];                     /* function (CFX_TASK_NAME_MAX + 1) */
+    uint8_t state;                     /* CFX_CTL_TASK_* */
+    uint32_t node_id;                  /* placed on / ran on (0: none) */
+    uint32_t submitter;                /* node that submitted it */
+    uint32_t placements;               /* times placed (more than 1: moved after a death) */
+    int32_t status;                    /* DONE: 0 or a negative cfx_status */
+    uint32_t age_ms;                   /* since it was submitted */
+    uint32_t cores, gpus;              /* its needs */
+    uint64_t memory;
+    uint8_t ninputs, nresults;
+    struct cfx_object_id result;       /* its first result */
+    char text[CFX_CTL_TASK_TEXT_MAX];  /* DONE with an error: why (truncated) */
+};
+
 /* Coordinator summary (rdmactl status). */
 struct cfx_ctl_status {
     uint32_t proto_version;
@@ -109,7 +162,6 @@ enum cfx_ctl_role {
 struct cfx_ctl;
 struct cfx_msg;
 struct cfx_msg_task;
-struct cfx_msg_load;
 
 struct cfx_ctl_params {
     const char *coord;                 /* "host:port" */
@@ -282,6 +334,9 @@ int cfx__ctl_nodes(struct cfx_ctl *ctl, struct cfx_node_rec **out, size_t *n,
                    uint64_t deadline_ns);
 int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *n,
                      uint64_t deadline_ns);
+/* Tasks the coordinator holds, live and recently ended, by id. */
+int cfx__ctl_tasks(struct cfx_ctl *ctl, struct cfx_ctl_task_rec **out, size_t *n,
+                   uint64_t deadline_ns);
 
 /* Send @p req (any request type; its req_id is set here) and wait for a
  * reply of type @p expect by the deadline, as the requests above do (an

@@ -299,6 +299,9 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
     case CFX_MSG_NODES:
         cfx__coord_nodes_list(co, c, m);
         break;
+    case CFX_MSG_TASKS:
+        cfx__coord_tasks_list(co, c, m);
+        break;
     case CFX_MSG_OBJECTS:
         cfx__coord_objects_list(co, c, m);
         break;

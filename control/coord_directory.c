@@ -29,6 +29,19 @@
  * 1 Gbit/s emulated cluster, 64 MiB, three getters at once: fan-out 2 took
  * 2.0x S/B, fan-out 1 1.04-1.10x (docs/PERFORMANCE.md).
  *
+ * Once members report their links with heartbeats (the bandwidth B and
+ * small-get latency L their gets measured), the choice comes from those
+ * instead: for n getters (the live members but one, a broadcast's worst
+ * case), fan-out f pipelines k chunks of c bytes (object S) through
+ * d_f = the depth of an f-ary tree of n nodes, each hop at B/f, so the last
+ * getter finishes near
+ *
+ *   T_f = f S / B + (d_f - 1) (f c / B + L) + L
+ *
+ * and the smallest T_f of f in {1, 2, 4} wins (ties to the narrower tree).
+ * A many-chunk object gets the chain as above; a one-chunk object on a
+ * high-latency link a wider tree, more so the more getters there are.
+ *
  * Lifecycle.  The node that puts an id is its putter (o->putter).  The id
  * names that one object while a node holds a complete copy of it; inline
  * bytes are the putter's copy, kept here for speed, not a copy of their own.
@@ -463,13 +476,82 @@ void cfx__coord_dir_load(struct cfx_coord *co)
 #define DIR_CHAIN_MIN_CHUNKS 4 /* objects of at least this many chunks: a chain */
 #define DIR_FANOUT_SMALL 2     /* fan-out for fewer chunks */
 
-/* The fan-out for @p o (see "Fan-out" above). */
-static uint32_t obj_fanout(const struct cfx_coord *co, const struct coord_obj *o)
+#define DIR_LINK_REFRESH_NS 1000000000ull /* medians of the reports: at most once a second */
+
+static int cmp_double(const void *a, const void *b)
 {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Medians of what live members report of their links (see "Fan-out"). */
+static void link_refresh(struct cfx_coord *co)
+{
+    uint64_t now = cfx__now_ns();
+    if (co->link_at_ns && now - co->link_at_ns < DIR_LINK_REFRESH_NS)
+        return;
+    co->link_at_ns = now;
+    co->link_bw = co->link_lat = 0;
+    co->link_getters = co->nodes_alive > 1 ? co->nodes_alive - 1 : 1;
+    double *bw = malloc(2 * ((size_t)co->nodes_alive + 1) * sizeof(*bw));
+    if (!bw)
+        return; /* the shape rule meanwhile; tried again in a second */
+    double *lat = bw + co->nodes_alive;
+    uint32_t nb = 0, nl = 0;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->nodes) {
+        const struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (!n->rec.alive || nb == co->nodes_alive)
+            continue;
+        if (n->load.link_bw)
+            bw[nb++] = (double)n->load.link_bw;
+        if (n->load.link_lat_ns)
+            lat[nl++] = (double)n->load.link_lat_ns / 1e9;
+    }
+    if (nb && nl) {
+        qsort(bw, nb, sizeof(*bw), cmp_double);
+        qsort(lat, nl, sizeof(*lat), cmp_double);
+        co->link_bw = bw[nb / 2];
+        co->link_lat = lat[nl / 2];
+    }
+    free(bw);
+}
+
+/* T_f of "Fan-out": when the last of @p n getters finishes with fan-out @p f. */
+static double fanout_time(double size, double chunk, double bw, double lat, uint32_t n,
+                          uint32_t f)
+{
+    uint32_t depth = 0;
+    for (uint64_t reached = 0, level = 1; reached < n; depth++) {
+        level *= f;
+        reached += level;
+    }
+    return f * size / bw + (depth - 1) * (f * chunk / bw + lat) + lat;
+}
+
+/* The fan-out for @p o (see "Fan-out" above). */
+static uint32_t obj_fanout(struct cfx_coord *co, const struct coord_obj *o)
+{
+    static const uint32_t choices[] = { 1, 2, 4 };
     if (co->fanout)
         return co->fanout;
     uint64_t chunks = o->chunk_size ? (o->size + o->chunk_size - 1) / o->chunk_size : 1;
-    return chunks >= DIR_CHAIN_MIN_CHUNKS ? 1 : DIR_FANOUT_SMALL;
+    link_refresh(co);
+    if (co->link_bw <= 0 || co->link_lat <= 0)
+        return chunks >= DIR_CHAIN_MIN_CHUNKS ? 1 : DIR_FANOUT_SMALL;
+    double size = (double)(o->size ? o->size : 1);
+    double chunk = o->chunk_size ? CFX_MIN((double)o->chunk_size, size) : size;
+    uint32_t best = 1;
+    double tbest = 0;
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
+        double t = fanout_time(size, chunk, co->link_bw, co->link_lat, co->link_getters,
+                               choices[i]);
+        if (i == 0 || t < tbest) {
+            tbest = t;
+            best = choices[i];
+        }
+    }
+    return best;
 }
 
 static int excluded(const uint32_t *ex, uint32_t n, uint32_t id)

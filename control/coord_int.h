@@ -140,6 +140,7 @@ struct coord_task {
     uint32_t node_id;           /* placed on (0 while queued) */
     uint32_t submitter;         /* node that submitted it */
     uint32_t placements;        /* times placed (more than 1: moved after a death) */
+    uint64_t submit_ns;
     uint64_t deadline_ns;
     uint64_t done_ns;
     int32_t status;
@@ -242,6 +243,13 @@ struct cfx_coord {
     uint32_t dead_after_ms;
     uint32_t dead_keep_ms;      /* dead records are forgotten this long after death */
     uint32_t fanout;
+    /* the members' links as their heartbeats report them (medians over live
+     * members with an estimate; 0: none), refreshed at most once a second
+     * when a fan-out is chosen (coord_directory.c) */
+    double link_bw;             /* bytes/s */
+    double link_lat;            /* s */
+    uint32_t link_getters;      /* live members but one: the getters a broadcast has */
+    uint64_t link_at_ns;        /* when they were computed */
     uint32_t auth_timeout_ms;
     uint32_t stall_timeout_ms;
     uint64_t start_ns;
@@ -419,6 +427,8 @@ void cfx__coord_task_init(struct cfx_coord *co);
 void cfx__coord_task_fini(struct cfx_coord *co);
 void cfx__coord_task_reg(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* TASKS: a page of the task listing, live and ended tasks by id (rdmactl tasks). */
+void cfx__coord_tasks_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);

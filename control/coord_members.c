@@ -542,7 +542,8 @@ void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const str
             r.u.page.more = 1;
             break;
         }
-        cfx__coord_node_fill(co, n, &recs[count++]);
+        cfx__coord_node_fill(co, n, &recs[count]);
+        recs[count++].load = n->load;
         last = n->rec.node_id;
     }
     r.u.page.count = count;

@@ -19,6 +19,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -161,6 +162,82 @@ static void node_gauge(struct buf *b, struct cfx_coord *co, const char *name, co
     }
 }
 
+/* What each live member reported with its last heartbeat (struct cfx_msg_load). */
+static void node_reports(struct buf *b, struct cfx_coord *co)
+{
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } events[] = {
+        { "conflux_coord_node_puts_total", "Objects a member put.",
+          offsetof(struct cfx_msg_load, puts) },
+        { "conflux_coord_node_gets_total", "Gets a member made that moved data over the data plane.",
+          offsetof(struct cfx_msg_load, gets) },
+        { "conflux_coord_node_uploads_total", "Transfers a member served to other nodes.",
+          offsetof(struct cfx_msg_load, uploads) },
+        { "conflux_coord_node_source_failovers_total",
+          "Gets a member resumed at another source (a holder died or refused).",
+          offsetof(struct cfx_msg_load, failovers) },
+        { "conflux_coord_node_reduce_reroutes_total",
+          "Object reduces a member drove that routed around a dead node.",
+          offsetof(struct cfx_msg_load, reduce_reroutes) },
+        { "conflux_coord_node_writes_refused_total",
+          "Peers' writes a member refused: outside a live grant (stale key, another peer's, "
+          "past the window).",
+          offsetof(struct cfx_msg_load, writes_refused) },
+    };
+    static const struct {
+        const char *name, *help;
+        int rx;
+    } traffic[] = {
+        { "conflux_coord_node_transport_sent_bytes_total",
+          "Bytes a member handed a transport to send (data-plane messages and chunks).", 0 },
+        { "conflux_coord_node_transport_received_bytes_total",
+          "Bytes that arrived at a member through a transport.", 1 },
+    };
+    struct cfx_list *pos;
+
+    for (size_t i = 0; i < sizeof(traffic) / sizeof(traffic[0]); i++) {
+        family(b, traffic[i].name, "counter", traffic[i].help);
+        cfx_list_for_each(pos, &co->nodes)
+        {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            for (unsigned t = 0; n->rec.alive && t < n->load.ntp && t < CFX_LOAD_TPS_MAX; t++) {
+                const struct cfx_load_tp *tp = &n->load.tp[t];
+                bprintf(b, "%s{node=\"%u\",transport=\"", traffic[i].name, n->rec.node_id);
+                blabel(b, tp->name);
+                bprintf(b, "\"} %llu\n",
+                        (unsigned long long)(traffic[i].rx ? tp->rx_bytes : tp->tx_bytes));
+            }
+        }
+    }
+    family(b, "conflux_coord_node_transfers_active", "gauge",
+           "Transfers a member is receiving (in) and serving (out) now.");
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (!n->rec.alive)
+            continue;
+        bprintf(b, "conflux_coord_node_transfers_active{node=\"%u\",direction=\"in\"} %u\n",
+                n->rec.node_id, n->load.xfers_in_active);
+        bprintf(b, "conflux_coord_node_transfers_active{node=\"%u\",direction=\"out\"} %u\n",
+                n->rec.node_id, n->load.uploads_active);
+    }
+    for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++) {
+        family(b, events[i].name, "counter", events[i].help);
+        cfx_list_for_each(pos, &co->nodes)
+        {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            uint64_t v;
+            if (!n->rec.alive)
+                continue;
+            memcpy(&v, (const uint8_t *)&n->load + events[i].off, sizeof(v));
+            bprintf(b, "%s{node=\"%u\"} %llu\n", events[i].name, n->rec.node_id,
+                    (unsigned long long)v);
+        }
+    }
+}
+
 /* The exposition of what the coordinator knows now (loop thread). */
 static void metrics_text(struct coord_metrics *m, struct buf *b)
 {
@@ -248,6 +325,7 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
             bprintf(b, "conflux_coord_node_load{node=\"%u\"} %.3f\n", n->rec.node_id,
                     n->load.load_milli / 1000.0);
     }
+    node_reports(b, co);
     family(b, "conflux_coord_node_task_reservations", "gauge",
            "Reservations (placed tasks and placement queries) on a member that offers tasks.");
     cfx_list_for_each(pos, &co->nodes)

@@ -235,6 +235,7 @@ void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const st
     t->t.arg = t->arg;
     t->id = ++co->next_task_id;
     t->submitter = c->node->rec.node_id;
+    t->submit_ns = cfx__now_ns();
     t->deadline_ns = m->u.task.timeout_ms == CFX_PROTO_TIMEOUT_NONE
                          ? UINT64_MAX
                          : cfx__now_ns() + (uint64_t)m->u.task.timeout_ms * 1000000ull;
@@ -250,6 +251,89 @@ void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const st
         CFX_LOG(DEBUG, CTL, "task %llu ('%s') queued: %s", (unsigned long long)t->id,
                 t->t.name, why);
     reply_task(c, m->req_id, t, CFX_OK);
+}
+
+static int task_by_id(const void *a, const void *b)
+{
+    uint64_t x = (*(struct coord_task *const *)a)->id, y = (*(struct coord_task *const *)b)->id;
+    return (x > y) - (x < y);
+}
+
+static void task_rec(const struct coord_task *t, uint64_t now, struct cfx_ctl_task_rec *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->id = t->id;
+    snprintf(r->name, sizeof(r->name), "%s", t->t.name);
+    r->state = t->state == COORD_TASK_QUEUED   ? CFX_CTL_TASK_QUEUED
+               : t->state == COORD_TASK_PLACED ? CFX_CTL_TASK_PLACED
+                                               : CFX_CTL_TASK_DONE;
+    r->node_id = t->node_id;
+    r->submitter = t->submitter;
+    r->placements = t->placements;
+    r->status = t->state == COORD_TASK_DONE ? t->status : 0;
+    uint64_t age = (now - t->submit_ns) / 1000000ull;
+    r->age_ms = age > UINT32_MAX ? UINT32_MAX : (uint32_t)age;
+    r->cores = t->t.cores;
+    r->gpus = t->t.gpus;
+    r->memory = t->t.memory;
+    r->ninputs = t->t.ninputs;
+    r->nresults = t->t.nresults;
+    if (t->t.nresults)
+        r->result = t->t.results[0];
+    if (t->state == COORD_TASK_DONE)
+        snprintf(r->text, sizeof(r->text), "%.*s", (int)sizeof(r->text) - 1, t->text);
+}
+
+/*
+ * The ids above the cursor, smallest first, a page at a time.  Live and
+ * ended tasks sit on two lists in no common order; both are bounded
+ * (max_queued_tasks, max_node_tasks per node, COORD_TASKS_DONE_KEEP), so a
+ * page sorts what is above the cursor.
+ */
+void cfx__coord_tasks_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
+    struct coord_task **v = NULL;
+    struct cfx_ctl_task_rec *recs = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t now = cfx__now_ns();
+
+    for (int l = 0; l < 2; l++)
+        cfx_list_for_each(pos, lists[l]) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (t->id <= m->u.task_cursor)
+                continue;
+            if (n == cap) {
+                size_t ncap = cap ? 2 * cap : 64;
+                struct coord_task **nv = realloc(v, ncap * sizeof(*nv));
+                if (!nv)
+                    goto err_nomem;
+                v = nv;
+                cap = ncap;
+            }
+            v[n++] = t;
+        }
+    if (n > 1)
+        qsort(v, n, sizeof(*v), task_by_id);
+    uint32_t count = n > CFX_PROTO_TASKS_PAGE ? CFX_PROTO_TASKS_PAGE : (uint32_t)n;
+    if (count && !(recs = malloc(count * sizeof(*recs))))
+        goto err_nomem;
+    for (uint32_t i = 0; i < count; i++)
+        task_rec(v[i], now, &recs[i]);
+    struct cfx_msg r = { .type = CFX_MSG_TASKS_REPLY, .req_id = m->req_id };
+    r.u.tpage.count = count;
+    r.u.tpage.next = count ? recs[count - 1].id : m->u.task_cursor;
+    r.u.tpage.more = n > count;
+    r.u.tpage.recs_in = recs;
+    cfx__coord_send(c, &r);
+    free(recs);
+    free(v);
+    return;
+
+err_nomem:
+    free(v);
+    cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
+                         co->addr);
 }
 
 void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)

@@ -42,6 +42,8 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_TASK_WAIT] = "TASK_WAIT",
     [CFX_MSG_EV_TASK_RUN] = "EV_TASK_RUN",
     [CFX_MSG_TASK_DONE] = "TASK_DONE",
+    [CFX_MSG_TASKS] = "TASKS",
+    [CFX_MSG_TASKS_REPLY] = "TASKS_REPLY",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -180,6 +182,8 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_EV_TASK_RUN:
     case CFX_MSG_TASK_DONE:
+    case CFX_MSG_TASKS:
+    case CFX_MSG_TASKS_REPLY:
         return cfx__msg_task_encode(m, w);
     case CFX_MSG_CHALLENGE:
         wr_bytes(w, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
@@ -308,9 +312,11 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         wr_u32(w, pg->next);
         wr_u8(w, pg->more ? 1 : 0);
         for (uint32_t i = 0; i < pg->count; i++) {
-            if (nodes)
-                wr_node(w, &((const struct cfx_node_rec *)pg->recs_in)[i]);
-            else
+            if (nodes) {
+                const struct cfx_node_rec *n = &((const struct cfx_node_rec *)pg->recs_in)[i];
+                wr_node(w, n);
+                cfx__msg_load_wr(w, &n->load);
+            } else
                 wr_objrec(w, &((const struct cfx_ctl_obj_rec *)pg->recs_in)[i]);
         }
         break;
@@ -459,6 +465,8 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_EV_TASK_RUN:
     case CFX_MSG_TASK_DONE:
+    case CFX_MSG_TASKS:
+    case CFX_MSG_TASKS_REPLY:
         cfx__msg_task_decode(r, m);
         break;
     case CFX_MSG_CHALLENGE:
@@ -628,7 +636,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         struct cfx_msg_page *pg = &m->u.page;
         int nodes = m->type == CFX_MSG_NODES_REPLY;
         uint32_t max = nodes ? CFX_PROTO_NODES_PAGE : CFX_PROTO_OBJECTS_PAGE;
-        size_t recsz = nodes ? CFX_PROTO_NODE_WIRE : CFX_PROTO_OBJREC_WIRE;
+        size_t recsz = nodes ? CFX_PROTO_NODE_LIST_WIRE : CFX_PROTO_OBJREC_WIRE;
         pg->count = rd_u32(r, "record count");
         pg->next = rd_u32(r, "next cursor");
         pg->more = rd_flag(r, "more flag");
@@ -652,6 +660,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
             if (nodes) {
                 struct cfx_node_rec tmp;
                 rd_node(r, &tmp);
+                cfx__msg_load_rd(r, &tmp.load);
             } else {
                 struct cfx_ctl_obj_rec tmp;
                 rd_objrec(r, &tmp);
@@ -707,9 +716,10 @@ int cfx__msg_decode(const void *buf, size_t len, struct cfx_msg *out)
 
 void cfx__msg_node_at(const struct cfx_msg *m, uint32_t i, struct cfx_node_rec *out)
 {
-    struct rd r = { m->u.page.raw + (size_t)i * CFX_PROTO_NODE_WIRE, CFX_PROTO_NODE_WIRE, 0,
-                    CFX_OK, "node record" };
+    struct rd r = { m->u.page.raw + (size_t)i * CFX_PROTO_NODE_LIST_WIRE,
+                    CFX_PROTO_NODE_LIST_WIRE, 0, CFX_OK, "node record" };
     rd_node(&r, out);
+    cfx__msg_load_rd(&r, &out->load);
 }
 
 void cfx__msg_obj_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_obj_rec *out)

@@ -38,7 +38,9 @@
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
-                                    * 5: the role under both AUTH MACs */
+                                    * 5: the role under both AUTH MACs, traffic in
+                                    *    HEARTBEAT, each node's last report in
+                                    *    NODES_REPLY, the TASKS listing */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -55,6 +57,12 @@
 #define CFX_PROTO_ADDR_WIRE     (CFX_TP_NAME_MAX + 1 + CFX_TP_ADDR_MAX)
 #define CFX_PROTO_NODE_WIRE     (4 + 4 + CFX_NODE_NAME_MAX + CFX_HOST_ID_MAX + 48 + 1 + 4 + 1 + \
                                  CFX_NODE_ADDRS_MAX * CFX_PROTO_ADDR_WIRE + CFX_HOST_NAME_MAX + 1)
+#define CFX_PROTO_LOAD_WIRE     (4 + 8 + 8 + 4 + 1 + \
+                                 CFX_LOAD_TPS_MAX * (CFX_TP_NAME_MAX + 8 + 8) + 4 + 4 + 8 * 8)
+#define CFX_PROTO_NODE_LIST_WIRE (CFX_PROTO_NODE_WIRE + CFX_PROTO_LOAD_WIRE) /* NODES_REPLY */
+#define CFX_PROTO_TASKS_PAGE    256u         /* task records per TASKS_REPLY */
+#define CFX_PROTO_TASKREC_WIRE  (8 + 64 + 1 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 8 + 1 + 1 + \
+                                 CFX_OBJECT_ID_LEN + CFX_CTL_TASK_TEXT_MAX)
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
@@ -114,6 +122,8 @@ enum cfx_msg_type {
                              * CFX_ERR_AGAIN when the timeout came first) */
     CFX_MSG_EV_TASK_RUN,    /* event, coord -> worker: run this task */
     CFX_MSG_TASK_DONE,      /* worker -> coord: task id, status, text; no reply */
+    CFX_MSG_TASKS,          /* cursor (task id) -> TASKS_REPLY */
+    CFX_MSG_TASKS_REPLY,    /* page of task records, by id */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -157,6 +167,15 @@ struct cfx_msg_task {
     const uint8_t *arg;                     /* decode: points into the frame */
 };
 
+/* A page of the task listing (TASKS_REPLY). */
+struct cfx_msg_tpage {
+    uint32_t count;         /* records in this page */
+    uint64_t next;          /* cursor for the next request: the last id listed */
+    uint8_t more;           /* 1: another page follows */
+    const struct cfx_ctl_task_rec *recs_in; /* encode */
+    const uint8_t *raw;     /* decode: count records of CFX_PROTO_TASKREC_WIRE bytes */
+};
+
 /* A task's state: TASK_REPLY, TASK_WAIT, TASK_DONE. */
 struct cfx_msg_task_st {
     uint64_t task_id;
@@ -164,14 +183,6 @@ struct cfx_msg_task_st {
     int32_t status;                         /* 0 or a negative cfx_status */
     uint32_t timeout_ms;                    /* WAIT: how long to wait; CFX_PROTO_TIMEOUT_NONE */
     char text[CFX_PROTO_TEXT_MAX];          /* why it failed; "" */
-};
-
-/* A node's load (HEARTBEAT). */
-struct cfx_msg_load {
-    uint32_t load_milli;                    /* 1-minute load average x 1000 */
-    uint64_t mem_avail;                     /* bytes of memory available */
-    uint64_t arena_used;                    /* bytes of its arena in use */
-    uint32_t tasks_running;                 /* tasks its runners are running */
 };
 
 struct cfx_msg {
@@ -245,6 +256,8 @@ struct cfx_msg {
             uint32_t cursor;                /* NODES: after this node id; OBJECTS: index */
         } list;
         struct cfx_msg_page page;           /* NODES_REPLY, OBJECTS_REPLY */
+        uint64_t task_cursor;               /* TASKS: list ids above this */
+        struct cfx_msg_tpage tpage;         /* TASKS_REPLY */
         struct {
             uint32_t node_id;
         } node_dead;
@@ -291,6 +304,11 @@ int cfx__msg_encode_alloc(const struct cfx_msg *m, uint8_t **buf, size_t *len);
 struct wr;
 struct rd;
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w);
+/* A node's load and traffic: CFX_PROTO_LOAD_WIRE bytes (HEARTBEAT, NODES_REPLY). */
+void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l);
+void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l);
+/* Record @p i of a decoded TASKS_REPLY. */
+void cfx__msg_task_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_task_rec *out);
 void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
 
 /* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */

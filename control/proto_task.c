@@ -76,15 +76,135 @@ static void rd_task(struct rd *r, struct cfx_msg_task *t)
     }
 }
 
+void cfx__msg_load_wr(struct wr *w, const struct cfx_msg_load *l)
+{
+    unsigned ntp = l->ntp <= CFX_LOAD_TPS_MAX ? l->ntp : CFX_LOAD_TPS_MAX;
+    wr_u32(w, l->load_milli);
+    wr_u64(w, l->mem_avail);
+    wr_u64(w, l->arena_used);
+    wr_u32(w, l->tasks_running);
+    wr_u8(w, (uint8_t)ntp);
+    for (unsigned i = 0; i < CFX_LOAD_TPS_MAX; i++) {
+        if (i < ntp) {
+            wr_str(w, l->tp[i].name, sizeof(l->tp[i].name));
+            wr_u64(w, l->tp[i].tx_bytes);
+            wr_u64(w, l->tp[i].rx_bytes);
+        } else {
+            wr_zero(w, CFX_TP_NAME_MAX + 16);
+        }
+    }
+    wr_u32(w, l->uploads_active);
+    wr_u32(w, l->xfers_in_active);
+    wr_u64(w, l->puts);
+    wr_u64(w, l->gets);
+    wr_u64(w, l->uploads);
+    wr_u64(w, l->failovers);
+    wr_u64(w, l->reduce_reroutes);
+    wr_u64(w, l->writes_refused);
+    wr_u64(w, l->link_bw);
+    wr_u64(w, l->link_lat_ns);
+}
+
+void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l)
+{
+    memset(l, 0, sizeof(*l));
+    l->load_milli = rd_u32(r, "load");
+    l->mem_avail = rd_u64(r, "available memory");
+    l->arena_used = rd_u64(r, "arena in use");
+    l->tasks_running = rd_u32(r, "tasks running");
+    l->ntp = rd_u8(r, "transport count");
+    if (l->ntp > CFX_LOAD_TPS_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "transport count over CFX_LOAD_TPS_MAX");
+    for (unsigned i = 0; i < CFX_LOAD_TPS_MAX; i++) {
+        rd_str(r, l->tp[i].name, sizeof(l->tp[i].name), "transport name not terminated");
+        l->tp[i].tx_bytes = rd_u64(r, "bytes sent");
+        l->tp[i].rx_bytes = rd_u64(r, "bytes received");
+    }
+    l->uploads_active = rd_u32(r, "uploads active");
+    l->xfers_in_active = rd_u32(r, "transfers in active");
+    l->puts = rd_u64(r, "puts");
+    l->gets = rd_u64(r, "gets");
+    l->uploads = rd_u64(r, "uploads");
+    l->failovers = rd_u64(r, "failovers");
+    l->reduce_reroutes = rd_u64(r, "reduce reroutes");
+    l->writes_refused = rd_u64(r, "writes refused");
+    l->link_bw = rd_u64(r, "link bandwidth");
+    l->link_lat_ns = rd_u64(r, "link latency");
+}
+
+static void wr_taskrec(struct wr *w, const struct cfx_ctl_task_rec *t)
+{
+    wr_u64(w, t->id);
+    wr_str(w, t->name, sizeof(t->name));
+    wr_u8(w, t->state);
+    wr_u32(w, t->node_id);
+    wr_u32(w, t->submitter);
+    wr_u32(w, t->placements);
+    wr_u32(w, (uint32_t)t->status);
+    wr_u32(w, t->age_ms);
+    wr_u32(w, t->cores);
+    wr_u32(w, t->gpus);
+    wr_u64(w, t->memory);
+    wr_u8(w, t->ninputs);
+    wr_u8(w, t->nresults);
+    wr_bytes(w, t->result.bytes, CFX_OBJECT_ID_LEN);
+    wr_str(w, t->text, sizeof(t->text));
+}
+
+static void rd_taskrec(struct rd *r, struct cfx_ctl_task_rec *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->id = rd_u64(r, "task id");
+    rd_str(r, t->name, sizeof(t->name), "function name not terminated");
+    t->state = rd_u8(r, "task state");
+    if (t->state > CFX_CTL_TASK_DONE)
+        rd_fail(r, CFX_ERR_PROTO, "unknown task state");
+    t->node_id = rd_u32(r, "node");
+    t->submitter = rd_u32(r, "submitter");
+    t->placements = rd_u32(r, "placements");
+    t->status = (int32_t)rd_u32(r, "status");
+    if (t->status > 0 || t->status <= CFX_STATUS_LAST)
+        rd_fail(r, CFX_ERR_PROTO, "task status out of range");
+    t->age_ms = rd_u32(r, "age");
+    t->cores = rd_u32(r, "cores");
+    t->gpus = rd_u32(r, "gpus");
+    t->memory = rd_u64(r, "memory");
+    t->ninputs = rd_u8(r, "input count");
+    t->nresults = rd_u8(r, "result count");
+    if (t->ninputs > CFX_TASK_IO_MAX || t->nresults > CFX_TASK_IO_MAX)
+        rd_fail(r, CFX_ERR_PROTO, "input or result count over CFX_TASK_IO_MAX");
+    rd_bytes(r, t->result.bytes, CFX_OBJECT_ID_LEN, "result id");
+    rd_str(r, t->text, sizeof(t->text), "task text not terminated");
+}
+
+void cfx__msg_task_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_task_rec *out)
+{
+    struct rd r = { m->u.tpage.raw + (size_t)i * CFX_PROTO_TASKREC_WIRE, CFX_PROTO_TASKREC_WIRE,
+                    0, CFX_OK, "task record" };
+    rd_taskrec(&r, out);
+}
+
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
 {
     switch (m->type) {
     case CFX_MSG_HEARTBEAT:
-        wr_u32(w, m->u.load.load_milli);
-        wr_u64(w, m->u.load.mem_avail);
-        wr_u64(w, m->u.load.arena_used);
-        wr_u32(w, m->u.load.tasks_running);
+        cfx__msg_load_wr(w, &m->u.load);
         return CFX_OK;
+    case CFX_MSG_TASKS:
+        wr_u64(w, m->u.task_cursor);
+        return CFX_OK;
+    case CFX_MSG_TASKS_REPLY: {
+        const struct cfx_msg_tpage *pg = &m->u.tpage;
+        if (pg->count > CFX_PROTO_TASKS_PAGE || (pg->count && !pg->recs_in))
+            return cfx__err(CFX_ERR_INVALID, "task page of %u records (at most %u)", pg->count,
+                            CFX_PROTO_TASKS_PAGE);
+        wr_u32(w, pg->count);
+        wr_u64(w, pg->next);
+        wr_u8(w, pg->more ? 1 : 0);
+        for (uint32_t i = 0; i < pg->count; i++)
+            wr_taskrec(w, &pg->recs_in[i]);
+        return CFX_OK;
+    }
     case CFX_MSG_TASK_REG:
         if (!m->u.task_reg.name[0])
             return cfx__err(CFX_ERR_INVALID, "TASK_REG without a function name");
@@ -122,11 +242,40 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
 {
     switch (m->type) {
     case CFX_MSG_HEARTBEAT:
-        m->u.load.load_milli = rd_u32(r, "load");
-        m->u.load.mem_avail = rd_u64(r, "available memory");
-        m->u.load.arena_used = rd_u64(r, "arena in use");
-        m->u.load.tasks_running = rd_u32(r, "tasks running");
+        cfx__msg_load_rd(r, &m->u.load);
         break;
+    case CFX_MSG_TASKS:
+        m->u.task_cursor = rd_u64(r, "cursor");
+        break;
+    case CFX_MSG_TASKS_REPLY: {
+        struct cfx_msg_tpage *pg = &m->u.tpage;
+        pg->count = rd_u32(r, "record count");
+        pg->next = rd_u64(r, "next cursor");
+        pg->more = rd_flag(r, "more flag");
+        pg->recs_in = NULL;
+        pg->raw = NULL;
+        if (r->status != CFX_OK)
+            break;
+        /* bounded count, so count * size cannot overflow */
+        if (pg->count > CFX_PROTO_TASKS_PAGE ||
+            (size_t)pg->count * CFX_PROTO_TASKREC_WIRE != r->len - r->off) {
+            rd_fail(r, CFX_ERR_PROTO, pg->count > CFX_PROTO_TASKS_PAGE
+                                          ? "record count over the page limit"
+                                          : "record count does not match the payload length");
+            pg->count = 0;
+            break;
+        }
+        pg->raw = r->p + r->off;
+        for (uint32_t i = 0; i < pg->count && r->status == CFX_OK; i++) {
+            struct cfx_ctl_task_rec tmp;
+            rd_taskrec(r, &tmp);
+        }
+        if (r->status != CFX_OK) {
+            pg->count = 0;
+            pg->raw = NULL;
+        }
+        break;
+    }
     case CFX_MSG_TASK_REG:
         rd_str(r, m->u.task_reg.name, sizeof(m->u.task_reg.name), "function name");
         if (r->status == CFX_OK && !m->u.task_reg.name[0])

@@ -211,6 +211,27 @@ static int node_listed(const struct cfx_node_rec *x, int all)
     return all || (x->alive && !(x->flags & CFX_NODE_F_OBSERVER));
 }
 
+/* A node's last heartbeat report (struct cfx_msg_load) as a JSON object. */
+static void json_load(const struct cfx_msg_load *l)
+{
+    printf("{\"load\":%.3f,\"mem_avail\":%llu,\"arena_used\":%llu,\"tasks_running\":%u,"
+           "\"transfers_in\":%u,\"transfers_out\":%u,\"puts\":%llu,\"gets\":%llu,"
+           "\"uploads\":%llu,\"source_failovers\":%llu,\"reduce_reroutes\":%llu,"
+           "\"writes_refused\":%llu,\"transports\":{",
+           l->load_milli / 1000.0, (unsigned long long)l->mem_avail,
+           (unsigned long long)l->arena_used, l->tasks_running, l->xfers_in_active,
+           l->uploads_active, (unsigned long long)l->puts, (unsigned long long)l->gets,
+           (unsigned long long)l->uploads, (unsigned long long)l->failovers,
+           (unsigned long long)l->reduce_reroutes, (unsigned long long)l->writes_refused);
+    for (unsigned t = 0; t < l->ntp && t < CFX_LOAD_TPS_MAX; t++) {
+        printf("%s", t ? "," : "");
+        json_str(l->tp[t].name);
+        printf(":{\"sent_bytes\":%llu,\"received_bytes\":%llu}",
+               (unsigned long long)l->tp[t].tx_bytes, (unsigned long long)l->tp[t].rx_bytes);
+    }
+    printf("}}");
+}
+
 static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
 {
     struct cfx_node_rec *nodes = NULL;
@@ -252,7 +273,9 @@ static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
                     putchar(',');
                 json_str(x->addr[j].tp);
             }
-            printf("]}");
+            printf("],\"report\":");
+            json_load(&x->load);
+            printf("}");
         }
         printf("]\n");
         free(nodes);
@@ -549,6 +572,78 @@ usage:
     return TOOL_EXIT_USAGE;
 }
 
+static const char *task_state(const struct cfx_ctl_task_rec *t)
+{
+    if (t->state == CFX_CTL_TASK_QUEUED)
+        return "queued";
+    if (t->state == CFX_CTL_TASK_PLACED)
+        return "running";
+    return t->status == CFX_OK ? "ok" : "failed";
+}
+
+/*
+ * tasks: what the coordinator holds of tasks, live ones and those that ended
+ * lately (it remembers the last 1,024), by id: state, the node it runs or
+ * ran on, who submitted it, its age, how often it was placed, and for a
+ * failed one the status and why.
+ */
+static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
+{
+    struct cfx_ctl_task_rec *tasks = NULL;
+    size_t n = 0;
+    char hex[CFX_OBJECT_ID_HEX_LEN], name[4 * 64 + 1], text[4 * CFX_CTL_TASK_TEXT_MAX + 1];
+    if (argc != 1) {
+        fprintf(stderr, "rdmactl tasks: unexpected argument '%s'\nusage: rdmactl tasks\n",
+                argv[1]);
+        return TOOL_EXIT_USAGE;
+    }
+    if (!ctl_get(r))
+        return 1;
+    if (cfx__ctl_tasks(r->ctl, &tasks, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("task listing");
+    if (r->json) {
+        printf("[");
+        for (size_t i = 0; i < n; i++) {
+            const struct cfx_ctl_task_rec *t = &tasks[i];
+            id_hex(&t->result, hex);
+            printf("%s{\"id\":%llu,\"function\":", i ? "," : "", (unsigned long long)t->id);
+            json_str(t->name);
+            printf(",\"state\":\"%s\",\"node\":%u,\"submitter\":%u,\"placements\":%u,"
+                   "\"age_ms\":%u,\"cores\":%u,\"gpus\":%u,\"memory\":%llu,\"inputs\":%u,"
+                   "\"results\":%u,\"result\":\"%s\",\"status\":\"%s\",\"error\":",
+                   task_state(t), t->node_id, t->submitter, t->placements, t->age_ms, t->cores,
+                   t->gpus, (unsigned long long)t->memory, t->ninputs, t->nresults, hex,
+                   cfx_errname(t->status));
+            json_str(t->text);
+            printf("}");
+        }
+        printf("]\n");
+        free(tasks);
+        return 0;
+    }
+    int wname = 8;
+    for (size_t i = 0; i < n; i++)
+        wname = CFX_MAX(wname, (int)strlen(esc(tasks[i].name, name, sizeof(name))));
+    printf("%8s  %-*s  %-7s  %6s  %9s  %10s  %5s  %s\n", "ID", wname, "FUNCTION", "STATE", "NODE",
+           "SUBMITTER", "AGE", "MOVES", "STATUS");
+    for (size_t i = 0; i < n; i++) {
+        const struct cfx_ctl_task_rec *t = &tasks[i];
+        char node[16], age[24];
+        if (t->node_id)
+            snprintf(node, sizeof(node), "%u", t->node_id);
+        else
+            snprintf(node, sizeof(node), "-");
+        snprintf(age, sizeof(age), "%u.%01u s", t->age_ms / 1000, t->age_ms % 1000 / 100);
+        printf("%8llu  %-*s  %-7s  %6s  %9u  %10s  %5u  %s%s%s\n", (unsigned long long)t->id,
+               wname, esc(t->name, name, sizeof(name)), task_state(t), node, t->submitter, age,
+               t->placements > 1 ? t->placements - 1 : 0,
+               t->state == CFX_CTL_TASK_DONE ? cfx_errname(t->status) : "-",
+               t->text[0] ? ": " : "", esc(t->text, text, sizeof(text)));
+    }
+    free(tasks);
+    return 0;
+}
+
 /*
  * top: a refreshing per-node view.  Each frame asks the coordinator for its
  * status, members and objects, and shows per member the copies it holds
@@ -560,7 +655,41 @@ struct top_row {
     uint32_t complete, partial, uploads;
 };
 
-static int top_frame(struct rdmactl *r, int tty)
+/* Totals of the frame before, per node, for rates (bytes/s between frames). */
+struct top_prev {
+    uint32_t node_id;
+    uint64_t tx, rx;     /* all transports */
+    uint64_t at_ns;      /* when the frame was taken */
+};
+
+static void load_totals(const struct cfx_msg_load *l, uint64_t *tx, uint64_t *rx)
+{
+    *tx = *rx = 0;
+    for (unsigned t = 0; t < l->ntp && t < CFX_LOAD_TPS_MAX; t++) {
+        *tx += l->tp[t].tx_bytes;
+        *rx += l->tp[t].rx_bytes;
+    }
+}
+
+/* "12.3 MB/s" from two totals, "-" without a frame before or when the
+ * counters went back (the node restarted under the same id: it cannot). */
+static const char *top_rate(const struct top_prev *prev, size_t nprev, uint32_t node_id,
+                            uint64_t now_ns, uint64_t total, int rx, char *buf, size_t len)
+{
+    for (size_t i = 0; i < nprev; i++) {
+        const struct top_prev *p = &prev[i];
+        uint64_t before = rx ? p->rx : p->tx;
+        if (p->node_id != node_id || now_ns <= p->at_ns || total < before)
+            continue;
+        char b[32];
+        double rate = (double)(total - before) * 1e9 / (double)(now_ns - p->at_ns);
+        snprintf(buf, len, "%s/s", human_bytes((uint64_t)rate, b, sizeof(b)));
+        return buf;
+    }
+    return "-";
+}
+
+static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t *nprev)
 {
     struct cfx_ctl_status s;
     struct cfx_node_rec *nodes = NULL;
@@ -623,19 +752,37 @@ static int top_frame(struct rdmactl *r, int tty)
         wname = CFX_MAX(wname, (int)strlen(esc(nodes[i].name, name, sizeof(name))));
         whost = CFX_MAX(whost, (int)strlen(esc(nodes[i].host, host, sizeof(host))));
     }
-    printf("%6s  %-*s  %-*s  %10s  %8s  %8s  %8s\n", "ID", wname, "NAME", whost, "HOST",
-           "LAST SEEN", "COMPLETE", "PARTIAL", "UPLOADS");
+    /* SENT/s and RECV/s: all transports, between this frame and the one before;
+     * IN/OUT: transfers the node reported receiving and serving */
+    printf("%6s  %-*s  %-*s  %10s  %8s  %8s  %8s  %12s  %12s  %4s  %4s\n", "ID", wname, "NAME",
+           whost, "HOST", "LAST SEEN", "COMPLETE", "PARTIAL", "UPLOADS", "SENT/s", "RECV/s", "IN",
+           "OUT");
+    uint64_t now_ns = cfx__now_ns();
+    struct top_prev *next = calloc(nn ? nn : 1, sizeof(*next));
+    size_t nnext = 0;
     for (size_t i = 0; i < nn; i++) {
         const struct cfx_node_rec *x = &nodes[i];
-        char seen[24];
+        char seen[24], txr[32], rxr[32];
+        uint64_t tx, rx;
         if (!node_listed(x, 0))
             continue;
+        load_totals(&x->load, &tx, &rx);
         snprintf(seen, sizeof(seen), "%u ms", x->last_seen_ms);
-        printf("%6u  %-*s  %-*s  %10s  %8u  %8u  %8u\n", x->node_id, wname,
+        printf("%6u  %-*s  %-*s  %10s  %8u  %8u  %8u  %12s  %12s  %4u  %4u\n", x->node_id, wname,
                esc(x->name, name, sizeof(name)), whost, esc(x->host, host, sizeof(host)), seen,
-               rows[i].complete, rows[i].partial, rows[i].uploads);
+               rows[i].complete, rows[i].partial, rows[i].uploads,
+               top_rate(*prev, *nprev, x->node_id, now_ns, tx, 0, txr, sizeof(txr)),
+               top_rate(*prev, *nprev, x->node_id, now_ns, rx, 1, rxr, sizeof(rxr)),
+               x->load.xfers_in_active, x->load.uploads_active);
+        if (next)
+            next[nnext++] = (struct top_prev){ x->node_id, tx, rx, now_ns };
     }
     fflush(stdout);
+    if (next) { /* else the next frame shows no rates: nothing else lost */
+        free(*prev);
+        *prev = next;
+        *nprev = nnext;
+    }
     free(rows);
     free(nodes);
     free(objs);
@@ -674,17 +821,19 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
     if (!ctl_get(r))
         return 1;
     int tty = !once && isatty(STDOUT_FILENO);
+    struct top_prev *prev = NULL; /* the frame before: rates from the second frame on */
+    size_t nprev = 0;
+    int rc = 0;
     for (int i = 0; !count || i < count; i++) {
         if (i && !tty)
             putchar('\n');
-        int rc = top_frame(r, tty);
-        if (rc)
-            return rc;
-        if (count && i + 1 == count)
+        rc = top_frame(r, tty, &prev, &nprev);
+        if (rc || (count && i + 1 == count))
             break;
         poll(NULL, 0, interval); /* the refresh period, not a wait for anything */
     }
-    return 0;
+    free(prev);
+    return rc;
 usage:
     fprintf(stderr, "usage: rdmactl top [--once] [--interval MS] [--count N]\n"
                     "  --once         one frame, no terminal escapes (for scripts)\n"
@@ -698,6 +847,8 @@ static const struct rdmactl_cmd commands[] = {
     { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
     { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
     { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
+    { "tasks", cmd_tasks, "tasks: queued, running and lately ended, where, and how they ended",
+      0 },
     { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
       0 },
     { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1 },

@@ -238,7 +238,10 @@ static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *o
     if (unlikely(n < 0))
         return cfx__err(n, "%s: a data-plane message of type %u does not encode (%s)",
                         conn->name, ((const struct cfx_dp_hdr *)msg)->type, cfx_errname(n));
-    return ops->ep_send(conn->ep, wire, (size_t)n, 0);
+    int rc = ops->ep_send(conn->ep, wire, (size_t)n, 0);
+    if (rc == CFX_OK)
+        cfx__tp_count(&conn->ctx->tp[conn->tp].tx_bytes, (uint64_t)n);
+    return rc;
 }
 
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)

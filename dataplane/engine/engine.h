@@ -639,7 +639,18 @@ struct cfx_tp_slot {
     int fd;
     char addr[CFX_TP_ADDR_MAX];
     size_t addr_len;
+    /* traffic, for the heartbeat's report: written only by the progress-lock
+     * holder (cfx__tp_count), read by the control client's thread */
+    uint64_t tx_bytes;          /* bytes handed to ep_send/ep_write and taken */
+    uint64_t rx_bytes;          /* bytes of RECV and WRITE_IMM completions */
 };
+
+/* Add @p n to a traffic counter of a cfx_tp_slot (one writer: the
+ * progress-lock holder; relaxed, so the heartbeat thread reads whole values). */
+static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
+{
+    __atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+}
 
 /* A coordinator found through the launcher's environment (bootstrap.c). */
 struct cfx_boot {
@@ -739,6 +750,8 @@ struct cfx_context {
     pthread_cond_t calls_cond;  /* calls reached 0 while closing */
     struct cfx_list users;      /* struct cfx_ctx_user: handles on this context (users_lock
                                    in context.c, not ctx->lock) */
+    struct cfx_msg_load report; /* the heartbeat's last report (the control client's thread:
+                                   what ctx->lock guards is refreshed when the lock is free) */
     double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
     double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];

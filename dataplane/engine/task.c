@@ -145,20 +145,61 @@ void cfx__task_on_run(void *arg, const struct cfx_msg_task *t)
     pthread_mutex_unlock(&rt->mu);
 }
 
+/*
+ * The heartbeat's report: load for placement, traffic for the coordinator's
+ * metrics and `rdmactl top`.  Called on the control client's thread, which
+ * must never wait for ctx->lock (an API thread may hold it while it waits for
+ * that thread's reply), so what ctx->lock guards (counters, transfers in
+ * flight) is refreshed only when the lock is free at once, and otherwise
+ * reported as of the last heartbeat that found it free.
+ */
 void cfx__task_load_fill(void *arg, struct cfx_msg_load *out)
 {
     struct cfx_context *ctx = arg;
+    struct cfx_msg_load *r = &ctx->report;
     struct sysinfo si;
     double avg;
 
-    memset(out, 0, sizeof(*out));
     if (getloadavg(&avg, 1) == 1 && avg >= 0)
-        out->load_milli = (uint32_t)(avg * 1000.0);
+        r->load_milli = (uint32_t)(avg * 1000.0);
     if (sysinfo(&si) == 0)
-        out->mem_avail = (uint64_t)si.freeram * si.mem_unit;
-    out->arena_used = __atomic_load_n(&ctx->arena.used_bytes, __ATOMIC_RELAXED);
+        r->mem_avail = (uint64_t)si.freeram * si.mem_unit;
+    r->arena_used = __atomic_load_n(&ctx->arena.used_bytes, __ATOMIC_RELAXED);
     if (ctx->tasks)
-        out->tasks_running = __atomic_load_n(&ctx->tasks->running, __ATOMIC_RELAXED);
+        r->tasks_running = __atomic_load_n(&ctx->tasks->running, __ATOMIC_RELAXED);
+    r->ntp = (uint8_t)CFX_MIN((unsigned)ctx->ntp, CFX_LOAD_TPS_MAX);
+    r->writes_refused = 0;
+    for (int t = 0; t < ctx->ntp; t++) {
+        if (t < (int)CFX_LOAD_TPS_MAX) {
+            snprintf(r->tp[t].name, sizeof(r->tp[t].name), "%s", ctx->tp[t].ops->name);
+            r->tp[t].tx_bytes = __atomic_load_n(&ctx->tp[t].tx_bytes, __ATOMIC_RELAXED);
+            r->tp[t].rx_bytes = __atomic_load_n(&ctx->tp[t].rx_bytes, __ATOMIC_RELAXED);
+        }
+        if (ctx->tp[t].ops->iface_grant_refused) /* an atomic counter of the iface */
+            r->writes_refused += ctx->tp[t].ops->iface_grant_refused(ctx->tp[t].iface);
+    }
+    if (pthread_mutex_trylock(&ctx->lock) == 0) {
+        uint32_t gets = 0, uploads = 0;
+        struct cfx_list *pos, *u;
+        for (unsigned s = 0; s < CFX_XFER_SLOTS; s++)
+            gets += ctx->slots[s] && !ctx->slots[s]->abandoned;
+        cfx_list_for_each(pos, &ctx->conns) {
+            struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+            cfx_list_for_each(u, &c->uploads)
+                uploads++;
+        }
+        r->xfers_in_active = gets;
+        r->uploads_active = uploads;
+        r->puts = ctx->stats.puts;
+        r->gets = ctx->stats.gets;
+        r->uploads = ctx->stats.uploads;
+        r->failovers = ctx->stats.source_failovers;
+        r->reduce_reroutes = ctx->stats.reduce_reroutes;
+        r->link_bw = ctx->est_bw > 0 ? (uint64_t)ctx->est_bw : 0;
+        r->link_lat_ns = ctx->est_lat > 0 ? (uint64_t)(ctx->est_lat * 1e9) : 0;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    *out = *r;
 }
 
 void cfx__task_on_reconnected(struct cfx_context *ctx)

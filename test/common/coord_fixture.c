@@ -76,6 +76,13 @@ uint32_t dead_keep_ms;
 uint32_t fanout = FANOUT;
 uint32_t max_nodes;
 struct cfx_coord_params caps;
+const struct cfx_msg_load *node_report;
+
+static void fill_report(void *arg, struct cfx_msg_load *out)
+{
+    (void)arg;
+    *out = *node_report;
+}
 
 void start_coord(void)
 {
@@ -137,6 +144,7 @@ int open_node_tok(const char *name, const char *tok, struct deaths *d,
         .self = &self,
         .timeout_ms = CALL_MS,
         .on_node_dead = d ? on_dead : NULL,
+        .load_fill = node_report ? fill_report : NULL,
         .arg = d,
     };
     return cfx__ctl_open(&p, out);

@@ -33,6 +33,9 @@ extern uint32_t dead_keep_ms;        /* 0: the coordinator's default */
 extern uint32_t fanout;              /* FANOUT; 0: chosen per object */
 extern uint32_t max_nodes;           /* 0: the coordinator's default */
 extern struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defaults */
+extern const struct cfx_msg_load *node_report; /* what open_node()'s heartbeats report
+                                                * (NULL: nothing, all zero); read until
+                                                * those clients close */
 
 /* node_dead events seen by one client */
 struct deaths {

@@ -128,6 +128,7 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--metrics", "abc" }, 2, "--metrics", "'abc'", 0 },
     { "conflux-coord", { "--metrics", "127.0.0.1:99999" }, 2, "--metrics", "'99999'", 0 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
+    { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
     /* rdmactl ps (issue 21, part C): the coordinator is up, the job is not */
     { "rdmactl", { "ps", "--timeout", "-1", "--job", "nosuchjob", "rebalance" }, 2, "--timeout",
       "'-1'", 1 },

@@ -199,6 +199,88 @@ Test(coord_dir, fanout_follows_the_object)
 }
 
 /*
+ * Once members report their links, the fan-out comes from them ("Fan-out" in
+ * coord_directory.c): 7 getters on links of 100 MB/s and 10 ms.  A 64 MiB
+ * object still gets a chain; 4 MiB in 4 chunks (a chain by its shape alone)
+ * a tree of fan-out 2, and a one-chunk 64 KiB object a tree of fan-out 4,
+ * since there the hops' latency is what costs.
+ */
+Test(coord_dir, fanout_follows_reported_links)
+{
+    enum { N = 7 };
+    static const struct cfx_msg_load rep = { .link_bw = 100000000, .link_lat_ns = 10000000 };
+    cfx__coord_stop(coord);
+    fanout = 0;
+    start_coord();
+    fanout = FANOUT;
+    node_report = &rep;
+    struct cfx_ctl *p = open_node("putter", NULL), *g[N];
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "getter%d", i);
+        g[i] = open_node(name, NULL);
+    }
+    /* every member's report arrived (heartbeats every HB_MS) before the
+     * first lookup, which is when the directory reads them */
+    uint64_t t0 = cfx__now_ns();
+    for (;;) {
+        struct cfx_node_rec *nodes;
+        size_t nn, with = 0;
+        cr_assert_eq(cfx__ctl_nodes(p, &nodes, &nn, cfx__deadline_ns(CALL_MS)), CFX_OK);
+        for (size_t i = 0; i < nn; i++)
+            with += nodes[i].alive && nodes[i].load.link_bw == rep.link_bw &&
+                    nodes[i].load.link_lat_ns == rep.link_lat_ns;
+        free(nodes);
+        if (with == N + 1)
+            break;
+        cr_assert_lt(ms_since(t0), CALL_MS, "only %zu of %d reports arrived", with, N + 1);
+        usleep(20 * 1000);
+    }
+    static const struct {
+        const char *name;
+        uint64_t size;
+        uint32_t chunk;
+        uint32_t fanout; /* what the putter serves; no holder serves more */
+    } cases[] = {
+        { "bandwidth-bound", 64ull << 20, 1u << 20, 1 },
+        { "four chunks", 4u << 20, 1u << 20, 2 },
+        { "one chunk", 64u << 10, 1u << 20, 4 },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct cfx_object_id id;
+        make_id(&id, cases[c].name);
+        cr_assert_eq(cfx__ctl_obj_put(p, &id, cases[c].size, cases[c].chunk, NULL,
+                                      cfx__deadline_ns(CALL_MS)), CFX_OK, "%s", cfx_last_error());
+        for (int i = 0; i < N; i++) {
+            struct cfx_ctl_source src;
+            cr_assert_eq(cfx__ctl_obj_lookup(g[i], &id, NULL, 0, cfx__deadline_ns(CALL_MS), &src),
+                         CFX_OK, "%s: getter %d: %s", cases[c].name, i, cfx_last_error());
+        }
+        struct cfx_ctl_obj_rec *objs;
+        size_t n;
+        uint32_t max_up = 0, putter_up = 0;
+        cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(objs[0].nholders, N + 1);
+        for (uint32_t h = 0; h < objs[0].nholders; h++) {
+            max_up = CFX_MAX(max_up, objs[0].holders[h].uploads);
+            if (objs[0].holders[h].node_id == cfx__ctl_node_id(p))
+                putter_up = objs[0].holders[h].uploads;
+        }
+        free(objs);
+        cr_assert_eq(putter_up, cases[c].fanout, "%s: the putter serves %u getters, want %u",
+                     cases[c].name, putter_up, cases[c].fanout);
+        cr_assert_eq(max_up, cases[c].fanout, "%s: a holder serves %u getters, want at most %u",
+                     cases[c].name, max_up, cases[c].fanout);
+        cr_assert_eq(cfx__ctl_obj_delete(p, &id, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    }
+    for (int i = 0; i < N; i++)
+        cfx__ctl_close(g[i]);
+    cfx__ctl_close(p);
+    node_report = NULL; /* read by their heartbeats until they closed */
+}
+
+/*
  * 10,000 JOIN/LEAVE cycles on one connection, every other one asking for an
  * id 65535 above the high-water mark: each gets the next fresh id (the
  * coordinator chooses), and the node index stays as small as the records it

@@ -131,6 +131,22 @@ static void expect_sample(const char *body, const char *name, unsigned long long
         cr_expect_null(strstr(p + 1, line), "'%s' twice", name);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The value of the sample "@p name" (labels in @p name), or -1 without one. */
+static long long sample_of(const char *body, const char *name)
+{
+    char line[256];
+    snprintf(line, sizeof(line), "\n%s ", name);
+    const char *p = strstr(body, line);
+    return p ? strtoll(p + strlen(line), NULL, 10) : -1;
+}
+
 /* promtool check metrics, reading @p body: its exit status and output. */
 static int promtool(const char *body, char *out, size_t cap)
 {
@@ -216,6 +232,78 @@ Test(coord_metrics, two_nodes_three_objects)
     expect_sample(b2, "conflux_coord_object_bytes", 1100);
     cr_assert_eq(promtool(b2, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b2);
     free(r2);
+    cfx_context_destroy(a);
+}
+
+/*
+ * Each member's heartbeat reports its traffic: b gets a's 300,000-byte
+ * object over tcp; the next reports show a's upload and bytes sent, b's get
+ * and bytes received, per transport, and the counts of puts exactly.
+ */
+Test(coord_metrics, heartbeats_report_traffic)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    static uint8_t data[300000], got[300000];
+    char out[4096], la[160], lb[160];
+    size_t gsz = 0;
+
+    cr_assert_eq(join(&a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(&b), CFX_OK, "%s", cfx_last_error());
+    uint32_t na = cfx_context_node_id(a), nb = cfx_context_node_id(b);
+    cfx_test_fill(data, sizeof(data), 3);
+    cfx_object_id_from_name("metrics-traffic", &id);
+    cr_assert_eq(cfx_put(a, &id, data, sizeof(data), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id, got, sizeof(got), &gsz, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(gsz, sizeof(data));
+    cr_assert_eq(cfx_test_check(got, gsz, 3), (size_t)-1);
+
+    /* reports come with heartbeats (every 250 ms by default): scrape until
+     * b's shows its get, then check every value of that scrape */
+    snprintf(lb, sizeof(lb), "conflux_coord_node_gets_total{node=\"%u\"}", nb);
+    char *r = NULL;
+    const char *body = NULL;
+    uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
+    for (;;) {
+        free(r);
+        r = scrape();
+        body = body_of(r);
+        if (sample_of(body, lb) == 1)
+            break;
+        cr_assert(now_ns() < deadline, "no report of b's get:\n%s", body);
+        usleep(50 * 1000);
+    }
+    cr_log_info("%s", body);
+    expect_sample(body, lb, 1);
+    snprintf(la, sizeof(la), "conflux_coord_node_puts_total{node=\"%u\"}", na);
+    expect_sample(body, la, 1);
+    snprintf(la, sizeof(la), "conflux_coord_node_uploads_total{node=\"%u\"}", na);
+    expect_sample(body, la, 1);
+    snprintf(la, sizeof(la), "conflux_coord_node_gets_total{node=\"%u\"}", na);
+    expect_sample(body, la, 0);
+    snprintf(la, sizeof(la), "conflux_coord_node_writes_refused_total{node=\"%u\"}", nb);
+    expect_sample(body, la, 0);
+    snprintf(la, sizeof(la), "conflux_coord_node_source_failovers_total{node=\"%u\"}", nb);
+    expect_sample(body, la, 0);
+    /* the object's bytes crossed tcp from a to b, with a few messages around
+     * them (requests, grants, handshakes: well under 64 KiB) */
+    snprintf(la, sizeof(la),
+             "conflux_coord_node_transport_sent_bytes_total{node=\"%u\",transport=\"tcp\"}", na);
+    snprintf(lb, sizeof(lb),
+             "conflux_coord_node_transport_received_bytes_total{node=\"%u\",transport=\"tcp\"}",
+             nb);
+    long long sent = sample_of(body, la), recvd = sample_of(body, lb);
+    cr_expect(sent >= (long long)sizeof(data) && sent < (long long)sizeof(data) + 65536,
+              "a sent %lld bytes for a %zu-byte object", sent, sizeof(data));
+    cr_expect(recvd >= (long long)sizeof(data) && recvd < (long long)sizeof(data) + 65536,
+              "b received %lld bytes for a %zu-byte object", recvd, sizeof(data));
+    snprintf(la, sizeof(la), "conflux_coord_node_transfers_active{node=\"%u\",direction=\"in\"}",
+             nb);
+    expect_sample(body, la, 0);
+    if (system("command -v promtool >/dev/null 2>&1") == 0)
+        cr_expect_eq(promtool(body, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, body);
+    free(r);
+    cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
 

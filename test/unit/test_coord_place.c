@@ -328,6 +328,31 @@ Test(placecap, caps_queue_and_done)
     w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
     cr_assert_eq(ask(W[1].c, &w, &st), CFX_OK);
     cr_assert_eq(st.node_id, W[0].id);
+
+    /* the listing (rdmactl tasks): by id, the two ended ones with how they
+     * ended, the third running on w0; the refused one was never a task */
+    struct cfx_ctl_task_rec *tl;
+    size_t nt;
+    cr_assert_eq(cfx__ctl_tasks(W[1].c, &tl, &nt, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(nt, 3);
+    for (size_t i = 0; i < nt; i++) {
+        cr_assert_eq(tl[i].id, ids[i]);
+        cr_assert_str_eq(tl[i].name, "f");
+        cr_assert_eq(tl[i].node_id, W[0].id);
+        cr_assert_eq(tl[i].submitter, W[1].id);
+        cr_assert_eq(tl[i].placements, 1);
+        cr_assert_eq(tl[i].nresults, 1);
+    }
+    cr_assert_eq(tl[0].state, CFX_CTL_TASK_DONE);
+    cr_assert_eq(tl[0].status, CFX_ERR_INVALID);
+    cr_assert(strstr(tl[0].text, "bad input on node"), "%s", tl[0].text);
+    cr_assert_eq(tl[1].state, CFX_CTL_TASK_DONE);
+    cr_assert_eq(tl[1].status, CFX_OK);
+    cr_assert_str_eq(tl[1].text, "");
+    cr_assert_eq(tl[2].state, CFX_CTL_TASK_PLACED);
+    cr_assert_eq(tl[2].status, CFX_OK);
+    free(tl);
 }
 
 Test(place, tasks_of_a_node_that_goes)
@@ -368,4 +393,34 @@ Test(place, tasks_of_a_node_that_goes)
     w.u.task_st.task_id = moved;
     cr_assert_eq(ask(W[1].c, &w, &st), CFX_OK);
     cr_assert_eq(st.node_id, W[to].id);
+}
+
+/* More tasks than one page of the listing (CFX_PROTO_TASKS_PAGE): the
+ * client asks page after page and gets every task once, by id. */
+Test(place, listing_pages_through_every_task)
+{
+    enum { N = CFX_PROTO_TASKS_PAGE + 44 };
+    static uint64_t ids[N];
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    for (int i = 0; i < N; i++) {
+        task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
+        cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "task %d: %s", i, cfx_last_error());
+        ids[i] = st.task_id;
+    }
+    struct cfx_ctl_task_rec *tl;
+    size_t nt;
+    cr_assert_eq(cfx__ctl_tasks(W[2].c, &tl, &nt, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(nt, N);
+    uint32_t placed = 0, queued = 0;
+    for (size_t i = 0; i < nt; i++) {
+        cr_assert_eq(tl[i].id, ids[i], "record %zu", i);
+        cr_assert_eq(tl[i].submitter, W[1].id);
+        placed += tl[i].state == CFX_CTL_TASK_PLACED && tl[i].node_id == W[0].id;
+        queued += tl[i].state == CFX_CTL_TASK_QUEUED && tl[i].node_id == 0;
+    }
+    cr_assert_eq(placed + queued, N, "%u placed, %u queued", placed, queued);
+    cr_assert_gt(placed, 0);
+    free(tl);
 }

@@ -16,6 +16,7 @@ static uint8_t *frame;     /* encode buffer */
 static uint8_t *frame2;    /* scratch copy */
 static uint8_t inline_data[CFX_OBJECT_INLINE_MAX];
 static struct cfx_node_rec node_recs[3];
+static struct cfx_ctl_task_rec task_recs[2];
 static struct cfx_ctl_obj_rec obj_recs[2];
 
 static void sample_node(struct cfx_node_rec *n, uint32_t id)
@@ -40,6 +41,57 @@ static void sample_node(struct cfx_node_rec *n, uint32_t id)
     n->flags = (uint8_t)(id & 1 ? CFX_NODE_F_OBSERVER : CFX_NODE_F_LEFT);
 }
 
+/* A heartbeat report with every field set, distinct per seed. */
+static void sample_load(struct cfx_msg_load *l, uint32_t seed)
+{
+    memset(l, 0, sizeof(*l));
+    l->load_milli = 1234 + seed;
+    l->mem_avail = (5ull << 32) + seed;
+    l->arena_used = (1ull << 20) + seed;
+    l->tasks_running = 3 + seed;
+    l->ntp = 2;
+    snprintf(l->tp[0].name, sizeof(l->tp[0].name), "shm");
+    l->tp[0].tx_bytes = 0x0102030405060708ull + seed;
+    l->tp[0].rx_bytes = 0x1112131415161718ull + seed;
+    snprintf(l->tp[1].name, sizeof(l->tp[1].name), "tcp");
+    l->tp[1].tx_bytes = 1ull << 40;
+    l->tp[1].rx_bytes = (1ull << 41) + seed;
+    l->uploads_active = 7 + seed;
+    l->xfers_in_active = 9 + seed;
+    l->puts = 100 + seed;
+    l->gets = 200 + seed;
+    l->uploads = 300 + seed;
+    l->failovers = 4 + seed;
+    l->reduce_reroutes = 5 + seed;
+    l->writes_refused = 6 + seed;
+    l->link_bw = 117500000ull + seed;
+    l->link_lat_ns = 85000 + seed;
+}
+
+static void assert_load_eq(const struct cfx_msg_load *a, const struct cfx_msg_load *b)
+{
+    cr_assert_eq(a->load_milli, b->load_milli);
+    cr_assert_eq(a->mem_avail, b->mem_avail);
+    cr_assert_eq(a->arena_used, b->arena_used);
+    cr_assert_eq(a->tasks_running, b->tasks_running);
+    cr_assert_eq(a->ntp, b->ntp);
+    for (unsigned t = 0; t < a->ntp; t++) {
+        cr_assert_str_eq(a->tp[t].name, b->tp[t].name);
+        cr_assert_eq(a->tp[t].tx_bytes, b->tp[t].tx_bytes);
+        cr_assert_eq(a->tp[t].rx_bytes, b->tp[t].rx_bytes);
+    }
+    cr_assert_eq(a->uploads_active, b->uploads_active);
+    cr_assert_eq(a->xfers_in_active, b->xfers_in_active);
+    cr_assert_eq(a->puts, b->puts);
+    cr_assert_eq(a->gets, b->gets);
+    cr_assert_eq(a->uploads, b->uploads);
+    cr_assert_eq(a->failovers, b->failovers);
+    cr_assert_eq(a->reduce_reroutes, b->reduce_reroutes);
+    cr_assert_eq(a->writes_refused, b->writes_refused);
+    cr_assert_eq(a->link_bw, b->link_bw);
+    cr_assert_eq(a->link_lat_ns, b->link_lat_ns);
+}
+
 static void sample_id(struct cfx_object_id *id, uint8_t seed)
 {
     for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++)
@@ -52,8 +104,29 @@ static void setup(void)
     frame2 = malloc(FRAME_MAX + 64);
     cr_assert(frame && frame2);
     cfx_test_fill(inline_data, sizeof(inline_data), 7);
-    for (uint32_t i = 0; i < 3; i++)
+    for (uint32_t i = 0; i < 2; i++) {
+        struct cfx_ctl_task_rec *t = &task_recs[i];
+        memset(t, 0, sizeof(*t));
+        t->id = 0x100000000ull + i; /* above 32 bits: ids are 64-bit */
+        snprintf(t->name, sizeof(t->name), "train_step_%u", i);
+        t->state = i ? CFX_CTL_TASK_DONE : CFX_CTL_TASK_PLACED;
+        t->node_id = 3 + i;
+        t->submitter = 9;
+        t->placements = 1 + i;
+        t->status = i ? CFX_ERR_PEER_FAILED : 0;
+        t->age_ms = 123456 + i;
+        t->cores = 4;
+        t->gpus = i;
+        t->memory = 1ull << 33;
+        t->ninputs = 2;
+        t->nresults = 1;
+        sample_id(&t->result, (uint8_t)(40 + i));
+        snprintf(t->text, sizeof(t->text), i ? "node 4 died holding input 0" : "");
+    }
+    for (uint32_t i = 0; i < 3; i++) {
         sample_node(&node_recs[i], i + 1);
+        sample_load(&node_recs[i].load, i); /* carried by NODES_REPLY only */
+    }
     for (uint32_t i = 0; i < 2; i++) {
         memset(&obj_recs[i], 0, sizeof(obj_recs[i]));
         sample_id(&obj_recs[i].id, (uint8_t)(i + 9));
@@ -185,10 +258,7 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         m->req_id = 77;
         break;
     case CFX_MSG_HEARTBEAT:
-        m->u.load.load_milli = 1234;
-        m->u.load.mem_avail = 5ull << 32;
-        m->u.load.arena_used = 1ull << 20;
-        m->u.load.tasks_running = 3;
+        sample_load(&m->u.load, 0);
         break;
     case CFX_MSG_TASK_REG:
         strcpy(m->u.task_reg.name, "square");
@@ -222,6 +292,15 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         t->arg_len = sizeof(targ);
         break;
     }
+    case CFX_MSG_TASKS:
+        m->u.task_cursor = 0x1234567890ull;
+        break;
+    case CFX_MSG_TASKS_REPLY:
+        m->u.tpage.count = 2;
+        m->u.tpage.next = task_recs[1].id;
+        m->u.tpage.more = 1;
+        m->u.tpage.recs_in = task_recs;
+        break;
     case CFX_MSG_TASK_REPLY:
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_TASK_DONE:
@@ -355,6 +434,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
                 struct cfx_node_rec n;
                 cfx__msg_node_at(b, i, &n);
                 assert_node_eq(&((const struct cfx_node_rec *)a->u.page.recs_in)[i], &n);
+                assert_load_eq(&((const struct cfx_node_rec *)a->u.page.recs_in)[i].load, &n.load);
             } else {
                 struct cfx_ctl_obj_rec o;
                 const struct cfx_ctl_obj_rec *w = &((const struct cfx_ctl_obj_rec *)a->u.page.recs_in)[i];
@@ -381,10 +461,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_arr_eq(a->u.gone.id.bytes, b->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
     case CFX_MSG_HEARTBEAT:
-        cr_assert_eq(a->u.load.load_milli, b->u.load.load_milli);
-        cr_assert_eq(a->u.load.mem_avail, b->u.load.mem_avail);
-        cr_assert_eq(a->u.load.arena_used, b->u.load.arena_used);
-        cr_assert_eq(a->u.load.tasks_running, b->u.load.tasks_running);
+        assert_load_eq(&a->u.load, &b->u.load);
         break;
     case CFX_MSG_TASK_REG:
         cr_assert_str_eq(a->u.task_reg.name, b->u.task_reg.name);
@@ -423,6 +500,34 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.task_st.status, b->u.task_st.status);
         cr_assert_eq(a->u.task_st.timeout_ms, b->u.task_st.timeout_ms);
         cr_assert_str_eq(a->u.task_st.text, b->u.task_st.text);
+        break;
+    case CFX_MSG_TASKS:
+        cr_assert_eq(a->u.task_cursor, b->u.task_cursor);
+        break;
+    case CFX_MSG_TASKS_REPLY:
+        cr_assert_eq(a->u.tpage.count, b->u.tpage.count);
+        cr_assert_eq(a->u.tpage.next, b->u.tpage.next);
+        cr_assert_eq(a->u.tpage.more, b->u.tpage.more);
+        for (uint32_t i = 0; i < b->u.tpage.count; i++) {
+            struct cfx_ctl_task_rec t;
+            const struct cfx_ctl_task_rec *w = &a->u.tpage.recs_in[i];
+            cfx__msg_task_at(b, i, &t);
+            cr_assert_eq(t.id, w->id);
+            cr_assert_str_eq(t.name, w->name);
+            cr_assert_eq(t.state, w->state);
+            cr_assert_eq(t.node_id, w->node_id);
+            cr_assert_eq(t.submitter, w->submitter);
+            cr_assert_eq(t.placements, w->placements);
+            cr_assert_eq(t.status, w->status);
+            cr_assert_eq(t.age_ms, w->age_ms);
+            cr_assert_eq(t.cores, w->cores);
+            cr_assert_eq(t.gpus, w->gpus);
+            cr_assert_eq(t.memory, w->memory);
+            cr_assert_eq(t.ninputs, w->ninputs);
+            cr_assert_eq(t.nresults, w->nresults);
+            cr_assert_arr_eq(t.result.bytes, w->result.bytes, CFX_OBJECT_ID_LEN);
+            cr_assert_str_eq(t.text, w->text);
+        }
         break;
     default:
         break;
@@ -605,6 +710,69 @@ Test(proto, trailing_garbage)
         cr_assert_eq(cfx__msg_decode(frame, len + 1, &d), CFX_ERR_PROTO, "%s",
                      cfx__msg_type_name(t));
     }
+}
+
+/* A heartbeat's transport count and names are checked like every other
+ * field: a peer cannot make the coordinator read past tp[]. */
+Test(proto, heartbeat_report_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_HEARTBEAT, &m);
+    size_t len = encode_ok(&m);
+    /* ntp sits after load(4) mem(8) arena(8) tasks(4) */
+    size_t ntp_at = CFX_PROTO_HDR_LEN + 24;
+    cr_assert_eq(frame[ntp_at], 2);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE);
+    memcpy(frame2, frame, len);
+    frame2[ntp_at] = CFX_LOAD_TPS_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "transport count"), "%s", cfx_last_error());
+    /* the first transport's name without its NUL */
+    memcpy(frame2, frame, len);
+    memset(frame2 + ntp_at + 1, 'x', CFX_TP_NAME_MAX);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "transport name"), "%s", cfx_last_error());
+    /* all CFX_LOAD_TPS_MAX slots used round-trips */
+    m.u.load.ntp = CFX_LOAD_TPS_MAX;
+    for (unsigned t = 2; t < CFX_LOAD_TPS_MAX; t++) {
+        snprintf(m.u.load.tp[t].name, sizeof(m.u.load.tp[t].name), "tp%u", t);
+        m.u.load.tp[t].tx_bytes = UINT64_MAX - t;
+        m.u.load.tp[t].rx_bytes = t;
+    }
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_load_eq(&m.u.load, &d.u.load);
+}
+
+/* A task page's records are checked like every field: state, status and
+ * counts in range, the count agreeing with the payload. */
+Test(proto, task_page_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_TASKS_REPLY, &m);
+    size_t len = encode_ok(&m);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + 4 + 8 + 1 + 2 * CFX_PROTO_TASKREC_WIRE);
+    size_t rec = CFX_PROTO_HDR_LEN + 13; /* the first record */
+    size_t state_at = rec + 8 + 64, status_at = state_at + 1 + 12;
+    size_t counts_at = status_at + 4 + 4 + 4 + 4 + 8;
+    memcpy(frame2, frame, len);
+    frame2[state_at] = 3;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "task state"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[status_at] = 1; /* a positive status */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[counts_at] = CFX_TASK_IO_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "CFX_TASK_IO_MAX"), "%s", cfx_last_error());
+    /* a count that disagrees with the payload */
+    memcpy(frame2, frame, len);
+    frame2[CFX_PROTO_HDR_LEN] = 3;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    /* over the page limit, whatever the payload */
+    m.u.tpage.count = CFX_PROTO_TASKS_PAGE + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
 Test(proto, bad_header)
