@@ -729,13 +729,16 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
     uint64_t m = params ? params->field_mask : 0;
     enum cfx_memtype mt = (m & CFX_COLL_PARAM_MEMTYPE) ? params->memtype : CFX_MEMTYPE_HOST;
     int timeout = (m & CFX_COLL_PARAM_TIMEOUT) ? params->timeout_ms : g->timeout_ms;
-    int rc = group_enter(g, what);
-    if (rc != CFX_OK)
-        return rc;
+    /* group_enter and the wait for queued collectives in one hold */
     pthread_mutex_lock(&g->lock);
-    while (!cfx_list_empty(&g->queue))
+    int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",
+                                  what, g->name)
+                       : cfx__ctx_enter(g->ctx, what);
+    while (rc == CFX_OK && !cfx_list_empty(&g->queue))
         pthread_cond_wait(&g->cond, &g->lock);
     pthread_mutex_unlock(&g->lock);
+    if (rc != CFX_OK)
+        return rc;
     rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
     return cfx__ctx_leave(g->ctx, rc);
 }
@@ -781,7 +784,7 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
             cfx_buf_free(g->ctx, buf);
         return rc;
     }
-    rc = cfx__p2p_wait(req, cfx__deadline_ns(timeout));
+    rc = cfx__p2p_wait_free(req, cfx__deadline_ns(timeout));
     if (rc != CFX_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -789,7 +792,6 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
                       what, g->rank, send ? "sending to" : "receiving from", peer,
                       g->nodes[peer].node_id, tag, why);
     }
-    cfx__p2p_free(req);
     if (rc == CFX_OK && dev && !send) {
         rc = cfx__memcpy_typed_async(dev, dmt, buf, CFX_MEMTYPE_HOST, bytes, stream);
         if (rc == CFX_OK)

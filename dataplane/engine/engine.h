@@ -769,6 +769,8 @@ struct cfx_context {
     int epfd;
     int cmd_fd;                 /* eventfd */
     bool sleeping;              /* progress thread in epoll_wait (ctx->lock) */
+    uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
+    uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */

@@ -534,6 +534,37 @@ static void send_withdraw(struct cfx_p2p_req *req)
     progress_leave(ctx, was_held);
 }
 
+int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
+{
+    struct cfx_context *ctx = req->ctx;
+    int st;
+    poll_wait(req);
+    while ((st = p2p_status(req)) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+           cfx__obj_wait(ctx, deadline_ns))
+        ;
+    if (likely(st == CFX_OK && req->obj->eager)) {
+        /* cfx__p2p_free's first case, in the hold the wait ends with: an
+         * eager message that completed was never registered nor shared
+         * after completion, so its block goes back to the free list now */
+        struct p2p_block *b = container_of(req, struct p2p_block, req);
+        bool kept = block_put(ctx, b);
+        pthread_mutex_unlock(&ctx->lock);
+        if (!kept)
+            block_free(b);
+        return CFX_OK;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    /* anything else (rendezvous, failure, timeout): the ordinary wait sees
+     * the final status at once and names the peer, then the free */
+    int rc = st;
+    if (st == CFX_ERR_AGAIN || st == CFX_OK)
+        rc = cfx__p2p_wait(req, deadline_ns);
+    else
+        describe(req, st);
+    cfx__p2p_free(req);
+    return rc;
+}
+
 void cfx__p2p_free(struct cfx_p2p_req *req)
 {
     if (!req)

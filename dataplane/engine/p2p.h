@@ -78,6 +78,12 @@ bool cfx__p2p_node_left(struct cfx_context *ctx, uint32_t node);
 /* Status of @p req (CFX_ERR_AGAIN while running); the context lock held. */
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
 
+/* cfx__p2p_wait() then cfx__p2p_free(), the request gone either way
+ * (cfx_last_error() still names the peer on failure).  An eager message
+ * that completed goes back to the free list in the same hold of the
+ * context lock as the end of its wait. */
+int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns);
+
 /* Free a request; one still running is withdrawn first (the peer sees its
  * side fail).  NULL is a no-op. */
 void cfx__p2p_free(struct cfx_p2p_req *req);

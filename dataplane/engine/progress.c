@@ -34,9 +34,11 @@ void cfx__conn_connected(struct cfx_conn *conn);
 void cfx__rtask_cmd(struct cfx_context *ctx, struct cfx_cmd *cmd);
 struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_tp_ep *ep);
 
+/* ctx->lock held */
 static void kick_eventfd(struct cfx_context *ctx)
 {
     uint64_t one = 1;
+    ctx->n_kicks++;
     ssize_t rc = write(ctx->cmd_fd, &one, sizeof(one));
     (void)rc; /* a full eventfd counter still wakes the reader */
 }
@@ -238,7 +240,10 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
     }
 }
 
-static int poll_tp(struct cfx_context *ctx, int tp)
+/* Poll transport @p tp and handle what it gives under ctx->lock, taken
+ * when there is something and kept (*@p locked): the rest of the pass runs
+ * in the same hold, one lock round trip per pass. */
+static int poll_tp(struct cfx_context *ctx, int tp, bool *locked)
 {
     struct cfx_tp_completion comps[POLL_BATCH];
     const struct cfx_transport_ops *ops = ctx->tp[tp].ops;
@@ -250,11 +255,13 @@ static int poll_tp(struct cfx_context *ctx, int tp)
                     cfx_strerror(n));
         return 0;
     }
-    pthread_mutex_lock(&ctx->lock);
+    if (!*locked) {
+        pthread_mutex_lock(&ctx->lock);
+        *locked = true;
+    }
     uint64_t gen = ctx->conn_gen;
     for (int i = 0; i < n; i++)
         handle_comp(ctx, tp, &comps[i], ctx->conn_gen != gen);
-    pthread_mutex_unlock(&ctx->lock);
     return n;
 }
 
@@ -285,10 +292,12 @@ static bool progress_wanted(struct cfx_context *ctx)
 static int progress_pass(struct cfx_context *ctx)
 {
     int work = 0;
+    bool locked = false;
     for (int t = 0; t < ctx->ntp; t++)
-        work += poll_tp(ctx, t);
+        work += poll_tp(ctx, t, &locked);
 
-    pthread_mutex_lock(&ctx->lock);
+    if (!locked)
+        pthread_mutex_lock(&ctx->lock);
     if (ctx->stop) {
         pthread_mutex_unlock(&ctx->lock);
         return -1;
@@ -380,6 +389,33 @@ void cfx__progress_poll_begin(struct cfx_context *ctx)
     __atomic_add_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST);
 }
 
+/*
+ * ctx->lock held, the progress thread asleep in epoll: arm the ifaces again
+ * from this thread, as the progress thread would before sleeping.  Our
+ * polls disarmed them (a peer no longer rings our doorbell); waking the
+ * thread to re-arm them cost, per message, an eventfd write, a wake-up and
+ * CFX_SPIN_US of its spinning beside the callers, on the cores the ranks
+ * need.  False when it must be woken after all: work it would not have
+ * slept on (as in progress_main), an iface with work pending, or the
+ * progress lock busy (we cannot arm; its holder may be leaving).
+ */
+static bool rearm_for_sleeper(struct cfx_context *ctx)
+{
+    if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
+        !cfx_list_empty(&ctx->arena.doomed) || ctx->stop)
+        return false;
+    if (!cfx__progress_trylock(ctx))
+        return false;
+    bool armed = true;
+    for (int t = 0; t < ctx->ntp && armed; t++)
+        if (ctx->tp[t].ops->iface_arm &&
+            ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
+            armed = false;
+    cfx__progress_unlock(ctx);
+    ctx->n_rearms += armed;
+    return armed;
+}
+
 void cfx__progress_handback(struct cfx_context *ctx, bool polled)
 {
     if (__atomic_sub_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST) != 0)
@@ -387,10 +423,8 @@ void cfx__progress_handback(struct cfx_context *ctx, bool polled)
     if (ctx->aside) {
         if (progress_wanted(ctx))
             pthread_cond_signal(&ctx->progress_cond);
-    } else if (ctx->sleeping && polled) {
-        /* our polls disarmed the ifaces it sleeps on (a peer no longer rings
-         * our doorbell): let it arm them again */
-        kick_eventfd(ctx);
+    } else if (ctx->sleeping && polled && !rearm_for_sleeper(ctx)) {
+        kick_eventfd(ctx); /* it arms them itself */
     }
 }
 

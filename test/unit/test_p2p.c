@@ -721,3 +721,74 @@ ParameterizedTest(struct tp_param *p, p2p, small_messages_reuse, .timeout = 60)
     cr_expect(nu <= CFX_FREE_LIST_MAX, "b keeps %u unexpected entries", nu);
     down();
 }
+
+/* cfx__p2p_wait_free (group send/recv): a completed eager message's block
+ * goes back to the free list inside the wait; messages come in posting
+ * order with more in flight than the eager credits (some wait unexpected,
+ * some for credits), a rendezvous message takes the ordinary path, and a
+ * wait on a node that left fails with CFX_ERR_PEER_FAILED naming it, the
+ * request freed in every case. */
+ParameterizedTestParameters(p2p, wait_free)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+ParameterizedTest(struct tp_param *p, p2p, wait_free, .timeout = 60)
+{
+    enum { N = 3 * CFX_EAGER_CREDITS, BIG = 256 * 1024 };
+    up(p->tp);
+    uint64_t src[N], dst[N];
+    struct cfx_p2p_req *s[N], *r;
+    for (int i = 0; i < N; i++) {
+        src[i] = 0x5eed000000000000ull + (uint64_t)i * 0x10001u;
+        dst[i] = 0;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 41, 7, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 41, 7, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST, &r),
+                     CFX_OK);
+        cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "message %d: %s", i,
+                     cfx_last_error());
+        cr_assert_eq(dst[i], src[i], "message %d out of order or wrong", i);
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__p2p_wait_free(s[i], cfx__deadline_ns(10000)), CFX_OK, "send %d: %s", i,
+                     cfx_last_error());
+    pthread_mutex_lock(&a->lock);
+    unsigned na = a->p2p_ncached;
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_lock(&b->lock);
+    unsigned nb = b->p2p_ncached;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(na >= 1 && na <= CFX_FREE_LIST_MAX, "a keeps %u request blocks", na);
+    cr_assert(nb >= 1 && nb <= CFX_FREE_LIST_MAX, "b keeps %u request blocks", nb);
+
+    /* above the eager threshold: rendezvous, through the ordinary wait */
+    uint8_t *big = malloc(BIG), *got = calloc(1, BIG);
+    cr_assert(big && got);
+    for (size_t i = 0; i < BIG; i++)
+        big[i] = (uint8_t)(i * 131 + 7);
+    struct cfx_p2p_req *bs;
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 41, 8, big, BIG, CFX_MEMTYPE_HOST, &bs), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 41, 8, got, BIG, CFX_MEMTYPE_HOST, &r), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait_free(bs, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_arr_eq(got, big, BIG);
+    free(big);
+    free(got);
+
+    /* a receive whose sender leaves */
+    char want[32];
+    snprintf(want, sizeof(want), "node %u", a->node_id);
+    uint64_t none = 0;
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 41, 9, &none, sizeof(none), CFX_MEMTYPE_HOST, &r), CFX_OK);
+    cfx_context_destroy(a);
+    a = NULL;
+    cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_ERR_PEER_FAILED, "%s",
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cr_assert_eq(none, 0);
+    cfx_context_destroy(b);
+    cfx__coord_stop(coord);
+}

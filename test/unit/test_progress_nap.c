@@ -2,12 +2,19 @@
  * The progress thread's sleep decision (dataplane/engine/progress.c): a
  * transport that packets reach with no fd turning readable
  * (CFX_TP_CAP_BUSY_POLL, or no wait fd at all) is polled without a nap
- * while it has a live connection.  Checked on a context assembled by hand
- * with stand-in transports: no thread, no timing.
+ * while it has a live connection.  And the last poller's hand-back to a
+ * sleeping progress thread: it arms the ifaces again itself, without
+ * waking the thread, unless there is work the thread must take.  Checked
+ * on a context assembled by hand with stand-in transports: no thread, no
+ * timing.
  */
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "dataplane/engine/engine.h"
 
@@ -79,4 +86,131 @@ Test(progress_nap, transport_without_a_wait_fd_is_busy_polled)
     cfx_list_del(&c.link);
     cr_assert_eq(cfx__progress_nap_ms(ctx), CFX_PROGRESS_NAP_SHORT_MS);
     free(ctx);
+}
+
+/* ---- hand-back to a sleeping progress thread ------------------------------------- */
+
+static int arm_calls, arm_result;
+
+static int fake_arm(struct cfx_tp_iface *iface)
+{
+    (void)iface;
+    arm_calls++;
+    return arm_result;
+}
+
+static const struct cfx_transport_ops arm_ops = { .version = CFX_TP_OPS_VERSION,
+                                                  .name = "fake-arm",
+                                                  .iface_arm = fake_arm };
+static struct cfx_tp_iface arm_iface = { .ops = &arm_ops };
+
+/* A context whose progress thread sleeps in epoll, one API thread polling. */
+static struct cfx_context *sleeper_new(void)
+{
+    struct cfx_context *ctx = calloc(1, sizeof(*ctx));
+    cr_assert_not_null(ctx);
+    cfx_list_init(&ctx->conns);
+    cfx_list_init(&ctx->cmds);
+    cfx_list_init(&ctx->busy_uploads);
+    cfx_list_init(&ctx->arena.doomed);
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->progress_lock, NULL);
+    ctx->cmd_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    cr_assert_geq(ctx->cmd_fd, 0);
+    ctx->tp[0] = (struct cfx_tp_slot){ .ops = &arm_ops, .iface = &arm_iface, .fd = 5 };
+    ctx->ntp = 1;
+    ctx->sleeping = true;
+    arm_calls = 0;
+    arm_result = CFX_OK;
+    cfx__progress_poll_begin(ctx);
+    return ctx;
+}
+
+/* The progress thread's eventfd was written since the last look. */
+static bool kicked(struct cfx_context *ctx)
+{
+    uint64_t v = 0;
+    ssize_t r = read(ctx->cmd_fd, &v, sizeof(v));
+    cr_assert(r == (ssize_t)sizeof(v) || errno == EAGAIN, "eventfd read: %s", strerror(errno));
+    return r == (ssize_t)sizeof(v) && v > 0;
+}
+
+static void handback(struct cfx_context *ctx, bool polled)
+{
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_handback(ctx, polled);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static void sleeper_free(struct cfx_context *ctx)
+{
+    close(ctx->cmd_fd);
+    pthread_mutex_destroy(&ctx->progress_lock);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+Test(progress_nap, last_poller_rearms_a_sleeper_without_waking_it)
+{
+    struct cfx_context *ctx = sleeper_new();
+    handback(ctx, true);
+    cr_assert_eq(arm_calls, 1, "the poller arms the iface its polls disarmed");
+    cr_assert_eq(ctx->n_rearms, 1);
+    cr_assert_eq(ctx->n_kicks, 0);
+    cr_assert_not(kicked(ctx), "no wake-up: the thread sleeps on armed ifaces");
+    cr_assert_not(cfx__progress_held(ctx), "the progress lock is given back");
+    cr_assert_eq(pthread_mutex_trylock(&ctx->progress_lock), 0);
+    pthread_mutex_unlock(&ctx->progress_lock);
+    sleeper_free(ctx);
+}
+
+Test(progress_nap, iface_with_work_pending_wakes_the_sleeper)
+{
+    struct cfx_context *ctx = sleeper_new();
+    arm_result = CFX_ERR_AGAIN; /* something came in after the last poll */
+    handback(ctx, true);
+    cr_assert_eq(arm_calls, 1);
+    cr_assert_eq(ctx->n_rearms, 0);
+    cr_assert(kicked(ctx), "the thread must poll what is pending");
+    sleeper_free(ctx);
+}
+
+Test(progress_nap, queued_command_wakes_the_sleeper)
+{
+    struct cfx_context *ctx = sleeper_new();
+    struct cfx_cmd cmd = { .type = CFX_CMD_EAGER_CREDIT };
+    cfx_list_add_tail(&cmd.link, &ctx->cmds);
+    handback(ctx, true);
+    cr_assert_eq(arm_calls, 0, "work it would not sleep on: not armed, woken");
+    cr_assert(kicked(ctx));
+    sleeper_free(ctx);
+}
+
+Test(progress_nap, busy_progress_lock_wakes_the_sleeper)
+{
+    struct cfx_context *ctx = sleeper_new();
+    pthread_mutex_lock(&ctx->progress_lock); /* someone else drives */
+    handback(ctx, true);
+    pthread_mutex_unlock(&ctx->progress_lock);
+    cr_assert_eq(arm_calls, 0, "a transport is called only by the progress-lock holder");
+    cr_assert(kicked(ctx));
+    sleeper_free(ctx);
+}
+
+Test(progress_nap, handback_without_a_poll_or_before_the_last_poller_does_nothing)
+{
+    struct cfx_context *ctx = sleeper_new();
+    handback(ctx, false); /* never got the lock: the ifaces are as it armed them */
+    cr_assert_eq(arm_calls, 0);
+    cr_assert_not(kicked(ctx));
+
+    cfx__progress_poll_begin(ctx);
+    cfx__progress_poll_begin(ctx);
+    handback(ctx, true); /* another poller carries on */
+    cr_assert_eq(arm_calls, 0);
+    cr_assert_not(kicked(ctx));
+    handback(ctx, true);
+    cr_assert_eq(arm_calls, 1);
+    cr_assert_not(kicked(ctx));
+    sleeper_free(ctx);
 }
