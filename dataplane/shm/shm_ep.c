@@ -3,8 +3,17 @@
  * path (producing into the outbound ring, consuming the inbound one).
  *
  * Hot path (ep_send, ep_write, tx/rx progress): no logging except on a
- * protocol failure, no allocation (mapping a peer region the first time a
- * write targets it is the one exception, cached afterwards).
+ * protocol failure, no allocation (mapping a peer's source region the first
+ * time a one-copy write reads from it is the one exception, cached
+ * afterwards).
+ *
+ * Writes.  The receiver's memory is written only by the receiver, after
+ * its grant check: staged writes (WFRAG) are copied out of the ring, and
+ * one-copy writes (WPULL, when the source is in the writer's arena file)
+ * are copied by the receiver from its read-only mapping of that file
+ * (shm_mr.c).  A one-copy write holds the head of the send queue until the
+ * receiver answers in the ring's control block (ctl->pulled): until then
+ * the receiver may still read the source, and ops behind it stay in order.
  */
 #include "shm.h"
 
@@ -68,9 +77,6 @@ static void op_pop(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
 {
     if (op->type == CFX_SHM_OP_SEND && op->send_slot >= 0)
         ep->send_free |= 1u << op->send_slot;
-    if (op->map)
-        cfx__shm_map_put(op->map);
-    op->map = NULL;
     ep->txq_head = (ep->txq_head + 1) % CFX_SHM_TXQ_DEPTH;
     ep->txq_count--;
 }
@@ -275,10 +281,6 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
         return CFX_ERR_TOO_BIG;
     if (unlikely(loff > mr->len || len > mr->len - loff))
         return CFX_ERR_INVALID;
-    /* Outside the region as described: only the owner may judge (its key
-     * could be stale too), so such a write goes staged and is refused there. */
-    if (unlikely(roff > rd.len || len > rd.len - roff))
-        rd.direct = 0;
     op = op_push(ep);
     op->type = CFX_SHM_OP_WRITE;
     op->src = (const uint8_t *)mr->addr + loff;
@@ -288,6 +290,16 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
     op->imm = imm;
     op->wr_id = wr_id;
     op->rd = rd;
+    op->src_fd = -1;
+    if (mr->iface == tpe->iface && cfx__shm_mr_of(mr)->shm_fd >= 0) {
+        /* the receiver may read it from the file: one copy (shm_mr.c) */
+        const struct cfx__shm_mr *smr = cfx__shm_mr_of(mr);
+        op->src_fd = smr->shm_fd;
+        op->src_ino = smr->ino;
+        op->src_foff = smr->shm_off;
+        op->src_flen = mr->len;
+        op->src_soff = loff;
+    }
     if (ep->state == CFX_SHM_EP_READY && ep->txq_count == 1)
         cfx__shm_ep_tx_progress(ep);
     return CFX_OK;
@@ -295,43 +307,77 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
 
 /* ---- producing ---------------------------------------------------------------------------- */
 
-/* Direct: copy into the peer's mapping, then tell it with a WDONE.
- * Returns false when blocked (budget or ring). */
-static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *budget)
+/* The peer answered something no WPULL of ours could have got. */
+static void pulled_corrupt(struct cfx__shm_ep *ep, uint64_t v)
 {
-    uint8_t *dst = op->map->region + op->roff;
+    ep->iface->n_ring_errors++;
+    CFX_LOG(ERR, SHM, "node %u: %s answered pull %llu with %#llx (last %#llx): failing "
+            "the endpoint", ep->iface->super.node_id, ep->super.peer_name,
+            (unsigned long long)ep->pull_seq, (unsigned long long)v,
+            (unsigned long long)ep->pulled_seen);
+    cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+}
+
+/* The peer's answer to our last WPULL: 1 copied, 0 not yet, -1 it could not
+ * read the source (stage it), -2 the endpoint failed. */
+static int pull_answer(struct cfx__shm_ep *ep)
+{
+    uint64_t v = atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire);
+
+    if (v == ep->pulled_seen)
+        return 0;
+    /* the only possible change: our last seq answered, either way */
+    if (unlikely((v >> 1) != ep->pull_seq || (ep->pulled_seen >> 1) + 1 != ep->pull_seq)) {
+        pulled_corrupt(ep, v);
+        return -2;
+    }
+    ep->pulled_seen = v;
+    return (v & 1) ? -1 : 1;
+}
+
+/* One copy: tell the peer where to read the source; the write is done when
+ * it answers.  1 done, 0 blocked (ring, answer), -1 stage it instead. */
+static int tx_pull(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
+{
     uint64_t fit_len;
     int where;
 
-    while (op->done < op->len) {
-        if (!*budget)
-            return false;
-        uint64_t n = CFX_MIN(op->len - op->done, (uint64_t)CFX_SHM_DIRECT_CHUNK);
-        n = CFX_MIN(n, *budget);
-        memcpy(dst + op->done, op->src + op->done, n);
-        op->done += n;
-        *budget -= n;
+    if (!op->posted) {
+        if ((where = cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
+                                       sizeof(struct cfx__shm_pull), &fit_len)) <= 0) {
+            if (where < 0)
+                ring_corrupt(ep, "tail"); /* op completed with the failure */
+            return 0;
+        }
+        struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+        struct cfx__shm_pull pl = {
+            .fd = op->src_fd, .ino = op->src_ino, .foff = op->src_foff, .flen = op->src_flen,
+            .soff = op->src_soff, .seq = ++ep->pull_seq,
+        };
+        memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, &pl, sizeof(pl));
+        m->type = CFX_SHM_MSG_WPULL;
+        m->flags = 0;
+        m->len = sizeof(pl);
+        m->key = op->key;
+        m->grant = op->rd.grant;
+        m->imm = op->imm;
+        m->off = op->roff;
+        m->start = op->roff;
+        m->total = op->len;
+        cfx__shm_ring_commit(&ep->tx, sizeof(pl));
+        cfx__shm_ring_publish(&ep->tx);
+        wake_consumer(ep);
+        op->posted = true;
+        op->pull_seq = pl.seq;
     }
-    if ((where = cfx__shm_ring_fit(&ep->tx, 0, 0, &fit_len)) <= 0) {
-        if (where < 0)
-            ring_corrupt(ep, "tail"); /* op completed with the failure */
-        return false;
+    int rc = pull_answer(ep);
+    if (rc == -1) {
+        ep->direct_off = true; /* it cannot read our files: stage from now on */
+        ep->n_direct--;
+        ep->n_staged++;
+        op->pull = false;
     }
-    cfx__shm_wmb(); /* the bytes (maybe non-temporal stores) before the WDONE */
-    struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
-    m->type = CFX_SHM_MSG_WDONE;
-    m->flags = 0;
-    m->len = 0;
-    m->key = op->key;
-    m->grant = op->rd.grant;
-    m->imm = op->imm;
-    m->off = op->roff;
-    m->start = op->roff;
-    m->total = op->len;
-    cfx__shm_ring_commit(&ep->tx, 0);
-    cfx__shm_ring_publish(&ep->tx);
-    wake_consumer(ep);
-    return true;
+    return rc < -1 ? 0 : rc;
 }
 
 /* Staged: copy fragments into the ring; the peer copies them out. */
@@ -395,14 +441,21 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
         } else {
             if (!op->started) {
                 op->started = true;
-                op->map = op->len ? cfx__shm_map_get(ep, &op->rd) : NULL;
-                if (op->map)
+                op->pull = op->len && op->src_fd >= 0 && !ep->direct_off;
+                if (op->pull)
                     ep->n_direct++;
                 else
                     ep->n_staged++;
             }
-            if (!(op->map ? tx_direct(ep, op, &budget) : tx_staged(ep, op, &budget)))
+            if (op->pull) {
+                int rc = tx_pull(ep, op);
+                if (!rc)
+                    return;
+                if (rc < 0 && !tx_staged(ep, op, &budget))
+                    return;
+            } else if (!tx_staged(ep, op, &budget)) {
                 return;
+            }
         }
         op_complete(ep, op, CFX_OK);
     }
@@ -423,6 +476,98 @@ static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx_
     return CFX_ERR_PROTO;
 }
 
+static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h);
+
+/* Answer the peer's WPULL @p seq (@p failed: we could not read its source). */
+static void pull_reply(struct cfx__shm_ep *ep, uint64_t seq, bool failed)
+{
+    atomic_store_explicit(&ep->rx.ctl->pulled, seq << 1 | failed, memory_order_release);
+}
+
+/* Copy the peer's WPULL under way, at most *budget bytes: 1 done, 0 more to
+ * do, -1 the endpoint failed.  The grant is looked up again before every
+ * step: one revoked (or a registration gone) mid-copy takes no more bytes. */
+static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
+{
+    struct cfx__shm_msg *h = &ep->rx_pull.h;
+    const char *why;
+
+    if (unlikely(ep->state == CFX_SHM_EP_PEER_GONE)) {
+        /* the writer is gone or closed: its source may already be reused */
+        cfx__shm_ep_fail(ep, ep->peer_status, false);
+        return -1;
+    }
+    while (ep->rx_pull.done < h->total) {
+        if (!*budget)
+            return 0;
+        struct cfx__shm_mr *mr = cfx__shm_mr_lookup(ep->iface, ep, h->key, h->grant, h->off,
+                                                    h->total, &why);
+        if (unlikely(!mr)) {
+            h->start = h->off;
+            rx_refused(ep, why, h);
+            return -1;
+        }
+        uint64_t n = CFX_MIN(h->total - ep->rx_pull.done, (uint64_t)CFX_SHM_DIRECT_CHUNK);
+        n = CFX_MIN(n, *budget);
+        memcpy((uint8_t *)mr->super.addr + h->off + ep->rx_pull.done,
+               ep->rx_pull.map->region + ep->rx_pull.soff + ep->rx_pull.done, n);
+        ep->rx_pull.done += n;
+        *budget -= n;
+    }
+    cfx__shm_map_put(ep->rx_pull.map);
+    ep->rx_pull.map = NULL;
+    ep->rx_pull.active = false;
+    ep->n_rx_direct++;
+    pull_reply(ep, ep->rx_pull.seq, false);
+    return 1;
+}
+
+/* A WPULL at the read position: check it and the grant, map the source.
+ * 1 copying (ep->rx_pull), 0 answered "cannot read" (consume it), -1 the
+ * endpoint failed. */
+static int rx_pull_start(struct cfx__shm_ep *ep, const struct cfx__shm_msg *h,
+                         const uint8_t *payload)
+{
+    struct cfx__shm_pull pl;
+    struct cfx__shm_mr *mr;
+    const char *why;
+
+    memcpy(&pl, payload, sizeof(pl)); /* once: the peer may change it under us */
+    if (unlikely(pl.seq != ep->rx_pull_seq + 1)) {
+        rx_proto(ep, "a pull out of sequence", h);
+        return -1;
+    }
+    ep->rx_pull_seq = pl.seq;
+    /* the grant first: a refused write reads nothing and writes nothing */
+    mr = cfx__shm_mr_lookup(ep->iface, ep, h->key, h->grant, h->off, h->total, &why);
+    if (unlikely(!mr)) {
+        struct cfx__shm_msg r = *h;
+        r.start = r.off;
+        rx_refused(ep, why, &r);
+        return -1;
+    }
+    if (unlikely(pl.soff > pl.flen || h->total > pl.flen - pl.soff)) {
+        rx_proto(ep, "a pull outside its source", h);
+        return -1;
+    }
+    struct cfx__shm_rdesc src = {
+        .direct = 1, .pid = ep->peer_pid, .fd = pl.fd, .ino = pl.ino, .off = pl.foff,
+        .len = pl.flen,
+    };
+    struct cfx__shm_map *map = cfx__shm_map_get(ep, &src);
+    if (!map) {
+        pull_reply(ep, pl.seq, true); /* the writer stages it */
+        return 0;
+    }
+    ep->rx_pull.active = true;
+    ep->rx_pull.h = *h;
+    ep->rx_pull.map = map;
+    ep->rx_pull.soff = pl.soff;
+    ep->rx_pull.done = 0;
+    ep->rx_pull.seq = pl.seq;
+    return 1;
+}
+
 static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h)
 {
     ep->iface->n_ring_errors++;
@@ -440,9 +585,28 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
     struct cfx__shm_msg h;
     bool consumed = false;
     int n = 0, copies = 0;
+    uint64_t budget = CFX_SHM_RX_BUDGET;
 
     while (n < max) {
         uint64_t avail;
+        if (ep->rx_pull.active) {
+            /* its message stays in the ring until the copy is done */
+            int rc = rx_pull_step(ep, &budget);
+            if (rc < 0)
+                return n;
+            if (!rc)
+                goto out;
+            struct cfx_tp_completion *c = &comps[n++];
+            memset(c, 0, sizeof(*c));
+            c->type = CFX_TP_COMP_WRITE_IMM;
+            c->ep = &ep->super;
+            c->imm = ep->rx_pull.h.imm;
+            c->len = (uint32_t)ep->rx_pull.h.total;
+            r->pos += cfx__shm_msg_size(sizeof(struct cfx__shm_pull));
+            consumed = true;
+            cfx__shm_ring_release(r);
+            continue;
+        }
         if (unlikely(cfx__shm_ring_avail(r, &avail) < 0)) {
             ring_corrupt(ep, "head");
             return n;
@@ -504,21 +668,14 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
                 n++;
             }
             break;
-        case CFX_SHM_MSG_WDONE:
-            mr = cfx__shm_mr_lookup(ep->iface, ep, h.key, h.grant, h.off, h.total, &why);
-            if (unlikely(!mr)) {
-                h.start = h.off;
-                rx_refused(ep, why, &h); /* after the fact: see shm_mr.c */
+        case CFX_SHM_MSG_WPULL: {
+            int rc = rx_pull_start(ep, &h, payload);
+            if (rc < 0)
                 return n;
-            }
-            ep->n_rx_direct++;
-            memset(c, 0, sizeof(*c));
-            c->type = CFX_TP_COMP_WRITE_IMM;
-            c->ep = &ep->super;
-            c->imm = h.imm;
-            c->len = (uint32_t)h.total;
-            n++;
+            if (rc > 0)
+                continue; /* copied from the top of the loop */
             break;
+        }
         default:
             rx_proto(ep, "an unknown message", &h);
             return n;
@@ -567,10 +724,14 @@ static bool tx_can_progress(struct cfx__shm_ep *ep)
 
     if (op->type == CFX_SHM_OP_SEND)
         return cfx__shm_ring_fit(&ep->tx, op->len, op->len, &p) != 0;
-    if (!op->started || (op->map && op->done < op->len))
+    if (!op->started)
         return true;
-    if (op->map)
-        return cfx__shm_ring_fit(&ep->tx, 0, 0, &p) != 0;
+    if (op->pull && op->posted)
+        return atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire) !=
+               ep->pulled_seen;
+    if (op->pull)
+        return cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
+                                 sizeof(struct cfx__shm_pull), &p) != 0;
     return cfx__shm_ring_fit(&ep->tx, CFX_MIN(op->len - op->done, (uint64_t)ep->iface->frag_size),
                              CFX_SHM_FRAG_MIN, &p) != 0;
 }
