@@ -64,6 +64,7 @@
 #define CFX_SHM_FRAG_MIN     (4u << 10)   /* never cut a fragment smaller than this */
 #define CFX_SHM_DIRECT_CHUNK (8u << 20)   /* one-copy (WPULL) copy per step */
 #define CFX_SHM_RX_BUDGET    (16u << 20)  /* one-copy bytes pulled per ep per progress call */
+#define CFX_SHM_PULL_INFLIGHT 16          /* WPULLs unanswered at once, per ep */
 #define CFX_SHM_TX_BUDGET    (16u << 20)  /* bytes copied per ep per progress call */
 #define CFX_SHM_TXQ_DEPTH    256   /* ops queued behind the ring, per ep */
 #define CFX_SHM_SEND_SLOTS   32    /* ep_send copies queued behind a write, per ep */
@@ -213,7 +214,9 @@ struct cfx__shm_ep {
     uint32_t send_free;           /* bitmap of free slots */
 
     uint64_t pull_seq;            /* WPULLs we sent */
-    uint64_t pulled_seen;         /* peer's answer to our last WPULL, as checked */
+    uint64_t pulled_seen;         /* peer's last answer (ctl->pulled), as checked */
+    uint32_t pull_inflight;       /* ops at the head of txq whose WPULL is unanswered */
+    bool pull_ok;                 /* the peer read a source of ours: pipeline WPULLs */
     uint64_t rx_pull_seq;         /* WPULLs the peer sent, as checked */
     struct {                      /* the peer's WPULL being copied (one at a time: the ring
                                      message stays unconsumed until it is done) */

@@ -11,9 +11,13 @@
  * its grant check: staged writes (WFRAG) are copied out of the ring, and
  * one-copy writes (WPULL, when the source is in the writer's arena file)
  * are copied by the receiver from its read-only mapping of that file
- * (shm_mr.c).  A one-copy write holds the head of the send queue until the
- * receiver answers in the ring's control block (ctl->pulled): until then
- * the receiver may still read the source, and ops behind it stay in order.
+ * (shm_mr.c).  A one-copy write completes only when the receiver answered
+ * in the ring's control block (ctl->pulled): until then it may still read
+ * the source.  Unanswered WPULLs stay at the head of the send queue
+ * (pull_inflight); once the peer has read one source of ours (pull_ok),
+ * up to CFX_SHM_PULL_INFLIGHT consecutive ones are in flight, so the
+ * receiver copies one write after the other without waiting for us; any
+ * other op waits until they are answered (completions stay in order).
  */
 #include "shm.h"
 
@@ -77,6 +81,8 @@ static void op_pop(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
 {
     if (op->type == CFX_SHM_OP_SEND && op->send_slot >= 0)
         ep->send_free |= 1u << op->send_slot;
+    if (ep->pull_inflight)
+        ep->pull_inflight--; /* they sit at the head */
     ep->txq_head = (ep->txq_head + 1) % CFX_SHM_TXQ_DEPTH;
     ep->txq_count--;
 }
@@ -300,7 +306,7 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
         op->src_flen = mr->len;
         op->src_soff = loff;
     }
-    if (ep->state == CFX_SHM_EP_READY && ep->txq_count == 1)
+    if (ep->state == CFX_SHM_EP_READY && ep->txq_count == ep->pull_inflight + 1)
         cfx__shm_ep_tx_progress(ep);
     return CFX_OK;
 }
@@ -318,66 +324,89 @@ static void pulled_corrupt(struct cfx__shm_ep *ep, uint64_t v)
     cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
 }
 
-/* The peer's answer to our last WPULL: 1 copied, 0 not yet, -1 it could not
- * read the source (stage it), -2 the endpoint failed. */
-static int pull_answer(struct cfx__shm_ep *ep)
+/* Complete the unanswered WPULLs the peer answered.  An answer "could not
+ * read the source" is expected only for the first one (pull_ok not yet
+ * set, nothing else in flight): that write is staged, and every later one.
+ * Returns false when the endpoint failed. */
+static bool pull_reap(struct cfx__shm_ep *ep)
 {
     uint64_t v = atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire);
+    uint64_t seq = v >> 1;
 
     if (v == ep->pulled_seen)
-        return 0;
-    /* the only possible change: our last seq answered, either way */
-    if (unlikely((v >> 1) != ep->pull_seq || (ep->pulled_seen >> 1) + 1 != ep->pull_seq)) {
+        return true;
+    /* answered: one seq after the last answer, up to the last one sent */
+    if (unlikely(seq - (ep->pulled_seen >> 1) - 1 >= ep->pull_seq - (ep->pulled_seen >> 1))) {
         pulled_corrupt(ep, v);
-        return -2;
+        return false;
     }
     ep->pulled_seen = v;
-    return (v & 1) ? -1 : 1;
-}
-
-/* One copy: tell the peer where to read the source; the write is done when
- * it answers.  1 done, 0 blocked (ring, answer), -1 stage it instead. */
-static int tx_pull(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
-{
-    uint64_t fit_len;
-    int where;
-
-    if (!op->posted) {
-        if ((where = cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
-                                       sizeof(struct cfx__shm_pull), &fit_len)) <= 0) {
-            if (where < 0)
-                ring_corrupt(ep, "tail"); /* op completed with the failure */
-            return 0;
+    if (unlikely(v & 1)) {
+        struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+        if (ep->pull_ok || ep->pull_inflight != 1 || op->pull_seq != seq) {
+            CFX_LOG(ERR, SHM, "node %u: %s could not read the source of write %llu after "
+                    "reading earlier ones: failing the endpoint", ep->iface->super.node_id,
+                    ep->super.peer_name, (unsigned long long)seq);
+            cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+            return false;
         }
-        struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
-        struct cfx__shm_pull pl = {
-            .fd = op->src_fd, .ino = op->src_ino, .foff = op->src_foff, .flen = op->src_flen,
-            .soff = op->src_soff, .seq = ++ep->pull_seq,
-        };
-        memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, &pl, sizeof(pl));
-        m->type = CFX_SHM_MSG_WPULL;
-        m->flags = 0;
-        m->len = sizeof(pl);
-        m->key = op->key;
-        m->grant = op->rd.grant;
-        m->imm = op->imm;
-        m->off = op->roff;
-        m->start = op->roff;
-        m->total = op->len;
-        cfx__shm_ring_commit(&ep->tx, sizeof(pl));
-        cfx__shm_ring_publish(&ep->tx);
-        wake_consumer(ep);
-        op->posted = true;
-        op->pull_seq = pl.seq;
-    }
-    int rc = pull_answer(ep);
-    if (rc == -1) {
         ep->direct_off = true; /* it cannot read our files: stage from now on */
         ep->n_direct--;
         ep->n_staged++;
         op->pull = false;
+        op->posted = false;
+        ep->pull_inflight = 0;
+        return true;
     }
-    return rc < -1 ? 0 : rc;
+    ep->pull_ok = true;
+    while (ep->pull_inflight && ep->txq[ep->txq_head].pull_seq - 1 < seq)
+        op_complete(ep, &ep->txq[ep->txq_head], CFX_OK);
+    return true;
+}
+
+/* One copy: tell the peer where to read the source; pull_reap completes the
+ * write when it answers.  Returns false when blocked (ring). */
+static bool tx_pull(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
+{
+    uint64_t fit_len;
+    int where;
+
+    if ((where = cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
+                                   sizeof(struct cfx__shm_pull), &fit_len)) <= 0) {
+        if (where < 0)
+            ring_corrupt(ep, "tail"); /* op completed with the failure */
+        return false;
+    }
+    struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
+    struct cfx__shm_pull pl = {
+        .fd = op->src_fd, .ino = op->src_ino, .foff = op->src_foff, .flen = op->src_flen,
+        .soff = op->src_soff, .seq = ++ep->pull_seq,
+    };
+    memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, &pl, sizeof(pl));
+    m->type = CFX_SHM_MSG_WPULL;
+    m->flags = 0;
+    m->len = sizeof(pl);
+    m->key = op->key;
+    m->grant = op->rd.grant;
+    m->imm = op->imm;
+    m->off = op->roff;
+    m->start = op->roff;
+    m->total = op->len;
+    cfx__shm_ring_commit(&ep->tx, sizeof(pl));
+    cfx__shm_ring_publish(&ep->tx);
+    wake_consumer(ep);
+    op->posted = true;
+    op->pull_seq = pl.seq;
+    ep->pull_inflight++;
+    return true;
+}
+
+/* May @p op (not yet posted) go behind the unanswered WPULLs? */
+static inline bool pull_can_follow(const struct cfx__shm_ep *ep, const struct cfx__shm_op *op)
+{
+    return ep->pull_ok && ep->pull_inflight < CFX_SHM_PULL_INFLIGHT &&
+           op->type == CFX_SHM_OP_WRITE && !op->started && op->len && op->src_fd >= 0 &&
+           !ep->direct_off;
 }
 
 /* Staged: copy fragments into the ring; the peer copies them out. */
@@ -422,8 +451,12 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
     uint64_t fit_len;
     int where;
 
-    while (ep->txq_count) {
-        struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+    if (ep->pull_inflight && !pull_reap(ep))
+        return;
+    while (ep->txq_count > ep->pull_inflight) {
+        struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->pull_inflight) % CFX_SHM_TXQ_DEPTH];
+        if (ep->pull_inflight && !pull_can_follow(ep, op))
+            return; /* after the answers */
         if (op->type == CFX_SHM_OP_SEND) {
             if ((where = cfx__shm_ring_fit(&ep->tx, op->len, op->len, &fit_len)) <= 0) {
                 if (where < 0)
@@ -448,14 +481,14 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
                     ep->n_staged++;
             }
             if (op->pull) {
-                int rc = tx_pull(ep, op);
-                if (!rc)
+                if (!tx_pull(ep, op))
                     return;
-                if (rc < 0 && !tx_staged(ep, op, &budget))
-                    return;
-            } else if (!tx_staged(ep, op, &budget)) {
-                return;
+                if (!ep->pull_ok)
+                    return; /* the first answer says whether the peer can read ours */
+                continue; /* completed by pull_reap */
             }
+            if (!tx_staged(ep, op, &budget))
+                return;
         }
         op_complete(ep, op, CFX_OK);
     }
@@ -719,16 +752,19 @@ bool cfx__shm_ep_arm(struct cfx__shm_ep *ep)
 /* A bad tail (fit < 0) counts as progress: the poll it causes fails the ep. */
 static bool tx_can_progress(struct cfx__shm_ep *ep)
 {
-    struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+    struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->pull_inflight) % CFX_SHM_TXQ_DEPTH];
     uint64_t p;
 
+    if (ep->pull_inflight) {
+        if (atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire) != ep->pulled_seen)
+            return true; /* an answer to reap */
+        if (ep->txq_count == ep->pull_inflight || !pull_can_follow(ep, op))
+            return false;
+    }
     if (op->type == CFX_SHM_OP_SEND)
         return cfx__shm_ring_fit(&ep->tx, op->len, op->len, &p) != 0;
     if (!op->started)
         return true;
-    if (op->pull && op->posted)
-        return atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire) !=
-               ep->pulled_seen;
     if (op->pull)
         return cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
                                  sizeof(struct cfx__shm_pull), &p) != 0;

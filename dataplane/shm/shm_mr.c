@@ -26,8 +26,11 @@
  * granted memory lives, and no peer opens an arena file writable (same user
  * only: such a process could still write /proc/<pid>/mem).  Anything that
  * stops the receiver from mapping the source (another pid namespace,
- * permissions, a closed fd, an unsealed file) is answered "no" and the
- * writer stages that write and every later one on the endpoint.
+ * permissions, a closed fd) is answered "no" to the first pull and the
+ * writer stages that write and every later one on the endpoint; a "no"
+ * after the peer read sources of ours fails the endpoint (the writer has
+ * pulls in flight behind it by then, which must not land out of order).
+ * A source file not sealed against shrinking is never offered.
  */
 #include "shm.h"
 
@@ -41,6 +44,13 @@
 #include <unistd.h>
 
 #include "dataplane/common/log.h"
+
+/* A file its owner cannot shrink under a reader's copy (SIGBUS). */
+static bool file_sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & F_SEAL_SHRINK);
+}
 
 int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
@@ -66,8 +76,11 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     mr->super.memtype = mem->memtype;
     mr->access = access;
     mr->shm_fd = -1;
+    /* a source the receiver may read from (one copy): only a file sealed
+     * against shrinking (the receiver checks too), else its writes stage */
     if (mem->file_fd >= 0 && fstat(mem->file_fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off) {
+        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off &&
+        file_sealed(mem->file_fd)) {
         mr->shm_fd = mem->file_fd;
         mr->shm_off = mem->file_off;
         mr->ino = st.st_ino;
@@ -234,8 +247,7 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
     }
     /* a file its owner can shrink under our copy would fault it (SIGBUS):
      * we read only from files sealed against shrinking */
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    if (!file_sealed(fd)) {
         close(fd);
         return CFX_ERR_NOT_FOUND; /* staged instead */
     }

@@ -354,8 +354,8 @@ Test(shm, staged_bytes, .timeout = 60)
 }
 
 /* A source file its owner could shrink under the receiver's copy (not
- * sealed) is never read directly: the receiver says so, the writer stages
- * that write and every later one, bytes intact. */
+ * sealed) is never offered for one copy: every write is staged, bytes
+ * intact. */
 Test(shm, unsealed_memfd_is_staged, .timeout = 60)
 {
     unsealed_memfd = true;
