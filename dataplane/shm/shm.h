@@ -17,9 +17,12 @@
  *   WFRAG  staged write fragment: the receiver copies the payload into its
  *          registration (key + offset checked first); the LAST one reports
  *          WRITE_IMM;
- *   WDONE  direct write finished: the writer already copied the bytes into
- *          its own mapping of the receiver's memfd-backed registration; the
- *          receiver checks key and bounds and reports WRITE_IMM;
+ *   WPULL  one-copy write: the source is a region of a sealed file the
+ *          writer holds (its arena memfd); the receiver checks key, grant,
+ *          writer and bounds first, then copies from its read-only mapping
+ *          of that file into the registration, reports WRITE_IMM and
+ *          answers in the ring's control block (ctl->pulled), which is when
+ *          the writer's write completes (shm_mr.c says why this way round);
  *   WRAP   padding up to the end of the ring.
  *
  * Doorbells.  One eventfd per iface.  iface_arm() sets consumer_sleeping in
@@ -53,13 +56,15 @@
 #include "shm_ring.h"
 
 #define CFX_SHM_MAGIC        0x53584643u /* "CFXS" */
-#define CFX_SHM_VERSION      2  /* 2: nonces and MACs in the handshake */
+#define CFX_SHM_VERSION      3  /* 2: nonces and MACs in the handshake; 3: WPULL, not WDONE */
 #define CFX_SHM_RING_DEFAULT (4u << 20)  /* bytes per direction (CFX_SHM_RING_SIZE) */
 #define CFX_SHM_RING_MIN     (64u << 10)
 #define CFX_SHM_RING_MAX     (256u << 20)
 #define CFX_SHM_FRAG_DEFAULT (256u << 10) /* staged fragment payload (CFX_SHM_FRAG_SIZE) */
 #define CFX_SHM_FRAG_MIN     (4u << 10)   /* never cut a fragment smaller than this */
-#define CFX_SHM_DIRECT_CHUNK (8u << 20)   /* direct copy per step */
+#define CFX_SHM_DIRECT_CHUNK (8u << 20)   /* one-copy (WPULL) copy per step */
+#define CFX_SHM_RX_BUDGET    (16u << 20)  /* one-copy bytes pulled per ep per progress call */
+#define CFX_SHM_PULL_INFLIGHT 16          /* WPULLs unanswered at once, per ep */
 #define CFX_SHM_TX_BUDGET    (16u << 20)  /* bytes copied per ep per progress call */
 #define CFX_SHM_TXQ_DEPTH    256   /* ops queued behind the ring, per ep */
 #define CFX_SHM_SEND_SLOTS   32    /* ep_send copies queued behind a write, per ep */
@@ -98,7 +103,9 @@ struct cfx__shm_ctl {
 /* Remote descriptor layout inside struct cfx_tp_rdesc.data (same host). */
 struct cfx__shm_rdesc {
     uint8_t tag;           /* CFX_SHM_RDESC_TAG */
-    uint8_t direct;        /* 1: pid/fd/ino/off name a mappable memfd */
+    uint8_t direct;        /* 1: pid/fd/ino/off name a mappable memfd (only for the
+                              receiver's own map cache of a writer's source: a
+                              grant never names the granted memory's file) */
     uint16_t rsv;
     uint32_t key;          /* index in the owner's table */
     uint64_t len;          /* bytes in the region */
@@ -121,7 +128,7 @@ struct cfx__shm_mr {
     uint64_t ino;
 };
 
-/* A peer registration mapped into this process for direct writes. */
+/* A peer's source region mapped read-only into this process (WPULL). */
 struct cfx__shm_map {
     uint64_t ino;          /* 0: unused entry */
     uint64_t off;          /* region offset in the file (as in the rdesc) */
@@ -130,7 +137,7 @@ struct cfx__shm_map {
     size_t map_len;
     uint8_t *region;       /* base + (off - page-aligned off) */
     uint64_t last_use;     /* LRU clock */
-    uint32_t refs;         /* queued ops using it */
+    uint32_t refs;         /* pulls using it */
 };
 
 enum cfx__shm_op_type { CFX_SHM_OP_SEND = 1, CFX_SHM_OP_WRITE };
@@ -143,7 +150,14 @@ struct cfx__shm_op {
     uint32_t key;          /* WRITE: receiver's key */
     uint64_t wr_id;
     const uint8_t *src;    /* WRITE: local source; SEND: payload copy */
-    struct cfx__shm_map *map; /* WRITE: direct mapping, NULL: staged */
+    bool pull;             /* WRITE: one-copy (WPULL), else staged */
+    bool posted;           /* WRITE, pull: WPULL in the ring, waiting for ctl->pulled */
+    int32_t src_fd;        /* WRITE: source registration's file (-1: none), ... */
+    uint64_t src_ino;      /* ... its inode, */
+    uint64_t src_foff;     /* ... the registration's offset in it */
+    uint64_t src_flen;     /* ... and length; */
+    uint64_t src_soff;     /* ... the source's offset in the registration */
+    uint64_t pull_seq;     /* WRITE, posted: its WPULL's seq */
     uint64_t roff;         /* WRITE: offset in the receiver's region */
     uint64_t len;
     uint64_t done;         /* bytes copied so far */
@@ -199,13 +213,27 @@ struct cfx__shm_ep {
                                      copied out of the ring the peer can still rewrite */
     uint32_t send_free;           /* bitmap of free slots */
 
+    uint64_t pull_seq;            /* WPULLs we sent */
+    uint64_t pulled_seen;         /* peer's last answer (ctl->pulled), as checked */
+    uint32_t pull_inflight;       /* ops at the head of txq whose WPULL is unanswered */
+    bool pull_ok;                 /* the peer read a source of ours: pipeline WPULLs */
+    uint64_t rx_pull_seq;         /* WPULLs the peer sent, as checked */
+    struct {                      /* the peer's WPULL being copied (one at a time: the ring
+                                     message stays unconsumed until it is done) */
+        bool active;
+        struct cfx__shm_msg h;    /* our copy of its header (the peer may rewrite the ring) */
+        struct cfx__shm_map *map; /* the source mapping */
+        uint64_t soff;            /* source offset in the mapped region */
+        uint64_t done;            /* bytes copied */
+        uint64_t seq;
+    } rx_pull;
     struct cfx__shm_map maps[CFX_SHM_MAP_CACHE];
     uint64_t map_clock;
     uint64_t map_bytes;           /* bytes mapped in maps[] */
 
-    uint64_t n_direct;            /* writes copied straight into the peer */
+    uint64_t n_direct;            /* writes sent one-copy (WPULL) */
     uint64_t n_staged;            /* writes sent through the ring */
-    uint64_t n_rx_direct;         /* peer's direct writes landed here */
+    uint64_t n_rx_direct;         /* peer's one-copy writes copied here */
     uint64_t n_rx_staged;         /* peer's staged writes landed here */
 };
 
@@ -319,7 +347,8 @@ struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struc
                                        uint32_t key, uint64_t grant, uint64_t off, uint64_t len,
                                        const char **why);
 void cfx__shm_mr_table_free(struct cfx__shm_iface *iface);
-/* Mapping of the peer region @p rd for direct writes, or NULL: stage. */
+/* Read-only mapping of the peer's source region @p rd (WPULL), or NULL
+ * when it cannot be read (the writer stages instead). */
 struct cfx__shm_map *cfx__shm_map_get(struct cfx__shm_ep *ep,
                                       const struct cfx__shm_rdesc *rd);
 void cfx__shm_map_put(struct cfx__shm_map *map);

@@ -3,8 +3,21 @@
  * path (producing into the outbound ring, consuming the inbound one).
  *
  * Hot path (ep_send, ep_write, tx/rx progress): no logging except on a
- * protocol failure, no allocation (mapping a peer region the first time a
- * write targets it is the one exception, cached afterwards).
+ * protocol failure, no allocation (mapping a peer's source region the first
+ * time a one-copy write reads from it is the one exception, cached
+ * afterwards).
+ *
+ * Writes.  The receiver's memory is written only by the receiver, after
+ * its grant check: staged writes (WFRAG) are copied out of the ring, and
+ * one-copy writes (WPULL, when the source is in the writer's arena file)
+ * are copied by the receiver from its read-only mapping of that file
+ * (shm_mr.c).  A one-copy write completes only when the receiver answered
+ * in the ring's control block (ctl->pulled): until then it may still read
+ * the source.  Unanswered WPULLs stay at the head of the send queue
+ * (pull_inflight); once the peer has read one source of ours (pull_ok),
+ * up to CFX_SHM_PULL_INFLIGHT consecutive ones are in flight, so the
+ * receiver copies one write after the other without waiting for us; any
+ * other op waits until they are answered (completions stay in order).
  */
 #include "shm.h"
 
@@ -68,9 +81,8 @@ static void op_pop(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
 {
     if (op->type == CFX_SHM_OP_SEND && op->send_slot >= 0)
         ep->send_free |= 1u << op->send_slot;
-    if (op->map)
-        cfx__shm_map_put(op->map);
-    op->map = NULL;
+    if (ep->pull_inflight)
+        ep->pull_inflight--; /* they sit at the head */
     ep->txq_head = (ep->txq_head + 1) % CFX_SHM_TXQ_DEPTH;
     ep->txq_count--;
 }
@@ -275,10 +287,6 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
         return CFX_ERR_TOO_BIG;
     if (unlikely(loff > mr->len || len > mr->len - loff))
         return CFX_ERR_INVALID;
-    /* Outside the region as described: only the owner may judge (its key
-     * could be stale too), so such a write goes staged and is refused there. */
-    if (unlikely(roff > rd.len || len > rd.len - roff))
-        rd.direct = 0;
     op = op_push(ep);
     op->type = CFX_SHM_OP_WRITE;
     op->src = (const uint8_t *)mr->addr + loff;
@@ -288,50 +296,117 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
     op->imm = imm;
     op->wr_id = wr_id;
     op->rd = rd;
-    if (ep->state == CFX_SHM_EP_READY && ep->txq_count == 1)
+    op->src_fd = -1;
+    if (mr->iface == tpe->iface && cfx__shm_mr_of(mr)->shm_fd >= 0) {
+        /* the receiver may read it from the file: one copy (shm_mr.c) */
+        const struct cfx__shm_mr *smr = cfx__shm_mr_of(mr);
+        op->src_fd = smr->shm_fd;
+        op->src_ino = smr->ino;
+        op->src_foff = smr->shm_off;
+        op->src_flen = mr->len;
+        op->src_soff = loff;
+    }
+    if (ep->state == CFX_SHM_EP_READY && ep->txq_count == ep->pull_inflight + 1)
         cfx__shm_ep_tx_progress(ep);
     return CFX_OK;
 }
 
 /* ---- producing ---------------------------------------------------------------------------- */
 
-/* Direct: copy into the peer's mapping, then tell it with a WDONE.
- * Returns false when blocked (budget or ring). */
-static bool tx_direct(struct cfx__shm_ep *ep, struct cfx__shm_op *op, uint64_t *budget)
+/* The peer answered something no WPULL of ours could have got. */
+static void pulled_corrupt(struct cfx__shm_ep *ep, uint64_t v)
 {
-    uint8_t *dst = op->map->region + op->roff;
+    ep->iface->n_ring_errors++;
+    CFX_LOG(ERR, SHM, "node %u: %s answered pull %llu with %#llx (last %#llx): failing "
+            "the endpoint", ep->iface->super.node_id, ep->super.peer_name,
+            (unsigned long long)ep->pull_seq, (unsigned long long)v,
+            (unsigned long long)ep->pulled_seen);
+    cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+}
+
+/* Complete the unanswered WPULLs the peer answered.  An answer "could not
+ * read the source" is expected only for the first one (pull_ok not yet
+ * set, nothing else in flight): that write is staged, and every later one.
+ * Returns false when the endpoint failed. */
+static bool pull_reap(struct cfx__shm_ep *ep)
+{
+    uint64_t v = atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire);
+    uint64_t seq = v >> 1;
+
+    if (v == ep->pulled_seen)
+        return true;
+    /* answered: one seq after the last answer, up to the last one sent */
+    if (unlikely(seq - (ep->pulled_seen >> 1) - 1 >= ep->pull_seq - (ep->pulled_seen >> 1))) {
+        pulled_corrupt(ep, v);
+        return false;
+    }
+    ep->pulled_seen = v;
+    if (unlikely(v & 1)) {
+        struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+        if (ep->pull_ok || ep->pull_inflight != 1 || op->pull_seq != seq) {
+            CFX_LOG(ERR, SHM, "node %u: %s could not read the source of write %llu after "
+                    "reading earlier ones: failing the endpoint", ep->iface->super.node_id,
+                    ep->super.peer_name, (unsigned long long)seq);
+            cfx__shm_ep_fail(ep, CFX_ERR_PROTO, true);
+            return false;
+        }
+        ep->direct_off = true; /* it cannot read our files: stage from now on */
+        ep->n_direct--;
+        ep->n_staged++;
+        op->pull = false;
+        op->posted = false;
+        ep->pull_inflight = 0;
+        return true;
+    }
+    ep->pull_ok = true;
+    while (ep->pull_inflight && ep->txq[ep->txq_head].pull_seq - 1 < seq)
+        op_complete(ep, &ep->txq[ep->txq_head], CFX_OK);
+    return true;
+}
+
+/* One copy: tell the peer where to read the source; pull_reap completes the
+ * write when it answers.  Returns false when blocked (ring). */
+static bool tx_pull(struct cfx__shm_ep *ep, struct cfx__shm_op *op)
+{
     uint64_t fit_len;
     int where;
 
-    while (op->done < op->len) {
-        if (!*budget)
-            return false;
-        uint64_t n = CFX_MIN(op->len - op->done, (uint64_t)CFX_SHM_DIRECT_CHUNK);
-        n = CFX_MIN(n, *budget);
-        memcpy(dst + op->done, op->src + op->done, n);
-        op->done += n;
-        *budget -= n;
-    }
-    if ((where = cfx__shm_ring_fit(&ep->tx, 0, 0, &fit_len)) <= 0) {
+    if ((where = cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
+                                   sizeof(struct cfx__shm_pull), &fit_len)) <= 0) {
         if (where < 0)
             ring_corrupt(ep, "tail"); /* op completed with the failure */
         return false;
     }
-    cfx__shm_wmb(); /* the bytes (maybe non-temporal stores) before the WDONE */
     struct cfx__shm_msg *m = cfx__shm_ring_begin(&ep->tx, where);
-    m->type = CFX_SHM_MSG_WDONE;
+    struct cfx__shm_pull pl = {
+        .fd = op->src_fd, .ino = op->src_ino, .foff = op->src_foff, .flen = op->src_flen,
+        .soff = op->src_soff, .seq = ++ep->pull_seq,
+    };
+    memcpy((uint8_t *)m + CFX_SHM_MSG_HDR, &pl, sizeof(pl));
+    m->type = CFX_SHM_MSG_WPULL;
     m->flags = 0;
-    m->len = 0;
+    m->len = sizeof(pl);
     m->key = op->key;
     m->grant = op->rd.grant;
     m->imm = op->imm;
     m->off = op->roff;
     m->start = op->roff;
     m->total = op->len;
-    cfx__shm_ring_commit(&ep->tx, 0);
+    cfx__shm_ring_commit(&ep->tx, sizeof(pl));
     cfx__shm_ring_publish(&ep->tx);
     wake_consumer(ep);
+    op->posted = true;
+    op->pull_seq = pl.seq;
+    ep->pull_inflight++;
     return true;
+}
+
+/* May @p op (not yet posted) go behind the unanswered WPULLs? */
+static inline bool pull_can_follow(const struct cfx__shm_ep *ep, const struct cfx__shm_op *op)
+{
+    return ep->pull_ok && ep->pull_inflight < CFX_SHM_PULL_INFLIGHT &&
+           op->type == CFX_SHM_OP_WRITE && !op->started && op->len && op->src_fd >= 0 &&
+           !ep->direct_off;
 }
 
 /* Staged: copy fragments into the ring; the peer copies them out. */
@@ -376,8 +451,12 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
     uint64_t fit_len;
     int where;
 
-    while (ep->txq_count) {
-        struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+    if (ep->pull_inflight && !pull_reap(ep))
+        return;
+    while (ep->txq_count > ep->pull_inflight) {
+        struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->pull_inflight) % CFX_SHM_TXQ_DEPTH];
+        if (ep->pull_inflight && !pull_can_follow(ep, op))
+            return; /* after the answers */
         if (op->type == CFX_SHM_OP_SEND) {
             if ((where = cfx__shm_ring_fit(&ep->tx, op->len, op->len, &fit_len)) <= 0) {
                 if (where < 0)
@@ -395,13 +474,20 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
         } else {
             if (!op->started) {
                 op->started = true;
-                op->map = op->len ? cfx__shm_map_get(ep, &op->rd) : NULL;
-                if (op->map)
+                op->pull = op->len && op->src_fd >= 0 && !ep->direct_off;
+                if (op->pull)
                     ep->n_direct++;
                 else
                     ep->n_staged++;
             }
-            if (!(op->map ? tx_direct(ep, op, &budget) : tx_staged(ep, op, &budget)))
+            if (op->pull) {
+                if (!tx_pull(ep, op))
+                    return;
+                if (!ep->pull_ok)
+                    return; /* the first answer says whether the peer can read ours */
+                continue; /* completed by pull_reap */
+            }
+            if (!tx_staged(ep, op, &budget))
                 return;
         }
         op_complete(ep, op, CFX_OK);
@@ -423,6 +509,98 @@ static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx_
     return CFX_ERR_PROTO;
 }
 
+static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h);
+
+/* Answer the peer's WPULL @p seq (@p failed: we could not read its source). */
+static void pull_reply(struct cfx__shm_ep *ep, uint64_t seq, bool failed)
+{
+    atomic_store_explicit(&ep->rx.ctl->pulled, seq << 1 | failed, memory_order_release);
+}
+
+/* Copy the peer's WPULL under way, at most *budget bytes: 1 done, 0 more to
+ * do, -1 the endpoint failed.  The grant is looked up again before every
+ * step: one revoked (or a registration gone) mid-copy takes no more bytes. */
+static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
+{
+    struct cfx__shm_msg *h = &ep->rx_pull.h;
+    const char *why;
+
+    if (unlikely(ep->state == CFX_SHM_EP_PEER_GONE)) {
+        /* the writer is gone or closed: its source may already be reused */
+        cfx__shm_ep_fail(ep, ep->peer_status, false);
+        return -1;
+    }
+    while (ep->rx_pull.done < h->total) {
+        if (!*budget)
+            return 0;
+        struct cfx__shm_mr *mr = cfx__shm_mr_lookup(ep->iface, ep, h->key, h->grant, h->off,
+                                                    h->total, &why);
+        if (unlikely(!mr)) {
+            h->start = h->off;
+            rx_refused(ep, why, h);
+            return -1;
+        }
+        uint64_t n = CFX_MIN(h->total - ep->rx_pull.done, (uint64_t)CFX_SHM_DIRECT_CHUNK);
+        n = CFX_MIN(n, *budget);
+        memcpy((uint8_t *)mr->super.addr + h->off + ep->rx_pull.done,
+               ep->rx_pull.map->region + ep->rx_pull.soff + ep->rx_pull.done, n);
+        ep->rx_pull.done += n;
+        *budget -= n;
+    }
+    cfx__shm_map_put(ep->rx_pull.map);
+    ep->rx_pull.map = NULL;
+    ep->rx_pull.active = false;
+    ep->n_rx_direct++;
+    pull_reply(ep, ep->rx_pull.seq, false);
+    return 1;
+}
+
+/* A WPULL at the read position: check it and the grant, map the source.
+ * 1 copying (ep->rx_pull), 0 answered "cannot read" (consume it), -1 the
+ * endpoint failed. */
+static int rx_pull_start(struct cfx__shm_ep *ep, const struct cfx__shm_msg *h,
+                         const uint8_t *payload)
+{
+    struct cfx__shm_pull pl;
+    struct cfx__shm_mr *mr;
+    const char *why;
+
+    memcpy(&pl, payload, sizeof(pl)); /* once: the peer may change it under us */
+    if (unlikely(pl.seq != ep->rx_pull_seq + 1)) {
+        rx_proto(ep, "a pull out of sequence", h);
+        return -1;
+    }
+    ep->rx_pull_seq = pl.seq;
+    /* the grant first: a refused write reads nothing and writes nothing */
+    mr = cfx__shm_mr_lookup(ep->iface, ep, h->key, h->grant, h->off, h->total, &why);
+    if (unlikely(!mr)) {
+        struct cfx__shm_msg r = *h;
+        r.start = r.off;
+        rx_refused(ep, why, &r);
+        return -1;
+    }
+    if (unlikely(pl.soff > pl.flen || h->total > pl.flen - pl.soff)) {
+        rx_proto(ep, "a pull outside its source", h);
+        return -1;
+    }
+    struct cfx__shm_rdesc src = {
+        .direct = 1, .pid = ep->peer_pid, .fd = pl.fd, .ino = pl.ino, .off = pl.foff,
+        .len = pl.flen,
+    };
+    struct cfx__shm_map *map = cfx__shm_map_get(ep, &src);
+    if (!map) {
+        pull_reply(ep, pl.seq, true); /* the writer stages it */
+        return 0;
+    }
+    ep->rx_pull.active = true;
+    ep->rx_pull.h = *h;
+    ep->rx_pull.map = map;
+    ep->rx_pull.soff = pl.soff;
+    ep->rx_pull.done = 0;
+    ep->rx_pull.seq = pl.seq;
+    return 1;
+}
+
 static int rx_proto(struct cfx__shm_ep *ep, const char *what, const struct cfx__shm_msg *h)
 {
     ep->iface->n_ring_errors++;
@@ -440,9 +618,28 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
     struct cfx__shm_msg h;
     bool consumed = false;
     int n = 0, copies = 0;
+    uint64_t budget = CFX_SHM_RX_BUDGET;
 
     while (n < max) {
         uint64_t avail;
+        if (ep->rx_pull.active) {
+            /* its message stays in the ring until the copy is done */
+            int rc = rx_pull_step(ep, &budget);
+            if (rc < 0)
+                return n;
+            if (!rc)
+                goto out;
+            struct cfx_tp_completion *c = &comps[n++];
+            memset(c, 0, sizeof(*c));
+            c->type = CFX_TP_COMP_WRITE_IMM;
+            c->ep = &ep->super;
+            c->imm = ep->rx_pull.h.imm;
+            c->len = (uint32_t)ep->rx_pull.h.total;
+            r->pos += cfx__shm_msg_size(sizeof(struct cfx__shm_pull));
+            consumed = true;
+            cfx__shm_ring_release(r);
+            continue;
+        }
         if (unlikely(cfx__shm_ring_avail(r, &avail) < 0)) {
             ring_corrupt(ep, "head");
             return n;
@@ -504,21 +701,14 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
                 n++;
             }
             break;
-        case CFX_SHM_MSG_WDONE:
-            mr = cfx__shm_mr_lookup(ep->iface, ep, h.key, h.grant, h.off, h.total, &why);
-            if (unlikely(!mr)) {
-                h.start = h.off;
-                rx_refused(ep, why, &h); /* after the fact: see shm_mr.c */
+        case CFX_SHM_MSG_WPULL: {
+            int rc = rx_pull_start(ep, &h, payload);
+            if (rc < 0)
                 return n;
-            }
-            ep->n_rx_direct++;
-            memset(c, 0, sizeof(*c));
-            c->type = CFX_TP_COMP_WRITE_IMM;
-            c->ep = &ep->super;
-            c->imm = h.imm;
-            c->len = (uint32_t)h.total;
-            n++;
+            if (rc > 0)
+                continue; /* copied from the top of the loop */
             break;
+        }
         default:
             rx_proto(ep, "an unknown message", &h);
             return n;
@@ -562,15 +752,22 @@ bool cfx__shm_ep_arm(struct cfx__shm_ep *ep)
 /* A bad tail (fit < 0) counts as progress: the poll it causes fails the ep. */
 static bool tx_can_progress(struct cfx__shm_ep *ep)
 {
-    struct cfx__shm_op *op = &ep->txq[ep->txq_head];
+    struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->pull_inflight) % CFX_SHM_TXQ_DEPTH];
     uint64_t p;
 
+    if (ep->pull_inflight) {
+        if (atomic_load_explicit(&ep->tx.ctl->pulled, memory_order_acquire) != ep->pulled_seen)
+            return true; /* an answer to reap */
+        if (ep->txq_count == ep->pull_inflight || !pull_can_follow(ep, op))
+            return false;
+    }
     if (op->type == CFX_SHM_OP_SEND)
         return cfx__shm_ring_fit(&ep->tx, op->len, op->len, &p) != 0;
-    if (!op->started || (op->map && op->done < op->len))
+    if (!op->started)
         return true;
-    if (op->map)
-        return cfx__shm_ring_fit(&ep->tx, 0, 0, &p) != 0;
+    if (op->pull)
+        return cfx__shm_ring_fit(&ep->tx, sizeof(struct cfx__shm_pull),
+                                 sizeof(struct cfx__shm_pull), &p) != 0;
     return cfx__shm_ring_fit(&ep->tx, CFX_MIN(op->len - op->done, (uint64_t)ep->iface->frag_size),
                              CFX_SHM_FRAG_MIN, &p) != 0;
 }

@@ -1,22 +1,36 @@
 /*
- * shm registrations and the writer's cache of mapped peer registrations.
+ * shm registrations and the receiver's cache of mapped peer source regions.
  *
  * A registration is a slot in the iface table.  It takes no remote write
  * until it is granted (mr_grant): a grant draws 64 fresh random bits as its
  * key and may name the one endpoint allowed to write; revoking, granting
- * again or deregistering clears it.  A staged write is checked against the
- * grant (key, writer, bounds) before its first byte is copied; a direct
- * write (below) lands before its WDONE is checked: a writer that keeps its
- * mapping of the receiver's arena file past the grant is refused and failed
- * only afterwards (same user only; such a process could as well write
- * /proc/<pid>/mem).  When the memory sits
- * in a shareable file (mem->file_fd, the engine's memfd arena) the rdesc also
- * names that file as the owner sees it (pid, fd number, inode, offset): a
- * writer on the same host opens /proc/<pid>/fd/<fd>, checks the inode and
- * maps the region, then copies straight into it (one copy).  The owner's fd
- * must stay open while the registration lives; the arena guarantees it.
- * Anything that stops the writer from mapping it (another pid namespace,
- * permissions, a closed fd) falls back to the staged path.
+ * again or deregistering clears it.  Every write, staged or one-copy, is
+ * checked against the grant (key, writer, bounds) before its first byte
+ * lands, and by the receiver: its memory is written by no one else.
+ *
+ * One copy, read by the receiver.  When a write's SOURCE sits in a file
+ * the writer registered (mem->file_fd: the engine's memfd arena, sealed
+ * against shrinking), the writer sends a WPULL naming that file as it sees
+ * it (fd number, inode, offset) with the destination key, grant, offset and
+ * length.  The receiver checks the grant, opens /proc/<writer pid>/fd/<fd>
+ * read-only, checks inode and seals, maps the region PROT_READ (cached
+ * here, per endpoint), copies into the granted registration in steps
+ * budgeted per progress call, and answers in the ring's control block;
+ * only then does the writer's write complete and its source become
+ * reusable.  The opposite direction (the writer mapping the receiver's
+ * arena writable and copying into it, then reporting) was what this
+ * replaced: it let bytes land before the grant was checked.  Costs are the
+ * same: one memcpy, the file mapped once per endpoint; the copy now runs
+ * on the receiver's thread, and the writer waits one ring round trip per
+ * write.  A grant therefore names no file: a peer never learns where the
+ * granted memory lives, and no peer opens an arena file writable (same user
+ * only: such a process could still write /proc/<pid>/mem).  Anything that
+ * stops the receiver from mapping the source (another pid namespace,
+ * permissions, a closed fd) is answered "no" to the first pull and the
+ * writer stages that write and every later one on the endpoint; a "no"
+ * after the peer read sources of ours fails the endpoint (the writer has
+ * pulls in flight behind it by then, which must not land out of order).
+ * A source file not sealed against shrinking is never offered.
  */
 #include "shm.h"
 
@@ -30,6 +44,13 @@
 #include <unistd.h>
 
 #include "dataplane/common/log.h"
+
+/* A file its owner cannot shrink under a reader's copy (SIGBUS). */
+static bool file_sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & F_SEAL_SHRINK);
+}
 
 int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem,
                      unsigned access, struct cfx_tp_mr **out)
@@ -55,8 +76,11 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
     mr->super.memtype = mem->memtype;
     mr->access = access;
     mr->shm_fd = -1;
+    /* a source the receiver may read from (one copy): only a file sealed
+     * against shrinking (the receiver checks too), else its writes stage */
     if (mem->file_fd >= 0 && fstat(mem->file_fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off) {
+        mem->file_off <= (uint64_t)st.st_size && mem->len <= (uint64_t)st.st_size - mem->file_off &&
+        file_sealed(mem->file_fd)) {
         mr->shm_fd = mem->file_fd;
         mr->shm_off = mem->file_off;
         mr->ino = st.st_ino;
@@ -106,13 +130,7 @@ int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_t
     rd.key = mr->key;
     rd.len = mr->super.len;
     rd.pid = cfx__shm_iface_of(tpm->iface)->pid;
-    rd.fd = -1;
-    if (mr->shm_fd >= 0 && (mr->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
-        rd.direct = 1;
-        rd.fd = mr->shm_fd;
-        rd.ino = mr->ino;
-        rd.off = mr->shm_off;
-    }
+    rd.fd = -1; /* the receiver copies: a writer needs no way to its file */
     memset(out, 0, sizeof(*out));
     out->len = sizeof(rd);
     memcpy(out->data, &rd, sizeof(rd));
@@ -174,7 +192,7 @@ void cfx__shm_mr_table_free(struct cfx__shm_iface *iface)
     cfx__tp_table_fini(&iface->mrs);
 }
 
-/* ---- mapped peer registrations ------------------------------------------------------- */
+/* ---- mapped peer source regions ------------------------------------------------------ */
 
 static void map_drop(struct cfx__shm_ep *ep, struct cfx__shm_map *m)
 {
@@ -211,12 +229,13 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
     int fd;
 
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)rd->pid, (int)rd->fd);
-    fd = open(path, O_RDWR | O_CLOEXEC);
+    /* read-only: the writer's memory is the writer's, ours is ours */
+    fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == EACCES || errno == EPERM) {
-            /* cannot reach this peer's files at all: stage from now on */
+            /* cannot reach this peer's files at all: refuse its pulls from now on */
             ep->direct_off = true;
-            CFX_LOG(INFO, SHM, "node %u: cannot open %s of %s (%s): staging writes",
+            CFX_LOG(INFO, SHM, "node %u: cannot open %s of %s (%s): its writes are staged",
                     ep->iface->super.node_id, path, ep->super.peer_name, strerror(errno));
         }
         return CFX_ERR_NOT_FOUND;
@@ -227,9 +246,8 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
         return CFX_ERR_NOT_FOUND;
     }
     /* a file its owner can shrink under our copy would fault it (SIGBUS):
-     * direct writes go only into files sealed against shrinking */
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+     * we read only from files sealed against shrinking */
+    if (!file_sealed(fd)) {
         close(fd);
         return CFX_ERR_NOT_FOUND; /* staged instead */
     }
@@ -237,8 +255,7 @@ static int map_open(struct cfx__shm_ep *ep, const struct cfx__shm_rdesc *rd,
     size_t mlen = (size_t)((rd->off - moff + rd->len + (uint64_t)page - 1) & ~(uint64_t)(page - 1));
     /* MAP_POPULATE: no page faults in the copy that follows */
     map_trim(ep, mlen);
-    void *p = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-                   (off_t)moff);
+    void *p = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)moff);
     close(fd);
     if (p == MAP_FAILED)
         return CFX_ERR_NOMEM;

@@ -33,7 +33,7 @@ int cfx__shm_msg_check(const void *buf, size_t len, uint64_t avail, uint64_t con
         return h.type;
     case CFX_SHM_MSG_SEND:
     case CFX_SHM_MSG_WFRAG:
-    case CFX_SHM_MSG_WDONE:
+    case CFX_SHM_MSG_WPULL:
         break;
     default:
         *why = "an unknown message";
@@ -54,8 +54,9 @@ int cfx__shm_msg_check(const void *buf, size_t len, uint64_t avail, uint64_t con
         *why = "a write fragment outside any registration";
         return CFX_ERR_PROTO;
     }
-    if (h.type == CFX_SHM_MSG_WDONE && h.total > CFX_TP_WRITE_MAX) {
-        *why = "a direct write outside any registration";
+    if (h.type == CFX_SHM_MSG_WPULL &&
+        (h.len != sizeof(struct cfx__shm_pull) || !h.total || h.total > CFX_TP_WRITE_MAX)) {
+        *why = "a one-copy write outside any registration";
         return CFX_ERR_PROTO;
     }
     return h.type;

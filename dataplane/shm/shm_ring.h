@@ -36,21 +36,34 @@ enum cfx__shm_msg_type {
     CFX_SHM_MSG_WRAP = 0x5701,
     CFX_SHM_MSG_SEND,
     CFX_SHM_MSG_WFRAG,
-    CFX_SHM_MSG_WDONE,
+    CFX_SHM_MSG_WDONE,     /* no longer sent (protocol 2 only): refused as unknown */
+    CFX_SHM_MSG_WPULL,
 };
 
 #define CFX_SHM_MSG_LAST 1u  /* WFRAG: last fragment of the write */
+
+/* WPULL payload: where the receiver finds the source of a one-copy write,
+ * a region of a sealed file the writer holds open (its arena memfd). */
+struct cfx__shm_pull {
+    int32_t fd;            /* writer's fd of the file (/proc/<writer pid>/fd/<fd>) */
+    uint32_t rsv;
+    uint64_t ino;          /* inode of that file: a reused fd number won't match */
+    uint64_t foff;         /* offset in the file of the writer's registration */
+    uint64_t flen;         /* bytes of that registration */
+    uint64_t soff;         /* where the source starts in it */
+    uint64_t seq;          /* 1, 2, ... per endpoint: answered in ctl->pulled */
+};
 
 struct cfx__shm_msg {
     uint16_t type;         /* enum cfx__shm_msg_type */
     uint16_t flags;        /* CFX_SHM_MSG_LAST */
     uint32_t len;          /* payload bytes after the header */
-    uint32_t key;          /* WFRAG, WDONE: receiver's registration key */
-    uint32_t imm;          /* WFRAG(LAST), WDONE */
-    uint64_t off;          /* WFRAG: where this payload goes; WDONE: write start */
+    uint32_t key;          /* WFRAG, WPULL: receiver's registration key */
+    uint32_t imm;          /* WFRAG(LAST), WPULL */
+    uint64_t off;          /* WFRAG: where this payload goes; WPULL: write start */
     uint64_t start;        /* WFRAG: where the whole write starts */
-    uint64_t total;        /* WFRAG, WDONE: bytes of the whole write */
-    uint64_t grant;        /* WFRAG, WDONE: random key of the receiver's live grant */
+    uint64_t total;        /* WFRAG, WPULL: bytes of the whole write */
+    uint64_t grant;        /* WFRAG, WPULL: random key of the receiver's live grant */
 };
 
 struct cfx__shm_ring_ctl {
@@ -58,6 +71,9 @@ struct cfx__shm_ring_ctl {
     _Alignas(CFX_SHM_CACHELINE) _Atomic uint64_t tail; /* consumer */
     _Alignas(CFX_SHM_CACHELINE) _Atomic uint32_t consumer_sleeping;
     _Alignas(CFX_SHM_CACHELINE) _Atomic uint32_t producer_waiting;
+    /* consumer: WPULLs answered, (seq << 1) | 1 when it could not read the
+     * source (the producer stages that write instead) */
+    _Alignas(CFX_SHM_CACHELINE) _Atomic uint64_t pulled;
 };
 
 struct cfx__shm_seg_hdr {

@@ -71,10 +71,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 goto out;
             memcpy(region + h.off, payload, h.len);
             break;
-        case CFX_SHM_MSG_WDONE:
+        case CFX_SHM_MSG_WPULL: {
+            /* cfx__shm_mr_lookup(key, off, total) first, then the source
+             * bounds rx_pull_start checks (a REGION-byte source) */
+            struct cfx__shm_pull pl;
+            if (h.len != sizeof(pl))
+                abort();
+            memcpy(&pl, payload, sizeof(pl));
             if (h.off > REGION || h.total > REGION - h.off)
                 goto out;
+            if (pl.soff > REGION || h.total > REGION - pl.soff)
+                goto out;
+            memmove(region + h.off, region + pl.soff, h.total);
             break;
+        }
         default:
             abort();
         }

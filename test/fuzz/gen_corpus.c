@@ -426,13 +426,16 @@ static void shm(void)
     memcpy(buf + off, &m, sizeof(m));
     off += cfx__shm_msg_size(m.len);
     memset(&m, 0, sizeof(m));
-    m.type = CFX_SHM_MSG_WDONE;
+    m.type = CFX_SHM_MSG_WPULL;
+    m.len = sizeof(struct cfx__shm_pull);
     m.key = 1;
     m.off = 0;
     m.total = 4096;
     memcpy(buf + off, &m, sizeof(m));
-    off += cfx__shm_msg_size(0);
-    put("fuzz_shm_msg", "send_wfrag_wdone", buf, off);
+    struct cfx__shm_pull pl = { .fd = 3, .flen = 8192, .soff = 4096, .seq = 1 };
+    memcpy(buf + off + CFX_SHM_MSG_HDR, &pl, sizeof(pl));
+    off += cfx__shm_msg_size(sizeof(pl));
+    put("fuzz_shm_msg", "send_wfrag_wpull", buf, off);
 
     /* a WRAP two slots before the end, then a SEND at the start */
     memset(buf, 0, sizeof(buf));

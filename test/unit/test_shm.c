@@ -1,8 +1,9 @@
 /*
  * shm transport specifics (the contract itself is test_transport.c):
- * the direct (mapped memfd) and staged (through the ring) write paths byte
- * for byte, ring wrap-around, doorbells, a SIGKILLed peer, refused writes,
- * fd and /dev/shm hygiene, and both paths between two processes.
+ * the direct (one copy: the receiver reads the writer's sealed memfd) and
+ * staged (through the ring) write paths byte for byte, ring wrap-around,
+ * doorbells, a SIGKILLed peer, refused writes, fd and /dev/shm hygiene, and
+ * both paths between two processes.
  *
  * Every wait polls with a deadline.  Forked children report by exit code.
  */
@@ -210,7 +211,7 @@ static void region_reg(struct cfx_tp_iface *iface, struct region *r, size_t len,
         r->fd = memfd_create("test-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         cr_assert_geq(r->fd, 0);
         cr_assert_eq(ftruncate(r->fd, (off_t)r->map_len), 0);
-        /* as the engine's arena: direct writes go only into sealed files */
+        /* as the engine's arena: one-copy writes read only from sealed files */
         if (!unsealed_memfd)
             cr_assert_eq(fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
         r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
@@ -308,7 +309,8 @@ static void check_paths(bool memfd, bool direct)
     const size_t dst_off = 3 * 4096 + 17; /* registration starts mid-page in the file */
 
     pair_open(&p);
-    region_reg(p.s[0].iface, &src, 10u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0);
+    /* one copy when the SOURCE is in a sealed file (the receiver reads it) */
+    region_reg(p.s[0].iface, &src, 10u << 20, 5 * 4096 + 3, memfd, CFX_TP_ACCESS_LOCAL, 0);
     region_reg(p.s[1].iface, &dst, 10u << 20, dst_off, memfd, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
 
     for (size_t i = 0; i < CFX_ARRAY_SIZE(w); i++) {
@@ -351,8 +353,9 @@ Test(shm, staged_bytes, .timeout = 60)
     check_paths(false, false);
 }
 
-/* A destination file its owner could shrink under the writer's copy (not
- * sealed) is never written directly: every write is staged, bytes intact. */
+/* A source file its owner could shrink under the receiver's copy (not
+ * sealed) is never offered for one copy: every write is staged, bytes
+ * intact. */
 Test(shm, unsealed_memfd_is_staged, .timeout = 60)
 {
     unsealed_memfd = true;
@@ -365,7 +368,7 @@ Test(shm, wrap_interleaved, .timeout = 60)
 {
     enum { N = 3000, SLOT = 48 * 1024 };
     struct pair p;
-    struct region src, dst_direct, dst_staged;
+    struct region src, src_file, dst_direct, dst_staged;
     uint8_t msg[CFX_TP_SEND_MAX];
 
     setenv("CFX_SHM_RING_SIZE", "64K", 1); /* wraps every few ops */
@@ -373,11 +376,13 @@ Test(shm, wrap_interleaved, .timeout = 60)
     unsetenv("CFX_SHM_RING_SIZE");
     cr_assert_eq(cfx__shm_ep_of(p.ab)->tx.size, 64u * 1024);
     region_reg(p.s[0].iface, &src, (size_t)N * SLOT / 8, 0, false, CFX_TP_ACCESS_LOCAL, 0);
+    region_reg(p.s[0].iface, &src_file, (size_t)N * SLOT / 8, 0, true, CFX_TP_ACCESS_LOCAL, 0);
     region_reg(p.s[1].iface, &dst_direct, (size_t)N * SLOT / 8, 0, true,
                CFX_TP_ACCESS_REMOTE_WRITE, 0);
     region_reg(p.s[1].iface, &dst_staged, (size_t)N * SLOT / 8, 0, false,
                CFX_TP_ACCESS_REMOTE_WRITE, 0);
     cfx_test_fill(src.buf, src.len, 77);
+    cfx_test_fill(src_file.buf, src_file.len, 77); /* the same bytes: one copy reads this */
 
     /* op i: send (i % 3 == 0), or a write of 1..SLOT bytes, alternating paths;
      * slots are reused, so each write is checked when it is reported */
@@ -394,7 +399,8 @@ Test(shm, wrap_interleaved, .timeout = 60)
             size_t len = 1 + (i * 7919u) % SLOT;
             size_t slot = i % nslots;
             struct region *d = (i & 1) ? &dst_direct : &dst_staged;
-            post_write(&p, p.ab, &src, slot * SLOT, &d->rdesc, slot * SLOT, len, i, i);
+            post_write(&p, p.ab, (i & 1) ? &src_file : &src, slot * SLOT, &d->rdesc, slot * SLOT,
+                       len, i, i);
         }
         /* keep the in-flight window under the slot reuse distance */
         while (count_ev(&p.s[1], CFX_TP_COMP_RECV) + count_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM) +
@@ -456,6 +462,7 @@ Test(shm, wrap_interleaved, .timeout = 60)
     cr_assert_gt(a->n_direct, 0);
     cr_assert_gt(a->n_staged, 0);
     region_free(&src);
+    region_free(&src_file);
     region_free(&dst_direct);
     region_free(&dst_staged);
     pair_close(&p);
@@ -548,14 +555,13 @@ static void check_refused(bool memfd, enum forge how)
     size_t len = 100;
 
     pair_open(&p);
-    region_reg(p.s[0].iface, &src, 1u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(p.s[0].iface, &src, 1u << 20, 0, memfd, CFX_TP_ACCESS_LOCAL, 0x11);
     region_reg(p.s[1].iface, &dst, 65536, off, memfd, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
     rd = dst.rdesc;
     memcpy(&r, rd.data, sizeof(r));
     switch (how) {
     case FORGE_LEN:           /* the rdesc claims more than was registered */
         r.len = 1u << 20;
-        r.direct = 0;         /* a direct writer would trust it: see shm_mr.c */
         roff = 65536 - 10;
         len = 300000;
         break;
@@ -604,29 +610,31 @@ Test(shm, refused_out_of_bounds_memfd, .timeout = 30)
     check_refused(true, FORGE_NONE_OOB);
 }
 
-/* A reused fd number names another file: the mapping cache must notice. */
+/* A reused fd number names another file: the receiver's mapping cache of
+ * the writer's sources must notice (inode). */
 Test(shm, memfd_fd_reuse, .timeout = 30)
 {
     struct pair p;
-    struct region src, d1, d2;
+    struct region s1, s2, dst;
 
     pair_open(&p);
-    region_reg(p.s[0].iface, &src, 65536, 0, false, CFX_TP_ACCESS_LOCAL, 0x33);
-    region_reg(p.s[1].iface, &d1, 65536, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
-    post_write(&p, p.ab, &src, 0, &d1.rdesc, 0, 65536, 1, 1);
+    region_reg(p.s[0].iface, &s1, 65536, 0, true, CFX_TP_ACCESS_LOCAL, 0x33);
+    region_reg(p.s[1].iface, &dst, 65536, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    post_write(&p, p.ab, &s1, 0, &dst.rdesc, 0, 65536, 1, 1);
     wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
-    int old_fd = d1.fd;
-    region_free(&d1);
-    region_reg(p.s[1].iface, &d2, 65536, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
-    cr_assert_eq(d2.fd, old_fd, "test needs the fd number reused");
-    memset(src.buf, 0x44, src.len);
-    post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 65536, 2, 2);
+    wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+    int old_fd = s1.fd;
+    region_free(&s1);
+    region_reg(p.s[0].iface, &s2, 65536, 0, true, CFX_TP_ACCESS_LOCAL, 0x44);
+    cr_assert_eq(s2.fd, old_fd, "test needs the fd number reused");
+    post_write(&p, p.ab, &s2, 0, &dst.rdesc, 0, 65536, 2, 2);
     wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
-    for (size_t i = 0; i < d2.len; i++)
-        cr_assert_eq(d2.buf[i], 0x44, "byte %zu not written into the new file", i);
+    for (size_t i = 0; i < dst.len; i++)
+        cr_assert_eq(dst.buf[i], 0x44, "byte %zu not read from the new file", i);
     cr_assert_eq(cfx__shm_ep_of(p.ab)->n_direct, 2);
-    region_free(&src);
-    region_free(&d2);
+    cr_assert_eq(cfx__shm_ep_of(p.ba)->n_rx_direct, 2);
+    region_free(&s2);
+    region_free(&dst);
     pair_close(&p);
 }
 
@@ -637,22 +645,24 @@ Test(shm, no_leaks, .timeout = 30)
     int fds0 = count_fds(), shm0 = count_dev_shm();
     for (int round = 0; round < 3; round++) {
         struct pair p;
-        struct region src, d1, d2;
+        struct region src, sf, d1, d2;
         pair_open(&p);
         region_reg(p.s[0].iface, &src, 1u << 20, 0, false, CFX_TP_ACCESS_LOCAL, 1);
+        region_reg(p.s[0].iface, &sf, 1u << 20, 0, true, CFX_TP_ACCESS_LOCAL, 1);
         region_reg(p.s[1].iface, &d1, 1u << 20, 0, true, CFX_TP_ACCESS_REMOTE_WRITE, 0);
         region_reg(p.s[1].iface, &d2, 1u << 20, 0, false, CFX_TP_ACCESS_REMOTE_WRITE, 0);
-        post_write(&p, p.ab, &src, 0, &d1.rdesc, 0, 1u << 20, 1, 1);
+        post_write(&p, p.ab, &sf, 0, &d1.rdesc, 0, 1u << 20, 1, 1);
         post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 1u << 20, 2, 2);
         post_send(&p, p.ba, "bye", 3, 3);
         wait_count(&p, 1, CFX_TP_COMP_WRITE_IMM, 2, WAIT_MS);
         wait_ev(&p, 0, CFX_TP_COMP_RECV, p.ab, WAIT_MS);
         /* one side closes with writes in flight, the other notices */
-        post_write(&p, p.ab, &src, 0, &d2.rdesc, 0, 1u << 20, 3, 3);
+        post_write(&p, p.ab, &sf, 0, &d2.rdesc, 0, 1u << 20, 3, 3);
         ops->ep_close(p.ab);
         p.ab = NULL;
         wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
         region_free(&src);
+        region_free(&sf);
         region_free(&d1);
         region_free(&d2);
         pair_close(&p);
@@ -682,9 +692,16 @@ Test(shm, peer_killed_direct, .timeout = 30)
         struct cfx_tp_ep *ep;
         struct cfx_tp_mr *mr;
         struct cfx_tp_completion comps[64];
-        static uint8_t buf[SZ];
+        /* a source the parent reads straight from (one copy) */
+        int sfd = memfd_create("test-src", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (sfd < 0 || ftruncate(sfd, SZ) < 0 ||
+            fcntl(sfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+            _exit(2);
+        uint8_t *buf = mmap(NULL, SZ, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+        if (buf == MAP_FAILED)
+            _exit(2);
         struct cfx_tp_mem_desc md = { .addr = buf, .len = SZ, .memtype = CFX_MEMTYPE_HOST,
-                                      .file_fd = -1 };
+                                      .file_fd = sfd };
         uint64_t end = cfx__deadline_ns(20000);
         if (ops->iface_open(&prm, &ci) != CFX_OK ||
             ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) != CFX_OK ||
@@ -729,10 +746,12 @@ Test(shm, peer_killed_direct, .timeout = 30)
 /* ---- two processes, both write paths ----------------------------------------------------------- */
 
 /*
- * A writer process moves BW_SIZE into a memfd (arena) destination and into a
- * private one, BW_ITERS rounds each, in the engine's chunk size.  Checked:
- * every byte of every round, and the path taken, counted per write by the
- * receiver (direct: straight into the mapped file; staged: through the ring).
+ * A writer process moves BW_SIZE from a memfd (arena) source into a memfd
+ * destination, and from private memory into a private one, BW_ITERS rounds
+ * each, in the engine's chunk size.  Checked: every byte of every round, and
+ * the path taken, counted per write by the receiver (direct: one copy, by the
+ * receiver from its read-only mapping of the writer's file; staged: through
+ * the ring).
  * The GB/s of both paths and of memcpy are logged as METRIC lines, not
  * asserted: scripts/bench-goals.sh holds their goals (docs/PERFORMANCE.md).
  */
@@ -762,7 +781,7 @@ static double memcpy_gbps(void)
 
 /* Writer process: BW_ITERS rounds of BW_SIZE in BW_CHUNK writes, each round
  * started by a RECV from the parent.  Its deadline only ends a hang. */
-static void bw_child(int rfd)
+static void bw_child(int rfd, bool direct)
 {
     char addr[CFX_TP_ADDR_MAX];
     size_t alen;
@@ -778,12 +797,24 @@ static void bw_child(int rfd)
     if (read(rfd, &alen, sizeof(alen)) != sizeof(alen) || alen > sizeof(addr) ||
         read(rfd, addr, alen) != (ssize_t)alen || read(rfd, &rd, sizeof(rd)) != sizeof(rd))
         _exit(2);
-    uint8_t *src = malloc(BW_SIZE);
-    if (!src)
+    /* direct: the source in a sealed memfd, as the engine's arena (one copy,
+     * by the receiver); else private memory (staged) */
+    int sfd = -1;
+    uint8_t *src;
+    if (direct) {
+        sfd = memfd_create("test-src", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (sfd < 0 || ftruncate(sfd, BW_SIZE) < 0 ||
+            fcntl(sfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+            _exit(2);
+        src = mmap(NULL, BW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+        if (src == MAP_FAILED)
+            _exit(2);
+    } else if (!(src = malloc(BW_SIZE))) {
         _exit(2);
+    }
     cfx_test_fill(src, BW_SIZE, BW_SEED);
     struct cfx_tp_mem_desc md = { .addr = src, .len = BW_SIZE, .memtype = CFX_MEMTYPE_HOST,
-                                  .file_fd = -1 };
+                                  .file_fd = sfd };
     if (ops->iface_open(&prm, &ci) != CFX_OK || ops->mem_reg(ci, &md, CFX_TP_ACCESS_LOCAL, &mr) ||
         ops->ep_connect(ci, addr, alen, 1, &ep) != CFX_OK)
         _exit(2);
@@ -820,7 +851,7 @@ static double bw_measure(bool direct, double *first)
     cr_assert_neq(pid, -1);
     if (pid == 0) {
         close(pfd[1]);
-        bw_child(pfd[0]);
+        bw_child(pfd[0], direct);
     }
     close(pfd[0]);
     struct pair p;

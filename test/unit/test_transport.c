@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -325,6 +327,9 @@ struct region {
     size_t len;
     struct cfx_tp_mr *mr;
     struct cfx_tp_rdesc rdesc;
+    int fd;            /* arena regions: the sealed memfd, else 0 (unused) */
+    uint8_t *map;      /* arena regions: the whole file, guard bytes around buf */
+    size_t map_len;
 };
 
 static void region_reg(struct pair *p, int side, struct region *r, size_t len, unsigned access,
@@ -348,11 +353,44 @@ static void region_reg(struct pair *p, int side, struct region *r, size_t len, u
     cr_assert(r->rdesc.len > 0 && r->rdesc.len <= CFX_TP_RDESC_MAX);
 }
 
+/* A window of a sealed memfd, as the engine's arena hands out (which is
+ * what the shm one-copy path reads from and writes into): ARENA_OFF bytes
+ * before it and a page after it, all filled with @p fill too, so a test can
+ * check that no byte outside the window changed. */
+enum { ARENA_OFF = 4096 + 64 };
+
+static void region_reg_arena(struct pair *p, int side, struct region *r, size_t len,
+                             unsigned access, uint8_t fill)
+{
+    memset(r, 0, sizeof(*r));
+    r->map_len = (ARENA_OFF + len + 4096 + 4095) & ~(size_t)4095;
+    r->fd = memfd_create("test-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    cr_assert_geq(r->fd, 0);
+    cr_assert_eq(ftruncate(r->fd, (off_t)r->map_len), 0);
+    cr_assert_eq(fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    cr_assert_neq(r->map, MAP_FAILED);
+    memset(r->map, fill, r->map_len);
+    r->buf = r->map + ARENA_OFF;
+    r->len = len;
+    struct cfx_tp_mem_desc md = { .addr = r->buf, .len = len, .memtype = CFX_MEMTYPE_HOST,
+                                  .file_fd = r->fd, .file_off = ARENA_OFF };
+    int rc = p->ops->mem_reg(p->s[side].iface, &md, access, &r->mr);
+    cr_assert_eq(rc, CFX_OK, "mem_reg: %s %s", cfx_errname(rc), cfx_last_error());
+    rc = p->ops->mr_pack(r->mr, &r->rdesc);
+    cr_assert_eq(rc, CFX_OK, "mr_pack: %s", cfx_errname(rc));
+}
+
 static void region_free(struct pair *p, struct region *r)
 {
     if (r->mr)
         p->ops->mem_dereg(r->mr);
-    free(r->buf);
+    if (r->map) {
+        munmap(r->map, r->map_len);
+        close(r->fd);
+    } else {
+        free(r->buf);
+    }
     memset(r, 0, sizeof(*r));
 }
 
@@ -866,7 +904,7 @@ enum grant_attack { STALE, OTHER_PEER, PAST_END };
  * It must change no byte, fail the writer's connection on both sides, report
  * no WRITE_IMM and be counted once.
  */
-static void check_grant_attack(const struct tp_param *param, enum grant_attack how)
+static void check_grant_attack(const struct tp_param *param, enum grant_attack how, bool arena)
 {
     enum { LEN = 65536 };
     struct pair p;
@@ -875,8 +913,13 @@ static void check_grant_attack(const struct tp_param *param, enum grant_attack h
     struct cfx_tp_ep *ab2 = NULL, *ba2 = NULL;
 
     grant_open(&p, param);
-    region_reg(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0x11);
-    region_reg(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    if (arena) {
+        region_reg_arena(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0x11);
+        region_reg_arena(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    } else {
+        region_reg(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0x11);
+        region_reg(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    }
     if (how == OTHER_PEER)
         connect_another(&p, &ab2, &ba2);
     int rc = p.ops->mr_grant(dst.mr, p.ba, &grant);
@@ -904,10 +947,29 @@ static void check_grant_attack(const struct tp_param *param, enum grant_attack h
         break;
     case PAST_END:
         roff = LEN - 15; /* its last byte is the one past the region */
+        if (arena && p.ops == &cfx__shm_ops) {
+            /* a writer that lies about the length to itself too: only the
+             * receiver's check stands between it and the bytes after */
+            struct cfx__shm_rdesc rd;
+            memcpy(&rd, grant.data, sizeof(rd));
+            rd.len += 4096;
+            memcpy(grant.data, &rd, sizeof(rd));
+        }
         break;
     }
+    struct cfx__shm_ep *sw = p.ops == &cfx__shm_ops ? cfx__shm_ep_of(w) : NULL;
+    uint64_t started0 = sw ? sw->n_direct + sw->n_staged : 0;
+    uint64_t direct0 = sw ? sw->n_direct : 0;
     rc = p.ops->ep_write(w, src.mr, 0, &grant, roff, len, 0xBAD, 2);
     cr_assert_eq(rc, CFX_OK, "the writer cannot know the grant is bad: %s", cfx_errname(rc));
+    if (arena && sw) {
+        /* the one-copy path is what is attacked here, not the staged one */
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        while (sw->n_direct + sw->n_staged == started0 && w->status == CFX_OK &&
+               cfx__now_ns() < end)
+            settle(&p, 1);
+        cr_assert_eq(sw->n_direct, direct0 + 1, "the write was not one-copy");
+    }
     wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, r, WAIT_MS);
     wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, w, WAIT_MS);
     settle(&p, 50);
@@ -915,6 +977,8 @@ static void check_grant_attack(const struct tp_param *param, enum grant_attack h
     cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, NULL), 1, "refused write reported");
     for (size_t i = 0; i < LEN; i++)
         cr_assert_eq(dst.buf[i], 0xAA, "refused write changed byte %zu", i);
+    for (size_t i = 0; arena && i < dst.map_len; i++)
+        cr_assert_eq(dst.map[i], 0xAA, "refused write changed byte %zu of the arena file", i);
     cr_assert_eq(grant_refused(&p, 1), 1, "refusal not counted");
     cr_assert_neq(r->status, CFX_OK);
     if (how == OTHER_PEER) {
@@ -934,17 +998,35 @@ static void check_grant_attack(const struct tp_param *param, enum grant_attack h
 
 TP_TEST(grant_stale_key_refused)
 {
-    check_grant_attack(param, STALE);
+    check_grant_attack(param, STALE, false);
 }
 
 TP_TEST(grant_other_peer_refused)
 {
-    check_grant_attack(param, OTHER_PEER);
+    check_grant_attack(param, OTHER_PEER, false);
 }
 
 TP_TEST(grant_one_byte_past_refused)
 {
-    check_grant_attack(param, PAST_END);
+    check_grant_attack(param, PAST_END, false);
+}
+
+/* The same attacks with source and destination in arena memory (sealed
+ * memfds): on shm that is the one-copy path, which must check the grant
+ * before a byte lands just as the staged one does. */
+TP_TEST(grant_stale_key_refused_arena)
+{
+    check_grant_attack(param, STALE, true);
+}
+
+TP_TEST(grant_other_peer_refused_arena)
+{
+    check_grant_attack(param, OTHER_PEER, true);
+}
+
+TP_TEST(grant_one_byte_past_refused_arena)
+{
+    check_grant_attack(param, PAST_END, true);
 }
 
 static unsigned bits_differing(const struct cfx_tp_rdesc *a, const struct cfx_tp_rdesc *b)
