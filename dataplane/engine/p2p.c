@@ -486,15 +486,26 @@ static void progress_leave(struct cfx_context *ctx, bool was_held)
     cfx__progress_unlock(ctx);
 }
 
-/* A pending rendezvous receive is freed (ctx->lock held): withdraw its
- * window now, as a get does at its deadline, without waiting for the
- * sender.  The grant is revoked here, so a write the sender makes later is
- * refused (and fails that connection) instead of landing in the caller's
- * buffer; the transfer state goes on in a heap copy the engine frees when
- * the sender answers the CANCEL or the connection ends. */
+/* A pending rendezvous receive is freed (ctx->lock held).  A sender that is
+ * alive answers the CANCEL within a round trip, after the writes it had in
+ * flight landed in the window (still granted until then): wait for that, up
+ * to a grace period, since those writes refused would fail the connection
+ * and every message it carries (a collective's argument headers, say).  A
+ * sender that has not answered by then is cut off as a get is at its
+ * deadline: the grant is revoked, so a write it makes later is refused (and
+ * fails that connection) instead of landing in the caller's buffer, and the
+ * transfer state goes on in a heap copy the engine frees when the sender
+ * answers or the connection ends.  No wait depends on the sender beyond the
+ * grace. */
 static void recv_withdraw(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
+    cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, req->obj, NULL);
+    uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
+    while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
+        ;
+    if (p2p_status(req) != CFX_ERR_AGAIN)
+        return;
     struct cfx_xfer_in *spare = malloc(sizeof(*spare));
     bool was_held = progress_enter(ctx);
     if (cfx__xfer_in_abandon(ctx, &req->in, spare))
