@@ -44,6 +44,7 @@
 #define CFX_VERBS_VERBS_H
 
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -85,6 +86,7 @@
 #define CFX_VERBS_MEMLOCK_NEED (64ull << 20) /* default RLIMIT_MEMLOCK wanted */
 #define CFX_VERBS_IDLE_MAX     256           /* idle cached registrations */
 #define CFX_VERBS_IDLE_BYTES   (1ull << 30)  /* bytes of idle cached registrations */
+#define CFX_VERBS_BIND_WAIT_MS 1000          /* revoke waits this long for a queued bind */
 
 /* Type of a SEND_WITH_IMM, in bits 31..24 of its immediate; bits 15..0
  * carry receive credits returned to the peer. */
@@ -165,10 +167,29 @@ struct cfx__verbs_src {
     uint8_t kind;          /* enum cfx__verbs_src_kind */
 };
 
+/*
+ * Write grants (mr_grant / mr_revoke).  A remotely writable registration's
+ * own region is exactly its bytes and carries no remote access: its rkey
+ * writes nothing.  A grant hands out another key, for exactly
+ * [addr, addr + len) and until the revoke:
+ *   - to an endpoint: a type-2 memory window bound with IBV_WR_BIND_MW on
+ *     that endpoint's QP, so the HCA takes its rkey from that QP only; the
+ *     rkey's key byte is random; revoke deallocates the window (synchronous
+ *     invalidation);
+ *   - to any peer (mr_pack, transport tests), where the device has no
+ *     type-2 windows, or when the endpoint's send queue has no room for the
+ *     bind: a registration of exactly the bytes with remote write,
+ *     deregistered at revoke.
+ */
 struct cfx__verbs_mr {
     struct cfx_tp_mr super;
     struct cfx__verbs_region *region;  /* from the rcache, one reference held */
     unsigned access;                   /* CFX_TP_ACCESS_* */
+    struct ibv_mw *grant_mw;           /* live grant to an endpoint, or NULL */
+    uint32_t grant_rkey;               /* its rkey as bound */
+    uint32_t bind_slot, bind_gen;      /* endpoint whose QP bound it */
+    uint32_t bind_seq;                 /* send-queue sequence of the bind WR */
+    struct ibv_mr *grant_mr;           /* live grant to any peer (or no MWs), or NULL */
 };
 
 /* One posted send WR. */
@@ -285,6 +306,10 @@ struct cfx__verbs_iface {
     struct cfx__tp_cq swq;       /* software completion queue */
 
     struct cfx__verbs_rcache *rcache;
+    bool has_mw2;                /* device binds type-2 memory windows (grants) */
+    uint8_t last_grant_key;      /* key byte of the last window bound (never repeated next) */
+    uint32_t last_reg_rkey;      /* rkey of the last per-grant registration (idem) */
+    _Atomic uint64_t n_grant_refused; /* peers' writes the HCA refused here (no live grant) */
 };
 
 #define CFX_VERBS_SWQ_PER_EP(i) ((i)->sq_depth + (i)->rq_depth + 2)
@@ -321,6 +346,9 @@ static inline struct cfx__verbs_mr *cfx__verbs_mr_of(struct cfx_tp_mr *m)
 /* verbs_iface.c */
 /* Switch to device @p name, port @p port (cm: the device rdma_cm bound). */
 int cfx__verbs_iface_use_device(struct cfx__verbs_iface *iface, const char *name, uint8_t port);
+/* One pass over the CQ (completions go to the software queue); returns
+ * the CQEs taken. */
+int cfx__verbs_cq_pass(struct cfx__verbs_iface *iface);
 int cfx__verbs_cq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
 void cfx__verbs_cq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
 int cfx__verbs_epoll_add(struct cfx__verbs_iface *iface, int fd, uint32_t events,
@@ -349,6 +377,10 @@ int cfx__verbs_ep_hello_take(struct cfx__verbs_ep *ep, const void *data, size_t 
 /* The connection is up: report CONNECTED/ACCEPT. */
 void cfx__verbs_ep_established(struct cfx__verbs_ep *ep);
 void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status);
+/* The HCA refused a peer's write into this side (no live grant for its
+ * key on this QP, or outside the granted bytes): count it once per
+ * endpoint and fail the endpoint with CFX_ERR_PROTO. */
+void cfx__verbs_ep_write_refused(struct cfx__verbs_ep *ep, const char *why);
 void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_wc *wc);
 void cfx__verbs_ep_after_pass(struct cfx__verbs_ep *ep);
 void cfx__verbs_ep_repost_later(struct cfx__verbs_ep *ep);
@@ -362,6 +394,11 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t lof
  * IBV_SEND_INLINE); 0 for NULL.  For tests. */
 uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *ep);
 int cfx__verbs_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+/* Bind @p mw over [addr, addr + len) of @p mr on the ep's QP with the key
+ * byte of @p rkey (remote write); the bind WR is signaled.  *seq: its
+ * send-queue sequence.  CFX_ERR_AGAIN: send queue full. */
+int cfx__verbs_ep_bind_mw(struct cfx__verbs_ep *ep, struct ibv_mw *mw, struct ibv_mr *mr,
+                          uint64_t addr, uint64_t len, uint32_t rkey, uint32_t *seq);
 /* Endpoint of @p iface that owns @p qp, or NULL. */
 struct cfx__verbs_ep *cfx__verbs_ep_of_qp(struct cfx__verbs_iface *iface, struct ibv_qp *qp);
 
@@ -387,6 +424,8 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc 
                        unsigned access, struct cfx_tp_mr **out);
 void cfx__verbs_mem_dereg(struct cfx_tp_mr *mr);
 int cfx__verbs_mr_pack(struct cfx_tp_mr *mr, struct cfx_tp_rdesc *out);
+int cfx__verbs_mr_grant(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
+void cfx__verbs_mr_revoke(struct cfx_tp_mr *mr);
 /*
  * Memory in [addr, addr + len) is about to be unmapped: drop cached
  * registrations of it (ops->mem_invalidate).  The engine's arena calls it

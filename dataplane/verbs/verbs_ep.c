@@ -759,6 +759,49 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64
     return CFX_OK;
 }
 
+int cfx__verbs_ep_bind_mw(struct cfx__verbs_ep *ep, struct ibv_mw *mw, struct ibv_mr *mr,
+                          uint64_t addr, uint64_t len, uint32_t rkey, uint32_t *seq)
+{
+    if (ep->super.status != CFX_OK)
+        return cfx__err(ep->super.status, "verbs ep to %s: failed, nothing to grant to",
+                        ep->super.peer_name);
+    if (ep->state != CFX_VERBS_EP_OPEN || !cfx__verbs_sq_can_post(&ep->sq))
+        return cfx__err(CFX_ERR_AGAIN, "verbs ep to %s: send queue full, cannot bind a window",
+                        ep->super.peer_name);
+    struct ibv_send_wr wr = {
+        .opcode = IBV_WR_BIND_MW,
+        .bind_mw = {
+            .mw = mw,
+            .rkey = rkey,
+            .bind_info = { .mr = mr, .addr = addr, .length = len,
+                           .mw_access_flags = IBV_ACCESS_REMOTE_WRITE },
+        },
+    };
+    *seq = ep->sq.posted;
+    /* Signaled: a revoke waits for this WR to retire before it frees the
+     * window (verbs_mr.c). */
+    int err = post_wr(ep, &wr, 0, 0, 0, true);
+    if (err == ENOMEM)
+        return cfx__err(CFX_ERR_AGAIN, "verbs ep to %s: send queue full, cannot bind a window",
+                        ep->super.peer_name);
+    if (err) {
+        post_failed(ep, err, "memory window bind");
+        return cfx__err(CFX_ERR_IO, "verbs ep to %s: bind of a memory window: %s",
+                        ep->super.peer_name, strerror(err));
+    }
+    return CFX_OK;
+}
+
+void cfx__verbs_ep_write_refused(struct cfx__verbs_ep *ep, const char *why)
+{
+    if (ep->state >= CFX_VERBS_EP_FAILED)
+        return; /* counted when it first failed */
+    atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
+    CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_PROTO, "the HCA refused a write of the peer into this "
+                      "side (%s): no live grant for its key on this connection, or outside "
+                      "the granted bytes", why);
+}
+
 uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *tp_ep)
 {
     return tp_ep ? cfx__verbs_ep_of(tp_ep)->max_inline : 0;
@@ -823,7 +866,18 @@ static void wc_error(struct cfx__verbs_ep *ep, const struct ibv_wc *wc, bool rq)
     const char *hint = "";
     int st;
 
+    if (rq && (wc->status == IBV_WC_REM_ACCESS_ERR || wc->status == IBV_WC_LOC_ACCESS_ERR ||
+               wc->status == IBV_WC_LOC_PROT_ERR)) {
+        /* A receive completes with an access error when the peer's
+         * RDMA_WRITE_WITH_IMM named memory we did not grant it. */
+        cfx__verbs_ep_write_refused(ep, ibv_wc_status_str(wc->status));
+        return;
+    }
     switch (wc->status) {
+    case IBV_WC_MW_BIND_ERR:
+        st = CFX_ERR_IO;
+        hint = "; a memory window bind (write grant) was refused by the device";
+        break;
     case IBV_WC_RETRY_EXC_ERR:
     case IBV_WC_RNR_RETRY_EXC_ERR:
         st = CFX_ERR_PEER_FAILED;

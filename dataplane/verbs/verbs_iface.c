@@ -500,6 +500,11 @@ static int cq_pass(struct cfx__verbs_iface *iface)
     return total;
 }
 
+int cfx__verbs_cq_pass(struct cfx__verbs_iface *iface)
+{
+    return cq_pass(iface);
+}
+
 static void comp_channel_drain(struct cfx__verbs_iface *iface)
 {
     struct ibv_cq *cq;
@@ -536,11 +541,11 @@ static void async_progress(struct cfx__verbs_iface *iface)
         case IBV_EVENT_QP_REQ_ERR:
         case IBV_EVENT_QP_ACCESS_ERR:
             ep = cfx__verbs_ep_of_qp(iface, ev.element.qp);
-            if (ep) {
-                int st = ev.event_type == IBV_EVENT_QP_ACCESS_ERR ? CFX_ERR_PROTO
-                                                                   : CFX_ERR_PEER_FAILED;
-                CFX_VERBS_EP_FAIL(ep, ERR, st, "async event %s on QP %#x", what,
-                                  ev.element.qp->qp_num);
+            if (ep && ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
+                cfx__verbs_ep_write_refused(ep, what);
+            } else if (ep) {
+                CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_PEER_FAILED, "async event %s on QP %#x",
+                                  what, ev.element.qp->qp_num);
             } else {
                 CFX_LOG(WARN, VERBS, "iface %s: async event %s on QP %#x of another iface",
                         iface->addr, what, ev.element.qp->qp_num);
@@ -822,6 +827,14 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
         rc = cfx__err(CFX_ERR_NO_DEVICE, "verbs: ibv_query_device(%s) failed", iface->dev_name);
         goto err_release;
     }
+    /* Grants to an endpoint are type-2 memory windows where the device has
+     * them (verbs.h); CFX_IB_GRANT_MW=0 uses per-grant registrations. */
+    iface->has_mw2 = iface->dev_attr.max_mw > 0 &&
+                     (iface->dev_attr.device_cap_flags &
+                      (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) &&
+                     cfx__env_ll("CFX_IB_GRANT_MW", 1) != 0;
+    CFX_LOG(DEBUG, VERBS, "verbs: device %s: write grants by %s", iface->dev_name,
+            iface->has_mw2 ? "type-2 memory windows" : "per-grant registrations");
     /* A power of two: send WR sequences index the WR table modulo 2^32. */
     iface->sq_depth = CFX_VERBS_SQ_DEPTH;
     while (iface->sq_depth > (uint32_t)iface->dev_attr.max_qp_wr)
@@ -909,6 +922,13 @@ static void verbs_iface_close(struct cfx_tp_iface *tp_iface)
     iface_release(iface);
 }
 
+static uint64_t verbs_iface_grant_refused(struct cfx_tp_iface *tp_iface)
+{
+    return tp_iface ? atomic_load_explicit(&cfx__verbs_iface_of(tp_iface)->n_grant_refused,
+                                           memory_order_relaxed)
+                    : 0;
+}
+
 const struct cfx_transport_ops cfx__verbs_ops = {
     .version     = CFX_TP_OPS_VERSION,
     .name        = "verbs",
@@ -923,6 +943,9 @@ const struct cfx_transport_ops cfx__verbs_ops = {
     .mem_reg     = cfx__verbs_mem_reg,
     .mem_dereg   = cfx__verbs_mem_dereg,
     .mr_pack     = cfx__verbs_mr_pack,
+    .mr_grant    = cfx__verbs_mr_grant,
+    .mr_revoke   = cfx__verbs_mr_revoke,
+    .iface_grant_refused = verbs_iface_grant_refused,
     .ep_write    = cfx__verbs_ep_write,
     .ep_send     = cfx__verbs_ep_send,
     .poll        = verbs_poll,

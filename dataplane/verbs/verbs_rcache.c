@@ -113,14 +113,24 @@ int cfx__verbs_rcache_get(struct cfx__verbs_rcache *rc, void *addr, size_t len,
     if (!addr || !len || (uintptr_t)addr + len < (uintptr_t)addr)
         return cfx__err(CFX_ERR_INVALID, "%s: cannot register %zu bytes at %p", rc->p.name,
                         len, addr);
-    start = (uintptr_t)addr & ~mask;
-    end = ((uintptr_t)addr + len + mask) & ~mask;
+    if (merge) {
+        start = (uintptr_t)addr & ~mask;
+        end = ((uintptr_t)addr + len + mask) & ~mask;
+    } else {
+        /* Remotely writable: exactly the caller's bytes, so that no
+         * registration of it reaches the memory around it, and only a
+         * region of exactly these bytes serves it. */
+        start = (uintptr_t)addr;
+        end = (uintptr_t)addr + len;
+    }
     if (end == 0) /* the last page of the address space */
         return cfx__err(CFX_ERR_INVALID, "%s: region at %p wraps", rc->p.name, addr);
 
     cfx_list_for_each(pos, &rc->regions) {
         r = cfx_list_entry(pos, struct cfx__verbs_region, link);
-        if (r->start <= start && r->end >= end && (r->access & access) == access) {
+        bool fits = merge ? r->start <= start && r->end >= end
+                          : r->start == start && r->end == end;
+        if (fits && (r->access & access) == access) {
             region_ref(rc, r);
             rc->hits++;
             *out = r;

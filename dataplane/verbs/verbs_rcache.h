@@ -6,8 +6,11 @@
  * for large ones.  The cache turns repeated and overlapping registrations of
  * the same memory into a refcount bump.
  *
- *   - Regions are page aligned: a request for [addr, addr + len) registers
- *     the pages that hold it.
+ *   - Local-only regions are page aligned: a request for [addr, addr + len)
+ *     registers the pages that hold it.  Remotely writable regions are
+ *     exactly [addr, addr + len) (the device pins whole pages, but the
+ *     registration's bounds are the caller's bytes) and serve only requests
+ *     for exactly those bytes.
  *   - A request that lies inside a registered region with at least the
  *     requested access takes a reference on it (a hit).  A local-only
  *     request that overlaps local-only regions without fitting in one
@@ -70,7 +73,7 @@ struct cfx__verbs_rcache_params {
 struct cfx__verbs_region {
     struct cfx_list link;      /* rcache->regions while indexed */
     struct cfx_list lru;       /* rcache->lru while idle and indexed */
-    uintptr_t start, end;      /* page aligned, end exclusive */
+    uintptr_t start, end;      /* end exclusive; page aligned unless remotely writable */
     unsigned access;           /* CFX_TP_ACCESS_* it was registered with */
     uint32_t refcount;         /* registrations using it */
     bool indexed;              /* found by lookups */

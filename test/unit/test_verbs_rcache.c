@@ -93,10 +93,13 @@ Test(verbs_rcache, page_aligned)
     cr_assert_eq(F.h[0].addr, (uintptr_t)AT(3, 0), "the device sees whole pages");
     cr_assert_eq(F.h[0].len, PAGE);
 
-    /* Crossing a page boundary takes both pages. */
+    /* A remotely writable region is exactly the caller's bytes: the device
+     * is asked for 2 bytes across a page boundary, not for both pages. */
     struct cfx__verbs_region *r2 = get(rc, AT(10, PAGE - 1), 2, RW, false);
-    cr_assert_eq(r2->start, (uintptr_t)AT(10, 0));
-    cr_assert_eq(r2->end, (uintptr_t)AT(12, 0));
+    cr_assert_eq(r2->start, (uintptr_t)AT(10, PAGE - 1));
+    cr_assert_eq(r2->end, (uintptr_t)AT(11, 1));
+    cr_assert_eq(F.h[1].addr, (uintptr_t)AT(10, PAGE - 1), "no page rounding for remote writes");
+    cr_assert_eq(F.h[1].len, 2);
     cfx__verbs_rcache_put(rc, r);
     cfx__verbs_rcache_put(rc, r2);
     cfx__verbs_rcache_destroy(rc);
@@ -109,25 +112,30 @@ Test(verbs_rcache, reuse_and_refcount)
     struct cfx__verbs_region *a = get(rc, AT(0, 0), 4 * PAGE, RW, false);
     struct cfx__verbs_region *b = get(rc, AT(1, 17), 100, RW, false);
     struct cfx__verbs_region *c = get(rc, AT(2, 0), PAGE, LOC, false);
-    cr_assert_eq(a, b, "a registration inside a registered region reuses it");
+    struct cfx__verbs_region *d = get(rc, AT(0, 0), 4 * PAGE, RW, false);
+    cr_assert_neq(a, b, "remote writes inside a larger region get a region of their own bytes");
+    cr_assert_eq(b->start, (uintptr_t)AT(1, 17));
+    cr_assert_eq(b->end, (uintptr_t)AT(1, 117));
     cr_assert_eq(a, c, "local use of a remotely writable region reuses it");
+    cr_assert_eq(a, d, "the same remotely writable bytes reuse it");
     cr_assert_eq(a->refcount, 3);
-    cr_assert_eq(F.regs, 1);
+    cr_assert_eq(F.regs, 2);
 
     /* Remote access is not granted by a local-only region. */
     struct cfx__verbs_region *l = get(rc, AT(20, 0), 2 * PAGE, LOC, false);
     struct cfx__verbs_region *w = get(rc, AT(20, 0), PAGE, RW, false);
     cr_assert_neq(l, w);
-    cr_assert_eq(F.regs, 3);
+    cr_assert_eq(F.regs, 4);
 
     cfx__verbs_rcache_put(rc, a);
-    cfx__verbs_rcache_put(rc, b);
+    cfx__verbs_rcache_put(rc, d);
     cr_assert_eq(F.deregs, 0, "still referenced");
     cfx__verbs_rcache_put(rc, c);
     cr_assert_eq(F.deregs, 1, "user memory is deregistered with its last user");
+    cfx__verbs_rcache_put(rc, b);
     cfx__verbs_rcache_put(rc, l);
     cfx__verbs_rcache_put(rc, w);
-    cr_assert_eq(F.deregs, 3);
+    cr_assert_eq(F.deregs, 4);
     struct cfx__verbs_rcache_stats st;
     cfx__verbs_rcache_get_stats(rc, &st);
     cr_assert_eq(st.live, 0);
