@@ -70,7 +70,9 @@ int cfx__xfer_grant(struct cfx_context *ctx, struct cfx_conn *conn, struct cfx_t
                     struct cfx_tp_rdesc *out)
 {
     const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
-    /* verbs has no grants yet: its rkey lives as long as the registration */
+    /* every transport grants per transfer (tcp, shm, dpdk: a random key checked
+     * before a byte lands; verbs: a memory window on the peer's QP); mr_pack,
+     * a key for the registration's life, only where a transport has none */
     return ops->mr_grant ? ops->mr_grant(mr, conn->ep, out) : ops->mr_pack(mr, out);
 }
 
