@@ -402,7 +402,7 @@ Test(place, listing_pages_through_every_task)
     enum { N = CFX_PROTO_TASKS_PAGE + 44 };
     static uint64_t ids[N];
     struct cfx_msg m;
-    struct cfx_msg_task_st st;
+    struct cfx_msg_task_st st = { 0 }; /* ask() fills it on CFX_OK */
     for (int i = 0; i < N; i++) {
         task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
         cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "task %d: %s", i, cfx_last_error());
