@@ -681,7 +681,7 @@ static const char *top_rate(const struct top_prev *prev, size_t nprev, uint32_t 
         uint64_t before = rx ? p->rx : p->tx;
         if (p->node_id != node_id || now_ns <= p->at_ns || total < before)
             continue;
-        char b[32];
+        char b[24]; /* "1023.9 KiB": with "/s" it fits the callers' 32 bytes */
         double rate = (double)(total - before) * 1e9 / (double)(now_ns - p->at_ns);
         snprintf(buf, len, "%s/s", human_bytes((uint64_t)rate, b, sizeof(b)));
         return buf;
