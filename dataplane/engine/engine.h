@@ -869,6 +869,14 @@ void cfx__progress_wake(struct cfx_context *ctx);
 bool cfx__progress_held(const struct cfx_context *ctx);
 /* Both locks held: run the queued commands now; returns how many. */
 int cfx__progress_run_cmds(struct cfx_context *ctx);
+/* Become the progress-lock holder for a transport call an API thread must
+ * make itself (ctx->lock held; dropped while waiting, as the lock order
+ * wants), running the commands queued so far first, as any holder does.
+ * Returns whether this thread held it already, for cfx__progress_leave(),
+ * which wakes the progress thread for what was queued (a CANCEL goes out
+ * on its pass) and lets the lock go. */
+bool cfx__progress_enter(struct cfx_context *ctx);
+void cfx__progress_leave(struct cfx_context *ctx, bool was_held);
 /* An API thread's poll: one pass of the progress loop if the progress lock
  * is free (neither lock held on entry).  Returns the work done, or -1 when
  * another thread drives the transports. */

@@ -147,31 +147,6 @@ struct get_op {
     struct cfx_obj *obj;                 /* our entry in the store while it fills */
 };
 
-/* Become the progress-lock holder for a transport call that must be made
- * before the caller's buffer goes back (ctx->lock held; dropped while
- * waiting, as the lock order wants).  The commands queued so far run
- * first, as any holder runs them: our GET_START among them, which refers
- * to the entry we may free next.  Returns whether the lock was held
- * already, for progress_leave(). */
-static bool progress_enter(struct cfx_context *ctx)
-{
-    if (cfx__progress_held(ctx))
-        return true;
-    pthread_mutex_unlock(&ctx->lock);
-    cfx__progress_lock(ctx);
-    pthread_mutex_lock(&ctx->lock);
-    cfx__progress_run_cmds(ctx);
-    return false;
-}
-
-static void progress_leave(struct cfx_context *ctx, bool was_held)
-{
-    if (was_held)
-        return;
-    cfx__progress_wake(ctx); /* what we queued (a CANCEL) goes out on its pass */
-    cfx__progress_unlock(ctx);
-}
-
 /* Step 1, the object is complete here: copy it out (ctx->lock held on
  * entry and return).  GET_AGAIN when the entry changed meanwhile. */
 static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
@@ -416,9 +391,9 @@ static int get_entry(struct get_op *g)
  * ctx->lock held.  True when abandoned; false when it ended meanwhile. */
 static bool get_abandon(struct get_op *g, struct cfx_xfer_in *in)
 {
-    bool was_held = progress_enter(g->ctx);
+    bool was_held = cfx__progress_enter(g->ctx);
     bool gone = cfx__xfer_get_abandon(g->ctx, in);
-    progress_leave(g->ctx, was_held);
+    cfx__progress_leave(g->ctx, was_held);
     return gone;
 }
 
@@ -562,9 +537,9 @@ static void get_release(struct get_op *g, bool keep_buf)
     obj->deleting = true; /* nobody else releases it while we take the lock */
     if (keep_buf)
         obj->arena = false;
-    bool was_held = progress_enter(g->ctx);
+    bool was_held = cfx__progress_enter(g->ctx);
     cfx__obj_release(g->ctx, obj); /* uploads reading it may keep it a little longer */
-    progress_leave(g->ctx, was_held);
+    cfx__progress_leave(g->ctx, was_held);
     g->obj = NULL;
 }
 

@@ -464,28 +464,6 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     return CFX_OK;
 }
 
-/* Take the progress lock (ctx->lock held, dropped meanwhile), running the
- * commands queued before it; true when this thread held it already, for
- * progress_leave(). */
-static bool progress_enter(struct cfx_context *ctx)
-{
-    if (cfx__progress_held(ctx))
-        return true;
-    pthread_mutex_unlock(&ctx->lock);
-    cfx__progress_lock(ctx);
-    pthread_mutex_lock(&ctx->lock);
-    cfx__progress_run_cmds(ctx);
-    return false;
-}
-
-static void progress_leave(struct cfx_context *ctx, bool was_held)
-{
-    if (was_held)
-        return;
-    cfx__progress_wake(ctx); /* what we queued (a CANCEL) goes out on its pass */
-    cfx__progress_unlock(ctx);
-}
-
 /* A pending rendezvous receive is freed (ctx->lock held).  A sender that is
  * alive answers the CANCEL within a round trip, after the writes it had in
  * flight landed in the window (still granted until then): wait for that, up
@@ -507,10 +485,10 @@ static void recv_withdraw(struct cfx_p2p_req *req)
     if (p2p_status(req) != CFX_ERR_AGAIN)
         return;
     struct cfx_xfer_in *spare = malloc(sizeof(*spare));
-    bool was_held = progress_enter(ctx);
+    bool was_held = cfx__progress_enter(ctx);
     if (cfx__xfer_in_abandon(ctx, &req->in, spare))
         spare = NULL; /* the engine's now */
-    progress_leave(ctx, was_held);
+    cfx__progress_leave(ctx, was_held);
     free(spare);
 }
 
@@ -529,7 +507,7 @@ static void send_withdraw(struct cfx_p2p_req *req)
         ;
     if (p2p_status(req) != CFX_ERR_AGAIN)
         return;
-    bool was_held = progress_enter(ctx);
+    bool was_held = cfx__progress_enter(ctx);
     while (p2p_status(req) == CFX_ERR_AGAIN && !cfx_list_empty(&obj->uploads)) {
         struct cfx_upload *up = cfx_list_entry(obj->uploads.next, struct cfx_upload, obj_link);
         if (up->conn->state == CFX_CONN_FAILED)
@@ -542,7 +520,7 @@ static void send_withdraw(struct cfx_p2p_req *req)
             cfx_list_del(&obj->p2p_link);
         obj->p2p_status = CFX_ERR_CANCELED;
     }
-    progress_leave(ctx, was_held);
+    cfx__progress_leave(ctx, was_held);
 }
 
 int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)

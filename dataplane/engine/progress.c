@@ -635,3 +635,22 @@ void cfx__progress_stop(struct cfx_context *ctx)
     close(ctx->cmd_fd);
     close(ctx->epfd);
 }
+
+bool cfx__progress_enter(struct cfx_context *ctx)
+{
+    if (cfx__progress_held(ctx))
+        return true;
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_lock(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_run_cmds(ctx);
+    return false;
+}
+
+void cfx__progress_leave(struct cfx_context *ctx, bool was_held)
+{
+    if (was_held)
+        return;
+    cfx__progress_wake(ctx);
+    cfx__progress_unlock(ctx);
+}
