@@ -118,7 +118,8 @@ int cfx__run_hosts_parse(const char *spec, struct cfx_run_hosts *out)
             }
             out->v = v;
             memset(&v[i], 0, sizeof(v[i]));
-            snprintf(v[i].name, sizeof(v[i].name), "%s", item);
+            /* checked above: at most CFX_RUN_HOST_MAX, which fits */
+            snprintf(v[i].name, sizeof(v[i].name), "%.*s", (int)sizeof(v[i].name) - 1, item);
             out->n++;
         }
         if (out->v[i].slots + slots > CFX_RUN_SLOTS_MAX) {
