@@ -200,7 +200,43 @@ static void proto(void)
     m.u.load.mem_avail = 1ull << 33;
     m.u.load.arena_used = 1ull << 20;
     m.u.load.tasks_running = 2;
+    m.u.load.ntp = 2;
+    snprintf(m.u.load.tp[0].name, sizeof(m.u.load.tp[0].name), "shm");
+    m.u.load.tp[0].tx_bytes = 1ull << 32;
+    m.u.load.tp[0].rx_bytes = 12345;
+    snprintf(m.u.load.tp[1].name, sizeof(m.u.load.tp[1].name), "tcp");
+    m.u.load.tp[1].tx_bytes = 777;
+    m.u.load.uploads_active = 1;
+    m.u.load.xfers_in_active = 2;
+    m.u.load.gets = 40;
+    m.u.load.link_bw = 117000000;
+    m.u.load.link_lat_ns = 90000;
     put("fuzz_proto", "heartbeat", buf, enc(&m, buf, sizeof(buf)));
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_TASKS;
+    m.req_id = 13;
+    m.u.task_cursor = 5;
+    put("fuzz_proto", "tasks", buf, enc(&m, buf, sizeof(buf)));
+    static struct cfx_ctl_task_rec trec[2];
+    for (int i = 0; i < 2; i++) {
+        trec[i].id = 6 + (uint64_t)i;
+        snprintf(trec[i].name, sizeof(trec[i].name), "square");
+        trec[i].state = (uint8_t)(i ? CFX_CTL_TASK_DONE : CFX_CTL_TASK_PLACED);
+        trec[i].node_id = 2;
+        trec[i].submitter = 1;
+        trec[i].placements = 1;
+        trec[i].status = i ? CFX_ERR_PEER_FAILED : 0;
+        trec[i].nresults = 1;
+        snprintf(trec[i].text, sizeof(trec[i].text), "%s", i ? "node 2 died" : "");
+    }
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_TASKS_REPLY;
+    m.req_id = 13;
+    m.u.tpage.count = 2;
+    m.u.tpage.next = 7;
+    m.u.tpage.recs_in = trec;
+    put("fuzz_proto", "tasks_reply", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_TASK_REG;
