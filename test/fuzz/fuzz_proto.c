@@ -39,12 +39,23 @@ static void check_frame(const uint8_t *frame, size_t len)
             if (m.type == CFX_MSG_NODES_REPLY) {
                 struct cfx_node_rec n;
                 cfx__msg_node_at(&m, i, &n);
-                if (n.naddr > CFX_NODE_ADDRS_MAX)
+                if (n.naddr > CFX_NODE_ADDRS_MAX || n.load.ntp > CFX_LOAD_TPS_MAX)
                     abort();
             } else {
                 struct cfx_ctl_obj_rec o;
                 cfx__msg_obj_at(&m, i, &o);
             }
+        }
+    } else if (m.type == CFX_MSG_TASKS_REPLY) {
+        /* a page decodes to records (its raw bytes), not to an encodable
+         * message: every record must hold what the decoder promised */
+        for (uint32_t i = 0; i < m.u.tpage.count; i++) {
+            struct cfx_ctl_task_rec t;
+            cfx__msg_task_at(&m, i, &t);
+            if (t.state > CFX_CTL_TASK_DONE || t.status > 0 || t.ninputs > CFX_TASK_IO_MAX ||
+                t.nresults > CFX_TASK_IO_MAX || !memchr(t.name, 0, sizeof(t.name)) ||
+                !memchr(t.text, 0, sizeof(t.text)))
+                abort();
         }
     } else {
         uint8_t *out;
