@@ -340,6 +340,7 @@ static void region_reg(struct pair *p, int side, struct region *r, size_t len, u
 {
     struct cfx_tp_mem_desc md;
 
+    memset(r, 0, sizeof(*r)); /* no map: region_free() frees buf */
     r->len = len;
     r->buf = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
     cr_assert_not_null(r->buf);
