@@ -76,8 +76,10 @@ static void emit_lines(struct run *r, struct run_rank *rk, struct run_stream *st
         start = end;
     }
     write_out(r, st->out_fd, r->obuf, olen);
-    memmove(st->buf, st->buf + start, st->len - start);
-    st->len -= start;
+    if (start) { /* else nothing was taken (and buf may be NULL: no memmove of it) */
+        memmove(st->buf, st->buf + start, st->len - start);
+        st->len -= start;
+    }
 }
 
 void cfx__run_stream_close(struct run *r, struct run_rank *rk, struct run_stream *st)
