@@ -11,6 +11,8 @@
  */
 #include <criterion/criterion.h>
 
+#include <poll.h>
+
 #include <endian.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -123,6 +125,17 @@ static void raw_close(struct raw *r)
     free(r->dst);
 }
 
+/* Nothing came: sleep on the transport's fd until something does (at most
+ * 10 ms, so the caller's deadline is looked at), as the engine sleeps. */
+static void raw_idle(struct raw *r)
+{
+    int fd = r->ops->iface_fd(r->iface);
+    if (fd < 0 || r->ops->iface_arm(r->iface) != CFX_OK)
+        return; /* work pending: poll again at once */
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    (void)poll(&pfd, 1, 10);
+}
+
 static void raw_poll(struct raw *r, int ms)
 {
     uint64_t deadline = cfx__deadline_ns(ms);
@@ -148,7 +161,7 @@ static void raw_poll(struct raw *r, int ms)
             }
         }
         if (!n)
-            usleep(1000);
+            raw_idle(r);
     }
 }
 
@@ -563,7 +576,7 @@ static int raw_member_serves(uint32_t id_offset, int *get_rc, int *node_mac_ok)
             }
         }
         if (!n)
-            usleep(1000);
+            raw_idle(&r);
     }
     /* end the get: the member leaves (the directory drops its object) */
     cfx__ctl_close(ctl);
