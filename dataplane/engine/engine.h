@@ -291,6 +291,8 @@ struct cfx_obj {
     void *buf;
     enum cfx_memtype memtype;
     bool arena;                 /* buf came from the arena and is ours to free */
+    bool heap;                  /* buf is the engine's malloc'd copy (an inline object got
+                                   by cfx_get), freed with the entry */
     int shm_fd;                 /* arena segment fd (-1 otherwise) */
     uint64_t shm_off;
     struct cfx_tp_mr *mr[CFX_MAX_TPS]; /* lazily registered per transport */

@@ -37,30 +37,44 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
  * Keep a got inline object in the store like any other got object, so that
  * later gets on this node are local and cfx_delete() behaves the same.  The
  * directory recorded this node as a holder of the inline object; deleting
- * here withdraws that record.
+ * here withdraws that record.  The copy kept is the engine's own (the
+ * object is small), so the caller's buffer of a cfx_get() is never read
+ * after the get; @p buf is kept only when it is the caller's arena buffer
+ * (cfx_get_alloc, @p arena).
  */
 static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                         const struct cfx_ctl_source *src, bool arena)
 {
     uint64_t size = src->size;
+    void *copy = NULL; /* the engine's copy (cfx_get), freed with the entry */
+    if (!arena && size) {
+        copy = malloc(size);
+        if (!copy)
+            return; /* only an optimisation: the get itself succeeded */
+        memcpy(copy, buf, size);
+    }
     /* the putter's chunk size, so that the copy matches its put */
     uint32_t chunk = src->chunk_size >= CFX_CHUNK_MIN && src->chunk_size <= CFX_CHUNK_MAX
                          ? src->chunk_size
                          : cfx__chunk_size_for(size, 0);
     struct cfx_obj *obj = obj_new(id, size, chunk);
-    if (!obj)
-        return; /* only an optimisation: the get itself succeeded */
+    if (!obj) {
+        free(copy);
+        return;
+    }
     obj->putter_node = src->putter;
     obj->put_tag = src->tag;
-    obj->buf = buf;
+    obj->buf = arena ? buf : copy;
     obj->arena = arena;
+    obj->heap = copy != NULL;
     obj->complete = true;
     obj->announced = true;
     obj->ready_chunks = obj->nchunks;
     pthread_mutex_lock(&ctx->lock);
-    cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
+    cfx__arena_lookup(ctx, obj->buf, &obj->shm_fd, &obj->shm_off);
     if (cfx__store_find(&ctx->store, id)) {
         pthread_mutex_unlock(&ctx->lock);
+        free(copy);
         free(obj->bitmap);
         free(obj);
         return;
@@ -574,6 +588,62 @@ static int get_fail(struct get_op *g, int rc)
     return rc;
 }
 
+/* A get done: its counts, and what reduce planning uses as this node's
+ * bandwidth and latency (ctx->lock held). */
+static void get_account(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    double secs = (double)(cfx__now_ns() - g->t0) / 1e9;
+    ctx->stats.gets++;
+    if (g->src.size >= (1u << 20) && secs > 0)
+        ctx->est_bw = ctx->est_bw > 0 ? 0.8 * ctx->est_bw + 0.2 * (double)g->src.size / secs
+                                      : (double)g->src.size / secs;
+    else if (g->src.size <= 65536)
+        ctx->est_lat = ctx->est_lat > 0 ? 0.8 * ctx->est_lat + 0.2 * secs : secs;
+    CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, g->hex,
+            g->src.size, secs);
+}
+
+/*
+ * Step 5 of a cfx_get() with CFX_OBJ_FLAG_NO_KEEP, the bytes are in the
+ * caller's buffer, which is the caller's again when the get returns
+ * (ctx->lock held on entry, not on return).  The copy served the nodes
+ * that pulled from it while it filled (a chain or tree of getters
+ * pipelines through it); it takes no new readers from here, and the
+ * directory drops this node's record, so later getters go to other
+ * holders.  The readers it has get their bytes first: the get returns once
+ * they are done, or at its deadline (at most the context's timeout from
+ * now, also for a get that waits for ever), where they are cut off and
+ * fail over.  A get that shall leave a copy here for others (and for later
+ * gets on this node) is a plain cfx_get() or cfx_get_alloc().
+ */
+static int get_finish_caller(struct get_op *g)
+{
+    struct cfx_context *ctx = g->ctx;
+    struct cfx_obj *obj = g->obj;
+    obj->deleting = true; /* refuses new requests: they fail over */
+    get_account(g);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!g->cached)
+        cfx__ctl_obj_done_async(ctx->ctl, g->id, g->src.node.node_id, 0);
+    pthread_mutex_lock(&ctx->lock);
+    /* the copy was never announced complete: a withdrawal meanwhile
+     * (cfx__copy_withdrawn) passes a deleting entry by, so it is ours */
+    uint64_t until = g->deadline;
+    if (ctx->cfg.timeout_ms > 0)
+        until = CFX_MIN(until, cfx__deadline_ns(ctx->cfg.timeout_ms));
+    int rc = cfx__obj_drain_release(ctx, obj, until);
+    pthread_mutex_unlock(&ctx->lock);
+    g->obj = NULL;
+    if (rc != CFX_OK)
+        return cfx__err(rc, "get of object %s on node %u: the bytes are in, but %s", g->hex,
+                        ctx->node_id,
+                        rc == CFX_ERR_NOMEM ? "releasing the copy ran out of memory"
+                                            : "uploads of its copy to other nodes were still "
+                                              "reading the buffer after the deadline");
+    return CFX_OK;
+}
+
 /* Step 5, the bytes are in (ctx->lock held on entry, not on return). */
 static int get_finish(struct get_op *g)
 {
@@ -603,6 +673,9 @@ static int get_finish(struct get_op *g)
      * refused a cached request (a copy that is not the putter's) */
     if (!g->cached && g->src.complete && g->src.node.node_id != g->refused)
         ctx->stats.loc_evictions += cfx__loc_put(&ctx->loc, g->id, &g->src);
+    if (!g->alloc && g->params && (g->params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
+        (g->params->flags & CFX_OBJ_FLAG_NO_KEEP))
+        return get_finish_caller(g);
     /* Without the lock the entry may go (withdrawn meanwhile: on_obj_gone
      * releases a complete copy): found again by its seq below. */
     uint64_t entry_seq = obj->seq;
@@ -614,26 +687,17 @@ static int get_finish(struct get_op *g)
      * the copy serves this node only, and is not announced. */
     rc = g->cached ? CFX_ERR_NOT_FOUND
                    : cfx__ctl_obj_done_async(ctx->ctl, g->id, g->src.node.node_id, 1);
-    double secs = (double)(cfx__now_ns() - g->t0) / 1e9;
     pthread_mutex_lock(&ctx->lock);
     obj = cfx__store_find(&ctx->store, g->id);
     if (obj && obj->seq == entry_seq && !obj->deleting) {
         obj->announced = rc == CFX_OK;
         obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
     }
-    ctx->stats.gets++;
-    /* what reduce planning uses as this node's bandwidth and latency */
-    if (g->src.size >= (1u << 20) && secs > 0)
-        ctx->est_bw = ctx->est_bw > 0 ? 0.8 * ctx->est_bw + 0.2 * (double)g->src.size / secs
-                                      : (double)g->src.size / secs;
-    else if (g->src.size <= 65536)
-        ctx->est_lat = ctx->est_lat > 0 ? 0.8 * ctx->est_lat + 0.2 * secs : secs;
+    get_account(g);
     pthread_mutex_unlock(&ctx->lock);
     g->obj = NULL;
     if (g->alloc)
         *g->out_buf = data;
-    CFX_LOG(DEBUG, OBJ, "node %u: got %s (%" PRIu64 " B) in %.3f s", ctx->node_id, g->hex,
-            g->src.size, secs);
     return CFX_OK;
 }
 

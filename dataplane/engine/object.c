@@ -88,6 +88,33 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     return rc;
 }
 
+/*
+ * ctx->lock held, @p obj marked deleting: let uploads of it in progress
+ * finish, and reduce tasks reading it as their input, up to @p deadline;
+ * then release it (uploads still running are told to stop) and wait for
+ * the entry to leave the store, with its registrations: the caller may
+ * reuse the buffer once this returns CFX_OK.  Uploads told to stop drain
+ * within a completion, so a short grace past the deadline is enough.
+ * CFX_ERR_NOMEM (no release command), CFX_ERR_TIMEOUT (still draining).
+ */
+int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_t deadline)
+{
+    const struct cfx_object_id id = obj->id;
+    while ((!cfx_list_empty(&obj->uploads) || obj->refs) && !cfx__ctx_closing(ctx) &&
+           cfx__obj_wait(ctx, deadline))
+        ;
+    if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) != CFX_OK)
+        return CFX_ERR_NOMEM;
+    /* until the entry has left, a put or get of the id here would find it */
+    uint64_t until = CFX_MAX(deadline, cfx__deadline_ns(RELEASE_WAIT_MS));
+    struct cfx_obj *left;
+    while ((left = cfx__store_find(&ctx->store, &id)) && left->deleting &&
+           cfx__obj_wait(ctx, until))
+        ;
+    left = cfx__store_find(&ctx->store, &id);
+    return !left || !left->deleting ? CFX_OK : CFX_ERR_TIMEOUT;
+}
+
 /* ---- delete ---------------------------------------------------------------- */
 
 static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
@@ -129,34 +156,16 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     if (announced)
         rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
 
-    /* let uploads in progress finish, and reduce tasks reading the object
-     * as their input, up to the deadline: the caller may free the buffer
-     * once we return */
     pthread_mutex_lock(&ctx->lock);
-    while ((!cfx_list_empty(&obj->uploads) || obj->refs) && !cfx__ctx_closing(ctx) &&
-           cfx__obj_wait(ctx, deadline))
-        ;
     obj->announced = false;
-    int crc = cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
-    /* The delete is complete when it returns: the entry leaves the store
-     * (and its registration goes) on the progress thread, and until then a
-     * put of the id here would find it.  Wait for that; uploads told to
-     * stop drain within a completion, so a short grace past the caller's
-     * deadline is enough. */
-    uint64_t until = CFX_MAX(deadline, cfx__deadline_ns(RELEASE_WAIT_MS));
-    struct cfx_obj *left = NULL;
-    while (crc == CFX_OK && (left = cfx__store_find(&ctx->store, id)) && left->deleting &&
-           cfx__obj_wait(ctx, until))
-        ;
-    left = crc == CFX_OK ? cfx__store_find(&ctx->store, id) : obj;
-    bool released = !left || !left->deleting;
+    int drc = cfx__obj_drain_release(ctx, obj, deadline);
     ctx->deletes_done++;
     pthread_cond_broadcast(&ctx->obj_cond);
     pthread_mutex_unlock(&ctx->lock);
-    if (crc != CFX_OK)
+    if (drc == CFX_ERR_NOMEM)
         return cfx__err(CFX_ERR_NOMEM, "cfx_delete: node %u cannot release object %s: out "
                         "of memory", ctx->node_id, hex);
-    if (!released)
+    if (drc != CFX_OK)
         return cfx__err(CFX_ERR_TIMEOUT, "cfx_delete: node %u could not release object %s: "
                         "uploads of it to other nodes were still draining at the deadline",
                         ctx->node_id, hex);

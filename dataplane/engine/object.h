@@ -35,6 +35,11 @@ static inline struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t s
     return obj;
 }
 
+/* object.c: ctx->lock held, @p obj marked deleting: let its uploads and
+ * readers finish (up to @p deadline), release it and wait for it to leave
+ * the store.  CFX_OK, CFX_ERR_NOMEM, or CFX_ERR_TIMEOUT (still draining). */
+int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_t deadline);
+
 /* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                   size_t capacity, size_t *size_out, const struct cfx_obj_params *params);

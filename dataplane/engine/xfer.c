@@ -921,6 +921,8 @@ void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj)
     cfx__store_remove(&ctx->store, obj);
     if (obj->arena)
         cfx__arena_free(ctx, obj->buf);
+    else if (obj->heap)
+        free(obj->buf);
     free(obj->bitmap);
     free(obj);
     pthread_cond_broadcast(&ctx->obj_cond);

@@ -6,8 +6,20 @@
  *  - cfx_put() registers the caller's buffer and serves it to other nodes
  *    without copying.  The buffer must stay valid and unchanged until
  *    cfx_delete() of that id returns (or the context is destroyed).
- *  - cfx_get() writes into the caller's buffer; cfx_get_alloc() hands out an
- *    arena buffer that the caller releases with cfx_buf_free().
+ *  - cfx_get() writes into the caller's buffer, which then becomes this
+ *    node's copy: other nodes read the object from it (while it lands, so
+ *    getters pipeline through each other, and after), and later gets on
+ *    this node copy from it.  Like a put buffer it must stay valid and
+ *    unchanged until cfx_delete() of the id returns (or the context is
+ *    destroyed).  With CFX_OBJ_FLAG_NO_KEEP the buffer is the caller's
+ *    again when the get returns: the nodes reading it while the bytes
+ *    landed get theirs first (the get returns once they are done, or at
+ *    its deadline, where they are cut off and fail over to another
+ *    holder), and nothing is kept.  Objects small enough to travel inline
+ *    are kept in a copy of the engine's own either way.
+ *  - cfx_get_alloc() hands out an arena buffer that the caller releases
+ *    with cfx_buf_free() (which also ends this node's copy); the caller
+ *    must not change it.
  *  - A node that has got an object also serves it to later getters, until
  *    cfx_delete(), context destruction, or the object's end (below).
  *
@@ -103,6 +115,9 @@ enum cfx_obj_flags {
     /* put: serve the object through the data plane even when it is small
      * enough to travel inline through the coordinator */
     CFX_OBJ_FLAG_NO_INLINE = 1u << 0,
+    /* cfx_get: keep no copy in the caller's buffer; it is the caller's
+     * again when the get returns (see ownership) */
+    CFX_OBJ_FLAG_NO_KEEP = 1u << 1,
 };
 
 struct cfx_obj_params {

@@ -139,6 +139,32 @@ def test_two_contexts_and_threads(coord):
         a.delete("big")
 
 
+def test_out_buffer_is_the_callers_on_return(coord):
+    """get(out=...) keeps no copy in ``out``: changed or freed right after,
+    no later get anywhere sees it.  An array over arena memory is the
+    node's copy and cannot be written."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    with conflux.Context(**kw) as a, conflux.Context(**kw) as b, \
+            conflux.Context(**kw) as c:
+        src = np.random.default_rng(2).integers(0, 256, 3 << 20, dtype=np.uint8)
+        a.put("mine", src)
+        out = np.zeros_like(src)
+        b.get("mine", out=out)
+        assert np.array_equal(out, src)
+        out[:] = 0xEE
+        del out
+        assert np.array_equal(c.get("mine", out=np.zeros_like(src)), src)
+        assert np.array_equal(b.get("mine", out=np.zeros_like(src)), src)
+        with pytest.raises(conflux.NotFoundError):
+            b.delete("mine")  # node b kept nothing
+        got = c.get("mine")
+        assert not got.flags.writeable
+        with pytest.raises(ValueError):
+            got[0] = 1
+        del got
+        a.delete("mine")
+
+
 def test_arena_array_outlives_context(coord):
     c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
     c.put("keep", np.arange(256, dtype=np.uint8))

@@ -311,13 +311,18 @@ Test(context, unknown_transport)
 
 /* After a get returned, the destination it granted to its source takes no
  * more writes: its registration holds no live grant, whichever transport.
- * Returns the number of registrations checked. */
+ * Returns the number of registrations checked; -1 when the node kept no
+ * copy (a cfx_get() into the caller's buffer: entry and registrations went
+ * before it returned). */
 static int check_no_live_grant(struct cfx_context *c, const struct cfx_object_id *id)
 {
     int checked = 0;
     pthread_mutex_lock(&c->lock);
     struct cfx_obj *o = cfx__store_find(&c->store, id);
-    cr_assert_not_null(o, "the got object is not in the store");
+    if (!o) {
+        pthread_mutex_unlock(&c->lock);
+        return -1;
+    }
     for (int t = 0; t < c->ntp; t++) {
         struct cfx_tp_mr *mr = o->mr[t];
         uint64_t key;
@@ -375,6 +380,73 @@ static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/*
+ * A cfx_get() with CFX_OBJ_FLAG_NO_KEEP leaves the buffer the caller's once
+ * it returns: overwritten or freed right after, no later get anywhere sees
+ * it, and nothing of it stays registered.  An inline object got with a
+ * plain cfx_get() into a stack buffer is kept in the engine's own copy,
+ * which later gets on the node answer from.
+ */
+static void callers_buffer(const char *tps)
+{
+    struct cfx_context *a, *b, *c;
+    cr_assert_eq(join(token, tps, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, tps, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, tps, &c), CFX_OK, "%s", cfx_last_error());
+    const size_t big = (1u << 20) + 13, small = 100;
+    struct cfx_object_id ib, is;
+    cfx_object_id_generate(a, &ib);
+    cfx_object_id_generate(a, &is);
+    uint8_t *src = malloc(big), *dst = malloc(big), *again = malloc(big);
+    cr_assert(src && dst && again);
+    cfx_test_fill(src, big, 7);
+    cr_assert_eq(cfx_put(a, &ib, src, big, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &is, src, small, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_obj_params nk = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_KEEP };
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &ib, dst, big, &got, &nk), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, big);
+    cr_assert_eq(cfx_test_check(dst, big, 7), (size_t)-1, "bytes differ");
+    cr_assert_eq(check_no_live_grant(b, &ib), -1, "node b still holds the caller's buffer");
+    memset(dst, 0xee, big);
+    free(dst);
+    cr_assert_eq(cfx_delete(b, &ib, NULL), CFX_ERR_NOT_FOUND, "node b kept a copy");
+
+    uint8_t sb[128];
+    cr_assert_eq(cfx_get(b, &is, sb, sizeof(sb), &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, small);
+    cr_assert_eq(cfx_test_check(sb, small, 7), (size_t)-1, "bytes differ");
+    memset(sb, 0xee, sizeof(sb));
+
+    /* another node, and the getter again */
+    cr_assert_eq(cfx_get(c, &ib, again, big, &got, &nk), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(again, big, 7), (size_t)-1, "node c got other bytes");
+    memset(again, 0, big);
+    cr_assert_eq(cfx_get(b, &ib, again, big, &got, &nk), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(again, big, 7), (size_t)-1, "node b got other bytes again");
+    struct cfx_context_stats st0, st1;
+    cr_assert_eq(cfx_context_stats(b, &st0), CFX_OK);
+    uint8_t sb2[128] = { 0 };
+    cr_assert_eq(cfx_get(b, &is, sb2, sizeof(sb2), &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(sb2, small, 7), (size_t)-1, "the small copy changed");
+    cr_assert_eq(cfx_context_stats(b, &st1), CFX_OK);
+    cr_assert_eq(st1.gets_local, st0.gets_local + 1, "the inline object was not kept");
+    memset(sb2, 0, sizeof(sb2));
+    cr_assert_eq(cfx_get(c, &is, sb2, sizeof(sb2), &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(sb2, small, 7), (size_t)-1, "node c got other bytes");
+
+    free(again);
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+}
+
+Test(context, callers_buffer_tcp) { callers_buffer("tcp"); }
+Test(context, callers_buffer_shm) { callers_buffer("shm"); }
 
 Test(context, roundtrip_tcp) { two_context_roundtrip("tcp", (3u << 20) + 7, 0); }
 Test(context, roundtrip_shm) { two_context_roundtrip("shm", (3u << 20) + 7, 0); }

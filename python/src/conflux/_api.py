@@ -132,9 +132,13 @@ class Context(_c.Context):
 
         With ``out`` (a writable numpy array, torch CPU tensor or buffer) the
         bytes land there and ``out`` is returned (when the object is smaller
-        than ``out``, a uint8 view of its bytes is returned instead).
+        than ``out``, a uint8 view of its bytes is returned instead); ``out``
+        is the caller's to change or free once this returns (this node keeps
+        no copy in it, so it serves the object to nobody after).
         Without, a new numpy array over registered arena memory is returned
-        (no copy): uint8, or ``dtype`` (numpy/torch dtype or name) and ``shape``.
+        (no copy): uint8, or ``dtype`` (numpy/torch dtype or name) and
+        ``shape``; this node serves the object from it until ``delete(id)``,
+        so it must not be changed.
         Raises TimeoutError (conflux), TruncatedError when ``out`` is too small.
         """
         raw = _id(id)

@@ -279,6 +279,10 @@ static PyObject *Context_get_into(ContextObject *self, PyObject *args, PyObject 
     struct cfx_obj_params p;
     if (!ctx || cfx__py_parse_id(ido, &id) < 0 || obj_params(timeout, 0, 0, &p) < 0)
         return NULL;
+    /* the buffer is released (numpy may free or change it) when this
+     * returns: the engine keeps no copy in it */
+    p.flags |= CFX_OBJ_FLAG_NO_KEEP;
+    p.field_mask |= CFX_OBJ_PARAM_FLAGS;
     Py_buffer view;
     if (PyObject_GetBuffer(bufo, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -304,9 +308,12 @@ typedef struct {
     Py_ssize_t len;
 } ArenaObject;
 
+/* Read-only: the node serves the object from this memory to other nodes
+ * (and to its own later gets) until it is freed; a write would change the
+ * object under them.  A writable request fails with BufferError. */
 static int Arena_getbuffer(ArenaObject *self, Py_buffer *view, int flags)
 {
-    return PyBuffer_FillInfo(view, (PyObject *)self, self->buf, self->len, 0, flags);
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->buf, self->len, 1, flags);
 }
 
 static PyBufferProcs arena_as_buffer = { .bf_getbuffer = (getbufferproc)Arena_getbuffer };
@@ -336,7 +343,8 @@ PyTypeObject cfx__py_arena_type = {
     .tp_as_buffer = &arena_as_buffer,
     .tp_as_sequence = &arena_as_seq,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Registered arena memory holding a fetched object (buffer protocol, read-write); "
+    .tp_doc = "Registered arena memory holding a fetched object (buffer protocol, read-only: "
+              "the node serves the object from it); "
               "returned to the arena when the last view of it goes.",
 };
 
@@ -495,7 +503,8 @@ static PyMethodDef Context_methods[] = {
       "put(id, buffer, timeout_ms=None, chunk_size=0, no_inline=False): publish buffer "
       "(zero-copy; the buffer stays exported until delete(id))." },
     { "get_into", (PyCFunction)(void (*)(void))Context_get_into, METH_VARARGS | METH_KEYWORDS,
-      "get_into(id, buffer, timeout_ms=None) -> size: fetch into a writable buffer." },
+      "get_into(id, buffer, timeout_ms=None) -> size: fetch into a writable buffer, "
+      "which is the caller's again on return (no copy is kept in it)." },
     { "get_alloc", (PyCFunction)(void (*)(void))Context_get_alloc, METH_VARARGS | METH_KEYWORDS,
       "get_alloc(id, timeout_ms=None) -> ArenaBuffer: fetch into registered arena memory." },
     { "delete", (PyCFunction)(void (*)(void))Context_delete, METH_VARARGS | METH_KEYWORDS,
