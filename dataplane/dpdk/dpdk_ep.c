@@ -6,6 +6,7 @@
  * placed by deliver() (see dpdk.h for the message layout).
  */
 #include <endian.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,8 +228,25 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
         cfx__tp_table_remove(&iface->eps_tab, ep->idx);
         cfx__tp_cq_unreserve(&iface->cq, CFX_DPDK_CQ_PER_EP);
     }
-    if (ep->sess_up)
+    if (ep->sess_up) {
+        /* what the session's reliability and congestion control did, for
+         * the operator: INFO when anything was resent or cut, else DEBUG */
+        const struct cfx__dpdk_rel_stats *st = &ep->sess.stats;
+        bool eventful = st->tx_retx || st->cwnd_cut_loss || st->cwnd_cut_delay;
+        int lvl = eventful ? CFX_LOG_LEVEL_INFO : CFX_LOG_LEVEL_DEBUG;
+        if (lvl <= cfx__log_level)
+            cfx__log(lvl, "DPDK", __FILE__, __LINE__,
+                     "node %u: session with %s closed: %" PRIu64 " data packets sent, %" PRIu64
+                     " resent (%" PRIu64 " timeouts, %" PRIu64 " fast, %" PRIu64
+                     " tail probes), %" PRIu64
+                     " received (%" PRIu64 " duplicates, %" PRIu64 " past the window), "
+                     "window cut %" PRIu64 "x on loss and %" PRIu64 "x on delay; smoothed "
+                     "RTT %" PRIu64 " us",
+                     iface->super.node_id, ep->super.peer_name, st->tx_data, st->tx_retx,
+                     st->rto, st->fast_retx, st->tlp, st->rx_data, st->rx_dup, st->rx_beyond,
+                     st->cwnd_cut_loss, st->cwnd_cut_delay, ep->sess.srtt_ns / 1000);
         cfx__dpdk_sess_fini(&ep->sess);
+    }
     for (uint32_t i = ep->op_tail; i != ep->op_head; i++)
         cfx__dpdk_op_free(&ep->ops[i % CFX_DPDK_TXQ_DEPTH]);
     for (int i = 0; i < CFX_DPDK_RX_SLOTS; i++)

@@ -10,7 +10,11 @@
  * does (a packet sent before one that arrived, by more than a quarter of
  * the minimum RTT or three sequence numbers, is lost), and by the
  * retransmission timer (RTO from the smoothed RTT, doubled on each timeout
- * up to rto_max; max_retries timeouts in a row fail the session).
+ * up to rto_max; max_retries timeouts in a row fail the session).  A lost
+ * tail, which no later packet reveals, is found by a probe (RACK-TLP,
+ * RFC 8985): two smoothed RTTs after the last send with nothing acked, the
+ * highest packet in flight goes again once, and the sack it brings back
+ * lets RACK find the rest, long before the timer.
  *
  * Congestion control: AIMD on packets, as in TCP Reno with SACK, plus a
  * delay signal after Timely (eRPC's choice): an RTT above t_high cuts the
@@ -107,8 +111,15 @@ static void params_fill(struct cfx__dpdk_rel_params *p)
     DEF(sendq_max, 128);
     DEF(msg_max, 1u << 20);
     DEF(max_retries, 8);
-    DEF(rto_init_ns, 1000000);
-    DEF(rto_min_ns, 200000);
+    /* eRPC's RTO.  A host-stack timer has to outlast the host's own
+     * stalls (a polling thread that lost its core for a few ms) or it
+     * resends what is merely not read yet, and the timeout's window of
+     * one packet then throttles the flow: docs/PERFORMANCE.md, 200 us
+     * against 5 ms under load.  Losses with later packets behind them are
+     * found from the sack (RACK) and a lost tail by the probe, both
+     * without waiting for the timer. */
+    DEF(rto_init_ns, 5000000);
+    DEF(rto_min_ns, 5000000);
     DEF(rto_max_ns, 100000000);
     DEF(cwnd_init, 16);
     DEF(t_low_ns, 50000); /* Timely's defaults for a datacenter */
@@ -404,6 +415,57 @@ static int send_data(struct cfx__dpdk_sess *s, uint32_t seq, uint64_t now)
     return CFX_OK;
 }
 
+/* Arm the tail-loss probe: two smoothed RTTs from now, and no sooner than
+ * a quarter of rto_min (as Linux keeps a floor under its probe: RTT
+ * samples come from moments the host was awake, its stalls are longer, and
+ * a probe per stall is a duplicate per stall), while packets are in
+ * flight and no probe is out, if that comes before the timer. */
+static void tlp_arm(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    s->tlp_at = 0;
+    if (s->tlp_out || s->snd_una == s->snd_nxt || !s->srtt_ns)
+        return;
+    uint64_t at = now + max_u64(2 * s->srtt_ns, s->p.rto_min_ns / 4);
+    if (!s->rto_at || at < s->rto_at)
+        s->tlp_at = at;
+}
+
+/* The probe: the highest packet in flight that the peer has not sacked
+ * goes again, once.  It keeps its first send time, so that the sack it
+ * brings back does not make RACK take the packets before it for lost
+ * when it was the original that arrived late; and as a retransmission it
+ * gives no RTT sample (Karn).  The window is not touched: nothing is
+ * known lost yet. */
+static void tlp_fire(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    s->tlp_at = 0;
+    uint32_t seq = s->snd_nxt;
+    while (seq != s->snd_una && tx_slot(s, seq - 1)->sacked)
+        seq--;
+    if (seq == s->snd_una)
+        return;
+    seq--;
+    struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
+    if (t->lost)
+        return; /* already queued for retransmission */
+    uint64_t first = t->sent_ns;
+    if (t->in_pipe) {
+        t->in_pipe = false;
+        s->pipe--;
+    }
+    if (send_data(s, seq, now) == CFX_ERR_AGAIN) {
+        t->in_pipe = true; /* as before: try again on the next poll */
+        s->pipe++;
+        s->tlp_at = now;
+        return;
+    }
+    t->sent_ns = first;
+    t->retx = true;
+    s->tlp_out = true;
+    s->stats.tlp++;
+    s->stats.tx_retx++;
+}
+
 static void transmit(struct cfx__dpdk_sess *s, uint64_t now)
 {
     uint32_t limit = s->cwnd < 1.0 ? 1 : (uint32_t)s->cwnd;
@@ -447,6 +509,7 @@ static void transmit(struct cfx__dpdk_sess *s, uint64_t now)
         s->stats.tx_data++;
         if (++m->next_frag == m->frag_cnt)
             s->sq_next++;
+        tlp_arm(s, now);
     }
 }
 
@@ -522,6 +585,8 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
         s->retries = 0;
         s->rto_ns = rto_base(s);
         s->rto_at = s->snd_una == s->snd_nxt ? 0 : now + s->rto_ns;
+        s->tlp_out = false;
+        tlp_arm(s, now);
         cc_on_ack(s, (uint32_t)newly, rtt);
     } else if (s->snd_una == s->snd_nxt) {
         s->retries = 0; /* a window probe answered: the peer is alive */
@@ -563,6 +628,7 @@ static void on_timeout(struct cfx__dpdk_sess *s, uint64_t now)
     }
     s->rto_ns = min_u64(s->rto_ns * 2, s->p.rto_max_ns);
     s->rto_at = now + s->rto_ns;
+    s->tlp_at = 0; /* the timer has taken over */
 }
 
 /* --- receive side ---------------------------------------------------------- */
@@ -700,6 +766,8 @@ int cfx__dpdk_sess_poll(struct cfx__dpdk_sess *s, uint64_t now)
     drain(s);
     if (s->rto_at && now >= s->rto_at)
         on_timeout(s, now);
+    else if (s->tlp_at && now >= s->tlp_at)
+        tlp_fire(s, now);
     if (s->error)
         return s->error;
     transmit(s, now);
@@ -714,7 +782,8 @@ uint64_t cfx__dpdk_sess_deadline(const struct cfx__dpdk_sess *s)
         return UINT64_MAX;
     if (s->ack_pending)
         return 0;
-    return s->rto_at ? s->rto_at : UINT64_MAX;
+    uint64_t rto = s->rto_at ? s->rto_at : UINT64_MAX;
+    return s->tlp_at && s->tlp_at < rto ? s->tlp_at : rto;
 }
 
 bool cfx__dpdk_sess_idle(const struct cfx__dpdk_sess *s)

@@ -106,8 +106,8 @@ struct cfx__dpdk_rel_params {
     uint32_t msg_max;     /* largest message accepted from the peer, bytes [1 MiB] */
     uint32_t max_retries; /* timeouts in a row without progress before failing [8] */
     uint32_t isn;         /* first sequence number, both directions [0] */
-    uint64_t rto_init_ns; /* RTO before any RTT sample [1 ms] */
-    uint64_t rto_min_ns;  /* lower bound of the RTO [200 us] */
+    uint64_t rto_init_ns; /* RTO before any RTT sample [5 ms] */
+    uint64_t rto_min_ns;  /* lower bound of the RTO [5 ms] */
     uint64_t rto_max_ns;  /* upper bound of the backed-off RTO [100 ms] */
     uint32_t cwnd_init;   /* initial congestion window, packets [16] */
     uint64_t t_low_ns;    /* RTT under which the window grows freely [50 us] */
@@ -122,6 +122,7 @@ struct cfx__dpdk_rel_stats {
     uint64_t rx_dup;         /* data packets received again and dropped */
     uint64_t rx_beyond;      /* data packets past the advertised window, dropped */
     uint64_t rto;            /* retransmission timeouts */
+    uint64_t tlp;            /* tail-loss probes sent */
     uint64_t fast_retx;      /* losses found from the sack before a timeout */
     uint64_t cwnd_cut_loss;  /* window halvings on loss */
     uint64_t cwnd_cut_delay; /* window cuts on delay */
@@ -168,6 +169,8 @@ struct cfx__dpdk_sess {
     uint64_t rto_ns;              /* current RTO, backed off */
     uint64_t rto_at;              /* when the timer fires; 0: not armed */
     uint32_t retries;             /* timeouts in a row without progress */
+    uint64_t tlp_at;              /* when the tail-loss probe goes; 0: not armed */
+    bool tlp_out;                 /* a probe went and nothing was acked since */
 
     /* receive side */
     struct cfx__dpdk_rx_slot *rx; /* ring of rcv_slots packets */

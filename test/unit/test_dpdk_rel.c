@@ -28,6 +28,7 @@ struct impair {
     uint32_t reorder_ppm; /* packets held back by up to reorder_ns */
     uint64_t reorder_ns;
     bool drop_all; /* a dead peer */
+    bool drop_tail_once; /* the first send of the last packet of all */
 };
 
 struct pkt {
@@ -80,6 +81,7 @@ struct sim {
     uint64_t busy_until; /* when the queue drains */
     uint64_t warmup_ns;  /* count deliveries after this */
     uint64_t drops;      /* dropped by the channel */
+    bool tail_dropped;   /* drop_tail_once happened */
 };
 
 static uint64_t rnd(struct sim *sim)
@@ -167,6 +169,13 @@ static int sim_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
         e->max_inflight = inflight;
 
     if (sim->imp.drop_all) {
+        sim->drops++;
+        return CFX_OK;
+    }
+    if (sim->imp.drop_tail_once && !sim->tail_dropped && (h->flags & CFX_DPDK_F_DATA) &&
+        e->queued == e->to_send && h->msg_id + 1 == e->s.next_msg_id &&
+        h->frag_idx + 1u == h->frag_cnt) {
+        sim->tail_dropped = true;
         sim->drops++;
         return CFX_OK;
     }
@@ -439,6 +448,36 @@ Test(dpdk_rel, everything_at_once_across_seq_wrap)
 }
 
 /* --- flow control ------------------------------------------------------------ */
+
+/*
+ * A lost tail (the last packet of the last message: nothing sent after it
+ * reveals the loss through the sack) is found by the tail-loss probe two
+ * RTTs on, not by the retransmission timer (5 ms); every byte arrives.
+ */
+Test(dpdk_rel, lost_tail_found_by_the_probe)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .rcv_slots = 64, .snd_slots = 64,
+                                      .sendq_max = 16 };
+    sim.rng = 7;
+    sim.latency_ns = 10000;
+    sim.imp.drop_tail_once = true;
+    ep_init(&sim, 0, 1, &p, 50, 20000, 11);
+    ep_init(&sim, 1, 0, &p, 0, 1, 12);
+    sim.ep[1].peer_seed = sim.ep[0].seed;
+    sim.ep[1].peer_max_len = sim.ep[0].max_len;
+    sim_run(&sim, 10ull * 1000000000ull);
+    struct ep *a = &sim.ep[0], *b = &sim.ep[1];
+    cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
+    cr_assert(sim.tail_dropped, "the last packet was never sent");
+    cr_assert_eq(a->acked, 50, "%u of 50 acknowledged", a->acked);
+    cr_assert_eq(b->got, 50, "%u of 50 delivered", b->got);
+    cr_assert_geq(a->s.stats.tlp, 1);
+    cr_assert_eq(a->s.stats.rto, 0, "the timer found the lost tail, not the probe");
+    cr_assert_eq(a->s.stats.tx_retx, a->s.stats.tlp, "more than the probe was resent");
+    sim_fini(&sim);
+}
 
 Test(dpdk_rel, full_window_makes_the_sender_wait)
 {
