@@ -246,7 +246,23 @@ struct cfx_transport_ops {
      * of registrations dropped.  NULL: the transport keeps nothing of a
      * region past its mem_dereg, so there is nothing to invalidate. */
     uint32_t (*mem_invalidate)(struct cfx_tp_iface *iface, const void *addr, size_t len);
+
+    /* Optional.  The engine authenticated the peer of @p ep (its token
+     * handshake, conn_auth.c): from now on the peer may write into this
+     * side's memory through the grants it is given.  Until then a
+     * transport whose hardware takes remote writes by itself (verbs: the
+     * QP's remote access flags) refuses every write of the peer, whatever
+     * key it names.  Idempotent.  An error fails @p ep (sticky status).
+     * NULL: the transport checks every write against its grants itself
+     * (tcp, shm, dpdk), so authentication changes nothing there. */
+    int (*ep_authorize)(struct cfx_tp_ep *ep);
 };
+
+/* ops->ep_authorize when the transport has one; CFX_OK otherwise. */
+static inline int cfx__tp_ep_authorize(const struct cfx_transport_ops *ops, struct cfx_tp_ep *ep)
+{
+    return ops->ep_authorize ? ops->ep_authorize(ep) : CFX_OK;
+}
 
 /* ops->mem_invalidate when the transport has one; 0 otherwise. */
 static inline uint32_t cfx__tp_mem_invalidate(const struct cfx_transport_ops *ops,

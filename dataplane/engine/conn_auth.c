@@ -43,6 +43,21 @@ static void refuse(struct cfx_conn *conn, int status, const char *why)
     cfx__conn_fail(conn, status, why);
 }
 
+/* The peer proved the token: let its writes into this side's memory (verbs:
+ * the QP takes remote writes from now on; docs/SECURITY.md).  Called where
+ * conn->authed is set, before anything tells the peer.  A failure ended the
+ * connection. */
+static int authorize(struct cfx_conn *conn)
+{
+    int rc = cfx__tp_ep_authorize(conn->ctx->tp[conn->tp].ops, conn->ep);
+    if (rc != CFX_OK) {
+        CFX_LOG(WARN, CONN, "node %u: cannot open %s to the peer's writes: %s",
+                conn->ctx->node_id, conn->name, cfx_last_error());
+        cfx__conn_fail(conn, rc, "the transport did not take the authorization");
+    }
+    return rc;
+}
+
 int cfx__conn_auth_hello_out(struct cfx_conn *conn)
 {
     struct cfx_dp_hello h = {
@@ -151,6 +166,8 @@ static void connector_check(struct cfx_conn *conn, const struct cfx_dp_auth *m)
     conn->eager_max = m->eager_max;
     conn->eager_credits = conn->eager_granted = m->eager_credits;
     conn->eager_known = true;
+    if (authorize(conn) != CFX_OK)
+        return; /* the connection failed and is gone */
     conn->authed = true;
     CFX_LOG(DEBUG, CONN, "node %u: %s authenticated (eager up to %u B, %u credits)",
             ctx->node_id, conn->name, conn->eager_max, conn->eager_credits);
@@ -194,6 +211,8 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
     a.eager_max = ctx->cfg.eager_max;
     a.eager_credits = CFX_EAGER_CREDITS;
     conn->eager_granted = CFX_EAGER_CREDITS;
+    if (authorize(conn) != CFX_OK)
+        return; /* the connection failed and is gone */
     conn->authed = true;
     CFX_LOG(DEBUG, CONN, "node %u: %s authenticated", ctx->node_id, conn->name);
     if (cfx__conn_send_hs(conn, &a, sizeof(a)) != CFX_OK)

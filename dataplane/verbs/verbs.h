@@ -94,6 +94,8 @@ enum cfx__verbs_msg {
     CFX_VERBS_MSG_DATA = 1,    /* ep_send payload */
     CFX_VERBS_MSG_CREDIT,      /* zero length: credits only */
     CFX_VERBS_MSG_BYE,         /* zero length: ep_close, the peer reports CLOSED */
+    CFX_VERBS_MSG_AUTHZ,       /* zero length: the sender's QP now takes our RDMA writes
+                                  (ep_authorize); credits like MSG_CREDIT */
 };
 
 #define CFX_VERBS_IMM(type, credits) (((uint32_t)(type) << 24) | ((credits) & 0xffffu))
@@ -236,6 +238,14 @@ struct cfx__verbs_ep {
     enum ibv_mtu peer_mtu;       /* peer port's active MTU */
     uint64_t peer_nop_addr;
     uint32_t peer_nop_rkey;
+    /* Remote write, one flag per direction.  The QP comes up with no remote
+     * access; ep_authorize grants it (the engine authenticated the peer)
+     * and tells the peer with MSG_AUTHZ.  Until the peer's MSG_AUTHZ came,
+     * its QP refuses any RDMA write from us, the zero-length no-op
+     * included, so every WR is signaled and no no-op is ever needed. */
+    bool authorized;             /* our QP takes the peer's writes */
+    bool authz_pending;          /* MSG_AUTHZ still to post (no credit or slot yet) */
+    bool peer_authorized;        /* the peer's QP takes ours: no-ops may be posted */
 
     /* send */
     struct cfx__verbs_sq sq;
@@ -394,6 +404,8 @@ int cfx__verbs_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t lof
  * IBV_SEND_INLINE); 0 for NULL.  For tests. */
 uint32_t cfx__verbs_ep_max_inline(struct cfx_tp_ep *ep);
 int cfx__verbs_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+/* ops->ep_authorize: let the peer's RDMA writes in (IBV_QP_ACCESS_FLAGS in RTS). */
+int cfx__verbs_ep_authorize(struct cfx_tp_ep *ep);
 /* Bind @p mw over [addr, addr + len) of @p mr on the ep's QP with the key
  * byte of @p rkey (remote write); the bind WR is signaled.  *seq: its
  * send-queue sequence.  CFX_ERR_AGAIN: send queue full. */

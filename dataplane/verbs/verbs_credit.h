@@ -26,7 +26,9 @@
  * signaled one are "uncovered"; when the last signaled WR retires and
  * uncovered WRs remain, the endpoint posts a signaled no-op (a zero-length
  * RDMA write) so that their completions are reported.  The last slot is kept
- * for that no-op: ordinary posts stop at depth - 1.
+ * for that no-op: ordinary posts stop at depth - 1.  Until the peer's QP
+ * takes remote writes (verbs_ep.c: MSG_AUTHZ) every WR is posted with
+ * force, so none is uncovered and no no-op is needed.
  *
  * Sequence numbers are free-running uint32_t; differences are taken modulo
  * 2^32.  Threading: owned by one endpoint, driven by one thread.

@@ -15,6 +15,14 @@
  * credit messages are re-posted at the end of the CQ pass that saw them.
  * Re-posted buffers become credits owed to the peer.
  *
+ * Remote access: the QP comes up with none, so a peer the engine has not
+ * authenticated cannot write a byte here, not even the iface's no-op page
+ * whose rkey the hello carries.  ep_authorize (called by the engine's token
+ * handshake) grants remote write with ibv_modify_qp(IBV_QP_ACCESS_FLAGS) in
+ * RTS and tells the peer with a MSG_AUTHZ message.  Until that message came,
+ * every WR is signaled: the no-op, a zero-length RDMA write, would be
+ * refused by the peer's QP and kill the connection.
+ *
  * Failure: the first error (completion error, QP async event, rdma_cm
  * disconnect, oob socket hang-up) moves the QP to ERR, completes every
  * outstanding write and send with the error, then reports one EP_ERROR.
@@ -222,7 +230,7 @@ static int qp_init(struct cfx__verbs_ep *ep)
         .qp_state = IBV_QPS_INIT,
         .pkey_index = 0,
         .port_num = ep->iface->port_num,
-        .qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
+        .qp_access_flags = 0, /* no remote writes until ep_authorize */
     };
     int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 
@@ -231,7 +239,9 @@ static int qp_init(struct cfx__verbs_ep *ep)
         if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
             return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(INIT): %s",
                             ep->super.peer_name, strerror(errno));
-        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE; /* no remote reads: nobody needs them */
+        /* No remote access at all until the engine authenticated the peer
+         * (ep_authorize); no remote reads ever: nobody needs them. */
+        a.qp_access_flags = 0;
         mask |= IBV_QP_ACCESS_FLAGS;
     }
     return qp_modify(ep, &a, mask, "INIT");
@@ -632,7 +642,9 @@ static inline int post_wr(struct cfx__verbs_ep *ep, struct ibv_send_wr *wr, uint
     struct ibv_send_wr *bad;
     uint32_t seq = ep->sq.posted;
 
-    if (cfx__verbs_sq_post(&ep->sq, force_sig))
+    /* Until the peer's QP takes our writes, no no-op can retire unsignaled
+     * WRs: signal every one (only the handshake's few messages). */
+    if (cfx__verbs_sq_post(&ep->sq, force_sig || !ep->peer_authorized))
         wr->send_flags |= IBV_SEND_SIGNALED;
     wr->wr_id = CFX_VERBS_WRID(ep->slot, ep->gen, 0, seq);
     wr->next = NULL;
@@ -676,7 +688,29 @@ static void post_credit_msg(struct cfx__verbs_ep *ep)
     cfx__verbs_fc_consume(&ep->fc);
 }
 
-/* A signaled zero-length RDMA write: retires the unsignaled WRs before it. */
+/* Tell the peer that our QP now takes its writes (its no-ops included). */
+static void post_authz_msg(struct cfx__verbs_ep *ep)
+{
+    uint32_t credits = cfx__verbs_fc_take(&ep->fc, CFX_VERBS_CREDITS_MAX);
+    struct ibv_send_wr wr = {
+        .opcode = IBV_WR_SEND_WITH_IMM,
+        .num_sge = 0,
+        .imm_data = htobe32(CFX_VERBS_IMM(CFX_VERBS_MSG_AUTHZ, credits)),
+    };
+    int err = post_wr(ep, &wr, 0, 0, 0, false);
+    if (unlikely(err)) {
+        cfx__verbs_fc_untake(&ep->fc, credits);
+        if (err != ENOMEM)
+            post_failed(ep, err, "authorization message");
+        return;
+    }
+    cfx__verbs_fc_consume(&ep->fc);
+    ep->authz_pending = false;
+}
+
+/* A signaled zero-length RDMA write: retires the unsignaled WRs before it.
+ * Only once the peer's QP takes our writes (peer_authorized): before that
+ * every WR is signaled, so none is ever left uncovered. */
 static void post_nop(struct cfx__verbs_ep *ep)
 {
     struct ibv_send_wr wr = {
@@ -691,11 +725,13 @@ static void post_nop(struct cfx__verbs_ep *ep)
 
 static void tx_maintain(struct cfx__verbs_ep *ep)
 {
+    if (ep->authz_pending && cfx__verbs_fc_can_ctrl(&ep->fc) && cfx__verbs_sq_can_post(&ep->sq))
+        post_authz_msg(ep);
     if (cfx__verbs_fc_need_msg(&ep->fc) && cfx__verbs_fc_can_ctrl(&ep->fc) &&
         cfx__verbs_sq_can_post(&ep->sq))
         post_credit_msg(ep);
-    if (ep->state == CFX_VERBS_EP_OPEN && cfx__verbs_sq_need_nop(&ep->sq) &&
-        cfx__verbs_sq_outstanding(&ep->sq) < ep->sq.depth)
+    if (ep->state == CFX_VERBS_EP_OPEN && ep->peer_authorized &&
+        cfx__verbs_sq_need_nop(&ep->sq) && cfx__verbs_sq_outstanding(&ep->sq) < ep->sq.depth)
         post_nop(ep);
 }
 
@@ -851,6 +887,40 @@ int cfx__verbs_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uin
     return CFX_OK;
 }
 
+int cfx__verbs_ep_authorize(struct cfx_tp_ep *tp_ep)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    if (unlikely(!tp_ep))
+        return CFX_ERR_INVALID;
+    struct cfx__verbs_ep *ep = cfx__verbs_ep_of(tp_ep);
+    if (ep->super.status != CFX_OK)
+        return ep->super.status;
+    if (ep->state != CFX_VERBS_EP_OPEN)
+        return cfx__err(CFX_ERR_INVALID, "verbs ep to %s: not connected, nothing to authorize",
+                        ep->super.peer_name);
+    if (ep->authorized)
+        return CFX_OK;
+    /* RTS -> RTS with the access flags alone: an optional attribute of that
+     * transition for RC (IBTA 11.2.4.2; ib_modify_qp_is_ok). */
+    struct ibv_qp_attr a = { .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+    int err = ibv_modify_qp(ep->qp, &a, IBV_QP_ACCESS_FLAGS);
+    if (err) {
+        CFX_VERBS_EP_FAIL(ep, ERR, CFX_ERR_IO, "QP %#x: remote write not granted: %s",
+                          ep->qp->qp_num, strerror(err));
+        return cfx__err(CFX_ERR_IO, "verbs ep to %s: QP %#x: ibv_modify_qp(ACCESS_FLAGS): %s",
+                        ep->super.peer_name, ep->qp->qp_num, strerror(err));
+    }
+    CFX_LOG(DEBUG, VERBS, "iface %s: ep to %s: QP %#x takes remote writes", ep->iface->addr,
+            ep->super.peer_name, ep->qp->qp_num);
+    ep->authorized = true;
+    /* Now, or from tx_maintain once a credit and a slot are free: the
+     * peer signals every WR meanwhile, so nothing waits on it. */
+    ep->authz_pending = true;
+    if (cfx__verbs_fc_can_ctrl(&ep->fc) && cfx__verbs_sq_can_post(&ep->sq))
+        post_authz_msg(ep);
+    return ep->super.status;
+}
+
 /* --- completions ------------------------------------------------------------------------------ */
 
 static inline void touch(struct cfx__verbs_ep *ep)
@@ -989,6 +1059,10 @@ void cfx__verbs_ep_process_wc(struct cfx__verbs_iface *iface, const struct ibv_w
         c->len = wc->byte_len;
         c->data = rxbuf(ep, idx);
         c->wr_id = idx;
+        break;
+    case CFX_VERBS_MSG_AUTHZ:
+        ep->peer_authorized = true;
+        ep->repost_now[ep->n_repost_now++] = idx;
         break;
     case CFX_VERBS_MSG_CREDIT:
         ep->repost_now[ep->n_repost_now++] = idx;

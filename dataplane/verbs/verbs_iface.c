@@ -948,6 +948,7 @@ const struct cfx_transport_ops cfx__verbs_ops = {
     .iface_grant_refused = verbs_iface_grant_refused,
     .ep_write    = cfx__verbs_ep_write,
     .ep_send     = cfx__verbs_ep_send,
+    .ep_authorize = cfx__verbs_ep_authorize,
     .poll        = verbs_poll,
     .mem_invalidate = cfx__verbs_rcache_invalidate,
 };

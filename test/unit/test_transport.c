@@ -287,7 +287,17 @@ static void get_addr(struct pair *p, int side, uint8_t *addr, size_t *len)
     cr_assert(*len > 0 && *len <= CFX_TP_ADDR_MAX, "address length %zu", *len);
 }
 
-static void pair_connect(struct pair *p)
+/* What the engine does once its handshake authenticated the peer (the
+ * transports that check every write against grants themselves have no
+ * ep_authorize). */
+static void authorize(struct pair *p, struct cfx_tp_ep *ep)
+{
+    int rc = cfx__tp_ep_authorize(p->ops, ep);
+    cr_assert_eq(rc, CFX_OK, "ep_authorize: %s %s", cfx_errname(rc), cfx_last_error());
+}
+
+/* Connected on both sides, neither authorized yet. */
+static void pair_connect_unauthorized(struct pair *p)
 {
     uint8_t addr[CFX_TP_ADDR_MAX];
     size_t len;
@@ -306,6 +316,13 @@ static void pair_connect(struct pair *p)
     cr_assert_eq(p->ba->status, CFX_OK);
     cr_assert_eq(p->ab->iface, p->s[0].iface);
     cr_assert_eq(p->ba->iface, p->s[1].iface);
+}
+
+static void pair_connect(struct pair *p)
+{
+    pair_connect_unauthorized(p);
+    authorize(p, p->ba);
+    authorize(p, p->ab);
 }
 
 static void pair_close(struct pair *p)
@@ -920,6 +937,8 @@ static void connect_another(struct pair *p, struct cfx_tp_ep **ab2, struct cfx_t
     e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
     cr_assert_eq(e->status, CFX_OK);
     *ba2 = e->ep;
+    authorize(p, *ba2);
+    authorize(p, *ab2);
 }
 
 enum grant_attack { STALE, OTHER_PEER, PAST_END };
@@ -1367,13 +1386,17 @@ TP_TEST(peer_killed)
             p.ops->ep_connect(ci, addr, len, NODE_A, &ep) != CFX_OK)
             _exit(2);
         uint32_t i = 0;
+        bool go = false; /* the parent authorized this connection and said so */
         while (cfx__now_ns() < end) {
             int n = p.ops->poll(ci, comps, 64);
-            for (int k = 0; k < n; k++)
+            for (int k = 0; k < n; k++) {
                 if (comps[k].type == CFX_TP_COMP_EP_ERROR)
                     _exit(3);
-            while (p.ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ, i, i) ==
-                   CFX_OK)
+                if (comps[k].type == CFX_TP_COMP_RECV)
+                    go = true;
+            }
+            while (go && p.ops->ep_write(ep, mr, 0, &dst.rdesc, (uint64_t)(i % SLOTS) * SZ, SZ,
+                                         i, i) == CFX_OK)
                 i++;
         }
         _exit(4);
@@ -1381,6 +1404,8 @@ TP_TEST(peer_killed)
 
     struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
     struct cfx_tp_ep *ep = e->ep;
+    authorize(&p, ep);
+    post_send(&p, ep, "go", 2, 1);
     wait_count(&p, 0, CFX_TP_COMP_WRITE_IMM, ep, 20, WAIT_MS);
 
     cr_assert_eq(kill(pid, SIGKILL), 0);

@@ -1,0 +1,321 @@
+/*
+ * verbs: a peer writes nothing here until the engine authenticated it.
+ *
+ * A QP comes up with no remote access; ep_authorize (called by the engine's
+ * token handshake) grants remote write on it (docs/SECURITY.md).  Checked:
+ * a peer that was not authorized is refused when it RDMA-writes the one
+ * thing whose rkey it holds from the connection hello, the iface's no-op
+ * page, and its connection fails on both sides with no byte changed; sends
+ * in bursts longer than the signaling interval all complete while either
+ * side is unauthorized (no no-op write is posted to a QP that would refuse
+ * it); once authorized, granted writes land byte for byte.
+ *
+ * On a host without RDMA every test skips (no device); the Soft-RoCE guest
+ * runs them for real (test/vm/run.sh).
+ */
+#include <criterion/criterion.h>
+
+#include <endian.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/common/util.h"
+#include "dataplane/transport.h"
+#ifdef CFX_HAVE_VERBS
+#include "dataplane/verbs/verbs.h"
+#endif
+#include "testutil.h"
+
+TestSuite(verbs_authz);
+
+#ifndef CFX_HAVE_VERBS
+Test(verbs_authz, built_without_verbs)
+{
+    cr_skip_test("built without the verbs transport");
+}
+#else
+
+#define WAIT_MS 60000 /* against hangs only: TCG guests are slow */
+#define BURST   200   /* messages per direction: many signaling intervals */
+#define MSG_LEN 100
+
+struct side {
+    struct cfx_tp_iface *iface;
+    struct cfx_tp_ep *ep;
+    uint8_t (*msg)[MSG_LEN]; /* RECV copies, in arrival order */
+    uint32_t *len;
+    size_t nrecv, nsend, nwrite, nimm;
+    uint32_t imm[64];
+    int32_t bad_status;      /* first non-OK WRITE/SEND status */
+    int32_t ep_error;        /* status of EP_ERROR, 0 until one came */
+    size_t n_ep_error;
+};
+
+struct pair {
+    const struct cfx_transport_ops *ops;
+    struct side a, b; /* a connects, b accepts */
+};
+
+static void side_poll(const struct cfx_transport_ops *ops, struct side *s)
+{
+    struct cfx_tp_completion c[32];
+    int n = ops->poll(s->iface, c, 32);
+    cr_assert_geq(n, 0, "poll: %s", cfx_errname(n));
+    for (int i = 0; i < n; i++) {
+        switch (c[i].type) {
+        case CFX_TP_COMP_ACCEPT: s->ep = c[i].ep; break;
+        case CFX_TP_COMP_RECV:
+            cr_assert_lt(s->nrecv, (size_t)BURST);
+            cr_assert_leq(c[i].len, MSG_LEN);
+            s->len[s->nrecv] = c[i].len;
+            memcpy(s->msg[s->nrecv++], c[i].data, c[i].len);
+            break;
+        case CFX_TP_COMP_SEND: s->nsend++; break;
+        case CFX_TP_COMP_WRITE: s->nwrite++; break;
+        case CFX_TP_COMP_WRITE_IMM:
+            cr_assert_lt(s->nimm, CFX_ARRAY_SIZE(s->imm));
+            s->imm[s->nimm++] = c[i].imm;
+            break;
+        case CFX_TP_COMP_EP_ERROR:
+            s->n_ep_error++;
+            s->ep_error = c[i].status;
+            break;
+        default: break;
+        }
+        if (c[i].type != CFX_TP_COMP_EP_ERROR && c[i].status != CFX_OK && !s->bad_status)
+            s->bad_status = c[i].status;
+    }
+}
+
+static void poll_both(struct pair *p)
+{
+    side_poll(p->ops, &p->a);
+    side_poll(p->ops, &p->b);
+}
+
+static struct cfx_tp_iface *open_or_skip(const struct cfx_transport_ops *ops, uint32_t node)
+{
+    struct cfx_tp_iface_params prm = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID,
+                                       .node_id = node };
+    struct cfx_tp_iface *iface = NULL;
+    int rc = ops->iface_open(&prm, &iface);
+    if (rc == CFX_ERR_NO_DEVICE)
+        cr_skip_test("no RDMA device: %s", cfx_last_error());
+    cr_assert_eq(rc, CFX_OK, "iface_open: %s %s", cfx_errname(rc), cfx_last_error());
+    return iface;
+}
+
+/* Connected both ways; neither side authorized. */
+static void pair_connect(struct pair *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->ops = cfx__transport_find("verbs");
+    cr_assert_not_null(p->ops);
+    p->a.iface = open_or_skip(p->ops, 1);
+    p->b.iface = open_or_skip(p->ops, 2);
+    for (struct side *s = &p->a; s <= &p->b; s++) {
+        s->msg = calloc(BURST, MSG_LEN);
+        s->len = calloc(BURST, sizeof(uint32_t));
+        cr_assert(s->msg && s->len);
+    }
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(p->ops->iface_addr(p->b.iface, addr, &alen), CFX_OK);
+    cr_assert_eq(p->ops->ep_connect(p->a.iface, addr, alen, 2, &p->a.ep), CFX_OK, "%s",
+                 cfx_last_error());
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (!p->b.ep || cfx__verbs_ep_of(p->a.ep)->state != CFX_VERBS_EP_OPEN) {
+        cr_assert(cfx__now_ns() < end, "no connection");
+        poll_both(p);
+    }
+}
+
+static void pair_close(struct pair *p)
+{
+    for (struct side *s = &p->a; s <= &p->b; s++) {
+        if (s->ep)
+            p->ops->ep_close(s->ep);
+        p->ops->iface_close(s->iface);
+        free(s->msg);
+        free(s->len);
+    }
+}
+
+/* BURST sends from @p from to @p to without waiting between them: every
+ * one completes, and arrives byte for byte and in order. */
+static void send_burst(struct pair *p, struct side *from, struct side *to, uint64_t seed)
+{
+    uint8_t buf[MSG_LEN];
+    size_t s0 = from->nsend, r0 = to->nrecv;
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+
+    for (int i = 0; i < BURST; i++) {
+        uint32_t len = 1 + (uint32_t)i % MSG_LEN;
+        cfx_test_fill(buf, len, seed + (uint64_t)i);
+        int rc;
+        while ((rc = p->ops->ep_send(from->ep, buf, len, (uint64_t)i)) == CFX_ERR_AGAIN) {
+            cr_assert(cfx__now_ns() < end, "send queue stayed full");
+            poll_both(p);
+        }
+        cr_assert_eq(rc, CFX_OK, "ep_send: %s %s", cfx_errname(rc), cfx_last_error());
+    }
+    while (from->nsend - s0 < BURST || to->nrecv - r0 < BURST) {
+        cr_assert(cfx__now_ns() < end, "%zu of %d sends completed, %zu received",
+                  from->nsend - s0, BURST, to->nrecv - r0);
+        poll_both(p);
+    }
+    cr_assert_eq(from->bad_status, CFX_OK, "%s", cfx_errname(from->bad_status));
+    cr_assert_eq(from->n_ep_error + to->n_ep_error, 0);
+    for (int i = 0; i < BURST; i++) {
+        uint32_t len = 1 + (uint32_t)i % MSG_LEN;
+        cr_assert_eq(to->len[r0 + (size_t)i], len, "message %d: %u bytes", i,
+                     to->len[r0 + (size_t)i]);
+        cr_assert_eq(cfx_test_check(to->msg[r0 + (size_t)i], len, seed + (uint64_t)i),
+                     (size_t)-1, "message %d differs", i);
+    }
+}
+
+/* The peer's no-op page as @p ep knows it from the hello. */
+static struct cfx_tp_rdesc nop_rdesc(struct cfx_tp_ep *ep)
+{
+    struct cfx__verbs_ep *v = cfx__verbs_ep_of(ep);
+    struct cfx__verbs_rkey k = {
+        .tag = CFX_VERBS_RDESC_TAG,
+        .rkey = htole32(v->peer_nop_rkey),
+        .addr = htole64(v->peer_nop_addr),
+        .len = htole64(64),
+    };
+    struct cfx_tp_rdesc rd = { .len = sizeof(k) };
+    memcpy(rd.data, &k, sizeof(k));
+    return rd;
+}
+
+/* @p w RDMA-writes 64 bytes into the no-op page of @p r, which did not
+ * authorize it: refused, both ends fail, not a byte of the page changes. */
+static void check_nop_write_refused(struct pair *p, struct side *w, struct side *r)
+{
+    uint8_t src[64];
+    memset(src, 0x11, sizeof(src));
+    struct cfx_tp_mem_desc md = {
+        .addr = src, .len = sizeof(src), .memtype = CFX_MEMTYPE_HOST, .file_fd = -1
+    };
+    struct cfx_tp_mr *mr;
+    cr_assert_eq(p->ops->mem_reg(w->iface, &md, CFX_TP_ACCESS_LOCAL, &mr), CFX_OK);
+    const uint8_t *page = cfx__verbs_iface_of(r->iface)->nop_buf;
+    struct cfx_tp_rdesc rd = nop_rdesc(w->ep);
+    size_t imm0 = r->nimm;
+
+    cr_assert_eq(p->ops->ep_write(w->ep, mr, 0, &rd, 0, sizeof(src), 0xBAD, 7), CFX_OK,
+                 "the writer cannot know it is refused: %s", cfx_last_error());
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (!w->n_ep_error || !r->n_ep_error) {
+        cr_assert(cfx__now_ns() < end, "the write was not refused (writer failed: %zu, "
+                  "target failed: %zu)", w->n_ep_error, r->n_ep_error);
+        poll_both(p);
+    }
+    cr_log_info("writer: %s, target: %s, target's refused writes: %llu",
+                cfx_errname(w->ep_error), cfx_errname(r->ep_error),
+                (unsigned long long)p->ops->iface_grant_refused(r->iface));
+    cr_assert_eq(w->ep_error, CFX_ERR_PROTO, "writer's endpoint failed with %s",
+                 cfx_errname(w->ep_error));
+    cr_assert_eq(w->ep->status, CFX_ERR_PROTO);
+    /* the target sees its QP flushed (rxe: the writer's QP failed; a
+     * device that reports the refusal on the target's receive: counted) */
+    cr_assert(r->ep_error == CFX_ERR_PEER_FAILED || r->ep_error == CFX_ERR_PROTO,
+              "target's endpoint failed with %s", cfx_errname(r->ep_error));
+    cr_assert_eq(r->ep->status, r->ep_error);
+    cr_assert_eq(w->n_ep_error, 1);
+    cr_assert_eq(r->n_ep_error, 1);
+    cr_assert_eq(r->nimm, imm0, "the refused write was reported at the target");
+    for (size_t i = 0; i < 4096; i++)
+        cr_assert_eq(page[i], 0, "the refused write changed byte %zu of the no-op page", i);
+    /* sticky on the writer */
+    cr_assert_eq(p->ops->ep_send(w->ep, "x", 1, 1), CFX_ERR_PROTO);
+    p->ops->mem_dereg(mr);
+}
+
+/* Neither side authorized (a peer that has not proved the token yet):
+ * sends flow, RDMA writes into the no-op page are refused.  Before QPs came
+ * up without remote access, the write landed and both ends stayed up. */
+Test(verbs_authz, unauthorized_peer_cannot_write, .timeout = 240)
+{
+    struct pair p;
+    pair_connect(&p);
+    cr_assert_not(cfx__verbs_ep_of(p.a.ep)->authorized);
+
+    /* the handshake's messages: bursts both ways, every one completes */
+    send_burst(&p, &p.a, &p.b, 100);
+    send_burst(&p, &p.b, &p.a, 200);
+    check_nop_write_refused(&p, &p.a, &p.b);
+    pair_close(&p);
+}
+
+/* b authorized a (b's QP takes a's writes); a did not authorize b.  b's
+ * sends still all complete (it signals every one, for a's QP would refuse
+ * its no-op write); a's granted writes land byte for byte; b's write into
+ * a's no-op page is refused. */
+Test(verbs_authz, authorized_one_way, .timeout = 240)
+{
+    enum { LEN = 64 * 1024, N = 16 };
+    struct pair p;
+    pair_connect(&p);
+
+    cr_assert_eq(p.ops->ep_authorize(p.b.ep), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(p.ops->ep_authorize(p.b.ep), CFX_OK, "twice: %s", cfx_last_error());
+    cr_assert(cfx__verbs_ep_of(p.b.ep)->authorized);
+    send_burst(&p, &p.b, &p.a, 300);
+    send_burst(&p, &p.a, &p.b, 400);
+    /* a heard of b's authorization (MSG_AUTHZ, ahead of b's sends) */
+    cr_assert(cfx__verbs_ep_of(p.a.ep)->peer_authorized);
+    cr_assert_not(cfx__verbs_ep_of(p.b.ep)->peer_authorized);
+
+    uint8_t *src = aligned_alloc(4096, LEN), *dst = aligned_alloc(4096, LEN);
+    cr_assert(src && dst);
+    cfx_test_fill(src, LEN, 77);
+    memset(dst, 0xAA, LEN);
+    struct cfx_tp_mem_desc ms = { .addr = src, .len = LEN, .memtype = CFX_MEMTYPE_HOST,
+                                  .file_fd = -1 };
+    struct cfx_tp_mem_desc md = ms;
+    md.addr = dst;
+    struct cfx_tp_mr *smr, *dmr;
+    struct cfx_tp_rdesc grant;
+    cr_assert_eq(p.ops->mem_reg(p.a.iface, &ms, CFX_TP_ACCESS_LOCAL, &smr), CFX_OK);
+    cr_assert_eq(p.ops->mem_reg(p.b.iface, &md, CFX_TP_ACCESS_REMOTE_WRITE, &dmr), CFX_OK);
+    cr_assert_eq(p.ops->mr_grant(dmr, p.b.ep, &grant), CFX_OK, "%s", cfx_last_error());
+
+    /* N writes posted back to back: more than a signaling interval, so the
+     * no-op (an RDMA write into b's page, which b's QP now takes) retires
+     * them */
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    for (int i = 0; i < N; i++) {
+        int rc;
+        while ((rc = p.ops->ep_write(p.a.ep, smr, (uint64_t)i * (LEN / N), &grant,
+                                     (uint64_t)i * (LEN / N), LEN / N, 1000 + (uint32_t)i,
+                                     (uint64_t)i)) == CFX_ERR_AGAIN) {
+            cr_assert(cfx__now_ns() < end, "send queue stayed full");
+            poll_both(&p);
+        }
+        cr_assert_eq(rc, CFX_OK, "ep_write: %s %s", cfx_errname(rc), cfx_last_error());
+    }
+    while (p.a.nwrite < N || p.b.nimm < N) {
+        cr_assert(cfx__now_ns() < end, "%zu writes completed, %zu landed", p.a.nwrite, p.b.nimm);
+        poll_both(&p);
+    }
+    cr_assert_eq(p.a.bad_status, CFX_OK, "%s", cfx_errname(p.a.bad_status));
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(p.b.imm[i], 1000 + (uint32_t)i);
+    cr_assert_eq(cfx_test_check(dst, LEN, 77), (size_t)-1, "granted write differs at byte %zu",
+                 cfx_test_check(dst, LEN, 77));
+    cr_assert_eq(p.ops->iface_grant_refused(p.b.iface), 0);
+
+    /* the other way round, a never authorized b */
+    check_nop_write_refused(&p, &p.b, &p.a);
+    p.ops->mr_revoke(dmr);
+    p.ops->mem_dereg(smr);
+    p.ops->mem_dereg(dmr);
+    pair_close(&p);
+    free(src);
+    free(dst);
+}
+
+#endif
