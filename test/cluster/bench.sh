@@ -2,7 +2,7 @@
 # Conflux group collectives against Open MPI on an emulated cluster.
 #
 #   test/cluster/bench.sh [--nodes 4] [--rate 1gbit] [--sizes 1M:64M]
-#                         [--ops "broadcast reduce allreduce"] [--iters 5]
+#                         [--ops "broadcast reduce allreduce [barrier]"] [--iters 5]
 #                         [--obj-ops "broadcast reduce allreduce"] [--spacing MS]
 #                         [--coord-args "ARGS"]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
@@ -23,7 +23,7 @@
 # conflux-coord (e.g. "--fanout 2" to compare with a fixed fan-out).
 # Prints one table: per op and size the three times, their ratios and
 # the bound the link rate sets (S/B for broadcast and reduce, 2(n-1)/n S/B
-# for allreduce).  Every run has a timeout; everything started is stopped
+# for allreduce; a barrier has no size and no bound: one row, "0 B").  Every run has a timeout; everything started is stopped
 # by PID and the cluster is torn down on exit.  Needs root.
 set -euo pipefail
 
@@ -86,8 +86,11 @@ MAXB=${BASH_REMATCH[2]}
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "--warmup: a number"
 [[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && [ "$RUN_TIMEOUT" -ge 10 ] || die "--timeout: seconds, >= 10"
 [[ $PORT =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65535 ] || die "--port"
-for op in $OPS $OBJ_OPS; do
-    case "$op" in broadcast | reduce | allreduce) ;; *) die "--ops, --obj-ops: broadcast, reduce, allreduce" ;; esac
+for op in $OPS; do
+    case "$op" in broadcast | reduce | allreduce | barrier) ;; *) die "--ops: broadcast, reduce, allreduce, barrier" ;; esac
+done
+for op in $OBJ_OPS; do
+    case "$op" in broadcast | reduce | allreduce) ;; *) die "--obj-ops: broadcast, reduce, allreduce" ;; esac
 done
 [[ $SPACING =~ ^[0-9]+$ ]] || die "--spacing: milliseconds"
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
@@ -272,8 +275,11 @@ def load(name):
             out[r['size']] = r
     return out
 
-def ms(r):
-    return f"{r['time_us'] / 1000:.1f}" + ('' if not r.get('wrong') else ' (wrong!)') if r else '-'
+def ms(r):  # 0.1 ms steps hide the small sizes: three decimals below 10 ms
+    if not r:
+        return '-'
+    t = r['time_us'] / 1000
+    return (f"{t:.1f}" if t >= 10 else f"{t:.3f}") + ('' if not r.get('wrong') else ' (wrong!)')
 
 def ratio(a, b):
     return f"{a['time_us'] / b['time_us']:.2f}" if a and b and b['time_us'] > 0 else '-'
@@ -288,10 +294,12 @@ for op in ops:
     factor = 2 * (n - 1) / n if group_op == 'allreduce' else 1.0
     for size in sorted(set(c) | set(d) | set(t)):
         bound = {'time_us': factor * size * 8 / bps * 1e6}
-        sz = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        sz = (f"{size >> 20} MiB" if size >= 1 << 20 else
+              f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B")
+        bound_ms = ms(bound) if size else '-'
         print(f"| {op} | {sz} | {ms(c.get(size))} | {ms(d.get(size))} | {ms(t.get(size))} "
               f"| {ratio(c.get(size), d.get(size))} | {ratio(c.get(size), t.get(size))} "
-              f"| {bound['time_us'] / 1000:.1f} | {ratio(c.get(size), bound)} "
+              f"| {bound_ms} | {ratio(c.get(size), bound)} "
               f"| {ratio(d.get(size), bound)} | {ratio(t.get(size), bound)} |")
 EOF
 echo "# command: $CMDLINE"
