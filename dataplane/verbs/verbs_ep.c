@@ -670,42 +670,37 @@ static int post_failed(struct cfx__verbs_ep *ep, int err, const char *what)
                     what, strerror(err));
 }
 
-static void post_credit_msg(struct cfx__verbs_ep *ep)
+/* A control message (CFX_VERBS_MSG_CREDIT, or CFX_VERBS_MSG_AUTHZ: our QP
+ * now takes the peer's writes, its no-ops included) carrying the credits
+ * we owe.  True when it was posted. */
+static bool post_ctl_msg(struct cfx__verbs_ep *ep, uint32_t type, const char *what)
 {
     uint32_t credits = cfx__verbs_fc_take(&ep->fc, CFX_VERBS_CREDITS_MAX);
     struct ibv_send_wr wr = {
         .opcode = IBV_WR_SEND_WITH_IMM,
         .num_sge = 0,
-        .imm_data = htobe32(CFX_VERBS_IMM(CFX_VERBS_MSG_CREDIT, credits)),
+        .imm_data = htobe32(CFX_VERBS_IMM(type, credits)),
     };
     int err = post_wr(ep, &wr, 0, 0, 0, false);
     if (unlikely(err)) {
         cfx__verbs_fc_untake(&ep->fc, credits);
         if (err != ENOMEM)
-            post_failed(ep, err, "credit message");
-        return;
+            post_failed(ep, err, what);
+        return false;
     }
     cfx__verbs_fc_consume(&ep->fc);
+    return true;
 }
 
-/* Tell the peer that our QP now takes its writes (its no-ops included). */
+static void post_credit_msg(struct cfx__verbs_ep *ep)
+{
+    post_ctl_msg(ep, CFX_VERBS_MSG_CREDIT, "credit message");
+}
+
 static void post_authz_msg(struct cfx__verbs_ep *ep)
 {
-    uint32_t credits = cfx__verbs_fc_take(&ep->fc, CFX_VERBS_CREDITS_MAX);
-    struct ibv_send_wr wr = {
-        .opcode = IBV_WR_SEND_WITH_IMM,
-        .num_sge = 0,
-        .imm_data = htobe32(CFX_VERBS_IMM(CFX_VERBS_MSG_AUTHZ, credits)),
-    };
-    int err = post_wr(ep, &wr, 0, 0, 0, false);
-    if (unlikely(err)) {
-        cfx__verbs_fc_untake(&ep->fc, credits);
-        if (err != ENOMEM)
-            post_failed(ep, err, "authorization message");
-        return;
-    }
-    cfx__verbs_fc_consume(&ep->fc);
-    ep->authz_pending = false;
+    if (post_ctl_msg(ep, CFX_VERBS_MSG_AUTHZ, "authorization message"))
+        ep->authz_pending = false;
 }
 
 /* A signaled zero-length RDMA write: retires the unsignaled WRs before it.
