@@ -321,6 +321,45 @@ static void *kill_later(void *arg)
 }
 
 /*
+ * --kill, allreduce: the victim produced the result (its input was the last
+ * of the first k to arrive) and died before any survivor held a complete
+ * copy, so the result went with it (include/conflux/object.h, lifecycle).
+ * As an application re-runs lost work, the root reduces the survivors'
+ * inputs again under the same id and every survivor gets it anew (a get
+ * of an id that is gone waits for its next put).
+ */
+static int result_again(struct run *R, size_t size, long it, const struct cfx_object_id *result,
+                        size_t count)
+{
+    const struct opts *o = R->o;
+    int k = o->k ? o->k : R->n;
+    fprintf(stderr, "%s: rank %d: the result went with the victim; %s\n", PROG, R->rank,
+            R->rank == o->sw.root ? "reducing the survivors' inputs again" : "getting it again");
+    if (R->rank == o->sw.root) {
+        struct cfx_object_id *in = calloc((size_t)R->n, sizeof(*in));
+        size_t *u = calloc((size_t)k, sizeof(*u));
+        int rc = in && u ? CFX_OK : CFX_ERR_NOMEM;
+        for (int r = 0; rc == CFX_OK && r < R->n; r++)
+            make_id(R, size, it, "in", r, &in[r]);
+        if (rc == CFX_OK)
+            rc = cfx_reduce_objects(R->ctx, in, (size_t)R->n, (size_t)k, CFX_DTYPE_F32,
+                                    CFX_OP_SUM, result, &R->op, u);
+        free(in);
+        free(u);
+        /* EXISTS: a survivor did hold a complete copy (this get failed for
+         * another reason): get that one */
+        if (rc != CFX_OK && rc != CFX_ERR_EXISTS) {
+            fprintf(stderr, "%s: rank %d: reduce again: %s: %s\n", PROG, R->rank,
+                    cfx_errname(rc), cfx_last_error());
+            return rc;
+        }
+    }
+    size_t got = 0;
+    memset(R->res, 0, count * 4);
+    return cfx_get(R->ctx, result, R->res, count * 4, &got, &R->op);
+}
+
+/*
  * Run iteration @p it of size @p size; fill @p s with this rank's part.
  * @p used_out (k entries) gets the reduced inputs' ranks at the root.
  * Every rank returns here (the victim of --kill never does).
@@ -430,6 +469,8 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
         size_t got = 0;
         memset(R->res, 0, count * 4);
         int grc = cfx_get(R->ctx, &result, R->res, count * 4, &got, &R->op);
+        if (grc == CFX_ERR_PEER_FAILED && fault && o->op == OP_ALLREDUCE)
+            grc = result_again(R, size, it, &result, count);
         if (o->op == OP_ALLREDUCE && grc == CFX_OK)
             s->end = now_s() - t0; /* its start stays its input's put */
         if (grc != CFX_OK) {
