@@ -4,13 +4,15 @@
 #   test/cluster/bench.sh [--nodes 4] [--rate 1gbit] [--sizes 1M:64M]
 #                         [--ops "broadcast reduce allreduce [barrier]"] [--iters 5]
 #                         [--obj-ops "broadcast reduce allreduce"] [--spacing MS]
-#                         [--coord-args "ARGS"]
+#                         [--coord-args "ARGS"] [--transport tcp|dpdk]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
 #                         [--results DIR] [--port 5000] [--no-conflux] [--no-mpi]
 #
 # Brings up cluster.sh's namespaces (one process per node), then for each op:
 #   1. conflux-coord in node 0, cfx_coll_perf in every node (CFX_TRANSPORT=tcp,
-#      CFX_BIND_ADDR = the node's address);
+#      CFX_BIND_ADDR = the node's address; with --transport dpdk the data
+#      plane is the dpdk transport on the node's link through net_af_packet,
+#      qdisc_bypass=0 so that the link's shaping holds);
 #   2. test/mpi/mpi_coll under mpirun started in node 0, with Open MPI's
 #      default algorithm choices;
 #   3. the same with expert settings: dynamic rules, pipelined chain
@@ -50,6 +52,7 @@ RESULTS=
 PORT=5000
 DO_CFX=1
 DO_MPI=1
+TRANSPORT=tcp
 
 die() { echo "bench.sh: $*" >&2; exit 1; }
 log() { echo "bench.sh: $*" >&2; }
@@ -73,6 +76,7 @@ while [ $# -gt 0 ]; do
     --port) PORT=$2; shift 2 ;;
     --no-conflux) DO_CFX=0; shift ;;
     --no-mpi) DO_MPI=0; shift ;;
+    --transport) TRANSPORT=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
     esac
@@ -93,6 +97,7 @@ for op in $OBJ_OPS; do
     case "$op" in broadcast | reduce | allreduce) ;; *) die "--obj-ops: broadcast, reduce, allreduce" ;; esac
 done
 [[ $SPACING =~ ^[0-9]+$ ]] || die "--spacing: milliseconds"
+case "$TRANSPORT" in tcp | dpdk) ;; *) die "--transport: tcp or dpdk" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 [ -z "${CFX_BENCH_LOCKED:-}" ] || die "already inside a bench run"
 
@@ -180,9 +185,16 @@ run_conflux() { # op [tool name flags...]: cfx_coll_perf, or cfx_obj_perf as obj
         forget_pid "$coord_pid"
         return 1
     fi
+    local dpdk_env=()
+    if [ "$TRANSPORT" = dpdk ]; then # the node's own link, through the kernel's packet socket
+        for i in $(seq 0 $((NODES - 1))); do
+            dpdk_env[i]=CFX_DPDK_VDEV=net_af_packet0,iface=$PREFIX-e$i,qdisc_bypass=0
+        done
+    fi
     for i in $(seq 0 $((NODES - 1))); do
         CFX_COORD=$NODE0_IP:$PORT CFX_TOKEN=$token CFX_RANK=$i CFX_WORLD_SIZE=$NODES \
-            CFX_TRANSPORT=tcp CFX_BIND_ADDR=$("$CLUSTER" addr "$i") \
+            CFX_TRANSPORT=$TRANSPORT CFX_BIND_ADDR=$("$CLUSTER" addr "$i") \
+            env ${dpdk_env[$i]:+"${dpdk_env[$i]}"} \
             timeout -k 5 "$RUN_TIMEOUT" "$CLUSTER" exec "$i" \
             "$BUILD/bin/$tool" -o "$op" "${flags[@]}" \
             > "$RESULTS/cfx-$name.$i.out" 2> "$RESULTS/cfx-$name.$i.err" 9>&- &
@@ -305,6 +317,7 @@ EOF
 echo "# command: $CMDLINE"
 echo "# $(nproc) CPUs; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $NODES nodes, each link $RATE (tbf burst 512kb); $ITERS iterations + $WARMUP warm-up;"
+echo "# conflux data plane: $TRANSPORT"
 echo "# bound = S/B (broadcast, reduce), 2(n-1)/n * S/B (allreduce) at the link rate"
 [ -z "$OBJ_OPS" ] || echo "# obj-*: cfx_obj_perf, arrivals $SPACING ms apart (time = last finish - last start)"
 cat "$RESULTS/table.md"
