@@ -320,6 +320,22 @@ static void *kill_later(void *arg)
     return NULL;
 }
 
+/* The root's reduce of every rank's input of iteration @p it into
+ * @p result; @p used gets k entries (cfx_reduce_objects). */
+static int reduce_inputs(struct run *R, size_t size, long it, int k,
+                         const struct cfx_object_id *result, size_t *used)
+{
+    struct cfx_object_id *in = calloc((size_t)R->n, sizeof(*in));
+    if (!in)
+        return CFX_ERR_NOMEM;
+    for (int r = 0; r < R->n; r++)
+        make_id(R, size, it, "in", r, &in[r]);
+    int rc = cfx_reduce_objects(R->ctx, in, (size_t)R->n, (size_t)k, CFX_DTYPE_F32, CFX_OP_SUM,
+                                result, &R->op, used);
+    free(in);
+    return rc;
+}
+
 /*
  * --kill, allreduce: the victim produced the result (its input was the last
  * of the first k to arrive) and died before any survivor held a complete
@@ -336,15 +352,8 @@ static int result_again(struct run *R, size_t size, long it, const struct cfx_ob
     fprintf(stderr, "%s: rank %d: the result went with the victim; %s\n", PROG, R->rank,
             R->rank == o->sw.root ? "reducing the survivors' inputs again" : "getting it again");
     if (R->rank == o->sw.root) {
-        struct cfx_object_id *in = calloc((size_t)R->n, sizeof(*in));
         size_t *u = calloc((size_t)k, sizeof(*u));
-        int rc = in && u ? CFX_OK : CFX_ERR_NOMEM;
-        for (int r = 0; rc == CFX_OK && r < R->n; r++)
-            make_id(R, size, it, "in", r, &in[r]);
-        if (rc == CFX_OK)
-            rc = cfx_reduce_objects(R->ctx, in, (size_t)R->n, (size_t)k, CFX_DTYPE_F32,
-                                    CFX_OP_SUM, result, &R->op, u);
-        free(in);
+        int rc = u ? reduce_inputs(R, size, it, k, result, u) : CFX_ERR_NOMEM;
         free(u);
         /* EXISTS: a survivor did hold a complete copy (this get failed for
          * another reason): get that one */
@@ -434,15 +443,9 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             size_t used[1 << 10];
             size_t *u = k <= (int)(sizeof(used) / sizeof(used[0])) ? used
                                                                      : malloc(sizeof(size_t) * (size_t)k);
-            struct cfx_object_id *in = calloc((size_t)R->n, sizeof(*in));
             if (!threaded)
                 put_later(&pj);
-            rc = u && in ? CFX_OK : CFX_ERR_NOMEM;
-            for (int r = 0; rc == CFX_OK && r < R->n; r++)
-                make_id(R, size, it, "in", r, &in[r]);
-            if (rc == CFX_OK)
-                rc = cfx_reduce_objects(R->ctx, in, (size_t)R->n, (size_t)k, CFX_DTYPE_F32,
-                                        CFX_OP_SUM, &result, &R->op, u);
+            rc = u ? reduce_inputs(R, size, it, k, &result, u) : CFX_ERR_NOMEM;
             s->end = now_s() - t0;
             if (threaded)
                 pthread_join(putter, NULL);
@@ -454,7 +457,6 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             s->rc = rc != CFX_OK ? rc : s->rc;
             if (u != used)
                 free(u);
-            free(in);
         } else {
             put_later(&pj);
         }

@@ -71,7 +71,8 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     obj->announced = true;
     obj->ready_chunks = obj->nchunks;
     pthread_mutex_lock(&ctx->lock);
-    cfx__arena_lookup(ctx, obj->buf, &obj->shm_fd, &obj->shm_off);
+    if (arena) /* the engine's heap copy is in no segment */
+        cfx__arena_lookup(ctx, obj->buf, &obj->shm_fd, &obj->shm_off);
     if (cfx__store_find(&ctx->store, id)) {
         pthread_mutex_unlock(&ctx->lock);
         free(copy);
