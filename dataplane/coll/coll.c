@@ -161,6 +161,11 @@ void cfx__coll_dtree(int n, int rank, int t, int *parent, int *child0, int *chil
 
 static bool agree_broken(void *arg);
 static int agree_fail(struct coll_exec *x);
+static bool edge_broken(void *arg);
+static int edge_fail(struct coll_exec *x);
+static int edge_check(struct coll_exec *x, int from, const void *in);
+static bool edge_news(struct coll_exec *x, int from, const struct coll_chk_msg *c);
+static void edge_ask(struct coll_exec *x, bool failed);
 
 static int msg_slot(struct coll_exec *x)
 {
@@ -213,8 +218,8 @@ static int bounce_out(struct coll_exec *x, const void *dev, size_t len, void **o
     return CFX_OK;
 }
 
-static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
-                enum cfx_memtype mt)
+static int post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, void *buf,
+                   size_t len, enum cfx_memtype mt)
 {
     struct cfx_group *g = x->g;
     void *bounce = NULL;
@@ -236,11 +241,17 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
     m->bounce = bounce;
     m->dev = bounce && !send ? buf : NULL;
     m->len = len;
+    m->front = false;
+    m->pfx = NULL;
+    m->user = NULL;
+    m->off = 0;
+    m->chk = false;
+    m->chk_in = false;
     void *wire = bounce ? bounce : buf;
     if (bounce)
         mt = CFX_MEMTYPE_HOST;
-    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan, x->tag, wire, len, mt, &m->req)
-                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan, x->tag, wire, len, mt,
+    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt, &m->req)
+                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt,
                                    &m->req);
     if (rc != CFX_OK) {
         char why[256];
@@ -248,6 +259,83 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
         m->req = NULL;
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d cannot post a %s rank %d: %s", x->what,
                         x->a->seq, g->rank, send ? "send to" : "receive from", peer, why);
+    }
+    return h;
+}
+
+static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
+                enum cfx_memtype mt)
+{
+    return post_on(x, x->g->chan, peer, send, buf, len, mt);
+}
+
+#define EDGE_SENT  1u   /* x->dir: our header went to the rank */
+#define EDGE_RECVD 2u   /* a message from the rank was posted: its first carries its header */
+#define EDGE_SEEN  4u   /* during a scan of the unexpected queue */
+
+/*
+ * A message of the call's data.  With the check along the messages, the
+ * first one between two ranks in each direction carries the sender's
+ * header: in front of the payload (one message, through a copy) up to
+ * COLL_HDR_INLINE bytes, else as a message of its own just before it.  Both
+ * sides decide from the message's size, so they agree unless the sizes
+ * already disagree (which fails the message itself).
+ */
+static int post_data(struct coll_exec *x, int peer, bool send, void *buf, size_t len)
+{
+    const uint8_t bit = send ? EDGE_SENT : EDGE_RECVD;
+    if (!x->edges || (x->dir[peer] & bit))
+        return post(x, peer, send, buf, len, x->mt);
+    x->dir[peer] |= bit;
+    const size_t hl = sizeof(struct coll_hdr);
+    if (len > COLL_HDR_INLINE) {
+        int h = post(x, peer, send, send ? (void *)&x->hdr : (void *)&x->hin[peer], hl,
+                     CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        return post(x, peer, send, buf, len, x->mt);
+    }
+    const bool dev = x->mt != CFX_MEMTYPE_HOST;
+    char *p = NULL;
+    int rc;
+    if (dev) {
+        if ((rc = bounce_out(x, NULL, hl + len, (void **)&p)) != CFX_OK)
+            return rc;
+    } else if (!(p = malloc(hl + len))) {
+        return cfx__err(CFX_ERR_NOMEM, "%s #%" PRIu32 ": out of memory", x->what, x->a->seq);
+    }
+    if (send) {
+        memcpy(p, &x->hdr, hl);
+        if (!dev)
+            memcpy(p + hl, buf, len);
+        else if (len && (rc = cfx__memcpy_typed_wait(p + hl, CFX_MEMTYPE_HOST, buf, x->mt, len,
+                                                     x->stream)) != CFX_OK) {
+            char why[256];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            bounce_free(x, p);
+            return cfx__err(rc, "%s #%" PRIu32 ": rank %d: copy of %zu bytes from the device: "
+                            "%s", x->what, x->a->seq, x->g->rank, len, why);
+        }
+    }
+    int h = post(x, peer, send, p, hl + len, CFX_MEMTYPE_HOST);
+    if (h < 0) {
+        if (dev)
+            bounce_free(x, p);
+        else
+            free(p);
+        return h;
+    }
+    struct coll_msg *m = &x->msgs[h];
+    m->front = true;
+    m->len = len;
+    if (dev) {
+        m->bounce = p;
+        m->dev = send ? NULL : buf;
+        m->off = hl;
+    } else {
+        m->pfx = p;
+        m->user = buf;
     }
     return h;
 }
@@ -280,7 +368,8 @@ static int bounce_done(struct coll_exec *x, struct coll_msg *m)
         bounce_free(x, b);
         return CFX_OK;
     }
-    int rc = cfx__memcpy_typed_async(m->dev, x->mt, b, CFX_MEMTYPE_HOST, m->len, x->stream);
+    int rc = cfx__memcpy_typed_async(m->dev, x->mt, (char *)b + m->off, CFX_MEMTYPE_HOST,
+                                     m->len, x->stream);
     if (rc != CFX_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -309,12 +398,34 @@ static int bounce_done(struct coll_exec *x, struct coll_msg *m)
 
 int cfx__coll_send(struct coll_exec *x, int peer, const void *buf, size_t len)
 {
-    return post(x, peer, true, (void *)buf, len, x->mt);
+    return post_data(x, peer, true, (void *)buf, len);
 }
 
 int cfx__coll_recv(struct coll_exec *x, int peer, void *buf, size_t len)
 {
-    return post(x, peer, false, buf, len, x->mt);
+    return post_data(x, peer, false, buf, len);
+}
+
+/* A message is done: check a header that came with it, then hand the
+ * payload on (or free what carried it). */
+static int msg_done(struct coll_exec *x, struct coll_msg *m)
+{
+    if (m->chk_in)
+        return edge_news(x, m->peer, &x->cin[m->peer]) ? edge_fail(x) : CFX_OK;
+    if (x->edges && !m->send) {
+        const void *h = m->front ? (m->pfx ? m->pfx : m->bounce) : m->hdr ? &x->hin[m->peer] : NULL;
+        int rc = h ? edge_check(x, m->peer, h) : CFX_OK;
+        if (rc != CFX_OK)
+            return rc; /* the carrier is freed by coll_cleanup() */
+    }
+    if (m->pfx) {
+        if (!m->send && m->len)
+            memcpy(m->user, (char *)m->pfx + sizeof(struct coll_hdr), m->len);
+        free(m->pfx);
+        m->pfx = NULL;
+        return CFX_OK;
+    }
+    return m->bounce ? bounce_done(x, m) : CFX_OK;
 }
 
 int cfx__coll_wait(struct coll_exec *x, int h)
@@ -325,14 +436,27 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     struct cfx_group *g = x->g;
     int dead;
     bool stopped;
-    int rc = cfx__p2p_wait_stop(m->req, x->deadline, g->ids, g->size, &dead,
-                                x->agree ? agree_broken : NULL, x, &stopped);
-    if (stopped)
-        return agree_fail(x); /* the headers disagree: this message may never come */
+    /* checking along the messages, a wait that runs long sends our header
+     * to every rank (edge_ask): a rank waiting for a message that a rank of
+     * another opinion will never send learns of it that way */
+    uint64_t until = x->listen && !x->asked ? CFX_MIN(x->ask_at, x->deadline) : x->deadline;
+    int rc;
+    for (;;) {
+        rc = cfx__p2p_wait_stop(m->req, until, g->ids, g->size, &dead,
+                                x->agree ? agree_broken : x->listen ? edge_broken : NULL, x,
+                                &stopped);
+        if (rc != CFX_ERR_TIMEOUT || stopped || until == x->deadline)
+            break;
+        edge_ask(x, false); /* may move x->msgs */
+        m = &x->msgs[h];
+        until = x->deadline;
+    }
+    if (stopped) /* the headers disagree: this message may never come */
+        return x->bad_rank >= 0 || x->news_rank >= 0 ? edge_fail(x) : agree_fail(x);
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
         m->req = NULL;
-        return m->bounce ? bounce_done(x, m) : CFX_OK;
+        return msg_done(x, m);
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
     if (dead >= 0)
@@ -354,6 +478,8 @@ int cfx__coll_wait(struct coll_exec *x, int h)
 int cfx__coll_wait_all(struct coll_exec *x)
 {
     for (int h = 0; h < x->nmsgs; h++) {
+        if (x->msgs[h].chk)
+            continue; /* advisory: chk_finish() */
         int rc = cfx__coll_wait(x, h);
         if (rc != CFX_OK)
             return rc;
@@ -398,6 +524,8 @@ static void coll_cleanup(struct coll_exec *x, bool hdr_only)
          * was queued from it (that happens only when a receive is done) */
         bounce_free(x, m->bounce);
         m->bounce = NULL;
+        free(m->pfx);
+        m->pfx = NULL;
     }
     x->nmsgs = 0;
 }
@@ -502,19 +630,6 @@ static bool has_root(enum coll_kind k)
  * has the minimum and maximum over the whole group; when they differ every
  * rank fails with CFX_ERR_INVALID and can say which two ranks disagree.
  */
-#define COLL_HDR_MAGIC 0xC011EC7Fu
-
-struct coll_hdr {
-    uint32_t magic;
-    uint32_t seq;
-    uint8_t kind;
-    uint8_t dtype;
-    uint8_t op;
-    uint8_t algo;
-    int32_t root;
-    uint64_t count;
-};
-
 struct coll_agree_msg {
     struct coll_hdr lo, hi;  /* smallest / largest header seen */
     int32_t lo_rank, hi_rank;
@@ -613,10 +728,13 @@ struct coll_agree {
     int *rh;                    /* [size]: receive handles, -1 for this rank */
 };
 
-/* Lock held: every header is in and two of them differ. */
+/* Lock held: every header is in and two of them differ (or, checking
+ * along the messages elsewhere, a rank told us on the check channel). */
 static bool agree_broken(void *arg)
 {
     struct coll_exec *x = arg;
+    if (x->listen && edge_broken(x))
+        return true;
     struct coll_agree *ag = x->agree;
     bool differ = false;
     for (int p = 0; p < x->g->size; p++) {
@@ -681,6 +799,305 @@ static int agree_fail(struct coll_exec *x)
     return rc != CFX_OK ? rc : cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the "
                                         "ranks disagree on the arguments", x->what,
                                         x->a->seq, x->g->rank);
+}
+
+/* ---- argument check along the messages (CFX_COLL_CHECK=1, the default) ---------
+ *
+ * The all-ranks exchange above costs every rank a message to and from every
+ * other rank per call and makes each call wait for the slowest rank's
+ * header: a barrier per call, which keeps a loop of small broadcasts or
+ * reduces from overlapping its calls as Open MPI's do.  By default the
+ * headers ride on the data instead (post_data(): the first message between
+ * two ranks in each direction carries the sender's header) and each
+ * receiver compares the header of every rank it hears from in the call:
+ *  - a disagreement the messages show (dtype, op, count, root or kind of
+ *    a rank one hears from) fails the call with CFX_ERR_INVALID at once on
+ *    the rank that sees it, naming both ranks' calls;
+ *  - a rank waiting for a message that a rank of another opinion will never
+ *    send stops as soon as any first message of the call with another
+ *    header reaches it, even one it would not receive (edge_broken() looks
+ *    into the unexpected queue), or one on the check channel: a rank that
+ *    finds a disagreement, or whose wait has run COLL_CHECK_ASK_MS, sends
+ *    its header to every rank there (edge_ask()), once per call;
+ *  - a rank whose part is only sending (a broadcast's root, a reduce's
+ *    leaves) returns when its sends are done, unless the disagreement is
+ *    already visible then (edge_end()); it has written nothing.
+ * So every disagreement fails the call on every rank that waits for data
+ * in it, without a message of its own while the ranks agree.  An in-place
+ * call may have written its buffer when it fails (CFX_COLL_CHECK=2 keeps
+ * it as it was).  Messages of a failed call that nobody will receive are
+ * dropped at the end of the next (edge_end()).
+ */
+
+static int edge_rank(const struct cfx_group *g, uint32_t node)
+{
+    for (int q = 0; q < g->size; q++)
+        if (g->ids[q] == node)
+            return q;
+    return -1;
+}
+
+/* Another rank's header @p in differs from ours: remember the first. */
+static bool edge_differs(struct coll_exec *x, int from, const void *in)
+{
+    struct coll_hdr h;
+    memcpy(&h, in, sizeof(h));
+    if (h.magic != COLL_HDR_MAGIC || !memcmp(&h, &x->hdr, sizeof(h)))
+        return false;
+    if (x->bad_rank < 0) {
+        x->bad_rank = from;
+        x->bad = h;
+    }
+    return true;
+}
+
+static int edge_fail(struct coll_exec *x)
+{
+    char t1[160], t2[160];
+    int rc;
+    const int me = x->g->rank;
+    if (x->bad_rank < 0 && x->news_rank >= 0) {
+        /* told by a rank that failed the call */
+        const struct coll_chk_msg *c = &x->news;
+        hdr_text(&c->me, t1, sizeof(t1));
+        if (c->bad_rank >= 0) {
+            hdr_text(&c->bad, t2, sizeof(t2));
+            rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                          "arguments (found by rank %d): rank %d called %s, rank %d called %s",
+                          x->what, x->a->seq, me, x->news_rank, x->news_rank, t1,
+                          (int)c->bad_rank, t2);
+        } else {
+            rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                          "arguments: rank %d (which called %s) got a message of another size",
+                          x->what, x->a->seq, me, x->news_rank, t1);
+        }
+    } else {
+        hdr_text(&x->hdr, t1, sizeof(t1));
+        hdr_text(&x->bad, t2, sizeof(t2));
+        rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                      "arguments: rank %d called %s, rank %d called %s", x->what, x->a->seq,
+                      me, me, t1, x->bad_rank, t2);
+    }
+    edge_ask(x, true); /* the ranks still waiting learn it from us */
+    return rc;
+}
+
+/* The header that came with a message from rank @p from. */
+static int edge_check(struct coll_exec *x, int from, const void *in)
+{
+    struct coll_hdr h;
+    memcpy(&h, in, sizeof(h));
+    if (h.magic != COLL_HDR_MAGIC)
+        return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header from "
+                        "rank %d", x->what, x->a->seq, x->g->rank, from);
+    return edge_differs(x, from, &h) ? edge_fail(x) : CFX_OK;
+}
+
+/* Unexpected messages of the running call, lock held: a rank's first
+ * message of the call (none of its messages posted yet, the first of its
+ * in the queue) starts with its header.  Only when that first message is
+ * eager here whatever its size (our threshold is the default one or more):
+ * else a later message could be taken for it. */
+static bool edge_stray(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct coll_exec *x = arg;
+    if (u->tag != x->tag || u->len < sizeof(struct coll_hdr))
+        return false;
+    int from = edge_rank(x->g, u->node_id);
+    if (from < 0 || from == x->g->rank || (x->dir[from] & (EDGE_RECVD | EDGE_SEEN)))
+        return false;
+    x->dir[from] |= EDGE_SEEN;
+    return edge_differs(x, from, u->data);
+}
+
+/* A check message from rank @p from: a header of another opinion, or the
+ * news that it failed the call.  Remembers the first of each. */
+static bool edge_news(struct coll_exec *x, int from, const struct coll_chk_msg *c)
+{
+    if (c->failed) {
+        if (c->me.magic != COLL_HDR_MAGIC)
+            return false;
+        if (x->news_rank < 0) {
+            x->news_rank = from;
+            x->news = *c;
+        }
+        return true;
+    }
+    return edge_differs(x, from, &c->me);
+}
+
+/* Messages on the check channel, lock held. */
+static bool edge_asked(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct coll_exec *x = arg;
+    if (u->tag != x->tag || u->len != sizeof(struct coll_chk_msg))
+        return false;
+    int from = edge_rank(x->g, u->node_id);
+    if (from < 0 || from == x->g->rank)
+        return false;
+    struct coll_chk_msg c;
+    memcpy(&c, u->data, sizeof(c));
+    return edge_news(x, from, &c);
+}
+
+/* Stop predicate of the waits (lock held): a header of another opinion is in. */
+static bool edge_broken(void *arg)
+{
+    struct coll_exec *x = arg;
+    struct cfx_context *ctx = x->g->ctx;
+    bool bad = false;
+    if (x->edges && ctx->cfg.eager_max >= CFX_EAGER_LIMIT) {
+        bad = cfx__eager_unexp_scan(ctx, x->g->chan, edge_stray, x);
+        for (int q = 0; q < x->g->size; q++)
+            x->dir[q] &= (uint8_t)~EDGE_SEEN;
+    }
+    return bad || cfx__eager_unexp_scan(ctx, x->g->chan_chk, edge_asked, x);
+}
+
+/* Our header to every other rank on the check channel, once per call as
+ * a question (a long wait) and once as news (@p failed: this rank found a
+ * disagreement, or failed on a message whose sizes disagree); advisory: a
+ * send that fails is dropped, chk_finish() ends them. */
+static void edge_ask(struct coll_exec *x, bool failed)
+{
+    struct cfx_group *g = x->g;
+    if (!x->listen || (failed ? x->told : x->asked))
+        return;
+    x->asked = true;
+    if (failed)
+        x->told = true;
+    struct coll_chk_msg *c = failed ? &x->tell : &x->ask;
+    memset(c, 0, sizeof(*c));
+    c->me = x->hdr;
+    c->bad_rank = -1;
+    if (failed) {
+        c->failed = 1;
+        if (x->bad_rank >= 0) {
+            c->bad = x->bad;
+            c->bad_rank = x->bad_rank;
+        } else if (x->news_rank >= 0) {
+            c->bad = x->news.bad; /* pass on what we were told */
+            c->bad_rank = x->news.bad_rank;
+        }
+    }
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size;
+        int h = post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
+        if (h < 0) {
+            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
+            continue;
+        }
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk = true;
+    }
+}
+
+/* The advisory sends, given a moment to go, then freed. */
+static void chk_finish(struct coll_exec *x)
+{
+    if (!x->asked)
+        return;
+    uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    for (int h = 0; h < x->nmsgs; h++) {
+        struct coll_msg *m = &x->msgs[h];
+        if (!m->chk || !m->req)
+            continue;
+        cfx__p2p_wait(m->req, grace);
+        cfx__p2p_free(m->req);
+        m->req = NULL;
+    }
+}
+
+/* A call with nothing to move (count 0): its header goes to every rank and
+ * it waits for every rank's on the check channel.  Ranks that called with
+ * more see ours there and fail, and send theirs. */
+static int edge_empty(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    edge_ask(x, false);
+    for (int d = 1; d < g->size; d++) {
+        int from = coll_mod(g->rank - d, g->size);
+        int h = post_on(x, g->chan_chk, from, false, &x->cin[from], sizeof(x->cin[from]),
+                        CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk_in = true;
+    }
+    return CFX_OK;
+}
+
+struct edge_drop_arg {
+    struct coll_exec *x;
+    bool data;                  /* g->chan, else the check channel */
+};
+
+/* Messages of this call or older ones that nobody will receive now.  One
+ * that starts with a header of its call was the first a rank sent in it:
+ * nobody took it because nobody expected it, e.g. two ranks that each
+ * thought themselves a broadcast's root, so neither waited for anything and
+ * neither failed.  That is said as a warning naming the call. */
+static bool edge_old(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct edge_drop_arg *d = arg;
+    struct coll_exec *x = d->x;
+    if ((int32_t)(u->tag - x->tag) > 0)
+        return false;
+    struct coll_hdr h;
+    if (d->data && u->len >= sizeof(h)) {
+        memcpy(&h, u->data, sizeof(h));
+        if (h.magic == COLL_HDR_MAGIC && h.seq == u->tag && h.kind < COLL_KIND_LAST) {
+            char t[160];
+            hdr_text(&h, t, sizeof(t));
+            CFX_LOG(WARN, COLL, "group %s rank %d: rank %d's message of %s #%" PRIu32 " was "
+                    "received by no call: the ranks disagreed on its arguments (rank %d called "
+                    "%s); dropped", x->g->name, x->g->rank, edge_rank(x->g, u->node_id),
+                    cfx__coll_kind_name((enum coll_kind)h.kind), h.seq,
+                    edge_rank(x->g, u->node_id), t);
+        }
+    }
+    return true;
+}
+
+/*
+ * End of a call (checking along the messages): a disagreement already
+ * visible fails a call that had nothing to wait for; then the messages of
+ * this call and older ones still unreceived are dropped (their call failed
+ * or their ranks disagreed; every message a rank's schedule expects was
+ * received by now), with their senders' credits.
+ */
+static int edge_end(struct coll_exec *x, int rc)
+{
+    struct cfx_group *g = x->g;
+    struct cfx_context *ctx = g->ctx;
+    if (rc == CFX_ERR_INVALID)
+        edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
+    pthread_mutex_lock(&ctx->lock);
+    bool bad = rc == CFX_OK && edge_broken(x);
+    if (rc == CFX_ERR_CANCELED) {
+        /* a peer withdrew its side of a message: if it did so because it
+         * found a disagreement, its news is on the way (sent before it
+         * withdrew); say that rather than "canceled" */
+        uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+        while (!(bad = edge_broken(x)) && cfx__obj_wait(ctx, until))
+            ;
+    }
+    struct edge_drop_arg d = { .x = x, .data = true };
+    int n = cfx__eager_unexp_drop(ctx, g->chan, edge_old, &d);
+    d.data = false;
+    cfx__eager_unexp_drop(ctx, g->chan_chk, edge_old, &d);
+    pthread_mutex_unlock(&ctx->lock);
+    if (n)
+        CFX_LOG(INFO, COLL, "group %s rank %d: %s #%" PRIu32 ": dropped %d message%s of this "
+                "call or earlier ones that no rank will receive", g->name, g->rank, x->what,
+                x->a->seq, n, n == 1 ? "" : "s");
+    if (bad) {
+        if (rc != CFX_OK)
+            CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
+        rc = edge_fail(x);
+    }
+    chk_finish(x);
+    return rc;
 }
 
 static int agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh)
@@ -850,13 +1267,13 @@ static int coll_exec_run(struct coll_exec *x)
     struct coll_agree ag;
     struct coll_hdr in[AGREE_ALL_MAX];
     int rh[AGREE_ALL_MAX];
-    bool alongside = (g->check || a->kind == COLL_BARRIER) && g->size > 1 &&
-                     g->size <= AGREE_ALL_MAX;
+    const bool all = g->check == COLL_CHECK_ALL || a->kind == COLL_BARRIER;
+    bool alongside = all && g->size > 1 && g->size <= AGREE_ALL_MAX;
     int rc = CFX_OK;
 
     if (alongside)
         rc = agree_post(x, &ag, in, rh);
-    else if ((g->check || a->kind == COLL_BARRIER) && g->size > 1)
+    else if (all && g->size > 1)
         rc = coll_agree(x);
     bool posted = rc == CFX_OK;
     x->gate = rc == CFX_OK && alongside && writes_input(x);
@@ -864,11 +1281,17 @@ static int coll_exec_run(struct coll_exec *x)
         rc = agree_gate(x);
     if (rc == CFX_OK && (a->kind == COLL_BARRIER || a->count > 0))
         rc = run_schedule(x);
+    else if (rc == CFX_OK && x->edges)
+        rc = edge_empty(x);
     if (rc == CFX_OK)
         rc = cfx__coll_wait_all(x);
     bool disagree = false;
     if (alongside && posted) {
         rc = agree_finish(x, rc);
+        disagree = rc == CFX_ERR_INVALID;
+    }
+    if (x->listen) {
+        rc = edge_end(x, rc);
         disagree = rc == CFX_ERR_INVALID;
     }
     x->agree = NULL;
@@ -1064,10 +1487,42 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
      * passing 0 where the others pass more fails like any disagreement
      * (a barrier always talks) */
     bool empty = a->kind != COLL_BARRIER && a->count == 0;
-    if (empty && (!g->check || g->size == 1))
+    if (empty && (g->check == COLL_CHECK_OFF || g->size == 1))
         return CFX_OK;
     if (g->size == 1 && a->kind == COLL_BARRIER)
         return CFX_OK;
+
+    /* this rank's header: compared along the messages (or all of them) */
+    x.hdr = (struct coll_hdr){
+        .magic = COLL_HDR_MAGIC, .seq = a->seq, .kind = (uint8_t)a->kind,
+        .dtype = (uint8_t)a->dtype, .op = (uint8_t)a->op, .algo = (uint8_t)x.algo,
+        .root = a->root, .count = a->count,
+    };
+    x.bad_rank = -1;
+    x.news_rank = -1;
+    x.listen = g->check == COLL_CHECK_EDGES && g->size > 1 && g->chan_chk; /* not while joining */
+    x.edges = x.listen && a->kind != COLL_BARRIER;
+    if (x.listen) {
+        if (!g->edge_dir) {
+            g->edge_dir = calloc((size_t)g->size, sizeof(*g->edge_dir));
+            g->edge_hin = calloc((size_t)g->size, sizeof(*g->edge_hin));
+            g->edge_cin = calloc((size_t)g->size, sizeof(*g->edge_cin));
+            if (!g->edge_dir || !g->edge_hin || !g->edge_cin) {
+                free(g->edge_dir);
+                free(g->edge_hin);
+                free(g->edge_cin);
+                g->edge_dir = NULL;
+                g->edge_hin = NULL;
+                g->edge_cin = NULL;
+                return cfx__err(CFX_ERR_NOMEM, "%s #%" PRIu32 ": out of memory", what, a->seq);
+            }
+        }
+        memset(g->edge_dir, 0, (size_t)g->size);
+        x.dir = g->edge_dir;
+        x.hin = g->edge_hin;
+        x.cin = g->edge_cin;
+        x.ask_at = cfx__deadline_ns(COLL_CHECK_ASK_MS);
+    }
 
     if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER && !empty) {
         rc = coll_run_dev(&x); /* device buffers */

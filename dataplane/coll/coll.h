@@ -15,10 +15,11 @@
  *    order, so every schedule posts the messages between one pair of ranks
  *    in the same order on both sides;
  *  - cfx_group_send/recv travel on g->chan_user with the user's tag;
- *  - before the data moves, the ranks agree on the arguments (coll_agree):
- *    a dissemination exchange of a small header, after which every rank
- *    knows the minimum and maximum header of the group; if they differ,
- *    every rank fails with CFX_ERR_INVALID.
+ *  - the ranks' arguments are compared (coll.c "argument check"): by
+ *    default each rank's header of the call rides on the first message it
+ *    sends to each peer and is compared by that peer (no message of its
+ *    own); CFX_COLL_CHECK=2 exchanges the headers between all ranks, so
+ *    that every rank fails in the same call.
  *
  * Threads: coll_exec is used by the thread that runs the collective only.
  */
@@ -47,6 +48,40 @@
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
 #define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
 #define COLL_BOUNCE_HELD_N 64           /* ... and how many, before a sync frees them */
+#define COLL_CHECK_ASK_MS 50            /* a wait this long sends the header to every rank */
+
+/* CFX_COLL_CHECK: how the ranks' arguments are compared. */
+enum coll_check {
+    COLL_CHECK_OFF = 0,         /* not at all */
+    COLL_CHECK_EDGES = 1,       /* along the call's own messages (default) */
+    COLL_CHECK_ALL = 2,         /* all ranks' headers, every rank fails in the same call */
+};
+
+/* One rank's view of a call, as compared between ranks. */
+struct coll_hdr {
+    uint32_t magic;
+    uint32_t seq;
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t algo;
+    int32_t root;
+    uint64_t count;
+};
+#define COLL_HDR_MAGIC 0xC011EC7Fu
+
+/* What travels on the check channel: the sender's header and, when it
+ * failed the call (failed != 0), the header of another opinion it saw (or
+ * bad_rank -1: message sizes that disagreed, no header seen). */
+struct coll_chk_msg {
+    struct coll_hdr me;
+    struct coll_hdr bad;
+    int32_t bad_rank;
+    uint32_t failed;
+};
+/* First messages up to this carry the header in front, and stay eager at
+ * the default CFX_EAGER_MAX; larger ones go after a header message. */
+#define COLL_HDR_INLINE (CFX_EAGER_LIMIT - (uint32_t)sizeof(struct coll_hdr))
 
 enum coll_kind {
     COLL_BARRIER = 1,
@@ -95,7 +130,11 @@ struct cfx_group {
     /* tuning, read once at creation */
     enum cfx_algo env_algo;     /* $CFX_ALGO, or AUTO */
     size_t seg_bytes;           /* $CFX_COLL_SEG */
-    bool check;                 /* $CFX_COLL_CHECK: argument agreement (default on) */
+    enum coll_check check;      /* $CFX_COLL_CHECK: argument check (default EDGES) */
+    uint64_t chan_chk;          /* p2p channel of headers sent to every rank (EDGES) */
+    uint8_t *edge_dir;          /* [size]: coll_exec.dir of the running call */
+    struct coll_hdr *edge_hin;  /* [size]: coll_exec.hin of the running call */
+    struct coll_chk_msg *edge_cin; /* [size]: coll_exec.cin of the running call */
 
     /* scratch memory of the running collective (one runs at a time) */
     void *scratch;
@@ -127,6 +166,15 @@ struct coll_msg {
     void *bounce;               /* device data: the host copy on the wire (arena), or NULL */
     void *dev;                  /* a receive's device destination of the bounce */
     size_t len;
+    /* EDGES check: the first message between two ranks has the header in
+     * front (front), in pfx for host data, in the bounce (at off) for device
+     * data */
+    bool front;
+    void *pfx;                  /* header + payload on the wire (malloc), or NULL */
+    void *user;                 /* a host receive's destination of the payload */
+    size_t off;                 /* where the payload starts in the bounce */
+    bool chk;                   /* a header sent on chan_chk: advisory, never waited for */
+    bool chk_in;                /* a check message received into x->cin[peer] */
 };
 
 /* Execution state of one collective on one rank. */
@@ -146,6 +194,23 @@ struct coll_exec {
     struct coll_agree *agree;   /* argument headers exchanged alongside the data */
     bool gate;                  /* in place, headers not all checked: cfx__coll_gate()
                                  * before the first write to the caller's buffers */
+
+    /* EDGES check (coll.c "argument check along the messages") */
+    bool edges;
+    struct coll_hdr hdr;        /* this rank's header of the call */
+    uint8_t *dir;               /* [size]: EDGE_SENT / EDGE_RECVD, header sent to / first
+                                 * message posted from each rank */
+    struct coll_hdr *hin;       /* [size]: separate headers received */
+    bool listen;                /* EDGES mode, any call: look at the check channel */
+    bool asked;                 /* our header went to every rank on chan_chk */
+    bool told;                  /* ... and that we failed the call */
+    struct coll_chk_msg ask, tell; /* what those messages carry */
+    struct coll_chk_msg *cin;   /* [size]: check messages received (calls of count 0) */
+    uint64_t ask_at;            /* a wait still running then sends it (ns) */
+    int bad_rank;               /* a rank whose header differs, -1 */
+    struct coll_hdr bad;        /* its header */
+    int news_rank;              /* a rank that told us it failed the call, -1 */
+    struct coll_chk_msg news;   /* what it said */
 
     /* device buffers (mt != host, coll.c "device buffers") */
     void *stream;               /* where the device work goes: the caller's or the group's */

@@ -566,8 +566,9 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     g->seg_bytes = cfx__env_size("CFX_COLL_SEG", COLL_SEG_DEFAULT);
     if (g->seg_bytes < COLL_SEG_MIN)
         g->seg_bytes = COLL_SEG_MIN;
-    g->check = cfx__env_ll("CFX_COLL_CHECK", 1) != 0;
-    if (!g->check)
+    long long chk = cfx__env_ll("CFX_COLL_CHECK", COLL_CHECK_EDGES);
+    g->check = chk <= 0 ? COLL_CHECK_OFF : chk == 1 ? COLL_CHECK_EDGES : COLL_CHECK_ALL;
+    if (g->check == COLL_CHECK_OFF)
         CFX_LOG(WARN, COLL, "group %s: CFX_COLL_CHECK=0: the ranks' arguments are not "
                 "compared; a call whose ranks disagree may return CFX_OK with wrong data",
                 name);
@@ -609,6 +610,8 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
         rc = cfx_group_barrier(g, NULL);
         g->chan = h & ~1ull;
         g->next_seq = 0;
+        /* the joining barrier has no check channel: its call #0 is not the user's */
+        g->chan_chk = (h ^ 0x63686b73ull) & ~1ull;
         if (rc != CFX_OK) {
             rc = cfx__err(rc, "group %s: rank %d: the ranks did not all finish joining: %s",
                           g->name, rank, cfx_last_error());
@@ -617,7 +620,9 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     }
     CFX_LOG(INFO, COLL, "group %s: rank %d of %d (node %u), epoch %" PRIu32 ", algo %s, "
             "segment %zu B, agreement check %s", g->name, rank, size, ctx->node_id, g->epoch,
-            cfx_algo_name(g->env_algo), g->seg_bytes, g->check ? "on" : "off");
+            cfx_algo_name(g->env_algo), g->seg_bytes,
+            g->check == COLL_CHECK_EDGES ? "along the messages"
+            : g->check == COLL_CHECK_ALL ? "all ranks" : "off");
     *out = g;
     return CFX_OK;
 
@@ -696,6 +701,9 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
+    free(g->edge_dir);
+    free(g->edge_hin);
+    free(g->edge_cin);
     free(g->ids);
     free(g->nodes);
     free(g);

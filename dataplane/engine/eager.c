@@ -319,6 +319,7 @@ void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     u->len = m->len;
     memcpy(u->data, m->data, m->len);
     cfx_list_add_tail(&u->link, &ctx->eager_unexp);
+    wake(ctx); /* a waiter's stop predicate may look at the queue (coll.c) */
 }
 
 bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id)
@@ -367,6 +368,35 @@ int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
     }
     cfx_list_add_tail(&obj->p2p_link, &ctx->eager_posted);
     return CFX_OK;
+}
+
+bool cfx__eager_unexp_scan(struct cfx_context *ctx, uint64_t chan,
+                           bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->eager_unexp) {
+        const struct cfx_eager_unexp *u = cfx_list_entry(pos, struct cfx_eager_unexp, link);
+        if (u->chan == chan && fn(arg, u))
+            return true;
+    }
+    return false;
+}
+
+int cfx__eager_unexp_drop(struct cfx_context *ctx, uint64_t chan,
+                          bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg)
+{
+    struct cfx_list *pos, *tmp;
+    int n = 0;
+    cfx_list_for_each_safe(pos, tmp, &ctx->eager_unexp) {
+        struct cfx_eager_unexp *u = cfx_list_entry(pos, struct cfx_eager_unexp, link);
+        if (u->chan != chan || !fn(arg, u))
+            continue;
+        cfx_list_del(&u->link);
+        consumed(ctx, u->conn_id, false); /* the sender's credit comes back */
+        unexp_put(ctx, u);
+        n++;
+    }
+    return n;
 }
 
 void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in)

@@ -985,6 +985,15 @@ int cfx__eager_return_credits(struct cfx_context *ctx);
 /* Any thread, ctx->lock held (no transport is called). */
 int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in);
 void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct cfx_xfer_in *in);
+/* The unexpected messages of channel @p chan, in arrival order: @p fn is
+ * called on each until it returns true (then so does the scan).  Drop
+ * removes the ones @p fn returns true for and gives their senders the
+ * credit back; it returns how many.  For a layer that checks messages
+ * nobody will receive (coll.c: strays of a call whose ranks disagreed). */
+bool cfx__eager_unexp_scan(struct cfx_context *ctx, uint64_t chan,
+                           bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg);
+int cfx__eager_unexp_drop(struct cfx_context *ctx, uint64_t chan,
+                          bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg);
 bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
 /* Teardown (no progress thread any more). */
 void cfx__eager_destroy_all(struct cfx_context *ctx);

@@ -92,6 +92,19 @@ ParameterizedTest(struct case_param *p, coll, matrix, .timeout = 240)
                  p->n, rc);
 }
 
+/* CFX_COLL_CHECK=2: every rank's header against every other's, so every
+ * rank fails a call whose ranks disagree and an in-place call that fails
+ * has written nothing (the default checks along the messages). */
+Test(coll, mismatch_all_ranks, .timeout = 120)
+{
+    int rc = run("CFX_COLL_CHECK=2 CFX_COLL_SEG=16384", 4, "tcp", "mismatch");
+    cr_assert_eq(rc, 0, "mismatches with CFX_COLL_CHECK=2 over tcp with 4 ranks: cfx_run "
+                 "exited %d", rc);
+    rc = run("CFX_COLL_CHECK=2", 10, "shm", "mismatch");
+    cr_assert_eq(rc, 0, "mismatches with CFX_COLL_CHECK=2 over shm with 10 ranks: cfx_run "
+                 "exited %d", rc);
+}
+
 static struct case_param large_groups[] = { { "tcp", 10 }, { "shm", 10 } };
 
 ParameterizedTestParameters(coll, large_group)

@@ -244,9 +244,13 @@ ParameterizedTest(struct tp_param *p, coll_group, allreduce_schedules, .timeout 
 }
 
 /* dtype mismatch with equal byte sizes: every rank gets CFX_ERR_INVALID and
- * the message names the two calls; the group keeps working. */
+ * the message names the two calls; a reduce's count mismatch fails its root
+ * (and, with CFX_COLL_CHECK=2, every rank; by default a leaf that only sends
+ * may return CFX_OK); the group keeps working. */
 static int body_mismatch(struct rank_run *rr)
 {
+    const char *c = getenv("CFX_COLL_CHECK");
+    const bool all = c && atoi(c) >= 2;
     float f[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
     struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 5000 };
     int rc = cfx_group_allreduce(rr->g, f, f, 8, rr->rank == 1 ? CFX_DTYPE_I32 : CFX_DTYPE_F32,
@@ -257,7 +261,7 @@ static int body_mismatch(struct rank_run *rr)
         !strstr(cfx_last_error(), "allreduce #0"))
         return cfx__err(CFX_ERR_INTERNAL, "message: %s", cfx_last_error());
     rc = cfx_group_reduce(rr->g, f, f, rr->rank == 0 ? 8 : 4, CFX_DTYPE_F32, CFX_OP_MAX, 0, &p);
-    if (rc != CFX_ERR_INVALID)
+    if (rc != CFX_ERR_INVALID && (all || rr->rank == 0 || rc != CFX_OK))
         return cfx__err(CFX_ERR_INTERNAL, "count mismatch gave %s", cfx_errname(rc));
     float one = 1, sum = 0;
     if ((rc = cfx_group_allreduce(rr->g, &one, &sum, 1, CFX_DTYPE_F32, CFX_OP_SUM, NULL)))
@@ -272,6 +276,18 @@ Test(coll_group, mismatch, .timeout = 60)
     run_ranks(3, "mm", 10000, body_mismatch, rr);
     all_ok(3, rr);
     down(3);
+}
+
+/* The same with every rank's header compared with every other's. */
+Test(coll_group, mismatch_all_ranks, .timeout = 60)
+{
+    struct rank_run rr[MAX_RANKS];
+    setenv("CFX_COLL_CHECK", "2", 1);
+    up("tcp", 3);
+    run_ranks(3, "mma", 10000, body_mismatch, rr);
+    all_ok(3, rr);
+    down(3);
+    unsetenv("CFX_COLL_CHECK");
 }
 
 /* Non-blocking calls run in posting order, and a blocking call waits for
