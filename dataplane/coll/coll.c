@@ -40,9 +40,11 @@ static const struct coll_tune_row coll_tune[] = {
     { COLL_ALLREDUCE,      COLL_SMALL_MAX, 3,    false, CFX_ALGO_TREE },
     { COLL_ALLREDUCE,      256u << 10,     3,    false, CFX_ALGO_RHD },
     { COLL_ALLREDUCE,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
-    { COLL_BROADCAST,      64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_BROADCAST,      8u << 10,       3,    false, CFX_ALGO_TREE },
+    { COLL_BROADCAST,      64u << 10,      9,    false, CFX_ALGO_TREE },
     { COLL_BROADCAST,      SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
-    { COLL_REDUCE,         64u << 10,      3,    false, CFX_ALGO_TREE },
+    { COLL_REDUCE,         8u << 10,       3,    false, CFX_ALGO_TREE },
+    { COLL_REDUCE,         64u << 10,      9,    false, CFX_ALGO_TREE },
     { COLL_REDUCE,         SIZE_MAX,       1,    false, CFX_ALGO_CHAIN },
     { COLL_ALLGATHER,      SIZE_MAX,       1,    false, CFX_ALGO_RING },
     { COLL_REDUCE_SCATTER, SIZE_MAX,       1,    false, CFX_ALGO_RING },
@@ -247,6 +249,7 @@ static int post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, void
     m->off = 0;
     m->chk = false;
     m->chk_in = false;
+    m->hdr_h = -1;
     void *wire = bounce ? bounce : buf;
     if (bounce)
         mt = CFX_MEMTYPE_HOST;
@@ -294,7 +297,10 @@ static int post_data(struct coll_exec *x, int peer, bool send, void *buf, size_t
         if (h < 0)
             return h;
         x->msgs[h].hdr = true;
-        return post(x, peer, send, buf, len, x->mt);
+        int d = post(x, peer, send, buf, len, x->mt);
+        if (d >= 0 && !send)
+            x->msgs[d].hdr_h = h; /* the data is used only after its header is checked */
+        return d;
     }
     const bool dev = x->mt != CFX_MEMTYPE_HOST;
     char *p = NULL;
@@ -430,6 +436,11 @@ static int msg_done(struct coll_exec *x, struct coll_msg *m)
 
 int cfx__coll_wait(struct coll_exec *x, int h)
 {
+    if (x->msgs[h].hdr_h >= 0) {
+        int rc = cfx__coll_wait(x, x->msgs[h].hdr_h);
+        if (rc != CFX_OK)
+            return rc;
+    }
     struct coll_msg *m = &x->msgs[h];
     if (!m->req)
         return CFX_OK;

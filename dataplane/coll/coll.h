@@ -44,6 +44,7 @@
 #define COLL_NAME_MAX     128
 #define COLL_SEG_DEFAULT  (256u * 1024) /* pipeline segment; CFX_COLL_SEG overrides */
 #define COLL_SEG_MIN      (4u * 1024)
+#define COLL_SEG_PIPE_MIN (16u * 1024)  /* smallest segment a rooted pipeline cuts by itself */
 #define COLL_WINDOW       4             /* receives posted ahead in pipelines */
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
 #define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
@@ -175,6 +176,7 @@ struct coll_msg {
     size_t off;                 /* where the payload starts in the bounce */
     bool chk;                   /* a header sent on chan_chk: advisory, never waited for */
     bool chk_in;                /* a check message received into x->cin[peer] */
+    int hdr_h;                  /* a receive's header message of its own, checked first; -1 */
 };
 
 /* Execution state of one collective on one rank. */

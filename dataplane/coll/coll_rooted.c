@@ -59,12 +59,28 @@ static int *handles(struct coll_exec *x, size_t n)
     return h;
 }
 
+/*
+ * Segments of a rooted pipeline: CFX_COLL_SEG, and for a vector of less
+ * than four of those a quarter of it (at least COLL_SEG_PIPE_MIN), so that
+ * a chain of a few ranks overlaps its hops at mid sizes too: a 64 KiB
+ * broadcast over 4 ranks moves in 16 KiB segments, and a loop of them runs
+ * at the link rate instead of three whole-message hops per call.
+ */
+static size_t pipe_seg_elems(const struct coll_exec *x, size_t bytes)
+{
+    size_t seg = x->g->seg_bytes;
+    if (bytes / 4 < seg)
+        seg = CFX_MIN(CFX_MAX(bytes / 4, (size_t)COLL_SEG_PIPE_MIN), x->g->seg_bytes);
+    size_t e = seg / x->esz;
+    return e ? e : 1;
+}
+
 /* ---- broadcast ------------------------------------------------------------------------ */
 
 static int bcast_pipe(struct coll_exec *x, char *buf, const struct tree *t)
 {
     const size_t count = x->a->count, esz = x->esz;
-    const size_t segel = cfx__coll_seg_elems(x, count * esz);
+    const size_t segel = pipe_seg_elems(x, count * esz);
     const int nseg = (int)((count + segel - 1) / segel);
     int rc = CFX_OK;
 #define SEG_LEN(j) (CFX_MIN(segel, count - (size_t)(j) * segel) * esz)
@@ -130,7 +146,7 @@ int cfx__coll_bcast_tree(struct coll_exec *x, void *buf, int root)
 static int reduce_pipe(struct coll_exec *x, const char *s, char *r, const struct tree *t)
 {
     const size_t count = x->a->count, esz = x->esz;
-    const size_t segel = cfx__coll_seg_elems(x, count * esz), segb = segel * esz;
+    const size_t segel = pipe_seg_elems(x, count * esz), segb = segel * esz;
     const int nseg = (int)((count + segel - 1) / segel), nc = t->nchild;
     const int nacc = t->parent >= 0 && nc ? 2 * COLL_WINDOW : 0;
     char *slots;

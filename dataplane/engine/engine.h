@@ -888,6 +888,10 @@ int cfx__progress_drive(struct cfx_context *ctx);
  * the lock; it wakes the progress thread when it has work to take over. */
 void cfx__progress_poll_begin(struct cfx_context *ctx);
 void cfx__progress_handback(struct cfx_context *ctx, bool polled);
+/* The same for a waiter that sleeps next on a request still running: a
+ * progress thread standing aside is woken whatever else is pending, since
+ * nobody else drives the transports for that request. */
+void cfx__progress_handback_waiter(struct cfx_context *ctx, bool polled);
 /* A non-blocking test's share of progress, as MPI_Test: one bracketed pass
  * when the progress lock is free, none when another thread drives (no lock
  * held on entry or return). */

@@ -381,7 +381,15 @@ void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st)
         sched_yield();
     }
     pthread_mutex_lock(&ctx->lock);
-    cfx__progress_handback(ctx, polled);
+    /* the caller sleeps next if its request still runs: then someone must
+     * drive the transports for it, whatever else is pending (a rendezvous
+     * receive waiting for the peer's writes is on no list progress_wanted()
+     * looks at; the progress thread stood aside for ASIDE_MS, a millisecond
+     * per message of 4 KiB .. 64 KiB) */
+    if (__atomic_load_n(st, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN)
+        cfx__progress_handback_waiter(ctx, polled);
+    else
+        cfx__progress_handback(ctx, polled);
 }
 
 void cfx__progress_poll_begin(struct cfx_context *ctx)
@@ -416,16 +424,26 @@ static bool rearm_for_sleeper(struct cfx_context *ctx)
     return armed;
 }
 
-void cfx__progress_handback(struct cfx_context *ctx, bool polled)
+static void handback(struct cfx_context *ctx, bool polled, bool waiting)
 {
     if (__atomic_sub_fetch(&ctx->pollers, 1, __ATOMIC_SEQ_CST) != 0)
         return; /* another poller carries on */
     if (ctx->aside) {
-        if (progress_wanted(ctx))
+        if (waiting || progress_wanted(ctx))
             pthread_cond_signal(&ctx->progress_cond);
     } else if (ctx->sleeping && polled && !rearm_for_sleeper(ctx)) {
         kick_eventfd(ctx); /* it arms them itself */
     }
+}
+
+void cfx__progress_handback(struct cfx_context *ctx, bool polled)
+{
+    handback(ctx, polled, false);
+}
+
+void cfx__progress_handback_waiter(struct cfx_context *ctx, bool polled)
+{
+    handback(ctx, polled, true);
 }
 
 /* Does transport @p t have to be polled without a nap: no wait fd, or

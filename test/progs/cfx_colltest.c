@@ -569,6 +569,11 @@ static void mode_mismatch(void)
     static float big[8192];
     rc = cfx_group_broadcast(grp, big, 8192, odd ? CFX_DTYPE_I32 : CFX_DTYPE_F32, 0, &p);
     want_disagreement(rc, "32 KiB broadcast, dtype mismatch", false);
+    /* every rank's result depends on the rank of the other opinion, whose
+     * data is used only after its header is checked: all fail */
+    rc = cfx_group_allreduce(grp, big, big, 8192, odd ? CFX_DTYPE_I32 : CFX_DTYPE_F32,
+                             CFX_OP_SUM, &p);
+    want_disagreement(rc, "32 KiB allreduce, dtype mismatch", true);
     /* one rank has nothing to add: still a disagreement, not a hang */
     rc = cfx_group_allreduce(grp, f, f, odd ? 0 : 8, CFX_DTYPE_F32, CFX_OP_SUM, &p);
     want_disagreement(rc, "allreduce, count 0 on one rank", true);

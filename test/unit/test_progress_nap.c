@@ -11,6 +11,8 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -212,5 +214,57 @@ Test(progress_nap, handback_without_a_poll_or_before_the_last_poller_does_nothin
     handback(ctx, true);
     cr_assert_eq(arm_calls, 1);
     cr_assert_not(kicked(ctx));
+    sleeper_free(ctx);
+}
+
+/* ---- hand-back to a progress thread standing aside ------------------------------ */
+
+struct aside_arg {
+    struct cfx_context *ctx;
+    bool waiting, woken;
+};
+
+/* stand_aside() without its ASIDE_MS bound: only a signal ends it. */
+static void *aside_thread(void *p)
+{
+    struct aside_arg *a = p;
+    pthread_mutex_lock(&a->ctx->lock);
+    a->ctx->aside = true;
+    a->waiting = true;
+    pthread_cond_wait(&a->ctx->progress_cond, &a->ctx->lock);
+    a->ctx->aside = false;
+    a->woken = true;
+    pthread_mutex_unlock(&a->ctx->lock);
+    return NULL;
+}
+
+/* A waiter that leaves its polling with its request still running (a
+ * rendezvous receive waiting for the peer's writes, on no list the engine
+ * looks at for pending work) wakes the progress thread that stood aside
+ * for it: nobody else would drive the transports until the stand-aside
+ * timed out, a millisecond per message. */
+Test(progress_nap, waiter_leaving_its_poll_wakes_the_thread_standing_aside, .timeout = 10)
+{
+    struct cfx_context *ctx = sleeper_new();
+    ctx->sleeping = false;
+    pthread_cond_init(&ctx->progress_cond, NULL);
+    struct aside_arg a = { .ctx = ctx };
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, aside_thread, &a), 0);
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        bool w = a.waiting;
+        pthread_mutex_unlock(&ctx->lock);
+        if (w)
+            break;
+        sched_yield();
+    }
+    pthread_mutex_lock(&ctx->lock);
+    cfx__progress_handback_waiter(ctx, true);
+    pthread_mutex_unlock(&ctx->lock);
+    pthread_join(t, NULL);
+    cr_assert(a.woken, "the thread standing aside was signalled");
+    cr_assert_not(kicked(ctx), "it was not asleep in epoll: no eventfd write");
+    pthread_cond_destroy(&ctx->progress_cond);
     sleeper_free(ctx);
 }
