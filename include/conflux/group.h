@@ -3,8 +3,16 @@
  *
  * A group is a fixed set of ranks 0..size-1, one per context.  Collectives
  * are called by every rank of the group in the same order with matching
- * arguments (count, dtype, op, root); ranks that disagree get
- * CFX_ERR_INVALID, not wrong data.  Every blocking call has a deadline (the
+ * arguments (count, dtype, op, root, a forced algorithm).  A call whose
+ * ranks disagree fails with CFX_ERR_INVALID instead of returning wrong
+ * data: by default on every rank whose part depends on a rank of the other
+ * opinion.  A rank that only sends (a broadcast's root, a reduce's leaves)
+ * or hears only from ranks of its own opinion may return CFX_OK, having
+ * done its own part with its own arguments; a failed in-place call may
+ * have written its buffer.  With CFX_COLL_CHECK=2 every rank fails in the
+ * same call and a failed in-place call has written nothing, at the cost of
+ * a barrier per call (docs/COLLECTIVES.md, "Argument check").  After such a
+ * failure the group stays usable.  Every blocking call has a deadline (the
  * group's timeout unless a call's params say otherwise) and fails with
  * CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming the rank it waited for.
  *
