@@ -83,6 +83,8 @@ struct coll_chk_msg {
 /* First messages up to this carry the header in front, and stay eager at
  * the default CFX_EAGER_MAX; larger ones go after a header message. */
 #define COLL_HDR_INLINE (CFX_EAGER_LIMIT - (uint32_t)sizeof(struct coll_hdr))
+/* Messages of up to this go as eager pieces rather than by rendezvous. */
+#define COLL_SPLIT_MAX (16u * 1024)
 
 enum coll_kind {
     COLL_BARRIER = 1,
@@ -176,7 +178,8 @@ struct coll_msg {
     size_t off;                 /* where the payload starts in the bounce */
     bool chk;                   /* a header sent on chan_chk: advisory, never waited for */
     bool chk_in;                /* a check message received into x->cin[peer] */
-    int hdr_h;                  /* a receive's header message of its own, checked first; -1 */
+    int prev_h;                 /* waited for first: the header message of its own, or the
+                                 * piece before (coll.c post_split); -1 */
 };
 
 /* Execution state of one collective on one rank. */
@@ -212,6 +215,7 @@ struct coll_exec {
     int bad_rank;               /* a rank whose header differs, -1 */
     struct coll_hdr bad;        /* its header */
     int news_rank;              /* a rank that told us it failed the call, -1 */
+    int dropped;                /* messages nobody will receive, dropped during the call */
     struct coll_chk_msg news;   /* what it said */
 
     /* device buffers (mt != host, coll.c "device buffers") */

@@ -333,6 +333,17 @@ static void mode_matrix(void)
                             (int)(si + (size_t)dt) % world);
     printf("matrix (auto): %ld checks in %.2f s\n", checks, now_s() - t);
 
+    /* bytes around where a message changes form (coll.c post_data): the
+     * header in front up to 4048 B of payload, one eager send up to 4072 B,
+     * eager pieces up to 16 KiB, then rendezvous */
+    static const size_t edges[] = { 4047, 4048, 4049, 4071, 4072, 4073, 8144, 8145,
+                                    16383, 16384, 16385 };
+    static const enum kind edge_kinds[] = { K_BCAST, K_ALLREDUCE, K_REDUCE, K_ALLGATHER, K_A2A };
+    for (size_t e = 0; e < sizeof(edges) / sizeof(edges[0]); e++)
+        for (size_t k = 0; k < sizeof(edge_kinds) / sizeof(edge_kinds[0]); k++)
+            run_one(edge_kinds[k], CFX_DTYPE_U8, is_reduction(edge_kinds[k]) ? CFX_OP_MAX : 0,
+                    edges[e], (int)(e % 2), CFX_ALGO_AUTO, (int)e % world);
+
     static const struct {
         enum kind k;
         enum cfx_algo algo;
