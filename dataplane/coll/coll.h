@@ -182,6 +182,10 @@ struct coll_msg {
                                  * piece before (coll.c post_split); -1 */
 };
 
+#define EDGE_SENT  1u   /* coll_exec.dir: our header went to the rank */
+#define EDGE_RECVD 2u   /* a message from the rank was posted: its first carries its header */
+#define EDGE_SEEN  4u   /* during a scan of the unexpected queue (coll_check.c) */
+
 /* Execution state of one collective on one rank. */
 struct coll_exec {
     struct cfx_group *g;
@@ -224,6 +228,16 @@ struct coll_exec {
     int nheld, held_cap;
     size_t held_bytes;
 };
+
+static inline bool coll_has_op(enum coll_kind k)
+{
+    return k == COLL_ALLREDUCE || k == COLL_REDUCE || k == COLL_REDUCE_SCATTER;
+}
+
+static inline bool coll_has_root(enum coll_kind k)
+{
+    return k == COLL_BROADCAST || k == COLL_REDUCE || k == COLL_GATHER || k == COLL_SCATTER;
+}
 
 /* ---- coll.c: messages of the running collective --------------------------- */
 
@@ -308,5 +322,46 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
 
 /* Run one collective to completion on the calling thread. */
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a);
+
+/* Post a message of @p len bytes on channel @p chan (the group's, or its
+ * check channel); a handle >= 0 or a status.  Device data goes through a
+ * host bounce. */
+int cfx__coll_post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, void *buf,
+                      size_t len, enum cfx_memtype mt);
+
+/* ---- coll_check.c: the argument check ------------------------------------ */
+
+#define AGREE_ALL_MAX 8         /* ranks up to which headers go all-to-all */
+
+struct coll_agree {
+    struct coll_hdr me;
+    struct coll_hdr *in;        /* [size]: each rank's header */
+    int *rh;                    /* [size]: receive handles, -1 for this rank */
+};
+
+/* All ranks' headers: alongside the data in groups of up to AGREE_ALL_MAX
+ * (post before the data, finish after it, gate before an in-place call's
+ * first write), in a dissemination exchange before the data beyond. */
+int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh);
+int cfx__coll_agree_finish(struct coll_exec *x, int rc);
+int cfx__coll_agree_gate(struct coll_exec *x);
+int cfx__coll_agree_all(struct coll_exec *x);
+bool cfx__coll_writes_input(const struct coll_exec *x);
+bool cfx__coll_gate_deferred(const struct coll_exec *x);
+/* Along the messages: the header that came with a message from @p from;
+ * a check-channel message; a call of count 0; the end of a call. */
+int cfx__coll_hdr_check(struct coll_exec *x, int from, const void *in);
+int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg *c);
+int cfx__coll_check_empty(struct coll_exec *x);
+int cfx__coll_check_end(struct coll_exec *x, int rc);
+/* A wait that ran COLL_CHECK_ASK_MS: our header to every rank (once). */
+void cfx__coll_ask(struct coll_exec *x);
+/* Stop predicate of every wait (lock held), and the error of a stopped
+ * wait: the ranks disagree. */
+bool cfx__coll_stop(void *arg);
+int cfx__coll_stopped(struct coll_exec *x);
+/* Drop the messages nobody will receive: of earlier calls, and with
+ * @p upto of this one (its end). */
+void cfx__coll_strays_sweep(struct coll_exec *x, bool upto);
 
 #endif

@@ -1,0 +1,701 @@
+/*
+ * Collectives: the argument check, that is, how the ranks find out that
+ * they called a collective with different arguments: all ranks' headers
+ * exchanged (CFX_COLL_CHECK=2, and every barrier) or the headers riding on
+ * the call's own messages (CFX_COLL_CHECK=1, the default), and the
+ * messages of failed calls that nobody will receive.
+ */
+#include "coll.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/engine/engine.h"
+
+static bool agree_broken(void *arg);
+static bool edge_broken(void *arg);
+static void edge_ask(struct coll_exec *x, bool failed);
+
+static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
+                enum cfx_memtype mt)
+{
+    return cfx__coll_post_on(x, x->g->chan, peer, send, buf, len, mt);
+}
+
+/* ---- argument agreement -------------------------------------------------------
+ *
+ * Each rank's header goes round a dissemination pattern (round k: to rank
+ * r+2^k, from rank r-2^k) carrying the smallest and the largest header seen
+ * so far with the ranks they came from.  After ceil(log2 n) rounds every rank
+ * has the minimum and maximum over the whole group; when they differ every
+ * rank fails with CFX_ERR_INVALID and can say which two ranks disagree.
+ */
+struct coll_agree_msg {
+    struct coll_hdr lo, hi;  /* smallest / largest header seen */
+    int32_t lo_rank, hi_rank;
+};
+
+static int hdr_cmp(const struct coll_hdr *a, const struct coll_hdr *b)
+{
+    return memcmp(a, b, sizeof(*a));
+}
+
+static void hdr_text(const struct coll_hdr *h, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s #%" PRIu32 " count %" PRIu64 " %s%s%s root %d algo %s",
+             cfx__coll_kind_name((enum coll_kind)h->kind), h->seq, h->count,
+             cfx_dtype_name((enum cfx_dtype)h->dtype), coll_has_op((enum coll_kind)h->kind) ? " " : "",
+             coll_has_op((enum coll_kind)h->kind) ? cfx_redop_name((enum cfx_redop)h->op) : "",
+             (int)h->root,
+             cfx_algo_name((enum cfx_algo)h->algo));
+}
+
+int cfx__coll_agree_all(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    struct coll_agree_msg me, in;
+    memset(&me, 0, sizeof(me));
+    me.lo.magic = COLL_HDR_MAGIC;
+    me.lo.seq = a->seq;
+    me.lo.kind = (uint8_t)a->kind;
+    me.lo.dtype = (uint8_t)a->dtype;
+    me.lo.op = (uint8_t)a->op;
+    me.lo.algo = (uint8_t)x->algo;
+    me.lo.root = a->root;
+    me.lo.count = a->count;
+    me.hi = me.lo;
+    me.lo_rank = me.hi_rank = g->rank;
+
+    for (int d = 1; d < g->size; d <<= 1) {
+        /* headers live in host memory whatever the buffers are */
+        int hs = post(x, (g->rank + d) % g->size, true, &me, sizeof(me), CFX_MEMTYPE_HOST);
+        if (hs < 0)
+            return hs;
+        int hr = post(x, coll_mod(g->rank - d, g->size), false, &in, sizeof(in),
+                      CFX_MEMTYPE_HOST);
+        if (hr < 0)
+            return hr;
+        int rc = cfx__coll_wait(x, hr);
+        if (rc == CFX_OK)
+            rc = cfx__coll_wait(x, hs);
+        if (rc != CFX_OK)
+            return rc;
+        if (in.lo.magic != COLL_HDR_MAGIC || in.hi.magic != COLL_HDR_MAGIC)
+            return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
+                            "from rank %d", x->what, a->seq, g->rank,
+                            coll_mod(g->rank - d, g->size));
+        if (hdr_cmp(&in.lo, &me.lo) < 0) {
+            me.lo = in.lo;
+            me.lo_rank = in.lo_rank;
+        }
+        if (hdr_cmp(&in.hi, &me.hi) > 0) {
+            me.hi = in.hi;
+            me.hi_rank = in.hi_rank;
+        }
+    }
+    if (hdr_cmp(&me.lo, &me.hi) == 0)
+        return CFX_OK;
+    char t1[160], t2[160];
+    hdr_text(&me.lo, t1, sizeof(t1));
+    hdr_text(&me.hi, t2, sizeof(t2));
+    return cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                    "arguments: rank %d called %s, rank %d called %s", x->what, a->seq,
+                    g->rank, (int)me.lo_rank, t1, (int)me.hi_rank, t2);
+}
+
+/*
+ * Small groups exchange the headers all-to-all instead, posted with the
+ * data of the call rather than before it: every rank sends its header to
+ * every other rank (tag of the call, posted before any data message, so the
+ * two sides match them first) and compares all of them once they are in.
+ * No round trip is added to the call's critical path.  What the sequential
+ * exchange gave for free, this keeps by other means: a rank waiting for a
+ * message that a disagreeing peer will never send stops as soon as the
+ * headers show the disagreement (agree_broken, checked at every wake-up),
+ * and a size disagreement fails the data messages themselves.  Every rank
+ * fails with CFX_ERR_INVALID and the same explanation.  An out-of-place
+ * call's data may have moved into its receive buffer by then (its content is
+ * undefined on error; the send buffer is only read); an in-place call waits
+ * for the headers before its first write (agree_gate), so a rejected one
+ * leaves the caller's buffer as it was.
+ */
+
+/* Lock held: every header is in and two of them differ (or, checking
+ * along the messages elsewhere, a rank told us on the check channel). */
+static bool agree_broken(void *arg)
+{
+    struct coll_exec *x = arg;
+    if (x->listen && edge_broken(x))
+        return true;
+    struct coll_agree *ag = x->agree;
+    bool differ = false;
+    for (int p = 0; p < x->g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        struct cfx_p2p_req *r = x->msgs[ag->rh[p]].req;
+        if (r && cfx__p2p_status_locked(r) != CFX_OK)
+            return false;
+        if (hdr_cmp(&ag->in[p], &ag->me))
+            differ = true;
+    }
+    return differ;
+}
+
+/* The disagreement, from the headers that are in (all of them, or enough to
+ * show it), as CFX_ERR_INVALID. */
+static int agree_text(struct coll_exec *x, const bool *have)
+{
+    struct coll_agree *ag = x->agree;
+    const struct coll_hdr *lo = &ag->me, *hi = &ag->me;
+    int lo_rank = x->g->rank, hi_rank = x->g->rank;
+    for (int p = 0; p < x->g->size; p++) {
+        if (!have[p])
+            continue;
+        if (ag->in[p].magic != COLL_HDR_MAGIC)
+            return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
+                            "from rank %d", x->what, x->a->seq, x->g->rank, p);
+        if (hdr_cmp(&ag->in[p], lo) < 0)
+            lo = &ag->in[p], lo_rank = p;
+        if (hdr_cmp(&ag->in[p], hi) > 0)
+            hi = &ag->in[p], hi_rank = p;
+    }
+    if (hdr_cmp(lo, hi) == 0)
+        return CFX_OK;
+    char t1[160], t2[160];
+    hdr_text(lo, t1, sizeof(t1));
+    hdr_text(hi, t2, sizeof(t2));
+    return cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                    "arguments: rank %d called %s, rank %d called %s", x->what, x->a->seq,
+                    x->g->rank, lo_rank, t1, hi_rank, t2);
+}
+
+/* The headers whose receive completed (the lock taken here). */
+static void agree_have(struct coll_exec *x, bool *have)
+{
+    struct coll_agree *ag = x->agree;
+    pthread_mutex_lock(&x->g->ctx->lock);
+    for (int p = 0; p < x->g->size; p++) {
+        struct cfx_p2p_req *r = ag->rh[p] >= 0 ? x->msgs[ag->rh[p]].req : NULL;
+        /* a handle whose request is gone was waited for and completed */
+        have[p] = ag->rh[p] >= 0 && (!r || cfx__p2p_status_locked(r) == CFX_OK);
+    }
+    pthread_mutex_unlock(&x->g->ctx->lock);
+}
+
+/* Called when agree_broken() stopped a wait: the headers are in and differ. */
+static int agree_fail(struct coll_exec *x)
+{
+    bool have[AGREE_ALL_MAX];
+    agree_have(x, have);
+    int rc = agree_text(x, have);
+    return rc != CFX_OK ? rc : cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the "
+                                        "ranks disagree on the arguments", x->what,
+                                        x->a->seq, x->g->rank);
+}
+
+/* ---- argument check along the messages (CFX_COLL_CHECK=1, the default) ---------
+ *
+ * The all-ranks exchange above costs every rank a message to and from every
+ * other rank per call and makes each call wait for the slowest rank's
+ * header: a barrier per call, which keeps a loop of small broadcasts or
+ * reduces from overlapping its calls as Open MPI's do.  By default the
+ * headers ride on the data instead (post_data(): the first message between
+ * two ranks in each direction carries the sender's header) and each
+ * receiver compares the header of every rank it hears from in the call:
+ *  - a disagreement the messages show (dtype, op, count, root or kind of
+ *    a rank one hears from) fails the call with CFX_ERR_INVALID at once on
+ *    the rank that sees it, naming both ranks' calls;
+ *  - a rank waiting for a message that a rank of another opinion will never
+ *    send stops as soon as any first message of the call with another
+ *    header reaches it, even one it would not receive (edge_broken() looks
+ *    into the unexpected queue), or one on the check channel: a rank that
+ *    finds a disagreement, or whose wait has run COLL_CHECK_ASK_MS, sends
+ *    its header to every rank there (edge_ask()), once per call;
+ *  - a rank whose part is only sending (a broadcast's root, a reduce's
+ *    leaves) returns when its sends are done, unless the disagreement is
+ *    already visible then (cfx__coll_check_end()); it has written nothing.
+ * So every disagreement fails the call on every rank that waits for data
+ * in it, without a message of its own while the ranks agree.  An in-place
+ * call may have written its buffer when it fails (CFX_COLL_CHECK=2 keeps
+ * it as it was).  Messages of a failed call that nobody will receive are
+ * dropped at the end of the next (cfx__coll_check_end()).
+ */
+
+static int edge_rank(const struct cfx_group *g, uint32_t node)
+{
+    for (int q = 0; q < g->size; q++)
+        if (g->ids[q] == node)
+            return q;
+    return -1;
+}
+
+/* Another rank's header @p in differs from ours: remember the first. */
+static bool edge_differs(struct coll_exec *x, int from, const void *in)
+{
+    struct coll_hdr h;
+    memcpy(&h, in, sizeof(h));
+    if (h.magic != COLL_HDR_MAGIC || !memcmp(&h, &x->hdr, sizeof(h)))
+        return false;
+    if (x->bad_rank < 0) {
+        x->bad_rank = from;
+        x->bad = h;
+    }
+    return true;
+}
+
+static int edge_fail(struct coll_exec *x)
+{
+    char t1[160], t2[160];
+    int rc;
+    const int me = x->g->rank;
+    if (x->bad_rank < 0 && x->news_rank >= 0) {
+        /* told by a rank that failed the call */
+        const struct coll_chk_msg *c = &x->news;
+        hdr_text(&c->me, t1, sizeof(t1));
+        if (c->bad_rank >= 0) {
+            hdr_text(&c->bad, t2, sizeof(t2));
+            rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                          "arguments (found by rank %d): rank %d called %s, rank %d called %s",
+                          x->what, x->a->seq, me, x->news_rank, x->news_rank, t1,
+                          (int)c->bad_rank, t2);
+        } else {
+            rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                          "arguments: rank %d (which called %s) got a message of another size",
+                          x->what, x->a->seq, me, x->news_rank, t1);
+        }
+    } else {
+        hdr_text(&x->hdr, t1, sizeof(t1));
+        hdr_text(&x->bad, t2, sizeof(t2));
+        rc = cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the ranks disagree on the "
+                      "arguments: rank %d called %s, rank %d called %s", x->what, x->a->seq,
+                      me, me, t1, x->bad_rank, t2);
+    }
+    edge_ask(x, true); /* the ranks still waiting learn it from us */
+    return rc;
+}
+
+/* The header that came with a message from rank @p from. */
+int cfx__coll_hdr_check(struct coll_exec *x, int from, const void *in)
+{
+    struct coll_hdr h;
+    memcpy(&h, in, sizeof(h));
+    if (h.magic != COLL_HDR_MAGIC)
+        return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header from "
+                        "rank %d", x->what, x->a->seq, x->g->rank, from);
+    return edge_differs(x, from, &h) ? edge_fail(x) : CFX_OK;
+}
+
+/* Unexpected messages of the running call, lock held: a rank's first
+ * message of the call (none of its messages posted yet, the first of its
+ * in the queue) starts with its header.  Only when that first message is
+ * eager here whatever its size (our threshold is the default one or more):
+ * else a later message could be taken for it. */
+static bool edge_stray(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct coll_exec *x = arg;
+    if (u->tag != x->tag || u->len < sizeof(struct coll_hdr))
+        return false;
+    int from = edge_rank(x->g, u->node_id);
+    if (from < 0 || from == x->g->rank || (x->dir[from] & (EDGE_RECVD | EDGE_SEEN)))
+        return false;
+    x->dir[from] |= EDGE_SEEN;
+    return edge_differs(x, from, u->data);
+}
+
+/* A check message from rank @p from: a header of another opinion, or the
+ * news that it failed the call.  Remembers the first of each. */
+static bool edge_news(struct coll_exec *x, int from, const struct coll_chk_msg *c)
+{
+    if (c->failed) {
+        if (c->me.magic != COLL_HDR_MAGIC)
+            return false;
+        if (x->news_rank < 0) {
+            x->news_rank = from;
+            x->news = *c;
+        }
+        return true;
+    }
+    return edge_differs(x, from, &c->me);
+}
+
+/* Messages on the check channel, lock held. */
+static bool edge_asked(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct coll_exec *x = arg;
+    if (u->tag != x->tag || u->len != sizeof(struct coll_chk_msg))
+        return false;
+    int from = edge_rank(x->g, u->node_id);
+    if (from < 0 || from == x->g->rank)
+        return false;
+    struct coll_chk_msg c;
+    memcpy(&c, u->data, sizeof(c));
+    return edge_news(x, from, &c);
+}
+
+/* Stop predicate of the waits (lock held): a header of another opinion is in. */
+static bool edge_broken(void *arg)
+{
+    struct coll_exec *x = arg;
+    struct cfx_context *ctx = x->g->ctx;
+    bool bad = false;
+    if (x->edges && ctx->cfg.eager_max >= CFX_EAGER_LIMIT) {
+        bad = cfx__eager_unexp_scan(ctx, x->g->chan, edge_stray, x);
+        for (int q = 0; q < x->g->size; q++)
+            x->dir[q] &= (uint8_t)~EDGE_SEEN;
+    }
+    return bad || cfx__eager_unexp_scan(ctx, x->g->chan_chk, edge_asked, x);
+}
+
+/* Our header to every other rank on the check channel, once per call as
+ * a question (a long wait) and once as news (@p failed: this rank found a
+ * disagreement, or failed on a message whose sizes disagree); advisory: a
+ * send that fails is dropped, chk_finish() ends them. */
+static void edge_ask(struct coll_exec *x, bool failed)
+{
+    struct cfx_group *g = x->g;
+    if (!x->listen || (failed ? x->told : x->asked))
+        return;
+    x->asked = true;
+    if (failed)
+        x->told = true;
+    struct coll_chk_msg *c = failed ? &x->tell : &x->ask;
+    memset(c, 0, sizeof(*c));
+    c->me = x->hdr;
+    c->bad_rank = -1;
+    if (failed) {
+        c->failed = 1;
+        if (x->bad_rank >= 0) {
+            c->bad = x->bad;
+            c->bad_rank = x->bad_rank;
+        } else if (x->news_rank >= 0) {
+            c->bad = x->news.bad; /* pass on what we were told */
+            c->bad_rank = x->news.bad_rank;
+        }
+    }
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size;
+        int h = cfx__coll_post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
+        if (h < 0) {
+            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
+            continue;
+        }
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk = true;
+    }
+}
+
+/* The advisory sends, given a moment to go, then freed. */
+static void chk_finish(struct coll_exec *x)
+{
+    if (!x->asked)
+        return;
+    uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    for (int h = 0; h < x->nmsgs; h++) {
+        struct coll_msg *m = &x->msgs[h];
+        if (!m->chk || !m->req)
+            continue;
+        cfx__p2p_wait(m->req, grace);
+        cfx__p2p_free(m->req);
+        m->req = NULL;
+    }
+}
+
+/* A call with nothing to move (count 0): its header goes to every rank and
+ * it waits for every rank's on the check channel.  Ranks that called with
+ * more see ours there and fail, and send theirs. */
+int cfx__coll_check_empty(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    edge_ask(x, false);
+    for (int d = 1; d < g->size; d++) {
+        int from = coll_mod(g->rank - d, g->size);
+        int h = cfx__coll_post_on(x, g->chan_chk, from, false, &x->cin[from], sizeof(x->cin[from]),
+                        CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk_in = true;
+    }
+    return CFX_OK;
+}
+
+struct stray_arg {
+    struct coll_exec *x;
+    bool data;                  /* g->chan, else the check channel */
+    bool upto;                  /* this call's too */
+};
+
+/* A message of an earlier call (or, @p upto, of this one) that nobody will
+ * receive now: one rank runs one call of a group at a time, and by the end
+ * of a call every message its schedule expects was received, so what is
+ * left belongs to a call that failed or whose ranks disagreed.  One that
+ * starts with a header of its call was the first a rank sent in it: nobody
+ * took it because nobody expected it, e.g. two ranks that each thought
+ * themselves a broadcast's root, so neither waited for anything and neither
+ * failed.  That is said as a warning naming the call. */
+static bool stray(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct stray_arg *d = arg;
+    struct coll_exec *x = d->x;
+    int32_t age = (int32_t)(u->tag - x->tag);
+    if (age > 0 || (age == 0 && !d->upto))
+        return false;
+    struct coll_hdr h;
+    if (d->data && u->len >= sizeof(h)) {
+        memcpy(&h, u->data, sizeof(h));
+        if (h.magic == COLL_HDR_MAGIC && h.seq == u->tag && h.kind < COLL_KIND_LAST) {
+            char t[160];
+            hdr_text(&h, t, sizeof(t));
+            CFX_LOG(WARN, COLL, "group %s rank %d: rank %d's message of %s #%" PRIu32 " was "
+                    "received by no call: the ranks disagreed on its arguments (rank %d called "
+                    "%s); dropped", x->g->name, x->g->rank, edge_rank(x->g, u->node_id),
+                    cfx__coll_kind_name((enum coll_kind)h.kind), h.seq,
+                    edge_rank(x->g, u->node_id), t);
+        }
+    }
+    return true;
+}
+
+/* ctx->lock held: drop the strays of the group's channels, giving their
+ * senders the eager credits back (held, they would stall the next calls'
+ * messages once a peer's grant is used up). */
+static void strays_drop(struct coll_exec *x, bool upto)
+{
+    struct cfx_group *g = x->g;
+    struct stray_arg d = { .x = x, .data = true, .upto = upto };
+    x->dropped += cfx__eager_unexp_drop(g->ctx, g->chan, stray, &d);
+    if (g->chan_chk) {
+        d.data = false;
+        x->dropped += cfx__eager_unexp_drop(g->ctx, g->chan_chk, stray, &d);
+    }
+}
+
+/* Stop predicate of every wait of a collective (lock held). */
+bool cfx__coll_stop(void *arg)
+{
+    struct coll_exec *x = arg;
+    strays_drop(x, false);
+    return x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false;
+}
+
+/* The strays of earlier calls at the start of a call, and of this one at
+ * its end (@p upto). */
+void cfx__coll_strays_sweep(struct coll_exec *x, bool upto)
+{
+    struct cfx_group *g = x->g;
+    pthread_mutex_lock(&g->ctx->lock);
+    strays_drop(x, upto);
+    pthread_mutex_unlock(&g->ctx->lock);
+    if (upto && x->dropped)
+        CFX_LOG(INFO, COLL, "group %s rank %d: %s #%" PRIu32 ": dropped %d message%s of this "
+                "call or earlier ones that no rank will receive", g->name, g->rank, x->what,
+                x->a->seq, x->dropped, x->dropped == 1 ? "" : "s");
+}
+
+/*
+ * End of a call (checking along the messages): a disagreement already
+ * visible fails a call that had nothing to wait for; then the messages of
+ * this call and older ones still unreceived are dropped (their call failed
+ * or their ranks disagreed; every message a rank's schedule expects was
+ * received by now), with their senders' credits.
+ */
+int cfx__coll_check_end(struct coll_exec *x, int rc)
+{
+    struct cfx_group *g = x->g;
+    struct cfx_context *ctx = g->ctx;
+    if (rc == CFX_ERR_INVALID)
+        edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
+    pthread_mutex_lock(&ctx->lock);
+    bool bad = rc == CFX_OK && edge_broken(x);
+    if (rc == CFX_ERR_CANCELED) {
+        /* a peer withdrew its side of a message: if it did so because it
+         * found a disagreement, its news is on the way (sent before it
+         * withdrew); say that rather than "canceled" */
+        uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+        while (!(bad = edge_broken(x)) && cfx__obj_wait(ctx, until))
+            ;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (bad) {
+        if (rc != CFX_OK)
+            CFX_LOG(DEBUG, COLL, "group %s rank %d: %s", g->name, g->rank, cfx_last_error());
+        rc = edge_fail(x);
+    }
+    if (x->asked) {
+        /* the check messages' waits must not replace the call's error */
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", rc != CFX_OK ? cfx_last_error() : "");
+        chk_finish(x);
+        if (rc != CFX_OK)
+            cfx__err(rc, "%s", keep);
+    }
+    return rc;
+}
+
+int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    memset(ag, 0, sizeof(*ag));
+    memset(in, 0, (size_t)g->size * sizeof(*in));
+    ag->me.magic = COLL_HDR_MAGIC;
+    ag->me.seq = a->seq;
+    ag->me.kind = (uint8_t)a->kind;
+    ag->me.dtype = (uint8_t)a->dtype;
+    ag->me.op = (uint8_t)a->op;
+    ag->me.algo = (uint8_t)x->algo;
+    ag->me.root = a->root;
+    ag->me.count = a->count;
+    ag->in = in;
+    ag->rh = rh;
+    for (int p = 0; p < g->size; p++)
+        rh[p] = -1;
+    x->agree = ag;
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size, from = coll_mod(g->rank - d, g->size);
+        int h = post(x, to, true, &ag->me, sizeof(ag->me), CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        h = post(x, from, false, &in[from], sizeof(in[from]), CFX_MEMTYPE_HOST);
+        if (h < 0)
+            return h;
+        x->msgs[h].hdr = true;
+        rh[from] = h;
+    }
+    return CFX_OK;
+}
+
+/* After the data: the headers decide.  @p rc is how the data went; a
+ * disagreement wins over it (it is the reason), anything else keeps it. */
+int cfx__coll_agree_finish(struct coll_exec *x, int rc)
+{
+    struct cfx_group *g = x->g;
+    struct coll_agree *ag = x->agree;
+    bool have[AGREE_ALL_MAX] = { false };
+    int hrc = CFX_OK;
+    uint64_t deadline = x->deadline;
+    /* the call failed already: the headers say whether a disagreement was
+     * the cause; they were posted first, so they are in or nearly in unless
+     * their rank is gone or elsewhere (bounded wait).  Their waits set the
+     * last error: keep the one that goes with @p rc. */
+    char why[512] = "";
+    if (rc != CFX_OK) {
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        x->deadline = CFX_MIN(deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    }
+    for (int p = 0; p < g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        int wrc = cfx__coll_wait(x, ag->rh[p]);
+        if (wrc == CFX_ERR_INVALID) {
+            x->deadline = deadline;
+            return wrc; /* another size of header: another collective, or agree_fail */
+        }
+        if (wrc != CFX_OK) {
+            hrc = hrc != CFX_OK ? hrc : wrc;
+            continue;
+        }
+        have[p] = true;
+    }
+    x->deadline = deadline;
+    int arc = agree_text(x, have);
+    x->agree = NULL;
+    if (arc != CFX_OK)
+        return arc;
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s", why);
+    return hrc;
+}
+
+/*
+ * Whether the call reads what it writes: its receive range overlaps its send
+ * range (in-place, as group.h defines it).  Such a call must not write
+ * before the headers agree, or a rejected call would already have changed
+ * the caller's input.  A broadcast's buffer is output on every rank but the
+ * root, and the root only reads it.
+ */
+bool cfx__coll_writes_input(const struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    size_t c = a->count * x->esz, cn = c * (size_t)x->g->size, sb, rb;
+    switch (a->kind) {
+    case COLL_ALLREDUCE:
+    case COLL_REDUCE: sb = c, rb = c; break;
+    case COLL_ALLGATHER:
+    case COLL_GATHER: sb = c, rb = cn; break;
+    case COLL_REDUCE_SCATTER:
+    case COLL_SCATTER: sb = cn, rb = c; break;
+    case COLL_ALLTOALL: sb = cn, rb = cn; break;
+    default: return false;
+    }
+    uintptr_t s = (uintptr_t)a->sbuf, r = (uintptr_t)a->rbuf;
+    return s && r && sb && rb && s < r + rb && r < s + sb;
+}
+
+/* Before an in-place call writes: wait for every header (posted before
+ * any data, so they are in flight already) and fail, having written
+ * nothing, when two differ. */
+int cfx__coll_agree_gate(struct coll_exec *x)
+{
+    x->gate = false;
+    struct coll_agree *ag = x->agree;
+    bool have[AGREE_ALL_MAX] = { false };
+    for (int p = 0; p < x->g->size; p++) {
+        if (ag->rh[p] < 0)
+            continue;
+        int rc = cfx__coll_wait(x, ag->rh[p]);
+        if (rc != CFX_OK)
+            return rc; /* a header of another size is agree_fail's CFX_ERR_INVALID */
+        have[p] = true;
+    }
+    return agree_text(x, have);
+}
+
+int cfx__coll_gate(struct coll_exec *x)
+{
+    return x->gate ? cfx__coll_agree_gate(x) : CFX_OK;
+}
+
+/*
+ * Schedules that write the caller's buffers only at their end (or never,
+ * on some ranks) wait for the headers there (cfx__coll_gate()) instead of
+ * before their first message: by then every header has long arrived, since
+ * the result depends on every rank, and each sent its header first.  Small
+ * in-place calls so pay no wait for the check at all.
+ *  - recursive doubling allreduce works in scratch when in place and
+ *    copies the result out at the end;
+ *  - reduce (tree, chain): only the root writes, its reductions land after
+ *    its children's messages, which are received into scratch;
+ *  - allreduce as reduce then broadcast (tree, chain): the reduce as above,
+ *    and a rank posts the broadcast's receive into recvbuf after the gate
+ *    (by then it has sent its part up; the result is a round trip away).
+ */
+bool cfx__coll_gate_deferred(const struct coll_exec *x)
+{
+    const struct coll_args *a = x->a;
+    if (x->g->size == 1)
+        return false;
+    if (a->kind == COLL_ALLREDUCE)
+        return x->algo == CFX_ALGO_RECDBL || x->algo == CFX_ALGO_TREE ||
+               x->algo == CFX_ALGO_CHAIN;
+    return a->kind == COLL_REDUCE;
+}
+
+int cfx__coll_stopped(struct coll_exec *x)
+{
+    return x->bad_rank >= 0 || x->news_rank >= 0 ? edge_fail(x) : agree_fail(x);
+}
+
+int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg *c)
+{
+    return edge_news(x, from, c) ? edge_fail(x) : CFX_OK;
+}
+
+void cfx__coll_ask(struct coll_exec *x)
+{
+    edge_ask(x, false);
+}
