@@ -342,7 +342,8 @@ struct coll_agree {
 /* All ranks' headers: alongside the data in groups of up to AGREE_ALL_MAX
  * (post before the data, finish after it, gate before an in-place call's
  * first write), in a dissemination exchange before the data beyond. */
-int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh);
+int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in,
+                         int *rh);
 int cfx__coll_agree_finish(struct coll_exec *x, int rc);
 int cfx__coll_agree_gate(struct coll_exec *x);
 int cfx__coll_agree_all(struct coll_exec *x);

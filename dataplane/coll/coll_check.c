@@ -44,11 +44,11 @@ static int hdr_cmp(const struct coll_hdr *a, const struct coll_hdr *b)
 
 static void hdr_text(const struct coll_hdr *h, char *buf, size_t len)
 {
+    const bool op = coll_has_op((enum coll_kind)h->kind);
     snprintf(buf, len, "%s #%" PRIu32 " count %" PRIu64 " %s%s%s root %d algo %s",
              cfx__coll_kind_name((enum coll_kind)h->kind), h->seq, h->count,
-             cfx_dtype_name((enum cfx_dtype)h->dtype), coll_has_op((enum coll_kind)h->kind) ? " " : "",
-             coll_has_op((enum coll_kind)h->kind) ? cfx_redop_name((enum cfx_redop)h->op) : "",
-             (int)h->root,
+             cfx_dtype_name((enum cfx_dtype)h->dtype), op ? " " : "",
+             op ? cfx_redop_name((enum cfx_redop)h->op) : "", (int)h->root,
              cfx_algo_name((enum cfx_algo)h->algo));
 }
 
@@ -535,7 +535,8 @@ int cfx__coll_check_end(struct coll_exec *x, int rc)
     return rc;
 }
 
-int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in, int *rh)
+int cfx__coll_agree_post(struct coll_exec *x, struct coll_agree *ag, struct coll_hdr *in,
+                         int *rh)
 {
     struct cfx_group *g = x->g;
     const struct coll_args *a = x->a;
