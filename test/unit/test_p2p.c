@@ -792,3 +792,87 @@ ParameterizedTest(struct tp_param *p, p2p, wait_free, .timeout = 60)
     cfx_context_destroy(b);
     cfx__coord_stop(coord);
 }
+
+ParameterizedTestParameters(p2p, eager_unexpected_dropped)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+struct drop_arg {
+    uint64_t chan;
+    uint64_t next;              /* payload expected next, in arrival order */
+    int seen;
+};
+
+static bool drop_in_order(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct drop_arg *d = arg;
+    uint64_t v;
+    cr_assert_eq(u->chan, d->chan, "the scan is of one channel");
+    cr_assert_eq(u->len, sizeof(v));
+    memcpy(&v, u->data, sizeof(v));
+    cr_assert_eq(v, d->next, "arrival order: got %llx, expected %llx", (unsigned long long)v,
+                 (unsigned long long)d->next);
+    d->next++;
+    d->seen++;
+    return true;
+}
+
+static bool first_only(void *arg, const struct cfx_eager_unexp *u)
+{
+    uint64_t v;
+    memcpy(&v, u->data, sizeof(v));
+    *(uint64_t *)arg = v;
+    return true;
+}
+
+/* Messages nobody will receive (a collective's strays) are dropped by the
+ * layer that knows it, and their credits go back: a sender held by a full
+ * grant of them carries on, in order, and a later message on another
+ * channel is received as usual. */
+ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_dropped, .timeout = 60)
+{
+    enum { N = 3 * CFX_EAGER_CREDITS };
+    up(p->tp);
+    uint64_t src[N], late = 0x1a7e, got = 0;
+    struct cfx_p2p_req *s[N], *ls, *lr;
+    for (int i = 0; i < N; i++) {
+        src[i] = 0xd0000ull + (uint64_t)i;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 40, 9, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
+                 cfx_last_error());
+    uint64_t first = 0, arrive = cfx__deadline_ns(10000);
+    while (unexpected_count(b) == 0 && cfx__now_ns() < arrive)
+        usleep(1000);
+    pthread_mutex_lock(&b->lock);
+    bool found = cfx__eager_unexp_scan(b, 40, first_only, &first);
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(found);
+    cr_assert_eq(first, src[0], "the scan starts with the first arrival");
+    struct drop_arg d = { .chan = 40, .next = src[0] };
+    uint64_t dl = cfx__deadline_ns(20000);
+    while (d.seen < N && cfx__now_ns() < dl) {
+        pthread_mutex_lock(&b->lock);
+        cfx__eager_unexp_drop(b, 40, drop_in_order, &d);
+        pthread_mutex_unlock(&b->lock);
+        cfx__progress_test_pass(b); /* the credit command goes out */
+        usleep(1000);
+    }
+    cr_assert_eq(d.seen, N, "%d of %d dropped: the sender was not given its credits back",
+                 d.seen, N);
+    cr_assert_eq(cfx__p2p_waitall(s, N, cfx__deadline_ns(10000)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(unexpected_count(b), 0);
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 41, 9, &got, sizeof(got), CFX_MEMTYPE_HOST, &lr), CFX_OK);
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 41, 9, &late, sizeof(late), CFX_MEMTYPE_HOST, &ls),
+                 CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(lr, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, late);
+    cfx__p2p_free(lr);
+    cfx__p2p_free(ls);
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(s[i]);
+    down();
+}
