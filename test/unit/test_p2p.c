@@ -843,23 +843,32 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_dropped, .timeout = 
     }
     cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
                  cfx_last_error());
-    uint64_t first = 0, arrive = cfx__deadline_ns(10000);
-    while (unexpected_count(b) == 0 && cfx__now_ns() < arrive)
-        usleep(1000);
+    uint64_t first = 0;
     pthread_mutex_lock(&b->lock);
+    /* an arrival in the unexpected queue wakes obj_cond's waiters */
+    uint64_t arrive = cfx__deadline_ns(10000);
+    while (cfx_list_empty(&b->eager_unexp) && cfx__obj_wait(b, arrive))
+        ;
     bool found = cfx__eager_unexp_scan(b, 40, first_only, &first);
     pthread_mutex_unlock(&b->lock);
     cr_assert(found);
     cr_assert_eq(first, src[0], "the scan starts with the first arrival");
     struct drop_arg d = { .chan = 40, .next = src[0] };
     uint64_t dl = cfx__deadline_ns(20000);
-    while (d.seen < N && cfx__now_ns() < dl) {
-        pthread_mutex_lock(&b->lock);
+    pthread_mutex_lock(&b->lock);
+    for (;;) {
         cfx__eager_unexp_drop(b, 40, drop_in_order, &d);
-        pthread_mutex_unlock(&b->lock);
-        cfx__progress_test_pass(b); /* the credit command goes out */
-        usleep(1000);
+        if (d.seen == N)
+            break;
+        /* the credits went back (a command to b's progress thread): wait
+         * for the sends they let go */
+        bool more = true;
+        while (cfx_list_empty(&b->eager_unexp) && (more = cfx__obj_wait(b, dl)))
+            ;
+        if (!more)
+            break;
     }
+    pthread_mutex_unlock(&b->lock);
     cr_assert_eq(d.seen, N, "%d of %d dropped: the sender was not given its credits back",
                  d.seen, N);
     cr_assert_eq(cfx__p2p_waitall(s, N, cfx__deadline_ns(10000)), CFX_OK, "%s",
