@@ -335,9 +335,10 @@ enum { CFX_P2P_SEND = 1, CFX_P2P_RECV = 2 };
 
 /* A receiver's request that arrived before the matching send was posted. */
 struct cfx_p2p_rtr {
-    struct cfx_list link;       /* ctx->p2p_rtrs */
+    struct cfx_list link;       /* ctx->p2p_rtrs, or ctx->waiting_gets */
     struct cfx_conn *conn;
     struct cfx_dp_get_req req;
+    uint64_t deadline;          /* waiting_gets: NOT_FOUND after it (0: none, xfer.c) */
 };
 
 #define CFX_WITHDRAWN_KEEP 64 /* withdrawn copies remembered for their holder's delete */
@@ -451,6 +452,8 @@ struct cfx_xfer_in {
     bool cancel_sent;
     bool cached;                /* source from the location cache: GET_REQ says so */
     bool small;                 /* may ask for the object in one GET_DATA message */
+    bool wait;                  /* the source is a partial holder whose entry may not
+                                   exist yet: the request says GET_WAIT */
     bool abandoned;             /* a get's, left by its getter at the deadline: obj is NULL,
                                    the grant revoked; it keeps the slot until the source's
                                    answer (or the connection) ends it, then is freed */
@@ -516,7 +519,6 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
                       uint32_t len);
 void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int status);
 int cfx__rtask_poll(struct cfx_context *ctx);
-void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__rtask_destroy_all(struct cfx_context *ctx);
 void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id);
 void cfx__rtask_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
@@ -807,6 +809,8 @@ struct cfx_context {
     char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
                                                  connects over this transport fail */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
+    bool test_hold_entry;       /* test hook (get.c): gets wait before their store entry */
+    bool test_entry_held;       /* ... and one did */
 };
 
 /* reannounce.c: after the coordinator client reconnected (a restarted
@@ -1013,6 +1017,10 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id);
 /* xfer.c: start serving @p req from @p obj on @p conn */
 void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
                             struct cfx_obj *obj, const struct cfx_dp_get_req *req);
+/* xfer.c: serve the GET_WAIT requests queued for @p obj, which is in the store now */
+void cfx__xfer_serve_waiting(struct cfx_context *ctx, struct cfx_obj *obj);
+/* xfer.c: NOT_FOUND to waiting requests past their deadline; returns how many */
+int cfx__xfer_waiting_expire(struct cfx_context *ctx);
 /* xfer.c: drop queued (unserved) requests of a connection; slot UINT32_MAX = all */
 void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32_t slot);
 void cfx__xfer_upload_abort(struct cfx_context *ctx, struct cfx_upload *up);

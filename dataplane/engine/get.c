@@ -367,6 +367,14 @@ static int get_entry(struct get_op *g)
     }
 
     pthread_mutex_lock(&ctx->lock);
+    /* test hook (test_get.c): hold the get here, where the directory has
+     * named this node a holder and the store has no entry yet */
+    if (ctx->test_hold_entry) {
+        ctx->test_entry_held = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        while (ctx->test_hold_entry && cfx__obj_wait(ctx, g->deadline))
+            ;
+    }
     if (!g->alloc) {
         obj->buf = g->buf;
         cfx__arena_lookup(ctx, g->buf, &obj->shm_fd, &obj->shm_off);
@@ -452,6 +460,9 @@ static int get_attempt(struct get_op *g)
     /* a complete holder answers a small object in one message (the
      * getter's CFX_EAGER_MAX bounds it, 0 = always the chunk write) */
     in->small = (g->cached || g->src.complete) && obj->size <= ctx->cfg.eager_max;
+    /* a partial holder may not have its entry yet (the directory answered
+     * it just before us): it holds the request until it has (xfer.c) */
+    in->wait = !g->cached && !g->src.complete;
     obj->in = in;
     rc = get_post(g, in);
     if (rc != CFX_OK) {

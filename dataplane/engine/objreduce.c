@@ -333,25 +333,6 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     return status;
 }
 
-void cfx__rtask_waiting_gets(struct cfx_context *ctx, struct cfx_obj *obj)
-{
-    extern void cfx__xfer_get_req(struct cfx_context *, struct cfx_conn *,
-                                  const struct cfx_dp_get_req *);
-    /* Serving one may fail its connection, which drops every request
-     * queued on it: restart from the head after each one served. */
-    struct cfx_list *pos;
-again:
-    cfx_list_for_each(pos, &ctx->waiting_gets) {
-        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
-        if (memcmp(w->req.id, obj->id.bytes, CFX_OBJECT_ID_LEN))
-            continue;
-        cfx_list_del(&w->link);
-        cfx__xfer_get_req(ctx, w->conn, &w->req);
-        free(w);
-        goto again;
-    }
-}
-
 static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
                         const struct cfx_dp_reduce_task *m)
 {
@@ -448,7 +429,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": %u children, %s", ctx->node_id,
             t->task, t->nchildren, t->final ? "produces the result" : "inner node");
-    cfx__rtask_waiting_gets(ctx, out);
+    cfx__xfer_serve_waiting(ctx, out);
 }
 
 static void rtask_abort(struct cfx_context *ctx, uint64_t task)

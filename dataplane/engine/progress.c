@@ -305,6 +305,7 @@ static int progress_pass(struct cfx_context *ctx)
     work += cfx__progress_run_cmds(ctx);
     work += cfx__xfer_pump_busy(ctx);
     work += cfx__rtask_poll(ctx);
+    work += cfx__xfer_waiting_expire(ctx);
     work += cfx__conn_flush_all(ctx);
     work += cfx__arena_reap(ctx);
     pthread_mutex_unlock(&ctx->lock);

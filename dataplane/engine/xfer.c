@@ -150,7 +150,8 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         .first_chunk = obj->ready_chunks,
         .credits = in->window,
         .flags = (obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0) |
-                 (in->cached ? CFX_DP_GET_CACHED : 0) | (small ? CFX_DP_GET_SMALL : 0),
+                 (in->cached ? CFX_DP_GET_CACHED : 0) | (small ? CFX_DP_GET_SMALL : 0) |
+                 (in->wait ? CFX_DP_GET_WAIT : 0),
         .chan = obj->chan,
         .tag = obj->tag,
     };
@@ -165,6 +166,10 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
     id_hex(&obj->id, hex);
     CFX_LOG(DEBUG, XFER, "node %u: get %s (%" PRIu64 " B, %u chunks from %u) from %s slot %u",
             ctx->node_id, hex, obj->size, obj->nchunks, obj->ready_chunks, conn->name, in->slot);
+    /* The directory may have sent others to us, the newest partial holder,
+     * before this entry existed (wait_for_entry). */
+    if (!cfx_list_empty(&ctx->waiting_gets))
+        cfx__xfer_serve_waiting(ctx, obj);
 }
 
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
@@ -588,14 +593,88 @@ static struct cfx_upload *upload_find(struct cfx_conn *conn, uint32_t slot)
     return NULL;
 }
 
-void cfx__xfer_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
-                       const struct cfx_dp_get_req *req);
+/*
+ * GET_WAIT: the object is about to appear here, so a request that finds no
+ * entry waits for it instead of failing.  Two senders: a reduce task's
+ * child reading the output of a task here that its driver started at the
+ * same time (GET_RING; it waits as long as its reader does, who cancels at
+ * its deadline), and a getter the directory sent to a partial holder (us)
+ * whose own get has its answer but not yet its entry in the store
+ * (get.c).  The second waits WAIT_ENTRY_MS at most, then gets NOT_FOUND
+ * and fails over as before: the entry follows the directory's answer by
+ * microseconds unless our get failed in between.  A peer holds at most
+ * one request per transfer slot of its own (CFX_XFER_SLOTS): more is
+ * refused with CFX_ERR_NO_RESOURCE.
+ */
+#define WAIT_ENTRY_MS 1000
+
 static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
                            const struct cfx_dp_get_req *req);
-void cfx__xfer_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
-                       const struct cfx_dp_get_req *req)
+
+static void wait_for_entry(struct cfx_context *ctx, struct cfx_conn *conn,
+                           const struct cfx_dp_get_req *req, const char *hex)
 {
-    handle_get_req(ctx, conn, req);
+    unsigned queued = 0;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->waiting_gets)
+        queued += cfx_list_entry(pos, struct cfx_p2p_rtr, link)->conn == conn;
+    if (queued >= CFX_XFER_SLOTS) {
+        CFX_LOG(WARN, XFER, "node %u: %s has %u requests waiting for objects to appear "
+                "here; refusing one more (for %s)", ctx->node_id, conn->name, queued, hex);
+        send_nack(conn, req->hdr.slot, CFX_ERR_NO_RESOURCE);
+        return;
+    }
+    struct cfx_p2p_rtr *w = malloc(sizeof(*w));
+    if (!w) {
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOMEM);
+        return;
+    }
+    w->conn = conn;
+    w->req = *req;
+    w->deadline = (req->flags & CFX_DP_GET_RING) ? 0 : cfx__deadline_ns(WAIT_ENTRY_MS);
+    cfx_list_add_tail(&w->link, &ctx->waiting_gets);
+}
+
+void cfx__xfer_serve_waiting(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    /* Serving one may fail its connection, which drops every request
+     * queued on it: restart from the head after each one served. */
+    struct cfx_list *pos;
+again:
+    cfx_list_for_each(pos, &ctx->waiting_gets) {
+        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (memcmp(w->req.id, obj->id.bytes, CFX_OBJECT_ID_LEN))
+            continue;
+        cfx_list_del(&w->link);
+        handle_get_req(ctx, w->conn, &w->req);
+        free(w);
+        goto again;
+    }
+}
+
+int cfx__xfer_waiting_expire(struct cfx_context *ctx)
+{
+    if (cfx_list_empty(&ctx->waiting_gets))
+        return 0;
+    uint64_t now = cfx__now_ns();
+    struct cfx_list *pos, *tmp;
+    int n = 0;
+    cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {
+        struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (!w->deadline || now < w->deadline)
+            continue;
+        struct cfx_object_id id;
+        char hex[CFX_OBJECT_ID_HEX_LEN];
+        memcpy(id.bytes, w->req.id, CFX_OBJECT_ID_LEN);
+        id_hex(&id, hex);
+        CFX_LOG(INFO, XFER, "node %u: %s asked for %s, which was to appear here and did not "
+                "within %d ms", ctx->node_id, w->conn->name, hex, WAIT_ENTRY_MS);
+        cfx_list_del(&w->link);
+        send_nack(w->conn, w->req.hdr.slot, CFX_ERR_NOT_FOUND);
+        free(w);
+        n++;
+    }
+    return n;
 }
 
 static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
@@ -612,15 +691,7 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
     id_hex(&id, hex);
     struct cfx_obj *obj = cfx__store_find(&ctx->store, &id);
     if (!obj && (req->flags & CFX_DP_GET_WAIT)) {
-        /* a reduce task here is about to produce it (cfx__rtask_waiting_gets) */
-        struct cfx_p2p_rtr *w = malloc(sizeof(*w));
-        if (!w) {
-            send_nack(conn, req->hdr.slot, CFX_ERR_NOMEM);
-            return;
-        }
-        w->conn = conn;
-        w->req = *req;
-        cfx_list_add_tail(&w->link, &ctx->waiting_gets);
+        wait_for_entry(ctx, conn, req, hex);
         return;
     }
     if (!obj || obj->deleting) {
