@@ -13,6 +13,7 @@
 #include "perf_common.h"
 
 #include <math.h>
+#include <sys/resource.h>
 
 #define SERVER_WAIT_MS (10 * 60 * 1000) /* how long a server waits for its client */
 
@@ -36,6 +37,15 @@ static double memcpy_bw(size_t size, long iters)
     free(a);
     free(b);
     return (double)size * (double)iters / t;
+}
+
+/* CPU seconds (user + system) of every thread of this process so far. */
+static double cpu_now(void)
+{
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+           (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
 }
 
 int main(int argc, char **argv)
@@ -99,6 +109,9 @@ int main(int argc, char **argv)
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
+        double served = 0, cpu0 = cpu_now();
+        for (int s = 0; s < nsizes; s++)
+            served += (double)sizes[s] * (double)(o.iters + o.warmup);
         uint8_t done;
         struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
                                     .timeout_ms = SERVER_WAIT_MS };
@@ -107,8 +120,16 @@ int main(int argc, char **argv)
         if (rc != CFX_OK) {
             fprintf(stderr, "%s: client did not finish: %s\n", argv[0], cfx_last_error());
             status = 1;
-        } else if (!o.json) {
-            printf("Client done.\n");
+        } else {
+            /* from the end of the puts to the client's last get: the
+             * wait for the client to start is in it (a busy-polled
+             * transport spins through it) */
+            double cpu = (cpu_now() - cpu0) / (served * 1e-9);
+            if (o.json)
+                printf("{\"tool\":\"cfx_get_bw\",\"role\":\"server\",\"served_bytes\":%.0f,"
+                       "\"cpu_s_per_gb\":%.4f}\n", served, cpu);
+            else
+                printf("Client done; server CPU %.3f s per GB served.\n", cpu);
         }
     } else {
         char cfg[2048];
@@ -129,14 +150,17 @@ int main(int argc, char **argv)
             printf(" Destination     : %s buffer\n", o.arena ? "arena" : "user");
             printf(" Iterations      : %ld (+%ld warm-up)\n", o.iters, o.warmup);
             printf("---------------------------------------------------------------------------\n");
-            printf(" %-12s %-12s %-18s %-20s %s\n", "#bytes", "#iterations",
+            printf(" %-12s %-12s %-18s %-20s %-10s %s\n", "#bytes", "#iterations",
                    o.gbits ? "BW peak[Gb/sec]" : "BW peak[GB/sec]",
-                   o.gbits ? "BW average[Gb/sec]" : "BW average[GB/sec]", "memcpy ratio");
+                   o.gbits ? "BW average[Gb/sec]" : "BW average[GB/sec]", "CPU[s/GB]",
+                   "memcpy ratio");
         }
         for (int s = 0; s < nsizes && !status; s++) {
-            double total = 0, best = INFINITY;
+            double total = 0, best = INFINITY, cpu0 = cpu_now();
             for (long i = 0; i < o.iters + o.warmup; i++) {
                 size_t got = 0;
+                if (i == o.warmup)
+                    cpu0 = cpu_now(); /* connection setup is in the warm-up */
                 perf_id(&id, "bw", (size_t)s, i);
                 double t = perf_now();
                 rc = cfx_get(ctx, &id, buf, maxsize, &got, NULL);
@@ -162,21 +186,25 @@ int main(int argc, char **argv)
             }
             if (status)
                 break;
+            /* this process's CPU (every thread: the progress thread's
+             * polling too) per GB of the measured gets, their deletes in */
+            double cpu = (cpu_now() - cpu0) / ((double)sizes[s] * (double)o.iters * 1e-9);
             double scale = o.gbits ? 8e-9 : 1e-9;
             double avg = (double)sizes[s] * (double)o.iters / total;
             double peak = (double)sizes[s] / best;
             double ref = o.memcpy_ref ? memcpy_bw(sizes[s], o.iters) : 0;
             if (o.json)
                 printf("%s{\"bytes\":%zu,\"iterations\":%ld,\"bw_peak\":%.4f,\"bw_avg\":%.4f,"
-                       "\"unit\":\"%s\",\"memcpy_bw\":%.4f,\"memcpy_ratio\":%.4f}",
+                       "\"unit\":\"%s\",\"cpu_s_per_gb\":%.4f,\"memcpy_bw\":%.4f,"
+                       "\"memcpy_ratio\":%.4f}",
                        s ? "," : "", sizes[s], o.iters, peak * scale, avg * scale,
-                       o.gbits ? "Gb/s" : "GB/s", ref * scale, ref > 0 ? avg / ref : 0.0);
+                       o.gbits ? "Gb/s" : "GB/s", cpu, ref * scale, ref > 0 ? avg / ref : 0.0);
             else if (ref > 0)
-                printf(" %-12zu %-12ld %-18.3f %-20.3f %.3f (memcpy %.3f)\n", sizes[s], o.iters,
-                       peak * scale, avg * scale, avg / ref, ref * scale);
+                printf(" %-12zu %-12ld %-18.3f %-20.3f %-10.3f %.3f (memcpy %.3f)\n", sizes[s],
+                       o.iters, peak * scale, avg * scale, cpu, avg / ref, ref * scale);
             else
-                printf(" %-12zu %-12ld %-18.3f %-20.3f -\n", sizes[s], o.iters, peak * scale,
-                       avg * scale);
+                printf(" %-12zu %-12ld %-18.3f %-20.3f %-10.3f -\n", sizes[s], o.iters,
+                       peak * scale, avg * scale, cpu);
             fflush(stdout);
         }
         if (o.json)

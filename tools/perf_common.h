@@ -60,8 +60,9 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
             "  -n, --iters=N        measured gets per size, 1..1000000 (default %ld)\n"
             "  -w, --warmup=N       unmeasured gets first, 0..1000000 (default 2)\n"
-            "  -t, --transport=T    tcp, shm or verbs (default: shm on the same host, else verbs,\n"
-            "                       else tcp)\n"
+            "  -t, --transport=T    tcp, shm, verbs or dpdk (default: shm on the same host, else\n"
+            "                       verbs, else tcp; dpdk needs its port in CFX_DPDK_VDEV or\n"
+            "                       CFX_DPDK_EAL)\n"
             "  -c, --chunk-size=N   chunk size, 1..1G (default: follows the object size)\n"
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
             "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
@@ -95,7 +96,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
-    static const char *const transports[] = { "tcp", "shm", "verbs", NULL };
+    static const char *const transports[] = { "tcp", "shm", "verbs", "dpdk", NULL };
     const char *size_arg = NULL;
     int c, tp;
     memset(o, 0, sizeof(*o));
