@@ -639,7 +639,7 @@ static void serve_inline(struct coord_conn *c, uint64_t req_id, struct coord_obj
 /* Record @p c's node as a receiver of @p src and answer.  Returns 1 when the
  * node became a new (partial) holder, which may unblock parked lookups. */
 static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
-                         struct coord_obj *o, struct coord_holder *src)
+                         struct coord_obj *o, struct coord_holder *src, uint32_t nex)
 {
     struct coord_holder *rh = holder_find(o, c->node->rec.node_id);
     int added = 0;
@@ -668,10 +668,12 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     r.u.lookup_reply.putter = o->putter;
     r.u.lookup_reply.tag = o->tag;
     cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
+    /* nex: sources the getter left after they failed it (a failover) */
     CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, depth %u, %u uploads, "
-            "fan-out %u)", c->node->rec.node_id, (unsigned long long)o->size,
-            src->node->rec.node_id, src->complete ? "complete" : "partial", src->depth,
-            src->uploads, obj_fanout(co, o));
+            "fan-out %u, %u sources failed it before)", c->node->rec.node_id,
+            (unsigned long long)o->size, src->node->rec.node_id,
+            src->complete ? "complete" : "partial", src->depth, src->uploads,
+            obj_fanout(co, o), nex);
     cfx__coord_send(c, &r);
     return added;
 }
@@ -704,7 +706,7 @@ static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
                                                          p->exclude, p->nexclude);
                 if (!src)
                     continue;
-                if (assign_source(co, p->conn, p->req_id, o, src))
+                if (assign_source(co, p->conn, p->req_id, o, src, p->nexclude))
                     progress = 1;
             }
             /* assign_source never frees parked entries, so tmp stays valid. */
@@ -758,7 +760,7 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
         struct coord_holder *src = choose_source(co, o, me, m->u.lookup.exclude,
                                                  m->u.lookup.nexclude);
         if (src) {
-            if (assign_source(co, c, m->req_id, o, src))
+            if (assign_source(co, c, m->req_id, o, src, m->u.lookup.nexclude))
                 wake_parked(co, o);
             return;
         }
