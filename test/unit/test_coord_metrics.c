@@ -258,9 +258,15 @@ Test(coord_metrics, heartbeats_report_traffic)
     cr_assert_eq(gsz, sizeof(data));
     cr_assert_eq(cfx_test_check(got, gsz, 3), (size_t)-1);
 
-    /* reports come with heartbeats (every 250 ms by default): scrape until
-     * b's shows its get, then check every value of that scrape */
+    /* reports come with each node's own heartbeats (every 250 ms by
+     * default), so b's report of its get can come before a's of the upload:
+     * scrape until both show the transfer whole, then check every value of
+     * that scrape */
     snprintf(lb, sizeof(lb), "conflux_coord_node_gets_total{node=\"%u\"}", nb);
+    char ua[160], sa[160];
+    snprintf(ua, sizeof(ua), "conflux_coord_node_uploads_total{node=\"%u\"}", na);
+    snprintf(sa, sizeof(sa),
+             "conflux_coord_node_transport_sent_bytes_total{node=\"%u\",transport=\"tcp\"}", na);
     char *r = NULL;
     const char *body = NULL;
     uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
@@ -268,9 +274,10 @@ Test(coord_metrics, heartbeats_report_traffic)
         free(r);
         r = scrape();
         body = body_of(r);
-        if (sample_of(body, lb) == 1)
+        if (sample_of(body, lb) == 1 && sample_of(body, ua) == 1 &&
+            sample_of(body, sa) >= (long long)sizeof(data))
             break;
-        cr_assert(now_ns() < deadline, "no report of b's get:\n%s", body);
+        cr_assert(now_ns() < deadline, "no report of b's get and a's upload:\n%s", body);
         usleep(50 * 1000);
     }
     cr_log_info("%s", body);
