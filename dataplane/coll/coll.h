@@ -14,7 +14,9 @@
  *    number; two ranks' messages of one collective are matched in posting
  *    order, so every schedule posts the messages between one pair of ranks
  *    in the same order on both sides;
- *  - cfx_group_send/recv travel on g->chan_user with the user's tag;
+ *  - cfx_group_send/recv travel on g->chan_user with the user's tag, those
+ *    of more than one eager send up to COLL_SPLIT_MAX as eager pieces on
+ *    g->chan_split (group_split.c);
  *  - the ranks' arguments are compared (coll.c "argument check"): by
  *    default each rank's header of the call rides on the first message it
  *    sends to each peer and is compared by that peer (no message of its
@@ -123,6 +125,8 @@ struct cfx_group {
     uint32_t epoch;             /* how many times this context created the name before */
     uint64_t chan;              /* p2p channel of collectives */
     uint64_t chan_user;         /* p2p channel of cfx_group_send/recv */
+    uint64_t chan_split;        /* ... of those sent as eager pieces (group_split.c) */
+    pthread_mutex_t split_lock; /* one message's pieces are posted together */
     struct cfx_node_rec *nodes; /* [size]: node record of each rank */
     uint32_t *ids;              /* [size]: node id of each rank (death watch) */
 
@@ -364,5 +368,11 @@ int cfx__coll_stopped(struct coll_exec *x);
 /* Drop the messages nobody will receive: of earlier calls, and with
  * @p upto of this one (its end). */
 void cfx__coll_strays_sweep(struct coll_exec *x, bool upto);
+
+/* group_split.c: whether cfx_group_send/recv of @p bytes go as eager pieces,
+ * and the send or receive of such a message (a host buffer) */
+bool cfx__group_split_size(size_t bytes);
+int cfx__group_split_p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer,
+                         int tag, uint64_t deadline);
 
 #endif

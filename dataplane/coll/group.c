@@ -574,6 +574,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
                 name);
     cfx_list_init(&g->queue);
     pthread_mutex_init(&g->lock, NULL);
+    pthread_mutex_init(&g->split_lock, NULL);
     pthread_cond_init(&g->cond, NULL);
     if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {
         rc = rc == CFX_ERR_EXISTS
@@ -602,6 +603,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     h = fnv1a(h, &g->nodes[0].node_id, sizeof(g->nodes[0].node_id));
     g->chan = h & ~1ull;
     g->chan_user = h | 1ull;
+    g->chan_split = (h ^ 0x73706c74ull) | 1ull;
     /* Nobody may withdraw its bootstrap object (cfx_group_destroy) before
      * every rank has read it: end creation with a barrier. */
     if (size > 1) {
@@ -639,6 +641,7 @@ err_withdraw: {
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
     free(g->ids);
     free(g->nodes);
@@ -700,6 +703,7 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
     pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
     free(g->edge_dir);
     free(g->edge_hin);
@@ -782,17 +786,21 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
     if (dev)
         mt = CFX_MEMTYPE_HOST;
 
-    struct cfx_p2p_req *req;
-    rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
-                               bytes, mt, &req)
-              : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
-                               bytes, mt, &req);
-    if (rc != CFX_OK) {
-        if (dev)
-            cfx_buf_free(g->ctx, buf);
-        return rc;
+    if (mt == CFX_MEMTYPE_HOST && cfx__group_split_size(bytes)) {
+        rc = cfx__group_split_p2p(g, send, buf, bytes, peer, tag, cfx__deadline_ns(timeout));
+    } else {
+        struct cfx_p2p_req *req;
+        rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                                   bytes, mt, &req)
+                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
+                                   bytes, mt, &req);
+        if (rc != CFX_OK) {
+            if (dev)
+                cfx_buf_free(g->ctx, buf);
+            return rc;
+        }
+        rc = cfx__p2p_wait_free(req, cfx__deadline_ns(timeout));
     }
-    rc = cfx__p2p_wait_free(req, cfx__deadline_ns(timeout));
     if (rc != CFX_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
