@@ -247,9 +247,12 @@ int cfx__coll_post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, v
     void *wire = bounce ? bounce : buf;
     if (bounce)
         mt = CFX_MEMTYPE_HOST;
-    int rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt, &m->req)
-                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt,
-                                   &m->req);
+    /* x->more: the next post is another piece to this peer (post_split) */
+    int rc = send && x->more && mt == CFX_MEMTYPE_HOST
+                 ? cfx__p2p_isend_more(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, &m->req)
+             : send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt, &m->req)
+                    : cfx__p2p_irecv(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt,
+                                     &m->req);
     if (rc != CFX_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -341,13 +344,18 @@ static int post_split(struct coll_exec *x, int peer, bool send, void *buf, size_
     size_t off = 0;
     int prev = -1;
     if (front) {
-        if ((prev = post_front(x, peer, send, buf, COLL_HDR_INLINE)) < 0)
+        x->more = send;
+        prev = post_front(x, peer, send, buf, COLL_HDR_INLINE);
+        x->more = false;
+        if (prev < 0)
             return prev;
         off = COLL_HDR_INLINE;
     }
     while (off < len) {
         size_t n = CFX_MIN(len - off, (size_t)CFX_EAGER_LIMIT);
+        x->more = send && off + n < len; /* the pieces of a send leave together */
         int h = post(x, peer, send, (char *)buf + off, n, x->mt);
+        x->more = false;
         if (h < 0)
             return h;
         x->msgs[h].prev_h = prev;

@@ -201,6 +201,8 @@ struct coll_exec {
     uint64_t deadline;
     int timeout_ms;
     uint32_t tag;
+    bool more;                  /* the post being made has another to the same peer right
+                                 * behind it (post_split): sent together */
     struct coll_msg *msgs;
     int nmsgs;
     int cap;

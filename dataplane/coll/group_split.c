@@ -76,10 +76,16 @@ int cfx__group_split_p2p(struct cfx_group *g, bool send, void *buf, size_t bytes
     for (size_t off = 0; off < bytes && rc == CFX_OK;) {
         void *p = off ? (uint8_t *)buf + off : first;
         size_t len = off ? CFX_MIN(bytes - off, (size_t)CFX_EAGER_LIMIT) : CFX_EAGER_LIMIT;
-        rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p,
-                                   len, CFX_MEMTYPE_HOST, &req[n])
-                  : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p,
-                                   len, CFX_MEMTYPE_HOST, &req[n]);
+        bool last = (off ? off + len : FIRST_DATA) >= bytes; /* the others ride with it */
+        if (send && !last)
+            rc = cfx__p2p_isend_more(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p,
+                                     len, &req[n]);
+        else if (send)
+            rc = cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p, len,
+                                CFX_MEMTYPE_HOST, &req[n]);
+        else
+            rc = cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p, len,
+                                CFX_MEMTYPE_HOST, &req[n]);
         if (rc == CFX_OK)
             n++;
         off += off ? len : FIRST_DATA;

@@ -143,7 +143,7 @@ void cfx__eager_pump(struct cfx_conn *conn)
 }
 
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
-                          const struct cfx_node_rec *peer)
+                          const struct cfx_node_rec *peer, bool more)
 {
     int status = CFX_OK;
     struct cfx_conn *conn = cfx__conn_get(ctx, peer, &status);
@@ -158,7 +158,8 @@ void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
         return;
     }
     cfx_list_add_tail(&obj->p2p_link, &conn->eager_q);
-    cfx__eager_pump(conn);
+    if (!more)
+        cfx__eager_pump(conn);
 }
 
 void cfx__eager_credit_msg(struct cfx_conn *conn, uint32_t credits)

@@ -981,9 +981,11 @@ static inline bool cfx__eager_class(uint64_t len, uint32_t max)
 {
     return max && len <= max;
 }
-/* Progress-lock holder, ctx->lock held. */
+/* Progress-lock holder, ctx->lock held.  @p more: another send to the same
+ * peer follows at once: queue this one and let that one send both (tcp: one
+ * sendmsg); a queue left behind is sent by the next progress pass. */
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
-                          const struct cfx_node_rec *peer);
+                          const struct cfx_node_rec *peer, bool more);
 void cfx__eager_pump(struct cfx_conn *conn);
 void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);
 void cfx__eager_credit_msg(struct cfx_conn *conn, uint32_t credits);

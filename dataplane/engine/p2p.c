@@ -206,7 +206,7 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
                    uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
-                   struct cfx_p2p_req **out)
+                   bool more, struct cfx_p2p_req **out)
 {
     if (!ctx || !peer || !out || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
@@ -254,7 +254,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
             /* we drive: what others queued first, then ours, with no
              * command to allocate, queue and free */
             cfx__progress_run_cmds(ctx);
-            cfx__eager_send_post(ctx, obj, peer);
+            cfx__eager_send_post(ctx, obj, peer, more);
             rc = CFX_OK;
         } else {
             rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, peer);
@@ -286,14 +286,21 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, out);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, out);
+}
+
+int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                        uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out)
+{
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
+                   out);
 }
 
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, out);
+    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, out);
 }
 
 /* ctx->lock held */

@@ -38,6 +38,12 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out);
 
+/* As cfx__p2p_isend of host memory, when another send to @p peer follows at
+ * once: an eager send is queued for that one to send with it (tcp: one
+ * sendmsg for both).  The last of such a run is a plain cfx__p2p_isend. */
+int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
+                        uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out);
+
 /* Post a receive of exactly @p len bytes from @p peer into @p buf. */
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,

@@ -163,7 +163,7 @@ int cfx__progress_run_cmds(struct cfx_context *ctx)
             pthread_cond_broadcast(&ctx->obj_cond);
             break;
         case CFX_CMD_P2P_SEND:
-            cfx__eager_send_post(ctx, cmd->obj, &cmd->node);
+            cfx__eager_send_post(ctx, cmd->obj, &cmd->node, false);
             break;
         case CFX_CMD_EAGER_CREDIT:
             cfx__eager_return_credits(ctx);
