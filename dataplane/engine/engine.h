@@ -540,6 +540,10 @@ struct cfx_request {
     void *buf;
     size_t capacity;
     struct cfx_obj_params params;
+    uint64_t seq0;              /* get: the store's last_seq at submission; its entry
+                                   is a later one (cfx_request_progress) */
+    uint64_t seen_done;         /* get: the last progress seen of its entry, for when the */
+    uint64_t seen_total;        /* entry has gone before the worker set the status */
 };
 
 /* ---- commands for the progress thread ------------------------------------- */
