@@ -84,12 +84,27 @@ struct cfx_node_rec {
                                         * (NODES_REPLY) only, zero elsewhere */
 };
 
+/*
+ * How far a copy being received on a node has got, reported with its
+ * heartbeats (HEARTBEAT): at most CFX_CTL_PROGRESS_MAX copies a heartbeat,
+ * the next ones in the following heartbeats, so each of N copies is
+ * reported at least every ceil(N / CFX_CTL_PROGRESS_MAX) beats.
+ */
+#define CFX_CTL_PROGRESS_MAX  32u
+#define CFX_CTL_READY_UNKNOWN UINT64_MAX /* cfx_obj_holder.ready: no report yet */
+struct cfx_ctl_progress {
+    struct cfx_object_id id;
+    uint64_t ready;     /* bytes landed in order (whole chunks): what it can serve on */
+};
+
 /* A holder of an object, as listed by the directory. */
 struct cfx_obj_holder {
     uint32_t node_id;
     uint8_t complete;   /* 1 complete copy, 0 partial (being received) */
     uint32_t uploads;   /* transfers it is currently serving */
     uint32_t src;       /* a partial copy: the holder feeding it (0: none, or complete) */
+    uint64_t ready;     /* bytes it holds in order: the size when complete; a partial
+                         * copy's last report, CFX_CTL_READY_UNKNOWN before the first */
 };
 
 /* Answer to a lookup: where to get an object from. */
@@ -204,6 +219,10 @@ struct cfx_ctl_params {
     /* Called from the client thread before each heartbeat to fill in this
      * node's load; must not block.  May be NULL (zeros are sent). */
     void (*load_fill)(void *arg, struct cfx_msg_load *out);
+    /* Called from the client thread before each heartbeat to list up to
+     * @p max copies being received here and how far each got; returns how
+     * many it wrote.  Must not block.  May be NULL (none are reported). */
+    unsigned (*progress_fill)(void *arg, struct cfx_ctl_progress *out, unsigned max);
 };
 
 /* Every blocking request below is sent again after a reconnect when the

@@ -261,8 +261,10 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
             cfx__coord_leave(co, c);
         break;
     case CFX_MSG_HEARTBEAT:
-        if (c->node)
-            c->node->load = m->u.load;
+        if (c->node) {
+            c->node->load = m->u.hb.load;
+            cfx__coord_dir_progress(co, c->node, &m->u.hb);
+        }
         break;
     case CFX_MSG_TASK_REG:
     case CFX_MSG_TASK_SUBMIT:

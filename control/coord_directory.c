@@ -177,6 +177,7 @@ static struct coord_holder *holder_add(struct coord_obj *o, struct coord_node *n
     h->node = n;
     h->complete = complete ? 1 : 0;
     h->depth = complete ? 0 : depth;
+    h->ready = CFX_CTL_READY_UNKNOWN;
     cfx_list_add_tail(&h->obj_link, &o->holders);
     cfx_list_add_tail(&h->node_link, &n->holdings);
     n->nholdings++;
@@ -1173,6 +1174,7 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
             rec->holders[nh].complete = h->complete;
             rec->holders[nh].uploads = h->uploads;
             rec->holders[nh].src = h->complete ? 0 : h->src;
+            rec->holders[nh].ready = h->complete ? o->size : h->ready;
             nh++;
         }
     }
@@ -1181,6 +1183,26 @@ void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const s
     r.u.page.recs_in = recs;
     cfx__coord_send(c, &r);
     free(recs);
+}
+
+/*
+ * A member's heartbeat says how far its copies being received got (at most
+ * CFX_CTL_PROGRESS_MAX a beat, so at most that many lookups).  Only the
+ * partial copies the directory assigned it are updated: a copy it does not
+ * hold here (a cached-location get, or one withdrawn since), one already
+ * complete (the report was taken before its OBJ_DONE) and a count over the
+ * object's size are ignored.
+ */
+void cfx__coord_dir_progress(struct cfx_coord *co, struct coord_node *n,
+                             const struct cfx_msg_heartbeat *hb)
+{
+    for (uint32_t i = 0; i < hb->nprogress && i < CFX_CTL_PROGRESS_MAX; i++) {
+        struct coord_obj *o = obj_find(co, &hb->progress[i].id);
+        struct coord_holder *h = o ? holder_find(o, n->rec.node_id) : NULL;
+        if (!h || h->complete || hb->progress[i].ready > o->size)
+            continue;
+        h->ready = hb->progress[i].ready;
+    }
 }
 
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)

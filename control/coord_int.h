@@ -183,6 +183,8 @@ struct coord_holder {
     uint32_t uploads;           /* receivers currently pulling from it */
     uint32_t depth;             /* hops from a complete copy (0 when complete) */
     uint32_t src;               /* node it is pulling from while partial, 0 none */
+    uint64_t ready;             /* partial: bytes it last reported landed in order
+                                   (CFX_CTL_READY_UNKNOWN: no report yet) */
 };
 
 struct coord_parked {
@@ -417,6 +419,9 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
 void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* A heartbeat of node @p n told how far its copies being received got. */
+void cfx__coord_dir_progress(struct cfx_coord *co, struct coord_node *n,
+                             const struct cfx_msg_heartbeat *hb);
 /* A node died or left: drop its holdings. */
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);
 /* A connection closes or stops being a member: drop its parked lookups. */

@@ -127,6 +127,7 @@ static void wr_objrec(struct wr *w, const struct cfx_ctl_obj_rec *o)
             wr_u8(w, o->holders[i].complete ? 1 : 0);
             wr_u32(w, o->holders[i].uploads);
             wr_u32(w, o->holders[i].src);
+            wr_u64(w, o->holders[i].ready);
         } else {
             wr_zero(w, CFX_PROTO_HOLDER_WIRE);
         }
@@ -147,6 +148,12 @@ static void rd_objrec(struct rd *r, struct cfx_ctl_obj_rec *o)
         o->holders[i].complete = rd_flag(r, "holder complete flag");
         o->holders[i].uploads = rd_u32(r, "holder uploads");
         o->holders[i].src = rd_u32(r, "holder source");
+        o->holders[i].ready = rd_u64(r, "holder ready bytes");
+        if (r->status == CFX_OK && i < o->nholders && o->holders[i].ready > o->size &&
+            o->holders[i].ready != CFX_CTL_READY_UNKNOWN)
+            rd_fail(r, CFX_ERR_PROTO, "holder ready bytes over the object size");
+        if (r->status == CFX_OK && o->holders[i].complete && o->holders[i].ready != o->size)
+            rd_fail(r, CFX_ERR_PROTO, "complete holder short of the object size");
     }
     rd_str(r, o->name, sizeof(o->name), "object name not terminated");
     if (o->is_inline && o->size > CFX_OBJECT_INLINE_MAX)

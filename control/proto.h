@@ -34,13 +34,15 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      5u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      6u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
                                     * 5: the role under both AUTH MACs, traffic in
                                     *    HEARTBEAT, each node's last report in
-                                    *    NODES_REPLY, the TASKS listing */
+                                    *    NODES_REPLY, the TASKS listing;
+                                    * 6: partial copies' progress in HEARTBEAT,
+                                    *    each holder's ready bytes in OBJECTS_REPLY */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -63,7 +65,8 @@
 #define CFX_PROTO_TASKS_PAGE    256u         /* task records per TASKS_REPLY */
 #define CFX_PROTO_TASKREC_WIRE  (8 + 64 + 1 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 8 + 1 + 1 + \
                                  CFX_OBJECT_ID_LEN + CFX_CTL_TASK_TEXT_MAX)
-#define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4)
+#define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4 + 8)
+#define CFX_PROTO_PROGRESS_WIRE (CFX_OBJECT_ID_LEN + 8) /* one cfx_ctl_progress in HEARTBEAT */
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
                                  CFX_OBJ_NAME_MAX + 1)
@@ -96,7 +99,7 @@ enum cfx_msg_type {
     CFX_MSG_JOIN,           /* node record -> JOIN_REPLY */
     CFX_MSG_JOIN_REPLY,     /* node id, heartbeat_ms, dead_after_ms */
     CFX_MSG_LEAVE,          /* no body, no reply */
-    CFX_MSG_HEARTBEAT,      /* no body, no reply */
+    CFX_MSG_HEARTBEAT,      /* load and copies' progress, no reply */
     CFX_MSG_OBJ_PUT,        /* id, size, chunk size, flags, inline data -> OK */
     CFX_MSG_OBJ_LOOKUP,     /* id, timeout, exclude list -> LOOKUP_REPLY */
     CFX_MSG_LOOKUP_REPLY,   /* id, size, chunk size, source node or inline data */
@@ -133,6 +136,16 @@ struct cfx_msg_hdr {
     uint8_t type;           /* enum cfx_msg_type */
     uint32_t payload_len;   /* bytes after the header */
     uint64_t req_id;        /* 0 for events */
+};
+
+/* A heartbeat: the node's load, and how far its copies being received got
+ * (after the load: u8 count, then count records of CFX_PROTO_PROGRESS_WIRE
+ * bytes; count at most CFX_CTL_PROGRESS_MAX, ready never
+ * CFX_CTL_READY_UNKNOWN). */
+struct cfx_msg_heartbeat {
+    struct cfx_msg_load load;
+    uint32_t nprogress;                     /* entries of progress used */
+    struct cfx_ctl_progress progress[CFX_CTL_PROGRESS_MAX];
 };
 
 /* A listing page.  Encode: set recs_in (count entries).  Decode: raw points
@@ -272,7 +285,7 @@ struct cfx_msg {
         } task_reg;
         struct cfx_msg_task task;           /* TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN */
         struct cfx_msg_task_st task_st;     /* TASK_REPLY, TASK_WAIT, TASK_DONE */
-        struct cfx_msg_load load;           /* HEARTBEAT */
+        struct cfx_msg_heartbeat hb;        /* HEARTBEAT */
     } u;
 };
 

@@ -187,9 +187,22 @@ void cfx__msg_task_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_task_r
 int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
 {
     switch (m->type) {
-    case CFX_MSG_HEARTBEAT:
-        cfx__msg_load_wr(w, &m->u.load);
+    case CFX_MSG_HEARTBEAT: {
+        const struct cfx_msg_heartbeat *hb = &m->u.hb;
+        if (hb->nprogress > CFX_CTL_PROGRESS_MAX)
+            return cfx__err(CFX_ERR_INVALID, "heartbeat with %u progress reports (at most %u)",
+                            hb->nprogress, CFX_CTL_PROGRESS_MAX);
+        cfx__msg_load_wr(w, &hb->load);
+        wr_u8(w, (uint8_t)hb->nprogress);
+        for (uint32_t i = 0; i < hb->nprogress; i++) {
+            if (hb->progress[i].ready == CFX_CTL_READY_UNKNOWN)
+                return cfx__err(CFX_ERR_INVALID, "heartbeat progress report %u without a "
+                                "byte count", i);
+            wr_bytes(w, hb->progress[i].id.bytes, CFX_OBJECT_ID_LEN);
+            wr_u64(w, hb->progress[i].ready);
+        }
         return CFX_OK;
+    }
     case CFX_MSG_TASKS:
         wr_u64(w, m->u.task_cursor);
         return CFX_OK;
@@ -241,9 +254,25 @@ int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
 void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
 {
     switch (m->type) {
-    case CFX_MSG_HEARTBEAT:
-        cfx__msg_load_rd(r, &m->u.load);
+    case CFX_MSG_HEARTBEAT: {
+        struct cfx_msg_heartbeat *hb = &m->u.hb;
+        cfx__msg_load_rd(r, &hb->load);
+        hb->nprogress = rd_u8(r, "progress count");
+        if (r->status == CFX_OK && hb->nprogress > CFX_CTL_PROGRESS_MAX) {
+            rd_fail(r, CFX_ERR_PROTO, "progress count over CFX_CTL_PROGRESS_MAX");
+            hb->nprogress = 0;
+            break;
+        }
+        for (uint32_t i = 0; i < hb->nprogress && r->status == CFX_OK; i++) {
+            rd_bytes(r, hb->progress[i].id.bytes, CFX_OBJECT_ID_LEN, "progress object id");
+            hb->progress[i].ready = rd_u64(r, "progress bytes");
+            if (r->status == CFX_OK && hb->progress[i].ready == CFX_CTL_READY_UNKNOWN)
+                rd_fail(r, CFX_ERR_PROTO, "progress bytes of UINT64_MAX");
+        }
+        if (r->status != CFX_OK)
+            hb->nprogress = 0;
         break;
+    }
     case CFX_MSG_TASKS:
         m->u.task_cursor = rd_u64(r, "cursor");
         break;

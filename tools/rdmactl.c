@@ -334,11 +334,17 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
                    "\"nholders\":%u,\"holders\":[",
                    (unsigned long long)o->size, o->chunk_size,
                    o->is_inline ? "true" : "false", o->nholders);
-            for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++)
-                printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u,\"fed_by\":%u}",
-                       j ? "," : "", o->holders[j].node_id,
-                       o->holders[j].complete ? "true" : "false", o->holders[j].uploads,
-                       o->holders[j].src);
+            for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders); j++) {
+                const struct cfx_obj_holder *h = &o->holders[j];
+                printf("%s{\"node\":%u,\"complete\":%s,\"uploads\":%u,\"fed_by\":%u,"
+                       "\"ready_bytes\":",
+                       j ? "," : "", h->node_id, h->complete ? "true" : "false", h->uploads,
+                       h->src);
+                if (h->ready == CFX_CTL_READY_UNKNOWN)
+                    printf("null}"); /* a partial copy that has not reported yet */
+                else
+                    printf("%llu}", (unsigned long long)h->ready);
+            }
             printf("]}");
         }
         printf("]\n");
@@ -350,10 +356,10 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
     for (size_t i = 0; i < n; i++)
         wname = CFX_MAX(wname, (int)strlen(esc(objs[i].name, name, sizeof(name))));
     printf("%-40s  %-*s  %12s  %10s  %-6s  %s\n", "ID", wname, "NAME", "SIZE", "CHUNK",
-           "INLINE", "HOLDERS (node:c=complete/p=partial+uploads[<feeder])");
+           "INLINE", "HOLDERS (node:c=complete/p=partial+uploads[(landed/size)][<feeder])");
     for (size_t i = 0; i < n; i++) {
         const struct cfx_ctl_obj_rec *o = &objs[i];
-        char holders[256];
+        char holders[1024], rb[32];
         size_t off = 0;
         holders[0] = '\0';
         for (uint32_t j = 0; j < o->nholders && j < CFX_ARRAY_SIZE(o->holders) &&
@@ -362,6 +368,13 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
             off += (size_t)snprintf(holders + off, sizeof(holders) - off, "%s%u:%c%u",
                                     j ? " " : "", o->holders[j].node_id,
                                     o->holders[j].complete ? 'c' : 'p', o->holders[j].uploads);
+            /* a partial copy: how far it got, as of its node's last report */
+            if (!o->holders[j].complete && off < sizeof(holders))
+                off += (size_t)snprintf(holders + off, sizeof(holders) - off, "(%s/%s)",
+                                        o->holders[j].ready == CFX_CTL_READY_UNKNOWN
+                                            ? "?"
+                                            : human_bytes(o->holders[j].ready, rb, sizeof(rb)),
+                                        human_bytes(o->size, b, sizeof(b)));
             if (o->holders[j].src && off < sizeof(holders))
                 off += (size_t)snprintf(holders + off, sizeof(holders) - off, "<%u",
                                         o->holders[j].src);

@@ -540,6 +540,10 @@ struct cfx_request {
     void *buf;
     size_t capacity;
     struct cfx_obj_params params;
+    uint64_t seq0;              /* get: the store's last_seq at submission; its entry
+                                   is a later one (cfx_request_progress) */
+    uint64_t seen_done;         /* get: the last progress seen of its entry, for when the */
+    uint64_t seen_total;        /* entry has gone before the worker set the status */
 };
 
 /* ---- commands for the progress thread ------------------------------------- */
@@ -756,6 +760,8 @@ struct cfx_context {
                                    in context.c, not ctx->lock) */
     struct cfx_msg_load report; /* the heartbeat's last report (the control client's thread:
                                    what ctx->lock guards is refreshed when the lock is free) */
+    uint32_t report_slot;       /* transfer slot the next heartbeat's progress reports
+                                   start at (the control client's thread) */
     double est_bw;              /* measured get bandwidth, bytes/s (EWMA) */
     double est_lat;             /* measured small-get latency, s (EWMA) */
     struct cfx_xfer_in *slots[CFX_XFER_SLOTS];
@@ -1087,6 +1093,8 @@ void cfx__task_fini(struct cfx_context *ctx);
 void cfx__task_on_run(void *arg, const struct cfx_msg_task *t);
 /* Client thread: this node's load for a heartbeat. */
 void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
+/* Client thread: how far copies being received here got, for a heartbeat. */
+unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsigned max);
 /* Client thread: the coordinator restarted; a runner registers the functions again. */
 void cfx__task_on_reconnected(struct cfx_context *ctx);
 /* Offer @p name for placement only (never run here; registered again after

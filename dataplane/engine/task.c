@@ -202,6 +202,40 @@ void cfx__task_load_fill(void *arg, struct cfx_msg_load *out)
     *out = *r;
 }
 
+/*
+ * The heartbeat's progress reports: the copies of objects this node is
+ * receiving (one per transfer slot: an object has one incoming transfer at a
+ * time), with the prefix landed in order.  At most @p max a beat; with more,
+ * the next beat goes on from the slot after the last one reported, so every
+ * copy is reported in turn.  As cfx__task_load_fill(), only when ctx->lock
+ * is free at once: a beat that finds it held reports none, and the
+ * directory keeps the last counts it had.  Messages, reduce intermediates
+ * and copies the directory does not know (got from a cached location) are
+ * not its business.
+ */
+unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsigned max)
+{
+    struct cfx_context *ctx = arg;
+    unsigned n = 0;
+
+    if (pthread_mutex_trylock(&ctx->lock) != 0)
+        return 0;
+    uint32_t s = ctx->report_slot % CFX_XFER_SLOTS;
+    for (unsigned k = 0; k < CFX_XFER_SLOTS && n < max; k++, s = (s + 1) % CFX_XFER_SLOTS) {
+        const struct cfx_xfer_in *in = ctx->slots[s];
+        const struct cfx_obj *o = in && !in->abandoned ? in->obj : NULL;
+        if (!o || o->p2p || o->ephemeral || o->unrecorded || o->complete || o->deleting)
+            continue;
+        out[n].id = o->id;
+        out[n].ready = CFX_MIN((uint64_t)o->ready_chunks * o->chunk_size, o->size);
+        n++;
+        if (n == max)
+            ctx->report_slot = (s + 1) % CFX_XFER_SLOTS;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
 void cfx__task_on_reconnected(struct cfx_context *ctx)
 {
     struct cfx_task_rt *rt = ctx->tasks;

@@ -68,6 +68,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     pthread_condattr_destroy(&a);
 
     pthread_mutex_lock(&ctx->lock);
+    req->seq0 = ctx->store.last_seq;
     if (ctx->workers_stop) {
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_destroy(&req->cond);
@@ -140,6 +141,71 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     if (st == CFX_ERR_AGAIN)
         return cfx__err(CFX_ERR_TIMEOUT, "request still running after %d ms", timeout_ms);
     return st;
+}
+
+/* A running get's progress (ctx->lock held): its entry in the store is the
+ * newest of its id, inserted after the request was submitted, and for host
+ * memory it fills the caller's own buffer (another get of the id on this
+ * node fills its own, copied out only at the end: nothing landed here yet).
+ * Device memory lands in a host staging entry and goes on to the device as
+ * its prefix grows (gpu_stage.c): its prefix is what is reported.  False
+ * while no entry tells the size. */
+static bool get_progress(struct cfx_context *ctx, struct cfx_request *req, uint64_t *done,
+                         uint64_t *total)
+{
+    const struct cfx_obj *o = cfx__store_find(&ctx->store, &req->id);
+    bool host = !(req->params.field_mask & CFX_OBJ_PARAM_MEMTYPE) ||
+                req->params.memtype == CFX_MEMTYPE_HOST;
+
+    if (o && !o->deleting && o->seq > req->seq0 && !o->p2p) {
+        *total = o->size;
+        *done = 0;
+        if (!host || o->buf == req->buf)
+            *done = CFX_MIN((uint64_t)o->ready_chunks * o->chunk_size, o->size);
+        req->seen_done = *done;
+        req->seen_total = *total;
+        return true;
+    }
+    if (req->seen_total) {
+        /* the entry left (a get that keeps no copy ends by releasing it)
+         * before the worker set the status: what had landed stays landed */
+        *done = req->seen_done;
+        *total = req->seen_total;
+        return true;
+    }
+    return false;
+}
+
+int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64_t *total)
+{
+    cfx__err_clear();
+    if (!req || !done || !total)
+        return cfx__err(CFX_ERR_INVALID, "cfx_request_progress: NULL argument");
+    *done = 0;
+    *total = 0;
+    if (req->type != CFX_REQ_PUT && req->type != CFX_REQ_GET)
+        return cfx__err(CFX_ERR_UNSUPPORTED,
+                        "cfx_request_progress: a collective's request has no byte count");
+    struct cfx_context *ctx = req->ctx;
+    int rc = CFX_OK;
+    pthread_mutex_lock(&ctx->lock);
+    int st = req->status;
+    if (st == CFX_OK) {
+        *done = req->size;
+        *total = req->size;
+    } else if (st != CFX_ERR_AGAIN) {
+        rc = cfx__err(st, "cfx_request_progress: the %s failed (%s)",
+                      req->type == CFX_REQ_PUT ? "put" : "get", cfx_errname(st));
+    } else if (req->type == CFX_REQ_PUT) {
+        /* zero-copy: nothing moves before the directory knows the object,
+         * and once it does the put is complete */
+        *total = req->capacity;
+    } else if (!get_progress(ctx, req, done, total)) {
+        rc = cfx__err(CFX_ERR_AGAIN,
+                      "cfx_request_progress: the get has no size yet (looking up a source)");
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
 }
 
 size_t cfx_request_size(const struct cfx_request *req)

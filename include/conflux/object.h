@@ -223,6 +223,29 @@ CFX_API int cfx_request_test(struct cfx_request *req);
 /** Wait until done or @p timeout_ms passes (<0 = forever); CFX_ERR_TIMEOUT then. */
 CFX_API int cfx_request_wait(struct cfx_request *req, int timeout_ms);
 
+/**
+ * How far @p req has got, in bytes: @p done of @p total.  Thread-safe and
+ * non-blocking (a short section under the context's lock; it drives no
+ * transport and waits for nothing), so any thread may ask while another
+ * tests, waits on or runs the request.
+ *  - cfx_get_nb(): @p done is the prefix of the object landed in order in
+ *    the caller's buffer (whole chunks, as a partial holder would serve
+ *    them), @p total the object's size; done == total once it completed.
+ *    A get of device memory counts what landed in its host staging buffer
+ *    (copied on to the device as it lands).  Another get of the same id
+ *    on this node that started first fills its own buffer, and this one
+ *    copies from it at the end: done stays 0 until then.
+ *  - cfx_put_nb(): total is the size put; done is 0 until the directory
+ *    knows the object (the put is zero-copy: publishing it is the work),
+ *    then the size.
+ *  - requests of the group calls (cfx_group_i*): CFX_ERR_UNSUPPORTED.
+ * @return CFX_OK with both counts set; CFX_ERR_AGAIN while a get has no
+ *         size yet (it is still looking up a source; both counts 0);
+ *         the request's own error once it failed (counts 0);
+ *         CFX_ERR_INVALID for a NULL argument; CFX_ERR_UNSUPPORTED (above).
+ */
+CFX_API int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64_t *total);
+
 /** Object size known to the request (valid once complete). */
 CFX_API size_t cfx_request_size(const struct cfx_request *req);
 

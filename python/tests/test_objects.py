@@ -236,3 +236,51 @@ def test_close_while_a_call_waits(coord):
     assert len(errs) == 1 and isinstance(errs[0], (conflux.TimeoutError, conflux.ClosedError))
     with pytest.raises(conflux.ClosedError):
         c.get("x", timeout=0.1)
+
+
+def test_get_nb_progress(coord, monkeypatch):
+    """get_nb: progress() reports the bytes landed in order of the size.
+
+    The holder is started with the test hook CFX_XFER_TEST_STALL=4 (its
+    uploads stop after 4 chunks): the get reports exactly 4 chunks of 16,
+    with those bytes in the buffer, until its deadline ends it.  A get of an
+    object not put yet has no size; once put it completes with every byte.
+    A collective's request has no byte count (UnsupportedError).
+    """
+    import time
+    chunk, n = 64 << 10, 16
+    kw = dict(coord=coord.address, token=coord.token, timeout=20, transports="tcp")
+    monkeypatch.setenv("CFX_XFER_TEST_STALL", "4")
+    holder = conflux.Context(**kw)
+    monkeypatch.delenv("CFX_XFER_TEST_STALL")
+    with holder, conflux.Context(**kw) as getter:
+        src = np.random.default_rng(3).integers(0, 256, chunk * n, dtype=np.uint8)
+        holder.put("progress/stalled", src, chunk_size=chunk, no_inline=True)
+        out = np.zeros_like(src)
+        req = getter.get_nb("progress/stalled", out, timeout=8)
+        deadline = time.monotonic() + 7
+        done, total = req.progress()
+        while done < 4 * chunk and time.monotonic() < deadline:
+            time.sleep(0.01)
+            done, total = req.progress()
+        assert (done, total) == (4 * chunk, n * chunk)
+        assert np.array_equal(out[:done], src[:done]) and not out[done:].any()
+        with pytest.raises(conflux.TimeoutError):
+            req.wait()
+        with pytest.raises(conflux.TimeoutError):
+            req.progress()
+
+        late = np.arange(2 * chunk, dtype=np.uint8)
+        out2 = np.zeros_like(late)
+        req = getter.get_nb("progress/late", out2, timeout=20)
+        assert req.progress() == (0, None)
+        holder.put("progress/late", late, chunk_size=chunk, no_inline=True)
+        req.wait()
+        assert req.progress() == (late.nbytes, late.nbytes)
+        assert np.array_equal(out2, late)
+
+        with conflux.Group(getter, "solo-progress", rank=0, size=1) as g:
+            work = g.allreduce(np.ones(4, np.float32), async_op=True)
+            with pytest.raises(conflux.UnsupportedError):
+                work._req.progress()
+            work.wait()

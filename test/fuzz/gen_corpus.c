@@ -176,9 +176,16 @@ static void proto(void)
     memset(&orec, 0, sizeof(orec));
     orec.size = 1u << 20;
     orec.chunk_size = 1u << 16;
-    orec.nholders = 1;
+    orec.nholders = 3;
     orec.holders[0].node_id = 1;
     orec.holders[0].complete = 1;
+    orec.holders[0].ready = orec.size;
+    orec.holders[1].node_id = 2;        /* partial, fed by 1, reported 192 KiB */
+    orec.holders[1].src = 1;
+    orec.holders[1].ready = 3u << 16;
+    orec.holders[2].node_id = 3;        /* partial, no report yet */
+    orec.holders[2].src = 2;
+    orec.holders[2].ready = CFX_CTL_READY_UNKNOWN;
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_OBJECTS_REPLY;
     m.req_id = 7;
@@ -196,21 +203,26 @@ static void proto(void)
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_HEARTBEAT;
-    m.u.load.load_milli = 1500;
-    m.u.load.mem_avail = 1ull << 33;
-    m.u.load.arena_used = 1ull << 20;
-    m.u.load.tasks_running = 2;
-    m.u.load.ntp = 2;
-    snprintf(m.u.load.tp[0].name, sizeof(m.u.load.tp[0].name), "shm");
-    m.u.load.tp[0].tx_bytes = 1ull << 32;
-    m.u.load.tp[0].rx_bytes = 12345;
-    snprintf(m.u.load.tp[1].name, sizeof(m.u.load.tp[1].name), "tcp");
-    m.u.load.tp[1].tx_bytes = 777;
-    m.u.load.uploads_active = 1;
-    m.u.load.xfers_in_active = 2;
-    m.u.load.gets = 40;
-    m.u.load.link_bw = 117000000;
-    m.u.load.link_lat_ns = 90000;
+    m.u.hb.load.load_milli = 1500;
+    m.u.hb.load.mem_avail = 1ull << 33;
+    m.u.hb.load.arena_used = 1ull << 20;
+    m.u.hb.load.tasks_running = 2;
+    m.u.hb.load.ntp = 2;
+    snprintf(m.u.hb.load.tp[0].name, sizeof(m.u.hb.load.tp[0].name), "shm");
+    m.u.hb.load.tp[0].tx_bytes = 1ull << 32;
+    m.u.hb.load.tp[0].rx_bytes = 12345;
+    snprintf(m.u.hb.load.tp[1].name, sizeof(m.u.hb.load.tp[1].name), "tcp");
+    m.u.hb.load.tp[1].tx_bytes = 777;
+    m.u.hb.load.uploads_active = 1;
+    m.u.hb.load.xfers_in_active = 2;
+    m.u.hb.load.gets = 40;
+    m.u.hb.load.link_bw = 117000000;
+    m.u.hb.load.link_lat_ns = 90000;
+    m.u.hb.nprogress = 2;
+    memset(m.u.hb.progress[0].id.bytes, 0x61, CFX_OBJECT_ID_LEN);
+    m.u.hb.progress[0].ready = 12u << 20;
+    memset(m.u.hb.progress[1].id.bytes, 0x62, CFX_OBJECT_ID_LEN);
+    m.u.hb.progress[1].ready = 0;
     put("fuzz_proto", "heartbeat", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));

@@ -1,15 +1,19 @@
 /*
  * rdmactl top: its frames read from a pipe (--once, --count), after two
- * nodes join, put three objects and one gets another's object.
+ * nodes join, put three objects and one gets another's object.  rdmactl
+ * objects: a partial copy held mid-transfer shows the bytes it has.
  */
 #include <criterion/criterion.h>
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
 #include <conflux/conflux.h>
+
+#include "dataplane/engine/engine.h"
 
 #include "control/coord.h"
 #include "testutil.h"
@@ -131,4 +135,112 @@ Test(rdmactl_top, usage_errors)
     cr_expect_eq(rdmactl("top --count 0 2>/dev/null", out, sizeof(out)), 2);
     cr_expect_eq(rdmactl("top extra 2>/dev/null", out, sizeof(out)), 2);
     cr_expect_eq(rdmactl("--json top 2>/dev/null", out, sizeof(out)), 2);
+}
+
+TestSuite(rdmactl_objects, .init = setup, .fini = teardown, .timeout = 120);
+
+#define PCHUNK   (64u * 1024)
+#define PCHUNKS  64u
+#define PSTALL   12u /* the holder sends chunks [0, PSTALL) and stalls: 768 KiB of 4 MiB */
+
+/* Run `rdmactl ARGS` until its output holds @p want (up to 20 s: a
+ * report rides the next heartbeat).  Whether it did; the last output in @p out. */
+static bool rdmactl_until(const char *args, const char *want, char *out, size_t cap)
+{
+    uint64_t dl = cfx__deadline_ns(20000);
+    do {
+        cr_assert_eq(rdmactl(args, out, cap), 0, "%s", out);
+        if (strstr(out, want))
+            return true;
+        poll(NULL, 0, 50);
+    } while (cfx__now_ns() < dl);
+    return false;
+}
+
+/*
+ * A named object on holder a, stalled by CFX_XFER_TEST_STALL after PSTALL
+ * chunks, got by b with cfx_get_nb(): once b has exactly that prefix
+ * (cfx_request_progress), `rdmactl objects` lists b's partial copy with
+ * those bytes of the size, fed by a, and --json carries them as a number;
+ * once a resumes and the get completes, b is a complete holder.
+ */
+Test(rdmactl_objects, partial_copy_shows_its_bytes)
+{
+    const size_t size = (size_t)PCHUNKS * PCHUNK, prefix = (size_t)PSTALL * PCHUNK;
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    struct cfx_request *req;
+    static char out[16384];
+    char want[256], at[16];
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+
+    snprintf(at, sizeof(at), "%u", PSTALL);
+    setenv("CFX_XFER_TEST_STALL", at, 1);
+    int rc = join("objects-a", &a);
+    unsetenv("CFX_XFER_TEST_STALL");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join("objects-b", &b), CFX_OK, "%s", cfx_last_error());
+    const uint32_t na = cfx_context_node_id(a), nb = cfx_context_node_id(b);
+
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = PCHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    cr_assert_eq(cfx_object_id_from_name("progress/model", &id), CFX_OK);
+    cfx_test_fill(src, size, 5);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    memset(buf, 0, size);
+    cr_assert_eq(cfx_get_nb(b, &id, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+
+    uint64_t done = 0, total = 0, dl = cfx__deadline_ns(20000);
+    do {
+        rc = cfx_request_progress(req, &done, &total);
+        cr_assert(rc == CFX_OK || rc == CFX_ERR_AGAIN, "%s", cfx_errname(rc));
+        if (done >= prefix)
+            break;
+        poll(NULL, 0, 10);
+    } while (cfx__now_ns() < dl);
+    cr_assert_eq(done, prefix, "the get has %llu bytes, the holder stalls after %zu",
+                 (unsigned long long)done, prefix);
+    cr_assert_eq(total, size);
+    cr_assert_eq(memcmp(buf, src, prefix), 0, "wrong bytes in the landed prefix");
+
+    /* b: partial, 768 KiB of 4 MiB, fed by a; a: complete, serving b */
+    snprintf(want, sizeof(want), " %u:p0(768.0 KiB/4.0 MiB)<%u", nb, na);
+    bool shown = rdmactl_until("objects", want, out, sizeof(out));
+    cr_log_info("rdmactl objects:\n%s", out);
+    cr_assert(shown, "no '%s' in:\n%s", want + 1, out);
+    const char *row = strstr(out, "progress/model");
+    cr_assert_not_null(row, "the object's name is not listed:\n%s", out);
+    snprintf(want, sizeof(want), "%u:c1 ", na);
+    cr_assert_not_null(strstr(row, want), "no complete holder '%s' serving one:\n%s", want, out);
+
+    snprintf(want, sizeof(want),
+             "{\"node\":%u,\"complete\":false,\"uploads\":0,\"fed_by\":%u,"
+             "\"ready_bytes\":%zu}", nb, na, prefix);
+    shown = rdmactl_until("--json objects", want, out, sizeof(out));
+    cr_assert(shown, "no '%s' in:\n%s", want, out);
+    snprintf(want, sizeof(want),
+             "{\"node\":%u,\"complete\":true,\"uploads\":1,\"fed_by\":0,"
+             "\"ready_bytes\":%zu}", na, size);
+    cr_assert_not_null(strstr(out, want), "no '%s' in:\n%s", want, out);
+    cr_assert_not_null(strstr(out, "\"name\":\"progress/model\""), "%s", out);
+
+    /* the holder resumes: the get completes and b holds a complete copy */
+    cfx__xfer_test_resume(a);
+    cr_assert_eq(cfx_request_wait(req, 60000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_OK);
+    cr_assert_eq(done, size);
+    cr_assert_eq(cfx_test_check(buf, size, 5), (size_t)-1, "wrong bytes");
+    cfx_request_free(req);
+    snprintf(want, sizeof(want), "{\"node\":%u,\"complete\":true,\"uploads\":0,"
+             "\"fed_by\":0,\"ready_bytes\":%zu}", nb, size);
+    shown = rdmactl_until("--json objects", want, out, sizeof(out));
+    cr_assert(shown, "no '%s' in:\n%s", want, out);
+
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+    free(buf);
 }

@@ -230,7 +230,7 @@ Test(coord_dir, fanout_follows_reported_links)
     for (int i = 0; i <= N; i++) {
         struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT };
         struct cfx_ctl_status cs;
-        hb.u.load = rep;
+        hb.u.hb.load = rep;
         cr_assert_eq(cfx__ctl_send_nowait(all[i], &hb, "heartbeat"), CFX_OK, "%s",
                      cfx_last_error());
         cr_assert_eq(cfx__ctl_status(all[i], &cs, cfx__deadline_ns(CALL_MS)), CFX_OK);
@@ -406,3 +406,98 @@ Test(coord_dir, each_cap_hit_is_named)
     close(c);
 }
 
+
+/* Send @p ctl's heartbeat reporting @p n copies' progress, then a status
+ * query on the same connection: its answer comes after the heartbeat was
+ * taken, so a listing made after sees it. */
+static void report_progress(struct cfx_ctl *ctl, const struct cfx_ctl_progress *rep, uint32_t n)
+{
+    struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT };
+    struct cfx_ctl_status cs;
+    hb.u.hb.nprogress = n;
+    memcpy(hb.u.hb.progress, rep, n * sizeof(*rep));
+    cr_assert_eq(cfx__ctl_send_nowait(ctl, &hb, "heartbeat"), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_status(ctl, &cs, cfx__deadline_ns(CALL_MS)), CFX_OK);
+}
+
+/* The holder record of @p node for @p id in a fresh listing (asserts it is there). */
+static struct cfx_obj_holder listed_holder(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                                           uint32_t node)
+{
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    struct cfx_obj_holder h = { 0 };
+    bool found = false;
+    cr_assert_eq(cfx__ctl_objects(ctl, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    const struct cfx_ctl_obj_rec *o = find_obj(objs, n, id);
+    cr_assert_not_null(o, "the object is not listed");
+    for (uint32_t i = 0; i < o->nholders && i < CFX_PROTO_HOLDERS_MAX; i++) {
+        if (o->holders[i].node_id == node) {
+            h = o->holders[i];
+            found = true;
+        }
+    }
+    free(objs);
+    cr_assert(found, "node %u is not listed as a holder", node);
+    return h;
+}
+
+/*
+ * A partial holder's heartbeats tell the directory how far its copy got,
+ * and the listing carries it: no report yet (CFX_CTL_READY_UNKNOWN), then
+ * the reported bytes; reports of copies it does not hold, over the size, or
+ * of a complete copy change nothing; once complete it lists the size.
+ */
+Test(coord_dir, heartbeats_report_partial_copies)
+{
+    struct cfx_ctl *p = open_node("putter", NULL), *g = open_node("getter", NULL);
+    const uint32_t pid = cfx__ctl_node_id(p), gid = cfx__ctl_node_id(g);
+    const uint64_t size = 4ull << 20;
+    struct cfx_object_id id, other, nowhere;
+    struct cfx_ctl_source src;
+    make_id(&id, "progress");
+    make_id(&other, "progress-other");
+    make_id(&nowhere, "progress-nowhere");
+    cr_assert_eq(cfx__ctl_obj_put(p, &id, size, 1u << 20, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(p, &other, size, 1u << 20, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_lookup(g, &id, NULL, 0, cfx__deadline_ns(CALL_MS), &src), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(src.node.node_id, pid);
+
+    struct cfx_obj_holder h = listed_holder(p, &id, gid);
+    cr_assert_eq(h.complete, 0);
+    cr_assert_eq(h.src, pid, "fed by %u, want the putter %u", h.src, pid);
+    cr_assert_eq(h.ready, CFX_CTL_READY_UNKNOWN, "ready %llu before any report",
+                 (unsigned long long)h.ready);
+    cr_assert_eq(listed_holder(p, &id, pid).ready, size, "the putter's copy is complete");
+
+    /* its report, with reports of copies it does not hold around it */
+    struct cfx_ctl_progress rep[3] = {
+        { .id = nowhere, .ready = 1 }, { .id = id, .ready = 3ull << 19 }, { .id = other, .ready = 7 }
+    };
+    report_progress(g, rep, 3);
+    cr_assert_eq(listed_holder(p, &id, gid).ready, 3ull << 19);
+    cr_assert_eq(listed_holder(p, &other, pid).ready, size, "a non-holder's report was taken");
+
+    /* over the size: ignored; the last good count stays */
+    rep[0] = (struct cfx_ctl_progress){ .id = id, .ready = size + 1 };
+    report_progress(g, rep, 1);
+    cr_assert_eq(listed_holder(p, &id, gid).ready, 3ull << 19);
+    /* the putter's complete copy is not moved by a report */
+    rep[0] = (struct cfx_ctl_progress){ .id = id, .ready = 5 };
+    report_progress(p, rep, 1);
+    cr_assert_eq(listed_holder(p, &id, pid).ready, size);
+    /* every byte, then complete: the size either way */
+    rep[0] = (struct cfx_ctl_progress){ .id = id, .ready = size };
+    report_progress(g, rep, 1);
+    cr_assert_eq(listed_holder(p, &id, gid).ready, size);
+    cr_assert_eq(cfx__ctl_obj_done(g, &id, pid, 1, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    h = listed_holder(p, &id, gid);
+    cr_assert_eq(h.complete, 1);
+    cr_assert_eq(h.ready, size);
+    cfx__ctl_close(g);
+    cfx__ctl_close(p);
+}

@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -380,4 +381,123 @@ Test(get_wait, entry_that_never_comes_fails_over)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
     free(src);
+}
+
+/*
+ * cfx_request_progress() on a cfx_get_nb() whose holder stalls after
+ * STALL_AT chunks: it reports exactly that prefix of the object's size, and
+ * those bytes are the object's, the rest of the buffer untouched; once the
+ * holder resumes, the whole size.  Before a get has a size it says
+ * CFX_ERR_AGAIN; a failed request reports its error; a put reports its size
+ * once done; NULL arguments are CFX_ERR_INVALID.
+ */
+static void wait_progress(struct cfx_request *req, uint64_t want, uint64_t *done, uint64_t *total)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    int rc;
+    do {
+        rc = cfx_request_progress(req, done, total);
+        cr_assert(rc == CFX_OK || rc == CFX_ERR_AGAIN, "%s (%s)", cfx_errname(rc),
+                  cfx_last_error());
+        cr_assert_leq(*done, *total, "%llu bytes done of %llu", (unsigned long long)*done,
+                      (unsigned long long)*total);
+        if (rc == CFX_OK && *done >= want)
+            break;
+        cfx_request_test(req); /* drives a pass, as a caller polling would */
+        poll(NULL, 0, 5);
+    } while (cfx__now_ns() < dl);
+}
+
+Test(get, progress_of_a_stalled_get)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK, prefix = (size_t)STALL_AT * CHUNK;
+    struct cfx_context *a, *b;
+    struct cfx_object_id id, late, missing;
+    struct cfx_request *req, *preq;
+    uint64_t done = 1, total = 1;
+    uint8_t *src = malloc(size), *buf = malloc(size), *ref = malloc(size);
+    cr_assert(src && buf && ref);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 30000 };
+
+    join("tcp", true, &a);
+    join("tcp", false, &b);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 7);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    memset(buf, 0xA5, size);
+    memset(ref, 0xA5, size);
+
+    cr_assert_eq(cfx_get_nb(b, &id, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    wait_progress(req, prefix, &done, &total);
+    cr_assert_eq(total, size, "total %llu, the object is %zu bytes", (unsigned long long)total,
+                 size);
+    cr_assert_eq(done, prefix, "%llu bytes landed, the holder stalls after %zu",
+                 (unsigned long long)done, prefix);
+    cr_assert_eq(cfx_request_test(req), CFX_ERR_AGAIN);
+    cr_assert_eq(memcmp(buf, src, prefix), 0, "the reported prefix is not the object's bytes");
+    cr_assert_eq(memcmp(buf + prefix, ref + prefix, size - prefix), 0,
+                 "bytes past the reported prefix were written");
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_OK);
+    cr_assert_eq(done, prefix, "the stalled get moved to %llu bytes", (unsigned long long)done);
+
+    cfx__xfer_test_resume(a);
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(done, size);
+    cr_assert_eq(total, size);
+    cr_assert_eq(cfx_test_check(buf, size, 7), (size_t)-1, "wrong bytes");
+
+    /* bad arguments, by code */
+    cr_assert_eq(cfx_request_progress(NULL, &done, &total), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_request_progress(req, NULL, &total), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_request_progress(req, &done, NULL), CFX_ERR_INVALID);
+    cfx_request_free(req);
+
+    /* no size before a source: an object not put yet; then it is, and the
+     * get completes with it (two chunks: under the holder's stall) */
+    const size_t lsize = 2 * CHUNK;
+    cfx_object_id_generate(a, &late);
+    memset(buf, 0xA5, size);
+    cr_assert_eq(cfx_get_nb(b, &late, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    done = total = 1;
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_ERR_AGAIN, "%s",
+                 cfx_last_error());
+    cr_assert_eq(done, 0);
+    cr_assert_eq(total, 0);
+    uint8_t *lsrc = malloc(lsize);
+    cr_assert(lsrc);
+    cfx_test_fill(lsrc, lsize, 9);
+    cr_assert_eq(cfx_put_nb(a, &late, lsrc, lsize, &pp, &preq), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_wait(preq, 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_progress(preq, &done, &total), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(done, lsize);
+    cr_assert_eq(total, lsize);
+    cfx_request_free(preq);
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_OK);
+    cr_assert_eq(done, lsize);
+    cr_assert_eq(total, lsize);
+    cr_assert_eq(cfx_test_check(buf, lsize, 9), (size_t)-1, "wrong bytes");
+    cfx_request_free(req);
+
+    /* a get that failed reports its error */
+    struct cfx_obj_params sp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
+    cfx_object_id_generate(a, &missing);
+    cr_assert_eq(cfx_get_nb(b, &missing, buf, size, &sp, &req), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_ERR_TIMEOUT);
+    done = total = 1;
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_ERR_TIMEOUT);
+    cr_assert_eq(done, 0);
+    cr_assert_eq(total, 0);
+    cfx_request_free(req);
+
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+    free(buf);
+    free(ref);
+    free(lsrc);
 }

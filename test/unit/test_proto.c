@@ -140,6 +140,10 @@ static void setup(void)
             obj_recs[i].holders[j].complete = (uint8_t)(j == 0);
             obj_recs[i].holders[j].uploads = j;
             obj_recs[i].holders[j].src = j ? j + 100 : 0;
+            /* complete: the size; partial: its report, or none yet (the last) */
+            obj_recs[i].holders[j].ready = j == 0 ? obj_recs[i].size
+                                           : j == 2 ? CFX_CTL_READY_UNKNOWN
+                                                    : 65536ull * j;
         }
     }
 }
@@ -258,7 +262,12 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         m->req_id = 77;
         break;
     case CFX_MSG_HEARTBEAT:
-        sample_load(&m->u.load, 0);
+        sample_load(&m->u.hb.load, 0);
+        m->u.hb.nprogress = 2;
+        for (uint32_t i = 0; i < 2; i++) {
+            sample_id(&m->u.hb.progress[i].id, (uint8_t)(60 + i));
+            m->u.hb.progress[i].ready = i ? 0 : (12ull << 20); /* nothing landed yet: 0 */
+        }
         break;
     case CFX_MSG_TASK_REG:
         strcpy(m->u.task_reg.name, "square");
@@ -449,6 +458,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
                     cr_assert_eq(o.holders[j].complete, w->holders[j].complete);
                     cr_assert_eq(o.holders[j].uploads, w->holders[j].uploads);
                     cr_assert_eq(o.holders[j].src, w->holders[j].src);
+                    cr_assert_eq(o.holders[j].ready, w->holders[j].ready);
                 }
             }
         }
@@ -461,7 +471,13 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_arr_eq(a->u.gone.id.bytes, b->u.gone.id.bytes, CFX_OBJECT_ID_LEN);
         break;
     case CFX_MSG_HEARTBEAT:
-        assert_load_eq(&a->u.load, &b->u.load);
+        assert_load_eq(&a->u.hb.load, &b->u.hb.load);
+        cr_assert_eq(a->u.hb.nprogress, b->u.hb.nprogress);
+        for (uint32_t i = 0; i < a->u.hb.nprogress; i++) {
+            cr_assert_arr_eq(a->u.hb.progress[i].id.bytes, b->u.hb.progress[i].id.bytes,
+                             CFX_OBJECT_ID_LEN);
+            cr_assert_eq(a->u.hb.progress[i].ready, b->u.hb.progress[i].ready);
+        }
         break;
     case CFX_MSG_TASK_REG:
         cr_assert_str_eq(a->u.task_reg.name, b->u.task_reg.name);
@@ -722,7 +738,7 @@ Test(proto, heartbeat_report_bounds)
     /* ntp sits after load(4) mem(8) arena(8) tasks(4) */
     size_t ntp_at = CFX_PROTO_HDR_LEN + 24;
     cr_assert_eq(frame[ntp_at], 2);
-    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE);
     memcpy(frame2, frame, len);
     frame2[ntp_at] = CFX_LOAD_TPS_MAX + 1;
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
@@ -733,15 +749,84 @@ Test(proto, heartbeat_report_bounds)
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
     cr_assert(strstr(cfx_last_error(), "transport name"), "%s", cfx_last_error());
     /* all CFX_LOAD_TPS_MAX slots used round-trips */
-    m.u.load.ntp = CFX_LOAD_TPS_MAX;
+    m.u.hb.load.ntp = CFX_LOAD_TPS_MAX;
     for (unsigned t = 2; t < CFX_LOAD_TPS_MAX; t++) {
-        snprintf(m.u.load.tp[t].name, sizeof(m.u.load.tp[t].name), "tp%u", t);
-        m.u.load.tp[t].tx_bytes = UINT64_MAX - t;
-        m.u.load.tp[t].rx_bytes = t;
+        snprintf(m.u.hb.load.tp[t].name, sizeof(m.u.hb.load.tp[t].name), "tp%u", t);
+        m.u.hb.load.tp[t].tx_bytes = UINT64_MAX - t;
+        m.u.hb.load.tp[t].rx_bytes = t;
     }
     len = encode_ok(&m);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
-    assert_load_eq(&m.u.load, &d.u.load);
+    assert_load_eq(&m.u.hb.load, &d.u.hb.load);
+}
+
+/* The progress reports after a heartbeat's load: the count is capped at
+ * CFX_CTL_PROGRESS_MAX and must agree with the payload, and no report
+ * carries the "no report" marker.  A full heartbeat round-trips. */
+Test(proto, heartbeat_progress_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_HEARTBEAT, &m);
+    size_t len = encode_ok(&m);
+    size_t count_at = CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE;
+    size_t ready_at = count_at + 1 + CFX_OBJECT_ID_LEN; /* the first report's bytes */
+    cr_assert_eq(frame[count_at], 2);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = CFX_CTL_PROGRESS_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "CFX_CTL_PROGRESS_MAX"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 3; /* more than the payload holds */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 1; /* fewer: a record left over */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    memset(frame2 + ready_at, 0xff, 8);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "progress bytes"), "%s", cfx_last_error());
+
+    m.u.hb.nprogress = CFX_CTL_PROGRESS_MAX;
+    for (uint32_t i = 0; i < CFX_CTL_PROGRESS_MAX; i++) {
+        sample_id(&m.u.hb.progress[i].id, (uint8_t)(100 + i));
+        m.u.hb.progress[i].ready = (uint64_t)i << 33;
+    }
+    len = encode_ok(&m);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 +
+                          CFX_CTL_PROGRESS_MAX * CFX_PROTO_PROGRESS_WIRE);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&m, &d);
+    /* the sender is held to the same bounds */
+    m.u.hb.nprogress = CFX_CTL_PROGRESS_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    m.u.hb.nprogress = 1;
+    m.u.hb.progress[0].ready = CFX_CTL_READY_UNKNOWN;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+}
+
+/* A listed holder's ready bytes never exceed the object's size (unless
+ * "no report yet"), and a complete holder's are the size. */
+Test(proto, holder_ready_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_OBJECTS_REPLY, &m);
+    size_t len = encode_ok(&m);
+    size_t holders_at = CFX_PROTO_HDR_LEN + 4 + 4 + 1 + CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4;
+    size_t ready0 = holders_at + 4 + 1 + 4 + 4, ready1 = ready0 + CFX_PROTO_HOLDER_WIRE;
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    put_u32(frame2 + ready1, 1000001); /* partial, one byte over the size */
+    memset(frame2 + ready1 + 4, 0, 4);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "ready bytes over"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    put_u32(frame2 + ready1, 1000000); /* partial with every byte: fine */
+    memset(frame2 + ready1 + 4, 0, 4);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_OK, "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    put_u32(frame2 + ready0, 999999); /* complete, short */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "complete holder"), "%s", cfx_last_error());
 }
 
 /* A task page's records are checked like every field: state, status and

@@ -157,6 +157,19 @@ class Context(_c.Context):
             a = a.reshape(shape)
         return a
 
+    def get_nb(self, id: ObjectId | str, out: Buffer, *,
+               timeout: float | None = None) -> Any:
+        """Start fetching object ``id`` into ``out`` and return at once.
+
+        Returns a request: ``wait(timeout_ms=None)`` and ``test()`` as for a
+        collective's, and ``progress()`` -> ``(done, total)``, the bytes landed
+        in order in ``out`` so far of the object's size (``total`` None until
+        a source gave the size).  ``out`` stays exported until the request
+        completes, then is the caller's (this node keeps no copy in it).
+        """
+        arr, _, _ = as_array(out, writable=True)
+        return super().get_nb(_id(id), arr, timeout_ms=_ms(timeout))
+
     def delete(self, id: ObjectId | str, *, timeout: float | None = None) -> None:
         """Stop holding ``id`` here; the putter's delete ends the object everywhere.
 

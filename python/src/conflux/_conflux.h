@@ -55,6 +55,14 @@ void cfx__py_context_child_gone(ContextObject *c);
 /* The live context, or NULL with ClosedError set. */
 struct cfx_context *cfx__py_live_ctx(ContextObject *c);
 
+/* ---- Request (_conflux_group.c) ------------------------------------------ */
+
+/* cfx_get_nb() of @p id into @p bufo (a writable contiguous buffer, exported
+ * until the get completes) as a Request, one of @p owner's children until
+ * then; NULL with the error set. */
+PyObject *cfx__py_request_get_nb(ContextObject *owner, const struct cfx_object_id *id,
+                                 PyObject *bufo, const struct cfx_obj_params *p);
+
 /* ---- the types the module exports ---------------------------------------- */
 
 extern PyTypeObject cfx__py_context_type; /* conflux._conflux.Context */

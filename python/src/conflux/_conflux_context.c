@@ -299,6 +299,25 @@ static PyObject *Context_get_into(ContextObject *self, PyObject *args, PyObject 
     return PyLong_FromSize_t(size);
 }
 
+/* get_nb(id, buffer, timeout_ms=None) -> Request: cfx_get_nb() into a
+ * writable buffer, exported until the request completes; as get_into(), the
+ * engine keeps no copy in it. */
+static PyObject *Context_get_nb(ContextObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "id", "buffer", "timeout_ms", NULL };
+    PyObject *ido, *bufo, *timeout = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", kwlist, &ido, &bufo, &timeout))
+        return NULL;
+    struct cfx_object_id id;
+    struct cfx_obj_params p;
+    if (!cfx__py_live_ctx(self) || cfx__py_parse_id(ido, &id) < 0 ||
+        obj_params(timeout, 0, 0, &p) < 0)
+        return NULL;
+    p.flags |= CFX_OBJ_FLAG_NO_KEEP;
+    p.field_mask |= CFX_OBJ_PARAM_FLAGS;
+    return cfx__py_request_get_nb(self, &id, bufo, &p);
+}
+
 /* ---- ArenaBuffer: arena memory from cfx_get_alloc(), exported zero-copy --- */
 
 typedef struct {
@@ -505,6 +524,10 @@ static PyMethodDef Context_methods[] = {
     { "get_into", (PyCFunction)(void (*)(void))Context_get_into, METH_VARARGS | METH_KEYWORDS,
       "get_into(id, buffer, timeout_ms=None) -> size: fetch into a writable buffer, "
       "which is the caller's again on return (no copy is kept in it)." },
+    { "get_nb", (PyCFunction)(void (*)(void))Context_get_nb, METH_VARARGS | METH_KEYWORDS,
+      "get_nb(id, buffer, timeout_ms=None) -> Request: fetch into a writable buffer without "
+      "waiting; the buffer stays exported until the request completes "
+      "(wait/test), then is the caller's (no copy is kept in it)." },
     { "get_alloc", (PyCFunction)(void (*)(void))Context_get_alloc, METH_VARARGS | METH_KEYWORDS,
       "get_alloc(id, timeout_ms=None) -> ArenaBuffer: fetch into registered arena memory." },
     { "delete", (PyCFunction)(void (*)(void))Context_delete, METH_VARARGS | METH_KEYWORDS,

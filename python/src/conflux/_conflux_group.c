@@ -146,16 +146,20 @@ enum coll_kind {
 
 typedef struct {
     PyObject_HEAD
-    GroupObject *group;      /* keeps the group (and its context) alive */
+    GroupObject *group;      /* a collective's: keeps the group (and its context) alive */
+    ContextObject *owner;    /* an object get's (group NULL): its context, one of its
+                              * children until the get completes */
     struct cfx_request *req; /* NULL once complete */
     Py_buffer sb, rb;        /* exported until completion: the library uses them */
     int have_sb, have_rb;
     int status; /* final status once complete */
+    size_t size; /* a get's object size once complete */
 } RequestObject;
 
 /* The request finished with @p status: give back its buffers and its group. */
 static void request_finish(RequestObject *self, int status)
 {
+    self->size = cfx_request_size(self->req);
     cfx_request_free(self->req);
     self->req = NULL;
     self->status = status;
@@ -164,6 +168,10 @@ static void request_finish(RequestObject *self, int status)
     if (self->have_rb)
         PyBuffer_Release(&self->rb);
     self->have_sb = self->have_rb = 0;
+    if (self->owner) {
+        cfx__py_context_child_gone(self->owner);
+        return;
+    }
     GroupObject *g = self->group;
     if (--g->pending == 0 && g->closing) {
         g->closing = 0;
@@ -211,6 +219,63 @@ static PyObject *Request_test(RequestObject *self, PyObject *unused)
     Py_RETURN_TRUE;
 }
 
+/* progress() -> (done, total): bytes of a get landed in order in its buffer
+ * so far, of the object's size; total is None while the size is not known
+ * (looking up a source).  Raises the get's error once it failed, and
+ * UnsupportedError for a collective's request (cfx_request_progress). */
+static PyObject *Request_progress(RequestObject *self, PyObject *unused)
+{
+    uint64_t done = 0, total = 0;
+    if (self->req) {
+        int rc = cfx_request_progress(self->req, &done, &total);
+        if (rc == CFX_ERR_AGAIN)
+            return Py_BuildValue("(KO)", 0ULL, Py_None);
+        if (rc)
+            return cfx__py_raise_status(rc);
+        return Py_BuildValue("(KK)", (unsigned long long)done, (unsigned long long)total);
+    }
+    if (!self->owner) { /* the request is freed; the library says so of a running one */
+        PyErr_SetString(cfx__py_error_types[-CFX_ERR_UNSUPPORTED],
+                        "a collective's request has no byte count");
+        return NULL;
+    }
+    if (self->status)
+        return cfx__py_raise_status(self->status);
+    return Py_BuildValue("(KK)", (unsigned long long)self->size, (unsigned long long)self->size);
+}
+
+PyObject *cfx__py_request_get_nb(ContextObject *owner, const struct cfx_object_id *id,
+                                 PyObject *bufo, const struct cfx_obj_params *p)
+{
+    struct cfx_context *ctx = cfx__py_live_ctx(owner);
+    if (!ctx)
+        return NULL;
+    RequestObject *ro = PyObject_New(RequestObject, &cfx__py_request_type);
+    if (!ro)
+        return NULL;
+    ro->group = NULL;
+    ro->owner = NULL;
+    ro->req = NULL;
+    ro->have_sb = ro->have_rb = 0;
+    ro->status = 0;
+    ro->size = 0;
+    if (PyObject_GetBuffer(bufo, &ro->rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(ro);
+        return NULL;
+    }
+    ro->have_rb = 1;
+    struct cfx_request *req = NULL;
+    int rc = cfx_get_nb(ctx, id, ro->rb.buf, (size_t)ro->rb.len, p, &req);
+    if (rc) {
+        Py_DECREF(ro); /* releases the buffer */
+        return cfx__py_raise_status(rc);
+    }
+    ro->req = req;
+    ro->owner = (ContextObject *)Py_NewRef((PyObject *)owner);
+    owner->children++; /* a close() waits for the get to end */
+    return (PyObject *)ro;
+}
+
 static void Request_dealloc(RequestObject *self)
 {
     if (self->req) { /* dropped while running: the library still uses the buffers */
@@ -221,7 +286,10 @@ static void Request_dealloc(RequestObject *self)
         Py_END_ALLOW_THREADS
         request_finish(self, rc);
     }
+    if (self->have_rb) /* a get that was never posted */
+        PyBuffer_Release(&self->rb);
     Py_CLEAR(self->group);
+    Py_CLEAR(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -230,6 +298,9 @@ static PyMethodDef Request_methods[] = {
       "wait(timeout_ms=None): until complete; raises the operation's error." },
     { "test", (PyCFunction)Request_test, METH_NOARGS,
       "test() -> bool: complete yet? (raises the operation's error)" },
+    { "progress", (PyCFunction)Request_progress, METH_NOARGS,
+      "progress() -> (done, total): a get's bytes landed of the object's size (total None "
+      "until known); UnsupportedError for a collective" },
     { 0 } /* sentinel */
 };
 
@@ -238,7 +309,8 @@ PyTypeObject cfx__py_request_type = {
     .tp_basicsize = sizeof(RequestObject),
     .tp_dealloc = (destructor)Request_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A non-blocking collective in flight; its buffers stay exported until it completes.",
+    .tp_doc = "A non-blocking collective or object get in flight; its buffers stay exported "
+              "until it completes.",
     .tp_methods = Request_methods,
 };
 
@@ -359,9 +431,11 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         if (!ro)
             goto out;
         ro->group = NULL;
+        ro->owner = NULL;
         ro->req = NULL;
         ro->have_sb = ro->have_rb = 0;
         ro->status = 0;
+        ro->size = 0;
         struct cfx_request *req = NULL;
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
