@@ -1,7 +1,20 @@
 """conflux.ray on a local Ray cluster: collective groups of actors and object transfer.
 Skipped when Ray is not installed."""
+import os
+import secrets
+
 import numpy as np
 import pytest
+
+# Ray 2.x turns token authentication on for a local ray.init() and, given no
+# token, writes one to ~/.ray/auth_token, where every later `ray start --head`
+# of the user finds it (and then turns it on for clusters whose other nodes
+# know nothing of it).  A token of the tests' own leaves the home directory
+# as it was; set before Ray is imported, which reads these once.  Older Ray
+# ignores both; a RAY_AUTH_MODE of the caller's is kept.
+if "RAY_AUTH_MODE" not in os.environ:
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 ray = pytest.importorskip("ray")
 import conflux  # noqa: E402
