@@ -22,7 +22,8 @@ actors crosses that node's shaped link.  Cases:
              hands that worker the new weights (no barrier); the server
              actor takes calls on several threads, so one gradient arrives
              while another is applied (Ray fetches arguments before a call
-             anyway; the Conflux variant fetches inside it).  The driver
+             anyway; the Conflux variant fetches inside it, one gradient at
+             a time).  The driver
              loop is Ray's (ray.wait on the workers' results) in both
              variants; the weights and gradients travel as Ray objects, or
              as Conflux objects whose small handles travel through Ray.
@@ -171,6 +172,7 @@ class Node:
         self.grad = None
         self.bad = 0
         self.lock = threading.Lock()  # the server runs its calls on several threads
+        self.fetch_lock = threading.Lock()
         self.spent = {}  # phase -> seconds, per call: where the time goes
         return True
 
@@ -228,10 +230,15 @@ class Node:
 
     def ps_cfx_apply(self, gmsg):
         gref, crc, fetched = gmsg
-        # fetched outside the lock, as Ray fetches an argument before the call:
-        # the next gradient arrives while this one is applied
+        # fetched outside the update's lock, as Ray fetches an argument before
+        # the call, so the next gradient arrives while this one is applied;
+        # but one at a time, each at the link's full rate: gradients fetched
+        # together share the link, finish together, and their workers then
+        # fetch their weights together, so the server's link carries
+        # gradients in and weights out by turns instead of both at once
         t = time.monotonic()
-        g = cr.get(gref, timeout=300)
+        with self.fetch_lock:
+            g = cr.get(gref, timeout=300)
         t = self._spent("server get", t)
         ok = zlib.crc32(g) == crc
         with self.lock:  # the update; checks and deletes outside it, as for Ray
