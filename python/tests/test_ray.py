@@ -1,7 +1,20 @@
 """conflux.ray on a local Ray cluster: collective groups of actors and object transfer.
 Skipped when Ray is not installed."""
+import os
+import secrets
+
 import numpy as np
 import pytest
+
+# Ray 2.x turns token authentication on for a local ray.init() and, given no
+# token, writes one to ~/.ray/auth_token, where every later `ray start --head`
+# of the user finds it (and then turns it on for clusters whose other nodes
+# know nothing of it).  A token of the tests' own leaves the home directory
+# as it was; set before Ray is imported, which reads these once.  Older Ray
+# ignores both; a RAY_AUTH_MODE of the caller's is kept.
+if "RAY_AUTH_MODE" not in os.environ:
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 ray = pytest.importorskip("ray")
 import conflux  # noqa: E402
@@ -66,6 +79,34 @@ class Worker:
 
     def get(self, ref):
         return cr.get(ref, timeout=30)
+
+    def put_kinds(self, job):
+        """A non-contiguous numpy array; with torch, a transposed float32 tensor and bfloat16."""
+        cr.context(job)
+        self.kept_kinds = [np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]]
+        try:
+            import torch
+        except ImportError:
+            pass
+        else:
+            self.kept_kinds.append(torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+            self.kept_kinds.append((torch.arange(300) - 150).to(torch.bfloat16) / 8)
+        return [cr.put(a) for a in self.kept_kinds]
+
+    def get_kinds(self, job, refs):
+        """Each object fetched as numpy, and (torch) into a tensor of its type: raw bytes."""
+        cr.context(job)
+        out = []
+        for ref in refs:
+            a = cr.get(ref, timeout=30)
+            out.append((ref.dtype, a.shape, np.ascontiguousarray(a).view(np.uint8).tobytes()))
+            if ref.dtype == "bfloat16" or len(refs) > 1 and ref is refs[1]:
+                import torch
+                dt = torch.bfloat16 if ref.dtype == "bfloat16" else torch.float32
+                t = cr.get(ref, out=torch.empty(ref.shape, dtype=dt), timeout=30)
+                bits = t.view(torch.int16) if dt == torch.bfloat16 else t
+                out.append(("torch", tuple(t.shape), bits.numpy().tobytes()))
+        return out
 
     def leave(self, group_name):
         cr.destroy_collective_group(group_name)
@@ -137,3 +178,25 @@ def test_errors_from_actors(cluster):
         except conflux.AuthError as e:
             return e.status
     assert ray.get(bad_token.remote(cluster), timeout=60) == -8
+
+
+def test_objects_of_every_kind(cluster):
+    """put copies what is not contiguous and takes torch bfloat16; the bytes arrive as they were."""
+    a, b = Worker.remote(0), Worker.remote(1)
+    refs = ray.get(a.put_kinds.remote(cluster), timeout=120)
+    got = ray.get(b.get_kinds.remote(cluster, refs), timeout=120)
+    npa = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]
+    assert refs[0].dtype == "<i4" and refs[0].shape == (4, 3)
+    assert got[0] == ("<i4", (4, 3), np.ascontiguousarray(npa).tobytes())
+    if len(refs) == 1:
+        return  # no torch in this venv: the numpy case only
+    import torch
+    tf = torch.arange(12, dtype=torch.float32).reshape(3, 4).t().contiguous()
+    tb = (torch.arange(300) - 150).to(torch.bfloat16) / 8
+    assert refs[1].dtype == "<f4" and refs[1].shape == (4, 3)
+    assert got[1] == ("<f4", (4, 3), tf.numpy().tobytes())
+    assert got[2] == ("torch", (4, 3), tf.numpy().tobytes())
+    assert refs[2].dtype == "bfloat16" and refs[2].shape == (300,)
+    bits = tb.view(torch.int16).numpy().tobytes()
+    assert got[3][0] == "bfloat16" and got[3][2] == bits  # ml_dtypes bfloat16 or uint16 bits
+    assert got[4] == ("torch", (300,), bits)

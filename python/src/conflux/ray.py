@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._api import Context, Group, ObjectId, _np_dtype
+from ._dtypes import as_array
 from .launch import Coordinator
 
 __all__ = ["Job", "ObjectRef", "ReduceOp", "start", "shutdown", "context", "runtime_env",
@@ -287,14 +288,28 @@ class ObjectRef:
 
 
 def put(array: Any, name: str | None = None, job: Job | None = None) -> ObjectRef:
-    """Publish ``array`` from this process (zero-copy: keep it unchanged until delete())."""
+    """Publish ``array`` from this process (zero-copy: keep it unchanged until delete()).
+
+    ``array`` is a numpy array or a torch CPU tensor (bfloat16 included; a
+    getter without ``out`` receives it as numpy: ml_dtypes' bfloat16 when
+    installed, else its uint16 bits).  A non-contiguous one is copied first.
+    """
     ctx = context(job)
-    a = array.detach().numpy() if _is_torch(array) else np.ascontiguousarray(array)
+    if _is_torch(array):
+        # as the collectives take tensors: a contiguous copy when it is not
+        # (as for numpy below), bfloat16 as its int16 bits (numpy has no
+        # bfloat16, so Tensor.numpy() refuses it), other types numpy knows as
+        # themselves and the rest as bytes
+        t = array.detach().contiguous()
+        a, _, _ = as_array(t)
+        dtype = "bfloat16" if str(t.dtype) == "torch.bfloat16" else a.dtype.str
+    else:
+        a = np.ascontiguousarray(array)
+        dtype = a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16"
     oid = ObjectId.from_name(name) if name else ctx.new_id()
     ctx.put(oid, a)
     _puts[oid.hex] = a  # the library serves this memory until delete()
-    return ObjectRef(oid.hex, a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16",
-                     tuple(a.shape))
+    return ObjectRef(oid.hex, dtype, tuple(a.shape))
 
 
 def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
