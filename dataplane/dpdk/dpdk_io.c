@@ -59,7 +59,7 @@
 
 #define BURST        32
 #define EAL_ARGV_MAX 64
-#define GATE_HOLD_NS 2000000ull /* the interrupt thread is parked this long at a time */
+#define GATE_HOLD_NS 5000000ull /* the interrupt thread is parked this long at a time */
 #define GATE_WAIT_MS 1000       /* close and restart wait this long for the gate */
 
 struct cfx__dpdk_port {
@@ -507,7 +507,7 @@ int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
      * cuts a handshake in progress (a client that restarts at the same time
      * is then turned away again) */
     if (port->memif_server)
-        return CFX_OK;
+        return 1;
     if (!gate_enter_wait(port, GATE_WAIT_MS)) {
         CFX_LOG(WARN, DPDK, "port %s: restart: EAL's interrupt thread not held after %d ms",
                 port->name, GATE_WAIT_MS);

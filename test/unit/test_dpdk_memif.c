@@ -312,13 +312,13 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
     /* information only, never asserted: a shared 2-core machine says little */
     fprintf(stderr,
             "%s: %llu bytes in %.3f s after link-up; got %u acked %u; frames rx %llu refused %llu "
-            "dropped %llu tx %llu full %llu; "
+            "dropped %llu tx %llu full %llu gated %llu; "
             "data %llu retx %llu rto %llu fast %llu dup %llu\n",
             server ? "server" : "client", (unsigned long long)bytes,
             (double)(cfx__now_ns() - t0) / 1e9, r.got, r.acked, (unsigned long long)ps.rx,
             (unsigned long long)ps.rx_refused, (unsigned long long)ps.rx_dropped,
             (unsigned long long)ps.tx, (unsigned long long)ps.tx_full,
-            (unsigned long long)r.s.stats.tx_data, (unsigned long long)r.s.stats.tx_retx,
+            (unsigned long long)ps.gated, (unsigned long long)r.s.stats.tx_data, (unsigned long long)r.s.stats.tx_retx,
             (unsigned long long)r.s.stats.rto, (unsigned long long)r.s.stats.fast_retx,
             (unsigned long long)r.s.stats.rx_dup);
     if (ps.rx_dropped == 0)
