@@ -218,9 +218,9 @@ static void link_watch(struct cfx__dpdk_iface *iface)
         return;
     }
     if (iface->now - iface->link_down_since >= CFX_DPDK_LINK_RESTART_MS * 1000000ull) {
-        CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, restarting the port", iface->name,
-                (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
-        cfx__dpdk_port_restart(iface->port);
+        if (cfx__dpdk_port_restart(iface->port) == CFX_OK)
+            CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, port restarted", iface->name,
+                    (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
         iface->link_down_since = iface->now;
     }
 }

@@ -5,18 +5,48 @@
  * Built only with DPDK (CFX_HAVE_DPDK).  Frames are built by copying into
  * an mbuf; zero-copy transmit from registered memory (external mbufs)
  * belongs to the transport above, which knows the registrations.
+ *
+ * net_memif and EAL's interrupt thread.  net_memif runs its control channel
+ * on EAL's interrupt thread: when the peer closes its port, or dies and the
+ * kernel closes its end of the control socket, memif_disconnect() there
+ * unmaps the shared regions and frees their descriptors (DPDK 22.11,
+ * drivers/net/memif/memif_socket.c), with nothing in the driver that keeps
+ * out a thread inside rte_eth_rx_burst() or rte_eth_tx_burst() on the same
+ * queue, which then reads unmapped rings (SEGV).  Looking at the link first
+ * does not help: the link goes down in the same unsynchronised step.  So
+ * the data path of a net_memif port runs only while it holds the interrupt
+ * thread itself: the gate below parks that thread in a callback of ours
+ * (an eventfd of ours registered with EAL, readable while a net_memif port
+ * is open) for GATE_HOLD_NS at a time, and a burst is made only while it is
+ * parked; between holds the thread runs whatever came in meanwhile
+ * (connects, disconnects: every fd epoll reports ready in that round) and
+ * parks again.  A burst that finds the gate open is skipped: to the layers
+ * above, a moment without packets.  Closing and restarting a port happen
+ * inside the gate too, so they never run beside a connect or disconnect
+ * that the interrupt thread is in the middle of, and so do the callbacks
+ * of an rx burst (with memif's zero-copy=yes received mbufs point into the
+ * shared regions; only copy mode, memif's default, is tested).
  */
+#define ALLOW_EXPERIMENTAL_API 1 /* rte_intr_instance_alloc() and its setters */
+
 #include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <rte_eal.h>
+#include <rte_dev.h>
+#include <rte_devargs.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_interrupts.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
@@ -29,6 +59,8 @@
 
 #define BURST        32
 #define EAL_ARGV_MAX 64
+#define GATE_HOLD_NS 5000000ull /* the interrupt thread is parked this long at a time */
+#define GATE_WAIT_MS 1000       /* close and restart wait this long for the gate */
 
 struct cfx__dpdk_port {
     uint16_t port_id;            /* ethdev port */
@@ -36,6 +68,8 @@ struct cfx__dpdk_port {
     struct cfx__dpdk_addr local; /* our MAC, IP and UDP port */
     struct rte_mbuf *txb[BURST]; /* frames built, not yet sent */
     unsigned ntx;                /* in txb */
+    bool gated;                  /* net_memif: bursts only inside the gate */
+    bool memif_server;           /* net_memif, role=server: never restarted */
     uint32_t rx_drop_ppm;        /* test hook */
     uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
@@ -67,6 +101,146 @@ static void eal_rundir_remove(void)
     }
     closedir(d);
     rmdir(eal_rundir);
+}
+
+/* The interrupt-thread gate (see the top of the file); process-wide, like
+ * EAL.  lock guards holders and the waits; parked and inside are read
+ * without it on the data path. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;   /* parked set, holders changed (CLOCK_MONOTONIC) */
+    bool ready;            /* efd, cond and the EAL callback are set up */
+    int efd;               /* readable while the interrupt thread should park */
+    struct rte_intr_handle *ih; /* efd as EAL sees it */
+    unsigned holders;      /* open net_memif ports */
+    atomic_bool parked;    /* the interrupt thread waits in gate_park() */
+    atomic_uint inside;    /* data-path sections in progress, all threads */
+} gate = { .lock = PTHREAD_MUTEX_INITIALIZER, .efd = -1 };
+
+static void gate_kick(void)
+{
+    uint64_t one = 1;
+    if (write(gate.efd, &one, sizeof(one)) != sizeof(one))
+        CFX_LOG(WARN, DPDK, "interrupt-thread gate: eventfd write: %s", strerror(errno));
+}
+
+/* On EAL's interrupt thread: hold it while net_memif ports are open. */
+static void gate_park(void *arg)
+{
+    uint64_t v;
+    struct timespec until;
+    (void)arg;
+
+    if (read(gate.efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+        CFX_LOG(WARN, DPDK, "interrupt-thread gate: eventfd read: %s", strerror(errno));
+    pthread_mutex_lock(&gate.lock);
+    if (!gate.holders) {
+        pthread_mutex_unlock(&gate.lock);
+        return;
+    }
+    atomic_store(&gate.parked, true);
+    pthread_cond_broadcast(&gate.cond);
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += (long)GATE_HOLD_NS;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    while (gate.holders && pthread_cond_timedwait(&gate.cond, &gate.lock, &until) != ETIMEDOUT)
+        ;
+    atomic_store(&gate.parked, false);
+    bool again = gate.holders > 0;
+    pthread_mutex_unlock(&gate.lock);
+    /* a section that began before it saw the gate open is still in its
+     * burst: the thread goes back to EAL (and its disconnects) after it */
+    while (atomic_load(&gate.inside))
+        sched_yield();
+    if (again)
+        gate_kick(); /* park again after the fds ready now were served */
+}
+
+/* A net_memif port opens: the interrupt thread is held from now on. */
+static int gate_hold(void)
+{
+    int rc = CFX_OK;
+    pthread_mutex_lock(&gate.lock);
+    if (!gate.ready) {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&gate.cond, &ca);
+        pthread_condattr_destroy(&ca);
+        gate.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        gate.ih = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+        if (gate.efd < 0 || !gate.ih || rte_intr_fd_set(gate.ih, gate.efd) != 0 ||
+            rte_intr_type_set(gate.ih, RTE_INTR_HANDLE_EXT) != 0 ||
+            rte_intr_callback_register(gate.ih, gate_park, NULL) != 0) {
+            CFX_LOG(ERR, DPDK, "interrupt-thread gate: no eventfd or EAL callback: %s",
+                    gate.efd < 0 ? strerror(errno) : rte_strerror(rte_errno));
+            rte_intr_instance_free(gate.ih);
+            gate.ih = NULL;
+            if (gate.efd >= 0)
+                close(gate.efd);
+            gate.efd = -1;
+            pthread_cond_destroy(&gate.cond);
+            rc = CFX_ERR_IO;
+            goto out;
+        }
+        gate.ready = true;
+    }
+    if (gate.holders++ == 0)
+        gate_kick();
+out:
+    pthread_mutex_unlock(&gate.lock);
+    return rc;
+}
+
+/* A net_memif port closed: the last one lets the interrupt thread go. */
+static void gate_drop(void)
+{
+    pthread_mutex_lock(&gate.lock);
+    gate.holders--;
+    pthread_cond_broadcast(&gate.cond);
+    pthread_mutex_unlock(&gate.lock);
+}
+
+/* Enters a data-path section of port if the interrupt thread is parked. */
+static inline bool gate_try(const struct cfx__dpdk_port *port)
+{
+    if (!port->gated)
+        return true;
+    /* seq_cst both ways: gate_park stores parked then loads inside, we add
+     * to inside then load parked, so one of us sees the other */
+    atomic_fetch_add(&gate.inside, 1);
+    if (likely(atomic_load(&gate.parked)))
+        return true;
+    atomic_fetch_sub(&gate.inside, 1);
+    return false;
+}
+
+static inline void gate_leave(const struct cfx__dpdk_port *port)
+{
+    if (port->gated)
+        atomic_fetch_sub(&gate.inside, 1);
+}
+
+/* gate_try, waiting up to timeout_ms for the interrupt thread to park. */
+static bool gate_enter_wait(const struct cfx__dpdk_port *port, int timeout_ms)
+{
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
+    struct timespec until = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                              .tv_nsec = (long)(deadline % 1000000000ull) };
+    for (;;) {
+        if (gate_try(port))
+            return true;
+        int rc = 0;
+        pthread_mutex_lock(&gate.lock);
+        while (!atomic_load(&gate.parked) && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&gate.cond, &gate.lock, &until);
+        pthread_mutex_unlock(&gate.lock);
+        if (rc == ETIMEDOUT)
+            return gate_try(port);
+    }
 }
 
 int cfx__dpdk_eal_init(const char *args)
@@ -255,6 +429,21 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         rc = CFX_ERR_IO;
         goto err_pool;
     }
+    struct rte_eth_dev_info info;
+    port->gated = rte_eth_dev_info_get(pid, &info) == 0 && info.driver_name &&
+                  !strcmp(info.driver_name, "net_memif");
+    if (port->gated) {
+        const struct rte_devargs *da = rte_dev_devargs(info.device);
+        port->memif_server = da && da->args && strstr(da->args, "role=server");
+    }
+    if (port->gated && gate_hold() != CFX_OK) {
+        rte_eth_dev_stop(pid);
+        rc = CFX_ERR_IO;
+        goto err_pool;
+    }
+    if (port->gated)
+        CFX_LOG(INFO, DPDK, "port %s: net_memif %s, bursts inside the interrupt-thread gate",
+                port->name, port->memif_server ? "server" : "client");
     rte_eth_macaddr_get(pid, &mac);
     memcpy(port->local.mac, mac.addr_bytes, 6);
     port->local.ip = p->ip;
@@ -269,13 +458,40 @@ err_free:
     return rc;
 }
 
+/* Hands the batch to the device; inside the gate. */
+static unsigned tx_batch(struct cfx__dpdk_port *port)
+{
+    unsigned n = port->ntx;
+    uint16_t sent = rte_eth_tx_burst(port->port_id, 0, port->txb, (uint16_t)n);
+    if (sent < n) {
+        /* a full ring loses them: to the layer above, packets lost on the wire */
+        rte_pktmbuf_free_bulk(port->txb + sent, n - sent);
+        port->stats.tx_full += n - sent;
+    }
+    port->stats.tx += sent;
+    port->ntx = 0;
+    return sent;
+}
+
 void cfx__dpdk_port_close(struct cfx__dpdk_port *port)
 {
     if (!port)
         return;
+    /* stop and close disconnect net_memif from this thread: not beside a
+     * connect or disconnect on the interrupt thread */
+    bool in = gate_enter_wait(port, GATE_WAIT_MS);
+    if (!in)
+        CFX_LOG(WARN, DPDK, "port %s: EAL's interrupt thread not held after %d ms; closing anyway",
+                port->name, GATE_WAIT_MS);
+    if (in && port->ntx)
+        tx_batch(port); /* what the owner queued last (resets to its peers) */
     rte_pktmbuf_free_bulk(port->txb, port->ntx);
     rte_eth_dev_stop(port->port_id);
     rte_eth_dev_close(port->port_id);
+    if (in)
+        gate_leave(port);
+    if (port->gated)
+        gate_drop();
     rte_mempool_free(port->pool);
     free(port);
 }
@@ -287,9 +503,21 @@ void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_add
 
 int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
 {
-    cfx__dpdk_port_flush(port);
+    /* a memif server waits for its client to connect again: restarting it
+     * cuts a handshake in progress (a client that restarts at the same time
+     * is then turned away again) */
+    if (port->memif_server)
+        return 1;
+    if (!gate_enter_wait(port, GATE_WAIT_MS)) {
+        CFX_LOG(WARN, DPDK, "port %s: restart: EAL's interrupt thread not held after %d ms",
+                port->name, GATE_WAIT_MS);
+        return CFX_ERR_IO;
+    }
+    if (port->ntx)
+        tx_batch(port);
     rte_eth_dev_stop(port->port_id);
     int rc = rte_eth_dev_start(port->port_id);
+    gate_leave(port);
     if (rc != 0) {
         CFX_LOG(WARN, DPDK, "port %s: restart: %s", port->name, rte_strerror(-rc));
         return CFX_ERR_IO;
@@ -307,23 +535,25 @@ int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port)
 
 int cfx__dpdk_port_flush(struct cfx__dpdk_port *port)
 {
-    unsigned n = port->ntx;
-    if (!n)
+    if (!port->ntx)
         return 0;
-    uint16_t sent = rte_eth_tx_burst(port->port_id, 0, port->txb, (uint16_t)n);
-    if (sent < n) {
-        /* a full ring loses them: to the layer above, packets lost on the wire */
-        rte_pktmbuf_free_bulk(port->txb + sent, n - sent);
-        port->stats.tx_full += n - sent;
+    if (unlikely(!gate_try(port))) {
+        port->stats.gated++; /* the batch waits for the next flush */
+        return 0;
     }
-    port->stats.tx += sent;
-    port->ntx = 0;
-    return sent;
+    unsigned sent = tx_batch(port);
+    gate_leave(port);
+    return (int)sent;
 }
 
 int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
                       const struct cfx__dpdk_hdr *h, const void *payload)
 {
+    if (unlikely(port->ntx == BURST)) {
+        /* the batch could not go (gate open): this frame is lost on the wire */
+        port->stats.tx_full++;
+        return CFX_OK;
+    }
     struct rte_mbuf *m = rte_pktmbuf_alloc(port->pool);
     if (unlikely(!m))
         return CFX_ERR_AGAIN;
@@ -358,6 +588,10 @@ static bool rx_drop(struct cfx__dpdk_port *port)
 int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx)
 {
     struct rte_mbuf *rxb[BURST];
+    if (unlikely(!gate_try(port))) {
+        port->stats.gated++;
+        return 0;
+    }
     uint16_t n = rte_eth_rx_burst(port->port_id, 0, rxb, BURST);
     int taken = 0;
 
@@ -383,6 +617,7 @@ int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx
         cb(ctx, &src, &h, payload);
     }
     rte_pktmbuf_free_bulk(rxb, n);
+    gate_leave(port); /* after the callbacks: zero-copy mbufs point into the regions */
     return taken;
 }
 

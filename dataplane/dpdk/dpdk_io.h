@@ -79,6 +79,8 @@ struct cfx__dpdk_port_stats {
     uint64_t rx_dropped; /* frames dropped by the rx_drop_ppm hook */
     uint64_t tx;         /* frames handed to the device */
     uint64_t tx_full;    /* frames the device queue did not take */
+    uint64_t gated;      /* bursts put off: EAL's interrupt thread was not held
+                            (net_memif, dpdk_io.c) */
 };
 
 /*
@@ -113,7 +115,10 @@ void cfx__dpdk_port_close(struct cfx__dpdk_port *port);
 /* Our address (MAC of the port, IP and UDP port of the parameters). */
 void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_addr *out);
 /* Stops and starts the port again (a net_memif client whose server turned
- * it away before it was ready connects anew).  Returns 0 or CFX_ERR_IO. */
+ * it away before it was ready connects anew).  A net_memif server is left
+ * as it is (its client comes back to it; a restart would cut the handshake
+ * of a client restarting at the same moment): 1.  Otherwise 0, or
+ * CFX_ERR_IO. */
 int cfx__dpdk_port_restart(struct cfx__dpdk_port *port);
 /* 1 when the link is up, 0 when not. */
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,9 +191,13 @@ static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cf
         return 1;                                              \
     } while (0)
 
+/* How the server leaves after die_after messages. */
+enum leave { LEAVE_EXIT, LEAVE_CLOSE };
+
 /* One side.  to_peer/from_peer: pipes for the MAC exchange (the handshake's
  * job in the transport) and the client's "all acknowledged". */
-static int run_role(bool server, const char *dir, int to_peer, int from_peer, uint32_t die_after)
+static int run_role(bool server, const char *dir, int to_peer, int from_peer, uint32_t die_after,
+                    enum leave leave)
 {
     static struct role r;
     char eal[512];
@@ -264,8 +269,14 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
             queued++;
         }
         cfx__dpdk_port_rx(r.port, role_rx, &r);
-        if (server && die_after && r.got >= die_after)
-            _exit(0); /* a crash: no goodbye, the port and the memif socket just go */
+        if (server && die_after && r.got >= die_after) {
+            /* LEAVE_EXIT: a crash, no goodbye, the port and the memif socket
+             * just go; LEAVE_CLOSE: the port is closed (memif's disconnect
+             * message) while the client polls its own */
+            if (leave == LEAVE_CLOSE)
+                cfx__dpdk_port_close(r.port);
+            _exit(0);
+        }
         if (cfx__dpdk_sess_poll(&r.s, now)) {
             if (die_after && r.s.error == CFX_ERR_TIMEOUT &&
                 strstr(r.s.error_msg, "memif-server")) {
@@ -301,13 +312,13 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
     /* information only, never asserted: a shared 2-core machine says little */
     fprintf(stderr,
             "%s: %llu bytes in %.3f s after link-up; got %u acked %u; frames rx %llu refused %llu "
-            "dropped %llu tx %llu full %llu; "
+            "dropped %llu tx %llu full %llu gated %llu; "
             "data %llu retx %llu rto %llu fast %llu dup %llu\n",
             server ? "server" : "client", (unsigned long long)bytes,
             (double)(cfx__now_ns() - t0) / 1e9, r.got, r.acked, (unsigned long long)ps.rx,
             (unsigned long long)ps.rx_refused, (unsigned long long)ps.rx_dropped,
             (unsigned long long)ps.tx, (unsigned long long)ps.tx_full,
-            (unsigned long long)r.s.stats.tx_data, (unsigned long long)r.s.stats.tx_retx,
+            (unsigned long long)ps.gated, (unsigned long long)r.s.stats.tx_data, (unsigned long long)r.s.stats.tx_retx,
             (unsigned long long)r.s.stats.rto, (unsigned long long)r.s.stats.fast_retx,
             (unsigned long long)r.s.stats.rx_dup);
     if (ps.rx_dropped == 0)
@@ -316,6 +327,129 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
         FAIL("nothing was retransmitted");
     cfx__dpdk_sess_fini(&r.s);
     cfx__dpdk_port_close(r.port);
+    return 0;
+}
+
+/* --- a peer that leaves while this side drains a full ring -------------------- */
+
+#define FLOOD_LEN 1000
+
+struct flood {
+    uint64_t got;  /* frames received, every byte checked */
+    bool bad;      /* a frame differed from its reference */
+};
+
+static void flood_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx__dpdk_hdr *h,
+                     const void *payload)
+{
+    struct flood *f = ctx;
+    if (h->len != FLOOD_LEN || cfx_test_check(payload, FLOOD_LEN, SEED + h->seq) != (size_t)-1)
+        f->bad = true;
+    f->got++;
+}
+
+/* One side of the flood: the leaver sends `frames` frames as fast as the
+ * ring takes them, then closes its port (LEAVE_CLOSE) or exits without a
+ * word (LEAVE_EXIT) while the survivor is still draining its ring; the
+ * survivor polls until its link goes down and the leaver is gone (its pipe
+ * closed).  Exit status 0 when every frame was right and the link went down. */
+static int run_flood(bool server, bool leaver, const char *dir, int to_peer, int from_peer,
+                     enum leave leave)
+{
+    struct cfx__dpdk_port *port;
+    struct cfx__dpdk_addr peer, me;
+    char eal[512];
+    int cpu = 0;
+    if (!leaver) {
+        /* the survivor and its EAL interrupt thread on one CPU: the
+         * interrupt thread, woken by the peer's leaving, then preempts the
+         * polling thread wherever it is, in the middle of a burst too */
+        cpu_set_t set, one;
+        if (sched_getaffinity(0, sizeof(set), &set) != 0)
+            FAIL("sched_getaffinity: %s", strerror(errno));
+        while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &set))
+            cpu++;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0)
+            FAIL("sched_setaffinity: %s", strerror(errno));
+    }
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l %d --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
+             (int)getpid(), cpu, server ? "server" : "client", dir);
+    if (!server && read(from_peer, &peer, sizeof(peer)) != sizeof(peer))
+        FAIL("address from the server: %s", strerror(errno));
+    if (cfx__dpdk_eal_init(eal) != CFX_OK)
+        FAIL("EAL init failed with: %s", eal);
+    struct cfx__dpdk_port_params pp = { .name = "net_memif0",
+                                        .ip = server ? 0x0A000001 : 0x0A000002 };
+    if (cfx__dpdk_port_open(&pp, &port) != CFX_OK)
+        FAIL("port open failed");
+    cfx__dpdk_port_addr(port, &me);
+    if (write(to_peer, &me, sizeof(me)) != sizeof(me))
+        FAIL("address to the peer: %s", strerror(errno));
+    if (server && read(from_peer, &peer, sizeof(peer)) != sizeof(peer))
+        FAIL("address from the client: %s", strerror(errno));
+    uint64_t deadline = cfx__now_ns() + 60ull * 1000000000ull;
+    while (!cfx__dpdk_port_link_up(port)) {
+        if (cfx__now_ns() > deadline)
+            FAIL("memif link never came up");
+        usleep(1000);
+    }
+    /* the survivor starts draining before the flood starts */
+    char go = 'G';
+    if (!leaver && write(to_peer, &go, 1) != 1)
+        FAIL("go: %s", strerror(errno));
+    if (leaver && read(from_peer, &go, 1) != 1)
+        FAIL("go: %s", strerror(errno));
+
+    if (leaver) {
+        static uint8_t payload[FLOOD_LEN];
+        uint64_t sent = 0;
+        while (sent < 20000) {
+            struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 7,
+                                       .seq = (uint32_t)sent, .len = FLOOD_LEN,
+                                       .frag_cnt = 1, .msg_len = FLOOD_LEN };
+            cfx_test_fill(payload, FLOOD_LEN, SEED + h.seq);
+            if (cfx__dpdk_port_tx(port, &peer, &h, payload) == CFX_OK)
+                sent++;
+            else
+                cfx__dpdk_port_flush(port); /* out of mbufs: let the batch go */
+            if (cfx__now_ns() > deadline)
+                FAIL("flood: %llu frames sent by the deadline", (unsigned long long)sent);
+        }
+        cfx__dpdk_port_flush(port);
+        if (leave == LEAVE_CLOSE)
+            cfx__dpdk_port_close(port);
+        _exit(0);
+    }
+
+    struct flood f = { 0 };
+    bool down = false, gone = false;
+    while (!down || !gone) {
+        if (cfx__now_ns() > deadline)
+            FAIL("deadline: link %s, leaver %s, %llu frames", down ? "down" : "up",
+                 gone ? "gone" : "still there", (unsigned long long)f.got);
+        cfx__dpdk_port_rx(port, flood_rx, &f);
+        if (!down && !cfx__dpdk_port_link_up(port))
+            down = true;
+        if (!gone) {
+            char c;
+            struct pollfd pfd = { .fd = from_peer, .events = POLLIN };
+            gone = poll(&pfd, 1, 0) == 1 && read(from_peer, &c, 1) == 0;
+        }
+    }
+    if (f.bad)
+        FAIL("a received frame differed from its reference");
+    struct cfx__dpdk_port_stats ps;
+    cfx__dpdk_port_get_stats(port, &ps);
+    if (!f.got)
+        FAIL("no frame arrived before the peer left (rx %llu, refused %llu)",
+             (unsigned long long)ps.rx, (unsigned long long)ps.rx_refused);
+    fprintf(stderr, "%s: %llu frames checked, then the link went down\n",
+            server ? "server" : "client", (unsigned long long)f.got);
+    cfx__dpdk_port_close(port);
     return 0;
 }
 
@@ -362,8 +496,8 @@ Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0)
-        _exit(run_role(false, dir, c2s[1], s2c[0], 0));
-    int rc = run_role(true, dir, s2c[1], c2s[0], 0);
+        _exit(run_role(false, dir, c2s[1], s2c[0], 0, LEAVE_EXIT));
+    int rc = run_role(true, dir, s2c[1], c2s[0], 0, LEAVE_EXIT);
     int status = 0;
     if (rc)
         kill(pid, SIGKILL);
@@ -395,8 +529,8 @@ Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0)
-        _exit(run_role(true, dir, s2c[1], c2s[0], 50));
-    int rc = run_role(false, dir, c2s[1], s2c[0], 50);
+        _exit(run_role(true, dir, s2c[1], c2s[0], 50, LEAVE_EXIT));
+    int rc = run_role(false, dir, c2s[1], s2c[0], 50, LEAVE_EXIT);
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     eal_rundir_reap(pid);
@@ -407,6 +541,119 @@ Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server side failed (status %#x)",
               status);
     cr_assert_eq(rc, 0, "client did not fail with a timeout naming the server");
+#endif
+}
+
+/* The peer leaves while this side busy-polls the port with traffic in
+ * flight, six times: closing its port (memif's disconnect message), or
+ * exiting without a word.  Either way net_memif unmaps the shared regions
+ * on this side's EAL interrupt thread (memif_disconnect()); the port's
+ * gate keeps rx and tx bursts away from that, so this side does not
+ * crash, and its session fails with CFX_ERR_TIMEOUT naming the peer.  (The
+ * client runs in a child of its own each round: a fresh EAL per round.) */
+Test(dpdk_memif, survivor_polls_through_the_peers_close, .timeout = 240)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK (CFX_WITH_DPDK=OFF, or libdpdk-dev missing)");
+#else
+    for (int round = 0; round < 6; round++) {
+        enum leave leave = round % 2 ? LEAVE_EXIT : LEAVE_CLOSE;
+        char dir[] = "/tmp/cfx_memif_XXXXXX";
+        int c2s[2], s2c[2];
+        cr_assert_not_null(mkdtemp(dir));
+        cr_assert_eq(pipe(c2s), 0);
+        cr_assert_eq(pipe(s2c), 0);
+        pid_t server = fork();
+        cr_assert_geq(server, 0);
+        if (server == 0)
+            _exit(run_role(true, dir, s2c[1], c2s[0], 50 + 20 * (uint32_t)round, leave));
+        pid_t client = fork();
+        cr_assert_geq(client, 0);
+        if (client == 0)
+            _exit(run_role(false, dir, c2s[1], s2c[0], 50 + 20 * (uint32_t)round, leave));
+        int sst = 0, cst = 0;
+        cr_assert_eq(waitpid(server, &sst, 0), server);
+        cr_assert_eq(waitpid(client, &cst, 0), client);
+        eal_rundir_reap(server);
+        eal_rundir_reap(client);
+        close(c2s[0]);
+        close(c2s[1]);
+        close(s2c[0]);
+        close(s2c[1]);
+        char sock[64];
+        snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
+        unlink(sock);
+        rmdir(dir);
+        const char *how = leave == LEAVE_CLOSE ? "closed its port" : "exited";
+        cr_assert(WIFEXITED(sst) && WEXITSTATUS(sst) == 0,
+                  "round %d: the server (which %s) failed (status %#x)", round, how, sst);
+        cr_assert(!WIFSIGNALED(cst), "round %d: the client died of signal %d after the server %s",
+                  round, WTERMSIG(cst), how);
+        cr_assert(WIFEXITED(cst) && WEXITSTATUS(cst) == 0,
+                  "round %d: the client did not fail with a timeout naming the server, which %s "
+                  "(status %#x)",
+                  round, how, cst);
+    }
+#endif
+}
+
+/* The peer sends 20000 frames and leaves at once (closes its port, or exits
+ * without a word) while this side is still draining the ring: memif's
+ * disconnect unmaps the regions on this side's interrupt thread in the
+ * middle of its bursts.  Eight rounds: server and client as the survivor,
+ * each way of leaving twice.  The survivor must not crash, every frame it
+ * took must match its reference, and it must see its link go down. */
+Test(dpdk_memif, survivor_drains_a_full_ring_while_the_peer_leaves, .timeout = 240)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK (CFX_WITH_DPDK=OFF, or libdpdk-dev missing)");
+#else
+    for (int round = 0; round < 8; round++) {
+        bool server_leaves = round % 2;
+        enum leave leave = round % 4 < 2 ? LEAVE_CLOSE : LEAVE_EXIT;
+        char dir[] = "/tmp/cfx_memif_XXXXXX";
+        int c2s[2], s2c[2];
+        cr_assert_not_null(mkdtemp(dir));
+        cr_assert_eq(pipe(c2s), 0);
+        cr_assert_eq(pipe(s2c), 0);
+        pid_t server = fork();
+        cr_assert_geq(server, 0);
+        if (server == 0) {
+            close(s2c[0]);
+            close(c2s[1]);
+            _exit(run_flood(true, server_leaves, dir, s2c[1], c2s[0], leave));
+        }
+        pid_t client = fork();
+        cr_assert_geq(client, 0);
+        if (client == 0) {
+            close(c2s[0]);
+            close(s2c[1]);
+            _exit(run_flood(false, !server_leaves, dir, c2s[1], s2c[0], leave));
+        }
+        /* only the children hold the pipes: the survivor sees the leaver's
+         * end close when it is gone */
+        close(c2s[0]);
+        close(c2s[1]);
+        close(s2c[0]);
+        close(s2c[1]);
+        int sst = 0, cst = 0;
+        cr_assert_eq(waitpid(server, &sst, 0), server);
+        cr_assert_eq(waitpid(client, &cst, 0), client);
+        eal_rundir_reap(server);
+        eal_rundir_reap(client);
+        char sock[64];
+        snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
+        unlink(sock);
+        rmdir(dir);
+        int surv = server_leaves ? cst : sst, left = server_leaves ? sst : cst;
+        const char *how = leave == LEAVE_CLOSE ? "closed its port" : "exited";
+        cr_assert(WIFEXITED(left) && WEXITSTATUS(left) == 0,
+                  "round %d: the %s, which %s, failed (status %#x)", round,
+                  server_leaves ? "server" : "client", how, left);
+        cr_assert(WIFEXITED(surv) && WEXITSTATUS(surv) == 0,
+                  "round %d: the surviving %s failed or crashed (status %#x) when its peer %s",
+                  round, server_leaves ? "client" : "server", surv, how);
+    }
 #endif
 }
 
