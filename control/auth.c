@@ -25,6 +25,13 @@ static const char *const side_label[] = {
     [CFX_AUTH_SHM_CONNECT] = "conflux-v1 shm connect",
 };
 
+void cfx__crypto_init(void)
+{
+    /* when the program initialised OpenSSL before, its exit handler is
+     * registered already and stays: the program's choice */
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
 int cfx__auth_nonce(uint8_t *buf, size_t len)
 {
     if (RAND_bytes(buf, (int)len) != 1)

@@ -39,6 +39,12 @@ enum cfx_auth_side {
 };
 
 /* Fill @p buf with @p len cryptographically random bytes.  CFX_OK / CFX_ERR_INTERNAL. */
+/* Before the library's first use of OpenSSL (context or coordinator start):
+ * no cleanup of OpenSSL at exit().  Its atexit handler frees the locks the
+ * library's threads may be using, so a program that exits with a context
+ * still running would crash in OpenSSL instead of exiting. */
+void cfx__crypto_init(void);
+
 int cfx__auth_nonce(uint8_t *buf, size_t len);
 
 /* MAC of one side over both nonces.  CFX_OK, CFX_ERR_INVALID (empty token),

@@ -753,6 +753,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     int rc;
 
     cfx__log_init();
+    cfx__crypto_init();
     if (!params || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx__coord_start: NULL params or out");
     if (!params->token || !*params->token)

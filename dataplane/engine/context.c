@@ -364,6 +364,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     int rc;
 
     cfx__log_init();
+    cfx__crypto_init();
     cfx__err_clear();
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "cfx_context_create: out is NULL");

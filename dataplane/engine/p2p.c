@@ -9,6 +9,7 @@
 #include "engine.h"
 
 #define P2P_CANCEL_GRACE_MS 1000
+#define P2P_DRAIN_POLL_MS   20 /* a withdrawn send looks at its writes in flight */
 #define DEATH_GRACE_MS      300 /* see cfx__p2p_wait_watch() */
 
 struct cfx_p2p_req {
@@ -499,19 +500,40 @@ static void recv_withdraw(struct cfx_p2p_req *req)
     free(spare);
 }
 
+/* Writes of @p obj's uploads posted and not completed (ctx->lock held). */
+static uint64_t writes_in_flight(const struct cfx_obj *obj)
+{
+    uint64_t n = 0;
+    const struct cfx_list *pos;
+    cfx_list_for_each(pos, &obj->uploads)
+        n += cfx_list_entry(pos, const struct cfx_upload, obj_link)->inflight;
+    return n;
+}
+
 /* A pending send is freed (ctx->lock held): unmatched it ends at once;
  * matched, its writes in flight still read the caller's buffer, so the
- * upload stops and we wait for the transport to finish them, up to a grace
- * period; past it the connection is failed, which ends them.  No wait
- * depends on the receiver answering. */
+ * upload stops and we wait for the transport to finish them.  The grace
+ * starts again whenever one finishes: a slow transport (dpdk on a loaded
+ * host moves a window of 2 MiB in seconds) drains, and only one where
+ * nothing completes for the grace is failed, which ends them.  No wait
+ * depends on the receiver answering a message. */
 static void send_withdraw(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
     struct cfx_obj *obj = req->obj;
     cfx__cmd_new(ctx, CFX_CMD_P2P_CANCEL, obj, NULL);
     uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
-    while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
-        ;
+    uint64_t left = writes_in_flight(obj);
+    while (p2p_status(req) == CFX_ERR_AGAIN) {
+        uint64_t now_left = writes_in_flight(obj);
+        if (now_left < left)
+            grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS); /* still draining */
+        left = now_left;
+        if (cfx__now_ns() >= grace)
+            break;
+        /* write completions signal nothing here: look again every poll */
+        cfx__obj_wait(ctx, CFX_MIN(grace, cfx__deadline_ns(P2P_DRAIN_POLL_MS)));
+    }
     if (p2p_status(req) != CFX_ERR_AGAIN)
         return;
     bool was_held = cfx__progress_enter(ctx);
