@@ -86,9 +86,14 @@ static int conn_dial(struct cfx_conn *conn)
         struct cfx_node_addr dead;
         const struct cfx_node_addr *addr = node_addr(node, ctx->tp[t].ops->name);
         conn->tps_tried |= 1u << t;
+        /* tcp's and shm's addresses are text ("127.0.0.1:4321"); dpdk's is
+         * a binary record, whose text the endpoint's own name carries */
+        int alen = (int)strnlen((const char *)addr->addr, addr->len);
+        bool text = alen > 0;
+        for (int i = 0; i < alen && text; i++)
+            text = addr->addr[i] >= 0x20 && addr->addr[i] < 0x7f;
         snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
-                 ctx->tp[t].ops->name, (int)strnlen((const char *)addr->addr, addr->len),
-                 (const char *)addr->addr);
+                 ctx->tp[t].ops->name, text ? alen : 7, text ? (const char *)addr->addr : "address");
         if (unlikely(ctx->test_connect_break[0]) && test_dead_addr(ctx, t, &dead))
             addr = &dead;
         rc = ctx->tp[t].ops->ep_connect(ctx->tp[t].iface, addr->addr, addr->len,
