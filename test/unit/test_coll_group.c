@@ -660,6 +660,16 @@ Test(coll_p2p, withdrawn_receive_leaves_stale_request, .timeout = 30)
 
 /* ---- cfx_group_send/recv as eager pieces (group_split.c) -------------------------- */
 
+/* @p n ranks over @p tp run @p body, which must succeed on every rank. */
+static void ranks_ok(const char *tp, int n, const char *name, int (*body)(struct rank_run *))
+{
+    struct rank_run rr[MAX_RANKS];
+    up(tp, n);
+    run_ranks(n, name, 20000, body, rr);
+    all_ok(n, rr);
+    down(n);
+}
+
 /* Sizes around every change of form: one eager send, the first piece (the
  * message's size ahead of its data), whole pieces, the last split size. */
 static const size_t split_sizes[] = {
@@ -718,22 +728,13 @@ static int body_split_sizes(struct rank_run *rr)
     return rc;
 }
 
-static void split_sizes_on(const char *tp)
-{
-    struct rank_run rr[MAX_RANKS];
-    up(tp, 2);
-    run_ranks(2, "split", 20000, body_split_sizes, rr);
-    all_ok(2, rr);
-    down(2);
-}
-
 Test(coll_p2p, split_sizes_tcp, .timeout = 60)
 {
-    split_sizes_on("tcp");
+    ranks_ok("tcp", 2, "split", body_split_sizes);
 }
 Test(coll_p2p, split_sizes_shm, .timeout = 60)
 {
-    split_sizes_on("shm");
+    ranks_ok("shm", 2, "split", body_split_sizes);
 }
 
 /* Sizes that disagree: within the pieces' class the receive fails with
@@ -778,11 +779,7 @@ static int body_split_disagree(struct rank_run *rr)
 
 Test(coll_p2p, split_sizes_disagree, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("tcp", 2);
-    run_ranks(2, "splitbad", 10000, body_split_disagree, rr);
-    all_ok(2, rr);
-    down(2);
+    ranks_ok("tcp", 2, "splitbad", body_split_disagree);
 }
 
 /* Two threads of rank 0 send 8 KiB messages on one tag at once, two threads
@@ -850,9 +847,5 @@ static int body_split_threads(struct rank_run *rr)
 
 Test(coll_p2p, split_messages_from_threads_arrive_whole, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("shm", 2);
-    run_ranks(2, "splitthr", 20000, body_split_threads, rr);
-    all_ok(2, rr);
-    down(2);
+    ranks_ok("shm", 2, "splitthr", body_split_threads);
 }

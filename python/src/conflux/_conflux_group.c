@@ -156,6 +156,22 @@ typedef struct {
     size_t size; /* a get's object size once complete */
 } RequestObject;
 
+/* A Request with nothing attached yet (its buffers, group or owner and
+ * engine request are set by the caller that posts it). */
+static RequestObject *request_alloc(void)
+{
+    RequestObject *ro = PyObject_New(RequestObject, &cfx__py_request_type);
+    if (!ro)
+        return NULL;
+    ro->group = NULL;
+    ro->owner = NULL;
+    ro->req = NULL;
+    ro->have_sb = ro->have_rb = 0;
+    ro->status = 0;
+    ro->size = 0;
+    return ro;
+}
+
 /* The request finished with @p status: give back its buffers and its group. */
 static void request_finish(RequestObject *self, int status)
 {
@@ -250,15 +266,9 @@ PyObject *cfx__py_request_get_nb(ContextObject *owner, const struct cfx_object_i
     struct cfx_context *ctx = cfx__py_live_ctx(owner);
     if (!ctx)
         return NULL;
-    RequestObject *ro = PyObject_New(RequestObject, &cfx__py_request_type);
+    RequestObject *ro = request_alloc();
     if (!ro)
         return NULL;
-    ro->group = NULL;
-    ro->owner = NULL;
-    ro->req = NULL;
-    ro->have_sb = ro->have_rb = 0;
-    ro->status = 0;
-    ro->size = 0;
     if (PyObject_GetBuffer(bufo, &ro->rb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         Py_DECREF(ro);
         return NULL;
@@ -427,15 +437,9 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     enum cfx_redop rop = (enum cfx_redop)op;
     int rc = CFX_ERR_INVALID;
     if (nb) { /* post it; the Request owns the buffers until it completes */
-        RequestObject *ro = PyObject_New(RequestObject, &cfx__py_request_type);
+        RequestObject *ro = request_alloc();
         if (!ro)
             goto out;
-        ro->group = NULL;
-        ro->owner = NULL;
-        ro->req = NULL;
-        ro->have_sb = ro->have_rb = 0;
-        ro->status = 0;
-        ro->size = 0;
         struct cfx_request *req = NULL;
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
