@@ -194,48 +194,65 @@ static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cf
 /* How the server leaves after die_after messages. */
 enum leave { LEAVE_EXIT, LEAVE_CLOSE };
 
+/* EAL on @p cpu with one net_memif port in @p dir, opened with @p pp, and
+ * the MAC exchange with the peer over the pipes.  The server's socket must
+ * exist before the client's port starts (a memif client that finds no
+ * socket does not try again): the client waits for the server's address
+ * before it starts EAL.  0, or 1 after saying what failed. */
+static int port_start(bool server, const char *dir, int cpu,
+                      const struct cfx__dpdk_port_params *pp, int to_peer, int from_peer,
+                      struct cfx__dpdk_port **port, struct cfx__dpdk_addr *peer)
+{
+    char eal[512];
+    struct cfx__dpdk_addr me;
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l %d --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
+             (int)getpid(), cpu, server ? "server" : "client", dir);
+    if (!server && read(from_peer, peer, sizeof(*peer)) != sizeof(*peer))
+        FAIL("address from the server: %s", strerror(errno));
+    if (cfx__dpdk_eal_init(eal) != CFX_OK)
+        FAIL("EAL init failed with: %s", eal);
+    if (cfx__dpdk_port_open(pp, port) != CFX_OK)
+        FAIL("port open failed");
+    cfx__dpdk_port_addr(*port, &me);
+    if (write(to_peer, &me, sizeof(me)) != sizeof(me))
+        FAIL("address to the peer: %s", strerror(errno));
+    if (server && read(from_peer, peer, sizeof(*peer)) != sizeof(*peer))
+        FAIL("address from the client: %s", strerror(errno));
+    return 0;
+}
+
+/* memif raises its link when both sides connected; there is no event to
+ * wait on without an interrupt thread, so look every millisecond until
+ * @p deadline.  0, or 1 after saying so. */
+static int link_wait(bool server, struct cfx__dpdk_port *port, uint64_t deadline)
+{
+    while (!cfx__dpdk_port_link_up(port)) {
+        if (cfx__now_ns() > deadline)
+            FAIL("memif link never came up");
+        usleep(1000);
+    }
+    return 0;
+}
+
 /* One side.  to_peer/from_peer: pipes for the MAC exchange (the handshake's
  * job in the transport) and the client's "all acknowledged". */
 static int run_role(bool server, const char *dir, int to_peer, int from_peer, uint32_t die_after,
                     enum leave leave)
 {
     static struct role r;
-    char eal[512];
-    snprintf(
-        eal, sizeof(eal),
-        "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l 0 --log-level=*:warning --no-telemetry "
-        "--vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
-        (int)getpid(), server ? "server" : "client", dir);
-    /* The server's socket must exist before the client's port starts (a
-     * memif client that finds no socket does not try again): the client
-     * waits for the server's address before it starts EAL. */
-    if (!server && read(from_peer, &r.peer, sizeof(r.peer)) != sizeof(r.peer))
-        FAIL("address from the server: %s", strerror(errno));
-    if (cfx__dpdk_eal_init(eal) != CFX_OK)
-        FAIL("EAL init failed with: %s", eal);
     struct cfx__dpdk_port_params pp = {
         .name = "net_memif0",
         .ip = server ? 0x0A000001 : 0x0A000002,
         .rx_drop_ppm = 10000, /* 1% of received frames */
         .rx_drop_seed = server ? 11 : 12,
     };
-    if (cfx__dpdk_port_open(&pp, &r.port) != CFX_OK)
-        FAIL("port open failed");
-    struct cfx__dpdk_addr me;
-    cfx__dpdk_port_addr(r.port, &me);
-    if (write(to_peer, &me, sizeof(me)) != sizeof(me))
-        FAIL("address to the peer: %s", strerror(errno));
-    if (server && read(from_peer, &r.peer, sizeof(r.peer)) != sizeof(r.peer))
-        FAIL("address from the client: %s", strerror(errno));
-
+    if (port_start(server, dir, 0, &pp, to_peer, from_peer, &r.port, &r.peer))
+        return 1;
     uint64_t t0 = cfx__now_ns(), deadline = t0 + 60ull * 1000000000ull;
-    /* memif raises its link when both sides connected; there is no event to
-     * wait on without an interrupt thread, so look every millisecond */
-    while (!cfx__dpdk_port_link_up(r.port)) {
-        if (cfx__now_ns() > deadline)
-            FAIL("memif link never came up");
-        usleep(1000);
-    }
+    if (link_wait(server, r.port, deadline))
+        return 1;
     struct cfx__dpdk_rel_params rp = { .mtu_payload = MTU,
                                        .rcv_slots = 256,
                                        .snd_slots = 256,
@@ -357,8 +374,7 @@ static int run_flood(bool server, bool leaver, const char *dir, int to_peer, int
                      enum leave leave)
 {
     struct cfx__dpdk_port *port;
-    struct cfx__dpdk_addr peer, me;
-    char eal[512];
+    struct cfx__dpdk_addr peer;
     int cpu = 0;
     if (!leaver) {
         /* the survivor and its EAL interrupt thread on one CPU: the
@@ -374,29 +390,13 @@ static int run_flood(bool server, bool leaver, const char *dir, int to_peer, int
         if (sched_setaffinity(0, sizeof(one), &one) != 0)
             FAIL("sched_setaffinity: %s", strerror(errno));
     }
-    snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxt%d -l %d --log-level=*:warning "
-             "--no-telemetry --vdev=net_memif0,role=%s,socket=%s/memif.sock,id=0",
-             (int)getpid(), cpu, server ? "server" : "client", dir);
-    if (!server && read(from_peer, &peer, sizeof(peer)) != sizeof(peer))
-        FAIL("address from the server: %s", strerror(errno));
-    if (cfx__dpdk_eal_init(eal) != CFX_OK)
-        FAIL("EAL init failed with: %s", eal);
     struct cfx__dpdk_port_params pp = { .name = "net_memif0",
                                         .ip = server ? 0x0A000001 : 0x0A000002 };
-    if (cfx__dpdk_port_open(&pp, &port) != CFX_OK)
-        FAIL("port open failed");
-    cfx__dpdk_port_addr(port, &me);
-    if (write(to_peer, &me, sizeof(me)) != sizeof(me))
-        FAIL("address to the peer: %s", strerror(errno));
-    if (server && read(from_peer, &peer, sizeof(peer)) != sizeof(peer))
-        FAIL("address from the client: %s", strerror(errno));
+    if (port_start(server, dir, cpu, &pp, to_peer, from_peer, &port, &peer))
+        return 1;
     uint64_t deadline = cfx__now_ns() + 60ull * 1000000000ull;
-    while (!cfx__dpdk_port_link_up(port)) {
-        if (cfx__now_ns() > deadline)
-            FAIL("memif link never came up");
-        usleep(1000);
-    }
+    if (link_wait(server, port, deadline))
+        return 1;
     /* the survivor starts draining before the flood starts */
     char go = 'G';
     if (!leaver && write(to_peer, &go, 1) != 1)
@@ -481,6 +481,24 @@ static void eal_rundir_reap(pid_t pid)
     closedir(d);
     rmdir(dir);
 }
+
+/* The test's socket directory goes. */
+static void memif_dir_remove(const char *dir)
+{
+    char sock[64];
+    snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+
+/* Both sides of a round have ended: their statuses, their EAL run dirs gone. */
+static void pair_wait(pid_t server, pid_t client, int *sst, int *cst)
+{
+    cr_assert_eq(waitpid(server, sst, 0), server);
+    cr_assert_eq(waitpid(client, cst, 0), client);
+    eal_rundir_reap(server);
+    eal_rundir_reap(client);
+}
 #endif
 
 Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
@@ -503,10 +521,7 @@ Test(dpdk_memif, two_processes_1pct_rx_drop_every_byte_checked, .timeout = 120)
         kill(pid, SIGKILL);
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     eal_rundir_reap(pid);
-    char sock[64];
-    snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
-    unlink(sock);
-    rmdir(dir);
+    memif_dir_remove(dir);
     cr_assert_eq(rc, 0, "server side failed");
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client side failed (status %#x)",
               status);
@@ -534,10 +549,7 @@ Test(dpdk_memif, a_dead_peer_is_noticed_by_timeout_and_named, .timeout = 120)
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     eal_rundir_reap(pid);
-    char sock[64];
-    snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
-    unlink(sock);
-    rmdir(dir);
+    memif_dir_remove(dir);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server side failed (status %#x)",
               status);
     cr_assert_eq(rc, 0, "client did not fail with a timeout naming the server");
@@ -572,18 +584,12 @@ Test(dpdk_memif, survivor_polls_through_the_peers_close, .timeout = 240)
         if (client == 0)
             _exit(run_role(false, dir, c2s[1], s2c[0], 50 + 20 * (uint32_t)round, leave));
         int sst = 0, cst = 0;
-        cr_assert_eq(waitpid(server, &sst, 0), server);
-        cr_assert_eq(waitpid(client, &cst, 0), client);
-        eal_rundir_reap(server);
-        eal_rundir_reap(client);
+        pair_wait(server, client, &sst, &cst);
         close(c2s[0]);
         close(c2s[1]);
         close(s2c[0]);
         close(s2c[1]);
-        char sock[64];
-        snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
-        unlink(sock);
-        rmdir(dir);
+        memif_dir_remove(dir);
         const char *how = leave == LEAVE_CLOSE ? "closed its port" : "exited";
         cr_assert(WIFEXITED(sst) && WEXITSTATUS(sst) == 0,
                   "round %d: the server (which %s) failed (status %#x)", round, how, sst);
@@ -637,14 +643,8 @@ Test(dpdk_memif, survivor_drains_a_full_ring_while_the_peer_leaves, .timeout = 2
         close(s2c[0]);
         close(s2c[1]);
         int sst = 0, cst = 0;
-        cr_assert_eq(waitpid(server, &sst, 0), server);
-        cr_assert_eq(waitpid(client, &cst, 0), client);
-        eal_rundir_reap(server);
-        eal_rundir_reap(client);
-        char sock[64];
-        snprintf(sock, sizeof(sock), "%s/memif.sock", dir);
-        unlink(sock);
-        rmdir(dir);
+        pair_wait(server, client, &sst, &cst);
+        memif_dir_remove(dir);
         int surv = server_leaves ? cst : sst, left = server_leaves ? sst : cst;
         const char *how = leave == LEAVE_CLOSE ? "closed its port" : "exited";
         cr_assert(WIFEXITED(left) && WEXITSTATUS(left) == 0,
