@@ -93,7 +93,8 @@ static int conn_dial(struct cfx_conn *conn)
         for (int i = 0; i < alen && text; i++)
             text = addr->addr[i] >= 0x20 && addr->addr[i] < 0x7f;
         snprintf(conn->name, sizeof(conn->name), "node %u (%s %.*s)", node->node_id,
-                 ctx->tp[t].ops->name, text ? alen : 7, text ? (const char *)addr->addr : "address");
+                 ctx->tp[t].ops->name, text ? alen : 7,
+                 text ? (const char *)addr->addr : "address");
         if (unlikely(ctx->test_connect_break[0]) && test_dead_addr(ctx, t, &dead))
             addr = &dead;
         rc = ctx->tp[t].ops->ep_connect(ctx->tp[t].iface, addr->addr, addr->len,

@@ -475,7 +475,9 @@ Test(coord_dir, heartbeats_report_partial_copies)
 
     /* its report, with reports of copies it does not hold around it */
     struct cfx_ctl_progress rep[3] = {
-        { .id = nowhere, .ready = 1 }, { .id = id, .ready = 3ull << 19 }, { .id = other, .ready = 7 }
+        { .id = nowhere, .ready = 1 },
+        { .id = id, .ready = 3ull << 19 },
+        { .id = other, .ready = 7 },
     };
     report_progress(g, rep, 3);
     cr_assert_eq(listed_holder(p, &id, gid).ready, 3ull << 19);

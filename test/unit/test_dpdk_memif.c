@@ -335,7 +335,8 @@ static int run_role(bool server, const char *dir, int to_peer, int from_peer, ui
             (double)(cfx__now_ns() - t0) / 1e9, r.got, r.acked, (unsigned long long)ps.rx,
             (unsigned long long)ps.rx_refused, (unsigned long long)ps.rx_dropped,
             (unsigned long long)ps.tx, (unsigned long long)ps.tx_full,
-            (unsigned long long)ps.gated, (unsigned long long)r.s.stats.tx_data, (unsigned long long)r.s.stats.tx_retx,
+            (unsigned long long)ps.gated, (unsigned long long)r.s.stats.tx_data,
+            (unsigned long long)r.s.stats.tx_retx,
             (unsigned long long)r.s.stats.rto, (unsigned long long)r.s.stats.fast_retx,
             (unsigned long long)r.s.stats.rx_dup);
     if (ps.rx_dropped == 0)
