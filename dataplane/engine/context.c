@@ -14,6 +14,7 @@
 
 #include "control/auth.h"
 #include "control/coord.h"
+#include "control/seal.h"
 #include "gpu/memtype.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
@@ -96,6 +97,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
                                        (size_t)LOC_CACHE_MAX);
+    if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cfg->secure) != CFX_OK)
+        return CFX_ERR_INVALID;
     const char *ba = getenv("CFX_BIND_ADDR"), *ifn = getenv("CFX_SOCKET_IFNAME");
     struct in_addr probe;
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr) {
@@ -827,6 +830,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "eager_max = %u\n"
                      "upload_rate = %llu\n"
                      "loc_cache = %u\n"
+                     "secure = %s\n"
                      "host_id = %s\n"
                      "gpu = %s\n",
                      CFX_VERSION_STRING, ctx->node_id, ctx->cfg.name, ctx->cfg.coord,
@@ -839,6 +843,6 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
                      ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
                      (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
-                     ctx->self.host_id, gpu);
+                     cfx__seal_mode_name(ctx->cfg.secure), ctx->self.host_id, gpu);
     return n;
 }

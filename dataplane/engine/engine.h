@@ -706,6 +706,8 @@ struct cfx_config {
                                    value rules a connection) */
     uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
     uint32_t loc_cache;         /* CFX_LOC_CACHE: location cache entries, 0 = off */
+    int secure;                 /* CFX_SECURE: enum cfx_seal_mode of control and tcp
+                                   connections (control/seal.h) */
 };
 
 struct cfx_context {
