@@ -166,7 +166,10 @@ enum {
                                        NIC queue): the progress thread polls it without a nap
                                        while it has endpoints (a transport whose iface_fd is
                                        -1 is treated the same) */
+    CFX_TP_CAP_SEAL = 1u << 2,      /* has ep_seal: its traffic can be sealed (CFX_SECURE) */
 };
+
+struct cfx_seal_keys; /* control/seal.h */
 
 struct cfx_transport_ops {
     unsigned version;   /* CFX_TP_OPS_VERSION */
@@ -256,6 +259,23 @@ struct cfx_transport_ops {
      * NULL: the transport checks every write against its grants itself
      * (tcp, shm, dpdk), so authentication changes nothing there. */
     int (*ep_authorize)(struct cfx_tp_ep *ep);
+
+    /* Optional (CFX_TP_CAP_SEAL: tcp).  The engine's token handshake on
+     * @p ep agreed on sealing (CFX_SECURE, control/seal.h) in @p mode with
+     * @p keys; @p connector says which side of the handshake this end was.
+     * The next frame posted on @p ep is the last one in clear (its header
+     * says so to the peer) and every later one is sealed; the peer's frame
+     * that says it is its last in clear (received already or still to
+     * come) ends the clear bytes this side takes.  Before that frame, the
+     * transport reads nothing of the peer's stream that it could not yet
+     * open.  A record that fails to open fails @p ep with CFX_ERR_AUTH and is
+     * counted (iface_seal_refused); nothing of it is reported or lands in
+     * registered memory.  The keys are copied.  On an error nothing changed: the
+     * caller ends the connection. */
+    int (*ep_seal)(struct cfx_tp_ep *ep, int mode, const struct cfx_seal_keys *keys,
+                   bool connector);
+    /* Optional.  Sealed records refused so far (any thread). */
+    uint64_t (*iface_seal_refused)(struct cfx_tp_iface *iface);
 };
 
 /* ops->ep_authorize when the transport has one; CFX_OK otherwise. */

@@ -24,10 +24,23 @@
  * AUTH until the connector did (xfer.c).  A refused peer is logged with its
  * address and the connection closed; the token is never logged.
  *
+ * CFX_SECURE.  Both sides say their mode (HELLO, the challenge, both
+ * proofs), and the mode is under both MACs (the binding is C | A | mode
+ * when sealing, C | A when not), so a node that seals and one that does
+ * not refuse each other, naming the two settings, and nobody on the path
+ * can turn sealing off.  When sealing, each side derives the connection's
+ * keys (control/seal.h: HKDF-SHA256 of the token, salt Na | Nc, info the
+ * binding) once the other's MAC verified or its own proof is made, and
+ * hands them to a transport that seals (ep_seal) before it posts the frame
+ * that is its last in clear: the connector's proof, the acceptor's answer.
+ * A transport that cannot seal is used only between processes of one host
+ * (shm: same user, docs/SECURITY.md); the context opens no other.
+ *
  * Progress-lock holder only (engine.h), ctx->lock held.
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
@@ -63,6 +76,7 @@ int cfx__conn_auth_hello_out(struct cfx_conn *conn)
     struct cfx_dp_hello h = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
         .node_id = conn->ctx->node_id,
+        .secure = (uint32_t)conn->ctx->cfg.secure,
     };
     int rc = cfx__auth_nonce(conn->nonce, sizeof(conn->nonce));
     if (rc != CFX_OK) {
@@ -73,42 +87,101 @@ int cfx__conn_auth_hello_out(struct cfx_conn *conn)
     return cfx__conn_send_hs(conn, &h, sizeof(h)); /* a failure ended the connection */
 }
 
-static void auth_init(struct cfx_dp_auth *a, const uint8_t nonce[CFX_DP_NONCE_LEN])
+static void auth_init(const struct cfx_conn *conn, struct cfx_dp_auth *a,
+                      const uint8_t nonce[CFX_DP_NONCE_LEN])
 {
     memset(a, 0, sizeof(*a));
     a->hdr.magic = CFX_DP_MAGIC;
     a->hdr.version = CFX_DP_VERSION;
     a->hdr.type = CFX_DP_AUTH;
     memcpy(a->nonce, nonce, sizeof(a->nonce));
+    a->secure = (uint32_t)conn->ctx->cfg.secure;
 }
 
-/* Both node ids under the MACs: @p conn's connector first. */
-static void conn_bind(const struct cfx_conn *conn, uint8_t bind[CFX_AUTH_DP_BIND_LEN])
+#define BIND_MAX (CFX_AUTH_DP_BIND_LEN + 1)
+
+/* Both node ids under the MACs, @p conn's connector first, and the mode
+ * when sealing.  Returns the binding's length. */
+static size_t conn_bind(const struct cfx_conn *conn, uint8_t bind[BIND_MAX])
 {
     uint32_t self = conn->ctx->node_id;
     if (conn->outbound)
         cfx__auth_dp_bind(self, conn->node_id, bind);
     else
         cfx__auth_dp_bind(conn->node_id, self, bind);
+    if (conn->ctx->cfg.secure == CFX_SEAL_OFF)
+        return CFX_AUTH_DP_BIND_LEN;
+    bind[CFX_AUTH_DP_BIND_LEN] = (uint8_t)conn->ctx->cfg.secure;
+    return BIND_MAX;
 }
 
 /* MAC of @p side on @p conn; the acceptor's nonce is the server nonce. */
 static int conn_mac(const struct cfx_conn *conn, enum cfx_auth_side side, uint8_t *mac)
 {
-    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    uint8_t bind[BIND_MAX];
     const uint8_t *na = conn->outbound ? conn->peer_nonce : conn->nonce;
     const uint8_t *nc = conn->outbound ? conn->nonce : conn->peer_nonce;
-    conn_bind(conn, bind);
-    return cfx__auth_mac_bound(conn->ctx->token, side, na, nc, bind, sizeof(bind), mac);
+    size_t n = conn_bind(conn, bind);
+    return cfx__auth_mac_bound(conn->ctx->token, side, na, nc, bind, n, mac);
 }
 
 static int conn_verify(const struct cfx_conn *conn, enum cfx_auth_side side, const uint8_t *mac)
 {
-    uint8_t bind[CFX_AUTH_DP_BIND_LEN];
+    uint8_t bind[BIND_MAX];
     const uint8_t *na = conn->outbound ? conn->peer_nonce : conn->nonce;
     const uint8_t *nc = conn->outbound ? conn->nonce : conn->peer_nonce;
-    conn_bind(conn, bind);
-    return cfx__auth_verify_bound(conn->ctx->token, side, na, nc, bind, sizeof(bind), mac);
+    size_t n = conn_bind(conn, bind);
+    return cfx__auth_verify_bound(conn->ctx->token, side, na, nc, bind, n, mac);
+}
+
+/* Both sides must seal alike: a mismatch is refused, naming both settings. */
+static bool mode_agrees(struct cfx_conn *conn, uint32_t peer)
+{
+    int self = conn->ctx->cfg.secure;
+    if (peer == (uint32_t)self)
+        return true;
+    char why[128];
+    snprintf(why, sizeof(why), "it runs with CFX_SECURE=%s, this node with %s",
+             cfx__seal_mode_name((int)peer), cfx__seal_mode_name(self));
+    CFX_LOG(WARN, CONN, "node %u: refused %s: %s", conn->ctx->node_id, conn->name, why);
+    cfx__err(CFX_ERR_AUTH, "%s: %s", conn->name, why);
+    cfx__conn_fail(conn, CFX_ERR_AUTH, why);
+    return false;
+}
+
+/* Sealing agreed: derive the connection's keys and hand them to the
+ * transport; the next frame posted is this side's last in clear.  A
+ * failure ended the connection. */
+static int conn_seal(struct cfx_conn *conn)
+{
+    struct cfx_context *ctx = conn->ctx;
+    const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
+    struct cfx_seal_keys keys;
+    uint8_t bind[BIND_MAX], salt[2 * CFX_DP_NONCE_LEN];
+    int rc;
+
+    if (ctx->cfg.secure == CFX_SEAL_OFF)
+        return CFX_OK;
+    if (!ops->ep_seal) {
+        if (ops->caps & CFX_TP_CAP_SAME_HOST)
+            return CFX_OK; /* one host, one user: docs/SECURITY.md */
+        cfx__conn_fail(conn, CFX_ERR_UNSUPPORTED, "the transport cannot seal");
+        return CFX_ERR_UNSUPPORTED;
+    }
+    memcpy(salt, conn->outbound ? conn->peer_nonce : conn->nonce, CFX_DP_NONCE_LEN);
+    memcpy(salt + CFX_DP_NONCE_LEN, conn->outbound ? conn->nonce : conn->peer_nonce,
+           CFX_DP_NONCE_LEN);
+    size_t n = conn_bind(conn, bind);
+    rc = cfx__seal_derive(ctx->token, "conflux-v1 dp seal", salt, sizeof(salt), bind, n, &keys);
+    if (rc == CFX_OK)
+        rc = ops->ep_seal(conn->ep, ctx->cfg.secure, &keys, conn->outbound);
+    cfx__seal_keys_cleanse(&keys);
+    if (rc != CFX_OK) {
+        CFX_LOG(ERR, CONN, "node %u: cannot seal %s: %s", ctx->node_id, conn->name,
+                cfx_last_error());
+        cfx__conn_fail(conn, rc, "cannot seal the connection");
+    }
+    return rc;
 }
 
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m)
@@ -127,8 +200,10 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
         cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no nonce for the handshake");
         return;
     }
-    /* The challenge: our nonce and nothing derived from the token. */
-    auth_init(&a, conn->nonce);
+    /* The challenge: our nonce and mode, nothing derived from the token.  A
+     * connector of another mode learns it here and refuses, naming both;
+     * its proof would be refused here anyway (the mode is under the MAC). */
+    auth_init(conn, &a, conn->nonce);
     conn->auth_sent = true;
     cfx__conn_send_hs(conn, &a, sizeof(a));
 }
@@ -138,12 +213,16 @@ static void connector_prove(struct cfx_conn *conn, const struct cfx_dp_auth *m)
 {
     struct cfx_dp_auth a;
 
+    if (!mode_agrees(conn, m->secure))
+        return;
     memcpy(conn->peer_nonce, m->nonce, sizeof(conn->peer_nonce));
-    auth_init(&a, conn->peer_nonce);
+    auth_init(conn, &a, conn->peer_nonce);
     if (conn_mac(conn, CFX_AUTH_DP_CONNECT, a.mac) != CFX_OK) {
         cfx__conn_fail(conn, CFX_ERR_INTERNAL, "no MAC");
         return;
     }
+    if (conn_seal(conn) != CFX_OK)
+        return; /* the connection failed and is gone */
     conn->auth_sent = true;
     cfx__conn_send_hs(conn, &a, sizeof(a)); /* a failure ended the connection */
 }
@@ -153,6 +232,8 @@ static void connector_check(struct cfx_conn *conn, const struct cfx_dp_auth *m)
 {
     struct cfx_context *ctx = conn->ctx;
 
+    if (!mode_agrees(conn, m->secure))
+        return;
     if (CRYPTO_memcmp(m->nonce, conn->peer_nonce, sizeof(conn->peer_nonce)) ||
         conn_verify(conn, CFX_AUTH_DP_ACCEPT, m->mac) != CFX_OK) {
         refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token (or it is not node "
@@ -193,13 +274,15 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
         return;
     }
     /* Acceptor: the connector's proof.  A wrong one gets the refusal only. */
+    if (conn->auth_sent && !mode_agrees(conn, m->secure))
+        return;
     if (!conn->auth_sent || CRYPTO_memcmp(m->nonce, conn->nonce, sizeof(conn->nonce)) ||
         conn_verify(conn, CFX_AUTH_DP_CONNECT, m->mac) != CFX_OK) {
         refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token for the node id it "
                                    "claims");
         return;
     }
-    auth_init(&a, conn->nonce);
+    auth_init(conn, &a, conn->nonce);
     if (conn_mac(conn, CFX_AUTH_DP_ACCEPT, a.mac) != CFX_OK) {
         CFX_LOG(ERR, CONN, "node %u: cannot answer %s: %s", ctx->node_id, conn->name,
                 cfx_last_error());
@@ -211,7 +294,7 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
     a.eager_max = ctx->cfg.eager_max;
     a.eager_credits = CFX_EAGER_CREDITS;
     conn->eager_granted = CFX_EAGER_CREDITS;
-    if (authorize(conn) != CFX_OK)
+    if (authorize(conn) != CFX_OK || conn_seal(conn) != CFX_OK)
         return; /* the connection failed and is gone */
     conn->authed = true;
     CFX_LOG(DEBUG, CONN, "node %u: %s authenticated", ctx->node_id, conn->name);

@@ -224,6 +224,18 @@ static int transports_open(struct cfx_context *ctx)
     }
     for (int i = 0; i < n && ctx->ntp < CFX_MAX_TPS; i++) {
         struct cfx_tp_slot *s = &ctx->tp[ctx->ntp];
+        if (ctx->cfg.secure != CFX_SEAL_OFF &&
+            !(order[i]->caps & (CFX_TP_CAP_SEAL | CFX_TP_CAP_SAME_HOST))) {
+            /* its traffic could not be sealed: not opened at all, so no
+             * peer can reach this node through it (docs/SECURITY.md) */
+            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
+                return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names %s, which cannot seal its "
+                                "traffic, and CFX_SECURE=%s asks for sealing",
+                                order[i]->name, cfx__seal_mode_name(ctx->cfg.secure));
+            CFX_LOG(INFO, INIT, "transport %s not used: it cannot seal its traffic "
+                    "(CFX_SECURE=%s)", order[i]->name, cfx__seal_mode_name(ctx->cfg.secure));
+            continue;
+        }
         int rc = order[i]->iface_open(&ip, &s->iface);
         if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
             CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
@@ -796,10 +808,13 @@ int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
     pthread_mutex_lock(&ctx->lock);
     *out = ctx->stats;
     pthread_mutex_unlock(&ctx->lock);
-    out->writes_refused = 0;
-    for (int t = 0; t < ctx->ntp; t++)
+    out->writes_refused = out->records_refused = 0;
+    for (int t = 0; t < ctx->ntp; t++) {
         if (ctx->tp[t].ops->iface_grant_refused)
             out->writes_refused += ctx->tp[t].ops->iface_grant_refused(ctx->tp[t].iface);
+        if (ctx->tp[t].ops->iface_seal_refused)
+            out->records_refused += ctx->tp[t].ops->iface_seal_refused(ctx->tp[t].iface);
+    }
     return CFX_OK;
 }
 

@@ -10,8 +10,9 @@
  * Every field is little endian at a fixed offset, with no padding:
  *
  *   header (8)      magic u16 | version u8 | type u8 | slot u32
- *   HELLO (44)      hdr | node_id u32 | nonce[32]
- *   AUTH (80)       hdr | nonce[32] | mac[32] | eager_max u32 | eager_credits u32
+ *   HELLO (48)      hdr | node_id u32 | nonce[32] | secure u32
+ *   AUTH (84)       hdr | nonce[32] | mac[32] | eager_max u32 | eager_credits u32 |
+ *                   secure u32
  *   GET_REQ (117)   hdr | id[20] | size u64 | chunk_size u32 | first_chunk u32 |
  *                   credits u32 | flags u32 | chan u64 | tag u32 | ring u32 |
  *                   rdesc.len u8 | rdesc.data[48]
@@ -43,8 +44,8 @@
 #include <string.h>
 
 _Static_assert(CFX_DP_WIRE_HDR == 2 + 1 + 1 + 4, "header layout");
-_Static_assert(CFX_DP_WIRE_HELLO == CFX_DP_WIRE_HDR + 4 + CFX_DP_NONCE_LEN, "HELLO layout");
-_Static_assert(CFX_DP_WIRE_AUTH == CFX_DP_WIRE_HDR + CFX_DP_NONCE_LEN + CFX_DP_MAC_LEN + 4 + 4,
+_Static_assert(CFX_DP_WIRE_HELLO == CFX_DP_WIRE_HDR + 4 + CFX_DP_NONCE_LEN + 4, "HELLO layout");
+_Static_assert(CFX_DP_WIRE_AUTH == CFX_DP_WIRE_HDR + CFX_DP_NONCE_LEN + CFX_DP_MAC_LEN + 4 + 4 + 4,
                "AUTH layout");
 _Static_assert(CFX_DP_WIRE_GET_REQ ==
                    CFX_DP_WIRE_HDR + CFX_OBJECT_ID_LEN + 8 + 4 * 4 + 8 + 4 + 4 + 1 +
@@ -206,12 +207,14 @@ int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap)
     case CFX_DP_HELLO:
         w_u32(&w, m->hello.node_id);
         w_bytes(&w, m->hello.nonce, sizeof(m->hello.nonce));
+        w_u32(&w, m->hello.secure);
         break;
     case CFX_DP_AUTH:
         w_bytes(&w, m->auth.nonce, sizeof(m->auth.nonce));
         w_bytes(&w, m->auth.mac, sizeof(m->auth.mac));
         w_u32(&w, m->auth.eager_max);
         w_u32(&w, m->auth.eager_credits);
+        w_u32(&w, m->auth.secure);
         break;
     case CFX_DP_GET_REQ:
         w_bytes(&w, m->get_req.id, sizeof(m->get_req.id));
@@ -334,6 +337,9 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         memset(&m->hello, 0, sizeof(m->hello));
         m->hello.node_id = r_u32(&r);
         r_bytes(&r, m->hello.nonce, sizeof(m->hello.nonce));
+        m->hello.secure = r_u32(&r);
+        if (m->hello.secure > CFX_SEAL_ENCRYPT)
+            r.bad = true;
         host = sizeof(m->hello);
         break;
     case CFX_DP_AUTH:
@@ -342,6 +348,9 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         r_bytes(&r, m->auth.mac, sizeof(m->auth.mac));
         m->auth.eager_max = r_u32(&r);
         m->auth.eager_credits = r_u32(&r);
+        m->auth.secure = r_u32(&r);
+        if (m->auth.secure > CFX_SEAL_ENCRYPT)
+            r.bad = true;
         host = sizeof(m->auth);
         break;
     case CFX_DP_GET_REQ:

@@ -43,6 +43,7 @@
 #include <conflux/conflux.h>
 
 #include "control/client.h"
+#include "control/seal.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
@@ -61,12 +62,14 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 5         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 6         /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
                                     5: the connector proves the token first; both
-                                       node ids under the MACs (conn_auth.c) */
+                                       node ids under the MACs (conn_auth.c);
+                                    6: CFX_SECURE mode in HELLO and AUTH, under the
+                                       MACs; sealed tcp after the handshake */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -101,6 +104,7 @@ struct cfx_dp_hello {
     struct cfx_dp_hdr hdr;
     uint32_t node_id;
     uint8_t nonce[CFX_DP_NONCE_LEN]; /* connector's fresh nonce (conn_auth.c) */
+    uint32_t secure;                 /* connector's CFX_SECURE (enum cfx_seal_mode) */
 };
 
 /* Cluster-token handshake (conn_auth.c): acceptor -> connector with the
@@ -115,6 +119,8 @@ struct cfx_dp_auth {
                                         (eager.c); 0 in the other two */
     uint32_t eager_credits;          /* acceptor's: eager messages the connector may have
                                         unconsumed here (0 from the connector) */
+    uint32_t secure;                 /* sender's CFX_SECURE (enum cfx_seal_mode); under
+                                        the MACs */
 };
 
 /* An eager point-to-point message: match information and the payload, in
@@ -242,8 +248,8 @@ struct cfx_dp_credit {
 /* Wire sizes of the messages (dp_msg.c has the layout): the fixed part of
  * REDUCE_TASK, REDUCE_ADOPT, P2P_EAGER and GET_DATA, all of the others. */
 #define CFX_DP_WIRE_HDR          8
-#define CFX_DP_WIRE_HELLO        44
-#define CFX_DP_WIRE_AUTH         80
+#define CFX_DP_WIRE_HELLO        48
+#define CFX_DP_WIRE_AUTH         84
 #define CFX_DP_WIRE_GET_REQ      117
 #define CFX_DP_WIRE_NACK         12
 #define CFX_DP_WIRE_CREDIT       12

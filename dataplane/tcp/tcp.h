@@ -18,6 +18,20 @@
  *          imm carries the status;
  *   BYE    sent best-effort by ep_close so the peer reports CFX_ERR_CLOSED.
  *
+ * Sealing (CFX_SECURE, ep_seal, tcp_seal.c).  Once the engine's handshake
+ * agreed on it, each side marks its last frame in clear (a SEND whose
+ * header has CFX_TCP_F_LAST_CLEAR) and every byte it sends after that is a
+ * sequence of sealed records:
+ *
+ *   u32 len (little endian, 1..CFX_TCP_REC_MAX) | len sealed bytes | 16-byte tag
+ *
+ * each an AES-256-GCM record of the next len bytes of the frame stream
+ * (control/seal.h: the length under the tag, a counter nonce per direction).
+ * The frame parser sees only bytes whose record opened: a WRITE lands in
+ * registered memory only after the tag of every byte of it verified (the
+ * zero-copy receive is off while sealed).  A record that fails to open
+ * fails the endpoint with CFX_ERR_AUTH and is counted (n_seal_refused).
+ *
  * Completion bookkeeping.  Every completion goes through the iface's queue
  * (the transport base's cq, tpbase.h).  Its capacity is reserved per endpoint
  * (TXQ_DEPTH + RX_MAX + 2), so a push always finds room in the ring: an endpoint owns at most TXQ_DEPTH unreported
@@ -35,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "control/seal.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
 #include "dataplane/tpbase/tpbase.h"
@@ -51,6 +66,13 @@
 #define CFX_TCP_EVENTS    64                      /* epoll events reaped per epoll_wait */
 #define CFX_TCP_NODE_NONE UINT32_MAX              /* peer node id not known */
 #define CFX_TCP_RDESC_TAG 0x54                    /* 'T': first byte of a tcp rdesc */
+#define CFX_TCP_F_LAST_CLEAR 0x01                 /* hdr.flags: the sender seals what follows */
+
+/* Sealed records (CFX_SECURE) */
+#define CFX_TCP_REC_MAX     (16u * 1024) /* frame-stream bytes per record: one rxbuf */
+#define CFX_TCP_REC_OVH     (4u + CFX_SEAL_TAG_LEN)
+#define CFX_TCP_REC_PER_TX  4            /* records sealed ahead, sent in one send() */
+#define CFX_TCP_SEAL_BUF    (CFX_TCP_REC_PER_TX * (CFX_TCP_REC_MAX + CFX_TCP_REC_OVH))
 
 /* Small-message fast path (tcp_ep.c) */
 #define CFX_TCP_BATCH_MAX  32           /* frames an ep_batch holds back before sending */
@@ -67,7 +89,8 @@ enum cfx__tcp_frame {
 /* Frame header, little endian on the wire. */
 struct cfx__tcp_hdr {
     uint8_t type;        /* enum cfx__tcp_frame */
-    uint8_t rsv[3];      /* zero */
+    uint8_t flags;       /* CFX_TCP_F_LAST_CLEAR on a SEND, else zero */
+    uint8_t rsv[2];      /* zero */
     uint32_t len;        /* payload bytes that follow */
     uint32_t imm;        /* WRITE: immediate; ERROR: status */
     uint32_t key_lo;     /* WRITE: grant key, low 32 bits */
@@ -117,6 +140,26 @@ struct cfx__tcp_op {
     uint8_t comp_type;       /* CFX_TP_COMP_WRITE / SEND; 0: internal frame */
     uint64_t wr_id;          /* as posted */
     size_t total;            /* header + payload bytes */
+    bool sealed;             /* posted after the last clear frame: goes out in records */
+};
+
+/* Receive side of sealing, per ep. */
+enum cfx__tcp_rx_seal {
+    CFX_TCP_RX_CLEAR = 0,     /* no sealing agreed */
+    CFX_TCP_RX_SEAL_EXPECT,   /* keys in: the peer's next frame must be its last clear one */
+    CFX_TCP_RX_SEAL_WAIT,     /* the peer's last clear frame came: the rest waits for keys */
+    CFX_TCP_RX_SEALED,        /* records only */
+};
+
+/* Sealing state of an ep (tcp_seal.c); allocated when first needed. */
+struct cfx__tcp_seal {
+    struct cfx_seal_dir tx, rx;
+    bool keyed;               /* ep_seal ran: tx and rx are set up */
+    uint8_t *stx;             /* sealed records waiting for the socket */
+    uint32_t stx_len, stx_off;
+    size_t stx_plain;         /* frame-stream bytes those records carry */
+    uint8_t *srx;             /* bytes of the peer's records not yet opened */
+    uint32_t srx_off, srx_len;
 };
 
 enum cfx__tcp_ep_state {
@@ -177,6 +220,13 @@ struct cfx__tcp_ep {
     uint32_t rx_slot_tail;       /* oldest slot not known free */
     uint32_t rx_unreported;      /* RECV/WRITE_IMM pushed, not returned */
     struct cfx__tcp_hello hello; /* HELLO we send (connect) or receive (accept) */
+
+    /* sealing (CFX_SECURE): NULL and false while in clear */
+    struct cfx__tcp_seal *seal;
+    bool tx_mark_next;   /* the next post is the last clear frame */
+    bool tx_sealing;     /* posts are sealed */
+    bool tx_clear_done;  /* the last clear frame left: raw frames (BYE, ERROR) go sealed */
+    uint8_t rx_seal;     /* enum cfx__tcp_rx_seal */
 };
 
 struct cfx__tcp_iface {
@@ -187,6 +237,7 @@ struct cfx__tcp_iface {
     uint64_t ep_serial;        /* last ep serial handed out */
     _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's, out of
                                          bounds (read by any thread) */
+    _Atomic uint64_t n_seal_refused;  /* sealed records that did not open (any thread) */
     struct cfx__keystream keys; /* grant keys */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
@@ -256,6 +307,17 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,
                       const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
                       uint64_t wr_id);
 int cfx__tcp_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+
+/* tcp_seal.c */
+int cfx__tcp_ep_seal(struct cfx_tp_ep *ep, int mode, const struct cfx_seal_keys *keys,
+                     bool connector);
+/* The ep's sealing state, allocated on first use.  NULL: out of memory. */
+struct cfx__tcp_seal *cfx__tcp_seal_get(struct cfx__tcp_ep *ep);
+void cfx__tcp_seal_free(struct cfx__tcp_ep *ep);
+/* The epoll events @p ep needs now. */
+uint32_t cfx__tcp_ep_events(const struct cfx__tcp_ep *ep);
+/* tcp_ep.c: resume the receive of an ep whose keys came (its bytes wait). */
+void cfx__tcp_ep_rx_resume(struct cfx__tcp_ep *ep);
 
 /* tcp_mr.c */
 int cfx__tcp_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem, unsigned access,

@@ -21,6 +21,13 @@
  * the buffer.  When parsing must stop with bytes buffered (the user holds
  * every RECV slot or RX_MAX completions), the ep goes on iface->rx_backlog
  * and poll() resumes it: the socket may have nothing more to say.
+ *
+ * Sealed (CFX_SECURE, tcp.h): frames posted after the last clear one are
+ * gathered the same way but sealed into records (up to CFX_TCP_REC_PER_TX at
+ * a time) and sent from the ep's record buffer; their completions are queued
+ * once the record holding their last byte is in the kernel.  Received
+ * records are opened one at a time into the receive buffer and parsed as
+ * above; nothing is received straight into its destination.
  */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -44,6 +51,7 @@
 
 static void ep_tx_progress(struct cfx__tcp_ep *ep);
 static void ep_rx_progress(struct cfx__tcp_ep *ep);
+static void ep_rx_sealed(struct cfx__tcp_ep *ep);
 
 /* --- helpers ---------------------------------------------------------------- */
 
@@ -151,6 +159,8 @@ static void txq_drop(struct cfx__tcp_ep *ep, bool report, int status)
     ep->tx_off = 0;
     ep->tx_held = 0;
     ep->sbuf_used = ep->sbuf_head = 0;
+    if (ep->seal)
+        ep->seal->stx_len = ep->seal->stx_off = 0;
 }
 
 /*
@@ -278,6 +288,7 @@ err_free:
 
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep)
 {
+    cfx__tcp_seal_free(ep);
     free(ep->rx_slots[0].buf);
     free(ep->rxbuf);
     free(ep->sbuf);
@@ -364,6 +375,30 @@ static void ep_connect_done(struct cfx__tcp_ep *ep)
     ep_tx_progress(ep);
 }
 
+/*
+ * Best effort, never waiting, only at a frame boundary: a frame that goes
+ * around the queue (BYE, ERROR).  Once our last clear frame left, the peer
+ * reads records only, so it goes as one (at a record boundary).
+ */
+static void send_raw_frame(struct cfx__tcp_ep *ep, const struct cfx__tcp_hdr *h)
+{
+    if (ep->tx_off != 0 || ep->fd < 0)
+        return;
+    if (!ep->tx_clear_done) {
+        (void)!send(ep->fd, h, sizeof(*h), MSG_DONTWAIT | MSG_NOSIGNAL);
+        return;
+    }
+    struct cfx__tcp_seal *s = ep->seal;
+    uint8_t rec[CFX_TCP_REC_OVH + sizeof(*h)];
+    struct iovec iov = { (void *)h, sizeof(*h) };
+    uint32_t len = htole32((uint32_t)sizeof(*h));
+    if (s->stx_len != 0)
+        return; /* in the middle of a record */
+    memcpy(rec, &len, 4);
+    if (cfx__seal(&s->tx, rec, 4, &iov, 1, rec + 4, rec + 4 + sizeof(*h)) == CFX_OK)
+        (void)!send(ep->fd, rec, sizeof(rec), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
 {
     CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
@@ -372,11 +407,10 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
     struct cfx__tcp_ep *ep = cfx__tcp_ep_of(tp_ep);
     struct cfx__tcp_iface *iface = ep->iface;
 
-    if (ep->state == CFX_TCP_EP_OPEN && ep->tx_off == 0 && ep->fd >= 0) {
-        /* Best effort, at a frame boundary: the peer reports CLOSED rather
-         * than PEER_FAILED.  Never waits. */
+    if (ep->state == CFX_TCP_EP_OPEN) {
+        /* the peer reports CLOSED rather than PEER_FAILED */
         struct cfx__tcp_hdr bye = { .type = CFX_TCP_FRAME_BYE };
-        (void)!send(ep->fd, &bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
+        send_raw_frame(ep, &bye);
     }
     sock_close(ep);
     rx_release_mr(ep);
@@ -391,6 +425,127 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
 
 /* --- transmit ------------------------------------------------------------------- */
 
+/* @p done more bytes of the queue are in the kernel: retire every op whose
+ * last byte went out. */
+static void tx_retire(struct cfx__tcp_ep *ep, size_t done)
+{
+    while (done) {
+        struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
+        size_t rem = op->total - ep->tx_off;
+        if (done < rem) {
+            ep->tx_off += done;
+            break;
+        }
+        done -= rem;
+        ep->tx_off = 0;
+        if (op->sbuf_cost)
+            sbuf_release(ep, op->sbuf_cost);
+        if (op->mr)
+            op->mr->tx_busy--;
+        if (unlikely(op->hdr.flags & CFX_TCP_F_LAST_CLEAR))
+            ep->tx_clear_done = true;
+        if (op->comp_type) {
+            struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
+            c->type = op->comp_type;
+            c->ep = &ep->super;
+            c->wr_id = op->wr_id;
+        }
+        ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS;
+    }
+}
+
+/* A failed send(): take in what the peer sent before it left, then fail. */
+static void tx_failed(struct cfx__tcp_ep *ep, int err)
+{
+    /* A peer that finished and closed may have sent its last messages just
+     * before: they wait in our receive queue.  Take them in first (their
+     * completions come before the error), or a reply of ours to a peer that
+     * left would lose them. */
+    if (ep->state == CFX_TCP_EP_OPEN)
+        ep_rx_progress(ep);
+    if (ep->state != CFX_TCP_EP_FAILED)
+        EP_FAIL(ep, WARN, sock_errno_status(err), "send: %s", strerror(err));
+}
+
+/* Seal the next up to CFX_TCP_REC_PER_TX records of the queue (from its
+ * oldest unsent byte) into the record buffer.  false: the ep failed. */
+static bool tx_seal_records(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_seal *s = ep->seal;
+    uint32_t i = ep->txq_tail;
+    size_t off = ep->tx_off;
+
+    s->stx_len = s->stx_off = 0;
+    s->stx_plain = 0;
+    for (int r = 0; r < CFX_TCP_REC_PER_TX && i != ep->txq_head; r++) {
+        struct iovec iov[CFX_TCP_IOV_MAX];
+        size_t got = 0;
+        int niov = 0;
+        while (i != ep->txq_head && got < CFX_TCP_REC_MAX && niov + 2 <= CFX_TCP_IOV_MAX) {
+            struct cfx__tcp_op *op = &ep->txq[i];
+            size_t n;
+            if (off < HDR_SIZE) {
+                n = CFX_MIN(HDR_SIZE - off, CFX_TCP_REC_MAX - got);
+                iov[niov].iov_base = (uint8_t *)&op->hdr + off;
+                iov[niov++].iov_len = n;
+                off += n;
+                got += n;
+            }
+            if (off >= HDR_SIZE && off < op->total && got < CFX_TCP_REC_MAX) {
+                n = CFX_MIN(op->total - off, CFX_TCP_REC_MAX - got);
+                iov[niov].iov_base = (void *)(op->payload + (off - HDR_SIZE));
+                iov[niov++].iov_len = n;
+                off += n;
+                got += n;
+            }
+            if (off == op->total) {
+                i = (i + 1) % CFX_TCP_TXQ_SLOTS;
+                off = 0;
+            }
+        }
+        uint8_t *rec = s->stx + s->stx_len;
+        uint32_t len = htole32((uint32_t)got);
+        memcpy(rec, &len, 4);
+        int rc = cfx__seal(&s->tx, rec, 4, iov, niov, rec + 4, rec + 4 + got);
+        if (unlikely(rc != CFX_OK)) {
+            EP_FAIL(ep, ERR, rc, "cannot seal: %s", cfx_last_error());
+            return false;
+        }
+        s->stx_len += (uint32_t)(got + CFX_TCP_REC_OVH);
+        s->stx_plain += got;
+    }
+    return true;
+}
+
+/* Sealed transmit: one buffer of records into the socket.  1: all of it
+ * went, go on; 0: the socket is full; -1: the ep failed. */
+static int tx_sealed_step(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_seal *s = ep->seal;
+
+    if (s->stx_len == 0 && !tx_seal_records(ep))
+        return -1;
+    for (;;) {
+        ssize_t n = send(ep->fd, s->stx + s->stx_off, s->stx_len - s->stx_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            tx_failed(ep, errno);
+            return -1;
+        }
+        s->stx_off += (uint32_t)n;
+        if (s->stx_off < s->stx_len)
+            return 0;
+        size_t plain = s->stx_plain;
+        s->stx_len = s->stx_off = 0;
+        tx_retire(ep, plain);
+        return 1;
+    }
+}
+
 static void ep_tx_progress(struct cfx__tcp_ep *ep)
 {
     struct iovec iov[CFX_TCP_IOV_MAX];
@@ -400,10 +555,21 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
         size_t want = 0, off = ep->tx_off;
         int niov = 0;
 
-        /* Gather from the oldest op, skipping what is already sent. */
+        if (unlikely(ep->txq[ep->txq_tail].sealed)) {
+            int r = tx_sealed_step(ep);
+            if (r < 0)
+                return;
+            if (r == 0)
+                break;
+            continue;
+        }
+        /* Gather from the oldest op, skipping what is already sent, up to
+         * the first one that goes sealed. */
         for (uint32_t i = ep->txq_tail; i != ep->txq_head && niov + 2 <= CFX_TCP_IOV_MAX;
              i = (i + 1) % CFX_TCP_TXQ_SLOTS) {
             struct cfx__tcp_op *op = &ep->txq[i];
+            if (unlikely(op->sealed))
+                break;
             size_t plen = op->total - HDR_SIZE;
             if (off < HDR_SIZE) {
                 iov[niov].iov_base = (uint8_t *)&op->hdr + off;
@@ -427,47 +593,16 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            int err = errno;
-            /* A peer that finished and closed may have sent its last
-             * messages just before: they wait in our receive queue.  Take
-             * them in first (their completions come before the error), or
-             * a reply of ours to a peer that left would lose them. */
-            if (ep->state == CFX_TCP_EP_OPEN)
-                ep_rx_progress(ep);
-            if (ep->state != CFX_TCP_EP_FAILED)
-                EP_FAIL(ep, WARN, sock_errno_status(err), "send: %s", strerror(err));
+            tx_failed(ep, errno);
             return;
         }
-
-        /* Retire every op whose last byte went out. */
-        size_t done = (size_t)n;
-        while (done) {
-            struct cfx__tcp_op *op = &ep->txq[ep->txq_tail];
-            size_t rem = op->total - ep->tx_off;
-            if (done < rem) {
-                ep->tx_off += done;
-                break;
-            }
-            done -= rem;
-            ep->tx_off = 0;
-            if (op->sbuf_cost)
-                sbuf_release(ep, op->sbuf_cost);
-            if (op->mr)
-                op->mr->tx_busy--;
-            if (op->comp_type) {
-                struct cfx_tp_completion *c = cfx__tp_cq_push(&ep->iface->cq);
-                c->type = op->comp_type;
-                c->ep = &ep->super;
-                c->wr_id = op->wr_id;
-            }
-            ep->txq_tail = (ep->txq_tail + 1) % CFX_TCP_TXQ_SLOTS;
-        }
+        tx_retire(ep, (size_t)n);
         if ((size_t)n < want)
             break; /* socket buffer full */
     }
 
     /* Ask for EPOLLOUT only while something waits for room. */
-    cfx__tcp_epoll_set(ep, ep->txq_tail != ep->txq_head ? EPOLLIN | EPOLLOUT : EPOLLIN);
+    cfx__tcp_epoll_set(ep, cfx__tcp_ep_events(ep));
 }
 
 /* Queue an op; kick the socket when the queue was idle (lowest latency),
@@ -475,6 +610,14 @@ static void ep_tx_progress(struct cfx__tcp_ep *ep)
 static inline void ep_post(struct cfx__tcp_ep *ep)
 {
     bool idle = ep->txq_tail == ep->txq_head;
+    struct cfx__tcp_op *op = &ep->txq[ep->txq_head];
+    op->sealed = ep->tx_sealing;
+    if (unlikely(ep->tx_mark_next)) {
+        /* the last frame in clear: the peer opens records after it */
+        op->hdr.flags |= CFX_TCP_F_LAST_CLEAR;
+        ep->tx_mark_next = false;
+        ep->tx_sealing = true;
+    }
     ep->txq_head = (ep->txq_head + 1) % CFX_TCP_TXQ_SLOTS;
     ep->tx_unreported++;
     if (unlikely(ep->state != CFX_TCP_EP_OPEN))
@@ -523,6 +666,8 @@ int cfx__tcp_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_t
         return CFX_ERR_INVALID;
     if (unlikely(ep->tx_unreported >= CFX_TCP_TXQ_DEPTH))
         return CFX_ERR_AGAIN;
+    if (unlikely(ep->tx_mark_next))
+        return CFX_ERR_INVALID; /* the last clear frame is a send (ep_seal) */
 
     /* The remote bounds are the receiver's to check (as an RDMA responder
      * would): a bad write fails the connection on both sides. */
@@ -586,10 +731,8 @@ int cfx__tcp_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint6
 /* Tell the peer why we drop it (best effort, only at a frame boundary). */
 static void send_error_frame(struct cfx__tcp_ep *ep, int status)
 {
-    if (ep->tx_off != 0 || ep->fd < 0)
-        return;
     struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_ERROR, .imm = htole32((uint32_t)status) };
-    (void)!send(ep->fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
+    send_raw_frame(ep, &h);
 }
 
 /* A whole header arrived: check it and set up its payload.  false: ep failed. */
@@ -614,6 +757,20 @@ static bool rx_header(struct cfx__tcp_ep *ep)
         ep->rx_dst = (uint8_t *)&ep->hello;
         ep->rx_state = CFX_TCP_RX_PAYLOAD;
         return true;
+    }
+
+    if (unlikely(ep->rx_seal != CFX_TCP_RX_CLEAR && type >= 0)) {
+        /* the mark comes once, where both sides agreed to seal, on a clear
+         * frame; and after ep_seal the next clear frame must carry it */
+        bool mark = h->flags & CFX_TCP_F_LAST_CLEAR;
+        bool bye = h->type == CFX_TCP_FRAME_BYE || h->type == CFX_TCP_FRAME_ERROR;
+        if (mark ? ep->rx_seal != CFX_TCP_RX_SEAL_EXPECT
+                 : ep->rx_seal == CFX_TCP_RX_SEAL_EXPECT && !bye) {
+            EP_FAIL(ep, ERR, CFX_ERR_PROTO, "%s", mark ? "a second last-clear mark"
+                                                       : "a frame in clear after sealing "
+                                                         "was agreed");
+            return false;
+        }
     }
 
     switch (h->type) {
@@ -656,6 +813,29 @@ static bool rx_header(struct cfx__tcp_ep *ep)
     }
 }
 
+/* The peer's last clear frame was parsed: what follows in the buffer is
+ * its first sealed bytes.  They move to the record buffer, and wait there
+ * for the keys unless ep_seal gave them already. */
+static void rx_switch(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_seal *s = cfx__tcp_seal_get(ep);
+    if (!s) {
+        EP_FAIL(ep, ERR, CFX_ERR_NOMEM, "out of memory for sealing");
+        return;
+    }
+    uint32_t rest = ep->rxb_len - ep->rxb_off; /* <= CFX_TCP_RXBUF_SIZE: fits */
+    memcpy(s->srx, ep->rxbuf + ep->rxb_off, rest);
+    s->srx_off = 0;
+    s->srx_len = rest;
+    ep->rxb_off = ep->rxb_len = 0;
+    if (ep->rx_seal == CFX_TCP_RX_SEAL_EXPECT) {
+        ep->rx_seal = CFX_TCP_RX_SEALED;
+    } else {
+        ep->rx_seal = CFX_TCP_RX_SEAL_WAIT;
+        cfx__tcp_epoll_set(ep, cfx__tcp_ep_events(ep));
+    }
+}
+
 /* The whole payload arrived. */
 static void rx_frame_done(struct cfx__tcp_ep *ep)
 {
@@ -682,6 +862,8 @@ static void rx_frame_done(struct cfx__tcp_ep *ep)
         c->len = h->len;
         c->data = ep->rx_dst;
         ep->rx_unreported++;
+        if (unlikely(h->flags & CFX_TCP_F_LAST_CLEAR))
+            rx_switch(ep);
         break;
     case CFX_TCP_FRAME_HELLO: {
         struct cfx__tcp_hello *hl = &ep->hello;
@@ -848,8 +1030,14 @@ static bool rx_direct(struct cfx__tcp_ep *ep, size_t left)
 static void ep_rx_progress(struct cfx__tcp_ep *ep)
 {
     for (;;) {
+        if (unlikely(ep->rx_seal >= CFX_TCP_RX_SEAL_WAIT)) {
+            ep_rx_sealed(ep);
+            return;
+        }
         if (!rx_parse(ep))
             return;
+        if (unlikely(ep->rx_seal >= CFX_TCP_RX_SEAL_WAIT))
+            continue; /* the rest of the stream is records */
         /* rxbuf is empty: read the socket again. */
         if (ep->rx_state != CFX_TCP_RX_HDR) {
             size_t left = ep->rx_hdr.len - ep->rx_got;
@@ -871,11 +1059,78 @@ static void ep_rx_progress(struct cfx__tcp_ep *ep)
         if ((size_t)n < CFX_TCP_RXBUF_SIZE) {
             /* Short read: the socket is empty; parse and stop (epoll says
              * when more arrives). */
-            rx_parse(ep);
+            if (rx_parse(ep) && unlikely(ep->rx_seal == CFX_TCP_RX_SEALED))
+                ep_rx_sealed(ep); /* records came right behind the mark */
             return;
         }
     }
 }
+
+/* A record that cannot be opened: counted, and the connection ends. */
+static void rx_record_refused(struct cfx__tcp_ep *ep, int status, const char *why)
+{
+    atomic_fetch_add_explicit(&ep->iface->n_seal_refused, 1, memory_order_relaxed);
+    EP_FAIL(ep, ERR, status, "sealed record %llu refused: %s",
+            (unsigned long long)ep->seal->rx.seq, why);
+}
+
+/*
+ * Sealed receive: open the peer's records one at a time into the receive
+ * buffer and parse each before the next (rx_parse stops, and the ep waits on
+ * the backlog, exactly as in clear).  Nothing is parsed that did not open.
+ */
+static void ep_rx_sealed(struct cfx__tcp_ep *ep)
+{
+    struct cfx__tcp_seal *s = ep->seal;
+    bool empty = false;
+
+    if (ep->rx_seal == CFX_TCP_RX_SEAL_WAIT)
+        return; /* ep_seal resumes us */
+    for (;;) {
+        if (!rx_parse(ep))
+            return;
+        uint32_t have = s->srx_len - s->srx_off;
+        if (have >= 4) {
+            const uint8_t *rec = s->srx + s->srx_off;
+            uint32_t len;
+            memcpy(&len, rec, 4);
+            len = le32toh(len);
+            if (unlikely(len == 0 || len > CFX_TCP_REC_MAX)) {
+                rx_record_refused(ep, CFX_ERR_AUTH, "impossible record length");
+                return;
+            }
+            if (have >= len + CFX_TCP_REC_OVH) {
+                int rc = cfx__seal_open(&s->rx, rec, 4, rec + 4, len, ep->rxbuf, rec + 4 + len);
+                if (unlikely(rc != CFX_OK)) {
+                    rx_record_refused(ep, rc, rc == CFX_ERR_AUTH
+                                                  ? "it fails its integrity check (altered, "
+                                                    "replayed or sealed with another key)"
+                                                  : "the cipher failed");
+                    return;
+                }
+                s->srx_off += len + CFX_TCP_REC_OVH;
+                ep->rxb_off = 0;
+                ep->rxb_len = len;
+                continue;
+            }
+        }
+        if (empty)
+            return; /* epoll says when more arrives */
+        if (s->srx_off) {
+            memmove(s->srx, s->srx + s->srx_off, have);
+            s->srx_off = 0;
+            s->srx_len = have;
+        }
+        size_t room = CFX_TCP_SEAL_BUF - s->srx_len;
+        ssize_t n = rx_read(ep, s->srx + s->srx_len, room);
+        if (n <= 0)
+            return;
+        s->srx_len += (uint32_t)n;
+        empty = (size_t)n < room;
+    }
+}
+
+void cfx__tcp_ep_rx_resume(struct cfx__tcp_ep *ep) { rx_backlog_add(ep); }
 
 void cfx__tcp_rx_backlog_run(struct cfx__tcp_iface *iface)
 {

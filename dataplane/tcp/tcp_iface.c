@@ -258,10 +258,16 @@ static uint64_t tcp_grant_refused(struct cfx_tp_iface *tp_iface)
                                 memory_order_relaxed);
 }
 
+static uint64_t tcp_seal_refused(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__tcp_iface_of(tp_iface)->n_seal_refused,
+                                memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__tcp_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "tcp",
-    .caps = 0,
+    .caps = CFX_TP_CAP_SEAL,
     .iface_open = tcp_iface_open,
     .iface_close = tcp_iface_close,
     .iface_addr = tcp_iface_addr,
@@ -279,4 +285,6 @@ const struct cfx_transport_ops cfx__tcp_ops = {
     .ep_send = cfx__tcp_ep_send,
     .poll = tcp_poll,
     .ep_batch = cfx__tcp_ep_batch,
+    .ep_seal = cfx__tcp_ep_seal,
+    .iface_seal_refused = tcp_seal_refused,
 };

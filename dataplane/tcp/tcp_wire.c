@@ -31,6 +31,10 @@ int cfx__tcp_hdr_check(const void *buf, size_t len, bool hello_wait, struct cfx_
     h.off = le64toh(h.off);
     *out = h;
 
+    if (h.flags & ~CFX_TCP_F_LAST_CLEAR || (h.flags && h.type != CFX_TCP_FRAME_SEND)) {
+        *why = "unknown frame flags";
+        return CFX_ERR_PROTO;
+    }
     if (hello_wait) {
         if (h.type != CFX_TCP_FRAME_HELLO || h.len != sizeof(struct cfx__tcp_hello)) {
             *why = "connection did not start with HELLO";

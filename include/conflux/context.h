@@ -119,6 +119,9 @@ struct cfx_context_stats {
     uint64_t writes_refused;    /* peers' writes outside a live grant (stale key, granted to
                                    another peer, outside the object): refused by the transport
                                    before a byte landed, their connection failed (tcp, shm) */
+    uint64_t records_refused;   /* sealed records (CFX_SECURE) that failed to open: altered,
+                                   replayed or sealed with another key; nothing of them was
+                                   used, their connection failed (tcp) */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */
