@@ -610,3 +610,70 @@ Test(dp_auth, connector_refuses_an_acceptor_with_another_node_id)
     cr_assert(mac_ok);
     cr_assert_eq(asked, 1, "the node did not ask a peer that proved the right node id");
 }
+
+/* CFX_SECURE must agree: a peer that asks for sealing from a node that does
+ * not seal (its HELLO and proof say encrypt, its MAC covers that mode) is
+ * refused, and the refusal names both settings; the node sends no proof. */
+Test(dp_auth, sealing_peer_refused_by_name)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN], bind[CFX_AUTH_DP_BIND_LEN + 1];
+    raw_open(&r);
+    struct cfx_dp_hello h = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
+        .node_id = RAW_NODE,
+        .secure = CFX_SEAL_ENCRYPT,
+    };
+    cfx__auth_nonce(nonce, sizeof(nonce));
+    memcpy(h.nonce, nonce, sizeof(nonce));
+    raw_send(&r, &h, sizeof(h));
+    for (int i = 0; i < 50 && !r.got_auth; i++)
+        raw_poll(&r, 100);
+    cr_assert_eq(r.got_auth, 1);
+    cr_assert_eq(r.auth.secure, CFX_SEAL_OFF, "the challenge does not say the node's mode");
+    struct cfx_dp_auth a = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
+        .secure = CFX_SEAL_ENCRYPT,
+    };
+    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
+    bind[CFX_AUTH_DP_BIND_LEN] = CFX_SEAL_ENCRYPT;
+    memcpy(a.nonce, r.auth.nonce, sizeof(a.nonce));
+    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r.auth.nonce, nonce, bind, sizeof(bind),
+                        a.mac);
+    raw_send(&r, &a, sizeof(a));
+    raw_poll(&r, 10000); /* returns once closed */
+    cr_assert(r.closed, "a peer of another CFX_SECURE was kept");
+    cr_assert_eq(r.got_auth, 1, "the node answered a peer of another mode with its proof");
+    raw_close(&r);
+    cr_assert(cfx_test_file_contains(logpath, "CFX_SECURE=encrypt, this node with off"),
+              "the refusal does not name both settings");
+}
+
+/* The mode is under the MAC: a proof made for sealing, sent as if it were a
+ * plain one (what a path that rewrote the mode fields would deliver), does
+ * not verify. */
+Test(dp_auth, proof_for_another_mode_is_refused)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN], bind[CFX_AUTH_DP_BIND_LEN + 1];
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    struct cfx_dp_auth a = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
+        .secure = CFX_SEAL_OFF,
+    };
+    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
+    bind[CFX_AUTH_DP_BIND_LEN] = CFX_SEAL_INTEGRITY;
+    memcpy(a.nonce, r.auth.nonce, sizeof(a.nonce));
+    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r.auth.nonce, nonce, bind, sizeof(bind),
+                        a.mac);
+    raw_send(&r, &a, sizeof(a));
+    send_get(&r);
+    raw_poll(&r, 10000); /* returns once closed */
+    cr_assert(r.closed);
+    cr_assert_eq(r.got_auth, 1, "a proof for another mode was answered");
+    cr_assert_eq(r.writes, 0);
+    cr_assert(all_zero(r.dst, OBJ_SIZE));
+    raw_close(&r);
+    cr_assert(cfx_test_file_contains(logpath, "does not prove the cluster token"));
+}
