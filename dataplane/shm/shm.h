@@ -56,7 +56,8 @@
 #include "shm_ring.h"
 
 #define CFX_SHM_MAGIC        0x53584643u /* "CFXS" */
-#define CFX_SHM_VERSION      3  /* 2: nonces and MACs in the handshake; 3: WPULL, not WDONE */
+#define CFX_SHM_VERSION      4  /* 2: nonces and MACs in the handshake; 3: WPULL, not WDONE;
+                                   4: the connector proves the token first (PROOF) */
 #define CFX_SHM_RING_DEFAULT (4u << 20)  /* bytes per direction (CFX_SHM_RING_SIZE) */
 #define CFX_SHM_RING_MIN     (64u << 10)
 #define CFX_SHM_RING_MAX     (256u << 20)
@@ -83,6 +84,7 @@ enum cfx__shm_ctl_type {
     CFX_SHM_CTL_ACK,        /* acceptor -> connector, fds: doorbell */
     CFX_SHM_CTL_BYE,        /* either way, best effort: status says why */
     CFX_SHM_CTL_AUTH,       /* connector -> acceptor: mac proves the token */
+    CFX_SHM_CTL_PROOF,      /* acceptor -> connector, once AUTH verified: its mac */
 };
 
 #define CFX_SHM_NONCE_LEN 32  /* == CFX_AUTH_NONCE_LEN (checked in shm_conn.c) */
@@ -97,7 +99,7 @@ struct cfx__shm_ctl {
     uint64_t ring_size;    /* HELLO: bytes per ring */
     uint64_t seg_size;     /* HELLO: bytes of the memfd */
     uint8_t nonce[CFX_SHM_NONCE_LEN]; /* HELLO: connector's; ACK: acceptor's */
-    uint8_t mac[CFX_SHM_MAC_LEN];     /* ACK, AUTH: HMAC over both nonces */
+    uint8_t mac[CFX_SHM_MAC_LEN];     /* AUTH, PROOF: HMAC over both nonces; zero in ACK */
 };
 
 /* Remote descriptor layout inside struct cfx_tp_rdesc.data (same host). */
@@ -169,6 +171,7 @@ enum cfx__shm_ep_state {
     CFX_SHM_EP_HELLO_SENT,     /* waiting for the acceptor's ACK */
     CFX_SHM_EP_HELLO_WAIT,     /* accepted: waiting for the HELLO */
     CFX_SHM_EP_AUTH_WAIT,      /* accepted, ACK sent: waiting for the connector's MAC */
+    CFX_SHM_EP_PROOF_WAIT,     /* connecting, our MAC sent: waiting for the acceptor's */
     CFX_SHM_EP_READY,
     CFX_SHM_EP_PEER_GONE,      /* socket hung up: drain the ring, then fail */
     CFX_SHM_EP_FAILED,         /* status is sticky, EP_ERROR queued */
@@ -305,7 +308,8 @@ void cfx__shm_ep_connect_retry(struct cfx__shm_ep *ep);
 static inline bool cfx__shm_state_handshaking(int state)
 {
     return state == CFX_SHM_EP_CONNECTING || state == CFX_SHM_EP_HELLO_SENT ||
-           state == CFX_SHM_EP_HELLO_WAIT || state == CFX_SHM_EP_AUTH_WAIT;
+           state == CFX_SHM_EP_HELLO_WAIT || state == CFX_SHM_EP_AUTH_WAIT ||
+           state == CFX_SHM_EP_PROOF_WAIT;
 }
 /* A handshake past its deadline: an accepted peer that sent no HELLO is
  * dropped quietly, a connection whose ACK never came fails (CFX_ERR_TIMEOUT).

@@ -7,6 +7,16 @@
  * user namespace, checked from SO_PEERCRED on both ends before anything is
  * sent, that then proves the cluster token.  A refused peer is counted in
  * iface->n_refused and logged with its pid and uid.
+ *
+ * The handshake, connector first (as the engine's, conn_auth.c):
+ *
+ *   connector -> acceptor  HELLO { Nc }, fds: ring segment, doorbell
+ *   acceptor  -> connector ACK   { Na, no MAC }, fd: doorbell       (challenge)
+ *   connector -> acceptor  AUTH  { HMAC(token, "... shm connect" | Na | Nc) }
+ *   acceptor  -> connector PROOF { HMAC(token, "... shm accept"  | Na | Nc) }
+ *
+ * The acceptor maps the connector's ring but reads none of it, and sends
+ * nothing computed from the token, until the connector's AUTH verified.
  */
 #include "shm.h"
 
@@ -388,11 +398,10 @@ static void on_hello(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *
              m->node_id, (int)ep->peer_pid);
     ctl_init(&ack, iface, CFX_SHM_CTL_ACK);
     if (has_token(iface)) {
+        /* the challenge: our nonce, nothing derived from the token */
         memcpy(ep->peer_nonce, m->nonce, sizeof(ep->peer_nonce));
-        if (cfx__auth_nonce(ep->nonce, sizeof(ep->nonce)) != CFX_OK ||
-            cfx__auth_mac(iface->token, CFX_AUTH_SHM_ACCEPT, ep->nonce, ep->peer_nonce,
-                          ack.mac) != CFX_OK) {
-            drop_unaccepted(ep, "no MAC for the handshake");
+        if (cfx__auth_nonce(ep->nonce, sizeof(ep->nonce)) != CFX_OK) {
+            drop_unaccepted(ep, "no nonce for the handshake");
             return;
         }
         memcpy(ack.nonce, ep->nonce, sizeof(ack.nonce));
@@ -425,10 +434,27 @@ static void on_auth(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *f
         drop_unaccepted(ep, "no proof of the cluster token");
         return;
     }
+    struct cfx__shm_ctl proof;
+    ctl_init(&proof, iface, CFX_SHM_CTL_PROOF);
+    if (cfx__auth_mac(iface->token, CFX_AUTH_SHM_ACCEPT, ep->nonce, ep->peer_nonce,
+                      proof.mac) != CFX_OK ||
+        ctl_send(ep->sock, &proof, NULL, 0) != CFX_OK) {
+        drop_unaccepted(ep, "cannot prove the token back");
+        return;
+    }
     iface->handshaking--;
     ep->state = CFX_SHM_EP_READY;
     CFX_LOG(DEBUG, SHM, "node %u: accepted %s", iface->super.node_id, ep->super.peer_name);
     cfx__shm_cq_push(iface, CFX_TP_COMP_ACCEPT, CFX_OK, ep, 0);
+}
+
+static void ep_connected(struct cfx__shm_ep *ep)
+{
+    ep->iface->handshaking--;
+    ep->state = CFX_SHM_EP_READY;
+    CFX_LOG(DEBUG, SHM, "node %u: connected to %s", ep->iface->super.node_id,
+            ep->super.peer_name);
+    cfx__shm_cq_push(ep->iface, CFX_TP_COMP_CONNECTED, CFX_OK, ep, 0);
 }
 
 static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
@@ -446,12 +472,6 @@ static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fd
     if (has_token(ep->iface)) {
         struct cfx__shm_ctl a;
         memcpy(ep->peer_nonce, m->nonce, sizeof(ep->peer_nonce));
-        if (cfx__auth_verify(ep->iface->token, CFX_AUTH_SHM_ACCEPT, ep->peer_nonce, ep->nonce,
-                             m->mac) != CFX_OK) {
-            log_refused(ep->iface, ep, "it does not prove the cluster token");
-            cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
-            return;
-        }
         ctl_init(&a, ep->iface, CFX_SHM_CTL_AUTH);
         if (cfx__auth_mac(ep->iface->token, CFX_AUTH_SHM_CONNECT, ep->peer_nonce, ep->nonce,
                           a.mac) != CFX_OK ||
@@ -461,12 +481,25 @@ static void on_ack(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fd
             cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
             return;
         }
+        ep->state = CFX_SHM_EP_PROOF_WAIT; /* nothing of its ring is read before */
+        return;
     }
-    ep->iface->handshaking--;
-    ep->state = CFX_SHM_EP_READY;
-    CFX_LOG(DEBUG, SHM, "node %u: connected to %s", ep->iface->super.node_id,
-            ep->super.peer_name);
-    cfx__shm_cq_push(ep->iface, CFX_TP_COMP_CONNECTED, CFX_OK, ep, 0);
+    ep_connected(ep);
+}
+
+/* Connector: the acceptor's answer to our proof. */
+static void on_proof(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *fds, int nfds)
+{
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (m->type != CFX_SHM_CTL_PROOF || nfds ||
+        cfx__auth_verify(ep->iface->token, CFX_AUTH_SHM_ACCEPT, ep->peer_nonce, ep->nonce,
+                         m->mac) != CFX_OK) {
+        log_refused(ep->iface, ep, "it does not prove the cluster token");
+        cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
+        return;
+    }
+    ep_connected(ep);
 }
 
 /* The socket hung up (or said BYE): drain what the peer left, then fail. */
@@ -489,7 +522,7 @@ bool cfx__shm_ep_handshake_expire(struct cfx__shm_ep *ep, uint64_t now)
                                                                : "no AUTH in time");
         return true;
     }
-    if (ep->state == CFX_SHM_EP_HELLO_SENT) {
+    if (ep->state == CFX_SHM_EP_HELLO_SENT || ep->state == CFX_SHM_EP_PROOF_WAIT) {
         CFX_LOG(WARN, SHM, "node %u: %s did not answer the handshake in time",
                 ep->iface->super.node_id, ep->super.peer_name);
         cfx__shm_ep_fail(ep, CFX_ERR_TIMEOUT, false);
@@ -525,6 +558,16 @@ void cfx__shm_ep_sock_event(struct cfx__shm_ep *ep)
                 return;
             }
             on_ack(ep, &m, fds, nfds);
+            break;
+        case CFX_SHM_EP_PROOF_WAIT:
+            if (rc <= 0) {
+                /* an acceptor hangs up on a proof it refused */
+                log_refused(ep->iface, ep, "it hung up on our proof of the cluster token "
+                                           "(another token?)");
+                cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
+                return;
+            }
+            on_proof(ep, &m, fds, nfds);
             break;
         case CFX_SHM_EP_READY:
             if (rc > 0) {

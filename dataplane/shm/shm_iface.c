@@ -260,8 +260,7 @@ static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
             struct cfx__shm_ep *ep = cfx_list_entry(pos, struct cfx__shm_ep, link);
             if (ep->state == CFX_SHM_EP_CONNECTING)
                 cfx__shm_ep_connect_retry(ep);
-            else if (ep->state == CFX_SHM_EP_HELLO_WAIT || ep->state == CFX_SHM_EP_HELLO_SENT ||
-                     ep->state == CFX_SHM_EP_AUTH_WAIT)
+            else if (cfx__shm_state_handshaking(ep->state))
                 cfx__shm_ep_handshake_expire(ep, now);
         }
     }

@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "control/auth.h"
 #include "dataplane/common/util.h"
 #include "dataplane/shm/shm.h"
 #include "dataplane/transport.h"
@@ -1076,6 +1077,58 @@ Test(shm, refused_other_uid, .timeout = 60)
 }
 
 /*
+ * A hand-made connector: connect to the shm socket at @p addr and send a
+ * well-formed HELLO (a ring segment and a doorbell) with a fresh nonce in
+ * *@p nonce (may be NULL).  0 with the socket in *@p fd; 11 when the node
+ * hung up first; 2x when it could not try (exit codes of the forked tests).
+ */
+static int raw_hello(const char *addr, int *fd_out, uint8_t *nonce)
+{
+    struct sockaddr_un sun = { .sun_family = AF_UNIX };
+    size_t nlen = strlen(addr);
+    memcpy(sun.sun_path, addr, nlen);
+    sun.sun_path[0] = '\0';
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sun,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)) != 0)
+        return 21;
+    void *seg;
+    size_t seg_len;
+    int fds[2];
+    fds[0] = cfx__shm_seg_create(CFX_SHM_RING_MIN, &seg, &seg_len);
+    fds[1] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fds[0] < 0 || fds[1] < 0)
+        return 22;
+    struct cfx__shm_ctl m = { .magic = CFX_SHM_MAGIC, .version = CFX_SHM_VERSION,
+                              .type = CFX_SHM_CTL_HELLO, .node_id = 9,
+                              .ring_size = CFX_SHM_RING_MIN, .seg_size = seg_len };
+    if (nonce) {
+        cfx__auth_nonce(m.nonce, sizeof(m.nonce));
+        memcpy(nonce, m.nonce, sizeof(m.nonce));
+    }
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(fds))];
+    } cbuf;
+    memset(&cbuf, 0, sizeof(cbuf));
+    struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                          .msg_controllen = sizeof(cbuf.buf) };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    /* the node may have hung up already: EPIPE/ECONNRESET say so too */
+    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+        return errno == EPIPE || errno == ECONNRESET ? 11 : 23;
+    close(fds[0]);
+    close(fds[1]);
+    *fd_out = fd;
+    return 0;
+}
+
+/*
  * The acceptor's own check, without the connector's help: nobody sends a
  * well-formed HELLO (segment and doorbell) by hand.  The node hangs up
  * without an answer.  Before the fix it answered with an ACK and its
@@ -1096,40 +1149,10 @@ Test(shm, refused_other_uid_raw_hello, .timeout = 60)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (!become_nobody())
             _exit(20);
-        struct sockaddr_un sun = { .sun_family = AF_UNIX };
-        size_t nlen = strlen(addr);
-        memcpy(sun.sun_path, addr, nlen);
-        sun.sun_path[0] = '\0';
-        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&sun,
-                              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)) != 0)
-            _exit(21);
-        void *seg;
-        size_t seg_len;
-        int fds[2];
-        fds[0] = cfx__shm_seg_create(CFX_SHM_RING_MIN, &seg, &seg_len);
-        fds[1] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (fds[0] < 0 || fds[1] < 0)
-            _exit(22);
-        struct cfx__shm_ctl m = { .magic = CFX_SHM_MAGIC, .version = CFX_SHM_VERSION,
-                                  .type = CFX_SHM_CTL_HELLO, .node_id = 9,
-                                  .ring_size = CFX_SHM_RING_MIN, .seg_size = seg_len };
-        union {
-            struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(fds))];
-        } cbuf;
-        memset(&cbuf, 0, sizeof(cbuf));
-        struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
-        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
-                              .msg_controllen = sizeof(cbuf.buf) };
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(fds));
-        memcpy(CMSG_DATA(c), fds, sizeof(fds));
-        /* the node may have hung up already: EPIPE/ECONNRESET say so too */
-        if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(m))
-            _exit(errno == EPIPE || errno == ECONNRESET ? 11 : 23);
+        int fd = -1;
+        int rc = raw_hello(addr, &fd, NULL);
+        if (rc)
+            _exit(rc);
         /* the blocking read ends with the answer or the hang-up; the
          * timeout only ends a hang */
         struct timeval tv = { .tv_sec = WAIT_MS / 1000 };
@@ -1152,8 +1175,9 @@ Test(shm, refused_other_uid_raw_hello, .timeout = 60)
 
 /*
  * Same user, another job: a peer that cannot prove the cluster token gets
- * no ring read.  The connector refuses an acceptor whose MAC is wrong, the
- * acceptor never reports the connection.  Before the fix the two connected.
+ * no ring read.  The acceptor refuses the connector's proof and hangs up
+ * (it never reports the connection); the connector, hung up on after its
+ * proof, fails with CFX_ERR_AUTH.  Before the fix the two connected.
  */
 Test(shm, refused_wrong_token, .timeout = 60)
 {
@@ -1176,6 +1200,72 @@ Test(shm, refused_wrong_token, .timeout = 60)
     }
     cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_CONNECTED), 0);
     cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_ACCEPT), 0, "accepted without the token");
+    cr_assert_eq(b->n_refused, 1, "the acceptor did not refuse the proof");
+    pair_close(&p);
+}
+
+/* The next control message on @p fd, pumping @p p meanwhile: 1 with one in
+ * *@p m, 0 when the node hung up. */
+static int raw_recv_pumping(struct pair *p, int fd, struct cfx__shm_ctl *m)
+{
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        ssize_t r = recv(fd, m, sizeof(*m), MSG_DONTWAIT);
+        if (r == (ssize_t)sizeof(*m))
+            return 1;
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return 0;
+        cr_assert(r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "recv: %zd", r);
+        cr_assert(cfx__now_ns() < deadline, "the node neither answered nor hung up");
+        pump(p);
+    }
+}
+
+/*
+ * The acceptor proves nothing before the connector has: its answer to a
+ * HELLO is its nonce with no MAC; a wrong proof gets the hang-up and no MAC
+ * either; the right proof is answered with the acceptor's.  (Before, the ACK
+ * carried the acceptor's MAC.)
+ */
+Test(shm, acceptor_proves_nothing_first, .timeout = 60)
+{
+    static const uint8_t zero[CFX_SHM_MAC_LEN];
+    struct pair p = { .s = { { .iface = open_iface(1) } } };
+    struct cfx__shm_iface *si = cfx__shm_iface_of(p.s[0].iface);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    uint8_t nc[CFX_SHM_NONCE_LEN];
+    struct cfx__shm_ctl ack, m;
+    cr_assert_eq(ops->iface_addr(p.s[0].iface, addr, &alen), CFX_OK);
+
+    for (int right = 0; right < 2; right++) {
+        int fd = -1;
+        cr_assert_eq(raw_hello(addr, &fd, nc), 0);
+        cr_assert_eq(raw_recv_pumping(&p, fd, &ack), 1, "no answer to HELLO");
+        cr_assert_eq(ack.type, CFX_SHM_CTL_ACK);
+        cr_assert(!memcmp(ack.mac, zero, sizeof(zero)), "the challenge carries a MAC");
+        struct cfx__shm_ctl a = { .magic = CFX_SHM_MAGIC, .version = CFX_SHM_VERSION,
+                                  .type = CFX_SHM_CTL_AUTH, .node_id = 9 };
+        if (right)
+            cr_assert_eq(cfx__auth_mac(TEST_TOKEN, CFX_AUTH_SHM_CONNECT, ack.nonce, nc, a.mac),
+                         CFX_OK);
+        else
+            cfx__auth_nonce(a.mac, sizeof(a.mac)); /* a guess */
+        cr_assert_eq(send(fd, &a, sizeof(a), MSG_NOSIGNAL), (ssize_t)sizeof(a));
+        int got = raw_recv_pumping(&p, fd, &m);
+        if (!right) {
+            cr_assert_eq(got, 0, "a wrong proof was answered (type %u)", m.type);
+            cr_assert_eq(si->n_refused, 1);
+            cr_assert_eq(count_ev(&p.s[0], CFX_TP_COMP_ACCEPT), 0);
+        } else {
+            cr_assert_eq(got, 1, "the right proof was not answered");
+            cr_assert_eq(m.type, CFX_SHM_CTL_PROOF);
+            cr_assert_eq(cfx__auth_verify(TEST_TOKEN, CFX_AUTH_SHM_ACCEPT, ack.nonce, nc, m.mac),
+                         CFX_OK, "the acceptor's proof does not verify");
+            wait_ev(&p, 0, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+        }
+        close(fd);
+    }
     pair_close(&p);
 }
 
