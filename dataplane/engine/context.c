@@ -97,7 +97,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
                                        (size_t)LOC_CACHE_MAX);
-    if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cfg->secure) != CFX_OK)
+    if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
+                             &cfg->secure) != CFX_OK)
         return CFX_ERR_INVALID;
     const char *ba = getenv("CFX_BIND_ADDR"), *ifn = getenv("CFX_SOCKET_IFNAME");
     struct in_addr probe;

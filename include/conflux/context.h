@@ -42,6 +42,7 @@ enum cfx_context_param_field {
     CFX_CTX_PARAM_TIMEOUT    = 1u << 4, /* default deadline in ms */
     CFX_CTX_PARAM_NAME       = 1u << 5, /* node name shown by rdmactl */
     CFX_CTX_PARAM_BIND_ADDR  = 1u << 6, /* IP address the data plane listens on */
+    CFX_CTX_PARAM_SECURE     = 1u << 7, /* sealing of control and tcp connections */
 };
 
 struct cfx_context_params {
@@ -55,6 +56,10 @@ struct cfx_context_params {
     int timeout_ms;         /* default deadline; default $CFX_TIMEOUT_MS or 30000 */
     const char *name;       /* node name; default hostname:pid */
     const char *bind_addr;  /* data-plane listen address; default $CFX_BIND_ADDR or the coordinator-facing address */
+    /* Added later: "off", "integrity" or "encrypt" (also "0", "1"); default
+     * $CFX_SECURE, else off.  Every node and the coordinator must agree
+     * (docs/SECURITY.md, *Sealed tcp connections*). */
+    const char *secure;
 };
 
 /**

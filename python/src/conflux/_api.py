@@ -88,6 +88,8 @@ class Context(_c.Context):
         chunk_size: fixed chunk size in bytes (default follows the object size).
         name: node name shown by rdmactl.
         bind_addr: IP address the data plane listens on.
+        secure: "off", "integrity" or "encrypt": seal control and tcp connections
+            (default $CFX_SECURE, else off; every node and the coordinator must agree).
 
     close() (or leaving the ``with``) leaves the cluster; groups, parameter-server
     handles and arrays returned by get() keep the C context alive until they go.
@@ -95,10 +97,11 @@ class Context(_c.Context):
 
     def __init__(self, coord: str | None = None, token: str | None = None,
                  transports: str | None = None, timeout: float | None = None,
-                 chunk_size: int = 0, name: str | None = None, bind_addr: str | None = None):
+                 chunk_size: int = 0, name: str | None = None, bind_addr: str | None = None,
+                 secure: str | None = None):
         super().__init__(coord=coord, token=token, transports=transports,
                          timeout_ms=_ms(timeout), chunk_size=chunk_size, name=name,
-                         bind_addr=bind_addr)
+                         bind_addr=bind_addr, secure=secure)
 
     def __enter__(self) -> "Context":
         return self

@@ -50,16 +50,17 @@ struct cfx_context *cfx__py_live_ctx(ContextObject *c)
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "coord",      "token", "transports", "timeout_ms",
-                              "chunk_size", "name",  "bind_addr",  NULL };
+                              "chunk_size", "name",  "bind_addr",  "secure", NULL };
     const char *coord = NULL, *token = NULL, *transports = NULL, *name = NULL, *bind = NULL;
+    const char *secure = NULL;
     PyObject *timeout = Py_None;
     Py_ssize_t chunk = 0;
     if (self->ctx || self->closed) {
         PyErr_SetString(PyExc_RuntimeError, "Context.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzOnzz", kwlist, &coord, &token, &transports,
-                                     &timeout, &chunk, &name, &bind))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzOnzzz", kwlist, &coord, &token, &transports,
+                                     &timeout, &chunk, &name, &bind, &secure))
         return -1;
     struct cfx_context_params p = { 0 };
     int set = 0;
@@ -94,6 +95,10 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
     if (bind) {
         p.bind_addr = bind;
         p.field_mask |= CFX_CTX_PARAM_BIND_ADDR;
+    }
+    if (secure) {
+        p.secure = secure;
+        p.field_mask |= CFX_CTX_PARAM_SECURE;
     }
     if (!(self->puts = PyDict_New()))
         return -1;
