@@ -611,13 +611,31 @@ Test(dp_auth, connector_refuses_an_acceptor_with_another_node_id)
     cr_assert_eq(asked, 1, "the node did not ask a peer that proved the right node id");
 }
 
+/* A proof with the right token that says @p claimed for its CFX_SECURE
+ * while its MAC covers @p mac_mode (the binding C | A | mode). */
+static void send_auth_mode(struct raw *r, const uint8_t nonce[CFX_DP_NONCE_LEN], int claimed,
+                           int mac_mode)
+{
+    uint8_t bind[CFX_AUTH_DP_BIND_LEN + 1];
+    struct cfx_dp_auth a = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
+        .secure = (uint32_t)claimed,
+    };
+    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
+    bind[CFX_AUTH_DP_BIND_LEN] = (uint8_t)mac_mode;
+    memcpy(a.nonce, r->auth.nonce, sizeof(a.nonce));
+    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r->auth.nonce, nonce, bind, sizeof(bind),
+                        a.mac);
+    raw_send(r, &a, sizeof(a));
+}
+
 /* CFX_SECURE must agree: a peer that asks for sealing from a node that does
  * not seal (its HELLO and proof say encrypt, its MAC covers that mode) is
  * refused, and the refusal names both settings; the node sends no proof. */
 Test(dp_auth, sealing_peer_refused_by_name)
 {
     struct raw r;
-    uint8_t nonce[CFX_DP_NONCE_LEN], bind[CFX_AUTH_DP_BIND_LEN + 1];
+    uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
     struct cfx_dp_hello h = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_HELLO },
@@ -631,16 +649,7 @@ Test(dp_auth, sealing_peer_refused_by_name)
         raw_poll(&r, 100);
     cr_assert_eq(r.got_auth, 1);
     cr_assert_eq(r.auth.secure, CFX_SEAL_OFF, "the challenge does not say the node's mode");
-    struct cfx_dp_auth a = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
-        .secure = CFX_SEAL_ENCRYPT,
-    };
-    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
-    bind[CFX_AUTH_DP_BIND_LEN] = CFX_SEAL_ENCRYPT;
-    memcpy(a.nonce, r.auth.nonce, sizeof(a.nonce));
-    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r.auth.nonce, nonce, bind, sizeof(bind),
-                        a.mac);
-    raw_send(&r, &a, sizeof(a));
+    send_auth_mode(&r, nonce, CFX_SEAL_ENCRYPT, CFX_SEAL_ENCRYPT);
     raw_poll(&r, 10000); /* returns once closed */
     cr_assert(r.closed, "a peer of another CFX_SECURE was kept");
     cr_assert_eq(r.got_auth, 1, "the node answered a peer of another mode with its proof");
@@ -655,19 +664,10 @@ Test(dp_auth, sealing_peer_refused_by_name)
 Test(dp_auth, proof_for_another_mode_is_refused)
 {
     struct raw r;
-    uint8_t nonce[CFX_DP_NONCE_LEN], bind[CFX_AUTH_DP_BIND_LEN + 1];
+    uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    struct cfx_dp_auth a = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = CFX_DP_AUTH },
-        .secure = CFX_SEAL_OFF,
-    };
-    cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
-    bind[CFX_AUTH_DP_BIND_LEN] = CFX_SEAL_INTEGRITY;
-    memcpy(a.nonce, r.auth.nonce, sizeof(a.nonce));
-    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r.auth.nonce, nonce, bind, sizeof(bind),
-                        a.mac);
-    raw_send(&r, &a, sizeof(a));
+    send_auth_mode(&r, nonce, CFX_SEAL_OFF, CFX_SEAL_INTEGRITY);
     send_get(&r);
     raw_poll(&r, 10000); /* returns once closed */
     cr_assert(r.closed);
