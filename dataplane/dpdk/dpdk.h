@@ -47,6 +47,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "control/seal.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
 #include "dataplane/tpbase/tpbase.h"
@@ -84,7 +85,9 @@ enum cfx__dpdk_op_type {
     CFX_DPDK_OP_SEND = 1,
     CFX_DPDK_OP_WRITE,
 };
-#define CFX_DPDK_OP_F_LAST 1u /* WRITE: last chunk: report WRITE_IMM */
+#define CFX_DPDK_OP_F_LAST       1u /* WRITE: last chunk: report WRITE_IMM */
+#define CFX_DPDK_OP_F_LAST_CLEAR 2u /* SEND: the sender seals every later message */
+#define CFX_DPDK_SEAL_INFLIGHT   (1u << 20) /* sealed bytes queued in a session, per ep */
 
 /* Message header, little endian on the wire. */
 struct cfx__dpdk_op_hdr {
@@ -143,6 +146,27 @@ struct cfx__dpdk_op {
     uint8_t *msg;                /* SEND: header + payload (small, or allocated) */
     uint32_t msg_len;            /* SEND: bytes at msg */
     uint8_t small[CFX_DPDK_SEND_INLINE]; /* SEND: msg when it fits */
+    bool sealed;                 /* posted after the last clear message: sealed (dpdk_ep.c) */
+};
+
+/* Receive side of sealing (as tcp.h's). */
+enum cfx__dpdk_rx_seal {
+    CFX_DPDK_RX_CLEAR = 0,   /* no sealing agreed */
+    CFX_DPDK_RX_SEAL_EXPECT, /* keys in: the peer's next message must be its last clear one */
+    CFX_DPDK_RX_SEAL_WAIT,   /* the peer's last clear message came: the rest waits for keys */
+    CFX_DPDK_RX_SEALED,      /* sealed messages only */
+};
+
+/* Sealing state of an ep (CFX_SECURE, dpdk_ep.c). */
+struct cfx__dpdk_seal {
+    struct cfx_seal_dir tx, rx;
+    uint8_t *q[CFX_DPDK_SENDQ]; /* sealed copies queued in the session, oldest first */
+    uint32_t q_len[CFX_DPDK_SENDQ];
+    uint32_t q_head, q_tail;
+    size_t q_bytes;             /* their bytes: at most CFX_DPDK_SEAL_INFLIGHT (+ one) */
+    uint64_t first_sealed;      /* index of the first sealed message queued in the session */
+    uint8_t *open_buf;          /* an opened message: CFX_DPDK_CHUNK + a header */
+    bool test_corrupt;          /* test hook: flip a bit of the next message sealed */
 };
 
 /* Free what a SEND op allocated. */
@@ -190,6 +214,14 @@ struct cfx__dpdk_ep {
     uint32_t tx_unreported;  /* ops posted whose completion poll() has not returned */
     struct cfx__dpdk_op_hdr hdrs[CFX_DPDK_SENDQ + 1]; /* chunk headers in the session */
     uint32_t hdr_next;       /* next entry of hdrs */
+    uint64_t msgs_queued;    /* messages handed to the session, ever */
+    uint64_t msgs_acked;     /* ... and acknowledged (its sent() calls) */
+
+    /* sealing (CFX_SECURE): NULL and false while in clear */
+    struct cfx__dpdk_seal *seal;
+    bool tx_mark_next;       /* the next send is the last clear message */
+    bool tx_sealing;         /* posts are sealed */
+    uint8_t rx_seal;         /* enum cfx__dpdk_rx_seal */
 
     /* receive */
     bool rx_expect;          /* the next message is a chunk's bytes */
@@ -211,6 +243,7 @@ struct cfx__dpdk_iface {
     char port_name[64];           /* the ethdev name */
     uint64_t ep_serial;           /* last ep serial handed out */
     _Atomic uint64_t n_grant_refused; /* writes refused for want of a live grant */
+    _Atomic uint64_t n_seal_refused;  /* sealed messages that did not open */
     struct cfx__keystream keys;   /* grant keys */
     uint64_t poll_gen;            /* incremented by every poll() */
     struct cfx_list eps;          /* live endpoints */
@@ -272,6 +305,8 @@ int cfx__dpdk_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff
                        const struct cfx_tp_rdesc *rdesc, uint64_t roff, size_t len, uint32_t imm,
                        uint64_t wr_id);
 int cfx__dpdk_ep_send(struct cfx_tp_ep *ep, const void *buf, size_t len, uint64_t wr_id);
+int cfx__dpdk_ep_seal(struct cfx_tp_ep *ep, int mode, const struct cfx_seal_keys *keys,
+                      bool connector);
 
 /* dpdk_mr.c */
 int cfx__dpdk_mem_reg(struct cfx_tp_iface *iface, const struct cfx_tp_mem_desc *mem,

@@ -4,6 +4,17 @@
  * session keeps up to CFX_DPDK_SENDQ queued); completions come from the
  * session's "sent" callback, in order.  Received messages are checked and
  * placed by deliver() (see dpdk.h for the message layout).
+ *
+ * Sealed (CFX_SECURE, ep_seal): after each side's last clear message (a SEND
+ * with CFX_DPDK_OP_F_LAST_CLEAR) every message it queues in the session is
+ * an AES-256-GCM record of the clear message (control/seal.h: a counter
+ * nonce per direction; the session delivers each message once, in order):
+ * the sealed bytes then the tag.  The sender seals into a copy that lives
+ * until the session acknowledged it (at most CFX_DPDK_SEAL_INFLIGHT bytes of
+ * them per ep), so a write's chunks are no longer taken straight from the
+ * source.  The receiver opens each message into a buffer of its own before
+ * any of it is looked at: a message that does not open fails the ep with
+ * CFX_ERR_AUTH and is counted (n_seal_refused), and nothing of it lands.
  */
 #include <endian.h>
 #include <inttypes.h>
@@ -14,6 +25,8 @@
 #include "dataplane/common/log.h"
 #include "dpdk.h"
 
+static void seal_free(struct cfx__dpdk_ep *ep);
+
 static int rel_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
 {
     struct cfx__dpdk_ep *ep = ctx;
@@ -23,6 +36,13 @@ static int rel_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
 static void rel_sent(void *ctx, void *cookie)
 {
     struct cfx__dpdk_ep *ep = ctx;
+    struct cfx__dpdk_seal *s = ep->seal;
+    /* acknowledged in the order queued: a sealed copy is the oldest one */
+    if (s && ep->msgs_acked++ >= s->first_sealed && s->q_head != s->q_tail) {
+        uint32_t i = s->q_head++ % CFX_DPDK_SENDQ;
+        s->q_bytes -= s->q_len[i];
+        free(s->q[i]);
+    }
     if (!cookie || ep->state == CFX_DPDK_EP_FAILED)
         return;
     struct cfx__dpdk_op *op = cookie;
@@ -103,14 +123,20 @@ static int deliver_send(struct cfx__dpdk_ep *ep, const uint8_t *data, uint32_t l
     return CFX_OK;
 }
 
-static int rel_deliver(void *ctx, const void *buf, size_t len)
+/* The peer's last clear message was taken: what follows is sealed, and
+ * waits for the keys unless ep_seal gave them already. */
+static void rx_switch(struct cfx__dpdk_ep *ep)
 {
-    struct cfx__dpdk_ep *ep = ctx;
+    ep->rx_seal = ep->rx_seal == CFX_DPDK_RX_SEAL_EXPECT ? CFX_DPDK_RX_SEALED
+                                                         : CFX_DPDK_RX_SEAL_WAIT;
+}
+
+/* A message in clear (as received, or as opened). */
+static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
+{
     struct cfx__dpdk_op_hdr h;
     const char *why;
 
-    if (ep->state != CFX_DPDK_EP_OPEN)
-        return CFX_OK; /* dropped: a refused write's bytes among them */
     if (ep->rx_expect)
         return deliver_chunk(ep, buf, len);
     if (unlikely(len < sizeof(h))) {
@@ -119,13 +145,27 @@ static int rel_deliver(void *ctx, const void *buf, size_t len)
     }
     memcpy(&h, buf, sizeof(h));
     uint32_t hlen = le32toh(h.len);
+    bool mark = h.type == CFX_DPDK_OP_SEND && (h.flags & CFX_DPDK_OP_F_LAST_CLEAR);
+    if (unlikely(mark ? ep->rx_seal == CFX_DPDK_RX_SEALED
+                      : ep->rx_seal == CFX_DPDK_RX_SEAL_EXPECT)) {
+        /* the mark comes once, on the clear message where both sides
+         * agreed to seal; after ep_seal the next clear one must carry it */
+        ep_proto(ep, CFX_ERR_PROTO, mark ? "a second last-clear mark"
+                                         : "a message in clear after sealing was agreed");
+        return CFX_OK;
+    }
     switch (h.type) {
-    case CFX_DPDK_OP_SEND:
-        if (unlikely(hlen != len - sizeof(h) || hlen > CFX_TP_SEND_MAX)) {
-            ep_proto(ep, CFX_ERR_PROTO, "send of a bad length");
+    case CFX_DPDK_OP_SEND: {
+        if (unlikely(hlen != len - sizeof(h) || hlen > CFX_TP_SEND_MAX ||
+                     (h.flags & ~CFX_DPDK_OP_F_LAST_CLEAR))) {
+            ep_proto(ep, CFX_ERR_PROTO, "send of a bad length or flags");
             return CFX_OK;
         }
-        return deliver_send(ep, (const uint8_t *)buf + sizeof(h), hlen);
+        int rc = deliver_send(ep, (const uint8_t *)buf + sizeof(h), hlen);
+        if (rc == CFX_OK && mark)
+            rx_switch(ep);
+        return rc;
+    }
     case CFX_DPDK_OP_WRITE: {
         uint64_t off = le64toh(h.off);
         if (unlikely(len != sizeof(h) || hlen > CFX_DPDK_CHUNK)) {
@@ -155,6 +195,38 @@ static int rel_deliver(void *ctx, const void *buf, size_t len)
         ep_proto(ep, CFX_ERR_PROTO, "unknown message type");
         return CFX_OK;
     }
+}
+
+static int rel_deliver(void *ctx, const void *buf, size_t len)
+{
+    struct cfx__dpdk_ep *ep = ctx;
+
+    if (ep->state != CFX_DPDK_EP_OPEN)
+        return CFX_OK; /* dropped: a refused write's bytes among them */
+    if (likely(ep->rx_seal < CFX_DPDK_RX_SEAL_WAIT))
+        return deliver_clear(ep, buf, len);
+    if (ep->rx_seal == CFX_DPDK_RX_SEAL_WAIT)
+        return CFX_ERR_AGAIN; /* the session keeps it until ep_seal */
+
+    struct cfx__dpdk_seal *s = ep->seal;
+    const uint8_t *in = buf;
+    int rc = len < CFX_SEAL_TAG_LEN ? CFX_ERR_AUTH
+             : cfx__seal_open(&s->rx, NULL, 0, in, len - CFX_SEAL_TAG_LEN, s->open_buf,
+                              in + len - CFX_SEAL_TAG_LEN);
+    if (unlikely(rc != CFX_OK)) {
+        atomic_fetch_add_explicit(&ep->iface->n_seal_refused, 1, memory_order_relaxed);
+        char msg[128];
+        snprintf(msg, sizeof(msg), "sealed message %" PRIu64 " refused: %s", s->rx.seq,
+                 rc == CFX_ERR_AUTH ? "it fails its integrity check (altered or sealed with "
+                                      "another key)"
+                                    : "the cipher failed");
+        ep_proto(ep, rc, msg);
+        return CFX_OK;
+    }
+    rc = deliver_clear(ep, s->open_buf, len - CFX_SEAL_TAG_LEN);
+    if (rc == CFX_ERR_AGAIN)
+        s->rx.seq--; /* offered again later: opened again under the same nonce */
+    return rc;
 }
 
 static const struct cfx__dpdk_rel_ops rel_ops = {
@@ -205,7 +277,7 @@ int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess)
     struct cfx__dpdk_rel_params p = {
         .mtu_payload = CFX_DPDK_MTU,
         .sendq_max = CFX_DPDK_SENDQ,
-        .msg_max = CFX_DPDK_CHUNK + sizeof(struct cfx__dpdk_op_hdr),
+        .msg_max = CFX_DPDK_CHUNK + sizeof(struct cfx__dpdk_op_hdr) + CFX_SEAL_TAG_LEN,
         .max_retries = 20, /* with the RTO's backoff: over a second of silence */
     };
     int rc = cfx__dpdk_sess_init(&ep->sess, &p, &rel_ops, ep, ep->sess_id, peer_sess,
@@ -251,6 +323,7 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
         cfx__dpdk_op_free(&ep->ops[i % CFX_DPDK_TXQ_DEPTH]);
     for (int i = 0; i < CFX_DPDK_RX_SLOTS; i++)
         free(ep->rx_slots[i].buf);
+    seal_free(ep);
     free(ep);
 }
 
@@ -288,6 +361,54 @@ void cfx__dpdk_ep_rx(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_hdr *h, con
         ep_proto(ep, rc, ep->sess.error_msg);
 }
 
+/*
+ * Queue one message of @p op in the session: as it is, or sealed into a
+ * copy that lives until the session acknowledged it.  The room is checked
+ * before sealing, so a sealed copy is always queued: the direction's nonce
+ * is never spent on a message that does not go.  CFX_ERR_AGAIN: no room.
+ */
+static int sess_queue(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_op *op, const void *msg,
+                      size_t len, void *cookie, uint64_t now)
+{
+    struct cfx__dpdk_seal *s = ep->seal;
+    int rc;
+
+    if (!op->sealed) {
+        rc = cfx__dpdk_sess_send(&ep->sess, msg, len, cookie, now);
+        ep->msgs_queued += rc == CFX_OK;
+        return rc;
+    }
+    if (ep->sess.error)
+        return ep->sess.error;
+    if (!cfx__dpdk_sess_room(&ep->sess) ||
+        (s->q_bytes && s->q_bytes + len > CFX_DPDK_SEAL_INFLIGHT))
+        return CFX_ERR_AGAIN;
+    uint8_t *copy = malloc(len + CFX_SEAL_TAG_LEN);
+    if (!copy)
+        return CFX_ERR_AGAIN; /* tried again at the next progress */
+    struct iovec iov = { (void *)msg, len };
+    if ((rc = cfx__seal(&s->tx, NULL, 0, &iov, 1, copy, copy + len)) != CFX_OK) {
+        free(copy);
+        return rc;
+    }
+    if (unlikely(s->test_corrupt)) {
+        copy[len / 2] ^= 0x01;
+        s->test_corrupt = false;
+    }
+    rc = cfx__dpdk_sess_send(&ep->sess, copy, len + CFX_SEAL_TAG_LEN, cookie, now);
+    if (rc != CFX_OK) {
+        free(copy); /* its nonce stays spent: the next message takes the next one */
+        return rc;
+    }
+    if (s->first_sealed == UINT64_MAX)
+        s->first_sealed = ep->msgs_queued; /* every later message is sealed too */
+    s->q_len[s->q_tail % CFX_DPDK_SENDQ] = (uint32_t)(len + CFX_SEAL_TAG_LEN);
+    s->q[s->q_tail++ % CFX_DPDK_SENDQ] = copy;
+    s->q_bytes += len + CFX_SEAL_TAG_LEN;
+    ep->msgs_queued++;
+    return CFX_OK;
+}
+
 /* Feed posted ops to the session while it takes them. */
 static void ep_pump(struct cfx__dpdk_ep *ep)
 {
@@ -297,7 +418,7 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
     while (ep->op_feed != ep->op_head && ep->state == CFX_DPDK_EP_OPEN) {
         struct cfx__dpdk_op *op = &ep->ops[ep->op_feed % CFX_DPDK_TXQ_DEPTH];
         if (op->type == CFX_DPDK_OP_SEND) {
-            rc = cfx__dpdk_sess_send(&ep->sess, op->msg, op->msg_len, op, now);
+            rc = sess_queue(ep, op, op->msg, op->msg_len, op, now);
             if (rc == CFX_ERR_AGAIN)
                 return;
             if (rc != CFX_OK)
@@ -323,7 +444,7 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
                 h->total = htole32((uint32_t)op->len);
                 h->key = htole64(op->key);
                 h->off = htole64(op->roff + op->done);
-                rc = cfx__dpdk_sess_send(&ep->sess, h, sizeof(*h), NULL, now);
+                rc = sess_queue(ep, op, h, sizeof(*h), NULL, now);
                 if (rc == CFX_ERR_AGAIN)
                     return;
                 if (rc != CFX_OK)
@@ -331,7 +452,7 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
                 ep->hdr_next++;
                 op->hdr_queued = true;
             }
-            rc = cfx__dpdk_sess_send(&ep->sess, op->src + op->done, chunk, last ? op : NULL, now);
+            rc = sess_queue(ep, op, op->src + op->done, chunk, last ? op : NULL, now);
             if (rc == CFX_ERR_AGAIN)
                 return;
             if (rc != CFX_OK)
@@ -497,6 +618,8 @@ int cfx__dpdk_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_
         return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: source outside its registration");
     if (rdesc->len != sizeof(k) || rdesc->data[0] != CFX_DPDK_RDESC_TAG)
         return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: not a dpdk remote descriptor");
+    if (ep->tx_mark_next)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_write: the last clear message is a send");
     memcpy(&k, rdesc->data, sizeof(k));
 
     struct cfx__dpdk_op *op = &ep->ops[ep->op_head % CFX_DPDK_TXQ_DEPTH];
@@ -513,6 +636,7 @@ int cfx__dpdk_ep_write(struct cfx_tp_ep *tp_ep, struct cfx_tp_mr *tp_mr, uint64_
     op->key = le64toh(k.key);
     op->roff = roff;
     op->imm = imm;
+    op->sealed = ep->tx_sealing;
     ep->op_head++;
     ep->tx_unreported++;
     ep->iface->now = cfx__now_ns();
@@ -541,6 +665,13 @@ int cfx__dpdk_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint
     memset(&h, 0, sizeof(h));
     h.type = CFX_DPDK_OP_SEND;
     h.len = htole32((uint32_t)len);
+    op->sealed = ep->tx_sealing;
+    if (ep->tx_mark_next) {
+        /* the last message in clear: the peer opens every later one */
+        h.flags = CFX_DPDK_OP_F_LAST_CLEAR;
+        ep->tx_mark_next = false;
+        ep->tx_sealing = true;
+    }
     memcpy(msg, &h, sizeof(h));
     if (len)
         memcpy(msg + sizeof(h), buf, len);
@@ -553,5 +684,59 @@ int cfx__dpdk_ep_send(struct cfx_tp_ep *tp_ep, const void *buf, size_t len, uint
     ep->tx_unreported++;
     ep->iface->now = cfx__now_ns();
     ep_pump(ep);
+    return CFX_OK;
+}
+
+/* --- sealing (CFX_SECURE) ---------------------------------------------------- */
+
+static void seal_free(struct cfx__dpdk_ep *ep)
+{
+    struct cfx__dpdk_seal *s = ep->seal;
+    if (!s)
+        return;
+    cfx__seal_dir_fini(&s->tx);
+    cfx__seal_dir_fini(&s->rx);
+    for (; s->q_head != s->q_tail; s->q_head++)
+        free(s->q[s->q_head % CFX_DPDK_SENDQ]);
+    free(s->open_buf);
+    free(s);
+    ep->seal = NULL;
+}
+
+int cfx__dpdk_ep_seal(struct cfx_tp_ep *tp_ep, int mode, const struct cfx_seal_keys *keys,
+                      bool connector)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    if (!tp_ep || !keys)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_seal: NULL argument");
+    struct cfx__dpdk_ep *ep = cfx__dpdk_ep_of(tp_ep);
+    if (ep->super.status != CFX_OK)
+        return ep->super.status;
+    if (ep->state != CFX_DPDK_EP_OPEN || ep->seal || ep->tx_sealing)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_seal: %s is not an open endpoint in clear",
+                        tp_ep->peer_name);
+    struct cfx__dpdk_seal *s = calloc(1, sizeof(*s));
+    if (!s || !(s->open_buf = malloc(CFX_DPDK_CHUNK + sizeof(struct cfx__dpdk_op_hdr)))) {
+        free(s);
+        return cfx__err(CFX_ERR_NOMEM, "dpdk: out of memory for sealing %s", tp_ep->peer_name);
+    }
+    int me = connector ? CFX_SEAL_DIR_CONNECTOR : CFX_SEAL_DIR_ACCEPTOR;
+    int rc = cfx__seal_dir_init(&s->tx, mode, keys, me, true);
+    if (rc == CFX_OK && (rc = cfx__seal_dir_init(&s->rx, mode, keys, !me, false)) != CFX_OK)
+        cfx__seal_dir_fini(&s->tx);
+    if (rc != CFX_OK) {
+        free(s->open_buf);
+        free(s);
+        return rc;
+    }
+    s->first_sealed = UINT64_MAX;
+    ep->seal = s;
+    ep->tx_mark_next = true;
+    /* the peer's mark came already: the session offers what it held again
+     * at the next poll, and it opens now */
+    ep->rx_seal = ep->rx_seal == CFX_DPDK_RX_SEAL_WAIT ? CFX_DPDK_RX_SEALED
+                                                       : CFX_DPDK_RX_SEAL_EXPECT;
+    CFX_LOG(DEBUG, DPDK, "node %u: %s sealed (%s)", ep->iface->super.node_id, tp_ep->peer_name,
+            cfx__seal_mode_name(mode));
     return CFX_OK;
 }

@@ -427,6 +427,12 @@ static int dpdk_iface_arm(struct cfx_tp_iface *tp_iface)
     return CFX_ERR_AGAIN; /* never sleep: a user-space queue has no fd */
 }
 
+static uint64_t dpdk_seal_refused(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__dpdk_iface_of(tp_iface)->n_seal_refused,
+                                memory_order_relaxed);
+}
+
 static uint64_t dpdk_grant_refused(struct cfx_tp_iface *tp_iface)
 {
     return atomic_load_explicit(&cfx__dpdk_iface_of(tp_iface)->n_grant_refused,
@@ -436,7 +442,7 @@ static uint64_t dpdk_grant_refused(struct cfx_tp_iface *tp_iface)
 const struct cfx_transport_ops cfx__dpdk_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "dpdk",
-    .caps = CFX_TP_CAP_BUSY_POLL,
+    .caps = CFX_TP_CAP_BUSY_POLL | CFX_TP_CAP_SEAL,
     .iface_open = dpdk_iface_open,
     .iface_close = dpdk_iface_close,
     .iface_addr = dpdk_iface_addr,
@@ -450,6 +456,8 @@ const struct cfx_transport_ops cfx__dpdk_ops = {
     .mr_grant = cfx__dpdk_mr_grant,
     .mr_revoke = cfx__dpdk_mr_revoke,
     .iface_grant_refused = dpdk_grant_refused,
+    .ep_seal = cfx__dpdk_ep_seal,
+    .iface_seal_refused = dpdk_seal_refused,
     .ep_write = cfx__dpdk_ep_write,
     .ep_send = cfx__dpdk_ep_send,
     .poll = dpdk_poll,

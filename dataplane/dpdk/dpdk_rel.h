@@ -209,6 +209,12 @@ void cfx__dpdk_sess_fini(struct cfx__dpdk_sess *s);
  * error, CFX_ERR_TOO_BIG over CFX_DPDK_MSG_MAX or the fragment cap, or
  * CFX_ERR_AGAIN when sendq_max messages are queued already.
  */
+/* Whether cfx__dpdk_sess_send() would take a message now (not CFX_ERR_AGAIN). */
+static inline bool cfx__dpdk_sess_room(const struct cfx__dpdk_sess *s)
+{
+    return s->sq_tail - s->sq_head < s->p.sendq_max;
+}
+
 int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, void *cookie,
                         uint64_t now);
 
