@@ -260,7 +260,7 @@ struct cfx_transport_ops {
      * (tcp, shm, dpdk), so authentication changes nothing there. */
     int (*ep_authorize)(struct cfx_tp_ep *ep);
 
-    /* Optional (CFX_TP_CAP_SEAL: tcp).  The engine's token handshake on
+    /* Optional (CFX_TP_CAP_SEAL: tcp, dpdk).  The engine's token handshake on
      * @p ep agreed on sealing (CFX_SECURE, control/seal.h) in @p mode with
      * @p keys; @p connector says which side of the handshake this end was.
      * The next frame posted on @p ep is the last one in clear (its header
