@@ -42,6 +42,7 @@
 #include <conflux/status.h>
 
 #include "control/auth.h"
+#include "control/ctl_seal.h"
 #include "control/proto.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
@@ -103,6 +104,11 @@ struct cfx_ctl {
     uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
     size_t rlen;
     size_t rcap;
+
+    int secure;                      /* enum cfx_seal_mode asked for (CFX_SECURE) */
+    /* on from the frame after AUTH_OK: tx under send_lock, rx by the reader
+     * (or the handshake); set and reset under send_lock */
+    struct cfx_ctl_seal seal;
 };
 
 static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
@@ -160,8 +166,8 @@ static int is_broken(struct cfx_ctl *ctl)
 
 /* Write a whole frame by @p deadline.  A frame cut short would leave the
  * stream unframed, so a partial send that times out breaks the connection. */
-static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_t deadline,
-                    const char *what)
+static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
+                    uint64_t deadline, const char *what)
 {
     size_t off = 0;
     int rc = CFX_OK;
@@ -173,6 +179,17 @@ static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_
         !pthread_equal(pthread_self(), ctl->thread)) {
         pthread_mutex_unlock(&ctl->send_lock);
         return ctl_err(ctl, CFX_ERR_CONNECT, what, "reconnecting to the coordinator");
+    }
+    /* Sealed here, under the lock: records go out in their counter's order.
+     * A sealed record not sent whole leaves the peer's counter behind, so
+     * any failure after this breaks the connection. */
+    bool sealed = ctl->seal.mode != CFX_SEAL_OFF;
+    rc = cfx__ctl_seal_frame(&ctl->seal, buf, len, cap, &len);
+    if (rc != CFX_OK) {
+        pthread_mutex_unlock(&ctl->send_lock);
+        rc = ctl_err(ctl, rc, what, "%s", cfx_last_error());
+        mark_broken(ctl, fd);
+        return rc;
     }
     while (off < len) {
         ssize_t n = send(ctl->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -201,7 +218,7 @@ static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_
         break;
     }
     pthread_mutex_unlock(&ctl->send_lock);
-    if (rc != CFX_OK && (off > 0 || rc == CFX_ERR_CONNECT))
+    if (rc != CFX_OK && (off > 0 || sealed || rc == CFX_ERR_CONNECT))
         mark_broken(ctl, fd);
     return rc;
 }
@@ -209,12 +226,17 @@ static int send_all(struct cfx_ctl *ctl, const uint8_t *buf, size_t len, uint64_
 static int send_msg(struct cfx_ctl *ctl, const struct cfx_msg *m, uint64_t deadline,
                     const char *what)
 {
-    uint8_t *buf;
-    size_t len;
-    int rc = cfx__msg_encode_alloc(m, &buf, &len);
-    if (rc != CFX_OK)
+    /* room for a tag whatever the mode: it may switch on before the lock */
+    size_t cap = cfx__msg_encoded_len(m) + CFX_SEAL_TAG_LEN, len;
+    uint8_t *buf = malloc(cap);
+    if (!buf)
+        return ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for a %zu byte request", cap);
+    int rc = cfx__msg_encode(m, buf, cap, &len);
+    if (rc != CFX_OK) {
+        free(buf);
         return ctl_err(ctl, rc, what, "%s", cfx_last_error());
-    rc = send_all(ctl, buf, len, deadline, what);
+    }
+    rc = send_all(ctl, buf, len, cap, deadline, what);
     free(buf);
     return rc;
 }
@@ -243,7 +265,7 @@ static int rbuf_frame(struct cfx_ctl *ctl, size_t *flen)
     struct cfx_msg_hdr h;
     if (ctl->rlen < CFX_PROTO_HDR_LEN)
         return 0;
-    int rc = cfx__msg_hdr_decode(ctl->rbuf, ctl->rlen, &h);
+    int rc = cfx__ctl_hdr_decode(&ctl->seal, ctl->rbuf, ctl->rlen, &h);
     if (rc != CFX_OK)
         return ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
     size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
@@ -258,6 +280,21 @@ static int rbuf_frame(struct cfx_ctl *ctl, size_t *flen)
         return 0;
     *flen = need;
     return 1;
+}
+
+/* Open the sealed frame of @p wlen bytes at @p f in place (no-op while
+ * off); *len: its plain length.  CFX_ERR_AUTH naming the coordinator when
+ * it fails: nothing of it may be read. */
+static int frame_open(struct cfx_ctl *ctl, uint8_t *f, size_t wlen, size_t *len)
+{
+    int rc = cfx__ctl_open_frame(&ctl->seal, f, wlen, len);
+    if (rc == CFX_ERR_AUTH)
+        return cfx__err(CFX_ERR_AUTH, "coordinator %s sent a frame that failed its "
+                        "CFX_SECURE=%s check (tampered with, replayed or not sealed); the "
+                        "connection is closed", ctl->coord, cfx__seal_mode_name(ctl->seal.mode));
+    if (rc != CFX_OK)
+        return ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
+    return CFX_OK;
 }
 
 static void rbuf_consume(struct cfx_ctl *ctl, size_t n)
@@ -289,7 +326,12 @@ static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
                 return cfx__err(CFX_ERR_NOMEM, "no memory for a %zu byte frame", flen);
             memcpy(f, ctl->rbuf, flen);
             rbuf_consume(ctl, flen);
-            int rc = cfx__msg_decode(f, flen, m);
+            int rc = frame_open(ctl, f, flen, &flen);
+            if (rc != CFX_OK) {
+                free(f);
+                return rc;
+            }
+            rc = cfx__msg_decode(f, flen, m);
             if (rc != CFX_OK) {
                 free(f);
                 return ctl_err(ctl, rc, what, "%s", cfx_last_error());
@@ -315,14 +357,16 @@ static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
 /* ------------------------------------------------------------------------ */
 /* Calls                                                                     */
 
-static void fail_all_calls(struct cfx_ctl *ctl)
+/* @p status: CFX_ERR_CONNECT (lost), CFX_ERR_AUTH (a frame failed its
+ * CFX_SECURE check: not sent again). */
+static void fail_all_calls(struct cfx_ctl *ctl, int status)
 {
     struct cfx_list *pos;
     cfx_list_for_each(pos, &ctl->calls) {
         struct ctl_call *c = cfx_list_entry(pos, struct ctl_call, link);
         if (!c->done) {
             c->done = 1;
-            c->status = CFX_ERR_CONNECT;
+            c->status = status;
             pthread_cond_signal(&c->cond);
         }
     }
@@ -457,6 +501,12 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
         goto out_free;
     if (call->status == CFX_ERR_CANCELED) {
         rc = ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being destroyed");
+        goto out_free;
+    }
+    if (call->status == CFX_ERR_AUTH) {
+        rc = ctl_err(ctl, CFX_ERR_AUTH, what, "a frame from the coordinator failed its "
+                     "CFX_SECURE check (tampered with, replayed or not sealed); the connection "
+                     "was closed");
         goto out_free;
     }
     if (call->status != CFX_OK) {
@@ -600,7 +650,7 @@ static void *reader_thread(void *arg)
     for (;;) {
         uint64_t hb_ns = (uint64_t)ctl->heartbeat_ms * 1000000ull;
         uint64_t next_hb = ctl->role == CFX_CTL_ROLE_NODE ? cfx__now_ns() + hb_ns : UINT64_MAX;
-        int lost = 0, closing = 0;
+        int lost = 0, closing = 0, lost_status = CFX_ERR_CONNECT;
         char why[256] = "";
 
         while (!lost) {
@@ -643,13 +693,16 @@ static void *reader_thread(void *arg)
                 lost = 1;
                 break;
             }
-            size_t flen = 0;
-            while ((rc = rbuf_frame(ctl, &flen)) == 1) {
-                deliver(ctl, ctl->rbuf, flen);
+            size_t flen = 0, plen = 0;
+            while ((rc = rbuf_frame(ctl, &flen)) == 1 &&
+                   (rc = frame_open(ctl, ctl->rbuf, flen, &plen)) == CFX_OK) {
+                deliver(ctl, ctl->rbuf, plen);
                 rbuf_consume(ctl, flen);
             }
             if (rc < 0) {
                 snprintf(why, sizeof(why), "%s", cfx_last_error());
+                if (rc == CFX_ERR_AUTH)
+                    lost_status = CFX_ERR_AUTH;
                 lost = 1;
             }
         }
@@ -662,7 +715,7 @@ static void *reader_thread(void *arg)
         int again = lost && !closing && ctl->role == CFX_CTL_ROLE_NODE;
         if (again)
             __atomic_store_n(&ctl->reconnecting, 1, __ATOMIC_RELEASE);
-        fail_all_calls(ctl);
+        fail_all_calls(ctl, lost_status);
         pthread_mutex_unlock(&ctl->lock);
         if (lost && !closing) {
             CFX_LOG(WARN, CTL, "lost the coordinator %s: %s%s", ctl->coord, why,
@@ -775,9 +828,12 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
 {
     struct cfx_msg m, r;
     uint8_t *frame = NULL;
-    uint8_t snonce[CFX_AUTH_NONCE_LEN], cnonce[CFX_AUTH_NONCE_LEN];
-    int rc;
+    uint8_t snonce[CFX_AUTH_NONCE_LEN], cnonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
+    int rc, their_mode;
 
+    pthread_mutex_lock(&ctl->send_lock); /* a new connection starts plain */
+    cfx__ctl_seal_stop(&ctl->seal);
+    pthread_mutex_unlock(&ctl->send_lock);
     rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
     if (rc != CFX_OK)
         return rc;
@@ -791,6 +847,7 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
         goto out_free;
     }
     memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
+    their_mode = m.u.challenge.secure;
     free(frame);
     frame = NULL;
 
@@ -800,14 +857,23 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     r.req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);
     r.u.auth.role = (uint8_t)ctl->role;
+    r.u.auth.secure = (uint8_t)ctl->secure;
+    /* both MACs cover role and mode: no side can be talked into another mode */
+    cfx__ctl_auth_bind(r.u.auth.role, r.u.auth.secure, bind);
     if ((rc = cfx__auth_nonce(cnonce, sizeof(cnonce))) != CFX_OK ||
-        (rc = cfx__auth_mac_bound(params->token, CFX_AUTH_CLIENT, snonce, cnonce,
-                                  &r.u.auth.role, 1, r.u.auth.mac)) != CFX_OK)
+        (rc = cfx__auth_mac_bound(params->token, CFX_AUTH_CLIENT, snonce, cnonce, bind,
+                                  sizeof(bind), r.u.auth.mac)) != CFX_OK)
         return rc;
     memcpy(r.u.auth.nonce, cnonce, sizeof(cnonce));
     rc = send_msg(ctl, &r, deadline, "authentication");
     if (rc != CFX_OK)
         return rc;
+    if (their_mode != ctl->secure)
+        /* refused here; the AUTH (its mode under the MAC) went out first so
+         * that the coordinator logs the refusal too */
+        return cfx__err(CFX_ERR_AUTH, "the coordinator %s runs with CFX_SECURE=%s, this client "
+                        "with %s", ctl->coord, cfx__seal_mode_name(their_mode),
+                        cfx__seal_mode_name(ctl->secure));
     rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
     if (rc == CFX_ERR_CONNECT)
         /* A refused token gets an ERROR frame first; a bare close means the
@@ -818,7 +884,9 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_AUTH) {
-        rc = cfx__err(CFX_ERR_AUTH, "coordinator %s refused the cluster token", ctl->coord);
+        /* its words: the token, or the CFX_SECURE modes of both sides */
+        rc = cfx__err(CFX_ERR_AUTH, "%s", m.u.error.text[0] ? m.u.error.text
+                                                            : "the coordinator refused us");
         goto out_free;
     }
     if (m.type == CFX_MSG_ERROR) {
@@ -830,14 +898,22 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
-    if (cfx__auth_verify_bound(params->token, CFX_AUTH_COORD, snonce, cnonce, &r.u.auth.role,
-                               1, m.u.auth_ok.mac) != CFX_OK) {
+    if (cfx__auth_verify_bound(params->token, CFX_AUTH_COORD, snonce, cnonce, bind,
+                               sizeof(bind), m.u.auth_ok.mac) != CFX_OK) {
         rc = cfx__err(CFX_ERR_AUTH, "coordinator %s did not prove it knows the cluster token "
                       "(a coordinator of another cluster?)", ctl->coord);
         goto out_free;
     }
     free(frame);
     frame = NULL;
+    /* every frame after AUTH_OK, both ways, is sealed (ctl_seal.h) */
+    pthread_mutex_lock(&ctl->send_lock);
+    rc = cfx__ctl_seal_start(&ctl->seal, ctl->secure, params->token, snonce, cnonce,
+                             r.u.auth.role, true);
+    pthread_mutex_unlock(&ctl->send_lock);
+    if (rc != CFX_OK)
+        return ctl_err(ctl, rc, "authentication", "cannot set up the sealing keys: %s",
+                       cfx_last_error());
     if (ctl->role != CFX_CTL_ROLE_NODE)
         return CFX_OK;
 
@@ -941,6 +1017,7 @@ static void ctl_free(struct cfx_ctl *ctl)
         close(ctl->fd);
     if (ctl->wake_fd >= 0)
         close(ctl->wake_fd);
+    cfx__ctl_seal_stop(&ctl->seal);
     free(ctl->rbuf);
     OPENSSL_cleanse(ctl->token, sizeof(ctl->token));
     pthread_cond_destroy(&ctl->conn_cond);
@@ -963,6 +1040,10 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         return cfx__err(CFX_ERR_AUTH, "no cluster token: set CFX_TOKEN or CFX_TOKEN_FILE");
     if (params->role != CFX_CTL_ROLE_NODE && params->role != CFX_CTL_ROLE_ADMIN)
         return cfx__err(CFX_ERR_INVALID, "unknown client role %d", (int)params->role);
+    if (params->secure != CFX_SEAL_OFF && params->secure != CFX_SEAL_INTEGRITY &&
+        params->secure != CFX_SEAL_ENCRYPT)
+        return cfx__err(CFX_ERR_INVALID, "CFX_SECURE mode %d is not off, integrity or encrypt",
+                        params->secure);
     if (params->role == CFX_CTL_ROLE_NODE && !params->self)
         return cfx__err(CFX_ERR_INVALID, "joining coordinator %s needs a node record",
                         params->coord);
@@ -976,6 +1057,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->wake_fd = -1;
     snprintf(ctl->coord, sizeof(ctl->coord), "%s", params->coord);
     ctl->role = params->role;
+    ctl->secure = params->secure;
     ctl->on_node_dead = params->on_node_dead;
     ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
@@ -1019,9 +1101,10 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         goto err_free;
     }
     ctl->thread_started = 1;
-    CFX_LOG(INFO, CTL, "connected to coordinator %s as %s%s%.0u", ctl->coord,
+    CFX_LOG(INFO, CTL, "connected to coordinator %s as %s%s%.0u (CFX_SECURE=%s)", ctl->coord,
             ctl->role == CFX_CTL_ROLE_NODE ? "node" : "admin",
-            ctl->role == CFX_CTL_ROLE_NODE ? " " : "", ctl->node_id);
+            ctl->role == CFX_CTL_ROLE_NODE ? " " : "", ctl->node_id,
+            cfx__seal_mode_name(ctl->secure));
     *out = ctl;
     return CFX_OK;
 

@@ -223,6 +223,10 @@ struct cfx_ctl_params {
      * @p max copies being received here and how far each got; returns how
      * many it wrote.  Must not block.  May be NULL (none are reported). */
     unsigned (*progress_fill)(void *arg, struct cfx_ctl_progress *out, unsigned max);
+    /* CFX_SECURE (enum cfx_seal_mode, control/seal.h): must be the
+     * coordinator's (else CFX_ERR_AUTH naming both); frames after the
+     * handshake are sealed unless off (0, the default). */
+    int secure;
 };
 
 /* Every blocking request below is sent again after a reconnect when the
@@ -231,7 +235,10 @@ struct cfx_ctl_params {
  * CFX_ERR_CONNECT naming the coordinator (control/client.c, ctl_call). */
 
 /* Connect, authenticate (HMAC challenge-response) and join.
- * CFX_ERR_AUTH when the token is refused; CFX_ERR_CONNECT; CFX_ERR_TIMEOUT. */
+ * CFX_ERR_AUTH when the token is refused or the coordinator runs with another
+ * CFX_SECURE mode; CFX_ERR_CONNECT; CFX_ERR_TIMEOUT.  With CFX_SECURE on, a
+ * frame from the coordinator that fails its check ends the connection and
+ * the calls waiting on it with CFX_ERR_AUTH naming the coordinator. */
 int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out);
 
 /* Leave (best effort) and free; NULL is a no-op. */

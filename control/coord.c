@@ -71,7 +71,7 @@ void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
 {
     if (c->failing)
         return;
-    size_t len = cfx__msg_encoded_len(m);
+    size_t len = cfx__msg_encoded_len(m) + cfx__ctl_seal_overhead(&c->seal);
     struct coord_frame *f = malloc(sizeof(*f) + len);
     if (!f) {
         CFX_LOG(ERR, CTL, "connection %s: no memory for a %zu byte %s reply; closing it",
@@ -85,6 +85,15 @@ void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
         CFX_LOG(ERR, CTL, "connection %s: cannot encode %s: %s", c->peer,
                 cfx__msg_type_name(m->type), cfx_last_error());
         free(f);
+        return;
+    }
+    /* sealed as queued: the loop's order is the wire's (the record counter) */
+    rc = cfx__ctl_seal_frame(&c->seal, f->data, f->len, len, &f->len);
+    if (rc != CFX_OK) {
+        CFX_LOG(ERR, CTL, "connection %s: cannot seal %s: %s; closing it", c->peer,
+                cfx__msg_type_name(m->type), cfx_last_error());
+        free(f);
+        cfx__coord_conn_fail(c);
         return;
     }
     f->off = 0;
@@ -144,6 +153,7 @@ static void conn_free(struct coord_conn *c)
     }
     if (c->fd >= 0)
         close(c->fd);
+    cfx__ctl_seal_stop(&c->seal);
     free(c->in);
     free(c);
 }
@@ -194,20 +204,36 @@ static void conn_close_after_flush(struct coord_conn *c)
 static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     struct cfx_msg r = { .type = CFX_MSG_AUTH_OK, .req_id = m->req_id };
-    const uint8_t role = m->u.auth.role; /* under both MACs (control/auth.h) */
+    const uint8_t role = m->u.auth.role;
+    uint8_t bind[CFX_CTL_BIND_LEN];
 
     /* The client proves the token first; nothing derived from it goes back
-     * to a peer whose proof failed (only the refusal). */
-    if (cfx__auth_verify_bound(co->token, CFX_AUTH_CLIENT, c->nonce, m->u.auth.nonce, &role, 1,
-                               m->u.auth.mac) != CFX_OK) {
+     * to a peer whose proof failed (only the refusal).  Its MAC covers its
+     * role and its CFX_SECURE mode (control/auth.h, ctl_seal.h). */
+    cfx__ctl_auth_bind(role, m->u.auth.secure, bind);
+    if (cfx__auth_verify_bound(co->token, CFX_AUTH_CLIENT, c->nonce, m->u.auth.nonce, bind,
+                               sizeof(bind), m->u.auth.mac) != CFX_OK) {
         CFX_LOG(WARN, CTL, "refused %s: wrong cluster token", c->peer);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_AUTH,
                              "coordinator %s refused the cluster token", co->addr);
         conn_close_after_flush(c);
         return;
     }
-    if (cfx__auth_mac_bound(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, &role, 1,
-                            r.u.auth_ok.mac) != CFX_OK) {
+    /* The mode it proved is its own: refused unless it is ours (no side is
+     * talked down to a weaker one). */
+    if (m->u.auth.secure != co->secure) {
+        co->seal_refused++;
+        CFX_LOG(WARN, CTL, "refused %s: it runs with CFX_SECURE=%s, this coordinator with %s",
+                c->peer, cfx__seal_mode_name(m->u.auth.secure), cfx__seal_mode_name(co->secure));
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_AUTH, "the coordinator %s runs with "
+                             "CFX_SECURE=%s, this client with %s", co->addr,
+                             cfx__seal_mode_name(co->secure),
+                             cfx__seal_mode_name(m->u.auth.secure));
+        conn_close_after_flush(c);
+        return;
+    }
+    if (cfx__auth_mac_bound(co->token, CFX_AUTH_COORD, c->nonce, m->u.auth.nonce, bind,
+                            sizeof(bind), r.u.auth_ok.mac) != CFX_OK) {
         CFX_LOG(ERR, CTL, "connection %s: %s", c->peer, cfx_last_error());
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_INTERNAL, "coordinator cannot compute its MAC");
         conn_close_after_flush(c);
@@ -216,9 +242,17 @@ static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct
     c->state = COORD_CONN_READY;
     co->nunauth--;
     c->role = m->u.auth.role;
-    CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s", c->peer,
-            c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node");
+    CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s (CFX_SECURE=%s)", c->peer,
+            c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node", cfx__seal_mode_name(co->secure));
     cfx__coord_send(c, &r);
+    /* AUTH_OK went plain; every frame after it, both ways, is sealed */
+    if (!c->failing &&
+        cfx__ctl_seal_start(&c->seal, co->secure, co->token, c->nonce, m->u.auth.nonce, role,
+                            false) != CFX_OK) {
+        CFX_LOG(ERR, CTL, "closing %s: cannot set up its sealing keys: %s", c->peer,
+                cfx_last_error());
+        cfx__coord_conn_fail(c);
+    }
 }
 
 static void handle_status(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
@@ -331,12 +365,22 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
     }
 }
 
-/* One whole frame of @p len bytes. */
-static void handle_frame(struct cfx_coord *co, struct coord_conn *c, const uint8_t *buf,
-                         size_t len)
+/* One whole frame of @p len bytes as it came (opened in place when sealed). */
+static void handle_frame(struct cfx_coord *co, struct coord_conn *c, uint8_t *buf, size_t len)
 {
     struct cfx_msg m;
-    int rc = cfx__msg_decode(buf, len, &m);
+    int rc = cfx__ctl_open_frame(&c->seal, buf, len, &len);
+
+    if (rc != CFX_OK) {
+        /* tampered, replayed, reordered or plain: nothing of it is read */
+        co->seal_failures++;
+        CFX_LOG(WARN, CTL, "closing %s: a frame failed its CFX_SECURE=%s check (%s): "
+                "tampered with, replayed or not sealed", c->peer,
+                cfx__seal_mode_name(c->seal.mode), cfx_errname(rc));
+        cfx__coord_conn_fail(c);
+        return;
+    }
+    rc = cfx__msg_decode(buf, len, &m);
 
     if (c->state == COORD_CONN_AUTH) {
         if (rc != CFX_OK || m.type != CFX_MSG_AUTH) {
@@ -366,10 +410,12 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
 
     while (!c->failing && !c->close_after_flush && c->in_len - off >= CFX_PROTO_HDR_LEN) {
         struct cfx_msg_hdr h;
-        int rc = cfx__msg_hdr_decode(c->in + off, c->in_len - off, &h);
+        int rc = cfx__ctl_hdr_decode(&c->seal, c->in + off, c->in_len - off, &h);
         if (rc != CFX_OK) {
             /* Framing is lost: nothing after this can be trusted. */
             CFX_LOG(WARN, CTL, "closing %s: %s", c->peer, cfx_last_error());
+            if (c->seal.mode != CFX_SEAL_OFF)
+                co->seal_failures++; /* a plain frame where a sealed one was due */
             if (rc == CFX_ERR_VERSION && c->state == COORD_CONN_AUTH) {
                 cfx__coord_reply_err(c, h.req_id, CFX_ERR_VERSION,
                                      "coordinator %s speaks protocol version %u", co->addr,
@@ -558,6 +604,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
 
     struct cfx_msg ch = { .type = CFX_MSG_CHALLENGE, .req_id = 0 };
     memcpy(ch.u.challenge.nonce, c->nonce, sizeof(c->nonce));
+    ch.u.challenge.secure = (uint8_t)co->secure;
     cfx__coord_send(c, &ch);
     return;
 
@@ -785,6 +832,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms : 250;
     co->dead_after_ms = params->dead_after_ms ? params->dead_after_ms : 1500;
     co->fanout = params->fanout; /* 0: per object */
+    co->secure = params->secure;
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;
     co->stall_timeout_ms = params->stall_timeout_ms ? params->stall_timeout_ms : 10000;
     co->dead_keep_ms = params->dead_keep_ms ? params->dead_keep_ms : COORD_DEAD_KEEP_MS_DEFAULT;
@@ -801,6 +849,12 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->max_node_tasks = params->max_node_tasks;
     co->max_queued_tasks = params->max_queued_tasks;
     cfx__coord_task_init(co);
+    if (co->secure != CFX_SEAL_OFF && co->secure != CFX_SEAL_INTEGRITY &&
+        co->secure != CFX_SEAL_ENCRYPT) {
+        rc = cfx__err(CFX_ERR_INVALID, "coordinator CFX_SECURE mode %d is not off, integrity "
+                      "or encrypt", co->secure);
+        goto err_free;
+    }
     if (co->max_nodes > COORD_MAX_NODES_LIMIT) {
         rc = cfx__err(CFX_ERR_INVALID, "max-nodes %u is above the limit of %u", co->max_nodes,
                       COORD_MAX_NODES_LIMIT);
@@ -857,7 +911,8 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     else
         snprintf(fanout_txt, sizeof(fanout_txt), "per object");
     CFX_LOG(INFO, CTL, "coordinator listening on %s (heartbeat %u ms, dead after %u ms, "
-            "fanout %s)", co->addr, co->heartbeat_ms, co->dead_after_ms, fanout_txt);
+            "fanout %s, CFX_SECURE=%s)", co->addr, co->heartbeat_ms, co->dead_after_ms,
+            fanout_txt, cfx__seal_mode_name(co->secure));
     *out = co;
     return CFX_OK;
 

@@ -44,6 +44,9 @@ struct cfx_coord_params {
     const char *metrics_addr;     /* "ip:port" of the Prometheus endpoint (coord_metrics.c);
                                 * NULL: none.  Unauthenticated: bind it to loopback
                                 * unless scrapers elsewhere must reach it */
+    int secure;                   /* enum cfx_seal_mode (control/seal.h): clients must run
+                                   * with the same CFX_SECURE; frames after the handshake
+                                   * are sealed unless off (the default) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

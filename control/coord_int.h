@@ -13,6 +13,7 @@
 #include "control/auth.h"
 #include "control/client.h"
 #include "control/coord.h"
+#include "control/ctl_seal.h"
 #include "control/evloop.h"
 #include "control/proto.h"
 #include "dataplane/common/list.h"
@@ -83,6 +84,7 @@ struct coord_conn {
     uint32_t nnode_waits;
     struct cfx_ev_timer resume; /* parses the rest of in[] after a disk write */
     int parse_deferred;         /* resume is armed: frames wait in in[] */
+    struct cfx_ctl_seal seal;   /* CFX_SECURE: on from the frame after AUTH_OK */
 };
 
 struct coord_node {
@@ -245,6 +247,9 @@ struct cfx_coord {
     uint32_t dead_after_ms;
     uint32_t dead_keep_ms;      /* dead records are forgotten this long after death */
     uint32_t fanout;
+    int secure;                 /* enum cfx_seal_mode clients must speak */
+    uint64_t seal_refused;      /* handshakes refused for another CFX_SECURE mode */
+    uint64_t seal_failures;     /* connections ended by a frame that did not open */
     /* the members' links as their heartbeats report them (medians over live
      * members with an estimate; 0: none), refreshed at most once a second
      * when a fan-out is chosen (coord_directory.c) */

@@ -286,6 +286,11 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
           "Records written to or removed from the state directory.", co->state_writes },
         { "conflux_coord_metrics_scrapes_total", "Answers of /metrics before this one.",
           m->scrapes },
+        { "conflux_coord_secure_refused_total",
+          "Clients refused for running with another CFX_SECURE mode.", co->seal_refused },
+        { "conflux_coord_seal_failures_total",
+          "Connections closed for a frame that failed its CFX_SECURE check (tampered with, "
+          "replayed or not sealed).", co->seal_failures },
     };
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
         scalar(b, "counter", &counters[i]);

@@ -1,6 +1,7 @@
 /* Control-plane wire format: encode and validate-while-decoding. */
 #include "control/proto.h"
 #include "control/proto_io.h"
+#include "control/seal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -193,14 +194,20 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASKS_REPLY:
         return cfx__msg_task_encode(m, w);
     case CFX_MSG_CHALLENGE:
+        if (m->u.challenge.secure > CFX_SEAL_ENCRYPT)
+            return cfx__err(CFX_ERR_INVALID, "CHALLENGE frame with mode %u", m->u.challenge.secure);
         wr_bytes(w, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
+        wr_u8(w, m->u.challenge.secure);
         break;
     case CFX_MSG_AUTH:
         if (m->u.auth.role > CFX_CTL_ROLE_ADMIN)
             return cfx__err(CFX_ERR_INVALID, "AUTH frame with role %u", m->u.auth.role);
         wr_u8(w, m->u.auth.role);
         wr_bytes(w, m->u.auth.nonce, CFX_PROTO_NONCE_LEN);
+        if (m->u.auth.secure > CFX_SEAL_ENCRYPT)
+            return cfx__err(CFX_ERR_INVALID, "AUTH frame with mode %u", m->u.auth.secure);
         wr_bytes(w, m->u.auth.mac, CFX_PROTO_MAC_LEN);
+        wr_u8(w, m->u.auth.secure);
         break;
     case CFX_MSG_AUTH_OK:
         wr_bytes(w, m->u.auth_ok.mac, CFX_PROTO_MAC_LEN);
@@ -478,6 +485,9 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         break;
     case CFX_MSG_CHALLENGE:
         rd_bytes(r, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN, "nonce");
+        m->u.challenge.secure = rd_u8(r, "mode");
+        if (m->u.challenge.secure > CFX_SEAL_ENCRYPT)
+            rd_fail(r, CFX_ERR_PROTO, "unknown CFX_SECURE mode");
         break;
     case CFX_MSG_AUTH:
         m->u.auth.role = rd_u8(r, "role");
@@ -485,6 +495,9 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
             rd_fail(r, CFX_ERR_PROTO, "unknown role");
         rd_bytes(r, m->u.auth.nonce, CFX_PROTO_NONCE_LEN, "nonce");
         rd_bytes(r, m->u.auth.mac, CFX_PROTO_MAC_LEN, "mac");
+        m->u.auth.secure = rd_u8(r, "mode");
+        if (m->u.auth.secure > CFX_SEAL_ENCRYPT)
+            rd_fail(r, CFX_ERR_PROTO, "unknown CFX_SECURE mode");
         break;
     case CFX_MSG_AUTH_OK:
         rd_bytes(r, m->u.auth_ok.mac, CFX_PROTO_MAC_LEN, "mac");

@@ -22,6 +22,14 @@
  * frame alive while the message is used.  On failure they return CFX_ERR_PROTO, CFX_ERR_TOO_BIG or
  * CFX_ERR_VERSION and set cfx_last_error().
  *
+ * Sealed frames (CFX_SECURE=integrity or encrypt, control/ctl_seal.h): the
+ * handshake frames (CHALLENGE, AUTH, AUTH_OK and a refusal) travel plain;
+ * every frame after AUTH_OK, each way, is one AES-256-GCM record: the header
+ * in clear as associated data, its payload_len counting the payload plus the
+ * CFX_SEAL_TAG_LEN (16) byte tag that follows the payload; the payload is
+ * encrypted (encrypt) or in clear (integrity).  The decoders here see only
+ * opened frames (payload_len without the tag).
+ *
  * Thread safety: all functions are reentrant.
  */
 #ifndef CFX_CONTROL_PROTO_H
@@ -34,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      6u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      7u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -42,7 +50,11 @@
                                     *    HEARTBEAT, each node's last report in
                                     *    NODES_REPLY, the TASKS listing;
                                     * 6: partial copies' progress in HEARTBEAT,
-                                    *    each holder's ready bytes in OBJECTS_REPLY */
+                                    *    each holder's ready bytes in OBJECTS_REPLY;
+                                    * 7: CFX_SECURE: the mode in CHALLENGE and AUTH,
+                                    *    role | mode under both AUTH MACs, and sealed
+                                    *    frames after AUTH_OK (below): a v6 peer
+                                    *    would read sealed frames as garbage */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -208,11 +220,13 @@ struct cfx_msg {
         } error;
         struct {
             uint8_t nonce[CFX_PROTO_NONCE_LEN];
+            uint8_t secure;                 /* the coordinator's enum cfx_seal_mode */
         } challenge;
         struct {
             uint8_t role;                   /* enum cfx_ctl_role */
             uint8_t nonce[CFX_PROTO_NONCE_LEN];
             uint8_t mac[CFX_PROTO_MAC_LEN];
+            uint8_t secure;                 /* the client's enum cfx_seal_mode (under the MAC) */
         } auth;
         struct {
             uint8_t mac[CFX_PROTO_MAC_LEN];

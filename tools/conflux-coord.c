@@ -7,6 +7,7 @@
  *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
  *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
  *                 [--max-conn-outq SIZE] [--max-node-tasks N] [--max-queued-tasks N]
+ *                 [--metrics [ADDR:]PORT] [--secure MODE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -27,6 +28,7 @@
 #include "args.h"
 #include "control/auth.h"
 #include "control/coord.h"
+#include "control/seal.h"
 #include "dataplane/common/log.h"
 
 #define DEFAULT_PORT 5000
@@ -42,6 +44,7 @@ static void usage(FILE *f)
             "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
             "                     [--max-conn-outq SIZE] [--max-node-tasks N]\n"
             "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
+            "                     [--secure off|integrity|encrypt]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -77,6 +80,12 @@ static void usage(FILE *f)
             "                      ADDR (default 127.0.0.1): unauthenticated and read-only,\n"
             "                      so whoever can connect reads member names, hosts and\n"
             "                      counts; bind it beyond loopback only on a trusted network\n"
+            "  --secure MODE       control-plane protection after the token handshake\n"
+            "                      (default $CFX_SECURE, else off): off (plain frames),\n"
+            "                      integrity (every frame authenticated, AES-256-GCM), encrypt\n"
+            "                      (authenticated and encrypted; also 1, on, yes).  Every\n"
+            "                      node and rdmactl must run with the same CFX_SECURE: a\n"
+            "                      client with another is refused (CFX_ERR_AUTH naming both)\n"
             "Every cap, when hit, answers the caller CFX_ERR_NO_RESOURCE with a text naming\n"
             "it (max_nodes, max_node_objects, ...); a refused connection gets that error\n"
             "before the close.  SIZE takes K, M, G suffixes.\n"
@@ -108,6 +117,7 @@ int main(int argc, char **argv)
         { "metrics", required_argument, NULL, 'M' },
         { "max-node-tasks", required_argument, NULL, 'T' },
         { "max-queued-tasks", required_argument, NULL, 'q' },
+        { "secure", required_argument, NULL, 'X' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -115,6 +125,7 @@ int main(int argc, char **argv)
     char *token_arg = NULL;
     char metrics[80];
     const char *token_file = NULL;
+    const char *secure = getenv("CFX_SECURE"), *secure_from = "CFX_SECURE";
     char token[CFX_TOKEN_MAX + 1];
     int c, v, rc;
 
@@ -166,6 +177,10 @@ int main(int argc, char **argv)
             params.stall_timeout_ms = (uint32_t)v;
             break;
         case 'd': params.state_dir = optarg; break;
+        case 'X':
+            secure = optarg;
+            secure_from = "--secure";
+            break;
         case 'N':
             if (tool_arg_int(PROG, "--max-nodes", optarg, 1, 1 << 24, "a number of members", &v))
                 return TOOL_EXIT_USAGE;
@@ -233,6 +248,11 @@ int main(int argc, char **argv)
     if (optind != argc) {
         fprintf(stderr, "conflux-coord: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
+        return 2;
+    }
+    if (cfx__seal_mode_parse(secure, &params.secure) != CFX_OK) {
+        fprintf(stderr, "conflux-coord: %s=%s: %s (off, integrity or encrypt)\n", secure_from,
+                secure, cfx_last_error());
         return 2;
     }
     if (token_arg && token_file) {

@@ -27,6 +27,7 @@
 #include "args.h"
 #include "control/auth.h"
 #include "control/client.h"
+#include "control/seal.h"
 #ifdef CFX_HAVE_VERBS
 #include "dataplane/verbs/verbs_devinfo.h"
 #endif
@@ -147,7 +148,14 @@ static struct cfx_ctl *ctl_get(struct rdmactl *r)
         .role = CFX_CTL_ROLE_ADMIN,
         .timeout_ms = RDMACTL_TIMEOUT_MS,
     };
-    int rc = cfx__ctl_open(&p, &r->ctl);
+    /* the coordinator's mode: nodes and tools share CFX_SECURE */
+    int rc = cfx__seal_mode_parse(getenv("CFX_SECURE"), &p.secure);
+    if (rc != CFX_OK) {
+        fprintf(stderr, "rdmactl: CFX_SECURE: %s (off, integrity or encrypt)\n",
+                cfx_last_error());
+        return NULL;
+    }
+    rc = cfx__ctl_open(&p, &r->ctl);
     if (rc != CFX_OK) {
         fprintf(stderr, "rdmactl: cannot reach the coordinator at %s: %s\n", r->coord,
                 cfx_last_error());

@@ -96,7 +96,8 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
     return CFX_OK;
 }
 
-int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord **out)
+int cfx__boot_host(const struct cfx_boot *b, const char *token, int secure,
+                   struct cfx_coord **out)
 {
     struct sockaddr_in sa;
     char hp[sizeof(b->master) + 8], ip[INET_ADDRSTRLEN];
@@ -117,6 +118,7 @@ int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord
         .bind_addr = ip,
         .port = b->port,
         .token = token,
+        .secure = secure, /* the ranks' own CFX_SECURE: they must match it */
     };
     rc = cfx__coord_start(&cp, out);
     if (rc != CFX_OK)

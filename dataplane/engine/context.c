@@ -430,7 +430,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         goto err_free;
     }
     if (ctx->cfg.boot.host) {
-        rc = cfx__boot_host(&ctx->cfg.boot, ctx->token, &ctx->hosted);
+        rc = cfx__boot_host(&ctx->cfg.boot, ctx->token, ctx->cfg.secure, &ctx->hosted);
         if (rc != CFX_OK)
             goto err_free;
     }
@@ -501,6 +501,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .load_fill = cfx__task_load_fill,
         .progress_fill = cfx__task_progress_fill,
         .arg = ctx,
+        .secure = ctx->cfg.secure,
     };
     rc = cfx__ctl_open(&cp, &ctx->ctl);
     if (rc != CFX_OK)

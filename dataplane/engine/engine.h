@@ -683,7 +683,8 @@ struct cfx_coord;
 int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len);
 /* Rank 0: start the embedded coordinator on MASTER_ADDR (CFX_ERR_AUTH
  * without a token).  *out is the caller's, for cfx__boot_unhost(). */
-int cfx__boot_host(const struct cfx_boot *b, const char *token, struct cfx_coord **out);
+int cfx__boot_host(const struct cfx_boot *b, const char *token, int secure,
+                   struct cfx_coord **out);
 /* Wait (at most @p timeout_ms) for the other members to leave, then stop
  * the coordinator.  NULL is a no-op. */
 void cfx__boot_unhost(struct cfx_coord *coord, int timeout_ms);

@@ -76,6 +76,7 @@ uint32_t dead_keep_ms;
 uint32_t fanout = FANOUT;
 uint32_t max_nodes;
 struct cfx_coord_params caps;
+int client_secure;
 const struct cfx_msg_load *node_report;
 
 static void fill_report(void *arg, struct cfx_msg_load *out)
@@ -88,7 +89,7 @@ void start_coord(void)
 {
     struct cfx_coord_params p = {
         .bind_addr = "127.0.0.1",
-        .port = 0,
+        .port = caps.port, /* 0: any */
         .token = token,
         .heartbeat_ms = HB_MS,
         .dead_after_ms = DEAD_MS,
@@ -103,6 +104,8 @@ void start_coord(void)
         .max_unauth_conns = caps.max_unauth_conns,
         .state_dir = caps.state_dir,
         .test_fsync_delay_ms = caps.test_fsync_delay_ms,
+        .secure = caps.secure,
+        .metrics_addr = caps.metrics_addr,
     };
     int rc = cfx__coord_start(&p, &coord);
     cr_assert_eq(rc, CFX_OK, "coord start: %s", cfx_last_error());
@@ -146,6 +149,7 @@ int open_node_tok(const char *name, const char *tok, struct deaths *d,
         .on_node_dead = d ? on_dead : NULL,
         .load_fill = node_report ? fill_report : NULL,
         .arg = d,
+        .secure = client_secure,
     };
     return cfx__ctl_open(&p, out);
 }
@@ -164,6 +168,7 @@ struct cfx_ctl *open_admin(void)
     struct cfx_ctl *c = NULL;
     struct cfx_ctl_params p = {
         .coord = addr, .token = token, .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = CALL_MS,
+        .secure = client_secure,
     };
     int rc = cfx__ctl_open(&p, &c);
     cr_assert_eq(rc, CFX_OK, "open admin: %s", cfx_last_error());
@@ -245,30 +250,48 @@ void raw_send(int s, const struct cfx_msg *m)
     cr_assert_eq(send(s, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
-/* A raw connection authenticated in @p role. */
-int raw_auth_role(uint8_t role)
+/* A raw connection authenticated in @p role with CFX_SECURE @p mode (the
+ * coordinator's); @p seal (NULL when off) receives its sealing state. */
+int raw_auth_sealed(uint8_t role, uint8_t mode, struct cfx_ctl_seal *seal)
 {
     static uint8_t buf[1 << 16];
     struct cfx_msg m, r;
     int s = raw_connect();
-    uint8_t snonce[CFX_AUTH_NONCE_LEN];
+    uint8_t snonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
     cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(m.u.challenge.secure, mode);
     memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
     memset(&r, 0, sizeof(r));
     r.type = CFX_MSG_AUTH;
     r.req_id = 1;
     r.u.auth.role = role;
+    r.u.auth.secure = mode;
+    cfx__ctl_auth_bind(role, mode, bind);
     cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, &role, 1, r.u.auth.mac);
+    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
+                        r.u.auth.mac);
     raw_send(s, &r);
     cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_AUTH_OK);
     cr_assert_eq(m.req_id, 1);
     /* Mutual: the coordinator proved it knows the token. */
-    cr_assert_eq(cfx__auth_verify_bound(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce, &role, 1,
-                                        m.u.auth_ok.mac), CFX_OK);
+    cr_assert_eq(cfx__auth_verify_bound(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce, bind,
+                                        sizeof(bind), m.u.auth_ok.mac), CFX_OK);
+    if (seal) {
+        memset(seal, 0, sizeof(*seal));
+        cr_assert_eq(cfx__ctl_seal_start(seal, mode, token, snonce, r.u.auth.nonce, role, true),
+                     CFX_OK);
+    } else {
+        cr_assert_eq(mode, CFX_SEAL_OFF);
+    }
     return s;
+}
+
+/* A raw connection authenticated in @p role (CFX_SECURE off). */
+int raw_auth_role(uint8_t role)
+{
+    return raw_auth_sealed(role, CFX_SEAL_OFF, NULL);
 }
 
 int raw_auth(void)

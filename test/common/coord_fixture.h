@@ -16,6 +16,7 @@
 
 #include "control/client.h"
 #include "control/coord.h"
+#include "control/ctl_seal.h"
 #include "control/proto.h"
 
 #define HB_MS    100
@@ -32,7 +33,9 @@ extern char addr[64];                /* its "127.0.0.1:port" */
 extern uint32_t dead_keep_ms;        /* 0: the coordinator's default */
 extern uint32_t fanout;              /* FANOUT; 0: chosen per object */
 extern uint32_t max_nodes;           /* 0: the coordinator's default */
-extern struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defaults */
+extern struct cfx_coord_params caps; /* max_* fields, 0: the coordinator's defaults;
+                                     * secure: the coordinator's CFX_SECURE */
+extern int client_secure;            /* CFX_SECURE of open_node()/open_admin() clients */
 extern const struct cfx_msg_load *node_report; /* what open_node()'s heartbeats report
                                                 * (NULL: nothing, all zero); read until
                                                 * those clients close */
@@ -107,6 +110,8 @@ void raw_send(int s, const struct cfx_msg *m);
 
 /* A raw connection authenticated in @p role. */
 int raw_auth_role(uint8_t role);
+
+int raw_auth_sealed(uint8_t role, uint8_t mode, struct cfx_ctl_seal *seal);
 
 /* A raw connection authenticated as admin. */
 int raw_auth(void);

@@ -27,6 +27,7 @@
 #include <conflux/status.h>
 
 #include "control/auth.h"
+#include "control/ctl_seal.h"
 #include "control/proto.h"
 #include "dataplane/common/util.h"
 
@@ -197,8 +198,10 @@ static inline int raw_auth(uint16_t port, const char *token, enum cfx_ctl_role r
     a.req_id = 1;
     a.u.auth.role = (uint8_t)role;
     cfx__auth_nonce(a.u.auth.nonce, sizeof(a.u.auth.nonce));
+    uint8_t bind[CFX_CTL_BIND_LEN];
+    cfx__ctl_auth_bind(a.u.auth.role, CFX_SEAL_OFF, bind);
     cr_assert_eq(cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, m.u.challenge.nonce,
-                                     a.u.auth.nonce, &a.u.auth.role, 1, a.u.auth.mac), CFX_OK);
+                                     a.u.auth.nonce, bind, sizeof(bind), a.u.auth.mac), CFX_OK);
     free(frame);
     raw_send_msg(fd, &a);
     cr_assert_eq(raw_recv_msg(fd, 5000, &m, &frame), CFX_OK, "no AUTH_OK");

@@ -23,6 +23,7 @@
 #include "control/auth.h"
 #include "control/client.h"
 #include "control/coord.h"
+#include "control/ctl_seal.h"
 #include "control/proto.h"
 #include "dataplane/common/util.h"
 #include "coord_fixture.h"
@@ -69,7 +70,9 @@ Test(coord, proof_for_another_role_is_refused)
         r.req_id = 1;
         r.u.auth.role = roles[i][1];
         cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-        cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, &made_for, 1,
+        uint8_t bind[CFX_CTL_BIND_LEN];
+        cfx__ctl_auth_bind(made_for, CFX_SEAL_OFF, bind);
+        cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
                             r.u.auth.mac);
         raw_send(s, &r);
         cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);

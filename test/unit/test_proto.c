@@ -170,9 +170,11 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
     case CFX_MSG_CHALLENGE:
         for (unsigned i = 0; i < CFX_PROTO_NONCE_LEN; i++)
             m->u.challenge.nonce[i] = (uint8_t)(i + 1);
+        m->u.challenge.secure = 2; /* encrypt */
         break;
     case CFX_MSG_AUTH:
         m->u.auth.role = CFX_CTL_ROLE_ADMIN;
+        m->u.auth.secure = 1; /* integrity */
         for (unsigned i = 0; i < CFX_PROTO_NONCE_LEN; i++) {
             m->u.auth.nonce[i] = (uint8_t)(i * 3);
             m->u.auth.mac[i] = (uint8_t)(255 - i);
@@ -354,11 +356,13 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         break;
     case CFX_MSG_CHALLENGE:
         cr_assert_arr_eq(a->u.challenge.nonce, b->u.challenge.nonce, CFX_PROTO_NONCE_LEN);
+        cr_assert_eq(a->u.challenge.secure, b->u.challenge.secure);
         break;
     case CFX_MSG_AUTH:
         cr_assert_eq(a->u.auth.role, b->u.auth.role);
         cr_assert_arr_eq(a->u.auth.nonce, b->u.auth.nonce, CFX_PROTO_NONCE_LEN);
         cr_assert_arr_eq(a->u.auth.mac, b->u.auth.mac, CFX_PROTO_MAC_LEN);
+        cr_assert_eq(a->u.auth.secure, b->u.auth.secure);
         break;
     case CFX_MSG_AUTH_OK:
         cr_assert_arr_eq(a->u.auth_ok.mac, b->u.auth_ok.mac, CFX_PROTO_MAC_LEN);
