@@ -1,10 +1,13 @@
 /*
  * Cluster-token authentication (mutual HMAC-SHA256 challenge-response).
  *
- *   coord  -> client  CHALLENGE { server nonce Ns }
- *   client -> coord   AUTH { role, Nc, HMAC(token, "conflux-v2 client" | Ns | Nc | role) }
- *   coord  -> client  AUTH_OK { HMAC(token, "conflux-v2 coord" | Ns | Nc | role) }
+ *   coord  -> client  CHALLENGE { server nonce Ns, mode }
+ *   client -> coord   AUTH { role, Nc, HMAC(token, "conflux-v2 client" | Ns | Nc | role | mode),
+ *                            mode }
+ *   coord  -> client  AUTH_OK { HMAC(token, "conflux-v2 coord" | Ns | Nc | role | mode) }
  *                     or ERROR(CFX_ERR_AUTH)
+ *
+ * (mode: each side's CFX_SECURE, which must agree; control/ctl_seal.h.)
  *
  * The client proves the token first; the coordinator's MAC goes out only
  * once that proof verified, so a stranger collects nothing it could test

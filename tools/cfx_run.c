@@ -65,6 +65,7 @@
 #include "args.h"
 #include "control/auth.h"
 #include "control/coord.h"
+#include "control/seal.h"
 #include "dataplane/common/util.h"
 #include "run/hosts.h"
 #include "run/run.h"
@@ -542,6 +543,13 @@ int main(int argc, char **argv)
         .token = token,
         .fanout = r.opts.fanout,
     };
+    /* the ranks inherit CFX_SECURE: their coordinator must run with it */
+    if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cp.secure) != CFX_OK) {
+        fprintf(stderr, "cfx_run: CFX_SECURE: %s (off, integrity or encrypt)\n",
+                cfx_last_error());
+        rc = 2;
+        goto out_close_devnull;
+    }
     rc = cfx__coord_start(&cp, &coord);
     if (rc != CFX_OK) {
         fprintf(stderr, "cfx_run: cannot start the coordinator on %s:%u: %s%s%s\n", coord_ip,

@@ -17,6 +17,7 @@
 
 #include "args.h"
 #include "control/coord.h"
+#include "control/seal.h"
 #include "dataplane/common/util.h"
 
 #define PERF_SIZE_MAX (1ull << 46) /* the largest object there may be (cfx_put) */
@@ -186,6 +187,12 @@ static inline struct cfx_context *perf_join(const struct perf_opts *o, struct cf
     if (!o->host) {
         struct cfx_coord_params cp = { .bind_addr = o->bind, .port = (uint16_t)o->port,
                                        .token = o->token };
+        /* the same CFX_SECURE as the nodes (their contexts read it) */
+        if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cp.secure) != CFX_OK) {
+            fprintf(stderr, "%s: CFX_SECURE: %s (off, integrity or encrypt)\n", prog,
+                    cfx_last_error());
+            exit(2);
+        }
         int rc = cfx__coord_start(&cp, coord);
         if (rc != CFX_OK) {
             fprintf(stderr, "%s: cannot start the coordinator on %s:%d: %s\n", prog, o->bind,

@@ -650,3 +650,54 @@ Test(coord_seal, unknown_mode_is_refused_by_the_codec)
     cr_assert_eq(cfx__msg_decode(buf, len, &d), CFX_OK);
     cr_assert_eq(d.u.challenge.secure, CFX_SEAL_INTEGRITY);
 }
+
+/* The coordinator rank 0 hosts (MASTER_ADDR) takes the context's
+ * CFX_SECURE: ranks of that mode put and get an inline object through it
+ * byte for byte; a client with another mode is refused naming both. */
+Test(coord_seal, rank0_hosted_coordinator_seals)
+{
+    struct cfx_context *a = NULL, *b = NULL;
+    struct cfx_object_id id;
+    char port[16], hosted[64];
+    uint8_t src[3000], dst[3000];
+    size_t got = 0;
+    int p = cfx_test_free_port();
+    cr_assert_gt(p, 0);
+    snprintf(port, sizeof(port), "%d", p);
+    snprintf(hosted, sizeof(hosted), "127.0.0.1:%d", p);
+    unsetenv("CFX_COORD");
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("CFX_COORD_PORT", port, 1);
+    setenv("CFX_SECURE", "encrypt", 1);
+    setenv("RANK", "0", 1);
+    struct cfx_context_params cp = {
+        .field_mask = CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT | CFX_CTX_PARAM_TRANSPORTS,
+        .token = token, .timeout_ms = CALL_MS, .transports = "shm",
+    };
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    setenv("RANK", "1", 1);
+    cr_assert_eq(cfx_context_create(&cp, &b), CFX_OK, "%s", cfx_last_error());
+    cfx_test_fill(src, sizeof(src), 11);
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, src, sizeof(src), NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id, dst, sizeof(dst), &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, sizeof(src));
+    cr_assert_arr_eq(dst, src, sizeof(src));
+
+    struct cfx_ctl *c = NULL;
+    struct cfx_ctl_params ap = { .coord = hosted, .token = token, .role = CFX_CTL_ROLE_ADMIN,
+                                 .timeout_ms = CALL_MS, .secure = CFX_SEAL_OFF };
+    cr_assert_eq(cfx__ctl_open(&ap, &c), CFX_ERR_AUTH);
+    char want[192];
+    snprintf(want, sizeof(want), "the coordinator %s runs with CFX_SECURE=encrypt, this client "
+             "with off", hosted);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    ap.secure = CFX_SEAL_ENCRYPT;
+    cr_assert_eq(cfx__ctl_open(&ap, &c), CFX_OK, "%s", cfx_last_error());
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(c, &st, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(st.nodes_alive, 2);
+    cfx__ctl_close(c);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
