@@ -545,8 +545,7 @@ int main(int argc, char **argv)
     };
     /* the ranks inherit CFX_SECURE: their coordinator must run with it */
     if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cp.secure) != CFX_OK) {
-        fprintf(stderr, "cfx_run: CFX_SECURE: %s (off, integrity or encrypt)\n",
-                cfx_last_error());
+        fprintf(stderr, "cfx_run: %s\n", cfx_last_error());
         rc = 2;
         goto out_close_devnull;
     }

@@ -251,8 +251,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (cfx__seal_mode_parse(secure, &params.secure) != CFX_OK) {
-        fprintf(stderr, "conflux-coord: %s=%s: %s (off, integrity or encrypt)\n", secure_from,
-                secure, cfx_last_error());
+        fprintf(stderr, "conflux-coord: %s '%s': expected off, integrity or encrypt (or 0, 1, "
+                "on, yes, no)\n", secure_from, secure);
         return 2;
     }
     if (token_arg && token_file) {

@@ -189,8 +189,7 @@ static inline struct cfx_context *perf_join(const struct perf_opts *o, struct cf
                                        .token = o->token };
         /* the same CFX_SECURE as the nodes (their contexts read it) */
         if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cp.secure) != CFX_OK) {
-            fprintf(stderr, "%s: CFX_SECURE: %s (off, integrity or encrypt)\n", prog,
-                    cfx_last_error());
+            fprintf(stderr, "%s: %s\n", prog, cfx_last_error());
             exit(2);
         }
         int rc = cfx__coord_start(&cp, coord);

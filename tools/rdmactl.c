@@ -151,8 +151,7 @@ static struct cfx_ctl *ctl_get(struct rdmactl *r)
     /* the coordinator's mode: nodes and tools share CFX_SECURE */
     int rc = cfx__seal_mode_parse(getenv("CFX_SECURE"), &p.secure);
     if (rc != CFX_OK) {
-        fprintf(stderr, "rdmactl: CFX_SECURE: %s (off, integrity or encrypt)\n",
-                cfx_last_error());
+        fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
         return NULL;
     }
     rc = cfx__ctl_open(&p, &r->ctl);
