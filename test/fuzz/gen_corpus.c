@@ -80,6 +80,7 @@ static void proto(void)
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_CHALLENGE;
     memset(m.u.challenge.nonce, 0x11, sizeof(m.u.challenge.nonce));
+    m.u.challenge.secure = 2; /* CFX_SECURE=encrypt (control protocol 7) */
     put("fuzz_proto", "challenge", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
@@ -87,6 +88,7 @@ static void proto(void)
     m.req_id = 1;
     memset(m.u.auth.nonce, 0x22, sizeof(m.u.auth.nonce));
     memset(m.u.auth.mac, 0x33, sizeof(m.u.auth.mac));
+    m.u.auth.secure = 1; /* integrity */
     put("fuzz_proto", "auth", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
