@@ -367,8 +367,9 @@ static void flood_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct c
 }
 
 /* One side of the flood: the leaver sends `frames` frames as fast as the
- * ring takes them, then closes its port (LEAVE_CLOSE) or exits without a
- * word (LEAVE_EXIT) while the survivor is still draining its ring; the
+ * ring takes them and, once the survivor said it took one, closes its port
+ * (LEAVE_CLOSE) or exits without a word (LEAVE_EXIT) while the survivor is
+ * still draining its ring; the
  * survivor polls until its link goes down and the leaver is gone (its pipe
  * closed).  Exit status 0 when every frame was right and the link went down. */
 static int run_flood(bool server, bool leaver, const char *dir, int to_peer, int from_peer,
@@ -421,18 +422,33 @@ static int run_flood(bool server, bool leaver, const char *dir, int to_peer, int
                 FAIL("flood: %llu frames sent by the deadline", (unsigned long long)sent);
         }
         cfx__dpdk_port_flush(port);
+        /* leave only once the survivor took a frame: on a loaded machine
+         * it may not have polled yet, and a memif server that goes takes
+         * the rings' unread frames with it (the survivor would then have
+         * drained nothing, which is not what this tests) */
+        struct pollfd pfd = { .fd = from_peer, .events = POLLIN };
+        int left_ms = (int)((deadline - cfx__now_ns()) / 1000000);
+        if (poll(&pfd, 1, left_ms > 0 ? left_ms : 0) != 1 || read(from_peer, &go, 1) != 1)
+            FAIL("the survivor took no frame of %llu by the deadline",
+                 (unsigned long long)sent);
         if (leave == LEAVE_CLOSE)
             cfx__dpdk_port_close(port);
         _exit(0);
     }
 
     struct flood f = { 0 };
-    bool down = false, gone = false;
+    bool down = false, gone = false, told = false;
     while (!down || !gone) {
         if (cfx__now_ns() > deadline)
             FAIL("deadline: link %s, leaver %s, %llu frames", down ? "down" : "up",
                  gone ? "gone" : "still there", (unsigned long long)f.got);
         cfx__dpdk_port_rx(port, flood_rx, &f);
+        if (f.got && !told) {
+            char r = 'R'; /* the leaver may go now */
+            if (write(to_peer, &r, 1) != 1)
+                FAIL("took a frame: %s", strerror(errno));
+            told = true;
+        }
         if (!down && !cfx__dpdk_port_link_up(port))
             down = true;
         if (!gone) {
