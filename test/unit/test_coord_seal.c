@@ -701,3 +701,50 @@ Test(coord_seal, rank0_hosted_coordinator_seals)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/* Both planes sealed end to end, as a user sets it up: contexts given
+ * secure = "encrypt" join a coordinator of that mode and move an object
+ * over the data plane (tcp, beyond the inline limit) byte for byte, no
+ * record refused; the effective configuration says so; a context of
+ * another mode is refused by the coordinator, naming both. */
+Test(coord_seal, contexts_seal_both_planes)
+{
+    struct cfx_context *a = NULL, *b = NULL, *c = NULL;
+    struct cfx_object_id id;
+    struct cfx_context_stats st;
+    const size_t n = 2u << 20;
+    size_t got = 0;
+    char cfg[2048];
+    restart(CFX_SEAL_ENCRYPT, CFX_SEAL_ENCRYPT);
+    struct cfx_context_params cp = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS | CFX_CTX_PARAM_SECURE,
+        .coord = addr, .token = token, .timeout_ms = CALL_MS, .transports = "tcp",
+        .secure = "encrypt",
+    };
+    cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_context_create(&cp, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_gt(cfx_context_config(a, cfg, sizeof(cfg)), 0);
+    cr_assert(strstr(cfg, "secure = encrypt\n"), "%s", cfg);
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    cfx_test_fill(src, n, 5);
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, src, n, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &id, dst, n, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, n);
+    cr_assert_eq(cfx_test_check(dst, n, 5), (size_t)-1, "the object changed on the way");
+    cr_assert_eq(cfx_context_stats(b, &st), CFX_OK);
+    cr_assert_eq(st.gets, 1, "the get did not use the data plane");
+    cr_assert_eq(st.records_refused, 0);
+
+    cp.secure = "off";
+    cr_assert_eq(cfx_context_create(&cp, &c), CFX_ERR_AUTH);
+    cr_assert(strstr(cfx_last_error(), "CFX_SECURE=encrypt, this client with off"), "%s",
+              cfx_last_error());
+    cp.secure = "bogus";
+    cr_assert_eq(cfx_context_create(&cp, &c), CFX_ERR_INVALID);
+    free(src);
+    free(dst);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
