@@ -284,3 +284,21 @@ def test_get_nb_progress(coord, monkeypatch):
             with pytest.raises(conflux.UnsupportedError):
                 work._req.progress()
             work.wait()
+
+
+@pytest.mark.parametrize("mode", ["integrity", "encrypt"])
+def test_sealed_coordinator_and_data_plane(mode):
+    """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving
+    an array over tcp byte for byte; a context of another mode is refused."""
+    with conflux.Coordinator(secure=mode) as coord:
+        kw = dict(coord=coord.address, token=coord.token, timeout=20, transports="tcp")
+        with conflux.Context(secure=mode, **kw) as a, conflux.Context(secure=mode, **kw) as b:
+            assert f"secure = {mode}" in a.config()
+            arr = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: over the data plane
+            oid = conflux.ObjectId.from_name(f"sealed/{mode}")
+            a.put(oid, arr)
+            got = b.get(oid, dtype=np.float32)
+            assert np.array_equal(got, arr)
+        with pytest.raises(conflux.AuthError) as ei:
+            conflux.Context(secure="off", **kw)
+        assert f"CFX_SECURE={mode}, this client with off" in str(ei.value)

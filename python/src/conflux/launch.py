@@ -30,10 +30,15 @@ class Coordinator:
 
         with conflux.Coordinator() as coord:
             ctx = conflux.Context(coord=coord.address, token=coord.token)
+
+    ``secure`` ("off", "integrity" or "encrypt") seals its connections after
+    the token handshake (``conflux-coord --secure``); every member's
+    Context(secure=...) or $CFX_SECURE must say the same.
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 timeout: float = 30.0, state_dir: str | None = None):
+                 timeout: float = 30.0, state_dir: str | None = None,
+                 secure: str | None = None):
         self.token = token or secrets.token_hex(16)
         self._dir = tempfile.TemporaryDirectory(prefix="conflux-coord-")
         tok = os.path.join(self._dir.name, "token")
@@ -44,6 +49,8 @@ class Coordinator:
                "--token-file", tok]
         if state_dir:
             cmd += ["--state-dir", state_dir]
+        if secure:  # else $CFX_SECURE, else off; members must run with the same
+            cmd += ["--secure", secure]
         # Its output goes to a file: a pipe nobody drains would stall it.
         self.log_path = os.path.join(self._dir.name, "coord.log")
         self._log = open(self.log_path, "wb")
