@@ -401,3 +401,15 @@ long wait_closed(int s, int ms)
     }
 }
 
+
+void rm_state_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    cr_assert_not_null(d);
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", strerror(errno));
+    closedir(d);
+    cr_assert_eq(rmdir(dir), 0);
+}

@@ -89,6 +89,9 @@ struct cfx_ctl *open_admin(void);
 /* An object id spelling @p name, zero-padded. */
 void make_id(struct cfx_object_id *id, const char *name);
 
+/* Remove a state directory a test made (records only, no subdirectories). */
+void rm_state_dir(const char *dir);
+
 /* Milliseconds since cfx__now_ns() gave @p t0. */
 uint64_t ms_since(uint64_t t0);
 

@@ -501,19 +501,6 @@ Test(coord, leaving_node_is_not_a_death_and_calls_fail_after_coordinator_loss)
 
 /* ------------------------------------------------------------------------ */
 /* Raw sockets                                                               */
-/* Remove a state directory the test made (records only, no subdirectories). */
-static void rm_state_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    cr_assert_not_null(d);
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.')
-            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", strerror(errno));
-    closedir(d);
-    cr_assert_eq(rmdir(dir), 0);
-}
-
 /*
  * Durable zero-byte puts on a slow disk (each fsync made @p delay_ms slower)
  * sent by one client in one write while four members heartbeat: none of

@@ -80,19 +80,6 @@ static void expect_metric(const char *name, unsigned long long want)
     cr_assert_eq(v, want, "%s: %llu, want %llu", name, v, want);
 }
 
-/* Remove a state directory the test made (records only). */
-static void rm_state_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    cr_assert_not_null(d);
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.')
-            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", strerror(errno));
-    closedir(d);
-    cr_assert_eq(rmdir(dir), 0);
-}
-
 static void fill(uint8_t *p, size_t n, uint8_t seed)
 {
     for (size_t i = 0; i < n; i++)
@@ -389,6 +376,32 @@ Test(coord_seal, end_to_end_integrity) { end_to_end(CFX_SEAL_INTEGRITY); }
 Test(coord_seal, end_to_end_encrypt) { end_to_end(CFX_SEAL_ENCRYPT); }
 
 /* ------------------------------------------------------------------------ */
+/* A raw node that reads the CHALLENGE (checked to say @p coord_mode) and
+ * answers with the right token, claiming @p claimed for its mode while its
+ * MAC covers @p mac_mode.  Returns the socket. */
+static int raw_auth_claiming(int coord_mode, int claimed, int mac_mode)
+{
+    static uint8_t buf[1 << 16];
+    uint8_t snonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
+    struct cfx_msg m, r;
+    int s = raw_connect();
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(m.u.challenge.secure, coord_mode);
+    memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_AUTH;
+    r.req_id = 1;
+    r.u.auth.role = CFX_CTL_ROLE_NODE;
+    r.u.auth.secure = (uint8_t)claimed;
+    cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
+    cfx__ctl_auth_bind(r.u.auth.role, (uint8_t)mac_mode, bind);
+    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
+                        r.u.auth.mac);
+    raw_send(s, &r);
+    return s;
+}
+
 /* Mode negotiation                                                          */
 
 Test(coord_seal, mode_mismatch_is_refused_both_ways)
@@ -418,23 +431,8 @@ Test(coord_seal, mode_mismatch_is_refused_both_ways)
 
         /* the coordinator's side: a client that ignores the CHALLENGE's mode */
         static uint8_t buf[1 << 16];
-        uint8_t snonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
-        struct cfx_msg m, r;
-        int s = raw_connect();
-        cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
-        cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
-        cr_assert_eq(m.u.challenge.secure, pairs[i][0]);
-        memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
-        memset(&r, 0, sizeof(r));
-        r.type = CFX_MSG_AUTH;
-        r.req_id = 1;
-        r.u.auth.role = CFX_CTL_ROLE_NODE;
-        r.u.auth.secure = (uint8_t)pairs[i][1];
-        cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-        cfx__ctl_auth_bind(r.u.auth.role, r.u.auth.secure, bind);
-        cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
-                            r.u.auth.mac);
-        raw_send(s, &r);
+        struct cfx_msg m;
+        int s = raw_auth_claiming(pairs[i][0], pairs[i][1], pairs[i][1]);
         cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
         cr_assert_eq(m.type, CFX_MSG_ERROR);
         cr_assert_eq(m.u.error.status, CFX_ERR_AUTH);
@@ -445,15 +443,7 @@ Test(coord_seal, mode_mismatch_is_refused_both_ways)
 
         /* the mode is under the MAC: a proof made for another mode, sent
          * claiming the coordinator's, is refused as a wrong proof */
-        s = raw_connect();
-        cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
-        memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
-        r.u.auth.secure = (uint8_t)pairs[i][0];
-        cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-        cfx__ctl_auth_bind(r.u.auth.role, (uint8_t)pairs[i][1], bind);
-        cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
-                            r.u.auth.mac);
-        raw_send(s, &r);
+        s = raw_auth_claiming(pairs[i][0], pairs[i][0], pairs[i][1]);
         cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
         cr_assert_eq(m.type, CFX_MSG_ERROR);
         cr_assert_eq(m.u.error.status, CFX_ERR_AUTH);
