@@ -346,6 +346,9 @@ static void dp(void)
     r.rdesc.len = 24;
     memset(r.rdesc.data, 0x54, 24);
     put_dp("get_req", &r, sizeof(r));
+    r.end_chunk = 2; /* a striped get's range: chunk 1 only */
+    put_dp("get_req_range", &r, sizeof(r));
+    r.end_chunk = 0;
     r.flags = CFX_DP_GET_P2P;
     r.chan = 99;
     r.tag = 5;
