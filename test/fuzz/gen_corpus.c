@@ -125,6 +125,7 @@ static void proto(void)
     m.u.lookup.nexclude = 2;
     m.u.lookup.exclude[0] = 3;
     m.u.lookup.exclude[1] = 7;
+    m.u.lookup.want = 3; /* extra sources for a striped get */
     put("fuzz_proto", "lookup", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
@@ -136,6 +137,9 @@ static void proto(void)
     node(&m.u.lookup_reply.node, 5);
     m.u.lookup_reply.putter = 5;
     m.u.lookup_reply.tag = 77;
+    m.u.lookup_reply.nextra = 2;
+    m.u.lookup_reply.extra[0] = 6;
+    m.u.lookup_reply.extra[1] = 8;
     put("fuzz_proto", "lookup_reply", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
