@@ -25,6 +25,7 @@
 #include "object.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,6 +169,7 @@ static void stripe_end(struct stripe *st)
 {
     struct cfx_context *ctx = st->ctx;
     bool was_held = cfx__progress_enter(ctx);
+    st->obj->in = NULL;
     for (unsigned i = 0; i < st->nsrc; i++) {
         struct cfx_xfer_in *in = st->src[i].in;
         if (!in)
@@ -217,6 +219,9 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
     CFX_LOG(DEBUG, OBJ, "node %u: get of %s (%" PRIu64 " B) from %u complete holders in %u "
             "blocks of %u chunks", ctx->node_id, hex, obj->size, st.nsrc, st.nblocks,
             st.bchunks);
+    /* the entry is being got (what obj->in says to the rest of the engine:
+     * a withdrawal meanwhile leaves it to this get, cfx__copy_withdrawn) */
+    obj->in = st.src[0].in;
 
     for (;;) {
         unsigned active = 0;
@@ -230,6 +235,11 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
         }
         if (rc != CFX_OK || obj->complete)
             break;
+        if (cfx__ctx_closing(ctx)) {
+            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is being "
+                          "destroyed", hex, ctx->node_id);
+            break;
+        }
         if (!active) {
             /* every source failed, or took no request: the caller fails
              * over from the first missing chunk */
@@ -237,17 +247,18 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
                           "of its stripe failed", hex, ctx->node_id, st.nsrc);
             break;
         }
-        if (cfx__ctx_closing(ctx)) {
-            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: the context is being "
-                          "destroyed", hex, ctx->node_id);
-            break;
-        }
         if (!cfx__obj_wait(ctx, deadline)) {
+            /* name the sources whose blocks are still out */
+            char who[CFX_GET_SOURCES_MAX * 12] = "";
+            size_t len = 0;
+            for (unsigned i = 0; i < st.nsrc && len < sizeof(who); i++)
+                if (st.src[i].block != UINT32_MAX)
+                    len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%u", len ? ", " : "",
+                                            st.src[i].node.node_id);
             rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
-                          "%u sources (node %u first): timed out after %d ms with %u of %u "
-                          "chunks in order", hex, obj->size, ctx->node_id, st.nsrc,
-                          st.src[0].node.node_id, timeout_ms, obj->ready_chunks,
-                          obj->nchunks);
+                          "%u sources: timed out after %d ms with %u of %u chunks in order, "
+                          "waiting for node %s", hex, obj->size, ctx->node_id, st.nsrc,
+                          timeout_ms, obj->ready_chunks, obj->nchunks, who);
             break;
         }
     }

@@ -247,6 +247,10 @@ int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
     id_hex(&obj->id, hex);
     CFX_LOG(DEBUG, XFER, "node %u: get %s chunks [%u, %u) of %u from %s slot %u", ctx->node_id,
             hex, first, end, obj->nchunks, conn->name, in->slot);
+    /* as cfx__xfer_get_start: getters sent to this copy before its entry
+     * existed */
+    if (!cfx_list_empty(&ctx->waiting_gets))
+        cfx__xfer_serve_waiting(ctx, obj);
     return in->status; /* CFX_ERR_AGAIN, or how it ended already */
 }
 

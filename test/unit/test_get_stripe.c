@@ -43,6 +43,7 @@ static void teardown(void)
 {
     unsetenv("CFX_GET_SOURCES");
     unsetenv("CFX_UPLOAD_RATE");
+    unsetenv("CFX_XFER_TEST_STALL");
     cfx__coord_stop(coord);
     coord = NULL;
 }
@@ -194,6 +195,44 @@ Test(get_stripe, three_holders_tcp)
 Test(get_stripe, three_holders_shm)
 {
     three_holders("shm");
+}
+
+/* Two holders that stall mid-block (test hook CFX_XFER_TEST_STALL): the
+ * unstalled one takes every other block, and the get ends at its deadline
+ * with CFX_ERR_TIMEOUT naming the nodes whose blocks are out. */
+Test(get_stripe, stalled_holders_end_at_the_deadline)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+
+    h[0] = join("tcp", NULL);
+    setenv("CFX_XFER_TEST_STALL", "2", 1); /* their uploads stop after chunk 2 */
+    setenv("CFX_GET_SOURCES", "1", 1);     /* their own copies come from h[0] (lowest id) */
+    h[1] = join("tcp", NULL);
+    h[2] = join("tcp", NULL);
+    unsetenv("CFX_XFER_TEST_STALL");
+    unsetenv("CFX_GET_SOURCES");
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+
+    uint8_t *buf = malloc(SIZE);
+    cr_assert(buf);
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_FLAGS,
+                                 .timeout_ms = 1000,
+                                 .flags = CFX_OBJ_FLAG_NO_KEEP };
+    uint64_t t0 = cfx__now_ns();
+    int rc = cfx_get(g, &id, buf, SIZE, NULL, &gp);
+    uint64_t ms = (cfx__now_ns() - t0) / 1000000;
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    char want[32];
+    snprintf(want, sizeof(want), "%u", cfx_context_node_id(h[1]));
+    cr_expect(strstr(cfx_last_error(), "waiting for node") && strstr(cfx_last_error(), want),
+              "the error does not name the stalled holder: %s", cfx_last_error());
+    cr_expect_leq(ms, 1000 + 5000, "returned %llu ms after it began", (unsigned long long)ms);
+    free(buf);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
 }
 
 /* A holder that uploads at 4 MB/s next to two unpaced ones serves fewer
