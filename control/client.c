@@ -1258,26 +1258,34 @@ int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                      const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
-                      bool no_wait, struct cfx_ctl_source *out);
+                      const uint32_t *exclude, unsigned nexclude, unsigned want,
+                      uint64_t deadline_ns, bool no_wait, struct cfx_ctl_source *out);
 
 int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
                         struct cfx_ctl_source *out)
 {
-    return obj_lookup(ctl, id, exclude, nexclude, deadline_ns, false, out);
+    return obj_lookup(ctl, id, exclude, nexclude, 0, deadline_ns, false, out);
+}
+
+int cfx__ctl_obj_lookup_sources(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                                const uint32_t *exclude, unsigned nexclude, unsigned want,
+                                uint64_t deadline_ns, struct cfx_ctl_source *out)
+{
+    return obj_lookup(ctl, id, exclude, nexclude, CFX_MIN(want, CFX_PROTO_EXTRA_MAX),
+                      deadline_ns, false, out);
 }
 
 int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                             const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
                             struct cfx_ctl_source *out)
 {
-    return obj_lookup(ctl, id, exclude, nexclude, deadline_ns, true, out);
+    return obj_lookup(ctl, id, exclude, nexclude, 0, deadline_ns, true, out);
 }
 
 static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                      const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
-                      bool no_wait, struct cfx_ctl_source *out)
+                      const uint32_t *exclude, unsigned nexclude, unsigned want,
+                      uint64_t deadline_ns, bool no_wait, struct cfx_ctl_source *out)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_LOOKUP };
@@ -1303,6 +1311,7 @@ static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     m.u.lookup.nexclude = nexclude;
     if (nexclude)
         memcpy(m.u.lookup.exclude, exclude, nexclude * sizeof(*exclude));
+    m.u.lookup.want = (uint8_t)want;
 
     rc = ctl_call(ctl, &m, deadline_ns, &call, what);
     if (rc != CFX_OK)
@@ -1328,6 +1337,8 @@ static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
         }
     } else {
         out->node = call.reply.u.lookup_reply.node;
+        out->nextra = call.reply.u.lookup_reply.nextra;
+        memcpy(out->extra, call.reply.u.lookup_reply.extra, out->nextra * sizeof(out->extra[0]));
     }
     free(call.frame);
     return CFX_OK;

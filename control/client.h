@@ -107,6 +107,8 @@ struct cfx_obj_holder {
                          * copy's last report, CFX_CTL_READY_UNKNOWN before the first */
 };
 
+#define CFX_CTL_SOURCES_MAX 8u /* sources one lookup may name (striping) */
+
 /* Answer to a lookup: where to get an object from. */
 struct cfx_ctl_source {
     uint64_t size;             /* object size */
@@ -117,6 +119,9 @@ struct cfx_ctl_source {
     struct cfx_node_rec node;  /* source node when !is_inline */
     uint32_t putter;           /* the node that put it (0 unknown) */
     uint64_t tag;              /* its mark of that put (0 none) */
+    uint32_t nextra;           /* extra complete holders the directory offered (striping;
+                                  not counted as their uploads, nothing to release) */
+    uint32_t extra[CFX_CTL_SOURCES_MAX - 1]; /* their node ids */
 };
 
 /* Directory listing entry (rdmactl objects). */
@@ -315,6 +320,13 @@ int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id
 int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         const uint32_t *exclude, unsigned nexclude,
                         uint64_t deadline_ns, struct cfx_ctl_source *out);
+
+/* As cfx__ctl_obj_lookup(), asking also for up to @p want extra sources:
+ * complete holders that serve no upload now (out->extra; the directory
+ * offers them only with a complete source, and does not count them). */
+int cfx__ctl_obj_lookup_sources(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                                const uint32_t *exclude, unsigned nexclude, unsigned want,
+                                uint64_t deadline_ns, struct cfx_ctl_source *out);
 
 /* As cfx__ctl_obj_lookup(), but the coordinator answers at once: a source
  * (with the same side effects) or CFX_ERR_TIMEOUT when there is no holder

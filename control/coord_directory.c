@@ -17,6 +17,17 @@
  * depth first, P feeds fanout receivers, each of those feeds fanout more,
  * and so on; complete copies (depth 0) still come before partial ones.
  *
+ * Extra sources (striping).  A lookup may ask for up to CFX_PROTO_EXTRA_MAX
+ * more sources (OBJ_LOOKUP want); the getter then pulls disjoint chunk
+ * ranges from all of them (get_stripe.c).  They are offered only when the
+ * chosen source is complete, and only complete holders that serve no
+ * upload now (uploads == 0), alive, not excluded: a holder feeding a tree
+ * or a chain is never one, so the broadcast trees stay as they are, and a
+ * getter sent to a partial holder gets that one source as before.  The
+ * extras are not counted as uploads (the getter hands its blocks to
+ * whichever source finishes first, so one that a later lookup also picks
+ * slows the stripe, not the tree) and need no OBJ_DONE.
+ *
  * Fan-out.  `conflux-coord --fanout N` fixes it for every object.  Without
  * it the directory chooses per object from its shape.  An object of at
  * least DIR_CHAIN_MIN_CHUNKS chunks is bandwidth-bound: getters stream it
@@ -639,8 +650,31 @@ static void serve_inline(struct coord_conn *c, uint64_t req_id, struct coord_obj
 
 /* Record @p c's node as a receiver of @p src and answer.  Returns 1 when the
  * node became a new (partial) holder, which may unblock parked lookups. */
+/* Up to @p want complete, idle holders besides @p src for a striped get
+ * (see the top of the file), into the reply @p r. */
+static void add_extras(struct coord_obj *o, const struct coord_holder *src, uint32_t requester,
+                       const uint32_t *ex, uint32_t nex, uint32_t want, struct cfx_msg *r)
+{
+    struct cfx_list *pos;
+    r->u.lookup_reply.nextra = 0;
+    if (!src->complete)
+        return;
+    want = CFX_MIN(want, CFX_PROTO_EXTRA_MAX);
+    cfx_list_for_each(pos, &o->holders) {
+        const struct coord_holder *h = cfx_list_entry(pos, struct coord_holder, obj_link);
+        uint32_t id = h->node->rec.node_id;
+        if (r->u.lookup_reply.nextra >= want)
+            break;
+        if (h == src || !h->complete || h->uploads || id == requester || !h->node->rec.alive ||
+            excluded(ex, nex, id))
+            continue;
+        r->u.lookup_reply.extra[r->u.lookup_reply.nextra++] = id;
+    }
+}
+
 static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
-                         struct coord_obj *o, struct coord_holder *src, uint32_t nex)
+                         struct coord_obj *o, struct coord_holder *src, uint32_t nex,
+                         const uint32_t *ex, uint32_t want)
 {
     struct coord_holder *rh = holder_find(o, c->node->rec.node_id);
     int added = 0;
@@ -669,12 +703,14 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     r.u.lookup_reply.putter = o->putter;
     r.u.lookup_reply.tag = o->tag;
     cfx__coord_node_fill(co, src->node, &r.u.lookup_reply.node);
+    if (want)
+        add_extras(o, src, c->node->rec.node_id, ex, nex, want, &r);
     /* nex: sources the getter left after they failed it (a failover) */
     CFX_LOG(DEBUG, CTL, "node %u gets %llu bytes from node %u (%s, depth %u, %u uploads, "
-            "fan-out %u, %u sources failed it before)", c->node->rec.node_id,
-            (unsigned long long)o->size, src->node->rec.node_id,
+            "fan-out %u, %u sources failed it before, %u more complete sources of %u wanted)",
+            c->node->rec.node_id, (unsigned long long)o->size, src->node->rec.node_id,
             src->complete ? "complete" : "partial", src->depth, src->uploads,
-            obj_fanout(co, o), nex);
+            obj_fanout(co, o), nex, (unsigned)r.u.lookup_reply.nextra, want);
     cfx__coord_send(c, &r);
     return added;
 }
@@ -707,7 +743,7 @@ static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
                                                          p->exclude, p->nexclude);
                 if (!src)
                     continue;
-                if (assign_source(co, p->conn, p->req_id, o, src, p->nexclude))
+                if (assign_source(co, p->conn, p->req_id, o, src, p->nexclude, p->exclude, 0))
                     progress = 1;
             }
             /* assign_source never frees parked entries, so tmp stays valid. */
@@ -761,7 +797,8 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
         struct coord_holder *src = choose_source(co, o, me, m->u.lookup.exclude,
                                                  m->u.lookup.nexclude);
         if (src) {
-            if (assign_source(co, c, m->req_id, o, src, m->u.lookup.nexclude))
+            if (assign_source(co, c, m->req_id, o, src, m->u.lookup.nexclude,
+                              m->u.lookup.exclude, m->u.lookup.want))
                 wake_parked(co, o);
             return;
         }

@@ -263,6 +263,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         wr_u32(w, m->u.lookup.nexclude);
         for (uint32_t i = 0; i < m->u.lookup.nexclude; i++)
             wr_u32(w, m->u.lookup.exclude[i]);
+        wr_u8(w, m->u.lookup.want);
         break;
     case CFX_MSG_LOOKUP_REPLY:
         if (m->u.lookup_reply.is_inline &&
@@ -283,6 +284,12 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         }
         wr_u32(w, m->u.lookup_reply.putter);
         wr_u64(w, m->u.lookup_reply.tag);
+        if (m->u.lookup_reply.nextra > CFX_PROTO_EXTRA_MAX)
+            return cfx__err(CFX_ERR_INVALID, "LOOKUP_REPLY with %u extra sources (at most %u)",
+                            m->u.lookup_reply.nextra, CFX_PROTO_EXTRA_MAX);
+        wr_u8(w, m->u.lookup_reply.nextra);
+        for (uint32_t i = 0; i < m->u.lookup_reply.nextra; i++)
+            wr_u32(w, m->u.lookup_reply.extra[i]);
         break;
     case CFX_MSG_OBJ_DONE:
         wr_bytes(w, m->u.done.id.bytes, CFX_OBJECT_ID_LEN);
@@ -592,6 +599,9 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         }
         for (uint32_t i = 0; i < m->u.lookup.nexclude; i++)
             m->u.lookup.exclude[i] = rd_u32(r, "excluded node");
+        m->u.lookup.want = rd_u8(r, "extra sources wanted");
+        if (r->status == CFX_OK && m->u.lookup.want > CFX_PROTO_EXTRA_MAX)
+            rd_fail(r, CFX_ERR_PROTO, "extra sources wanted over CFX_PROTO_EXTRA_MAX");
         break;
     case CFX_MSG_LOOKUP_REPLY: {
         rd_bytes(r, m->u.lookup_reply.id.bytes, CFX_OBJECT_ID_LEN, "object id");
@@ -619,6 +629,17 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         }
         m->u.lookup_reply.putter = rd_u32(r, "putter node");
         m->u.lookup_reply.tag = rd_u64(r, "put tag");
+        m->u.lookup_reply.nextra = rd_u8(r, "extra source count");
+        if (r->status == CFX_OK && m->u.lookup_reply.nextra > CFX_PROTO_EXTRA_MAX) {
+            rd_fail(r, CFX_ERR_PROTO, "extra source count over CFX_PROTO_EXTRA_MAX");
+            m->u.lookup_reply.nextra = 0;
+            break;
+        }
+        for (uint32_t i = 0; i < m->u.lookup_reply.nextra; i++) {
+            m->u.lookup_reply.extra[i] = rd_u32(r, "extra source node");
+            if (r->status == CFX_OK && m->u.lookup_reply.extra[i] == 0)
+                rd_fail(r, CFX_ERR_PROTO, "extra source node id 0");
+        }
         break;
     }
     case CFX_MSG_OBJ_DONE:

@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      7u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      8u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -54,13 +54,16 @@
                                     * 7: CFX_SECURE: the mode in CHALLENGE and AUTH,
                                     *    role | mode under both AUTH MACs, and sealed
                                     *    frames after AUTH_OK (below): a v6 peer
-                                    *    would read sealed frames as garbage */
+                                    *    would read sealed frames as garbage;
+                                    * 8: extra sources wanted in OBJ_LOOKUP, extra
+                                    *    complete holders in LOOKUP_REPLY (striping) */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
 #define CFX_PROTO_MAC_LEN      32u          /* HMAC-SHA256 */
 #define CFX_PROTO_TEXT_MAX     512u         /* error text incl. NUL */
 #define CFX_PROTO_EXCLUDE_MAX  64u          /* nodes one lookup may exclude */
+#define CFX_PROTO_EXTRA_MAX    (CFX_CTL_SOURCES_MAX - 1u) /* extra sources in one LOOKUP_REPLY */
 #define CFX_PROTO_NODES_PAGE   256u         /* node records per NODES_REPLY */
 #define CFX_PROTO_OBJECTS_PAGE 1024u        /* object records per OBJECTS_REPLY */
 #define CFX_PROTO_HOLDERS_MAX  16u          /* holders per listed object (see cfx_ctl_obj_rec) */
@@ -255,6 +258,8 @@ struct cfx_msg {
             uint32_t timeout_ms;            /* CFX_PROTO_TIMEOUT_NONE = forever */
             uint32_t nexclude;
             uint32_t exclude[CFX_PROTO_EXCLUDE_MAX];
+            uint8_t want;                   /* extra complete holders wanted (striping),
+                                             * at most CFX_PROTO_EXTRA_MAX */
         } lookup;
         struct {
             struct cfx_object_id id;
@@ -266,6 +271,8 @@ struct cfx_msg {
             struct cfx_node_rec node;       /* source when !is_inline */
             uint32_t putter;                /* the node that put it (0 unknown) */
             uint64_t tag;                   /* its mark of the put (0 none) */
+            uint8_t nextra;                 /* extra complete holders (striping) */
+            uint32_t extra[CFX_PROTO_EXTRA_MAX]; /* their node ids */
         } lookup_reply;
         struct {
             struct cfx_object_id id;

@@ -7,6 +7,7 @@
  *   cfx_run -n 4 build/bin/cfx_obj_perf -o broadcast -e 64M -A 200
  *   cfx_run -n 8 build/bin/cfx_obj_perf -o reduce -k 6 -e 64M
  *   cfx_run -n 4 build/bin/cfx_obj_perf -o broadcast -e 256M --kill 2@1000
+ *   cfx_run -n 5 build/bin/cfx_obj_perf -o broadcast -r 1 --replicas 3
  *
  * or one process per node, each with CFX_COORD, CFX_TOKEN, CFX_RANK and
  * CFX_WORLD_SIZE (or another launcher's rank variables) in its environment.
@@ -18,6 +19,10 @@
  *              reduces (sum) the first k of the n inputs with
  *              cfx_reduce_objects.
  *   allreduce  as reduce, then every rank gets the result.
+ * With --replicas K (broadcast) the K ranks after the root (root + 1, ...)
+ * get the object before the barrier, untimed, so that the timed getters
+ * find K + 1 complete holders (a get then pulls from several at once:
+ * CFX_GET_SOURCES); the copies settle in the directory for 200 ms first.
  * With -A MS the ranks arrive apart: the rank in arrival slot s begins its
  * part (its get, or its put) s * MS ms after the barrier.  Slots rotate
  * every iteration, so no rank is always first.
@@ -78,6 +83,7 @@ struct opts {
     int spacing_ms;     /* -A */
     double link_gbit;   /* -B; 0 = no bound column */
     int kill_rank;      /* --kill R@MS; -1 = none */
+    int replicas;       /* --replicas K: complete copies made before the timed gets */
     int kill_ms;
 };
 
@@ -138,6 +144,8 @@ static void usage(FILE *f)
             "                        context's)\n"
             "      --kill=R@MS       rank R ends MS ms into the first timed iteration, as in\n"
             "                        a crash; the others finish it and report\n"
+            "      --replicas=K      broadcast: the K ranks after the root get the object\n"
+            "                        first, untimed; the others' gets are timed\n"
             "      --json            one JSON document on stdout instead of the table\n"
             "  -h, --help\n"
             "\n"
@@ -179,6 +187,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         { "check", required_argument, NULL, 'c' },
         { "timeout", required_argument, NULL, 'T' },
         { "kill", required_argument, NULL, 'K' },
+        { "replicas", required_argument, NULL, 'R' },
         { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
@@ -219,6 +228,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             break;
         case 'K':
             if (parse_kill(optarg, o))
+                return TOOL_EXIT_USAGE;
+            break;
+        case 'R':
+            if (tool_arg_int(PROG, "--replicas", optarg, 0, 1 << 20, "a rank count",
+                             &o->replicas))
                 return TOOL_EXIT_USAGE;
             break;
         case 'h': usage(stdout); exit(0);
@@ -373,6 +387,30 @@ static int result_again(struct run *R, size_t size, long it, const struct cfx_ob
  * @p used_out (k entries) gets the reduced inputs' ranks at the root.
  * Every rank returns here (the victim of --kill never does).
  */
+/* --replicas: the root puts and the replicas get, before the timed part
+ * (every rank calls it; a failure is this rank's status). */
+static int replicate(struct run *R, const struct cfx_object_id *obj, size_t size, uint64_t seed,
+                     bool replica, struct sample *s)
+{
+    int rc = CFX_OK;
+    if (R->rank == R->o->sw.root) {
+        rc = cfx_put(R->ctx, obj, R->buf, size, &R->op);
+    } else if (replica) {
+        size_t got = 0;
+        memset(R->buf, 0, size);
+        rc = cfx_get(R->ctx, obj, R->buf, size, &got, &R->op); /* the copy stays in R->buf */
+        for (size_t i = 0; rc == CFX_OK && R->o->sw.check && i < size; i++)
+            s->wrong += (uint8_t)R->buf[i] != bcast_byte(seed, i);
+    }
+    if (rc != CFX_OK)
+        fprintf(stderr, "%s: rank %d: %s of %zu B before the timed gets: %s: %s\n", PROG,
+                R->rank, replica ? "get" : "put", size, cfx_errname(rc), cfx_last_error());
+    int brc = cfx_group_barrier(R->g, &R->cp);
+    /* the getters told the directory they are complete in the background */
+    usleep(200 * 1000);
+    return rc != CFX_OK ? rc : brc;
+}
+
 static int iteration(struct run *R, size_t size, long it, bool fault, struct sample *s,
                      uint64_t *used_out)
 {
@@ -398,6 +436,13 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             memcpy(R->buf + i * 4, &v, 4);
         }
     }
+    bool replica = false; /* --replicas: this rank got its copy before the barrier */
+    if (o->op == OP_BROADCAST && o->replicas) {
+        int pos = (R->rank - o->sw.root + R->n) % R->n;
+        replica = pos >= 1 && pos <= o->replicas;
+        if ((rc = replicate(R, &obj, size, seed, replica, s)) != CFX_OK)
+            return rc;
+    }
     if ((rc = cfx_group_barrier(R->g, &R->cp)) != CFX_OK)
         return rc;
     double t0 = now_s();
@@ -407,7 +452,9 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
     if (killing && pthread_create(&killer, NULL, kill_later, kargs) != 0)
         maybe_die(R, true, t0); /* no thread: die at once rather than never */
 
-    if (o->op == OP_BROADCAST) {
+    if (o->op == OP_BROADCAST && (replica || (o->replicas && R->rank == o->sw.root))) {
+        /* a holder already: no timed part */
+    } else if (o->op == OP_BROADCAST) {
         if (R->rank == o->sw.root) {
             s->start = 0;
             s->rc = rc = cfx_put(R->ctx, &obj, R->buf, size, &R->op);
@@ -555,9 +602,9 @@ static void print_head(const struct run *R)
     if (o->sw.json) {
         printf("{\"tool\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"root\":%d,\"k\":%d,"
                "\"spacing_ms\":%d,\"link_gbit\":%g,\"iters\":%ld,\"warmup\":%ld,\"check\":%d,"
-               "\"kill\":",
+               "\"replicas\":%d,\"kill\":",
                PROG, op_names[o->op], R->n, o->sw.root, o->op == OP_BROADCAST ? 0 : k,
-               o->spacing_ms, o->link_gbit, o->sw.iters, o->sw.warmup, o->sw.check);
+               o->spacing_ms, o->link_gbit, o->sw.iters, o->sw.warmup, o->sw.check, o->replicas);
         if (o->kill_rank >= 0)
             printf("{\"rank\":%d,\"ms\":%d}", o->kill_rank, o->kill_ms);
         else
@@ -663,6 +710,12 @@ int main(int argc, char **argv)
         why = "-k: more inputs than ranks";
     else if (o.kill_rank >= R.n)
         why = "--kill: no such rank";
+    else if (o.replicas && o.op != OP_BROADCAST)
+        why = "--replicas: broadcast only";
+    else if (o.replicas > R.n - 2)
+        why = "--replicas: leaves no timed getter";
+    else if (o.replicas && o.kill_rank >= 0)
+        why = "--replicas and --kill: one at a time";
     else if (o.kill_rank >= 0 && R.n < 3)
         why = "--kill: needs at least 3 ranks (two survivors)";
     else if (o.kill_rank >= 0 && o.op != OP_BROADCAST && o.kill_rank == o.sw.root)

@@ -186,6 +186,16 @@ static int conn_regrant(struct cfx_conn *conn, int old_tp)
             continue;
         struct cfx_obj *obj = in->obj;
         const struct cfx_transport_ops *old = ctx->tp[old_tp].ops;
+        if (in->mr) {
+            /* a striped get's own registration (xfer.c): made again over
+             * the new transport */
+            int st = CFX_OK;
+            cfx__xfer_stripe_mr_drop(ctx, in);
+            if ((st = cfx__xfer_stripe_mr(ctx, in, conn->tp)) != CFX_OK ||
+                (st = cfx__xfer_grant(ctx, conn, in->mr, &req->rdesc)) != CFX_OK)
+                return st;
+            continue;
+        }
         if (obj->mr[old_tp] && old->mr_revoke)
             old->mr_revoke(obj->mr[old_tp]);
         int status = CFX_OK;

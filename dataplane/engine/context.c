@@ -95,6 +95,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
                                        (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
+    cfg->get_sources = (uint32_t)CFX_MIN(
+        CFX_MAX(cfx__env_ll("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT), 1), CFX_GET_SOURCES_MAX);
     cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
                                        (size_t)LOC_CACHE_MAX);
     if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
@@ -846,6 +848,7 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "spin_yield = %u\n"
                      "eager_max = %u\n"
                      "upload_rate = %llu\n"
+                     "get_sources = %u\n"
                      "loc_cache = %u\n"
                      "secure = %s\n"
                      "host_id = %s\n"
@@ -859,7 +862,8 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
                      ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
-                     (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.loc_cache,
+                     (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.get_sources,
+                     ctx->cfg.loc_cache,
                      cfx__seal_mode_name(ctx->cfg.secure), ctx->self.host_id, gpu);
     return n;
 }

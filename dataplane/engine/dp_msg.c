@@ -13,9 +13,9 @@
  *   HELLO (48)      hdr | node_id u32 | nonce[32] | secure u32
  *   AUTH (84)       hdr | nonce[32] | mac[32] | eager_max u32 | eager_credits u32 |
  *                   secure u32
- *   GET_REQ (117)   hdr | id[20] | size u64 | chunk_size u32 | first_chunk u32 |
+ *   GET_REQ (121)   hdr | id[20] | size u64 | chunk_size u32 | first_chunk u32 |
  *                   credits u32 | flags u32 | chan u64 | tag u32 | ring u32 |
- *                   rdesc.len u8 | rdesc.data[48]
+ *                   end_chunk u32 | rdesc.len u8 | rdesc.data[48]
  *   GET_NACK (12)   hdr | status i32
  *   CREDIT, EAGER_CREDIT (12)  hdr | credits u32
  *   CANCEL, CANCEL_ACK (8)     hdr
@@ -48,7 +48,7 @@ _Static_assert(CFX_DP_WIRE_HELLO == CFX_DP_WIRE_HDR + 4 + CFX_DP_NONCE_LEN + 4, 
 _Static_assert(CFX_DP_WIRE_AUTH == CFX_DP_WIRE_HDR + CFX_DP_NONCE_LEN + CFX_DP_MAC_LEN + 4 + 4 + 4,
                "AUTH layout");
 _Static_assert(CFX_DP_WIRE_GET_REQ ==
-                   CFX_DP_WIRE_HDR + CFX_OBJECT_ID_LEN + 8 + 4 * 4 + 8 + 4 + 4 + 1 +
+                   CFX_DP_WIRE_HDR + CFX_OBJECT_ID_LEN + 8 + 4 * 4 + 8 + 4 + 4 + 4 + 1 +
                        CFX_TP_RDESC_MAX,
                "GET_REQ layout");
 _Static_assert(CFX_DP_WIRE_NACK == CFX_DP_WIRE_HDR + 4, "NACK layout");
@@ -226,6 +226,7 @@ int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap)
         w_u64(&w, m->get_req.chan);
         w_u32(&w, m->get_req.tag);
         w_u32(&w, m->get_req.ring);
+        w_u32(&w, m->get_req.end_chunk);
         w_u8(&w, m->get_req.rdesc.len);
         w_bytes(&w, m->get_req.rdesc.data, sizeof(m->get_req.rdesc.data));
         break;
@@ -364,6 +365,7 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         m->get_req.chan = r_u64(&r);
         m->get_req.tag = r_u32(&r);
         m->get_req.ring = r_u32(&r);
+        m->get_req.end_chunk = r_u32(&r);
         m->get_req.rdesc.len = r_u8(&r);
         r_bytes(&r, m->get_req.rdesc.data, sizeof(m->get_req.rdesc.data));
         host = sizeof(m->get_req);
@@ -521,6 +523,9 @@ static int check(const union cfx_dp_msg *msg, size_t len)
             r->chunk_size > CFX_CHUNK_MAX || r->credits == 0 ||
             r->size / r->chunk_size >= CFX_MAX_CHUNKS ||
             r->first_chunk > cfx__nchunks(r->size, r->chunk_size) ||
+            (r->end_chunk && (r->end_chunk <= r->first_chunk ||
+                              r->end_chunk > cfx__nchunks(r->size, r->chunk_size) ||
+                              (r->flags & (CFX_DP_GET_SMALL | CFX_DP_GET_P2P)))) ||
             ((r->flags & CFX_DP_GET_SMALL) &&
              (r->size == 0 || r->size > CFX_DP_GET_SMALL_MAX || (r->flags & CFX_DP_GET_P2P))))
             return CFX_ERR_PROTO;

@@ -50,6 +50,8 @@
 #include "dataplane/transport.h"
 
 #define CFX_MAX_TPS        4         /* transports open at once */
+#define CFX_GET_SOURCES_DEFAULT 4    /* CFX_GET_SOURCES: sources of a striped get */
+#define CFX_GET_SOURCES_MAX     8    /* its cap (CFX_PROTO_SOURCES_MAX) */
 #define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
 #define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
@@ -62,14 +64,15 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 6         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 7         /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
                                     5: the connector proves the token first; both
                                        node ids under the MACs (conn_auth.c);
                                     6: CFX_SECURE mode in HELLO and AUTH, under the
-                                       MACs; sealed tcp after the handshake */
+                                       MACs; sealed tcp after the handshake;
+                                    7: end_chunk in GET_REQ (a striped get's range) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -162,6 +165,8 @@ struct cfx_dp_get_req {
     uint64_t chan;          /* P2P: channel (e.g. a group) */
     uint32_t tag;           /* P2P: tag within the channel */
     uint32_t ring;          /* RING: slots of the receiver's scratch ring */
+    uint32_t end_chunk;     /* serve [first_chunk, end_chunk) only; 0: to the last chunk
+                               (a striped get asks several holders for disjoint ranges) */
     struct cfx_tp_rdesc rdesc; /* receiver's destination */
 };
 
@@ -250,7 +255,7 @@ struct cfx_dp_credit {
 #define CFX_DP_WIRE_HDR          8
 #define CFX_DP_WIRE_HELLO        48
 #define CFX_DP_WIRE_AUTH         84
-#define CFX_DP_WIRE_GET_REQ      117
+#define CFX_DP_WIRE_GET_REQ      121
 #define CFX_DP_WIRE_NACK         12
 #define CFX_DP_WIRE_CREDIT       12
 #define CFX_DP_WIRE_REDUCE_DONE  24
@@ -431,6 +436,8 @@ struct cfx_upload {
     struct cfx_conn *conn;
     uint32_t slot;              /* receiver's slot */
     uint32_t next;              /* next chunk to write */
+    uint32_t end;               /* one past the last chunk to write (a striped get's
+                                   range ends before nchunks) */
     uint32_t credits;           /* chunks we may still write */
     uint32_t inflight;          /* writes posted, not yet completed */
     uint32_t ring;              /* receiver's scratch ring slots (0 = linear) */
@@ -460,6 +467,11 @@ struct cfx_xfer_in {
     bool small;                 /* may ask for the object in one GET_DATA message */
     bool wait;                  /* the source is a partial holder whose entry may not
                                    exist yet: the request says GET_WAIT */
+    uint32_t end;               /* a striped get's range [first, end): 0 = to the last chunk */
+    uint32_t left;              /* writes of that range still to come */
+    struct cfx_tp_mr *mr;       /* a striped get's own registration of obj's buffer (one
+                                   per source: a registration holds one live grant);
+                                   NULL: obj->mr */
     bool abandoned;             /* a get's, left by its getter at the deadline: obj is NULL,
                                    the grant revoked; it keeps the slot until the source's
                                    answer (or the connection) ends it, then is freed */
@@ -712,6 +724,8 @@ struct cfx_config {
     uint32_t eager_max;         /* CFX_EAGER_MAX: messages up to this go eager (receiver's
                                    value rules a connection) */
     uint64_t upload_rate;       /* bytes/s per upload, 0 = unlimited */
+    uint32_t get_sources;       /* CFX_GET_SOURCES: complete holders a large get pulls
+                                   from at once (get_stripe.c), 1 = one */
     uint32_t loc_cache;         /* CFX_LOC_CACHE: location cache entries, 0 = off */
     int secure;                 /* CFX_SECURE: enum cfx_seal_mode of control and tcp
                                    connections (control/seal.h) */
@@ -945,6 +959,17 @@ bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
                          const struct cfx_node_rec *src);
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
+/* One range [first, end) of in->obj from @p src, a complete holder, into
+ * in's own registration of the buffer (in->mr, made on first use: each
+ * source of a striped get has its own, since a registration holds one
+ * live grant).  in->status is CFX_ERR_AGAIN while it runs; returns it, or
+ * the failure (the transfer is finished then). */
+int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
+                           const struct cfx_node_rec *src, uint32_t first, uint32_t end);
+/* Register in->obj's buffer as in->mr with transport @p tp. */
+int cfx__xfer_stripe_mr(struct cfx_context *ctx, struct cfx_xfer_in *in, int tp);
+/* Drop in->mr (no transfer of in's running). */
+void cfx__xfer_stripe_mr_drop(struct cfx_context *ctx, struct cfx_xfer_in *in);
 /* A get's deadline passed: withdraw obj->in's window now (CANCEL to the
  * source, grant revoked, arena behind it tainted) and detach it from obj;
  * the engine frees it when its slot is released.  False when the transfer

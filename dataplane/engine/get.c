@@ -108,7 +108,10 @@ static int dir_lookup(struct cfx_context *ctx, const struct cfx_object_id *id,
     pthread_mutex_lock(&ctx->lock);
     ctx->stats.dir_lookups++;
     pthread_mutex_unlock(&ctx->lock);
-    return cfx__ctl_obj_lookup(ctx->ctl, id, exclude, nexclude, deadline, src);
+    /* a first lookup asks for extra complete holders too: a large object
+     * is striped over them (get_stripe.c); a failover takes one source */
+    unsigned want = nexclude ? 0 : ctx->cfg.get_sources - 1;
+    return cfx__ctl_obj_lookup_sources(ctx->ctl, id, exclude, nexclude, want, deadline, src);
 }
 
 /* The get no longer pulls from @p src: tell the directory, which assigned
@@ -159,6 +162,7 @@ struct get_op {
     uint32_t exclude[MAX_SOURCES];       /* sources that failed this get */
     unsigned nexclude;                   /* entries of exclude used */
     unsigned local_retries;              /* another get of the id here won the store entry */
+    bool striped;                        /* pulled from several sources once (get_stripe.c) */
     struct cfx_obj *obj;                 /* our entry in the store while it fills */
 };
 
@@ -543,6 +547,29 @@ static int get_pull(struct get_op *g)
 {
     int rc = CFX_OK;
     while (!g->obj->complete) {
+        if (!g->striped && !g->cached && cfx__get_stripe_wanted(g->ctx, g->obj, &g->src)) {
+            uint32_t failed[CFX_GET_SOURCES_MAX];
+            unsigned nfailed = 0;
+            g->striped = true;
+            rc = cfx__get_stripe(g->ctx, g->obj, &g->src, g->deadline, g->timeout_ms, g->hex,
+                                 failed, &nfailed);
+            if (rc == CFX_OK || rc == CFX_ERR_TIMEOUT || rc == CFX_ERR_CANCELED ||
+                (rc != CFX_ERR_AGAIN && rc != CFX_ERR_PEER_FAILED))
+                break;
+            if (rc == CFX_ERR_PEER_FAILED) {
+                /* every source of the stripe failed: on from the first
+                 * missing chunk at another holder (the primary source is
+                 * excluded by get_failover) */
+                for (unsigned i = 0; i < nfailed; i++)
+                    if (failed[i] != g->src.node.node_id && g->nexclude < MAX_SOURCES - 1)
+                        g->exclude[g->nexclude++] = failed[i];
+                rc = get_failover(g, rc);
+                if (rc != CFX_OK)
+                    break;
+                continue;
+            }
+            cfx__err_clear(); /* CFX_ERR_AGAIN: one source after all */
+        }
         rc = get_attempt(g);
         if (rc == CFX_OK || rc == CFX_ERR_TIMEOUT || g->cached)
             break; /* a cached location that failed: get_fail starts over */

@@ -46,4 +46,19 @@ int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void 
 int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
                         size_t *size_out, const struct cfx_obj_params *params);
 
+/* get_stripe.c (ctx->lock held): should the get of @p obj from @p src
+ * (its lookup's answer) pull from several complete holders at once? */
+bool cfx__get_stripe_wanted(const struct cfx_context *ctx, const struct cfx_obj *obj,
+                            const struct cfx_ctl_source *src);
+/* Pull @p obj from src's holder and its extra sources at once, until it is
+ * complete (CFX_OK), the deadline (CFX_ERR_TIMEOUT), a failure that is no
+ * lost source (its status, naming the peer), or every source failed
+ * (CFX_ERR_PEER_FAILED: the caller fails over from the first missing
+ * chunk).  CFX_ERR_AGAIN: fewer than two sources were usable, nothing was
+ * asked.  @p failed (CFX_GET_SOURCES_MAX entries) gets the sources that
+ * failed.  ctx->lock held on entry and return (dropped while waiting). */
+int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
+                    const struct cfx_ctl_source *src, uint64_t deadline, int timeout_ms,
+                    const char *hex, uint32_t *failed, unsigned *nfailed);
+
 #endif

@@ -52,7 +52,7 @@ void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int st
         return;
     if (in->conn) {
         /* the transfer is over: its window takes no more writes */
-        struct cfx_tp_mr *mr = in->obj ? in->obj->mr[in->conn->tp] : NULL;
+        struct cfx_tp_mr *mr = in->mr ? in->mr : in->obj ? in->obj->mr[in->conn->tp] : NULL;
         const struct cfx_transport_ops *ops = ctx->tp[in->conn->tp].ops;
         if (mr && ops->mr_revoke)
             ops->mr_revoke(mr);
@@ -172,6 +172,100 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
         cfx__xfer_serve_waiting(ctx, obj);
 }
 
+int cfx__xfer_stripe_mr(struct cfx_context *ctx, struct cfx_xfer_in *in, int tp)
+{
+    struct cfx_obj *obj = in->obj;
+    struct cfx_tp_mem_desc mem = {
+        .addr = obj->buf,
+        .len = obj->size,
+        .memtype = obj->memtype,
+        .file_fd = obj->shm_fd,
+        .file_off = obj->shm_off,
+    };
+    int rc = ctx->tp[tp].ops->mem_reg(ctx->tp[tp].iface, &mem,
+                                      CFX_TP_ACCESS_LOCAL | CFX_TP_ACCESS_REMOTE_WRITE, &in->mr);
+    if (rc != CFX_OK) {
+        in->mr = NULL;
+        return cfx__err(rc, "node %u: cannot register %" PRIu64 " bytes with %s: %s",
+                        ctx->node_id, obj->size, ctx->tp[tp].ops->name, cfx_strerror(rc));
+    }
+    return CFX_OK;
+}
+
+int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
+                           const struct cfx_node_rec *src, uint32_t first, uint32_t end)
+{
+    struct cfx_obj *obj = in->obj;
+    int status = CFX_OK;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+
+    in->status = CFX_ERR_AGAIN;
+    struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
+    if (!conn) {
+        cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
+        return in->status;
+    }
+    if (in->mr && in->mr->iface != ctx->tp[conn->tp].iface) {
+        /* the connection to this source changed transport: a new
+         * registration on the new one */
+        cfx__xfer_stripe_mr_drop(ctx, in);
+    }
+    if (!in->mr && (status = cfx__xfer_stripe_mr(ctx, in, conn->tp)) != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, status);
+        return in->status;
+    }
+    if (slot_alloc(ctx, in) != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, CFX_ERR_NO_RESOURCE);
+        return in->status;
+    }
+    in->conn = conn;
+    in->src_node = src->node_id;
+    in->end = end;
+    in->left = end - first;
+    in->owed = 0;
+    in->cancel_sent = false;
+    uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
+    in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
+
+    struct cfx_dp_get_req req = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_GET_REQ, .slot = in->slot },
+        .size = obj->size,
+        .chunk_size = obj->chunk_size,
+        .first_chunk = first,
+        .end_chunk = end,
+        .credits = in->window,
+    };
+    memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
+    int rc = cfx__xfer_grant(ctx, conn, in->mr, &req.rdesc);
+    if (rc == CFX_OK)
+        rc = cfx__conn_send(conn, &req, sizeof(req));
+    if (rc != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, rc);
+        return in->status;
+    }
+    id_hex(&obj->id, hex);
+    CFX_LOG(DEBUG, XFER, "node %u: get %s chunks [%u, %u) of %u from %s slot %u", ctx->node_id,
+            hex, first, end, obj->nchunks, conn->name, in->slot);
+    /* as cfx__xfer_get_start: getters sent to this copy before its entry
+     * existed */
+    if (!cfx_list_empty(&ctx->waiting_gets))
+        cfx__xfer_serve_waiting(ctx, obj);
+    return in->status; /* CFX_ERR_AGAIN, or how it ended already */
+}
+
+void cfx__xfer_stripe_mr_drop(struct cfx_context *ctx, struct cfx_xfer_in *in)
+{
+    if (!in->mr)
+        return;
+    for (int t = 0; t < ctx->ntp; t++)
+        if (ctx->tp[t].iface == in->mr->iface) {
+            ctx->tp[t].ops->mem_dereg(in->mr);
+            break;
+        }
+    in->mr = NULL;
+}
+
 void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
 {
     struct cfx_xfer_in *in = obj->in;
@@ -222,7 +316,7 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
      * being received now goes nowhere once the registration is dropped
      * with the entry (cfx__obj_release).  A direct shm write cannot be
      * stopped: arena memory behind it is never handed out again. */
-    struct cfx_tp_mr *mr = obj->mr[in->conn->tp];
+    struct cfx_tp_mr *mr = in->mr ? in->mr : obj->mr[in->conn->tp];
     if (mr && ctx->tp[in->conn->tp].ops->mr_revoke)
         ctx->tp[in->conn->tp].ops->mr_revoke(mr);
     if (obj->shm_fd >= 0)
@@ -345,11 +439,22 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
     }
     if (in->cancel_sent)
         return; /* withdrawn: the bytes are not ours to use any more */
+    if (in->end) {
+        /* a striped get's range: each of its chunks comes once, in order
+         * (one connection); the range is done at its last write, also
+         * where another source landed some of its chunks before */
+        if (unlikely(chunk >= in->end || !in->left)) {
+            cfx__conn_fail(conn, CFX_ERR_PROTO, "write of a chunk outside the range asked for");
+            return;
+        }
+        in->left--;
+        in->owed++;
+    }
 
     uint64_t bit = 1ull << (chunk % 64);
     if (!(obj->bitmap[chunk / 64] & bit)) {
         obj->bitmap[chunk / 64] |= bit;
-        in->owed++;
+        in->owed += !in->end;
         ctx->stats.bytes_received += len;
     }
     /* Serving the object's uploads may fail connections, this one among
@@ -363,6 +468,10 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
     if (obj->ready_chunks == obj->nchunks) {
         obj->complete = true;
         cfx__xfer_in_finish(ctx, in, CFX_OK);
+        return;
+    }
+    if (in->end && !in->left) {
+        cfx__xfer_in_finish(ctx, in, CFX_OK); /* the range is in: the getter asks for more */
         return;
     }
     if (in->owed >= CFX_MAX(in->window / 2, 1u)) {
@@ -444,7 +553,7 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
     cfx_list_del(&up->conn_link);
     if (up->busy)
         cfx_list_del(&up->busy_link);
-    bool finished = up->next == obj->nchunks && !up->canceled && !up->aborted;
+    bool finished = up->next == up->end && !up->canceled && !up->aborted;
     bool canceled = up->canceled || up->aborted;
     free(up);
     if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
@@ -474,7 +583,7 @@ static bool upload_maybe_done(struct cfx_context *ctx, struct cfx_upload *up)
         upload_free(ctx, up);
         return true;
     }
-    if (up->next == up->obj->nchunks) {
+    if (up->next == up->end) {
         upload_free(ctx, up);
         return true;
     }
@@ -498,7 +607,7 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
 
     if (up->busy || up->canceled || up->aborted || conn->state != CFX_CONN_READY)
         return;
-    while (up->credits && up->next < obj->nchunks &&
+    while (up->credits && up->next < up->end &&
            (obj->complete || up->next < obj->ready_chunks)) {
         if (unlikely(ctx->test_stall) && up->next >= ctx->test_stall)
             return; /* test hook: a holder that stalls mid-transfer */
@@ -762,6 +871,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
     up->conn = conn;
     up->slot = req->hdr.slot;
     up->next = req->first_chunk;
+    up->end = req->end_chunk ? req->end_chunk : obj->nchunks;
     up->credits = req->credits;
     up->rdesc = req->rdesc;
     up->ring = (req->flags & CFX_DP_GET_RING) ? req->ring : 0;

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # An emulated cluster on one machine: N network namespaces ("nodes") joined
 # by a Linux bridge that lives in a namespace of its own, every node's link
-# shaped to RATE in both directions with tbf.
+# shaped to its RATE in both directions with tbf.
 #
-#   cluster.sh up N RATE        create or reshape the cluster (e.g. up 4 1gbit)
+#   cluster.sh up N RATE[,RATE...]
+#                               create or reshape the cluster (e.g. up 4 1gbit);
+#                               one rate per node, node 0 first, the last one
+#                               repeated for the nodes after it (up 5
+#                               4gbit,1gbit: node 0 at 4 Gbit/s, 1-4 at 1)
 #   cluster.sh down             remove everything this script made
 #   cluster.sh exec I CMD...    run CMD in node I (hostname PREFIX-nI)
 #   cluster.sh status           what exists now
@@ -113,11 +117,17 @@ remove_node() { # i
 }
 
 cmd_up() {
-    [ $# -eq 2 ] || die "usage: cluster.sh up N RATE"
-    local n=$1 rate=$2 i ns e b
+    [ $# -eq 2 ] || die "usage: cluster.sh up N RATE[,RATE...]"
+    local n=$1 i ns e b rate rates desc
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAX_NODES ] ||
         die "N must be 1..$MAX_NODES, not '$n'"
-    valid_rate "$rate" || die "RATE must look like 1gbit, 500mbit, 100kbit, not '$rate'"
+    IFS=, read -r -a rates <<< "$2"
+    [ "${#rates[@]}" -ge 1 ] || die "RATE must look like 1gbit, 500mbit, 100kbit, not '$2'"
+    [ "${#rates[@]}" -le "$n" ] || die "${#rates[@]} rates for $n nodes"
+    for rate in "${rates[@]}"; do
+        valid_rate "$rate" ||
+            die "each RATE must look like 1gbit, 500mbit, 100kbit, not '$rate' (in '$2')"
+    done
     need_root
 
     if ! ns_exists "$BR_NS"; then
@@ -151,11 +161,18 @@ cmd_up() {
         ip -n "$BR_NS" link set "$b" master "$BR" up
         ip -n "$ns" addr replace "$(node_ip "$i")/24" dev "$e"
         ip -n "$ns" link set "$e" up
+        # node i's rate: its own, else the last one given
+        rate=${rates[$((i < ${#rates[@]} ? i : ${#rates[@]} - 1))]}
         shape "$ns" "$e" "$rate"      # what node i sends
         shape "$BR_NS" "$b" "$rate"   # what node i receives
     done
     write_hosts "$n"
-    echo "cluster $PREFIX: $n nodes on $SUBNET, each link $rate (tbf burst $BURST)"
+    if [ "${#rates[@]}" -eq 1 ]; then
+        desc="each link ${rates[0]}"
+    else
+        desc="links $2 (node 0 first, the last repeated)"
+    fi
+    echo "cluster $PREFIX: $n nodes on $SUBNET, $desc (tbf burst $BURST)"
 }
 
 cmd_down() {

@@ -127,6 +127,7 @@ static void proto(void)
     m.u.lookup.nexclude = 2;
     m.u.lookup.exclude[0] = 3;
     m.u.lookup.exclude[1] = 7;
+    m.u.lookup.want = 3; /* extra sources for a striped get */
     put("fuzz_proto", "lookup", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
@@ -138,6 +139,9 @@ static void proto(void)
     node(&m.u.lookup_reply.node, 5);
     m.u.lookup_reply.putter = 5;
     m.u.lookup_reply.tag = 77;
+    m.u.lookup_reply.nextra = 2;
+    m.u.lookup_reply.extra[0] = 6;
+    m.u.lookup_reply.extra[1] = 8;
     put("fuzz_proto", "lookup_reply", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
@@ -348,6 +352,9 @@ static void dp(void)
     r.rdesc.len = 24;
     memset(r.rdesc.data, 0x54, 24);
     put_dp("get_req", &r, sizeof(r));
+    r.end_chunk = 2; /* a striped get's range: chunk 1 only */
+    put_dp("get_req_range", &r, sizeof(r));
+    r.end_chunk = 0;
     r.flags = CFX_DP_GET_P2P;
     r.chan = 99;
     r.tag = 5;

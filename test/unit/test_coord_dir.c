@@ -503,3 +503,75 @@ Test(coord_dir, heartbeats_report_partial_copies)
     cfx__ctl_close(g);
     cfx__ctl_close(p);
 }
+
+/* Extra sources for a striped get: named only with a complete source, and
+ * only complete holders that serve no upload; a partial source comes
+ * alone, and the extras are not counted as uploads. */
+Test(coord_dir, extra_sources_are_complete_idle_holders)
+{
+    struct cfx_ctl *p = open_node("putter", NULL), *c1 = open_node("copy1", NULL),
+                   *c2 = open_node("copy2", NULL), *part = open_node("partial", NULL),
+                   *g = open_node("getter", NULL), *g2 = open_node("getter2", NULL);
+    struct cfx_ctl_source src;
+    struct cfx_object_id id;
+    make_id(&id, "striped");
+    cr_assert_eq(cfx__ctl_obj_put(p, &id, 64ull << 20, 1 << 19, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    /* two complete copies besides the putter's */
+    struct cfx_ctl *copies[2] = { c1, c2 };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cfx__ctl_obj_lookup(copies[i], &id, NULL, 0, cfx__deadline_ns(CALL_MS),
+                                         &src), CFX_OK);
+        cr_assert_eq(src.nextra, 0, "a plain lookup asks for no extra source");
+        cr_assert_eq(cfx__ctl_obj_done(copies[i], &id, src.node.node_id, 1,
+                                       cfx__deadline_ns(CALL_MS)), CFX_OK);
+    }
+    /* a partial holder, fed by the putter: the putter is busy now */
+    cr_assert_eq(cfx__ctl_obj_lookup(part, &id, NULL, 0, cfx__deadline_ns(CALL_MS), &src),
+                 CFX_OK);
+    uint32_t busy = src.node.node_id;
+    cr_assert(src.complete);
+
+    cr_assert_eq(cfx__ctl_obj_lookup_sources(g, &id, NULL, 0, 7, cfx__deadline_ns(CALL_MS), &src),
+                 CFX_OK);
+    cr_assert(src.complete);
+    uint32_t ids[3] = { cfx__ctl_node_id(p), cfx__ctl_node_id(c1), cfx__ctl_node_id(c2) };
+    /* the primary and its extras: the three complete holders but the busy
+     * one, each once; never the partial holder or the getter */
+    cr_assert_eq(src.nextra, 1, "%u extras", src.nextra);
+    cr_assert_neq(src.extra[0], src.node.node_id);
+    cr_assert_neq(src.extra[0], busy, "a holder that uploads is no extra source");
+    cr_assert_neq(src.extra[0], cfx__ctl_node_id(part));
+    int named = 0;
+    for (int i = 0; i < 3; i++)
+        named += ids[i] == src.extra[0] || ids[i] == src.node.node_id;
+    cr_assert_eq(named, 2);
+
+    /* the directory counted the primary source's upload only */
+    struct cfx_ctl_obj_rec *objs;
+    size_t n;
+    cr_assert_eq(cfx__ctl_objects(p, &objs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(n, 1);
+    for (uint32_t i = 0; i < objs[0].nholders; i++) {
+        const struct cfx_obj_holder *h = &objs[0].holders[i];
+        uint32_t want = h->node_id == busy || h->node_id == src.node.node_id;
+        cr_assert_eq(h->uploads, want, "node %u serves %u uploads", h->node_id, h->uploads);
+    }
+    free(objs);
+
+    /* every complete holder busy now but the one extra: a getter sent to a
+     * partial holder (fan-out reached) gets it alone */
+    struct cfx_ctl_source src2;
+    uint32_t ex[3] = { ids[0], ids[1], ids[2] };
+    cr_assert_eq(cfx__ctl_obj_lookup_sources(g2, &id, ex, 3, 7, cfx__deadline_ns(CALL_MS), &src2),
+                 CFX_OK);
+    cr_assert(!src2.complete);
+    cr_assert_eq(src2.nextra, 0, "a partial source comes alone");
+
+    cfx__ctl_close(g2);
+    cfx__ctl_close(g);
+    cfx__ctl_close(part);
+    cfx__ctl_close(c2);
+    cfx__ctl_close(c1);
+    cfx__ctl_close(p);
+}

@@ -246,6 +246,7 @@ Test(dp_msg, get_req_wire_layout_is_fixed)
     r.credits = 2;
     r.chan = 0x0102030405060708ull;
     r.tag = 0xa1a2a3a4;
+    r.end_chunk = 21; /* of 22 chunks */
     r.rdesc.len = 3;
     memcpy(r.rdesc.data, "xyz", 3);
     size_t n = enc(&r, sizeof(r));
@@ -257,8 +258,10 @@ Test(dp_msg, get_req_wire_layout_is_fixed)
     cr_assert_arr_eq(wire + 28, size_le, 8);
     static const uint8_t tag_le[4] = { 0xa4, 0xa3, 0xa2, 0xa1 };
     cr_assert_arr_eq(wire + 60, tag_le, 4);
-    cr_assert_eq(wire[68], 3);
-    cr_assert_arr_eq(wire + 69, "xyz", 3);
+    static const uint8_t end_le[4] = { 21, 0, 0, 0 };
+    cr_assert_arr_eq(wire + 68, end_le, 4);
+    cr_assert_eq(wire[72], 3);
+    cr_assert_arr_eq(wire + 73, "xyz", 3);
     union cfx_dp_msg m;
     size_t len;
     cr_assert_eq(cfx__dp_msg_decode(wire, n, &m, &len), CFX_DP_GET_REQ);
@@ -266,7 +269,32 @@ Test(dp_msg, get_req_wire_layout_is_fixed)
     cr_assert_eq(m.get_req.size, r.size);
     cr_assert_eq(m.get_req.chan, r.chan);
     cr_assert_eq(m.get_req.tag, r.tag);
+    cr_assert_eq(m.get_req.end_chunk, r.end_chunk);
     cr_assert_eq(m.hdr.slot, r.hdr.slot);
+}
+
+/* A striped get's range: past its first chunk, within the object, and only
+ * for a chunk write of an object (not a message, not the one-message answer). */
+Test(dp_msg, get_req_range_is_checked)
+{
+    struct cfx_dp_get_req r;
+    memset(&r, 0, sizeof(r));
+    r.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_REQ, 1 };
+    r.size = 4ull * CFX_CHUNK_MIN;
+    r.chunk_size = CFX_CHUNK_MIN;
+    r.credits = 2;
+    r.first_chunk = 1;
+    r.end_chunk = 3;
+    cr_assert_eq(check(&r, sizeof(r)), CFX_DP_GET_REQ);
+    r.end_chunk = 4;
+    cr_assert_eq(check(&r, sizeof(r)), CFX_DP_GET_REQ);
+    r.end_chunk = 5; /* past the object */
+    cr_assert_eq(check(&r, sizeof(r)), CFX_ERR_PROTO);
+    r.end_chunk = 1; /* empty */
+    cr_assert_eq(check(&r, sizeof(r)), CFX_ERR_PROTO);
+    r.end_chunk = 3;
+    r.flags = CFX_DP_GET_P2P;
+    cr_assert_eq(check(&r, sizeof(r)), CFX_ERR_PROTO);
 }
 
 /* A GET_REQ may ask for the one-message answer only for a small object. */

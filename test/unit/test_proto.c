@@ -207,6 +207,7 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         m->u.lookup.exclude[0] = 4;
         m->u.lookup.exclude[1] = 9;
         m->u.lookup.exclude[2] = 11;
+        m->u.lookup.want = 3;
         break;
     case CFX_MSG_LOOKUP_REPLY:
         sample_id(&m->u.lookup_reply.id, 3);
@@ -216,6 +217,9 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         sample_node(&m->u.lookup_reply.node, 5);
         m->u.lookup_reply.putter = 7;
         m->u.lookup_reply.tag = 99;
+        m->u.lookup_reply.nextra = 2;
+        m->u.lookup_reply.extra[0] = 12;
+        m->u.lookup_reply.extra[1] = 0x01020304;
         break;
     case CFX_MSG_OBJ_DONE:
         sample_id(&m->u.done.id, 4);
@@ -395,6 +399,7 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.lookup.nexclude, b->u.lookup.nexclude);
         cr_assert_arr_eq(a->u.lookup.exclude, b->u.lookup.exclude,
                          a->u.lookup.nexclude * sizeof(uint32_t));
+        cr_assert_eq(a->u.lookup.want, b->u.lookup.want);
         break;
     case CFX_MSG_LOOKUP_REPLY:
         cr_assert_arr_eq(a->u.lookup_reply.id.bytes, b->u.lookup_reply.id.bytes,
@@ -405,6 +410,9 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         cr_assert_eq(a->u.lookup_reply.complete, b->u.lookup_reply.complete);
         cr_assert_eq(a->u.lookup_reply.putter, b->u.lookup_reply.putter);
         cr_assert_eq(a->u.lookup_reply.tag, b->u.lookup_reply.tag);
+        cr_assert_eq(a->u.lookup_reply.nextra, b->u.lookup_reply.nextra);
+        cr_assert_arr_eq(a->u.lookup_reply.extra, b->u.lookup_reply.extra,
+                         a->u.lookup_reply.nextra * sizeof(uint32_t));
         if (a->u.lookup_reply.is_inline && a->u.lookup_reply.size)
             cr_assert_arr_eq(a->u.lookup_reply.data, b->u.lookup_reply.data,
                              a->u.lookup_reply.size);

@@ -1,0 +1,374 @@
+/*
+ * Striped gets (get_stripe.c): a getter of a large object with several
+ * complete holders pulls disjoint blocks of chunks from all of them, a slow
+ * holder serves fewer blocks than the fast ones, a holder that dies
+ * mid-stripe gives its block back to the others, CFX_GET_SOURCES=1 and
+ * small objects take one source.  One process: an embedded coordinator and
+ * a context per node.  Bytes served per node are read from
+ * cfx_context_stats(); every get is checked byte for byte.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "testutil.h"
+
+#define CHUNK   65536u
+#define NCHUNKS 128u
+#define SIZE    ((size_t)NCHUNKS * CHUNK) /* 8 MiB: striped by default */
+#define SEED    23
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void teardown(void)
+{
+    unsetenv("CFX_GET_SOURCES");
+    unsetenv("CFX_UPLOAD_RATE");
+    unsetenv("CFX_XFER_TEST_STALL");
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(get_stripe, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A context over @p tps; @p rate paces its uploads (bytes/s, 0: not). */
+static struct cfx_context *join(const char *tps, const char *rate)
+{
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 20000,
+        .transports = tps,
+    };
+    struct cfx_context *ctx = NULL;
+    if (rate)
+        setenv("CFX_UPLOAD_RATE", rate, 1);
+    int rc = cfx_context_create(&p, &ctx);
+    unsetenv("CFX_UPLOAD_RATE");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    return ctx;
+}
+
+static uint64_t sent(struct cfx_context *c)
+{
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(c, &st), CFX_OK);
+    return st.bytes_sent;
+}
+
+/* Get @p id on @p c and check every byte (NO_KEEP: the buffer is ours
+ * again when the get returns). */
+static void get_checked(struct cfx_context *c, const struct cfx_object_id *id, size_t size)
+{
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = CFX_OBJ_FLAG_NO_KEEP };
+    uint8_t *buf = malloc(size);
+    cr_assert(buf);
+    memset(buf, 0xA5, size);
+    size_t got = 0;
+    int rc = cfx_get(c, id, buf, size, &got, &gp);
+    cr_assert_eq(rc, CFX_OK, "get on node %u: %s (%s)", cfx_context_node_id(c), cfx_errname(rc),
+                 cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(buf, size, SEED), (size_t)-1, "node %u: wrong bytes",
+                 cfx_context_node_id(c));
+    free(buf);
+}
+
+/* Wait until the directory lists @p n complete holders of @p id, none of
+ * them uploading (the getters' completions are sent in the background). */
+static void wait_holders(struct cfx_context *c, const struct cfx_object_id *id, unsigned n)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    for (;;) {
+        struct cfx_ctl_obj_rec *recs = NULL;
+        size_t nrec = 0;
+        unsigned complete = 0, busy = 0;
+        cr_assert_eq(cfx__ctl_objects(c->ctl, &recs, &nrec, cfx__deadline_ns(2000)), CFX_OK,
+                     "%s", cfx_last_error());
+        for (size_t i = 0; i < nrec; i++) {
+            if (memcmp(recs[i].id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+                continue;
+            for (uint32_t h = 0; h < recs[i].nholders && h < 16; h++) {
+                complete += recs[i].holders[h].complete;
+                busy += recs[i].holders[h].uploads;
+            }
+        }
+        free(recs);
+        if (complete >= n && !busy)
+            return;
+        cr_assert(cfx__now_ns() < dl, "the directory lists %u complete holders (%u uploads), "
+                  "not %u", complete, busy, n);
+        usleep(10000);
+    }
+}
+
+/* holders[0] puts an object of @p size; the others get it one after the
+ * other, so that all are complete holders.  Returns the put's buffer (it
+ * must outlive the put: the caller frees it after the holders go). */
+static uint8_t *replicate(struct cfx_context **holders, unsigned n, struct cfx_object_id *id,
+                          size_t size)
+{
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_test_fill(src, size, SEED);
+    cfx_object_id_generate(holders[0], id);
+    cr_assert_eq(cfx_put(holders[0], id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    for (unsigned i = 1; i < n; i++) {
+        /* into the arena: the copy stays the holder's (a plain get's copy
+         * lives in the caller's buffer) */
+        void *copy = NULL;
+        size_t got = 0;
+        int rc = cfx_get_alloc(holders[i], id, &copy, &got, NULL);
+        cr_assert_eq(rc, CFX_OK, "replica on node %u: %s (%s)", cfx_context_node_id(holders[i]),
+                     cfx_errname(rc), cfx_last_error());
+        cr_assert_eq(got, size);
+        cr_assert_eq(cfx_test_check(copy, size, SEED), (size_t)-1, "node %u: wrong bytes",
+                     cfx_context_node_id(holders[i]));
+    }
+    wait_holders(holders[0], id, n);
+    return src;
+}
+
+static void destroy_all(struct cfx_context **c, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        cfx_context_destroy(c[i]);
+}
+
+/* Three complete holders: the get pulls from all three, and the blocks
+ * they served add up to the object. */
+static void three_holders(const char *tps)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+    uint64_t before[3], total = 0;
+
+    for (unsigned i = 0; i < 3; i++)
+        h[i] = join(tps, NULL);
+    g = join(tps, NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++)
+        before[i] = sent(h[i]);
+    get_checked(g, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++) {
+        uint64_t d = sent(h[i]) - before[i];
+        cr_expect_gt(d, 0, "holder %u (node %u) served nothing", i, cfx_context_node_id(h[i]));
+        cr_expect_eq(d % CHUNK, 0);
+        total += d;
+    }
+    cr_expect_eq(total, SIZE, "the holders served %llu bytes of %zu",
+                 (unsigned long long)total, SIZE);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
+
+Test(get_stripe, three_holders_tcp)
+{
+    three_holders("tcp");
+}
+
+Test(get_stripe, three_holders_shm)
+{
+    three_holders("shm");
+}
+
+/* Two holders that stall mid-block (test hook CFX_XFER_TEST_STALL): the
+ * unstalled one takes every other block, and the get ends at its deadline
+ * with CFX_ERR_TIMEOUT naming the nodes whose blocks are out. */
+Test(get_stripe, stalled_holders_end_at_the_deadline)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+
+    h[0] = join("tcp", NULL);
+    setenv("CFX_XFER_TEST_STALL", "2", 1); /* their uploads stop after chunk 2 */
+    setenv("CFX_GET_SOURCES", "1", 1);     /* their own copies come from h[0] (lowest id) */
+    h[1] = join("tcp", NULL);
+    h[2] = join("tcp", NULL);
+    unsetenv("CFX_XFER_TEST_STALL");
+    unsetenv("CFX_GET_SOURCES");
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+
+    uint8_t *buf = malloc(SIZE);
+    cr_assert(buf);
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_FLAGS,
+                                 .timeout_ms = 1000,
+                                 .flags = CFX_OBJ_FLAG_NO_KEEP };
+    uint64_t t0 = cfx__now_ns();
+    int rc = cfx_get(g, &id, buf, SIZE, NULL, &gp);
+    uint64_t ms = (cfx__now_ns() - t0) / 1000000;
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    char want[32];
+    snprintf(want, sizeof(want), "%u", cfx_context_node_id(h[1]));
+    cr_expect(strstr(cfx_last_error(), "waiting for node") && strstr(cfx_last_error(), want),
+              "the error does not name the stalled holder: %s", cfx_last_error());
+    cr_expect_leq(ms, 1000 + 5000, "returned %llu ms after it began", (unsigned long long)ms);
+    free(buf);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
+
+/* A holder that uploads at 4 MB/s next to two unpaced ones serves fewer
+ * blocks: the blocks go to whichever source finished its last. */
+Test(get_stripe, slow_holder_serves_less)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+    uint64_t before[3], d[3];
+
+    h[0] = join("tcp", NULL);
+    h[1] = join("tcp", NULL);
+    h[2] = join("tcp", "4000000");
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++)
+        before[i] = sent(h[i]);
+    get_checked(g, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++)
+        d[i] = sent(h[i]) - before[i];
+    cr_expect_eq(d[0] + d[1] + d[2], SIZE);
+    cr_expect_gt(d[2], 0, "the slow holder got no block");
+    cr_expect_lt(d[2], d[0], "slow holder served %llu bytes, fast one %llu",
+                 (unsigned long long)d[2], (unsigned long long)d[0]);
+    cr_expect_lt(d[2], d[1], "slow holder served %llu bytes, fast one %llu",
+                 (unsigned long long)d[2], (unsigned long long)d[1]);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
+
+struct bg_get {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    uint8_t *buf;
+    int rc;
+    char err[256];
+};
+
+static void *bg_main(void *arg)
+{
+    struct bg_get *b = arg;
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = CFX_OBJ_FLAG_NO_KEEP };
+    b->rc = cfx_get(b->ctx, b->id, b->buf, SIZE, NULL, &gp);
+    snprintf(b->err, sizeof(b->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/* A slow holder destroyed while it serves its block: the others take the
+ * block over and the get completes byte for byte. */
+Test(get_stripe, holder_dies_mid_stripe)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+    struct bg_get b = { 0 };
+
+    h[0] = join("tcp", "8000000");
+    h[1] = join("tcp", "8000000");
+    h[2] = join("tcp", "2000000");
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+    uint64_t before = sent(h[2]);
+
+    b.ctx = g;
+    b.id = &id;
+    b.buf = malloc(SIZE);
+    cr_assert(b.buf);
+    memset(b.buf, 0xA5, SIZE);
+    cr_assert_eq(pthread_create(&b.thr, NULL, bg_main, &b), 0);
+    /* wait until the slow holder is inside its block (a few chunks out) */
+    uint64_t dl = cfx__deadline_ns(10000);
+    while (sent(h[2]) - before < 2 * CHUNK && cfx__now_ns() < dl)
+        usleep(2000);
+    cr_assert_geq(sent(h[2]) - before, 2 * CHUNK, "the slow holder never served");
+    cfx_context_destroy(h[2]);
+    pthread_join(b.thr, NULL);
+    cr_assert_eq(b.rc, CFX_OK, "%s (%s)", cfx_errname(b.rc), b.err);
+    cr_assert_eq(cfx_test_check(b.buf, SIZE, SEED), (size_t)-1, "wrong bytes");
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(g, &st), CFX_OK);
+    cr_expect_eq(st.source_failovers, 0, "the stripe's survivors finished it, no failover");
+    free(b.buf);
+    cfx_context_destroy(g);
+    destroy_all(h, 2);
+    free(src);
+}
+
+/* CFX_GET_SOURCES=1: one holder serves the whole object. */
+Test(get_stripe, one_source_when_off)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+    uint64_t before[3];
+    unsigned serving = 0;
+
+    for (unsigned i = 0; i < 3; i++)
+        h[i] = join("tcp", NULL);
+    setenv("CFX_GET_SOURCES", "1", 1);
+    g = join("tcp", NULL);
+    unsetenv("CFX_GET_SOURCES");
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++)
+        before[i] = sent(h[i]);
+    get_checked(g, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++) {
+        uint64_t d = sent(h[i]) - before[i];
+        cr_expect(d == 0 || d == SIZE, "holder %u served %llu bytes", i, (unsigned long long)d);
+        serving += d != 0;
+    }
+    cr_expect_eq(serving, 1);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
+
+/* A small object (four chunks) is not striped. */
+Test(get_stripe, small_object_one_source)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+    uint64_t before[3];
+    unsigned serving = 0;
+    const size_t size = 4 * CHUNK;
+
+    for (unsigned i = 0; i < 3; i++)
+        h[i] = join("tcp", NULL);
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, size);
+    for (unsigned i = 0; i < 3; i++)
+        before[i] = sent(h[i]);
+    get_checked(g, &id, size);
+    for (unsigned i = 0; i < 3; i++)
+        serving += sent(h[i]) != before[i];
+    cr_expect_eq(serving, 1);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
