@@ -360,6 +360,19 @@ static bool node_left(const struct cfx_context *ctx, uint32_t node)
     return false;
 }
 
+/* ctx->lock held (connections are added and removed under it too): whether
+ * a connection with @p node is still open here. */
+static bool conn_open_to(const struct cfx_context *ctx, uint32_t node)
+{
+    const struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == node && c->state != CFX_CONN_FAILED)
+            return true;
+    }
+    return false;
+}
+
 /* ctx->lock held: index in @p nodes of a node known dead or gone in good
  * order (either way it sends nothing more), or -1. */
 static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
@@ -428,6 +441,20 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
             grace = deadline_ns;
         while ((st = p2p_status(req)) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
             ;
+        /* A node that left in good order said so before it flushed what it
+         * had sent (its destroy leaves the directory first, then lets its
+         * sends go out for up to a second, then closes its connections), and
+         * a loaded receiver may take longer than the grace to read them: as
+         * long as a connection with it is open here, its last bytes may still
+         * be in it.  The close is the end of them (a transport reports it
+         * after the data before it); nothing signals it to this wait, so it
+         * looks every 10 ms, until the deadline. */
+        while (st == CFX_ERR_AGAIN && node_left(ctx, nodes[who]) &&
+               conn_open_to(ctx, nodes[who]) && cfx__now_ns() < deadline_ns) {
+            uint64_t nap = cfx__deadline_ns(10);
+            cfx__obj_wait(ctx, nap < deadline_ns ? nap : deadline_ns);
+            st = p2p_status(req);
+        }
     }
     pthread_mutex_unlock(&ctx->lock);
     if (st != CFX_ERR_AGAIN)
