@@ -107,12 +107,54 @@ static int slot_alloc(struct cfx_context *ctx, struct cfx_xfer_in *in)
     return CFX_ERR_NO_RESOURCE;
 }
 
+/*
+ * Size @p in's credit window, grant @p mr (NULL: a small get, nothing
+ * registered) to the source on @p conn and send it the GET_REQ for chunks
+ * [@p first, @p end) (@p end 0: to the last).  A failure finished @p in.
+ */
+static void get_req_send(struct cfx_context *ctx, struct cfx_xfer_in *in, struct cfx_conn *conn,
+                         struct cfx_tp_mr *mr, uint32_t first, uint32_t end, uint32_t flags)
+{
+    struct cfx_obj *obj = in->obj;
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
+
+    in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
+    struct cfx_dp_get_req req = {
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                 .type = CFX_DP_GET_REQ, .slot = in->slot },
+        .size = obj->size,
+        .chunk_size = obj->chunk_size,
+        .first_chunk = first,
+        .end_chunk = end,
+        .credits = in->window,
+        .flags = flags,
+        .chan = obj->chan,
+        .tag = obj->tag,
+    };
+    memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
+    int rc = mr ? cfx__xfer_grant(ctx, conn, mr, &req.rdesc) : CFX_OK;
+    if (rc == CFX_OK)
+        rc = cfx__conn_send(conn, &req, sizeof(req));
+    if (rc != CFX_OK) {
+        cfx__xfer_in_finish(ctx, in, rc);
+        return;
+    }
+    id_hex(&obj->id, hex);
+    CFX_LOG(DEBUG, XFER, "node %u: get %s (%" PRIu64 " B) chunks [%u, %u) of %u from %s slot %u",
+            ctx->node_id, hex, obj->size, first, end ? end : obj->nchunks, obj->nchunks,
+            conn->name, in->slot);
+    /* The directory may have sent others to us, the newest partial holder,
+     * before this entry existed (wait_for_entry). */
+    if (!cfx_list_empty(&ctx->waiting_gets))
+        cfx__xfer_serve_waiting(ctx, obj);
+}
+
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
                          const struct cfx_node_rec *src)
 {
     struct cfx_xfer_in *in = obj->in;
     int status = CFX_OK;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
 
     if (!in || in->status != CFX_ERR_AGAIN)
         return;
@@ -138,38 +180,10 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
     in->conn = conn;
     in->src_node = src->node_id;
     in->small = small;
-
-    uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
-    in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
-
-    struct cfx_dp_get_req req = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                 .type = CFX_DP_GET_REQ, .slot = in->slot },
-        .size = obj->size,
-        .chunk_size = obj->chunk_size,
-        .first_chunk = obj->ready_chunks,
-        .credits = in->window,
-        .flags = (obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0) |
-                 (in->cached ? CFX_DP_GET_CACHED : 0) | (small ? CFX_DP_GET_SMALL : 0) |
-                 (in->wait ? CFX_DP_GET_WAIT : 0),
-        .chan = obj->chan,
-        .tag = obj->tag,
-    };
-    memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
-    int rc = mr ? cfx__xfer_grant(ctx, conn, mr, &req.rdesc) : CFX_OK;
-    if (rc == CFX_OK)
-        rc = cfx__conn_send(conn, &req, sizeof(req));
-    if (rc != CFX_OK) {
-        cfx__xfer_in_finish(ctx, in, rc);
-        return;
-    }
-    id_hex(&obj->id, hex);
-    CFX_LOG(DEBUG, XFER, "node %u: get %s (%" PRIu64 " B, %u chunks from %u) from %s slot %u",
-            ctx->node_id, hex, obj->size, obj->nchunks, obj->ready_chunks, conn->name, in->slot);
-    /* The directory may have sent others to us, the newest partial holder,
-     * before this entry existed (wait_for_entry). */
-    if (!cfx_list_empty(&ctx->waiting_gets))
-        cfx__xfer_serve_waiting(ctx, obj);
+    get_req_send(ctx, in, conn, mr, obj->ready_chunks, 0,
+                 (obj->p2p == CFX_P2P_RECV ? CFX_DP_GET_P2P : 0) |
+                     (in->cached ? CFX_DP_GET_CACHED : 0) | (small ? CFX_DP_GET_SMALL : 0) |
+                     (in->wait ? CFX_DP_GET_WAIT : 0));
 }
 
 int cfx__xfer_stripe_mr(struct cfx_context *ctx, struct cfx_xfer_in *in, int tp)
@@ -195,9 +209,7 @@ int cfx__xfer_stripe_mr(struct cfx_context *ctx, struct cfx_xfer_in *in, int tp)
 int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
                            const struct cfx_node_rec *src, uint32_t first, uint32_t end)
 {
-    struct cfx_obj *obj = in->obj;
     int status = CFX_OK;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
 
     in->status = CFX_ERR_AGAIN;
     struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
@@ -224,33 +236,7 @@ int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
     in->left = end - first;
     in->owed = 0;
     in->cancel_sent = false;
-    uint32_t window = ctx->cfg.window_bytes / obj->chunk_size;
-    in->window = CFX_MIN(CFX_MAX(window, 2u), 64u);
-
-    struct cfx_dp_get_req req = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                 .type = CFX_DP_GET_REQ, .slot = in->slot },
-        .size = obj->size,
-        .chunk_size = obj->chunk_size,
-        .first_chunk = first,
-        .end_chunk = end,
-        .credits = in->window,
-    };
-    memcpy(req.id, obj->id.bytes, CFX_OBJECT_ID_LEN);
-    int rc = cfx__xfer_grant(ctx, conn, in->mr, &req.rdesc);
-    if (rc == CFX_OK)
-        rc = cfx__conn_send(conn, &req, sizeof(req));
-    if (rc != CFX_OK) {
-        cfx__xfer_in_finish(ctx, in, rc);
-        return in->status;
-    }
-    id_hex(&obj->id, hex);
-    CFX_LOG(DEBUG, XFER, "node %u: get %s chunks [%u, %u) of %u from %s slot %u", ctx->node_id,
-            hex, first, end, obj->nchunks, conn->name, in->slot);
-    /* as cfx__xfer_get_start: getters sent to this copy before its entry
-     * existed */
-    if (!cfx_list_empty(&ctx->waiting_gets))
-        cfx__xfer_serve_waiting(ctx, obj);
+    get_req_send(ctx, in, conn, in->mr, first, end, 0);
     return in->status; /* CFX_ERR_AGAIN, or how it ended already */
 }
 
