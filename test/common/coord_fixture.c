@@ -250,32 +250,43 @@ void raw_send(int s, const struct cfx_msg *m)
     cr_assert_eq(send(s, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
+int raw_auth_claiming(uint8_t role, int coord_mode, int claimed, int mac_mode,
+                      uint8_t snonce[CFX_AUTH_NONCE_LEN], struct cfx_msg *auth)
+{
+    static uint8_t buf[1 << 16];
+    struct cfx_msg m;
+    uint8_t bind[CFX_CTL_BIND_LEN];
+    int s = raw_connect();
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
+    cr_assert_eq(m.u.challenge.secure, coord_mode);
+    memcpy(snonce, m.u.challenge.nonce, CFX_AUTH_NONCE_LEN);
+    memset(auth, 0, sizeof(*auth));
+    auth->type = CFX_MSG_AUTH;
+    auth->req_id = 1;
+    auth->u.auth.role = role;
+    auth->u.auth.secure = (uint8_t)claimed;
+    cfx__ctl_auth_bind(role, (uint8_t)mac_mode, bind);
+    cfx__auth_nonce(auth->u.auth.nonce, sizeof(auth->u.auth.nonce));
+    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, auth->u.auth.nonce, bind, sizeof(bind),
+                        auth->u.auth.mac);
+    raw_send(s, auth);
+    return s;
+}
+
 /* A raw connection authenticated in @p role with CFX_SECURE @p mode (the
  * coordinator's); @p seal (NULL when off) receives its sealing state. */
 int raw_auth_sealed(uint8_t role, uint8_t mode, struct cfx_ctl_seal *seal)
 {
     static uint8_t buf[1 << 16];
     struct cfx_msg m, r;
-    int s = raw_connect();
     uint8_t snonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
-    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
-    cr_assert_eq(m.type, CFX_MSG_CHALLENGE);
-    cr_assert_eq(m.u.challenge.secure, mode);
-    memcpy(snonce, m.u.challenge.nonce, sizeof(snonce));
-    memset(&r, 0, sizeof(r));
-    r.type = CFX_MSG_AUTH;
-    r.req_id = 1;
-    r.u.auth.role = role;
-    r.u.auth.secure = mode;
-    cfx__ctl_auth_bind(role, mode, bind);
-    cfx__auth_nonce(r.u.auth.nonce, sizeof(r.u.auth.nonce));
-    cfx__auth_mac_bound(token, CFX_AUTH_CLIENT, snonce, r.u.auth.nonce, bind, sizeof(bind),
-                        r.u.auth.mac);
-    raw_send(s, &r);
+    int s = raw_auth_claiming(role, mode, mode, mode, snonce, &r);
     cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_AUTH_OK);
     cr_assert_eq(m.req_id, 1);
     /* Mutual: the coordinator proved it knows the token. */
+    cfx__ctl_auth_bind(role, mode, bind);
     cr_assert_eq(cfx__auth_verify_bound(token, CFX_AUTH_COORD, snonce, r.u.auth.nonce, bind,
                                         sizeof(bind), m.u.auth_ok.mac), CFX_OK);
     if (seal) {
@@ -288,7 +299,6 @@ int raw_auth_sealed(uint8_t role, uint8_t mode, struct cfx_ctl_seal *seal)
     return s;
 }
 
-/* A raw connection authenticated in @p role (CFX_SECURE off). */
 int raw_auth_role(uint8_t role)
 {
     return raw_auth_sealed(role, CFX_SEAL_OFF, NULL);

@@ -115,6 +115,12 @@ void raw_send(int s, const struct cfx_msg *m);
 int raw_auth_role(uint8_t role);
 
 int raw_auth_sealed(uint8_t role, uint8_t mode, struct cfx_ctl_seal *seal);
+/* A raw connection in @p role that reads the CHALLENGE (checked to say
+ * @p coord_mode) and sends an AUTH with the right token claiming @p claimed
+ * for its CFX_SECURE while its MAC covers @p mac_mode; the coordinator's
+ * nonce goes to @p snonce, the AUTH sent to @p auth.  Returns the socket. */
+int raw_auth_claiming(uint8_t role, int coord_mode, int claimed, int mac_mode,
+                      uint8_t snonce[CFX_AUTH_NONCE_LEN], struct cfx_msg *auth);
 
 /* A raw connection authenticated as admin. */
 int raw_auth(void);

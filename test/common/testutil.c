@@ -3,6 +3,7 @@
 #include <conflux/conflux.h>
 
 #include "control/coord.h"
+#include "control/seal.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -157,4 +158,11 @@ int cfx_test_run_output(const char *cmd, char *out, size_t cap)
     out[n] = '\0';
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int cfx_test_seal_keys(struct cfx_seal_keys *out)
+{
+    static const uint8_t salt[64] = { 9, 8, 7 };
+    return cfx__seal_derive("0123456789abcdef0123456789abcdef", "conflux-v1 dp seal", salt,
+                            sizeof(salt), "ab", 2, out);
 }

@@ -41,6 +41,11 @@ struct cfx_coord;
  * @p addr.  @p metrics_addr: where it serves /metrics (NULL: nowhere).
  * The status of cfx__coord_start() (cfx_last_error() says why).
  */
+struct cfx_seal_keys;
+/* Sealing keys (control/seal.h) that both ends of a test connection derive
+ * alike, as a handshake would give them.  CFX_OK or the derivation's status. */
+int cfx_test_seal_keys(struct cfx_seal_keys *out);
+
 int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, char *token,
                          size_t token_len, char *addr, size_t addr_len);
 

@@ -118,6 +118,7 @@ static void wait_holders(struct cfx_context *c, const struct cfx_object_id *id, 
             return;
         cr_assert(cfx__now_ns() < dl, "the directory lists %u complete holders (%u uploads), "
                   "not %u", complete, busy, n);
+        /* the directory announces no change of its listing: ask again */
         usleep(10000);
     }
 }
@@ -302,7 +303,9 @@ Test(get_stripe, holder_dies_mid_stripe)
     cr_assert(b.buf);
     memset(b.buf, 0xA5, SIZE);
     cr_assert_eq(pthread_create(&b.thr, NULL, bg_main, &b), 0);
-    /* wait until the slow holder is inside its block (a few chunks out) */
+    /* wait until the slow holder is inside its block (a few chunks out);
+     * its byte counter signals nothing, so it is read every 2 ms until the
+     * deadline */
     uint64_t dl = cfx__deadline_ns(10000);
     while (sent(h[2]) - before < 2 * CHUNK && cfx__now_ns() < dl)
         usleep(2000);

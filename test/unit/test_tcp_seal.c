@@ -23,11 +23,8 @@ TestSuite(tcp_seal, .init = setup, .fini = teardown, .timeout = 90);
 
 static struct cfx_seal_keys test_keys(void)
 {
-    static const uint8_t salt[64] = { 9, 8, 7 };
     struct cfx_seal_keys k;
-    cr_assert_eq(cfx__seal_derive("0123456789abcdef0123456789abcdef", "conflux-v1 dp seal", salt,
-                                  sizeof(salt), "ab", 2, &k),
-                 CFX_OK);
+    cr_assert_eq(cfx_test_seal_keys(&k), CFX_OK);
     return k;
 }
 

@@ -37,11 +37,8 @@ static size_t seal_params(struct tp_param *out, size_t max)
 
 static struct cfx_seal_keys test_keys(void)
 {
-    static const uint8_t salt[64] = { 4, 5, 6 };
     struct cfx_seal_keys k;
-    cr_assert_eq(cfx__seal_derive("0123456789abcdef0123456789abcdef", "conflux-v1 dp seal", salt,
-                                  sizeof(salt), "ab", 2, &k),
-                 CFX_OK);
+    cr_assert_eq(cfx_test_seal_keys(&k), CFX_OK);
     return k;
 }
 
