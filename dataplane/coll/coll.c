@@ -25,7 +25,7 @@
  * halving-doubling in between, bandwidth-optimal rings and pipelined chains
  * for large ones.
  */
-#define COLL_SMALL_MAX (16u << 10) /* largest "small" vector: latency-bound schedules */
+#define COLL_SMALL_MAX (8u << 10) /* largest "small" vector: latency-bound schedules */
 
 struct coll_tune_row {
     enum coll_kind kind;
@@ -52,12 +52,12 @@ static const struct coll_tune_row coll_tune[] = {
     { COLL_GATHER,         SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
     { COLL_SCATTER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
     { COLL_ALLTOALL,       SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
-    { COLL_BARRIER,        SIZE_MAX,       1,    false, CFX_ALGO_DIRECT },
+    { COLL_BARRIER,        SIZE_MAX,       1,    false, CFX_ALGO_RECDBL },
 };
 
 /* Which algorithms each collective has (bit per enum cfx_algo). */
 static const unsigned coll_applies[COLL_KIND_LAST] = {
-    [COLL_BARRIER] = 1u << CFX_ALGO_DIRECT,
+    [COLL_BARRIER] = 1u << CFX_ALGO_RECDBL | 1u << CFX_ALGO_DIRECT,
     [COLL_ALLREDUCE] = 1u << CFX_ALGO_RING | 1u << CFX_ALGO_RHD | 1u << CFX_ALGO_DBTREE |
                        1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN | 1u << CFX_ALGO_RECDBL,
     [COLL_BROADCAST] = 1u << CFX_ALGO_TREE | 1u << CFX_ALGO_CHAIN,
@@ -86,6 +86,11 @@ enum cfx_algo cfx__coll_choose(const struct cfx_group *g, enum coll_kind kind, s
                           enum cfx_algo forced)
 {
     enum cfx_algo table = CFX_ALGO_DIRECT;
+    /* Under CFX_COLL_CHECK=2 every call of a small group sends its header
+     * to every rank: a barrier does too, so that a rank that called
+     * something else meets the same pattern and every rank fails alike. */
+    if (kind == COLL_BARRIER && g->check == COLL_CHECK_ALL && g->size <= AGREE_ALL_MAX)
+        return CFX_ALGO_DIRECT;
     for (size_t i = 0; i < CFX_ARRAY_SIZE(coll_tune); i++) {
         const struct coll_tune_row *t = &coll_tune[i];
         if (t->kind == kind && bytes <= t->max_bytes && g->size >= t->min_ranks &&
@@ -693,7 +698,9 @@ static int coll_exec_run(struct coll_exec *x)
     struct coll_hdr in[AGREE_ALL_MAX];
     int rh[AGREE_ALL_MAX];
     const bool all = g->check == COLL_CHECK_ALL || a->kind == COLL_BARRIER;
-    bool alongside = all && g->size > 1 && g->size <= AGREE_ALL_MAX;
+    /* a barrier exchanges in log2 n rounds unless forced to all-to-all */
+    bool alongside = all && g->size > 1 && g->size <= AGREE_ALL_MAX &&
+                     !(a->kind == COLL_BARRIER && x->algo != CFX_ALGO_DIRECT);
     int rc = CFX_OK;
 
     cfx__coll_strays_sweep(x, false);

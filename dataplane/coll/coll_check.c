@@ -26,11 +26,16 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
 
 /* ---- argument agreement -------------------------------------------------------
  *
- * Each rank's header goes round a dissemination pattern (round k: to rank
- * r+2^k, from rank r-2^k) carrying the smallest and the largest header seen
- * so far with the ranks they came from.  After ceil(log2 n) rounds every rank
- * has the minimum and maximum over the whole group; when they differ every
- * rank fails with CFX_ERR_INVALID and can say which two ranks disagree.
+ * Each rank's header goes round in log2 n rounds, carrying the smallest and
+ * the largest header seen so far with the ranks they came from: in a group
+ * whose size is a power of two, recursive doubling (round k: both ways with
+ * rank r ^ 2^k), else a dissemination pattern (round k: to rank r+2^k, from
+ * rank r-2^k, ceil(log2 n) rounds).  Afterwards every rank has the minimum
+ * and maximum over the whole group; when they differ every rank fails with
+ * CFX_ERR_INVALID and can say which two ranks disagree.  This is also the
+ * barrier: n log2 n messages, where all-to-all sends n (n - 1), and each
+ * costs CPU on both ends (on a host with fewer cores than ranks, or a
+ * kernel network path, that is the barrier's time).
  */
 struct coll_agree_msg {
     struct coll_hdr lo, hi;  /* smallest / largest header seen */
@@ -69,15 +74,17 @@ int cfx__coll_agree_all(struct coll_exec *x)
     me.hi = me.lo;
     me.lo_rank = me.hi_rank = g->rank;
 
+    const bool pow2 = (g->size & (g->size - 1)) == 0;
     for (int d = 1; d < g->size; d <<= 1) {
+        int to = pow2 ? g->rank ^ d : (g->rank + d) % g->size;
+        int from = pow2 ? to : coll_mod(g->rank - d, g->size);
         /* headers live in host memory whatever the buffers are */
-        int hs = post(x, (g->rank + d) % g->size, true, &me, sizeof(me), CFX_MEMTYPE_HOST);
-        if (hs < 0)
-            return hs;
-        int hr = post(x, coll_mod(g->rank - d, g->size), false, &in, sizeof(in),
-                      CFX_MEMTYPE_HOST);
+        int hr = post(x, from, false, &in, sizeof(in), CFX_MEMTYPE_HOST);
         if (hr < 0)
             return hr;
+        int hs = post(x, to, true, &me, sizeof(me), CFX_MEMTYPE_HOST);
+        if (hs < 0)
+            return hs;
         int rc = cfx__coll_wait(x, hr);
         if (rc == CFX_OK)
             rc = cfx__coll_wait(x, hs);
@@ -85,8 +92,7 @@ int cfx__coll_agree_all(struct coll_exec *x)
             return rc;
         if (in.lo.magic != COLL_HDR_MAGIC || in.hi.magic != COLL_HDR_MAGIC)
             return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
-                            "from rank %d", x->what, a->seq, g->rank,
-                            coll_mod(g->rank - d, g->size));
+                            "from rank %d", x->what, a->seq, g->rank, from);
         if (hdr_cmp(&in.lo, &me.lo) < 0) {
             me.lo = in.lo;
             me.lo_rank = in.lo_rank;

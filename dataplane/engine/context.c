@@ -21,6 +21,8 @@
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
 #define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE.md */
 #define DEFAULT_LOC_CACHE  4096u            /* location cache entries (loccache.c) */
+#define DEFAULT_SPIN_ADAPT_US 250          /* see progress_main() */
+#define DEFAULT_WAITER_NAP_MS 10           /* see cfx__progress_poll_wait() */
 #define DEFAULT_SPIN_YIELD 8u               /* see poll_wait() in p2p.c */
 #define LOC_CACHE_MAX      (1u << 20)
 
@@ -92,6 +94,10 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
     cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
     cfg->spin_yield = (uint32_t)CFX_MAX(cfx__env_ll("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD), 1);
+    cfg->spin_adapt_us = (uint32_t)CFX_MIN(CFX_MAX(cfx__env_ll("CFX_SPIN_ADAPT_US",
+                                                              DEFAULT_SPIN_ADAPT_US), 0), 10000);
+    cfg->waiter_nap_ms = (uint32_t)CFX_MIN(CFX_MAX(cfx__env_ll("CFX_WAITER_NAP_MS",
+                                                              DEFAULT_WAITER_NAP_MS), 0), 1000);
     cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
                                        (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
@@ -846,6 +852,8 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      "timeout_ms = %d\n"
                      "spin_us = %u\n"
                      "spin_yield = %u\n"
+                     "spin_adapt_us = %u\n"
+                     "waiter_nap_ms = %u\n"
                      "eager_max = %u\n"
                      "upload_rate = %llu\n"
                      "get_sources = %u\n"
@@ -861,7 +869,8 @@ int cfx_context_config(const struct cfx_context *ctx, char *buf, size_t len)
                      ctx->cfg.transports, ctx->cfg.bind_addr,
                      ctx->cfg.chunk_size ? "" : "auto, ", ctx->cfg.chunk_size,
                      ctx->cfg.inline_max, ctx->cfg.window_bytes, ctx->cfg.timeout_ms,
-                     ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.eager_max,
+                     ctx->cfg.spin_us, ctx->cfg.spin_yield, ctx->cfg.spin_adapt_us,
+                     ctx->cfg.waiter_nap_ms, ctx->cfg.eager_max,
                      (unsigned long long)ctx->cfg.upload_rate, ctx->cfg.get_sources,
                      ctx->cfg.loc_cache,
                      cfx__seal_mode_name(ctx->cfg.secure), ctx->self.host_id, gpu);

@@ -20,8 +20,10 @@
  *    progress lock is free (a send, the commands queued before it, an
  *    arena segment's unmapping), else queued as a command (or, for an
  *    unmapping, on arena.doomed) for whoever holds it next.  A blocking
- *    p2p wait polls the transports itself for CFX_SPIN_US (p2p.c), then
- *    sleeps on ctx->obj_cond.  (An eager receive is matched against the
+ *    p2p wait or get polls the transports itself, spinning CFX_SPIN_US at
+ *    a time and napping on the transports' fds in between for up to
+ *    CFX_WAITER_NAP_MS (cfx__progress_poll_wait), then sleeps on
+ *    ctx->obj_cond.  (An eager receive is matched against the
  *    unexpected queue and posted right on the calling thread: memory only,
  *    eager.c.)
  *  - The progress thread does what must happen with no caller polling:
@@ -719,6 +721,8 @@ struct cfx_config {
     int timeout_ms;
     uint32_t window_bytes;      /* credit window per transfer */
     uint32_t spin_us;           /* busy-poll before sleeping (progress thread and waiters) */
+    uint32_t spin_adapt_us;     /* progress thread: longest spin after work came back soon */
+    uint32_t waiter_nap_ms;     /* a waiter sleeps on the fds itself this long at most */
     uint32_t spin_yield;        /* a waiter's polls that find nothing between two
                                    sched_yield calls (pause instructions meanwhile) */
     uint32_t eager_max;         /* CFX_EAGER_MAX: messages up to this go eager (receiver's
@@ -801,7 +805,13 @@ struct cfx_context {
     bool paused;                /* ... and it is parked (ctx->lock) */
     int epfd;
     int cmd_fd;                 /* eventfd */
-    bool sleeping;              /* progress thread in epoll_wait (ctx->lock) */
+    bool sleeping;              /* a thread in epoll_wait on epfd (ctx->lock): the progress
+                                 * thread, or a waiter when waiter_napping */
+    bool waiter_napping;        /* ... a waiter (cfx__progress_poll_wait; ctx->lock, read
+                                 * atomically as a hint) */
+    bool waiter_kicked;         /* ... and someone's pass kicked it awake (ctx->lock) */
+    uint64_t n_served;          /* data requests served (GET_REQ; progress lock) */
+    uint64_t n_waiter_naps;     /* waiters that slept on epfd themselves (ctx->lock; tests) */
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
     uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
     bool stop;
@@ -929,11 +939,14 @@ void cfx__progress_handback_waiter(struct cfx_context *ctx, bool polled);
  * when the progress lock is free, none when another thread drives (no lock
  * held on entry or return). */
 void cfx__progress_test_pass(struct cfx_context *ctx);
-/* A blocking wait's first part: drive the transports from this thread for
- * up to CFX_SPIN_US while *@p st is CFX_ERR_AGAIN (no lock held on entry;
- * ctx->lock held on return, the polling handed back to the progress
- * thread).  The caller then confirms the status and sleeps on obj_cond. */
-void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st);
+/* A blocking wait's first part: drive the transports from this thread
+ * while *@p st is CFX_ERR_AGAIN, spinning for up to CFX_SPIN_US at a time
+ * and in between sleeping on the transports' wait fds itself (as the
+ * progress thread would), for up to CFX_WAITER_NAP_MS or @p deadline_ns,
+ * whichever comes first (no lock held on entry; ctx->lock held on return,
+ * the polling handed back to the progress thread).  The caller then
+ * confirms the status and sleeps on obj_cond. */
+void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t deadline_ns);
 /* How long the idle progress thread may sleep in epoll (ctx->lock held):
  * 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL, or no wait fd) has
  * a live connection: it must not nap while packets can arrive;

@@ -474,6 +474,12 @@ static int get_attempt(struct get_op *g)
         free(in);
         return cfx__err(rc, "get of object %s: out of memory", g->hex);
     }
+    /* Drive the transports from this thread while the answer is near (a
+     * watched get takes its prefixes at every wake-up instead). */
+    if (!g->watch) {
+        pthread_mutex_unlock(&ctx->lock);
+        cfx__progress_poll_wait(ctx, &in->status, g->deadline);
+    }
     /* A destroy of the context ends the wait as the deadline would (the
      * caller's leave says CFX_ERR_CANCELED). */
     while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, g->deadline))

@@ -312,10 +312,11 @@ static int p2p_status(const struct cfx_p2p_req *req)
 
 /* Caller-driven progress while @p req runs (cfx__progress_poll_wait):
  * returns with ctx->lock held, the polling handed back. */
-static void poll_wait(const struct cfx_p2p_req *req)
+static void poll_wait(const struct cfx_p2p_req *req, uint64_t deadline_ns)
 {
     cfx__progress_poll_wait(req->ctx,
-                            req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status);
+                            req->kind == CFX_P2P_SEND ? &req->obj->p2p_status : &req->in.status,
+                            deadline_ns);
 }
 
 int cfx__p2p_test(struct cfx_p2p_req *req)
@@ -415,7 +416,7 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     *dead = -1;
     if (was_stopped)
         *was_stopped = false;
-    poll_wait(req);
+    poll_wait(req, deadline_ns);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
            !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline_ns))
@@ -478,7 +479,7 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
     struct cfx_context *ctx = reqs[0]->ctx;
     for (int i = 0; i < n; i++) {
         int st;
-        poll_wait(reqs[i]);
+        poll_wait(reqs[i], deadline_ns);
         while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
                cfx__obj_wait(ctx, deadline_ns))
             ;
@@ -583,7 +584,7 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
 {
     struct cfx_context *ctx = req->ctx;
     int st;
-    poll_wait(req);
+    poll_wait(req, deadline_ns);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
            cfx__obj_wait(ctx, deadline_ns))
         ;

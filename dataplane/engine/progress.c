@@ -308,6 +308,12 @@ static int progress_pass(struct cfx_context *ctx)
     work += cfx__xfer_waiting_expire(ctx);
     work += cfx__conn_flush_all(ctx);
     work += cfx__arena_reap(ctx);
+    /* a waiter napping on the fds: this pass may have completed its request
+     * or disarmed what it sleeps on (waiter_nap); wake it once */
+    if (unlikely(ctx->waiter_napping) && !ctx->waiter_kicked) {
+        ctx->waiter_kicked = true;
+        kick_eventfd(ctx);
+    }
     pthread_mutex_unlock(&ctx->lock);
     return work;
 }
@@ -330,34 +336,17 @@ void cfx__progress_test_pass(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->lock);
 }
 
-/*
- * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
- * the transports itself (one pass of the progress loop whenever the
- * progress lock is free: its own message is read off the wire by this
- * thread, with no wake-up in between) and watches the request; the
- * progress thread stands aside meanwhile (message waits, p2p.c).  Several
- * waiters of one context share the lock: the one holding it polls for all,
- * the others watch their request (an atomic load of @p st, a status
- * written under ctx->lock, CFX_ERR_AGAIN while it runs) and yield.
- * Returns with ctx->lock held, the polling handed back to the progress
- * thread; the caller confirms the status and sleeps on ctx->obj_cond.
- */
-void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st)
+/* One spell of spinning (see cfx__progress_poll_wait); true if @p st is
+ * no longer CFX_ERR_AGAIN. */
+static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
 {
-    uint32_t us = ctx->cfg.spin_us;
-    if (!us || __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
-        pthread_mutex_lock(&ctx->lock);
-        return;
-    }
-    bool polled = false;
-    uint64_t end = cfx__now_ns() + (uint64_t)us * 1000;
+    uint64_t end = cfx__now_ns() + (uint64_t)ctx->cfg.spin_us * 1000;
     uint32_t idle = 0, yield_every = ctx->cfg.spin_yield;
-    cfx__progress_poll_begin(ctx);
     for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
         int work = cfx__progress_drive(ctx);
-        polled |= work >= 0;
+        *polled |= work >= 0;
         if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN)
-            break;
+            return true;
         /* The clock only bounds the spin: read it every 16th pass, not on
          * every pass of the hot loop. */
         if ((i & 15) == 15 && cfx__now_ns() >= end)
@@ -381,6 +370,110 @@ void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st)
             break;
         sched_yield();
     }
+    return __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN;
+}
+
+/*
+ * A waiter's nap on the transports' wait fds, in place of the progress
+ * thread (which stands aside while there are pollers): arm every iface as
+ * the progress thread does before it sleeps, sleep in epoll on the context's
+ * set until a packet, a doorbell, a command or @p until_ns, then run one
+ * pass.  When the message comes, the thread that waits for it is the one
+ * woken, and it reads it itself: one wake-up instead of two (the progress
+ * thread's, then the waiter's on obj_cond), which is most of a round trip
+ * once a wait outlasts the spin (a peer on another host, or more ranks than
+ * cores).
+ *
+ * Another thread driving (the progress lock taken): true without a nap,
+ * the caller spins on, watching its request.  Not possible, false: another
+ * thread sleeps in epoll (the progress thread asleep before we came: it is
+ * not moved; another waiter napping), a busy-polled
+ * transport has connections (nothing would wake us), the context stops, or
+ * the request completed meanwhile.  Whoever runs a pass while a waiter naps
+ * kicks it awake (progress_pass), since the pass may have completed its
+ * request or disarmed an iface it sleeps on.
+ */
+static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns, bool *polled)
+{
+    if (!cfx__progress_trylock(ctx)) {
+        sched_yield(); /* another waiter drives for all: watch, as in spin() */
+        return true;
+    }
+    *polled = true;
+    bool pending = false;
+    for (int t = 0; t < ctx->ntp && !pending; t++)
+        if (ctx->tp[t].ops->iface_arm &&
+            ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
+            pending = true;
+    pthread_mutex_lock(&ctx->lock);
+    int nap_ms = cfx__progress_nap_ms(ctx); /* the progress thread's bound applies */
+    bool can = !ctx->sleeping && !ctx->stop &&
+               __atomic_load_n(st, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN && nap_ms != 0;
+    if (can && (pending || !cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
+                !cfx_list_empty(&ctx->arena.doomed)))
+        pending = true;
+    bool nap = can && !pending;
+    if (nap) {
+        ctx->sleeping = ctx->waiter_napping = true;
+        ctx->waiter_kicked = false;
+        ctx->n_waiter_naps++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_unlock(ctx);
+    if (!can)
+        return false;
+    if (nap) {
+        struct epoll_event evs[CFX_MAX_TPS + 1];
+        uint64_t now = cfx__now_ns();
+        int ms = until_ns > now ? (int)CFX_MIN((until_ns - now + 999999) / 1000000,
+                                               (uint64_t)nap_ms) : 0;
+        int n = epoll_wait(ctx->epfd, evs, CFX_ARRAY_SIZE(evs), ms);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.fd == ctx->cmd_fd) {
+                uint64_t v;
+                ssize_t r = read(ctx->cmd_fd, &v, sizeof(v));
+                (void)r;
+            }
+        }
+        pthread_mutex_lock(&ctx->lock);
+        ctx->sleeping = ctx->waiter_napping = false;
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    cfx__progress_drive(ctx);
+    return true;
+}
+
+/*
+ * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
+ * the transports itself (one pass of the progress loop whenever the
+ * progress lock is free: its own message is read off the wire by this
+ * thread, with no wake-up in between) and watches the request; the
+ * progress thread stands aside meanwhile (message waits, p2p.c).  Several
+ * waiters of one context share the lock: the one holding it polls for all,
+ * the others watch their request (an atomic load of @p st, a status
+ * written under ctx->lock, CFX_ERR_AGAIN while it runs) and yield.  When
+ * the spin runs out, the waiter sleeps on the transports' fds itself
+ * (waiter_nap) and spins again when woken, for up to CFX_WAITER_NAP_MS:
+ * what only the progress thread sees (a node's death, a predicate of the
+ * caller's) is looked at when the caller's loop resumes, that much later
+ * at most.  Returns with ctx->lock held, the polling handed back to the
+ * progress thread; the caller confirms the status and sleeps on
+ * ctx->obj_cond.
+ */
+void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t deadline_ns)
+{
+    if (!ctx->cfg.spin_us || __atomic_load_n(st, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
+        pthread_mutex_lock(&ctx->lock);
+        return;
+    }
+    bool polled = false;
+    uint64_t nap_end = cfx__now_ns() + (uint64_t)ctx->cfg.waiter_nap_ms * 1000000;
+    if (nap_end > deadline_ns)
+        nap_end = deadline_ns;
+    cfx__progress_poll_begin(ctx);
+    while (!spin(ctx, st, &polled) && cfx__now_ns() < nap_end &&
+           waiter_nap(ctx, st, nap_end, &polled))
+        ;
     pthread_mutex_lock(&ctx->lock);
     /* the caller sleeps next if its request still runs: then someone must
      * drive the transports for it, whatever else is pending (a rendezvous
@@ -495,7 +588,11 @@ static void *progress_main(void *arg)
 {
     struct cfx_context *ctx = arg;
     const uint64_t spin_ns = (uint64_t)ctx->cfg.spin_us * 1000;
+    const uint64_t adapt_ns = (uint64_t)ctx->cfg.spin_adapt_us * 1000;
+    uint64_t spin_cur = spin_ns; /* this idle spell's spin (see the wake-up below) */
     uint64_t idle_since = cfx__now_ns();
+    bool from_epoll = false;     /* woken from epoll: the next pass sets spin_cur */
+    uint64_t woke_gap = 0;       /* time from our last work to that wake-up */
     struct epoll_event evs[CFX_MAX_TPS + 1];
 
     for (;;) {
@@ -512,16 +609,37 @@ static void *progress_main(void *arg)
         if (__atomic_load_n(&ctx->pollers, __ATOMIC_RELAXED)) {
             pthread_mutex_lock(&ctx->lock);
             bool woken = stand_aside(ctx);
+            bool napper = ctx->waiter_napping;
             pthread_mutex_unlock(&ctx->lock);
+            if (napper) /* it drives, woken by what would wake us (a packet, a */
+                continue; /* command): a pass here would only wake it */
             /* woken for work: spin as after any work; timed out: the
              * poller just did the polling, sleep right after one pass */
-            idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_ns;
+            idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_cur;
         }
         cfx__progress_lock(ctx);
+        uint64_t served = ctx->n_served;
         int work = progress_pass(ctx);
         if (work < 0) {
             cfx__progress_unlock(ctx);
             break;
+        }
+        if (from_epoll) {
+            /* Adaptive spin: a peer's request that came back within
+             * CFX_SPIN_ADAPT_US of our last work (a getter's next get, a
+             * receiver's next rendezvous) will likely come as soon again,
+             * and that peer waits on our answer: a wake-up from epoll costs
+             * it 10-15 us (most of a loopback round trip).  So spin twice
+             * that gap next time, up to the cap.  Only for requests served:
+             * a process that merely receives (eager messages, credits)
+             * keeps CFX_SPIN_US, since on fewer cores than ranks a longer
+             * spin takes the core from the ranks that do the work.  A
+             * longer gap or a nap that timed out goes back to CFX_SPIN_US,
+             * so an idle process still sleeps at once. */
+            spin_cur = ctx->n_served != served && woke_gap < adapt_ns
+                           ? CFX_MIN(adapt_ns, CFX_MAX(spin_ns, 2 * woke_gap))
+                           : spin_ns;
+            from_epoll = false;
         }
         uint64_t now = cfx__now_ns();
         if (work) {
@@ -529,7 +647,7 @@ static void *progress_main(void *arg)
             idle_since = now;
             continue;
         }
-        if (now - idle_since < spin_ns) {
+        if (now - idle_since < spin_cur) {
             cfx__progress_unlock(ctx);
             /* spin politely: on a machine with fewer cores than busy
              * threads, the thread we wait for may need this core */
@@ -575,7 +693,10 @@ static void *progress_main(void *arg)
                 (void)r;
             }
         }
-        idle_since = cfx__now_ns();
+        uint64_t woke = cfx__now_ns();
+        from_epoll = true;
+        woke_gap = rc > 0 ? woke - idle_since : UINT64_MAX; /* a timeout: no adapting */
+        idle_since = woke;
     }
     return NULL;
 }

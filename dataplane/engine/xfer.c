@@ -918,6 +918,7 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         cfx__conn_auth_msg(conn, data);
         break;
     case CFX_DP_GET_REQ:
+        ctx->n_served++; /* a peer waits on our answer (the progress thread's spin) */
         handle_get_req(ctx, conn, data);
         break;
     case CFX_DP_GET_NACK: {

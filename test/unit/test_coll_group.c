@@ -70,8 +70,8 @@ Test(coll_unit, tuning)
     /* small vectors: recursive doubling in groups of a power of two, a
      * binomial tree (reduce, then broadcast) in the others */
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
-    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 16 << 10, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
-    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, (16 << 10) + 4, CFX_ALGO_AUTO),
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 8 << 10, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, (8 << 10) + 4, CFX_ALGO_AUTO),
                  CFX_ALGO_RHD);
     g.size = 6;
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 1024, CFX_ALGO_AUTO), CFX_ALGO_TREE);
@@ -82,6 +82,14 @@ Test(coll_unit, tuning)
     cr_assert_eq(cfx__coll_choose(&g, COLL_BROADCAST, 64 << 20, CFX_ALGO_AUTO), CFX_ALGO_CHAIN);
     cr_assert_eq(cfx__coll_choose(&g, COLL_REDUCE, 64 << 20, CFX_ALGO_AUTO), CFX_ALGO_CHAIN);
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLTOALL, 1, CFX_ALGO_AUTO), CFX_ALGO_DIRECT);
+    /* a barrier: log2 n rounds; all-to-all only when forced */
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BARRIER, 0, CFX_ALGO_AUTO), CFX_ALGO_RECDBL);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BARRIER, 0, CFX_ALGO_DIRECT), CFX_ALGO_DIRECT);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BARRIER, 0, CFX_ALGO_RING), CFX_ALGO_RECDBL);
+    g.check = COLL_CHECK_ALL; /* every call's header to every rank, a barrier's too */
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BARRIER, 0, CFX_ALGO_AUTO), CFX_ALGO_DIRECT);
+    cr_assert_eq(cfx__coll_choose(&g, COLL_BARRIER, 0, CFX_ALGO_RECDBL), CFX_ALGO_DIRECT);
+    g.check = COLL_CHECK_EDGES;
     /* forced, applicable or not */
     cr_assert_eq(cfx__coll_choose(&g, COLL_ALLREDUCE, 64 << 20, CFX_ALGO_DBTREE), CFX_ALGO_DBTREE);
     cr_assert_eq(cfx__coll_choose(&g, COLL_BROADCAST, 64 << 20, CFX_ALGO_RHD), CFX_ALGO_CHAIN);

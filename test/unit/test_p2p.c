@@ -607,6 +607,90 @@ ParameterizedTest(struct tp_param *p, p2p, poll_serves_peer_get, .timeout = 60)
     down();
 }
 
+/* A waiter whose spin runs out sleeps on the transports' fds itself
+ * (cfx__progress_poll_wait) and reads its messages when woken, with no
+ * progress thread: a's is parked.  b sends once a's waiter napped: an
+ * eager message, then a rendezvous one (a's napping waiter answers the
+ * request with its GET_REQ, the writes land, their completion wakes it). */
+ParameterizedTestParameters(p2p, waiter_naps_on_the_transports)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+#define NAP_BIG ((1u << 20) + 29)
+
+struct nap_arg {
+    const uint8_t *src;
+    int rc;
+};
+
+/* b's sends of tag 13: 8 bytes, then NAP_BIG, each once a's waiter naps */
+static void *nap_main(void *p)
+{
+    struct nap_arg *n = p;
+    const size_t lens[] = { 8, NAP_BIG };
+    uint64_t seen = 0;
+    for (int i = 0; i < 2 && n->rc == CFX_OK; i++) {
+        /* nothing signals that a's waiter went to sleep: look at its
+         * count until it has napped once more, for at most 20 s */
+        uint64_t dl = cfx__deadline_ns(20000), naps = seen;
+        while (naps == seen && cfx__now_ns() < dl) {
+            pthread_mutex_lock(&a->lock);
+            naps = a->n_waiter_naps;
+            pthread_mutex_unlock(&a->lock);
+            sched_yield();
+        }
+        seen = naps;
+        struct cfx_p2p_req *s;
+        n->rc = cfx__p2p_isend(b, &ra, 13, (uint32_t)i, n->src, lens[i], CFX_MEMTYPE_HOST, &s);
+        if (n->rc == CFX_OK) {
+            n->rc = cfx__p2p_wait(s, cfx__deadline_ns(20000));
+            cfx__p2p_free(s);
+        }
+    }
+    return NULL;
+}
+
+ParameterizedTest(struct tp_param *p, p2p, waiter_naps_on_the_transports, .timeout = 60)
+{
+    up(p->tp);
+    uint8_t *src = malloc(NAP_BIG), *small = calloc(1, 8), *big = calloc(1, NAP_BIG);
+    cfx_test_fill(src, NAP_BIG, 41);
+    struct nap_arg n = { .src = src };
+
+    /* a's waits drive by themselves, napping for as long as they wait */
+    a->cfg.waiter_nap_ms = 20000;
+    cr_assert_eq(cfx__progress_pause(a, true), CFX_OK, "%s", cfx_last_error());
+    struct cfx_p2p_req *r0, *r1;
+    cr_assert_eq(cfx__p2p_irecv(a, &rb, 13, 0, small, 8, CFX_MEMTYPE_HOST, &r0), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(a, &rb, 13, 1, big, NAP_BIG, CFX_MEMTYPE_HOST, &r1), CFX_OK);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, nap_main, &n), 0);
+    int rc0 = cfx__p2p_wait(r0, cfx__deadline_ns(20000));
+    int rc1 = cfx__p2p_wait(r1, cfx__deadline_ns(20000));
+    pthread_join(th, NULL);
+    cr_expect_eq(rc0, CFX_OK, "eager: %s", cfx_last_error());
+    cr_expect_eq(rc1, CFX_OK, "rendezvous: %s", cfx_last_error());
+    cr_expect_eq(n.rc, CFX_OK, "b's sends failed");
+    cr_expect_eq(cfx_test_check(small, 8, 41), (size_t)-1, "wrong bytes (eager)");
+    cr_expect_eq(cfx_test_check(big, NAP_BIG, 41), (size_t)-1, "wrong bytes (rendezvous)");
+    cr_expect(a->paused, "the progress thread ran meanwhile");
+    pthread_mutex_lock(&a->lock);
+    cr_expect_geq(a->n_waiter_naps, 2, "the waiter did not sleep on the fds");
+    cr_expect_not(a->waiter_napping);
+    cr_expect_not(a->sleeping, "a napping waiter left its mark");
+    pthread_mutex_unlock(&a->lock);
+    cfx__p2p_free(r0);
+    cfx__p2p_free(r1);
+
+    a->cfg.waiter_nap_ms = 10;
+    cr_assert_eq(cfx__progress_pause(a, false), CFX_OK);
+    free(src);
+    free(small);
+    free(big);
+    down();
+}
+
 /* A caller that only tests (no wait, no progress thread: it is parked)
  * still completes its messages, eager and rendezvous, as with MPI_Test:
  * each test drives one pass when the progress lock is free. */
