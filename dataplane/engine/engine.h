@@ -947,6 +947,12 @@ void cfx__progress_test_pass(struct cfx_context *ctx);
  * the polling handed back to the progress thread).  The caller then
  * confirms the status and sleeps on obj_cond. */
 void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t deadline_ns);
+/* The progress thread's spin before its next sleep, after a wake-up from
+ * epoll @p gap_ns after its last work whose pass @p served a data request:
+ * twice the gap, within [@p spin_ns, @p adapt_ns], when the gap is below
+ * @p adapt_ns (CFX_SPIN_ADAPT_US), else @p spin_ns (CFX_SPIN_US). */
+uint64_t cfx__progress_spin_after(uint64_t spin_ns, uint64_t adapt_ns, uint64_t gap_ns,
+                                  bool served);
 /* How long the idle progress thread may sleep in epoll (ctx->lock held):
  * 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL, or no wait fd) has
  * a live connection: it must not nap while packets can arrive;

@@ -584,6 +584,14 @@ static bool stand_aside(struct cfx_context *ctx)
     return woken;
 }
 
+uint64_t cfx__progress_spin_after(uint64_t spin_ns, uint64_t adapt_ns, uint64_t gap_ns,
+                                  bool served)
+{
+    if (!served || gap_ns >= adapt_ns)
+        return spin_ns;
+    return CFX_MIN(adapt_ns, CFX_MAX(spin_ns, 2 * gap_ns));
+}
+
 static void *progress_main(void *arg)
 {
     struct cfx_context *ctx = arg;
@@ -636,9 +644,8 @@ static void *progress_main(void *arg)
              * spin takes the core from the ranks that do the work.  A
              * longer gap or a nap that timed out goes back to CFX_SPIN_US,
              * so an idle process still sleeps at once. */
-            spin_cur = ctx->n_served != served && woke_gap < adapt_ns
-                           ? CFX_MIN(adapt_ns, CFX_MAX(spin_ns, 2 * woke_gap))
-                           : spin_ns;
+            spin_cur = cfx__progress_spin_after(spin_ns, adapt_ns, woke_gap,
+                                                ctx->n_served != served);
             from_epoll = false;
         }
         uint64_t now = cfx__now_ns();

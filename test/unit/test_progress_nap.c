@@ -268,3 +268,23 @@ Test(progress_nap, waiter_leaving_its_poll_wakes_the_thread_standing_aside, .tim
     pthread_cond_destroy(&ctx->progress_cond);
     sleeper_free(ctx);
 }
+
+/* ---- the progress thread's spin after a wake-up ------------------------------ */
+
+Test(progress_nap, spin_adapts_to_requests_that_come_back_soon)
+{
+    const uint64_t us = 1000, spin = 20 * us, cap = 250 * us;
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, 60 * us, true), 120 * us,
+                 "a request 60 us after the last work: spin twice that");
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, 5 * us, true), spin,
+                 "never shorter than CFX_SPIN_US");
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, 200 * us, true), cap, "at most the cap");
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, 250 * us, true), spin,
+                 "a gap at the cap or longer: the peer is not that eager");
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, UINT64_MAX, true), spin,
+                 "a nap that timed out");
+    cr_assert_eq(cfx__progress_spin_after(spin, cap, 60 * us, false), spin,
+                 "nothing served (eager messages, credits): nobody waits on us");
+    cr_assert_eq(cfx__progress_spin_after(spin, 0, 60 * us, true), spin,
+                 "CFX_SPIN_ADAPT_US=0 turns it off");
+}
