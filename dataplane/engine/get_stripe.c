@@ -12,7 +12,13 @@
  * (which other nodes may read while it fills) grows nearly in order.
  *
  * A source that fails gives its block back to the pool (from its first
- * missing chunk: the chunks it landed stay) and the others finish it.
+ * missing chunk: the chunks it landed stay) and the others finish it.  So
+ * does one that stalls: alive but landing nothing of its block for
+ * STRIPE_STALL_MS while another source is idle with no block left to take
+ * (a holder whose progress stopped, a link that died without a reset).
+ * Its transfer is abandoned as a get's is at its deadline (the CANCEL
+ * sent, its grant revoked so that a late write is refused) and an idle
+ * source takes the block.
  * Only when every source failed does the get fall back to the ordinary
  * failover (get.c: another holder from the directory, from the first
  * missing chunk on).
@@ -34,6 +40,8 @@
 #define STRIPE_BLOCKS_PER_SRC 4u      /* blocks per source: the slowest source's last block
                                          is 1/(4 n) of the object */
 #define STRIPE_NODE_MS 1000           /* a source's node record from the directory */
+#define STRIPE_STALL_MS 500           /* a source that landed nothing of its block this long,
+                                         while another source is idle, loses the block */
 
 enum { BLOCK_FREE, BLOCK_BUSY, BLOCK_DONE };
 
@@ -42,7 +50,9 @@ struct stripe_src {
     struct cfx_xfer_in *in;   /* its transfer state (heap, reused from block to block) */
     uint32_t block;           /* block it pulls now; UINT32_MAX: none */
     uint32_t blocks;          /* blocks it finished */
-    bool gone;                /* failed: takes no more blocks */
+    uint32_t left;            /* in->left when last looked at */
+    uint64_t moved_ns;        /* when in->left was last seen to move (or the block began) */
+    bool gone;                /* failed or stalled: takes no more blocks */
 };
 
 struct stripe {
@@ -106,6 +116,8 @@ static bool stripe_assign(struct stripe *st, struct stripe_src *s)
         }
         st->state[b] = BLOCK_BUSY;
         s->block = b;
+        s->left = s->in->left;
+        s->moved_ns = cfx__now_ns();
         return true;
     }
     return false;
@@ -161,6 +173,74 @@ static int stripe_reap(struct stripe *st, struct stripe_src *s)
         return CFX_OK;
     return cfx__err(rc, "get of object %s on node %u from node %u (%s): %s", st->hex,
                     ctx->node_id, s->node.node_id, s->node.name, cfx_strerror(rc));
+}
+
+/* Abandon @p s's transfer (ctx->lock held): the engine keeps it until the
+ * source answers the cancel, its grant revoked first; its registration is
+ * dropped and @p s keeps no transfer.  False when it ended meanwhile (the
+ * caller reaps it as usual). */
+static bool stripe_abandon(struct stripe *st, struct stripe_src *s)
+{
+    struct cfx_context *ctx = st->ctx;
+    struct cfx_xfer_in *in = s->in;
+    struct cfx_tp_mr *mr = in->mr;
+    bool was_held = cfx__progress_enter(ctx);
+    struct cfx_xfer_in *marker = st->obj->in;
+    bool kept = in->status == CFX_ERR_AGAIN && cfx__xfer_get_abandon(ctx, in);
+    if (in->status != CFX_ERR_CANCELED && !kept) {
+        st->obj->in = marker;
+        cfx__progress_leave(ctx, was_held);
+        return false;
+    }
+    in->mr = mr;
+    cfx__xfer_stripe_mr_drop(ctx, in);
+    if (!kept)
+        free(in);
+    s->in = NULL;
+    /* the entry is still being got: obj->in names a live source's transfer */
+    st->obj->in = marker == in ? NULL : marker;
+    for (unsigned i = 0; i < st->nsrc && !st->obj->in; i++)
+        if (st->src[i].in)
+            st->obj->in = st->src[i].in;
+    cfx__progress_leave(ctx, was_held);
+    return true;
+}
+
+/* A busy source that landed nothing for STRIPE_STALL_MS while @p idle
+ * sources wait with no block to take loses its block (ctx->lock held;
+ * *@p dropped says whether one did).  Returns when the next source would
+ * count as stalled (UINT64_MAX: none to watch). */
+static uint64_t stripe_stalls(struct stripe *st, unsigned idle, bool *dropped)
+{
+    const uint64_t stall = (uint64_t)STRIPE_STALL_MS * 1000000;
+    uint64_t now = cfx__now_ns(), next = UINT64_MAX;
+    for (unsigned i = 0; i < st->nsrc; i++) {
+        struct stripe_src *s = &st->src[i];
+        if (s->block == UINT32_MAX)
+            continue;
+        if (s->in->left != s->left) {
+            s->left = s->in->left;
+            s->moved_ns = now;
+        }
+        if (!idle || now - s->moved_ns < stall) {
+            next = CFX_MIN(next, s->moved_ns + stall);
+            continue;
+        }
+        uint32_t b = s->block;
+        if (!stripe_abandon(st, s))
+            continue; /* it ended: reaped on the next round */
+        CFX_LOG(INFO, OBJ, "node %u: striped get of %s: source node %u (%s) landed nothing of "
+                "chunks [%u, %u) for %d ms; an idle source takes its block", st->ctx->node_id,
+                st->hex, s->node.node_id, s->node.name, b * st->bchunks,
+                CFX_MIN((b + 1) * st->bchunks, st->obj->nchunks), STRIPE_STALL_MS);
+        st->state[b] = BLOCK_FREE;
+        s->block = UINT32_MAX;
+        s->gone = true;
+        st->failed[(*st->nfailed)++] = s->node.node_id;
+        *dropped = true;
+        idle--;
+    }
+    return next;
 }
 
 /* The get is over (ctx->lock held): withdraw the windows still open, drop
@@ -224,7 +304,7 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
     obj->in = st.src[0].in;
 
     for (;;) {
-        unsigned active = 0;
+        unsigned active = 0, idle = 0;
         for (unsigned i = 0; i < st.nsrc && rc == CFX_OK; i++) {
             struct stripe_src *s = &st.src[i];
             if (s->block != UINT32_MAX && s->in->status != CFX_ERR_AGAIN)
@@ -232,6 +312,7 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
             if (rc == CFX_OK && !s->gone && s->block == UINT32_MAX && !obj->complete)
                 stripe_assign(&st, s);
             active += s->block != UINT32_MAX;
+            idle += !s->gone && s->block == UINT32_MAX;
         }
         if (rc != CFX_OK || obj->complete)
             break;
@@ -247,20 +328,27 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
                           "of its stripe failed", hex, ctx->node_id, st.nsrc);
             break;
         }
-        if (!cfx__obj_wait(ctx, deadline)) {
-            /* name the sources whose blocks are still out */
-            char who[CFX_GET_SOURCES_MAX * 12] = "";
-            size_t len = 0;
-            for (unsigned i = 0; i < st.nsrc && len < sizeof(who); i++)
-                if (st.src[i].block != UINT32_MAX)
-                    len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%u", len ? ", " : "",
-                                            st.src[i].node.node_id);
-            rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
-                          "%u sources: timed out after %d ms with %u of %u chunks in order, "
-                          "waiting for node %s", hex, obj->size, ctx->node_id, st.nsrc,
-                          timeout_ms, obj->ready_chunks, obj->nchunks, who);
-            break;
-        }
+        /* a stalled source's block goes to an idle one; landings signal
+         * nothing here, so look again when the next could count as stalled */
+        bool dropped = false;
+        uint64_t next = stripe_stalls(&st, idle, &dropped);
+        if (dropped)
+            continue;
+        uint64_t until = idle ? CFX_MIN(deadline, next) : deadline;
+        if (cfx__obj_wait(ctx, until) || cfx__now_ns() < deadline)
+            continue;
+        /* name the sources whose blocks are still out */
+        char who[CFX_GET_SOURCES_MAX * 12] = "";
+        size_t len = 0;
+        for (unsigned i = 0; i < st.nsrc && len < sizeof(who); i++)
+            if (st.src[i].block != UINT32_MAX)
+                len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%u", len ? ", " : "",
+                                        st.src[i].node.node_id);
+        rc = cfx__err(CFX_ERR_TIMEOUT, "get of object %s (%" PRIu64 " B) on node %u from "
+                      "%u sources: timed out after %d ms with %u of %u chunks in order, "
+                      "waiting for node %s", hex, obj->size, ctx->node_id, st.nsrc,
+                      timeout_ms, obj->ready_chunks, obj->nchunks, who);
+        break;
     }
     if (rc == CFX_OK) {
         for (unsigned i = 0; i < st.nsrc; i++)
