@@ -81,7 +81,7 @@ struct cfx_ctl {
     void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
     void (*on_task_run)(void *arg, const struct cfx_msg_task *task);
     void (*load_fill)(void *arg, struct cfx_msg_load *out);
-    unsigned (*progress_fill)(void *arg, struct cfx_ctl_progress *out, unsigned max);
+    void (*beat_fill)(void *arg, struct cfx_msg_heartbeat *hb);
     void *arg;
     char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
     struct cfx_node_rec self;        /* kept to rejoin (NODE) */
@@ -658,10 +658,8 @@ static void *reader_thread(void *arg)
                 struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT, .req_id = 0 };
                 if (ctl->load_fill)
                     ctl->load_fill(ctl->arg, &hb.u.hb.load);
-                if (ctl->progress_fill)
-                    hb.u.hb.nprogress = CFX_MIN(ctl->progress_fill(ctl->arg, hb.u.hb.progress,
-                                                                   CFX_CTL_PROGRESS_MAX),
-                                                CFX_CTL_PROGRESS_MAX);
+                if (ctl->beat_fill)
+                    ctl->beat_fill(ctl->arg, &hb.u.hb);
                 int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms),
                                   "heartbeat");
                 if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
@@ -1064,7 +1062,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->on_obj_gone = params->on_obj_gone;
     ctl->on_task_run = params->on_task_run;
     ctl->load_fill = params->load_fill;
-    ctl->progress_fill = params->progress_fill;
+    ctl->beat_fill = params->beat_fill;
     ctl->arg = params->arg;
     snprintf(ctl->token, sizeof(ctl->token), "%s", params->token);
     if (params->self)

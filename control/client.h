@@ -97,6 +97,20 @@ struct cfx_ctl_progress {
     uint64_t ready;     /* bytes landed in order (whole chunks): what it can serve on */
 };
 
+/*
+ * A node's data-plane traffic with one peer over one transport, reported
+ * with heartbeats (HEARTBEAT): the CFX_CTL_PEERS_MAX peers it exchanged the
+ * most bytes with, counted since the node started (reconnections add up).
+ */
+#define CFX_CTL_PEERS_MAX 16u
+struct cfx_msg_heartbeat;
+struct cfx_ctl_peer_traffic {
+    uint32_t peer;      /* node id; 0: the peers beyond the node's table, together */
+    uint8_t tp;         /* index into the load's tp[] (its transport) */
+    uint64_t tx_bytes;  /* bytes this node handed the transport for that peer */
+    uint64_t rx_bytes;  /* bytes that arrived from it */
+};
+
 /* A holder of an object, as listed by the directory. */
 struct cfx_obj_holder {
     uint32_t node_id;
@@ -224,10 +238,12 @@ struct cfx_ctl_params {
     /* Called from the client thread before each heartbeat to fill in this
      * node's load; must not block.  May be NULL (zeros are sent). */
     void (*load_fill)(void *arg, struct cfx_msg_load *out);
-    /* Called from the client thread before each heartbeat to list up to
-     * @p max copies being received here and how far each got; returns how
-     * many it wrote.  Must not block.  May be NULL (none are reported). */
-    unsigned (*progress_fill)(void *arg, struct cfx_ctl_progress *out, unsigned max);
+    /* Called from the client thread before each heartbeat, after load_fill,
+     * to fill in what follows the load (struct cfx_msg_heartbeat in
+     * control/proto.h): the copies being received here and how far each
+     * got, and the traffic per peer.  Must not block.  May be NULL (none
+     * are reported). */
+    void (*beat_fill)(void *arg, struct cfx_msg_heartbeat *hb);
     /* CFX_SECURE (enum cfx_seal_mode, control/seal.h): must be the
      * coordinator's (else CFX_ERR_AUTH naming both); frames after the
      * handshake are sealed unless off (0, the default). */

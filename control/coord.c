@@ -297,6 +297,8 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
     case CFX_MSG_HEARTBEAT:
         if (c->node) {
             c->node->load = m->u.hb.load;
+            c->node->npeers = CFX_MIN(m->u.hb.npeers, CFX_CTL_PEERS_MAX);
+            memcpy(c->node->peers, m->u.hb.peers, sizeof(c->node->peers));
             cfx__coord_dir_progress(co, c->node, &m->u.hb);
         }
         break;

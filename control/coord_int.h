@@ -97,6 +97,8 @@ struct coord_node {
     uint32_t nholdings;         /* entries in holdings (max_node_objects) */
     uint64_t put_bytes;         /* inline bytes stored for its puts (max_node_bytes) */
     struct cfx_msg_load load;   /* from its last heartbeat */
+    uint32_t npeers;            /* ... and its traffic per peer (peers[] used) */
+    struct cfx_ctl_peer_traffic peers[CFX_CTL_PEERS_MAX];
     struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
 };
 

@@ -211,6 +211,31 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
             }
         }
     }
+    /* per peer: the peers each member exchanged the most with (peer="0":
+     * the rest of its peers together, beyond its table) */
+    for (size_t i = 0; i < sizeof(traffic) / sizeof(traffic[0]); i++) {
+        const char *name = traffic[i].rx ? "conflux_coord_node_peer_received_bytes_total"
+                                         : "conflux_coord_node_peer_sent_bytes_total";
+        family(b, name, "counter", traffic[i].rx
+               ? "Bytes that arrived at a member from one peer over one transport (the "
+                 "16 peers it exchanged the most with)."
+               : "Bytes a member handed a transport for one peer (the 16 peers it exchanged "
+                 "the most with).");
+        cfx_list_for_each(pos, &co->nodes)
+        {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            for (unsigned k = 0; n->rec.alive && k < n->npeers; k++) {
+                const struct cfx_ctl_peer_traffic *p = &n->peers[k];
+                if (p->tp >= n->load.ntp || p->tp >= CFX_LOAD_TPS_MAX)
+                    continue;
+                bprintf(b, "%s{node=\"%u\",peer=\"%u\",transport=\"", name, n->rec.node_id,
+                        p->peer);
+                blabel(b, n->load.tp[p->tp].name);
+                bprintf(b, "\"} %llu\n",
+                        (unsigned long long)(traffic[i].rx ? p->rx_bytes : p->tx_bytes));
+            }
+        }
+    }
     family(b, "conflux_coord_node_transfers_active", "gauge",
            "Transfers a member is receiving (in) and serving (out) now.");
     cfx_list_for_each(pos, &co->nodes)

@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      8u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      9u  /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -56,7 +56,8 @@
                                     *    frames after AUTH_OK (below): a v6 peer
                                     *    would read sealed frames as garbage;
                                     * 8: extra sources wanted in OBJ_LOOKUP, extra
-                                    *    complete holders in LOOKUP_REPLY (striping) */
+                                    *    complete holders in LOOKUP_REPLY (striping);
+                                    * 9: traffic per peer in HEARTBEAT */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -82,6 +83,7 @@
                                  CFX_OBJECT_ID_LEN + CFX_CTL_TASK_TEXT_MAX)
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4 + 8)
 #define CFX_PROTO_PROGRESS_WIRE (CFX_OBJECT_ID_LEN + 8) /* one cfx_ctl_progress in HEARTBEAT */
+#define CFX_PROTO_PEER_WIRE     (4 + 1 + 8 + 8) /* one cfx_ctl_peer_traffic in HEARTBEAT */
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
                                  CFX_OBJ_NAME_MAX + 1)
@@ -153,14 +155,18 @@ struct cfx_msg_hdr {
     uint64_t req_id;        /* 0 for events */
 };
 
-/* A heartbeat: the node's load, and how far its copies being received got
+/* A heartbeat: the node's load, how far its copies being received got
  * (after the load: u8 count, then count records of CFX_PROTO_PROGRESS_WIRE
  * bytes; count at most CFX_CTL_PROGRESS_MAX, ready never
- * CFX_CTL_READY_UNKNOWN). */
+ * CFX_CTL_READY_UNKNOWN), and its traffic per peer (u8 count, at most
+ * CFX_CTL_PEERS_MAX, then count records of CFX_PROTO_PEER_WIRE bytes: u32
+ * peer, u8 tp below the load's ntp, u64 tx, u64 rx). */
 struct cfx_msg_heartbeat {
     struct cfx_msg_load load;
     uint32_t nprogress;                     /* entries of progress used */
     struct cfx_ctl_progress progress[CFX_CTL_PROGRESS_MAX];
+    uint32_t npeers;                        /* entries of peers used */
+    struct cfx_ctl_peer_traffic peers[CFX_CTL_PEERS_MAX];
 };
 
 /* A listing page.  Encode: set recs_in (count entries).  Decode: raw points

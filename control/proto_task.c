@@ -201,6 +201,19 @@ int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
             wr_bytes(w, hb->progress[i].id.bytes, CFX_OBJECT_ID_LEN);
             wr_u64(w, hb->progress[i].ready);
         }
+        if (hb->npeers > CFX_CTL_PEERS_MAX)
+            return cfx__err(CFX_ERR_INVALID, "heartbeat with %u peers (at most %u)", hb->npeers,
+                            CFX_CTL_PEERS_MAX);
+        wr_u8(w, (uint8_t)hb->npeers);
+        for (uint32_t i = 0; i < hb->npeers; i++) {
+            if (hb->peers[i].tp >= hb->load.ntp)
+                return cfx__err(CFX_ERR_INVALID, "heartbeat peer %u on transport %u of %u", i,
+                                hb->peers[i].tp, hb->load.ntp);
+            wr_u32(w, hb->peers[i].peer);
+            wr_u8(w, hb->peers[i].tp);
+            wr_u64(w, hb->peers[i].tx_bytes);
+            wr_u64(w, hb->peers[i].rx_bytes);
+        }
         return CFX_OK;
     }
     case CFX_MSG_TASKS:
@@ -269,8 +282,19 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
             if (r->status == CFX_OK && hb->progress[i].ready == CFX_CTL_READY_UNKNOWN)
                 rd_fail(r, CFX_ERR_PROTO, "progress bytes of UINT64_MAX");
         }
+        hb->npeers = rd_u8(r, "peer count");
+        if (r->status == CFX_OK && hb->npeers > CFX_CTL_PEERS_MAX)
+            rd_fail(r, CFX_ERR_PROTO, "peer count over CFX_CTL_PEERS_MAX");
+        for (uint32_t i = 0; i < hb->npeers && r->status == CFX_OK; i++) {
+            hb->peers[i].peer = rd_u32(r, "peer node");
+            hb->peers[i].tp = rd_u8(r, "peer transport");
+            hb->peers[i].tx_bytes = rd_u64(r, "peer bytes sent");
+            hb->peers[i].rx_bytes = rd_u64(r, "peer bytes received");
+            if (r->status == CFX_OK && hb->peers[i].tp >= hb->load.ntp)
+                rd_fail(r, CFX_ERR_PROTO, "peer transport beyond the load's transports");
+        }
         if (r->status != CFX_OK)
-            hb->nprogress = 0;
+            hb->nprogress = hb->npeers = 0;
         break;
     }
     case CFX_MSG_TASKS:

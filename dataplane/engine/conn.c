@@ -256,8 +256,39 @@ static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *o
                         conn->name, ((const struct cfx_dp_hdr *)msg)->type, cfx_errname(n));
     int rc = ops->ep_send(conn->ep, wire, (size_t)n, 0);
     if (rc == CFX_OK)
-        cfx__tp_count(&conn->ctx->tp[conn->tp].tx_bytes, (uint64_t)n);
+        cfx__conn_count(conn, true, (uint64_t)n);
     return rc;
+}
+
+#define PEER_SLOT_NONE 0xff /* conn->peer_slot: the table was full, not counted apart */
+
+void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n)
+{
+    struct cfx_context *ctx = conn->ctx;
+    struct cfx_tp_slot *t = &ctx->tp[conn->tp];
+    cfx__tp_count(tx ? &t->tx_bytes : &t->rx_bytes, n);
+    if (unlikely(!conn->peer_slot)) {
+        if (!conn->node_id)
+            return; /* accepted, before its HELLO */
+        unsigned used = ctx->npeer_bytes, i;
+        for (i = 0; i < used; i++)
+            if (ctx->peer_bytes[i].peer == conn->node_id && ctx->peer_bytes[i].tp == conn->tp)
+                break;
+        if (i == CFX_PEER_BYTES_MAX) {
+            conn->peer_slot = PEER_SLOT_NONE;
+        } else {
+            if (i == used) {
+                ctx->peer_bytes[i].peer = conn->node_id;
+                ctx->peer_bytes[i].tp = (uint8_t)conn->tp;
+                __atomic_store_n(&ctx->npeer_bytes, used + 1, __ATOMIC_RELEASE);
+            }
+            conn->peer_slot = (uint8_t)(i + 1);
+        }
+    }
+    if (conn->peer_slot == PEER_SLOT_NONE)
+        return;
+    struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[conn->peer_slot - 1];
+    cfx__tp_count(tx ? &p->tx_bytes : &p->rx_bytes, n);
 }
 
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)

@@ -507,7 +507,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .on_obj_gone = on_obj_gone,
         .on_task_run = cfx__task_on_run,
         .load_fill = cfx__task_load_fill,
-        .progress_fill = cfx__task_progress_fill,
+        .beat_fill = cfx__task_beat_fill,
         .arg = ctx,
         .secure = ctx->cfg.secure,
     };

@@ -74,7 +74,7 @@ static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
     int n = cfx__dp_msg_encode(m, sizeof(*m) + obj->size, wire, sizeof(wire));
     int rc = n < 0 ? n : ctx->tp[conn->tp].ops->ep_send(conn->ep, wire, (size_t)n, 0);
     if (rc == CFX_OK) {
-        cfx__tp_count(&ctx->tp[conn->tp].tx_bytes, (uint64_t)n);
+        cfx__conn_count(conn, true, (uint64_t)n);
         conn->sends_out++; /* out of the process at its CFX_TP_COMP_SEND */
         conn->eager_credits--;
         ctx->stats.bytes_sent += obj->size;

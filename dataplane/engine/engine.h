@@ -56,6 +56,7 @@
 #define CFX_GET_SOURCES_MAX     8    /* its cap (CFX_PROTO_SOURCES_MAX) */
 #define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
+#define CFX_PEER_BYTES_MAX 64 /* (peer, transport) pairs whose traffic a context counts apart */
 #define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
 #define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
 #define CFX_MAX_CHUNKS     (1u << CFX_IMM_SLOT_SHIFT)
@@ -390,6 +391,7 @@ struct cfx_conn {
     struct cfx_tp_ep *ep;
     int tp;                     /* index into ctx->tp[] */
     uint32_t node_id;           /* 0 until HELLO on accepted connections */
+    uint8_t peer_slot;          /* ctx->peer_bytes[] index + 1 of its traffic; 0: not yet */
     bool outbound;              /* we connected (used for our gets) */
     enum cfx_conn_state state;
     int status;                 /* failure status */
@@ -680,6 +682,13 @@ static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
     __atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
 }
 
+/* Count @p n bytes sent (@p tx) or received on @p conn, for its transport
+ * and for its peer (conn.c; progress lock held).  A peer's entry in
+ * ctx->peer_bytes is found once per connection; before an accepted
+ * connection's HELLO names the peer, or with the table full, only the
+ * transport's count moves. */
+void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n);
+
 /* A coordinator found through the launcher's environment (bootstrap.c). */
 struct cfx_boot {
     bool used;            /* coord came from MASTER_ADDR, not CFX_COORD */
@@ -785,6 +794,13 @@ struct cfx_context {
     pthread_cond_t calls_cond;  /* calls reached 0 while closing */
     struct cfx_list users;      /* struct cfx_ctx_user: handles on this context (users_lock
                                    in context.c, not ctx->lock) */
+    /* Traffic per (peer, transport) for the heartbeat, for the first
+     * CFX_PEER_BYTES_MAX pairs this node talks to (the transport totals
+     * count the others): entries filled by the progress-lock holder
+     * (cfx__conn_count), npeer_bytes published after each new one; read by
+     * the control client's thread (cfx__task_beat_fill). */
+    struct cfx_ctl_peer_traffic peer_bytes[CFX_PEER_BYTES_MAX];
+    unsigned npeer_bytes;
     struct cfx_msg_load report; /* the heartbeat's last report (the control client's thread:
                                    what ctx->lock guards is refreshed when the lock is free) */
     uint32_t report_slot;       /* transfer slot the next heartbeat's progress reports
@@ -1146,6 +1162,10 @@ void cfx__task_fini(struct cfx_context *ctx);
 void cfx__task_on_run(void *arg, const struct cfx_msg_task *t);
 /* Client thread: this node's load for a heartbeat. */
 void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
+/* What a heartbeat carries after the load: the copies being received here
+ * (cfx__task_progress_fill) and the traffic per peer (the largest
+ * CFX_CTL_PEERS_MAX entries of ctx->peer_bytes). */
+void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb);
 /* Client thread: how far copies being received here got, for a heartbeat. */
 unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsigned max);
 /* Client thread: the coordinator restarted; a runner registers the functions again. */

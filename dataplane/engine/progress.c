@@ -211,11 +211,11 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
 
     switch (c->type) {
     case CFX_TP_COMP_WRITE_IMM:
-        cfx__tp_count(&ctx->tp[tp].rx_bytes, c->len);
+        cfx__conn_count(conn, false, c->len);
         cfx__xfer_write_imm(ctx, conn, c->imm, c->len);
         break;
     case CFX_TP_COMP_RECV:
-        cfx__tp_count(&ctx->tp[tp].rx_bytes, c->len);
+        cfx__conn_count(conn, false, c->len);
         cfx__xfer_recv(ctx, conn, c->data, c->len);
         break;
     case CFX_TP_COMP_WRITE:

@@ -236,6 +236,36 @@ unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsign
     return n;
 }
 
+void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb)
+{
+    struct cfx_context *ctx = arg;
+    hb->nprogress = CFX_MIN(cfx__task_progress_fill(ctx, hb->progress, CFX_CTL_PROGRESS_MAX),
+                            CFX_CTL_PROGRESS_MAX);
+    /* the CFX_CTL_PEERS_MAX pairs with the most bytes, by selection (64 at most) */
+    unsigned used = __atomic_load_n(&ctx->npeer_bytes, __ATOMIC_ACQUIRE);
+    struct cfx_ctl_peer_traffic all[CFX_PEER_BYTES_MAX];
+    bool taken[CFX_PEER_BYTES_MAX] = { false };
+    for (unsigned i = 0; i < used; i++) {
+        all[i].peer = ctx->peer_bytes[i].peer;
+        all[i].tp = ctx->peer_bytes[i].tp;
+        all[i].tx_bytes = __atomic_load_n(&ctx->peer_bytes[i].tx_bytes, __ATOMIC_RELAXED);
+        all[i].rx_bytes = __atomic_load_n(&ctx->peer_bytes[i].rx_bytes, __ATOMIC_RELAXED);
+    }
+    hb->npeers = 0;
+    while (hb->npeers < CFX_CTL_PEERS_MAX) {
+        int best = -1;
+        for (unsigned i = 0; i < used; i++)
+            if (!taken[i] && all[i].tp < CFX_LOAD_TPS_MAX &&
+                (best < 0 || all[i].tx_bytes + all[i].rx_bytes >
+                                 all[best].tx_bytes + all[best].rx_bytes))
+                best = (int)i;
+        if (best < 0)
+            break;
+        taken[best] = true;
+        hb->peers[hb->npeers++] = all[best];
+    }
+}
+
 void cfx__task_on_reconnected(struct cfx_context *ctx)
 {
     struct cfx_task_rt *rt = ctx->tasks;

@@ -627,7 +627,7 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
         up->credits--;
         up->inflight++;
         ctx->stats.bytes_sent += len;
-        cfx__tp_count(&ctx->tp[conn->tp].tx_bytes, len);
+        cfx__conn_count(conn, true, len);
     }
 }
 

@@ -267,6 +267,13 @@ Test(coord_metrics, heartbeats_report_traffic)
     snprintf(ua, sizeof(ua), "conflux_coord_node_uploads_total{node=\"%u\"}", na);
     snprintf(sa, sizeof(sa),
              "conflux_coord_node_transport_sent_bytes_total{node=\"%u\",transport=\"tcp\"}", na);
+    char pa[160], pb[160];
+    snprintf(pa, sizeof(pa),
+             "conflux_coord_node_peer_sent_bytes_total{node=\"%u\",peer=\"%u\",transport=\"tcp\"}",
+             na, nb);
+    snprintf(pb, sizeof(pb),
+             "conflux_coord_node_peer_received_bytes_total{node=\"%u\",peer=\"%u\","
+             "transport=\"tcp\"}", nb, na);
     char *r = NULL;
     const char *body = NULL;
     uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
@@ -275,7 +282,9 @@ Test(coord_metrics, heartbeats_report_traffic)
         r = scrape();
         body = body_of(r);
         if (sample_of(body, lb) == 1 && sample_of(body, ua) == 1 &&
-            sample_of(body, sa) >= (long long)sizeof(data))
+            sample_of(body, sa) >= (long long)sizeof(data) &&
+            sample_of(body, pa) >= (long long)sizeof(data) &&
+            sample_of(body, pb) >= (long long)sizeof(data))
             break;
         cr_assert(now_ns() < deadline, "no report of b's get and a's upload:\n%s", body);
         usleep(50 * 1000);
@@ -304,6 +313,13 @@ Test(coord_metrics, heartbeats_report_traffic)
               "a sent %lld bytes for a %zu-byte object", sent, sizeof(data));
     cr_expect(recvd >= (long long)sizeof(data) && recvd < (long long)sizeof(data) + 65536,
               "b received %lld bytes for a %zu-byte object", recvd, sizeof(data));
+    /* and per peer: a's traffic was with b alone (b's handshake bytes before
+     * its HELLO are the transport's only), and the other way round */
+    long long psent = sample_of(body, pa), precvd = sample_of(body, pb);
+    cr_expect(psent >= (long long)sizeof(data) && psent <= sent,
+              "a sent %lld bytes to b of %lld in all", psent, sent);
+    cr_expect(precvd >= (long long)sizeof(data) && precvd <= recvd,
+              "b received %lld bytes from a of %lld in all", precvd, recvd);
     snprintf(la, sizeof(la), "conflux_coord_node_transfers_active{node=\"%u\",direction=\"in\"}",
              nb);
     expect_sample(body, la, 0);

@@ -274,6 +274,11 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
             sample_id(&m->u.hb.progress[i].id, (uint8_t)(60 + i));
             m->u.hb.progress[i].ready = i ? 0 : (12ull << 20); /* nothing landed yet: 0 */
         }
+        m->u.hb.npeers = 2;
+        for (uint32_t i = 0; i < 2; i++)
+            m->u.hb.peers[i] = (struct cfx_ctl_peer_traffic){ .peer = 40 + i, .tp = (uint8_t)i,
+                                                              .tx_bytes = (5ull << 40) + i,
+                                                              .rx_bytes = i ? 0 : 77 };
         break;
     case CFX_MSG_TASK_REG:
         strcpy(m->u.task_reg.name, "square");
@@ -489,6 +494,13 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
             cr_assert_arr_eq(a->u.hb.progress[i].id.bytes, b->u.hb.progress[i].id.bytes,
                              CFX_OBJECT_ID_LEN);
             cr_assert_eq(a->u.hb.progress[i].ready, b->u.hb.progress[i].ready);
+        }
+        cr_assert_eq(a->u.hb.npeers, b->u.hb.npeers);
+        for (uint32_t i = 0; i < a->u.hb.npeers; i++) {
+            cr_assert_eq(a->u.hb.peers[i].peer, b->u.hb.peers[i].peer);
+            cr_assert_eq(a->u.hb.peers[i].tp, b->u.hb.peers[i].tp);
+            cr_assert_eq(a->u.hb.peers[i].tx_bytes, b->u.hb.peers[i].tx_bytes);
+            cr_assert_eq(a->u.hb.peers[i].rx_bytes, b->u.hb.peers[i].rx_bytes);
         }
         break;
     case CFX_MSG_TASK_REG:
@@ -750,7 +762,8 @@ Test(proto, heartbeat_report_bounds)
     /* ntp sits after load(4) mem(8) arena(8) tasks(4) */
     size_t ntp_at = CFX_PROTO_HDR_LEN + 24;
     cr_assert_eq(frame[ntp_at], 2);
-    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE);
+    cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE +
+                          1 + 2 * CFX_PROTO_PEER_WIRE);
     memcpy(frame2, frame, len);
     frame2[ntp_at] = CFX_LOAD_TPS_MAX + 1;
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
@@ -805,7 +818,8 @@ Test(proto, heartbeat_progress_bounds)
     }
     len = encode_ok(&m);
     cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 +
-                          CFX_CTL_PROGRESS_MAX * CFX_PROTO_PROGRESS_WIRE);
+                          CFX_CTL_PROGRESS_MAX * CFX_PROTO_PROGRESS_WIRE + 1 +
+                          2 * CFX_PROTO_PEER_WIRE);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
     assert_msg_eq(&m, &d);
     /* the sender is held to the same bounds */
@@ -813,6 +827,50 @@ Test(proto, heartbeat_progress_bounds)
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
     m.u.hb.nprogress = 1;
     m.u.hb.progress[0].ready = CFX_CTL_READY_UNKNOWN;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+}
+
+/* The traffic per peer after the progress reports: the count is capped at
+ * CFX_CTL_PEERS_MAX and must agree with the payload, and a record's
+ * transport is one of the load's.  A full list round-trips. */
+Test(proto, heartbeat_peer_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_HEARTBEAT, &m);
+    size_t len = encode_ok(&m);
+    size_t count_at = CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE;
+    size_t tp_at = count_at + 1 + 4; /* the first record's transport */
+    cr_assert_eq(frame[count_at], 2);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&m, &d);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = CFX_CTL_PEERS_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "CFX_CTL_PEERS_MAX"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 3; /* more than the payload holds */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 1; /* fewer: a record left over */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[tp_at] = 2; /* the load names two transports */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "peer transport"), "%s", cfx_last_error());
+
+    m.u.hb.npeers = CFX_CTL_PEERS_MAX;
+    for (uint32_t i = 0; i < CFX_CTL_PEERS_MAX; i++)
+        m.u.hb.peers[i] = (struct cfx_ctl_peer_traffic){ .peer = 1000 + i, .tp = (uint8_t)(i % 2),
+                                                         .tx_bytes = UINT64_MAX - i,
+                                                         .rx_bytes = (uint64_t)i << 40 };
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&m, &d);
+    /* the sender is held to the same bounds */
+    m.u.hb.npeers = CFX_CTL_PEERS_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    m.u.hb.npeers = 1;
+    m.u.hb.peers[0].tp = 2;
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
