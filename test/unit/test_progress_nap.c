@@ -4,9 +4,10 @@
  * (CFX_TP_CAP_BUSY_POLL, or no wait fd at all) is polled without a nap
  * while it has a live connection.  And the last poller's hand-back to a
  * sleeping progress thread: it arms the ifaces again itself, without
- * waking the thread, unless there is work the thread must take.  Checked
- * on a context assembled by hand with stand-in transports: no thread, no
- * timing.
+ * waking the thread, unless there is work the thread must take.  The
+ * progress thread's spin after a wake-up, and the traffic counted per peer
+ * for the heartbeat.  Checked on a context assembled by hand with stand-in
+ * transports: no thread, no timing.
  */
 #include <criterion/criterion.h>
 
@@ -18,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "control/proto.h"
 #include "dataplane/engine/engine.h"
 
 TestSuite(progress_nap);
@@ -287,4 +289,59 @@ Test(progress_nap, spin_adapts_to_requests_that_come_back_soon)
                  "nothing served (eager messages, credits): nobody waits on us");
     cr_assert_eq(cfx__progress_spin_after(spin, 0, 60 * us, true), spin,
                  "CFX_SPIN_ADAPT_US=0 turns it off");
+}
+
+/* ---- traffic per peer (cfx__conn_count, cfx__task_beat_fill) ---------------- */
+
+/* Each connection's bytes count for its transport and for its (peer,
+ * transport) entry; an accepted connection before its HELLO and the pairs
+ * beyond the table count for the transport only; a heartbeat carries the
+ * CFX_CTL_PEERS_MAX entries with the most bytes. */
+Test(progress_nap, traffic_is_counted_per_peer)
+{
+    struct cfx_context *ctx = ctx_new();
+    pthread_mutex_init(&ctx->lock, NULL);
+    ctx->tp[1] = (struct cfx_tp_slot){ .ops = &busy_ops, .fd = 7 };
+    ctx->ntp = 2;
+    enum { N = CFX_PEER_BYTES_MAX + 6 };
+    static struct cfx_conn c[N];
+    uint64_t total[2] = { 0, 0 };
+    for (unsigned i = 0; i < N; i++) {
+        c[i] = (struct cfx_conn){ .ctx = ctx, .tp = (int)(i % 2), .node_id = 100 + i / 2 };
+        cfx__conn_count(&c[i], true, 1000 * (i + 1));
+        cfx__conn_count(&c[i], false, 10 * (i + 1));
+        total[i % 2] += 1010 * (i + 1);
+    }
+    cr_assert_eq(ctx->tp[0].tx_bytes + ctx->tp[0].rx_bytes, total[0]);
+    cr_assert_eq(ctx->tp[1].tx_bytes + ctx->tp[1].rx_bytes, total[1]);
+    cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX, "the table holds its first pairs");
+    for (unsigned i = 0; i < CFX_PEER_BYTES_MAX; i++) {
+        const struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[i];
+        cr_assert_eq(p->peer, 100 + i / 2);
+        cr_assert_eq(p->tp, i % 2);
+        cr_assert_eq(p->tx_bytes, 1000 * (i + 1));
+        cr_assert_eq(p->rx_bytes, 10 * (i + 1));
+    }
+    /* the same pair again adds up; an unnamed connection counts apart only
+     * for its transport */
+    struct cfx_conn again = { .ctx = ctx, .tp = 0, .node_id = 100 };
+    cfx__conn_count(&again, true, 5);
+    cr_assert_eq(ctx->peer_bytes[0].tx_bytes, 1005);
+    struct cfx_conn anon = { .ctx = ctx, .tp = 0 };
+    cfx__conn_count(&anon, false, 7);
+    cr_assert_eq(ctx->tp[0].rx_bytes + ctx->tp[0].tx_bytes, total[0] + 5 + 7);
+    cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX);
+
+    static struct cfx_msg_heartbeat hb;
+    cfx__task_beat_fill(ctx, &hb);
+    cr_assert_eq(hb.nprogress, 0);
+    cr_assert_eq(hb.npeers, CFX_CTL_PEERS_MAX);
+    for (unsigned k = 0; k < CFX_CTL_PEERS_MAX; k++) {
+        unsigned i = CFX_PEER_BYTES_MAX - 1 - k; /* the largest first */
+        cr_assert_eq(hb.peers[k].peer, 100 + i / 2, "entry %u", k);
+        cr_assert_eq(hb.peers[k].tp, i % 2);
+        cr_assert_eq(hb.peers[k].tx_bytes, 1000 * (i + 1));
+    }
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
 }
