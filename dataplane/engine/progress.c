@@ -336,6 +336,17 @@ void cfx__progress_test_pass(struct cfx_context *ctx)
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* Arm every iface before a sleep in epoll (progress lock held): false as
+ * soon as one says work is pending (poll again instead of sleeping). */
+static bool arm_all(struct cfx_context *ctx)
+{
+    for (int t = 0; t < ctx->ntp; t++)
+        if (ctx->tp[t].ops->iface_arm &&
+            ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
+            return false;
+    return true;
+}
+
 /* One spell of spinning (see cfx__progress_poll_wait); true if @p st is
  * no longer CFX_ERR_AGAIN. */
 static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
@@ -400,11 +411,7 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
         return true;
     }
     *polled = true;
-    bool pending = false;
-    for (int t = 0; t < ctx->ntp && !pending; t++)
-        if (ctx->tp[t].ops->iface_arm &&
-            ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
-            pending = true;
+    bool pending = !arm_all(ctx);
     pthread_mutex_lock(&ctx->lock);
     int nap_ms = cfx__progress_nap_ms(ctx); /* the progress thread's bound applies */
     bool can = !ctx->sleeping && !ctx->stop &&
@@ -508,11 +515,7 @@ static bool rearm_for_sleeper(struct cfx_context *ctx)
         return false;
     if (!cfx__progress_trylock(ctx))
         return false;
-    bool armed = true;
-    for (int t = 0; t < ctx->ntp && armed; t++)
-        if (ctx->tp[t].ops->iface_arm &&
-            ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
-            armed = false;
+    bool armed = arm_all(ctx);
     cfx__progress_unlock(ctx);
     ctx->n_rearms += armed;
     return armed;
@@ -665,11 +668,7 @@ static void *progress_main(void *arg)
         /* Sleep: arm every iface (any that has work pending aborts the
          * nap) and say so under the progress lock, so a poller that comes
          * after the arming sees `sleeping` when it hands back. */
-        bool pending = false;
-        for (int t = 0; t < ctx->ntp && !pending; t++)
-            if (ctx->tp[t].ops->iface_arm &&
-                ctx->tp[t].ops->iface_arm(ctx->tp[t].iface) == CFX_ERR_AGAIN)
-                pending = true;
+        bool pending = !arm_all(ctx);
         pthread_mutex_lock(&ctx->lock);
         if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
             !cfx_list_empty(&ctx->arena.doomed) || ctx->stop ||

@@ -197,6 +197,23 @@ Test(get_stripe, three_holders_shm)
     three_holders("shm");
 }
 
+/* Three complete holders of an object, h[1] and h[2] stalling mid-block
+ * (test hook CFX_XFER_TEST_STALL: alive, their uploads stop after chunk 2),
+ * and a getter *@p g.  Returns the put's buffer. */
+static uint8_t *stalled_three(struct cfx_context **h, struct cfx_context **g,
+                              struct cfx_object_id *id)
+{
+    h[0] = join("tcp", NULL);
+    setenv("CFX_XFER_TEST_STALL", "2", 1);
+    setenv("CFX_GET_SOURCES", "1", 1); /* their own copies come from h[0] (lowest id) */
+    h[1] = join("tcp", NULL);
+    h[2] = join("tcp", NULL);
+    unsetenv("CFX_XFER_TEST_STALL");
+    unsetenv("CFX_GET_SOURCES");
+    *g = join("tcp", NULL);
+    return replicate(h, 3, id, SIZE);
+}
+
 /* Two holders that stall mid-block (test hook CFX_XFER_TEST_STALL: alive,
  * their uploads stop): once the third, live one has no block left to take,
  * each stalled block goes to it (STRIPE_STALL_MS), and the get completes
@@ -206,15 +223,7 @@ Test(get_stripe, stalled_holders_lose_their_blocks)
     struct cfx_context *h[3], *g;
     struct cfx_object_id id;
 
-    h[0] = join("tcp", NULL);
-    setenv("CFX_XFER_TEST_STALL", "2", 1); /* their uploads stop after chunk 2 */
-    setenv("CFX_GET_SOURCES", "1", 1);     /* their own copies come from h[0] (lowest id) */
-    h[1] = join("tcp", NULL);
-    h[2] = join("tcp", NULL);
-    unsetenv("CFX_XFER_TEST_STALL");
-    unsetenv("CFX_GET_SOURCES");
-    g = join("tcp", NULL);
-    uint8_t *src = replicate(h, 3, &id, SIZE);
+    uint8_t *src = stalled_three(h, &g, &id);
     uint64_t before = sent(h[0]);
     get_checked(g, &id, SIZE); /* the context's 20 s deadline */
     cr_expect_geq(sent(h[0]) - before, SIZE - 2 * 4 * CHUNK,
@@ -233,15 +242,7 @@ Test(get_stripe, all_holders_stalled_end_at_the_deadline)
     struct cfx_context *h[3], *g;
     struct cfx_object_id id;
 
-    h[0] = join("tcp", NULL);
-    setenv("CFX_XFER_TEST_STALL", "2", 1);
-    setenv("CFX_GET_SOURCES", "1", 1);
-    h[1] = join("tcp", NULL);
-    h[2] = join("tcp", NULL);
-    unsetenv("CFX_XFER_TEST_STALL");
-    unsetenv("CFX_GET_SOURCES");
-    g = join("tcp", NULL);
-    uint8_t *src = replicate(h, 3, &id, SIZE);
+    uint8_t *src = stalled_three(h, &g, &id);
     cfx_context_destroy(h[0]);
     wait_holders(g, &id, 2);
 

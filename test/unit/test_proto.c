@@ -785,6 +785,25 @@ Test(proto, heartbeat_report_bounds)
     assert_load_eq(&m.u.hb.load, &d.u.hb.load);
 }
 
+/* A two-record count at @p count_at of the heartbeat in frame (@p len
+ * bytes), tampered: over @p max (the error names @p what), more records than
+ * the payload holds, fewer (one left over) -- each refused. */
+static void count_bounds(size_t len, size_t count_at, unsigned max, const char *what)
+{
+    struct cfx_msg d;
+    cr_assert_eq(frame[count_at], 2);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = (uint8_t)(max + 1);
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), what), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 3;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    memcpy(frame2, frame, len);
+    frame2[count_at] = 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+}
+
 /* The progress reports after a heartbeat's load: the count is capped at
  * CFX_CTL_PROGRESS_MAX and must agree with the payload, and no report
  * carries the "no report" marker.  A full heartbeat round-trips. */
@@ -795,17 +814,7 @@ Test(proto, heartbeat_progress_bounds)
     size_t len = encode_ok(&m);
     size_t count_at = CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE;
     size_t ready_at = count_at + 1 + CFX_OBJECT_ID_LEN; /* the first report's bytes */
-    cr_assert_eq(frame[count_at], 2);
-    memcpy(frame2, frame, len);
-    frame2[count_at] = CFX_CTL_PROGRESS_MAX + 1;
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
-    cr_assert(strstr(cfx_last_error(), "CFX_CTL_PROGRESS_MAX"), "%s", cfx_last_error());
-    memcpy(frame2, frame, len);
-    frame2[count_at] = 3; /* more than the payload holds */
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
-    memcpy(frame2, frame, len);
-    frame2[count_at] = 1; /* fewer: a record left over */
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    count_bounds(len, count_at, CFX_CTL_PROGRESS_MAX, "CFX_CTL_PROGRESS_MAX");
     memcpy(frame2, frame, len);
     memset(frame2 + ready_at, 0xff, 8);
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
@@ -840,19 +849,9 @@ Test(proto, heartbeat_peer_bounds)
     size_t len = encode_ok(&m);
     size_t count_at = CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE;
     size_t tp_at = count_at + 1 + 4; /* the first record's transport */
-    cr_assert_eq(frame[count_at], 2);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
     assert_msg_eq(&m, &d);
-    memcpy(frame2, frame, len);
-    frame2[count_at] = CFX_CTL_PEERS_MAX + 1;
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
-    cr_assert(strstr(cfx_last_error(), "CFX_CTL_PEERS_MAX"), "%s", cfx_last_error());
-    memcpy(frame2, frame, len);
-    frame2[count_at] = 3; /* more than the payload holds */
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
-    memcpy(frame2, frame, len);
-    frame2[count_at] = 1; /* fewer: a record left over */
-    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    count_bounds(len, count_at, CFX_CTL_PEERS_MAX, "CFX_CTL_PEERS_MAX");
     memcpy(frame2, frame, len);
     frame2[tp_at] = 2; /* the load names two transports */
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
