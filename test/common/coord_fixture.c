@@ -221,25 +221,31 @@ int raw_connect(void)
 }
 
 /* Read one frame from a raw socket into @p buf (blocking, up to CALL_MS). */
-int raw_read_frame(int s, uint8_t *buf, size_t cap, struct cfx_msg *m)
+int raw_recv_exact(int s, uint8_t *b, size_t n)
 {
-    size_t have = 0, need = CFX_PROTO_HDR_LEN;
-    while (have < need) {
+    for (size_t have = 0; have < n;) {
         struct pollfd p = { .fd = s, .events = POLLIN };
         if (poll(&p, 1, CALL_MS) <= 0)
             return CFX_ERR_TIMEOUT;
-        ssize_t n = recv(s, buf + have, need - have, 0);
-        if (n <= 0)
+        ssize_t k = recv(s, b + have, n - have, 0);
+        if (k <= 0)
             return CFX_ERR_CONNECT;
-        have += (size_t)n;
-        if (have == CFX_PROTO_HDR_LEN) {
-            struct cfx_msg_hdr h;
-            cr_assert_eq(cfx__msg_hdr_decode(buf, have, &h), CFX_OK);
-            need += h.payload_len;
-            cr_assert_leq(need, cap);
-        }
+        have += (size_t)k;
     }
-    return cfx__msg_decode(buf, have, m);
+    return CFX_OK;
+}
+
+int raw_read_frame(int s, uint8_t *buf, size_t cap, struct cfx_msg *m)
+{
+    struct cfx_msg_hdr h;
+    int rc = raw_recv_exact(s, buf, CFX_PROTO_HDR_LEN);
+    if (rc != CFX_OK)
+        return rc;
+    cr_assert_eq(cfx__msg_hdr_decode(buf, CFX_PROTO_HDR_LEN, &h), CFX_OK);
+    cr_assert_leq(CFX_PROTO_HDR_LEN + (size_t)h.payload_len, cap);
+    if ((rc = raw_recv_exact(s, buf + CFX_PROTO_HDR_LEN, h.payload_len)) != CFX_OK)
+        return rc;
+    return cfx__msg_decode(buf, CFX_PROTO_HDR_LEN + h.payload_len, m);
 }
 
 void raw_send(int s, const struct cfx_msg *m)

@@ -107,6 +107,9 @@ int raw_connect(void);
 
 /* Read one frame from a raw socket into @p buf (blocking, up to CALL_MS). */
 int raw_read_frame(int s, uint8_t *buf, size_t cap, struct cfx_msg *m);
+/* Exactly @p n bytes from @p s, each wait bounded by CALL_MS:
+ * CFX_ERR_TIMEOUT, or CFX_ERR_CONNECT when the peer closed. */
+int raw_recv_exact(int s, uint8_t *b, size_t n);
 
 /* Encode and send @p m whole (asserts). */
 void raw_send(int s, const struct cfx_msg *m);

@@ -36,10 +36,14 @@ struct tp_param {
     char name[CFX_TP_NAME_MAX];
 };
 
-static inline size_t tp_params(struct tp_param *out, size_t max)
+/* The built transports @p want says yes to (NULL: all). */
+static inline size_t tp_params_where(struct tp_param *out, size_t max,
+                                     bool (*want)(const struct cfx_transport_ops *))
 {
     size_t n = 0;
     for (int i = 0; cfx__transports[i] && n < max; i++) {
+        if (want && !want(cfx__transports[i]))
+            continue;
         memset(&out[n], 0, sizeof(out[n]));
         strncpy(out[n].name, cfx__transports[i]->name, sizeof(out[n].name) - 1);
         n++;
@@ -47,14 +51,17 @@ static inline size_t tp_params(struct tp_param *out, size_t max)
     return n;
 }
 
-#define TP_TEST(name)                                                 \
-    ParameterizedTestParameters(transport, name)                      \
-    {                                                                 \
-        static struct tp_param params[8];                             \
-        size_t n = tp_params(params, CFX_ARRAY_SIZE(params));         \
-        return cr_make_param_array(struct tp_param, params, n, NULL); \
-    }                                                                 \
-    ParameterizedTest(struct tp_param *param, transport, name, .timeout = 60)
+/* A test of suite @p suite run once per transport @p want says yes to. */
+#define TP_TEST_WHERE(suite, name, want, secs)                             \
+    ParameterizedTestParameters(suite, name)                               \
+    {                                                                      \
+        static struct tp_param params[8];                                  \
+        size_t n = tp_params_where(params, CFX_ARRAY_SIZE(params), want);  \
+        return cr_make_param_array(struct tp_param, params, n, NULL);      \
+    }                                                                      \
+    ParameterizedTest(struct tp_param *param, suite, name, .timeout = secs)
+
+#define TP_TEST(name) TP_TEST_WHERE(transport, name, NULL, 60)
 
 /* --- completion log ------------------------------------------------------- */
 
@@ -408,36 +415,37 @@ static inline void region_free(struct pair *p, struct region *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* One try of a post that returned @p rc: true when it was taken; on
+ * CFX_ERR_AGAIN (the send queue full) both sides are polled so it drains,
+ * at most until @p deadline; any other status fails the test. */
+static inline bool posted(struct pair *p, int rc, uint64_t deadline, const char *what)
+{
+    if (rc == CFX_OK)
+        return true;
+    cr_assert_eq(rc, CFX_ERR_AGAIN, "%s: %s", what, cfx_errname(rc));
+    cr_assert(cfx__now_ns() < deadline, "send queue stayed full for %d ms", WAIT_MS);
+    poll_side(p->ops, &p->s[0]);
+    poll_side(p->ops, &p->s[1]);
+    return false;
+}
+
 /* Post a write, polling both sides while the queue is full. */
 static inline void post_write(struct pair *p, struct cfx_tp_ep *ep, struct region *src,
                               uint64_t loff, const struct cfx_tp_rdesc *rdesc, uint64_t roff,
                               size_t len, uint32_t imm, uint64_t wr_id)
 {
     uint64_t deadline = cfx__deadline_ns(WAIT_MS);
-    for (;;) {
-        int rc = p->ops->ep_write(ep, src->mr, loff, rdesc, roff, len, imm, wr_id);
-        if (rc == CFX_OK)
-            return;
-        cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_write: %s", cfx_errname(rc));
-        cr_assert(cfx__now_ns() < deadline, "send queue stayed full for %d ms", WAIT_MS);
-        poll_side(p->ops, &p->s[0]);
-        poll_side(p->ops, &p->s[1]);
-    }
+    while (!posted(p, p->ops->ep_write(ep, src->mr, loff, rdesc, roff, len, imm, wr_id),
+                   deadline, "ep_write"))
+        ;
 }
 
 static inline void post_send(struct pair *p, struct cfx_tp_ep *ep, const void *buf, size_t len,
                              uint64_t wr_id)
 {
     uint64_t deadline = cfx__deadline_ns(WAIT_MS);
-    for (;;) {
-        int rc = p->ops->ep_send(ep, buf, len, wr_id);
-        if (rc == CFX_OK)
-            return;
-        cr_assert_eq(rc, CFX_ERR_AGAIN, "ep_send: %s", cfx_errname(rc));
-        cr_assert(cfx__now_ns() < deadline, "send queue stayed full for %d ms", WAIT_MS);
-        poll_side(p->ops, &p->s[0]);
-        poll_side(p->ops, &p->s[1]);
-    }
+    while (!posted(p, p->ops->ep_send(ep, buf, len, wr_id), deadline, "ep_send"))
+        ;
 }
 
 #endif

@@ -13,27 +13,12 @@
 #include "dataplane/dpdk/dpdk.h"
 #endif
 
-static size_t seal_params(struct tp_param *out, size_t max)
+static bool seals(const struct cfx_transport_ops *ops)
 {
-    size_t n = 0;
-    for (int i = 0; cfx__transports[i] && n < max; i++) {
-        if (!cfx__transports[i]->ep_seal)
-            continue;
-        memset(&out[n], 0, sizeof(out[n]));
-        strncpy(out[n].name, cfx__transports[i]->name, sizeof(out[n].name) - 1);
-        n++;
-    }
-    return n;
+    return ops->ep_seal != NULL;
 }
 
-#define SEAL_TEST(name)                                               \
-    ParameterizedTestParameters(transport_seal, name)                 \
-    {                                                                 \
-        static struct tp_param params[8];                             \
-        size_t n = seal_params(params, CFX_ARRAY_SIZE(params));       \
-        return cr_make_param_array(struct tp_param, params, n, NULL); \
-    }                                                                 \
-    ParameterizedTest(struct tp_param *param, transport_seal, name, .timeout = 120)
+#define SEAL_TEST(name) TP_TEST_WHERE(transport_seal, name, seals, 120)
 
 static struct cfx_seal_keys test_keys(void)
 {
