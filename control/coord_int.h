@@ -458,6 +458,10 @@ void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c);
  * receives the reason of a failure.  Nodes in @p avoid are skipped. */
 int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
                      struct coord_node **out, char *why, size_t why_len);
+/* Where data goes (CFX_PROTO_TASK_DATA): any live member, @p asker first
+ * among equally local ones, no reservation (coord_place.c). */
+int cfx__coord_place_data(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t asker,
+                          struct coord_node **out, char *why, size_t why_len);
 /* Hold what @p t needs on @p n until @p expires_ns (UINT64_MAX: until freed). */
 struct coord_resv *cfx__coord_resv_take(struct cfx_coord *co, struct coord_node *n,
                                         const struct cfx_msg_task *t, uint64_t expires_ns);

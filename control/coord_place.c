@@ -22,6 +22,17 @@
  * A reservation is taken for the chosen node by the caller
  * (cfx__coord_resv_take), so the next placement, handled after this one on
  * the same loop thread, sees it.
+ *
+ * Data placement (CFX_PROTO_TASK_DATA: where an object reduce produces its
+ * result) asks where bytes should live, not where a task runs: every live
+ * member that is not an observer is a candidate, workers or not; it must
+ * be in the node set, have the memory free that its last heartbeat
+ * reported (none reported: not known to be short), offer the GPUs when
+ * GPUs are asked for (only a worker offers any), and run no task of the
+ * anti-affinity group.  The ranking is the one above with one step after
+ * the input bytes: the asker first (it reads the result next), and no
+ * reservation is taken (the bytes are an object, which the directory
+ * accounts for).
  */
 #include "control/coord_int.h"
 
@@ -76,6 +87,7 @@ static int has_room(struct cfx_coord *co, const struct coord_worker *w,
 struct cand {
     struct coord_node *n;
     uint64_t local;     /* input bytes held */
+    int asker;          /* data placement: the node that asked */
     uint32_t nres;
     uint64_t load;      /* load average x 1000 per core */
     uint64_t arena;
@@ -86,6 +98,8 @@ static int better(const struct cand *a, const struct cand *b, int pack)
 {
     if (a->local != b->local)
         return a->local > b->local;
+    if (a->asker != b->asker)
+        return a->asker;
     if (a->nres != b->nres)
         return pack ? a->nres > b->nres : a->nres < b->nres;
     if (!pack && a->load != b->load)
@@ -95,30 +109,55 @@ static int better(const struct cand *a, const struct cand *b, int pack)
     return a->n->rec.node_id < b->n->rec.node_id;
 }
 
-int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
-                     struct coord_node **out, char *why, size_t why_len)
+/* Can node @p n ever take @p t, and has it room now?  0: not a candidate
+ * (not counted), 1: registered but cannot meet the needs, 2: capable but
+ * full now, 3: a candidate. */
+static int fit(struct cfx_coord *co, const struct cfx_msg_task *t, struct coord_node *n)
+{
+    const struct coord_worker *w = n->worker;
+    if (t->flags & CFX_PROTO_TASK_DATA) {
+        if (n->rec.flags & (CFX_NODE_F_OBSERVER | CFX_NODE_F_LEFT))
+            return 0;
+        if (!in_set(t, n->rec.node_id) || t->gpus > (w ? w->gpus : 0) ||
+            (n->load.mem_avail && t->memory > n->load.mem_avail))
+            return 1;
+        return group_taken(co, t, n->rec.node_id) ? 2 : 3;
+    }
+    if (!w || !worker_has(w, t->name))
+        return 0;
+    if (!in_set(t, n->rec.node_id) || t->cores > w->cores || t->gpus > w->gpus ||
+        t->memory > w->memory)
+        return 1;
+    return has_room(co, w, t, n->rec.node_id) ? 3 : 2;
+}
+
+static int place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
+                 uint32_t asker, struct coord_node **out, char *why, size_t why_len)
 {
     struct cfx_list *pos;
     struct cand best = { 0 };
     uint32_t nregistered = 0, ncapable = 0, nfull = 0;
     int pack = (t->flags & CFX_PROTO_TASK_PACK) != 0;
+    int data = (t->flags & CFX_PROTO_TASK_DATA) != 0;
+    const char *what = data ? "data" : t->name[0] ? t->name : "(any)";
 
     cfx_list_for_each(pos, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         struct coord_worker *w = n->worker;
-        if (!n->rec.alive || !w || n->rec.node_id == avoid || !worker_has(w, t->name))
+        if (!n->rec.alive || n->rec.node_id == avoid)
             continue;
-        nregistered++;
-        if (!in_set(t, n->rec.node_id) || t->cores > w->cores || t->gpus > w->gpus ||
-            t->memory > w->memory)
-            continue;
-        ncapable++;
-        if (!has_room(co, w, t, n->rec.node_id)) {
-            nfull += w->nres >= co->max_node_tasks;
+        int f = fit(co, t, n);
+        nregistered += f > 0;
+        ncapable += f > 1;
+        if (f == 2) {
+            nfull += w && w->nres >= co->max_node_tasks;
             continue;
         }
-        struct cand c = { .n = n, .nres = w->nres, .arena = n->load.arena_used };
-        c.load = w->cores ? (uint64_t)n->load.load_milli / w->cores : n->load.load_milli;
+        if (f != 3)
+            continue;
+        struct cand c = { .n = n, .asker = data && n->rec.node_id == asker,
+                          .nres = w ? w->nres : 0, .arena = n->load.arena_used };
+        c.load = w && w->cores ? (uint64_t)n->load.load_milli / w->cores : n->load.load_milli;
         for (unsigned i = 0; i < t->ninputs; i++)
             c.local += cfx__coord_dir_held_bytes(co, &t->inputs[i], n->rec.node_id);
         if (!best.n || better(&c, &best, pack))
@@ -127,21 +166,27 @@ int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_
     if (best.n) {
         *out = best.n;
         CFX_LOG(DEBUG, CTL, "placement of '%s': node %u (%llu input bytes there, %u "
-                "reservations)", t->name[0] ? t->name : "(any)", best.n->rec.node_id,
-                (unsigned long long)best.local, best.nres);
+                "reservations%s)", what, best.n->rec.node_id, (unsigned long long)best.local,
+                best.nres, best.asker ? ", the asker" : "");
         return CFX_OK;
     }
     if (!nregistered) {
-        snprintf(why, why_len, "no live node registered the function '%s'%s",
-                 t->name[0] ? t->name : "(any)", avoid ? " (besides the dead one)" : "");
+        if (data)
+            snprintf(why, why_len, "no live member");
+        else
+            snprintf(why, why_len, "no live node registered the function '%s'%s", what,
+                     avoid ? " (besides the dead one)" : "");
         return CFX_ERR_NOT_FOUND;
     }
     if (!ncapable) {
-        snprintf(why, why_len, "none of the %u node(s) that registered '%s' %s (needs: %u "
-                 "cores, %u GPUs, %llu bytes of memory)", nregistered,
-                 t->name[0] ? t->name : "(any)",
-                 t->nnodes ? "is in the node set and offers what it needs"
-                           : "offers what it needs",
+        char who[CFX_TASK_NAME_MAX + 48];
+        if (data)
+            snprintf(who, sizeof(who), "%u live member(s)", nregistered);
+        else
+            snprintf(who, sizeof(who), "%u node(s) that registered '%s'", nregistered, what);
+        snprintf(why, why_len, "none of the %s %s (needs: %u cores, %u GPUs, %llu bytes of "
+                 "memory)", who,
+                 t->nnodes ? "is in the node set and offers what it needs" : "offers what it needs",
                  t->cores, t->gpus, (unsigned long long)t->memory);
         return CFX_ERR_NO_RESOURCE;
     }
@@ -152,6 +197,18 @@ int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_
         snprintf(why, why_len, "all %u capable node(s) are busy (cores, GPUs, memory or "
                  "anti-affinity group '%s' taken)", ncapable, t->group);
     return CFX_ERR_BUSY;
+}
+
+int cfx__coord_place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t avoid,
+                     struct coord_node **out, char *why, size_t why_len)
+{
+    return place(co, t, avoid, 0, out, why, why_len);
+}
+
+int cfx__coord_place_data(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t asker,
+                          struct coord_node **out, char *why, size_t why_len)
+{
+    return place(co, t, 0, asker, out, why, why_len);
 }
 
 struct coord_resv *cfx__coord_resv_take(struct cfx_coord *co, struct coord_node *n,

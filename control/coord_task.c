@@ -341,14 +341,17 @@ void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const str
     struct coord_node *n = NULL;
     char why[CFX_PROTO_TEXT_MAX - 64];
     uint32_t ms = m->u.task.reserve_ms ? m->u.task.reserve_ms : COORD_PLACE_RESERVE_MS;
-    int rc = cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
+    bool data = m->u.task.flags & CFX_PROTO_TASK_DATA;
+    int rc = data ? cfx__coord_place_data(co, &m->u.task, c->node ? c->node->rec.node_id : 0, &n,
+                                          why, sizeof(why))
+                  : cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
 
     if (rc != CFX_OK) {
         cfx__coord_reply_err(c, m->req_id, rc, "placement of '%s': %s",
-                             m->u.task.name[0] ? m->u.task.name : "(any)", why);
+                             data ? "data" : m->u.task.name[0] ? m->u.task.name : "(any)", why);
         return;
     }
-    if (!cfx__coord_resv_take(co, n, &m->u.task, cfx__now_ns() + (uint64_t)ms * 1000000ull)) {
+    if (!data && !cfx__coord_resv_take(co, n, &m->u.task, cfx__now_ns() + (uint64_t)ms * 1000000ull)) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
                              co->addr);
         return;

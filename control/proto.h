@@ -181,6 +181,11 @@ struct cfx_msg_page {
 
 /* A task: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN. */
 #define CFX_PROTO_TASK_PACK 0x01u /* policy: pack, not spread */
+/* TASK_PLACE only: where data goes (an object reduce's result), not a task:
+ * every live member is a candidate, the asker ranks first among nodes that
+ * hold as many input bytes, and no reservation is taken */
+#define CFX_PROTO_TASK_DATA 0x02u
+#define CFX_PROTO_TASK_FLAGS (CFX_PROTO_TASK_PACK | CFX_PROTO_TASK_DATA)
 struct cfx_msg_task {
     uint64_t task_id;                       /* EV_TASK_RUN: the coordinator's id; else 0 */
     char name[CFX_TASK_NAME_MAX + 1];       /* function; "" (PLACE only): any */

@@ -10,7 +10,7 @@ static int wr_task(struct wr *w, const struct cfx_msg_task *t)
 {
     if (t->nnodes > CFX_TASK_NODES_MAX || t->ninputs > CFX_TASK_IO_MAX ||
         t->nresults > CFX_TASK_IO_MAX || t->arg_len > CFX_TASK_ARG_MAX ||
-        (t->arg_len && !t->arg) || (t->flags & ~CFX_PROTO_TASK_PACK))
+        (t->arg_len && !t->arg) || (t->flags & ~CFX_PROTO_TASK_FLAGS))
         return cfx__err(CFX_ERR_INVALID, "task frame with %u nodes, %u inputs, %u results, "
                         "%u argument bytes, flags 0x%x", t->nnodes, t->ninputs, t->nresults,
                         t->arg_len, t->flags);
@@ -46,7 +46,7 @@ static void rd_task(struct rd *r, struct cfx_msg_task *t)
     t->gpus = rd_u32(r, "gpus");
     t->memory = rd_u64(r, "memory");
     t->flags = rd_u8(r, "flags");
-    if (t->flags & ~CFX_PROTO_TASK_PACK)
+    if (t->flags & ~CFX_PROTO_TASK_FLAGS)
         rd_fail(r, CFX_ERR_PROTO, "unknown task flags");
     t->reserve_ms = rd_u32(r, "reserve");
     rd_str(r, t->group, sizeof(t->group), "group");
@@ -341,6 +341,8 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_PLACE:
     case CFX_MSG_EV_TASK_RUN:
         rd_task(r, &m->u.task);
+        if (m->type != CFX_MSG_TASK_PLACE && (m->u.task.flags & CFX_PROTO_TASK_DATA))
+            rd_fail(r, CFX_ERR_PROTO, "data placement flag on a task");
         break;
     case CFX_MSG_TASK_REPLY:
     case CFX_MSG_TASK_WAIT:

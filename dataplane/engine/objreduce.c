@@ -26,11 +26,14 @@
  */
 #include "engine.h"
 
+#include <conflux/task.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "control/proto.h"
 
 #define RING_SLOTS        8          /* scratch chunks per child stream */
 #define POLL_MIN_US       500        /* driver: first re-check of missing inputs */
@@ -874,6 +877,7 @@ struct rplan {
     struct rpos *pos;           /* current plan: k positions, then replacements */
     size_t npos, cap;
     uint64_t task;
+    const struct cfx_task_needs *place; /* CFX_OBJ_PARAM_PLACE, else NULL */
 };
 
 static void rec_dead(struct rplan *pl, uint32_t node)
@@ -1031,12 +1035,112 @@ static void post_aborts(struct rplan *pl, bool all)
 
 /* One plan and its execution; on failure *who names the node blamed.  On
  * return arr holds the k inputs the plan ended with. */
+static bool in_nodes(const uint32_t *nodes, size_t n, uint32_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (nodes[i] == id)
+            return true;
+    return false;
+}
+
+/* The placement query for the result: data placement (coord_place.c) among
+ * the holders of the ready inputs that are in the caller's node set. */
+static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg_task *t)
+{
+    const struct cfx_task_needs *nd = pl->place;
+    bool set = nd && (nd->field_mask & CFX_TASK_NEEDS_NODES);
+    if (set && (nd->n_nodes > CFX_TASK_NODES_MAX || (nd->n_nodes && !nd->nodes)))
+        return cfx__err(CFX_ERR_INVALID, "reduce into %.12s: a node set of %zu nodes (at most "
+                        "%d)", pl->hex, nd->n_nodes, CFX_TASK_NODES_MAX);
+    t->flags = CFX_PROTO_TASK_DATA;
+    t->memory = pl->size;
+    if (nd && (nd->field_mask & CFX_TASK_NEEDS_MEMORY) && nd->memory > t->memory)
+        t->memory = nd->memory;
+    if (nd && (nd->field_mask & CFX_TASK_NEEDS_GPUS))
+        t->gpus = nd->gpus;
+    if (nd && (nd->field_mask & CFX_TASK_NEEDS_POLICY) && nd->policy == CFX_TASK_PACK)
+        t->flags |= CFX_PROTO_TASK_PACK;
+    if (nd && (nd->field_mask & CFX_TASK_NEEDS_GROUP) && nd->group) {
+        if (strlen(nd->group) > CFX_TASK_GROUP_MAX)
+            return cfx__err(CFX_ERR_INVALID, "reduce into %.12s: group name longer than %d "
+                            "bytes", pl->hex, CFX_TASK_GROUP_MAX);
+        snprintf(t->group, sizeof(t->group), "%s", nd->group);
+    }
+    char holders[128] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < pl->k; i++) {
+        uint32_t id = arr[i].node.node_id;
+        if (in_nodes(t->nodes, t->nnodes, id))
+            continue;
+        if (len + 12 < sizeof(holders))
+            len += (size_t)snprintf(holders + len, sizeof(holders) - len, "%s%u",
+                                    len ? ", " : "", id);
+        if ((!set || in_nodes(nd->nodes, nd->n_nodes, id)) && t->nnodes < CFX_TASK_NODES_MAX)
+            t->nodes[t->nnodes++] = id;
+    }
+    if (!t->nnodes)
+        return cfx__err(CFX_ERR_NO_RESOURCE, "reduce into %.12s: the result is produced on a "
+                        "node holding one of the inputs, and none of the holders of the %zu "
+                        "inputs ready (nodes %s) is in the node set", pl->hex, pl->k, holders);
+    for (size_t i = 0; i < pl->k && t->ninputs < CFX_TASK_IO_MAX; i++)
+        t->inputs[t->ninputs++] = pl->inputs[arr[i].idx];
+    return CFX_OK;
+}
+
+/*
+ * Where the result goes (see cfx_reduce_objects): ask the coordinator's
+ * placement which holder of the k ready inputs produces it, and move that
+ * holder's input to the last position, the root of either shape.  All k
+ * are ready when the plan is made, so the order of the others (arrival)
+ * is kept and the root costs nothing in waiting.  With no placement asked
+ * for, a coordinator that cannot answer leaves the last arrival the root.
+ */
+static int place_root(struct rplan *pl, struct arrival *arr)
+{
+    struct cfx_context *ctx = pl->ctx;
+    struct cfx_msg m = { .type = CFX_MSG_TASK_PLACE }, reply;
+    void *frame = NULL;
+    int rc = place_msg(pl, arr, &m.u.task);
+    if (rc == CFX_OK)
+        rc = cfx__ctl_request(ctx->ctl, &m, CFX_MIN(pl->deadline, cfx__deadline_ns(5000)),
+                              "placement of a reduce result", CFX_MSG_TASK_REPLY, &reply,
+                              &frame);
+    free(frame);
+    if (rc != CFX_OK) {
+        if (pl->place)
+            return rc == CFX_ERR_NO_RESOURCE || rc == CFX_ERR_INVALID
+                       ? rc
+                       : cfx__err(rc, "reduce into %.12s: placing the result: %s", pl->hex,
+                                  cfx_last_error());
+        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %.12s: no placement (%s); the last input "
+                "ready is the root", ctx->node_id, pl->hex, cfx_last_error());
+        cfx__err_clear();
+        return CFX_OK;
+    }
+    uint32_t node = reply.u.task_st.node_id;
+    for (size_t j = pl->k; j-- > 0;) {
+        if (arr[j].node.node_id != node)
+            continue;
+        struct arrival root = arr[j];
+        memmove(&arr[j], &arr[j + 1], (pl->k - 1 - j) * sizeof(*arr));
+        arr[pl->k - 1] = root;
+        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %.12s: the result goes to node %u "
+                "(input %zu)", ctx->node_id, pl->hex, node, root.idx);
+        return CFX_OK;
+    }
+    return cfx__err(CFX_ERR_PROTO, "reduce into %.12s: placement chose node %u, which holds "
+                    "none of the inputs ready", pl->hex, node);
+}
+
 static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
 {
     struct cfx_context *ctx = pl->ctx;
     size_t k = pl->k;
     int rc = CFX_OK;
 
+    int prc = place_root(pl, arr);
+    if (prc != CFX_OK)
+        return prc;
     bool tree = use_tree(ctx, pl->size, pl->chunk, k);
     size_t root = k - 1;
     pthread_mutex_lock(&ctx->lock);
@@ -1193,6 +1297,7 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
     pl.timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms
                                                                           : ctx->cfg.timeout_ms;
     pl.deadline = cfx__deadline_ns(pl.timeout_ms);
+    pl.place = params && (params->field_mask & CFX_OBJ_PARAM_PLACE) ? params->place : NULL;
     cfx_object_id_to_hex(result, pl.hex);
     pl.cap = 2 * k + 1;
 

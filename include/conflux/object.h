@@ -109,6 +109,7 @@ enum cfx_obj_param_field {
     CFX_OBJ_PARAM_MEMTYPE    = 1u << 1,
     CFX_OBJ_PARAM_CHUNK_SIZE = 1u << 2,
     CFX_OBJ_PARAM_FLAGS      = 1u << 3,
+    CFX_OBJ_PARAM_PLACE      = 1u << 4,
 };
 
 enum cfx_obj_flags {
@@ -120,12 +121,16 @@ enum cfx_obj_flags {
     CFX_OBJ_FLAG_NO_KEEP = 1u << 1,
 };
 
+struct cfx_task_needs; /* conflux/task.h */
+
 struct cfx_obj_params {
     uint64_t field_mask;          /* which fields are set */
     int timeout_ms;               /* deadline; default the context's; <0 = forever */
     enum cfx_memtype memtype;     /* memory type of the buffer; default host */
     size_t chunk_size;            /* put: chunk size for this object */
     uint64_t flags;               /* CFX_OBJ_FLAG_* */
+    const struct cfx_task_needs *place; /* cfx_reduce_objects: what the node that
+                                           produces the result must meet */
 };
 
 /**
@@ -190,18 +195,30 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * in the order the inputs become ready — a chain for large objects, a
  * binomial tree for small ones, chosen from the object size and the measured
  * bandwidth and latency (CFX_REDUCE_SHAPE=chain|tree overrides) — and stream
- * chunk by chunk, reducing each chunk as it lands.  The node holding the
- * last input to arrive produces @p result and announces it; any node may
- * cfx_get() it.  Late inputs are fine: the reduce waits for k of them until
- * the deadline.  All inputs must have the same size, a multiple of the dtype
- * size, and the same chunk size.
+ * chunk by chunk, reducing each chunk as it lands.  Late inputs are fine:
+ * the reduce waits for k of them until the deadline.  All inputs must have
+ * the same size, a multiple of the dtype size, and the same chunk size.
+ *
+ * Where the result goes: it is produced (and announced; any node may
+ * cfx_get() it) on a node holding one of the k inputs reduced, the root of
+ * the tree, which the coordinator's placement chooses among those holders
+ * (at most the first CFX_TASK_NODES_MAX of them): the one holding most
+ * bytes of the inputs, then the calling node (it reads the result next),
+ * then the least loaded, with the memory for the result free.  With
+ * CFX_OBJ_PARAM_PLACE, @p params->place narrows the choice (conflux/task.h:
+ * a node set, memory, GPUs, spread or pack, an anti-affinity group; cores
+ * and reserve_ms do not apply); no holder meeting it is CFX_ERR_NO_RESOURCE.
+ * Without it, a coordinator that cannot answer leaves the result on the
+ * holder of the last input to become ready.
  *
  * @param used  NULL, or k entries that receive the indices (into @p inputs)
  *              of the inputs reduced, in the order they became ready.
  * @return CFX_OK once the result is complete; CFX_ERR_TIMEOUT when fewer than
  *         k inputs appeared in time (cfx_last_error() names the missing ones);
  *         CFX_ERR_INVALID for bad arguments or inputs of different sizes;
- *         CFX_ERR_PEER_FAILED naming the node when a participant died.
+ *         CFX_ERR_PEER_FAILED naming the node when a participant died;
+ *         CFX_ERR_NO_RESOURCE when no holder of a ready input meets
+ *         @p params->place (named in cfx_last_error()).
  */
 CFX_API int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inputs,
                                size_t n, size_t k, enum cfx_dtype dtype, enum cfx_redop op,

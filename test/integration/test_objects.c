@@ -191,6 +191,21 @@ ParameterizedTest(struct reduce_case *p, objects, reduce, .timeout = 180)
                  p->shape, rc);
 }
 
+ParameterizedTestParameters(objects, reduce_placed)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* Where a reduce's result goes: on the asking node when it holds an input
+ * (no placement asked for), on the node of a node set, and
+ * CFX_ERR_NO_RESOURCE for needs no holder of an input meets; both results
+ * checked element by element on every rank (cfx_objtest reduceplace). */
+ParameterizedTest(struct case_param *p, objects, reduce_placed, .timeout = 120)
+{
+    int rc = run_with("CFX_CHUNK_SIZE=262144", 4, p->tp, "--timeout 90", "reduceplace 2097152");
+    cr_assert_eq(rc, 0, "reduce placement over %s: cfx_run exited %d", p->tp, rc);
+}
+
 ParameterizedTestParameters(objects, only_source_killed)
 {
     return cr_make_param_array(struct case_param, small_cases, 2);

@@ -17,6 +17,8 @@
  *                   inputs (rank LATE puts its input a second late; -1: none)
  *   reducespare BYTES  first 3 of 5 with a participant killed: planned again
  *   reducerelay BYTES  a relay holding a copied input killed: routed around
+ *   reduceplace BYTES  where the result goes: the asker by default, a node
+ *                   set, and needs no holder meets (4 ranks)
  *   loccache        gets from known locations: no directory lookup; stale
  *                   after delete + re-put, a dead holder, a copy; eviction
  */
@@ -525,12 +527,40 @@ static void mode_sourcedies(struct cfx_context *ctx, size_t size)
 
 #define RELAY_KILL_CHUNKS 4u /* chunks a reduce task makes before its node dies */
 
+/* Input 0 is first in the plans of the two tests below, where the node
+ * that runs a task depends on it: the driver, not rank 0, waits until rank
+ * 0 said its input is put (a reduce takes inputs ready at once in index
+ * order, and its own last: the placement of the result, the asker). */
+static void first_input_said(struct cfx_context *ctx, const char *test)
+{
+    struct cfx_object_id id;
+    uint8_t one = 1;
+    char name[64];
+    if (rank != 0)
+        return;
+    snprintf(name, sizeof(name), "%s-input0-put", test);
+    cfx_object_id_from_name(name, &id);
+    CHECK_OK(cfx_put(ctx, &id, &one, 1, NULL));
+}
+
+static void first_input_heard(struct cfx_context *ctx, const char *test)
+{
+    struct cfx_object_id id;
+    uint8_t b;
+    char name[64];
+    snprintf(name, sizeof(name), "%s-input0-put", test);
+    cfx_object_id_from_name(name, &id);
+    CHECK_OK(cfx_get(ctx, &id, &b, 1, NULL, NULL));
+}
+
 /*
  * First k of n with a participant dying: ranks 0..2 put their inputs at
  * once, the others (spares) only once rank 1 has marked that it is dying,
  * so the first plan can only be inputs 0, 1 and 2.  Rank 1 kills itself
  * once its reduce task (it is position 1 or the root: input 0 is always
- * first) has made a few chunks.  Rank 0 reduces the first 3 of all inputs.
+ * first) has made a few chunks.  Rank 2 reduces the first 3 of all inputs,
+ * so the placement of the result (the asker, among equal holders) keeps
+ * input 2 last, the root.
  * Nobody else holds rank 1's input, so the driver must plan again from the
  * start with a spare (reduce_replans >= 1): the result's chunks already
  * reduced hold rank 1's input, so a spare cannot stand in for it in place.
@@ -595,12 +625,14 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
         CHECK_OK(cfx_get(ctx, &dying, &b, 1, NULL, NULL));
     }
     CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    first_input_said(ctx, "spare");
     if (rank == 1) {
         pthread_t t;
         pthread_create(&t, NULL, reduce_victim, ctx);
         pause();
     }
-    if (rank == 0) {
+    if (rank == 2) {
+        first_input_heard(ctx, "spare");
         CHECK_OK(cfx_reduce_objects(ctx, in, (size_t)world, 3, CFX_DTYPE_F32, CFX_OP_SUM, &res,
                                     NULL, used));
         struct cfx_context_stats st;
@@ -636,8 +668,9 @@ static void mode_reducespare(struct cfx_context *ctx, size_t bytes)
 
 /*
  * A relay of a reduce dies and is routed around in place.  Ranks 0..3 put
- * inputs (n = k = 4); rank 4 holds a second copy of input 1.  Rank 0
- * reduces all four, which are ready in index order, so input 1 sits at
+ * inputs (n = k = 4); rank 4 holds a second copy of input 1.  Rank 3
+ * reduces all four (the result's placement makes the asker, input 3's
+ * holder, the root), which are ready in index order, so input 1 sits at
  * position 1 of the plan in both shapes (chain 0 -> 1 -> 2 -> 3; tree 0 -> 1,
  * 1 and 2 -> 3): whichever node serves it (rank 1 or rank 4, the directory
  * picks) runs an inner reduce task, reading input 0's stream and feeding its
@@ -736,6 +769,7 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
         for (size_t i = 0; i < count; i++)
             buf[i] = red_value(rank, i);
         CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+        first_input_said(ctx, "relay");
     } else {
         CHECK_OK(cfx_get(ctx, &in[1], buf, bytes, &got, NULL));
         for (size_t i = 0; i < count; i++)
@@ -757,7 +791,8 @@ static void mode_reducerelay(struct cfx_context *ctx, size_t bytes)
         if (pthread_create(&th, NULL, relay_victim, &w))
             DIE("pthread_create failed");
     }
-    if (rank == 0) {
+    if (rank == 3) {
+        first_input_heard(ctx, "relay");
         CHECK_OK(cfx_reduce_objects(ctx, in, 4, 4, CFX_DTYPE_F32, CFX_OP_SUM, &res, NULL, used));
         struct cfx_context_stats st;
         CHECK_OK(cfx_context_stats(ctx, &st));
@@ -1092,6 +1127,102 @@ static void mode_loccache(struct cfx_context *ctx)
     free(pe);
 }
 
+/* Does this node hold a complete copy of @p id in its store? */
+static bool holds(struct cfx_context *ctx, const struct cfx_object_id *id)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    bool yes = o && o->complete && !o->deleting;
+    pthread_mutex_unlock(&ctx->lock);
+    return yes;
+}
+
+/*
+ * Where a reduce's result goes (cfx_reduce_objects, CFX_OBJ_PARAM_PLACE):
+ * 4 ranks, ranks 0..2 put inputs, rank 3 none.  Rank 0 reduces them three
+ * times: with no placement asked for (the result lands on rank 0, the
+ * asker, which holds an input: before, the holder of the last input
+ * ready, rank 2, made it); pinned to rank 1's node (the result lands
+ * there, not on rank 0); then pinned to rank 3's node, which holds no
+ * input: CFX_ERR_NO_RESOURCE (the coordinator's side of needs, memory and
+ * GPUs, is unit/test_coord_place's).
+ * Every rank checks both results element by element.
+ */
+static void mode_reduceplace(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[3], res[2], node_id[4], mark;
+    size_t count = bytes / sizeof(float);
+    float *buf = malloc(bytes), *out = malloc(bytes);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    uint32_t nodes[4], me = cfx_context_node_id(ctx);
+    size_t got = 0;
+    if (world != 4)
+        DIE("reduceplace wants 4 ranks");
+    if (!buf || !out)
+        DIE("out of memory");
+    for (int r = 0; r < 4; r++) {
+        if (r < 3)
+            name_id(&in[r], "place-in-%ld-%ld", r, (long)bytes);
+        name_id(&node_id[r], "place-node-%ld-%ld", r, 0);
+    }
+    for (int i = 0; i < 2; i++)
+        name_id(&res[i], "place-out-%ld-%ld", i, (long)bytes);
+    name_id(&mark, "place-done-%ld-%ld", 0, 0);
+    if (rank < 3) {
+        for (size_t i = 0; i < count; i++)
+            buf[i] = red_value(rank, i);
+        CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    }
+    CHECK_OK(cfx_put(ctx, &node_id[rank], &me, sizeof(me), NULL));
+    for (int r = 0; r < 4; r++)
+        CHECK_OK(cfx_get(ctx, &node_id[r], &nodes[r], sizeof(nodes[r]), NULL, NULL));
+
+    if (rank == 0) {
+        CHECK_OK(cfx_reduce_objects(ctx, in, 3, 3, CFX_DTYPE_F32, CFX_OP_SUM, &res[0], NULL,
+                                    NULL));
+        if (!holds(ctx, &res[0]))
+            DIE("the result of a reduce asked by node %u, which holds an input, is not "
+                "there", me);
+        struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &nodes[1],
+                                     .n_nodes = 1 };
+        struct cfx_obj_params rp = { .field_mask = CFX_OBJ_PARAM_PLACE, .place = &nd };
+        CHECK_OK(cfx_reduce_objects(ctx, in, 3, 3, CFX_DTYPE_F32, CFX_OP_SUM, &res[1], &rp,
+                                    NULL));
+        if (holds(ctx, &res[1]))
+            DIE("the result placed on node %u was produced here (node %u)", nodes[1], me);
+        struct cfx_object_id spare;
+        name_id(&spare, "place-out-%ld-%ld", 9, (long)bytes);
+        nd.nodes = &nodes[3];
+        int rc = cfx_reduce_objects(ctx, in, 3, 3, CFX_DTYPE_F32, CFX_OP_SUM, &spare, &rp, NULL);
+        if (rc != CFX_ERR_NO_RESOURCE || !strstr(cfx_last_error(), "node set"))
+            DIE("a result pinned to a node holding no input: %s (%s)", cfx_errname(rc),
+                cfx_last_error());
+        uint8_t one = 1;
+        CHECK_OK(cfx_put(ctx, &mark, &one, 1, NULL));
+    } else {
+        uint8_t b;
+        CHECK_OK(cfx_get(ctx, &mark, &b, 1, NULL, NULL));
+        if (rank == 1 && !holds(ctx, &res[1]))
+            DIE("the result placed on this node (%u) is not here", me);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(cfx_get(ctx, &res[i], out, bytes, &got, NULL));
+        if (got != bytes)
+            DIE("result %d is %zu bytes, expected %zu", i, got, bytes);
+        for (size_t e = 0; e < count; e++) {
+            float want = red_value(0, e) + red_value(1, e) + red_value(2, e);
+            if (out[e] != want)
+                DIE("result %d [%zu] = %g, expected %g", i, e, (double)out[e], (double)want);
+        }
+    }
+    printf("rank %d: reduce results placed and ok\n", rank);
+    finish(ctx);
+    free(out);
+    free(buf);
+}
+
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
@@ -1117,6 +1248,8 @@ int main(int argc, char **argv)
         mode_reducespare(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "reducerelay") && argc > 2)
         mode_reducerelay(ctx, strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "reduceplace") && argc > 2)
+        mode_reduceplace(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "sourcedies") && argc > 2)
         mode_sourcedies(ctx, strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "failover") && argc > 2)

@@ -33,6 +33,7 @@ struct worker {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     uint32_t load_milli;        /* what its heartbeats report */
+    uint64_t mem_avail;
     unsigned fills;             /* heartbeats filled */
     uint64_t runs[16];          /* EV_TASK_RUN task ids, in order */
     unsigned nruns;
@@ -57,15 +58,18 @@ static void on_fill(void *arg, struct cfx_msg_load *out)
     struct worker *w = arg;
     pthread_mutex_lock(&w->mu);
     out->load_milli = w->load_milli;
+    out->mem_avail = w->mem_avail;
     w->fills++;
     pthread_cond_broadcast(&w->cond);
     pthread_mutex_unlock(&w->mu);
 }
 
-static void worker_open(struct worker *w, const char *name)
+/* A member with no function: a data-plane node, or an observer's tool. */
+static void member_open(struct worker *w, const char *name, uint8_t flags)
 {
     struct cfx_node_rec self;
     memset(&self, 0, sizeof(self));
+    self.flags = flags;
     snprintf(self.name, sizeof(self.name), "%s", name);
     snprintf(self.host_id, sizeof(self.host_id), "test-host");
     self.pid = (uint32_t)getpid();
@@ -77,6 +81,11 @@ static void worker_open(struct worker *w, const char *name)
     };
     cr_assert_eq(cfx__ctl_open(&p, &w->c), CFX_OK, "open %s: %s", name, cfx_last_error());
     w->id = cfx__ctl_node_id(w->c);
+}
+
+static void worker_open(struct worker *w, const char *name)
+{
+    member_open(w, name, 0);
     struct cfx_msg m = { .type = CFX_MSG_TASK_REG };
     snprintf(m.u.task_reg.name, sizeof(m.u.task_reg.name), "f");
     m.u.task_reg.cores = 4;
@@ -281,6 +290,79 @@ Test(place, load_then_spread_or_pack)
     task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
     snprintf(m.u.task.name, sizeof(m.u.task.name), "g");
     cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_NOT_FOUND);
+}
+
+/* A data placement (where a reduce's result goes) asked by @p asker. */
+static int data_place_rc(struct worker *asker, const struct cfx_object_id *in, int nin,
+                         const uint32_t *nodes, int nn, uint64_t memory, uint32_t gpus,
+                         uint32_t *node)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st = { 0 };
+    task_init(&m, CFX_MSG_TASK_PLACE, in, nin, nodes, nn);
+    m.u.task.name[0] = '\0';
+    m.u.task.cores = 0;
+    m.u.task.nresults = 0;
+    m.u.task.flags = CFX_PROTO_TASK_DATA;
+    m.u.task.memory = memory;
+    m.u.task.gpus = gpus;
+    int rc = ask(asker->c, &m, &st);
+    *node = st.node_id;
+    return rc;
+}
+
+static uint32_t data_place(struct worker *asker, const struct cfx_object_id *in, int nin,
+                           const uint32_t *nodes, int nn, uint64_t memory, uint32_t gpus)
+{
+    uint32_t node = 0;
+    cr_assert_eq(data_place_rc(asker, in, nin, nodes, nn, memory, gpus, &node), CFX_OK,
+                 "data placement: %s", cfx_last_error());
+    return node;
+}
+
+Test(place, data_goes_to_any_member_asker_first_without_reservation)
+{
+    struct worker P, O;
+    struct cfx_object_id x, y;
+    uint32_t node;
+    memset(&P, 0, sizeof(P));
+    memset(&O, 0, sizeof(O));
+    member_open(&P, "plain", 0);
+    member_open(&O, "observer", CFX_NODE_F_OBSERVER);
+    pthread_mutex_lock(&P.mu);
+    P.mem_avail = 1ull << 30;
+    pthread_mutex_unlock(&P.mu);
+    beats(&P, 2);
+    obj("dx", &x);
+    obj("dy", &y);
+    cr_assert_eq(cfx__ctl_obj_put(P.c, &x, MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_put(W[1].c, &y, MiB, 65536, NULL, cfx__deadline_ns(CALL_MS)),
+                 CFX_OK);
+    struct cfx_object_id both[2] = { x, y };
+    uint32_t holders[2] = { P.id, W[1].id };
+
+    /* as many input bytes on either: the asker (it reads the result next) */
+    cr_assert_eq(data_place(&W[1], both, 2, holders, 2, MiB, 0), W[1].id);
+    cr_assert_eq(data_place(&P, both, 2, holders, 2, MiB, 0), P.id);
+    /* input bytes first; a member that offers no function is a candidate */
+    cr_assert_eq(data_place(&W[0], &x, 1, NULL, 0, MiB, 0), P.id);
+    /* the memory its last heartbeat reported free */
+    cr_assert_eq(data_place_rc(&W[0], &x, 1, &P.id, 1, 2ull << 30, 0, &node),
+                 CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "live member(s) is in the node set"), "%s",
+              cfx_last_error());
+    /* GPUs only where a worker offers them */
+    cr_assert_eq(data_place(&P, both, 2, holders, 2, MiB, 1), W[1].id);
+    /* an observer is never chosen, not even when it asks */
+    cr_assert_neq(data_place(&O, NULL, 0, NULL, 0, 0, 0), O.id);
+    cr_assert_eq(data_place_rc(&W[0], NULL, 0, &O.id, 1, 0, 0, &node), CFX_ERR_NO_RESOURCE);
+    /* no reservation: after data placements on w1, a task query that packs
+     * finds no node with more reservations than another (the lowest id) */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(data_place(&W[1], NULL, 0, NULL, 0, 0, 0), W[1].id);
+    cr_assert_eq(place(NULL, 0, NULL, 0, CFX_PROTO_TASK_PACK), W[0].id);
+    worker_close(&O);
+    worker_close(&P);
 }
 
 Test(placecap, caps_queue_and_done)

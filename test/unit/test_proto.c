@@ -610,6 +610,15 @@ Test(proto, task_frames_refuse_bad_fields)
     frame[at] = 2;
     frame[at - 4 - (CFX_TASK_GROUP_MAX + 1) - 1] = 0x80; /* unknown flag */
     cr_assert_eq(cfx__msg_decode(frame, len, &m), CFX_ERR_PROTO);
+    /* data placement is a query's flag, never a task's */
+    frame[at - 4 - (CFX_TASK_GROUP_MAX + 1) - 1] = CFX_PROTO_TASK_DATA;
+    cr_assert_eq(cfx__msg_decode(frame, len, &m), CFX_ERR_PROTO);
+    sample_msg(CFX_MSG_TASK_PLACE, &m);
+    m.u.task.flags = CFX_PROTO_TASK_DATA | CFX_PROTO_TASK_PACK;
+    len = encode_ok(&m);
+    struct cfx_msg d;
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(d.u.task.flags, CFX_PROTO_TASK_DATA | CFX_PROTO_TASK_PACK);
     sample_msg(CFX_MSG_TASK_DONE, &m);
     m.u.task_st.status = 5;
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
