@@ -189,6 +189,21 @@ def test_reduce_objects(coord):
         assert len(used) == 2
         want = np.maximum(ins[used[0]], ins[used[1]])
         assert np.array_equal(ctxs[2].get("red/max2", dtype=np.float32), want)
+        # the result produced on a node of the caller's choice, a holder
+        used = ctxs[0].reduce_objects(ids, "red/on1", dtype=np.float32, nodes=[ctxs[1].node_id])
+        assert sorted(used) == [0, 1, 2]
+        assert np.array_equal(ctxs[2].get("red/on1", dtype=np.float32), ins[0] + ins[1] + ins[2])
+        # a node holding none of the inputs cannot produce it
+        other = conflux.Context(**kw)
+        try:
+            with pytest.raises(conflux.Error) as ei:
+                ctxs[0].reduce_objects(ids, "red/nowhere", dtype=np.float32,
+                                       nodes=[other.node_id])
+            assert ei.value.name == "CFX_ERR_NO_RESOURCE" and "node set" in ei.value.detail
+        finally:
+            other.close()
+        with pytest.raises(ValueError):
+            ctxs[0].reduce_objects(ids, "red/none", dtype=np.float32, nodes=[])
     finally:
         for c in ctxs:
             c.close()

@@ -182,16 +182,23 @@ class Context(_c.Context):
 
     def reduce_objects(self, inputs: Iterable[ObjectId | str], result: ObjectId | str, *,
                        dtype: Any, op: str = "sum", k: int | None = None,
-                       timeout: float | None = None) -> list[int]:
+                       timeout: float | None = None,
+                       nodes: Iterable[int] | None = None) -> list[int]:
         """result = op over the first ``k`` (default all) ``inputs`` to become ready.
 
         The reduction runs between the inputs' holders, chunk by chunk; any
-        node may then ``get(result)``.  Returns the indices of the inputs
-        reduced, in the order they became ready.
+        node may then ``get(result)``.  The result is produced on a holder of
+        one of the inputs reduced: the one the coordinator's placement
+        chooses (this node when it holds one), or one of ``nodes`` (node
+        ids, see ``Context.node_id``); none of them holding an input ready
+        raises ``conflux.Error`` with status ``CFX_ERR_NO_RESOURCE``.
+        Returns the indices of the inputs reduced, in the order they became
+        ready.
         """
         ids = [_id(x) for x in inputs]
         return super().reduce_objects(ids, len(ids) if k is None else k, dtype_code(dtype),
-                                      op_code(op), _id(result), timeout_ms=_ms(timeout))
+                                      op_code(op), _id(result), timeout_ms=_ms(timeout),
+                                      nodes=None if nodes is None else list(nodes))
 
 
 def _np_dtype(dt: Any) -> np.dtype:

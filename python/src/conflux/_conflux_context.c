@@ -446,21 +446,60 @@ static PyObject *Context_delete(ContextObject *self, PyObject *args, PyObject *k
     Py_RETURN_NONE;
 }
 
-/* reduce_objects(inputs, k, dtype, op, result, timeout_ms=None) -> list of used indices */
+/* The node set a reduce's result must be produced in: None, or a sequence
+ * of at most CFX_TASK_NODES_MAX node ids. */
+static int place_nodes(PyObject *nodes, uint32_t *ids, struct cfx_task_needs *nd,
+                       struct cfx_obj_params *p)
+{
+    if (nodes == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(nodes, "nodes must be a sequence of node ids");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > CFX_TASK_NODES_MAX) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "reduce_objects: nodes names 1..%d node ids, not %zd",
+                     CFX_TASK_NODES_MAX, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+        if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "reduce_objects: node id %lu out of range", v);
+            return -1;
+        }
+        ids[i] = (uint32_t)v;
+    }
+    Py_DECREF(seq);
+    *nd = (struct cfx_task_needs){ .field_mask = CFX_TASK_NEEDS_NODES, .nodes = ids,
+                                   .n_nodes = (size_t)n };
+    p->field_mask |= CFX_OBJ_PARAM_PLACE;
+    p->place = nd;
+    return 0;
+}
+
+/* reduce_objects(inputs, k, dtype, op, result, timeout_ms=None, nodes=None)
+ *   -> list of used indices */
 static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "inputs", "k", "dtype", "op", "result", "timeout_ms", NULL };
-    PyObject *inputs, *reso, *timeout = Py_None;
+    static char *kwlist[] = { "inputs", "k", "dtype", "op", "result", "timeout_ms", "nodes",
+                              NULL };
+    PyObject *inputs, *reso, *timeout = Py_None, *nodes = Py_None;
     Py_ssize_t k;
     int dtype, op;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|O", kwlist, &inputs, &k, &dtype, &op, &reso,
-                                     &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|OO", kwlist, &inputs, &k, &dtype, &op,
+                                     &reso, &timeout, &nodes))
         return NULL;
     struct cfx_context *ctx = cfx__py_live_ctx(self);
     struct cfx_object_id result;
     struct cfx_obj_params p;
+    struct cfx_task_needs nd;
+    uint32_t node_ids[CFX_TASK_NODES_MAX];
     if (!ctx || cfx__py_check_dtype(dtype) < 0 || cfx__py_parse_id(reso, &result) < 0 ||
-        obj_params(timeout, 0, 0, &p) < 0)
+        obj_params(timeout, 0, 0, &p) < 0 || place_nodes(nodes, node_ids, &nd, &p) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(inputs, "inputs must be a sequence of object ids");
     if (!seq)
