@@ -220,6 +220,14 @@ struct cfx_transport_ops {
     /* Reap up to @p max completions; returns the count or a negative status. */
     int (*poll)(struct cfx_tp_iface *iface, struct cfx_tp_completion *comps, int max);
 
+    /* Optional, for a transport polled without a wait fd
+     * (CFX_TP_CAP_BUSY_POLL): how long the engine may leave it unpolled
+     * while it has connections, in ms.  0 (or no op): poll on, packets may
+     * arrive any moment.  More once it has been quiet a while: nothing in
+     * flight, no timer of its own due, no data for some time; a packet that
+     * arrives meanwhile waits in the port's queue that long at most. */
+    int (*iface_quiet_ms)(struct cfx_tp_iface *iface);
+
     /* Optional.  @p on: the sends and writes posted on @p ep from now on may
      * wait, so that several leave together (tcp: one sendmsg); !on: they are
      * handed over now, as an unbatched post would have been.  A transport

@@ -67,6 +67,8 @@
 #define CFX_DPDK_CONNECT_MS 5000         /* connect gives up after this */
 #define CFX_DPDK_PING_MS    200          /* silence before a PING */
 #define CFX_DPDK_DEAD_MS    3000         /* silence that fails the endpoint */
+#define CFX_DPDK_QUIET_MS   10           /* no data this long: the engine may nap (default) */
+#define CFX_DPDK_NAP_MS     1            /* ... this long at most between polls */
 #define CFX_DPDK_LINK_CHECK_MS   100  /* poll() looks at the link this often */
 #define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */
 #define CFX_DPDK_SEND_INLINE 256 /* sends up to this (with header) need no allocation */
@@ -254,6 +256,8 @@ struct cfx__dpdk_iface {
     uint64_t now;                 /* time of the current poll (ns) */
     uint64_t link_check;          /* next look at the link (ns) */
     uint64_t link_down_since;     /* link seen down since (ns); 0: up */
+    uint64_t data_at;             /* last packet of a session received (ns) */
+    uint64_t quiet_ns;            /* CFX_DPDK_QUIET_MS: no data this long is quiet; 0: never */
 };
 
 static inline struct cfx__dpdk_iface *cfx__dpdk_iface_of(struct cfx_tp_iface *i)
@@ -283,6 +287,10 @@ void cfx__dpdk_ctl_send(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_ad
                         unsigned type, uint32_t from_sess, uint32_t to_sess, uint64_t arg);
 
 /* dpdk_ep.c */
+/* Nothing in flight on @p ep: no op posted and not completed, no message
+ * unacknowledged, no acknowledgement or retransmission due, no write half
+ * received, no completion unreported. */
+bool cfx__dpdk_ep_quiet(const struct cfx__dpdk_ep *ep);
 int cfx__dpdk_ep_new(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *peer,
                      uint32_t peer_node, struct cfx__dpdk_ep **out);
 /* Start the session with the peer's id: the ep is OPEN. */

@@ -279,6 +279,8 @@ int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess)
         .sendq_max = CFX_DPDK_SENDQ,
         .msg_max = CFX_DPDK_CHUNK + sizeof(struct cfx__dpdk_op_hdr) + CFX_SEAL_TAG_LEN,
         .max_retries = 20, /* with the RTO's backoff: over a second of silence */
+        /* the peer's port may be napping after that long without data */
+        .idle_restart_ns = ep->iface->quiet_ns,
     };
     int rc = cfx__dpdk_sess_init(&ep->sess, &p, &rel_ops, ep, ep->sess_id, peer_sess,
                                  ep->super.peer_name);
@@ -312,11 +314,12 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
                      " resent (%" PRIu64 " timeouts, %" PRIu64 " fast, %" PRIu64
                      " tail probes), %" PRIu64
                      " received (%" PRIu64 " duplicates, %" PRIu64 " past the window), "
-                     "window cut %" PRIu64 "x on loss and %" PRIu64 "x on delay; smoothed "
-                     "RTT %" PRIu64 " us",
+                     "window cut %" PRIu64 "x on loss and %" PRIu64 "x on delay, restarted "
+                     "%" PRIu64 "x after idle; smoothed RTT %" PRIu64 " us",
                      iface->super.node_id, ep->super.peer_name, st->tx_data, st->tx_retx,
                      st->rto, st->fast_retx, st->tlp, st->rx_data, st->rx_dup, st->rx_beyond,
-                     st->cwnd_cut_loss, st->cwnd_cut_delay, ep->sess.srtt_ns / 1000);
+                     st->cwnd_cut_loss, st->cwnd_cut_delay, st->cwnd_idle_restarts,
+                     ep->sess.srtt_ns / 1000);
         cfx__dpdk_sess_fini(&ep->sess);
     }
     for (uint32_t i = ep->op_tail; i != ep->op_head; i++)
@@ -467,6 +470,15 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
     return;
 err:
     ep_proto(ep, rc, ep->sess.error_msg[0] ? ep->sess.error_msg : "the session refused a message");
+}
+
+bool cfx__dpdk_ep_quiet(const struct cfx__dpdk_ep *ep)
+{
+    if (ep->state != CFX_DPDK_EP_OPEN) /* a failed one waits for its close: quiet */
+        return ep->state != CFX_DPDK_EP_CONNECTING && !ep->tx_unreported && !ep->rx_unreported;
+    return ep->op_head == ep->op_tail && !ep->rx_expect && !ep->tx_unreported &&
+           !ep->rx_unreported && cfx__dpdk_sess_idle(&ep->sess) &&
+           cfx__dpdk_sess_deadline(&ep->sess) == UINT64_MAX;
 }
 
 void cfx__dpdk_ep_progress(struct cfx__dpdk_ep *ep)

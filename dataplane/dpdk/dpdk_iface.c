@@ -192,6 +192,7 @@ static void rx_cb(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx_
         return;
     }
     struct cfx__dpdk_ep *ep = ep_by_sess(iface, h->session);
+    iface->data_at = iface->now; /* control packets (PING, PONG) leave it quiet */
     if (unlikely(!ep || ep->state == CFX_DPDK_EP_CONNECTING || !same_addr(&ep->peer, src))) {
         /* a session that is gone: tell the sender (by the id it used) */
         if (h->flags & CFX_DPDK_F_DATA)
@@ -331,6 +332,9 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
         pp.ip = 0x0A4D0000u | ((nth + 1) & 0xFFu); /* 10.77.0.<n + 1> */
     /* a memif client may start before its server: wait for it a while */
     pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
+    long long quiet = cfx__env_ll("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS);
+    iface->quiet_ns = quiet > 0 ? (uint64_t)CFX_MIN(quiet, 60000LL) * 1000000ull : 0;
+    iface->data_at = cfx__now_ns();
     const char *drop = getenv("CFX_DPDK_RX_DROP_PPM");
     if (drop) {
         pp.rx_drop_ppm = (uint32_t)strtoul(drop, NULL, 10);
@@ -422,9 +426,39 @@ static int dpdk_iface_fd(struct cfx_tp_iface *tp_iface)
     return -1;
 }
 
+static int dpdk_iface_quiet_ms(struct cfx_tp_iface *tp_iface);
+
+/* A user-space queue has no fd: sleep only as long as a quiet port allows
+ * (cfx__progress_nap_ms asks dpdk_iface_quiet_ms how long). */
 static int dpdk_iface_arm(struct cfx_tp_iface *tp_iface)
 {
-    return CFX_ERR_AGAIN; /* never sleep: a user-space queue has no fd */
+    return dpdk_iface_quiet_ms(tp_iface) > 0 ? CFX_OK : CFX_ERR_AGAIN;
+}
+
+/*
+ * "Interrupt mode" without interrupts: the port's queues turn no fd
+ * readable (net_memif and net_af_packet offer no receive interrupt through
+ * the ethdev API), so an idle process with open sessions would poll a core
+ * for ever.  Once no session packet has come for quiet_ns
+ * (CFX_DPDK_QUIET_MS, default 10 ms; 0: never) and nothing is in flight on
+ * any endpoint, the engine may leave the port for CFX_DPDK_NAP_MS between
+ * polls: a packet arriving meanwhile waits in the port's queue that long at
+ * most (its sender retransmits whatever the queue could not hold), and the
+ * first data packet puts the port back to continuous polling.  PINGs and
+ * PONGs keep a session alive without counting as data.
+ */
+static int dpdk_iface_quiet_ms(struct cfx_tp_iface *tp_iface)
+{
+    CFX_TP_THREAD_CHECK(tp_iface);
+    struct cfx__dpdk_iface *iface = cfx__dpdk_iface_of(tp_iface);
+    struct cfx_list *pos;
+    if (!iface->quiet_ns || cfx__now_ns() - iface->data_at < iface->quiet_ns ||
+        cfx__tp_cq_count(&iface->cq))
+        return 0;
+    cfx_list_for_each(pos, &iface->eps)
+        if (!cfx__dpdk_ep_quiet(cfx_list_entry(pos, struct cfx__dpdk_ep, link)))
+            return 0;
+    return CFX_DPDK_NAP_MS;
 }
 
 static uint64_t dpdk_seal_refused(struct cfx_tp_iface *tp_iface)
@@ -461,4 +495,5 @@ const struct cfx_transport_ops cfx__dpdk_ops = {
     .ep_write = cfx__dpdk_ep_write,
     .ep_send = cfx__dpdk_ep_send,
     .poll = dpdk_poll,
+    .iface_quiet_ms = dpdk_iface_quiet_ms,
 };

@@ -408,6 +408,7 @@ static int send_data(struct cfx__dpdk_sess *s, uint32_t seq, uint64_t now)
     /* any other failure counts as a loss on the wire: the timer recovers it */
     s->ack_pending = false;
     t->sent_ns = now;
+    s->last_tx_ns = now;
     t->in_pipe = true;
     s->pipe++;
     if (!s->rto_at)
@@ -466,8 +467,30 @@ static void tlp_fire(struct cfx__dpdk_sess *s, uint64_t now)
     s->stats.tx_retx++;
 }
 
+/* Restart after idle (as TCP's congestion window validation, RFC 7661):
+ * a sender that had nothing in flight for idle_restart_ns (and an RTO)
+ * starts its next burst from at most the initial window.  What it learnt of
+ * the path is stale, and the receiver may not be polling right now (a quiet
+ * dpdk port naps a millisecond at a time once it has had no data for as
+ * long, CFX_DPDK_QUIET_MS): a whole window sent into its queue meanwhile
+ * would overflow it, and the loss would halve the window for the rest of
+ * the transfer.  The window grows back in slow start up to 3/4 of what it
+ * was. */
+static void cc_idle_restart(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    if (!s->p.idle_restart_ns || s->snd_una != s->snd_nxt || !s->last_tx_ns ||
+        now - s->last_tx_ns <= s->p.idle_restart_ns || now - s->last_tx_ns <= s->rto_ns ||
+        s->cwnd <= s->p.cwnd_init)
+        return;
+    if (s->ssthresh < 0.75 * s->cwnd)
+        s->ssthresh = 0.75 * s->cwnd;
+    s->cwnd = s->p.cwnd_init;
+    s->stats.cwnd_idle_restarts++;
+}
+
 static void transmit(struct cfx__dpdk_sess *s, uint64_t now)
 {
+    cc_idle_restart(s, now);
     uint32_t limit = s->cwnd < 1.0 ? 1 : (uint32_t)s->cwnd;
 
     while (s->pipe < limit && !s->error) {

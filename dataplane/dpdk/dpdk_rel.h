@@ -112,6 +112,8 @@ struct cfx__dpdk_rel_params {
     uint32_t cwnd_init;   /* initial congestion window, packets [16] */
     uint64_t t_low_ns;    /* RTT under which the window grows freely [50 us] */
     uint64_t t_high_ns;   /* RTT over which it shrinks [500 us] */
+    uint64_t idle_restart_ns; /* nothing sent this long (and more than an RTO): the next
+                                 burst starts from cwnd_init [0: never] */
 };
 
 struct cfx__dpdk_rel_stats {
@@ -126,6 +128,7 @@ struct cfx__dpdk_rel_stats {
     uint64_t fast_retx;      /* losses found from the sack before a timeout */
     uint64_t cwnd_cut_loss;  /* window halvings on loss */
     uint64_t cwnd_cut_delay; /* window cuts on delay */
+    uint64_t cwnd_idle_restarts; /* windows cut back to the initial one after idle */
     uint64_t msgs_sent;      /* messages fully acknowledged */
     uint64_t msgs_rcvd;      /* messages delivered */
 };
@@ -160,6 +163,7 @@ struct cfx__dpdk_sess {
     uint64_t rack_ts;             /* latest send time of a packet known delivered */
     uint32_t rack_seq;            /* and its seq (ties in time) */
     double cwnd;                  /* congestion window, packets */
+    uint64_t last_tx_ns;          /* last data packet sent (restart after idle) */
     double ssthresh;              /* slow start below this */
     uint64_t srtt_ns, rttvar_ns;  /* smoothed RTT and its variation; 0: no sample */
     uint64_t min_rtt_ns;          /* lowest RTT seen: the reordering window */

@@ -969,12 +969,15 @@ void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t de
  * @p adapt_ns (CFX_SPIN_ADAPT_US), else @p spin_ns (CFX_SPIN_US). */
 uint64_t cfx__progress_spin_after(uint64_t spin_ns, uint64_t adapt_ns, uint64_t gap_ns,
                                   bool served);
-/* How long the idle progress thread may sleep in epoll (ctx->lock held):
- * 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL, or no wait fd) has
- * a live connection: it must not nap while packets can arrive;
- * CFX_PROGRESS_NAP_SHORT_MS while such a transport is open without one, or
- * paced uploads wait; CFX_PROGRESS_NAP_MS otherwise (connections still
- * connecting get looked at now and then). */
+/* How long the idle progress thread may sleep in epoll (ctx->lock and the
+ * progress lock held): 0 while a busy-polled transport (CFX_TP_CAP_BUSY_POLL,
+ * or no wait fd) has a live connection: it must not nap while packets can
+ * arrive, unless that transport says it has been quiet long enough
+ * (iface_quiet_ms: nothing in flight, no data lately), then what it says, at
+ * most CFX_PROGRESS_NAP_SHORT_MS; CFX_PROGRESS_NAP_SHORT_MS while such a
+ * transport is open without one, or paced uploads wait;
+ * CFX_PROGRESS_NAP_MS otherwise (connections still connecting get looked
+ * at now and then). */
 #define CFX_PROGRESS_NAP_MS       100
 #define CFX_PROGRESS_NAP_SHORT_MS 1
 int cfx__progress_nap_ms(struct cfx_context *ctx);

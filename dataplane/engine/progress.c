@@ -550,25 +550,42 @@ static bool tp_busy_polled(const struct cfx_context *ctx, int t)
     return (ctx->tp[t].ops->caps & CFX_TP_CAP_BUSY_POLL) || ctx->tp[t].fd < 0;
 }
 
+/* Has busy-polled transport @p t a connection that is not failed? */
+static bool tp_connected(const struct cfx_context *ctx, int t)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->tp == t && c->state != CFX_CONN_FAILED)
+            return true;
+    }
+    return false;
+}
+
 int cfx__progress_nap_ms(struct cfx_context *ctx)
 {
     bool busy_iface = false;
+    int nap = CFX_PROGRESS_NAP_SHORT_MS;
     for (int t = 0; t < ctx->ntp; t++) {
         if (!tp_busy_polled(ctx, t))
             continue;
         busy_iface = true;
-        struct cfx_list *pos;
-        cfx_list_for_each(pos, &ctx->conns) {
-            const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
-            if (c->tp == t && c->state != CFX_CONN_FAILED)
-                return 0;
-        }
+        if (!tp_connected(ctx, t))
+            continue;
+        /* packets may arrive with nothing to wake us: poll on, unless the
+         * transport says it has been quiet long enough to be looked at
+         * only now and then (its connections idle, no timer due) */
+        int q = ctx->tp[t].ops->iface_quiet_ms ? ctx->tp[t].ops->iface_quiet_ms(ctx->tp[t].iface)
+                                               : 0;
+        if (q <= 0)
+            return 0;
+        nap = CFX_MIN(nap, q);
     }
     /* An idle busy-polled iface may still be called by a new peer, and
      * paced uploads have their next step due: a short nap.  Otherwise a
      * bounded one: endpoints still connecting get looked at now and then. */
     if (busy_iface || !cfx_list_empty(&ctx->paced_uploads))
-        return CFX_PROGRESS_NAP_SHORT_MS;
+        return nap;
     return CFX_PROGRESS_NAP_MS;
 }
 

@@ -516,6 +516,54 @@ Test(dpdk_rel, full_window_makes_the_sender_wait)
     sim_fini(&sim);
 }
 
+/* After a sender was idle for idle_restart_ns its next burst starts from
+ * cwnd_init (the receiver's quiet port may be napping); with 0 it goes on
+ * with the window it had.  Every message is checked by the receiver. */
+static void run_idle_restart(uint64_t idle_restart_ns, bool want_restart)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .idle_restart_ns = idle_restart_ns };
+    sim.rng = 9;
+    sim.latency_ns = 10000;
+    ep_init(&sim, 0, 1, &p, 300, 4096, 21);
+    ep_init(&sim, 1, 0, &p, 0, 0, 22);
+    sim.ep[1].peer_seed = 21;
+    sim.ep[1].peer_max_len = 4096;
+    struct ep *a = &sim.ep[0], *b = &sim.ep[1];
+
+    sim_run(&sim, 10ull * 1000000000ull);
+    cr_assert_eq(b->got, 300);
+    double grown = a->s.cwnd;
+    cr_assert_gt(grown, 2 * 16, "the window grew in the first burst (%.1f)", grown);
+    sim.now += 20000000; /* 20 ms with nothing to send */
+    a->to_send = 600;
+    ep_feed(a); /* queues, and sends what the window allows */
+    uint32_t inflight = a->s.snd_nxt - a->s.snd_una;
+    if (want_restart) {
+        cr_assert_leq(inflight, 16, "%u packets in the first burst after idle", inflight);
+        cr_assert_eq(a->s.stats.cwnd_idle_restarts, 1);
+    } else {
+        cr_assert_gt(inflight, 16, "the window it had: %u packets in flight", inflight);
+        cr_assert_eq(a->s.stats.cwnd_idle_restarts, 0);
+    }
+    sim_run(&sim, sim.now + 10ull * 1000000000ull);
+    cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
+    cr_assert_eq(b->got, 600);
+    cr_assert_eq(a->acked, 600);
+    sim_fini(&sim);
+}
+
+Test(dpdk_rel, window_restarts_after_idle)
+{
+    run_idle_restart(10000000, true);
+}
+
+Test(dpdk_rel, no_restart_when_turned_off)
+{
+    run_idle_restart(0, false);
+}
+
 /* --- a dead peer ------------------------------------------------------------ */
 
 Test(dpdk_rel, dead_peer_fails_with_a_sticky_error_naming_it)

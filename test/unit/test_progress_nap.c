@@ -80,6 +80,39 @@ Test(progress_nap, busy_poll_transport_with_a_connection_never_naps)
     free(ctx);
 }
 
+static int quiet_ms;
+
+static int fake_quiet(struct cfx_tp_iface *iface)
+{
+    (void)iface;
+    return quiet_ms;
+}
+
+static const struct cfx_transport_ops quiet_ops = { .version = CFX_TP_OPS_VERSION,
+                                                    .name = "fake-quiet",
+                                                    .caps = CFX_TP_CAP_BUSY_POLL,
+                                                    .iface_quiet_ms = fake_quiet };
+
+Test(progress_nap, busy_poll_transport_naps_when_it_says_it_is_quiet)
+{
+    struct cfx_context *ctx = ctx_new();
+    struct cfx_conn c0, c1;
+    ctx->tp[1] = (struct cfx_tp_slot){ .ops = &quiet_ops, .fd = -1 };
+    ctx->tp[2] = (struct cfx_tp_slot){ .ops = &busy_ops, .fd = 7 };
+    ctx->ntp = 3;
+    conn_add(ctx, &c0, 1, CFX_CONN_READY);
+    quiet_ms = 0;
+    cr_assert_eq(cfx__progress_nap_ms(ctx), 0, "in flight: poll on");
+    quiet_ms = 1;
+    cr_assert_eq(cfx__progress_nap_ms(ctx), 1, "quiet: a nap of what it allows");
+    quiet_ms = 50;
+    cr_assert_eq(cfx__progress_nap_ms(ctx), CFX_PROGRESS_NAP_SHORT_MS,
+                 "never longer than a busy-polled iface's short nap");
+    conn_add(ctx, &c1, 2, CFX_CONN_READY);
+    cr_assert_eq(cfx__progress_nap_ms(ctx), 0, "another that cannot say: poll on");
+    free(ctx);
+}
+
 Test(progress_nap, transport_without_a_wait_fd_is_busy_polled)
 {
     struct cfx_context *ctx = ctx_new();

@@ -1080,4 +1080,56 @@ Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
     region_free(&p, &dst);
     pair_close(&p);
 }
+
+static bool both_quiet(struct pair *p, void *arg)
+{
+    (void)arg;
+    return p->ops->iface_quiet_ms(p->s[0].iface) > 0 && p->ops->iface_quiet_ms(p->s[1].iface) > 0;
+}
+
+/*
+ * When the engine may leave a dpdk port unpolled (iface_quiet_ms, its
+ * "interrupt mode"): once the open session has carried no data for
+ * CFX_DPDK_QUIET_MS, whatever PINGs keep it alive meanwhile; not while a
+ * message is in flight; not on the side that just received data.  The
+ * waits for quiet poll both ports with a deadline: the condition is time
+ * passing, which no completion announces.
+ */
+Test(transport_dpdk, quiet_only_after_idle_sessions, .timeout = 60)
+{
+    struct pair p;
+    struct tp_param param = { .name = "dpdk" };
+    setenv("CFX_DPDK_QUIET_MS", "2000", 1);
+    pair_open(&p, &param);
+    pair_connect(&p);
+    drive(&p, both_quiet, NULL, 20000, "both ports quiet with a session open");
+    cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), CFX_DPDK_NAP_MS);
+
+    uint8_t msg[100];
+    cfx_test_fill(msg, sizeof(msg), 5);
+    post_send(&p, p.ab, msg, sizeof(msg), 7);
+    cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), 0, "a message in flight");
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    cr_assert_eq(cfx_test_check(e->data, sizeof(msg), 5), (size_t)-1);
+    cr_assert_eq(p.ops->iface_quiet_ms(p.s[1].iface), 0, "data came just now");
+    e = wait_ev(&p, 0, CFX_TP_COMP_SEND, p.ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK);
+    drive(&p, both_quiet, NULL, 20000, "both ports quiet again");
+    pair_close(&p);
+}
+
+/* CFX_DPDK_QUIET_MS=0: the ports never say quiet (polled for ever, as
+ * before this mode), where the default (10 ms) would after 50 idle ms. */
+Test(transport_dpdk, quiet_mode_off, .timeout = 60)
+{
+    struct pair p;
+    struct tp_param param = { .name = "dpdk" };
+    setenv("CFX_DPDK_QUIET_MS", "0", 1);
+    pair_open(&p, &param);
+    pair_connect(&p);
+    settle(&p, 50);
+    cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), 0);
+    cr_assert_eq(p.ops->iface_quiet_ms(p.s[1].iface), 0);
+    pair_close(&p);
+}
 #endif
