@@ -700,6 +700,7 @@ struct cfx_boot {
 };
 
 struct cfx_coord;
+struct cfx_ps_load; /* dataplane/ps/ps_load.c */
 
 /* Fill @p b and "MASTER_ADDR:port" into @p coord from the environment;
  * CFX_ERR_INVALID naming the variable missing or wrong. */
@@ -801,6 +802,14 @@ struct cfx_context {
      * the control client's thread (cfx__task_beat_fill). */
     struct cfx_ctl_peer_traffic peer_bytes[CFX_PEER_BYTES_MAX];
     unsigned npeer_bytes;
+    /* Parameter-server load for the heartbeat (dataplane/ps/ps_load.c): the
+     * tables of the PS servers on this context, added and removed under
+     * ps_load_lock, which the heartbeat only tries (a busy lock repeats
+     * ps_last, the report it sent before; that is the control client's
+     * thread's alone). */
+    pthread_mutex_t ps_load_lock;
+    struct cfx_ps_load *ps_load[CFX_CTL_PS_SERVERS_MAX];
+    struct cfx_ctl_ps_report ps_last;
     struct cfx_msg_load report; /* the heartbeat's last report (the control client's thread:
                                    what ctx->lock guards is refreshed when the lock is free) */
     uint32_t report_slot;       /* transfer slot the next heartbeat's progress reports
@@ -1166,6 +1175,9 @@ void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
  * (cfx__task_progress_fill) and the traffic per peer (the largest
  * CFX_CTL_PEERS_MAX entries of ctx->peer_bytes). */
 void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb);
+/* dataplane/ps/ps_load.c: the PS part of a heartbeat (control client's
+ * thread; never waits for a lock). */
+void cfx__ps_load_beat(struct cfx_context *ctx, struct cfx_ctl_ps_report *out);
 /* Client thread: how far copies being received here got, for a heartbeat. */
 unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsigned max);
 /* Client thread: the coordinator restarted; a runner registers the functions again. */

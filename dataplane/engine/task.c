@@ -264,6 +264,7 @@ void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb)
         taken[best] = true;
         hb->peers[hb->npeers++] = all[best];
     }
+    cfx__ps_load_beat(ctx, &hb->ps);
 }
 
 void cfx__task_on_reconnected(struct cfx_context *ctx)
