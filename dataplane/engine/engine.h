@@ -685,9 +685,23 @@ static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
 /* Count @p n bytes sent (@p tx) or received on @p conn, for its transport
  * and for its peer (conn.c; progress lock held).  A peer's entry in
  * ctx->peer_bytes is found once per connection; before an accepted
- * connection's HELLO names the peer, or with the table full, only the
- * transport's count moves. */
+ * connection's HELLO names the peer, or with the table full (and no entry
+ * of a departed peer to take over), only the transport's count moves. */
 void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n);
+
+/* One (peer, transport) entry of ctx->peer_bytes.  A slot that changes
+ * hands (a departed peer's, taken by a new pair) is written under seq as
+ * a sequence lock: odd while it changes, so that the heartbeat never
+ * reports the new peer with the old one's counts. */
+struct cfx_peer_bytes {
+    struct cfx_ctl_peer_traffic t; /* peer, transport, counts: what a heartbeat reports */
+    uint32_t seq;               /* even when stable; odd while the slot changes hands */
+    bool departed;              /* its peer left the cluster: the slot may be taken over
+                                   (progress-lock holder only) */
+};
+/* Read entry @p i of ctx->peer_bytes whole (the control client's thread):
+ * false while it is changing hands. */
+bool cfx__peer_bytes_read(struct cfx_context *ctx, unsigned i, struct cfx_ctl_peer_traffic *out);
 
 /* A coordinator found through the launcher's environment (bootstrap.c). */
 struct cfx_boot {
@@ -795,13 +809,16 @@ struct cfx_context {
     pthread_cond_t calls_cond;  /* calls reached 0 while closing */
     struct cfx_list users;      /* struct cfx_ctx_user: handles on this context (users_lock
                                    in context.c, not ctx->lock) */
-    /* Traffic per (peer, transport) for the heartbeat, for the first
-     * CFX_PEER_BYTES_MAX pairs this node talks to (the transport totals
-     * count the others): entries filled by the progress-lock holder
-     * (cfx__conn_count), npeer_bytes published after each new one; read by
-     * the control client's thread (cfx__task_beat_fill). */
-    struct cfx_ctl_peer_traffic peer_bytes[CFX_PEER_BYTES_MAX];
+    /* Traffic per (peer, transport) for the heartbeat, for CFX_PEER_BYTES_MAX
+     * pairs at a time (the transport totals count every byte): entries
+     * filled by the progress-lock holder (cfx__conn_count), npeer_bytes
+     * published after each new one; read by the control client's thread
+     * (cfx__task_beat_fill).  An entry whose peer left the cluster
+     * (cfx__conn_node_dead) keeps its counts until a new pair needs its
+     * slot when the table is full (docs/OPERATING.md, "Metrics"). */
+    struct cfx_peer_bytes peer_bytes[CFX_PEER_BYTES_MAX];
     unsigned npeer_bytes;
+    unsigned npeer_departed;    /* entries marked departed (progress-lock holder only) */
     /* Parameter-server load for the heartbeat (dataplane/ps/ps_load.c): the
      * tables of the PS servers on this context, added and removed under
      * ps_load_lock, which the heartbeat only tries (a busy lock repeats
