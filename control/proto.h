@@ -373,7 +373,8 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
  * u8 nservers (at most CFX_CTL_PS_SERVERS_MAX), each u8 job length (1..
  * CFX_CTL_PS_JOB_MAX), job, u32 server, u32 blocks, u64 requests, u64 bytes;
  * u8 nblocks (at most CFX_CTL_PS_BLOCKS_MAX), each u8 srv (below nservers),
- * u32 block, u64 requests, u64 bytes.  The writer returns CFX_ERR_INVALID
+ * u32 block, u64 requests, u64 bytes.  The reader also refuses a (job,
+ * server) or (srv, block) listed twice.  The writer returns CFX_ERR_INVALID
  * for a report out of these bounds. */
 int cfx__msg_ps_wr(struct wr *w, const struct cfx_ctl_ps_report *ps);
 void cfx__msg_ps_rd(struct rd *r, struct cfx_ctl_ps_report *ps);

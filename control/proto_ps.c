@@ -1,8 +1,9 @@
 /*
  * Wire form of a node's parameter-server load (struct cfx_ctl_ps_report):
  * the tail of HEARTBEAT and the body of PS_LOADS_REPLY.  Every count a
- * peer sends is bounded before anything is read under it, and a block
- * names one of the servers listed before it.
+ * peer sends is bounded before anything is read under it, a block names
+ * one of the servers listed before it, and no server or block comes twice
+ * (each would be a metric series twice over).
  */
 #include <string.h>
 
@@ -65,6 +66,9 @@ void cfx__msg_ps_rd(struct rd *r, struct cfx_ctl_ps_report *ps)
         s->blocks = rd_u32(r, "PS server blocks");
         s->requests = rd_u64(r, "PS server requests");
         s->bytes = rd_u64(r, "PS server bytes");
+        for (uint32_t k = 0; k < i && r->status == CFX_OK; k++)
+            if (ps->servers[k].server == s->server && !strcmp(ps->servers[k].job, s->job))
+                rd_fail(r, CFX_ERR_PROTO, "PS server listed twice");
     }
     ps->nblocks = rd_u8(r, "PS block count");
     if (r->status == CFX_OK && ps->nblocks > CFX_CTL_PS_BLOCKS_MAX)
@@ -77,6 +81,9 @@ void cfx__msg_ps_rd(struct rd *r, struct cfx_ctl_ps_report *ps)
         b->bytes = rd_u64(r, "PS block bytes");
         if (r->status == CFX_OK && b->srv >= ps->nservers)
             rd_fail(r, CFX_ERR_PROTO, "PS block of a server the report does not list");
+        for (uint32_t k = 0; k < i && r->status == CFX_OK; k++)
+            if (ps->blocks[k].srv == b->srv && ps->blocks[k].block == b->block)
+                rd_fail(r, CFX_ERR_PROTO, "PS block listed twice");
     }
     if (r->status != CFX_OK)
         ps->nservers = ps->nblocks = 0;

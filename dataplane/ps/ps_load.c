@@ -80,33 +80,48 @@ void cfx__ps_load_stop(struct cfx_ps *ps)
     ps->load = NULL;
 }
 
+/* The chunk of @p block, made if needed (loop thread); NULL without memory. */
+static struct ps_block_load *chunk_of(struct cfx_ps_load *l, uint32_t block)
+{
+    struct ps_block_load *c = l->chunk[block / PS_LOAD_CHUNK];
+    if (!c) {
+        c = calloc(PS_LOAD_CHUNK, sizeof(*c));
+        if (c)
+            __atomic_store_n(&l->chunk[block / PS_LOAD_CHUNK], c, __ATOMIC_RELEASE);
+    }
+    return c;
+}
+
 void cfx__ps_load_count(struct cfx_ps *ps, uint32_t block, uint64_t bytes)
 {
     struct cfx_ps_load *l = ps->load;
     if (unlikely(!l || block >= PS_MAX_BLOCKS))
         return;
+    __atomic_add_fetch(&l->requests, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&l->bytes, bytes, __ATOMIC_RELAXED);
+    /* made when a map gave us the block (cfx__ps_load_owned); here only if
+     * that found no memory */
     struct ps_block_load *c = l->chunk[block / PS_LOAD_CHUNK];
-    if (unlikely(!c)) {
-        c = calloc(PS_LOAD_CHUNK, sizeof(*c)); /* once per PS_LOAD_CHUNK blocks */
-        if (!c)
-            return; /* the totals below still count it */
-        __atomic_store_n(&l->chunk[block / PS_LOAD_CHUNK], c, __ATOMIC_RELEASE);
-    }
+    if (unlikely(!c) && !(c = chunk_of(l, block)))
+        return; /* the totals above still count it */
     struct ps_block_load *b = &c[block % PS_LOAD_CHUNK];
     __atomic_add_fetch(&b->requests, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&b->bytes, bytes, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&l->requests, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&l->bytes, bytes, __ATOMIC_RELAXED);
 }
 
 void cfx__ps_load_owned(struct cfx_ps *ps)
 {
+    struct cfx_ps_load *l = ps->load;
     uint32_t blocks = 0;
     uint64_t bytes;
-    if (!ps->load)
+    if (!l)
         return;
     cfx__ps_map_load(&ps->map, (uint32_t)ps->index, &blocks, &bytes);
-    __atomic_store_n(&ps->load->blocks, blocks, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->blocks, blocks, __ATOMIC_RELAXED);
+    /* the counters of the blocks it owns now, so that serving them allocates nothing */
+    for (uint32_t b = 0; b < ps->map.nblocks && b < PS_MAX_BLOCKS; b++)
+        if (ps->map.owner[b] == (uint32_t)ps->index && !l->chunk[b / PS_LOAD_CHUNK])
+            chunk_of(l, b);
 }
 
 /* Whether @p a goes before @p b: more bytes, then the lower server entry

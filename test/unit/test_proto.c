@@ -960,6 +960,22 @@ Test(proto, heartbeat_ps_bounds)
     frame2[blk_at + 1] = 2; /* the first block's server: two are listed */
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
     cr_assert(strstr(cfx_last_error(), "does not list"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[blk_at + 1 + CFX_PROTO_PS_BLOCK_WIRE] = 0; /* the second block: server 0's */
+    frame2[blk_at + 2 + CFX_PROTO_PS_BLOCK_WIRE] = 7; /* block 7 again (7 is 0x00000007) */
+    frame2[blk_at + 3 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    frame2[blk_at + 4 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    frame2[blk_at + 5 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS block listed twice"), "%s", cfx_last_error());
+    /* the second server as ("job-a", 0) again: same length, same index */
+    struct cfx_msg twice;
+    sample_msg(CFX_MSG_HEARTBEAT, &twice);
+    twice.u.hb.ps.servers[1] = twice.u.hb.ps.servers[0];
+    size_t tlen = encode_ok(&twice);
+    cr_assert_eq(cfx__msg_decode(frame, tlen, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS server listed twice"), "%s", cfx_last_error());
+    len = encode_ok(&m);
 
     /* full lists, the longest job names */
     struct cfx_ctl_ps_report *ps = &m.u.hb.ps;
