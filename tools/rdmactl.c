@@ -732,7 +732,9 @@ static int top_ps_cmp(const void *a, const void *b)
     if (c)
         return c;
     uint32_t sx = x->ps->servers[x->srv].server, sy = y->ps->servers[y->srv].server;
-    return sx != sy ? (sx < sy ? -1 : 1) : (x->node_id < y->node_id ? -1 : 1);
+    if (sx != sy)
+        return sx < sy ? -1 : 1;
+    return x->node_id < y->node_id ? -1 : x->node_id > y->node_id;
 }
 
 /* The heaviest blocks of the job of rows [first, end) (its servers), as

@@ -22,6 +22,8 @@
 
 #include "dataplane/engine/engine.h"
 
+_Static_assert(CFX_CTL_PS_JOB_MAX + 1 == PS_JOB_MAX, "a job name fits a PS report whole");
+
 #define PS_LOAD_CHUNK  256u                          /* blocks per chunk */
 #define PS_LOAD_CHUNKS (PS_MAX_BLOCKS / PS_LOAD_CHUNK) /* chunks per table */
 
