@@ -261,7 +261,8 @@ static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *o
 }
 
 #define PEER_SLOT_NONE 0xff /* conn->peer_slot: the table was full, not counted apart */
-_Static_assert(CFX_PEER_BYTES_MAX < PEER_SLOT_NONE, "a slot number must not read as NONE");
+#define PEER_SLOT_GONE 0xfe /* conn->peer_slot: its peer departed; not counted apart */
+_Static_assert(CFX_PEER_BYTES_MAX < PEER_SLOT_GONE, "a slot number must not read as NONE/GONE");
 
 /* Give slot @p i, whose peer departed, to (@p peer, @p tp) from zero.  The
  * heartbeat reads it under the sequence lock: a departed peer's series
@@ -326,7 +327,7 @@ void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n)
             return; /* accepted, before its HELLO */
         conn->peer_slot = peer_slot_find(ctx, conn);
     }
-    if (conn->peer_slot == PEER_SLOT_NONE)
+    if (conn->peer_slot == PEER_SLOT_NONE || conn->peer_slot == PEER_SLOT_GONE)
         return;
     struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[conn->peer_slot - 1].t;
     cfx__tp_count(tx ? &p->tx_bytes : &p->rx_bytes, n);
@@ -550,8 +551,21 @@ void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id)
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
-        if (conn->node_id == node_id) /* destroyed: none counts on into the slot */
+        if (conn->node_id == node_id)
             cfx__conn_fail(conn, CFX_ERR_PEER_FAILED, "coordinator reports the node dead");
+    }
+    cfx__conn_peer_departed(ctx, node_id);
+}
+
+void cfx__conn_peer_departed(struct cfx_context *ctx, uint32_t node_id)
+{
+    struct cfx_list *pos;
+    /* a leaving peer's connections close in order: what they still carry
+     * counts for the transport only, never into a slot another pair took */
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (conn->node_id == node_id)
+            conn->peer_slot = PEER_SLOT_GONE;
     }
     /* its entries keep their counts (and are reported) until a new pair
      * needs the slot */

@@ -689,6 +689,11 @@ static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
  * of a departed peer to take over), only the transport's count moves. */
 void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n);
 
+/* Node @p node_id left the cluster or died (progress-lock holder): its
+ * entries in ctx->peer_bytes may go to new pairs once the table is full,
+ * and its connections count for their transport only from now on. */
+void cfx__conn_peer_departed(struct cfx_context *ctx, uint32_t node_id);
+
 /* One (peer, transport) entry of ctx->peer_bytes.  A slot that changes
  * hands (a departed peer's, taken by a new pair) is written under seq as
  * a sequence lock: odd while it changes, so that the heartbeat never

@@ -403,14 +403,17 @@ static const struct cfx_peer_bytes *entry_of(const struct cfx_context *ctx, uint
 }
 
 /*
- * Peers come and go, 160 pairs over time through a table of 64: a peer the
- * coordinator reports dead or gone (cfx__conn_node_dead) keeps its entry,
+ * Peers come and go, over 160 pairs in all through a table of 64: a peer
+ * the coordinator reports dead or gone (cfx__conn_node_dead,
+ * cfx__conn_peer_departed) keeps its entry,
  * counts and place in heartbeats until a new pair needs a slot with the
  * table full; the new pair then takes a departed peer's slot and counts
  * from its own first bytes; a connection that found the table full gets a
- * slot once one is free; a departed peer back under its id goes on from
- * its counts.  Through it all no series the table or a heartbeat showed
- * ever goes down, and the transport totals hold every byte.
+ * slot once one is free; a peer that left in good order counts on its
+ * closing connection for the transport only, never into the slot a
+ * newcomer took; a departed peer back under its id goes on from its
+ * counts.  Through it all no series the table or a heartbeat showed ever
+ * goes down, and the transport totals hold every byte.
  */
 Test(progress_nap, departed_peers_free_their_slots)
 {
@@ -482,6 +485,30 @@ Test(progress_nap, departed_peers_free_their_slots)
         cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX, "never more than the table");
         oldest += CHURN;
     }
+    /* a peer that leaves in good order keeps its connection open while it
+     * closes: what that still carries counts for the transport only, also
+     * once a new pair took the peer's slot */
+    uint32_t leaver = oldest + 1;
+    struct cfx_conn lc;
+    conn_add(ctx, &lc, 0, CFX_CONN_READY);
+    lc.node_id = leaver;
+    cfx__conn_count(&lc, true, 1);
+    const struct cfx_peer_bytes *le = entry_of(ctx, leaver, 0);
+    cr_assert_not_null(le);
+    uint64_t was = le->t.tx_bytes;
+    cfx__conn_peer_departed(ctx, leaver); /* the coordinator's leave event */
+    cfx__conn_count(&lc, true, 100);
+    cr_assert_eq(le->t.tx_bytes, was, "nothing counts into a departed peer's slot");
+    struct cfx_conn newcomer = { .ctx = ctx, .tp = 0, .node_id = 5000 };
+    cfx__conn_count(&newcomer, true, 2);
+    const struct cfx_peer_bytes *ne = entry_of(ctx, 5000, 0);
+    cr_assert_not_null(ne, "the newcomer takes one of the leaver's slots");
+    cfx__conn_count(&lc, true, 50);
+    cr_assert_eq(ne->t.tx_bytes, 2, "the leaver's bytes never land in the newcomer's slot");
+    total += 1 + 100 + 2 + 50;
+    table_check(ctx, seen, &nseen, CAP);
+    cfx_list_del(&lc.link);
+
     /* a departed peer whose slot nobody took goes on from its counts when
      * it comes back under its id */
     uint32_t back = oldest;
