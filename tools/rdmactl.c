@@ -711,9 +711,9 @@ static const char *top_rate(const struct top_prev *prev, size_t nprev, uint32_t 
 
 /* Bytes a PS server (node, job, server) had served at the frame before. */
 struct top_ps_prev {
-    uint32_t node_id, server;
-    char job[CFX_CTL_PS_JOB_MAX + 1];
-    uint64_t bytes, at_ns;
+    uint32_t node_id, server;           /* where it runs, its index in the job */
+    char job[CFX_CTL_PS_JOB_MAX + 1];   /* its job */
+    uint64_t bytes, at_ns;              /* bytes it had served, when the frame was taken */
 };
 
 /* One server's row of the PS section: its report and where it came from. */

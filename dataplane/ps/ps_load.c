@@ -7,12 +7,12 @@
  *
  * Threads.  The server's loop thread is the only writer: one relaxed
  * atomic add per counter per request, no lock.  The counters sit in
- * chunks of PS_LOAD_CHUNK blocks, allocated by the loop thread the first
- * time a block of the chunk is served and published with a release store,
- * freed only when the table is (after it left ctx->ps_load, under
- * ps_load_lock).  The control client's thread reads them in
- * cfx__ps_load_beat(), which only tries ps_load_lock: while a server is
- * being added or removed it repeats the report before.
+ * chunks of PS_LOAD_CHUNK blocks, allocated by the loop thread when a map
+ * first gives the server a block of the chunk (not while serving),
+ * published with a release store and freed only with the table (after it
+ * left ctx->ps_load, under ps_load_lock).  The control client's thread
+ * reads them in cfx__ps_load_beat(), which only tries ps_load_lock: while
+ * a server is being added or removed it repeats the report before.
  */
 #include "ps_int.h"
 
@@ -33,12 +33,12 @@ struct ps_block_load {
 };
 
 struct cfx_ps_load {
-    char job[PS_JOB_MAX];
+    char job[PS_JOB_MAX];       /* the server's job */
     uint32_t server;            /* index in the job */
     uint32_t blocks;            /* blocks the current map gives it (atomic) */
     uint64_t requests;          /* all blocks (atomic) */
-    uint64_t bytes;
-    struct ps_block_load *chunk[PS_LOAD_CHUNKS]; /* NULL: nothing served there yet */
+    uint64_t bytes;             /* ... and their payload bytes (atomic) */
+    struct ps_block_load *chunk[PS_LOAD_CHUNKS]; /* NULL: none of its blocks owned yet */
 };
 
 int cfx__ps_load_start(struct cfx_ps *ps)
