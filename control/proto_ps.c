@@ -15,16 +15,19 @@
 int cfx__msg_ps_wr(struct wr *w, const struct cfx_ctl_ps_report *ps)
 {
     if (ps->nservers > CFX_CTL_PS_SERVERS_MAX || ps->nblocks > CFX_CTL_PS_BLOCKS_MAX)
-        return cfx__err(CFX_ERR_INVALID, "PS report of %u servers and %u blocks (at most %u "
-                        "and %u)", ps->nservers, ps->nblocks, CFX_CTL_PS_SERVERS_MAX,
-                        CFX_CTL_PS_BLOCKS_MAX);
+        return cfx__err(CFX_ERR_INVALID,
+                        "PS report of %u servers and %u blocks (at most %u "
+                        "and %u)",
+                        ps->nservers, ps->nblocks, CFX_CTL_PS_SERVERS_MAX, CFX_CTL_PS_BLOCKS_MAX);
     wr_u8(w, (uint8_t)ps->nservers);
     for (uint32_t i = 0; i < ps->nservers; i++) {
         const struct cfx_ctl_ps_server *s = &ps->servers[i];
         size_t n = strnlen(s->job, sizeof(s->job));
         if (n == 0 || n > CFX_CTL_PS_JOB_MAX)
-            return cfx__err(CFX_ERR_INVALID, "PS report: server %u's job name is empty or "
-                            "longer than %u bytes", i, CFX_CTL_PS_JOB_MAX);
+            return cfx__err(CFX_ERR_INVALID,
+                            "PS report: server %u's job name is empty or "
+                            "longer than %u bytes",
+                            i, CFX_CTL_PS_JOB_MAX);
         wr_u8(w, (uint8_t)n);
         wr_bytes(w, s->job, n);
         wr_u32(w, s->server);

@@ -24,20 +24,20 @@
 
 _Static_assert(CFX_CTL_PS_JOB_MAX + 1 == PS_JOB_MAX, "a job name fits a PS report whole");
 
-#define PS_LOAD_CHUNK  256u                          /* blocks per chunk */
+#define PS_LOAD_CHUNK  256u                            /* blocks per chunk */
 #define PS_LOAD_CHUNKS (PS_MAX_BLOCKS / PS_LOAD_CHUNK) /* chunks per table */
 
 struct ps_block_load {
-    uint64_t requests;          /* served on this block */
-    uint64_t bytes;             /* their payload: pushed and pulled */
+    uint64_t requests; /* served on this block */
+    uint64_t bytes;    /* their payload: pushed and pulled */
 };
 
 struct cfx_ps_load {
-    char job[PS_JOB_MAX];       /* the server's job */
-    uint32_t server;            /* index in the job */
-    uint32_t blocks;            /* blocks the current map gives it (atomic) */
-    uint64_t requests;          /* all blocks (atomic) */
-    uint64_t bytes;             /* ... and their payload bytes (atomic) */
+    char job[PS_JOB_MAX];                        /* the server's job */
+    uint32_t server;                             /* index in the job */
+    uint32_t blocks;                             /* blocks the current map gives it (atomic) */
+    uint64_t requests;                           /* all blocks (atomic) */
+    uint64_t bytes;                              /* ... and their payload bytes (atomic) */
     struct ps_block_load *chunk[PS_LOAD_CHUNKS]; /* NULL: none of its blocks owned yet */
 };
 
@@ -46,8 +46,8 @@ int cfx__ps_load_start(struct cfx_ps *ps)
     struct cfx_context *ctx = ps->ctx;
     struct cfx_ps_load *l = calloc(1, sizeof(*l));
     if (!l)
-        return cfx__err(CFX_ERR_NOMEM, "job %s: server %d: no memory for its load table",
-                        ps->job, ps->index);
+        return cfx__err(CFX_ERR_NOMEM, "job %s: server %d: no memory for its load table", ps->job,
+                        ps->index);
     snprintf(l->job, sizeof(l->job), "%s", ps->job);
     l->server = (uint32_t)ps->index;
     ps->load = l;
@@ -59,9 +59,10 @@ int cfx__ps_load_start(struct cfx_ps *ps)
         ctx->ps_load[i] = l;
     pthread_mutex_unlock(&ctx->ps_load_lock);
     if (i == CFX_CTL_PS_SERVERS_MAX)
-        CFX_LOG(WARN, PS, "job %s: server %d: this context already reports %u PS servers; "
-                "its load is counted but not reported", ps->job, ps->index,
-                CFX_CTL_PS_SERVERS_MAX);
+        CFX_LOG(WARN, PS,
+                "job %s: server %d: this context already reports %u PS servers; "
+                "its load is counted but not reported",
+                ps->job, ps->index, CFX_CTL_PS_SERVERS_MAX);
     return CFX_OK;
 }
 
