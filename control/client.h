@@ -111,6 +111,36 @@ struct cfx_ctl_peer_traffic {
     uint64_t rx_bytes;  /* bytes that arrived from it */
 };
 
+/*
+ * Parameter-server load on a node, reported with heartbeats (HEARTBEAT) and
+ * listed by PS_LOADS: the PS servers the node runs (at most
+ * CFX_CTL_PS_SERVERS_MAX), and of the blocks they served the
+ * CFX_CTL_PS_BLOCKS_MAX with the most bytes, counted since each server
+ * started.  A block a server handed on keeps its counts there.
+ */
+#define CFX_CTL_PS_SERVERS_MAX 4u  /* PS servers one node reports */
+#define CFX_CTL_PS_BLOCKS_MAX  32u /* blocks one heartbeat reports */
+#define CFX_CTL_PS_JOB_MAX     63u /* job name bytes (dataplane/ps: PS_JOB_MAX - 1) */
+struct cfx_ctl_ps_server {
+    char job[CFX_CTL_PS_JOB_MAX + 1]; /* NUL-terminated, not empty */
+    uint32_t server;    /* its index in the job */
+    uint32_t blocks;    /* blocks its current shard map gives it */
+    uint64_t requests;  /* requests it served (push, pull, push-pull), all blocks */
+    uint64_t bytes;     /* their payload bytes: pushed and pulled */
+};
+struct cfx_ctl_ps_block {
+    uint8_t srv;        /* index into the report's servers[] */
+    uint32_t block;     /* global block number in the job */
+    uint64_t requests;  /* requests that server served on it */
+    uint64_t bytes;     /* their payload bytes */
+};
+struct cfx_ctl_ps_report {
+    uint32_t nservers;  /* servers[] used */
+    struct cfx_ctl_ps_server servers[CFX_CTL_PS_SERVERS_MAX];
+    uint32_t nblocks;   /* blocks[] used, the most bytes first */
+    struct cfx_ctl_ps_block blocks[CFX_CTL_PS_BLOCKS_MAX];
+};
+
 /* A holder of an object, as listed by the directory. */
 struct cfx_obj_holder {
     uint32_t node_id;
@@ -391,6 +421,15 @@ int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *
 /* Tasks the coordinator holds, live and recently ended, by id. */
 int cfx__ctl_tasks(struct cfx_ctl *ctl, struct cfx_ctl_task_rec **out, size_t *n,
                    uint64_t deadline_ns);
+
+/* A live node's last parameter-server load report (PS_LOADS). */
+struct cfx_ctl_ps_node {
+    uint32_t node_id;
+    struct cfx_ctl_ps_report ps;
+};
+/* The live nodes that reported PS load, by id. */
+int cfx__ctl_ps_loads(struct cfx_ctl *ctl, struct cfx_ctl_ps_node **out, size_t *n,
+                      uint64_t deadline_ns);
 
 /* Send @p req (any request type; its req_id is set here) and wait for a
  * reply of type @p expect by the deadline, as the requests above do (an

@@ -127,3 +127,55 @@ int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *
     return list_all(ctl, LIST_OBJECTS, (void **)out, n, deadline_ns);
 }
 
+
+int cfx__ctl_ps_loads(struct cfx_ctl *ctl, struct cfx_ctl_ps_node **out, size_t *n,
+                      uint64_t deadline_ns)
+{
+    struct cfx_ctl_ps_node *all = NULL;
+    size_t count = 0;
+    uint32_t cursor = 0;
+    int rc = CFX_OK;
+
+    if (!ctl || !out || !n)
+        return cfx__err(CFX_ERR_INVALID, "PS load listing: NULL argument");
+    for (;;) {
+        struct cfx_msg m = { .type = CFX_MSG_PS_LOADS, .u.ps_cursor = cursor }, reply;
+        void *frame;
+        rc = cfx__ctl_request(ctl, &m, deadline_ns, "PS load listing", CFX_MSG_PS_LOADS_REPLY,
+                              &reply, &frame);
+        if (rc != CFX_OK)
+            goto err_free;
+        const struct cfx_msg_ps_loads *pl = &reply.u.ps_loads;
+        if (!pl->node_id) {
+            free(frame);
+            break;
+        }
+        /* the cursor must advance, or a peer could keep us here */
+        if (pl->node_id <= cursor) {
+            free(frame);
+            rc = cfx__err(CFX_ERR_PROTO, "PS load listing from coordinator %s: node %u after "
+                          "cursor %u", cfx__ctl_coord_addr(ctl), pl->node_id, cursor);
+            goto err_free;
+        }
+        struct cfx_ctl_ps_node *p = realloc(all, (count + 1) * sizeof(*all));
+        if (!p) {
+            free(frame);
+            rc = cfx__err(CFX_ERR_NOMEM, "PS load listing: no memory for %zu nodes", count + 1);
+            goto err_free;
+        }
+        all = p;
+        all[count++] = (struct cfx_ctl_ps_node){ .node_id = pl->node_id, .ps = pl->ps };
+        cursor = pl->node_id;
+        int more = pl->more;
+        free(frame);
+        if (!more)
+            break;
+    }
+    *out = all;
+    *n = count;
+    return CFX_OK;
+
+err_free:
+    free(all);
+    return rc;
+}

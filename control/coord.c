@@ -299,6 +299,7 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
             c->node->load = m->u.hb.load;
             c->node->npeers = CFX_MIN(m->u.hb.npeers, CFX_CTL_PEERS_MAX);
             memcpy(c->node->peers, m->u.hb.peers, sizeof(c->node->peers));
+            c->node->ps = m->u.hb.ps; /* bounded and checked by the decoder */
             cfx__coord_dir_progress(co, c->node, &m->u.hb);
         }
         break;
@@ -339,6 +340,9 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
         break;
     case CFX_MSG_TASKS:
         cfx__coord_tasks_list(co, c, m);
+        break;
+    case CFX_MSG_PS_LOADS:
+        cfx__coord_ps_loads_list(co, c, m);
         break;
     case CFX_MSG_OBJECTS:
         cfx__coord_objects_list(co, c, m);

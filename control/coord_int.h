@@ -99,6 +99,7 @@ struct coord_node {
     struct cfx_msg_load load;   /* from its last heartbeat */
     uint32_t npeers;            /* ... and its traffic per peer (peers[] used) */
     struct cfx_ctl_peer_traffic peers[CFX_CTL_PEERS_MAX];
+    struct cfx_ctl_ps_report ps; /* ... and its parameter-server load */
     struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
 };
 
@@ -374,6 +375,9 @@ void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struc
 /* Drop what @p c waits for in membership (it is closing). */
 void cfx__coord_members_conn_gone(struct cfx_coord *co, struct coord_conn *c);
 void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* PS_LOADS: the next live node after the cursor that reported PS load. */
+void cfx__coord_ps_loads_list(struct cfx_coord *co, struct coord_conn *c,
+                              const struct cfx_msg *m);
 void cfx__coord_node_fill(struct cfx_coord *co, const struct coord_node *n,
                           struct cfx_node_rec *out);
 

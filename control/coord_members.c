@@ -552,3 +552,22 @@ void cfx__coord_nodes_list(struct cfx_coord *co, struct coord_conn *c, const str
     cfx__coord_send(c, &r);
     free(recs);
 }
+
+void cfx__coord_ps_loads_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
+{
+    struct cfx_msg r = { .type = CFX_MSG_PS_LOADS_REPLY, .req_id = m->req_id };
+    struct cfx_list *pos;
+
+    cfx_list_for_each(pos, &co->nodes) {
+        struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.node_id <= m->u.ps_cursor || !n->rec.alive || !n->ps.nservers)
+            continue;
+        if (r.u.ps_loads.node_id) {
+            r.u.ps_loads.more = 1;
+            break;
+        }
+        r.u.ps_loads.node_id = n->rec.node_id;
+        r.u.ps_loads.ps = n->ps;
+    }
+    cfx__coord_send(c, &r);
+}

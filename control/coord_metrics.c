@@ -263,6 +263,72 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
     }
 }
 
+/* The labels of server entry @p srv of @p n's PS report: job, block (when
+ * @p block is not negative), server, node. */
+static void ps_labels(struct buf *b, const struct coord_node *n, uint32_t srv, int64_t block)
+{
+    bprintf(b, "{job=\"");
+    blabel(b, n->ps.servers[srv].job);
+    if (block >= 0)
+        bprintf(b, "\",block=\"%lld", (long long)block);
+    bprintf(b, "\",server=\"%u\",node=\"%u\"}", n->ps.servers[srv].server, n->rec.node_id);
+}
+
+/* Parameter-server load from each live member's last heartbeat: per server,
+ * and per block for the CFX_CTL_PS_BLOCKS_MAX blocks with the most bytes. */
+static void ps_reports(struct buf *b, struct cfx_coord *co)
+{
+    static const struct {
+        const char *name, *type, *help;
+        int what; /* 0 blocks owned, 1 requests, 2 bytes */
+    } srv[] = {
+        { "conflux_coord_ps_server_blocks", "gauge",
+          "Blocks a parameter server's current shard map gives it.", 0 },
+        { "conflux_coord_ps_server_requests_total", "counter",
+          "Requests (push, pull, push-pull) a parameter server served, all blocks.", 1 },
+        { "conflux_coord_ps_server_bytes_total", "counter",
+          "Payload bytes (pushed and pulled) of the requests a parameter server served.", 2 },
+    };
+    struct cfx_list *pos;
+
+    for (size_t i = 0; i < sizeof(srv) / sizeof(srv[0]); i++) {
+        family(b, srv[i].name, srv[i].type, srv[i].help);
+        cfx_list_for_each(pos, &co->nodes)
+        {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            for (uint32_t k = 0; n->rec.alive && k < n->ps.nservers; k++) {
+                const struct cfx_ctl_ps_server *s = &n->ps.servers[k];
+                bprintf(b, "%s", srv[i].name);
+                ps_labels(b, n, k, -1);
+                bprintf(b, " %llu\n", srv[i].what == 0   ? (unsigned long long)s->blocks
+                                       : srv[i].what == 1 ? (unsigned long long)s->requests
+                                                          : (unsigned long long)s->bytes);
+            }
+        }
+    }
+    for (int bytes = 0; bytes < 2; bytes++) {
+        const char *name = bytes ? "conflux_coord_ps_block_bytes_total"
+                                 : "conflux_coord_ps_block_requests_total";
+        family(b, name, "counter", bytes
+               ? "Payload bytes of the requests a parameter server served on one block (the "
+                 "32 blocks with the most bytes on each member)."
+               : "Requests a parameter server served on one block (the 32 blocks with the "
+                 "most bytes on each member).");
+        cfx_list_for_each(pos, &co->nodes)
+        {
+            struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            for (uint32_t k = 0; n->rec.alive && k < n->ps.nblocks; k++) {
+                const struct cfx_ctl_ps_block *x = &n->ps.blocks[k];
+                if (x->srv >= n->ps.nservers)
+                    continue;
+                bprintf(b, "%s", name);
+                ps_labels(b, n, x->srv, x->block);
+                bprintf(b, " %llu\n", (unsigned long long)(bytes ? x->bytes : x->requests));
+            }
+        }
+    }
+}
+
 /* The exposition of what the coordinator knows now (loop thread). */
 static void metrics_text(struct coord_metrics *m, struct buf *b)
 {
@@ -356,6 +422,7 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
                     n->load.load_milli / 1000.0);
     }
     node_reports(b, co);
+    ps_reports(b, co);
     family(b, "conflux_coord_node_task_reservations", "gauge",
            "Reservations (placed tasks and placement queries) on a member that offers tasks.");
     cfx_list_for_each(pos, &co->nodes)

@@ -45,6 +45,8 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_TASK_DONE] = "TASK_DONE",
     [CFX_MSG_TASKS] = "TASKS",
     [CFX_MSG_TASKS_REPLY] = "TASKS_REPLY",
+    [CFX_MSG_PS_LOADS] = "PS_LOADS",
+    [CFX_MSG_PS_LOADS_REPLY] = "PS_LOADS_REPLY",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -193,6 +195,9 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
         return cfx__msg_task_encode(m, w);
+    case CFX_MSG_PS_LOADS:
+    case CFX_MSG_PS_LOADS_REPLY:
+        return cfx__msg_ps_encode(m, w);
     case CFX_MSG_CHALLENGE:
         if (m->u.challenge.secure > CFX_SEAL_ENCRYPT)
             return cfx__err(CFX_ERR_INVALID, "CHALLENGE frame with mode %u", m->u.challenge.secure);
@@ -489,6 +494,10 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
         cfx__msg_task_decode(r, m);
+        break;
+    case CFX_MSG_PS_LOADS:
+    case CFX_MSG_PS_LOADS_REPLY:
+        cfx__msg_ps_decode(r, m);
         break;
     case CFX_MSG_CHALLENGE:
         rd_bytes(r, m->u.challenge.nonce, CFX_PROTO_NONCE_LEN, "nonce");

@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      9u  /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      10u /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -57,7 +57,9 @@
                                     *    would read sealed frames as garbage;
                                     * 8: extra sources wanted in OBJ_LOOKUP, extra
                                     *    complete holders in LOOKUP_REPLY (striping);
-                                    * 9: traffic per peer in HEARTBEAT */
+                                    * 9: traffic per peer in HEARTBEAT;
+                                    * 10: parameter-server load per block in
+                                    *     HEARTBEAT, the PS_LOADS listing */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -84,6 +86,8 @@
 #define CFX_PROTO_HOLDER_WIRE   (4 + 1 + 4 + 4 + 8)
 #define CFX_PROTO_PROGRESS_WIRE (CFX_OBJECT_ID_LEN + 8) /* one cfx_ctl_progress in HEARTBEAT */
 #define CFX_PROTO_PEER_WIRE     (4 + 1 + 8 + 8) /* one cfx_ctl_peer_traffic in HEARTBEAT */
+#define CFX_PROTO_PS_BLOCK_WIRE (1 + 4 + 8 + 8) /* one cfx_ctl_ps_block */
+#define CFX_PROTO_PS_SERVER_WIRE(joblen) (1 + (joblen) + 4 + 4 + 8 + 8) /* cfx_ctl_ps_server */
 #define CFX_PROTO_OBJREC_WIRE   (CFX_OBJECT_ID_LEN + 8 + 4 + 1 + 4 + \
                                  CFX_PROTO_HOLDERS_MAX * CFX_PROTO_HOLDER_WIRE + \
                                  CFX_OBJ_NAME_MAX + 1)
@@ -144,6 +148,9 @@ enum cfx_msg_type {
     CFX_MSG_TASK_DONE,      /* worker -> coord: task id, status, text; no reply */
     CFX_MSG_TASKS,          /* cursor (task id) -> TASKS_REPLY */
     CFX_MSG_TASKS_REPLY,    /* page of task records, by id */
+    CFX_MSG_PS_LOADS,       /* node id cursor -> PS_LOADS_REPLY */
+    CFX_MSG_PS_LOADS_REPLY, /* the PS load last reported by the first live node after
+                             * the cursor that reported some (node 0: none) */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -160,13 +167,22 @@ struct cfx_msg_hdr {
  * bytes; count at most CFX_CTL_PROGRESS_MAX, ready never
  * CFX_CTL_READY_UNKNOWN), and its traffic per peer (u8 count, at most
  * CFX_CTL_PEERS_MAX, then count records of CFX_PROTO_PEER_WIRE bytes: u32
- * peer, u8 tp below the load's ntp, u64 tx, u64 rx). */
+ * peer, u8 tp below the load's ntp, u64 tx, u64 rx), then its parameter-server
+ * load (cfx__msg_ps_wr below). */
 struct cfx_msg_heartbeat {
     struct cfx_msg_load load;
     uint32_t nprogress;                     /* entries of progress used */
     struct cfx_ctl_progress progress[CFX_CTL_PROGRESS_MAX];
     uint32_t npeers;                        /* entries of peers used */
     struct cfx_ctl_peer_traffic peers[CFX_CTL_PEERS_MAX];
+    struct cfx_ctl_ps_report ps;            /* PS servers and their heaviest blocks */
+};
+
+/* PS_LOADS_REPLY: u32 node, u8 more, then the node's report as in HEARTBEAT. */
+struct cfx_msg_ps_loads {
+    uint32_t node_id;                       /* 0: no such node after the cursor */
+    uint8_t more;                           /* 1: a node after it reported some too */
+    struct cfx_ctl_ps_report ps;
 };
 
 /* A listing page.  Encode: set recs_in (count entries).  Decode: raw points
@@ -318,6 +334,8 @@ struct cfx_msg {
         struct cfx_msg_task task;           /* TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN */
         struct cfx_msg_task_st task_st;     /* TASK_REPLY, TASK_WAIT, TASK_DONE */
         struct cfx_msg_heartbeat hb;        /* HEARTBEAT */
+        uint32_t ps_cursor;                 /* PS_LOADS: list the nodes after this id */
+        struct cfx_msg_ps_loads ps_loads;   /* PS_LOADS_REPLY */
     } u;
 };
 
@@ -355,6 +373,19 @@ void cfx__msg_load_rd(struct rd *r, struct cfx_msg_load *l);
 /* Record @p i of a decoded TASKS_REPLY. */
 void cfx__msg_task_at(const struct cfx_msg *m, uint32_t i, struct cfx_ctl_task_rec *out);
 void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m);
+
+/* proto_ps.c: a parameter-server load report (HEARTBEAT, PS_LOADS_REPLY):
+ * u8 nservers (at most CFX_CTL_PS_SERVERS_MAX), each u8 job length (1..
+ * CFX_CTL_PS_JOB_MAX), job, u32 server, u32 blocks, u64 requests, u64 bytes;
+ * u8 nblocks (at most CFX_CTL_PS_BLOCKS_MAX), each u8 srv (below nservers),
+ * u32 block, u64 requests, u64 bytes.  The reader also refuses a (job,
+ * server) or (srv, block) listed twice.  The writer returns CFX_ERR_INVALID
+ * for a report out of these bounds. */
+int cfx__msg_ps_wr(struct wr *w, const struct cfx_ctl_ps_report *ps);
+void cfx__msg_ps_rd(struct rd *r, struct cfx_ctl_ps_report *ps);
+/* PS_LOADS and PS_LOADS_REPLY payloads. */
+int cfx__msg_ps_encode(const struct cfx_msg *m, struct wr *w);
+void cfx__msg_ps_decode(struct rd *r, struct cfx_msg *m);
 
 /* Record @p i of a decoded NODES_REPLY / OBJECTS_REPLY page (i < count). */
 void cfx__msg_node_at(const struct cfx_msg *m, uint32_t i, struct cfx_node_rec *out);

@@ -214,7 +214,7 @@ int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
             wr_u64(w, hb->peers[i].tx_bytes);
             wr_u64(w, hb->peers[i].rx_bytes);
         }
-        return CFX_OK;
+        return cfx__msg_ps_wr(w, &hb->ps);
     }
     case CFX_MSG_TASKS:
         wr_u64(w, m->u.task_cursor);
@@ -293,8 +293,9 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
             if (r->status == CFX_OK && hb->peers[i].tp >= hb->load.ntp)
                 rd_fail(r, CFX_ERR_PROTO, "peer transport beyond the load's transports");
         }
+        cfx__msg_ps_rd(r, &hb->ps);
         if (r->status != CFX_OK)
-            hb->nprogress = hb->npeers = 0;
+            hb->nprogress = hb->npeers = hb->ps.nservers = hb->ps.nblocks = 0;
         break;
     }
     case CFX_MSG_TASKS:

@@ -709,7 +709,130 @@ static const char *top_rate(const struct top_prev *prev, size_t nprev, uint32_t 
     return "-";
 }
 
-static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t *nprev)
+/* Bytes a PS server (node, job, server) had served at the frame before. */
+struct top_ps_prev {
+    uint32_t node_id, server;           /* where it runs, its index in the job */
+    char job[CFX_CTL_PS_JOB_MAX + 1];   /* its job */
+    uint64_t bytes, at_ns;              /* bytes it had served, when the frame was taken */
+};
+
+/* One server's row of the PS section: its report and where it came from. */
+struct top_ps_row {
+    uint32_t node_id;
+    const struct cfx_ctl_ps_report *ps;
+    uint32_t srv;             /* index into ps->servers */
+};
+
+#define TOP_PS_BLOCKS 5 /* heaviest blocks shown per job */
+
+static int top_ps_cmp(const void *a, const void *b)
+{
+    const struct top_ps_row *x = a, *y = b;
+    int c = strcmp(x->ps->servers[x->srv].job, y->ps->servers[y->srv].job);
+    if (c)
+        return c;
+    uint32_t sx = x->ps->servers[x->srv].server, sy = y->ps->servers[y->srv].server;
+    if (sx != sy)
+        return sx < sy ? -1 : 1;
+    return x->node_id < y->node_id ? -1 : x->node_id > y->node_id;
+}
+
+/* The heaviest blocks of the job of rows [first, end) (its servers), as
+ * their nodes last reported them: up to TOP_PS_BLOCKS, the most bytes first. */
+static void top_ps_blocks(const struct top_ps_row *rows, size_t first, size_t end)
+{
+    const struct top_ps_row *src[TOP_PS_BLOCKS];
+    const struct cfx_ctl_ps_block *top[TOP_PS_BLOCKS];
+    size_t n = 0;
+    for (size_t i = first; i < end; i++) {
+        const struct cfx_ctl_ps_report *ps = rows[i].ps;
+        for (uint32_t k = 0; k < ps->nblocks; k++) {
+            const struct cfx_ctl_ps_block *b = &ps->blocks[k];
+            if (b->srv != rows[i].srv || (n == TOP_PS_BLOCKS && b->bytes <= top[n - 1]->bytes))
+                continue;
+            size_t j = n < TOP_PS_BLOCKS ? n++ : n - 1;
+            for (; j > 0 && top[j - 1]->bytes < b->bytes; j--) {
+                top[j] = top[j - 1];
+                src[j] = src[j - 1];
+            }
+            top[j] = b;
+            src[j] = &rows[i];
+        }
+    }
+    if (!n)
+        return;
+    printf("  %-6s  %6s  %8s  %10s  %12s\n", "BLOCK", "SERVER", "NODE", "REQUESTS", "BYTES");
+    for (size_t j = 0; j < n; j++) {
+        char b[32];
+        printf("  %-6u  %6u  %8u  %10llu  %12s\n", top[j]->block,
+               src[j]->ps->servers[src[j]->srv].server, src[j]->node_id,
+               (unsigned long long)top[j]->requests, human_bytes(top[j]->bytes, b, sizeof(b)));
+    }
+}
+
+/*
+ * The parameter-server section of a frame: per job, per server its node,
+ * the blocks its map gives it, the requests and bytes it served and its
+ * bytes/s since the frame before; then the job's heaviest blocks.  Nothing
+ * when no node reports a PS server.  @p prev is replaced by this frame's
+ * totals.
+ */
+static int top_ps(struct rdmactl *r, uint64_t now_ns, struct top_ps_prev **prev, size_t *nprev)
+{
+    struct cfx_ctl_ps_node *nodes = NULL;
+    size_t nn = 0, nrows = 0;
+    char job[4 * CFX_CTL_PS_JOB_MAX + 1], b[32], rate[32];
+
+    if (cfx__ctl_ps_loads(r->ctl, &nodes, &nn, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("PS load listing");
+    struct top_ps_row *rows = calloc(nn * CFX_CTL_PS_SERVERS_MAX + 1, sizeof(*rows));
+    struct top_ps_prev *next = calloc(nn * CFX_CTL_PS_SERVERS_MAX + 1, sizeof(*next));
+    if (!rows || !next) {
+        free(rows);
+        free(next);
+        free(nodes);
+        fprintf(stderr, "rdmactl: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < nn; i++)
+        for (uint32_t k = 0; k < nodes[i].ps.nservers; k++)
+            rows[nrows++] = (struct top_ps_row){ nodes[i].node_id, &nodes[i].ps, k };
+    qsort(rows, nrows, sizeof(*rows), top_ps_cmp);
+    for (size_t i = 0, first = 0; i < nrows; i++) {
+        const struct cfx_ctl_ps_server *s = &rows[i].ps->servers[rows[i].srv];
+        if (i == first)
+            printf("\nPS job %s\n  %6s  %8s  %8s  %10s  %12s  %12s\n",
+                   esc(s->job, job, sizeof(job)), "SERVER", "NODE", "BLOCKS", "REQUESTS",
+                   "BYTES", "BYTES/s");
+        snprintf(rate, sizeof(rate), "-");
+        for (size_t k = 0; k < *nprev; k++) {
+            const struct top_ps_prev *p = &(*prev)[k];
+            if (p->node_id == rows[i].node_id && p->server == s->server &&
+                !strcmp(p->job, s->job) && now_ns > p->at_ns && s->bytes >= p->bytes) {
+                double v = (double)(s->bytes - p->bytes) * 1e9 / (double)(now_ns - p->at_ns);
+                snprintf(rate, sizeof(rate), "%s/s", human_bytes((uint64_t)v, b, sizeof(b)));
+            }
+        }
+        printf("  %6u  %8u  %8u  %10llu  %12s  %12s\n", s->server, rows[i].node_id, s->blocks,
+               (unsigned long long)s->requests, human_bytes(s->bytes, b, sizeof(b)), rate);
+        next[i] = (struct top_ps_prev){ .node_id = rows[i].node_id, .server = s->server,
+                                        .bytes = s->bytes, .at_ns = now_ns };
+        snprintf(next[i].job, sizeof(next[i].job), "%s", s->job);
+        if (i + 1 == nrows || strcmp(s->job, rows[i + 1].ps->servers[rows[i + 1].srv].job)) {
+            top_ps_blocks(rows, first, i + 1);
+            first = i + 1;
+        }
+    }
+    free(*prev);
+    *prev = next;
+    *nprev = nrows;
+    free(rows);
+    free(nodes);
+    return 0;
+}
+
+static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t *nprev,
+                     struct top_ps_prev **psprev, size_t *npsprev)
 {
     struct cfx_ctl_status s;
     struct cfx_node_rec *nodes = NULL;
@@ -797,6 +920,7 @@ static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t 
         if (next)
             next[nnext++] = (struct top_prev){ x->node_id, tx, rx, now_ns };
     }
+    int rc = top_ps(r, now_ns, psprev, npsprev);
     fflush(stdout);
     if (next) { /* else the next frame shows no rates: nothing else lost */
         free(*prev);
@@ -806,7 +930,7 @@ static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t 
     free(rows);
     free(nodes);
     free(objs);
-    return 0;
+    return rc;
 }
 
 static int cmd_top(struct rdmactl *r, int argc, char **argv)
@@ -842,17 +966,19 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
         return 1;
     int tty = !once && isatty(STDOUT_FILENO);
     struct top_prev *prev = NULL; /* the frame before: rates from the second frame on */
-    size_t nprev = 0;
+    struct top_ps_prev *psprev = NULL;
+    size_t nprev = 0, npsprev = 0;
     int rc = 0;
     for (int i = 0; !count || i < count; i++) {
         if (i && !tty)
             putchar('\n');
-        rc = top_frame(r, tty, &prev, &nprev);
+        rc = top_frame(r, tty, &prev, &nprev, &psprev, &npsprev);
         if (rc || (count && i + 1 == count))
             break;
         poll(NULL, 0, interval); /* the refresh period, not a wait for anything */
     }
     free(prev);
+    free(psprev);
     return rc;
 usage:
     fprintf(stderr, "usage: rdmactl top [--once] [--interval MS] [--count N]\n"

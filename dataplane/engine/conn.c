@@ -261,34 +261,88 @@ static int conn_ep_send(struct cfx_conn *conn, const struct cfx_transport_ops *o
 }
 
 #define PEER_SLOT_NONE 0xff /* conn->peer_slot: the table was full, not counted apart */
+#define PEER_SLOT_GONE 0xfe /* conn->peer_slot: its peer departed; not counted apart */
+_Static_assert(CFX_PEER_BYTES_MAX < PEER_SLOT_GONE, "a slot number must not read as NONE/GONE");
+
+/* Give slot @p i, whose peer departed, to (@p peer, @p tp) from zero.  The
+ * heartbeat reads it under the sequence lock: a departed peer's series
+ * ends, the new one's starts at its own first bytes. */
+static void peer_slot_take(struct cfx_context *ctx, unsigned i, uint32_t peer, uint8_t tp)
+{
+    struct cfx_peer_bytes *e = &ctx->peer_bytes[i];
+    uint32_t seq = e->seq;
+    __atomic_store_n(&e->seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&e->t.peer, peer, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t.tp, tp, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t.tx_bytes, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t.rx_bytes, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->seq, seq + 2, __ATOMIC_RELEASE);
+    e->departed = false;
+    ctx->npeer_departed--;
+}
+
+/* The slot of @p conn's (peer, transport), made if needed: its own entry
+ * (one of a peer that departed and came back under its id goes on counting:
+ * its series never goes down), a new one while the table has room, else
+ * the first departed peer's; PEER_SLOT_NONE when every slot is a live
+ * peer's. */
+static uint8_t peer_slot_find(struct cfx_context *ctx, const struct cfx_conn *conn)
+{
+    unsigned used = ctx->npeer_bytes, i, free_at = used;
+    for (i = 0; i < used; i++) {
+        struct cfx_peer_bytes *e = &ctx->peer_bytes[i];
+        if (e->t.peer == conn->node_id && e->t.tp == conn->tp) {
+            if (e->departed) {
+                e->departed = false;
+                ctx->npeer_departed--;
+            }
+            return (uint8_t)(i + 1);
+        }
+        if (e->departed && free_at == used)
+            free_at = i;
+    }
+    if (used < CFX_PEER_BYTES_MAX) {
+        ctx->peer_bytes[used].t.peer = conn->node_id;
+        ctx->peer_bytes[used].t.tp = (uint8_t)conn->tp;
+        __atomic_store_n(&ctx->npeer_bytes, used + 1, __ATOMIC_RELEASE);
+        return (uint8_t)(used + 1);
+    }
+    if (free_at == used)
+        return PEER_SLOT_NONE;
+    peer_slot_take(ctx, free_at, conn->node_id, (uint8_t)conn->tp);
+    return (uint8_t)(free_at + 1);
+}
 
 void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n)
 {
     struct cfx_context *ctx = conn->ctx;
     struct cfx_tp_slot *t = &ctx->tp[conn->tp];
     cfx__tp_count(tx ? &t->tx_bytes : &t->rx_bytes, n);
+    /* a connection that found the table full looks again once a slot is free */
+    if (unlikely(conn->peer_slot == PEER_SLOT_NONE) && unlikely(ctx->npeer_departed))
+        conn->peer_slot = 0;
     if (unlikely(!conn->peer_slot)) {
         if (!conn->node_id)
             return; /* accepted, before its HELLO */
-        unsigned used = ctx->npeer_bytes, i;
-        for (i = 0; i < used; i++)
-            if (ctx->peer_bytes[i].peer == conn->node_id && ctx->peer_bytes[i].tp == conn->tp)
-                break;
-        if (i == CFX_PEER_BYTES_MAX) {
-            conn->peer_slot = PEER_SLOT_NONE;
-        } else {
-            if (i == used) {
-                ctx->peer_bytes[i].peer = conn->node_id;
-                ctx->peer_bytes[i].tp = (uint8_t)conn->tp;
-                __atomic_store_n(&ctx->npeer_bytes, used + 1, __ATOMIC_RELEASE);
-            }
-            conn->peer_slot = (uint8_t)(i + 1);
-        }
+        conn->peer_slot = peer_slot_find(ctx, conn);
     }
-    if (conn->peer_slot == PEER_SLOT_NONE)
+    if (conn->peer_slot == PEER_SLOT_NONE || conn->peer_slot == PEER_SLOT_GONE)
         return;
-    struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[conn->peer_slot - 1];
+    struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[conn->peer_slot - 1].t;
     cfx__tp_count(tx ? &p->tx_bytes : &p->rx_bytes, n);
+}
+
+bool cfx__peer_bytes_read(struct cfx_context *ctx, unsigned i, struct cfx_ctl_peer_traffic *out)
+{
+    struct cfx_peer_bytes *e = &ctx->peer_bytes[i];
+    uint32_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+    out->peer = __atomic_load_n(&e->t.peer, __ATOMIC_RELAXED);
+    out->tp = __atomic_load_n(&e->t.tp, __ATOMIC_RELAXED);
+    out->tx_bytes = __atomic_load_n(&e->t.tx_bytes, __ATOMIC_RELAXED);
+    out->rx_bytes = __atomic_load_n(&e->t.rx_bytes, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return !(seq & 1) && __atomic_load_n(&e->seq, __ATOMIC_RELAXED) == seq;
 }
 
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len)
@@ -500,6 +554,26 @@ void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id)
         if (conn->node_id == node_id)
             cfx__conn_fail(conn, CFX_ERR_PEER_FAILED, "coordinator reports the node dead");
     }
+    cfx__conn_peer_departed(ctx, node_id);
+}
+
+void cfx__conn_peer_departed(struct cfx_context *ctx, uint32_t node_id)
+{
+    struct cfx_list *pos;
+    /* a leaving peer's connections close in order: what they still carry
+     * counts for the transport only, never into a slot another pair took */
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(pos, struct cfx_conn, link);
+        if (conn->node_id == node_id)
+            conn->peer_slot = PEER_SLOT_GONE;
+    }
+    /* its entries keep their counts (and are reported) until a new pair
+     * needs the slot */
+    for (unsigned i = 0; i < ctx->npeer_bytes; i++)
+        if (ctx->peer_bytes[i].t.peer == node_id && !ctx->peer_bytes[i].departed) {
+            ctx->peer_bytes[i].departed = true;
+            ctx->npeer_departed++;
+        }
 }
 
 /* Register @p obj with transport @p tp on first use. */

@@ -397,6 +397,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         return cfx__err(CFX_ERR_NOMEM, "cfx_context_create: out of memory");
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->progress_lock, NULL);
+    pthread_mutex_init(&ctx->ps_load_lock, NULL);
     init_cond(&ctx->progress_cond);
     init_cond(&ctx->cmd_done);
     init_cond(&ctx->obj_cond);
@@ -542,6 +543,7 @@ err_free:
     cfx__loc_fini(&ctx->loc);
     pthread_cond_destroy(&ctx->progress_cond);
     pthread_cond_destroy(&ctx->calls_cond);
+    pthread_mutex_destroy(&ctx->ps_load_lock);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
@@ -798,6 +800,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     pthread_cond_destroy(&ctx->async_cond);
     pthread_cond_destroy(&ctx->progress_cond);
     pthread_cond_destroy(&ctx->calls_cond);
+    pthread_mutex_destroy(&ctx->ps_load_lock);
     pthread_mutex_destroy(&ctx->progress_lock);
     pthread_mutex_destroy(&ctx->lock);
     cfx__boot_unhost(ctx->hosted,

@@ -685,9 +685,28 @@ static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
 /* Count @p n bytes sent (@p tx) or received on @p conn, for its transport
  * and for its peer (conn.c; progress lock held).  A peer's entry in
  * ctx->peer_bytes is found once per connection; before an accepted
- * connection's HELLO names the peer, or with the table full, only the
- * transport's count moves. */
+ * connection's HELLO names the peer, or with the table full (and no entry
+ * of a departed peer to take over), only the transport's count moves. */
 void cfx__conn_count(struct cfx_conn *conn, bool tx, uint64_t n);
+
+/* Node @p node_id left the cluster or died (progress-lock holder): its
+ * entries in ctx->peer_bytes may go to new pairs once the table is full,
+ * and its connections count for their transport only from now on. */
+void cfx__conn_peer_departed(struct cfx_context *ctx, uint32_t node_id);
+
+/* One (peer, transport) entry of ctx->peer_bytes.  A slot that changes
+ * hands (a departed peer's, taken by a new pair) is written under seq as
+ * a sequence lock: odd while it changes, so that the heartbeat never
+ * reports the new peer with the old one's counts. */
+struct cfx_peer_bytes {
+    struct cfx_ctl_peer_traffic t; /* peer, transport, counts: what a heartbeat reports */
+    uint32_t seq;               /* even when stable; odd while the slot changes hands */
+    bool departed;              /* its peer left the cluster: the slot may be taken over
+                                   (progress-lock holder only) */
+};
+/* Read entry @p i of ctx->peer_bytes whole (the control client's thread):
+ * false while it is changing hands. */
+bool cfx__peer_bytes_read(struct cfx_context *ctx, unsigned i, struct cfx_ctl_peer_traffic *out);
 
 /* A coordinator found through the launcher's environment (bootstrap.c). */
 struct cfx_boot {
@@ -700,6 +719,7 @@ struct cfx_boot {
 };
 
 struct cfx_coord;
+struct cfx_ps_load; /* dataplane/ps/ps_load.c */
 
 /* Fill @p b and "MASTER_ADDR:port" into @p coord from the environment;
  * CFX_ERR_INVALID naming the variable missing or wrong. */
@@ -794,13 +814,24 @@ struct cfx_context {
     pthread_cond_t calls_cond;  /* calls reached 0 while closing */
     struct cfx_list users;      /* struct cfx_ctx_user: handles on this context (users_lock
                                    in context.c, not ctx->lock) */
-    /* Traffic per (peer, transport) for the heartbeat, for the first
-     * CFX_PEER_BYTES_MAX pairs this node talks to (the transport totals
-     * count the others): entries filled by the progress-lock holder
-     * (cfx__conn_count), npeer_bytes published after each new one; read by
-     * the control client's thread (cfx__task_beat_fill). */
-    struct cfx_ctl_peer_traffic peer_bytes[CFX_PEER_BYTES_MAX];
+    /* Traffic per (peer, transport) for the heartbeat, for CFX_PEER_BYTES_MAX
+     * pairs at a time (the transport totals count every byte): entries
+     * filled by the progress-lock holder (cfx__conn_count), npeer_bytes
+     * published after each new one; read by the control client's thread
+     * (cfx__task_beat_fill).  An entry whose peer left the cluster
+     * (cfx__conn_node_dead) keeps its counts until a new pair needs its
+     * slot when the table is full (docs/OPERATING.md, "Metrics"). */
+    struct cfx_peer_bytes peer_bytes[CFX_PEER_BYTES_MAX];
     unsigned npeer_bytes;
+    unsigned npeer_departed;    /* entries marked departed (progress-lock holder only) */
+    /* Parameter-server load for the heartbeat (dataplane/ps/ps_load.c): the
+     * tables of the PS servers on this context, added and removed under
+     * ps_load_lock, which the heartbeat only tries (a busy lock repeats
+     * ps_last, the report it sent before; that is the control client's
+     * thread's alone). */
+    pthread_mutex_t ps_load_lock;
+    struct cfx_ps_load *ps_load[CFX_CTL_PS_SERVERS_MAX];
+    struct cfx_ctl_ps_report ps_last;
     struct cfx_msg_load report; /* the heartbeat's last report (the control client's thread:
                                    what ctx->lock guards is refreshed when the lock is free) */
     uint32_t report_slot;       /* transfer slot the next heartbeat's progress reports
@@ -1169,6 +1200,9 @@ void cfx__task_load_fill(void *arg, struct cfx_msg_load *out);
  * (cfx__task_progress_fill) and the traffic per peer (the largest
  * CFX_CTL_PEERS_MAX entries of ctx->peer_bytes). */
 void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb);
+/* dataplane/ps/ps_load.c: the PS part of a heartbeat (control client's
+ * thread; never waits for a lock). */
+void cfx__ps_load_beat(struct cfx_context *ctx, struct cfx_ctl_ps_report *out);
 /* Client thread: how far copies being received here got, for a heartbeat. */
 unsigned cfx__task_progress_fill(void *arg, struct cfx_ctl_progress *out, unsigned max);
 /* Client thread: the coordinator restarted; a runner registers the functions again. */

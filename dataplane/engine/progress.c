@@ -155,6 +155,7 @@ int cfx__progress_run_cmds(struct cfx_context *ctx)
             pthread_cond_broadcast(&ctx->obj_cond);
             break;
         case CFX_CMD_NODE_LEFT:
+            cfx__conn_peer_departed(ctx, cmd->node_id);
             if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
                 ctx->left[ctx->nleft++] = cmd->node_id;
             else /* forget the oldest, as for the dead */

@@ -245,12 +245,9 @@ void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb)
     unsigned used = __atomic_load_n(&ctx->npeer_bytes, __ATOMIC_ACQUIRE);
     struct cfx_ctl_peer_traffic all[CFX_PEER_BYTES_MAX];
     bool taken[CFX_PEER_BYTES_MAX] = { false };
-    for (unsigned i = 0; i < used; i++) {
-        all[i].peer = ctx->peer_bytes[i].peer;
-        all[i].tp = ctx->peer_bytes[i].tp;
-        all[i].tx_bytes = __atomic_load_n(&ctx->peer_bytes[i].tx_bytes, __ATOMIC_RELAXED);
-        all[i].rx_bytes = __atomic_load_n(&ctx->peer_bytes[i].rx_bytes, __ATOMIC_RELAXED);
-    }
+    for (unsigned i = 0; i < used; i++)
+        if (!cfx__peer_bytes_read(ctx, i, &all[i]))
+            taken[i] = true; /* changing hands: left out of this beat */
     hb->npeers = 0;
     while (hb->npeers < CFX_CTL_PEERS_MAX) {
         int best = -1;
@@ -264,6 +261,7 @@ void cfx__task_beat_fill(void *arg, struct cfx_msg_heartbeat *hb)
         taken[best] = true;
         hb->peers[hb->npeers++] = all[best];
     }
+    cfx__ps_load_beat(ctx, &hb->ps);
 }
 
 void cfx__task_on_reconnected(struct cfx_context *ctx)

@@ -452,6 +452,8 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         goto err_lock;
     }
 
+    if (ps->role == CFX_PS_SERVER && (rc = cfx__ps_load_start(ps)) != CFX_OK)
+        goto err_delete;
     if (ps->role == CFX_PS_WORKER && (rc = cfx__ps_worker_create(ps)) != CFX_OK)
         goto err_delete;
     if (ps->role == CFX_PS_SERVER && ps->index == 0)
@@ -506,6 +508,7 @@ void cfx_ps_destroy(struct cfx_ps *ps)
         cfx__ps_worker_bye(ps);
     cfx__ps_net_close(ps);
     cfx__ps_server_free(ps);
+    cfx__ps_load_stop(ps);
     cfx__ps_worker_free(ps);
     cfx__ps_sched_free(ps);
     struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };

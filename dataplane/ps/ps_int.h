@@ -296,6 +296,7 @@ struct cfx_ps {
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */
 
+    struct cfx_ps_load *load;   /* server: requests and bytes per block (ps_load.c) */
     struct ps_member member;    /* our announcement (its object's buffer) */
 
     /* map objects this handle published (scheduler) */
@@ -355,6 +356,16 @@ void cfx__ps_server_free(struct cfx_ps *ps);
 /* Server: whether every block of a ready tensor that ps->map gives this
  * server has its state here (none is on its way). */
 bool cfx__ps_server_settled(const struct cfx_ps *ps);
+
+/* load per block for the heartbeat (ps_load.c) */
+/* Server: make its table and add it to the context's reports (before the loop starts). */
+int cfx__ps_load_start(struct cfx_ps *ps);
+/* Remove it from the reports and free it (loop stopped); no-op without one. */
+void cfx__ps_load_stop(struct cfx_ps *ps);
+/* Loop thread: a request on @p block was served, @p bytes of payload both ways. */
+void cfx__ps_load_count(struct cfx_ps *ps, uint32_t block, uint64_t bytes);
+/* Loop thread: ps->map changed: the blocks it gives this server. */
+void cfx__ps_load_owned(struct cfx_ps *ps);
 
 /* scheduler (ps_sched.c) */
 int cfx__ps_sched_create(struct cfx_ps *ps);

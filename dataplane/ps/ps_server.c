@@ -271,6 +271,8 @@ static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struc
             len = b->bytes;
         }
     }
+    if (h.status == CFX_OK && b && req->kind != PS_REQ_INIT)
+        cfx__ps_load_count(ps, req->block, req->len + len); /* served: a counter add */
     cfx__ps_send(ps, w, &h, copy, len, copy);
 }
 
@@ -770,6 +772,7 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
 void cfx__ps_server_map_changed(struct cfx_ps *ps)
 {
     bool slept = false;
+    cfx__ps_load_owned(ps);
     for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {
         struct ps_block *b = ps->blocks[i];
         if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps)) {

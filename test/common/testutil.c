@@ -1,12 +1,14 @@
 #include "testutil.h"
 
 #include <conflux/conflux.h>
+#include <conflux/ps.h>
 
 #include "control/coord.h"
 #include "control/seal.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,4 +167,98 @@ int cfx_test_seal_keys(struct cfx_seal_keys *out)
     static const uint8_t salt[64] = { 9, 8, 7 };
     return cfx__seal_derive("0123456789abcdef0123456789abcdef", "conflux-v1 dp seal", salt,
                             sizeof(salt), "ab", 2, out);
+}
+
+struct ps_member {
+    struct cfx_context *ctx;
+    const char *job;
+    enum cfx_ps_role role;
+    size_t block_size;
+    struct cfx_ps *ps;
+    int rc;
+    char err[512];
+};
+
+static void *ps_member_main(void *p)
+{
+    struct ps_member *m = p;
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_BLOCK_SIZE | CFX_PS_PARAM_TIMEOUT,
+        .job = m->job,
+        .role = m->role,
+        .index = 0,
+        .num_workers = 1,
+        .num_servers = 1,
+        .block_size = m->block_size,
+        .timeout_ms = 20000,
+    };
+    m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
+    if (m->rc != CFX_OK)
+        snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/* The worker's steps of cfx_test_ps_load_job. */
+static int ps_load_steps(struct cfx_ps *w, size_t block_size, unsigned a_blocks,
+                         unsigned b_blocks)
+{
+    size_t na = a_blocks * block_size / 4, nb = b_blocks * block_size / 4;
+    float *a = calloc(na, sizeof(float)), *b = calloc(nb, sizeof(float));
+    int ka = -1, kb = -1, rc = CFX_ERR_NOMEM;
+    if (!a || !b)
+        goto out;
+    for (size_t i = 0; i < na; i++)
+        a[i] = 1.0f;
+    if ((rc = cfx_ps_register(w, "a", CFX_DTYPE_F32, na, a, &ka)) != CFX_OK ||
+        (rc = cfx_ps_register(w, "b", CFX_DTYPE_F32, nb, b, &kb)) != CFX_OK ||
+        (rc = cfx_ps_push(w, ka, a)) != CFX_OK)
+        goto out;
+    for (size_t i = 0; i < nb; i++)
+        b[i] = 2.0f;
+    for (int step = 0; step < 3 && rc == CFX_OK; step++)
+        rc = cfx_ps_push(w, kb, b);
+    for (int i = 0; i < 2 && rc == CFX_OK; i++)
+        rc = cfx_ps_pull(w, kb, b);
+    if (rc == CFX_OK && b[0] != 6.0f) /* three pushes of 2 summed into zeros */
+        rc = CFX_ERR_INVALID;
+out:
+    free(a);
+    free(b);
+    return rc;
+}
+
+int cfx_test_ps_load_job(struct cfx_context *sctx, struct cfx_context *wctx, const char *job,
+                         size_t block_size, unsigned a_blocks, unsigned b_blocks,
+                         struct cfx_ps **server, struct cfx_ps **worker, char *err,
+                         size_t err_len)
+{
+    struct ps_member m[2] = {
+        { .ctx = sctx, .job = job, .role = CFX_PS_SERVER, .block_size = block_size },
+        { .ctx = wctx, .job = job, .role = CFX_PS_WORKER, .block_size = block_size },
+    };
+    pthread_t t[2];
+    int started = 0, rc = CFX_OK;
+    for (; started < 2; started++)
+        if (pthread_create(&t[started], NULL, ps_member_main, &m[started]))
+            break;
+    for (int i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 2 && rc == CFX_OK; i++) {
+        rc = i < started ? m[i].rc : CFX_ERR_NOMEM;
+        if (rc != CFX_OK)
+            snprintf(err, err_len, "ps %s: %s", i ? "worker" : "server",
+                     i < started ? m[i].err : "no thread");
+    }
+    if (rc == CFX_OK && (rc = ps_load_steps(m[1].ps, block_size, a_blocks, b_blocks)) != CFX_OK)
+        snprintf(err, err_len, "ps worker: %s", cfx_last_error());
+    if (rc != CFX_OK) {
+        cfx_ps_destroy(m[1].ps);
+        cfx_ps_destroy(m[0].ps);
+        return rc;
+    }
+    *server = m[0].ps;
+    *worker = m[1].ps;
+    return CFX_OK;
 }

@@ -54,6 +54,20 @@ int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, cha
 int cfx_test_join(const char *addr, const char *tok, const char *tps, const char *name,
                   int timeout_ms, struct cfx_context **out);
 
+/* A parameter-server job of one server (server 0, the scheduler, on @p sctx)
+ * and one worker (on @p wctx), BSP, sums, @p block_size bytes per block,
+ * made at once (each cfx_ps_create waits for the other).  The job of the
+ * load tests (test_coord_metrics, test_rdmactl_top): the worker registers
+ * tensor "a" of @p a_blocks blocks and "b" of @p b_blocks (f32), pushes a
+ * once, b three times, and pulls b twice, so that the server served a's
+ * blocks 1 request each and b's 5 (b's blocks follow a's).  CFX_OK, or the
+ * status with the reason in @p err. */
+struct cfx_ps;
+int cfx_test_ps_load_job(struct cfx_context *sctx, struct cfx_context *wctx, const char *job,
+                         size_t block_size, unsigned a_blocks, unsigned b_blocks,
+                         struct cfx_ps **server, struct cfx_ps **worker, char *err,
+                         size_t err_len);
+
 /* Run the shell command @p cmd; its stdout, up to @p cap - 1 bytes, into
  * @p out (NUL-terminated).  Its exit status; 128 when it did not exit; -1
  * when it could not be started. */

@@ -229,7 +229,35 @@ static void proto(void)
     m.u.hb.progress[0].ready = 12u << 20;
     memset(m.u.hb.progress[1].id.bytes, 0x62, CFX_OBJECT_ID_LEN);
     m.u.hb.progress[1].ready = 0;
+    m.u.hb.npeers = 1;
+    m.u.hb.peers[0] = (struct cfx_ctl_peer_traffic){ .peer = 3, .tp = 1, .tx_bytes = 4096,
+                                                     .rx_bytes = 512 };
+    struct cfx_ctl_ps_report *ps = &m.u.hb.ps;
+    ps->nservers = 2;
+    ps->servers[0] = (struct cfx_ctl_ps_server){ .job = "train", .server = 0, .blocks = 3,
+                                                 .requests = 50, .bytes = 3200 };
+    ps->servers[1] = (struct cfx_ctl_ps_server){ .job = "eval", .server = 2, .blocks = 1,
+                                                 .requests = 1, .bytes = 64 };
+    ps->nblocks = 3;
+    ps->blocks[0] = (struct cfx_ctl_ps_block){ .srv = 0, .block = 40, .requests = 5,
+                                               .bytes = 320 };
+    ps->blocks[1] = (struct cfx_ctl_ps_block){ .srv = 0, .block = 0, .requests = 1, .bytes = 64 };
+    ps->blocks[2] = (struct cfx_ctl_ps_block){ .srv = 1, .block = 7, .requests = 1, .bytes = 64 };
     put("fuzz_proto", "heartbeat", buf, enc(&m, buf, sizeof(buf)));
+    struct cfx_ctl_ps_report rep = *ps;
+
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_PS_LOADS;
+    m.req_id = 14;
+    m.u.ps_cursor = 2;
+    put("fuzz_proto", "ps_loads", buf, enc(&m, buf, sizeof(buf)));
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_PS_LOADS_REPLY;
+    m.req_id = 14;
+    m.u.ps_loads.node_id = 3;
+    m.u.ps_loads.more = 1;
+    m.u.ps_loads.ps = rep;
+    put("fuzz_proto", "ps_loads_reply", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_TASKS;

@@ -244,3 +244,49 @@ Test(rdmactl_objects, partial_copy_shows_its_bytes)
     free(src);
     free(buf);
 }
+
+/*
+ * A parameter-server job (test/common: one server, one worker, tensor a of
+ * 40 blocks pushed once, b of 2 blocks pushed three times and pulled
+ * twice): `rdmactl top --once` shows a PS section for the job, with the
+ * server's node, its 42 blocks, its 50 requests and 3200 bytes (no rate in
+ * a first frame), and b's two blocks heaviest, 5 requests and 320 bytes
+ * each.
+ */
+Test(rdmactl_top, once_shows_ps_servers_and_blocks)
+{
+    struct cfx_context *s, *w;
+    struct cfx_ps *srv, *wrk;
+    char out[8192], err[512], row[256];
+
+    cr_assert_eq(join("top-ps-s", &s), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join("top-ps-w", &w), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_ps_load_job(s, w, "top-ps", 64, 40, 2, &srv, &wrk, err, sizeof(err)),
+                 CFX_OK, "%s", err);
+    /* the server's node reports its load with its next heartbeat */
+    snprintf(row, sizeof(row), "\n  %6u  %8u  %8u  %10u  %12s  %12s\n", 0,
+             cfx_context_node_id(s), 42, 50, "3.1 KiB", "-");
+    cr_assert(rdmactl_until("top --once", row, out, sizeof(out)), "no row '%s' in:\n%s", row + 1,
+              out);
+    cr_log_info("%s", out);
+    const char *job = strstr(out, "\nPS job top-ps\n  SERVER      NODE    BLOCKS    REQUESTS"
+                                  "         BYTES       BYTES/s\n");
+    cr_assert_not_null(job, "%s", out);
+    cr_expect_null(strstr(job + 1, "\nPS job "), "one job:\n%s", out);
+    const char *blocks = strstr(job, "\n  BLOCK   SERVER      NODE    REQUESTS         BYTES\n");
+    cr_assert_not_null(blocks, "%s", out);
+    for (unsigned b = 40; b < 42; b++) {
+        snprintf(row, sizeof(row), "\n  %-6u  %6u  %8u  %10u  %12s\n", b, 0,
+                 cfx_context_node_id(s), 5, "320 B");
+        cr_expect_not_null(strstr(blocks, row), "no row '%s' in:\n%s", row + 1, out);
+    }
+    /* then three of a's blocks, one request each (5 shown per job) */
+    int rows = 0;
+    for (const char *p = blocks + 1; (p = strstr(p, "\n  ")); p++)
+        rows++;
+    cr_expect_eq(rows, 5, "five heaviest blocks:\n%s", out);
+    cfx_ps_destroy(wrk);
+    cfx_ps_destroy(srv);
+    cfx_context_destroy(w);
+    cfx_context_destroy(s);
+}

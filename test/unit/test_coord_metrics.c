@@ -330,6 +330,92 @@ Test(coord_metrics, heartbeats_report_traffic)
     cfx_context_destroy(a);
 }
 
+#define PS_JOB "met\"ps\\1" /* a quote and a backslash: escaped in the labels */
+#define PS_JOB_LABEL "met\\\"ps\\\\1"
+#define PS_BLOCK 64u        /* bytes per block: 16 floats */
+#define PS_A_BLOCKS 40u     /* tensor a: more blocks than one heartbeat reports */
+#define PS_B_BLOCKS 2u      /* tensor b, blocks 40 and 41: the heaviest */
+
+/* The load a parameter server reports per block: a worker pushes tensor a
+ * (40 blocks) once, and tensor b (2 blocks) three times and pulls it twice;
+ * the server's requests and bytes per block, in all and per block, are
+ * exact in a scrape, the 32 heaviest blocks listed (b's two, then a's
+ * lowest 30: equal loads go by block number) and no other. */
+Test(coord_metrics, ps_load_per_block)
+{
+    struct cfx_context *ctx[2];
+    struct cfx_ps *srv, *w;
+    char name[256], out[4096];
+
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(join(&ctx[i]), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_ps_load_job(ctx[0], ctx[1], PS_JOB, PS_BLOCK, PS_A_BLOCKS, PS_B_BLOCKS,
+                                      &srv, &w, out, sizeof(out)),
+                 CFX_OK, "%s", out);
+    uint32_t node = cfx_context_node_id(ctx[0]);
+
+    /* every request is answered by now, but the server's node reports with
+     * its heartbeats (every 250 ms): no event says the coordinator has the
+     * report, so scrape until it does, by a deadline */
+    const unsigned requests = PS_A_BLOCKS + PS_B_BLOCKS * 5;
+    char total[256];
+    snprintf(total, sizeof(total),
+             "conflux_coord_ps_server_requests_total{job=\"%s\",server=\"0\",node=\"%u\"}",
+             PS_JOB_LABEL, node);
+    char *r = NULL;
+    const char *body = NULL;
+    uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
+    for (;;) {
+        free(r);
+        r = scrape();
+        body = body_of(r);
+        if (sample_of(body, total) == requests)
+            break;
+        cr_assert(now_ns() < deadline, "no report of %u requests:\n%s", requests, body);
+        usleep(50 * 1000);
+    }
+    cr_log_info("%s", body);
+    snprintf(name, sizeof(name),
+             "conflux_coord_ps_server_bytes_total{job=\"%s\",server=\"0\",node=\"%u\"}",
+             PS_JOB_LABEL, node);
+    expect_sample(body, name, (unsigned long long)requests * PS_BLOCK);
+    snprintf(name, sizeof(name),
+             "conflux_coord_ps_server_blocks{job=\"%s\",server=\"0\",node=\"%u\"}", PS_JOB_LABEL,
+             node);
+    expect_sample(body, name, PS_A_BLOCKS + PS_B_BLOCKS);
+    for (unsigned blk = 0; blk < PS_A_BLOCKS + PS_B_BLOCKS; blk++) {
+        int listed = blk >= PS_A_BLOCKS || blk < 30;
+        unsigned long long reqs = blk >= PS_A_BLOCKS ? 5 : 1;
+        snprintf(name, sizeof(name),
+                 "conflux_coord_ps_block_requests_total{job=\"%s\",block=\"%u\",server=\"0\","
+                 "node=\"%u\"}", PS_JOB_LABEL, blk, node);
+        if (listed)
+            expect_sample(body, name, reqs);
+        else
+            cr_expect_eq(sample_of(body, name), -1, "block %u listed beyond the 32", blk);
+        snprintf(name, sizeof(name),
+                 "conflux_coord_ps_block_bytes_total{job=\"%s\",block=\"%u\",server=\"0\","
+                 "node=\"%u\"}", PS_JOB_LABEL, blk, node);
+        if (listed)
+            expect_sample(body, name, reqs * PS_BLOCK);
+        else
+            cr_expect_eq(sample_of(body, name), -1, "block %u listed beyond the 32", blk);
+    }
+    /* the worker's node serves no blocks: no PS series of its own */
+    snprintf(name, sizeof(name), "node=\"%u\"}", cfx_context_node_id(ctx[1]));
+    for (const char *p = strstr(body, "\nconflux_coord_ps_"); p; p = strstr(p + 1,
+                                                                         "\nconflux_coord_ps_"))
+        cr_expect(!strstr(p, name) || strchr(p + 1, '\n') < strstr(p, name),
+                  "a PS series of the worker's node: %.120s", p + 1);
+    if (system("command -v promtool >/dev/null 2>&1") == 0)
+        cr_expect_eq(promtool(body, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, body);
+    free(r);
+    cfx_ps_destroy(w);
+    cfx_ps_destroy(srv);
+    for (int i = 1; i >= 0; i--)
+        cfx_context_destroy(ctx[i]);
+}
+
 Test(coord_metrics, only_get_of_metrics)
 {
     static const char post[] = "POST /metrics HTTP/1.1\r\n\r\n";

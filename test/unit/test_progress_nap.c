@@ -336,6 +336,7 @@ Test(progress_nap, traffic_is_counted_per_peer)
     pthread_mutex_init(&ctx->lock, NULL);
     ctx->tp[1] = (struct cfx_tp_slot){ .ops = &busy_ops, .fd = 7 };
     ctx->ntp = 2;
+    pthread_mutex_init(&ctx->ps_load_lock, NULL);
     enum { N = CFX_PEER_BYTES_MAX + 6 };
     static struct cfx_conn c[N];
     uint64_t total[2] = { 0, 0 };
@@ -349,7 +350,7 @@ Test(progress_nap, traffic_is_counted_per_peer)
     cr_assert_eq(ctx->tp[1].tx_bytes + ctx->tp[1].rx_bytes, total[1]);
     cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX, "the table holds its first pairs");
     for (unsigned i = 0; i < CFX_PEER_BYTES_MAX; i++) {
-        const struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[i];
+        const struct cfx_ctl_peer_traffic *p = &ctx->peer_bytes[i].t;
         cr_assert_eq(p->peer, 100 + i / 2);
         cr_assert_eq(p->tp, i % 2);
         cr_assert_eq(p->tx_bytes, 1000 * (i + 1));
@@ -359,7 +360,7 @@ Test(progress_nap, traffic_is_counted_per_peer)
      * for its transport */
     struct cfx_conn again = { .ctx = ctx, .tp = 0, .node_id = 100 };
     cfx__conn_count(&again, true, 5);
-    cr_assert_eq(ctx->peer_bytes[0].tx_bytes, 1005);
+    cr_assert_eq(ctx->peer_bytes[0].t.tx_bytes, 1005);
     struct cfx_conn anon = { .ctx = ctx, .tp = 0 };
     cfx__conn_count(&anon, false, 7);
     cr_assert_eq(ctx->tp[0].rx_bytes + ctx->tp[0].tx_bytes, total[0] + 5 + 7);
@@ -375,6 +376,191 @@ Test(progress_nap, traffic_is_counted_per_peer)
         cr_assert_eq(hb.peers[k].tp, i % 2);
         cr_assert_eq(hb.peers[k].tx_bytes, 1000 * (i + 1));
     }
+    pthread_mutex_destroy(&ctx->ps_load_lock);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+/* Every (peer, transport) series a reader has seen, with its last values:
+ * a series may end, never go down. */
+struct series {
+    uint32_t peer;
+    uint8_t tp;
+    uint64_t tx, rx;
+};
+
+static void series_check(struct series *seen, unsigned *nseen, unsigned cap,
+                         const struct cfx_ctl_peer_traffic *p, const char *where)
+{
+    for (unsigned k = 0; k < *nseen; k++) {
+        struct series *x = &seen[k];
+        if (x->peer != p->peer || x->tp != p->tp)
+            continue;
+        cr_assert(p->tx_bytes >= x->tx && p->rx_bytes >= x->rx,
+                  "%s: peer %u transport %u went down: %llu/%llu after %llu/%llu", where,
+                  p->peer, p->tp, (unsigned long long)p->tx_bytes,
+                  (unsigned long long)p->rx_bytes, (unsigned long long)x->tx,
+                  (unsigned long long)x->rx);
+        x->tx = p->tx_bytes;
+        x->rx = p->rx_bytes;
+        return;
+    }
+    cr_assert_lt(*nseen, cap);
+    seen[(*nseen)++] = (struct series){ p->peer, p->tp, p->tx_bytes, p->rx_bytes };
+}
+
+/* Read the whole table and a heartbeat: every series against the last. */
+static void table_check(struct cfx_context *ctx, struct series *seen, unsigned *nseen,
+                        unsigned cap)
+{
+    static struct cfx_msg_heartbeat hb;
+    for (unsigned i = 0; i < ctx->npeer_bytes; i++) {
+        struct cfx_ctl_peer_traffic p;
+        cr_assert(cfx__peer_bytes_read(ctx, i, &p), "entry %u is stable", i);
+        series_check(seen, nseen, cap, &p, "table");
+    }
+    cfx__task_beat_fill(ctx, &hb);
+    cr_assert_eq(hb.npeers, CFX_CTL_PEERS_MAX);
+    for (unsigned k = 0; k < hb.npeers; k++)
+        series_check(seen, nseen, cap, &hb.peers[k], "heartbeat");
+}
+
+/* The entry of (@p peer, @p tp), or NULL. */
+static const struct cfx_peer_bytes *entry_of(const struct cfx_context *ctx, uint32_t peer,
+                                             int tp)
+{
+    for (unsigned i = 0; i < ctx->npeer_bytes; i++)
+        if (ctx->peer_bytes[i].t.peer == peer && ctx->peer_bytes[i].t.tp == tp)
+            return &ctx->peer_bytes[i];
+    return NULL;
+}
+
+/*
+ * Peers come and go, over 160 pairs in all through a table of 64: a peer
+ * the coordinator reports dead or gone (cfx__conn_node_dead,
+ * cfx__conn_peer_departed) keeps its entry,
+ * counts and place in heartbeats until a new pair needs a slot with the
+ * table full; the new pair then takes a departed peer's slot and counts
+ * from its own first bytes; a connection that found the table full gets a
+ * slot once one is free; a peer that left in good order counts on its
+ * closing connection for the transport only, never into the slot a
+ * newcomer took; a departed peer back under its id goes on from its
+ * counts.  Through it all no series the table or a heartbeat showed ever
+ * goes down, and the transport totals hold every byte.
+ */
+Test(progress_nap, departed_peers_free_their_slots)
+{
+    struct cfx_context *ctx = ctx_new();
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->ps_load_lock, NULL);
+    ctx->tp[1] = (struct cfx_tp_slot){ .ops = &busy_ops, .fd = 7 };
+    ctx->ntp = 2;
+    enum { PEERS0 = CFX_PEER_BYTES_MAX / 2, ROUNDS = 6, CHURN = 8, CAP = 512 };
+    static struct cfx_conn c[2 * (PEERS0 + ROUNDS * CHURN)];
+    static struct series seen[CAP];
+    unsigned nseen = 0, nc = 0;
+    uint64_t total = 0;
+
+    /* 32 peers on both transports fill the table */
+    for (uint32_t peer = 100; peer < 100 + PEERS0; peer++)
+        for (int tp = 0; tp < 2; tp++, nc++) {
+            c[nc] = (struct cfx_conn){ .ctx = ctx, .tp = tp, .node_id = peer };
+            cfx__conn_count(&c[nc], true, 1000 * peer + (uint64_t)tp);
+            cfx__conn_count(&c[nc], false, 10 * peer);
+            total += 1010 * peer + (uint64_t)tp;
+        }
+    cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX);
+    table_check(ctx, seen, &nseen, CAP);
+    /* one more: the table is full of live peers, the transport counts it */
+    struct cfx_conn late = { .ctx = ctx, .tp = 0, .node_id = 999 };
+    cfx__conn_count(&late, true, 77);
+    total += 77;
+    cr_assert_null(entry_of(ctx, 999, 0));
+
+    uint32_t next_new = 100 + PEERS0, oldest = 100; /* ids in order of arrival */
+    for (int r = 0; r < ROUNDS; r++) {
+        /* CHURN peers leave; their entries stay as they were, and reported */
+        for (int k = 0; k < CHURN; k++)
+            cfx__conn_node_dead(ctx, oldest + (uint32_t)k);
+        if (oldest == 100 + PEERS0) /* round 0's newcomers go, and the late one */
+            cfx__conn_node_dead(ctx, 999);
+        for (int k = 0; k < CHURN; k++) {
+            const struct cfx_peer_bytes *e = entry_of(ctx, oldest + (uint32_t)k, 0);
+            cr_assert_not_null(e, "round %d: peer %u's entry kept", r, oldest + k);
+            cr_assert(e->departed);
+        }
+        table_check(ctx, seen, &nseen, CAP);
+        if (r == 0) {
+            /* the connection that found the table full takes a freed slot,
+             * counting from there (its first 77 bytes: the transport's) */
+            cfx__conn_count(&late, true, 5);
+            total += 5;
+            const struct cfx_peer_bytes *e = entry_of(ctx, 999, 0);
+            cr_assert_not_null(e);
+            cr_assert_eq(e->t.tx_bytes, 5);
+            cr_assert_eq(e->t.rx_bytes, 0);
+        }
+        /* new peers take the departed peers' slots, from their own bytes;
+         * round 0 has one slot less (the late connection's) */
+        for (int k = 0; k < CHURN; k++, next_new++)
+            for (int tp = 0; tp < 2 && !(r == 0 && k == CHURN - 1 && tp == 1); tp++, nc++) {
+                c[nc] = (struct cfx_conn){ .ctx = ctx, .tp = tp, .node_id = next_new };
+                cfx__conn_count(&c[nc], true, 3 + (uint64_t)tp);
+                cfx__conn_count(&c[nc], false, 1);
+                total += 4 + (uint64_t)tp;
+                const struct cfx_peer_bytes *e = entry_of(ctx, next_new, tp);
+                cr_assert_not_null(e, "round %d: new peer %u on %d has a slot", r, next_new, tp);
+                cr_assert_eq(e->t.tx_bytes, 3 + (uint64_t)tp);
+                cr_assert_eq(e->t.rx_bytes, 1);
+                cr_assert_not(e->departed);
+                table_check(ctx, seen, &nseen, CAP);
+            }
+        cr_assert_eq(ctx->npeer_bytes, CFX_PEER_BYTES_MAX, "never more than the table");
+        oldest += CHURN;
+    }
+    /* a peer that leaves in good order keeps its connection open while it
+     * closes: what that still carries counts for the transport only, also
+     * once a new pair took the peer's slot */
+    uint32_t leaver = oldest + 1;
+    struct cfx_conn lc;
+    conn_add(ctx, &lc, 0, CFX_CONN_READY);
+    lc.node_id = leaver;
+    cfx__conn_count(&lc, true, 1);
+    const struct cfx_peer_bytes *le = entry_of(ctx, leaver, 0);
+    cr_assert_not_null(le);
+    uint64_t was = le->t.tx_bytes;
+    cfx__conn_peer_departed(ctx, leaver); /* the coordinator's leave event */
+    cfx__conn_count(&lc, true, 100);
+    cr_assert_eq(le->t.tx_bytes, was, "nothing counts into a departed peer's slot");
+    struct cfx_conn newcomer = { .ctx = ctx, .tp = 0, .node_id = 5000 };
+    cfx__conn_count(&newcomer, true, 2);
+    const struct cfx_peer_bytes *ne = entry_of(ctx, 5000, 0);
+    cr_assert_not_null(ne, "the newcomer takes one of the leaver's slots");
+    cfx__conn_count(&lc, true, 50);
+    cr_assert_eq(ne->t.tx_bytes, 2, "the leaver's bytes never land in the newcomer's slot");
+    total += 1 + 100 + 2 + 50;
+    table_check(ctx, seen, &nseen, CAP);
+    cfx_list_del(&lc.link);
+
+    /* a departed peer whose slot nobody took goes on from its counts when
+     * it comes back under its id */
+    uint32_t back = oldest;
+    cfx__conn_node_dead(ctx, back);
+    const struct cfx_peer_bytes *e = entry_of(ctx, back, 0);
+    cr_assert_not_null(e);
+    uint64_t before = e->t.tx_bytes;
+    struct cfx_conn again = { .ctx = ctx, .tp = 0, .node_id = back };
+    cfx__conn_count(&again, true, 9);
+    total += 9;
+    cr_assert_eq(entry_of(ctx, back, 0), e, "the same slot");
+    cr_assert_eq(e->t.tx_bytes, before + 9);
+    cr_assert_not(e->departed);
+    table_check(ctx, seen, &nseen, CAP);
+    cr_assert_gt(nseen, CFX_PEER_BYTES_MAX + 2 * ROUNDS * CHURN - 2, "%u series seen", nseen);
+    cr_assert_eq(ctx->tp[0].tx_bytes + ctx->tp[0].rx_bytes + ctx->tp[1].tx_bytes +
+                     ctx->tp[1].rx_bytes,
+                 total, "the transports count every byte");
+    pthread_mutex_destroy(&ctx->ps_load_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }

@@ -157,6 +157,43 @@ static void teardown(void)
 TestSuite(proto, .init = setup, .fini = teardown);
 
 /* A representative message of @p type. */
+/* Two PS servers ("job-a" 0, "b" 3), two blocks: SAMPLE_PS_WIRE bytes. */
+#define SAMPLE_PS_WIRE (1 + CFX_PROTO_PS_SERVER_WIRE(5) + CFX_PROTO_PS_SERVER_WIRE(1) + 1 + \
+                        2 * CFX_PROTO_PS_BLOCK_WIRE)
+static void sample_ps(struct cfx_ctl_ps_report *ps)
+{
+    memset(ps, 0, sizeof(*ps));
+    ps->nservers = 2;
+    ps->servers[0] = (struct cfx_ctl_ps_server){ .job = "job-a", .server = 0, .blocks = 12,
+                                                 .requests = 1000, .bytes = 5ull << 33 };
+    ps->servers[1] = (struct cfx_ctl_ps_server){ .job = "b", .server = 3, .blocks = 1,
+                                                 .requests = 1, .bytes = 64 };
+    ps->nblocks = 2;
+    ps->blocks[0] = (struct cfx_ctl_ps_block){ .srv = 0, .block = 7, .requests = 600,
+                                               .bytes = 3ull << 33 };
+    ps->blocks[1] = (struct cfx_ctl_ps_block){ .srv = 1, .block = 16383, .requests = 1,
+                                               .bytes = 64 };
+}
+
+static void assert_ps_eq(const struct cfx_ctl_ps_report *a, const struct cfx_ctl_ps_report *b)
+{
+    cr_assert_eq(a->nservers, b->nservers);
+    for (uint32_t i = 0; i < a->nservers; i++) {
+        cr_assert_str_eq(a->servers[i].job, b->servers[i].job);
+        cr_assert_eq(a->servers[i].server, b->servers[i].server);
+        cr_assert_eq(a->servers[i].blocks, b->servers[i].blocks);
+        cr_assert_eq(a->servers[i].requests, b->servers[i].requests);
+        cr_assert_eq(a->servers[i].bytes, b->servers[i].bytes);
+    }
+    cr_assert_eq(a->nblocks, b->nblocks);
+    for (uint32_t i = 0; i < a->nblocks; i++) {
+        cr_assert_eq(a->blocks[i].srv, b->blocks[i].srv);
+        cr_assert_eq(a->blocks[i].block, b->blocks[i].block);
+        cr_assert_eq(a->blocks[i].requests, b->blocks[i].requests);
+        cr_assert_eq(a->blocks[i].bytes, b->blocks[i].bytes);
+    }
+}
+
 static void sample_msg(uint8_t type, struct cfx_msg *m)
 {
     memset(m, 0, sizeof(*m));
@@ -279,6 +316,15 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
             m->u.hb.peers[i] = (struct cfx_ctl_peer_traffic){ .peer = 40 + i, .tp = (uint8_t)i,
                                                               .tx_bytes = (5ull << 40) + i,
                                                               .rx_bytes = i ? 0 : 77 };
+        sample_ps(&m->u.hb.ps);
+        break;
+    case CFX_MSG_PS_LOADS:
+        m->u.ps_cursor = 0x01020304u;
+        break;
+    case CFX_MSG_PS_LOADS_REPLY:
+        m->u.ps_loads.node_id = 9;
+        m->u.ps_loads.more = 1;
+        sample_ps(&m->u.ps_loads.ps);
         break;
     case CFX_MSG_TASK_REG:
         strcpy(m->u.task_reg.name, "square");
@@ -502,6 +548,15 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
             cr_assert_eq(a->u.hb.peers[i].tx_bytes, b->u.hb.peers[i].tx_bytes);
             cr_assert_eq(a->u.hb.peers[i].rx_bytes, b->u.hb.peers[i].rx_bytes);
         }
+        assert_ps_eq(&a->u.hb.ps, &b->u.hb.ps);
+        break;
+    case CFX_MSG_PS_LOADS:
+        cr_assert_eq(a->u.ps_cursor, b->u.ps_cursor);
+        break;
+    case CFX_MSG_PS_LOADS_REPLY:
+        cr_assert_eq(a->u.ps_loads.node_id, b->u.ps_loads.node_id);
+        cr_assert_eq(a->u.ps_loads.more, b->u.ps_loads.more);
+        assert_ps_eq(&a->u.ps_loads.ps, &b->u.ps_loads.ps);
         break;
     case CFX_MSG_TASK_REG:
         cr_assert_str_eq(a->u.task_reg.name, b->u.task_reg.name);
@@ -772,7 +827,7 @@ Test(proto, heartbeat_report_bounds)
     size_t ntp_at = CFX_PROTO_HDR_LEN + 24;
     cr_assert_eq(frame[ntp_at], 2);
     cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 + 2 * CFX_PROTO_PROGRESS_WIRE +
-                          1 + 2 * CFX_PROTO_PEER_WIRE);
+                          1 + 2 * CFX_PROTO_PEER_WIRE + SAMPLE_PS_WIRE);
     memcpy(frame2, frame, len);
     frame2[ntp_at] = CFX_LOAD_TPS_MAX + 1;
     cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
@@ -837,7 +892,7 @@ Test(proto, heartbeat_progress_bounds)
     len = encode_ok(&m);
     cr_assert_eq(len, CFX_PROTO_HDR_LEN + CFX_PROTO_LOAD_WIRE + 1 +
                           CFX_CTL_PROGRESS_MAX * CFX_PROTO_PROGRESS_WIRE + 1 +
-                          2 * CFX_PROTO_PEER_WIRE);
+                          2 * CFX_PROTO_PEER_WIRE + SAMPLE_PS_WIRE);
     cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
     assert_msg_eq(&m, &d);
     /* the sender is held to the same bounds */
@@ -879,6 +934,95 @@ Test(proto, heartbeat_peer_bounds)
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
     m.u.hb.npeers = 1;
     m.u.hb.peers[0].tp = 2;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+}
+
+/* The parameter-server load after the peers: the server and block counts
+ * are capped (CFX_CTL_PS_SERVERS_MAX, CFX_CTL_PS_BLOCKS_MAX) and must agree
+ * with the payload, a job name is 1..CFX_CTL_PS_JOB_MAX bytes without a NUL,
+ * a block names a listed server.  Full lists round-trip; the sender is held
+ * to the same bounds. */
+Test(proto, heartbeat_ps_bounds)
+{
+    struct cfx_msg m, d;
+    sample_msg(CFX_MSG_HEARTBEAT, &m);
+    size_t len = encode_ok(&m);
+    size_t srv_at = len - SAMPLE_PS_WIRE; /* the server count */
+    size_t job_at = srv_at + 1;           /* the first job name's length */
+    size_t blk_at = len - 1 - 2 * CFX_PROTO_PS_BLOCK_WIRE; /* the block count */
+    cr_assert_eq(frame[job_at], 5);
+    count_bounds(len, srv_at, CFX_CTL_PS_SERVERS_MAX, "CFX_CTL_PS_SERVERS_MAX");
+    count_bounds(len, blk_at, CFX_CTL_PS_BLOCKS_MAX, "CFX_CTL_PS_BLOCKS_MAX");
+    memcpy(frame2, frame, len);
+    frame2[job_at] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS job name length"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[job_at] = CFX_CTL_PS_JOB_MAX + 1;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS job name length"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[job_at + 2] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "NUL"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[blk_at + 1] = 2; /* the first block's server: two are listed */
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "does not list"), "%s", cfx_last_error());
+    memcpy(frame2, frame, len);
+    frame2[blk_at + 1 + CFX_PROTO_PS_BLOCK_WIRE] = 0; /* the second block: server 0's */
+    frame2[blk_at + 2 + CFX_PROTO_PS_BLOCK_WIRE] = 7; /* block 7 again (7 is 0x00000007) */
+    frame2[blk_at + 3 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    frame2[blk_at + 4 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    frame2[blk_at + 5 + CFX_PROTO_PS_BLOCK_WIRE] = 0;
+    cr_assert_eq(cfx__msg_decode(frame2, len, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS block listed twice"), "%s", cfx_last_error());
+    /* the second server as ("job-a", 0) again: same length, same index */
+    struct cfx_msg twice;
+    sample_msg(CFX_MSG_HEARTBEAT, &twice);
+    twice.u.hb.ps.servers[1] = twice.u.hb.ps.servers[0];
+    size_t tlen = encode_ok(&twice);
+    cr_assert_eq(cfx__msg_decode(frame, tlen, &d), CFX_ERR_PROTO);
+    cr_assert(strstr(cfx_last_error(), "PS server listed twice"), "%s", cfx_last_error());
+    len = encode_ok(&m);
+
+    /* full lists, the longest job names */
+    struct cfx_ctl_ps_report *ps = &m.u.hb.ps;
+    ps->nservers = CFX_CTL_PS_SERVERS_MAX;
+    for (uint32_t i = 0; i < CFX_CTL_PS_SERVERS_MAX; i++) {
+        memset(ps->servers[i].job, 'a' + (int)i, CFX_CTL_PS_JOB_MAX);
+        ps->servers[i].job[CFX_CTL_PS_JOB_MAX] = '\0';
+        ps->servers[i].server = 60 + i;
+        ps->servers[i].blocks = 16384 - i;
+        ps->servers[i].requests = UINT64_MAX - i;
+        ps->servers[i].bytes = (uint64_t)i << 50;
+    }
+    ps->nblocks = CFX_CTL_PS_BLOCKS_MAX;
+    for (uint32_t i = 0; i < CFX_CTL_PS_BLOCKS_MAX; i++)
+        ps->blocks[i] = (struct cfx_ctl_ps_block){ .srv = (uint8_t)(i % CFX_CTL_PS_SERVERS_MAX),
+                                                   .block = 1000 * i, .requests = i,
+                                                   .bytes = UINT64_MAX - i };
+    len = encode_ok(&m);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&m, &d);
+    /* and in a PS_LOADS_REPLY */
+    struct cfx_msg r = { .type = CFX_MSG_PS_LOADS_REPLY, .req_id = 5 };
+    r.u.ps_loads.node_id = 77;
+    r.u.ps_loads.ps = *ps;
+    len = encode_ok(&r);
+    cr_assert_eq(cfx__msg_decode(frame, len, &d), CFX_OK, "%s", cfx_last_error());
+    assert_msg_eq(&r, &d);
+
+    ps->nservers = CFX_CTL_PS_SERVERS_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    ps->nservers = CFX_CTL_PS_SERVERS_MAX;
+    ps->nblocks = CFX_CTL_PS_BLOCKS_MAX + 1;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    ps->nblocks = 1;
+    ps->blocks[0].srv = CFX_CTL_PS_SERVERS_MAX;
+    cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
+    ps->blocks[0].srv = 0;
+    ps->servers[1].job[0] = '\0';
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
 }
 
