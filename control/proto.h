@@ -59,7 +59,8 @@
                                     *    complete holders in LOOKUP_REPLY (striping);
                                     * 9: traffic per peer in HEARTBEAT;
                                     * 10: parameter-server load per block in
-                                    *     HEARTBEAT, the PS_LOADS listing */
+                                    *     HEARTBEAT, the PS_LOADS listing; data
+                                    *     placement (TASK_PLACE flag) */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u

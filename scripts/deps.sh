@@ -23,6 +23,7 @@ packages=(
     ibverbs-providers # user-space drivers, rdma_rxe (Soft-RoCE) among them
     iperf3            # baseline for the bandwidth benchmarks
     iproute2          # ip netns / tc for the cluster benchmarks
+    prometheus        # promtool: the metrics test checks the coordinator's exposition
     clang             # libFuzzer targets; the clang Release build
     stress-ng         # CPU hogs: kernel-cap tests, test-repeat.sh --load
     python3-venv      # the Python package's test venv (test.sh stage 4a)
