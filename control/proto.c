@@ -45,6 +45,7 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_TASK_DONE] = "TASK_DONE",
     [CFX_MSG_TASKS] = "TASKS",
     [CFX_MSG_TASKS_REPLY] = "TASKS_REPLY",
+    [CFX_MSG_TASK_ANNOUNCE] = "TASK_ANNOUNCE",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -192,6 +193,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASK_DONE:
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
+    case CFX_MSG_TASK_ANNOUNCE:
         return cfx__msg_task_encode(m, w);
     case CFX_MSG_CHALLENGE:
         if (m->u.challenge.secure > CFX_SEAL_ENCRYPT)
@@ -488,6 +490,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_DONE:
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
+    case CFX_MSG_TASK_ANNOUNCE:
         cfx__msg_task_decode(r, m);
         break;
     case CFX_MSG_CHALLENGE:

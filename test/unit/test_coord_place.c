@@ -172,8 +172,11 @@ TestSuite(placecap, .init = setup_caps, .fini = teardown, .timeout = 60);
 static void task_init(struct cfx_msg *m, uint8_t type, const struct cfx_object_id *in, int nin,
                       const uint32_t *nodes, int nn)
 {
+    static uint64_t keys;
     memset(m, 0, sizeof(*m));
     m->type = type;
+    if (type == CFX_MSG_TASK_SUBMIT)
+        m->u.task.key = ++keys; /* each submission its own idempotency key */
     snprintf(m->u.task.name, sizeof(m->u.task.name), "f");
     m->u.task.cores = 1;
     m->u.task.timeout_ms = CALL_MS;
