@@ -787,9 +787,9 @@ void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
     }
     t = task_find_key(co, mt->key);
     if (t && t->state == COORD_TASK_PLACED && t->node_id != node) {
-        CFX_LOG(ERR, CTL, "node %u re-announces task %llu ('%s'), placed on node %u after the "
-                "restart: it runs twice", node, (unsigned long long)t->id, t->t.name,
-                t->node_id);
+        CFX_LOG(ERR, CTL, "node %u re-announces task %llu ('%s'), placed on node %u meanwhile "
+                "(node %u came back after the grace, or was taken for dead): it runs twice",
+                node, (unsigned long long)t->id, t->t.name, t->node_id, node);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS, "task %llu is placed on node %u",
                              (unsigned long long)t->id, t->node_id);
         return;

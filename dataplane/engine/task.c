@@ -32,10 +32,8 @@ int cfx__task_init(struct cfx_context *ctx)
     struct sysinfo si;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
-    if (!rt || !(rt->ended = calloc(TASK_ENDED_KEEP, sizeof(*rt->ended)))) {
-        free(rt);
+    if (!rt)
         return cfx__err(CFX_ERR_NOMEM, "no memory for the task runner");
-    }
     pthread_mutex_init(&rt->mu, NULL);
     pthread_cond_init(&rt->cond, NULL);
     cfx_list_init(&rt->jobs);
@@ -415,6 +413,10 @@ static int start_runners(struct cfx_context *ctx)
     if (want < 1 || want > TASK_THREADS_MAX)
         return cfx__err(CFX_ERR_INVALID, "CFX_TASK_THREADS=%lld is not in 1..%d", want,
                         TASK_THREADS_MAX);
+    /* what a worker remembers of the tasks it ended (task_keep.c) */
+    if (!rt->ended && !(rt->ended = calloc(TASK_ENDED_KEEP, sizeof(*rt->ended))))
+        return cfx__err(CFX_ERR_NOMEM, "node %u: no memory for the task runner",
+                        ctx->node_id);
     for (long long i = 0; i < want; i++) {
         int e = pthread_create(&rt->threads[rt->nthreads], NULL, runner, ctx);
         if (e) {

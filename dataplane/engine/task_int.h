@@ -56,7 +56,8 @@ struct cfx_task_rt {
     unsigned nfns;
     struct cfx_list jobs;       /* struct task_job, oldest first */
     struct cfx_list running;    /* struct task_job being run */
-    struct task_ended *ended;   /* ring of TASK_ENDED_KEEP (allocated with rt) */
+    struct task_ended *ended;   /* ring of TASK_ENDED_KEEP (allocated with the runners;
+                                 * NULL before: nothing ran here) */
     unsigned ended_next;        /* slot the next end takes */
     pthread_t threads[TASK_THREADS_MAX];
     unsigned nthreads;

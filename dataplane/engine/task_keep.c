@@ -63,7 +63,7 @@ static struct task_job *job_by_key(struct cfx_list *list, uint64_t key)
 static struct task_ended *ended_by_key(struct cfx_task_rt *rt, uint64_t key)
 {
     uint64_t now = cfx__now_ns();
-    for (unsigned i = 0; i < TASK_ENDED_KEEP; i++) {
+    for (unsigned i = 0; rt->ended && i < TASK_ENDED_KEEP; i++) {
         struct task_ended *e = &rt->ended[i];
         if (e->ended_ns && e->t.key == key &&
             now - e->ended_ns < (uint64_t)TASK_ENDED_KEEP_MS * 1000000ull)
@@ -200,7 +200,7 @@ void cfx__task_announce(struct cfx_context *ctx)
     if (v) {
         collect_jobs(&rt->running, v, &n, cap);
         collect_jobs(&rt->jobs, v, &n, cap);
-        for (unsigned i = 0; i < TASK_ENDED_KEEP && n < cap; i++) {
+        for (unsigned i = 0; rt->ended && i < TASK_ENDED_KEEP && n < cap; i++) {
             struct task_ended *e = &rt->ended[i];
             if (!e->ended_ns || !ended_by_key(rt, e->t.key) ||
                 !(v[n] = malloc(sizeof(**v))))
@@ -222,7 +222,7 @@ void cfx__task_announce(struct cfx_context *ctx)
     announce_one(ctx, &end);
 
     /* the ends: those announced above, and those that came meanwhile */
-    for (unsigned i = 0; i < TASK_ENDED_KEEP; i++) {
+    for (unsigned i = 0; rt->ended && i < TASK_ENDED_KEEP; i++) {
         pthread_mutex_lock(&rt->mu);
         struct task_ended e = rt->ended[i];
         bool live = e.ended_ns && ended_by_key(rt, e.t.key);
