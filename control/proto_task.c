@@ -3,9 +3,10 @@
 #include "control/proto_io.h"
 
 /* A task's body: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN, TASK_ANNOUNCE.
- *   u64 task id, u64 key, u32 submitter, u32 hint node, name[64], u32 timeout_ms, u32 cores, u32 gpus, u64 memory,
- *   u8 flags, u32 reserve_ms, group[32], u8 nnodes + u32 each,
- *   u8 ninputs + ids, u8 nresults + ids, u16 arg_len + bytes */
+ *   u64 task id, u64 key, u32 submitter, u32 hint node (protocol 10),
+ *   name[64], u32 timeout_ms, u32 cores, u32 gpus, u64 memory, u8 flags,
+ *   u32 reserve_ms, group[32], u8 nnodes + u32 each, u8 ninputs + ids,
+ *   u8 nresults + ids, u16 arg_len + bytes */
 static int wr_task(struct wr *w, const struct cfx_msg_task *t)
 {
     if (t->nnodes > CFX_TASK_NODES_MAX || t->ninputs > CFX_TASK_IO_MAX ||

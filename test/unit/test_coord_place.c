@@ -460,7 +460,7 @@ static int repeat(uint64_t key, uint64_t id, uint32_t hint, struct cfx_msg_task_
 Test(place, a_key_submitted_twice_is_one_task)
 {
     struct cfx_msg m;
-    struct cfx_msg_task_st s1, s2;
+    struct cfx_msg_task_st s1 = { 0 }, s2 = { 0 }; /* ask() fills them on CFX_OK */
     task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
     cr_assert_eq(ask(W[1].c, &m, &s1), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(ask(W[1].c, &m, &s2), CFX_OK, "%s", cfx_last_error()); /* the same key */
@@ -491,7 +491,7 @@ Test(place, a_held_repeat_merges_with_its_reannouncement)
     /* w1's repeat comes first (held: w0 has not closed its list), then w0
      * re-announces the key it runs under its old id: one task, on w0, and
      * w0's report under the old id ends it */
-    struct cfx_msg_task_st st;
+    struct cfx_msg_task_st st = { 0 };
     const uint64_t key = 0xabcdef01ull, old_id = 77;
     cr_assert_eq(repeat(key, old_id, W[0].id, &st), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(st.node_id, 0u, "a held repeat placed on node %u", st.node_id);
@@ -531,7 +531,7 @@ Test(placecap, reannouncements_and_held_repeats_are_capped)
 {
     /* max_node_tasks 2: w0 re-announces two tasks, the third is refused;
      * max_queued_tasks 1: one repeat is held, the second refused */
-    struct cfx_msg_task_st st;
+    struct cfx_msg_task_st st = { 0 };
     cr_assert_eq(announce(&W[0], 1001, 501, "f"), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(announce(&W[0], 1002, 502, "f"), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(announce(&W[0], 1003, 503, "f"), CFX_ERR_NO_RESOURCE);
