@@ -31,8 +31,15 @@
  * once and report its end under each id).  Task ids start from the wall
  * clock in microseconds at each start, so ids of an earlier incarnation
  * (fewer than one a microsecond) are below first_task_id and never handed
- * out again; a repeat naming an id of this incarnation that is no longer
- * known ended long ago and is not run again (CFX_ERR_NOT_FOUND).
+ * out again (unless the clock was stepped back by more than that
+ * incarnation lived: a new id still skips every id in use); a repeat naming
+ * an id of this incarnation that is no longer known ended long ago and is
+ * not run again (CFX_ERR_NOT_FOUND).
+ *
+ * Caps on what peers push: re-announced tasks count against max_node_tasks
+ * of their node, held repeats against max_queued_tasks; the keys remembered
+ * are those of the live tasks and of the ended ones kept for late waits
+ * (COORD_TASKS_DONE_KEEP, COORD_TASK_DONE_KEEP_MS).
  *
  * Trust: TASK_ANNOUNCE is accepted only from a joined, authenticated member
  * that registered a function, and only for itself: the task is placed on
