@@ -593,6 +593,7 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
         m.u.task.arg_len = (uint16_t)params->arg_len;
     }
     m.u.task.key = cfx__task_key(ctx->tasks);
+    uint64_t task_dl = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
     struct cfx_task *task = out ? calloc(1, sizeof(*task) + m.u.task.arg_len) : NULL;
     if (out && !task)
         return cfx__err(CFX_ERR_NOMEM, "cfx_task_submit: no memory");
@@ -610,10 +611,11 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
         task->ctx = ctx;
         task->id = reply.u.task_st.task_id;
         task->node = reply.u.task_st.node_id;
-        task->deadline_ns = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
+        task->deadline_ns = task_dl;
         task->t = m.u.task;
         task->t.flags &= (uint8_t)~CFX_PROTO_TASK_AGAIN;
-        memcpy(task->arg, m.u.task.arg, m.u.task.arg_len);
+        if (m.u.task.arg_len)
+            memcpy(task->arg, m.u.task.arg, m.u.task.arg_len);
         task->t.arg = task->arg;
         *out = task;
         task = NULL;
