@@ -136,6 +136,7 @@ static void start(uint32_t max_node_tasks, uint32_t max_queued_tasks)
         .bind_addr = "127.0.0.1", .token = token, .heartbeat_ms = HB_MS,
         .dead_after_ms = DEAD_MS, .max_node_tasks = max_node_tasks,
         .max_queued_tasks = max_queued_tasks,
+        .task_grace_ms = 60000, /* repeats stay held however slow the setup was */
     };
     cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "%s", cfx_last_error());
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
