@@ -139,9 +139,15 @@ void cfx__task_report(struct cfx_context *ctx, const struct cfx_msg_task *t,
     }
 }
 
-/* One task to re-announce: its body and argument, copied out of rt->mu. */
+/* One task to re-announce: its body and argument, copied out of rt->mu,
+ * and for one that ended, its end (reported right after it). */
 struct announce_ent {
     struct cfx_msg_task t;
+    bool ended;
+    int32_t status;
+    uint64_t alias[TASK_ALIAS_MAX];
+    unsigned nalias;
+    char text[CFX_PROTO_TEXT_MAX];
     uint8_t arg[];
 };
 
@@ -155,6 +161,7 @@ static void collect_jobs(struct cfx_list *list, struct announce_ent **v, size_t 
         if (*n == cap || !(a = malloc(sizeof(*a) + j->t.arg_len)))
             return;
         a->t = j->t;
+        a->ended = false;
         memcpy(a->arg, j->arg, j->t.arg_len);
         a->t.arg = a->arg;
         uint64_t ms = j->deadline_ns == UINT64_MAX ? CFX_PROTO_TIMEOUT_NONE
@@ -164,7 +171,7 @@ static void collect_jobs(struct cfx_list *list, struct announce_ent **v, size_t 
     }
 }
 
-static void announce_one(struct cfx_context *ctx, struct cfx_msg_task *t)
+static int announce_one(struct cfx_context *ctx, struct cfx_msg_task *t)
 {
     struct cfx_msg m = { .type = CFX_MSG_TASK_ANNOUNCE };
     char what[96];
@@ -177,9 +184,11 @@ static void announce_one(struct cfx_context *ctx, struct cfx_msg_task *t)
                  (unsigned long long)t->task_id, t->name);
     else
         snprintf(what, sizeof(what), "end of the task re-announcements");
-    if (cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what, CFX_MSG_OK, NULL,
-                         NULL) != CFX_OK)
+    int rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what, CFX_MSG_OK,
+                              NULL, NULL);
+    if (rc != CFX_OK)
         CFX_LOG(WARN, CTL, "node %u: %s", ctx->node_id, cfx_last_error());
+    return rc;
 }
 
 void cfx__task_announce(struct cfx_context *ctx)
@@ -207,6 +216,11 @@ void cfx__task_announce(struct cfx_context *ctx)
                 continue;
             v[n]->t = e->t;
             v[n]->t.timeout_ms = CFX_PROTO_TIMEOUT_NONE; /* its end follows at once */
+            v[n]->ended = true;
+            v[n]->status = e->status;
+            memcpy(v[n]->alias, e->alias, sizeof(e->alias));
+            v[n]->nalias = e->nalias;
+            memcpy(v[n]->text, e->text, sizeof(e->text));
             n++;
         }
     }
@@ -215,13 +229,18 @@ void cfx__task_announce(struct cfx_context *ctx)
         CFX_LOG(ERR, CTL, "node %u: no memory to re-announce the tasks held here; their "
                 "deadlines will end them", ctx->node_id);
     for (size_t i = 0; i < n; i++) {
-        announce_one(ctx, &v[i]->t);
+        /* an ended one's end at once: were this node to die before it, the
+         * coordinator would place the task again */
+        if (announce_one(ctx, &v[i]->t) == CFX_OK && v[i]->ended)
+            cfx__task_report(ctx, &v[i]->t, v[i]->alias, v[i]->nalias, v[i]->status,
+                             v[i]->text);
         free(v[i]);
     }
     free(v);
     announce_one(ctx, &end);
 
-    /* the ends: those announced above, and those that came meanwhile */
+    /* the ends again: those that came meanwhile (to tasks announced as
+     * running or queued); a repeat is ignored */
     for (unsigned i = 0; rt->ended && i < TASK_ENDED_KEEP; i++) {
         pthread_mutex_lock(&rt->mu);
         struct task_ended e = rt->ended[i];
