@@ -401,8 +401,10 @@ static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start
     return CFX_OK;
 }
 
-/* A request sent again on a new connection: a lookup waits only for what is
- * left of its deadline, and a put says that it may be a repeat. */
+/* A request sent again on a new connection: a lookup or a task wait waits
+ * only for what is left of its deadline (a wait's deadline has
+ * CFX_PROTO_WAIT_MARGIN_MS over its timeout), and a put or a task
+ * submission says that it may be a repeat. */
 static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
 {
     if (req->type == CFX_MSG_OBJ_LOOKUP && req->u.lookup.timeout_ms != 0 &&
@@ -410,8 +412,15 @@ static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
         int ms = cfx__ms_left(deadline);
         req->u.lookup.timeout_ms = (uint32_t)(ms <= 0 ? 1 : ms);
     }
+    if (req->type == CFX_MSG_TASK_WAIT && attempt > 0 && req->u.task_st.timeout_ms != 0 &&
+        req->u.task_st.timeout_ms != CFX_PROTO_TIMEOUT_NONE) {
+        int ms = cfx__ms_left(deadline) - (int)CFX_PROTO_WAIT_MARGIN_MS;
+        req->u.task_st.timeout_ms = (uint32_t)(ms <= 0 ? 1 : ms);
+    }
     if (req->type == CFX_MSG_OBJ_PUT && attempt > 0)
         req->u.put.again = 1;
+    if (req->type == CFX_MSG_TASK_SUBMIT && attempt > 0)
+        req->u.task.flags |= CFX_PROTO_TASK_AGAIN;
 }
 
 /*
@@ -423,7 +432,8 @@ static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
  * sent again once the client has reconnected (every request that goes
  * through here may be repeated: lookups, node queries and listings read;
  * a repeated put carries CFX_PROTO_PUT_AGAIN and is acknowledged when its
- * sender already is the object's putter; a repeated delete or transfer end
+ * sender already is the object's putter; a repeated task submission
+ * carries CFX_PROTO_TASK_AGAIN and its key; a repeated delete or transfer end
  * finds nothing left to do), all within @p deadline.  When the deadline
  * passes with the coordinator still unreachable the call fails with
  * CFX_ERR_CONNECT naming it.
@@ -1427,27 +1437,6 @@ int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     snprintf(what, sizeof(what), "delete of object %s", idhex(id, hex));
     m.u.del.id = *id;
     return expect_ok(ctl, &m, deadline_ns, what);
-}
-
-int cfx__ctl_node_get(struct cfx_ctl *ctl, uint32_t node_id, struct cfx_node_rec *out,
-                      uint64_t deadline_ns)
-{
-    char what[64];
-    struct cfx_msg m = { .type = CFX_MSG_NODE_GET };
-    struct ctl_call call;
-
-    if (!ctl || !out)
-        return cfx__err(CFX_ERR_INVALID, "node_get: NULL argument");
-    snprintf(what, sizeof(what), "query of node %u", node_id);
-    m.u.node_get.node_id = node_id;
-    int rc = ctl_call(ctl, &m, deadline_ns, &call, what);
-    if (rc != CFX_OK)
-        return rc;
-    if (call.reply.type != CFX_MSG_NODE_REPLY)
-        return unexpected(ctl, &call, what);
-    *out = call.reply.u.join;
-    free(call.frame);
-    return CFX_OK;
 }
 
 uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl)

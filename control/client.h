@@ -188,7 +188,8 @@ struct cfx_ctl_obj_rec {
 #define CFX_CTL_TASK_DONE   2u /* ended: status says how */
 #define CFX_CTL_TASK_TEXT_MAX 256u
 struct cfx_ctl_task_rec {
-    uint64_t id;                       /* the coordinator's task id, from 1 */
+    uint64_t id;                       /* the coordinator's task id (from the wall clock
+                                        * in microseconds at its start: coord_task.c) */
     char name[64];                     /* function (CFX_TASK_NAME_MAX + 1) */
     uint8_t state;                     /* CFX_CTL_TASK_* */
     uint32_t node_id;                  /* placed on / ran on (0: none) */

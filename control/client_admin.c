@@ -5,12 +5,32 @@
  */
 #include "control/client.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <conflux/status.h>
 
 #include "control/proto.h"
 #include "dataplane/common/util.h"
+
+int cfx__ctl_node_get(struct cfx_ctl *ctl, uint32_t node_id, struct cfx_node_rec *out,
+                      uint64_t deadline_ns)
+{
+    char what[64];
+    struct cfx_msg m = { .type = CFX_MSG_NODE_GET }, reply;
+    void *frame;
+
+    if (!ctl || !out)
+        return cfx__err(CFX_ERR_INVALID, "node_get: NULL argument");
+    snprintf(what, sizeof(what), "query of node %u", node_id);
+    m.u.node_get.node_id = node_id;
+    int rc = cfx__ctl_request(ctl, &m, deadline_ns, what, CFX_MSG_NODE_REPLY, &reply, &frame);
+    if (rc != CFX_OK)
+        return rc;
+    *out = reply.u.join;
+    free(frame);
+    return CFX_OK;
+}
 
 int cfx__ctl_status(struct cfx_ctl *ctl, struct cfx_ctl_status *out, uint64_t deadline_ns)
 {

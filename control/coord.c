@@ -308,6 +308,7 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
     case CFX_MSG_TASK_PLACE:
     case CFX_MSG_TASK_WAIT:
     case CFX_MSG_TASK_DONE:
+    case CFX_MSG_TASK_ANNOUNCE:
         if (c->state != COORD_CONN_NODE) {
             if (m->type != CFX_MSG_TASK_DONE)
                 cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID,
@@ -321,6 +322,8 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
             cfx__coord_task_place(co, c, m);
         } else if (m->type == CFX_MSG_TASK_WAIT) {
             cfx__coord_task_wait(co, c, m);
+        } else if (m->type == CFX_MSG_TASK_ANNOUNCE) {
+            cfx__coord_task_announce(co, c, m);
         } else {
             cfx__coord_task_done(co, c, m);
         }
@@ -854,6 +857,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->test_fsync_delay_ms = params->test_fsync_delay_ms;
     co->max_node_tasks = params->max_node_tasks;
     co->max_queued_tasks = params->max_queued_tasks;
+    co->task_grace_ms = params->task_grace_ms;
     cfx__coord_task_init(co);
     if (co->secure != CFX_SEAL_OFF && co->secure != CFX_SEAL_INTEGRITY &&
         co->secure != CFX_SEAL_ENCRYPT) {

@@ -47,6 +47,10 @@ struct cfx_coord_params {
     int secure;                   /* enum cfx_seal_mode (control/seal.h): clients must run
                                    * with the same CFX_SECURE; frames after the handshake
                                    * are sealed unless off (the default) */
+    uint32_t task_grace_ms;       /* after its start, the coordinator holds submissions
+                                   * repeated across a restart this long at most, so that
+                                   * workers re-announce what they run first (default
+                                   * 5000; coord_task.c) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

@@ -43,6 +43,9 @@
 #define COORD_NODE_FUNCS_MAX  64            /* functions one node may register */
 #define COORD_TASKS_DONE_KEEP 1024          /* ended tasks remembered for late waits */
 #define COORD_TASK_DONE_KEEP_MS 60000       /* ... and for at most this long */
+#define COORD_TASK_GRACE_MS   5000          /* default task_grace_ms: after a start,
+                                             * repeated submissions wait this long at
+                                             * most for workers to re-announce */
 #define COORD_PLACE_RESERVE_MS 2000         /* a placement query's reservation, by default */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
@@ -115,6 +118,7 @@ struct coord_worker {
     uint32_t res_gpus;
     uint64_t res_memory;
     uint32_t nres;              /* live reservations on it (max_node_tasks) */
+    uint8_t announced;          /* it said it re-announced every task it holds */
 };
 
 /* A reservation: what one placement holds on its node until its task ends
@@ -134,11 +138,17 @@ enum coord_task_state {
     COORD_TASK_QUEUED = 0,      /* waiting for a slot on a capable node */
     COORD_TASK_PLACED,          /* sent to its node, running there */
     COORD_TASK_DONE,            /* ended: status says how */
+    COORD_TASK_HELD,            /* submitted again after a restart: waits for its
+                                 * worker's re-announcement or the grace's end */
 };
 
 struct coord_task {
     struct cfx_list link;       /* coord->tasks (live ones), then coord->tasks_done */
     uint64_t id;
+    uint64_t key;               /* the submitter's idempotency key (t.key) */
+    uint64_t run_id;            /* id its worker runs it under (TASK_DONE names it):
+                                 * id, or the one a re-announcement adopted */
+    uint32_t hint_node;         /* HELD: node it ran on before the restart (0: unknown) */
     struct cfx_msg_task t;      /* as submitted (t.arg points to arg) */
     uint8_t *arg;               /* malloc'd copy of the argument */
     enum coord_task_state state;
@@ -334,7 +344,9 @@ struct cfx_coord {
     struct cfx_list task_waits; /* struct coord_task_wait */
     uint32_t ntask_waits;       /* of them (capped by max_parked) */
     uint32_t max_node_tasks;    /* cap: live reservations per node */
-    uint32_t max_queued_tasks;  /* cap: tasks waiting for a slot */
+    uint32_t max_queued_tasks;  /* cap: tasks waiting for a slot (held ones too) */
+    uint32_t task_grace_ms;     /* repeated submissions held this long after start */
+    uint64_t first_task_id;     /* ids below were handed out by earlier incarnations */
     uint64_t tasks_ok;          /* tasks ended with CFX_OK (metrics) */
     uint64_t tasks_failed;      /* ... with an error */
 };
@@ -448,6 +460,9 @@ void cfx__coord_tasks_list(struct cfx_coord *co, struct coord_conn *c, const str
 void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
+/* TASK_ANNOUNCE: a worker re-announces a task it runs (for itself only). */
+void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
+                              const struct cfx_msg *m);
 /* Deadlines, expired reservations, queued tasks that fit now. */
 void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now);
 /* Node @p n died or left (its holdings are dropped already): its tasks are

@@ -8,9 +8,42 @@
  * worker reports TASK_DONE, its deadline passes, or its node dies and it
  * cannot be placed again.  Ended tasks are remembered for a while
  * (COORD_TASKS_DONE_KEEP, COORD_TASK_DONE_KEEP_MS) so that a TASK_WAIT sent
- * after the end still gets the status.  Tasks are soft state: a coordinator
- * restart forgets them (their waiters get CFX_ERR_NOT_FOUND); workers
- * register their functions again when they rejoin.
+ * after the end still gets the status.
+ *
+ * Restarts.  The coordinator keeps no task on disk; tasks survive its
+ * restart because the nodes hold them.  Every submission carries an
+ * idempotency key chosen by its submitter, and the coordinator answers a
+ * SUBMIT whose key it knows with that task (a repeat whose reply was lost
+ * runs once).  After a reconnect each worker registers its functions
+ * again, re-announces (TASK_ANNOUNCE) every task it runs, queues or ended
+ * without a sure report, then an empty TASK_ANNOUNCE that closes the list;
+ * the coordinator adopts each one, placed on that worker under its old id.
+ * A submitter whose wait finds its task unknown submits it again (AGAIN,
+ * with its old id and the node it ran on).  So that a repeat that comes
+ * before its worker's re-announcement does not run the task a second time,
+ * a repeat is HELD: until its node closed its re-announcement list, and at
+ * most task_grace_ms (COORD_TASK_GRACE_MS) after the start.  A re-announced
+ * key merges with the held repeat (the running one wins).  When the grace
+ * ends, a held task whose node never came back fails with
+ * CFX_ERR_PEER_FAILED naming it, or is placed elsewhere, as when a node
+ * dies; one whose node closed its list without it, or with no node known,
+ * is placed.  Workers also refuse to run a key a second time (they run it
+ * once and report its end under each id).  Task ids start from the wall
+ * clock in microseconds at each start, so ids of an earlier incarnation
+ * (fewer than one a microsecond) are below first_task_id and never handed
+ * out again (unless the clock was stepped back by more than that
+ * incarnation lived: a new id still skips every id in use); a repeat naming
+ * an id of this incarnation that is no longer known ended long ago and is
+ * not run again (CFX_ERR_NOT_FOUND).
+ *
+ * Caps on what peers push: re-announced tasks count against max_node_tasks
+ * of their node, held repeats against max_queued_tasks; the keys remembered
+ * are those of the live tasks and of the ended ones kept for late waits
+ * (COORD_TASKS_DONE_KEEP, COORD_TASK_DONE_KEEP_MS).
+ *
+ * Trust: TASK_ANNOUNCE is accepted only from a joined, authenticated member
+ * that registered a function, and only for itself: the task is placed on
+ * the sending node, under max_node_tasks like any placement.
  *
  * Everything here runs on the coordinator's loop thread.
  */
@@ -19,11 +52,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dataplane/common/log.h"
 
 void cfx__coord_task_init(struct cfx_coord *co)
 {
+    struct timespec ts;
+
+    /* ids of an earlier incarnation stay below (see the header) */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    co->next_task_id = (uint64_t)ts.tv_sec * 1000000ull + (uint64_t)ts.tv_nsec / 1000u;
+    co->first_task_id = co->next_task_id + 1;
+    co->task_grace_ms = co->task_grace_ms ? co->task_grace_ms : COORD_TASK_GRACE_MS;
     cfx_list_init(&co->tasks);
     cfx_list_init(&co->tasks_done);
     cfx_list_init(&co->resvs);
@@ -80,6 +121,27 @@ static struct coord_task *task_find(struct cfx_coord *co, uint64_t id)
     return NULL;
 }
 
+static struct coord_task *task_find_key(struct cfx_coord *co, uint64_t key)
+{
+    struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
+    for (int l = 0; l < 2; l++)
+        cfx_list_for_each(pos, lists[l]) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (t->key == key)
+                return t;
+        }
+    return NULL;
+}
+
+static uint64_t task_new_id(struct cfx_coord *co)
+{
+    uint64_t id;
+    do
+        id = ++co->next_task_id;
+    while (!id || task_find(co, id));
+    return id;
+}
+
 static void reply_task(struct coord_conn *c, uint64_t req_id, const struct coord_task *t,
                        int status)
 {
@@ -100,9 +162,10 @@ static void task_end(struct cfx_coord *co, struct coord_task *t, int status, con
 {
     struct cfx_list *pos, *tmp;
 
-    if (t->state == COORD_TASK_QUEUED)
+    if (t->state == COORD_TASK_QUEUED || t->state == COORD_TASK_HELD)
         co->ntasks_queued--;
     cfx__coord_resv_free(co, t->resv);
+    t->resv = NULL;
     t->state = COORD_TASK_DONE;
     t->status = status;
     t->done_ns = cfx__now_ns();
@@ -151,9 +214,11 @@ static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_n
         co->ntasks_queued--;
     t->state = COORD_TASK_PLACED;
     t->node_id = n->rec.node_id;
+    t->run_id = t->id;
     t->placements++;
     ev.u.task = t->t;
     ev.u.task.task_id = t->id;
+    ev.u.task.hint_node = 0;
     ev.u.task.timeout_ms = t->deadline_ns == UINT64_MAX ? CFX_PROTO_TIMEOUT_NONE
                            : t->deadline_ns > now ? (uint32_t)((t->deadline_ns - now) / 1000000ull) + 1
                                                   : 1;
@@ -199,19 +264,94 @@ void cfx__coord_task_reg(struct cfx_coord *co, struct coord_conn *c, const struc
     retry_queue(co);
 }
 
+/* A new task from @p mt (its argument copied) on co->tasks, QUEUED or HELD
+ * (counted against max_queued_tasks by the caller's check); NULL when out of
+ * memory. */
+static struct coord_task *task_new(struct cfx_coord *co, const struct cfx_msg_task *mt,
+                                   uint64_t id, uint32_t submitter,
+                                   enum coord_task_state state)
+{
+    struct coord_task *t = calloc(1, sizeof(*t));
+    uint64_t now = cfx__now_ns();
+
+    if (!t || (mt->arg_len && !(t->arg = malloc(mt->arg_len)))) {
+        free(t);
+        return NULL;
+    }
+    t->t = *mt;
+    if (t->arg)
+        memcpy(t->arg, mt->arg, mt->arg_len);
+    t->t.arg = t->arg;
+    t->t.flags &= (uint8_t)~CFX_PROTO_TASK_AGAIN;
+    t->t.task_id = 0;
+    t->t.hint_node = 0;
+    t->t.submitter = submitter;
+    t->id = t->run_id = id;
+    t->key = mt->key;
+    t->hint_node = state == COORD_TASK_HELD ? mt->hint_node : 0;
+    t->submitter = submitter;
+    t->submit_ns = now;
+    t->deadline_ns = mt->timeout_ms == CFX_PROTO_TIMEOUT_NONE
+                         ? UINT64_MAX
+                         : now + (uint64_t)mt->timeout_ms * 1000000ull;
+    t->state = state;
+    co->ntasks_queued++;
+    cfx_list_add_tail(&t->link, &co->tasks);
+    return t;
+}
+
+/* A repeat with @p hint_node waits: the grace after the start runs, and
+ * that node (when known) has not closed its re-announcement list. */
+static int held_now(struct cfx_coord *co, uint32_t hint_node)
+{
+    struct coord_node *n = hint_node ? cfx__coord_node_find(co, hint_node) : NULL;
+
+    if (cfx__now_ns() - co->start_ns >= (uint64_t)co->task_grace_ms * 1000000ull)
+        return 0;
+    return !(n && n->rec.alive && n->worker && n->worker->announced);
+}
+
+/* The id a new task gets: a repeat keeps the one of an earlier incarnation
+ * when it is free (the submitter's handle and the worker know it). */
+static uint64_t submit_id(struct cfx_coord *co, const struct cfx_msg_task *mt)
+{
+    if ((mt->flags & CFX_PROTO_TASK_AGAIN) && mt->task_id && mt->task_id < co->first_task_id &&
+        !task_find(co, mt->task_id))
+        return mt->task_id;
+    return task_new_id(co);
+}
+
 void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
+    const struct cfx_msg_task *mt = &m->u.task;
+    bool again = (mt->flags & CFX_PROTO_TASK_AGAIN) != 0;
     struct coord_task *t;
     struct coord_node *n = NULL;
     char why[CFX_PROTO_TEXT_MAX - 64];
     int rc;
 
-    if (!m->u.task.name[0] || !m->u.task.nresults) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "a task needs a function name "
-                             "and at least one result");
+    if (!mt->name[0] || !mt->nresults || !mt->key) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "a task needs a function name, "
+                             "at least one result and an idempotency key");
         return;
     }
-    rc = cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
+    t = task_find_key(co, mt->key);
+    if (t) { /* a repeat: the task it made, whatever became of it */
+        CFX_LOG(DEBUG, CTL, "node %u submitted task %llu ('%s') again: key known",
+                c->node->rec.node_id, (unsigned long long)t->id, t->t.name);
+        reply_task(c, m->req_id, t, CFX_OK);
+        return;
+    }
+    if (again && mt->task_id >= co->first_task_id) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND, "coordinator %s: task %llu "
+                             "ended long ago and is forgotten; it is not run again", co->addr,
+                             (unsigned long long)mt->task_id);
+        return;
+    }
+    bool hold = again && held_now(co, mt->hint_node);
+    rc = hold ? CFX_ERR_BUSY : cfx__coord_place(co, mt, 0, &n, why, sizeof(why));
+    if (hold)
+        snprintf(why, sizeof(why), "held while workers re-announce their tasks");
     if (rc == CFX_ERR_BUSY && co->ntasks_queued >= co->max_queued_tasks) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "coordinator %s: %u tasks "
                              "queued, the max_queued_tasks cap (%s)", co->addr,
@@ -219,37 +359,24 @@ void cfx__coord_task_submit(struct cfx_coord *co, struct coord_conn *c, const st
         return;
     }
     if (rc != CFX_OK && rc != CFX_ERR_BUSY) {
-        cfx__coord_reply_err(c, m->req_id, rc, "task '%s': %s", m->u.task.name, why);
+        cfx__coord_reply_err(c, m->req_id, rc, "task '%s': %s", mt->name, why);
         return;
     }
-    t = calloc(1, sizeof(*t));
-    if (!t || (m->u.task.arg_len && !(t->arg = malloc(m->u.task.arg_len)))) {
-        free(t);
+    t = task_new(co, mt, submit_id(co, mt), c->node->rec.node_id,
+                 hold ? COORD_TASK_HELD : COORD_TASK_QUEUED);
+    if (!t) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory for a "
                              "task", co->addr);
         return;
     }
-    t->t = m->u.task;
-    if (t->arg)
-        memcpy(t->arg, m->u.task.arg, m->u.task.arg_len);
-    t->t.arg = t->arg;
-    t->id = ++co->next_task_id;
-    t->submitter = c->node->rec.node_id;
-    t->submit_ns = cfx__now_ns();
-    t->deadline_ns = m->u.task.timeout_ms == CFX_PROTO_TIMEOUT_NONE
-                         ? UINT64_MAX
-                         : cfx__now_ns() + (uint64_t)m->u.task.timeout_ms * 1000000ull;
-    t->state = COORD_TASK_QUEUED;
-    co->ntasks_queued++;
-    cfx_list_add_tail(&t->link, &co->tasks);
     if (rc == CFX_OK && task_start(co, t, n) != CFX_OK) {
         task_end(co, t, CFX_ERR_NOMEM, "coordinator out of memory");
         reply_task(c, m->req_id, t, CFX_ERR_NOMEM);
         return;
     }
     if (rc == CFX_ERR_BUSY)
-        CFX_LOG(DEBUG, CTL, "task %llu ('%s') queued: %s", (unsigned long long)t->id,
-                t->t.name, why);
+        CFX_LOG(DEBUG, CTL, "task %llu ('%s') %s: %s", (unsigned long long)t->id, t->t.name,
+                hold ? "held" : "queued", why);
     reply_task(c, m->req_id, t, CFX_OK);
 }
 
@@ -264,9 +391,9 @@ static void task_rec(const struct coord_task *t, uint64_t now, struct cfx_ctl_ta
     memset(r, 0, sizeof(*r));
     r->id = t->id;
     snprintf(r->name, sizeof(r->name), "%s", t->t.name);
-    r->state = t->state == COORD_TASK_QUEUED   ? CFX_CTL_TASK_QUEUED
-               : t->state == COORD_TASK_PLACED ? CFX_CTL_TASK_PLACED
-                                               : CFX_CTL_TASK_DONE;
+    r->state = t->state == COORD_TASK_PLACED ? CFX_CTL_TASK_PLACED
+               : t->state == COORD_TASK_DONE ? CFX_CTL_TASK_DONE
+                                             : CFX_CTL_TASK_QUEUED; /* queued or held */
     r->node_id = t->node_id;
     r->submitter = t->submitter;
     r->placements = t->placements;
@@ -397,14 +524,27 @@ void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const stru
     co->ntask_waits++;
 }
 
+/* The live task that node @p node runs under @p run_id. */
+static struct coord_task *task_find_run(struct cfx_coord *co, uint64_t run_id, uint32_t node)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->state == COORD_TASK_PLACED && t->node_id == node && t->run_id == run_id)
+            return t;
+    }
+    return NULL;
+}
+
 void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
-    struct coord_task *t = task_find(co, m->u.task_st.task_id);
     uint32_t node = c->node->rec.node_id;
+    struct coord_task *t = task_find_run(co, m->u.task_st.task_id, node);
 
-    /* a task that moved (its node was declared dead, then spoke) or ended
-     * by its deadline: the report comes too late to count */
-    if (!t || t->state != COORD_TASK_PLACED || t->node_id != node) {
+    /* a task that moved (its node was declared dead, then spoke), ended by
+     * its deadline, or not re-announced yet after a restart (its
+     * re-announcement ends it): the report does not count */
+    if (!t) {
         CFX_LOG(DEBUG, CTL, "node %u reports task %llu, which it does not hold (now)", node,
                 (unsigned long long)m->u.task_st.task_id);
         return;
@@ -434,11 +574,22 @@ static void retry_queue(struct cfx_coord *co)
     }
 }
 
+static void held_release(struct cfx_coord *co, struct coord_task *t);
+
 void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
 {
     struct cfx_list *pos, *tmp;
     int freed = 0;
     char text[CFX_PROTO_TEXT_MAX];
+
+    if (now - co->start_ns >= (uint64_t)co->task_grace_ms * 1000000ull)
+        cfx_list_for_each_safe(pos, tmp, &co->tasks) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (t->state == COORD_TASK_HELD) {
+                held_release(co, t);
+                freed = 1;
+            }
+        }
 
     cfx_list_for_each_safe(pos, tmp, &co->resvs) {
         struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
@@ -451,7 +602,7 @@ void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
         struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
         if (t->deadline_ns > now)
             continue;
-        if (t->state == COORD_TASK_QUEUED)
+        if (t->state != COORD_TASK_PLACED)
             snprintf(text, sizeof(text), "task %llu ('%s') found no free node before its "
                      "deadline (%u ms)", (unsigned long long)t->id, t->t.name,
                      t->t.timeout_ms);
@@ -543,6 +694,145 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
     free(n->worker);
     n->worker = NULL;
     retry_queue(co);
+}
+
+/*
+ * The grace after the start is over and @p t is still held: when its node
+ * came back and closed its re-announcement list without it, or no node is
+ * known, it is queued (and placed); when its node never came back it is
+ * treated as a task of a dead node: placed elsewhere when its inputs are
+ * held elsewhere, else failed naming the node.
+ */
+static void held_release(struct cfx_coord *co, struct coord_task *t)
+{
+    uint32_t gone = t->hint_node;
+    struct coord_node *n = gone ? cfx__coord_node_find(co, gone) : NULL, *to = NULL;
+    const struct cfx_object_id *lost;
+    char why[256], text[CFX_PROTO_TEXT_MAX];
+
+    t->state = COORD_TASK_QUEUED;
+    if (!gone || (n && n->rec.alive && n->worker && n->worker->announced))
+        return;
+    lost = input_lost(co, t, gone);
+    if (lost) {
+        char hex[CFX_OBJECT_ID_HEX_LEN];
+        cfx_object_id_to_hex(lost, hex);
+        snprintf(text, sizeof(text), "task %llu ('%s'): node %u ran it before the coordinator "
+                 "restarted and did not come back within %u ms, and its input %s is held by "
+                 "no other live node", (unsigned long long)t->id, t->t.name, gone,
+                 co->task_grace_ms, hex);
+        task_end(co, t, CFX_ERR_PEER_FAILED, text);
+        return;
+    }
+    int rc = cfx__coord_place(co, &t->t, gone, &to, why, sizeof(why));
+    if (rc == CFX_OK)
+        rc = task_start(co, t, to);
+    if (rc == CFX_OK) {
+        CFX_LOG(INFO, CTL, "task %llu ('%s') placed again on node %u: node %u, which ran it "
+                "before the coordinator restarted, did not come back", (unsigned long long)t->id,
+                t->t.name, to->rec.node_id, gone);
+    } else if (rc != CFX_ERR_BUSY) {
+        snprintf(text, sizeof(text), "task %llu ('%s'): node %u ran it before the coordinator "
+                 "restarted and did not come back within %u ms, and it cannot be placed "
+                 "again: %s", (unsigned long long)t->id, t->t.name, gone, co->task_grace_ms,
+                 why);
+        task_end(co, t, CFX_ERR_PEER_FAILED, text);
+    }
+}
+
+/* Place @p t on @p n, where it runs already under @p run_id (no EV_TASK_RUN). */
+static int task_adopt(struct cfx_coord *co, struct coord_task *t, struct coord_node *n,
+                      uint64_t run_id)
+{
+    t->resv = cfx__coord_resv_take(co, n, &t->t, UINT64_MAX);
+    if (!t->resv)
+        return CFX_ERR_NOMEM;
+    t->resv->task = t;
+    if (t->state == COORD_TASK_QUEUED || t->state == COORD_TASK_HELD)
+        co->ntasks_queued--;
+    t->state = COORD_TASK_PLACED;
+    t->node_id = n->rec.node_id;
+    t->run_id = run_id;
+    t->placements++;
+    return CFX_OK;
+}
+
+/* The empty TASK_ANNOUNCE: node @p n re-announced all it holds; the repeats
+ * held for it go to the queue. */
+static void announce_end(struct cfx_coord *co, struct coord_node *n)
+{
+    struct cfx_list *pos;
+    n->worker->announced = 1;
+    cfx_list_for_each(pos, &co->tasks) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->state == COORD_TASK_HELD && t->hint_node == n->rec.node_id)
+            t->state = COORD_TASK_QUEUED;
+    }
+    retry_queue(co);
+}
+
+void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
+                              const struct cfx_msg *m)
+{
+    const struct cfx_msg_task *mt = &m->u.task;
+    struct coord_node *n = c->node;
+    uint32_t node = n->rec.node_id;
+    struct coord_task *t;
+
+    if (!n->worker) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "node %u re-announces a task but "
+                             "registered no function", node);
+        return;
+    }
+    if (!mt->name[0]) {
+        announce_end(co, n);
+        cfx__coord_reply_ok(c, m->req_id);
+        return;
+    }
+    if (!mt->key || !mt->task_id || !mt->nresults) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "node %u re-announces task %llu "
+                             "without a key, an id or a result", node,
+                             (unsigned long long)mt->task_id);
+        return;
+    }
+    t = task_find_key(co, mt->key);
+    if (t && t->state == COORD_TASK_PLACED && t->node_id != node) {
+        CFX_LOG(ERR, CTL, "node %u re-announces task %llu ('%s'), placed on node %u meanwhile "
+                "(node %u came back after the grace, or was taken for dead): it runs twice",
+                node, (unsigned long long)t->id, t->t.name, t->node_id, node);
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS, "task %llu is placed on node %u",
+                             (unsigned long long)t->id, t->node_id);
+        return;
+    }
+    if (t && (t->state == COORD_TASK_DONE || t->state == COORD_TASK_PLACED)) {
+        cfx__coord_reply_ok(c, m->req_id); /* known already: a repeat */
+        return;
+    }
+    if (n->worker->nres >= co->max_node_tasks) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "node %u re-announces task "
+                             "%llu with %u tasks placed on it: the max_node_tasks cap", node,
+                             (unsigned long long)mt->task_id, n->worker->nres);
+        return;
+    }
+    if (!t && task_find(co, mt->task_id)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS, "node %u re-announces task %llu: "
+                             "that id is another task's", node, (unsigned long long)mt->task_id);
+        return;
+    }
+    if (!t && !(t = task_new(co, mt, mt->task_id, mt->submitter, COORD_TASK_QUEUED))) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory for a "
+                             "task", co->addr);
+        return;
+    }
+    if (task_adopt(co, t, n, mt->task_id) != CFX_OK) {
+        task_end(co, t, CFX_ERR_NOMEM, "coordinator out of memory");
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
+                             co->addr);
+        return;
+    }
+    CFX_LOG(INFO, CTL, "node %u re-announced task %llu ('%s', submitted by node %u)", node,
+            (unsigned long long)t->id, t->t.name, t->submitter);
+    cfx__coord_reply_ok(c, m->req_id);
 }
 
 void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c)

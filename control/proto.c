@@ -47,6 +47,7 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_TASKS_REPLY] = "TASKS_REPLY",
     [CFX_MSG_PS_LOADS] = "PS_LOADS",
     [CFX_MSG_PS_LOADS_REPLY] = "PS_LOADS_REPLY",
+    [CFX_MSG_TASK_ANNOUNCE] = "TASK_ANNOUNCE",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -194,6 +195,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASK_DONE:
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
+    case CFX_MSG_TASK_ANNOUNCE:
         return cfx__msg_task_encode(m, w);
     case CFX_MSG_PS_LOADS:
     case CFX_MSG_PS_LOADS_REPLY:
@@ -493,6 +495,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_DONE:
     case CFX_MSG_TASKS:
     case CFX_MSG_TASKS_REPLY:
+    case CFX_MSG_TASK_ANNOUNCE:
         cfx__msg_task_decode(r, m);
         break;
     case CFX_MSG_PS_LOADS:

@@ -60,7 +60,11 @@
                                     * 9: traffic per peer in HEARTBEAT;
                                     * 10: parameter-server load per block in
                                     *     HEARTBEAT, the PS_LOADS listing; data
-                                    *     placement (TASK_PLACE flag) */
+                                    *     placement (TASK_PLACE flag); tasks survive
+                                    *     a coordinator restart: an idempotency key,
+                                    *     the submitter and a node hint in every task
+                                    *     body, the AGAIN flag of a repeated
+                                    *     TASK_SUBMIT, TASK_ANNOUNCE */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -72,6 +76,8 @@
 #define CFX_PROTO_OBJECTS_PAGE 1024u        /* object records per OBJECTS_REPLY */
 #define CFX_PROTO_HOLDERS_MAX  16u          /* holders per listed object (see cfx_ctl_obj_rec) */
 #define CFX_PROTO_TIMEOUT_NONE 0xFFFFFFFFu  /* lookup timeout_ms: wait forever */
+#define CFX_PROTO_WAIT_MARGIN_MS 10000u    /* a TASK_WAIT's call waits this much past its
+                                            * timeout (the reply's round trip) */
 #define CFX_PROTO_RECONNECT_MAX_MS 2000u    /* a client that lost the coordinator tries again at least this often */
 
 /* Fixed wire sizes of the records that listings carry. */
@@ -152,6 +158,8 @@ enum cfx_msg_type {
     CFX_MSG_PS_LOADS,       /* node id cursor -> PS_LOADS_REPLY */
     CFX_MSG_PS_LOADS_REPLY, /* the PS load last reported by the first live node after
                              * the cursor that reported some (node 0: none) */
+    CFX_MSG_TASK_ANNOUNCE,  /* worker -> coord after a reconnect: a task it runs (or ran
+                             * and may not have reported) -> OK; name "": all announced */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 
@@ -196,15 +204,24 @@ struct cfx_msg_page {
     const uint8_t *raw;     /* decode: count fixed-size wire records */
 };
 
-/* A task: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN. */
-#define CFX_PROTO_TASK_PACK 0x01u /* policy: pack, not spread */
+/* A task: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN, TASK_ANNOUNCE. */
+#define CFX_PROTO_TASK_PACK  0x01u /* policy: pack, not spread */
+#define CFX_PROTO_TASK_AGAIN 0x02u /* SUBMIT: a repeat (its reply may have been lost, or
+                                    * the coordinator restarted since): deduplicated on
+                                    * key; held back while workers re-announce */
 /* TASK_PLACE only: where data goes (an object reduce's result), not a task:
  * every live member is a candidate, the asker ranks first among nodes that
  * hold as many input bytes, and no reservation is taken */
-#define CFX_PROTO_TASK_DATA 0x02u
-#define CFX_PROTO_TASK_FLAGS (CFX_PROTO_TASK_PACK | CFX_PROTO_TASK_DATA)
+#define CFX_PROTO_TASK_DATA  0x04u
+#define CFX_PROTO_TASK_FLAGS 0x07u /* every flag known; other bits are refused */
 struct cfx_msg_task {
-    uint64_t task_id;                       /* EV_TASK_RUN: the coordinator's id; else 0 */
+    uint64_t task_id;                       /* EV_TASK_RUN, ANNOUNCE: the coordinator's id;
+                                             * SUBMIT with AGAIN: the id it had, or 0 */
+    uint64_t key;                           /* idempotency key chosen by the submitter
+                                             * (SUBMIT, RUN, ANNOUNCE: never 0); PLACE: 0 */
+    uint32_t submitter;                     /* RUN, ANNOUNCE: node that submitted it */
+    uint32_t hint_node;                     /* SUBMIT with AGAIN: node it was placed on
+                                             * (0: unknown) */
     char name[CFX_TASK_NAME_MAX + 1];       /* function; "" (PLACE only): any */
     uint32_t timeout_ms;                    /* deadline from submission */
     uint32_t cores;                         /* needs */

@@ -2,10 +2,11 @@
 #include "control/proto.h"
 #include "control/proto_io.h"
 
-/* A task's body: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN.
- *   u64 task id, name[64], u32 timeout_ms, u32 cores, u32 gpus, u64 memory,
- *   u8 flags, u32 reserve_ms, group[32], u8 nnodes + u32 each,
- *   u8 ninputs + ids, u8 nresults + ids, u16 arg_len + bytes */
+/* A task's body: TASK_SUBMIT, TASK_PLACE, EV_TASK_RUN, TASK_ANNOUNCE.
+ *   u64 task id, u64 key, u32 submitter, u32 hint node (protocol 10),
+ *   name[64], u32 timeout_ms, u32 cores, u32 gpus, u64 memory, u8 flags,
+ *   u32 reserve_ms, group[32], u8 nnodes + u32 each, u8 ninputs + ids,
+ *   u8 nresults + ids, u16 arg_len + bytes */
 static int wr_task(struct wr *w, const struct cfx_msg_task *t)
 {
     if (t->nnodes > CFX_TASK_NODES_MAX || t->ninputs > CFX_TASK_IO_MAX ||
@@ -15,6 +16,9 @@ static int wr_task(struct wr *w, const struct cfx_msg_task *t)
                         "%u argument bytes, flags 0x%x", t->nnodes, t->ninputs, t->nresults,
                         t->arg_len, t->flags);
     wr_u64(w, t->task_id);
+    wr_u64(w, t->key);
+    wr_u32(w, t->submitter);
+    wr_u32(w, t->hint_node);
     wr_str(w, t->name, sizeof(t->name));
     wr_u32(w, t->timeout_ms);
     wr_u32(w, t->cores);
@@ -40,6 +44,9 @@ static int wr_task(struct wr *w, const struct cfx_msg_task *t)
 static void rd_task(struct rd *r, struct cfx_msg_task *t)
 {
     t->task_id = rd_u64(r, "task id");
+    t->key = rd_u64(r, "task key");
+    t->submitter = rd_u32(r, "submitter");
+    t->hint_node = rd_u32(r, "hint node");
     rd_str(r, t->name, sizeof(t->name), "function name");
     t->timeout_ms = rd_u32(r, "timeout");
     t->cores = rd_u32(r, "cores");
@@ -242,6 +249,7 @@ int cfx__msg_task_encode(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_TASK_SUBMIT:
     case CFX_MSG_TASK_PLACE:
     case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_ANNOUNCE:
         return wr_task(w, &m->u.task);
     case CFX_MSG_TASK_REPLY:
     case CFX_MSG_TASK_WAIT:
@@ -341,6 +349,7 @@ void cfx__msg_task_decode(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_TASK_SUBMIT:
     case CFX_MSG_TASK_PLACE:
     case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_ANNOUNCE:
         rd_task(r, &m->u.task);
         if (m->type != CFX_MSG_TASK_PLACE && (m->u.task.flags & CFX_PROTO_TASK_DATA))
             rd_fail(r, CFX_ERR_PROTO, "data placement flag on a task");

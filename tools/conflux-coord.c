@@ -7,7 +7,7 @@
  *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
  *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
  *                 [--max-conn-outq SIZE] [--max-node-tasks N] [--max-queued-tasks N]
- *                 [--metrics [ADDR:]PORT] [--secure MODE]
+ *                 [--task-grace-ms N] [--metrics [ADDR:]PORT] [--secure MODE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
  * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
@@ -44,7 +44,7 @@ static void usage(FILE *f)
             "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
             "                     [--max-conn-outq SIZE] [--max-node-tasks N]\n"
             "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
-            "                     [--secure off|integrity|encrypt]\n"
+            "                     [--task-grace-ms N] [--secure off|integrity|encrypt]\n"
             "\n"
             "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
@@ -76,6 +76,9 @@ static void usage(FILE *f)
             "  --max-node-tasks N  tasks placed on one node at once; more wait queued\n"
             "                      (default 64)\n"
             "  --max-queued-tasks N tasks waiting for a free node (default 4096)\n"
+            "  --task-grace-ms N   after a start, tasks submitted again across a restart wait\n"
+            "                      this long at most for their workers to re-announce them\n"
+            "                      before they are placed (default 5000)\n"
             "  --metrics [ADDR:]PORT serve Prometheus metrics over HTTP (GET /metrics) on\n"
             "                      ADDR (default 127.0.0.1): unauthenticated and read-only,\n"
             "                      so whoever can connect reads member names, hosts and\n"
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
         { "metrics", required_argument, NULL, 'M' },
         { "max-node-tasks", required_argument, NULL, 'T' },
         { "max-queued-tasks", required_argument, NULL, 'q' },
+        { "task-grace-ms", required_argument, NULL, 'G' },
         { "secure", required_argument, NULL, 'X' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
@@ -200,6 +204,11 @@ int main(int argc, char **argv)
             if (tool_arg_int(PROG, "--max-queued-tasks", optarg, 1, INT_MAX, "a count", &v))
                 return TOOL_EXIT_USAGE;
             params.max_queued_tasks = (uint32_t)v;
+            break;
+        case 'G':
+            if (tool_arg_int(PROG, "--task-grace-ms", optarg, 1, INT_MAX, "a time in ms", &v))
+                return TOOL_EXIT_USAGE;
+            params.task_grace_ms = (uint32_t)v;
             break;
         case 'P':
             if (tool_arg_int(PROG, "--max-parked", optarg, 1, INT_MAX, "a count", &v))

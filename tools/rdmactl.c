@@ -644,7 +644,8 @@ static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
     int wname = 8;
     for (size_t i = 0; i < n; i++)
         wname = CFX_MAX(wname, (int)strlen(esc(tasks[i].name, name, sizeof(name))));
-    printf("%8s  %-*s  %-7s  %6s  %9s  %10s  %5s  %s\n", "ID", wname, "FUNCTION", "STATE", "NODE",
+    /* ids count microseconds from the coordinator's start (coord_task.c): 16 digits */
+    printf("%16s  %-*s  %-7s  %6s  %9s  %10s  %5s  %s\n", "ID", wname, "FUNCTION", "STATE", "NODE",
            "SUBMITTER", "AGE", "MOVES", "STATUS");
     for (size_t i = 0; i < n; i++) {
         const struct cfx_ctl_task_rec *t = &tasks[i];
@@ -654,7 +655,7 @@ static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
         else
             snprintf(node, sizeof(node), "-");
         snprintf(age, sizeof(age), "%u.%01u s", t->age_ms / 1000, t->age_ms % 1000 / 100);
-        printf("%8llu  %-*s  %-7s  %6s  %9u  %10s  %5u  %s%s%s\n", (unsigned long long)t->id,
+        printf("%16llu  %-*s  %-7s  %6s  %9u  %10s  %5u  %s%s%s\n", (unsigned long long)t->id,
                wname, esc(t->name, name, sizeof(name)), task_state(t), node, t->submitter, age,
                t->placements > 1 ? t->placements - 1 : 0,
                t->state == CFX_CTL_TASK_DONE ? cfx_errname(t->status) : "-",

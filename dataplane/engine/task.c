@@ -8,8 +8,10 @@
  * reply); $CFX_TASK_THREADS runner threads (default 4, started by the first
  * cfx_task_register()) take the queue in order, run the function, check
  * that its results are here, and report TASK_DONE.  After a coordinator
- * restart a runner registers the functions again.  rt->mu protects the
- * function table, the queue and the flags.
+ * restart a runner registers the functions again and re-announces the
+ * tasks held here (task_keep.c, which also keeps what lets a submitter
+ * submit again after a restart).  rt->mu protects the function table, the
+ * queue and the flags (task_int.h).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,49 +20,9 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
-#include <conflux/task.h>
+#include <sys/random.h>
 
-#include "control/proto.h"
-#include "dataplane/engine/engine.h"
-
-#define TASK_THREADS_DEFAULT 4
-#define TASK_THREADS_MAX     64
-#define TASK_REQ_MS          10000 /* a registration, a submit, a placement query */
-
-struct task_fn_ent {
-    char name[CFX_TASK_NAME_MAX + 1];
-    cfx_task_fn fn;
-    void *arg;
-};
-
-struct task_job {
-    struct cfx_list link;       /* rt->jobs */
-    struct cfx_msg_task t;      /* as sent (t.arg points to arg) */
-    uint64_t deadline_ns;
-    uint8_t arg[];
-};
-
-struct cfx_task_rt {
-    pthread_mutex_t mu;
-    pthread_cond_t cond;        /* jobs queued, rereg, stop */
-    struct task_fn_ent fns[CFX_TASK_FNS_MAX];
-    unsigned nfns;
-    struct cfx_list jobs;       /* struct task_job, oldest first */
-    pthread_t threads[TASK_THREADS_MAX];
-    unsigned nthreads;
-    bool stop;
-    bool rereg;                 /* register the functions again (coordinator restarted) */
-    uint32_t running;           /* tasks being run (atomic: heartbeats read it) */
-    uint32_t cores;             /* what this node offers (CFX_TASK_CORES, ...) */
-    uint32_t gpus;
-    uint64_t memory;
-};
-
-struct cfx_task {
-    struct cfx_context *ctx;
-    uint64_t id;
-    uint32_t node;
-};
+#include "dataplane/engine/task_int.h"
 
 /* ---- setup ------------------------------------------------------------------ */
 
@@ -75,6 +37,9 @@ int cfx__task_init(struct cfx_context *ctx)
     pthread_mutex_init(&rt->mu, NULL);
     pthread_cond_init(&rt->cond, NULL);
     cfx_list_init(&rt->jobs);
+    cfx_list_init(&rt->running);
+    if (getrandom(&rt->key_base, sizeof(rt->key_base), 0) != sizeof(rt->key_base))
+        rt->key_base = cfx__now_ns() ^ ((uint64_t)getpid() << 32); /* unique enough */
     rt->cores = (uint32_t)cfx__env_ll("CFX_TASK_CORES", ncpu > 0 ? ncpu : 1);
     rt->gpus = (uint32_t)cfx__env_ll("CFX_TASK_GPUS", 0);
     rt->memory = cfx__env_size("CFX_TASK_MEMORY",
@@ -110,6 +75,7 @@ void cfx__task_fini(struct cfx_context *ctx)
     }
     pthread_cond_destroy(&rt->cond);
     pthread_mutex_destroy(&rt->mu);
+    free(rt->ended);
     free(rt);
     ctx->tasks = NULL;
 }
@@ -120,14 +86,18 @@ void cfx__task_on_run(void *arg, const struct cfx_msg_task *t)
 {
     struct cfx_context *ctx = arg;
     struct cfx_task_rt *rt = ctx->tasks;
-    struct task_job *j = malloc(sizeof(*j) + t->arg_len);
+    struct task_job *j;
 
+    if (cfx__task_dedup(ctx, t))
+        return;
+    j = malloc(sizeof(*j) + t->arg_len);
     if (!j) {
         CFX_LOG(ERR, CTL, "node %u: no memory to queue task %llu ('%s'); its deadline will "
                 "fail it", ctx->node_id, (unsigned long long)t->task_id, t->name);
         return;
     }
     j->t = *t;
+    j->nalias = 0;
     if (t->arg_len)
         memcpy(j->arg, t->arg, t->arg_len);
     j->t.arg = j->arg;
@@ -166,7 +136,7 @@ void cfx__task_load_fill(void *arg, struct cfx_msg_load *out)
         r->mem_avail = (uint64_t)si.freeram * si.mem_unit;
     r->arena_used = __atomic_load_n(&ctx->arena.used_bytes, __ATOMIC_RELAXED);
     if (ctx->tasks)
-        r->tasks_running = __atomic_load_n(&ctx->tasks->running, __ATOMIC_RELAXED);
+        r->tasks_running = __atomic_load_n(&ctx->tasks->running_n, __ATOMIC_RELAXED);
     r->ntp = (uint8_t)CFX_MIN((unsigned)ctx->ntp, CFX_LOAD_TPS_MAX);
     r->writes_refused = 0;
     for (int t = 0; t < ctx->ntp; t++) {
@@ -268,7 +238,7 @@ void cfx__task_on_reconnected(struct cfx_context *ctx)
 {
     struct cfx_task_rt *rt = ctx->tasks;
     pthread_mutex_lock(&rt->mu);
-    if (rt->nfns) {
+    if (rt->nfns && rt->nthreads) {
         rt->rereg = true;
         pthread_cond_signal(&rt->cond);
     }
@@ -331,7 +301,6 @@ static int results_here(struct cfx_context *ctx, const struct cfx_msg_task *t, u
 static void run_job(struct cfx_context *ctx, struct task_job *j)
 {
     struct cfx_task_rt *rt = ctx->tasks;
-    struct cfx_msg done = { .type = CFX_MSG_TASK_DONE };
     struct task_fn_ent ent = { .fn = NULL };
     unsigned missing = 0;
     int rc;
@@ -381,16 +350,20 @@ static void run_job(struct cfx_context *ctx, struct task_job *j)
                 "destroyed", ctx->node_id, (unsigned long long)j->t.task_id, j->t.name);
         return;
     }
-    done.u.task_st.task_id = j->t.task_id;
-    done.u.task_st.node_id = ctx->node_id;
-    done.u.task_st.status = rc;
+    char text[CFX_PROTO_TEXT_MAX] = "";
+    uint64_t alias[TASK_ALIAS_MAX];
+    unsigned nalias;
     if (rc != CFX_OK)
-        snprintf(done.u.task_st.text, sizeof(done.u.task_st.text), "task %llu ('%s') on node "
-                 "%u: %s", (unsigned long long)j->t.task_id, j->t.name, ctx->node_id,
-                 cfx_last_error());
-    if (cfx__ctl_send_nowait(ctx->ctl, &done, "task end") != CFX_OK)
-        CFX_LOG(WARN, CTL, "node %u: cannot report the end of task %llu: %s", ctx->node_id,
-                (unsigned long long)j->t.task_id, cfx_last_error());
+        snprintf(text, sizeof(text), "task %llu ('%s') on node %u: %s",
+                 (unsigned long long)j->t.task_id, j->t.name, ctx->node_id, cfx_last_error());
+    /* remembered before the report: a report lost with the coordinator is
+     * sent again after the reconnection (task_keep.c) */
+    pthread_mutex_lock(&rt->mu);
+    cfx__task_ended_add(rt, j, rc, text);
+    nalias = j->nalias;
+    memcpy(alias, j->alias, sizeof(alias));
+    pthread_mutex_unlock(&rt->mu);
+    cfx__task_report(ctx, &j->t, alias, nalias, rc, text);
 }
 
 static void *runner(void *arg)
@@ -404,6 +377,7 @@ static void *runner(void *arg)
             rt->rereg = false;
             pthread_mutex_unlock(&rt->mu);
             rereg_all(ctx);
+            cfx__task_announce(ctx);
             pthread_mutex_lock(&rt->mu);
             continue;
         }
@@ -413,12 +387,14 @@ static void *runner(void *arg)
         }
         struct task_job *j = cfx_list_entry(rt->jobs.next, struct task_job, link);
         cfx_list_del(&j->link);
-        __atomic_add_fetch(&rt->running, 1, __ATOMIC_RELAXED);
+        cfx_list_add_tail(&j->link, &rt->running);
+        __atomic_add_fetch(&rt->running_n, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&rt->mu);
         run_job(ctx, j);
-        free(j);
         pthread_mutex_lock(&rt->mu);
-        __atomic_sub_fetch(&rt->running, 1, __ATOMIC_RELAXED);
+        cfx_list_del(&j->link);
+        free(j);
+        __atomic_sub_fetch(&rt->running_n, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&rt->mu);
     return NULL;
@@ -435,6 +411,10 @@ static int start_runners(struct cfx_context *ctx)
     if (want < 1 || want > TASK_THREADS_MAX)
         return cfx__err(CFX_ERR_INVALID, "CFX_TASK_THREADS=%lld is not in 1..%d", want,
                         TASK_THREADS_MAX);
+    /* what a worker remembers of the tasks it ended (task_keep.c) */
+    if (!rt->ended && !(rt->ended = calloc(TASK_ENDED_KEEP, sizeof(*rt->ended))))
+        return cfx__err(CFX_ERR_NOMEM, "node %u: no memory for the task runner",
+                        ctx->node_id);
     for (long long i = 0; i < want; i++) {
         int e = pthread_create(&rt->threads[rt->nthreads], NULL, runner, ctx);
         if (e) {
@@ -610,7 +590,9 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
         m.u.task.arg = params->arg;
         m.u.task.arg_len = (uint16_t)params->arg_len;
     }
-    struct cfx_task *task = out ? calloc(1, sizeof(*task)) : NULL;
+    m.u.task.key = cfx__task_key(ctx->tasks);
+    uint64_t task_dl = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
+    struct cfx_task *task = out ? calloc(1, sizeof(*task) + m.u.task.arg_len) : NULL;
     if (out && !task)
         return cfx__err(CFX_ERR_NOMEM, "cfx_task_submit: no memory");
     rc = cfx__ctx_enter(ctx, "cfx_task_submit");
@@ -619,12 +601,20 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
         return rc;
     }
     snprintf(what, sizeof(what), "submission of task '%s'", name);
+    /* sent again after a lost connection with CFX_PROTO_TASK_AGAIN and the
+     * same key: the coordinator runs it once (control/client.c) */
     rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what,
                           CFX_MSG_TASK_REPLY, &reply, &frame);
     if (rc == CFX_OK && task) {
         task->ctx = ctx;
         task->id = reply.u.task_st.task_id;
         task->node = reply.u.task_st.node_id;
+        task->deadline_ns = task_dl;
+        task->t = m.u.task;
+        task->t.flags &= (uint8_t)~CFX_PROTO_TASK_AGAIN;
+        if (m.u.task.arg_len)
+            memcpy(task->arg, m.u.task.arg, m.u.task.arg_len);
+        task->t.arg = task->arg;
         *out = task;
         task = NULL;
     }
@@ -633,33 +623,53 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
     return cfx__ctx_leave(ctx, rc);
 }
 
+/* One TASK_WAIT for what is left until @p wait_dl (UINT64_MAX: forever). */
+static int wait_once(struct cfx_task *task, uint64_t wait_dl, int timeout_ms,
+                     struct cfx_msg *reply, void **frame)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_WAIT };
+    char what[64];
+    int left = wait_dl == UINT64_MAX ? -1 : cfx__ms_left(wait_dl);
+
+    m.u.task_st.task_id = task->id;
+    m.u.task_st.timeout_ms = wait_dl == UINT64_MAX ? CFX_PROTO_TIMEOUT_NONE
+                             : timeout_ms == 0 || left <= 0 ? 0 : (uint32_t)left;
+    snprintf(what, sizeof(what), "wait for task %llu", (unsigned long long)task->id);
+    /* the coordinator answers by the timeout; the margin covers the round trip */
+    return cfx__ctl_request(task->ctx->ctl, &m,
+                            wait_dl == UINT64_MAX ? UINT64_MAX
+                                                  : wait_dl + CFX_PROTO_WAIT_MARGIN_MS * 1000000ull,
+                            what, CFX_MSG_TASK_REPLY, reply, frame);
+}
+
 int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
 {
-    struct cfx_msg m = { .type = CFX_MSG_TASK_WAIT }, reply;
+    struct cfx_msg reply;
     void *frame = NULL;
-    char what[64];
     int rc;
 
     cfx__err_clear();
     if (!task)
         return cfx__err(CFX_ERR_INVALID, "cfx_task_wait: NULL task");
-    m.u.task_st.task_id = task->id;
-    m.u.task_st.timeout_ms = timeout_ms < 0 ? CFX_PROTO_TIMEOUT_NONE : (uint32_t)timeout_ms;
+    uint64_t wait_dl = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
     rc = cfx__ctx_enter(task->ctx, "cfx_task_wait");
     if (rc != CFX_OK)
         return rc;
-    snprintf(what, sizeof(what), "wait for task %llu", (unsigned long long)task->id);
-    /* the coordinator answers by the timeout; the margin covers the round trip */
-    rc = cfx__ctl_request(task->ctx->ctl, &m,
-                          timeout_ms < 0 ? UINT64_MAX
-                                         : cfx__now_ns() + ((uint64_t)timeout_ms + TASK_REQ_MS) *
-                                                               1000000ull,
-                          what, CFX_MSG_TASK_REPLY, &reply, &frame);
+    rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
+    /* unknown: the coordinator restarted and nobody re-announced it yet;
+     * the same key again, which the coordinator runs at most once */
+    for (int again = 0; rc == CFX_ERR_NOT_FOUND && !task->ended && again < TASK_RESUBMIT_MAX;
+         again++) {
+        rc = cfx__task_resubmit(task, wait_dl);
+        if (rc == CFX_OK)
+            rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
+    }
     if (rc == CFX_OK) {
         if (node_out)
             *node_out = reply.u.task_st.node_id;
         task->node = reply.u.task_st.node_id ? reply.u.task_st.node_id : task->node;
         rc = reply.u.task_st.status;
+        task->ended = rc != CFX_ERR_AGAIN;
         if (rc == CFX_ERR_AGAIN)
             cfx__err(rc, "task %llu has not ended after %d ms", (unsigned long long)task->id,
                      timeout_ms);

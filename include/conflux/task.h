@@ -23,6 +23,21 @@
  *  - A worker that dies with tasks placed on it: each task is placed again
  *    when its inputs are still held elsewhere, else it fails with
  *    CFX_ERR_PEER_FAILED naming the dead node.
+ *  - Tasks survive a coordinator restart and run at most once.  Each
+ *    submission carries an idempotency key the library chooses: a submit
+ *    sent again after a lost reply is the same task.  After the restart the
+ *    workers re-announce the tasks they run or ended lately and report
+ *    their ends; a cfx_task_wait() on a handle the new coordinator does not
+ *    know submits it again with the same key (held by the coordinator for
+ *    at most its --task-grace-ms, 5 s by default, so that the running task
+ *    is re-announced first) and returns the task's real status within its
+ *    own timeout.  A task whose worker died while the coordinator was down
+ *    fails with CFX_ERR_PEER_FAILED naming that node, or is placed again
+ *    when its inputs are held elsewhere.  Not covered: a fire-and-forget
+ *    submission (out NULL) still queued when the coordinator died is lost,
+ *    and a task whose end neither its worker (60 s) nor the coordinator
+ *    remembers is submitted and run again by a late wait
+ *    (docs/ARCHITECTURE.md, "Tasks and placement").
  *
  * Thread safety: every function here may be called from any thread, the
  * task functions themselves included (a task may submit tasks).
@@ -149,15 +164,22 @@ CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
 /**
  * Wait until the task ended or @p timeout_ms passed (<0: forever).
  * @param node_out  NULL, or receives the node that ran it (or last held it)
+ * Across a coordinator restart the wait goes on on the new connection; when
+ * the new coordinator does not know the task it is submitted again from
+ * the handle (same key, same id) and waited for, all within @p timeout_ms.
  * @return the task's status: CFX_OK; what its function returned (with its
  *         text, naming the node, in cfx_last_error()); CFX_ERR_PEER_FAILED
  *         naming the node that died with it when it could not be placed
- *         again; CFX_ERR_TIMEOUT when the task's own deadline passed;
- *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on).
+ *         again (also when that node died while the coordinator was down);
+ *         CFX_ERR_TIMEOUT when the task's own deadline passed;
+ *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on);
+ *         CFX_ERR_NOT_FOUND when the coordinator ended and forgot it long
+ *         ago (it is not run again); CFX_ERR_CONNECT when the coordinator
+ *         stayed unreachable for the whole wait.
  */
 CFX_API int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out);
 
-/** The coordinator's id of the task. */
+/** The coordinator's id of the task (kept across a coordinator restart). */
 CFX_API uint64_t cfx_task_id(const struct cfx_task *task);
 
 /** Node the task was placed on when submitted (it may move if that node dies). */

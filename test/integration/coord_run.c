@@ -9,7 +9,15 @@
 
 void coord_run_setup(struct coord_run *r, const char *tag, bool debug)
 {
+    coord_run_setup_with(r, tag, debug, NULL);
+}
+
+void coord_run_setup_with(struct coord_run *r, const char *tag, bool debug,
+                          const char *const *extra)
+{
     memset(r, 0, sizeof(*r));
+    for (int i = 0; i < 7 && extra && extra[i]; i++)
+        r->extra[i] = extra[i];
     cfx_test_token(r->token, sizeof(r->token));
     snprintf(r->dir, sizeof(r->dir), "/tmp/cfx-%s-%d", tag, (int)getpid());
     cr_assert(mkdir(r->dir, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", r->dir,
@@ -24,8 +32,10 @@ void coord_run_setup(struct coord_run *r, const char *tag, bool debug)
 
 void coord_run_start(struct coord_run *r)
 {
-    const char *a[] = { "--port", r->port, "--token", r->token, "--state-dir", r->statedir,
-                        "--heartbeat-ms", "100", "--dead-after-ms", r->dead_after, NULL };
+    const char *a[20] = { "--port", r->port, "--token", r->token, "--state-dir", r->statedir,
+                          "--heartbeat-ms", "100", "--dead-after-ms", r->dead_after, NULL };
+    for (int i = 0; i < 8 && r->extra[i]; i++)
+        a[10 + i] = r->extra[i];
     if (r->debug)
         setenv("CFX_LOG_LEVEL", "DEBUG", 1);
     coord_child_start(&r->cc, r->logpath, 0, a);

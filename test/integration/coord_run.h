@@ -21,12 +21,17 @@ struct coord_run {
     char logpath[160];        /* dir/coord.log: its stderr, across restarts */
     char port[16];            /* --port of the next start ("0" at first) */
     const char *dead_after;   /* --dead-after-ms of the next start */
+    const char *extra[8];     /* more arguments of the next start, NULL-ended */
     bool debug;               /* run it with CFX_LOG_LEVEL=DEBUG (log checks) */
 };
 
 /* A fresh token and directory, then the coordinator on a port of its own
  * (--heartbeat-ms 100 --dead-after-ms 1500). */
 void coord_run_setup(struct coord_run *r, const char *tag, bool debug);
+/* The same with more conflux-coord arguments (@p extra, NULL-ended, at most
+ * 7), kept for every start. */
+void coord_run_setup_with(struct coord_run *r, const char *tag, bool debug,
+                          const char *const *extra);
 /* Start it on r->port and r->statedir. */
 void coord_run_start(struct coord_run *r);
 /* kill -9 it; the next start takes the same port. */

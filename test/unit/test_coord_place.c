@@ -1,6 +1,7 @@
 /* Task placement at the coordinator (control/coord_place.c, coord_task.c):
  * the scoring (input bytes held, complete and partial; load; spread and
- * pack), the caps, the queue, and tasks of a node that goes.  Workers are
+ * pack), the caps, the queue, tasks of a node that goes, and what keeps
+ * tasks across a restart (keys, held repeats, re-announcements, their caps).  Workers are
  * coordinator clients that register a function and report a chosen load. */
 #include <criterion/criterion.h>
 
@@ -144,6 +145,7 @@ static void start(uint32_t max_node_tasks, uint32_t max_queued_tasks)
         .bind_addr = "127.0.0.1", .token = token, .heartbeat_ms = HB_MS,
         .dead_after_ms = DEAD_MS, .max_node_tasks = max_node_tasks,
         .max_queued_tasks = max_queued_tasks,
+        .task_grace_ms = 60000, /* repeats stay held however slow the setup was */
     };
     cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "%s", cfx_last_error());
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
@@ -181,8 +183,11 @@ TestSuite(placecap, .init = setup_caps, .fini = teardown, .timeout = 60);
 static void task_init(struct cfx_msg *m, uint8_t type, const struct cfx_object_id *in, int nin,
                       const uint32_t *nodes, int nn)
 {
+    static uint64_t keys;
     memset(m, 0, sizeof(*m));
     m->type = type;
+    if (type == CFX_MSG_TASK_SUBMIT)
+        m->u.task.key = ++keys; /* each submission its own idempotency key */
     snprintf(m->u.task.name, sizeof(m->u.task.name), "f");
     m->u.task.cores = 1;
     m->u.task.timeout_ms = CALL_MS;
@@ -505,4 +510,132 @@ Test(place, listing_pages_through_every_task)
     cr_assert_eq(placed + queued, N, "%u placed, %u queued", placed, queued);
     cr_assert_gt(placed, 0);
     free(tl);
+}
+
+/* ---- across a restart (coord_task.c "Restarts") ------------------------------------- */
+
+/* @p w re-announces a task of key @p key under @p id ("" name: the end of
+ * its list); the reply's status. */
+static int announce(struct worker *w, uint64_t key, uint64_t id, const char *name)
+{
+    struct cfx_msg m;
+    task_init(&m, CFX_MSG_TASK_ANNOUNCE, NULL, 0, NULL, 0);
+    snprintf(m.u.task.name, sizeof(m.u.task.name), "%s", name);
+    m.u.task.key = key;
+    m.u.task.task_id = id;
+    m.u.task.submitter = W[1].id;
+    return cfx__ctl_request(w->c, &m, cfx__deadline_ns(CALL_MS), "announce", CFX_MSG_OK, NULL,
+                            NULL);
+}
+
+/* A repeated submission (CFX_PROTO_TASK_AGAIN) of key @p key from w1. */
+static int repeat(uint64_t key, uint64_t id, uint32_t hint, struct cfx_msg_task_st *st)
+{
+    struct cfx_msg m;
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    m.u.task.key = key;
+    m.u.task.flags = CFX_PROTO_TASK_AGAIN;
+    m.u.task.task_id = id;
+    m.u.task.hint_node = hint;
+    return ask(W[1].c, &m, st);
+}
+
+Test(place, a_key_submitted_twice_is_one_task)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st s1 = { 0 }, s2 = { 0 }; /* ask() fills them on CFX_OK */
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &W[0].id, 1);
+    cr_assert_eq(ask(W[1].c, &m, &s1), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(ask(W[1].c, &m, &s2), CFX_OK, "%s", cfx_last_error()); /* the same key */
+    cr_assert_eq(s2.task_id, s1.task_id);
+    cr_assert_eq(s2.node_id, W[0].id);
+    m.u.task.flags = CFX_PROTO_TASK_AGAIN;
+    cr_assert_eq(ask(W[1].c, &m, &s2), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(s2.task_id, s1.task_id);
+    cr_assert_eq(nth_run(&W[0], 1), s1.task_id);
+    /* a second task was never sent: its EV_TASK_RUN would have come to w0
+     * before the reply to this query of w0's, on the same connection */
+    cr_assert_neq(place(NULL, 0, NULL, 0, 0), 0u);
+    pthread_mutex_lock(&W[0].mu);
+    cr_assert_eq(W[0].nruns, 1, "node %u was sent %u tasks", W[0].id, W[0].nruns);
+    pthread_mutex_unlock(&W[0].mu);
+
+    /* a submission needs a key; a repeat of an id this coordinator handed
+     * out and no longer knows ended long ago: not run again */
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    m.u.task.key = 0;
+    cr_assert_eq(ask(W[1].c, &m, &s2), CFX_ERR_INVALID);
+    cr_assert_eq(repeat(0x5e5e5e5eull, s1.task_id + 100000, 0, &s2), CFX_ERR_NOT_FOUND);
+    cr_assert(strstr(cfx_last_error(), "not run again"), "%s", cfx_last_error());
+}
+
+Test(place, a_held_repeat_merges_with_its_reannouncement)
+{
+    /* w1's repeat comes first (held: w0 has not closed its list), then w0
+     * re-announces the key it runs under its old id: one task, on w0, and
+     * w0's report under the old id ends it */
+    struct cfx_msg_task_st st = { 0 };
+    const uint64_t key = 0xabcdef01ull, old_id = 77;
+    cr_assert_eq(repeat(key, old_id, W[0].id, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, 0u, "a held repeat placed on node %u", st.node_id);
+    cr_assert_eq(st.task_id, old_id, "the repeat did not keep its id");
+    cr_assert_eq(announce(&W[0], key, old_id, "f"), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(announce(&W[0], 0, 0, ""), CFX_OK, "%s", cfx_last_error());
+    pthread_mutex_lock(&W[0].mu);
+    cr_assert_eq(W[0].nruns, 0, "the re-announced task was sent to run again");
+    pthread_mutex_unlock(&W[0].mu);
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = old_id;
+    w.u.task_st.timeout_ms = 0;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_AGAIN);
+    cr_assert_eq(st.node_id, W[0].id);
+    struct cfx_msg d = { .type = CFX_MSG_TASK_DONE };
+    d.u.task_st.task_id = old_id;
+    cr_assert_eq(cfx__ctl_send_nowait(W[0].c, &d, "done"), CFX_OK);
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, W[0].id);
+
+    /* a repeat held for w2 goes to the queue when w2 closes its list
+     * without it, and is placed (on w2, which asked for it first) */
+    uint32_t only = W[2].id;
+    struct cfx_msg m;
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &only, 1);
+    m.u.task.key = key + 1;
+    m.u.task.flags = CFX_PROTO_TASK_AGAIN;
+    m.u.task.hint_node = only;
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, 0u);
+    cr_assert_eq(announce(&W[2], 0, 0, ""), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(nth_run(&W[2], 1), st.task_id);
+}
+
+Test(placecap, reannouncements_and_held_repeats_are_capped)
+{
+    /* max_node_tasks 2: w0 re-announces two tasks, the third is refused;
+     * max_queued_tasks 1: one repeat is held, the second refused */
+    struct cfx_msg_task_st st = { 0 };
+    cr_assert_eq(announce(&W[0], 1001, 501, "f"), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(announce(&W[0], 1002, 502, "f"), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(announce(&W[0], 1003, 503, "f"), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "max_node_tasks"), "%s", cfx_last_error());
+    cr_assert_eq(repeat(2001, 601, W[2].id, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(repeat(2002, 602, W[2].id, &st), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "max_queued_tasks"), "%s", cfx_last_error());
+
+    /* a re-announcement needs a key and an id; an id that is another
+     * task's is refused; a node that offers nothing re-announces nothing */
+    cr_assert_eq(announce(&W[1], 0, 504, "f"), CFX_ERR_INVALID);
+    cr_assert_eq(announce(&W[1], 1004, 0, "f"), CFX_ERR_INVALID);
+    cr_assert_eq(announce(&W[1], 1005, 501, "f"), CFX_ERR_EXISTS);
+    struct worker idle = { 0 };
+    struct cfx_node_rec self;
+    memset(&self, 0, sizeof(self));
+    snprintf(self.name, sizeof(self.name), "idle");
+    struct cfx_ctl_params p = { .coord = addr, .token = token, .role = CFX_CTL_ROLE_NODE,
+                                .self = &self, .timeout_ms = CALL_MS };
+    cr_assert_eq(cfx__ctl_open(&p, &idle.c), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(announce(&idle, 1006, 506, "f"), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "registered no function"), "%s", cfx_last_error());
+    cfx__ctl_close(idle.c);
 }

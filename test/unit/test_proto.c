@@ -334,16 +334,20 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         break;
     case CFX_MSG_TASK_SUBMIT:
     case CFX_MSG_TASK_PLACE:
-    case CFX_MSG_EV_TASK_RUN: {
+    case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_ANNOUNCE: {
         static const uint8_t targ[] = "task argument";
         struct cfx_msg_task *t = &m->u.task;
-        t->task_id = type == CFX_MSG_EV_TASK_RUN ? 42 : 0;
+        t->task_id = type == CFX_MSG_EV_TASK_RUN || type == CFX_MSG_TASK_ANNOUNCE ? 42 : 0;
+        t->key = type == CFX_MSG_TASK_PLACE ? 0 : 0xfeedface12345678ull;
+        t->submitter = type == CFX_MSG_TASK_PLACE ? 0 : 5;
+        t->hint_node = type == CFX_MSG_TASK_SUBMIT ? 6 : 0;
         strcpy(t->name, "square");
         t->timeout_ms = 5000;
         t->cores = 2;
         t->gpus = 1;
         t->memory = 1ull << 30;
-        t->flags = CFX_PROTO_TASK_PACK;
+        t->flags = CFX_PROTO_TASK_PACK | (type == CFX_MSG_TASK_SUBMIT ? CFX_PROTO_TASK_AGAIN : 0);
         t->reserve_ms = 700;
         strcpy(t->group, "shard");
         t->nnodes = 2;
@@ -566,9 +570,13 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         break;
     case CFX_MSG_TASK_SUBMIT:
     case CFX_MSG_TASK_PLACE:
-    case CFX_MSG_EV_TASK_RUN: {
+    case CFX_MSG_EV_TASK_RUN:
+    case CFX_MSG_TASK_ANNOUNCE: {
         const struct cfx_msg_task *x = &a->u.task, *y = &b->u.task;
         cr_assert_eq(x->task_id, y->task_id);
+        cr_assert_eq(x->key, y->key);
+        cr_assert_eq(x->submitter, y->submitter);
+        cr_assert_eq(x->hint_node, y->hint_node);
         cr_assert_str_eq(x->name, y->name);
         cr_assert_eq(x->timeout_ms, y->timeout_ms);
         cr_assert_eq(x->cores, y->cores);
@@ -655,10 +663,10 @@ Test(proto, task_frames_refuse_bad_fields)
     cr_assert_eq(cfx__msg_encode(&m, frame, FRAME_MAX, &len), CFX_ERR_INVALID);
     sample_msg(CFX_MSG_TASK_SUBMIT, &m);
     len = encode_ok(&m);
-    /* node count byte: after id, name, timeout, cores, gpus, memory, flags,
-     * reserve, group */
-    size_t at = CFX_PROTO_HDR_LEN + 8 + (CFX_TASK_NAME_MAX + 1) + 4 + 4 + 4 + 8 + 1 + 4 +
-                (CFX_TASK_GROUP_MAX + 1);
+    /* node count byte: after id, key, submitter, hint node, name, timeout,
+     * cores, gpus, memory, flags, reserve, group */
+    size_t at = CFX_PROTO_HDR_LEN + 8 + 8 + 4 + 4 + (CFX_TASK_NAME_MAX + 1) + 4 + 4 + 4 + 8 +
+                1 + 4 + (CFX_TASK_GROUP_MAX + 1);
     cr_assert_eq(frame[at], 2);
     frame[at] = CFX_TASK_NODES_MAX + 1;
     cr_assert_eq(cfx__msg_decode(frame, len, &m), CFX_ERR_PROTO);

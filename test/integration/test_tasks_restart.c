@@ -1,0 +1,428 @@
+/*
+ * Tasks across a coordinator restart (control/coord_task.c, "Restarts";
+ * dataplane/engine/task_keep.c): a conflux-coord child with
+ * --task-grace-ms 5000, one worker process (an exec'd fresh image of this
+ * binary, see the constructor) offering "count" with 1 core, so that a
+ * second task queues behind a running one, and this process submitting.
+ *
+ * "count" (struct count_arg) writes its tag byte to the runs pipe as it
+ * starts (the test reads it: the task runs now; the bytes left at the end
+ * count the runs), with gate waits for one byte on the gate pipe, then puts
+ * result 0 as size bytes of pattern(seed).  Results are checked byte by
+ * byte; the runs of each tag are counted after the worker exited.
+ */
+#include <criterion/criterion.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <conflux/conflux.h>
+
+#include "coord_run.h"
+#include "dataplane/engine/engine.h"
+
+#define CHILD_ENV "CFX_TEST_TASKS_RESTART_CHILD"
+#define CALL_MS   30000
+/* the default: a live worker reconnects within CFX_PROTO_RECONNECT_MAX_MS
+ * (2 s) plus one attempt of the restarted coordinator, and a shorter grace
+ * would let a waiter's repeat outrun a slow worker on a loaded machine */
+#define GRACE_MS  "5000"
+
+struct count_arg {
+    uint8_t tag;     /* written to the runs pipe when a run starts */
+    uint8_t gate;    /* then wait for a byte on the gate pipe */
+    uint16_t pad;
+    uint32_t seed;
+    uint32_t size;   /* result 0: size bytes of pattern(seed) */
+};
+
+static uint8_t pattern(uint32_t seed, size_t i)
+{
+    return (uint8_t)(seed * 29u + i * 13u + (i >> 8));
+}
+
+/* ---- the worker ------------------------------------------------------------------ */
+
+static int child_gate = -1, child_runs = -1;
+
+static int count(const struct cfx_task_call *call, void *arg)
+{
+    struct count_arg a;
+    char c;
+    (void)arg;
+
+    if (call->arg_len != sizeof(a))
+        return CFX_ERR_INVALID;
+    memcpy(&a, call->arg, sizeof(a));
+    if (write(child_runs, &a.tag, 1) != 1)
+        return CFX_ERR_INVALID;
+    if (a.gate) {
+        struct pollfd p = { .fd = child_gate, .events = POLLIN };
+        if (poll(&p, 1, call->timeout_ms) != 1 || read(child_gate, &c, 1) != 1)
+            return CFX_ERR_TIMEOUT;
+    }
+    uint8_t *out = malloc(a.size);
+    if (!out)
+        return CFX_ERR_NOMEM;
+    for (size_t i = 0; i < a.size; i++)
+        out[i] = pattern(a.seed, i);
+    int rc = cfx_task_result_put(call, 0, out, a.size);
+    free(out);
+    return rc;
+}
+
+/* "IN OUT GATE RUNS ADDR TOKEN": join, offer "count", report the node id,
+ * serve until 'D' (or the end of the pipe). */
+__attribute__((constructor)) static void restart_child_main(void)
+{
+    const char *spec = getenv(CHILD_ENV);
+    int in, out;
+    char a[64], tok[64], c = 0;
+    if (!spec || sscanf(spec, "%d %d %d %d %63s %63s", &in, &out, &child_gate, &child_runs, a,
+                        tok) != 6)
+        return;
+    struct cfx_context *ctx = coord_run_join_at(a, tok, CALL_MS);
+    if (!ctx) {
+        fprintf(stderr, "tasks worker: %s\n", cfx_last_error());
+        _exit(2);
+    }
+    if (cfx_task_register(ctx, "count", count, NULL) != CFX_OK) {
+        fprintf(stderr, "tasks worker: register: %s\n", cfx_last_error());
+        _exit(3);
+    }
+    uint32_t id = cfx_context_node_id(ctx);
+    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id))
+        _exit(4);
+    if (read(in, &c, 1) < 0)
+        _exit(5);
+    cfx_context_destroy(ctx);
+    _exit(0);
+}
+
+/* ---- the submitter -------------------------------------------------------------- */
+
+struct worker {
+    pid_t pid;
+    int to, from;       /* control pipe: 'D' ends it; its node id comes back */
+    int gate;           /* write end: one byte lets one gated task go on */
+    int runs;           /* read end: a tag byte per run started */
+    uint32_t node;
+    unsigned seen[256]; /* runs started, by tag, read so far */
+};
+
+static struct coord_run co;
+static struct worker wk;
+static struct cfx_context *ctx;
+
+static void worker_start(struct worker *w)
+{
+    int down[2], up[2], gate[2], runs[2];
+    char spec[256], exe[512];
+    cr_assert_eq(pipe(down), 0);
+    cr_assert_eq(pipe(up), 0);
+    cr_assert_eq(pipe(gate), 0);
+    cr_assert_eq(pipe(runs), 0);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    snprintf(spec, sizeof(spec), "%d %d %d %d %s %s", down[0], up[1], gate[0], runs[1],
+             co.cc.addr, co.token);
+    memset(w, 0, sizeof(*w));
+    w->pid = fork();
+    cr_assert_geq(w->pid, 0);
+    if (w->pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        close(gate[1]);
+        close(runs[0]);
+        setenv(CHILD_ENV, spec, 1);
+        setenv("CFX_TASK_CORES", "1", 1);
+        setenv("CFX_TASK_MEMORY", "1G", 1);
+        execl(exe, exe, (char *)NULL);
+        _exit(127);
+    }
+    close(down[0]);
+    close(up[1]);
+    close(gate[0]);
+    close(runs[1]);
+    w->to = down[1];
+    w->from = up[0];
+    w->gate = gate[1];
+    w->runs = runs[0];
+    struct pollfd p = { .fd = w->from, .events = POLLIN };
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->from, &w->node, 4) == 4,
+              "worker did not start (log %s)", co.logpath);
+}
+
+/* The next run started on @p w has tag @p tag (an event: the byte). */
+static void started(struct worker *w, uint8_t tag)
+{
+    struct pollfd p = { .fd = w->runs, .events = POLLIN };
+    uint8_t got = 0;
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->runs, &got, 1) == 1,
+              "no task started on node %u", w->node);
+    cr_assert_eq(got, tag, "run of '%c' started, want '%c'", got, tag);
+    w->seen[got]++;
+}
+
+static void release(struct worker *w)
+{
+    cr_assert_eq(write(w->gate, "g", 1), 1);
+}
+
+/* Wait for @p w's exit (bounded: a pidfd turns readable when it ends). */
+static void reap(struct worker *w)
+{
+    int st = 0;
+    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
+    if (pfd >= 0) {
+        struct pollfd p = { .fd = pfd, .events = POLLIN };
+        poll(&p, 1, CALL_MS);
+        close(pfd);
+    }
+    if (waitpid(w->pid, &st, WNOHANG) == 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, &st, 0);
+    }
+    w->pid = 0;
+}
+
+/* End @p w, then read every run byte it left: the pipe ends with it. */
+static void worker_end(struct worker *w)
+{
+    char c = 'D';
+    uint8_t buf[64];
+    ssize_t n;
+    if (!w->pid)
+        return;
+    if (write(w->to, &c, 1) != 1) { /* gone already */
+    }
+    reap(w);
+    while ((n = read(w->runs, buf, sizeof(buf))) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            w->seen[buf[i]]++;
+    close(w->to);
+    close(w->from);
+    close(w->gate);
+    close(w->runs);
+}
+
+static void worker_kill(struct worker *w)
+{
+    kill(w->pid, SIGKILL);
+    reap(w);
+    close(w->to);
+    close(w->from);
+    close(w->gate);
+    close(w->runs);
+}
+
+static void setup(void)
+{
+    const char *extra[] = { "--task-grace-ms", GRACE_MS, NULL };
+    coord_run_setup_with(&co, "trestart", false, extra);
+    worker_start(&wk);
+    ctx = coord_run_join(&co, CALL_MS);
+}
+
+static void teardown(void)
+{
+    cfx_context_destroy(ctx);
+    worker_end(&wk);
+    coord_run_teardown(&co);
+}
+
+TestSuite(tasks_restart, .init = setup, .fini = teardown, .timeout = 120);
+
+static void oid(const char *name, struct cfx_object_id *id)
+{
+    cr_assert_eq(cfx_object_id_from_name(name, id), CFX_OK);
+}
+
+static struct cfx_task *submit(const char *result, struct count_arg *a)
+{
+    struct cfx_object_id r;
+    struct cfx_task_params p = { .field_mask = CFX_TASK_PARAM_ARG | CFX_TASK_PARAM_TIMEOUT,
+                                 .arg = a, .arg_len = sizeof(*a), .timeout_ms = CALL_MS };
+    struct cfx_task *t = NULL;
+    oid(result, &r);
+    cr_assert_eq(cfx_task_submit(ctx, "count", NULL, 0, &r, 1, NULL, &p, &t), CFX_OK,
+                 "submit: %s", cfx_last_error());
+    return t;
+}
+
+static void check_result(const char *name, uint32_t seed, size_t size)
+{
+    struct cfx_object_id id;
+    void *buf = NULL;
+    size_t len = 0;
+    oid(name, &id);
+    cr_assert_eq(cfx_get_alloc(ctx, &id, &buf, &len, NULL), CFX_OK, "get %s: %s", name,
+                 cfx_last_error());
+    cr_assert_eq(len, size, "%s: %zu bytes, want %zu", name, len, size);
+    for (size_t i = 0; i < size; i++)
+        cr_assert_eq(((uint8_t *)buf)[i], pattern(seed, i), "%s: byte %zu", name, i);
+    cfx_buf_free(ctx, buf);
+}
+
+struct waiter {
+    pthread_t th;
+    struct cfx_task *t;
+    int rc;
+    uint32_t node;
+    char err[512];
+};
+
+static void *wait_main(void *arg)
+{
+    struct waiter *w = arg;
+    w->rc = cfx_task_wait(w->t, CALL_MS, &w->node);
+    snprintf(w->err, sizeof(w->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+Test(tasks_restart, running_task_ends_once_across_a_kill_9)
+{
+    /* the task runs when the coordinator is killed; a waiter waits across
+     * the outage; the task goes on while the coordinator is down and ends
+     * after the new one started */
+    struct count_arg a = { .tag = 'a', .gate = 1, .seed = 11, .size = 3000 };
+    struct waiter w = { .t = submit("trestart/a", &a) };
+    uint64_t id = cfx_task_id(w.t);
+    started(&wk, 'a');
+    cr_assert_eq(pthread_create(&w.th, NULL, wait_main, &w), 0);
+    coord_run_kill(&co);
+    release(&wk);
+    coord_run_start(&co);
+    pthread_join(w.th, NULL);
+    cr_assert_eq(w.rc, CFX_OK, "wait: %s", w.err);
+    cr_assert_eq(w.node, wk.node);
+    cr_assert_eq(cfx_task_id(w.t), id, "the task changed its id");
+    check_result("trestart/a", 11, 3000);
+    cfx_task_free(w.t);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['a'], 1, "the task ran %u times", wk.seen['a']);
+}
+
+Test(tasks_restart, queued_task_placed_by_the_new_coordinator_runs_once)
+{
+    /* the worker's one core runs 'b'; 'q' is queued behind it at the old
+     * coordinator, which only its submitter knows of after the kill */
+    struct count_arg a = { .tag = 'b', .gate = 1, .seed = 12, .size = 100 };
+    struct count_arg q = { .tag = 'q', .gate = 0, .seed = 13, .size = 70000 };
+    struct cfx_task *tb = submit("trestart/b", &a);
+    started(&wk, 'b');
+    struct cfx_task *tq = submit("trestart/q", &q);
+    cr_assert_eq(cfx_task_node(tq), 0, "placed at once on node %u", cfx_task_node(tq));
+    coord_run_restart(&co);
+    release(&wk);
+    uint32_t node = 0;
+    cr_assert_eq(cfx_task_wait(tq, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk.node);
+    cr_assert_eq(cfx_task_wait(tb, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    check_result("trestart/b", 12, 100);
+    check_result("trestart/q", 13, 70000);
+    cfx_task_free(tb);
+    cfx_task_free(tq);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['b'], 1, "'b' ran %u times", wk.seen['b']);
+    cr_assert_eq(wk.seen['q'], 1, "'q' ran %u times", wk.seen['q']);
+}
+
+/* A raw TASK_SUBMIT of "count" with @p key, as cfx_task_submit sends it
+ * (with @p flags: CFX_PROTO_TASK_AGAIN as its repeat after a lost reply). */
+static int raw_submit(uint64_t key, uint8_t flags, const char *result, struct count_arg *a,
+                      struct cfx_msg_task_st *st)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_SUBMIT }, reply;
+    void *frame = NULL;
+    snprintf(m.u.task.name, sizeof(m.u.task.name), "count");
+    m.u.task.key = key;
+    m.u.task.flags = flags;
+    m.u.task.cores = 1;
+    m.u.task.timeout_ms = CALL_MS;
+    m.u.task.nresults = 1;
+    oid(result, &m.u.task.results[0]);
+    m.u.task.arg = (const uint8_t *)a;
+    m.u.task.arg_len = sizeof(*a);
+    int rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(CALL_MS), "raw submit",
+                              CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK)
+        *st = reply.u.task_st;
+    free(frame);
+    return rc;
+}
+
+static int raw_wait(uint64_t id)
+{
+    struct cfx_msg m = { .type = CFX_MSG_TASK_WAIT }, reply;
+    void *frame = NULL;
+    m.u.task_st.task_id = id;
+    m.u.task_st.timeout_ms = CALL_MS;
+    int rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(2 * CALL_MS), "raw wait",
+                              CFX_MSG_TASK_REPLY, &reply, &frame);
+    if (rc == CFX_OK)
+        rc = reply.u.task_st.status;
+    free(frame);
+    return rc;
+}
+
+Test(tasks_restart, submission_repeated_with_its_key_runs_once)
+{
+    /* the same key twice (a repeat whose first reply was lost): one task */
+    struct count_arg a = { .tag = 'c', .gate = 1, .seed = 14, .size = 500 };
+    struct cfx_msg_task_st s1, s2;
+    uint64_t key = 0x6b657963ull << 20 | (uint64_t)getpid();
+    cr_assert_eq(raw_submit(key, 0, "trestart/c", &a, &s1), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(raw_submit(key, CFX_PROTO_TASK_AGAIN, "trestart/c", &a, &s2), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(s2.task_id, s1.task_id);
+    cr_assert_eq(s2.node_id, wk.node);
+    started(&wk, 'c');
+    release(&wk);
+    cr_assert_eq(raw_wait(s1.task_id), CFX_OK, "%s", cfx_last_error());
+    check_result("trestart/c", 14, 500);
+
+    /* a repeat after a kill -9 (its reply lost with the old coordinator),
+     * before the worker re-announced the running task: one task again */
+    struct count_arg d = { .tag = 'd', .gate = 1, .seed = 15, .size = 900 };
+    cr_assert_eq(raw_submit(key + 1, 0, "trestart/d", &d, &s1), CFX_OK, "%s", cfx_last_error());
+    started(&wk, 'd');
+    coord_run_restart(&co);
+    cr_assert_eq(raw_submit(key + 1, CFX_PROTO_TASK_AGAIN, "trestart/d", &d, &s2), CFX_OK,
+                 "%s", cfx_last_error());
+    release(&wk);
+    cr_assert_eq(raw_wait(s2.task_id), CFX_OK, "%s", cfx_last_error());
+    check_result("trestart/d", 15, 900);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['c'], 1, "'c' ran %u times", wk.seen['c']);
+    cr_assert_eq(wk.seen['d'], 1, "'d' ran %u times", wk.seen['d']);
+}
+
+Test(tasks_restart, worker_killed_while_the_coordinator_is_down)
+{
+    /* its only worker dies with it while the coordinator is away: the new
+     * coordinator waits the grace for it, then fails the task naming it */
+    struct count_arg a = { .tag = 'k', .gate = 1, .seed = 16, .size = 10 };
+    struct cfx_task *t = submit("trestart/k", &a);
+    uint32_t dead = wk.node;
+    started(&wk, 'k');
+    coord_run_kill(&co);
+    worker_kill(&wk);
+    coord_run_start(&co);
+    uint32_t node = 0;
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, &node), CFX_ERR_PEER_FAILED, "%s",
+                 cfx_last_error());
+    char want[32];
+    snprintf(want, sizeof(want), "node %u ran it", dead);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cfx_task_free(t);
+}
