@@ -782,7 +782,7 @@ static int top_ps(struct rdmactl *r, uint64_t now_ns, struct top_ps_prev **prev,
 {
     struct cfx_ctl_ps_node *nodes = NULL;
     size_t nn = 0, nrows = 0;
-    char job[4 * CFX_CTL_PS_JOB_MAX + 1], b[32], rate[32];
+    char job[4 * CFX_CTL_PS_JOB_MAX + 1], b[32], rate[40];
 
     if (cfx__ctl_ps_loads(r->ctl, &nodes, &nn, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
         return fail("PS load listing");

@@ -142,7 +142,8 @@ static uint64_t now_ns(void)
 static long long sample_of(const char *body, const char *name)
 {
     char line[256];
-    snprintf(line, sizeof(line), "\n%s ", name);
+    int n = snprintf(line, sizeof(line), "\n%s ", name);
+    cr_assert(n > 0 && (size_t)n < sizeof(line), "sample name too long: %s", name);
     const char *p = strstr(body, line);
     return p ? strtoll(p + strlen(line), NULL, 10) : -1;
 }
