@@ -67,7 +67,7 @@
 #define CFX_DPDK_CONNECT_MS 5000         /* connect gives up after this */
 #define CFX_DPDK_PING_MS    200          /* silence before a PING */
 #define CFX_DPDK_DEAD_MS    3000         /* silence that fails the endpoint */
-#define CFX_DPDK_QUIET_MS   10           /* no data this long: the engine may nap (default) */
+#define CFX_DPDK_QUIET_MS   100          /* no data this long: the engine may nap (default) */
 #define CFX_DPDK_NAP_MS     1            /* ... this long at most between polls */
 #define CFX_DPDK_LINK_CHECK_MS   100  /* poll() looks at the link this often */
 #define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */

@@ -440,7 +440,7 @@ static int dpdk_iface_arm(struct cfx_tp_iface *tp_iface)
  * readable (net_memif and net_af_packet offer no receive interrupt through
  * the ethdev API), so an idle process with open sessions would poll a core
  * for ever.  Once no session packet has come for quiet_ns
- * (CFX_DPDK_QUIET_MS, default 10 ms; 0: never) and nothing is in flight on
+ * (CFX_DPDK_QUIET_MS, default 100 ms; 0: never) and nothing is in flight on
  * any endpoint, the engine may leave the port for CFX_DPDK_NAP_MS between
  * polls: a packet arriving meanwhile waits in the port's queue that long at
  * most (its sender retransmits whatever the queue could not hold), and the

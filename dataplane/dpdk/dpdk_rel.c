@@ -485,6 +485,8 @@ static void cc_idle_restart(struct cfx__dpdk_sess *s, uint64_t now)
     if (s->ssthresh < 0.75 * s->cwnd)
         s->ssthresh = 0.75 * s->cwnd;
     s->cwnd = s->p.cwnd_init;
+    s->restart_end = s->snd_nxt + s->p.cwnd_init;
+    s->restart_burst = true;
     s->stats.cwnd_idle_restarts++;
 }
 
@@ -573,6 +575,13 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
 
     bool karn_ok = true;
     uint32_t done = 0;
+    /* The first burst after an idle restart may have waited in a napping
+     * receiver's queue (a quiet dpdk port): its delay is the nap's, not the
+     * path's, so, as for a retransmission, no RTT sample and no delay cut
+     * from its acknowledgements. */
+    bool napped = s->restart_burst && seq_diff(s->snd_una, s->restart_end) < 0;
+    if (s->restart_burst && seq_diff(h->ack, s->restart_end) >= 0)
+        s->restart_burst = false;
     for (uint32_t seq = s->snd_una; seq != h->ack; seq++) {
         struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
         slot_delivered(s, t, seq);
@@ -600,7 +609,7 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
     if (newly > 0) {
         uint64_t rtt = 0;
         /* Karn: no sample when an acknowledged packet was retransmitted */
-        if (karn_ok && h->ts_echo && now >= h->ts_echo) {
+        if (karn_ok && !napped && h->ts_echo && now >= h->ts_echo) {
             rtt = now - h->ts_echo;
             rtt_sample(s, rtt);
             rtt = rtt ? rtt : 1;

@@ -164,6 +164,8 @@ struct cfx__dpdk_sess {
     uint32_t rack_seq;            /* and its seq (ties in time) */
     double cwnd;                  /* congestion window, packets */
     uint64_t last_tx_ns;          /* last data packet sent (restart after idle) */
+    uint32_t restart_end;         /* the burst after an idle restart ends before this seq */
+    bool restart_burst;           /* ... and is not acknowledged yet (no RTT samples) */
     double ssthresh;              /* slow start below this */
     uint64_t srtt_ns, rttvar_ns;  /* smoothed RTT and its variation; 0: no sample */
     uint64_t min_rtt_ns;          /* lowest RTT seen: the reordering window */

@@ -538,11 +538,19 @@ static void run_idle_restart(uint64_t idle_restart_ns, bool want_restart)
     cr_assert_gt(grown, 2 * 16, "the window grew in the first burst (%.1f)", grown);
     sim.now += 20000000; /* 20 ms with nothing to send */
     a->to_send = 600;
+    uint64_t cuts = a->s.stats.cwnd_cut_delay;
+    /* the first burst waits 1 ms at the receiver, as in a napping port's
+     * queue: past t_high, a delay cut if it were taken for the path's
+     * (and before the tail-loss probe, whose resend Karn would skip) */
+    sim.latency_ns = 1000000;
     ep_feed(a); /* queues, and sends what the window allows */
+    sim.latency_ns = 10000;
     uint32_t inflight = a->s.snd_nxt - a->s.snd_una;
     if (want_restart) {
         cr_assert_leq(inflight, 16, "%u packets in the first burst after idle", inflight);
         cr_assert_eq(a->s.stats.cwnd_idle_restarts, 1);
+        sim_run(&sim, sim.now + 10ull * 1000000000ull);
+        cr_assert_eq(a->s.stats.cwnd_cut_delay, cuts, "the burst's wait counted as path delay");
     } else {
         cr_assert_gt(inflight, 16, "the window it had: %u packets in flight", inflight);
         cr_assert_eq(a->s.stats.cwnd_idle_restarts, 0);

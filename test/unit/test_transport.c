@@ -1119,7 +1119,7 @@ Test(transport_dpdk, quiet_only_after_idle_sessions, .timeout = 60)
 }
 
 /* CFX_DPDK_QUIET_MS=0: the ports never say quiet (polled for ever, as
- * before this mode), where the default (10 ms) would after 50 idle ms. */
+ * before this mode), where the default (100 ms) would after 150 idle ms. */
 Test(transport_dpdk, quiet_mode_off, .timeout = 60)
 {
     struct pair p;
@@ -1127,7 +1127,7 @@ Test(transport_dpdk, quiet_mode_off, .timeout = 60)
     setenv("CFX_DPDK_QUIET_MS", "0", 1);
     pair_open(&p, &param);
     pair_connect(&p);
-    settle(&p, 50);
+    settle(&p, 150);
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), 0);
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[1].iface), 0);
     pair_close(&p);
