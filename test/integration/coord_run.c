@@ -1,7 +1,9 @@
 /* A restartable conflux-coord child with a state directory (coord_run.h). */
 #include "coord_run.h"
 
+#include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
@@ -78,6 +80,29 @@ struct cfx_context *coord_run_join_at(const char *addr, const char *token, int t
     if (cfx_context_create(&p, &ctx) != CFX_OK)
         return NULL;
     return ctx;
+}
+
+void coord_run_task_worker(const char *addr, const char *token, const char *name,
+                           int (*fn)(const struct cfx_task_call *, void *), int in, int out,
+                           int timeout_ms)
+{
+    char c = 0;
+    struct cfx_context *ctx = coord_run_join_at(addr, token, timeout_ms);
+    if (!ctx) {
+        fprintf(stderr, "tasks worker: %s\n", cfx_last_error());
+        _exit(2);
+    }
+    if (cfx_task_register(ctx, name, fn, NULL) != CFX_OK) {
+        fprintf(stderr, "tasks worker: register: %s\n", cfx_last_error());
+        _exit(3);
+    }
+    uint32_t id = cfx_context_node_id(ctx);
+    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id))
+        _exit(4);
+    if (read(in, &c, 1) < 0)
+        _exit(5);
+    cfx_context_destroy(ctx);
+    _exit(0);
 }
 
 struct cfx_context *coord_run_join(struct coord_run *r, int timeout_ms)

@@ -48,4 +48,13 @@ struct cfx_context *coord_run_join_at(const char *addr, const char *token, int t
 /* The same on @p r, asserting that it works. */
 struct cfx_context *coord_run_join(struct coord_run *r, int timeout_ms);
 
+struct cfx_task_call;
+/* The body of a task worker child (the tasks tests): join @p addr, offer
+ * @p fn as @p name, write this node's id (a uint32_t) to @p out, stay until a
+ * byte (or the end) comes on @p in, then leave and _exit(0); exit status
+ * 2-5 names the step that failed, with a line on stderr.  Never returns. */
+void coord_run_task_worker(const char *addr, const char *token, const char *name,
+                           int (*fn)(const struct cfx_task_call *, void *), int in, int out,
+                           int timeout_ms) __attribute__((noreturn));
+
 #endif

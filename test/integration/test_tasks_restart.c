@@ -85,26 +85,11 @@ __attribute__((constructor)) static void restart_child_main(void)
 {
     const char *spec = getenv(CHILD_ENV);
     int in, out;
-    char a[64], tok[64], c = 0;
+    char a[64], tok[64];
     if (!spec || sscanf(spec, "%d %d %d %d %63s %63s", &in, &out, &child_gate, &child_runs, a,
                         tok) != 6)
         return;
-    struct cfx_context *ctx = coord_run_join_at(a, tok, CALL_MS);
-    if (!ctx) {
-        fprintf(stderr, "tasks worker: %s\n", cfx_last_error());
-        _exit(2);
-    }
-    if (cfx_task_register(ctx, "count", count, NULL) != CFX_OK) {
-        fprintf(stderr, "tasks worker: register: %s\n", cfx_last_error());
-        _exit(3);
-    }
-    uint32_t id = cfx_context_node_id(ctx);
-    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id))
-        _exit(4);
-    if (read(in, &c, 1) < 0)
-        _exit(5);
-    cfx_context_destroy(ctx);
-    _exit(0);
+    coord_run_task_worker(a, tok, "count", count, in, out, CALL_MS);
 }
 
 /* ---- the submitter -------------------------------------------------------------- */

@@ -1081,6 +1081,15 @@ Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
     pair_close(&p);
 }
 
+/* A connected pair of dpdk ports whose quiet period is @p quiet_ms. */
+static void quiet_pair(struct pair *p, const char *quiet_ms)
+{
+    static struct tp_param param = { .name = "dpdk" };
+    setenv("CFX_DPDK_QUIET_MS", quiet_ms, 1);
+    pair_open(p, &param);
+    pair_connect(p);
+}
+
 static bool both_quiet(struct pair *p, void *arg)
 {
     (void)arg;
@@ -1098,10 +1107,7 @@ static bool both_quiet(struct pair *p, void *arg)
 Test(transport_dpdk, quiet_only_after_idle_sessions, .timeout = 60)
 {
     struct pair p;
-    struct tp_param param = { .name = "dpdk" };
-    setenv("CFX_DPDK_QUIET_MS", "2000", 1);
-    pair_open(&p, &param);
-    pair_connect(&p);
+    quiet_pair(&p, "2000");
     drive(&p, both_quiet, NULL, 20000, "both ports quiet with a session open");
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), CFX_DPDK_NAP_MS);
 
@@ -1123,10 +1129,7 @@ Test(transport_dpdk, quiet_only_after_idle_sessions, .timeout = 60)
 Test(transport_dpdk, quiet_mode_off, .timeout = 60)
 {
     struct pair p;
-    struct tp_param param = { .name = "dpdk" };
-    setenv("CFX_DPDK_QUIET_MS", "0", 1);
-    pair_open(&p, &param);
-    pair_connect(&p);
+    quiet_pair(&p, "0");
     settle(&p, 150);
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), 0);
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[1].iface), 0);
