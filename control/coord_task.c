@@ -478,7 +478,8 @@ void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const str
                              data ? "data" : m->u.task.name[0] ? m->u.task.name : "(any)", why);
         return;
     }
-    if (!data && !cfx__coord_resv_take(co, n, &m->u.task, cfx__now_ns() + (uint64_t)ms * 1000000ull)) {
+    uint64_t until = cfx__now_ns() + (uint64_t)ms * 1000000ull;
+    if (!data && !cfx__coord_resv_take(co, n, &m->u.task, until)) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
                              co->addr);
         return;
