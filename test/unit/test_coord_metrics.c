@@ -148,6 +148,39 @@ static long long sample_of(const char *body, const char *name)
     return p ? strtoll(p + strlen(line), NULL, 10) : -1;
 }
 
+/* A sample a scrape must show: exactly @p value, or at least it (@p at_least). */
+struct want {
+    const char *name;
+    long long value;
+    bool at_least;
+};
+
+/*
+ * Scrape until every sample of @p w (@p n of them) holds, by DEADLINE_S; the
+ * response (free it) and *@p body its body.  For counts that reach the
+ * coordinator with the nodes' heartbeats (every 250 ms): no answer of the
+ * coordinator waits for a heartbeat, so there is no event to wait on, and
+ * the test polls.
+ */
+static char *scrape_until(const struct want *w, size_t n, const char *what, const char **body)
+{
+    uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
+    for (;;) {
+        char *r = scrape();
+        *body = body_of(r);
+        size_t ok = 0;
+        for (size_t i = 0; i < n; i++) {
+            long long v = sample_of(*body, w[i].name);
+            ok += w[i].at_least ? v >= w[i].value : v == w[i].value;
+        }
+        if (ok == n)
+            return r;
+        cr_assert(now_ns() < deadline, "no report of %s:\n%s", what, *body);
+        free(r);
+        usleep(50 * 1000);
+    }
+}
+
 /* promtool check metrics, reading @p body: its exit status and output. */
 static int promtool(const char *body, char *out, size_t cap)
 {
@@ -275,21 +308,12 @@ Test(coord_metrics, heartbeats_report_traffic)
     snprintf(pb, sizeof(pb),
              "conflux_coord_node_peer_received_bytes_total{node=\"%u\",peer=\"%u\","
              "transport=\"tcp\"}", nb, na);
-    char *r = NULL;
+    const long long whole = (long long)sizeof(data);
+    const struct want traffic[] = { { lb, 1, false }, { ua, 1, false }, { sa, whole, true },
+                                    { pa, whole, true }, { pb, whole, true } };
     const char *body = NULL;
-    uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
-    for (;;) {
-        free(r);
-        r = scrape();
-        body = body_of(r);
-        if (sample_of(body, lb) == 1 && sample_of(body, ua) == 1 &&
-            sample_of(body, sa) >= (long long)sizeof(data) &&
-            sample_of(body, pa) >= (long long)sizeof(data) &&
-            sample_of(body, pb) >= (long long)sizeof(data))
-            break;
-        cr_assert(now_ns() < deadline, "no report of b's get and a's upload:\n%s", body);
-        usleep(50 * 1000);
-    }
+    char *r = scrape_until(traffic, sizeof(traffic) / sizeof(traffic[0]), "b's get and a's upload",
+                           &body);
     cr_log_info("%s", body);
     expect_sample(body, lb, 1);
     snprintf(la, sizeof(la), "conflux_coord_node_puts_total{node=\"%u\"}", na);
@@ -363,18 +387,9 @@ Test(coord_metrics, ps_load_per_block)
     snprintf(total, sizeof(total),
              "conflux_coord_ps_server_requests_total{job=\"%s\",server=\"0\",node=\"%u\"}",
              PS_JOB_LABEL, node);
-    char *r = NULL;
+    const struct want served = { total, requests, false };
     const char *body = NULL;
-    uint64_t deadline = now_ns() + DEADLINE_S * 1000000000ull;
-    for (;;) {
-        free(r);
-        r = scrape();
-        body = body_of(r);
-        if (sample_of(body, total) == requests)
-            break;
-        cr_assert(now_ns() < deadline, "no report of %u requests:\n%s", requests, body);
-        usleep(50 * 1000);
-    }
+    char *r = scrape_until(&served, 1, "the server's requests", &body);
     cr_log_info("%s", body);
     snprintf(name, sizeof(name),
              "conflux_coord_ps_server_bytes_total{job=\"%s\",server=\"0\",node=\"%u\"}",
