@@ -27,16 +27,23 @@
 
 static void seal_free(struct cfx__dpdk_ep *ep);
 
+/* Session payloads live until their message is acknowledged (the ack
+ * settles the port first: rel_sent), so they go zero-copy. */
 static int rel_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
 {
     struct cfx__dpdk_ep *ep = ctx;
-    return cfx__dpdk_port_tx(ep->iface->port, &ep->peer, h, payload);
+    return cfx__dpdk_port_tx_zc(ep->iface->port, &ep->peer, h, payload);
 }
 
 static void rel_sent(void *ctx, void *cookie)
 {
     struct cfx__dpdk_ep *ep = ctx;
     struct cfx__dpdk_seal *s = ep->seal;
+
+    /* a copy sealed for the wire is freed, and the user may reuse a
+     * write's source once its completion is out: no frame of the batch
+     * may still point at them */
+    cfx__dpdk_port_settle(ep->iface->port);
     /* acknowledged in the order queued: a sealed copy is the oldest one */
     if (s && ep->msgs_acked++ >= s->first_sealed && s->q_head != s->q_tail) {
         uint32_t i = s->q_head++ % CFX_DPDK_SENDQ;
@@ -78,9 +85,10 @@ static int deliver_chunk(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
     if (ep->rx_last && ep->rx_unreported >= CFX_DPDK_RX_MAX)
         return CFX_ERR_AGAIN;
     /* the registration may have gone since its header was checked: then the
-     * bytes go nowhere and the write reports nothing */
+     * bytes go nowhere and the write reports nothing; buf NULL: rel_place
+     * put them in place already */
     struct cfx__dpdk_mr *mr = cfx__tp_table_get(&iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
-    if (mr && len)
+    if (mr && len && buf)
         memcpy((uint8_t *)mr->super.addr + ep->rx_off, buf, len);
     ep->rx_expect = false;
     if (ep->rx_last && mr) {
@@ -139,6 +147,10 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
 
     if (ep->rx_expect)
         return deliver_chunk(ep, buf, len);
+    if (unlikely(!buf)) { /* placed: only a write chunk is */
+        cfx__dpdk_ep_fail(ep, CFX_ERR_INTERNAL, "a placed message that is no write chunk");
+        return CFX_OK;
+    }
     if (unlikely(len < sizeof(h))) {
         ep_proto(ep, CFX_ERR_PROTO, "message shorter than its header");
         return CFX_OK;
@@ -229,10 +241,30 @@ static int rel_deliver(void *ctx, const void *buf, size_t len)
     return rc;
 }
 
+/*
+ * The write chunk due next goes straight into its granted window: its
+ * header was checked (cfx__dpdk_mr_lookup: key, bounds, access) when it
+ * came, and the registration is looked up again for every packet, so bytes
+ * never land in a region deregistered meanwhile.  Sealed chunks are opened
+ * into a buffer first (rel_deliver).
+ */
+static void *rel_place(void *ctx, uint32_t msg_len, uint32_t off, uint32_t len)
+{
+    struct cfx__dpdk_ep *ep = ctx;
+    (void)len; /* off + len <= msg_len == rx_len: the session checked the fragment */
+
+    if (ep->state != CFX_DPDK_EP_OPEN || ep->rx_seal >= CFX_DPDK_RX_SEAL_WAIT || !ep->rx_expect ||
+        msg_len != ep->rx_len || !msg_len)
+        return NULL;
+    struct cfx__dpdk_mr *mr = cfx__tp_table_get(&ep->iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
+    return mr ? (uint8_t *)mr->super.addr + ep->rx_off + off : NULL;
+}
+
 static const struct cfx__dpdk_rel_ops rel_ops = {
     .tx = rel_tx,
     .deliver = rel_deliver,
     .sent = rel_sent,
+    .place = rel_place,
 };
 
 int cfx__dpdk_ep_new(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *peer,
@@ -297,6 +329,7 @@ int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess)
 void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
 {
     struct cfx__dpdk_iface *iface = ep->iface;
+    cfx__dpdk_port_settle(iface->port); /* its messages are freed below */
     cfx_list_del(&ep->link);
     if (ep->in_tab) {
         cfx__tp_table_remove(&iface->eps_tab, ep->idx);
@@ -313,12 +346,12 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
                      "node %u: session with %s closed: %" PRIu64 " data packets sent, %" PRIu64
                      " resent (%" PRIu64 " timeouts, %" PRIu64 " fast, %" PRIu64
                      " tail probes), %" PRIu64
-                     " received (%" PRIu64 " duplicates, %" PRIu64 " past the window), "
-                     "window cut %" PRIu64 "x on loss and %" PRIu64 "x on delay, restarted "
+                     " received (%" PRIu64 " duplicates, %" PRIu64 " past the window, %" PRIu64
+                     " taken in order; %" PRIu64 " messages placed), window cut %" PRIu64 "x on loss and %" PRIu64 "x on delay, restarted "
                      "%" PRIu64 "x after idle; smoothed RTT %" PRIu64 " us",
                      iface->super.node_id, ep->super.peer_name, st->tx_data, st->tx_retx,
                      st->rto, st->fast_retx, st->tlp, st->rx_data, st->rx_dup, st->rx_beyond,
-                     st->cwnd_cut_loss, st->cwnd_cut_delay, st->cwnd_idle_restarts,
+                     st->rx_direct, st->msgs_placed, st->cwnd_cut_loss, st->cwnd_cut_delay, st->cwnd_idle_restarts,
                      ep->sess.srtt_ns / 1000);
         cfx__dpdk_sess_fini(&ep->sess);
     }
@@ -335,10 +368,14 @@ void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
     struct cfx__dpdk_iface *iface = ep->iface;
     if (ep->state == CFX_DPDK_EP_FAILED)
         return;
-    CFX_LOG(WARN, DPDK, "node %u: connection to %s failed (%s): %s", iface->super.node_id,
-            ep->super.peer_name, cfx_errname(status), why);
+    /* the peer closing its end is the normal end of a connection */
+    int lvl = status == CFX_ERR_CLOSED ? CFX_LOG_LEVEL_INFO : CFX_LOG_LEVEL_WARN;
+    if (lvl <= cfx__log_level)
+        cfx__log(lvl, "DPDK", __FILE__, __LINE__, "node %u: connection to %s failed (%s): %s",
+                 iface->super.node_id, ep->super.peer_name, cfx_errname(status), why);
     ep->state = CFX_DPDK_EP_FAILED;
     ep->super.status = status;
+    cfx__dpdk_port_settle(iface->port); /* before the ops' memory goes */
     /* every outstanding op completes, in order, with the status */
     for (; ep->op_tail != ep->op_head; ep->op_tail++) {
         struct cfx__dpdk_op *op = &ep->ops[ep->op_tail % CFX_DPDK_TXQ_DEPTH];
@@ -400,6 +437,7 @@ static int sess_queue(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_op *op, co
     }
     rc = cfx__dpdk_sess_send(&ep->sess, copy, len + CFX_SEAL_TAG_LEN, cookie, now);
     if (rc != CFX_OK) {
+        cfx__dpdk_port_settle(ep->iface->port); /* a failing session may have sent some */
         free(copy); /* its nonce stays spent: the next message takes the next one */
         return rc;
     }

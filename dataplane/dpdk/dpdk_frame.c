@@ -42,17 +42,44 @@ static inline uint32_t get32(const uint8_t *p)
     return (uint32_t)get16(p) << 16 | get16(p + 2);
 }
 
-/* RFC 1071 one's-complement sum of len bytes (big-endian 16-bit words). */
+/*
+ * RFC 1071 one's-complement sum of len bytes (big-endian 16-bit words),
+ * added to sum.  The sum does not depend on byte order (RFC 1071, 2.B):
+ * 32-bit words are added in the host's order into 64 bits, which the
+ * compiler vectorises, folded to 16 bits and swapped to network order at
+ * the end.  An odd length pads its last byte with a zero after it.
+ */
 static uint32_t csum_add(uint32_t sum, const uint8_t *p, size_t len)
 {
-    while (len > 1) {
-        sum += get16(p);
+    uint64_t acc = 0;
+    uint32_t w;
+    uint16_t h;
+
+    for (; len >= 4; p += 4, len -= 4) {
+        memcpy(&w, p, 4);
+        acc += w;
+    }
+    if (len >= 2) {
+        memcpy(&h, p, 2);
+        acc += h;
         p += 2;
         len -= 2;
     }
-    if (len)
-        sum += (uint32_t)p[0] << 8;
-    return sum;
+    if (len) {
+        uint8_t last[2] = { p[0], 0 };
+        memcpy(&h, last, 2);
+        acc += h;
+    }
+    acc = (acc & 0xFFFFFFFFu) + (acc >> 32);
+    acc = (acc & 0xFFFFFFFFu) + (acc >> 32);
+    acc = (acc & 0xFFFFu) + (acc >> 16);
+    acc = (acc & 0xFFFFu) + (acc >> 16);
+    acc = (acc & 0xFFFFu) + (acc >> 16);
+    uint16_t folded = (uint16_t)acc;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    folded = __builtin_bswap16(folded);
+#endif
+    return sum + folded;
 }
 
 static uint16_t csum_fold(uint32_t sum)
@@ -62,13 +89,16 @@ static uint16_t csum_fold(uint32_t sum)
     return (uint16_t)~sum;
 }
 
-/* UDP checksum over the pseudo header, the UDP header and its data. */
-static uint16_t udp_csum(const uint8_t *ip, const uint8_t *udp, uint16_t udp_len)
+/* UDP checksum over the pseudo header, the UDP header and the first hlen
+ * bytes of its data at udp, and the rest (udp_len - 8 - hlen) at rest. */
+static uint16_t udp_csum(const uint8_t *ip, const uint8_t *udp, uint16_t udp_len, size_t hlen,
+                         const uint8_t *rest)
 {
     uint32_t sum = csum_add(0, ip + 12, 8); /* source and destination addresses */
     sum += IPPROTO_UDP_;
     sum += udp_len;
-    sum = csum_add(sum, udp, udp_len);
+    sum = csum_add(sum, udp, CFX_DPDK_UDP_LEN + hlen);
+    sum = csum_add(sum, rest, udp_len - CFX_DPDK_UDP_LEN - hlen);
     return csum_fold(sum);
 }
 
@@ -78,6 +108,19 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
 {
     size_t len = CFX_DPDK_FRAME_OVERHEAD + h->len;
     if (len > cap)
+        return CFX_ERR_TOO_BIG;
+    int rc = cfx__dpdk_frame_build_hdr(buf, cap, src, dst, h, payload);
+    if (rc >= 0 && h->len)
+        memcpy((uint8_t *)buf + CFX_DPDK_FRAME_OVERHEAD, payload, h->len);
+    return rc < 0 ? rc : (int)len;
+}
+
+int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr *src,
+                              const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
+                              const void *payload)
+{
+    size_t len = CFX_DPDK_FRAME_OVERHEAD + h->len;
+    if (CFX_DPDK_FRAME_OVERHEAD > cap)
         return CFX_ERR_TOO_BIG;
     uint8_t *eth = buf, *ip = eth + CFX_DPDK_ETH_LEN, *udp = ip + CFX_DPDK_IP_LEN;
     uint8_t *rel = udp + CFX_DPDK_UDP_LEN;
@@ -105,11 +148,11 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
     put16(udp + 4, udp_len);
     put16(udp + 6, 0);
     cfx__dpdk_hdr_encode(h, rel);
-    if (h->len)
-        memcpy(rel + CFX_DPDK_HDR_LEN, payload, h->len);
-    uint16_t c = udp_csum(ip, udp, udp_len);
+    /* the header part is even (8 + 56 bytes), so the payload's words line
+     * up wherever it lies */
+    uint16_t c = udp_csum(ip, udp, udp_len, CFX_DPDK_HDR_LEN, payload);
     put16(udp + 6, c ? c : 0xFFFF);
-    return (int)len;
+    return (int)CFX_DPDK_FRAME_OVERHEAD;
 }
 
 #define REFUSE(text)          \
@@ -150,7 +193,7 @@ int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_ad
     uint16_t udp_len = get16(udp + 4);
     if (udp_len != ip_len - CFX_DPDK_IP_LEN)
         REFUSE("UDP length disagrees with the IP length");
-    if (get16(udp + 6) != 0 && udp_csum(ip, udp, udp_len) != 0)
+    if (get16(udp + 6) != 0 && udp_csum(ip, udp, udp_len, 0, udp + CFX_DPDK_UDP_LEN) != 0)
         REFUSE("bad UDP checksum");
     int rc = cfx__dpdk_hdr_decode(udp + CFX_DPDK_UDP_LEN, udp_len - CFX_DPDK_UDP_LEN, h, why);
     if (rc)

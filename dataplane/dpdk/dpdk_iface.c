@@ -332,6 +332,7 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
         pp.ip = 0x0A4D0000u | ((nth + 1) & 0xFFu); /* 10.77.0.<n + 1> */
     /* a memif client may start before its server: wait for it a while */
     pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
+    pp.tx_copy = cfx__env_ll("CFX_DPDK_TX_ZC", 1) == 0;
     long long quiet = cfx__env_ll("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS);
     iface->quiet_ns = quiet > 0 ? (uint64_t)CFX_MIN(quiet, 60000LL) * 1000000ull : 0;
     iface->data_at = cfx__now_ns();

@@ -74,6 +74,13 @@ struct cfx__dpdk_port {
     uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
     struct cfx__dpdk_port_stats stats;
+    /* zero-copy transmit: a frame of a large payload is a header mbuf and a
+     * data-less mbuf of zc_pool attached to the payload as an external
+     * buffer; every attached one holds a count on zc_shinfo (ours is the
+     * first, so its free callback never runs) */
+    bool zc;
+    struct rte_mempool *zc_pool;
+    struct rte_mbuf_ext_shared_info zc_shinfo;
 };
 
 /* EAL is process-wide: one initialisation, whose result every caller gets. */
@@ -371,6 +378,33 @@ int cfx__dpdk_port_name(unsigned n, char *name, size_t len)
     return CFX_ERR_NOT_FOUND;
 }
 
+static void zc_free_cb(void *addr, void *opaque)
+{
+    (void)addr; /* the payload is the session's: nothing to free */
+    (void)opaque;
+}
+
+/*
+ * Zero-copy transmit where the device is done with a frame when its burst
+ * returns: net_memif (in its default copy mode) and net_af_packet copy
+ * each frame into their ring inside rte_eth_tx_burst, so a payload is
+ * referred to only until the batch goes.  A device that sends later (a
+ * NIC by DMA, net_memif with zero-copy=yes, net_ring) would need the
+ * payloads' memory mapped for it and their release tied to its
+ * completions: such ports copy.
+ */
+static bool zc_allowed(const struct rte_eth_dev_info *info)
+{
+    if (!info->driver_name || !(info->tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS))
+        return false;
+    if (!strcmp(info->driver_name, "net_af_packet"))
+        return true;
+    if (strcmp(info->driver_name, "net_memif"))
+        return false;
+    const struct rte_devargs *da = rte_dev_devargs(info->device);
+    return !(da && da->args && strstr(da->args, "zero-copy=yes"));
+}
+
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out)
 {
     struct cfx__dpdk_port *port;
@@ -412,7 +446,31 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         rc = CFX_ERR_NOMEM;
         goto err_free;
     }
+    struct rte_eth_dev_info info;
+    if ((rc = rte_eth_dev_info_get(pid, &info)) != 0) {
+        CFX_LOG(ERR, DPDK, "port %s: device info: %s", port->name, rte_strerror(-rc));
+        rc = CFX_ERR_IO;
+        goto err_pool;
+    }
     memset(&conf, 0, sizeof(conf));
+    port->zc = !p->tx_copy && zc_allowed(&info);
+    if (port->zc) {
+        snprintf(pool_name, sizeof(pool_name), "cfx_zc%u", pid);
+        port->zc_pool = rte_pktmbuf_pool_create(
+            pool_name, p->nb_mbufs ? p->nb_mbufs : 4095, 256, 0, 0,
+            (int)rte_eth_dev_socket_id(pid) < 0 ? (int)rte_socket_id()
+                                                : rte_eth_dev_socket_id(pid));
+        if (!port->zc_pool) {
+            CFX_LOG(WARN, DPDK, "port %s: no pool for zero-copy transmit (%s): copying",
+                    port->name, rte_strerror(rte_errno));
+            port->zc = false;
+        }
+    }
+    if (port->zc) {
+        conf.txmode.offloads = RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+        port->zc_shinfo.free_cb = zc_free_cb;
+        rte_mbuf_ext_refcnt_set(&port->zc_shinfo, 1);
+    }
     if ((rc = rte_eth_dev_configure(pid, 1, 1, &conf)) != 0 ||
         (rc = rte_eth_rx_queue_setup(pid, 0, nb_desc, rte_eth_dev_socket_id(pid), NULL,
                                      port->pool)) != 0 ||
@@ -429,9 +487,7 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         rc = CFX_ERR_IO;
         goto err_pool;
     }
-    struct rte_eth_dev_info info;
-    port->gated = rte_eth_dev_info_get(pid, &info) == 0 && info.driver_name &&
-                  !strcmp(info.driver_name, "net_memif");
+    port->gated = info.driver_name && !strcmp(info.driver_name, "net_memif");
     if (port->gated) {
         const struct rte_devargs *da = rte_dev_devargs(info.device);
         port->memif_server = da && da->args && strstr(da->args, "role=server");
@@ -444,6 +500,9 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     if (port->gated)
         CFX_LOG(INFO, DPDK, "port %s: net_memif %s, bursts inside the interrupt-thread gate",
                 port->name, port->memif_server ? "server" : "client");
+    CFX_LOG(INFO, DPDK, "port %s (%s): transmit %s", port->name,
+            info.driver_name ? info.driver_name : "?",
+            port->zc ? "zero-copy from the payload" : "copies each frame");
     rte_eth_macaddr_get(pid, &mac);
     memcpy(port->local.mac, mac.addr_bytes, 6);
     port->local.ip = p->ip;
@@ -452,6 +511,7 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     return CFX_OK;
 
 err_pool:
+    rte_mempool_free(port->zc_pool);
     rte_mempool_free(port->pool);
 err_free:
     free(port);
@@ -492,6 +552,7 @@ void cfx__dpdk_port_close(struct cfx__dpdk_port *port)
         gate_leave(port);
     if (port->gated)
         gate_drop();
+    rte_mempool_free(port->zc_pool);
     rte_mempool_free(port->pool);
     free(port);
 }
@@ -570,6 +631,84 @@ int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *
     if (port->ntx == BURST)
         cfx__dpdk_port_flush(port);
     return CFX_OK;
+}
+
+bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port)
+{
+    return port->zc;
+}
+
+int cfx__dpdk_port_tx_zc(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
+                         const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    if (!port->zc || h->len < CFX_DPDK_ZC_MIN)
+        return cfx__dpdk_port_tx(port, dst, h, payload);
+    if (unlikely(port->ntx == BURST)) {
+        port->stats.tx_full++; /* as cfx__dpdk_port_tx */
+        return CFX_OK;
+    }
+    struct rte_mbuf *m = rte_pktmbuf_alloc(port->pool);
+    if (unlikely(!m))
+        return CFX_ERR_AGAIN;
+    struct rte_mbuf *d = rte_pktmbuf_alloc(port->zc_pool);
+    if (unlikely(!d)) {
+        rte_pktmbuf_free(m);
+        return CFX_ERR_AGAIN;
+    }
+    int len = cfx__dpdk_frame_build_hdr(rte_pktmbuf_mtod(m, void *), rte_pktmbuf_tailroom(m),
+                                        &port->local, dst, h, payload);
+    if (unlikely(len < 0)) {
+        rte_pktmbuf_free(m);
+        rte_pktmbuf_free(d);
+        return len;
+    }
+    m->data_len = (uint16_t)len;
+    /* software devices only (zc_allowed): they read the payload by its
+     * address and never by an IO address */
+    rte_mbuf_ext_refcnt_update(&port->zc_shinfo, 1);
+    rte_pktmbuf_attach_extbuf(d, (void *)(uintptr_t)payload, RTE_BAD_IOVA, h->len,
+                              &port->zc_shinfo);
+    d->data_len = h->len;
+    d->pkt_len = h->len;
+    m->next = d;
+    m->nb_segs = 2;
+    m->pkt_len = (uint32_t)len + h->len;
+    port->stats.tx_zc++;
+    port->txb[port->ntx++] = m;
+    if (port->ntx == BURST)
+        cfx__dpdk_port_flush(port);
+    return CFX_OK;
+}
+
+void cfx__dpdk_port_settle(struct cfx__dpdk_port *port)
+{
+    if (!port->zc)
+        return;
+    if (port->ntx && gate_try(port)) {
+        tx_batch(port);
+        gate_leave(port);
+    }
+    if (port->ntx) { /* the gate is held elsewhere: these frames are lost */
+        rte_pktmbuf_free_bulk(port->txb, port->ntx);
+        port->stats.tx_full += port->ntx;
+        port->ntx = 0;
+    }
+    uint16_t held = rte_mbuf_ext_refcnt_read(&port->zc_shinfo) - 1;
+    if (likely(!held))
+        return;
+    /* a device that keeps frames after their burst: ask it for them back
+     * for a while, then stop sending from payloads */
+    uint64_t until = cfx__deadline_ns(100);
+    while (held && cfx__now_ns() < until) {
+        rte_eth_tx_done_cleanup(port->port_id, 0, 0);
+        held = rte_mbuf_ext_refcnt_read(&port->zc_shinfo) - 1;
+    }
+    port->stats.zc_held = held;
+    if (held) {
+        CFX_LOG(ERR, DPDK, "port %s: the device still holds %u frames sent from payloads: "
+                "copying from now on", port->name, held);
+        port->zc = false;
+    }
 }
 
 static bool rx_drop(struct cfx__dpdk_port *port)

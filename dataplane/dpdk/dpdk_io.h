@@ -14,6 +14,7 @@
 #ifndef CFX_DPDK_IO_H
 #define CFX_DPDK_IO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -41,6 +42,16 @@ struct cfx__dpdk_addr {
 int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *src,
                           const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
                           const void *payload);
+
+/*
+ * The same frame's headers only (CFX_DPDK_FRAME_OVERHEAD bytes into buf,
+ * returned), for a payload sent from where it lies: the UDP checksum
+ * covers the h->len bytes read at payload, which are not copied.
+ * CFX_ERR_TOO_BIG when the headers do not fit cap.
+ */
+int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr *src,
+                              const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
+                              const void *payload);
 
 /*
  * Checks a received frame of len bytes against the local address: refuses
@@ -71,6 +82,7 @@ struct cfx__dpdk_port_params {
     uint32_t start_wait_ms; /* a port that does not start (a net_memif client whose
                                server is not up yet) is tried again every 10 ms
                                for this long [0: once] */
+    bool tx_copy;           /* copy every payload into its mbuf (no zero-copy transmit) */
 };
 
 struct cfx__dpdk_port_stats {
@@ -79,6 +91,8 @@ struct cfx__dpdk_port_stats {
     uint64_t rx_dropped; /* frames dropped by the rx_drop_ppm hook */
     uint64_t tx;         /* frames handed to the device */
     uint64_t tx_full;    /* frames the device queue did not take */
+    uint64_t tx_zc;      /* frames whose payload went from where it lies (zero-copy) */
+    uint64_t zc_held;    /* payloads the device still held after the last settle */
     uint64_t gated;      /* bursts put off: EAL's interrupt thread was not held
                             (net_memif, dpdk_io.c) */
 };
@@ -131,9 +145,27 @@ int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);
  */
 int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
                       const struct cfx__dpdk_hdr *h, const void *payload);
+/*
+ * The same, but a payload of at least CFX_DPDK_ZC_MIN bytes is not copied
+ * (zero-copy transmit: a second mbuf segment attached to it as an external
+ * buffer) where the port allows it (cfx__dpdk_port_zc).  The payload must
+ * then stay valid until the next cfx__dpdk_port_settle: call it before
+ * freeing or deregistering memory that payloads were sent from.
+ */
+int cfx__dpdk_port_tx_zc(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
+                         const struct cfx__dpdk_hdr *h, const void *payload);
+#define CFX_DPDK_ZC_MIN 512u
+/* Whether cfx__dpdk_port_tx_zc sends from the payload where it lies. */
+bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port);
 /* Sends the batch; frames the device does not take are freed and counted
  * (the reliability layer retransmits them).  Returns frames sent. */
 int cfx__dpdk_port_flush(struct cfx__dpdk_port *port);
+/*
+ * After it, no frame refers to a payload given to cfx__dpdk_port_tx_zc:
+ * the batch is sent (or, when it cannot go now, dropped: lost on the
+ * wire, to the layer above), and the device holds none of them.
+ */
+void cfx__dpdk_port_settle(struct cfx__dpdk_port *port);
 
 /* Called for each frame received for us; payload is valid during the call. */
 typedef void (*cfx__dpdk_rx_cb)(void *ctx, const struct cfx__dpdk_addr *src,

@@ -54,7 +54,9 @@ void cfx__dpdk_mem_dereg(struct cfx_tp_mr *tp_mr)
     struct cfx_list *pos, *n;
 
     /* A chunk being received into it now goes nowhere (the slot's generation
-     * moves on); writes from it still queued cannot be sent: their eps fail. */
+     * moves on); writes from it still queued cannot be sent: their eps fail;
+     * no frame sent from it is left in the port's batch. */
+    cfx__dpdk_port_settle(iface->port);
     cfx_list_for_each_safe(pos, n, &iface->eps)
         cfx__dpdk_ep_mr_gone(cfx_list_entry(pos, struct cfx__dpdk_ep, link), mr);
     cfx__tp_table_remove(&iface->mrs, mr->idx);

@@ -28,6 +28,11 @@
  * cumulative ack, so its right edge (rcv_dlv + rcv_slots) only moves
  * forward.  In-order packets are reassembled into whole messages and
  * handed to deliver(); a refused message holds everything behind it.
+ * Copies: a packet that arrives in order with nothing buffered before it
+ * never enters the reorder buffer; a message that place() gives an address
+ * is copied there from the packet (one copy, the receive's only one), other
+ * messages through the reassembly buffer.  Only packets that came out of
+ * order, or behind a refused message, pass through the reorder buffer.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -665,15 +670,69 @@ static void on_timeout(struct cfx__dpdk_sess *s, uint64_t now)
 
 /* --- receive side ---------------------------------------------------------- */
 
-/* Hands in-order packets to reassembly and whole messages to deliver(). */
+/*
+ * Takes the packet due next (seq rcv_dlv; its fields in r, its bytes at pl)
+ * into reassembly.  Returns 1 when taken, 0 when deliver() refused it for
+ * now (nothing changed), -1 on a protocol breach (the session failed).
+ */
+static int take(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rx_slot *r, const uint8_t *pl)
+{
+    if (r->msg_id != s->rcv_msg_id || r->frag_idx != s->asm_next ||
+        (s->asm_next && (r->frag_cnt != s->asm_cnt || r->msg_len != s->asm_total))) {
+        sess_fail(s, CFX_ERR_PROTO, "fragment %u/%u of message %u where fragment %u of %u was due",
+                  r->frag_idx, r->frag_cnt, r->msg_id, s->asm_next, s->rcv_msg_id);
+        return -1;
+    }
+    uint32_t off = (uint32_t)r->frag_idx * s->p.mtu_payload;
+    if (r->frag_idx == 0) {
+        uint8_t *dst = s->ops->place ? s->ops->place(s->ctx, r->msg_len, 0, r->len) : NULL;
+        s->asm_placed = dst != NULL;
+        if (dst) {
+            memcpy(dst, pl, r->len);
+        } else if (r->frag_cnt == 1) { /* whole already: straight from the packet */
+            if (s->ops->deliver(s->ctx, pl, r->len) == CFX_ERR_AGAIN)
+                return 0;
+            s->stats.msgs_rcvd++;
+            s->rcv_msg_id++;
+            return 1;
+        } else if (s->asm_cap < r->msg_len) {
+            uint8_t *nb = realloc(s->asm_buf, r->msg_len);
+            if (!nb) {
+                sess_fail(s, CFX_ERR_NOMEM, "no memory to reassemble %u bytes", r->msg_len);
+                return -1;
+            }
+            s->asm_buf = nb;
+            s->asm_cap = r->msg_len;
+        }
+        s->asm_len = 0;
+        s->asm_total = r->msg_len;
+        s->asm_cnt = r->frag_cnt;
+    } else if (s->asm_placed) {
+        uint8_t *dst = s->ops->place(s->ctx, s->asm_total, off, r->len);
+        if (dst)
+            memcpy(dst, pl, r->len);
+    }
+    if (!s->asm_placed)
+        memcpy(s->asm_buf + off, pl, r->len);
+    s->asm_len += r->len;
+    if (++s->asm_next == s->asm_cnt) {
+        s->asm_ready = true;
+        s->rcv_msg_id++;
+    }
+    return 1;
+}
+
+/* Hands buffered in-order packets to reassembly and whole messages to deliver(). */
 static void drain(struct cfx__dpdk_sess *s)
 {
     while (!s->error) {
         if (s->asm_ready) {
-            int rc = s->ops->deliver(s->ctx, s->asm_buf, s->asm_len);
+            int rc = s->ops->deliver(s->ctx, s->asm_placed ? NULL : s->asm_buf, s->asm_len);
             if (rc == CFX_ERR_AGAIN)
                 return;
+            s->stats.msgs_placed += s->asm_placed;
             s->asm_ready = false;
+            s->asm_placed = false;
             s->asm_next = 0;
             s->stats.msgs_rcvd++;
             continue;
@@ -681,42 +740,8 @@ static void drain(struct cfx__dpdk_sess *s)
         if (s->rcv_dlv == s->rcv_nxt)
             return;
         struct cfx__dpdk_rx_slot *r = rx_slot(s, s->rcv_dlv);
-        const uint8_t *pl = rx_payload(s, s->rcv_dlv);
-        if (r->msg_id != s->rcv_msg_id || r->frag_idx != s->asm_next ||
-            (s->asm_next && (r->frag_cnt != s->asm_cnt || r->msg_len != s->asm_total))) {
-            sess_fail(s, CFX_ERR_PROTO,
-                      "fragment %u/%u of message %u where fragment %u of %u was due", r->frag_idx,
-                      r->frag_cnt, r->msg_id, s->asm_next, s->rcv_msg_id);
+        if (take(s, r, rx_payload(s, s->rcv_dlv)) <= 0)
             return;
-        }
-        if (r->frag_cnt == 1) {
-            if (s->ops->deliver(s->ctx, pl, r->len) == CFX_ERR_AGAIN)
-                return;
-            s->stats.msgs_rcvd++;
-            s->rcv_msg_id++;
-        } else {
-            if (r->frag_idx == 0) {
-                if (s->asm_cap < r->msg_len) {
-                    uint8_t *nb = realloc(s->asm_buf, r->msg_len);
-                    if (!nb) {
-                        sess_fail(s, CFX_ERR_NOMEM, "no memory to reassemble %u bytes", r->msg_len);
-                        return;
-                    }
-                    s->asm_buf = nb;
-                    s->asm_cap = r->msg_len;
-                }
-                s->asm_len = 0;
-                s->asm_total = r->msg_len;
-                s->asm_cnt = r->frag_cnt;
-            }
-            memcpy(s->asm_buf + (size_t)r->frag_idx * s->p.mtu_payload, pl, r->len);
-            s->asm_len += r->len;
-            s->asm_next++;
-            if (s->asm_next == s->asm_cnt) {
-                s->asm_ready = true;
-                s->rcv_msg_id++;
-            }
-        }
         r->used = false;
         s->rcv_dlv++;
         s->ack_pending = true; /* the window opened */
@@ -754,7 +779,7 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         s->stats.rx_dup++;
         return CFX_OK;
     }
-    *r = (struct cfx__dpdk_rx_slot){
+    struct cfx__dpdk_rx_slot f = {
         .used = true,
         .seq = h->seq,
         .len = h->len,
@@ -763,8 +788,20 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         .msg_id = h->msg_id,
         .msg_len = h->msg_len,
     };
-    memcpy(rx_payload(s, h->seq), payload, h->len);
     s->stats.rx_data++;
+    /* due next with nothing buffered before it: taken straight from the
+     * packet; kept only if deliver() refuses it for now */
+    int taken = h->seq == s->rcv_dlv && !s->asm_ready ? take(s, &f, payload) : 0;
+    if (taken < 0)
+        return s->error;
+    if (taken) {
+        s->stats.rx_direct++;
+        s->rcv_dlv++;
+        s->rcv_nxt++;
+    } else {
+        *r = f;
+        memcpy(rx_payload(s, h->seq), payload, h->len);
+    }
     while (s->rcv_nxt - s->rcv_dlv < s->p.rcv_slots) {
         const struct cfx__dpdk_rx_slot *n = rx_slot(s, s->rcv_nxt);
         if (!n->used || n->seq != s->rcv_nxt)

@@ -95,6 +95,19 @@ struct cfx__dpdk_rel_ops {
     int (*deliver)(void *ctx, const void *buf, size_t len);
     /* Every byte of the message queued with cookie was acknowledged. */
     void (*sent)(void *ctx, void *cookie);
+    /*
+     * Optional (NULL: every message is reassembled in the session's buffer).
+     * Where the bytes of the message due next go: asked for each of its
+     * packets in order (off and len the packet's part of the msg_len-byte
+     * message), once deliver() took every earlier message.  An address for
+     * the first packet makes the message placed: each packet's bytes are
+     * copied there straight from the packet (from the reorder buffer when
+     * it came out of order), and deliver() gets buf NULL when the last is
+     * in.  NULL for the first packet: reassembled as usual; for a later
+     * packet of a placed message: that packet's bytes are dropped (the
+     * place went away meanwhile).
+     */
+    void *(*place)(void *ctx, uint32_t msg_len, uint32_t off, uint32_t len);
 };
 
 /* Session parameters; zero fields take the defaults in brackets. */
@@ -131,6 +144,8 @@ struct cfx__dpdk_rel_stats {
     uint64_t cwnd_idle_restarts; /* windows cut back to the initial one after idle */
     uint64_t msgs_sent;      /* messages fully acknowledged */
     uint64_t msgs_rcvd;      /* messages delivered */
+    uint64_t rx_direct;      /* data packets taken in order, never in the reorder buffer */
+    uint64_t msgs_placed;    /* messages whose bytes went where place() said */
 };
 
 struct cfx__dpdk_tx_slot;
@@ -191,6 +206,7 @@ struct cfx__dpdk_sess {
     uint16_t asm_cnt;             /* its frag_cnt */
     uint16_t asm_next;            /* next fragment expected; 0: none started */
     bool asm_ready;               /* a whole message waits for deliver() */
+    bool asm_placed;              /* ... its bytes are where place() said, not at asm_buf */
     uint64_t ts_echo;             /* ts of the latest data packet received */
     bool ack_pending;             /* data arrived since our last ack */
 

@@ -62,6 +62,12 @@ struct ep {
     uint64_t peer_seed;  /* reference stream of the peer's messages */
     uint32_t peer_max_len;
     uint32_t max_inflight; /* largest snd_nxt - snd_una seen */
+    /* placement (rel_ops.place): odd messages go to place_buf */
+    bool placing;
+    uint8_t *place_buf;
+    uint32_t placed;   /* placed messages delivered, each checked */
+    uint32_t hole_msg; /* its second packet is told to go nowhere */
+    bool hole_seen;
 };
 
 struct sim {
@@ -224,6 +230,23 @@ static uint32_t msg_len(uint64_t seed, uint32_t i, uint32_t max_len)
     }
 }
 
+/* Odd messages (not empty) are placed; place() is asked in order, after
+ * every earlier message was delivered, so e->got is the message's index. */
+static void *sim_place(void *ctx, uint32_t len, uint32_t off, uint32_t plen)
+{
+    struct ep *e = ctx;
+    if (!e->placing || e->got % 2 == 0 || !len)
+        return NULL;
+    cr_assert_eq(len, msg_len(e->peer_seed, e->got, e->peer_max_len), "message %u", e->got);
+    cr_assert_leq((uint64_t)off + plen, len);
+    cr_assert_eq(off % e->s.p.mtu_payload, 0);
+    if (!off)
+        memset(e->place_buf, 0xEE, len);
+    if (e->got == e->hole_msg && off == e->s.p.mtu_payload)
+        return NULL;
+    return e->place_buf + off;
+}
+
 static int sim_deliver(void *ctx, const void *buf, size_t len)
 {
     struct ep *e = ctx;
@@ -233,6 +256,26 @@ static int sim_deliver(void *ctx, const void *buf, size_t len)
     }
     uint32_t want = msg_len(e->peer_seed, e->got, e->peer_max_len);
     cr_assert_eq(len, want, "message %u: %zu bytes, %u expected", e->got, len, want);
+    cr_assert_eq(!buf, e->placing && e->got % 2 == 1 && len > 0,
+                 "message %u: placed or not against the rule", e->got);
+    if (!buf) {
+        uint8_t ref[20000];
+        uint32_t mtu = e->s.p.mtu_payload;
+        cr_assert_leq(len, sizeof(ref));
+        cfx_test_fill(ref, len, e->peer_seed + e->got);
+        if (e->got == e->hole_msg) { /* the packet told to go nowhere did not land */
+            for (uint32_t i = mtu; i < 2 * mtu && i < len; i++)
+                cr_assert_eq(e->place_buf[i], 0xEE, "message %u: byte %u landed", e->got, i);
+            memset(ref + mtu, 0xEE, len - mtu < mtu ? len - mtu : mtu);
+            e->hole_seen = true;
+        }
+        cr_assert_eq(memcmp(e->place_buf, ref, len), 0, "placed message %u differs", e->got);
+        e->placed++;
+        e->got++;
+        if (e->sim->now >= e->sim->warmup_ns)
+            e->got_late++;
+        return CFX_OK;
+    }
     size_t bad = cfx_test_check(buf, len, e->peer_seed + e->got);
     cr_assert_eq(bad, (size_t)-1, "message %u: byte %zu differs", e->got, bad);
     e->got++;
@@ -252,6 +295,7 @@ static const struct cfx__dpdk_rel_ops sim_ops = {
     .tx = sim_tx,
     .deliver = sim_deliver,
     .sent = sim_sent,
+    .place = sim_place,
 };
 
 static void ep_init(struct sim *sim, int idx, int peer, const struct cfx__dpdk_rel_params *p,
@@ -357,7 +401,17 @@ static void sim_fini(struct sim *sim)
 
 #define NMSG 400
 
-static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
+/* The first odd message over two packets long: its second packet is the hole. */
+static uint32_t hole_msg(const struct ep *e, uint32_t mtu)
+{
+    for (uint32_t i = 1; i < NMSG; i += 2)
+        if (msg_len(e->peer_seed, i, e->peer_max_len) > 2 * mtu)
+            return i;
+    cr_assert_fail("no message long enough for a hole");
+    return 0;
+}
+
+static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn, bool placing)
 {
     static struct sim sim; /* big: keep it off the stack */
     memset(&sim, 0, sizeof(sim));
@@ -378,6 +432,13 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
     sim.ep[0].peer_max_len = sim.ep[1].max_len;
     sim.ep[1].peer_seed = sim.ep[0].seed;
     sim.ep[1].peer_max_len = sim.ep[0].max_len;
+    for (int i = 0; i < 2 && placing; i++) {
+        struct ep *e = &sim.ep[i];
+        e->placing = true;
+        e->place_buf = malloc(20000);
+        cr_assert_not_null(e->place_buf);
+        e->hole_msg = hole_msg(e, p.mtu_payload);
+    }
 
     sim_run(&sim, 60ull * 1000000000ull);
     for (int i = 0; i < 2; i++) {
@@ -389,6 +450,21 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
         cr_assert(cfx__dpdk_sess_idle(&e->s));
         cr_assert_leq(e->max_inflight, p.rcv_slots, "window overrun");
         cr_assert_eq(e->s.stats.rx_beyond, 0);
+        /* in order with nothing missing before it: never copied into the
+         * reorder buffer; only losses and reordering put packets there */
+        if (imp->drop_ppm || imp->burst_ppm || imp->reorder_ppm)
+            cr_assert_lt(e->s.stats.rx_direct, e->s.stats.rx_data);
+        else
+            cr_assert_eq(e->s.stats.rx_direct, e->s.stats.rx_data);
+        cr_assert_eq(e->s.stats.msgs_placed, e->placed);
+        if (placing) {
+            uint32_t want = 0;
+            for (uint32_t m = 1; m < NMSG; m += 2)
+                want += msg_len(e->peer_seed, m, e->peer_max_len) > 0;
+            cr_assert_eq(e->placed, want, "endpoint %d: %u of %u placed", i, e->placed, want);
+            cr_assert(e->hole_seen);
+        }
+        free(e->place_buf);
     }
     for (int i = 0; i < 2; i++)
         cr_log_info("endpoint %d: data %llu retx %llu rto %llu fast %llu dup %llu, %.3f ms", i,
@@ -409,31 +485,31 @@ static void run_pair(const struct impair *imp, uint64_t seed, uint32_t isn)
 Test(dpdk_rel, clean_channel)
 {
     struct impair imp = { 0 };
-    run_pair(&imp, 1, 0);
+    run_pair(&imp, 1, 0, false);
 }
 
 Test(dpdk_rel, drop_1pct)
 {
     struct impair imp = { .drop_ppm = 10000 };
-    run_pair(&imp, 2, 0);
+    run_pair(&imp, 2, 0, false);
 }
 
 Test(dpdk_rel, drop_bursts)
 {
     struct impair imp = { .burst_ppm = 2000, .burst_ns = 200000 };
-    run_pair(&imp, 3, 0);
+    run_pair(&imp, 3, 0, false);
 }
 
 Test(dpdk_rel, duplicates)
 {
     struct impair imp = { .dup_ppm = 50000 };
-    run_pair(&imp, 4, 0);
+    run_pair(&imp, 4, 0, false);
 }
 
 Test(dpdk_rel, reordering)
 {
     struct impair imp = { .reorder_ppm = 100000, .reorder_ns = 50000 };
-    run_pair(&imp, 5, 0);
+    run_pair(&imp, 5, 0, false);
 }
 
 Test(dpdk_rel, everything_at_once_across_seq_wrap)
@@ -444,7 +520,27 @@ Test(dpdk_rel, everything_at_once_across_seq_wrap)
                           .dup_ppm = 10000,
                           .reorder_ppm = 50000,
                           .reorder_ns = 30000 };
-    run_pair(&imp, 6, 0xFFFFFF00u);
+    run_pair(&imp, 6, 0xFFFFFF00u, false);
+}
+
+/* Messages placed where the receiver says (rel_ops.place), on a clean channel
+ * (every packet straight from the wire) and under every impairment (packets
+ * placed from the reorder buffer too); one packet told to go nowhere. */
+Test(dpdk_rel, placed_messages_on_a_clean_channel)
+{
+    struct impair imp = { 0 };
+    run_pair(&imp, 7, 0, true);
+}
+
+Test(dpdk_rel, placed_messages_under_loss_duplicates_and_reordering)
+{
+    struct impair imp = { .drop_ppm = 10000,
+                          .burst_ppm = 1000,
+                          .burst_ns = 100000,
+                          .dup_ppm = 10000,
+                          .reorder_ppm = 50000,
+                          .reorder_ns = 30000 };
+    run_pair(&imp, 8, 0xFFFFFF00u, true);
 }
 
 /* --- flow control ------------------------------------------------------------ */

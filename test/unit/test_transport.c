@@ -1042,16 +1042,20 @@ TP_TEST(mem_reg_args)
  * dpdk with 1% of the received frames dropped on both ports (the port's
  * test hook): writes of many sizes (one packet, many, several chunks) and
  * sends interleaved on both directions arrive whole and in order, every
- * byte checked against the reference.
+ * byte checked against the reference.  Every write chunk is copied from
+ * its packets straight into the granted window (placed), lost packets
+ * and all: none goes through the session's reassembly buffer.
  */
-Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
+static void writes_and_sends_with_1pct_rx_drop(bool zc)
 {
     enum { N = 24, SZ = 600 * 1024 };
     struct pair p;
     struct tp_param param = { .name = "dpdk" };
     struct region src, dst;
+    uint64_t chunks = 0;
 
     setenv("CFX_DPDK_RX_DROP_PPM", "10000", 1);
+    setenv("CFX_DPDK_TX_ZC", zc ? "1" : "0", 1);
     pair_open(&p, &param);
     pair_connect(&p);
     region_reg(&p, 0, &src, SZ, CFX_TP_ACCESS_LOCAL, 0);
@@ -1060,6 +1064,7 @@ Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
     for (int i = 0; i < N; i++) {
         size_t len = i == 0 ? 0 : i == 1 ? 1 : (size_t)((i * 2654435761u) % SZ);
         uint64_t roff = (uint64_t)(i % 2) * SZ;
+        chunks += (len + CFX_DPDK_CHUNK - 1) / CFX_DPDK_CHUNK;
         post_write(&p, p.ab, &src, 0, &dst.rdesc, roff, len, (uint32_t)i, (uint64_t)i);
         check_send_recv(&p, p.ba, 1, p.ab, (size_t)(i * 97) % CFX_TP_SEND_MAX, 300 + (uint64_t)i);
         struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
@@ -1076,9 +1081,37 @@ Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
     cr_log_info("b: %llu frames taken, %llu dropped by the hook", (unsigned long long)st.rx,
                 (unsigned long long)st.rx_dropped);
     cr_assert_gt(st.rx_dropped, 0, "the hook dropped nothing");
+    const struct cfx__dpdk_rel_stats *rs = &cfx__dpdk_ep_of(p.ba)->sess.stats;
+    cr_log_info("b: %llu of %llu data packets taken in order, %llu messages placed",
+                (unsigned long long)rs->rx_direct, (unsigned long long)rs->rx_data,
+                (unsigned long long)rs->msgs_placed);
+    cr_assert_eq(rs->msgs_placed, chunks);
+    /* a's frames of write data went from the source region where it lies */
+    struct cfx__dpdk_port *pa = container_of(p.s[0].iface, struct cfx__dpdk_iface, super)->port;
+    cfx__dpdk_port_get_stats(pa, &st);
+    cr_log_info("a: %llu frames sent, %llu zero-copy", (unsigned long long)st.tx,
+                (unsigned long long)st.tx_zc);
+    cr_assert_eq(cfx__dpdk_port_zc(pa), zc);
+    if (zc)
+        cr_assert_gt(st.tx_zc, chunks, "a: %llu frames zero-copy", (unsigned long long)st.tx_zc);
+    else
+        cr_assert_eq(st.tx_zc, 0);
+    cr_assert_eq(st.zc_held, 0);
     region_free(&p, &src);
     region_free(&p, &dst);
     pair_close(&p);
+}
+
+/* Transmit from the payload where it lies (the default on net_memif) ... */
+Test(transport_dpdk, writes_and_sends_with_1pct_rx_drop, .timeout = 120)
+{
+    writes_and_sends_with_1pct_rx_drop(true);
+}
+
+/* ... and copying each frame (CFX_DPDK_TX_ZC=0). */
+Test(transport_dpdk, writes_and_sends_copied_with_1pct_rx_drop, .timeout = 120)
+{
+    writes_and_sends_with_1pct_rx_drop(false);
 }
 
 /* A connected pair of dpdk ports whose quiet period is @p quiet_ms. */
