@@ -17,11 +17,11 @@
  * lets RACK find the rest, long before the timer.
  *
  * Congestion control: AIMD on packets, as in TCP Reno with SACK, plus a
- * delay signal after Timely (eRPC's choice): an RTT above t_high cuts the
- * window in proportion to how far above it is; between t_low and t_high a
- * rising RTT gradient cuts it; each cut at most once per window of data.  Loss and delay cuts are
- * multiplicative and growth additive, so flows sharing a bottleneck
- * converge to equal windows.
+ * delay signal after Timely (eRPC's choice), taken on the smallest RTT of
+ * each window of data: above t_high it cuts the window in proportion to
+ * how far above it is; above t_low it ends slow start.  Loss and delay
+ * cuts are multiplicative, at most once per window of data, and growth
+ * additive, so flows sharing a bottleneck converge to equal windows.
  *
  * Receive side: a ring of rcv_slots packets indexed by sequence number is
  * the reorder buffer; the advertised window is what is left of it past the
@@ -165,6 +165,7 @@ int cfx__dpdk_sess_init(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rel_par
     s->recover = q->isn;
     s->rack_seq = q->isn;
     s->delay_cut_seq = q->isn;
+    s->delay_ok = true;
     s->rcv_nxt = s->rcv_dlv = q->isn;
     s->cwnd = q->cwnd_init;
     s->ssthresh = q->snd_slots;
@@ -269,46 +270,58 @@ static void cc_grow(struct cfx__dpdk_sess *s, uint32_t acked)
     cc_clamp(s);
 }
 
-/* A delay cut (factor in (0, 1]), at most once per window of data. */
+/* A delay cut by factor (in (0, 1]). */
 static void cc_delay_cut(struct cfx__dpdk_sess *s, double factor)
 {
-    if (seq_diff(s->snd_una, s->delay_cut_seq) < 0)
-        return;
     s->cwnd *= factor;
     if (s->ssthresh > s->cwnd)
         s->ssthresh = s->cwnd;
-    s->delay_cut_seq = s->snd_nxt;
     s->stats.cwnd_cut_delay++;
     cc_clamp(s);
 }
 
 /*
- * Timely's decision on each RTT sample, on the window instead of a rate.
- * The thresholds are absolute RTTs and the gradient is normalised by
- * t_low, a constant: every flow through the same queue sees the same
- * signal and cuts by the same factor.  (Against each flow's own minimum
- * RTT a flow that starts behind a standing queue takes that queue for its
- * base and starves the others: the first version here did, 4% to 96%.)
+ * The delay signal, decided once per window of data and at least
+ * DELAY_SAMPLES RTT samples, on the smallest sample among them (as LEDBAT
+ * filters its delay): a queue delays every packet that crosses it, but a
+ * host whose polling thread lost its core delays only the packets that
+ * came meanwhile.
+ *   - over t_high: cut by 1 - 0.5 (1 - t_high / rtt) (Timely's cut);
+ *   - over t_low: a queue is forming, so slow start ends there (as
+ *     HyStart leaves it on a rising RTT) and the window grows by one
+ *     packet per window;
+ *   - otherwise the window grows as AIMD says.
+ * Timely's gradient rule (a cut whenever the RTT between t_low and t_high
+ * rises) is not used: on a host that stalls, consecutive samples differ by
+ * the stalls, and with it, or with cuts on single samples, the window sat
+ * at one packet on the 2-core cluster (docs/PERFORMANCE.md).  The
+ * thresholds are absolute RTTs: every flow through the same queue sees
+ * the same signal and cuts by the same factor, which is what makes AIMD
+ * converge to equal shares.  (Against each flow's own minimum RTT a flow
+ * that starts behind a standing queue takes that queue for its base and
+ * starves the others: the first version here did, 4% to 96%.)
  */
+#define DELAY_SAMPLES 8
+
 static void cc_on_ack(struct cfx__dpdk_sess *s, uint32_t acked, uint64_t rtt)
 {
-    if (!rtt) {
-        cc_grow(s, acked);
-        return;
+    if (rtt) {
+        if (!s->win_samples || rtt < s->win_min_rtt_ns)
+            s->win_min_rtt_ns = rtt;
+        s->win_samples++;
     }
-    double diff = (double)rtt - (double)s->prev_rtt_ns;
-    s->prev_rtt_ns = rtt;
-    s->rtt_diff_ns = 0.875 * s->rtt_diff_ns + 0.125 * diff;
-    double gradient = s->rtt_diff_ns / (double)s->p.t_low_ns;
-
-    if (rtt > s->p.t_high_ns) {
-        /* Timely: rate *= 1 - beta * (1 - T_high / rtt), beta = 0.5 */
-        cc_delay_cut(s, 1.0 - 0.5 * (1.0 - (double)s->p.t_high_ns / (double)rtt));
-    } else if (rtt < s->p.t_low_ns || gradient <= 0) {
-        cc_grow(s, acked);
-    } else {
-        cc_delay_cut(s, 1.0 - 0.5 * (gradient < 1.0 ? gradient : 1.0));
+    if (s->win_samples >= DELAY_SAMPLES && seq_diff(s->snd_una, s->delay_cut_seq) >= 0) {
+        double m = (double)s->win_min_rtt_ns;
+        s->delay_ok = m <= (double)s->p.t_high_ns;
+        if (!s->delay_ok)
+            cc_delay_cut(s, 1.0 - 0.5 * (1.0 - (double)s->p.t_high_ns / m));
+        else if (m > (double)s->p.t_low_ns && s->ssthresh > s->cwnd)
+            s->ssthresh = s->cwnd;
+        s->win_samples = 0;
+        s->delay_cut_seq = s->snd_nxt;
     }
+    if (s->delay_ok)
+        cc_grow(s, acked);
 }
 
 static void rtt_sample(struct cfx__dpdk_sess *s, uint64_t r)
@@ -319,7 +332,6 @@ static void rtt_sample(struct cfx__dpdk_sess *s, uint64_t r)
         s->srtt_ns = r;
         s->rttvar_ns = r / 2;
         s->min_rtt_ns = r;
-        s->prev_rtt_ns = r;
     } else {
         uint64_t dev = s->srtt_ns > r ? s->srtt_ns - r : r - s->srtt_ns;
         s->rttvar_ns = (3 * s->rttvar_ns + dev) / 4;

@@ -123,8 +123,8 @@ struct cfx__dpdk_rel_params {
     uint64_t rto_min_ns;  /* lower bound of the RTO [5 ms] */
     uint64_t rto_max_ns;  /* upper bound of the backed-off RTO [100 ms] */
     uint32_t cwnd_init;   /* initial congestion window, packets [16] */
-    uint64_t t_low_ns;    /* RTT under which the window grows freely [50 us] */
-    uint64_t t_high_ns;   /* RTT over which it shrinks [500 us] */
+    uint64_t t_low_ns;    /* RTT over which slow start ends [50 us] */
+    uint64_t t_high_ns;   /* RTT over which the window shrinks [500 us] */
     uint64_t idle_restart_ns; /* nothing sent this long (and more than an RTO): the next
                                  burst starts from cwnd_init [0: never] */
 };
@@ -184,9 +184,10 @@ struct cfx__dpdk_sess {
     double ssthresh;              /* slow start below this */
     uint64_t srtt_ns, rttvar_ns;  /* smoothed RTT and its variation; 0: no sample */
     uint64_t min_rtt_ns;          /* lowest RTT seen: the reordering window */
-    uint64_t prev_rtt_ns;         /* previous sample, for the RTT gradient */
-    double rtt_diff_ns;           /* smoothed RTT difference (Timely) */
-    uint32_t delay_cut_seq;       /* no second delay cut before this seq is acked */
+    uint64_t win_min_rtt_ns;      /* smallest RTT sample since the last delay decision */
+    uint32_t win_samples;         /* ... of this many samples */
+    bool delay_ok;                /* the last delay decision let the window grow */
+    uint32_t delay_cut_seq;       /* the next delay decision once this seq is acked */
     uint64_t rto_ns;              /* current RTO, backed off */
     uint64_t rto_at;              /* when the timer fires; 0: not armed */
     uint32_t retries;             /* timeouts in a row without progress */
