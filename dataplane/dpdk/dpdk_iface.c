@@ -17,6 +17,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <pthread.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -386,6 +387,14 @@ static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
     }
     cfx__tp_graveyard_free(&iface->graveyard);
     cfx__dpdk_port_flush(iface->port);
+    struct cfx__dpdk_port_stats st;
+    cfx__dpdk_port_get_stats(iface->port, &st);
+    CFX_LOG(INFO, DPDK,
+            "node %u: port %s closed: %" PRIu64 " frames sent (%" PRIu64 " zero-copy, %" PRIu64
+            " the device did not take), %" PRIu64 " received (%" PRIu64 " refused, %" PRIu64
+            " dropped by the test hook)",
+            iface->super.node_id, iface->name, st.tx, st.tx_zc, st.tx_full, st.rx, st.rx_refused,
+            st.rx_dropped);
     /* net_memif connects from EAL's interrupt thread: closing a port in the
      * middle of that handshake crashes it (DPDK 22.11), so a port whose link
      * never came up gets a moment to finish first */

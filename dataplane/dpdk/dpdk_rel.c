@@ -273,7 +273,14 @@ static void cc_grow(struct cfx__dpdk_sess *s, uint32_t acked)
 /* A delay cut by factor (in (0, 1]). */
 static void cc_delay_cut(struct cfx__dpdk_sess *s, double factor)
 {
-    s->cwnd *= factor;
+    /* never under the initial window on delay alone (as eRPC's Timely keeps
+     * a minimum rate): a host so loaded that every RTT sample is over
+     * t_high would otherwise send one packet per RTT for ever; a queue that
+     * overflows still cuts further, by loss */
+    double floor = s->p.cwnd_init;
+    if (s->cwnd <= floor)
+        return;
+    s->cwnd = s->cwnd * factor < floor ? floor : s->cwnd * factor;
     if (s->ssthresh > s->cwnd)
         s->ssthresh = s->cwnd;
     s->stats.cwnd_cut_delay++;
