@@ -521,15 +521,17 @@ Test(dpdk_rel, reordering)
     run_pair(&imp, 5, 0, false);
 }
 
+/* Every impairment at once. */
+static const struct impair everything = { .drop_ppm = 10000,
+                                          .burst_ppm = 1000,
+                                          .burst_ns = 100000,
+                                          .dup_ppm = 10000,
+                                          .reorder_ppm = 50000,
+                                          .reorder_ns = 30000 };
+
 Test(dpdk_rel, everything_at_once_across_seq_wrap)
 {
-    struct impair imp = { .drop_ppm = 10000,
-                          .burst_ppm = 1000,
-                          .burst_ns = 100000,
-                          .dup_ppm = 10000,
-                          .reorder_ppm = 50000,
-                          .reorder_ns = 30000 };
-    run_pair(&imp, 6, 0xFFFFFF00u, false);
+    run_pair(&everything, 6, 0xFFFFFF00u, false);
 }
 
 /* Messages placed where the receiver says (rel_ops.place), on a clean channel
@@ -543,13 +545,7 @@ Test(dpdk_rel, placed_messages_on_a_clean_channel)
 
 Test(dpdk_rel, placed_messages_under_loss_duplicates_and_reordering)
 {
-    struct impair imp = { .drop_ppm = 10000,
-                          .burst_ppm = 1000,
-                          .burst_ns = 100000,
-                          .dup_ppm = 10000,
-                          .reorder_ppm = 50000,
-                          .reorder_ns = 30000 };
-    run_pair(&imp, 8, 0xFFFFFF00u, true);
+    run_pair(&everything, 8, 0xFFFFFF00u, true);
 }
 
 /* --- flow control ------------------------------------------------------------ */
