@@ -147,7 +147,6 @@ int cfx__ctl_objects(struct cfx_ctl *ctl, struct cfx_ctl_obj_rec **out, size_t *
     return list_all(ctl, LIST_OBJECTS, (void **)out, n, deadline_ns);
 }
 
-
 int cfx__ctl_ps_loads(struct cfx_ctl *ctl, struct cfx_ctl_ps_node **out, size_t *n,
                       uint64_t deadline_ns)
 {

@@ -1222,7 +1222,6 @@ static void mode_reduceplace(struct cfx_context *ctx, size_t bytes)
     free(buf);
 }
 
-
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;

@@ -324,6 +324,17 @@ static void ep_init(struct sim *sim, int idx, int peer, const struct cfx__dpdk_r
         sim->nep = idx + 1;
 }
 
+/* A one-way flow: endpoint tx sends to_send messages of up to max_len
+ * bytes (the stream of seed) to endpoint rx, which checks them. */
+static void flow_init(struct sim *sim, int tx, int rx, const struct cfx__dpdk_rel_params *p,
+                      uint32_t to_send, uint32_t max_len, uint64_t seed)
+{
+    ep_init(sim, tx, rx, p, to_send, max_len, seed);
+    ep_init(sim, rx, tx, p, 0, 0, seed + 1);
+    sim->ep[rx].peer_seed = seed;
+    sim->ep[rx].peer_max_len = max_len;
+}
+
 /* Queues what the send queue takes now. */
 static void ep_feed(struct ep *e)
 {
@@ -564,10 +575,7 @@ Test(dpdk_rel, lost_tail_found_by_the_probe)
     sim.rng = 7;
     sim.latency_ns = 10000;
     sim.imp.drop_tail_once = true;
-    ep_init(&sim, 0, 1, &p, 50, 20000, 11);
-    ep_init(&sim, 1, 0, &p, 0, 1, 12);
-    sim.ep[1].peer_seed = sim.ep[0].seed;
-    sim.ep[1].peer_max_len = sim.ep[0].max_len;
+    flow_init(&sim, 0, 1, &p, 50, 20000, 11);
     sim_run(&sim, 10ull * 1000000000ull);
     struct ep *a = &sim.ep[0], *b = &sim.ep[1];
     cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
@@ -589,10 +597,7 @@ Test(dpdk_rel, full_window_makes_the_sender_wait)
     };
     sim.rng = 7;
     sim.latency_ns = 10000;
-    ep_init(&sim, 0, 1, &p, 300, 4096, 11);
-    ep_init(&sim, 1, 0, &p, 0, 0, 12);
-    sim.ep[1].peer_seed = 11;
-    sim.ep[1].peer_max_len = 4096;
+    flow_init(&sim, 0, 1, &p, 300, 4096, 11);
     sim.ep[1].hold_until = 5000000; /* the receiver takes nothing for 5 ms */
 
     sim_run(&sim, 4000000);
@@ -627,10 +632,7 @@ static void run_idle_restart(uint64_t idle_restart_ns, bool want_restart)
     struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .idle_restart_ns = idle_restart_ns };
     sim.rng = 9;
     sim.latency_ns = 10000;
-    ep_init(&sim, 0, 1, &p, 300, 4096, 21);
-    ep_init(&sim, 1, 0, &p, 0, 0, 22);
-    sim.ep[1].peer_seed = 21;
-    sim.ep[1].peer_max_len = 4096;
+    flow_init(&sim, 0, 1, &p, 300, 4096, 21);
     struct ep *a = &sim.ep[0], *b = &sim.ep[1];
 
     sim_run(&sim, 10ull * 1000000000ull);
@@ -685,8 +687,7 @@ Test(dpdk_rel, dead_peer_fails_with_a_sticky_error_naming_it)
     sim.rng = 8;
     sim.latency_ns = 10000;
     sim.imp.drop_all = true;
-    ep_init(&sim, 0, 1, &p, 3, 3000, 13);
-    ep_init(&sim, 1, 0, &p, 0, 0, 14);
+    flow_init(&sim, 0, 1, &p, 3, 3000, 13);
 
     sim_run(&sim, 10ull * 1000000000ull);
     struct ep *a = &sim.ep[0];
@@ -728,15 +729,9 @@ static void run_bottleneck(uint64_t t_low, uint64_t t_high, bool want_delay_cuts
     sim.svc_ns = 1000;
     sim.queue_max = 64;
     sim.warmup_ns = 100000000; /* count from 100 ms */
-    ep_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 21);
-    ep_init(&sim, 1, 0, &p, 0, 0, 22);
-    ep_init(&sim, 2, 3, &p, 0, 1024, 23); /* starts 20 ms later */
-    ep_init(&sim, 3, 2, &p, 0, 0, 24);
+    flow_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 21);
+    flow_init(&sim, 2, 3, &p, 0, 1024, 23); /* starts 20 ms later */
     sim.ep[0].bottleneck = sim.ep[2].bottleneck = true;
-    sim.ep[1].peer_seed = 21;
-    sim.ep[1].peer_max_len = 1024;
-    sim.ep[3].peer_seed = 23;
-    sim.ep[3].peer_max_len = 1024;
 
     sim_run(&sim, 20000000);
     sim.ep[2].to_send = UINT32_MAX;
@@ -790,11 +785,8 @@ static uint64_t run_stalls(bool stalls, uint64_t *delay_cuts)
     sim.warmup_ns = 20000000;
     if (stalls)
         sim.imp = (struct impair){ .stall_ppm = 100, .stall_ns = 1000000 };
-    ep_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 31);
-    ep_init(&sim, 1, 0, &p, 0, 0, 32);
+    flow_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 31);
     sim.ep[0].bottleneck = true;
-    sim.ep[1].peer_seed = 31;
-    sim.ep[1].peer_max_len = 1024;
     sim_run(&sim, 200000000);
     cr_assert_eq(sim.ep[0].s.error, 0, "%s", sim.ep[0].s.error_msg);
     *delay_cuts = sim.ep[0].s.stats.cwnd_cut_delay;
