@@ -52,6 +52,7 @@ static void conn_flush(struct coord_conn *c)
                 return;
             }
             CFX_LOG(INFO, CTL, "connection %s: send: %s", c->peer, strerror(errno));
+            c->send_failed = 1;
             cfx__coord_conn_fail(c);
             return;
         }
@@ -158,10 +159,56 @@ static void conn_free(struct coord_conn *c)
     free(c);
 }
 
+/*
+ * A send to member @p c failed: the peer reset the connection, as a process
+ * does that closes its socket with our events unread in it.  What the peer
+ * sent before the reset is still readable, and its goodbye may be there,
+ * unread only because the send came first.  A member that said goodbye left;
+ * it did not die, and its peers must not be told it did.  Only LEAVE is
+ * looked for (nothing else can be answered now), within the input buffer.
+ */
+static void read_goodbye(struct cfx_coord *co, struct coord_conn *c)
+{
+    size_t off = 0;
+
+    for (;;) {
+        while (c->in_len - off >= CFX_PROTO_HDR_LEN) {
+            struct cfx_msg_hdr h;
+            struct cfx_msg m;
+            if (cfx__ctl_hdr_decode(&c->seal, c->in + off, c->in_len - off, &h) != CFX_OK)
+                return;
+            size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len, len;
+            if (need > c->in_cap)
+                return;
+            if (c->in_len - off < need)
+                break;
+            if (cfx__ctl_open_frame(&c->seal, c->in + off, need, &len) != CFX_OK ||
+                cfx__msg_decode(c->in + off, len, &m) != CFX_OK)
+                return;
+            off += need;
+            if (m.type == CFX_MSG_LEAVE) {
+                CFX_LOG(DEBUG, CTL, "connection %s: a goodbye before the reset", c->peer);
+                cfx__coord_leave(co, c);
+                return;
+            }
+        }
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+        off = 0;
+        ssize_t n = c->in_len < c->in_cap ? recv(c->fd, c->in + c->in_len,
+                                                 c->in_cap - c->in_len, MSG_DONTWAIT) : 0;
+        if (n <= 0)
+            return;
+        c->in_len += (size_t)n;
+    }
+}
+
 /* Close a failed connection: its node (if any) dies, its lookups go. */
 static void conn_close(struct cfx_coord *co, struct coord_conn *c)
 {
     cfx__ev_io_stop(co->loop, &c->io);
+    if (c->node && c->send_failed && c->state == COORD_CONN_NODE)
+        read_goodbye(co, c);
     cfx__coord_dir_conn_gone(co, c);
     cfx__coord_task_conn_gone(co, c);
     cfx__coord_members_conn_gone(co, c);

@@ -73,6 +73,7 @@ struct coord_conn {
     uint8_t nonce[CFX_AUTH_NONCE_LEN]; /* our challenge */
     int failing;                /* scheduled for closing in the after-batch hook */
     int close_after_flush;      /* close once outq drains (after an auth refusal) */
+    int send_failed;            /* failing because a send failed (the peer reset it) */
     uint64_t accepted_ns;
     uint64_t last_rx_ns;        /* last byte received */
     uint8_t *in;                /* input buffer */

@@ -46,6 +46,16 @@ static void on_dead(void *arg, uint32_t id)
     pthread_mutex_unlock(&d->mu);
 }
 
+static void on_left(void *arg, uint32_t id)
+{
+    struct deaths *d = arg;
+    pthread_mutex_lock(&d->mu);
+    if (d->nleft < 256)
+        d->left[d->nleft++] = id;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void deaths_init(struct deaths *d)
 {
     pthread_condattr_t a;
@@ -70,6 +80,23 @@ uint64_t wait_dead(struct deaths *d, uint32_t id, int ms)
     } while (!t && cfx__cond_wait_until(&d->cv, &d->mu, deadline));
     pthread_mutex_unlock(&d->mu);
     return t;
+}
+
+int wait_heard(struct deaths *d, uint32_t id, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    int heard = 0;
+    pthread_mutex_lock(&d->mu);
+    do {
+        for (int i = 0; i < d->n && !heard; i++)
+            if (d->ids[i] == id)
+                heard = HEARD_DEAD;
+        for (int i = 0; i < d->nleft && !heard; i++)
+            if (d->left[i] == id)
+                heard = HEARD_LEFT;
+    } while (!heard && cfx__cond_wait_until(&d->cv, &d->mu, deadline));
+    pthread_mutex_unlock(&d->mu);
+    return heard;
 }
 
 uint32_t dead_keep_ms;
@@ -147,6 +174,7 @@ int open_node_tok(const char *name, const char *tok, struct deaths *d,
         .self = &self,
         .timeout_ms = CALL_MS,
         .on_node_dead = d ? on_dead : NULL,
+        .on_node_left = d ? on_left : NULL,
         .load_fill = node_report ? fill_report : NULL,
         .arg = d,
         .secure = client_secure,

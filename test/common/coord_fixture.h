@@ -40,13 +40,15 @@ extern const struct cfx_msg_load *node_report; /* what open_node()'s heartbeats 
                                                 * (NULL: nothing, all zero); read until
                                                 * those clients close */
 
-/* node_dead events seen by one client */
+/* node_dead events seen by one client, and the goodbyes (nodes that left) */
 struct deaths {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast on every event */
     uint32_t ids[256];
     uint64_t when_ns[256];
     int n;
+    uint32_t left[256];
+    int nleft;
 };
 
 /* One lookup_thread() run: what to look up (ctl, id, timeout_ms, start) and
@@ -67,6 +69,11 @@ void deaths_init(struct deaths *d);
 /* ns timestamp when @p id was reported dead, waiting up to @p ms for the
  * event (not polling); 0 if it did not come. */
 uint64_t wait_dead(struct deaths *d, uint32_t id, int ms);
+
+/* What @p d heard of node @p id within @p ms, waiting for the event:
+ * HEARD_DEAD, HEARD_LEFT, or 0 for nothing. */
+enum { HEARD_DEAD = 1, HEARD_LEFT = 2 };
+int wait_heard(struct deaths *d, uint32_t id, int ms);
 
 /* Start the coordinator with the settings above into coord and addr. */
 void start_coord(void);

@@ -588,6 +588,66 @@ Test(coord, one_stall_longer_than_dead_after_kills_no_member, .timeout = 120)
     durable_puts_while_members_beat(500, 2);
 }
 
+/*
+ * A member that says goodbye and then resets its connection left; it did not
+ * die.  (A process that closes a socket with unread events in it sends a
+ * reset, not a FIN: the client library does so whenever an event reaches it
+ * as it closes.)  A durable put on a slow disk holds the loop while member B
+ * says goodbye and then member A says goodbye and resets: the loop takes B's
+ * goodbye first and sends A the event for it, and that send fails on the
+ * reset.  Before, the failed send closed A's connection with its goodbye
+ * unread, and every member was told that A had died.
+ */
+Test(coord, goodbye_then_reset_is_not_a_death)
+{
+    char dir[] = "/tmp/cfx-coord-state-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cfx__coord_stop(coord);
+    caps.state_dir = dir;
+    caps.test_fsync_delay_ms = 100;
+    start_coord();
+
+    struct deaths d;
+    deaths_init(&d);
+    struct cfx_ctl *w = open_node("watcher", &d);
+    int p = raw_auth_role(CFX_CTL_ROLE_NODE), b = raw_auth_role(CFX_CTL_ROLE_NODE),
+        a = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+    int64_t aid = raw_join(a, 0, 1, NULL, 0);
+    cr_assert_gt(aid, 0);
+    cr_assert_gt(raw_join(p, 0, 1, NULL, 0), 0); /* last: no event about the others' joins */
+
+    struct cfx_msg put;
+    memset(&put, 0, sizeof(put));
+    put.type = CFX_MSG_OBJ_PUT;
+    put.req_id = 7;
+    memset(put.u.put.id.bytes, 0x5a, sizeof(put.u.put.id.bytes));
+    put.u.put.has_data = 1;
+    put.u.put.durable = 1;
+    raw_send(p, &put);
+    raw_leave(b);
+    raw_leave(a);
+    struct linger reset = { .l_onoff = 1, .l_linger = 0 };
+    cr_assert_eq(setsockopt(a, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+    close(a);
+    char text[CFX_PROTO_TEXT_MAX];
+    cr_assert_eq(raw_answer(p, 7, text, sizeof(text)), 0, "%s", text);
+
+    int heard = wait_heard(&d, (uint32_t)aid, CALL_MS);
+    cr_assert_eq(heard, HEARD_LEFT, "the watcher heard %s of node %lld",
+                 heard == HEARD_DEAD ? "the death" : "nothing", (long long)aid);
+    pthread_mutex_lock(&d.mu);
+    cr_assert_eq(d.n, 0, "the watcher was told of %d deaths", d.n);
+    pthread_mutex_unlock(&d.mu);
+
+    cfx__ctl_close(w);
+    close(b);
+    close(p);
+    cfx__coord_stop(coord);
+    coord = NULL;
+    rm_state_dir(dir);
+}
+
 /* A state directory another user could write is refused, and so is a
  * symbolic link to one (before: both were used). */
 Test(coord, unsafe_state_dir_is_refused)
