@@ -254,6 +254,8 @@ struct cfx__dpdk_iface {
     struct cfx__tp_table mrs;     /* registrations, by rkey index */
     struct cfx__tp_table eps_tab; /* endpoints, by session id */
     uint64_t now;                 /* time of the current poll (ns) */
+    uint64_t rx_at, rx_prev;      /* receive time of this poll and of the one before: what
+                                   * this poll receives came after rx_prev (0: none yet) */
     uint64_t link_check;          /* next look at the link (ns) */
     uint64_t link_down_since;     /* link seen down since (ns); 0: up */
     uint64_t data_at;             /* last packet of a session received (ns) */

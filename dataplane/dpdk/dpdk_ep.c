@@ -396,7 +396,12 @@ void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
 void cfx__dpdk_ep_rx(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_hdr *h, const void *payload)
 {
     ep->heard = ep->iface->now;
-    int rc = cfx__dpdk_sess_rx(&ep->sess, h, payload, ep->iface->now);
+    /* it came after the last poll: the time since is the most it waited
+     * here unread (a burst left in the ring by that poll waited longer,
+     * and is taken as waiting less: the safe side) */
+    const struct cfx__dpdk_iface *iface = ep->iface;
+    uint64_t waited = iface->rx_prev ? iface->rx_at - iface->rx_prev : 0;
+    int rc = cfx__dpdk_sess_rx(&ep->sess, h, payload, iface->now, waited);
     if (unlikely(rc < 0 && rc != CFX_ERR_INVALID && ep->state == CFX_DPDK_EP_OPEN))
         ep_proto(ep, rc, ep->sess.error_msg);
 }

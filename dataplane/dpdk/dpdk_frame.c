@@ -18,7 +18,7 @@
 #define IP_MF          0x2000u /* more fragments */
 #define IP_OFFMASK     0x1FFFu
 
-_Static_assert(CFX_DPDK_FRAME_OVERHEAD == 98, "frame overhead: 14 + 20 + 8 + 56");
+_Static_assert(CFX_DPDK_FRAME_OVERHEAD == 106, "frame overhead: 14 + 20 + 8 + 64");
 
 static inline void put16(uint8_t *p, uint16_t v)
 {
@@ -148,7 +148,7 @@ int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr
     put16(udp + 4, udp_len);
     put16(udp + 6, 0);
     cfx__dpdk_hdr_encode(h, rel);
-    /* the header part is even (8 + 56 bytes), so the payload's words line
+    /* the header part is even (8 + 64 bytes), so the payload's words line
      * up wherever it lies */
     uint16_t c = udp_csum(ip, udp, udp_len, CFX_DPDK_HDR_LEN, payload);
     put16(udp + 6, c ? c : 0xFFFF);

@@ -238,6 +238,8 @@ static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *co
         cfx__tp_graveyard_free(&iface->graveyard);
     iface->poll_gen++;
     iface->now = cfx__now_ns();
+    iface->rx_prev = iface->rx_at;
+    iface->rx_at = iface->now;
     for (int i = 0; i < RX_BURSTS; i++)
         if (cfx__dpdk_port_rx(iface->port, rx_cb, iface) <= 0)
             break;

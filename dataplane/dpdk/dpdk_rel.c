@@ -206,7 +206,7 @@ static inline uint8_t *rx_payload(struct cfx__dpdk_sess *s, uint32_t seq)
 
 /* --- acknowledgements we send --------------------------------------------- */
 
-static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h)
+static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h, uint64_t now)
 {
     uint64_t sack = 0;
 
@@ -223,13 +223,15 @@ static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h)
     }
     h->sack = sack;
     h->ts_echo = s->ts_echo;
+    uint64_t held = now > s->echo_since ? now - s->echo_since : 0;
+    h->echo_delay = held > UINT32_MAX ? UINT32_MAX : (uint32_t)held;
 }
 
 static void send_ack(struct cfx__dpdk_sess *s, uint64_t now, uint8_t extra)
 {
     struct cfx__dpdk_hdr h = { .flags = extra, .session = s->peer_id, .ts = now };
 
-    fill_ack(s, &h);
+    fill_ack(s, &h, now);
     if (s->ops->tx(s->ctx, &h, NULL) == CFX_ERR_AGAIN)
         return; /* stays pending: the next poll tries again */
     s->ack_pending = false;
@@ -292,7 +294,8 @@ static void cc_delay_cut(struct cfx__dpdk_sess *s, double factor)
  * DELAY_SAMPLES RTT samples, on the smallest sample among them (as LEDBAT
  * filters its delay): a queue delays every packet that crosses it, but a
  * host whose polling thread lost its core delays only the packets that
- * came meanwhile.
+ * came meanwhile.  The RTT here is the path's: the poll gaps of both hosts
+ * are left out of it (process_ack).
  *   - over t_high: cut by 1 - 0.5 (1 - t_high / rtt) (Timely's cut);
  *   - over t_low: a queue is forming, so slow start ends there (as
  *     HyStart leaves it on a rising RTT) and the window grows by one
@@ -425,7 +428,7 @@ static int send_data(struct cfx__dpdk_sess *s, uint32_t seq, uint64_t now)
         .msg_len = m->len,
         .ts = now,
     };
-    fill_ack(s, &h);
+    fill_ack(s, &h, now);
     int rc = s->ops->tx(s->ctx, &h, m->buf + off);
     if (rc == CFX_ERR_AGAIN)
         return rc;
@@ -584,7 +587,8 @@ int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, v
     return s->error;
 }
 
-static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now)
+static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now,
+                       uint64_t waited)
 {
     int32_t newly = seq_diff(h->ack, s->snd_una);
 
@@ -631,19 +635,24 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
     }
 
     if (newly > 0) {
-        uint64_t rtt = 0;
+        uint64_t path = 0;
         /* Karn: no sample when an acknowledged packet was retransmitted */
         if (karn_ok && !napped && h->ts_echo && now >= h->ts_echo) {
-            rtt = now - h->ts_echo;
+            uint64_t rtt = now - h->ts_echo;
+            /* the timers take the whole RTT, stalls included (they must
+             * outlast them); the delay signal the path's part: without
+             * the time the data waited unread at the peer and this ack
+             * here, each bounded by a poll gap */
             rtt_sample(s, rtt);
-            rtt = rtt ? rtt : 1;
+            uint64_t host = (uint64_t)h->echo_delay + waited;
+            path = rtt > host ? rtt - host : 1;
         }
         s->retries = 0;
         s->rto_ns = rto_base(s);
         s->rto_at = s->snd_una == s->snd_nxt ? 0 : now + s->rto_ns;
         s->tlp_out = false;
         tlp_arm(s, now);
-        cc_on_ack(s, (uint32_t)newly, rtt);
+        cc_on_ack(s, (uint32_t)newly, path);
     } else if (s->snd_una == s->snd_nxt) {
         s->retries = 0; /* a window probe answered: the peer is alive */
         s->rto_at = 0;
@@ -768,7 +777,7 @@ static void drain(struct cfx__dpdk_sess *s)
 }
 
 static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
-                        const void *payload)
+                        const void *payload, uint64_t since)
 {
     uint32_t mtu = s->p.mtu_payload;
 
@@ -784,6 +793,7 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
                          h->frag_idx, h->frag_cnt, h->len, h->msg_len, mtu);
 
     s->ts_echo = h->ts;
+    s->echo_since = since;
     s->ack_pending = true;
     if (seq_diff(h->seq, s->rcv_nxt) < 0) {
         s->stats.rx_dup++;
@@ -832,15 +842,17 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
 }
 
 int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, const void *payload,
-                      uint64_t now)
+                      uint64_t now, uint64_t waited_ns)
 {
     if (s->error)
         return s->error;
     if (h->session != s->local_id)
         return CFX_ERR_INVALID; /* the caller demultiplexes */
-    if ((h->flags & CFX_DPDK_F_ACK) && process_ack(s, h, now))
+    if (waited_ns > now)
+        waited_ns = now;
+    if ((h->flags & CFX_DPDK_F_ACK) && process_ack(s, h, now, waited_ns))
         return s->error;
-    if ((h->flags & CFX_DPDK_F_DATA) && process_data(s, h, payload))
+    if ((h->flags & CFX_DPDK_F_DATA) && process_data(s, h, payload, now - waited_ns))
         return s->error;
     if (h->flags & CFX_DPDK_F_ACKREQ)
         s->ack_pending = true;

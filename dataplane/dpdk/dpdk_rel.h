@@ -11,7 +11,9 @@
  * peer's messages, delivering them whole and in order.  Every packet carries
  * a sequence number; every packet also carries the cumulative
  * acknowledgement, a 64-packet selective acknowledgement bitmap, the
- * receive window and a timestamp echo for the reverse direction.
+ * receive window and a timestamp echo for the reverse direction, with how
+ * long the echoed packet may have waited in the receiver's host (so that
+ * the sender can tell a host that was slow to poll from a queue).
  *
  * Threads: a session is used by one thread at a time (the progress thread
  * of its context); nothing here locks.
@@ -26,8 +28,8 @@
 /* --- wire header ----------------------------------------------------------- */
 
 #define CFX_DPDK_MAGIC       0xCF5Du /* first two bytes of every packet */
-#define CFX_DPDK_VERSION     1u
-#define CFX_DPDK_HDR_LEN     56u         /* encoded header bytes, before the payload */
+#define CFX_DPDK_VERSION     2u
+#define CFX_DPDK_HDR_LEN     64u         /* encoded header bytes, before the payload */
 #define CFX_DPDK_PAYLOAD_MAX 9000u       /* payload bytes of one packet (jumbo frame) */
 #define CFX_DPDK_FRAG_MAX    65535u      /* fragments of one message (16-bit field) */
 #define CFX_DPDK_MSG_MAX     (64u << 20) /* bytes of one message, any peer */
@@ -59,6 +61,8 @@ struct cfx__dpdk_hdr {
     uint32_t msg_len;  /* DATA: bytes in the whole message */
     uint64_t ts;       /* sender's clock when this packet left, ns */
     uint64_t ts_echo;  /* ACK: ts of the latest data packet received */
+    uint32_t echo_delay; /* ACK: ns that packet may have waited in this host (its poller away,
+                          * then until this ack left); saturates at UINT32_MAX */
 };
 
 /* Writes h (payload length h->len) as CFX_DPDK_HDR_LEN bytes into out. */
@@ -209,6 +213,7 @@ struct cfx__dpdk_sess {
     bool asm_ready;               /* a whole message waits for deliver() */
     bool asm_placed;              /* ... its bytes are where place() said, not at asm_buf */
     uint64_t ts_echo;             /* ts of the latest data packet received */
+    uint64_t echo_since;          /* ... which may have been here since (our clock) */
     bool ack_pending;             /* data arrived since our last ack */
 
     struct cfx__dpdk_rel_stats stats;
@@ -243,14 +248,17 @@ int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, v
 
 /*
  * Takes one decoded packet addressed to this session (h->session ==
- * local_id): its ack fields, then its data.  Returns 0 (also for a
+ * local_id): its ack fields, then its data.  waited_ns bounds how long the
+ * packet may have waited in this host before now unread (the time since
+ * the poll before the one that found it; 0 when unknown): it is no part of
+ * the path's delay, and the RTT the delay signal sees leaves it out.  Returns 0 (also for a
  * duplicate, which is dropped), or the sticky error when the packet breaks
  * the protocol (an ack of data never sent, a fragment that does not fit its
  * message, a message over msg_max).  A packet for another session is not
  * taken (CFX_ERR_INVALID, the session unchanged): the caller demultiplexes.
  */
 int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, const void *payload,
-                      uint64_t now);
+                      uint64_t now, uint64_t waited_ns);
 
 /*
  * Runs the timers, offers held messages again, sends new data and

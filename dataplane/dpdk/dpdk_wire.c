@@ -30,11 +30,14 @@ struct cfx__dpdk_wire {
     uint32_t msg_len;
     uint64_t ts;
     uint64_t ts_echo;
+    uint32_t echo_delay;
+    uint32_t reserved; /* zero */
 };
-_Static_assert(sizeof(struct cfx__dpdk_wire) == CFX_DPDK_HDR_LEN, "wire header is 56 bytes");
+_Static_assert(sizeof(struct cfx__dpdk_wire) == CFX_DPDK_HDR_LEN, "wire header is 64 bytes");
 _Static_assert(offsetof(struct cfx__dpdk_wire, sack) == 16, "sack at 16");
 _Static_assert(offsetof(struct cfx__dpdk_wire, msg_len) == 36, "msg_len at 36");
 _Static_assert(offsetof(struct cfx__dpdk_wire, ts_echo) == 48, "ts_echo at 48");
+_Static_assert(offsetof(struct cfx__dpdk_wire, echo_delay) == 56, "echo_delay at 56");
 _Static_assert(CFX_DPDK_PAYLOAD_MAX <= UINT16_MAX, "payload length fits its field");
 _Static_assert(CFX_DPDK_WIN_MAX <= UINT16_MAX, "window fits its field");
 
@@ -56,6 +59,7 @@ void cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out)
         .msg_len = htole32(h->msg_len),
         .ts = htole64(h->ts),
         .ts_echo = htole64(h->ts_echo),
+        .echo_delay = htole32(h->echo_delay),
     };
     memcpy(out, &w, sizeof(w));
 }
@@ -82,6 +86,10 @@ int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out,
         *why = "unknown or no flags";
         return CFX_ERR_PROTO;
     }
+    if (w.reserved) {
+        *why = "reserved field not zero";
+        return CFX_ERR_PROTO;
+    }
     struct cfx__dpdk_hdr h = {
         .flags = w.flags,
         .session = le32toh(w.session),
@@ -96,6 +104,7 @@ int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out,
         .msg_len = le32toh(w.msg_len),
         .ts = le64toh(w.ts),
         .ts_echo = le64toh(w.ts_echo),
+        .echo_delay = le32toh(w.echo_delay),
     };
     if ((size_t)h.len != len - sizeof(w)) {
         *why = "payload length is not the rest of the packet";

@@ -86,7 +86,7 @@ static void session_stream(const uint8_t *data, size_t size)
         memcpy(pkt, data, len);
         if (cfx__dpdk_hdr_decode(pkt, len, &h, &why) == CFX_OK) {
             h.session = 7;
-            cfx__dpdk_sess_rx(&s, &h, pkt + CFX_DPDK_HDR_LEN, now);
+            cfx__dpdk_sess_rx(&s, &h, pkt + CFX_DPDK_HDR_LEN, now, 0);
         }
         free(pkt);
         data += len;

@@ -233,7 +233,7 @@ static void role_rx(void *ctx, const struct cfx__dpdk_addr *src, const struct cf
 {
     struct role *r = ctx;
     if (h->session == r->s.local_id)
-        cfx__dpdk_sess_rx(&r->s, h, payload, cfx__now_ns());
+        cfx__dpdk_sess_rx(&r->s, h, payload, cfx__now_ns(), 0);
 }
 
 #define FAIL(...)                                              \
