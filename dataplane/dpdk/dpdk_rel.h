@@ -251,11 +251,12 @@ int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, v
  * local_id): its ack fields, then its data.  waited_ns bounds how long the
  * packet may have waited in this host before now unread (the time since
  * the poll before the one that found it; 0 when unknown): it is no part of
- * the path's delay, and the RTT the delay signal sees leaves it out.  Returns 0 (also for a
- * duplicate, which is dropped), or the sticky error when the packet breaks
- * the protocol (an ack of data never sent, a fragment that does not fit its
- * message, a message over msg_max).  A packet for another session is not
- * taken (CFX_ERR_INVALID, the session unchanged): the caller demultiplexes.
+ * the path's delay, and the RTT the delay signal sees leaves it out.
+ * Returns 0 (also for a duplicate, which is dropped), or the sticky error
+ * when the packet breaks the protocol (an ack of data never sent, a
+ * fragment that does not fit its message, a message over msg_max).  A
+ * packet for another session is not taken (CFX_ERR_INVALID, the session
+ * unchanged): the caller demultiplexes.
  */
 int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, const void *payload,
                       uint64_t now, uint64_t waited_ns);
