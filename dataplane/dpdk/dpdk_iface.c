@@ -16,11 +16,15 @@
  */
 #include <arpa/inet.h>
 #include <endian.h>
+#include <errno.h>
+#include <linux/filter.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "dataplane/common/log.h"
@@ -299,6 +303,55 @@ static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_pa
                     want ? want : "");
 }
 
+/*
+ * Holds our UDP address in the kernel on a port the kernel shares
+ * (net_af_packet): every frame for us also climbs the kernel's stack there.
+ * Unheld, a local process could bind the address, read this transport's
+ * frames and send frames our peers take for ours (they check the source
+ * address), and the kernel answers every frame with an ICMP port
+ * unreachable (rate limited, but routed each time).  Held by a socket whose
+ * filter drops everything (classic BPF "ret #0"), the copies go nowhere.
+ * Nothing to hold on a NIC DPDK owns or on memif (the kernel never sees
+ * those frames), nor where the kernel does not have the IP.  CFX_OK, or
+ * CFX_ERR_BUSY when another socket on this host holds the address already.
+ */
+static int hold_kernel_addr(struct cfx__dpdk_iface *iface)
+{
+    static struct sock_filter drop_all[] = { BPF_STMT(BPF_RET | BPF_K, 0) };
+    struct sock_fprog prog = { .len = 1, .filter = drop_all };
+    struct sockaddr_in sa = { .sin_family = AF_INET,
+                              .sin_port = htons(iface->local.port),
+                              .sin_addr.s_addr = htonl(iface->local.ip) };
+    iface->kernel_fd = -1;
+    if (!cfx__dpdk_port_kernel_shared(iface->port))
+        return CFX_OK;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) < 0) {
+        CFX_LOG(WARN, DPDK, "%s: cannot hold the address in the kernel (%s): a local process "
+                "that binds it would see this port's frames", iface->name, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return CFX_OK;
+    }
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        iface->kernel_fd = fd;
+        CFX_LOG(DEBUG, DPDK, "%s: the kernel has this address: held (what it gets is dropped)",
+                iface->name);
+        return CFX_OK;
+    }
+    int e = errno;
+    close(fd);
+    if (e == EADDRINUSE)
+        return cfx__err(CFX_ERR_BUSY, "dpdk iface_open: UDP %u.%u.%u.%u:%u is bound by another "
+                        "socket on this host, which would read this port's frames",
+                        iface->local.ip >> 24, iface->local.ip >> 16 & 0xFF,
+                        iface->local.ip >> 8 & 0xFF, iface->local.ip & 0xFF, iface->local.port);
+    if (e != EADDRNOTAVAIL)
+        CFX_LOG(WARN, DPDK, "%s: cannot hold the address in the kernel (%s)", iface->name,
+                strerror(e));
+    return CFX_OK;
+}
+
 static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_tp_iface **out)
 {
     struct cfx__dpdk_iface *iface;
@@ -353,6 +406,8 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     snprintf(iface->name, sizeof(iface->name), "%s %u.%u.%u.%u:%u", iface->port_name,
              iface->local.ip >> 24, iface->local.ip >> 16 & 0xFF, iface->local.ip >> 8 & 0xFF,
              iface->local.ip & 0xFF, iface->local.port);
+    if ((rc = hold_kernel_addr(iface)) != CFX_OK)
+        goto err_port;
     if (cfx__tp_cq_init(&iface->cq, CQ_INITIAL, iface->name) != CFX_OK) {
         rc = cfx__err(CFX_ERR_NOMEM, "dpdk iface_open: out of memory");
         goto err_port;
@@ -362,6 +417,8 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     return CFX_OK;
 
 err_port:
+    if (iface->kernel_fd >= 0)
+        close(iface->kernel_fd);
     cfx__dpdk_port_close(iface->port);
 err_release:
     port_release(iface->port_name);
@@ -404,6 +461,8 @@ static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
     while (!cfx__dpdk_port_link_up(iface->port) && cfx__now_ns() < until)
         usleep(1000);
     cfx__dpdk_port_close(iface->port);
+    if (iface->kernel_fd >= 0)
+        close(iface->kernel_fd);
     port_release(iface->port_name);
     cfx__dpdk_mr_table_free(iface);
     cfx__tp_table_fini(&iface->eps_tab);

@@ -69,6 +69,7 @@ struct cfx__dpdk_port {
     struct rte_mbuf *txb[BURST]; /* frames built, not yet sent */
     unsigned ntx;                /* in txb */
     bool gated;                  /* net_memif: bursts only inside the gate */
+    bool kernel_shared;          /* net_af_packet: the kernel's stack sees our frames too */
     bool memif_server;           /* net_memif, role=server: never restarted */
     uint32_t rx_drop_ppm;        /* test hook */
     uint64_t rng;                /* its PRNG state */
@@ -488,6 +489,7 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         goto err_pool;
     }
     port->gated = info.driver_name && !strcmp(info.driver_name, "net_memif");
+    port->kernel_shared = info.driver_name && !strcmp(info.driver_name, "net_af_packet");
     if (port->gated) {
         const struct rte_devargs *da = rte_dev_devargs(info.device);
         port->memif_server = da && da->args && strstr(da->args, "role=server");
@@ -636,6 +638,11 @@ int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *
 bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port)
 {
     return port->zc;
+}
+
+bool cfx__dpdk_port_kernel_shared(const struct cfx__dpdk_port *port)
+{
+    return port->kernel_shared;
 }
 
 int cfx__dpdk_port_tx_zc(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,

@@ -157,6 +157,9 @@ int cfx__dpdk_port_tx_zc(struct cfx__dpdk_port *port, const struct cfx__dpdk_add
 #define CFX_DPDK_ZC_MIN 512u
 /* Whether cfx__dpdk_port_tx_zc sends from the payload where it lies. */
 bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port);
+/* Whether the kernel's network stack also gets the frames this port
+ * receives (net_af_packet on an interface the kernel runs). */
+bool cfx__dpdk_port_kernel_shared(const struct cfx__dpdk_port *port);
 /* Sends the batch; frames the device does not take are freed and counted
  * (the reliability layer retransmits them).  Returns frames sent. */
 int cfx__dpdk_port_flush(struct cfx__dpdk_port *port);

@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1167,5 +1169,70 @@ Test(transport_dpdk, quiet_mode_off, .timeout = 60)
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[0].iface), 0);
     cr_assert_eq(p.ops->iface_quiet_ms(p.s[1].iface), 0);
     pair_close(&p);
+}
+
+static int bind_udp(uint32_t ip, uint16_t port)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+                              .sin_addr.s_addr = htonl(ip) };
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        return fd;
+    int e = errno;
+    close(fd);
+    return -e;
+}
+
+/*
+ * On a port the kernel shares (net_af_packet, here on lo with the kernel's
+ * 127.0.0.1) the iface holds its UDP address in the kernel while it is
+ * open, so that no local process can bind it to read the port's frames or
+ * send as it; an address another socket holds already is refused, named.
+ * A memif port on the same address holds nothing (the kernel never sees
+ * its frames: two ranks of one host share 127.0.0.1 that way).  Its own
+ * EAL (this test's process): one af_packet port, two memif ports.
+ */
+Test(transport_dpdk, holds_its_address_on_a_port_the_kernel_shares, .timeout = 60)
+{
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    struct cfx_tp_iface_params params = { .field_mask = CFX_TP_IFACE_PARAM_NODE_ID |
+                                                        CFX_TP_IFACE_PARAM_DEVICE,
+                                          .node_id = NODE_A,
+                                          .device = "net_af_packet0" };
+    struct cfx_tp_iface *iface = NULL, *memif = NULL;
+    const uint32_t lo = 0x7F000001u;
+    char eal[512];
+
+    cr_assert_not_null(ops);
+    dpdk_setup();
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxtp%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_af_packet0,iface=lo --vdev=net_af_packet1,iface=lo "
+             "--vdev=net_memif0,role=server,socket=%s/m.sock,id=0",
+             (int)getpid(), memif_dir);
+    setenv("CFX_DPDK_EAL", eal, 1);
+    setenv("CFX_DPDK_IP", "127.0.0.1", 1);
+    int rc = ops->iface_open(&params, &iface);
+    cr_assert_eq(rc, CFX_OK, "%s %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(bind_udp(lo, CFX_DPDK_UDP_PORT), -EADDRINUSE, "the address is not held");
+    params.device = "net_memif0";
+    rc = ops->iface_open(&params, &memif);
+    cr_assert_eq(rc, CFX_OK, "memif beside it: %s %s", cfx_errname(rc), cfx_last_error());
+    ops->iface_close(memif);
+    ops->iface_close(iface);
+
+    int fd = bind_udp(lo, CFX_DPDK_UDP_PORT);
+    cr_assert_geq(fd, 0, "not released at close: %s", strerror(-fd));
+    iface = NULL;
+    params.device = "net_af_packet1"; /* a closed port does not open again */
+    rc = ops->iface_open(&params, &iface);
+    cr_assert_eq(rc, CFX_ERR_BUSY, "opened beside another socket on its address: %s",
+                 cfx_errname(rc));
+    cr_assert_null(iface);
+    cr_assert(strstr(cfx_last_error(), "127.0.0.1:4791"), "%s", cfx_last_error());
+    close(fd);
+    unsetenv("CFX_DPDK_IP");
+    dpdk_teardown();
 }
 #endif
