@@ -501,6 +501,35 @@ Test(coord, leaving_node_is_not_a_death_and_calls_fail_after_coordinator_loss)
 
 /* ------------------------------------------------------------------------ */
 /* Raw sockets                                                               */
+/* The coordinator again, with a state directory in @p dir (a mkdtemp
+ * template) on a disk whose every fsync is @p delay_ms slower. */
+static void coord_on_slow_disk(char *dir, uint32_t delay_ms)
+{
+    cr_assert_not_null(mkdtemp(dir));
+    cfx__coord_stop(coord);
+    caps.state_dir = dir;
+    caps.test_fsync_delay_ms = delay_ms;
+    start_coord();
+}
+
+static void coord_off_slow_disk(const char *dir)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+    rm_state_dir(dir);
+}
+
+/* A durable put of zero bytes, object @p fill repeated. */
+static void durable_put_msg(struct cfx_msg *r, uint64_t req, uint8_t fill)
+{
+    memset(r, 0, sizeof(*r));
+    r->type = CFX_MSG_OBJ_PUT;
+    r->req_id = req;
+    memset(r->u.put.id.bytes, fill, sizeof(r->u.put.id.bytes));
+    r->u.put.has_data = 1;
+    r->u.put.durable = 1;
+}
+
 /*
  * Durable zero-byte puts on a slow disk (each fsync made @p delay_ms slower)
  * sent by one client in one write while four members heartbeat: none of
@@ -510,11 +539,7 @@ Test(coord, leaving_node_is_not_a_death_and_calls_fail_after_coordinator_loss)
 static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
 {
     char dir[] = "/tmp/cfx-coord-state-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    cfx__coord_stop(coord);
-    caps.state_dir = dir;
-    caps.test_fsync_delay_ms = delay_ms;
-    start_coord();
+    coord_on_slow_disk(dir, delay_ms);
 
     struct deaths d[4];
     struct cfx_ctl *n[4];
@@ -533,12 +558,7 @@ static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
     for (int k = 0; k < puts; k++) {
         struct cfx_msg r;
         size_t len;
-        memset(&r, 0, sizeof(r));
-        r.type = CFX_MSG_OBJ_PUT;
-        r.req_id = 100 + (uint64_t)k;
-        memset(r.u.put.id.bytes, 0x40 + k, sizeof(r.u.put.id.bytes));
-        r.u.put.has_data = 1;
-        r.u.put.durable = 1;
+        durable_put_msg(&r, 100 + (uint64_t)k, (uint8_t)(0x40 + k));
         r.u.put.data = frames[k];
         cr_assert_eq(cfx__msg_encode(&r, frames[k], sizeof(frames[k]), &len), CFX_OK);
         memcpy(all + total, frames[k], len);
@@ -560,9 +580,7 @@ static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
         cfx__ctl_close(n[i]);
     }
     close(s);
-    cfx__coord_stop(coord);
-    coord = NULL;
-    rm_state_dir(dir);
+    coord_off_slow_disk(dir);
 }
 
 /*
@@ -601,11 +619,7 @@ Test(coord, one_stall_longer_than_dead_after_kills_no_member, .timeout = 120)
 Test(coord, goodbye_then_reset_is_not_a_death)
 {
     char dir[] = "/tmp/cfx-coord-state-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    cfx__coord_stop(coord);
-    caps.state_dir = dir;
-    caps.test_fsync_delay_ms = 100;
-    start_coord();
+    coord_on_slow_disk(dir, 100);
 
     struct deaths d;
     deaths_init(&d);
@@ -618,12 +632,7 @@ Test(coord, goodbye_then_reset_is_not_a_death)
     cr_assert_gt(raw_join(p, 0, 1, NULL, 0), 0); /* last: no event about the others' joins */
 
     struct cfx_msg put;
-    memset(&put, 0, sizeof(put));
-    put.type = CFX_MSG_OBJ_PUT;
-    put.req_id = 7;
-    memset(put.u.put.id.bytes, 0x5a, sizeof(put.u.put.id.bytes));
-    put.u.put.has_data = 1;
-    put.u.put.durable = 1;
+    durable_put_msg(&put, 7, 0x5a);
     raw_send(p, &put);
     raw_leave(b);
     raw_leave(a);
@@ -643,9 +652,7 @@ Test(coord, goodbye_then_reset_is_not_a_death)
     cfx__ctl_close(w);
     close(b);
     close(p);
-    cfx__coord_stop(coord);
-    coord = NULL;
-    rm_state_dir(dir);
+    coord_off_slow_disk(dir);
 }
 
 /* A state directory another user could write is refused, and so is a
