@@ -31,7 +31,7 @@
 #   CFX_SKIP_DEPS      1 to skip stage 1
 #   CFX_TEST_PYTHON    0 to skip stage 4a (venv: $CFX_BUILD_DIR/venv)
 #   CFX_TEST_TORCH     0 to leave PyTorch out of that venv (by default it is
-#                      installed for the torch tests when 12 GB are free
+#                      installed, 2.15.0, for the torch tests when 12 GB are free
 #                      there: PyPI has only the CUDA build, 5.3 GB installed,
 #                      about 75 s); without it they run when torch is
 #                      importable there, else skip
@@ -146,10 +146,10 @@ if [[ ${CFX_TEST_PYTHON:-1} != 0 ]]; then
         if "$py_venv/bin/python" -c 'import torch' 2>/dev/null; then
             :
         elif ((free_gb >= 12)); then
-            "$py_venv/bin/pip" install -q --disable-pip-version-check torch
+            "$py_venv/bin/pip" install -q --disable-pip-version-check 'torch==2.15.0'
         else
-            echo "torch: not installed, ${free_gb} GB free where it goes (needs 12);" \
-                "the torch tests skip (CFX_TEST_TORCH=0 says so on purpose)"
+            echo "torch: not installed, ${free_gb} GB free where it goes (needs 12):" \
+                "the torch tests will skip (CFX_TEST_TORCH=0 leaves torch out on purpose)"
         fi
     fi
     if [[ ${CFX_TEST_RAY:-1} != 0 ]]; then
