@@ -1214,6 +1214,8 @@ Test(transport_dpdk, holds_its_address_on_a_port_the_kernel_shares, .timeout = 6
     setenv("CFX_DPDK_EAL", eal, 1);
     setenv("CFX_DPDK_IP", "127.0.0.1", 1);
     int rc = ops->iface_open(&params, &iface);
+    if (rc == CFX_ERR_NO_DEVICE) /* as pair_open: no EAL here (the Soft-RoCE guest) */
+        cr_skip_test("dpdk cannot run here: %s", cfx_last_error());
     cr_assert_eq(rc, CFX_OK, "%s %s", cfx_errname(rc), cfx_last_error());
     cr_assert_eq(bind_udp(lo, CFX_DPDK_UDP_PORT), -EADDRINUSE, "the address is not held");
     params.device = "net_memif0";
