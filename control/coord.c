@@ -195,8 +195,9 @@ static void read_goodbye(struct cfx_coord *co, struct coord_conn *c)
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
         off = 0;
-        ssize_t n = c->in_len < c->in_cap ? recv(c->fd, c->in + c->in_len,
-                                                 c->in_cap - c->in_len, MSG_DONTWAIT) : 0;
+        if (c->in_len == c->in_cap)
+            return;
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
         if (n <= 0)
             return;
         c->in_len += (size_t)n;

@@ -501,6 +501,7 @@ Test(coord, leaving_node_is_not_a_death_and_calls_fail_after_coordinator_loss)
 
 /* ------------------------------------------------------------------------ */
 /* Raw sockets                                                               */
+
 /* The coordinator again, with a state directory in @p dir (a mkdtemp
  * template) on a disk whose every fsync is @p delay_ms slower. */
 static void coord_on_slow_disk(char *dir, uint32_t delay_ms)
