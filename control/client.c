@@ -1388,7 +1388,7 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
 }
 
 int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                           uint32_t chunk_size)
+                           uint32_t chunk_size, uint32_t copy_of)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
@@ -1397,11 +1397,15 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
         return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
     if (is_broken(ctl))
         return ctl_err(ctl, CFX_ERR_CONNECT, "put", "connection lost");
-    snprintf(what, sizeof(what), "put of object %s", idhex(id, hex));
+    snprintf(what, sizeof(what), "put of %sobject %s", copy_of ? "a copy of " : "",
+             idhex(id, hex));
     m.u.put.id = *id;
     m.u.put.size = size;
     m.u.put.chunk_size = chunk_size;
-    m.u.put.has_data = size == 0;
+    m.u.put.has_data = size == 0 && !copy_of;
+    m.u.put.copy = copy_of != 0;
+    m.u.put.again = copy_of != 0;
+    m.u.put.putter = copy_of;
     cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     pthread_mutex_lock(&ctl->lock);
     m.req_id = ++ctl->next_req;

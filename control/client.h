@@ -383,9 +383,11 @@ int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                             struct cfx_ctl_source *out);
 
 /* Announce a complete, non-inline object without waiting for the answer
- * (usable from threads that must not block; a refusal is logged). */
+ * (usable from threads that must not block; a refusal is logged): this
+ * node's put, or with @p copy_of a copy of node copy_of's untagged put (as
+ * cfx__ctl_obj_put_copy() with tag 0; a reduce's result is put so). */
 int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                           uint32_t chunk_size);
+                           uint32_t chunk_size, uint32_t copy_of);
 
 /* Withdraw this node's copy without waiting for the answer. */
 int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *id);

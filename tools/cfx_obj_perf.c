@@ -18,7 +18,8 @@
  *   reduce     every rank puts an input of SIZE bytes (float32); the root
  *              reduces (sum) the first k of the n inputs with
  *              cfx_reduce_objects.
- *   allreduce  as reduce, then every rank gets the result.
+ *   allreduce  as reduce, with CFX_OBJ_FLAG_ALLREDUCE (every holder reads the
+ *              result: striped when k = n), then every rank gets it.
  * With --replicas K (broadcast) the K ranks after the root (root + 1, ...)
  * get the object before the barrier, untimed, so that the timed getters
  * find K + 1 complete holders (a get then pulls from several at once:
@@ -344,8 +345,13 @@ static int reduce_inputs(struct run *R, size_t size, long it, int k,
         return CFX_ERR_NOMEM;
     for (int r = 0; r < R->n; r++)
         make_id(R, size, it, "in", r, &in[r]);
+    struct cfx_obj_params p = R->op; /* an allreduce says so: every holder reads the result */
+    if (R->o->op == OP_ALLREDUCE) {
+        p.field_mask |= CFX_OBJ_PARAM_FLAGS;
+        p.flags |= CFX_OBJ_FLAG_ALLREDUCE;
+    }
     int rc = cfx_reduce_objects(R->ctx, in, (size_t)R->n, (size_t)k, CFX_DTYPE_F32, CFX_OP_SUM,
-                                result, &R->op, used);
+                                result, &p, used);
     free(in);
     return rc;
 }

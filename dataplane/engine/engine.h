@@ -67,7 +67,7 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 7         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 8         /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
@@ -75,7 +75,9 @@
                                        node ids under the MACs (conn_auth.c);
                                     6: CFX_SECURE mode in HELLO and AUTH, under the
                                        MACs; sealed tcp after the handshake;
-                                    7: end_chunk in GET_REQ (a striped get's range) */
+                                    7: end_chunk in GET_REQ (a striped get's range);
+                                    8: offset and putter in REDUCE_TASK (striped
+                                       reduces and their gathers) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -201,7 +203,15 @@ struct cfx_dp_node {
 #define CFX_RTASK_EARLY 2u
 #define CFX_RTASK_REPAIR 4u        /* a child lost to a dead peer is reported, not fatal:
                                       the driver sends REDUCE_ADOPT to route around it */
-#define CFX_RTASK_FLAGS (CFX_RTASK_FINAL | CFX_RTASK_EARLY | CFX_RTASK_REPAIR)
+#define CFX_RTASK_GATHER 8u        /* no reduction: the output (the whole result) is
+                                      gathered from the children, child c's stream
+                                      landing in stripe c (cfx__stripe_first); it is
+                                      kept, unannounced, until the driver's end */
+#define CFX_RTASK_FLAGS (CFX_RTASK_FINAL | CFX_RTASK_EARLY | CFX_RTASK_REPAIR | \
+                         CFX_RTASK_GATHER)
+/* REDUCE_ABORT status: the reduce succeeded; a finished gather keeps its output
+ * as the result (FINAL: this node is its putter; else a copy of `putter`'s) */
+#define CFX_RTASK_KEEP 1
 
 /* Reduce task: out = input op child_1 op ... op child_n, chunk by chunk. */
 struct cfx_dp_reduce_task {
@@ -217,7 +227,12 @@ struct cfx_dp_reduce_task {
     uint8_t nchildren;
     uint8_t final;              /* CFX_RTASK_FINAL: the output is the result (announce it,
                                    report DONE); CFX_RTASK_EARLY: announce it at once,
-                                   so getters stream it while it is produced */
+                                   so getters stream it while it is produced;
+                                   CFX_RTASK_GATHER: see above */
+    uint64_t offset;            /* bytes of the input before the range reduced (a
+                                   stripe; a multiple of chunk_size); 0 for a gather */
+    uint32_t putter;            /* a gather without FINAL: the node whose gather puts
+                                   the result (its copy is a copy of that put) */
     uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
     struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
 };
@@ -262,7 +277,7 @@ struct cfx_dp_credit {
 #define CFX_DP_WIRE_NACK         12
 #define CFX_DP_WIRE_CREDIT       12
 #define CFX_DP_WIRE_REDUCE_DONE  24
-#define CFX_DP_WIRE_REDUCE_TASK  76
+#define CFX_DP_WIRE_REDUCE_TASK  88
 #define CFX_DP_WIRE_REDUCE_ADOPT 18
 #define CFX_DP_WIRE_EAGER        24
 #define CFX_DP_WIRE_GET_DATA     32
@@ -376,6 +391,12 @@ struct cfx_obj *cfx__obj_alloc(uint64_t size, uint32_t chunk);
 static inline uint32_t cfx__nchunks(uint64_t size, uint32_t chunk)
 {
     return (uint32_t)((size + chunk - 1) / chunk);
+}
+/* First chunk of stripe @p s of @p m over an object of @p nchunks chunks
+ * (s = m: the end): striped reduces cut the result this way. */
+static inline uint32_t cfx__stripe_first(uint32_t nchunks, uint32_t m, uint32_t s)
+{
+    return (uint32_t)((uint64_t)nchunks * s / m);
 }
 
 /* ---- connections ----------------------------------------------------------- */
@@ -498,6 +519,9 @@ struct cfx_rchild {
     bool adopted;               /* replaced by streams the driver named */
     struct cfx_node_rec node;
     struct cfx_object_id src;   /* object read from the child */
+    uint64_t size;              /* ... its size: the task's output, or one stripe of it */
+    uint32_t nchunks;           /* ... in chunks */
+    uint32_t base;              /* output chunk its chunk 0 lands in (a gather's stripe) */
 };
 
 struct cfx_rtask {
@@ -514,6 +538,9 @@ struct cfx_rtask {
     bool early;                 /* result announced before it is complete */
     bool repair;                /* CFX_RTASK_REPAIR: report lost children, await ADOPT */
     bool aborted;               /* the driver is done with it: free it */
+    bool gather;                /* CFX_RTASK_GATHER */
+    uint32_t putter;            /* a gather: the node that puts the result */
+    uint64_t in_off;            /* bytes of the input before the range reduced */
     uint8_t *count;             /* contributions reduced into each chunk */
     uint8_t *need;              /* ... that make the chunk whole (adoption changes it) */
     uint32_t nchildren;         /* slots used, lost ones included */
@@ -534,6 +561,9 @@ struct cfx_rwait {
     unsigned nlost;
     const uint32_t *tasks;      /* nodes running tasks of the plan: who may report */
     size_t ntasks;
+    unsigned need;              /* DONE reports of success that finish it (0: the first) */
+    unsigned nok;               /* ... received so far */
+    uint8_t *done;              /* need > 1: which of `tasks` reported success */
 };
 
 void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "control/proto.h"
+#include "objreduce.h"
 
 #define RING_SLOTS        8          /* scratch chunks per child stream */
 #define POLL_MIN_US       500        /* driver: first re-check of missing inputs */
@@ -45,7 +46,7 @@
 
 /* ---- node records in messages ------------------------------------------- */
 
-static void rec_to_dp(const struct cfx_node_rec *r, struct cfx_dp_node *n)
+void cfx__rtask_rec_to_dp(const struct cfx_node_rec *r, struct cfx_dp_node *n)
 {
     memset(n, 0, sizeof(*n));
     n->node_id = r->node_id;
@@ -75,6 +76,19 @@ static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uin
         struct cfx_rwait *w = cfx_list_entry(pos, struct cfx_rwait, link);
         if (w->task != task || w->status != CFX_ERR_AGAIN)
             continue;
+        if (status == CFX_OK && w->need > 1) {
+            /* a striped reduce: one success from each gathering node */
+            for (size_t i = 0; i < w->ntasks; i++) {
+                if (w->tasks[i] != node || w->done[i])
+                    continue;
+                w->done[i] = 1;
+                if (++w->nok == w->need)
+                    break;
+                return;
+            }
+            if (w->nok < w->need)
+                return; /* not a gathering node, or its second report */
+        }
         w->status = status;
         w->node_id = node;
         pthread_cond_broadcast(&ctx->obj_cond);
@@ -227,13 +241,17 @@ static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
     struct cfx_obj *out = t->out;
     out->complete = true;
     t->status = CFX_OK;
-    if (t->final) {
+    if (t->gather) {
+        /* kept, unannounced (a get here reads it), until the driver says
+         * whether the reduce as a whole succeeded (rtask_abort) */
+        send_done(ctx, t, CFX_OK, ctx->node_id);
+    } else if (t->final) {
         /* the result becomes an ordinary object of this node */
         out->ephemeral = false;
         out->owned = true; /* this node is the result's putter */
         if (!t->early)
             out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
-                                                    out->chunk_size) == CFX_OK;
+                                                    out->chunk_size, 0) == CFX_OK;
         send_done(ctx, t, CFX_OK, ctx->node_id);
     }
     pthread_cond_broadcast(&ctx->obj_cond);
@@ -248,38 +266,59 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
 
     if (t->status != CFX_ERR_AGAIN || !out || ch->lost)
         return; /* failing, or a stream replaced: the window is being withdrawn */
-    uint64_t off = (uint64_t)chunk * out->chunk_size;
-    uint64_t want = chunk < out->nchunks ? CFX_MIN((uint64_t)out->chunk_size, out->size - off) : 0;
+    uint64_t coff = (uint64_t)chunk * out->chunk_size; /* in the child's object */
+    uint64_t want = chunk < ch->nchunks ? CFX_MIN((uint64_t)out->chunk_size, ch->size - coff) : 0;
     if (unlikely(chunk != ch->got || len != want)) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "reduce stream out of order");
         return;
     }
     const uint8_t *src = (const uint8_t *)ch->scratch->buf +
                          (uint64_t)(chunk % ch->ring) * out->chunk_size;
-    size_t n = len / cfx_dtype_size(t->dtype);
+    uint32_t oc = ch->base + chunk; /* the output's chunk */
+    uint64_t off = (uint64_t)oc * out->chunk_size;
     uint8_t *dst = (uint8_t *)out->buf + off;
-    if (t->count[chunk] == 0)
-        cfx_reduce3(dst, (const uint8_t *)t->x->buf + off, src, n, t->dtype, t->op);
+    size_t n = len / cfx_dtype_size(t->dtype);
+    if (t->gather)
+        memcpy(dst, src, len);
+    else if (t->count[oc] == 0)
+        cfx_reduce3(dst, (const uint8_t *)t->x->buf + t->in_off + off, src, n, t->dtype, t->op);
     else
         cfx_reduce(dst, src, n, t->dtype, t->op);
-    t->count[chunk]++;
+    t->count[oc]++;
     ch->got++;
     ctx->stats.bytes_received += len;
 
     /* the slot is free again: give the credit back */
     ch->in.owed++;
-    if (ch->got == out->nchunks) {
+    if (ch->got == ch->nchunks) {
         cfx__xfer_in_finish(ctx, &ch->in, CFX_OK);
     } else if (ch->in.owed >= CFX_MAX(ch->ring / 2, 1u)) {
         cfx__dp_send_credit(conn, ch->in.slot, ch->in.owed);
         ch->in.owed = 0;
     }
-    if (t->count[chunk] == t->need[chunk]) {
-        out->bitmap[chunk / 64] |= 1ull << (chunk % 64);
+    if (t->count[oc] == t->need[oc]) {
+        out->bitmap[oc / 64] |= 1ull << (oc % 64);
         cfx__obj_advance(ctx, out); /* the parent may read this chunk now */
     }
     if (out->ready_chunks == out->nchunks)
         rtask_complete(ctx, t);
+}
+
+/* What child @p c of @p t streams: the whole output's shape, or for a
+ * gather stripe c of it. */
+static void child_shape(const struct cfx_rtask *t, struct cfx_rchild *ch, uint32_t c)
+{
+    const struct cfx_obj *out = t->out;
+    ch->base = 0;
+    ch->nchunks = out->nchunks;
+    ch->size = out->size;
+    if (!t->gather)
+        return;
+    ch->base = cfx__stripe_first(out->nchunks, t->nchildren, c);
+    uint32_t end = cfx__stripe_first(out->nchunks, t->nchildren, c + 1);
+    ch->nchunks = end - ch->base;
+    ch->size = CFX_MIN((uint64_t)end * out->chunk_size, out->size) -
+               (uint64_t)ch->base * out->chunk_size;
 }
 
 /* Start reading child @p ch's object from chunk @p first; @p wait: the
@@ -293,7 +332,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     if (!conn)
         return status;
 
-    ch->ring = CFX_MIN((uint32_t)RING_SLOTS, out->nchunks);
+    ch->ring = CFX_MIN((uint32_t)RING_SLOTS, ch->nchunks);
     ch->scratch = cfx__obj_alloc((uint64_t)ch->ring * out->chunk_size, out->chunk_size);
     if (!ch->scratch)
         return CFX_ERR_NOMEM;
@@ -322,7 +361,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     struct cfx_dp_get_req req = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
                  .type = CFX_DP_GET_REQ, .slot = ch->in.slot },
-        .size = out->size,
+        .size = ch->size,
         .chunk_size = out->chunk_size,
         .first_chunk = first,
         .credits = ch->ring,
@@ -356,6 +395,9 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->final = m->final & CFX_RTASK_FINAL;
     t->early = t->final && (m->final & CFX_RTASK_EARLY);
     t->repair = m->final & CFX_RTASK_REPAIR;
+    t->gather = m->final & CFX_RTASK_GATHER;
+    t->putter = t->final ? ctx->node_id : m->putter;
+    t->in_off = m->offset;
     t->nchildren = m->nchildren;
     t->status = CFX_ERR_AGAIN;
     t->deadline = cfx__deadline_ns((int)CFX_MIN(m->timeout_ms, 0x7fffffffu));
@@ -363,12 +405,16 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
 
     memcpy(in_id.bytes, m->input, CFX_OBJECT_ID_LEN);
     memcpy(out_id.bytes, m->output, CFX_OBJECT_ID_LEN);
-    struct cfx_obj *x = cfx__store_find(&ctx->store, &in_id);
-    if (!x || !x->complete || x->deleting) {
+    struct cfx_obj *x = t->gather ? NULL : cfx__store_find(&ctx->store, &in_id);
+    if (!t->gather && (!x || !x->complete || x->deleting)) {
         rtask_fail(ctx, t, CFX_ERR_NOT_FOUND, ctx->node_id);
         return;
     }
-    if (x->size != m->size || x->chunk_size != m->chunk_size) {
+    /* a range of the input (a stripe), or all of it; a gather's stripes
+     * are at least a chunk each */
+    if (x ? x->chunk_size != m->chunk_size || m->offset > x->size ||
+                x->size - m->offset < m->size
+          : cfx__nchunks(m->size, m->chunk_size) < m->nchildren) {
         rtask_fail(ctx, t, CFX_ERR_INVALID, ctx->node_id);
         return;
     }
@@ -376,8 +422,10 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         rtask_fail(ctx, t, CFX_ERR_EXISTS, ctx->node_id);
         return;
     }
-    x->refs++;
-    t->x = x;
+    if (x) {
+        x->refs++;
+        t->x = x;
+    }
 
     struct cfx_obj *out = cfx__obj_alloc(m->size, m->chunk_size);
     if (!out || !(t->count = calloc(out->nchunks + 1, 1)) ||
@@ -389,7 +437,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         rtask_fail(ctx, t, CFX_ERR_NOMEM, ctx->node_id);
         return;
     }
-    memset(t->need, (int)t->nchildren, out->nchunks + 1);
+    memset(t->need, t->gather ? 1 : (int)t->nchildren, out->nchunks + 1);
     out->id = out_id;
     status = cfx__arena_alloc_locked(ctx, m->size ? (size_t)m->size : 1, &out->buf,
                                      &out->shm_fd, &out->shm_off);
@@ -400,20 +448,21 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         return;
     }
     out->arena = true;
-    out->ephemeral = !t->final;
+    out->ephemeral = !t->final || t->gather;
     cfx__store_insert(&ctx->store, out);
     t->out = out;
     if (t->early) {
         /* getters may attach now and read chunks as they are reduced */
         out->owned = true;
         out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
-                                                out->chunk_size) == CFX_OK;
+                                                out->chunk_size, 0) == CFX_OK;
     }
 
     if (t->nchildren == 0) {
-        /* a reduce of one input: the result is a copy of it */
+        /* a reduce of one input (or a leaf of a stripe's chain): the
+         * output is a copy of it */
         if (out->size)
-            memcpy(out->buf, x->buf, out->size);
+            memcpy(out->buf, (const uint8_t *)x->buf + t->in_off, out->size);
         out->ready_chunks = out->nchunks;
         rtask_complete(ctx, t);
     } else {
@@ -423,6 +472,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
             ch->in.status = CFX_ERR_CANCELED; /* not started */
             dp_to_rec(&m->child[c], &ch->node);
             memcpy(ch->src.bytes, m->child_obj[c], CFX_OBJECT_ID_LEN);
+            child_shape(t, ch, c);
             status = child_start(ctx, t, ch, 0, true);
             if (status != CFX_OK) {
                 rtask_fail(ctx, t, status, ch->node.node_id);
@@ -431,19 +481,47 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         }
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": %u children, %s", ctx->node_id,
-            t->task, t->nchildren, t->final ? "produces the result" : "inner node");
+            t->task, t->nchildren, t->gather ? "gathers the result's stripes"
+                                   : t->final ? "produces the result" : "inner node");
     cfx__xfer_serve_waiting(ctx, out);
 }
 
-static void rtask_abort(struct cfx_context *ctx, uint64_t task)
+/* A finished gather's output becomes the result here: this node's put
+ * (FINAL), or a copy of the putter's put, announced as such. */
+static void gather_keep(struct cfx_context *ctx, struct cfx_rtask *t)
+{
+    struct cfx_obj *out = t->out;
+    out->ephemeral = false;
+    if (t->final) {
+        out->owned = true;
+        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
+                                                out->chunk_size, 0) == CFX_OK;
+    } else {
+        out->putter_node = t->putter;
+        out->put_tag = 0; /* a reduce's result is put untagged */
+        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
+                                                out->chunk_size, t->putter) == CFX_OK;
+    }
+    CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": keeps the result as %s",
+            ctx->node_id, t->task, t->final ? "its putter" : "a copy");
+}
+
+/* The driver (@p conn; NULL: this node) is done with @p task: stop its
+ * tasks here, and free what they made, but for finished gathers when it
+ * says @p status CFX_RTASK_KEEP.  Only a task's driver ends it. */
+static void rtask_abort(struct cfx_context *ctx, const struct cfx_conn *conn, uint64_t task,
+                        int status)
 {
     struct cfx_list *pos;
     cfx_list_for_each(pos, &ctx->rtasks) {
         struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
-        if (t->task == task) {
-            rtask_fail(ctx, t, CFX_ERR_CANCELED, ctx->node_id);
-            t->aborted = true; /* a finished intermediate goes too */
-        }
+        if (t->task != task || t->aborted || t->driver != conn)
+            continue;
+        if (status == CFX_RTASK_KEEP && t->gather && t->status == CFX_OK && t->out &&
+            t->out->ephemeral)
+            gather_keep(ctx, t);
+        rtask_fail(ctx, t, CFX_ERR_CANCELED, ctx->node_id);
+        t->aborted = true; /* a finished intermediate goes too */
     }
 }
 
@@ -457,7 +535,7 @@ static void rtask_recheck(struct cfx_context *ctx, struct cfx_rtask *t, uint32_t
         if (t->need[c] == 0) {
             /* every stream of this chunk went away: it is the input alone */
             uint64_t off = (uint64_t)c * out->chunk_size;
-            memcpy((uint8_t *)out->buf + off, (const uint8_t *)t->x->buf + off,
+            memcpy((uint8_t *)out->buf + off, (const uint8_t *)t->x->buf + t->in_off + off,
                    CFX_MIN((uint64_t)out->chunk_size, out->size - off));
         }
         out->bitmap[c / 64] |= 1ull << (c % 64);
@@ -527,6 +605,7 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
         CFX_LOG(INFO, REDUCE, "node %u: reduce task %" PRIx64 ": reading node %u from chunk %u "
                 "in place of node %u", ctx->node_id, t->task, ch->node.node_id, g,
                 lost->node.node_id);
+        child_shape(t, ch, 0);
         int status = child_start(ctx, t, ch, g, false);
         if (status != CFX_OK) {
             rtask_fail(ctx, t, status, ch->node.node_id);
@@ -554,7 +633,8 @@ void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     if (h->type == CFX_DP_REDUCE_TASK) {
         rtask_start(ctx, conn, msg);
     } else if (h->type == CFX_DP_REDUCE_ABORT) {
-        rtask_abort(ctx, ((const struct cfx_dp_reduce_done *)msg)->task);
+        const struct cfx_dp_reduce_done *d = msg;
+        rtask_abort(ctx, conn, d->task, d->status);
     } else if (h->type == CFX_DP_REDUCE_ADOPT) {
         rtask_adopt(ctx, conn, msg);
     } else if (h->type == CFX_DP_REDUCE_LOST) {
@@ -645,10 +725,6 @@ void cfx__rtask_destroy_all(struct cfx_context *ctx)
 
 /* ---- driver (API thread) -------------------------------------------------- */
 
-struct arrival {
-    size_t idx;
-    struct cfx_node_rec node;
-};
 
 /* Parent of position i among k in a binomial tree laid out in arrival
  * order: early arrivals are leaves, the last one is the root. */
@@ -682,7 +758,7 @@ static bool use_tree(struct cfx_context *ctx, uint64_t size, uint32_t chunk, siz
     return tree < chain;
 }
 
-static void derived_id(const struct cfx_object_id *result, uint64_t task, size_t pos,
+void cfx__rtask_derived_id(const struct cfx_object_id *result, uint64_t task, size_t pos,
                        struct cfx_object_id *out)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN], name[128];
@@ -691,7 +767,7 @@ static void derived_id(const struct cfx_object_id *result, uint64_t task, size_t
     cfx_object_id_from_name(name, out);
 }
 
-static int post_task(struct cfx_context *ctx, void *msg, size_t len,
+int cfx__rtask_post(struct cfx_context *ctx, void *msg, size_t len,
                      const struct cfx_node_rec *node)
 {
     struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
@@ -844,42 +920,6 @@ out:
 
 /* ---- one plan: its positions, and routing around dead ones ------------------ */
 
-#define NO_PARENT SIZE_MAX
-#define MAX_DEAD  64
-
-/* A position of the plan: an input, where it is read, and who reads it. */
-struct rpos {
-    size_t idx;                 /* input index */
-    struct cfx_node_rec node;   /* where it is read (and its task runs) */
-    struct cfx_object_id obj;   /* what its parent reads: the input, or an intermediate */
-    size_t parent;              /* NO_PARENT: the root */
-    bool task;                  /* runs a reduce task (inner node or root) */
-    bool dead;
-};
-
-/* Everything one cfx_reduce_objects() call knows, across plans. */
-struct rplan {
-    struct cfx_context *ctx;
-    const struct cfx_object_id *inputs;
-    size_t n, k;
-    uint64_t size;
-    uint32_t chunk;
-    enum cfx_dtype dtype;
-    enum cfx_redop op;
-    const struct cfx_object_id *result;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
-    uint64_t deadline;
-    int timeout_ms;
-    uint32_t dead[MAX_DEAD];    /* nodes left out of every later plan */
-    unsigned ndead;
-    bool *lost;                 /* inputs whose holder died, none other known */
-    size_t nlost;
-    struct rpos *pos;           /* current plan: k positions, then replacements */
-    size_t npos, cap;
-    uint64_t task;
-    const struct cfx_task_needs *place; /* CFX_OBJ_PARAM_PLACE, else NULL */
-};
-
 static void rec_dead(struct rplan *pl, uint32_t node)
 {
     for (unsigned i = 0; i < pl->ndead; i++)
@@ -968,10 +1008,10 @@ static int send_adopt(struct rplan *pl, size_t q, const struct adopt_list *al)
             const struct rpos *c = &pl->pos[al->pos[i + e]];
             memcpy(m->replaces[e], al->replaces.bytes, CFX_OBJECT_ID_LEN);
             memcpy(m->child_obj[e], c->obj.bytes, CFX_OBJECT_ID_LEN);
-            rec_to_dp(&c->node, &m->child[e]);
+            cfx__rtask_rec_to_dp(&c->node, &m->child[e]);
         }
         pthread_mutex_lock(&ctx->lock);
-        int rc = post_task(ctx, m, sizeof(*m), &pl->pos[q].node);
+        int rc = cfx__rtask_post(ctx, m, sizeof(*m), &pl->pos[q].node);
         pthread_mutex_unlock(&ctx->lock);
         if (rc != CFX_OK) {
             free(m);
@@ -1027,7 +1067,7 @@ static void post_aborts(struct rplan *pl, bool all)
         a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
                                       .type = CFX_DP_REDUCE_ABORT };
         a->task = pl->task;
-        if (post_task(ctx, a, sizeof(*a), &pl->pos[p].node) != CFX_OK)
+        if (cfx__rtask_post(ctx, a, sizeof(*a), &pl->pos[p].node) != CFX_OK)
             free(a);
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -1160,7 +1200,7 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
         if (i == root)
             pl->pos[i].obj = *pl->result;
         else if (pl->pos[i].task)
-            derived_id(pl->result, pl->task, i, &pl->pos[i].obj);
+            cfx__rtask_derived_id(pl->result, pl->task, i, &pl->pos[i].obj);
         else
             pl->pos[i].obj = pl->inputs[pl->pos[i].idx];
     }
@@ -1211,11 +1251,11 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
             if (pl->pos[c].parent != p)
                 continue;
             memcpy(m->child_obj[m->nchildren], pl->pos[c].obj.bytes, CFX_OBJECT_ID_LEN);
-            rec_to_dp(&pl->pos[c].node, &m->child[m->nchildren]);
+            cfx__rtask_rec_to_dp(&pl->pos[c].node, &m->child[m->nchildren]);
             m->nchildren++;
         }
         pthread_mutex_lock(&ctx->lock);
-        rc = post_task(ctx, m, sizeof(*m), &pl->pos[p].node);
+        rc = cfx__rtask_post(ctx, m, sizeof(*m), &pl->pos[p].node);
         pthread_mutex_unlock(&ctx->lock);
         if (rc != CFX_OK)
             free(m);
@@ -1298,6 +1338,9 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
                                                                           : ctx->cfg.timeout_ms;
     pl.deadline = cfx__deadline_ns(pl.timeout_ms);
     pl.place = params && (params->field_mask & CFX_OBJ_PARAM_PLACE) ? params->place : NULL;
+    bool allreduce = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
+                     (params->flags & CFX_OBJ_FLAG_ALLREDUCE);
+    bool striped_tried = false;
     cfx_object_id_to_hex(result, pl.hex);
     pl.cap = 2 * k + 1;
 
@@ -1326,7 +1369,18 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
                           "number of %s elements", pl.size, cfx_dtype_name(dtype));
             break;
         }
-        rc = reduce_attempt(&pl, arr, &who);
+        rc = CFX_ERR_UNSUPPORTED;
+        if (allreduce && !striped_tried && k == n && !pl.place) {
+            striped_tried = true;
+            rc = cfx__reduce_striped(&pl, arr, &who);
+            if (rc != CFX_OK && rc != CFX_ERR_UNSUPPORTED)
+                CFX_LOG(INFO, REDUCE, "node %u: striped reduce into %.12s failed (%s); the "
+                        "plain plan runs instead", ctx->node_id, pl.hex, cfx_last_error());
+        }
+        if (rc == CFX_ERR_UNSUPPORTED || (rc != CFX_OK && rc != CFX_ERR_PEER_FAILED)) {
+            cfx__err_clear();
+            rc = reduce_attempt(&pl, arr, &who);
+        }
         if (rc == CFX_OK) {
             if (used)
                 for (size_t i = 0; i < k; i++)

@@ -119,6 +119,9 @@ enum cfx_obj_flags {
     /* cfx_get: keep no copy in the caller's buffer; it is the caller's
      * again when the get returns (see ownership) */
     CFX_OBJ_FLAG_NO_KEEP = 1u << 1,
+    /* cfx_reduce_objects: every node holding an input reads the result (an
+     * allreduce): the reduce leaves a complete copy on each (see there) */
+    CFX_OBJ_FLAG_ALLREDUCE = 1u << 2,
 };
 
 struct cfx_task_needs; /* conflux/task.h */
@@ -210,6 +213,22 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * and reserve_ms do not apply); no holder meeting it is CFX_ERR_NO_RESOURCE.
  * Without it, a coordinator that cannot answer leaves the result on the
  * holder of the last input to become ready.
+ *
+ * An allreduce (CFX_OBJ_FLAG_ALLREDUCE in @p params->flags): the holders of
+ * the inputs all read the result.  When k = n, no placement is asked for,
+ * and the inputs span at least two nodes and two chunks a node, the result
+ * is cut into stripes, one per node (up to 7); each stripe is reduced along
+ * a chain ending on its own node, and every node gathers all stripes
+ * straight from their nodes, as they are reduced, into a complete copy of
+ * the result (reduce-scatter, then allgather: each node sends and receives
+ * 2(m-1)/m of the object for m nodes, where a reduce followed by gets sends
+ * up to twice the object).  The copy on this node, or on the last input's
+ * node when this node holds none, is the result's put; the others are
+ * copies of it, so a cfx_get() there is a local copy.  They appear once
+ * every node has its copy; until then a get there waits for it.  Should
+ * any of it fail (a participant dies), nothing of it stays and the plain
+ * plan runs instead, within the same deadline.  Otherwise the flag changes
+ * nothing.
  *
  * @param used  NULL, or k entries that receive the indices (into @p inputs)
  *              of the inputs reduced, in the order they became ready.

@@ -1,0 +1,212 @@
+/*
+ * Striped object allreduce (CFX_OBJ_FLAG_ALLREDUCE; conflux/object.h says
+ * when it applies): a reduce-scatter and an allgather of objects, built
+ * from the reduce tasks of objreduce.c.
+ *
+ * The result is cut into m stripes of whole chunks (cfx__stripe_first),
+ * one per node holding inputs (the first m in the order their inputs
+ * became ready).  Stripe j is reduced along a chain of every input, each
+ * task reading its input's range of the stripe (REDUCE_TASK offset) and
+ * its predecessor's partial stream, ending on node j's first input; so
+ * every node sends (m-1)/m of the object in the reduce.  Every node also
+ * runs a gather task (CFX_RTASK_GATHER) that reads all m stripes from
+ * their nodes, each chunk as soon as it is reduced, into a whole copy of
+ * the result: another (m-1)/m sent by each node, 2(m-1)/m in all, the
+ * ring's bound.  The stripes' streams are ordinary reduce streams (a ring
+ * of scratch chunks, credits), so nothing here is new on the wire but the
+ * range and the gather.
+ *
+ * The copies stay unannounced, and are read only by gets on their own
+ * node, until every gather has reported; the driver then tells each node
+ * to keep its copy (REDUCE_ABORT with CFX_RTASK_KEEP): one node's is the
+ * result's put (this node's when it holds an input), the others announce
+ * themselves as copies of that put.  Anything less, and every task is
+ * told to drop what it made; the caller runs the plain plan.  The driver
+ * does not route around a dead participant here: a chain broken anywhere
+ * breaks a stripe, which every copy needs.
+ */
+#include "objreduce.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STRIPES_MAX       CFX_RTASK_MAX_CHILDREN /* a gather names each stripe in one message */
+#define STRIPE_INPUTS_MAX 64                     /* more inputs: the plain plan */
+
+static struct cfx_dp_reduce_task *task_msg(const struct rplan *pl, uint32_t timeout_ms)
+{
+    struct cfx_dp_reduce_task *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                  .type = CFX_DP_REDUCE_TASK };
+    m->task = pl->task;
+    m->chunk_size = pl->chunk;
+    m->timeout_ms = timeout_ms;
+    m->dtype = (uint8_t)pl->dtype;
+    m->op = (uint8_t)pl->op;
+    return m;
+}
+
+static int post(struct cfx_context *ctx, struct cfx_dp_reduce_task *m,
+                const struct cfx_node_rec *node)
+{
+    if (!m)
+        return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+    pthread_mutex_lock(&ctx->lock);
+    int rc = cfx__rtask_post(ctx, m, sizeof(*m), node);
+    pthread_mutex_unlock(&ctx->lock);
+    if (rc != CFX_OK)
+        free(m);
+    return rc;
+}
+
+/* The chain of stripe @p j: every input but node j's first, in arrival
+ * order, then that one (the stripe's root).  Position p reads the input at
+ * arr[order[p]] and the stream of position p - 1. */
+static int post_stripe(const struct rplan *pl, const struct arrival *arr, const size_t *first,
+                       size_t m, size_t j, uint32_t timeout_ms)
+{
+    size_t k = pl->k, order[STRIPE_INPUTS_MAX], n = 0;
+    for (size_t i = 0; i < k; i++)
+        if (i != first[j])
+            order[n++] = i;
+    order[n] = first[j];
+
+    uint32_t nch = cfx__nchunks(pl->size, pl->chunk);
+    uint32_t c0 = cfx__stripe_first(nch, (uint32_t)m, (uint32_t)j);
+    uint32_t c1 = cfx__stripe_first(nch, (uint32_t)m, (uint32_t)j + 1);
+    uint64_t off = (uint64_t)c0 * pl->chunk;
+    uint64_t len = CFX_MIN((uint64_t)c1 * pl->chunk, pl->size) - off;
+    for (size_t p = 0; p < k; p++) {
+        struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
+        if (t) {
+            struct cfx_object_id out;
+            cfx__rtask_derived_id(pl->result, pl->task, j * k + p, &out);
+            memcpy(t->input, pl->inputs[arr[order[p]].idx].bytes, CFX_OBJECT_ID_LEN);
+            memcpy(t->output, out.bytes, CFX_OBJECT_ID_LEN);
+            t->size = len;
+            t->offset = off;
+            if (p > 0) {
+                struct cfx_object_id in;
+                cfx__rtask_derived_id(pl->result, pl->task, j * k + p - 1, &in);
+                memcpy(t->child_obj[0], in.bytes, CFX_OBJECT_ID_LEN);
+                cfx__rtask_rec_to_dp(&arr[order[p - 1]].node, &t->child[0]);
+                t->nchildren = 1;
+            }
+        }
+        int rc = post(pl->ctx, t, &arr[order[p]].node);
+        if (rc != CFX_OK)
+            return rc;
+    }
+    return CFX_OK;
+}
+
+/* Node g's gather: stripe j is the last position of stripe j's chain. */
+static int post_gather(const struct rplan *pl, const struct arrival *arr, const size_t *first,
+                       size_t m, size_t g, uint32_t putter, uint32_t timeout_ms)
+{
+    struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
+    if (t) {
+        memcpy(t->output, pl->result->bytes, CFX_OBJECT_ID_LEN);
+        t->size = pl->size;
+        t->putter = putter;
+        t->final = CFX_RTASK_GATHER |
+                   (arr[first[g]].node.node_id == putter ? CFX_RTASK_FINAL : 0);
+        for (size_t j = 0; j < m; j++) {
+            struct cfx_object_id s;
+            cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &s);
+            memcpy(t->child_obj[j], s.bytes, CFX_OBJECT_ID_LEN);
+            cfx__rtask_rec_to_dp(&arr[first[j]].node, &t->child[j]);
+        }
+        t->nchildren = (uint8_t)m;
+    }
+    return post(pl->ctx, t, &arr[first[g]].node);
+}
+
+/* One REDUCE_ABORT a node ends every task of the reduce there. */
+static void end_tasks(const struct rplan *pl, const struct arrival *arr, const size_t *first,
+                      size_t nn, bool keep)
+{
+    struct cfx_context *ctx = pl->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    for (size_t g = 0; g < nn; g++) {
+        struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
+        if (!a)
+            continue; /* its tasks end at their deadline */
+        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                      .type = CFX_DP_REDUCE_ABORT };
+        a->task = pl->task;
+        a->status = keep ? CFX_RTASK_KEEP : 0;
+        if (cfx__rtask_post(ctx, a, sizeof(*a), &arr[first[g]].node) != CFX_OK)
+            free(a);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+int cfx__reduce_striped(struct rplan *pl, const struct arrival *arr, uint32_t *who)
+{
+    struct cfx_context *ctx = pl->ctx;
+    size_t k = pl->k, nn = 0;
+    size_t first[STRIPE_INPUTS_MAX];  /* each node's first input ready, by node */
+    uint32_t nodes[STRIPE_INPUTS_MAX];
+    *who = 0;
+    if (k > STRIPE_INPUTS_MAX)
+        return CFX_ERR_UNSUPPORTED;
+    for (size_t i = 0; i < k; i++) {
+        size_t g = 0;
+        while (g < nn && nodes[g] != arr[i].node.node_id)
+            g++;
+        if (g == nn) {
+            nodes[nn] = arr[i].node.node_id;
+            first[nn++] = i;
+        }
+    }
+    size_t m = CFX_MIN(nn, (size_t)STRIPES_MAX);
+    if (m < 2 || cfx__nchunks(pl->size, pl->chunk) < 2 * m)
+        return CFX_ERR_UNSUPPORTED;
+    uint32_t putter = nodes[nn - 1];
+    for (size_t g = 0; g < nn; g++)
+        if (nodes[g] == ctx->node_id)
+            putter = ctx->node_id;
+
+    uint8_t done[STRIPE_INPUTS_MAX] = { 0 };
+    pthread_mutex_lock(&ctx->lock);
+    pl->task = (uint64_t)ctx->node_id << 32 | (++ctx->rtask_counter & 0xffffffffu);
+    struct cfx_rwait wait = { .task = pl->task, .status = CFX_ERR_AGAIN, .nodes = nodes,
+                              .nnodes = nn, .tasks = nodes, .ntasks = nn,
+                              .need = (unsigned)nn, .done = done };
+    cfx_list_add_tail(&wait.link, &ctx->rwaits);
+    pthread_mutex_unlock(&ctx->lock);
+
+    int ms = cfx__ms_left(pl->deadline);
+    uint32_t timeout_ms = ms < 0 ? 0x7fffffffu : (uint32_t)ms;
+    int rc = CFX_OK;
+    for (size_t j = 0; j < m && rc == CFX_OK; j++)
+        rc = post_stripe(pl, arr, first, m, j, timeout_ms);
+    for (size_t g = 0; g < nn && rc == CFX_OK; g++)
+        rc = post_gather(pl, arr, first, m, g, putter, timeout_ms);
+
+    pthread_mutex_lock(&ctx->lock);
+    while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
+           cfx__obj_wait(ctx, pl->deadline))
+        ;
+    int st = wait.status;
+    *who = wait.node_id;
+    cfx_list_del(&wait.link);
+    pthread_mutex_unlock(&ctx->lock);
+    end_tasks(pl, arr, first, nn, rc == CFX_OK && st == CFX_OK);
+
+    if (rc == CFX_OK && st == CFX_ERR_AGAIN)
+        rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %.12s on node %u: the stripes were not "
+                      "reduced and gathered within %d ms", pl->hex, ctx->node_id,
+                      pl->timeout_ms);
+    else if (rc == CFX_OK && st != CFX_OK)
+        rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", pl->hex, *who,
+                      cfx_strerror(st));
+    CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu inputs (%" PRIu64 " B) in %zu stripes "
+            "over %zu nodes, the put on node %u: %s", ctx->node_id, k, pl->size, m, nn,
+            putter, cfx_errname(rc));
+    return rc;
+}
