@@ -205,7 +205,9 @@ struct cfx_dp_node {
                                       the driver sends REDUCE_ADOPT to route around it */
 #define CFX_RTASK_GATHER 8u        /* no reduction: the output (the whole result) is
                                       gathered from the children, child c's stream
-                                      landing in stripe c (cfx__stripe_first); it is
+                                      landing in stripe c (cfx__stripe_first): a child
+                                      named by the output's own id is stripe c of
+                                      that node's gather, read as it lands there;
                                       kept, unannounced, until the driver's end */
 #define CFX_RTASK_FLAGS (CFX_RTASK_FINAL | CFX_RTASK_EARLY | CFX_RTASK_REPAIR | \
                          CFX_RTASK_GATHER)
@@ -338,6 +340,8 @@ struct cfx_obj {
                                    being got: the get keeps the bytes, the store drops it */
     uint32_t ready_chunks;      /* contiguous prefix received */
     bool watched;               /* its getter handles the prefix as it grows: wake it */
+    bool serve_landed;          /* a gather's output, whose stripes fill side by side:
+                                   uploads serve any chunk landed, not only the prefix */
     uint64_t *bitmap;           /* received chunks (partial copies) */
     struct cfx_list uploads;    /* struct cfx_upload.obj_link */
     struct cfx_xfer_in *in;     /* active incoming transfer, if any */
@@ -522,6 +526,8 @@ struct cfx_rchild {
     uint64_t size;              /* ... its size: the task's output, or one stripe of it */
     uint32_t nchunks;           /* ... in chunks */
     uint32_t base;              /* output chunk its chunk 0 lands in (a gather's stripe) */
+    bool range;                 /* a gather reading its stripe out of another node's copy
+                                   of the whole result: chunks [base, base + nchunks) */
 };
 
 struct cfx_rtask {

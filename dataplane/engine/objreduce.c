@@ -266,15 +266,18 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
 
     if (t->status != CFX_ERR_AGAIN || !out || ch->lost)
         return; /* failing, or a stream replaced: the window is being withdrawn */
-    uint64_t coff = (uint64_t)chunk * out->chunk_size; /* in the child's object */
-    uint64_t want = chunk < ch->nchunks ? CFX_MIN((uint64_t)out->chunk_size, ch->size - coff) : 0;
-    if (unlikely(chunk != ch->got || len != want)) {
+    /* the stream's chunk c is chunk c - base of a range read: the slot in
+     * the scratch ring follows the former, the stripe's geometry the latter */
+    uint32_t rel = ch->range ? chunk - ch->base : chunk;
+    uint64_t coff = (uint64_t)rel * out->chunk_size; /* in the child's stripe */
+    uint64_t want = rel < ch->nchunks ? CFX_MIN((uint64_t)out->chunk_size, ch->size - coff) : 0;
+    if (unlikely(rel != ch->got || len != want)) {
         cfx__conn_fail(conn, CFX_ERR_PROTO, "reduce stream out of order");
         return;
     }
     const uint8_t *src = (const uint8_t *)ch->scratch->buf +
                          (uint64_t)(chunk % ch->ring) * out->chunk_size;
-    uint32_t oc = ch->base + chunk; /* the output's chunk */
+    uint32_t oc = ch->base + rel; /* the output's chunk */
     uint64_t off = (uint64_t)oc * out->chunk_size;
     uint8_t *dst = (uint8_t *)out->buf + off;
     size_t n = len / cfx_dtype_size(t->dtype);
@@ -319,6 +322,7 @@ static void child_shape(const struct cfx_rtask *t, struct cfx_rchild *ch, uint32
     ch->nchunks = end - ch->base;
     ch->size = CFX_MIN((uint64_t)end * out->chunk_size, out->size) -
                (uint64_t)ch->base * out->chunk_size;
+    ch->range = !memcmp(ch->src.bytes, out->id.bytes, CFX_OBJECT_ID_LEN);
 }
 
 /* Start reading child @p ch's object from chunk @p first; @p wait: the
@@ -361,9 +365,10 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     struct cfx_dp_get_req req = {
         .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
                  .type = CFX_DP_GET_REQ, .slot = ch->in.slot },
-        .size = ch->size,
+        .size = ch->range ? out->size : ch->size,
         .chunk_size = out->chunk_size,
-        .first_chunk = first,
+        .first_chunk = (ch->range ? ch->base : 0) + first,
+        .end_chunk = ch->range ? ch->base + ch->nchunks : 0,
         .credits = ch->ring,
         .flags = CFX_DP_GET_RING | (wait ? CFX_DP_GET_WAIT : 0),
         .ring = ch->ring,
@@ -449,6 +454,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     }
     out->arena = true;
     out->ephemeral = !t->final || t->gather;
+    out->serve_landed = t->gather; /* its next node reads stripes of it as they land */
     cfx__store_insert(&ctx->store, out);
     t->out = out;
     if (t->early) {

@@ -9,10 +9,10 @@
  * task reading its input's range of the stripe (REDUCE_TASK offset) and
  * its predecessor's partial stream, ending on node j's first input; so
  * every node sends (m-1)/m of the object in the reduce.  Every node also
- * runs a gather task (CFX_RTASK_GATHER) that reads all m stripes from
- * their nodes, each chunk as soon as it is reduced, into a whole copy of
- * the result: another (m-1)/m sent by each node, 2(m-1)/m in all, the
- * ring's bound.  The stripes' streams are ordinary reduce streams (a ring
+ * runs a gather task (CFX_RTASK_GATHER) that reads all m stripes, each
+ * chunk as soon as it is reduced, into a whole copy of the result; stripes
+ * travel round the nodes from node to node (post_gather): another (m-1)/m
+ * sent by each node, 2(m-1)/m in all, the ring's bound.  The stripes' streams are ordinary reduce streams (a ring
  * of scratch chunks, credits), so nothing here is new on the wire but the
  * range and the gather.
  *
@@ -62,16 +62,22 @@ static int post(struct cfx_context *ctx, struct cfx_dp_reduce_task *m,
     return rc;
 }
 
-/* The chain of stripe @p j: every input but node j's first, in arrival
- * order, then that one (the stripe's root).  Position p reads the input at
- * arr[order[p]] and the stream of position p - 1. */
-static int post_stripe(const struct rplan *pl, const struct arrival *arr, const size_t *first,
-                       size_t m, size_t j, uint32_t timeout_ms)
+/* The chain of stripe @p j: the inputs node by node, starting after node
+ * j and going round (nodes in the order of @p nodes), node j's first input
+ * last (the stripe's root).  The starts rotate, so each node is the head
+ * of one chain and the root of one: every node receives and sends the same
+ * share.  Position p reads the input at arr[order[p]] and the stream of
+ * position p - 1. */
+static int post_stripe(const struct rplan *pl, const struct arrival *arr, const uint32_t *nodes,
+                       const size_t *first, size_t nn, size_t m, size_t j, uint32_t timeout_ms)
 {
     size_t k = pl->k, order[STRIPE_INPUTS_MAX], n = 0;
-    for (size_t i = 0; i < k; i++)
-        if (i != first[j])
-            order[n++] = i;
+    for (size_t r = 1; r <= nn; r++) {
+        uint32_t node = nodes[(j + r) % nn];
+        for (size_t i = 0; i < k; i++)
+            if (arr[i].node.node_id == node && i != first[j])
+                order[n++] = i;
+    }
     order[n] = first[j];
 
     uint32_t nch = cfx__nchunks(pl->size, pl->chunk);
@@ -103,10 +109,16 @@ static int post_stripe(const struct rplan *pl, const struct arrival *arr, const 
     return CFX_OK;
 }
 
-/* Node g's gather: stripe j is the last position of stripe j's chain. */
+/* Node g's gather.  Stripe j goes round the nodes from its root as the
+ * reduce did (node j, j + 1, ...): node j and j + 1 read it from where it
+ * is reduced (the last position of its chain), every later node out of
+ * the copy of the node before it, each chunk once it landed there.  So a
+ * node sends all it sends, the reduce's and the gather's, to the next
+ * node: one stream of traffic a link, as in a ring allreduce. */
 static int post_gather(const struct rplan *pl, const struct arrival *arr, const size_t *first,
-                       size_t m, size_t g, uint32_t putter, uint32_t timeout_ms)
+                       size_t nn, size_t m, size_t g, uint32_t putter, uint32_t timeout_ms)
 {
+    size_t prev = (g + nn - 1) % nn;
     struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
     if (t) {
         memcpy(t->output, pl->result->bytes, CFX_OBJECT_ID_LEN);
@@ -115,10 +127,14 @@ static int post_gather(const struct rplan *pl, const struct arrival *arr, const 
         t->final = CFX_RTASK_GATHER |
                    (arr[first[g]].node.node_id == putter ? CFX_RTASK_FINAL : 0);
         for (size_t j = 0; j < m; j++) {
-            struct cfx_object_id s;
-            cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &s);
+            struct cfx_object_id s = *pl->result;
+            size_t from = prev;
+            if (j == g || j == prev) {
+                cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &s);
+                from = j;
+            }
             memcpy(t->child_obj[j], s.bytes, CFX_OBJECT_ID_LEN);
-            cfx__rtask_rec_to_dp(&arr[first[j]].node, &t->child[j]);
+            cfx__rtask_rec_to_dp(&arr[first[from]].node, &t->child[j]);
         }
         t->nchildren = (uint8_t)m;
     }
@@ -184,9 +200,9 @@ int cfx__reduce_striped(struct rplan *pl, const struct arrival *arr, uint32_t *w
     uint32_t timeout_ms = ms < 0 ? 0x7fffffffu : (uint32_t)ms;
     int rc = CFX_OK;
     for (size_t j = 0; j < m && rc == CFX_OK; j++)
-        rc = post_stripe(pl, arr, first, m, j, timeout_ms);
+        rc = post_stripe(pl, arr, nodes, first, nn, m, j, timeout_ms);
     for (size_t g = 0; g < nn && rc == CFX_OK; g++)
-        rc = post_gather(pl, arr, first, m, g, putter, timeout_ms);
+        rc = post_gather(pl, arr, first, nn, m, g, putter, timeout_ms);
 
     pthread_mutex_lock(&ctx->lock);
     while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&

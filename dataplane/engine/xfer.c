@@ -350,7 +350,8 @@ bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
 
 static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up);
 
-/* Chunks [ready_chunks, ...) that have landed extend the served prefix. */
+/* Chunks [ready_chunks, ...) that have landed extend the served prefix
+ * (with serve_landed, a chunk landed anywhere may be served). */
 static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
 {
@@ -363,7 +364,7 @@ static void obj_advance(struct cfx_context *ctx, struct cfx_obj *obj)
     while (obj->ready_chunks < obj->nchunks &&
            (obj->bitmap[obj->ready_chunks / 64] >> (obj->ready_chunks % 64)) & 1)
         obj->ready_chunks++;
-    if (obj->ready_chunks == before)
+    if (obj->ready_chunks == before && !obj->serve_landed)
         return;
     if (obj->watched)
         pthread_cond_broadcast(&ctx->obj_cond);
@@ -594,7 +595,8 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
     if (up->busy || up->canceled || up->aborted || conn->state != CFX_CONN_READY)
         return;
     while (up->credits && up->next < up->end &&
-           (obj->complete || up->next < obj->ready_chunks)) {
+           (obj->complete || up->next < obj->ready_chunks ||
+            (obj->serve_landed && (obj->bitmap[up->next / 64] >> (up->next % 64)) & 1))) {
         if (unlikely(ctx->test_stall) && up->next >= ctx->test_stall)
             return; /* test hook: a holder that stalls mid-transfer */
         uint64_t off = (uint64_t)up->next * obj->chunk_size;
