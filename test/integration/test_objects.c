@@ -285,6 +285,42 @@ ParameterizedTest(struct spare_case *p, objects, reduce_relay, .timeout = 180)
     run_reduce_fault(p, "--allow-fail 1,4 --timeout 150", "reducerelay 4194304");
 }
 
+static struct case_param allreduce_cases[] = {
+    { "tcp", 4 }, { "shm", 4 }, { "shm", 3 }, { "tcp", 8 },
+};
+
+ParameterizedTestParameters(objects, allreduce)
+{
+    return cr_make_param_array(struct case_param, allreduce_cases,
+                               sizeof(allreduce_cases) / sizeof(allreduce_cases[0]));
+}
+
+/* Allreduce of objects (CFX_OBJ_FLAG_ALLREDUCE): stripes reduced along
+ * chains and gathered round the nodes (with 8 ranks, 7 stripes: one node
+ * roots none); every rank checks each element and that its get was
+ * answered by a copy on its own node (cfx_objtest allreduce). */
+ParameterizedTest(struct case_param *p, objects, allreduce, .timeout = 180)
+{
+    int rc = run("CFX_CHUNK_SIZE=262144", p->n, p->tp, "allreduce 8388608");
+    cr_assert_eq(rc, 0, "allreduce of %d over %s: cfx_run exited %d", p->n, p->tp, rc);
+}
+
+ParameterizedTestParameters(objects, allreduce_participant_killed)
+{
+    return cr_make_param_array(struct case_param, small_cases, 2);
+}
+
+/* A participant of a striped allreduce is SIGKILLed mid-gather: the reduce
+ * fails with CFX_ERR_PEER_FAILED naming it (its input has no other copy),
+ * no survivor keeps a copy or finds one, and the survivors' inputs reduce
+ * into the same id again, read from each one's own copy. */
+ParameterizedTest(struct case_param *p, objects, allreduce_participant_killed, .timeout = 180)
+{
+    int rc = run_with("CFX_UPLOAD_RATE=8M CFX_CHUNK_SIZE=131072", 4, p->tp,
+                      "--allow-fail 2 --timeout 150", "allreducedies 4194304");
+    cr_assert_eq(rc, 0, "allreduce with a participant killed over %s: cfx_run exited %d", p->tp,
+                 rc);
+}
 
 /* cfx_get_bw with another -s on the client than on the server: the client
  * finds the server's object and says the sizes differ (it used to wait out

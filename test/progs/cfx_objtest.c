@@ -21,6 +21,11 @@
  *                   set, and needs no holder meets (4 ranks)
  *   loccache        gets from known locations: no directory lookup; stale
  *                   after delete + re-put, a dead holder, a copy; eviction
+ *   allreduce BYTES rank 0 reduces every input with CFX_OBJ_FLAG_ALLREDUCE:
+ *                   each rank reads the result from its own copy
+ *   allreducedies BYTES  the same with rank 2 killed mid-gather: the reduce
+ *                   fails naming it, nothing of it stays, the survivors'
+ *                   inputs reduce anew into the same id
  */
 #include <conflux/conflux.h>
 
@@ -1222,6 +1227,161 @@ static void mode_reduceplace(struct cfx_context *ctx, size_t bytes)
     free(buf);
 }
 
+/*
+ * Allreduce of objects (CFX_OBJ_FLAG_ALLREDUCE, striped): every rank puts an
+ * input; rank 0 reduces all of them into @p res (the inputs of ranks in
+ * @p alive, n = k) while the others get the result at once.  Every rank
+ * checks each element and that its get was answered by a copy on its own
+ * node (the gather left one on each: without it, only the putter's get is
+ * local).
+ */
+static void allreduce_check(struct cfx_context *ctx, const struct cfx_object_id *in,
+                            const int *alive, int n, const struct cfx_object_id *res,
+                            size_t bytes)
+{
+    size_t count = bytes / sizeof(float), got = 0, used[64];
+    struct cfx_obj_params ap = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_ALLREDUCE };
+    struct cfx_object_id ins[64];
+    struct cfx_context_stats st0, st1;
+    for (int i = 0; i < n; i++)
+        ins[i] = in[alive[i]];
+    CHECK_OK(cfx_context_stats(ctx, &st0));
+    if (rank == 0)
+        CHECK_OK(cfx_reduce_objects(ctx, ins, (size_t)n, (size_t)n, CFX_DTYPE_F32, CFX_OP_SUM,
+                                    res, &ap, used));
+    float *out = malloc(bytes);
+    CHECK_OK(cfx_get(ctx, res, out, bytes, &got, NULL));
+    CHECK_OK(cfx_context_stats(ctx, &st1));
+    if (got != bytes)
+        DIE("result is %zu bytes, expected %zu", got, bytes);
+    for (size_t e = 0; e < count; e++) {
+        float want = 0;
+        for (int i = 0; i < n; i++)
+            want += red_value(alive[i], e);
+        if (out[e] != want)
+            DIE("result[%zu] = %g, expected %g", e, (double)out[e], (double)want);
+    }
+    if (st1.gets_local != st0.gets_local + 1)
+        DIE("the get of the result was not answered from a copy here (%llu local gets, "
+            "%llu before)", (unsigned long long)st1.gets_local,
+            (unsigned long long)st0.gets_local);
+    printf("rank %d: allreduce of %d inputs ok, read from its own copy\n", rank, n);
+    free(out);
+}
+
+static void allreduce_inputs(struct cfx_context *ctx, struct cfx_object_id *in, size_t bytes,
+                             const char *tag)
+{
+    char fmt[64];
+    float *buf = malloc(bytes);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    snprintf(fmt, sizeof(fmt), "%s-in-%%ld-%%ld", tag);
+    for (int r = 0; r < world; r++)
+        name_id(&in[r], fmt, r, (long)bytes);
+    for (size_t i = 0; i < bytes / sizeof(float); i++)
+        buf[i] = red_value(rank, i);
+    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp)); /* the buffer stays the object's */
+}
+
+static void mode_allreduce(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[64], res;
+    int alive[64];
+    allreduce_inputs(ctx, in, bytes, "allred");
+    for (int r = 0; r < world; r++)
+        alive[r] = r;
+    name_id(&res, "allred-out-%ld-%ld", 0, (long)bytes);
+    allreduce_check(ctx, in, alive, world, &res, bytes);
+    finish(ctx);
+}
+
+/* Rank 2 dies once its gather holds a few chunks of the result. */
+static void *gather_victim(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    uint64_t end = cfx__deadline_ns(120000);
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &ctx->rtasks) {
+            struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+            unsigned landed = 0;
+            for (uint32_t c = 0; t->gather && t->out && c < t->out->nchunks; c++)
+                landed += (t->out->bitmap[c / 64] >> (c % 64)) & 1;
+            if (t->gather && t->status == CFX_ERR_AGAIN && landed >= RELAY_KILL_CHUNKS) {
+                printf("rank 2 dying with %u of %u chunks gathered\n", landed,
+                       t->out->nchunks);
+                fflush(stdout);
+                raise(SIGKILL); /* holding ctx->lock: not one chunk more */
+            }
+        }
+        if (cfx__now_ns() >= end)
+            DIE("no gather ran here within 120 s");
+        cfx__obj_wait(ctx, CFX_MIN(end, cfx__deadline_ns(10)));
+    }
+    return NULL;
+}
+
+static void mode_allreducedies(struct cfx_context *ctx, size_t bytes)
+{
+    struct cfx_object_id in[64], res, verdict;
+    uint32_t dead = 0;
+    int alive[64], n = 0;
+    allreduce_inputs(ctx, in, bytes, "allredd");
+    name_id(&res, "allredd-out-%ld-%ld", 0, (long)bytes);
+    name_id(&verdict, "allredd-verdict-%ld-%ld", 0, 0);
+    if (rank == 2) {
+        uint32_t me = ctx->node_id;
+        struct cfx_object_id who;
+        name_id(&who, "allredd-victim-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_put(ctx, &who, &me, sizeof(me), NULL));
+        pthread_t t;
+        pthread_create(&t, NULL, gather_victim, ctx);
+        pause();
+    }
+    if (rank == 0) {
+        struct cfx_object_id who;
+        struct cfx_obj_params ap = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                     .flags = CFX_OBJ_FLAG_ALLREDUCE };
+        char node[32];
+        name_id(&who, "allredd-victim-%ld-%ld", 0, 0);
+        CHECK_OK(cfx_get(ctx, &who, &dead, sizeof(dead), NULL, NULL));
+        int rc = cfx_reduce_objects(ctx, in, (size_t)world, (size_t)world, CFX_DTYPE_F32,
+                                    CFX_OP_SUM, &res, &ap, NULL);
+        snprintf(node, sizeof(node), "node %u", dead);
+        if (rc != CFX_ERR_PEER_FAILED || !strstr(cfx_last_error(), node))
+            DIE("allreduce with rank 2 (%s) killed: %s (%s)", node, cfx_errname(rc),
+                cfx_last_error());
+        printf("rank 0: allreduce failed as it must: %s\n", cfx_last_error());
+        CHECK_OK(cfx_put(ctx, &verdict, &dead, sizeof(dead), NULL));
+    } else {
+        CHECK_OK(cfx_get(ctx, &verdict, &dead, sizeof(dead), NULL, NULL));
+    }
+    /* nothing of the failed attempt stays: no copy here, none to find */
+    struct cfx_obj_params quick = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 300 };
+    float probe;
+    int rc = cfx_get(ctx, &res, &probe, sizeof(probe), NULL, &quick);
+    if (holds(ctx, &res) || rc != CFX_ERR_TIMEOUT)
+        DIE("after the failed allreduce: %s here, a get %s (%s)",
+            holds(ctx, &res) ? "a copy" : "no copy", cfx_errname(rc), cfx_last_error());
+    struct cfx_object_id probed;
+    uint8_t one = 1;
+    name_id(&probed, "allredd-probed-%ld-%ld", rank, 0);
+    CHECK_OK(cfx_put(ctx, &probed, &one, 1, NULL));
+    for (int r = 0; r < world; r++) {
+        if (r == 2)
+            continue;
+        alive[n++] = r;
+        name_id(&probed, "allredd-probed-%ld-%ld", r, 0);
+        if (rank == 0) /* no new result before every survivor looked */
+            CHECK_OK(cfx_get(ctx, &probed, &one, 1, NULL, NULL));
+    }
+    allreduce_check(ctx, in, alive, n, &res, bytes);
+    finish_without(ctx, 2);
+}
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
@@ -1259,6 +1419,10 @@ int main(int argc, char **argv)
         mode_nb(ctx);
     else if (!strcmp(argv[1], "loccache"))
         mode_loccache(ctx);
+    else if (!strcmp(argv[1], "allreduce") && argc > 2)
+        mode_allreduce(ctx, strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "allreducedies") && argc > 2)
+        mode_allreducedies(ctx, strtoul(argv[2], NULL, 0));
     else
         DIE("unknown mode %s", argv[1]);
     cfx_context_destroy(ctx);
