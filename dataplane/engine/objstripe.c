@@ -5,7 +5,8 @@
  *
  * The result is cut into m stripes of whole chunks (cfx__stripe_first),
  * one per node holding inputs (the first m in the order their inputs
- * became ready).  Stripe j is reduced along a chain of every input, each
+ * became ready), when those nodes are on more than one host
+ * (spans_hosts).  Stripe j is reduced along a chain of every input, each
  * task reading its input's range of the stripe (REDUCE_TASK offset) and
  * its predecessor's partial stream, ending on node j's first input; so
  * every node sends (m-1)/m of the object in the reduce.  Every node also
@@ -161,6 +162,25 @@ static void end_tasks(const struct rplan *pl, const struct arrival *arr, const s
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* Striping trades memory copies (each node gathers through a scratch ring,
+ * then its reader copies the result out) for link traffic spread evenly:
+ * among the processes of one host there is no link to spread it over, and
+ * the plain plan moves fewer bytes through memory. */
+static bool spans_hosts(const struct arrival *arr, size_t k)
+{
+    for (size_t i = 1; i < k; i++)
+        if (strncmp(arr[i].node.host_id, arr[0].node.host_id, sizeof(arr[0].node.host_id)))
+            return true;
+    return false;
+}
+
+/* CFX_REDUCE_SHAPE=striped: stripe an allreduce within one host too. */
+static bool forced(void)
+{
+    const char *force = getenv("CFX_REDUCE_SHAPE");
+    return force && !strcmp(force, "striped");
+}
+
 int cfx__reduce_striped(struct rplan *pl, const struct arrival *arr, uint32_t *who)
 {
     struct cfx_context *ctx = pl->ctx;
@@ -180,7 +200,7 @@ int cfx__reduce_striped(struct rplan *pl, const struct arrival *arr, uint32_t *w
         }
     }
     size_t m = CFX_MIN(nn, (size_t)STRIPES_MAX);
-    if (m < 2 || cfx__nchunks(pl->size, pl->chunk) < 2 * m)
+    if (m < 2 || cfx__nchunks(pl->size, pl->chunk) < 2 * m || !(spans_hosts(arr, k) || forced()))
         return CFX_ERR_UNSUPPORTED;
     uint32_t putter = nodes[nn - 1];
     for (size_t g = 0; g < nn; g++)
