@@ -22,7 +22,8 @@
  *   REDUCE_DONE, _ABORT, _LOST (24)  hdr | task u64 | status i32 | node_id u32
  *   REDUCE_TASK     hdr | task u64 | input[20] | output[20] | size u64 |
  *                   chunk_size u32 | timeout_ms u32 | dtype u8 | op u8 |
- *                   nchildren u8 | final u8 | offset u64 | putter u32  (88),
+ *                   nchildren u8 | final u8 | offset u64 | putter u32 |
+ *                   stripes u8  (89),
  *                   then nchildren child_obj[20], then nchildren node records
  *   REDUCE_ADOPT    hdr | task u64 | n u8 | last u8  (18), then n replaces[20],
  *                   n child_obj[20], n node records
@@ -55,7 +56,7 @@ _Static_assert(CFX_DP_WIRE_NACK == CFX_DP_WIRE_HDR + 4, "NACK layout");
 _Static_assert(CFX_DP_WIRE_CREDIT == CFX_DP_WIRE_HDR + 4, "CREDIT layout");
 _Static_assert(CFX_DP_WIRE_REDUCE_DONE == CFX_DP_WIRE_HDR + 8 + 4 + 4, "REDUCE_DONE layout");
 _Static_assert(CFX_DP_WIRE_REDUCE_TASK ==
-                   CFX_DP_WIRE_HDR + 8 + 2 * CFX_OBJECT_ID_LEN + 8 + 4 + 4 + 4 + 8 + 4,
+                   CFX_DP_WIRE_HDR + 8 + 2 * CFX_OBJECT_ID_LEN + 8 + 4 + 4 + 4 + 8 + 4 + 1,
                "REDUCE_TASK layout");
 _Static_assert(CFX_DP_WIRE_REDUCE_ADOPT == CFX_DP_WIRE_HDR + 8 + 2, "REDUCE_ADOPT layout");
 _Static_assert(CFX_DP_WIRE_EAGER == CFX_DP_WIRE_HDR + 8 + 4 + 4, "P2P_EAGER layout");
@@ -263,6 +264,7 @@ int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap)
         w_u8(&w, t->final);
         w_u64(&w, t->offset);
         w_u32(&w, t->putter);
+        w_u8(&w, t->stripes);
         for (unsigned c = 0; c < t->nchildren; c++)
             w_bytes(&w, t->child_obj[c], CFX_OBJECT_ID_LEN);
         for (unsigned c = 0; c < t->nchildren; c++)
@@ -412,6 +414,7 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         t->final = r_u8(&r);
         t->offset = r_u64(&r);
         t->putter = r_u32(&r);
+        t->stripes = r_u8(&r);
         if (t->nchildren > CFX_RTASK_MAX_CHILDREN)
             return CFX_ERR_PROTO;
         for (unsigned c = 0; c < t->nchildren; c++)
@@ -542,8 +545,11 @@ static int check(const union cfx_dp_msg *msg, size_t len)
             t->size % cfx_dtype_size((enum cfx_dtype)t->dtype) ||
             t->chunk_size % cfx_dtype_size((enum cfx_dtype)t->dtype) ||
             t->offset % t->chunk_size || t->offset / t->chunk_size >= CFX_MAX_CHUNKS ||
+            (!(t->final & CFX_RTASK_GATHER) && t->stripes) ||
             ((t->final & CFX_RTASK_GATHER) &&
-             (t->offset || t->nchildren == 0 || (t->final & CFX_RTASK_REPAIR) ||
+             (t->offset || t->nchildren == 0 || t->stripes < t->nchildren ||
+              t->stripes > CFX_RTASK_MAX_SLOTS ||
+              (t->final & (CFX_RTASK_REPAIR | CFX_RTASK_EARLY)) ||
               (!(t->final & CFX_RTASK_FINAL) && !t->putter))))
             return CFX_ERR_PROTO;
         for (unsigned c = 0; c < t->nchildren; c++)

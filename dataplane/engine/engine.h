@@ -76,8 +76,8 @@
                                     6: CFX_SECURE mode in HELLO and AUTH, under the
                                        MACs; sealed tcp after the handshake;
                                     7: end_chunk in GET_REQ (a striped get's range);
-                                    8: offset and putter in REDUCE_TASK (striped
-                                       reduces and their gathers) */
+                                    8: offset, putter and stripes in REDUCE_TASK
+                                       (striped reduces and their gathers) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -235,6 +235,10 @@ struct cfx_dp_reduce_task {
                                    stripe; a multiple of chunk_size); 0 for a gather */
     uint32_t putter;            /* a gather without FINAL: the node whose gather puts
                                    the result (its copy is a copy of that put) */
+    uint8_t stripes;            /* a gather: stripes of the result, 1..CFX_RTASK_MAX_SLOTS;
+                                   those past the children named here come in
+                                   REDUCE_ADOPT messages (`replaces` unused), and the
+                                   gather starts once it has them all; else 0 */
     uint8_t child_obj[CFX_RTASK_MAX_CHILDREN][CFX_OBJECT_ID_LEN];
     struct cfx_dp_node child[CFX_RTASK_MAX_CHILDREN];
 };
@@ -279,7 +283,7 @@ struct cfx_dp_credit {
 #define CFX_DP_WIRE_NACK         12
 #define CFX_DP_WIRE_CREDIT       12
 #define CFX_DP_WIRE_REDUCE_DONE  24
-#define CFX_DP_WIRE_REDUCE_TASK  88
+#define CFX_DP_WIRE_REDUCE_TASK  89
 #define CFX_DP_WIRE_REDUCE_ADOPT 18
 #define CFX_DP_WIRE_EAGER        24
 #define CFX_DP_WIRE_GET_DATA     32
@@ -545,6 +549,7 @@ struct cfx_rtask {
     bool repair;                /* CFX_RTASK_REPAIR: report lost children, await ADOPT */
     bool aborted;               /* the driver is done with it: free it */
     bool gather;                /* CFX_RTASK_GATHER */
+    uint32_t stripes;           /* a gather: children it reads, once all are named */
     uint32_t putter;            /* a gather: the node that puts the result */
     uint64_t in_off;            /* bytes of the input before the range reduced */
     uint8_t *count;             /* contributions reduced into each chunk */

@@ -317,8 +317,8 @@ static void child_shape(const struct cfx_rtask *t, struct cfx_rchild *ch, uint32
     ch->size = out->size;
     if (!t->gather)
         return;
-    ch->base = cfx__stripe_first(out->nchunks, t->nchildren, c);
-    uint32_t end = cfx__stripe_first(out->nchunks, t->nchildren, c + 1);
+    ch->base = cfx__stripe_first(out->nchunks, t->stripes, c);
+    uint32_t end = cfx__stripe_first(out->nchunks, t->stripes, c + 1);
     ch->nchunks = end - ch->base;
     ch->size = CFX_MIN((uint64_t)end * out->chunk_size, out->size) -
                (uint64_t)ch->base * out->chunk_size;
@@ -380,6 +380,46 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
     return status;
 }
 
+/* Child @p c of @p t as its driver named it: where it is read, and what. */
+static void child_named(struct cfx_rtask *t, uint32_t c, const struct cfx_dp_node *node,
+                        const uint8_t *obj)
+{
+    struct cfx_rchild *ch = &t->child[c];
+    ch->task = t;
+    ch->in.status = CFX_ERR_CANCELED; /* not started */
+    dp_to_rec(node, &ch->node);
+    memcpy(ch->src.bytes, obj, CFX_OBJECT_ID_LEN);
+}
+
+/* Start reading every child of @p t (false: @p t failed). */
+static bool children_start(struct cfx_context *ctx, struct cfx_rtask *t)
+{
+    for (uint32_t c = 0; c < t->nchildren; c++) {
+        struct cfx_rchild *ch = &t->child[c];
+        child_shape(t, ch, c);
+        int status = child_start(ctx, t, ch, 0, true);
+        if (status != CFX_OK) {
+            rtask_fail(ctx, t, status, ch->node.node_id);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The stripes of gather @p t past those its task message named. */
+static void gather_more(struct cfx_context *ctx, struct cfx_rtask *t,
+                        const struct cfx_dp_reduce_adopt *a)
+{
+    if (t->nchildren + a->n > t->stripes || (a->last && t->nchildren + a->n != t->stripes)) {
+        rtask_fail(ctx, t, CFX_ERR_PROTO, t->driver_node);
+        return;
+    }
+    for (unsigned i = 0; i < a->n; i++)
+        child_named(t, t->nchildren++, &a->child[i], a->child_obj[i]);
+    if (a->last)
+        children_start(ctx, t);
+}
+
 static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
                         const struct cfx_dp_reduce_task *m)
 {
@@ -403,6 +443,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     t->gather = m->final & CFX_RTASK_GATHER;
     t->putter = t->final ? ctx->node_id : m->putter;
     t->in_off = m->offset;
+    t->stripes = m->stripes;
     t->nchildren = m->nchildren;
     t->status = CFX_ERR_AGAIN;
     t->deadline = cfx__deadline_ns((int)CFX_MIN(m->timeout_ms, 0x7fffffffu));
@@ -419,7 +460,7 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
      * are at least a chunk each */
     if (x ? x->chunk_size != m->chunk_size || m->offset > x->size ||
                 x->size - m->offset < m->size
-          : cfx__nchunks(m->size, m->chunk_size) < m->nchildren) {
+          : cfx__nchunks(m->size, m->chunk_size) < m->stripes) {
         rtask_fail(ctx, t, CFX_ERR_INVALID, ctx->node_id);
         return;
     }
@@ -472,19 +513,11 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
         out->ready_chunks = out->nchunks;
         rtask_complete(ctx, t);
     } else {
-        for (uint32_t c = 0; c < t->nchildren; c++) {
-            struct cfx_rchild *ch = &t->child[c];
-            ch->task = t;
-            ch->in.status = CFX_ERR_CANCELED; /* not started */
-            dp_to_rec(&m->child[c], &ch->node);
-            memcpy(ch->src.bytes, m->child_obj[c], CFX_OBJECT_ID_LEN);
-            child_shape(t, ch, c);
-            status = child_start(ctx, t, ch, 0, true);
-            if (status != CFX_OK) {
-                rtask_fail(ctx, t, status, ch->node.node_id);
-                return;
-            }
-        }
+        for (uint32_t c = 0; c < t->nchildren; c++)
+            child_named(t, c, &m->child[c], m->child_obj[c]);
+        /* a gather of more stripes than one message names waits for the rest */
+        if (!t->gather || t->nchildren == t->stripes)
+            children_start(ctx, t);
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": %u children, %s", ctx->node_id,
             t->task, t->nchildren, t->gather ? "gathers the result's stripes"
@@ -560,8 +593,11 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
     cfx_list_for_each(pos, &ctx->rtasks) {
         struct cfx_rtask *x = cfx_list_entry(pos, struct cfx_rtask, link);
         if (x->task == a->task && x->status == CFX_ERR_AGAIN) {
-            t = x;
-            break;
+            t = t ? t : x;
+            if (x->gather) {
+                t = x; /* a striped reduce's stripe tasks take no ADOPT */
+                break;
+            }
         }
     }
     if (!t)
@@ -569,6 +605,10 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
     if (t->driver != conn) {
         CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 ": adopt from %s, which is not "
                 "its driver: ignored", ctx->node_id, t->task, conn ? conn->name : "this node");
+        return;
+    }
+    if (t->gather) {
+        gather_more(ctx, t, a);
         return;
     }
     struct cfx_obj *out = t->out;

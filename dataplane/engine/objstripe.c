@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STRIPES_MAX       CFX_RTASK_MAX_CHILDREN /* a gather names each stripe in one message */
+#define STRIPES_MAX       CFX_RTASK_MAX_SLOTS /* a gather reads each stripe in a slot */
 #define STRIPE_INPUTS_MAX 64                     /* more inputs: the plain plan */
 
 static struct cfx_dp_reduce_task *task_msg(const struct rplan *pl, uint32_t timeout_ms)
@@ -120,26 +120,52 @@ static int post_gather(const struct rplan *pl, const struct arrival *arr, const 
                        size_t nn, size_t m, size_t g, uint32_t putter, uint32_t timeout_ms)
 {
     size_t prev = (g + nn - 1) % nn;
+    struct cfx_object_id obj[STRIPES_MAX];
+    const struct cfx_node_rec *from[STRIPES_MAX];
+    for (size_t j = 0; j < m; j++) {
+        obj[j] = *pl->result;
+        from[j] = &arr[first[prev]].node;
+        if (j == g || j == prev) {
+            cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &obj[j]);
+            from[j] = &arr[first[j]].node;
+        }
+    }
     struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
+    size_t j = 0;
     if (t) {
         memcpy(t->output, pl->result->bytes, CFX_OBJECT_ID_LEN);
         t->size = pl->size;
         t->putter = putter;
+        t->stripes = (uint8_t)m;
         t->final = CFX_RTASK_GATHER |
                    (arr[first[g]].node.node_id == putter ? CFX_RTASK_FINAL : 0);
-        for (size_t j = 0; j < m; j++) {
-            struct cfx_object_id s = *pl->result;
-            size_t from = prev;
-            if (j == g || j == prev) {
-                cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &s);
-                from = j;
-            }
-            memcpy(t->child_obj[j], s.bytes, CFX_OBJECT_ID_LEN);
-            cfx__rtask_rec_to_dp(&arr[first[from]].node, &t->child[j]);
+        for (; j < m && j < CFX_RTASK_MAX_CHILDREN; j++) {
+            memcpy(t->child_obj[j], obj[j].bytes, CFX_OBJECT_ID_LEN);
+            cfx__rtask_rec_to_dp(from[j], &t->child[j]);
         }
-        t->nchildren = (uint8_t)m;
+        t->nchildren = (uint8_t)j;
     }
-    return post(pl->ctx, t, &arr[first[g]].node);
+    int rc = post(pl->ctx, t, &arr[first[g]].node);
+    /* the rest, in the messages that name a reduce task more streams */
+    while (rc == CFX_OK && j < m) {
+        struct cfx_dp_reduce_adopt *a = calloc(1, sizeof(*a));
+        if (!a)
+            return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
+        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                      .type = CFX_DP_REDUCE_ADOPT };
+        a->task = pl->task;
+        for (; j < m && a->n < CFX_RTASK_MAX_CHILDREN; j++, a->n++) {
+            memcpy(a->child_obj[a->n], obj[j].bytes, CFX_OBJECT_ID_LEN);
+            cfx__rtask_rec_to_dp(from[j], &a->child[a->n]);
+        }
+        a->last = j == m;
+        pthread_mutex_lock(&pl->ctx->lock);
+        rc = cfx__rtask_post(pl->ctx, a, sizeof(*a), &arr[first[g]].node);
+        pthread_mutex_unlock(&pl->ctx->lock);
+        if (rc != CFX_OK)
+            free(a);
+    }
+    return rc;
 }
 
 /* One REDUCE_ABORT a node ends every task of the reduce there. */

@@ -217,7 +217,7 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * An allreduce (CFX_OBJ_FLAG_ALLREDUCE in @p params->flags): the holders of
  * the inputs all read the result.  When k = n, no placement is asked for,
  * and the inputs span at least two nodes and two chunks a node, the result
- * is cut into stripes, one per node (up to 7); each stripe is reduced along
+ * is cut into stripes, one per node (up to 32); each stripe is reduced along
  * a chain ending on its own node, and every node gathers all stripes
  * straight from their nodes, as they are reduced, into a complete copy of
  * the result (reduce-scatter, then allgather: each node sends and receives

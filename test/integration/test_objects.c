@@ -303,8 +303,8 @@ ParameterizedTestParameters(objects, allreduce)
 }
 
 /* Allreduce of objects (CFX_OBJ_FLAG_ALLREDUCE): stripes reduced along
- * chains and gathered round the nodes (with 8 ranks, 7 stripes: one node
- * roots none); every rank checks each element and that its get was
+ * chains and gathered round the nodes (with 8 ranks, 8 stripes: a gather's
+ * eighth is named in a message of its own); every rank checks each element and that its get was
  * answered by a copy on its own node.  Striping is for nodes on more than
  * one host: forced here, and left out by default, where only the result's
  * node holds a copy (cfx_objtest allreduce). */

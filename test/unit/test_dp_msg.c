@@ -75,7 +75,7 @@ Test(dp_msg, reduce_task_is_accepted_and_its_flags_checked)
 {
     struct cfx_dp_reduce_task t = task();
     cr_assert_eq(check(&t, sizeof(t)), CFX_DP_REDUCE_TASK);
-    t.final = 8; /* an unknown flag */
+    t.final = 16; /* an unknown flag */
     cr_assert_eq(check(&t, sizeof(t)), CFX_ERR_PROTO);
     t = task();
     t.child[1].node_id = 0;
@@ -94,6 +94,61 @@ Test(dp_msg, reduce_task_is_accepted_and_its_flags_checked)
     /* the encoder does not write what a receiver would refuse */
     t.nchildren = CFX_RTASK_MAX_CHILDREN + 1;
     cr_assert_lt(cfx__dp_msg_encode(&t, sizeof(t), wire, sizeof(wire)), 0);
+}
+
+/* A stripe's range and a gather's fields travel, and what a node would
+ * misread is refused: a range off the chunk grid, a gather with a range, with
+ * fewer stripes than children or more than a task has slots, repair or
+ * early flags, or a copy without its putter; stripes on a reduce task. */
+Test(dp_msg, stripe_and_gather_fields)
+{
+    struct cfx_dp_reduce_task t = task();
+    union cfx_dp_msg m;
+    size_t len;
+    t.final = 0;
+    t.offset = 3ull * 131072;
+    cr_assert_eq(cfx__dp_msg_decode(wire, enc(&t, sizeof(t)), &m, &len), CFX_DP_REDUCE_TASK);
+    cr_assert_eq(m.reduce_task.offset, t.offset);
+    t.offset += 4;
+    cr_assert_eq(check(&t, sizeof(t)), CFX_ERR_PROTO, "a range off the chunk grid");
+    t = task();
+    t.final = 0;
+    t.stripes = 2;
+    cr_assert_eq(check(&t, sizeof(t)), CFX_ERR_PROTO, "stripes on a reduce task");
+
+    struct cfx_dp_reduce_task g = task();
+    g.final = CFX_RTASK_GATHER;
+    g.putter = 9;
+    g.stripes = 9; /* two named here, seven to come */
+    cr_assert_eq(cfx__dp_msg_decode(wire, enc(&g, sizeof(g)), &m, &len), CFX_DP_REDUCE_TASK);
+    cr_assert_eq(m.reduce_task.putter, 9);
+    cr_assert_eq(m.reduce_task.stripes, 9);
+    cr_assert_eq(m.reduce_task.final, CFX_RTASK_GATHER);
+    static const struct {
+        uint8_t final, stripes;
+        uint32_t putter;
+        uint64_t offset;
+        const char *what;
+    } bad[] = {
+        { CFX_RTASK_GATHER, 9, 9, 131072, "a gather with a range" },
+        { CFX_RTASK_GATHER, 1, 9, 0, "fewer stripes than children" },
+        { CFX_RTASK_GATHER, CFX_RTASK_MAX_SLOTS + 1, 9, 0, "more stripes than slots" },
+        { CFX_RTASK_GATHER | CFX_RTASK_REPAIR, 2, 9, 0, "a gather to repair" },
+        { CFX_RTASK_GATHER | CFX_RTASK_FINAL | CFX_RTASK_EARLY, 2, 9, 0, "an early gather" },
+        { CFX_RTASK_GATHER, 2, 0, 0, "a copy without its putter" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        g.final = bad[i].final;
+        g.stripes = bad[i].stripes;
+        g.putter = bad[i].putter;
+        g.offset = bad[i].offset;
+        cr_assert_eq(check(&g, sizeof(g)), CFX_ERR_PROTO, "%s", bad[i].what);
+    }
+    g.final = CFX_RTASK_GATHER | CFX_RTASK_FINAL; /* the putter's own: no putter needed */
+    g.stripes = 2;
+    g.putter = 0;
+    g.offset = 0;
+    cr_assert_eq(check(&g, sizeof(g)), CFX_DP_REDUCE_TASK);
 }
 
 /* Every address of a node reaches a reduce task (CFX_NODE_ADDRS_MAX, as in
