@@ -209,6 +209,27 @@ def test_reduce_objects(coord):
             c.close()
 
 
+def test_reduce_objects_allreduce(coord, monkeypatch):
+    # the contexts share a host: striping is forced, as across hosts by default
+    monkeypatch.setenv("CFX_REDUCE_SHAPE", "striped")
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    ctxs = [conflux.Context(**kw) for _ in range(3)]
+    try:
+        n = 1 << 20
+        ins = [(np.arange(n) % 7 + 3 * i).astype(np.float32) for i in range(3)]
+        ids = [c.put(f"allred/in{i}", ins[i], no_inline=True, chunk_size=65536)
+               for i, c in enumerate(ctxs)]
+        used = ctxs[0].reduce_objects(ids, "allred/sum", dtype=np.float32, allreduce=True)
+        assert sorted(used) == [0, 1, 2]
+        for c in ctxs:  # each holder reads its own copy
+            local = c.stats()["gets_local"]
+            assert np.array_equal(c.get("allred/sum", dtype=np.float32), ins[0] + ins[1] + ins[2])
+            assert c.stats()["gets_local"] == local + 1
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
 def test_torch_tensors(ctx):
     import torch

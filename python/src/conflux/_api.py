@@ -183,7 +183,8 @@ class Context(_c.Context):
     def reduce_objects(self, inputs: Iterable[ObjectId | str], result: ObjectId | str, *,
                        dtype: Any, op: str = "sum", k: int | None = None,
                        timeout: float | None = None,
-                       nodes: Iterable[int] | None = None) -> list[int]:
+                       nodes: Iterable[int] | None = None,
+                       allreduce: bool = False) -> list[int]:
         """result = op over the first ``k`` (default all) ``inputs`` to become ready.
 
         The reduction runs between the inputs' holders, chunk by chunk; any
@@ -192,13 +193,19 @@ class Context(_c.Context):
         chooses (this node when it holds one), or one of ``nodes`` (node
         ids, see ``Context.node_id``); none of them holding an input ready
         raises ``conflux.Error`` with status ``CFX_ERR_NO_RESOURCE``.
+        With ``allreduce=True`` every holder of an input reads the result:
+        over nodes of more than one host (all inputs, no ``nodes``) it is
+        reduced in stripes and each holder ends with a copy of its own, so
+        its ``get(result)`` is local (``CFX_OBJ_FLAG_ALLREDUCE`` in
+        conflux/object.h).
         Returns the indices of the inputs reduced, in the order they became
         ready.
         """
         ids = [_id(x) for x in inputs]
         return super().reduce_objects(ids, len(ids) if k is None else k, dtype_code(dtype),
                                       op_code(op), _id(result), timeout_ms=_ms(timeout),
-                                      nodes=None if nodes is None else list(nodes))
+                                      nodes=None if nodes is None else list(nodes),
+                                      allreduce=allreduce)
 
 
 def _np_dtype(dt: Any) -> np.dtype:

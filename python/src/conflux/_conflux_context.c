@@ -481,17 +481,17 @@ static int place_nodes(PyObject *nodes, uint32_t *ids, struct cfx_task_needs *nd
     return 0;
 }
 
-/* reduce_objects(inputs, k, dtype, op, result, timeout_ms=None, nodes=None)
- *   -> list of used indices */
+/* reduce_objects(inputs, k, dtype, op, result, timeout_ms=None, nodes=None,
+ *                allreduce=False) -> list of used indices */
 static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "inputs", "k", "dtype", "op", "result", "timeout_ms", "nodes",
-                              NULL };
+                              "allreduce", NULL };
     PyObject *inputs, *reso, *timeout = Py_None, *nodes = Py_None;
     Py_ssize_t k;
-    int dtype, op;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|OO", kwlist, &inputs, &k, &dtype, &op,
-                                     &reso, &timeout, &nodes))
+    int dtype, op, allreduce = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OniiO|OOp", kwlist, &inputs, &k, &dtype, &op,
+                                     &reso, &timeout, &nodes, &allreduce))
         return NULL;
     struct cfx_context *ctx = cfx__py_live_ctx(self);
     struct cfx_object_id result;
@@ -501,6 +501,10 @@ static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyO
     if (!ctx || cfx__py_check_dtype(dtype) < 0 || cfx__py_parse_id(reso, &result) < 0 ||
         obj_params(timeout, 0, 0, &p) < 0 || place_nodes(nodes, node_ids, &nd, &p) < 0)
         return NULL;
+    if (allreduce) {
+        p.field_mask |= CFX_OBJ_PARAM_FLAGS;
+        p.flags |= CFX_OBJ_FLAG_ALLREDUCE;
+    }
     PyObject *seq = PySequence_Fast(inputs, "inputs must be a sequence of object ids");
     if (!seq)
         return NULL;
