@@ -281,8 +281,8 @@ void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t c
     uint64_t off = (uint64_t)oc * out->chunk_size;
     uint8_t *dst = (uint8_t *)out->buf + off;
     size_t n = len / cfx_dtype_size(t->dtype);
-    if (t->gather)
-        memcpy(dst, src, len);
+    if (ch->range)
+        memcpy(dst, src, len); /* a gather's stripe from the node before */
     else if (t->count[oc] == 0)
         cfx_reduce3(dst, (const uint8_t *)t->x->buf + t->in_off + off, src, n, t->dtype, t->op);
     else
@@ -397,6 +397,10 @@ static bool children_start(struct cfx_context *ctx, struct cfx_rtask *t)
     for (uint32_t c = 0; c < t->nchildren; c++) {
         struct cfx_rchild *ch = &t->child[c];
         child_shape(t, ch, c);
+        if (!ch->range && !t->x) { /* a stripe to reduce, and nothing to reduce it with */
+            rtask_fail(ctx, t, CFX_ERR_INVALID, t->driver_node);
+            return false;
+        }
         int status = child_start(ctx, t, ch, 0, true);
         if (status != CFX_OK) {
             rtask_fail(ctx, t, status, ch->node.node_id);
@@ -451,16 +455,20 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
 
     memcpy(in_id.bytes, m->input, CFX_OBJECT_ID_LEN);
     memcpy(out_id.bytes, m->output, CFX_OBJECT_ID_LEN);
-    struct cfx_obj *x = t->gather ? NULL : cfx__store_find(&ctx->store, &in_id);
-    if (!t->gather && (!x || !x->complete || x->deleting)) {
+    /* a gather reduces its own stripe with its node's input (none: the
+     * node roots no stripe, every child is a range) */
+    static const uint8_t none[CFX_OBJECT_ID_LEN];
+    bool has_input = !t->gather || memcmp(m->input, none, sizeof(none));
+    struct cfx_obj *x = has_input ? cfx__store_find(&ctx->store, &in_id) : NULL;
+    if (has_input && (!x || !x->complete || x->deleting)) {
         rtask_fail(ctx, t, CFX_ERR_NOT_FOUND, ctx->node_id);
         return;
     }
     /* a range of the input (a stripe), or all of it; a gather's stripes
      * are at least a chunk each */
-    if (x ? x->chunk_size != m->chunk_size || m->offset > x->size ||
-                x->size - m->offset < m->size
-          : cfx__nchunks(m->size, m->chunk_size) < m->stripes) {
+    if ((x && (x->chunk_size != m->chunk_size || m->offset > x->size ||
+               x->size - m->offset < m->size)) ||
+        (t->gather && cfx__nchunks(m->size, m->chunk_size) < m->stripes)) {
         rtask_fail(ctx, t, CFX_ERR_INVALID, ctx->node_id);
         return;
     }
@@ -1423,7 +1431,11 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
                 CFX_LOG(INFO, REDUCE, "node %u: striped reduce into %.12s failed (%s); the "
                         "plain plan runs instead", ctx->node_id, pl.hex, cfx_last_error());
         }
-        if (rc == CFX_ERR_UNSUPPORTED || (rc != CFX_OK && rc != CFX_ERR_PEER_FAILED)) {
+        /* a striped plan that failed for want of another node (a dead
+         * one) plans again without it below; any other failure runs the
+         * plain plan with the same inputs */
+        if (rc == CFX_ERR_UNSUPPORTED ||
+            (rc != CFX_OK && (rc != CFX_ERR_PEER_FAILED || !who || who == ctx->node_id))) {
             cfx__err_clear();
             rc = reduce_attempt(&pl, arr, &who);
         }

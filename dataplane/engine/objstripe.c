@@ -69,24 +69,32 @@ static int post(struct cfx_context *ctx, struct cfx_dp_reduce_task *m,
  * of one chain and the root of one: every node receives and sends the same
  * share.  Position p reads the input at arr[order[p]] and the stream of
  * position p - 1. */
-static int post_stripe(const struct rplan *pl, const struct arrival *arr, const uint32_t *nodes,
-                       const size_t *first, size_t nn, size_t m, size_t j, uint32_t timeout_ms)
+static void stripe_order(const struct rplan *pl, const struct arrival *arr,
+                         const uint32_t *nodes, const size_t *first, size_t nn, size_t j,
+                         size_t *order)
 {
-    size_t k = pl->k, order[STRIPE_INPUTS_MAX], n = 0;
+    size_t n = 0;
     for (size_t r = 1; r <= nn; r++) {
         uint32_t node = nodes[(j + r) % nn];
-        for (size_t i = 0; i < k; i++)
+        for (size_t i = 0; i < pl->k; i++)
             if (arr[i].node.node_id == node && i != first[j])
                 order[n++] = i;
     }
     order[n] = first[j];
+}
+
+static int post_stripe(const struct rplan *pl, const struct arrival *arr, const uint32_t *nodes,
+                       const size_t *first, size_t nn, size_t m, size_t j, uint32_t timeout_ms)
+{
+    size_t k = pl->k, order[STRIPE_INPUTS_MAX];
+    stripe_order(pl, arr, nodes, first, nn, j, order);
 
     uint32_t nch = cfx__nchunks(pl->size, pl->chunk);
     uint32_t c0 = cfx__stripe_first(nch, (uint32_t)m, (uint32_t)j);
     uint32_t c1 = cfx__stripe_first(nch, (uint32_t)m, (uint32_t)j + 1);
     uint64_t off = (uint64_t)c0 * pl->chunk;
     uint64_t len = CFX_MIN((uint64_t)c1 * pl->chunk, pl->size) - off;
-    for (size_t p = 0; p < k; p++) {
+    for (size_t p = 0; p + 1 < k; p++) { /* the root's part is node j's gather */
         struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
         if (t) {
             struct cfx_object_id out;
@@ -110,29 +118,37 @@ static int post_stripe(const struct rplan *pl, const struct arrival *arr, const 
     return CFX_OK;
 }
 
-/* Node g's gather.  Stripe j goes round the nodes from its root as the
- * reduce did (node j, j + 1, ...): node j and j + 1 read it from where it
- * is reduced (the last position of its chain), every later node out of
- * the copy of the node before it, each chunk once it landed there.  So a
- * node sends all it sends, the reduce's and the gather's, to the next
- * node: one stream of traffic a link, as in a ring allreduce. */
-static int post_gather(const struct rplan *pl, const struct arrival *arr, const size_t *first,
-                       size_t nn, size_t m, size_t g, uint32_t putter, uint32_t timeout_ms)
+/* Node g's gather.  It is the root of stripe g's chain: it reduces the
+ * chain's last stream with its own input into stripe g of its copy.  Every
+ * other stripe it reads out of the copy of the node before it, each chunk
+ * once it landed there; so stripe j goes round the nodes from node j, and
+ * a node sends all it sends, the reduce's and the gather's, to the next
+ * node: one stream of traffic a link, as in a ring allreduce, and no node
+ * reads from itself (a DPDK port cannot). */
+static int post_gather(const struct rplan *pl, const struct arrival *arr, const uint32_t *nodes,
+                       const size_t *first, size_t nn, size_t m, size_t g, uint32_t putter,
+                       uint32_t timeout_ms)
 {
-    size_t prev = (g + nn - 1) % nn;
+    size_t prev = (g + nn - 1) % nn, k = pl->k;
     struct cfx_object_id obj[STRIPES_MAX];
     const struct cfx_node_rec *from[STRIPES_MAX];
     for (size_t j = 0; j < m; j++) {
         obj[j] = *pl->result;
         from[j] = &arr[first[prev]].node;
-        if (j == g || j == prev) {
-            cfx__rtask_derived_id(pl->result, pl->task, j * pl->k + pl->k - 1, &obj[j]);
-            from[j] = &arr[first[j]].node;
+        if (j == g) {
+            /* its own stripe: the chain's last stream, reduced with this
+             * node's input straight into the copy */
+            size_t order[STRIPE_INPUTS_MAX];
+            stripe_order(pl, arr, nodes, first, nn, j, order);
+            cfx__rtask_derived_id(pl->result, pl->task, j * k + k - 2, &obj[j]);
+            from[j] = &arr[order[k - 2]].node;
         }
     }
     struct cfx_dp_reduce_task *t = task_msg(pl, timeout_ms);
     size_t j = 0;
     if (t) {
+        if (g < m) /* it roots stripe g */
+            memcpy(t->input, pl->inputs[arr[first[g]].idx].bytes, CFX_OBJECT_ID_LEN);
         memcpy(t->output, pl->result->bytes, CFX_OBJECT_ID_LEN);
         t->size = pl->size;
         t->putter = putter;
@@ -248,7 +264,7 @@ int cfx__reduce_striped(struct rplan *pl, const struct arrival *arr, uint32_t *w
     for (size_t j = 0; j < m && rc == CFX_OK; j++)
         rc = post_stripe(pl, arr, nodes, first, nn, m, j, timeout_ms);
     for (size_t g = 0; g < nn && rc == CFX_OK; g++)
-        rc = post_gather(pl, arr, first, nn, m, g, putter, timeout_ms);
+        rc = post_gather(pl, arr, nodes, first, nn, m, g, putter, timeout_ms);
 
     pthread_mutex_lock(&ctx->lock);
     while (rc == CFX_OK && wait.status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
