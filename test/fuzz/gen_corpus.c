@@ -434,6 +434,22 @@ static void dp(void)
         t.child[k].addr[0].len = 6;
     }
     put_dp("reduce_task", &t, sizeof(t));
+    /* a striped allreduce: a chain task over a stripe's range, and a
+     * gather of nine stripes (two named here, the rest in ADOPTs) */
+    static struct cfx_dp_reduce_task st, ga;
+    st = t;
+    st.final = 0;
+    st.offset = 4ull * 131072;
+    st.size = 2u * 131072;
+    st.nchildren = 1;
+    put_dp("reduce_task_stripe", &st, sizeof(st));
+    ga = t;
+    ga.final = CFX_RTASK_GATHER;
+    ga.putter = 7;
+    ga.stripes = 9;
+    ga.size = 9u * 131072;
+    memcpy(ga.child_obj[1], ga.output, CFX_OBJECT_ID_LEN); /* a range of the next copy */
+    put_dp("reduce_task_gather", &ga, sizeof(ga));
     struct cfx_dp_reduce_done d = {
         .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_DONE, 0 },
         .task = t.task, .status = CFX_OK, .node_id = 4,
@@ -453,6 +469,11 @@ static void dp(void)
         ad.child[k] = t.child[k];
     }
     put_dp("reduce_adopt", &ad, sizeof(ad));
+    struct cfx_dp_reduce_done keep = {
+        .hdr = { CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_REDUCE_ABORT, 0 },
+        .task = t.task, .status = CFX_RTASK_KEEP,
+    };
+    put_dp("reduce_abort_keep", &keep, sizeof(keep));
 }
 
 static void tcp(void)
