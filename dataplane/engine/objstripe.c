@@ -3,28 +3,31 @@
  * when it applies): a reduce-scatter and an allgather of objects, built
  * from the reduce tasks of objreduce.c.
  *
- * The result is cut into m stripes of whole chunks (cfx__stripe_first),
- * one per node holding inputs (the first m in the order their inputs
- * became ready), when those nodes are on more than one host
- * (spans_hosts).  Stripe j is reduced along a chain of every input, each
- * task reading its input's range of the stripe (REDUCE_TASK offset) and
- * its predecessor's partial stream, ending on node j's first input; so
- * every node sends (m-1)/m of the object in the reduce.  Every node also
- * runs a gather task (CFX_RTASK_GATHER) that reads all m stripes, each
- * chunk as soon as it is reduced, into a whole copy of the result; stripes
- * travel round the nodes from node to node (post_gather): another (m-1)/m
- * sent by each node, 2(m-1)/m in all, the ring's bound.  The stripes' streams are ordinary reduce streams (a ring
- * of scratch chunks, credits), so nothing here is new on the wire but the
- * range and the gather.
+ * The nodes holding inputs, in the order their first input became ready,
+ * are a ring, when they are on more than one host (spans_hosts).  The
+ * result is cut into one stripe of whole chunks per node (cfx__stripe_first;
+ * up to STRIPES_MAX).  Stripe j is reduced along a chain of every input,
+ * node by node from node j + 1 round to node j: each task reduces its
+ * input's range of the stripe (REDUCE_TASK offset) with the stream of the
+ * position before it.  Every node runs a gather task (CFX_RTASK_GATHER)
+ * whose output is a whole copy of the result: it is the root of its own
+ * stripe's chain (the last stream, reduced with its input straight into
+ * the copy) and reads every other stripe out of the copy of the node
+ * before it, each chunk as soon as it landed there.  So every node sends
+ * all it sends to the next node, (m-1)/m of the object for the reduce and
+ * (m-1)/m for the gather: 2(m-1)/m, the ring's bound, with each chunk
+ * forwarded as soon as it is whole.  The streams are ordinary reduce
+ * streams (a ring of scratch chunks, credits); new on the wire are only
+ * the range, the gather and its stripes.
  *
- * The copies stay unannounced, and are read only by gets on their own
- * node, until every gather has reported; the driver then tells each node
- * to keep its copy (REDUCE_ABORT with CFX_RTASK_KEEP): one node's is the
- * result's put (this node's when it holds an input), the others announce
- * themselves as copies of that put.  Anything less, and every task is
- * told to drop what it made; the caller runs the plain plan.  The driver
- * does not route around a dead participant here: a chain broken anywhere
- * breaks a stripe, which every copy needs.
+ * The copies stay unannounced, and are read only by the next node's gather
+ * and gets on their own node, until every gather has reported; the driver
+ * then tells each node to keep its copy (REDUCE_ABORT with CFX_RTASK_KEEP):
+ * one node's is the result's put (this node's when it holds an input), the
+ * others announce themselves as copies of that put.  Anything less, and
+ * every task is told to drop what it made; the caller runs the plain plan.
+ * The driver does not route around a dead participant here: a chain broken
+ * anywhere breaks a stripe, which every copy needs.
  */
 #include "objreduce.h"
 
@@ -33,7 +36,7 @@
 #include <string.h>
 
 #define STRIPES_MAX       CFX_RTASK_MAX_SLOTS /* a gather reads each stripe in a slot */
-#define STRIPE_INPUTS_MAX 64                     /* more inputs: the plain plan */
+#define STRIPE_INPUTS_MAX 64                  /* more inputs: the plain plan */
 
 static struct cfx_dp_reduce_task *task_msg(const struct rplan *pl, uint32_t timeout_ms)
 {
@@ -65,10 +68,10 @@ static int post(struct cfx_context *ctx, struct cfx_dp_reduce_task *m,
 
 /* The chain of stripe @p j: the inputs node by node, starting after node
  * j and going round (nodes in the order of @p nodes), node j's first input
- * last (the stripe's root).  The starts rotate, so each node is the head
- * of one chain and the root of one: every node receives and sends the same
- * share.  Position p reads the input at arr[order[p]] and the stream of
- * position p - 1. */
+ * last (the stripe's root, whose part node j's gather plays).  The starts
+ * rotate, so each node heads one chain and roots one: every node receives
+ * and sends the same share.  Position p reads the input at arr[order[p]]
+ * and the stream of position p - 1. */
 static void stripe_order(const struct rplan *pl, const struct arrival *arr,
                          const uint32_t *nodes, const size_t *first, size_t nn, size_t j,
                          size_t *order)

@@ -216,19 +216,20 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  *
  * An allreduce (CFX_OBJ_FLAG_ALLREDUCE in @p params->flags): the holders of
  * the inputs all read the result.  When k = n, no placement is asked for,
- * and the inputs span at least two nodes and two chunks a node, the result
- * is cut into stripes, one per node (up to 32); each stripe is reduced along
- * a chain ending on its own node, and every node gathers all stripes
- * straight from their nodes, as they are reduced, into a complete copy of
- * the result (reduce-scatter, then allgather: each node sends and receives
- * 2(m-1)/m of the object for m nodes, where a reduce followed by gets sends
- * up to twice the object).  The copy on this node, or on the last input's
- * node when this node holds none, is the result's put; the others are
- * copies of it, so a cfx_get() there is a local copy.  They appear once
- * every node has its copy; until then a get there waits for it.  Should
- * any of it fail (a participant dies), nothing of it stays and the plain
- * plan runs instead, within the same deadline.  Otherwise the flag changes
- * nothing.
+ * and the inputs are held on more than one host, by nodes with two chunks
+ * of the object each at least, the result is cut into stripes, one per node
+ * (up to 32); each stripe is reduced along a chain that ends on its own
+ * node, and every node gathers the other stripes from the node before it,
+ * as they are reduced, into a complete copy of the result (reduce-scatter,
+ * then allgather round the nodes: each node sends and receives 2(m-1)/m of
+ * the object for m nodes, where a reduce followed by gets sends up to twice
+ * the object).  The copy on this node, or on the last input's node when
+ * this node holds none, is the result's put; the others are copies of it,
+ * so a cfx_get() there is a local copy.  They appear once every node has
+ * its copy; until then a get there waits for it.  Should any of it fail (a
+ * participant dies), nothing of it stays and the plain plan runs instead,
+ * within the same deadline.  Within one host (CFX_REDUCE_SHAPE=striped
+ * forces it) and otherwise the flag changes nothing.
  *
  * @param used  NULL, or k entries that receive the indices (into @p inputs)
  *              of the inputs reduced, in the order they became ready.
