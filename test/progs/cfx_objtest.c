@@ -1276,8 +1276,9 @@ static void allreduce_check(struct cfx_context *ctx, const struct cfx_object_id 
     free(out);
 }
 
-static void allreduce_inputs(struct cfx_context *ctx, struct cfx_object_id *in, size_t bytes,
-                             const char *tag)
+/* This rank's input, put; the buffer is the object's until the rank ends. */
+static float *allreduce_inputs(struct cfx_context *ctx, struct cfx_object_id *in, size_t bytes,
+                               const char *tag)
 {
     char fmt[64];
     float *buf = malloc(bytes);
@@ -1288,19 +1289,22 @@ static void allreduce_inputs(struct cfx_context *ctx, struct cfx_object_id *in, 
         name_id(&in[r], fmt, r, (long)bytes);
     for (size_t i = 0; i < bytes / sizeof(float); i++)
         buf[i] = red_value(rank, i);
-    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp)); /* the buffer stays the object's */
+    CHECK_OK(cfx_put(ctx, &in[rank], buf, bytes, &pp));
+    return buf;
 }
 
 static void mode_allreduce(struct cfx_context *ctx, size_t bytes, bool striped)
 {
     struct cfx_object_id in[64], res;
     int alive[64];
-    allreduce_inputs(ctx, in, bytes, "allred");
+    float *buf = allreduce_inputs(ctx, in, bytes, "allred");
     for (int r = 0; r < world; r++)
         alive[r] = r;
     name_id(&res, "allred-out-%ld-%ld", 0, (long)bytes);
     allreduce_check(ctx, in, alive, world, &res, bytes, striped);
     finish(ctx);
+    CHECK_OK(cfx_delete(ctx, &in[rank], NULL));
+    free(buf);
 }
 
 /* Rank 2 dies once its gather holds a few chunks of the result. */
@@ -1335,7 +1339,7 @@ static void mode_allreducedies(struct cfx_context *ctx, size_t bytes)
     struct cfx_object_id in[64], res, verdict;
     uint32_t dead = 0;
     int alive[64], n = 0;
-    allreduce_inputs(ctx, in, bytes, "allredd");
+    float *buf = allreduce_inputs(ctx, in, bytes, "allredd");
     name_id(&res, "allredd-out-%ld-%ld", 0, (long)bytes);
     name_id(&verdict, "allredd-verdict-%ld-%ld", 0, 0);
     if (rank == 2) {
@@ -1386,6 +1390,8 @@ static void mode_allreducedies(struct cfx_context *ctx, size_t bytes)
     }
     allreduce_check(ctx, in, alive, n, &res, bytes, true);
     finish_without(ctx, 2);
+    CHECK_OK(cfx_delete(ctx, &in[rank], NULL));
+    free(buf);
 }
 
 int main(int argc, char **argv)
