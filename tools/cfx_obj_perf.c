@@ -19,7 +19,8 @@
  *              reduces (sum) the first k of the n inputs with
  *              cfx_reduce_objects.
  *   allreduce  as reduce, with CFX_OBJ_FLAG_ALLREDUCE (every holder reads the
- *              result: striped when k = n), then every rank gets it.
+ *              result: striped when k = n), and every rank gets the result,
+ *              asking for it right after its own put (as it is produced).
  * With --replicas K (broadcast) the K ranks after the root (root + 1, ...)
  * get the object before the barrier, untimed, so that the timed getters
  * find K + 1 complete holders (a get then pulls from several at once:
@@ -514,13 +515,7 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
             put_later(&pj);
         }
     }
-    /* the root says which inputs it reduced; every rank checks against them */
-    if (o->op != OP_BROADCAST && !fault) {
-        int brc = cfx_group_broadcast(R->g, used_out, (size_t)k, CFX_DTYPE_I64, o->sw.root, &R->cp);
-        if (brc != CFX_OK)
-            return brc;
-    }
-    bool check = false;
+    bool check = false; /* allreduce: every rank asks for the result at once, as it is made */
     if (o->op == OP_ALLREDUCE || (o->op == OP_REDUCE && o->sw.check && R->rank == o->sw.root)) {
         size_t got = 0;
         memset(R->res, 0, count * 4);
@@ -540,6 +535,10 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
         pthread_join(killer, NULL);
     if (o->op == OP_BROADCAST || fault)
         return CFX_OK;
+    /* the root says which inputs it reduced; every rank checks against them */
+    if ((rc = cfx_group_broadcast(R->g, used_out, (size_t)k, CFX_DTYPE_I64, o->sw.root,
+                                  &R->cp)) != CFX_OK)
+        return rc;
     /* Check once every rank's timed part is over: the check costs a core
      * for a while (k inputs recomputed per element), which a rank still
      * moving data on the same host would otherwise lose. */
