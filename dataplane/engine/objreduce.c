@@ -78,16 +78,14 @@ static void rwait_finish(struct cfx_context *ctx, uint64_t task, int status, uin
             continue;
         if (status == CFX_OK && w->need > 1) {
             /* a striped reduce: one success from each gathering node */
-            for (size_t i = 0; i < w->ntasks; i++) {
-                if (w->tasks[i] != node || w->done[i])
-                    continue;
-                w->done[i] = 1;
-                if (++w->nok == w->need)
-                    break;
-                return;
-            }
-            if (w->nok < w->need)
+            size_t i = 0;
+            while (i < w->ntasks && (w->tasks[i] != node || w->done[i]))
+                i++;
+            if (i == w->ntasks)
                 return; /* not a gathering node, or its second report */
+            w->done[i] = 1;
+            if (++w->nok < w->need)
+                return;
         }
         w->status = status;
         w->node_id = node;
@@ -391,23 +389,22 @@ static void child_named(struct cfx_rtask *t, uint32_t c, const struct cfx_dp_nod
     memcpy(ch->src.bytes, obj, CFX_OBJECT_ID_LEN);
 }
 
-/* Start reading every child of @p t (false: @p t failed). */
-static bool children_start(struct cfx_context *ctx, struct cfx_rtask *t)
+/* Start reading every child of @p t (or fail it). */
+static void children_start(struct cfx_context *ctx, struct cfx_rtask *t)
 {
     for (uint32_t c = 0; c < t->nchildren; c++) {
         struct cfx_rchild *ch = &t->child[c];
         child_shape(t, ch, c);
         if (!ch->range && !t->x) { /* a stripe to reduce, and nothing to reduce it with */
             rtask_fail(ctx, t, CFX_ERR_INVALID, t->driver_node);
-            return false;
+            return;
         }
         int status = child_start(ctx, t, ch, 0, true);
         if (status != CFX_OK) {
             rtask_fail(ctx, t, status, ch->node.node_id);
-            return false;
+            return;
         }
     }
-    return true;
 }
 
 /* The stripes of gather @p t past those its task message named. */
@@ -779,7 +776,6 @@ void cfx__rtask_destroy_all(struct cfx_context *ctx)
 
 /* ---- driver (API thread) -------------------------------------------------- */
 
-
 /* Parent of position i among k in a binomial tree laid out in arrival
  * order: early arrivals are leaves, the last one is the root. */
 static size_t tree_parent(size_t i, size_t k)
@@ -813,7 +809,7 @@ static bool use_tree(struct cfx_context *ctx, uint64_t size, uint32_t chunk, siz
 }
 
 void cfx__rtask_derived_id(const struct cfx_object_id *result, uint64_t task, size_t pos,
-                       struct cfx_object_id *out)
+                           struct cfx_object_id *out)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN], name[128];
     cfx_object_id_to_hex(result, hex);
@@ -822,7 +818,7 @@ void cfx__rtask_derived_id(const struct cfx_object_id *result, uint64_t task, si
 }
 
 int cfx__rtask_post(struct cfx_context *ctx, void *msg, size_t len,
-                     const struct cfx_node_rec *node)
+                    const struct cfx_node_rec *node)
 {
     struct cfx_cmd *cmd = calloc(1, sizeof(*cmd));
     if (!cmd)
@@ -1108,22 +1104,27 @@ static int reroute(struct rplan *pl, uint32_t who, size_t root)
     return CFX_OK;
 }
 
+void cfx__rtask_post_abort(struct cfx_context *ctx, uint64_t task, int status,
+                           const struct cfx_node_rec *node)
+{
+    struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
+    if (!a)
+        return; /* its tasks end at their deadline */
+    a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                  .type = CFX_DP_REDUCE_ABORT };
+    a->task = task;
+    a->status = status;
+    if (cfx__rtask_post(ctx, a, sizeof(*a), node) != CFX_OK)
+        free(a);
+}
+
 static void post_aborts(struct rplan *pl, bool all)
 {
     struct cfx_context *ctx = pl->ctx;
     pthread_mutex_lock(&ctx->lock);
-    for (size_t p = 0; p < pl->npos; p++) {
-        if (!pl->pos[p].task || (pl->pos[p].dead && !all))
-            continue;
-        struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
-        if (!a)
-            continue;
-        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                                      .type = CFX_DP_REDUCE_ABORT };
-        a->task = pl->task;
-        if (cfx__rtask_post(ctx, a, sizeof(*a), &pl->pos[p].node) != CFX_OK)
-            free(a);
-    }
+    for (size_t p = 0; p < pl->npos; p++)
+        if (pl->pos[p].task && (!pl->pos[p].dead || all))
+            cfx__rtask_post_abort(ctx, pl->task, 0, &pl->pos[p].node);
     pthread_mutex_unlock(&ctx->lock);
 }
 

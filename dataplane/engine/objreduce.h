@@ -61,6 +61,12 @@ void cfx__rtask_derived_id(const struct cfx_object_id *result, uint64_t task, si
 int cfx__rtask_post(struct cfx_context *ctx, void *msg, size_t len,
                     const struct cfx_node_rec *node);
 
+/* Post a REDUCE_ABORT of reduce @p task, with @p status (CFX_RTASK_KEEP, or
+ * 0), to @p node (dropped when out of memory: the tasks end at their
+ * deadline).  ctx->lock held. */
+void cfx__rtask_post_abort(struct cfx_context *ctx, uint64_t task, int status,
+                           const struct cfx_node_rec *node);
+
 /* The striped plan of an allreduce (CFX_OBJ_FLAG_ALLREDUCE): the k ready
  * inputs in @p arr.  CFX_ERR_UNSUPPORTED when it does not apply (too few
  * nodes or chunks): the plain plan runs instead.  On another failure *who

@@ -53,13 +53,13 @@ static struct cfx_dp_reduce_task *task_msg(const struct rplan *pl, uint32_t time
     return m;
 }
 
-static int post(struct cfx_context *ctx, struct cfx_dp_reduce_task *m,
-                const struct cfx_node_rec *node)
+/* Post message @p m (NULL: out of memory) of @p len bytes to @p node. */
+static int post(struct cfx_context *ctx, void *m, size_t len, const struct cfx_node_rec *node)
 {
     if (!m)
         return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
     pthread_mutex_lock(&ctx->lock);
-    int rc = cfx__rtask_post(ctx, m, sizeof(*m), node);
+    int rc = cfx__rtask_post(ctx, m, len, node);
     pthread_mutex_unlock(&ctx->lock);
     if (rc != CFX_OK)
         free(m);
@@ -114,7 +114,7 @@ static int post_stripe(const struct rplan *pl, const struct arrival *arr, const 
                 t->nchildren = 1;
             }
         }
-        int rc = post(pl->ctx, t, &arr[order[p]].node);
+        int rc = post(pl->ctx, t, sizeof(*t), &arr[order[p]].node);
         if (rc != CFX_OK)
             return rc;
     }
@@ -164,25 +164,21 @@ static int post_gather(const struct rplan *pl, const struct arrival *arr, const 
         }
         t->nchildren = (uint8_t)j;
     }
-    int rc = post(pl->ctx, t, &arr[first[g]].node);
+    int rc = post(pl->ctx, t, sizeof(*t), &arr[first[g]].node);
     /* the rest, in the messages that name a reduce task more streams */
     while (rc == CFX_OK && j < m) {
         struct cfx_dp_reduce_adopt *a = calloc(1, sizeof(*a));
-        if (!a)
-            return cfx__err(CFX_ERR_NOMEM, "reduce: out of memory");
-        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                                      .type = CFX_DP_REDUCE_ADOPT };
-        a->task = pl->task;
-        for (; j < m && a->n < CFX_RTASK_MAX_CHILDREN; j++, a->n++) {
-            memcpy(a->child_obj[a->n], obj[j].bytes, CFX_OBJECT_ID_LEN);
-            cfx__rtask_rec_to_dp(from[j], &a->child[a->n]);
+        if (a) {
+            a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
+                                          .type = CFX_DP_REDUCE_ADOPT };
+            a->task = pl->task;
+            for (; j < m && a->n < CFX_RTASK_MAX_CHILDREN; j++, a->n++) {
+                memcpy(a->child_obj[a->n], obj[j].bytes, CFX_OBJECT_ID_LEN);
+                cfx__rtask_rec_to_dp(from[j], &a->child[a->n]);
+            }
+            a->last = j == m;
         }
-        a->last = j == m;
-        pthread_mutex_lock(&pl->ctx->lock);
-        rc = cfx__rtask_post(pl->ctx, a, sizeof(*a), &arr[first[g]].node);
-        pthread_mutex_unlock(&pl->ctx->lock);
-        if (rc != CFX_OK)
-            free(a);
+        rc = post(pl->ctx, a, sizeof(*a), &arr[first[g]].node);
     }
     return rc;
 }
@@ -193,17 +189,8 @@ static void end_tasks(const struct rplan *pl, const struct arrival *arr, const s
 {
     struct cfx_context *ctx = pl->ctx;
     pthread_mutex_lock(&ctx->lock);
-    for (size_t g = 0; g < nn; g++) {
-        struct cfx_dp_reduce_done *a = calloc(1, sizeof(*a));
-        if (!a)
-            continue; /* its tasks end at their deadline */
-        a->hdr = (struct cfx_dp_hdr){ .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                                      .type = CFX_DP_REDUCE_ABORT };
-        a->task = pl->task;
-        a->status = keep ? CFX_RTASK_KEEP : 0;
-        if (cfx__rtask_post(ctx, a, sizeof(*a), &arr[first[g]].node) != CFX_OK)
-            free(a);
-    }
+    for (size_t g = 0; g < nn; g++)
+        cfx__rtask_post_abort(ctx, pl->task, keep ? CFX_RTASK_KEEP : 0, &arr[first[g]].node);
     pthread_mutex_unlock(&ctx->lock);
 }
 

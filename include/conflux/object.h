@@ -216,10 +216,10 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  *
  * An allreduce (CFX_OBJ_FLAG_ALLREDUCE in @p params->flags): the holders of
  * the inputs all read the result.  When k = n, no placement is asked for,
- * and the inputs are held on more than one host, by nodes with two chunks
- * of the object each at least, the result is cut into stripes, one per node
- * (up to 32); each stripe is reduced along a chain that ends on its own
- * node, and every node gathers the other stripes from the node before it,
+ * the inputs are held on more than one host, and the object has at least
+ * two chunks for each node holding one, the result is cut into stripes, one
+ * per node (up to 32); each stripe is reduced along a chain that ends on its
+ * own node, and every node gathers the other stripes from the node before it,
  * as they are reduced, into a complete copy of the result (reduce-scatter,
  * then allgather round the nodes: each node sends and receives 2(m-1)/m of
  * the object for m nodes, where a reduce followed by gets sends up to twice
