@@ -268,8 +268,13 @@ Test(get_stripe, all_holders_stalled_end_at_the_deadline)
     free(src);
 }
 
-/* A holder that uploads at 4 MB/s next to two unpaced ones serves fewer
- * blocks: the blocks go to whichever source finished its last. */
+/* Blocks go to whichever source finished its last.  A holder paced to
+ * 1 MB/s next to two unpaced ones serves fewer bytes than an even split
+ * would give it, and fewer than the faster of the others: one block of 10
+ * chunks takes it 0.65 s, in which the unpaced two move the other 118
+ * unless they run below 12 MB/s together.  (Not fewer than each of them: on
+ * a loaded machine one starved for a while may serve only its first block
+ * too.) */
 Test(get_stripe, slow_holder_serves_less)
 {
     struct cfx_context *h[3], *g;
@@ -278,7 +283,7 @@ Test(get_stripe, slow_holder_serves_less)
 
     h[0] = join("tcp", NULL);
     h[1] = join("tcp", NULL);
-    h[2] = join("tcp", "4000000");
+    h[2] = join("tcp", "1000000");
     g = join("tcp", NULL);
     uint8_t *src = replicate(h, 3, &id, SIZE);
     for (unsigned i = 0; i < 3; i++)
@@ -288,10 +293,11 @@ Test(get_stripe, slow_holder_serves_less)
         d[i] = sent(h[i]) - before[i];
     cr_expect_eq(d[0] + d[1] + d[2], SIZE);
     cr_expect_gt(d[2], 0, "the slow holder got no block");
-    cr_expect_lt(d[2], d[0], "slow holder served %llu bytes, fast one %llu",
-                 (unsigned long long)d[2], (unsigned long long)d[0]);
-    cr_expect_lt(d[2], d[1], "slow holder served %llu bytes, fast one %llu",
-                 (unsigned long long)d[2], (unsigned long long)d[1]);
+    cr_expect_lt(d[2], (uint64_t)(NCHUNKS / 3) * CHUNK,
+                 "slow holder served %llu bytes, an even split's %llu or more",
+                 (unsigned long long)d[2], (unsigned long long)(NCHUNKS / 3) * CHUNK);
+    cr_expect_lt(d[2], CFX_MAX(d[0], d[1]), "slow holder served %llu bytes, fast ones %llu, %llu",
+                 (unsigned long long)d[2], (unsigned long long)d[0], (unsigned long long)d[1]);
     cfx_context_destroy(g);
     destroy_all(h, 3);
     free(src);
