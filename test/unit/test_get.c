@@ -24,7 +24,7 @@
 #define CHUNK      4096u
 #define NCHUNKS    64u
 #define STALL_AT   4u /* the holder sends chunks [0, STALL_AT) and stalls */
-#define TIMEOUT_MS 500
+#define TIMEOUT_MS 1000 /* long enough for the lookup, the connection and the first chunks */
 #define SLACK_MS   700 /* scheduling on a loaded machine; the old wait was 1000 past */
 
 static struct cfx_coord *coord;

@@ -98,8 +98,9 @@ static struct cfx_p2p_req *free_pending_recv(struct cfx_context *a, struct cfx_c
     memset(dst, 0xA5, size);
     cr_assert_eq(cfx__p2p_irecv(b, ra, 1, tag, dst, size, CFX_MEMTYPE_HOST, &r), CFX_OK);
     cr_assert_eq(cfx__p2p_isend(a, rb, 1, tag, src, size, CFX_MEMTYPE_HOST, &s), CFX_OK);
-    /* the sender stalls after STALL_AT chunks: the receive cannot finish */
-    cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(300)), CFX_ERR_TIMEOUT, "%s",
+    /* the sender stalls after STALL_AT chunks: the receive cannot finish
+     * (1 s: time enough for the handshake and the first chunks under load) */
+    cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(1000)), CFX_ERR_TIMEOUT, "%s",
                  cfx_last_error());
     cr_assert(!has_abandoned(b));
     cfx__p2p_free(r);
