@@ -172,23 +172,25 @@ if agc is not None:
          "allgather complex64")
 
 # The GIL is released while a call waits: rank 0 waits in a barrier that
-# the others enter late, and its main thread keeps running meanwhile.
+# the others enter only once its main thread has run 5 times after the
+# barrier's thread started (and put an object saying so): a call that kept
+# the GIL would stop that thread, and the others' gets would time out.
 g.barrier()
 if rank == 0:
     ticks = 0
-    done = threading.Event()
-    th = threading.Thread(target=lambda: (g.barrier(), done.set()))
+    started = threading.Event()
+    th = threading.Thread(target=lambda: (started.set(), g.barrier()))
     th.start()
-    while not done.is_set():
+    started.wait()
+    while ticks < 5:
         ticks += 1
         time.sleep(0.001)
+    flag = np.ones(1, np.uint8)
+    ctx.put("coll-ranks-main-ran", flag, no_inline=True)
     th.join()
-    if ticks < 5:
-        print(f"rank 0: main thread ran only {ticks} times during a blocked barrier",
-              file=sys.stderr)
-        sys.exit(1)
+    ctx.delete("coll-ranks-main-ran")
 else:
-    time.sleep(0.5)
+    ctx.get("coll-ranks-main-ran", np.zeros(1, np.uint8), timeout=60)
     g.barrier()
 
 # Errors come back by code: ranks that disagree on a count get InvalidError.
