@@ -326,6 +326,9 @@ struct cfx_obj {
     void *buf;
     enum cfx_memtype memtype;
     bool arena;                 /* buf came from the arena and is ours to free */
+    bool lent;                  /* ... and the caller holds it too (cfx_get_alloc): freed
+                                   by whichever lets go last, its cfx_buf_free() or the
+                                   entry's release; a delete leaves it the caller's */
     bool heap;                  /* buf is the engine's malloc'd copy (an inline object got
                                    by cfx_get), freed with the entry */
     int shm_fd;                 /* arena segment fd (-1 otherwise) */

@@ -66,6 +66,7 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     obj->put_tag = src->tag;
     obj->buf = arena ? buf : copy;
     obj->arena = arena;
+    obj->lent = arena;
     obj->heap = copy != NULL;
     obj->complete = true;
     obj->announced = true;
@@ -367,7 +368,7 @@ static int get_entry(struct get_op *g)
             src_done(ctx, g->id, &g->src, g->cached);
             return rc;
         }
-        obj->arena = true;
+        obj->arena = obj->lent = true;
     }
 
     pthread_mutex_lock(&ctx->lock);
@@ -596,6 +597,8 @@ static void get_release(struct get_op *g, bool keep_buf)
     obj->deleting = true; /* nobody else releases it while we take the lock */
     if (keep_buf)
         obj->arena = false;
+    else
+        obj->lent = false; /* a failed cfx_get_alloc: its buffer never reached the caller */
     bool was_held = cfx__progress_enter(g->ctx);
     cfx__obj_release(g->ctx, obj); /* uploads reading it may keep it a little longer */
     cfx__progress_leave(g->ctx, was_held);

@@ -193,16 +193,23 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
 
     if (!ctx || !buf)
         return;
+    struct cfx_obj *entry = NULL;
     pthread_mutex_lock(&ctx->lock);
-    for (unsigned b = 0; b < CFX_STORE_BUCKETS && !backs_object; b++)
+    for (unsigned b = 0; b < CFX_STORE_BUCKETS && !entry; b++)
         for (struct cfx_obj *o = ctx->store.buckets[b]; o; o = o->hnext)
-            if (o->arena && o->buf == buf && !o->deleting) {
-                id = o->id;
-                backs_object = true;
+            if (o->arena && o->buf == buf) {
+                entry = o;
                 break;
             }
-    if (!backs_object)
-        cfx__arena_free(ctx, buf);
+    if (entry) {
+        /* the caller lets go: the entry's release frees the buffer; one
+         * being released already (a delete) needs nothing more */
+        entry->lent = false;
+        id = entry->id;
+        backs_object = !entry->deleting;
+    } else {
+        cfx__arena_free(ctx, buf); /* no entry (left): the buffer is the caller's alone */
+    }
     pthread_mutex_unlock(&ctx->lock);
     /* The buffer holds an object this node serves (cfx_get_alloc): withdraw
      * the object; its release frees the buffer once uploads have drained. */

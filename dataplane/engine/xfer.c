@@ -1089,7 +1089,7 @@ void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj)
         if (obj->mr[t])
             ctx->tp[t].ops->mem_dereg(obj->mr[t]);
     cfx__store_remove(&ctx->store, obj);
-    if (obj->arena)
+    if (obj->arena && !obj->lent)
         cfx__arena_free(ctx, obj->buf);
     else if (obj->heap)
         free(obj->buf);

@@ -169,7 +169,13 @@ CFX_API int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id,
                     void *buf, size_t capacity, size_t *size_out,
                     const struct cfx_obj_params *params);
 
-/** As cfx_get() into a fresh arena buffer (release with cfx_buf_free()). */
+/**
+ * As cfx_get() into a fresh arena buffer, released with cfx_buf_free().
+ * This node keeps the object in that buffer and serves it from there:
+ * leave the bytes unchanged until cfx_buf_free() (which also withdraws this
+ * node's copy) or cfx_delete() of @p id.  After a cfx_delete() the buffer is
+ * still the caller's, bytes unchanged, until its cfx_buf_free().
+ */
 CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id,
                           void **buf_out, size_t *size_out,
                           const struct cfx_obj_params *params);

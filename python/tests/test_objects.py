@@ -174,6 +174,26 @@ def test_arena_array_outlives_context(coord):
     del got
 
 
+def test_array_outlives_its_objects_delete(coord):
+    """An array get() returned stays the caller's after delete() of its
+    object on the same node: the next get gets other memory and the first
+    array's bytes stay as they were."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    with conflux.Context(**kw) as a, conflux.Context(**kw) as b:
+        a.put("del-x", np.full(1 << 20, 1, np.uint8), no_inline=True)
+        a.put("del-y", np.full(1 << 20, 2, np.uint8), no_inline=True)
+        x = b.get("del-x")
+        b.delete("del-x")
+        y = b.get("del-y")
+        assert x.ctypes.data != y.ctypes.data
+        assert (x == 1).all() and (y == 2).all()
+        del x
+        assert (b.get("del-x") == 1).all()
+        del y
+        a.delete("del-x")
+        a.delete("del-y")
+
+
 def test_reduce_objects(coord):
     kw = dict(coord=coord.address, token=coord.token, timeout=20)
     ctxs = [conflux.Context(**kw) for _ in range(3)]

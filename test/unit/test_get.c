@@ -195,6 +195,66 @@ Test(get, stalled_holder_never_answers)
     free(src);
 }
 
+/* cfx_get_alloc's buffer stays the caller's across a cfx_delete() of the
+ * object on the same node: a later get must not be handed the same memory
+ * (it was, and the first array's bytes changed under it), and the
+ * caller's cfx_buf_free() afterwards frees it once.  @p flags: NO_INLINE
+ * for a chunked transfer, 0 for a small object that came inline. */
+static void alloc_outlives_delete(size_t size, uint32_t flags)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id x, y;
+    uint8_t *sx = malloc(size), *sy = malloc(size);
+    cr_assert(sx && sy);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = flags };
+
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_test_fill(sx, size, 31);
+    cfx_test_fill(sy, size, 32);
+    cfx_object_id_generate(a, &x);
+    cfx_object_id_generate(a, &y);
+    cr_assert_eq(cfx_put(a, &x, sx, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &y, sy, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    void *px = NULL, *py = NULL, *px2 = NULL;
+    size_t got = 0;
+    cr_assert_eq(cfx_get_alloc(b, &x, &px, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_delete(b, &x, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get_alloc(b, &y, &py, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(px, py, "the deleted copy's buffer, still the caller's, was handed out again");
+    cr_assert_eq(cfx_test_check(px, size, 31), (size_t)-1, "the first buffer changed");
+    cr_assert_eq(cfx_test_check(py, size, 32), (size_t)-1, "wrong bytes in the second");
+    /* the object is got again into a new buffer; the old one is freed by
+     * its owner alone, the new copy's by cfx_buf_free (which withdraws it) */
+    cr_assert_eq(cfx_get_alloc(b, &x, &px2, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_neq(px2, px);
+    cr_assert_eq(cfx_test_check(px2, size, 31), (size_t)-1);
+    cfx_buf_free(b, px);
+    cfx_buf_free(b, py);
+    cfx_buf_free(b, px2);
+    /* freed buffers go back to the arena: a get reuses the memory */
+    cr_assert_eq(cfx_get_alloc(b, &y, &py, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(py, size, 32), (size_t)-1);
+    cr_assert_eq(cfx_delete(b, &y, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_buf_free(b, py);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(sx);
+    free(sy);
+}
+
+Test(get, alloc_buffer_outlives_delete_chunked)
+{
+    alloc_outlives_delete(1u << 20, CFX_OBJ_FLAG_NO_INLINE);
+}
+
+Test(get, alloc_buffer_outlives_delete_inline)
+{
+    alloc_outlives_delete(512, 0);
+}
+
 /*
  * A getter the directory sends to a partial holder that has the
  * directory's answer but not yet its entry in the store: the holder keeps
