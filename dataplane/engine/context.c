@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -65,6 +66,26 @@ static void bind_addr_for(const char *coord, char *buf, size_t len)
     close(fd);
 }
 
+/* $@p name as an integer in [@p lo, @p hi], @p def when unset: a value that
+ * would make every call wait for ever, or a thread spin for ever, is an
+ * error naming it, not a default quietly taken instead. */
+static int env_in_range(const char *name, long long def, long long lo, long long hi,
+                        long long *out)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v)
+        return CFX_OK;
+    errno = 0;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end != '\0' || n < lo || n > hi)
+        return cfx__err(CFX_ERR_INVALID, "%s=%s: want an integer in [%lld, %lld]", name, v, lo,
+                        hi);
+    *out = n;
+    return CFX_OK;
+}
+
 static int config_resolve(struct cfx_config *cfg, const struct cfx_context_params *p)
 {
     uint64_t m = p ? p->field_mask : 0;
@@ -85,26 +106,35 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     if (cfg->chunk_size && (cfg->chunk_size < CFX_CHUNK_MIN || cfg->chunk_size > CFX_CHUNK_MAX))
         return cfx__err(CFX_ERR_INVALID, "chunk size %zu out of range [%u, %u]",
                         cfg->chunk_size, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
-    cfg->timeout_ms = (m & CFX_CTX_PARAM_TIMEOUT)
-                          ? p->timeout_ms
-                          : (int)cfx__env_ll("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
+    long long v;
+    if (m & CFX_CTX_PARAM_TIMEOUT)
+        cfg->timeout_ms = p->timeout_ms;
+    else if (env_in_range("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1, INT_MAX, &v) != CFX_OK)
+        return CFX_ERR_INVALID;
+    else
+        cfg->timeout_ms = (int)v;
     cfg->inline_max = cfx__env_size("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX);
     if (cfg->inline_max > CFX_OBJECT_INLINE_MAX)
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
-    cfg->spin_us = (uint32_t)cfx__env_ll("CFX_SPIN_US", 20);
-    cfg->spin_yield = (uint32_t)CFX_MAX(cfx__env_ll("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD), 1);
-    cfg->spin_adapt_us = (uint32_t)CFX_MIN(CFX_MAX(cfx__env_ll("CFX_SPIN_ADAPT_US",
-                                                              DEFAULT_SPIN_ADAPT_US), 0), 10000);
-    cfg->waiter_nap_ms = (uint32_t)CFX_MIN(CFX_MAX(cfx__env_ll("CFX_WAITER_NAP_MS",
-                                                              DEFAULT_WAITER_NAP_MS), 0), 1000);
-    cfg->eager_max = (uint32_t)CFX_MIN(cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX),
-                                       (size_t)CFX_EAGER_LIMIT);
+    if (env_in_range("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
+        return CFX_ERR_INVALID;
+    cfg->spin_us = (uint32_t)v;
+    /* each read once into a local (CFX_MIN/CFX_MAX evaluate twice, and a
+     * bad value's warning would repeat), then clamped as documented */
+    v = cfx__env_ll("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD);
+    cfg->spin_yield = (uint32_t)CFX_MIN(CFX_MAX(v, 1), 1 << 20);
+    v = cfx__env_ll("CFX_SPIN_ADAPT_US", DEFAULT_SPIN_ADAPT_US);
+    cfg->spin_adapt_us = (uint32_t)CFX_MIN(CFX_MAX(v, 0), 10000);
+    v = cfx__env_ll("CFX_WAITER_NAP_MS", DEFAULT_WAITER_NAP_MS);
+    cfg->waiter_nap_ms = (uint32_t)CFX_MIN(CFX_MAX(v, 0), 1000);
+    size_t sz = cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX);
+    cfg->eager_max = (uint32_t)CFX_MIN(sz, (size_t)CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
-    cfg->get_sources = (uint32_t)CFX_MIN(
-        CFX_MAX(cfx__env_ll("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT), 1), CFX_GET_SOURCES_MAX);
-    cfg->loc_cache = (uint32_t)CFX_MIN(cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE),
-                                       (size_t)LOC_CACHE_MAX);
+    v = cfx__env_ll("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT);
+    cfg->get_sources = (uint32_t)CFX_MIN(CFX_MAX(v, 1), CFX_GET_SOURCES_MAX);
+    size_t lc = cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE); /* read once: it may warn */
+    cfg->loc_cache = (uint32_t)CFX_MIN(lc, (size_t)LOC_CACHE_MAX);
     if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
                              &cfg->secure) != CFX_OK)
         return CFX_ERR_INVALID;

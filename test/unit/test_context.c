@@ -309,6 +309,46 @@ Test(context, unknown_transport)
     cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
 }
 
+/* A default deadline or spin from the environment that would wait or spin
+ * for ever, wrap or mean nothing is refused by name (a negative
+ * CFX_TIMEOUT_MS made every call wait for ever, 0 made every get fail at
+ * once, CFX_SPIN_US=-1 a spin of 71 minutes); in range, it is taken. */
+Test(context, deadline_and_spin_from_the_environment_are_checked)
+{
+    static const struct {
+        const char *var, *val;
+    } bad[] = {
+        { "CFX_TIMEOUT_MS", "-1" },   { "CFX_TIMEOUT_MS", "0" },
+        { "CFX_TIMEOUT_MS", "99999999999" }, { "CFX_TIMEOUT_MS", "30s" },
+        { "CFX_SPIN_US", "-1" },      { "CFX_SPIN_US", "1000001" },
+    };
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr,
+        .token = token,
+        .transports = "tcp",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct cfx_context *c = NULL;
+        cr_assert_eq(setenv(bad[i].var, bad[i].val, 1), 0);
+        int rc = cfx_context_create(&p, &c);
+        unsetenv(bad[i].var);
+        cr_assert_eq(rc, CFX_ERR_INVALID, "%s=%s: %s", bad[i].var, bad[i].val, cfx_errname(rc));
+        cr_assert_null(c);
+        cr_assert(strstr(cfx_last_error(), bad[i].var), "%s", cfx_last_error());
+    }
+    struct cfx_context *c = NULL;
+    setenv("CFX_TIMEOUT_MS", "4321", 1);
+    setenv("CFX_SPIN_US", "0", 1);
+    int rc = cfx_context_create(&p, &c);
+    unsetenv("CFX_TIMEOUT_MS");
+    unsetenv("CFX_SPIN_US");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(c->cfg.timeout_ms, 4321);
+    cr_assert_eq(c->cfg.spin_us, 0);
+    cfx_context_destroy(c);
+}
+
 /* After a get returned, the destination it granted to its source takes no
  * more writes: its registration holds no live grant, whichever transport.
  * Returns the number of registrations checked; -1 when the node kept no
