@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "control/auth.h"
 #include "control/coord.h"
 #include "control/seal.h"
 #include "dataplane/common/util.h"
@@ -38,7 +39,8 @@ struct perf_opts {
     int inline_ok;           /* let small objects go through the coordinator */
     int memcpy_ref;
     int repeat;              /* cfx_get_lat: measure the second get of each object */
-    const char *token;
+    const char *token;       /* token_buf once parsed */
+    char token_buf[CFX_TOKEN_MAX + 1];
 };
 
 static inline double perf_now(void)
@@ -70,7 +72,8 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
             "  -r, --repeat         cfx_get_lat: get each object, delete the copy, and measure\n"
             "                       a second get of it (its location is known by then)\n"
-            "  -k, --token=T        cluster token (default $CFX_TOKEN)\n"
+            "  -k, --token=T        cluster token (default $CFX_TOKEN, else the first line of\n"
+            "                       $CFX_TOKEN_FILE); on the command line ps shows it\n"
             "      --report_gbits   report Gbit/s instead of GB/s\n"
             "      --json           one JSON document on stdout instead of the table\n"
             "  -h, --help\n"
@@ -107,7 +110,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     o->iters = def_iters;
     o->warmup = 2;
     o->arena = 1;
-    o->token = getenv("CFX_TOKEN");
+    const char *token_arg = NULL;
     while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimrk:h", lopts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
@@ -136,7 +139,14 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         case 'i': o->inline_ok = 1; break;
         case 'm': o->memcpy_ref = 1; break;
         case 'r': o->repeat = 1; break;
-        case 'k': o->token = optarg; break;
+        case 'k':
+            fprintf(stderr, "%s: warning: --token puts the cluster token on the command line, "
+                    "where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n", prog);
+            /* loaded below from this copy; argv's bytes are overwritten */
+            snprintf(o->token_buf, sizeof(o->token_buf), "%s", optarg);
+            memset(optarg, '*', strlen(optarg));
+            token_arg = o->token_buf;
+            break;
         case 'G': o->gbits = 1; break;
         case 'J': o->json = 1; break;
         case 'h': perf_usage(prog, what, stdout); exit(0);
@@ -155,11 +165,15 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     if (size_arg && !o->all &&
         tool_arg_mem(prog, "-s", size_arg, o->size * (o->memcpy_ref ? 3 : 1), 0))
         return TOOL_EXIT_USAGE;
-    if (!o->token || !*o->token) {
-        fprintf(stderr, "%s: no cluster token: set CFX_TOKEN or pass --token (the same on "
-                "both sides)\n", prog);
+    /* as the library takes it: --token, else $CFX_TOKEN, else $CFX_TOKEN_FILE */
+    char tok[CFX_TOKEN_MAX + 1];
+    if (cfx__token_load(token_arg, tok, sizeof(tok)) != CFX_OK) {
+        fprintf(stderr, "%s: %s (the same on both sides)\n", prog, cfx_last_error());
         return TOOL_EXIT_USAGE;
     }
+    memcpy(o->token_buf, tok, sizeof(tok));
+    explicit_bzero(tok, sizeof(tok));
+    o->token = o->token_buf;
     return 0;
 }
 
