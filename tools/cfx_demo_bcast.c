@@ -37,9 +37,10 @@ int main(int argc, char **argv)
     int world = atoi(getenv("CFX_WORLD_SIZE") ? getenv("CFX_WORLD_SIZE") : "1");
     int rc;
 
-    if (argc > 2) {
-        fprintf(stderr, "usage: %s [SIZE, e.g. 256M]\n", argv[0]);
-        return TOOL_EXIT_USAGE;
+    if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
+        fprintf(argc == 2 ? stdout : stderr,
+                "usage: cfx_run -n N %s [SIZE, e.g. 256M; default 256M]\n", argv[0]);
+        return argc == 2 ? 0 : TOOL_EXIT_USAGE;
     }
     /* the object is checked in 8-byte words; the arena holds it before anything else */
     if (argc > 1 && (tool_arg_size("cfx_demo_bcast", "SIZE", argv[1], 8, 1ull << 46, &size) ||

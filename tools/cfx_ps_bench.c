@@ -44,9 +44,9 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void usage(const char *p)
+static void usage(const char *p, FILE *to)
 {
-    fprintf(stderr,
+    fprintf(to,
             "usage: cfx_run -n S+W %s [-s SERVERS] [-b BYTES] [-B BLOCK] [-D DELAY_US] "
             "[--static N] [--warm N] [--steps N] [--json]\n"
             "  -s SERVERS   2..64 (default 2)      -b BYTES  tensor size, >= 4 (default 8M)\n"
@@ -73,15 +73,19 @@ static int parse(int argc, char **argv, struct opts *o)
             o->json = 1;
             continue;
         }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(argv[0], stdout);
+            exit(0);
+        }
         if (strcmp(a, "-s") && strcmp(a, "-b") && strcmp(a, "-B") && strcmp(a, "-D") &&
             strcmp(a, "--static") && strcmp(a, "--warm") && strcmp(a, "--steps")) {
             fprintf(stderr, "cfx_ps_bench: unknown argument '%s'\n", a);
-            usage(argv[0]);
+            usage(argv[0], stderr);
             return TOOL_EXIT_USAGE;
         }
         if (!v) {
             fprintf(stderr, "cfx_ps_bench: %s needs a value\n", a);
-            usage(argv[0]);
+            usage(argv[0], stderr);
             return TOOL_EXIT_USAGE;
         }
         i++;

@@ -367,9 +367,14 @@ static int run_worker(struct cfx_context *ctx, int w, int workers)
 
 int main(int argc, char **argv)
 {
+    int help = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help = 1;
+            goto usage;
+        }
         if (!strcmp(a, "--allreduce")) {
             use_allreduce = 1;
             continue;
@@ -412,11 +417,11 @@ int main(int argc, char **argv)
     cfx_context_destroy(ctx);
     return rc;
 usage:
-    fprintf(stderr,
+    fprintf(help ? stdout : stderr,
             "usage: cfx_run -n 6 %s [--epochs N] [--batch B] [--slow-us US] [--allreduce]\n"
             "  --epochs N    1..1000000 (default 8)\n"
             "  --batch B     samples per step, 1..%d (default 32)\n"
             "  --slow-us US  delay of the slow server, 0..10000000 (default 1500)\n",
             argv[0], NTRAIN);
-    return TOOL_EXIT_USAGE;
+    return help ? 0 : TOOL_EXIT_USAGE;
 }
