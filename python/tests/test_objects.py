@@ -174,6 +174,26 @@ def test_arena_array_outlives_context(coord):
     del got
 
 
+def test_token_from_environment_leaves_os_environ(coord, monkeypatch):
+    """A token taken from $CFX_TOKEN leaves os.environ too, so a child started
+    with env=dict(os.environ) does not get it; a second context still joins."""
+    import os
+    import subprocess
+    import sys
+    monkeypatch.setenv("CFX_TOKEN", coord.token)
+    with conflux.Context(coord=coord.address, timeout=20) as a:
+        assert "CFX_TOKEN" not in os.environ
+        out = subprocess.run([sys.executable, "-c",
+                              "import os; print(os.environ.get('CFX_TOKEN', '-'))"],
+                             env=dict(os.environ), capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "-"
+        with conflux.Context(coord=coord.address, timeout=20) as b:
+            a.put("tok-env", np.arange(16, dtype=np.uint8))
+            assert np.array_equal(b.get("tok-env", out=np.zeros(16, np.uint8)),
+                                  np.arange(16, dtype=np.uint8))
+            a.delete("tok-env")
+
+
 def test_array_outlives_its_objects_delete(coord):
     """An array get() returned stays the caller's after delete() of its
     object on the same node: the next get gets other memory and the first

@@ -1,7 +1,9 @@
 """Context, ObjectId, Group and ParameterServer: the Pythonic layer over _conflux."""
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -71,6 +73,13 @@ def _id(x: "ObjectId | str | bytes") -> bytes:
     return ObjectId(x)._b
 
 
+def _c_env_has_token() -> bool:
+    """Whether the C environment (what exec passes on) still holds CFX_TOKEN."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype, getenv.argtypes = ctypes.c_char_p, [ctypes.c_char_p]
+    return getenv(b"CFX_TOKEN") is not None
+
+
 class Context(_c.Context):
     """One process's membership in a Conflux cluster.
 
@@ -102,6 +111,11 @@ class Context(_c.Context):
         super().__init__(coord=coord, token=token, transports=transports,
                          timeout_ms=_ms(timeout), chunk_size=chunk_size, name=name,
                          bind_addr=bind_addr, secure=secure)
+        # The library took $CFX_TOKEN out of the process environment (children
+        # must not inherit it); os.environ is Python's own copy, which
+        # subprocess(env=dict(os.environ, ...)) would hand on: drop it too.
+        if "CFX_TOKEN" in os.environ and not _c_env_has_token():
+            del os.environ["CFX_TOKEN"]
 
     def __enter__(self) -> "Context":
         return self
