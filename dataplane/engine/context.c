@@ -66,6 +66,24 @@ static void bind_addr_for(const char *coord, char *buf, size_t len)
     close(fd);
 }
 
+static bool tp_selected(const char *list, const char *name, int *rank);
+
+/* Can a socket be bound to IPv4 address @p ip here?  False only when the
+ * kernel says no interface has it (EADDRNOTAVAIL); a bad string is caught
+ * by the transport's own check. */
+static bool addr_is_local(const char *ip)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    if (inet_pton(AF_INET, ip, &sa.sin_addr) != 1)
+        return true;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return true;
+    bool ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != EADDRNOTAVAIL;
+    close(fd);
+    return ok;
+}
+
 /* $@p name as an integer in [@p lo, @p hi], @p def when unset: a value that
  * would make every call wait for ever, or a thread spin for ever, is an
  * error naming it, not a default quietly taken instead. */
@@ -162,6 +180,17 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     } else {
         bind_addr_for(cfg->coord, cfg->bind_addr, sizeof(cfg->bind_addr));
     }
+    /* an address asked for must be one of this host's when tcp may listen
+     * on it: tcp would otherwise be left out quietly, and peers on other
+     * hosts could not reach us (dpdk alone may take an address the kernel
+     * does not have) */
+    const char *asked = (m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr ? "bind_addr"
+                        : ba && *ba && inet_pton(AF_INET, ba, &probe) == 1 ? "CFX_BIND_ADDR"
+                                                                            : NULL;
+    int tcp_rank;
+    if (asked && tp_selected(cfg->transports, "tcp", &tcp_rank) && !addr_is_local(cfg->bind_addr))
+        return cfx__err(CFX_ERR_INVALID, "%s=%s: no interface of this host has that address",
+                        asked, cfg->bind_addr);
     if (gethostname(host, sizeof(host)) != 0)
         copy_str(host, sizeof(host), "localhost");
     host[sizeof(host) - 1] = '\0';

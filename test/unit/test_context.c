@@ -258,6 +258,12 @@ Test(context, socket_ifname_bad_name)
     cr_expect(strstr(cfx_last_error(), "CFX_BIND_ADDR=nosuch0 selects no interface"), "%s",
               cfx_last_error());
     cr_expect(strstr(cfx_last_error(), "lo (127.0.0.1)"), "%s", cfx_last_error());
+    /* an address no interface here has (TEST-NET-1): refused, not tcp left
+     * out quietly with shm alone */
+    rc = join_if("CFX_BIND_ADDR", "192.0.2.77", addr, sizeof(addr));
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_expect(strstr(cfx_last_error(), "CFX_BIND_ADDR=192.0.2.77: no interface of this host"),
+              "%s", cfx_last_error());
     rc = join_if("CFX_SOCKET_IFNAME", "", addr, sizeof(addr));
     cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
     cr_expect(strstr(cfx_last_error(), "CFX_SOCKET_IFNAME is empty"), "%s", cfx_last_error());
