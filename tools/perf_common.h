@@ -66,7 +66,7 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -t, --transport=T    tcp, shm, verbs or dpdk (default: shm on the same host, else\n"
             "                       verbs, else tcp; dpdk needs its port in CFX_DPDK_VDEV or\n"
             "                       CFX_DPDK_EAL)\n"
-            "  -c, --chunk-size=N   chunk size, 1..1G (default: follows the object size)\n"
+            "  -c, --chunk-size=N   chunk size, 4K..64M (default: follows the object size)\n"
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
             "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
             "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
@@ -134,7 +134,10 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
             bad = tool_arg_word(prog, "-t", optarg, transports, &tp);
             o->transport = optarg;
             break;
-        case 'c': bad = tool_arg_size(prog, "-c", optarg, 1, 1u << 30, &o->chunk); break;
+        case 'c':
+            bad = tool_arg_size(prog, "-c", optarg, CFX_CHUNK_SIZE_MIN, CFX_CHUNK_SIZE_MAX,
+                                &o->chunk);
+            break;
         case 'u': o->arena = 0; break;
         case 'i': o->inline_ok = 1; break;
         case 'm': o->memcpy_ref = 1; break;

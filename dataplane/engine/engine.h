@@ -61,8 +61,8 @@
 #define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
 #define CFX_MAX_CHUNKS     (1u << CFX_IMM_SLOT_SHIFT)
 #define CFX_STORE_BUCKETS  1024
-#define CFX_CHUNK_MIN      (4u * 1024)
-#define CFX_CHUNK_MAX      (64u * 1024 * 1024)
+#define CFX_CHUNK_MIN      CFX_CHUNK_SIZE_MIN
+#define CFX_CHUNK_MAX      CFX_CHUNK_SIZE_MAX
 
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 

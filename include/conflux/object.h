@@ -126,6 +126,10 @@ enum cfx_obj_flags {
 
 struct cfx_task_needs; /* conflux/task.h */
 
+/** The chunk sizes a put, a context (CFX_CHUNK_SIZE) or a tool accepts. */
+#define CFX_CHUNK_SIZE_MIN (4u * 1024)
+#define CFX_CHUNK_SIZE_MAX (64u * 1024 * 1024)
+
 struct cfx_obj_params {
     uint64_t field_mask;          /* which fields are set */
     int timeout_ms;               /* deadline; default the context's; <0 = forever */

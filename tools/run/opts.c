@@ -3,9 +3,12 @@
  */
 #include <ctype.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <conflux/object.h>
 
 #include "../args.h"
 #include "run.h"
@@ -52,6 +55,32 @@ static void usage(FILE *f)
             RUN_MAX_RANKS);
 }
 
+/* A transport list as CFX_TRANSPORT takes it ("tcp", "shm,tcp", "^shm"):
+ * every name one of the transports.  0, or -1 with the bad name on stderr. */
+static int check_transports(const char *list)
+{
+    static const char *const names[] = { "tcp", "shm", "verbs", "dpdk", NULL };
+    const char *p = list[0] == '^' ? list + 1 : list;
+    if (!*p) {
+        fprintf(stderr, "cfx_run: --transport: '%s' is not a transport list (tcp, shm, "
+                "shm,tcp, ^shm, ...)\n", list);
+        return -1;
+    }
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        bool known = false;
+        for (int i = 0; names[i] && !known; i++)
+            known = n == strlen(names[i]) && !strncmp(p, names[i], n);
+        if (!known) {
+            fprintf(stderr, "cfx_run: --transport: '%.*s' in '%s' is not a transport (tcp, "
+                    "shm, verbs, dpdk)\n", (int)n, p, list);
+            return -1;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
 {
     static const struct option longopts[] = {
@@ -85,11 +114,8 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
                 return -1;
             break;
         case 't':
-            if (!*optarg) {
-                fprintf(stderr, "cfx_run: --transport: '' is not a transport list (tcp, shm, "
-                        "shm,tcp, ...)\n");
+            if (check_transports(optarg))
                 return -1;
-            }
             o->transport = optarg;
             break;
         case 'T':
@@ -128,7 +154,8 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
             break;
         }
         case 'c':
-            if (tool_arg_size("cfx_run", "--chunk-size", optarg, 1, 1u << 30, &sz))
+            if (tool_arg_size("cfx_run", "--chunk-size", optarg, CFX_CHUNK_SIZE_MIN,
+                              CFX_CHUNK_SIZE_MAX, &sz))
                 return -1;
             o->chunk_size = optarg;
             break;
