@@ -58,19 +58,41 @@ const char *cfx__env_str(const char *name, const char *def)
     return (v && *v) ? v : def;
 }
 
-long long cfx__env_ll(const char *name, long long def)
+/* @p v whole as a decimal integer into @p out */
+static bool parse_ll(const char *v, long long *out)
 {
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return def;
     errno = 0;
     char *end;
     long long n = strtoll(v, &end, 10);
-    if (errno || *end != '\0') {
+    if (errno || end == v || *end != '\0')
+        return false;
+    *out = n;
+    return true;
+}
+
+long long cfx__env_ll(const char *name, long long def)
+{
+    const char *v = getenv(name);
+    long long n;
+    if (!v || !*v)
+        return def;
+    if (!parse_ll(v, &n)) {
         CFX_LOG(WARN, CONFIG, "ignoring %s=%s: not an integer", name, v);
         return def;
     }
     return n;
+}
+
+int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, long long *out)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v)
+        return CFX_OK;
+    if (!parse_ll(v, out) || *out < lo || *out > hi)
+        return cfx__err(CFX_ERR_INVALID, "%s=%s: want an integer in [%lld, %lld]", name, v, lo,
+                        hi);
+    return CFX_OK;
 }
 
 size_t cfx__env_size(const char *name, size_t def)

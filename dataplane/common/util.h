@@ -112,6 +112,9 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out);
 /* Environment helpers: value of @p name parsed, or @p def when unset.
  * A set but malformed value logs a warning and yields @p def. */
 long long cfx__env_ll(const char *name, long long def);
+/* $name in [lo, hi] into *out (def when unset); else CFX_ERR_INVALID naming
+ * it: for values that must not quietly fall back to a default */
+int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, long long *out);
 size_t cfx__env_size(const char *name, size_t def); /* accepts K/M/G suffixes */
 const char *cfx__env_str(const char *name, const char *def);
 

@@ -84,26 +84,6 @@ static bool addr_is_local(const char *ip)
     return ok;
 }
 
-/* $@p name as an integer in [@p lo, @p hi], @p def when unset: a value that
- * would make every call wait for ever, or a thread spin for ever, is an
- * error naming it, not a default quietly taken instead. */
-static int env_in_range(const char *name, long long def, long long lo, long long hi,
-                        long long *out)
-{
-    const char *v = getenv(name);
-    *out = def;
-    if (!v || !*v)
-        return CFX_OK;
-    errno = 0;
-    char *end;
-    long long n = strtoll(v, &end, 10);
-    if (errno || end == v || *end != '\0' || n < lo || n > hi)
-        return cfx__err(CFX_ERR_INVALID, "%s=%s: want an integer in [%lld, %lld]", name, v, lo,
-                        hi);
-    *out = n;
-    return CFX_OK;
-}
-
 static int config_resolve(struct cfx_config *cfg, const struct cfx_context_params *p)
 {
     uint64_t m = p ? p->field_mask : 0;
@@ -127,7 +107,7 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     long long v;
     if (m & CFX_CTX_PARAM_TIMEOUT)
         cfg->timeout_ms = p->timeout_ms;
-    else if (env_in_range("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1, INT_MAX, &v) != CFX_OK)
+    else if (cfx__env_ll_in("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1, INT_MAX, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     else
         cfg->timeout_ms = (int)v;
@@ -135,7 +115,7 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     if (cfg->inline_max > CFX_OBJECT_INLINE_MAX)
         cfg->inline_max = CFX_OBJECT_INLINE_MAX;
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
-    if (env_in_range("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
+    if (cfx__env_ll_in("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     cfg->spin_us = (uint32_t)v;
     /* each read once into a local (CFX_MIN/CFX_MAX evaluate twice, and a
