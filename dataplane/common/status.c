@@ -30,7 +30,7 @@ const char *cfx_errname(int status)
     }
 }
 
-static __thread char last_error[512];
+static __thread char last_error[CFX__ERR_TEXT_MAX];
 
 const char *cfx_last_error(void)
 {

@@ -93,6 +93,9 @@ uint64_t cfx__keystream_next(struct cfx__keystream *ks);
 /* Forget the unused keys (iface close). */
 void cfx__keystream_wipe(struct cfx__keystream *ks);
 
+/* Room for one error's detail, its terminating NUL included. */
+#define CFX__ERR_TEXT_MAX 512
+
 /*
  * Record the detail of an error on the calling thread (see cfx_last_error())
  * and return @p status so call sites can write `return cfx__err(...)`.

@@ -610,6 +610,9 @@ struct cfx_request {
                                    is a later one (cfx_request_progress) */
     uint64_t seen_done;         /* get: the last progress seen of its entry, for when the */
     uint64_t seen_total;        /* entry has gone before the worker set the status */
+    /* the failed operation's cfx_last_error(), taken on the thread that ran
+     * it and given to whichever thread tests or waits on the request */
+    char err[CFX__ERR_TEXT_MAX];
 };
 
 /* ---- commands for the progress thread ------------------------------------- */
@@ -1114,6 +1117,8 @@ void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
  * collective thread).  A new request runs (CFX_ERR_AGAIN) until completed;
  * completing one the user already freed frees it.  Any thread. */
 struct cfx_request *cfx__request_new(struct cfx_context *ctx);
+/* Complete @p req with @p status (a failure's detail is the calling thread's
+ * cfx_last_error(): call it on the thread that ran the operation). */
 void cfx__request_complete(struct cfx_request *req, int status, size_t size);
 
 /* eager.c: small messages pushed whole to the receiver (see p2p.h). */

@@ -5,10 +5,37 @@
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NWORKERS 2
+
+/* Set the final status (ctx->lock held).  A failure keeps this thread's
+ * cfx_last_error(), the operation's own words (the peer it failed with,
+ * the deadline it missed), for the thread that tests or waits. */
+static void complete_locked(struct cfx_request *req, int status, size_t size)
+{
+    req->size = size;
+    req->status = status;
+    if (status != CFX_OK)
+        snprintf(req->err, sizeof(req->err), "%s", cfx_last_error());
+    pthread_cond_broadcast(&req->cond);
+    if (req->freed_by_user) {
+        pthread_cond_destroy(&req->cond);
+        free(req);
+    }
+}
+
+/* The status of a finished request, its detail made the calling thread's
+ * cfx_last_error() (ctx->lock held). */
+static int finished(const struct cfx_request *req)
+{
+    int st = req->status;
+    if (st != CFX_OK)
+        cfx__err(st, "%s", req->err[0] ? req->err : cfx_strerror(st));
+    return st;
+}
 
 static void *worker_main(void *arg)
 {
@@ -34,13 +61,7 @@ static void *worker_main(void *arg)
         }
 
         pthread_mutex_lock(&ctx->lock);
-        req->size = size;
-        req->status = rc;
-        pthread_cond_broadcast(&req->cond);
-        if (req->freed_by_user) {
-            pthread_cond_destroy(&req->cond);
-            free(req);
-        }
+        complete_locked(req, rc, size);
     }
     pthread_mutex_unlock(&ctx->lock);
     return NULL;
@@ -121,7 +142,7 @@ int cfx_request_test(struct cfx_request *req)
     if (__atomic_load_n(&req->status, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN)
         cfx__progress_test_pass(req->ctx);
     pthread_mutex_lock(&req->ctx->lock);
-    int st = req->status;
+    int st = req->status == CFX_ERR_AGAIN ? CFX_ERR_AGAIN : finished(req);
     pthread_mutex_unlock(&req->ctx->lock);
     return st;
 }
@@ -136,7 +157,7 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     pthread_mutex_lock(&ctx->lock);
     while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&req->cond, &ctx->lock, deadline))
         ;
-    int st = req->status;
+    int st = req->status == CFX_ERR_AGAIN ? CFX_ERR_AGAIN : finished(req);
     pthread_mutex_unlock(&ctx->lock);
     if (st == CFX_ERR_AGAIN)
         return cfx__err(CFX_ERR_TIMEOUT, "request still running after %d ms", timeout_ms);
@@ -194,8 +215,9 @@ int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64_t *tota
         *done = req->size;
         *total = req->size;
     } else if (st != CFX_ERR_AGAIN) {
-        rc = cfx__err(st, "cfx_request_progress: the %s failed (%s)",
-                      req->type == CFX_REQ_PUT ? "put" : "get", cfx_errname(st));
+        rc = cfx__err(st, "cfx_request_progress: the %s failed: %s",
+                      req->type == CFX_REQ_PUT ? "put" : "get",
+                      req->err[0] ? req->err : cfx_errname(st));
     } else if (req->type == CFX_REQ_PUT) {
         /* zero-copy: nothing moves before the directory knows the object,
          * and once it does the put is complete */
@@ -250,13 +272,7 @@ void cfx__request_complete(struct cfx_request *req, int status, size_t size)
 {
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
-    req->size = size;
-    req->status = status;
-    pthread_cond_broadcast(&req->cond);
-    if (req->freed_by_user) {
-        pthread_cond_destroy(&req->cond);
-        free(req);
-    }
+    complete_locked(req, status, size);
     pthread_mutex_unlock(&ctx->lock);
 }
 

@@ -264,7 +264,12 @@ CFX_API int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id,
                        void *buf, size_t capacity, const struct cfx_obj_params *params,
                        struct cfx_request **req);
 
-/** CFX_ERR_AGAIN while in progress, else the final status. */
+/**
+ * CFX_ERR_AGAIN while in progress, else the final status.  A request that
+ * failed gives its operation's detail (the peer, the object, the deadline)
+ * in the calling thread's cfx_last_error(), as the blocking call would:
+ * this holds for cfx_request_wait() and for the group calls' requests too.
+ */
 CFX_API int cfx_request_test(struct cfx_request *req);
 
 /** Wait until done or @p timeout_ms passes (<0 = forever); CFX_ERR_TIMEOUT then. */

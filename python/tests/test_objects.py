@@ -341,8 +341,12 @@ def test_get_nb_progress(coord, monkeypatch):
             done, total = req.progress()
         assert (done, total) == (4 * chunk, n * chunk)
         assert np.array_equal(out[:done], src[:done]) and not out[done:].any()
-        with pytest.raises(conflux.TimeoutError):
-            req.wait()
+        # the get's own words, whichever call reports it and how often
+        for call in (req.wait, req.test, req.wait):
+            with pytest.raises(conflux.TimeoutError) as ei:
+                call()
+            assert "with 4 of 16 chunks" in ei.value.detail, ei.value.detail
+            assert f"from node {holder.node_id}" in ei.value.detail, ei.value.detail
         with pytest.raises(conflux.TimeoutError):
             req.progress()
 

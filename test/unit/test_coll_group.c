@@ -342,6 +342,49 @@ Test(coll_group, nonblocking_order, .timeout = 60)
     down(3);
 }
 
+/* A non-blocking collective that fails gives the thread that waits on it
+ * the failure's detail, as the blocking call gives its caller: rank 0
+ * receives a broadcast rank 1 never sends. */
+static int body_nb_error(struct rank_run *rr)
+{
+    if (rr->rank != 0)
+        return CFX_OK;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 300 };
+    int32_t v = 0;
+    struct cfx_request *req = NULL;
+    int rc = cfx_group_ibroadcast(rr->g, &v, 1, CFX_DTYPE_I32, 1, &p, &req);
+    if (rc != CFX_OK)
+        return rc;
+    cfx__err(CFX_OK, "stale text of this thread");
+    rc = cfx_request_wait(req, 20000);
+    char waited[512];
+    snprintf(waited, sizeof(waited), "%s", cfx_last_error());
+    cfx__err(CFX_OK, "stale text of this thread");
+    int trc = cfx_request_test(req);
+    bool tested = strcmp(cfx_last_error(), waited) == 0;
+    cfx_request_free(req);
+    if (rc != CFX_ERR_TIMEOUT || trc != CFX_ERR_TIMEOUT)
+        return cfx__err(CFX_ERR_INTERNAL, "wait %s, test %s (%s)", cfx_errname(rc),
+                        cfx_errname(trc), waited);
+    if (!strstr(waited, "ibroadcast") && !strstr(waited, "broadcast"))
+        return cfx__err(CFX_ERR_INTERNAL, "the error does not name the call: %s", waited);
+    if (!strstr(waited, "waited for rank 1"))
+        return cfx__err(CFX_ERR_INTERNAL, "the error does not name the peer: %s", waited);
+    if (!tested)
+        return cfx__err(CFX_ERR_INTERNAL, "test gave \"%s\", wait \"%s\"", cfx_last_error(),
+                        waited);
+    return CFX_OK;
+}
+
+Test(coll_group, nonblocking_error_detail, .timeout = 60)
+{
+    struct rank_run rr[MAX_RANKS];
+    up("tcp", 2);
+    run_ranks(2, "nberr", 10000, body_nb_error, rr);
+    all_ok(2, rr);
+    down(2);
+}
+
 /* One of three ranks never comes: creation times out naming it. */
 Test(coll_group, missing_rank, .timeout = 60)
 {

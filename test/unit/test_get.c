@@ -548,8 +548,14 @@ Test(get, progress_of_a_stalled_get)
     cfx_object_id_generate(a, &missing);
     cr_assert_eq(cfx_get_nb(b, &missing, buf, size, &sp, &req), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_request_wait(req, 20000), CFX_ERR_TIMEOUT);
+    /* with the get's own words, given to this thread from the worker's */
+    cr_assert(strstr(cfx_last_error(), "no node put it within 100 ms"), "%s", cfx_last_error());
+    cfx__err_clear();
+    cr_assert_eq(cfx_request_test(req), CFX_ERR_TIMEOUT);
+    cr_assert(strstr(cfx_last_error(), "no node put it within 100 ms"), "%s", cfx_last_error());
     done = total = 1;
     cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_ERR_TIMEOUT);
+    cr_assert(strstr(cfx_last_error(), "no node put it within 100 ms"), "%s", cfx_last_error());
     cr_assert_eq(done, 0);
     cr_assert_eq(total, 0);
     cfx_request_free(req);

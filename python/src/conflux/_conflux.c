@@ -43,10 +43,14 @@ static int set_attr(PyObject *obj, const char *attr, PyObject *v)
 
 /* Raise the exception for @p status: its message is "NAME: text (detail)",
  * and it carries status, name, text and detail (cfx_last_error() of this
- * thread) as attributes. */
+ * thread, or the @p detail given) as attributes. */
 PyObject *cfx__py_raise_status(int status)
 {
-    const char *detail = cfx_last_error();
+    return cfx__py_raise_status_detail(status, cfx_last_error());
+}
+
+PyObject *cfx__py_raise_status_detail(int status, const char *detail)
+{
     PyObject *type = error_base;
     if (status < 0 && status > CFX_STATUS_LAST && cfx__py_error_types[-status])
         type = cfx__py_error_types[-status];

@@ -26,6 +26,8 @@ extern PyObject *cfx__py_error_types[N_STATUS]; /* per negative status; [0] unus
 
 /* Raise the exception for @p status (negative); returns NULL. */
 PyObject *cfx__py_raise_status(int status);
+/* The same with @p detail in place of this thread's cfx_last_error(). */
+PyObject *cfx__py_raise_status_detail(int status, const char *detail);
 /* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
 int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
 /* A 20-byte object id from any bytes-like object; -1 with ValueError set. */

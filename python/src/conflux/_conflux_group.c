@@ -154,6 +154,7 @@ typedef struct {
     int have_sb, have_rb;
     int status; /* final status once complete */
     size_t size; /* a get's object size once complete */
+    char *detail; /* a failure's cfx_last_error(), kept for every later wait() or test() */
 } RequestObject;
 
 /* A Request with nothing attached yet (its buffers, group or owner and
@@ -169,6 +170,7 @@ static RequestObject *request_alloc(void)
     ro->have_sb = ro->have_rb = 0;
     ro->status = 0;
     ro->size = 0;
+    ro->detail = NULL;
     return ro;
 }
 
@@ -176,6 +178,8 @@ static RequestObject *request_alloc(void)
 static void request_finish(RequestObject *self, int status)
 {
     self->size = cfx_request_size(self->req);
+    if (status != CFX_OK && !self->detail) /* before anything below calls the library */
+        self->detail = strdup(cfx_last_error());
     cfx_request_free(self->req);
     self->req = NULL;
     self->status = status;
@@ -195,6 +199,11 @@ static void request_finish(RequestObject *self, int status)
     }
 }
 
+static PyObject *request_raise(RequestObject *self)
+{
+    return cfx__py_raise_status_detail(self->status, self->detail ? self->detail : "");
+}
+
 /* wait(timeout_ms=None): None waits for the operation, which ends by its own
  * deadline (the group's or the call's timeout). */
 static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
@@ -212,12 +221,19 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
         Py_BEGIN_ALLOW_THREADS
         rc = cfx_request_wait(req, set ? ms : -1);
         Py_END_ALLOW_THREADS
-        if (rc == CFX_ERR_TIMEOUT && cfx_request_test(req) == CFX_ERR_AGAIN)
-            return cfx__py_raise_status(CFX_ERR_TIMEOUT); /* still running: wait again later */
+        if (rc == CFX_ERR_TIMEOUT) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            /* the wait's timeout, or the operation's own: the request says
+             * which, and it may have ended (well or not) since the wait */
+            rc = cfx_request_test(req);
+            if (rc == CFX_ERR_AGAIN) /* still running: wait again later */
+                return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
+        }
         request_finish(self, rc);
     }
     if (self->status)
-        return cfx__py_raise_status(self->status);
+        return request_raise(self);
     Py_RETURN_NONE;
 }
 
@@ -231,7 +247,7 @@ static PyObject *Request_test(RequestObject *self, PyObject *unused)
         request_finish(self, rc);
     }
     if (self->status)
-        return cfx__py_raise_status(self->status);
+        return request_raise(self);
     Py_RETURN_TRUE;
 }
 
@@ -256,7 +272,7 @@ static PyObject *Request_progress(RequestObject *self, PyObject *unused)
         return NULL;
     }
     if (self->status)
-        return cfx__py_raise_status(self->status);
+        return request_raise(self);
     return Py_BuildValue("(KK)", (unsigned long long)self->size, (unsigned long long)self->size);
 }
 
@@ -300,6 +316,7 @@ static void Request_dealloc(RequestObject *self)
         PyBuffer_Release(&self->rb);
     Py_CLEAR(self->group);
     Py_CLEAR(self->owner);
+    free(self->detail);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
