@@ -103,6 +103,14 @@ void cfx__log_set_tag(const char *tag)
     pthread_mutex_unlock(&log_tag_lock);
 }
 
+void cfx__log_retag(const char *old, const char *tag)
+{
+    pthread_mutex_lock(&log_tag_lock);
+    if (!strcmp(log_tag, old ? old : ""))
+        snprintf(log_tag, sizeof(log_tag), "%s", tag ? tag : "");
+    pthread_mutex_unlock(&log_tag_lock);
+}
+
 void cfx__log(int level, const char *subsys, const char *file, int line,
               const char *fmt, ...)
 {

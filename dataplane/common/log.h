@@ -28,6 +28,9 @@ extern int cfx__log_level; /* process-wide, set once from the environment */
 
 void cfx__log_init(void);
 void cfx__log_set_tag(const char *tag);
+/* Set the tag to @p tag only while it is @p old (a context whose node id
+ * changed: the tag another context of the process wrote since stays). */
+void cfx__log_retag(const char *old, const char *tag);
 void cfx__log(int level, const char *subsys, const char *file, int line,
               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 const char *cfx__log_level_name(int level);

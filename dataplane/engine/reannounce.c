@@ -38,6 +38,7 @@
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,8 +79,13 @@ static void adopt_node_id(struct cfx_context *ctx)
     uint32_t id = cfx__ctl_node_id(ctx->ctl);
     if (!id || id == ctx->node_id)
         return;
-    CFX_LOG(WARN, CTL, "node %u: the restarted coordinator %s gave this node id %u",
-            ctx->node_id, ctx->cfg.coord, id);
+    /* the log's node= follows, as at the start (context.c) */
+    char old_tag[16], tag[16];
+    snprintf(old_tag, sizeof(old_tag), "%u", ctx->node_id);
+    snprintf(tag, sizeof(tag), "%u", id);
+    cfx__log_retag(old_tag, tag);
+    CFX_LOG(WARN, CTL, "node %u: the restarted coordinator %s gave this node id %u (it was %u)",
+            id, ctx->cfg.coord, id, ctx->node_id);
     ctx->node_id = id;
     ctx->self.node_id = id;
     for (int t = 0; t < ctx->ntp; t++)

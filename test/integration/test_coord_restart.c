@@ -15,13 +15,17 @@
  * while the coordinator is killed and restarted; the third joins afterwards
  * and the group's allreduce is right.  A rank that is slow to reconnect (a
  * process stopped across the restart) is not taken for a dead one by a rank
- * that reads its bootstrap object before it is back.
+ * that reads its bootstrap object before it is back.  A node that a
+ * coordinator without its old state gives a new id takes that id in its
+ * log lines and on its data plane.
  */
 #include <criterion/criterion.h>
 
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -152,6 +156,84 @@ Test(coord_restart, kill_9_mid_transfer)
     free(big);
     free(med);
     free(small);
+}
+
+/* Wait until @p ctx finished a re-announce round (after its reconnect). */
+static void wait_reannounced(struct cfx_context *ctx, int ms);
+
+/*
+ * A coordinator that comes back without its state (a new state directory
+ * here, as after a restart without --state-dir) knows no ids of before:
+ * node b, the only one left, asks for its id 2 and is given 1.  b takes the
+ * new id everywhere: cfx_context_node_id(), its log lines' node=, its
+ * transports (a newcomer authenticates it under the new id: it gets the
+ * objects b put before the restart, re-announced, and b gets one of its).
+ */
+Test(coord_restart, node_given_a_new_id)
+{
+    char logdir[] = "/tmp/cfx-test-newid-XXXXXX", logpath[128];
+    cr_assert_not_null(mkdtemp(logdir));
+    snprintf(logpath, sizeof(logpath), "%s/node.log", logdir);
+    /* this process's lines go to the file from its first (read once) */
+    setenv("CFX_LOG_FILE", logpath, 1);
+    struct cfx_context *a = join(), *b = join();
+    unsetenv("CFX_LOG_FILE"); /* not for the coordinator started again below */
+    cr_assert_eq(cfx_context_node_id(a), 1);
+    cr_assert_eq(cfx_context_node_id(b), 2);
+    cfx_context_destroy(a);
+
+    uint8_t *med = malloc(MED), *small = malloc(SMALL), *buf = malloc(MED);
+    cfx_test_fill(med, MED, 4);
+    cfx_test_fill(small, SMALL, 5);
+    struct cfx_object_id xmed, xsmall, xc;
+    cfx_object_id_from_name("newid/med", &xmed);
+    cfx_object_id_from_name("newid/small", &xsmall);
+    cfx_object_id_from_name("newid/fromc", &xc);
+    cr_assert_eq(cfx_put(b, &xmed, med, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(b, &xsmall, small, SMALL, NULL), CFX_OK, "%s", cfx_last_error());
+
+    coord_run_kill(&co);
+    snprintf(co.statedir, sizeof(co.statedir), "%s/state-new", co.dir);
+    coord_run_start(&co);
+    wait_reconnected(b, 15000);
+    wait_reannounced(b, 15000);
+    cr_assert_eq(cfx_context_node_id(b), 1, "node 2 is now node %u", cfx_context_node_id(b));
+    /* the line that says so is the first under the new id */
+    char text[8192], *end;
+    FILE *lf = fopen(logpath, "r");
+    cr_assert_not_null(lf, "%s", logpath);
+    size_t tn = fread(text, 1, sizeof(text) - 1, lf);
+    fclose(lf);
+    text[tn] = '\0';
+    char *said = strstr(text, "gave this node id 1 (it was 2)");
+    cr_assert_not_null(said, "no line of the new id in %s:\n%s", logpath, text);
+    *said = '\0';
+    if ((end = strrchr(text, '\n')))
+        memmove(text, end + 1, strlen(end + 1) + 1);
+    cr_assert_not_null(strstr(text, " node=1 rank="), "the line is tagged: %s", text);
+
+    struct cfx_context *c = join();
+    cr_assert_eq(cfx_context_node_id(c), 2);
+    size_t got = 0;
+    cr_assert_eq(cfx_get(c, &xmed, buf, MED, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, MED);
+    cr_assert_eq(cfx_test_check(buf, MED, 4), (size_t)-1, "bytes differ");
+    cr_assert_eq(cfx_get(c, &xsmall, buf, MED, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, SMALL);
+    cr_assert_eq(cfx_test_check(buf, SMALL, 5), (size_t)-1, "bytes differ");
+    cfx_test_fill(med, MED, 6);
+    cr_assert_eq(cfx_put(c, &xc, med, MED, NULL), CFX_OK, "%s", cfx_last_error());
+    memset(buf, 0, MED);
+    cr_assert_eq(cfx_get(b, &xc, buf, MED, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(buf, MED, 6), (size_t)-1, "bytes differ");
+
+    cfx_context_destroy(c);
+    cfx_context_destroy(b);
+    free(med);
+    free(small);
+    free(buf);
+    unlink(logpath);
+    rmdir(logdir);
 }
 
 /* Wait until @p ctx finished a re-announce round (after its reconnect). */
