@@ -56,7 +56,9 @@ CFX_API const char *cfx_errname(int status);
  * Detail of the last error raised by the library on the calling thread: what
  * was waited for, on which node, and why.  Valid until the next library call
  * on this thread: every call that returns a status clears it first, so after
- * one that returned CFX_OK it is the empty string.
+ * one that returned CFX_OK it is the empty string.  A non-blocking
+ * operation's failure is given here by the cfx_request_test() or
+ * cfx_request_wait() that returns it, on whichever thread calls it.
  */
 CFX_API const char *cfx_last_error(void);
 
