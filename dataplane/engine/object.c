@@ -52,9 +52,24 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         cfx__arena_lookup(ctx, buf, &obj->shm_fd, &obj->shm_off);
     /* a copy on its way out (deleted here, or withdrawn by its putter) is no
      * object: the id is free once it has left the store */
-    while ((old = cfx__store_find(&ctx->store, id)) && old->deleting &&
-           cfx__obj_wait(ctx, deadline))
-        ;
+    while ((old = cfx__store_find(&ctx->store, id))) {
+        if (!old->deleting && old->complete && old->unrecorded) {
+            /* A copy got from a cached location, unknown to the directory:
+             * nobody would have told us if its putter deleted it since, so
+             * it cannot say the id is taken.  It gives way (as to a get,
+             * get.c get_held; a buffer lent to a cfx_get_alloc caller stays
+             * theirs) and the directory judges the put. */
+            old->deleting = true;
+            if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, old, NULL) != CFX_OK) {
+                pthread_mutex_unlock(&ctx->lock);
+                free(obj->bitmap);
+                free(obj);
+                return cfx__err(CFX_ERR_NOMEM, "cfx_put %s: out of memory", hex);
+            }
+        }
+        if (!old->deleting || !cfx__obj_wait(ctx, deadline))
+            break;
+    }
     if (cfx__store_find(&ctx->store, id)) {
         pthread_mutex_unlock(&ctx->lock);
         free(obj->bitmap);

@@ -60,9 +60,11 @@
  * stale (the object deleted or put again, the holder dead) costs one round
  * trip to the directory and never yields bytes the id no longer names.  A
  * copy got that way is not recorded in the directory, so nobody would tell
- * this node when it is withdrawn: it serves nobody, and a later get of the
- * id on this node fetches again from the location instead of answering
- * from it (a data-plane round trip, no directory lookup).  Objects up to CFX_EAGER_MAX bytes (at most 4064) come back from a
+ * this node when it is withdrawn: it serves nobody, it gives way to a
+ * cfx_put() of the id on this node (which the directory then judges), and
+ * a later get of the id on this node fetches again from the location
+ * instead of answering from it (a data-plane round trip, no directory
+ * lookup).  Objects up to CFX_EAGER_MAX bytes (at most 4064) come back from a
  * complete holder in one message.  cfx_context_stats() counts directory
  * lookups (dir_lookups) and cache hits (loc_hits, loc_stale).
  *

@@ -256,6 +256,80 @@ Test(get, alloc_buffer_outlives_delete_inline)
 }
 
 /*
+ * A copy got from a cached location is unknown to the directory, so nobody
+ * tells its node when the putter deletes the object.  Such a stale copy
+ * must not keep the id from that node's own put: the putter's delete
+ * promises the id is free everywhere.  b gets x (recorded: the directory
+ * withdraws it with a's delete), a puts x again and b gets it from the
+ * location cache (unrecorded), a deletes it; b's put of x succeeds (it
+ * failed with CFX_ERR_EXISTS naming b) and a gets b's bytes.  With
+ * @p alloc the cached get is a cfx_get_alloc, whose buffer stays the
+ * caller's after its copy gives way.
+ */
+static void stale_cached_copy_then_put(bool alloc)
+{
+    const size_t size = 100000;
+    struct cfx_context *a, *b;
+    struct cfx_object_id x;
+    uint8_t *s1 = malloc(size), *s2 = malloc(size), *s3 = malloc(size), *buf = malloc(size);
+    cr_assert(s1 && s2 && s3 && buf);
+    cfx_test_fill(s1, size, 41);
+    cfx_test_fill(s2, size, 42);
+    cfx_test_fill(s3, size, 43);
+
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_object_id_from_name(alloc ? "stale-cached/alloc" : "stale-cached/buf", &x);
+    size_t got = 0;
+    cr_assert_eq(cfx_put(a, &x, s1, size, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &x, buf, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(a, &x, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &x, s2, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_context_stats st0, st1;
+    cfx_context_stats(b, &st0);
+    void *abuf = NULL;
+    if (alloc)
+        cr_assert_eq(cfx_get_alloc(b, &x, &abuf, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    else
+        cr_assert_eq(cfx_get(b, &x, buf, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_stats(b, &st1);
+    cr_assert_eq(st1.loc_hits, st0.loc_hits + 1, "the second get did not use the cached location");
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(alloc ? abuf : buf, size, 42), (size_t)-1, "wrong bytes");
+
+    cr_assert_eq(cfx_delete(a, &x, NULL), CFX_OK, "%s", cfx_last_error());
+    int rc = cfx_put(b, &x, s3, size, NULL);
+    cr_assert_eq(rc, CFX_OK, "put after the putter's delete: %s (%s)", cfx_errname(rc),
+                 cfx_last_error());
+    memset(buf, 0, size);
+    cr_assert_eq(cfx_get(a, &x, buf, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(buf, size, 43), (size_t)-1, "a got other bytes than b's put");
+    if (alloc) {
+        cr_assert_eq(cfx_test_check(abuf, size, 42), (size_t)-1, "the caller's buffer changed");
+        cfx_buf_free(b, abuf);
+    }
+    cr_assert_eq(cfx_delete(b, &x, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(s1);
+    free(s2);
+    free(s3);
+    free(buf);
+}
+
+Test(get, stale_cached_copy_gives_way_to_a_put)
+{
+    stale_cached_copy_then_put(false);
+}
+
+Test(get, stale_cached_alloc_copy_gives_way_to_a_put)
+{
+    stale_cached_copy_then_put(true);
+}
+
+/*
  * A getter the directory sends to a partial holder that has the
  * directory's answer but not yet its entry in the store: the holder keeps
  * the request (GET_WAIT) and serves it from the entry once it exists, so
