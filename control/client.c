@@ -67,6 +67,17 @@ struct ctl_call {
     struct cfx_msg reply;
 };
 
+/* The async puts awaiting their answer (oldest first), at most this many:
+ * replies come in the order of the requests, and a put is answered at once,
+ * so the oldest is answered first; past the cap the oldest is forgotten
+ * (its refusal only logged). */
+#define CTL_APUT_MAX 256
+
+struct ctl_aput {
+    uint64_t req_id;
+    struct cfx_object_id id;
+};
+
 struct cfx_ctl {
     int fd;
     int wake_fd;                     /* eventfd: wakes the reader for close */
@@ -79,6 +90,8 @@ struct cfx_ctl {
     void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
     void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
+    void (*on_put_answer)(void *arg, const struct cfx_object_id *id, int status,
+                          const char *why);
     void (*on_task_run)(void *arg, const struct cfx_msg_task *task);
     void (*load_fill)(void *arg, struct cfx_msg_load *out);
     void (*beat_fill)(void *arg, struct cfx_msg_heartbeat *hb);
@@ -100,6 +113,8 @@ struct cfx_ctl {
     pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
     uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
     uint64_t reconnects;             /* successful reconnections */
+    struct ctl_aput aput[CTL_APUT_MAX]; /* async puts unanswered: a ring, under lock */
+    unsigned aput_head, aput_n;
 
     uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
     size_t rlen;
@@ -553,6 +568,75 @@ static int unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *wh
 /* ------------------------------------------------------------------------ */
 /* Reader thread                                                             */
 
+/* Remember async put @p req_id of @p id until its answer (ctl->lock held). */
+static void aput_add(struct cfx_ctl *ctl, uint64_t req_id, const struct cfx_object_id *id)
+{
+    if (ctl->aput_n == CTL_APUT_MAX) { /* forget the oldest */
+        ctl->aput_head = (ctl->aput_head + 1) % CTL_APUT_MAX;
+        ctl->aput_n--;
+    }
+    struct ctl_aput *a = &ctl->aput[(ctl->aput_head + ctl->aput_n++) % CTL_APUT_MAX];
+    a->req_id = req_id;
+    a->id = *id;
+}
+
+/* Forget async put @p req_id, which was never sent (ctl->lock held). */
+static void aput_unsent(struct cfx_ctl *ctl, uint64_t req_id)
+{
+    for (unsigned i = 0; i < ctl->aput_n; i++) {
+        unsigned at = (ctl->aput_head + i) % CTL_APUT_MAX;
+        if (ctl->aput[at].req_id != req_id)
+            continue;
+        for (unsigned j = i; j + 1 < ctl->aput_n; j++)
+            ctl->aput[(ctl->aput_head + j) % CTL_APUT_MAX] =
+                ctl->aput[(ctl->aput_head + j + 1) % CTL_APUT_MAX];
+        ctl->aput_n--;
+        return;
+    }
+}
+
+/* The answer to request @p req_id: true when it was an async put's (its
+ * owner told), false for any other request.  Older puts still waiting lost
+ * their answers with a connection: the owner hears CFX_ERR_CONNECT. */
+static bool aput_answered(struct cfx_ctl *ctl, uint64_t req_id, int status, const char *why)
+{
+    struct ctl_aput lost[8], mine;
+    unsigned nlost = 0;
+    bool found = false;
+    for (;;) {
+        pthread_mutex_lock(&ctl->lock);
+        while (ctl->aput_n && nlost < CFX_ARRAY_SIZE(lost) &&
+               ctl->aput[ctl->aput_head].req_id < req_id) {
+            lost[nlost++] = ctl->aput[ctl->aput_head];
+            ctl->aput_head = (ctl->aput_head + 1) % CTL_APUT_MAX;
+            ctl->aput_n--;
+        }
+        bool more = ctl->aput_n && ctl->aput[ctl->aput_head].req_id < req_id;
+        if (!more && ctl->aput_n && ctl->aput[ctl->aput_head].req_id == req_id) {
+            mine = ctl->aput[ctl->aput_head];
+            ctl->aput_head = (ctl->aput_head + 1) % CTL_APUT_MAX;
+            ctl->aput_n--;
+            found = true;
+        }
+        pthread_mutex_unlock(&ctl->lock);
+        for (unsigned i = 0; i < nlost && ctl->on_put_answer; i++)
+            ctl->on_put_answer(ctl->arg, &lost[i].id, CFX_ERR_CONNECT, "its answer was lost");
+        nlost = 0;
+        if (!more)
+            break;
+    }
+    if (!found)
+        return false;
+    if (status != CFX_OK) {
+        char hex[CFX_OBJECT_ID_HEX_LEN];
+        CFX_LOG(WARN, CTL, "coordinator %s refused the put of object %s: %s (%s)", ctl->coord,
+                idhex(&mine.id, hex), why, cfx_errname(status));
+    }
+    if (ctl->on_put_answer)
+        ctl->on_put_answer(ctl->arg, &mine.id, status, why);
+    return true;
+}
+
 static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
 {
     struct cfx_msg m;
@@ -626,6 +710,13 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
         pthread_cond_signal(&call->cond);
     }
     pthread_mutex_unlock(&ctl->lock);
+
+    /* The answer to an async put goes to its owner (and the unanswered
+     * older ones, whose answers a lost connection took, are dropped) */
+    if (!call && (m.type == CFX_MSG_OK || m.type == CFX_MSG_ERROR) &&
+        aput_answered(ctl, m.req_id, m.type == CFX_MSG_OK ? CFX_OK : m.u.error.status,
+                      m.type == CFX_MSG_OK ? "" : m.u.error.text))
+        return;
 
     /* Replies to fire-and-forget requests have no waiter: an error among
      * them is still worth a line in the log. */
@@ -1003,6 +1094,8 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
                     CTL_BACKOFF_MAX_MS);
         backoff = backoff * 2 > CTL_BACKOFF_MAX_MS ? CTL_BACKOFF_MAX_MS : backoff * 2;
     }
+    /* puts sent on the lost connection will have no answer */
+    aput_answered(ctl, UINT64_MAX, CFX_OK, "");
     pthread_mutex_lock(&ctl->lock);
     ctl->broken = 0;
     ctl->lost_ns = 0;
@@ -1070,6 +1163,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
     ctl->on_obj_gone = params->on_obj_gone;
+    ctl->on_put_answer = params->on_put_answer;
     ctl->on_task_run = params->on_task_run;
     ctl->load_fill = params->load_fill;
     ctl->beat_fill = params->beat_fill;
@@ -1409,8 +1503,15 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
     cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
     pthread_mutex_lock(&ctl->lock);
     m.req_id = ++ctl->next_req;
+    aput_add(ctl, m.req_id, id); /* before the answer can come */
     pthread_mutex_unlock(&ctl->lock);
-    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    int rc = send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    if (rc != CFX_OK) {
+        pthread_mutex_lock(&ctl->lock);
+        aput_unsent(ctl, m.req_id);
+        pthread_mutex_unlock(&ctl->lock);
+    }
+    return rc;
 }
 
 int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *id)

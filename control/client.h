@@ -275,6 +275,14 @@ struct cfx_ctl_params {
      * got, and the traffic per peer.  Must not block.  May be NULL (none
      * are reported). */
     void (*beat_fill)(void *arg, struct cfx_msg_heartbeat *hb);
+    /* Called from the client thread with the coordinator's answer to each
+     * cfx__ctl_obj_put_async() of this client: @p status CFX_OK, its
+     * refusal (CFX_ERR_EXISTS: the id names another object) with @p why,
+     * or CFX_ERR_CONNECT when the connection it was sent on was lost first
+     * (the owner re-announces what it holds after the reconnect).  Same
+     * rules as on_node_dead.  May be NULL (refusals are logged). */
+    void (*on_put_answer)(void *arg, const struct cfx_object_id *id, int status,
+                          const char *why);
     /* CFX_SECURE (enum cfx_seal_mode, control/seal.h): must be the
      * coordinator's (else CFX_ERR_AUTH naming both); frames after the
      * handshake are sealed unless off (0, the default). */
@@ -383,7 +391,8 @@ int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                             struct cfx_ctl_source *out);
 
 /* Announce a complete, non-inline object without waiting for the answer
- * (usable from threads that must not block; a refusal is logged): this
+ * (usable from threads that must not block; the answer, refusal or not,
+ * reaches on_put_answer, and a refusal is logged): this
  * node's put, or with @p copy_of a copy of node copy_of's untagged put (as
  * cfx__ctl_obj_put_copy() with tag 0; a reduce's result is put so). */
 int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,

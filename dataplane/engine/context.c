@@ -382,6 +382,29 @@ static void on_reconnected(void *arg)
     cfx__task_on_reconnected(arg);
 }
 
+/* Client thread: the directory's answer to a reduce result's announcement,
+ * handed to the progress thread (the task it ends sends on a connection). */
+static void on_put_answer(void *arg, const struct cfx_object_id *id, int status, const char *why)
+{
+    struct cfx_context *ctx = arg;
+    struct cfx_put_answer *a = malloc(sizeof(*a));
+    struct cfx_cmd *cmd = a ? calloc(1, sizeof(*cmd)) : NULL;
+    if (!cmd) {
+        free(a);
+        CFX_LOG(ERR, OBJ, "node %u: out of memory for the directory's answer to a put",
+                ctx->node_id);
+        return;
+    }
+    a->id = *id;
+    a->status = status;
+    snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
+    cmd->type = CFX_CMD_PUT_ANSWER;
+    cmd->msg = a;
+    pthread_mutex_lock(&ctx->lock);
+    cfx__cmd_post(ctx, cmd);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static void on_obj_gone(void *arg, const struct cfx_object_id *id)
 {
     struct cfx_context *ctx = arg;
@@ -544,6 +567,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .on_node_dead = on_node_dead,
         .on_node_left = on_node_left,
         .on_reconnected = on_reconnected,
+        .on_put_answer = on_put_answer,
         .on_obj_gone = on_obj_gone,
         .on_task_run = cfx__task_on_run,
         .load_fill = cfx__task_load_fill,

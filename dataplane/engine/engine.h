@@ -552,6 +552,8 @@ struct cfx_rtask {
     bool repair;                /* CFX_RTASK_REPAIR: report lost children, await ADOPT */
     bool aborted;               /* the driver is done with it: free it */
     bool gather;                /* CFX_RTASK_GATHER */
+    bool answer_due;            /* its result's announcement awaits the directory's answer */
+    bool done_due;              /* complete: REDUCE_DONE goes once that answer is yes */
     uint32_t stripes;           /* a gather: children it reads, once all are named */
     uint32_t putter;            /* a gather: the node that puts the result */
     uint64_t in_off;            /* bytes of the input before the range reduced */
@@ -584,6 +586,11 @@ void cfx__rtask_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
 void cfx__rtask_chunk(struct cfx_context *ctx, struct cfx_rchild *ch, uint32_t chunk,
                       uint32_t len);
 void cfx__rtask_child_failed(struct cfx_context *ctx, struct cfx_rchild *ch, int status);
+struct cfx_put_answer;
+/* Progress thread: the directory's answer to a reduce result's announcement
+ * (the task reports done once it is yes; a refusal fails it, or drops the
+ * result kept here). */
+void cfx__rtask_put_answer(struct cfx_context *ctx, const struct cfx_put_answer *a);
 int cfx__rtask_poll(struct cfx_context *ctx);
 void cfx__rtask_destroy_all(struct cfx_context *ctx);
 void cfx__rtask_node_dead(struct cfx_context *ctx, uint32_t node_id);
@@ -627,6 +634,14 @@ enum cfx_cmd_type {
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
     CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
     CFX_CMD_EAGER_CREDIT,   /* return eager credits owed to peers */
+    CFX_CMD_PUT_ANSWER,     /* the directory answered an async put (cmd->msg) */
+};
+
+/* CFX_CMD_PUT_ANSWER's message: on_put_answer's arguments (control/client.h). */
+struct cfx_put_answer {
+    struct cfx_object_id id;
+    int status;
+    char why[256];
 };
 
 struct cfx_cmd {

@@ -248,9 +248,15 @@ static void rtask_complete(struct cfx_context *ctx, struct cfx_rtask *t)
         out->ephemeral = false;
         out->owned = true; /* this node is the result's putter */
         if (!t->early)
-            out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
-                                                    out->chunk_size, 0) == CFX_OK;
-        send_done(ctx, t, CFX_OK, ctx->node_id);
+            t->answer_due = out->announced =
+                cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size, out->chunk_size, 0) ==
+                CFX_OK;
+        /* done once the directory took it: the id may name another object
+         * (cfx__rtask_put_answer) */
+        if (t->answer_due)
+            t->done_due = true;
+        else
+            send_done(ctx, t, CFX_OK, ctx->node_id);
     }
     pthread_cond_broadcast(&ctx->obj_cond);
 }
@@ -506,8 +512,8 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     if (t->early) {
         /* getters may attach now and read chunks as they are reduced */
         out->owned = true;
-        out->announced = cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size,
-                                                out->chunk_size, 0) == CFX_OK;
+        t->answer_due = out->announced =
+            cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size, out->chunk_size, 0) == CFX_OK;
     }
 
     if (t->nchildren == 0) {
@@ -548,6 +554,69 @@ static void gather_keep(struct cfx_context *ctx, struct cfx_rtask *t)
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": keeps the result as %s",
             ctx->node_id, t->task, t->final ? "its putter" : "a copy");
+}
+
+/* @p o, a result this node announced, is not the object the directory
+ * knows by its id: it leaves, so that no get here answers with it. */
+static void result_refused(struct cfx_context *ctx, struct cfx_obj *o)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (t->out == o)
+            t->out = NULL;
+    }
+    o->announced = false;
+    o->deleting = true;
+    o->ephemeral = false;
+    cfx__obj_release(ctx, o);
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+void cfx__rtask_put_answer(struct cfx_context *ctx, const struct cfx_put_answer *a)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    bool yes = a->status == CFX_OK || a->status == CFX_ERR_CONNECT; /* CONNECT: announced
+                                                                       again on the reconnect */
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->rtasks) {
+        struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
+        if (!t->answer_due || !t->out || memcmp(&t->out->id, &a->id, sizeof(a->id)))
+            continue;
+        t->answer_due = false;
+        if (yes) {
+            if (t->done_due) {
+                t->done_due = false;
+                send_done(ctx, t, CFX_OK, ctx->node_id);
+            }
+            return;
+        }
+        cfx_object_id_to_hex(&a->id, hex);
+        CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 ": the directory refused its "
+                "result %s (%s): %s", ctx->node_id, t->task, hex, cfx_errname(a->status),
+                a->why);
+        t->out->announced = false; /* the id is another node's: nothing of ours to withdraw */
+        if (t->status == CFX_ERR_AGAIN) {
+            rtask_fail(ctx, t, a->status, ctx->node_id);
+        } else {
+            /* complete, its REDUCE_DONE held back for this answer */
+            t->status = a->status;
+            t->done_due = false;
+            send_done(ctx, t, a->status, ctx->node_id);
+            result_refused(ctx, t->out);
+        }
+        return;
+    }
+    if (yes)
+        return;
+    /* no task waits for it: a gathered result kept after its reduce ended */
+    struct cfx_obj *o = cfx__store_find(&ctx->store, &a->id);
+    if (o && !o->deleting && o->announced && !o->p2p) {
+        cfx_object_id_to_hex(&a->id, hex);
+        CFX_LOG(WARN, REDUCE, "node %u: the directory refused the reduce result %s kept here "
+                "(%s): %s; dropped", ctx->node_id, hex, cfx_errname(a->status), a->why);
+        result_refused(ctx, o);
+    }
 }
 
 /* The driver (@p conn; NULL: this node) is done with @p task: stop its
@@ -741,6 +810,8 @@ int cfx__rtask_poll(struct cfx_context *ctx)
             rtask_fail(ctx, t, CFX_ERR_TIMEOUT, ctx->node_id);
         } else if (t->out && t->out->ephemeral && !t->aborted && now < t->deadline) {
             continue; /* an intermediate: a parent may adopt it until the reduce ends */
+        } else if (t->done_due && now < t->deadline) {
+            continue; /* its result's announcement awaits the directory's answer */
         }
         bool running = false;
         for (uint32_t c = 0; c < t->nchildren; c++) {
@@ -1371,6 +1442,37 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
     return rc;
 }
 
+/* The result's id must name no object yet: one that does fails the reduce
+ * at once (the directory would refuse the result's announcement at its
+ * end: cfx__rtask_put_answer).  A copy got from a cached location does not
+ * count (it gives way, as to a put). */
+static int result_free(struct cfx_context *ctx, const struct cfx_object_id *result,
+                       const char *hex, uint64_t deadline)
+{
+    pthread_mutex_lock(&ctx->lock);
+    const struct cfx_obj *o = cfx__store_find(&ctx->store, result);
+    bool here = o && !o->deleting && !(o->complete && o->unrecorded);
+    pthread_mutex_unlock(&ctx->lock);
+    if (here)
+        return cfx__err(CFX_ERR_EXISTS, "reduce into %.12s: node %u holds an object of that id "
+                        "already; a result needs an id of its own", hex, ctx->node_id);
+    uint64_t step = CFX_MIN(deadline, cfx__deadline_ns(5000));
+    struct cfx_ctl_source src;
+    int rc = cfx__ctl_obj_lookup_now(ctx->ctl, result, NULL, 0, step, &src);
+    if (rc == CFX_ERR_TIMEOUT) { /* no node holds it */
+        cfx__err_clear();
+        return CFX_OK;
+    }
+    if (rc != CFX_OK)
+        return rc;
+    if (!src.is_inline) /* we only wanted to know whether it is there */
+        cfx__ctl_obj_done(ctx->ctl, result, src.node.node_id, 0, step);
+    free(src.data);
+    return cfx__err(CFX_ERR_EXISTS, "reduce into %.12s: the id names an object already (node %u "
+                    "put it, %" PRIu64 " bytes); a result needs an id of its own", hex,
+                    src.putter, src.size);
+}
+
 static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inputs, size_t n,
                        size_t k, enum cfx_dtype dtype, enum cfx_redop op,
                        const struct cfx_object_id *result, const struct cfx_obj_params *params,
@@ -1399,6 +1501,9 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
     cfx_object_id_to_hex(result, pl.hex);
     pl.cap = 2 * k + 1;
 
+    rc = result_free(ctx, result, pl.hex, pl.deadline);
+    if (rc != CFX_OK)
+        return rc;
     struct arrival *arr = calloc(k, sizeof(*arr));
     pl.lost = calloc(n, sizeof(bool));
     pl.pos = calloc(pl.cap, sizeof(*pl.pos));

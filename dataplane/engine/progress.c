@@ -175,6 +175,10 @@ int cfx__progress_run_cmds(struct cfx_context *ctx)
         case CFX_CMD_RTASK:
             cfx__rtask_cmd(ctx, cmd);
             break;
+        case CFX_CMD_PUT_ANSWER:
+            cfx__rtask_put_answer(ctx, cmd->msg);
+            free(cmd->msg);
+            break;
         }
         cmd_put(ctx, cmd);
         n++;

@@ -1,0 +1,173 @@
+/*
+ * cfx_reduce_objects() into an id that names another object: it fails with
+ * CFX_ERR_EXISTS and leaves that object the only one under the id, on every
+ * node (the reduce used to return CFX_OK while the directory refused its
+ * result, and the result's node answered its own gets with it).  One
+ * process: an embedded coordinator and four contexts over tcp.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "testutil.h"
+
+#define NCTX  4
+#define COUNT (300u * 1024) /* floats: 1.2 MB, chunked */
+#define SIZE  (COUNT * sizeof(float))
+
+static struct cfx_coord *coord;
+static struct cfx_context *ctx[NCTX];
+static char token[64];
+
+static void setup(void)
+{
+    char addr[64];
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    for (int i = 0; i < NCTX; i++) {
+        struct cfx_context_params cp = {
+            .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                          CFX_CTX_PARAM_TRANSPORTS,
+            .coord = addr, .token = token, .timeout_ms = 10000, .transports = "tcp",
+        };
+        cr_assert_eq(cfx_context_create(&cp, &ctx[i]), CFX_OK, "%s", cfx_last_error());
+    }
+}
+
+static void teardown(void)
+{
+    for (int i = NCTX - 1; i >= 0; i--)
+        cfx_context_destroy(ctx[i]);
+    cfx__coord_stop(coord);
+}
+
+TestSuite(objreduce, .init = setup, .fini = teardown, .timeout = 90);
+
+static float *filled(float v)
+{
+    float *a = malloc(SIZE);
+    cr_assert_not_null(a);
+    for (size_t i = 0; i < COUNT; i++)
+        a[i] = v;
+    return a;
+}
+
+/* Every node gets @p id and finds @p v everywhere in it (a node holding
+ * other bytes under the id would answer with those). */
+static void all_read(const struct cfx_object_id *id, float v)
+{
+    float *buf = malloc(SIZE);
+    cr_assert_not_null(buf);
+    /* the buffer is ours again when the get returns (no copy kept in it) */
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = CFX_OBJ_FLAG_NO_KEEP };
+    for (int i = 0; i < NCTX; i++) {
+        size_t got = 0;
+        memset(buf, 0, SIZE);
+        int rc = cfx_get(ctx[i], id, buf, SIZE, &got, &p);
+        cr_assert_eq(rc, CFX_OK, "node %d: %s (%s)", i, cfx_errname(rc), cfx_last_error());
+        cr_assert_eq(got, SIZE);
+        for (size_t j = 0; j < COUNT; j++)
+            cr_assert_eq(buf[j], v, "node %d reads %g at %zu, the object under the id is %g", i,
+                         (double)buf[j], j, (double)v);
+    }
+    free(buf);
+}
+
+/* The id was taken before the reduce started: refused at once. */
+Test(objreduce, result_id_taken_before)
+{
+    struct cfx_object_id x, y, z;
+    cfx_object_id_from_name("objreduce/before/x", &x);
+    cfx_object_id_from_name("objreduce/before/y", &y);
+    cfx_object_id_from_name("objreduce/before/z", &z);
+    float *ax = filled(1.0f), *ay = filled(2.0f), *az = filled(100.0f);
+    cr_assert_eq(cfx_put(ctx[0], &x, ax, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[1], &y, ay, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[2], &z, az, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+
+    const struct cfx_object_id in[2] = { x, y };
+    int rc = cfx_reduce_objects(ctx[0], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &z, NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_EXISTS, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "names an object already (node"), "%s",
+              cfx_last_error());
+    /* the node that holds it, as driver */
+    rc = cfx_reduce_objects(ctx[2], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &z, NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_EXISTS, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    all_read(&z, 100.0f);
+    free(ax);
+    free(ay);
+    free(az);
+}
+
+struct reducer {
+    const struct cfx_object_id *in;
+    size_t n, k;
+    const struct cfx_object_id *out;
+    int rc;
+    char err[512];
+};
+
+static void *reducer_main(void *arg)
+{
+    struct reducer *r = arg;
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    r->rc = cfx_reduce_objects(ctx[0], r->in, r->n, r->k, CFX_DTYPE_F32, CFX_OP_SUM, r->out, &p,
+                               NULL);
+    snprintf(r->err, sizeof(r->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/*
+ * The id is taken while the reduce waits for its last input: the
+ * directory refuses the result's announcement and the reduce fails with
+ * CFX_ERR_EXISTS; no node answers a get with the reduced bytes.  With
+ * @p k == @p n the result is announced as it starts (getters may read it
+ * as it is reduced); with k < n once complete.
+ */
+static void taken_during(size_t n, size_t k, const char *tag)
+{
+    char name[64];
+    struct cfx_object_id in[3], z;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(name, sizeof(name), "objreduce/%s/in%zu", tag, i);
+        cfx_object_id_from_name(name, &in[i]);
+    }
+    snprintf(name, sizeof(name), "objreduce/%s/z", tag);
+    cfx_object_id_from_name(name, &z);
+    float *a0 = filled(1.0f), *a1 = filled(2.0f), *az = filled(100.0f);
+    cr_assert_eq(cfx_put(ctx[0], &in[0], a0, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct reducer r = { .in = in, .n = n, .k = k, .out = &z };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, reducer_main, &r), 0);
+    /* the reduce has checked the id by now, most likely (either way it must fail) */
+    usleep(300 * 1000);
+    cr_assert_eq(cfx_put(ctx[2], &z, az, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[1], &in[1], a1, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    pthread_join(th, NULL);
+    cr_log_info("%s: %s: %s", tag, cfx_errname(r.rc), r.err);
+    cr_assert_eq(r.rc, CFX_ERR_EXISTS, "%s (%s)", cfx_errname(r.rc), r.err);
+    all_read(&z, 100.0f);
+    free(a0);
+    free(a1);
+    free(az);
+}
+
+Test(objreduce, result_id_taken_during_announced_early)
+{
+    taken_during(2, 2, "early");
+}
+
+Test(objreduce, result_id_taken_during_announced_complete)
+{
+    taken_during(3, 2, "complete");
+}
