@@ -11,6 +11,7 @@
 #define P2P_CANCEL_GRACE_MS 1000
 #define P2P_DRAIN_POLL_MS   20 /* a withdrawn send looks at its writes in flight */
 #define DEATH_GRACE_MS      300 /* see cfx__p2p_wait_watch() */
+#define LEFT_GRACE_MS       2000 /* ... for a node that left, when it is not the peer */
 
 struct cfx_p2p_req {
     struct cfx_context *ctx;
@@ -436,8 +437,13 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     if (st == CFX_ERR_AGAIN && who >= 0) {
         /* The news of a death can overtake what the node sent just before
          * it went (a rank that finished and exited): let bytes already on
-         * their way land before calling the call failed. */
-        uint64_t grace = cfx__deadline_ns(DEATH_GRACE_MS);
+         * their way land before calling the call failed.  A group member
+         * that left in good order may have left after finishing its part of
+         * the very call waiting here (a barrier's first rank out), while
+         * this message comes from a live peer that is only slower (a
+         * loaded machine): that peer gets longer. */
+        bool bystander = node_left(ctx, nodes[who]) && nodes[who] != req->peer;
+        uint64_t grace = cfx__deadline_ns(bystander ? LEFT_GRACE_MS : DEATH_GRACE_MS);
         if (grace > deadline_ns)
             grace = deadline_ns;
         while ((st = p2p_status(req)) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))

@@ -64,7 +64,10 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
  * to its index) as soon as any of @p nodes is known dead or left the
  * cluster in good order (cfx__p2p_node_left() tells which) — so every
  * member of a group learns of it, not only the ones that talk to that
- * node.  *dead is -1 otherwise. */
+ * node.  *dead is -1 otherwise.  What is already on its way may still
+ * land first: 300 ms of grace, 2 s when the node left in good order and
+ * is not this request's peer (it may have left after its part of the
+ * call), and while a connection with a node that left is open. */
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead);
 
