@@ -248,6 +248,9 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * @return CFX_OK once the result is complete; CFX_ERR_TIMEOUT when fewer than
  *         k inputs appeared in time (cfx_last_error() names the missing ones);
  *         CFX_ERR_INVALID for bad arguments or inputs of different sizes;
+ *         CFX_ERR_EXISTS when @p result names an object already (put before
+ *         the reduce, or while it ran: that object stays the only one
+ *         under the id, on every node);
  *         CFX_ERR_PEER_FAILED naming the node when a participant died;
  *         CFX_ERR_NO_RESOURCE when no holder of a ready input meets
  *         @p params->place (named in cfx_last_error()).
