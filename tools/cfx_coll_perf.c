@@ -681,8 +681,11 @@ int main(int argc, char **argv)
     }
     R.rank = cfx_group_rank(R.g);
     R.n = cfx_group_size(R.g);
-    if (d->root && o.sw.root >= R.n) {
-        if (R.rank == 0)
+    if ((d->root && o.sw.root >= R.n) || (o.op == OP_SENDBURST && R.n > 1 && R.n % 2)) {
+        if (R.rank == 0 && o.op == OP_SENDBURST)
+            fprintf(stderr, "cfx_coll_perf: -o sendburst pairs the ranks: it needs 1 or an "
+                    "even number of them, not %d\n", R.n);
+        else if (R.rank == 0)
             fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.sw.root,
                     R.n);
         cfx_group_destroy(R.g);

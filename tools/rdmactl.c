@@ -13,6 +13,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,16 +80,17 @@ static void json_str(const char *s)
 }
 
 /* A peer's string for a table: printable ASCII as is, a backslash doubled,
- * any other byte as \xNN (no terminal escapes, no column breaks).  @p out
- * holds 4 * strlen(s) + 1 bytes at most; cut to @p len. */
-static const char *esc(const char *s, char *out, size_t len)
+ * any other byte as \xNN (no terminal escapes, no column breaks; a space
+ * too, but in the last column with @p last).  @p out holds 4 * strlen(s) + 1
+ * bytes at most; cut to @p len. */
+static const char *esc_col(const char *s, char *out, size_t len, bool last)
 {
     size_t o = 0;
     for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < len; p++) {
         if (*p == '\\') {
             out[o++] = '\\';
             out[o++] = '\\';
-        } else if (*p > 0x20 && *p < 0x7f) {
+        } else if ((*p > 0x20 || (last && *p == 0x20)) && *p < 0x7f) {
             out[o++] = (char)*p;
         } else {
             o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
@@ -96,6 +98,11 @@ static const char *esc(const char *s, char *out, size_t len)
     }
     out[o] = '\0';
     return out;
+}
+
+static const char *esc(const char *s, char *out, size_t len)
+{
+    return esc_col(s, out, len, false);
 }
 
 static void id_hex(const struct cfx_object_id *id, char *buf)
@@ -659,7 +666,7 @@ static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
                wname, esc(t->name, name, sizeof(name)), task_state(t), node, t->submitter, age,
                t->placements > 1 ? t->placements - 1 : 0,
                t->state == CFX_CTL_TASK_DONE ? cfx_errname(t->status) : "-",
-               t->text[0] ? ": " : "", esc(t->text, text, sizeof(text)));
+               t->text[0] ? ": " : "", esc_col(t->text, text, sizeof(text), true));
     }
     free(tasks);
     return 0;
