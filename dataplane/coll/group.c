@@ -566,7 +566,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     g->seg_bytes = cfx__env_size("CFX_COLL_SEG", COLL_SEG_DEFAULT);
     if (g->seg_bytes < COLL_SEG_MIN)
         g->seg_bytes = COLL_SEG_MIN;
-    long long chk = cfx__env_ll("CFX_COLL_CHECK", COLL_CHECK_EDGES);
+    long long chk = cfx__env_ll_clamp("CFX_COLL_CHECK", COLL_CHECK_EDGES, 0, 2);
     g->check = chk <= 0 ? COLL_CHECK_OFF : chk == 1 ? COLL_CHECK_EDGES : COLL_CHECK_ALL;
     if (g->check == COLL_CHECK_OFF)
         CFX_LOG(WARN, COLL, "group %s: CFX_COLL_CHECK=0: the ranks' arguments are not "

@@ -95,6 +95,25 @@ int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, 
     return CFX_OK;
 }
 
+long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long long hi)
+{
+    long long v = cfx__env_ll(name, def);
+    if (v >= lo && v <= hi)
+        return v;
+    long long to = v < lo ? lo : hi;
+    CFX_LOG(WARN, CONFIG, "%s=%lld is outside [%lld, %lld]: %lld is used", name, v, lo, hi, to);
+    return to;
+}
+
+size_t cfx__env_size_max(const char *name, size_t def, size_t max)
+{
+    size_t v = cfx__env_size(name, def);
+    if (v <= max)
+        return v;
+    CFX_LOG(WARN, CONFIG, "%s=%zu is more than its limit %zu: %zu is used", name, v, max, max);
+    return max;
+}
+
 size_t cfx__env_size(const char *name, size_t def)
 {
     const char *v = getenv(name);

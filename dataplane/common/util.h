@@ -119,6 +119,10 @@ long long cfx__env_ll(const char *name, long long def);
  * it: for values that must not quietly fall back to a default */
 int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, long long *out);
 size_t cfx__env_size(const char *name, size_t def); /* accepts K/M/G suffixes */
+/* As cfx__env_ll() / cfx__env_size(), a value outside [lo, hi] (above max)
+ * brought to the nearest bound, with a warning that says which is used. */
+long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long long hi);
+size_t cfx__env_size_max(const char *name, size_t def, size_t max);
 const char *cfx__env_str(const char *name, const char *def);
 
 /* Parse a size with optional K/M/G suffix.  CFX_OK / CFX_ERR_INVALID. */

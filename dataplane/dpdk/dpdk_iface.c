@@ -389,8 +389,8 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     /* a memif client may start before its server: wait for it a while */
     pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
     pp.tx_copy = cfx__env_ll("CFX_DPDK_TX_ZC", 1) == 0;
-    long long quiet = cfx__env_ll("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS);
-    iface->quiet_ns = quiet > 0 ? (uint64_t)CFX_MIN(quiet, 60000LL) * 1000000ull : 0;
+    long long quiet = cfx__env_ll_clamp("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS, 0, 60000);
+    iface->quiet_ns = (uint64_t)quiet * 1000000ull;
     iface->data_at = cfx__now_ns();
     const char *drop = getenv("CFX_DPDK_RX_DROP_PPM");
     if (drop) {

@@ -111,28 +111,24 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         return CFX_ERR_INVALID;
     else
         cfg->timeout_ms = (int)v;
-    cfg->inline_max = cfx__env_size("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX);
-    if (cfg->inline_max > CFX_OBJECT_INLINE_MAX)
-        cfg->inline_max = CFX_OBJECT_INLINE_MAX;
+    cfg->inline_max = cfx__env_size_max("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX,
+                                        CFX_OBJECT_INLINE_MAX);
     cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
     if (cfx__env_ll_in("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     cfg->spin_us = (uint32_t)v;
-    /* each read once into a local (CFX_MIN/CFX_MAX evaluate twice, and a
-     * bad value's warning would repeat), then clamped as documented */
-    v = cfx__env_ll("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD);
-    cfg->spin_yield = (uint32_t)CFX_MIN(CFX_MAX(v, 1), 1 << 20);
-    v = cfx__env_ll("CFX_SPIN_ADAPT_US", DEFAULT_SPIN_ADAPT_US);
-    cfg->spin_adapt_us = (uint32_t)CFX_MIN(CFX_MAX(v, 0), 10000);
-    v = cfx__env_ll("CFX_WAITER_NAP_MS", DEFAULT_WAITER_NAP_MS);
-    cfg->waiter_nap_ms = (uint32_t)CFX_MIN(CFX_MAX(v, 0), 1000);
-    size_t sz = cfx__env_size("CFX_EAGER_MAX", DEFAULT_EAGER_MAX);
-    cfg->eager_max = (uint32_t)CFX_MIN(sz, (size_t)CFX_EAGER_LIMIT);
+    /* clamped as documented, with a warning that says to what */
+    cfg->spin_yield = (uint32_t)cfx__env_ll_clamp("CFX_SPIN_YIELD", DEFAULT_SPIN_YIELD, 1, 1 << 20);
+    cfg->spin_adapt_us =
+        (uint32_t)cfx__env_ll_clamp("CFX_SPIN_ADAPT_US", DEFAULT_SPIN_ADAPT_US, 0, 10000);
+    cfg->waiter_nap_ms =
+        (uint32_t)cfx__env_ll_clamp("CFX_WAITER_NAP_MS", DEFAULT_WAITER_NAP_MS, 0, 1000);
+    cfg->eager_max =
+        (uint32_t)cfx__env_size_max("CFX_EAGER_MAX", DEFAULT_EAGER_MAX, CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
-    v = cfx__env_ll("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT);
-    cfg->get_sources = (uint32_t)CFX_MIN(CFX_MAX(v, 1), CFX_GET_SOURCES_MAX);
-    size_t lc = cfx__env_size("CFX_LOC_CACHE", DEFAULT_LOC_CACHE); /* read once: it may warn */
-    cfg->loc_cache = (uint32_t)CFX_MIN(lc, (size_t)LOC_CACHE_MAX);
+    cfg->get_sources = (uint32_t)cfx__env_ll_clamp("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT, 1,
+                                                   CFX_GET_SOURCES_MAX);
+    cfg->loc_cache = (uint32_t)cfx__env_size_max("CFX_LOC_CACHE", DEFAULT_LOC_CACHE, LOC_CACHE_MAX);
     if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
                              &cfg->secure) != CFX_OK)
         return CFX_ERR_INVALID;

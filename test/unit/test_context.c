@@ -353,6 +353,27 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     cr_assert_eq(c->cfg.timeout_ms, 4321);
     cr_assert_eq(c->cfg.spin_us, 0);
     cfx_context_destroy(c);
+
+    /* tuning values past their documented bounds are brought to them (with
+     * a warning), never taken as they are */
+    static const struct {
+        const char *var, *val;
+    } clamp[] = {
+        { "CFX_GET_SOURCES", "9" }, { "CFX_EAGER_MAX", "5000" }, { "CFX_WAITER_NAP_MS", "1001" },
+        { "CFX_INLINE_MAX", "1G" }, { "CFX_SPIN_YIELD", "0" },
+    };
+    for (size_t i = 0; i < sizeof(clamp) / sizeof(clamp[0]); i++)
+        cr_assert_eq(setenv(clamp[i].var, clamp[i].val, 1), 0);
+    rc = cfx_context_create(&p, &c);
+    for (size_t i = 0; i < sizeof(clamp) / sizeof(clamp[0]); i++)
+        unsetenv(clamp[i].var);
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(c->cfg.get_sources, CFX_GET_SOURCES_MAX);
+    cr_assert_eq(c->cfg.eager_max, CFX_EAGER_LIMIT);
+    cr_assert_eq(c->cfg.waiter_nap_ms, 1000);
+    cr_assert_eq(c->cfg.inline_max, CFX_OBJECT_INLINE_MAX);
+    cr_assert_eq(c->cfg.spin_yield, 1);
+    cfx_context_destroy(c);
 }
 
 /* After a get returned, the destination it granted to its source takes no
