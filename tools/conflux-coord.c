@@ -142,7 +142,16 @@ int main(int argc, char **argv)
             params.port = (uint16_t)v;
             break;
         case 't':
+            if (!*optarg) {
+                fprintf(stderr, "conflux-coord: --token: '' is not a token (it must not be "
+                        "empty)\n");
+                return TOOL_EXIT_USAGE;
+            }
             /* copied, and the argv bytes overwritten: ps shows them only until here */
+            if (token_arg) { /* given twice: the last one counts */
+                explicit_bzero(token_arg, strlen(token_arg));
+                free(token_arg);
+            }
             token_arg = strdup(optarg);
             if (!token_arg) {
                 fprintf(stderr, "conflux-coord: out of memory\n");
@@ -277,7 +286,12 @@ int main(int argc, char **argv)
         free(token_arg);
     }
     if (rc != CFX_OK) {
-        fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
+        /* the library names the variable; the user gave the option */
+        if (token_file)
+            fprintf(stderr, "conflux-coord: --token-file %s: %s\n", token_file,
+                    cfx_last_error());
+        else
+            fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
         return 2;
     }
     params.token = token;

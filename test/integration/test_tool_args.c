@@ -128,6 +128,8 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--metrics", "abc" }, 2, "--metrics", "'abc'", 0 },
     { "conflux-coord", { "--metrics", "127.0.0.1:99999" }, 2, "--metrics", "'99999'", 0 },
     { "conflux-coord", { "--secure", "bogus" }, 2, "--secure", "'bogus'", 0 },
+    { "conflux-coord", { "--token", "" }, 2, "--token", "''", 0 },
+    { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
     /* rdmactl ps (issue 21, part C): the coordinator is up, the job is not */
