@@ -720,7 +720,13 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
 
     /* Replies to fire-and-forget requests have no waiter: an error among
      * them is still worth a line in the log. */
-    if (!call && m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_TIMEOUT)
+    if (!call && m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_NOT_FOUND)
+        /* a transfer's end or a copy's withdrawal sent without waiting, for
+         * an object that went meanwhile (another thread's delete): nothing
+         * was left to do */
+        CFX_LOG(DEBUG, CTL, "coordinator %s: request %llu found nothing to do: %s", ctl->coord,
+                (unsigned long long)m.req_id, m.u.error.text);
+    else if (!call && m.type == CFX_MSG_ERROR && m.u.error.status == CFX_ERR_TIMEOUT)
         /* a waiting lookup whose caller's deadline came first: expected */
         CFX_LOG(DEBUG, CTL, "coordinator %s: late answer to request %llu: %s", ctl->coord,
                 (unsigned long long)m.req_id, m.u.error.text);
