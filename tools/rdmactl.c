@@ -557,6 +557,12 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
                    job, sub, server, v);
         else
             printf("job %s: %s done: server %d (shard map %u)\n", job, sub, server, v);
+    } else if (which == PS_AUTO) { /* no map is made: say what was set */
+        if (r->json)
+            printf("{\"job\":\"%s\",\"command\":\"auto\",\"auto\":%s}\n", job,
+                   on ? "true" : "false");
+        else
+            printf("job %s: automatic rebalancing %s\n", job, on ? "on" : "off");
     } else if (strcmp(sub, "shards")) {
         if (r->json)
             printf("{\"job\":\"%s\",\"command\":\"%s\",\"map_version\":%u}\n", job, sub, v);
