@@ -235,7 +235,11 @@ int main(int argc, char **argv)
                        ph ? "rebalanced" : "static", steps, t, steps / t, gb * steps / t, own,
                        st->map_version);
             }
-            printf("\n# speed-up after rebalancing: %.2fx\n", r_bal / r_static);
+            if (after.map_version != before.map_version)
+                printf("\n# speed-up after rebalancing: %.2fx\n", r_bal / r_static);
+            else /* the same map both times: any difference is noise, not rebalancing */
+                printf("\n# no rebalance: the second phase ran on the same map (%.2fx)\n",
+                       r_bal / r_static);
         }
         if (after.map_version == before.map_version) {
             fprintf(stderr, "no rebalance happened during the warm-up steps\n");
