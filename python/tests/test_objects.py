@@ -366,6 +366,93 @@ def test_get_nb_progress(coord, monkeypatch):
             work.wait()
 
 
+def _wait_in_threads(wait, n=2):
+    """wait() from n threads at once; returns what each raised (None when it returned)."""
+    errs = [None] * n
+    go = threading.Barrier(n + 1)
+
+    def waiter(i):
+        go.wait()
+        try:
+            wait()
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errs[i] = e
+
+    ths = [threading.Thread(target=waiter, args=(i,)) for i in range(n)]
+    for t in ths:
+        t.start()
+    go.wait()
+    return ths, errs
+
+
+def test_request_waited_by_two_threads(coord):
+    """Two threads waiting on one get_nb: the request completes once, both
+    see it succeed, and the context still counts the group that holds it
+    (a second completion let close() destroy it under the group)."""
+    import time
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    for i in range(5):
+        a, b = conflux.Context(**kw), conflux.Context(**kw)
+        g = conflux.Group(b, f"two-waiters-{i}", rank=0, size=1)
+        src = np.random.default_rng(i).integers(0, 256, 1 << 16, dtype=np.uint8)
+        out = np.zeros_like(src)
+        req = b.get_nb(f"two-waiters/{i}", out, timeout=20)
+        ths, errs = _wait_in_threads(req.wait)
+        time.sleep(0.05)  # let both block in the wait
+        a.put(f"two-waiters/{i}", src)
+        for t in ths:
+            t.join(30)
+        assert not any(t.is_alive() for t in ths)
+        assert errs == [None, None], errs
+        assert req.test() is True
+        assert out.tobytes() == src.tobytes()
+        b.close()  # the group still holds the context
+        x = np.arange(8, dtype=np.float32)
+        assert g.allreduce(x).tobytes() == np.arange(8, dtype=np.float32).tobytes()
+        g.close()
+        with pytest.raises(conflux.ClosedError):
+            b.get("x", timeout=0.1)
+        a.delete(f"two-waiters/{i}")
+        a.close()
+
+
+def test_work_waited_by_two_threads(coord):
+    """Two threads waiting on one async allreduce between two ranks (two
+    groups in two threads): both get the result, and the groups and
+    contexts close cleanly after."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    with conflux.Context(**kw) as a, conflux.Context(**kw) as b:
+        groups = [None, None]
+
+        def join(r, c):
+            groups[r] = conflux.Group(c, "two-waiters-work", rank=r, size=2)
+
+        ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((a, b))]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(30)
+        g0, g1 = groups
+        n = 1 << 16
+        for step in range(5):
+            x0 = np.arange(n, dtype=np.float32) + step
+            x1 = np.arange(n, dtype=np.float32) * 2
+            want = (x0 + x1).tobytes()
+            w = g0.allreduce(x0, async_op=True)
+            waiters, errs = _wait_in_threads(w.wait)
+            res1 = []
+            other = threading.Thread(target=lambda: res1.append(g1.allreduce(x1)))
+            other.start()
+            for t in (*waiters, other):
+                t.join(30)
+            assert not any(t.is_alive() for t in (*waiters, other))
+            assert errs == [None, None], errs
+            assert w.is_completed() and w.wait() is x0
+            assert x0.tobytes() == want and res1[0].tobytes() == want
+        g0.close()
+        g1.close()
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving
@@ -382,3 +469,4 @@ def test_sealed_coordinator_and_data_plane(mode):
         with pytest.raises(conflux.AuthError) as ei:
             conflux.Context(secure="off", **kw)
         assert f"CFX_SECURE={mode}, this client with off" in str(ei.value)
+

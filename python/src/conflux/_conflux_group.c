@@ -149,9 +149,12 @@ typedef struct {
     GroupObject *group;      /* a collective's: keeps the group (and its context) alive */
     ContextObject *owner;    /* an object get's (group NULL): its context, one of its
                               * children until the get completes */
-    struct cfx_request *req; /* NULL once complete */
+    struct cfx_request *req; /* NULL once complete and freed */
     Py_buffer sb, rb;        /* exported until completion: the library uses them */
     int have_sb, have_rb;
+    int done;   /* complete: status, size and detail are final */
+    int inside; /* threads in a wait or test of req without the GIL: req is
+                 * freed (and the group or context let go) only by the last */
     int status; /* final status once complete */
     size_t size; /* a get's object size once complete */
     char *detail; /* a failure's cfx_last_error(), kept for every later wait() or test() */
@@ -168,26 +171,44 @@ static RequestObject *request_alloc(void)
     ro->owner = NULL;
     ro->req = NULL;
     ro->have_sb = ro->have_rb = 0;
+    ro->done = 0;
+    ro->inside = 0;
     ro->status = 0;
     ro->size = 0;
     ro->detail = NULL;
     return ro;
 }
 
-/* The request finished with @p status: give back its buffers and its group. */
+/* The request finished with @p status: record its outcome and give back its
+ * buffers, once (the first thread to see it end; the others find done set).
+ * Called with req alive: it is freed only by request_release(). */
 static void request_finish(RequestObject *self, int status)
 {
+    if (self->done)
+        return;
+    self->done = 1;
     self->size = cfx_request_size(self->req);
     if (status != CFX_OK && !self->detail) /* before anything below calls the library */
         self->detail = strdup(cfx_last_error());
-    cfx_request_free(self->req);
-    self->req = NULL;
     self->status = status;
     if (self->have_sb)
         PyBuffer_Release(&self->sb);
     if (self->have_rb)
         PyBuffer_Release(&self->rb);
     self->have_sb = self->have_rb = 0;
+}
+
+/* Once complete and no other thread is inside a wait or test of it: free
+ * the C request and let go of the group (or context) it counted in; that
+ * may destroy the group or the context, which the request's lock lives in,
+ * so never while a thread still uses it. */
+static void request_release(RequestObject *self)
+{
+    if (!self->done || self->inside > 0 || !self->req)
+        return;
+    struct cfx_request *req = self->req;
+    self->req = NULL;
+    cfx_request_free(req);
     if (self->owner) {
         cfx__py_context_child_gone(self->owner);
         return;
@@ -215,22 +236,26 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
     int ms = -1, set = 0;
     if (cfx__py_parse_timeout(timeout, &ms, &set) < 0)
         return NULL;
-    if (self->req) {
-        struct cfx_request *req = self->req;
+    if (!self->done && self->req) {
+        struct cfx_request *req = self->req; /* alive while this thread is inside */
+        char why[512] = "";
         int rc;
+        self->inside++;
         Py_BEGIN_ALLOW_THREADS
         rc = cfx_request_wait(req, set ? ms : -1);
-        Py_END_ALLOW_THREADS
         if (rc == CFX_ERR_TIMEOUT) {
-            char why[512];
             snprintf(why, sizeof(why), "%s", cfx_last_error());
             /* the wait's timeout, or the operation's own: the request says
              * which, and it may have ended (well or not) since the wait */
             rc = cfx_request_test(req);
-            if (rc == CFX_ERR_AGAIN) /* still running: wait again later */
-                return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
         }
-        request_finish(self, rc);
+        Py_END_ALLOW_THREADS
+        self->inside--;
+        if (rc != CFX_ERR_AGAIN)
+            request_finish(self, rc); /* no-op when another thread was first */
+        request_release(self);
+        if (!self->done) /* still running: wait again later */
+            return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
     }
     if (self->status)
         return request_raise(self);
@@ -240,11 +265,12 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
 /* test() -> True once complete (raising its error if it failed), else False. */
 static PyObject *Request_test(RequestObject *self, PyObject *unused)
 {
-    if (self->req) {
-        int rc = cfx_request_test(self->req);
+    if (!self->done && self->req) {
+        int rc = cfx_request_test(self->req); /* with the GIL: nobody frees req meanwhile */
         if (rc == CFX_ERR_AGAIN)
             Py_RETURN_FALSE;
         request_finish(self, rc);
+        request_release(self);
     }
     if (self->status)
         return request_raise(self);
@@ -258,7 +284,7 @@ static PyObject *Request_test(RequestObject *self, PyObject *unused)
 static PyObject *Request_progress(RequestObject *self, PyObject *unused)
 {
     uint64_t done = 0, total = 0;
-    if (self->req) {
+    if (!self->done && self->req) {
         int rc = cfx_request_progress(self->req, &done, &total);
         if (rc == CFX_ERR_AGAIN)
             return Py_BuildValue("(KO)", 0ULL, Py_None);
@@ -304,7 +330,7 @@ PyObject *cfx__py_request_get_nb(ContextObject *owner, const struct cfx_object_i
 
 static void Request_dealloc(RequestObject *self)
 {
-    if (self->req) { /* dropped while running: the library still uses the buffers */
+    if (!self->done && self->req) { /* dropped while running: the library still uses the buffers */
         struct cfx_request *req = self->req;
         int rc;
         Py_BEGIN_ALLOW_THREADS
@@ -312,6 +338,7 @@ static void Request_dealloc(RequestObject *self)
         Py_END_ALLOW_THREADS
         request_finish(self, rc);
     }
+    request_release(self); /* no thread is inside a wait of it any more */
     if (self->have_rb) /* a get that was never posted */
         PyBuffer_Release(&self->rb);
     Py_CLEAR(self->group);
