@@ -453,6 +453,43 @@ def test_work_waited_by_two_threads(coord):
         g1.close()
 
 
+def test_collective_out_must_match(ctx):
+    """out= of another dtype is a TypeError naming both (it was filled with
+    the input's bits); of another size a ValueError; a matching one is filled."""
+    import ml_dtypes
+    f32 = np.arange(4, dtype=np.float32)
+    with conflux.Group(ctx, "out-checks", rank=0, size=1) as g:
+        calls = {
+            "allreduce": lambda o: g.allreduce(f32, out=o),
+            "reduce": lambda o: g.reduce(f32, out=o),
+            "allgather": lambda o: g.allgather(f32, out=o),
+            "reduce_scatter": lambda o: g.reduce_scatter(f32, out=o),
+            "alltoall": lambda o: g.alltoall(f32, out=o),
+            "gather": lambda o: g.gather(f32, out=o),
+        }
+        for what, call in calls.items():
+            with pytest.raises(TypeError) as ei:
+                call(np.zeros(4, np.int32))
+            assert f"{what}: out has dtype int32, the input float32" in str(ei.value)
+            with pytest.raises(ValueError, match=f"{what}: out has 32 bytes, needs 16"):
+                call(np.zeros(8, np.float32))
+            out = np.zeros(4, np.float32)
+            assert call(out) is out and out.tobytes() == f32.tobytes()
+        with pytest.raises(TypeError, match="scatter: the root's tensor has dtype int32, out float32"):
+            g.scatter(np.zeros(4, np.float32), np.arange(4, dtype=np.int32))
+        out = np.zeros(4, np.float32)
+        assert g.scatter(out, f32).tobytes() == f32.tobytes()
+        bf = np.arange(4).astype(ml_dtypes.bfloat16)
+        with pytest.raises(TypeError, match="out has dtype uint16, the input bfloat16"):
+            g.allgather(bf, out=np.zeros(4, np.uint16))
+        with pytest.raises(TypeError, match="out has dtype >f4, the input float32"):
+            g.allgather(f32, out=np.zeros(4, ">f4"))
+        out = np.zeros(4, ml_dtypes.bfloat16)
+        assert g.allreduce(bf, out=out).tobytes() == bf.tobytes()
+        raw = bytearray(16)  # a plain buffer is bytes: any type moves into it
+        assert g.allgather(f32, out=raw) is raw and bytes(raw) == f32.tobytes()
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

@@ -231,6 +231,18 @@ def _np_dtype(dt: Any) -> np.dtype:
         return numpy_dtype(dtype_code(dt))  # a torch dtype
 
 
+def _dtype_name(x: Any, arr: np.ndarray) -> str | None:
+    """Element type of a numpy array or torch tensor as one name for both
+    ("float32", "bfloat16"; a non-native byte order as numpy spells it,
+    ">f4"); None for a plain buffer, which has bytes, not a type."""
+    if isinstance(x, np.ndarray):
+        return arr.dtype.name if arr.dtype.isnative else arr.dtype.str
+    dt = getattr(x, "dtype", None)
+    if dt is not None and type(x).__module__.startswith("torch"):
+        return str(dt).replace("torch.", "")
+    return None
+
+
 _ALGOS = {"auto": 0, "ring": 1, "tree": 2, "chain": 3, "dbtree": 4, "rhd": 5, "direct": 6,
           "recdbl": 7}
 
@@ -311,9 +323,20 @@ class Group(_c.Group):
         return arr, code, arr.nbytes // SIZES[code], is_t
 
     @staticmethod
-    def _check_out(out_arr: np.ndarray, nbytes: int, what: str) -> None:
+    def _check_out(out: Any, out_arr: np.ndarray, src: Any, src_arr: np.ndarray, nbytes: int,
+                   what: str, names: tuple[str, str] = ("out", "the input")) -> None:
+        """``out`` must hold ``nbytes`` (ValueError) of ``src``'s element type (TypeError).
+
+        The types are compared when both are typed (numpy arrays, torch
+        tensors; a torch and a numpy type of the same name match); a plain
+        buffer (bytearray, memoryview...) is bytes and takes any type.
+        """
+        so, ss = _dtype_name(out, out_arr), _dtype_name(src, src_arr)
+        if so is not None and ss is not None and so != ss:
+            raise TypeError(f"{what}: {names[0]} has dtype {so}, {names[1]} {ss}; "
+                            "they must be the same")
         if out_arr.nbytes != nbytes:
-            raise ValueError(f"{what}: out has {out_arr.nbytes} bytes, needs {nbytes}")
+            raise ValueError(f"{what}: {names[0]} has {out_arr.nbytes} bytes, needs {nbytes}")
 
     def _kw(self, timeout: float | None, algo: str | int | None) -> dict[str, Any]:
         a = 0 if algo is None else (_ALGOS[algo] if isinstance(algo, str) else int(algo))
@@ -332,7 +355,7 @@ class Group(_c.Group):
         dst = arr
         if out is not None:
             dst = self._red(out)[0]
-            self._check_out(dst, arr.nbytes, "allreduce")
+            self._check_out(out, dst, tensor, arr, arr.nbytes, "allreduce")
         args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op))
         res = tensor if out is None else out
         if async_op:
@@ -363,7 +386,7 @@ class Group(_c.Group):
             dst = arr
             if out is not None:
                 dst = self._red(out)[0]
-                self._check_out(dst, arr.nbytes, "reduce")
+                self._check_out(out, dst, tensor, arr, arr.nbytes, "reduce")
         args = (arr, dst, arr.nbytes // SIZES[code], code, op_code(op), root)
         res = None if self.rank != root else (tensor if out is None else out)
         if async_op:
@@ -379,7 +402,7 @@ class Group(_c.Group):
             out, dst = _like(tensor, arr, is_t, (self.size, *arr.shape))
         else:
             dst = as_array(out, writable=True)[0]
-        self._check_out(dst, arr.nbytes * self.size, "allgather")
+        self._check_out(out, dst, tensor, arr, arr.nbytes * self.size, "allgather")
         if async_op:
             return Work(super().iallgather(arr, dst, count, code, **self._kw(timeout, algo)), out)
         super().allgather(arr, dst, count, code, **self._kw(timeout, algo))
@@ -398,7 +421,7 @@ class Group(_c.Group):
             out, dst = _like(tensor, arr, is_t, tuple(shape))
         else:
             dst = self._red(out)[0]
-        self._check_out(dst, count * SIZES[code], "reduce_scatter")
+        self._check_out(out, dst, tensor, arr, count * SIZES[code], "reduce_scatter")
         super().reduce_scatter(arr, dst, count, code, op_code(op), **self._kw(timeout, algo))
         return out
 
@@ -412,7 +435,7 @@ class Group(_c.Group):
             out, dst = _like(tensor, arr, is_t, arr.shape)
         else:
             dst = as_array(out, writable=True)[0]
-        self._check_out(dst, arr.nbytes, "alltoall")
+        self._check_out(out, dst, tensor, arr, arr.nbytes, "alltoall")
         super().alltoall(arr, dst, total // self.size, code, **self._kw(timeout, algo))
         return out
 
@@ -426,7 +449,7 @@ class Group(_c.Group):
                 out, dst = _like(tensor, arr, is_t, (self.size, *arr.shape))
             else:
                 dst = as_array(out, writable=True)[0]
-            self._check_out(dst, arr.nbytes * self.size, "gather")
+            self._check_out(out, dst, tensor, arr, arr.nbytes * self.size, "gather")
         super().gather(arr, dst, count, code, root=root, **self._kw(timeout, algo))
         return out if self.rank == root else None
 
@@ -439,7 +462,8 @@ class Group(_c.Group):
             if tensor is None:
                 raise ValueError("scatter: the root passes the tensor to scatter")
             src = as_array(tensor)[0]
-            self._check_out(src, dst.nbytes * self.size, "scatter (root's tensor)")
+            self._check_out(tensor, src, out, dst, dst.nbytes * self.size, "scatter",
+                            ("the root's tensor", "out"))
         super().scatter(src, dst, count, code, root=root, **self._kw(timeout, algo))
         return out
 
