@@ -108,6 +108,15 @@ class Worker:
                 out.append(("torch", tuple(t.shape), bits.numpy().tobytes()))
         return out
 
+    def step(self, grad, group_name):
+        """The docs' Trainer.step: Ray hands the array read-only, so copy it first."""
+        try:
+            cr.allreduce(grad, group_name)
+        except ValueError as e:
+            refused = str(e)
+        grad = np.array(grad)
+        return refused, cr.allreduce(grad, group_name=group_name)
+
     def leave(self, group_name):
         cr.destroy_collective_group(group_name)
         return True
@@ -133,6 +142,19 @@ def test_groups_initialized_in_actors(cluster):
     assert ray.get([w.join.remote(cluster, "g1") for w in ws], timeout=120) == [(r, W) for r in range(W)]
     _check(ray.get([w.collectives.remote("g1") for w in ws], timeout=120))
     assert all(ray.get([w.leave.remote("g1") for w in ws], timeout=60))
+
+
+def test_docs_example_copies_read_only_arguments(cluster):
+    """An array argument arrives read-only (zero-copy from the object store):
+    an in-place allreduce says to pass a copy, and the copy is reduced."""
+    ws = [Worker.remote(r) for r in range(W)]
+    ray.get([w.join.remote(cluster, "g3") for w in ws], timeout=120)
+    grads = [np.arange(1 << 17, dtype=np.float32) * (r + 1) for r in range(W)]
+    res = ray.get([w.step.remote(g, "g3") for w, g in zip(ws, grads)], timeout=120)
+    for refused, got in res:
+        assert "read-only" in refused and "np.array(x)" in refused, refused
+        assert got.tobytes() == sum(grads).tobytes()
+    ray.get([w.leave.remote("g3") for w in ws], timeout=60)
 
 
 def test_group_declared_by_driver_and_objects(cluster):

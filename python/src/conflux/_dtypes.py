@@ -123,5 +123,6 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
     if not arr.flags.c_contiguous:
         raise ValueError("the array must be C-contiguous")
     if writable and not arr.flags.writeable:
-        raise ValueError("the output array is read-only")
+        raise ValueError("the output array is read-only (Ray passes numpy arguments "
+                         "read-only: pass a copy, np.array(x))")
     return arr, numpy_code(arr.dtype), False

@@ -3,7 +3,7 @@
 The driver starts the job's coordinator; actors join it with the job's token
 and use an API that mirrors ``ray.util.collective``::
 
-    import ray, conflux.ray as cr
+    import numpy as np, ray, conflux.ray as cr
     ray.init()
     job = cr.start()                             # conflux-coord on the driver's node
 
@@ -12,6 +12,7 @@ and use an API that mirrors ``ray.util.collective``::
         def setup(self, job, world, rank):
             cr.init_collective_group(world, rank, group_name="g", job=job)
         def step(self, x):
+            x = np.array(x)                          # Ray passes arrays read-only
             return cr.allreduce(x, group_name="g")   # in place, over Conflux
 
     ws = [Worker.remote() for _ in range(4)]
