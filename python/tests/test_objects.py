@@ -109,10 +109,23 @@ def test_errors_by_code(ctx):
 
 
 def test_closed_context(coord):
+    """ClosedError of a closed context or group carries status, name, text and detail as every conflux.Error does."""
     c = conflux.Context(coord=coord.address, token=coord.token, timeout=10)
+    g = conflux.Group(c, "closed", rank=0, size=1)
+    g.close()
     c.close()
-    with pytest.raises(conflux.ClosedError):
-        c.put("x", b"1")
+    calls = [(lambda: c.put("x", b"1"), "the context is closed"),
+             (lambda: c.node_id, "the context is closed"),
+             (lambda: conflux.Group(c, "late", rank=0, size=1), "the context is closed"),
+             (lambda: g.barrier(), "the group is closed"),
+             (lambda: g.rank, "the group is closed")]
+    for call, detail in calls:
+        with pytest.raises(conflux.ClosedError) as ei:
+            call()
+        e = ei.value
+        assert (e.status, e.name, e.detail) == (-14, "CFX_ERR_CLOSED", detail), vars(e)
+        assert e.status == conflux.ClosedError.STATUS and e.text
+        assert str(e) == f"CFX_ERR_CLOSED: {e.text} ({detail})"
 
 
 def test_wrong_token(coord):

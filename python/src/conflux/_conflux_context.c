@@ -41,7 +41,7 @@ void cfx__py_context_child_gone(ContextObject *c)
 struct cfx_context *cfx__py_live_ctx(ContextObject *c)
 {
     if (!c->ctx || c->closed) {
-        PyErr_SetString(cfx__py_error_types[-CFX_ERR_CLOSED], "the context is closed");
+        cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the context is closed");
         return NULL;
     }
     return c->ctx;

@@ -104,7 +104,7 @@ static void Group_dealloc(GroupObject *self)
 static struct cfx_group *live_group(GroupObject *self)
 {
     if (!self->g || self->closing) {
-        PyErr_SetString(cfx__py_error_types[-CFX_ERR_CLOSED], "the group is closed");
+        cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group is closed");
         return NULL;
     }
     return self->g;
@@ -293,9 +293,8 @@ static PyObject *Request_progress(RequestObject *self, PyObject *unused)
         return Py_BuildValue("(KK)", (unsigned long long)done, (unsigned long long)total);
     }
     if (!self->owner) { /* the request is freed; the library says so of a running one */
-        PyErr_SetString(cfx__py_error_types[-CFX_ERR_UNSUPPORTED],
-                        "a collective's request has no byte count");
-        return NULL;
+        return cfx__py_raise_status_detail(CFX_ERR_UNSUPPORTED,
+                                           "a collective's request has no byte count");
     }
     if (self->status)
         return request_raise(self);

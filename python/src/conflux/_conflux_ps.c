@@ -126,8 +126,7 @@ static void ps_leave(PSObject *self)
 static struct cfx_ps *live_ps(PSObject *self)
 {
     if (!self->ps || self->closing) {
-        PyErr_SetString(cfx__py_error_types[-CFX_ERR_CLOSED],
-                        "the parameter-server handle is closed");
+        cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the parameter-server handle is closed");
         return NULL;
     }
     return self->ps;
