@@ -503,6 +503,38 @@ def test_collective_out_must_match(ctx):
         assert g.allgather(f32, out=raw) is raw and bytes(raw) == f32.tobytes()
 
 
+def _gone(pid):
+    """The process is gone (or a zombie nobody reaps: it runs no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("how", ["exit", "os._exit"])
+def test_coordinator_dies_with_its_parent(how):
+    """A Coordinator never stopped does not outlive its process: at exit its
+    finalizer stops it; without one (os._exit) the kernel's parent-death
+    signal does (Linux)."""
+    import subprocess
+    import sys
+    import time
+    if how == "os._exit" and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    end = "import os; os._exit(0)" if how == "os._exit" else ""
+    code = ("import conflux\n"
+            "c = conflux.Coordinator()\n"
+            "print(c.proc.pid, flush=True)\n" + end)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    pid = int(p.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pid), f"conflux-coord {pid} outlived its parent"
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

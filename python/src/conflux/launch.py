@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _BIN = Path(__file__).resolve().parent / "bin"
 
@@ -18,6 +22,43 @@ def bin_path(tool: str) -> str:
     if not p.is_file():
         raise FileNotFoundError(f"{tool} is not in {_BIN}: the package was installed without it")
     return str(p)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """On Linux, a preexec_fn that has the child sent SIGTERM when ``parent`` dies.
+
+    The signal follows the thread that forked, not the process: so only a
+    child started from the main thread gets it (one started from another
+    thread would die when that thread ends).
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; reaps the process."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
 
 
 class Coordinator:
@@ -34,6 +75,10 @@ class Coordinator:
     ``secure`` ("off", "integrity" or "encrypt") seals its connections after
     the token handshake (``conflux-coord --secure``); every member's
     Context(secure=...) or $CFX_SECURE must say the same.
+
+    The coordinator does not outlive this process: it is stopped when the
+    object is collected or the interpreter exits, and on Linux (started from
+    the main thread) it is sent SIGTERM when this process dies by a signal.
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -55,7 +100,10 @@ class Coordinator:
         self.log_path = os.path.join(self._dir.name, "coord.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with(os.getpid()))
+        # never stopped: at collection or interpreter exit (before the token
+        # directory, whose finalizer was registered first, is removed)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, 5.0)
         self.address = self._wait_ready(timeout)
 
     def log(self) -> str:
@@ -85,13 +133,8 @@ class Coordinator:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the coordinator (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
+        _stop(self.proc, timeout)
+        self._finalizer.detach()
         if not self._log.closed:
             self._log.close()
             self._dir.cleanup()
