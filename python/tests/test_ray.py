@@ -93,6 +93,14 @@ class Worker:
             self.kept_kinds.append((torch.arange(300) - 150).to(torch.bfloat16) / 8)
         return [cr.put(a) for a in self.kept_kinds]
 
+    def put_get_0d(self, job):
+        """A 0-d array keeps its shape: the ref's and the got array's."""
+        cr.context(job)
+        self.kept_0d = np.array(2.5, np.float64)
+        ref = cr.put(self.kept_0d)
+        got = cr.get(ref, timeout=30)
+        return ref.shape, got.shape, got.tobytes()
+
     def get_kinds(self, job, refs):
         """Each object fetched as numpy, and (torch) into a tensor of its type: raw bytes."""
         cr.context(job)
@@ -210,6 +218,8 @@ def test_objects_of_every_kind(cluster):
     npa = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]
     assert refs[0].dtype == "<i4" and refs[0].shape == (4, 3)
     assert got[0] == ("<i4", (4, 3), np.ascontiguousarray(npa).tobytes())
+    assert ray.get(a.put_get_0d.remote(cluster), timeout=60) == (
+        (), (), np.array(2.5, np.float64).tobytes())
     if len(refs) == 1:
         return  # no torch in this venv: the numpy case only
     import torch

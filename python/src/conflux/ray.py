@@ -305,7 +305,7 @@ def put(array: Any, name: str | None = None, job: Job | None = None) -> ObjectRe
         a, _, _ = as_array(t)
         dtype = "bfloat16" if str(t.dtype) == "torch.bfloat16" else a.dtype.str
     else:
-        a = np.ascontiguousarray(array)
+        a = np.require(array, requirements="C")  # a 0-d array stays 0-d
         dtype = a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16"
     oid = ObjectId.from_name(name) if name else ctx.new_id()
     ctx.put(oid, a)
