@@ -535,6 +535,17 @@ def test_coordinator_dies_with_its_parent(how):
     assert _gone(pid), f"conflux-coord {pid} outlived its parent"
 
 
+def test_unknown_algorithm(ctx):
+    """algo= not an algorithm's name is a ValueError listing the names (a bare KeyError)."""
+    with conflux.Group(ctx, "algo-names", rank=0, size=1) as g:
+        with pytest.raises(ValueError) as ei:
+            g.allreduce(np.ones(4, np.float32), algo="magic")
+        assert str(ei.value) == ("unknown algorithm 'magic'; one of auto, ring, tree, chain, "
+                                 "dbtree, rhd, direct, recdbl")
+        x = np.ones(4, np.float32)
+        assert g.allreduce(x, algo="ring").tobytes() == np.ones(4, np.float32).tobytes()
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

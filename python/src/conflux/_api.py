@@ -339,7 +339,14 @@ class Group(_c.Group):
             raise ValueError(f"{what}: {names[0]} has {out_arr.nbytes} bytes, needs {nbytes}")
 
     def _kw(self, timeout: float | None, algo: str | int | None) -> dict[str, Any]:
-        a = 0 if algo is None else (_ALGOS[algo] if isinstance(algo, str) else int(algo))
+        if algo is None:
+            a = 0
+        elif isinstance(algo, str):
+            a = _ALGOS.get(algo, -1)
+            if a < 0:
+                raise ValueError(f"unknown algorithm {algo!r}; one of {', '.join(_ALGOS)}")
+        else:
+            a = int(algo)
         return {"timeout_ms": _ms(timeout), "algo": a}
 
     # -- collectives
