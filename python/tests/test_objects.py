@@ -546,6 +546,24 @@ def test_unknown_algorithm(ctx):
         assert g.allreduce(x, algo="ring").tobytes() == np.ones(4, np.float32).tobytes()
 
 
+def test_group_rank_and_size_in_range(ctx):
+    """rank and size out of 0 <= rank < size <= INT_MAX are a ValueError naming
+    the argument (rank 2**32 was taken as rank 0, size 2**31+2 as negative)."""
+    bad = [({"rank": 2**32, "size": 1}, "rank 4294967296 is out of range"),
+           ({"rank": 2**64, "size": 1}, "rank 18446744073709551616 is out of range"),
+           ({"rank": -1, "size": 1}, "rank -1 is out of range"),
+           ({"rank": 0, "size": 2**31 + 2}, "size 2147483650 is out of range"),
+           ({"rank": 0, "size": 0}, "size 0 is out of range"),
+           ({"rank": 1, "size": 1}, r"rank 1 is out of range: 0 <= rank < size \(1\)")]
+    for kw, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            conflux.Group(ctx, "range", **kw)
+    with pytest.raises(TypeError):
+        conflux.Group(ctx, "range", rank="0", size=1)
+    with conflux.Group(ctx, "range", rank=0, size=1) as g:
+        assert (g.rank, g.size) == (0, 1)
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

@@ -36,6 +36,26 @@ static void group_destroy_now(GroupObject *self)
     }
 }
 
+/* A rank or size argument: an int in [@p lo, INT_MAX], else ValueError
+ * naming it (TypeError when not an int). */
+static int parse_rank_arg(PyObject *o, const char *what, long lo, int *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        v = LONG_MAX; /* beyond a C long: out of range below */
+    }
+    if (v < lo || v > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s %R is out of range: 0 <= rank < size <= %d", what, o,
+                     INT_MAX);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 static int Group_init(GroupObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "context", "name", "rank", "size", "timeout_ms", NULL };
@@ -63,16 +83,19 @@ static int Group_init(GroupObject *self, PyObject *args, PyObject *kw)
         p.field_mask |= CFX_GROUP_PARAM_NAME;
     }
     if (ranko != Py_None) {
-        p.rank = (int)PyLong_AsLong(ranko);
-        if (PyErr_Occurred())
+        if (parse_rank_arg(ranko, "rank", 0, &p.rank) < 0)
             return -1;
         p.field_mask |= CFX_GROUP_PARAM_RANK;
     }
     if (sizeo != Py_None) {
-        p.size = (int)PyLong_AsLong(sizeo);
-        if (PyErr_Occurred())
+        if (parse_rank_arg(sizeo, "size", 1, &p.size) < 0)
             return -1;
         p.field_mask |= CFX_GROUP_PARAM_SIZE;
+    }
+    if (ranko != Py_None && sizeo != Py_None && p.rank >= p.size) {
+        PyErr_Format(PyExc_ValueError, "rank %d is out of range: 0 <= rank < size (%d)", p.rank,
+                     p.size);
+        return -1;
     }
     if (!self->lock && !(self->lock = PyThread_allocate_lock())) {
         PyErr_NoMemory();
