@@ -564,6 +564,35 @@ def test_group_rank_and_size_in_range(ctx):
         assert (g.rank, g.size) == (0, 1)
 
 
+def test_timeout_arguments(ctx):
+    """A timeout is seconds: a bool or a str is a TypeError, one over the C
+    layer's INT_MAX ms a ValueError in seconds; the raw timeout_ms alike in ms."""
+    for bad in (True, False, "5", b"5", [1]):
+        with pytest.raises(TypeError, match="timeout is a number of seconds"):
+            ctx.get("never-put", timeout=bad)
+    for bad in (2**31 / 1000, 1e12, 2**80):
+        with pytest.raises(ValueError) as ei:
+            ctx.get("never-put", timeout=bad)
+        assert str(ei.value) == f"timeout must be between 0 and 2147483.647 s, not {bad!r}"
+    for bad in (-1, -0.001, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout is in seconds and must be finite and >= 0"):
+            ctx.get("never-put", timeout=bad)
+    with pytest.raises(conflux.TimeoutError):
+        ctx.get("never-put", timeout=np.float32(0.05))
+    with pytest.raises(conflux.TimeoutError):
+        ctx.get("never-put", timeout=0)
+    req = ctx.get_nb("never-put", np.zeros(4, np.uint8), timeout=0.5)
+    for bad in (True, "5", 1.5):
+        with pytest.raises(TypeError, match="timeout_ms is a number of milliseconds"):
+            req.wait(timeout_ms=bad)
+    for bad in (2**31, 2**70, -1):
+        with pytest.raises(ValueError, match="timeout_ms must be between 0 and 2147483647 "
+                                             r"milliseconds \(2147483.647 s\)"):
+            req.wait(timeout_ms=bad)
+    with pytest.raises(conflux.TimeoutError):
+        req.wait(timeout_ms=np.int64(20000))
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

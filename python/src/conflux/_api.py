@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 import os
 from typing import Any, Iterable, Sequence
 
@@ -14,14 +15,29 @@ from ._dtypes import as_array, dtype_code, numpy_dtype, op_code, SIZES, U8, NAME
 Buffer = Any  # numpy array, torch CPU tensor, or an object with the buffer protocol
 
 
+#: The longest timeout the C layer takes (INT_MAX milliseconds), in seconds.
+MAX_TIMEOUT = (2**31 - 1) / 1000.0
+
+
 def _ms(timeout: float | None) -> int | None:
-    """Seconds (float) -> milliseconds for the C layer; None keeps the default deadline."""
+    """Seconds (float) -> milliseconds for the C layer; None keeps the default deadline.
+
+    TypeError for what is not a number of seconds (a bool, a str); ValueError
+    for a negative, infinite or NaN one, or one over MAX_TIMEOUT.
+    """
     if timeout is None:
         return None
-    if timeout < 0 or math.isinf(timeout) or math.isnan(timeout):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout is a number of seconds, not {type(timeout).__name__} "
+                        f"{timeout!r}")
+    t = float(timeout)
+    if not t >= 0 or math.isinf(t):
         raise ValueError("timeout is in seconds and must be finite and >= 0 "
                          "(every blocking call has a deadline)")
-    return int(math.ceil(timeout * 1000.0))
+    ms = int(math.ceil(t * 1000.0))
+    if ms > 2**31 - 1:
+        raise ValueError(f"timeout must be between 0 and {MAX_TIMEOUT} s, not {timeout!r}")
+    return ms
 
 
 class ObjectId:

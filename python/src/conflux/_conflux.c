@@ -148,12 +148,23 @@ int cfx__py_parse_timeout(PyObject *o, int *ms, int *set)
     *set = 0;
     if (o == NULL || o == Py_None)
         return 0;
-    long v = PyLong_AsLong(o);
-    if (v == -1 && PyErr_Occurred())
+    if (PyBool_Check(o) || !PyIndex_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "timeout_ms is a number of milliseconds, not %s %R",
+                     Py_TYPE(o)->tp_name, o);
         return -1;
+    }
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        v = LONG_MAX; /* beyond a C long: out of range below */
+    }
     if (v < 0 || v > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError,
-                        "timeout must be between 0 and 2147483647 ms (every call has a deadline)");
+        PyErr_Format(PyExc_ValueError,
+                     "timeout_ms must be between 0 and 2147483647 milliseconds (2147483.647 s), "
+                     "not %R (every call has a deadline)",
+                     o);
         return -1;
     }
     *ms = (int)v;
