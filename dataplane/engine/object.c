@@ -227,9 +227,15 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
     }
     pthread_mutex_unlock(&ctx->lock);
     /* The buffer holds an object this node serves (cfx_get_alloc): withdraw
-     * the object; its release frees the buffer once uploads have drained. */
-    if (backs_object)
-        cfx_delete(ctx, &id, NULL);
+     * the object; its release frees the buffer once uploads have drained.
+     * Nobody waits for the answer: with the coordinator lost, the copy goes
+     * here at once instead of after the whole deadline of a call that waits
+     * for the reconnection (a stale record elsewhere costs a getter one
+     * failover; a restarted coordinator knew nothing of it anyway). */
+    if (backs_object) {
+        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
+        cfx_delete(ctx, &id, cfx__ctl_lost_ms(ctx->ctl) ? &p : NULL);
+    }
 }
 
 /* ---- the API: each call counted for cfx_context_destroy() ------------------- */

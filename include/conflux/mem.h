@@ -37,7 +37,12 @@ CFX_API const char *cfx_memtype_name(enum cfx_memtype type);
  */
 CFX_API int cfx_buf_alloc(struct cfx_context *ctx, size_t size, void **out);
 
-/** Return arena memory from cfx_buf_alloc() or cfx_get_alloc(); NULL is a no-op. */
+/**
+ * Return arena memory from cfx_buf_alloc() or cfx_get_alloc(); NULL is a
+ * no-op.  A cfx_get_alloc() buffer is this node's copy of its object: the
+ * copy is withdrawn with it (a cfx_delete() within the context's deadline;
+ * with the coordinator lost, at once, without waiting for it to return).
+ */
 CFX_API void cfx_buf_free(struct cfx_context *ctx, void *buf);
 
 #ifdef __cplusplus

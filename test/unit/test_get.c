@@ -255,6 +255,50 @@ Test(get, alloc_buffer_outlives_delete_inline)
     alloc_outlives_delete(512, 0);
 }
 
+/* cfx_buf_free() of a got buffer with the coordinator gone does not wait
+ * out the context's deadline for a reconnection that will not come (the
+ * buffer was freed only after it, and Python freed it with the GIL held):
+ * the copy goes at once, and the memory is the arena's again. */
+Test(get, alloc_buffer_freed_without_a_coordinator)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id x;
+    const size_t size = 1u << 20;
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_test_fill(src, size, 51);
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_object_id_generate(a, &x);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &x, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    void *got = NULL;
+    size_t n = 0;
+    cr_assert_eq(cfx_get_alloc(b, &x, &got, &n, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(got, size, 51), (size_t)-1);
+
+    cfx__coord_stop(coord);
+    coord = NULL;
+    uint64_t dl = cfx__deadline_ns(5000);
+    while (!cfx__ctl_lost_ms(b->ctl) && cfx__now_ns() < dl)
+        poll(NULL, 0, 5); /* b has noticed */
+    uint64_t t0 = cfx__now_ns();
+    cfx_buf_free(b, got);
+    double s = (double)(cfx__now_ns() - t0) / 1e9;
+    /* the context's deadline is 5000 ms (join): well under it means it did
+     * not wait for the reconnection */
+    cr_assert_lt(s, 2.5, "cfx_buf_free waited %.1f s for a lost coordinator", s);
+    pthread_mutex_lock(&b->lock);
+    const struct cfx_obj *o = cfx__store_find(&b->store, &x);
+    bool left = !o || o->deleting;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(left, "the copy is still served after its buffer was freed");
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+}
+
 /*
  * A copy got from a cached location is unknown to the directory, so nobody
  * tells its node when the putter deletes the object.  Such a stale copy

@@ -345,8 +345,14 @@ static PyBufferProcs arena_as_buffer = { .bf_getbuffer = (getbufferproc)Arena_ge
 static void Arena_dealloc(ArenaObject *self)
 {
     if (self->owner) {
-        if (self->owner->ctx)
-            cfx_buf_free(self->owner->ctx, self->buf);
+        if (self->owner->ctx) {
+            struct cfx_context *ctx = self->owner->ctx;
+            void *buf = self->buf;
+            /* it may talk to the coordinator: other threads run meanwhile */
+            Py_BEGIN_ALLOW_THREADS
+            cfx_buf_free(ctx, buf);
+            Py_END_ALLOW_THREADS
+        }
         cfx__py_context_child_gone(self->owner);
         Py_CLEAR(self->owner);
     }
