@@ -93,6 +93,7 @@ static const struct args_case cases[] = {
     { "cfx_run", { "-n", "0", "true" }, 2, "-n", "'0'", 0 },
     { "cfx_run", { "-n", "1", "--timeout", "-1", "true" }, 2, "--timeout", "'-1'", 0 },
     { "cfx_run", { "-n", "1", "--timeout", "abc", "true" }, 2, "--timeout", "'abc'", 0 },
+    { "cfx_run", { "-n", "1", "--timeout", "0", "true" }, 2, "--timeout", "'0'", 0 },
     { "cfx_run", { "-n", "1", "--allow-fail", "1,x", "true" }, 2, "--allow-fail", "'x'", 0 },
     { "cfx_run", { "-n", "1", "--coord-port", "-5", "true" }, 2, "--coord-port", "'-5'", 0 },
     { "cfx_run", { "-n", "1", "--chunk-size", "lots", "true" }, 2, "--chunk-size", "'lots'", 0 },

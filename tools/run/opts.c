@@ -119,14 +119,10 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
             o->transport = optarg;
             break;
         case 'T':
-            if (tool_arg_double("cfx_run", "--timeout", optarg, 0, 1e7, "a time in seconds",
+            /* 0 would kill the job at once: from a millisecond up */
+            if (tool_arg_double("cfx_run", "--timeout", optarg, 0.001, 1e7, "a time in seconds",
                                 &o->timeout_s))
                 return -1;
-            if (!(o->timeout_s > 0)) { /* 0 would kill the job at once */
-                fprintf(stderr, "cfx_run: --timeout: '%s' is not a time in seconds > 0\n",
-                        optarg);
-                return -1;
-            }
             break;
         case 'k':
             if (!*optarg) {
