@@ -142,6 +142,19 @@ static int make_errors(PyObject *m)
 
 /* ---- helpers ------------------------------------------------------------- */
 
+int cfx__py_long_sat(PyObject *o, long *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        v = LONG_MAX; /* beyond a C long: out of range for every caller */
+    }
+    *out = v;
+    return 0;
+}
+
 /* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
 int cfx__py_parse_timeout(PyObject *o, int *ms, int *set)
 {
@@ -153,13 +166,9 @@ int cfx__py_parse_timeout(PyObject *o, int *ms, int *set)
                      Py_TYPE(o)->tp_name, o);
         return -1;
     }
-    long v = PyLong_AsLong(o);
-    if (v == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        v = LONG_MAX; /* beyond a C long: out of range below */
-    }
+    long v;
+    if (cfx__py_long_sat(o, &v) < 0)
+        return -1;
     if (v < 0 || v > INT32_MAX) {
         PyErr_Format(PyExc_ValueError,
                      "timeout_ms must be between 0 and 2147483647 milliseconds (2147483.647 s), "

@@ -30,6 +30,9 @@ PyObject *cfx__py_raise_status(int status);
 PyObject *cfx__py_raise_status_detail(int status, const char *detail);
 /* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
 int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
+/* An int as a C long, one beyond a C long as LONG_MAX (out of every
+ * caller's range); -1 with the exception set when @p o is no int. */
+int cfx__py_long_sat(PyObject *o, long *out);
 /* A 20-byte object id from any bytes-like object; -1 with ValueError set. */
 int cfx__py_parse_id(PyObject *o, struct cfx_object_id *id);
 /* 0 when @p dtype is a known enum cfx_dtype, else -1 with ValueError set. */

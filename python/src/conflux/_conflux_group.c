@@ -40,13 +40,9 @@ static void group_destroy_now(GroupObject *self)
  * naming it (TypeError when not an int). */
 static int parse_rank_arg(PyObject *o, const char *what, long lo, int *out)
 {
-    long v = PyLong_AsLong(o);
-    if (v == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        v = LONG_MAX; /* beyond a C long: out of range below */
-    }
+    long v;
+    if (cfx__py_long_sat(o, &v) < 0)
+        return -1;
     if (v < lo || v > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "%s %R is out of range: 0 <= rank < size <= %d", what, o,
                      INT_MAX);
