@@ -22,6 +22,7 @@
  * CFX_ERR_CONNECT.
  */
 #include "control/client.h"
+#include "control/client_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,77 +57,7 @@
 #define CTL_BACKOFF_MAX_MS     ((int)CFX_PROTO_RECONNECT_MAX_MS) /* attempts never further apart */
 #define CTL_ATTEMPT_MS         2000   /* one connect + authenticate + rejoin */
 
-/* One request waiting for its reply. */
-struct ctl_call {
-    struct cfx_list link;    /* ctl->calls */
-    uint64_t req_id;
-    pthread_cond_t cond;
-    int done;                /* reply arrived or connection lost */
-    int status;              /* CFX_OK: reply holds the answer */
-    uint8_t *frame;          /* reply frame (owned); reply points into it */
-    struct cfx_msg reply;
-};
-
-/* The async puts awaiting their answer (oldest first), at most this many:
- * replies come in the order of the requests, and a put is answered at once,
- * so the oldest is answered first; past the cap the oldest is forgotten
- * (its refusal only logged). */
-#define CTL_APUT_MAX 256
-
-struct ctl_aput {
-    uint64_t req_id;
-    struct cfx_object_id id;
-};
-
-struct cfx_ctl {
-    int fd;
-    int wake_fd;                     /* eventfd: wakes the reader for close */
-    char coord[128];                 /* "host:port" as given, for messages */
-    enum cfx_ctl_role role;
-    uint32_t node_id;
-    uint32_t heartbeat_ms;
-    uint32_t dead_after_ms;
-    void (*on_node_dead)(void *arg, uint32_t node_id);
-    void (*on_node_left)(void *arg, uint32_t node_id);
-    void (*on_reconnected)(void *arg);
-    void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
-    void (*on_put_answer)(void *arg, const struct cfx_object_id *id, int status,
-                          const char *why);
-    void (*on_task_run)(void *arg, const struct cfx_msg_task *task);
-    void (*load_fill)(void *arg, struct cfx_msg_load *out);
-    void (*beat_fill)(void *arg, struct cfx_msg_heartbeat *hb);
-    void *arg;
-    char token[CFX_TOKEN_MAX + 1];   /* kept to authenticate again (NODE) */
-    struct cfx_node_rec self;        /* kept to rejoin (NODE) */
-    uint32_t rejoin_id;              /* JOIN asks for this id (0: any) */
-
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t lock;            /* calls, next_req, broken, closing */
-    pthread_mutex_t send_lock;       /* one frame on the wire at a time */
-    struct cfx_list calls;
-    uint64_t next_req;
-    int broken;                      /* connection lost: calls fail fast */
-    int closing;
-    int interrupted;                 /* cfx__ctl_interrupt(): calls end CFX_ERR_CANCELED */
-    int reconnecting;                /* broken, and the reader is reconnecting */
-    pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
-    uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
-    uint64_t reconnects;             /* successful reconnections */
-    struct ctl_aput aput[CTL_APUT_MAX]; /* async puts unanswered: a ring, under lock */
-    unsigned aput_head, aput_n;
-
-    uint8_t *rbuf;                   /* receive buffer: handshake, then reader only */
-    size_t rlen;
-    size_t rcap;
-
-    int secure;                      /* enum cfx_seal_mode asked for (CFX_SECURE) */
-    /* on from the frame after AUTH_OK: tx under send_lock, rx by the reader
-     * (or the handshake); set and reset under send_lock */
-    struct cfx_ctl_seal seal;
-};
-
-static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
+const char *cfx__ctl_idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_HEX_LEN])
 {
     static const char digits[] = "0123456789abcdef";
     for (unsigned i = 0; i < CFX_OBJECT_ID_LEN; i++) {
@@ -138,9 +69,7 @@ static const char *idhex(const struct cfx_object_id *id, char buf[CFX_OBJECT_ID_
 }
 
 /* Error detail "<what> at coordinator <addr>: <why>". */
-static int ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const char *fmt, ...)
+int cfx__ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const char *fmt, ...)
 {
     char why[384];
     va_list ap;
@@ -171,7 +100,7 @@ static void mark_broken(struct cfx_ctl *ctl, int fd)
     pthread_mutex_unlock(&ctl->send_lock);
 }
 
-static int is_broken(struct cfx_ctl *ctl)
+int cfx__ctl_broken(struct cfx_ctl *ctl)
 {
     pthread_mutex_lock(&ctl->lock);
     int b = ctl->broken;
@@ -193,7 +122,7 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
     if (__atomic_load_n(&ctl->reconnecting, __ATOMIC_ACQUIRE) &&
         !pthread_equal(pthread_self(), ctl->thread)) {
         pthread_mutex_unlock(&ctl->send_lock);
-        return ctl_err(ctl, CFX_ERR_CONNECT, what, "reconnecting to the coordinator");
+        return cfx__ctl_err(ctl, CFX_ERR_CONNECT, what, "reconnecting to the coordinator");
     }
     /* Sealed here, under the lock: records go out in their counter's order.
      * A sealed record not sent whole leaves the peer's counter behind, so
@@ -202,7 +131,7 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
     rc = cfx__ctl_seal_frame(&ctl->seal, buf, len, cap, &len);
     if (rc != CFX_OK) {
         pthread_mutex_unlock(&ctl->send_lock);
-        rc = ctl_err(ctl, rc, what, "%s", cfx_last_error());
+        rc = cfx__ctl_err(ctl, rc, what, "%s", cfx_last_error());
         mark_broken(ctl, fd);
         return rc;
     }
@@ -218,17 +147,17 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
             struct pollfd p = { .fd = ctl->fd, .events = POLLOUT };
             int ms = cfx__ms_left(deadline);
             if (ms == 0) {
-                rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what,
+                rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what,
                              "could not send the request in time (coordinator not reading)");
                 break;
             }
             if (poll(&p, 1, ms) < 0 && errno != EINTR) {
-                rc = ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
+                rc = cfx__ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
                 break;
             }
             continue;
         }
-        rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "connection lost: %s",
+        rc = cfx__ctl_err(ctl, CFX_ERR_CONNECT, what, "connection lost: %s",
                      n < 0 ? strerror(errno) : "short send");
         break;
     }
@@ -238,18 +167,18 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
     return rc;
 }
 
-static int send_msg(struct cfx_ctl *ctl, const struct cfx_msg *m, uint64_t deadline,
+int cfx__ctl_send(struct cfx_ctl *ctl, const struct cfx_msg *m, uint64_t deadline,
                     const char *what)
 {
     /* room for a tag whatever the mode: it may switch on before the lock */
     size_t cap = cfx__msg_encoded_len(m) + CFX_SEAL_TAG_LEN, len;
     uint8_t *buf = malloc(cap);
     if (!buf)
-        return ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for a %zu byte request", cap);
+        return cfx__ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for a %zu byte request", cap);
     int rc = cfx__msg_encode(m, buf, cap, &len);
     if (rc != CFX_OK) {
         free(buf);
-        return ctl_err(ctl, rc, what, "%s", cfx_last_error());
+        return cfx__ctl_err(ctl, rc, what, "%s", cfx_last_error());
     }
     rc = send_all(ctl, buf, len, cap, deadline, what);
     free(buf);
@@ -282,7 +211,7 @@ static int rbuf_frame(struct cfx_ctl *ctl, size_t *flen)
         return 0;
     int rc = cfx__ctl_hdr_decode(&ctl->seal, ctl->rbuf, ctl->rlen, &h);
     if (rc != CFX_OK)
-        return ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
+        return cfx__ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
     size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
     if (need > ctl->rcap) {
         uint8_t *p = realloc(ctl->rbuf, need);
@@ -308,7 +237,7 @@ static int frame_open(struct cfx_ctl *ctl, uint8_t *f, size_t wlen, size_t *len)
                         "CFX_SECURE=%s check (tampered with, replayed or not sealed); the "
                         "connection is closed", ctl->coord, cfx__seal_mode_name(ctl->seal.mode));
     if (rc != CFX_OK)
-        return ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
+        return cfx__ctl_err(ctl, rc, "reading a reply", "%s", cfx_last_error());
     return CFX_OK;
 }
 
@@ -349,7 +278,7 @@ static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
             rc = cfx__msg_decode(f, flen, m);
             if (rc != CFX_OK) {
                 free(f);
-                return ctl_err(ctl, rc, what, "%s", cfx_last_error());
+                return cfx__ctl_err(ctl, rc, what, "%s", cfx_last_error());
             }
             *frame = f;
             return CFX_OK;
@@ -357,15 +286,15 @@ static int recv_sync(struct cfx_ctl *ctl, uint64_t deadline, const char *what,
         struct pollfd p = { .fd = ctl->fd, .events = POLLIN };
         int ms = cfx__ms_left(deadline);
         if (ms == 0)
-            return ctl_err(ctl, CFX_ERR_TIMEOUT, what, "no answer in time");
+            return cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "no answer in time");
         int n = poll(&p, 1, ms);
         if (n < 0 && errno != EINTR)
-            return ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
+            return cfx__ctl_err(ctl, CFX_ERR_IO, what, "poll: %s", strerror(errno));
         if (n <= 0)
             continue;
         int rc = rbuf_read(ctl);
         if (rc != CFX_OK && rc != CFX_ERR_AGAIN)
-            return ctl_err(ctl, rc, what, "the coordinator closed the connection");
+            return cfx__ctl_err(ctl, rc, what, "the coordinator closed the connection");
     }
 }
 
@@ -406,7 +335,7 @@ static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start
             (ctl->reconnecting || ctl->broken) && !ctl->closing && !ctl->interrupted) {
             uint64_t now = cfx__now_ns();
             uint64_t gone = ctl->lost_ns && now > ctl->lost_ns ? now - ctl->lost_ns : 0;
-            return ctl_err(ctl, CFX_ERR_CONNECT, what, "the coordinator is unreachable (the "
+            return cfx__ctl_err(ctl, CFX_ERR_CONNECT, what, "the coordinator is unreachable (the "
                            "connection was lost %llu ms ago; reconnecting) and did not come "
                            "back within the call's %llu ms",
                            (unsigned long long)(gone / 1000000ull),
@@ -453,8 +382,8 @@ static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
  * passes with the coordinator still unreachable the call fails with
  * CFX_ERR_CONNECT naming it.
  */
-static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
-                    struct ctl_call *call, const char *what)
+int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
+                  struct ctl_call *call, const char *what)
 {
     pthread_condattr_t attr;
     uint64_t start = cfx__now_ns();
@@ -477,13 +406,13 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
         }
         if (ctl->interrupted) {
             pthread_mutex_unlock(&ctl->lock);
-            rc = ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being "
+            rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being "
                          "destroyed");
             goto out_destroy;
         }
         if (ctl->broken || ctl->closing) {
             pthread_mutex_unlock(&ctl->lock);
-            rc = ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator "
+            rc = cfx__ctl_err(ctl, CFX_ERR_CONNECT, what, "the connection to the coordinator "
                          "was lost%s", ctl->closing ? " (the client is closing)" : "");
             goto out_destroy;
         }
@@ -494,7 +423,7 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
         cfx_list_add_tail(&call->link, &ctl->calls);
         pthread_mutex_unlock(&ctl->lock);
 
-        rc = send_msg(ctl, req, deadline, what);
+        rc = cfx__ctl_send(ctl, req, deadline, what);
 
         pthread_mutex_lock(&ctl->lock);
         while (rc == CFX_OK && !call->done) {
@@ -506,7 +435,7 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
                                    .tv_nsec = (long)(deadline % 1000000000ull) };
             if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT &&
                 !call->done)
-                rc = ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
+                rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
                              (unsigned long long)((deadline - start) / 1000000ull));
         }
         cfx_list_del(&call->link);
@@ -525,24 +454,24 @@ static int ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
     if (rc != CFX_OK)
         goto out_free;
     if (call->status == CFX_ERR_CANCELED) {
-        rc = ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being destroyed");
+        rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted: its context is being destroyed");
         goto out_free;
     }
     if (call->status == CFX_ERR_AUTH) {
-        rc = ctl_err(ctl, CFX_ERR_AUTH, what, "a frame from the coordinator failed its "
+        rc = cfx__ctl_err(ctl, CFX_ERR_AUTH, what, "a frame from the coordinator failed its "
                      "CFX_SECURE check (tampered with, replayed or not sealed); the connection "
                      "was closed");
         goto out_free;
     }
     if (call->status != CFX_OK) {
-        rc = ctl_err(ctl, call->status == CFX_ERR_NOMEM ? CFX_ERR_NOMEM : CFX_ERR_CONNECT, what,
+        rc = cfx__ctl_err(ctl, call->status == CFX_ERR_NOMEM ? CFX_ERR_NOMEM : CFX_ERR_CONNECT, what,
                      "%s", call->status == CFX_ERR_NOMEM ? "no memory for the reply"
                                                          : "the connection to the coordinator "
                                                            "was lost");
         goto out_free;
     }
     if (call->reply.type == CFX_MSG_ERROR) {
-        rc = ctl_err(ctl, call->reply.u.error.status, what, "%s", call->reply.u.error.text);
+        rc = cfx__ctl_err(ctl, call->reply.u.error.status, what, "%s", call->reply.u.error.text);
         goto out_free;
     }
     goto out_destroy;
@@ -556,9 +485,9 @@ out_destroy:
 }
 
 /* The reply has the wrong type: the coordinator is confused or hostile. */
-static int unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *what)
+int cfx__ctl_unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *what)
 {
-    int rc = ctl_err(ctl, CFX_ERR_PROTO, what, "unexpected %s reply",
+    int rc = cfx__ctl_err(ctl, CFX_ERR_PROTO, what, "unexpected %s reply",
                      cfx__msg_type_name(call->reply.type));
     free(call->frame);
     call->frame = NULL;
@@ -569,7 +498,7 @@ static int unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *wh
 /* Reader thread                                                             */
 
 /* Remember async put @p req_id of @p id until its answer (ctl->lock held). */
-static void aput_add(struct cfx_ctl *ctl, uint64_t req_id, const struct cfx_object_id *id)
+void cfx__ctl_aput_add(struct cfx_ctl *ctl, uint64_t req_id, const struct cfx_object_id *id)
 {
     if (ctl->aput_n == CTL_APUT_MAX) { /* forget the oldest */
         ctl->aput_head = (ctl->aput_head + 1) % CTL_APUT_MAX;
@@ -581,7 +510,7 @@ static void aput_add(struct cfx_ctl *ctl, uint64_t req_id, const struct cfx_obje
 }
 
 /* Forget async put @p req_id, which was never sent (ctl->lock held). */
-static void aput_unsent(struct cfx_ctl *ctl, uint64_t req_id)
+void cfx__ctl_aput_unsent(struct cfx_ctl *ctl, uint64_t req_id)
 {
     for (unsigned i = 0; i < ctl->aput_n; i++) {
         unsigned at = (ctl->aput_head + i) % CTL_APUT_MAX;
@@ -630,7 +559,7 @@ static bool aput_answered(struct cfx_ctl *ctl, uint64_t req_id, int status, cons
     if (status != CFX_OK) {
         char hex[CFX_OBJECT_ID_HEX_LEN];
         CFX_LOG(WARN, CTL, "coordinator %s refused the put of object %s: %s (%s)", ctl->coord,
-                idhex(&mine.id, hex), why, cfx_errname(status));
+                cfx__ctl_idhex(&mine.id, hex), why, cfx_errname(status));
     }
     if (ctl->on_put_answer)
         ctl->on_put_answer(ctl->arg, &mine.id, status, why);
@@ -679,10 +608,10 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
             ack.u.gone.id = m.u.gone.id;
             /* a lost ack is a lost connection: the coordinator then stops
              * waiting for this node */
-            if (send_msg(ctl, &ack, cfx__deadline_ns((int)ctl->heartbeat_ms * 4),
+            if (cfx__ctl_send(ctl, &ack, cfx__deadline_ns((int)ctl->heartbeat_ms * 4),
                          "drop of a withdrawn object") != CFX_OK)
                 CFX_LOG(WARN, CTL, "coordinator %s: cannot acknowledge the withdrawal of "
-                        "object %s: %s", ctl->coord, idhex(&m.u.gone.id, hex),
+                        "object %s: %s", ctl->coord, cfx__ctl_idhex(&m.u.gone.id, hex),
                         cfx_last_error());
         }
         return;
@@ -744,7 +673,7 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
         pthread_mutex_lock(&ctl->lock);
         d.req_id = ++ctl->next_req;
         pthread_mutex_unlock(&ctl->lock);
-        send_msg(ctl, &d, cfx__deadline_ns((int)ctl->heartbeat_ms), "release of a late lookup");
+        cfx__ctl_send(ctl, &d, cfx__deadline_ns((int)ctl->heartbeat_ms), "release of a late lookup");
     }
 }
 
@@ -767,7 +696,7 @@ static void *reader_thread(void *arg)
                     ctl->load_fill(ctl->arg, &hb.u.hb.load);
                 if (ctl->beat_fill)
                     ctl->beat_fill(ctl->arg, &hb.u.hb);
-                int rc = send_msg(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms),
+                int rc = cfx__ctl_send(ctl, &hb, cfx__deadline_ns((int)ctl->dead_after_ms),
                                   "heartbeat");
                 if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT) {
                     snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -943,11 +872,11 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR) {
-        rc = ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
+        rc = cfx__ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
         goto out_free;
     }
     if (m.type != CFX_MSG_CHALLENGE) {
-        rc = ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected CHALLENGE, got %s",
+        rc = cfx__ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected CHALLENGE, got %s",
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
@@ -970,7 +899,7 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
                                   sizeof(bind), r.u.auth.mac)) != CFX_OK)
         return rc;
     memcpy(r.u.auth.nonce, cnonce, sizeof(cnonce));
-    rc = send_msg(ctl, &r, deadline, "authentication");
+    rc = cfx__ctl_send(ctl, &r, deadline, "authentication");
     if (rc != CFX_OK)
         return rc;
     if (their_mode != ctl->secure)
@@ -995,11 +924,11 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
         goto out_free;
     }
     if (m.type == CFX_MSG_ERROR) {
-        rc = ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
+        rc = cfx__ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
         goto out_free;
     }
     if (m.type != CFX_MSG_AUTH_OK) {
-        rc = ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected AUTH_OK, got %s",
+        rc = cfx__ctl_err(ctl, CFX_ERR_PROTO, "authentication", "expected AUTH_OK, got %s",
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
@@ -1017,7 +946,7 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
                              r.u.auth.role, true);
     pthread_mutex_unlock(&ctl->send_lock);
     if (rc != CFX_OK)
-        return ctl_err(ctl, rc, "authentication", "cannot set up the sealing keys: %s",
+        return cfx__ctl_err(ctl, rc, "authentication", "cannot set up the sealing keys: %s",
                        cfx_last_error());
     if (ctl->role != CFX_CTL_ROLE_NODE)
         return CFX_OK;
@@ -1030,18 +959,18 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     r.u.join = *params->self;
     r.u.join.node_id = ctl->rejoin_id; /* a previous id to keep, or 0 */
     r.u.join.alive = 1;
-    rc = send_msg(ctl, &r, deadline, "join");
+    rc = cfx__ctl_send(ctl, &r, deadline, "join");
     if (rc != CFX_OK)
         return rc;
     rc = recv_sync(ctl, deadline, "join", &m, &frame);
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR) {
-        rc = ctl_err(ctl, m.u.error.status, "join", "%s", m.u.error.text);
+        rc = cfx__ctl_err(ctl, m.u.error.status, "join", "%s", m.u.error.text);
         goto out_free;
     }
     if (m.type != CFX_MSG_JOIN_REPLY) {
-        rc = ctl_err(ctl, CFX_ERR_PROTO, "join", "expected JOIN_REPLY, got %s",
+        rc = cfx__ctl_err(ctl, CFX_ERR_PROTO, "join", "expected JOIN_REPLY, got %s",
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
@@ -1225,12 +1154,12 @@ void cfx__ctl_close(struct cfx_ctl *ctl)
 {
     if (!ctl)
         return;
-    if (ctl->role == CFX_CTL_ROLE_NODE && !is_broken(ctl)) {
+    if (ctl->role == CFX_CTL_ROLE_NODE && !cfx__ctl_broken(ctl)) {
         struct cfx_msg m = { .type = CFX_MSG_LEAVE };
         pthread_mutex_lock(&ctl->lock);
         m.req_id = ++ctl->next_req;
         pthread_mutex_unlock(&ctl->lock);
-        send_msg(ctl, &m, cfx__deadline_ns(CTL_LEAVE_TIMEOUT_MS), "leave");
+        cfx__ctl_send(ctl, &m, cfx__deadline_ns(CTL_LEAVE_TIMEOUT_MS), "leave");
     }
     pthread_mutex_lock(&ctl->lock);
     ctl->closing = 1;
@@ -1286,270 +1215,6 @@ const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl)
     return ctl ? ctl->coord : "";
 }
 
-/* ------------------------------------------------------------------------ */
-/* Requests                                                                  */
-
-static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
-                     const char *what)
-{
-    struct ctl_call call;
-    int rc = ctl_call(ctl, req, deadline, &call, what);
-    if (rc != CFX_OK)
-        return rc;
-    if (call.reply.type != CFX_MSG_OK)
-        return unexpected(ctl, &call, what);
-    free(call.frame);
-    return CFX_OK;
-}
-
-static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                   uint32_t chunk_size, const void *data, bool durable, bool again,
-                   uint32_t copy_of, uint64_t tag, uint64_t deadline_ns)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
-    snprintf(what, sizeof(what), "%sput of object %s", durable ? "durable " : "",
-             idhex(id, hex));
-    if (data && size > CFX_OBJECT_INLINE_MAX)
-        return ctl_err(ctl, CFX_ERR_TOO_BIG, what, "only objects up to %u bytes go inline",
-                       CFX_OBJECT_INLINE_MAX);
-    if (durable && !data && size)
-        return ctl_err(ctl, CFX_ERR_INVALID, what, "only inline objects can be durable");
-    m.u.put.id = *id;
-    m.u.put.size = size;
-    m.u.put.chunk_size = chunk_size;
-    m.u.put.has_data = data != NULL || size == 0;
-    m.u.put.durable = durable ? 1 : 0;
-    m.u.put.again = again ? 1 : 0;
-    m.u.put.data = m.u.put.has_data ? data : NULL;
-    m.u.put.tag = tag;
-    if (copy_of) {
-        m.u.put.copy = 1;
-        m.u.put.putter = copy_of;
-        m.u.put.has_data = 0;
-        m.u.put.data = NULL;
-    }
-    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
-    return expect_ok(ctl, &m, deadline_ns, what);
-}
-
-int cfx__ctl_obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                     uint32_t chunk_size, const void *data, uint64_t deadline_ns)
-{
-    return obj_put(ctl, id, size, chunk_size, data, false, false, 0, 0, deadline_ns);
-}
-
-int cfx__ctl_obj_put_own(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                            uint32_t chunk_size, const void *data, uint64_t tag,
-                            uint64_t deadline_ns)
-{
-    return obj_put(ctl, id, size, chunk_size, data, false, true, 0, tag, deadline_ns);
-}
-
-int cfx__ctl_obj_put_copy(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                          uint32_t chunk_size, uint32_t putter, uint64_t tag,
-                          uint64_t deadline_ns)
-{
-    if (!putter)
-        return cfx__err(CFX_ERR_INVALID, "put of a copy: putter node 0");
-    return obj_put(ctl, id, size, chunk_size, NULL, false, true, putter, tag, deadline_ns);
-}
-
-int cfx__ctl_obj_put_durable(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                             uint64_t size, uint32_t chunk_size, const void *data,
-                             uint64_t deadline_ns)
-{
-    return obj_put(ctl, id, size, chunk_size, data, true, false, 0, 0, deadline_ns);
-}
-
-static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                      const uint32_t *exclude, unsigned nexclude, unsigned want,
-                      uint64_t deadline_ns, bool no_wait, struct cfx_ctl_source *out);
-
-int cfx__ctl_obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                        const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
-                        struct cfx_ctl_source *out)
-{
-    return obj_lookup(ctl, id, exclude, nexclude, 0, deadline_ns, false, out);
-}
-
-int cfx__ctl_obj_lookup_sources(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                                const uint32_t *exclude, unsigned nexclude, unsigned want,
-                                uint64_t deadline_ns, struct cfx_ctl_source *out)
-{
-    return obj_lookup(ctl, id, exclude, nexclude, CFX_MIN(want, CFX_PROTO_EXTRA_MAX),
-                      deadline_ns, false, out);
-}
-
-int cfx__ctl_obj_lookup_now(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                            const uint32_t *exclude, unsigned nexclude, uint64_t deadline_ns,
-                            struct cfx_ctl_source *out)
-{
-    return obj_lookup(ctl, id, exclude, nexclude, 0, deadline_ns, true, out);
-}
-
-static int obj_lookup(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                      const uint32_t *exclude, unsigned nexclude, unsigned want,
-                      uint64_t deadline_ns, bool no_wait, struct cfx_ctl_source *out)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_LOOKUP };
-    struct ctl_call call;
-    int rc;
-
-    if (!ctl || !id || !out || (nexclude && !exclude))
-        return cfx__err(CFX_ERR_INVALID, "lookup: NULL argument");
-    snprintf(what, sizeof(what), "lookup of object %s", idhex(id, hex));
-    if (nexclude > CFX_PROTO_EXCLUDE_MAX)
-        return ctl_err(ctl, CFX_ERR_INVALID, what, "%u nodes excluded (at most %u)", nexclude,
-                       CFX_PROTO_EXCLUDE_MAX);
-    memset(out, 0, sizeof(*out));
-    m.u.lookup.id = *id;
-    if (no_wait) {
-        m.u.lookup.timeout_ms = 0; /* answer now: a holder or CFX_ERR_TIMEOUT */
-    } else if (deadline_ns == UINT64_MAX) {
-        m.u.lookup.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
-    } else {
-        int ms = cfx__ms_left(deadline_ns);
-        m.u.lookup.timeout_ms = (uint32_t)(ms < 0 ? 0 : ms);
-    }
-    m.u.lookup.nexclude = nexclude;
-    if (nexclude)
-        memcpy(m.u.lookup.exclude, exclude, nexclude * sizeof(*exclude));
-    m.u.lookup.want = (uint8_t)want;
-
-    rc = ctl_call(ctl, &m, deadline_ns, &call, what);
-    if (rc != CFX_OK)
-        return rc;
-    if (call.reply.type != CFX_MSG_LOOKUP_REPLY ||
-        memcmp(call.reply.u.lookup_reply.id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
-        return unexpected(ctl, &call, what);
-    out->size = call.reply.u.lookup_reply.size;
-    out->chunk_size = call.reply.u.lookup_reply.chunk_size;
-    out->is_inline = call.reply.u.lookup_reply.is_inline;
-    out->complete = call.reply.u.lookup_reply.complete;
-    out->putter = call.reply.u.lookup_reply.putter;
-    out->tag = call.reply.u.lookup_reply.tag;
-    if (out->is_inline) {
-        if (out->size) {
-            out->data = malloc((size_t)out->size);
-            if (!out->data) {
-                free(call.frame);
-                return ctl_err(ctl, CFX_ERR_NOMEM, what, "no memory for %llu inline bytes",
-                               (unsigned long long)out->size);
-            }
-            memcpy(out->data, call.reply.u.lookup_reply.data, (size_t)out->size);
-        }
-    } else {
-        out->node = call.reply.u.lookup_reply.node;
-        out->nextra = call.reply.u.lookup_reply.nextra;
-        memcpy(out->extra, call.reply.u.lookup_reply.extra, out->nextra * sizeof(out->extra[0]));
-    }
-    free(call.frame);
-    return CFX_OK;
-}
-
-int cfx__ctl_obj_done(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint32_t source_node,
-                      int complete, uint64_t deadline_ns)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_DONE };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "done: NULL client or object id");
-    snprintf(what, sizeof(what), "transfer end of object %s", idhex(id, hex));
-    m.u.done.id = *id;
-    m.u.done.source_node = source_node;
-    m.u.done.complete = complete ? 1 : 0;
-    return expect_ok(ctl, &m, deadline_ns, what);
-}
-
-int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                            uint32_t source_node, int complete)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_DONE };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "done: NULL client or object id");
-    if (is_broken(ctl))
-        return ctl_err(ctl, CFX_ERR_CONNECT, "transfer end", "connection lost");
-    snprintf(what, sizeof(what), "transfer end of object %s", idhex(id, hex));
-    m.u.done.id = *id;
-    m.u.done.source_node = source_node;
-    m.u.done.complete = complete ? 1 : 0;
-    pthread_mutex_lock(&ctl->lock);
-    m.req_id = ++ctl->next_req;
-    pthread_mutex_unlock(&ctl->lock);
-    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
-}
-
-int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
-                           uint32_t chunk_size, uint32_t copy_of)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_PUT };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "put: NULL client or object id");
-    if (is_broken(ctl))
-        return ctl_err(ctl, CFX_ERR_CONNECT, "put", "connection lost");
-    snprintf(what, sizeof(what), "put of %sobject %s", copy_of ? "a copy of " : "",
-             idhex(id, hex));
-    m.u.put.id = *id;
-    m.u.put.size = size;
-    m.u.put.chunk_size = chunk_size;
-    m.u.put.has_data = size == 0 && !copy_of;
-    m.u.put.copy = copy_of != 0;
-    m.u.put.again = copy_of != 0;
-    m.u.put.putter = copy_of;
-    cfx__objname_lookup(id, m.u.put.name, sizeof(m.u.put.name));
-    pthread_mutex_lock(&ctl->lock);
-    m.req_id = ++ctl->next_req;
-    aput_add(ctl, m.req_id, id); /* before the answer can come */
-    pthread_mutex_unlock(&ctl->lock);
-    int rc = send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
-    if (rc != CFX_OK) {
-        pthread_mutex_lock(&ctl->lock);
-        aput_unsent(ctl, m.req_id);
-        pthread_mutex_unlock(&ctl->lock);
-    }
-    return rc;
-}
-
-int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *id)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
-    if (is_broken(ctl))
-        return ctl_err(ctl, CFX_ERR_CONNECT, "delete", "connection lost");
-    snprintf(what, sizeof(what), "delete of object %s", idhex(id, hex));
-    m.u.del.id = *id;
-    pthread_mutex_lock(&ctl->lock);
-    m.req_id = ++ctl->next_req;
-    pthread_mutex_unlock(&ctl->lock);
-    return send_msg(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
-}
-
-int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                        uint64_t deadline_ns)
-{
-    char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
-    struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
-
-    if (!ctl || !id)
-        return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
-    snprintf(what, sizeof(what), "delete of object %s", idhex(id, hex));
-    m.u.del.id = *id;
-    return expect_ok(ctl, &m, deadline_ns, what);
-}
-
 uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl)
 {
     if (!ctl)
@@ -1574,11 +1239,11 @@ int cfx__ctl_request(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline
                      const char *what, uint8_t expect, struct cfx_msg *reply, void **frame)
 {
     struct ctl_call call;
-    int rc = ctl_call(ctl, req, deadline_ns, &call, what);
+    int rc = cfx__ctl_call(ctl, req, deadline_ns, &call, what);
     if (rc != CFX_OK)
         return rc;
     if (call.reply.type != expect)
-        return unexpected(ctl, &call, what);
+        return cfx__ctl_unexpected(ctl, &call, what);
     if (reply && frame) {
         *reply = call.reply;
         *frame = call.frame;
@@ -1593,5 +1258,5 @@ int cfx__ctl_send_nowait(struct cfx_ctl *ctl, struct cfx_msg *m, const char *wha
     pthread_mutex_lock(&ctl->lock);
     m->req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);
-    return send_msg(ctl, m, cfx__deadline_ns((int)ctl->dead_after_ms + 1000), what);
+    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)ctl->dead_after_ms + 1000), what);
 }

@@ -1,5 +1,5 @@
 /*
- * Object reduce, the driver's side shared by the plain plan (objreduce.c)
+ * Object reduce, the driver's side shared by the plain plan (objreduce_plan.c)
  * and the striped one (objstripe.c).  API threads only; ctx->lock is taken
  * where said.
  */
