@@ -950,6 +950,7 @@ struct cfx_context {
     struct cfx_reannounce *reannounce; /* reannounce.c; NULL until a reconnect */
     struct cfx_task_rt *tasks;  /* task.c: functions offered, runner threads */
     uint64_t reannounce_rounds; /* re-announce rounds finished (after reconnects) */
+    uint64_t reduce_id_checks;  /* reduces that found their result's id free (tests wait on it) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
     uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: uploads stop after this

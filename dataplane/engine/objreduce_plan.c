@@ -595,6 +595,9 @@ static int result_free(struct cfx_context *ctx, const struct cfx_object_id *resu
     int rc = cfx__ctl_obj_lookup_now(ctx->ctl, result, NULL, 0, step, &src);
     if (rc == CFX_ERR_TIMEOUT) { /* no node holds it */
         cfx__err_clear();
+        pthread_mutex_lock(&ctx->lock);
+        ctx->reduce_id_checks++;
+        pthread_mutex_unlock(&ctx->lock);
         return CFX_OK;
     }
     if (rc != CFX_OK)

@@ -16,6 +16,7 @@
 #include <conflux/conflux.h>
 
 #include "control/coord.h"
+#include "dataplane/engine/engine.h"
 #include "testutil.h"
 
 #define NCTX  4
@@ -149,8 +150,18 @@ static void taken_during(size_t n, size_t k, const char *tag)
     struct reducer r = { .in = in, .n = n, .k = k, .out = &z };
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, reducer_main, &r), 0);
-    /* the reduce has checked the id by now, most likely (either way it must fail) */
-    usleep(300 * 1000);
+    /* once the reduce has found the id free (it waits for in[1] then), the
+     * id is taken: the directory refuses the result's announcement */
+    uint64_t dl = cfx__deadline_ns(20000);
+    bool checked = false;
+    while (!checked && cfx__now_ns() < dl) {
+        pthread_mutex_lock(&ctx[0]->lock);
+        checked = ctx[0]->reduce_id_checks > 0;
+        pthread_mutex_unlock(&ctx[0]->lock);
+        if (!checked)
+            usleep(1000);
+    }
+    cr_assert(checked, "the reduce never checked its result's id");
     cr_assert_eq(cfx_put(ctx[2], &z, az, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_put(ctx[1], &in[1], a1, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
     pthread_join(th, NULL);
