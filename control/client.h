@@ -292,7 +292,7 @@ struct cfx_ctl_params {
 /* Every blocking request below is sent again after a reconnect when the
  * connection was lost before its reply, within its deadline; when the
  * deadline passes with the coordinator unreachable it fails with
- * CFX_ERR_CONNECT naming the coordinator (control/client.c, ctl_call). */
+ * CFX_ERR_CONNECT naming the coordinator (control/client.c, cfx__ctl_call). */
 
 /* Connect, authenticate (HMAC challenge-response) and join.
  * CFX_ERR_AUTH when the token is refused or the coordinator runs with another
