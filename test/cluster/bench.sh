@@ -7,6 +7,7 @@
 #                         [--coord-args "ARGS"] [--transport tcp|dpdk]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
 #                         [--results DIR] [--port 5000] [--no-conflux] [--no-mpi]
+#                         [--prebuilt]
 #
 # Brings up cluster.sh's namespaces (one process per node), then for each op:
 #   1. conflux-coord in node 0, cfx_coll_perf in every node (CFX_TRANSPORT=tcp,
@@ -23,6 +24,9 @@
 # same table as obj-broadcast, obj-reduce, obj-allreduce beside Open MPI's
 # group operation of the same name.  --coord-args passes options to
 # conflux-coord (e.g. "--fanout 2" to compare with a fixed fan-out).
+# --prebuilt takes the tools already in --build-dir/bin (cfx_coll_perf,
+# cfx_obj_perf, conflux-coord) and builds nothing: for a machine that runs
+# the bench but lacks the build's packages.
 # Prints one table: per op and size the three times, their ratios and
 # the bound the link rate sets (S/B for broadcast and reduce, 2(n-1)/n S/B
 # for allreduce; a barrier has no size and no bound: one row, "0 B").  Every run has a timeout; everything started is stopped
@@ -52,6 +56,7 @@ RESULTS=
 PORT=5000
 DO_CFX=1
 DO_MPI=1
+PREBUILT=0
 TRANSPORT=tcp
 
 die() { echo "bench.sh: $*" >&2; exit 1; }
@@ -76,6 +81,7 @@ while [ $# -gt 0 ]; do
     --port) PORT=$2; shift 2 ;;
     --no-conflux) DO_CFX=0; shift ;;
     --no-mpi) DO_MPI=0; shift ;;
+    --prebuilt) PREBUILT=1; shift ;;
     --transport) TRANSPORT=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
@@ -119,7 +125,11 @@ if [ "$DO_MPI" = 1 ] && ! command -v mpicc >/dev/null; then
         { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive \
             apt-get install -y -q openmpi-bin libopenmpi-dev >&2; }
 fi
-if [ "$DO_CFX" = 1 ]; then
+if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 1 ]; then
+    for t in cfx_coll_perf cfx_obj_perf conflux-coord; do
+        [ -x "$BUILD/bin/$t" ] || die "--prebuilt: $BUILD/bin/$t is missing"
+    done
+elif [ "$DO_CFX" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -DCFX_WITH_CUDA=OFF >&2
     cmake --build "$BUILD" -j"$(nproc)" --target cfx_coll_perf cfx_obj_perf conflux-coord >&2 ||
         die "build of the Conflux tools failed (--no-conflux runs the MPI side alone)"
@@ -155,7 +165,7 @@ forget_pid() { # drop $1 from PIDS once it has been waited for
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 "$CLUSTER" up "$NODES" "$RATE" >&2
-HOSTS=$(for i in $(seq 0 $((NODES - 1))); do printf '%s-n%s,' "$PREFIX" "$i"; done)
+HOSTS=$(for i in $(seq 0 $((NODES - 1))); do printf '%s-n%s:1,' "$PREFIX" "$i"; done)
 HOSTS=${HOSTS%,}
 NODE0_IP=$("$CLUSTER" addr 0)
 export CFX_BENCH_LOCKED=1
@@ -218,7 +228,7 @@ run_conflux() { # op [tool name flags...]: cfx_coll_perf, or cfx_obj_perf as obj
 # ---- Open MPI ------------------------------------------------------------------
 # shellcheck disable=SC2054  # "tcp,self" is one argument
 MPI_COMMON=(--allow-run-as-root -np "$NODES" --host "$HOSTS" --map-by node --bind-to none
-    --mca plm_rsh_agent "$HERE/rsh-agent.sh"
+    --mca plm rsh --mca plm_rsh_agent "$HERE/rsh-agent.sh"
     --mca btl tcp,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET"
     --mca mpi_yield_when_idle 1)
 # what an expert sets: pipelined chain (pipeline = chain of fan-out 1) in
