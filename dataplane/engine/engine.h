@@ -921,6 +921,8 @@ struct cfx_context {
     bool waiter_kicked;         /* ... and someone's pass kicked it awake (ctx->lock) */
     uint64_t n_served;          /* data requests served (GET_REQ; progress lock) */
     uint64_t n_waiter_naps;     /* waiters that slept on epfd themselves (ctx->lock; tests) */
+    uint64_t n_waiter_polls;    /* ... that polled on instead: a busy-polled transport
+                                 * had connections (ctx->lock; tests) */
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
     uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
     bool stop;

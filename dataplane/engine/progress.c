@@ -401,11 +401,12 @@ static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
  * cores).
  *
  * Another thread driving (the progress lock taken): true without a nap,
- * the caller spins on, watching its request.  Not possible, false: another
+ * the caller spins on, watching its request.  A busy-polled transport with
+ * connections (nothing would wake a nap): true without a nap, the caller
+ * spins on, polling (ctx->n_waiter_polls).  Not possible, false: another
  * thread sleeps in epoll (the progress thread asleep before we came: it is
- * not moved; another waiter napping), a busy-polled
- * transport has connections (nothing would wake us), the context stops, or
- * the request completed meanwhile.  Whoever runs a pass while a waiter naps
+ * not moved; another waiter napping), the context stops, or the request
+ * completed meanwhile.  Whoever runs a pass while a waiter naps
  * kicks it awake (progress_pass), since the pass may have completed its
  * request or disarmed an iface it sleeps on.
  */
@@ -416,9 +417,24 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
         return true;
     }
     *polled = true;
-    bool pending = !arm_all(ctx);
     pthread_mutex_lock(&ctx->lock);
     int nap_ms = cfx__progress_nap_ms(ctx); /* the progress thread's bound applies */
+    bool poll_on = nap_ms == 0 && !ctx->stop;
+    ctx->n_waiter_polls += poll_on;
+    pthread_mutex_unlock(&ctx->lock);
+    if (poll_on) {
+        /* A busy-polled transport (a user-space NIC queue) has connections:
+         * a nap would sleep through its packets, and handing back would have
+         * the progress thread poll in our place and then wake us, a wake-up
+         * per message that outlasts the spin (a peer across a network).
+         * Poll on ourselves, for as long as a nap would have lasted; the
+         * progress thread keeps standing aside. */
+        cfx__progress_unlock(ctx);
+        return true;
+    }
+    bool pending = !arm_all(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    nap_ms = cfx__progress_nap_ms(ctx);
     bool can = !ctx->sleeping && !ctx->stop &&
                __atomic_load_n(st, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN && nap_ms != 0;
     if (can && (pending || !cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
@@ -465,7 +481,8 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
  * the others watch their request (an atomic load of @p st, a status
  * written under ctx->lock, CFX_ERR_AGAIN while it runs) and yield.  When
  * the spin runs out, the waiter sleeps on the transports' fds itself
- * (waiter_nap) and spins again when woken, for up to CFX_WAITER_NAP_MS:
+ * (waiter_nap; or, with a busy-polled transport connected, polls on) and
+ * spins again when woken, for up to CFX_WAITER_NAP_MS:
  * what only the progress thread sees (a node's death, a predicate of the
  * caller's) is looked at when the caller's loop resumes, that much later
  * at most.  Returns with ctx->lock held, the polling handed back to the

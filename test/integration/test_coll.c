@@ -192,4 +192,12 @@ Test(coll, matrix_dpdk, .timeout = 240)
     int rc = run_dpdk("CFX_COLL_SEG=16384", "cfx_colltest", "matrix mismatch nb misc");
     cr_assert_eq(rc, 0, "collective matrix over dpdk with 2 ranks: cfx_run exited %d", rc);
 }
+
+/* A wait over dpdk polls on by itself once its spin ran out (rank 0's
+ * progress thread parked: nothing else would poll for it). */
+Test(coll, waiter_polls_dpdk, .timeout = 240)
+{
+    int rc = run_dpdk("", "cfx_colltest", "waiterpoll");
+    cr_assert_eq(rc, 0, "waiter polling over dpdk with 2 ranks: cfx_run exited %d", rc);
+}
 #endif

@@ -15,6 +15,9 @@
  *   nb             non-blocking forms, several in flight, mixed with blocking
  *   late MS        the last rank enters broadcast / allreduce MS late
  *   misc           send/recv, barrier, re-creating a group of the same name
+ *   waiterpoll     ranks 0 and 1 ping-pong with rank 0's progress thread
+ *                  parked: over a busy-polled transport (dpdk) its waits
+ *                  must poll on by themselves once their spin runs out
  */
 #include <conflux/conflux.h>
 
@@ -26,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dataplane/engine/engine.h"
 #include "dataplane/reduce/fp16.h"
 
 #include "test/common/testutil.h"
@@ -717,11 +721,65 @@ static void mode_misc(struct cfx_context *ctx)
     checks += 3;
 }
 
+/*
+ * A waiter whose spin ran out, over a busy-polled transport (a user-space
+ * NIC queue, which no fd announces), polls on by itself instead of handing
+ * back to the progress thread (cfx__progress_poll_wait).  Rank 0 parks its
+ * progress thread and spins for 1 us only, so each pong (a round trip
+ * away) comes after its spin: with the hand-back, nobody would poll for it
+ * and the wait would end at its deadline.  Every byte checked; rank 0's
+ * count of waits that polled on must have grown.
+ */
+static void mode_waiterpoll(struct cfx_context *ctx)
+{
+    enum { N = 200, LEN = 100 };
+    uint8_t out[LEN], in[LEN];
+    uint32_t spin = ctx->cfg.spin_us, nap = ctx->cfg.waiter_nap_ms;
+    uint64_t polls = 0;
+
+    if (rank > 1)
+        return;
+    if (rank == 0) {
+        ctx->cfg.spin_us = 1;
+        ctx->cfg.waiter_nap_ms = 60000;
+        CHECK_OK(cfx__progress_pause(ctx, true));
+    }
+    for (int i = 0; i < N; i++) {
+        int peer = 1 - rank;
+        if (rank == 0) {
+            cfx_test_fill(out, LEN, (uint64_t)i);
+            CHECK_OK(cfx_group_send(grp, out, LEN, peer, 7, NULL));
+            CHECK_OK(cfx_group_recv(grp, in, LEN, peer, 8, NULL));
+            if (cfx_test_check(in, LEN, 1000 + (uint64_t)i) != (size_t)-1)
+                DIE("waiterpoll: pong %d differs", i);
+        } else {
+            CHECK_OK(cfx_group_recv(grp, in, LEN, peer, 7, NULL));
+            if (cfx_test_check(in, LEN, (uint64_t)i) != (size_t)-1)
+                DIE("waiterpoll: ping %d differs", i);
+            cfx_test_fill(out, LEN, 1000 + (uint64_t)i);
+            CHECK_OK(cfx_group_send(grp, out, LEN, peer, 8, NULL));
+        }
+    }
+    if (rank == 0) {
+        CHECK_OK(cfx__progress_pause(ctx, false));
+        ctx->cfg.spin_us = spin;
+        ctx->cfg.waiter_nap_ms = nap;
+        pthread_mutex_lock(&ctx->lock);
+        polls = ctx->n_waiter_polls;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!polls)
+            DIE("waiterpoll: no wait polled on by itself (n_waiter_polls 0)");
+        printf("waiterpoll ok: %d round trips, %" PRIu64 " waits polled on\n", N, polls);
+    }
+    checks += N;
+}
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
     if (argc < 2) {
-        fprintf(stderr, "usage: %s matrix | big BYTES | mismatch | nb | late MS | misc\n",
+        fprintf(stderr,
+                "usage: %s matrix | big BYTES | mismatch | nb | late MS | misc | waiterpoll\n",
                 argv[0]);
         return 2;
     }
@@ -746,6 +804,8 @@ int main(int argc, char **argv)
             mode_late(atoi(argv[++i]));
         else if (!strcmp(argv[i], "misc"))
             mode_misc(ctx);
+        else if (!strcmp(argv[i], "waiterpoll"))
+            mode_waiterpoll(ctx);
         else
             DIE("unknown mode %s", argv[i]);
     }
