@@ -4,6 +4,7 @@
 #   test/cluster/bench.sh [--nodes 4] [--rate 1gbit] [--sizes 1M:64M]
 #                         [--ops "broadcast reduce allreduce [barrier]"] [--iters 5]
 #                         [--obj-ops "broadcast reduce allreduce"] [--spacing MS]
+#                         [--obj-args "ARGS"]
 #                         [--coord-args "ARGS"] [--transport tcp|dpdk]
 #                         [--warmup 1] [--timeout 300] [--build-dir DIR]
 #                         [--results DIR] [--port 5000] [--no-conflux] [--no-mpi]
@@ -22,7 +23,10 @@
 # the others get; every rank puts an input and rank 0 reduces them; reduce
 # and every rank gets the result), with --spacing MS between arrivals, on the
 # same table as obj-broadcast, obj-reduce, obj-allreduce beside Open MPI's
-# group operation of the same name.  --coord-args passes options to
+# group operation of the same name; --obj-args passes more options to
+# cfx_obj_perf (e.g. "--kill 2@200": node 2 dies 200 ms into the first
+# timed iteration, and the survivors' time is reported; the victim's rank is
+# logged as failed).  --coord-args passes options to
 # conflux-coord (e.g. "--fanout 2" to compare with a fixed fan-out).
 # --prebuilt takes the tools already in --build-dir/bin (cfx_coll_perf,
 # cfx_obj_perf, conflux-coord) and builds nothing: for a machine that runs
@@ -47,6 +51,7 @@ SIZES=1M:64M
 OPS="broadcast reduce allreduce"
 OBJ_OPS=
 SPACING=0
+OBJ_ARGS=
 COORD_ARGS=
 ITERS=5
 WARMUP=1
@@ -72,6 +77,7 @@ while [ $# -gt 0 ]; do
     --ops) OPS=$2; shift 2 ;;
     --obj-ops) OBJ_OPS=$2; shift 2 ;;
     --spacing) SPACING=$2; shift 2 ;;
+    --obj-args) OBJ_ARGS=$2; shift 2 ;;
     --coord-args) COORD_ARGS=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
@@ -272,7 +278,7 @@ done
 for op in $OBJ_OPS; do
     log "conflux object $op ($NODES nodes, $RATE, arrivals ${SPACING} ms apart)"
     run_conflux "$op" cfx_obj_perf "obj-$op" -b "$MINB" -e "$MAXB" -f 2 -n "$ITERS" -w "$WARMUP" \
-        -A "$SPACING" --json || status=1
+        -A "$SPACING" $OBJ_ARGS --json || status=1
 done
 
 # ---- the table -----------------------------------------------------------------
