@@ -919,10 +919,12 @@ struct cfx_context {
     bool waiter_napping;        /* ... a waiter (cfx__progress_poll_wait; ctx->lock, read
                                  * atomically as a hint) */
     bool waiter_kicked;         /* ... and someone's pass kicked it awake (ctx->lock) */
+    bool waiter_polling;        /* a waiter polls on in place of a nap, one at a time
+                                 * (cfx__progress_poll_wait; ctx->lock) */
     uint64_t n_served;          /* data requests served (GET_REQ; progress lock) */
     uint64_t n_waiter_naps;     /* waiters that slept on epfd themselves (ctx->lock; tests) */
-    uint64_t n_waiter_polls;    /* ... that polled on instead: a busy-polled transport
-                                 * had connections (ctx->lock; tests) */
+    uint64_t n_waiter_polls;    /* spells of a waiter polling on in place of a nap: a
+                                 * busy-polled transport had connections (ctx->lock; tests) */
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
     uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
     bool stop;

@@ -403,14 +403,16 @@ static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
  * Another thread driving (the progress lock taken): true without a nap,
  * the caller spins on, watching its request.  A busy-polled transport with
  * connections (nothing would wake a nap): true without a nap, the caller
- * spins on, polling (ctx->n_waiter_polls).  Not possible, false: another
+ * spins on, polling (ctx->waiter_polling, ctx->n_waiter_polls), unless
+ * another waiter polls on already (false).  Not possible, false: another
  * thread sleeps in epoll (the progress thread asleep before we came: it is
  * not moved; another waiter napping), the context stops, or the request
  * completed meanwhile.  Whoever runs a pass while a waiter naps
  * kicks it awake (progress_pass), since the pass may have completed its
  * request or disarmed an iface it sleeps on.
  */
-static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns, bool *polled)
+static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns, bool *polled,
+                       bool *polling)
 {
     if (!cfx__progress_trylock(ctx)) {
         sched_yield(); /* another waiter drives for all: watch, as in spin() */
@@ -419,18 +421,25 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
     *polled = true;
     pthread_mutex_lock(&ctx->lock);
     int nap_ms = cfx__progress_nap_ms(ctx); /* the progress thread's bound applies */
-    bool poll_on = nap_ms == 0 && !ctx->stop;
-    ctx->n_waiter_polls += poll_on;
-    pthread_mutex_unlock(&ctx->lock);
+    bool busy = nap_ms == 0 && !ctx->stop;
+    bool poll_on = busy && (*polling || !ctx->waiter_polling);
     if (poll_on) {
+        ctx->waiter_polling = *polling = true;
+        ctx->n_waiter_polls++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (busy) {
         /* A busy-polled transport (a user-space NIC queue) has connections:
          * a nap would sleep through its packets, and handing back would have
          * the progress thread poll in our place and then wake us, a wake-up
          * per message that outlasts the spin (a peer across a network).
          * Poll on ourselves, for as long as a nap would have lasted; the
-         * progress thread keeps standing aside. */
+         * progress thread keeps standing aside.  One waiter at a time, as
+         * one naps at a time: a second hands back and sleeps, and the
+         * first one's passes complete its request too (so k waiting
+         * threads keep one core busy, not k). */
         cfx__progress_unlock(ctx);
-        return true;
+        return poll_on;
     }
     bool pending = !arm_all(ctx);
     pthread_mutex_lock(&ctx->lock);
@@ -495,15 +504,17 @@ void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t de
         pthread_mutex_lock(&ctx->lock);
         return;
     }
-    bool polled = false;
+    bool polled = false, polling = false;
     uint64_t nap_end = cfx__now_ns() + (uint64_t)ctx->cfg.waiter_nap_ms * 1000000;
     if (nap_end > deadline_ns)
         nap_end = deadline_ns;
     cfx__progress_poll_begin(ctx);
     while (!spin(ctx, st, &polled) && cfx__now_ns() < nap_end &&
-           waiter_nap(ctx, st, nap_end, &polled))
+           waiter_nap(ctx, st, nap_end, &polled, &polling))
         ;
     pthread_mutex_lock(&ctx->lock);
+    if (polling)
+        ctx->waiter_polling = false; /* another waiter may poll on now */
     /* the caller sleeps next if its request still runs: then someone must
      * drive the transports for it, whatever else is pending (a rendezvous
      * receive waiting for the peer's writes is on no list progress_wanted()
@@ -659,10 +670,12 @@ static void *progress_main(void *arg)
         if (__atomic_load_n(&ctx->pollers, __ATOMIC_RELAXED)) {
             pthread_mutex_lock(&ctx->lock);
             bool woken = stand_aside(ctx);
-            bool napper = ctx->waiter_napping;
+            bool napper = ctx->waiter_napping, poller = ctx->waiter_polling;
             pthread_mutex_unlock(&ctx->lock);
             if (napper) /* it drives, woken by what would wake us (a packet, a */
                 continue; /* command): a pass here would only wake it */
+            if (poller) /* a waiter polls on in place of a nap: it runs */
+                continue; /* whole passes, ours would only contend */
             /* woken for work: spin as after any work; timed out: the
              * poller just did the polling, sleep right after one pass */
             idle_since = woken ? cfx__now_ns() : cfx__now_ns() - spin_cur;

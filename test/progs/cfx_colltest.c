@@ -22,6 +22,7 @@
 #include <conflux/conflux.h>
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -727,51 +728,94 @@ static void mode_misc(struct cfx_context *ctx)
  * back to the progress thread (cfx__progress_poll_wait).  Rank 0 parks its
  * progress thread and spins for 1 us only, so each pong (a round trip
  * away) comes after its spin: with the hand-back, nobody would poll for it
- * and the wait would end at its deadline.  Every byte checked; rank 0's
- * count of waits that polled on must have grown.
+ * and the wait would end at its deadline (20 s here).  Then two threads per
+ * rank ping-pong at once with the progress thread running: one waiter
+ * polls on at a time, the other sleeps until the first one's passes
+ * complete its message.  Every byte checked; rank 0's count of spells
+ * polled on must have grown.
  */
+#define WP_N   200
+#define WP_LEN 100
+
+struct wp_arg {
+    int tag, rc;
+};
+
+static int wp_pingpong(int tag, const struct cfx_coll_params *cp)
+{
+    uint8_t out[WP_LEN], in[WP_LEN];
+    int peer = 1 - rank, rc = CFX_OK;
+    for (int i = 0; i < WP_N && rc == CFX_OK; i++) {
+        uint64_t ping = (uint64_t)tag << 32 | (uint64_t)i, pong = ping + 1000000;
+        if (rank == 0) {
+            cfx_test_fill(out, WP_LEN, ping);
+            rc = cfx_group_send(grp, out, WP_LEN, peer, tag, cp);
+            if (rc == CFX_OK)
+                rc = cfx_group_recv(grp, in, WP_LEN, peer, tag + 1, cp);
+            if (rc == CFX_OK && cfx_test_check(in, WP_LEN, pong) != (size_t)-1)
+                DIE("waiterpoll: tag %d pong %d differs", tag, i);
+        } else {
+            rc = cfx_group_recv(grp, in, WP_LEN, peer, tag, cp);
+            if (rc == CFX_OK && cfx_test_check(in, WP_LEN, ping) != (size_t)-1)
+                DIE("waiterpoll: tag %d ping %d differs", tag, i);
+            cfx_test_fill(out, WP_LEN, pong);
+            if (rc == CFX_OK)
+                rc = cfx_group_send(grp, out, WP_LEN, peer, tag + 1, cp);
+        }
+    }
+    if (rc != CFX_OK)
+        fprintf(stderr, "rank %d: waiterpoll tag %d: %s: %s\n", rank, tag, cfx_errname(rc),
+                cfx_last_error());
+    return rc;
+}
+
+static void *wp_thread(void *p)
+{
+    struct wp_arg *a = p;
+    struct cfx_coll_params cp = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    a->rc = wp_pingpong(a->tag, &cp);
+    return NULL;
+}
+
 static void mode_waiterpoll(struct cfx_context *ctx)
 {
-    enum { N = 200, LEN = 100 };
-    uint8_t out[LEN], in[LEN];
+    struct cfx_coll_params cp = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 20000 };
     uint32_t spin = ctx->cfg.spin_us, nap = ctx->cfg.waiter_nap_ms;
     uint64_t polls = 0;
 
     if (rank > 1)
         return;
+    ctx->cfg.spin_us = 1;
     if (rank == 0) {
-        ctx->cfg.spin_us = 1;
         ctx->cfg.waiter_nap_ms = 60000;
         CHECK_OK(cfx__progress_pause(ctx, true));
     }
-    for (int i = 0; i < N; i++) {
-        int peer = 1 - rank;
-        if (rank == 0) {
-            cfx_test_fill(out, LEN, (uint64_t)i);
-            CHECK_OK(cfx_group_send(grp, out, LEN, peer, 7, NULL));
-            CHECK_OK(cfx_group_recv(grp, in, LEN, peer, 8, NULL));
-            if (cfx_test_check(in, LEN, 1000 + (uint64_t)i) != (size_t)-1)
-                DIE("waiterpoll: pong %d differs", i);
-        } else {
-            CHECK_OK(cfx_group_recv(grp, in, LEN, peer, 7, NULL));
-            if (cfx_test_check(in, LEN, (uint64_t)i) != (size_t)-1)
-                DIE("waiterpoll: ping %d differs", i);
-            cfx_test_fill(out, LEN, 1000 + (uint64_t)i);
-            CHECK_OK(cfx_group_send(grp, out, LEN, peer, 8, NULL));
-        }
-    }
+    CHECK_OK(wp_pingpong(7, &cp));
     if (rank == 0) {
         CHECK_OK(cfx__progress_pause(ctx, false));
-        ctx->cfg.spin_us = spin;
         ctx->cfg.waiter_nap_ms = nap;
+    }
+    struct wp_arg a[2] = { { .tag = 20 }, { .tag = 30 } };
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++)
+        if (pthread_create(&th[t], NULL, wp_thread, &a[t]) != 0)
+            DIE("waiterpoll: pthread_create");
+    for (int t = 0; t < 2; t++) {
+        pthread_join(th[t], NULL);
+        CHECK_OK(a[t].rc);
+    }
+    ctx->cfg.spin_us = spin;
+    if (rank == 0) {
         pthread_mutex_lock(&ctx->lock);
         polls = ctx->n_waiter_polls;
         pthread_mutex_unlock(&ctx->lock);
         if (!polls)
             DIE("waiterpoll: no wait polled on by itself (n_waiter_polls 0)");
-        printf("waiterpoll ok: %d round trips, %" PRIu64 " waits polled on\n", N, polls);
+        printf("waiterpoll ok: %d round trips alone, %d by two threads at once; "
+               "%" PRIu64 " spells polled on\n",
+               WP_N, 2 * WP_N, polls);
     }
-    checks += N;
+    checks += 3 * WP_N;
 }
 
 int main(int argc, char **argv)
