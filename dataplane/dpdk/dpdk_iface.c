@@ -223,10 +223,18 @@ static void link_watch(struct cfx__dpdk_iface *iface)
         iface->link_down_since = iface->now;
         return;
     }
-    if (iface->now - iface->link_down_since >= CFX_DPDK_LINK_RESTART_MS * 1000000ull) {
-        if (cfx__dpdk_port_restart(iface->port) == CFX_OK)
+    /* every CFX_DPDK_LINK_RESTART_MS, twice as long after each failed
+     * restart, up to 32 times as long: a peer gone for good is not asked
+     * every second for ever */
+    uint64_t wait_ms = (uint64_t)CFX_DPDK_LINK_RESTART_MS << CFX_MIN(iface->restart_fails, 5u);
+    if (iface->now - iface->link_down_since >= wait_ms * 1000000ull) {
+        if (cfx__dpdk_port_restart(iface->port) == CFX_OK) {
             CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, port restarted", iface->name,
                     (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
+            iface->restart_fails = 0;
+        } else {
+            iface->restart_fails++;
+        }
         iface->link_down_since = iface->now;
     }
 }

@@ -71,6 +71,10 @@ struct cfx__dpdk_port {
     bool gated;                  /* net_memif: bursts only inside the gate */
     bool kernel_shared;          /* net_af_packet: the kernel's stack sees our frames too */
     bool memif_server;           /* net_memif, role=server: never restarted */
+    bool stopped;                /* a restart failed to start it again: no bursts on it
+                                  * (a stopped port's burst functions must not be called)
+                                  * until a restart succeeds */
+    unsigned restart_fails;      /* restarts failed in a row */
     uint32_t rx_drop_ppm;        /* test hook */
     uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
@@ -524,7 +528,9 @@ err_free:
 static unsigned tx_batch(struct cfx__dpdk_port *port)
 {
     unsigned n = port->ntx;
-    uint16_t sent = rte_eth_tx_burst(port->port_id, 0, port->txb, (uint16_t)n);
+    uint16_t sent = unlikely(port->stopped) ? 0
+                                            : rte_eth_tx_burst(port->port_id, 0, port->txb,
+                                                               (uint16_t)n);
     if (sent < n) {
         /* a full ring loses them: to the layer above, packets lost on the wire */
         rte_pktmbuf_free_bulk(port->txb + sent, n - sent);
@@ -580,11 +586,18 @@ int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
         tx_batch(port);
     rte_eth_dev_stop(port->port_id);
     int rc = rte_eth_dev_start(port->port_id);
+    port->stopped = rc != 0;
     gate_leave(port);
     if (rc != 0) {
-        CFX_LOG(WARN, DPDK, "port %s: restart: %s", port->name, rte_strerror(-rc));
+        /* said at the first failure and then at every doubling, not at
+         * every try: a peer that is gone for good makes them fail alike */
+        unsigned n = ++port->restart_fails;
+        if ((n & (n - 1)) == 0)
+            CFX_LOG(WARN, DPDK, "port %s: restart failed %u time%s in a row: %s", port->name, n,
+                    n == 1 ? "" : "s", rte_strerror(-rc));
         return CFX_ERR_IO;
     }
+    port->restart_fails = 0;
     return CFX_OK;
 }
 
@@ -734,6 +747,8 @@ static bool rx_drop(struct cfx__dpdk_port *port)
 int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx)
 {
     struct rte_mbuf *rxb[BURST];
+    if (unlikely(port->stopped))
+        return 0;
     if (unlikely(!gate_try(port))) {
         port->stats.gated++;
         return 0;

@@ -132,7 +132,9 @@ void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_add
  * it away before it was ready connects anew).  A net_memif server is left
  * as it is (its client comes back to it; a restart would cut the handshake
  * of a client restarting at the same moment): 1.  Otherwise 0, or
- * CFX_ERR_IO. */
+ * CFX_ERR_IO when it did not start again (its peer gone): the port then
+ * sends and receives nothing (its frames count as lost) until a later
+ * restart succeeds. */
 int cfx__dpdk_port_restart(struct cfx__dpdk_port *port);
 /* 1 when the link is up, 0 when not. */
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);

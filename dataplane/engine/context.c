@@ -266,6 +266,8 @@ static int transports_open(struct cfx_context *ctx)
             ranks[j] = r;
         }
     }
+    char skipped[512] = ""; /* why each transport was not available, for the error below */
+    size_t sk = 0;
     for (int i = 0; i < n && ctx->ntp < CFX_MAX_TPS; i++) {
         struct cfx_tp_slot *s = &ctx->tp[ctx->ntp];
         if (ctx->cfg.secure != CFX_SEAL_OFF &&
@@ -284,6 +286,11 @@ static int transports_open(struct cfx_context *ctx)
         if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
             CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
                     cfx_last_error());
+            if (sk < sizeof(skipped)) {
+                int w = snprintf(skipped + sk, sizeof(skipped) - sk, "%s%s: %s", sk ? "; " : "",
+                                 order[i]->name, cfx_last_error());
+                sk = w < 0 ? sizeof(skipped) : sk + (size_t)w;
+            }
             /* a transport skipped is no failure: its text must not stand as
              * the cause of a later one (cfx_last_error() of a call that set
              * none, e.g. after a malloc in the application) */
@@ -303,7 +310,8 @@ static int transports_open(struct cfx_context *ctx)
         ctx->ntp++;
     }
     if (!ctx->ntp)
-        return cfx__err(CFX_ERR_NO_DEVICE, "no usable transport among '%s'", ctx->cfg.transports);
+        return cfx__err(CFX_ERR_NO_DEVICE, "no usable transport among '%s'%s%s%s",
+                        ctx->cfg.transports, sk ? " (" : "", skipped, sk ? ")" : "");
     return CFX_OK;
 }
 

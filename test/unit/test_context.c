@@ -315,6 +315,25 @@ Test(context, unknown_transport)
     cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
 }
 
+/* No transport of the list can open: the error says why each was not
+ * available (it was logged at INFO only, and the error said just "no
+ * usable transport"). */
+Test(context, no_usable_transport_says_why)
+{
+#ifdef CFX_HAVE_DPDK
+    struct cfx_context *a = NULL;
+    unsetenv("CFX_DPDK_VDEV");
+    unsetenv("CFX_DPDK_EAL");
+    int rc = join(token, "dpdk", &a);
+    cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "got %s", cfx_errname(rc));
+    cr_assert(strstr(cfx_last_error(), "no usable transport among 'dpdk' (dpdk: "),
+              "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "CFX_DPDK_VDEV"), "%s", cfx_last_error());
+#else
+    cr_skip_test("this build has no dpdk transport: no transport to find missing");
+#endif
+}
+
 /* A default deadline or spin from the environment that would wait or spin
  * for ever, wrap or mean nothing is refused by name (a negative
  * CFX_TIMEOUT_MS made every call wait for ever, 0 made every get fail at
