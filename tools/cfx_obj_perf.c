@@ -863,7 +863,7 @@ int main(int argc, char **argv)
             printf("],\"wrong\":%" PRId64 ",\"status\":%d}\n", wrong_total, status);
         else
             printf("# Out of bounds values : %" PRId64 " %s\n", wrong_total,
-                   wrong_total ? "FAILED" : "OK");
+                   wrong_total ? "FAILED" : status ? "(calls failed: see stderr)" : "OK");
         fflush(stdout);
     }
     /* leave together: a rank's copies may still be feeding another */

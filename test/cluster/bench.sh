@@ -25,8 +25,9 @@
 # same table as obj-broadcast, obj-reduce, obj-allreduce beside Open MPI's
 # group operation of the same name; --obj-args passes more options to
 # cfx_obj_perf (e.g. "--kill 2@200": node 2 dies 200 ms into the first
-# timed iteration, and the survivors' time is reported; the victim's rank is
-# logged as failed).  --coord-args passes options to
+# timed iteration, and the survivors' time is reported; the victim exits 0,
+# as cfx_obj_perf's victim does, so that no launcher stops the others; a
+# kill timed after the operation ended changes nothing).  --coord-args passes options to
 # conflux-coord (e.g. "--fanout 2" to compare with a fixed fan-out).
 # --prebuilt takes the tools already in --build-dir/bin (cfx_coll_perf,
 # cfx_obj_perf, conflux-coord) and builds nothing: for a machine that runs
@@ -71,6 +72,11 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
+    --nodes | --rate | --sizes | --ops | --obj-ops | --spacing | --obj-args | --coord-args | \
+        --iters | --warmup | --timeout | --build-dir | --results | --port | --transport)
+        [ $# -ge 2 ] || { echo "bench.sh: $1 needs a value" >&2; exit 2; } ;;
+    esac
+    case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
@@ -90,7 +96,7 @@ while [ $# -gt 0 ]; do
     --prebuilt) PREBUILT=1; shift ;;
     --transport) TRANSPORT=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
-    *) usage >&2; exit 2 ;;
+    *) echo "bench.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
     esac
 done
 
@@ -98,6 +104,8 @@ done
 [[ $SIZES =~ ^([0-9]+[KMG]?):([0-9]+[KMG]?)$ ]] || die "--sizes: MIN:MAX, e.g. 1M:64M"
 MINB=${BASH_REMATCH[1]}
 MAXB=${BASH_REMATCH[2]}
+bytes() { numfmt --from=iec "$1"; }
+[ "$(bytes "$MINB")" -le "$(bytes "$MAXB")" ] || die "--sizes: MIN ($MINB) above MAX ($MAXB)"
 [[ $ITERS =~ ^[0-9]+$ ]] && [ "$ITERS" -ge 1 ] || die "--iters: a positive number"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "--warmup: a number"
 [[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && [ "$RUN_TIMEOUT" -ge 10 ] || die "--timeout: seconds, >= 10"
@@ -112,6 +120,11 @@ done
 case "$TRANSPORT" in tcp | dpdk) ;; *) die "--transport: tcp or dpdk" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 [ -z "${CFX_BENCH_LOCKED:-}" ] || die "already inside a bench run"
+if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 1 ]; then
+    for t in cfx_coll_perf cfx_obj_perf conflux-coord; do
+        [ -x "$BUILD/bin/$t" ] || die "--prebuilt: $BUILD/bin/$t is missing"
+    done
+fi
 
 # One bench at a time: the cluster's names are fixed.
 mkdir -p /run/lock
@@ -131,11 +144,7 @@ if [ "$DO_MPI" = 1 ] && ! command -v mpicc >/dev/null; then
         { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive \
             apt-get install -y -q openmpi-bin libopenmpi-dev >&2; }
 fi
-if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 1 ]; then
-    for t in cfx_coll_perf cfx_obj_perf conflux-coord; do
-        [ -x "$BUILD/bin/$t" ] || die "--prebuilt: $BUILD/bin/$t is missing"
-    done
-elif [ "$DO_CFX" = 1 ]; then
+if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 0 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -DCFX_WITH_CUDA=OFF >&2
     cmake --build "$BUILD" -j"$(nproc)" --target cfx_coll_perf cfx_obj_perf conflux-coord >&2 ||
         die "build of the Conflux tools failed (--no-conflux runs the MPI side alone)"
@@ -334,7 +343,8 @@ echo "# command: $CMDLINE"
 echo "# $(nproc) CPUs; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $NODES nodes, each link $RATE (tbf burst 512kb); $ITERS iterations + $WARMUP warm-up;"
 echo "# conflux data plane: $TRANSPORT"
-echo "# bound = S/B (broadcast, reduce), 2(n-1)/n * S/B (allreduce) at the link rate"
+echo "# bound = S/B (broadcast, reduce), 2(n-1)/n * S/B (allreduce) at the link rate;"
+echo "# up to a few MiB, tbf's burst (512 KB) lets a transfer beat the rate"
 [ -z "$OBJ_OPS" ] || echo "# obj-*: cfx_obj_perf, arrivals $SPACING ms apart (time = last finish - last start)"
 cat "$RESULTS/table.md"
 log "logs and JSON in $RESULTS"

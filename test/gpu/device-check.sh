@@ -17,14 +17,17 @@
 #                                             packages (Criterion, rdma-core,
 #                                             DPDK); glibc there >= here
 #
-# Exit status: 0 when every GPU test ran and passed (none skipped), 1
-# otherwise.  The bandwidth ratio is reported, not enforced.
+# The test logs go to BUILD_DIR, to $OUT when set, else to a temporary
+# folder (named at the end).  Exit status: 0 when every GPU test ran and
+# passed (none skipped), 1 otherwise, 2 on a usage error.  The bandwidth
+# ratio is reported, not enforced.
 set -euo pipefail
 PROGS="test_memtype test_gpu_sim test_cuda_memtype test_cuda_reduce test_cuda_xfer test_cuda_coll"
 start=$SECONDS
 
 say() { printf 'device-check: %s\n' "$*"; }
 fail() { say "FAILED: $*" >&2; exit 1; }
+usage_error() { say "$*" >&2; exit 2; }
 
 build() { # dir
     local build=$1 jobs
@@ -42,8 +45,12 @@ build() { # dir
 }
 
 case "${1:-}" in
+-h | --help)
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+    exit 0
+    ;;
 --pack)
-    [ $# -ge 2 ] || fail "--pack DIR [BUILD_DIR]"
+    [ $# -ge 2 ] || usage_error "--pack DIR [BUILD_DIR]"
     out=$(realpath -m "$2")
     cd "$(dirname "${BASH_SOURCE[0]}")/../.."
     build=${3:-build-devcheck}
@@ -62,11 +69,15 @@ case "${1:-}" in
     exit 0
     ;;
 --packed)
-    [ $# -ge 2 ] || fail "--packed DIR"
+    [ $# -ge 2 ] || usage_error "--packed DIR"
+    [ -x "$2/bin/cfx_gpu_bench" ] || usage_error "--packed $2: not a folder --pack made"
     dir=$(realpath "$2")
     bin=$dir/bin
     export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     logs=${OUT:-$(mktemp -d /tmp/cfx-devcheck.XXXXXX)}
+    ;;
+-*)
+    usage_error "unknown option '$1' (--help says how to run it)"
     ;;
 *)
     cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -105,5 +116,6 @@ done
 say "device reduction kernel bandwidth vs device-to-device cudaMemcpy"
 timeout 120 "$bin/cfx_gpu_bench" -s 256M -n 20 || { say "cfx_gpu_bench failed"; status=1; }
 
+say "test logs in $logs"
 say "done in $((SECONDS - start)) s: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
 exit $status
