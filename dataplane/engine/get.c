@@ -510,6 +510,11 @@ static int get_failover(struct get_op *g, int rc)
             "node %u: get of %s from node %u failed (%s) at chunk %u of %u; "
             "looking for another source",
             ctx->node_id, g->hex, failed, cfx_errname(rc), obj->ready_chunks, obj->nchunks);
+    if (rc == CFX_ERR_UNSUPPORTED) /* the detail was the progress thread's (conn.c) */
+        return cfx__err(rc,
+                        "get of object %s on node %u from node %u (%s): that node shares no "
+                        "transport with this one (ours: %s)",
+                        g->hex, ctx->node_id, failed, g->src.node.name, ctx->cfg.transports);
     if (g->nexclude == MAX_SOURCES ||
         (rc != CFX_ERR_PEER_FAILED && rc != CFX_ERR_NOT_FOUND && rc != CFX_ERR_CONNECT))
         return cfx__err(rc, "get of object %s on node %u from node %u: %s", g->hex, ctx->node_id,

@@ -299,6 +299,38 @@ Test(get, alloc_buffer_freed_without_a_coordinator)
     free(src);
 }
 
+/* A holder that shares no transport with the getter (tcp against shm): the
+ * get fails with CFX_ERR_UNSUPPORTED saying so, naming both nodes and the
+ * getter's transports (it said only "operation not supported": the detail
+ * was the progress thread's). */
+Test(get, holder_sharing_no_transport_is_named)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id x;
+    enum { SZ = 1 << 20 };
+    uint8_t *src = malloc(SZ), *dst = malloc(SZ);
+    cr_assert(src && dst);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    join("tcp", false, &a);
+    join("shm", false, &b);
+    cfx_test_fill(src, SZ, 9);
+    cfx_object_id_generate(a, &x);
+    cr_assert_eq(cfx_put(a, &x, src, SZ, &pp), CFX_OK, "%s", cfx_last_error());
+    size_t got = 0;
+    int rc = cfx_get(b, &x, dst, SZ, &got, NULL);
+    cr_assert_eq(rc, CFX_ERR_UNSUPPORTED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    char want[64];
+    snprintf(want, sizeof(want), "from node %u (", cfx_context_node_id(a));
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "shares no transport with this one (ours: shm)"), "%s",
+              cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+    free(dst);
+}
+
 /*
  * A copy got from a cached location is unknown to the directory, so nobody
  * tells its node when the putter deletes the object.  Such a stale copy
