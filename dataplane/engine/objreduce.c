@@ -192,8 +192,14 @@ static void rtask_fail(struct cfx_context *ctx, struct cfx_rtask *t, int status,
     if (t->status != CFX_ERR_AGAIN)
         return;
     t->status = status;
-    CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 " failed: %s (node %u)", ctx->node_id,
-            t->task, cfx_errname(status), node);
+    /* a task the driver cancelled (a reduce of the first k of n that had
+     * its k, a replan) ended as asked: no warning */
+    if (status == CFX_ERR_CANCELED)
+        CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 " cancelled", ctx->node_id,
+                t->task);
+    else
+        CFX_LOG(WARN, REDUCE, "node %u: reduce task %" PRIx64 " failed: %s (node %u)",
+                ctx->node_id, t->task, cfx_errname(status), node);
     send_done(ctx, t, status, node);
     for (uint32_t c = 0; c < t->nchildren; c++)
         if (t->child[c].scratch && t->child[c].in.status == CFX_ERR_AGAIN)
