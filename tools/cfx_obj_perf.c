@@ -531,8 +531,15 @@ static int iteration(struct run *R, size_t size, long it, bool fault, struct sam
         }
         check = grc == CFX_OK && o->sw.check && !fault;
     }
-    if (killing) /* the victim outlived its own part: it still dies on time */
+    if (killing) { /* the victim outlived its own part: it still dies on time */
+        double end_ms = (now_s() - t0) * 1e3;
+        if (end_ms < o->kill_ms)
+            fprintf(stderr,
+                    "%s: rank %d: its own part ended at %.0f ms, before --kill's %d ms; it dies "
+                    "then (a holder may still be serving the others)\n",
+                    PROG, R->rank, end_ms, o->kill_ms);
         pthread_join(killer, NULL);
+    }
     if (o->op == OP_BROADCAST || fault)
         return CFX_OK;
     /* the root says which inputs it reduced; every rank checks against them */
