@@ -29,10 +29,13 @@
  */
 #define ALLOW_EXPERIMENTAL_API 1 /* rte_intr_instance_alloc() and its setters */
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,9 +101,9 @@ static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on *
  * under /var/run/dpdk. */
 static char eal_rundir[512];
 
-static void eal_rundir_remove(void)
+static void rundir_remove(const char *dir)
 {
-    DIR *d = opendir(eal_rundir);
+    DIR *d = opendir(dir);
     struct dirent *e;
     char path[800];
     if (!d)
@@ -108,11 +111,46 @@ static void eal_rundir_remove(void)
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        snprintf(path, sizeof(path), "%s/%s", eal_rundir, e->d_name);
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         unlink(path);
     }
     closedir(d);
-    rmdir(eal_rundir);
+    rmdir(dir);
+}
+
+static void eal_rundir_remove(void)
+{
+    rundir_remove(eal_rundir);
+}
+
+/* The runtime directories of our default prefix (cfx<pid>) whose process is
+ * gone (killed, so its exit handler never ran) go too, beside ours; one of
+ * a process that still runs, or of another prefix, is left alone. */
+static void eal_rundirs_reap(const char *ours)
+{
+    char parent[512], dir[800];
+    snprintf(parent, sizeof(parent), "%s", ours);
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        return;
+    *slash = '\0';
+    DIR *d = opendir(parent);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "cfx", 3) || !isdigit((unsigned char)e->d_name[3]))
+            continue;
+        long pid = strtol(e->d_name + 3, &end, 10);
+        if (*end || pid <= 0 || pid > INT_MAX || pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive, or not ours to ask about */
+        snprintf(dir, sizeof(dir), "%s/%s", parent, e->d_name);
+        rundir_remove(dir);
+    }
+    closedir(d);
 }
 
 /* The interrupt-thread gate (see the top of the file); process-wide, like
@@ -310,6 +348,12 @@ int cfx__dpdk_eal_init(const char *args)
     if (rte_eal_init(argc, argv) < 0) {
         CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args, rte_strerror(rte_errno));
         rc = eal_state = CFX_ERR_NO_DEVICE;
+        /* what it made of its runtime directory goes at once */
+        const char *dir = rte_eal_get_runtime_dir();
+        if (own_prefix && dir && *dir) {
+            snprintf(eal_rundir, sizeof(eal_rundir), "%s", dir);
+            eal_rundir_remove();
+        }
         goto out_free;
     }
     if (have_cpus)
@@ -319,6 +363,7 @@ int cfx__dpdk_eal_init(const char *args)
     if (own_prefix) {
         snprintf(eal_rundir, sizeof(eal_rundir), "%s", rte_eal_get_runtime_dir());
         atexit(eal_rundir_remove);
+        eal_rundirs_reap(eal_rundir);
     }
     CFX_LOG(INFO, DPDK, "EAL up (%s), %u ports", args, rte_eth_dev_count_avail());
 out_free:

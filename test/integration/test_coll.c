@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
@@ -199,5 +202,38 @@ Test(coll, waiter_polls_dpdk, .timeout = 240)
 {
     int rc = run_dpdk("", "cfx_colltest", "waiterpoll");
     cr_assert_eq(rc, 0, "waiter polling over dpdk with 2 ranks: cfx_run exited %d", rc);
+}
+
+/* EAL's runtime directory of a rank that was killed (its exit handler never
+ * ran: /var/run/dpdk/cfx<pid>) is removed by the next process that starts
+ * EAL with the default prefix; one of a live process stays. */
+Test(coll, dpdk_dead_ranks_runtime_dirs_go, .timeout = 240)
+{
+    if (geteuid() != 0)
+        cr_skip_test("EAL keeps its runtime directories under /var/run/dpdk for root only");
+    pid_t dead = fork();
+    cr_assert_neq(dead, -1);
+    if (dead == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(dead, NULL, 0), dead);
+    char dir[64], file[96], live[64];
+    snprintf(dir, sizeof(dir), "/var/run/dpdk/cfx%d", (int)dead);
+    snprintf(file, sizeof(file), "%s/config", dir);
+    snprintf(live, sizeof(live), "/var/run/dpdk/cfx%d", (int)getpid());
+    (void)mkdir("/var/run/dpdk", 0700);
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST, "%s: %s", dir, strerror(errno));
+    cr_assert(mkdir(live, 0700) == 0 || errno == EEXIST, "%s: %s", live, strerror(errno));
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    int rc = run_dpdk("", "cfx_colltest", "waiterpoll");
+    struct stat st;
+    bool dead_left = stat(dir, &st) == 0, live_left = stat(live, &st) == 0;
+    rmdir(live);
+    unlink(file);
+    rmdir(dir);
+    cr_assert_eq(rc, 0, "cfx_run exited %d", rc);
+    cr_expect_not(dead_left, "%s (a dead process's) is still there", dir);
+    cr_expect(live_left, "%s (this live process's) was removed", live);
 }
 #endif
