@@ -381,7 +381,11 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
     if (!t->nnodes)
         return cfx__err(CFX_ERR_NO_RESOURCE, "reduce into %.12s: the result is produced on a "
                         "node holding one of the inputs, and none of the holders of the %zu "
-                        "inputs ready (nodes %s) is in the node set", pl->hex, pl->k, holders);
+                        "inputs ready (nodes %s) is in the node set%s", pl->hex, pl->k, holders,
+                        pl->size <= CFX_OBJECT_INLINE_MAX
+                            ? " (inputs this small, unless put with CFX_OBJ_FLAG_NO_INLINE, are "
+                              "kept by the coordinator: the calling node fetched and holds them)"
+                            : "");
     for (size_t i = 0; i < pl->k && t->ninputs < CFX_TASK_IO_MAX; i++)
         t->inputs[t->ninputs++] = pl->inputs[arr[i].idx];
     return CFX_OK;

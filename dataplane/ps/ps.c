@@ -478,9 +478,13 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     *out = ps;
     return CFX_OK;
 
-err_delete:
+err_delete: {
+    /* the handle's teardown makes calls of its own: the cause survives it */
+    char why[CFX__ERR_TEXT_MAX];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
     cfx_ps_destroy(ps);
-    return rc;
+    return cfx__err(rc, "%s", why);
+}
 err_lock:
     pthread_cond_destroy(&ps->cond);
     pthread_mutex_destroy(&ps->lock);

@@ -223,6 +223,9 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * CFX_OBJ_PARAM_PLACE, @p params->place narrows the choice (conflux/task.h:
  * a node set, memory, GPUs, spread or pack, an anti-affinity group; cores
  * and reserve_ms do not apply); no holder meeting it is CFX_ERR_NO_RESOURCE.
+ * Inputs of up to CFX_OBJECT_INLINE_MAX bytes put without
+ * CFX_OBJ_FLAG_NO_INLINE are kept by the coordinator and fetched by the
+ * calling node, which is then the holder the choice sees.
  * Without it, a coordinator that cannot answer leaves the result on the
  * holder of the last input to become ready.
  *

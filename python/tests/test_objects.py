@@ -546,6 +546,26 @@ def test_unknown_algorithm(ctx):
         assert g.allreduce(x, algo="ring").tobytes() == np.ones(4, np.float32).tobytes()
 
 
+@pytest.mark.parametrize("arg,value,choices", [
+    ("role", "boss", "worker, server"),
+    ("consistency", "eventual", "bsp, ssp, asp"),
+    ("optimizer", "rmsprop", "sum, sgd, momentum, adam"),
+])
+def test_parameter_server_unknown_choice(ctx, arg, value, choices):
+    """A parameter-server option that is not one of its names is a ValueError listing them
+    (it was a bare KeyError), raised before the job is joined."""
+    with pytest.raises(ValueError) as ei:
+        conflux.ParameterServer(ctx, "choices", **{arg: value})
+    assert str(ei.value) == f"unknown {arg} {value!r}; one of {choices}"
+
+
+def test_parameter_server_alone_says_who_it_waited_for(ctx):
+    """cfx_ps_create's timeout names the member that did not come (the detail was lost)."""
+    with pytest.raises(conflux.TimeoutError) as ei:
+        conflux.ParameterServer(ctx, "alone", role="server", num_workers=1, timeout=0.3)
+    assert "job alone: worker 0 did not join within 300 ms" in ei.value.detail
+
+
 def test_group_rank_and_size_in_range(ctx):
     """rank and size out of 0 <= rank < size <= INT_MAX are a ValueError naming
     the argument (rank 2**32 was taken as rank 0, size 2**31+2 as negative)."""

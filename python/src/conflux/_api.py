@@ -223,6 +223,9 @@ class Context(_c.Context):
         chooses (this node when it holds one), or one of ``nodes`` (node
         ids, see ``Context.node_id``); none of them holding an input ready
         raises ``conflux.Error`` with status ``CFX_ERR_NO_RESOURCE``.
+        Inputs of up to 64 KiB put without ``no_inline`` are kept by the
+        coordinator and fetched by this node, which then holds them (so
+        ``nodes`` must name it).
         With ``allreduce=True`` every holder of an input reads the result:
         over nodes of more than one host (all inputs, no ``nodes``) it is
         reduced in stripes and each holder ends with a copy of its own, so
@@ -513,6 +516,13 @@ _CONSISTENCY = {"bsp": 0, "ssp": 1, "asp": 2}
 _OPTIMIZERS = {"sum": 0, "sgd": 1, "momentum": 2, "adam": 3}
 
 
+def _choice(what: str, value: str, table: dict[str, int]) -> int:
+    """table[value], or a ValueError that lists the choices (not a bare KeyError)."""
+    if not isinstance(value, str) or value not in table:
+        raise ValueError(f"unknown {what} {value!r}; one of {', '.join(table)}")
+    return table[value]
+
+
 class ParameterServer(_c.ParameterServer):
     """Client of Conflux's parameter server (include/conflux/ps.h).
 
@@ -527,10 +537,11 @@ class ParameterServer(_c.ParameterServer):
                  lr: float = 0.01, momentum: float = 0.9, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                  grad_scale: float = 1.0, timeout: float | None = None):
-        super().__init__(context, job=job, role=_ROLES[role], index=index,
+        super().__init__(context, job=job, role=_choice("role", role, _ROLES), index=index,
                          num_workers=num_workers, num_servers=num_servers,
-                         consistency=_CONSISTENCY[consistency], staleness=staleness,
-                         block_size=block_size, optimizer=_OPTIMIZERS[optimizer], lr=lr,
+                         consistency=_choice("consistency", consistency, _CONSISTENCY),
+                         staleness=staleness, block_size=block_size,
+                         optimizer=_choice("optimizer", optimizer, _OPTIMIZERS), lr=lr,
                          momentum=momentum, beta1=beta1, beta2=beta2, eps=eps,
                          weight_decay=weight_decay, grad_scale=grad_scale,
                          timeout_ms=_ms(timeout))
