@@ -326,9 +326,13 @@ Test(context, no_usable_transport_says_why)
     unsetenv("CFX_DPDK_EAL");
     int rc = join(token, "dpdk", &a);
     cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "got %s", cfx_errname(rc));
-    cr_assert(strstr(cfx_last_error(), "no usable transport among 'dpdk' (dpdk: "),
-              "%s", cfx_last_error());
-    cr_assert(strstr(cfx_last_error(), "CFX_DPDK_VDEV"), "%s", cfx_last_error());
+    /* the reason itself depends on the host (no port given; EAL unable to
+     * start): it is there, after the transport's name */
+    const char *why = strstr(cfx_last_error(), "no usable transport among 'dpdk' (dpdk: dpdk ");
+    cr_assert(why, "%s", cfx_last_error());
+    cr_assert_gt(strlen(why), strlen("no usable transport among 'dpdk' (dpdk: dpdk )"), "%s",
+                 cfx_last_error());
+    cr_assert_eq(why[strlen(why) - 1], ')', "%s", cfx_last_error());
 #else
     cr_skip_test("this build has no dpdk transport: no transport to find missing");
 #endif
