@@ -19,17 +19,21 @@
 /* ------------------------------------------------------------------------ */
 /* Requests                                                                  */
 
+/* A request whose answer is a plain OK. */
 static int expect_ok(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
                      const char *what)
 {
-    struct ctl_call call;
-    int rc = cfx__ctl_call(ctl, req, deadline, &call, what);
-    if (rc != CFX_OK)
-        return rc;
-    if (call.reply.type != CFX_MSG_OK)
-        return cfx__ctl_unexpected(ctl, &call, what);
-    free(call.frame);
-    return CFX_OK;
+    return cfx__ctl_request(ctl, req, deadline, what, CFX_MSG_OK, NULL, NULL);
+}
+
+/* A fire-and-forget request (its refusal, if any, comes back unasked for):
+ * a fresh request id, sent within four heartbeats. */
+static int send_async(struct cfx_ctl *ctl, struct cfx_msg *m, const char *what)
+{
+    pthread_mutex_lock(&ctl->lock);
+    m->req_id = ++ctl->next_req;
+    pthread_mutex_unlock(&ctl->lock);
+    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
 }
 
 static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
@@ -211,10 +215,7 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
     m.u.done.id = *id;
     m.u.done.source_node = source_node;
     m.u.done.complete = complete ? 1 : 0;
-    pthread_mutex_lock(&ctl->lock);
-    m.req_id = ++ctl->next_req;
-    pthread_mutex_unlock(&ctl->lock);
-    return cfx__ctl_send(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    return send_async(ctl, &m, what);
 }
 
 int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
@@ -261,10 +262,7 @@ int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *i
         return cfx__ctl_err(ctl, CFX_ERR_CONNECT, "delete", "connection lost");
     snprintf(what, sizeof(what), "delete of object %s", cfx__ctl_idhex(id, hex));
     m.u.del.id = *id;
-    pthread_mutex_lock(&ctl->lock);
-    m.req_id = ++ctl->next_req;
-    pthread_mutex_unlock(&ctl->lock);
-    return cfx__ctl_send(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    return send_async(ctl, &m, what);
 }
 
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,

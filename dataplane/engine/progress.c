@@ -427,8 +427,8 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
         ctx->waiter_polling = *polling = true;
         ctx->n_waiter_polls++;
     }
-    pthread_mutex_unlock(&ctx->lock);
     if (busy) {
+        pthread_mutex_unlock(&ctx->lock);
         /* A busy-polled transport (a user-space NIC queue) has connections:
          * a nap would sleep through its packets, and handing back would have
          * the progress thread poll in our place and then wake us, a wake-up
@@ -441,9 +441,9 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
         cfx__progress_unlock(ctx);
         return poll_on;
     }
+    /* arm as the progress thread does before it sleeps (under ctx->lock,
+     * as a leaving poller re-arms: rearm_for_sleeper) */
     bool pending = !arm_all(ctx);
-    pthread_mutex_lock(&ctx->lock);
-    nap_ms = cfx__progress_nap_ms(ctx);
     bool can = !ctx->sleeping && !ctx->stop &&
                __atomic_load_n(st, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN && nap_ms != 0;
     if (can && (pending || !cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,7 +160,7 @@ static void taken_during(size_t n, size_t k, const char *tag)
         checked = ctx[0]->reduce_id_checks > 0;
         pthread_mutex_unlock(&ctx[0]->lock);
         if (!checked)
-            usleep(1000);
+            sched_yield();
     }
     cr_assert(checked, "the reduce never checked its result's id");
     cr_assert_eq(cfx_put(ctx[2], &z, az, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
