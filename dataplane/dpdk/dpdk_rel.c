@@ -166,6 +166,7 @@ int cfx__dpdk_sess_init(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rel_par
     s->rack_seq = q->isn;
     s->delay_cut_seq = q->isn;
     s->delay_ok = true;
+    s->rev_base_ns[0] = s->rev_base_ns[1] = INT64_MAX;
     s->rcv_nxt = s->rcv_dlv = q->isn;
     s->cwnd = q->cwnd_init;
     s->ssthresh = q->snd_slots;
@@ -227,6 +228,44 @@ static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h, uint64_t
     h->echo_delay = held > UINT32_MAX ? UINT32_MAX : (uint32_t)held;
 }
 
+/*
+ * Acknowledgements (as TCP's delayed ack, RFC 1122 and 9000's ack
+ * frequency): one per ACK_EVERY in-order data packets, or ACK_DELAY_NS
+ * after the first one it owes; at once for a message's last packet (its
+ * sender completes on it), a packet out of order or seen before (the sack
+ * shows the hole), a window that opened, and a probe.  One ack per packet
+ * took 7% of a 1500-byte link (a 106-byte frame per 1506): in a pipelined
+ * chain a forwarding node's link carries its acks upstream beside its
+ * data.  The delay an ack waits here is in echo_delay, so the sender's
+ * delay signal leaves it out.
+ */
+#define ACK_EVERY    4
+#define ACK_DELAY_NS 50000ull
+
+static void ack_clear(struct cfx__dpdk_sess *s)
+{
+    s->ack_pending = false;
+    s->ack_now = false;
+    s->ack_owed = 0;
+}
+
+/* An ack is owed at once. */
+static void ack_soon(struct cfx__dpdk_sess *s)
+{
+    s->ack_pending = true;
+    s->ack_now = true;
+}
+
+/* An ack is owed for an in-order packet that came at `since`. */
+static void ack_later(struct cfx__dpdk_sess *s, uint64_t since)
+{
+    if (!s->ack_pending)
+        s->ack_due = since + ACK_DELAY_NS;
+    s->ack_pending = true;
+    if (++s->ack_owed >= ACK_EVERY)
+        s->ack_now = true;
+}
+
 static void send_ack(struct cfx__dpdk_sess *s, uint64_t now, uint8_t extra)
 {
     struct cfx__dpdk_hdr h = { .flags = extra, .session = s->peer_id, .ts = now };
@@ -234,7 +273,7 @@ static void send_ack(struct cfx__dpdk_sess *s, uint64_t now, uint8_t extra)
     fill_ack(s, &h, now);
     if (s->ops->tx(s->ctx, &h, NULL) == CFX_ERR_AGAIN)
         return; /* stays pending: the next poll tries again */
-    s->ack_pending = false;
+    ack_clear(s);
     s->stats.tx_ack++;
 }
 
@@ -433,7 +472,7 @@ static int send_data(struct cfx__dpdk_sess *s, uint32_t seq, uint64_t now)
     if (rc == CFX_ERR_AGAIN)
         return rc;
     /* any other failure counts as a loss on the wire: the timer recovers it */
-    s->ack_pending = false;
+    ack_clear(s);
     t->sent_ns = now;
     s->last_tx_ns = now;
     t->in_pipe = true;
@@ -587,6 +626,37 @@ int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, v
     return s->error;
 }
 
+/*
+ * How long the ack h queued on its way back, beyond the least any ack of
+ * this session took (the reverse path's queue).  The ack's ts is the
+ * peer's clock when it left and now (less the time it waited unread here)
+ * ours when it came: their difference is the reverse one-way delay plus
+ * the clocks' offset, which is constant, so the difference to the smallest
+ * one seen is the queueing alone, whatever the offset (LEDBAT's base
+ * delay).  The smallest is kept over two epochs of REV_EPOCH_NS, so that
+ * the clocks' drift (NTP holds it to a few us per second) cannot build up.
+ * A reverse path that never drained in that long is taken for its base:
+ * its queue then counts as the forward path's, as an RTT would count it.
+ */
+#define REV_EPOCH_NS 10000000000ull
+
+static uint64_t reverse_queue(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now,
+                              uint64_t waited)
+{
+    if (!h->ts || waited > now)
+        return 0;
+    int64_t d = (int64_t)(now - waited - h->ts);
+    if (now >= s->rev_epoch_end) {
+        s->rev_base_ns[1] = s->rev_base_ns[0];
+        s->rev_base_ns[0] = INT64_MAX;
+        s->rev_epoch_end = now + REV_EPOCH_NS;
+    }
+    if (d < s->rev_base_ns[0])
+        s->rev_base_ns[0] = d;
+    int64_t base = s->rev_base_ns[0] < s->rev_base_ns[1] ? s->rev_base_ns[0] : s->rev_base_ns[1];
+    return (uint64_t)(d - base);
+}
+
 static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now,
                        uint64_t waited)
 {
@@ -597,6 +667,7 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
                          s->snd_nxt);
     if (newly < 0)
         return CFX_OK; /* an older ack overtaken by a newer one */
+    uint64_t rev_q = reverse_queue(s, h, now, waited);
     uint32_t right = h->ack + h->window;
     if (seq_diff(right, s->snd_right) > 0)
         s->snd_right = right;
@@ -640,12 +711,16 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
         if (karn_ok && !napped && h->ts_echo && now >= h->ts_echo) {
             uint64_t rtt = now - h->ts_echo;
             /* the timers take the whole RTT, stalls included (they must
-             * outlast them); the delay signal the path's part: without
-             * the time the data waited unread at the peer and this ack
-             * here, each bounded by a poll gap */
+             * outlast them); the delay signal the forward path's part:
+             * without the time the data waited unread at the peer and this
+             * ack here, each bounded by a poll gap, and without the queue
+             * the ack waited in on its way back (in a chain, the peer's
+             * egress holds the data it forwards: that queue is the next
+             * hop's to control, and counting it here cut this hop's
+             * window until the chain's links idled) */
             rtt_sample(s, rtt);
-            uint64_t host = (uint64_t)h->echo_delay + waited;
-            path = rtt > host ? rtt - host : 1;
+            uint64_t other = (uint64_t)h->echo_delay + waited + rev_q;
+            path = rtt > other ? rtt - other : 1;
         }
         s->retries = 0;
         s->rto_ns = rto_base(s);
@@ -772,7 +847,7 @@ static void drain(struct cfx__dpdk_sess *s)
             return;
         r->used = false;
         s->rcv_dlv++;
-        s->ack_pending = true; /* the window opened */
+        ack_soon(s); /* the window opened */
     }
 }
 
@@ -794,7 +869,10 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
 
     s->ts_echo = h->ts;
     s->echo_since = since;
-    s->ack_pending = true;
+    if (h->seq == s->rcv_nxt && h->frag_idx + 1u < h->frag_cnt)
+        ack_later(s, since);
+    else
+        ack_soon(s); /* a message's end, a hole, or a packet seen before */
     if (seq_diff(h->seq, s->rcv_nxt) < 0) {
         s->stats.rx_dup++;
         return CFX_OK;
@@ -831,12 +909,15 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         *r = f;
         memcpy(rx_payload(s, h->seq), payload, h->len);
     }
+    uint32_t nxt = s->rcv_nxt;
     while (s->rcv_nxt - s->rcv_dlv < s->p.rcv_slots) {
         const struct cfx__dpdk_rx_slot *n = rx_slot(s, s->rcv_nxt);
         if (!n->used || n->seq != s->rcv_nxt)
             break;
         s->rcv_nxt++;
     }
+    if (s->rcv_nxt - nxt > 1)
+        ack_soon(s); /* a hole filled: the sender learns it at once */
     drain(s);
     return s->error;
 }
@@ -855,7 +936,7 @@ int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, c
     if ((h->flags & CFX_DPDK_F_DATA) && process_data(s, h, payload, now - waited_ns))
         return s->error;
     if (h->flags & CFX_DPDK_F_ACKREQ)
-        s->ack_pending = true;
+        ack_soon(s);
     return s->error;
 }
 
@@ -871,7 +952,7 @@ int cfx__dpdk_sess_poll(struct cfx__dpdk_sess *s, uint64_t now)
     if (s->error)
         return s->error;
     transmit(s, now);
-    if (s->ack_pending)
+    if (s->ack_pending && (s->ack_now || now >= s->ack_due))
         send_ack(s, now, 0);
     return s->error;
 }
@@ -880,10 +961,12 @@ uint64_t cfx__dpdk_sess_deadline(const struct cfx__dpdk_sess *s)
 {
     if (s->error)
         return UINT64_MAX;
-    if (s->ack_pending)
+    if (s->ack_pending && s->ack_now)
         return 0;
-    uint64_t rto = s->rto_at ? s->rto_at : UINT64_MAX;
-    return s->tlp_at && s->tlp_at < rto ? s->tlp_at : rto;
+    uint64_t at = s->rto_at ? s->rto_at : UINT64_MAX;
+    if (s->tlp_at && s->tlp_at < at)
+        at = s->tlp_at;
+    return s->ack_pending && s->ack_due < at ? s->ack_due : at;
 }
 
 bool cfx__dpdk_sess_idle(const struct cfx__dpdk_sess *s)

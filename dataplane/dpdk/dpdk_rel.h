@@ -192,6 +192,10 @@ struct cfx__dpdk_sess {
     uint32_t win_samples;         /* ... of this many samples */
     bool delay_ok;                /* the last delay decision let the window grow */
     uint32_t delay_cut_seq;       /* the next delay decision once this seq is acked */
+    int64_t rev_base_ns[2];       /* smallest reverse one-way delay (the peer's clock at an
+                                     ack's send to ours at its arrival: the clocks' offset
+                                     included) in this epoch and the last; INT64_MAX: none */
+    uint64_t rev_epoch_end;       /* when this epoch ends */
     uint64_t rto_ns;              /* current RTO, backed off */
     uint64_t rto_at;              /* when the timer fires; 0: not armed */
     uint32_t retries;             /* timeouts in a row without progress */
@@ -214,7 +218,10 @@ struct cfx__dpdk_sess {
     bool asm_placed;              /* ... its bytes are where place() said, not at asm_buf */
     uint64_t ts_echo;             /* ts of the latest data packet received */
     uint64_t echo_since;          /* ... which may have been here since (our clock) */
-    bool ack_pending;             /* data arrived since our last ack */
+    bool ack_pending;             /* data arrived since our last ack: one is owed */
+    bool ack_now;                 /* ... and goes at the next poll, not at ack_due */
+    uint16_t ack_owed;            /* in-order packets it owes (ACK_EVERY sends it) */
+    uint64_t ack_due;             /* when a delayed ack goes at the latest */
 
     struct cfx__dpdk_rel_stats stats;
 };
