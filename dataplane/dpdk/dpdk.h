@@ -61,7 +61,8 @@
 #define CFX_DPDK_RX_MAX     64           /* receive completions not yet reported, per ep */
 #define CFX_DPDK_RX_SLOTS   16           /* RECV message buffers per ep */
 #define CFX_DPDK_CHUNK      (256u << 10) /* bytes of a write per payload message */
-#define CFX_DPDK_MTU        1400u        /* payload bytes per packet */
+#define CFX_DPDK_MTU        1436u        /* payload bytes per packet: a 1500-byte IP MTU less
+                                            IPv4 (20), UDP (8) and a data header (36) */
 #define CFX_DPDK_SENDQ      128u         /* messages queued in a session */
 #define CFX_DPDK_SYN_MS     20           /* SYN repeated this often */
 #define CFX_DPDK_CONNECT_MS 5000         /* connect gives up after this */

@@ -18,7 +18,7 @@
 #define IP_MF          0x2000u /* more fragments */
 #define IP_OFFMASK     0x1FFFu
 
-_Static_assert(CFX_DPDK_FRAME_OVERHEAD == 106, "frame overhead: 14 + 20 + 8 + 64");
+_Static_assert(CFX_DPDK_FRAME_OVERHEAD == 106, "frame overhead at most: 14 + 20 + 8 + 64");
 
 static inline void put16(uint8_t *p, uint16_t v)
 {
@@ -106,12 +106,13 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
                           const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
                           const void *payload)
 {
-    size_t len = CFX_DPDK_FRAME_OVERHEAD + h->len;
+    size_t hdrs = CFX_DPDK_FRAME_HDRS + cfx__dpdk_hdr_len(h->flags);
+    size_t len = hdrs + h->len;
     if (len > cap)
         return CFX_ERR_TOO_BIG;
     int rc = cfx__dpdk_frame_build_hdr(buf, cap, src, dst, h, payload);
     if (rc >= 0 && h->len)
-        memcpy((uint8_t *)buf + CFX_DPDK_FRAME_OVERHEAD, payload, h->len);
+        memcpy((uint8_t *)buf + hdrs, payload, h->len);
     return rc < 0 ? rc : (int)len;
 }
 
@@ -119,8 +120,9 @@ int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr
                               const struct cfx__dpdk_addr *dst, const struct cfx__dpdk_hdr *h,
                               const void *payload)
 {
-    size_t len = CFX_DPDK_FRAME_OVERHEAD + h->len;
-    if (CFX_DPDK_FRAME_OVERHEAD > cap)
+    size_t rel_len = cfx__dpdk_hdr_len(h->flags);
+    size_t len = CFX_DPDK_FRAME_HDRS + rel_len + h->len;
+    if (CFX_DPDK_FRAME_HDRS + rel_len > cap)
         return CFX_ERR_TOO_BIG;
     uint8_t *eth = buf, *ip = eth + CFX_DPDK_ETH_LEN, *udp = ip + CFX_DPDK_IP_LEN;
     uint8_t *rel = udp + CFX_DPDK_UDP_LEN;
@@ -148,11 +150,11 @@ int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr
     put16(udp + 4, udp_len);
     put16(udp + 6, 0);
     cfx__dpdk_hdr_encode(h, rel);
-    /* the header part is even (8 + 64 bytes), so the payload's words line
-     * up wherever it lies */
-    uint16_t c = udp_csum(ip, udp, udp_len, CFX_DPDK_HDR_LEN, payload);
+    /* the header part is even (8 + 16, 36, 44 or 64 bytes), so the
+     * payload's words line up wherever it lies */
+    uint16_t c = udp_csum(ip, udp, udp_len, rel_len, payload);
     put16(udp + 6, c ? c : 0xFFFF);
-    return (int)CFX_DPDK_FRAME_OVERHEAD;
+    return (int)(CFX_DPDK_FRAME_HDRS + rel_len);
 }
 
 #define REFUSE(text)          \
@@ -201,6 +203,6 @@ int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_ad
     memcpy(src->mac, eth + 6, 6);
     src->ip = get32(ip + 12);
     src->port = get16(udp);
-    *payload = udp + CFX_DPDK_UDP_LEN + CFX_DPDK_HDR_LEN;
+    *payload = udp + CFX_DPDK_UDP_LEN + cfx__dpdk_hdr_len(h->flags);
     return CFX_OK;
 }

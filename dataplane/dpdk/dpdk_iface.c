@@ -70,7 +70,7 @@ void cfx__dpdk_ctl_send(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_ad
                         unsigned type, uint32_t from_sess, uint32_t to_sess, uint64_t arg)
 {
     struct cfx__dpdk_hdr h = {
-        .flags = CFX_DPDK_F_ACKREQ,
+        .flags = CFX_DPDK_F_CTL,
         .session = 0,
         .seq = type,
         .ack = from_sess,
@@ -192,9 +192,10 @@ static void rx_cb(void *ctx, const struct cfx__dpdk_addr *src, const struct cfx_
                   const void *payload)
 {
     struct cfx__dpdk_iface *iface = ctx;
-    if (h->session == 0) {
-        ctl_rx(iface, src, h);
-        return;
+    if (h->session == 0 || (h->flags & CFX_DPDK_F_CTL)) {
+        if (h->session == 0 && (h->flags & CFX_DPDK_F_CTL))
+            ctl_rx(iface, src, h);
+        return; /* a control packet for a session, or session 0 without one: dropped */
     }
     struct cfx__dpdk_ep *ep = ep_by_sess(iface, h->session);
     iface->data_at = iface->now; /* control packets (PING, PONG) leave it quiet */

@@ -23,8 +23,8 @@
 #define CFX_DPDK_ETH_LEN 14u /* Ethernet II header, no VLAN tag */
 #define CFX_DPDK_IP_LEN  20u /* IPv4 header, no options */
 #define CFX_DPDK_UDP_LEN 8u
-#define CFX_DPDK_FRAME_OVERHEAD \
-    (CFX_DPDK_ETH_LEN + CFX_DPDK_IP_LEN + CFX_DPDK_UDP_LEN + CFX_DPDK_HDR_LEN)
+#define CFX_DPDK_FRAME_HDRS     (CFX_DPDK_ETH_LEN + CFX_DPDK_IP_LEN + CFX_DPDK_UDP_LEN)
+#define CFX_DPDK_FRAME_OVERHEAD (CFX_DPDK_FRAME_HDRS + CFX_DPDK_HDR_MAX) /* at most */
 #define CFX_DPDK_UDP_PORT 4791u /* default UDP port (any free port does) */
 
 /* One end of a flow: where a frame comes from or goes to. */
@@ -44,8 +44,8 @@ int cfx__dpdk_frame_build(void *buf, size_t cap, const struct cfx__dpdk_addr *sr
                           const void *payload);
 
 /*
- * The same frame's headers only (CFX_DPDK_FRAME_OVERHEAD bytes into buf,
- * returned), for a payload sent from where it lies: the UDP checksum
+ * The same frame's headers only (at most CFX_DPDK_FRAME_OVERHEAD bytes
+ * into buf; their length is returned), for a payload sent from where it lies: the UDP checksum
  * covers the h->len bytes read at payload, which are not copied.
  * CFX_ERR_TOO_BIG when the headers do not fit cap.
  */

@@ -28,8 +28,10 @@
 /* --- wire header ----------------------------------------------------------- */
 
 #define CFX_DPDK_MAGIC       0xCF5Du /* first two bytes of every packet */
-#define CFX_DPDK_VERSION     2u
-#define CFX_DPDK_HDR_LEN     64u         /* encoded header bytes, before the payload */
+#define CFX_DPDK_VERSION     3u
+#define CFX_DPDK_HDR_DATA    36u         /* header bytes of a data packet without an ack */
+#define CFX_DPDK_HDR_ACK     28u         /* ... that an ack adds */
+#define CFX_DPDK_HDR_MAX     64u         /* header bytes at most, before the payload */
 #define CFX_DPDK_PAYLOAD_MAX 9000u       /* payload bytes of one packet (jumbo frame) */
 #define CFX_DPDK_FRAG_MAX    65535u      /* fragments of one message (16-bit field) */
 #define CFX_DPDK_MSG_MAX     (64u << 20) /* bytes of one message, any peer */
@@ -40,12 +42,18 @@ enum cfx__dpdk_flag {
     CFX_DPDK_F_DATA = 1u << 0,   /* seq, msg_id, frag_*, msg_len and payload are valid */
     CFX_DPDK_F_ACK = 1u << 1,    /* ack, sack, window and ts_echo are valid */
     CFX_DPDK_F_ACKREQ = 1u << 2, /* sender asks for an ack now (window probe) */
+    CFX_DPDK_F_CTL = 1u << 3,    /* a connection control packet (session 0, alone): seq is
+                                    its type, ack and msg_id the sessions, sack its argument */
 };
-#define CFX_DPDK_F_ALL (CFX_DPDK_F_DATA | CFX_DPDK_F_ACK | CFX_DPDK_F_ACKREQ)
+#define CFX_DPDK_F_ALL (CFX_DPDK_F_DATA | CFX_DPDK_F_ACK | CFX_DPDK_F_ACKREQ | CFX_DPDK_F_CTL)
 
 /*
- * The header in host order.  On the wire it is CFX_DPDK_HDR_LEN bytes,
- * little endian, in the field order of struct cfx__dpdk_wire (dpdk_wire.c).
+ * The header in host order.  On the wire (dpdk_wire.c) it is little
+ * endian: a 16-byte common part (magic, version, flags, session, ts), then
+ * the DATA fields when that flag is set (20 bytes), then the ACK fields
+ * when that one is (28 bytes): 36 bytes for data alone, so that a full
+ * data packet of a stream, whose acks go apart, carries more payload.  A
+ * CTL packet has the common part and its own 20 bytes, nothing else.
  */
 struct cfx__dpdk_hdr {
     uint8_t flags;     /* enum cfx__dpdk_flag */
@@ -65,14 +73,20 @@ struct cfx__dpdk_hdr {
                           * then until this ack left); saturates at UINT32_MAX */
 };
 
-/* Writes h (payload length h->len) as CFX_DPDK_HDR_LEN bytes into out. */
-void cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out);
+/* Header bytes on the wire for a packet with these flags. */
+size_t cfx__dpdk_hdr_len(uint8_t flags);
+
+/* Writes h (payload length h->len) into out, cfx__dpdk_hdr_len(h->flags)
+ * bytes (at most CFX_DPDK_HDR_MAX), and returns that length. */
+size_t cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out);
 
 /*
- * Decodes and checks a received packet of len bytes (header + payload).
- * Refuses (CFX_ERR_PROTO, *why says what) a truncated packet, a wrong magic,
- * version or flag, a payload length that is not the rest of the packet or
- * over CFX_DPDK_PAYLOAD_MAX, and data fields out of bounds (frag_idx >=
+ * Decodes and checks a received packet of len bytes (header + payload; the
+ * payload starts cfx__dpdk_hdr_len(out->flags) bytes in).  Refuses
+ * (CFX_ERR_PROTO, *why says what) a truncated packet, a wrong magic,
+ * version or flag, a reserved field not zero, a payload length that is not
+ * the rest of the packet or over CFX_DPDK_PAYLOAD_MAX, a payload without
+ * the DATA flag, and data fields out of bounds (frag_idx >=
  * frag_cnt, msg_len over CFX_DPDK_MSG_MAX, a fragment count that cannot
  * carry msg_len).  What needs the session (the peer's fragment size, the
  * window) is checked by cfx__dpdk_sess_rx.
@@ -116,7 +130,9 @@ struct cfx__dpdk_rel_ops {
 
 /* Session parameters; zero fields take the defaults in brackets. */
 struct cfx__dpdk_rel_params {
-    uint32_t mtu_payload; /* payload bytes per packet, both sides alike [1024] */
+    uint32_t mtu_payload; /* payload bytes per packet, both sides alike [1024]; an ack
+                             rides on a data packet only when it keeps the packet within
+                             mtu_payload + CFX_DPDK_HDR_DATA bytes */
     uint32_t snd_slots;   /* packets in flight at most [256], <= CFX_DPDK_WIN_MAX */
     uint32_t rcv_slots;   /* reorder buffer, packets: the window advertised [256] */
     uint32_t sendq_max;   /* messages queued and not yet acknowledged [128] */

@@ -13,100 +13,187 @@
 
 #include "dpdk_rel.h"
 
-/* The header as it lies on the wire: every field little endian, no padding. */
-struct cfx__dpdk_wire {
-    uint16_t magic;  /* CFX_DPDK_MAGIC */
-    uint8_t version; /* CFX_DPDK_VERSION */
-    uint8_t flags;   /* enum cfx__dpdk_flag */
-    uint32_t session;
-    uint32_t seq;
-    uint32_t ack;
-    uint64_t sack;
-    uint16_t window;
-    uint16_t len;
-    uint32_t msg_id;
-    uint16_t frag_idx;
-    uint16_t frag_cnt;
-    uint32_t msg_len;
-    uint64_t ts;
-    uint64_t ts_echo;
-    uint32_t echo_delay;
-    uint32_t reserved; /* zero */
-};
-_Static_assert(sizeof(struct cfx__dpdk_wire) == CFX_DPDK_HDR_LEN, "wire header is 64 bytes");
-_Static_assert(offsetof(struct cfx__dpdk_wire, sack) == 16, "sack at 16");
-_Static_assert(offsetof(struct cfx__dpdk_wire, msg_len) == 36, "msg_len at 36");
-_Static_assert(offsetof(struct cfx__dpdk_wire, ts_echo) == 48, "ts_echo at 48");
-_Static_assert(offsetof(struct cfx__dpdk_wire, echo_delay) == 56, "echo_delay at 56");
+/*
+ * The header as it lies on the wire, every field little endian: a common
+ * part, then the DATA part when the DATA flag is set, then the ACK part
+ * when the ACK flag is (offsets below are within each part):
+ *
+ *   common (16): magic u16 @0, version u8 @2, flags u8 @3, session u32 @4,
+ *                ts u64 @8
+ *   DATA   (20): seq u32 @0, msg_id u32 @4, msg_len u32 @8, len u16 @12,
+ *                frag_idx u16 @14, frag_cnt u16 @16, reserved u16 @18 (zero)
+ *   ACK    (28): ack u32 @0, window u16 @4, reserved u16 @6 (zero),
+ *                sack u64 @8, ts_echo u64 @16, echo_delay u32 @24
+ *   CTL    (20): type u32 @0 (seq), from u32 @4 (ack), to u32 @8 (msg_id),
+ *                arg u64 @12 (sack); with neither DATA nor ACK, no payload
+ */
+#define PART_COMMON 16u
+#define PART_DATA   20u
+#define PART_ACK    28u
+#define PART_CTL    20u
+_Static_assert(PART_COMMON + PART_DATA == CFX_DPDK_HDR_DATA, "data header is 36 bytes");
+_Static_assert(PART_COMMON + PART_DATA + PART_ACK == CFX_DPDK_HDR_MAX, "full header is 64 bytes");
 _Static_assert(CFX_DPDK_PAYLOAD_MAX <= UINT16_MAX, "payload length fits its field");
 _Static_assert(CFX_DPDK_WIN_MAX <= UINT16_MAX, "window fits its field");
 
-void cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out)
+static inline void put16(uint8_t *p, uint16_t v)
 {
-    struct cfx__dpdk_wire w = {
-        .magic = htole16(CFX_DPDK_MAGIC),
-        .version = CFX_DPDK_VERSION,
-        .flags = h->flags,
-        .session = htole32(h->session),
-        .seq = htole32(h->seq),
-        .ack = htole32(h->ack),
-        .sack = htole64(h->sack),
-        .window = htole16(h->window),
-        .len = htole16(h->len),
-        .msg_id = htole32(h->msg_id),
-        .frag_idx = htole16(h->frag_idx),
-        .frag_cnt = htole16(h->frag_cnt),
-        .msg_len = htole32(h->msg_len),
-        .ts = htole64(h->ts),
-        .ts_echo = htole64(h->ts_echo),
-        .echo_delay = htole32(h->echo_delay),
-    };
-    memcpy(out, &w, sizeof(w));
+    v = htole16(v);
+    memcpy(p, &v, 2);
+}
+
+static inline void put32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, 4);
+}
+
+static inline void put64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
+
+static inline uint16_t get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return le16toh(v);
+}
+
+static inline uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
+}
+
+static inline uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
+
+size_t cfx__dpdk_hdr_len(uint8_t flags)
+{
+    if (flags & CFX_DPDK_F_CTL)
+        return PART_COMMON + PART_CTL;
+    return PART_COMMON + ((flags & CFX_DPDK_F_DATA) ? PART_DATA : 0) +
+           ((flags & CFX_DPDK_F_ACK) ? PART_ACK : 0);
+}
+
+size_t cfx__dpdk_hdr_encode(const struct cfx__dpdk_hdr *h, void *out)
+{
+    uint8_t *p = out;
+
+    put16(p, CFX_DPDK_MAGIC);
+    p[2] = CFX_DPDK_VERSION;
+    p[3] = h->flags;
+    put32(p + 4, h->session);
+    put64(p + 8, h->ts);
+    p += PART_COMMON;
+    if (h->flags & CFX_DPDK_F_CTL) {
+        put32(p, h->seq);
+        put32(p + 4, h->ack);
+        put32(p + 8, h->msg_id);
+        put64(p + 12, h->sack);
+        return PART_COMMON + PART_CTL;
+    }
+    if (h->flags & CFX_DPDK_F_DATA) {
+        put32(p, h->seq);
+        put32(p + 4, h->msg_id);
+        put32(p + 8, h->msg_len);
+        put16(p + 12, h->len);
+        put16(p + 14, h->frag_idx);
+        put16(p + 16, h->frag_cnt);
+        put16(p + 18, 0);
+        p += PART_DATA;
+    }
+    if (h->flags & CFX_DPDK_F_ACK) {
+        put32(p, h->ack);
+        put16(p + 4, h->window);
+        put16(p + 6, 0);
+        put64(p + 8, h->sack);
+        put64(p + 16, h->ts_echo);
+        put32(p + 24, h->echo_delay);
+        p += PART_ACK;
+    }
+    return (size_t)(p - (uint8_t *)out);
 }
 
 int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out, const char **why)
 {
-    struct cfx__dpdk_wire w;
+    const uint8_t *p = buf;
 
     *why = NULL;
-    if (len < sizeof(w)) {
+    if (len < PART_COMMON) {
         *why = "truncated header";
         return CFX_ERR_PROTO;
     }
-    memcpy(&w, buf, sizeof(w));
-    if (le16toh(w.magic) != CFX_DPDK_MAGIC) {
+    if (get16(p) != CFX_DPDK_MAGIC) {
         *why = "bad magic";
         return CFX_ERR_PROTO;
     }
-    if (w.version != CFX_DPDK_VERSION) {
+    if (p[2] != CFX_DPDK_VERSION) {
         *why = "unknown header version";
         return CFX_ERR_PROTO;
     }
-    if ((w.flags & ~CFX_DPDK_F_ALL) || !w.flags) {
+    uint8_t flags = p[3];
+    if ((flags & ~CFX_DPDK_F_ALL) || !flags) {
         *why = "unknown or no flags";
         return CFX_ERR_PROTO;
     }
-    if (w.reserved) {
-        *why = "reserved field not zero";
+    if ((flags & CFX_DPDK_F_CTL) && (flags & (CFX_DPDK_F_DATA | CFX_DPDK_F_ACK))) {
+        *why = "control packet with data or ack fields";
+        return CFX_ERR_PROTO;
+    }
+    size_t hlen = cfx__dpdk_hdr_len(flags);
+    if (len < hlen) {
+        *why = "truncated header";
         return CFX_ERR_PROTO;
     }
     struct cfx__dpdk_hdr h = {
-        .flags = w.flags,
-        .session = le32toh(w.session),
-        .seq = le32toh(w.seq),
-        .ack = le32toh(w.ack),
-        .sack = le64toh(w.sack),
-        .window = le16toh(w.window),
-        .len = le16toh(w.len),
-        .msg_id = le32toh(w.msg_id),
-        .frag_idx = le16toh(w.frag_idx),
-        .frag_cnt = le16toh(w.frag_cnt),
-        .msg_len = le32toh(w.msg_len),
-        .ts = le64toh(w.ts),
-        .ts_echo = le64toh(w.ts_echo),
-        .echo_delay = le32toh(w.echo_delay),
+        .flags = flags,
+        .session = get32(p + 4),
+        .ts = get64(p + 8),
     };
-    if ((size_t)h.len != len - sizeof(w)) {
+    p += PART_COMMON;
+    if (flags & CFX_DPDK_F_CTL) {
+        h.seq = get32(p);
+        h.ack = get32(p + 4);
+        h.msg_id = get32(p + 8);
+        h.sack = get64(p + 12);
+    }
+    if (flags & CFX_DPDK_F_DATA) {
+        h.seq = get32(p);
+        h.msg_id = get32(p + 4);
+        h.msg_len = get32(p + 8);
+        h.len = get16(p + 12);
+        h.frag_idx = get16(p + 14);
+        h.frag_cnt = get16(p + 16);
+        if (get16(p + 18)) {
+            *why = "reserved field not zero";
+            return CFX_ERR_PROTO;
+        }
+        p += PART_DATA;
+    }
+    if (flags & CFX_DPDK_F_ACK) {
+        h.ack = get32(p);
+        h.window = get16(p + 4);
+        if (get16(p + 6)) {
+            *why = "reserved field not zero";
+            return CFX_ERR_PROTO;
+        }
+        h.sack = get64(p + 8);
+        h.ts_echo = get64(p + 16);
+        h.echo_delay = get32(p + 24);
+    }
+    if (!(flags & CFX_DPDK_F_DATA) && len > hlen) {
+        *why = "payload without the DATA flag";
+        return CFX_ERR_PROTO;
+    }
+    if ((size_t)h.len != len - hlen) {
         *why = "payload length is not the rest of the packet";
         return CFX_ERR_PROTO;
     }
@@ -132,9 +219,6 @@ int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out,
             *why = "fragment larger than its message";
             return CFX_ERR_PROTO;
         }
-    } else if (h.len) {
-        *why = "payload without the DATA flag";
-        return CFX_ERR_PROTO;
     }
     if ((h.flags & CFX_DPDK_F_ACK) && h.window > CFX_DPDK_WIN_MAX) {
         *why = "window over CFX_DPDK_WIN_MAX";

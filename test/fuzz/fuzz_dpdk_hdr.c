@@ -34,6 +34,8 @@ static void check_hdr(const struct cfx__dpdk_hdr *h)
         abort();
     if ((h->flags & CFX_DPDK_F_ACK) && h->window > CFX_DPDK_WIN_MAX)
         abort();
+    if ((h->flags & CFX_DPDK_F_CTL) && (h->flags & (CFX_DPDK_F_DATA | CFX_DPDK_F_ACK)))
+        abort();
 }
 
 static int null_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
@@ -86,7 +88,7 @@ static void session_stream(const uint8_t *data, size_t size)
         memcpy(pkt, data, len);
         if (cfx__dpdk_hdr_decode(pkt, len, &h, &why) == CFX_OK) {
             h.session = 7;
-            cfx__dpdk_sess_rx(&s, &h, pkt + CFX_DPDK_HDR_LEN, now, 0);
+            cfx__dpdk_sess_rx(&s, &h, pkt + cfx__dpdk_hdr_len(h.flags), now, 0);
         }
         free(pkt);
         data += len;
@@ -133,12 +135,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         int rc = cfx__dpdk_hdr_decode(buf, size, &h, &why);
         if (rc == CFX_OK) {
-            uint8_t again[CFX_DPDK_HDR_LEN];
+            uint8_t again[CFX_DPDK_HDR_MAX];
             check_hdr(&h);
-            if (CFX_DPDK_HDR_LEN + (size_t)h.len != size)
+            size_t hlen = cfx__dpdk_hdr_len(h.flags);
+            if (hlen + (size_t)h.len != size)
                 abort();
-            cfx__dpdk_hdr_encode(&h, again);
-            if (memcmp(again, buf, CFX_DPDK_HDR_LEN) != 0)
+            if (cfx__dpdk_hdr_encode(&h, again) != hlen || memcmp(again, buf, hlen) != 0)
                 abort();
         } else if (rc != CFX_ERR_PROTO || !why) {
             abort();

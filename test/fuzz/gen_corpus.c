@@ -582,13 +582,18 @@ static void dpdk(void)
 
     memset(payload, 0xAB, sizeof(payload));
     buf[0] = 0; /* a bare header */
-    cfx__dpdk_hdr_encode(&h, buf + 1);
-    memcpy(buf + 1 + CFX_DPDK_HDR_LEN, payload, sizeof(payload));
-    put("fuzz_dpdk_hdr", "data", buf, 1 + CFX_DPDK_HDR_LEN + sizeof(payload));
+    size_t hl = cfx__dpdk_hdr_encode(&h, buf + 1);
+    memcpy(buf + 1 + hl, payload, sizeof(payload));
+    put("fuzz_dpdk_hdr", "data", buf, 1 + hl + sizeof(payload));
+    struct cfx__dpdk_hdr alone = h; /* a stream's full packet: data without an ack */
+    alone.flags = CFX_DPDK_F_DATA;
+    hl = cfx__dpdk_hdr_encode(&alone, buf + 1);
+    memcpy(buf + 1 + hl, payload, sizeof(payload));
+    put("fuzz_dpdk_hdr", "data_alone", buf, 1 + hl + sizeof(payload));
     struct cfx__dpdk_hdr ack = {.flags = CFX_DPDK_F_ACK | CFX_DPDK_F_ACKREQ, .session = 1,
                                 .ack = 9, .sack = 1ull << 63, .window = 0, .ts_echo = 77};
-    cfx__dpdk_hdr_encode(&ack, buf + 1);
-    put("fuzz_dpdk_hdr", "ack", buf, 1 + CFX_DPDK_HDR_LEN);
+    hl = cfx__dpdk_hdr_encode(&ack, buf + 1);
+    put("fuzz_dpdk_hdr", "ack", buf, 1 + hl);
     buf[0] = 1; /* a whole frame a -> b */
     int len = cfx__dpdk_frame_build(buf + 1, sizeof(buf) - 1, &a, &b, &h, payload);
     if (len < 0) {
@@ -600,24 +605,26 @@ static void dpdk(void)
     put("fuzz_dpdk_hdr", "frame_ack", buf, 1 + (size_t)len);
 
     /* a session stream: an ack with a sack, then two data packets */
-    uint8_t st[1 + 3 * (2 + CFX_DPDK_HDR_LEN + 64)];
+    uint8_t st[1 + 3 * (2 + CFX_DPDK_HDR_MAX + 64)];
     size_t n = 0;
     st[n++] = 2;
     struct cfx__dpdk_hdr sa = {.flags = CFX_DPDK_F_ACK, .session = 7, .ack = 2, .sack = 0x3,
                                .window = 16, .ts_echo = 1000};
-    st[n++] = CFX_DPDK_HDR_LEN;
+    hl = cfx__dpdk_hdr_len(sa.flags);
+    st[n++] = (uint8_t)hl;
     st[n++] = 0;
     cfx__dpdk_hdr_encode(&sa, st + n);
-    n += CFX_DPDK_HDR_LEN;
+    n += hl;
     for (uint32_t i = 0; i < 2; i++) {
         struct cfx__dpdk_hdr d = {.flags = CFX_DPDK_F_DATA | CFX_DPDK_F_ACK, .session = 7,
                                   .seq = 1 - i, .len = 64, .frag_idx = (uint16_t)(1 - i),
                                   .frag_cnt = 2, .msg_len = 128, .window = 16, .ts = 5};
-        st[n++] = CFX_DPDK_HDR_LEN + 64;
+        hl = cfx__dpdk_hdr_len(d.flags);
+        st[n++] = (uint8_t)(hl + 64);
         st[n++] = 0;
         cfx__dpdk_hdr_encode(&d, st + n);
-        memset(st + n + CFX_DPDK_HDR_LEN, 0x5A, 64);
-        n += CFX_DPDK_HDR_LEN + 64;
+        memset(st + n + hl, 0x5A, 64);
+        n += hl + 64;
     }
     put("fuzz_dpdk_hdr", "session_stream", st, n);
 }

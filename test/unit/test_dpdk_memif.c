@@ -71,6 +71,18 @@ Test(dpdk_frame, build_and_parse_round_trip)
                  CFX_OK);
     cr_assert_eq(cfx__dpdk_frame_build(frame, (size_t)len - 1, &addr_a, &addr_b, &h, payload),
                  CFX_ERR_TOO_BIG);
+
+    /* data alone: the 36-byte header, the payload right after it */
+    h.flags = CFX_DPDK_F_DATA;
+    len = cfx__dpdk_frame_build(frame, sizeof(frame), &addr_a, &addr_b, &h, payload);
+    cr_assert_eq(len, CFX_DPDK_FRAME_HDRS + CFX_DPDK_HDR_DATA + sizeof(payload));
+    cr_assert_eq(cfx__dpdk_frame_parse(frame, (size_t)len, &addr_b, &src, &out, &pl, &why), CFX_OK,
+                 "%s", why);
+    cr_assert_eq(out.flags, CFX_DPDK_F_DATA);
+    cr_assert_eq(out.seq, 77);
+    cr_assert_eq(out.window, 0, "no ack fields: none decoded");
+    cr_assert_eq((const uint8_t *)pl - frame, CFX_DPDK_FRAME_HDRS + CFX_DPDK_HDR_DATA);
+    cr_assert_eq(cfx_test_check(pl, out.len, 5), (size_t)-1);
 }
 
 /* RFC 1071 as written: big-endian 16-bit words, an odd byte padded with zero. */
@@ -99,11 +111,14 @@ Test(dpdk_frame, checksums_match_rfc1071_computed_byte_by_byte)
     static uint8_t frame[CFX_DPDK_FRAME_OVERHEAD + 9000], hdr[CFX_DPDK_FRAME_OVERHEAD],
         payload[9000];
     for (uint32_t len = 0; len <= sizeof(payload); len += len < 64 ? 1 : 97) {
-        struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 9, .seq = len,
+        /* data alone (36-byte header) and with an ack (64) in turns */
+        uint8_t flags = CFX_DPDK_F_DATA | (len % 2 ? CFX_DPDK_F_ACK : 0);
+        struct cfx__dpdk_hdr h = { .flags = flags, .session = 9, .seq = len, .sack = len * 3ull,
                                    .len = (uint16_t)len, .frag_cnt = 1, .msg_len = len };
+        size_t hdrs = CFX_DPDK_FRAME_HDRS + (len % 2 ? CFX_DPDK_HDR_MAX : CFX_DPDK_HDR_DATA);
         cfx_test_fill(payload, len, len);
         int n = cfx__dpdk_frame_build(frame, sizeof(frame), &addr_a, &addr_b, &h, payload);
-        cr_assert_eq(n, (int)(CFX_DPDK_FRAME_OVERHEAD + len));
+        cr_assert_eq(n, (int)(hdrs + len));
         const uint8_t *ip = frame + CFX_DPDK_ETH_LEN, *udp = ip + CFX_DPDK_IP_LEN;
         cr_assert_eq(ref_csum(ip, CFX_DPDK_IP_LEN, NULL, 0), 0, "IPv4 header sum, %u B", len);
         uint16_t udp_len = (uint16_t)(n - CFX_DPDK_ETH_LEN - CFX_DPDK_IP_LEN);
@@ -121,8 +136,8 @@ Test(dpdk_frame, checksums_match_rfc1071_computed_byte_by_byte)
         cr_assert_eq(got, want ? want : 0xFFFF, "UDP checksum of a %u-byte payload: %04x, not %04x",
                      len, got, want);
         cr_assert_eq(cfx__dpdk_frame_build_hdr(hdr, sizeof(hdr), &addr_a, &addr_b, &h, payload),
-                     (int)CFX_DPDK_FRAME_OVERHEAD);
-        cr_assert_eq(memcmp(hdr, frame, sizeof(hdr)), 0, "header-only build, %u B", len);
+                     (int)hdrs);
+        cr_assert_eq(memcmp(hdr, frame, hdrs), 0, "header-only build, %u B", len);
     }
 }
 
