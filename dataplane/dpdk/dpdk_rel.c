@@ -129,6 +129,7 @@ static void params_fill(struct cfx__dpdk_rel_params *p)
     DEF(cwnd_init, 16);
     DEF(t_low_ns, 50000); /* Timely's defaults for a datacenter */
     DEF(t_high_ns, 500000);
+    DEF(rev_epoch_ns, 2000000000);
 #undef DEF
 }
 
@@ -167,7 +168,7 @@ int cfx__dpdk_sess_init(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rel_par
     s->delay_cut_seq = q->isn;
     s->delay_ok = true;
     s->rev_base_ns[0] = s->rev_base_ns[1] = INT64_MAX;
-    s->rcv_nxt = s->rcv_dlv = q->isn;
+    s->rcv_nxt = s->rcv_dlv = s->rcv_high = q->isn;
     s->cwnd = q->cwnd_init;
     s->ssthresh = q->snd_slots;
     s->rto_ns = q->rto_init_ns;
@@ -232,8 +233,9 @@ static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h, uint64_t
  * Acknowledgements (as TCP's delayed ack, RFC 1122 and 9000's ack
  * frequency): one per ACK_EVERY in-order data packets, or ACK_DELAY_NS
  * after the first one it owes; at once for a message's last packet (its
- * sender completes on it), a packet out of order or seen before (the sack
- * shows the hole), a window that opened, and a probe.  One ack per packet
+ * sender completes on it), a packet out of order, seen before, past the
+ * window or filling a hole even in part (the sack shows the sender what
+ * is missing), a window that opened, and a probe.  One ack per packet
  * takes 5.7% of a 1500-byte link (an 86-byte frame per 1514): in a pipelined
  * chain a forwarding node's link carries its acks upstream beside its
  * data.  The delay an ack waits here is in echo_delay, so the sender's
@@ -633,29 +635,28 @@ int cfx__dpdk_sess_send(struct cfx__dpdk_sess *s, const void *buf, size_t len, v
 }
 
 /*
- * How long the ack h queued on its way back, beyond the least any ack of
- * this session took (the reverse path's queue).  The ack's ts is the
- * peer's clock when it left and now (less the time it waited unread here)
- * ours when it came: their difference is the reverse one-way delay plus
- * the clocks' offset, which is constant, so the difference to the smallest
- * one seen is the queueing alone, whatever the offset (LEDBAT's base
- * delay).  The smallest is kept over two epochs of REV_EPOCH_NS, so that
- * the clocks' drift (NTP holds it to a few us per second) cannot build up.
- * A reverse path that never drained in that long is taken for its base:
- * its queue then counts as the forward path's, as an RTT would count it.
+ * How long the ack h took on its way back beyond the least any ack of
+ * this session took: the reverse path's queue and the time it then waited
+ * unread here.  The ack's ts is the peer's clock when it left, now ours
+ * when a poll found it: their difference is the reverse one-way delay,
+ * that wait and the clocks' offset, which is constant, so the difference
+ * to the smallest one seen is queue and wait alone, whatever the offset
+ * (LEDBAT's base delay).  A wait only raises a sample, so a host stall
+ * cannot pull the smallest down.  It is kept over two epochs of
+ * rev_epoch_ns (2 s): the clocks' drift moves it by at most two epochs'
+ * worth (80 us at 20 ppm, a free-running crystal; NTP keeps it smaller),
+ * and a reverse path that never drains in that long is taken for its
+ * base: its queue then counts as the forward path's, as an RTT counts it.
  */
-#define REV_EPOCH_NS 10000000000ull
-
-static uint64_t reverse_queue(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now,
-                              uint64_t waited)
+static uint64_t reverse_queue(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now)
 {
-    if (!h->ts || waited > now)
+    if (!h->ts)
         return 0;
-    int64_t d = (int64_t)(now - waited - h->ts);
+    int64_t d = (int64_t)(now - h->ts);
     if (now >= s->rev_epoch_end) {
         s->rev_base_ns[1] = s->rev_base_ns[0];
         s->rev_base_ns[0] = INT64_MAX;
-        s->rev_epoch_end = now + REV_EPOCH_NS;
+        s->rev_epoch_end = now + s->p.rev_epoch_ns;
     }
     if (d < s->rev_base_ns[0])
         s->rev_base_ns[0] = d;
@@ -673,7 +674,7 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
                          s->snd_nxt);
     if (newly < 0)
         return CFX_OK; /* an older ack overtaken by a newer one */
-    uint64_t rev_q = reverse_queue(s, h, now, waited);
+    uint64_t rev_q = reverse_queue(s, h, now);
     uint32_t right = h->ack + h->window;
     if (seq_diff(right, s->snd_right) > 0)
         s->snd_right = right;
@@ -725,7 +726,9 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
              * hop's to control, and counting it here cut this hop's
              * window until the chain's links idled) */
             rtt_sample(s, rtt);
-            uint64_t other = (uint64_t)h->echo_delay + waited + (rev_q < rtt ? rev_q : rtt);
+            /* rev_q holds this ack's wait here too, which waited bounds */
+            uint64_t back = rev_q > waited ? rev_q : waited;
+            uint64_t other = (uint64_t)h->echo_delay + (back < rtt ? back : rtt);
             path = rtt > other ? rtt - other : 1;
         }
         s->retries = 0;
@@ -875,23 +878,27 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
 
     s->ts_echo = h->ts;
     s->echo_since = since;
-    if (h->seq == s->rcv_nxt && h->frag_idx + 1u < h->frag_cnt)
-        ack_later(s, since);
-    else
-        ack_soon(s); /* a message's end, a hole, or a packet seen before */
+    /* a packet seen before or past the window is acked at once */
     if (seq_diff(h->seq, s->rcv_nxt) < 0) {
         s->stats.rx_dup++;
+        ack_soon(s);
         return CFX_OK;
     }
     if (h->seq - s->rcv_dlv >= s->p.rcv_slots) {
         s->stats.rx_beyond++; /* past the window we advertised */
+        ack_soon(s);
         return CFX_OK;
     }
     struct cfx__dpdk_rx_slot *r = rx_slot(s, h->seq);
     if (r->used) {
         s->stats.rx_dup++;
+        ack_soon(s);
         return CFX_OK;
     }
+    uint32_t nxt = s->rcv_nxt;
+    bool next = h->seq == nxt;
+    if (seq_diff(h->seq + 1, s->rcv_high) > 0)
+        s->rcv_high = h->seq + 1;
     struct cfx__dpdk_rx_slot f = {
         .used = true,
         .seq = h->seq,
@@ -915,15 +922,19 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         *r = f;
         memcpy(rx_payload(s, h->seq), payload, h->len);
     }
-    uint32_t nxt = s->rcv_nxt;
     while (s->rcv_nxt - s->rcv_dlv < s->p.rcv_slots) {
         const struct cfx__dpdk_rx_slot *n = rx_slot(s, s->rcv_nxt);
         if (!n->used || n->seq != s->rcv_nxt)
             break;
         s->rcv_nxt++;
     }
-    if (s->rcv_nxt - nxt > 1)
-        ack_soon(s); /* a hole filled: the sender learns it at once */
+    /* the next packet, no hole behind it, not a message's end: the ack
+     * may wait (a hole filled, even in part, is acked at once) */
+    if (next && s->rcv_nxt - nxt == 1 && s->rcv_nxt == s->rcv_high &&
+        h->frag_idx + 1u < h->frag_cnt)
+        ack_later(s, since);
+    else
+        ack_soon(s);
     drain(s);
     return s->error;
 }

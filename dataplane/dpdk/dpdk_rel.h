@@ -145,6 +145,8 @@ struct cfx__dpdk_rel_params {
     uint32_t cwnd_init;   /* initial congestion window, packets [16] */
     uint64_t t_low_ns;    /* RTT over which slow start ends [50 us] */
     uint64_t t_high_ns;   /* RTT over which the window shrinks [500 us] */
+    uint64_t rev_epoch_ns; /* the reverse path's least delay is kept over two epochs
+                              of this [2 s] */
     uint64_t idle_restart_ns; /* nothing sent this long (and more than an RTO): the next
                                  burst starts from cwnd_init [0: never] */
 };
@@ -224,6 +226,8 @@ struct cfx__dpdk_sess {
     uint32_t rcv_nxt;             /* next seq expected (cumulative ack) */
     uint32_t rcv_dlv;             /* next seq to hand to reassembly */
     uint32_t rcv_msg_id;          /* msg_id expected next */
+    uint32_t rcv_high;            /* one past the highest seq received: a hole while
+                                     rcv_nxt is short of it */
     uint8_t *asm_buf;             /* reassembly of a multi-packet message */
     uint32_t asm_cap;             /* bytes allocated at asm_buf */
     uint32_t asm_len;             /* bytes reassembled so far */
