@@ -197,12 +197,13 @@ int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_ad
         REFUSE("UDP length disagrees with the IP length");
     if (get16(udp + 6) != 0 && udp_csum(ip, udp, udp_len, 0, udp + CFX_DPDK_UDP_LEN) != 0)
         REFUSE("bad UDP checksum");
-    int rc = cfx__dpdk_hdr_decode(udp + CFX_DPDK_UDP_LEN, udp_len - CFX_DPDK_UDP_LEN, h, why);
-    if (rc)
-        return rc;
+    /* ours: the sender is known even if its header is refused */
     memcpy(src->mac, eth + 6, 6);
     src->ip = get32(ip + 12);
     src->port = get16(udp);
+    int rc = cfx__dpdk_hdr_decode(udp + CFX_DPDK_UDP_LEN, udp_len - CFX_DPDK_UDP_LEN, h, why);
+    if (rc)
+        return rc;
     *payload = udp + CFX_DPDK_UDP_LEN + cfx__dpdk_hdr_len(h->flags);
     return CFX_OK;
 }

@@ -32,6 +32,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
@@ -82,6 +83,8 @@ struct cfx__dpdk_port {
     uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
     struct cfx__dpdk_port_stats stats;
+    uint64_t refuse_log_at;  /* a sender's refused header is logged again from then */
+    uint64_t refused_quiet;  /* ... and these were refused meanwhile, unlogged */
     /* zero-copy transmit: a frame of a large payload is a header mbuf and a
      * data-less mbuf of zc_pool attached to the payload as an external
      * buffer; every attached one holds a count on zc_shinfo (ours is the
@@ -789,6 +792,32 @@ static bool rx_drop(struct cfx__dpdk_port *port)
     return x % 1000000 < port->rx_drop_ppm;
 }
 
+/*
+ * A frame to our address whose reliability header was refused: a peer of
+ * another release (another wire version), a broken or hostile one.  Frames
+ * not to our address (on net_af_packet, everything else on the link) are
+ * only counted.  Logged once per REFUSE_LOG_NS at most, whoever sends
+ * them, with the count refused in between.
+ */
+#define REFUSE_LOG_NS 10000000000ull
+
+static void refused_log(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *src,
+                        const char *why)
+{
+    uint64_t now = cfx__now_ns();
+    if (now < port->refuse_log_at) {
+        port->refused_quiet++;
+        return;
+    }
+    CFX_LOG(WARN, DPDK,
+            "port %s: refused a frame from %u.%u.%u.%u:%u: %s (%" PRIu64
+            " more refused since the last report)",
+            port->name, src->ip >> 24, src->ip >> 16 & 0xFF, src->ip >> 8 & 0xFF, src->ip & 0xFF,
+            src->port, why ? why : "?", port->refused_quiet);
+    port->refused_quiet = 0;
+    port->refuse_log_at = now + REFUSE_LOG_NS;
+}
+
 int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx)
 {
     struct rte_mbuf *rxb[BURST];
@@ -812,10 +841,13 @@ int cfx__dpdk_port_rx(struct cfx__dpdk_port *port, cfx__dpdk_rx_cb cb, void *ctx
             port->stats.rx_dropped++;
             continue;
         }
+        src.ip = 0;
         if (unlikely(m->nb_segs != 1) ||
             cfx__dpdk_frame_parse(rte_pktmbuf_mtod(m, const void *), m->data_len, &port->local,
                                   &src, &h, &payload, &why) != CFX_OK) {
             port->stats.rx_refused++;
+            if (src.ip)
+                refused_log(port, &src, m->nb_segs != 1 ? "a frame in segments" : why);
             continue;
         }
         port->stats.rx++;

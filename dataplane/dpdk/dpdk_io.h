@@ -60,7 +60,10 @@ int cfx__dpdk_frame_build_hdr(void *buf, size_t cap, const struct cfx__dpdk_addr
  * other than UDP, lengths that disagree with the frame, a bad IPv4 or UDP
  * checksum (a zero UDP checksum means none, as IPv4 allows), and whatever
  * cfx__dpdk_hdr_decode refuses.  On success fills *src, *h and *payload
- * (pointing into buf).
+ * (pointing into buf).  *src is filled as soon as the frame is found to be
+ * a sound UDP datagram to local, before its reliability header is
+ * decoded: after a refusal, a *src changed from what the caller left there
+ * names a sender whose header was refused (another wire version, say).
  */
 int cfx__dpdk_frame_parse(const void *buf, size_t len, const struct cfx__dpdk_addr *local,
                           struct cfx__dpdk_addr *src, struct cfx__dpdk_hdr *h, const void **payload,

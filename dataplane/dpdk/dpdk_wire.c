@@ -136,7 +136,8 @@ int cfx__dpdk_hdr_decode(const void *buf, size_t len, struct cfx__dpdk_hdr *out,
         return CFX_ERR_PROTO;
     }
     if (p[2] != CFX_DPDK_VERSION) {
-        *why = "unknown header version";
+        _Static_assert(CFX_DPDK_VERSION == 3, "the message below names the version");
+        *why = "a header version other than this build's 3 (a peer of another release?)";
         return CFX_ERR_PROTO;
     }
     uint8_t flags = p[3];

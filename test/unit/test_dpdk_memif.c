@@ -141,6 +141,39 @@ Test(dpdk_frame, checksums_match_rfc1071_computed_byte_by_byte)
     }
 }
 
+/*
+ * A sound datagram to us whose header is refused (a peer of another wire
+ * version) names its sender, so that the port can say who it refuses; a
+ * frame not to us leaves the sender as the caller set it.
+ */
+Test(dpdk_frame, refused_header_names_its_sender)
+{
+    uint8_t f[256];
+    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_ACK, .session = 3 };
+    struct cfx__dpdk_addr src;
+    struct cfx__dpdk_hdr out;
+    const void *pl;
+    const char *why;
+    int len = cfx__dpdk_frame_build(f, sizeof(f), &addr_a, &addr_b, &h, NULL);
+    cr_assert_gt(len, 0);
+    f[40] = f[41] = 0; /* no UDP checksum: only the header is wrong */
+    f[CFX_DPDK_FRAME_HDRS + 2] = CFX_DPDK_VERSION - 1;
+    memset(&src, 0, sizeof(src));
+    cr_assert_eq(cfx__dpdk_frame_parse(f, (size_t)len, &addr_b, &src, &out, &pl, &why),
+                 CFX_ERR_PROTO);
+    cr_assert(why && strstr(why, "version"), "%s", why ? why : "(none)");
+    cr_assert_eq(src.ip, addr_a.ip);
+    cr_assert_eq(src.port, addr_a.port);
+    cr_assert_eq(memcmp(src.mac, addr_a.mac, 6), 0);
+    /* to another port of ours: not ours, src untouched */
+    memset(&src, 0, sizeof(src));
+    struct cfx__dpdk_addr other = addr_b;
+    other.port++;
+    cr_assert_eq(cfx__dpdk_frame_parse(f, (size_t)len, &other, &src, &out, &pl, &why),
+                 CFX_ERR_PROTO);
+    cr_assert_eq(src.ip, 0);
+}
+
 Test(dpdk_frame, parser_refuses_frames_not_ours)
 {
     uint8_t good[256], f[256];
