@@ -993,8 +993,17 @@ void cfx__coord_alive_publish(struct cfx_coord *co)
 {
     pthread_mutex_lock(&co->alive_mu);
     co->alive_pub = co->nodes_alive;
+    co->joins_pub = co->joins;
     pthread_cond_broadcast(&co->alive_cond);
     pthread_mutex_unlock(&co->alive_mu);
+}
+
+void cfx__coord_member_counts(struct cfx_coord *coord, uint32_t *joined, uint32_t *alive)
+{
+    pthread_mutex_lock(&coord->alive_mu);
+    *joined = coord->joins_pub;
+    *alive = coord->alive_pub;
+    pthread_mutex_unlock(&coord->alive_mu);
 }
 
 int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t deadline)

@@ -70,6 +70,10 @@ uint16_t cfx__coord_metrics_port(const struct cfx_coord *coord);
  * CFX_OK, or CFX_ERR_TIMEOUT saying how many are left. */
 int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t deadline);
 
+/* Members that joined so far (every join and rejoin counts) and that are
+ * alive now (joined, not yet left or dead).  Any thread. */
+void cfx__coord_member_counts(struct cfx_coord *coord, uint32_t *joined, uint32_t *alive);
+
 /* Stop the loop, close every connection, free.  NULL is a no-op. */
 void cfx__coord_stop(struct cfx_coord *coord);
 

@@ -318,6 +318,8 @@ struct cfx_coord {
     pthread_mutex_t alive_mu;
     pthread_cond_t alive_cond;
     uint32_t alive_pub;
+    uint32_t joins;      /* joins and rejoins so far (loop thread) */
+    uint32_t joins_pub;  /* ... as other threads may read it, as alive_pub */
     struct coord_metrics *metrics; /* the HTTP metrics endpoint (coord_metrics.c), or NULL */
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */

@@ -342,6 +342,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     if (id >= co->next_node_id)
         co->next_node_id = id + 1;
     co->nodes_alive++;
+    co->joins++;
     cfx__coord_alive_publish(co);
     c->node = n;
     c->state = COORD_CONN_NODE;

@@ -338,35 +338,49 @@ ParameterizedTest(struct case_param *p, objects, allreduce_participant_killed, .
 
 /* cfx_get_bw with another -s on the client than on the server: the client
  * finds the server's object and says the sizes differ (it used to wait out
- * its deadline for an object named after its own size, "no node put it"). */
+ * its deadline for an object named after its own size, "no node put it");
+ * the server sees the client leave without its "done" and ends at once,
+ * exit 1 (it used to print "Client done" and exit 0: the failed client
+ * still said done; one killed left it waiting 10 minutes). */
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+    if (f) {
+        n = fread(buf, 1, cap - 1, f);
+        fclose(f);
+    }
+    buf[n] = '\0';
+    unlink(path);
+}
+
 Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
 {
     static const char *const sizes[][2] = { { "64K", "256K" }, { "256K", "64K" } };
     for (int k = 0; k < 2; k++) {
-        char out[256], cmd[2048];
+        char out[256], srv_out[256], cmd[2048];
         int port = cfx_test_free_port();
         cr_assert_gt(port, 0);
         snprintf(out, sizeof(out), "/tmp/cfx-getbw-%d-%d.err", (int)getpid(), k);
+        snprintf(srv_out, sizeof(srv_out), "/tmp/cfx-getbw-%d-%d.srv", (int)getpid(), k);
         snprintf(cmd, sizeof(cmd),
                  "CFX_TOKEN=getbw-test CFX_TIMEOUT_MS=60000; export CFX_TOKEN CFX_TIMEOUT_MS; "
-                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s >/dev/null 2>&1 & srv=$!; "
+                 "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s >/dev/null 2>%s & srv=$!; "
                  "timeout 120 %s/cfx_get_bw -p %d -t tcp -n 2 -s %s 127.0.0.1 >/dev/null 2>%s;"
-                 " st=$?; wait $srv; exit $st",
-                 CFX_BIN_DIR, port, sizes[k][0], CFX_BIN_DIR, port, sizes[k][1], out);
+                 " st=$?; wait $srv; echo \"server exit $?\" >>%s; exit $st",
+                 CFX_BIN_DIR, port, sizes[k][0], srv_out, CFX_BIN_DIR, port, sizes[k][1], out,
+                 srv_out);
         cr_log_info("%s", cmd);
         int st = system(cmd);
         cr_assert(st != -1);
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        FILE *f = fopen(out, "r");
-        char err[4096] = "";
-        if (f) {
-            size_t n = fread(err, 1, sizeof(err) - 1, f);
-            err[n] = '\0';
-            fclose(f);
-        }
-        unlink(out);
+        char err[4096], srv[8192];
+        slurp(out, err, sizeof(err));
+        slurp(srv_out, srv, sizeof(srv));
         cr_assert_eq(code, 1, "client -s %s against server -s %s exited %d: %s", sizes[k][1],
                      sizes[k][0], code, err);
+        cr_assert(strstr(srv, "server exit 1") && strstr(srv, "left the cluster"),
+                  "the server after its client failed: %s", srv);
         cr_assert(strstr(err, "size mismatch") && strstr(err, "same -s"),
                   "client -s %s against server -s %s: %s", sizes[k][1], sizes[k][0], err);
         const char *want = k == 0 ? "65536 bytes" : "262144 bytes";
