@@ -408,18 +408,23 @@ static int cmd_objects(struct rdmactl *r, int argc, char **argv)
 
 /* DPDK ports (when CFX_DPDK_VDEV or CFX_DPDK_EAL names some): text lines,
  * or a "dpdk": [...] member followed by ", " (json). */
-static void dpdk_ports(int json)
+/* Prints the DPDK ports; returns how many. */
+static int dpdk_ports(int json)
 {
+    int n = 0;
     if (json)
         printf("\"dpdk\": ");
 #ifdef CFX_HAVE_DPDK
-    cfx__dpdk_ports_print(stdout, json);
+    n = cfx__dpdk_ports_print(stdout, json);
 #else
     if (json)
         printf("[]");
+    else
+        printf("dpdk: this build has no dpdk transport (libdpdk-dev was not found)\n");
 #endif
     if (json)
         printf(", ");
+    return n;
 }
 
 /* Local RDMA devices and DPDK ports (and GPU support), in the manner of
@@ -448,31 +453,32 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
         } else {
             printf("{\"devices\": [], ");
         }
-        dpdk_ports(1);
+        int ports = dpdk_ports(1);
         printf("\"gpu\": ");
         json_str(gpu);
         printf("}\n");
         free(txt);
-        return rc == CFX_OK ? 0 : 1;
+        return rc == CFX_OK || ports ? 0 : 1;
     }
     int rc = cfx__verbs_devices_print(stdout, 0);
-    dpdk_ports(0);
+    int ports = dpdk_ports(0);
     printf("gpu: %s\n", gpu);
-    return rc == CFX_OK ? 0 : 1;
+    /* 0 when a device of either kind is there, as ibv_devinfo with one */
+    return rc == CFX_OK || ports ? 0 : 1;
 #else
     if (r->json) {
         printf("{\"devices\": [], \"error\": \"built without RDMA verbs support\", ");
-        dpdk_ports(1);
+        int ports = dpdk_ports(1);
         printf("\"gpu\": ");
         json_str(gpu);
         printf("}\n");
-    } else {
-        printf("no RDMA devices: this build has no verbs transport (configure with "
-               "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\n");
-        dpdk_ports(0);
-        printf("gpu: %s\n", gpu);
+        return ports ? 0 : 1;
     }
-    return 1;
+    printf("no RDMA devices: this build has no verbs transport (configure with "
+           "-DCFX_WITH_VERBS=ON and libibverbs-dev/librdmacm-dev installed)\n");
+    int ports = dpdk_ports(0);
+    printf("gpu: %s\n", gpu);
+    return ports ? 0 : 1;
 #endif
 }
 

@@ -312,6 +312,8 @@ int cfx__dpdk_eal_init(const char *args)
     }
     if (!args)
         args = getenv("CFX_DPDK_EAL");
+    if (args && !args[strspn(args, " \t")])
+        args = NULL; /* set but empty: the defaults, as when unset */
     if (!args) {
         const char *vdev = getenv("CFX_DPDK_VDEV");
         snprintf(defaults, sizeof(defaults),
@@ -349,7 +351,10 @@ int cfx__dpdk_eal_init(const char *args)
     /* EAL pins the calling thread to its main lcore: give it its CPUs back */
     bool have_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0;
     if (rte_eal_init(argc, argv) < 0) {
-        CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args, rte_strerror(rte_errno));
+        /* rte_errno is not set for every failure ("Success"): EAL's own
+         * lines above say why then */
+        CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args,
+                rte_errno ? rte_strerror(rte_errno) : "see EAL's messages before this one");
         rc = eal_state = CFX_ERR_NO_DEVICE;
         /* what it made of its runtime directory goes at once */
         const char *dir = rte_eal_get_runtime_dir();
@@ -386,7 +391,13 @@ int cfx__dpdk_ports_print(FILE *out, int json)
 
     if (json)
         fputc('[', out);
-    if ((getenv("CFX_DPDK_EAL") || getenv("CFX_DPDK_VDEV")) && cfx__dpdk_eal_init(NULL) == CFX_OK) {
+    const char *eal = getenv("CFX_DPDK_EAL");
+    bool asked = (eal && eal[strspn(eal, " \t")]) || getenv("CFX_DPDK_VDEV");
+    if (!asked && !json)
+        fprintf(out, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with --vdev)\n");
+    else if (asked && cfx__dpdk_eal_init(NULL) != CFX_OK && !json)
+        fprintf(out, "dpdk: EAL did not start (its messages, on stderr, say why)\n");
+    if (asked && cfx__dpdk_eal_init(NULL) == CFX_OK) {
         RTE_ETH_FOREACH_DEV(pid) {
             char name[RTE_ETH_NAME_MAX_LEN];
             struct rte_ether_addr mac;
@@ -407,6 +418,8 @@ int cfx__dpdk_ports_print(FILE *out, int json)
                 fprintf(out, "dpdk port %s: mac %s, link %s\n", name, m, up ? "up" : "down");
             n++;
         }
+        if (!n && !json)
+            fprintf(out, "dpdk: EAL started but found no port (check CFX_DPDK_VDEV)\n");
     }
     if (json)
         fputc(']', out);
@@ -536,7 +549,11 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     while ((rc = rte_eth_dev_start(pid)) != 0 && cfx__now_ns() < start_until)
         usleep(10000);
     if (rc != 0) {
-        CFX_LOG(ERR, DPDK, "port %s: start: %s", port->name, rte_strerror(-rc));
+        /* a memif client finds no server on its socket as "not permitted" */
+        bool memif = info.driver_name && !strcmp(info.driver_name, "net_memif");
+        CFX_LOG(ERR, DPDK, "port %s: start: %s%s", port->name, rte_strerror(-rc),
+                memif ? " (a net_memif client: is a role=server port up on the same socket=?)"
+                      : "");
         rc = CFX_ERR_IO;
         goto err_pool;
     }
@@ -641,8 +658,10 @@ int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
          * every try: a peer that is gone for good makes them fail alike */
         unsigned n = ++port->restart_fails;
         if ((n & (n - 1)) == 0)
-            CFX_LOG(WARN, DPDK, "port %s: restart failed %u time%s in a row: %s", port->name, n,
-                    n == 1 ? "" : "s", rte_strerror(-rc));
+            CFX_LOG(WARN, DPDK, "port %s: restart failed %u time%s in a row: %s%s", port->name,
+                    n, n == 1 ? "" : "s", rte_strerror(-rc),
+                    port->gated && !port->memif_server ? " (its memif server is not there)"
+                                                       : "");
         return CFX_ERR_IO;
     }
     port->restart_fails = 0;

@@ -115,8 +115,9 @@ int cfx__dpdk_eal_init(const char *args);
  * Lists the DPDK ports (rdmactl devices) on out: text lines
  * "dpdk port NAME: mac M, link up|down", or with json a JSON array of
  * {"name", "mac", "link"} objects.  EAL is started only when CFX_DPDK_EAL
- * or CFX_DPDK_VDEV asks for it (no port exists otherwise); then prints
- * nothing (text) or [] (json).  Returns the number of ports.
+ * or CFX_DPDK_VDEV asks for it (no port exists otherwise).  With no port,
+ * a text line "dpdk: ..." says why (nothing asked for, EAL failed, none
+ * found), or json prints [].  Returns the number of ports.
  */
 int cfx__dpdk_ports_print(FILE *out, int json);
 

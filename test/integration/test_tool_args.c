@@ -371,3 +371,41 @@ Test(tool_args, coord_metrics_bare_port_is_loopback, .init = case_init, .timeout
     cr_expect_eq(strncmp(resp, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", resp);
     cr_expect_not_null(strstr(resp, "\nconflux_coord_members{state=\"alive\"} 0\n"), "%s", resp);
 }
+
+/* rdmactl devices: what it says of DPDK, and its exit status (0 when it
+ * lists a device of either kind, as ibv_devinfo with one). */
+static int devices(const char *env, char *out, size_t cap)
+{
+    char path[128], cmd[512];
+    snprintf(path, sizeof(path), "/tmp/cfx-devices-%d.out", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "env -u CFX_DPDK_EAL -u CFX_DPDK_VDEV %s timeout 60 %s/rdmactl "
+             "devices >%s 2>/dev/null", env, CFX_BIN_DIR, path);
+    int st = system(cmd);
+    cr_assert(st != -1 && WIFEXITED(st), "%s", cmd);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(path);
+    return WEXITSTATUS(st);
+}
+
+Test(tool_args, devices_says_what_of_dpdk, .timeout = 120)
+{
+    char out[4096];
+    devices("", out, sizeof(out));
+#ifdef CFX_HAVE_DPDK
+    cr_assert_not_null(strstr(out, "dpdk: no port asked for (set CFX_DPDK_VDEV"), "%s", out);
+    char env[256];
+    snprintf(env, sizeof(env), "CFX_DPDK_VDEV=net_memif0,role=server,socket=/tmp/cfx-dev-%d.sock",
+             (int)getpid());
+    int st = devices(env, out, sizeof(out));
+    cr_assert_not_null(strstr(out, "dpdk port net_memif0: mac "), "%s", out);
+    cr_assert_eq(st, 0, "a DPDK port listed, exit %d: %s", st, out);
+    st = devices("CFX_DPDK_VDEV=no_such_driver0", out, sizeof(out));
+    cr_assert_not_null(strstr(out, "dpdk: EAL did not start"), "%s", out);
+#else
+    cr_assert_not_null(strstr(out, "dpdk: this build has no dpdk transport"), "%s", out);
+#endif
+}
