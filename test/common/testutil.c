@@ -64,6 +64,16 @@ void cfx_test_token(char *buf, size_t len)
     snprintf(buf, len, "test-token-%d-%ld", (int)getpid(), (long)ts.tv_nsec);
 }
 
+void cfx_test_take_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(path);
+}
+
 int cfx_test_file_contains(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");

@@ -14,6 +14,10 @@ size_t cfx_test_check(const void *buf, size_t len, uint64_t seed);
 /* A random cluster token for a test. */
 void cfx_test_token(char *buf, size_t len);
 
+/* Reads the file @p path (at most @p cap - 1 bytes, NUL-terminated; ""
+ * when it cannot be read) into @p out and removes it: a child's output. */
+void cfx_test_take_file(const char *path, char *out, size_t cap);
+
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
 

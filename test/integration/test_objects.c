@@ -342,18 +342,6 @@ ParameterizedTest(struct case_param *p, objects, allreduce_participant_killed, .
  * the server sees the client leave without its "done" and ends at once,
  * exit 1 (it used to print "Client done" and exit 0: the failed client
  * still said done; one killed left it waiting 10 minutes). */
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = 0;
-    if (f) {
-        n = fread(buf, 1, cap - 1, f);
-        fclose(f);
-    }
-    buf[n] = '\0';
-    unlink(path);
-}
-
 Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
 {
     static const char *const sizes[][2] = { { "64K", "256K" }, { "256K", "64K" } };
@@ -375,8 +363,8 @@ Test(objects, get_bw_size_mismatch_reported, .timeout = 300)
         cr_assert(st != -1);
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         char err[4096], srv[8192];
-        slurp(out, err, sizeof(err));
-        slurp(srv_out, srv, sizeof(srv));
+        cfx_test_take_file(out, err, sizeof(err));
+        cfx_test_take_file(srv_out, srv, sizeof(srv));
         cr_assert_eq(code, 1, "client -s %s against server -s %s exited %d: %s", sizes[k][1],
                      sizes[k][0], code, err);
         cr_assert(strstr(srv, "server exit 1") && strstr(srv, "left the cluster"),
@@ -399,12 +387,7 @@ static int obj_perf(const char *tp, int n, const char *args, char *out, size_t c
     cr_log_info("%s", cmd);
     int st = system(cmd);
     cr_assert(st != -1, "cannot run %s", cmd);
-    FILE *f = fopen(path, "r");
-    size_t len = f ? fread(out, 1, cap - 1, f) : 0;
-    out[len] = '\0';
-    if (f)
-        fclose(f);
-    unlink(path);
+    cfx_test_take_file(path, out, cap);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 #ifndef CFX_BIN_DIR
 #error "CFX_BIN_DIR must name the bin directory of the build"
 #endif
@@ -382,12 +384,7 @@ static int devices(const char *env, char *out, size_t cap)
              "devices >%s 2>/dev/null", env, CFX_BIN_DIR, path);
     int st = system(cmd);
     cr_assert(st != -1 && WIFEXITED(st), "%s", cmd);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
-    out[n] = '\0';
-    if (f)
-        fclose(f);
-    unlink(path);
+    cfx_test_take_file(path, out, cap);
     return WEXITSTATUS(st);
 }
 
