@@ -296,6 +296,13 @@ static bool gate_enter_wait(const struct cfx__dpdk_port *port, int timeout_ms)
     }
 }
 
+/* CFX_DPDK_EAL when set to something (set but empty means the defaults). */
+static const char *eal_env(void)
+{
+    const char *args = getenv("CFX_DPDK_EAL");
+    return args && args[strspn(args, " \t")] ? args : NULL;
+}
+
 int cfx__dpdk_eal_init(const char *args)
 {
     bool own_prefix = false;
@@ -311,9 +318,7 @@ int cfx__dpdk_eal_init(const char *args)
         goto out_unlock;
     }
     if (!args)
-        args = getenv("CFX_DPDK_EAL");
-    if (args && !args[strspn(args, " \t")])
-        args = NULL; /* set but empty: the defaults, as when unset */
+        args = eal_env();
     if (!args) {
         const char *vdev = getenv("CFX_DPDK_VDEV");
         snprintf(defaults, sizeof(defaults),
@@ -391,13 +396,13 @@ int cfx__dpdk_ports_print(FILE *out, int json)
 
     if (json)
         fputc('[', out);
-    const char *eal = getenv("CFX_DPDK_EAL");
-    bool asked = (eal && eal[strspn(eal, " \t")]) || getenv("CFX_DPDK_VDEV");
+    bool asked = eal_env() || getenv("CFX_DPDK_VDEV");
+    bool eal_up = asked && cfx__dpdk_eal_init(NULL) == CFX_OK;
     if (!asked && !json)
         fprintf(out, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with --vdev)\n");
-    else if (asked && cfx__dpdk_eal_init(NULL) != CFX_OK && !json)
+    else if (!eal_up && !json)
         fprintf(out, "dpdk: EAL did not start (its messages, on stderr, say why)\n");
-    if (asked && cfx__dpdk_eal_init(NULL) == CFX_OK) {
+    if (eal_up) {
         RTE_ETH_FOREACH_DEV(pid) {
             char name[RTE_ETH_NAME_MAX_LEN];
             struct rte_ether_addr mac;
