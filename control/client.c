@@ -589,6 +589,12 @@ static void deliver(struct cfx_ctl *ctl, const uint8_t *frame, size_t len)
             ctl->on_node_dead(ctl->arg, m.u.node_dead.node_id);
         return;
     }
+    if (m.type == CFX_MSG_EV_STOPPING) {
+        /* its end of the connection follows: an orderly stop, not a failure */
+        CFX_LOG(INFO, CTL, "coordinator %s is stopping", ctl->coord);
+        ctl->coord_stopping = 1;
+        return;
+    }
     if (m.type == CFX_MSG_EV_TASK_RUN) {
         if (ctl->on_task_run)
             ctl->on_task_run(ctl->arg, &m.u.task);
@@ -752,8 +758,13 @@ static void *reader_thread(void *arg)
         fail_all_calls(ctl, lost_status);
         pthread_mutex_unlock(&ctl->lock);
         if (lost && !closing) {
-            CFX_LOG(WARN, CTL, "lost the coordinator %s: %s%s", ctl->coord, why,
-                    again ? "; reconnecting" : "");
+            if (ctl->coord_stopping) /* it said so: a job's end, or a restart */
+                CFX_LOG(INFO, CTL, "coordinator %s stopped%s", ctl->coord,
+                        again ? "; reconnecting" : "");
+            else
+                CFX_LOG(WARN, CTL, "lost the coordinator %s: %s%s", ctl->coord, why,
+                        again ? "; reconnecting" : "");
+            ctl->coord_stopping = 0;
             if (ctl->on_node_dead)
                 ctl->on_node_dead(ctl->arg, 0);
         }

@@ -1023,6 +1023,25 @@ int cfx__coord_wait_members(struct cfx_coord *coord, uint32_t most, uint64_t dea
     return CFX_OK;
 }
 
+/*
+ * Tell every authenticated client that the coordinator stops in order, so
+ * that the connection's end is not reported as a failure (a job's orderly
+ * end: the driver stops the coordinator before its workers are gone).  The
+ * loop's thread is gone: this thread owns the connections now.  Best
+ * effort: what a socket does not take at once is dropped with it.
+ */
+static void say_goodbye(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+    struct cfx_msg m = { .type = CFX_MSG_EV_STOPPING, .req_id = 0 };
+
+    cfx_list_for_each_safe(pos, tmp, &co->conns) { /* a failed send moves it to closing */
+        struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+        if (c->state != COORD_CONN_AUTH && !c->failing)
+            cfx__coord_send(c, &m);
+    }
+}
+
 void cfx__coord_stop(struct cfx_coord *coord)
 {
     if (!coord)
@@ -1031,6 +1050,8 @@ void cfx__coord_stop(struct cfx_coord *coord)
         cfx__ev_loop_stop(coord->loop);
         pthread_join(coord->thread, NULL);
     }
+    if (coord->loop)
+        say_goodbye(coord);
     CFX_LOG(INFO, CTL, "coordinator %s stopped", coord->addr);
     coord_free(coord);
 }

@@ -48,6 +48,7 @@ static const char *const type_names[CFX_MSG_TYPE_END] = {
     [CFX_MSG_PS_LOADS] = "PS_LOADS",
     [CFX_MSG_PS_LOADS_REPLY] = "PS_LOADS_REPLY",
     [CFX_MSG_TASK_ANNOUNCE] = "TASK_ANNOUNCE",
+    [CFX_MSG_EV_STOPPING] = "EV_STOPPING",
 };
 
 const char *cfx__msg_type_name(unsigned type)
@@ -184,6 +185,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_OK:
     case CFX_MSG_LEAVE:
     case CFX_MSG_STATUS:
+    case CFX_MSG_EV_STOPPING:
         break;
     case CFX_MSG_HEARTBEAT:
     case CFX_MSG_TASK_REG:
@@ -484,6 +486,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_OK:
     case CFX_MSG_LEAVE:
     case CFX_MSG_STATUS:
+    case CFX_MSG_EV_STOPPING:
         break;
     case CFX_MSG_HEARTBEAT:
     case CFX_MSG_TASK_REG:

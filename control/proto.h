@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      10u /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      11u /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -64,7 +64,8 @@
                                     *     a coordinator restart: an idempotency key,
                                     *     the submitter and a node hint in every task
                                     *     body, the AGAIN flag of a repeated
-                                    *     TASK_SUBMIT, TASK_ANNOUNCE */
+                                    *     TASK_SUBMIT, TASK_ANNOUNCE;
+                                    * 11: EV_STOPPING, the coordinator's goodbye */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -160,6 +161,8 @@ enum cfx_msg_type {
                              * the cursor that reported some (node 0: none) */
     CFX_MSG_TASK_ANNOUNCE,  /* worker -> coord after a reconnect: a task it runs (or ran
                              * and may not have reported) -> OK; name "": all announced */
+    CFX_MSG_EV_STOPPING,    /* event, coord -> every client as it stops in order: no body;
+                             * the connection's end that follows is not a failure */
     CFX_MSG_TYPE_END        /* one past the last type */
 };
 

@@ -20,7 +20,9 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client_int.h"
 #include "control/coord.h"
+#include "dataplane/common/log.h"
 #include "dataplane/engine/engine.h"
 #include "dataplane/shm/shm.h"
 #include "dataplane/tcp/tcp.h"
@@ -1035,4 +1037,70 @@ Test(context, failed_connect_falls_back_to_the_next_transport)
     free(dst);
     cfx_context_destroy(b);
     cfx_context_destroy(a);
+}
+
+/*
+ * A coordinator that stops in order says so (EV_STOPPING) before its end
+ * of the connection closes: its clients log that at INFO and reconnect,
+ * and print no "lost the coordinator" warning (a Ray job's end printed one
+ * in every actor).  A connection that ends without that goodbye is still a
+ * warning.
+ */
+Test(context, orderly_coordinator_stop_is_not_a_failure)
+{
+    char path[] = "/tmp/cfx-test-stop-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    cr_assert_eq(dup2(fd, 2), 2);
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_INFO;
+
+    /* a connection cut without a goodbye: a warning */
+    struct cfx_context *a = NULL;
+    cr_assert_eq(join(token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
+    shutdown(a->ctl->fd, SHUT_RDWR);
+    uint64_t end = cfx__deadline_ns(10000);
+    while (cfx__ctl_lost_ms(a->ctl) == 0 && cfx__now_ns() < end)
+        poll(NULL, 0, 5);
+    int cut_seen = cfx__ctl_lost_ms(a->ctl) > 0;
+    cfx_context_destroy(a);
+    fflush(stderr);
+    int warned = cfx_test_file_contains(path, "lost the coordinator");
+
+    /* the coordinator stops in order: no warning */
+    struct cfx_coord *own = NULL;
+    char own_addr[64], own_token[64];
+    cr_assert_eq(cfx_test_coord_start(NULL, &own, own_token, sizeof(own_token), own_addr,
+                                      sizeof(own_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
+    struct cfx_context *b = NULL;
+    cr_assert_eq(cfx_test_join(own_addr, own_token, "tcp", NULL, 5000, &b), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(ftruncate(fd, 0), 0);
+    lseek(fd, 0, SEEK_SET);
+    cfx__coord_stop(own);
+    end = cfx__deadline_ns(10000);
+    while (cfx__ctl_lost_ms(b->ctl) == 0 && cfx__now_ns() < end)
+        poll(NULL, 0, 5);
+    int stop_seen = cfx__ctl_lost_ms(b->ctl) > 0;
+    cfx_context_destroy(b);
+    fflush(stderr);
+
+    cfx__log_level = level;
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    cr_assert(cut_seen, "the client did not notice its cut connection");
+    cr_assert(warned, "a cut connection was not reported as lost");
+    cr_assert(stop_seen, "the client did not notice its coordinator stop");
+    char what[128];
+    snprintf(what, sizeof(what), "coordinator %s is stopping", own_addr);
+    cr_assert(cfx_test_file_contains(path, what), "no goodbye logged: '%s' missing", what);
+    snprintf(what, sizeof(what), "coordinator %s stopped; reconnecting", own_addr);
+    cr_assert(cfx_test_file_contains(path, what), "no orderly stop logged: '%s' missing", what);
+    cr_assert(!cfx_test_file_contains(path, "lost the coordinator"),
+              "an orderly stop was reported as a lost coordinator");
+    unlink(path);
 }
