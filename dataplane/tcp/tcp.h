@@ -241,6 +241,8 @@ struct cfx__tcp_iface {
     struct cfx__keystream keys; /* grant keys */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
+    uint32_t fail_node;        /* the last peer node whose ep failed, and when (ns): */
+    uint64_t fail_ns;          /*   its other eps' failures soon after log at DEBUG */
     struct cfx_list eps;       /* live endpoints */
     struct cfx__tp_graveyard graveyard; /* closed eps freed at the next poll */
     struct cfx_list rx_backlog; /* eps with buffered frames waiting for slots/credits */

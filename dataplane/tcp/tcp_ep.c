@@ -202,14 +202,40 @@ void cfx__tcp_ep_hello_expire(struct cfx__tcp_iface *iface, uint64_t now)
     }
 }
 
+#define EP_FAIL_QUIET_NS 2000000000ull /* a peer's other eps failing within 2 s */
+
+/*
+ * Whether the failure of @p ep is news: a peer that dies fails each of its
+ * eps (one each way), and the first says so; the others, within
+ * EP_FAIL_QUIET_NS on the same iface, log at DEBUG.
+ */
+static bool ep_fail_is_news(struct cfx__tcp_ep *ep, int status)
+{
+    struct cfx__tcp_iface *iface = ep->iface;
+    uint32_t node = ep->super.peer_node;
+    if (status != CFX_ERR_PEER_FAILED || node == CFX_TCP_NODE_NONE)
+        return true;
+    uint64_t now = cfx__now_ns();
+    bool news = !(node == iface->fail_node && now - iface->fail_ns < EP_FAIL_QUIET_NS);
+    iface->fail_node = node;
+    iface->fail_ns = now;
+    return news;
+}
+
 /* Failure with a log line naming both ends; @p status and why. */
 #define EP_FAIL(ep, lvl, status, ...)                                                  \
     do {                                                                               \
         if ((ep)->state != CFX_TCP_EP_HELLO_WAIT) {                                    \
             char why_[160];                                                            \
             snprintf(why_, sizeof(why_), __VA_ARGS__);                                 \
-            CFX_LOG(lvl, TCP, "iface %s: ep to %s failed (%s): %s", (ep)->iface->addr, \
-                    (ep)->super.peer_name, cfx_errname(status), why_);                 \
+            if (ep_fail_is_news((ep), (status)))                                       \
+                CFX_LOG(lvl, TCP, "iface %s: ep to %s failed (%s): %s",                \
+                        (ep)->iface->addr, (ep)->super.peer_name, cfx_errname(status), \
+                        why_);                                                         \
+            else                                                                       \
+                CFX_LOG(DEBUG, TCP, "iface %s: ep to %s failed (%s): %s",              \
+                        (ep)->iface->addr, (ep)->super.peer_name, cfx_errname(status), \
+                        why_);                                                         \
         }                                                                              \
         ep_fail((ep), (status));                                                       \
     } while (0)

@@ -108,6 +108,7 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
     if (!iface)
         return cfx__err(CFX_ERR_NOMEM, "tcp iface_open: out of memory");
     iface->super.ops = &cfx__tcp_ops;
+    iface->fail_node = CFX_TCP_NODE_NONE;
     iface->super.node_id = (params && (params->field_mask & CFX_TP_IFACE_PARAM_NODE_ID))
                                ? params->node_id
                                : CFX_TCP_NODE_NONE;

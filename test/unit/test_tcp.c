@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
 #include "dataplane/tcp/tcp.h"
 #include "dataplane/transport.h"
@@ -626,4 +627,52 @@ Test(tcp, recv_parses_frames_split_anywhere)
     cr_assert_arr_eq(last->data, "last", 4);
     close(fd);
     unreg(&dst);
+}
+
+/*
+ * A peer that dies fails every ep to it (here two, as the engine has one
+ * each way): the first failure is a warning naming the node, the second
+ * (same peer, same iface, within 2 s) is logged at DEBUG only; both eps
+ * report CFX_ERR_PEER_FAILED.
+ */
+Test(tcp, dead_peer_warned_once_per_iface)
+{
+    struct cfx_tp_ep *ba1, *ba2;
+    struct cfx_tp_ep *ab1 = connect_ab(&ba1), *ab2 = connect_ab(&ba2);
+    char path[] = "/tmp/cfx-test-tcpfail-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    cr_assert_eq(dup2(fd, 2), 2);
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_DEBUG;
+
+    /* B "dies": its sockets end without a goodbye */
+    shutdown(((struct cfx__tcp_ep *)ba1)->fd, SHUT_RDWR);
+    shutdown(((struct cfx__tcp_ep *)ba2)->fd, SHUT_RDWR);
+    int st1 = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab1)->c.status;
+    int st2 = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab2)->c.status;
+
+    fflush(stderr);
+    cfx__log_level = level;
+    dup2(saved, 2);
+    close(saved);
+    char log[8192];
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, log, sizeof(log) - 1);
+    close(fd);
+    unlink(path);
+    log[n > 0 ? n : 0] = '\0';
+    cr_assert_eq(st1, CFX_ERR_PEER_FAILED, "%s", cfx_errname(st1));
+    cr_assert_eq(st2, CFX_ERR_PEER_FAILED, "%s", cfx_errname(st2));
+    int warn = 0, debug = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strstr(line, "ep to node 2 ("))
+            continue;
+        warn += strstr(line, " WARN ") != NULL;
+        debug += strstr(line, " DEBUG ") != NULL;
+    }
+    cr_assert_eq(warn, 1, "%d warnings for the dead peer (want 1)", warn);
+    cr_assert_eq(debug, 1, "%d DEBUG lines for its second ep (want 1)", debug);
 }
