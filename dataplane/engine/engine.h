@@ -919,6 +919,9 @@ struct cfx_context {
     bool waiter_napping;        /* ... a waiter (cfx__progress_poll_wait; ctx->lock, read
                                  * atomically as a hint) */
     bool waiter_kicked;         /* ... and someone's pass kicked it awake (ctx->lock) */
+    bool sleeper_disarmed;      /* a pass ran while the progress thread slept in epoll: its
+                                 * ifaces are disarmed until re-armed (ctx->lock); the last
+                                 * poller to leave re-arms them, whoever polled */
     bool waiter_polling;        /* a waiter polls on in place of a nap, one at a time
                                  * (cfx__progress_poll_wait; ctx->lock) */
     uint64_t n_served;          /* data requests served (GET_REQ; progress lock) */

@@ -307,6 +307,11 @@ static int progress_pass(struct cfx_context *ctx)
         pthread_mutex_unlock(&ctx->lock);
         return -1;
     }
+    /* our polls disarmed the ifaces the progress thread sleeps on: the
+     * last poller to leave must re-arm them, even one that never got the
+     * lock itself (handback) */
+    if (ctx->sleeping && !ctx->waiter_napping)
+        ctx->sleeper_disarmed = true;
     work += cfx__progress_run_cmds(ctx);
     work += cfx__xfer_pump_busy(ctx);
     work += cfx__rtask_poll(ctx);
@@ -551,6 +556,8 @@ static bool rearm_for_sleeper(struct cfx_context *ctx)
     bool armed = arm_all(ctx);
     cfx__progress_unlock(ctx);
     ctx->n_rearms += armed;
+    if (armed)
+        ctx->sleeper_disarmed = false;
     return armed;
 }
 
@@ -561,7 +568,7 @@ static void handback(struct cfx_context *ctx, bool polled, bool waiting)
     if (ctx->aside) {
         if (waiting || progress_wanted(ctx))
             pthread_cond_signal(&ctx->progress_cond);
-    } else if (ctx->sleeping && polled && !rearm_for_sleeper(ctx)) {
+    } else if (ctx->sleeping && (polled || ctx->sleeper_disarmed) && !rearm_for_sleeper(ctx)) {
         kick_eventfd(ctx); /* it arms them itself */
     }
 }
@@ -728,6 +735,7 @@ static void *progress_main(void *arg)
             pending = true;
         int nap_ms = pending ? 0 : cfx__progress_nap_ms(ctx);
         ctx->sleeping = !pending && nap_ms != 0;
+        ctx->sleeper_disarmed = false; /* armed just now */
         pthread_mutex_unlock(&ctx->lock);
         cfx__progress_unlock(ctx);
         if (pending)

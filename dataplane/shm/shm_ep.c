@@ -211,6 +211,8 @@ static inline int post_check(struct cfx__shm_ep *ep)
     return CFX_OK;
 }
 
+static void queued_while_armed(struct cfx__shm_ep *ep);
+
 static inline struct cfx__shm_op *op_push(struct cfx__shm_ep *ep)
 {
     struct cfx__shm_op *op = &ep->txq[(ep->txq_head + ep->txq_count++) % CFX_SHM_TXQ_DEPTH];
@@ -263,6 +265,8 @@ int cfx__shm_ep_send(struct cfx_tp_ep *tpe, const void *buf, size_t len, uint64_
         memcpy((uint8_t *)op->src, buf, len);
     op->len = len;
     op->wr_id = wr_id;
+    if (unlikely(ep->iface->armed))
+        queued_while_armed(ep);
     return CFX_OK;
 }
 
@@ -308,6 +312,8 @@ int cfx__shm_ep_write(struct cfx_tp_ep *tpe, struct cfx_tp_mr *mr, uint64_t loff
     }
     if (ep->state == CFX_SHM_EP_READY && ep->txq_count == ep->pull_inflight + 1)
         cfx__shm_ep_tx_progress(ep);
+    if (unlikely(ep->iface->armed) && ep->txq_count)
+        queued_while_armed(ep);
     return CFX_OK;
 }
 
@@ -770,6 +776,24 @@ static bool tx_can_progress(struct cfx__shm_ep *ep)
                                  sizeof(struct cfx__shm_pull), &p) != 0;
     return cfx__shm_ring_fit(&ep->tx, CFX_MIN(op->len - op->done, (uint64_t)ep->iface->frag_size),
                              CFX_SHM_FRAG_MIN, &p) != 0;
+}
+
+/*
+ * An op was queued (a full ring, or ops before it) while this iface is
+ * armed: a thread sleeps in epoll on it, and only a doorbell wakes it.
+ * cfx__shm_ep_arm asked the consumer for one when it found ops queued;
+ * this op came after the arming (posted by a thread that drives without
+ * polling, p2p.c), so ask now, then look again (the Dekker pairing of
+ * cfx__shm_iface_arm): room made before the flag was seen is used here.
+ */
+static void queued_while_armed(struct cfx__shm_ep *ep)
+{
+    if (ep->state != CFX_SHM_EP_READY || !ep->txq_count)
+        return;
+    atomic_store_explicit(&ep->tx.ctl->producer_waiting, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (tx_can_progress(ep))
+        cfx__shm_ep_tx_progress(ep);
 }
 
 bool cfx__shm_ep_recheck(struct cfx__shm_ep *ep)

@@ -252,6 +252,28 @@ Test(progress_nap, handback_without_a_poll_or_before_the_last_poller_does_nothin
     sleeper_free(ctx);
 }
 
+/* Two pollers: the first polls (its pass disarms the ifaces the sleeper
+ * armed, and says so: sleeper_disarmed) and leaves first; the last never got
+ * the lock (a tester whose one pass found it busy, a waiter whose message
+ * the other's pass completed).  It must still re-arm: before, only a
+ * poller that had polled itself did, and the progress thread slept out its
+ * nap (100 ms) on disarmed shm rings while a peer's writes rang no bell. */
+Test(progress_nap, last_poller_rearms_after_another_pollers_pass)
+{
+    struct cfx_context *ctx = sleeper_new();
+    cfx__progress_poll_begin(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->sleeper_disarmed = true; /* what the first poller's progress_pass left */
+    pthread_mutex_unlock(&ctx->lock);
+    handback(ctx, true); /* the first leaves: another poller carries on */
+    cr_assert_eq(arm_calls, 0);
+    handback(ctx, false); /* the last, which never polled */
+    cr_assert_eq(arm_calls, 1, "the ifaces another poller disarmed are armed again");
+    cr_assert_not(ctx->sleeper_disarmed);
+    cr_assert_not(kicked(ctx));
+    sleeper_free(ctx);
+}
+
 /* ---- hand-back to a progress thread standing aside ------------------------------ */
 
 struct aside_arg {

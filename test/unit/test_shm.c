@@ -529,6 +529,21 @@ Test(shm, doorbells, .timeout = 60)
     for (size_t i = 0; i < dst.len; i++)
         cr_assert_eq(dst.buf[i], 0x5A);
 
+    /* ... and so does one whose write was posted after its iface was armed
+     * (a thread that drives without polling while the progress thread
+     * sleeps on the arming): the post itself asks for the doorbell */
+    memset(dst.buf, 0, dst.len);
+    arm_until_ok(&p, 0);
+    cr_assert_eq(ops->ep_write(p.ab, src.mr, 0, &dst.rdesc, 0, 1u << 20, 3, 3), CFX_OK);
+    cr_assert_eq(cfx__shm_ep_of(p.ab)->txq_count, 1, "1 MiB went through a 64K ring unread");
+    cr_assert(!fd_readable(fa, 20), "blocked writer woken for nothing");
+    poll_side(&p.s[1]); /* drains the ring once */
+    cr_assert(fd_readable(fa, WAIT_MS), "writer that posted while armed not woken when room came");
+    wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+    for (size_t i = 0; i < dst.len; i++)
+        cr_assert_eq(dst.buf[i], 0x5A);
+
     /* while sleeping, the peer's death wakes us */
     arm_until_ok(&p, 1);
     ops->ep_close(p.ab);
