@@ -5,12 +5,14 @@ import ctypes
 import math
 import numbers
 import os
+import sys
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from . import _conflux as _c
-from ._dtypes import as_array, dtype_code, numpy_dtype, op_code, SIZES, U8, NAMES
+from ._dtypes import (NAMES, SIZES, U8, as_array, dtype_code, numpy_dtype, op_code,
+                      torch_numpy_dtype)
 
 Buffer = Any  # numpy array, torch CPU tensor, or an object with the buffer protocol
 
@@ -244,10 +246,13 @@ class Context(_c.Context):
 def _np_dtype(dt: Any) -> np.dtype:
     if isinstance(dt, str) and dt.lower() in NAMES:
         return numpy_dtype(NAMES[dt.lower()])
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dt, torch.dtype):
+        return torch_numpy_dtype(dt)  # any torch dtype: a get moves bytes
     try:
         return np.dtype(dt)
     except TypeError:
-        return numpy_dtype(dtype_code(dt))  # a torch dtype
+        raise ValueError(f"{dt!r} is not a numpy or torch dtype or a dtype name") from None
 
 
 def _dtype_name(x: Any, arr: np.ndarray) -> str | None:

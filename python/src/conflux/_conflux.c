@@ -51,6 +51,12 @@ PyObject *cfx__py_raise_status(int status)
 
 PyObject *cfx__py_raise_status_detail(int status, const char *detail)
 {
+    /* Ctrl-C during the call (it ran to its deadline or failed meanwhile:
+     * the library's waits do not look at Python's signals): raise
+     * KeyboardInterrupt alone, not as an exception raised while handling
+     * the call's error */
+    if (PyErr_CheckSignals() < 0)
+        return NULL;
     PyObject *type = error_base;
     if (status < 0 && status > CFX_STATUS_LAST && cfx__py_error_types[-status])
         type = cfx__py_error_types[-status];

@@ -79,6 +79,24 @@ def numpy_dtype(code: int) -> np.dtype:
     raise ValueError(f"unknown dtype code {code}")
 
 
+def torch_numpy_dtype(dt: Any) -> np.dtype:
+    """The numpy dtype a torch dtype's elements are seen as: itself where numpy
+    has it (complex, int8 .. uint64, bool), ml_dtypes' bfloat16 or int16 bits
+    for bfloat16, and an integer of the same size (the bits) for the rest
+    (float8 kinds, complex32): one element each, so shapes stay as torch's."""
+    torch = _torch_module()
+    if dt == torch.bfloat16:
+        return numpy_dtype(BF16)
+    t = torch.empty(0, dtype=dt)
+    try:
+        return t.numpy().dtype
+    except (TypeError, RuntimeError):
+        return np.dtype(_BITS[t.element_size()])
+
+
+_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
 def _torch_code(dt: Any) -> int | None:
     torch = _torch_module()
     if torch is None or not isinstance(dt, torch.dtype):
@@ -110,11 +128,18 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
         t = x.detach()
         if x.dtype == torch.bfloat16:
             arr = t.view(torch.int16).numpy()
-        elif x.dtype in (torch.float32, torch.float64, torch.float16, torch.int32,
-                         torch.int64, torch.uint8, torch.int8, torch.int16, torch.bool):
-            arr = t.numpy()
         else:
-            arr = t.view(torch.uint8).numpy()
+            try:
+                arr = t.numpy()  # every type numpy has, complex and uint16..64 included
+            except (TypeError, RuntimeError):
+                # float8 kinds, complex32: an integer of the element's size,
+                # so the view keeps the tensor's shape and element count
+                size = x.element_size()
+                if size not in _BITS:
+                    raise ValueError(f"torch dtype {x.dtype} ({size}-byte elements) "
+                                     "cannot be moved") from None
+                bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+                arr = t.view(bits).numpy()
         return arr, code, True
     if isinstance(x, np.ndarray):
         arr = x

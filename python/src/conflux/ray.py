@@ -300,7 +300,8 @@ def put(array: Any, name: str | None = None, job: Job | None = None) -> ObjectRe
         # as the collectives take tensors: a contiguous copy when it is not
         # (as for numpy below), bfloat16 as its int16 bits (numpy has no
         # bfloat16, so Tensor.numpy() refuses it), other types numpy knows as
-        # themselves and the rest as bytes
+        # themselves (complex, uint16 ..) and the rest (float8 kinds) as an
+        # integer of their size: the shape is the tensor's either way
         t = array.detach().contiguous()
         a, _, _ = as_array(t)
         dtype = "bfloat16" if str(t.dtype) == "torch.bfloat16" else a.dtype.str
