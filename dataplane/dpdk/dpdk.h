@@ -216,7 +216,7 @@ struct cfx__dpdk_ep {
     uint32_t op_tail;        /* oldest op not completed */
     uint32_t tx_unreported;  /* ops posted whose completion poll() has not returned */
     struct cfx__dpdk_op_hdr hdrs[CFX_DPDK_SENDQ + 1]; /* chunk headers in the session */
-    uint32_t hdr_next;       /* next entry of hdrs */
+    uint32_t hdr_next;       /* next entry of hdrs (0 .. CFX_DPDK_SENDQ) */
     uint64_t msgs_queued;    /* messages handed to the session, ever */
     uint64_t msgs_acked;     /* ... and acknowledged (its sent() calls) */
 

@@ -45,7 +45,8 @@ static void rel_sent(void *ctx, void *cookie)
      * may still point at them */
     cfx__dpdk_port_settle(ep->iface->port);
     /* acknowledged in the order queued: a sealed copy is the oldest one */
-    if (s && ep->msgs_acked++ >= s->first_sealed && s->q_head != s->q_tail) {
+    uint64_t acked = ep->msgs_acked++; /* every message counts: first_sealed is a count of all */
+    if (s && acked >= s->first_sealed && s->q_head != s->q_tail) {
         uint32_t i = s->q_head++ % CFX_DPDK_SENDQ;
         s->q_bytes -= s->q_len[i];
         free(s->q[i]);
@@ -478,9 +479,11 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
                 chunk = CFX_DPDK_CHUNK;
             bool last = op->done + chunk == op->len;
             if (!op->hdr_queued) {
-                /* CFX_DPDK_SENDQ + 1 entries: the one written now is not
-                 * still queued in the session (it holds CFX_DPDK_SENDQ) */
-                struct cfx__dpdk_op_hdr *h = &ep->hdrs[ep->hdr_next % (CFX_DPDK_SENDQ + 1)];
+                /* CFX_DPDK_SENDQ + 1 entries used in turn: the one written
+                 * now is not still queued in the session (it holds
+                 * CFX_DPDK_SENDQ).  hdr_next wraps at the ring's size, not
+                 * at 2^32 (which 129 does not divide) */
+                struct cfx__dpdk_op_hdr *h = &ep->hdrs[ep->hdr_next];
                 memset(h, 0, sizeof(*h));
                 h->type = CFX_DPDK_OP_WRITE;
                 h->flags = last ? CFX_DPDK_OP_F_LAST : 0;
@@ -495,7 +498,7 @@ static void ep_pump(struct cfx__dpdk_ep *ep)
                     return;
                 if (rc != CFX_OK)
                     goto err;
-                ep->hdr_next++;
+                ep->hdr_next = (ep->hdr_next + 1) % (CFX_DPDK_SENDQ + 1);
                 op->hdr_queued = true;
             }
             rc = sess_queue(ep, op, op->src + op->done, chunk, last ? op : NULL, now);

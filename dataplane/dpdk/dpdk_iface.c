@@ -382,6 +382,12 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
     cfx__tp_table_init(&iface->mrs, 16, 1u << 24, 32, "dpdk registration");
     cfx__tp_table_init(&iface->eps_tab, 16, 0xFFFEu, 15, "dpdk endpoint");
+    /* session ids are (slot, generation): random generations, so that a
+     * process restarted on the same address does not send its SYNs under
+     * the session ids of its former self, whose sessions a peer may still
+     * hold open (accept_syn would take them for repeats and attach the new
+     * stream to the old sequence numbers) */
+    cfx__tp_table_seed_gen(&iface->eps_tab, (uint32_t)cfx__keystream_next(&iface->keys));
 
     if ((rc = pick_port(iface, params, &nth)) != CFX_OK)
         goto err_free;

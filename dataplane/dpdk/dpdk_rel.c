@@ -145,7 +145,11 @@ int cfx__dpdk_sess_init(struct cfx__dpdk_sess *s, const struct cfx__dpdk_rel_par
     if (q->mtu_payload > CFX_DPDK_PAYLOAD_MAX || q->snd_slots > CFX_DPDK_WIN_MAX ||
         q->rcv_slots > CFX_DPDK_WIN_MAX || q->sendq_max > 65536 || q->msg_max > CFX_DPDK_MSG_MAX ||
         (q->msg_max + q->mtu_payload - 1) / q->mtu_payload > CFX_DPDK_FRAG_MAX ||
-        q->t_low_ns > q->t_high_ns || q->rto_min_ns > q->rto_max_ns)
+        q->t_low_ns > q->t_high_ns || q->rto_min_ns > q->rto_max_ns ||
+        /* slots are sequence numbers modulo the ring: only a power of two
+         * keeps that mapping across the 2^32 wrap */
+        (q->snd_slots & (q->snd_slots - 1)) || (q->rcv_slots & (q->rcv_slots - 1)) ||
+        (q->sendq_max & (q->sendq_max - 1)))
         return CFX_ERR_INVALID;
     s->ops = ops;
     s->ctx = ctx;
@@ -741,6 +745,7 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
         cc_on_ack(s, (uint32_t)newly, path);
     } else if (s->snd_una == s->snd_nxt) {
         s->retries = 0; /* a window probe answered: the peer is alive */
+        s->rto_ns = rto_base(s); /* and the probes' backoff ends with it */
         s->rto_at = 0;
     }
     detect_loss(s);

@@ -919,6 +919,8 @@ struct cfx_context {
     bool waiter_napping;        /* ... a waiter (cfx__progress_poll_wait; ctx->lock, read
                                  * atomically as a hint) */
     bool waiter_kicked;         /* ... and someone's pass kicked it awake (ctx->lock) */
+    int sleep_nap_ms;           /* the nap the progress thread sleeps (while sleeping and not
+                                 * waiter_napping; ctx->lock) */
     bool sleeper_disarmed;      /* a pass ran while the progress thread slept in epoll: its
                                  * ifaces are disarmed until re-armed (ctx->lock); the last
                                  * poller to leave re-arms them, whoever polled */

@@ -551,6 +551,10 @@ static bool rearm_for_sleeper(struct cfx_context *ctx)
     if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
         !cfx_list_empty(&ctx->arena.doomed) || ctx->stop)
         return false;
+    /* our passes may have made its nap too long (a paced upload queued, a
+     * busy-polled transport connected): it must choose again */
+    if (!ctx->waiter_napping && cfx__progress_nap_ms(ctx) < ctx->sleep_nap_ms)
+        return false;
     if (!cfx__progress_trylock(ctx))
         return false;
     bool armed = arm_all(ctx);
@@ -735,6 +739,7 @@ static void *progress_main(void *arg)
             pending = true;
         int nap_ms = pending ? 0 : cfx__progress_nap_ms(ctx);
         ctx->sleeping = !pending && nap_ms != 0;
+        ctx->sleep_nap_ms = nap_ms;
         ctx->sleeper_disarmed = false; /* armed just now */
         pthread_mutex_unlock(&ctx->lock);
         cfx__progress_unlock(ctx);

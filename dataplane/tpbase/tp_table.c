@@ -14,7 +14,13 @@ void cfx__tp_table_init(struct cfx__tp_table *t, uint32_t first, uint32_t max,
     t->first = first ? first : 16;
     t->max = max;
     t->gen_mask = gen_bits >= 32 ? UINT32_MAX : (1u << gen_bits) - 1;
+    t->gen_first = 1 & t->gen_mask;
     t->what = what;
+}
+
+void cfx__tp_table_seed_gen(struct cfx__tp_table *t, uint32_t seed)
+{
+    t->gen_first = seed & t->gen_mask;
 }
 
 void cfx__tp_table_fini(struct cfx__tp_table *t)
@@ -38,7 +44,7 @@ static int table_grow(struct cfx__tp_table *t)
     /* new slots go on the free list, lowest index first */
     for (uint32_t i = cap; i-- > t->cap;) {
         s[i].obj = NULL;
-        s[i].gen = 1 & t->gen_mask;
+        s[i].gen = t->gen_first;
         s[i].next_free = t->free;
         t->free = i;
     }

@@ -158,6 +158,7 @@ struct cfx__tp_table {
     uint32_t first;     /* capacity of the first allocation */
     uint32_t max;       /* most slots the table may have */
     uint32_t gen_mask;  /* generations wrap within it */
+    uint32_t gen_first; /* generation of a slot when first allocated (1 unless seeded) */
     const char *what;   /* "tcp registration": names the objects in messages */
 };
 
@@ -165,6 +166,10 @@ struct cfx__tp_table {
  * @p gen_bits bits (1..32). */
 void cfx__tp_table_init(struct cfx__tp_table *t, uint32_t first, uint32_t max,
                         unsigned gen_bits, const char *what);
+/* Start new slots' generations at @p seed (within the mask) instead of 1: ids
+ * made of (index, generation) then differ between a process and its
+ * restarted self (dpdk sessions). */
+void cfx__tp_table_seed_gen(struct cfx__tp_table *t, uint32_t seed);
 /* Free the slots (not the objects: the caller walks them first). */
 void cfx__tp_table_fini(struct cfx__tp_table *t);
 /* Put @p obj in a free slot: its index in *idx, its generation in *gen

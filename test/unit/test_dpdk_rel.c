@@ -1260,6 +1260,14 @@ Test(dpdk_rel, parameters_over_their_caps_are_refused)
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
     p = (struct cfx__dpdk_rel_params){ .mtu_payload = 64, .msg_max = CFX_DPDK_MSG_MAX };
     cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    /* rings indexed by sequence numbers modulo their size: powers of two
+     * only (48 slots would map seq 2^32 - 16 and seq 0 to the same slot) */
+    p = (struct cfx__dpdk_rel_params){ .rcv_slots = 48 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    p = (struct cfx__dpdk_rel_params){ .snd_slots = 96 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
+    p = (struct cfx__dpdk_rel_params){ .sendq_max = 24 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &null_ops, NULL, 1, 2, "x"), CFX_ERR_INVALID);
     /* sender side: a message over msg_max */
     cr_assert_eq(cfx__dpdk_sess_init(&s, NULL, &null_ops, NULL, 1, 2, "x"), CFX_OK);
     cr_assert_eq(cfx__dpdk_sess_send(&s, "", (1u << 20) + 1, NULL, 0), CFX_ERR_TOO_BIG);

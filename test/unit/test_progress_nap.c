@@ -149,6 +149,7 @@ static struct cfx_context *sleeper_new(void)
     cfx_list_init(&ctx->conns);
     cfx_list_init(&ctx->cmds);
     cfx_list_init(&ctx->busy_uploads);
+    cfx_list_init(&ctx->paced_uploads);
     cfx_list_init(&ctx->arena.doomed);
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->progress_lock, NULL);
@@ -249,6 +250,22 @@ Test(progress_nap, handback_without_a_poll_or_before_the_last_poller_does_nothin
     handback(ctx, true);
     cr_assert_eq(arm_calls, 1);
     cr_assert_not(kicked(ctx));
+    sleeper_free(ctx);
+}
+
+/* The poller's passes queued a paced upload (or connected a busy-polled
+ * transport): the nap the progress thread chose is now too long, so it is
+ * woken to choose again rather than re-armed to sleep it out. */
+Test(progress_nap, shorter_nap_due_wakes_the_sleeper)
+{
+    struct cfx_context *ctx = sleeper_new();
+    ctx->sleep_nap_ms = CFX_PROGRESS_NAP_MS;
+    struct cfx_list paced;
+    cfx_list_add_tail(&paced, &ctx->paced_uploads);
+    cr_assert_lt(cfx__progress_nap_ms(ctx), CFX_PROGRESS_NAP_MS);
+    handback(ctx, true);
+    cr_assert_eq(arm_calls, 0, "not re-armed for a nap too long");
+    cr_assert(kicked(ctx));
     sleeper_free(ctx);
 }
 

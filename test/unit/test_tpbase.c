@@ -177,6 +177,29 @@ Test(tp_table, generations_name_stale_slots)
     cfx__tp_table_fini(&t);
 }
 
+/* A seeded table starts its slots' generations at the seed (within the
+ * mask), so (index, generation) ids differ from an unseeded table's, as a
+ * restarted dpdk process's session ids must differ from its former self's. */
+Test(tp_table, seeded_generations_start_at_the_seed)
+{
+    struct cfx__tp_table t, u;
+    int obj;
+    uint32_t idx, gen;
+
+    cfx__tp_table_init(&t, 4, 32, 15, "test object");
+    cr_assert_eq(cfx__tp_table_add(&t, &obj, &idx, &gen), CFX_OK);
+    cr_assert_eq(gen, 1, "unseeded: generation 1");
+    cfx__tp_table_init(&u, 4, 32, 15, "test object");
+    cfx__tp_table_seed_gen(&u, 0xABCD1234u);
+    for (int i = 0; i < 6; i++) { /* past the first allocation: grown slots too */
+        cr_assert_eq(cfx__tp_table_add(&u, &obj, &idx, &gen), CFX_OK);
+        cr_assert_eq(gen, 0xABCD1234u & 0x7fffu, "slot %u: generation %#x", idx, gen);
+        cr_assert_eq(cfx__tp_table_get(&u, idx, gen), &obj);
+    }
+    cfx__tp_table_fini(&t);
+    cfx__tp_table_fini(&u);
+}
+
 struct buried {
     struct cfx_list link;
     int id;
