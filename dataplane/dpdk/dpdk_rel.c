@@ -883,9 +883,10 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
                          "in %u-byte packets",
                          h->frag_idx, h->frag_cnt, h->len, h->msg_len, mtu);
 
-    s->ts_echo = h->ts;
-    s->echo_since = since;
-    /* a packet seen before or past the window is acked at once */
+    /* a packet seen before or past the window is acked at once, and its
+     * timestamp is not echoed (RFC 7323, 4.3): a spurious retransmission's
+     * later timestamp, echoed on the ack of data sent once, would give the
+     * sender an RTT sample too short that Karn's rule cannot catch */
     if (seq_diff(h->seq, s->rcv_nxt) < 0) {
         s->stats.rx_dup++;
         ack_soon(s);
@@ -902,6 +903,8 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         ack_soon(s);
         return CFX_OK;
     }
+    s->ts_echo = h->ts;
+    s->echo_since = since;
     uint32_t nxt = s->rcv_nxt;
     bool next = h->seq == nxt;
     if (seq_diff(h->seq + 1, s->rcv_high) > 0)

@@ -1273,3 +1273,37 @@ Test(dpdk_rel, parameters_over_their_caps_are_refused)
     cr_assert_eq(cfx__dpdk_sess_send(&s, "", (1u << 20) + 1, NULL, 0), CFX_ERR_TOO_BIG);
     cfx__dpdk_sess_fini(&s);
 }
+
+/* What a receiver echoes: the timestamp of the last new packet, not of a
+ * duplicate (RFC 7323, 4.3).  A spurious retransmission's later timestamp,
+ * echoed on the ack of data sent once, gave the sender an RTT sample too
+ * short that Karn's rule cannot catch. */
+static struct cfx__dpdk_hdr last_ack;
+static int ack_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    if (h->flags & CFX_DPDK_F_ACK)
+        last_ack = *h;
+    return 0;
+}
+static const struct cfx__dpdk_rel_ops ack_ops = { .tx = ack_tx, .deliver = null_deliver };
+
+Test(dpdk_rel, duplicate_timestamp_not_echoed)
+{
+    struct cfx__dpdk_sess s;
+    static uint8_t payload[64];
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &ack_ops, NULL, 7, 8, "node-x"), CFX_OK);
+    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 7, .len = 64, .frag_cnt = 1,
+                               .msg_len = 64, .seq = 0, .msg_id = 0, .ts = 1000 };
+    cr_assert_eq(cfx__dpdk_sess_rx(&s, &h, payload, 10000, 10000), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, 20000), CFX_OK);
+    memset(&last_ack, 0, sizeof(last_ack));
+    h.ts = 900000; /* the same packet again, sent much later */
+    cr_assert_eq(cfx__dpdk_sess_rx(&s, &h, payload, 950000, 950000), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, 960000), CFX_OK);
+    cr_assert(last_ack.flags & CFX_DPDK_F_ACK, "a duplicate is acked at once");
+    cr_assert_eq(last_ack.ack, 1);
+    cr_assert_eq(last_ack.ts_echo, 1000, "echoed %llu: the duplicate's timestamp",
+                 (unsigned long long)last_ack.ts_echo);
+    cfx__dpdk_sess_fini(&s);
+}
