@@ -244,7 +244,12 @@ struct cfx_transport_ops {
      * byte of the registration, fails the writer's endpoint with
      * CFX_ERR_PROTO and is counted (the iface's n_grant_refused). */
     int (*mr_grant)(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
-    /* End the live grant of @p mr, if any: its key is refused from now on. */
+    /* End the live grant of @p mr, if any: its key is refused from now on,
+     * in every write or chunk of a write that starts after.  A chunk whose
+     * header was accepted before (tcp: a frame being read; dpdk: a 256 KiB
+     * chunk in flight) still lands: only mem_dereg() stops the bytes of
+     * writes already under way (what the engine does before a caller's
+     * buffer is handed back). */
     void (*mr_revoke)(struct cfx_tp_mr *mr);
     /* Optional.  Writes refused so far for want of a live grant; may be
      * called from any thread (cfx_context_stats: writes_refused). */

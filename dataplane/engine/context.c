@@ -131,7 +131,12 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->loc_cache = (uint32_t)cfx__env_size_max("CFX_LOC_CACHE", DEFAULT_LOC_CACHE, LOC_CACHE_MAX);
     if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
                              &cfg->secure) != CFX_OK)
-        return CFX_ERR_INVALID;
+        /* name what was wrong where it was given: the parameter, or the
+         * variable (the parser's text) */
+        return (m & CFX_CTX_PARAM_SECURE)
+                   ? cfx__err(CFX_ERR_INVALID, "secure parameter '%.32s': expected off, "
+                              "on/encrypt or integrity", p->secure)
+                   : CFX_ERR_INVALID;
     const char *ba = getenv("CFX_BIND_ADDR"), *ifn = getenv("CFX_SOCKET_IFNAME");
     struct in_addr probe;
     if ((m & CFX_CTX_PARAM_BIND_ADDR) && p->bind_addr) {

@@ -712,6 +712,8 @@ Test(coord_seal, contexts_seal_both_planes)
               cfx_last_error());
     cp.secure = "bogus";
     cr_assert_eq(cfx_context_create(&cp, &c), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "secure parameter 'bogus'"),
+              "a bad parameter must be named as the parameter: %s", cfx_last_error());
     free(src);
     free(dst);
     cfx_context_destroy(b);
