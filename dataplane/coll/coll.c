@@ -527,19 +527,18 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
     if (dead >= 0)
-        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s",
-                        x->what, x->a->seq, g->rank, dead, g->ids[dead],
-                        cfx__p2p_node_left(g->ctx, g->ids[dead]) ? "left the cluster"
-                                                                  : "died");
-    char why[256];
-    snprintf(why, sizeof(why), "%s", cfx_last_error());
-    if (rc == CFX_ERR_TIMEOUT)
+        return cfx__coll_member_gone(x, dead);
+    if (rc == CFX_ERR_TIMEOUT) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        x->blame_rank = m->peer;
+        x->blame_why = COLL_WHY_TIMEOUT;
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d waited for rank %d (node %u): timed out "
                         "after %d ms (%s)", x->what, x->a->seq, g->rank, m->peer,
                         g->nodes[m->peer].node_id, x->timeout_ms, why);
-    return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
-                    x->a->seq, g->rank, m->send ? "sending to" : "receiving from", m->peer,
-                    g->nodes[m->peer].node_id, why);
+    }
+    /* the peer died, or gave the call up (a failure elsewhere) and withdrew */
+    return cfx__coll_msg_failed(x, m->peer, m->send, rc);
 }
 
 int cfx__coll_wait_all(struct coll_exec *x)
@@ -727,10 +726,22 @@ static int coll_exec_run(struct coll_exec *x)
         rc = cfx__coll_check_end(x, rc);
         disagree = rc == CFX_ERR_INVALID;
     }
+    if (rc != CFX_OK && rc != CFX_ERR_INVALID && g->size > 1) {
+        /* gave up (a rank died, a wait timed out): the others hear why
+         * before anything is withdrawn, and what is left of this call
+         * tells nothing of its arguments */
+        cfx__coll_gave_up(x, rc);
+        pthread_mutex_lock(&g->ctx->lock);
+        g->quiet = true;
+        g->quiet_seq = a->seq;
+        pthread_mutex_unlock(&g->ctx->lock);
+    }
     if (g->size > 1)
         cfx__coll_strays_sweep(x, true);
     x->agree = NULL;
     x->gate = false;
+    if (rc == CFX_OK)
+        cfx__coll_news_forget(x);
     if (rc != CFX_OK) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", cfx_last_error());
@@ -935,6 +946,9 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
     };
     x.bad_rank = -1;
     x.news_rank = -1;
+    x.blame_rank = -1;
+    x.blame_via = -1;
+    x.gave_rank = -1;
     x.listen = g->check == COLL_CHECK_EDGES && g->size > 1 && g->chan_chk; /* not while joining */
     x.edges = x.listen && a->kind != COLL_BARRIER;
     if (x.listen) {

@@ -52,6 +52,8 @@
 #define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
 #define COLL_BOUNCE_HELD_N 64           /* ... and how many, before a sync frees them */
 #define COLL_CHECK_ASK_MS 50            /* a wait this long sends the header to every rank */
+#define COLL_BLAME_WAIT_MS 500          /* a message that failed with a live-looking peer: how
+                                         * long to wait for the news of the cause */
 
 /* CFX_COLL_CHECK: how the ranks' arguments are compared. */
 enum coll_check {
@@ -73,14 +75,57 @@ struct coll_hdr {
 };
 #define COLL_HDR_MAGIC 0xC011EC7Fu
 
+/* Why a rank gave up a call for a reason other than a disagreement
+ * (COLL_CHK_GAVE_UP), in place of coll_chk_msg.bad: what it knows of the
+ * cause, about coll_chk_msg.bad_rank (-1: no rank to blame). */
+struct coll_chk_fail {
+    uint32_t magic;             /* COLL_FAIL_MAGIC */
+    int32_t status;             /* the sender's status of the call */
+    int32_t via;                /* the rank it learned the cause from; -1: itself */
+    uint8_t why;                /* enum coll_why */
+    uint8_t pad[11];
+};
+#define COLL_FAIL_MAGIC 0xC011FA11u
+
+enum coll_why {
+    COLL_WHY_OTHER = 0,         /* a failure of its own (status), no rank to blame */
+    COLL_WHY_DIED,              /* bad_rank died */
+    COLL_WHY_LEFT,              /* bad_rank left the cluster */
+    COLL_WHY_TIMEOUT,           /* it waited for bad_rank until its deadline */
+    COLL_WHY_FAILED,            /* a message with bad_rank failed (status), bad_rank not
+                                 * known to have died */
+};
+
+/* coll_chk_msg.failed */
+#define COLL_CHK_DISAGREE 1u    /* found a disagreement (bad, bad_rank) or sizes that differ */
+#define COLL_CHK_GAVE_UP  2u    /* failed the call for another reason (fail, bad_rank) */
+
 /* What travels on the check channel: the sender's header and, when it
- * failed the call (failed != 0), the header of another opinion it saw (or
- * bad_rank -1: message sizes that disagreed, no header seen). */
+ * failed the call because the ranks disagree (failed COLL_CHK_DISAGREE),
+ * the header of another opinion it saw (or bad_rank -1: message sizes that
+ * disagreed, no header seen); when it gave the call up for another reason
+ * (COLL_CHK_GAVE_UP: a rank died, a wait timed out), what it knows of the
+ * cause.  The latter goes before the rank withdraws its messages, so a rank
+ * whose message with it fails names the real cause, not the rank that gave
+ * up (coll_check.c "failures"). */
 struct coll_chk_msg {
     struct coll_hdr me;
-    struct coll_hdr bad;
+    union {
+        struct coll_hdr bad;
+        struct coll_chk_fail fail;
+    };
     int32_t bad_rank;
     uint32_t failed;
+};
+_Static_assert(sizeof(struct coll_chk_fail) == sizeof(struct coll_hdr),
+               "the failure news fits in place of a header");
+
+/* What a rank told the group when it gave up a call (struct cfx_group.gave). */
+struct coll_gave {
+    bool set;
+    uint32_t seq;               /* its call */
+    int32_t bad_rank;
+    struct coll_chk_fail f;
 };
 /* First messages up to this carry the header in front, and stay eager at
  * the default CFX_EAGER_MAX; larger ones go after a header message. */
@@ -133,6 +178,7 @@ struct cfx_group {
     /* bootstrap objects to withdraw at destroy */
     struct cfx_object_id *held;
     int nheld;
+    bool size_clash;            /* creation failed: another rank's object says another size */
 
     /* tuning, read once at creation */
     enum cfx_algo env_algo;     /* $CFX_ALGO, or AUTO */
@@ -142,6 +188,13 @@ struct cfx_group {
     uint8_t *edge_dir;          /* [size]: coll_exec.dir of the running call */
     struct coll_hdr *edge_hin;  /* [size]: coll_exec.hin of the running call */
     struct coll_chk_msg *edge_cin; /* [size]: coll_exec.cin of the running call */
+    /* failures (coll_check.c "failures"): what each rank said when it gave
+     * up a call, and the last call this rank failed other than by a
+     * disagreement (its leftover messages are no sign of one); ctx->lock */
+    struct coll_gave *gave;     /* [size] */
+    int ngave;                  /* how many are set */
+    bool quiet;
+    uint32_t quiet_seq;
 
     /* scratch memory of the running collective (one runs at a time) */
     void *scratch;
@@ -227,6 +280,14 @@ struct coll_exec {
     int news_rank;              /* a rank that told us it failed the call, -1 */
     int dropped;                /* messages nobody will receive, dropped during the call */
     struct coll_chk_msg news;   /* what it said */
+    /* failures other than a disagreement (coll_check.c "failures") */
+    int blame_rank;             /* the rank this rank's failure is blamed on, -1 */
+    uint8_t blame_why;          /* enum coll_why */
+    int blame_via;              /* the rank that told us, -1 */
+    int32_t blame_status;       /* its status of the call, 0: ours */
+    int gave_rank;              /* a rank whose news that it gave up the call stopped a wait */
+    bool gave_told;             /* our news went to every rank */
+    struct coll_chk_msg gave_msg;
 
     /* device buffers (mt != host, coll.c "device buffers") */
     void *stream;               /* where the device work goes: the caller's or the group's */
@@ -361,6 +422,16 @@ int cfx__coll_hdr_check(struct coll_exec *x, int from, const void *in);
 int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg *c);
 int cfx__coll_check_empty(struct coll_exec *x);
 int cfx__coll_check_end(struct coll_exec *x, int rc);
+/* Failures other than a disagreement (coll_check.c "failures"): the error
+ * of a message with @p peer that failed with @p rc (its text in
+ * cfx_last_error()), named after the rank that died or gave up when that is
+ * known; the error of a wait that saw group member @p dead gone; the news
+ * that this rank gave up a call with @p rc, to every other rank. */
+int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc);
+int cfx__coll_member_gone(struct coll_exec *x, int dead);
+void cfx__coll_gave_up(struct coll_exec *x, int rc);
+/* A call ended well: the news of the calls before it is stale (g->ngave). */
+void cfx__coll_news_forget(struct coll_exec *x);
 /* A wait that ran COLL_CHECK_ASK_MS: our header to every rank (once). */
 void cfx__coll_ask(struct coll_exec *x);
 /* Stop predicate of every wait (lock held), and the error of a stopped

@@ -17,6 +17,10 @@
 static bool agree_broken(void *arg);
 static bool edge_broken(void *arg);
 static void edge_ask(struct coll_exec *x, bool failed);
+static bool gave_store(struct cfx_group *g, int from, const struct coll_chk_msg *c);
+static void gave_record(struct cfx_group *g, const struct cfx_eager_unexp *u);
+static bool gave_news(struct coll_exec *x);
+static int gave_fail(struct coll_exec *x);
 
 static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
                 enum cfx_memtype mt)
@@ -315,6 +319,8 @@ static bool edge_stray(void *arg, const struct cfx_eager_unexp *u)
  * news that it failed the call.  Remembers the first of each. */
 static bool edge_news(struct coll_exec *x, int from, const struct coll_chk_msg *c)
 {
+    if (c->failed == COLL_CHK_GAVE_UP)
+        return false; /* no disagreement: gave_news() */
     if (c->failed) {
         if (c->me.magic != COLL_HDR_MAGIC)
             return false;
@@ -372,7 +378,7 @@ static void edge_ask(struct coll_exec *x, bool failed)
     c->me = x->hdr;
     c->bad_rank = -1;
     if (failed) {
-        c->failed = 1;
+        c->failed = COLL_CHK_DISAGREE;
         if (x->bad_rank >= 0) {
             c->bad = x->bad;
             c->bad_rank = x->bad_rank;
@@ -449,6 +455,15 @@ static bool stray(void *arg, const struct cfx_eager_unexp *u)
     int32_t age = (int32_t)(u->tag - x->tag);
     if (age > 0 || (age == 0 && !d->upto))
         return false;
+    if (!d->data) {
+        gave_record(x->g, u);
+        return true;
+    }
+    /* left over from a call this rank gave up (a rank died, a wait timed
+     * out): its senders' calls may have been alike */
+    struct cfx_group *g = x->g;
+    if (g->quiet && (int32_t)(u->tag - g->quiet_seq) <= 0)
+        return true;
     struct coll_hdr h;
     if (d->data && u->len >= sizeof(h)) {
         memcpy(&h, u->data, sizeof(h));
@@ -484,7 +499,9 @@ bool cfx__coll_stop(void *arg)
 {
     struct coll_exec *x = arg;
     strays_drop(x, false);
-    return x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false;
+    if (x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false)
+        return true;
+    return gave_news(x);
 }
 
 /* The strays of earlier calls at the start of a call, and of this one at
@@ -694,15 +711,400 @@ bool cfx__coll_gate_deferred(const struct coll_exec *x)
 
 int cfx__coll_stopped(struct coll_exec *x)
 {
-    return x->bad_rank >= 0 || x->news_rank >= 0 ? edge_fail(x) : agree_fail(x);
+    if (x->bad_rank >= 0 || x->news_rank >= 0)
+        return edge_fail(x);
+    return x->gave_rank >= 0 ? gave_fail(x) : agree_fail(x);
 }
 
 int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg *c)
 {
+    if (c->failed == COLL_CHK_GAVE_UP) {
+        /* a call of count 0 took the news as the rank's header */
+        struct cfx_group *g = x->g;
+        pthread_mutex_lock(&g->ctx->lock);
+        bool ok = gave_store(g, from, c);
+        pthread_mutex_unlock(&g->ctx->lock);
+        if (ok && x->gave_rank < 0)
+            x->gave_rank = from;
+        return ok ? gave_fail(x)
+                  : cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed "
+                             "message from rank %d", x->what, x->a->seq, g->rank, from);
+    }
     return edge_news(x, from, c) ? edge_fail(x) : CFX_OK;
 }
 
 void cfx__coll_ask(struct coll_exec *x)
 {
     edge_ask(x, false);
+}
+
+/* ---- failures other than a disagreement ------------------------------------------
+ *
+ * When a rank dies, the survivors do not all learn it the same way: its
+ * neighbours from their connections, the others from the coordinator's death
+ * event, which every wait watches.  A survivor that learned it fails the call
+ * and withdraws its messages, so a rank whose message with that survivor is
+ * still running sees it fail ("peer failed"), possibly before the death event
+ * reached it: it would name a living rank.  So a rank that gives a call up
+ * for any reason but a disagreement (a rank died or left, a wait timed out,
+ * a message failed) first tells every other rank why, on the check channel
+ * (struct coll_chk_fail: the rank it blames and how it knows), before it
+ * withdraws anything; and a rank whose message with a live-looking peer
+ * failed waits briefly (COLL_BLAME_WAIT_MS, woken by every arrival) for that
+ * peer's news or a death event before it says what happened:
+ *   - a known death (the peer's news, else the coordinator's events, the
+ *     earliest first): "rank 2 (node 3) died (...)", whatever message failed;
+ *   - the peer's news of another cause: "rank 3 (node 1) gave up the call
+ *     because of another failure: rank 3 (node 1) waited for rank 2 (node 3)
+ *     until its deadline";
+ *   - neither: the message's own failure, saying that the peer is not known
+ *     to have died.
+ * The news of the call being waited for also stops a wait (a rank waiting
+ * for a message that the rank who gave up will never send), like the death
+ * watch.  The news is remembered per rank (g->gave) when it arrives after its
+ * call ended here, so a rank already in its next call still names the cause;
+ * a call that ends well forgets the news of the calls before it.  The
+ * leftover messages of a call this rank gave up are dropped without the
+ * warning of a disagreement (they show none).
+ */
+
+static const char *const why_gone[] = { [COLL_WHY_DIED] = "died",
+                                        [COLL_WHY_LEFT] = "left the cluster" };
+
+/* ctx->lock held: keep what rank @p from said when it gave up a call. */
+static bool gave_store(struct cfx_group *g, int from, const struct coll_chk_msg *c)
+{
+    const struct coll_chk_fail *f = &c->fail;
+    if (c->me.magic != COLL_HDR_MAGIC || f->magic != COLL_FAIL_MAGIC ||
+        f->why > COLL_WHY_FAILED || c->bad_rank < -1 || c->bad_rank >= g->size ||
+        f->via < -1 || f->via >= g->size || from < 0 || from >= g->size || from == g->rank)
+        return false;
+    if (!g->gave)
+        return true;
+    struct coll_gave *n = &g->gave[from];
+    if (n->set && (int32_t)(c->me.seq - n->seq) < 0)
+        return true; /* news of a later call is in */
+    if (!n->set)
+        g->ngave++;
+    n->set = true;
+    n->seq = c->me.seq;
+    n->bad_rank = c->bad_rank;
+    n->f = *f;
+    if (c->bad_rank < 0 && f->why != COLL_WHY_OTHER)
+        n->f.why = COLL_WHY_OTHER;
+    return true;
+}
+
+/* ctx->lock held: a message on the check channel; gave-up news is kept. */
+static bool gave_take(struct cfx_group *g, const struct cfx_eager_unexp *u, int *from)
+{
+    struct coll_chk_msg c;
+    if (u->len != sizeof(c))
+        return false;
+    memcpy(&c, u->data, sizeof(c));
+    if (c.failed != COLL_CHK_GAVE_UP)
+        return false;
+    *from = edge_rank(g, u->node_id);
+    return *from >= 0 && gave_store(g, *from, &c);
+}
+
+static void gave_record(struct cfx_group *g, const struct cfx_eager_unexp *u)
+{
+    int from;
+    (void)gave_take(g, u, &from);
+}
+
+/* Scan of the check channel (lock held): keep every rank's news, and note
+ * the first rank that gave the running call up (x->gave_rank). */
+static bool gave_scan(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct coll_exec *x = arg;
+    int from;
+    if (!gave_take(x->g, u, &from) || u->tag != x->tag)
+        return false;
+    if (x->gave_rank < 0)
+        x->gave_rank = from;
+    return false; /* the rest are kept too */
+}
+
+/* Stop predicate (lock held): a rank gave the running call up. */
+static bool gave_news(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    if (!g->chan_chk || g->size < 2)
+        return false;
+    if (x->gave_rank < 0)
+        cfx__eager_unexp_scan(g->ctx, g->chan_chk, gave_scan, x);
+    return x->gave_rank >= 0;
+}
+
+/* Lock held: the group member the coordinator reported gone first (*left:
+ * in good order), or -1. */
+static int first_gone(struct coll_exec *x, bool *left)
+{
+    struct cfx_group *g = x->g;
+    struct cfx_context *ctx = g->ctx;
+    for (unsigned d = 0; d < ctx->ndead; d++) {
+        int r = edge_rank(g, ctx->dead[d]);
+        if (r >= 0 && r != g->rank) {
+            *left = false;
+            return r;
+        }
+    }
+    for (unsigned d = 0; d < ctx->nleft; d++) {
+        int r = edge_rank(g, ctx->left[d]);
+        if (r >= 0 && r != g->rank) {
+            *left = true;
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* Lock held: whether rank @p r is known gone. */
+static bool rank_gone(struct coll_exec *x, int r)
+{
+    struct cfx_context *ctx = x->g->ctx;
+    uint32_t node = x->g->ids[r];
+    for (unsigned d = 0; d < ctx->ndead; d++)
+        if (ctx->dead[d] == node)
+            return true;
+    for (unsigned d = 0; d < ctx->nleft; d++)
+        if (ctx->left[d] == node)
+            return true;
+    return false;
+}
+
+/* What rank @p teller's news @p n says of the cause. */
+static void cause_text(const struct cfx_group *g, int teller, const struct coll_gave *n,
+                       char *buf, size_t len)
+{
+    int w = n->f.via >= 0 ? n->f.via : teller, b = n->bad_rank;
+    switch (b < 0 ? COLL_WHY_OTHER : n->f.why) {
+    case COLL_WHY_DIED:
+    case COLL_WHY_LEFT:
+        snprintf(buf, len, "rank %d (node %u) %s", b, g->ids[b], why_gone[n->f.why]);
+        break;
+    case COLL_WHY_TIMEOUT:
+        snprintf(buf, len, "rank %d (node %u) waited for rank %d (node %u) until its deadline",
+                 w, g->ids[w], b, g->ids[b]);
+        break;
+    case COLL_WHY_FAILED:
+        snprintf(buf, len, "a message between rank %d (node %u) and rank %d (node %u) failed "
+                 "(%s)", w, g->ids[w], b, g->ids[b], cfx_errname(n->f.status));
+        break;
+    default:
+        snprintf(buf, len, "rank %d (node %u) failed the call (%s)", w, g->ids[w],
+                 cfx_errname(n->f.status));
+        break;
+    }
+}
+
+static bool news_gone(const struct coll_gave *n)
+{
+    return n->set && n->bad_rank >= 0 &&
+           (n->f.why == COLL_WHY_DIED || n->f.why == COLL_WHY_LEFT);
+}
+
+/* Lock held: a rank whose news names a death (not ours), or -1. */
+static int news_death(const struct cfx_group *g)
+{
+    for (int q = 0; g->gave && g->ngave && q < g->size; q++)
+        if (news_gone(&g->gave[q]) && g->gave[q].bad_rank != g->rank)
+            return q;
+    return -1;
+}
+
+/* Our failure is blamed on what rank @p teller said (passed on if we tell). */
+static void blame_relay(struct coll_exec *x, int teller, const struct coll_gave *n)
+{
+    x->blame_rank = n->bad_rank;
+    x->blame_why = n->bad_rank >= 0 ? n->f.why : (uint8_t)COLL_WHY_OTHER;
+    x->blame_via = n->f.via >= 0 ? n->f.via : teller;
+    x->blame_status = n->f.status;
+}
+
+/* A wait stopped: rank x->gave_rank gave the running call up. */
+static int gave_fail(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    const int p = x->gave_rank;
+    pthread_mutex_lock(&g->ctx->lock);
+    struct coll_gave n = g->gave ? g->gave[p] : (struct coll_gave){ 0 };
+    pthread_mutex_unlock(&g->ctx->lock);
+    if (!n.set) /* no memory for the news: say what is sure */
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) "
+                        "gave up the call", x->what, x->a->seq, g->rank, p, g->ids[p]);
+    blame_relay(x, p, &n);
+    if (news_gone(&n) && n.bad_rank != g->rank)
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s "
+                        "(rank %d (node %u) gave up the call because of it)", x->what,
+                        x->a->seq, g->rank, n.bad_rank, g->ids[n.bad_rank],
+                        why_gone[n.f.why], p, g->ids[p]);
+    char cause[192];
+    cause_text(g, p, &n, cause, sizeof(cause));
+    return cfx__err(n.f.status == CFX_ERR_TIMEOUT ? CFX_ERR_TIMEOUT : CFX_ERR_PEER_FAILED,
+                    "%s #%" PRIu32 ": rank %d: rank %d (node %u) gave up the call because of "
+                    "another failure: %s", x->what, x->a->seq, g->rank, p, g->ids[p], cause);
+}
+
+int cfx__coll_member_gone(struct coll_exec *x, int dead)
+{
+    struct cfx_group *g = x->g;
+    bool left = false;
+    pthread_mutex_lock(&g->ctx->lock);
+    int first = first_gone(x, &left); /* the cause, not a survivor that quit after it */
+    pthread_mutex_unlock(&g->ctx->lock);
+    if (first < 0) {
+        first = dead;
+        left = cfx__p2p_node_left(g->ctx, g->ids[dead]);
+    }
+    x->blame_rank = first;
+    x->blame_why = left ? COLL_WHY_LEFT : COLL_WHY_DIED;
+    x->blame_via = -1;
+    x->blame_status = 0;
+    return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s",
+                    x->what, x->a->seq, g->rank, first, g->ids[first],
+                    why_gone[x->blame_why]);
+}
+
+int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
+{
+    struct cfx_group *g = x->g;
+    struct cfx_context *ctx = g->ctx;
+    const char *dir = send ? "sending to" : "receiving from";
+    const int me = g->rank;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    x->blame_rank = peer;
+    x->blame_why = COLL_WHY_FAILED;
+    x->blame_via = -1;
+    x->blame_status = 0;
+    /* what the peer's end going (or withdrawing) looks like here; anything
+     * else (sizes that disagree, no memory, ...) is the message's own */
+    pthread_mutex_lock(&ctx->lock);
+    const bool closing = cfx__ctx_closing(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    const bool lost = rc == CFX_ERR_PEER_FAILED || rc == CFX_ERR_CONNECT ||
+                      rc == CFX_ERR_CLOSED || rc == CFX_ERR_IO ||
+                      (rc == CFX_ERR_CANCELED && !closing);
+    if (!lost)
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
+                        x->a->seq, me, dir, peer, g->ids[peer], why);
+
+    /* the peer's news, or a death event, is on its way or in */
+    uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_BLAME_WAIT_MS));
+    struct coll_gave n = { 0 }, o = { 0 };
+    bool left = false, disagree;
+    int d, t;
+    pthread_mutex_lock(&ctx->lock);
+    for (;;) {
+        /* a peer that withdrew because the ranks disagree: that is the
+         * error (cfx__coll_check_end(), cfx__coll_agree_finish()) */
+        disagree = x->agree ? agree_broken(x) : x->listen && edge_broken(x);
+        if (g->chan_chk && g->size > 1)
+            cfx__eager_unexp_scan(ctx, g->chan_chk, gave_scan, x);
+        if (g->gave && g->gave[peer].set)
+            n = g->gave[peer];
+        d = first_gone(x, &left);
+        t = news_death(g); /* another rank's news of a death */
+        if (disagree || n.set || d >= 0 || t >= 0 || !cfx__obj_wait(ctx, until))
+            break;
+    }
+    if (t >= 0)
+        o = g->gave[t];
+    pthread_mutex_unlock(&ctx->lock);
+    if (disagree)
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
+                        x->a->seq, me, dir, peer, g->ids[peer], why);
+
+    if (news_gone(&n) && n.bad_rank != me) {
+        blame_relay(x, peer, &n);
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s "
+                        "(rank %d was %s rank %d (node %u), which gave up the call because of "
+                        "it: %s)", x->what, x->a->seq, me, n.bad_rank, g->ids[n.bad_rank],
+                        why_gone[n.f.why], me, dir, peer, g->ids[peer], why);
+    }
+    if (d >= 0) {
+        x->blame_rank = d;
+        x->blame_why = left ? COLL_WHY_LEFT : COLL_WHY_DIED;
+        if (d == peer)
+            return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) "
+                            "%s (%s)", x->what, x->a->seq, me, d, g->ids[d], why_gone[x->blame_why],
+                            why);
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s "
+                        "(rank %d was %s rank %d (node %u), which failed the call too: %s)",
+                        x->what, x->a->seq, me, d, g->ids[d], why_gone[x->blame_why], me, dir,
+                        peer, g->ids[peer], why);
+    }
+    if (t >= 0) {
+        blame_relay(x, t, &o);
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: rank %d (node %u) %s "
+                        "(as rank %d told; rank %d was %s rank %d (node %u), which failed the "
+                        "call too: %s)", x->what, x->a->seq, me, o.bad_rank, g->ids[o.bad_rank],
+                        why_gone[o.f.why], t, me, dir, peer, g->ids[peer], why);
+    }
+    if (n.set) {
+        char cause[192];
+        blame_relay(x, peer, &n);
+        cause_text(g, peer, &n, cause, sizeof(cause));
+        return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): rank %d gave up "
+                        "the call because of another failure: %s (%s)", x->what, x->a->seq, me,
+                        dir, peer, g->ids[peer], peer, cause, why);
+    }
+    return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s (no rank of the "
+                    "group is known to have died, and rank %d did not say why: it gave the "
+                    "call up, or died unseen)", x->what, x->a->seq, me, dir, peer,
+                    g->ids[peer], why, peer);
+}
+
+void cfx__coll_gave_up(struct coll_exec *x, int rc)
+{
+    struct cfx_group *g = x->g;
+    if (x->gave_told || !g->chan_chk || g->size < 2)
+        return;
+    x->gave_told = true;
+    struct coll_chk_msg *c = &x->gave_msg;
+    memset(c, 0, sizeof(*c));
+    c->me = x->hdr;
+    c->failed = COLL_CHK_GAVE_UP;
+    c->bad_rank = x->blame_rank;
+    c->fail.magic = COLL_FAIL_MAGIC;
+    c->fail.status = x->blame_status ? x->blame_status : rc;
+    c->fail.via = x->blame_via;
+    c->fail.why = x->blame_rank >= 0 ? x->blame_why : (uint8_t)COLL_WHY_OTHER;
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", cfx_last_error());
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size;
+        pthread_mutex_lock(&g->ctx->lock);
+        bool gone = rank_gone(x, to);
+        pthread_mutex_unlock(&g->ctx->lock);
+        if (gone)
+            continue;
+        int h = cfx__coll_post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
+        if (h < 0) {
+            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
+            continue;
+        }
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk = true;
+    }
+    cfx__err(rc, "%s", keep);
+}
+
+void cfx__coll_news_forget(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    if (!g->gave || !g->ngave) /* only this group's running call touches them */
+        return;
+    pthread_mutex_lock(&g->ctx->lock);
+    for (int q = 0; g->ngave && q < g->size; q++) {
+        struct coll_gave *n = &g->gave[q];
+        if (n->set && (int32_t)(n->seq - x->a->seq) < 0) {
+            n->set = false;
+            g->ngave--;
+        }
+    }
+    pthread_mutex_unlock(&g->ctx->lock);
 }

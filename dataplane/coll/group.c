@@ -90,6 +90,11 @@ struct epoch_ent {
     uint32_t count;
     bool live;                 /* a group of this name exists on this context */
     char name[COLL_NAME_MAX];
+    /* our own bootstrap objects of a creation that failed on a size
+     * disagreement, left for the other ranks to read (boot_keep()) until
+     * the next creation of the name */
+    struct cfx_object_id kept[BOOT_SLOTS];
+    int nkept;
 };
 
 static pthread_mutex_t epoch_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -126,6 +131,31 @@ static int epoch_take(uint32_t node_id, const char *name, uint32_t *out)
 out:
     pthread_mutex_unlock(&epoch_lock);
     return rc;
+}
+
+/* The objects a failed creation of (@p node_id, @p name) left behind
+ * (at most BOOT_SLOTS), handed to the caller to withdraw. */
+static int epoch_kept_take(uint32_t node_id, const char *name, struct cfx_object_id *out)
+{
+    int n = 0;
+    pthread_mutex_lock(&epoch_lock);
+    for (struct epoch_ent *e = epochs; e; e = e->next)
+        if (e->node_id == node_id && !strcmp(e->name, name)) {
+            n = e->nkept;
+            memcpy(out, e->kept, (size_t)n * sizeof(*out));
+            e->nkept = 0;
+        }
+    pthread_mutex_unlock(&epoch_lock);
+    return n;
+}
+
+static void epoch_kept_add(uint32_t node_id, const char *name, const struct cfx_object_id *id)
+{
+    pthread_mutex_lock(&epoch_lock);
+    for (struct epoch_ent *e = epochs; e; e = e->next)
+        if (e->node_id == node_id && !strcmp(e->name, name) && e->nkept < BOOT_SLOTS)
+            e->kept[e->nkept++] = *id;
+    pthread_mutex_unlock(&epoch_lock);
 }
 
 static void epoch_release(uint32_t node_id, const char *name)
@@ -328,10 +358,12 @@ static int boot_lookup(struct cfx_group *g, int rank, uint64_t deadline, uint32_
                             g->name, rank, (int)rec.rank);
         if (!node_alive(g, rec.node_id, deadline))
             continue; /* stale: its owner moves on to the next slot too */
-        if (rec.size != g->size)
+        if (rec.size != g->size) {
+            g->size_clash = true;
             return cfx__err(CFX_ERR_INVALID, "group %s: rank %d (node %u) says the group has "
                             "%d ranks, rank %d says %d", g->name, rank, rec.node_id,
                             (int)rec.size, g->rank, g->size);
+        }
         *node = rec.node_id;
         return CFX_OK;
     }
@@ -370,9 +402,13 @@ static int boot_join(struct cfx_group *g)
         }
         rc = st;
     }
+    /* A rank that asked for another size fails at once and leaves its
+     * object for us to read (boot_keep()), unless its context went first. */
     if (rc == CFX_OK && nmissing)
         rc = cfx__err(CFX_ERR_TIMEOUT, "group %s: rank %d waited %d ms; %d rank(s) never "
-                      "joined: %s", g->name, g->rank, g->timeout_ms, nmissing, missing);
+                      "joined: %s (or joined with a group size other than %d and left before "
+                      "this rank saw it)", g->name, g->rank,
+                      g->timeout_ms, nmissing, missing, g->size);
     for (int q = 0; q < g->size && rc == CFX_OK; q++) {
         do
             rc = cfx__ctl_node_get(g->ctx->ctl, ids[q], &g->nodes[q], deadline);
@@ -383,6 +419,29 @@ static int boot_join(struct cfx_group *g)
     }
     free(ids);
     return rc;
+}
+
+/*
+ * A creation that failed because another rank's object says another group
+ * size leaves its own objects in the directory (withdrawn at the next
+ * creation of the name on this context, or when the context goes): a rank
+ * of the other size that has not read them yet would otherwise wait out its
+ * deadline for a rank that never joined, where with them it fails at once
+ * with CFX_ERR_INVALID naming both sizes.  Other failures withdraw them.
+ */
+static bool boot_keep(struct cfx_group *g, const struct cfx_object_id *id)
+{
+    if (!g->size_clash)
+        return false;
+    for (int slot = 0; slot < BOOT_SLOTS; slot++) {
+        struct cfx_object_id own;
+        boot_id(g, g->rank, slot, &own);
+        if (!memcmp(&own, id, sizeof(own))) {
+            epoch_kept_add(g->ctx->node_id, g->name, id);
+            return true;
+        }
+    }
+    return false;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -583,6 +642,13 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
                  : cfx__err(rc, "group %s: out of memory", name);
         goto err_destroy_sync;
     }
+    {
+        /* what a creation that disagreed on the size left for the others */
+        struct cfx_object_id kept[BOOT_SLOTS];
+        int nkept = epoch_kept_take(ctx->node_id, g->name, kept);
+        for (int i = 0; i < nkept; i++)
+            cfx__ctl_obj_delete(ctx->ctl, &kept[i], cfx__deadline_ns(1000));
+    }
 
     if (size > 1 && (rc = boot_join(g)) != CFX_OK)
         goto err_withdraw;
@@ -590,7 +656,8 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
         g->nodes[0] = ctx->self;
 
     g->ids = calloc((size_t)size, sizeof(*g->ids));
-    if (!g->ids) {
+    g->gave = calloc((size_t)size, sizeof(*g->gave));
+    if (!g->ids || !g->gave) {
         rc = cfx__err(CFX_ERR_NOMEM, "group %s: out of memory", name);
         goto err_withdraw;
     }
@@ -634,7 +701,8 @@ err_withdraw: {
     char why[512];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
     for (int i = 0; i < g->nheld; i++)
-        cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
+        if (!boot_keep(g, &g->held[i]))
+            cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
     cfx__err(rc, "%s", why);
     free(g->held);
     epoch_release(ctx->node_id, g->name);
@@ -643,6 +711,7 @@ err_destroy_sync:
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
+    free(g->gave);
     free(g->ids);
     free(g->nodes);
 err_free_group:
@@ -708,6 +777,7 @@ void cfx_group_destroy(struct cfx_group *g)
     free(g->edge_dir);
     free(g->edge_hin);
     free(g->edge_cin);
+    free(g->gave);
     free(g->ids);
     free(g->nodes);
     free(g);

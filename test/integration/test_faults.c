@@ -11,6 +11,9 @@
  *              without closing anything, so only missed heartbeats tell);
  *              every survivor gets CFX_ERR_PEER_FAILED naming it, then the
  *              survivors form a new group and go on
+ *   kill_in_loop a group member dies in a loop of allreduces, broadcasts or
+ *              barriers: every survivor's error names it as the rank that
+ *              died (not a survivor that gave up because of it)
  *   coord      the coordinator is killed with SIGKILL during a transfer
  *
  * The multi-process cases run test/progs/cfx_faulttest under cfx_run, which
@@ -21,12 +24,14 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
@@ -147,6 +152,57 @@ ParameterizedTest(struct tp_param *p, faults, gone_exit, .timeout = 150)
 {
     int rc = run("CFX_FAULT_DEADLINE_MS=10000", p->tp, 4, "", "gone 262144 exit");
     cr_assert_eq(rc, 0, "group member gone (exit) over %s: cfx_run exited %d", p->tp, rc);
+}
+
+struct loop_param {
+    char tp[8];
+    char op[16];
+};
+
+static struct loop_param loops[] = {
+    { "tcp", "allreduce" }, { "tcp", "broadcast" }, { "tcp", "barrier" },
+    { "shm", "allreduce" }, { "shm", "broadcast" }, { "shm", "barrier" },
+};
+
+ParameterizedTestParameters(faults, kill_in_loop)
+{
+    return cr_make_param_array(struct loop_param, loops, CFX_ARRAY_SIZE(loops));
+}
+
+/*
+ * A member of a 4-rank group is SIGKILLed in the middle of a loop of 1 MiB
+ * allreduces, broadcasts or barriers (no pacing: the survivors learn of the
+ * death at different moments, from their connections, the coordinator, or
+ * a survivor that gave the call up).  Every survivor's error must say
+ * "rank 2 (node N) died", never blame a survivor that withdrew because of
+ * it, and no rank may log that the ranks "disagreed on" the arguments of a
+ * call that failed because of the death; the survivors' new group's
+ * allreduce is right (cfx_faulttest loop checks all of it but the log).
+ */
+ParameterizedTest(struct loop_param *p, faults, kill_in_loop, .timeout = 150)
+{
+    char log[128], env[256];
+    snprintf(log, sizeof(log), "/tmp/cfx-test-faults-loop-%d.log", (int)getpid());
+    unlink(log);
+    snprintf(env, sizeof(env), "CFX_LOG_FILE=%s CFX_FAULT_DEADLINE_MS=30000", log);
+    char args[64];
+    snprintf(args, sizeof(args), "loop 1048576 %s", p->op);
+    int rc = run(env, p->tp, 4, "--allow-fail 2", args);
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    bool disagreed = false;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strstr(line, "disagreed on its arguments")) {
+            cr_log_error("%s", line);
+            disagreed = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    unlink(log);
+    cr_assert_eq(rc, 0, "%s loop with a member killed over %s: cfx_run exited %d", p->op,
+                 p->tp, rc);
+    cr_assert(!disagreed, "%s loop over %s: a false disagreement was logged", p->op, p->tp);
 }
 
 TP_PARAMS(gone_kill)

@@ -44,6 +44,18 @@
  *                     returns within the deadline; the survivors form a
  *                     new group of n-1 ranks whose allreduce is right.
  *                     "kill" wants --allow-fail 2.
+ *   loop BYTES allreduce|broadcast|barrier
+ *                     a group of all ranks runs the collective back to back
+ *                     (BYTES of floats; broadcast from rank 0), every result
+ *                     checked bit for bit; rank 2 SIGKILLs itself during
+ *                     call 20 (a thread of its own, once the call began).
+ *                     Every survivor's loop must end with
+ *                     CFX_ERR_PEER_FAILED saying "rank 2 (node N) died",
+ *                     N the victim's node, whichever message failed on it:
+ *                     never a survivor that gave the call up because of the
+ *                     death (the test also looks at the log for a false
+ *                     "disagreed on its arguments"); then the survivors form
+ *                     a new group whose allreduce is right.  --allow-fail 2.
  *
  * What is checked is the mechanism: which error, naming which node, and
  * the bytes.  How soon a death is known is printed, not checked: every
@@ -62,6 +74,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -614,12 +627,124 @@ static void mode_gone(struct cfx_context *ctx, size_t bytes, const char *how)
     cfx_buf_free(ctx, recv);
 }
 
+/* ---- a group member killed in a loop of collectives --------------------- */
+
+#define LOOP_KILL_AT 20 /* the victim dies during this call */
+
+static atomic_int loop_calls; /* calls begun (the victim's killer reads it) */
+
+static void *loop_killer(void *arg)
+{
+    struct cfx_context *ctx = arg;
+    while (atomic_load(&loop_calls) < LOOP_KILL_AT + 1) /* call LOOP_KILL_AT has begun */
+        usleep(200);
+    die_now(ctx, SIGKILL);
+    return NULL;
+}
+
+/* One call of @p op, checked bit for bit when it succeeds. */
+static int loop_call(struct cfx_group *g, const char *op, float *send, float *recv,
+                     size_t count, int iter)
+{
+    int rc;
+    if (!strcmp(op, "barrier"))
+        return cfx_group_barrier(g, NULL);
+    if (!strcmp(op, "broadcast")) {
+        for (size_t i = 0; i < count; i++)
+            recv[i] = rank == 0 ? (float)((i + (size_t)iter) % 1000) : -1.0f;
+        rc = cfx_group_broadcast(g, recv, count, CFX_DTYPE_F32, 0, NULL);
+        for (size_t i = 0; rc == CFX_OK && i < count; i++)
+            if (recv[i] != (float)((i + (size_t)iter) % 1000))
+                DIE("broadcast #%d: element %zu is %g", iter, i, (double)recv[i]);
+        return rc;
+    }
+    if (strcmp(op, "allreduce"))
+        DIE("loop: allreduce, broadcast or barrier, not '%s'", op);
+    for (size_t i = 0; i < count; i++)
+        send[i] = (float)(rank + 1) + (float)((i + (size_t)iter) % 7);
+    rc = cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    for (size_t i = 0; rc == CFX_OK && i < count; i++) {
+        float want = (float)(world * (world + 1) / 2) +
+                     (float)(world * (int)((i + (size_t)iter) % 7));
+        if (recv[i] != want)
+            DIE("allreduce #%d: element %zu is %g, expected %g", iter, i, (double)recv[i],
+                (double)want);
+    }
+    return rc;
+}
+
+static void mode_loop(struct cfx_context *ctx, size_t bytes, const char *op)
+{
+    size_t count = bytes / sizeof(float);
+    float *send, *recv;
+    struct cfx_group *g;
+    struct cfx_group_params gp = { .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_TIMEOUT,
+                                   .name = "loop-world", .timeout_ms = deadline_ms };
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&send));
+    CHECK_OK(cfx_buf_alloc(ctx, bytes, (void **)&recv));
+    CHECK_OK(cfx_group_create(ctx, &gp, &g));
+    if (rank == VICTIM) {
+        pthread_t th;
+        pthread_create(&th, NULL, loop_killer, ctx);
+    }
+    int iter, rc = CFX_OK;
+    for (iter = 0; rc == CFX_OK; iter++) {
+        atomic_store(&loop_calls, iter + 1);
+        rc = loop_call(g, op, send, recv, count, iter);
+        if (rank == VICTIM && rc == CFX_OK && iter > LOOP_KILL_AT + 10000)
+            DIE("the victim is still alive after %d calls", iter);
+    }
+    iter--;
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    if (rank == VICTIM)
+        DIE("the victim's %s #%d failed before it died: %s (%s)", op, iter, cfx_errname(rc),
+            why);
+    struct kill_rec k = read_kill(ctx);
+    printf("rank %d: %s #%d with node %u killed: %s: %s\n", rank, op, iter, k.node,
+           cfx_errname(rc), why);
+    if (rc != CFX_ERR_PEER_FAILED)
+        DIE("%s #%d with rank %d killed: %s (%s), expected CFX_ERR_PEER_FAILED", op, iter,
+            VICTIM, cfx_errname(rc), why);
+    char died[64];
+    snprintf(died, sizeof(died), "rank %d (node %u) died", VICTIM, k.node);
+    if (!strstr(why, died))
+        DIE("%s #%d: the error does not say \"%s\": %s", op, iter, died, why);
+    if (iter < LOOP_KILL_AT - 1)
+        DIE("%s #%d failed before the victim's call %d", op, iter, LOOP_KILL_AT);
+    cfx_group_destroy(g);
+
+    /* the survivors go on in a new group of n-1 ranks */
+    int nrank = rank < VICTIM ? rank : rank - 1;
+    struct cfx_group_params np = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "loop-survivors", .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
+    };
+    CHECK_OK(cfx_group_create(ctx, &np, &g));
+    for (size_t i = 0; i < count; i++)
+        send[i] = (float)(rank + 1) + (float)(i % 7);
+    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    float base = (float)(world * (world + 1) / 2 - (VICTIM + 1));
+    for (size_t i = 0; i < count; i++)
+        if (recv[i] != base + (float)((world - 1) * (int)(i % 7)))
+            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
+                (double)(base + (float)((world - 1) * (int)(i % 7))));
+    CHECK_OK(cfx_group_barrier(g, NULL));
+    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
+    cfx_group_destroy(g);
+    finish(ctx, VICTIM);
+    cfx_buf_free(ctx, send);
+    cfx_buf_free(ctx, recv);
+}
+
 int main(int argc, char **argv)
 {
     struct cfx_context *ctx;
     if (argc < 3) {
         fprintf(stderr, "usage: %s receiver SIZE | relay SIZE | reduce SIZE | "
-                        "allreduce BYTES [stall] | gone BYTES exit|kill\n", argv[0]);
+                        "allreduce BYTES [stall] | gone BYTES exit|kill | "
+                        "loop BYTES allreduce|broadcast|barrier\n", argv[0]);
         return 2;
     }
     rank = atoi(getenv("CFX_RANK") ? getenv("CFX_RANK") : "0");
@@ -645,6 +770,8 @@ int main(int argc, char **argv)
         mode_reduce(ctx, size);
     else if (!strcmp(argv[1], "gone") && argc > 3)
         mode_gone(ctx, size, argv[3]);
+    else if (!strcmp(argv[1], "loop") && argc > 3)
+        mode_loop(ctx, size, argv[3]);
     else if (!strcmp(argv[1], "allreduce"))
         mode_allreduce(ctx, size, argc > 3 && !strcmp(argv[3], "stall"));
     else

@@ -2,7 +2,8 @@
  * Group collectives in one process: several contexts on an embedded
  * coordinator, one thread per rank.  Tree shapes and the tuning table,
  * group creation (rank and size from the environment, duplicate ranks,
- * missing ranks, re-creation), every allreduce schedule, size-1 groups,
+ * missing ranks, ranks that disagree on the size, re-creation), a rank that
+ * gives a call up naming the cause, every allreduce schedule, size-1 groups,
  * count 0, argument mismatches and the non-blocking order.
  */
 #include <criterion/criterion.h>
@@ -403,6 +404,117 @@ Test(coll_group, missing_rank, .timeout = 60)
         cr_assert(strstr(rr[i].err, "never joined: 1"), "%s", rr[i].err);
     }
     down(2);
+}
+
+static int body_recreate(struct rank_run *rr);
+
+/* Start @p n ranks as given in @p rr (ctx, rank, size, name, timeout set by
+ * the caller), each on its own thread, and wait for all of them. */
+static void run_given(int n, struct rank_run *rr)
+{
+    pthread_t th[MAX_RANKS];
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, rank_main, &rr[i]), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+}
+
+/* "rank R (node N) says the group has S ranks, rank M says T" */
+static void expect_size_clash(const struct rank_run *rr, int other, uint32_t node, int size)
+{
+    char want[160];
+    snprintf(want, sizeof(want), "rank %d (node %u) says the group has %d ranks, rank %d says %d",
+             other, node, size, rr->rank, rr->size);
+    cr_assert_eq(rr->rc, CFX_ERR_INVALID, "rank %d (size %d): %s: %s", rr->rank, rr->size,
+                 cfx_errname(rr->rc), rr->err);
+    cr_assert(strstr(rr->err, want), "rank %d: wanted \"%s\" in: %s", rr->rank, want, rr->err);
+}
+
+/*
+ * The ranks disagree on the group's size (rank 0 says 2, rank 1 says 3):
+ * both fail at once with CFX_ERR_INVALID naming the other's size, whichever
+ * reads the other's object first; the one that read it first used to
+ * withdraw its own, so the other waited out its whole deadline for a rank
+ * that "never joined".  Then a rank 0 that comes after rank 1 failed
+ * (rank 1's context still alive) fails the same way, and once both ranks
+ * create the group again with one size it works, byte for byte.
+ */
+Test(coll_group, size_mismatch, .timeout = 90)
+{
+    struct rank_run rr[3];
+    up("tcp", 3);
+    const uint32_t n1 = cfx_context_node_id(ctxs[1]), n2 = cfx_context_node_id(ctxs[2]);
+    /* together: rank 0 on context 2, rank 1 on context 1 */
+    rr[0] = (struct rank_run){ .rank = 0, .size = 2, .name = "sizes", .timeout_ms = 30000,
+                               .ctx = ctxs[2] };
+    rr[1] = (struct rank_run){ .rank = 1, .size = 3, .name = "sizes", .timeout_ms = 30000,
+                               .ctx = ctxs[1] };
+    run_given(2, rr);
+    expect_size_clash(&rr[0], 1, n1, 3);
+    expect_size_clash(&rr[1], 0, n2, 2);
+    /* that rank 0 goes; another comes only after rank 1 has failed */
+    cfx_context_destroy(ctxs[2]);
+    ctxs[2] = NULL;
+    rr[0] = (struct rank_run){ .rank = 0, .size = 2, .name = "sizes", .timeout_ms = 30000,
+                               .ctx = ctxs[0] };
+    run_given(1, rr);
+    expect_size_clash(&rr[0], 1, n1, 3);
+    /* both again with one size (the next epoch on both contexts): it works */
+    for (int i = 0; i < 2; i++)
+        rr[i] = (struct rank_run){ .rank = i, .size = 2, .name = "sizes", .timeout_ms = 30000,
+                                   .ctx = ctxs[i], .body = body_recreate };
+    run_given(2, rr);
+    all_ok(2, rr);
+    down(2);
+}
+
+/*
+ * A rank that gives a call up for a reason other than a disagreement tells
+ * the others why before it withdraws, and a rank waiting on it names that
+ * cause rather than the rank that gave up or its own deadline: a chain
+ * reduce to rank 0 (2 -> 1 -> 0) where rank 2 never calls and rank 1 has a
+ * short deadline.  Rank 1 times out waiting for rank 2; rank 0, whose own
+ * deadline is far off, fails at once on rank 1's news, naming rank 2.
+ */
+static pthread_barrier_t gave_bar;
+
+static int body_gave_up(struct rank_run *rr)
+{
+    int rc = CFX_OK;
+    if (rr->rank < 2) {
+        float s[64], r[64];
+        for (int i = 0; i < 64; i++)
+            s[i] = (float)i;
+        struct cfx_coll_params p = {
+            .field_mask = CFX_COLL_PARAM_TIMEOUT | CFX_COLL_PARAM_ALGO,
+            .timeout_ms = rr->rank == 1 ? 300 : 60000, .algo = CFX_ALGO_CHAIN,
+        };
+        rc = cfx_group_reduce(rr->g, s, r, 64, CFX_DTYPE_F32, CFX_OP_SUM, 0, &p);
+        snprintf(rr->err, sizeof(rr->err), "%s", cfx_last_error());
+    }
+    pthread_barrier_wait(&gave_bar); /* rank 2 stays in the group until they are done */
+    return rc;
+}
+
+Test(coll_group, gave_up_names_cause, .timeout = 90)
+{
+    struct rank_run rr[MAX_RANKS];
+    up("tcp", 3);
+    pthread_barrier_init(&gave_bar, NULL, 3);
+    run_ranks(3, "gave", 30000, body_gave_up, rr);
+    pthread_barrier_destroy(&gave_bar);
+    const uint32_t n1 = cfx_context_node_id(ctxs[1]), n2 = cfx_context_node_id(ctxs[2]);
+    char want[200];
+    cr_assert_eq(rr[1].rc, CFX_ERR_TIMEOUT, "rank 1: %s: %s", cfx_errname(rr[1].rc), rr[1].err);
+    snprintf(want, sizeof(want), "reduce #0: rank 1 waited for rank 2 (node %u): timed out", n2);
+    cr_assert(strstr(rr[1].err, want), "rank 1: wanted \"%s\" in: %s", want, rr[1].err);
+    cr_assert_eq(rr[0].rc, CFX_ERR_TIMEOUT, "rank 0: %s: %s", cfx_errname(rr[0].rc), rr[0].err);
+    snprintf(want, sizeof(want), "reduce #0: rank 0: rank 1 (node %u) gave up the call because "
+             "of another failure: rank 1 (node %u) waited for rank 2 (node %u) until its "
+             "deadline", n1, n1, n2);
+    cr_assert(strstr(rr[0].err, want), "rank 0: wanted \"%s\" in: %s", want, rr[0].err);
+    cr_assert_eq(rr[2].rc, CFX_OK);
+    down(3);
 }
 
 /* Two processes claim rank 0: the second one gets CFX_ERR_EXISTS. */
