@@ -130,6 +130,18 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
             return conn;
     }
 
+    /* a node the coordinator reported dead or gone does not come back (ids
+     * are never reused): no dial, no transport fallback and its warnings,
+     * for each later message or collective that names it */
+    for (unsigned d = 0; d < ctx->ndead || d < ctx->nleft; d++) {
+        bool dead = d < ctx->ndead && ctx->dead[d] == node->node_id;
+        if (dead || (d < ctx->nleft && ctx->left[d] == node->node_id)) {
+            *status = cfx__err(CFX_ERR_PEER_FAILED, "node %u (%s) %s", node->node_id, node->name,
+                               dead ? "is dead (the coordinator reported it)"
+                                    : "left the cluster");
+            return NULL;
+        }
+    }
     if (cfx__conn_tp_for(ctx, node) < 0) {
         *status = cfx__err(CFX_ERR_UNSUPPORTED,
                            "node %u (%s) shares no transport with node %u (ours: %s)",
@@ -152,6 +164,7 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     cfx_list_init(&conn->eager_q);
     conn->eager_id = ++ctx->eager_conn_ids;
 
+    ctx->n_dials++;
     int rc = conn_dial(conn);
     if (rc != CFX_OK) {
         *status = rc;

@@ -153,7 +153,9 @@ void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
             cfx__p2p_send_post(ctx, obj);
             return;
         }
-        obj->p2p_status = status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT;
+        obj->p2p_status = status == CFX_ERR_UNSUPPORTED || status == CFX_ERR_PEER_FAILED
+                              ? status
+                              : CFX_ERR_CONNECT;
         wake(ctx);
         return;
     }

@@ -932,6 +932,7 @@ struct cfx_context {
                                  * busy-polled transport had connections (ctx->lock; tests) */
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
     uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
+    uint64_t n_dials;           /* outbound connections started (ctx->lock; tests) */
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */

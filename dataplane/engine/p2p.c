@@ -334,8 +334,27 @@ int cfx__p2p_test(struct cfx_p2p_req *req)
     return st;
 }
 
+static bool node_left(const struct cfx_context *ctx, uint32_t node);
+
+/* ctx->lock not held. */
 static void describe(const struct cfx_p2p_req *req, int st)
 {
+    if (st == CFX_ERR_PEER_FAILED) {
+        /* what the coordinator said of the peer, when it did */
+        struct cfx_context *ctx = req->ctx;
+        bool dead = false, left;
+        pthread_mutex_lock(&ctx->lock);
+        for (unsigned d = 0; d < ctx->ndead; d++)
+            dead |= ctx->dead[d] == req->peer;
+        left = !dead && node_left(ctx, req->peer);
+        pthread_mutex_unlock(&ctx->lock);
+        if (dead || left) {
+            cfx__err(st, "%s node %u (tag %u) failed: node %u %s", req->kind == CFX_P2P_SEND
+                     ? "send to" : "receive from", req->peer, req->tag, req->peer,
+                     left ? "left the cluster" : "died (the coordinator reported it)");
+            return;
+        }
+    }
     if (st == CFX_ERR_TIMEOUT)
         cfx__err(st, "%s node %u (tag %u) did not complete in time: %s", req->kind == CFX_P2P_SEND
                  ? "send to" : "receive from", req->peer, req->tag,

@@ -4,6 +4,8 @@
  * sender, withdrawal.
  */
 #include <criterion/criterion.h>
+
+#include <poll.h>
 #include <criterion/parameterized.h>
 
 #include <pthread.h>
@@ -358,6 +360,34 @@ ParameterizedTest(struct tp_param *p, p2p, eager_peer_dies, .timeout = 60)
     cr_assert_geq(ok, 1, "the first message was sent before the peer left");
     cr_assert_leq(ok, CFX_EAGER_CREDITS, "more than the credits allowed");
     cr_assert_eq(unexpected_count(b), 0);
+
+    /* once the coordinator said it left, a message to it fails at once,
+     * naming it, with no new connection dialled (ids are never reused) */
+    bool told = false;
+    for (uint64_t end = cfx__deadline_ns(10000); !told && cfx__now_ns() < end;) {
+        pthread_mutex_lock(&b->lock);
+        for (unsigned d = 0; d < b->nleft; d++)
+            told |= b->left[d] == a_id;
+        pthread_mutex_unlock(&b->lock);
+        if (!told)
+            poll(NULL, 0, 5);
+    }
+    cr_assert(told, "the coordinator's goodbye event did not come");
+    uint32_t late = 7;
+    struct cfx_p2p_req *ls;
+    pthread_mutex_lock(&b->lock);
+    uint64_t dials = b->n_dials;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert_eq(cfx__p2p_isend(b, &ra, 14, 2, &late, sizeof(late), CFX_MEMTYPE_HOST, &ls), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(ls, cfx__deadline_ns(10000)), CFX_ERR_PEER_FAILED, "%s",
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "left the cluster"), "%s", cfx_last_error());
+    cfx__p2p_free(ls);
+    pthread_mutex_lock(&b->lock);
+    uint64_t dialled = b->n_dials - dials;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert_eq(dialled, 0, "a connection was dialled to a node that left");
     for (int i = 0; i < N; i++)
         cfx__p2p_free(r[i]);
     cfx__p2p_free(w);
