@@ -41,6 +41,8 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     size_t len = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
     int status;
 
+    if (size > SIZE_MAX - (ARENA_ALIGN - 1)) /* the rounding would wrap to a small length */
+        return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes cannot be allocated", size);
     if (len == 0)
         len = ARENA_ALIGN;
 

@@ -105,9 +105,13 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         return cfx__err(CFX_ERR_INVALID, "chunk size %zu out of range [%u, %u]",
                         cfg->chunk_size, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
     long long v;
-    if (m & CFX_CTX_PARAM_TIMEOUT)
+    if (m & CFX_CTX_PARAM_TIMEOUT) {
+        /* as $CFX_TIMEOUT_MS: every blocking call has a deadline */
+        if (p->timeout_ms < 1)
+            return cfx__err(CFX_ERR_INVALID, "timeout_ms %d: the default deadline must be 1 ms "
+                            "or more", p->timeout_ms);
         cfg->timeout_ms = p->timeout_ms;
-    else if (cfx__env_ll_in("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1, INT_MAX, &v) != CFX_OK)
+    } else if (cfx__env_ll_in("CFX_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1, INT_MAX, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     else
         cfg->timeout_ms = (int)v;

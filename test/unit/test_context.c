@@ -559,6 +559,27 @@ Test(context, api_misuse)
     cr_assert_eq(cfx_get_alloc(a, &id, NULL, NULL, NULL), CFX_ERR_INVALID);
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_ERR_NOT_FOUND);
     cr_assert_eq(cfx_buf_alloc(a, 0, (void **)&b), CFX_ERR_INVALID);
+    /* sizes whose rounding to the arena's 4 KiB wraps (they returned a
+     * 4 KiB buffer and CFX_OK), and one that merely cannot be had */
+    const size_t huge[] = { SIZE_MAX, SIZE_MAX - 100, SIZE_MAX - 4094, SIZE_MAX - 4095,
+                            (size_t)1 << 62 };
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        void *hb = b;
+        cr_assert_eq(cfx_buf_alloc(a, huge[i], &hb), CFX_ERR_NOMEM, "size %zu: %s", huge[i],
+                     cfx_last_error());
+    }
+    /* the default deadline must be one: 0 and negative ones are refused
+     * (a negative one left every call without a deadline) */
+    for (int t = -5; t <= 0; t += 5) {
+        struct cfx_context *c = NULL;
+        struct cfx_context_params tp = {
+            .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
+            .coord = coord_addr, .token = token, .timeout_ms = t,
+        };
+        cr_assert_eq(cfx_context_create(&tp, &c), CFX_ERR_INVALID, "timeout_ms %d", t);
+        cr_assert(strstr(cfx_last_error(), "timeout_ms"), "%s", cfx_last_error());
+        cr_assert_null(c);
+    }
     struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE, .chunk_size = 1 };
     cr_assert_eq(cfx_put(a, &id, b, 8, &p), CFX_ERR_INVALID);
     struct cfx_obj_params m = { .field_mask = CFX_OBJ_PARAM_MEMTYPE, .memtype = 99 };
