@@ -764,6 +764,7 @@ static void *reader_thread(void *arg)
             else
                 CFX_LOG(WARN, CTL, "lost the coordinator %s: %s%s", ctl->coord, why,
                         again ? "; reconnecting" : "");
+            ctl->stopped_in_order = ctl->coord_stopping;
             ctl->coord_stopping = 0;
             if (ctl->on_node_dead)
                 ctl->on_node_dead(ctl->arg, 0);
@@ -1049,10 +1050,18 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
     __atomic_store_n(&ctl->reconnecting, 0, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&ctl->conn_cond);
     pthread_mutex_unlock(&ctl->lock);
-    CFX_LOG(WARN, CTL, "reconnected to coordinator %s after %d attempt%s (%.1f s) as node %u%s",
-            ctl->coord, attempts, attempts == 1 ? "" : "s",
-            (double)(cfx__now_ns() - t0) / 1e9, ctl->node_id,
-            ctl->node_id == old_id ? "" : " (a new id: the old one was taken)");
+    /* after a stop in order (a restart), being back is no news worth a
+     * warning, unless it cost this node its id */
+    if (ctl->stopped_in_order && ctl->node_id == old_id)
+        CFX_LOG(INFO, CTL, "reconnected to coordinator %s after %d attempt%s (%.1f s) as node %u",
+                ctl->coord, attempts, attempts == 1 ? "" : "s",
+                (double)(cfx__now_ns() - t0) / 1e9, ctl->node_id);
+    else
+        CFX_LOG(WARN, CTL, "reconnected to coordinator %s after %d attempt%s (%.1f s) as node %u%s",
+                ctl->coord, attempts, attempts == 1 ? "" : "s",
+                (double)(cfx__now_ns() - t0) / 1e9, ctl->node_id,
+                ctl->node_id == old_id ? "" : " (a new id: the old one was taken)");
+    ctl->stopped_in_order = 0;
     if (ctl->on_reconnected)
         ctl->on_reconnected(ctl->arg);
     return CFX_OK;

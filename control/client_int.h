@@ -72,6 +72,7 @@ struct cfx_ctl {
     uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
     uint64_t reconnects;             /* successful reconnections */
     int coord_stopping;              /* reader only: EV_STOPPING came on this connection */
+    int stopped_in_order;            /* reader only: ... on the one lost (while reconnecting) */
     struct ctl_aput aput[CTL_APUT_MAX]; /* async puts unanswered: a ring, under lock */
     unsigned aput_head, aput_n;
 

@@ -1106,7 +1106,18 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
     while (cfx__ctl_lost_ms(b->ctl) == 0 && cfx__now_ns() < end)
         poll(NULL, 0, 5);
     int stop_seen = cfx__ctl_lost_ms(b->ctl) > 0;
+    /* restarted on its port: the client is back, and says so at INFO */
+    const char *colon = strrchr(own_addr, ':');
+    struct cfx_coord_params rp = { .bind_addr = "127.0.0.1",
+                                   .port = (uint16_t)atoi(colon ? colon + 1 : "0"),
+                                   .token = own_token };
+    cr_assert_eq(cfx__coord_start(&rp, &own), CFX_OK, "restart: %s", cfx_last_error());
+    end = cfx__deadline_ns(20000);
+    while (cfx__ctl_lost_ms(b->ctl) != 0 && cfx__now_ns() < end)
+        poll(NULL, 0, 10);
+    int back = cfx__ctl_lost_ms(b->ctl) == 0;
     cfx_context_destroy(b);
+    cfx__coord_stop(own);
     fflush(stderr);
 
     cfx__log_level = level;
@@ -1123,5 +1134,8 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
     cr_assert(cfx_test_file_contains(path, what), "no orderly stop logged: '%s' missing", what);
     cr_assert(!cfx_test_file_contains(path, "lost the coordinator"),
               "an orderly stop was reported as a lost coordinator");
+    cr_assert(back, "the client did not reconnect to the restarted coordinator");
+    cr_assert(cfx_test_file_contains(path, "reconnected to coordinator"), "no reconnect logged");
+    cr_assert(!cfx_test_file_contains(path, " WARN "), "a warning after a stop in order");
     unlink(path);
 }
