@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +192,16 @@ int cfx__coord_state_open(struct cfx_coord *co, const char *dir)
         return cfx__err(CFX_ERR_AUTH, "coordinator state directory %s is writable by others "
                         "(mode %03o): refusing it (chmod go-w)", dir,
                         (unsigned)(st.st_mode & 0777));
+    /* one coordinator per directory: two would hand out the same node ids
+     * and overwrite each other's records.  The lock is the open directory's
+     * own, so it goes with the process, however it ends (a kill -9 leaves
+     * nothing to clean up before a restart) */
+    if (flock(co->state_dirfd, LOCK_EX | LOCK_NB) < 0)
+        return errno == EWOULDBLOCK
+                   ? cfx__err(CFX_ERR_BUSY, "coordinator state directory %s is in use by "
+                              "another coordinator: refusing it", dir)
+                   : cfx__err(cfx__status_from_errno(errno), "cannot lock the coordinator "
+                              "state directory %s: %s", dir, strerror(errno));
     snprintf(co->state_dir, sizeof(co->state_dir), "%s", dir);
 
     int dfd = dup(co->state_dirfd);

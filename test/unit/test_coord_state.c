@@ -134,3 +134,20 @@ Test(coord_state, corrupt_and_half_written_files_are_ignored)
     cr_assert_neq(access(path, F_OK), 0, "a half-written temp file was left behind");
     close_store(co);
 }
+
+/* One coordinator per state directory: a second one is refused with
+ * CFX_ERR_BUSY naming it (two would hand out the same node ids and write
+ * over each other's records); once the first is gone, it may start. */
+Test(coord_state, second_coordinator_on_the_directory_is_refused)
+{
+    struct cfx_coord *a = open_store();
+    struct cfx_coord *b = calloc(1, sizeof(*b));
+    cr_assert_eq(cfx__coord_state_open(b, dir), CFX_ERR_BUSY);
+    cr_assert(strstr(cfx_last_error(), "in use by another coordinator"), "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), dir), "%s", cfx_last_error());
+    cfx__coord_state_close(b);
+    free(b);
+    close_store(a);
+    b = open_store(); /* the lock went with the first */
+    close_store(b);
+}
