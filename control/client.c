@@ -339,7 +339,10 @@ static int wait_connected(struct cfx_ctl *ctl, uint64_t deadline, uint64_t start
                            "connection was lost %llu ms ago; reconnecting) and did not come "
                            "back within the call's %llu ms",
                            (unsigned long long)(gone / 1000000ull),
-                           (unsigned long long)((deadline - start) / 1000000ull));
+                           /* a deadline already past at the call's start
+                            * (a step late in a longer call): 0, not a wrap */
+                           (unsigned long long)(deadline > start ? (deadline - start) / 1000000ull
+                                                                 : 0));
         }
     }
     return CFX_OK;

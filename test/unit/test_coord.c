@@ -510,6 +510,10 @@ Test(coord, leaving_node_is_not_a_death_and_calls_fail_after_coordinator_loss)
     cr_assert_eq(cfx__ctl_status(w, &st, cfx__deadline_ns(300)), CFX_ERR_CONNECT);
     cr_assert_geq(ms_since(t0), 250);
     cr_assert(strstr(cfx_last_error(), addr), "%s", cfx_last_error());
+    /* a deadline already past when the call starts (a late step of a
+     * longer call): the error says 0 ms, not 2^64 ns in ms */
+    cr_assert_eq(cfx__ctl_status(w, &st, cfx__now_ns() - 1000000), CFX_ERR_CONNECT);
+    cr_assert(strstr(cfx_last_error(), "within the call's 0 ms"), "%s", cfx_last_error());
     cfx__ctl_close(w); /* returns in the middle of reconnecting (the suite's timeout ends a hang) */
 }
 
