@@ -309,7 +309,9 @@ CFX_API int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64
 /** Object size known to the request (valid once complete). */
 CFX_API size_t cfx_request_size(const struct cfx_request *req);
 
-/** Free a completed request; a request still running is canceled first. NULL: no-op. */
+/** Free a completed request; a request still running is canceled first. NULL: no-op.
+ *  As with free(), a request freed once is gone: freeing or using it again is
+ *  undefined. */
 CFX_API void cfx_request_free(struct cfx_request *req);
 
 #ifdef __cplusplus
