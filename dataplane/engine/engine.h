@@ -67,7 +67,7 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 8         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 9         /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
@@ -77,7 +77,10 @@
                                        MACs; sealed tcp after the handshake;
                                     7: end_chunk in GET_REQ (a striped get's range);
                                     8: offset, putter and stripes in REDUCE_TASK
-                                       (striped reduces and their gathers) */
+                                       (striped reduces and their gathers);
+                                    9: a collective's check channel carries a rank's
+                                       news that it gave a call up (coll.h), which an
+                                       older rank would take for a disagreement */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
