@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -140,6 +141,16 @@ int tool_arg_mem(const char *prog, const char *opt, const char *s, size_t bytes,
     return 0;
 }
 
+int tool_arg_not_word(const char *prog, const char *opt, const char *s,
+                      const char *const *words)
+{
+    fprintf(stderr, "%s: %s: '%s' is not one of:", prog, opt, s ? s : "");
+    for (int i = 0; words[i]; i++)
+        fprintf(stderr, "%s %s", i ? "," : "", words[i]);
+    fputc('\n', stderr);
+    return -1;
+}
+
 int tool_arg_word(const char *prog, const char *opt, const char *s, const char *const *words,
                   int *out)
 {
@@ -148,18 +159,52 @@ int tool_arg_word(const char *prog, const char *opt, const char *s, const char *
             *out = i;
             return 0;
         }
-    fprintf(stderr, "%s: %s: '%s' is not one of:", prog, opt, s ? s : "");
-    for (int i = 0; words[i]; i++)
-        fprintf(stderr, "%s %s", i ? "," : "", words[i]);
-    fputc('\n', stderr);
-    return -1;
+    return tool_arg_not_word(prog, opt, s, words);
+}
+
+#define TRANSPORT_CHOICES                                                                      \
+    "tcp, shm, verbs or dpdk; a list in order of preference, shm,tcp; ^LIST: the default "     \
+    "less those"
+
+int tool_arg_transports(const char *prog, const char *opt, const char *s)
+{
+    /* the names the library knows (dataplane/engine/transport.c); a build
+     * without one says so when the context opens its transports */
+    static const char *const names[] = { "tcp", "shm", "verbs", "dpdk", NULL };
+    const char *p = s && s[0] == '^' ? s + 1 : s;
+    if (!p || !*p) {
+        fprintf(stderr, "%s: %s: '%s' is not a transport list (" TRANSPORT_CHOICES ")\n", prog,
+                opt, s ? s : "");
+        return -1;
+    }
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        int known = 0, other_case = 0;
+        for (int i = 0; names[i] && !known; i++) {
+            known = n == strlen(names[i]) && !strncmp(p, names[i], n);
+            other_case |= n == strlen(names[i]) && !strncasecmp(p, names[i], n);
+        }
+        if (!known) {
+            if (n == strlen(s) - (size_t)(s[0] == '^'))
+                fprintf(stderr, "%s: %s: '%s' is not a transport (" TRANSPORT_CHOICES ")%s\n",
+                        prog, opt, s, other_case ? "; names are lower case" : "");
+            else
+                fprintf(stderr, "%s: %s: '%.*s' in '%s' is not a transport (" TRANSPORT_CHOICES
+                        ")%s\n", prog, opt, (int)n, p, s,
+                        other_case ? "; names are lower case" : "");
+            return -1;
+        }
+        if (!p[n])
+            return 0;
+        p += n + 1;
+    }
 }
 
 int tool_arg_bool(const char *prog, const char *opt, const char *s, int *out)
 {
     static const char *const words[] = { "off", "on", "no", "yes", "false", "true", "0", "1",
                                          NULL };
-    int i;
+    int i = 0;
     if (tool_arg_word(prog, opt, s, words, &i))
         return -1;
     *out = i & 1;

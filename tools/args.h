@@ -42,9 +42,28 @@ int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, 
  */
 int tool_arg_mem(const char *prog, const char *opt, const char *s, size_t bytes, int pinned);
 
-/* One of the NULL-terminated @p words (case-insensitive); *out is its index. */
+/* One of the NULL-terminated @p words (case-insensitive); *out is its index.
+ * A value that is none of them is named with the list of them:
+ *   cfx_obj_perf: -o: 'scatter' is not one of: broadcast, reduce, ... */
 int tool_arg_word(const char *prog, const char *opt, const char *s, const char *const *words,
                   int *out);
+
+/* The error of tool_arg_word, for a caller that matched @p s itself (a
+ * library's parser, aliases): names @p s and the NULL-terminated @p words.
+ * Returns -1. */
+int tool_arg_not_word(const char *prog, const char *opt, const char *s,
+                      const char *const *words);
+
+/*
+ * A transport list as CFX_TRANSPORT takes it, the one spelling of every
+ * tool's transport option (cfx_run -t, cfx_get_bw -t, cfx_get_lat -t): a
+ * name, tcp, shm, verbs or dpdk (lower case, as the library reads them), a
+ * comma-separated list of them in order of preference (shm,tcp), or ^LIST,
+ * the default less those.  0, or -1 after naming the bad name and the
+ * valid ones:
+ *   cfx_get_bw: -t: 'TCP' is not a transport (tcp, shm, verbs or dpdk, ...)
+ */
+int tool_arg_transports(const char *prog, const char *opt, const char *s);
 
 /* on/off, yes/no, true/false, 1/0 -> 1/0. */
 int tool_arg_bool(const char *prog, const char *opt, const char *s, int *out);

@@ -139,7 +139,10 @@ static void usage(FILE *f)
         "\n"
         "Sizes are the bytes of one rank's larger buffer, as in nccl-tests: for\n"
         "allgather, gather and alltoall the receive buffer, for reducescatter and\n"
-        "scatter the send buffer.  Ranks and the cluster come from the environment\n"
+        "scatter the send buffer.  A size counts whole elements of -d (rounded down;\n"
+        "for those blocked ops, whole elements per rank): a size below one gives no row,\n"
+        "and a sweep with no size of one element or more is refused.  Ranks and the\n"
+        "cluster come from the environment\n"
         "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).  A bad value is\n"
         "named on stderr; usage errors exit with status 2.\n");
 }
@@ -176,6 +179,43 @@ static int parse_algo(const char *s, struct coll_opts *o)
             return 0;
         }
     return -1;
+}
+
+/* A value of -o, -d, -R, -a or -i that is none of its words: named, with
+ * the words there are (aliases, such as bcast or fp16, are taken too).
+ * Returns TOOL_EXIT_USAGE. */
+static int bad_word(int c, const char *arg)
+{
+    const char *words[OP_LAST + CFX_DTYPE_LAST + CFX_OP_LAST + CFX_ALGO_LAST + 4];
+    char opt[4] = { '-', (char)c, 0, 0 };
+    int n = 0;
+    switch (c) {
+    case 'o':
+        for (int i = 0; i < OP_LAST; i++)
+            words[n++] = ops[i].name;
+        break;
+    case 'd':
+        for (int i = 0; i < CFX_DTYPE_LAST; i++)
+            words[n++] = cfx_dtype_name((enum cfx_dtype)i);
+        break;
+    case 'R':
+        for (int i = 0; i < CFX_OP_LAST; i++)
+            words[n++] = cfx_redop_name((enum cfx_redop)i);
+        break;
+    case 'a':
+        words[n++] = "auto";
+        for (int a = CFX_ALGO_AUTO + 1; a < CFX_ALGO_LAST; a++)
+            words[n++] = cfx_algo_name((enum cfx_algo)a);
+        break;
+    default:
+        words[n++] = "0";
+        words[n++] = "1";
+        words[n++] = "both";
+        break;
+    }
+    words[n] = NULL;
+    tool_arg_not_word(PROG, opt, arg, words);
+    return TOOL_EXIT_USAGE;
 }
 
 static int parse_opts(int argc, char **argv, struct coll_opts *o)
@@ -258,15 +298,23 @@ static int parse_opts(int argc, char **argv, struct coll_opts *o)
                                      : "32M",
                      2 * o->sw.max_bytes, 0))
         return TOOL_EXIT_USAGE;
+    /* a size below one element is no row: a sweep with no other size would
+     * print an empty table and say OK */
+    size_t esize = cfx_dtype_size(o->dtype), last = sweep_last(&o->sw);
+    if (o->op != OP_BARRIER && last < esize) {
+        fprintf(stderr, "%s: -b %zu -e %zu: no size of the sweep holds one %s element (%zu "
+                "byte%s), so no row would run: sizes count whole elements of -d (give -e %zu "
+                "or more)\n", PROG, o->sw.min_bytes, o->sw.max_bytes, cfx_dtype_name(o->dtype),
+                esize, esize == 1 ? "" : "s", esize);
+        return TOOL_EXIT_USAGE;
+    }
     if (o->place & PLACE_IN && !ops[o->op].inplace && o->place != PLACE_BOTH) {
         fprintf(stderr, "cfx_coll_perf: %s has no in-place form\n", ops[o->op].name);
         return 2;
     }
     return 0;
-bad_word: /* names: the usage lists the ones there are */
-    fprintf(stderr, "%s: -%c: '%s' is not a known value\n", PROG, c, optarg);
-    usage(stderr);
-    return TOOL_EXIT_USAGE;
+bad_word:
+    return bad_word(c, optarg);
 }
 
 /* ---- deterministic inputs and expected results ---------------------------- */
@@ -688,9 +736,25 @@ int main(int argc, char **argv)
         else if (R.rank == 0)
             fprintf(stderr, "cfx_coll_perf: root %d is not a rank of a group of %d\n", o.sw.root,
                     R.n);
+        cfx_group_barrier(R.g, NULL); /* rank 0 has said why before any rank exits */
         cfx_group_destroy(R.g);
         cfx_context_destroy(ctx);
         return 2;
+    }
+    /* blocked ops: a size holds n blocks of at least one element each */
+    size_t last = sweep_last(&o.sw);
+    if (d->blocked && last < (size_t)R.n * R.esize) {
+        if (R.rank == 0)
+            fprintf(stderr, "cfx_coll_perf: -b %zu -e %zu: no size of the sweep holds one %s "
+                    "element (%zu bytes) per rank for %s over %d ranks, so no row would run "
+                    "(give -e %zu or more)\n", o.sw.min_bytes, o.sw.max_bytes,
+                    cfx_dtype_name(o.dtype), R.esize, d->name, R.n, (size_t)R.n * R.esize);
+        /* rank 0 has said why before any rank exits (a launcher stops the
+         * others at the first exit) */
+        cfx_group_barrier(R.g, NULL);
+        cfx_group_destroy(R.g);
+        cfx_context_destroy(ctx);
+        return TOOL_EXIT_USAGE;
     }
     R.cp.field_mask =
         (o.algo_set ? CFX_COLL_PARAM_ALGO : 0) | (o.sw.timeout_ms ? CFX_COLL_PARAM_TIMEOUT : 0);
@@ -835,7 +899,7 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
         }
-        if (o.op == OP_BARRIER || size > o.sw.max_bytes / (size_t)o.sw.factor)
+        if (o.op == OP_BARRIER || size >= last)
             break;
         size = size ? size * (size_t)o.sw.factor : 1;
     }

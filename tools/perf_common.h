@@ -63,8 +63,10 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
             "  -n, --iters=N        measured gets per size, 1..1000000 (default %ld)\n"
             "  -w, --warmup=N       unmeasured gets first, 0..1000000 (default 2)\n"
-            "  -t, --transport=T    tcp, shm, verbs or dpdk (default: shm on the same host, else\n"
-            "                       verbs, else tcp; dpdk needs its port in CFX_DPDK_VDEV or\n"
+            "  -t, --transport=T    tcp, shm, verbs or dpdk, or a list in order of preference\n"
+            "                       (shm,tcp); ^T: the default less those; as cfx_run -t and\n"
+            "                       CFX_TRANSPORT (default: shm on the same host, else verbs,\n"
+            "                       else tcp; dpdk needs its port in CFX_DPDK_VDEV or\n"
             "                       CFX_DPDK_EAL)\n"
             "  -c, --chunk-size=N   chunk size, 4K..64M (default: follows the object size)\n"
             "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
@@ -100,9 +102,8 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
-    static const char *const transports[] = { "tcp", "shm", "verbs", "dpdk", NULL };
     const char *size_arg = NULL;
-    int c, tp;
+    int c;
     memset(o, 0, sizeof(*o));
     o->port = 18515;
     o->bind = "127.0.0.1";
@@ -131,7 +132,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
                                 &o->warmup);
             break;
         case 't':
-            bad = tool_arg_word(prog, "-t", optarg, transports, &tp);
+            bad = tool_arg_transports(prog, "-t", optarg);
             o->transport = optarg;
             break;
         case 'c':

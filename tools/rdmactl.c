@@ -1,7 +1,11 @@
 /*
  * rdmactl: inspect a Conflux cluster through its coordinator.
  *
- *   rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND
+ *   rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND [COMMAND OPTIONS]
+ *
+ * The global options may also follow the command (rdmactl objects --json),
+ * as kubectl's do.  Every command refuses an option or argument it does not
+ * take (exit 2, one line naming it).
  *
  * Names, host names and object names come from peers: they are printed
  * escaped (bytes outside printable ASCII as \xNN in tables, \u00NN in JSON).
@@ -47,11 +51,37 @@ struct rdmactl {
     struct cfx_ctl *ctl;    /* opened lazily by ctl_get() */
 };
 
+/* A command's own options, one bit each (struct rdmactl_cmd.opts). */
+enum {
+    OPT_ALL = 1 << 0,      /* nodes --all */
+    OPT_ONCE = 1 << 1,     /* top --once */
+    OPT_INTERVAL = 1 << 2, /* top --interval MS */
+    OPT_COUNT = 1 << 3,    /* top --count N */
+    OPT_JOB = 1 << 4,      /* ps --job J */
+    OPT_TIMEOUT = 1 << 5,  /* ps --timeout MS */
+    OPT_AUTO = 1 << 6,     /* ps add-server --auto */
+};
+
+/* A command's options and operands, as the scan of its arguments found them. */
+struct cmd_args {
+    const char *name;     /* the command */
+    int all, once, autosel;
+    const char *interval; /* values as given; each command checks its own */
+    const char *count;
+    const char *job;
+    const char *timeout;
+    int nargs;            /* operands, in order */
+    char **args;
+};
+
 struct rdmactl_cmd {
     const char *name;
-    int (*fn)(struct rdmactl *r, int argc, char **argv);  /* returns the exit status */
+    int (*fn)(struct rdmactl *r, const struct cmd_args *a);  /* returns the exit status */
     const char *help;
-    int local;  /* runs on this host alone: no coordinator needed */
+    int local;          /* runs on this host alone: no coordinator needed */
+    unsigned opts;      /* OPT_* it takes */
+    int max_args;       /* operands it takes, at most */
+    const char *usage;  /* after "rdmactl [global options] " */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -179,43 +209,82 @@ static int fail(const char *what)
 /* ------------------------------------------------------------------------ */
 /* Commands                                                                  */
 
-static int cmd_status(struct rdmactl *r, int argc, char **argv)
+/* "alive", "dead" or "left" (dead after saying goodbye). */
+static const char *node_state(const struct cfx_node_rec *x)
+{
+    return x->alive ? "alive" : (x->flags & CFX_NODE_F_LEFT) ? "left" : "dead";
+}
+
+/*
+ * Members by state, from the node listing: the coordinator's STATUS counts
+ * observers (tools' contexts, such as rdmactl ps) among the members and a
+ * member that left in good order among the dead.  Here the three states are
+ * those `rdmactl nodes --all` shows, for workers; observers are counted
+ * apart, and only while connected.
+ */
+struct member_counts {
+    uint32_t alive, dead, left; /* workers */
+    uint32_t observers;         /* observers alive */
+};
+
+static void member_count(const struct cfx_node_rec *nodes, size_t n, struct member_counts *c)
+{
+    memset(c, 0, sizeof(*c));
+    for (size_t i = 0; i < n; i++) {
+        const struct cfx_node_rec *x = &nodes[i];
+        if (x->flags & CFX_NODE_F_OBSERVER)
+            c->observers += x->alive ? 1 : 0;
+        else if (x->alive)
+            c->alive++;
+        else if (x->flags & CFX_NODE_F_LEFT)
+            c->left++;
+        else
+            c->dead++;
+    }
+}
+
+static int cmd_status(struct rdmactl *r, const struct cmd_args *a)
 {
     struct cfx_ctl_status s;
+    struct cfx_node_rec *nodes = NULL;
+    struct member_counts m;
+    size_t nn = 0;
     char b[32];
-    (void)argc;
-    (void)argv;
+    (void)a;
     if (!ctl_get(r))
         return 1;
     if (cfx__ctl_status(r->ctl, &s, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
         return fail("status");
+    if (cfx__ctl_nodes(r->ctl, &nodes, &nn, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
+        return fail("node listing");
+    member_count(nodes, nn, &m);
+    free(nodes);
     if (r->json) {
         printf("{\"coordinator\":");
         json_str(r->coord);
         printf(",\"version\":");
         json_str(s.version);
         printf(",\"protocol\":%u,\"uptime_ms\":%llu,\"nodes_alive\":%u,\"nodes_dead\":%u,"
+               "\"nodes_left\":%u,\"observers\":%u,"
                "\"objects\":%u,\"inline_bytes\":%llu,\"heartbeat_ms\":%u,"
                "\"dead_after_ms\":%u}\n",
-               s.proto_version, (unsigned long long)s.uptime_ms, s.nodes_alive, s.nodes_dead,
-               s.objects, (unsigned long long)s.inline_bytes, s.heartbeat_ms, s.dead_after_ms);
+               s.proto_version, (unsigned long long)s.uptime_ms, m.alive, m.dead, m.left,
+               m.observers, s.objects, (unsigned long long)s.inline_bytes, s.heartbeat_ms,
+               s.dead_after_ms);
         return 0;
     }
     printf("%-14s : %s\n", "coordinator", r->coord);
     printf("%-14s : %s (protocol %u)\n", "version", s.version, s.proto_version);
     printf("%-14s : %llu.%03llu s\n", "uptime", (unsigned long long)(s.uptime_ms / 1000),
            (unsigned long long)(s.uptime_ms % 1000));
-    printf("%-14s : %u alive, %u dead\n", "nodes", s.nodes_alive, s.nodes_dead);
+    printf("%-14s : %u alive, %u dead, %u left\n", "nodes", m.alive, m.dead, m.left);
+    if (m.observers)
+        printf("%-14s : %u (tools' connections: rdmactl nodes --all)\n", "observers",
+               m.observers);
     printf("%-14s : %u\n", "objects", s.objects);
     printf("%-14s : %s\n", "inline bytes", human_bytes(s.inline_bytes, b, sizeof(b)));
     printf("%-14s : %u ms (dead after %u ms)\n", "heartbeat", s.heartbeat_ms, s.dead_after_ms);
     return 0;
-}
-
-/* "alive", "dead" or "left" (dead after saying goodbye). */
-static const char *node_state(const struct cfx_node_rec *x)
-{
-    return x->alive ? "alive" : (x->flags & CFX_NODE_F_LEFT) ? "left" : "dead";
 }
 
 /* Listed by default: alive members.  --all adds the recently dead (the
@@ -246,18 +315,12 @@ static void json_load(const struct cfx_msg_load *l)
     printf("}}");
 }
 
-static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
+static int cmd_nodes(struct rdmactl *r, const struct cmd_args *a)
 {
     struct cfx_node_rec *nodes = NULL;
     size_t n = 0;
     char tps[96];
-    int all = 0;
-    if (argc == 2 && !strcmp(argv[1], "--all")) {
-        all = 1;
-    } else if (argc != 1) {
-        fprintf(stderr, "usage: rdmactl nodes [--all]\n");
-        return 2;
-    }
+    int all = a->all;
     if (!ctl_get(r))
         return 1;
     if (cfx__ctl_nodes(r->ctl, &nodes, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
@@ -326,13 +389,12 @@ static int cmd_nodes(struct rdmactl *r, int argc, char **argv)
     return 0;
 }
 
-static int cmd_objects(struct rdmactl *r, int argc, char **argv)
+static int cmd_objects(struct rdmactl *r, const struct cmd_args *a)
 {
     struct cfx_ctl_obj_rec *objs = NULL;
     size_t n = 0;
     char hex[CFX_OBJECT_ID_HEX_LEN], b[32];
-    (void)argc;
-    (void)argv;
+    (void)a;
     if (!ctl_get(r))
         return 1;
     if (cfx__ctl_objects(r->ctl, &objs, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
@@ -429,10 +491,9 @@ static int dpdk_ports(int json)
 
 /* Local RDMA devices and DPDK ports (and GPU support), in the manner of
  * ibv_devinfo. */
-static int cmd_devices(struct rdmactl *r, int argc, char **argv)
+static int cmd_devices(struct rdmactl *r, const struct cmd_args *a)
 {
-    (void)argc;
-    (void)argv;
+    (void)a;
     char gpu[160];
     cfx__gpu_describe(gpu, sizeof(gpu));
 #ifdef CFX_HAVE_VERBS
@@ -484,52 +545,53 @@ static int cmd_devices(struct rdmactl *r, int argc, char **argv)
 
 /* ps: administer a parameter-server job.  Joins the cluster as a member for
  * the duration of the command (the scheduler answers through small objects). */
-static int cmd_ps(struct rdmactl *r, int argc, char **argv)
+static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
 {
     static const char *const states[] = { "?", "active", "standby", "draining", "retired" };
     static const char *const subs[] = { "add-server", "remove-server", "rebalance", "auto",
                                         "shards", NULL };
     enum { PS_ADD, PS_REMOVE, PS_REBALANCE, PS_AUTO, PS_SHARDS };
-    const char *job = getenv("CFX_PS_JOB") ? getenv("CFX_PS_JOB") : "ps";
-    int timeout = RDMACTL_PS_TIMEOUT_MS, i = 1, which, server = 0, on = 0;
-    for (; i < argc && argv[i][0] == '-'; i += 2) {
-        if (strcmp(argv[i], "--job") && strcmp(argv[i], "--timeout")) {
-            fprintf(stderr, "rdmactl: ps: unknown option '%s'\n", argv[i]);
-            goto usage;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "rdmactl: ps: %s needs a value\n", argv[i]);
-            goto usage;
-        }
-        if (!strcmp(argv[i], "--job"))
-            job = argv[i + 1];
-        else if (tool_arg_timeout_ms("rdmactl", "--timeout", argv[i + 1], &timeout))
-            return TOOL_EXIT_USAGE;
-    }
+    const char *job = a->job ? a->job : getenv("CFX_PS_JOB") ? getenv("CFX_PS_JOB") : "ps";
+    int timeout = RDMACTL_PS_TIMEOUT_MS, which, server = 0, on = 0;
+    if (a->timeout && tool_arg_timeout_ms("rdmactl", "--timeout", a->timeout, &timeout))
+        return TOOL_EXIT_USAGE;
     if (!*job) {
         fprintf(stderr, "rdmactl: --job: '' is not a job name\n");
         return TOOL_EXIT_USAGE;
     }
-    if (i >= argc) {
+    if (a->nargs < 1) {
         fprintf(stderr, "rdmactl: ps: no subcommand given\n");
         goto usage;
     }
-    if (tool_arg_word("rdmactl", "ps", argv[i], subs, &which))
+    if (tool_arg_word("rdmactl", "ps", a->args[0], subs, &which))
         goto usage;
     const char *sub = subs[which];
-    int nargs = which == PS_ADD || which == PS_REMOVE || which == PS_AUTO;
-    if (argc - i - 1 != nargs) {
-        fprintf(stderr, "rdmactl: ps %s takes %s\n", sub,
-                which == PS_AUTO ? "one word, on or off" : nargs ? "one server index" : "no argument");
+    /* add-server --auto: the standby server that task placement chooses */
+    int add_auto = a->autosel;
+    if (add_auto && which != PS_ADD) {
+        fprintf(stderr, "rdmactl: ps %s: --auto goes with add-server only\n", sub);
         goto usage;
     }
-    /* add-server --auto: the standby server that task placement chooses */
-    int add_auto = which == PS_ADD && !strcmp(argv[i + 1], "--auto");
+    int nargs = (which == PS_ADD && !add_auto) || which == PS_REMOVE || which == PS_AUTO;
+    if (a->nargs - 1 != nargs) {
+        if (a->nargs - 1 > nargs)
+            fprintf(stderr, "rdmactl: ps %s: unexpected argument '%s' (it takes %s)\n", sub,
+                    a->args[1 + nargs],
+                    which == PS_AUTO ? "one word, on or off"
+                    : which == PS_ADD ? "one server index or --auto"
+                    : nargs         ? "one server index"
+                                    : "no argument");
+        else
+            fprintf(stderr, "rdmactl: ps %s takes %s\n", sub,
+                    which == PS_AUTO ? "one word, on or off"
+                    : which == PS_ADD ? "one server index or --auto"
+                                      : "one server index");
+        goto usage;
+    }
     if ((which == PS_ADD || which == PS_REMOVE) && !add_auto &&
-        tool_arg_int("rdmactl", sub, argv[i + 1], 0, INT_MAX, "a server index",
-                     &server))
+        tool_arg_int("rdmactl", sub, a->args[1], 0, INT_MAX, "a server index", &server))
         return TOOL_EXIT_USAGE;
-    if (which == PS_AUTO && tool_arg_bool("rdmactl", "auto", argv[i + 1], &on))
+    if (which == PS_AUTO && tool_arg_bool("rdmactl", "auto", a->args[1], &on))
         return TOOL_EXIT_USAGE;
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
@@ -603,6 +665,7 @@ static int cmd_ps(struct rdmactl *r, int argc, char **argv)
 usage:
     fprintf(stderr, "usage: rdmactl ps [--job J] [--timeout MS] add-server N|--auto | remove-server N"
                     " | rebalance | auto on|off | shards\n"
+                    "  (options before or after the subcommand)\n"
                     "  --job J       the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
                     "                exist is reported as soon as the coordinator answers\n"
                     "  --timeout MS  deadline of the request, 0..2147483647 (default %d)\n"
@@ -626,16 +689,12 @@ static const char *task_state(const struct cfx_ctl_task_rec *t)
  * ran on, who submitted it, its age, how often it was placed, and for a
  * failed one the status and why.
  */
-static int cmd_tasks(struct rdmactl *r, int argc, char **argv)
+static int cmd_tasks(struct rdmactl *r, const struct cmd_args *a)
 {
     struct cfx_ctl_task_rec *tasks = NULL;
     size_t n = 0;
     char hex[CFX_OBJECT_ID_HEX_LEN], name[4 * 64 + 1], text[4 * CFX_CTL_TASK_TEXT_MAX + 1];
-    if (argc != 1) {
-        fprintf(stderr, "rdmactl tasks: unexpected argument '%s'\nusage: rdmactl tasks\n",
-                argv[1]);
-        return TOOL_EXIT_USAGE;
-    }
+    (void)a;
     if (!ctl_get(r))
         return 1;
     if (cfx__ctl_tasks(r->ctl, &tasks, &n, cfx__deadline_ns(RDMACTL_TIMEOUT_MS)) != CFX_OK)
@@ -903,8 +962,15 @@ static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t 
         fputs("\033[H\033[2J", stdout);
     printf("conflux top  %s  coordinator %s  up %llu s\n", when, r->coord,
            (unsigned long long)(s.uptime_ms / 1000));
-    printf("members: %u alive, %u dead   objects: %u (%s)   inline: %s\n", s.nodes_alive,
-           s.nodes_dead, s.objects, human_bytes(obytes, b, sizeof(b)),
+    /* workers by state, as in status (from the listing: the STATUS counts
+     * take observers for members and members that left for dead) */
+    struct member_counts m;
+    char left[32] = "";
+    member_count(nodes, nn, &m);
+    if (m.left)
+        snprintf(left, sizeof(left), ", %u left", m.left);
+    printf("members: %u alive, %u dead%s   objects: %u (%s)   inline: %s\n", m.alive, m.dead,
+           left, s.objects, human_bytes(obytes, b, sizeof(b)),
            human_bytes(s.inline_bytes, when, sizeof(when)));
     printf("transfers: %u copies being received, %u uploads%s\n\n", partial, uploads,
            truncated ? " (objects of more than 16 holders counted by their first 16)" : "");
@@ -953,33 +1019,20 @@ static int top_frame(struct rdmactl *r, int tty, struct top_prev **prev, size_t 
     return rc;
 }
 
-static int cmd_top(struct rdmactl *r, int argc, char **argv)
+static int cmd_top(struct rdmactl *r, const struct cmd_args *a)
 {
-    int once = 0, interval = 1000, count = 0, c;
-    static const struct option opts[] = {
-        { "once", no_argument, NULL, 'o' },
-        { "interval", required_argument, NULL, 'i' },
-        { "count", required_argument, NULL, 'n' },
-        { NULL, 0, NULL, 0 },
-    };
-    optind = 0; /* glibc: a fresh scan of this argv */
-    while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': once = 1; break;
-        case 'i':
-            if (tool_arg_int("rdmactl top", "--interval", optarg, 100, 3600000, "milliseconds",
-                             &interval))
-                return TOOL_EXIT_USAGE;
-            break;
-        case 'n':
-            if (tool_arg_int("rdmactl top", "--count", optarg, 1, INT_MAX, "a frame count", &count))
-                return TOOL_EXIT_USAGE;
-            break;
-        default: goto usage;
-        }
+    int once = a->once, interval = 1000, count = 0;
+    if (a->interval && tool_arg_int("rdmactl top", "--interval", a->interval, 100, 3600000,
+                                    "milliseconds", &interval))
+        return TOOL_EXIT_USAGE;
+    if (a->count &&
+        tool_arg_int("rdmactl top", "--count", a->count, 1, INT_MAX, "a frame count", &count))
+        return TOOL_EXIT_USAGE;
+    if (r->json) {
+        fprintf(stderr, "rdmactl top: --json is not supported: use status, nodes and objects "
+                "for machines\n");
+        return TOOL_EXIT_USAGE;
     }
-    if (optind != argc || r->json)
-        goto usage;
     if (once)
         count = 1;
     if (!ctl_get(r))
@@ -1000,36 +1053,203 @@ static int cmd_top(struct rdmactl *r, int argc, char **argv)
     free(prev);
     free(psprev);
     return rc;
-usage:
-    fprintf(stderr, "usage: rdmactl top [--once] [--interval MS] [--count N]\n"
-                    "  --once         one frame, no terminal escapes (for scripts)\n"
-                    "  --interval MS  refresh period, 100..3600000 (default 1000)\n"
-                    "  --count N      stop after N frames (default: until interrupted)\n"
-                    "  (no --json: use status, nodes and objects for machines)\n");
-    return TOOL_EXIT_USAGE;
 }
 
 static const struct rdmactl_cmd commands[] = {
-    { "status", cmd_status, "coordinator summary: version, uptime, members, objects", 0 },
-    { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead", 0 },
-    { "objects", cmd_objects, "object directory: names, sizes and holders", 0 },
+    { "status", cmd_status, "coordinator summary: version, uptime, members by state, objects",
+      0, 0, 0, "status" },
+    { "nodes", cmd_nodes, "alive cluster members; --all: also observers and the recently dead "
+      "or gone", 0, OPT_ALL, 0, "nodes [--all]" },
+    { "objects", cmd_objects, "object directory: names, sizes and holders", 0, 0, 0, "objects" },
     { "tasks", cmd_tasks, "tasks: queued, running and lately ended, where, and how they ended",
-      0 },
+      0, 0, 0, "tasks" },
     { "top", cmd_top, "live per-node view: members, copies held, transfers; --once for scripts",
-      0 },
-    { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1 },
-    { "ps", cmd_ps, "parameter server: add-server N|--auto | remove-server | rebalance | auto | shards", 0 },
+      0, OPT_ONCE | OPT_INTERVAL | OPT_COUNT, 0, "top [--once] [--interval MS] [--count N]" },
+    { "devices", cmd_devices, "local RDMA devices, ports, GIDs, MTU; DPDK ports; GPU support", 1,
+      0, 0, "devices" },
+    { "ps", cmd_ps, "parameter server: add-server N|--auto | remove-server | rebalance | auto | "
+      "shards", 0, OPT_JOB | OPT_TIMEOUT | OPT_AUTO, INT_MAX, /* cmd_ps checks them */
+      "ps [--job J] [--timeout MS] add-server N|--auto | remove-server N | rebalance | "
+      "auto on|off | shards" },
 };
+
+#define GLOBAL_USAGE "rdmactl [--coord HOST:PORT] [--token T] [--json]"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND\n\n"
+    fprintf(f, "usage: " GLOBAL_USAGE " COMMAND [OPTIONS] [ARGS]\n\n"
                "  --coord HOST:PORT  coordinator (default $CFX_COORD)\n"
                "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE);\n"
                "                     visible in ps: prefer CFX_TOKEN_FILE\n"
-               "  --json             machine-readable output\n\ncommands:\n");
+               "  --json             machine-readable output (every command but top)\n"
+               "These global options may also follow the command, as kubectl's do:\n"
+               "'rdmactl objects --json' is 'rdmactl --json objects'.  A command refuses an\n"
+               "option or argument it does not take (exit 2); 'rdmactl COMMAND --help' shows\n"
+               "its own.\n\ncommands:\n");
     for (size_t i = 0; i < CFX_ARRAY_SIZE(commands); i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nExit status: 0 ok, 1 the coordinator could not be reached or answered an\n"
+               "error (devices: no device found), 2 a usage error.\n");
+}
+
+/* rdmactl COMMAND --help */
+static void cmd_usage(const struct rdmactl_cmd *cmd)
+{
+    printf("usage: " GLOBAL_USAGE " %s\n\n%s\n", cmd->usage, cmd->help);
+    if (cmd->fn == cmd_status)
+        printf("  nodes: workers alive, dead (lost) and left (in good order), the states\n"
+               "  'rdmactl nodes --all' shows; the coordinator lists the dead and gone for a\n"
+               "  while (60 s by default).  Observers (tools' connections) are counted apart,\n"
+               "  while connected.  --json: nodes_alive, nodes_dead, nodes_left, observers.\n");
+    if (cmd->opts & OPT_ALL)
+        printf("  --all          also observers (tools' connections, marked *) and the members\n"
+               "                 that died or left lately (the coordinator forgets them)\n");
+    if (cmd->opts & OPT_ONCE)
+        printf("  --once         one frame, no terminal escapes (for scripts)\n"
+               "  --interval MS  refresh period, 100..3600000 (default 1000)\n"
+               "  --count N      stop after N frames (default: until interrupted)\n"
+               "  (no --json: use status, nodes and objects for machines)\n");
+    if (cmd->opts & OPT_JOB)
+        printf("  --job J        the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
+               "                 exist is reported as soon as the coordinator answers\n"
+               "  --timeout MS   deadline of the request, 0..2147483647 (default %d)\n"
+               "  N              a server index (0, 1, ...); auto takes on or off (yes/no)\n",
+               RDMACTL_PS_TIMEOUT_MS);
+    printf("The global options (--coord, --token, --json) may come before or after the\n"
+           "command; options and arguments may come in any order; '--' ends the options.\n");
+}
+
+static void token_drop(char *copy)
+{
+    if (copy) {
+        explicit_bzero(copy, strlen(copy));
+        free(copy);
+    }
+}
+
+/* --token's value: copied, and the argv bytes overwritten (ps shows them
+ * only until here).  0, or -1 out of memory. */
+static int take_token(char *val, char **copy)
+{
+    fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
+            "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
+    token_drop(*copy); /* a second --token: the first one's bytes go too */
+    *copy = strdup(val);
+    if (!*copy) {
+        fprintf(stderr, "rdmactl: out of memory\n");
+        return -1;
+    }
+    memset(val, '*', strlen(val));
+    return 0;
+}
+
+/* An option after the command: the global ones (also before it) and the
+ * command's own. */
+static const struct {
+    const char *name;
+    char short_name; /* 0: none */
+    int has_arg;
+    unsigned bit;    /* OPT_*; 0 for a global option */
+} cmd_opts[] = {
+    { "coord", 'c', 1, 0 },          { "token", 't', 1, 0 },       { "json", 'j', 0, 0 },
+    { "help", 'h', 0, 0 },           { "all", 0, 0, OPT_ALL },     { "once", 0, 0, OPT_ONCE },
+    { "interval", 0, 1, OPT_INTERVAL }, { "count", 0, 1, OPT_COUNT }, { "job", 0, 1, OPT_JOB },
+    { "timeout", 0, 1, OPT_TIMEOUT }, { "auto", 0, 0, OPT_AUTO },
+};
+
+/*
+ * Scan the arguments after @p cmd's name (argv[1..argc)): its options, the
+ * global ones, and its operands, in any order ("--" ends the options; an
+ * argument '-' followed by a digit is an operand: a negative number, which
+ * the command then refuses by name).  0; 1 after --help was printed (exit
+ * 0); TOOL_EXIT_USAGE after one line naming what was refused; -1 out of
+ * memory.
+ */
+static int cmd_scan(struct rdmactl *r, const struct rdmactl_cmd *cmd, int argc, char **argv,
+                    struct cmd_args *a, char **token_copy)
+{
+    int help = 0, ends = 0;
+    memset(a, 0, sizeof(*a));
+    a->name = cmd->name;
+    a->args = calloc((size_t)argc + 1, sizeof(*a->args));
+    if (!a->args) {
+        fprintf(stderr, "rdmactl: out of memory\n");
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        char *arg = argv[i];
+        if (ends || arg[0] != '-' || !arg[1] || (arg[1] >= '0' && arg[1] <= '9')) {
+            if (a->nargs >= cmd->max_args) {
+                fprintf(stderr, "rdmactl %s: unexpected argument '%s' (%s takes %s; see "
+                        "rdmactl %s --help)\n", cmd->name, arg, cmd->name,
+                        cmd->opts ? "options only" : "no argument", cmd->name);
+                return TOOL_EXIT_USAGE;
+            }
+            a->args[a->nargs++] = arg;
+            continue;
+        }
+        if (!strcmp(arg, "--")) {
+            ends = 1;
+            continue;
+        }
+        /* --name, --name=value, -x, -xVALUE */
+        const char *name = arg[1] == '-' ? arg + 2 : NULL;
+        size_t nlen = name ? strcspn(name, "=") : 0;
+        int k = -1;
+        for (size_t j = 0; j < CFX_ARRAY_SIZE(cmd_opts) && k < 0; j++) {
+            if (cmd_opts[j].bit && !(cmd->opts & cmd_opts[j].bit))
+                continue;
+            if (name ? nlen == strlen(cmd_opts[j].name) && !strncmp(name, cmd_opts[j].name, nlen)
+                     : cmd_opts[j].short_name && arg[1] == cmd_opts[j].short_name &&
+                           (!arg[2] || cmd_opts[j].has_arg))
+                k = (int)j;
+        }
+        if (k < 0) {
+            fprintf(stderr, "rdmactl %s: unknown option '%s' (see rdmactl %s --help)\n",
+                    cmd->name, arg, cmd->name);
+            return TOOL_EXIT_USAGE;
+        }
+        char *val = NULL;
+        if (name && name[nlen] == '=') {
+            if (!cmd_opts[k].has_arg) {
+                fprintf(stderr, "rdmactl %s: --%s takes no value ('%s')\n", cmd->name,
+                        cmd_opts[k].name, arg);
+                return TOOL_EXIT_USAGE;
+            }
+            val = (char *)name + nlen + 1;
+        } else if (cmd_opts[k].has_arg) {
+            if (!name && arg[2]) {
+                val = arg + 2;
+            } else if (i + 1 < argc) {
+                val = argv[++i];
+            } else {
+                fprintf(stderr, "rdmactl %s: %s needs a value\n", cmd->name, arg);
+                return TOOL_EXIT_USAGE;
+            }
+        }
+        switch (cmd_opts[k].short_name ? cmd_opts[k].short_name : (int)cmd_opts[k].bit) {
+        case 'c': r->coord = val; break;
+        case 't':
+            if (take_token(val, token_copy))
+                return -1;
+            break;
+        case 'j': r->json = 1; break;
+        case 'h': help = 1; break;
+        case OPT_ALL: a->all = 1; break;
+        case OPT_ONCE: a->once = 1; break;
+        case OPT_INTERVAL: a->interval = val; break;
+        case OPT_COUNT: a->count = val; break;
+        case OPT_JOB: a->job = val; break;
+        case OPT_TIMEOUT: a->timeout = val; break;
+        case OPT_AUTO: a->autosel = 1; break;
+        default: break;
+        }
+    }
+    if (help) {
+        cmd_usage(cmd);
+        return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -1042,26 +1262,17 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     struct rdmactl r = { .coord = NULL };
-    const char *token_arg = NULL;
     char *token_copy = NULL; /* --token's value, freed once loaded */
+    struct cmd_args a;
     int c;
 
-    /* "+": stop at the command so that commands may take their own options. */
+    /* "+": stop at the command; what follows it is scanned with its own options. */
     while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': r.coord = optarg; break;
         case 't':
-            fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
-                    "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
-            /* copied, and the argv bytes overwritten: ps shows them only until here */
-            free(token_copy);
-            token_copy = strdup(optarg);
-            if (!token_copy) {
-                fprintf(stderr, "rdmactl: out of memory\n");
+            if (take_token(optarg, &token_copy))
                 return 1;
-            }
-            memset(optarg, '*', strlen(optarg));
-            token_arg = token_copy;
             break;
         case 'j': r.json = 1; break;
         case 'h': usage(stdout); return 0;
@@ -1082,24 +1293,35 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (cmd->local)
-        return cmd->fn(&r, argc - optind, argv + optind);
+    int status = cmd_scan(&r, cmd, argc - optind, argv + optind, &a, &token_copy);
+    if (status) {
+        free(a.args);
+        token_drop(token_copy);
+        return status == 1 ? 0 : status < 0 ? 1 : status;
+    }
+    if (cmd->local) {
+        token_drop(token_copy);
+        status = cmd->fn(&r, &a);
+        free(a.args);
+        return status;
+    }
     if (!r.coord)
         r.coord = getenv("CFX_COORD");
     if (!r.coord || !*r.coord) {
         fprintf(stderr, "rdmactl: no coordinator: pass --coord HOST:PORT or set CFX_COORD\n");
+        free(a.args);
+        token_drop(token_copy);
         return 2;
     }
-    int lrc = cfx__token_load(token_arg, r.token, sizeof(r.token));
-    if (token_copy) {
-        explicit_bzero(token_copy, strlen(token_copy));
-        free(token_copy);
-    }
+    int lrc = cfx__token_load(token_copy, r.token, sizeof(r.token));
+    token_drop(token_copy);
     if (lrc != CFX_OK) {
         fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
+        free(a.args);
         return 2;
     }
-    int status = cmd->fn(&r, argc - optind, argv + optind);
+    status = cmd->fn(&r, &a);
     cfx__ctl_close(r.ctl);
+    free(a.args);
     return status;
 }

@@ -89,4 +89,16 @@ static inline int sweep_done(const char *prog, int argc, char **argv, int optind
     return 0;
 }
 
+/*
+ * The largest size the sweep visits: -b, then -b times -f and so on while
+ * that stays within -e (a sweep from 0 goes on at 1).
+ */
+static inline size_t sweep_last(const struct sweep_opts *s)
+{
+    size_t size = s->min_bytes;
+    while (size ? size <= s->max_bytes / (size_t)s->factor : s->max_bytes >= 1)
+        size = size ? size * (size_t)s->factor : 1;
+    return size;
+}
+
 #endif

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <conflux/conflux.h>
+
 #include "testutil.h"
 
 #ifndef CFX_BIN_DIR
@@ -55,6 +57,22 @@ static const struct args_case cases[] = {
     { "cfx_get_bw", { "-p", "99999" }, 2, "-p", "'99999'", 0 },
     { "cfx_get_bw", { "-p", "12x" }, 2, "-p", "'12x'", 0 },
     { "cfx_get_bw", { "-c", "0" }, 2, "-c", "'0'", 0 },
+    /* -t: one spelling for every tool, CFX_TRANSPORT's (lower-case names, a
+     * list, ^LIST), refused with status 2 and the choices before the library
+     * sees it (it said "CFX_TRANSPORT names 'TCP', which this build does not
+     * have", exit 1) */
+    { "cfx_get_bw", { "-t", "TCP" }, 2, "-t: 'TCP' is not a transport (tcp, shm, verbs or dpdk",
+      "names are lower case", 0 },
+    { "cfx_get_lat", { "-t", "TCP" }, 2, "-t: 'TCP' is not a transport (tcp, shm, verbs or dpdk",
+      "names are lower case", 0 },
+    { "cfx_get_lat", { "-t", "shm,bogus" }, 2, "-t: 'bogus' in 'shm,bogus' is not a transport",
+      "(tcp, shm, verbs or dpdk", 0 },
+    { "cfx_run", { "-n", "1", "-t", "TCP", "true" }, 2,
+      "--transport: 'TCP' is not a transport (tcp, shm, verbs or dpdk", "names are lower case",
+      0 },
+    { "cfx_get_bw", { "-t", "shm,tcp", "--help" }, 0, NULL, NULL, 0 },
+    { "cfx_get_lat", { "-t", "^shm", "--help" }, 0, NULL, NULL, 0 },
+    { "cfx_run", { "-n", "1", "-t", "shm,tcp", "true" }, 0, NULL, NULL, 0 },
     /* cfx_get_lat */
     { "cfx_get_lat", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
     { "cfx_get_lat", { "-n", " 5" }, 2, "-n", "' 5'", 0 },
@@ -73,6 +91,22 @@ static const struct args_case cases[] = {
     { "cfx_coll_perf", { "-T", "-1" }, 2, "-T", "'-1'", 0 },
     { "cfx_coll_perf", { "-f", "1" }, 2, "-f", "'1'", 0 },
     { "cfx_coll_perf", { "-o", "nope" }, 2, "-o", "'nope'", 0 },
+    /* a word that is none of the choices is named with them */
+    { "cfx_coll_perf", { "-o", "bogus" }, 2, "-o: 'bogus' is not one of:",
+      "allreduce, broadcast, reduce, allgather, reducescatter", 0 },
+    { "cfx_coll_perf", { "-d", "bogus" }, 2, "-d: 'bogus' is not one of:",
+      "float, double, half, bfloat16, int32, int64, uint8", 0 },
+    { "cfx_coll_perf", { "-R", "bogus" }, 2, "-R: 'bogus' is not one of:", "sum, prod, min, max",
+      0 },
+    { "cfx_coll_perf", { "-a", "bogus" }, 2, "-a: 'bogus' is not one of:", "auto, ring", 0 },
+    /* a sweep with no size of one element gave an empty table and "OK", exit 0 */
+    { "cfx_coll_perf", { "-b", "3", "-e", "3", "-d", "float" }, 2, "-b 3 -e 3",
+      "no size of the sweep holds one float element (4 bytes)", 0 },
+    { "cfx_coll_perf", { "-b", "0", "-e", "0" }, 2, "-b 0 -e 0", "so no row would run", 0 },
+    { "cfx_coll_perf", { "-b", "0", "-e", "0", "-d", "uint8" }, 2, "-b 0 -e 0",
+      "one uint8 element (1 byte)", 0 },
+    { "cfx_run", { "-n", "2", CFX_BIN_DIR "/cfx_coll_perf", "-o", "allgather", "-b", "4", "-e",
+                   "4" }, 2, "-b 4 -e 4", "per rank for allgather over 2 ranks", 0 },
     { "cfx_coll_perf", { "-r", "-2" }, 2, "-r", "'-2'", 0 },
     /* cfx_demo_bcast */
     { "cfx_demo_bcast", { "100G" }, 2, "SIZE", "'100G'", 0 },
@@ -135,6 +169,28 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
+    /* every command refuses what it does not take, alike: status 2, one line */
+    { "rdmactl", { "status", "extra" }, 2, "rdmactl status: unexpected argument", "'extra'", 1 },
+    { "rdmactl", { "status", "--bogus" }, 2, "rdmactl status: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "objects", "--bogus" }, 2, "rdmactl objects: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "objects", "-x" }, 2, "rdmactl objects: unknown option", "'-x'", 1 },
+    { "rdmactl", { "devices", "extra" }, 2, "rdmactl devices: unexpected argument", "'extra'",
+      0 },
+    { "rdmactl", { "nodes", "--bogus" }, 2, "rdmactl nodes: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "nodes", "extra" }, 2, "rdmactl nodes: unexpected argument", "'extra'", 1 },
+    { "rdmactl", { "nodes", "--all=yes" }, 2, "--all takes no value", "'--all=yes'", 1 },
+    { "rdmactl", { "tasks", "--bogus" }, 2, "rdmactl tasks: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "top", "--bogus" }, 2, "rdmactl top: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "top", "--count" }, 2, "rdmactl top: --count", "needs a value", 1 },
+    { "rdmactl", { "top", "--once", "--json" }, 2, "rdmactl top", "--json is not supported", 1 },
+    { "rdmactl", { "ps", "shards", "--bogus" }, 2, "rdmactl ps: unknown option", "'--bogus'", 1 },
+    { "rdmactl", { "ps", "--auto", "shards" }, 2, "ps shards", "--auto goes with add-server", 1 },
+    { "rdmactl", { "status", "--", "--json" }, 2, "rdmactl status: unexpected argument",
+      "'--json'", 1 },
+    /* global options after the command, as before it */
+    { "rdmactl", { "objects", "--json" }, 0, NULL, NULL, 1 },
+    { "rdmactl", { "status", "--json", "--coord", "127.0.0.1:1" }, 1, "127.0.0.1:1", NULL, 1 },
+    { "rdmactl", { "nodes", "--help" }, 0, NULL, NULL, 0 },
     /* rdmactl ps (issue 21, part C): the coordinator is up, the job is not */
     { "rdmactl", { "ps", "--timeout", "-1", "--job", "nosuchjob", "rebalance" }, 2, "--timeout",
       "'-1'", 1 },
@@ -372,6 +428,69 @@ Test(tool_args, coord_metrics_bare_port_is_loopback, .init = case_init, .timeout
     waitpid(pid, NULL, 0);
     cr_expect_eq(strncmp(resp, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", resp);
     cr_expect_not_null(strstr(resp, "\nconflux_coord_members{state=\"alive\"} 0\n"), "%s", resp);
+}
+
+/* stdout of `timeout 30 rdmactl ARGS` (CFX_COORD from coord_start) into @p out;
+ * its exit status. */
+static int rdmactl_out(const char *args, char *out, size_t cap)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "timeout 30 %s/rdmactl %s 2>&1", CFX_BIN_DIR, args);
+    int st = cfx_test_run_output(cmd, out, cap);
+    cr_assert_neq(st, -1, "cannot run %s", cmd);
+    return st;
+}
+
+/*
+ * rdmactl status and top count members by the state `rdmactl nodes --all`
+ * shows: one that left in good order is "left", not dead (status said
+ * "0 alive, 1 dead" after a clean exit), and an observer (rdmactl ps's
+ * context) is no member, alive or gone.  Global options after the command
+ * (status --json) are the same as before it.
+ */
+Test(tool_args, status_counts_left_members_apart, .init = case_init, .fini = coord_stop,
+     .timeout = 120)
+{
+    static char out[1 << 16];
+    struct cfx_context *stays, *leaves;
+    coord_start();
+    cr_assert_eq(cfx_test_join(coord_addr, "tool-args-test", "tcp", "stays", 10000, &stays),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_join(coord_addr, "tool-args-test", "tcp", "leaves", 10000, &leaves),
+                 CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(leaves); /* leaves in good order */
+    /* an observer that joins and leaves: its job does not exist (status 1) */
+    cr_assert_eq(rdmactl_out("ps --job nosuchjob shards", out, sizeof(out)), 1, "%s", out);
+
+    /* until the coordinator has seen both go (it is told, not asked) */
+    int seen = 0;
+    for (int i = 0; i < 200 && !seen; i++) {
+        cr_assert_eq(rdmactl_out("nodes --all", out, sizeof(out)), 0, "%s", out);
+        seen = strstr(out, "left ") && strstr(out, "left*");
+        if (!seen)
+            poll(NULL, 0, 25);
+    }
+    cr_assert(seen, "rdmactl nodes --all does not show the member and the observer left:\n%s",
+              out);
+    cr_assert_eq(rdmactl_out("status", out, sizeof(out)), 0, "%s", out);
+    cr_log_info("rdmactl status:\n%s", out);
+    cr_assert_not_null(strstr(out, "\nnodes          : 1 alive, 0 dead, 1 left\n"),
+                       "a member that left counted as dead, or an observer as a member:\n%s",
+                       out);
+    cr_assert_null(strstr(out, "observers"), "an observer that left is still counted:\n%s", out);
+    cr_assert_eq(rdmactl_out("status --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\"nodes_alive\":1,\"nodes_dead\":0,\"nodes_left\":1,"
+                                   "\"observers\":0,"),
+                       "%s", out);
+    cr_assert_eq(rdmactl_out("top --once", out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\nmembers: 1 alive, 0 dead, 1 left   objects: "), "%s", out);
+    /* --json after the command: JSON, not the table */
+    cr_assert_eq(rdmactl_out("objects --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert_eq(strcmp(out, "[]\n"), 0, "rdmactl objects --json printed:\n%s", out);
+    cr_assert_eq(rdmactl_out("nodes --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert(out[0] == '[' && strstr(out, "\"name\":\"stays\"") &&
+              !strstr(out, "\"name\":\"leaves\""), "%s", out);
+    cfx_context_destroy(stays);
 }
 
 /* rdmactl devices: what it says of DPDK, and its exit status (0 when it

@@ -57,32 +57,6 @@ static void usage(FILE *f)
             RUN_MAX_RANKS);
 }
 
-/* A transport list as CFX_TRANSPORT takes it ("tcp", "shm,tcp", "^shm"):
- * every name one of the transports.  0, or -1 with the bad name on stderr. */
-static int check_transports(const char *list)
-{
-    static const char *const names[] = { "tcp", "shm", "verbs", "dpdk", NULL };
-    const char *p = list[0] == '^' ? list + 1 : list;
-    if (!*p) {
-        fprintf(stderr, "cfx_run: --transport: '%s' is not a transport list (tcp, shm, "
-                "shm,tcp, ^shm, ...)\n", list);
-        return -1;
-    }
-    while (*p) {
-        size_t n = strcspn(p, ",");
-        bool known = false;
-        for (int i = 0; names[i] && !known; i++)
-            known = n == strlen(names[i]) && !strncmp(p, names[i], n);
-        if (!known) {
-            fprintf(stderr, "cfx_run: --transport: '%.*s' in '%s' is not a transport (tcp, "
-                    "shm, verbs, dpdk)\n", (int)n, p, list);
-            return -1;
-        }
-        p += n + (p[n] == ',');
-    }
-    return 0;
-}
-
 int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
 {
     static const struct option longopts[] = {
@@ -116,7 +90,7 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
                 return -1;
             break;
         case 't':
-            if (check_transports(optarg))
+            if (tool_arg_transports("cfx_run", "--transport", optarg))
                 return -1;
             o->transport = optarg;
             break;
