@@ -310,7 +310,7 @@ static void handle_status(struct cfx_coord *co, struct coord_conn *c, const stru
     s->proto_version = CFX_PROTO_VERSION;
     s->uptime_ms = (cfx__now_ns() - co->start_ns) / 1000000ull;
     s->nodes_alive = co->nodes_alive;
-    s->nodes_dead = co->nodes_dead;
+    s->nodes_dead = co->nodes_dead - co->nodes_left; /* a member that left did not die */
     s->objects = co->nobjects;
     s->inline_bytes = co->inline_bytes;
     s->heartbeat_ms = co->heartbeat_ms;

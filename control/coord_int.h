@@ -312,7 +312,8 @@ struct cfx_coord {
     uint32_t nreclaimed;
     uint32_t next_node_id;      /* next id to assign; starts at 1 */
     uint32_t nodes_alive;
-    uint32_t nodes_dead;
+    uint32_t nodes_dead;        /* records of members gone, kept a while: died or left */
+    uint32_t nodes_left;        /* ... of which left in good order (CFX_NODE_F_LEFT) */
     /* nodes_alive as other threads may read it (cfx__coord_wait_members):
      * the loop thread writes it under alive_mu and signals alive_cond */
     pthread_mutex_t alive_mu;

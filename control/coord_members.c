@@ -187,6 +187,8 @@ static void node_forget(struct cfx_coord *co, struct coord_node *n)
     index_del(co, n->rec.node_id);
     cfx_list_del(&n->link);
     co->nodes_dead--;
+    if (n->rec.flags & CFX_NODE_F_LEFT)
+        co->nodes_left--;
     free(n);
 }
 
@@ -367,8 +369,10 @@ static void node_kill(struct cfx_coord *co, struct coord_node *n, const char *wh
         return;
     n->rec.alive = 0;
     n->dead_ns = cfx__now_ns();
-    if (!close_conn)
+    if (!close_conn) {
         n->rec.flags |= CFX_NODE_F_LEFT;
+        co->nodes_left++;
+    }
     co->nodes_alive--;
     cfx__coord_alive_publish(co);
     co->nodes_dead++;

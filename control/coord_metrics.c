@@ -351,7 +351,8 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     family(b, "conflux_coord_members", "gauge",
            "Members by state: alive, or dead (and still listed).");
     bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", co->nodes_alive);
-    bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead);
+    bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead - co->nodes_left);
+    bprintf(b, "conflux_coord_members{state=\"left\"} %u\n", co->nodes_left);
     const struct scalar gauges[] = {
         { "conflux_coord_objects", "Objects in the directory.", co->nobjects },
         { "conflux_coord_object_bytes", "Sum of the sizes of the objects in the directory.",

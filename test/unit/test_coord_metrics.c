@@ -234,6 +234,7 @@ Test(coord_metrics, two_nodes_three_objects)
     cr_log_info("%s", b1);
     expect_sample(b1, "conflux_coord_members{state=\"alive\"}", 2);
     expect_sample(b1, "conflux_coord_members{state=\"dead\"}", 0);
+    expect_sample(b1, "conflux_coord_members{state=\"left\"}", 0);
     expect_sample(b1, "conflux_coord_objects", 3);
     expect_sample(b1, "conflux_coord_object_bytes", 201100);
     expect_sample(b1, "conflux_coord_inline_objects", 2);
@@ -255,13 +256,15 @@ Test(coord_metrics, two_nodes_three_objects)
     cr_assert_eq(promtool(b1, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b1);
     free(r1);
 
-    /* b leaves: its object goes with it, and it is listed as dead */
+    /* b leaves: its object goes with it, and it is listed as gone in good
+     * order, not as dead (a leave is no death) */
     cfx_context_destroy(b);
     /* the leave is a call the coordinator answered: scrape after it */
     char *r2 = scrape();
     const char *b2 = body_of(r2);
     expect_sample(b2, "conflux_coord_members{state=\"alive\"}", 1);
-    expect_sample(b2, "conflux_coord_members{state=\"dead\"}", 1);
+    expect_sample(b2, "conflux_coord_members{state=\"dead\"}", 0);
+    expect_sample(b2, "conflux_coord_members{state=\"left\"}", 1);
     expect_sample(b2, "conflux_coord_objects", 2);
     expect_sample(b2, "conflux_coord_object_bytes", 1100);
     cr_assert_eq(promtool(b2, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b2);
