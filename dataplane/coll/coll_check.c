@@ -361,13 +361,39 @@ static bool edge_broken(void *arg)
     return bad || cfx__eager_unexp_scan(ctx, x->g->chan_chk, edge_asked, x);
 }
 
+static bool rank_gone(struct coll_exec *x, int r);
+
+/* @p c on the check channel to every other rank (@p skip_gone: not to the
+ * ranks known gone); a post that fails is only logged, as the call is
+ * failing or asking anyway. */
+static void chk_to_all(struct coll_exec *x, struct coll_chk_msg *c, bool skip_gone)
+{
+    struct cfx_group *g = x->g;
+    for (int d = 1; d < g->size; d++) {
+        int to = (g->rank + d) % g->size;
+        if (skip_gone) {
+            pthread_mutex_lock(&g->ctx->lock);
+            bool gone = rank_gone(x, to);
+            pthread_mutex_unlock(&g->ctx->lock);
+            if (gone)
+                continue;
+        }
+        int h = cfx__coll_post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
+        if (h < 0) {
+            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
+            continue;
+        }
+        x->msgs[h].hdr = true;
+        x->msgs[h].chk = true;
+    }
+}
+
 /* Our header to every other rank on the check channel, once per call as
  * a question (a long wait) and once as news (@p failed: this rank found a
  * disagreement, or failed on a message whose sizes disagree); advisory: a
  * send that fails is dropped, chk_finish() ends them. */
 static void edge_ask(struct coll_exec *x, bool failed)
 {
-    struct cfx_group *g = x->g;
     if (!x->listen || (failed ? x->told : x->asked))
         return;
     x->asked = true;
@@ -387,16 +413,7 @@ static void edge_ask(struct coll_exec *x, bool failed)
             c->bad_rank = x->news.bad_rank;
         }
     }
-    for (int d = 1; d < g->size; d++) {
-        int to = (g->rank + d) % g->size;
-        int h = cfx__coll_post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
-        if (h < 0) {
-            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
-            continue;
-        }
-        x->msgs[h].hdr = true;
-        x->msgs[h].chk = true;
-    }
+    chk_to_all(x, c, false);
 }
 
 /* The advisory sends, given a moment to go, then freed. */
@@ -1075,21 +1092,7 @@ void cfx__coll_gave_up(struct coll_exec *x, int rc)
     c->fail.why = x->blame_rank >= 0 ? x->blame_why : (uint8_t)COLL_WHY_OTHER;
     char keep[512];
     snprintf(keep, sizeof(keep), "%s", cfx_last_error());
-    for (int d = 1; d < g->size; d++) {
-        int to = (g->rank + d) % g->size;
-        pthread_mutex_lock(&g->ctx->lock);
-        bool gone = rank_gone(x, to);
-        pthread_mutex_unlock(&g->ctx->lock);
-        if (gone)
-            continue;
-        int h = cfx__coll_post_on(x, g->chan_chk, to, true, c, sizeof(*c), CFX_MEMTYPE_HOST);
-        if (h < 0) {
-            CFX_LOG(DEBUG, COLL, "group %s: %s", g->name, cfx_last_error());
-            continue;
-        }
-        x->msgs[h].hdr = true;
-        x->msgs[h].chk = true;
-    }
+    chk_to_all(x, c, true);
     cfx__err(rc, "%s", keep);
 }
 

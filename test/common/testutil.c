@@ -7,6 +7,7 @@
 #include "control/seal.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -72,6 +73,25 @@ void cfx_test_take_file(const char *path, char *out, size_t cap)
     if (f)
         fclose(f);
     unlink(path);
+}
+
+int cfx_test_stderr_to(char *tmpl, int *fd)
+{
+    fflush(stderr);
+    *fd = mkstemp(tmpl);
+    int saved = *fd >= 0 ? dup(2) : -1;
+    if (saved < 0 || dup2(*fd, 2) != 2) {
+        fprintf(stderr, "cannot send stderr to %s: %s\n", tmpl, strerror(errno));
+        abort(); /* a test's harness reports the crash */
+    }
+    return saved;
+}
+
+void cfx_test_stderr_back(int saved)
+{
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
 }
 
 int cfx_test_file_contains(const char *path, const char *needle)

@@ -18,6 +18,12 @@ void cfx_test_token(char *buf, size_t len);
  * when it cannot be read) into @p out and removes it: a child's output. */
 void cfx_test_take_file(const char *path, char *out, size_t cap);
 
+/* Send this process's stderr (the log) to a new file made from @p tmpl (a
+ * mkstemp template, rewritten with its name) until cfx_test_stderr_back();
+ * returns the descriptor to give it, and the file's in *fd. */
+int cfx_test_stderr_to(char *tmpl, int *fd);
+void cfx_test_stderr_back(int saved);
+
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
 

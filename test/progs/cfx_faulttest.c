@@ -526,6 +526,33 @@ static int names_rank_node(const char *why, int r, uint32_t node)
     return p && (p[strlen(pat)] < '0' || p[strlen(pat)] > '9') && names_node(why, node);
 }
 
+/* The survivors of VICTIM's death go on in a new group of n-1 ranks: its
+ * allreduce is exact, then they finish. */
+static void survivors_go_on(struct cfx_context *ctx, const char *name, float *send, float *recv,
+                            size_t count)
+{
+    struct cfx_group *g;
+    int nrank = rank < VICTIM ? rank : rank - 1;
+    struct cfx_group_params np = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = name, .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
+    };
+    CHECK_OK(cfx_group_create(ctx, &np, &g));
+    for (size_t i = 0; i < count; i++)
+        send[i] = (float)(rank + 1) + (float)(i % 7);
+    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
+    float base = (float)(world * (world + 1) / 2 - (VICTIM + 1));
+    for (size_t i = 0; i < count; i++)
+        if (recv[i] != base + (float)((world - 1) * (int)(i % 7)))
+            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
+                (double)(base + (float)((world - 1) * (int)(i % 7))));
+    CHECK_OK(cfx_group_barrier(g, NULL));
+    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
+    cfx_group_destroy(g);
+    finish(ctx, VICTIM);
+}
+
 static void mode_gone(struct cfx_context *ctx, size_t bytes, const char *how)
 {
     int kill9 = !strcmp(how, "kill");
@@ -605,24 +632,7 @@ static void mode_gone(struct cfx_context *ctx, size_t bytes, const char *how)
         DIE("cfx_group_destroy took %.3f s, past the group's deadline of %d ms", td,
             deadline_ms);
 
-    /* the survivors go on in a new group of n-1 ranks */
-    int nrank = rank < VICTIM ? rank : rank - 1;
-    struct cfx_group_params np = {
-        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
-                      CFX_GROUP_PARAM_TIMEOUT,
-        .name = "gone-survivors", .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
-    };
-    CHECK_OK(cfx_group_create(ctx, &np, &g));
-    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
-    float base = (float)(world * (world + 1) / 2 - (VICTIM + 1));
-    for (size_t i = 0; i < count; i++)
-        if (recv[i] != base + (float)((world - 1) * (int)(i % 7)))
-            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
-                (double)(base + (float)((world - 1) * (int)(i % 7))));
-    CHECK_OK(cfx_group_barrier(g, NULL));
-    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
-    cfx_group_destroy(g);
-    finish(ctx, VICTIM);
+    survivors_go_on(ctx, "gone-survivors", send, recv, count);
     cfx_buf_free(ctx, send);
     cfx_buf_free(ctx, recv);
 }
@@ -714,26 +724,7 @@ static void mode_loop(struct cfx_context *ctx, size_t bytes, const char *op)
         DIE("%s #%d failed before the victim's call %d", op, iter, LOOP_KILL_AT);
     cfx_group_destroy(g);
 
-    /* the survivors go on in a new group of n-1 ranks */
-    int nrank = rank < VICTIM ? rank : rank - 1;
-    struct cfx_group_params np = {
-        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
-                      CFX_GROUP_PARAM_TIMEOUT,
-        .name = "loop-survivors", .rank = nrank, .size = world - 1, .timeout_ms = deadline_ms
-    };
-    CHECK_OK(cfx_group_create(ctx, &np, &g));
-    for (size_t i = 0; i < count; i++)
-        send[i] = (float)(rank + 1) + (float)(i % 7);
-    CHECK_OK(cfx_group_allreduce(g, send, recv, count, CFX_DTYPE_F32, CFX_OP_SUM, NULL));
-    float base = (float)(world * (world + 1) / 2 - (VICTIM + 1));
-    for (size_t i = 0; i < count; i++)
-        if (recv[i] != base + (float)((world - 1) * (int)(i % 7)))
-            DIE("survivors' allreduce: element %zu is %g, expected %g", i, (double)recv[i],
-                (double)(base + (float)((world - 1) * (int)(i % 7))));
-    CHECK_OK(cfx_group_barrier(g, NULL));
-    printf("rank %d (now %d of %d): survivors' allreduce ok\n", rank, nrank, world - 1);
-    cfx_group_destroy(g);
-    finish(ctx, VICTIM);
+    survivors_go_on(ctx, "loop-survivors", send, recv, count);
     cfx_buf_free(ctx, send);
     cfx_buf_free(ctx, recv);
 }

@@ -1077,11 +1077,8 @@ Test(context, failed_connect_falls_back_to_the_next_transport)
 Test(context, orderly_coordinator_stop_is_not_a_failure)
 {
     char path[] = "/tmp/cfx-test-stop-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    fflush(stderr);
-    int saved = dup(2);
-    cr_assert_eq(dup2(fd, 2), 2);
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
     int level = cfx__log_level;
     cfx__log_level = CFX_LOG_LEVEL_INFO;
 
@@ -1125,11 +1122,8 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
     int back = cfx__ctl_lost_ms(b->ctl) == 0;
     cfx_context_destroy(b);
     cfx__coord_stop(own);
-    fflush(stderr);
-
     cfx__log_level = level;
-    dup2(saved, 2);
-    close(saved);
+    cfx_test_stderr_back(saved);
     close(fd);
     cr_assert(cut_seen, "the client did not notice its cut connection");
     cr_assert(warned, "a cut connection was not reported as lost");

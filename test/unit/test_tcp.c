@@ -640,11 +640,8 @@ Test(tcp, dead_peer_warned_once_per_iface)
     struct cfx_tp_ep *ba1, *ba2;
     struct cfx_tp_ep *ab1 = connect_ab(&ba1), *ab2 = connect_ab(&ba2);
     char path[] = "/tmp/cfx-test-tcpfail-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    fflush(stderr);
-    int saved = dup(2);
-    cr_assert_eq(dup2(fd, 2), 2);
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
     int level = cfx__log_level;
     cfx__log_level = CFX_LOG_LEVEL_DEBUG;
 
@@ -654,10 +651,8 @@ Test(tcp, dead_peer_warned_once_per_iface)
     int st1 = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab1)->c.status;
     int st2 = wait_ev(&A, CFX_TP_COMP_EP_ERROR, ab2)->c.status;
 
-    fflush(stderr);
     cfx__log_level = level;
-    dup2(saved, 2);
-    close(saved);
+    cfx_test_stderr_back(saved);
     char log[8192];
     lseek(fd, 0, SEEK_SET);
     ssize_t n = read(fd, log, sizeof(log) - 1);
