@@ -692,7 +692,11 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
      * path's, so, as for a retransmission, no RTT sample and no delay cut
      * from its acknowledgements. */
     bool napped = s->restart_burst && seq_diff(s->snd_una, s->restart_end) < 0;
-    if (s->restart_burst && seq_diff(h->ack, s->restart_end) >= 0)
+    /* the burst ends at restart_end, or when everything sent is acked (a
+     * burst shorter than the initial window: the packets sent after it did
+     * not wait for a nap, and their samples count) */
+    if (s->restart_burst &&
+        (seq_diff(h->ack, s->restart_end) >= 0 || h->ack == s->snd_nxt))
         s->restart_burst = false;
     for (uint32_t seq = s->snd_una; seq != h->ack; seq++) {
         struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);

@@ -761,6 +761,33 @@ Test(dpdk_rel, no_restart_when_turned_off)
     run_idle_restart(0, false);
 }
 
+/* A burst after idle shorter than the initial window ends when it is all
+ * acknowledged: the flag that keeps the burst's (napped) RTT samples out
+ * lingered until restart_end, over up to cwnd_init later packets that did
+ * not wait for a nap. */
+Test(dpdk_rel, short_restart_burst_ends_when_acked)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .idle_restart_ns = 10000000 };
+    sim.rng = 9;
+    sim.latency_ns = 10000;
+    flow_init(&sim, 0, 1, &p, 300, 4096, 21);
+    struct ep *a = &sim.ep[0], *b = &sim.ep[1];
+    sim_run(&sim, 10ull * 1000000000ull);
+    cr_assert_eq(b->got, 300);
+    sim.now += 20000000; /* idle */
+    a->to_send = 301;    /* one message: 4 packets, under the initial window of 16 */
+    ep_feed(a);
+    cr_assert_eq(a->s.stats.cwnd_idle_restarts, 1);
+    cr_assert(a->s.restart_burst);
+    sim_run(&sim, sim.now + 10ull * 1000000000ull);
+    cr_assert_eq(b->got, 301);
+    cr_assert_not(a->s.restart_burst, "the burst's mark outlived the burst");
+    cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
+    sim_fini(&sim);
+}
+
 /* --- a dead peer ------------------------------------------------------------ */
 
 Test(dpdk_rel, dead_peer_fails_with_a_sticky_error_naming_it)
