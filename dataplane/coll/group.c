@@ -732,6 +732,15 @@ static void group_release_ctx(struct cfx_group *g)
     if (joined)
         pthread_join(g->thread, NULL);
     uint64_t dl = cfx__deadline_ns(g->timeout_ms < 0 ? 5000 : CFX_MIN(g->timeout_ms, 5000));
+    if (g->nheld && cfx__ctl_lost_ms(g->ctx->ctl) > 0) {
+        /* the coordinator is gone for now: a destroy does not wait for it
+         * (it did, 5 s, in every rank at a job's end); the records stay,
+         * stale once this node is gone, and readers skip them */
+        CFX_LOG(INFO, COLL, "group %s: the coordinator is unreachable: %d bootstrap "
+                "record(s) of this rank stay in the directory (stale once this node is "
+                "gone: readers skip them)", g->name, g->nheld);
+        g->nheld = 0;
+    }
     for (int i = 0; i < g->nheld; i++)
         cfx__ctl_obj_delete(g->ctx->ctl, &g->held[i], dl);
     g->nheld = 0;

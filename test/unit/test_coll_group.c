@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 
 #include "control/coord.h"
 #include "dataplane/coll/coll.h"
+#include "dataplane/common/log.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
@@ -518,6 +520,50 @@ Test(coll_group, gave_up_names_cause, .timeout = 90)
 }
 
 /* Two processes claim rank 0: the second one gets CFX_ERR_EXISTS. */
+/* A group destroyed while the coordinator is gone does not wait for it to
+ * withdraw the rank's bootstrap records (every rank waited 5 s at a job's
+ * end): it says so and leaves them, stale, for readers to skip. */
+static pthread_barrier_t gone_bar;
+
+static int body_coord_gone(struct rank_run *rr)
+{
+    int rc = cfx_group_barrier(rr->g, NULL);
+    pthread_barrier_wait(&gone_bar);
+    if (rr->rank == 0) {
+        cfx__coord_stop(coord);
+        coord = NULL;
+    }
+    pthread_barrier_wait(&gone_bar);
+    uint64_t end = cfx__deadline_ns(10000);
+    while (cfx__ctl_lost_ms(rr->ctx->ctl) == 0 && cfx__now_ns() < end)
+        poll(NULL, 0, 5);
+    return rc == CFX_OK && cfx__ctl_lost_ms(rr->ctx->ctl) == 0
+               ? cfx__err(CFX_ERR_TIMEOUT, "the coordinator's stop went unseen")
+               : rc;
+}
+
+Test(coll_group, destroy_without_coordinator_does_not_wait, .timeout = 60)
+{
+    up("tcp", 2);
+    char path[] = "/tmp/cfx-test-gone-XXXXXX";
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_INFO;
+    pthread_barrier_init(&gone_bar, NULL, 2);
+    struct rank_run rr[2];
+    run_ranks(2, "gone", 20000, body_coord_gone, rr);
+    pthread_barrier_destroy(&gone_bar);
+    cfx__log_level = level;
+    cfx_test_stderr_back(saved);
+    close(fd);
+    all_ok(2, rr);
+    int said = cfx_test_file_contains(path, "group gone: the coordinator is unreachable");
+    unlink(path);
+    cr_assert(said, "the destroy did not skip the unreachable coordinator");
+    down(2);
+}
+
 Test(coll_group, duplicate_rank, .timeout = 60)
 {
     up("tcp", 2);
