@@ -1,4 +1,5 @@
 """Objects: ids, put/get into every kind of buffer, delete, reduce, and errors by code."""
+import os
 import threading
 
 import numpy as np
@@ -523,12 +524,16 @@ def test_coordinator_dies_with_its_parent(how):
     if how == "os._exit" and not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
     end = "import os; os._exit(0)" if how == "os._exit" else ""
-    code = ("import conflux\n"
+    code = ("import conflux, os\n"
             "c = conflux.Coordinator()\n"
-            "print(c.proc.pid, flush=True)\n" + end)
+            "print(c.proc.pid, c.log_path, flush=True)\n" + end)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     pid = int(p.stdout.split()[0])
+    # the token file is gone once the coordinator is up: nothing secret
+    # stays on disk however its owner ends (os._exit runs no finalizer)
+    tokdir = os.path.dirname(p.stdout.split()[1])
+    assert not os.path.exists(os.path.join(tokdir, "token"))
     deadline = time.monotonic() + 20
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)

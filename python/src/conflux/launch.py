@@ -67,7 +67,7 @@ class Coordinator:
     ``address`` ("127.0.0.1:PORT") and ``token`` are what every member passes
     to Context(coord=..., token=...), or ``env()`` for child processes.  The
     token goes to the coordinator in a file readable only by this user, never
-    on its command line::
+    on its command line, and the file is removed once the coordinator is up::
 
         with conflux.Coordinator() as coord:
             ctx = conflux.Context(coord=coord.address, token=coord.token)
@@ -105,6 +105,10 @@ class Coordinator:
         # directory, whose finalizer was registered first, is removed)
         self._finalizer = weakref.finalize(self, _stop, self.proc, 5.0)
         self.address = self._wait_ready(timeout)
+        # read once, at its start: the secret leaves the disk now, so that
+        # nothing of it stays behind should this process be killed (a
+        # finalizer does not run then; the coordinator still stops with it)
+        os.unlink(tok)
 
     def log(self) -> str:
         """What the coordinator has written so far."""
