@@ -694,6 +694,17 @@ int cfx__ctx_enter(struct cfx_context *ctx, const char *what)
     return CFX_OK;
 }
 
+int cfx__api_done(struct cfx_context *ctx, int rc)
+{
+    rc = cfx__ctx_leave(ctx, rc);
+    /* status.h: empty after a call that returned CFX_OK, whatever a step
+     * of it that did not matter said (a get's transfer-end notice for an
+     * object deleted meanwhile: "not in the directory") */
+    if (rc == CFX_OK)
+        cfx__err_clear();
+    return rc;
+}
+
 int cfx__ctx_leave(struct cfx_context *ctx, int rc)
 {
     pthread_mutex_lock(&ctx->lock);
@@ -703,14 +714,7 @@ int cfx__ctx_leave(struct cfx_context *ctx, int rc)
         pthread_cond_broadcast(&ctx->calls_cond);
     pthread_mutex_unlock(&ctx->lock);
     /* ctx may be gone from here on */
-    if (rc == CFX_OK) {
-        /* status.h: empty after a call that returned CFX_OK, whatever a
-         * step of it that did not matter said (a get's transfer-end notice
-         * for an object deleted meanwhile) */
-        cfx__err_clear();
-        return rc;
-    }
-    if (!closing || rc == CFX_ERR_CANCELED)
+    if (rc == CFX_OK || !closing || rc == CFX_ERR_CANCELED)
         return rc;
     char why[384];
     snprintf(why, sizeof(why), "%s", cfx_last_error());

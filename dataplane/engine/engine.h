@@ -1308,6 +1308,9 @@ int cfx__ctx_enter(struct cfx_context *ctx, const char *what);
 /* The call ends with @p rc; a failure while the context is being destroyed
  * becomes CFX_ERR_CANCELED ("the context ... is being destroyed: <why>"). */
 int cfx__ctx_leave(struct cfx_context *ctx, int rc);
+/* cfx__ctx_leave() for a public call whose CFX_OK is its whole answer:
+ * cfx_last_error() is left empty then (the object calls). */
+int cfx__api_done(struct cfx_context *ctx, int rc);
 /* ctx->lock held: destroy has begun (waits give up with CFX_ERR_CANCELED). */
 static inline bool cfx__ctx_closing(const struct cfx_context *ctx)
 {

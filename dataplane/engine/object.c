@@ -247,7 +247,7 @@ int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void 
     if (rc != CFX_OK)
         return rc;
     rc = put_call(ctx, id, buf, size, params);
-    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+    return ctx ? cfx__api_done(ctx, rc) : rc;
 }
 
 int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
@@ -265,7 +265,7 @@ int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void
             obj->arena = true;
         pthread_mutex_unlock(&ctx->lock);
     }
-    return cfx__ctx_leave(ctx, rc);
+    return cfx__api_done(ctx, rc);
 }
 
 int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t capacity,
@@ -275,7 +275,7 @@ int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, 
     if (rc != CFX_OK)
         return rc;
     rc = cfx__get_call(ctx, id, buf, capacity, size_out, params);
-    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+    return ctx ? cfx__api_done(ctx, rc) : rc;
 }
 
 int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void **buf_out,
@@ -285,7 +285,7 @@ int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void 
     if (rc != CFX_OK)
         return rc;
     rc = cfx__get_alloc_call(ctx, id, buf_out, size_out, params);
-    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+    return ctx ? cfx__api_done(ctx, rc) : rc;
 }
 
 int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
@@ -295,5 +295,5 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
     if (rc != CFX_OK)
         return rc;
     rc = delete_call(ctx, id, params);
-    return ctx ? cfx__ctx_leave(ctx, rc) : rc;
+    return ctx ? cfx__api_done(ctx, rc) : rc;
 }
