@@ -439,9 +439,13 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
     }
 
     uint64_t bit = 1ull << (chunk % 64);
+    /* every write took one of the source's credits, a chunk landed before
+     * too (a get that fell back to one source after a striped start: the
+     * new source sends from ready_chunks on, the holes' neighbours again):
+     * each is owed back, or the source runs dry with the get unfinished */
+    in->owed += !in->end;
     if (!(obj->bitmap[chunk / 64] & bit)) {
         obj->bitmap[chunk / 64] |= bit;
-        in->owed += !in->end;
         ctx->stats.bytes_received += len;
     }
     /* Serving the object's uploads may fail connections, this one among

@@ -362,6 +362,67 @@ Test(get_stripe, holder_dies_mid_stripe)
     free(src);
 }
 
+/* Every source of a striped get dies mid-stripe: the get falls back to the
+ * one holder left, which sends from the first chunk missing on, the chunks
+ * the stripes landed beyond it again.  Each of those writes took a credit
+ * and must be owed back: only new chunks were, so with more of them than
+ * half the window the source ran dry and the get waited out its deadline
+ * with the holder alive ("timed out ... with 35 of 64 chunks"). */
+Test(get_stripe, failover_after_every_stripe_source_died)
+{
+    struct cfx_context *h[4], *g;
+    struct cfx_object_id id;
+    struct bg_get b = { 0 };
+
+    for (int i = 0; i < 4; i++)
+        h[i] = join("tcp", "4000000");
+    setenv("CFX_WINDOW", "256K", 1); /* 4 chunks: 2 landed twice stall the old count */
+    setenv("CFX_GET_SOURCES", "3", 1); /* the fourth holder is the one left */
+    g = join("tcp", NULL);
+    unsetenv("CFX_WINDOW");
+    unsetenv("CFX_GET_SOURCES");
+    uint8_t *src = replicate(h, 4, &id, SIZE);
+    uint64_t before[4];
+    for (int i = 0; i < 4; i++)
+        before[i] = sent(h[i]);
+
+    b.ctx = g;
+    b.id = &id;
+    b.buf = malloc(SIZE);
+    cr_assert(b.buf);
+    memset(b.buf, 0xA5, SIZE);
+    cr_assert_eq(pthread_create(&b.thr, NULL, bg_main, &b), 0);
+    /* until three holders serve their stripes, four chunks each at least
+     * (read every 2 ms: their byte counters signal nothing) */
+    bool serving[4] = { false };
+    int n = 0;
+    for (uint64_t dl = cfx__deadline_ns(10000); n < 3 && cfx__now_ns() < dl;) {
+        n = 0;
+        for (int i = 0; i < 4; i++)
+            n += serving[i] = sent(h[i]) - before[i] >= 4 * CHUNK;
+        if (n < 3)
+            usleep(2000);
+    }
+    cr_assert_eq(n, 3, "%d holders served their stripes", n);
+    for (int i = 0; i < 4; i++)
+        if (serving[i]) {
+            cfx_context_destroy(h[i]);
+            h[i] = NULL;
+        }
+    pthread_join(b.thr, NULL);
+    cr_assert_eq(b.rc, CFX_OK, "%s (%s)", cfx_errname(b.rc), b.err);
+    cr_assert_eq(cfx_test_check(b.buf, SIZE, SEED), (size_t)-1, "wrong bytes");
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(g, &st), CFX_OK);
+    cr_assert_geq(st.source_failovers, 1, "the get did not fall back to the last holder");
+    free(b.buf);
+    cfx_context_destroy(g);
+    for (int i = 0; i < 4; i++)
+        if (h[i])
+            cfx_context_destroy(h[i]);
+    free(src);
+}
+
 /* CFX_GET_SOURCES=1: one holder serves the whole object. */
 Test(get_stripe, one_source_when_off)
 {
