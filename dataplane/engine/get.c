@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define GET_RELEASE_WAIT_MS 2000 /* a failed get waits this long for uploads of its copy to stop */
 #define MAX_SOURCES 16 /* sources a get tries before giving up */
 
 /* The object is complete on this node already (ctx->lock held). */
@@ -604,10 +605,24 @@ static void get_release(struct get_op *g, bool keep_buf)
         obj->arena = false;
     else
         obj->lent = false; /* a failed cfx_get_alloc: its buffer never reached the caller */
+    const struct cfx_object_id id = obj->id;
     bool was_held = cfx__progress_enter(g->ctx);
     cfx__obj_release(g->ctx, obj); /* uploads reading it may keep it a little longer */
     cfx__progress_leave(g->ctx, was_held);
     g->obj = NULL;
+    /* Uploads of this node's partial copy to other getters, told to stop,
+     * still read the buffer until their posted writes complete (tcp sends
+     * from it, verbs reads it by DMA): the buffer goes back to its caller
+     * only once the entry has left, or another node would get what the
+     * caller writes there next.  A completion or two; bounded. */
+    uint64_t until = cfx__deadline_ns(GET_RELEASE_WAIT_MS);
+    struct cfx_obj *left;
+    while ((left = cfx__store_find(&g->ctx->store, &id)) && left->deleting &&
+           cfx__obj_wait(g->ctx, until))
+        ;
+    if ((left = cfx__store_find(&g->ctx->store, &id)) && left->deleting)
+        CFX_LOG(WARN, OBJ, "node %u: get of %s ended, but uploads of its partial copy still "
+                "read the buffer after %d ms", g->ctx->node_id, g->hex, GET_RELEASE_WAIT_MS);
 }
 
 /* Step 5, the get failed (ctx->lock held on entry, not on return).
