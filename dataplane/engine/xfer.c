@@ -788,6 +788,12 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
         cfx__p2p_rtr(ctx, conn, req);
         return;
     }
+    if (req->credits > CFX_MAX_CHUNKS) {
+        /* a later CREDIT adds to it: bounded as those are, so the sum
+         * cannot wrap past the check */
+        cfx__conn_fail(conn, CFX_ERR_PROTO, "absurd credit grant in a get request");
+        return;
+    }
     memcpy(id.bytes, req->id, CFX_OBJECT_ID_LEN);
     id_hex(&id, hex);
     struct cfx_obj *obj = cfx__store_find(&ctx->store, &id);
@@ -933,7 +939,11 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         if (in && in->conn == conn && in->abandoned) {
             in_drop(ctx, in);
         } else if (in && in->conn == conn) {
-            int st = (m->status < 0 && m->status > CFX_STATUS_LAST) ? m->status : CFX_ERR_PROTO;
+            /* a refusal is a final status: CFX_ERR_AGAIN would leave the
+             * transfer "running" with no source, to its deadline */
+            int st = (m->status < 0 && m->status > CFX_STATUS_LAST && m->status != CFX_ERR_AGAIN)
+                         ? m->status
+                         : CFX_ERR_PROTO;
             if (m->status == CFX_OK && in->obj->nchunks == 0) {
                 in->obj->complete = true; /* an empty message: nothing to write */
                 st = CFX_OK;
