@@ -158,6 +158,15 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
 
     if (!in || in->status != CFX_ERR_AGAIN)
         return;
+    if (obj->nchunks && obj->ready_chunks == obj->nchunks) {
+        /* every chunk landed, the connection failing as the last one was
+         * taken in (before the object was marked complete): a request
+         * from the end would get no answer, and the getter would wait to
+         * its deadline */
+        obj->complete = true;
+        cfx__xfer_in_finish(ctx, in, CFX_OK);
+        return;
+    }
     struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
     if (!conn) {
         in->status = CFX_ERR_AGAIN;
