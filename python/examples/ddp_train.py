@@ -68,6 +68,10 @@ def main() -> None:
         state.close()
         group.close()
         ctx.close()
+    # every rank done with gloo before any tears it down: a rank whose
+    # group went while a peer's gloo threads still talked to it aborted at
+    # exit now and then ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     print(f"rank {rank}: loss {losses[0]:.5f} -> {losses[-1]:.5f}")
     print(f"rank {rank}: ok")
