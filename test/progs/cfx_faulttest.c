@@ -74,7 +74,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -641,13 +640,25 @@ static void mode_gone(struct cfx_context *ctx, size_t bytes, const char *how)
 
 #define LOOP_KILL_AT 20 /* the victim dies during this call */
 
-static atomic_int loop_calls; /* calls begun (the victim's killer reads it) */
+static pthread_mutex_t loop_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t loop_cond = PTHREAD_COND_INITIALIZER;
+static int loop_calls; /* calls begun (loop_mu; the victim's killer waits on it) */
+
+static void loop_begun(int calls)
+{
+    pthread_mutex_lock(&loop_mu);
+    loop_calls = calls;
+    pthread_cond_signal(&loop_cond);
+    pthread_mutex_unlock(&loop_mu);
+}
 
 static void *loop_killer(void *arg)
 {
     struct cfx_context *ctx = arg;
-    while (atomic_load(&loop_calls) < LOOP_KILL_AT + 1) /* call LOOP_KILL_AT has begun */
-        usleep(200);
+    pthread_mutex_lock(&loop_mu);
+    while (loop_calls < LOOP_KILL_AT + 1) /* until call LOOP_KILL_AT has begun */
+        pthread_cond_wait(&loop_cond, &loop_mu);
+    pthread_mutex_unlock(&loop_mu);
     die_now(ctx, SIGKILL);
     return NULL;
 }
@@ -699,7 +710,7 @@ static void mode_loop(struct cfx_context *ctx, size_t bytes, const char *op)
     }
     int iter, rc = CFX_OK;
     for (iter = 0; rc == CFX_OK; iter++) {
-        atomic_store(&loop_calls, iter + 1);
+        loop_begun(iter + 1);
         rc = loop_call(g, op, send, recv, count, iter);
         if (rank == VICTIM && rc == CFX_OK && iter > LOOP_KILL_AT + 10000)
             DIE("the victim is still alive after %d calls", iter);

@@ -321,6 +321,44 @@ static void *bg_main(void *arg)
     return NULL;
 }
 
+/* Start @p c's get of @p id on a thread of its own, into a buffer of 0xA5. */
+static void bg_start(struct bg_get *b, struct cfx_context *c, const struct cfx_object_id *id)
+{
+    b->ctx = c;
+    b->id = id;
+    b->buf = malloc(SIZE);
+    cr_assert(b->buf);
+    memset(b->buf, 0xA5, SIZE);
+    cr_assert_eq(pthread_create(&b->thr, NULL, bg_main, b), 0);
+}
+
+/* The get ends with CFX_OK and every byte right. */
+static void bg_ok(struct bg_get *b)
+{
+    pthread_join(b->thr, NULL);
+    cr_assert_eq(b->rc, CFX_OK, "%s (%s)", cfx_errname(b->rc), b->err);
+    cr_assert_eq(cfx_test_check(b->buf, SIZE, SEED), (size_t)-1, "wrong bytes");
+    free(b->buf);
+}
+
+/* Until @p want of the @p n holders @p h have sent @p bytes since @p before
+ * (*serving[i] says which), at most 10 s.  Their byte counters signal
+ * nothing, so they are read every 2 ms.  Returns how many have. */
+static int wait_serving(struct cfx_context **h, const uint64_t *before, int n, uint64_t bytes,
+                        int want, bool *serving)
+{
+    int got = 0;
+    for (uint64_t dl = cfx__deadline_ns(10000); cfx__now_ns() < dl;) {
+        got = 0;
+        for (int i = 0; i < n; i++)
+            got += serving[i] = sent(h[i]) - before[i] >= bytes;
+        if (got >= want)
+            break;
+        usleep(2000);
+    }
+    return got;
+}
+
 /* A slow holder destroyed while it serves its block: the others take the
  * block over and the get completes byte for byte. */
 Test(get_stripe, holder_dies_mid_stripe)
@@ -336,27 +374,16 @@ Test(get_stripe, holder_dies_mid_stripe)
     uint8_t *src = replicate(h, 3, &id, SIZE);
     uint64_t before = sent(h[2]);
 
-    b.ctx = g;
-    b.id = &id;
-    b.buf = malloc(SIZE);
-    cr_assert(b.buf);
-    memset(b.buf, 0xA5, SIZE);
-    cr_assert_eq(pthread_create(&b.thr, NULL, bg_main, &b), 0);
-    /* wait until the slow holder is inside its block (a few chunks out);
-     * its byte counter signals nothing, so it is read every 2 ms until the
-     * deadline */
-    uint64_t dl = cfx__deadline_ns(10000);
-    while (sent(h[2]) - before < 2 * CHUNK && cfx__now_ns() < dl)
-        usleep(2000);
-    cr_assert_geq(sent(h[2]) - before, 2 * CHUNK, "the slow holder never served");
+    bg_start(&b, g, &id);
+    /* until the slow holder is inside its block (a few chunks out) */
+    bool serving = false;
+    cr_assert_eq(wait_serving(&h[2], &before, 1, 2 * CHUNK, 1, &serving), 1,
+                 "the slow holder never served");
     cfx_context_destroy(h[2]);
-    pthread_join(b.thr, NULL);
-    cr_assert_eq(b.rc, CFX_OK, "%s (%s)", cfx_errname(b.rc), b.err);
-    cr_assert_eq(cfx_test_check(b.buf, SIZE, SEED), (size_t)-1, "wrong bytes");
+    bg_ok(&b);
     struct cfx_context_stats st;
     cr_assert_eq(cfx_context_stats(g, &st), CFX_OK);
     cr_expect_eq(st.source_failovers, 0, "the stripe's survivors finished it, no failover");
-    free(b.buf);
     cfx_context_destroy(g);
     destroy_all(h, 2);
     free(src);
@@ -386,36 +413,20 @@ Test(get_stripe, failover_after_every_stripe_source_died)
     for (int i = 0; i < 4; i++)
         before[i] = sent(h[i]);
 
-    b.ctx = g;
-    b.id = &id;
-    b.buf = malloc(SIZE);
-    cr_assert(b.buf);
-    memset(b.buf, 0xA5, SIZE);
-    cr_assert_eq(pthread_create(&b.thr, NULL, bg_main, &b), 0);
-    /* until three holders serve their stripes, four chunks each at least
-     * (read every 2 ms: their byte counters signal nothing) */
+    bg_start(&b, g, &id);
+    /* until three holders serve their stripes, four chunks each at least */
     bool serving[4] = { false };
-    int n = 0;
-    for (uint64_t dl = cfx__deadline_ns(10000); n < 3 && cfx__now_ns() < dl;) {
-        n = 0;
-        for (int i = 0; i < 4; i++)
-            n += serving[i] = sent(h[i]) - before[i] >= 4 * CHUNK;
-        if (n < 3)
-            usleep(2000);
-    }
+    int n = wait_serving(h, before, 4, 4 * CHUNK, 3, serving);
     cr_assert_eq(n, 3, "%d holders served their stripes", n);
     for (int i = 0; i < 4; i++)
         if (serving[i]) {
             cfx_context_destroy(h[i]);
             h[i] = NULL;
         }
-    pthread_join(b.thr, NULL);
-    cr_assert_eq(b.rc, CFX_OK, "%s (%s)", cfx_errname(b.rc), b.err);
-    cr_assert_eq(cfx_test_check(b.buf, SIZE, SEED), (size_t)-1, "wrong bytes");
+    bg_ok(&b);
     struct cfx_context_stats st;
     cr_assert_eq(cfx_context_stats(g, &st), CFX_OK);
     cr_assert_geq(st.source_failovers, 1, "the get did not fall back to the last holder");
-    free(b.buf);
     cfx_context_destroy(g);
     for (int i = 0; i < 4; i++)
         if (h[i])
