@@ -881,15 +881,7 @@ static int first_gone(struct coll_exec *x, bool *left)
 /* Lock held: whether rank @p r is known gone. */
 static bool rank_gone(struct coll_exec *x, int r)
 {
-    struct cfx_context *ctx = x->g->ctx;
-    uint32_t node = x->g->ids[r];
-    for (unsigned d = 0; d < ctx->ndead; d++)
-        if (ctx->dead[d] == node)
-            return true;
-    for (unsigned d = 0; d < ctx->nleft; d++)
-        if (ctx->left[d] == node)
-            return true;
-    return false;
+    return cfx__node_gone(x->g->ctx, x->g->ids[r]) != 0;
 }
 
 /* What rank @p teller's news @p n says of the cause. */

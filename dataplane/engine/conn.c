@@ -5,6 +5,7 @@
  * CONNECTED.  Progress-lock holder only, ctx->lock held.
  */
 #include "engine.h"
+#include "p2p.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -133,14 +134,12 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     /* a node the coordinator reported dead or gone does not come back (ids
      * are never reused): no dial, no transport fallback and its warnings,
      * for each later message or collective that names it */
-    for (unsigned d = 0; d < ctx->ndead || d < ctx->nleft; d++) {
-        bool dead = d < ctx->ndead && ctx->dead[d] == node->node_id;
-        if (dead || (d < ctx->nleft && ctx->left[d] == node->node_id)) {
-            *status = cfx__err(CFX_ERR_PEER_FAILED, "node %u (%s) %s", node->node_id, node->name,
-                               dead ? "is dead (the coordinator reported it)"
-                                    : "left the cluster");
-            return NULL;
-        }
+    int gone = cfx__node_gone(ctx, node->node_id);
+    if (gone) {
+        *status = cfx__err(CFX_ERR_PEER_FAILED, "node %u (%s) %s", node->node_id, node->name,
+                           gone == CFX_NODE_DEAD ? "is dead (the coordinator reported it)"
+                                                 : "left the cluster");
+        return NULL;
     }
     if (cfx__conn_tp_for(ctx, node) < 0) {
         *status = cfx__err(CFX_ERR_UNSUPPORTED,

@@ -334,24 +334,19 @@ int cfx__p2p_test(struct cfx_p2p_req *req)
     return st;
 }
 
-static bool node_left(const struct cfx_context *ctx, uint32_t node);
-
 /* ctx->lock not held. */
 static void describe(const struct cfx_p2p_req *req, int st)
 {
     if (st == CFX_ERR_PEER_FAILED) {
         /* what the coordinator said of the peer, when it did */
-        struct cfx_context *ctx = req->ctx;
-        bool dead = false, left;
-        pthread_mutex_lock(&ctx->lock);
-        for (unsigned d = 0; d < ctx->ndead; d++)
-            dead |= ctx->dead[d] == req->peer;
-        left = !dead && node_left(ctx, req->peer);
-        pthread_mutex_unlock(&ctx->lock);
-        if (dead || left) {
+        pthread_mutex_lock(&req->ctx->lock);
+        int gone = cfx__node_gone(req->ctx, req->peer);
+        pthread_mutex_unlock(&req->ctx->lock);
+        if (gone) {
             cfx__err(st, "%s node %u (tag %u) failed: node %u %s", req->kind == CFX_P2P_SEND
                      ? "send to" : "receive from", req->peer, req->tag, req->peer,
-                     left ? "left the cluster" : "died (the coordinator reported it)");
+                     gone == CFX_NODE_LEFT ? "left the cluster"
+                                           : "died (the coordinator reported it)");
             return;
         }
     }
@@ -372,13 +367,21 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return cfx__p2p_waitall(&req, 1, deadline_ns);
 }
 
+int cfx__node_gone(const struct cfx_context *ctx, uint32_t node)
+{
+    for (unsigned d = 0; d < ctx->ndead; d++)
+        if (ctx->dead[d] == node)
+            return CFX_NODE_DEAD;
+    for (unsigned d = 0; d < ctx->nleft; d++)
+        if (ctx->left[d] == node)
+            return CFX_NODE_LEFT;
+    return 0;
+}
+
 /* ctx->lock held: whether @p node left in good order. */
 static bool node_left(const struct cfx_context *ctx, uint32_t node)
 {
-    for (unsigned d = 0; d < ctx->nleft; d++)
-        if (ctx->left[d] == node)
-            return true;
-    return false;
+    return cfx__node_gone(ctx, node) == CFX_NODE_LEFT;
 }
 
 /* ctx->lock held (connections are added and removed under it too): whether
@@ -398,13 +401,9 @@ static bool conn_open_to(const struct cfx_context *ctx, uint32_t node)
  * order (either way it sends nothing more), or -1. */
 static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
 {
-    for (int i = 0; i < nnodes; i++) {
-        for (unsigned d = 0; d < ctx->ndead; d++)
-            if (ctx->dead[d] == nodes[i])
-                return i;
-        if (node_left(ctx, nodes[i]))
+    for (int i = 0; i < nnodes; i++)
+        if (cfx__node_gone(ctx, nodes[i]))
             return i;
-    }
     return -1;
 }
 

@@ -83,6 +83,11 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
 /* Whether the coordinator reported @p node gone in good order (takes the
  * context lock). */
 bool cfx__p2p_node_left(struct cfx_context *ctx, uint32_t node);
+/* ctx->lock held: what the coordinator said of @p node, which does not
+ * come back (ids are never reused): CFX_NODE_DEAD, CFX_NODE_LEFT (in good
+ * order), or 0 (nothing, or too long ago: the lists are rings). */
+enum { CFX_NODE_DEAD = 1, CFX_NODE_LEFT = 2 };
+int cfx__node_gone(const struct cfx_context *ctx, uint32_t node);
 
 /* Status of @p req (CFX_ERR_AGAIN while running); the context lock held. */
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
