@@ -474,6 +474,7 @@ struct cfx_upload {
     struct cfx_obj *obj;
     struct cfx_conn *conn;
     uint32_t slot;              /* receiver's slot */
+    uint32_t first;             /* first chunk asked for (the request's resume point) */
     uint32_t next;              /* next chunk to write */
     uint32_t end;               /* one past the last chunk to write (a striped get's
                                    range ends before nchunks) */
@@ -966,8 +967,8 @@ struct cfx_context {
     uint64_t reduce_id_checks;  /* reduces that found their result's id free (tests wait on it) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
-    uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: uploads stop after this
-                                   chunk (0: off; xfer.c) */
+    uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: each upload stops after
+                                   this many chunks (0: off; xfer.c) */
     char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
                                                  connects over this transport fail */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
@@ -1128,10 +1129,13 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in);
  * in place instead: grant revoked, slot freed, false. */
 bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
                           struct cfx_xfer_in *spare);
-/* Test hook CFX_XFER_TEST_STALL=N: this node's uploads stop after chunk N
- * and drop CANCELs (a holder that stalls mid-transfer) until resumed here
- * (any thread, no lock held). */
+/* Test hook CFX_XFER_TEST_STALL=N: each upload of this node stops after
+ * the first N chunks it was asked for, and CANCELs are dropped (a holder
+ * that stalls mid-transfer), until resumed here (any thread, no lock
+ * held).  cfx__xfer_test_stall() turns it on later (a node that first
+ * replicated an object unstalled). */
 void cfx__xfer_test_resume(struct cfx_context *ctx);
+void cfx__xfer_test_stall(struct cfx_context *ctx, uint32_t n);
 void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn,
                     const void *data, size_t len);
 void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn,

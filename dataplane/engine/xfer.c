@@ -610,7 +610,7 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
     while (up->credits && up->next < up->end &&
            (obj->complete || up->next < obj->ready_chunks ||
             (obj->serve_landed && (obj->bitmap[up->next / 64] >> (up->next % 64)) & 1))) {
-        if (unlikely(ctx->test_stall) && up->next >= ctx->test_stall)
+        if (unlikely(ctx->test_stall) && up->next - up->first >= ctx->test_stall)
             return; /* test hook: a holder that stalls mid-transfer */
         uint64_t off = (uint64_t)up->next * obj->chunk_size;
         size_t len = (size_t)CFX_MIN((uint64_t)obj->chunk_size, obj->size - off);
@@ -877,7 +877,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
     up->obj = obj;
     up->conn = conn;
     up->slot = req->hdr.slot;
-    up->next = req->first_chunk;
+    up->first = up->next = req->first_chunk;
     up->end = req->end_chunk ? req->end_chunk : obj->nchunks;
     up->credits = req->credits;
     up->rdesc = req->rdesc;
@@ -1036,6 +1036,15 @@ again:
         }
     }
     cfx__progress_wake(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__progress_unlock(ctx);
+}
+
+void cfx__xfer_test_stall(struct cfx_context *ctx, uint32_t n)
+{
+    cfx__progress_lock(ctx);
+    pthread_mutex_lock(&ctx->lock);
+    ctx->test_stall = n;
     pthread_mutex_unlock(&ctx->lock);
     cfx__progress_unlock(ctx);
 }

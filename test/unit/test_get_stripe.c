@@ -393,8 +393,15 @@ Test(get_stripe, holder_dies_mid_stripe)
  * one holder left, which sends from the first chunk missing on, the chunks
  * the stripes landed beyond it again.  Each of those writes took a credit
  * and must be owed back: only new chunks were, so with more of them than
- * half the window the source ran dry and the get waited out its deadline
- * with the holder alive ("timed out ... with 35 of 64 chunks"). */
+ * the window the source ran dry and the get waited out its deadline with
+ * the holder alive ("timed out ... with 35 of 64 chunks").
+ *
+ * Every holder stalls after the first 2 chunks of each upload (test hook),
+ * so the stripe cannot finish before its sources are gone, however slowly
+ * they go (an orderly destroy drains its uploads for up to a second): the
+ * three sources land chunks 0-1, 10-11 and 20-21 of their blocks and stop.
+ * The fourth holder is resumed; the three are destroyed; the fourth re-sends
+ * 10-11 and 20-21 from chunk 2 on, as many as the 4-chunk window. */
 Test(get_stripe, failover_after_every_stripe_source_died)
 {
     struct cfx_context *h[4], *g;
@@ -402,24 +409,30 @@ Test(get_stripe, failover_after_every_stripe_source_died)
     struct bg_get b = { 0 };
 
     for (int i = 0; i < 4; i++)
-        h[i] = join("tcp", "4000000");
-    setenv("CFX_WINDOW", "256K", 1); /* 4 chunks: 2 landed twice stall the old count */
+        h[i] = join("tcp", NULL);
+    setenv("CFX_WINDOW", "256K", 1); /* 4 chunks: the re-sent ones fill it */
     setenv("CFX_GET_SOURCES", "3", 1); /* the fourth holder is the one left */
     g = join("tcp", NULL);
     unsetenv("CFX_WINDOW");
     unsetenv("CFX_GET_SOURCES");
     uint8_t *src = replicate(h, 4, &id, SIZE);
     uint64_t before[4];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
         before[i] = sent(h[i]);
+        cfx__xfer_test_stall(h[i], 2);
+    }
 
     bg_start(&b, g, &id);
-    /* until three holders serve their stripes, four chunks each at least */
+    /* until three holders served the 2 chunks of their blocks */
     bool serving[4] = { false };
-    int n = wait_serving(h, before, 4, 4 * CHUNK, 3, serving);
+    int n = wait_serving(h, before, 4, 2 * CHUNK, 3, serving);
     cr_assert_eq(n, 3, "%d holders served their stripes", n);
     for (int i = 0; i < 4; i++)
+        if (!serving[i])
+            cfx__xfer_test_resume(h[i]);
+    for (int i = 0; i < 4; i++)
         if (serving[i]) {
+            cr_expect_eq(sent(h[i]) - before[i], 2 * CHUNK, "a stalled holder sent more");
             cfx_context_destroy(h[i]);
             h[i] = NULL;
         }
