@@ -127,8 +127,19 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     cfx_list_for_each(pos, &ctx->conns) {
         conn = cfx_list_entry(pos, struct cfx_conn, link);
         if (conn->outbound && conn->node_id == node->node_id &&
-            conn->state != CFX_CONN_FAILED)
-            return conn;
+            conn->state != CFX_CONN_FAILED) {
+            if (likely(conn->abandoned < CFX_CONN_ABANDONED_MAX))
+                return conn;
+            /* Each transfer abandoned at its deadline keeps its slot until
+             * the peer answers its CANCEL (xfer.c); a peer that answers
+             * none would hold them all.  Closing the connection ends them
+             * (their grants were revoked already) and a new one starts. */
+            CFX_LOG(WARN, CONN, "node %u: %s has left %u cancels unanswered (transfers "
+                    "given up at their deadline); closing the connection to free their "
+                    "slots", ctx->node_id, conn->name, conn->abandoned);
+            cfx__conn_fail(conn, CFX_ERR_PEER_FAILED, "cancels unanswered");
+            break;
+        }
     }
 
     /* a node the coordinator reported dead or gone does not come back (ids

@@ -56,6 +56,9 @@
 #define CFX_GET_SOURCES_MAX     8    /* its cap (CFX_PROTO_SOURCES_MAX) */
 #define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
+#define CFX_CONN_ABANDONED_MAX 64    /* transfers from one peer left at their deadline whose
+                                        CANCEL it has not answered: at this many its
+                                        connection is closed, which frees their slots */
 #define CFX_PEER_BYTES_MAX 64 /* (peer, transport) pairs whose traffic a context counts apart */
 #define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
 #define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
@@ -458,6 +461,8 @@ struct cfx_conn {
      * CFX_TP_COMP_SEND: they may still sit in its user-space queue, and
      * closing the endpoint would drop them (cfx_context_destroy waits) */
     uint32_t sends_out;
+    uint32_t abandoned;         /* our transfers from this peer abandoned at their
+                                   deadline, its answer to their CANCEL still out */
 };
 
 struct cfx_pending_msg {

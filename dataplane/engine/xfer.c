@@ -285,6 +285,8 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
 /* An abandoned transfer's slot is released: nothing refers to it any more. */
 static void in_drop(struct cfx_context *ctx, struct cfx_xfer_in *in)
 {
+    if (in->conn && in->conn->abandoned)
+        in->conn->abandoned--;
     if (ctx->slots[in->slot] == in)
         ctx->slots[in->slot] = NULL;
     free(in);
@@ -320,6 +322,7 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
      * what it had sent before it), so that answer finds nothing to write
      * into instead of failing the connection. */
     in->abandoned = true;
+    in->conn->abandoned++; /* capped: cfx__conn_get() */
     in->obj = NULL;
     in->status = CFX_ERR_CANCELED;
     obj->in = NULL;

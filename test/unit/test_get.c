@@ -195,6 +195,62 @@ Test(get, stalled_holder_never_answers)
     free(src);
 }
 
+static unsigned count_abandoned(struct cfx_context *c)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&c->lock);
+    for (unsigned s = 0; s < CFX_XFER_SLOTS; s++)
+        n += c->slots[s] && c->slots[s]->abandoned;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+/* A holder that answers no CANCEL holds at most CFX_CONN_ABANDONED_MAX of
+ * the getter's slots: a get that finds that many left on the connection
+ * closes it (freeing them) and goes on over a new one.  Without the cap
+ * each timed-out get kept one of the 4096 slots for as long as the
+ * holder stayed connected.  Afterwards the holder resumes and the object
+ * comes whole. */
+Test(get, unanswered_cancels_are_capped)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    const unsigned gets = CFX_CONN_ABANDONED_MAX + CFX_CONN_ABANDONED_MAX / 2;
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+
+    join("tcp", true, &a);
+    join("tcp", false, &b);
+    stalled_get(a, b, &id, src, buf); /* connects; the holder's location is known now */
+    /* each get lands the first chunks and is given up at its deadline,
+     * its CANCEL dropped by the stalled holder */
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
+    unsigned most = 0;
+    bool capped = false;
+    for (unsigned i = 0; i < gets; i++) {
+        int rc = cfx_get(b, &id, buf, size, NULL, &gp);
+        cr_assert_eq(rc, CFX_ERR_TIMEOUT, "get %u: %s (%s)", i, cfx_errname(rc),
+                     cfx_last_error());
+        unsigned n = count_abandoned(b);
+        capped |= n < most; /* a get closed the connection and freed them */
+        most = CFX_MAX(most, n);
+        cr_assert_leq(n, CFX_CONN_ABANDONED_MAX, "after get %u the holder holds %u slots", i, n);
+    }
+    cr_expect(capped, "%u slots held after %u gets, never fewer", most, gets + 1);
+
+    cfx__xfer_test_resume(a);
+    memset(buf, 0, size);
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, buf, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(buf, size, 7), (size_t)-1, "wrong bytes");
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+    free(buf);
+}
+
 /* cfx_get_alloc's buffer stays the caller's across a cfx_delete() of the
  * object on the same node: a later get must not be handed the same memory
  * (it was, and the first array's bytes changed under it), and the
