@@ -972,6 +972,8 @@ struct cfx_context {
     uint64_t reduce_id_checks;  /* reduces that found their result's id free (tests wait on it) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
+    bool test_cmd_nomem;        /* test hook: cfx__cmd_must() runs every command inline, as
+                                   with no memory for it (test_p2p_cancel) */
     uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: each upload stops after
                                    this many chunks (0: off; xfer.c) */
     char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
@@ -1102,6 +1104,11 @@ int cfx__progress_pause(struct cfx_context *ctx, bool on);
  * command about @p obj (and @p node); ctx->lock held. */
 int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj,
                  const struct cfx_node_rec *node);
+/* As cfx__cmd_new() for a command that must not be lost (a release, a
+ * cancel): with no memory for it, this thread runs it at once as the
+ * progress-lock holder (cfx__progress_enter: ctx->lock is dropped while it
+ * waits for that lock, so the caller looks again at what it had seen). */
+void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj);
 /* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline
  * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);

@@ -238,10 +238,7 @@ static int get_held(struct get_op *g)
              * buffer is the caller's of the get that made it). */
             obj->deleting = true;
             obj->arena = false;
-            if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) != CFX_OK) {
-                rc = cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", g->hex);
-                break;
-            }
+            cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
             continue;
         }
         if (obj->complete) {
@@ -704,11 +701,9 @@ static int get_finish_caller(struct get_op *g)
     pthread_mutex_unlock(&ctx->lock);
     g->obj = NULL;
     if (rc != CFX_OK)
-        return cfx__err(rc, "get of object %s on node %u: the bytes are in, but %s", g->hex,
-                        ctx->node_id,
-                        rc == CFX_ERR_NOMEM ? "releasing the copy ran out of memory"
-                                            : "uploads of its copy to other nodes were still "
-                                              "reading the buffer after the deadline");
+        return cfx__err(rc, "get of object %s on node %u: the bytes are in, but uploads of "
+                        "its copy to other nodes were still reading the buffer after the "
+                        "deadline", g->hex, ctx->node_id);
     return CFX_OK;
 }
 

@@ -60,12 +60,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
              * get.c get_held; a buffer lent to a cfx_get_alloc caller stays
              * theirs) and the directory judges the put. */
             old->deleting = true;
-            if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, old, NULL) != CFX_OK) {
-                pthread_mutex_unlock(&ctx->lock);
-                free(obj->bitmap);
-                free(obj);
-                return cfx__err(CFX_ERR_NOMEM, "cfx_put %s: out of memory", hex);
-            }
+            cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, old);
         }
         if (!old->deleting || !cfx__obj_wait(ctx, deadline))
             break;
@@ -91,8 +86,8 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, tag, deadline);
     pthread_mutex_lock(&ctx->lock);
     if (rc != CFX_OK) {
-        cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
         obj->deleting = true;
+        cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
     } else {
         obj->announced = true;
         ctx->stats.puts++;
@@ -110,7 +105,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
  * the entry to leave the store, with its registrations: the caller may
  * reuse the buffer once this returns CFX_OK.  Uploads told to stop drain
  * within a completion, so a short grace past the deadline is enough.
- * CFX_ERR_NOMEM (no release command), CFX_ERR_TIMEOUT (still draining).
+ * CFX_ERR_TIMEOUT: still draining.
  */
 int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_t deadline)
 {
@@ -118,8 +113,7 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
     while ((!cfx_list_empty(&obj->uploads) || obj->refs) && !cfx__ctx_closing(ctx) &&
            cfx__obj_wait(ctx, deadline))
         ;
-    if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL) != CFX_OK)
-        return CFX_ERR_NOMEM;
+    cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
     /* until the entry has left, a put or get of the id here would find it */
     uint64_t until = CFX_MAX(deadline, cfx__deadline_ns(RELEASE_WAIT_MS));
     struct cfx_obj *left;
@@ -177,9 +171,6 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     ctx->deletes_done++;
     pthread_cond_broadcast(&ctx->obj_cond);
     pthread_mutex_unlock(&ctx->lock);
-    if (drc == CFX_ERR_NOMEM)
-        return cfx__err(CFX_ERR_NOMEM, "cfx_delete: node %u cannot release object %s: out "
-                        "of memory", ctx->node_id, hex);
     if (drc != CFX_OK)
         return cfx__err(CFX_ERR_TIMEOUT, "cfx_delete: node %u could not release object %s: "
                         "uploads of it to other nodes were still draining at the deadline",

@@ -538,7 +538,7 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
 static void recv_withdraw(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
-    cfx__cmd_new(ctx, CFX_CMD_GET_CANCEL, req->obj, NULL);
+    cfx__cmd_must(ctx, CFX_CMD_GET_CANCEL, req->obj);
     uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
     while (p2p_status(req) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))
         ;
@@ -573,7 +573,7 @@ static void send_withdraw(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
     struct cfx_obj *obj = req->obj;
-    cfx__cmd_new(ctx, CFX_CMD_P2P_CANCEL, obj, NULL);
+    cfx__cmd_must(ctx, CFX_CMD_P2P_CANCEL, obj);
     uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
     uint64_t left = writes_in_flight(obj);
     while (p2p_status(req) == CFX_ERR_AGAIN) {
@@ -663,6 +663,6 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
     obj->in = NULL;
     obj->deleting = true;
     /* the release frees the block, this request with it: touch neither after */
-    cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, obj, NULL);
+    cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
     pthread_mutex_unlock(&ctx->lock);
 }

@@ -118,6 +118,21 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
     return CFX_OK;
 }
 
+static void cmd_exec(struct cfx_context *ctx, struct cfx_cmd *cmd);
+
+void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj)
+{
+    if (likely(!ctx->test_cmd_nomem) && likely(cfx__cmd_new(ctx, type, obj, NULL) == CFX_OK))
+        return;
+    /* no memory for the command: run it here, after those queued before it */
+    struct cfx_cmd cmd = { .type = type, .obj = obj };
+    bool was_held = cfx__progress_enter(ctx);
+    cmd_exec(ctx, &cmd);
+    ctx->cmd_seq_done++;
+    pthread_cond_broadcast(&ctx->cmd_done);
+    cfx__progress_leave(ctx, was_held);
+}
+
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
 {
     ctx->obj_waiters++; /* someone relies on the progress thread (handback) */
@@ -126,60 +141,66 @@ bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
     return r;
 }
 
+/* Run one command (progress lock and ctx->lock held). */
+static void cmd_exec(struct cfx_context *ctx, struct cfx_cmd *cmd)
+{
+    switch (cmd->type) {
+    case CFX_CMD_GET_START:
+        cfx__xfer_get_start(ctx, cmd->obj, &cmd->node);
+        break;
+    case CFX_CMD_GET_CANCEL:
+        cfx__xfer_get_cancel(ctx, cmd->obj);
+        break;
+    case CFX_CMD_OBJ_RELEASE:
+        cfx__obj_release(ctx, cmd->obj);
+        break;
+    case CFX_CMD_NODE_DEAD:
+        cfx__conn_node_dead(ctx, cmd->node_id);
+        cfx__p2p_node_dead(ctx, cmd->node_id);
+        cfx__eager_node_dead(ctx, cmd->node_id);
+        cfx__rtask_node_dead(ctx, cmd->node_id);
+        if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
+            ctx->dead[ctx->ndead++] = cmd->node_id;
+        else /* forget the oldest: groups hold live members only */
+            memmove(ctx->dead, ctx->dead + 1, sizeof(ctx->dead) - sizeof(ctx->dead[0])),
+                ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = cmd->node_id;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        break;
+    case CFX_CMD_NODE_LEFT:
+        cfx__conn_peer_departed(ctx, cmd->node_id);
+        if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
+            ctx->left[ctx->nleft++] = cmd->node_id;
+        else /* forget the oldest, as for the dead */
+            memmove(ctx->left, ctx->left + 1, sizeof(ctx->left) - sizeof(ctx->left[0])),
+                ctx->left[CFX_ARRAY_SIZE(ctx->left) - 1] = cmd->node_id;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        break;
+    case CFX_CMD_P2P_SEND:
+        cfx__eager_send_post(ctx, cmd->obj, &cmd->node, false);
+        break;
+    case CFX_CMD_EAGER_CREDIT:
+        cfx__eager_return_credits(ctx);
+        break;
+    case CFX_CMD_P2P_CANCEL:
+        cfx__p2p_send_cancel(ctx, cmd->obj);
+        break;
+    case CFX_CMD_RTASK:
+        cfx__rtask_cmd(ctx, cmd);
+        break;
+    case CFX_CMD_PUT_ANSWER:
+        cfx__rtask_put_answer(ctx, cmd->msg);
+        free(cmd->msg);
+        break;
+    }
+}
+
 int cfx__progress_run_cmds(struct cfx_context *ctx)
 {
     int n = 0;
     while (!cfx_list_empty(&ctx->cmds)) {
         struct cfx_cmd *cmd = cfx_list_entry(ctx->cmds.next, struct cfx_cmd, link);
         cfx_list_del(&cmd->link);
-        switch (cmd->type) {
-        case CFX_CMD_GET_START:
-            cfx__xfer_get_start(ctx, cmd->obj, &cmd->node);
-            break;
-        case CFX_CMD_GET_CANCEL:
-            cfx__xfer_get_cancel(ctx, cmd->obj);
-            break;
-        case CFX_CMD_OBJ_RELEASE:
-            cfx__obj_release(ctx, cmd->obj);
-            break;
-        case CFX_CMD_NODE_DEAD:
-            cfx__conn_node_dead(ctx, cmd->node_id);
-            cfx__p2p_node_dead(ctx, cmd->node_id);
-            cfx__eager_node_dead(ctx, cmd->node_id);
-            cfx__rtask_node_dead(ctx, cmd->node_id);
-            if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
-                ctx->dead[ctx->ndead++] = cmd->node_id;
-            else /* forget the oldest: groups hold live members only */
-                memmove(ctx->dead, ctx->dead + 1, sizeof(ctx->dead) - sizeof(ctx->dead[0])),
-                    ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = cmd->node_id;
-            pthread_cond_broadcast(&ctx->obj_cond);
-            break;
-        case CFX_CMD_NODE_LEFT:
-            cfx__conn_peer_departed(ctx, cmd->node_id);
-            if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
-                ctx->left[ctx->nleft++] = cmd->node_id;
-            else /* forget the oldest, as for the dead */
-                memmove(ctx->left, ctx->left + 1, sizeof(ctx->left) - sizeof(ctx->left[0])),
-                    ctx->left[CFX_ARRAY_SIZE(ctx->left) - 1] = cmd->node_id;
-            pthread_cond_broadcast(&ctx->obj_cond);
-            break;
-        case CFX_CMD_P2P_SEND:
-            cfx__eager_send_post(ctx, cmd->obj, &cmd->node, false);
-            break;
-        case CFX_CMD_EAGER_CREDIT:
-            cfx__eager_return_credits(ctx);
-            break;
-        case CFX_CMD_P2P_CANCEL:
-            cfx__p2p_send_cancel(ctx, cmd->obj);
-            break;
-        case CFX_CMD_RTASK:
-            cfx__rtask_cmd(ctx, cmd);
-            break;
-        case CFX_CMD_PUT_ANSWER:
-            cfx__rtask_put_answer(ctx, cmd->msg);
-            free(cmd->msg);
-            break;
-        }
+        cmd_exec(ctx, cmd);
         cmd_put(ctx, cmd);
         n++;
     }

@@ -122,17 +122,39 @@ static void up2(const char *tps, struct cfx_context **a, struct cfx_context **b,
 
 struct tp_param {
     char tp[8];
+    bool nomem; /* commands that must not be lost run inline (cfx__cmd_must) */
 };
-static struct tp_param tps[] = { { "tcp" }, { "shm" } };
+static struct tp_param tps[] = { { "tcp", false }, { "shm", false }, { "tcp", true } };
 
 ParameterizedTestParameters(p2p_cancel, stalled_sender_resumes)
 {
-    return cr_make_param_array(struct tp_param, tps, 2);
+    return cr_make_param_array(struct tp_param, tps, 3);
+}
+
+/* An object put on @p a, got by @p b, deleted on both: every byte checked
+ * (the deletes' releases go through cfx__cmd_must). */
+static void put_get_delete(struct cfx_context *a, struct cfx_context *b, const uint8_t *src,
+                           uint8_t *dst, size_t size)
+{
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    memset(dst, 0, size);
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, dst, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(memcmp(dst, src, size), 0, "wrong bytes");
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
 }
 
 /* The sender resumes after the receive was freed: its late writes are
  * refused, the caller's buffer is untouched byte for byte, and a later
- * message between the same pair arrives whole. */
+ * message between the same pair arrives whole.  With nomem, the cancel
+ * and the releases run inline on the freeing thread, as they do when no
+ * memory is left for their commands. */
 ParameterizedTest(struct tp_param *p, p2p_cancel, stalled_sender_resumes, .init = setup,
                   .fini = teardown, .timeout = 60)
 {
@@ -143,6 +165,7 @@ ParameterizedTest(struct tp_param *p, p2p_cancel, stalled_sender_resumes, .init 
     cr_assert(src && dst && seen);
     cfx_test_fill(src, size, 3);
     up2(p->tp, &a, &b, &ra, &rb);
+    a->test_cmd_nomem = b->test_cmd_nomem = p->nomem; /* before any command is posted */
 
     struct cfx_context_stats before, after;
     cr_assert_eq(cfx_context_stats(b, &before), CFX_OK);
@@ -181,6 +204,7 @@ ParameterizedTest(struct tp_param *p, p2p_cancel, stalled_sender_resumes, .init 
     cr_assert_eq(cfx_test_check(seen, size, 3), (size_t)-1, "%s: wrong bytes back", p->tp);
     cfx__p2p_free(s2);
     cfx__p2p_free(r2);
+    put_get_delete(a, b, src, dst, size);
 
     cfx_context_destroy(b);
     cfx_context_destroy(a);
