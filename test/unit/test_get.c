@@ -98,12 +98,19 @@ static void stalled_get(struct cfx_context *a, struct cfx_context *b, struct cfx
                   (unsigned long long)ms, TIMEOUT_MS);
 }
 
+/* Transfers @p c left behind at a deadline, its source yet to answer
+ * (c->lock held). */
+static unsigned n_abandoned(struct cfx_context *c)
+{
+    unsigned n = 0;
+    for (unsigned s = 0; s < CFX_XFER_SLOTS; s++)
+        n += c->slots[s] && c->slots[s]->abandoned;
+    return n;
+}
+
 static bool has_abandoned(struct cfx_context *c)
 {
-    for (unsigned s = 0; s < CFX_XFER_SLOTS; s++)
-        if (c->slots[s] && c->slots[s]->abandoned)
-            return true;
-    return false;
+    return n_abandoned(c) > 0;
 }
 
 /* Wait (on the getter's object condition) until @p b holds no transfer
@@ -175,34 +182,33 @@ Test(get, stalled_holder_shm)
     stalled_holder_resumes_late("shm");
 }
 
+/* A stalled holder *@p a over tcp, a getter *@p b whose get of the
+ * holder's object timed out (stalled_get), with its buffers. */
+static void stalled_pair(struct cfx_context **a, struct cfx_context **b, struct cfx_object_id *id,
+                         uint8_t **src, uint8_t **buf)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    *src = malloc(size);
+    *buf = malloc(size);
+    cr_assert(*src && *buf);
+    join("tcp", true, a);
+    join("tcp", false, b);
+    stalled_get(*a, *b, id, *src, *buf);
+}
+
 /* The holder never answers: the transfer the getter left behind is freed
  * with the context (ASan's leak check), and the getter's buffer is free
  * to go at once. */
 Test(get, stalled_holder_never_answers)
 {
-    const size_t size = (size_t)NCHUNKS * CHUNK;
     struct cfx_context *a, *b;
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *buf = malloc(size);
-    cr_assert(src && buf);
-
-    join("tcp", true, &a);
-    join("tcp", false, &b);
-    stalled_get(a, b, &id, src, buf);
+    uint8_t *src, *buf;
+    stalled_pair(&a, &b, &id, &src, &buf);
     free(buf);
     cfx_context_destroy(b);
     cfx_context_destroy(a);
     free(src);
-}
-
-static unsigned count_abandoned(struct cfx_context *c)
-{
-    unsigned n = 0;
-    pthread_mutex_lock(&c->lock);
-    for (unsigned s = 0; s < CFX_XFER_SLOTS; s++)
-        n += c->slots[s] && c->slots[s]->abandoned;
-    pthread_mutex_unlock(&c->lock);
-    return n;
 }
 
 /* A holder that answers no CANCEL holds at most CFX_CONN_ABANDONED_MAX of
@@ -217,12 +223,8 @@ Test(get, unanswered_cancels_are_capped)
     const unsigned gets = CFX_CONN_ABANDONED_MAX + CFX_CONN_ABANDONED_MAX / 2;
     struct cfx_context *a, *b;
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *buf = malloc(size);
-    cr_assert(src && buf);
-
-    join("tcp", true, &a);
-    join("tcp", false, &b);
-    stalled_get(a, b, &id, src, buf); /* connects; the holder's location is known now */
+    uint8_t *src, *buf;
+    stalled_pair(&a, &b, &id, &src, &buf); /* connects; the holder's location is known now */
     /* each get lands the first chunks and is given up at its deadline,
      * its CANCEL dropped by the stalled holder */
     struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
@@ -232,7 +234,9 @@ Test(get, unanswered_cancels_are_capped)
         int rc = cfx_get(b, &id, buf, size, NULL, &gp);
         cr_assert_eq(rc, CFX_ERR_TIMEOUT, "get %u: %s (%s)", i, cfx_errname(rc),
                      cfx_last_error());
-        unsigned n = count_abandoned(b);
+        pthread_mutex_lock(&b->lock);
+        unsigned n = n_abandoned(b);
+        pthread_mutex_unlock(&b->lock);
         capped |= n < most; /* a get closed the connection and freed them */
         most = CFX_MAX(most, n);
         cr_assert_leq(n, CFX_CONN_ABANDONED_MAX, "after get %u the holder holds %u slots", i, n);
