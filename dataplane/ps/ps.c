@@ -508,9 +508,12 @@ void cfx_ps_destroy(struct cfx_ps *ps)
     cfx__ps_sched_stop(ps);
     if (ps->loop_started)
         pthread_join(ps->loop_thread, NULL);
+    /* the mailboxes first: their sends read the callers' gradients and
+     * their receives write the callers' outputs until withdrawn here, so
+     * no request may end (and hand its buffers back) before */
+    cfx__ps_net_close(ps);
     if (ps->w)
         cfx__ps_worker_bye(ps);
-    cfx__ps_net_close(ps);
     cfx__ps_server_free(ps);
     cfx__ps_load_stop(ps);
     cfx__ps_worker_free(ps);

@@ -83,7 +83,14 @@ struct ps_sub {
     size_t len;
     void *out;
     size_t out_len;
+    bool rx_live;         /* the reply's bytes are being received into out */
 };
+
+/* A reply whose header came before the op's deadline is taken in for this
+ * much longer: its bytes are on the way into the caller's buffer (or the
+ * op's host copy), so the op may not end before they land.  A server whose
+ * reply is still not in then is failed, which withdraws the receive. */
+#define PS_REPLY_GRACE_MS 2000
 
 struct ps_worker {
     struct cfx_list queue; /* struct ps_op posted by API threads (ps->lock) */
@@ -360,7 +367,10 @@ void *cfx__ps_worker_reply_buf(struct cfx_ps *ps, const struct ps_hdr *h)
     if (!ps->w || h->status != CFX_OK)
         return NULL;
     struct ps_sub *s = find_sub(ps->w, h->req_id);
-    return s && s->out && s->out_len == h->len ? s->out : NULL;
+    if (!s || !s->out || s->out_len != h->len)
+        return NULL;
+    s->rx_live = true;
+    return s->out;
 }
 
 void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned)
@@ -534,12 +544,27 @@ int cfx__ps_worker_tick(struct cfx_ps *ps)
     uint64_t cgone = lost ? 0 : cfx__ctl_lost_ms(ps->ctx->ctl);
     /* deadlines */
     uint64_t now = cfx__now_ns();
+again:
     cfx_list_for_each_safe(pos, tmp, &w->subs)
     {
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
         if (!lost && now < s->op->deadline)
             continue;
         struct ps_peer *p = s->server < PS_MAX_SERVERS ? ps->servers[s->server] : NULL;
+        if (s->rx_live && p && !p->closed) {
+            /* its reply is landing in the op's buffer: wait for it, or
+             * withdraw the receive with the server's mailbox */
+            if (now < s->op->deadline + PS_REPLY_GRACE_MS * 1000000ull)
+                continue;
+            op_fail(ps, s->op, CFX_ERR_TIMEOUT,
+                    "tensor %s block %u: the reply of server %u (node %u) was still "
+                    "arriving %d ms after the deadline (%d ms)",
+                    tensor_name(ps, s->op->tensor), s->block, s->server, p->rec.node_id,
+                    PS_REPLY_GRACE_MS, ps->timeout_ms);
+            cfx__ps_peer_failed(ps, p, CFX_ERR_TIMEOUT); /* ends s and the server's others */
+            n++;
+            goto again;
+        }
         if (lost)
             op_fail(ps, s->op, CFX_ERR_CONNECT, "%s", why);
         else if (cgone)
