@@ -26,7 +26,9 @@
  * one tensor are applied in the order they were posted.  cfx_ps_destroy()
  * must not race with other calls on the same handle.  Every wait is bounded
  * by a deadline and fails with CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming
- * the server or worker it waited for (cfx_last_error()).
+ * the server or worker it waited for (cfx_last_error()); a reply already
+ * arriving into the caller's buffer at the deadline is taken in first (up
+ * to 2 s more), so no byte lands in a buffer after its op ended.
  */
 #ifndef CONFLUX_PS_H
 #define CONFLUX_PS_H
