@@ -493,6 +493,50 @@ err_free:
     return rc;
 }
 
+int cfx__ps_publish(struct cfx_ps *ps, const struct cfx_object_id *id, void *buf, size_t len)
+{
+    struct ps_pub *n = realloc(ps->pubs, (ps->npubs + 1) * sizeof(*n));
+    if (!n)
+        return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
+    ps->pubs = n;
+    int rc = cfx_put(ps->ctx, id, buf, len, NULL);
+    if (rc == CFX_OK)
+        ps->pubs[ps->npubs++] = (struct ps_pub){ .id = *id, .buf = buf };
+    return rc;
+}
+
+/* The objects the handle put go, and then their buffers (object.h: a put
+ * buffer stays valid until the object is deleted): the job's name may be
+ * used again on this context, and nothing reads them after.  All within
+ * PS_UNPUBLISH_MS; the delete releases the local copy even when the
+ * coordinator does not answer, and a copy that uploads still read at the
+ * deadline keeps its buffer (leaked rather than read after it is freed). */
+#define PS_UNPUBLISH_MS 2000
+static void unpublish(struct cfx_ps *ps)
+{
+    struct cfx_context *ctx = ps->ctx;
+    uint64_t dl = cfx__deadline_ns(PS_UNPUBLISH_MS);
+    for (uint32_t i = 0; i < ps->npubs; i++) {
+        uint64_t now = cfx__now_ns();
+        struct cfx_obj_params op = {
+            .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+            .timeout_ms = now < dl ? (int)((dl - now) / 1000000) + 1 : 1,
+        };
+        int rc = cfx_delete(ctx, &ps->pubs[i].id, &op);
+        pthread_mutex_lock(&ctx->lock);
+        bool held = cfx__store_find(&ctx->store, &ps->pubs[i].id) != NULL;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!held)
+            free(ps->pubs[i].buf);
+        else
+            CFX_LOG(WARN, PS, "job %s: an object of this handle is still read (%s): its "
+                    "buffer is kept", ps->job, cfx_strerror(rc));
+    }
+    free(ps->pubs);
+    ps->pubs = NULL;
+    ps->npubs = 0;
+}
+
 void cfx_ps_destroy(struct cfx_ps *ps)
 {
     if (!ps)
@@ -522,9 +566,7 @@ void cfx_ps_destroy(struct cfx_ps *ps)
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, 0, &id);
     cfx_delete(ps->ctx, &id, &op);
-    for (uint32_t i = 0; i < ps->nmap_bufs; i++)
-        free(ps->map_bufs[i]);
-    free(ps->map_bufs);
+    unpublish(ps);
     cfx__ps_map_free(&ps->map);
     pthread_cond_destroy(&ps->cond);
     pthread_mutex_destroy(&ps->lock);

@@ -299,10 +299,18 @@ struct cfx_ps {
     struct cfx_ps_load *load;   /* server: requests and bytes per block (ps_load.c) */
     struct ps_member member;    /* our announcement (its object's buffer) */
 
-    /* map objects this handle published (scheduler) */
-    void **map_bufs;
-    uint32_t nmap_bufs;
+    /* objects this handle put (the scheduler's maps and admin replies), with
+     * the buffers behind them: deleted, then freed, by cfx_ps_destroy */
+    struct ps_pub {
+        struct cfx_object_id id;
+        void *buf;
+    } *pubs;
+    uint32_t npubs;
 };
+
+/* Put @p buf (@p len bytes, malloc'd) as @p id; on CFX_OK it is the
+ * handle's until cfx_ps_destroy deletes the object and frees it. */
+int cfx__ps_publish(struct cfx_ps *ps, const struct cfx_object_id *id, void *buf, size_t len);
 
 /* Object names. */
 void cfx__ps_obj_id(const char *job, const char *what, long a, long b,

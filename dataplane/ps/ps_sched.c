@@ -78,21 +78,7 @@ struct ps_sched {
 
     pthread_t join_thread, admin_thread;
     bool join_started, admin_started;
-
-    void **replies; /* admin reply objects we put */
-    uint32_t nreplies;
 };
-
-static void map_bufs_keep(struct cfx_ps *ps, void *buf)
-{
-    void **n = realloc(ps->map_bufs, (ps->nmap_bufs + 1) * sizeof(*n));
-    if (!n) {
-        free(buf); /* inline objects live in the coordinator anyway */
-        return;
-    }
-    ps->map_bufs = n;
-    ps->map_bufs[ps->nmap_bufs++] = buf;
-}
 
 /* Cumulate the window into the published map's server entries. */
 static void stamp_estimates(struct cfx_ps *ps)
@@ -162,7 +148,7 @@ int cfx__ps_sched_publish(struct cfx_ps *ps)
     }
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, "map", next.version, 0, &id);
-    rc = cfx_put(ps->ctx, &id, buf, (size_t)len, NULL);
+    rc = cfx__ps_publish(ps, &id, buf, (size_t)len);
     if (rc != CFX_OK) {
         CFX_LOG(ERR, PS, "job %s: cannot publish shard map %u: %s", ps->job, next.version,
                 cfx_last_error());
@@ -170,7 +156,6 @@ int cfx__ps_sched_publish(struct cfx_ps *ps)
         cfx__ps_map_free(&next);
         return rc;
     }
-    map_bufs_keep(ps, buf);
     pthread_mutex_lock(&ps->lock);
     struct ps_map old = ps->map;
     ps->map = next;
@@ -247,9 +232,6 @@ void cfx__ps_sched_free(struct cfx_ps *ps)
         s->events = e->next;
         free(e);
     }
-    for (uint32_t i = 0; i < s->nreplies; i++)
-        free(s->replies[i]);
-    free(s->replies);
     free(s);
     ps->sched = NULL;
 }
@@ -347,25 +329,23 @@ static bool window_full(struct cfx_ps *ps)
 
 static void admin_reply(struct cfx_ps *ps, uint32_t n, int status, const char *detail)
 {
-    struct ps_sched *s = ps->sched;
     struct ps_admin_rep *rep = calloc(1, sizeof(*rep));
-    void **r = realloc(s->replies, (s->nreplies + 1) * sizeof(*r));
-    if (!rep || !r) {
-        free(rep);
+    if (!rep) {
+        CFX_LOG(WARN, PS, "job %s: cannot answer admin request %u: out of memory", ps->job, n);
         return;
     }
-    s->replies = r;
-    s->replies[s->nreplies++] = rep;
     rep->magic = PS_MAGIC;
     rep->status = status;
     rep->version = ps->map.version;
     snprintf(rep->detail, sizeof(rep->detail), "%s", detail ? detail : "");
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, "admin-reply", n, 0, &id);
-    int rc = cfx_put(ps->ctx, &id, rep, sizeof(*rep), NULL);
-    if (rc != CFX_OK)
+    int rc = cfx__ps_publish(ps, &id, rep, sizeof(*rep));
+    if (rc != CFX_OK) {
         CFX_LOG(WARN, PS, "job %s: cannot answer admin request %u: %s", ps->job, n,
                 cfx_strerror(rc));
+        free(rep);
+    }
 }
 
 static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)

@@ -52,6 +52,16 @@ ParameterizedTest(struct tp_param *p, ps, bsp_exact, .timeout = 120)
     cr_assert_eq(rc, 0, "BSP over %s: exited %d", p->tp, rc);
 }
 
+/* The same job name twice on the same contexts: the first job's end takes
+ * its shard maps with it (server 0's destroy deletes the objects it put
+ * before freeing their buffers; a read of them after the end was a
+ * use-after-free, and the second job found the first one's map taken). */
+Test(ps, job_name_reused, .timeout = 120)
+{
+    int rc = pstest(3, "shm", "--servers 2 --workers 1 --steps 10 --runs 2");
+    cr_assert_eq(rc, 0, "two runs of one job name: exited %d", rc);
+}
+
 ParameterizedTestParameters(ps, device_buffers_sim)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

@@ -65,7 +65,8 @@
 
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
-           EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1;
+           EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
+           RUNS = 1, RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
@@ -192,7 +193,7 @@ static double get(const void *buf, enum cfx_dtype dt, size_t i)
 static void name_id(struct cfx_object_id *id, const char *what, int a)
 {
     char name[96];
-    snprintf(name, sizeof(name), JOB "-test/%s/%d", what, a);
+    snprintf(name, sizeof(name), JOB "-test/%d/%s/%d", RUN, what, a);
     cfx_object_id_from_name(name, id);
 }
 
@@ -625,6 +626,8 @@ int main(int argc, char **argv)
             W = atoi(v), i++;
         else if (!strcmp(a, "--late"))
             L = atoi(v), i++;
+        else if (!strcmp(a, "--runs"))
+            RUNS = atoi(v), i++;
         else if (!strcmp(a, "--steps"))
             STEPS = atoi(v), i++;
         else if (!strcmp(a, "--block"))
@@ -677,6 +680,8 @@ int main(int argc, char **argv)
             DIE("unknown option %s", a);
         }
     }
+    if (RUNS > 1 && (W > 1 || L || EXTRA))
+        DIE("--runs takes one worker and no late servers (the others leave with worker 0)");
     if (OPT != CFX_PS_OPT_SUM)
         tdt[2] = CFX_DTYPE_F32; /* optimizers run on floating point only */
     if (OPT != CFX_PS_OPT_SUM && OPT != CFX_PS_OPT_SGD && CONS != CFX_PS_BSP)
@@ -689,11 +694,26 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     struct cfx_context *ctx;
     CHECK_OK(cfx_context_create(NULL, &ctx));
-    int rc;
-    if (rank < S) {
-        rc = run_server(ctx, rank, false);
-    } else if (rank < S + W) {
-        rc = run_worker(ctx, rank - S);
+    int rc = 0;
+    if (rank < S + W) {
+        for (RUN = 0; RUN < RUNS && !rc; RUN++) {
+            rc = rank < S ? run_server(ctx, rank, false) : run_worker(ctx, rank - S);
+            if (RUNS == 1)
+                break;
+            /* the job ended everywhere before its name is used again:
+             * server 0 has destroyed its handle, which took the job's maps
+             * with it (a read of them now finds nothing) */
+            if (rank == 0) {
+                struct cfx_ps_stats st;
+                int src = cfx_ps_shards(ctx, JOB, 1000, &st);
+                if (src != CFX_ERR_NOT_FOUND)
+                    DIE("run %d: the ended job's shard map is still read: %s", RUN,
+                        cfx_errname(src));
+                signal_obj(ctx, "ended", 0);
+            } else {
+                wait_obj(ctx, "ended", 0, 60000);
+            }
+        }
     } else {
         int j = rank - S - W;
         /* wait for worker 0's signal */
