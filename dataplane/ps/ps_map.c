@@ -118,16 +118,17 @@ void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint
 int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype, uint64_t count)
 {
     size_t esz = cfx_dtype_size(dtype);
-    if (!name || !*name || strlen(name) >= PS_TENSOR_NAME_MAX || !esz || !count)
-        return CFX_ERR_INVALID;
+    if (!name || !*name || strlen(name) >= PS_TENSOR_NAME_MAX || !esz || !count ||
+        count > UINT64_MAX / esz)
+        return CFX_ERR_INVALID; /* its size in bytes must be a number */
     if (cfx__ps_map_find(m, name) >= 0)
         return CFX_ERR_EXISTS;
     if (m->ntensors >= PS_MAX_TENSORS)
         return CFX_ERR_NO_RESOURCE;
     uint64_t bs = m->conf.block_size ? m->conf.block_size : PS_BLOCK_DEFAULT;
     uint64_t be = CFX_MAX(1, bs / esz);
-    uint64_t nb = (count + be - 1) / be;
-    if (m->nblocks + nb > PS_MAX_BLOCKS)
+    uint64_t nb = count / be + (count % be != 0);
+    if (nb > PS_MAX_BLOCKS - m->nblocks)
         return CFX_ERR_NO_RESOURCE;
 
     /* bytes per active server so far: new blocks go to the least loaded */
@@ -277,9 +278,10 @@ int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *out)
     uint32_t next = 0;
     for (uint32_t t = 0; t < m.ntensors; t++) {
         const struct ps_tensor *x = &m.tensors[t];
-        if (x->first_block != next || !x->block_elems || !x->count ||
-            !cfx_dtype_size((enum cfx_dtype)x->dtype) ||
-            (x->count + x->block_elems - 1) / x->block_elems != x->nblocks ||
+        size_t esz = cfx_dtype_size((enum cfx_dtype)x->dtype);
+        if (x->first_block != next || !x->block_elems || !x->count || !esz ||
+            x->count > UINT64_MAX / esz || x->nblocks > m.nblocks - next ||
+            x->count / x->block_elems + (x->count % x->block_elems != 0) != x->nblocks ||
             memchr(x->name, 0, sizeof(x->name)) == NULL)
             goto bad;
         next += x->nblocks;

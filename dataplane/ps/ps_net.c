@@ -205,6 +205,16 @@ static bool hold_end_notice(struct cfx_ps *ps, struct ps_peer *p, const struct p
     return true;
 }
 
+/* The largest payload a member sends: a block's state (its values, two
+ * optimizer moments, the BSP accumulator and a clock per worker) with
+ * room to spare.  A header that announces more is the peer's error, not a
+ * size to allocate. */
+static uint64_t payload_max(const struct cfx_ps *ps)
+{
+    uint64_t bs = ps->map.conf.block_size ? ps->map.conf.block_size : PS_BLOCK_DEFAULT;
+    return 4 * bs + PS_MAX_WORKERS * sizeof(uint64_t) + 4096;
+}
+
 static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
 {
     int n = 0;
@@ -222,6 +232,14 @@ static int poll_peer(struct cfx_ps *ps, struct ps_peer *p)
             break;
         if (!rx->hdr.len)
             continue;
+        if (rx->hdr.len > payload_max(ps)) {
+            CFX_LOG(WARN, PS, "job %s: %s node %u announced a payload of %" PRIu64 " B, more "
+                    "than any message of the job (%" PRIu64 " B)", ps->job,
+                    (p->id >> 16) == CFX_PS_WORKER ? "worker" : "server", p->rec.node_id,
+                    rx->hdr.len, payload_max(ps));
+            cfx__ps_peer_failed(ps, p, CFX_ERR_PROTO);
+            return n + 1;
+        }
         void *buf = NULL;
         if (rx->hdr.type == PS_MSG_REPLY)
             buf = cfx__ps_worker_reply_buf(ps, &rx->hdr);

@@ -77,7 +77,8 @@ static void pend_free(struct ps_pend *p)
     free(p);
 }
 
-static void block_free_data(struct ps_block *b)
+/* The block's values go (not owned here any more, or never filled). */
+static void block_free_arrays(struct ps_block *b)
 {
     free(b->param);
     free(b->m);
@@ -86,6 +87,11 @@ static void block_free_data(struct ps_block *b)
     free(b->pushed);
     b->param = b->m = b->v = b->acc = NULL;
     b->pushed = NULL;
+}
+
+static void block_free_data(struct ps_block *b)
+{
+    block_free_arrays(b);
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &b->deferred)
     {
@@ -561,8 +567,8 @@ static void migrate(struct cfx_ps *ps, struct ps_block *b, uint32_t to)
 static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *payload)
 {
     struct ps_state_hdr sh;
-    if (h->len < sizeof(sh))
-        return CFX_ERR_PROTO;
+    if (h->len < sizeof(sh) || h->block >= ps->map.nblocks)
+        return CFX_ERR_PROTO; /* a block of no map we know */
     memcpy(&sh, payload, sizeof(sh));
     struct ps_block *b = block_slot(ps, h->block, true);
     if (!b)
@@ -575,13 +581,17 @@ static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *
     block_free_data(b);
     b->moved_to = -1;
     int rc = block_alloc(ps, b);
-    if (rc != CFX_OK)
+    if (rc != CFX_OK) {
+        block_free_arrays(b);
         return rc;
+    }
     size_t want = sizeof(sh) + sh.nworkers * sizeof(uint64_t) +
                   b->bytes * (1 + sh.has_m + sh.has_v + sh.has_acc);
     if (sh.nworkers != b->nworkers || sh.elems != b->elems || h->len != want ||
-        sh.has_m != !!b->m || sh.has_v != !!b->v || sh.has_acc != !!b->acc)
+        sh.has_m != !!b->m || sh.has_v != !!b->v || sh.has_acc != !!b->acc) {
+        block_free_arrays(b); /* not ours: zeros must not be served as its values */
         return CFX_ERR_PROTO;
+    }
     const uint8_t *q = (const uint8_t *)payload + sizeof(sh);
     memcpy(b->pushed, q, b->nworkers * sizeof(uint64_t));
     q += b->nworkers * sizeof(uint64_t);
@@ -718,10 +728,12 @@ static int create_from_init(struct cfx_ps *ps, const struct ps_hdr *h, const voi
     if (!b)
         return CFX_ERR_NOMEM;
     int rc = block_alloc(ps, b);
-    if (rc != CFX_OK)
+    if (rc == CFX_OK && (h->len != b->bytes || !payload))
+        rc = CFX_ERR_INVALID;
+    if (rc != CFX_OK) {
+        block_free_arrays(b); /* not created: a retried INIT creates it */
         return rc;
-    if (h->len != b->bytes || !payload)
-        return CFX_ERR_INVALID;
+    }
     memcpy(b->param, payload, b->bytes);
     b->moved_to = -1;
     return CFX_OK;
@@ -755,7 +767,8 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
             free(payload);
         return CFX_ERR_PROTO;
     }
-    if (h.kind == PS_REQ_INIT && !block_slot(ps, h.block, false) && h.block < ps->map.nblocks &&
+    struct ps_block *ib = h.kind == PS_REQ_INIT ? block_slot(ps, h.block, false) : NULL;
+    if (h.kind == PS_REQ_INIT && (!ib || !ib->param) && h.block < ps->map.nblocks &&
         ps->map.owner[h.block] == me(ps)) {
         int rc = create_from_init(ps, &h, payload);
         reply(ps, &h, rc, NULL, false);

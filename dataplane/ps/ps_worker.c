@@ -407,10 +407,16 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
         return;
     }
     meter_end(w, s->server, s->len + h->len);
+    /* the header is the peer's: an index past our table, or a status that
+     * is no failure (CFX_ERR_AGAIN reads as "still running"), is its error */
+    const struct ps_peer *fp = from < PS_MAX_SERVERS ? ps->servers[from] : NULL;
     if (h->status != CFX_OK) {
-        op_fail(ps, op, h->status, "tensor %s block %u: server %u (node %u) answered %s",
-                tensor_name(ps, op->tensor), s->block, from,
-                ps->servers[from] ? ps->servers[from]->rec.node_id : 0, cfx_strerror(h->status));
+        int st = h->status < 0 && h->status > CFX_STATUS_LAST && h->status != CFX_ERR_AGAIN
+                     ? h->status
+                     : CFX_ERR_PROTO;
+        op_fail(ps, op, st, "tensor %s block %u: server %u (node %u) answered %s",
+                tensor_name(ps, op->tensor), s->block, from, fp ? fp->rec.node_id : 0,
+                st == h->status ? cfx_strerror(st) : "a status that is none");
     } else if (s->out && payload != s->out) {
         if (h->len == s->out_len)
             memcpy(s->out, payload, h->len);
@@ -886,6 +892,40 @@ static bool tensor_ready(struct cfx_ps *ps, const void *name)
     return t >= 0 && ps->map.tensors[t].ready;
 }
 
+/* Would the scheduler take the tensor into the map we hold?  It checks
+ * the same and only logs a refusal (the worker would wait out its
+ * deadline), so worker 0 asks first, with the limits named. */
+static int register_fits(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype,
+                         size_t count)
+{
+    struct ps_map probe;
+    cfx__ps_map_init(&probe);
+    pthread_mutex_lock(&ps->lock);
+    int rc = cfx__ps_map_copy(&probe, &ps->map);
+    uint32_t ntensors = ps->map.ntensors, nblocks = ps->map.nblocks;
+    pthread_mutex_unlock(&ps->lock);
+    void *buf = rc == CFX_OK ? malloc(PS_MAP_MAX) : NULL;
+    if (rc == CFX_OK)
+        rc = buf ? cfx__ps_map_add_tensor(&probe, name, dtype, count) : CFX_ERR_NOMEM;
+    if (rc >= 0 && cfx__ps_map_encode(&probe, buf, PS_MAP_MAX) < 0)
+        rc = CFX_ERR_NO_RESOURCE;
+    free(buf);
+    uint64_t bs = probe.conf.block_size ? probe.conf.block_size : PS_BLOCK_DEFAULT;
+    cfx__ps_map_free(&probe);
+    if (rc >= 0 || rc == CFX_ERR_EXISTS)
+        return CFX_OK; /* a tensor of that name: the map's entry is compared after */
+    if (rc == CFX_ERR_INVALID)
+        return cfx__err(rc, "ps register '%s': %zu x %s is more bytes than a size can count, or "
+                        "the job has no active server", name, count, cfx_dtype_name(dtype));
+    if (rc == CFX_ERR_NO_RESOURCE)
+        return cfx__err(rc, "job %s: tensor '%s' (%zu x %s) does not fit the shard map: it "
+                        "holds %u of %u tensors and %u of %u blocks of %" PRIu64 " B, in at "
+                        "most %u B (a larger block_size takes fewer blocks)",
+                        ps->job, name, count, cfx_dtype_name(dtype), ntensors, PS_MAX_TENSORS,
+                        nblocks, PS_MAX_BLOCKS, bs, (unsigned)PS_MAP_MAX);
+    return cfx__err(rc, "ps register '%s': %s", name, cfx_strerror(rc));
+}
+
 int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, size_t count,
                     const void *init, int *key)
 {
@@ -911,6 +951,8 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
                         "float or double, not %s",
                         name, cfx_dtype_name(dtype));
     int rc;
+    if (ps->index == 0 && (rc = register_fits(ps, name, dtype, count)) != CFX_OK)
+        return rc;
     struct cfx_ps_request *r = NULL;
     if (ps->index == 0) {
         struct ps_op *op = calloc(1, sizeof(*op));

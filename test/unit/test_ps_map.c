@@ -135,3 +135,54 @@ Test(ps_map, stats)
     cr_assert(st.servers[0].blocks == 2 && st.servers[1].blocks == 2 && st.servers[2].blocks == 2);
     cr_assert_eq(st.servers[1].bytes, 8192);
 }
+
+/* Sizes whose bytes or blocks do not fit a number are refused, never
+ * wrapped into a tensor of 0 blocks that then does nothing. */
+Test(ps_map, sizes_that_do_not_fit_are_refused)
+{
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, SIZE_MAX), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX - 5), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX / 4),
+                 CFX_ERR_NO_RESOURCE);
+    /* one block past the map's limit (1024 floats a block) */
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, (uint64_t)PS_MAX_BLOCKS * 1024 + 1),
+                 CFX_ERR_NO_RESOURCE);
+    cr_assert_geq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, (uint64_t)PS_MAX_BLOCKS * 1024), 0);
+    cr_assert_eq(m.nblocks, PS_MAX_BLOCKS);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "y", CFX_DTYPE_F32, 1), CFX_ERR_NO_RESOURCE);
+    cr_assert_eq(m.ntensors, 1);
+}
+
+/* A map whose tensors' block counts add up past 2^32 to the map's count
+ * (a wrapped sum) is refused: a push of such a tensor would allocate a
+ * request record for each of 2^32 - 1 blocks. */
+Test(ps_map, block_counts_that_wrap_are_refused)
+{
+    struct ps_tensor t[2];
+    memset(t, 0, sizeof(t));
+    strcpy(t[0].name, "a");
+    t[0].dtype = CFX_DTYPE_F32;
+    t[0].count = 0xFFFFFFFFull;
+    t[0].block_elems = 1;
+    t[0].nblocks = 0xFFFFFFFFu;
+    strcpy(t[1].name, "b");
+    t[1].dtype = CFX_DTYPE_F32;
+    t[1].count = 17;
+    t[1].block_elems = 1;
+    t[1].first_block = 0xFFFFFFFFu;
+    t[1].nblocks = 17;
+    m.tensors = malloc(sizeof(t));
+    cr_assert(m.tensors);
+    memcpy(m.tensors, t, sizeof(t));
+    m.ntensors = 2;
+    m.nblocks = 16; /* 0xFFFFFFFF + 17 = 2^32 + 16 */
+    m.owner = calloc(16, sizeof(*m.owner));
+    cr_assert(m.owner);
+    static uint8_t buf[PS_MAP_MAX];
+    int len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(len, 0);
+    struct ps_map d;
+    cfx__ps_map_init(&d);
+    cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_ERR_PROTO);
+    cfx__ps_map_free(&d);
+}

@@ -1,0 +1,65 @@
+/*
+ * A parameter-server member checks what a peer's header says before it
+ * acts on it: a block's state for a block of no map is refused without a
+ * table grown to the block's id (0xFFFFFFFF wrapped the size to 0 and read
+ * far past the table; 1e8 kept 800 MB).  A server handle built by hand around a map, no network: the messages go
+ * straight to its handler.
+ */
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/ps/ps_int.h"
+
+static struct cfx_ps *ps;
+
+static void setup(void)
+{
+    ps = calloc(1, sizeof(*ps));
+    cr_assert(ps);
+    ps->role = CFX_PS_SERVER;
+    ps->index = 1;
+    strcpy(ps->job, "input");
+    pthread_mutex_init(&ps->lock, NULL);
+    pthread_cond_init(&ps->cond, NULL);
+    cfx_list_init(&ps->tx);
+    cfx_list_init(&ps->orphans);
+    cfx__ps_map_init(&ps->map);
+    ps->map.version = 1;
+    ps->map.conf.block_size = 4096;
+    ps->map.nworkers = 1;
+    ps->map.nservers = 2;
+    ps->map.server[0].state = ps->map.server[1].state = CFX_PS_SERVER_ACTIVE;
+    /* 4 blocks of 1024 floats */
+    cr_assert_geq(cfx__ps_map_add_tensor(&ps->map, "w", CFX_DTYPE_F32, 4096), 0);
+}
+
+static void teardown(void)
+{
+    cfx__ps_server_free(ps);
+    cfx__ps_map_free(&ps->map);
+    pthread_cond_destroy(&ps->cond);
+    pthread_mutex_destroy(&ps->lock);
+    free(ps);
+}
+
+TestSuite(ps_input, .init = setup, .fini = teardown);
+
+static int state_msg(uint32_t block, size_t len)
+{
+    void *payload = calloc(1, len);
+    cr_assert(payload);
+    struct ps_hdr h = { .magic = PS_MAGIC, .type = PS_MSG_STATE,
+                        .from = PS_ID(CFX_PS_SERVER, 0), .block = block, .len = len,
+                        .map_version = 1 };
+    return cfx__ps_server_handle(ps, &h, payload, true);
+}
+
+Test(ps_input, state_of_a_block_of_no_map_is_refused)
+{
+    cr_assert_eq(state_msg(0xFFFFFFFFu, 256), CFX_ERR_PROTO);
+    cr_assert_eq(state_msg(100000000u, 256), CFX_ERR_PROTO);
+    cr_assert_eq(state_msg(ps->map.nblocks, 256), CFX_ERR_PROTO);
+    cr_assert_eq(ps->nblocks_cap, 0, "the block table grew to %u slots", ps->nblocks_cap);
+}
