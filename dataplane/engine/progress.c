@@ -572,12 +572,15 @@ static bool rearm_for_sleeper(struct cfx_context *ctx)
     if (!cfx_list_empty(&ctx->cmds) || !cfx_list_empty(&ctx->busy_uploads) ||
         !cfx_list_empty(&ctx->arena.doomed) || ctx->stop)
         return false;
-    /* our passes may have made its nap too long (a paced upload queued, a
-     * busy-polled transport connected): it must choose again */
-    if (!ctx->waiter_napping && cfx__progress_nap_ms(ctx) < ctx->sleep_nap_ms)
-        return false;
     if (!cfx__progress_trylock(ctx))
         return false;
+    /* our passes may have made its nap too long (a paced upload queued, a
+     * busy-polled transport connected): it must choose again.  The nap is
+     * asked of the transports, so under the progress lock. */
+    if (!ctx->waiter_napping && cfx__progress_nap_ms(ctx) < ctx->sleep_nap_ms) {
+        cfx__progress_unlock(ctx);
+        return false;
+    }
     bool armed = arm_all(ctx);
     cfx__progress_unlock(ctx);
     ctx->n_rearms += armed;

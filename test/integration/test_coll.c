@@ -196,6 +196,16 @@ Test(coll, matrix_dpdk, .timeout = 240)
     cr_assert_eq(rc, 0, "collective matrix over dpdk with 2 ranks: cfx_run exited %d", rc);
 }
 
+/* Collectives apart by more than the dpdk link's quiet time (a training
+ * loop's compute): the engine naps in between, and a leaving waiter asked
+ * the transports for the nap without the progress lock (an abort with the
+ * thread checks on, an unlocked walk of the endpoints without). */
+Test(coll, gaps_dpdk, .timeout = 240)
+{
+    int rc = run_dpdk("", "cfx_colltest", "gaps 12 150");
+    cr_assert_eq(rc, 0, "allreduces 150 ms apart over dpdk with 2 ranks: cfx_run exited %d", rc);
+}
+
 /* A wait over dpdk polls on by itself once its spin ran out (rank 0's
  * progress thread parked: nothing else would poll for it). */
 Test(coll, waiter_polls_dpdk, .timeout = 240)

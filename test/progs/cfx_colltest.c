@@ -15,6 +15,9 @@
  *   nb             non-blocking forms, several in flight, mixed with blocking
  *   late MS        the last rank enters broadcast / allreduce MS late
  *   misc           send/recv, barrier, re-creating a group of the same name
+ *   gaps N MS      N small allreduces, every rank computing (sleeping) MS
+ *                  before each: over dpdk the link goes quiet in between
+ *                  and the engine naps, as a training loop's does
  *   waiterpoll     ranks 0 and 1 ping-pong with rank 0's progress thread
  *                  parked: over a busy-polled transport (dpdk) its waits
  *                  must poll on by themselves once their spin runs out
@@ -680,6 +683,15 @@ static void mode_late(int ms)
     }
 }
 
+static void mode_gaps(int n, int ms)
+{
+    for (int i = 0; i < n; i++) {
+        usleep((useconds_t)ms * 1000); /* the compute between two steps */
+        run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 1024, 0, CFX_ALGO_AUTO, 0);
+    }
+    printf("gaps: %d allreduces %d ms apart ok\n", n, ms);
+}
+
 static void mode_misc(struct cfx_context *ctx)
 {
     /* send / recv around a ring */
@@ -823,7 +835,8 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     if (argc < 2) {
         fprintf(stderr,
-                "usage: %s matrix | big BYTES | mismatch | nb | late MS | misc | waiterpoll\n",
+                "usage: %s matrix | big BYTES | mismatch | nb | late MS | gaps N MS | misc | "
+                "waiterpoll\n",
                 argv[0]);
         return 2;
     }
@@ -846,7 +859,10 @@ int main(int argc, char **argv)
             mode_nb();
         else if (!strcmp(argv[i], "late") && i + 1 < argc)
             mode_late(atoi(argv[++i]));
-        else if (!strcmp(argv[i], "misc"))
+        else if (!strcmp(argv[i], "gaps") && i + 2 < argc) {
+            int n = atoi(argv[++i]);
+            mode_gaps(n, atoi(argv[++i]));
+        } else if (!strcmp(argv[i], "misc"))
             mode_misc(ctx);
         else if (!strcmp(argv[i], "waiterpoll"))
             mode_waiterpoll(ctx);
