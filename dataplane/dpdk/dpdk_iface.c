@@ -218,24 +218,32 @@ static void link_watch(struct cfx__dpdk_iface *iface)
     iface->link_check = iface->now + CFX_DPDK_LINK_CHECK_MS * 1000000ull;
     if (cfx__dpdk_port_link_up(iface->port)) {
         iface->link_down_since = 0;
+        iface->restart_fails = 0;
         return;
     }
     if (!iface->link_down_since) {
         iface->link_down_since = iface->now;
         return;
     }
-    /* every CFX_DPDK_LINK_RESTART_MS, twice as long after each failed
-     * restart, up to 32 times as long: a peer gone for good is not asked
-     * every second for ever */
+    /* every CFX_DPDK_LINK_RESTART_MS, twice as long after each restart
+     * that brought no link, up to 32 times as long: a peer gone for good is
+     * not asked every second for ever, and a handshake slower than the
+     * first wait (a memif server on a loaded host answers in seconds) is
+     * not cut by every restart after it */
     uint64_t wait_ms = (uint64_t)CFX_DPDK_LINK_RESTART_MS << CFX_MIN(iface->restart_fails, 5u);
     if (iface->now - iface->link_down_since >= wait_ms * 1000000ull) {
-        if (cfx__dpdk_port_restart(iface->port) == CFX_OK) {
+        unsigned n = ++iface->restart_fails;
+        unsigned long long down_ms = (iface->now - iface->link_down_since) / 1000000;
+        int rc = cfx__dpdk_port_restart(iface->port);
+        if (n >= 4 && !(n & (n - 1))) /* 15 s without a link, and at every doubling */
+            CFX_LOG(WARN, DPDK, "iface %s: no link after %u port restarts (the last %llu ms "
+                    "apart)%s", iface->name, n, down_ms,
+                    cfx__dpdk_port_is_memif_client(iface->port)
+                        ? ": is a role=server port up on the same memif socket=?"
+                        : "");
+        else if (rc == CFX_OK)
             CFX_LOG(INFO, DPDK, "iface %s: link down for %llu ms, port restarted", iface->name,
-                    (unsigned long long)((iface->now - iface->link_down_since) / 1000000));
-            iface->restart_fails = 0;
-        } else {
-            iface->restart_fails++;
-        }
+                    down_ms);
         iface->link_down_since = iface->now;
     }
 }

@@ -673,6 +673,11 @@ int cfx__dpdk_port_restart(struct cfx__dpdk_port *port)
     return CFX_OK;
 }
 
+bool cfx__dpdk_port_is_memif_client(const struct cfx__dpdk_port *port)
+{
+    return port->gated && !port->memif_server;
+}
+
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port)
 {
     struct rte_eth_link link;

@@ -142,6 +142,8 @@ void cfx__dpdk_port_addr(const struct cfx__dpdk_port *port, struct cfx__dpdk_add
 int cfx__dpdk_port_restart(struct cfx__dpdk_port *port);
 /* 1 when the link is up, 0 when not. */
 int cfx__dpdk_port_link_up(struct cfx__dpdk_port *port);
+/* A net_memif port in the client role (its link waits for a server). */
+bool cfx__dpdk_port_is_memif_client(const struct cfx__dpdk_port *port);
 
 /*
  * Builds one frame to dst into an mbuf of the batch; the batch goes out
