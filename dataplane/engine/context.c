@@ -262,6 +262,16 @@ static int transports_open(struct cfx_context *ctx)
                             "does not have", name);
         p += len + (p[len] == ',');
     }
+    /* a DPDK port asked for while dpdk is not among the transports: the
+     * user meant it (a misspelt CFX_TRANSPORT leaves the default list) */
+    int dr;
+    const char *dpdk_env = getenv("CFX_DPDK_VDEV") ? "CFX_DPDK_VDEV"
+                           : getenv("CFX_DPDK_EAL") ? "CFX_DPDK_EAL"
+                                                    : NULL;
+    if (dpdk_env && !tp_selected(ctx->cfg.transports, "dpdk", &dr))
+        CFX_LOG(WARN, INIT, "%s is set, but the transports are '%s', without dpdk: "
+                "CFX_TRANSPORT=dpdk (or --transport dpdk) uses it", dpdk_env,
+                ctx->cfg.transports);
     for (int i = 0; cfx__transports[i] && n < 8; i++) {
         int r;
         if (tp_selected(ctx->cfg.transports, cfx__transports[i]->name, &r)) {

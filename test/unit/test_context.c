@@ -1140,3 +1140,25 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
     cr_assert(!cfx_test_file_contains(path, " WARN "), "a warning after a stop in order");
     unlink(path);
 }
+
+/* A DPDK port asked for (CFX_DPDK_VDEV) while dpdk is not among the
+ * transports, as after a misspelt CFX_TRANSPORT: a warning says so and how
+ * to ask for dpdk.  Before, the context came up over tcp without a word. */
+Test(context, dpdk_port_without_dpdk_transport_warns)
+{
+    char path[] = "/tmp/cfx-test-dpdkenv-XXXXXX";
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    setenv("CFX_DPDK_VDEV", "net_memif0,role=server,socket=cfx-test-unused", 1);
+    struct cfx_context *a = NULL;
+    int rc = join(token, "tcp", &a);
+    unsetenv("CFX_DPDK_VDEV");
+    fflush(stderr);
+    int warned = cfx_test_file_contains(path, "CFX_DPDK_VDEV is set, but the transports are 'tcp'");
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unlink(path);
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(a);
+    cr_assert(warned, "no warning that CFX_DPDK_VDEV goes unused");
+}
