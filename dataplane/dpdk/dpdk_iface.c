@@ -36,6 +36,7 @@
 /* Ports of this process that an iface holds (EAL and its ports are process-wide). */
 static pthread_mutex_t ports_lock = PTHREAD_MUTEX_INITIALIZER;
 static char ports_held[8][64];
+static char ports_closed[128]; /* names of ports closed in this process, for the error text */
 
 static bool port_hold(const char *name)
 {
@@ -302,8 +303,11 @@ static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_pa
                         params->device && params->device[0])
                            ? params->device
                            : getenv("CFX_DPDK_PORT");
-    char name[64];
-    for (unsigned i = 0; cfx__dpdk_port_name(i, name, sizeof(name)) == CFX_OK; i++) {
+    char name[64], names[256] = "";
+    unsigned n = 0;
+    for (unsigned i = 0; cfx__dpdk_port_name(i, name, sizeof(name)) == CFX_OK; i++, n++) {
+        size_t l = strlen(names);
+        snprintf(names + l, sizeof(names) - l, "%s%s", l ? ", " : "", name);
         if (want && strcmp(want, name))
             continue;
         if (port_hold(name)) {
@@ -312,12 +316,31 @@ static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_pa
             return CFX_OK;
         }
         if (want)
-            return cfx__err(CFX_ERR_BUSY, "dpdk iface_open: port %s is in use", want);
+            return cfx__err(CFX_ERR_BUSY, "dpdk iface_open: port %s is held by another context "
+                            "of this process (one context per port)", want);
     }
-    return cfx__err(CFX_ERR_NO_DEVICE,
-                    want ? "dpdk iface_open: no DPDK port %s"
-                         : "dpdk iface_open: no free DPDK port%s (CFX_DPDK_VDEV, CFX_DPDK_EAL)",
-                    want ? want : "");
+    /* why none: each cause its own words */
+    char closed[sizeof(ports_closed)];
+    pthread_mutex_lock(&ports_lock);
+    snprintf(closed, sizeof(closed), "%s", ports_closed);
+    pthread_mutex_unlock(&ports_lock);
+    if (want)
+        return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: no DPDK port %s (CFX_DPDK_PORT); "
+                        "this process has %s%s", want, n ? "" : "none", names);
+    if (n)
+        return cfx__err(CFX_ERR_BUSY, "dpdk iface_open: every DPDK port of this process (%s) "
+                        "is held by another context (one context per port)", names);
+    if (closed[0])
+        return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: port %s was closed by an earlier "
+                        "context of this process, and DPDK cannot open a port again in the "
+                        "same process: a new context needs a new process", closed);
+    if (!getenv("CFX_DPDK_VDEV") && !getenv("CFX_DPDK_EAL"))
+        return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: no DPDK port asked for: set "
+                        "CFX_DPDK_VDEV (a virtual device such as "
+                        "net_memif0,role=server,socket=NAME) or CFX_DPDK_EAL");
+    return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: DPDK's EAL found no port: the device "
+                    "of CFX_DPDK_VDEV / CFX_DPDK_EAL did not probe (DPDK's own message above "
+                    "says why: a memif socket name in use, a bad argument)");
 }
 
 /*
@@ -420,9 +443,10 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
         pp.rx_drop_ppm = (uint32_t)strtoul(drop, NULL, 10);
         pp.rx_drop_seed = 0x5EED0000u + nth;
     }
+    cfx__err_clear();
     if ((rc = cfx__dpdk_port_open(&pp, &iface->port)) != CFX_OK) {
-        rc = cfx__err(rc, "dpdk iface_open: port %s did not open (%s)", iface->port_name,
-                      cfx_errname(rc));
+        rc = cfx__err(rc, "dpdk iface_open: port %s did not open: %s", iface->port_name,
+                      *cfx_last_error() ? cfx_last_error() : cfx_errname(rc));
         goto err_release;
     }
     cfx__dpdk_port_addr(iface->port, &iface->local);
@@ -486,6 +510,13 @@ static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
     cfx__dpdk_port_close(iface->port);
     if (iface->kernel_fd >= 0)
         close(iface->kernel_fd);
+    pthread_mutex_lock(&ports_lock);
+    size_t used = strlen(ports_closed);
+    if (!strstr(ports_closed, iface->port_name) && used + strlen(iface->port_name) + 3 <
+                                                          sizeof(ports_closed))
+        snprintf(ports_closed + used, sizeof(ports_closed) - used, "%s%s", used ? ", " : "",
+                 iface->port_name);
+    pthread_mutex_unlock(&ports_lock);
     port_release(iface->port_name);
     cfx__dpdk_mr_table_free(iface);
     cfx__tp_table_fini(&iface->eps_tab);

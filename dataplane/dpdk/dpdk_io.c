@@ -556,10 +556,11 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     if (rc != 0) {
         /* a memif client finds no server on its socket as "not permitted" */
         bool memif = info.driver_name && !strcmp(info.driver_name, "net_memif");
-        CFX_LOG(ERR, DPDK, "port %s: start: %s%s", port->name, rte_strerror(-rc),
-                memif ? " (a net_memif client: is a role=server port up on the same socket=?)"
-                      : "");
-        rc = CFX_ERR_IO;
+        rc = cfx__err(CFX_ERR_IO, "port %s: start: %s%s", port->name, rte_strerror(-rc),
+                      memif ? " (a net_memif client: is a role=server port up on the same "
+                              "socket=?)"
+                            : "");
+        CFX_LOG(ERR, DPDK, "%s", cfx_last_error());
         goto err_pool;
     }
     port->gated = info.driver_name && !strcmp(info.driver_name, "net_memif");

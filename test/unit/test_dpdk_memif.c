@@ -31,6 +31,7 @@
 
 #include "dataplane/common/util.h"
 #include "dataplane/dpdk/dpdk_io.h"
+#include "dataplane/transport.h"
 #include "testutil.h"
 
 /* --- frames (no DPDK needed) ------------------------------------------------- */
@@ -811,6 +812,35 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
     cr_assert(strstr(buf, "dpdk port net_memif0: mac "), "text: %s", buf);
     cr_assert(strstr(buf, "[{\"name\": \"net_memif0\", \"mac\": \""), "json: %s", buf);
     free(buf);
+    unlink(sock);
+    rmdir(dir);
+}
+
+/* Why a context gets no port, each cause in its own words: a second
+ * context while the first holds the process's port, and a context after
+ * the first closed it (DPDK cannot open a port again in a process).  All
+ * were "no free DPDK port". */
+Test(dpdk_ports, why_no_port_is_named, .timeout = 60)
+{
+    char dir[] = "/tmp/cfx_memif_XXXXXX", eal[512], sock[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/m.sock", dir);
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxw%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=server,socket=%s,id=0",
+             (int)getpid(), sock);
+    setenv("CFX_DPDK_EAL", eal, 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    struct cfx_tp_iface *a = NULL, *b = NULL;
+    cr_assert_eq(ops->iface_open(NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(ops->iface_open(NULL, &b), CFX_ERR_BUSY);
+    cr_assert(strstr(cfx_last_error(), "(net_memif0) is held by another context"), "%s",
+              cfx_last_error());
+    ops->iface_close(a);
+    cr_assert_eq(ops->iface_open(NULL, &b), CFX_ERR_NO_DEVICE);
+    cr_assert(strstr(cfx_last_error(), "port net_memif0 was closed by an earlier context"), "%s",
+              cfx_last_error());
     unlink(sock);
     rmdir(dir);
 }
