@@ -1067,6 +1067,20 @@ Test(context, failed_connect_falls_back_to_the_next_transport)
     cfx_context_destroy(a);
 }
 
+/* The first WARN line in log file @p path that a coordinator's own files
+ * (coord*.c) did not write, or NULL (malloc'd). */
+static char *client_warning(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char line[1024], *found = NULL;
+    while (!found && fgets(line, sizeof(line), f))
+        if (strstr(line, " WARN ") && !strstr(line, " coord.c:") && !strstr(line, " coord_"))
+            found = strdup(line);
+    fclose(f);
+    return found;
+}
+
 /*
  * A coordinator that stops in order says so (EV_STOPPING) before its end
  * of the connection closes: its clients log that at INFO and reconnect,
@@ -1137,7 +1151,10 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
               "an orderly stop was reported as a lost coordinator");
     cr_assert(back, "the client did not reconnect to the restarted coordinator");
     cr_assert(cfx_test_file_contains(path, "reconnected to coordinator"), "no reconnect logged");
-    cr_assert(!cfx_test_file_contains(path, " WARN "), "a warning after a stop in order");
+    /* the client's warnings; the two in-process coordinators' own (a loop
+     * woken late on a paused machine says so at WARN) are not the client's */
+    char *warn = client_warning(path);
+    cr_assert(!warn, "a warning after a stop in order: %s", warn ? warn : "");
     unlink(path);
 }
 
