@@ -232,6 +232,7 @@ void *lookup_thread(void *arg)
     j->rc = cfx__ctl_obj_lookup(j->ctl, &j->id, NULL, 0, cfx__deadline_ns(j->timeout_ms),
                                 &j->src);
     j->elapsed_ms = ms_since(t0);
+    j->end_ns = cfx__now_ns();
     return NULL;
 }
 

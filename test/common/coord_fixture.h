@@ -59,6 +59,7 @@ struct lookup_job {
     int timeout_ms;
     int rc;
     uint64_t elapsed_ms;
+    uint64_t end_ns; /* when the lookup returned (cfx__now_ns) */
     struct cfx_ctl_source src;
     pthread_barrier_t *start;
 };

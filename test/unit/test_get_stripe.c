@@ -180,8 +180,10 @@ static void three_holders(const char *tps)
         cr_expect_eq(d % CHUNK, 0);
         total += d;
     }
-    cr_expect_eq(total, SIZE, "the holders served %llu bytes of %zu",
-                 (unsigned long long)total, SIZE);
+    /* at least the object; more only if a block starved for STRIPE_STALL_MS
+     * on a loaded host was taken over and its first chunks sent twice */
+    cr_expect_geq(total, SIZE, "the holders served %llu bytes of %zu",
+                  (unsigned long long)total, SIZE);
     cfx_context_destroy(g);
     destroy_all(h, 3);
     free(src);
@@ -291,7 +293,7 @@ Test(get_stripe, slow_holder_serves_less)
     get_checked(g, &id, SIZE);
     for (unsigned i = 0; i < 3; i++)
         d[i] = sent(h[i]) - before[i];
-    cr_expect_eq(d[0] + d[1] + d[2], SIZE);
+    cr_expect_geq(d[0] + d[1] + d[2], SIZE); /* more after a starved block's takeover */
     cr_expect_gt(d[2], 0, "the slow holder got no block");
     cr_expect_lt(d[2], (uint64_t)(NCHUNKS / 3) * CHUNK,
                  "slow holder served %llu bytes, an even split's %llu or more",
