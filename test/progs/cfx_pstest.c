@@ -551,6 +551,16 @@ static int run_worker(struct cfx_context *ctx, int w)
             usleep(10000);
             CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
         }
+        /* a removal asked by another process (rdmactl) may come after the
+         * last step on a slow machine: wait for it too (the servers serve on
+         * until the workers leave) */
+        while (EXPECT_REMOVED > 0 && (st.servers[EXPECT_REMOVED].blocks ||
+                                      st.servers[EXPECT_REMOVED].state == CFX_PS_SERVER_ACTIVE)) {
+            if (now_ns() > dl)
+                break; /* named by the check below */
+            usleep(10000); /* the map names no waiter: read it again */
+            CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        }
         if (WAIT_RETIRED)
             printf("worker 0: server %d retired (map %u)\n", REMOVE_SRV, st.map_version);
         printf("worker 0: %d steps in %.2f s; map %u:", STEPS, secs, st.map_version);
