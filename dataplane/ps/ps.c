@@ -111,9 +111,21 @@ int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version)
     /* it was published before anyone could name it: this does not wait */
     int rc = cfx__ps_map_get(ps->ctx, ps->job, version, CFX_MIN(ps->timeout_ms, 5000), &m);
     if (rc != CFX_OK) {
-        CFX_LOG(WARN, PS, "job %s: cannot fetch shard map %u: %s", ps->job, version,
-                cfx_last_error());
+        /* fetched again from the loop (cfx__ps_map_retry): a member left on
+         * its old map would route to old owners, never migrate, never
+         * settle, until some later map came */
+        if (!ps->map_wanted)
+            CFX_LOG(WARN, PS, "job %s: cannot fetch shard map %u: %s; trying again", ps->job,
+                    version, cfx_last_error());
+        ps->map_wanted = CFX_MAX(ps->map_wanted, version);
+        ps->map_retry_ms = CFX_MIN(CFX_MAX(ps->map_retry_ms * 2, 100u), 2000u);
+        ps->map_retry_at = cfx__deadline_ns((int)ps->map_retry_ms);
         return rc;
+    }
+    if (ps->map_wanted && ps->map_wanted <= m.version) {
+        CFX_LOG(INFO, PS, "job %s: shard map %u fetched after all", ps->job, m.version);
+        ps->map_wanted = 0;
+        ps->map_retry_ms = 0;
     }
     pthread_mutex_lock(&ps->lock);
     struct ps_map old = ps->map;
@@ -125,6 +137,18 @@ int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version)
     cfx__ps_map_free(&old);
     cfx__ps_after_map(ps);
     return CFX_OK;
+}
+
+int cfx__ps_map_retry(struct cfx_ps *ps)
+{
+    if (!ps->map_wanted || cfx__now_ns() < ps->map_retry_at)
+        return 0;
+    if (ps->map_wanted <= ps->map.version) { /* a newer one came meanwhile */
+        ps->map_wanted = 0;
+        ps->map_retry_ms = 0;
+        return 0;
+    }
+    return cfx__ps_map_fetch(ps, ps->map_wanted) == CFX_OK;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
@@ -230,7 +254,7 @@ static void *loop_main(void *arg)
         pthread_mutex_unlock(&ps->lock);
         if (stop)
             break;
-        int n = cfx__ps_net_poll(ps);
+        int n = cfx__ps_net_poll(ps) + cfx__ps_map_retry(ps);
         if (ps->role == CFX_PS_WORKER)
             n += cfx__ps_worker_tick(ps);
         else

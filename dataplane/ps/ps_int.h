@@ -279,6 +279,9 @@ struct cfx_ps {
 
     struct ps_map map;          /* loop thread's current map */
     uint32_t map_applied;       /* version visible to API threads (ps->lock) */
+    uint32_t map_wanted;        /* loop: a map named to us whose fetch failed (0: none) */
+    uint64_t map_retry_at;      /* ... fetched again from then, backing off */
+    uint32_t map_retry_ms;
     struct cfx_ps_stats stats;  /* published by the loop (ps->lock) */
 
     /* peers indexed by role */
@@ -337,6 +340,9 @@ int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size
                   bool *present);
 /* Install map @p version (loop thread) if newer than ours. */
 int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version);
+/* Loop: fetch again a map whose fetch failed, when its backoff is up (1:
+ * fetched). */
+int cfx__ps_map_retry(struct cfx_ps *ps);
 /* Fetch map @p version into @p m, waiting up to @p timeout_ms. */
 int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
                     struct ps_map *m);

@@ -66,6 +66,10 @@ struct ps_sched {
     bool srv_done[PS_MAX_SERVERS];  /* confirmed its end (DONE) or failed */
     bool told_end[PS_MAX_SERVERS];  /* was sent the notice that ends its service */
     uint64_t leave_deadline;        /* leaving: 0 not yet */
+    /* a change is in ps->map but its publish failed (the coordinator out,
+     * say): published again from the tick, backing off, until it lands */
+    uint64_t republish_at;          /* 0: nothing to publish again */
+    uint32_t republish_ms;
 
     /* API <-> loop (ps->lock) */
     bool leaving;          /* cfx_ps_destroy started to leave */
@@ -150,12 +154,20 @@ int cfx__ps_sched_publish(struct cfx_ps *ps)
     cfx__ps_obj_id(ps->job, "map", next.version, 0, &id);
     rc = cfx__ps_publish(ps, &id, buf, (size_t)len);
     if (rc != CFX_OK) {
-        CFX_LOG(ERR, PS, "job %s: cannot publish shard map %u: %s", ps->job, next.version,
-                cfx_last_error());
+        struct ps_sched *s = ps->sched;
+        s->republish_ms = CFX_MIN(CFX_MAX(s->republish_ms * 2, 100u), 5000u);
+        s->republish_at = cfx__deadline_ns((int)s->republish_ms);
+        if (s->republish_ms == 100) /* the first failure; the retries quietly */
+            CFX_LOG(ERR, PS, "job %s: cannot publish shard map %u: %s; trying again", ps->job,
+                    next.version, cfx_last_error());
         free(buf);
         cfx__ps_map_free(&next);
         return rc;
     }
+    if (ps->sched->republish_ms > 100)
+        CFX_LOG(INFO, PS, "job %s: shard map %u published after all", ps->job, next.version);
+    ps->sched->republish_at = 0;
+    ps->sched->republish_ms = 0;
     pthread_mutex_lock(&ps->lock);
     struct ps_map old = ps->map;
     ps->map = next;
@@ -799,6 +811,8 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
         n++;
     }
     struct ps_map *m = &ps->map;
+    if (s->republish_at && cfx__now_ns() >= s->republish_at)
+        n += cfx__ps_sched_publish(ps) == CFX_OK;
     n += leave_tick(ps);
     if (s->nbye == m->nworkers && !(m->flags & PS_MAP_SHUTDOWN)) {
         m->flags |= PS_MAP_SHUTDOWN;
