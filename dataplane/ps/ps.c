@@ -390,10 +390,14 @@ static int wait_listed(struct cfx_ps *ps)
     while (!listed(ps) && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
         ;
     bool ok = listed(ps);
-    uint32_t v = ps->map.version;
+    uint32_t v = ps->map.version, nworkers = ps->map.nworkers;
     pthread_mutex_unlock(&ps->lock);
     if (ok)
         return CFX_OK;
+    if (ps->role == CFX_PS_WORKER && v && (uint32_t)ps->index >= nworkers)
+        return cfx__err(CFX_ERR_INVALID, "job %s: shard map %u has %u workers, so no worker %d "
+                        "(num_workers differs from server 0's)",
+                        ps->job, v, nworkers, ps->index);
     if (ps->role == CFX_PS_WORKER && v)
         return cfx__err(CFX_ERR_EXISTS, "job %s: shard map %u lists another node as worker %d",
                         ps->job, v, ps->index);

@@ -157,8 +157,11 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     }
     pthread_mutex_lock(&ps->lock);
     bool freed = r->freed;
-    r->status = op->status;
     memcpy(r->err, op->err, sizeof(r->err));
+    /* last: once it reads final, the request is its owner's alone (it may
+     * be waited for, tested or freed without the handle, which may be
+     * gone: cfx_ps_destroy ends every request) */
+    __atomic_store_n(&r->status, op->status, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&ps->cond);
     pthread_mutex_unlock(&ps->lock);
     if (freed)
@@ -773,9 +776,7 @@ int cfx_ps_test(struct cfx_ps_request *req)
     cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
-    pthread_mutex_lock(&req->ps->lock);
-    int st = req->status;
-    pthread_mutex_unlock(&req->ps->lock);
+    int st = __atomic_load_n(&req->status, __ATOMIC_ACQUIRE);
     if (st != CFX_OK && st != CFX_ERR_AGAIN)
         cfx__err(st, "%s", req->err);
     return st;
@@ -787,11 +788,14 @@ int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms)
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "ps: NULL request");
     struct cfx_ps *ps = req->ps;
+    int st = __atomic_load_n(&req->status, __ATOMIC_ACQUIRE);
+    if (st != CFX_ERR_AGAIN) /* ended: the handle is not touched (it may be gone) */
+        return st == CFX_OK ? CFX_OK : cfx__err(st, "%s", req->err);
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
     while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
         ;
-    int st = req->status;
+    st = req->status;
     pthread_mutex_unlock(&ps->lock);
     if (st == CFX_ERR_AGAIN)
         return cfx__err(CFX_ERR_TIMEOUT, "job %s: request still running after %d ms", ps->job,
@@ -805,6 +809,10 @@ void cfx_ps_request_free(struct cfx_ps_request *req)
 {
     if (!req)
         return;
+    if (__atomic_load_n(&req->status, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
+        free(req); /* ended: nothing of the handle's refers to it */
+        return;
+    }
     struct cfx_ps *ps = req->ps;
     pthread_mutex_lock(&ps->lock);
     bool running = req->status == CFX_ERR_AGAIN;

@@ -222,7 +222,9 @@ CFX_API int cfx_ps_test(struct cfx_ps_request *req);
 /** Wait up to @p timeout_ms (<0: until the op's own deadline); final status
  *  (cfx_last_error() names the server on failure) or CFX_ERR_TIMEOUT. */
 CFX_API int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms);
-/** Free a request; one still running completes in the background.  NULL: no-op. */
+/** Free a request; one still running completes in the background.  NULL: no-op.
+ *  cfx_ps_destroy() ends every request of its handle (CFX_ERR_CANCELED):
+ *  a request may still be waited for, tested and freed after it. */
 CFX_API void cfx_ps_request_free(struct cfx_ps_request *req);
 
 /* What a handle knows about the job, from its latest shard map. */
