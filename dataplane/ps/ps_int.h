@@ -290,6 +290,7 @@ struct cfx_ps {
     struct cfx_list tx;         /* struct ps_tx: sends in flight */
 
     struct ps_block **blocks;   /* server: [map.nblocks] or NULL entries */
+    uint64_t expire_at;         /* server: next sweep of requests held too long (ns) */
     uint32_t nblocks_cap;
     struct cfx_list orphans;    /* server: requests for blocks not here yet */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */

@@ -39,6 +39,8 @@ struct ps_pend {
     struct ps_hdr h;   /* the request as received */
     void *payload;     /* owned */
     uint64_t deadline; /* orphans only */
+    uint64_t since;    /* received (ns): a deferred push or parked pull held past twice
+                          the job's timeout is one its worker gave up on */
 };
 
 struct ps_block {
@@ -305,6 +307,7 @@ static struct ps_pend *pend_new(const struct ps_hdr *h, void *payload, bool owne
     if (!p)
         return NULL;
     p->h = *h;
+    p->since = cfx__now_ns();
     if (owned || !h->len || !payload) {
         p->payload = payload;
     } else {
@@ -803,11 +806,49 @@ void cfx__ps_server_map_changed(struct cfx_ps *ps)
     report_settled(ps);
 }
 
+/* Deferred pushes and parked pulls their workers gave up on (held past
+ * twice the job's timeout: the worker's request ended at one) go, with
+ * their payload copies; a push that never comes (its worker's request
+ * failed on another block) no longer holds every later one for ever. */
+static int expire_waiting(struct cfx_ps *ps, uint64_t now)
+{
+    uint64_t max_ns = 2ull * (uint64_t)CFX_MAX(ps->timeout_ms, 1) * 1000000ull;
+    int n = 0;
+    for (uint32_t i = 0; i < ps->nblocks_cap; i++) {
+        struct ps_block *b = ps->blocks[i];
+        if (!b)
+            continue;
+        struct cfx_list *lists[] = { &b->deferred, &b->parked };
+        for (unsigned l = 0; l < 2; l++) {
+            struct cfx_list *pos, *tmp;
+            cfx_list_for_each_safe(pos, tmp, lists[l])
+            {
+                struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+                if (now - p->since < max_ns)
+                    continue;
+                CFX_LOG(WARN, PS, "job %s: server %d: block %u: worker %u's %s of step %" PRIu64
+                        " waited %llu ms; dropped (its request has ended)", ps->job, ps->index,
+                        b->id, p->h.worker, l ? "pull" : "push", p->h.clock,
+                        (unsigned long long)((now - p->since) / 1000000));
+                cfx_list_del(pos);
+                reply(ps, &p->h, CFX_ERR_TIMEOUT, NULL, false);
+                pend_free(p);
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
 int cfx__ps_server_tick(struct cfx_ps *ps)
 {
     int n = 0;
     uint64_t now = cfx__now_ns();
     struct cfx_list *pos, *tmp;
+    if (ps->timeout_ms > 0 && now - ps->expire_at < (1ull << 63)) {
+        ps->expire_at = now + 100000000ull; /* every 100 ms */
+        n += expire_waiting(ps, now);
+    }
     cfx_list_for_each_safe(pos, tmp, &ps->orphans)
     {
         struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);

@@ -157,6 +157,15 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     }
     pthread_mutex_lock(&ps->lock);
     bool freed = r->freed;
+    if (op->status != CFX_OK && (op->kind == PS_OP_PUSH || op->kind == PS_OP_PUSHPULL) &&
+        op->tensor >= 0 && op->tensor < PS_MAX_TENSORS &&
+        ps->w->clock[op->tensor] == op->clock + 1) {
+        /* the step failed (on some blocks at least) and no later push of
+         * the tensor was posted: the next push sends this step again, which
+         * the blocks that applied it take as a repeat, instead of a step
+         * after it that every other block would hold back for ever */
+        ps->w->clock[op->tensor] = op->clock;
+    }
     memcpy(r->err, op->err, sizeof(r->err));
     /* last: once it reads final, the request is its owner's alone (it may
      * be waited for, tested or freed without the handle, which may be
