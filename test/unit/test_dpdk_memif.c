@@ -793,18 +793,27 @@ Test(dpdk_memif, survivor_drains_a_full_ring_while_the_peer_leaves, .timeout = 2
 }
 
 #ifdef CFX_HAVE_DPDK
+/* CFX_DPDK_EAL for this test process: one net_memif server port on a socket
+ * in the fresh directory @p dir (a mkdtemp template; *@p sock its path),
+ * EAL's files under @p prefix and our pid. */
+static void memif_server_eal(char *dir, const char *prefix, char *sock, size_t cap)
+{
+    char eal[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, cap, "%s/m.sock", dir);
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=%s%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=server,socket=%s,id=0",
+             prefix, (int)getpid(), sock);
+    setenv("CFX_DPDK_EAL", eal, 1);
+}
+
 /* rdmactl devices: the ports EAL was given are listed, text and JSON. */
 Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
 {
-    char dir[] = "/tmp/cfx_memif_XXXXXX", eal[512], sock[128], *buf = NULL;
+    char dir[] = "/tmp/cfx_memif_XXXXXX", sock[128], *buf = NULL;
     size_t len = 0;
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(sock, sizeof(sock), "%s/m.sock", dir);
-    snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxl%d -l 0 --log-level=*:warning "
-             "--no-telemetry --vdev=net_memif0,role=server,socket=%s,id=0",
-             (int)getpid(), sock);
-    setenv("CFX_DPDK_EAL", eal, 1);
+    memif_server_eal(dir, "cfxl", sock, sizeof(sock));
     FILE *f = open_memstream(&buf, &len);
     cr_assert_eq(cfx__dpdk_ports_print(f, 0), 1);
     cr_assert_eq(cfx__dpdk_ports_print(f, 1), 1);
@@ -822,14 +831,8 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
  * were "no free DPDK port". */
 Test(dpdk_ports, why_no_port_is_named, .timeout = 60)
 {
-    char dir[] = "/tmp/cfx_memif_XXXXXX", eal[512], sock[128];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(sock, sizeof(sock), "%s/m.sock", dir);
-    snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxw%d -l 0 --log-level=*:warning "
-             "--no-telemetry --vdev=net_memif0,role=server,socket=%s,id=0",
-             (int)getpid(), sock);
-    setenv("CFX_DPDK_EAL", eal, 1);
+    char dir[] = "/tmp/cfx_memif_XXXXXX", sock[128];
+    memif_server_eal(dir, "cfxw", sock, sizeof(sock));
     const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
     cr_assert_not_null(ops);
     struct cfx_tp_iface *a = NULL, *b = NULL;
