@@ -58,7 +58,9 @@ struct cfx_context_params {
     const char *name;       /* node name; default hostname:pid */
     const char *bind_addr;  /* data-plane listen address; default $CFX_BIND_ADDR or the coordinator-facing address */
     /* Added later: "off", "integrity" or "encrypt" (also "0", "1"); default
-     * $CFX_SECURE, else off.  Every node and the coordinator must agree
+     * $CFX_SECURE, else off: seals the coordinator connection and the tcp
+     * and dpdk data planes (shm stays on one host; verbs cannot seal and is
+     * not opened).  Every node and the coordinator must agree
      * (docs/SECURITY.md, *Sealed tcp connections*). */
     const char *secure;
 };
