@@ -423,11 +423,14 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     if ((rc = pick_port(iface, params, &nth)) != CFX_OK)
         goto err_free;
     struct cfx__dpdk_port_params pp = { .name = iface->port_name };
-    const char *ip = getenv("CFX_DPDK_IP");
-    if (!ip && params && (params->field_mask & CFX_TP_IFACE_PARAM_BIND_ADDR))
+    const char *ip = getenv("CFX_DPDK_IP"), *ip_from = "CFX_DPDK_IP";
+    if (!ip && params && (params->field_mask & CFX_TP_IFACE_PARAM_BIND_ADDR)) {
         ip = params->bind_addr;
+        ip_from = "the bind address (CFX_BIND_ADDR)";
+    }
     if (ip && parse_ip(ip, &pp.ip) != CFX_OK) {
-        rc = cfx__err(CFX_ERR_INVALID, "dpdk iface_open: %s is not an IPv4 address", ip);
+        rc = cfx__err(CFX_ERR_INVALID, "dpdk iface_open: %s '%s' is not an IPv4 address",
+                      ip_from, ip);
         goto err_release;
     }
     if (!ip)
