@@ -61,6 +61,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
              * theirs) and the directory judges the put. */
             old->deleting = true;
             cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, old);
+            continue; /* released here at once (no memory for a command) it is gone */
         }
         if (!old->deleting || !cfx__obj_wait(ctx, deadline))
             break;
