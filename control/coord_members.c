@@ -339,7 +339,14 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     n->last_seen_ns = cfx__now_ns();
     n->conn = c;
     cfx_list_init(&n->holdings);
-    cfx_list_add_tail(&n->link, &co->nodes);
+    /* co->nodes stays in id order, which the listings page by (a cursor of
+     * the last id sent): a node taking back its id of before a restart goes
+     * before the ids given since, not after them (where a paged listing
+     * skipped it) */
+    struct cfx_list *at = co->nodes.prev;
+    while (at != &co->nodes && cfx_list_entry(at, struct coord_node, link)->rec.node_id > id)
+        at = at->prev;
+    cfx_list_add_head(&n->link, at);
     index_add(co, n);
     if (id >= co->next_node_id)
         co->next_node_id = id + 1;
