@@ -33,6 +33,7 @@
 #include "ps_int.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@ struct ps_ev {
     struct ps_ev *next;
     enum ps_ev_type type;
     uint32_t n; /* JOIN: server index; ADMIN: sequence */
+    bool bad;   /* the object was no record of its kind: answered (admin) or skipped */
     struct ps_member member;
     struct ps_admin_req req;
 };
@@ -515,14 +517,21 @@ static void watch_series(struct cfx_ps *ps, const struct watch *w)
         int rc = cfx__ps_get(ps->ctx, &id, dst, w->len, &sz, PS_WATCH_SLICE_MS);
         uint32_t magic;
         memcpy(&magic, dst, sizeof(magic)); /* both records start with it */
-        if (rc != CFX_OK || sz != w->len || magic != PS_MAGIC) {
+        if (rc != CFX_OK) {
             free(e);
-            if (rc != CFX_OK && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_CONNECT) {
+            if (rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_CONNECT) {
                 struct timespec ts = { 0, 100000000 };
                 nanosleep(&ts, NULL);
             }
-            continue; /* woken to stop, or garbage: look again */
+            continue; /* woken to stop, or nothing yet: look again */
         }
+        /* an object of the name that is no such record (a member's bug, or
+         * another program's object) is passed over, not read again for
+         * ever: an admin request is answered so, a join skipped */
+        e->bad = sz != w->len || magic != PS_MAGIC;
+        if (e->bad)
+            CFX_LOG(WARN, PS, "job %s: %s object %u is not a %s record (%zu bytes); passed over",
+                    ps->job, w->kind, n, w->kind, sz);
         e->type = w->type;
         e->n = n;
         pthread_mutex_lock(&ps->lock);
@@ -777,7 +786,8 @@ void cfx__ps_sched_leave(struct cfx_ps *ps)
     struct ps_sched *s = ps->sched;
     /* the loop gives up at the handle's timeout; this bound is for a loop
      * that cannot run at all */
-    uint64_t dl = cfx__deadline_ns(ps->timeout_ms + 2000);
+    int bound_ms = ps->timeout_ms > INT_MAX - 2000 ? INT_MAX : ps->timeout_ms + 2000;
+    uint64_t dl = cfx__deadline_ns(bound_ms);
     pthread_mutex_lock(&ps->lock);
     s->leaving = true;
     pthread_mutex_unlock(&ps->lock);
@@ -789,7 +799,7 @@ void cfx__ps_sched_leave(struct cfx_ps *ps)
     pthread_mutex_unlock(&ps->lock);
     if (!left)
         CFX_LOG(WARN, PS, "job %s: the scheduler's loop did not finish leaving within %d ms",
-                ps->job, ps->timeout_ms + 2000);
+                ps->job, bound_ms);
 }
 
 int cfx__ps_sched_tick(struct cfx_ps *ps)
@@ -802,9 +812,11 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
     pthread_mutex_unlock(&ps->lock);
     while (ev) {
         struct ps_ev *next = ev->next;
-        if (ev->type == PS_EV_JOIN)
+        if (ev->bad && ev->type == PS_EV_ADMIN)
+            admin_reply(ps, ev->n, CFX_ERR_PROTO, "the request object was malformed");
+        else if (ev->type == PS_EV_JOIN && !ev->bad)
             join(ps, ev->n, &ev->member);
-        else
+        else if (!ev->bad)
             admin(ps, ev->n, &ev->req);
         free(ev);
         ev = next;
