@@ -79,6 +79,21 @@ static void stalled_get(struct cfx_context *a, struct cfx_context *b, struct cfx
                                  .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = TIMEOUT_MS };
 
+    /* b connects to a first, with an object the stall does not reach (one
+     * chunk): the timed get below then needs no connection set-up inside
+     * its deadline, which a loaded machine can take most of */
+    struct cfx_object_id warm;
+    struct cfx_obj_params wp = pp;
+    wp.chunk_size = 0;
+    wp.field_mask &= ~CFX_OBJ_PARAM_CHUNK_SIZE;
+    cfx_object_id_generate(a, &warm);
+    cfx_test_fill(src, CHUNK, 8);
+    cr_assert_eq(cfx_put(a, &warm, src, CHUNK, &wp), CFX_OK, "%s", cfx_last_error());
+    struct cfx_obj_params nk = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = CFX_OBJ_FLAG_NO_KEEP };
+    cr_assert_eq(cfx_get(b, &warm, buf, CHUNK, NULL, &nk), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(buf, CHUNK, 8), (size_t)-1);
+    cr_assert_eq(cfx_delete(a, &warm, NULL), CFX_OK, "%s", cfx_last_error());
+
     cfx_object_id_generate(a, id);
     cfx_test_fill(src, size, 7);
     cr_assert_eq(cfx_put(a, id, src, size, &pp), CFX_OK, "%s", cfx_last_error());

@@ -95,13 +95,23 @@ static struct cfx_p2p_req *free_pending_recv(struct cfx_context *a, struct cfx_c
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
     struct cfx_p2p_req *s, *r;
+    struct cfx_context_stats st0, st;
+    cr_assert_eq(cfx_context_stats(b, &st0), CFX_OK);
     memset(dst, 0xA5, size);
     cr_assert_eq(cfx__p2p_irecv(b, ra, 1, tag, dst, size, CFX_MEMTYPE_HOST, &r), CFX_OK);
     cr_assert_eq(cfx__p2p_isend(a, rb, 1, tag, src, size, CFX_MEMTYPE_HOST, &s), CFX_OK);
-    /* the sender stalls after STALL_AT chunks: the receive cannot finish
-     * (1 s: time enough for the handshake and the first chunks under load) */
-    cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(1000)), CFX_ERR_TIMEOUT, "%s",
-                 cfx_last_error());
+    /* the sender stalls after STALL_AT chunks: the receive cannot finish.
+     * Wait (in waits of the request, 50 ms each) until those chunks have
+     * landed, however long the connection took on a loaded machine */
+    uint64_t dl = cfx__deadline_ns(10000);
+    do {
+        cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(50)), CFX_ERR_TIMEOUT, "%s",
+                     cfx_last_error());
+        cr_assert_eq(cfx_context_stats(b, &st), CFX_OK);
+    } while (st.bytes_received - st0.bytes_received < (uint64_t)STALL_AT * CHUNK &&
+             cfx__now_ns() < dl);
+    cr_assert_eq(st.bytes_received - st0.bytes_received, (uint64_t)STALL_AT * CHUNK,
+                 "the stalled sender's first chunks never landed");
     cr_assert(!has_abandoned(b));
     cfx__p2p_free(r);
     /* it returned while the sender (which drops CANCELs while stalled)
