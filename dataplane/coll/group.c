@@ -528,12 +528,22 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
 {
     cfx__err_clear();
     const char *what = cfx__coll_kind_name(tmpl->kind);
-    if (!g || !req)
-        return cfx__err(CFX_ERR_INVALID, "i%s: NULL argument", what);
-    /* a call that fails returns no request */
-    int rc = cfx__coll_check(g, tmpl, what);
-    if (rc != CFX_OK)
+    if (!g)
+        return cfx__err(CFX_ERR_INVALID, "i%s: NULL group", what);
+    /* A call that fails returns no request, but it is a call of the group's
+     * sequence all the same, as a blocking call that fails its checks is:
+     * the other ranks made theirs, and the next call must pair with their
+     * next one (left out, this rank's calls paired one behind the others'
+     * for good, and those of the same arguments passed the check with the
+     * wrong data) */
+    int rc = req ? cfx__coll_check(g, tmpl, what)
+                 : cfx__err(CFX_ERR_INVALID, "i%s: NULL request pointer", what);
+    if (rc != CFX_OK) {
+        pthread_mutex_lock(&g->lock);
+        g->next_seq++;
+        pthread_mutex_unlock(&g->lock);
         return rc;
+    }
     /* posting only: the group's thread runs it, and the context's destroy
      * stops that thread before it frees anything */
     if ((rc = group_enter(g, what)) != CFX_OK)

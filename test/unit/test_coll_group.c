@@ -388,6 +388,46 @@ Test(coll_group, nonblocking_error_detail, .timeout = 60)
     down(2);
 }
 
+/* A non-blocking call refused on one rank only (the root's NULL output) is
+ * still a call of the group's sequence on it: the allreduces after it pair
+ * with the other ranks' and sum their own values.  It was left out of the
+ * sequence, so rank 0's calls paired one behind the others' for good, and
+ * each allreduce returned CFX_OK with the sum of another call's values. */
+static int body_nb_refused(struct rank_run *rr)
+{
+    int32_t in = 5, out = 0;
+    struct cfx_request *req = NULL;
+    int rc = cfx_group_ireduce(rr->g, &in, rr->rank == 0 ? NULL : &out, 1, CFX_DTYPE_I32,
+                               CFX_OP_SUM, 0, NULL, &req);
+    if (rr->rank == 0 && rc != CFX_ERR_INVALID)
+        return cfx__err(CFX_ERR_INTERNAL, "the root's ireduce without output: %s",
+                        cfx_errname(rc));
+    if (rr->rank != 0) {
+        if (rc != CFX_OK)
+            return rc;
+        cfx_request_wait(req, 20000); /* how it ends does not matter here */
+        cfx_request_free(req);
+    }
+    for (int32_t step = 1; step <= 3; step++) {
+        int32_t v = step * (rr->rank + 1), sum = 0;
+        if ((rc = cfx_group_allreduce(rr->g, &v, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL)))
+            return rc;
+        int32_t want = step * 6; /* ranks 0..2 pass step * (1 + 2 + 3) */
+        if (sum != want)
+            return cfx__err(CFX_ERR_INTERNAL, "allreduce %d: %d, want %d", step, sum, want);
+    }
+    return CFX_OK;
+}
+
+Test(coll_group, nonblocking_refused_on_one_rank_keeps_the_order, .timeout = 60)
+{
+    struct rank_run rr[MAX_RANKS];
+    up("tcp", 3);
+    run_ranks(3, "nbref", 10000, body_nb_refused, rr);
+    all_ok(3, rr);
+    down(3);
+}
+
 /* Whether the "never joined: A, B" list in @p err names @p rank. */
 static bool never_joined_lists(const char *err, int rank)
 {
