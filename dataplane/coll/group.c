@@ -183,38 +183,41 @@ static int env_int(const char *name, int *out)
     return 1;
 }
 
-/* First of the launcher variables that is set; CFX_ERR_INVALID when one is
- * malformed or none is set. */
-static int from_env(const char *const *names, int n, const char *what, int *out)
+/* Rank and size not given in @p p come from the launcher's pair of
+ * variables (cfx__launcher: one launcher for both, so that srun + torchrun
+ * takes torchrun's rank with torchrun's size, not Slurm's task of the node
+ * with torchrun's count); CFX_ERR_INVALID when one is malformed or none is
+ * set. */
+static int rank_size(const struct cfx_group_params *p, int *rank, int *size)
 {
-    for (int i = 0; i < n; i++) {
-        int got = env_int(names[i], out);
+    uint64_t m = p ? p->field_mask : 0;
+    const struct cfx_launcher_vars *l = NULL;
+    if (!(m & CFX_GROUP_PARAM_RANK) || !(m & CFX_GROUP_PARAM_SIZE)) {
+        l = cfx__launcher();
+        if (!l)
+            return cfx__err(CFX_ERR_INVALID, "group: no rank and size given and no launcher's "
+                            "are set (CFX_RANK/CFX_WORLD_SIZE, RANK/WORLD_SIZE, "
+                            "OMPI_COMM_WORLD_RANK/_SIZE, SLURM_PROCID/SLURM_NTASKS, "
+                            "PMI_RANK/PMI_SIZE)");
+    }
+    const char *names[2] = { l ? l->rank : NULL, l ? l->size : NULL };
+    int *outs[2] = { rank, size };
+    bool given[2] = { (m & CFX_GROUP_PARAM_RANK) != 0, (m & CFX_GROUP_PARAM_SIZE) != 0 };
+    if (given[0])
+        *rank = p->rank;
+    if (given[1])
+        *size = p->size;
+    for (int i = 0; i < 2; i++) {
+        if (given[i])
+            continue;
+        int got = env_int(names[i], outs[i]);
         if (got < 0)
             return cfx__err(CFX_ERR_INVALID, "group: %s=%s is not a number", names[i],
                             getenv(names[i]));
-        if (got > 0)
-            return CFX_OK;
+        if (got == 0)
+            return cfx__err(CFX_ERR_INVALID, "group: %s is set but not %s", names[1 - i],
+                            names[i]);
     }
-    return cfx__err(CFX_ERR_INVALID, "group: no %s given and none of %s, %s, %s, %s is set",
-                    what, names[0], names[1], names[2], names[3]);
-}
-
-static int rank_size(const struct cfx_group_params *p, int *rank, int *size)
-{
-    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
-                                             "RANK" };
-    static const char *const size_vars[] = { "CFX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
-                                             "SLURM_NTASKS", "WORLD_SIZE" };
-    uint64_t m = p ? p->field_mask : 0;
-    int rc;
-    if (m & CFX_GROUP_PARAM_RANK)
-        *rank = p->rank;
-    else if ((rc = from_env(rank_vars, 4, "rank", rank)) != CFX_OK)
-        return rc;
-    if (m & CFX_GROUP_PARAM_SIZE)
-        *size = p->size;
-    else if ((rc = from_env(size_vars, 4, "size", size)) != CFX_OK)
-        return rc;
     if (*size < 1)
         return cfx__err(CFX_ERR_INVALID, "group: size %d", *size);
     if (*rank < 0 || *rank >= *size)

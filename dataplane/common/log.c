@@ -1,5 +1,6 @@
 /* Logging to stderr or CFX_LOG_FILE with time, node, rank, level, subsystem. */
 #include "log.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -70,15 +71,10 @@ static void log_init_once(void)
  */
 static void sink_init_once(void)
 {
-    static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
-                                             "RANK" };
-    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
-        const char *v = getenv(rank_vars[i]);
-        if (v && *v && strlen(v) < sizeof(log_rank) && strspn(v, "0123456789") == strlen(v)) {
-            snprintf(log_rank, sizeof(log_rank), "%s", v);
-            break;
-        }
-    }
+    const struct cfx_launcher_vars *l = cfx__launcher(); /* the group's rank's */
+    const char *v = l ? getenv(l->rank) : NULL;
+    if (v && *v && strlen(v) < sizeof(log_rank) && strspn(v, "0123456789") == strlen(v))
+        snprintf(log_rank, sizeof(log_rank), "%s", v);
     const char *path = getenv("CFX_LOG_FILE");
     if (!path || !*path)
         return;

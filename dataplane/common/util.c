@@ -58,6 +58,25 @@ const char *cfx__env_str(const char *name, const char *def)
     return (v && *v) ? v : def;
 }
 
+const struct cfx_launcher_vars *cfx__launcher(void)
+{
+    static const struct cfx_launcher_vars launchers[] = {
+        { "CFX_RANK", "CFX_WORLD_SIZE" },
+        { "RANK", "WORLD_SIZE" },
+        { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+        { "SLURM_PROCID", "SLURM_NTASKS" },
+        { "PMI_RANK", "PMI_SIZE" },
+    };
+    for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
+        const struct cfx_launcher_vars *l = &launchers[i];
+        /* RANK alone is too common a name to mean torchrun ahead of the
+         * others: it counts there only with WORLD_SIZE, else last */
+        if (cfx__env_str(l->rank, NULL) && (i != 1 || cfx__env_str(l->size, NULL)))
+            return l;
+    }
+    return cfx__env_str("RANK", NULL) ? &launchers[1] : NULL;
+}
+
 /* @p v whole as a decimal integer into @p out */
 static bool parse_ll(const char *v, long long *out)
 {

@@ -125,6 +125,20 @@ long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long 
 size_t cfx__env_size_max(const char *name, size_t def, size_t max);
 const char *cfx__env_str(const char *name, const char *def);
 
+/* A launcher's rank and world-size variables. */
+struct cfx_launcher_vars {
+    const char *rank, *size;
+};
+/* The launcher that started this process: the first of cfx_run
+ * (CFX_RANK/CFX_WORLD_SIZE), torchrun (RANK/WORLD_SIZE, both set: it runs
+ * inside srun or mpirun, whose variables then name the outer task, one per
+ * node), Open MPI (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID/SLURM_NTASKS)
+ * and PMI (PMI_RANK/PMI_SIZE) whose rank variable is set, else RANK alone;
+ * NULL when none.
+ * The log's rank, the rank that hosts the coordinator and the group's rank
+ * and size all come from it, so they agree. */
+const struct cfx_launcher_vars *cfx__launcher(void);
+
 /* Parse a size with optional K/M/G suffix.  CFX_OK / CFX_ERR_INVALID. */
 int cfx__parse_size(const char *s, size_t *out);
 

@@ -23,10 +23,6 @@
 
 #include "control/coord.h"
 
-/* Same order as the group's rank (coll/group.c rank_size), so that the
- * rank that hosts is the group's rank 0. */
-static const char *const rank_vars[] = { "CFX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK",
-                                         "PMI_RANK" };
 
 static int env_port(const char *name, long add, uint16_t *out)
 {
@@ -71,18 +67,18 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
                       master);
     if (rc != CFX_OK)
         return rc;
-    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
-        const char *v = getenv(rank_vars[i]);
+    /* the launcher the group takes its rank from (cfx__launcher), so that
+     * the rank that hosts is the group's rank 0 */
+    const struct cfx_launcher_vars *l = cfx__launcher();
+    if (l) {
+        const char *v = getenv(l->rank);
         char *end;
-        if (!v || !*v)
-            continue;
         errno = 0;
         long r = strtol(v, &end, 10);
         if (errno || *end || r < 0 || r > 0x7fffffff)
-            return cfx__err(CFX_ERR_INVALID, "%s=%s is not a rank", rank_vars[i], v);
+            return cfx__err(CFX_ERR_INVALID, "%s=%s is not a rank", l->rank, v);
         b->rank = (int)r;
-        b->rank_var = rank_vars[i];
-        break;
+        b->rank_var = l->rank;
     }
     if (b->rank < 0)
         return cfx__err(CFX_ERR_INVALID,

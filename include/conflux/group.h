@@ -59,9 +59,11 @@ struct cfx_group_params {
 
 /**
  * Create (join) a group.  Rank and size come from @p params or, when unset,
- * from the launcher's variables, in this order: CFX_RANK/CFX_WORLD_SIZE
- * (cfx_run), OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI),
- * SLURM_PROCID/SLURM_NTASKS (Slurm), RANK/WORLD_SIZE (torchrun).  Waits until
+ * from the launcher's variables, one launcher's pair for both, the first
+ * set of: CFX_RANK/CFX_WORLD_SIZE (cfx_run), RANK/WORLD_SIZE (torchrun,
+ * both set: inside srun or mpirun it is the innermost launcher),
+ * OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI),
+ * SLURM_PROCID/SLURM_NTASKS (Slurm), PMI_RANK/PMI_SIZE.  Waits until
  * every rank has joined (the group's deadline).
  *
  * @return CFX_OK; CFX_ERR_INVALID (no rank/size found, rank out of range);

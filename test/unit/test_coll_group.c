@@ -850,21 +850,41 @@ Test(coll_group, epochs_from_threads, .timeout = 120)
     down(1);
 }
 
-/* Rank and size from the launcher variables, in the documented order. */
+/* Rank and size from the launcher variables, in the documented order: one
+ * launcher's pair for both, the innermost first.  srun + torchrun sets
+ * Slurm's task of the node and torchrun's rank: torchrun's pair is the
+ * job's (Slurm's came first, and every worker of a node was rank 0 of a
+ * group of one, its allreduce a copy). */
 Test(coll_group, rank_from_environment, .timeout = 60)
 {
     up("tcp", 1);
     struct cfx_group *g;
     unsetenv("CFX_RANK");
     unsetenv("CFX_WORLD_SIZE");
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "9", 1);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_group_rank(g), 0);
+    cr_assert_eq(cfx_group_size(g), 1);
+    cfx_group_destroy(g);
+    /* RANK without WORLD_SIZE is no torchrun: Open MPI's pair */
+    unsetenv("SLURM_PROCID");
+    unsetenv("SLURM_NTASKS");
+    unsetenv("WORLD_SIZE");
     setenv("RANK", "5", 1);
-    setenv("WORLD_SIZE", "9", 1);
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
     cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_group_rank(g), 0);
     cr_assert_eq(cfx_group_size(g), 1);
     cfx_group_destroy(g);
+    /* a rank without its size is an error naming both */
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "OMPI_COMM_WORLD_RANK is set but not OMPI_COMM_WORLD_SIZE"),
+              "%s", cfx_last_error());
     setenv("CFX_RANK", "1", 1);
     setenv("CFX_WORLD_SIZE", "1", 1);
     cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_ERR_INVALID);
