@@ -525,13 +525,22 @@ static void watch_series(struct cfx_ps *ps, const struct watch *w)
             }
             continue; /* woken to stop, or nothing yet: look again */
         }
-        /* an object of the name that is no such record (a member's bug, or
-         * another program's object) is passed over, not read again for
-         * ever: an admin request is answered so, a join skipped */
+        /* an object of the name that is no such record: the stop's wake-up
+         * (cfx__ps_sched_stop puts one), or else a member's bug or another
+         * program's object, passed over rather than read again for ever (an
+         * admin request is answered so, a join skipped) */
         e->bad = sz != w->len || magic != PS_MAGIC;
-        if (e->bad)
-            CFX_LOG(WARN, PS, "job %s: %s object %u is not a %s record (%zu bytes); passed over",
+        if (e->bad) {
+            pthread_mutex_lock(&ps->lock);
+            stop = ps->stop;
+            pthread_mutex_unlock(&ps->lock);
+            if (stop) {
+                free(e);
+                break;
+            }
+            CFX_LOG(WARN, PS, "job %s: object %s/%u is no %s record (%zu bytes); passed over",
                     ps->job, w->kind, n, w->kind, sz);
+        }
         e->type = w->type;
         e->n = n;
         pthread_mutex_lock(&ps->lock);

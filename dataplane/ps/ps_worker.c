@@ -62,6 +62,8 @@ struct ps_op {
     struct ps_tensor reg; /* REGISTER */
     uint32_t nsub, ndone;
     int status;
+    bool unknown;         /* a push's block ended with no answer (deadline, server lost):
+                             it may have been applied there */
     char err[240];
     uint64_t deadline;
     void *hgrad;          /* device buffers: host copy of the gradient ... */
@@ -157,13 +159,16 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     }
     pthread_mutex_lock(&ps->lock);
     bool freed = r->freed;
-    if (op->status != CFX_OK && (op->kind == PS_OP_PUSH || op->kind == PS_OP_PUSHPULL) &&
-        op->tensor >= 0 && op->tensor < PS_MAX_TENSORS &&
-        ps->w->clock[op->tensor] == op->clock + 1) {
-        /* the step failed (on some blocks at least) and no later push of
-         * the tensor was posted: the next push sends this step again, which
-         * the blocks that applied it take as a repeat, instead of a step
-         * after it that every other block would hold back for ever */
+    if (op->status != CFX_OK && !op->unknown &&
+        (op->kind == PS_OP_PUSH || op->kind == PS_OP_PUSHPULL) && op->tensor >= 0 &&
+        op->tensor < PS_MAX_TENSORS && ps->w->clock[op->tensor] == op->clock + 1) {
+        /* the step was refused by a server on some blocks (each answered:
+         * not applied there) and no later push of the tensor was posted:
+         * the next push sends this step again, which the blocks that
+         * applied it take as a repeat, instead of a step after it that the
+         * refusing blocks would hold back for ever.  A block that did not
+         * answer may have applied it: then the step stays taken (a repeat
+         * would be dropped there as a duplicate, its new gradient lost). */
         ps->w->clock[op->tensor] = op->clock;
     }
     memcpy(r->err, op->err, sizeof(r->err));
@@ -479,6 +484,7 @@ void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
             op_fail(ps, s->op, status, "tensor %s block %u: server %u (node %u) failed: %s",
                     tensor_name(ps, s->op->tensor), s->block, srv,
                     ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0, cfx_strerror(status));
+        s->op->unknown = true; /* it may have applied the push before it went */
         sub_done(ps, s);
     }
 }
@@ -604,6 +610,7 @@ again:
                     ps->timeout_ms);
         if (!s->waiting)
             meter_end(w, s->server, 0);
+        s->op->unknown |= !s->waiting; /* sent, and no answer */
         sub_done(ps, s);
         n++;
     }
