@@ -335,8 +335,12 @@ static int validate(const struct cfx_ps_params *p)
                         p->role == CFX_PS_WORKER ? "worker" : "server", p->index, lim - 1);
     if ((unsigned)p->consistency > CFX_PS_ASP || p->staleness < 0 ||
         p->staleness > PS_MAX_STALENESS)
-        return cfx__err(CFX_ERR_INVALID, "ps: consistency %d / staleness %d", (int)p->consistency,
-                        p->staleness);
+        return cfx__err(CFX_ERR_INVALID, "ps: consistency %d / staleness %d (consistency "
+                        "0..%d, staleness 0..%d)", (int)p->consistency, p->staleness,
+                        (int)CFX_PS_ASP, PS_MAX_STALENESS);
+    if (p->timeout_ms < 1)
+        return cfx__err(CFX_ERR_INVALID, "ps: timeout %d ms: every wait of the job has a "
+                        "deadline (>= 1 ms)", p->timeout_ms);
     if (p->block_size < PS_BLOCK_MIN)
         return cfx__err(CFX_ERR_INVALID, "ps: block size %zu below %u bytes", p->block_size,
                         PS_BLOCK_MIN);
@@ -499,7 +503,20 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         rc = cfx__err(rc, "job %s: cannot start the scheduler's watchers", ps->job);
         goto err_delete;
     }
-    if (!ps->sched && (rc = wait_listed(ps)) != CFX_OK)
+    if (!ps->sched && (rc = wait_listed(ps)) == CFX_OK) {
+        /* every member says how many workers the job has: one that says
+         * otherwise than the scheduler's map (under BSP a round would sum
+         * another count of pushes) is refused, naming both */
+        pthread_mutex_lock(&ps->lock);
+        uint32_t mw = ps->map.nworkers;
+        pthread_mutex_unlock(&ps->lock);
+        if (mw != (uint32_t)ps->params.num_workers)
+            rc = cfx__err(CFX_ERR_INVALID, "job %s: this %s says num_workers %d, server 0 "
+                          "(the scheduler) %u", ps->job,
+                          ps->role == CFX_PS_WORKER ? "worker" : "server",
+                          ps->params.num_workers, mw);
+    }
+    if (!ps->sched && rc != CFX_OK)
         goto err_delete;
     CFX_LOG(INFO, PS, "job %s: %s %d up (map %u)", ps->job,
             ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, ps->map.version);
