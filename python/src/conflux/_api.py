@@ -582,22 +582,38 @@ class ParameterServer(_c.ParameterServer):
         self._shapes[key] = (shape_t, code)
         return key
 
+    def _arr(self, key: int, x: Any, what: str, writable: bool = False) -> np.ndarray:
+        """x as the tensor's elements: an array of another dtype is refused (its
+        bytes would be read or written as the tensor's: garbage values)."""
+        arr, code, _ = as_array(x, writable=writable)
+        reg = self._shapes.get(key)
+        if reg is not None and code is not None and code != reg[1]:
+            raise TypeError(f"{what}: tensor {key} holds {numpy_dtype(reg[1])}, "
+                            f"not {getattr(x, 'dtype', arr.dtype)}")
+        return arr
+
+    def _out(self, key: int) -> np.ndarray:
+        if key not in self._shapes:
+            raise ValueError(f"tensor {key} was not registered on this worker "
+                             "(register it, or pass out=)")
+        shape, code = self._shapes[key]
+        return np.empty(shape, dtype=numpy_dtype(code))
+
     def push(self, key: int, grad: Any) -> None:
         """Send this step's gradient (or update, with the "sum" optimizer)."""
-        super().push(key, as_array(grad)[0])
+        super().push(key, self._arr(key, grad, "push"))
 
     def pull(self, key: int, out: Any = None) -> Any:
         """Parameters as of this worker's step, into ``out`` or a new numpy array."""
         if out is None:
-            shape, code = self._shapes[key]
-            out = np.empty(shape, dtype=numpy_dtype(code))
-        super().pull(key, as_array(out, writable=True)[0])
+            out = self._out(key)
+        super().pull(key, self._arr(key, out, "pull", writable=True))
         return out
 
     def pushpull(self, key: int, grad: Any, out: Any = None) -> Any:
         """push(grad), then the parameters once this step has been applied."""
         if out is None:
-            shape, code = self._shapes[key]
-            out = np.empty(shape, dtype=numpy_dtype(code))
-        super().pushpull(key, as_array(grad)[0], as_array(out, writable=True)[0])
+            out = self._out(key)
+        super().pushpull(key, self._arr(key, grad, "pushpull"),
+                         self._arr(key, out, "pushpull", writable=True))
         return out

@@ -57,5 +57,12 @@ for job, opt in [("py-sum", "sum"), ("py-sgd", "sgd")]:
                 pass
             else:
                 fail("a push of the wrong size was not refused")
+            try:  # the tensor's size in bytes, but int32: its bits would be read as floats
+                ps.push(key, np.zeros(shape, np.int32))
+            except TypeError as e:
+                if "float32" not in str(e) or "int32" not in str(e):
+                    fail(f"the dtype error does not name both dtypes: {e}")
+            else:
+                fail("a push of another dtype of the same size was not refused")
         ps.close()
 print(f"rank {rank}: ok")
