@@ -544,7 +544,10 @@ int cfx__ps_publish(struct cfx_ps *ps, const struct cfx_object_id *id, void *buf
     if (!n)
         return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
     ps->pubs = n;
-    int rc = cfx_put(ps->ctx, id, buf, len, NULL);
+    /* within the job's timeout, not the context's (a scheduler leaving with
+     * its coordinator gone waited 30 s per map) */
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = ps->timeout_ms };
+    int rc = cfx_put(ps->ctx, id, buf, len, &op);
     if (rc == CFX_OK)
         ps->pubs[ps->npubs++] = (struct ps_pub){ .id = *id, .buf = buf };
     return rc;

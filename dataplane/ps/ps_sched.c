@@ -594,8 +594,13 @@ void cfx__ps_sched_stop(struct cfx_ps *ps)
     cfx__ps_obj_id(ps->job, "server", s->watch_server, 0, &jid);
     cfx__ps_obj_id(ps->job, "admin", s->watch_admin, 0, &aid);
     pthread_mutex_unlock(&ps->lock);
-    bool jput = s->join_started && cfx_put(ps->ctx, &jid, &wake_m, sizeof(wake_m), NULL) == CFX_OK;
-    bool aput = s->admin_started && cfx_put(ps->ctx, &aid, &wake_a, sizeof(wake_a), NULL) == CFX_OK;
+    /* the wake-ups only save a watcher the rest of its slice: a second at
+     * most each, not the context's 30 s deadline when the coordinator is
+     * gone (a destroy then took a minute) */
+    bool jput = s->join_started &&
+                cfx_put(ps->ctx, &jid, &wake_m, sizeof(wake_m), &op) == CFX_OK;
+    bool aput = s->admin_started &&
+                cfx_put(ps->ctx, &aid, &wake_a, sizeof(wake_a), &op) == CFX_OK;
     if (s->join_started)
         pthread_join(s->join_thread, NULL);
     if (s->admin_started)
