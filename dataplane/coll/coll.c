@@ -822,6 +822,9 @@ static int run_schedule(struct coll_exec *x)
 int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *what)
 {
     const uint64_t m = a->params.field_mask;
+    if ((m & CFX_COLL_PARAM_TIMEOUT) && a->params.timeout_ms < 1)
+        return cfx__err(CFX_ERR_INVALID, "%s: timeout %d ms: every call has a deadline "
+                        "(>= 1 ms)", what, a->params.timeout_ms);
     if (a->kind != COLL_BARRIER) {
         if (cfx_dtype_size(a->dtype) == 0)
             return cfx__err(CFX_ERR_INVALID, "%s: unknown dtype %d", what, (int)a->dtype);

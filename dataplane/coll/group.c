@@ -634,6 +634,9 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     if (!*name || strlen(name) >= COLL_NAME_MAX)
         return cfx__err(CFX_ERR_INVALID, "group name must have 1 to %d characters",
                         COLL_NAME_MAX - 1);
+    if ((m & CFX_GROUP_PARAM_TIMEOUT) && params->timeout_ms < 1)
+        return cfx__err(CFX_ERR_INVALID, "group %s: timeout %d ms: every call of a group has a "
+                        "deadline (>= 1 ms)", name, params->timeout_ms);
     int rank = -1, size = 0; /* set by rank_size() on success */
     int rc = rank_size(params, &rank, &size);
     if (rc != CFX_OK)

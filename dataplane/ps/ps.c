@@ -346,6 +346,18 @@ static int validate(const struct cfx_ps_params *p)
                         PS_BLOCK_MIN);
     if ((unsigned)p->optim.type > CFX_PS_OPT_ADAM)
         return cfx__err(CFX_ERR_INVALID, "ps: unknown optimizer %d", (int)p->optim.type);
+    const struct cfx_ps_optim *o = &p->optim;
+    const double nums[] = { o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay,
+                            o->grad_scale };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
+        if (!__builtin_isfinite(nums[i]))
+            return cfx__err(CFX_ERR_INVALID, "ps: optimizer settings must be finite numbers "
+                            "(lr %g, momentum %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
+                            "grad_scale %g)", o->lr, o->momentum, o->beta1, o->beta2, o->eps,
+                            o->weight_decay, o->grad_scale);
+    if (o->lr < 0 || o->eps < 0)
+        return cfx__err(CFX_ERR_INVALID, "ps: lr %g and eps %g must not be negative", o->lr,
+                        o->eps);
     if (p->balance.interval_ms < 1 || p->balance.report_ms < 1 || p->balance.explore < 0 ||
         p->balance.explore > 1 || p->balance.min_gain < 0 || p->balance.min_gain >= 1)
         return cfx__err(CFX_ERR_INVALID, "ps: balance knobs out of range");

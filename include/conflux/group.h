@@ -54,7 +54,8 @@ struct cfx_group_params {
     const char *name;      /* group name, unique among live groups; default "world" */
     int rank;              /* this process's rank; default from the environment */
     int size;              /* number of ranks; default from the environment */
-    int timeout_ms;        /* default deadline of the group's calls; default the context's */
+    int timeout_ms;        /* default deadline of the group's calls, >= 1 (else
+                              CFX_ERR_INVALID); default the context's */
 };
 
 /**
@@ -108,7 +109,7 @@ enum cfx_coll_param_field {
 
 struct cfx_coll_params {
     uint64_t field_mask;      /* which fields are set */
-    int timeout_ms;           /* deadline of this call */
+    int timeout_ms;           /* deadline of this call, >= 1 (else CFX_ERR_INVALID) */
     enum cfx_algo algo;       /* force an algorithm (else $CFX_ALGO, else auto) */
     enum cfx_memtype memtype; /* memory type of the buffers (default host) */
     void *stream;             /* CUDA stream for device reductions (CUDA builds) */
