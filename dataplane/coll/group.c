@@ -566,20 +566,21 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
         return rc;
     }
     /* posting only: the group's thread runs it, and the context's destroy
-     * stops that thread before it frees anything */
+     * stops that thread before it frees anything.  Entered on the context
+     * until the call is queued: a destroy meanwhile waits for this post,
+     * and one that came first fails it (CFX_ERR_CANCELED), instead of the
+     * post starting a group thread on a freed context. */
     if ((rc = group_enter(g, what)) != CFX_OK)
         return rc;
-    rc = cfx__ctx_leave(g->ctx, CFX_OK);
-    if (rc != CFX_OK)
-        return rc;
+    struct cfx_context *ctx = g->ctx;
     struct coll_args *a = malloc(sizeof(*a));
     if (!a)
-        return cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what);
+        return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
     *a = *tmpl;
-    a->req = cfx__request_new(g->ctx);
+    a->req = cfx__request_new(ctx);
     if (!a->req) {
         free(a);
-        return cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what);
+        return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
     }
     pthread_mutex_lock(&g->lock);
     if (!g->thread_started) {
@@ -588,7 +589,8 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
             cfx__request_complete(a->req, CFX_ERR_NO_RESOURCE, 0);
             cfx_request_free(a->req);
             free(a);
-            return cfx__err(CFX_ERR_NO_RESOURCE, "i%s: cannot start the group's thread", what);
+            return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NO_RESOURCE,
+                                                "i%s: cannot start the group's thread", what));
         }
         g->thread_started = true;
     }
@@ -599,7 +601,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     cfx_list_add_tail(&a->link, &g->queue);
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->lock);
-    return CFX_OK;
+    return cfx__ctx_leave(ctx, CFX_OK);
 }
 
 /* ---- create / destroy -------------------------------------------------------------- */
