@@ -193,6 +193,16 @@ static void all_ok(int n, struct rank_run *rr)
         cr_assert_eq(rr[i].rc, CFX_OK);
 }
 
+/* @p n ranks over @p tp run @p body, which must succeed on every rank. */
+static void ranks_ok(const char *tp, int n, const char *name, int (*body)(struct rank_run *))
+{
+    struct rank_run rr[MAX_RANKS];
+    up(tp, n);
+    run_ranks(n, name, 20000, body, rr);
+    all_ok(n, rr);
+    down(n);
+}
+
 /* Every allreduce schedule, in place and not, on int32 sums of rank-dependent
  * values; counts around the block and segment boundaries. */
 static int body_allreduce(struct rank_run *rr)
@@ -284,11 +294,7 @@ static int body_mismatch(struct rank_run *rr)
 
 Test(coll_group, mismatch, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("tcp", 3);
-    run_ranks(3, "mm", 10000, body_mismatch, rr);
-    all_ok(3, rr);
-    down(3);
+    ranks_ok("tcp", 3, "mm", body_mismatch);
 }
 
 /* The same with every rank's header compared with every other's. */
@@ -338,11 +344,7 @@ static int body_nb(struct rank_run *rr)
 
 Test(coll_group, nonblocking_order, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("shm", 3);
-    run_ranks(3, "nb", 10000, body_nb, rr);
-    all_ok(3, rr);
-    down(3);
+    ranks_ok("shm", 3, "nb", body_nb);
 }
 
 /* A non-blocking collective that fails gives the thread that waits on it
@@ -381,11 +383,7 @@ static int body_nb_error(struct rank_run *rr)
 
 Test(coll_group, nonblocking_error_detail, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("tcp", 2);
-    run_ranks(2, "nberr", 10000, body_nb_error, rr);
-    all_ok(2, rr);
-    down(2);
+    ranks_ok("tcp", 2, "nberr", body_nb_error);
 }
 
 /* A non-blocking call refused on one rank only (the root's NULL output) is
@@ -421,11 +419,7 @@ static int body_nb_refused(struct rank_run *rr)
 
 Test(coll_group, nonblocking_refused_on_one_rank_keeps_the_order, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("tcp", 3);
-    run_ranks(3, "nbref", 10000, body_nb_refused, rr);
-    all_ok(3, rr);
-    down(3);
+    ranks_ok("tcp", 3, "nbref", body_nb_refused);
 }
 
 /* Whether the "never joined: A, B" list in @p err names @p rank. */
@@ -681,11 +675,7 @@ static int body_recreate(struct rank_run *rr)
 
 Test(coll_group, recreate, .timeout = 60)
 {
-    struct rank_run rr[MAX_RANKS];
-    up("tcp", 3);
-    run_ranks(3, "again", 10000, body_recreate, rr);
-    all_ok(3, rr);
-    down(3);
+    ranks_ok("tcp", 3, "again", body_recreate);
 }
 
 /* A group of one: every call is a copy (or nothing) without talking. */
@@ -850,6 +840,16 @@ Test(coll_group, epochs_from_threads, .timeout = 120)
     down(1);
 }
 
+/* A group created from the environment is rank 0 of 1 (then destroyed). */
+static void alone_from_env(void)
+{
+    struct cfx_group *g;
+    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_group_rank(g), 0);
+    cr_assert_eq(cfx_group_size(g), 1);
+    cfx_group_destroy(g);
+}
+
 /* Rank and size from the launcher variables, in the documented order: one
  * launcher's pair for both, the innermost first.  srun + torchrun sets
  * Slurm's task of the node and torchrun's rank: torchrun's pair is the
@@ -865,10 +865,7 @@ Test(coll_group, rank_from_environment, .timeout = 60)
     setenv("SLURM_NTASKS", "9", 1);
     setenv("RANK", "0", 1);
     setenv("WORLD_SIZE", "1", 1);
-    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(cfx_group_rank(g), 0);
-    cr_assert_eq(cfx_group_size(g), 1);
-    cfx_group_destroy(g);
+    alone_from_env();
     /* RANK without WORLD_SIZE is no torchrun: Open MPI's pair */
     unsetenv("SLURM_PROCID");
     unsetenv("SLURM_NTASKS");
@@ -876,10 +873,7 @@ Test(coll_group, rank_from_environment, .timeout = 60)
     setenv("RANK", "5", 1);
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
-    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(cfx_group_rank(g), 0);
-    cr_assert_eq(cfx_group_size(g), 1);
-    cfx_group_destroy(g);
+    alone_from_env();
     /* a rank without its size is an error naming both */
     unsetenv("OMPI_COMM_WORLD_SIZE");
     cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_ERR_INVALID);
@@ -948,16 +942,6 @@ Test(coll_p2p, withdrawn_receive_leaves_stale_request, .timeout = 30)
 }
 
 /* ---- cfx_group_send/recv as eager pieces (group_split.c) -------------------------- */
-
-/* @p n ranks over @p tp run @p body, which must succeed on every rank. */
-static void ranks_ok(const char *tp, int n, const char *name, int (*body)(struct rank_run *))
-{
-    struct rank_run rr[MAX_RANKS];
-    up(tp, n);
-    run_ranks(n, name, 20000, body, rr);
-    all_ok(n, rr);
-    down(n);
-}
 
 /* Sizes around every change of form: one eager send, the first piece (the
  * message's size ahead of its data), whole pieces, the last split size. */
