@@ -50,6 +50,7 @@
 #include <rte_devargs.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_log.h>
 #include <rte_interrupts.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
@@ -551,8 +552,20 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
         goto err_pool;
     }
     uint64_t start_until = cfx__deadline_ns(p->start_wait_ms);
-    while ((rc = rte_eth_dev_start(pid)) != 0 && cfx__now_ns() < start_until)
+    /* a memif client before its server: the driver logs each try's failure
+     * (a hundred lines a second); the first stays, the tries after it are
+     * quiet, and the driver's level is given back after */
+    bool is_memif = info.driver_name && !strcmp(info.driver_name, "net_memif");
+    int memif_log = -1, memif_level = 0;
+    while ((rc = rte_eth_dev_start(pid)) != 0 && cfx__now_ns() < start_until) {
+        if (is_memif && memif_log < 0 && (memif_log = rte_log_register("pmd.net.memif")) >= 0) {
+            memif_level = rte_log_get_level((uint32_t)memif_log);
+            rte_log_set_level((uint32_t)memif_log, RTE_LOG_CRIT);
+        }
         usleep(10000);
+    }
+    if (memif_log >= 0 && memif_level >= 0)
+        rte_log_set_level((uint32_t)memif_log, (uint32_t)memif_level);
     if (rc != 0) {
         /* a memif client finds no server on its socket as "not permitted" */
         bool memif = info.driver_name && !strcmp(info.driver_name, "net_memif");
