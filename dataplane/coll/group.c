@@ -167,24 +167,6 @@ static void epoch_release(uint32_t node_id, const char *name)
     pthread_mutex_unlock(&epoch_lock);
 }
 
-/* A creation at @p epoch failed: the name is free again, and the next
- * creation takes the same epoch.  A rank that timed out and tries again
- * must meet, at that epoch, the rank that came late and is still joining
- * it; counted on, each try went one epoch past the other rank's and they
- * never met.  (Its bootstrap objects were withdrawn, or kept for the
- * others and withdrawn by the next creation, epoch_kept_take.) */
-static void epoch_unwind(uint32_t node_id, const char *name, uint32_t epoch)
-{
-    pthread_mutex_lock(&epoch_lock);
-    for (struct epoch_ent *e = epochs; e; e = e->next)
-        if (e->node_id == node_id && !strcmp(e->name, name)) {
-            e->live = false;
-            if (e->count == epoch + 1)
-                e->count = epoch;
-        }
-    pthread_mutex_unlock(&epoch_lock);
-}
-
 /* ---- rank and size -------------------------------------------------------------- */
 
 static int env_int(const char *name, int *out)
@@ -741,7 +723,7 @@ err_withdraw: {
             cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
     cfx__err(rc, "%s", why);
     free(g->held);
-    epoch_unwind(ctx->node_id, g->name, g->epoch);
+    epoch_release(ctx->node_id, g->name);
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
