@@ -384,7 +384,9 @@ static int join_sched(struct cfx_ps *ps)
     struct cfx_object_id id;
     size_t sz = 0;
     cfx__ps_obj_id(ps->job, "server", 0, 0, &id);
-    int rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz, ps->timeout_ms);
+    uint64_t now = cfx__now_ns();
+    int left_ms = ps->create_dl > now ? (int)((ps->create_dl - now) / 1000000) + 1 : 1;
+    int rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz, left_ms);
     if (rc != CFX_OK || sz != sizeof(m0) || m0.magic != PS_MAGIC)
         return cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
                         "job %s: server 0 (the scheduler) "
@@ -401,10 +403,17 @@ static int join_sched(struct cfx_ps *ps)
 
 static int wait_listed(struct cfx_ps *ps)
 {
-    uint64_t dl = cfx__deadline_ns(ps->timeout_ms);
+    /* the rest of the create's deadline, not a new one; a scheduler found
+     * gone meanwhile ends the wait at once, with its cause */
+    uint64_t dl = ps->create_dl;
     pthread_mutex_lock(&ps->lock);
-    while (!listed(ps) && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+    while (!listed(ps) && !ps->lost_status && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
         ;
+    if (!listed(ps) && ps->lost_status) {
+        int rc = cfx__ps_lost_err(ps);
+        pthread_mutex_unlock(&ps->lock);
+        return rc;
+    }
     bool ok = listed(ps);
     uint32_t v = ps->map.version, nworkers = ps->map.nworkers;
     pthread_mutex_unlock(&ps->lock);
@@ -437,6 +446,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     if ((rc = validate(&ps->params)) != CFX_OK)
         goto err_free;
     ps->ctx = ctx;
+    ps->create_dl = cfx__deadline_ns(ps->params.timeout_ms);
     snprintf(ps->job, sizeof(ps->job), "%s", ps->params.job);
     ps->params.job = ps->job;
     ps->role = ps->params.role;

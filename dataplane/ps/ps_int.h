@@ -275,6 +275,7 @@ struct cfx_ps {
     bool stop;                  /* threads exit */
     bool finished;              /* server: job over or retired */
     int lost_status;            /* the scheduler went before our end (ps->lock) */
+    uint64_t create_dl;         /* cfx_ps_create's one deadline, for all its waits (ns) */
     char lost_why[384];         /* ... and the text cfx_last_error() gives for it */
 
     struct ps_map map;          /* loop thread's current map */
