@@ -15,9 +15,9 @@
  *   nb             non-blocking forms, several in flight, mixed with blocking
  *   late MS        the last rank enters broadcast / allreduce MS late
  *   misc           send/recv, barrier, re-creating a group of the same name
- *   gaps N MS      N small allreduces, every rank computing (sleeping) MS
- *                  before each: over dpdk the link goes quiet in between
- *                  and the engine naps, as a training loop's does
+ *   gaps N         N small allreduces, each after the rank's progress thread
+ *                  went to sleep: over dpdk the link went quiet in between
+ *                  and the engine napped, as in a training loop's compute
  *   waiterpoll     ranks 0 and 1 ping-pong with rank 0's progress thread
  *                  parked: over a busy-polled transport (dpdk) its waits
  *                  must poll on by themselves once their spin runs out
@@ -683,13 +683,31 @@ static void mode_late(int ms)
     }
 }
 
-static void mode_gaps(int n, int ms)
+/* Until this rank's progress thread sleeps in epoll (the dpdk link went
+ * quiet), at most 10 s.  Going to sleep signals nothing: the flag is read
+ * every millisecond. */
+static void wait_progress_asleep(struct cfx_context *ctx)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        bool asleep = ctx->sleeping && !ctx->waiter_napping;
+        pthread_mutex_unlock(&ctx->lock);
+        if (asleep)
+            return;
+        if (cfx__now_ns() >= dl)
+            DIE("gaps: the progress thread never went to sleep");
+        usleep(1000);
+    }
+}
+
+static void mode_gaps(struct cfx_context *ctx, int n)
 {
     for (int i = 0; i < n; i++) {
-        usleep((useconds_t)ms * 1000); /* the compute between two steps */
+        wait_progress_asleep(ctx); /* the compute between two steps */
         run_one(K_ALLREDUCE, CFX_DTYPE_F32, CFX_OP_SUM, 1024, 0, CFX_ALGO_AUTO, 0);
     }
-    printf("gaps: %d allreduces %d ms apart ok\n", n, ms);
+    printf("gaps: %d allreduces, each after the progress thread slept, ok\n", n);
 }
 
 static void mode_misc(struct cfx_context *ctx)
@@ -835,7 +853,7 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     if (argc < 2) {
         fprintf(stderr,
-                "usage: %s matrix | big BYTES | mismatch | nb | late MS | gaps N MS | misc | "
+                "usage: %s matrix | big BYTES | mismatch | nb | late MS | gaps N | misc | "
                 "waiterpoll\n",
                 argv[0]);
         return 2;
@@ -859,10 +877,9 @@ int main(int argc, char **argv)
             mode_nb();
         else if (!strcmp(argv[i], "late") && i + 1 < argc)
             mode_late(atoi(argv[++i]));
-        else if (!strcmp(argv[i], "gaps") && i + 2 < argc) {
-            int n = atoi(argv[++i]);
-            mode_gaps(n, atoi(argv[++i]));
-        } else if (!strcmp(argv[i], "misc"))
+        else if (!strcmp(argv[i], "gaps") && i + 1 < argc)
+            mode_gaps(ctx, atoi(argv[++i]));
+        else if (!strcmp(argv[i], "misc"))
             mode_misc(ctx);
         else if (!strcmp(argv[i], "waiterpoll"))
             mode_waiterpoll(ctx);

@@ -149,7 +149,7 @@ Test(coord, parked_lookup_is_satisfied_by_a_later_put)
     pthread_t t;
     make_id(&j.id, "later");
     cr_assert_eq(pthread_create(&t, NULL, lookup_thread, &j), 0);
-    usleep(250000); /* time for the lookup to park (it is asserted either way) */
+    usleep(250000); /* time for the lookup to park first (not asserted: see below) */
     uint64_t put_ns = cfx__now_ns();
     cr_assert_eq(cfx__ctl_obj_put(b, &j.id, BIG, 65536, NULL, cfx__deadline_ns(CALL_MS)), CFX_OK,
                  "%s", cfx_last_error());
