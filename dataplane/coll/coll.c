@@ -910,12 +910,56 @@ static int coll_run_dev(struct coll_exec *x)
     return drc;
 }
 
+/*
+ * This rank's own check refused the call (a NULL buffer, a root out of
+ * range, ...; a non-blocking one when it was posted, @p a->refused).  The
+ * other ranks made theirs: they hear it at once on the check channel, as
+ * news of a rank that gave the call up, instead of waiting for this rank's
+ * messages until their deadline and blaming each other; and what they sent
+ * this rank in the call is dropped without a warning (g->quiet).  Returns
+ * @p rc with its text.
+ */
+static int coll_refused(struct cfx_group *g, const struct coll_args *a, const char *what, int rc)
+{
+    if (g->size < 2 || !g->chan_chk) /* alone, or the joining barrier */
+        return rc;
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", cfx_last_error());
+    struct coll_exec x = {
+        .g = g,
+        .a = a,
+        .what = what,
+        .esz = 1,
+        .mt = CFX_MEMTYPE_HOST,
+        .tag = a->seq,
+        .deadline = cfx__deadline_ns(g->timeout_ms),
+        .hdr = { .magic = COLL_HDR_MAGIC, .seq = a->seq, .kind = (uint8_t)a->kind,
+                 .dtype = (uint8_t)a->dtype, .op = (uint8_t)a->op, .root = a->root,
+                 .count = a->count },
+        .bad_rank = -1,
+        .news_rank = -1,
+        .gave_rank = -1,
+        .blame_rank = g->rank,
+        .blame_why = COLL_WHY_REFUSED,
+        .blame_via = -1,
+        .blame_status = rc,
+    };
+    cfx__coll_gave_up(&x, rc);
+    pthread_mutex_lock(&g->ctx->lock);
+    g->quiet = true;
+    g->quiet_seq = a->seq;
+    pthread_mutex_unlock(&g->ctx->lock);
+    coll_cleanup(&x, false); /* the news handed over, within a grace */
+    free(x.msgs);
+    return cfx__err(rc, "%s", keep);
+}
+
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
 {
     const char *what = cfx__coll_kind_name(a->kind);
-    int rc = cfx__coll_check(g, a, what);
+    int rc = a->refused ? a->refused : cfx__coll_check(g, a, what);
     if (rc != CFX_OK)
-        return rc;
+        return coll_refused(g, a, what, rc);
     struct coll_exec x = {
         .g = g,
         .a = a,

@@ -94,6 +94,7 @@ enum coll_why {
     COLL_WHY_TIMEOUT,           /* it waited for bad_rank until its deadline */
     COLL_WHY_FAILED,            /* a message with bad_rank failed (status), bad_rank not
                                  * known to have died */
+    COLL_WHY_REFUSED,           /* bad_rank's own check refused its arguments (status) */
 };
 
 /* coll_chk_msg.failed */
@@ -158,6 +159,8 @@ struct coll_args {
     struct cfx_coll_params params; /* fields outside field_mask are zero */
     uint32_t seq;               /* position in the group's call order */
     struct cfx_request *req;    /* non-blocking: completed when done */
+    int refused;                /* non-blocking call refused when posted (its status):
+                                 * queued only to tell the others in its turn */
     struct cfx_list link;       /* group->queue */
 };
 
@@ -172,6 +175,8 @@ struct cfx_group {
     uint64_t chan_user;         /* p2p channel of cfx_group_send/recv */
     uint64_t chan_split;        /* ... of those sent as eager pieces (group_split.c) */
     pthread_mutex_t split_lock; /* one message's pieces are posted together */
+    pthread_cond_t split_cond;  /* a receive of g->split_rx posted the rest */
+    struct cfx_list split_rx;   /* receives between piece 0 and the rest (group_split.c) */
     struct cfx_node_rec *nodes; /* [size]: node record of each rank */
     uint32_t *ids;              /* [size]: node id of each rank (death watch) */
 

@@ -793,7 +793,7 @@ static bool gave_store(struct cfx_group *g, int from, const struct coll_chk_msg 
 {
     const struct coll_chk_fail *f = &c->fail;
     if (c->me.magic != COLL_HDR_MAGIC || f->magic != COLL_FAIL_MAGIC ||
-        f->why > COLL_WHY_FAILED || c->bad_rank < -1 || c->bad_rank >= g->size ||
+        f->why > COLL_WHY_REFUSED || c->bad_rank < -1 || c->bad_rank >= g->size ||
         f->via < -1 || f->via >= g->size || from < 0 || from >= g->size || from == g->rank)
         return false;
     if (!g->gave)
@@ -902,6 +902,10 @@ static void cause_text(const struct cfx_group *g, int teller, const struct coll_
         snprintf(buf, len, "a message between rank %d (node %u) and rank %d (node %u) failed "
                  "(%s)", w, g->ids[w], b, g->ids[b], cfx_errname(n->f.status));
         break;
+    case COLL_WHY_REFUSED:
+        snprintf(buf, len, "rank %d (node %u) refused the arguments it was called with (%s; "
+                 "its own error says which)", b, g->ids[b], cfx_errname(n->f.status));
+        break;
     default:
         snprintf(buf, len, "rank %d (node %u) failed the call (%s)", w, g->ids[w],
                  cfx_errname(n->f.status));
@@ -952,6 +956,9 @@ static int gave_fail(struct coll_exec *x)
                         why_gone[n.f.why], p, g->ids[p]);
     char cause[192];
     cause_text(g, p, &n, cause, sizeof(cause));
+    if (n.f.why == COLL_WHY_REFUSED && n.bad_rank == p)
+        return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: %s", x->what,
+                        x->a->seq, g->rank, cause);
     return cfx__err(n.f.status == CFX_ERR_TIMEOUT ? CFX_ERR_TIMEOUT : CFX_ERR_PEER_FAILED,
                     "%s #%" PRIu32 ": rank %d: rank %d (node %u) gave up the call because of "
                     "another failure: %s", x->what, x->a->seq, g->rank, p, g->ids[p], cause);

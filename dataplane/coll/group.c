@@ -475,7 +475,8 @@ static void *group_thread(void *arg)
         /* done before it leaves the queue: a blocking call waiting for its
          * turn must not return while this request still reads as running */
         size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
-        cfx__request_complete(a->req, rc, bytes);
+        if (a->req) /* none: a refused call (run_nb) */
+            cfx__request_complete(a->req, rc, bytes);
         pthread_mutex_lock(&g->lock);
         cfx_list_del(&a->link);
         pthread_cond_broadcast(&g->cond);
@@ -538,39 +539,50 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
      * the other ranks made theirs, and the next call must pair with their
      * next one (left out, this rank's calls paired one behind the others'
      * for good, and those of the same arguments passed the check with the
-     * wrong data) */
-    int rc = req ? cfx__coll_check(g, tmpl, what)
-                 : cfx__err(CFX_ERR_INVALID, "i%s: NULL request pointer", what);
-    if (rc != CFX_OK) {
-        pthread_mutex_lock(&g->lock);
-        g->next_seq++;
-        pthread_mutex_unlock(&g->lock);
-        return rc;
-    }
+     * wrong data).  So it is queued, without a request, for the group's
+     * thread to tell the others in its turn (coll.c coll_refused); with no
+     * memory for that, it only takes its number. */
+    int refused = req ? cfx__coll_check(g, tmpl, what)
+                      : cfx__err(CFX_ERR_INVALID, "i%s: NULL request pointer", what);
+    char why[512] = "";
+    if (refused != CFX_OK)
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
     /* posting only: the group's thread runs it, and the context's destroy
      * stops that thread before it frees anything.  Entered on the context
      * until the call is queued: a destroy meanwhile waits for this post,
      * and one that came first fails it (CFX_ERR_CANCELED), instead of the
      * post starting a group thread on a freed context. */
-    if ((rc = group_enter(g, what)) != CFX_OK)
-        return rc;
+    int rc = group_enter(g, what);
+    if (rc != CFX_OK)
+        return refused != CFX_OK ? cfx__err(refused, "%s", why) : rc;
     struct cfx_context *ctx = g->ctx;
     struct coll_args *a = malloc(sizeof(*a));
-    if (!a)
-        return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
-    *a = *tmpl;
-    a->req = cfx__request_new(ctx);
-    if (!a->req) {
+    if (a) {
+        *a = *tmpl;
+        a->refused = refused;
+        a->req = refused == CFX_OK ? cfx__request_new(ctx) : NULL;
+    }
+    if (!a || (refused == CFX_OK && !a->req)) {
         free(a);
-        return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
+        if (refused == CFX_OK)
+            return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
+        pthread_mutex_lock(&g->lock);
+        g->next_seq++;
+        pthread_mutex_unlock(&g->lock);
+        return cfx__ctx_leave(ctx, cfx__err(refused, "%s", why));
     }
     pthread_mutex_lock(&g->lock);
     if (!g->thread_started) {
         if (pthread_create(&g->thread, NULL, group_thread, g)) {
+            if (refused != CFX_OK)
+                g->next_seq++;
             pthread_mutex_unlock(&g->lock);
-            cfx__request_complete(a->req, CFX_ERR_NO_RESOURCE, 0);
-            cfx_request_free(a->req);
+            struct cfx_request *r = a->req;
             free(a);
+            if (refused != CFX_OK)
+                return cfx__ctx_leave(ctx, cfx__err(refused, "%s", why));
+            cfx__request_complete(r, CFX_ERR_NO_RESOURCE, 0);
+            cfx_request_free(r);
             return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NO_RESOURCE,
                                                 "i%s: cannot start the group's thread", what));
         }
@@ -579,11 +591,12 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     a->seq = g->next_seq++;
     /* once queued, @a belongs to the group's thread, which may run and
      * free it before this thread reads it again */
-    *req = a->req;
+    if (refused == CFX_OK)
+        *req = a->req;
     cfx_list_add_tail(&a->link, &g->queue);
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->lock);
-    return cfx__ctx_leave(ctx, CFX_OK);
+    return cfx__ctx_leave(ctx, refused == CFX_OK ? CFX_OK : cfx__err(refused, "%s", why));
 }
 
 /* ---- create / destroy -------------------------------------------------------------- */
@@ -652,6 +665,14 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     cfx_list_init(&g->queue);
     pthread_mutex_init(&g->lock, NULL);
     pthread_mutex_init(&g->split_lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&g->split_cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    cfx_list_init(&g->split_rx);
     pthread_cond_init(&g->cond, NULL);
     if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {
         rc = rc == CFX_ERR_EXISTS
@@ -727,6 +748,7 @@ err_withdraw: {
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
+    pthread_cond_destroy(&g->split_cond);
     pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
     free(g->gave);
@@ -799,6 +821,7 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
     pthread_cond_destroy(&g->cond);
+    pthread_cond_destroy(&g->split_cond);
     pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
     free(g->edge_dir);

@@ -635,6 +635,17 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return rc;
 }
 
+int cfx__p2p_cancel(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (req->kind == CFX_P2P_RECV && req->obj->eager)
+        cfx__eager_recv_cancel(ctx, req->obj, &req->in);
+    int st = p2p_status(req);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 void cfx__p2p_free(struct cfx_p2p_req *req)
 {
     if (!req)

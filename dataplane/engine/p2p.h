@@ -98,6 +98,13 @@ int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
  * context lock as the end of its wait. */
 int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns);
 
+/* An eager receive still waiting is withdrawn (it cannot take a message
+ * any more); then, as for any request, its status: CFX_ERR_CANCELED when
+ * withdrawn here, CFX_ERR_AGAIN for another kind still running, else how it
+ * ended (so a message that landed as its wait timed out is not lost).  The
+ * request stays the caller's to free. */
+int cfx__p2p_cancel(struct cfx_p2p_req *req);
+
 /* Free a request; one still running is withdrawn first (the peer sees its
  * side fail).  NULL is a no-op. */
 void cfx__p2p_free(struct cfx_p2p_req *req);

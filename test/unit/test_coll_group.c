@@ -386,25 +386,33 @@ Test(coll_group, nonblocking_error_detail, .timeout = 60)
     ranks_ok("tcp", 2, "nberr", body_nb_error);
 }
 
-/* A non-blocking call refused on one rank only (the root's NULL output) is
+/* A non-blocking call refused on one rank only (rank 0's NULL output) is
  * still a call of the group's sequence on it: the allreduces after it pair
  * with the other ranks' and sum their own values.  It was left out of the
  * sequence, so rank 0's calls paired one behind the others' for good, and
- * each allreduce returned CFX_OK with the sum of another call's values. */
+ * each allreduce returned CFX_OK with the sum of another call's values.
+ * And the others hear of the refusal in its turn (they waited until their
+ * deadline and blamed each other). */
 static int body_nb_refused(struct rank_run *rr)
 {
     int32_t in = 5, out = 0;
     struct cfx_request *req = NULL;
-    int rc = cfx_group_ireduce(rr->g, &in, rr->rank == 0 ? NULL : &out, 1, CFX_DTYPE_I32,
-                               CFX_OP_SUM, 0, NULL, &req);
+    int rc = cfx_group_iallreduce(rr->g, &in, rr->rank == 0 ? NULL : &out, 1, CFX_DTYPE_I32,
+                                  CFX_OP_SUM, NULL, &req);
     if (rr->rank == 0 && rc != CFX_ERR_INVALID)
-        return cfx__err(CFX_ERR_INTERNAL, "the root's ireduce without output: %s",
+        return cfx__err(CFX_ERR_INTERNAL, "rank 0's iallreduce without output: %s",
                         cfx_errname(rc));
     if (rr->rank != 0) {
         if (rc != CFX_OK)
             return rc;
-        cfx_request_wait(req, 20000); /* how it ends does not matter here */
+        /* rank 0 told them, in its turn: not their deadline, nor each other */
+        rc = cfx_request_wait(req, 20000);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
         cfx_request_free(req);
+        if (rc != CFX_ERR_PEER_FAILED || !strstr(why, "rank 0 (node") || !strstr(why, "refused"))
+            return cfx__err(CFX_ERR_INTERNAL, "the iallreduce rank 0 refused: %s (%s)",
+                            cfx_errname(rc), why);
     }
     for (int32_t step = 1; step <= 3; step++) {
         int32_t v = step * (rr->rank + 1), sum = 0;
@@ -420,6 +428,40 @@ static int body_nb_refused(struct rank_run *rr)
 Test(coll_group, nonblocking_refused_on_one_rank_keeps_the_order, .timeout = 60)
 {
     ranks_ok("tcp", 3, "nbref", body_nb_refused);
+}
+
+/* A blocking call that one rank's own check refuses (rank 2's NULL input):
+ * the others fail at once with CFX_ERR_PEER_FAILED naming it, instead of
+ * waiting for its messages until their deadline (20 s here; the test's
+ * limit is 60 s) and blaming each other; then the group works. */
+static int body_refused_blocking(struct rank_run *rr)
+{
+    int32_t v = rr->rank + 1, sum = 0;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    int rc = cfx_group_allreduce(rr->g, rr->rank == 2 ? NULL : &v, &sum, 1, CFX_DTYPE_I32,
+                                 CFX_OP_SUM, &p);
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    if (rr->rank == 2 && (rc != CFX_ERR_INVALID || !strstr(why, "NULL buffer")))
+        return cfx__err(CFX_ERR_INTERNAL, "rank 2's allreduce without input: %s (%s)",
+                        cfx_errname(rc), why);
+    if (rr->rank != 2 &&
+        (rc != CFX_ERR_PEER_FAILED || !strstr(why, "rank 2 (node") || !strstr(why, "refused")))
+        return cfx__err(CFX_ERR_INTERNAL, "the allreduce rank 2 refused: %s (%s)",
+                        cfx_errname(rc), why);
+    for (int32_t step = 1; step <= 2; step++) {
+        v = step * (rr->rank + 1);
+        if ((rc = cfx_group_allreduce(rr->g, &v, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, &p)))
+            return rc;
+        if (sum != step * 6)
+            return cfx__err(CFX_ERR_INTERNAL, "allreduce %d: %d, want %d", step, sum, step * 6);
+    }
+    return CFX_OK;
+}
+
+Test(coll_group, refused_on_one_rank_is_told_to_the_others, .timeout = 60)
+{
+    ranks_ok("shm", 3, "refused", body_refused_blocking);
 }
 
 /* Whether the "never joined: A, B" list in @p err names @p rank. */
@@ -1056,6 +1098,61 @@ static int body_split_disagree(struct rank_run *rr)
 Test(coll_p2p, split_sizes_disagree, .timeout = 60)
 {
     ranks_ok("tcp", 2, "splitbad", body_split_disagree);
+}
+
+/* A receive of the wrong size in the pieces' class drops that message
+ * only: the next message on the same tag arrives whole, whether the wrong
+ * receive asked for fewer pieces than its message has or for more, and
+ * with the next message already waiting (the sender sent both before the
+ * barrier that the receiver passes before it posts). */
+static int body_split_after_disagree(struct rank_run *rr)
+{
+    static const size_t sent[2][2] = { { 3 * CFX_EAGER_LIMIT + 5, 2 * CFX_EAGER_LIMIT },
+                                       { CFX_EAGER_LIMIT + 1, 3 * CFX_EAGER_LIMIT + 5 } };
+    static const size_t wrong[2] = { 2 * CFX_EAGER_LIMIT, 3 * CFX_EAGER_LIMIT + 5 };
+    uint8_t buf[4 * CFX_EAGER_LIMIT], small[1000]; /* the ranks are threads */
+    int rc = CFX_OK;
+    for (int c = 0; c < 2 && rc == CFX_OK; c++) {
+        uint64_t seed = 700 + 10 * (uint64_t)c;
+        if (rr->rank == 0) {
+            for (int m = 0; m < 2 && rc == CFX_OK; m++) {
+                cfx_test_fill(buf, sent[c][m], seed + (uint64_t)m);
+                rc = cfx_group_send(rr->g, buf, sent[c][m], 1, 11, NULL);
+            }
+            cfx_test_fill(small, sizeof(small), seed + 2);
+            if (rc == CFX_OK)
+                rc = cfx_group_send(rr->g, small, sizeof(small), 1, 11, NULL);
+            if (rc == CFX_OK)
+                rc = cfx_group_barrier(rr->g, NULL);
+            continue;
+        }
+        if ((rc = cfx_group_barrier(rr->g, NULL)) != CFX_OK)
+            return rc;
+        char want[64];
+        snprintf(want, sizeof(want), "it is %zu bytes, the receive %zu", sent[c][0], wrong[c]);
+        rc = cfx_group_recv(rr->g, buf, wrong[c], 0, 11, NULL);
+        if (rc != CFX_ERR_INVALID || !strstr(cfx_last_error(), want))
+            return cfx__err(CFX_ERR_INTERNAL, "case %d: the wrong receive gave %s (%s)", c,
+                            cfx_errname(rc), cfx_last_error());
+        memset(buf, 0xA5, sent[c][1]);
+        memset(small, 0xA5, sizeof(small));
+        if ((rc = cfx_group_recv(rr->g, buf, sent[c][1], 0, 11, NULL)) != CFX_OK ||
+            (rc = cfx_group_recv(rr->g, small, sizeof(small), 0, 11, NULL)) != CFX_OK)
+            return rc;
+        size_t bad = cfx_test_check(buf, sent[c][1], seed + 1);
+        if (bad != (size_t)-1)
+            return cfx__err(CFX_ERR_INTERNAL, "case %d: the message after: byte %zu wrong", c,
+                            bad);
+        if ((bad = cfx_test_check(small, sizeof(small), seed + 2)) != (size_t)-1)
+            return cfx__err(CFX_ERR_INTERNAL, "case %d: the 1000 B after: byte %zu wrong", c,
+                            bad);
+    }
+    return rc;
+}
+
+Test(coll_p2p, split_disagreement_drops_one_message, .timeout = 60)
+{
+    ranks_ok("shm", 2, "splitnext", body_split_after_disagree);
 }
 
 /* Two threads of rank 0 send 8 KiB messages on one tag at once, two threads
