@@ -665,13 +665,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     cfx_list_init(&g->queue);
     pthread_mutex_init(&g->lock, NULL);
     pthread_mutex_init(&g->split_lock, NULL);
-    {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&g->split_cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    cfx__cond_init_mono(&g->split_cond);
     cfx_list_init(&g->split_rx);
     pthread_cond_init(&g->cond, NULL);
     if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {

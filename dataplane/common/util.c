@@ -178,6 +178,15 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
     return CFX_OK;
 }
 
+void cfx__cond_init_mono(pthread_cond_t *cond)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
 bool cfx__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline)
 {
     if (deadline == UINT64_MAX) {

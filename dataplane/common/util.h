@@ -63,6 +63,10 @@ static inline int cfx__ms_left(uint64_t deadline)
     return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
 }
 
+/* Initialise @p cond to time its waits on CLOCK_MONOTONIC, the clock of
+ * every deadline here (cfx__cond_wait_until()). */
+void cfx__cond_init_mono(pthread_cond_t *cond);
+
 /* Wait on @p cond (created with CLOCK_MONOTONIC; @p mu held) until it is
  * signalled or @p deadline (UINT64_MAX: none) passes.  Returns false,
  * without waiting, once the deadline has passed; true after a wake-up or a

@@ -219,11 +219,7 @@ static int gate_hold(void)
     int rc = CFX_OK;
     pthread_mutex_lock(&gate.lock);
     if (!gate.ready) {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&gate.cond, &ca);
-        pthread_condattr_destroy(&ca);
+        cfx__cond_init_mono(&gate.cond);
         gate.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         gate.ih = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
         if (gate.efd < 0 || !gate.ih || rte_intr_fd_set(gate.ih, gate.efd) != 0 ||

@@ -446,15 +446,6 @@ static void on_obj_gone(void *arg, const struct cfx_object_id *id)
             ctx->node_id, hex);
 }
 
-static void init_cond(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-}
-
 void cfx__worker_stop(struct cfx_context *ctx);
 
 static void transports_close(struct cfx_context *ctx)
@@ -486,11 +477,11 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->progress_lock, NULL);
     pthread_mutex_init(&ctx->ps_load_lock, NULL);
-    init_cond(&ctx->progress_cond);
-    init_cond(&ctx->cmd_done);
-    init_cond(&ctx->obj_cond);
-    init_cond(&ctx->async_cond);
-    init_cond(&ctx->calls_cond);
+    cfx__cond_init_mono(&ctx->progress_cond);
+    cfx__cond_init_mono(&ctx->cmd_done);
+    cfx__cond_init_mono(&ctx->obj_cond);
+    cfx__cond_init_mono(&ctx->async_cond);
+    cfx__cond_init_mono(&ctx->calls_cond);
     cfx_list_init(&ctx->users);
     cfx_list_init(&ctx->conns);
     cfx_list_init(&ctx->busy_uploads);

@@ -82,11 +82,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     req->capacity = len;
     if (params)
         req->params = *params;
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&req->cond, &a);
-    pthread_condattr_destroy(&a);
+    cfx__cond_init_mono(&req->cond);
 
     pthread_mutex_lock(&ctx->lock);
     req->seq0 = ctx->store.last_seq;
@@ -260,11 +256,7 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx)
         return NULL;
     req->ctx = ctx;
     req->status = CFX_ERR_AGAIN;
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&req->cond, &a);
-    pthread_condattr_destroy(&a);
+    cfx__cond_init_mono(&req->cond);
     return req;
 }
 

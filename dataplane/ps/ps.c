@@ -454,11 +454,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     ps->self_id = PS_ID(ps->role, ps->index);
     ps->timeout_ms = ps->params.timeout_ms < 0 ? 3600 * 1000 : ps->params.timeout_ms;
     pthread_mutex_init(&ps->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ps->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    cfx__cond_init_mono(&ps->cond);
     cfx_list_init(&ps->tx);
     cfx_list_init(&ps->orphans);
     cfx__ps_map_init(&ps->map);
