@@ -258,8 +258,8 @@ static int send_reg(struct cfx_context *ctx, const char *name)
     m.u.task_reg.gpus = rt->gpus;
     m.u.task_reg.memory = rt->memory;
     snprintf(what, sizeof(what), "registration of task '%s'", name);
-    return cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what, CFX_MSG_OK,
-                            NULL, NULL);
+    return cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(ctx->cfg.timeout_ms), what,
+                            CFX_MSG_OK, NULL, NULL);
 }
 
 /* A runner: register again after a restart. */
@@ -584,7 +584,10 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
                          ? params->timeout_ms : ctx->cfg.timeout_ms;
     m.u.task.timeout_ms = timeout_ms < 0 ? CFX_PROTO_TIMEOUT_NONE : (uint32_t)timeout_ms;
     if (params && (params->field_mask & CFX_TASK_PARAM_ARG) && params->arg_len) {
-        if (params->arg_len > CFX_TASK_ARG_MAX || !params->arg)
+        if (!params->arg)
+            return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: argument of %zu bytes at NULL",
+                            params->arg_len);
+        if (params->arg_len > CFX_TASK_ARG_MAX)
             return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: argument of %zu bytes (at most "
                             "%d)", params->arg_len, CFX_TASK_ARG_MAX);
         m.u.task.arg = params->arg;
@@ -602,8 +605,10 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
     }
     snprintf(what, sizeof(what), "submission of task '%s'", name);
     /* sent again after a lost connection with CFX_PROTO_TASK_AGAIN and the
-     * same key: the coordinator runs it once (control/client.c) */
-    rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), what,
+     * same key: the coordinator runs it once (control/client.c); answered
+     * within the context's deadline, and the task's when that is sooner */
+    uint64_t req_dl = cfx__deadline_ns(ctx->cfg.timeout_ms);
+    rc = cfx__ctl_request(ctx->ctl, &m, task_dl < req_dl ? task_dl : req_dl, what,
                           CFX_MSG_TASK_REPLY, &reply, &frame);
     if (rc == CFX_OK && task) {
         task->ctx = ctx;
@@ -665,6 +670,7 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
             rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
     }
     if (rc == CFX_OK) {
+        cfx__err_clear(); /* what the first wait said of an unknown task */
         if (node_out)
             *node_out = reply.u.task_st.node_id;
         task->node = reply.u.task_st.node_id ? reply.u.task_st.node_id : task->node;
@@ -719,8 +725,8 @@ int cfx_place(struct cfx_context *ctx, const char *name,
     rc = cfx__ctx_enter(ctx, "cfx_place");
     if (rc != CFX_OK)
         return rc;
-    rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(TASK_REQ_MS), "placement query",
-                          CFX_MSG_TASK_REPLY, &reply, &frame);
+    rc = cfx__ctl_request(ctx->ctl, &m, cfx__deadline_ns(ctx->cfg.timeout_ms),
+                          "placement query", CFX_MSG_TASK_REPLY, &reply, &frame);
     if (rc == CFX_OK)
         *out_node = reply.u.task_st.node_id;
     free(frame);

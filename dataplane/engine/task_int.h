@@ -17,7 +17,7 @@
 
 #define TASK_THREADS_DEFAULT 4
 #define TASK_THREADS_MAX     64
-#define TASK_REQ_MS          10000 /* a registration, a submit, a placement query */
+#define TASK_REQ_MS          10000 /* a re-announcement after a restart, a resubmission */
 #define TASK_ENDED_KEEP      128   /* ended tasks a worker remembers: re-announced after a
                                     * restart, never run a second time */
 #define TASK_ENDED_KEEP_MS   60000 /* ... for at most this long (the coordinator's keep) */

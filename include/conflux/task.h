@@ -87,6 +87,9 @@ typedef int (*cfx_task_fn)(const struct cfx_task_call *call, void *arg);
 /**
  * Offer function @p fn under @p name on this node.  The first registration
  * starts the context's task runner threads ($CFX_TASK_THREADS, default 4).
+ * The coordinator's answer is waited for until the context's deadline
+ * (CFX_TIMEOUT_MS), as for cfx_place(); cfx_task_submit() waits until that
+ * or the task's deadline, whichever comes first.
  * @param arg  handed to every call of @p fn; owned by the caller, valid until
  *             the context is destroyed.
  * @return CFX_OK; CFX_ERR_EXISTS when this context registered @p name
@@ -136,7 +139,7 @@ enum cfx_task_param_field {
 struct cfx_task_params {
     uint64_t field_mask;    /* which fields are set */
     int timeout_ms;         /* the task's deadline from submission (queueing and
-                               running); default the context's */
+                               running); default the context's; < 0: none */
     const void *arg;        /* bytes handed to the function (copied) */
     size_t arg_len;         /* at most CFX_TASK_ARG_MAX */
 };
