@@ -166,6 +166,7 @@ struct coll_args {
 
 struct cfx_group {
     struct cfx_context *ctx;
+    uint32_t fork_gen;          /* cfx__fork_gen() at create: another is a forked child's */
     char name[COLL_NAME_MAX];
     int rank;
     int size;

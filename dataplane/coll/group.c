@@ -648,6 +648,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
         goto err_free_group;
     }
     g->ctx = ctx;
+    g->fork_gen = cfx__fork_gen();
     snprintf(g->name, sizeof(g->name), "%s", name);
     g->rank = rank;
     g->size = size;
@@ -798,7 +799,7 @@ static void group_detach(struct cfx_ctx_user *u)
 
 void cfx_group_destroy(struct cfx_group *g)
 {
-    if (!g)
+    if (!g || cfx__fork_gen() != g->fork_gen) /* a forked child's copy: see the context's */
         return;
     struct cfx_context *ctx = g->ctx;
     int r = cfx__ctx_user_release(ctx, &g->user);

@@ -228,6 +228,12 @@ static void fork_watch(void)
     (void)pthread_atfork(NULL, NULL, fork_child);
 }
 
+uint32_t cfx__fork_gen(void)
+{
+    pthread_once(&fork_once, fork_watch);
+    return atomic_load_explicit(&fork_gen, memory_order_relaxed);
+}
+
 uint64_t cfx__keystream_next(struct cfx__keystream *ks)
 {
     if (unlikely(!ks->watching)) {

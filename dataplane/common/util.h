@@ -92,6 +92,10 @@ struct cfx__keystream {
     uint32_t fork_gen;             /* forks seen when buf was filled */
     bool watching;                 /* the fork handler is installed */
 };
+/* Forks of this process so far, as the process that calls it sees them:
+ * a handle that recorded another count is a forked child's copy. */
+uint32_t cfx__fork_gen(void);
+
 /* Next key: 64 random bits, never 0. */
 uint64_t cfx__keystream_next(struct cfx__keystream *ks);
 /* Forget the unused keys (iface close). */

@@ -474,6 +474,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return cfx__err(CFX_ERR_NOMEM, "cfx_context_create: out of memory");
+    ctx->fork_gen = cfx__fork_gen();
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->progress_lock, NULL);
     pthread_mutex_init(&ctx->ps_load_lock, NULL);
@@ -682,8 +683,18 @@ static pthread_cond_t users_cond = PTHREAD_COND_INITIALIZER;
 
 enum { USER_ATTACHED = 1, USER_DETACHING, USER_DETACHED, USER_RELEASED, USER_ABANDONED };
 
+bool cfx__ctx_forked(const struct cfx_context *ctx)
+{
+    return unlikely(cfx__fork_gen() != ctx->fork_gen);
+}
+
 int cfx__ctx_enter(struct cfx_context *ctx, const char *what)
 {
+    if (cfx__ctx_forked(ctx))
+        return cfx__err(CFX_ERR_INVALID, "%s: the context of node %u was created before this "
+                        "process forked: a child creates its own (its copy shares the "
+                        "parent's connections and threads it does not have)", what,
+                        ctx->node_id);
     pthread_mutex_lock(&ctx->lock);
     bool closing = ctx->closing;
     if (!closing)
@@ -817,6 +828,15 @@ void cfx_context_destroy(struct cfx_context *ctx)
 {
     if (!ctx)
         return;
+    if (cfx__ctx_forked(ctx)) {
+        /* a forked child's copy: the connections, segments and directory
+         * records are the parent's, and its threads are not here; touching
+         * them would end the parent's membership.  The copy goes with this
+         * process. */
+        CFX_LOG(DEBUG, INIT, "node %u: destroy of the context in a forked child: left to the "
+                "process's exit", ctx->node_id);
+        return;
+    }
     if (!drain_calls(ctx)) {
         abandon_users(ctx);
         return;

@@ -837,6 +837,7 @@ struct cfx_config {
 
 struct cfx_context {
     pthread_mutex_t lock;
+    uint32_t fork_gen;          /* cfx__fork_gen() at create: another is a forked child's */
     struct cfx_config cfg;
     char token[256];
     struct cfx_coord *hosted; /* the coordinator this rank 0 hosts (bootstrap.c), or NULL */
@@ -1319,8 +1320,12 @@ int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void
 #define CFX_DESTROY_DRAIN_MS 10000 /* how long destroy waits for calls to leave */
 
 /* CFX_OK and the call counted, or CFX_ERR_CANCELED (last error set, naming
- * @p what) when the context is being destroyed. */
+ * @p what) when the context is being destroyed, or CFX_ERR_INVALID in a
+ * forked child (cfx__ctx_forked()). */
 int cfx__ctx_enter(struct cfx_context *ctx, const char *what);
+/* Whether this process is a fork of the one that created @p ctx: its copy
+ * may not be used (calls fail) nor torn down (destroys leave it). */
+bool cfx__ctx_forked(const struct cfx_context *ctx);
 /* The call ends with @p rc; a failure while the context is being destroyed
  * becomes CFX_ERR_CANCELED ("the context ... is being destroyed: <why>"). */
 int cfx__ctx_leave(struct cfx_context *ctx, int rc);

@@ -441,6 +441,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     struct cfx_ps *ps = calloc(1, sizeof(*ps));
     if (!ps)
         return cfx__err(CFX_ERR_NOMEM, "cfx_ps_create: out of memory");
+    ps->fork_gen = cfx__fork_gen();
     int rc;
     defaults(&ps->params, params, ctx);
     if ((rc = validate(&ps->params)) != CFX_OK)
@@ -605,7 +606,9 @@ static void unpublish(struct cfx_ps *ps)
 
 void cfx_ps_destroy(struct cfx_ps *ps)
 {
-    if (!ps)
+    /* a forked child's copy: its threads are not here, and what it would
+     * tell and withdraw is the parent's (see cfx_context_destroy) */
+    if (!ps || cfx__ps_forked(ps))
         return;
     if (ps->w && ps->loop_started)
         cfx__ps_worker_say_bye(ps);
@@ -669,6 +672,9 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
     cfx__err_clear();
     if (!ps || ps->role != CFX_PS_SERVER)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_serve: not a server handle");
+    if (cfx__ps_forked(ps))
+        return cfx__err(CFX_ERR_INVALID, "job %s: the handle was created before this process "
+                        "forked: a child creates its own", ps->job);
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
     for (;;) {

@@ -261,6 +261,7 @@ struct ps_worker;
 
 struct cfx_ps {
     struct cfx_context *ctx;
+    uint32_t fork_gen;          /* cfx__fork_gen() at create: another is a forked child's */
     char job[PS_JOB_MAX];
     enum cfx_ps_role role;
     int index;
@@ -312,6 +313,12 @@ struct cfx_ps {
     } *pubs;
     uint32_t npubs;
 };
+
+/* Whether this process is a fork of the one that created @p ps. */
+static inline bool cfx__ps_forked(const struct cfx_ps *ps)
+{
+    return cfx__fork_gen() != ps->fork_gen;
+}
 
 /* Put @p buf (@p len bytes, malloc'd) as @p id; on CFX_OK it is the
  * handle's until cfx_ps_destroy deletes the object and frees it. */

@@ -724,6 +724,9 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
     cfx__err_clear();
     if (!ps || !req || ps->role != CFX_PS_WORKER)
         return cfx__err(CFX_ERR_INVALID, "ps: not a worker handle");
+    if (cfx__ps_forked(ps))
+        return cfx__err(CFX_ERR_INVALID, "job %s: the handle was created before this process "
+                        "forked: a child creates its own", ps->job);
     if ((kind != PS_OP_PULL && !grad) || (kind != PS_OP_PUSH && kind != PS_OP_INIT && !out))
         return cfx__err(CFX_ERR_INVALID, "ps: NULL buffer");
     struct ps_op *op = calloc(1, sizeof(*op));
@@ -956,6 +959,9 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
     cfx__err_clear();
     if (!ps || ps->role != CFX_PS_WORKER || !name || !key)
         return cfx__err(CFX_ERR_INVALID, "ps register: not a worker handle or NULL argument");
+    if (cfx__ps_forked(ps))
+        return cfx__err(CFX_ERR_INVALID, "job %s: the handle was created before this process "
+                        "forked: a child creates its own", ps->job);
     if (!*name || strlen(name) >= PS_TENSOR_NAME_MAX || !count || !cfx_dtype_size(dtype))
         return cfx__err(CFX_ERR_INVALID, "ps register: bad name, dtype or count for '%s'", name);
     if (ps->index == 0 && !init)

@@ -20,6 +20,14 @@
  * parameter-server handles (cfx_ps_*) must still be destroyed before their
  * context, and requests (cfx_*_nb, cfx_group_i*) waited for and freed
  * before it: cfx_request_wait() and cfx_request_free() use the context.
+ *
+ * fork(): a context, its groups and parameter-server handles belong to the
+ * process that created them.  In a forked child the copies are not usable
+ * (object, task and group calls and parameter-server pushes, pulls,
+ * registers and serves fail with CFX_ERR_INVALID saying so) and their
+ * destroys do nothing: the coordinator connection, transports and
+ * directory records are the parent's, and the threads are not in the child.
+ * A child that uses Conflux creates its own context.
  */
 #ifndef CONFLUX_CONTEXT_H
 #define CONFLUX_CONTEXT_H

@@ -1,5 +1,8 @@
 """Objects: ids, put/get into every kind of buffer, delete, reduce, and errors by code."""
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -635,3 +638,56 @@ def test_sealed_coordinator_and_data_plane(mode):
             conflux.Context(secure="off", **kw)
         assert f"CFX_SECURE={mode}, this client with off" in str(ei.value)
 
+
+
+def test_arrays_of_python_objects_are_refused(ctx):
+    # their bytes are pointers: moved, they crashed the reader (another
+    # process) or freed objects under this one (uncounted references)
+    objs = np.array(["hello", {"a": 1}], dtype=object)
+    with pytest.raises(TypeError, match="Python objects"):
+        ctx.put("objarr", objs)
+    ctx.put("objarr/bytes", np.arange(2, dtype=np.int64))
+    with pytest.raises(TypeError, match="Python objects"):
+        ctx.get("objarr/bytes", out=np.empty(2, dtype=object))
+    with conflux.Group(ctx, name="objarr", rank=0, size=1) as g:
+        with pytest.raises(TypeError, match="Python objects"):
+            g.allgather(objs)
+
+
+def test_reduce_objects_needs_a_dtype(ctx):
+    # np.dtype(None) is float64: float32 inputs were summed as float64 garbage
+    with pytest.raises(ValueError, match="dtype is required"):
+        ctx.reduce_objects(["a", "b"], "r", dtype=None)
+
+
+def test_forked_child_leaves_the_parents_context_alone(coord):
+    # a child that ends normally runs its copies' finalizers: the context's
+    # destroy left the cluster on the parent's connection (the parent's next
+    # put failed, its objects were gone) and the Coordinator's removed the
+    # parent's coordinator directory
+    script = textwrap.dedent(f"""
+        import os, sys
+        import numpy as np
+        import conflux
+        kw = dict(coord={coord.address!r}, token={coord.token!r}, timeout=10)
+        own = conflux.Coordinator()
+        a, b = conflux.Context(**kw), conflux.Context(**kw)
+        a.put("fork/before", np.arange(1000.0))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                a.put("fork/child", np.ones(3))
+            except conflux.InvalidError as e:
+                sys.exit(0 if "forked" in str(e) else 3)
+            sys.exit(4)
+        _, st = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(st) == 0, st
+        a.put("fork/after", np.arange(7.0))
+        assert np.array_equal(b.get("fork/before", dtype=np.float64), np.arange(1000.0))
+        assert np.array_equal(b.get("fork/after", dtype=np.float64), np.arange(7.0))
+        assert "listening" in own.log()
+        print("fork ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "fork ok" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]

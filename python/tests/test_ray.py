@@ -114,6 +114,11 @@ class Worker:
                 t = cr.get(ref, out=torch.empty(ref.shape, dtype=dt), timeout=30)
                 bits = t.view(torch.int16) if dt == torch.bfloat16 else t
                 out.append(("torch", tuple(t.shape), bits.numpy().tobytes()))
+        if len(refs) > 1:  # with torch: into a tensor of another type (its bits as int32s)
+            try:
+                cr.get(refs[-1], out=torch.empty(refs[-1].shape, dtype=torch.int32), timeout=30)
+            except TypeError as e:
+                out.append(("refused", str(e)))
         return out
 
     def step(self, grad, group_name):
@@ -232,3 +237,4 @@ def test_objects_of_every_kind(cluster):
     bits = tb.view(torch.int16).numpy().tobytes()
     assert got[3][0] == "bfloat16" and got[3][2] == bits  # ml_dtypes bfloat16 or uint16 bits
     assert got[4] == ("torch", (300,), bits)
+    assert got[5][0] == "refused" and "bfloat16" in got[5][1], got[5]

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -469,6 +470,52 @@ static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
         free(dst);
     }
     free(src);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
+
+/*
+ * A forked child's copy of a context is neither usable nor torn down: its
+ * calls fail with CFX_ERR_INVALID saying why, and its destroy (a Python
+ * child's normal exit runs it) leaves the parent's connections, segments
+ * and membership alone.  Before, the child's destroy left the cluster on
+ * the parent's control connection: the parent's next put failed and its
+ * objects were gone from the directory.
+ */
+Test(context, forked_child_leaves_the_parents_context_alone)
+{
+    struct cfx_context *a, *b;
+    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(token, "shm", &b), CFX_OK, "%s", cfx_last_error());
+    enum { N = 100000 };
+    static uint8_t src[N], dst[N];
+    struct cfx_object_id before, after;
+    cfx_object_id_generate(a, &before);
+    cfx_object_id_generate(a, &after);
+    cfx_test_fill(src, N, 41);
+    cr_assert_eq(cfx_put(a, &before, src, N, NULL), CFX_OK, "%s", cfx_last_error());
+
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int rc = cfx_put(a, &after, src, N, NULL);
+        bool told = rc == CFX_ERR_INVALID && strstr(cfx_last_error(), "forked");
+        cfx_context_destroy(b);
+        cfx_context_destroy(a);
+        _exit(told ? 0 : 1);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "the child's put was not refused as a forked copy's (status %#x)", st);
+
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &before, dst, N, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(dst, N, 41), (size_t)-1, "bytes differ");
+    cfx_test_fill(src, N, 42);
+    cr_assert_eq(cfx_put(a, &after, src, N, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &after, dst, N, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(dst, N, 42), (size_t)-1, "bytes differ");
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }

@@ -6,6 +6,7 @@ import math
 import numbers
 import os
 import sys
+import time
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -369,8 +370,10 @@ class Group(_c.Group):
             a = _ALGOS.get(algo, -1)
             if a < 0:
                 raise ValueError(f"unknown algorithm {algo!r}; one of {', '.join(_ALGOS)}")
+        elif isinstance(algo, numbers.Integral) and not isinstance(algo, bool):
+            a = int(algo)  # a code; the C layer checks its range
         else:
-            a = int(algo)
+            raise ValueError(f"algo is a name ({', '.join(_ALGOS)}), not {algo!r}")
         return {"timeout_ms": _ms(timeout), "algo": a}
 
     # -- collectives
@@ -559,9 +562,23 @@ class ParameterServer(_c.ParameterServer):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def serve(self, timeout: float) -> None:
-        """Server: serve until the job ends (returns) or ``timeout`` seconds pass (TimeoutError)."""
-        super().serve(_ms(timeout))
+    def serve(self, timeout: float | None = None) -> None:
+        """Server: serve until the job ends (returns) or ``timeout`` seconds pass (TimeoutError).
+
+        ``None``: until the job ends.  It waits in slices of at most 0.2 s, so
+        Ctrl-C (KeyboardInterrupt) ends it within one; the server keeps
+        serving in the background until ``close()``.
+        """
+        ms = _ms(timeout)
+        end = None if ms is None else time.monotonic() + ms / 1000.0
+        while True:
+            left = 200 if end is None else math.ceil((end - time.monotonic()) * 1000.0)
+            try:
+                super().serve(max(0, min(200, left)))
+                return
+            except TimeoutError:
+                if end is not None and time.monotonic() >= end:
+                    raise
 
     def register(self, name: str, init: Any = None, *, dtype: Any = None,
                  shape: Sequence[int] | int | None = None) -> int:
@@ -587,7 +604,7 @@ class ParameterServer(_c.ParameterServer):
         bytes would be read or written as the tensor's: garbage values)."""
         arr, code, _ = as_array(x, writable=writable)
         reg = self._shapes.get(key)
-        if reg is not None and code is not None and code != reg[1]:
+        if reg is not None and code != reg[1]:  # None: a dtype the library lacks
             raise TypeError(f"{what}: tensor {key} holds {numpy_dtype(reg[1])}, "
                             f"not {getattr(x, 'dtype', arr.dtype)}")
         return arr

@@ -56,6 +56,9 @@ def dtype_code(dt: Any) -> int:
     """cfx dtype of a name, numpy dtype or torch dtype; ValueError otherwise."""
     if isinstance(dt, str) and dt.lower() in NAMES:
         return NAMES[dt.lower()]
+    if dt is None:  # np.dtype(None) is float64: a default nobody asked for
+        raise ValueError("dtype is required (float32, float64, float16, bfloat16, int32, "
+                         "int64, uint8)")
     tcode = _torch_code(dt)
     if tcode is not None:
         return tcode
@@ -145,6 +148,11 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
         arr = x
     else:
         arr = np.frombuffer(x, dtype=np.uint8) if not writable else np.asarray(memoryview(x)).view(np.uint8)
+    if arr.dtype.hasobject:
+        # its bytes are pointers to Python objects: moved, they would be
+        # dangling in another process and uncounted references in this one
+        raise TypeError(f"an array of dtype {arr.dtype} holds Python objects, not data: "
+                        "it cannot be moved (pickle it into a bytes buffer instead)")
     if not arr.flags.c_contiguous:
         raise ValueError("the array must be C-contiguous")
     if writable and not arr.flags.writeable:

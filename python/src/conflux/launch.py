@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,16 @@ def _die_with(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
+def _stop_from(owner: int, proc: subprocess.Popen, tmpdir: str) -> None:
+    """A Coordinator's finalizer: only in the process that started it (a
+    forked child's copy of the object neither stops the parent's
+    coordinator nor removes its directory)."""
+    if os.getpid() != owner:
+        return
+    _stop(proc, 5.0)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` seconds; reaps the process."""
     if proc.poll() is None:
@@ -85,8 +96,12 @@ class Coordinator:
                  timeout: float = 30.0, state_dir: str | None = None,
                  secure: str | None = None):
         self.token = token or secrets.token_hex(16)
-        self._dir = tempfile.TemporaryDirectory(prefix="conflux-coord-")
-        tok = os.path.join(self._dir.name, "token")
+        if not self.token.isprintable() or any(c.isspace() for c in self.token):
+            # the coordinator reads one line of the file, members the whole string
+            raise ValueError("token: printable characters without spaces or line breaks")
+        self._owner = os.getpid()
+        self._dir = tempfile.mkdtemp(prefix="conflux-coord-")
+        tok = os.path.join(self._dir, "token")
         fd = os.open(tok, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.token + "\n")
@@ -97,13 +112,12 @@ class Coordinator:
         if secure:  # else $CFX_SECURE, else off; members must run with the same
             cmd += ["--secure", secure]
         # Its output goes to a file: a pipe nobody drains would stall it.
-        self.log_path = os.path.join(self._dir.name, "coord.log")
+        self.log_path = os.path.join(self._dir, "coord.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with(os.getpid()))
-        # never stopped: at collection or interpreter exit (before the token
-        # directory, whose finalizer was registered first, is removed)
-        self._finalizer = weakref.finalize(self, _stop, self.proc, 5.0)
+        # never stopped: at collection or interpreter exit, then its directory
+        self._finalizer = weakref.finalize(self, _stop_from, self._owner, self.proc, self._dir)
         self.address = self._wait_ready(timeout)
         # read once, at its start: the secret leaves the disk now, so that
         # nothing of it stays behind should this process be killed (a
@@ -136,12 +150,17 @@ class Coordinator:
         return {"CFX_COORD": self.address, "CFX_TOKEN": self.token}
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the coordinator (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        """Stop the coordinator (SIGTERM, then SIGKILL after ``timeout`` seconds).
+
+        In a forked child it does nothing: the coordinator is the parent's.
+        """
+        if os.getpid() != self._owner:
+            return
         _stop(self.proc, timeout)
         self._finalizer.detach()
         if not self._log.closed:
             self._log.close()
-            self._dir.cleanup()
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "Coordinator":
         return self

@@ -242,7 +242,11 @@ def allgather(tensor_list: list, tensor: Any, group_name: str = "default") -> li
     if len(tensor_list) != g.size:
         raise ValueError(f"tensor_list needs {g.size} tensors")
     stacked = g.allgather(tensor)
-    for dst, src in zip(tensor_list, stacked):
+    for i, (dst, src) in enumerate(zip(tensor_list, stacked)):
+        # assigned as they are: a cast or a broadcast would hide a mistake
+        if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
+            raise ValueError(f"allgather: tensor_list[{i}] is {tuple(dst.shape)} {dst.dtype}, "
+                             f"not {tuple(src.shape)} {src.dtype} like tensor")
         dst[...] = src
     return tensor_list
 
@@ -302,16 +306,25 @@ def put(array: Any, name: str | None = None, job: Job | None = None) -> ObjectRe
         # bfloat16, so Tensor.numpy() refuses it), other types numpy knows as
         # themselves (complex, uint16 ..) and the rest (float8 kinds) as an
         # integer of their size: the shape is the tensor's either way
-        t = array.detach().contiguous()
-        a, _, _ = as_array(t)
-        dtype = "bfloat16" if str(t.dtype) == "torch.bfloat16" else a.dtype.str
+        a, _, _ = as_array(array.detach().contiguous())
     else:
         a = np.require(array, requirements="C")  # a 0-d array stays 0-d
-        dtype = a.dtype.str if a.dtype.name != "bfloat16" else "bfloat16"
+    dtype = _dtype_str(array, a)
     oid = ObjectId.from_name(name) if name else ctx.new_id()
     ctx.put(oid, a)
     _puts[oid.hex] = a  # the library serves this memory until delete()
     return ObjectRef(oid.hex, dtype, tuple(a.shape))
+
+
+def _dtype_str(x: Any, a: np.ndarray | None = None) -> str:
+    """The dtype an ObjectRef records for ``x`` (``a``: x as numpy, when at hand)."""
+    if _is_torch(x):
+        if str(x.dtype) == "torch.bfloat16":
+            return "bfloat16"
+        import torch
+        return as_array(torch.empty(0, dtype=x.dtype))[0].dtype.str
+    a = np.asarray(x) if a is None else a
+    return "bfloat16" if a.dtype.name == "bfloat16" else a.dtype.str
 
 
 def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
@@ -319,6 +332,9 @@ def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
     """Fetch ``ref`` into ``out`` or a new numpy array of its dtype and shape."""
     ctx = context(job)
     if out is not None:
+        # its bytes are taken as out's elements: another type is garbage
+        if _dtype_str(out) != ref.dtype:
+            raise TypeError(f"get: the object holds {ref.dtype}, out is {out.dtype}")
         return ctx.get(ref.id, out=out, timeout=timeout)
     return ctx.get(ref.id, timeout=timeout, dtype=_np_dtype(ref.dtype), shape=ref.shape)
 

@@ -64,5 +64,12 @@ for job, opt in [("py-sum", "sum"), ("py-sgd", "sgd")]:
                     fail(f"the dtype error does not name both dtypes: {e}")
             else:
                 fail("a push of another dtype of the same size was not refused")
+            try:  # a dtype the library has no code for (it was let through)
+                ps.push(key, np.zeros(2 * int(np.prod(shape)), np.uint16))
+            except TypeError as e:
+                if "float32" not in str(e) or "uint16" not in str(e):
+                    fail(f"the dtype error does not name both dtypes: {e}")
+            else:
+                fail("a push of uint16 (no code of the library's) was not refused")
         ps.close()
 print(f"rank {rank}: ok")
