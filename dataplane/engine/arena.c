@@ -3,7 +3,9 @@
  * the same host can map a destination and copy into it once (shm transport).
  * One segment per allocation; freed segments are cached for reuse (their fd
  * stays open, so a peer's cached mapping of an fd number never points at a
- * different file) up to a bound, then closed.
+ * different file) up to a bound in bytes and one in segments, then closed:
+ * each holds a file descriptor, and a process frees buffers of many sizes
+ * (a worker's task results) under a limit of 1024 descriptors by default.
  */
 #include "engine.h"
 
@@ -14,7 +16,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define ARENA_CACHE_MAX (1024ull * 1024 * 1024) /* bytes of free segments kept */
+#define ARENA_CACHE_MAX  (1024ull * 1024 * 1024) /* bytes of free segments kept */
+#define ARENA_CACHE_SEGS 64u                     /* ... and at most this many */
 #define ARENA_ALIGN     4096u
 
 static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd,
@@ -58,6 +61,7 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     if (best) {
         best->used = true;
         a->cached_bytes -= best->len;
+        a->cached_segs--;
         __atomic_add_fetch(&a->used_bytes, best->len, __ATOMIC_RELAXED);
         if (!locked)
             pthread_mutex_unlock(&ctx->lock);
@@ -171,8 +175,10 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
     }
     seg->used = false;
     __atomic_sub_fetch(&a->used_bytes, seg->len, __ATOMIC_RELAXED);
-    if (!seg->tainted && a->cached_bytes + seg->len <= ARENA_CACHE_MAX) {
+    if (!seg->tainted && a->cached_bytes + seg->len <= ARENA_CACHE_MAX &&
+        a->cached_segs < ARENA_CACHE_SEGS) {
         a->cached_bytes += seg->len;
+        a->cached_segs++;
         return;
     }
     cfx_list_del(&seg->link);
@@ -213,5 +219,6 @@ void cfx__arena_destroy(struct cfx_context *ctx)
         seg_unmap(ctx, seg);
     }
     ctx->arena.cached_bytes = 0;
+    ctx->arena.cached_segs = 0;
     cfx__arena_reap(ctx);
 }

@@ -679,6 +679,7 @@ struct cfx_arena {
     struct cfx_list doomed;     /* segments to unmap by the next progress-lock holder
                                    (the verbs registration cache is a transport's) */
     size_t cached_bytes;        /* free segments kept for reuse */
+    unsigned cached_segs;       /* ... and how many (each holds an fd) */
     uint64_t used_bytes;        /* bytes of segments in use (atomic: heartbeats read it) */
 };
 

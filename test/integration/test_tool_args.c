@@ -169,6 +169,11 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
+    /* an address that is none: exit 1, "cannot reach the coordinator" */
+    { "rdmactl", { "--coord", "nocolon", "status" }, 2, "--coord", "'nocolon'", 0 },
+    { "rdmactl", { "--coord", "127.0.0.1:99999", "status" }, 2, "--coord",
+      "'127.0.0.1:99999'", 0 },
+    { "rdmactl", { "--coord", "127.0.0.1:", "status" }, 2, "--coord", "'127.0.0.1:'", 0 },
     /* every command refuses what it does not take, alike: status 2, one line */
     { "rdmactl", { "status", "extra" }, 2, "rdmactl status: unexpected argument", "'extra'", 1 },
     { "rdmactl", { "status", "--bogus" }, 2, "rdmactl status: unknown option", "'--bogus'", 1 },
