@@ -593,6 +593,10 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
         return TOOL_EXIT_USAGE;
     if (which == PS_AUTO && tool_arg_bool("rdmactl", "auto", a->args[1], &on))
         return TOOL_EXIT_USAGE;
+    /* reached as every other command reaches it first (RDMACTL_TIMEOUT_MS): a
+     * context's join waits for a coordinator that is not up yet, 30 s */
+    if (!ctl_get(r))
+        return 1;
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
         .coord = r->coord, .token = r->token, .name = "rdmactl",
