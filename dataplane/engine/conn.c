@@ -547,10 +547,26 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why)
         return;
     conn->state = CFX_CONN_FAILED;
     conn->status = status;
+    struct cfx_conn_failure *f = &ctx->conn_fails[ctx->conn_fails_next++ % CFX_CONN_FAILS_KEEP];
+    f->node_id = conn->node_id;
+    f->status = status;
+    snprintf(f->why, sizeof(f->why), "%s", why);
     CFX_LOG(INFO, CONN, "node %u: connection to %s failed: %s (%s)", ctx->node_id,
             conn->name, why, cfx_errname(status));
     cfx__xfer_conn_failed(ctx, conn);
     cfx__conn_destroy(conn);
+}
+
+const struct cfx_conn_failure *cfx__conn_failure(const struct cfx_context *ctx,
+                                                 uint32_t node_id)
+{
+    for (unsigned i = 1; i <= CFX_CONN_FAILS_KEEP && i <= ctx->conn_fails_next; i++) {
+        const struct cfx_conn_failure *f =
+            &ctx->conn_fails[(ctx->conn_fails_next - i) % CFX_CONN_FAILS_KEEP];
+        if (f->node_id == node_id)
+            return f;
+    }
+    return NULL;
 }
 
 void cfx__conn_destroy(struct cfx_conn *conn)

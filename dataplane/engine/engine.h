@@ -836,6 +836,8 @@ struct cfx_config {
                                    connections (control/seal.h) */
 };
 
+#define CFX_CONN_FAILS_KEEP 8 /* connection failures remembered (struct cfx_context) */
+
 struct cfx_context {
     pthread_mutex_t lock;
     uint32_t fork_gen;          /* cfx__fork_gen() at create: another is a forked child's */
@@ -856,6 +858,15 @@ struct cfx_context {
      * succeeds, as when the putter left (object.c) */
     struct cfx_object_id withdrawn[CFX_WITHDRAWN_KEEP];
     unsigned nwithdrawn;        /* entries used */
+    /* the latest connection failures (conn.c cfx__conn_fail; ctx->lock): a
+     * get whose source failed names why its connection did (a refused shm
+     * peer of another user, a wrong token ...), not only that it failed */
+    struct cfx_conn_failure {
+        uint32_t node_id;
+        int status;
+        char why[96];
+    } conn_fails[CFX_CONN_FAILS_KEEP];
+    unsigned conn_fails_next;
     unsigned withdrawn_next;    /* next slot to write */
     struct cfx_arena arena;
     void *dev_stream;           /* device stream of the staging path (gpu_stage.c), made on
@@ -1246,6 +1257,10 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
                                int *status);
 int cfx__conn_send(struct cfx_conn *conn, const void *msg, size_t len);
 void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why);
+/* ctx->lock held: the latest recorded failure of a connection with
+ * @p node_id, or NULL. */
+const struct cfx_conn_failure *cfx__conn_failure(const struct cfx_context *ctx,
+                                                 uint32_t node_id);
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);

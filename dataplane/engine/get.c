@@ -540,10 +540,15 @@ static int get_failover(struct get_op *g, int rc)
     }
     if (rc != CFX_OK) {
         g->src.node.node_id = 0;
+        const struct cfx_conn_failure *f = cfx__conn_failure(ctx, failed);
+        char cause[160] = "";
+        if (f)
+            snprintf(cause, sizeof(cause), " (its connection: %s, %s: %s)", f->why,
+                     cfx_errname(f->status), cfx_strerror(f->status));
         return cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
-                        "get of object %s on node %u: source node %u failed and no other "
+                        "get of object %s on node %u: source node %u failed%s and no other "
                         "holder was found in time",
-                        g->hex, ctx->node_id, failed);
+                        g->hex, ctx->node_id, failed, cause);
     }
     free(g->src.data);
     if (g->src.is_inline || g->src.size != obj->size || g->src.chunk_size != obj->chunk_size)

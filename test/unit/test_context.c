@@ -9,6 +9,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <grp.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -519,6 +520,60 @@ Test(context, forked_child_leaves_the_parents_context_alone)
     cr_assert_eq(cfx_test_check(dst, N, 42), (size_t)-1, "bytes differ");
     cfx_context_destroy(b);
     cfx_context_destroy(a);
+}
+
+/*
+ * A get over shm from a node of another user: the source's transport
+ * refuses the peer (shm.h, "Trust"), and the get's error says so through
+ * the connection's failure, where it said only that the source "failed"
+ * (it had not: the reason was in a WARN line of the log alone).  Skipped
+ * where this process cannot become nobody.
+ */
+Test(context, a_refused_shm_peer_is_named_in_the_get_error)
+{
+    struct cfx_context *a;
+    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    enum { N = 1 << 20 };
+    static uint8_t src[N];
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, N, 43);
+    cr_assert_eq(cfx_put(a, &id, src, N, NULL), CFX_OK, "%s", cfx_last_error());
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        if (setgroups(0, NULL) || setresgid(65534, 65534, 65534) ||
+            setresuid(65534, 65534, 65534))
+            _exit(77);
+        struct cfx_context *b;
+        static uint8_t dst[N];
+        size_t got = 0;
+        int rc = join(token, "shm", &b);
+        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 3000 };
+        if (rc == CFX_OK)
+            rc = cfx_get(b, &id, dst, N, &got, &p);
+        char msg[600];
+        int len = snprintf(msg, sizeof(msg), "%s: %s", cfx_errname(rc), cfx_last_error());
+        if (write(pfd[1], msg, (size_t)len) != len)
+            _exit(2);
+        _exit(0);
+    }
+    close(pfd[1]);
+    char msg[600] = "";
+    ssize_t n = 0, r;
+    while ((r = read(pfd[0], msg + n, sizeof(msg) - 1 - (size_t)n)) > 0)
+        n += r;
+    close(pfd[0]);
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cfx_context_destroy(a);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+        cr_skip_test("cannot become nobody here");
+    cr_assert(strstr(msg, "CFX_ERR_PEER_FAILED") && strstr(msg, "CFX_ERR_AUTH"),
+              "the get from another user's node: %s", msg);
 }
 
 /*
