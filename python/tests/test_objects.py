@@ -296,6 +296,16 @@ def test_torch_tensors(ctx):
     ctx.get("tbf16", out=out)
     assert torch.equal(out, t)
     ctx.delete("tbf16")
+    # a conjugated view is read as its values (its memory holds the others);
+    # as an output it is refused (torch raised its own RuntimeError)
+    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    ctx.put("tconj", z.conj())
+    got = torch.zeros(2, dtype=torch.complex64)
+    ctx.get("tconj", out=got)
+    assert torch.equal(got, z.conj().resolve_conj())
+    with pytest.raises(ValueError, match="conjugated or negated"):
+        ctx.get("tconj", out=torch.zeros(2, dtype=torch.complex64).conj())
+    ctx.delete("tconj")
 
 
 def test_reduce_local_bf16():

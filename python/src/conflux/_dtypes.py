@@ -125,6 +125,13 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise ValueError(f"only CPU tensors are supported here, not {x.device}")
+        if x.is_conj() or x.is_neg():
+            # a lazy view: its memory holds the values before the conjugation
+            # or negation, so it is neither read nor written as it is
+            if writable:
+                raise ValueError("the output tensor is a conjugated or negated view: pass a "
+                                 "tensor of its own (x.resolve_conj() / resolve_neg())")
+            x = x.resolve_conj().resolve_neg()
         if not x.is_contiguous():
             raise ValueError("the tensor must be contiguous")
         code = _torch_code(x.dtype)
