@@ -9,8 +9,11 @@
  * For the smallest vectors, where each message costs its latency and its
  * bytes cost next to nothing: log2(p) rounds, in round k every rank swaps its
  * whole partial result with rank ^ 2^k and combines the two.  Both partners
- * combine the same two values (the ops are commutative), so every rank ends
- * with the same bits.  Sizes that are not powers of two fold as rhd does: of
+ * combine the same two values in the same order, the lower rank's first:
+ * the ops are commutative for numbers but not for NaNs (a min or max keeps
+ * its first NaN operand, a sum on x86 its first NaN's payload), so in
+ * either order the partners' bits, and a max's values, could part.  So
+ * every rank ends with the same bits.  Sizes that are not powers of two fold as rhd does: of
  * the first 2*rem ranks each even one hands its input to the odd one above
  * it before the rounds and gets the result back after them (2 more steps for
  * those ranks only).
@@ -68,7 +71,8 @@ int cfx__coll_allreduce_recdbl(struct coll_exec *x, const void *s, void *r)
         /* waits for both: our send read cur, which the reduction overwrites */
         rc = cfx__coll_sendrecv(x, peer, cur, bytes, peer, tmp, bytes);
         if (rc == CFX_OK)
-            rc = cfx__coll_reduce3(x, acc, cur, tmp, count);
+            rc = newrank < nr ? cfx__coll_reduce3(x, acc, cur, tmp, count)
+                              : cfx__coll_reduce3(x, acc, tmp, cur, count);
         if (rc != CFX_OK)
             return rc;
         cur = acc;

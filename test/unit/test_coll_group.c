@@ -983,6 +983,36 @@ Test(coll_p2p, withdrawn_receive_leaves_stale_request, .timeout = 30)
     down(2);
 }
 
+/* NaNs through a small allreduce (recursive doubling): every rank ends with
+ * the same bits.  Each rank held another quiet NaN; partners combined their
+ * values each in its own order, and a max keeps its first NaN operand (a
+ * sum on x86 its first NaN's payload), so the ranks' results parted. */
+static int body_nan_bits(struct rank_run *rr)
+{
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_ALGO, .algo = CFX_ALGO_RECDBL };
+    const enum cfx_redop ops[] = { CFX_OP_MAX, CFX_OP_MIN, CFX_OP_SUM };
+    for (size_t o = 0; o < CFX_ARRAY_SIZE(ops); o++) {
+        uint32_t in[2] = { 0x7fc00001u + (uint32_t)rr->rank, 0x3f800000u }, out[2] = { 0, 0 };
+        uint32_t all[2 * MAX_RANKS];
+        int rc = cfx_group_allreduce(rr->g, in, out, 2, CFX_DTYPE_F32, ops[o], &p);
+        if (rc == CFX_OK)
+            rc = cfx_group_allgather(rr->g, out, all, 2, CFX_DTYPE_I32, NULL);
+        if (rc != CFX_OK)
+            return rc;
+        for (int q = 0; q < rr->size; q++)
+            if (all[2 * q] != all[0] || (all[0] & 0x7fc00000u) != 0x7fc00000u)
+                return cfx__err(CFX_ERR_INTERNAL, "%s: rank %d has %#x, rank 0 %#x",
+                                cfx_redop_name(ops[o]), q, all[2 * q], all[0]);
+    }
+    return CFX_OK;
+}
+
+Test(coll_group, nan_results_agree_bit_for_bit, .timeout = 60)
+{
+    ranks_ok("shm", 2, "nan2", body_nan_bits);
+    ranks_ok("shm", 3, "nan3", body_nan_bits);
+}
+
 /* ---- cfx_group_send/recv as eager pieces (group_split.c) -------------------------- */
 
 /* Sizes around every change of form: one eager send, the first piece (the
