@@ -182,6 +182,7 @@ void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hd
         break;
     case PS_MSG_REPLY:
     case PS_MSG_REDIRECT:
+    case PS_MSG_WAITING:
     worker:
         if (ps->role == CFX_PS_WORKER) {
             cfx__ps_worker_handle(ps, h, payload, owned);

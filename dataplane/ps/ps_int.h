@@ -158,6 +158,9 @@ enum ps_msg_type {
                            wait for your DONE, before it you have lost me */
     PS_MSG_SETTLED,     /* server -> scheduler: under map hdr.clock (a server is
                            draining) every ready block it owns is installed here */
+    PS_MSG_WAITING,     /* server -> worker: request hdr.req_id has been held half the
+                           job's timeout for version hdr.min_version, which waits for
+                           hdr.forwarded workers' pushes, the first worker hdr.clock */
 };
 
 /* PS_MSG_MAP's hdr.clock. */

@@ -41,6 +41,7 @@ struct ps_pend {
     uint64_t deadline; /* orphans only */
     uint64_t since;    /* received (ns): a deferred push or parked pull held past twice
                           the job's timeout is one its worker gave up on */
+    bool told;         /* its worker heard which workers it waits for (PS_MSG_WAITING) */
 };
 
 struct ps_block {
@@ -806,6 +807,42 @@ void cfx__ps_server_map_changed(struct cfx_ps *ps)
     report_settled(ps);
 }
 
+/*
+ * A request held for half the job's timeout: its worker hears which
+ * workers' pushes the version it waits for still lacks, so that the error
+ * of a request that runs out of time names the worker that holds the round
+ * (under BSP a server answers once every worker pushed the step), not the
+ * server that waits for it.  A deferred push waits for the current round; a
+ * parked pull for its min_version.
+ */
+static void tell_waiting(struct cfx_ps *ps, const struct ps_block *b, struct ps_pend *p,
+                         bool pull)
+{
+    uint64_t want = pull ? p->h.min_version : b->version + 1;
+    uint32_t first = UINT32_MAX, n = 0;
+    for (uint32_t w = 0; w < b->nworkers; w++) {
+        if (b->pushed[w] >= want)
+            continue;
+        if (!n++)
+            first = w;
+    }
+    p->told = true;
+    struct ps_peer *to = p->h.worker < PS_MAX_WORKERS ? ps->workers[p->h.worker] : NULL;
+    if (!n || !to || to->closed)
+        return;
+    struct ps_hdr h = {
+        .type = PS_MSG_WAITING,
+        .kind = p->h.kind,
+        .worker = p->h.worker,
+        .block = b->id,
+        .req_id = p->h.req_id,
+        .clock = first,
+        .min_version = want,
+        .forwarded = n,
+    };
+    cfx__ps_send(ps, to, &h, NULL, 0, NULL);
+}
+
 /* Deferred pushes and parked pulls their workers gave up on (held past
  * twice the job's timeout: the worker's request ended at one) go, with
  * their payload copies; a push that never comes (its worker's request
@@ -824,6 +861,8 @@ static int expire_waiting(struct cfx_ps *ps, uint64_t now)
             cfx_list_for_each_safe(pos, tmp, lists[l])
             {
                 struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+                if (!p->told && now - p->since >= max_ns / 4)
+                    tell_waiting(ps, b, p, l == 1);
                 if (now - p->since < max_ns)
                     continue;
                 CFX_LOG(WARN, PS, "job %s: server %d: block %u: worker %u's %s of step %" PRIu64

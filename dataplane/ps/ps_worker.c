@@ -86,6 +86,10 @@ struct ps_sub {
     void *out;
     size_t out_len;
     bool rx_live;         /* the reply's bytes are being received into out */
+    /* the server said it holds the request for held_version, which lacks
+     * the pushes of held_n workers, the first held_by (PS_MSG_WAITING) */
+    uint32_t held_n, held_by;
+    uint64_t held_version;
 };
 
 /* A reply whose header came before the op's deadline is taken in for this
@@ -412,6 +416,17 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
     }
     struct ps_op *op = s->op;
     uint32_t from = h->from & 0xffff;
+    if (h->type == PS_MSG_WAITING) {
+        /* a peer's numbers: kept only as they can name a worker of ours */
+        if (h->forwarded && h->clock < PS_MAX_WORKERS) {
+            s->held_n = h->forwarded;
+            s->held_by = (uint32_t)h->clock;
+            s->held_version = h->min_version;
+        }
+        if (owned)
+            free(payload);
+        return;
+    }
     if (h->type == PS_MSG_REDIRECT) {
         meter_end(w, s->server, 0);
         s->waiting = true;
@@ -602,6 +617,16 @@ again:
                     "tensor %s block %u: shard map %u (where it "
                     "moved) did not arrive within %d ms",
                     tensor_name(ps, s->op->tensor), s->block, s->need_version, ps->timeout_ms);
+        else if (s->held_n)
+            op_fail(ps, s->op, CFX_ERR_TIMEOUT,
+                    "tensor %s block %u: no answer within %d ms: server %u (node %u) holds "
+                    "the request until every worker has pushed the step before version %llu, "
+                    "and worker %u%s has not%s",
+                    tensor_name(ps, s->op->tensor), s->block, ps->timeout_ms, s->server,
+                    p ? p->rec.node_id : 0, (unsigned long long)s->held_version, s->held_by,
+                    s->held_n > 1 ? " and others" : "",
+                    s->held_by == (uint32_t)ps->index ? " (this worker: an earlier push of "
+                                                        "it did not arrive)" : "");
         else
             op_fail(ps, s->op, CFX_ERR_TIMEOUT,
                     "tensor %s block %u: no answer from server %u "

@@ -1,12 +1,14 @@
 /*
  * cfx_ps_create() waits for the job's other members; when they do not come,
- * its CFX_ERR_TIMEOUT names who was waited for.  The cause used to be lost
+ * its CFX_ERR_TIMEOUT names who was waited for; and a BSP request that runs
+ * out of time names the worker the round waits for.  The cause used to be lost
  * in the handle's teardown (its own calls reset the thread's error detail),
  * and the caller got "timed out" with no detail.  One process: an embedded
  * coordinator and one context.
  */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,4 +76,88 @@ Test(ps_create, worker_alone_names_the_missing_scheduler)
     cr_assert_null(ps);
     cr_assert(strstr(cfx_last_error(), "job lonely: server 0 (the scheduler) did not announce itself within 300 ms"),
               "%s", cfx_last_error());
+}
+
+/* ---- a BSP round that one worker holds ----------------------------------------- */
+
+struct member {
+    enum cfx_ps_role role;
+    int index;
+    struct cfx_context *ctx;
+    struct cfx_ps *ps;
+    int rc;
+    char err[512];
+};
+
+static void *member_create(void *arg)
+{
+    struct member *m = arg;
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_TIMEOUT,
+        .job = "bsp",
+        .role = m->role,
+        .index = m->index,
+        .num_workers = 2,
+        .num_servers = 1,
+        .consistency = CFX_PS_BSP,
+        .timeout_ms = 3000, /* told at half of it: 1.5 s before the deadline */
+    };
+    m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
+    snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void *member_register(void *arg)
+{
+    struct member *m = arg;
+    static const float init[4] = { 1, 2, 3, 4 };
+    int key;
+    m->rc = cfx_ps_register(m->ps, "w", CFX_DTYPE_F32, 4, m->index == 0 ? init : NULL, &key);
+    snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/* Each member on its own thread at once (create and register wait for the
+ * others). */
+static void all_at_once(struct member *m, int n, void *(*fn)(void *))
+{
+    pthread_t t[3];
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, fn, &m[i]), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(m[i].rc, CFX_OK, "member %d: %s", i, m[i].err);
+}
+
+/* Worker 0 push-pulls step 0 while worker 1 has not pushed it: under BSP
+ * the server holds the request until the round is complete, so it runs out
+ * of time, and its error named only the server ("no answer from server
+ * 0").  The server tells the worker, at half the timeout, which worker's
+ * push the round lacks; the error names worker 1. */
+Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
+{
+    struct member m[3] = { { .role = CFX_PS_SERVER, .index = 0 },
+                           { .role = CFX_PS_WORKER, .index = 0 },
+                           { .role = CFX_PS_WORKER, .index = 1 } };
+    m[0].ctx = ctx;
+    for (int i = 1; i < 3; i++)
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    all_at_once(m, 3, member_create);
+    all_at_once(m + 1, 2, member_register);
+
+    const float g[4] = { 1, 1, 1, 1 };
+    float out[4];
+    int rc = cfx_ps_pushpull(m[1].ps, 0, g, out);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "worker 1 has not"), "%s", cfx_last_error());
+
+    for (int i = 2; i >= 0; i--) {
+        cfx_ps_destroy(m[i].ps);
+        if (i)
+            cfx_context_destroy(m[i].ctx);
+    }
 }
