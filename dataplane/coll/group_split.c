@@ -159,20 +159,27 @@ static void rx_done(struct cfx_group *g, struct split_rx *me)
     pthread_mutex_unlock(&g->split_lock);
 }
 
+/* The rest of a message whose piece 0 landed as its wait timed out: the
+ * sender sent them with it, so they are a moment behind. */
+#define SPLIT_REST_GRACE_MS 1000
+
 /* Piece 0 of the next message of (peer, tag) into @p first; CFX_OK when it
  * came, also when it landed as its wait timed out (so that no piece 0 is
- * ever lost: the rest of its message would pass for the next one's). */
+ * ever lost: the rest of its message would pass for the next one's; then
+ * *@p deadline is moved to give the rest SPLIT_REST_GRACE_MS). */
 static int rx_first(struct cfx_group *g, uint8_t *first, int peer, uint32_t tag,
-                    uint64_t deadline)
+                    uint64_t *deadline)
 {
     struct cfx_p2p_req *req;
     int rc = cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, tag, first,
                             CFX_EAGER_LIMIT, CFX_MEMTYPE_HOST, &req);
     if (rc != CFX_OK)
         return rc;
-    rc = cfx__p2p_wait(req, deadline);
-    if (rc == CFX_ERR_TIMEOUT && cfx__p2p_cancel(req) == CFX_OK)
+    rc = cfx__p2p_wait(req, *deadline);
+    if (rc == CFX_ERR_TIMEOUT && cfx__p2p_cancel(req) == CFX_OK) {
         rc = CFX_OK;
+        *deadline = cfx__deadline_ns(SPLIT_REST_GRACE_MS);
+    }
     char why[256];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
     cfx__p2p_free(req);
@@ -219,7 +226,7 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
     cfx_list_add_tail(&me.link, &g->split_rx);
     pthread_mutex_unlock(&g->split_lock);
 
-    if ((rc = rx_first(g, first, peer, me.tag, deadline)) != CFX_OK) {
+    if ((rc = rx_first(g, first, peer, me.tag, &deadline)) != CFX_OK) {
         rx_done(g, &me);
         return rc;
     }
