@@ -1063,7 +1063,9 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
         CFX_LOG(WARN, CTL, "reconnected to coordinator %s after %d attempt%s (%.1f s) as node %u%s",
                 ctl->coord, attempts, attempts == 1 ? "" : "s",
                 (double)(cfx__now_ns() - t0) / 1e9, ctl->node_id,
-                ctl->node_id == old_id ? "" : " (a new id: the old one was taken)");
+                ctl->node_id == old_id ? ""
+                                       : " (a new id: the old one was taken, or the "
+                                         "coordinator's rejoin window had ended)");
     ctl->stopped_in_order = 0;
     if (ctl->on_reconnected)
         ctl->on_reconnected(ctl->arg);

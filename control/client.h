@@ -414,9 +414,14 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                             uint32_t source_node, int complete);
 
 /* Withdraw this node's copy; the putter's delete withdraws the object with
- * every copy.  CFX_ERR_NOT_FOUND if it held none. */
+ * every copy, and so does the delete of the node that submitted the task
+ * that put it.  CFX_ERR_NOT_FOUND if it held none and may not end it. */
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns);
+/* As cfx__ctl_obj_delete(), but a task's submitter only drops its own copy
+ * (a cfx_get_alloc buffer freed is no decision to end the result). */
+int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                      uint64_t deadline_ns);
 
 /* Node record of @p node_id. CFX_ERR_NOT_FOUND if unknown.  After a
  * coordinator restart, a node of before that has not rejoined yet is waited

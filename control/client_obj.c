@@ -262,19 +262,34 @@ int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *i
         return cfx__ctl_err(ctl, CFX_ERR_CONNECT, "delete", "connection lost");
     snprintf(what, sizeof(what), "delete of object %s", cfx__ctl_idhex(id, hex));
     m.u.del.id = *id;
+    m.u.del.end = 1;
     return send_async(ctl, &m, what);
 }
 
-int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
-                        uint64_t deadline_ns)
+static int obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id, bool end,
+                      uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
 
     if (!ctl || !id)
         return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
-    snprintf(what, sizeof(what), "delete of object %s", cfx__ctl_idhex(id, hex));
+    snprintf(what, sizeof(what), "%s of object %s", end ? "delete" : "drop of the copy",
+             cfx__ctl_idhex(id, hex));
     m.u.del.id = *id;
+    m.u.del.end = end;
     return expect_ok(ctl, &m, deadline_ns, what);
+}
+
+int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                        uint64_t deadline_ns)
+{
+    return obj_delete(ctl, id, true, deadline_ns);
+}
+
+int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                      uint64_t deadline_ns)
+{
+    return obj_delete(ctl, id, false, deadline_ns);
 }
 

@@ -321,6 +321,49 @@ static void handle_status(struct cfx_coord *co, struct coord_conn *c, const stru
     cfx__coord_send(c, &r);
 }
 
+/*
+ * A JOIN naming an id of before a restart, at a coordinator without a state
+ * directory.  Such a coordinator has no record of the ids it gave before,
+ * so cfx__coord_join() would grant none and number every node afresh from
+ * 1, in the order they reconnect: node 2 of before could come back as 3,
+ * and another as 2.  Hints that name a node by its id of before (a task's
+ * repeat names the node it ran on) then pointed at the wrong process.  A
+ * JOIN naming an id that comes first, before this coordinator gave any id,
+ * within the rejoin window after its start, shows that it is a restarted
+ * one: from then until the window ends every id below
+ * COORD_STATELESS_IDS_MAX counts as one of before, so a node gets its own
+ * id back when no record holds it and nobody took it back already
+ * (cfx__coord_join), and fresh ids continue above the highest id taken
+ * back.  No id given in this life can be taken (none was given before the
+ * first), and the cap bounds how far a member can push the ids up; a JOIN
+ * that names an id after a fresh one was given gets a fresh one, as with a
+ * state directory (a client cannot choose its id).  What cannot be known
+ * without the state directory: a node that joins afresh before the first
+ * rejoin (restart mode then never opens), or above the highest id taken
+ * back so far, may get an id a node of before still holds; that node then
+ * gets a new one.  So any JOIN naming an id in the window marks the ids as
+ * possibly of before (co->ids_of_before), and task repeats then trust a
+ * hint only for a node that took its id back (coord_node.rejoined): a task
+ * still never runs twice for a shuffled id.
+ */
+static void stateless_rejoin(struct cfx_coord *co, const struct cfx_msg *m)
+{
+    uint64_t window = (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
+    uint64_t now = cfx__now_ns();
+
+    if (co->state_dirfd >= 0 || !m->u.join.node_id || now - co->start_ns >= window)
+        return;
+    co->ids_of_before = 1;
+    if (co->restart_mark || co->next_node_id != 1)
+        return;
+    co->restart_mark = COORD_STATELESS_IDS_MAX;
+    co->rejoin_until_ns = co->start_ns + window;
+    CFX_LOG(INFO, CTL, "coordinator %s: node %u of before a restart rejoins; without a state "
+            "directory, nodes get their ids of before back when free for %llu ms more",
+            co->addr, m->u.join.node_id,
+            (unsigned long long)((co->rejoin_until_ns - now) / 1000000ull));
+}
+
 static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     if (c->node)
@@ -335,8 +378,12 @@ static void dispatch(struct cfx_coord *co, struct coord_conn *c, const struct cf
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS,
                                  "this connection already joined as node %u",
                                  c->node->rec.node_id);
-        else
+        else {
+            stateless_rejoin(co, m);
             cfx__coord_join(co, c, m);
+            if (c->node && m->u.join.node_id && c->node->rec.node_id == m->u.join.node_id)
+                c->node->rejoined = 1;
+        }
         break;
     case CFX_MSG_LEAVE:
         if (c->state == COORD_CONN_NODE)

@@ -65,6 +65,18 @@
  * fails with CFX_ERR_EXISTS, whoever sends it.  Durable objects outlive all
  * holders (below).
  *
+ * Task results.  A task's worker puts its results, but only the task's
+ * submitter knows when they may go; a worker never deletes them, so they
+ * stayed (and their buffers) for as long as the worker lived.  When a task
+ * that ran ends, coord_task.c names its submitter on each result its node
+ * put (o->submitter, cfx__coord_dir_task_result); from then on that node's
+ * delete withdraws the object as the putter's does.  Those two are the
+ * only nodes whose delete withdraws an object (but for a durable object's,
+ * below); any other node's delete drops its own copy only.  The mark lives
+ * in memory: a result re-announced to a restarted coordinator carries it
+ * again only if its task's end is reported to it again (its worker does so
+ * for the tasks it ended lately, control/coord_task.c).
+ *
  * Durable objects.  An inline put flagged durable (group bootstrap records)
  * is also written to the state store (coord_state.c) before it is
  * acknowledged, as record "obj.<hex id>":
@@ -1112,7 +1124,7 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
      * putter is gone has no owner left: any node may delete it (else it
      * would stay for ever). */
     struct coord_node *pn = o && o->putter ? cfx__coord_node_find(co, o->putter) : NULL;
-    const int owner = o && me && (o->putter == me ||
+    const int owner = o && me && (o->putter == me || (o->submitter == me && m->u.del.end) ||
                                   (o->durable && h && !(pn && pn->rec.alive)));
 
     /* The putter of a durable object loaded after a restart is no holder
@@ -1135,6 +1147,9 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         char why[96];
         if (o->putter == me)
             snprintf(why, sizeof(why), "its putter node %u deleted it", me);
+        else if (o->submitter == me)
+            snprintf(why, sizeof(why), "node %u, which submitted the task that put it on node "
+                     "%u, deleted it", me, o->putter);
         else
             snprintf(why, sizeof(why), "node %u deleted it, its putter node %u gone", me,
                      o->putter);
@@ -1325,6 +1340,16 @@ uint64_t cfx__coord_dir_held_bytes(struct cfx_coord *co, const struct cfx_object
             return h->complete ? o->size : o->size / 2;
     }
     return 0;
+}
+
+void cfx__coord_dir_task_result(struct cfx_coord *co, const struct cfx_object_id *id,
+                                uint32_t putter, uint32_t submitter)
+{
+    struct coord_obj *o = obj_find(co, id);
+    /* only what the task's own node put: an id someone else put first is
+     * not the task's result, and its putter's alone */
+    if (o && putter && o->putter == putter)
+        o->submitter = submitter;
 }
 
 int cfx__coord_dir_held_elsewhere(struct cfx_coord *co, const struct cfx_object_id *id,

@@ -38,6 +38,8 @@
 #define COORD_MAX_NODES_DEFAULT 65536       /* members alive at once (--max-nodes) */
 #define COORD_MAX_NODES_LIMIT (1u << 24)    /* largest --max-nodes accepted */
 #define COORD_REJOIN_MAX      65536         /* ids reclaimed after one restart, at most */
+#define COORD_STATELESS_IDS_MAX (1u << 24) /* without a state directory: the highest
+                                               id a rejoining node may take back */
 #define COORD_NODE_TASKS_MAX  64            /* default max_node_tasks: live tasks per node */
 #define COORD_QUEUED_TASKS_MAX 4096         /* default max_queued_tasks: waiting for a slot */
 #define COORD_NODE_FUNCS_MAX  64            /* functions one node may register */
@@ -105,6 +107,8 @@ struct coord_node {
     struct cfx_ctl_peer_traffic peers[CFX_CTL_PEERS_MAX];
     struct cfx_ctl_ps_report ps; /* ... and its parameter-server load */
     struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
+    uint8_t rejoined;           /* took back its id of before the restart: the process that
+                                 * held that id then (a hint naming the id means it) */
 };
 
 /* What a node that registered task functions offers, and what is reserved
@@ -132,7 +136,10 @@ struct coord_resv {
     uint64_t memory;
     char group[CFX_TASK_GROUP_MAX + 1]; /* anti-affinity group; "" none */
     uint64_t expires_ns;        /* UINT64_MAX: held by a task until it ends */
-    struct coord_task *task;    /* the task holding it, or NULL (a query's) */
+    struct coord_task *task;    /* the task holding it, or NULL (a query's, or a run's) */
+    uint64_t run_id;            /* task NULL: a run its node goes on with after the task
+                                 * ended for its waiter (deadline) or moved; held until the
+                                 * node reports that run's end or dies (0: a query's) */
 };
 
 enum coord_task_state {
@@ -162,6 +169,8 @@ struct coord_task {
     int32_t status;
     char text[CFX_PROTO_TEXT_MAX];
     struct coord_resv *resv;    /* while placed */
+    uint8_t adopted;            /* its node announced the run (TASK_ANNOUNCE); 0: this
+                                 * coordinator sent it (EV_TASK_RUN) */
 };
 
 /* A TASK_WAIT parked until its task ends or its timeout. */
@@ -184,6 +193,8 @@ struct coord_obj {
     uint32_t putter;            /* node that put it first (may be dead, or not rejoined yet) */
     uint64_t tag;               /* the putter's mark of this put (0 none): a copy announced
                                    after a restart must carry the same */
+    uint32_t submitter;         /* a task's result: the node that submitted the task, which
+                                   may withdraw it as its putter may (0: none) */
     char name[CFX_OBJ_NAME_MAX + 1]; /* name the putter made the id from; "" unknown */
     uint8_t *data;              /* inline bytes (malloc'd), NULL for size 0 */
     struct cfx_list holders;    /* struct coord_holder.obj_link */
@@ -324,6 +335,9 @@ struct cfx_coord {
     struct coord_metrics *metrics; /* the HTTP metrics endpoint (coord_metrics.c), or NULL */
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
+    uint8_t ids_of_before;      /* no state directory, and a node of before a restart
+                                 * rejoined: a node that joined afresh may hold an id
+                                 * that another process held before (coord.c) */
     struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
 
     /* directory */
@@ -498,5 +512,11 @@ uint64_t cfx__coord_dir_held_bytes(struct cfx_coord *co, const struct cfx_object
                                    uint32_t node_id);
 int cfx__coord_dir_held_elsewhere(struct cfx_coord *co, const struct cfx_object_id *id,
                                   uint32_t dead);
+/* coord_directory.c: object @p id, put by node @p putter, is a result of a task
+ * that node @p submitter submitted: that node may withdraw it from now on as
+ * the putter may (cfx__coord_obj_delete).  No-op when the object is not
+ * there or another node put it. */
+void cfx__coord_dir_task_result(struct cfx_coord *co, const struct cfx_object_id *id,
+                                uint32_t putter, uint32_t submitter);
 
 #endif

@@ -6,7 +6,10 @@
  * sent to it) or queued (every capable node busy; placed when a slot frees:
  * a task ends, a reservation expires, a node registers) -> DONE when its
  * worker reports TASK_DONE, its deadline passes, or its node dies and it
- * cannot be placed again.  Ended tasks are remembered for a while
+ * cannot be placed again.  A task ended by its deadline while it runs
+ * keeps its reservation, as its run's, until the node reports the run's
+ * end or dies (run_detach): no message stops a run.  Ended tasks are
+ * remembered for a while
  * (COORD_TASKS_DONE_KEEP, COORD_TASK_DONE_KEEP_MS) so that a TASK_WAIT sent
  * after the end still gets the status.
  *
@@ -27,7 +30,11 @@
  * ends, a held task whose node never came back fails with
  * CFX_ERR_PEER_FAILED naming it, or is placed elsewhere, as when a node
  * dies; one whose node closed its list without it, or with no node known,
- * is placed.  Workers also refuse to run a key a second time (they run it
+ * is placed.  A hint names a node by its id of before; hint_find says when
+ * the node holding that id now is that process.  A re-announcement wins
+ * over a placement this coordinator made from a repeat meanwhile (the
+ * re-announced run is the task's; the other keeps its slot until it ends).
+ * Workers also refuse to run a key a second time (they run it
  * once and report its end under each id).  Task ids start from the wall
  * clock in microseconds at each start, so ids of an earlier incarnation
  * (fewer than one a microsecond) are below first_task_id and never handed
@@ -156,14 +163,57 @@ static void reply_task(struct coord_conn *c, uint64_t req_id, const struct coord
 
 static void retry_queue(struct cfx_coord *co);
 
-/* The task ended with @p status: release its slot, answer its waiters,
- * remember it for late ones. */
-static void task_end(struct cfx_coord *co, struct coord_task *t, int status, const char *text)
+/* Task @p t, placed, ends for its waiters while its node goes on running
+ * it (its deadline passed, or another node's run of it won): its
+ * reservation stays, as that run's, until the node reports the run's end or
+ * dies.  There is no message that stops a run, so releasing the slot here
+ * put a second task onto cores still busy. */
+static void run_detach(struct coord_task *t)
+{
+    struct coord_resv *r = t->resv;
+    if (!r)
+        return;
+    r->task = NULL;
+    r->run_id = t->run_id;
+    r->expires_ns = UINT64_MAX;
+    t->resv = NULL;
+}
+
+/* The reservation of the run @p run_id that node @p node goes on with
+ * (run_detach), or NULL. */
+static struct coord_resv *run_find(struct cfx_coord *co, uint64_t run_id, uint32_t node)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->resvs) {
+        struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
+        if (!r->task && r->run_id == run_id && r->node_id == node)
+            return r;
+    }
+    return NULL;
+}
+
+/* The results of @p t, which ran on its node: its submitter may withdraw
+ * them (cfx__coord_dir_task_result; docs/TASKS.md, "Results"). */
+static void results_grant(struct cfx_coord *co, const struct coord_task *t, uint32_t node)
+{
+    for (unsigned i = 0; i < t->t.nresults; i++)
+        cfx__coord_dir_task_result(co, &t->t.results[i], node, t->submitter);
+}
+
+/* The task ended with @p status: release its slot (or, with @p runs_on,
+ * leave it to the run its node goes on with), answer its waiters, remember
+ * it for late ones. */
+static void task_end_run(struct cfx_coord *co, struct coord_task *t, int status,
+                         const char *text, bool runs_on)
 {
     struct cfx_list *pos, *tmp;
 
     if (t->state == COORD_TASK_QUEUED || t->state == COORD_TASK_HELD)
         co->ntasks_queued--;
+    if (t->state == COORD_TASK_PLACED)
+        results_grant(co, t, t->node_id);
+    if (runs_on && t->state == COORD_TASK_PLACED)
+        run_detach(t);
     cfx__coord_resv_free(co, t->resv);
     t->resv = NULL;
     t->state = COORD_TASK_DONE;
@@ -200,6 +250,11 @@ static void task_end(struct cfx_coord *co, struct coord_task *t, int status, con
     }
 }
 
+static void task_end(struct cfx_coord *co, struct coord_task *t, int status, const char *text)
+{
+    task_end_run(co, t, status, text, false);
+}
+
 /* Send the task to node @p n with a reservation there. */
 static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_node *n)
 {
@@ -215,6 +270,7 @@ static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_n
     t->state = COORD_TASK_PLACED;
     t->node_id = n->rec.node_id;
     t->run_id = t->id;
+    t->adopted = 0;
     t->placements++;
     ev.u.task = t->t;
     ev.u.task.task_id = t->id;
@@ -300,11 +356,24 @@ static struct coord_task *task_new(struct cfx_coord *co, const struct cfx_msg_ta
     return t;
 }
 
+/* The node a repeat's hint names, when it is the process the hint meant.
+ * With a state directory ids are never reused: the node holding the id is
+ * that one.  Without, after a restart (co->ids_of_before), only a node that
+ * took its id of before back is; one that got the id afresh (a node that
+ * joined first may: see stateless_rejoin in coord.c) is another process,
+ * which never ran the task.  Trusting it released the repeat to run a
+ * second time while the task still ran where it had been. */
+static struct coord_node *hint_find(struct cfx_coord *co, uint32_t hint_node)
+{
+    struct coord_node *n = hint_node ? cfx__coord_node_find(co, hint_node) : NULL;
+    return n && (n->rejoined || !co->ids_of_before) ? n : NULL;
+}
+
 /* A repeat with @p hint_node waits: the grace after the start runs, and
  * that node (when known) has not closed its re-announcement list. */
 static int held_now(struct cfx_coord *co, uint32_t hint_node)
 {
-    struct coord_node *n = hint_node ? cfx__coord_node_find(co, hint_node) : NULL;
+    struct coord_node *n = hint_find(co, hint_node);
 
     if (cfx__now_ns() - co->start_ns >= (uint64_t)co->task_grace_ms * 1000000ull)
         return 0;
@@ -525,6 +594,19 @@ void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const stru
     co->ntask_waits++;
 }
 
+/* The ended task that node @p node ran under @p run_id (an adopted id), or NULL. */
+static struct coord_task *task_find_done_run(struct cfx_coord *co, uint64_t run_id,
+                                             uint32_t node)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &co->tasks_done) {
+        struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+        if (t->node_id == node && t->run_id == run_id)
+            return t;
+    }
+    return NULL;
+}
+
 /* The live task that node @p node runs under @p run_id. */
 static struct coord_task *task_find_run(struct cfx_coord *co, uint64_t run_id, uint32_t node)
 {
@@ -546,6 +628,25 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
      * its deadline, or not re-announced yet after a restart (its
      * re-announcement ends it): the report does not count */
     if (!t) {
+        struct coord_resv *r = run_find(co, m->u.task_st.task_id, node);
+        if (r) {
+            /* a run that went on after its task ended for its waiter:
+             * the end counted already (a timed-out task stays timed out);
+             * its slot is free now, and its results are the submitter's */
+            struct coord_task *ended = task_find(co, m->u.task_st.task_id);
+            if (!ended)
+                ended = task_find_done_run(co, m->u.task_st.task_id, node);
+            CFX_LOG(INFO, CTL, "node %u ended task %llu after it ended for its waiter (%s; "
+                    "the run's own status %s): its reservation is released", node,
+                    (unsigned long long)m->u.task_st.task_id,
+                    ended ? cfx_errname(ended->status) : "forgotten",
+                    cfx_errname(m->u.task_st.status));
+            if (ended)
+                results_grant(co, ended, node);
+            cfx__coord_resv_free(co, r);
+            retry_queue(co);
+            return;
+        }
         CFX_LOG(DEBUG, CTL, "node %u reports task %llu, which it does not hold (now)", node,
                 (unsigned long long)m->u.task_st.task_id);
         return;
@@ -611,8 +712,10 @@ void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
             snprintf(text, sizeof(text), "task %llu ('%s') did not end on node %u before its "
                      "deadline (%u ms)", (unsigned long long)t->id, t->t.name, t->node_id,
                      t->t.timeout_ms);
-        task_end(co, t, CFX_ERR_TIMEOUT, text);
-        freed = 1;
+        /* a placed one still runs there (nothing stops it): its slot stays
+         * taken until the node reports the end (run_detach) */
+        freed |= t->state != COORD_TASK_PLACED;
+        task_end_run(co, t, CFX_ERR_TIMEOUT, text, true);
     }
     cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
         struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
@@ -626,7 +729,10 @@ void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
     }
     while (co->ntasks_done) {
         struct coord_task *old = cfx_list_entry(co->tasks_done.next, struct coord_task, link);
-        if (now - old->done_ns < (uint64_t)COORD_TASK_DONE_KEEP_MS * 1000000ull)
+        /* one ended in this tick (a deadline above) ended after @p now: the
+         * difference wrapped, and the task was forgotten at once */
+        if (old->done_ns >= now ||
+            now - old->done_ns < (uint64_t)COORD_TASK_DONE_KEEP_MS * 1000000ull)
             break;
         cfx_list_del(&old->link);
         task_free(old);
@@ -707,14 +813,17 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
 static void held_release(struct cfx_coord *co, struct coord_task *t)
 {
     uint32_t gone = t->hint_node;
-    struct coord_node *n = gone ? cfx__coord_node_find(co, gone) : NULL, *to = NULL;
+    struct coord_node *n = hint_find(co, gone), *to = NULL;
     const struct cfx_object_id *lost;
     char why[256], text[CFX_PROTO_TEXT_MAX];
 
     t->state = COORD_TASK_QUEUED;
     if (!gone || (n && n->rec.alive && n->worker && n->worker->announced))
         return;
-    lost = input_lost(co, t, gone);
+    /* the id's holder now is another process (hint_find): its copies and
+     * slots are its own, nothing to avoid */
+    uint32_t avoid = !n && cfx__coord_node_find(co, gone) ? 0 : gone;
+    lost = input_lost(co, t, avoid);
     if (lost) {
         char hex[CFX_OBJECT_ID_HEX_LEN];
         cfx_object_id_to_hex(lost, hex);
@@ -725,7 +834,7 @@ static void held_release(struct cfx_coord *co, struct coord_task *t)
         task_end(co, t, CFX_ERR_PEER_FAILED, text);
         return;
     }
-    int rc = cfx__coord_place(co, &t->t, gone, &to, why, sizeof(why));
+    int rc = cfx__coord_place(co, &t->t, avoid, &to, why, sizeof(why));
     if (rc == CFX_OK)
         rc = task_start(co, t, to);
     if (rc == CFX_OK) {
@@ -754,6 +863,7 @@ static int task_adopt(struct cfx_coord *co, struct coord_task *t, struct coord_n
     t->state = COORD_TASK_PLACED;
     t->node_id = n->rec.node_id;
     t->run_id = run_id;
+    t->adopted = 1;
     t->placements++;
     return CFX_OK;
 }
@@ -764,9 +874,12 @@ static void announce_end(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos;
     n->worker->announced = 1;
+    /* a node that got its id afresh may not be the one the hints name
+     * (hint_find): the repeats wait for that one, or the grace */
     cfx_list_for_each(pos, &co->tasks) {
         struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
-        if (t->state == COORD_TASK_HELD && t->hint_node == n->rec.node_id)
+        if (t->state == COORD_TASK_HELD && t->hint_node == n->rec.node_id &&
+            hint_find(co, t->hint_node) == n)
             t->state = COORD_TASK_QUEUED;
     }
     retry_queue(co);
@@ -797,13 +910,36 @@ void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
         return;
     }
     t = task_find_key(co, mt->key);
-    if (t && t->state == COORD_TASK_PLACED && t->node_id != node) {
-        CFX_LOG(ERR, CTL, "node %u re-announces task %llu ('%s'), placed on node %u meanwhile "
-                "(node %u came back after the grace, or was taken for dead): it runs twice",
+    if (t && t->state == COORD_TASK_PLACED && t->node_id != node && t->adopted) {
+        /* two nodes each say they run it: both runs are real (one was taken
+         * for dead before the restart and spoke again); the first stays */
+        CFX_LOG(ERR, CTL, "node %u re-announces task %llu ('%s'), which node %u re-announced "
+                "already (node %u was taken for dead before the restart): it runs twice",
                 node, (unsigned long long)t->id, t->t.name, t->node_id, node);
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_EXISTS, "task %llu is placed on node %u",
                              (unsigned long long)t->id, t->node_id);
         return;
+    }
+    if (t && t->state == COORD_TASK_PLACED && t->node_id != node) {
+        /* This coordinator placed it (a repeat released by the grace, or by
+         * a hint), but node @p node has run it since before the restart:
+         * that run is the task's, and its end is what the waiter gets.  The
+         * run sent meanwhile cannot be stopped (no message does): it keeps
+         * its reservation until its node reports its end (run_detach). */
+        if (n->worker->nres >= co->max_node_tasks) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "node %u re-announces "
+                                 "task %llu with %u tasks placed on it: the max_node_tasks cap",
+                                 node, (unsigned long long)mt->task_id, n->worker->nres);
+            return;
+        }
+        CFX_LOG(WARN, CTL, "node %u re-announces task %llu ('%s') after the grace, which "
+                "had placed it on node %u: node %u's run is the task's; the one on node %u "
+                "cannot be stopped", node, (unsigned long long)t->id, t->t.name, t->node_id,
+                node, t->node_id);
+        run_detach(t);
+        t->state = COORD_TASK_QUEUED;
+        co->ntasks_queued++; /* task_adopt takes it off the queue again */
+        t->node_id = 0;
     }
     if (t && (t->state == COORD_TASK_DONE || t->state == COORD_TASK_PLACED)) {
         cfx__coord_reply_ok(c, m->req_id); /* known already: a repeat */

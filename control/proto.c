@@ -307,6 +307,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
         break;
     case CFX_MSG_OBJ_DELETE:
         wr_bytes(w, m->u.del.id.bytes, CFX_OBJECT_ID_LEN);
+        wr_u8(w, m->u.del.end ? 1 : 0);
         break;
     case CFX_MSG_NODE_GET:
         wr_u32(w, m->u.node_get.node_id);
@@ -664,6 +665,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
         break;
     case CFX_MSG_OBJ_DELETE:
         rd_bytes(r, m->u.del.id.bytes, CFX_OBJECT_ID_LEN, "object id");
+        m->u.del.end = rd_flag(r, "end flag");
         break;
     case CFX_MSG_NODE_GET:
         m->u.node_get.node_id = rd_u32(r, "node id");

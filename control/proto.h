@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      11u /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      12u /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -65,7 +65,9 @@
                                     *     the submitter and a node hint in every task
                                     *     body, the AGAIN flag of a repeated
                                     *     TASK_SUBMIT, TASK_ANNOUNCE;
-                                    * 11: EV_STOPPING, the coordinator's goodbye */
+                                    * 11: EV_STOPPING, the coordinator's goodbye;
+                                    * 12: OBJ_DELETE's end flag (a task's submitter
+                                    *     withdraws its results) */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -329,6 +331,10 @@ struct cfx_msg {
         } done;
         struct {
             struct cfx_object_id id;
+            uint8_t end;        /* withdraw the object when this node may (its
+                                 * putter always does; the submitter of the task
+                                 * that put it only with this); 0: drop this
+                                 * node's copy (a cfx_get_alloc buffer freed) */
         } del;
         struct {
             uint32_t node_id;

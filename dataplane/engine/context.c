@@ -381,19 +381,23 @@ static void on_node_left(void *arg, uint32_t node_id)
  * stops answering gets here at once, and leaves the store
  * (cfx__copy_withdrawn).  Its buffer is the getter's (cfx_get) or the
  * caller's arena buffer (cfx_get_alloc, freed by cfx_buf_free), never ours
- * to free.  A copy still being got is dropped by its get when the transfer
- * ends.
+ * to free; but for a task result this node put (cfx_task_result_put): its
+ * buffer is the library's copy, which nobody else frees, and the object's
+ * submitter's delete withdrew it.  A putter's other objects are its own
+ * (only its delete ends them).  A copy still being got is dropped by its
+ * get when the transfer ends.
  */
 void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o)
 {
-    if (o->owned || o->ephemeral || o->deleting || o->p2p)
+    const bool ours = o->owned && o->arena && !o->lent;
+    if ((o->owned && !ours) || o->ephemeral || o->deleting || o->p2p)
         return;
     o->withdrawn = true;
     o->announced = false;
     cfx__withdrawn_add(ctx, &o->id);
     if (o->complete && !o->in) {
         o->deleting = true; /* new gets and GET_REQs pass it by from now on */
-        o->arena = false;
+        o->arena = ours;
         if (cfx__cmd_new(ctx, CFX_CMD_OBJ_RELEASE, o, NULL) != CFX_OK)
             CFX_LOG(ERR, OBJ, "node %u: out of memory releasing a withdrawn copy",
                     ctx->node_id);

@@ -127,8 +127,11 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
 
 /* ---- delete ---------------------------------------------------------------- */
 
+/* @p end: a cfx_delete, which ends the object when this node may (its
+ * putter, or the submitter of the task that put it, even holding no copy);
+ * else the copy of a freed cfx_get_alloc buffer goes, and only it. */
 static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
-                       const struct cfx_obj_params *params)
+                       const struct cfx_obj_params *params, bool end)
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     uint64_t deadline;
@@ -149,6 +152,12 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         pthread_mutex_unlock(&ctx->lock);
         return CFX_OK;
     }
+    if (!obj && end) {
+        /* no copy here: the task this node submitted may have put it (the
+         * coordinator decides; NOT_FOUND from it names what it knows) */
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+    }
     if (!obj || obj->deleting || !obj->complete) {
         pthread_mutex_unlock(&ctx->lock);
         return cfx__err(CFX_ERR_NOT_FOUND, "cfx_delete: node %u holds no object %s",
@@ -164,7 +173,8 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
 
     int rc = CFX_OK;
     if (announced)
-        rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+        rc = end ? cfx__ctl_obj_delete(ctx->ctl, id, deadline)
+                 : cfx__ctl_obj_drop(ctx->ctl, id, deadline);
 
     pthread_mutex_lock(&ctx->lock);
     obj->announced = false;
@@ -226,7 +236,9 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
      * failover; a restarted coordinator knew nothing of it anyway). */
     if (backs_object) {
         struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
-        cfx_delete(ctx, &id, cfx__ctl_lost_ms(ctx->ctl) ? &p : NULL);
+        if (cfx__ctx_enter(ctx, "cfx_buf_free") == CFX_OK)
+            cfx__api_done(ctx, delete_call(ctx, &id, cfx__ctl_lost_ms(ctx->ctl) ? &p : NULL,
+                                           false));
     }
 }
 
@@ -286,6 +298,6 @@ int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
     int rc = ctx ? cfx__ctx_enter(ctx, "cfx_delete") : CFX_OK;
     if (rc != CFX_OK)
         return rc;
-    rc = delete_call(ctx, id, params);
+    rc = delete_call(ctx, id, params, true);
     return ctx ? cfx__api_done(ctx, rc) : rc;
 }

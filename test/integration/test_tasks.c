@@ -34,7 +34,7 @@ struct work_arg {
     uint8_t wait_go;
     uint8_t make;
     uint8_t fail;
-    uint8_t pad;
+    uint8_t linger; /* with wait_go: wait CALL_MS for "go", past the task's own deadline */
     uint32_t seed;
     uint64_t size;
 };
@@ -63,7 +63,7 @@ static int work(const struct cfx_task_call *call, void *arg)
         return CFX_ERR_INVALID;
     memcpy(&a, call->arg, sizeof(a));
     struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
-                                 .timeout_ms = call->timeout_ms };
+                                 .timeout_ms = a.linger ? CALL_MS : call->timeout_ms };
     if (a.wait_go) {
         struct cfx_object_id go;
         char b;
@@ -609,4 +609,105 @@ Test(tasks, offered_again_after_a_coordinator_restart)
         cr_assert_eq(run(name, NULL, 0, a, wk[w].node), wk[w].node);
         cr_assert_eq(check_result(name, NULL, NULL, 0), wk[w].node);
     }
+}
+
+Test(tasks, deadline_keeps_the_slot_until_the_run_ends)
+{
+    /* A task that outlives its deadline: its waiter gets CFX_ERR_TIMEOUT at
+     * the deadline, but the run goes on on its node (nothing stops it), so
+     * its 2 cores stay reserved: a second 2-core task for that node waits
+     * for the run's end instead of running beside it.  Its late end stays
+     * a timeout.  (Before: the deadline freed the cores at once and the
+     * second task was placed beside the run still going.) */
+    struct cfx_object_id r1, r2, go;
+    struct cfx_task_params p1, p2;
+    struct work_arg slow = { .wait_go = 1, .linger = 1 }, quick = { .seed = 0 };
+    struct cfx_task_needs on0 = { .field_mask = CFX_TASK_NEEDS_NODES | CFX_TASK_NEEDS_CORES,
+                                  .cores = 2, .nodes = &wk[0].node, .n_nodes = 1 };
+    struct cfx_task *t1 = NULL, *t2 = NULL;
+    uint32_t node = 0;
+    oid("tasks/late/1", &r1);
+    oid("tasks/late/2", &r2);
+    oid("tasks/go", &go);
+    targ(&p1, &slow);
+    p1.timeout_ms = 300;
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r1, 1, &on0, &p1, &t1), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_task_node(t1), wk[0].node);
+    cr_assert_eq(cfx_task_wait(t1, CALL_MS, &node), CFX_ERR_TIMEOUT, "%s", cfx_last_error());
+
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r2, 1, &on0, targ(&p2, &quick), &t2),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t2), 0, "placed at once on node %u beside the run past its "
+                 "deadline", cfx_task_node(t2));
+    cr_assert_eq(cfx_task_wait(t2, 0, &node), CFX_ERR_AGAIN, "%s", cfx_last_error());
+
+    /* the run ends: its cores are free, the second task runs there */
+    cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
+    cr_assert_eq(cfx_task_wait(t2, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk[0].node);
+    cr_assert_eq(check_result("tasks/late/2", NULL, NULL, 0), wk[0].node);
+    /* the late end (the run put its result) is still a timeout */
+    cr_assert_eq(cfx_task_wait(t1, CALL_MS, &node), CFX_ERR_TIMEOUT, "%s", cfx_last_error());
+    cfx_task_free(t1);
+    cfx_task_free(t2);
+    cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
+}
+
+Test(tasks, submitter_withdraws_its_results)
+{
+    /* The submitter may withdraw its task's result as the putter (the
+     * worker) may: every copy goes and the id is free for a new put.
+     * Another node's delete drops its own copy only.  (Before: the
+     * submitter's delete dropped its own copy, the record stayed with the
+     * worker's copy, and a put of the id failed with CFX_ERR_EXISTS.) */
+    struct cfx_object_id r;
+    struct work_arg mk = { .make = 1, .seed = 77, .size = BIG };
+    void *buf = NULL;
+    size_t len = 0;
+    uint8_t *ref = made(77, BIG);
+    struct cfx_context *other = coord_run_join(&co, CALL_MS);
+    oid("tasks/own/r", &r);
+
+    cr_assert_eq(run("tasks/own/r", NULL, 0, mk, wk[1].node), wk[1].node);
+    /* a third node, neither putter nor submitter: its delete drops its copy */
+    buf = malloc(BIG);
+    cr_assert(buf);
+    cr_assert_eq(cfx_get(other, &r, buf, BIG, &len, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(len, BIG);
+    cr_assert_eq(memcmp(buf, ref, BIG), 0);
+    cr_assert_eq(cfx_delete(other, &r, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(other, &r, ref, BIG, NULL), CFX_ERR_EXISTS, "%s", cfx_last_error());
+
+    /* the submitter's delete withdraws the object */
+    memset(buf, 0, BIG);
+    cr_assert_eq(cfx_get(ctx, &r, buf, BIG, &len, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(len, BIG);
+    cr_assert_eq(memcmp(buf, ref, BIG), 0);
+    cr_assert_eq(cfx_delete(ctx, &r, NULL), CFX_OK, "%s", cfx_last_error());
+    free(buf);
+    cr_assert_eq(cfx_put(other, &r, ref, BIG, NULL), CFX_OK, "the id is still taken: %s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_delete(other, &r, NULL), CFX_OK, "%s", cfx_last_error());
+
+    /* the submitter's cfx_buf_free of a cfx_get_alloc copy drops that copy
+     * only (freeing a buffer is no decision to end the result); its delete
+     * ends it even holding no copy */
+    struct cfx_object_id r2;
+    void *ab = NULL;
+    size_t al = 0;
+    oid("tasks/own/r2", &r2);
+    cr_assert_eq(run("tasks/own/r2", NULL, 0, mk, wk[2].node), wk[2].node);
+    cr_assert_eq(cfx_get_alloc(ctx, &r2, &ab, &al, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(al, BIG);
+    cr_assert_eq(memcmp(ab, ref, BIG), 0);
+    cfx_buf_free(ctx, ab);
+    cr_assert_eq(cfx_put(other, &r2, ref, BIG, NULL), CFX_ERR_EXISTS,
+                 "a freed buffer withdrew the result: %s", cfx_last_error());
+    cr_assert_eq(cfx_delete(ctx, &r2, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(other, &r2, ref, BIG, NULL), CFX_OK, "the id is still taken: %s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_delete(other, &r2, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(other);
+    free(ref);
 }

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include <conflux/conflux.h>
 
 #include "coord_run.h"
+#include "testutil.h"
 #include "dataplane/engine/engine.h"
 
 #define CHILD_ENV "CFX_TEST_TASKS_RESTART_CHILD"
@@ -410,4 +412,81 @@ Test(tasks_restart, worker_killed_while_the_coordinator_is_down)
     snprintf(want, sizeof(want), "node %u ran it", dead);
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     cfx_task_free(t);
+}
+
+/* ---- without a state directory -------------------------------------------------- */
+
+/* Start the coordinator of co on co.port without --state-dir (what coord_run
+ * always passes): it keeps nothing across a restart, node ids included. */
+static void stateless_start(void)
+{
+    const char *a[] = { "--port", co.port, "--token", co.token, "--heartbeat-ms", "100",
+                        "--dead-after-ms", "1500", "--task-grace-ms", GRACE_MS, NULL };
+    coord_child_start(&co.cc, co.logpath, 0, a);
+}
+
+static void stateless_setup(void)
+{
+    memset(&co, 0, sizeof(co));
+    cfx_test_token(co.token, sizeof(co.token));
+    snprintf(co.dir, sizeof(co.dir), "/tmp/cfx-trestart-sl-%d", (int)getpid());
+    cr_assert(mkdir(co.dir, 0700) == 0 || errno == EEXIST, "mkdir %s", co.dir);
+    snprintf(co.logpath, sizeof(co.logpath), "%s/coord.log", co.dir);
+    snprintf(co.port, sizeof(co.port), "0");
+    stateless_start();
+}
+
+static void stateless_teardown(void)
+{
+    char cmd[256];
+    cfx_context_destroy(ctx);
+    worker_end(&wk);
+    coord_child_kill(&co.cc, SIGTERM);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", co.dir);
+    (void)!system(cmd);
+}
+
+TestSuite(tasks_stateless, .init = stateless_setup, .fini = stateless_teardown, .timeout = 120);
+
+Test(tasks_stateless, nodes_keep_their_ids_and_the_task_runs_once)
+{
+    /* Nodes 1 and 2 leave, so the worker is node 3 and the submitter node
+     * 4.  After a kill -9 of a coordinator without a state directory each
+     * gets its id back (none is taken), so the waiter's hint ("node 3")
+     * still names the worker, which runs the task once.  (Before: the new
+     * coordinator numbered the reconnecting nodes 1 and 2, in the order
+     * they came; the wait answered from another id, or, with a hint
+     * naming the wrong worker, a second run.) */
+    struct cfx_context *gone[2];
+    for (int i = 0; i < 2; i++)
+        gone[i] = coord_run_join_at(co.cc.addr, co.token, CALL_MS);
+    cr_assert(gone[0] && gone[1], "%s", cfx_last_error());
+    worker_start(&wk);
+    ctx = coord_run_join_at(co.cc.addr, co.token, CALL_MS);
+    cr_assert(ctx, "%s", cfx_last_error());
+    for (int i = 0; i < 2; i++)
+        cfx_context_destroy(gone[i]);
+    uint32_t me = cfx_context_node_id(ctx);
+    cr_assert_eq(wk.node, 3);
+    cr_assert_eq(me, 4);
+
+    struct count_arg a = { .tag = 's', .gate = 1, .seed = 21, .size = 2000 };
+    struct waiter w = { .t = submit("trestart/s", &a) };
+    uint64_t id = cfx_task_id(w.t);
+    started(&wk, 's');
+    cr_assert_eq(pthread_create(&w.th, NULL, wait_main, &w), 0);
+    snprintf(co.port, sizeof(co.port), "%u", co.cc.port);
+    coord_child_kill(&co.cc, SIGKILL);
+    stateless_start();
+    release(&wk);
+    pthread_join(w.th, NULL);
+    cr_assert_eq(w.rc, CFX_OK, "wait: %s", w.err);
+    cr_assert_eq(w.node, wk.node, "ended on node %u; the worker was node %u", w.node, wk.node);
+    cr_assert_eq(cfx_task_id(w.t), id, "the task changed its id");
+    cr_assert_eq(cfx_context_node_id(ctx), me, "the submitter is node %u now, was %u",
+                 cfx_context_node_id(ctx), me);
+    check_result("trestart/s", 21, 2000);
+    cfx_task_free(w.t);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['s'], 1, "the task ran %u times", wk.seen['s']);
 }
