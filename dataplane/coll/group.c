@@ -779,6 +779,18 @@ static void group_release_ctx(struct cfx_group *g)
     for (int i = 0; i < g->nheld; i++)
         cfx__ctl_obj_delete(g->ctx->ctl, &g->held[i], dl);
     g->nheld = 0;
+    /* what the other ranks sent that nobody here received (a failed call's
+     * leftovers, an unmatched send) held their eager credits for good */
+    const uint64_t chans[] = { g->chan, g->chan_user, g->chan_split, g->chan_chk };
+    int dropped = 0;
+    pthread_mutex_lock(&g->ctx->lock);
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(chans); i++)
+        if (chans[i])
+            dropped += cfx__eager_chan_close(g->ctx, chans[i]);
+    pthread_mutex_unlock(&g->ctx->lock);
+    if (dropped)
+        CFX_LOG(INFO, COLL, "group %s: rank %d: %d message(s) that no call received were "
+                "dropped at its destroy", g->name, g->rank, dropped);
     cfx_buf_free(g->ctx, g->scratch);
     g->scratch = NULL;
     epoch_release(g->ctx->node_id, g->name);

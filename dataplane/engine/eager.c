@@ -285,6 +285,28 @@ static void unexp_put(struct cfx_context *ctx, struct cfx_eager_unexp *u)
     ctx->unexp_ncached++;
 }
 
+static bool chan_closed(const struct cfx_context *ctx, uint64_t chan)
+{
+    for (unsigned i = 0; i < CFX_CLOSED_CHANS && i < ctx->closed_next; i++)
+        if (ctx->closed_chans[i] == chan)
+            return true;
+    return false;
+}
+
+static bool drop_any(void *arg, const struct cfx_eager_unexp *u)
+{
+    (void)arg;
+    (void)u;
+    return true;
+}
+
+int cfx__eager_chan_close(struct cfx_context *ctx, uint64_t chan)
+{
+    if (!chan_closed(ctx, chan))
+        ctx->closed_chans[ctx->closed_next++ % CFX_CLOSED_CHANS] = chan;
+    return cfx__eager_unexp_drop(ctx, chan, drop_any, NULL);
+}
+
 void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len)
 {
     const struct cfx_dp_eager *m = msg;
@@ -308,6 +330,10 @@ void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         cfx_list_del(&obj->p2p_link);
         deliver(ctx, obj, m->data, m->len);
         consumed(ctx, conn->eager_id, true);
+        return;
+    }
+    if (unlikely(chan_closed(ctx, m->chan))) {
+        consumed(ctx, conn->eager_id, true); /* for nobody: a destroyed group's */
         return;
     }
     struct cfx_eager_unexp *u = unexp_take(ctx, m->len);

@@ -836,6 +836,7 @@ struct cfx_config {
                                    connections (control/seal.h) */
 };
 
+#define CFX_CLOSED_CHANS 64 /* closed p2p channels remembered (struct cfx_context) */
 #define CFX_CONN_FAILS_KEEP 8 /* connection failures remembered (struct cfx_context) */
 
 struct cfx_context {
@@ -879,6 +880,11 @@ struct cfx_context {
     struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
     struct cfx_list eager_posted; /* struct cfx_obj.p2p_link: eager receives, posting order */
     struct cfx_list eager_unexp;  /* struct cfx_eager_unexp: arrived before their receive */
+    /* channels closed for good (a destroyed group's): what is queued on
+     * them went, and what comes later is dropped on arrival, its credit
+     * given back (cfx__eager_chan_close; ctx->lock) */
+    uint64_t closed_chans[CFX_CLOSED_CHANS];
+    unsigned closed_next;
     uint64_t eager_conn_ids;    /* last cfx_conn.eager_id handed out */
     uint32_t eager_gone[64];    /* nodes whose connection ended (ring): a receive from one
                                    with none live fails at once (eager.c) */
@@ -1220,6 +1226,12 @@ bool cfx__eager_unexp_scan(struct cfx_context *ctx, uint64_t chan,
                            bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg);
 int cfx__eager_unexp_drop(struct cfx_context *ctx, uint64_t chan,
                           bool (*fn)(void *arg, const struct cfx_eager_unexp *u), void *arg);
+/* ctx->lock held: channel @p chan is done with for good (a group's at its
+ * destroy): the messages queued on it nobody will receive go, and so does
+ * each later one on arrival, every sender's credit given back (held, they
+ * would stall the pair's eager traffic once the grant is used up).  The
+ * last CFX_CLOSED_CHANS channels are remembered.  Returns how many went. */
+int cfx__eager_chan_close(struct cfx_context *ctx, uint64_t chan);
 bool cfx__node_is_dead(struct cfx_context *ctx, uint32_t node_id);
 /* Teardown (no progress thread any more). */
 void cfx__eager_destroy_all(struct cfx_context *ctx);

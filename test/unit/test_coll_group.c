@@ -1013,6 +1013,52 @@ Test(coll_group, nan_results_agree_bit_for_bit, .timeout = 60)
     ranks_ok("shm", 3, "nan3", body_nan_bits);
 }
 
+/* Messages nobody received (unmatched sends here) are dropped when their
+ * group is destroyed, and later ones on its channels when they arrive: each
+ * held one of the pair's CFX_EAGER_CREDITS (64) for good, so after three
+ * groups that left 30 each, rank 0's eager sends to rank 1 waited for
+ * credits that never came back (timed out at the group's 3 s). */
+static int body_leftovers(struct rank_run *rr)
+{
+    for (int round = 0; round < 4; round++) {
+        char name[32];
+        snprintf(name, sizeof(name), "left%d", round);
+        struct cfx_group_params gp = {
+            .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                          CFX_GROUP_PARAM_TIMEOUT,
+            .name = name, .rank = rr->rank, .size = 2, .timeout_ms = 3000,
+        };
+        struct cfx_group *g = NULL;
+        int rc = cfx_group_create(rr->ctx, &gp, &g);
+        for (int i = 0; rc == CFX_OK && i < 30 && rr->rank == 0; i++)
+            rc = cfx_group_send(g, &i, sizeof(i), 1, 5, NULL);
+        if (rc == CFX_OK)
+            rc = cfx_group_barrier(g, NULL);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        cfx_group_destroy(g);
+        if (rc != CFX_OK)
+            return cfx__err(rc, "round %d: %s", round, why);
+    }
+    if (rr->rank == 1) {
+        pthread_mutex_lock(&rr->ctx->lock);
+        int held = 0;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &rr->ctx->eager_unexp)
+            held++;
+        pthread_mutex_unlock(&rr->ctx->lock);
+        if (held)
+            return cfx__err(CFX_ERR_INTERNAL, "%d messages of destroyed groups still held",
+                            held);
+    }
+    return CFX_OK;
+}
+
+Test(coll_group, destroy_drops_what_nobody_received, .timeout = 60)
+{
+    ranks_ok("shm", 2, "leftovers", body_leftovers);
+}
+
 /* ---- cfx_group_send/recv as eager pieces (group_split.c) -------------------------- */
 
 /* Sizes around every change of form: one eager send, the first piece (the
