@@ -158,6 +158,30 @@ static void epoch_kept_add(uint32_t node_id, const char *name, const struct cfx_
     pthread_mutex_unlock(&epoch_lock);
 }
 
+/*
+ * A creation at @p epoch failed before its ranks had found each other (not
+ * on a size disagreement): the name is free again and the next creation
+ * takes the same epoch.  A rank that timed out waiting for a late one and
+ * tries again must meet it there: counted on, each try went one epoch past
+ * the late rank's and they never met.  Nothing of the failed try can
+ * confuse the next: its bootstrap objects were withdrawn (one whose delete
+ * failed is skipped for the next slot, boot_publish), and no rank sent on
+ * its channels (that starts once every rank was found).  A creation that
+ * failed later, or on sizes that disagree (whose objects stay for the other
+ * ranks to read), goes on to the next epoch (epoch_release()).
+ */
+static void epoch_unwind(uint32_t node_id, const char *name, uint32_t epoch)
+{
+    pthread_mutex_lock(&epoch_lock);
+    for (struct epoch_ent *e = epochs; e; e = e->next)
+        if (e->node_id == node_id && !strcmp(e->name, name)) {
+            e->live = false;
+            if (e->count == epoch + 1)
+                e->count = epoch;
+        }
+    pthread_mutex_unlock(&epoch_lock);
+}
+
 static void epoch_release(uint32_t node_id, const char *name)
 {
     pthread_mutex_lock(&epoch_lock);
@@ -508,6 +532,9 @@ static uint32_t wait_turn(struct cfx_group *g)
  */
 static int group_enter(struct cfx_group *g, const char *what)
 {
+    if (cfx__fork_gen() != g->fork_gen) /* before any lock: a parent's thread may hold it */
+        return cfx__err(CFX_ERR_INVALID, "%s: group %s was created before this process "
+                        "forked: a child creates its own context and groups", what, g->name);
     pthread_mutex_lock(&g->lock);
     int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",
                                   what, g->name)
@@ -635,6 +662,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
         return cfx__err(CFX_ERR_INVALID, "group %s: timeout %d ms: every call of a group has a "
                         "deadline (>= 1 ms)", name, params->timeout_ms);
     int rank = -1, size = 0; /* set by rank_size() on success */
+    bool found = false;      /* the ranks found each other (boot_join) */
     int rc = rank_size(params, &rank, &size);
     if (rc != CFX_OK)
         return rc;
@@ -686,6 +714,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
 
     if (size > 1 && (rc = boot_join(g)) != CFX_OK)
         goto err_withdraw;
+    found = true;
     if (size == 1)
         g->nodes[0] = ctx->self;
 
@@ -739,7 +768,10 @@ err_withdraw: {
             cfx__ctl_obj_delete(ctx->ctl, &g->held[i], cfx__deadline_ns(1000));
     cfx__err(rc, "%s", why);
     free(g->held);
-    epoch_release(ctx->node_id, g->name);
+    if (!found && !g->size_clash)
+        epoch_unwind(ctx->node_id, g->name, g->epoch);
+    else
+        epoch_release(ctx->node_id, g->name);
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
@@ -868,6 +900,10 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
     uint64_t m = params ? params->field_mask : 0;
     enum cfx_memtype mt = (m & CFX_COLL_PARAM_MEMTYPE) ? params->memtype : CFX_MEMTYPE_HOST;
     int timeout = (m & CFX_COLL_PARAM_TIMEOUT) ? params->timeout_ms : g->timeout_ms;
+    if (cfx__fork_gen() != g->fork_gen)
+        return cfx__err(CFX_ERR_INVALID, "group %s %s: the group was created before this "
+                        "process forked: a child creates its own context and groups", g->name,
+                        what);
     /* group_enter and the wait for queued collectives in one hold */
     pthread_mutex_lock(&g->lock);
     int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",

@@ -159,27 +159,26 @@ static void rx_done(struct cfx_group *g, struct split_rx *me)
     pthread_mutex_unlock(&g->split_lock);
 }
 
-/* The rest of a message whose piece 0 landed as its wait timed out: the
- * sender sent them with it, so they are a moment behind. */
+/* Once piece 0 is taken, the rest of its message are waited for at least
+ * this long, past the call's deadline if need be: the sender sent them with
+ * it, so they are a moment behind, and withdrawn they would be left for the
+ * next receive of (peer, tag). */
 #define SPLIT_REST_GRACE_MS 1000
 
 /* Piece 0 of the next message of (peer, tag) into @p first; CFX_OK when it
  * came, also when it landed as its wait timed out (so that no piece 0 is
- * ever lost: the rest of its message would pass for the next one's; then
- * *@p deadline is moved to give the rest SPLIT_REST_GRACE_MS). */
+ * ever lost: the rest of its message would pass for the next one's). */
 static int rx_first(struct cfx_group *g, uint8_t *first, int peer, uint32_t tag,
-                    uint64_t *deadline)
+                    uint64_t deadline)
 {
     struct cfx_p2p_req *req;
     int rc = cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, tag, first,
                             CFX_EAGER_LIMIT, CFX_MEMTYPE_HOST, &req);
     if (rc != CFX_OK)
         return rc;
-    rc = cfx__p2p_wait(req, *deadline);
-    if (rc == CFX_ERR_TIMEOUT && cfx__p2p_cancel(req) == CFX_OK) {
+    rc = cfx__p2p_wait(req, deadline);
+    if (rc == CFX_ERR_TIMEOUT && cfx__p2p_cancel(req) == CFX_OK)
         rc = CFX_OK;
-        *deadline = cfx__deadline_ns(SPLIT_REST_GRACE_MS);
-    }
     char why[256];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
     cfx__p2p_free(req);
@@ -193,12 +192,13 @@ static int rx_drain(struct cfx_group *g, uint8_t *scratch, size_t len, int peer,
                     uint64_t deadline)
 {
     int rc = CFX_OK;
-    for (int i = 1; i < pieces(len) && rc == CFX_OK; i++) {
+    for (int i = 1; i < pieces(len); i++) {
         struct cfx_p2p_req *req;
-        rc = cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, tag, scratch,
-                            piece_len(len, i), CFX_MEMTYPE_HOST, &req);
-        if (rc == CFX_OK)
-            rc = cfx__p2p_wait_free(req, deadline);
+        int r = cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_split, tag, scratch,
+                               piece_len(len, i), CFX_MEMTYPE_HOST, &req);
+        if (r == CFX_OK)
+            r = cfx__p2p_wait_free(req, deadline);
+        rc = rc == CFX_OK ? r : rc; /* on with the others: each is one of them */
     }
     return rc;
 }
@@ -226,20 +226,29 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
     cfx_list_add_tail(&me.link, &g->split_rx);
     pthread_mutex_unlock(&g->split_lock);
 
-    if ((rc = rx_first(g, first, peer, me.tag, &deadline)) != CFX_OK) {
-        rx_done(g, &me);
-        return rc;
+    uint32_t magic, len;
+    for (;;) {
+        if ((rc = rx_first(g, first, peer, me.tag, deadline)) != CFX_OK) {
+            rx_done(g, &me);
+            return rc;
+        }
+        magic = get_le32(first);
+        len = get_le32(first + 4);
+        if (magic == SPLIT_MAGIC && cfx__group_split_size(len))
+            break;
+        /* a piece of a message whose receive gave up before it came (a
+         * peer stalled past the grace): dropped, and the next piece is
+         * tried as this message's first */
+        CFX_LOG(WARN, COLL, "group %s: rank %d (node %u), tag %d: a message piece without its "
+                "header was dropped (left of a receive that gave up)", g->name, peer,
+                g->nodes[peer].node_id, tag);
     }
-    uint32_t magic = get_le32(first), len = get_le32(first + 4);
-    if (magic != SPLIT_MAGIC || !cfx__group_split_size(len)) {
-        rx_done(g, &me);
-        return cfx__err(CFX_ERR_PROTO,
-                        "group %s: rank %d (node %u), tag %d: a message's first piece has no "
-                        "valid size (magic %#" PRIx32 ", %" PRIu32 " bytes)",
-                        g->name, peer, g->nodes[peer].node_id, tag, magic, len);
-    }
+    /* piece 0 is taken: its message's rest is waited for whatever the
+     * deadline, within the grace */
+    uint64_t grace = cfx__deadline_ns(SPLIT_REST_GRACE_MS);
+    uint64_t rest_dl = deadline > grace ? deadline : grace;
     if (len != bytes) {
-        rc = rx_drain(g, first, len, peer, me.tag, deadline);
+        rc = rx_drain(g, first, len, peer, me.tag, rest_dl);
         rx_done(g, &me);
         if (rc != CFX_OK)
             return rc;
@@ -257,9 +266,22 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
             n++;
     }
     rx_done(g, &me);
-    if ((rc = wait_all(req, n, rc, deadline)) == CFX_OK)
-        memcpy(buf, first + sizeof(struct split_hdr), FIRST_DATA);
-    return rc;
+    /* each waited for until rest_dl, even after one failed: withdrawn early,
+     * a piece would be left for the next receive */
+    char why[256] = "";
+    if (rc != CFX_OK)
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+    for (int i = 0; i < n; i++) {
+        int r = cfx__p2p_wait_free(req[i], rest_dl);
+        if (r != CFX_OK && rc == CFX_OK) {
+            rc = r;
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+        }
+    }
+    if (rc != CFX_OK)
+        return cfx__err(rc, "%s", why);
+    memcpy(buf, first + sizeof(struct split_hdr), FIRST_DATA);
+    return CFX_OK;
 }
 
 int cfx__group_split_p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer,

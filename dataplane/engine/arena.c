@@ -3,9 +3,10 @@
  * the same host can map a destination and copy into it once (shm transport).
  * One segment per allocation; freed segments are cached for reuse (their fd
  * stays open, so a peer's cached mapping of an fd number never points at a
- * different file) up to a bound in bytes and one in segments, then closed:
- * each holds a file descriptor, and a process frees buffers of many sizes
- * (a worker's task results) under a limit of 1024 descriptors by default.
+ * different file) up to a bound in bytes and one in segments, the one freed
+ * longest ago closed to make room: each holds a file descriptor, and a
+ * process frees buffers of many sizes (a worker's task results) under a
+ * limit of 1024 descriptors by default.
  */
 #include "engine.h"
 
@@ -164,6 +165,23 @@ void cfx__arena_taint(struct cfx_context *ctx, const void *p)
         seg->tainted = true;
 }
 
+static void seg_drop(struct cfx_context *ctx, struct cfx_arena_seg *seg);
+
+/* ctx->lock held: the cached segment freed longest ago but @p except (one
+ * being freed), or NULL. */
+static struct cfx_arena_seg *oldest_cached(struct cfx_arena *a,
+                                           const struct cfx_arena_seg *except)
+{
+    struct cfx_arena_seg *old = NULL;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &a->segs) {
+        struct cfx_arena_seg *s = cfx_list_entry(pos, struct cfx_arena_seg, link);
+        if (!s->used && s != except && (!old || s->freed < old->freed))
+            old = s;
+    }
+    return old;
+}
+
 /* ctx->lock held. */
 void cfx__arena_free(struct cfx_context *ctx, void *p)
 {
@@ -175,12 +193,29 @@ void cfx__arena_free(struct cfx_context *ctx, void *p)
     }
     seg->used = false;
     __atomic_sub_fetch(&a->used_bytes, seg->len, __ATOMIC_RELAXED);
-    if (!seg->tainted && a->cached_bytes + seg->len <= ARENA_CACHE_MAX &&
-        a->cached_segs < ARENA_CACHE_SEGS) {
+    if (!seg->tainted && seg->len <= ARENA_CACHE_MAX) {
+        /* kept; the oldest cached ones make room (a size not asked for
+         * again does not hold its place for good) */
+        struct cfx_arena_seg *old;
+        while ((a->cached_segs >= ARENA_CACHE_SEGS ||
+                a->cached_bytes + seg->len > ARENA_CACHE_MAX) &&
+               (old = oldest_cached(a, seg))) {
+            a->cached_bytes -= old->len;
+            a->cached_segs--;
+            seg_drop(ctx, old);
+        }
+        seg->freed = ++a->free_seq;
         a->cached_bytes += seg->len;
         a->cached_segs++;
         return;
     }
+    seg_drop(ctx, seg);
+}
+
+/* ctx->lock held: @p seg (not used, not counted as cached) goes for good. */
+static void seg_drop(struct cfx_context *ctx, struct cfx_arena_seg *seg)
+{
+    struct cfx_arena *a = &ctx->arena;
     cfx_list_del(&seg->link);
     /* Unmapping drops the segment from the transports' registration caches
      * (mem_invalidate): a transport call, for the progress-lock holder only.  An API thread

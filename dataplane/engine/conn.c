@@ -550,6 +550,7 @@ void cfx__conn_fail(struct cfx_conn *conn, int status, const char *why)
     struct cfx_conn_failure *f = &ctx->conn_fails[ctx->conn_fails_next++ % CFX_CONN_FAILS_KEEP];
     f->node_id = conn->node_id;
     f->status = status;
+    f->at_ns = cfx__now_ns();
     snprintf(f->why, sizeof(f->why), "%s", why);
     CFX_LOG(INFO, CONN, "node %u: connection to %s failed: %s (%s)", ctx->node_id,
             conn->name, why, cfx_errname(status));

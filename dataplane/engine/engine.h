@@ -672,6 +672,8 @@ struct cfx_arena_seg {
     int fd;
     bool used;
     bool tainted;               /* a peer may still write into it: never reuse */
+    uint64_t freed;             /* cached: when it was freed (arena.free_seq), the oldest
+                                   goes first when the cache is full */
 };
 
 struct cfx_arena {
@@ -680,6 +682,7 @@ struct cfx_arena {
                                    (the verbs registration cache is a transport's) */
     size_t cached_bytes;        /* free segments kept for reuse */
     unsigned cached_segs;       /* ... and how many (each holds an fd) */
+    uint64_t free_seq;          /* frees so far (cfx_arena_seg.freed) */
     uint64_t used_bytes;        /* bytes of segments in use (atomic: heartbeats read it) */
 };
 
@@ -865,6 +868,7 @@ struct cfx_context {
     struct cfx_conn_failure {
         uint32_t node_id;
         int status;
+        uint64_t at_ns;         /* when (a get quotes only what failed during it) */
         char why[96];
     } conn_fails[CFX_CONN_FAILS_KEEP];
     unsigned conn_fails_next;

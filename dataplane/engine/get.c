@@ -542,7 +542,7 @@ static int get_failover(struct get_op *g, int rc)
         g->src.node.node_id = 0;
         const struct cfx_conn_failure *f = cfx__conn_failure(ctx, failed);
         char cause[160] = "";
-        if (f)
+        if (f && f->at_ns >= g->t0) /* not an older connection's */
             snprintf(cause, sizeof(cause), " (its connection: %s, %s: %s)", f->why,
                      cfx_errname(f->status), cfx_strerror(f->status));
         return cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,

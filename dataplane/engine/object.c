@@ -152,9 +152,10 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         pthread_mutex_unlock(&ctx->lock);
         return CFX_OK;
     }
-    if (!obj && end) {
+    if (!obj && end && !cfx__ctl_lost_ms(ctx->ctl)) {
         /* no copy here: the task this node submitted may have put it (the
-         * coordinator decides; NOT_FOUND from it names what it knows) */
+         * coordinator decides; NOT_FOUND from it names what it knows); with
+         * the coordinator lost, the local answer at once, as before */
         pthread_mutex_unlock(&ctx->lock);
         return cfx__ctl_obj_delete(ctx->ctl, id, deadline);
     }
@@ -200,6 +201,9 @@ int cfx_buf_alloc(struct cfx_context *ctx, size_t size, void **out)
     cfx__err_clear();
     if (!ctx || !out || !size)
         return cfx__err(CFX_ERR_INVALID, "cfx_buf_alloc: %s", !size ? "size 0" : "NULL argument");
+    if (cfx__ctx_forked(ctx))
+        return cfx__err(CFX_ERR_INVALID, "cfx_buf_alloc: the context was created before this "
+                        "process forked: a child creates its own");
     return cfx__arena_alloc(ctx, size, out, &fd, &off);
 }
 
@@ -208,7 +212,9 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
     struct cfx_object_id id;
     bool backs_object = false;
 
-    if (!ctx || !buf)
+    /* a forked child's: its memory goes with the process (the parent's
+     * threads may have held ctx->lock at the fork) */
+    if (!ctx || !buf || cfx__ctx_forked(ctx))
         return;
     struct cfx_obj *entry = NULL;
     pthread_mutex_lock(&ctx->lock);

@@ -128,11 +128,20 @@ int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id, void *bu
     return submit(ctx, CFX_REQ_GET, id, buf, capacity, params, req);
 }
 
+/* A request of a context made before this process forked (include/conflux/context.h). */
+static int forked_err(const char *what)
+{
+    return cfx__err(CFX_ERR_INVALID, "%s: the request was made before this process forked: a "
+                    "child waits for nothing of its parent's", what);
+}
+
 int cfx_request_test(struct cfx_request *req)
 {
     cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_test: NULL request");
+    if (cfx__ctx_forked(req->ctx))
+        return forked_err("cfx_request_test");
     /* the worker running it may wait on a transfer only progress moves: a
      * caller that only tests drives one pass, as MPI_Test does */
     if (__atomic_load_n(&req->status, __ATOMIC_ACQUIRE) == CFX_ERR_AGAIN)
@@ -148,6 +157,8 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_wait: NULL request");
+    if (cfx__ctx_forked(req->ctx)) /* nothing here would ever complete it */
+        return forked_err("cfx_request_wait");
     struct cfx_context *ctx = req->ctx;
     uint64_t deadline = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ctx->lock);
@@ -198,6 +209,8 @@ int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64_t *tota
     cfx__err_clear();
     if (!req || !done || !total)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_progress: NULL argument");
+    if (cfx__ctx_forked(req->ctx))
+        return forked_err("cfx_request_progress");
     *done = 0;
     *total = 0;
     if (req->type != CFX_REQ_PUT && req->type != CFX_REQ_GET)
@@ -233,7 +246,7 @@ size_t cfx_request_size(const struct cfx_request *req)
 
 void cfx_request_free(struct cfx_request *req)
 {
-    if (!req)
+    if (!req || cfx__ctx_forked(req->ctx)) /* a forked child's copy goes with it */
         return;
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);

@@ -248,6 +248,7 @@ static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
 {
     struct ps_worker *w = ps->w;
     struct ps_op *op = s->op;
+    s->held_n = 0; /* what a server said it waits for is that server's */
     if (s->block >= ps->map.nblocks) {
         op_fail(ps, op, CFX_ERR_INVALID, "block %u is not in shard map %u", s->block,
                 ps->map.version);

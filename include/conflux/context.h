@@ -23,10 +23,12 @@
  *
  * fork(): a context, its groups and parameter-server handles belong to the
  * process that created them.  In a forked child the copies are not usable
- * (object, task and group calls and parameter-server pushes, pulls,
- * registers and serves fail with CFX_ERR_INVALID saying so) and their
- * destroys do nothing: the coordinator connection, transports and
- * directory records are the parent's, and the threads are not in the child.
+ * (object, task and group calls, cfx_buf_alloc, the waits and tests of
+ * requests, and parameter-server pushes, pulls, registers and serves fail
+ * with CFX_ERR_INVALID saying so) and their destroys do nothing, nor do
+ * cfx_buf_free and cfx_request_free: the coordinator connection,
+ * transports and directory records are the parent's, the threads are not
+ * in the child, and a lock one of them held at the fork stays held.
  * A child that uses Conflux creates its own context.
  */
 #ifndef CONFLUX_CONTEXT_H

@@ -567,6 +567,64 @@ Test(coll_group, size_mismatch, .timeout = 90)
 }
 
 /*
+ * A rank that timed out waiting for a late one and creates the group again
+ * meets it: a creation that failed before the ranks found each other gives
+ * its epoch back.  Each try used to take the next epoch, so the retry (epoch
+ * 1) and the late rank's first try (epoch 0) never met and both timed out.
+ */
+static pthread_barrier_t retry_bar;
+
+static void *retry_main(void *arg)
+{
+    struct rank_run *rr = arg;
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "retry", .rank = rr->rank, .size = 2, .timeout_ms = 300,
+    };
+    struct cfx_group *g = NULL;
+    if (rr->rank == 0) {
+        rr->rc = cfx_group_create(rr->ctx, &gp, &g); /* rank 1 is not there yet */
+        if (rr->rc != CFX_ERR_TIMEOUT) {
+            snprintf(rr->err, sizeof(rr->err), "the first try: %s: %s", cfx_errname(rr->rc),
+                     cfx_last_error());
+            rr->rc = CFX_ERR_INTERNAL;
+        }
+    }
+    pthread_barrier_wait(&retry_bar); /* rank 1 comes once rank 0 timed out */
+    if (rr->rank == 0 && rr->rc != CFX_ERR_TIMEOUT)
+        return NULL;
+    gp.timeout_ms = 20000;
+    rr->rc = cfx_group_create(rr->ctx, &gp, &g);
+    int32_t v = rr->rank + 1, sum = 0;
+    if (rr->rc == CFX_OK)
+        rr->rc = cfx_group_allreduce(g, &v, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
+    if (rr->rc == CFX_OK && sum != 3)
+        rr->rc = cfx__err(CFX_ERR_INTERNAL, "sum %d", sum);
+    if (rr->rc != CFX_OK)
+        snprintf(rr->err, sizeof(rr->err), "%s", cfx_last_error());
+    cfx_group_destroy(g);
+    return NULL;
+}
+
+Test(coll_group, retry_after_a_timeout_meets_the_late_rank, .timeout = 60)
+{
+    struct rank_run rr[2];
+    pthread_t th[2];
+    up("tcp", 2);
+    pthread_barrier_init(&retry_bar, NULL, 2);
+    for (int i = 0; i < 2; i++) {
+        rr[i] = (struct rank_run){ .rank = i, .ctx = ctxs[i] };
+        cr_assert_eq(pthread_create(&th[i], NULL, retry_main, &rr[i]), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&retry_bar);
+    all_ok(2, rr);
+    down(2);
+}
+
+/*
  * A rank that gives a call up for a reason other than a disagreement tells
  * the others why before it withdraws, and a rank waiting on it names that
  * cause rather than the rank that gave up or its own deadline: a chain

@@ -332,8 +332,9 @@ def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
     """Fetch ``ref`` into ``out`` or a new numpy array of its dtype and shape."""
     ctx = context(job)
     if out is not None:
-        # its bytes are taken as out's elements: another type is garbage
-        if _dtype_str(out) != ref.dtype:
+        # its bytes are taken as out's elements: an array or tensor of
+        # another type gets garbage (a bytearray or memoryview takes bytes)
+        if hasattr(out, "dtype") and _dtype_str(out) != ref.dtype:
             raise TypeError(f"get: the object holds {ref.dtype}, out is {out.dtype}")
         return ctx.get(ref.id, out=out, timeout=timeout)
     return ctx.get(ref.id, timeout=timeout, dtype=_np_dtype(ref.dtype), shape=ref.shape)
