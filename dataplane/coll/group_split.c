@@ -85,12 +85,14 @@ static size_t piece_len(size_t bytes, int i)
     return CFX_MIN(bytes - piece_off(i), (size_t)CFX_EAGER_LIMIT);
 }
 
-/* Wait for and free @p n requests; @p rc is how their posting went (a
- * failed post: the ones posted are withdrawn at once).  The first failure,
- * with its text, is returned. */
-static int wait_all(struct cfx_p2p_req **req, int n, int rc, uint64_t deadline)
+/* Wait for and free @p n requests; @p rc is how their posting went.  A
+ * send's failure (or a failed post) withdraws the others at once; with
+ * @p hold (the pieces of a message being received) each is waited for
+ * until @p deadline all the same: withdrawn early, a piece would be left for
+ * the next receive.  The first failure, with its text, is returned. */
+static int wait_all(struct cfx_p2p_req **req, int n, int rc, uint64_t deadline, bool hold)
 {
-    uint64_t dl = rc == CFX_OK ? deadline : 0;
+    uint64_t dl = rc == CFX_OK || hold ? deadline : 0;
     char why[256] = "";
     if (rc != CFX_OK)
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -99,7 +101,7 @@ static int wait_all(struct cfx_p2p_req **req, int n, int rc, uint64_t deadline)
         if (r != CFX_OK && rc == CFX_OK) {
             rc = r;
             snprintf(why, sizeof(why), "%s", cfx_last_error());
-            dl = 0;
+            dl = hold ? dl : 0;
         }
     }
     return rc == CFX_OK ? CFX_OK : cfx__err(rc, "%s", why);
@@ -129,7 +131,7 @@ static int split_send(struct cfx_group *g, const void *buf, size_t bytes, int pe
             n++;
     }
     pthread_mutex_unlock(&g->split_lock);
-    return wait_all(req, n, rc, deadline);
+    return wait_all(req, n, rc, deadline, false);
 }
 
 /* A receive between its first piece and the posting of the rest: no other
@@ -266,22 +268,9 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
             n++;
     }
     rx_done(g, &me);
-    /* each waited for until rest_dl, even after one failed: withdrawn early,
-     * a piece would be left for the next receive */
-    char why[256] = "";
-    if (rc != CFX_OK)
-        snprintf(why, sizeof(why), "%s", cfx_last_error());
-    for (int i = 0; i < n; i++) {
-        int r = cfx__p2p_wait_free(req[i], rest_dl);
-        if (r != CFX_OK && rc == CFX_OK) {
-            rc = r;
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-        }
-    }
-    if (rc != CFX_OK)
-        return cfx__err(rc, "%s", why);
-    memcpy(buf, first + sizeof(struct split_hdr), FIRST_DATA);
-    return CFX_OK;
+    if ((rc = wait_all(req, n, rc, rest_dl, true)) == CFX_OK)
+        memcpy(buf, first + sizeof(struct split_hdr), FIRST_DATA);
+    return rc;
 }
 
 int cfx__group_split_p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer,
