@@ -634,3 +634,57 @@ class ParameterServer(_c.ParameterServer):
         super().pushpull(key, self._arr(key, grad, "pushpull"),
                          self._arr(key, out, "pushpull", writable=True))
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """This handle's view of the job: its latest shard map's version, the
+        servers (index, node, state, blocks, bytes, measured ns per byte,
+        straggler), tensors and blocks, and its counters (migrations,
+        forwarded requests, redirects, rebalances)."""
+        return super().stats()
+
+    # -- administration, from any member's context (as `rdmactl ps` does)
+    @staticmethod
+    def shards(context: Context, job: str = "ps", *, timeout: float | None = None) -> dict[str, Any]:
+        """The job's latest shard map, as stats() reads it (no scheduler round trip)."""
+        return _c.ps_admin(context, "shards", job, 0, _admin_ms(timeout))
+
+    @staticmethod
+    def add_server(context: Context, job: str = "ps", server: int | None = None, *,
+                   timeout: float | None = None) -> tuple[int, int]:
+        """Admit standby ``server`` (None: the one task placement chooses); returns
+        (server, map version carrying it)."""
+        if server is not None and (isinstance(server, bool) or not isinstance(server, int)
+                                   or server < 0):
+            raise ValueError(f"server is an index >= 0 or None, not {server!r}")
+        return _c.ps_admin(context, "add", job, -1 if server is None else server,
+                           _admin_ms(timeout))
+
+    @staticmethod
+    def remove_server(context: Context, job: str, server: int, *,
+                      timeout: float | None = None) -> int:
+        """Drain ``server``'s blocks to the others; returns the map version that does."""
+        if isinstance(server, bool) or not isinstance(server, int) or server < 0:
+            raise ValueError(f"server is an index >= 0, not {server!r}")
+        return _c.ps_admin(context, "remove", job, server, _admin_ms(timeout))[1]
+
+    @staticmethod
+    def rebalance(context: Context, job: str = "ps", *, timeout: float | None = None) -> int:
+        """Redistribute blocks now from the latest measurements; returns the map version."""
+        return _c.ps_admin(context, "rebalance", job, 0, _admin_ms(timeout))[1]
+
+    @staticmethod
+    def set_auto(context: Context, job: str, enabled: bool, *,
+                 timeout: float | None = None) -> None:
+        """Turn automatic load distribution on or off."""
+        _c.ps_admin(context, "auto", job, 1 if enabled else 0, _admin_ms(timeout))
+
+
+#: Deadline of a parameter-server administration request when none is given
+#: (as `rdmactl ps --timeout`'s default).
+ADMIN_TIMEOUT = 20.0
+
+
+def _admin_ms(timeout: float | None) -> int:
+    ms = _ms(ADMIN_TIMEOUT if timeout is None else timeout)
+    assert ms is not None
+    return ms

@@ -324,7 +324,8 @@ PyMODINIT_FUNC PyInit__conflux(void)
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    if (make_errors(m) < 0 || PyType_Ready(&cfx__py_context_type) < 0 ||
+    if (make_errors(m) < 0 || PyModule_AddFunctions(m, cfx__py_ps_functions) < 0 ||
+        PyType_Ready(&cfx__py_context_type) < 0 ||
         PyType_Ready(&cfx__py_group_type) < 0 || PyType_Ready(&cfx__py_request_type) < 0 ||
         PyType_Ready(&cfx__py_ps_type) < 0 || PyType_Ready(&cfx__py_arena_type) < 0 ||
         PyModule_AddObjectRef(m, "Context", (PyObject *)&cfx__py_context_type) < 0 ||

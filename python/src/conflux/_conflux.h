@@ -75,5 +75,6 @@ extern PyTypeObject cfx__py_arena_type;   /* conflux._conflux.ArenaBuffer */
 extern PyTypeObject cfx__py_group_type;   /* conflux._conflux.Group */
 extern PyTypeObject cfx__py_request_type; /* conflux._conflux.Request */
 extern PyTypeObject cfx__py_ps_type;      /* conflux._conflux.ParameterServer */
+extern PyMethodDef cfx__py_ps_functions[]; /* the module's ps_admin (_conflux_ps.c) */
 
 #endif /* CFX_PY_CONFLUX_H */

@@ -287,6 +287,124 @@ static PyObject *PS_pushpull(PSObject *self, PyObject *args)
     return ps_op(self, PS_PUSHPULL, args);
 }
 
+/* ---- statistics and administration ------------------------------------------ */
+
+static const char *server_state(int s)
+{
+    switch (s) {
+    case CFX_PS_SERVER_ACTIVE: return "active";
+    case CFX_PS_SERVER_STANDBY: return "standby";
+    case CFX_PS_SERVER_DRAINING: return "draining";
+    case CFX_PS_SERVER_RETIRED: return "retired";
+    default: return "unknown";
+    }
+}
+
+/* A handle's or a job's view as a dict (servers: a list of dicts). */
+static PyObject *stats_dict(const struct cfx_ps_stats *s)
+{
+    PyObject *servers = PyList_New(0);
+    if (!servers)
+        return NULL;
+    for (uint32_t i = 0; i < s->nservers && i < sizeof(s->servers) / sizeof(s->servers[0]);
+         i++) {
+        const struct cfx_ps_server_info *v = &s->servers[i];
+        PyObject *d = Py_BuildValue("{s:i,s:k,s:s,s:k,s:K,s:d,s:O}", "index", v->index,
+                                    "node_id", (unsigned long)v->node_id, "state",
+                                    server_state(v->state), "blocks", (unsigned long)v->blocks,
+                                    "bytes", (unsigned long long)v->bytes, "ns_per_byte",
+                                    v->ns_per_byte, "straggler",
+                                    v->straggler ? Py_True : Py_False);
+        if (!d || PyList_Append(servers, d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(servers);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return Py_BuildValue("{s:k,s:N,s:k,s:k,s:K,s:K,s:K,s:K,s:K}", "map_version",
+                         (unsigned long)s->map_version, "servers", servers, "tensors",
+                         (unsigned long)s->ntensors, "blocks", (unsigned long)s->nblocks,
+                         "migrations_out", (unsigned long long)s->migrations_out,
+                         "migrations_in", (unsigned long long)s->migrations_in, "forwarded",
+                         (unsigned long long)s->forwarded, "redirects",
+                         (unsigned long long)s->redirects, "rebalances",
+                         (unsigned long long)s->rebalances);
+}
+
+static PyObject *PS_stats(PSObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct cfx_ps *ps = live_ps(self);
+    if (!ps)
+        return NULL;
+    struct cfx_ps_stats st;
+    int rc = cfx_ps_stats(ps, &st); /* a snapshot under the handle's lock: no wait */
+    if (rc)
+        return cfx__py_raise_status(rc);
+    return stats_dict(&st);
+}
+
+/* ps_admin(context, op, job, value, timeout_ms) -> (server, map_version)
+ * op: "add" (value: a server index, or -1: the one placement chooses),
+ * "remove" (value: a server index), "rebalance", "auto" (value: 0 or 1),
+ * "shards" (returns the stats dict instead). */
+static PyObject *mod_ps_admin(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *ctxo;
+    const char *op, *job;
+    int value, timeout_ms;
+    if (!PyArg_ParseTuple(args, "O!ssii", &cfx__py_context_type, &ctxo, &op, &job, &value,
+                          &timeout_ms))
+        return NULL;
+    ContextObject *c = (ContextObject *)ctxo;
+    struct cfx_context *ctx = cfx__py_live_ctx(c);
+    if (!ctx)
+        return NULL;
+    enum { ADD, REMOVE, REBALANCE, AUTO, SHARDS } which;
+    if (!strcmp(op, "add"))
+        which = ADD;
+    else if (!strcmp(op, "remove"))
+        which = REMOVE;
+    else if (!strcmp(op, "rebalance"))
+        which = REBALANCE;
+    else if (!strcmp(op, "auto"))
+        which = AUTO;
+    else if (!strcmp(op, "shards"))
+        which = SHARDS;
+    else
+        return PyErr_Format(PyExc_ValueError, "unknown parameter-server command %R", args);
+    int rc, server = value;
+    uint32_t version = 0;
+    struct cfx_ps_stats st;
+    c->children++;
+    Py_BEGIN_ALLOW_THREADS
+    switch (which) {
+    case ADD:
+        rc = value < 0 ? cfx_ps_add_server_auto(ctx, job, timeout_ms, &server, &version)
+                       : cfx_ps_add_server(ctx, job, value, timeout_ms, &version);
+        break;
+    case REMOVE: rc = cfx_ps_remove_server(ctx, job, value, timeout_ms, &version); break;
+    case REBALANCE: rc = cfx_ps_rebalance(ctx, job, timeout_ms, &version); break;
+    case AUTO: rc = cfx_ps_set_auto(ctx, job, value, timeout_ms); break;
+    default: rc = cfx_ps_shards(ctx, job, timeout_ms, &st); break;
+    }
+    Py_END_ALLOW_THREADS
+    cfx__py_context_child_gone(c);
+    if (rc)
+        return cfx__py_raise_status(rc);
+    if (which == SHARDS)
+        return stats_dict(&st);
+    return Py_BuildValue("(ik)", server, (unsigned long)version);
+}
+
+PyMethodDef cfx__py_ps_functions[] = {
+    { "ps_admin", mod_ps_admin, METH_VARARGS,
+      "ps_admin(context, op, job, value, timeout_ms): add/remove/rebalance/auto/shards" },
+    { 0 } /* sentinel */
+};
+
 static PyMethodDef PS_methods[] = {
     { "close", (PyCFunction)PS_close, METH_NOARGS, "Leave the job." },
     { "serve", (PyCFunction)PS_serve, METH_VARARGS, "serve(timeout_ms): server loop." },
@@ -295,6 +413,7 @@ static PyMethodDef PS_methods[] = {
     { "push", (PyCFunction)PS_push, METH_VARARGS, "push(key, grad)" },
     { "pull", (PyCFunction)PS_pull, METH_VARARGS, "pull(key, out)" },
     { "pushpull", (PyCFunction)PS_pushpull, METH_VARARGS, "pushpull(key, grad, out)" },
+    { "stats", (PyCFunction)PS_stats, METH_NOARGS, "stats() -> dict: this handle's view" },
     { 0 } /* sentinel */
 };
 

@@ -71,5 +71,23 @@ for job, opt in [("py-sum", "sum"), ("py-sgd", "sgd")]:
                     fail(f"the dtype error does not name both dtypes: {e}")
             else:
                 fail("a push of uint16 (no code of the library's) was not refused")
+            # the handle's view and the job's shard map, from the C library's
+            # cfx_ps_stats / cfx_ps_shards
+            st = ps.stats()
+            if (st["tensors"] != 1 or st["blocks"] < 2 or len(st["servers"]) != 1
+                    or st["servers"][0]["state"] != "active"
+                    or st["servers"][0]["blocks"] != st["blocks"]):
+                fail(f"{job}: stats() {st}")
+            sh = conflux.ParameterServer.shards(ctx, job, timeout=10)
+            if sh["map_version"] < 1 or sh["blocks"] != st["blocks"]:
+                fail(f"{job}: shards() {sh} against stats() {st}")
+            try:
+                conflux.ParameterServer.remove_server(ctx, job, 0, timeout=10)
+            except conflux.Error as e:  # the scheduler's answer (the other worker's
+                # request may hold the one administrator's turn: busy too)
+                if e.name != "CFX_ERR_BUSY":
+                    fail(f"{job}: removing server 0: {e.name}: {e}")
+            else:
+                fail(f"{job}: server 0 (the scheduler) was removed")
         ps.close()
 print(f"rank {rank}: ok")
