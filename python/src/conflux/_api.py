@@ -616,23 +616,43 @@ class ParameterServer(_c.ParameterServer):
         shape, code = self._shapes[key]
         return np.empty(shape, dtype=numpy_dtype(code))
 
-    def push(self, key: int, grad: Any) -> None:
-        """Send this step's gradient (or update, with the "sum" optimizer)."""
-        super().push(key, self._arr(key, grad, "push"))
+    def push(self, key: int, grad: Any, *, async_op: bool = False) -> Any:
+        """Send this step's gradient (or update, with the "sum" optimizer).
 
-    def pull(self, key: int, out: Any = None) -> Any:
-        """Parameters as of this worker's step, into ``out`` or a new numpy array."""
+        ``async_op=True``: returns a ``Work`` at once (``grad`` must not change
+        until it completes); its ``wait()`` returns None.
+        """
+        g = self._arr(key, grad, "push")
+        if async_op:
+            return Work(super().push(key, g, True), None)
+        super().push(key, g)
+        return None
+
+    def pull(self, key: int, out: Any = None, *, async_op: bool = False) -> Any:
+        """Parameters as of this worker's step, into ``out`` or a new numpy array.
+
+        ``async_op=True``: returns a ``Work`` whose ``wait()`` returns ``out``.
+        """
         if out is None:
             out = self._out(key)
-        super().pull(key, self._arr(key, out, "pull", writable=True))
+        o = self._arr(key, out, "pull", writable=True)
+        if async_op:
+            return Work(super().pull(key, o, True), out)
+        super().pull(key, o)
         return out
 
-    def pushpull(self, key: int, grad: Any, out: Any = None) -> Any:
-        """push(grad), then the parameters once this step has been applied."""
+    def pushpull(self, key: int, grad: Any, out: Any = None, *, async_op: bool = False) -> Any:
+        """push(grad), then the parameters once this step has been applied.
+
+        ``async_op=True``: returns a ``Work`` whose ``wait()`` returns ``out``.
+        """
         if out is None:
             out = self._out(key)
-        super().pushpull(key, self._arr(key, grad, "pushpull"),
-                         self._arr(key, out, "pushpull", writable=True))
+        g = self._arr(key, grad, "pushpull")
+        o = self._arr(key, out, "pushpull", writable=True)
+        if async_op:
+            return Work(super().pushpull(key, g, o, True), out)
+        super().pushpull(key, g, o)
         return out
 
     def stats(self) -> dict[str, Any]:

@@ -328,6 +328,7 @@ PyMODINIT_FUNC PyInit__conflux(void)
         PyType_Ready(&cfx__py_context_type) < 0 ||
         PyType_Ready(&cfx__py_group_type) < 0 || PyType_Ready(&cfx__py_request_type) < 0 ||
         PyType_Ready(&cfx__py_ps_type) < 0 || PyType_Ready(&cfx__py_arena_type) < 0 ||
+        cfx__py_ps_ready(m) < 0 ||
         PyModule_AddObjectRef(m, "Context", (PyObject *)&cfx__py_context_type) < 0 ||
         PyModule_AddObjectRef(m, "Group", (PyObject *)&cfx__py_group_type) < 0 ||
         PyModule_AddObjectRef(m, "Request", (PyObject *)&cfx__py_request_type) < 0 ||

@@ -76,5 +76,7 @@ extern PyTypeObject cfx__py_group_type;   /* conflux._conflux.Group */
 extern PyTypeObject cfx__py_request_type; /* conflux._conflux.Request */
 extern PyTypeObject cfx__py_ps_type;      /* conflux._conflux.ParameterServer */
 extern PyMethodDef cfx__py_ps_functions[]; /* the module's ps_admin (_conflux_ps.c) */
+/* Readies and adds the PSRequest type (_conflux_ps.c); -1 with the error set. */
+int cfx__py_ps_ready(PyObject *m);
 
 #endif /* CFX_PY_CONFLUX_H */

@@ -212,13 +212,163 @@ static PyObject *PS_register(PSObject *self, PyObject *args)
     return k;
 }
 
+/* ---- PSRequest: a non-blocking push / pull / pushpull ------------------------- */
+
+/* Its buffers stay exported until its end is seen; the C request is freed
+ * once it ended and no thread is inside a wait of it.  Dropped while
+ * running, it waits for the end first (bounded by the op's own deadline):
+ * the library writes into the output until then. */
+typedef struct {
+    PyObject_HEAD
+    struct cfx_ps_request *req;
+    Py_buffer gb, ob;
+    int have_g, have_o;
+    int done, status;
+    int inside;     /* threads in a wait without the GIL */
+    char *detail;   /* the failure's text */
+} PSRequestObject;
+
+static void psreq_finish(PSRequestObject *r, int rc, const char *why)
+{
+    if (r->done)
+        return;
+    r->done = 1;
+    r->status = rc;
+    if (rc && why && !r->detail) {
+        size_t n = strlen(why) + 1;
+        if ((r->detail = malloc(n)))
+            memcpy(r->detail, why, n);
+    }
+    if (r->have_g)
+        PyBuffer_Release(&r->gb);
+    if (r->have_o)
+        PyBuffer_Release(&r->ob);
+    r->have_g = r->have_o = 0;
+}
+
+static void psreq_release(PSRequestObject *r)
+{
+    if (r->done && !r->inside && r->req) {
+        cfx_ps_request_free(r->req);
+        r->req = NULL;
+    }
+}
+
+static PyObject *psreq_result(PSRequestObject *r)
+{
+    if (r->status)
+        return cfx__py_raise_status_detail(r->status, r->detail ? r->detail : "");
+    Py_RETURN_NONE;
+}
+
+/* wait(timeout_ms=None): until its end (raising its error); TimeoutError
+ * leaves it running. */
+static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = { "timeout_ms", NULL };
+    PyObject *timeout = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
+        return NULL;
+    int ms = -1, set = 0;
+    if (cfx__py_parse_timeout(timeout, &ms, &set) < 0)
+        return NULL;
+    if (!self->done && self->req) {
+        struct cfx_ps_request *req = self->req; /* alive while a thread is inside */
+        char why[512] = "";
+        int rc;
+        self->inside++;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_ps_wait(req, set ? ms : -1);
+        if (rc == CFX_ERR_TIMEOUT) {
+            /* this wait's limit, or the op's own end: the request says */
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            int st = cfx_ps_test(req);
+            if (st != CFX_ERR_AGAIN) {
+                rc = cfx_ps_wait(req, 0); /* ended: its own status and text */
+                snprintf(why, sizeof(why), "%s", cfx_last_error());
+            } else {
+                rc = CFX_ERR_AGAIN;
+            }
+        } else if (rc) {
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+        }
+        Py_END_ALLOW_THREADS
+        self->inside--;
+        if (rc != CFX_ERR_AGAIN)
+            psreq_finish(self, rc, why);
+        psreq_release(self);
+        if (!self->done)
+            return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
+    }
+    return psreq_result(self);
+}
+
+/* test() -> True once ended (raising its error if it failed), else False. */
+static PyObject *PSRequest_test(PSRequestObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->done && self->req) {
+        if (cfx_ps_test(self->req) == CFX_ERR_AGAIN)
+            Py_RETURN_FALSE;
+        int rc = cfx_ps_wait(self->req, 0); /* ended: its status and text at once */
+        psreq_finish(self, rc, cfx_last_error());
+        psreq_release(self);
+    }
+    if (self->status)
+        return psreq_result(self);
+    Py_RETURN_TRUE;
+}
+
+static void PSRequest_dealloc(PSRequestObject *self)
+{
+    if (!self->done && self->req) {
+        struct cfx_ps_request *req = self->req;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_ps_wait(req, -1); /* bounded by the op's own deadline */
+        Py_END_ALLOW_THREADS
+        psreq_finish(self, rc, NULL);
+    }
+    psreq_finish(self, CFX_OK, NULL); /* buffers of one never posted */
+    psreq_release(self);
+    free(self->detail);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef PSRequest_methods[] = {
+    { "wait", (PyCFunction)(void (*)(void))PSRequest_wait, METH_VARARGS | METH_KEYWORDS,
+      "wait(timeout_ms=None): until it ended; raises its error." },
+    { "test", (PyCFunction)PSRequest_test, METH_NOARGS,
+      "test() -> bool: ended yet? (raises its error)" },
+    { 0 } /* sentinel */
+};
+
+static PyTypeObject psreq_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "conflux._conflux.PSRequest",
+    .tp_basicsize = sizeof(PSRequestObject),
+    .tp_dealloc = (destructor)PSRequest_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A non-blocking parameter-server push, pull or pushpull; its buffers stay "
+              "exported until it ended.",
+    .tp_methods = PSRequest_methods,
+};
+
+int cfx__py_ps_ready(PyObject *m)
+{
+    if (PyType_Ready(&psreq_type) < 0)
+        return -1;
+    return PyModule_AddObjectRef(m, "PSRequest", (PyObject *)&psreq_type);
+}
+
 enum ps_op { PS_PUSH, PS_PULL, PS_PUSHPULL };
 
 static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
 {
-    int key;
+    int key, nb = 0;
     PyObject *a = Py_None, *b = Py_None;
-    if (!PyArg_ParseTuple(args, op == PS_PUSHPULL ? "iOO" : "iO", &key, &a, &b))
+    int ok = op == PS_PUSHPULL ? PyArg_ParseTuple(args, "iOO|p", &key, &a, &b, &nb)
+                               : PyArg_ParseTuple(args, "iO|p", &key, &a, &nb);
+    if (!ok)
         return NULL;
     struct cfx_ps *ps = live_ps(self);
     if (!ps)
@@ -251,6 +401,31 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     if ((have_g && (size_t)gb.len != bytes) || (have_o && (size_t)ob.len != bytes)) {
         PyErr_Format(PyExc_ValueError, "tensor %d has %zu bytes; buffers must match", key, bytes);
         goto fail;
+    }
+    if (nb) {
+        PSRequestObject *r = PyObject_New(PSRequestObject, &psreq_type);
+        if (!r)
+            goto fail;
+        r->req = NULL;
+        r->gb = gb;
+        r->ob = ob;
+        r->have_g = have_g;
+        r->have_o = have_o;
+        r->done = r->status = r->inside = 0;
+        r->detail = NULL;
+        have_g = have_o = 0; /* the request's now: released when it ends */
+        if (op == PS_PUSH)
+            rc = cfx_ps_ipush(ps, key, r->gb.buf, &r->req);
+        else if (op == PS_PULL)
+            rc = cfx_ps_ipull(ps, key, r->ob.buf, &r->req);
+        else
+            rc = cfx_ps_ipushpull(ps, key, r->gb.buf, r->ob.buf, &r->req);
+        if (rc) { /* no request exists */
+            cfx__py_raise_status(rc);
+            Py_DECREF(r);
+            return NULL;
+        }
+        return (PyObject *)r;
     }
     self->busy++;
     Py_BEGIN_ALLOW_THREADS

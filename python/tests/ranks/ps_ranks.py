@@ -47,6 +47,19 @@ for job, opt in [("py-sum", "sum"), ("py-sgd", "sgd")]:
                 want = want + total if opt == "sum" else want - 0.5 * total
                 if not np.array_equal(got, want):
                     fail(f"{job} step {step}: pushpull differs from the reference")
+            # two more steps through the non-blocking forms: a push then a pull
+            # of its step, and a pushpull (Work.wait returns the output)
+            for step in (3, 4):
+                total = sum(grad(w, step) for w in range(W))
+                want = want + total if opt == "sum" else want - 0.5 * total
+                if step == 3:
+                    ps.push(key, grad(index, step), async_op=True).wait(timeout=60)
+                    w = ps.pull(key, async_op=True)
+                else:
+                    w = ps.pushpull(key, grad(index, step), async_op=True)
+                got = w.wait(timeout=60)
+                if not w.is_completed() or not np.array_equal(got, want):
+                    fail(f"{job} step {step}: the non-blocking form differs from the reference")
             out = np.empty(shape, np.float32)
             ps.pull(key, out)
             if not np.array_equal(out, want):
