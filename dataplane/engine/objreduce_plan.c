@@ -665,9 +665,15 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
         if (rc != CFX_OK)
             break;
         size_t dsz = cfx_dtype_size(dtype);
-        if (pl.size % dsz || pl.chunk % dsz) {
+        if (pl.size % dsz) {
             rc = cfx__err(CFX_ERR_INVALID, "reduce: inputs of %" PRIu64 " bytes are not a whole "
                           "number of %s elements", pl.size, cfx_dtype_name(dtype));
+            break;
+        }
+        if (pl.chunk % dsz) { /* chunks are reduced each on its own */
+            rc = cfx__err(CFX_ERR_INVALID, "reduce: the inputs' chunks of %" PRIu32 " bytes "
+                          "are not a whole number of %s elements (put them with a chunk_size "
+                          "that is)", pl.chunk, cfx_dtype_name(dtype));
             break;
         }
         rc = CFX_ERR_UNSUPPORTED;

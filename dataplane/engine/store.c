@@ -46,9 +46,12 @@ void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o)
 }
 
 /*
- * Default chunk: S/64 clamped to 64 KiB..4 MiB, so that a multi-hop pipeline
- * has enough stages to approach S/B; never more than CFX_MAX_CHUNKS chunks
- * (the immediate carries 20 bits of chunk index).
+ * Default chunk: S/128 rounded up to whole pages and clamped to 64 KiB..4
+ * MiB, so that a multi-hop pipeline has enough stages to approach S/B;
+ * never more than CFX_MAX_CHUNKS chunks (the immediate carries 20 bits of
+ * chunk index).  Whole pages, so that a chunk holds whole elements of every
+ * dtype (an object reduce reduces chunk by chunk: 100 MB of float32 in
+ * chunks of S/128 = 781250 bytes could not be reduced) and starts aligned.
  */
 uint32_t cfx__chunk_size_for(uint64_t size, size_t configured)
 {
@@ -60,7 +63,7 @@ uint32_t cfx__chunk_size_for(uint64_t size, size_t configured)
          * hop before its last node starts (8 nodes at 1 Gbit/s: 64 MiB in
          * 1 MiB chunks ended at 1.12x the bound, in 512 KiB at 1.07x), and
          * halving again costs tcp's per-chunk overhead on fast links */
-        c = size / 128;
+        c = (size / 128 + 4095) & ~(uint64_t)4095;
         if (c < 64 * 1024)
             c = 64 * 1024;
         if (c > 4 * 1024 * 1024)

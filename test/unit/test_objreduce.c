@@ -183,3 +183,46 @@ Test(objreduce, result_id_taken_during_announced_complete)
 {
     taken_during(3, 2, "complete");
 }
+
+/*
+ * Inputs put with the default chunk size reduce whatever their size: the
+ * chunk is S/128 in whole pages.  It was S/128 exactly, 65537 bytes for
+ * these 8388736 (2097184 floats), no whole number of floats, and the reduce
+ * was refused ("inputs of 8388736 bytes are not a whole number of float
+ * elements": the size was, the chunk was not).
+ */
+Test(objreduce, default_chunks_hold_whole_elements)
+{
+    enum { N = 2097184 };
+    struct cfx_object_id x, y, z;
+    cfx_object_id_from_name("objreduce/chunks/x", &x);
+    cfx_object_id_from_name("objreduce/chunks/y", &y);
+    cfx_object_id_from_name("objreduce/chunks/z", &z);
+    cr_assert_eq(cfx__chunk_size_for((uint64_t)N * sizeof(float), 0) % 4096, 0);
+    float *ax = malloc((size_t)N * sizeof(float)), *ay = malloc((size_t)N * sizeof(float));
+    float *out = malloc((size_t)N * sizeof(float));
+    cr_assert(ax && ay && out);
+    for (size_t i = 0; i < N; i++) {
+        ax[i] = (float)(i % 1000);
+        ay[i] = (float)(i % 7);
+    }
+    cr_assert_eq(cfx_put(ctx[0], &x, ax, (size_t)N * sizeof(float), NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[1], &y, ay, (size_t)N * sizeof(float), NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    const struct cfx_object_id in[2] = { x, y };
+    int rc = cfx_reduce_objects(ctx[2], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &z, NULL, NULL);
+    cr_assert_eq(rc, CFX_OK, "%s: %s", cfx_errname(rc), cfx_last_error());
+    size_t got = 0;
+    cr_assert_eq(cfx_get(ctx[3], &z, out, (size_t)N * sizeof(float), &got, NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(got, (size_t)N * sizeof(float));
+    for (size_t i = 0; i < N; i++)
+        cr_assert_eq(out[i], (float)(i % 1000) + (float)(i % 7), "element %zu: %g", i,
+                     (double)out[i]);
+    cr_assert_eq(cfx_delete(ctx[0], &x, NULL), CFX_OK);
+    cr_assert_eq(cfx_delete(ctx[1], &y, NULL), CFX_OK);
+    free(ax);
+    free(ay);
+    free(out);
+}
