@@ -617,6 +617,10 @@ struct cfx_request {
     pthread_cond_t cond;        /* signalled under ctx->lock on progress */
     /* non-blocking requests run on a worker thread */
     bool freed_by_user;         /* free requested while running */
+    bool cancel;                /* cfx_request_free() of a running get: it ends at once
+                                   (its waits look, ctx->lock; cfx__req_canceled()) */
+    bool in_lookup;             /* the get waits for the directory: its buffer is not
+                                   exposed, and nothing writes it before it looks again */
     struct cfx_list link;       /* ctx->async_q */
     struct cfx_object_id id;
     void *buf;
@@ -1351,6 +1355,11 @@ int cfx__put_arena(struct cfx_context *ctx, const struct cfx_object_id *id, void
  */
 #define CFX_DESTROY_DRAIN_MS 10000 /* how long destroy waits for calls to leave */
 
+/* worker.c: the non-blocking request this thread runs (NULL: none), and
+ * whether it was canceled (ctx->lock held): a get run for it gives up at
+ * its next wake-up, withdrawing what exposes the caller's buffer. */
+extern _Thread_local struct cfx_request *cfx__cur_req;
+bool cfx__req_canceled(void);
 /* CFX_OK and the call counted, or CFX_ERR_CANCELED (last error set, naming
  * @p what) when the context is being destroyed, or CFX_ERR_INVALID in a
  * forked child (cfx__ctx_forked()). */

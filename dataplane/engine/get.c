@@ -168,6 +168,14 @@ struct get_op {
     struct cfx_obj *obj;                 /* our entry in the store while it fills */
 };
 
+/* The get's request was freed while it ran (cfx_request_free): it ends
+ * now, the buffer withdrawn as at a deadline (ctx->lock held). */
+static int get_canceled(const struct get_op *g)
+{
+    return cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (its request was "
+                    "freed)", g->hex, g->ctx->node_id);
+}
+
 /* Step 1, the object is complete here: copy it out (ctx->lock held on
  * entry and return).  GET_AGAIN when the entry changed meanwhile. */
 static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
@@ -217,6 +225,10 @@ static int get_held(struct get_op *g)
         struct cfx_obj *obj = cfx__store_find(&ctx->store, g->id);
         if (!obj)
             return GET_MISSING;
+        if (cfx__req_canceled()) {
+            rc = get_canceled(g);
+            break;
+        }
         if (obj->deleting) {
             /* being released (deleted here, or withdrawn by its putter):
              * it answers nothing, and the store takes a new copy of the id
@@ -312,9 +324,29 @@ static int get_source(struct get_op *g)
         g->cached = false;
     }
     ctx->stats.loc_hits += g->cached;
+    struct cfx_request *req = cfx__cur_req;
+    if (req && !g->cached) {
+        /* nothing exposes the buffer while the directory is asked: a free
+         * of the request meanwhile need not wait for the answer */
+        req->in_lookup = true;
+        pthread_cond_broadcast(&req->cond);
+    }
     pthread_mutex_unlock(&ctx->lock);
 
     rc = g->cached ? CFX_OK : dir_lookup(ctx, g->id, NULL, 0, g->deadline, &g->src);
+    if (req && !g->cached) {
+        pthread_mutex_lock(&ctx->lock);
+        req->in_lookup = false;
+        bool canceled = req->cancel;
+        pthread_mutex_unlock(&ctx->lock);
+        if (canceled) { /* the request may be gone with its buffer: touch neither */
+            if (rc == CFX_OK && g->src.is_inline)
+                free(g->src.data);
+            else if (rc == CFX_OK)
+                src_done(ctx, g->id, &g->src, false);
+            return get_canceled(g);
+        }
+    }
     if (rc == CFX_ERR_TIMEOUT)
         return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms", g->hex,
                         ctx->node_id, g->timeout_ms);
@@ -481,8 +513,11 @@ static int get_attempt(struct get_op *g)
     }
     /* A destroy of the context ends the wait as the deadline would (the
      * caller's leave says CFX_ERR_CANCELED). */
-    while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, g->deadline))
+    while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) && !cfx__req_canceled() &&
+           cfx__obj_wait(ctx, g->deadline))
         watch_prefix(ctx, obj, g->watch);
+    if (in->status == CFX_ERR_AGAIN && cfx__req_canceled() && get_abandon(g, in))
+        return get_canceled(g);
     if (in->status == CFX_ERR_AGAIN && get_abandon(g, in))
         return cfx__err(CFX_ERR_TIMEOUT,
                         "get of object %s (%" PRIu64 " B) on node %u from "
@@ -586,9 +621,11 @@ static int get_pull(struct get_op *g)
             cfx__err_clear(); /* CFX_ERR_AGAIN: one source after all */
         }
         rc = get_attempt(g);
-        if (rc == CFX_OK || rc == CFX_ERR_TIMEOUT || g->cached)
+        if (rc == CFX_OK || rc == CFX_ERR_TIMEOUT || rc == CFX_ERR_CANCELED || g->cached)
             break; /* a cached location that failed: get_fail starts over */
         rc = get_failover(g, rc);
+        if (rc == CFX_OK && cfx__req_canceled())
+            rc = get_canceled(g);
         if (rc != CFX_OK)
             break;
     }
@@ -635,7 +672,7 @@ static int get_fail(struct get_op *g, int rc)
     struct cfx_context *ctx = g->ctx;
 
     get_release(g, false);
-    if (g->cached && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_NOMEM) {
+    if (g->cached && rc != CFX_ERR_TIMEOUT && rc != CFX_ERR_NOMEM && rc != CFX_ERR_CANCELED) {
         /* The cached holder refused (the putter's copy of the id is gone or
          * changed) or failed: a stale location costs this one round trip;
          * the directory knows where the object is now. */

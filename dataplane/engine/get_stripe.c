@@ -321,6 +321,11 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
                           "destroyed", hex, ctx->node_id);
             break;
         }
+        if (cfx__req_canceled()) {
+            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (its request "
+                          "was freed)", hex, ctx->node_id);
+            break;
+        }
         if (!active) {
             /* every source failed, or took no request: the caller fails
              * over from the first missing chunk */

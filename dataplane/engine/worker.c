@@ -37,6 +37,13 @@ static int finished(const struct cfx_request *req)
     return st;
 }
 
+_Thread_local struct cfx_request *cfx__cur_req;
+
+bool cfx__req_canceled(void)
+{
+    return cfx__cur_req && cfx__cur_req->cancel;
+}
+
 static void *worker_main(void *arg)
 {
     struct cfx_context *ctx = arg;
@@ -57,7 +64,9 @@ static void *worker_main(void *arg)
             rc = cfx_put(ctx, &req->id, req->buf, req->capacity, &req->params);
             size = req->capacity;
         } else {
+            cfx__cur_req = req;
             rc = cfx_get(ctx, &req->id, req->buf, req->capacity, &size, &req->params);
+            cfx__cur_req = NULL;
         }
 
         pthread_mutex_lock(&ctx->lock);
@@ -250,12 +259,32 @@ void cfx_request_free(struct cfx_request *req)
         return;
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
-    if (req->status == CFX_ERR_AGAIN) {
-        /* still running on a worker: it frees the request when done (the
-         * operation itself ends by its own deadline) */
+    if (req->status == CFX_ERR_AGAIN && (req->type != CFX_REQ_GET || req->in_lookup)) {
+        /* a put (it reads the buffer only until it returns, which the
+         * caller's free of the buffer must wait for anyway: object.h), or
+         * a get waiting for the directory: it runs on, or gives up when it
+         * looks again, without writing the buffer; the worker frees the
+         * request when done */
+        req->cancel = req->type == CFX_REQ_GET;
         req->freed_by_user = true;
         pthread_mutex_unlock(&ctx->lock);
         return;
+    }
+    if (req->status == CFX_ERR_AGAIN) {
+        /* a get that may be writing the caller's buffer (or about to):
+         * canceled, and waited for, so that nothing lands there once this
+         * returns.  Its waits wake on obj_cond and give up, withdrawing
+         * the transfer, as at their deadline (bounded: no answer is
+         * awaited).  One waiting for the directory is let go (above). */
+        req->cancel = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        while (req->status == CFX_ERR_AGAIN && !req->in_lookup)
+            pthread_cond_wait(&req->cond, &ctx->lock);
+        if (req->status == CFX_ERR_AGAIN) {
+            req->freed_by_user = true;
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
     }
     pthread_mutex_unlock(&ctx->lock);
     pthread_cond_destroy(&req->cond);

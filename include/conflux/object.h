@@ -310,8 +310,12 @@ CFX_API int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64
 CFX_API size_t cfx_request_size(const struct cfx_request *req);
 
 /** Free a completed request; a request still running is canceled first. NULL: no-op.
- *  As with free(), a request freed once is gone: freeing or using it again is
- *  undefined. */
+ *  A get that may be writing its buffer is withdrawn before this returns
+ *  (the holder's writes are refused from then on), so the buffer is the
+ *  caller's again; one still waiting for the directory is let go at once
+ *  (it writes nothing after).  A put runs on to its end (its buffer is
+ *  served until cfx_delete(), as ever).  As with free(), a request freed
+ *  once is gone: freeing or using it again is undefined. */
 CFX_API void cfx_request_free(struct cfx_request *req);
 
 #ifdef __cplusplus

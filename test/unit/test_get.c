@@ -792,3 +792,61 @@ Test(get, progress_of_a_stalled_get)
     free(ref);
     free(lsrc);
 }
+
+/*
+ * cfx_request_free() of a get that is writing the caller's buffer cancels
+ * it before it returns: the get's entry (what grants the holder its writes
+ * into the buffer) is gone, so the caller may free the buffer.  It only
+ * marked the request freed and let the get run on to its deadline, the
+ * holder's chunks landing in a buffer the caller had freed (a new user's
+ * trial: 135 MB written after the free).  And a get still waiting for the
+ * directory (an object nobody put) is let go at once, its buffer untouched.
+ */
+Test(get, freeing_a_running_get_cancels_it)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK, prefix = (size_t)STALL_AT * CHUNK;
+    struct cfx_context *a, *b;
+    struct cfx_object_id id, none;
+    struct cfx_request *req;
+    uint64_t done = 0, total = 0;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 30000 };
+
+    join("tcp", true, &a); /* stalls after STALL_AT chunks */
+    join("tcp", false, &b);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 11);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get_nb(b, &id, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    wait_progress(req, prefix, &done, &total);
+    cr_assert_eq(done, prefix, "%llu bytes landed", (unsigned long long)done);
+    cfx_request_free(req);
+    pthread_mutex_lock(&b->lock);
+    struct cfx_obj *o = cfx__store_find(&b->store, &id);
+    bool live = o && !o->deleting;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(!live, "the freed get's entry still exposes the buffer");
+
+    /* the object is still whole at its holder: a new get takes it all */
+    cfx__xfer_test_resume(a);
+    memset(buf, 0, size);
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, buf, size, &got, &gp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(buf, size, 11), (size_t)-1, "wrong bytes");
+
+    /* waiting for the directory: freed at once, nothing written */
+    cfx_object_id_generate(a, &none);
+    memset(buf, 0xA5, size);
+    cr_assert_eq(cfx_get_nb(b, &none, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    cfx_request_free(req);
+    for (size_t i = 0; i < size; i++)
+        cr_assert_eq(buf[i], 0xA5, "byte %zu written", i);
+    free(src);
+    free(buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
