@@ -748,8 +748,18 @@ static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
             struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
             if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node)
                 continue;
+            struct coord_holder *own = holder_find(o, p->conn->node->rec.node_id);
             if (o->is_inline) {
                 serve_inline(p->conn, p->req_id, o);
+            } else if (own && own->complete) {
+                /* the node waiting is the one that put it (a get before its
+                 * own put): it is no source for itself, and no other holder
+                 * may ever come; it reads its own copy (CFX_ERR_AGAIN: look
+                 * here again) */
+                char hex[CFX_OBJECT_ID_HEX_LEN];
+                cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_AGAIN,
+                                     "node %u holds object %s itself now",
+                                     p->conn->node->rec.node_id, idhex(&o->id, hex));
             } else {
                 struct coord_holder *src = choose_source(co, o, p->conn->node->rec.node_id,
                                                          p->exclude, p->nexclude);
@@ -812,6 +822,14 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             if (assign_source(co, c, m->req_id, o, src, m->u.lookup.nexclude,
                               m->u.lookup.exclude, m->u.lookup.want))
                 wake_parked(co, o);
+            return;
+        }
+        struct coord_holder *own = holder_find(o, me);
+        if (own && own->complete && !m->u.lookup.nexclude) {
+            /* only the asker holds it (it put it after its get began): it
+             * reads its own copy, no other holder need come (wake_parked) */
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_AGAIN, "node %u holds object %s itself",
+                                 me, idhex(&m->u.lookup.id, hex));
             return;
         }
     }

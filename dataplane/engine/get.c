@@ -350,6 +350,10 @@ static int get_source(struct get_op *g)
     if (rc == CFX_ERR_TIMEOUT)
         return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms", g->hex,
                         ctx->node_id, g->timeout_ms);
+    if (rc == CFX_ERR_AGAIN && !g->cached) { /* this node put it meanwhile: read it here */
+        cfx__err_clear();
+        return GET_AGAIN;
+    }
     if (rc != CFX_OK)
         return rc;
     if (g->size_out)
@@ -833,6 +837,8 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
         if (rc != GET_MISSING)
             return rc;
         rc = get_source(&g); /* 2 */
+        if (rc == GET_AGAIN)
+            continue;
         if (rc != GET_FETCH)
             return rc;
         rc = get_entry(&g); /* 3 (CFX_OK: ctx->lock held) */

@@ -62,6 +62,8 @@ static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
                         struct cfx_node_rec *node, uint64_t *sz, uint32_t *cs)
 {
     uint64_t step = CFX_MIN(deadline, cfx__deadline_ns(5000));
+    int tries = 0;
+again:
     pthread_mutex_lock(&ctx->lock);
     struct cfx_obj *o = cfx__store_find(&ctx->store, id);
     bool local = o && o->complete && !o->deleting;
@@ -76,6 +78,8 @@ static int locate_input(struct cfx_context *ctx, const struct cfx_object_id *id,
 
     struct cfx_ctl_source src;
     int rc = cfx__ctl_obj_lookup_now(ctx->ctl, id, dead, ndead, step, &src);
+    if (rc == CFX_ERR_AGAIN && tries++ < 3) /* this node put it meanwhile: it is here */
+        goto again;
     if (rc != CFX_OK)
         return rc;
     if (src.is_inline) {
@@ -195,13 +199,13 @@ static int replace_input(struct rplan *pl, size_t p, size_t parent, uint32_t who
     uint32_t cs;
     size_t idx = pl->pos[p].idx;
     if (pl->npos == pl->cap)
-        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %s on node %u: node %u died and "
                         "this plan has replaced %zu positions already", pl->hex,
                         pl->ctx->node_id, who, pl->npos - pl->k);
     int rc = locate_input(pl->ctx, &pl->inputs[idx], pl->dead, pl->ndead, pl->deadline, &node,
                           &sz, &cs);
     if (rc == CFX_ERR_TIMEOUT)
-        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %s on node %u: node %u died "
                         "holding input %zu and no other node holds it", pl->hex,
                         pl->ctx->node_id, who, idx);
     if (rc != CFX_OK)
@@ -281,7 +285,7 @@ static int reroute(struct rplan *pl, uint32_t who, size_t root)
 {
     struct cfx_context *ctx = pl->ctx;
     if (who == pl->pos[root].node.node_id)
-        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s: node %u, which produces the "
+        return cfx__err(CFX_ERR_PEER_FAILED, "reduce into %s: node %u, which produces the "
                         "result, died", pl->hex, who);
     rec_dead(pl, who);
     size_t npos0 = pl->npos;
@@ -302,7 +306,7 @@ static int reroute(struct rplan *pl, uint32_t who, size_t root)
         free(al.pos);
         if (rc != CFX_OK)
             return rc;
-        CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u died; node %u reads its "
+        CFX_LOG(INFO, REDUCE, "node %u: reduce into %s: node %u died; node %u reads its "
                 "%zu replacement stream(s) instead", ctx->node_id, pl->hex, who,
                 pl->pos[q].node.node_id, al.n);
     }
@@ -350,7 +354,7 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
     const struct cfx_task_needs *nd = pl->place;
     bool set = nd && (nd->field_mask & CFX_TASK_NEEDS_NODES);
     if (set && (nd->n_nodes > CFX_TASK_NODES_MAX || (nd->n_nodes && !nd->nodes)))
-        return cfx__err(CFX_ERR_INVALID, "reduce into %.12s: a node set of %zu nodes (at most "
+        return cfx__err(CFX_ERR_INVALID, "reduce into %s: a node set of %zu nodes (at most "
                         "%d)", pl->hex, nd->n_nodes, CFX_TASK_NODES_MAX);
     t->flags = CFX_PROTO_TASK_DATA;
     t->memory = pl->size;
@@ -362,7 +366,7 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
         t->flags |= CFX_PROTO_TASK_PACK;
     if (nd && (nd->field_mask & CFX_TASK_NEEDS_GROUP) && nd->group) {
         if (strlen(nd->group) > CFX_TASK_GROUP_MAX)
-            return cfx__err(CFX_ERR_INVALID, "reduce into %.12s: group name longer than %d "
+            return cfx__err(CFX_ERR_INVALID, "reduce into %s: group name longer than %d "
                             "bytes", pl->hex, CFX_TASK_GROUP_MAX);
         snprintf(t->group, sizeof(t->group), "%s", nd->group);
     }
@@ -379,7 +383,7 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
             t->nodes[t->nnodes++] = id;
     }
     if (!t->nnodes)
-        return cfx__err(CFX_ERR_NO_RESOURCE, "reduce into %.12s: the result is produced on a "
+        return cfx__err(CFX_ERR_NO_RESOURCE, "reduce into %s: the result is produced on a "
                         "node holding one of the inputs, and none of the holders of the %zu "
                         "inputs ready (nodes %s) is in the node set%s", pl->hex, pl->k, holders,
                         pl->size <= CFX_OBJECT_INLINE_MAX
@@ -414,9 +418,9 @@ static int place_root(struct rplan *pl, struct arrival *arr)
         if (pl->place)
             return rc == CFX_ERR_NO_RESOURCE || rc == CFX_ERR_INVALID
                        ? rc
-                       : cfx__err(rc, "reduce into %.12s: placing the result: %s", pl->hex,
+                       : cfx__err(rc, "reduce into %s: placing the result: %s", pl->hex,
                                   cfx_last_error());
-        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %.12s: no placement (%s); the last input "
+        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %s: no placement (%s); the last input "
                 "ready is the root", ctx->node_id, pl->hex, cfx_last_error());
         cfx__err_clear();
         return CFX_OK;
@@ -428,11 +432,11 @@ static int place_root(struct rplan *pl, struct arrival *arr)
         struct arrival root = arr[j];
         memmove(&arr[j], &arr[j + 1], (pl->k - 1 - j) * sizeof(*arr));
         arr[pl->k - 1] = root;
-        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %.12s: the result goes to node %u "
+        CFX_LOG(DEBUG, REDUCE, "node %u: reduce into %s: the result goes to node %u "
                 "(input %zu)", ctx->node_id, pl->hex, node, root.idx);
         return CFX_OK;
     }
-    return cfx__err(CFX_ERR_PROTO, "reduce into %.12s: placement chose node %u, which holds "
+    return cfx__err(CFX_ERR_PROTO, "reduce into %s: placement chose node %u, which holds "
                     "none of the inputs ready", pl->hex, node);
 }
 
@@ -566,12 +570,12 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
             arr[a++] = (struct arrival){ .idx = pl->pos[p].idx, .node = pl->pos[p].node };
     if (rc == CFX_OK) {
         if (st == CFX_ERR_AGAIN)
-            rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %.12s on node %u: the result was not "
+            rc = cfx__err(CFX_ERR_TIMEOUT, "reduce into %s on node %u: the result was not "
                           "produced within %d ms", pl->hex, ctx->node_id, pl->timeout_ms);
         else if (st != CFX_OK && why[0])
             rc = cfx__err(st, "%s", why);
         else if (st != CFX_OK)
-            rc = cfx__err(st, "reduce into %.12s: node %u failed: %s", pl->hex, *who,
+            rc = cfx__err(st, "reduce into %s: node %u failed: %s", pl->hex, *who,
                           cfx_strerror(st));
     }
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce of %zu/%zu inputs (%" PRIu64 " B) as a %s, %u "
@@ -592,11 +596,14 @@ static int result_free(struct cfx_context *ctx, const struct cfx_object_id *resu
     bool here = o && !o->deleting && !(o->complete && o->unrecorded);
     pthread_mutex_unlock(&ctx->lock);
     if (here)
-        return cfx__err(CFX_ERR_EXISTS, "reduce into %.12s: node %u holds an object of that id "
+        return cfx__err(CFX_ERR_EXISTS, "reduce into %s: node %u holds an object of that id "
                         "already; a result needs an id of its own", hex, ctx->node_id);
     uint64_t step = CFX_MIN(deadline, cfx__deadline_ns(5000));
     struct cfx_ctl_source src;
     int rc = cfx__ctl_obj_lookup_now(ctx->ctl, result, NULL, 0, step, &src);
+    if (rc == CFX_ERR_AGAIN) /* this node put it meanwhile */
+        return cfx__err(CFX_ERR_EXISTS, "reduce into %s: node %u holds an object of that id "
+                        "already; a result needs an id of its own", hex, ctx->node_id);
     if (rc == CFX_ERR_TIMEOUT) { /* no node holds it */
         cfx__err_clear();
         pthread_mutex_lock(&ctx->lock);
@@ -609,7 +616,7 @@ static int result_free(struct cfx_context *ctx, const struct cfx_object_id *resu
     if (!src.is_inline) /* we only wanted to know whether it is there */
         cfx__ctl_obj_done(ctx->ctl, result, src.node.node_id, 0, step);
     free(src.data);
-    return cfx__err(CFX_ERR_EXISTS, "reduce into %.12s: the id names an object already (node %u "
+    return cfx__err(CFX_ERR_EXISTS, "reduce into %s: the id names an object already (node %u "
                     "put it, %" PRIu64 " bytes); a result needs an id of its own", hex,
                     src.putter, src.size);
 }
@@ -657,7 +664,7 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
         rc = gather_inputs(ctx, inputs, n, k, pl.deadline, pl.dead, pl.ndead, pl.lost, arr,
                            &pl.size, &pl.chunk);
         if (rc == CFX_ERR_TIMEOUT && pl.ndead) {
-            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died and "
+            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %s on node %u: node %u died and "
                           "too few of the other inputs became ready in time (%s)", pl.hex,
                           ctx->node_id, pl.dead[pl.ndead - 1], cfx_last_error());
             break;
@@ -681,7 +688,7 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
             striped_tried = true;
             rc = cfx__reduce_striped(&pl, arr, &who);
             if (rc != CFX_OK && rc != CFX_ERR_UNSUPPORTED)
-                CFX_LOG(INFO, REDUCE, "node %u: striped reduce into %.12s failed (%s); the "
+                CFX_LOG(INFO, REDUCE, "node %u: striped reduce into %s failed (%s); the "
                         "plain plan runs instead", ctx->node_id, pl.hex, cfx_last_error());
         }
         /* a striped plan that failed for want of another node (a dead
@@ -712,12 +719,12 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
                 pl.nlost++;
             }
         if (n - pl.nlost < k) {
-            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %.12s on node %u: node %u died "
+            rc = cfx__err(CFX_ERR_PEER_FAILED, "reduce into %s on node %u: node %u died "
                           "holding an input, and %zu of %zu inputs cannot make %zu (%s)", pl.hex,
                           ctx->node_id, who, n - pl.nlost, n, k, cfx_last_error());
             break;
         }
-        CFX_LOG(INFO, REDUCE, "node %u: reduce into %.12s: node %u failed; planning again "
+        CFX_LOG(INFO, REDUCE, "node %u: reduce into %s: node %u failed; planning again "
                 "without it", ctx->node_id, pl.hex, who);
         pthread_mutex_lock(&ctx->lock);
         ctx->stats.reduce_replans++;

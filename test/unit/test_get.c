@@ -850,3 +850,46 @@ Test(get, freeing_a_running_get_cancels_it)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/*
+ * A get of an id that its own node then puts completes, with the put's
+ * bytes: the directory answers the waiting lookup "you hold it" (the node
+ * is no source for itself, and no other holder need ever come), and the
+ * get reads its own store.  It waited out its deadline and said that no
+ * node had put the object (a new user's trial).
+ */
+Test(get, get_before_its_own_nodes_put)
+{
+    const size_t size = 300000; /* not inline */
+    struct cfx_context *a;
+    struct cfx_object_id id;
+    struct cfx_request *req;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    join("tcp", false, &a);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 13);
+    memset(buf, 0, size);
+    cr_assert_eq(cfx_get_nb(a, &id, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    /* the get waits at the directory (its progress knows no size yet) */
+    uint64_t done = 1, total = 1;
+    for (uint64_t dl = cfx__deadline_ns(10000); cfx__now_ns() < dl;) {
+        pthread_mutex_lock(&a->lock);
+        bool waiting = a->stats.dir_lookups > 0;
+        pthread_mutex_unlock(&a->lock);
+        if (waiting)
+            break;
+        poll(NULL, 0, 1);
+    }
+    cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_ERR_AGAIN);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_size(req), size);
+    cr_assert_eq(cfx_test_check(buf, size, 13), (size_t)-1, "wrong bytes");
+    cfx_request_free(req);
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(src);
+    free(buf);
+    cfx_context_destroy(a);
+}
