@@ -134,7 +134,9 @@ struct cfx_task_needs; /* conflux/task.h */
 
 struct cfx_obj_params {
     uint64_t field_mask;          /* which fields are set */
-    int timeout_ms;               /* deadline; default the context's; <0 = forever */
+    int timeout_ms;               /* deadline; default the context's; <0 = forever; 0 (or
+                                   * less than a round trip to the coordinator): a get
+                                   * finds only a copy held on this node */
     enum cfx_memtype memtype;     /* memory type of the buffer; default host */
     size_t chunk_size;            /* put: chunk size for this object */
     uint64_t flags;               /* CFX_OBJ_FLAG_* */
