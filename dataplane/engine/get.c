@@ -864,7 +864,7 @@ int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void 
                         !ctx  ? "context"
                         : !id ? "id"
                               : "buffer");
-    int rc = check_memtype(obj_memtype(params), "cfx_get");
+    int rc = check_params(params, "cfx_get");
     if (rc != CFX_OK)
         return rc;
     if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */
@@ -884,6 +884,9 @@ int cfx__get_alloc_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     *buf_out = NULL;
     if (obj_memtype(params) != CFX_MEMTYPE_HOST)
         return cfx__err(CFX_ERR_UNSUPPORTED, "cfx_get_alloc: the arena holds host memory only");
+    int rc = check_params(params, "cfx_get_alloc");
+    if (rc != CFX_OK)
+        return rc;
     return get_impl(ctx, id, NULL, 0, true, buf_out, size_out, params, NULL);
 }
 

@@ -23,7 +23,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         return cfx__err(CFX_ERR_INVALID, "cfx_put: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
     if (size > (1ull << 46))
         return cfx__err(CFX_ERR_TOO_BIG, "cfx_put: %zu bytes is larger than an object may be", size);
-    rc = check_memtype(obj_memtype(params), "cfx_put");
+    rc = check_params(params, "cfx_put");
     if (rc != CFX_OK)
         return rc;
     if (obj_memtype(params) == CFX_MEMTYPE_CUDA) /* staged through host memory */

@@ -27,6 +27,20 @@ static inline int check_memtype(enum cfx_memtype mt, const char *what)
     return cfx__memtype_require(mt, what);
 }
 
+#define CFX_OBJ_FLAGS_KNOWN \
+    (CFX_OBJ_FLAG_NO_INLINE | CFX_OBJ_FLAG_NO_KEEP | CFX_OBJ_FLAG_ALLREDUCE)
+
+/* The params a call takes: its memory type usable here (check_memtype), and
+ * no flag this library does not know (a caller's typo or a newer library's
+ * flag is an error, not ignored). */
+static inline int check_params(const struct cfx_obj_params *p, const char *what)
+{
+    if (p && (p->field_mask & CFX_OBJ_PARAM_FLAGS) && (p->flags & ~(uint64_t)CFX_OBJ_FLAGS_KNOWN))
+        return cfx__err(CFX_ERR_INVALID, "%s: unknown flags %#llx", what,
+                        (unsigned long long)(p->flags & ~(uint64_t)CFX_OBJ_FLAGS_KNOWN));
+    return check_memtype(obj_memtype(p), what);
+}
+
 static inline struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t size, uint32_t chunk)
 {
     struct cfx_obj *obj = cfx__obj_alloc(size, chunk);

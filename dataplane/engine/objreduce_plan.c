@@ -637,6 +637,11 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
     if ((unsigned)dtype >= CFX_DTYPE_LAST || (unsigned)op >= CFX_OP_LAST)
         return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown dtype %d or op %d",
                         (int)dtype, (int)op);
+    if (params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
+        (params->flags & ~(uint64_t)(CFX_OBJ_FLAG_NO_INLINE | CFX_OBJ_FLAG_NO_KEEP |
+                                     CFX_OBJ_FLAG_ALLREDUCE)))
+        return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: unknown flags %#llx",
+                        (unsigned long long)params->flags);
     struct rplan pl = { .ctx = ctx, .inputs = inputs, .n = n, .k = k, .dtype = dtype, .op = op,
                         .result = result };
     pl.timeout_ms = params && (params->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? params->timeout_ms

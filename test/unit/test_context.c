@@ -716,6 +716,16 @@ Test(context, api_misuse)
     cr_assert_eq(cfx_put(a, &id, b, 8, &p), CFX_ERR_INVALID);
     struct cfx_obj_params m = { .field_mask = CFX_OBJ_PARAM_MEMTYPE, .memtype = 99 };
     cr_assert_eq(cfx_put(a, &id, b, 8, &m), CFX_ERR_INVALID);
+    /* a flag this library does not know is an error, not ignored (a put
+     * with flags 1 << 30 returned CFX_OK) */
+    struct cfx_obj_params f = { .field_mask = CFX_OBJ_PARAM_FLAGS, .flags = 1ull << 30 };
+    cr_assert_eq(cfx_put(a, &id, b, 8, &f), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "unknown flags 0x40000000"), "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(a, &id, b, 8, NULL, &f), CFX_ERR_INVALID);
+    void *ab = NULL;
+    cr_assert_eq(cfx_get_alloc(a, &id, &ab, NULL, &f), CFX_ERR_INVALID);
+    cr_assert_eq(cfx_reduce_objects(a, &id, 1, 1, CFX_DTYPE_F32, CFX_OP_SUM, &id, &f, NULL),
+                 CFX_ERR_INVALID);
     cr_assert_eq(cfx_request_test(NULL), CFX_ERR_INVALID);
     cr_assert_eq(cfx_request_wait(NULL, 0), CFX_ERR_INVALID);
     cfx_request_free(NULL);
