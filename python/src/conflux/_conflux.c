@@ -187,6 +187,22 @@ int cfx__py_parse_timeout(PyObject *o, int *ms, int *set)
     return 0;
 }
 
+int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
+                     char *why, size_t len)
+{
+    int rc = wait(req, ms);
+    if (rc == CFX_ERR_TIMEOUT) {
+        snprintf(why, len, "%s", cfx_last_error());
+        int st = test(req);
+        if (st == CFX_ERR_AGAIN)
+            return st;
+        rc = wait(req, 0); /* ended: its own status, and its text */
+    }
+    if (rc)
+        snprintf(why, len, "%s", cfx_last_error());
+    return rc;
+}
+
 int cfx__py_parse_id(PyObject *o, struct cfx_object_id *id)
 {
     Py_buffer b;

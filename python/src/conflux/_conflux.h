@@ -30,6 +30,13 @@ PyObject *cfx__py_raise_status(int status);
 PyObject *cfx__py_raise_status_detail(int status, const char *detail);
 /* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
 int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
+/* A request's wait, called without the GIL: @p wait(req, ms) (ms < 0: until
+ * the operation's own end) and, when that times out, @p test(req), since
+ * the operation may have ended meanwhile.  Its final status, or
+ * CFX_ERR_AGAIN while it runs on; @p why gets the failure's (or the wait's
+ * timeout's) text. */
+int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
+                     char *why, size_t len);
 /* An int as a C long, one beyond a C long as LONG_MAX (out of every
  * caller's range); -1 with the exception set when @p o is no int. */
 int cfx__py_long_sat(PyObject *o, long *out);

@@ -244,6 +244,16 @@ static PyObject *request_raise(RequestObject *self)
     return cfx__py_raise_status_detail(self->status, self->detail ? self->detail : "");
 }
 
+static int rq_wait(void *req, int ms)
+{
+    return cfx_request_wait(req, ms);
+}
+
+static int rq_test(void *req)
+{
+    return cfx_request_test(req);
+}
+
 /* wait(timeout_ms=None): None waits for the operation, which ends by its own
  * deadline (the group's or the call's timeout). */
 static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
@@ -261,13 +271,7 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
         int rc;
         self->inside++;
         Py_BEGIN_ALLOW_THREADS
-        rc = cfx_request_wait(req, set ? ms : -1);
-        if (rc == CFX_ERR_TIMEOUT) {
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-            /* the wait's timeout, or the operation's own: the request says
-             * which, and it may have ended (well or not) since the wait */
-            rc = cfx_request_test(req);
-        }
+        rc = cfx__py_wait_req(req, set ? ms : -1, rq_wait, rq_test, why, sizeof(why));
         Py_END_ALLOW_THREADS
         self->inside--;
         if (rc != CFX_ERR_AGAIN)

@@ -261,6 +261,16 @@ static PyObject *psreq_result(PSRequestObject *r)
     Py_RETURN_NONE;
 }
 
+static int psrq_wait(void *req, int ms)
+{
+    return cfx_ps_wait(req, ms);
+}
+
+static int psrq_test(void *req)
+{
+    return cfx_ps_test(req);
+}
+
 /* wait(timeout_ms=None): until its end (raising its error); TimeoutError
  * leaves it running. */
 static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject *kw)
@@ -278,20 +288,7 @@ static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject 
         int rc;
         self->inside++;
         Py_BEGIN_ALLOW_THREADS
-        rc = cfx_ps_wait(req, set ? ms : -1);
-        if (rc == CFX_ERR_TIMEOUT) {
-            /* this wait's limit, or the op's own end: the request says */
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-            int st = cfx_ps_test(req);
-            if (st != CFX_ERR_AGAIN) {
-                rc = cfx_ps_wait(req, 0); /* ended: its own status and text */
-                snprintf(why, sizeof(why), "%s", cfx_last_error());
-            } else {
-                rc = CFX_ERR_AGAIN;
-            }
-        } else if (rc) {
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-        }
+        rc = cfx__py_wait_req(req, set ? ms : -1, psrq_wait, psrq_test, why, sizeof(why));
         Py_END_ALLOW_THREADS
         self->inside--;
         if (rc != CFX_ERR_AGAIN)
