@@ -242,11 +242,7 @@ struct cfx_transport_ops {
      * per registration: a new one revokes the one before.  A write outside a
      * live grant (stale key, another peer's, past the region) changes no
      * byte of the registration, fails the writer's endpoint with
-     * CFX_ERR_PROTO and is counted (the iface's n_grant_refused); but on
-     * tcp (in clear) and shm a write under one of the last
-     * CFX_TP_REVOKED_KEEP grants revoked, from the endpoint it was granted
-     * to, is dropped whole and counted apart (n_late_dropped): the receiver
-     * gave the transfer up while it was on its way (tpbase.h). */
+     * CFX_ERR_PROTO and is counted (the iface's n_grant_refused). */
     int (*mr_grant)(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
     /* End the live grant of @p mr, if any: its key is refused from now on,
      * in every write or chunk of a write that starts after.  A chunk whose
