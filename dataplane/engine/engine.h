@@ -617,6 +617,7 @@ struct cfx_request {
     pthread_cond_t cond;        /* signalled under ctx->lock on progress */
     /* non-blocking requests run on a worker thread */
     bool freed_by_user;         /* free requested while running */
+    bool started;               /* a put or get: taken off ctx->async_q by a worker */
     bool cancel;                /* cfx_request_free() of a running get: it ends at once
                                    (its waits look, ctx->lock; cfx__req_canceled()) */
     bool in_lookup;             /* the get waits for the directory: its buffer is not

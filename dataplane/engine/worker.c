@@ -56,6 +56,7 @@ static void *worker_main(void *arg)
             break;
         struct cfx_request *req = cfx_list_entry(ctx->async_q.next, struct cfx_request, link);
         cfx_list_del(&req->link);
+        req->started = true;
         pthread_mutex_unlock(&ctx->lock);
 
         int rc;
@@ -259,6 +260,14 @@ void cfx_request_free(struct cfx_request *req)
         return;
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
+    if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
+        /* still queued behind other requests: it never runs */
+        cfx_list_del(&req->link);
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_cond_destroy(&req->cond);
+        free(req);
+        return;
+    }
     if (req->status == CFX_ERR_AGAIN && (req->type != CFX_REQ_GET || req->in_lookup)) {
         /* a put (it reads the buffer only until it returns, which the
          * caller's free of the buffer must wait for anyway: object.h), or
