@@ -315,8 +315,9 @@ CFX_API size_t cfx_request_size(const struct cfx_request *req);
  *  A get that may be writing its buffer is withdrawn before this returns
  *  (the holder's writes are refused from then on), so the buffer is the
  *  caller's again; one still waiting for the directory is let go at once
- *  (it writes nothing after).  A put runs on to its end (its buffer is
- *  served until cfx_delete(), as ever).  As with free(), a request freed
+ *  (it writes nothing after).  A put or get still queued behind others
+ *  never runs; a put running runs on to its end (its buffer is served
+ *  until cfx_delete(), as ever).  As with free(), a request freed
  *  once is gone: freeing or using it again is undefined. */
 CFX_API void cfx_request_free(struct cfx_request *req);
 
