@@ -831,8 +831,12 @@ Test(get, freeing_a_running_get_cancels_it)
     pthread_mutex_unlock(&b->lock);
     cr_assert(!live, "the freed get's entry still exposes the buffer");
 
-    /* the object is still whole at its holder: a new get takes it all */
+    /* the object is still whole at its holder: a new get takes it all,
+     * once the holder's late writes for the canceled one reached b (they
+     * are refused, which ends the connection they came on, and with it
+     * the transfer the canceled get left behind) */
     cfx__xfer_test_resume(a);
+    cr_assert(wait_abandoned_gone(b), "the holder's late writes never reached the getter");
     memset(buf, 0, size);
     size_t got = 0;
     cr_assert_eq(cfx_get(b, &id, buf, size, &got, &gp), CFX_OK, "%s", cfx_last_error());
