@@ -242,7 +242,12 @@ struct cfx_transport_ops {
      * per registration: a new one revokes the one before.  A write outside a
      * live grant (stale key, another peer's, past the region) changes no
      * byte of the registration, fails the writer's endpoint with
-     * CFX_ERR_PROTO and is counted (the iface's n_grant_refused). */
+     * CFX_ERR_PROTO and is counted (the iface's n_grant_refused); but on
+     * tcp (in clear), shm and dpdk a write under one of the last
+     * CFX_TP_REVOKED_KEEP grants revoked, from the endpoint it was granted
+     * to, is dropped whole, reports nothing, and is counted apart
+     * (n_late_dropped): the receiver gave the transfer up while it was on
+     * its way (tpbase.h).  On verbs the HCA refuses it. */
     int (*mr_grant)(struct cfx_tp_mr *mr, struct cfx_tp_ep *ep, struct cfx_tp_rdesc *out);
     /* End the live grant of @p mr, if any: its key is refused from now on,
      * in every write or chunk of a write that starts after.  A chunk whose
@@ -254,6 +259,9 @@ struct cfx_transport_ops {
     /* Optional.  Writes refused so far for want of a live grant; may be
      * called from any thread (cfx_context_stats: writes_refused). */
     uint64_t (*iface_grant_refused)(struct cfx_tp_iface *iface);
+    /* Optional.  Writes dropped so far under a grant revoked lately (see
+     * mr_grant); any thread (cfx_context_stats: writes_late). */
+    uint64_t (*iface_late_dropped)(struct cfx_tp_iface *iface);
 
     /* Optional.  The memory in [addr, addr + len) is about to be unmapped
      * (the engine's arena drops a segment): forget whatever the transport

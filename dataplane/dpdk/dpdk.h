@@ -248,6 +248,8 @@ struct cfx__dpdk_iface {
     _Atomic uint64_t n_grant_refused; /* writes refused for want of a live grant */
     _Atomic uint64_t n_seal_refused;  /* sealed messages that did not open */
     struct cfx__keystream keys;   /* grant keys */
+    struct cfx__tp_revoked revoked; /* grants revoked lately: their late writes dropped */
+    _Atomic uint64_t n_late_dropped; /* write chunks under such a grant, dropped */
     int kernel_fd;                /* our UDP address held in the kernel, or -1 (dpdk_iface.c) */
     uint64_t poll_gen;            /* incremented by every poll() */
     struct cfx_list eps;          /* live endpoints */

@@ -187,6 +187,20 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
         }
         struct cfx__dpdk_mr *mr = cfx__dpdk_mr_lookup(ep->iface, ep, le32toh(h.key_idx),
                                                       le64toh(h.key), off, hlen, &why);
+        if (unlikely(!mr) &&
+            cfx__tp_revoked_has(&ep->iface->revoked, le64toh(h.key), ep->serial)) {
+            /* a write the receiver gave up on while it was on its way
+             * (tpbase.h): its chunk goes nowhere and reports nothing (no
+             * registration has that index), the endpoint lives on */
+            atomic_fetch_add_explicit(&ep->iface->n_late_dropped, 1, memory_order_relaxed);
+            ep->rx_expect = true;
+            ep->rx_len = hlen;
+            ep->rx_mr_idx = UINT32_MAX;
+            ep->rx_mr_gen = 0;
+            ep->rx_off = 0;
+            ep->rx_last = false;
+            return CFX_OK;
+        }
         if (unlikely(!mr)) {
             atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
             char msg[128];

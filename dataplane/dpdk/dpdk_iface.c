@@ -601,6 +601,12 @@ static uint64_t dpdk_grant_refused(struct cfx_tp_iface *tp_iface)
                                 memory_order_relaxed);
 }
 
+static uint64_t dpdk_late_dropped(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__dpdk_iface_of(tp_iface)->n_late_dropped,
+                                memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__dpdk_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "dpdk",
@@ -618,6 +624,7 @@ const struct cfx_transport_ops cfx__dpdk_ops = {
     .mr_grant = cfx__dpdk_mr_grant,
     .mr_revoke = cfx__dpdk_mr_revoke,
     .iface_grant_refused = dpdk_grant_refused,
+    .iface_late_dropped = dpdk_late_dropped,
     .ep_seal = cfx__dpdk_ep_seal,
     .iface_seal_refused = dpdk_seal_refused,
     .ep_write = cfx__dpdk_ep_write,

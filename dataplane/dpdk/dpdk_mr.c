@@ -59,6 +59,7 @@ void cfx__dpdk_mem_dereg(struct cfx_tp_mr *tp_mr)
     cfx__dpdk_port_settle(iface->port);
     cfx_list_for_each_safe(pos, n, &iface->eps)
         cfx__dpdk_ep_mr_gone(cfx_list_entry(pos, struct cfx__dpdk_ep, link), mr);
+    cfx__tp_revoked_add(&iface->revoked, mr->grant_key, mr->grant_ep);
     cfx__tp_table_remove(&iface->mrs, mr->idx);
     free(mr);
 }
@@ -85,6 +86,8 @@ int cfx__dpdk_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct 
     if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
         return cfx__err(CFX_ERR_INVALID, "dpdk mr_grant: region %p is not remote-writable",
                         tp_mr->addr);
+    cfx__tp_revoked_add(&cfx__dpdk_iface_of(tp_mr->iface)->revoked, mr->grant_key,
+                        mr->grant_ep); /* a grant again ends the one before */
     mr->grant_key = cfx__keystream_next(&cfx__dpdk_iface_of(tp_mr->iface)->keys);
     mr->grant_ep = tp_ep ? cfx__dpdk_ep_of(tp_ep)->serial : 0;
     rkey_pack(mr, mr->grant_key, out);
@@ -97,6 +100,7 @@ void cfx__dpdk_mr_revoke(struct cfx_tp_mr *tp_mr)
     if (!tp_mr)
         return;
     struct cfx__dpdk_mr *mr = cfx__dpdk_mr_of(tp_mr);
+    cfx__tp_revoked_add(&cfx__dpdk_iface_of(tp_mr->iface)->revoked, mr->grant_key, mr->grant_ep);
     mr->grant_key = 0;
     mr->grant_ep = 0;
 }

@@ -554,7 +554,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     if (stall > 0) {
         ctx->test_stall = (uint32_t)CFX_MIN(stall, (long long)CFX_MAX_CHUNKS);
         CFX_LOG(WARN, CTL,
-                "test-only: uploads from here stop after chunk %u and drop "
+                "test-only: uploads from here stop after chunk %u and hold "
                 "cancels until resumed",
                 ctx->test_stall);
     }
@@ -936,10 +936,12 @@ int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats *out)
     pthread_mutex_lock(&ctx->lock);
     *out = ctx->stats;
     pthread_mutex_unlock(&ctx->lock);
-    out->writes_refused = out->records_refused = 0;
+    out->writes_refused = out->records_refused = out->writes_late = 0;
     for (int t = 0; t < ctx->ntp; t++) {
         if (ctx->tp[t].ops->iface_grant_refused)
             out->writes_refused += ctx->tp[t].ops->iface_grant_refused(ctx->tp[t].iface);
+        if (ctx->tp[t].ops->iface_late_dropped)
+            out->writes_late += ctx->tp[t].ops->iface_late_dropped(ctx->tp[t].iface);
         if (ctx->tp[t].ops->iface_seal_refused)
             out->records_refused += ctx->tp[t].ops->iface_seal_refused(ctx->tp[t].iface);
     }

@@ -488,6 +488,8 @@ struct cfx_upload {
     uint32_t ring;              /* receiver's scratch ring slots (0 = linear) */
     bool canceled;              /* receiver withdrew: CANCEL_ACK once drained */
     bool aborted;               /* we release the object: NACK once drained */
+    bool cancel_held;           /* test hook: a CANCEL that came while stalled,
+                                   taken at cfx__xfer_test_resume() */
     struct cfx_tp_rdesc rdesc;
     struct cfx_list obj_link;   /* obj->uploads */
     struct cfx_list conn_link;  /* conn->uploads */
@@ -1170,9 +1172,10 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in);
 bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
                           struct cfx_xfer_in *spare);
 /* Test hook CFX_XFER_TEST_STALL=N: each upload of this node stops after
- * the first N chunks it was asked for, and CANCELs are dropped (a holder
+ * the first N chunks it was asked for, and CANCELs are held (a holder
  * that stalls mid-transfer), until resumed here (any thread, no lock
- * held).  cfx__xfer_test_stall() turns it on later (a node that first
+ * held): what the receivers' credits allow goes out, then the CANCELs
+ * are answered.  cfx__xfer_test_stall() turns it on later (a node that first
  * replicated an object unstalled). */
 void cfx__xfer_test_resume(struct cfx_context *ctx);
 void cfx__xfer_test_stall(struct cfx_context *ctx, uint32_t n);

@@ -308,11 +308,13 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
         in->cancel_sent = true;
         send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
     }
-    /* From here a write into the window is refused by the transport (and
-     * fails the connection: the source wrote after its grant ended); one
-     * being received now goes nowhere once the registration is dropped
-     * with the entry (cfx__obj_release).  A direct shm write cannot be
-     * stopped: arena memory behind it is never handed out again. */
+    /* From here a write into the window lands nothing: the transport drops
+     * it whole (tcp in clear, shm, dpdk: a grant revoked lately, the
+     * connection kept) or refuses it (verbs, or past the last 64 grants
+     * revoked: the connection fails); one being received now goes nowhere
+     * once the registration is dropped with the entry (cfx__obj_release).
+     * A direct shm write cannot be stopped: arena memory behind it is
+     * never handed out again. */
     struct cfx_tp_mr *mr = in->mr ? in->mr : obj->mr[in->conn->tp];
     if (mr && ctx->tp[in->conn->tp].ops->mr_revoke)
         ctx->tp[in->conn->tp].ops->mr_revoke(mr);
@@ -587,6 +589,8 @@ static bool upload_maybe_done(struct cfx_context *ctx, struct cfx_upload *up)
         return true;
     }
     if (up->next == up->end) {
+        if (unlikely(up->cancel_held)) /* test hook: as a CANCEL finding no upload is */
+            send_hdr(up->conn, CFX_DP_CANCEL_ACK, up->slot);
         upload_free(ctx, up);
         return true;
     }
@@ -978,9 +982,14 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         break;
     }
     case CFX_DP_CANCEL: {
-        if (unlikely(ctx->test_stall))
-            break; /* test hook: the stalled holder does not answer */
         struct cfx_upload *up = upload_find(conn, h.slot);
+        if (unlikely(ctx->test_stall)) {
+            /* test hook: the stalled holder answers only once it resumes,
+             * after the writes it had on their way (cfx__xfer_test_resume) */
+            if (up)
+                up->cancel_held = true;
+            break;
+        }
         if (!up) {
             /* not being served: forget the request if it is still queued
              * (a receive waiting for its send, or a get waiting for a
@@ -1027,6 +1036,9 @@ void cfx__xfer_test_resume(struct cfx_context *ctx)
     pthread_mutex_lock(&ctx->lock);
     ctx->test_stall = 0;
     struct cfx_list *cpos;
+    /* The writes the holder had on their way go out first (as far as the
+     * receiver's credits let them), then it takes the CANCELs that came
+     * meanwhile: each answered once its writes completed. */
 again:
     cfx_list_for_each(cpos, &ctx->conns) {
         struct cfx_conn *conn = cfx_list_entry(cpos, struct cfx_conn, link);
@@ -1036,6 +1048,20 @@ again:
             upload_serve(ctx, cfx_list_entry(pos, struct cfx_upload, conn_link));
             if (ctx->conn_gen != gen)
                 goto again; /* a connection failed under us: start over */
+        }
+    }
+cancels:
+    cfx_list_for_each(cpos, &ctx->conns) {
+        struct cfx_conn *conn = cfx_list_entry(cpos, struct cfx_conn, link);
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &conn->uploads) {
+            struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
+            if (!up->cancel_held)
+                continue;
+            up->cancel_held = false;
+            up->canceled = true;
+            upload_maybe_done(ctx, up); /* may free it: the walk starts over */
+            goto cancels;
         }
     }
     cfx__progress_wake(ctx);

@@ -260,6 +260,8 @@ struct cfx__shm_iface {
     _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's,
                                          or out of bounds (read by any thread) */
     struct cfx__keystream keys;   /* grant keys */
+    struct cfx__tp_revoked revoked; /* grants revoked lately: their late writes dropped */
+    _Atomic uint64_t n_late_dropped; /* writes under such a grant, dropped (any thread) */
     uint64_t n_ring_errors;       /* endpoints failed for a ring position or message
                                      the peer wrote that cannot be */
     uint64_t next_sock_check;     /* ns */

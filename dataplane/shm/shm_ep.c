@@ -502,6 +502,20 @@ void cfx__shm_ep_tx_progress(struct cfx__shm_ep *ep)
 
 /* ---- consuming ----------------------------------------------------------------------------- */
 
+/* A write under a grant revoked lately (tpbase.h): the receiver gave it up
+ * while it was on its way.  Dropped, nothing of it copied; the endpoint
+ * lives on.  True when @p grant is one. */
+static bool rx_late(struct cfx__shm_ep *ep, uint64_t grant, const struct cfx__shm_msg *h)
+{
+    if (!cfx__tp_revoked_has(&ep->iface->revoked, grant, ep->serial))
+        return false;
+    atomic_fetch_add_explicit(&ep->iface->n_late_dropped, 1, memory_order_relaxed);
+    CFX_LOG(DEBUG, SHM, "node %u: %s wrote [%llu, +%llu) under registration %u's grant "
+            "revoked lately: dropped", ep->iface->super.node_id, ep->super.peer_name,
+            (unsigned long long)h->start, (unsigned long long)h->total, h->key);
+    return true;
+}
+
 /* A write outside a live grant: nothing of it was copied here. */
 static int rx_refused(struct cfx__shm_ep *ep, const char *why, const struct cfx__shm_msg *h)
 {
@@ -543,6 +557,8 @@ static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
                                                     h->total, &why);
         if (unlikely(!mr)) {
             h->start = h->off;
+            if (rx_late(ep, h->grant, h))
+                break; /* the rest goes nowhere; the pull is answered as done */
             rx_refused(ep, why, h);
             return -1;
         }
@@ -582,6 +598,10 @@ static int rx_pull_start(struct cfx__shm_ep *ep, const struct cfx__shm_msg *h,
     if (unlikely(!mr)) {
         struct cfx__shm_msg r = *h;
         r.start = r.off;
+        if (rx_late(ep, h->grant, &r)) {
+            pull_reply(ep, pl.seq, false); /* "done": its bytes go nowhere */
+            return 0;
+        }
         rx_refused(ep, why, &r);
         return -1;
     }
@@ -692,6 +712,8 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
             /* the whole write must fit, not just this fragment: a refused
              * write touches nothing */
             mr = cfx__shm_mr_lookup(ep->iface, ep, h.key, h.grant, h.start, h.total, &why);
+            if (unlikely(!mr) && rx_late(ep, h.grant, &h))
+                break; /* consumed, nothing copied, no completion */
             if (unlikely(!mr)) {
                 rx_refused(ep, why, &h);
                 return n;

@@ -324,6 +324,11 @@ static uint64_t shm_grant_refused(struct cfx_tp_iface *tpi)
     return atomic_load_explicit(&cfx__shm_iface_of(tpi)->n_grant_refused, memory_order_relaxed);
 }
 
+static uint64_t shm_late_dropped(struct cfx_tp_iface *tpi)
+{
+    return atomic_load_explicit(&cfx__shm_iface_of(tpi)->n_late_dropped, memory_order_relaxed);
+}
+
 const struct cfx_transport_ops cfx__shm_ops = {
     .version = CFX_TP_OPS_VERSION,
     .name = "shm",
@@ -341,6 +346,7 @@ const struct cfx_transport_ops cfx__shm_ops = {
     .mr_grant = cfx__shm_mr_grant,
     .mr_revoke = cfx__shm_mr_revoke,
     .iface_grant_refused = shm_grant_refused,
+    .iface_late_dropped = shm_late_dropped,
     .ep_write = cfx__shm_ep_write,
     .ep_send = cfx__shm_ep_send,
     .poll = shm_poll,

@@ -106,6 +106,7 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
     mr = cfx__shm_mr_of(tpm);
     iface = cfx__shm_iface_of(tpm->iface);
     idx = mr->key & 0xffffu;
+    cfx__tp_revoked_add(&iface->revoked, mr->grant_key, mr->grant_ep);
     cfx__tp_table_remove(&iface->mrs, idx);
     free(mr);
 }
@@ -122,6 +123,8 @@ int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_t
     if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
         return cfx__err(CFX_ERR_INVALID, "shm mr_grant: region %p is not remote-writable",
                         tpm->addr);
+    cfx__tp_revoked_add(&cfx__shm_iface_of(tpm->iface)->revoked, mr->grant_key,
+                        mr->grant_ep); /* a grant again ends the one before */
     mr->grant_key = cfx__keystream_next(&cfx__shm_iface_of(tpm->iface)->keys);
     mr->grant_ep = tpe ? cfx__shm_ep_of(tpe)->serial : 0;
     memset(&rd, 0, sizeof(rd));
@@ -143,6 +146,7 @@ void cfx__shm_mr_revoke(struct cfx_tp_mr *tpm)
     if (!tpm)
         return;
     struct cfx__shm_mr *mr = cfx__shm_mr_of(tpm);
+    cfx__tp_revoked_add(&cfx__shm_iface_of(tpm->iface)->revoked, mr->grant_key, mr->grant_ep);
     mr->grant_key = 0;
     mr->grant_ep = 0;
 }

@@ -239,6 +239,8 @@ struct cfx__tcp_iface {
                                          bounds (read by any thread) */
     _Atomic uint64_t n_seal_refused;  /* sealed records that did not open (any thread) */
     struct cfx__keystream keys; /* grant keys */
+    struct cfx__tp_revoked revoked; /* grants revoked lately: their late writes dropped */
+    _Atomic uint64_t n_late_dropped; /* writes under such a grant, dropped (any thread) */
     uint64_t poll_gen;         /* incremented by every poll() */
     uint64_t hello_check;      /* next look for accepted eps silent past their deadline (ns) */
     uint32_t fail_node;        /* the last peer node whose ep failed, and when (ns): */

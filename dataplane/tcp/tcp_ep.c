@@ -804,6 +804,18 @@ static bool rx_header(struct cfx__tcp_ep *ep)
         /* checked before a byte is read: a refused write lands nothing */
         const char *gwhy = why;
         struct cfx__tcp_mr *mr = type < 0 ? NULL : cfx__tcp_mr_lookup(ep->iface, ep, h, &gwhy);
+        if (unlikely(!mr) && type >= 0 && ep->rx_seal == CFX_TCP_RX_CLEAR &&
+            cfx__tp_revoked_has(&ep->iface->revoked, (uint64_t)h->key_hi << 32 | h->key_lo,
+                                ep->serial)) {
+            /* a write the receiver gave up on while it was on its way: its
+             * bytes go nowhere, and the endpoint lives on (tpbase.h) */
+            atomic_fetch_add_explicit(&ep->iface->n_late_dropped, 1, memory_order_relaxed);
+            CFX_LOG(DEBUG, TCP, "iface %s: %s wrote [%llu, +%u) under grant %u revoked lately: "
+                    "dropped", ep->iface->addr, ep->super.peer_name,
+                    (unsigned long long)h->off, h->len, h->key_idx);
+            ep->rx_state = CFX_TCP_RX_DISCARD;
+            return true;
+        }
         if (unlikely(!mr)) {
             atomic_fetch_add_explicit(&ep->iface->n_grant_refused, 1, memory_order_relaxed);
             send_error_frame(ep, CFX_ERR_PROTO);
@@ -980,7 +992,9 @@ static bool rx_parse(struct cfx__tcp_ep *ep)
                 break; /* the rest of the header is still in the socket */
             if (!rx_header(ep))
                 return false;
-            if (ep->rx_hdr.len == 0) {
+            if (ep->rx_hdr.len == 0 && ep->rx_state == CFX_TCP_RX_DISCARD) {
+                ep->rx_state = CFX_TCP_RX_HDR; /* an empty write dropped: nothing to read */
+            } else if (ep->rx_hdr.len == 0) {
                 rx_frame_done(ep);
                 if (ep->state == CFX_TCP_EP_FAILED)
                     return false;

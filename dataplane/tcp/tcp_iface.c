@@ -259,6 +259,12 @@ static uint64_t tcp_grant_refused(struct cfx_tp_iface *tp_iface)
                                 memory_order_relaxed);
 }
 
+static uint64_t tcp_late_dropped(struct cfx_tp_iface *tp_iface)
+{
+    return atomic_load_explicit(&cfx__tcp_iface_of(tp_iface)->n_late_dropped,
+                                memory_order_relaxed);
+}
+
 static uint64_t tcp_seal_refused(struct cfx_tp_iface *tp_iface)
 {
     return atomic_load_explicit(&cfx__tcp_iface_of(tp_iface)->n_seal_refused,
@@ -282,6 +288,7 @@ const struct cfx_transport_ops cfx__tcp_ops = {
     .mr_grant = cfx__tcp_mr_grant,
     .mr_revoke = cfx__tcp_mr_revoke,
     .iface_grant_refused = tcp_grant_refused,
+    .iface_late_dropped = tcp_late_dropped,
     .ep_write = cfx__tcp_ep_write,
     .ep_send = cfx__tcp_ep_send,
     .poll = tcp_poll,

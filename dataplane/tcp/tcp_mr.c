@@ -68,6 +68,7 @@ void cfx__tcp_mem_dereg(struct cfx_tp_mr *tp_mr)
         cfx_list_for_each(pos, &iface->eps)
             cfx__tcp_ep_mr_gone(cfx_list_entry(pos, struct cfx__tcp_ep, link), mr);
     }
+    cfx__tp_revoked_add(&iface->revoked, mr->grant_key, mr->grant_ep);
     cfx__tp_table_remove(&iface->mrs, mr->idx);
     free(mr);
 }
@@ -83,6 +84,8 @@ int cfx__tcp_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep, struct c
     if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
         return cfx__err(CFX_ERR_INVALID, "tcp mr_grant: region %p is not remote-writable",
                         tp_mr->addr);
+    cfx__tp_revoked_add(&cfx__tcp_iface_of(tp_mr->iface)->revoked, mr->grant_key,
+                        mr->grant_ep); /* a grant again ends the one before */
     mr->grant_key = cfx__keystream_next(&cfx__tcp_iface_of(tp_mr->iface)->keys);
     mr->grant_ep = tp_ep ? cfx__tcp_ep_of(tp_ep)->serial : 0;
 
@@ -104,6 +107,7 @@ void cfx__tcp_mr_revoke(struct cfx_tp_mr *tp_mr)
     if (!tp_mr)
         return;
     struct cfx__tcp_mr *mr = cfx__tcp_mr_of(tp_mr);
+    cfx__tp_revoked_add(&cfx__tcp_iface_of(tp_mr->iface)->revoked, mr->grant_key, mr->grant_ep);
     mr->grant_key = 0;
     mr->grant_ep = 0;
     /* A write of it already being received keeps landing (its header was

@@ -252,4 +252,44 @@ int cfx__tp_sock_connect(const char *who, const char *peer, const struct sockadd
  * autotuning off, see tcp(7)). */
 void cfx__tp_sock_setup(int fd, bool bufs_from_env);
 
+/* ---- grants revoked lately --------------------------------------------------
+ *
+ * A receiver revokes a grant (mr_revoke, or the registration goes) when it
+ * gives up a transfer (a deadline, a canceled get) without waiting for the
+ * writer: the writer's frames already on their way then arrive under a key
+ * that no longer names a grant.  Those are not a peer's fault, and failing
+ * the endpoint for them would fail every other transfer and message on it.
+ * So the last CFX_TP_REVOKED_KEEP grants revoked are remembered (key and
+ * the endpoint they were granted to): a write under one of them is dropped
+ * whole, nothing of it landing, and counted; any other unknown key is still
+ * refused and fails the endpoint.  The keys are 64 random bits: a stranger
+ * cannot hit one.
+ */
+#define CFX_TP_REVOKED_KEEP 64
+
+struct cfx__tp_revoked {
+    uint64_t key[CFX_TP_REVOKED_KEEP];
+    uint64_t ep[CFX_TP_REVOKED_KEEP];   /* endpoint serial granted to; 0: any */
+    unsigned next;
+};
+
+/* Remember grant @p key (0: none, ignored) given to endpoint @p ep. */
+static inline void cfx__tp_revoked_add(struct cfx__tp_revoked *r, uint64_t key, uint64_t ep)
+{
+    if (!key)
+        return;
+    unsigned i = r->next++ % CFX_TP_REVOKED_KEEP;
+    r->key[i] = key;
+    r->ep[i] = ep;
+}
+
+/* Whether @p key was a grant revoked lately to endpoint @p ep (or to any). */
+static inline bool cfx__tp_revoked_has(const struct cfx__tp_revoked *r, uint64_t key, uint64_t ep)
+{
+    for (unsigned i = 0; key && i < CFX_TP_REVOKED_KEEP; i++)
+        if (r->key[i] == key && (!r->ep[i] || r->ep[i] == ep))
+            return true;
+    return false;
+}
+
 #endif

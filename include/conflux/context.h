@@ -140,6 +140,10 @@ struct cfx_context_stats {
     uint64_t records_refused;   /* sealed records (CFX_SECURE) that failed to open: altered,
                                    replayed or sealed with another key; nothing of them was
                                    used, their connection failed (tcp) */
+    uint64_t writes_late;       /* peers' writes that came after this node gave their
+                                   transfer up (a get's deadline, a freed request): dropped
+                                   whole before a byte landed, the connection kept (tcp in
+                                   clear, shm; on verbs and dpdk such a write is refused) */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */

@@ -313,7 +313,7 @@ CFX_API size_t cfx_request_size(const struct cfx_request *req);
 
 /** Free a completed request; a request still running is canceled first. NULL: no-op.
  *  A get that may be writing its buffer is withdrawn before this returns
- *  (the holder's writes are refused from then on), so the buffer is the
+ *  (the holder's writes land nothing from then on), so the buffer is the
  *  caller's again; one still waiting for the directory is let go at once
  *  (it writes nothing after).  A put or get still queued behind others
  *  never runs; a put running runs on to its end (its buffer is served
