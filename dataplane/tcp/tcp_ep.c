@@ -1196,7 +1196,9 @@ void cfx__tcp_rx_backlog_run(struct cfx__tcp_iface *iface)
 void cfx__tcp_ep_mr_gone(struct cfx__tcp_ep *ep, struct cfx__tcp_mr *mr)
 {
     if (ep->rx_mr == mr) {
-        CFX_LOG(WARN, TCP,
+        /* the receiver gave the transfer up (a deadline, a freed request):
+         * no fault of the writer's, so no warning */
+        CFX_LOG(DEBUG, TCP,
                 "iface %s: region deregistered while %s writes into it; "
                 "dropping the rest of that write",
                 ep->iface->addr, ep->super.peer_name);
