@@ -7,8 +7,12 @@
  *
  * The scheduler looks for request n = 1, 2, ... in order; the latest map
  * says which n comes next (admin_next), and the administrator skips numbers
- * already taken.  One administrator at a time: two racing for the same n
- * would write different bytes under one name.
+ * already taken.  Administrators at once race for a number: the directory
+ * gives a name to one putter (the other's put fails with CFX_ERR_EXISTS),
+ * and a request carries a random nonce that its answer echoes, so one put
+ * under a number whose request was answered and deleted meanwhile (the
+ * scheduler will not read it) sees another's answer and moves on.  Either
+ * way the loser takes the next number: they are served in turn.
  */
 #include "ps_int.h"
 
@@ -18,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Numbers an administrator tries before it gives up (each lost to another
+ * administrator's request at once). */
+#define PS_ADMIN_TRIES 64u
 
 /*
  * An administrator addresses a running job: with no shard map 1 in the
@@ -85,35 +93,56 @@ static int admin_once(struct cfx_context *ctx, const char *job, uint32_t cmd, in
         return rc;
     uint32_t n = m.admin_next ? m.admin_next : 1;
     cfx__ps_map_free(&m);
-    /* skip numbers taken (a request, or an answer to one already deleted) */
-    for (;;) {
-        struct cfx_object_id ids[2];
-        bool present[2];
-        cfx__ps_obj_id(job, "admin", n, 0, &ids[0]);
-        cfx__ps_obj_id(job, "admin-reply", n, 0, &ids[1]);
-        if ((rc = cfx__ps_probe(ctx, ids, 2, present)) != CFX_OK)
-            return cfx__err(rc, "job %s: cannot list the object directory", job);
-        if (!present[0] && !present[1])
-            break;
-        n++;
-    }
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
     struct ps_admin_req *req = calloc(1, sizeof(*req));
     if (!req)
         return cfx__err(CFX_ERR_NOMEM, "ps admin: out of memory");
-    *req = (struct ps_admin_req){ .magic = PS_MAGIC, .cmd = cmd, .arg = arg };
+    *req = (struct ps_admin_req){
+        .magic = PS_MAGIC, .cmd = cmd, .arg = arg, .nonce = cfx__random_u64() | 1
+    };
     struct cfx_object_id id, rid;
-    cfx__ps_obj_id(job, "admin", n, 0, &id);
-    cfx__ps_obj_id(job, "admin-reply", n, 0, &rid);
-    rc = cfx_put(ctx, &id, req, sizeof(*req), NULL);
-    if (rc != CFX_OK) {
-        free(req);
-        return cfx__err(rc, "job %s: cannot post admin request %u: %s", job, n, cfx_strerror(rc));
-    }
     struct ps_admin_rep rep;
     size_t sz = 0;
-    rc = cfx__ps_get(ctx, &rid, &rep, sizeof(rep), &sz, timeout_ms);
-    struct cfx_obj_params dop = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
-    cfx_delete(ctx, &id, &dop);
+    for (unsigned tries = 0;; tries++, n++) {
+        if (tries == PS_ADMIN_TRIES) {
+            free(req);
+            return cfx__err(CFX_ERR_BUSY,
+                            "job %s: %u other administrators' requests took the numbers "
+                            "before this one's; try again", job, PS_ADMIN_TRIES);
+        }
+        /* skip numbers taken (a request, or an answer to one already deleted) */
+        for (;;) {
+            struct cfx_object_id ids[2];
+            bool present[2];
+            cfx__ps_obj_id(job, "admin", n, 0, &ids[0]);
+            cfx__ps_obj_id(job, "admin-reply", n, 0, &ids[1]);
+            if ((rc = cfx__ps_probe(ctx, ids, 2, present)) != CFX_OK) {
+                free(req);
+                return cfx__err(rc, "job %s: cannot list the object directory", job);
+            }
+            if (!present[0] && !present[1])
+                break;
+            n++;
+        }
+        cfx__ps_obj_id(job, "admin", n, 0, &id);
+        cfx__ps_obj_id(job, "admin-reply", n, 0, &rid);
+        rc = cfx_put(ctx, &id, req, sizeof(*req), NULL);
+        if (rc == CFX_ERR_EXISTS)
+            continue; /* another administrator put it first: the next number */
+        if (rc != CFX_OK) {
+            free(req);
+            return cfx__err(rc, "job %s: cannot post admin request %u: %s", job, n,
+                            cfx_strerror(rc));
+        }
+        sz = 0;
+        rc = cfx__ps_get(ctx, &rid, &rep, sizeof(rep), &sz, cfx__ms_left(deadline));
+        struct cfx_obj_params dop = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
+        cfx_delete(ctx, &id, &dop);
+        if (rc == CFX_OK && sz == sizeof(rep) && rep.magic == PS_MAGIC &&
+            rep.nonce != req->nonce)
+            continue; /* another's answer: the number was served before our put */
+        break;
+    }
     free(req);
     if (rc == CFX_ERR_TIMEOUT)
         return cfx__err(rc,

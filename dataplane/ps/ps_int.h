@@ -210,13 +210,17 @@ struct ps_admin_req {
     uint32_t magic;
     uint32_t cmd;           /* enum ps_admin_cmd */
     int32_t arg;            /* server index; AUTO: on/off */
+    uint32_t reserved;      /* 0 */
+    uint64_t nonce;         /* the administrator's, random: echoed in the answer */
 };
 
 struct ps_admin_rep {
     uint32_t magic;
     int32_t status;
     uint32_t version;       /* map version after the command */
-    char detail[116];
+    uint32_t reserved;      /* 0 */
+    uint64_t nonce;         /* the request's (0: a malformed request) */
+    char detail[112];
 };
 
 /* ---- peers and mailboxes (ps_net.c) -------------------------------------------- */

@@ -51,6 +51,7 @@ struct ps_ev {
 };
 
 struct ps_sched {
+    uint64_t admin_nonce;       /* the admin request being answered (loop thread) */
     /* measurement window (loop thread) */
     uint64_t win_start;
     uint32_t win_version;
@@ -351,6 +352,7 @@ static void admin_reply(struct cfx_ps *ps, uint32_t n, int status, const char *d
     rep->magic = PS_MAGIC;
     rep->status = status;
     rep->version = ps->map.version;
+    rep->nonce = ps->sched->admin_nonce; /* whose answer this is */
     snprintf(rep->detail, sizeof(rep->detail), "%s", detail ? detail : "");
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, "admin-reply", n, 0, &id);
@@ -826,6 +828,7 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
     pthread_mutex_unlock(&ps->lock);
     while (ev) {
         struct ps_ev *next = ev->next;
+        s->admin_nonce = ev->type == PS_EV_ADMIN && !ev->bad ? ev->req.nonce : 0;
         if (ev->bad && ev->type == PS_EV_ADMIN)
             admin_reply(ps, ev->n, CFX_ERR_PROTO, "the request object was malformed");
         else if (ev->type == PS_EV_JOIN && !ev->bad)

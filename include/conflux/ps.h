@@ -271,8 +271,10 @@ CFX_API int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us);
 
 /*
  * Administration, from any member context (rdmactl joins as one): requests
- * travel to the scheduler as small objects "ps/<job>/admin/<n>"; one
- * administrator at a time.  Each waits for the scheduler's answer and, for
+ * travel to the scheduler as small objects "ps/<job>/admin/<n>"; several
+ * administrators at once are served in turn (one that lost the numbers to
+ * 64 others' requests in a row fails with CFX_ERR_BUSY).  Each waits for
+ * the scheduler's answer and, for
  * add/remove/rebalance, for the map version that carries the change
  * (*version_out, may be NULL).  These and cfx_ps_shards() address a running
  * job: one whose first shard map the coordinator does not hold fails at once

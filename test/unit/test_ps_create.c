@@ -109,6 +109,25 @@ static void *member_create(void *arg)
     return NULL;
 }
 
+/* As member_create, for the job "admins" (one server, one worker). */
+static void *member_admins_create(void *arg)
+{
+    struct member *m = arg;
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT,
+        .job = "admins",
+        .role = m->role,
+        .index = m->index,
+        .num_workers = 1,
+        .num_servers = 1,
+        .timeout_ms = 20000,
+    };
+    m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
+    snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
+    return NULL;
+}
+
 static void *member_register(void *arg)
 {
     struct member *m = arg;
@@ -160,4 +179,76 @@ Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
         if (i)
             cfx_context_destroy(m[i].ctx);
     }
+}
+
+/* ---- administrators at once ------------------------------------------------------ */
+
+#define ADMINS 4
+#define ADMIN_ROUNDS 3
+
+struct admin {
+    struct cfx_context *ctx;
+    pthread_barrier_t *start;
+    int rc[ADMIN_ROUNDS];
+    char err[ADMIN_ROUNDS][256];
+};
+
+static void *admin_remove_scheduler(void *arg)
+{
+    struct admin *a = arg;
+    for (int r = 0; r < ADMIN_ROUNDS; r++) {
+        pthread_barrier_wait(a->start); /* every administrator's request at once */
+        a->rc[r] = cfx_ps_remove_server(a->ctx, "admins", 0, 20000, NULL);
+        snprintf(a->err[r], sizeof(a->err[r]), "%s", cfx_last_error());
+    }
+    return NULL;
+}
+
+/* Four administrators ask the scheduler at once, three times over, to remove
+ * server 0: each gets the scheduler's own answer to its own request (BUSY,
+ * "cannot be removed").  They race for the request numbers: the loser of a
+ * number got CFX_ERR_EXISTS for its put ("one administrator at a time"),
+ * which failed a CI run of ps_ranks.py; now it takes the next number. */
+Test(ps_create, administrators_at_once_are_served_in_turn, .timeout = 90)
+{
+    struct member m[2] = { { .role = CFX_PS_SERVER, .index = 0 },
+                           { .role = CFX_PS_WORKER, .index = 0 } };
+    m[0].ctx = ctx;
+    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[1].ctx), CFX_OK, "%s",
+                 cfx_last_error());
+    pthread_t t[ADMINS];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, member_admins_create, &m[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(m[i].rc, CFX_OK, "member %d: %s", i, m[i].err);
+
+    pthread_barrier_t start;
+    struct admin a[ADMINS];
+    cr_assert_eq(pthread_barrier_init(&start, NULL, ADMINS), 0);
+    for (int i = 0; i < ADMINS; i++) {
+        memset(&a[i], 0, sizeof(a[i]));
+        a[i].start = &start;
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &a[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    }
+    for (int i = 0; i < ADMINS; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, admin_remove_scheduler, &a[i]), 0);
+    for (int i = 0; i < ADMINS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < ADMINS; i++)
+        for (int r = 0; r < ADMIN_ROUNDS; r++) {
+            cr_expect_eq(a[i].rc[r], CFX_ERR_BUSY, "administrator %d, round %d: %s: %s", i, r,
+                         cfx_errname(a[i].rc[r]), a[i].err[r]);
+            cr_expect(strstr(a[i].err[r], "cannot be removed"),
+                      "administrator %d, round %d: not the scheduler's answer: %s", i, r,
+                      a[i].err[r]);
+        }
+    for (int i = 0; i < ADMINS; i++)
+        cfx_context_destroy(a[i].ctx);
+    pthread_barrier_destroy(&start);
+    cfx_ps_destroy(m[1].ps);
+    cfx_ps_destroy(m[0].ps);
+    cfx_context_destroy(m[1].ctx);
 }
