@@ -75,7 +75,11 @@
  * below); any other node's delete drops its own copy only.  The mark lives
  * in memory: a result re-announced to a restarted coordinator carries it
  * again only if its task's end is reported to it again (its worker does so
- * for the tasks it ended lately, control/coord_task.c).
+ * for the tasks it ended lately, control/coord_task.c).  When the submitter
+ * leaves (LEAVE, a lost connection, missed heartbeats) its results go as
+ * its delete would take them, and a result whose task ends after its
+ * submitter left goes at once: as with an owner in Ray, nobody else could
+ * end them, and they held their workers' memory until the workers left.
  *
  * Durable objects.  An inline put flagged durable (group bootstrap records)
  * is also written to the state store (coord_state.c) before it is
@@ -1303,6 +1307,18 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
         holder_remove(o, h);
         obj_maybe_drop(co, o);
     }
+    /* The results of the tasks it submitted go as its delete would take
+     * them: no other node may end them, so they stayed (and their workers'
+     * memory) until their workers left. */
+    cfx_list_for_each_safe(pos, tmp, &co->objects) {
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        if (o->submitter != n->rec.node_id)
+            continue;
+        char why[96];
+        snprintf(why, sizeof(why), "node %u, which submitted the task that put it on node %u, "
+                 "left", o->submitter, o->putter);
+        obj_withdraw(co, o, why, n->rec.node_id, NULL);
+    }
 }
 
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c)
@@ -1366,8 +1382,20 @@ void cfx__coord_dir_task_result(struct cfx_coord *co, const struct cfx_object_id
     struct coord_obj *o = obj_find(co, id);
     /* only what the task's own node put: an id someone else put first is
      * not the task's result, and its putter's alone */
-    if (o && putter && o->putter == putter)
+    if (!o || !putter || o->putter != putter || !submitter)
+        return;
+    struct coord_node *sn = cfx__coord_node_find(co, submitter);
+    if (!sn || sn->rec.alive) {
+        /* unknown: a restarted coordinator hears of a task's end before
+         * its submitter joined it again */
         o->submitter = submitter;
+        return;
+    }
+    /* its submitter left while the task ran: nobody is left to end it */
+    char why[96];
+    snprintf(why, sizeof(why), "node %u, which submitted the task that put it on node %u, "
+             "had left", submitter, putter);
+    obj_withdraw(co, o, why, 0, NULL);
 }
 
 int cfx__coord_dir_held_elsewhere(struct cfx_coord *co, const struct cfx_object_id *id,

@@ -19,7 +19,9 @@
  *    function gets its inputs with cfx_get() and puts its results (with
  *    cfx_put() or cfx_task_result_put()).  Its status travels back to the
  *    submitter: cfx_task_wait() returns it, and the results are ordinary
- *    objects any node may cfx_get().
+ *    objects any node may cfx_get().  The submitter ends them (its
+ *    cfx_delete() withdraws every copy), and they go when it leaves
+ *    (docs/TASKS.md, "Who ends a result").
  *  - A worker that dies with tasks placed on it: each task is placed again
  *    when its inputs are still held elsewhere, else it fails with
  *    CFX_ERR_PEER_FAILED naming the dead node.

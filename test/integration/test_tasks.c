@@ -711,3 +711,70 @@ Test(tasks, submitter_withdraws_its_results)
     cfx_context_destroy(other);
     free(ref);
 }
+
+/* Whether the id @p r is free for a new put by @p c (the put is deleted
+ * again), polled for up to 10 s: the coordinator handles a leave on its
+ * own time. */
+static bool id_freed(struct cfx_context *c, const struct cfx_object_id *r)
+{
+    static const char b = 'x';
+    uint64_t dl = cfx__deadline_ns(10000);
+    int rc;
+    while ((rc = cfx_put(c, r, &b, 1, NULL)) == CFX_ERR_EXISTS && cfx__now_ns() < dl)
+        usleep(20 * 1000);
+    if (rc != CFX_OK)
+        return false;
+    cr_assert_eq(cfx_delete(c, r, NULL), CFX_OK, "%s", cfx_last_error());
+    return true;
+}
+
+Test(tasks, results_go_with_their_submitter)
+{
+    /* Only a result's putter (the worker) and its task's submitter may end
+     * it, and the worker never does: when the submitter left, its results
+     * (and the worker's memory behind them) stayed until the worker left.
+     * Now they go with the submitter, as an owner's objects do in Ray:
+     * those of a task that ended before it left, and the result of one
+     * that ends after (withdrawn as soon as its end is known). */
+    struct cfx_object_id r1, r2, go;
+    struct work_arg mk = { .make = 1, .seed = 5, .size = BIG };
+    struct work_arg late = { .make = 1, .seed = 6, .size = BIG, .wait_go = 1, .linger = 1 };
+    struct cfx_task_params p1, p2;
+    struct cfx_task_needs on1 = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &wk[1].node,
+                                  .n_nodes = 1 };
+    struct cfx_task *t1 = NULL, *t2 = NULL;
+    uint32_t node = 0;
+    struct cfx_context *sub = coord_run_join(&co, CALL_MS);
+    oid("tasks/sub/r1", &r1);
+    oid("tasks/sub/r2", &r2);
+    oid("tasks/go", &go);
+
+    cr_assert_eq(cfx_task_submit(sub, "work", NULL, 0, &r1, 1, &on1, targ(&p1, &mk), &t1),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(t1, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cfx_task_free(t1);
+    uint8_t *ref = made(5, BIG), *buf = malloc(BIG);
+    size_t len = 0;
+    cr_assert(buf);
+    cr_assert_eq(cfx_get(ctx, &r1, buf, BIG, &len, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(len, BIG);
+    cr_assert_eq(memcmp(buf, ref, BIG), 0, "wrong bytes");
+    free(buf);
+    free(ref);
+    cr_assert_eq(cfx_task_submit(sub, "work", NULL, 0, &r2, 1, &on1, targ(&p2, &late), &t2),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t2), wk[1].node);
+    cfx_task_free(t2);
+    /* the result is held while its submitter lives */
+    static const char b = 'x';
+    cr_assert_eq(cfx_put(ctx, &r1, &b, 1, NULL), CFX_ERR_EXISTS, "%s", cfx_last_error());
+
+    cfx_context_destroy(sub); /* leaves */
+    cr_assert(id_freed(ctx, &r1), "the result of a task whose submitter left stayed: %s",
+              cfx_last_error());
+    /* the second task ends now, its submitter gone: its result goes */
+    cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
+    cr_assert(id_freed(ctx, &r2), "the late result of a submitter that left stayed: %s",
+              cfx_last_error());
+    cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
+}
