@@ -23,7 +23,9 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client.h"
 #include "coord_run.h"
+#include "dataplane/engine/engine.h"
 
 #define CHILD_ENV "CFX_TEST_TASKS_CHILD"
 #define NWORKERS  3
@@ -735,18 +737,23 @@ Test(tasks, results_go_with_their_submitter)
      * (and the worker's memory behind them) stayed until the worker left.
      * Now they go with the submitter, as an owner's objects do in Ray:
      * those of a task that ended before it left, and the result of one
-     * that ends after (withdrawn as soon as its end is known). */
-    struct cfx_object_id r1, r2, go;
+     * that ends after (withdrawn as soon as its end is known); one still
+     * waiting for a slot is not run at all. */
+    struct cfx_object_id r1, r2, r3, go;
     struct work_arg mk = { .make = 1, .seed = 5, .size = BIG };
     struct work_arg late = { .make = 1, .seed = 6, .size = BIG, .wait_go = 1, .linger = 1 };
     struct cfx_task_params p1, p2;
     struct cfx_task_needs on1 = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &wk[1].node,
                                   .n_nodes = 1 };
-    struct cfx_task *t1 = NULL, *t2 = NULL;
+    struct cfx_task_needs all1 = { .field_mask = CFX_TASK_NEEDS_NODES | CFX_TASK_NEEDS_CORES,
+                                   .cores = 2, .nodes = &wk[1].node, .n_nodes = 1 };
+    struct cfx_task_params p3;
+    struct cfx_task *t1 = NULL, *t2 = NULL, *t3 = NULL;
     uint32_t node = 0;
     struct cfx_context *sub = coord_run_join(&co, CALL_MS);
     oid("tasks/sub/r1", &r1);
     oid("tasks/sub/r2", &r2);
+    oid("tasks/sub/r3", &r3);
     oid("tasks/go", &go);
 
     cr_assert_eq(cfx_task_submit(sub, "work", NULL, 0, &r1, 1, &on1, targ(&p1, &mk), &t1),
@@ -765,6 +772,15 @@ Test(tasks, results_go_with_their_submitter)
                  CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_task_node(t2), wk[1].node);
     cfx_task_free(t2);
+    /* both of node 1's cores: waits while the second task holds one */
+    cr_assert_eq(cfx_task_submit(sub, "work", NULL, 0, &r3, 1, &all1, targ(&p3, &mk), &t3),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t3), 0, "placed beside a running task on a 2-core node");
+    const uint64_t id3 = cfx_task_id(t3);
+    char said[128];
+    snprintf(said, sizeof(said), "its submitter node %u left before it was placed",
+             cfx_context_node_id(sub));
+    cfx_task_free(t3);
     /* the result is held while its submitter lives */
     static const char b = 'x';
     cr_assert_eq(cfx_put(ctx, &r1, &b, 1, NULL), CFX_ERR_EXISTS, "%s", cfx_last_error());
@@ -772,6 +788,20 @@ Test(tasks, results_go_with_their_submitter)
     cfx_context_destroy(sub); /* leaves */
     cr_assert(id_freed(ctx, &r1), "the result of a task whose submitter left stayed: %s",
               cfx_last_error());
+    /* the waiting task ended, never placed (the coordinator's listing) */
+    struct cfx_ctl_task_rec *recs = NULL;
+    size_t n = 0;
+    cr_assert_eq(cfx__ctl_tasks(ctx->ctl, &recs, &n, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    size_t i = 0;
+    while (i < n && recs[i].id != id3)
+        i++;
+    cr_assert_lt(i, n, "task %llu is not listed", (unsigned long long)id3);
+    cr_assert_eq(recs[i].state, CFX_CTL_TASK_DONE);
+    cr_assert_eq(recs[i].status, CFX_ERR_PEER_FAILED, "%s", cfx_errname(recs[i].status));
+    cr_assert_eq(recs[i].placements, 0);
+    cr_assert(strstr(recs[i].text, said), "%s", recs[i].text);
+    free(recs);
     /* the second task ends now, its submitter gone: its result goes */
     cr_assert_eq(cfx_put(ctx, &go, "g", 1, NULL), CFX_OK);
     cr_assert(id_freed(ctx, &r2), "the late result of a submitter that left stayed: %s",
