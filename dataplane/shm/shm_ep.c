@@ -537,13 +537,16 @@ static void pull_reply(struct cfx__shm_ep *ep, uint64_t seq, bool failed)
     atomic_store_explicit(&ep->rx.ctl->pulled, seq << 1 | failed, memory_order_release);
 }
 
-/* Copy the peer's WPULL under way, at most *budget bytes: 1 done, 0 more to
- * do, -1 the endpoint failed.  The grant is looked up again before every
- * step: one revoked (or a registration gone) mid-copy takes no more bytes. */
+/* Copy the peer's WPULL under way, at most *budget bytes: 1 done, 2 ended
+ * without landing whole (its grant revoked lately: dropped, to be reported
+ * to no one), 0 more to do, -1 the endpoint failed.  The grant is looked up
+ * again before every step: one revoked (or a registration gone) mid-copy
+ * takes no more bytes. */
 static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
 {
     struct cfx__shm_msg *h = &ep->rx_pull.h;
     const char *why;
+    int done = 1;
 
     if (unlikely(ep->state == CFX_SHM_EP_PEER_GONE)) {
         /* the writer is gone or closed: its source may already be reused */
@@ -557,8 +560,10 @@ static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
                                                     h->total, &why);
         if (unlikely(!mr)) {
             h->start = h->off;
-            if (rx_late(ep, h->grant, h))
-                break; /* the rest goes nowhere; the pull is answered as done */
+            if (rx_late(ep, h->grant, h)) {
+                done = 2; /* the rest goes nowhere; the pull is answered as done */
+                break;
+            }
             rx_refused(ep, why, h);
             return -1;
         }
@@ -572,9 +577,9 @@ static int rx_pull_step(struct cfx__shm_ep *ep, uint64_t *budget)
     cfx__shm_map_put(ep->rx_pull.map);
     ep->rx_pull.map = NULL;
     ep->rx_pull.active = false;
-    ep->n_rx_direct++;
+    ep->n_rx_direct += done == 1;
     pull_reply(ep, ep->rx_pull.seq, false);
-    return 1;
+    return done;
 }
 
 /* A WPULL at the read position: check it and the grant, map the source.
@@ -655,12 +660,14 @@ int cfx__shm_ep_rx_progress(struct cfx__shm_ep *ep, struct cfx_tp_completion *co
                 return n;
             if (!rc)
                 goto out;
-            struct cfx_tp_completion *c = &comps[n++];
-            memset(c, 0, sizeof(*c));
-            c->type = CFX_TP_COMP_WRITE_IMM;
-            c->ep = &ep->super;
-            c->imm = ep->rx_pull.h.imm;
-            c->len = (uint32_t)ep->rx_pull.h.total;
+            if (rc == 1) {
+                struct cfx_tp_completion *c = &comps[n++];
+                memset(c, 0, sizeof(*c));
+                c->type = CFX_TP_COMP_WRITE_IMM;
+                c->ep = &ep->super;
+                c->imm = ep->rx_pull.h.imm;
+                c->len = (uint32_t)ep->rx_pull.h.total;
+            }
             r->pos += cfx__shm_msg_size(sizeof(struct cfx__shm_pull));
             consumed = true;
             cfx__shm_ring_release(r);

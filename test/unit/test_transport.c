@@ -1297,3 +1297,55 @@ Test(transport_dpdk, holds_its_address_on_a_port_the_kernel_shares, .timeout = 6
     dpdk_teardown();
 }
 #endif
+
+/* shm: a one-copy write (WPULL) whose grant is revoked after the receiver
+ * copied its first CFX_SHM_RX_BUDGET bytes (one poll's worth): the rest goes
+ * nowhere, and the write, which did not land whole, is reported to no one
+ * (it was reported as landed); the endpoint lives on and a new grant
+ * serves. */
+Test(transport_shm, pull_revoked_mid_copy_reports_nothing, .timeout = 60)
+{
+    const size_t len = CFX_SHM_RX_BUDGET + (8u << 20);
+    struct tp_param param = { .name = "shm" };
+    struct pair p;
+    struct region src, dst;
+    struct cfx_tp_rdesc grant;
+
+    grant_open(&p, &param);
+    region_reg_arena(&p, 0, &src, len, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(&p, 1, &dst, len, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    cr_assert_eq(p.ops->mr_grant(dst.mr, p.ba, &grant), CFX_OK, "%s", cfx_last_error());
+    struct cfx__shm_ep *sw = cfx__shm_ep_of(p.ab);
+    uint64_t direct0 = sw->n_direct;
+    post_write(&p, p.ab, &src, 0, &grant, 0, len, 5, 1);
+    /* the writer's side alone until its WPULL is in the ring */
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (sw->n_direct == direct0 && cfx__now_ns() < end)
+        poll_side(p.ops, &p.s[0]);
+    cr_assert_eq(sw->n_direct, direct0 + 1, "the write was not one-copy");
+    poll_side(p.ops, &p.s[1]); /* one budget's worth copied */
+    cr_assert_eq(dst.buf[0], 0x11, "the first step did not land");
+    cr_assert_eq(dst.buf[len - 1], 0xAA, "the whole write landed in one poll");
+    p.ops->mr_revoke(dst.mr); /* the receiver gives the transfer up */
+
+    end = cfx__deadline_ns(WAIT_MS);
+    while (late_dropped(&p, 1) == 0 && cfx__now_ns() < end)
+        settle(&p, 1);
+    cr_assert_eq(late_dropped(&p, 1), 1, "the rest was not dropped as late");
+    settle(&p, 20);
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, p.ba),
+                   "a write that did not land whole was reported");
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_EP_ERROR, NULL), "the endpoint failed");
+    for (size_t i = CFX_SHM_RX_BUDGET; i < len; i++)
+        cr_assert_eq(dst.buf[i], 0xAA, "byte %zu landed after the revoke", i);
+    cr_assert_eq(grant_refused(&p, 1), 0);
+
+    cr_assert_eq(p.ops->mr_grant(dst.mr, p.ba, &grant), CFX_OK, "%s", cfx_last_error());
+    post_write(&p, p.ab, &src, 0, &grant, len - 16, 16, 9, 2);
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_WRITE_IMM, p.ba, WAIT_MS);
+    cr_assert_eq(e->imm, 9);
+    cr_assert_eq(dst.buf[len - 1], 0x11);
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+}
