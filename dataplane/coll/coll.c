@@ -576,9 +576,17 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
 static void coll_cleanup(struct coll_exec *x, bool hdr_only)
 {
     uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    struct cfx_context *ctx = x->g->ctx;
     for (int h = 0; h < x->nmsgs; h++) {
         struct coll_msg *m = &x->msgs[h];
-        if (m->req && m->send && (m->hdr || !hdr_only))
+        if (!m->req || !m->send || (!m->hdr && hdr_only))
+            continue;
+        /* nobody takes what was sent to a rank known gone: no grace (it
+         * cost every call queued behind a death half a second) */
+        pthread_mutex_lock(&ctx->lock);
+        bool gone = cfx__node_gone(ctx, x->g->ids[m->peer]) != 0;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!gone)
             cfx__p2p_wait(m->req, grace);
     }
     for (int h = 0; h < x->nmsgs; h++) {
@@ -912,7 +920,8 @@ static int coll_run_dev(struct coll_exec *x)
 
 /*
  * This rank's own check refused the call (a NULL buffer, a root out of
- * range, ...; a non-blocking one when it was posted, @p a->refused).  The
+ * range, ...; a non-blocking one when it was posted, @p a->refused), or its
+ * request was canceled before it ran (CFX_ERR_CANCELED: group.c).  The
  * other ranks made theirs: they hear it at once on the check channel, as
  * news of a rank that gave the call up, instead of waiting for this rank's
  * messages until their deadline and blaming each other; and what they sent
@@ -940,7 +949,7 @@ static int coll_refused(struct cfx_group *g, const struct coll_args *a, const ch
         .news_rank = -1,
         .gave_rank = -1,
         .blame_rank = g->rank,
-        .blame_why = COLL_WHY_REFUSED,
+        .blame_why = rc == CFX_ERR_CANCELED ? COLL_WHY_CANCELED : COLL_WHY_REFUSED,
         .blame_via = -1,
         .blame_status = rc,
     };

@@ -95,6 +95,8 @@ enum coll_why {
     COLL_WHY_FAILED,            /* a message with bad_rank failed (status), bad_rank not
                                  * known to have died */
     COLL_WHY_REFUSED,           /* bad_rank's own check refused its arguments (status) */
+    COLL_WHY_CANCELED,          /* bad_rank canceled its call (its request freed, its group
+                                 * destroyed) */
 };
 
 /* coll_chk_msg.failed */
@@ -293,6 +295,7 @@ struct coll_exec {
     int32_t blame_status;       /* its status of the call, 0: ours */
     int gave_rank;              /* a rank whose news that it gave up the call stopped a wait */
     bool gave_told;             /* our news went to every rank */
+    bool canceled;              /* a wait stopped: the call's request was canceled */
     struct coll_chk_msg gave_msg;
 
     /* device buffers (mt != host, coll.c "device buffers") */

@@ -515,6 +515,10 @@ static void strays_drop(struct coll_exec *x, bool upto)
 bool cfx__coll_stop(void *arg)
 {
     struct coll_exec *x = arg;
+    if (x->a->req && x->a->req->cancel) { /* ctx->lock held, as the canceler sets it */
+        x->canceled = true;
+        return true;
+    }
     strays_drop(x, false);
     if (x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false)
         return true;
@@ -728,6 +732,14 @@ bool cfx__coll_gate_deferred(const struct coll_exec *x)
 
 int cfx__coll_stopped(struct coll_exec *x)
 {
+    if (x->canceled) {
+        x->blame_rank = x->g->rank;
+        x->blame_why = COLL_WHY_CANCELED;
+        x->blame_via = -1;
+        x->blame_status = CFX_ERR_CANCELED;
+        return cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": canceled while it ran (its request "
+                        "was freed, or its group destroyed)", x->what, x->a->seq);
+    }
     if (x->bad_rank >= 0 || x->news_rank >= 0)
         return edge_fail(x);
     return x->gave_rank >= 0 ? gave_fail(x) : agree_fail(x);
@@ -793,7 +805,7 @@ static bool gave_store(struct cfx_group *g, int from, const struct coll_chk_msg 
 {
     const struct coll_chk_fail *f = &c->fail;
     if (c->me.magic != COLL_HDR_MAGIC || f->magic != COLL_FAIL_MAGIC ||
-        f->why > COLL_WHY_REFUSED || c->bad_rank < -1 || c->bad_rank >= g->size ||
+        f->why > COLL_WHY_CANCELED || c->bad_rank < -1 || c->bad_rank >= g->size ||
         f->via < -1 || f->via >= g->size || from < 0 || from >= g->size || from == g->rank)
         return false;
     if (!g->gave)
@@ -906,6 +918,10 @@ static void cause_text(const struct cfx_group *g, int teller, const struct coll_
         snprintf(buf, len, "rank %d (node %u) refused the arguments it was called with (%s; "
                  "its own error says which)", b, g->ids[b], cfx_errname(n->f.status));
         break;
+    case COLL_WHY_CANCELED:
+        snprintf(buf, len, "rank %d (node %u) canceled the call (its request was freed, or "
+                 "its group destroyed)", b, g->ids[b]);
+        break;
     default:
         snprintf(buf, len, "rank %d (node %u) failed the call (%s)", w, g->ids[w],
                  cfx_errname(n->f.status));
@@ -956,7 +972,7 @@ static int gave_fail(struct coll_exec *x)
                         why_gone[n.f.why], p, g->ids[p]);
     char cause[192];
     cause_text(g, p, &n, cause, sizeof(cause));
-    if (n.f.why == COLL_WHY_REFUSED && n.bad_rank == p)
+    if ((n.f.why == COLL_WHY_REFUSED || n.f.why == COLL_WHY_CANCELED) && n.bad_rank == p)
         return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: %s", x->what,
                         x->a->seq, g->rank, cause);
     return cfx__err(n.f.status == CFX_ERR_TIMEOUT ? CFX_ERR_TIMEOUT : CFX_ERR_PEER_FAILED,

@@ -495,12 +495,34 @@ static void *group_thread(void *arg)
         /* stays queued while it runs: blocking calls wait behind it */
         struct coll_args *a = cfx_list_entry(g->queue.next, struct coll_args, link);
         pthread_mutex_unlock(&g->lock);
+        bool canceled = false;
+        if (a->req) {
+            /* from here a cancel (cfx_request_free, the group's destroy)
+             * waits for the call, which stops at its next wait */
+            pthread_mutex_lock(&g->ctx->lock);
+            canceled = a->req->cancel;
+            a->req->started = true;
+            pthread_mutex_unlock(&g->ctx->lock);
+        }
+        if (canceled && !a->refused) {
+            /* canceled while queued: it never runs, and touches neither
+             * buffer; the others hear it in its turn (coll_refused) */
+            a->refused = cfx__err(CFX_ERR_CANCELED, "i%s #%" PRIu32 ": canceled before it "
+                                  "ran (its request was freed, or its group destroyed)",
+                                  cfx__coll_kind_name(a->kind), a->seq);
+        }
         int rc = cfx__coll_run(g, a);
         /* done before it leaves the queue: a blocking call waiting for its
          * turn must not return while this request still reads as running */
         size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
-        if (a->req) /* none: a refused call (run_nb) */
-            cfx__request_complete(a->req, rc, bytes);
+        /* off the entry first: once complete, the caller may free it while
+         * the entry is still queued (a destroy walks the queue) */
+        pthread_mutex_lock(&g->lock);
+        struct cfx_request *req = a->req;
+        a->req = NULL;
+        pthread_mutex_unlock(&g->lock);
+        if (req) /* none: a refused call (run_nb) */
+            cfx__request_complete(req, rc, bytes);
         pthread_mutex_lock(&g->lock);
         cfx_list_del(&a->link);
         pthread_cond_broadcast(&g->cond);
@@ -552,7 +574,10 @@ static int run_blocking(struct cfx_group *g, struct coll_args *a)
     if (rc != CFX_OK)
         return rc;
     a->seq = wait_turn(g);
-    return cfx__ctx_leave(g->ctx, cfx__coll_run(g, a));
+    rc = cfx__coll_run(g, a);
+    if (rc == CFX_OK)
+        cfx__err_clear(); /* a wait that ran long and then succeeded left its text */
+    return cfx__ctx_leave(g->ctx, rc);
 }
 
 static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_request **req)
@@ -792,6 +817,18 @@ static void group_release_ctx(struct cfx_group *g)
 {
     pthread_mutex_lock(&g->lock);
     g->stop = true;
+    /* what is queued is canceled, the running call too (it stops at its
+     * next wait): their requests end with CFX_ERR_CANCELED, the others
+     * told; run, each took up to its deadline with a peer that never came */
+    struct cfx_list *pos;
+    pthread_mutex_lock(&g->ctx->lock);
+    cfx_list_for_each(pos, &g->queue) {
+        struct coll_args *a = cfx_list_entry(pos, struct coll_args, link);
+        if (a->req)
+            a->req->cancel = true;
+    }
+    pthread_cond_broadcast(&g->ctx->obj_cond);
+    pthread_mutex_unlock(&g->ctx->lock);
     pthread_cond_broadcast(&g->cond);
     bool joined = g->thread_started;
     g->thread_started = false;

@@ -619,9 +619,11 @@ struct cfx_request {
     pthread_cond_t cond;        /* signalled under ctx->lock on progress */
     /* non-blocking requests run on a worker thread */
     bool freed_by_user;         /* free requested while running */
-    bool started;               /* a put or get: taken off ctx->async_q by a worker */
+    bool started;               /* a put or get: taken off ctx->async_q by a worker; a
+                                   collective: its group's thread runs it */
     bool cancel;                /* cfx_request_free() of a running get: it ends at once
-                                   (its waits look, ctx->lock; cfx__req_canceled()) */
+                                   (its waits look, ctx->lock; cfx__req_canceled()); of a
+                                   collective, or its group's destroy: cfx__coll_stop() */
     bool in_lookup;             /* the get waits for the directory: its buffer is not
                                    exposed, and nothing writes it before it looks again */
     struct cfx_list link;       /* ctx->async_q */

@@ -260,6 +260,24 @@ void cfx_request_free(struct cfx_request *req)
         return;
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
+    if (req->status == CFX_ERR_AGAIN && !req->type) {
+        /* a group's non-blocking collective (coll/group.c): canceled.  One
+         * still queued never runs (its turn tells the other ranks, touching
+         * neither buffer, and frees the request); the running one stops at
+         * its next wait, and is waited for here, so that neither buffer is
+         * touched once this returns.  Either way the others hear that this
+         * rank canceled the call.  (It ran on, reading and writing buffers
+         * the caller had freed.) */
+        req->cancel = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        if (!req->started) {
+            req->freed_by_user = true;
+            pthread_mutex_unlock(&ctx->lock);
+            return;
+        }
+        while (req->status == CFX_ERR_AGAIN)
+            pthread_cond_wait(&req->cond, &ctx->lock);
+    }
     if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
         /* still queued behind other requests: it never runs */
         cfx_list_del(&req->link);

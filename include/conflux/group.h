@@ -76,10 +76,12 @@ struct cfx_group_params {
 CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
                              struct cfx_group **out);
 
-/** Leave the group and free it; NULL is a no-op.  May come after
- * cfx_context_destroy() of its context, or race with it on another thread
- * (the context then does the leaving, this frees the memory); the group's
- * calls fail with CFX_ERR_CANCELED once that destroy has begun. */
+/** Leave the group and free it; NULL is a no-op.  Its non-blocking calls
+ * still queued or running are canceled first (their requests end with
+ * CFX_ERR_CANCELED, still to be freed; the other ranks are told).  May come
+ * after cfx_context_destroy() of its context, or race with it on another
+ * thread (the context then does the leaving, this frees the memory); the
+ * group's calls fail with CFX_ERR_CANCELED once that destroy has begun. */
 CFX_API void cfx_group_destroy(struct cfx_group *group);
 
 CFX_API int cfx_group_rank(const struct cfx_group *group);
@@ -167,7 +169,11 @@ CFX_API int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *r
 /*
  * Non-blocking forms: same arguments, plus a request completed with
  * cfx_request_test() / cfx_request_wait() and freed with cfx_request_free().
- * A group runs its collectives in the order they were posted.
+ * A group runs its collectives in the order they were posted.  Freeing a
+ * request not yet complete cancels its call: queued, it never runs; running,
+ * it stops at its next wait and the free returns once neither buffer is
+ * touched any more.  The other ranks' matching calls fail with
+ * CFX_ERR_PEER_FAILED naming this rank; the group goes on with the next.
  */
 CFX_API int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
                                  size_t count, enum cfx_dtype dtype, enum cfx_redop op,

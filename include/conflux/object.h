@@ -312,6 +312,7 @@ CFX_API int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64
 CFX_API size_t cfx_request_size(const struct cfx_request *req);
 
 /** Free a completed request; a request still running is canceled first. NULL: no-op.
+ *  (A group collective's request: include/conflux/group.h.)
  *  A get that may be writing its buffer is withdrawn before this returns
  *  (the holder's writes land nothing from then on), so the buffer is the
  *  caller's again; one still waiting for the directory is let go at once

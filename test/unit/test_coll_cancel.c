@@ -1,0 +1,206 @@
+/*
+ * Canceling non-blocking collectives: cfx_request_free() of a request still
+ * running or still queued, and cfx_group_destroy() with calls queued.  The
+ * library ran such calls on, reading and writing buffers the caller had
+ * freed (a new user's trial: a SIGSEGV in the reduction of the caller's
+ * unmapped buffer), and a destroy ran every queued call to its deadline in
+ * turn.  Now a canceled call never touches a buffer once the cancel
+ * returned, and the other ranks hear that this rank canceled it.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataplane/engine/engine.h"
+#include "group_ranks.h"
+
+#define COUNT (256u * 1024) /* floats: a ring allreduce of several steps */
+
+static pthread_barrier_t bar;
+
+/* Wait (bounded poll of the request's state) until the group's thread
+ * runs @p req. */
+static bool started(struct cfx_context *ctx, struct cfx_request *req)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    bool s = false;
+    while (!s && cfx__now_ns() < dl) {
+        pthread_mutex_lock(&ctx->lock);
+        s = req->started;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!s)
+            usleep(1000);
+    }
+    return s;
+}
+
+static int fail(struct rank_run *rr, const char *why)
+{
+    snprintf(rr->err, sizeof(rr->err), "%s", why);
+    return CFX_ERR_INTERNAL;
+}
+
+/* The ranks' common last call: the group still serves after the cancel. */
+static int sum_ok(struct rank_run *rr)
+{
+    int32_t v = rr->rank + 1, s = 0;
+    int rc = cfx_group_allreduce(rr->g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
+    if (rc != CFX_OK)
+        return rc;
+    return s == rr->size * (rr->size + 1) / 2 ? CFX_OK : fail(rr, "wrong sum after the cancel");
+}
+
+/* The other rank's side of a call rank 0 canceled: it fails at once with
+ * the news, naming rank 0. */
+static int peer_sees_cancel(struct rank_run *rr, float *buf)
+{
+    int rc = cfx_group_allreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    if (rc != CFX_ERR_PEER_FAILED)
+        return fail(rr, rc == CFX_OK ? "the canceled call completed on the other rank"
+                                     : cfx_last_error());
+    if (!strstr(cfx_last_error(), "rank 0 (node") || !strstr(cfx_last_error(), "canceled"))
+        return fail(rr, cfx_last_error());
+    return CFX_OK;
+}
+
+/* Rank 0 frees its running iallreduce while rank 1 has not called it yet. */
+static int body_free_running(struct rank_run *rr)
+{
+    float *buf = malloc(COUNT * sizeof(float));
+    int rc = CFX_OK;
+    for (size_t i = 0; i < COUNT; i++)
+        buf[i] = 1.0f;
+    if (rr->rank == 0) {
+        struct cfx_request *req;
+        rc = cfx_group_iallreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &req);
+        if (rc == CFX_OK && !started(rr->ctx, req))
+            rc = fail(rr, "the call never started");
+        if (rc == CFX_OK) {
+            cfx_request_free(req); /* returns once the call let go of the buffer */
+            memset(buf, 0x5A, COUNT * sizeof(float));
+        }
+        pthread_barrier_wait(&bar);
+        pthread_barrier_wait(&bar); /* rank 1 made its side of the call */
+        for (size_t i = 0; rc == CFX_OK && i < COUNT * sizeof(float); i++)
+            if (((uint8_t *)buf)[i] != 0x5A)
+                rc = fail(rr, "the canceled call wrote the buffer after the free returned");
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = peer_sees_cancel(rr, buf);
+        pthread_barrier_wait(&bar);
+    }
+    free(buf);
+    return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+Test(coll_cancel, freeing_a_running_call_cancels_it, .timeout = 60)
+{
+    struct rank_run rr[2];
+    up("tcp", 2);
+    pthread_barrier_init(&bar, NULL, 2);
+    run_ranks(2, "cancel_run", 20000, body_free_running, rr);
+    pthread_barrier_destroy(&bar);
+    all_ok(2, rr);
+    down(2);
+}
+
+/* Rank 0 posts two, frees the second while it waits behind the first. */
+static int body_free_queued(struct rank_run *rr)
+{
+    float *a = malloc(COUNT * sizeof(float)), *b = malloc(COUNT * sizeof(float));
+    int rc = CFX_OK;
+    for (size_t i = 0; i < COUNT; i++)
+        a[i] = b[i] = (float)(rr->rank + 1);
+    if (rr->rank == 0) {
+        struct cfx_request *ra, *rb;
+        rc = cfx_group_iallreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &ra);
+        if (rc == CFX_OK)
+            rc = cfx_group_iallreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &rb);
+        if (rc == CFX_OK && !started(rr->ctx, ra))
+            rc = fail(rr, "the first call never started");
+        if (rc == CFX_OK)
+            cfx_request_free(rb); /* queued: returns at once, it never runs */
+        pthread_barrier_wait(&bar);
+        if (rc == CFX_OK) {
+            rc = cfx_request_wait(ra, 20000);
+            cfx_request_free(ra);
+        }
+        for (size_t i = 0; rc == CFX_OK && i < COUNT; i++)
+            if (a[i] != 3.0f || b[i] != 1.0f)
+                rc = fail(rr, a[i] != 3.0f ? "the first call's sum is wrong"
+                                           : "the canceled call wrote its buffer");
+        pthread_barrier_wait(&bar);
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = cfx_group_allreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+        if (rc == CFX_OK && a[0] != 3.0f)
+            rc = fail(rr, "the first call's sum is wrong");
+        if (rc == CFX_OK)
+            rc = peer_sees_cancel(rr, b);
+        pthread_barrier_wait(&bar);
+    }
+    free(a);
+    free(b);
+    return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+Test(coll_cancel, freeing_a_queued_call_means_it_never_runs, .timeout = 60)
+{
+    struct rank_run rr[2];
+    up("shm", 2);
+    pthread_barrier_init(&bar, NULL, 2);
+    run_ranks(2, "cancel_queued", 20000, body_free_queued, rr);
+    pthread_barrier_destroy(&bar);
+    all_ok(2, rr);
+    down(2);
+}
+
+/* Rank 0 posts three calls rank 1 has not made and destroys the group: the
+ * three end canceled (they ran one after the other to their deadlines). */
+static int body_destroy_queued(struct rank_run *rr)
+{
+    float *buf = malloc(3 * COUNT * sizeof(float));
+    int rc = CFX_OK;
+    for (size_t i = 0; i < 3 * COUNT; i++)
+        buf[i] = 1.0f;
+    if (rr->rank == 0) {
+        struct cfx_request *req[3];
+        for (int k = 0; k < 3 && rc == CFX_OK; k++)
+            rc = cfx_group_iallreduce(rr->g, buf + k * COUNT, buf + k * COUNT, COUNT,
+                                      CFX_DTYPE_F32, CFX_OP_SUM, NULL, &req[k]);
+        if (rc == CFX_OK && !started(rr->ctx, req[0]))
+            rc = fail(rr, "the first call never started");
+        if (rc == CFX_OK) {
+            cfx_group_destroy(rr->g);
+            rr->g = NULL;
+            for (int k = 0; k < 3; k++) {
+                int st = cfx_request_wait(req[k], 0);
+                if (st != CFX_ERR_CANCELED && rc == CFX_OK)
+                    rc = fail(rr, st == CFX_ERR_AGAIN ? "a call still runs after the destroy"
+                                                      : cfx_last_error());
+                cfx_request_free(req[k]);
+            }
+        }
+        pthread_barrier_wait(&bar);
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = peer_sees_cancel(rr, buf);
+    }
+    free(buf);
+    return rc;
+}
+
+Test(coll_cancel, destroy_cancels_what_is_queued, .timeout = 60)
+{
+    struct rank_run rr[2];
+    up("tcp", 2);
+    pthread_barrier_init(&bar, NULL, 2);
+    run_ranks(2, "cancel_destroy", 20000, body_destroy_queued, rr);
+    pthread_barrier_destroy(&bar);
+    all_ok(2, rr);
+    down(2);
+}
