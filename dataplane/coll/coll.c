@@ -571,22 +571,23 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
  * a short grace period first, so a peer that is about to take its message
  * (and find the failure itself, e.g. an argument mismatch) still gets it.
  * When the headers showed a disagreement (@p hdr_only), every peer learns
- * it from the headers: only those are worth the wait.
+ * it from the headers: only those are worth the wait.  Nothing waits for a
+ * rank that takes nothing more of the call (cfx__coll_peer_out).
  */
 static void coll_cleanup(struct coll_exec *x, bool hdr_only)
 {
     uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
-    struct cfx_context *ctx = x->g->ctx;
     for (int h = 0; h < x->nmsgs; h++) {
         struct coll_msg *m = &x->msgs[h];
         if (!m->req || !m->send || (!m->hdr && hdr_only))
             continue;
-        /* nobody takes what was sent to a rank known gone: no grace (it
-         * cost every call queued behind a death half a second) */
-        pthread_mutex_lock(&ctx->lock);
-        bool gone = cfx__node_gone(ctx, x->g->ids[m->peer]) != 0;
-        pthread_mutex_unlock(&ctx->lock);
-        if (!gone)
+        /* nobody takes what was sent to a rank known gone, or one that
+         * gave this call up (its receives withdrawn): no grace (it cost
+         * every call queued behind a death, or a rank's cancel, half a
+         * second).  A live rank still in the call keeps it: a send
+         * withdrawn under it would fail its receive (NOT_FOUND) before
+         * the news of the cause reached it. */
+        if (!cfx__coll_peer_out(x, m->peer))
             cfx__p2p_wait(m->req, grace);
     }
     for (int h = 0; h < x->nmsgs; h++) {

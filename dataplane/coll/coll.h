@@ -439,6 +439,10 @@ int cfx__coll_check_end(struct coll_exec *x, int rc);
 int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc);
 int cfx__coll_member_gone(struct coll_exec *x, int dead);
 void cfx__coll_gave_up(struct coll_exec *x, int rc);
+/* Whether rank @p peer takes nothing more of the running call: known gone,
+ * or its news says it gave the call up (its receives withdrawn).  Sends to
+ * it get no grace after a failure.  Takes ctx->lock. */
+bool cfx__coll_peer_out(struct coll_exec *x, int peer);
 /* A call ended well: the news of the calls before it is stale (g->ngave). */
 void cfx__coll_news_forget(struct coll_exec *x);
 /* A wait that ran COLL_CHECK_ASK_MS: our header to every rank (once). */

@@ -416,7 +416,19 @@ static void edge_ask(struct coll_exec *x, bool failed)
     chk_to_all(x, c, false);
 }
 
-/* The advisory sends, given a moment to go, then freed. */
+bool cfx__coll_peer_out(struct coll_exec *x, int peer)
+{
+    struct cfx_group *g = x->g;
+    pthread_mutex_lock(&g->ctx->lock);
+    const struct coll_gave *n = g->gave ? &g->gave[peer] : NULL;
+    bool out = x->gave_rank == peer || rank_gone(x, peer) ||
+               (n && n->set && n->seq == x->a->seq);
+    pthread_mutex_unlock(&g->ctx->lock);
+    return out;
+}
+
+/* The advisory sends, given a moment to go (not to a rank that takes
+ * nothing more of this call), then freed. */
 static void chk_finish(struct coll_exec *x)
 {
     if (!x->asked)
@@ -426,7 +438,8 @@ static void chk_finish(struct coll_exec *x)
         struct coll_msg *m = &x->msgs[h];
         if (!m->chk || !m->req)
             continue;
-        cfx__p2p_wait(m->req, grace);
+        if (!cfx__coll_peer_out(x, m->peer))
+            cfx__p2p_wait(m->req, grace);
         cfx__p2p_free(m->req);
         m->req = NULL;
     }
@@ -554,7 +567,7 @@ int cfx__coll_check_end(struct coll_exec *x, int rc)
         edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
     pthread_mutex_lock(&ctx->lock);
     bool bad = rc == CFX_OK && edge_broken(x);
-    if (rc == CFX_ERR_CANCELED) {
+    if (rc == CFX_ERR_CANCELED && !x->canceled) {
         /* a peer withdrew its side of a message: if it did so because it
          * found a disagreement, its news is on the way (sent before it
          * withdrew); say that rather than "canceled" */
