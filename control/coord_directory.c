@@ -1385,9 +1385,13 @@ void cfx__coord_dir_task_result(struct cfx_coord *co, const struct cfx_object_id
     if (!o || !putter || o->putter != putter || !submitter)
         return;
     struct coord_node *sn = cfx__coord_node_find(co, submitter);
-    if (!sn || sn->rec.alive) {
-        /* unknown: a restarted coordinator hears of a task's end before
-         * its submitter joined it again */
+    /* unknown: a node of before a restart that may still join again (a
+     * restarted coordinator hears of a task's end before its submitter);
+     * else long gone (dead records are forgotten after a while, and ids
+     * are never reused) */
+    bool may_rejoin = !sn && submitter < co->restart_mark && co->rejoin_until_ns &&
+                      cfx__now_ns() < co->rejoin_until_ns;
+    if ((sn && sn->rec.alive) || may_rejoin) {
         o->submitter = submitter;
         return;
     }

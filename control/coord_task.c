@@ -758,14 +758,19 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
     uint32_t dead = n->rec.node_id;
     char why[256], text[CFX_PROTO_TEXT_MAX];
 
-    /* Its tasks still waiting for a slot are not run: their results would
-     * go with their submitter at once (coord_directory.c, task results) */
+    /* Its tasks still waiting for a slot (or, after a restart, for their
+     * worker's word) are not run, nor placed again if they ran on it: their
+     * results would go with their submitter at once (coord_directory.c,
+     * task results) */
     cfx_list_for_each_safe(pos, tmp, &co->tasks) {
         struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
-        if (t->state != COORD_TASK_QUEUED || t->submitter != dead)
+        if (t->submitter != dead ||
+            !(t->state == COORD_TASK_QUEUED || t->state == COORD_TASK_HELD ||
+              (t->state == COORD_TASK_PLACED && t->node_id == dead)))
             continue;
         snprintf(text, sizeof(text), "task %llu ('%s'): its submitter node %u left before it "
-                 "was placed", (unsigned long long)t->id, t->t.name, dead);
+                 "%s", (unsigned long long)t->id, t->t.name, dead,
+                 t->state == COORD_TASK_PLACED ? "ended" : "was placed");
         task_end(co, t, CFX_ERR_PEER_FAILED, text);
     }
     if (!n->worker)

@@ -983,11 +983,11 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     }
     case CFX_DP_CANCEL: {
         struct cfx_upload *up = upload_find(conn, h.slot);
-        if (unlikely(ctx->test_stall)) {
+        if (unlikely(ctx->test_stall) && up) {
             /* test hook: the stalled holder answers only once it resumes,
-             * after the writes it had on their way (cfx__xfer_test_resume) */
-            if (up)
-                up->cancel_held = true;
+             * after the writes it had on their way (cfx__xfer_test_resume);
+             * one for no upload is answered at once, as ever */
+            up->cancel_held = true;
             break;
         }
         if (!up) {

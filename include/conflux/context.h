@@ -143,7 +143,7 @@ struct cfx_context_stats {
     uint64_t writes_late;       /* peers' writes that came after this node gave their
                                    transfer up (a get's deadline, a freed request): dropped
                                    whole before a byte landed, the connection kept (tcp in
-                                   clear, shm; on verbs and dpdk such a write is refused) */
+                                   clear, shm, dpdk; on verbs such a write is refused) */
 };
 
 /** Snapshot of the context's counters. @return CFX_OK or CFX_ERR_INVALID. */
