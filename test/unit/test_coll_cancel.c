@@ -67,6 +67,18 @@ static int peer_sees_cancel(struct rank_run *rr, float *buf)
     return CFX_OK;
 }
 
+/* Two ranks over @p tp run @p body, both with the barrier, and must succeed. */
+static void pair_ok(const char *tp, const char *name, int (*body)(struct rank_run *))
+{
+    struct rank_run rr[2];
+    up(tp, 2);
+    pthread_barrier_init(&bar, NULL, 2);
+    run_ranks(2, name, 20000, body, rr);
+    pthread_barrier_destroy(&bar);
+    all_ok(2, rr);
+    down(2);
+}
+
 /* Rank 0 frees its running iallreduce while rank 1 has not called it yet. */
 static int body_free_running(struct rank_run *rr)
 {
@@ -99,13 +111,7 @@ static int body_free_running(struct rank_run *rr)
 
 Test(coll_cancel, freeing_a_running_call_cancels_it, .timeout = 60)
 {
-    struct rank_run rr[2];
-    up("tcp", 2);
-    pthread_barrier_init(&bar, NULL, 2);
-    run_ranks(2, "cancel_run", 20000, body_free_running, rr);
-    pthread_barrier_destroy(&bar);
-    all_ok(2, rr);
-    down(2);
+    pair_ok("tcp", "cancel_run", body_free_running);
 }
 
 /* Rank 0 posts two, frees the second while it waits behind the first. */
@@ -150,13 +156,7 @@ static int body_free_queued(struct rank_run *rr)
 
 Test(coll_cancel, freeing_a_queued_call_means_it_never_runs, .timeout = 60)
 {
-    struct rank_run rr[2];
-    up("shm", 2);
-    pthread_barrier_init(&bar, NULL, 2);
-    run_ranks(2, "cancel_queued", 20000, body_free_queued, rr);
-    pthread_barrier_destroy(&bar);
-    all_ok(2, rr);
-    down(2);
+    pair_ok("shm", "cancel_queued", body_free_queued);
 }
 
 /* Rank 0 posts three calls rank 1 has not made and destroys the group: the
@@ -196,11 +196,5 @@ static int body_destroy_queued(struct rank_run *rr)
 
 Test(coll_cancel, destroy_cancels_what_is_queued, .timeout = 60)
 {
-    struct rank_run rr[2];
-    up("tcp", 2);
-    pthread_barrier_init(&bar, NULL, 2);
-    run_ranks(2, "cancel_destroy", 20000, body_destroy_queued, rr);
-    pthread_barrier_destroy(&bar);
-    all_ok(2, rr);
-    down(2);
+    pair_ok("tcp", "cancel_destroy", body_destroy_queued);
 }
