@@ -172,7 +172,9 @@ CFX_API int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *r
  * A group runs its collectives in the order they were posted.  Freeing a
  * request not yet complete cancels its call: queued, it never runs; running,
  * it stops at its next wait and the free returns once neither buffer is
- * touched any more.  The other ranks' matching calls fail with
+ * touched any more (within about half a second: what it sent to ranks
+ * still in the call gets that long to be taken).  The other ranks'
+ * matching calls fail with
  * CFX_ERR_PEER_FAILED naming this rank; the group goes on with the next.
  */
 CFX_API int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
