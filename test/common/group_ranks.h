@@ -1,6 +1,6 @@
 /*
- * A cluster in one process for group tests: several contexts on an embedded
- * coordinator (up/down), one thread per rank (run_ranks), each creating the
+ * A cluster in one process for group tests (cluster_up.h: several contexts
+ * on an embedded coordinator), one thread per rank (run_ranks), each creating the
  * group, running a body and destroying the group.  Included by one test
  * file each: the state is the file's own.
  */
@@ -14,36 +14,7 @@
 
 #include <conflux/conflux.h>
 
-#include "control/coord.h"
-#include "testutil.h"
-
-#define MAX_RANKS 6
-
-static struct cfx_coord *coord;
-static char coord_addr[64], token[64];
-static struct cfx_context *ctxs[MAX_RANKS];
-
-static inline void up(const char *tps, int n)
-{
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK);
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
-    for (int i = 0; i < n; i++) {
-        struct cfx_context_params cp = {
-            .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
-            .coord = coord_addr, .token = token, .transports = tps,
-        };
-        cr_assert_eq(cfx_context_create(&cp, &ctxs[i]), CFX_OK, "%s", cfx_last_error());
-    }
-}
-
-static inline void down(int n)
-{
-    for (int i = n - 1; i >= 0; i--)
-        cfx_context_destroy(ctxs[i]);
-    cfx__coord_stop(coord);
-}
+#include "cluster_up.h"
 
 struct rank_run {
     int rank, size;

@@ -715,15 +715,19 @@ Test(tasks, submitter_withdraws_its_results)
 }
 
 /* Whether the id @p r is free for a new put by @p c (the put is deleted
- * again), polled for up to 10 s: the coordinator handles a leave on its
- * own time. */
+ * again), asked again for up to 10 s: the coordinator handles a leave on
+ * its own time, and @p c drops its copy when it hears of the withdrawal
+ * (an engine event: looked at again on each, at least every 20 ms). */
 static bool id_freed(struct cfx_context *c, const struct cfx_object_id *r)
 {
     static const char b = 'x';
     uint64_t dl = cfx__deadline_ns(10000);
     int rc;
-    while ((rc = cfx_put(c, r, &b, 1, NULL)) == CFX_ERR_EXISTS && cfx__now_ns() < dl)
-        usleep(20 * 1000);
+    while ((rc = cfx_put(c, r, &b, 1, NULL)) == CFX_ERR_EXISTS && cfx__now_ns() < dl) {
+        pthread_mutex_lock(&c->lock);
+        cfx__obj_wait(c, CFX_MIN(dl, cfx__deadline_ns(20)));
+        pthread_mutex_unlock(&c->lock);
+    }
     if (rc != CFX_OK)
         return false;
     cr_assert_eq(cfx_delete(c, r, NULL), CFX_OK, "%s", cfx_last_error());

@@ -13,7 +13,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "dataplane/engine/engine.h"
 #include "group_ranks.h"
@@ -22,19 +21,16 @@
 
 static pthread_barrier_t bar;
 
-/* Wait (bounded poll of the request's state) until the group's thread
- * runs @p req. */
+/* Wait until the group's thread runs @p req (it marks it under ctx->lock
+ * and wakes nobody: looked at on every engine event, at least every ms). */
 static bool started(struct cfx_context *ctx, struct cfx_request *req)
 {
     uint64_t dl = cfx__deadline_ns(10000);
-    bool s = false;
-    while (!s && cfx__now_ns() < dl) {
-        pthread_mutex_lock(&ctx->lock);
-        s = req->started;
-        pthread_mutex_unlock(&ctx->lock);
-        if (!s)
-            usleep(1000);
-    }
+    pthread_mutex_lock(&ctx->lock);
+    while (!req->started && cfx__now_ns() < dl)
+        cfx__obj_wait(ctx, CFX_MIN(dl, cfx__deadline_ns(1)));
+    bool s = req->started;
+    pthread_mutex_unlock(&ctx->lock);
     return s;
 }
 

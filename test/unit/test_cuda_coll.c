@@ -35,9 +35,7 @@
 
 #define MAX_RANKS 4
 
-static struct cfx_coord *coord;
-static char coord_addr[64], token[64];
-static struct cfx_context *ctxs[MAX_RANKS];
+#include "cluster_up.h"
 
 static bool sim; /* this test runs on the simulated device */
 
@@ -56,30 +54,6 @@ static void need_gpu(void)
     if (cfx__cuda_probe(NULL, &why) != CFX__CUDA_READY)
         cr_skip_test("no CUDA device: %s", why);
 #endif
-}
-
-static void up(const char *tps, int n)
-{
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK);
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
-    for (int i = 0; i < n; i++) {
-        struct cfx_context_params cp = {
-            .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
-            .coord = coord_addr,
-            .token = token,
-            .transports = tps,
-        };
-        cr_assert_eq(cfx_context_create(&cp, &ctxs[i]), CFX_OK, "%s", cfx_last_error());
-    }
-}
-
-static void down(int n)
-{
-    for (int i = n - 1; i >= 0; i--)
-        cfx_context_destroy(ctxs[i]);
-    cfx__coord_stop(coord);
 }
 
 struct rank_run {

@@ -187,6 +187,19 @@ int cfx__py_parse_timeout(PyObject *o, int *ms, int *set)
     return 0;
 }
 
+int cfx__py_wait_args(PyObject *args, PyObject *kw, int *ms)
+{
+    static char *kwlist[] = { "timeout_ms", NULL };
+    PyObject *timeout = Py_None;
+    int set = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout) ||
+        cfx__py_parse_timeout(timeout, ms, &set) < 0)
+        return -1;
+    if (!set)
+        *ms = -1;
+    return 0;
+}
+
 int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
                      char *why, size_t len)
 {

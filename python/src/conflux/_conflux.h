@@ -30,6 +30,9 @@ PyObject *cfx__py_raise_status(int status);
 PyObject *cfx__py_raise_status_detail(int status, const char *detail);
 /* Timeout argument: None = leave unset (*set = 0); else milliseconds >= 0. */
 int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
+/* The arguments of a request's wait(timeout_ms=None): *ms = -1 for None
+ * (the operation's own deadline).  -1 with an exception set. */
+int cfx__py_wait_args(PyObject *args, PyObject *kw, int *ms);
 /* A request's wait, called without the GIL: @p wait(req, ms) (ms < 0: until
  * the operation's own end) and, when that times out, @p test(req), since
  * the operation may have ended meanwhile.  Its final status, or

@@ -258,12 +258,8 @@ static int rq_test(void *req)
  * deadline (the group's or the call's timeout). */
 static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "timeout_ms", NULL };
-    PyObject *timeout = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
-        return NULL;
-    int ms = -1, set = 0;
-    if (cfx__py_parse_timeout(timeout, &ms, &set) < 0)
+    int ms;
+    if (cfx__py_wait_args(args, kw, &ms) < 0)
         return NULL;
     if (!self->done && self->req) {
         struct cfx_request *req = self->req; /* alive while this thread is inside */
@@ -271,7 +267,7 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
         int rc;
         self->inside++;
         Py_BEGIN_ALLOW_THREADS
-        rc = cfx__py_wait_req(req, set ? ms : -1, rq_wait, rq_test, why, sizeof(why));
+        rc = cfx__py_wait_req(req, ms, rq_wait, rq_test, why, sizeof(why));
         Py_END_ALLOW_THREADS
         self->inside--;
         if (rc != CFX_ERR_AGAIN)

@@ -275,12 +275,8 @@ static int psrq_test(void *req)
  * leaves it running. */
 static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = { "timeout_ms", NULL };
-    PyObject *timeout = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
-        return NULL;
-    int ms = -1, set = 0;
-    if (cfx__py_parse_timeout(timeout, &ms, &set) < 0)
+    int ms;
+    if (cfx__py_wait_args(args, kw, &ms) < 0)
         return NULL;
     if (!self->done && self->req) {
         struct cfx_ps_request *req = self->req; /* alive while a thread is inside */
@@ -288,7 +284,7 @@ static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject 
         int rc;
         self->inside++;
         Py_BEGIN_ALLOW_THREADS
-        rc = cfx__py_wait_req(req, set ? ms : -1, psrq_wait, psrq_test, why, sizeof(why));
+        rc = cfx__py_wait_req(req, ms, psrq_wait, psrq_test, why, sizeof(why));
         Py_END_ALLOW_THREADS
         self->inside--;
         if (rc != CFX_ERR_AGAIN)
