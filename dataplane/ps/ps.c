@@ -473,6 +473,14 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             CFX_LOG(WARN, PS, "job %s: server %d: test-only: each map's migrations wait %ld ms",
                     ps->job, ps->index, ms);
         }
+        long dw = cfx__env_ll("CFX_PS_TEST_DROP_WORKER", -1);
+        long ds = cfx__env_ll("CFX_PS_TEST_DROP_STEP", -1);
+        if (dw >= 0 && ds >= 0 && cfx__env_ll("CFX_PS_TEST_DROP_SERVER", 0) == ps->index) {
+            ps->drop_worker = (uint32_t)dw;
+            ps->drop_at = (uint64_t)ds + 1;
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only: worker %ld's push of step %ld is "
+                    "dropped", ps->job, ps->index, dw, ds);
+        }
         if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
             ps->hold_end = true;
             CFX_LOG(WARN, PS,

@@ -33,7 +33,7 @@
 #include "dataplane/common/util.h"
 #include "dataplane/engine/p2p.h"
 
-#define PS_MAGIC            0xCF505331u
+#define PS_MAGIC            0xCF505332u /* 2: ps_hdr.lost_base, lost_mask */
 #define PS_JOB_MAX          64
 #define PS_TENSOR_NAME_MAX  48
 #define PS_MAX_SERVERS      64
@@ -189,6 +189,10 @@ struct ps_hdr {
     uint64_t clock;         /* PUSH: the worker's step; REPLY: block version */
     uint64_t min_version;   /* PULL, PUSHPULL: wait until the block has this version */
     uint64_t len;           /* payload bytes */
+    uint64_t lost_base;     /* PUSH, PUSHPULL, PULL: bit i of lost_mask set: the worker's */
+    uint64_t lost_mask;     /* push of step lost_base + i of the tensor ended with no answer
+                               from some block (given up: it may have been lost there); a
+                               block that has not applied it counts it as empty */
 };
 
 struct ps_report_ent {
@@ -305,6 +309,8 @@ struct cfx_ps {
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */
+    uint32_t drop_worker;       /* test-only: drop this worker's push of step drop_at - 1, */
+    uint64_t drop_at;           /* once, as a hand-over that lost it would (0: none) */
     uint32_t settled_sent;      /* server: last map version reported PS_MSG_SETTLED */
     struct ps_sched *sched;     /* server 0 */
     struct ps_worker *w;        /* workers */

@@ -375,6 +375,60 @@ static bool try_push(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr 
     return true;
 }
 
+/* Whether worker w's push of @p step waits in the block's deferred list. */
+static bool deferred_has(const struct ps_block *b, uint32_t w, uint64_t step)
+{
+    const struct cfx_list *pos;
+    cfx_list_for_each(pos, &b->deferred)
+    {
+        const struct ps_pend *p = cfx_list_entry(pos, const struct ps_pend, link);
+        if (p->h.worker == w && p->h.clock == step)
+            return true;
+    }
+    return false;
+}
+
+/* The steps a request says its worker gave up on with no answer from some
+ * block (ps_hdr.lost_base, lost_mask): those this block has not applied
+ * count as empty pushes, in step order and (BSP) each in its round, so that
+ * the requests behind them do not wait for ever for a push that will never
+ * come (dropped in a hand-over slower than the timeout).  A step whose push
+ * waits here is applied instead, by run_deferred(); one that arrives after
+ * it was counted empty is a duplicate.  True when a step was counted. */
+static bool skip_lost(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *h)
+{
+    uint32_t w = h->worker;
+    bool bsp = ps->map.conf.consistency == CFX_PS_BSP;
+    bool any = false;
+    for (;;) {
+        uint64_t s = b->pushed[w];
+        if (s < h->lost_base || s - h->lost_base >= 64 || !(h->lost_mask >> (s - h->lost_base) & 1))
+            break; /* not one its worker gave up on */
+        if (s >= h->clock || deferred_has(b, w, s))
+            break; /* a step of this request's or after; or its push is here */
+        if (bsp && s != b->version)
+            break; /* its round has not come: the request behind it waits */
+        CFX_LOG(INFO, PS, "job %s: server %d: block %u: worker %u's push of step %" PRIu64
+                " never came and its worker gave up on it: counted as empty", ps->job,
+                ps->index, b->id, w, s);
+        b->pushed[w]++;
+        if (bsp) {
+            if (b->acc_n == 0)
+                memset(b->acc, 0, b->bytes);
+            if (++b->acc_n == b->nworkers) {
+                apply_update(ps, b, b->acc);
+                b->acc_n = 0;
+                b->version++;
+            }
+        } else if (ps->map.conf.consistency == CFX_PS_SSP) {
+            b->version = min_pushed(b);
+        }
+        ps->stats.lost_steps++;
+        any = true;
+    }
+    return any;
+}
+
 /* After a push was consumed: acknowledge it or queue its pull part. */
 static void push_done(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *h)
 {
@@ -405,6 +459,8 @@ static void run_deferred(struct cfx_ps *ps, struct ps_block *b)
         cfx_list_for_each_safe(pos, tmp, &b->deferred)
         {
             struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+            if (skip_lost(ps, b, &p->h))
+                progress = true;
             if (!try_push(ps, b, &p->h, p->payload))
                 continue;
             cfx_list_del(pos);
@@ -438,6 +494,7 @@ static void process(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *
         goto out;
     }
     if (h->kind == PS_REQ_PULL) {
+        bool skipped = skip_lost(ps, b, h);
         if (b->version >= h->min_version) {
             reply(ps, h, CFX_OK, b, true);
         } else {
@@ -447,6 +504,8 @@ static void process(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *
             else
                 cfx_list_add_tail(&p->link, &b->parked);
         }
+        if (skipped)
+            run_deferred(ps, b); /* pushes behind a step counted empty may go now */
         goto out;
     }
     if (h->len != b->bytes || !payload) {
@@ -455,6 +514,12 @@ static void process(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *
         reply(ps, h, CFX_ERR_INVALID, b, false);
         goto out;
     }
+    if (unlikely(ps->drop_at) && h->worker == ps->drop_worker && h->clock == ps->drop_at - 1) {
+        CFX_LOG(WARN, PS, "job %s: server %d: block %u: test hook: worker %u's push of step "
+                "%" PRIu64 " dropped", ps->job, ps->index, b->id, h->worker, h->clock);
+        goto out; /* every block of the step: the hook stays on */
+    }
+    bool skipped = skip_lost(ps, b, h);
     if (!try_push(ps, b, h, payload)) {
         struct ps_pend *p = pend_new(h, payload, owned);
         if (!p) {
@@ -462,6 +527,8 @@ static void process(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr *
             goto out;
         }
         cfx_list_add_tail(&p->link, &b->deferred);
+        if (skipped)
+            run_deferred(ps, b); /* a push behind a step counted empty may go now */
         return; /* payload now belongs to the deferred entry */
     }
     push_done(ps, b, h);

@@ -59,6 +59,8 @@ struct ps_op {
     void *out;
     uint64_t clock;
     uint64_t min_version;
+    uint64_t lost_base;   /* the tensor's pushes given up on (ps_hdr.lost_base, lost_mask) */
+    uint64_t lost_mask;
     struct ps_tensor reg; /* REGISTER */
     uint32_t nsub, ndone;
     int status;
@@ -104,6 +106,12 @@ struct ps_worker {
     struct cfx_list subs;  /* outstanding requests (loop) */
     uint64_t next_req;
     uint64_t clock[PS_MAX_TENSORS]; /* pushes posted per tensor (ps->lock) */
+    /* per tensor, bit i of unsure_mask: the push of step unsure_base + i
+     * ended with no answer from some block (it may or may not have been
+     * applied there).  Later requests say so (ps_hdr.lost_base, lost_mask)
+     * until a push after it is answered by every block (ps->lock) */
+    uint64_t unsure_base[PS_MAX_TENSORS];
+    uint64_t unsure_mask[PS_MAX_TENSORS];
     /* measurement (loop) */
     uint32_t outstanding[PS_MAX_SERVERS];
     uint64_t busy_start[PS_MAX_SERVERS];
@@ -150,6 +158,34 @@ static int dev_copy(struct cfx_ps *ps, void *dst, enum cfx_memtype dt, const voi
     return rc == CFX_OK ? cfx__memcpy_typed_wait(dst, dt, src, st, len, stream) : rc;
 }
 
+/* A push ended (ps->lock held): one with a block that gave no answer joins
+ * the tensor's unsure steps; one every block applied ends those before it
+ * (each block has passed them, applied or counted empty).  The window is 64
+ * steps: an unsure step that falls out of it is no longer said (its block
+ * waits for it, as for a push still on the way). */
+static void note_unsure(struct ps_worker *w, const struct ps_op *op)
+{
+    uint64_t *base = &w->unsure_base[op->tensor], *mask = &w->unsure_mask[op->tensor];
+    uint64_t c = op->clock;
+    if (op->status != CFX_OK && op->unknown) {
+        if (!*mask) {
+            *base = c;
+        } else if (c < *base) {
+            *mask = *base - c >= 64 ? 0 : *mask << (*base - c); /* the newest fall out */
+            *base = c;
+        } else if (c - *base >= 64) {
+            uint64_t d = c - *base - 63; /* the oldest fall out */
+            *mask = d >= 64 ? 0 : *mask >> d;
+            *base += d;
+        }
+        *mask |= 1ull << (c - *base);
+    } else if (op->status == CFX_OK && *mask && c >= *base) {
+        uint64_t d = c - *base + 1;
+        *mask = d >= 64 ? 0 : *mask >> d;
+        *base += d;
+    }
+}
+
 static void op_complete(struct cfx_ps *ps, struct ps_op *op)
 {
     struct cfx_ps_request *r = op->req;
@@ -163,6 +199,9 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     }
     pthread_mutex_lock(&ps->lock);
     bool freed = r->freed;
+    if ((op->kind == PS_OP_PUSH || op->kind == PS_OP_PUSHPULL) && op->tensor >= 0 &&
+        op->tensor < PS_MAX_TENSORS)
+        note_unsure(ps->w, op);
     if (op->status != CFX_OK && !op->unknown &&
         (op->kind == PS_OP_PUSH || op->kind == PS_OP_PUSHPULL) && op->tensor >= 0 &&
         op->tensor < PS_MAX_TENSORS && ps->w->clock[op->tensor] == op->clock + 1) {
@@ -273,6 +312,8 @@ static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
         .req_id = s->req_id,
         .clock = op->clock,
         .min_version = op->min_version,
+        .lost_base = op->lost_base,
+        .lost_mask = op->lost_mask,
     };
     s->server = srv;
     s->map_version = ps->map.version;
@@ -793,6 +834,10 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
     enum cfx_ps_consistency c = ps->map.conf.consistency;
     if (kind == PS_OP_PUSH || kind == PS_OP_PUSHPULL)
         ps->w->clock[key]++;
+    if (kind != PS_OP_INIT) {
+        op->lost_base = ps->w->unsure_base[key];
+        op->lost_mask = ps->w->unsure_mask[key];
+    }
     op->clock = t;
     uint64_t want = kind == PS_OP_PUSHPULL ? t + 1 : t;
     op->min_version = c == CFX_PS_BSP ? want : c == CFX_PS_SSP ? (want > s ? want - s : 0) : 0;

@@ -256,6 +256,9 @@ struct cfx_ps_stats {
     uint64_t forwarded;        /* server: requests forwarded after a move */
     uint64_t redirects;        /* worker: requests re-sent after a move */
     uint64_t rebalances;       /* scheduler: maps published by load distribution */
+    uint64_t lost_steps;       /* server: workers' steps of a block counted as empty pushes:
+                                  their push never came and the worker's next said it may
+                                  have been lost (its request for it had failed) */
 };
 
 /** Snapshot of the handle's view. @return CFX_OK or CFX_ERR_INVALID. */

@@ -8,8 +8,10 @@
  */
 #include <criterion/criterion.h>
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <conflux/conflux.h>
@@ -83,6 +85,8 @@ Test(ps_create, worker_alone_names_the_missing_scheduler)
 struct member {
     enum cfx_ps_role role;
     int index;
+    const char *job;   /* NULL: "bsp", its timeout 3 s */
+    int timeout_ms;
     struct cfx_context *ctx;
     struct cfx_ps *ps;
     int rc;
@@ -96,13 +100,13 @@ static void *member_create(void *arg)
         .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
                       CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
                       CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_TIMEOUT,
-        .job = "bsp",
+        .job = m->job ? m->job : "bsp",
         .role = m->role,
         .index = m->index,
         .num_workers = 2,
         .num_servers = 1,
         .consistency = CFX_PS_BSP,
-        .timeout_ms = 3000, /* told at half of it: 1.5 s before the deadline */
+        .timeout_ms = m->job ? m->timeout_ms : 3000, /* told at half of it: 1.5 s before the deadline */
     };
     m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
     snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
@@ -179,6 +183,165 @@ Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
         if (i)
             cfx_context_destroy(m[i].ctx);
     }
+}
+
+/* ---- a push lost in a hand-over ------------------------------------------------- */
+
+/*
+ * A push dropped on its way (a hand-over slower than the job's timeout,
+ * whose new owner dropped what it held) ends its worker's request with no
+ * answer: it may or may not have been applied, so its step stays taken.
+ * The block waited for that step for ever, so every later request of the
+ * tensor timed out there and, under BSP, so did the other workers'.  The
+ * worker's later requests now name the steps it gave up on, and a block
+ * that never got one counts it as an empty push.  Server 0 drops worker
+ * 0's push of step 1 (test hook); worker 0's next request recovers the
+ * block: a push-pull (the sum lacks only the lost gradient) or a pull.
+ */
+
+#define LOST_N 4
+#define LOST_TIMEOUT_MS 2000 /* the lost push's wait; nothing else comes near it */
+
+struct lost_job {
+    struct member m[3]; /* server 0, worker 0, worker 1 */
+    float want[LOST_N];
+};
+
+static void lost_job_up(struct lost_job *j)
+{
+    cr_assert_eq(setenv("CFX_PS_TEST_DROP_WORKER", "0", 1), 0);
+    cr_assert_eq(setenv("CFX_PS_TEST_DROP_STEP", "1", 1), 0);
+    for (int i = 0; i < 3; i++) {
+        j->m[i] = (struct member){ .role = i ? CFX_PS_WORKER : CFX_PS_SERVER,
+                                   .index = i ? i - 1 : 0,
+                                   .job = "lost",
+                                   .timeout_ms = LOST_TIMEOUT_MS };
+        if (!i)
+            j->m[i].ctx = ctx;
+        else
+            cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &j->m[i].ctx),
+                         CFX_OK, "%s", cfx_last_error());
+    }
+    all_at_once(j->m, 3, member_create);
+    all_at_once(j->m + 1, 2, member_register);
+    for (int i = 0; i < LOST_N; i++)
+        j->want[i] = (float)(i + 1); /* member_register's values */
+}
+
+static void lost_job_down(struct lost_job *j)
+{
+    for (int i = 2; i >= 0; i--) {
+        cfx_ps_destroy(j->m[i].ps);
+        if (i)
+            cfx_context_destroy(j->m[i].ctx);
+    }
+}
+
+/* Worker w's gradient of @p step: small whole numbers, so sums are exact. */
+static void lost_grad(float *g, int w, int step)
+{
+    for (int i = 0; i < LOST_N; i++)
+        g[i] = (float)((w + 1) * 10 + step * 100 + i);
+}
+
+/* Both workers' requests of one step at once (under BSP a push-pull waits
+ * for the other's push); the statuses are returned, the requests freed. */
+static void lost_step(struct lost_job *j, int step, bool pull_both, int rc[2], float out[2][LOST_N],
+                      float g[2][LOST_N])
+{
+    struct cfx_ps_request *r[2];
+    for (int w = 0; w < 2; w++) {
+        lost_grad(g[w], w, step);
+        struct cfx_ps *ps = j->m[1 + w].ps;
+        int prc = pull_both ? cfx_ps_ipushpull(ps, 0, g[w], out[w], &r[w])
+                            : cfx_ps_ipush(ps, 0, g[w], &r[w]);
+        cr_assert_eq(prc, CFX_OK, "worker %d, step %d: %s", w, step, cfx_last_error());
+    }
+    for (int w = 1; w >= 0; w--) {
+        rc[w] = cfx_ps_wait(r[w], -1);
+        cfx_ps_request_free(r[w]);
+    }
+}
+
+static void lost_expect(const struct lost_job *j, const float *out, const char *what)
+{
+    for (int i = 0; i < LOST_N; i++)
+        cr_assert_eq(out[i], j->want[i], "%s: [%d] = %g, want %g", what, i, (double)out[i],
+                     (double)j->want[i]);
+}
+
+/* Steps 0 and 1 (worker 0's push of step 1 dropped); the sums kept in want. */
+static void lost_first_steps(struct lost_job *j)
+{
+    int rc[2];
+    float out[2][LOST_N], g[2][LOST_N];
+    lost_step(j, 0, true, rc, out, g);
+    for (int w = 0; w < 2; w++)
+        cr_assert_eq(rc[w], CFX_OK, "worker %d, step 0: %s", w, cfx_errname(rc[w]));
+    for (int i = 0; i < LOST_N; i++)
+        j->want[i] += g[0][i] + g[1][i];
+    lost_expect(j, out[0], "step 0, worker 0");
+    lost_expect(j, out[1], "step 0, worker 1");
+
+    lost_step(j, 1, false, rc, out, g);
+    cr_assert_eq(rc[1], CFX_OK, "worker 1's push of step 1: %s", cfx_errname(rc[1]));
+    cr_assert_eq(rc[0], CFX_ERR_TIMEOUT, "worker 0's dropped push of step 1: %s",
+                 cfx_errname(rc[0]));
+    for (int i = 0; i < LOST_N; i++)
+        j->want[i] += g[1][i]; /* round 1 without worker 0's */
+}
+
+static void lost_expect_counted(const struct lost_job *j)
+{
+    struct cfx_ps_stats st;
+    cr_assert_eq(cfx_ps_stats(j->m[0].ps, &st), CFX_OK);
+    cr_assert_eq(st.lost_steps, 1, "the server counted %" PRIu64 " steps empty, want 1",
+                 st.lost_steps);
+}
+
+TestSuite(ps_lost, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(ps_lost, next_pushpull_counts_the_lost_step_empty)
+{
+    struct lost_job j;
+    lost_job_up(&j);
+    lost_first_steps(&j);
+    int rc[2];
+    float out[2][LOST_N], g[2][LOST_N];
+    lost_step(&j, 2, true, rc, out, g);
+    for (int w = 0; w < 2; w++)
+        cr_assert_eq(rc[w], CFX_OK, "worker %d, step 2: %s", w, cfx_errname(rc[w]));
+    for (int i = 0; i < LOST_N; i++)
+        j.want[i] += g[0][i] + g[1][i];
+    lost_expect(&j, out[0], "step 2, worker 0");
+    lost_expect(&j, out[1], "step 2, worker 1");
+    lost_expect_counted(&j);
+    lost_job_down(&j);
+}
+
+/* Worker 0 pulls after its lost push (under BSP its pull waits for round
+ * 1, which lacked its own step), then both go on. */
+Test(ps_lost, next_pull_counts_the_lost_step_empty)
+{
+    struct lost_job j;
+    lost_job_up(&j);
+    lost_first_steps(&j);
+    float out[LOST_N];
+    int rc = cfx_ps_pull(j.m[1].ps, 0, out);
+    cr_assert_eq(rc, CFX_OK, "worker 0's pull after its lost push: %s: %s", cfx_errname(rc),
+                 cfx_last_error());
+    lost_expect(&j, out, "worker 0's pull after round 1");
+    int rcs[2];
+    float outs[2][LOST_N], g[2][LOST_N];
+    lost_step(&j, 2, true, rcs, outs, g);
+    for (int w = 0; w < 2; w++)
+        cr_assert_eq(rcs[w], CFX_OK, "worker %d, step 2: %s", w, cfx_errname(rcs[w]));
+    for (int i = 0; i < LOST_N; i++)
+        j.want[i] += g[0][i] + g[1][i];
+    lost_expect(&j, outs[0], "step 2, worker 0");
+    lost_expect(&j, outs[1], "step 2, worker 1");
+    lost_expect_counted(&j);
+    lost_job_down(&j);
 }
 
 /* ---- administrators at once ------------------------------------------------------ */

@@ -659,7 +659,8 @@ class ParameterServer(_c.ParameterServer):
         """This handle's view of the job: its latest shard map's version, the
         servers (index, node, state, blocks, bytes, measured ns per byte,
         straggler), tensors and blocks, and its counters (migrations,
-        forwarded requests, redirects, rebalances)."""
+        forwarded requests, redirects, rebalances, lost_steps: workers' steps
+        a server counted as empty because their push never came)."""
         return super().stats()
 
     # -- administration, from any member's context (as `rdmactl ps` does)

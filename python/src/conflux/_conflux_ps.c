@@ -490,14 +490,15 @@ static PyObject *stats_dict(const struct cfx_ps_stats *s)
         }
         Py_DECREF(d);
     }
-    return Py_BuildValue("{s:k,s:N,s:k,s:k,s:K,s:K,s:K,s:K,s:K}", "map_version",
+    return Py_BuildValue("{s:k,s:N,s:k,s:k,s:K,s:K,s:K,s:K,s:K,s:K}", "map_version",
                          (unsigned long)s->map_version, "servers", servers, "tensors",
                          (unsigned long)s->ntensors, "blocks", (unsigned long)s->nblocks,
                          "migrations_out", (unsigned long long)s->migrations_out,
                          "migrations_in", (unsigned long long)s->migrations_in, "forwarded",
                          (unsigned long long)s->forwarded, "redirects",
                          (unsigned long long)s->redirects, "rebalances",
-                         (unsigned long long)s->rebalances);
+                         (unsigned long long)s->rebalances, "lost_steps",
+                         (unsigned long long)s->lost_steps);
 }
 
 static PyObject *PS_stats(PSObject *self, PyObject *unused)
