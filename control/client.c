@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -108,15 +109,34 @@ int cfx__ctl_broken(struct cfx_ctl *ctl)
     return b;
 }
 
+/* The send lock by @p deadline (a monotonic one; the lock's clock is
+ * CLOCK_REALTIME, so the time left is what carries over). */
+static int lock_send(struct cfx_ctl *ctl, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        pthread_mutex_lock(&ctl->send_lock);
+        return CFX_OK;
+    }
+    uint64_t now = cfx__now_ns(), left = deadline > now ? deadline - now : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + left % 1000000000ull;
+    ts.tv_sec += (time_t)(left / 1000000000ull + ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    return pthread_mutex_timedlock(&ctl->send_lock, &ts) == 0 ? CFX_OK : CFX_ERR_TIMEOUT;
+}
+
 /* Write a whole frame by @p deadline.  A frame cut short would leave the
  * stream unframed, so a partial send that times out breaks the connection. */
 static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
                     uint64_t deadline, const char *what)
 {
     size_t off = 0;
-    int rc = CFX_OK;
-
-    pthread_mutex_lock(&ctl->send_lock);
+    int rc = lock_send(ctl, deadline);
+    if (rc != CFX_OK)
+        return cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what,
+                            "another send held the connection to the coordinator past the "
+                            "deadline (coordinator not reading)");
     int fd = ctl->fd;
     /* While the reader reconnects only it writes (the handshake). */
     if (__atomic_load_n(&ctl->reconnecting, __ATOMIC_ACQUIRE) &&

@@ -965,6 +965,11 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
                       COORD_MAX_NODES_LIMIT);
         goto err_free;
     }
+    if (co->heartbeat_ms > CFX_PROTO_TIMING_MAX_MS || co->dead_after_ms > CFX_PROTO_TIMING_MAX_MS) {
+        rc = cfx__err(CFX_ERR_INVALID, "heartbeat (%u ms) and dead-after (%u ms) must be at most "
+                      "%u ms", co->heartbeat_ms, co->dead_after_ms, CFX_PROTO_TIMING_MAX_MS);
+        goto err_free;
+    }
     if (co->dead_after_ms <= co->heartbeat_ms) {
         rc = cfx__err(CFX_ERR_INVALID, "dead-after (%u ms) must exceed the heartbeat "
                       "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);

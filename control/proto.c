@@ -537,6 +537,11 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
             rd_fail(r, CFX_ERR_PROTO, "node id 0");
         if (r->status == CFX_OK && m->u.join_reply.heartbeat_ms == 0)
             rd_fail(r, CFX_ERR_PROTO, "heartbeat interval 0");
+        /* they size every later send's deadline: beyond the range, an (int)
+         * of them turned negative, which waits for ever */
+        if (r->status == CFX_OK && (m->u.join_reply.heartbeat_ms > CFX_PROTO_TIMING_MAX_MS ||
+                                    m->u.join_reply.dead_after_ms > CFX_PROTO_TIMING_MAX_MS))
+            rd_fail(r, CFX_ERR_PROTO, "heartbeat or dead-after time above 3600000 ms");
         break;
     case CFX_MSG_OBJ_PUT: {
         rd_bytes(r, m->u.put.id.bytes, CFX_OBJECT_ID_LEN, "object id");

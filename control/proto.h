@@ -81,6 +81,9 @@
 #define CFX_PROTO_TIMEOUT_NONE 0xFFFFFFFFu  /* lookup timeout_ms: wait forever */
 #define CFX_PROTO_WAIT_MARGIN_MS 10000u    /* a TASK_WAIT's call waits this much past its
                                             * timeout (the reply's round trip) */
+/* Heartbeat interval and dead-after time: at most an hour.  A client refuses
+ * a coordinator's larger one (proto.c's error text says the number). */
+#define CFX_PROTO_TIMING_MAX_MS 3600000u
 #define CFX_PROTO_RECONNECT_MAX_MS 2000u    /* a client that lost the coordinator tries again at least this often */
 
 /* Fixed wire sizes of the records that listings carry. */

@@ -28,6 +28,7 @@
 #include "args.h"
 #include "control/auth.h"
 #include "control/coord.h"
+#include "control/proto.h"
 #include "control/seal.h"
 #include "dataplane/common/log.h"
 
@@ -166,12 +167,14 @@ int main(int argc, char **argv)
             break;
         case 'f': token_file = optarg; break;
         case 'H':
-            if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, INT_MAX, "an interval in ms", &v))
+            if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, CFX_PROTO_TIMING_MAX_MS,
+                             "an interval in ms", &v))
                 return TOOL_EXIT_USAGE;
             params.heartbeat_ms = (uint32_t)v;
             break;
         case 'D':
-            if (tool_arg_int(PROG, "--dead-after-ms", optarg, 1, INT_MAX, "a time in ms", &v))
+            if (tool_arg_int(PROG, "--dead-after-ms", optarg, 1, CFX_PROTO_TIMING_MAX_MS,
+                             "a time in ms", &v))
                 return TOOL_EXIT_USAGE;
             params.dead_after_ms = (uint32_t)v;
             break;

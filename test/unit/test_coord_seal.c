@@ -719,3 +719,102 @@ Test(coord_seal, contexts_seal_both_planes)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/* ---- a coordinator whose timings are out of range ------------------------------- */
+
+/* A coordinator that holds the token (so it passes the client's check of
+ * its proof) and answers JOIN with @p hb and @p dead.  A dead-after time of
+ * 2^31 ms turned negative in the client's (int) deadline, which means "no
+ * deadline": its heartbeat send then blocked for ever under the send lock,
+ * and every later call and the close with it. */
+struct fake_coord {
+    int ls;
+    uint32_t hb, dead;
+};
+
+static void *fake_coord_run(void *arg)
+{
+    struct fake_coord *f = arg;
+    uint8_t buf[8192];
+    struct cfx_msg m, r;
+    int s = accept(f->ls, NULL, NULL);
+    cr_assert_geq(s, 0);
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_CHALLENGE;
+    cr_assert_eq(cfx__auth_nonce(r.u.challenge.nonce, sizeof(r.u.challenge.nonce)), CFX_OK);
+    uint8_t snonce[CFX_AUTH_NONCE_LEN], bind[CFX_CTL_BIND_LEN];
+    memcpy(snonce, r.u.challenge.nonce, sizeof(snonce));
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_AUTH, "%s", cfx__msg_type_name(m.type));
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_AUTH_OK;
+    r.req_id = m.req_id;
+    cfx__ctl_auth_bind(m.u.auth.role, m.u.auth.secure, bind);
+    cr_assert_eq(cfx__auth_mac_bound(token, CFX_AUTH_COORD, snonce, m.u.auth.nonce, bind,
+                                     sizeof(bind), r.u.auth_ok.mac),
+                 CFX_OK);
+    raw_send(s, &r);
+    cr_assert_eq(raw_read_frame(s, buf, sizeof(buf), &m), CFX_OK);
+    cr_assert_eq(m.type, CFX_MSG_JOIN, "%s", cfx__msg_type_name(m.type));
+    memset(&r, 0, sizeof(r));
+    r.type = CFX_MSG_JOIN_REPLY;
+    r.req_id = m.req_id;
+    r.u.join_reply.node_id = 7;
+    r.u.join_reply.heartbeat_ms = f->hb;
+    r.u.join_reply.dead_after_ms = f->dead;
+    raw_send(s, &r);
+    /* read nothing more: the client closes once it refused the answer */
+    cr_assert_geq(wait_closed(s, CALL_MS), 0, "the client kept the connection");
+    close(s);
+    return NULL;
+}
+
+Test(coord_seal, client_refuses_a_coordinators_timings_out_of_range, .timeout = 60)
+{
+    static const uint32_t cases[][2] = {
+        { 1, 1u << 31 },               /* turned "no deadline" */
+        { 0, 1500 },                   /* no heartbeat at all */
+        { 4000000000u, 4000000001u },  /* both out of range */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fake_coord f = { .hb = cases[i][0], .dead = cases[i][1] };
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t sl = sizeof(sa);
+        f.ls = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert_geq(f.ls, 0);
+        cr_assert_eq(bind(f.ls, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        cr_assert_eq(listen(f.ls, 1), 0);
+        cr_assert_eq(getsockname(f.ls, (struct sockaddr *)&sa, &sl), 0);
+        char real[64], fake[64];
+        snprintf(real, sizeof(real), "%s", addr);
+        snprintf(fake, sizeof(fake), "127.0.0.1:%u", ntohs(sa.sin_port));
+        snprintf(addr, sizeof(addr), "%s", fake);
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, fake_coord_run, &f), 0);
+        struct cfx_ctl *ctl = NULL;
+        int rc = open_node_tok("timings", token, NULL, &ctl);
+        snprintf(addr, sizeof(addr), "%s", real);
+        cr_assert_eq(rc, CFX_ERR_PROTO, "case %zu: got %s: %s", i, cfx_errname(rc),
+                     cfx_last_error());
+        cr_assert(strstr(cfx_last_error(), i == 1 ? "heartbeat interval 0"
+                                                  : "heartbeat or dead-after time above 3600000 ms"),
+                  "case %zu: %s", i, cfx_last_error());
+        cr_assert(strstr(cfx_last_error(), fake), "the coordinator is not named: %s",
+                  cfx_last_error());
+        cr_assert_null(ctl);
+        pthread_join(t, NULL);
+        close(f.ls);
+    }
+}
+
+/* A coordinator's own timings are held to the same range. */
+Test(coord_seal, coordinator_refuses_timings_out_of_range)
+{
+    struct cfx_coord *c = NULL;
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .token = token,
+                                  .heartbeat_ms = 100, .dead_after_ms = 3600001 };
+    cr_assert_eq(cfx__coord_start(&p, &c), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "must be at most 3600000 ms"), "%s", cfx_last_error());
+    cr_assert_null(c);
+}
