@@ -33,7 +33,7 @@
 #include "dataplane/common/util.h"
 #include "dataplane/engine/p2p.h"
 
-#define PS_MAGIC            0xCF505332u /* 2: ps_hdr.lost_base, lost_mask */
+#define PS_MAGIC            0xCF505332u /* 2: ps_hdr.lost_base, lost_mask, held_ns */
 #define PS_JOB_MAX          64
 #define PS_TENSOR_NAME_MAX  48
 #define PS_MAX_SERVERS      64
@@ -193,6 +193,8 @@ struct ps_hdr {
     uint64_t lost_mask;     /* push of step lost_base + i of the tensor ended with no answer
                                from some block (given up: it may have been lost there); a
                                block that has not applied it counts it as empty */
+    uint64_t held_ns;       /* REPLY: how long the request waited at the server for other
+                               workers' pushes (its round, or the version it asked for) */
 };
 
 struct ps_report_ent {

@@ -267,6 +267,7 @@ static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struc
         .status = status,
         .req_id = req->req_id,
         .clock = b ? b->version : 0,
+        .held_ns = req->held_ns,
     };
     void *copy = NULL;
     size_t len = 0;
@@ -340,6 +341,7 @@ static void serve_parked(struct cfx_ps *ps, struct ps_block *b)
         if (b->version < p->h.min_version)
             continue;
         cfx_list_del(pos);
+        p->h.held_ns += cfx__now_ns() - p->since;
         reply(ps, &p->h, CFX_OK, b, true);
         pend_free(p);
     }
@@ -464,6 +466,7 @@ static void run_deferred(struct cfx_ps *ps, struct ps_block *b)
             if (!try_push(ps, b, &p->h, p->payload))
                 continue;
             cfx_list_del(pos);
+            p->h.held_ns += cfx__now_ns() - p->since;
             push_done(ps, b, &p->h);
             pend_free(p);
             progress = true;
@@ -813,6 +816,7 @@ static int create_from_init(struct cfx_ps *ps, const struct ps_hdr *h, const voi
 int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *payload, bool owned)
 {
     struct ps_hdr h = *hin;
+    h.held_ns = 0; /* ours to count, from here */
     if (h.map_version > ps->map.version)
         cfx__ps_map_fetch(ps, h.map_version); /* the sender saw a newer map: get it now */
     if (h.type == PS_MSG_STATE) {

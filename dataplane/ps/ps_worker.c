@@ -13,7 +13,9 @@
  * which it had at least one request outstanding there (busy time) and the
  * payload bytes of the requests completed; busy / bytes is the service time
  * per byte this worker saw.  Because it counts busy periods, not single
- * latencies, it does not grow with the number of blocks the server holds.
+ * latencies, it does not grow with the number of blocks the server holds;
+ * what a period's last request waited at the server for other workers'
+ * pushes (ps_hdr.held_ns) is left out of it (meter_end()).
  *
  * Device buffers (CFX_PS_PARAM_MEMTYPE): requests carry host bytes.  A
  * gradient is copied off the device into a host copy when the op is posted
@@ -266,14 +268,21 @@ static void meter_start(struct ps_worker *w, uint32_t srv)
         w->busy_start[srv] = cfx__now_ns();
 }
 
-static void meter_end(struct ps_worker *w, uint32_t srv, uint64_t bytes)
+/* A request to @p srv ended; @p held_ns of it it waited at the server for
+ * other workers' pushes.  A busy period ends with the last request out:
+ * what that one waited there (the round's other pushes, the workers' skew)
+ * is not the server's work, and on a server of a small share it would be
+ * most of the period, so it is left out. */
+static void meter_end(struct ps_worker *w, uint32_t srv, uint64_t bytes, uint64_t held_ns)
 {
     if (srv >= PS_MAX_SERVERS || !w->outstanding[srv])
         return;
     w->bytes[srv] += bytes;
     w->reqs[srv]++;
-    if (--w->outstanding[srv] == 0)
-        w->busy[srv] += cfx__now_ns() - w->busy_start[srv];
+    if (--w->outstanding[srv] == 0) {
+        uint64_t period = cfx__now_ns() - w->busy_start[srv];
+        w->busy[srv] += period - CFX_MIN(held_ns, period);
+    }
 }
 
 static const char *tensor_name(const struct cfx_ps *ps, int t)
@@ -320,7 +329,7 @@ static void send_sub(struct cfx_ps *ps, struct ps_sub *s)
     s->waiting = false;
     meter_start(w, srv);
     if (cfx__ps_send(ps, p, &h, s->pay, s->len, NULL) != CFX_OK) {
-        meter_end(w, srv, 0);
+        meter_end(w, srv, 0, 0);
         op_fail(ps, op, CFX_ERR_PEER_FAILED,
                 "tensor %s block %u: cannot send to server %u "
                 "(node %u)",
@@ -470,7 +479,7 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
         return;
     }
     if (h->type == PS_MSG_REDIRECT) {
-        meter_end(w, s->server, 0);
+        meter_end(w, s->server, 0, 0);
         s->waiting = true;
         s->need_version = h->map_version;
         ps->stats.redirects++;
@@ -480,7 +489,7 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
             send_sub(ps, s);
         return;
     }
-    meter_end(w, s->server, s->len + h->len);
+    meter_end(w, s->server, s->len + h->len, h->held_ns);
     /* the header is the peer's: an index past our table, or a status that
      * is no failure (CFX_ERR_AGAIN reads as "still running"), is its error */
     const struct ps_peer *fp = from < PS_MAX_SERVERS ? ps->servers[from] : NULL;
@@ -526,7 +535,7 @@ void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
         if (s->waiting || s->server != srv || !s->map_version)
             continue;
-        meter_end(w, srv, 0);
+        meter_end(w, srv, 0, 0);
         /* a server that goes after the scheduler was lost ends because of
          * it: name the cause (the caller waits on the scheduler's node) */
         pthread_mutex_lock(&ps->lock);
@@ -676,7 +685,7 @@ again:
                     tensor_name(ps, s->op->tensor), s->block, s->server, p ? p->rec.node_id : 0,
                     ps->timeout_ms);
         if (!s->waiting)
-            meter_end(w, s->server, 0);
+            meter_end(w, s->server, 0, 0);
         s->op->unknown |= !s->waiting; /* sent, and no answer */
         sub_done(ps, s);
         n++;
