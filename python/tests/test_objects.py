@@ -631,6 +631,27 @@ def test_timeout_arguments(ctx):
         req.wait(timeout_ms=np.int64(20000))
 
 
+def test_get_nb_dropped_unfinished_is_canceled(ctx):
+    """A get_nb request dropped while it still waits for a holder is
+    canceled (cfx_request_free withdraws it), not waited out to its
+    deadline; the buffer is the caller's again and nothing lands in it."""
+    import gc
+    import time
+    out = np.zeros(16, np.uint8)
+    req = ctx.get_nb("dropped-get", out, timeout=600)
+    assert req.test() is False
+    t0 = time.monotonic()
+    del req
+    gc.collect()
+    waited = time.monotonic() - t0
+    assert waited < 300, f"the drop waited {waited:.1f} s: the get's deadline, not a cancel"
+    ctx.put("dropped-get", np.full(16, 7, np.uint8))
+    assert not out.any(), "the canceled get wrote into the buffer"
+    # the buffer is no longer exported: it may be resized
+    out.resize(32, refcheck=False)
+    assert ctx.get("dropped-get").tobytes() == bytes([7] * 16)
+
+
 @pytest.mark.parametrize("mode", ["integrity", "encrypt"])
 def test_sealed_coordinator_and_data_plane(mode):
     """CFX_SECURE from Python: a sealed coordinator, two sealed contexts moving

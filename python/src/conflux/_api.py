@@ -201,7 +201,9 @@ class Context(_c.Context):
         collective's, and ``progress()`` -> ``(done, total)``, the bytes landed
         in order in ``out`` so far of the object's size (``total`` None until
         a source gave the size).  ``out`` stays exported until the request
-        completes, then is the caller's (this node keeps no copy in it).
+        completes, then is the caller's (this node keeps no copy in it).  A
+        request dropped unfinished cancels the get: it is withdrawn before
+        the drop returns, and nothing lands in ``out`` after.
         """
         arr, _, _ = as_array(out, writable=True)
         return super().get_nb(_id(id), arr, timeout_ms=_ms(timeout))

@@ -348,7 +348,22 @@ PyObject *cfx__py_request_get_nb(ContextObject *owner, const struct cfx_object_i
 
 static void Request_dealloc(RequestObject *self)
 {
-    if (!self->done && self->req) { /* dropped while running: the library still uses the buffers */
+    if (!self->done && self->req && self->owner) {
+        /* a get dropped while running is canceled: cfx_request_free()
+         * withdraws it before it returns (nothing lands in the buffer from
+         * then on), so the buffer may go right after, without waiting out
+         * the get's deadline */
+        struct cfx_request *req = self->req;
+        self->req = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        cfx_request_free(req);
+        Py_END_ALLOW_THREADS
+        request_finish(self, CFX_ERR_CANCELED);
+        cfx__py_context_child_gone(self->owner);
+    } else if (!self->done && self->req) {
+        /* a collective dropped while running runs to its end, as the other
+         * ranks expect (torch's Work does the same); the library still
+         * uses the buffers until then */
         struct cfx_request *req = self->req;
         int rc;
         Py_BEGIN_ALLOW_THREADS
