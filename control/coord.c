@@ -945,6 +945,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
                                                     : COORD_NODE_OBJECTS_MAX;
     co->max_node_bytes = params->max_node_bytes ? params->max_node_bytes : COORD_NODE_BYTES_MAX;
     co->max_parked = params->max_parked ? params->max_parked : COORD_PARKED_MAX;
+    co->max_objects = params->max_objects ? params->max_objects : COORD_OBJECTS_MAX;
     co->max_unauth_conns = params->max_unauth_conns ? params->max_unauth_conns
                                                     : COORD_UNAUTH_MAX;
     co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;

@@ -51,6 +51,9 @@ struct cfx_coord_params {
                                    * repeated across a restart this long at most, so that
                                    * workers re-announce what they run first (default
                                    * 5000; coord_task.c) */
+    uint32_t max_objects;         /* directory entries in all, of every node together; a
+                                   * put of a new id beyond gets CFX_ERR_NO_RESOURCE naming
+                                   * max_objects (default 4194304) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

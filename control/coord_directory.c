@@ -144,15 +144,18 @@ static uint32_t node_id_of(const struct coord_conn *c)
 int cfx__coord_dir_init(struct cfx_coord *co)
 {
     cfx_list_init(&co->objects);
-    cfx_list_init(&co->parked);
-    cfx_list_init(&co->del_waits);
     co->buckets = malloc(DIR_BUCKETS_INITIAL * sizeof(*co->buckets));
     if (!co->buckets)
         return cfx__err(CFX_ERR_NOMEM, "no memory for the object directory");
     co->nbuckets = DIR_BUCKETS_INITIAL;
     for (uint32_t i = 0; i < co->nbuckets; i++)
         cfx_list_init(&co->buckets[i]);
-    return CFX_OK;
+    int rc = cfx__coord_waits_init(co);
+    if (rc != CFX_OK) {
+        free(co->buckets);
+        co->buckets = NULL;
+    }
+    return rc;
 }
 
 static struct coord_obj *obj_find(struct cfx_coord *co, const struct cfx_object_id *id)
@@ -181,6 +184,34 @@ static void dir_grow(struct cfx_coord *co)
     free(co->buckets);
     co->buckets = nb;
     co->nbuckets = n;
+}
+
+/* @p o enters the directory (listing order, id hash); CFX_ERR_NOMEM. */
+static int obj_link(struct cfx_coord *co, struct coord_obj *o)
+{
+    int rc = cfx__coord_dir_index_add(co, o);
+    if (rc != CFX_OK)
+        return rc;
+    cfx_list_add_tail(&o->link, &co->objects);
+    cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
+    co->nobjects++;
+    if (co->nobjects > co->nbuckets)
+        dir_grow(co);
+    return CFX_OK;
+}
+
+/* True (and @p c answered) when the directory holds max_objects entries:
+ * a new one is refused, whichever node asks. */
+static bool objects_full(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                         const char *hex)
+{
+    if (co->nobjects < co->max_objects)
+        return false;
+    cfx__coord_reply_err(c, req_id, CFX_ERR_NO_RESOURCE,
+                         "coordinator %s: max_objects reached (%u objects in the directory; "
+                         "conflux-coord --max-objects); node %u's put of %s refused", co->addr,
+                         co->nobjects, node_id_of(c), hex);
+    return true;
 }
 
 static struct coord_holder *holder_find(struct coord_obj *o, uint32_t node_id)
@@ -254,6 +285,7 @@ static void obj_drop(struct cfx_coord *co, struct coord_obj *o)
     }
     cfx_list_del(&o->hash_link);
     cfx_list_del(&o->link);
+    cfx__coord_dir_index_del(co, o);
     if (o->is_inline) {
         co->inline_bytes -= o->size;
         /* ids are never reused: a record under the putter's id is the putter */
@@ -287,8 +319,6 @@ static int other_complete(struct coord_obj *o, const struct coord_holder *h)
     }
     return 0;
 }
-
-static void parked_free(struct cfx_coord *co, struct coord_parked *p);
 
 /* Keep why @p o went, for getters that resume after their source failed. */
 static void gone_record(struct cfx_coord *co, const struct coord_obj *o, const char *why)
@@ -332,15 +362,14 @@ static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *
     CFX_LOG(DEBUG, CTL, "object %s of node %u goes (%s; %u holder%s)", hex, o->putter, why,
             o->nholders, o->nholders == 1 ? "" : "s");
     gone_record(co, o, why);
-    cfx_list_for_each_safe(pos, tmp, &co->parked) {
+    cfx_list_for_each_safe(pos, tmp, cfx__coord_parked_bucket(co, &o->id)) {
         struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
         if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node ||
             !holder_find(o, p->conn->node->rec.node_id))
             continue;
         cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_PEER_FAILED,
                              "object %s is gone: %s", hex, why);
-        /* tmp may be the same connection's next entry: still listed */
-        parked_free(co, p);
+        cfx__coord_parked_free(co, p);
     }
     struct cfx_msg ev = { .type = CFX_MSG_EV_OBJ_GONE, .req_id = w ? w->token : 0 };
     ev.u.gone.id = o->id;
@@ -354,35 +383,6 @@ static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *
             w->wait[w->nwait++] = n->rec.node_id;
     }
     obj_drop(co, o);
-}
-
-/* @p w's holder @p node answered or is gone; the delete is answered with the last. */
-static void del_wait_drop(struct cfx_coord *co, struct coord_del_wait *w, uint32_t node)
-{
-    for (uint32_t i = 0; i < w->nwait; i++) {
-        if (w->wait[i] == node) {
-            w->wait[i] = w->wait[--w->nwait];
-            break;
-        }
-    }
-    if (w->nwait)
-        return;
-    cfx__coord_reply_ok(w->conn, w->req_id);
-    cfx_list_del(&w->link);
-    free(w->wait);
-    free(w);
-}
-
-void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
-{
-    struct cfx_list *pos;
-    cfx_list_for_each(pos, &co->del_waits) {
-        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
-        if (w->token == m->req_id) {
-            del_wait_drop(co, w, node_id_of(c));
-            return;
-        }
-    }
 }
 
 /* ---- durable objects (see the top of the file) ---------------------------------- */
@@ -475,14 +475,13 @@ static void dur_load_one(void *arg, const char *key, const void *val, size_t len
     o->durable = 1;
     o->putter = putter;
     cfx_list_init(&o->holders);
-    cfx_list_add_tail(&o->link, &co->objects);
-    cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
-    co->nobjects++;
+    if (obj_link(co, o) != CFX_OK)
+        goto err_free_data;
     co->inline_bytes += size;
-    if (co->nobjects > co->nbuckets)
-        dir_grow(co);
     return;
 
+err_free_data:
+    free(o->data);
 err_free_obj:
     free(o);
 err_nomem:
@@ -731,16 +730,6 @@ static int assign_source(struct cfx_coord *co, struct coord_conn *c, uint64_t re
     return added;
 }
 
-static void parked_free(struct cfx_coord *co, struct coord_parked *p)
-{
-    cfx__ev_timer_stop(co->loop, &p->timer);
-    cfx_list_del(&p->link);
-    cfx_list_del(&p->conn_link);
-    p->conn->nparked--;
-    co->nparked--;
-    free(p);
-}
-
 /* Try parked lookups of @p o again until none can be served. */
 static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
 {
@@ -748,7 +737,7 @@ static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
     while (progress) {
         struct cfx_list *pos, *tmp;
         progress = 0;
-        cfx_list_for_each_safe(pos, tmp, &co->parked) {
+        cfx_list_for_each_safe(pos, tmp, cfx__coord_parked_bucket(co, &o->id)) {
             struct coord_parked *p = cfx_list_entry(pos, struct coord_parked, link);
             if (memcmp(p->id.bytes, o->id.bytes, CFX_OBJECT_ID_LEN) || !p->conn->node)
                 continue;
@@ -773,21 +762,9 @@ static void wake_parked(struct cfx_coord *co, struct coord_obj *o)
                     progress = 1;
             }
             /* assign_source never frees parked entries, so tmp stays valid. */
-            parked_free(co, p);
+            cfx__coord_parked_free(co, p);
         }
     }
-}
-
-static void on_parked_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
-{
-    struct coord_parked *p = t->arg;
-    struct cfx_coord *co = p->conn->coord;
-    char hex[CFX_OBJECT_ID_HEX_LEN];
-    (void)loop;
-    cfx__coord_reply_err(p->conn, p->req_id, CFX_ERR_TIMEOUT,
-                         "no holder of object %s appeared within %u ms", idhex(&p->id, hex),
-                         p->timeout_ms);
-    parked_free(co, p);
 }
 
 /* True (and the caller answered) when @p c's node may not hold one more
@@ -852,38 +829,9 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
                              idhex(&m->u.lookup.id, hex));
         return;
     }
-    if (c->nparked >= COORD_PARKED_PER_CONN) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
-                             "node %u already waits for %u objects", me, c->nparked);
-        return;
-    }
-    if (co->nparked >= co->max_parked) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
-                             "coordinator %s: max_parked reached (%u lookups wait; "
-                             "conflux-coord --max-parked)", co->addr, co->nparked);
-        return;
-    }
-    struct coord_parked *p = calloc(1, sizeof(*p));
-    if (!p) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
-                             co->addr);
-        return;
-    }
-    p->conn = c;
-    p->req_id = m->req_id;
-    p->id = m->u.lookup.id;
-    p->start_ns = cfx__now_ns();
-    p->timeout_ms = m->u.lookup.timeout_ms;
-    p->nexclude = m->u.lookup.nexclude;
-    memcpy(p->exclude, m->u.lookup.exclude, p->nexclude * sizeof(p->exclude[0]));
-    cfx__ev_timer_init(&p->timer, on_parked_timeout, p);
-    if (p->timeout_ms != CFX_PROTO_TIMEOUT_NONE)
-        cfx__ev_timer_start(co->loop, &p->timer,
-                            p->start_ns + (uint64_t)p->timeout_ms * 1000000ull);
-    cfx_list_add_tail(&p->link, &co->parked);
-    cfx_list_add_tail(&p->conn_link, &c->parked);
-    c->nparked++;
-    co->nparked++;
+    struct coord_parked *p = cfx__coord_parked_add(co, c, m);
+    if (!p)
+        return; /* answered */
     CFX_LOG(DEBUG, CTL, "node %u waits for object %s (%u ms)", me, idhex(&p->id, hex),
             p->timeout_ms);
 }
@@ -913,6 +861,8 @@ static void put_copy(struct cfx_coord *co, struct coord_conn *c, const struct cf
                              (unsigned long long)m->u.put.size);
         return;
     }
+    if (!o && objects_full(co, c, m->req_id, hex))
+        return;
     if (!o) {
         o = calloc(1, sizeof(*o));
         if (!o) {
@@ -927,11 +877,12 @@ static void put_copy(struct cfx_coord *co, struct coord_conn *c, const struct cf
         o->tag = m->u.put.tag;
         memcpy(o->name, m->u.put.name, sizeof(o->name));
         cfx_list_init(&o->holders);
-        cfx_list_add_tail(&o->link, &co->objects);
-        cfx_list_add_tail(&o->hash_link, &co->buckets[id_hash(&o->id) & (co->nbuckets - 1)]);
-        co->nobjects++;
-        if (co->nobjects > co->nbuckets)
-            dir_grow(co);
+        if (obj_link(co, o) != CFX_OK) {
+            free(o);
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of "
+                                 "memory", co->addr);
+            return;
+        }
     }
     struct coord_holder *h = holder_find(o, me);
     if (h) {
@@ -1028,6 +979,8 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
         return;
     }
 
+    if (objects_full(co, c, m->req_id, hex))
+        return;
     if (m->u.put.has_data && co->inline_bytes + size > COORD_INLINE_TOTAL_MAX) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
                              "coordinator %s stores %llu inline bytes already (limit %llu)",
@@ -1052,6 +1005,8 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     o->tag = m->u.put.tag;
     memcpy(o->name, m->u.put.name, sizeof(o->name)); /* validated by the decoder */
     cfx_list_init(&o->holders);
+    if (cfx__coord_dir_index_add(co, o) != CFX_OK)
+        goto err_free_data;
     /* Recorded before it is acknowledged: an OK means it survives kill -9. */
     if (m->u.put.durable && o->is_inline && co->state_dirfd >= 0 &&
         dur_record(co, o) != CFX_OK)
@@ -1078,12 +1033,15 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
 err_io:
     cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot record object %s: "
                          "%s", co->addr, hex, cfx_last_error());
+    cfx__coord_dir_index_del(co, o);
     free(o->data);
     free(o);
     return;
 err_unrecord:
     if (o->durable)
         dur_unrecord(co, o);
+    cfx__coord_dir_index_del(co, o);
+err_free_data:
     free(o->data);
 err_free_obj:
     free(o);
@@ -1156,6 +1114,10 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
                              "node %u holds no copy of object %s", me, hex);
         return;
     }
+    /* The putter's delete waits for the holders' acknowledgements: a
+     * connection has so many such deletes at most (coord_waits.c). */
+    if (owner && cfx__coord_del_waits_full(co, c, m->req_id, &m->u.del.id))
+        return;
     /* The object goes: its record first, so a failure changes nothing. */
     if (o->durable && owner && dur_unrecord(co, o) != CFX_OK) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO, "coordinator %s cannot remove the "
@@ -1175,27 +1137,15 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         else
             snprintf(why, sizeof(why), "node %u deleted it, its putter node %u gone", me,
                      o->putter);
-        struct coord_del_wait *w = calloc(1, sizeof(*w));
-        if (w && !(w->wait = calloc(o->nholders ? o->nholders : 1, sizeof(*w->wait)))) {
-            free(w);
-            w = NULL;
-        }
-        if (w) {
-            w->conn = c;
-            w->req_id = m->req_id;
-            w->token = ++co->next_token;
-        } else {
+        struct coord_del_wait *w = cfx__coord_del_wait_new(co, c, m->req_id, &o->id,
+                                                           o->nholders);
+        if (!w)
             CFX_LOG(ERR, CTL, "coordinator %s is out of memory: the delete of object %s by "
                     "node %u does not wait for its holders", co->addr, hex, me);
-        }
         obj_withdraw(co, o, why, me, w);
-        if (w && w->nwait) {
-            cfx_list_add_tail(&w->link, &co->del_waits);
-            return;
-        }
         if (w) {
-            free(w->wait);
-            free(w);
+            cfx__coord_del_wait_start(co, w); /* answers it now when nobody is to ack */
+            return;
         }
     } else if (!o->durable && h->complete && !other_complete(o, h)) {
         char why[96];
@@ -1207,56 +1157,6 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         obj_maybe_drop(co, o); /* a durable object stays without holders */
     }
     cfx__coord_reply_ok(c, m->req_id);
-}
-
-void cfx__coord_objects_list(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
-{
-    struct cfx_msg r = { .type = CFX_MSG_OBJECTS_REPLY, .req_id = m->req_id };
-    struct cfx_ctl_obj_rec *recs;
-    struct cfx_list *pos;
-    uint32_t idx = 0, count = 0;
-
-    recs = calloc(CFX_PROTO_OBJECTS_PAGE, sizeof(*recs));
-    if (!recs) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s is out of memory",
-                             co->addr);
-        return;
-    }
-    /* The cursor is a position in insertion order: cheap, not a snapshot. */
-    cfx_list_for_each(pos, &co->objects) {
-        if (idx++ < m->u.list.cursor)
-            continue;
-        if (count == CFX_PROTO_OBJECTS_PAGE) {
-            r.u.page.more = 1;
-            break;
-        }
-        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
-        struct cfx_ctl_obj_rec *rec = &recs[count++];
-        struct cfx_list *hp;
-        uint32_t nh = 0;
-        rec->id = o->id;
-        rec->size = o->size;
-        rec->chunk_size = o->chunk_size;
-        rec->is_inline = o->is_inline;
-        rec->nholders = o->nholders;
-        memcpy(rec->name, o->name, sizeof(rec->name));
-        cfx_list_for_each(hp, &o->holders) {
-            struct coord_holder *h = cfx_list_entry(hp, struct coord_holder, obj_link);
-            if (nh == CFX_PROTO_HOLDERS_MAX)
-                break;
-            rec->holders[nh].node_id = h->node->rec.node_id;
-            rec->holders[nh].complete = h->complete;
-            rec->holders[nh].uploads = h->uploads;
-            rec->holders[nh].src = h->complete ? 0 : h->src;
-            rec->holders[nh].ready = h->complete ? o->size : h->ready;
-            nh++;
-        }
-    }
-    r.u.page.count = count;
-    r.u.page.next = m->u.list.cursor + count;
-    r.u.page.recs_in = recs;
-    cfx__coord_send(c, &r);
-    free(recs);
 }
 
 /*
@@ -1283,10 +1183,7 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
     /* deletes waiting for it to drop its copies wait no more */
-    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
-        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
-        del_wait_drop(co, w, n->rec.node_id);
-    }
+    cfx__coord_del_waits_node_gone(co, n->rec.node_id);
     /* A node holds an object once, so the next entry of its holdings never
      * belongs to the object dropped here. */
     cfx_list_for_each_safe(pos, tmp, &n->holdings) {
@@ -1323,40 +1220,17 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c)
 {
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &co->del_waits) {
-        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, link);
-        if (w->conn == c) {
-            cfx_list_del(&w->link);
-            free(w->wait);
-            free(w);
-        }
-    }
-    while (!cfx_list_empty(&c->parked)) {
-        struct coord_parked *p = cfx_list_entry(c->parked.next, struct coord_parked, conn_link);
-        parked_free(co, p);
-    }
+    cfx__coord_waits_conn_gone(co, c);
 }
 
 void cfx__coord_dir_fini(struct cfx_coord *co)
 {
     if (!co->buckets)
         return;
-    while (!cfx_list_empty(&co->del_waits)) {
-        struct coord_del_wait *w = cfx_list_entry(co->del_waits.next, struct coord_del_wait,
-                                                  link);
-        cfx_list_del(&w->link);
-        free(w->wait);
-        free(w);
-    }
-    while (!cfx_list_empty(&co->parked)) {
-        struct coord_parked *p = cfx_list_entry(co->parked.next, struct coord_parked, link);
-        cfx_list_del(&p->link);
-        cfx_list_del(&p->conn_link);
-        free(p);
-    }
+    cfx__coord_waits_fini(co);
     while (!cfx_list_empty(&co->objects))
         obj_drop(co, cfx_list_entry(co->objects.next, struct coord_obj, link));
+    cfx__coord_dir_index_fini(co);
     free(co->buckets);
     co->buckets = NULL;
 }

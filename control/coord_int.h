@@ -8,6 +8,7 @@
 #define CFX_CONTROL_COORD_INT_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "control/auth.h"
@@ -18,12 +19,21 @@
 #include "control/proto.h"
 #include "dataplane/common/list.h"
 
-#define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection may hold */
+#define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection (one member)
+                                             * may hold; task waits alike */
+#define COORD_PARKED_SHARE_MIN 256          /* ... and at least this of its share of
+                                             * max_parked (coord_waits.c) */
+#define COORD_DEL_WAITS_PER_CONN 1024       /* deletes one connection may have waiting
+                                             * for holders' acknowledgements */
+#define COORD_DEL_WAIT_MARGIN_MS 1000       /* a waiting delete is answered at the latest
+                                             * dead_after_ms plus this after it began */
+#define COORD_DEL_WAIT_BUCKETS 1024         /* index of waiting deletes by token */
 #define COORD_OUTQ_MAX        (64u << 20)   /* default max_conn_outq: queued reply bytes
                                              * before a reader is "too slow" */
 #define COORD_CONNS_MAX       4096          /* default max_conns: open connections */
 #define COORD_UNAUTH_MAX      256           /* default max_unauth_conns */
 #define COORD_NODE_OBJECTS_MAX (1u << 20)   /* default max_node_objects */
+#define COORD_OBJECTS_MAX     (1u << 22)    /* default max_objects: directory entries in all */
 #define COORD_NODE_BYTES_MAX  (256ull << 20) /* default max_node_bytes */
 #define COORD_PARKED_MAX      65536         /* default max_parked */
 #define COORD_DEAD_KEEP       1024          /* dead node records kept for listings, at most */
@@ -49,6 +59,9 @@
                                              * repeated submissions wait this long at
                                              * most for workers to re-announce */
 #define COORD_PLACE_RESERVE_MS 2000         /* a placement query's reservation, by default */
+#define COORD_PLACE_RESERVE_MAX_MS 300000   /* ... and at most (a longer one is refused) */
+#define COORD_NODE_QUERIES_MAX 128          /* placement queries' reservations one node
+                                             * holds at once */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */
 
 enum coord_conn_state {
@@ -86,6 +99,8 @@ struct coord_conn {
     struct coord_node *node;    /* member record once joined */
     struct cfx_list parked;     /* struct coord_parked.conn_link */
     uint32_t nparked;
+    uint32_t ntask_waits;       /* struct coord_task_wait of it (coord->task_waits) */
+    uint32_t ndel_waits;        /* struct coord_del_wait of it (coord->del_waits) */
     struct cfx_list node_waits; /* struct coord_node_wait.conn_link */
     uint32_t nnode_waits;
     struct cfx_ev_timer resume; /* parses the rest of in[] after a disk write */
@@ -109,6 +124,8 @@ struct coord_node {
     struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
     uint8_t rejoined;           /* took back its id of before the restart: the process that
                                  * held that id then (a hint naming the id means it) */
+    uint32_t nqueries;          /* placement queries' reservations it asked for, live
+                                 * (COORD_NODE_QUERIES_MAX) */
 };
 
 /* What a node that registered task functions offers, and what is reserved
@@ -119,9 +136,10 @@ struct coord_worker {
     uint32_t cores;             /* offered */
     uint32_t gpus;
     uint64_t memory;
-    uint32_t res_cores;         /* reserved by live reservations */
-    uint32_t res_gpus;
-    uint64_t res_memory;
+    uint64_t res_cores;         /* reserved by live reservations (64 bits: a sum of u32s
+                                 * never wraps) */
+    uint64_t res_gpus;
+    uint64_t res_memory;        /* ... a re-announced run may push it past memory */
     uint32_t nres;              /* live reservations on it (max_node_tasks) */
     uint8_t announced;          /* it said it re-announced every task it holds */
 };
@@ -140,6 +158,8 @@ struct coord_resv {
     uint64_t run_id;            /* task NULL: a run its node goes on with after the task
                                  * ended for its waiter (deadline) or moved; held until the
                                  * node reports that run's end or dies (0: a query's) */
+    uint32_t asker;             /* a query's: the node that asked (freed when it dies or
+                                 * leaves); 0 otherwise */
 };
 
 enum coord_task_state {
@@ -176,7 +196,7 @@ struct coord_task {
 /* A TASK_WAIT parked until its task ends or its timeout. */
 struct coord_task_wait {
     struct cfx_list link;       /* coord->task_waits */
-    struct coord_conn *conn;
+    struct coord_conn *conn;    /* conn->ntask_waits counts it */
     uint64_t req_id;
     uint64_t task_id;
     uint64_t deadline_ns;       /* UINT64_MAX: none */
@@ -185,6 +205,8 @@ struct coord_task_wait {
 struct coord_obj {
     struct cfx_list hash_link;  /* bucket */
     struct cfx_list link;       /* coord->objects, insertion order */
+    uint64_t seq;               /* insertion order: the listing cursor (coord->obj_index) */
+    uint32_t index_at;          /* its slot in coord->obj_index */
     struct cfx_object_id id;
     uint64_t size;
     uint32_t chunk_size;
@@ -215,7 +237,7 @@ struct coord_holder {
 };
 
 struct coord_parked {
-    struct cfx_list link;       /* coord->parked, oldest first */
+    struct cfx_list link;       /* bucket of coord->parked by id, oldest first */
     struct cfx_list conn_link;  /* conn->parked */
     struct cfx_ev_timer timer;  /* the lookup's deadline */
     struct coord_conn *conn;    /* requester (a joined node) */
@@ -232,10 +254,12 @@ struct coord_parked {
 /* A putter's delete whose reply waits until every live holder of the
  * object said it dropped its copy (EV_OBJ_GONE -> OBJ_GONE_ACK), or died. */
 struct coord_del_wait {
-    struct cfx_list link;       /* coord->del_waits */
+    struct cfx_list link;       /* bucket of coord->del_waits by token */
+    struct cfx_ev_timer timer;  /* the deadline: dead_after_ms + COORD_DEL_WAIT_MARGIN_MS */
     struct coord_conn *conn;    /* the putter's connection, to reply on */
     uint64_t req_id;            /* its OBJ_DELETE */
     uint64_t token;             /* the events' req_id, echoed by the acks */
+    struct cfx_object_id id;    /* the object withdrawn (for the deadline's answer) */
     uint32_t nwait;             /* holders still to answer */
     uint32_t *wait;             /* their node ids (nwait of them) */
 };
@@ -303,6 +327,7 @@ struct cfx_coord {
     uint32_t max_node_objects;
     uint64_t max_node_bytes;
     uint32_t max_parked;
+    uint32_t max_objects;       /* directory entries in all */
     uint32_t max_unauth_conns;
     uint32_t max_conns;
     uint64_t max_conn_outq;
@@ -346,8 +371,21 @@ struct cfx_coord {
     uint32_t nobjects;
     struct cfx_list objects;
     uint64_t inline_bytes;
-    struct cfx_list parked;     /* struct coord_parked */
-    struct cfx_list del_waits;  /* struct coord_del_wait */
+    /* entries in insertion order (seq), so that a listing's cursor is
+     * found by a binary search; a dropped object leaves a hole (o NULL)
+     * until the holes are compacted away (coord_dir_index.c) */
+    struct coord_obj_slot {
+        uint64_t seq;
+        struct coord_obj *o;
+    } *obj_index;
+    uint32_t obj_index_len;     /* slots used, holes included */
+    uint32_t obj_index_cap;
+    uint32_t obj_index_holes;
+    uint64_t obj_seq;           /* last seq handed out */
+    struct cfx_list *parked;    /* struct coord_parked by id hash (coord_waits.c) */
+    uint32_t nparked_buckets;   /* power of two */
+    uint64_t parked_seed;       /* keys the hash: ids are the peers' to choose */
+    struct cfx_list *del_waits; /* struct coord_del_wait by token, COORD_DEL_WAIT_BUCKETS */
     uint64_t next_token;        /* last EV_OBJ_GONE token handed out */
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
@@ -467,6 +505,46 @@ void cfx__coord_dir_progress(struct cfx_coord *co, struct coord_node *n,
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);
 /* A connection closes or stops being a member: drop its parked lookups. */
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c);
+
+/* coord_waits.c: what the directory parks, indexed so that an event
+ * touches its own waiters only: lookups waiting for a holder of an id (by
+ * id, keyed hash) and deletes waiting for holders' acknowledgements (by
+ * token).  Each has a deadline and caps per connection and in all. */
+int cfx__coord_waits_init(struct cfx_coord *co);
+void cfx__coord_waits_fini(struct cfx_coord *co);
+/* The most parked lookups, or task waits, one connection may hold now:
+ * COORD_PARKED_PER_CONN, or less, its share of max_parked among the live
+ * members (at least COORD_PARKED_SHARE_MIN), so that a few members cannot
+ * take the whole budget. */
+uint32_t cfx__coord_wait_share(struct cfx_coord *co);
+/* Park @p m (an OBJ_LOOKUP with a timeout) of @p c; when a cap refuses it
+ * (or memory runs out) @p c is answered and NULL returned. */
+struct coord_parked *cfx__coord_parked_add(struct cfx_coord *co, struct coord_conn *c,
+                                           const struct cfx_msg *m);
+void cfx__coord_parked_free(struct cfx_coord *co, struct coord_parked *p);
+/* The bucket that holds the lookups parked for @p id (others too: compare). */
+struct cfx_list *cfx__coord_parked_bucket(struct cfx_coord *co, const struct cfx_object_id *id);
+/* True (and @p c answered) when @p c may not have one more delete waiting. */
+bool cfx__coord_del_waits_full(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                               const struct cfx_object_id *id);
+/* A waiting delete for up to @p nholders acknowledgements, or NULL (no memory). */
+struct coord_del_wait *cfx__coord_del_wait_new(struct cfx_coord *co, struct coord_conn *c,
+                                               uint64_t req_id, const struct cfx_object_id *id,
+                                               uint32_t nholders);
+/* The events are sent: wait (deadline armed) when some holder is to
+ * answer, else answer the delete now. */
+void cfx__coord_del_wait_start(struct cfx_coord *co, struct coord_del_wait *w);
+/* Node @p node died or left: deletes stop waiting for it. */
+void cfx__coord_del_waits_node_gone(struct cfx_coord *co, uint32_t node);
+/* Drop @p c's parked lookups and waiting deletes (it closes or stops
+ * being a member). */
+void cfx__coord_waits_conn_gone(struct cfx_coord *co, struct coord_conn *c);
+
+/* coord_dir_index.c: the directory's entries in insertion order, for the
+ * OBJECTS listing (cursor found in O(log n)). */
+int cfx__coord_dir_index_add(struct cfx_coord *co, struct coord_obj *o);
+void cfx__coord_dir_index_del(struct cfx_coord *co, struct coord_obj *o);
+void cfx__coord_dir_index_fini(struct cfx_coord *co);
 
 /* coord_task.c */
 void cfx__coord_task_init(struct cfx_coord *co);

@@ -76,11 +76,20 @@ static int group_taken(struct cfx_coord *co, const struct cfx_msg_task *t, uint3
     return 0;
 }
 
+/* Does @p need fit in what is left of @p offer, @p used taken?  Written so
+ * that nothing wraps: a worker may offer UINT32_MAX cores, a task ask for
+ * 2^64-1 bytes, and a re-announced run (adopted, never refused) may have
+ * pushed what is taken past the offer. */
+static int fits(uint64_t offer, uint64_t used, uint64_t need)
+{
+    return used <= offer && need <= offer - used;
+}
+
 static int has_room(struct cfx_coord *co, const struct coord_worker *w,
                     const struct cfx_msg_task *t, uint32_t node_id)
 {
-    return w->res_cores + t->cores <= w->cores && w->res_gpus + t->gpus <= w->gpus &&
-           w->res_memory + t->memory <= w->memory && w->nres < co->max_node_tasks &&
+    return fits(w->cores, w->res_cores, t->cores) && fits(w->gpus, w->res_gpus, t->gpus) &&
+           fits(w->memory, w->res_memory, t->memory) && w->nres < co->max_node_tasks &&
            !group_taken(co, t, node_id);
 }
 
@@ -223,8 +232,12 @@ struct coord_resv *cfx__coord_resv_take(struct cfx_coord *co, struct coord_node 
     r->memory = t->memory;
     snprintf(r->group, sizeof(r->group), "%s", t->group);
     r->expires_ns = expires_ns;
-    n->worker->res_cores += r->cores;
+    n->worker->res_cores += r->cores; /* 64 bits: at most max_node_tasks u32s */
     n->worker->res_gpus += r->gpus;
+    /* a re-announced run is taken whatever it says it holds (it runs): its
+     * memory saturates rather than wrap what has_room compares */
+    if (r->memory > UINT64_MAX - n->worker->res_memory)
+        r->memory = UINT64_MAX - n->worker->res_memory;
     n->worker->res_memory += r->memory;
     n->worker->nres++;
     cfx_list_add_tail(&r->link, &co->resvs);
@@ -242,6 +255,11 @@ void cfx__coord_resv_free(struct cfx_coord *co, struct coord_resv *r)
         n->worker->res_gpus -= r->gpus;
         n->worker->res_memory -= r->memory;
         n->worker->nres--;
+    }
+    if (r->asker) {
+        struct coord_node *a = cfx__coord_node_find(co, r->asker);
+        if (a && a->nqueries)
+            a->nqueries--;
     }
     if (r->task)
         r->task->resv = NULL;

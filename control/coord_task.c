@@ -80,6 +80,14 @@ void cfx__coord_task_init(struct cfx_coord *co)
     co->max_queued_tasks = co->max_queued_tasks ? co->max_queued_tasks : COORD_QUEUED_TASKS_MAX;
 }
 
+static void task_wait_free(struct cfx_coord *co, struct coord_task_wait *w)
+{
+    cfx_list_del(&w->link);
+    w->conn->ntask_waits--;
+    co->ntask_waits--;
+    free(w);
+}
+
 static void task_free(struct coord_task *t)
 {
     free(t->arg);
@@ -90,10 +98,7 @@ void cfx__coord_task_fini(struct cfx_coord *co)
 {
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
-        struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
-        cfx_list_del(&w->link);
-        free(w);
-        co->ntask_waits--;
+        task_wait_free(co, cfx_list_entry(pos, struct coord_task_wait, link));
     }
     cfx_list_for_each_safe(pos, tmp, &co->resvs)
         cfx__coord_resv_free(co, cfx_list_entry(pos, struct coord_resv, link));
@@ -238,9 +243,7 @@ static void task_end_run(struct cfx_coord *co, struct coord_task *t, int status,
         if (w->task_id != t->id)
             continue;
         reply_task(w->conn, w->req_id, t, status);
-        cfx_list_del(&w->link);
-        free(w);
-        co->ntask_waits--;
+        task_wait_free(co, w);
     }
     while (co->ntasks_done > COORD_TASKS_DONE_KEEP) {
         struct coord_task *old = cfx_list_entry(co->tasks_done.next, struct coord_task, link);
@@ -538,20 +541,43 @@ void cfx__coord_task_place(struct cfx_coord *co, struct coord_conn *c, const str
     char why[CFX_PROTO_TEXT_MAX - 64];
     uint32_t ms = m->u.task.reserve_ms ? m->u.task.reserve_ms : COORD_PLACE_RESERVE_MS;
     bool data = m->u.task.flags & CFX_PROTO_TASK_DATA;
-    int rc = data ? cfx__coord_place_data(co, &m->u.task, c->node ? c->node->rec.node_id : 0, &n,
-                                          why, sizeof(why))
+    struct coord_node *asker = c->node;
+    const char *what = data ? "data" : m->u.task.name[0] ? m->u.task.name : "(any)";
+
+    /* A query's reservation holds a worker's capacity away from every
+     * other member: for a bounded time, and so many at once per asker (it
+     * goes when the asker dies or leaves: cfx__coord_task_node_gone). */
+    if (!data && ms > COORD_PLACE_RESERVE_MAX_MS) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_INVALID, "placement of '%s' by node %u: "
+                             "reserve_ms %u is above the cap of %u ms", what,
+                             asker->rec.node_id, ms, COORD_PLACE_RESERVE_MAX_MS);
+        return;
+    }
+    if (!data && asker->nqueries >= COORD_NODE_QUERIES_MAX) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "placement of '%s': node %u "
+                             "holds %u placement reservations, the cap of a node (they expire "
+                             "after their reserve_ms)", what, asker->rec.node_id,
+                             asker->nqueries);
+        return;
+    }
+    int rc = data ? cfx__coord_place_data(co, &m->u.task, asker->rec.node_id, &n, why,
+                                          sizeof(why))
                   : cfx__coord_place(co, &m->u.task, 0, &n, why, sizeof(why));
 
     if (rc != CFX_OK) {
-        cfx__coord_reply_err(c, m->req_id, rc, "placement of '%s': %s",
-                             data ? "data" : m->u.task.name[0] ? m->u.task.name : "(any)", why);
+        cfx__coord_reply_err(c, m->req_id, rc, "placement of '%s': %s", what, why);
         return;
     }
     uint64_t until = cfx__now_ns() + (uint64_t)ms * 1000000ull;
-    if (!data && !cfx__coord_resv_take(co, n, &m->u.task, until)) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
-                             co->addr);
-        return;
+    if (!data) {
+        struct coord_resv *r = cfx__coord_resv_take(co, n, &m->u.task, until);
+        if (!r) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOMEM, "coordinator %s: no memory",
+                                 co->addr);
+            return;
+        }
+        r->asker = asker->rec.node_id;
+        asker->nqueries++;
     }
     struct cfx_msg r = { .type = CFX_MSG_TASK_REPLY, .req_id = m->req_id };
     r.u.task_st.node_id = n->rec.node_id;
@@ -573,9 +599,21 @@ void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const stru
         reply_task(c, m->req_id, t, t->state == COORD_TASK_DONE ? t->status : CFX_ERR_AGAIN);
         return;
     }
+    /* as parked lookups: a connection's share, then the budget of all
+     * (coord_waits.c) */
+    uint32_t share = cfx__coord_wait_share(co);
+    if (c->ntask_waits >= share) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "coordinator %s: node %u "
+                             "already waits for %u tasks, its cap (%u: at most %u a member, "
+                             "or its share of max_parked %u among %u live members)", co->addr,
+                             c->node->rec.node_id, c->ntask_waits, share,
+                             COORD_PARKED_PER_CONN, co->max_parked, co->nodes_alive);
+        return;
+    }
     if (co->ntask_waits >= co->max_parked) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE, "coordinator %s: %u task "
-                             "waits parked, the max_parked cap", co->addr, co->ntask_waits);
+                             "waits parked, the max_parked cap; node %u's wait refused",
+                             co->addr, co->ntask_waits, c->node->rec.node_id);
         return;
     }
     w = calloc(1, sizeof(*w));
@@ -591,6 +629,7 @@ void cfx__coord_task_wait(struct cfx_coord *co, struct coord_conn *c, const stru
                          ? UINT64_MAX
                          : cfx__now_ns() + (uint64_t)m->u.task_st.timeout_ms * 1000000ull;
     cfx_list_add_tail(&w->link, &co->task_waits);
+    c->ntask_waits++;
     co->ntask_waits++;
 }
 
@@ -723,9 +762,7 @@ void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now)
         if (w->deadline_ns > now || !t)
             continue;
         reply_task(w->conn, w->req_id, t, CFX_ERR_AGAIN);
-        cfx_list_del(&w->link);
-        free(w);
-        co->ntask_waits--;
+        task_wait_free(co, w);
     }
     while (co->ntasks_done) {
         struct coord_task *old = cfx_list_entry(co->tasks_done.next, struct coord_task, link);
@@ -773,8 +810,21 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
                  t->state == COORD_TASK_PLACED ? "ended" : "was placed");
         task_end(co, t, CFX_ERR_PEER_FAILED, text);
     }
-    if (!n->worker)
+    /* The placement queries it asked: nobody will submit their tasks, and
+     * their capacity was held away from every other member until expiry. */
+    int freed = 0;
+    cfx_list_for_each_safe(pos, tmp, &co->resvs) {
+        struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
+        if (r->asker == dead && !r->task) {
+            cfx__coord_resv_free(co, r);
+            freed = 1;
+        }
+    }
+    if (!n->worker) {
+        if (freed)
+            retry_queue(co);
         return;
+    }
     cfx_list_for_each_safe(pos, tmp, &co->resvs) {
         struct coord_resv *r = cfx_list_entry(pos, struct coord_resv, link);
         if (r->node_id == dead && !r->task)
@@ -992,10 +1042,7 @@ void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c)
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &co->task_waits) {
         struct coord_task_wait *w = cfx_list_entry(pos, struct coord_task_wait, link);
-        if (w->conn == c) {
-            cfx_list_del(&w->link);
-            free(w);
-            co->ntask_waits--;
-        }
+        if (w->conn == c)
+            task_wait_free(co, w);
     }
 }

@@ -4,7 +4,8 @@
  *   conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]
  *                 [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
- *                 [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]
+ *                 [--max-nodes N] [--max-node-objects N] [--max-objects N]
+ *                 [--max-node-bytes SIZE]
  *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
  *                 [--max-conn-outq SIZE] [--max-node-tasks N] [--max-queued-tasks N]
  *                 [--task-grace-ms N] [--metrics [ADDR:]PORT] [--secure MODE]
@@ -41,7 +42,8 @@ static void usage(FILE *f)
             "usage: conflux-coord [--bind ADDR] [--port N] [--token T | --token-file F]\n"
             "                     [--heartbeat-ms N] [--dead-after-ms N] [--fanout N]\n"
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
-            "                     [--max-nodes N] [--max-node-objects N] [--max-node-bytes SIZE]\n"
+            "                     [--max-nodes N] [--max-node-objects N] [--max-objects N]\n"
+            "                     [--max-node-bytes SIZE]\n"
             "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
             "                     [--max-conn-outq SIZE] [--max-node-tasks N]\n"
             "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
@@ -69,9 +71,13 @@ static void usage(FILE *f)
             "                      reconnecting nodes their ids back when free\n"
             "  --max-node-objects N  directory entries (objects put or held) one node may\n"
             "                      have, 1..2147483647 (default 1048576)\n"
+            "  --max-objects N     directory entries of all nodes together, 1..2147483647\n"
+            "                      (default 4194304); a put of a new id beyond is refused\n"
             "  --max-node-bytes SIZE inline bytes stored for one node's puts (default 256M)\n"
             "  --max-parked N      lookups waiting for a holder, all nodes together\n"
-            "                      (default 65536; 4096 per connection in any case)\n"
+            "                      (default 65536); one member holds at most 4096, or its\n"
+            "                      share among the live members (at least 256); task\n"
+            "                      waits are capped alike\n"
             "  --max-unauth-conns N connections not yet authenticated (default 256)\n"
             "  --max-conns N       connections in all (default 4096)\n"
             "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
@@ -115,6 +121,7 @@ int main(int argc, char **argv)
         { "state-dir", required_argument, NULL, 'd' },
         { "max-nodes", required_argument, NULL, 'N' },
         { "max-node-objects", required_argument, NULL, 'O' },
+        { "max-objects", required_argument, NULL, 'o' },
         { "max-node-bytes", required_argument, NULL, 'B' },
         { "max-parked", required_argument, NULL, 'P' },
         { "max-unauth-conns", required_argument, NULL, 'U' },
@@ -208,6 +215,11 @@ int main(int argc, char **argv)
             if (tool_arg_int(PROG, "--max-node-objects", optarg, 1, INT_MAX, "a count", &v))
                 return TOOL_EXIT_USAGE;
             params.max_node_objects = (uint32_t)v;
+            break;
+        case 'o':
+            if (tool_arg_int(PROG, "--max-objects", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_objects = (uint32_t)v;
             break;
         case 'T':
             if (tool_arg_int(PROG, "--max-node-tasks", optarg, 1, INT_MAX, "a count", &v))

@@ -130,7 +130,8 @@ struct cfx_task_needs {
     const char *group;                  /* anti-affinity: never on a node that runs a
                                            task of the same group (NULL: none) */
     int reserve_ms;                     /* cfx_place(): how long its reservation holds
-                                           (default 2000 ms) */
+                                           (default 2000 ms, at most 300000: a longer
+                                           one is CFX_ERR_INVALID) */
 };
 
 enum cfx_task_param_field {
@@ -197,8 +198,10 @@ CFX_API void cfx_task_free(struct cfx_task *task);
  * Answer where a task with these needs and inputs would run, without running
  * anything.  The answer holds a reservation on that node for
  * needs->reserve_ms (default 2000 ms), so that concurrent queries spread as
- * concurrent tasks would; it expires by itself.  When @p name is NULL every
- * node that registered any function is a candidate.
+ * concurrent tasks would; it expires by itself, or when the asking node
+ * leaves.  A reserve_ms over 300000 is CFX_ERR_INVALID; a node holds at
+ * most 128 such reservations at once (then CFX_ERR_NO_RESOURCE).  When
+ * @p name is NULL every node that registered any function is a candidate.
  * @return CFX_OK with *out_node set; CFX_ERR_NO_RESOURCE when no node could
  *         ever meet the needs; CFX_ERR_BUSY when candidates exist but all
  *         are taken now; CFX_ERR_NOT_FOUND when no live node registered

@@ -128,6 +128,7 @@ void start_coord(void)
         .max_node_objects = caps.max_node_objects,
         .max_node_bytes = caps.max_node_bytes,
         .max_parked = caps.max_parked,
+        .max_objects = caps.max_objects,
         .max_unauth_conns = caps.max_unauth_conns,
         .state_dir = caps.state_dir,
         .test_fsync_delay_ms = caps.test_fsync_delay_ms,

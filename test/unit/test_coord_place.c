@@ -639,3 +639,129 @@ Test(placecap, reannouncements_and_held_repeats_are_capped)
     cr_assert(strstr(cfx_last_error(), "registered no function"), "%s", cfx_last_error());
     cfx__ctl_close(idle.c);
 }
+
+/*
+ * A placement query's reservation holds a worker's capacity away from
+ * every other member, so it is bounded: a reserve_ms above
+ * COORD_PLACE_RESERVE_MAX_MS is refused (CFX_ERR_INVALID naming the cap),
+ * and the reservations go with the member that asked when it leaves.
+ * Before, a member could reserve every core for 49 days and leave, and
+ * every other placement was CFX_ERR_BUSY for that long.
+ */
+Test(place, query_reservations_are_bounded_and_go_with_their_asker)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    struct worker asker = { 0 };
+    member_open(&asker, "asker", 0);
+
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.reserve_ms = 0xffffffffu;
+    cr_assert_eq(ask(asker.c, &m, &st), CFX_ERR_INVALID);
+    char want[64];
+    snprintf(want, sizeof(want), "cap of %u ms", 300000u);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+
+    /* the asker takes every core of the three workers (4 each), for the
+     * longest time allowed */
+    for (int i = 0; i < 12; i++) {
+        task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+        m.u.task.reserve_ms = 300000;
+        cr_assert_eq(ask(asker.c, &m, &st), CFX_OK, "query %d: %s", i, cfx_last_error());
+    }
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_ERR_BUSY);
+
+    /* it leaves: its reservations go with it */
+    worker_close(&asker);
+    cr_assert_eq(cfx__coord_wait_members(coord, 3, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    for (int i = 0; i < 12; i++) {
+        task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+        cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "query %d: %s", i, cfx_last_error());
+    }
+}
+
+/* One member holds so many live query reservations at once
+ * (COORD_NODE_QUERIES_MAX, 128): queries asking for nothing but a slot
+ * fill 128 of the 192 slots, and the next is refused naming the cap. */
+Test(place, query_reservations_per_member_are_capped)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    for (int i = 0; i < 128; i++) {
+        task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+        m.u.task.cores = 0;
+        cr_assert_eq(ask(W[2].c, &m, &st), CFX_OK, "query %d: %s", i, cfx_last_error());
+    }
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.cores = 0;
+    cr_assert_eq(ask(W[2].c, &m, &st), CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(cfx_last_error(), "128 placement reservations"), "%s", cfx_last_error());
+    /* another member still places */
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.cores = 0;
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+}
+
+/*
+ * Task waits per connection: one member parks its share of max_parked
+ * (here COORD_PARKED_PER_CONN, 4096: 3 members of 65536) and its next wait
+ * is refused naming it; another member's wait still parks (it times out
+ * with CFX_ERR_AGAIN, as a parked wait does).  Before, one connection
+ * could park all 65536 and every other member's wait was refused.
+ */
+Test(place, task_waits_per_connection_are_capped)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    m.u.task.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    uint64_t task = st.task_id;
+    for (int i = 0; i < 4096; i++) {
+        struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+        w.u.task_st.task_id = task;
+        w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+        cr_assert_eq(cfx__ctl_send_nowait(W[2].c, &w, "wait"), CFX_OK, "%s", cfx_last_error());
+    }
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = task;
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[2].c, &w, &st), CFX_ERR_NO_RESOURCE);
+    char want[64];
+    snprintf(want, sizeof(want), "node %u already waits for 4096 tasks", W[2].id);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    w.u.task_st.timeout_ms = 1;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_AGAIN, "%s", cfx_last_error());
+}
+
+/* A worker offering UINT32_MAX cores took reservations without end: what
+ * was reserved plus what a task asks wrapped and always fitted.  Now
+ * 64 cores asked of a worker with UINT32_MAX - 10 reserved do not fit. */
+Test(place, reserved_plus_asked_does_not_wrap)
+{
+    struct worker big = { 0 };
+    member_open(&big, "big", 0);
+    struct cfx_msg r = { .type = CFX_MSG_TASK_REG };
+    snprintf(r.u.task_reg.name, sizeof(r.u.task_reg.name), "g");
+    r.u.task_reg.cores = 0xffffffffu;
+    r.u.task_reg.memory = UINT64_MAX;
+    cr_assert_eq(cfx__ctl_request(big.c, &r, cfx__deadline_ns(CALL_MS), "reg", CFX_MSG_OK, NULL,
+                                  NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    snprintf(m.u.task.name, sizeof(m.u.task.name), "g");
+    m.u.task.cores = 0xffffffffu - 10;
+    m.u.task.memory = UINT64_MAX - 10;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, big.id);
+    m.u.task.cores = 64;
+    m.u.task.memory = 0;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_BUSY, "%s", cfx_last_error());
+    m.u.task.cores = 0;
+    m.u.task.memory = 64;
+    cr_assert_eq(ask(W[0].c, &m, &st), CFX_ERR_BUSY, "%s", cfx_last_error());
+    worker_close(&big);
+}
