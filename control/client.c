@@ -851,8 +851,12 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
  * any order), or closed the connection without a word (it shed us at its
  * file-descriptor or connection limit, or is going down for a restart),
  * tries again with backoff until @p deadline; the last error names the
- * coordinator and how long it was tried.  A refusal the coordinator gives
- * (token, version, a named cap) is final.  ADMIN clients (rdmactl) try once.
+ * coordinator and how long it was tried.  So does one refused at a
+ * connection cap during the handshake (CFX_ERR_NO_RESOURCE naming
+ * max_conns, max_unauth_per_ip or max_unauth_conns): those are transient,
+ * handshakes end within a round trip, and a burst of ranks on one host can
+ * meet the per-source cap.  Any other refusal (token, version, mode) is
+ * final.  ADMIN clients (rdmactl) try once.
  */
 static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *params,
                          uint64_t deadline)
@@ -862,6 +866,7 @@ static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *param
     int rc;
 
     char why[CFX_PROTO_TEXT_MAX] = "";
+    int why_rc = CFX_ERR_CONNECT; /* the status of the refusal in why */
 
     for (;;) {
         attempts++;
@@ -874,17 +879,20 @@ static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *param
         /* the deadline ran out in an attempt after refusals: the refusal is
          * the news, not the last attempt's timeout */
         if (rc == CFX_ERR_TIMEOUT && why[0])
-            rc = CFX_ERR_CONNECT;
-        else if (rc != CFX_ERR_CONNECT || ctl->role != CFX_CTL_ROLE_NODE)
+            rc = why_rc;
+        else if ((rc != CFX_ERR_CONNECT && rc != CFX_ERR_NO_RESOURCE) ||
+                 ctl->role != CFX_CTL_ROLE_NODE)
             return rc;
-        else
+        else {
             snprintf(why, sizeof(why), "%s", cfx_last_error());
+            why_rc = rc;
+        }
         if (ctl->fd >= 0)
             close(ctl->fd);
         ctl->fd = -1;
         int left = cfx__ms_left(deadline);
         if (left == 0)
-            return cfx__err(CFX_ERR_CONNECT, "%s (tried %d times for %llu ms)", why, attempts,
+            return cfx__err(why_rc, "%s (tried %d times for %llu ms)", why, attempts,
                             (unsigned long long)((cfx__now_ns() - t0) / 1000000ull));
         if (attempts == 1)
             CFX_LOG(INFO, CTL, "%s; retrying until the deadline (%d ms left)", why, left);

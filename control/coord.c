@@ -34,8 +34,25 @@
 
 #define IN_BUF_INITIAL (16u * 1024)
 
+/* Bytes @p c holds that count against max_buffered: replies queued, and its
+ * input buffer beyond the first size (every connection has that much). */
+static uint64_t conn_held(const struct coord_conn *c)
+{
+    return (uint64_t)c->out_bytes + (c->in_cap > IN_BUF_INITIAL ? c->in_cap - IN_BUF_INITIAL : 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Output                                                                    */
+
+/* Ask the loop for what @p c waits on: its requests unless paused, and
+ * writability while replies are queued. */
+static void conn_want(struct coord_conn *c)
+{
+    unsigned ev = c->out_paused ? 0 : CFX_EV_READ;
+    if (!cfx_list_empty(&c->outq))
+        ev |= CFX_EV_WRITE;
+    cfx__ev_io_set(c->coord->loop, &c->io, ev);
+}
 
 static void conn_flush(struct coord_conn *c)
 {
@@ -47,10 +64,8 @@ static void conn_flush(struct coord_conn *c)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                cfx__ev_io_set(co->loop, &c->io, CFX_EV_READ | CFX_EV_WRITE);
-                return;
-            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
             CFX_LOG(INFO, CTL, "connection %s: send: %s", c->peer, strerror(errno));
             c->send_failed = 1;
             cfx__coord_conn_fail(c);
@@ -58,13 +73,26 @@ static void conn_flush(struct coord_conn *c)
         }
         f->off += (size_t)n;
         c->out_bytes -= (size_t)n;
+        if (!c->failing)
+            co->buffered -= (uint64_t)n;
         if (f->off == f->len) {
             cfx_list_del(&f->link);
             free(f);
         }
     }
-    cfx__ev_io_set(co->loop, &c->io, CFX_EV_READ);
-    if (c->close_after_flush)
+    if (c->out_paused && c->out_bytes <= COORD_OUTQ_PAUSE / 2) {
+        /* Its replies drained (half the mark: no flapping on every frame):
+         * its requests are read again, first those already in in[] (parsed
+         * from the resume timer, not from here: a send to it may come from
+         * deep inside another connection's dispatch). */
+        c->out_paused = 0;
+        if (c->in_len && !c->parse_deferred) {
+            c->parse_deferred = 1;
+            cfx__ev_timer_start(co->loop, &c->resume, cfx__now_ns());
+        }
+    }
+    conn_want(c);
+    if (cfx_list_empty(&c->outq) && c->close_after_flush)
         cfx__coord_conn_fail(c);
 }
 
@@ -109,6 +137,7 @@ void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
     int was_empty = cfx_list_empty(&c->outq);
     cfx_list_add_tail(&f->link, &c->outq);
     c->out_bytes += f->len;
+    c->coord->buffered += f->len; /* max_buffered is checked after the batch (budget_check) */
     if (was_empty)
         conn_flush(c);
 }
@@ -135,10 +164,53 @@ void cfx__coord_reply_err(struct coord_conn *c, uint64_t req_id, int status, con
 /* ------------------------------------------------------------------------ */
 /* Connection lifetime                                                       */
 
+/* Source-address hash bucket of @p ip, keyed at random at start so that a
+ * peer cannot choose addresses that share one. */
+static struct cfx_list *ip_bucket(struct cfx_coord *co, uint32_t ip)
+{
+    uint64_t h = ((uint64_t)ip ^ co->ip_key[0]) * (co->ip_key[1] | 1);
+    return &co->unauth_ip[(h >> 32) & (COORD_UNAUTH_BUCKETS - 1)];
+}
+
+/* Connections from @p ip not yet authenticated. */
+static uint32_t unauth_from(struct cfx_coord *co, uint32_t ip)
+{
+    struct cfx_list *pos, *b = ip_bucket(co, ip);
+    uint32_t n = 0;
+    cfx_list_for_each(pos, b)
+        n += cfx_list_entry(pos, struct coord_conn, ip_link)->ip == ip;
+    return n;
+}
+
+static void unauth_add(struct cfx_coord *co, struct coord_conn *c)
+{
+    c->unauth = 1;
+    co->nunauth++;
+    cfx_list_add_tail(&c->unauth_link, &co->unauth);
+    cfx_list_add_tail(&c->ip_link, ip_bucket(co, c->ip));
+}
+
+/* @p c no longer waits to authenticate: it did, or it is going. */
+static void unauth_drop(struct cfx_coord *co, struct coord_conn *c)
+{
+    if (!c->unauth)
+        return;
+    c->unauth = 0;
+    co->nunauth--;
+    cfx_list_del(&c->unauth_link);
+    cfx_list_del(&c->ip_link);
+}
+
+/* A failing connection stops counting against the caps at once, not when
+ * the hook closes it: an eviction makes room for the connection accepted
+ * next in the same batch, and max_buffered is not met again by bytes that
+ * are about to be freed. */
 void cfx__coord_conn_fail(struct coord_conn *c)
 {
     if (c->failing)
         return;
+    c->coord->buffered -= conn_held(c);
+    unauth_drop(c->coord, c);
     c->failing = 1;
     cfx_list_del(&c->link);
     cfx_list_add_tail(&c->link, &c->coord->closing);
@@ -219,21 +291,56 @@ static void conn_close(struct cfx_coord *co, struct coord_conn *c)
     }
     cfx_list_del(&c->link);
     co->nconns--;
-    if (c->state == COORD_CONN_AUTH)
-        co->nunauth--;
     CFX_LOG(DEBUG, CTL, "connection %s closed", c->peer);
     conn_free(c);
 }
 
-/* After every batch: close what failed.  Closing may fail more connections
- * (a node_dead event that cannot be sent), so drain until empty. */
+/*
+ * Over max_buffered: the connection holding the most (replies it does not
+ * read, a large frame on its way) is closed, then the next, until under.
+ * The one that holds the most is the one that costs the most, whoever queued
+ * the last byte.  Checked after the batch, not where bytes are queued: a
+ * fan-out may be walking the connections then, and a batch adds at most a
+ * few replies per connection (COORD_OUTQ_PAUSE) beyond the budget.
+ */
+static void budget_check(struct cfx_coord *co)
+{
+    while (co->buffered > co->max_buffered) {
+        struct coord_conn *big = NULL;
+        struct cfx_list *pos;
+        uint64_t most = 0;
+        cfx_list_for_each(pos, &co->conns) {
+            struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+            if (conn_held(c) > most) {
+                most = conn_held(c);
+                big = c;
+            }
+        }
+        if (!big)
+            break; /* not reached: what is counted belongs to an open connection */
+        CFX_LOG(WARN, CTL, "closing %s: it holds %zu reply bytes it has not read and a %zu byte "
+                "input buffer, the most of any connection, and all of them together %llu: "
+                "max_buffered (%llu B) reached", big->peer, big->out_bytes, big->in_cap,
+                (unsigned long long)co->buffered, (unsigned long long)co->max_buffered);
+        co->budget_closed++;
+        cfx__coord_conn_fail(big);
+    }
+}
+
+/* After every batch: enforce max_buffered, close what failed.  Closing may
+ * fail more connections (a node_dead event that cannot be sent) and queue
+ * more bytes, so go on until nothing is left to close. */
 static void after_batch(struct cfx_ev_loop *loop, void *arg)
 {
     struct cfx_coord *co = arg;
     (void)loop;
+    budget_check(co);
     while (!cfx_list_empty(&co->closing)) {
-        struct coord_conn *c = cfx_list_entry(co->closing.next, struct coord_conn, link);
-        conn_close(co, c);
+        while (!cfx_list_empty(&co->closing)) {
+            struct coord_conn *c = cfx_list_entry(co->closing.next, struct coord_conn, link);
+            conn_close(co, c);
+        }
+        budget_check(co);
     }
     cfx__coord_metrics_reap(co->metrics);
 }
@@ -288,7 +395,7 @@ static void handle_auth(struct cfx_coord *co, struct coord_conn *c, const struct
         return;
     }
     c->state = COORD_CONN_READY;
-    co->nunauth--;
+    unauth_drop(co, c);
     c->role = m->u.auth.role;
     CFX_LOG(DEBUG, CTL, "connection %s authenticated as %s (CFX_SECURE=%s)", c->peer,
             c->role == CFX_CTL_ROLE_ADMIN ? "admin" : "node", cfx__seal_mode_name(co->secure));
@@ -512,8 +619,18 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
 {
     size_t off = 0;
 
+    c->frame_need = 0;
     while (!c->failing && !c->close_after_flush && c->in_len - off >= CFX_PROTO_HDR_LEN) {
         struct cfx_msg_hdr h;
+        if (c->out_bytes > COORD_OUTQ_PAUSE) {
+            /* Its replies are not being read: its further requests wait
+             * unread (in[], then the socket buffers fill and the peer's
+             * sends block) until they drain (conn_flush), so that requests
+             * cannot make us queue replies without bound. */
+            c->out_paused = 1;
+            conn_want(c);
+            break;
+        }
         int rc = cfx__ctl_hdr_decode(&c->seal, c->in + off, c->in_len - off, &h);
         if (rc != CFX_OK) {
             /* Framing is lost: nothing after this can be trusted. */
@@ -540,22 +657,7 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
         }
         size_t need = CFX_PROTO_HDR_LEN + (size_t)h.payload_len;
         if (c->in_len - off < need) {
-            if (need > c->in_cap) {
-                uint8_t *p;
-                if (off) {
-                    memmove(c->in, c->in + off, c->in_len - off);
-                    c->in_len -= off;
-                    off = 0;
-                }
-                p = realloc(c->in, need);
-                if (!p) {
-                    CFX_LOG(ERR, CTL, "closing %s: no memory for a %zu byte frame", c->peer, need);
-                    cfx__coord_conn_fail(c);
-                    return;
-                }
-                c->in = p;
-                c->in_cap = need;
-            }
+            c->frame_need = need; /* the buffer grows as its bytes come (below) */
             break;
         }
         uint64_t writes = co->state_writes;
@@ -579,10 +681,35 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
     }
+    if (c->failing)
+        return;
+    /* A frame's clock starts with its first byte: it must be whole within
+     * stall_timeout_ms of that (on_tick), however its bytes trickle. */
+    if (c->in_len == 0)
+        c->frame_ns = 0;
+    else if (off || !c->frame_ns)
+        c->frame_ns = c->last_rx_ns;
+    /* A buffer full of an incomplete frame doubles, up to the frame's
+     * length: a peer that announces a megabyte holds what it sent, not
+     * what it announced. */
+    if (c->frame_need > c->in_cap && c->in_len == c->in_cap) {
+        size_t cap = CFX_MIN(c->frame_need, 2 * c->in_cap);
+        uint8_t *p = realloc(c->in, cap);
+        if (!p) {
+            CFX_LOG(ERR, CTL, "closing %s: no memory for %zu bytes of a %zu byte frame",
+                    c->peer, cap, c->frame_need);
+            cfx__coord_conn_fail(c);
+            return;
+        }
+        co->buffered += cap - c->in_cap;
+        c->in = p;
+        c->in_cap = cap;
+    }
     /* Shrink a buffer a large frame grew, once it is idle. */
     if (c->in_len == 0 && c->in_cap > 4 * IN_BUF_INITIAL) {
         uint8_t *p = realloc(c->in, IN_BUF_INITIAL);
         if (p) {
+            co->buffered -= c->in_cap - IN_BUF_INITIAL;
             c->in = p;
             c->in_cap = IN_BUF_INITIAL;
         }
@@ -595,6 +722,8 @@ static void on_conn_resume(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
     (void)loop;
     c->parse_deferred = 0;
     c->last_rx_ns = cfx__now_ns(); /* its wait was ours: the stall clock restarts */
+    if (c->frame_ns)
+        c->frame_ns = c->last_rx_ns; /* ... and so does its frame's (nothing was read) */
     if (!c->failing)
         conn_parse(c->coord, c);
 }
@@ -616,6 +745,16 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
         char sink[512];
         ssize_t n = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            cfx__coord_conn_fail(c);
+        return;
+    }
+    if (c->out_paused) {
+        /* Not asked for while paused: a hang-up or an error.  The frames
+         * it sent wait; a dead peer is seen by recv (a reset) or, failing
+         * that, by the next send of its queue. */
+        char b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             cfx__coord_conn_fail(c);
         return;
     }
@@ -644,42 +783,126 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
     conn_parse(co, c);
 }
 
-/* A connection over a cap: one ERROR frame naming it (best effort, it is
- * not read yet), then closed. */
-static void refuse_at_cap(int fd, const char *ip, const struct sockaddr_in *sa,
-                          const char *cap, uint32_t count)
+/*
+ * A WARN line for an event a flood repeats (a refusal, an eviction, an fd
+ * shed): the first at once, then at most one a second, saying how many it
+ * stands for; on_tick writes what a quiet second leaves over
+ * (ratelog_flush).  One line per refused connection filled the disk (45 MB
+ * in 21 s of a flood).
+ */
+static void ratelog(struct coord_ratelog *rl, uint64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void ratelog(struct coord_ratelog *rl, uint64_t now, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(rl->last, sizeof(rl->last), fmt, ap);
+    va_end(ap);
+    if (rl->logged_ns && now - rl->logged_ns < 1000000000ull) {
+        rl->held++;
+        return;
+    }
+    if (rl->held)
+        CFX_LOG(WARN, CTL, "%s (and %llu more like it since the last such line)", rl->last,
+                (unsigned long long)rl->held);
+    else
+        CFX_LOG(WARN, CTL, "%s", rl->last);
+    rl->logged_ns = now;
+    rl->held = 0;
+}
+
+static void ratelog_flush(struct coord_ratelog *rl, uint64_t now)
+{
+    if (!rl->held || now - rl->logged_ns < 1000000000ull)
+        return;
+    CFX_LOG(WARN, CTL, "%llu more like this in the last second, the latest: %s",
+            (unsigned long long)rl->held, rl->last);
+    rl->logged_ns = now;
+    rl->held = 0;
+}
+
+/* One ERROR frame of @p status saying @p text on @p fd, best effort: the
+ * peer has not read yet, and the close says it anyway. */
+static void send_error_now(int fd, int status, const char *text)
 {
     struct cfx_msg e = { .type = CFX_MSG_ERROR, .req_id = 0 };
     uint8_t buf[CFX_PROTO_HDR_LEN + 64 + CFX_PROTO_TEXT_MAX];
     size_t len;
 
-    e.u.error.status = CFX_ERR_NO_RESOURCE;
-    snprintf(e.u.error.text, sizeof(e.u.error.text),
-             "coordinator refuses the connection: %s reached (%u open)", cap, count);
-    CFX_LOG(WARN, CTL, "refusing %s:%u: %s reached (%u open)", ip, ntohs(sa->sin_port), cap,
-            count);
+    e.u.error.status = status;
+    snprintf(e.u.error.text, sizeof(e.u.error.text), "%s", text);
     if (cfx__msg_encode(&e, buf, sizeof(buf), &len) == CFX_OK) {
         ssize_t n = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-        (void)n; /* best effort: the close says it anyway */
+        (void)n;
     }
+}
+
+/* A connection over a cap: one ERROR frame naming it, then closed.  Node
+ * clients try again until their deadline (client.c connect_first). */
+static void refuse_at_cap(struct cfx_coord *co, int fd, const char *peer, const char *cap,
+                          uint32_t limit, const char *why)
+{
+    char text[CFX_PROTO_TEXT_MAX];
+
+    co->refused_conns++;
+    snprintf(text, sizeof(text), "coordinator %s refuses the connection: %s (%u) reached (%s)",
+             co->addr, cap, limit, why);
+    ratelog(&co->refuse_log, cfx__now_ns(), "refusing %s: %s (%u) reached (%s)", peer, cap,
+            limit, why);
+    send_error_now(fd, CFX_ERR_NO_RESOURCE, text);
     close(fd);
+}
+
+/*
+ * max_unauth_conns is reached: the oldest unauthenticated connection goes
+ * to make room, rather than the newcomer being refused.  It has proved
+ * nothing for the longest time; refusing newcomers instead let a flood of
+ * silent connections lock every token holder out.  One source holds at
+ * most max_unauth_per_ip of them, so a flood needs many addresses to push
+ * a token holder's handshake (one round trip) out, and a node client whose
+ * handshake is cut tries again.
+ */
+static void evict_oldest_unauth(struct cfx_coord *co)
+{
+    struct coord_conn *old = cfx_list_entry(co->unauth.next, struct coord_conn, unauth_link);
+    uint64_t now = cfx__now_ns();
+    unsigned long long ms = (now - old->accepted_ns) / 1000000ull;
+    char text[CFX_PROTO_TEXT_MAX];
+
+    snprintf(text, sizeof(text), "coordinator %s closes this connection: max_unauth_conns (%u) "
+             "reached, and it is the oldest not authenticated (%llu ms)", co->addr,
+             co->max_unauth_conns, ms);
+    if (cfx_list_empty(&old->outq)) /* its challenge went out whole */
+        send_error_now(old->fd, CFX_ERR_NO_RESOURCE, text);
+    ratelog(&co->evict_log, now, "closing %s: max_unauth_conns (%u) reached, and it is the "
+            "oldest not authenticated (%llu ms)", old->peer, co->max_unauth_conns, ms);
+    co->evicted_conns++;
+    cfx__coord_conn_fail(old);
 }
 
 static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *sa)
 {
     struct coord_conn *c;
-    char ip[INET_ADDRSTRLEN] = "?";
+    char ip[INET_ADDRSTRLEN] = "?", peer[48], why[96];
+    uint32_t from;
     int one = 1;
 
     inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+    snprintf(peer, sizeof(peer), "%s:%u", ip, ntohs(sa->sin_port));
     if (co->nconns >= co->max_conns) {
-        refuse_at_cap(fd, ip, sa, "max_conns", co->nconns);
+        snprintf(why, sizeof(why), "%u open", co->nconns);
+        refuse_at_cap(co, fd, peer, "max_conns", co->max_conns, why);
         return;
     }
-    if (co->nunauth >= co->max_unauth_conns) {
-        refuse_at_cap(fd, ip, sa, "max_unauth_conns", co->nunauth);
+    from = unauth_from(co, sa->sin_addr.s_addr);
+    if (from >= co->max_unauth_per_ip) {
+        snprintf(why, sizeof(why), "%u connections from %s not authenticated yet", from, ip);
+        refuse_at_cap(co, fd, peer, "max_unauth_per_ip", co->max_unauth_per_ip, why);
         return;
     }
+    if (co->nunauth >= co->max_unauth_conns)
+        evict_oldest_unauth(co);
     c = calloc(1, sizeof(*c));
     if (!c)
         goto err_close;
@@ -690,7 +913,8 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     c->coord = co;
     c->fd = fd;
     c->io.fd = -1;
-    snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sa->sin_port));
+    c->ip = sa->sin_addr.s_addr;
+    snprintf(c->peer, sizeof(c->peer), "%s", peer);
     c->accepted_ns = c->last_rx_ns = cfx__now_ns();
     cfx_list_init(&c->outq);
     cfx_list_init(&c->parked);
@@ -703,7 +927,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
         goto err_free_in;
     cfx_list_add_tail(&c->link, &co->conns);
     co->nconns++;
-    co->nunauth++;
+    unauth_add(co, c);
     CFX_LOG(DEBUG, CTL, "connection %s accepted", c->peer);
 
     struct cfx_msg ch = { .type = CFX_MSG_CHALLENGE, .req_id = 0 };
@@ -713,8 +937,7 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
     return;
 
 err_free_in:
-    CFX_LOG(ERR, CTL, "dropping connection %s:%u: %s", ip, ntohs(sa->sin_port),
-            cfx_last_error());
+    CFX_LOG(ERR, CTL, "dropping connection %s: %s", peer, cfx_last_error());
     free(c->in);
 err_free:
     free(c);
@@ -727,11 +950,10 @@ err_close:
  * keep the level-triggered listening socket readable and the loop would
  * spin, so shed it: give up the reserve fd, accept, close, take the reserve
  * back (the libev/libuv trick).  Without a reserve, stop accepting until the
- * next tick.  Logged at most once a second.
+ * next tick.  Logged at most once a second (ratelog).
  */
 static int accept_shed(struct cfx_coord *co, int err)
 {
-    uint64_t now = cfx__now_ns();
     int shed = 0;
 
     if (co->spare_fd >= 0) {
@@ -741,7 +963,6 @@ static int accept_shed(struct cfx_coord *co, int err)
         if (fd >= 0) {
             close(fd);
             shed = 1;
-            co->emfile_shed++;
         }
         co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
@@ -749,13 +970,9 @@ static int accept_shed(struct cfx_coord *co, int err)
         cfx__ev_io_set(co->loop, &co->listen_io, 0);
         co->listen_paused = 1;
     }
-    if (now - co->emfile_logged_ns >= 1000000000ull) {
-        CFX_LOG(WARN, CTL, "coordinator %s is out of file descriptors (%s, %u connections "
-                "open): refused %llu new connection%s", co->addr, strerror(err), co->nconns,
-                (unsigned long long)co->emfile_shed, co->emfile_shed == 1 ? "" : "s");
-        co->emfile_logged_ns = now;
-        co->emfile_shed = 0;
-    }
+    ratelog(&co->emfile_log, cfx__now_ns(), "coordinator %s is out of file descriptors (%s, "
+            "%u connections open): %s", co->addr, strerror(err), co->nconns,
+            shed ? "shed a new connection" : "accepting paused until the next tick");
     return shed;
 }
 
@@ -788,23 +1005,45 @@ static void on_listen(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned e
 static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
 {
     struct cfx_coord *co = t->arg;
-    uint64_t now = cfx__now_ns();
+    uint64_t now = cfx__now_ns(), stall = (uint64_t)co->stall_timeout_ms * 1000000ull;
+    uint64_t credit = 0;
     struct cfx_list *pos, *tmp;
 
+    /* A loop that stalled (a slow disk) read nobody's bytes meanwhile: that
+     * time does not count against a frame's deadline (members_tick does the
+     * same for heartbeats; co->last_tick_ns is still the previous tick's). */
+    if (co->last_tick_ns && now - co->last_tick_ns > 2ull * COORD_TICK_MS * 1000000ull)
+        credit = now - co->last_tick_ns - (uint64_t)COORD_TICK_MS * 1000000ull;
     cfx_list_for_each_safe(pos, tmp, &co->conns) {
         struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, link);
+        if (c->frame_ns)
+            c->frame_ns = CFX_MIN(c->frame_ns + credit, now);
         if (c->state == COORD_CONN_AUTH &&
             now - c->accepted_ns > (uint64_t)co->auth_timeout_ms * 1000000ull) {
             CFX_LOG(WARN, CTL, "closing %s: not authenticated within %u ms", c->peer,
                     co->auth_timeout_ms);
             cfx__coord_conn_fail(c);
-        } else if (c->in_len > 0 && !c->parse_deferred && /* whole frames waiting on us */
-                   now - c->last_rx_ns > (uint64_t)co->stall_timeout_ms * 1000000ull) {
+        } else if (c->in_len == 0 || c->parse_deferred || c->out_paused) {
+            /* nothing coming, or whole frames waiting on us or on its reading */
+        } else if (now - c->last_rx_ns > stall) {
             CFX_LOG(WARN, CTL, "closing %s: stalled for %u ms in the middle of a frame",
                     c->peer, co->stall_timeout_ms);
             cfx__coord_conn_fail(c);
+        } else if (c->frame_ns && now - c->frame_ns > stall) {
+            /* bytes keep coming, too few to finish the frame in time: a
+             * slow sender would hold its buffer for ever */
+            char len[32] = "";
+            if (c->frame_need)
+                snprintf(len, sizeof(len), " of %zu", c->frame_need);
+            CFX_LOG(WARN, CTL, "closing %s: a frame is not whole %u ms after its first byte "
+                    "(%zu%s bytes came): stall_timeout_ms reached", c->peer,
+                    co->stall_timeout_ms, c->in_len, len);
+            cfx__coord_conn_fail(c);
         }
     }
+    ratelog_flush(&co->refuse_log, now);
+    ratelog_flush(&co->evict_log, now);
+    ratelog_flush(&co->emfile_log, now);
     cfx__coord_members_tick(co, now);
     cfx__coord_task_tick(co, now);
     if (co->listen_paused) {
@@ -931,6 +1170,9 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     cfx_list_init(&co->records);
     cfx_list_init(&co->conns);
     cfx_list_init(&co->closing);
+    cfx_list_init(&co->unauth);
+    for (int i = 0; i < COORD_UNAUTH_BUCKETS; i++)
+        cfx_list_init(&co->unauth_ip[i]);
     cfx__coord_members_init(co);
     snprintf(co->token, sizeof(co->token), "%s", params->token);
     co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms : 250;
@@ -948,8 +1190,11 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
     co->max_objects = params->max_objects ? params->max_objects : COORD_OBJECTS_MAX;
     co->max_unauth_conns = params->max_unauth_conns ? params->max_unauth_conns
                                                     : COORD_UNAUTH_MAX;
+    co->max_unauth_per_ip = params->max_unauth_per_ip ? params->max_unauth_per_ip
+                                                      : COORD_UNAUTH_PER_IP;
     co->max_conns = params->max_conns ? params->max_conns : COORD_CONNS_MAX;
     co->max_conn_outq = params->max_conn_outq ? params->max_conn_outq : COORD_OUTQ_MAX;
+    co->max_buffered = params->max_buffered ? params->max_buffered : COORD_BUFFERED_MAX;
     co->test_fsync_delay_ms = params->test_fsync_delay_ms;
     co->max_node_tasks = params->max_node_tasks;
     co->max_queued_tasks = params->max_queued_tasks;
@@ -976,6 +1221,9 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
                       "interval (%u ms)", co->dead_after_ms, co->heartbeat_ms);
         goto err_free;
     }
+    rc = cfx__auth_nonce((uint8_t *)co->ip_key, sizeof(co->ip_key));
+    if (rc != CFX_OK)
+        goto err_free;
     co->start_ns = cfx__now_ns();
     rc = cfx__coord_state_open(co, params->state_dir);
     if (rc != CFX_OK)

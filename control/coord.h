@@ -32,7 +32,8 @@ struct cfx_coord_params {
     uint32_t max_node_objects; /* directory entries one node holds (default 1048576) */
     uint64_t max_node_bytes;   /* inline bytes stored for one node's puts (default 256 MiB) */
     uint32_t max_parked;       /* lookups parked in all (default 65536) */
-    uint32_t max_unauth_conns; /* connections not yet authenticated (default 256) */
+    uint32_t max_unauth_conns; /* connections not yet authenticated (default 256); a new one
+                                * beyond closes the oldest of them */
     uint32_t max_conns;        /* connections in all (default 4096) */
     uint64_t max_conn_outq;    /* reply bytes queued to one connection (default 64 MiB) */
     uint32_t test_fsync_delay_ms; /* tests only: every fsync of the state directory takes
@@ -54,6 +55,11 @@ struct cfx_coord_params {
     uint32_t max_objects;         /* directory entries in all, of every node together; a
                                    * put of a new id beyond gets CFX_ERR_NO_RESOURCE naming
                                    * max_objects (default 4194304) */
+    uint32_t max_unauth_per_ip;   /* connections not yet authenticated from one source
+                                   * address; a newer one is refused (default 16) */
+    uint64_t max_buffered;        /* reply and request bytes held for all connections
+                                   * together; beyond, the connection holding the most
+                                   * is closed (default 256 MiB) */
 };
 
 /* Bind, listen and start the event loop in a background thread. */

@@ -32,6 +32,13 @@
                                              * before a reader is "too slow" */
 #define COORD_CONNS_MAX       4096          /* default max_conns: open connections */
 #define COORD_UNAUTH_MAX      256           /* default max_unauth_conns */
+#define COORD_UNAUTH_PER_IP   16            /* default max_unauth_per_ip */
+#define COORD_UNAUTH_BUCKETS  1024          /* hash of unauthenticated connections by
+                                             * source address (power of two) */
+#define COORD_BUFFERED_MAX    (256ull << 20) /* default max_buffered: reply and request
+                                             * bytes held for all connections */
+#define COORD_OUTQ_PAUSE      (1u << 20)    /* replies queued to one connection above
+                                             * which its requests wait unread */
 #define COORD_NODE_OBJECTS_MAX (1u << 20)   /* default max_node_objects */
 #define COORD_OBJECTS_MAX     (1u << 22)    /* default max_objects: directory entries in all */
 #define COORD_NODE_BYTES_MAX  (256ull << 20) /* default max_node_bytes */
@@ -91,9 +98,21 @@ struct coord_conn {
     int send_failed;            /* failing because a send failed (the peer reset it) */
     uint64_t accepted_ns;
     uint64_t last_rx_ns;        /* last byte received */
-    uint8_t *in;                /* input buffer */
+    uint32_t ip;                /* the peer's IPv4 address, network order */
+    int unauth;                 /* counted in coord->nunauth, linked in coord->unauth and
+                                 * coord->unauth_ip (until authenticated or failing) */
+    struct cfx_list unauth_link; /* coord->unauth, oldest first */
+    struct cfx_list ip_link;    /* coord->unauth_ip[bucket of ip] */
+    uint8_t *in;                /* input buffer: grows as a frame's bytes come, up to the
+                                 * frame's length */
     size_t in_len;              /* bytes in it */
     size_t in_cap;
+    uint64_t frame_ns;          /* when the first byte of the incomplete frame at the head
+                                 * of in[] came (0: none); it must be whole within
+                                 * stall_timeout_ms of that */
+    size_t frame_need;          /* that frame's length, once its header came (0: not yet) */
+    int out_paused;             /* more than COORD_OUTQ_PAUSE replies queued: its requests
+                                 * wait unread until they drain */
     struct cfx_list outq;       /* struct coord_frame, oldest first */
     size_t out_bytes;           /* bytes queued in outq */
     struct coord_node *node;    /* member record once joined */
@@ -282,6 +301,14 @@ struct coord_node_wait {
     uint32_t node_id;           /* the node asked about */
 };
 
+/* A line for an event a flood repeats (a refusal, an eviction, an fd shed):
+ * the first at once, then at most one a second (coord.c ratelog). */
+struct coord_ratelog {
+    uint64_t logged_ns;         /* when the last line was written */
+    uint64_t held;              /* events since, in no line yet */
+    char last[160];             /* the latest of those */
+};
+
 struct cfx_coord {
     struct cfx_ev_loop *loop;
     pthread_t thread;
@@ -316,21 +343,34 @@ struct cfx_coord {
     char state_dir[256];
     uint32_t ids_reserved;      /* node ids below this are recorded as taken */
     int listen_paused;          /* no fd even to shed with: accept resumes on a tick */
-    uint64_t emfile_logged_ns;  /* last "out of fds" line (rate limited) */
-    uint64_t emfile_shed;       /* connections shed since that line */
+    struct coord_ratelog emfile_log; /* "out of fds": connections shed */
+    struct coord_ratelog refuse_log; /* connections refused at max_conns or
+                                      * max_unauth_per_ip */
+    struct coord_ratelog evict_log;  /* unauthenticated connections closed at
+                                      * max_unauth_conns for a newer one */
+    uint64_t refused_conns;     /* connections refused at a cap (metrics) */
+    uint64_t evicted_conns;     /* unauthenticated connections closed for a newer one */
+    uint64_t budget_closed;     /* connections closed at max_buffered */
 
     struct cfx_list conns;      /* open connections */
     struct cfx_list closing;    /* failed connections, closed in the hook */
     uint32_t nconns;
-    uint32_t nunauth;           /* of those, not authenticated yet */
+    uint32_t nunauth;           /* of those, not authenticated yet (nor failing) */
+    struct cfx_list unauth;     /* those, oldest first (coord_conn.unauth_link) */
+    struct cfx_list unauth_ip[COORD_UNAUTH_BUCKETS]; /* ... by source address */
+    uint64_t ip_key[2];         /* random key of that hash (no chosen collisions) */
+    uint64_t buffered;          /* reply bytes queued plus input buffers grown beyond
+                                 * their first size, of connections not failing */
     /* caps (struct cfx_coord_params) */
     uint32_t max_node_objects;
     uint64_t max_node_bytes;
     uint32_t max_parked;
     uint32_t max_objects;       /* directory entries in all */
     uint32_t max_unauth_conns;
+    uint32_t max_unauth_per_ip;
     uint32_t max_conns;
     uint64_t max_conn_outq;
+    uint64_t max_buffered;
     uint32_t nparked;           /* lookups parked in all */
     uint32_t test_fsync_delay_ms; /* fault injection: each state fsync takes this longer */
     uint64_t last_tick_ns;      /* members_tick: when the last one ran (stall credit) */

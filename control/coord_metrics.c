@@ -365,6 +365,8 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
           holders },
         { "conflux_coord_lookups_parked", "Lookups waiting for an object to appear.",
           co->nparked },
+        { "conflux_coord_buffered_bytes", "Reply bytes queued and input buffer bytes beyond "
+          "the first, all connections together (max_buffered).", co->buffered },
     };
     for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++)
         scalar(b, "gauge", &gauges[i]);
@@ -383,6 +385,13 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
         { "conflux_coord_seal_failures_total",
           "Connections closed for a frame that failed its CFX_SECURE check (tampered with, "
           "replayed or not sealed).", co->seal_failures },
+        { "conflux_coord_conns_refused_total",
+          "Connections refused at max_conns or max_unauth_per_ip.", co->refused_conns },
+        { "conflux_coord_conns_evicted_total",
+          "Unauthenticated connections closed at max_unauth_conns for a newer one.",
+          co->evicted_conns },
+        { "conflux_coord_conns_over_budget_total",
+          "Connections closed at max_buffered (they held the most bytes).", co->budget_closed },
     };
     for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
         scalar(b, "counter", &counters[i]);

@@ -6,8 +6,9 @@
  *                 [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]
  *                 [--max-nodes N] [--max-node-objects N] [--max-objects N]
  *                 [--max-node-bytes SIZE]
- *                 [--max-parked N] [--max-unauth-conns N] [--max-conns N]
- *                 [--max-conn-outq SIZE] [--max-node-tasks N] [--max-queued-tasks N]
+ *                 [--max-parked N] [--max-unauth-conns N] [--max-unauth-per-ip N]
+ *                 [--max-conns N] [--max-conn-outq SIZE] [--max-buffered SIZE]
+ *                 [--max-node-tasks N] [--max-queued-tasks N]
  *                 [--task-grace-ms N] [--metrics [ADDR:]PORT] [--secure MODE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
@@ -44,8 +45,10 @@ static void usage(FILE *f)
             "                     [--auth-timeout-ms N] [--stall-timeout-ms N] [--state-dir DIR]\n"
             "                     [--max-nodes N] [--max-node-objects N] [--max-objects N]\n"
             "                     [--max-node-bytes SIZE]\n"
-            "                     [--max-parked N] [--max-unauth-conns N] [--max-conns N]\n"
-            "                     [--max-conn-outq SIZE] [--max-node-tasks N]\n"
+            "                     [--max-parked N] [--max-unauth-conns N]\n"
+            "                     [--max-unauth-per-ip N] [--max-conns N]\n"
+            "                     [--max-conn-outq SIZE] [--max-buffered SIZE]\n"
+            "                     [--max-node-tasks N]\n"
             "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
             "                     [--task-grace-ms N] [--secure off|integrity|encrypt]\n"
             "\n"
@@ -78,10 +81,17 @@ static void usage(FILE *f)
             "                      (default 65536); one member holds at most 4096, or its\n"
             "                      share among the live members (at least 256); task\n"
             "                      waits are capped alike\n"
-            "  --max-unauth-conns N connections not yet authenticated (default 256)\n"
+            "  --max-unauth-conns N connections not yet authenticated (default 256); a new\n"
+            "                      one beyond closes the oldest of them\n"
+            "  --max-unauth-per-ip N connections not yet authenticated from one source\n"
+            "                      address; a new one beyond is refused (default 16)\n"
             "  --max-conns N       connections in all (default 4096)\n"
             "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
-            "                      closed as too slow (default 64M)\n"
+            "                      closed as too slow (default 64M); above 1M its requests\n"
+            "                      wait unread until its replies drain\n"
+            "  --max-buffered SIZE reply and request bytes held for all connections\n"
+            "                      together; beyond, the one holding the most is closed\n"
+            "                      (default 256M)\n"
             "  --max-node-tasks N  tasks placed on one node at once; more wait queued\n"
             "                      (default 64)\n"
             "  --max-queued-tasks N tasks waiting for a free node (default 4096)\n"
@@ -125,6 +135,8 @@ int main(int argc, char **argv)
         { "max-node-bytes", required_argument, NULL, 'B' },
         { "max-parked", required_argument, NULL, 'P' },
         { "max-unauth-conns", required_argument, NULL, 'U' },
+        { "max-unauth-per-ip", required_argument, NULL, 'i' },
+        { "max-buffered", required_argument, NULL, 'm' },
         { "max-conns", required_argument, NULL, 'C' },
         { "max-conn-outq", required_argument, NULL, 'Q' },
         { "metrics", required_argument, NULL, 'M' },
@@ -246,21 +258,31 @@ int main(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             params.max_unauth_conns = (uint32_t)v;
             break;
+        case 'i':
+            if (tool_arg_int(PROG, "--max-unauth-per-ip", optarg, 1, INT_MAX, "a count", &v))
+                return TOOL_EXIT_USAGE;
+            params.max_unauth_per_ip = (uint32_t)v;
+            break;
         case 'C':
             if (tool_arg_int(PROG, "--max-conns", optarg, 1, INT_MAX, "a count", &v))
                 return TOOL_EXIT_USAGE;
             params.max_conns = (uint32_t)v;
             break;
         case 'B':
-        case 'Q': {
+        case 'Q':
+        case 'm': {
             size_t sz;
-            if (tool_arg_size(PROG, c == 'B' ? "--max-node-bytes" : "--max-conn-outq", optarg, 1,
-                              SIZE_MAX, &sz))
+            if (tool_arg_size(PROG, c == 'B'   ? "--max-node-bytes"
+                                    : c == 'Q' ? "--max-conn-outq"
+                                               : "--max-buffered",
+                              optarg, 1, SIZE_MAX, &sz))
                 return TOOL_EXIT_USAGE;
             if (c == 'B')
                 params.max_node_bytes = sz;
-            else
+            else if (c == 'Q')
                 params.max_conn_outq = sz;
+            else
+                params.max_buffered = sz;
             break;
         }
         case 'M': {

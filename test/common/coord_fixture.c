@@ -130,6 +130,8 @@ void start_coord(void)
         .max_parked = caps.max_parked,
         .max_objects = caps.max_objects,
         .max_unauth_conns = caps.max_unauth_conns,
+        .max_unauth_per_ip = caps.max_unauth_per_ip,
+        .max_buffered = caps.max_buffered,
         .state_dir = caps.state_dir,
         .test_fsync_delay_ms = caps.test_fsync_delay_ms,
         .secure = caps.secure,

@@ -251,22 +251,36 @@ static void raise_nofile(rlim_t want)
                      (unsigned long long)rl.rlim_max, (unsigned long long)want);
 }
 
-/* Open @p n connections without waiting for each; returns how many opened. */
-static int flood(int *fds, int n, uint16_t port)
+/* A non-blocking connection to @p port from source address 127.0.0.(2 +
+ * @p k % 200) (loopback has a whole /8), connecting: -1 if none. */
+static int connect_spread(uint16_t port, int k)
 {
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
+    struct sockaddr_in me = { .sin_family = AF_INET };
+    char src[32];
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    snprintf(src, sizeof(src), "127.0.0.%d", 2 + k % 200);
+    inet_pton(AF_INET, src, &me.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0 ||
+        (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Open @p n connections without waiting for each, 8 from each source
+ * address (under max_unauth_per_ip); returns how many opened. */
+static int flood(int *fds, int n, uint16_t port)
+{
     int ok = 0;
     for (int i = 0; i < n; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fds[i] < 0)
-            break;
-        if (connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
-            close(fds[i]);
-            fds[i] = -1;
-            continue;
-        }
-        ok++;
+        fds[i] = connect_spread(port, i / 8);
+        if (fds[i] >= 0)
+            ok++;
     }
     return ok;
 }
@@ -281,7 +295,9 @@ Test(coord_abuse, thousand_connections_and_good_clients_still_served)
 
     memset(fds, -1, sizeof(fds));
     cr_assert_eq(flood(fds, NCONN, cc.port), NCONN);
-    /* every connection is accepted and challenged... */
+    /* every connection is accepted and challenged (beyond max_unauth_conns
+     * the oldest waiting ones are closed for the newer, after their
+     * challenge)... */
     int challenged = 0, lookups = 0;
     uint64_t deadline = cfx__deadline_ns(60000);
     double worst = 0;
@@ -323,6 +339,143 @@ Test(coord_abuse, thousand_connections_and_good_clients_still_served)
         if (fds[i] < -1)
             close(-fds[i] - 2);
     cfx__ctl_close(good);
+}
+
+/*
+ * A hog keeps 1000 silent connections coming from 50 source addresses (20
+ * each, beyond max_unauth_per_ip of 16), each reopened as soon as the coordinator
+ * closes it, far beyond max_unauth_conns (256).  Token holders still join,
+ * every one (the oldest silent connection makes room for each newcomer; a
+ * handshake cut short is tried again), and the coordinator's refusals and
+ * evictions take a line a second, not one each.  Before, every newcomer was
+ * refused while the flood lasted (0 of 40 in the review) with one WARN line
+ * per refusal (300k lines in 21 s).
+ */
+struct hog {
+    uint16_t port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    long opened, closed; /* connections opened, and closed by the coordinator */
+};
+
+static void *hog_main(void *arg)
+{
+    enum { NHOG = 1000 };
+    struct hog *h = arg;
+    static int fds[NHOG];
+    struct pollfd pf[NHOG];
+    memset(fds, -1, sizeof(fds));
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        int stop = h->stop;
+        pthread_mutex_unlock(&h->mu);
+        if (stop)
+            break;
+        long opened = 0, closed = 0;
+        for (int i = 0; i < NHOG; i++) {
+            if (fds[i] < 0 && (fds[i] = connect_spread(h->port, i / 20)) >= 0)
+                opened++;
+            pf[i] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+        }
+        if (poll(pf, NHOG, 50) > 0)
+            for (int i = 0; i < NHOG; i++) {
+                if (!pf[i].revents)
+                    continue;
+                uint8_t buf[512];
+                ssize_t n = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                    closed++;
+                }
+            }
+        pthread_mutex_lock(&h->mu);
+        h->opened += opened;
+        h->closed += closed;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    for (int i = 0; i < NHOG; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return NULL;
+}
+
+/* Lines of @p path that contain @p what. */
+static int count_lines(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int n = 0;
+    cr_assert_not_null(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+Test(coord_abuse, unauth_flood_from_many_sources_locks_nobody_out)
+{
+    struct hog h = { .port = cc.port };
+    pthread_t th;
+    struct cfx_object_id id;
+    pthread_condattr_t ca;
+    raise_nofile(1400);
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* cfx__cond_wait_until's clock */
+    pthread_cond_init(&h.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    struct cfx_ctl *good = good_node("good");
+    put_hello(good, &id);
+
+    uint64_t t0 = cfx__now_ns();
+    cr_assert_eq(pthread_create(&th, NULL, hog_main, &h), 0);
+    /* the flood is on: the coordinator has closed a thousand of its
+     * connections (evicted or refused) and more keep coming */
+    uint64_t deadline = cfx__deadline_ns(HANG_MS);
+    pthread_mutex_lock(&h.mu);
+    while (h.closed < 1000 && cfx__now_ns() < deadline)
+        cfx__cond_wait_until(&h.cv, &h.mu, deadline);
+    long closed0 = h.closed;
+    pthread_mutex_unlock(&h.mu);
+    cr_assert_geq(closed0, 1000, "the flood did not reach the caps (%ld closed)", closed0);
+
+    for (int i = 0; i < 10; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "joiner-%d", i);
+        struct cfx_ctl *n = good_node(name); /* asserts it got in */
+        good_client_answers(n, &id, "joining during an unauthenticated flood");
+        cfx__ctl_close(n);
+    }
+    pthread_mutex_lock(&h.mu);
+    h.stop = 1;
+    long opened = h.opened, closed = h.closed;
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(th, NULL);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    good_client_answers(good, &id, "the flood");
+    cfx__ctl_close(good);
+
+    /* a line a second at most for each kind, plus the first and a last
+     * count, which the coordinator writes a second after the first: wait
+     * for it (as for the refusal line below) */
+    deadline = cfx__deadline_ns(HANG_MS);
+    while (!cfx_test_file_contains(logpath, "more like") && cfx__now_ns() < deadline)
+        poll(NULL, 0, 20);
+    secs = (double)(cfx__now_ns() - t0) / 1e9;
+    int refused = count_lines(logpath, "max_unauth_per_ip (16) reached");
+    int evicted = count_lines(logpath, "oldest not authenticated");
+    cr_log_info("flood of %.1f s: %ld connections opened, %ld closed by the coordinator; "
+                "%d refusal lines, %d eviction lines", secs, opened, closed, refused, evicted);
+    cr_assert_gt(evicted, 0, "no eviction logged");
+    cr_assert_leq(refused, (int)secs + 3, "%d refusal lines in %.1f s", refused, secs);
+    cr_assert_leq(evicted, (int)secs + 3, "%d eviction lines in %.1f s", evicted, secs);
+    cr_assert(cfx_test_file_contains(logpath, "more like"), "the lines do not count what they "
+              "stand for");
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.mu);
 }
 
 /* CPU seconds the process @p pid used so far. */
