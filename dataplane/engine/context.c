@@ -99,11 +99,30 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     copy_str(cfg->transports, sizeof(cfg->transports),
              (m & CFX_CTX_PARAM_TRANSPORTS) && p->transports
                  ? p->transports : cfx__env_str("CFX_TRANSPORT", DEFAULT_TRANSPORTS));
-    cfg->chunk_size = (m & CFX_CTX_PARAM_CHUNK_SIZE) ? p->chunk_size
-                                                     : cfx__env_size("CFX_CHUNK_SIZE", 0);
-    if (cfg->chunk_size && (cfg->chunk_size < CFX_CHUNK_MIN || cfg->chunk_size > CFX_CHUNK_MAX))
-        return cfx__err(CFX_ERR_INVALID, "chunk size %zu out of range [%u, %u]",
-                        cfg->chunk_size, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
+    if (m & CFX_CTX_PARAM_CHUNK_SIZE) {
+        cfg->chunk_size = p->chunk_size;
+        if (cfg->chunk_size && (cfg->chunk_size < CFX_CHUNK_MIN || cfg->chunk_size > CFX_CHUNK_MAX))
+            return cfx__err(CFX_ERR_INVALID, "chunk_size parameter %zu out of range [%u, %u]",
+                            cfg->chunk_size, CFX_CHUNK_MIN, CFX_CHUNK_MAX);
+    } else {
+        /* a tuning variable out of range is brought to the nearest bound
+         * (README, "Environment") */
+        cfg->chunk_size = cfx__env_size("CFX_CHUNK_SIZE", 0);
+        size_t want = cfg->chunk_size;
+        if (want && want < CFX_CHUNK_MIN)
+            cfg->chunk_size = CFX_CHUNK_MIN;
+        else if (want > CFX_CHUNK_MAX)
+            cfg->chunk_size = CFX_CHUNK_MAX;
+        if (cfg->chunk_size != want)
+            CFX_LOG(WARN, INIT, "CFX_CHUNK_SIZE=%zu is outside %u..%u: using %zu", want,
+                    CFX_CHUNK_MIN, CFX_CHUNK_MAX, cfg->chunk_size);
+    }
+    /* read where each reduce is planned (objreduce_plan.c, objstripe.c):
+     * a word of neither is said here, once per context, not ignored */
+    const char *shape = getenv("CFX_REDUCE_SHAPE");
+    if (shape && strcmp(shape, "chain") && strcmp(shape, "tree") && strcmp(shape, "striped"))
+        CFX_LOG(WARN, INIT, "CFX_REDUCE_SHAPE='%s' is not chain, tree or striped: ignored",
+                shape);
     long long v;
     if (m & CFX_CTX_PARAM_TIMEOUT) {
         /* as $CFX_TIMEOUT_MS: every blocking call has a deadline */

@@ -84,8 +84,9 @@ static void adopt_node_id(struct cfx_context *ctx)
     snprintf(old_tag, sizeof(old_tag), "%u", ctx->node_id);
     snprintf(tag, sizeof(tag), "%u", id);
     cfx__log_retag(old_tag, tag);
-    CFX_LOG(WARN, CTL, "node %u: the restarted coordinator %s gave this node id %u (it was %u)",
-            id, ctx->cfg.coord, id, ctx->node_id);
+    CFX_LOG(WARN, CTL, "node %u: on rejoining, coordinator %s gave this node id %u (it was %u: "
+            "the coordinator restarted, or declared this node dead while it was stopped or cut "
+            "off)", id, ctx->cfg.coord, id, ctx->node_id);
     ctx->node_id = id;
     ctx->self.node_id = id;
     for (int t = 0; t < ctx->ntp; t++)

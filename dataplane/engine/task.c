@@ -410,13 +410,11 @@ static void *runner(void *arg)
 static int start_runners(struct cfx_context *ctx)
 {
     struct cfx_task_rt *rt = ctx->tasks;
-    long long want = cfx__env_ll("CFX_TASK_THREADS", TASK_THREADS_DEFAULT);
-
     if (rt->nthreads)
         return CFX_OK;
-    if (want < 1 || want > TASK_THREADS_MAX)
-        return cfx__err(CFX_ERR_INVALID, "CFX_TASK_THREADS=%lld is not in 1..%d", want,
-                        TASK_THREADS_MAX);
+    /* out of range: the nearest bound, with a warning (README, "Environment") */
+    long long want = cfx__env_ll_clamp("CFX_TASK_THREADS", TASK_THREADS_DEFAULT, 1,
+                                       TASK_THREADS_MAX);
     /* what a worker remembers of the tasks it ended (task_keep.c) */
     if (!rt->ended && !(rt->ended = calloc(TASK_ENDED_KEEP, sizeof(*rt->ended))))
         return cfx__err(CFX_ERR_NOMEM, "node %u: no memory for the task runner",

@@ -555,6 +555,7 @@ err_delete: {
     /* the handle's teardown makes calls of its own: the cause survives it */
     char why[CFX__ERR_TEXT_MAX];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
+    ps->bye_dl = ps->create_dl; /* a goodbye the scheduler may never answer: not past it */
     cfx_ps_destroy(ps);
     return cfx__err(rc, "%s", why);
 }

@@ -39,7 +39,7 @@ static int job_check(struct cfx_context *ctx, const char *job, int timeout_ms, c
     if (timeout_ms < 0)
         return cfx__err(CFX_ERR_INVALID, "%s: timeout %d ms is negative", what, timeout_ms);
     cfx__ps_obj_id(job, "map", 1, 0, &id);
-    int rc = cfx__ps_probe(ctx, &id, 1, &present);
+    int rc = cfx__ps_probe(ctx, &id, 1, cfx__deadline_ns(timeout_ms), &present);
     if (rc != CFX_OK)
         return cfx__err(rc, "job %s: cannot list the object directory: %s", job,
                         cfx_last_error());
@@ -116,7 +116,7 @@ static int admin_once(struct cfx_context *ctx, const char *job, uint32_t cmd, in
             bool present[2];
             cfx__ps_obj_id(job, "admin", n, 0, &ids[0]);
             cfx__ps_obj_id(job, "admin-reply", n, 0, &ids[1]);
-            if ((rc = cfx__ps_probe(ctx, ids, 2, present)) != CFX_OK) {
+            if ((rc = cfx__ps_probe(ctx, ids, 2, deadline, present)) != CFX_OK) {
                 free(req);
                 return cfx__err(rc, "job %s: cannot list the object directory", job);
             }

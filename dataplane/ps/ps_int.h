@@ -290,6 +290,8 @@ struct cfx_ps {
     bool finished;              /* server: job over or retired */
     int lost_status;            /* the scheduler went before our end (ps->lock) */
     uint64_t create_dl;         /* cfx_ps_create's one deadline, for all its waits (ns) */
+    uint64_t bye_dl;            /* a goodbye waits for its answer until then at most (ns; 0:
+                                   its own bound): a failed create's teardown keeps its deadline */
     char lost_why[384];         /* ... and the text cfx_last_error() gives for it */
 
     struct ps_map map;          /* loop thread's current map */
@@ -361,7 +363,7 @@ int cfx__ps_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *b
                 size_t *size, int timeout_ms);
 /* Which of @p n objects exist now (one directory listing, no waiting). */
 int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n,
-                  bool *present);
+                  uint64_t deadline, bool *present);
 /* Install map @p version (loop thread) if newer than ours. */
 int cfx__ps_map_fetch(struct cfx_ps *ps, uint32_t version);
 /* Loop: fetch again a map whose fetch failed, when its backoff is up (1:

@@ -390,11 +390,12 @@ int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, 
     return rc;
 }
 
-int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n, bool *present)
+int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n,
+                  uint64_t deadline, bool *present)
 {
     struct cfx_ctl_obj_rec *recs = NULL;
     size_t nrec = 0;
-    int rc = cfx__ctl_objects(ctx->ctl, &recs, &nrec, cfx__deadline_ns(5000));
+    int rc = cfx__ctl_objects(ctx->ctl, &recs, &nrec, deadline);
     if (rc != CFX_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {
@@ -410,6 +411,7 @@ int cfx__ps_map_latest(struct cfx_context *ctx, const char *job, int timeout_ms,
 {
     /* version 1 may still be coming: wait for it; then probe the directory
      * for the highest version without waiting on any lookup */
+    uint64_t deadline = cfx__deadline_ns(timeout_ms);
     int rc = cfx__ps_map_get(ctx, job, 1, timeout_ms, m);
     if (rc != CFX_OK)
         return rc == CFX_ERR_TIMEOUT
@@ -425,7 +427,7 @@ int cfx__ps_map_latest(struct cfx_context *ctx, const char *job, int timeout_ms,
         bool present[PROBE];
         for (uint32_t i = 0; i < PROBE; i++)
             cfx__ps_obj_id(job, "map", (long)(base + i), 0, &ids[i]);
-        if ((rc = cfx__ps_probe(ctx, ids, PROBE, present)) != CFX_OK)
+        if ((rc = cfx__ps_probe(ctx, ids, PROBE, deadline, present)) != CFX_OK)
             return rc;
         uint32_t i = 0;
         while (i < PROBE && present[i])

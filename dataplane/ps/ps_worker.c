@@ -356,6 +356,8 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
             return;
         }
         op->deadline = cfx__deadline_ns(CFX_MIN(ps->timeout_ms, 5000));
+        if (ps->bye_dl && ps->bye_dl < op->deadline)
+            op->deadline = ps->bye_dl;
         w->bye = op;
         return;
     }

@@ -388,7 +388,7 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
         const char *var, *val;
     } clamp[] = {
         { "CFX_GET_SOURCES", "9" }, { "CFX_EAGER_MAX", "5000" }, { "CFX_WAITER_NAP_MS", "1001" },
-        { "CFX_INLINE_MAX", "1G" }, { "CFX_SPIN_YIELD", "0" },
+        { "CFX_INLINE_MAX", "1G" }, { "CFX_SPIN_YIELD", "0" }, { "CFX_CHUNK_SIZE", "128M" },
     };
     for (size_t i = 0; i < sizeof(clamp) / sizeof(clamp[0]); i++)
         cr_assert_eq(setenv(clamp[i].var, clamp[i].val, 1), 0);
@@ -401,6 +401,13 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     cr_assert_eq(c->cfg.waiter_nap_ms, 1000);
     cr_assert_eq(c->cfg.inline_max, CFX_OBJECT_INLINE_MAX);
     cr_assert_eq(c->cfg.spin_yield, 1);
+    cr_assert_eq(c->cfg.chunk_size, CFX_CHUNK_MAX);
+    cfx_context_destroy(c);
+    cr_assert_eq(setenv("CFX_CHUNK_SIZE", "1K", 1), 0);
+    rc = cfx_context_create(&p, &c);
+    unsetenv("CFX_CHUNK_SIZE");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(c->cfg.chunk_size, CFX_CHUNK_MIN);
     cfx_context_destroy(c);
 }
 
