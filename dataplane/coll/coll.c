@@ -320,6 +320,8 @@ static int post_front(struct coll_exec *x, int peer, bool send, void *buf, size_
     struct coll_msg *m = &x->msgs[h];
     m->front = true;
     m->len = len;
+    if (!send)
+        x->hrx[peer] = h;
     if (dev) {
         m->bounce = p;
         m->dev = send ? NULL : buf;
@@ -397,6 +399,8 @@ static int post_data(struct coll_exec *x, int peer, bool send, void *buf, size_t
     if (h < 0)
         return h;
     x->msgs[h].hdr = true;
+    if (!send)
+        x->hrx[peer] = h;
     int d = post(x, peer, send, buf, len, x->mt);
     if (d >= 0)
         x->msgs[d].prev_h = h; /* the data is used only after its header is checked */
@@ -760,6 +764,36 @@ static int coll_exec_run(struct coll_exec *x)
     return rc;
 }
 
+/*
+ * Send and receive buffers that overlap other than as the call's in-place
+ * form (group.h: the same pointer; allgather and gather: the rank's own
+ * block of the receive buffer; reduce-scatter and scatter: the rank's block
+ * of the send buffer) would be read after they were written: every rank
+ * returned CFX_OK with wrong data.  Refused, as MPI calls it erroneous.
+ */
+static int overlap_check(const struct cfx_group *g, const struct coll_args *a, const char *what,
+                         size_t c)
+{
+    const size_t cn = c * (size_t)g->size, mine = (size_t)g->rank * c;
+    const uintptr_t s = (uintptr_t)a->sbuf, r = (uintptr_t)a->rbuf;
+    size_t sb, rb;
+    bool in_place;
+    switch (a->kind) {
+    case COLL_ALLREDUCE:
+    case COLL_REDUCE: sb = c, rb = c, in_place = s == r; break;
+    case COLL_ALLTOALL: sb = cn, rb = cn, in_place = s == r; break;
+    case COLL_ALLGATHER:
+    case COLL_GATHER: sb = c, rb = cn, in_place = s == r + mine; break;
+    case COLL_REDUCE_SCATTER:
+    case COLL_SCATTER: sb = cn, rb = c, in_place = r == s + mine; break;
+    default: return CFX_OK;
+    }
+    if (in_place || !(s < r + rb && r < s + sb))
+        return CFX_OK;
+    return cfx__err(CFX_ERR_INVALID, "%s: the send and receive buffers overlap, and not as the "
+                    "call's in-place form (include/conflux/group.h)", what);
+}
+
 /* Bytes of one rank's vector that decide the schedule. */
 static size_t vector_bytes(const struct coll_args *a, size_t esz, int size)
 {
@@ -870,6 +904,8 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
         }
         if ((need_s && !a->sbuf) || (need_r && !a->rbuf))
             return cfx__err(CFX_ERR_INVALID, "%s: NULL buffer", what);
+        if (need_s && need_r)
+            return overlap_check(g, a, what, bytes);
     }
     return CFX_OK;
 }
@@ -1013,18 +1049,23 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
             g->edge_dir = calloc((size_t)g->size, sizeof(*g->edge_dir));
             g->edge_hin = calloc((size_t)g->size, sizeof(*g->edge_hin));
             g->edge_cin = calloc((size_t)g->size, sizeof(*g->edge_cin));
-            if (!g->edge_dir || !g->edge_hin || !g->edge_cin) {
+            g->edge_hrx = calloc((size_t)g->size, sizeof(*g->edge_hrx));
+            if (!g->edge_dir || !g->edge_hin || !g->edge_cin || !g->edge_hrx) {
                 free(g->edge_dir);
                 free(g->edge_hin);
                 free(g->edge_cin);
+                free(g->edge_hrx);
                 g->edge_dir = NULL;
                 g->edge_hin = NULL;
                 g->edge_cin = NULL;
+                g->edge_hrx = NULL;
                 return cfx__err(CFX_ERR_NOMEM, "%s #%" PRIu32 ": out of memory", what, a->seq);
             }
         }
         memset(g->edge_dir, 0, (size_t)g->size);
+        memset(g->edge_hrx, 0xff, (size_t)g->size * sizeof(*g->edge_hrx)); /* -1 */
         x.dir = g->edge_dir;
+        x.hrx = g->edge_hrx;
         x.hin = g->edge_hin;
         x.cin = g->edge_cin;
         x.ask_at = cfx__deadline_ns(COLL_CHECK_ASK_MS);

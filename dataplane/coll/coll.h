@@ -196,6 +196,7 @@ struct cfx_group {
     uint8_t *edge_dir;          /* [size]: coll_exec.dir of the running call */
     struct coll_hdr *edge_hin;  /* [size]: coll_exec.hin of the running call */
     struct coll_chk_msg *edge_cin; /* [size]: coll_exec.cin of the running call */
+    int *edge_hrx;              /* [size]: coll_exec.hrx of the running call */
     /* failures (coll_check.c "failures"): what each rank said when it gave
      * up a call, and the last call this rank failed other than by a
      * disagreement (its leftover messages are no sign of one); ctx->lock */
@@ -277,6 +278,8 @@ struct coll_exec {
     uint8_t *dir;               /* [size]: EDGE_SENT / EDGE_RECVD, header sent to / first
                                  * message posted from each rank */
     struct coll_hdr *hin;       /* [size]: separate headers received */
+    int *hrx;                   /* [size]: the receive that carries the rank's header (msgs
+                                 * index), -1: none posted */
     bool listen;                /* EDGES mode, any call: look at the check channel */
     bool asked;                 /* our header went to every rank on chan_chk */
     bool told;                  /* ... and that we failed the call */

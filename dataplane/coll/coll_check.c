@@ -347,13 +347,34 @@ static bool edge_asked(void *arg, const struct cfx_eager_unexp *u)
     return edge_news(x, from, &c);
 }
 
+/* Receives of the call that are in but not handed on yet (the schedule
+ * waits for another rank's message first): their headers count as soon as
+ * they land, as a stray's does.  A reduce's root of one algorithm waiting
+ * for a child that a rank of another algorithm sends elsewhere had the
+ * differing header in hand and waited out its deadline.  Lock held. */
+static bool edge_landed(struct coll_exec *x)
+{
+    for (int q = 0; q < x->g->size; q++) {
+        int h = x->hrx[q];
+        if (h < 0 || h >= x->nmsgs)
+            continue;
+        const struct coll_msg *m = &x->msgs[h];
+        if (!m->req || cfx__p2p_status_locked(m->req) != CFX_OK)
+            continue; /* handed on (and checked), or not in yet */
+        const void *in = m->front ? (m->pfx ? m->pfx : m->bounce) : &x->hin[q];
+        if (in && edge_differs(x, q, in))
+            return true;
+    }
+    return false;
+}
+
 /* Stop predicate of the waits (lock held): a header of another opinion is in. */
 static bool edge_broken(void *arg)
 {
     struct coll_exec *x = arg;
     struct cfx_context *ctx = x->g->ctx;
-    bool bad = false;
-    if (x->edges && ctx->cfg.eager_max >= CFX_EAGER_LIMIT) {
+    bool bad = x->edges && edge_landed(x);
+    if (!bad && x->edges && ctx->cfg.eager_max >= CFX_EAGER_LIMIT) {
         bad = cfx__eager_unexp_scan(ctx, x->g->chan, edge_stray, x);
         for (int q = 0; q < x->g->size; q++)
             x->dir[q] &= (uint8_t)~EDGE_SEEN;
@@ -567,10 +588,11 @@ int cfx__coll_check_end(struct coll_exec *x, int rc)
         edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
     pthread_mutex_lock(&ctx->lock);
     bool bad = rc == CFX_OK && edge_broken(x);
-    if (rc == CFX_ERR_CANCELED && !x->canceled) {
-        /* a peer withdrew its side of a message: if it did so because it
-         * found a disagreement, its news is on the way (sent before it
-         * withdrew); say that rather than "canceled" */
+    if ((rc == CFX_ERR_CANCELED || rc == CFX_ERR_NOT_FOUND) && !x->canceled) {
+        /* a peer withdrew its side of a message (a send withdrawn before we
+         * asked for it: NOT_FOUND): if it did so because it found a
+         * disagreement, its news is on the way (sent before it withdrew);
+         * say that rather than "canceled" or "not found" */
         uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
         while (!(bad = edge_broken(x)) && cfx__obj_wait(ctx, until))
             ;
@@ -1030,9 +1052,11 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
     pthread_mutex_lock(&ctx->lock);
     const bool closing = cfx__ctx_closing(ctx);
     pthread_mutex_unlock(&ctx->lock);
+    /* NOT_FOUND: a rendezvous send the peer withdrew before we asked for
+     * it (it found the ranks disagree, or gave the call up) */
     const bool lost = rc == CFX_ERR_PEER_FAILED || rc == CFX_ERR_CONNECT ||
                       rc == CFX_ERR_CLOSED || rc == CFX_ERR_IO ||
-                      (rc == CFX_ERR_CANCELED && !closing);
+                      ((rc == CFX_ERR_CANCELED || rc == CFX_ERR_NOT_FOUND) && !closing);
     if (!lost)
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
                         x->a->seq, me, dir, peer, g->ids[peer], why);

@@ -906,6 +906,7 @@ void cfx_group_destroy(struct cfx_group *g)
     free(g->edge_dir);
     free(g->edge_hin);
     free(g->edge_cin);
+    free(g->edge_hrx);
     free(g->gave);
     free(g->ids);
     free(g->nodes);

@@ -20,7 +20,9 @@
  * with CFX_COLL_PARAM_MEMTYPE).  In-place operation: pass the same pointer
  * as send and receive buffer (for allgather / gather, the rank's own block
  * of the receive buffer; for reduce-scatter, the rank's block of the send
- * buffer), as in MPI_IN_PLACE.
+ * buffer), as in MPI_IN_PLACE.  Buffers that overlap in any other way are
+ * refused with CFX_ERR_INVALID (they would be read after they were
+ * written).
  *
  * Thread safety: a group is used by one thread at a time; several groups
  * of one context may be used from different threads.

@@ -233,6 +233,113 @@ Test(coll_group, mismatch_all_ranks, .timeout = 60)
     unsetenv("CFX_COLL_CHECK");
 }
 
+/*
+ * Disagreements a rank sees only in a message it has not handed on yet, or
+ * as a send withdrawn before it asked for it (a new user's trial found
+ * both from Python):
+ *  - a reduce whose root runs a tree and the others a chain: rank 1's
+ *    message (its header of algorithm "chain") is in at the root while the
+ *    root waits for rank 2, which sends to rank 1; the root waited out its
+ *    deadline and blamed rank 2;
+ *  - a direct reduce-scatter where rank 2 has 3 more elements: a rank whose
+ *    rendezvous receive the disagreeing side withdrew got CFX_ERR_NOT_FOUND
+ *    (8 runs in 20), not the disagreement it depends on.
+ * Every rank that waits for data of the other opinion fails with
+ * CFX_ERR_INVALID; the group keeps working.
+ */
+static int body_mismatch_seen_late(struct rank_run *rr)
+{
+    double x[3] = { 1, 1, 1 }, out[3];
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_ALGO | CFX_COLL_PARAM_TIMEOUT,
+                                 .algo = rr->rank == 0 ? CFX_ALGO_TREE : CFX_ALGO_CHAIN,
+                                 .timeout_ms = 15000 };
+    int rc = cfx_group_reduce(rr->g, x, out, 3, CFX_DTYPE_F64, CFX_OP_SUM, 0, &p);
+    if (rr->rank == 0 && rc != CFX_ERR_INVALID)
+        return cfx__err(CFX_ERR_INTERNAL, "the root of a tree among chains got %s: %s",
+                        cfx_errname(rc), cfx_last_error());
+    if (rc != CFX_OK && rc != CFX_ERR_INVALID)
+        return cfx__err(CFX_ERR_INTERNAL, "rank %d of a chain got %s: %s", rr->rank,
+                        cfx_errname(rc), cfx_last_error());
+    if (rr->rank == 0 && !strstr(cfx_last_error(), "algo chain"))
+        return cfx__err(CFX_ERR_INTERNAL, "the other algorithm is not named: %s",
+                        cfx_last_error());
+
+    enum { N = 256 * 1024 }; /* 1 MiB blocks: rendezvous */
+    size_t n = N + (rr->rank == 2 ? 3 : 0);
+    float *s = calloc((size_t)rr->size * n, sizeof(float)), *r = calloc(n, sizeof(float));
+    if (!s || !r) {
+        free(s);
+        free(r);
+        return CFX_ERR_NOMEM;
+    }
+    p.algo = CFX_ALGO_DIRECT;
+    rc = cfx_group_reduce_scatter(rr->g, s, r, n, CFX_DTYPE_F32, CFX_OP_SUM, &p);
+    free(s);
+    free(r);
+    if (rc != CFX_ERR_INVALID)
+        return cfx__err(CFX_ERR_INTERNAL, "rank %d of a direct reduce-scatter whose counts "
+                        "disagree got %s: %s", rr->rank, cfx_errname(rc), cfx_last_error());
+    float one = 1, sum = 0;
+    if ((rc = cfx_group_allreduce(rr->g, &one, &sum, 1, CFX_DTYPE_F32, CFX_OP_SUM, NULL)))
+        return rc;
+    return sum == (float)rr->size ? CFX_OK : cfx__err(CFX_ERR_INTERNAL, "sum %f", (double)sum);
+}
+
+Test(coll_group, mismatch_seen_late, .timeout = 90)
+{
+    ranks_ok("tcp", 3, "ml", body_mismatch_seen_late);
+}
+
+/*
+ * Send and receive buffers that overlap other than in the in-place form
+ * are refused (every rank returned CFX_OK with wrong data: allreduce of
+ * a[0..4) into a[2..6) gave 1,1,3,3,4,4 on every rank); the in-place forms
+ * of allgather (own block of the receive buffer) and reduce-scatter (own
+ * block of the send buffer) still run, with every value checked.
+ */
+static int body_overlap(struct rank_run *rr)
+{
+    float a[8], buf[2 * MAX_RANKS];
+    const int n = rr->size, me = rr->rank;
+    for (int i = 0; i < 8; i++)
+        a[i] = 1;
+    int rc = cfx_group_allreduce(rr->g, a, a + 2, 4, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    if (rc != CFX_ERR_INVALID || !strstr(cfx_last_error(), "overlap"))
+        return cfx__err(CFX_ERR_INTERNAL, "overlapping allreduce gave %s: %s", cfx_errname(rc),
+                        cfx_last_error());
+    for (int i = 0; i < 8; i++)
+        if (a[i] != 1)
+            return cfx__err(CFX_ERR_INTERNAL, "the refused call wrote a[%d] = %g", i,
+                            (double)a[i]);
+    /* allgather in place: this rank's block of the receive buffer */
+    for (int i = 0; i < 2 * n; i++)
+        buf[i] = i / 2 == me ? (float)(me * 10 + i % 2) : -1;
+    rc = cfx_group_allgather(rr->g, buf + 2 * me, buf, 2, CFX_DTYPE_F32, NULL);
+    if (rc != CFX_OK)
+        return rc;
+    for (int i = 0; i < 2 * n; i++)
+        if (buf[i] != (float)((i / 2) * 10 + i % 2))
+            return cfx__err(CFX_ERR_INTERNAL, "in-place allgather: [%d] = %g", i, (double)buf[i]);
+    /* reduce-scatter in place: this rank's block of the send buffer */
+    for (int i = 0; i < 2 * n; i++)
+        buf[i] = (float)(i + me);
+    rc = cfx_group_reduce_scatter(rr->g, buf, buf + 2 * me, 2, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    if (rc != CFX_OK)
+        return rc;
+    for (int k = 0; k < 2; k++) {
+        float want = (float)(n * (2 * me + k) + n * (n - 1) / 2);
+        if (buf[2 * me + k] != want)
+            return cfx__err(CFX_ERR_INTERNAL, "in-place reduce-scatter: [%d] = %g, want %g",
+                            2 * me + k, (double)buf[2 * me + k], (double)want);
+    }
+    return CFX_OK;
+}
+
+Test(coll_group, overlapping_buffers_are_refused, .timeout = 60)
+{
+    ranks_ok("tcp", 3, "ov", body_overlap);
+}
+
 /* Non-blocking calls run in posting order, and a blocking call waits for
  * them: rank 0 posts a broadcast then an allreduce of its result. */
 static int body_nb(struct rank_run *rr)
