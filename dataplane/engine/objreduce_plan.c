@@ -353,7 +353,10 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
 {
     const struct cfx_task_needs *nd = pl->place;
     bool set = nd && (nd->field_mask & CFX_TASK_NEEDS_NODES);
-    if (set && (nd->n_nodes > CFX_TASK_NODES_MAX || (nd->n_nodes && !nd->nodes)))
+    if (set && nd->n_nodes && !nd->nodes)
+        return cfx__err(CFX_ERR_INVALID, "reduce into %s: a node set of %zu nodes with no node "
+                        "list", pl->hex, nd->n_nodes);
+    if (set && nd->n_nodes > CFX_TASK_NODES_MAX)
         return cfx__err(CFX_ERR_INVALID, "reduce into %s: a node set of %zu nodes (at most "
                         "%d)", pl->hex, nd->n_nodes, CFX_TASK_NODES_MAX);
     t->flags = CFX_PROTO_TASK_DATA;

@@ -532,7 +532,10 @@ static int task_msg(const char *what, const char *name, const struct cfx_object_
     t->memory = (f & CFX_TASK_NEEDS_MEMORY) ? needs->memory : 0;
     t->gpus = (f & CFX_TASK_NEEDS_GPUS) ? needs->gpus : 0;
     if (f & CFX_TASK_NEEDS_NODES) {
-        if (needs->n_nodes > CFX_TASK_NODES_MAX || (needs->n_nodes && !needs->nodes))
+        if (needs->n_nodes && !needs->nodes)
+            return cfx__err(CFX_ERR_INVALID, "%s: a node set of %zu nodes with no node list",
+                            what, needs->n_nodes);
+        if (needs->n_nodes > CFX_TASK_NODES_MAX)
             return cfx__err(CFX_ERR_INVALID, "%s: a node set of %zu nodes (at most %d)", what,
                             needs->n_nodes, CFX_TASK_NODES_MAX);
         t->nnodes = (uint8_t)needs->n_nodes;

@@ -38,6 +38,9 @@ static int job_check(struct cfx_context *ctx, const char *job, int timeout_ms, c
     bool present = false;
     if (timeout_ms < 0)
         return cfx__err(CFX_ERR_INVALID, "%s: timeout %d ms is negative", what, timeout_ms);
+    if (strlen(job) >= PS_JOB_MAX || strchr(job, '/')) /* as cfx_ps_create() refuses it */
+        return cfx__err(CFX_ERR_INVALID, "%s: job name '%s' is not 1..%d characters without "
+                        "'/'", what, job, PS_JOB_MAX - 1);
     cfx__ps_obj_id(job, "map", 1, 0, &id);
     int rc = cfx__ps_probe(ctx, &id, 1, cfx__deadline_ns(timeout_ms), &present);
     if (rc != CFX_OK)
@@ -64,6 +67,9 @@ static int admin(struct cfx_context *ctx, const char *job, uint32_t cmd, int arg
     cfx__err_clear();
     if (!ctx || !job || !*job)
         return cfx__err(CFX_ERR_INVALID, "ps admin: NULL context or job");
+    if ((cmd == PS_ADMIN_ADD || cmd == PS_ADMIN_REMOVE) && (arg < 0 || arg >= PS_MAX_SERVERS))
+        return cfx__err(CFX_ERR_INVALID, "ps admin: server index %d is not in 0..%d", arg,
+                        PS_MAX_SERVERS - 1);
     int rc = job_check(ctx, job, timeout_ms, "ps admin");
     if (rc != CFX_OK)
         return rc;

@@ -689,6 +689,9 @@ def test_reduce_objects_needs_a_dtype(ctx):
     # np.dtype(None) is float64: float32 inputs were summed as float64 garbage
     with pytest.raises(ValueError, match="dtype is required"):
         ctx.reduce_objects(["a", "b"], "r", dtype=None)
+    # a dtype the library does not reduce is a TypeError, as for an array of it
+    with pytest.raises(TypeError, match="is not one the library reduces"):
+        ctx.reduce_objects(["a", "b"], "r", dtype=np.int8)
 
 
 def test_forked_child_leaves_the_parents_context_alone(coord):

@@ -53,7 +53,11 @@ def numpy_code(dt: np.dtype) -> int | None:
 
 
 def dtype_code(dt: Any) -> int:
-    """cfx dtype of a name, numpy dtype or torch dtype; ValueError otherwise."""
+    """cfx dtype of a name, numpy dtype or torch dtype.
+
+    None is a ValueError (a dtype is required); a dtype the library does not
+    reduce is a TypeError, as for an array of that dtype.
+    """
     if isinstance(dt, str) and dt.lower() in NAMES:
         return NAMES[dt.lower()]
     if dt is None:  # np.dtype(None) is float64: a default nobody asked for
@@ -67,7 +71,7 @@ def dtype_code(dt: Any) -> int:
     except TypeError:
         code = None
     if code is None:
-        raise ValueError(f"dtype {dt!r} is not one the library reduces "
+        raise TypeError(f"dtype {dt!r} is not one the library reduces "
                          "(float32, float64, float16, bfloat16, int32, int64, uint8)")
     return code
 
