@@ -21,6 +21,7 @@
 
 #include "control/client.h"
 #include "coord_child.h"
+#include "proto_bytes.h"
 #include "testutil.h"
 
 #define STALL_MS   500
@@ -98,17 +99,6 @@ static void put_hello(struct cfx_ctl *ctl, struct cfx_object_id *id)
     memcpy(id->bytes, "abuse-test-obj", 14);
     cr_assert_eq(cfx__ctl_obj_put(ctl, id, 5, 4096, "hello", cfx__deadline_ns(5000)), CFX_OK,
                  "%s", cfx_last_error());
-}
-
-static void hdr_bytes(uint8_t *b, uint8_t type, uint32_t len)
-{
-    memset(b, 0, CFX_PROTO_HDR_LEN);
-    b[0] = (uint8_t)CFX_PROTO_MAGIC;
-    b[1] = (uint8_t)(CFX_PROTO_MAGIC >> 8);
-    b[2] = CFX_PROTO_VERSION;
-    b[3] = type;
-    for (int i = 0; i < 4; i++)
-        b[4 + i] = (uint8_t)(len >> (8 * i));
 }
 
 Test(coord_abuse, garbage_truncated_and_absurd_lengths)

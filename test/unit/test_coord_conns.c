@@ -33,6 +33,7 @@
 #include "control/proto.h"
 #include "dataplane/common/util.h"
 #include "coord_fixture.h"
+#include "proto_bytes.h"
 #include "testutil.h"
 
 TestSuite(coord_conns, .init = coord_fixture_setup, .fini = coord_fixture_teardown,
@@ -322,17 +323,6 @@ Test(coord_conns, non_reader_is_not_read_until_it_reads)
                  (unsigned long long)last);
     raw_status(a, last + 1);
     close(a);
-}
-
-static void hdr_bytes(uint8_t *b, uint8_t type, uint32_t len)
-{
-    memset(b, 0, CFX_PROTO_HDR_LEN);
-    b[0] = (uint8_t)CFX_PROTO_MAGIC;
-    b[1] = (uint8_t)(CFX_PROTO_MAGIC >> 8);
-    b[2] = CFX_PROTO_VERSION;
-    b[3] = type;
-    for (int i = 0; i < 4; i++)
-        b[4 + i] = (uint8_t)(len >> (8 * i));
 }
 
 /*

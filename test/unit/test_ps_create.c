@@ -299,6 +299,23 @@ static void lost_expect_counted(const struct lost_job *j)
                  st.lost_steps);
 }
 
+/* Step 2 on both workers (push-pulls, exact sums), the lost step counted
+ * once, the job down. */
+static void lost_last_step(struct lost_job *j)
+{
+    int rc[2];
+    float out[2][LOST_N], g[2][LOST_N];
+    lost_step(j, 2, true, rc, out, g);
+    for (int w = 0; w < 2; w++)
+        cr_assert_eq(rc[w], CFX_OK, "worker %d, step 2: %s", w, cfx_errname(rc[w]));
+    for (int i = 0; i < LOST_N; i++)
+        j->want[i] += g[0][i] + g[1][i];
+    lost_expect(j, out[0], "step 2, worker 0");
+    lost_expect(j, out[1], "step 2, worker 1");
+    lost_expect_counted(j);
+    lost_job_down(j);
+}
+
 TestSuite(ps_lost, .init = setup, .fini = teardown, .timeout = 60);
 
 Test(ps_lost, next_pushpull_counts_the_lost_step_empty)
@@ -306,17 +323,7 @@ Test(ps_lost, next_pushpull_counts_the_lost_step_empty)
     struct lost_job j;
     lost_job_up(&j);
     lost_first_steps(&j);
-    int rc[2];
-    float out[2][LOST_N], g[2][LOST_N];
-    lost_step(&j, 2, true, rc, out, g);
-    for (int w = 0; w < 2; w++)
-        cr_assert_eq(rc[w], CFX_OK, "worker %d, step 2: %s", w, cfx_errname(rc[w]));
-    for (int i = 0; i < LOST_N; i++)
-        j.want[i] += g[0][i] + g[1][i];
-    lost_expect(&j, out[0], "step 2, worker 0");
-    lost_expect(&j, out[1], "step 2, worker 1");
-    lost_expect_counted(&j);
-    lost_job_down(&j);
+    lost_last_step(&j);
 }
 
 /* Worker 0 pulls after its lost push (under BSP its pull waits for round
@@ -331,17 +338,7 @@ Test(ps_lost, next_pull_counts_the_lost_step_empty)
     cr_assert_eq(rc, CFX_OK, "worker 0's pull after its lost push: %s: %s", cfx_errname(rc),
                  cfx_last_error());
     lost_expect(&j, out, "worker 0's pull after round 1");
-    int rcs[2];
-    float outs[2][LOST_N], g[2][LOST_N];
-    lost_step(&j, 2, true, rcs, outs, g);
-    for (int w = 0; w < 2; w++)
-        cr_assert_eq(rcs[w], CFX_OK, "worker %d, step 2: %s", w, cfx_errname(rcs[w]));
-    for (int i = 0; i < LOST_N; i++)
-        j.want[i] += g[0][i] + g[1][i];
-    lost_expect(&j, outs[0], "step 2, worker 0");
-    lost_expect(&j, outs[1], "step 2, worker 1");
-    lost_expect_counted(&j);
-    lost_job_down(&j);
+    lost_last_step(&j);
 }
 
 /* ---- administrators at once ------------------------------------------------------ */
