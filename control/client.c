@@ -109,21 +109,17 @@ int cfx__ctl_broken(struct cfx_ctl *ctl)
     return b;
 }
 
-/* The send lock by @p deadline (a monotonic one; the lock's clock is
- * CLOCK_REALTIME, so the time left is what carries over). */
+/* The send lock by @p deadline (CLOCK_MONOTONIC, as every deadline here). */
 static int lock_send(struct cfx_ctl *ctl, uint64_t deadline)
 {
     if (deadline == UINT64_MAX) {
         pthread_mutex_lock(&ctl->send_lock);
         return CFX_OK;
     }
-    uint64_t now = cfx__now_ns(), left = deadline > now ? deadline - now : 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + left % 1000000000ull;
-    ts.tv_sec += (time_t)(left / 1000000000ull + ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    return pthread_mutex_timedlock(&ctl->send_lock, &ts) == 0 ? CFX_OK : CFX_ERR_TIMEOUT;
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+    return pthread_mutex_clocklock(&ctl->send_lock, CLOCK_MONOTONIC, &ts) == 0 ? CFX_OK
+                                                                                : CFX_ERR_TIMEOUT;
 }
 
 /* Write a whole frame by @p deadline.  A frame cut short would leave the
@@ -852,11 +848,11 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
  * file-descriptor or connection limit, or is going down for a restart),
  * tries again with backoff until @p deadline; the last error names the
  * coordinator and how long it was tried.  So does one refused at a
- * connection cap during the handshake (CFX_ERR_NO_RESOURCE naming
+ * connection cap before its challenge (CFX_ERR_NO_RESOURCE naming
  * max_conns, max_unauth_per_ip or max_unauth_conns): those are transient,
  * handshakes end within a round trip, and a burst of ranks on one host can
- * meet the per-source cap.  Any other refusal (token, version, mode) is
- * final.  ADMIN clients (rdmactl) try once.
+ * meet the per-source cap.  Any other refusal (token, version, mode; a
+ * JOIN refused at max_nodes or out of node ids) is final.  ADMIN clients (rdmactl) try once.
  */
 static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *params,
                          uint64_t deadline)
@@ -880,7 +876,7 @@ static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *param
          * the news, not the last attempt's timeout */
         if (rc == CFX_ERR_TIMEOUT && why[0])
             rc = why_rc;
-        else if ((rc != CFX_ERR_CONNECT && rc != CFX_ERR_NO_RESOURCE) ||
+        else if ((rc != CFX_ERR_CONNECT && !(rc == CFX_ERR_NO_RESOURCE && ctl->door_refused)) ||
                  ctl->role != CFX_CTL_ROLE_NODE)
             return rc;
         else {
@@ -911,10 +907,12 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     pthread_mutex_lock(&ctl->send_lock); /* a new connection starts plain */
     cfx__ctl_seal_stop(&ctl->seal);
     pthread_mutex_unlock(&ctl->send_lock);
+    ctl->door_refused = 0;
     rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR) {
+        ctl->door_refused = 1; /* before its challenge: a connection cap */
         rc = cfx__ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
         goto out_free;
     }

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -21,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -73,6 +76,11 @@ static void conn_flush(struct coord_conn *c)
         }
         f->off += (size_t)n;
         c->out_bytes -= (size_t)n;
+        /* a paused member's heartbeats wait unread behind its requests:
+         * while it takes our replies it is alive (it is declared dead only
+         * when nothing drained for dead_after_ms) */
+        if (c->out_paused && c->node)
+            c->node->last_seen_ns = cfx__now_ns();
         if (!c->failing)
             co->buffered -= (uint64_t)n;
         if (f->off == f->len) {
@@ -94,6 +102,16 @@ static void conn_flush(struct coord_conn *c)
     conn_want(c);
     if (cfx_list_empty(&c->outq) && c->close_after_flush)
         cfx__coord_conn_fail(c);
+}
+
+bool cfx__coord_conn_draining(struct coord_conn *c)
+{
+    int q = 0;
+    if (!c->out_paused || c->failing || ioctl(c->fd, SIOCOUTQ, &q) < 0)
+        return false;
+    bool took = q < c->outq_seen;
+    c->outq_seen = q;
+    return took;
 }
 
 void cfx__coord_send(struct coord_conn *c, const struct cfx_msg *m)
@@ -628,6 +646,7 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
              * sends block) until they drain (conn_flush), so that requests
              * cannot make us queue replies without bound. */
             c->out_paused = 1;
+            c->outq_seen = INT_MAX; /* the first look counts as progress */
             conn_want(c);
             break;
         }

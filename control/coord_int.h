@@ -113,6 +113,7 @@ struct coord_conn {
     size_t frame_need;          /* that frame's length, once its header came (0: not yet) */
     int out_paused;             /* more than COORD_OUTQ_PAUSE replies queued: its requests
                                  * wait unread until they drain */
+    int outq_seen;              /* paused: its socket's unsent bytes at the last tick */
     struct cfx_list outq;       /* struct coord_frame, oldest first */
     size_t out_bytes;           /* bytes queued in outq */
     struct coord_node *node;    /* member record once joined */
@@ -130,7 +131,8 @@ struct coord_conn {
 struct coord_node {
     struct cfx_list link;       /* coord->nodes, in id order */
     struct cfx_node_rec rec;    /* rec.alive tracks liveness */
-    uint64_t last_seen_ns;      /* last frame from it */
+    uint64_t last_seen_ns;      /* last frame from it, or (its connection paused: coord.c)
+                                 * the last of our replies it took */
     struct coord_conn *conn;    /* NULL once dead */
     uint64_t dead_ns;           /* when it died (0 while alive) */
     struct cfx_list holdings;   /* struct coord_holder.node_link */
@@ -464,6 +466,9 @@ void cfx__coord_reply_ok(struct coord_conn *c, uint64_t req_id);
 void cfx__coord_reply_err(struct coord_conn *c, uint64_t req_id, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void cfx__coord_conn_fail(struct coord_conn *c);
+/* A paused connection whose peer took bytes since the last look (its
+ * socket's send queue shrank): alive though its frames wait unread. */
+bool cfx__coord_conn_draining(struct coord_conn *c);
 
 /* coord_members.c */
 void cfx__coord_members_init(struct cfx_coord *co);

@@ -473,6 +473,10 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
 
     cfx_list_for_each(pos, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        /* its heartbeats wait unread behind its requests while its
+         * replies drain (coord.c): alive while its socket drains */
+        if (n->rec.alive && n->conn && cfx__coord_conn_draining(n->conn))
+            n->last_seen_ns = now;
         if (n->rec.alive && now - n->last_seen_ns > limit) {
             snprintf(why, sizeof(why), "no heartbeat for %llu ms (limit %u ms)",
                      (unsigned long long)((now - n->last_seen_ns) / 1000000ull),

@@ -54,16 +54,19 @@
 static uint32_t parked_hash(const struct cfx_coord *co, const struct cfx_object_id *id)
 {
     uint64_t x, y;
+    uint32_t z;
     memcpy(&x, id->bytes, sizeof(x));
     memcpy(&y, id->bytes + 8, sizeof(y));
+    memcpy(&z, id->bytes + 16, sizeof(z)); /* every byte: a peer picks the ids */
     x ^= co->parked_seed;
+    y ^= (uint64_t)z << 32 | z;
     x ^= y * 0x9e3779b97f4a7c15ull;
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 33;
     x *= 0xc4ceb9fe1a85ec53ull;
     x ^= x >> 33;
-    return (uint32_t)x ^ ((uint32_t)id->bytes[19] << 24);
+    return (uint32_t)x;
 }
 
 int cfx__coord_waits_init(struct cfx_coord *co)

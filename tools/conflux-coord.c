@@ -272,10 +272,13 @@ int main(int argc, char **argv)
         case 'Q':
         case 'm': {
             size_t sz;
+            /* a budget below one largest frame and one connection's pause
+             * mark (1 MiB) would close a connection for an ordinary put */
+            size_t lo = c == 'm' ? (size_t)CFX_PROTO_MAX_PAYLOAD + (1u << 20) : 1;
             if (tool_arg_size(PROG, c == 'B'   ? "--max-node-bytes"
                                     : c == 'Q' ? "--max-conn-outq"
                                                : "--max-buffered",
-                              optarg, 1, SIZE_MAX, &sz))
+                              optarg, lo, SIZE_MAX, &sz))
                 return TOOL_EXIT_USAGE;
             if (c == 'B')
                 params.max_node_bytes = sz;

@@ -408,3 +408,54 @@ Test(coord_conns, announced_length_is_not_held_up_front)
         close(s[i]);
     }
 }
+
+/*
+ * A member whose connection is paused (more than 1 MiB of replies queued)
+ * is not read, its heartbeats included: while it takes its replies it is
+ * alive.  A member that sent a burst of requests and then read its replies
+ * slowly but steadily (32 KiB every 50 ms, heartbeating) was declared dead
+ * at dead_after_ms (600 ms here) before; draining counts now, so it is
+ * declared dead only when nothing drained for that long.
+ */
+Test(coord_conns, paused_member_that_reads_is_alive)
+{
+    static uint8_t req[4 << 20], sink[1 << 15];
+    struct deaths d;
+    deaths_init(&d);
+    struct cfx_ctl *watcher = open_node("watcher", &d);
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE);
+    char text[256];
+    int64_t id = raw_join(s, 0, 1, text, sizeof(text));
+    cr_assert_gt(id, 0, "%s", text);
+    /* 200000 requests: about 90 MB of replies, far over the pause mark */
+    size_t n = status_burst(req, sizeof(req), 100, 200000), off = 0;
+    uint64_t dl = cfx__deadline_ns(CALL_MS);
+    while (off < n && cfx__now_ns() < dl) {
+        ssize_t k = send(s, req + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            off += (size_t)k;
+            continue;
+        }
+        struct pollfd p = { .fd = s, .events = POLLOUT };
+        poll(&p, 1, 10);
+        (void)recv(s, sink, 4096, MSG_DONTWAIT); /* a little, so sends go on */
+    }
+    /* read slowly for ten times dead_after_ms */
+    uint64_t t0 = cfx__now_ns(), dead = 0;
+    long got = 0;
+    while (!dead && ms_since(t0) < 10 * DEAD_MS) {
+        struct cfx_msg hb = { .type = CFX_MSG_HEARTBEAT };
+        raw_send(s, &hb);
+        ssize_t k, tot = 0;
+        while (tot < (ssize_t)sizeof(sink) &&
+               (k = recv(s, sink, sizeof(sink) - (size_t)tot, MSG_DONTWAIT)) > 0)
+            tot += k;
+        got += tot;
+        dead = wait_dead(&d, (uint32_t)id, 50);
+    }
+    cr_assert_eq(dead, 0, "a member that took %ld bytes of its replies in %llu ms was declared "
+                 "dead", got, (unsigned long long)ms_since(t0));
+    cr_assert_gt(got, 0);
+    close(s);
+    cfx__ctl_close(watcher);
+}
