@@ -205,7 +205,7 @@ Test(coord_restart, node_given_a_new_id)
     size_t tn = fread(text, 1, sizeof(text) - 1, lf);
     fclose(lf);
     text[tn] = '\0';
-    char *said = strstr(text, "gave this node id 1 (it was 2)");
+    char *said = strstr(text, "gave this node id 1 (it was 2: ");
     cr_assert_not_null(said, "no line of the new id in %s:\n%s", logpath, text);
     *said = '\0';
     if ((end = strrchr(text, '\n')))
