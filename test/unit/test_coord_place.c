@@ -714,7 +714,7 @@ Test(place, query_reservations_per_member_are_capped)
 Test(place, task_waits_per_connection_are_capped)
 {
     struct cfx_msg m;
-    struct cfx_msg_task_st st;
+    struct cfx_msg_task_st st = { 0 };
     task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
     m.u.task.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
     cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
