@@ -52,7 +52,8 @@ static void index_squeeze(struct cfx_coord *co)
 int cfx__coord_dir_index_add(struct cfx_coord *co, struct coord_obj *o)
 {
     if (co->obj_index_len == co->obj_index_cap) {
-        if (co->obj_index_holes >= INDEX_SQUEEZE_MIN && co->obj_index_holes >= co->obj_index_len / 4) {
+        if (co->obj_index_holes >= INDEX_SQUEEZE_MIN &&
+            co->obj_index_holes >= co->obj_index_len / 4) {
             index_squeeze(co);
         } else {
             uint32_t ncap = co->obj_index_cap ? 2 * co->obj_index_cap : INDEX_CAP_INITIAL;

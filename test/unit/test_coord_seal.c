@@ -779,7 +779,8 @@ Test(coord_seal, client_refuses_a_coordinators_timings_out_of_range, .timeout = 
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct fake_coord f = { .hb = cases[i][0], .dead = cases[i][1] };
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        struct sockaddr_in sa = { .sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t sl = sizeof(sa);
         f.ls = socket(AF_INET, SOCK_STREAM, 0);
         cr_assert_geq(f.ls, 0);
@@ -797,9 +798,9 @@ Test(coord_seal, client_refuses_a_coordinators_timings_out_of_range, .timeout = 
         snprintf(addr, sizeof(addr), "%s", real);
         cr_assert_eq(rc, CFX_ERR_PROTO, "case %zu: got %s: %s", i, cfx_errname(rc),
                      cfx_last_error());
-        cr_assert(strstr(cfx_last_error(), i == 1 ? "heartbeat interval 0"
-                                                  : "heartbeat or dead-after time above 3600000 ms"),
-                  "case %zu: %s", i, cfx_last_error());
+        const char *want = i == 1 ? "heartbeat interval 0"
+                                  : "heartbeat or dead-after time above 3600000 ms";
+        cr_assert(strstr(cfx_last_error(), want), "case %zu: %s", i, cfx_last_error());
         cr_assert(strstr(cfx_last_error(), fake), "the coordinator is not named: %s",
                   cfx_last_error());
         cr_assert_null(ctl);

@@ -106,7 +106,8 @@ static void *member_create(void *arg)
         .num_workers = 2,
         .num_servers = 1,
         .consistency = CFX_PS_BSP,
-        .timeout_ms = m->job ? m->timeout_ms : 3000, /* told at half of it: 1.5 s before the deadline */
+        /* "bsp": told at half of it, 1.5 s before the deadline */
+        .timeout_ms = m->job ? m->timeout_ms : 3000,
     };
     m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
     snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
