@@ -848,8 +848,9 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
  * file-descriptor or connection limit, or is going down for a restart),
  * tries again with backoff until @p deadline; the last error names the
  * coordinator and how long it was tried.  So does one refused at a
- * connection cap before its challenge (CFX_ERR_NO_RESOURCE naming
- * max_conns, max_unauth_per_ip or max_unauth_conns): those are transient,
+ * connection cap before AUTH_OK (CFX_ERR_NO_RESOURCE naming max_conns,
+ * or max_unauth_per_ip / max_unauth_conns when it was closed to make room
+ * for a newer one): those are transient,
  * handshakes end within a round trip, and a burst of ranks on one host can
  * meet the per-source cap.  Any other refusal (token, version, mode; a
  * JOIN refused at max_nodes or out of node ids) is final.  ADMIN clients (rdmactl) try once.
@@ -907,12 +908,13 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     pthread_mutex_lock(&ctl->send_lock); /* a new connection starts plain */
     cfx__ctl_seal_stop(&ctl->seal);
     pthread_mutex_unlock(&ctl->send_lock);
-    ctl->door_refused = 0;
+    /* until AUTH_OK a refusal is the door's: a connection cap, or this
+     * connection closed to make room (connect_first tries again) */
+    ctl->door_refused = 1;
     rc = recv_sync(ctl, deadline, "authentication", &m, &frame);
     if (rc != CFX_OK)
         return rc;
     if (m.type == CFX_MSG_ERROR) {
-        ctl->door_refused = 1; /* before its challenge: a connection cap */
         rc = cfx__ctl_err(ctl, m.u.error.status, "authentication", "%s", m.u.error.text);
         goto out_free;
     }
@@ -981,6 +983,7 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
     }
     free(frame);
     frame = NULL;
+    ctl->door_refused = 0; /* in: what is refused from here on is final */
     /* every frame after AUTH_OK, both ways, is sealed (ctl_seal.h) */
     pthread_mutex_lock(&ctl->send_lock);
     rc = cfx__ctl_seal_start(&ctl->seal, ctl->secure, params->token, snonce, cnonce,

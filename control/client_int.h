@@ -68,8 +68,8 @@ struct cfx_ctl {
     int closing;
     int interrupted;                 /* cfx__ctl_interrupt(): calls end CFX_ERR_CANCELED */
     int reconnecting;                /* broken, and the reader is reconnecting */
-    int door_refused;                /* the last handshake was refused before its challenge
-                                      * (a connection cap: connect_first tries again) */
+    int door_refused;                /* the last handshake ended before AUTH_OK (a connection
+                                      * cap or an eviction: connect_first tries again) */
     pthread_cond_t conn_cond;        /* broadcast when reconnecting ends */
     uint64_t lost_ns;                /* when the connection was lost; 0 while connected */
     uint64_t reconnects;             /* successful reconnections */

@@ -874,30 +874,45 @@ static void refuse_at_cap(struct cfx_coord *co, int fd, const char *peer, const 
 }
 
 /*
- * max_unauth_conns is reached: the oldest unauthenticated connection goes
- * to make room, rather than the newcomer being refused.  It has proved
- * nothing for the longest time; refusing newcomers instead let a flood of
- * silent connections lock every token holder out.  One source holds at
- * most max_unauth_per_ip of them, so a flood needs many addresses to push
- * a token holder's handshake (one round trip) out, and a node client whose
- * handshake is cut tries again.
+ * A cap on connections waiting to authenticate is reached: the oldest of
+ * them goes to make room (of the newcomer's address at max_unauth_per_ip,
+ * of all at max_unauth_conns), rather than the newcomer being refused.  It
+ * has proved nothing for the longest time; refusing newcomers instead let
+ * a flood of silent connections lock every token holder out, even one
+ * behind the flood's own address.  A token holder's handshake takes one
+ * round trip, so a flood must open a whole cap's worth of connections
+ * within it to push it out, and a node client whose handshake is cut tries
+ * again.
  */
-static void evict_oldest_unauth(struct cfx_coord *co)
+static void evict_unauth(struct cfx_coord *co, struct coord_conn *old, const char *cap,
+                         uint32_t limit)
 {
-    struct coord_conn *old = cfx_list_entry(co->unauth.next, struct coord_conn, unauth_link);
     uint64_t now = cfx__now_ns();
     unsigned long long ms = (now - old->accepted_ns) / 1000000ull;
     char text[CFX_PROTO_TEXT_MAX];
 
-    snprintf(text, sizeof(text), "coordinator %s closes this connection: max_unauth_conns (%u) "
-             "reached, and it is the oldest not authenticated (%llu ms)", co->addr,
-             co->max_unauth_conns, ms);
+    snprintf(text, sizeof(text), "coordinator %s closes this connection: %s (%u) reached, and "
+             "it is the oldest not authenticated (%llu ms)", co->addr, cap, limit, ms);
     if (cfx_list_empty(&old->outq)) /* its challenge went out whole */
         send_error_now(old->fd, CFX_ERR_NO_RESOURCE, text);
-    ratelog(&co->evict_log, now, "closing %s: max_unauth_conns (%u) reached, and it is the "
-            "oldest not authenticated (%llu ms)", old->peer, co->max_unauth_conns, ms);
+    ratelog(&co->evict_log, now, "closing %s: %s (%u) reached, and it is the oldest not "
+            "authenticated (%llu ms)", old->peer, cap, limit, ms);
     co->evicted_conns++;
     cfx__coord_conn_fail(old);
+}
+
+/* The oldest connection of @p ip still waiting to authenticate (the
+ * address's bucket keeps them in arrival order). */
+static struct coord_conn *oldest_unauth_from(struct cfx_coord *co, uint32_t ip)
+{
+    struct cfx_list *pos, *b = ip_bucket(co, ip);
+    cfx_list_for_each(pos, b)
+    {
+        struct coord_conn *c = cfx_list_entry(pos, struct coord_conn, ip_link);
+        if (c->ip == ip)
+            return c;
+    }
+    return NULL;
 }
 
 static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *sa)
@@ -915,13 +930,13 @@ static void accept_one(struct cfx_coord *co, int fd, const struct sockaddr_in *s
         return;
     }
     from = unauth_from(co, sa->sin_addr.s_addr);
-    if (from >= co->max_unauth_per_ip) {
-        snprintf(why, sizeof(why), "%u connections from %s not authenticated yet", from, ip);
-        refuse_at_cap(co, fd, peer, "max_unauth_per_ip", co->max_unauth_per_ip, why);
-        return;
-    }
-    if (co->nunauth >= co->max_unauth_conns)
-        evict_oldest_unauth(co);
+    struct coord_conn *old = from >= co->max_unauth_per_ip
+                                 ? oldest_unauth_from(co, sa->sin_addr.s_addr) : NULL;
+    if (old)
+        evict_unauth(co, old, "max_unauth_per_ip", co->max_unauth_per_ip);
+    else if (co->nunauth >= co->max_unauth_conns)
+        evict_unauth(co, cfx_list_entry(co->unauth.next, struct coord_conn, unauth_link),
+                     "max_unauth_conns", co->max_unauth_conns);
     c = calloc(1, sizeof(*c));
     if (!c)
         goto err_close;

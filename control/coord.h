@@ -56,7 +56,7 @@ struct cfx_coord_params {
                                    * put of a new id beyond gets CFX_ERR_NO_RESOURCE naming
                                    * max_objects (default 4194304) */
     uint32_t max_unauth_per_ip;   /* connections not yet authenticated from one source
-                                   * address; a newer one is refused (default 16) */
+                                   * address; a newer one closes the oldest (default 16) */
     uint64_t max_buffered;        /* reply and request bytes held for all connections
                                    * together; beyond, the connection holding the most
                                    * is closed (default 256 MiB) */

@@ -386,9 +386,10 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
           "Connections closed for a frame that failed its CFX_SECURE check (tampered with, "
           "replayed or not sealed).", co->seal_failures },
         { "conflux_coord_conns_refused_total",
-          "Connections refused at max_conns or max_unauth_per_ip.", co->refused_conns },
+          "Connections refused at max_conns.", co->refused_conns },
         { "conflux_coord_conns_evicted_total",
-          "Unauthenticated connections closed at max_unauth_conns for a newer one.",
+          "Unauthenticated connections closed at max_unauth_conns or max_unauth_per_ip for "
+          "a newer one.",
           co->evicted_conns },
         { "conflux_coord_conns_over_budget_total",
           "Connections closed at max_buffered (they held the most bytes).", co->budget_closed },

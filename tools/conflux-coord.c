@@ -84,7 +84,7 @@ static void usage(FILE *f)
             "  --max-unauth-conns N connections not yet authenticated (default 256); a new\n"
             "                      one beyond closes the oldest of them\n"
             "  --max-unauth-per-ip N connections not yet authenticated from one source\n"
-            "                      address; a new one beyond is refused (default 16)\n"
+            "                      address; a new one beyond closes the oldest (default 16)\n"
             "  --max-conns N       connections in all (default 4096)\n"
             "  --max-conn-outq SIZE reply bytes queued to one connection before it is\n"
             "                      closed as too slow (default 64M); above 1M its requests\n"

@@ -76,16 +76,35 @@ static bool quiet_and_open(int s)
 
 /*
  * Four unauthenticated connections at most, two per source.  A third from
- * one source is refused naming max_unauth_per_ip (and closes nobody); a
- * token holder from another source gets in, and the oldest silent
- * connection is closed for it, told so; the others stay.  Before, the
- * newcomer was refused (max_unauth_conns) while the silent ones stayed: a
- * flood of them locked every token holder out.
+ * one source comes in and the oldest of that source is closed, told so
+ * (max_unauth_per_ip); a token holder from another source gets in, and the
+ * oldest silent connection of all is closed for it (max_unauth_conns); the
+ * others stay.  A token holder behind a flood's own address gets in too.
+ * Before, the newcomer was refused while the silent ones stayed: a flood of
+ * them locked every token holder out (first of all, one sharing the
+ * flood's address).
  */
-Test(coord_conns, silent_flood_evicts_oldest_and_token_holder_gets_in)
+static void expect_evicted(int s, const char *cap)
 {
     char text[CFX_PROTO_TEXT_MAX];
-    int st = 0, u[4];
+    int st = 0;
+    cr_assert_eq(first_frame(s, &st, text, sizeof(text)), CFX_MSG_ERROR);
+    cr_assert_eq(st, CFX_ERR_NO_RESOURCE);
+    cr_assert(strstr(text, cap) && strstr(text, "oldest"), "%s", text);
+    cr_assert_geq(wait_closed(s, CALL_MS), 0, "the oldest was not closed");
+    close(s);
+}
+
+static void expect_challenged(int s)
+{
+    char text[CFX_PROTO_TEXT_MAX];
+    int st = 0;
+    cr_assert_eq(first_frame(s, &st, text, sizeof(text)), CFX_MSG_CHALLENGE, "%s", text);
+}
+
+Test(coord_conns, silent_flood_evicts_oldest_and_token_holder_gets_in)
+{
+    int u[4];
 
     cfx__coord_stop(coord);
     caps.max_unauth_conns = 4;
@@ -95,46 +114,57 @@ Test(coord_conns, silent_flood_evicts_oldest_and_token_holder_gets_in)
     const char *src[4] = { "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3" };
     for (int i = 0; i < 4; i++) { /* in order: each is challenged before the next */
         u[i] = connect_from(src[i]);
-        cr_assert_eq(first_frame(u[i], &st, text, sizeof(text)), CFX_MSG_CHALLENGE);
+        expect_challenged(u[i]);
     }
+    /* a third from 127.0.0.2: the oldest of that address goes */
     int x = connect_from("127.0.0.2");
-    cr_assert_eq(first_frame(x, &st, text, sizeof(text)), CFX_MSG_ERROR);
-    cr_assert_eq(st, CFX_ERR_NO_RESOURCE);
-    cr_assert(strstr(text, "max_unauth_per_ip"), "%s", text);
-    cr_assert_geq(wait_closed(x, CALL_MS), 0, "refused connection left open");
-    close(x);
+    expect_challenged(x);
+    expect_evicted(u[0], "max_unauth_per_ip");
+    int order[4] = { u[1], u[2], u[3], x }; /* oldest first */
     for (int i = 0; i < 4; i++)
-        cr_assert(quiet_and_open(u[i]), "silent connection %d closed by a refusal", i);
+        cr_assert(quiet_and_open(order[i]), "silent connection %d closed too", i);
 
-    /* a token holder (127.0.0.1) while the cap is full */
+    /* a token holder (127.0.0.1) while the cap is full: the oldest of all goes */
     struct cfx_ctl *n = open_node("holder", NULL);
     cr_assert_gt(cfx__ctl_node_id(n), 0);
-    cr_assert_eq(first_frame(u[0], &st, text, sizeof(text)), CFX_MSG_ERROR);
-    cr_assert_eq(st, CFX_ERR_NO_RESOURCE);
-    cr_assert(strstr(text, "max_unauth_conns") && strstr(text, "oldest"), "%s", text);
-    cr_assert_geq(wait_closed(u[0], CALL_MS), 0, "the oldest was not closed");
+    expect_evicted(order[0], "max_unauth_conns");
     for (int i = 1; i < 4; i++)
-        cr_assert(quiet_and_open(u[i]), "silent connection %d closed too", i);
+        cr_assert(quiet_and_open(order[i]), "silent connection %d closed too", i);
 
     /* the token holder authenticated, which freed its place: the next
      * newcomer fits, and the one after closes the next oldest */
     int y = connect_from("127.0.0.4");
-    cr_assert_eq(first_frame(y, &st, text, sizeof(text)), CFX_MSG_CHALLENGE);
+    expect_challenged(y);
     for (int i = 1; i < 4; i++)
-        cr_assert(quiet_and_open(u[i]), "silent connection %d closed with room left", i);
+        cr_assert(quiet_and_open(order[i]), "silent connection %d closed with room left", i);
     int z = connect_from("127.0.0.4");
-    cr_assert_eq(first_frame(z, &st, text, sizeof(text)), CFX_MSG_CHALLENGE);
-    cr_assert_eq(first_frame(u[1], &st, text, sizeof(text)), CFX_MSG_ERROR);
-    cr_assert_geq(wait_closed(u[1], CALL_MS), 0);
-    cr_assert(quiet_and_open(u[2]) && quiet_and_open(u[3]) && quiet_and_open(y));
+    expect_challenged(z);
+    expect_evicted(order[1], "max_unauth_conns");
+    cr_assert(quiet_and_open(order[2]) && quiet_and_open(order[3]) && quiet_and_open(y));
 
-    /* the token holder was not touched */
+    /* two silent connections from the token holders' own address (the
+     * flood's place is full there): a token holder from it still gets in,
+     * and the older of the two goes */
+    int f0 = connect_from("127.0.0.1");
+    expect_challenged(f0);
+    int f1 = connect_from("127.0.0.1");
+    expect_challenged(f1);
+    struct cfx_ctl *n2 = open_node("behind", NULL);
+    cr_assert_gt(cfx__ctl_node_id(n2), 0);
+    expect_evicted(f0, "max_unauth_per_ip");
+    cr_assert(quiet_and_open(f1));
+
+    /* the token holders were not touched */
     struct cfx_ctl_status cs;
     cr_assert_eq(cfx__ctl_status(n, &cs, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
                  cfx_last_error());
+    cr_assert_eq(cfx__ctl_status(n2, &cs, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    cfx__ctl_close(n2);
     cfx__ctl_close(n);
-    for (int i = 0; i < 4; i++)
-        close(u[i]);
+    for (int i = 2; i < 4; i++)
+        close(order[i]);
+    close(f1);
     close(y);
     close(z);
 }
