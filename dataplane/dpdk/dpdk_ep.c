@@ -359,15 +359,16 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
         if (lvl <= cfx__log_level)
             cfx__log(lvl, "DPDK", __FILE__, __LINE__,
                      "node %u: session with %s closed: %" PRIu64 " data packets sent, %" PRIu64
-                     " resent (%" PRIu64 " timeouts, %" PRIu64 " fast, %" PRIu64
-                     " tail probes), %" PRIu64 " received (%" PRIu64 " duplicates, %" PRIu64
+                     " resent (%" PRIu64 " timeouts, %" PRIu64 " of them undone as spurious, %"
+                     PRIu64 " fast, %" PRIu64 " tail probes), %" PRIu64 " received (%" PRIu64
+                     " duplicates, %" PRIu64
                      " past the window, %" PRIu64 " taken in order; %" PRIu64
                      " messages placed), window cut %" PRIu64 "x on loss and %" PRIu64
                      "x on delay, restarted %" PRIu64 "x after idle; smoothed RTT %" PRIu64 " us",
                      iface->super.node_id, ep->super.peer_name, st->tx_data, st->tx_retx, st->rto,
-                     st->fast_retx, st->tlp, st->rx_data, st->rx_dup, st->rx_beyond, st->rx_direct,
-                     st->msgs_placed, st->cwnd_cut_loss, st->cwnd_cut_delay, st->cwnd_idle_restarts,
-                     ep->sess.srtt_ns / 1000);
+                     st->rto_undone, st->fast_retx, st->tlp, st->rx_data, st->rx_dup,
+                     st->rx_beyond, st->rx_direct, st->msgs_placed, st->cwnd_cut_loss,
+                     st->cwnd_cut_delay, st->cwnd_idle_restarts, ep->sess.srtt_ns / 1000);
         cfx__dpdk_sess_fini(&ep->sess);
     }
     for (uint32_t i = ep->op_tail; i != ep->op_head; i++)

@@ -238,8 +238,10 @@ static void fill_ack(struct cfx__dpdk_sess *s, struct cfx__dpdk_hdr *h, uint64_t
 /*
  * Acknowledgements (as TCP's delayed ack, RFC 1122 and 9000's ack
  * frequency): one per ACK_EVERY in-order data packets, or ACK_DELAY_NS
- * after the first one it owes; at once for a message's last packet (its
- * sender completes on it), a packet out of order, seen before, past the
+ * after the first one it owes, riding on a data packet when one leaves
+ * first (a message of one packet is usually answered within the delay);
+ * at once for the last packet of a message of several (its sender
+ * completes on it), a packet out of order, seen before, past the
  * window or filling a hole even in part (the sack shows the sender what
  * is missing), a window that opened, and a probe.  One ack per packet
  * takes 5.7% of a 1500-byte link (an 86-byte frame per 1514): in a pipelined
@@ -670,6 +672,37 @@ static uint64_t reverse_queue(struct cfx__dpdk_sess *s, const struct cfx__dpdk_h
     return (uint64_t)d - (uint64_t)base; /* d >= base: exact, also when a peer's ts is wild */
 }
 
+/*
+ * A timeout that was spurious (as TCP's Eifel detection, RFC 3522, and
+ * Linux's undo of a loss state): every ack after it, until everything then
+ * in flight is acknowledged, echoes the timestamp of a packet sent before
+ * the timeout and shows no hole.  The packets had arrived and only the
+ * acks were late, or lost: a host whose polling thread lost its core for
+ * longer than the RTO (rto_min, 5 ms) does that on a loaded machine.  The
+ * window, threshold and recovery point then go back to what they were.
+ * Before, every such stall left the window at one packet and halved the
+ * threshold, so the flow crept back in congestion avoidance.  An ack that
+ * echoes a retransmission (sent at or after the timeout: a packet was
+ * lost and the resend filled it) or carries a sack ends the check and
+ * leaves the cut in place; so does a timeout of an empty window (a probe).
+ */
+static void undo_check(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h)
+{
+    if (!h->ts_echo || h->ts_echo >= s->undo_ts || h->sack) {
+        s->undo_armed = false;
+        return;
+    }
+    if (seq_diff(h->ack, s->undo_end) < 0)
+        return; /* so far so good: the rest in flight then is still to come */
+    s->undo_armed = false;
+    if (s->cwnd < s->undo_cwnd)
+        s->cwnd = s->undo_cwnd;
+    if (s->ssthresh < s->undo_ssthresh)
+        s->ssthresh = s->undo_ssthresh;
+    s->recover = s->undo_recover;
+    s->stats.rto_undone++;
+}
+
 static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, uint64_t now,
                        uint64_t waited)
 {
@@ -722,6 +755,8 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
         }
     }
 
+    if (newly > 0 && s->undo_armed)
+        undo_check(s, h);
     if (newly > 0) {
         uint64_t path = 0;
         /* Karn: no sample when an acknowledged packet was retransmitted */
@@ -775,6 +810,14 @@ static void on_timeout(struct cfx__dpdk_sess *s, uint64_t now)
         return;
     }
     if (s->snd_una != s->snd_nxt) {
+        if (!s->undo_armed) { /* the first of a series: what an undo goes back to */
+            s->undo_armed = true;
+            s->undo_ts = now;
+            s->undo_cwnd = s->cwnd;
+            s->undo_ssthresh = s->ssthresh;
+            s->undo_recover = s->recover;
+            s->undo_end = s->snd_nxt;
+        }
         for (uint32_t seq = s->snd_una; seq != s->snd_nxt; seq++) {
             struct cfx__dpdk_tx_slot *t = tx_slot(s, seq);
             if (!t->sacked)
@@ -942,10 +985,13 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
             break;
         s->rcv_nxt++;
     }
-    /* the next packet, no hole behind it, not a message's end: the ack
-     * may wait (a hole filled, even in part, is acked at once) */
+    /* the next packet, no hole behind it, and not the end of a message of
+     * several packets: the ack may wait (a hole filled, even in part, is
+     * acked at once).  A message of one packet is a request or a reply:
+     * the answer to it usually leaves within the delay, and the ack rides
+     * on it, where an ack of its own cost the answer a transmit first */
     if (next && s->rcv_nxt - nxt == 1 && s->rcv_nxt == s->rcv_high &&
-        h->frag_idx + 1u < h->frag_cnt)
+        (h->frag_idx + 1u < h->frag_cnt || h->frag_cnt == 1))
         ack_later(s, since);
     else
         ack_soon(s);

@@ -159,6 +159,7 @@ struct cfx__dpdk_rel_stats {
     uint64_t rx_dup;         /* data packets received again and dropped */
     uint64_t rx_beyond;      /* data packets past the advertised window, dropped */
     uint64_t rto;            /* retransmission timeouts */
+    uint64_t rto_undone;     /* ... found spurious (the data had arrived) and undone */
     uint64_t tlp;            /* tail-loss probes sent */
     uint64_t fast_retx;      /* losses found from the sack before a timeout */
     uint64_t cwnd_cut_loss;  /* window halvings on loss */
@@ -217,6 +218,12 @@ struct cfx__dpdk_sess {
     uint64_t rto_ns;              /* current RTO, backed off */
     uint64_t rto_at;              /* when the timer fires; 0: not armed */
     uint32_t retries;             /* timeouts in a row without progress */
+    bool undo_armed;              /* a timeout cut the window; the acks that follow tell
+                                     whether it was spurious (undo_check) */
+    uint64_t undo_ts;             /* when the first timeout of the series fired */
+    double undo_cwnd, undo_ssthresh; /* the window before it */
+    uint32_t undo_recover;        /* ... and recover */
+    uint32_t undo_end;            /* snd_nxt then: acked whole by old echoes, it was spurious */
     uint64_t tlp_at;              /* when the tail-loss probe goes; 0: not armed */
     bool tlp_out;                 /* a probe went and nothing was acked since */
 

@@ -70,6 +70,7 @@ struct ep {
      * and the endpoint whose deliveries it forwards (-1: none) */
     int node;
     int relay_of;
+    uint32_t relay_lead; /* messages it may send beyond relay_of's deliveries */
     /* placement (rel_ops.place): odd messages go to place_buf */
     bool placing;
     uint8_t *place_buf;
@@ -414,7 +415,7 @@ static void flow_init(struct sim *sim, int tx, int rx, const struct cfx__dpdk_re
 static void ep_feed(struct ep *e)
 {
     while (e->queued < e->to_send) {
-        if (e->relay_of >= 0 && e->queued >= e->sim->ep[e->relay_of].got)
+        if (e->relay_of >= 0 && e->queued >= e->sim->ep[e->relay_of].got + e->relay_lead)
             return; /* forwards only what arrived */
         if (!cfx__dpdk_sess_room(&e->s))
             return; /* full: no message made only to be refused */
@@ -671,6 +672,46 @@ Test(dpdk_rel, lost_tail_found_by_the_probe)
     cr_assert_geq(a->s.stats.tlp, 1);
     cr_assert_eq(a->s.stats.rto, 0, "the timer found the lost tail, not the probe");
     cr_assert_eq(a->s.stats.tx_retx, a->s.stats.tlp, "more than the probe was resent");
+    sim_fini(&sim);
+}
+
+/*
+ * A ping-pong of one-packet messages (a request, its reply, the next
+ * request): the ack of each rides on the answer, which leaves within the
+ * ack delay, so no frame goes with an ack alone but the last one's.
+ * Before, each message's ack went at once on its own frame, before the
+ * answer could be sent: a transmit more per hop on the critical path.
+ */
+Test(dpdk_rel, ping_pong_acks_ride_on_the_answers)
+{
+    enum { ROUNDS = 200 };
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024 };
+    sim.rng = 5;
+    sim.latency_ns = 10000;
+    ep_init(&sim, 0, 1, &p, ROUNDS, 512, 51);
+    ep_init(&sim, 1, 0, &p, ROUNDS, 512, 52);
+    struct ep *a = &sim.ep[0], *b = &sim.ep[1];
+    a->peer_seed = 52;
+    a->peer_max_len = 512;
+    b->peer_seed = 51;
+    b->peer_max_len = 512;
+    a->relay_of = 0; /* the next request once the reply came */
+    a->relay_lead = 1;
+    b->relay_of = 1; /* a reply per request */
+    sim_run(&sim, 10ull * 1000000000ull);
+    cr_assert_eq(a->s.error, 0, "%s", a->s.error_msg);
+    cr_assert_eq(b->s.error, 0, "%s", b->s.error_msg);
+    cr_assert_eq(a->got, ROUNDS, "%u of %d replies", a->got, ROUNDS);
+    cr_assert_eq(b->got, ROUNDS, "%u of %d requests", b->got, ROUNDS);
+    cr_assert_eq(a->s.stats.tx_retx + b->s.stats.tx_retx, 0);
+    cr_log_info("ack-only frames: %llu from the requester, %llu from the replier",
+                (unsigned long long)a->s.stats.tx_ack, (unsigned long long)b->s.stats.tx_ack);
+    cr_assert_leq(b->s.stats.tx_ack, 1, "%llu acks alone for %d requests",
+                  (unsigned long long)b->s.stats.tx_ack, ROUNDS);
+    cr_assert_leq(a->s.stats.tx_ack, 1, "%llu acks alone for %d replies",
+                  (unsigned long long)a->s.stats.tx_ack, ROUNDS);
     sim_fini(&sim);
 }
 
@@ -940,6 +981,91 @@ Test(dpdk_rel, host_stalls_do_not_collapse_the_window)
      * delay down by the stall, and nothing was cut on delay after it) */
     cr_assert_gt(cuts_clean, 0);
     cr_assert_gt(cuts_stalled, 0, "no delay cut with stalls");
+}
+
+/*
+ * One gap longer than the RTO (rto_min, 5 ms) in a stream at a packet per
+ * us, after a 30 ms warm-up: the receiver's host away for 12 ms on a
+ * channel that loses nothing, or (burst) a channel that loses every packet,
+ * both ways, for 12 ms.  Then 50 ms more, every message checked byte for
+ * byte by the receiver.  *cw_before gets the window before the first
+ * timeout, *cw_undone the window right after an undo (0: none); *st the
+ * sender's counters.
+ */
+static void run_one_gap(bool burst, double *cw_before, double *cw_undone,
+                        struct cfx__dpdk_rel_stats *st)
+{
+    static struct sim sim;
+    memset(&sim, 0, sizeof(sim));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
+                                      .rcv_slots = 512,
+                                      .snd_slots = 512,
+                                      .sendq_max = 512 };
+    sim.rng = 23;
+    sim.latency_ns = 100000;
+    sim.svc_ns = 1000;
+    sim.queue_max = 1024;
+    flow_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 41);
+    sim.ep[0].bottleneck = true;
+    struct cfx__dpdk_sess *s = &sim.ep[0].s;
+    sim_run(&sim, 30000000);
+    if (burst) {
+        sim.burst_end = sim.now + 12000000;
+    } else {
+        sim.stall_from[1] = sim.now;
+        sim.stall_until[1] = sim.now + 12000000;
+    }
+    *cw_before = s->cwnd;
+    *cw_undone = 0;
+    for (uint64_t t = sim.now + 50000; t <= 80000000; t += 50000) {
+        sim_run(&sim, t);
+        if (!s->stats.rto)
+            *cw_before = s->cwnd;
+        if (s->stats.rto_undone && !*cw_undone)
+            *cw_undone = s->cwnd;
+    }
+    cr_assert_eq(s->error, 0, "%s", s->error_msg);
+    cr_assert_eq(sim.ep[1].s.error, 0, "%s", sim.ep[1].s.error_msg);
+    cr_assert_gt(sim.ep[1].got, 0);
+    *st = s->stats;
+    cr_log_info("%s: window %.1f before the timeout, %.1f after the undo; %llu timeouts, "
+                "%llu undone, %llu resent, %llu dropped",
+                burst ? "loss burst" : "host stall", *cw_before, *cw_undone,
+                (unsigned long long)st->rto, (unsigned long long)st->rto_undone,
+                (unsigned long long)st->tx_retx, (unsigned long long)sim.drops);
+    sim_fini(&sim);
+}
+
+/*
+ * A timeout during a host stall was spurious: the data had arrived and the
+ * acks were late.  The acks that end it echo packets sent before it, so
+ * the window it cut to one packet comes back whole (and the halved
+ * threshold with it).  Without the undo the window stayed cut and grew
+ * back from one packet.
+ */
+Test(dpdk_rel, timeout_in_a_host_stall_is_undone)
+{
+    struct cfx__dpdk_rel_stats st;
+    double before, undone;
+    run_one_gap(false, &before, &undone, &st);
+    cr_assert_gt(st.rto, 0, "the stall did not outlast the RTO: the test tests nothing");
+    /* the backed-off timeouts of one stall are one series: one undo */
+    cr_assert_eq(st.rto_undone, 1, "%llu timeouts, %llu undone", (unsigned long long)st.rto,
+                 (unsigned long long)st.rto_undone);
+    cr_assert_gt(before, 1.0);
+    cr_assert_geq(undone, before, "the window came back to %.1f of %.1f", undone, before);
+}
+
+/* ... and a timeout after real losses is not undone: the ack that ends it
+ * echoes the retransmission that filled the hole. */
+Test(dpdk_rel, timeout_after_losses_is_not_undone)
+{
+    struct cfx__dpdk_rel_stats st;
+    double before, undone;
+    run_one_gap(true, &before, &undone, &st);
+    cr_assert_gt(st.rto, 0, "the loss did not outlast the RTO: the test tests nothing");
+    cr_assert_eq(st.rto_undone, 0, "%llu of %llu timeouts after losses undone",
+                 (unsigned long long)st.rto_undone, (unsigned long long)st.rto);
 }
 
 Test(dpdk_rel, two_flows_share_a_bottleneck_fairly_on_delay)
