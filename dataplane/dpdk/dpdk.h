@@ -262,6 +262,7 @@ struct cfx__dpdk_iface {
                                    * this poll receives came after rx_prev (0: none yet) */
     uint64_t link_check;          /* next look at the link (ns) */
     uint64_t link_down_since;     /* link seen down since (ns); 0: up */
+    uint64_t link_down_first;     /* ... and since when without a break (ns) */
     unsigned restart_fails;       /* port restarts in a row with no link after (link_watch
                                      backs off) */
     uint64_t data_at;             /* last packet of a session received (ns) */

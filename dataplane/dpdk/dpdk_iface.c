@@ -224,6 +224,7 @@ static void link_watch(struct cfx__dpdk_iface *iface)
     }
     if (!iface->link_down_since) {
         iface->link_down_since = iface->now;
+        iface->link_down_first = iface->now;
         return;
     }
     /* every CFX_DPDK_LINK_RESTART_MS, twice as long after each restart
@@ -236,7 +237,12 @@ static void link_watch(struct cfx__dpdk_iface *iface)
         unsigned n = ++iface->restart_fails;
         unsigned long long down_ms = (iface->now - iface->link_down_since) / 1000000;
         int rc = cfx__dpdk_port_restart(iface->port);
-        if (n >= 4 && !(n & (n - 1))) /* 15 s without a link, and at every doubling */
+        bool warn = n >= 4 && !(n & (n - 1)); /* 15 s without a link, and at every doubling */
+        if (warn && rc == 1) /* a net_memif server: not restarted, it waits for its client */
+            CFX_LOG(WARN, DPDK, "iface %s: no link for %llu s: no net_memif client has connected "
+                    "to this server port's socket (is a role=client port started on the same "
+                    "socket=?)", iface->name, (iface->now - iface->link_down_first) / 1000000000ull);
+        else if (warn)
             CFX_LOG(WARN, DPDK, "iface %s: no link after %u port restarts (the last %llu ms "
                     "apart)%s", iface->name, n, down_ms,
                     cfx__dpdk_port_is_memif_client(iface->port)
@@ -400,8 +406,10 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
 
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "dpdk iface_open: NULL argument");
-    if (cfx__dpdk_eal_init(NULL) != CFX_OK)
-        return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: DPDK's EAL did not start");
+    if ((rc = cfx__dpdk_eal_init(NULL)) != CFX_OK)
+        return rc == CFX_ERR_INVALID
+                   ? cfx__err(rc, "dpdk iface_open: %s", cfx_last_error())
+                   : cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: DPDK's EAL did not start");
     iface = calloc(1, sizeof(*iface));
     if (!iface)
         return cfx__err(CFX_ERR_NOMEM, "dpdk iface_open: out of memory");
@@ -438,6 +446,7 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     /* a memif client may start before its server: wait for it a while */
     pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
     pp.tx_copy = cfx__env_ll("CFX_DPDK_TX_ZC", 1) == 0;
+    pp.mtu_need = CFX_DPDK_MTU + 20 + 8 + CFX_DPDK_HDR_DATA; /* 1500: IPv4, UDP, data header */
     long long quiet = cfx__env_ll_clamp("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS, 0, 60000);
     iface->quiet_ns = (uint64_t)quiet * 1000000ull;
     iface->data_at = cfx__now_ns();

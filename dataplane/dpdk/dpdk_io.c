@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -42,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -98,6 +101,7 @@ struct cfx__dpdk_port {
 /* EAL is process-wide: one initialisation, whose result every caller gets. */
 static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
 static int eal_state;       /* 0: not tried; 1: up; negative: the failure */
+static char eal_why[512];   /* the failure's text, when it has one of its own */
 static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on */
 
 /* The runtime directory EAL made for a file prefix of our own (ending in
@@ -312,6 +316,8 @@ int cfx__dpdk_eal_init(const char *args)
     pthread_mutex_lock(&eal_lock);
     if (eal_state) {
         rc = eal_state > 0 ? CFX_OK : eal_state;
+        if (rc != CFX_OK && eal_why[0])
+            cfx__err(rc, "%s", eal_why); /* every caller learns why, not only the first */
         goto out_unlock;
     }
     if (!args)
@@ -352,7 +358,30 @@ int cfx__dpdk_eal_init(const char *args)
 
     /* EAL pins the calling thread to its main lcore: give it its CPUs back */
     bool have_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0;
-    if (rte_eal_init(argc, argv) < 0) {
+    int took = rte_eal_init(argc, argv);
+    if (took >= 0 && took + 1 < argc) {
+        /* EAL stops at the first word that is not one of its options (or,
+         * as glibc's getopt reorders the words, takes all options and
+         * leaves the others at the end): every word here is meant for it,
+         * so one it did not take is a mistake, and what came after it may
+         * have been skipped too */
+        char left[256] = "";
+        for (int i = took + 1, off = 0; i < argc && off < (int)sizeof(left); i++)
+            off += snprintf(left + off, sizeof(left) - (size_t)off, "%s%s", off ? " " : "",
+                            argv[i]);
+        rc = eal_state = cfx__err(CFX_ERR_INVALID, "CFX_DPDK_EAL (%s): EAL did not take \"%s\": "
+                                  "not an EAL option, or a value where none belongs", args, left);
+        snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
+        CFX_LOG(ERR, DPDK, "%s", eal_why);
+        rte_eal_cleanup();
+        const char *dir = rte_eal_get_runtime_dir();
+        if (own_prefix && dir && *dir) {
+            snprintf(eal_rundir, sizeof(eal_rundir), "%s", dir);
+            eal_rundir_remove();
+        }
+        goto out_free;
+    }
+    if (took < 0) {
         /* rte_errno is not set for every failure ("Success"): EAL's own
          * lines above say why then */
         CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args,
@@ -403,21 +432,20 @@ int cfx__dpdk_ports_print(FILE *out, int json)
         RTE_ETH_FOREACH_DEV(pid) {
             char name[RTE_ETH_NAME_MAX_LEN];
             struct rte_ether_addr mac;
-            struct rte_eth_link link;
             if (rte_eth_dev_get_name_by_port(pid, name) != 0 ||
                 rte_eth_macaddr_get(pid, &mac) != 0)
                 continue;
-            bool up = rte_eth_link_get_nowait(pid, &link) == 0 &&
-                      link.link_status == RTE_ETH_LINK_UP;
+            /* no link state: it is the link of a started port, and this
+             * lists ports it does not start (net_af_packet says "down" for
+             * an interface that is up, net_memif until a peer connects) */
             char m[18];
             snprintf(m, sizeof(m), "%02x:%02x:%02x:%02x:%02x:%02x", mac.addr_bytes[0],
                      mac.addr_bytes[1], mac.addr_bytes[2], mac.addr_bytes[3], mac.addr_bytes[4],
                      mac.addr_bytes[5]);
             if (json)
-                fprintf(out, "%s{\"name\": \"%s\", \"mac\": \"%s\", \"link\": %s}",
-                        n ? ", " : "", name, m, up ? "true" : "false");
+                fprintf(out, "%s{\"name\": \"%s\", \"mac\": \"%s\"}", n ? ", " : "", name, m);
             else
-                fprintf(out, "dpdk port %s: mac %s, link %s\n", name, m, up ? "up" : "down");
+                fprintf(out, "dpdk port %s: mac %s\n", name, m);
             n++;
         }
         if (!n && !json)
@@ -473,6 +501,35 @@ static bool zc_allowed(const struct rte_eth_dev_info *info)
     return !(da && da->args && strstr(da->args, "zero-copy=yes"));
 }
 
+/*
+ * The port's MTU: for net_af_packet the kernel interface's (the PMD's own
+ * number is its default until set, whatever the interface has; a frame
+ * over the interface's MTU is dropped by the kernel, so sessions over it
+ * only time out), else the ethdev's.  0 when it cannot be told.
+ */
+static unsigned port_mtu(uint16_t pid, const struct rte_eth_dev_info *info)
+{
+    if (info->driver_name && !strcmp(info->driver_name, "net_af_packet")) {
+        const struct rte_devargs *da = rte_dev_devargs(info->device);
+        const char *at = da && da->args ? strstr(da->args, "iface=") : NULL;
+        if (!at)
+            return 0;
+        struct ifreq ifr = { 0 };
+        at += strlen("iface=");
+        size_t n = strcspn(at, ",");
+        if (n == 0 || n >= sizeof(ifr.ifr_name))
+            return 0;
+        memcpy(ifr.ifr_name, at, n);
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        int ok = fd >= 0 && ioctl(fd, SIOCGIFMTU, &ifr) == 0;
+        if (fd >= 0)
+            close(fd);
+        return ok && ifr.ifr_mtu > 0 ? (unsigned)ifr.ifr_mtu : 0;
+    }
+    uint16_t mtu = 0;
+    return rte_eth_dev_get_mtu(pid, &mtu) == 0 ? mtu : 0;
+}
+
 int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_port **out)
 {
     struct cfx__dpdk_port *port;
@@ -518,6 +575,15 @@ int cfx__dpdk_port_open(const struct cfx__dpdk_port_params *p, struct cfx__dpdk_
     if ((rc = rte_eth_dev_info_get(pid, &info)) != 0) {
         CFX_LOG(ERR, DPDK, "port %s: device info: %s", port->name, rte_strerror(-rc));
         rc = CFX_ERR_IO;
+        goto err_pool;
+    }
+    unsigned mtu = port_mtu(pid, &info);
+    if (p->mtu_need && mtu && mtu < p->mtu_need) {
+        rc = cfx__err(CFX_ERR_INVALID, "port %s: MTU %u, under the %u bytes the frames of this "
+                      "transport need (their IP packets); raise it on both ends (for "
+                      "net_af_packet: ip link set IFACE mtu %u)", port->name, mtu, p->mtu_need,
+                      p->mtu_need);
+        CFX_LOG(ERR, DPDK, "%s", cfx_last_error());
         goto err_pool;
     }
     memset(&conf, 0, sizeof(conf));

@@ -86,6 +86,8 @@ struct cfx__dpdk_port_params {
                                server is not up yet) is tried again every 10 ms
                                for this long [0: once] */
     bool tx_copy;           /* copy every payload into its mbuf (no zero-copy transmit) */
+    uint32_t mtu_need;      /* IP MTU the frames sent need: a port whose MTU is less is
+                               refused (CFX_ERR_INVALID) [0: not checked] */
 };
 
 struct cfx__dpdk_port_stats {

@@ -825,6 +825,88 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
     rmdir(dir);
 }
 
+/*
+ * A word in CFX_DPDK_EAL that EAL does not take fails its start, naming
+ * the word: EAL itself stops at it (or, as glibc reorders the words, leaves
+ * it over at the end) and went on without it, and with it whatever option
+ * came after it in some callers (rdmactl's "+" getopt).  Every later call
+ * learns why too.
+ */
+Test(dpdk_ports, eal_refuses_a_word_that_is_not_its_option, .timeout = 60)
+{
+    char eal[512];
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxj%d -l 0 junk --log-level=*:warning "
+             "--no-telemetry --vdev=net_memif0,role=server,socket=cfxj%d,id=0",
+             (int)getpid(), (int)getpid());
+    setenv("CFX_DPDK_EAL", eal, 1);
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "EAL did not take \"junk"), "%s", cfx_last_error());
+    cfx__err_clear();
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    struct cfx_tp_iface *a = NULL;
+    cr_assert_eq(ops->iface_open(NULL, &a), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "dpdk iface_open: CFX_DPDK_EAL") &&
+                  strstr(cfx_last_error(), "did not take \"junk"),
+              "%s", cfx_last_error());
+}
+
+/* Runs @p cmd with sh; its exit status (-1: not run). */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/*
+ * net_af_packet on an interface whose MTU is under the 1500 bytes the
+ * transport's frames need (1436 payload bytes, a 36-byte header, UDP and
+ * IPv4): the kernel would drop every full frame, and the sessions only time
+ * out ("no acknowledgement after 20 retransmission timeouts").  The port is
+ * refused at open, naming the MTU; at 1500 it opens.  Needs root (a veth
+ * pair of its own, removed at the end).
+ */
+Test(dpdk_ports, af_packet_port_under_the_mtu_is_refused, .timeout = 60)
+{
+    char a[16], b[16], cmd[256], eal[512];
+    snprintf(a, sizeof(a), "cfxm%da", (int)getpid() % 100000);
+    snprintf(b, sizeof(b), "cfxm%db", (int)getpid() % 100000);
+    snprintf(cmd, sizeof(cmd),
+             "ip link add %s mtu 1499 type veth peer name %s mtu 1499 2>/dev/null && "
+             "ip link set %s up && ip link set %s up",
+             a, b, a, b);
+    if (sh(cmd) != 0) {
+        snprintf(cmd, sizeof(cmd), "ip link del %s 2>/dev/null", a);
+        sh(cmd);
+        cr_skip_test("cannot make a veth pair here (not root?)");
+    }
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxu%d -l 0 --log-level=*:warning "
+             "--no-telemetry --vdev=net_af_packet0,iface=%s,qdisc_bypass=0",
+             (int)getpid(), a);
+    int rc = cfx__dpdk_eal_init(eal);
+    struct cfx__dpdk_port *port = NULL;
+    struct cfx__dpdk_port_params pp = { .name = "net_af_packet0", .ip = 0x0A000001,
+                                        .mtu_need = 1500 };
+    int refused = rc == CFX_OK ? cfx__dpdk_port_open(&pp, &port) : rc;
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    snprintf(cmd, sizeof(cmd), "ip link set %s mtu 1500 && ip link set %s mtu 1500", a, b);
+    int raised = sh(cmd);
+    int opened = rc == CFX_OK && raised == 0 ? cfx__dpdk_port_open(&pp, &port) : -1;
+    char why2[512];
+    snprintf(why2, sizeof(why2), "%s", cfx_last_error());
+    cfx__dpdk_port_close(port);
+    snprintf(cmd, sizeof(cmd), "ip link del %s", a);
+    sh(cmd);
+    cr_assert_eq(rc, CFX_OK, "EAL: %s", why);
+    cr_assert_eq(refused, CFX_ERR_INVALID, "a port at MTU 1499: %s", why);
+    cr_assert(strstr(why, "MTU 1499, under the 1500 bytes"), "%s", why);
+    cr_assert_eq(raised, 0);
+    cr_assert_eq(opened, CFX_OK, "the same port at MTU 1500: %s", why2);
+}
+
 /* Why a context gets no port, each cause in its own words: a second
  * context while the first holds the process's port, and a context after
  * the first closed it (DPDK cannot open a port again in a process).  All
