@@ -241,7 +241,8 @@ static void link_watch(struct cfx__dpdk_iface *iface)
         if (warn && rc == 1) /* a net_memif server: not restarted, it waits for its client */
             CFX_LOG(WARN, DPDK, "iface %s: no link for %llu s: no net_memif client has connected "
                     "to this server port's socket (is a role=client port started on the same "
-                    "socket=?)", iface->name, (iface->now - iface->link_down_first) / 1000000000ull);
+                    "socket=?)",
+                    iface->name, (iface->now - iface->link_down_first) / 1000000000ull);
         else if (warn)
             CFX_LOG(WARN, DPDK, "iface %s: no link after %u port restarts (the last %llu ms "
                     "apart)%s", iface->name, n, down_ms,
