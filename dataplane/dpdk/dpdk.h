@@ -316,6 +316,9 @@ void cfx__dpdk_ep_returned(struct cfx__dpdk_ep *ep, const struct cfx_tp_completi
 /* mr is deregistered: an ep with writes from it still queued fails. */
 void cfx__dpdk_ep_mr_gone(struct cfx__dpdk_ep *ep, struct cfx__dpdk_mr *mr);
 void cfx__dpdk_ep_close(struct cfx_tp_ep *ep);
+/* An open ep ends on this side: the ack its session owes, then the RST
+ * that tells the peer CFX_ERR_CLOSED (not flushed). */
+void cfx__dpdk_ep_goodbye(struct cfx__dpdk_ep *ep);
 int cfx__dpdk_ep_connect(struct cfx_tp_iface *iface, const void *addr, size_t len,
                          uint32_t peer_node, struct cfx_tp_ep **out);
 int cfx__dpdk_ep_write(struct cfx_tp_ep *ep, struct cfx_tp_mr *mr, uint64_t loff,

@@ -612,6 +612,17 @@ void cfx__dpdk_ep_mr_gone(struct cfx__dpdk_ep *ep, struct cfx__dpdk_mr *mr)
     }
 }
 
+void cfx__dpdk_ep_goodbye(struct cfx__dpdk_ep *ep)
+{
+    /* a message delivered here is acknowledged before the reset: its
+     * sender completes on that ack, and a one-packet message's may still
+     * wait for an answer that now never goes (the sender would be told
+     * CFX_ERR_CLOSED for a message that arrived) */
+    cfx__dpdk_sess_ack_flush(&ep->sess, cfx__now_ns());
+    cfx__dpdk_ctl_send(ep->iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
+                       (uint32_t)CFX_ERR_CLOSED);
+}
+
 void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
 {
     CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
@@ -621,8 +632,7 @@ void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
     struct cfx__dpdk_iface *iface = ep->iface;
 
     if (ep->state == CFX_DPDK_EP_OPEN) {
-        cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
-                           (uint32_t)CFX_ERR_CLOSED);
+        cfx__dpdk_ep_goodbye(ep);
         cfx__dpdk_port_flush(iface->port);
     }
     ep->state = CFX_DPDK_EP_FAILED;

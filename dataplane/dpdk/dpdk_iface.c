@@ -500,8 +500,7 @@ static void dpdk_iface_close(struct cfx_tp_iface *tp_iface)
     cfx_list_for_each_safe(pos, n, &iface->eps) {
         struct cfx__dpdk_ep *ep = cfx_list_entry(pos, struct cfx__dpdk_ep, link);
         if (ep->state == CFX_DPDK_EP_OPEN)
-            cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
-                               (uint32_t)CFX_ERR_CLOSED);
+            cfx__dpdk_ep_goodbye(ep);
         cfx__dpdk_ep_destroy(ep);
     }
     cfx__tp_graveyard_free(&iface->graveyard);

@@ -1034,6 +1034,12 @@ int cfx__dpdk_sess_poll(struct cfx__dpdk_sess *s, uint64_t now)
     return s->error;
 }
 
+void cfx__dpdk_sess_ack_flush(struct cfx__dpdk_sess *s, uint64_t now)
+{
+    if (!s->error && s->ack_pending)
+        send_ack(s, now, 0);
+}
+
 uint64_t cfx__dpdk_sess_deadline(const struct cfx__dpdk_sess *s)
 {
     if (s->error)

@@ -303,6 +303,13 @@ int cfx__dpdk_sess_rx(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, c
  */
 int cfx__dpdk_sess_poll(struct cfx__dpdk_sess *s, uint64_t now);
 
+/*
+ * Sends the ack owed, if one is, now rather than at its delayed-ack time:
+ * for a session that closes, whose peer's sender completes on it and gets
+ * no other (a one-packet message's ack waits for an answer to ride on).
+ */
+void cfx__dpdk_sess_ack_flush(struct cfx__dpdk_sess *s, uint64_t now);
+
 /* The time by which cfx__dpdk_sess_poll must run next; UINT64_MAX: none. */
 uint64_t cfx__dpdk_sess_deadline(const struct cfx__dpdk_sess *s);
 

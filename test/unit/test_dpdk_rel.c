@@ -1460,3 +1460,30 @@ Test(dpdk_rel, duplicate_timestamp_not_echoed)
                  (unsigned long long)last_ack.ts_echo);
     cfx__dpdk_sess_fini(&s);
 }
+
+/* A one-packet message's ack waits for an answer to ride on (up to the
+ * delayed-ack time); a session that closes sends it at once instead
+ * (cfx__dpdk_sess_ack_flush), so that the peer's sender completes. */
+Test(dpdk_rel, owed_ack_goes_when_flushed)
+{
+    struct cfx__dpdk_sess s;
+    static uint8_t payload[64];
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &ack_ops, NULL, 7, 8, "node-x"), CFX_OK);
+    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 7, .len = 64, .frag_cnt = 1,
+                               .msg_len = 64, .seq = 0, .msg_id = 0, .ts = 1000 };
+    memset(&last_ack, 0, sizeof(last_ack));
+    cr_assert_eq(cfx__dpdk_sess_rx(&s, &h, payload, 10000, 0), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, 11000), CFX_OK);
+    cr_assert_eq(last_ack.flags, 0, "acked at once: nothing to flush, the test tests nothing");
+    cr_assert_eq(cfx__dpdk_sess_deadline(&s), 10000 + 50000, "the ack's delay");
+    cfx__dpdk_sess_ack_flush(&s, 12000);
+    cr_assert(last_ack.flags & CFX_DPDK_F_ACK, "the owed ack did not go");
+    cr_assert_eq(last_ack.ack, 1);
+    cr_assert_eq(last_ack.ts_echo, 1000);
+    cr_assert_eq(cfx__dpdk_sess_deadline(&s), UINT64_MAX, "an ack still owed after the flush");
+    memset(&last_ack, 0, sizeof(last_ack));
+    cfx__dpdk_sess_ack_flush(&s, 13000);
+    cr_assert_eq(last_ack.flags, 0, "a second ack with nothing owed");
+    cfx__dpdk_sess_fini(&s);
+}

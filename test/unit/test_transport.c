@@ -1218,6 +1218,38 @@ Test(transport_dpdk, quiet_only_after_idle_sessions, .timeout = 60)
     pair_close(&p);
 }
 
+/*
+ * A message its receiver read and then closed on at once: the sender's
+ * send completes CFX_OK, then the endpoint reports CFX_ERR_CLOSED.  A
+ * one-packet message's ack waits up to the delayed-ack time for an answer
+ * to ride on; the close must send it (before the reset), or the sender
+ * is told CFX_ERR_CLOSED for a message that was delivered.
+ */
+Test(transport_dpdk, read_then_close_completes_the_send_ok, .timeout = 60)
+{
+    struct pair p;
+    struct tp_param param = { .name = "dpdk" };
+    uint8_t msg[100];
+
+    pair_open(&p, &param);
+    pair_connect(&p);
+    cfx_test_fill(msg, sizeof(msg), 9);
+    post_send(&p, p.ab, msg, sizeof(msg), 41);
+    /* both polled back to back, so b reports the message within
+     * microseconds of its arrival, its ack still owed; b closes at once */
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    p.ops->ep_close(p.ba);
+    p.ba = NULL;
+    cr_assert_eq(e->len, sizeof(msg));
+    cr_assert_eq(memcmp(e->data, msg, sizeof(msg)), 0);
+    e = wait_ev(&p, 0, CFX_TP_COMP_SEND, p.ab, WAIT_MS);
+    cr_assert_eq(e->wr_id, 41);
+    cr_assert_eq(e->status, CFX_OK, "the delivered message's send: %s", cfx_errname(e->status));
+    e = wait_ev(&p, 0, CFX_TP_COMP_EP_ERROR, p.ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_ERR_CLOSED, "EP_ERROR status %s", cfx_errname(e->status));
+    pair_close(&p);
+}
+
 /* CFX_DPDK_QUIET_MS=0: the ports never say quiet (polled for ever, as
  * before this mode), where the default (100 ms) would after 150 idle ms. */
 Test(transport_dpdk, quiet_mode_off, .timeout = 60)
