@@ -950,8 +950,15 @@ static int process_data(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h,
         ack_soon(s);
         return CFX_OK;
     }
-    s->ts_echo = h->ts;
-    s->echo_since = since;
+    /* the newest timestamp seen, never an older one (as RFC 7323's
+     * TS.Recent): a packet overtaken on the way (reordered) that arrives
+     * after a retransmission sent at or after a timeout must not make the
+     * ack echo a time before it, or the sender takes the timeout for
+     * spurious and undoes it though a packet was lost (undo_check) */
+    if (h->ts >= s->ts_echo) {
+        s->ts_echo = h->ts;
+        s->echo_since = since;
+    }
     uint32_t nxt = s->rcv_nxt;
     bool next = h->seq == nxt;
     if (seq_diff(h->seq + 1, s->rcv_high) > 0)

@@ -68,7 +68,7 @@ struct cfx__dpdk_hdr {
     uint16_t frag_cnt; /* DATA: fragments in the message, >= 1 */
     uint32_t msg_len;  /* DATA: bytes in the whole message */
     uint64_t ts;       /* sender's clock when this packet left, ns */
-    uint64_t ts_echo;  /* ACK: ts of the latest data packet received */
+    uint64_t ts_echo;  /* ACK: newest ts of a new data packet received */
     uint32_t echo_delay; /* ACK: ns that packet may have waited in this host (its poller away,
                           * then until this ack left); saturates at UINT32_MAX */
 };
@@ -243,7 +243,7 @@ struct cfx__dpdk_sess {
     uint16_t asm_next;            /* next fragment expected; 0: none started */
     bool asm_ready;               /* a whole message waits for deliver() */
     bool asm_placed;              /* ... its bytes are where place() said, not at asm_buf */
-    uint64_t ts_echo;             /* ts of the latest data packet received */
+    uint64_t ts_echo;             /* newest ts of a new data packet received */
     uint64_t echo_since;          /* ... which may have been here since (our clock) */
     bool ack_pending;             /* data arrived since our last ack: one is owed */
     bool ack_now;                 /* ... and goes at the next poll, not at ack_due */

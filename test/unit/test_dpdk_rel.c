@@ -1427,7 +1427,7 @@ Test(dpdk_rel, parameters_over_their_caps_are_refused)
     cfx__dpdk_sess_fini(&s);
 }
 
-/* What a receiver echoes: the timestamp of the last new packet, not of a
+/* What a receiver echoes: the newest timestamp of a new packet, not of a
  * duplicate (RFC 7323, 4.3).  A spurious retransmission's later timestamp,
  * echoed on the ack of data sent once, gave the sender an RTT sample too
  * short that Karn's rule cannot catch. */
@@ -1486,4 +1486,164 @@ Test(dpdk_rel, owed_ack_goes_when_flushed)
     cfx__dpdk_sess_ack_flush(&s, 13000);
     cr_assert_eq(last_ack.flags, 0, "a second ack with nothing owed");
     cfx__dpdk_sess_fini(&s);
+}
+
+/* --- scripted traces: every packet a session sends is kept, and the test
+ * says which arrive, when and in what order ---------------------------------- */
+
+#define WIRE_MAX 32
+#define WIRE_SEED 0x77u
+
+struct wire {
+    struct cfx__dpdk_hdr h[WIRE_MAX];
+    uint8_t pl[WIRE_MAX][256];
+    int n;
+    uint32_t sent; /* sent() calls */
+    uint32_t got;  /* messages delivered, each checked */
+};
+
+static int wire_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
+{
+    struct wire *w = ctx;
+    cr_assert_lt(w->n, WIRE_MAX);
+    cr_assert_leq(h->len, sizeof(w->pl[0]));
+    w->h[w->n] = *h;
+    if (h->len)
+        memcpy(w->pl[w->n], payload, h->len);
+    w->n++;
+    return CFX_OK;
+}
+
+static int wire_deliver(void *ctx, const void *buf, size_t len)
+{
+    struct wire *w = ctx;
+    cr_assert_eq(len, 100, "message %u: %zu bytes", w->got, len);
+    cr_assert_eq(cfx_test_check(buf, len, WIRE_SEED + w->got), (size_t)-1, "message %u differs",
+                 w->got);
+    w->got++;
+    return CFX_OK;
+}
+
+static void wire_sent(void *ctx, void *cookie)
+{
+    (void)cookie;
+    ((struct wire *)ctx)->sent++;
+}
+
+static const struct cfx__dpdk_rel_ops wire_ops = {
+    .tx = wire_tx, .deliver = wire_deliver, .sent = wire_sent
+};
+
+/* Packet i that @p from sent arrives at @p to at @p now. */
+static void wire_rx(struct wire *from, int i, struct cfx__dpdk_sess *to, uint64_t now)
+{
+    cr_assert_lt(i, from->n);
+    cr_assert_eq(cfx__dpdk_sess_rx(to, &from->h[i], from->pl[i], now, 0), CFX_OK, "%s",
+                 to->error_msg);
+}
+
+/*
+ * Four one-packet messages sent at t0, the receiver's acks of them lost;
+ * the timer fires at t0 + 5 ms and the first packet goes again.  When
+ * @p lost, the third message's packet was lost and the fourth's overtaken
+ * (reordered): the third's retransmission, sent after the timeout,
+ * arrives just before the fourth's original, and the ack that covers both
+ * is the one that ends the undo check.  *@p st gets the sender's counts,
+ * *@p cwnd its window at the end.
+ */
+static void reorder_trace(bool lost, struct cfx__dpdk_rel_stats *st, double *cwnd)
+{
+    static struct wire ws, wr; /* the sender's packets, the receiver's */
+    struct cfx__dpdk_sess s, r;
+    static uint8_t bufs[4][100];
+    const uint64_t t0 = 1000000, lat = 10000;
+    memset(&ws, 0, sizeof(ws));
+    memset(&wr, 0, sizeof(wr));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &wire_ops, &ws, 1, 2, "receiver"), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_init(&r, &p, &wire_ops, &wr, 2, 1, "sender"), CFX_OK);
+    for (uint32_t i = 0; i < 4; i++) {
+        cfx_test_fill(bufs[i], sizeof(bufs[i]), WIRE_SEED + i);
+        cr_assert_eq(cfx__dpdk_sess_send(&s, bufs[i], sizeof(bufs[i]), NULL, t0), CFX_OK);
+    }
+    cr_assert_eq(ws.n, 4, "the window took %d of 4 packets", ws.n);
+    double cwnd0 = s.cwnd;
+
+    /* packets 0 and 1 arrive; 2 arrives too unless lost; 3 comes late
+     * when 2 was lost, else now; every ack of theirs is lost */
+    wire_rx(&ws, 0, &r, t0 + lat);
+    wire_rx(&ws, 1, &r, t0 + lat);
+    if (!lost) {
+        wire_rx(&ws, 2, &r, t0 + lat);
+        wire_rx(&ws, 3, &r, t0 + lat);
+    }
+    cr_assert_eq(cfx__dpdk_sess_poll(&r, t0 + lat + 100000), CFX_OK);
+    cr_assert_gt(wr.n, 0, "the receiver sent no ack");
+    int lost_acks = wr.n;
+
+    /* the timeout: the window goes to one packet and packet 0 goes again */
+    uint64_t t = t0 + 5000000;
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, t), CFX_OK);
+    cr_assert_eq(s.stats.rto, 1);
+    cr_assert_eq(ws.n, 5);
+    cr_assert_eq(ws.h[4].seq, 0);
+    /* it is a duplicate there: acked at once, echoing packet 1's (or 3's) time */
+    t += lat;
+    wire_rx(&ws, 4, &r, t);
+    cr_assert_eq(cfx__dpdk_sess_poll(&r, t), CFX_OK);
+    cr_assert_eq(wr.n, lost_acks + 1);
+    t += lat;
+    wire_rx(&wr, lost_acks, &s, t);
+    cr_assert_eq(cfx__dpdk_sess_poll(&s, t), CFX_OK);
+    if (lost) {
+        /* packet 2 goes again (after the timeout); it arrives, and then the
+         * original of 3, overtaken, in the same burst: one ack for both */
+        cr_assert_eq(ws.n, 6);
+        cr_assert_eq(ws.h[5].seq, 2);
+        t += lat;
+        wire_rx(&ws, 5, &r, t);
+        wire_rx(&ws, 3, &r, t);
+        cr_assert_eq(cfx__dpdk_sess_poll(&r, t + 100000), CFX_OK);
+        cr_assert_eq(wr.n, lost_acks + 2);
+        t += 100000 + lat;
+        wire_rx(&wr, lost_acks + 1, &s, t);
+        cr_assert_eq(cfx__dpdk_sess_poll(&s, t), CFX_OK);
+    }
+    cr_assert_eq(wr.got, 4, "%u of 4 messages delivered", wr.got);
+    cr_assert_eq(ws.sent, 4, "%u of 4 messages acknowledged", ws.sent);
+    cr_assert(cfx__dpdk_sess_idle(&s));
+    cr_assert_eq(s.error, 0, "%s", s.error_msg);
+    cr_assert_eq(r.error, 0, "%s", r.error_msg);
+    cr_assert_gt(cwnd0, 1.0);
+    *st = s.stats;
+    *cwnd = s.cwnd;
+    cfx__dpdk_sess_fini(&s);
+    cfx__dpdk_sess_fini(&r);
+}
+
+/*
+ * Eifel's test needs echoes that never go back in time: the ack that
+ * ended the undo check covered a retransmission sent after the timeout
+ * (packet 2 was lost), but echoed the later-arriving original of packet
+ * 3, sent before it, and the timeout was undone.  The receiver echoes the
+ * newest timestamp it has seen (RFC 7323's TS.Recent), so the loss shows.
+ */
+Test(dpdk_rel, reordered_original_does_not_undo_a_timeout_after_a_loss)
+{
+    struct cfx__dpdk_rel_stats st;
+    double cwnd;
+    reorder_trace(true, &st, &cwnd);
+    cr_assert_eq(st.rto_undone, 0, "a timeout after a real loss undone");
+    cr_assert_lt(cwnd, 16.0, "the window came back to %.1f after a loss", cwnd);
+}
+
+/* ... while the same timeout with nothing lost (only the acks were) is
+ * undone: the window comes back whole. */
+Test(dpdk_rel, timeout_with_only_acks_lost_is_undone)
+{
+    struct cfx__dpdk_rel_stats st;
+    double cwnd;
+    reorder_trace(false, &st, &cwnd);
+    cr_assert_eq(st.rto_undone, 1);
+    cr_assert_geq(cwnd, 16.0, "the window came back to %.1f of 16", cwnd);
 }
