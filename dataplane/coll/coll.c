@@ -333,9 +333,26 @@ static int post_front(struct coll_exec *x, int peer, bool send, void *buf, size_
     return h;
 }
 
+static bool has_tp(const struct cfx_node_rec *n, const char *tp)
+{
+    for (unsigned a = 0; a < n->naddr && a < CFX_NODE_ADDRS_MAX; a++)
+        if (!strncmp(n->addr[a].tp, tp, CFX_TP_NAME_MAX))
+            return true;
+    return false;
+}
+
+size_t cfx__coll_split_max(const struct cfx_group *g, int peer)
+{
+    const struct cfx_node_rec *me = &g->ctx->self, *p = &g->nodes[peer];
+    return has_tp(me, "shm") && has_tp(p, "shm") &&
+                   !strncmp(me->host_id, p->host_id, CFX_HOST_ID_MAX)
+               ? COLL_SPLIT_MAX_SHM
+               : COLL_SPLIT_MAX;
+}
+
 /*
- * A message of more than one eager send and at most COLL_SPLIT_MAX bytes
- * goes as eager pieces of CFX_EAGER_LIMIT bytes (the first with the header
+ * A message of more than one eager send and at most cfx__coll_split_max()
+ * bytes goes as eager pieces of CFX_EAGER_LIMIT bytes (the first with the header
  * in front when it carries one), not by rendezvous: no request to the
  * sender and back before the data moves, which cost a 4 KiB .. 16 KiB
  * message several times an eager one (beyond 16 KiB the pieces cost more
@@ -388,7 +405,7 @@ static int post_data(struct coll_exec *x, int peer, bool send, void *buf, size_t
     if (front)
         x->dir[peer] |= bit;
     const size_t hl = front ? sizeof(struct coll_hdr) : 0;
-    if (hl + len > CFX_EAGER_LIMIT && len <= COLL_SPLIT_MAX)
+    if (hl + len > CFX_EAGER_LIMIT && len <= cfx__coll_split_max(x->g, peer))
         return post_split(x, peer, send, buf, len, front);
     if (!front)
         return post(x, peer, send, buf, len, x->mt);

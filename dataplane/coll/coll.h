@@ -15,8 +15,8 @@
  *    order, so every schedule posts the messages between one pair of ranks
  *    in the same order on both sides;
  *  - cfx_group_send/recv travel on g->chan_user with the user's tag, those
- *    of more than one eager send up to COLL_SPLIT_MAX as eager pieces on
- *    g->chan_split (group_split.c);
+ *    of more than one eager send up to cfx__coll_split_max() as eager
+ *    pieces on g->chan_split (group_split.c);
  *  - the ranks' arguments are compared (coll.c "argument check"): by
  *    default each rank's header of the call rides on the first message it
  *    sends to each peer and is compared by that peer (no message of its
@@ -133,8 +133,15 @@ struct coll_gave {
 /* First messages up to this carry the header in front, and stay eager at
  * the default CFX_EAGER_MAX; larger ones go after a header message. */
 #define COLL_HDR_INLINE (CFX_EAGER_LIMIT - (uint32_t)sizeof(struct coll_hdr))
-/* Messages of up to this go as eager pieces rather than by rendezvous. */
-#define COLL_SPLIT_MAX (16u * 1024)
+/* Messages of up to this go as eager pieces rather than by rendezvous:
+ * between ranks that can share memory (cfx__coll_split_max), where a piece
+ * costs a copy into the ring and one out and the rendezvous its request,
+ * registration and the wake-ups of two threads per side (a 2-rank ping-pong
+ * of 64 KiB: 27-33 us in pieces, 34-115 us by rendezvous), up to
+ * COLL_SPLIT_MAX_SHM; elsewhere up to COLL_SPLIT_MAX, past which the pieces
+ * cost more than the request's round trip (docs/PERFORMANCE.md). */
+#define COLL_SPLIT_MAX     (16u * 1024)
+#define COLL_SPLIT_MAX_SHM (64u * 1024)
 
 enum coll_kind {
     COLL_BARRIER = 1,
@@ -458,9 +465,16 @@ int cfx__coll_stopped(struct coll_exec *x);
  * @p upto of this one (its end). */
 void cfx__coll_strays_sweep(struct coll_exec *x, bool upto);
 
-/* group_split.c: whether cfx_group_send/recv of @p bytes go as eager pieces,
- * and the send or receive of such a message (a host buffer) */
-bool cfx__group_split_size(size_t bytes);
+/* The largest message to rank @p peer that goes as eager pieces: both
+ * ranks compute the same from the two node records (a shm address each,
+ * one host), whichever transport their connection then takes, so both cut
+ * a message alike. */
+size_t cfx__coll_split_max(const struct cfx_group *g, int peer);
+
+/* group_split.c: whether cfx_group_send/recv of @p bytes with rank @p peer
+ * go as eager pieces, and the send or receive of such a message (a host
+ * buffer) */
+bool cfx__group_split_size(const struct cfx_group *g, int peer, size_t bytes);
 int cfx__group_split_p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer,
                          int tag, uint64_t deadline);
 

@@ -990,7 +990,7 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
     if (dev)
         mt = CFX_MEMTYPE_HOST;
 
-    if (mt == CFX_MEMTYPE_HOST && cfx__group_split_size(bytes)) {
+    if (mt == CFX_MEMTYPE_HOST && cfx__group_split_size(g, peer, bytes)) {
         rc = cfx__group_split_p2p(g, send, buf, bytes, peer, tag, cfx__deadline_ns(timeout));
     } else {
         struct cfx_p2p_req *req;

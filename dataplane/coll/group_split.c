@@ -1,6 +1,7 @@
 /*
  * cfx_group_send/recv of a message of more than one eager send and at most
- * COLL_SPLIT_MAX bytes: eager pieces instead of the rendezvous.
+ * cfx__coll_split_max() bytes (16 KiB, 64 KiB between ranks that share
+ * memory): eager pieces instead of the rendezvous.
  *
  * A rendezvous message costs the receiver's request, a registration and a
  * grant of its buffer and the sender's write (p2p.c); below 16 KiB that is
@@ -24,7 +25,7 @@
  *    same (peer, tag) waits (g->split_rx), within its own deadline.  A piece
  *    0 that lands as its receive times out is taken, not lost.
  * The rest arrive while piece 0 is waited for and wait in the unexpected
- * queue: one more copy of at most 12 KiB, the price of never taking a piece
+ * queue: one more copy of at most 60 KiB, the price of never taking a piece
  * of the next message.  Piece 0 travels through a buffer of
  * CFX_EAGER_LIMIT bytes on the caller's stack; the rest are sent from and
  * received into the caller's buffer.  A message's pieces are sent under
@@ -44,15 +45,16 @@
 
 struct split_hdr {
     uint32_t magic;
-    uint32_t len; /* the whole message's bytes (<= COLL_SPLIT_MAX) */
+    uint32_t len; /* the whole message's bytes (<= COLL_SPLIT_MAX_SHM) */
 };
 
 #define FIRST_DATA (CFX_EAGER_LIMIT - (uint32_t)sizeof(struct split_hdr))
-#define PIECES_MAX (1 + (COLL_SPLIT_MAX - FIRST_DATA + CFX_EAGER_LIMIT - 1) / CFX_EAGER_LIMIT)
+#define PIECES_MAX \
+    (1 + (COLL_SPLIT_MAX_SHM - FIRST_DATA + CFX_EAGER_LIMIT - 1) / CFX_EAGER_LIMIT)
 
-bool cfx__group_split_size(size_t bytes)
+bool cfx__group_split_size(const struct cfx_group *g, int peer, size_t bytes)
 {
-    return bytes > CFX_EAGER_LIMIT && bytes <= COLL_SPLIT_MAX;
+    return bytes > CFX_EAGER_LIMIT && bytes <= cfx__coll_split_max(g, peer);
 }
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -236,7 +238,7 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
         }
         magic = get_le32(first);
         len = get_le32(first + 4);
-        if (magic == SPLIT_MAGIC && cfx__group_split_size(len))
+        if (magic == SPLIT_MAGIC && cfx__group_split_size(g, peer, len))
             break;
         /* a piece of a message whose receive gave up before it came (a
          * peer stalled past the grace): dropped, and the next piece is

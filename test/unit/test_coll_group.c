@@ -1168,7 +1168,9 @@ static const size_t split_sizes[] = {
     COLL_SPLIT_MAX - 1,
     COLL_SPLIT_MAX,
     COLL_SPLIT_MAX + 1,
-    64 * 1024,
+    COLL_SPLIT_MAX_SHM - 1,
+    COLL_SPLIT_MAX_SHM,
+    COLL_SPLIT_MAX_SHM + 1,
 };
 #define NSPLIT (sizeof(split_sizes) / sizeof(split_sizes[0]))
 
@@ -1177,7 +1179,7 @@ static const size_t split_sizes[] = {
  * every byte checked. */
 static int body_split_sizes(struct rank_run *rr)
 {
-    uint8_t *buf = malloc(COLL_SPLIT_MAX * 4), small[1024];
+    uint8_t *buf = malloc(COLL_SPLIT_MAX_SHM + 1), small[1024];
     if (!buf)
         return cfx__err(CFX_ERR_NOMEM, "test buffer");
     int rc = CFX_OK, peer = 1 - rr->rank;
@@ -1219,6 +1221,77 @@ Test(coll_p2p, split_sizes_tcp, .timeout = 60)
 Test(coll_p2p, split_sizes_shm, .timeout = 60)
 {
     ranks_ok("shm", 2, "split", body_split_sizes);
+}
+
+/*
+ * Which form a message takes: eager pieces up to 64 KiB between ranks that
+ * can share memory, 16 KiB otherwise, the rendezvous beyond (the sender
+ * serves a request, n_served; the pieces need none).  Both sides cut alike
+ * (the receive of every size comes whole, byte for byte).
+ */
+static int split_form(struct rank_run *rr, size_t max)
+{
+    const size_t sizes[] = { max, max + 1 };
+    uint8_t *buf = malloc(max + 1);
+    if (!buf)
+        return cfx__err(CFX_ERR_NOMEM, "test buffer");
+    int rc = CFX_OK;
+    if (cfx__coll_split_max(rr->g, 1 - rr->rank) != max)
+        rc = cfx__err(CFX_ERR_INTERNAL, "pieces up to %zu bytes, not %zu",
+                      cfx__coll_split_max(rr->g, 1 - rr->rank), max);
+    for (size_t i = 0; i < 2 && rc == CFX_OK; i++) {
+        size_t n = sizes[i];
+        /* the count is read between two barriers that bracket the message
+         * alone: the receive is posted after the first (its request, if
+         * any, comes after it) and is done before the second */
+        uint64_t served = 0;
+        rc = cfx_group_barrier(rr->g, NULL);
+        if (rr->rank == 0)
+            served = __atomic_load_n(&rr->ctx->n_served, __ATOMIC_SEQ_CST);
+        if (rc == CFX_OK)
+            rc = cfx_group_barrier(rr->g, NULL);
+        if (rc != CFX_OK)
+            break;
+        if (rr->rank == 0) {
+            cfx_test_fill(buf, n, 300 + i);
+            rc = cfx_group_send(rr->g, buf, n, 1, 9, NULL);
+        } else {
+            memset(buf, 0xA5, n);
+            rc = cfx_group_recv(rr->g, buf, n, 0, 9, NULL);
+            size_t bad = rc == CFX_OK ? cfx_test_check(buf, n, 300 + i) : (size_t)-1;
+            if (rc == CFX_OK && bad != (size_t)-1)
+                rc = cfx__err(CFX_ERR_INTERNAL, "%zu bytes: byte %zu wrong", n, bad);
+        }
+        if (rc == CFX_OK)
+            rc = cfx_group_barrier(rr->g, NULL);
+        if (rc == CFX_OK && rr->rank == 0) {
+            uint64_t now = __atomic_load_n(&rr->ctx->n_served, __ATOMIC_SEQ_CST);
+            if (now - served != i)
+                rc = cfx__err(CFX_ERR_INTERNAL, "%zu bytes: %llu requests served, want %zu", n,
+                              (unsigned long long)(now - served), i);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+static int body_split_form_shm(struct rank_run *rr)
+{
+    return split_form(rr, COLL_SPLIT_MAX_SHM);
+}
+
+static int body_split_form_tcp(struct rank_run *rr)
+{
+    return split_form(rr, COLL_SPLIT_MAX);
+}
+
+Test(coll_p2p, split_form_shm, .timeout = 60)
+{
+    ranks_ok("shm", 2, "form", body_split_form_shm);
+}
+Test(coll_p2p, split_form_tcp, .timeout = 60)
+{
+    ranks_ok("tcp", 2, "form", body_split_form_tcp);
 }
 
 /* Sizes that disagree: within the pieces' class the receive fails with
