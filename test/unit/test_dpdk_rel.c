@@ -925,18 +925,27 @@ static void run_bottleneck(uint64_t t_low, uint64_t t_high, bool want_delay_cuts
  * of those moments are over 1 ms, far over t_high.  Returns the packets
  * delivered after the 20 ms warm-up; *delay_cuts the sender's delay cuts.
  */
+/* A path of 100 us one way through a queue of 1024 packets served at one
+ * per us (no loss from the queue: delay is its only signal), and windows
+ * of 512 packets: the stall tests' network. */
+static void stall_sim(struct sim *sim, uint64_t rng, struct cfx__dpdk_rel_params *p)
+{
+    memset(sim, 0, sizeof(*sim));
+    *p = (struct cfx__dpdk_rel_params){ .mtu_payload = 1024,
+                                        .rcv_slots = 512,
+                                        .snd_slots = 512,
+                                        .sendq_max = 512 };
+    sim->rng = rng;
+    sim->latency_ns = 100000;
+    sim->svc_ns = 1000;
+    sim->queue_max = 1024;
+}
+
 static uint64_t run_stalls(bool stalls, uint64_t *delay_cuts)
 {
     static struct sim sim;
-    memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
-                                      .rcv_slots = 512,
-                                      .snd_slots = 512,
-                                      .sendq_max = 512 };
-    sim.rng = 11;
-    sim.latency_ns = 100000;
-    sim.svc_ns = 1000;
-    sim.queue_max = 1024; /* no loss: delay is the only signal */
+    struct cfx__dpdk_rel_params p;
+    stall_sim(&sim, 11, &p);
     sim.warmup_ns = 20000000;
     if (stalls)
         sim.imp = (struct impair){ .stall_ppm = 100, .stall_ns = 1000000 };
@@ -997,15 +1006,8 @@ static void run_one_gap(bool burst, double *cw_before, double *cw_undone,
                         struct cfx__dpdk_rel_stats *st)
 {
     static struct sim sim;
-    memset(&sim, 0, sizeof(sim));
-    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024,
-                                      .rcv_slots = 512,
-                                      .snd_slots = 512,
-                                      .sendq_max = 512 };
-    sim.rng = 23;
-    sim.latency_ns = 100000;
-    sim.svc_ns = 1000;
-    sim.queue_max = 1024;
+    struct cfx__dpdk_rel_params p;
+    stall_sim(&sim, 23, &p);
     flow_init(&sim, 0, 1, &p, UINT32_MAX, 1024, 41);
     sim.ep[0].bottleneck = true;
     struct cfx__dpdk_sess *s = &sim.ep[0].s;

@@ -281,14 +281,24 @@ static int ack_tx(void *ctx, const struct cfx__dpdk_hdr *h, const void *payload)
 }
 static const struct cfx__dpdk_rel_ops ack_ops = { .tx = ack_tx, .deliver = null_deliver };
 
+static uint8_t payload64[64];
+
+/* A session whose acks land in last_ack, and the first packet to it: a
+ * one-packet message of 64 bytes sent at 1000 ns. */
+static struct cfx__dpdk_hdr one_packet_session(struct cfx__dpdk_sess *s)
+{
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(s, &p, &ack_ops, NULL, 7, 8, "node-x"), CFX_OK);
+    return (struct cfx__dpdk_hdr){ .flags = CFX_DPDK_F_DATA, .session = 7, .len = 64,
+                                   .frag_cnt = 1, .msg_len = 64, .seq = 0, .msg_id = 0,
+                                   .ts = 1000 };
+}
+
 Test(dpdk_rel, duplicate_timestamp_not_echoed)
 {
     struct cfx__dpdk_sess s;
-    static uint8_t payload[64];
-    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
-    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &ack_ops, NULL, 7, 8, "node-x"), CFX_OK);
-    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 7, .len = 64, .frag_cnt = 1,
-                               .msg_len = 64, .seq = 0, .msg_id = 0, .ts = 1000 };
+    uint8_t *payload = payload64;
+    struct cfx__dpdk_hdr h = one_packet_session(&s);
     cr_assert_eq(cfx__dpdk_sess_rx(&s, &h, payload, 10000, 10000), CFX_OK);
     cr_assert_eq(cfx__dpdk_sess_poll(&s, 20000), CFX_OK);
     memset(&last_ack, 0, sizeof(last_ack));
@@ -308,11 +318,8 @@ Test(dpdk_rel, duplicate_timestamp_not_echoed)
 Test(dpdk_rel, owed_ack_goes_when_flushed)
 {
     struct cfx__dpdk_sess s;
-    static uint8_t payload[64];
-    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
-    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &ack_ops, NULL, 7, 8, "node-x"), CFX_OK);
-    struct cfx__dpdk_hdr h = { .flags = CFX_DPDK_F_DATA, .session = 7, .len = 64, .frag_cnt = 1,
-                               .msg_len = 64, .seq = 0, .msg_id = 0, .ts = 1000 };
+    uint8_t *payload = payload64;
+    struct cfx__dpdk_hdr h = one_packet_session(&s);
     memset(&last_ack, 0, sizeof(last_ack));
     cr_assert_eq(cfx__dpdk_sess_rx(&s, &h, payload, 10000, 0), CFX_OK);
     cr_assert_eq(cfx__dpdk_sess_poll(&s, 11000), CFX_OK);
