@@ -348,8 +348,12 @@ int cfx__dpdk_eal_init(const char *args)
     for (char *save = NULL, *tok = strtok_r(copy, " \t", &save); tok;
          tok = strtok_r(NULL, " \t", &save)) {
         if (argc == EAL_ARGV_MAX - 1) {
-            CFX_LOG(ERR, DPDK, "CFX_DPDK_EAL: more than %d arguments", EAL_ARGV_MAX - 2);
-            rc = eal_state = CFX_ERR_INVALID;
+            /* told to the caller, now and at every later call, as a word
+             * EAL did not take is: the transport's error carries it */
+            rc = eal_state = cfx__err(CFX_ERR_INVALID, "CFX_DPDK_EAL: more than %d words",
+                                      EAL_ARGV_MAX - 2);
+            snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
+            CFX_LOG(ERR, DPDK, "%s", eal_why);
             goto out_free;
         }
         argv[argc++] = tok;
@@ -359,6 +363,11 @@ int cfx__dpdk_eal_init(const char *args)
     /* EAL pins the calling thread to its main lcore: give it its CPUs back */
     bool have_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0;
     int took = rte_eal_init(argc, argv);
+    /* at once, whatever the outcome: a start refused below (or one EAL
+     * failed after its pinning) must not leave the caller's thread, which
+     * may go on without dpdk, on one CPU */
+    if (have_cpus)
+        sched_setaffinity(0, sizeof(cpus), &cpus);
     if (took >= 0 && took + 1 < argc) {
         /* EAL stops at the first word that is not one of its options (or,
          * as glibc's getopt reorders the words, takes all options and
@@ -395,8 +404,6 @@ int cfx__dpdk_eal_init(const char *args)
         }
         goto out_free;
     }
-    if (have_cpus)
-        sched_setaffinity(0, sizeof(cpus), &cpus);
     eal_state = 1;
     rc = CFX_OK;
     if (own_prefix) {

@@ -852,6 +852,53 @@ Test(dpdk_ports, eal_refuses_a_word_that_is_not_its_option, .timeout = 60)
               "%s", cfx_last_error());
 }
 
+/*
+ * A start refused for a word EAL did not take leaves the calling thread on
+ * the CPUs it had: rte_eal_init() had pinned it to EAL's main lcore (-l 0)
+ * before it returned, and the application thread that asked for the
+ * context (which may go on with other transports) would otherwise run on
+ * that one CPU for the rest of its life.
+ */
+Test(dpdk_ports, eal_refused_start_gives_the_thread_its_cpus_back, .timeout = 60)
+{
+    cpu_set_t before, after;
+    cr_assert_eq(sched_getaffinity(0, sizeof(before), &before), 0, "%s", strerror(errno));
+    if (CPU_COUNT(&before) < 2)
+        cr_skip_test("one CPU here: a pinning could not be told from none");
+    char eal[512];
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxa%d -l 0 junk --log-level=*:warning "
+             "--no-telemetry",
+             (int)getpid());
+    cr_assert_eq(cfx__dpdk_eal_init(eal), CFX_ERR_INVALID, "%s", cfx_last_error());
+    cr_assert_eq(sched_getaffinity(0, sizeof(after), &after), 0, "%s", strerror(errno));
+    cr_assert(CPU_EQUAL(&before, &after), "the thread is left on %d CPU(s) of %d",
+              CPU_COUNT(&after), CPU_COUNT(&before));
+}
+
+/* More words than EAL's argument vector holds: refused as CFX_ERR_INVALID
+ * like a word EAL did not take, and said so to the caller (the transport's
+ * error, at the first call and every later one), not only in the log. */
+Test(dpdk_ports, eal_too_many_words_says_why, .timeout = 60)
+{
+    char eal[1024];
+    int off = snprintf(eal, sizeof(eal), "--no-huge -m 256 --no-pci --file-prefix=cfxn%d -l 0",
+                       (int)getpid());
+    for (int i = 0; i < 60; i++) /* 67 words in all */
+        off += snprintf(eal + off, sizeof(eal) - (size_t)off, " --no-telemetry");
+    cr_assert_lt((size_t)off, sizeof(eal));
+    setenv("CFX_DPDK_EAL", eal, 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    for (int call = 0; call < 2; call++) {
+        struct cfx_tp_iface *a = NULL;
+        cfx__err(CFX_ERR_IO, "an earlier failure of something else");
+        cr_assert_eq(ops->iface_open(NULL, &a), CFX_ERR_INVALID, "call %d", call);
+        cr_assert(strstr(cfx_last_error(), "dpdk iface_open: CFX_DPDK_EAL: more than 62 words"),
+                  "call %d: %s", call, cfx_last_error());
+    }
+}
+
 /* Runs @p cmd with sh; its exit status (-1: not run). */
 static int sh(const char *cmd)
 {
