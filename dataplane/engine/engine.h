@@ -70,7 +70,7 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 9         /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 10        /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
@@ -83,7 +83,11 @@
                                        (striped reduces and their gathers);
                                     9: a collective's check channel carries a rank's
                                        news that it gave a call up (coll.h), which an
-                                       older rank would take for a disagreement */
+                                       older rank would take for a disagreement;
+                                   10: group messages of 16-64 KiB between ranks of one
+                                       host with shm go as eager pieces
+                                       (cfx__coll_split_max), where an older rank waits
+                                       for a rendezvous and both time out */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 

@@ -371,3 +371,19 @@ Test(dp_msg, get_req_small_flag_needs_a_small_object)
     r.flags = 32; /* unknown */
     cr_assert_eq(check(&r, sizeof(r)), CFX_ERR_PROTO);
 }
+
+/* A build of protocol 9 is refused at the handshake: it sends group
+ * messages of 16-64 KiB between ranks of one host with shm by rendezvous,
+ * where this one sends and waits for eager pieces (cfx__coll_split_max), so
+ * a mixed pair would only time out, message after message. */
+Test(dp_msg, protocol_9_is_refused)
+{
+    struct cfx_dp_hello h;
+    memset(&h, 0, sizeof(h));
+    h.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_HELLO, 0 };
+    h.node_id = 7;
+    size_t n = enc(&h, sizeof(h));
+    cr_assert_eq(cfx__dp_msg_check(wire, n), CFX_DP_HELLO);
+    wire[2] = 9; /* the version byte, after the little-endian magic */
+    cr_assert_eq(cfx__dp_msg_check(wire, n), CFX_ERR_PROTO);
+}
