@@ -121,12 +121,14 @@ struct cfx_coll_params {
 
 /* Point to point.  Messages between two ranks with the same tag are
  * matched in posting order, and their sizes must agree.  A receive of
- * another size than its message fails with CFX_ERR_INVALID (a message above
- * 16 KiB fails its send too) and the message is dropped, the messages after
- * it on that pair and tag arriving as sent.  When the two sizes go by
- * different protocols (one eager send, CFX_EAGER_MAX: 4072 B by default; up
- * to 16 KiB; above: docs/COLLECTIVES.md) the receive does not take the
- * message and times out; the message waits for a receive of its own kind. */
+ * another size than its message fails with CFX_ERR_INVALID (a message
+ * that goes by rendezvous fails its send too) and the message is dropped,
+ * the messages after it on that pair and tag arriving as sent.  When the
+ * two sizes go by different protocols (one eager send, CFX_EAGER_MAX:
+ * 4072 B by default; eager pieces up to 16 KiB, up to 64 KiB between two
+ * ranks of one host that both have the shm transport; the rendezvous
+ * above: docs/COLLECTIVES.md) the receive does not take the message and
+ * times out; the message waits for a receive of its own kind. */
 CFX_API int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer,
                            int tag, const struct cfx_coll_params *params);
 CFX_API int cfx_group_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, int tag,
