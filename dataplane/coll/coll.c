@@ -333,18 +333,10 @@ static int post_front(struct coll_exec *x, int peer, bool send, void *buf, size_
     return h;
 }
 
-static bool has_tp(const struct cfx_node_rec *n, const char *tp)
-{
-    for (unsigned a = 0; a < n->naddr && a < CFX_NODE_ADDRS_MAX; a++)
-        if (!strncmp(n->addr[a].tp, tp, CFX_TP_NAME_MAX))
-            return true;
-    return false;
-}
-
 size_t cfx__coll_split_max(const struct cfx_group *g, int peer)
 {
     const struct cfx_node_rec *me = &g->ctx->self, *p = &g->nodes[peer];
-    return has_tp(me, "shm") && has_tp(p, "shm") &&
+    return cfx__node_addr(me, "shm") && cfx__node_addr(p, "shm") &&
                    !strncmp(me->host_id, p->host_id, CFX_HOST_ID_MAX)
                ? COLL_SPLIT_MAX_SHM
                : COLL_SPLIT_MAX;

@@ -551,15 +551,15 @@ void cfx__dpdk_ep_progress(struct cfx__dpdk_ep *ep)
         if (now >= ep->connect_deadline) {
             /* a link that never came up is the cause to name (a net_memif
              * client whose socket's server has another client already) */
+            char why[192];
             bool down = !cfx__dpdk_port_link_up(iface->port);
-            bool client = cfx__dpdk_port_is_memif_client(iface->port);
-            cfx__dpdk_ep_fail(ep, CFX_ERR_CONNECT, down && client
-                                  ? "no answer to the connection request: this port's link is "
-                                    "down (is a net_memif server up on its socket=, and free? "
-                                    "a server takes one client)"
-                              : down ? "no answer to the connection request: this port's link "
-                                       "is down"
-                                     : "no answer to the connection request");
+            snprintf(why, sizeof(why), "no answer to the connection request%s%s",
+                     down ? ": this port's link is down" : "",
+                     down && cfx__dpdk_port_is_memif_client(iface->port)
+                         ? " (is a net_memif server up on its socket=, and free? a server takes "
+                           "one client)"
+                         : "");
+            cfx__dpdk_ep_fail(ep, CFX_ERR_CONNECT, why);
         } else if (now >= ep->syn_next) {
             cfx__dpdk_ctl_send(iface, &ep->peer, CFX_DPDK_CTL_SYN, ep->sess_id, 0,
                                iface->super.node_id);

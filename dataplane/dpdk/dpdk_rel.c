@@ -755,10 +755,10 @@ static int process_ack(struct cfx__dpdk_sess *s, const struct cfx__dpdk_hdr *h, 
         }
     }
 
-    if (newly > 0 && s->undo_armed)
-        undo_check(s, h);
     if (newly > 0) {
         uint64_t path = 0;
+        if (s->undo_armed)
+            undo_check(s, h);
         /* Karn: no sample when an acknowledged packet was retransmitted */
         if (karn_ok && !napped && h->ts_echo && now >= h->ts_echo) {
             uint64_t rtt = now - h->ts_echo;

@@ -12,6 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+const struct cfx_node_addr *cfx__node_addr(const struct cfx_node_rec *node, const char *tp)
+{
+    for (unsigned a = 0; a < node->naddr && a < CFX_NODE_ADDRS_MAX; a++)
+        if (!strncmp(node->addr[a].tp, tp, CFX_TP_NAME_MAX))
+            return &node->addr[a];
+    return NULL;
+}
+
 /* The transport to reach @p node with: the first of ours (in preference
  * order), not in @p tried (a mask of ctx->tp[] indices), that the node also
  * listens on and that can reach it; -1 when none is left. */
@@ -24,9 +32,8 @@ static int tp_next(struct cfx_context *ctx, const struct cfx_node_rec *node, uin
         if ((ops->caps & CFX_TP_CAP_SAME_HOST) &&
             strncmp(node->host_id, ctx->self.host_id, CFX_HOST_ID_MAX))
             continue;
-        for (unsigned a = 0; a < node->naddr && a < CFX_NODE_ADDRS_MAX; a++)
-            if (!strncmp(node->addr[a].tp, ops->name, CFX_TP_NAME_MAX))
-                return t;
+        if (cfx__node_addr(node, ops->name))
+            return t;
     }
     return -1;
 }
@@ -34,15 +41,6 @@ static int tp_next(struct cfx_context *ctx, const struct cfx_node_rec *node, uin
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node)
 {
     return tp_next(ctx, node, 0);
-}
-
-static const struct cfx_node_addr *node_addr(const struct cfx_node_rec *node,
-                                             const char *tp)
-{
-    for (unsigned a = 0; a < node->naddr && a < CFX_NODE_ADDRS_MAX; a++)
-        if (!strncmp(node->addr[a].tp, tp, CFX_TP_NAME_MAX))
-            return &node->addr[a];
-    return NULL;
 }
 
 /* Test hook CFX_TEST_CONNECT_BREAK=<transport>: connections over that
@@ -85,7 +83,7 @@ static int conn_dial(struct cfx_conn *conn)
 
     while ((t = tp_next(ctx, node, conn->tps_tried)) >= 0) {
         struct cfx_node_addr dead;
-        const struct cfx_node_addr *addr = node_addr(node, ctx->tp[t].ops->name);
+        const struct cfx_node_addr *addr = cfx__node_addr(node, ctx->tp[t].ops->name);
         conn->tps_tried |= 1u << t;
         /* tcp's and shm's addresses are text ("127.0.0.1:4321"); dpdk's is
          * a binary record, whose text the endpoint's own name carries */

@@ -1294,6 +1294,8 @@ const struct cfx_conn_failure *cfx__conn_failure(const struct cfx_context *ctx,
 void cfx__conn_destroy(struct cfx_conn *conn);
 void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
+/* @p node's address on transport @p tp (its name), or NULL when it has none. */
+const struct cfx_node_addr *cfx__node_addr(const struct cfx_node_rec *node, const char *tp);
 /* An outbound connection failed before it connected (@p status): connect
  * again over the next transport both sides share, its queued requests
  * granted anew over that one.  False when there is none left (the caller
