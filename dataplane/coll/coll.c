@@ -518,16 +518,17 @@ int cfx__coll_wait(struct coll_exec *x, int h)
     int dead;
     bool stopped;
     /* checking along the messages, a wait that runs long sends our header
-     * to every rank (edge_ask): a rank waiting for a message that a rank of
-     * another opinion will never send learns of it that way */
-    uint64_t until = x->listen && !x->asked ? CFX_MIN(x->ask_at, x->deadline) : x->deadline;
+     * to the rank waited for (edge_ask_one): a rank waiting for a message
+     * that a rank of another opinion will never send learns of it that way */
+    bool ask = x->listen && !(x->dir[m->peer] & EDGE_ASKED);
+    uint64_t until = ask ? CFX_MIN(x->ask_at, x->deadline) : x->deadline;
     int rc;
     for (;;) {
         rc = cfx__p2p_wait_stop(m->req, until, g->ids, g->size, &dead, cfx__coll_stop, x,
                                 &stopped);
         if (rc != CFX_ERR_TIMEOUT || stopped || until == x->deadline)
             break;
-        cfx__coll_ask(x); /* may move x->msgs */
+        cfx__coll_ask(x, m->peer); /* may move x->msgs */
         m = &x->msgs[h];
         until = x->deadline;
     }

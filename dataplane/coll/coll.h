@@ -51,7 +51,7 @@
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
 #define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
 #define COLL_BOUNCE_HELD_N 64           /* ... and how many, before a sync frees them */
-#define COLL_CHECK_ASK_MS 50            /* a wait this long sends the header to every rank */
+#define COLL_CHECK_ASK_MS 50            /* a wait this long sends the header to the rank waited for */
 #define COLL_BLAME_WAIT_MS 500          /* a message that failed with a live-looking peer: how
                                          * long to wait for the news of the cause */
 
@@ -258,6 +258,7 @@ struct coll_msg {
 #define EDGE_SENT  1u   /* coll_exec.dir: our header went to the rank */
 #define EDGE_RECVD 2u   /* a message from the rank was posted: its first carries its header */
 #define EDGE_SEEN  4u   /* during a scan of the unexpected queue (coll_check.c) */
+#define EDGE_ASKED 8u   /* our header went to the rank on chan_chk as a question */
 
 /* Execution state of one collective on one rank. */
 struct coll_exec {
@@ -288,8 +289,8 @@ struct coll_exec {
     int *hrx;                   /* [size]: the receive that carries the rank's header (msgs
                                  * index), -1: none posted */
     bool listen;                /* EDGES mode, any call: look at the check channel */
-    bool asked;                 /* our header went to every rank on chan_chk */
-    bool told;                  /* ... and that we failed the call */
+    bool asked;                 /* a message of ours went on chan_chk (chk_finish()) */
+    bool told;                  /* ... to every rank, the news that we failed the call */
     struct coll_chk_msg ask, tell; /* what those messages carry */
     struct coll_chk_msg *cin;   /* [size]: check messages received (calls of count 0) */
     uint64_t ask_at;            /* a wait still running then sends it (ns) */
@@ -455,8 +456,9 @@ void cfx__coll_gave_up(struct coll_exec *x, int rc);
 bool cfx__coll_peer_out(struct coll_exec *x, int peer);
 /* A call ended well: the news of the calls before it is stale (g->ngave). */
 void cfx__coll_news_forget(struct coll_exec *x);
-/* A wait that ran COLL_CHECK_ASK_MS: our header to every rank (once). */
-void cfx__coll_ask(struct coll_exec *x);
+/* A wait for @p peer that ran COLL_CHECK_ASK_MS: our header to that rank
+ * (once per rank and call). */
+void cfx__coll_ask(struct coll_exec *x, int peer);
 /* Stop predicate of every wait (lock held), and the error of a stopped
  * wait: the ranks disagree. */
 bool cfx__coll_stop(void *arg);

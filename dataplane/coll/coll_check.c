@@ -222,8 +222,18 @@ static int agree_fail(struct coll_exec *x)
  *    send stops as soon as any first message of the call with another
  *    header reaches it, even one it would not receive (edge_broken() looks
  *    into the unexpected queue), or one on the check channel: a rank that
- *    finds a disagreement, or whose wait has run COLL_CHECK_ASK_MS, sends
- *    its header to every rank there (edge_ask()), once per call;
+ *    finds a disagreement sends its header to every rank there (edge_ask()),
+ *    once per call; a rank whose wait for a rank has run COLL_CHECK_ASK_MS
+ *    sends it to that rank alone (edge_ask_one(), once per rank and call),
+ *    which, of another opinion, fails the call and so tells every rank.
+ *    Along a chain of waits (a waits for b, b for c) the first pair that
+ *    disagrees is found so, while the rank waited for is still in the
+ *    call or has not reached it yet; a rank that left the call on another
+ *    opinion answers no question (it would not have with every rank
+ *    asked), and its waiters end at their deadline, naming it.  Asking
+ *    only the rank waited for keeps a long call (a large ring allreduce
+ *    waits past COLL_CHECK_ASK_MS on every rank) from connecting every
+ *    rank to every other;
  *  - a rank whose part is only sending (a broadcast's root, a reduce's
  *    leaves) returns when its sends are done, unless the disagreement is
  *    already visible then (cfx__coll_check_end()); it has written nothing.
@@ -409,30 +419,70 @@ static void chk_to_all(struct coll_exec *x, struct coll_chk_msg *c, bool skip_go
     }
 }
 
-/* Our header to every other rank on the check channel, once per call as
- * a question (a long wait) and once as news (@p failed: this rank found a
- * disagreement, or failed on a message whose sizes disagree); advisory: a
- * send that fails is dropped, chk_finish() ends them. */
+/* The question this rank asks (edge_ask_one()): its header, set once per
+ * call (x is zeroed at the start of a call). */
+static struct coll_chk_msg *ask_msg(struct coll_exec *x)
+{
+    if (x->ask.me.magic != COLL_HDR_MAGIC) {
+        memset(&x->ask, 0, sizeof(x->ask));
+        x->ask.me = x->hdr;
+        x->ask.bad_rank = -1;
+    }
+    return &x->ask;
+}
+
+/* Our header to rank @p to alone, as a question: its wait for that rank ran
+ * long (cfx__coll_wait()), or a call of count 0 asks every rank.  Once per
+ * rank and call; advisory: a send that fails is dropped, chk_finish() ends
+ * the rest. */
+static void edge_ask_one(struct coll_exec *x, int to)
+{
+    if (!x->listen || x->told || to == x->g->rank || (x->dir[to] & EDGE_ASKED))
+        return; /* news went to every rank: it says more */
+    x->dir[to] |= EDGE_ASKED;
+    x->asked = true;
+    int h = cfx__coll_post_on(x, x->g->chan_chk, to, true, ask_msg(x), sizeof(x->ask),
+                              CFX_MEMTYPE_HOST);
+    if (h < 0) {
+        CFX_LOG(DEBUG, COLL, "group %s: %s", x->g->name, cfx_last_error());
+        return;
+    }
+    x->msgs[h].hdr = true;
+    x->msgs[h].chk = true;
+}
+
+/* Our header to every other rank on the check channel: as a question
+ * (!@p failed: a call of count 0, each rank once), or once per call as
+ * news (@p failed: this rank found a disagreement, or failed on a message
+ * whose sizes disagree). */
 static void edge_ask(struct coll_exec *x, bool failed)
 {
-    if (!x->listen || (failed ? x->told : x->asked))
+    if (!x->listen)
         return;
+    if (!failed) {
+        for (int d = 1; d < x->g->size; d++)
+            edge_ask_one(x, (x->g->rank + d) % x->g->size);
+        return;
+    }
+    if (x->told)
+        return;
+    x->told = true;
     x->asked = true;
-    if (failed)
-        x->told = true;
-    struct coll_chk_msg *c = failed ? &x->tell : &x->ask;
+    struct coll_chk_msg *c = &x->tell;
     memset(c, 0, sizeof(*c));
     c->me = x->hdr;
     c->bad_rank = -1;
-    if (failed) {
-        c->failed = COLL_CHK_DISAGREE;
-        if (x->bad_rank >= 0) {
-            c->bad = x->bad;
-            c->bad_rank = x->bad_rank;
-        } else if (x->news_rank >= 0) {
-            c->bad = x->news.bad; /* pass on what we were told */
-            c->bad_rank = x->news.bad_rank;
-        }
+    c->failed = COLL_CHK_DISAGREE;
+    if (x->bad_rank >= 0) {
+        c->bad = x->bad;
+        c->bad_rank = x->bad_rank;
+    } else if (x->news_rank >= 0) {
+        /* pass on what we were told as a pair with us in it (the reader
+         * takes c->me for ours): the teller's header where it differs
+         * from ours, else the one it found */
+        bool teller = memcmp(&x->news.me, &x->hdr, sizeof(x->hdr)) != 0;
+        c->bad = teller ? x->news.me : x->news.bad;
+        c->bad_rank = teller ? x->news_rank : x->news.bad_rank;
     }
     chk_to_all(x, c, false);
 }
@@ -797,9 +847,9 @@ int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg
     return edge_news(x, from, c) ? edge_fail(x) : CFX_OK;
 }
 
-void cfx__coll_ask(struct coll_exec *x)
+void cfx__coll_ask(struct coll_exec *x, int peer)
 {
-    edge_ask(x, false);
+    edge_ask_one(x, peer);
 }
 
 /* ---- failures other than a disagreement ------------------------------------------
