@@ -55,6 +55,7 @@
 #define COORD_MAX_NODES_DEFAULT 65536       /* members alive at once (--max-nodes) */
 #define COORD_MAX_NODES_LIMIT (1u << 24)    /* largest --max-nodes accepted */
 #define COORD_REJOIN_MAX      65536         /* ids reclaimed after one restart, at most */
+#define COORD_NODE_WAIT_BUCKETS 1024        /* NODE_GETs waiting for a rejoin, by node id */
 #define COORD_STATELESS_IDS_MAX (1u << 24) /* without a state directory: the highest
                                                id a rejoining node may take back */
 #define COORD_NODE_TASKS_MAX  64            /* default max_node_tasks: live tasks per node */
@@ -296,7 +297,7 @@ struct coord_gone {
 };
 
 struct coord_node_wait {
-    struct cfx_list link;       /* coord->node_waits, oldest first */
+    struct cfx_list link;       /* bucket of coord->node_waits by node_id, oldest first */
     struct cfx_list conn_link;  /* conn->node_waits */
     struct coord_conn *conn;    /* requester */
     uint64_t req_id;
@@ -405,7 +406,11 @@ struct cfx_coord {
     uint8_t ids_of_before;      /* no state directory, and a node of before a restart
                                  * rejoined: a node that joined afresh may hold an id
                                  * that another process held before (coord.c) */
-    struct cfx_list node_waits; /* struct coord_node_wait, parked NODE_GETs */
+    struct cfx_list node_waits[COORD_NODE_WAIT_BUCKETS]; /* struct coord_node_wait, parked
+                                 * NODE_GETs by a keyed hash of the node id: a rejoin walks
+                                 * the waits of its own bucket only */
+    uint64_t node_wait_key;     /* keys that hash (ids are the peers' to choose) */
+    uint32_t nnode_waits;       /* of them, in all (capped by max_parked) */
 
     /* directory */
     struct cfx_list *buckets;

@@ -46,8 +46,17 @@
 void cfx__coord_members_init(struct cfx_coord *co)
 {
     cfx_list_init(&co->nodes);
-    cfx_list_init(&co->node_waits);
+    for (uint32_t i = 0; i < COORD_NODE_WAIT_BUCKETS; i++)
+        cfx_list_init(&co->node_waits[i]);
+    co->node_wait_key = cfx__random_u64();
     co->next_node_id = 1;
+}
+
+/* The bucket of the NODE_GETs waiting for @p node_id. */
+static struct cfx_list *node_wait_bucket(struct cfx_coord *co, uint32_t node_id)
+{
+    uint64_t h = ((uint64_t)node_id ^ co->node_wait_key) * 0x9e3779b97f4a7c15ull;
+    return &co->node_waits[(h >> 32) & (COORD_NODE_WAIT_BUCKETS - 1)];
 }
 
 static void node_wait_free(struct coord_node_wait *w)
@@ -55,15 +64,15 @@ static void node_wait_free(struct coord_node_wait *w)
     cfx_list_del(&w->link);
     cfx_list_del(&w->conn_link);
     w->conn->nnode_waits--;
+    w->conn->coord->nnode_waits--;
     free(w);
 }
 
-/* Answer the NODE_GETs waiting for @p node_id: with @p n's record once it
- * rejoined, not found when @p n is NULL (its window ended). */
-static void node_waits_answer(struct cfx_coord *co, uint32_t node_id, const struct coord_node *n)
+static void node_waits_answer_in(struct cfx_coord *co, struct cfx_list *bucket, uint32_t node_id,
+                                 const struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &co->node_waits) {
+    cfx_list_for_each_safe(pos, tmp, bucket) {
         struct coord_node_wait *w = cfx_list_entry(pos, struct coord_node_wait, link);
         if (n && w->node_id != node_id)
             continue;
@@ -81,6 +90,20 @@ static void node_waits_answer(struct cfx_coord *co, uint32_t node_id, const stru
     }
 }
 
+/* Answer the NODE_GETs waiting for @p node_id: with @p n's record once it
+ * rejoined; all of them, not found, when @p n is NULL (the window ended). */
+static void node_waits_answer(struct cfx_coord *co, uint32_t node_id, const struct coord_node *n)
+{
+    if (!co->nnode_waits)
+        return;
+    if (n) {
+        node_waits_answer_in(co, node_wait_bucket(co, node_id), node_id, n);
+        return;
+    }
+    for (uint32_t i = 0; i < COORD_NODE_WAIT_BUCKETS; i++)
+        node_waits_answer_in(co, &co->node_waits[i], 0, NULL);
+}
+
 void cfx__coord_members_conn_gone(struct cfx_coord *co, struct coord_conn *c)
 {
     (void)co;
@@ -91,12 +114,14 @@ void cfx__coord_members_conn_gone(struct cfx_coord *co, struct coord_conn *c)
 void cfx__coord_members_fini(struct cfx_coord *co)
 {
     struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &co->node_waits) {
-        struct coord_node_wait *w = cfx_list_entry(pos, struct coord_node_wait, link);
-        cfx_list_del(&w->link);
-        cfx_list_del(&w->conn_link);
-        free(w);
-    }
+    for (uint32_t i = 0; i < COORD_NODE_WAIT_BUCKETS; i++)
+        cfx_list_for_each_safe(pos, tmp, &co->node_waits[i]) {
+            struct coord_node_wait *w = cfx_list_entry(pos, struct coord_node_wait, link);
+            cfx_list_del(&w->link);
+            cfx_list_del(&w->conn_link);
+            free(w);
+        }
+    co->nnode_waits = 0;
     cfx_list_for_each_safe(pos, tmp, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
         cfx_list_del(&n->link);
@@ -503,12 +528,25 @@ void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struc
     struct coord_node *n = cfx__coord_node_find(co, id);
     if (!n && id != 0 && id < co->restart_mark && co->rejoin_until_ns &&
         cfx__now_ns() < co->rejoin_until_ns) {
-        /* maybe a live node that has not reconnected yet: wait for it */
-        if (c->nnode_waits >= COORD_PARKED_PER_CONN) {
+        /* maybe a live node that has not reconnected yet: wait for it,
+         * within the caps of parked lookups (coord_waits.c) */
+        const uint32_t share = cfx__coord_wait_share(co);
+        if (c->nnode_waits >= share) {
             cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
-                                 "coordinator %s: %u queries of nodes that have not rejoined "
-                                 "yet wait already on this connection", co->addr,
-                                 c->nnode_waits);
+                                 "coordinator %s: %s (node %u) already has %u queries of nodes "
+                                 "that have not rejoined yet waiting, its cap (%u: at most %u "
+                                 "a connection, or its share of max_parked %u among %u live "
+                                 "members); query of node %u refused", co->addr, c->peer,
+                                 c->node ? c->node->rec.node_id : 0, c->nnode_waits, share,
+                                 COORD_PARKED_PER_CONN, co->max_parked, co->nodes_alive, id);
+            return;
+        }
+        if (co->nnode_waits >= co->max_parked) {
+            cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                                 "coordinator %s: max_parked reached (%u queries of nodes that "
+                                 "have not rejoined yet wait; conflux-coord --max-parked); "
+                                 "query of node %u from %s refused", co->addr, co->nnode_waits,
+                                 id, c->peer);
             return;
         }
         struct coord_node_wait *w = calloc(1, sizeof(*w));
@@ -520,9 +558,10 @@ void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struc
         w->conn = c;
         w->req_id = m->req_id;
         w->node_id = id;
-        cfx_list_add_tail(&w->link, &co->node_waits);
+        cfx_list_add_tail(&w->link, node_wait_bucket(co, id));
         cfx_list_add_tail(&w->conn_link, &c->node_waits);
         c->nnode_waits++;
+        co->nnode_waits++;
         CFX_LOG(INFO, CTL, "query of node %u from %s waits for it to rejoin", id, c->peer);
         return;
     }

@@ -357,3 +357,103 @@ Test(coord_waits, listing_pages_resume_after_holes_and_far_cursors)
     cr_assert_eq(more, 0);
     close(a);
 }
+
+/* ---- NODE_GETs waiting for nodes of before a restart ----------------------- */
+
+/* The coordinator on state directory @p dir, with a rejoin window of a
+ * minute (dead_after_ms) so that the window is not what is tested. */
+static void coord_on_state(const char *dir)
+{
+    struct cfx_coord_params p = {
+        .bind_addr = "127.0.0.1",
+        .token = token,
+        .heartbeat_ms = HB_MS,
+        .dead_after_ms = 60000,
+        .auth_timeout_ms = AUTH_MS,
+        .stall_timeout_ms = STALL_MS,
+        .state_dir = dir,
+        .max_parked = 600,
+    };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "%s", cfx_last_error());
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void send_node_get(int s, uint32_t id, uint64_t req)
+{
+    struct cfx_msg r = { .type = CFX_MSG_NODE_GET, .req_id = req };
+    r.u.node_get.node_id = id;
+    raw_send(s, &r);
+}
+
+/* The first frame on @p s after a NODE_GET and a STATUS: ERROR (its status
+ * and text) when the NODE_GET was refused, 0 when the STATUS came first
+ * (the query parked). */
+static int refused_or_parked(int s, uint64_t req, char *text, size_t len)
+{
+    struct cfx_msg m, st = { .type = CFX_MSG_STATUS, .req_id = req + 1 };
+    raw_send(s, &st);
+    cr_assert_eq(raw_read_frame(s, frame, sizeof(frame), &m), CFX_OK);
+    if (m.type == CFX_MSG_STATUS_REPLY)
+        return 0;
+    cr_assert_eq(m.type, CFX_MSG_ERROR, "%s", cfx__msg_type_name(m.type));
+    cr_assert_eq(m.req_id, req);
+    snprintf(text, len, "%s", m.u.error.text);
+    struct cfx_msg m2;
+    cr_assert_eq(raw_read_frame(s, frame, sizeof(frame), &m2), CFX_OK);
+    cr_assert_eq(m2.type, CFX_MSG_STATUS_REPLY);
+    return m.u.error.status;
+}
+
+/*
+ * After a restart, a NODE_GET about a node of before that has not rejoined
+ * waits.  Those waits were capped per connection only (4096), not in all
+ * and not by max_parked: connections up to max_conns could park 16 million
+ * of them (a gigabyte), and every join walked them all.  Now they count
+ * against the share and max_parked as parked lookups do; a refusal names
+ * the cap and the peer; a rejoin answers the waits of its id.
+ */
+Test(coord_waits, node_queries_before_rejoin_capped_per_connection_and_in_all)
+{
+    char dir[] = "/tmp/cfx-nodewait-XXXXXX", text[CFX_PROTO_TEXT_MAX];
+    cr_assert_not_null(mkdtemp(dir));
+    cfx__coord_stop(coord);
+    coord_on_state(dir);
+    int s = raw_auth_role(CFX_CTL_ROLE_NODE);
+    int64_t id = raw_join(s, 0, 1, NULL, 0);
+    cr_assert_gt(id, 0);
+    close(s);
+    cfx__coord_stop(coord);
+    coord_on_state(dir); /* restarted: node id is one of before now */
+
+    int a = raw_auth(), b = raw_auth();
+    for (uint32_t k = 0; k < 600; k++)
+        send_node_get(a, (uint32_t)id, 100 + k);
+    send_node_get(a, (uint32_t)id, 99);
+    cr_assert_eq(refused_or_parked(a, 99, text, sizeof(text)), CFX_ERR_NO_RESOURCE,
+                 "a connection's 601st query parked");
+    cr_assert(strstr(text, "127.0.0.1:") && strstr(text, "600"), "%s", text);
+    send_node_get(b, (uint32_t)id, 99);
+    cr_assert_eq(refused_or_parked(b, 99, text, sizeof(text)), CFX_ERR_NO_RESOURCE,
+                 "a query beyond max_parked in all parked");
+    cr_assert(strstr(text, "max_parked"), "%s", text);
+
+    /* the node rejoins: each of a's queries is answered with its record */
+    s = raw_auth_role(CFX_CTL_ROLE_NODE);
+    cr_assert_eq(raw_join(s, (uint32_t)id, 2, NULL, 0), id);
+    for (uint32_t k = 0; k < 600; k++) {
+        struct cfx_msg m;
+        cr_assert_eq(raw_read_frame(a, frame, sizeof(frame), &m), CFX_OK);
+        cr_assert_eq(m.type, CFX_MSG_NODE_REPLY, "%s", cfx__msg_type_name(m.type));
+        cr_assert_eq(m.req_id, 100 + k);
+        cr_assert_eq(m.u.join.node_id, id);
+    }
+    /* room again: a query of another node of before parks */
+    send_node_get(b, (uint32_t)id + 1, 98);
+    cr_assert_eq(refused_or_parked(b, 98, text, sizeof(text)), 0, "%s", text);
+    close(s);
+    close(b);
+    close(a);
+    cfx__coord_stop(coord);
+    coord = NULL;
+    rm_state_dir(dir);
+}
