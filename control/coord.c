@@ -632,6 +632,13 @@ static void handle_frame(struct cfx_coord *co, struct coord_conn *c, uint8_t *bu
     dispatch(co, c, &m);
 }
 
+/* Requests whose answer walks a list as long as the members or the tasks
+ * (coord_members.c, coord_task.c); OBJECTS seeks its cursor in an index. */
+static bool frame_walks(uint8_t type)
+{
+    return type == CFX_MSG_NODES || type == CFX_MSG_PS_LOADS || type == CFX_MSG_TASKS;
+}
+
 /* Consume every complete frame in the input buffer. */
 static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
 {
@@ -680,17 +687,21 @@ static void conn_parse(struct cfx_coord *co, struct coord_conn *c)
             break;
         }
         uint64_t writes = co->state_writes;
+        bool walk = c->state != COORD_CONN_AUTH && frame_walks(h.type);
         handle_frame(co, c, c->in + off, need);
         off += need;
         /*
-         * A frame that wrote to the disk (a durable put: two fsyncs) ends
-         * this connection's turn: the rest of its frames wait for the next
-         * loop iteration, after every other connection's input, so one
-         * client's burst of durable puts cannot keep heartbeats unread
-         * (at most one disk write per connection per iteration).
+         * A frame that wrote to the disk (a durable put: two fsyncs), or a
+         * listing that walked the members or tasks (its reply may be a few
+         * bytes, so the reply pause does not bound them), ends this
+         * connection's turn: the rest of its frames wait for the next loop
+         * iteration, after every other connection's input, so one client's
+         * burst of them cannot keep heartbeats unread (at most one disk
+         * write or walk per connection per iteration).
          */
-        if (co->state_writes != writes && c->in_len - off >= CFX_PROTO_HDR_LEN &&
+        if ((co->state_writes != writes || walk) && c->in_len - off >= CFX_PROTO_HDR_LEN &&
             !c->failing && !c->close_after_flush) {
+            co->turns_ended++;
             c->parse_deferred = 1;
             cfx__ev_timer_start(co->loop, &c->resume, cfx__now_ns());
             break;

@@ -378,6 +378,8 @@ struct cfx_coord {
     uint32_t test_fsync_delay_ms; /* fault injection: each state fsync takes this longer */
     uint64_t last_tick_ns;      /* members_tick: when the last one ran (stall credit) */
     uint64_t state_writes;      /* records written or removed on disk (coord_state.c) */
+    uint64_t turns_ended;       /* connection turns ended early, with frames left to parse:
+                                 * after a disk write or a listing (coord.c conn_parse) */
 
     /* membership */
     struct cfx_list nodes;      /* struct coord_node, by id */

@@ -501,3 +501,43 @@ Test(coord_conns, paused_member_that_reads_is_alive)
     close(s);
     cfx__ctl_close(watcher);
 }
+
+/*
+ * A listing request walks the coordinator's lists (members for NODES and
+ * PS_LOADS, tasks for TASKS: up to max_nodes or tens of thousands of
+ * tasks) and may answer in a few bytes (a cursor past the end), so its
+ * reply never pauses the connection.  One connection's buffer of them
+ * (16 KiB: 800) was served in one turn while every other connection
+ * waited.  Now a listing ends its connection's turn, as a disk write does:
+ * the rest of its frames wait for the next loop iteration.  Checked by the
+ * turns the coordinator ended so (coord->turns_ended) and by every reply
+ * coming, in order.
+ */
+Test(coord_conns, listings_end_their_connections_turn)
+{
+    enum { N = 1000 };
+    static uint8_t out[(N + 1) * 64], in[1 << 16];
+    size_t len = 0, n;
+    int s = raw_auth();
+    for (int i = 0; i <= N; i++) {
+        struct cfx_msg m = { .type = i < N ? CFX_MSG_PS_LOADS : CFX_MSG_STATUS,
+                             .req_id = 10 + (uint64_t)i };
+        m.u.ps_cursor = UINT32_MAX; /* past every member: a walk, a few bytes back */
+        cr_assert_eq(cfx__msg_encode(&m, out + len, sizeof(out) - len, &n), CFX_OK);
+        len += n;
+    }
+    uint64_t before = __atomic_load_n(&coord->turns_ended, __ATOMIC_RELAXED);
+    cr_assert_eq(send(s, out, len, MSG_NOSIGNAL), (ssize_t)len);
+    for (int i = 0; i <= N; i++) {
+        struct cfx_msg m;
+        cr_assert_eq(raw_read_frame(s, in, sizeof(in), &m), CFX_OK);
+        cr_assert_eq(m.req_id, 10 + (uint64_t)i);
+        cr_assert_eq(m.type, i < N ? CFX_MSG_PS_LOADS_REPLY : CFX_MSG_STATUS_REPLY);
+    }
+    /* each listing with a frame after it in the buffer ended the turn (a
+     * read that ends right after one leaves none after it: a few) */
+    uint64_t ended = __atomic_load_n(&coord->turns_ended, __ATOMIC_RELAXED) - before;
+    cr_assert_geq(ended, N / 2, "%llu of %d listings ended their turn",
+                  (unsigned long long)ended, N);
+    close(s);
+}
