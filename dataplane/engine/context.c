@@ -328,8 +328,15 @@ static int transports_open(struct cfx_context *ctx)
         }
         int rc = order[i]->iface_open(&ip, &s->iface);
         if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
-            CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
-                    cfx_last_error());
+            /* named by the user (not the default list): the job runs on
+             * without it, which the user must be told */
+            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
+                CFX_LOG(WARN, INIT, "transport %s (CFX_TRANSPORT=%s) not available here, the "
+                        "others are used: %s", order[i]->name, ctx->cfg.transports,
+                        cfx_last_error());
+            else
+                CFX_LOG(INFO, INIT, "transport %s not available here: %s", order[i]->name,
+                        cfx_last_error());
             if (sk < sizeof(skipped)) {
                 int w = snprintf(skipped + sk, sizeof(skipped) - sk, "%s%s: %s", sk ? "; " : "",
                                  order[i]->name, cfx_last_error());

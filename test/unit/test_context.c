@@ -1363,3 +1363,31 @@ Test(context, dpdk_port_without_dpdk_transport_warns)
     cfx_context_destroy(a);
     cr_assert(warned, "no warning that CFX_DPDK_VDEV goes unused");
 }
+
+/* A transport the user named (not the default list) that is not available
+ * here is a warning naming it: with CFX_TRANSPORT=dpdk,tcp and a port that
+ * would not open, the job ran over tcp with the reason at INFO alone.
+ * verbs stands for it: built here, with no RDMA device on the test host. */
+Test(context, named_transport_not_available_warns)
+{
+    if (!cfx__transport_find("verbs"))
+        cr_skip_test("built without verbs");
+    char path[] = "/tmp/cfx-test-tpnamed-XXXXXX";
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    struct cfx_context *a = NULL;
+    int rc = join(token, "verbs,tcp", &a);
+    fflush(stderr);
+    int warned = cfx_test_file_contains(path, "transport verbs (CFX_TRANSPORT=verbs,tcp) not "
+                                        "available here, the others are used");
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unlink(path);
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    char buf[2048];
+    cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
+    cfx_context_destroy(a);
+    if (strstr(buf, "transports = verbs"))
+        cr_skip_test("an RDMA device is here: verbs opened");
+    cr_assert(warned, "no warning that verbs, named, is not used");
+}
