@@ -542,6 +542,12 @@ int main(int argc, char **argv)
         .port = (uint16_t)r.opts.port,
         .token = token,
         .fanout = r.opts.fanout,
+        /* its ranks start at once, all from this host: each may wait in
+         * the challenge at the same time (the per-address default, 16,
+         * is for one host among many; a 48-rank run was cut and retried,
+         * with a warning a second) */
+        .max_unauth_per_ip = (uint32_t)CFX_MAX(16, 2 * r.opts.nranks),
+        .max_unauth_conns = (uint32_t)CFX_MAX(256, 2 * r.opts.nranks),
     };
     /* the ranks inherit CFX_SECURE: their coordinator must run with it */
     if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &cp.secure) != CFX_OK) {

@@ -96,6 +96,49 @@ Test(cfx_run, ranks_see_their_environment)
     free(out);
 }
 
+/*
+ * The run's coordinator lets all of its ranks wait in the challenge at once
+ * (they start together, all from this host): its per-address cap is twice
+ * the ranks' count, not conflux-coord's 16.  A 48-rank run had connections
+ * cut and tried again, with a coordinator warning a second.  Rank 0 of 12
+ * opens 20 silent connections, then asks the coordinator's status (answered
+ * after the 20 were accepted) and counts those it closed (an end of file
+ * after the challenge): none; 5 before.
+ */
+static const char challenge_py[] =
+    "import os, socket, subprocess, sys\n"
+    "h, p = os.environ['CFX_COORD'].rsplit(':', 1)\n"
+    "ss = [socket.create_connection((h, int(p)), timeout=10) for i in range(20)]\n"
+    "subprocess.run([sys.argv[1] + '/rdmactl', 'status'], check=True,\n"
+    "               stdout=subprocess.DEVNULL)\n"
+    "n = 0\n"
+    "for s in ss:\n"
+    "    s.setblocking(False)\n"
+    "    try:\n"
+    "        while s.recv(4096):\n"
+    "            pass\n"
+    "        n += 1\n"
+    "    except BlockingIOError:\n"
+    "        pass\n"
+    "print('closed', n)\n";
+
+Test(cfx_run, ranks_of_one_host_may_all_wait_in_the_challenge)
+{
+    char path[] = "/tmp/cfx-test-challenge-XXXXXX", *out, args[512];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, challenge_py, sizeof(challenge_py) - 1),
+                 (ssize_t)sizeof(challenge_py) - 1);
+    close(fd);
+    snprintf(args, sizeof(args), "-n 12 --timeout 50 sh -c "
+             "'[ $CFX_RANK != 0 ] || exec python3 %s %s'", path, CFX_BIN_DIR);
+    int rc = run(args, &out, NULL);
+    unlink(path);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(has_line(out, "[0] closed 0"), "connections cut at a cap:\n%s", out);
+    free(out);
+}
+
 Test(cfx_run, options_become_variables)
 {
     char *out;
