@@ -504,6 +504,8 @@ static int msg_done(struct coll_exec *x, struct coll_msg *m)
     return m->bounce ? bounce_done(x, m) : CFX_OK;
 }
 
+static int coll_wait_one(struct coll_exec *x, int h);
+
 int cfx__coll_wait(struct coll_exec *x, int h)
 {
     if (x->msgs[h].prev_h >= 0) {
@@ -511,6 +513,12 @@ int cfx__coll_wait(struct coll_exec *x, int h)
         if (rc != CFX_OK)
             return rc;
     }
+    return coll_wait_one(x, h);
+}
+
+/* Message @p h, the one before it done. */
+static int coll_wait_one(struct coll_exec *x, int h)
+{
     struct coll_msg *m = &x->msgs[h];
     if (!m->req)
         return CFX_OK;
@@ -531,6 +539,14 @@ int cfx__coll_wait(struct coll_exec *x, int h)
         cfx__coll_ask(x, m->peer); /* may move x->msgs */
         m = &x->msgs[h];
         until = x->deadline;
+    }
+    if (stopped && x->failed_h && !x->canceled && x->bad_rank < 0 && x->news_rank < 0 &&
+        x->gave_rank < 0) {
+        /* another message of the call failed: its error (final: this
+         * wait returns at once) is the call's */
+        int f = x->failed_h - 1;
+        x->failed_h = 0;
+        return coll_wait_one(x, f);
     }
     if (stopped) /* the headers disagree: this message may never come */
         return cfx__coll_stopped(x);

@@ -308,6 +308,8 @@ struct coll_exec {
     bool gave_told;             /* our news went to every rank */
     bool canceled;              /* a wait stopped: the call's request was canceled */
     struct coll_chk_msg gave_msg;
+    int failed_h;               /* a wait stopped: 1 + the handle of a message of the call
+                                 * that failed meanwhile (its error is the call's), 0 none */
 
     /* device buffers (mt != host, coll.c "device buffers") */
     void *stream;               /* where the device work goes: the caller's or the group's */

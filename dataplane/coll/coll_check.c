@@ -595,6 +595,25 @@ static void strays_drop(struct coll_exec *x, bool upto)
     }
 }
 
+/* A message of the running call that has failed (lock held): 1 + its
+ * handle, or 0.  The call fails with it whatever else it waits for, so a
+ * wait for another of its messages need not run to the deadline: a send to
+ * a rank that will never ask for it (ranks forcing different algorithms,
+ * whose receive here already failed on the message sizes, while the news of
+ * the other rank's failure waits behind the eager pieces it sent). */
+static int msg_failed(const struct coll_exec *x)
+{
+    for (int h = 0; h < x->nmsgs; h++) {
+        const struct coll_msg *m = &x->msgs[h];
+        if (!m->req || m->chk)
+            continue; /* finished, or advisory */
+        int st = cfx__p2p_status_locked(m->req);
+        if (st != CFX_OK && st != CFX_ERR_AGAIN)
+            return h + 1;
+    }
+    return 0;
+}
+
 /* Stop predicate of every wait of a collective (lock held). */
 bool cfx__coll_stop(void *arg)
 {
@@ -606,7 +625,9 @@ bool cfx__coll_stop(void *arg)
     strays_drop(x, false);
     if (x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false)
         return true;
-    return gave_news(x);
+    if (gave_news(x))
+        return true;
+    return (x->failed_h = msg_failed(x)) != 0;
 }
 
 /* The strays of earlier calls at the start of a call, and of this one at

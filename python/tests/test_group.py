@@ -20,3 +20,7 @@ def test_parameter_server():
 
 def test_group_errors():
     run_ranks(2, "err_ranks.py")
+
+
+def test_algorithm_mismatch():
+    run_ranks(2, "algo_ranks.py")
