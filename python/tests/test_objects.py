@@ -25,6 +25,21 @@ def test_object_ids():
     assert isinstance(ei.value, ValueError) and ei.value.detail
     with pytest.raises(ValueError):
         conflux.ObjectId(b"short")
+    # an int is not 20 bytes (bytes(20) would be the all-zero id), a str is a name
+    for bad in (20, 5, True, "weights"):
+        with pytest.raises(TypeError):
+            conflux.ObjectId(bad)
+    with pytest.raises(TypeError):
+        conflux.ObjectId.from_name(b"weights")
+
+
+def test_int_id_refused(ctx):
+    a = np.arange(3, dtype=np.float64)
+    with pytest.raises(TypeError):
+        ctx.put(20, a)
+    with pytest.raises(TypeError):
+        ctx.get(20, timeout=0)
+    assert ctx.put_ids() == []
 
 
 def test_every_status_has_a_class():

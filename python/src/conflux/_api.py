@@ -49,6 +49,11 @@ class ObjectId:
     __slots__ = ("_b",)
 
     def __init__(self, raw: bytes | bytearray | memoryview):
+        if isinstance(raw, (str, numbers.Integral)):
+            # bytes(20) would be twenty zero bytes: an id nobody meant
+            raise TypeError(f"an object id is {_c.OBJECT_ID_LEN} bytes, not "
+                            f"{type(raw).__name__} {raw!r} (ObjectId.from_name(str) "
+                            "names one; ObjectId.from_hex(str) reads 40 hex digits)")
         b = bytes(raw)
         if len(b) != _c.OBJECT_ID_LEN:
             raise ValueError(f"an object id is {_c.OBJECT_ID_LEN} bytes, not {len(b)}")
@@ -57,6 +62,8 @@ class ObjectId:
     @classmethod
     def from_name(cls, name: str) -> "ObjectId":
         """Id of a user-chosen name: same name, same id on every node."""
+        if not isinstance(name, str):
+            raise TypeError(f"an object name is a str, not {type(name).__name__}")
         return cls(_c.id_from_name(name))
 
     @classmethod
