@@ -219,10 +219,13 @@ static int rank_size(const struct cfx_group_params *p, int *rank, int *size)
     if (!(m & CFX_GROUP_PARAM_RANK) || !(m & CFX_GROUP_PARAM_SIZE)) {
         l = cfx__launcher();
         if (!l)
-            return cfx__err(CFX_ERR_INVALID, "group: no rank and size given and no launcher's "
-                            "are set (CFX_RANK/CFX_WORLD_SIZE, RANK/WORLD_SIZE, "
+            return cfx__err(CFX_ERR_INVALID, "group: %s given and no launcher's are set "
+                            "(CFX_RANK/CFX_WORLD_SIZE, RANK/WORLD_SIZE, "
                             "OMPI_COMM_WORLD_RANK/_SIZE, SLURM_PROCID/SLURM_NTASKS, "
-                            "PMI_RANK/PMI_SIZE)");
+                            "PMI_RANK/PMI_SIZE)",
+                            (m & CFX_GROUP_PARAM_RANK) ? "a rank but no size"
+                            : (m & CFX_GROUP_PARAM_SIZE) ? "a size but no rank"
+                                                         : "no rank and size");
     }
     const char *names[2] = { l ? l->rank : NULL, l ? l->size : NULL };
     int *outs[2] = { rank, size };

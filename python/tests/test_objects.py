@@ -617,6 +617,25 @@ def test_group_rank_and_size_in_range(ctx):
         assert (g.rank, g.size) == (0, 1)
 
 
+_LAUNCHER_VARS = ("CFX_RANK", "CFX_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                  "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK",
+                  "PMI_SIZE")
+
+
+def test_group_half_of_rank_and_size(ctx, monkeypatch):
+    """Only one of rank and size, no launcher: the error says which is missing
+    (it said "no rank and size given" when the rank was given)."""
+    for v in _LAUNCHER_VARS:
+        monkeypatch.delenv(v, raising=False)
+    for kw, missing in (({"rank": 0}, "a rank but no size given"),
+                        ({"size": 1}, "a size but no rank given"),
+                        ({}, "no rank and size given")):
+        with pytest.raises(conflux.InvalidError) as ei:
+            conflux.Group(ctx, "half", **kw)
+        assert ei.value.status == -1 and ei.value.detail.startswith(f"group: {missing} "), \
+            ei.value.detail
+
+
 def test_timeout_arguments(ctx):
     """A timeout is seconds: a bool or a str is a TypeError, one over the C
     layer's INT_MAX ms a ValueError in seconds; the raw timeout_ms alike in ms."""
