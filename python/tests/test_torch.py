@@ -125,3 +125,8 @@ def test_get_as_any_torch_dtype(ctx):
     with pytest.raises(ValueError):
         ctx.get("typed-bytes", dtype=object(), timeout=1)
     ctx.delete("typed-bytes")
+
+
+def test_ddp_hook_peer_death(tmp_path):
+    """A rank dies mid-training: the others' backward() raises the conflux error."""
+    run_ranks(N, "ddp_death_ranks.py", str(tmp_path / "store"))

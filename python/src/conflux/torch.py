@@ -74,19 +74,32 @@ def allreduce_hook(state: AllreduceHookState,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over the Conflux group."""
     buf = bucket.buffer()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut: torch.futures.Future[Any] = torch.futures.Future()
 
     def run() -> None:
         try:
             fut.set_result(_allreduce_bucket(state, buf))
-        except BaseException as e:  # reaches backward() through the future
-            fut.set_exception(e)
+        except BaseException as e:  # raised by _raise_error, below
+            fut.set_result(e)
 
+    # DDP's reducer reads the future's value in C++ as a tensor: an error set
+    # with Future.set_exception() (a Python-side unwrap) reached backward()
+    # as "Unable to cast CFX_ERR_... to Tensor".  Raised in a then() callback
+    # it marks the returned future failed in C++, and backward() raises
+    # RuntimeError naming the conflux error's class and detail.
+    out = fut.then(_raise_error)
     if state.pool is not None:
         state.pool.submit(run)
     else:
         run()
-    return fut
+    return out
+
+
+def _raise_error(fut: torch.futures.Future) -> torch.Tensor:
+    v = fut.value()
+    if isinstance(v, BaseException):
+        raise v
+    return v
 
 
 class ParameterServerOptimizer:
