@@ -52,6 +52,26 @@ def test_every_status_has_a_class():
     assert issubclass(conflux.ConnectError, ConnectionError)
 
 
+def test_every_status_class_is_named_for_type_checkers():
+    """The classes are made at import; type checkers see only the names written
+    out: each one in conflux/__init__.py as "X as X" (a re-export under mypy
+    --strict, which refused conflux.TimeoutError before) and in the stub."""
+    import ast
+    from pathlib import Path
+    made = {n for n in dir(conflux._conflux)
+            if n.endswith("Error") and n != "Error" and isinstance(getattr(conflux._conflux, n), type)}
+    pkg = Path(conflux.__file__).resolve().parent
+    src = Path(__file__).resolve().parents[1] / "src" / "conflux"
+    init = ast.parse(((src if (src / "__init__.py").is_file() else pkg) / "__init__.py").read_text())
+    named = {a.name for node in ast.walk(init) if isinstance(node, ast.ImportFrom)
+             and node.module == "_conflux" for a in node.names
+             if a.name.endswith("Error") and a.asname == a.name}
+    assert named == made
+    stub = ast.parse(((src if (src / "_conflux.pyi").is_file() else pkg) / "_conflux.pyi").read_text())
+    stubbed = {c.name for c in stub.body if isinstance(c, ast.ClassDef) and c.name.endswith("Error")}
+    assert stubbed - {"Error"} == made
+
+
 @pytest.mark.parametrize("nbytes", [0, 1, 4064, 65536, 65537, 3 << 20])
 def test_put_get_roundtrip(ctx, nbytes):
     rng = np.random.default_rng(nbytes)

@@ -20,9 +20,18 @@ from .launch import Coordinator, bin_path, cfx_run
 
 __version__ = "0.1.0"
 
-from ._conflux import (  # noqa: F401,E402  (named for type checkers; all below)
-    AuthError, ClosedError, ConnectError, ExistsError, InvalidError, NotFoundError,
-    PeerFailedError, TimeoutError, TruncatedError)
+# Every status's class, named for type checkers (the "X as X" form re-exports
+# it under mypy --strict too); the loop below makes them from the status table.
+from ._conflux import (  # noqa: F401,E402
+    AgainError as AgainError, AuthError as AuthError, BusyError as BusyError,
+    CanceledError as CanceledError, ClosedError as ClosedError, ConnectError as ConnectError,
+    ExistsError as ExistsError, InternalError as InternalError, InvalidError as InvalidError,
+    IoError as IoError, MemlockError as MemlockError, NoDeviceError as NoDeviceError,
+    NoResourceError as NoResourceError, NomemError as NomemError,
+    NotFoundError as NotFoundError, PeerFailedError as PeerFailedError,
+    ProtoError as ProtoError, TimeoutError as TimeoutError, TooBigError as TooBigError,
+    TruncatedError as TruncatedError, UnsupportedError as UnsupportedError,
+    VersionError as VersionError)
 
 # One exception class per status of include/conflux/status.h.
 _errors = {n: getattr(_conflux, n) for n in dir(_conflux)
