@@ -517,9 +517,11 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
             cfx__ctl_obj_put_async(ctx->ctl, &out->id, out->size, out->chunk_size, 0) == CFX_OK;
     }
 
-    if (t->nchildren == 0) {
+    if (t->nchildren == 0 || !out->size) {
         /* a reduce of one input (or a leaf of a stripe's chain): the
-         * output is a copy of it */
+         * output is a copy of it; of empty inputs, empty: no stream to
+         * read (a stream of no chunk ended as lost, and the driver took
+         * the result's own node for dead) */
         if (out->size)
             memcpy(out->buf, (const uint8_t *)x->buf + t->in_off, out->size);
         out->ready_chunks = out->nchunks;

@@ -322,6 +322,33 @@ def test_reduce_objects_allreduce(coord, monkeypatch):
             c.close()
 
 
+@pytest.mark.parametrize("no_inline", [False, True])
+def test_reduce_objects_empty(coord, no_inline):
+    """Empty inputs reduce to an empty result (it failed with 'node N, which
+    produces the result, died', N the caller's own live node)."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    ctxs = [conflux.Context(**kw) for _ in range(3)]
+    try:
+        tag = f"empty{int(no_inline)}"
+        ids = [c.put(f"{tag}/in{i}", np.zeros(0, np.float32), no_inline=no_inline)
+               for i, c in enumerate(ctxs)]
+        for r, (caller, flags) in enumerate([(0, {}), (2, {}), (1, {"allreduce": True}),
+                                             (0, {"op": "max"})]):
+            used = ctxs[caller].reduce_objects(ids, f"{tag}/out{r}", dtype=np.float32, **flags)
+            assert sorted(used) == [0, 1, 2]
+            for c in ctxs:
+                got = c.get(f"{tag}/out{r}", dtype=np.float32)
+                assert got.dtype == np.float32 and got.shape == (0,)
+        # two inputs of one node, reduced by another
+        a = ctxs[0].put(f"{tag}/a", np.zeros(0, np.int64), no_inline=no_inline)
+        b = ctxs[0].put(f"{tag}/b", np.zeros(0, np.int64), no_inline=no_inline)
+        assert sorted(ctxs[1].reduce_objects([a, b], f"{tag}/ab", dtype=np.int64)) == [0, 1]
+        assert ctxs[2].get(f"{tag}/ab", dtype=np.int64).shape == (0,)
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 @pytest.mark.skipif(not have_torch(), reason="torch is not installed")
 def test_torch_tensors(ctx):
     import torch
