@@ -1194,6 +1194,10 @@ int cfx__xfer_pump_busy(struct cfx_context *ctx);
 void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);
 void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int status);
 void cfx__obj_release(struct cfx_context *ctx, struct cfx_obj *obj);
+/* cfx_delete() for a handle's detach (struct cfx_ctx_user), which runs once
+ * the context's destroy has refused new calls: not counted as a call. */
+int cfx__delete_detaching(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          const struct cfx_obj_params *params);
 
 /* worker.c: requests completed by another module's thread (e.g. a group's
  * collective thread).  A new request runs (CFX_ERR_AGAIN) until completed;

@@ -298,6 +298,12 @@ int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *id, void 
     return ctx ? cfx__api_done(ctx, rc) : rc;
 }
 
+int cfx__delete_detaching(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          const struct cfx_obj_params *params)
+{
+    return delete_call(ctx, id, params, true);
+}
+
 int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
                const struct cfx_obj_params *params)
 {

@@ -434,6 +434,8 @@ static int wait_listed(struct cfx_ps *ps)
                     ps->timeout_ms, v);
 }
 
+static void ps_detach(struct cfx_ctx_user *u);
+
 int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, struct cfx_ps **out)
 {
     cfx__err_clear();
@@ -548,6 +550,8 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         goto err_delete;
     CFX_LOG(INFO, PS, "job %s: %s %d up (map %u)", ps->job,
             ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, ps->map.version);
+    cfx__ctx_user_attach(ctx, &ps->user, ps_detach);
+    ps->attached = true;
     *out = ps;
     return CFX_OK;
 
@@ -589,6 +593,13 @@ int cfx__ps_publish(struct cfx_ps *ps, const struct cfx_object_id *id, void *buf
  * coordinator does not answer, and a copy that uploads still read at the
  * deadline keeps its buffer (leaked rather than read after it is freed). */
 #define PS_UNPUBLISH_MS 2000
+
+/* The handle's own objects go; in its detach, past the context's gate. */
+static int ps_delete(struct cfx_ps *ps, const struct cfx_object_id *id,
+                     const struct cfx_obj_params *op)
+{
+    return ps->detaching ? cfx__delete_detaching(ps->ctx, id, op) : cfx_delete(ps->ctx, id, op);
+}
 static void unpublish(struct cfx_ps *ps)
 {
     struct cfx_context *ctx = ps->ctx;
@@ -599,7 +610,7 @@ static void unpublish(struct cfx_ps *ps)
             .field_mask = CFX_OBJ_PARAM_TIMEOUT,
             .timeout_ms = now < dl ? (int)((dl - now) / 1000000) + 1 : 1,
         };
-        int rc = cfx_delete(ctx, &ps->pubs[i].id, &op);
+        int rc = ps_delete(ps, &ps->pubs[i].id, &op);
         pthread_mutex_lock(&ctx->lock);
         bool held = cfx__store_find(&ctx->store, &ps->pubs[i].id) != NULL;
         pthread_mutex_unlock(&ctx->lock);
@@ -614,15 +625,15 @@ static void unpublish(struct cfx_ps *ps)
     ps->npubs = 0;
 }
 
-void cfx_ps_destroy(struct cfx_ps *ps)
+/* Everything the handle holds in its context.  @p goodbye: tell the
+ * scheduler (a worker) or the servers (the scheduler) first; a context
+ * being destroyed can no longer carry that, and its peers see its
+ * mailboxes fail instead (a worker is then counted as done). */
+static void ps_teardown(struct cfx_ps *ps, bool goodbye)
 {
-    /* a forked child's copy: its threads are not here, and what it would
-     * tell and withdraw is the parent's (see cfx_context_destroy) */
-    if (!ps || cfx__ps_forked(ps))
-        return;
-    if (ps->w && ps->loop_started)
+    if (goodbye && ps->w && ps->loop_started)
         cfx__ps_worker_say_bye(ps);
-    if (ps->sched && ps->loop_started)
+    if (goodbye && ps->sched && ps->loop_started)
         cfx__ps_sched_leave(ps);
     pthread_mutex_lock(&ps->lock);
     ps->stop = true;
@@ -644,12 +655,63 @@ void cfx_ps_destroy(struct cfx_ps *ps)
     struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 1000 };
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, 0, &id);
-    cfx_delete(ps->ctx, &id, &op);
+    ps_delete(ps, &id, &op);
     unpublish(ps);
+}
+
+static void ps_free(struct cfx_ps *ps)
+{
     cfx__ps_map_free(&ps->map);
     pthread_cond_destroy(&ps->cond);
     pthread_mutex_destroy(&ps->lock);
     free(ps);
+}
+
+/* The context is destroyed before the handle: the handle's side of the
+ * context goes now (its loop stops, its requests end), so that nothing of
+ * the handle touches the context after; cfx_ps_destroy() frees the rest.
+ * It used to keep running on the freed context, and cfx_ps_destroy() hung. */
+static void ps_detach(struct cfx_ctx_user *u)
+{
+    struct cfx_ps *ps = container_of(u, struct cfx_ps, user);
+    CFX_LOG(INFO, PS, "job %s: %s %d: the context is destroyed before the handle: its calls "
+            "fail with CFX_ERR_CANCELED", ps->job,
+            ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index);
+    ps->detaching = true;
+    ps_teardown(ps, false);
+    pthread_mutex_lock(&ps->lock);
+    __atomic_store_n(&ps->detached, true, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+}
+
+int cfx__ps_gone(const struct cfx_ps *ps)
+{
+    if (!__atomic_load_n(&ps->detached, __ATOMIC_ACQUIRE))
+        return CFX_OK;
+    return cfx__err(CFX_ERR_CANCELED, "job %s: %s %d: its context was destroyed", ps->job,
+                    ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index);
+}
+
+void cfx_ps_destroy(struct cfx_ps *ps)
+{
+    /* a forked child's copy: its threads are not here, and what it would
+     * tell and withdraw is the parent's (see cfx_context_destroy) */
+    if (!ps || cfx__ps_forked(ps))
+        return;
+    struct cfx_context *ctx = ps->ctx;
+    int r = ps->attached ? cfx__ctx_user_release(ctx, &ps->user) : 1;
+    if (r < 0) {
+        CFX_LOG(ERR, PS, "job %s: its context's destroy gave up on calls still in flight: the "
+                "handle is left allocated", ps->job);
+        return;
+    }
+    if (r > 0) {
+        ps_teardown(ps, true);
+        if (ps->attached)
+            cfx__ctx_leave(ctx, CFX_OK);
+    }
+    ps_free(ps);
 }
 
 /*
@@ -685,6 +747,9 @@ int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms)
     if (cfx__ps_forked(ps))
         return cfx__err(CFX_ERR_INVALID, "job %s: the handle was created before this process "
                         "forked: a child creates its own", ps->job);
+    int gone = cfx__ps_gone(ps);
+    if (gone != CFX_OK)
+        return gone;
     uint64_t dl = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ps->lock);
     for (;;) {

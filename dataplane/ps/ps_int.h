@@ -31,6 +31,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/engine/engine.h" /* struct cfx_ctx_user */
 #include "dataplane/engine/p2p.h"
 
 #define PS_MAGIC            0xCF505332u /* 2: ps_hdr.lost_base, lost_mask, held_ns */
@@ -274,6 +275,10 @@ struct ps_worker;
 
 struct cfx_ps {
     struct cfx_context *ctx;
+    struct cfx_ctx_user user;   /* attached to ctx->users while the handle lives */
+    bool attached;              /* ... once cfx_ps_create() succeeded */
+    bool detaching;             /* ... its side goes now (ps_detach) */
+    bool detached;              /* the context was destroyed first: its side is gone */
     uint32_t fork_gen;          /* cfx__fork_gen() at create: another is a forked child's */
     char job[PS_JOB_MAX];
     enum cfx_ps_role role;
@@ -336,6 +341,10 @@ static inline bool cfx__ps_forked(const struct cfx_ps *ps)
 {
     return cfx__fork_gen() != ps->fork_gen;
 }
+
+/* CFX_OK, or CFX_ERR_CANCELED (set as the thread's error) when the
+ * handle's context was destroyed before it (ps.c: ps_detach). */
+int cfx__ps_gone(const struct cfx_ps *ps);
 
 /* Put @p buf (@p len bytes, malloc'd) as @p id; on CFX_OK it is the
  * handle's until cfx_ps_destroy deletes the object and frees it. */

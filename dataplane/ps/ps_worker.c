@@ -807,6 +807,9 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
                         "forked: a child creates its own", ps->job);
     if ((kind != PS_OP_PULL && !grad) || (kind != PS_OP_PUSH && kind != PS_OP_INIT && !out))
         return cfx__err(CFX_ERR_INVALID, "ps: NULL buffer");
+    int gone = cfx__ps_gone(ps);
+    if (gone != CFX_OK)
+        return gone;
     struct ps_op *op = calloc(1, sizeof(*op));
     if (!op)
         return cfx__err(CFX_ERR_NOMEM, "ps: out of memory");
@@ -1046,6 +1049,9 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
                         "forked: a child creates its own", ps->job);
     if (!*name || strlen(name) >= PS_TENSOR_NAME_MAX || !count || !cfx_dtype_size(dtype))
         return cfx__err(CFX_ERR_INVALID, "ps register: bad name, dtype or count for '%s'", name);
+    int gone = cfx__ps_gone(ps);
+    if (gone != CFX_OK)
+        return gone;
     if (ps->index == 0 && !init)
         return cfx__err(CFX_ERR_INVALID, "ps register '%s': worker 0 gives the initial values",
                         name);

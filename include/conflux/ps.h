@@ -151,7 +151,10 @@ CFX_API int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *p
  * done the servers stop.  Server 0 (the scheduler) waits here, at the end
  * of a job, until every other server has confirmed that it has the map
  * that ends its service or has failed, for at most the handle's timeout
- * (it logs the servers it leaves behind).  NULL is a no-op.
+ * (it logs the servers it leaves behind).  NULL is a no-op.  May come after
+ * cfx_context_destroy() of its context, which then takes the handle's side
+ * of it (no goodbye: the scheduler counts a worker whose context went as
+ * done): the handle's calls fail with CFX_ERR_CANCELED, and this frees it.
  */
 CFX_API void cfx_ps_destroy(struct cfx_ps *ps);
 

@@ -413,3 +413,48 @@ Test(ps_create, administrators_at_once_are_served_in_turn, .timeout = 90)
     cfx_ps_destroy(m[0].ps);
     cfx_context_destroy(m[1].ctx);
 }
+
+/* The context of a worker is destroyed before its handle.  The handle kept
+ * its loop running on the freed context, and the cfx_ps_destroy() that came
+ * after hung on the context's freed lock (so did any call in between).  Now
+ * the context's destroy takes the handle's side of it: the calls fail with
+ * CFX_ERR_CANCELED, the handle's destroy frees it, and the scheduler counts
+ * the worker as done, so the job ends. */
+Test(ps_create, context_destroyed_before_the_handle, .timeout = 60)
+{
+    struct member m[2] = { { .role = CFX_PS_SERVER, .index = 0 },
+                           { .role = CFX_PS_WORKER, .index = 0 } };
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    all_at_once(m, 2, member_admins_create);
+    all_at_once(m + 1, 1, member_register);
+
+    const float g[4] = { 1, 1, 1, 1 };
+    float out[4] = { 0 };
+    cr_assert_eq(cfx_ps_pushpull(m[1].ps, 0, g, out), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(out[i], (float)(i + 2), "element %d: %g", i, (double)out[i]);
+
+    struct cfx_ps_request *req = NULL;
+    cr_assert_eq(cfx_ps_ipull(m[1].ps, 0, out, &req), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(m[1].ctx);
+    int rc = cfx_ps_wait(req, 5000);
+    cr_assert(rc == CFX_OK || rc == CFX_ERR_CANCELED, "in flight: %s", cfx_errname(rc));
+    cfx_ps_request_free(req);
+    rc = cfx_ps_pushpull(m[1].ps, 0, g, out);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "its context was destroyed"), "%s", cfx_last_error());
+    int key;
+    rc = cfx_ps_register(m[1].ps, "v", CFX_DTYPE_F32, 4, g, &key);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cfx_ps_destroy(m[1].ps);
+
+    rc = cfx_ps_serve(m[0].ps, 20000);
+    cr_assert_eq(rc, CFX_OK, "serve: %s: %s", cfx_errname(rc), cfx_last_error());
+    /* the scheduler's too: its shard maps go with it (no buffer left behind) */
+    cfx_context_destroy(m[0].ctx);
+    rc = cfx_ps_serve(m[0].ps, 1000);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cfx_ps_destroy(m[0].ps);
+}
