@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "dataplane/engine/engine.h"
 
@@ -282,16 +283,26 @@ static int env_int(const char *name, int def)
     return (int)cfx__env_ll(name, def);
 }
 
+/* $CFX_PS_ROLE: worker (the default) or server, as a word or the enum's
+ * number; anything else is no role (validate() names the variable), not a
+ * worker that then waits for a scheduler it should have been. */
+static enum cfx_ps_role env_role(void)
+{
+    const char *r = cfx__env_str("CFX_PS_ROLE", "worker");
+    if (!strcasecmp(r, "worker") || !strcmp(r, "0"))
+        return CFX_PS_WORKER;
+    if (!strcasecmp(r, "server") || !strcmp(r, "1"))
+        return CFX_PS_SERVER;
+    return (enum cfx_ps_role)-1;
+}
+
 static void defaults(struct cfx_ps_params *p, const struct cfx_ps_params *in,
                      const struct cfx_context *ctx)
 {
     uint64_t m = in ? in->field_mask : 0;
     memset(p, 0, sizeof(*p));
     p->job = (m & CFX_PS_PARAM_JOB) && in->job ? in->job : cfx__env_str("CFX_PS_JOB", "ps");
-    p->role =
-        (m & CFX_PS_PARAM_ROLE)
-            ? in->role
-            : (enum cfx_ps_role)(strcmp(cfx__env_str("CFX_PS_ROLE", "worker"), "server") == 0);
+    p->role = (m & CFX_PS_PARAM_ROLE) ? in->role : env_role();
     p->index = (m & CFX_PS_PARAM_INDEX) ? in->index : env_int("CFX_PS_INDEX", 0);
     p->num_workers =
         (m & CFX_PS_PARAM_NUM_WORKERS) ? in->num_workers : env_int("CFX_PS_WORKERS", 1);
@@ -319,11 +330,14 @@ static void defaults(struct cfx_ps_params *p, const struct cfx_ps_params *in,
     p->stream = (m & CFX_PS_PARAM_STREAM) ? in->stream : NULL;
 }
 
-static int validate(const struct cfx_ps_params *p)
+static int validate(const struct cfx_ps_params *p, uint64_t m)
 {
     if (!p->job || !*p->job || strlen(p->job) >= PS_JOB_MAX || strchr(p->job, '/'))
         return cfx__err(CFX_ERR_INVALID, "ps: job name must be 1..%d characters without '/'",
                         PS_JOB_MAX - 1);
+    if (p->role != CFX_PS_WORKER && p->role != CFX_PS_SERVER && !(m & CFX_PS_PARAM_ROLE))
+        return cfx__err(CFX_ERR_INVALID, "ps: CFX_PS_ROLE=%s is not worker or server",
+                        cfx__env_str("CFX_PS_ROLE", ""));
     if (p->role != CFX_PS_WORKER && p->role != CFX_PS_SERVER)
         return cfx__err(CFX_ERR_INVALID, "ps: unknown role %d", (int)p->role);
     if (p->num_workers < 1 || p->num_workers > PS_MAX_WORKERS || p->num_servers < 1 ||
@@ -447,7 +461,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     ps->fork_gen = cfx__fork_gen();
     int rc;
     defaults(&ps->params, params, ctx);
-    if ((rc = validate(&ps->params)) != CFX_OK)
+    if ((rc = validate(&ps->params, params ? params->field_mask : 0)) != CFX_OK)
         goto err_free;
     ps->ctx = ctx;
     ps->create_dl = cfx__deadline_ns(ps->params.timeout_ms);

@@ -111,7 +111,8 @@ struct cfx_ps_balance {
 struct cfx_ps_params {
     uint64_t field_mask;                 /* which fields are set */
     const char *job;                     /* job name; default "ps" */
-    enum cfx_ps_role role;               /* default from $CFX_PS_ROLE, else WORKER */
+    enum cfx_ps_role role;               /* default from $CFX_PS_ROLE (worker or server;
+                                            another value: CFX_ERR_INVALID), else WORKER */
     int index;                           /* worker or server index; default $CFX_PS_INDEX */
     int num_workers;                     /* workers in the job; default $CFX_PS_WORKERS */
     int num_servers;                     /* servers at start; default $CFX_PS_SERVERS */

@@ -458,3 +458,16 @@ Test(ps_create, context_destroyed_before_the_handle, .timeout = 60)
     cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
     cfx_ps_destroy(m[0].ps);
 }
+
+/* $CFX_PS_ROLE other than worker or server (here a typo, "sever") made a
+ * worker, silently, that then waited for a scheduler; it is refused, named. */
+Test(ps_create, bad_role_variable_is_refused)
+{
+    cr_assert_eq(setenv("CFX_PS_ROLE", "sever", 1), 0);
+    struct cfx_ps *ps = NULL;
+    int rc = cfx_ps_create(ctx, NULL, &ps);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(ps);
+    cr_assert(strstr(cfx_last_error(), "CFX_PS_ROLE=sever is not worker or server"), "%s",
+              cfx_last_error());
+}
