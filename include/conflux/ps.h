@@ -19,8 +19,9 @@
  * knobs) are those of server 0; the other members' values are ignored.
  *
  * One role per context: a process that wants to be a worker and a server
- * uses two contexts.  Job names must be unique for the coordinator's
- * lifetime.
+ * uses two contexts.  Jobs that run at the same time on one coordinator
+ * need different names; a job may take the name of one that has ended
+ * (docs/PARAMETER_SERVER.md, "Limits").
  *
  * Thread safety: a worker handle may be used from several threads; ops of
  * one tensor are applied in the order they were posted.  cfx_ps_destroy()
