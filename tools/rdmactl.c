@@ -555,8 +555,10 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
     int timeout = RDMACTL_PS_TIMEOUT_MS, which, server = 0, on = 0;
     if (a->timeout && tool_arg_timeout_ms("rdmactl", "--timeout", a->timeout, &timeout))
         return TOOL_EXIT_USAGE;
-    if (!*job) {
-        fprintf(stderr, "rdmactl: --job: '' is not a job name\n");
+    if (!*job || strlen(job) > CFX_CTL_PS_JOB_MAX || strchr(job, '/')) {
+        /* as cfx_ps_create() takes it: a usage error, not the library's */
+        fprintf(stderr, "rdmactl: --job: '%s' is not a job name (1..%u bytes, no '/')\n", job,
+                CFX_CTL_PS_JOB_MAX);
         return TOOL_EXIT_USAGE;
     }
     if (a->nargs < 1) {

@@ -206,6 +206,10 @@ static const struct args_case cases[] = {
     { "rdmactl", { "ps", "add-server", "-1" }, 2, "add-server", "'-1'", 1 },
     { "rdmactl", { "ps", "auto", "maybe" }, 2, "auto", "'maybe'", 1 },
     { "rdmactl", { "ps", "frobnicate" }, 2, "ps", "'frobnicate'", 1 },
+    { "rdmactl", { "ps", "--job", "a/b", "shards" }, 2, "--job", "'a/b' is not a job name", 1 },
+    { "rdmactl", { "ps", "--job", "j123456789j123456789j123456789"
+                                  "j123456789j123456789j1234567890123", "shards" },
+      2, "--job", "is not a job name (1..63 bytes", 1 },
     { "rdmactl", { "ps", "--job", "nosuchjob", "shards" }, 1, "nosuchjob", "no such job", 1 },
     { "rdmactl", { "ps", "--job", "nosuchjob", "rebalance" }, 1, "nosuchjob", "no such job", 1 },
     { "rdmactl", { "ps", "--job", "nosuchjob", "auto", "on" }, 1, "nosuchjob", "no such job", 1 },
