@@ -860,6 +860,7 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
             snprintf(text, sizeof(text), "task %llu ('%s'): node %u died while it ran there, "
                      "and it cannot be placed again: %s", (unsigned long long)t->id, t->t.name,
                      dead, why);
+            t->node_id = dead; /* the node that last held it, for its waiters (task.h) */
             task_end(co, t, CFX_ERR_PEER_FAILED, text);
         }
     }

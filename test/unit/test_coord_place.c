@@ -482,6 +482,28 @@ Test(place, tasks_of_a_node_that_goes)
     cr_assert_eq(st.node_id, W[to].id);
 }
 
+/* A task that may run only on a node that goes cannot be placed again: it
+ * fails naming that node, and its waiters are told that node as the one
+ * that last held it (task.h, cfx_task_wait's node_out), not node 0. */
+Test(place, a_task_that_cannot_move_names_its_node)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    uint32_t only = W[0].id;
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &only, 1);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK);
+    uint64_t id = st.task_id;
+    cr_assert_eq(st.node_id, only);
+    worker_close(&W[0]);
+
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = id;
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(W[1].c, &w, &st), CFX_ERR_PEER_FAILED);
+    cr_assert(strstr(st.text, "cannot be placed again"), "%s", st.text);
+    cr_assert_eq(st.node_id, only, "node %u, want %u", st.node_id, only);
+}
+
 /* More tasks than one page of the listing (CFX_PROTO_TASKS_PAGE): the
  * client asks page after page and gets every task once, by id. */
 Test(place, listing_pages_through_every_task)
