@@ -67,7 +67,7 @@
                                              * repeated submissions wait this long at
                                              * most for workers to re-announce */
 #define COORD_PLACE_RESERVE_MS 2000         /* a placement query's reservation, by default */
-#define COORD_PLACE_RESERVE_MAX_MS 300000   /* ... and at most (a longer one is refused) */
+#define COORD_PLACE_RESERVE_MAX_MS CFX_TASK_RESERVE_MAX_MS /* ... and at most (longer: refused) */
 #define COORD_NODE_QUERIES_MAX 128          /* placement queries' reservations one node
                                              * holds at once */
 #define COORD_OBJ_KEY_PREFIX  "obj."          /* record: a durable inline object (coord_directory.c) */

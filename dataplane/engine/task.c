@@ -552,8 +552,13 @@ static int task_msg(const char *what, const char *name, const struct cfx_object_
                             CFX_TASK_GROUP_MAX);
         snprintf(t->group, sizeof(t->group), "%s", needs->group);
     }
-    if (f & CFX_TASK_NEEDS_RESERVE)
-        t->reserve_ms = needs->reserve_ms > 0 ? (uint32_t)needs->reserve_ms : 1;
+    if (f & CFX_TASK_NEEDS_RESERVE) {
+        /* set means meant: 0 or less was taken for 1 ms without a word */
+        if (needs->reserve_ms < 1 || needs->reserve_ms > CFX_TASK_RESERVE_MAX_MS)
+            return cfx__err(CFX_ERR_INVALID, "%s: reserve_ms %d is outside 1..%d", what,
+                            needs->reserve_ms, CFX_TASK_RESERVE_MAX_MS);
+        t->reserve_ms = (uint32_t)needs->reserve_ms;
+    }
     t->ninputs = (uint8_t)n_inputs;
     for (size_t i = 0; i < n_inputs; i++)
         t->inputs[i] = inputs[i];

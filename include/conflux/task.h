@@ -62,6 +62,7 @@ struct cfx_task;
 #define CFX_TASK_NAME_MAX   63   /* bytes of a function name (no NUL) */
 #define CFX_TASK_IO_MAX     16   /* inputs, and results, of one task */
 #define CFX_TASK_NODES_MAX  32   /* nodes of a node set */
+#define CFX_TASK_RESERVE_MAX_MS 300000 /* cfx_place()'s reserve_ms, at most */
 #define CFX_TASK_GROUP_MAX  31   /* bytes of an anti-affinity group name */
 #define CFX_TASK_ARG_MAX    4096 /* bytes of a task's argument */
 
@@ -125,13 +126,14 @@ struct cfx_task_needs {
     uint64_t memory;                    /* bytes of memory it needs */
     uint32_t gpus;                      /* GPUs it needs */
     const uint32_t *nodes;              /* only these node ids may run it ... */
-    size_t n_nodes;                     /* ... (at most CFX_TASK_NODES_MAX) */
+    size_t n_nodes;                     /* ... (at most CFX_TASK_NODES_MAX; 0: any node) */
     enum cfx_task_policy policy;        /* spread or pack */
     const char *group;                  /* anti-affinity: never on a node that runs a
                                            task of the same group (NULL: none) */
     int reserve_ms;                     /* cfx_place(): how long its reservation holds
-                                           (default 2000 ms, at most 300000: a longer
-                                           one is CFX_ERR_INVALID) */
+                                           (default 2000 ms; set, 1 to
+                                           CFX_TASK_RESERVE_MAX_MS, else
+                                           CFX_ERR_INVALID) */
 };
 
 enum cfx_task_param_field {
@@ -199,7 +201,7 @@ CFX_API void cfx_task_free(struct cfx_task *task);
  * anything.  The answer holds a reservation on that node for
  * needs->reserve_ms (default 2000 ms), so that concurrent queries spread as
  * concurrent tasks would; it expires by itself, or when the asking node
- * leaves.  A reserve_ms over 300000 is CFX_ERR_INVALID; a node holds at
+ * leaves.  A reserve_ms under 1 or over 300000 is CFX_ERR_INVALID; a node holds at
  * most 128 such reservations at once (then CFX_ERR_NO_RESOURCE).  When
  * @p name is NULL every node that registered any function is a candidate.
  * @return CFX_OK with *out_node set; CFX_ERR_NO_RESOURCE when no node could

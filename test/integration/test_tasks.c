@@ -481,6 +481,29 @@ Test(tasks, reservation_expires)
     cfx_task_free(t);
 }
 
+/* A reservation's length out of 1..CFX_TASK_RESERVE_MAX_MS is refused,
+ * named; a negative one was taken for 1 ms without a word.  An empty node
+ * set is any node. */
+Test(tasks, reservation_out_of_range_is_refused)
+{
+    uint32_t node = 0;
+    struct cfx_task_needs n = { .field_mask = CFX_TASK_NEEDS_RESERVE | CFX_TASK_NEEDS_NODES,
+                                .n_nodes = 0 };
+    static const int bad[] = { -5, 0, CFX_TASK_RESERVE_MAX_MS + 1 };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        n.reserve_ms = bad[i];
+        cr_assert_eq(cfx_place(ctx, "work", &n, NULL, 0, &node), CFX_ERR_INVALID,
+                     "reserve_ms %d: %s", bad[i], cfx_last_error());
+        cr_assert(strstr(cfx_last_error(), "reserve_ms"), "%s", cfx_last_error());
+    }
+    n.reserve_ms = 1;
+    cr_assert_eq(cfx_place(ctx, "work", &n, NULL, 0, &node), CFX_OK, "%s", cfx_last_error());
+    bool worker = false;
+    for (int i = 0; i < NWORKERS; i++)
+        worker |= node == wk[i].node;
+    cr_assert(worker, "placed on node %u, not a worker", node);
+}
+
 Test(tasks, replaced_when_its_node_dies)
 {
     /* a task waiting for "tasks/go", its input inline (held by the
