@@ -430,7 +430,7 @@ static int wait_listed(struct cfx_ps *ps)
         return rc;
     }
     bool ok = listed(ps);
-    uint32_t v = ps->map.version, nworkers = ps->map.nworkers;
+    uint32_t v = ps->map.version, nworkers = ps->map.nworkers, nservers = ps->map.nservers;
     pthread_mutex_unlock(&ps->lock);
     if (ok)
         return CFX_OK;
@@ -441,6 +441,13 @@ static int wait_listed(struct cfx_ps *ps)
     if (ps->role == CFX_PS_WORKER && v)
         return cfx__err(CFX_ERR_EXISTS, "job %s: shard map %u lists another node as worker %d",
                         ps->job, v, ps->index);
+    if (ps->role == CFX_PS_SERVER && ps->index > 0 && (!v || (uint32_t)ps->index > nservers))
+        /* the scheduler watches the next index alone: a server past it is
+         * never seen (and, not listed, gets no map that would say which) */
+        return cfx__err(CFX_ERR_TIMEOUT, "job %s: server %d was not listed by the scheduler "
+                        "(server 0) within %d ms (map %u): a server added must take the next "
+                        "index, one past the job's last server, which is the only one the "
+                        "scheduler watches for", ps->job, ps->index, ps->timeout_ms, v);
     return cfx__err(CFX_ERR_TIMEOUT,
                     "job %s: %s %d was not listed by the scheduler (server 0) "
                     "within %d ms (map %u)",

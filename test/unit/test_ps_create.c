@@ -471,3 +471,38 @@ Test(ps_create, bad_role_variable_is_refused)
     cr_assert(strstr(cfx_last_error(), "CFX_PS_ROLE=sever is not worker or server"), "%s",
               cfx_last_error());
 }
+
+/* A server added with an index past the next one: the scheduler watches
+ * the next index alone and never sees it, and the create ran out of time
+ * with "not listed by the scheduler"; it now says that the index must be
+ * the next one. */
+Test(ps_create, server_past_the_next_index_is_told_the_next, .timeout = 60)
+{
+    struct member m[2] = { { .role = CFX_PS_SERVER, .index = 0 },
+                           { .role = CFX_PS_WORKER, .index = 0 } };
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    all_at_once(m, 2, member_admins_create);
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT,
+        .job = "admins",
+        .role = CFX_PS_SERVER,
+        .index = 5,
+        .num_workers = 1,
+        .num_servers = 1,
+        .timeout_ms = 1000,
+    };
+    struct cfx_ps *late = NULL;
+    int rc = cfx_ps_create(ctx, &pp, &late);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(late);
+    cr_assert(strstr(cfx_last_error(), "job admins: server 5 was not listed") &&
+              strstr(cfx_last_error(), "a server added must take the next index"), "%s",
+              cfx_last_error());
+    for (int i = 1; i >= 0; i--) {
+        cfx_ps_destroy(m[i].ps);
+        cfx_context_destroy(m[i].ctx);
+    }
+}
