@@ -42,20 +42,27 @@ static void teardown(void)
 
 TestSuite(ps_create, .init = setup, .fini = teardown, .timeout = 60);
 
-static int create(enum cfx_ps_role role, struct cfx_ps **ps)
+/* A member of job @p job of one server and one worker, on context @p c. */
+static int create_in(struct cfx_context *c, const char *job, enum cfx_ps_role role, int index,
+                     int timeout_ms, struct cfx_ps **ps)
 {
     struct cfx_ps_params pp = {
         .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
                       CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT,
-        .job = "lonely",
+        .job = job,
         .role = role,
-        .index = 0,
+        .index = index,
         .num_workers = 1,
         .num_servers = 1,
-        .timeout_ms = 300,
+        .timeout_ms = timeout_ms,
     };
     *ps = NULL;
-    return cfx_ps_create(ctx, &pp, ps);
+    return cfx_ps_create(c, &pp, ps);
+}
+
+static int create(enum cfx_ps_role role, struct cfx_ps **ps)
+{
+    return create_in(ctx, "lonely", role, 0, 300, ps);
 }
 
 /* Server 0 alone: its worker never announces itself. */
@@ -118,17 +125,7 @@ static void *member_create(void *arg)
 static void *member_admins_create(void *arg)
 {
     struct member *m = arg;
-    struct cfx_ps_params pp = {
-        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
-                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT,
-        .job = "admins",
-        .role = m->role,
-        .index = m->index,
-        .num_workers = 1,
-        .num_servers = 1,
-        .timeout_ms = 20000,
-    };
-    m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
+    m->rc = create_in(m->ctx, "admins", m->role, m->index, 20000, &m->ps);
     snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
     return NULL;
 }
@@ -154,6 +151,17 @@ static void all_at_once(struct member *m, int n, void *(*fn)(void *))
         pthread_join(t[i], NULL);
     for (int i = 0; i < n; i++)
         cr_assert_eq(m[i].rc, CFX_OK, "member %d: %s", i, m[i].err);
+}
+
+/* Job "admins": server 0 and worker 0, each on a context of its own. */
+static void admins_up(struct member m[2])
+{
+    m[0] = (struct member){ .role = CFX_PS_SERVER, .index = 0 };
+    m[1] = (struct member){ .role = CFX_PS_WORKER, .index = 0 };
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    all_at_once(m, 2, member_admins_create);
 }
 
 /* Worker 0 push-pulls step 0 while worker 1 has not pushed it: under BSP
@@ -422,12 +430,8 @@ Test(ps_create, administrators_at_once_are_served_in_turn, .timeout = 90)
  * the worker as done, so the job ends. */
 Test(ps_create, context_destroyed_before_the_handle, .timeout = 60)
 {
-    struct member m[2] = { { .role = CFX_PS_SERVER, .index = 0 },
-                           { .role = CFX_PS_WORKER, .index = 0 } };
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
-                     "%s", cfx_last_error());
-    all_at_once(m, 2, member_admins_create);
+    struct member m[2];
+    admins_up(m);
     all_at_once(m + 1, 1, member_register);
 
     const float g[4] = { 1, 1, 1, 1 };
@@ -478,24 +482,10 @@ Test(ps_create, bad_role_variable_is_refused)
  * the next one. */
 Test(ps_create, server_past_the_next_index_is_told_the_next, .timeout = 60)
 {
-    struct member m[2] = { { .role = CFX_PS_SERVER, .index = 0 },
-                           { .role = CFX_PS_WORKER, .index = 0 } };
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
-                     "%s", cfx_last_error());
-    all_at_once(m, 2, member_admins_create);
-    struct cfx_ps_params pp = {
-        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
-                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT,
-        .job = "admins",
-        .role = CFX_PS_SERVER,
-        .index = 5,
-        .num_workers = 1,
-        .num_servers = 1,
-        .timeout_ms = 1000,
-    };
-    struct cfx_ps *late = NULL;
-    int rc = cfx_ps_create(ctx, &pp, &late);
+    struct member m[2];
+    admins_up(m);
+    struct cfx_ps *late;
+    int rc = create_in(ctx, "admins", CFX_PS_SERVER, 5, 1000, &late);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
     cr_assert_null(late);
     cr_assert(strstr(cfx_last_error(), "job admins: server 5 was not listed") &&
