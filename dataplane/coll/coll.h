@@ -51,7 +51,7 @@
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */
 #define COLL_BOUNCE_HELD  (32u << 20)   /* device calls: bytes of received bounces kept ... */
 #define COLL_BOUNCE_HELD_N 64           /* ... and how many, before a sync frees them */
-#define COLL_CHECK_ASK_MS 50            /* a wait this long sends the header to the rank waited for */
+#define COLL_CHECK_ASK_MS 50            /* a wait this long asks the rank waited for */
 #define COLL_BLAME_WAIT_MS 500          /* a message that failed with a live-looking peer: how
                                          * long to wait for the news of the cause */
 

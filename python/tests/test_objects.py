@@ -59,16 +59,22 @@ def test_every_status_class_is_named_for_type_checkers():
     import ast
     from pathlib import Path
     made = {n for n in dir(conflux._conflux)
-            if n.endswith("Error") and n != "Error" and isinstance(getattr(conflux._conflux, n), type)}
+            if n.endswith("Error") and n != "Error"
+            and isinstance(getattr(conflux._conflux, n), type)}
     pkg = Path(conflux.__file__).resolve().parent
     src = Path(__file__).resolve().parents[1] / "src" / "conflux"
-    init = ast.parse(((src if (src / "__init__.py").is_file() else pkg) / "__init__.py").read_text())
+
+    def source(name):
+        return ((src if (src / name).is_file() else pkg) / name).read_text()
+
+    init = ast.parse(source("__init__.py"))
     named = {a.name for node in ast.walk(init) if isinstance(node, ast.ImportFrom)
              and node.module == "_conflux" for a in node.names
              if a.name.endswith("Error") and a.asname == a.name}
     assert named == made
-    stub = ast.parse(((src if (src / "_conflux.pyi").is_file() else pkg) / "_conflux.pyi").read_text())
-    stubbed = {c.name for c in stub.body if isinstance(c, ast.ClassDef) and c.name.endswith("Error")}
+    stub = ast.parse(source("_conflux.pyi"))
+    stubbed = {c.name for c in stub.body
+               if isinstance(c, ast.ClassDef) and c.name.endswith("Error")}
     assert stubbed - {"Error"} == made
 
 
