@@ -536,7 +536,11 @@ static void rtask_start(struct cfx_context *ctx, struct cfx_conn *driver,
     CFX_LOG(DEBUG, REDUCE, "node %u: reduce task %" PRIx64 ": %u children, %s", ctx->node_id,
             t->task, t->nchildren, t->gather ? "gathers the result's stripes"
                                    : t->final ? "produces the result" : "inner node");
-    cfx__xfer_serve_waiting(ctx, out);
+    /* a child that failed at once (its node known dead: no connection is
+     * tried) failed the task in children_start(), which released the
+     * output: nothing to serve then */
+    if (t->out == out)
+        cfx__xfer_serve_waiting(ctx, out);
 }
 
 /* A finished gather's output becomes the result here: this node's put
