@@ -330,8 +330,8 @@ static void gone_record(struct cfx_coord *co, const struct coord_obj *o, const c
     snprintf(g->why, sizeof(g->why), "%s", why);
 }
 
-/* The latest withdrawal of @p id still remembered, or NULL. */
-static const struct coord_gone *gone_find(struct cfx_coord *co, const struct cfx_object_id *id)
+const struct coord_gone *cfx__coord_gone_find(struct cfx_coord *co,
+                                              const struct cfx_object_id *id)
 {
     for (uint32_t k = 1; k <= COORD_GONE_KEEP; k++) {
         const struct coord_gone *g = &co->gone[(co->gone_next - k) % COORD_GONE_KEEP];
@@ -815,7 +815,7 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
         }
     }
     const struct coord_gone *g =
-        !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms ? gone_find(co, &m->u.lookup.id)
+        !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms ? cfx__coord_gone_find(co, &m->u.lookup.id)
                                                              : NULL;
     if (g) {
         /* a get resuming after its source failed: the object it was

@@ -574,6 +574,9 @@ uint32_t cfx__coord_wait_share(struct cfx_coord *co);
 struct coord_parked *cfx__coord_parked_add(struct cfx_coord *co, struct coord_conn *c,
                                            const struct cfx_msg *m);
 void cfx__coord_parked_free(struct cfx_coord *co, struct coord_parked *p);
+/* The latest withdrawal of @p id still remembered (COORD_GONE_KEEP), or NULL. */
+const struct coord_gone *cfx__coord_gone_find(struct cfx_coord *co,
+                                              const struct cfx_object_id *id);
 /* The bucket that holds the lookups parked for @p id (others too: compare). */
 struct cfx_list *cfx__coord_parked_bucket(struct cfx_coord *co, const struct cfx_object_id *id);
 /* True (and @p c answered) when @p c may not have one more delete waiting. */

@@ -347,9 +347,15 @@ static int get_source(struct get_op *g)
             return get_canceled(g);
         }
     }
-    if (rc == CFX_ERR_TIMEOUT)
-        return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms", g->hex,
-                        ctx->node_id, g->timeout_ms);
+    if (rc == CFX_ERR_TIMEOUT) {
+        /* the directory's word that the id's object went, if it said so */
+        char was[192] = "";
+        const char *w = strstr(cfx_last_error(), "(the id was put by node");
+        if (w)
+            snprintf(was, sizeof(was), " %s", w);
+        return cfx__err(rc, "get of object %s on node %u: no node put it within %d ms%s",
+                        g->hex, ctx->node_id, g->timeout_ms, was);
+    }
     if (rc == CFX_ERR_AGAIN && !g->cached) { /* this node put it meanwhile: read it here */
         cfx__err_clear();
         return GET_AGAIN;

@@ -164,7 +164,11 @@ CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
  * stored in @p size_out (may be NULL).  Waits for a holder to appear until the
  * deadline.
  * @return CFX_OK; CFX_ERR_TIMEOUT when no holder appeared or the transfer did
- *         not finish in time; CFX_ERR_TRUNCATED when capacity < size (size_out
+ *         not finish in time (an id whose object went before the get began,
+ *         its putter gone or its delete done, is waited for as any other,
+ *         and cfx_last_error() then says who put it and why it went; that
+ *         wait ends up to a tenth, at most 100 ms, sooner, for the answer to
+ *         come in time); CFX_ERR_TRUNCATED when capacity < size (size_out
  *         still set); CFX_ERR_PEER_FAILED when every source died, or when
  *         the object went while it was being got (its putter left with no
  *         complete copy anywhere, or deleted it: cfx_last_error() says

@@ -906,3 +906,35 @@ Test(get, get_before_its_own_nodes_put)
     free(buf);
     cfx_context_destroy(a);
 }
+
+/* A get of an id whose object went (its putter left, no other copy) waits
+ * for a new put of it and, at its deadline, says that the id's object was
+ * put and went, and by whom: it said only "no node put it" (a new user's
+ * trial), which sent the user looking for a put that had happened. */
+Test(get, timeout_of_an_id_whose_object_went_says_so)
+{
+    const size_t size = 300000; /* not inline */
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    uint32_t putter = cfx_context_node_id(a);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 21);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(a); /* leaves: the object goes with it */
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
+    size_t got = 0;
+    int rc = cfx_get(b, &id, buf, size, &got, &gp);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    char want[96];
+    snprintf(want, sizeof(want), "(the id was put by node %u before, and went: ", putter);
+    cr_log_info("%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "no node put it within 500 ms") &&
+              strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    free(src);
+    free(buf);
+    cfx_context_destroy(b);
+}
