@@ -253,7 +253,12 @@ int cfx__coll_post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, v
     if (bounce)
         mt = CFX_MEMTYPE_HOST;
     /* x->more: the next post is another piece to this peer (post_split) */
-    int rc = send && x->more && mt == CFX_MEMTYPE_HOST
+    /* the check channel's messages (a question, news that the call failed)
+     * must pass data the peer will never take (coll_check.c) */
+    bool urgent = send && chan == g->chan_chk && mt == CFX_MEMTYPE_HOST;
+    int rc = urgent ? cfx__p2p_isend_urgent(g->ctx, &g->nodes[peer], chan, x->tag, wire, len,
+                                            &m->req)
+             : send && x->more && mt == CFX_MEMTYPE_HOST
                  ? cfx__p2p_isend_more(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, &m->req)
              : send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt, &m->req)
                     : cfx__p2p_irecv(g->ctx, &g->nodes[peer], chan, x->tag, wire, len, mt,

@@ -23,7 +23,12 @@
  * The receiver returns credits for consumed messages once half the grant is
  * owed (EAGER_CREDIT).  A message beyond the grant is a protocol error, so
  * a peer can hold at most CFX_EAGER_CREDITS entries in the unexpected queue
- * per connection.
+ * per connection.  Ordinary sends leave the last CFX_EAGER_URGENT credits
+ * to urgent ones (a group's check channel: a question, the news that a call
+ * failed), which pass them in the queue: messages the receiver never takes
+ * (a rank of another opinion sent them) hold their credits until its call
+ * ends, and the news that would end it must not wait behind them.  The
+ * receiver sees one grant as before.
  *
  * Threads: the progress-lock holder (the progress thread, or an API thread
  * that posts or waits while the lock is free) sends, receives and returns
@@ -91,7 +96,7 @@ void cfx__eager_pump(struct cfx_conn *conn)
     const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
     struct cfx_tp_ep *ep = conn->ep;
     struct cfx_list *pos, *tmp;
-    bool blocked = false;
+    bool blocked = false, blocked_plain = false;
 
     if (!conn->eager_known || conn->state != CFX_CONN_READY || !conn->authed)
         return;
@@ -110,10 +115,18 @@ void cfx__eager_pump(struct cfx_conn *conn)
             cfx__p2p_send_post(ctx, obj);
             continue;
         }
-        if (blocked)
+        if (blocked || (blocked_plain && !obj->urgent))
             continue;
-        if (!conn->eager_credits) {
-            blocked = true;
+        /* what an ordinary send leaves (less under a small grant: every
+         * kind of send must still go) */
+        uint32_t keep = obj->urgent ? 0 : CFX_MIN(CFX_EAGER_URGENT, conn->eager_granted / 2);
+        if (conn->eager_credits <= keep) {
+            /* an ordinary send waits for credits, holding back the ordinary
+             * ones behind it; an urgent one waits only when none is left */
+            if (obj->urgent)
+                blocked = true;
+            else
+                blocked_plain = true;
             continue;
         }
         int copy_rc;

@@ -155,6 +155,9 @@ struct cfx_dp_eager {
 #define CFX_EAGER_LIMIT   (CFX_TP_SEND_MAX - (uint32_t)sizeof(struct cfx_dp_eager))
 #define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (unexpected-queue
                                    bound per peer: 64 x 4 KiB) */
+#define CFX_EAGER_URGENT  4     /* ... of which ordinary sends leave this many to urgent ones
+                                   (cfx__p2p_isend_urgent), which data the peer does not
+                                   receive must not hold up (eager.c, "Credits") */
 
 /* A whole small object in one message, in place of the chunk write: the
  * answer to a GET_REQ flagged CFX_DP_GET_SMALL (xfer.c).  Variable length:
@@ -379,6 +382,7 @@ struct cfx_obj {
                                    send waits for its connection or credits; ctx->eager_posted
                                    while an eager receive waits */
     bool eager;                 /* receive: in the eager class (eager.c) */
+    bool urgent;                /* send: may use the credits kept back (CFX_EAGER_URGENT) */
 };
 
 enum { CFX_P2P_SEND = 1, CFX_P2P_RECV = 2 };

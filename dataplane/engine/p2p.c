@@ -208,7 +208,7 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
                    uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
-                   bool more, struct cfx_p2p_req **out)
+                   bool more, bool urgent, struct cfx_p2p_req **out)
 {
     if (!ctx || !peer || !out || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
@@ -232,6 +232,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     obj->peer_node = peer->node_id;
     obj->chan = chan;
     obj->tag = tag;
+    obj->urgent = urgent;
     obj->p2p_status = CFX_ERR_AGAIN;
     cfx_list_init(&obj->p2p_link);
     req->ctx = ctx;
@@ -288,21 +289,30 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, out);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, false,
+                   out);
 }
 
 int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                         uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out)
 {
     return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
-                   out);
+                   false, out);
+}
+
+int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                          uint64_t chan, uint32_t tag, const void *buf, size_t len,
+                          struct cfx_p2p_req **out)
+{
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, false,
+                   true, out);
 }
 
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, out);
+    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, false, out);
 }
 
 /* ctx->lock held */

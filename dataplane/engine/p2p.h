@@ -44,6 +44,16 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
 int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                         uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out);
 
+/* As cfx__p2p_isend of host memory, for a small control message that must
+ * reach @p peer while ordinary eager sends to it wait for credits: it may
+ * use the CFX_EAGER_URGENT credits those leave, and passes them in the
+ * connection's queue (order is kept among urgent sends, and among the
+ * others).  A group's check channel.  (Over the peer's eager threshold it
+ * goes by rendezvous as any send.) */
+int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                          uint64_t chan, uint32_t tag, const void *buf, size_t len,
+                          struct cfx_p2p_req **out);
+
 /* Post a receive of exactly @p len bytes from @p peer into @p buf. */
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,

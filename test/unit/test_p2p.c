@@ -247,14 +247,16 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_flood, .timeout = 12
         cr_assert_eq(cfx__p2p_isend(a, &rb, 12, 3, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
                                     &s[i]), CFX_OK);
     }
-    /* the first grant goes out, then the sender waits */
-    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
+    /* the first grant goes out (but the credits kept for urgent sends),
+     * then the sender waits */
+    enum { PLAIN = CFX_EAGER_CREDITS - CFX_EAGER_URGENT };
+    cr_assert_eq(cfx__p2p_wait(s[PLAIN - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
                  cfx_last_error());
     uint64_t settle = cfx__deadline_ns(200);
-    while (cfx__now_ns() < settle && unexpected_count(b) < CFX_EAGER_CREDITS)
+    while (cfx__now_ns() < settle && unexpected_count(b) < PLAIN)
         usleep(1000);
     usleep(50 * 1000);
-    cr_assert_eq(cfx__p2p_test(s[CFX_EAGER_CREDITS]), CFX_ERR_AGAIN, "sent beyond its credits");
+    cr_assert_eq(cfx__p2p_test(s[PLAIN]), CFX_ERR_AGAIN, "sent beyond its credits");
     cr_assert_leq(unexpected_count(b), CFX_EAGER_CREDITS, "unexpected queue past the grant");
     for (int i = 0; i < N; i++)
         cr_assert_eq(cfx__p2p_irecv(b, &ra, 12, 3, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST,
@@ -272,6 +274,62 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_flood, .timeout = 12
     free(r);
     free(src);
     free(dst);
+    down();
+}
+
+ParameterizedTestParameters(p2p, urgent_passes_what_is_not_received)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* Ordinary sends that the receiver does not take (another opinion's data)
+ * use up the grant but the credits kept for urgent sends; urgent sends (a
+ * group's news that a call failed) on another channel still arrive, as
+ * many as the credits kept.  Before, they waited behind the others until
+ * the receiver took those, which it never would.  Then everything arrives
+ * whole and in order. */
+ParameterizedTest(struct tp_param *p, p2p, urgent_passes_what_is_not_received, .timeout = 60)
+{
+    enum { N = CFX_EAGER_CREDITS + 8, U = CFX_EAGER_URGENT };
+    up(p->tp);
+    uint64_t src[N], dst[N], usrc[U], udst[U];
+    struct cfx_p2p_req *s[N], *r[N], *us[U], *ur[U];
+    for (int i = 0; i < N; i++) {
+        src[i] = 0xda7a0000ull + (uint64_t)i;
+        dst[i] = 0;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 20, 1, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    for (int i = 0; i < U; i++) {
+        usrc[i] = 0x0c0c0000ull + (uint64_t)i;
+        udst[i] = 0;
+        cr_assert_eq(cfx__p2p_isend_urgent(a, &rb, 21, 1, &usrc[i], sizeof(usrc[i]), &us[i]),
+                     CFX_OK);
+    }
+    /* the urgent ones are received while the ordinary ones wait untaken */
+    uint64_t dl = cfx__deadline_ns(10000);
+    for (int i = 0; i < U; i++) {
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 21, 1, &udst[i], sizeof(udst[i]), CFX_MEMTYPE_HOST,
+                                    &ur[i]), CFX_OK);
+        cr_assert_eq(cfx__p2p_wait(ur[i], dl), CFX_OK, "urgent %d: %s", i, cfx_last_error());
+        cr_assert_eq(udst[i], usrc[i], "urgent %d: got %llx", i, (unsigned long long)udst[i]);
+    }
+    cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "an ordinary send beyond the grant went");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 20, 1, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST,
+                                    &r[i]), CFX_OK);
+    cr_assert_eq(cfx__p2p_waitall(r, N, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_waitall(s, N, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_waitall(us, U, dl), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(dst[i], src[i], "message %d: got %llx", i, (unsigned long long)dst[i]);
+        cfx__p2p_free(s[i]);
+        cfx__p2p_free(r[i]);
+    }
+    for (int i = 0; i < U; i++) {
+        cfx__p2p_free(us[i]);
+        cfx__p2p_free(ur[i]);
+    }
     down();
 }
 
@@ -955,8 +1013,10 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_dropped, .timeout = 
         cr_assert_eq(cfx__p2p_isend(a, &rb, 40, 9, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
                                     &s[i]), CFX_OK);
     }
-    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
-                 cfx_last_error());
+    /* the grant but what ordinary sends leave to urgent ones */
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - CFX_EAGER_URGENT - 1],
+                               cfx__deadline_ns(10000)),
+                 CFX_OK, "%s", cfx_last_error());
     uint64_t first = 0;
     pthread_mutex_lock(&b->lock);
     /* an arrival in the unexpected queue wakes obj_cond's waiters */
