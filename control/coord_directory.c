@@ -814,9 +814,9 @@ void cfx__coord_obj_lookup(struct cfx_coord *co, struct coord_conn *c, const str
             return;
         }
     }
-    const struct coord_gone *g =
-        !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms ? cfx__coord_gone_find(co, &m->u.lookup.id)
-                                                             : NULL;
+    const struct coord_gone *g = !o && m->u.lookup.nexclude && m->u.lookup.timeout_ms
+                                     ? cfx__coord_gone_find(co, &m->u.lookup.id)
+                                     : NULL;
     if (g) {
         /* a get resuming after its source failed: the object it was
          * getting is gone, and a later put of the id is another object */
