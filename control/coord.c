@@ -237,6 +237,9 @@ void cfx__coord_conn_fail(struct coord_conn *c)
 static void conn_free(struct coord_conn *c)
 {
     struct cfx_list *pos, *tmp;
+    /* its node queries still waiting for a rejoin (a coordinator stopped
+     * in the window): their list head goes with it */
+    cfx__coord_members_conn_gone(c->coord, c);
     cfx__ev_timer_stop(c->coord->loop, &c->resume);
     cfx_list_for_each_safe(pos, tmp, &c->outq) {
         cfx_list_del(pos);
