@@ -793,6 +793,9 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
     uint32_t dead = n->rec.node_id;
+    /* a node that said goodbye cut its running tasks short (task.c): that
+     * is not a failure of the node, and its waiters are told which it was */
+    const char *how = n->rec.flags & CFX_NODE_F_LEFT ? "left" : "died";
     char why[256], text[CFX_PROTO_TEXT_MAX];
 
     /* Its tasks still waiting for a slot (or, after a restart, for their
@@ -841,9 +844,9 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
         if (lost) {
             char hex[CFX_OBJECT_ID_HEX_LEN];
             cfx_object_id_to_hex(lost, hex);
-            snprintf(text, sizeof(text), "task %llu ('%s'): node %u died while it ran there, "
+            snprintf(text, sizeof(text), "task %llu ('%s'): node %u %s while it ran there, "
                      "and its input %s is held by no other live node", (unsigned long long)t->id,
-                     t->t.name, dead, hex);
+                     t->t.name, dead, how, hex);
             task_end(co, t, CFX_ERR_PEER_FAILED, text);
             continue;
         }
@@ -854,12 +857,13 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
         if (rc == CFX_OK)
             rc = task_start(co, t, to);
         if (rc == CFX_OK) {
-            CFX_LOG(INFO, CTL, "task %llu ('%s') placed again on node %u: node %u died while "
-                    "it ran there", (unsigned long long)t->id, t->t.name, to->rec.node_id, dead);
+            CFX_LOG(INFO, CTL, "task %llu ('%s') placed again on node %u: node %u %s while "
+                    "it ran there", (unsigned long long)t->id, t->t.name, to->rec.node_id, dead,
+                    how);
         } else if (rc != CFX_ERR_BUSY) {
-            snprintf(text, sizeof(text), "task %llu ('%s'): node %u died while it ran there, "
+            snprintf(text, sizeof(text), "task %llu ('%s'): node %u %s while it ran there, "
                      "and it cannot be placed again: %s", (unsigned long long)t->id, t->t.name,
-                     dead, why);
+                     dead, how, why);
             t->node_id = dead; /* the node that last held it, for its waiters (task.h) */
             task_end(co, t, CFX_ERR_PEER_FAILED, text);
         }

@@ -24,7 +24,9 @@
  *    (docs/TASKS.md, "Who ends a result").
  *  - A worker that dies with tasks placed on it: each task is placed again
  *    when its inputs are still held elsewhere, else it fails with
- *    CFX_ERR_PEER_FAILED naming the dead node.
+ *    CFX_ERR_PEER_FAILED naming the dead node.  A worker whose context is
+ *    destroyed cuts its tasks short (their ends are not reported): they are
+ *    treated the same, and the text says the node left.
  *  - Tasks survive a coordinator restart and run at most once.  Each
  *    submission carries an idempotency key the library chooses: a submit
  *    sent again after a lost reply is the same task.  After the restart the
