@@ -239,6 +239,8 @@ void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status)
         CFX_LOG(WARN, PS, "job %s: server %u (node %u) is gone: %s", ps->job, idx, p->rec.node_id,
                 cfx_strerror(status));
     cfx__ps_peer_down(ps, p);
+    if (!worker && ps->role == CFX_PS_SERVER)
+        cfx__ps_server_peer_gone(ps, idx);
     if (!worker && ps->role == CFX_PS_WORKER)
         cfx__ps_worker_server_failed(ps, idx,
                                      status == CFX_ERR_CLOSED ? CFX_ERR_PEER_FAILED : status);
@@ -491,10 +493,12 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
                     ps->index, us);
         }
         long ms = cfx__env_ll("CFX_PS_TEST_MIGRATE_DELAY_MS", 0);
-        if (ms > 0 && cfx__env_ll("CFX_PS_TEST_MIGRATE_SERVER", 1) == ps->index) {
-            ps->migrate_delay_ms = (uint32_t)ms;
-            CFX_LOG(WARN, PS, "job %s: server %d: test-only: each map's migrations wait %ld ms",
-                    ps->job, ps->index, ms);
+        bool die = cfx__env_ll("CFX_PS_TEST_MIGRATE_DIE", 0) == 1;
+        if ((ms > 0 || die) && cfx__env_ll("CFX_PS_TEST_MIGRATE_SERVER", 1) == ps->index) {
+            ps->migrate_delay_ms = ms > 0 ? (uint32_t)ms : 0;
+            ps->migrate_die = die;
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only: each map's migrations %s", ps->job,
+                    ps->index, die ? "are preceded by this server's SIGKILL" : "wait");
         }
         long dw = cfx__env_ll("CFX_PS_TEST_DROP_WORKER", -1);
         long ds = cfx__env_ll("CFX_PS_TEST_DROP_STEP", -1);

@@ -185,7 +185,8 @@ struct ps_hdr {
     uint32_t block;         /* global block id (REQ, STATE); tensor (READY) */
     uint32_t map_version;   /* sender's map version */
     int32_t status;         /* REPLY */
-    uint32_t forwarded;     /* REQ: hops so far */
+    uint32_t forwarded;     /* REQ: hops so far; failed REPLY: 1 + the server the block's
+                               state was to come from, which it did not (0: none) */
     uint64_t req_id;        /* worker's request id */
     uint64_t clock;         /* PUSH: the worker's step; REPLY: block version */
     uint64_t min_version;   /* PULL, PUSHPULL: wait until the block has this version */
@@ -315,9 +316,13 @@ struct cfx_ps {
     uint64_t expire_at;         /* server: next sweep of requests held too long (ns) */
     uint32_t nblocks_cap;
     struct cfx_list orphans;    /* server: requests for blocks not here yet */
+    uint16_t *owner_was;        /* server: map.owner as of the map before (where the state of
+                                   a block that became ours comes from) */
+    uint32_t owner_was_n;
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */
+    bool migrate_die;           /* test-only: SIGKILL itself there instead */
     uint32_t drop_worker;       /* test-only: drop this worker's push of step drop_at - 1, */
     uint64_t drop_at;           /* once, as a hand-over that lost it would (0: none) */
     uint32_t settled_sent;      /* server: last map version reported PS_MSG_SETTLED */
@@ -402,6 +407,9 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *paylo
 void cfx__ps_server_map_changed(struct cfx_ps *ps);
 int cfx__ps_server_tick(struct cfx_ps *ps);
 void cfx__ps_server_free(struct cfx_ps *ps);
+/* Server: server @p srv's mailbox failed: the requests held here for blocks
+ * whose state was to come from it fail, naming it. */
+void cfx__ps_server_peer_gone(struct cfx_ps *ps, uint32_t srv);
 /* Server: whether every block of a ready tensor that ps->map gives this
  * server has its state here (none is on its way). */
 bool cfx__ps_server_settled(const struct cfx_ps *ps);

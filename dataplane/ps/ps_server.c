@@ -24,6 +24,7 @@
 #include "ps_int.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct ps_pend {
 struct ps_block {
     uint32_t id;
     int32_t moved_to; /* -1: owned here; else the server it went to */
+    uint32_t from;    /* 1 + the server its state is to come from (0: none known) */
     uint32_t dtype;
     uint64_t elems;
     size_t bytes;
@@ -118,6 +120,9 @@ void cfx__ps_server_free(struct cfx_ps *ps)
     free(ps->blocks);
     ps->blocks = NULL;
     ps->nblocks_cap = 0;
+    free(ps->owner_was);
+    ps->owner_was = NULL;
+    ps->owner_was_n = 0;
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &ps->orphans)
     {
@@ -250,6 +255,21 @@ static void apply_update(struct cfx_ps *ps, struct ps_block *b, const void *g)
 
 /* ---- replies ---------------------------------------------------------------------- */
 
+/* 1 + the server whose hand-over of block @p id this server waits for (0: none). */
+static uint32_t awaited_from(const struct cfx_ps *ps, uint32_t id)
+{
+    const struct ps_block *b = id < ps->nblocks_cap ? ps->blocks[id] : NULL;
+    return b && !(b->moved_to < 0 && b->param) ? b->from : 0;
+}
+
+/* Whether block @p id waits for the state of a server that is gone. */
+static bool awaits_the_gone(const struct cfx_ps *ps, uint32_t id)
+{
+    uint32_t from = awaited_from(ps, id);
+    const struct ps_peer *p = from && from <= PS_MAX_SERVERS ? ps->servers[from - 1] : NULL;
+    return p && p->closed;
+}
+
 static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struct ps_block *b,
                   bool with_data)
 {
@@ -269,6 +289,8 @@ static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struc
         .clock = b ? b->version : 0,
         .held_ns = req->held_ns,
     };
+    if (status != CFX_OK && !b)
+        h.forwarded = awaited_from(ps, req->block);
     void *copy = NULL;
     size_t len = 0;
     if (with_data && status == CFX_OK && b) {
@@ -654,6 +676,7 @@ static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *
     }
     block_free_data(b);
     b->moved_to = -1;
+    b->from = 0;
     int rc = block_alloc(ps, b);
     if (rc != CFX_OK) {
         block_free_arrays(b);
@@ -761,6 +784,14 @@ static bool route(struct cfx_ps *ps, struct ps_hdr *h, void *payload, bool owned
 
 static void orphan(struct cfx_ps *ps, const struct ps_hdr *h, void *payload, bool owned)
 {
+    if (awaits_the_gone(ps, h->block)) {
+        /* its state is not coming: the server that held it went before
+         * handing it over (no replication, docs/PARAMETER_SERVER.md) */
+        reply(ps, h, CFX_ERR_PEER_FAILED, NULL, false);
+        if (owned)
+            free(payload);
+        return;
+    }
     struct ps_pend *p = pend_new(h, payload, owned);
     if (!p) {
         reply(ps, h, CFX_ERR_NOMEM, NULL, false);
@@ -857,13 +888,68 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
     return CFX_OK;
 }
 
+/* Which server the state of each block this map gives us comes from: its
+ * owner under the map before (a map fetched past versions names the owner
+ * of the one we had; the state may then come through others). */
+static void note_sources(struct cfx_ps *ps)
+{
+    const struct ps_map *m = &ps->map;
+    for (uint32_t i = 0; i < m->nblocks; i++) {
+        struct ps_block *b = i < ps->nblocks_cap ? ps->blocks[i] : NULL;
+        if (m->owner[i] != me(ps)) {
+            if (b)
+                b->from = 0;
+            continue;
+        }
+        if (i >= ps->owner_was_n || ps->owner_was[i] == me(ps))
+            continue;
+        b = block_slot(ps, i, true);
+        if (b && !(b->moved_to < 0 && b->param))
+            b->from = ps->owner_was[i] + 1u;
+    }
+    if (!m->nblocks)
+        return;
+    if (m->nblocks > ps->owner_was_n) {
+        uint16_t *o = realloc(ps->owner_was, m->nblocks * sizeof(*o));
+        if (!o)
+            return; /* the sources of blocks past owner_was_n stay unknown */
+        ps->owner_was = o;
+    }
+    memcpy(ps->owner_was, m->owner, m->nblocks * sizeof(*m->owner));
+    ps->owner_was_n = m->nblocks;
+}
+
+void cfx__ps_server_peer_gone(struct cfx_ps *ps, uint32_t srv)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ps->orphans)
+    {
+        struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+        if (awaited_from(ps, p->h.block) != srv + 1)
+            continue;
+        CFX_LOG(WARN, PS, "job %s: server %d: block %u was to come from server %u, which is "
+                "gone; failing worker %u's request", ps->job, ps->index, p->h.block, srv,
+                p->h.worker);
+        cfx_list_del(pos);
+        reply(ps, &p->h, CFX_ERR_PEER_FAILED, NULL, false);
+        pend_free(p);
+    }
+}
+
 void cfx__ps_server_map_changed(struct cfx_ps *ps)
 {
     bool slept = false;
     cfx__ps_load_owned(ps);
+    note_sources(ps);
     for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {
         struct ps_block *b = ps->blocks[i];
         if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps)) {
+            if (ps->migrate_die) {
+                /* test hook: a server that dies while it hands its blocks over */
+                CFX_LOG(WARN, PS, "job %s: server %d: test hook: killed before handing block "
+                        "%u over (map %u)", ps->job, ps->index, i, ps->map.version);
+                raise(SIGKILL);
+            }
             if (ps->migrate_delay_ms && !slept) {
                 /* test hook: a server slow to hand its blocks over */
                 CFX_LOG(WARN, PS, "job %s: server %d: test hook: migrations of map %u wait %u ms",

@@ -499,9 +499,20 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
         int st = h->status < 0 && h->status > CFX_STATUS_LAST && h->status != CFX_ERR_AGAIN
                      ? h->status
                      : CFX_ERR_PROTO;
-        op_fail(ps, op, st, "tensor %s block %u: server %u (node %u) answered %s",
+        /* a block whose hand-over did not come: the server it was to come
+         * from is the one to name */
+        uint32_t was = h->forwarded && h->forwarded <= PS_MAX_SERVERS ? h->forwarded - 1
+                                                                      : UINT32_MAX;
+        const struct ps_peer *wp = was < PS_MAX_SERVERS ? ps->servers[was] : NULL;
+        char src[160] = "";
+        if (was != UINT32_MAX)
+            snprintf(src, sizeof(src), "; it was to come from server %u (node %u), its owner "
+                     "before, which %s", was, wp ? wp->rec.node_id : 0,
+                     st == CFX_ERR_PEER_FAILED ? "went before handing it over"
+                                               : "has not handed it over");
+        op_fail(ps, op, st, "tensor %s block %u: server %u (node %u) answered %s%s",
                 tensor_name(ps, op->tensor), s->block, from, fp ? fp->rec.node_id : 0,
-                st == h->status ? cfx_strerror(st) : "a status that is none");
+                st == h->status ? cfx_strerror(st) : "a status that is none", src);
     } else if (s->out && payload != s->out) {
         if (h->len == s->out_len)
             memcpy(s->out, payload, h->len);

@@ -223,6 +223,34 @@ ParameterizedTest(struct tp_param *p, ps, retire_after_handover, .timeout = 120)
     cr_assert_eq(rc, 0, "server 1 slow to hand over its blocks, over %s: exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, handover_lost)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * Server 1 is removed and SIGKILLs itself as it would hand its blocks over
+ * (test-only CFX_PS_TEST_MIGRATE_DIE).  Its blocks' new owners held the
+ * workers' requests for them until the job's deadline and then answered
+ * "timed out", naming themselves.  Each must fail them as soon as server 1
+ * is gone, and every worker's op must fail with CFX_ERR_PEER_FAILED naming
+ * server 1's node (cfx_pstest --handover-lost checks: a "timed out" at the
+ * job's deadline, 30 s, fails it).
+ */
+ParameterizedTest(struct tp_param *p, ps, handover_lost, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "CFX_PS_TEST_MIGRATE_DIE=1 CFX_PS_TEST_MIGRATE_SERVER=1 "
+             "%s/cfx_run -n 5 --transport %s --timeout 90 --allow-fail 1 %s/cfx_pstest "
+             "--servers 3 --workers 2 --steps 60 --pace 20000 --remove-at 5:1 "
+             "--handover-lost 1",
+             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
+    cr_log_info("%s", cmd);
+    int rc = status_of(system(cmd));
+    cr_assert_eq(rc, 0, "server 1 died handing its blocks over, over %s: exited %d", p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

@@ -34,6 +34,10 @@
  *   --sched-dies-at STEP      worker 0 lets the scheduler's rank (server 0) SIGKILL itself
  *                             before STEP; every other rank must then get
  *                             CFX_ERR_PEER_FAILED naming the scheduler's node (exit 0)
+ *   --handover-lost SERVER    SERVER dies as it hands its blocks over (run with
+ *                             CFX_PS_TEST_MIGRATE_DIE=1 CFX_PS_TEST_MIGRATE_SERVER=SERVER
+ *                             and --remove-at STEP:SERVER): every worker's op from STEP on
+ *                             must fail with CFX_ERR_PEER_FAILED naming SERVER's node
  *   --wait-retired            worker 0 waits (30 s at most) until the server removed by
  *                             --remove-at is retired before the job ends
  *   --pace US                 every worker sleeps US per step (a job that lasts)
@@ -66,7 +70,7 @@
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
-           RUNS = 1, RUN = 0; /* --runs: the job again, same name, same contexts */
+           HANDOVER_LOST = -1, RUNS = 1, RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
@@ -276,8 +280,9 @@ static void pulled(int t, void *host, size_t sz)
     }
 }
 
-/* --sched-dies-at: @p rc must be CFX_ERR_PEER_FAILED naming the scheduler's node. */
-static void expect_sched_lost(struct cfx_ps *ps, int rc, const char *role, int index)
+/* --sched-dies-at, --handover-lost: @p rc must be CFX_ERR_PEER_FAILED naming
+ * the node of server @p srv (0: the scheduler). */
+static void expect_lost(struct cfx_ps *ps, int rc, const char *role, int index, int srv)
 {
     /* the failure's text first: every call that succeeds clears it */
     char err[512];
@@ -286,14 +291,14 @@ static void expect_sched_lost(struct cfx_ps *ps, int rc, const char *role, int i
     struct cfx_ps_stats st;
     CHECK_OK(cfx_ps_stats(ps, &st));
     char node[32];
-    snprintf(node, sizeof(node), "node %u", st.servers[0].node_id);
+    snprintf(node, sizeof(node), "node %u", st.servers[srv].node_id);
     size_t n = strlen(node);
     while ((at = strstr(at, node)) && at[n] >= '0' && at[n] <= '9')
         at += n; /* "node 1" in "node 12" */
     if (rc != CFX_ERR_PEER_FAILED || !at)
-        DIE("%s %d: got %s (%s), want CFX_ERR_PEER_FAILED naming the scheduler's %s", role, index,
-            cfx_errname(rc), err, node);
-    printf("%s %d: lost the scheduler: %s\n", role, index, err);
+        DIE("%s %d: got %s (%s), want CFX_ERR_PEER_FAILED naming server %d's %s", role, index,
+            cfx_errname(rc), err, srv, node);
+    printf("%s %d: lost server %d: %s\n", role, index, srv, err);
 }
 
 static int run_server(struct cfx_context *ctx, int index, bool late)
@@ -315,7 +320,7 @@ static int run_server(struct cfx_context *ctx, int index, bool late)
     while ((rc = cfx_ps_serve(ps, 1000)) == CFX_ERR_TIMEOUT)
         ;
     if (SCHED_DIES_AT >= 0) {
-        expect_sched_lost(ps, rc, "server", index);
+        expect_lost(ps, rc, "server", index, 0);
         cfx_ps_destroy(ps);
         return 0;
     }
@@ -482,7 +487,11 @@ static int run_worker(struct cfx_context *ctx, int w)
         for (int t = 0; t < NT; t++) {
             int rc = cfx_ps_wait(req[t], -1);
             if (rc != CFX_OK && SCHED_DIES_AT >= 0 && lost == CFX_OK) {
-                expect_sched_lost(ps, rc, "worker", w);
+                expect_lost(ps, rc, "worker", w, 0);
+                lost = rc;
+            } else if (rc != CFX_OK && HANDOVER_LOST >= 0 && step >= REMOVE_AT &&
+                       lost == CFX_OK) {
+                expect_lost(ps, rc, "worker", w, HANDOVER_LOST);
                 lost = rc;
             } else if (rc != CFX_OK && lost == CFX_OK) {
                 CHECK_OK(rc);
@@ -510,8 +519,9 @@ static int run_worker(struct cfx_context *ctx, int w)
             }
         }
     }
-    if (SCHED_DIES_AT >= 0)
-        DIE("worker %d: %d steps and the scheduler's death was never seen", w, STEPS);
+    if (SCHED_DIES_AT >= 0 || HANDOVER_LOST >= 0)
+        DIE("worker %d: %d steps and server %d's death was never seen", w, STEPS,
+            SCHED_DIES_AT >= 0 ? 0 : HANDOVER_LOST);
     double secs = (double)(now_ns() - t0) / 1e9;
     if (TRACE) {
         char path[512];
@@ -654,6 +664,8 @@ int main(int argc, char **argv)
             EXPECT_REMOVED = atoi(v), i++;
         else if (!strcmp(a, "--sched-dies-at"))
             SCHED_DIES_AT = atoi(v), i++;
+        else if (!strcmp(a, "--handover-lost"))
+            HANDOVER_LOST = atoi(v), i++;
         else if (!strcmp(a, "--wait-retired"))
             WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
