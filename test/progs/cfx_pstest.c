@@ -70,7 +70,8 @@
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
-           HANDOVER_LOST = -1, RUNS = 1, RUN = 0; /* --runs: the job again, same name, same contexts */
+           HANDOVER_LOST = -1, RUNS = 1,
+           RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
 static enum cfx_ps_consistency CONS = CFX_PS_BSP;
