@@ -208,9 +208,12 @@ static void send_hello(struct cfx__shm_ep *ep)
     const char *why = peer_check(ep, ep->sock);
 
     if (why) {
-        /* nothing of ours (segment, doorbell) goes to a stranger */
+        /* nothing of ours (segment, doorbell) goes to a stranger.  Not
+         * CFX_ERR_AUTH: the peer proved nothing wrong, shm just cannot
+         * reach it, and the engine tries the next transport (tcp asks
+         * for the token) */
         log_refused(iface, ep, why);
-        cfx__shm_ep_fail(ep, CFX_ERR_AUTH, false);
+        cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
         return;
     }
     if (cfx__auth_nonce(ep->nonce, sizeof(ep->nonce)) != CFX_OK) {

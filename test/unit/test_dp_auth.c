@@ -15,12 +15,15 @@
 
 #include <endian.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <conflux/conflux.h>
@@ -676,4 +679,83 @@ Test(dp_auth, proof_for_another_mode_is_refused)
     cr_assert(all_zero(r.dst, OBJ_SIZE));
     raw_close(&r);
     cr_assert(cfx_test_file_contains(logpath, "does not prove the cluster token"));
+}
+
+/*
+ * A node of another user on the same host (nobody, holding the token) gets
+ * an object from a root node with the default kind of list, shm,tcp.  shm
+ * refuses the other user on both ends, as it must, and the connection goes
+ * on over tcp, where the token is what counts.  The connector's refusal was
+ * CFX_ERR_AUTH, which the engine takes for "would refuse us over any
+ * transport": no fallback, and the get failed after its deadline
+ * ("authentication failed") although both held the token.
+ */
+Test(dp_auth_uid, other_user_falls_back_to_tcp, .timeout = 60)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to fork a child as another uid (nobody)");
+    int to_child[2];
+    cr_assert_eq(pipe(to_child), 0);
+    cfx_object_id_from_name("dp_auth_uid", &oid);
+    /* forked before any thread of the library runs here */
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* 0: got the bytes; 20: not nobody; 21: no join; 22: get; 23: bytes */
+        char msg[192] = "";
+        struct cfx_context *ctx;
+        struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 10000 };
+        size_t got = 0;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(to_child[1]);
+        ssize_t n = read(to_child[0], msg, sizeof(msg) - 1);
+        if (n <= 0 || setgroups(0, NULL) || setresgid(65534, 65534, 65534) ||
+            setresuid(65534, 65534, 65534))
+            _exit(20);
+        char *tok = strchr(msg, ' ');
+        uint8_t *dst = calloc(1, OBJ_SIZE);
+        if (!tok || !dst)
+            _exit(20);
+        *tok++ = '\0';
+        if (cfx_test_join(msg, tok, "shm,tcp", "other-user", 5000, &ctx) != CFX_OK)
+            _exit(21);
+        int rc = cfx_get(ctx, &oid, dst, OBJ_SIZE, &got, &gp);
+        cfx_context_destroy(ctx);
+        if (rc != CFX_OK)
+            _exit(22);
+        _exit(got == OBJ_SIZE && cfx_test_check(dst, OBJ_SIZE, 7) == (size_t)-1 ? 0 : 23);
+    }
+    close(to_child[0]);
+
+    char path[] = "/tmp/cfx-test-uid-XXXXXX";
+    int logfd;
+    int saved = cfx_test_stderr_to(path, &logfd);
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
+                                      sizeof(coord_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_join(coord_addr, token, "shm,tcp", "root", 5000, &node), CFX_OK, "%s",
+                 cfx_last_error());
+    src = malloc(OBJ_SIZE);
+    cfx_test_fill(src, OBJ_SIZE, 7);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(node, &oid, src, OBJ_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
+    char msg[192];
+    int len = snprintf(msg, sizeof(msg), "%s %s", coord_addr, token);
+    cr_assert_eq(write(to_child[1], msg, (size_t)len), len);
+    close(to_child[1]);
+    int wst;
+    cr_assert_eq(waitpid(pid, &wst, 0), pid);
+    cfx_context_destroy(node);
+    cfx__coord_stop(coord);
+    free(src);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    int refused = cfx_test_file_contains(path, "refused shm peer");
+    unlink(path);
+    cr_assert(WIFEXITED(wst), "the other user's node died");
+    cr_assert_neq(WEXITSTATUS(wst), 20, "the child could not become nobody");
+    cr_assert_eq(WEXITSTATUS(wst), 0, "the other user's node did not get the object "
+                 "(child exit %d: 21 join, 22 get, 23 bytes)", WEXITSTATUS(wst));
+    cr_assert(refused, "shm was not tried, so the test proves nothing");
 }
