@@ -140,8 +140,8 @@ int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, 
             rc = cfx__err(rc, "get into device memory on node %u: copy to the device: %s",
                           ctx->node_id, sg.why);
     }
-    if (rc == CFX_OK && size_out)
-        *size_out = size;
+    if ((rc == CFX_OK || size > capacity) && size_out)
+        *size_out = size; /* truncated too, as a host get says it */
     /* A buffer that holds the store's copy stays to serve other getters
      * (freed on delete); a private copy of a local object goes now. */
     pthread_mutex_lock(&ctx->lock);

@@ -176,9 +176,12 @@ static void device_to_device(const char *tp)
         memset(back, 0, n);
         cr_assert_eq(cfx_get(b, &id, back, n, NULL, NULL), CFX_OK, "%s", cfx_last_error());
         cr_assert_eq(cfx_test_check(back, n, 100 + i), (size_t)-1);
-        /* too small a device buffer */
-        if (n > 1)
-            cr_assert_eq(cfx_get(b, &id, ddst, n - 1, NULL, &dev_params), CFX_ERR_TRUNCATED);
+        /* too small a device buffer: the size is still said, as on the host */
+        if (n > 1) {
+            size_t said = 0;
+            cr_assert_eq(cfx_get(b, &id, ddst, n - 1, &said, &dev_params), CFX_ERR_TRUNCATED);
+            cr_assert_eq(said, n, "a truncated device get said %zu bytes", said);
+        }
 
         cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
         cfx_delete(b, &id, NULL);
@@ -242,6 +245,37 @@ Test(cuda_xfer_sim, get_copies_parts_as_they_land, .timeout = 60)
                  CFX_OK);
     cr_assert_eq(cfx_test_check(o.back, n, 77), (size_t)-1);
 
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
+    cfx_delete(b, &id, NULL);
+    dev_obj_free(&o);
+    down();
+}
+
+/*
+ * A get into a device buffer too small for a remote object fails with
+ * CFX_ERR_TRUNCATED and says the object's size, as a host get does (it
+ * left size_out unset); a get with room afterwards has every byte.
+ */
+Test(cuda_xfer_sim, truncated_get_says_the_size, .timeout = 60)
+{
+    const size_t n = (1u << 20) + 3;
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    up("tcp");
+    struct cfx_object_id id;
+    struct dev_obj o;
+    dev_obj_setup(&o, n, 91);
+    cr_assert_eq(cfx_object_id_from_name("cuda-sim-truncated", &id), CFX_OK);
+    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    size_t said = 0;
+    cr_assert_eq(cfx_get(b, &id, o.ddst, n - 1, &said, &dev_params), CFX_ERR_TRUNCATED, "%s",
+                 cfx_last_error());
+    cr_assert_eq(said, n, "a truncated device get said %zu bytes", said);
+    said = 0;
+    cr_assert_eq(cfx_get(b, &id, o.ddst, n, &said, &dev_params), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(said, n);
+    cr_assert_eq(cfx__memcpy_typed(o.back, CFX_MEMTYPE_HOST, o.ddst, CFX_MEMTYPE_CUDA, n),
+                 CFX_OK);
+    cr_assert_eq(cfx_test_check(o.back, n, 91), (size_t)-1);
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
     cfx_delete(b, &id, NULL);
     dev_obj_free(&o);
