@@ -15,7 +15,6 @@
 #include <math.h>
 #include <sys/resource.h>
 
-#define SERVER_WAIT_MS (10 * 60 * 1000) /* how long a server waits for its client */
 
 static double memcpy_bw(size_t size, long iters)
 {
@@ -46,42 +45,6 @@ static double cpu_now(void)
     getrusage(RUSAGE_SELF, &r);
     return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
            (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
-}
-
-/*
- * Server: waits for the client's "done", for SERVER_WAIT_MS at most, in
- * slices, and looks at the (in-process) coordinator's members between them:
- * a client that joined and is gone without its "done" (killed, or failed
- * and left) ends the wait at once, as perftest's server does not.
- */
-static int server_wait(struct cfx_context *ctx, struct cfx_coord *coord)
-{
-    struct cfx_object_id id;
-    uint8_t done;
-    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
-    uint64_t end = cfx__now_ns() + (uint64_t)SERVER_WAIT_MS * 1000000ull;
-
-    perf_id(&id, "bw-done", 0, 0);
-    for (;;) {
-        int rc = cfx_get(ctx, &id, &done, 1, NULL, &p);
-        if (rc != CFX_ERR_TIMEOUT)
-            return rc;
-        /* someone joined besides this server and no one is left but it:
-         * the client came and went (a client may join and leave within a
-         * slice, so joins are counted, not seen); its "done" may have
-         * landed just after the last look, so one more */
-        uint32_t joined, alive;
-        cfx__coord_member_counts(coord, &joined, &alive);
-        if (joined > 1 && alive <= 1)
-            return cfx_get(ctx, &id, &done, 1, NULL, &p) == CFX_OK
-                       ? CFX_OK
-                       : cfx__err(CFX_ERR_PEER_FAILED,
-                                  "the client left the cluster (killed, or it failed) before "
-                                  "it said it was done");
-        if (cfx__now_ns() >= end)
-            return cfx__err(CFX_ERR_TIMEOUT, "no client finished within %d s",
-                            SERVER_WAIT_MS / 1000);
-    }
 }
 
 int main(int argc, char **argv)
@@ -148,7 +111,7 @@ int main(int argc, char **argv)
         double served = 0, cpu0 = cpu_now();
         for (int s = 0; s < nsizes; s++)
             served += (double)sizes[s] * (double)(o.iters + o.warmup);
-        rc = server_wait(ctx, coord);
+        rc = perf_server_wait(ctx, coord, "bw-done");
         if (rc != CFX_OK) {
             fprintf(stderr, "%s: client did not finish: %s\n", argv[0], cfx_last_error());
             status = 1;

@@ -13,8 +13,6 @@
  */
 #include "perf_common.h"
 
-#define SERVER_WAIT_MS (10 * 60 * 1000)
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -53,11 +51,8 @@ int main(int argc, char **argv)
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
-        uint8_t done;
-        struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
-                                    .timeout_ms = SERVER_WAIT_MS };
-        perf_id(&id, "lat-done", 0, 0);
-        if (cfx_get(ctx, &id, &done, 1, NULL, &p) != CFX_OK) {
+        /* a client that failed (and so said nothing) or was killed ends it */
+        if (perf_server_wait(ctx, coord, "lat-done") != CFX_OK) {
             fprintf(stderr, "%s: client did not finish: %s\n", argv[0], cfx_last_error());
             status = 1;
         }
@@ -129,8 +124,13 @@ int main(int argc, char **argv)
         free(lat);
         uint8_t one = 1;
         perf_id(&id, "lat-done", 0, 0);
-        if (cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK)
+        /* only a run that succeeded says done: the server sees a failed
+         * one leave without it, and fails too */
+        if (!status && cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK) {
+            fprintf(stderr, "%s: cannot tell the server we are done: %s\n", argv[0],
+                    cfx_last_error());
             status = 1;
+        }
     }
     free(buf);
     cfx_context_destroy(ctx);

@@ -84,6 +84,7 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             strcmp(what, "objects") ? 1000L : 20L);
 }
 
+#define PERF_SERVER_WAIT_MS (10 * 60 * 1000) /* how long a server waits for its client */
 #define PERF_ITERS_MAX 1000000L /* the server keeps one object per get: bound them */
 
 /* Parse the options; 0 or TOOL_EXIT_USAGE (the error already printed). */
@@ -247,6 +248,44 @@ static inline void perf_id(struct cfx_object_id *id, const char *tool, size_t si
     char name[128];
     snprintf(name, sizeof(name), "%s/%zu/%ld", tool, size, i);
     cfx_object_id_from_name(name, id);
+}
+
+/*
+ * Server: waits for the client's "done" (the object @p done_name), for
+ * PERF_SERVER_WAIT_MS at most, in slices, and looks at the (in-process)
+ * coordinator's members between them:
+ * a client that joined and is gone without its "done" (killed, or failed
+ * and left) ends the wait at once, as perftest's server does not.
+ */
+static inline int perf_server_wait(struct cfx_context *ctx, struct cfx_coord *coord,
+                                   const char *done_name)
+{
+    struct cfx_object_id id;
+    uint8_t done;
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
+    uint64_t end = cfx__now_ns() + (uint64_t)PERF_SERVER_WAIT_MS * 1000000ull;
+
+    perf_id(&id, done_name, 0, 0);
+    for (;;) {
+        int rc = cfx_get(ctx, &id, &done, 1, NULL, &p);
+        if (rc != CFX_ERR_TIMEOUT)
+            return rc;
+        /* someone joined besides this server and no one is left but it:
+         * the client came and went (a client may join and leave within a
+         * slice, so joins are counted, not seen); its "done" may have
+         * landed just after the last look, so one more */
+        uint32_t joined, alive;
+        cfx__coord_member_counts(coord, &joined, &alive);
+        if (joined > 1 && alive <= 1)
+            return cfx_get(ctx, &id, &done, 1, NULL, &p) == CFX_OK
+                       ? CFX_OK
+                       : cfx__err(CFX_ERR_PEER_FAILED,
+                                  "the client left the cluster (killed, or it failed) before "
+                                  "it said it was done");
+        if (cfx__now_ns() >= end)
+            return cfx__err(CFX_ERR_TIMEOUT, "no client finished within %d s",
+                            PERF_SERVER_WAIT_MS / 1000);
+    }
 }
 
 #endif
