@@ -157,6 +157,9 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
         return cfx__err(CFX_ERR_INVALID, "address '%s' is not host:port", s ? s : "(null)");
     memcpy(host, s, (size_t)(colon - s));
     host[colon - s] = '\0';
+    if (host[0] == '[' || strchr(host, ':'))
+        return cfx__err(CFX_ERR_INVALID, "address '%s': IPv6 is not supported; give an IPv4 "
+                        "address or a host name that has one", s);
     errno = 0;
     long port = strtol(colon + 1, &end, 10);
     if (errno || *end != '\0' || port <= 0 || port > 65535)
@@ -172,7 +175,8 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
     struct addrinfo *res = NULL;
     int rc = getaddrinfo(host, NULL, &hints, &res);
     if (rc != 0 || !res)
-        return cfx__err(CFX_ERR_INVALID, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+        return cfx__err(CFX_ERR_INVALID, "cannot resolve host '%s' to an IPv4 address: %s", host,
+                        gai_strerror(rc));
     out->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
     freeaddrinfo(res);
     return CFX_OK;

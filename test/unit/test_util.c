@@ -143,6 +143,19 @@ Test(util, parse_hostport_rejects_garbage)
     cr_assert_eq(cfx__parse_hostport(NULL, &sa), CFX_ERR_INVALID);
 }
 
+Test(util, parse_hostport_says_ipv6_is_not_supported)
+{
+    static const char *const v6[] = { "[::1]:5000", "::1:5000", "[fe80::1%eth0]:80" };
+    struct sockaddr_in sa;
+
+    for (size_t i = 0; i < sizeof(v6) / sizeof(v6[0]); i++) {
+        cfx__err_clear();
+        cr_assert_eq(cfx__parse_hostport(v6[i], &sa), CFX_ERR_INVALID, "'%s' accepted", v6[i]);
+        cr_assert(strstr(cfx_last_error(), "IPv6 is not supported"), "'%s': %s", v6[i],
+                  cfx_last_error());
+    }
+}
+
 Test(util, parse_hostport_names_the_address)
 {
     struct sockaddr_in sa;
