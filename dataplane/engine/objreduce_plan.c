@@ -352,8 +352,9 @@ static bool in_nodes(const uint32_t *nodes, size_t n, uint32_t id)
 static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg_task *t)
 {
     const struct cfx_task_needs *nd = pl->place;
-    bool set = nd && (nd->field_mask & CFX_TASK_NEEDS_NODES);
-    if (set && nd->n_nodes && !nd->nodes)
+    /* n_nodes 0 is any node (task.h), as for a task */
+    bool set = nd && (nd->field_mask & CFX_TASK_NEEDS_NODES) && nd->n_nodes;
+    if (set && !nd->nodes)
         return cfx__err(CFX_ERR_INVALID, "reduce into %s: a node set of %zu nodes with no node "
                         "list", pl->hex, nd->n_nodes);
     if (set && nd->n_nodes > CFX_TASK_NODES_MAX)

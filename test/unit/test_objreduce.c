@@ -226,3 +226,30 @@ Test(objreduce, default_chunks_hold_whole_elements)
     free(ay);
     free(out);
 }
+
+/*
+ * A placement whose node set is empty (CFX_TASK_NEEDS_NODES with n_nodes 0)
+ * places on any node, as task.h says and as a task's does: the reduce
+ * produces the result.  It was CFX_ERR_NO_RESOURCE, "none of the holders
+ * ... is in the node set".
+ */
+Test(objreduce, place_empty_node_set_is_any_node)
+{
+    struct cfx_object_id x, y, z;
+    cfx_object_id_from_name("objreduce/anynode/x", &x);
+    cfx_object_id_from_name("objreduce/anynode/y", &y);
+    cfx_object_id_from_name("objreduce/anynode/z", &z);
+    float *ax = filled(1.0f), *ay = filled(2.0f);
+    cr_assert_eq(cfx_put(ctx[0], &x, ax, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[1], &y, ay, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    const struct cfx_object_id in[2] = { x, y };
+    uint32_t unused = 12345;
+    struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = &unused,
+                                 .n_nodes = 0 };
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_PLACE, .place = &nd };
+    int rc = cfx_reduce_objects(ctx[2], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &z, &p, NULL);
+    cr_assert_eq(rc, CFX_OK, "%s: %s", cfx_errname(rc), cfx_last_error());
+    all_read(&z, 3.0f);
+    free(ax);
+    free(ay);
+}
