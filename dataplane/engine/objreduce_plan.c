@@ -368,6 +368,9 @@ static int place_msg(struct rplan *pl, const struct arrival *arr, struct cfx_msg
         t->gpus = nd->gpus;
     if (nd && (nd->field_mask & CFX_TASK_NEEDS_POLICY) && nd->policy == CFX_TASK_PACK)
         t->flags |= CFX_PROTO_TASK_PACK;
+    else if (nd && (nd->field_mask & CFX_TASK_NEEDS_POLICY) && nd->policy != CFX_TASK_SPREAD)
+        return cfx__err(CFX_ERR_INVALID, "reduce into %s: unknown policy %d", pl->hex,
+                        (int)nd->policy);
     if (nd && (nd->field_mask & CFX_TASK_NEEDS_GROUP) && nd->group) {
         if (strlen(nd->group) > CFX_TASK_GROUP_MAX)
             return cfx__err(CFX_ERR_INVALID, "reduce into %s: group name longer than %d "

@@ -253,3 +253,32 @@ Test(objreduce, place_empty_node_set_is_any_node)
     free(ax);
     free(ay);
 }
+
+/*
+ * A placement policy that is neither spread nor pack is refused with
+ * CFX_ERR_INVALID naming it, as cfx_task_submit() refuses it, and the
+ * result's id stays free.  It was taken for spread without a word.
+ */
+Test(objreduce, place_unknown_policy_refused)
+{
+    struct cfx_object_id x, y, z;
+    cfx_object_id_from_name("objreduce/policy/x", &x);
+    cfx_object_id_from_name("objreduce/policy/y", &y);
+    cfx_object_id_from_name("objreduce/policy/z", &z);
+    float *ax = filled(1.0f), *ay = filled(2.0f), *az = filled(7.0f);
+    cr_assert_eq(cfx_put(ctx[0], &x, ax, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[1], &y, ay, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    const struct cfx_object_id in[2] = { x, y };
+    struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_POLICY,
+                                 .policy = (enum cfx_task_policy)7 };
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_PLACE, .place = &nd };
+    int rc = cfx_reduce_objects(ctx[2], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &z, &p, NULL);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "unknown policy 7"), "%s", cfx_last_error());
+    /* nothing was produced under the id: it is free for a put */
+    cr_assert_eq(cfx_put(ctx[3], &z, az, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    all_read(&z, 7.0f);
+    free(ax);
+    free(ay);
+    free(az);
+}
