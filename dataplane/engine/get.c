@@ -10,9 +10,9 @@
 #define GET_RELEASE_WAIT_MS 2000 /* a failed get waits this long for uploads of its copy to stop */
 #define MAX_SOURCES 16 /* sources a get tries before giving up */
 
-/* The object is complete on this node already (ctx->lock held). */
-static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, size_t cap,
-                     bool alloc, void **out_buf, size_t *size_out)
+/* The object (@p hex) is complete on this node already (ctx->lock held). */
+static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, const char *hex, void *buf,
+                     size_t cap, bool alloc, void **out_buf, size_t *size_out)
 {
     if (size_out)
         *size_out = obj->size;
@@ -26,8 +26,8 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, void *buf, si
         buf = p;
         *out_buf = p;
     } else if (cap < obj->size) {
-        return cfx__err(CFX_ERR_TRUNCATED, "object is %" PRIu64 " bytes, buffer %zu", obj->size,
-                        cap);
+        return cfx__err(CFX_ERR_TRUNCATED, "get of object %s: it is %" PRIu64 " bytes, the "
+                        "buffer %zu", hex, obj->size, cap);
     }
     if (obj->size)
         memcpy(buf, obj->buf, obj->size);
@@ -206,7 +206,7 @@ static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
             *g->size_out = obj->size;
         rc = CFX_OK;
     } else {
-        rc = get_local(ctx, obj, g->buf, g->cap, false, NULL, g->size_out);
+        rc = get_local(ctx, obj, g->hex, g->buf, g->cap, false, NULL, g->size_out);
     }
     ctx->stats.gets_local += rc == CFX_OK;
     return rc;

@@ -938,3 +938,54 @@ Test(get, timeout_of_an_id_whose_object_went_says_so)
     free(buf);
     cfx_context_destroy(b);
 }
+
+/*
+ * A get into a buffer too small for a copy held on the getter's own node
+ * (the putter's, or one it got before) fails with CFX_ERR_TRUNCATED, the
+ * size set, the bytes untouched, and says which object, as a get from
+ * another node does.  It said only "object is N bytes, buffer M".
+ */
+Test(get, truncated_local_copy_names_the_object)
+{
+    const size_t size = 300000; /* not inline */
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    char hex[CFX_OBJECT_ID_HEX_LEN], want[128];
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_object_id_generate(a, &id);
+    cfx_object_id_to_hex(&id, hex);
+    snprintf(want, sizeof(want), "get of object %s: it is %zu bytes, the buffer %zu", hex, size,
+             size - 1);
+    cfx_test_fill(src, size, 17);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx_obj_params nk = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_KEEP };
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, buf, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(buf, size, 17), (size_t)-1, "wrong bytes");
+    /* both nodes now hold a complete copy: a's put, b's get */
+    struct cfx_context *holders[2] = { a, b };
+    uint8_t *small = malloc(size);
+    cr_assert_not_null(small);
+    for (int i = 0; i < 2; i++) {
+        memset(small, 0xA5, size);
+        got = 0;
+        int rc = cfx_get(holders[i], &id, small, size - 1, &got, &nk);
+        cr_assert_eq(rc, CFX_ERR_TRUNCATED, "node %d: %s (%s)", i, cfx_errname(rc),
+                     cfx_last_error());
+        cr_assert_eq(got, size);
+        cr_assert(strstr(cfx_last_error(), want), "node %d: %s", i, cfx_last_error());
+        for (size_t j = 0; j < size; j++)
+            cr_assert_eq(small[j], 0xA5, "node %d: byte %zu written", i, j);
+    }
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(small);
+    free(src);
+    free(buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
