@@ -318,6 +318,14 @@ static int get_source(struct get_op *g)
     struct cfx_context *ctx = g->ctx;
     int rc;
 
+    if (g->timeout_ms == 0) {
+        /* only a copy held here is found (object.h): the directory's
+         * answer came in time on a fast network and started a transfer
+         * that the deadline then cut off, or not, at random */
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__err(CFX_ERR_TIMEOUT, "get of object %s on node %u: no copy held here, "
+                        "and a timeout of 0 ms looks no further", g->hex, ctx->node_id);
+    }
     g->cached = g->use_cache && cfx__loc_find(&ctx->loc, g->id, &g->src);
     if (g->cached && !g->alloc && g->cap < g->src.size) {
         cfx__loc_forget(&ctx->loc, g->id); /* a size learnt earlier: let the directory say */

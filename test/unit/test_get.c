@@ -989,3 +989,59 @@ Test(get, truncated_local_copy_names_the_object)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/*
+ * A get with a timeout of 0 finds only a copy held on its own node
+ * (object.h): elsewhere it fails with CFX_ERR_TIMEOUT at once, without
+ * asking the directory, and writes nothing.  It asked, and on a fast
+ * network the answer came in time: the get then moved the object, or part
+ * of it before the deadline cut it off, and returned CFX_OK or
+ * CFX_ERR_TIMEOUT by chance.  Once the node holds a copy, the same get
+ * reads it.
+ */
+Test(get, timeout_zero_finds_only_a_copy_held_here)
+{
+    const size_t sizes[] = { 100, 300000, 4u << 20 }; /* inline, one chunk, chunked */
+    struct cfx_context *a, *b;
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        const size_t size = sizes[s];
+        struct cfx_object_id id;
+        struct cfx_context_stats st0, st1;
+        uint8_t *src = malloc(size), *buf = malloc(size), *copy = malloc(size);
+        cr_assert(src && buf && copy);
+        cfx_object_id_generate(a, &id);
+        cfx_test_fill(src, size, 31 + s);
+        cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+        memset(buf, 0xA5, size);
+        cr_assert_eq(cfx_context_stats(b, &st0), CFX_OK);
+        int rc = cfx_get(b, &id, buf, size, NULL, &now);
+        cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%zu bytes: %s (%s)", size, cfx_errname(rc),
+                     cfx_last_error());
+        cr_assert(strstr(cfx_last_error(), "no copy held here"), "%s", cfx_last_error());
+        cr_assert_eq(cfx_context_stats(b, &st1), CFX_OK);
+        cr_assert_eq(st1.dir_lookups, st0.dir_lookups, "%zu bytes: the directory was asked",
+                     size);
+        cr_assert_eq(st1.bytes_received, st0.bytes_received, "%zu bytes: bytes moved", size);
+        for (size_t j = 0; j < size; j++)
+            cr_assert_eq(buf[j], 0xA5, "%zu bytes: byte %zu written", size, j);
+        /* the putter's own copy, and b's once it got one, answer at once */
+        size_t got = 0;
+        cr_assert_eq(cfx_get(a, &id, buf, size, &got, &now), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(got, size);
+        cr_assert_eq(cfx_test_check(buf, size, 31 + s), (size_t)-1, "wrong bytes");
+        cr_assert_eq(cfx_get(b, &id, copy, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+        memset(buf, 0, size);
+        cr_assert_eq(cfx_get(b, &id, buf, size, &got, &now), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(got, size);
+        cr_assert_eq(cfx_test_check(buf, size, 31 + s), (size_t)-1, "wrong bytes");
+        cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+        free(src);
+        free(buf);
+        free(copy);
+    }
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
