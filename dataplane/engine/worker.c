@@ -5,6 +5,7 @@
  */
 #include "engine.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,28 @@ int cfx_request_test(struct cfx_request *req)
     return st;
 }
 
+static bool get_progress(struct cfx_context *ctx, struct cfx_request *req, uint64_t *done,
+                         uint64_t *total);
+
+/* A wait that ran out (ctx->lock held): CFX_ERR_TIMEOUT, saying what still
+ * runs and how far a get has come. */
+static int still_running(struct cfx_request *req, int timeout_ms)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    uint64_t done = 0, total = 0;
+    if (req->type != CFX_REQ_PUT && req->type != CFX_REQ_GET)
+        return cfx__err(CFX_ERR_TIMEOUT, "request still running after %d ms", timeout_ms);
+    cfx_object_id_to_hex(&req->id, hex);
+    if (req->type == CFX_REQ_PUT)
+        return cfx__err(CFX_ERR_TIMEOUT, "put of object %s still running after %d ms", hex,
+                        timeout_ms);
+    if (!get_progress(req->ctx, req, &done, &total))
+        return cfx__err(CFX_ERR_TIMEOUT, "get of object %s still running after %d ms: no "
+                        "source found yet", hex, timeout_ms);
+    return cfx__err(CFX_ERR_TIMEOUT, "get of object %s still running after %d ms: %" PRIu64
+                    " of %" PRIu64 " bytes landed", hex, timeout_ms, done, total);
+}
+
 int cfx_request_wait(struct cfx_request *req, int timeout_ms)
 {
     cfx__err_clear();
@@ -175,9 +198,9 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&req->cond, &ctx->lock, deadline))
         ;
     int st = req->status == CFX_ERR_AGAIN ? CFX_ERR_AGAIN : finished(req);
-    pthread_mutex_unlock(&ctx->lock);
     if (st == CFX_ERR_AGAIN)
-        return cfx__err(CFX_ERR_TIMEOUT, "request still running after %d ms", timeout_ms);
+        st = still_running(req, timeout_ms);
+    pthread_mutex_unlock(&ctx->lock);
     return st;
 }
 

@@ -736,6 +736,13 @@ Test(get, progress_of_a_stalled_get)
                  "bytes past the reported prefix were written");
     cr_assert_eq(cfx_request_progress(req, &done, &total), CFX_OK);
     cr_assert_eq(done, prefix, "the stalled get moved to %llu bytes", (unsigned long long)done);
+    /* a wait that runs out says which get, and how far it came */
+    char hex[CFX_OBJECT_ID_HEX_LEN], want[160];
+    cfx_object_id_to_hex(&id, hex);
+    snprintf(want, sizeof(want), "get of object %s still running after 10 ms: %zu of %zu bytes "
+             "landed", hex, prefix, size);
+    cr_assert_eq(cfx_request_wait(req, 10), CFX_ERR_TIMEOUT);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
 
     cfx__xfer_test_resume(a);
     cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
@@ -761,6 +768,11 @@ Test(get, progress_of_a_stalled_get)
                  cfx_last_error());
     cr_assert_eq(done, 0);
     cr_assert_eq(total, 0);
+    cfx_object_id_to_hex(&late, hex);
+    snprintf(want, sizeof(want), "get of object %s still running after 10 ms: no source found "
+             "yet", hex);
+    cr_assert_eq(cfx_request_wait(req, 10), CFX_ERR_TIMEOUT);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     uint8_t *lsrc = malloc(lsize);
     cr_assert(lsrc);
     cfx_test_fill(lsrc, lsize, 9);
