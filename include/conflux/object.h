@@ -225,7 +225,9 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * the tree, which the coordinator's placement chooses among those holders
  * (at most the first CFX_TASK_NODES_MAX of them): the one holding most
  * bytes of the inputs, then the calling node (it reads the result next),
- * then the least loaded, with the memory for the result free.  With
+ * then the least loaded, with the memory for the result free (as its last
+ * heartbeat reported it: a node that has sent none yet, in its first
+ * second or so, is not known to be short and may be chosen).  With
  * CFX_OBJ_PARAM_PLACE, @p params->place narrows the choice (conflux/task.h:
  * a node set, memory, GPUs, spread or pack, an anti-affinity group; cores
  * and reserve_ms do not apply); no holder meeting it is CFX_ERR_NO_RESOURCE.
