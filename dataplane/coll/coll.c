@@ -761,19 +761,18 @@ static int coll_exec_run(struct coll_exec *x)
         rc = cfx__coll_check_empty(x);
     if (rc == CFX_OK)
         rc = cfx__coll_wait_all(x);
-    bool disagree = false;
-    if (alongside && posted) {
+    if (alongside && posted)
         rc = cfx__coll_agree_finish(x, rc);
-        disagree = rc == CFX_ERR_INVALID;
-    }
-    if (x->listen) {
+    if (x->listen)
         rc = cfx__coll_check_end(x, rc);
-        disagree = rc == CFX_ERR_INVALID;
-    }
-    if (rc != CFX_OK && rc != CFX_ERR_INVALID && g->size > 1) {
-        /* gave up (a rank died, a wait timed out): the others hear why
-         * before anything is withdrawn, and what is left of this call
-         * tells nothing of its arguments */
+    /* CFX_ERR_INVALID of this rank's own (a device kernel refused a buffer
+     * after data came in) is no disagreement: told as one, the others would
+     * say that it "got a message of another size" */
+    const bool disagree = rc == CFX_ERR_INVALID && x->disagree;
+    if (rc != CFX_OK && !disagree && g->size > 1) {
+        /* gave up (a rank died, a wait timed out, a failure of its own):
+         * the others hear why before anything is withdrawn, and what is
+         * left of this call tells nothing of its arguments */
         cfx__coll_gave_up(x, rc);
         pthread_mutex_lock(&g->ctx->lock);
         g->quiet = true;

@@ -294,6 +294,10 @@ struct coll_exec {
     struct coll_chk_msg ask, tell; /* what those messages carry */
     struct coll_chk_msg *cin;   /* [size]: check messages received (calls of count 0) */
     uint64_t ask_at;            /* a wait still running then sends it (ns) */
+    bool disagree;              /* the call failed because the ranks disagree (headers, or
+                                 * message sizes): its CFX_ERR_INVALID is not one of this
+                                 * rank's own (a kernel refusing a buffer), which the others
+                                 * hear as news that it gave the call up */
     int bad_rank;               /* a rank whose header differs, -1 */
     struct coll_hdr bad;        /* its header */
     int news_rank;              /* a rank that told us it failed the call, -1 */

@@ -108,6 +108,7 @@ int cfx__coll_agree_all(struct coll_exec *x)
     }
     if (hdr_cmp(&me.lo, &me.hi) == 0)
         return CFX_OK;
+    x->disagree = true;
     char t1[160], t2[160];
     hdr_text(&me.lo, t1, sizeof(t1));
     hdr_text(&me.hi, t2, sizeof(t2));
@@ -174,6 +175,7 @@ static int agree_text(struct coll_exec *x, const bool *have)
     }
     if (hdr_cmp(lo, hi) == 0)
         return CFX_OK;
+    x->disagree = true;
     char t1[160], t2[160];
     hdr_text(lo, t1, sizeof(t1));
     hdr_text(hi, t2, sizeof(t2));
@@ -201,6 +203,7 @@ static int agree_fail(struct coll_exec *x)
     bool have[AGREE_ALL_MAX];
     agree_have(x, have);
     int rc = agree_text(x, have);
+    x->disagree = true; /* agree_broken() saw two headers differ */
     return rc != CFX_OK ? rc : cfx__err(CFX_ERR_INVALID, "%s #%" PRIu32 ": rank %d: the "
                                         "ranks disagree on the arguments", x->what,
                                         x->a->seq, x->g->rank);
@@ -271,6 +274,7 @@ static int edge_fail(struct coll_exec *x)
     char t1[160], t2[160];
     int rc;
     const int me = x->g->rank;
+    x->disagree = true;
     if (x->bad_rank < 0 && x->news_rank >= 0) {
         /* told by a rank that failed the call */
         const struct coll_chk_msg *c = &x->news;
@@ -655,7 +659,7 @@ int cfx__coll_check_end(struct coll_exec *x, int rc)
 {
     struct cfx_group *g = x->g;
     struct cfx_context *ctx = g->ctx;
-    if (rc == CFX_ERR_INVALID)
+    if (rc == CFX_ERR_INVALID && x->disagree)
         edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
     pthread_mutex_lock(&ctx->lock);
     bool bad = rc == CFX_OK && edge_broken(x);
@@ -882,9 +886,10 @@ void cfx__coll_ask(struct coll_exec *x, int peer)
  * still running sees it fail ("peer failed"), possibly before the death event
  * reached it: it would name a living rank.  So a rank that gives a call up
  * for any reason but a disagreement (a rank died or left, a wait timed out,
- * a message failed) first tells every other rank why, on the check channel
- * (struct coll_chk_fail: the rank it blames and how it knows), before it
- * withdraws anything; and a rank whose message with a live-looking peer
+ * a message failed, an error of its own such as a device kernel that
+ * refused a buffer, whatever its code) first tells every other rank why, on
+ * the check channel (struct coll_chk_fail: the rank it blames and how it
+ * knows), before it withdraws anything; and a rank whose message with a live-looking peer
  * failed waits briefly (COLL_BLAME_WAIT_MS, woken by every arrival) for that
  * peer's news or a death event before it says what happened:
  *   - a known death (the peer's news, else the coordinator's events, the
@@ -892,6 +897,9 @@ void cfx__coll_ask(struct coll_exec *x, int peer)
  *   - the peer's news of another cause: "rank 3 (node 1) gave up the call
  *     because of another failure: rank 3 (node 1) waited for rank 2 (node 3)
  *     until its deadline";
+ *   - the peer's news of an error of its own (refused arguments, a cancel,
+ *     a failure of its own): "rank 0 (node 1) gave the call up on an error
+ *     of its own (CFX_ERR_INVALID; its own error says which)";
  *   - neither: the message's own failure, saying that the peer is not known
  *     to have died.
  * The news of the call being waited for also stops a wait (a rank waiting
@@ -1029,8 +1037,8 @@ static void cause_text(const struct cfx_group *g, int teller, const struct coll_
                  "its group destroyed)", b, g->ids[b]);
         break;
     default:
-        snprintf(buf, len, "rank %d (node %u) failed the call (%s)", w, g->ids[w],
-                 cfx_errname(n->f.status));
+        snprintf(buf, len, "rank %d (node %u) gave the call up on an error of its own (%s; its "
+                 "own error says which)", w, g->ids[w], cfx_errname(n->f.status));
         break;
     }
 }
@@ -1039,6 +1047,17 @@ static bool news_gone(const struct coll_gave *n)
 {
     return n->set && n->bad_rank >= 0 &&
            (n->f.why == COLL_WHY_DIED || n->f.why == COLL_WHY_LEFT);
+}
+
+/* Rank @p teller's news @p n is of a failure of its own (it refused its
+ * arguments, canceled the call, or failed on an error of its own), not of
+ * another rank's. */
+static bool news_own(const struct coll_gave *n, int teller)
+{
+    if (n->bad_rank < 0)
+        return n->f.via < 0;
+    return n->bad_rank == teller &&
+           (n->f.why == COLL_WHY_REFUSED || n->f.why == COLL_WHY_CANCELED);
 }
 
 /* Lock held: a rank whose news names a death (not ours), or -1. */
@@ -1078,7 +1097,7 @@ static int gave_fail(struct coll_exec *x)
                         why_gone[n.f.why], p, g->ids[p]);
     char cause[192];
     cause_text(g, p, &n, cause, sizeof(cause));
-    if ((n.f.why == COLL_WHY_REFUSED || n.f.why == COLL_WHY_CANCELED) && n.bad_rank == p)
+    if (news_own(&n, p))
         return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: %s", x->what,
                         x->a->seq, g->rank, cause);
     return cfx__err(n.f.status == CFX_ERR_TIMEOUT ? CFX_ERR_TIMEOUT : CFX_ERR_PEER_FAILED,
@@ -1128,9 +1147,12 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
     const bool lost = rc == CFX_ERR_PEER_FAILED || rc == CFX_ERR_CONNECT ||
                       rc == CFX_ERR_CLOSED || rc == CFX_ERR_IO ||
                       ((rc == CFX_ERR_CANCELED || rc == CFX_ERR_NOT_FOUND) && !closing);
-    if (!lost)
+    if (!lost) {
+        if (rc == CFX_ERR_INVALID)
+            x->disagree = true; /* the two sides' message sizes differ */
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
                         x->a->seq, me, dir, peer, g->ids[peer], why);
+    }
 
     /* the peer's news, or a death event, is on its way or in */
     uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_BLAME_WAIT_MS));
@@ -1188,6 +1210,9 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
         char cause[192];
         blame_relay(x, peer, &n);
         cause_text(g, peer, &n, cause, sizeof(cause));
+        if (news_own(&n, peer)) /* as gave_fail() says it */
+            return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: %s (rank %d was %s "
+                            "it: %s)", x->what, x->a->seq, me, cause, me, dir, why);
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): rank %d gave up "
                         "the call because of another failure: %s (%s)", x->what, x->a->seq, me,
                         dir, peer, g->ids[peer], peer, cause, why);

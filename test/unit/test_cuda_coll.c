@@ -557,3 +557,68 @@ DEVICE_TEST(cuda_coll, every_collective_device, false, "all", body_every_kind)
 DEVICE_TEST(cuda_coll_sim, put_get_device, true, "pg", body_put_get)
 DEVICE_TEST(cuda_coll_sim, allreduce_device, true, "ar", body_allreduce)
 DEVICE_TEST(cuda_coll_sim, every_collective_device, true, "all", body_every_kind)
+
+/* ---- a rank that fails on its own in the middle of a call ----------------------------- */
+
+#define LOCAL_COUNT 1024
+
+/* Rank 0 passes host memory as device memory: the device's reduction
+ * refuses it once rank 1's data is in (CFX_ERR_INVALID on rank 0, an error
+ * of its own).  Rank 1 (host buffers) fails at once, saying that rank 0
+ * gave the call up and with what, not that the ranks disagree: they called
+ * alike.  Both must not wait for their deadline, which they would name. */
+static int body_local_failure(struct rank_run *rr)
+{
+    static float s[2][LOCAL_COUNT], r[2][LOCAL_COUNT];
+    const int me = rr->rank;
+    for (int i = 0; i < LOCAL_COUNT; i++)
+        s[me][i] = (float)(me * 1000 + i);
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT | CFX_COLL_PARAM_ALGO,
+                                 .algo = CFX_ALGO_RING, .timeout_ms = 20000 };
+    if (me == 0) {
+        p.field_mask |= CFX_COLL_PARAM_MEMTYPE;
+        p.memtype = CFX_MEMTYPE_CUDA;
+    }
+    int rc = cfx_group_allreduce(rr->g, s[me], r[me], LOCAL_COUNT, CFX_DTYPE_F32, CFX_OP_SUM,
+                                 &p);
+    const char *e = cfx_last_error();
+    char want[128], bad[768] = "";
+    snprintf(want, sizeof(want), "allreduce #0: rank 1: rank 0 (node %u) gave the call up on an "
+             "error of its own (CFX_ERR_INVALID", cfx_context_node_id(ctxs[0]));
+    if (me == 0 && (rc != CFX_ERR_INVALID || !strstr(e, "host memory the device cannot reach")))
+        snprintf(bad, sizeof(bad), "rank 0: %s: %s", cfx_errname(rc), e);
+    if (me == 1 && (rc != CFX_ERR_PEER_FAILED || !strstr(e, want) || strstr(e, "disagree")))
+        snprintf(bad, sizeof(bad), "rank 1: %s: %s (wanted \"%s...\")", cfx_errname(rc), e,
+                 want);
+    /* the group still works (and the other rank's verdict is its own) */
+    int32_t one = 1, sum = 0;
+    p = (struct cfx_coll_params){ .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 10000 };
+    rc = cfx_group_allreduce(rr->g, &one, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, &p);
+    if (bad[0])
+        return cfx__err(CFX_ERR_INTERNAL, "%s", bad);
+    if (rc != CFX_OK)
+        return rc;
+    return sum == rr->size ? CFX_OK : cfx__err(CFX_ERR_INTERNAL, "sum %d", sum);
+}
+
+struct local_param {
+    char tp[8];
+    char check[4]; /* CFX_COLL_CHECK */
+};
+
+static struct local_param locals[] = { { "tcp", "1" }, { "shm", "1" }, { "tcp", "2" } };
+
+ParameterizedTestParameters(cuda_coll_sim, local_failure_is_news_not_a_disagreement)
+{
+    return cr_make_param_array(struct local_param, locals, CFX_ARRAY_SIZE(locals));
+}
+
+ParameterizedTest(struct local_param *lp, cuda_coll_sim,
+                  local_failure_is_news_not_a_disagreement, .timeout = 60)
+{
+    setenv("CFX_COLL_CHECK", lp->check, 1); /* read at the group's creation */
+    use_sim();
+    up(lp->tp, 2);
+    run_ranks(2, "local", lp->tp, body_local_failure);
+    down(2);
+}
