@@ -47,21 +47,26 @@ static double cpu_now(void)
            (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
 }
 
+static const struct perf_tool tool = {
+    .prog = "cfx_get_bw",
+    .what = "objects",
+    .size = 64u << 20,
+    .iters = 20,
+    .sweep_min = 4096,
+    .sweep_max = 64u << 20,
+    .unused = "r", /* --repeat is cfx_get_lat's */
+};
+
 int main(int argc, char **argv)
 {
     struct perf_opts o;
     struct cfx_coord *coord;
     struct cfx_object_id id;
-    size_t sizes[32];
-    int nsizes = 0;
-    int rc = perf_parse(argc, argv, &o, "cfx_get_bw", "objects", 64u << 20, 20);
+    size_t sizes[PERF_SWEEP_MAX];
+    int rc = perf_parse(argc, argv, &o, &tool);
     if (rc)
         return rc;
-    if (o.all)
-        for (size_t s = 4096; s <= (64u << 20); s *= 2)
-            sizes[nsizes++] = s;
-    else
-        sizes[nsizes++] = o.size;
+    const int nsizes = perf_sizes(&tool, &o, sizes);
     size_t maxsize = 1;
     for (int i = 0; i < nsizes; i++)
         maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;

@@ -9,7 +9,11 @@
  * Objects go through the data plane unless --inline is given.  With
  * --repeat each object is got once unmeasured and its copy deleted first,
  * so the measured get is a second one, whose location this node knows
- * (the location cache: no directory lookup).
+ * (the location cache: no directory lookup).  With -a it runs every size
+ * from 2 bytes to 8 MiB by powers of two, one row each, as perftest's
+ * ib_*_lat -a: the server puts the objects of every size, named by position
+ * (size index, iteration) as cfx_get_bw's, so a client with another -s or
+ * -a than its server reports the mismatch at once.
  */
 #include "perf_common.h"
 
@@ -19,35 +23,106 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static const struct perf_tool tool = {
+    .prog = "cfx_get_lat",
+    .what = "small objects",
+    .size = 8,
+    .iters = 1000,
+    .sweep_min = 2,
+    .sweep_max = 8u << 20,
+    .unused = "umG", /* cfx_get_bw's: it gets into malloc'd memory and reports no bandwidth */
+};
+
+/* The measured gets of size index @p s (@p size bytes) into @p lat (us). */
+static int measure(struct cfx_context *ctx, const struct perf_opts *o, int s, size_t size,
+                   uint8_t *buf, double *lat, const char *prog)
+{
+    struct cfx_object_id id;
+    for (long i = 0; i < o->iters + o->warmup; i++) {
+        size_t got = 0;
+        int rc;
+        perf_id(&id, "lat", (size_t)s, i);
+        if (o->repeat) {
+            if ((rc = cfx_get(ctx, &id, buf, size, &got, NULL)) != CFX_OK) {
+                fprintf(stderr, "%s: first get of %zu bytes: %s\n", prog, size,
+                        cfx_last_error());
+                return 1;
+            }
+            cfx_delete(ctx, &id, NULL);
+        }
+        double t = perf_now();
+        rc = cfx_get(ctx, &id, buf, size, &got, NULL);
+        t = perf_now() - t;
+        if ((rc == CFX_OK || rc == CFX_ERR_TRUNCATED) && got != size) {
+            fprintf(stderr, "%s: size mismatch: the server put %zu bytes where this client "
+                    "expects %zu: give both sides the same -s (and -a)\n", prog, got, size);
+            return 1;
+        }
+        if (rc != CFX_OK) {
+            fprintf(stderr, "%s: get of %zu bytes: %s\n", prog, size, cfx_last_error());
+            return 1;
+        }
+        cfx_delete(ctx, &id, NULL);
+        if (i >= o->warmup)
+            lat[i - o->warmup] = t * 1e6;
+    }
+    return 0;
+}
+
+/* One row (or JSON document) of the results of @p size bytes. */
+static void report(const struct perf_opts *o, size_t size, double *lat)
+{
+    qsort(lat, (size_t)o->iters, sizeof(double), cmp_double);
+    double sum = 0;
+    for (long i = 0; i < o->iters; i++)
+        sum += lat[i];
+    double p50 = lat[o->iters / 2], p99 = lat[(o->iters * 99) / 100];
+    if (o->json)
+        printf("{\"tool\":\"cfx_get_lat\",\"transport\":\"%s\",\"bytes\":%zu,"
+               "\"iterations\":%ld,\"inline\":%s,\"repeat\":%s,\"t_min_us\":%.2f,"
+               "\"t_p50_us\":%.2f,\"t_p99_us\":%.2f,\"t_max_us\":%.2f,\"t_avg_us\":%.2f}\n",
+               o->transport ? o->transport : "auto", size, o->iters,
+               o->inline_ok ? "true" : "false", o->repeat ? "true" : "false", lat[0], p50, p99,
+               lat[o->iters - 1], sum / (double)o->iters);
+    else
+        printf(" %-8zu %-12ld %-10.2f %-10.2f %-10.2f %-10.2f %-10.2f\n", size, o->iters,
+               lat[0], p50, p99, lat[o->iters - 1], sum / (double)o->iters);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     struct perf_opts o;
     struct cfx_coord *coord;
     struct cfx_object_id id;
-    int rc = perf_parse(argc, argv, &o, "cfx_get_lat", "small objects", 8, 1000);
+    size_t sizes[PERF_SWEEP_MAX];
+    int rc = perf_parse(argc, argv, &o, &tool);
     if (rc)
         return rc;
+    const int nsizes = perf_sizes(&tool, &o, sizes);
+    const size_t maxsize = sizes[nsizes - 1]; /* a sweep grows */
     struct cfx_context *ctx = perf_join(&o, &coord, argv[0]);
-    uint8_t *buf = malloc(o.size);
+    uint8_t *buf = malloc(maxsize);
     int status = 0;
     if (!buf) {
-        fprintf(stderr, "%s: cannot allocate %zu bytes\n", argv[0], o.size);
+        fprintf(stderr, "%s: cannot allocate %zu bytes\n", argv[0], maxsize);
         cfx_context_destroy(ctx);
         cfx__coord_stop(coord);
         return 1;
     }
-    memset(buf, 0x11, o.size);
+    memset(buf, 0x11, maxsize);
 
     if (!o.host) {
         struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
                                      .flags = o.inline_ok ? 0 : CFX_OBJ_FLAG_NO_INLINE };
-        for (long i = 0; i < o.iters + o.warmup; i++) {
-            perf_id(&id, "lat", 0, i); /* by position: see cfx_get_bw */
-            if ((rc = cfx_put(ctx, &id, buf, o.size, &pp)) != CFX_OK) {
-                fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
-                return 1;
+        for (int s = 0; s < nsizes; s++)
+            for (long i = 0; i < o.iters + o.warmup; i++) {
+                perf_id(&id, "lat", (size_t)s, i); /* by position: see cfx_get_bw */
+                if ((rc = cfx_put(ctx, &id, buf, sizes[s], &pp)) != CFX_OK) {
+                    fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+                    return 1;
+                }
             }
-        }
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
@@ -62,65 +137,25 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: cannot allocate %ld latencies\n", argv[0], o.iters);
             status = 1;
         }
-        for (long i = 0; i < o.iters + o.warmup && !status; i++) {
-            size_t got = 0;
-            perf_id(&id, "lat", 0, i);
-            if (o.repeat) {
-                if ((rc = cfx_get(ctx, &id, buf, o.size, &got, NULL)) != CFX_OK) {
-                    fprintf(stderr, "%s: first get: %s\n", argv[0], cfx_last_error());
-                    status = 1;
-                    break;
-                }
-                cfx_delete(ctx, &id, NULL);
-            }
-            double t = perf_now();
-            rc = cfx_get(ctx, &id, buf, o.size, &got, NULL);
-            t = perf_now() - t;
-            if ((rc == CFX_OK || rc == CFX_ERR_TRUNCATED) && got != o.size) {
-                fprintf(stderr, "%s: size mismatch: the server put %zu bytes where this "
-                        "client expects %zu: give both sides the same -s\n", argv[0], got,
-                        o.size);
-                status = 1;
-                break;
-            }
-            if (rc != CFX_OK) {
-                fprintf(stderr, "%s: get: %s\n", argv[0], cfx_last_error());
-                status = 1;
-                break;
-            }
-            cfx_delete(ctx, &id, NULL);
-            if (i >= o.warmup)
-                lat[i - o.warmup] = t * 1e6;
+        if (!status && !o.json) {
+            printf("---------------------------------------------------------------------------\n");
+            printf("                    Conflux object get latency test\n");
+            printf(" Coordinator     : %s:%d\n", o.host, o.port);
+            printf(" Transport       : %s\n", o.transport ? o.transport : "auto");
+            printf(" Path            : %s\n",
+                   o.inline_ok ? "inline via coordinator" : "data plane");
+            printf(" Measured get    : %s\n", o.repeat ? "second of each object" : "first");
+            printf("---------------------------------------------------------------------------\n");
+            printf(" %-8s %-12s %-10s %-10s %-10s %-10s %-10s\n", "#bytes", "#iterations",
+                   "t_min[us]", "t_p50[us]", "t_p99[us]", "t_max[us]", "t_avg[us]");
         }
-        if (!status) {
-            qsort(lat, (size_t)o.iters, sizeof(double), cmp_double);
-            double sum = 0;
-            for (long i = 0; i < o.iters; i++)
-                sum += lat[i];
-            double p50 = lat[o.iters / 2], p99 = lat[(o.iters * 99) / 100];
-            const char *tp = o.transport ? o.transport : "auto";
-            if (o.json)
-                printf("{\"tool\":\"cfx_get_lat\",\"transport\":\"%s\",\"bytes\":%zu,"
-                       "\"iterations\":%ld,\"inline\":%s,\"repeat\":%s,\"t_min_us\":%.2f,\"t_p50_us\":%.2f,"
-                       "\"t_p99_us\":%.2f,\"t_max_us\":%.2f,\"t_avg_us\":%.2f}\n",
-                       tp, o.size, o.iters, o.inline_ok ? "true" : "false",
-                       o.repeat ? "true" : "false", lat[0], p50, p99,
-                       lat[o.iters - 1], sum / (double)o.iters);
-            else {
-                printf("---------------------------------------------------------------------------\n");
-                printf("                    Conflux object get latency test\n");
-                printf(" Coordinator     : %s:%d\n", o.host, o.port);
-                printf(" Transport       : %s\n", tp);
-                printf(" Path            : %s\n", o.inline_ok ? "inline via coordinator" : "data plane");
-                printf(" Measured get    : %s\n", o.repeat ? "second of each object" : "first");
-                printf("---------------------------------------------------------------------------\n");
-                printf(" %-8s %-12s %-10s %-10s %-10s %-10s %-10s\n", "#bytes", "#iterations",
-                       "t_min[us]", "t_p50[us]", "t_p99[us]", "t_max[us]", "t_avg[us]");
-                printf(" %-8zu %-12ld %-10.2f %-10.2f %-10.2f %-10.2f %-10.2f\n", o.size,
-                       o.iters, lat[0], p50, p99, lat[o.iters - 1], sum / (double)o.iters);
-                printf("---------------------------------------------------------------------------\n");
-            }
+        for (int s = 0; s < nsizes && !status; s++) {
+            status = measure(ctx, &o, s, sizes[s], buf, lat, argv[0]);
+            if (!status)
+                report(&o, sizes[s], lat);
         }
+        if (!status && !o.json)
+            printf("---------------------------------------------------------------------------\n");
         free(lat);
         uint8_t one = 1;
         perf_id(&id, "lat-done", 0, 0);

@@ -50,17 +50,48 @@ static inline double perf_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static inline void perf_usage(const char *prog, const char *what, FILE *f)
+/* One of the tools, and what it takes of the options below. */
+struct perf_tool {
+    const char *prog;           /* its name, in messages */
+    const char *what;           /* what the server puts ("objects") */
+    size_t size;                /* -s by default */
+    long iters;                 /* -n by default */
+    size_t sweep_min, sweep_max; /* -a: these sizes and the powers of two between them */
+    const char *unused;         /* options it refuses, by letter (G: --report_gbits) */
+};
+
+#define PERF_SWEEP_MAX 48 /* sizes of a sweep, at most */
+
+static inline int perf_takes(const struct perf_tool *t, int opt)
 {
+    return !strchr(t->unused, opt);
+}
+
+/* 8, 4K, 64M: a size as -s takes it. */
+static inline const char *perf_size_text(size_t v, char *buf, size_t len)
+{
+    if (v && v % (1u << 20) == 0)
+        snprintf(buf, len, "%zuM", v >> 20);
+    else if (v && v % 1024 == 0)
+        snprintf(buf, len, "%zuK", v >> 10);
+    else
+        snprintf(buf, len, "%zu", v);
+    return buf;
+}
+
+static inline void perf_usage(const struct perf_tool *t, FILE *f)
+{
+    char def[32], lo[32], hi[32];
     fprintf(f,
             "Usage: %s [options]            start a server (embedded coordinator, puts %s)\n"
             "       %s [options] <host>     connect to the server at host and get them\n"
             "Options (give the same ones on both sides):\n"
             "  -p, --port=N         coordinator port, 1..65535 (default 18515)\n"
-            "  -b, --bind=ADDR      server: address the coordinator listens on (default 127.0.0.1)\n"
+            "  -b, --bind=ADDR      server: address the coordinator listens on "
+            "(default 127.0.0.1)\n"
             "  -s, --size=N         object size, K/M/G suffixes (default %s); at least 1 byte,\n"
             "                       at most this machine's memory (and, over verbs, ulimit -l)\n"
-            "  -a, --all            sweep sizes 4 KiB .. 64 MiB by powers of two\n"
+            "  -a, --all            sweep sizes %s .. %s by powers of two, one row each\n"
             "  -n, --iters=N        measured gets per size, 1..1000000 (default %ld)\n"
             "  -w, --warmup=N       unmeasured gets first, 0..1000000 (default 2)\n"
             "  -t, --transport=T    tcp, shm, verbs or dpdk, or a list in order of preference\n"
@@ -68,29 +99,37 @@ static inline void perf_usage(const char *prog, const char *what, FILE *f)
             "                       CFX_TRANSPORT (default: shm on the same host, else verbs,\n"
             "                       else tcp; dpdk needs its port in CFX_DPDK_VDEV or\n"
             "                       CFX_DPDK_EAL)\n"
-            "  -c, --chunk-size=N   chunk size, 4K..64M (default: follows the object size)\n"
-            "  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n"
-            "  -i, --inline         let objects <= 64 KiB travel through the coordinator\n"
-            "  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n"
-            "  -r, --repeat         cfx_get_lat: get each object, delete the copy, and measure\n"
-            "                       a second get of it (its location is known by then)\n"
-            "  -k, --token=T        cluster token (default $CFX_TOKEN, else the first line of\n"
-            "                       $CFX_TOKEN_FILE); on the command line ps shows it\n"
-            "      --report_gbits   report Gbit/s instead of GB/s\n"
-            "      --json           one JSON document on stdout instead of the table\n"
-            "  -h, --help\n"
-            "A bad value is named on stderr; usage errors exit with status 2.\n",
-            prog, what, prog, strcmp(what, "objects") ? "8" : "64M",
-            strcmp(what, "objects") ? 1000L : 20L);
+            "  -c, --chunk-size=N   chunk size, 4K..64M (default: follows the object size)\n",
+            t->prog, t->what, t->prog, perf_size_text(t->size, def, sizeof(def)),
+            perf_size_text(t->sweep_min, lo, sizeof(lo)),
+            perf_size_text(t->sweep_max, hi, sizeof(hi)), t->iters);
+    if (perf_takes(t, 'u'))
+        fputs("  -u, --user-buf       get into malloc'd memory instead of an arena buffer\n", f);
+    fputs("  -i, --inline         let objects <= 64 KiB travel through the coordinator\n", f);
+    if (perf_takes(t, 'm'))
+        fputs("  -m, --memcpy-ref     also measure single-thread memcpy as the reference\n", f);
+    if (perf_takes(t, 'r'))
+        fputs("  -r, --repeat         get each object, delete the copy, and measure a second\n"
+              "                       get of it (its location is known by then)\n", f);
+    fputs("  -k, --token=T        cluster token (default $CFX_TOKEN, else the first line of\n"
+          "                       $CFX_TOKEN_FILE); on the command line ps shows it\n", f);
+    if (perf_takes(t, 'G'))
+        fputs("      --report_gbits   report Gbit/s instead of GB/s\n", f);
+    fputs("      --json           JSON on stdout instead of the table\n"
+          "  -h, --help\n"
+          "A bad value is named on stderr; usage errors exit with status 2.\n", f);
 }
 
 #define PERF_SERVER_WAIT_MS (10 * 60 * 1000) /* how long a server waits for its client */
 #define PERF_ITERS_MAX 1000000L /* the server keeps one object per get: bound them */
 
-/* Parse the options; 0 or TOOL_EXIT_USAGE (the error already printed). */
-static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const char *prog,
-                             const char *what, size_t def_size, long def_iters)
+/* Parse the options; 0 or TOOL_EXIT_USAGE (the error already printed).  An
+ * option of the other tool that this one has no use for (t->unused) is
+ * refused, not ignored. */
+static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
+                             const struct perf_tool *t)
 {
+    const char *prog = t->prog;
     static const struct option lopts[] = {
         { "port", required_argument, NULL, 'p' },   { "bind", required_argument, NULL, 'b' },
         { "size", required_argument, NULL, 's' },   { "all", no_argument, NULL, 'a' },
@@ -104,17 +143,26 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
     const char *size_arg = NULL;
-    int c;
+    int c, li = -1;
     memset(o, 0, sizeof(*o));
     o->port = 18515;
     o->bind = "127.0.0.1";
-    o->size = def_size;
-    o->iters = def_iters;
+    o->size = t->size;
+    o->iters = t->iters;
     o->warmup = 2;
     o->arena = 1;
     const char *token_arg = NULL;
-    while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimrk:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:b:s:an:w:t:c:uimrk:h", lopts, &li)) != -1) {
         int bad = 0;
+        if (c != '?' && !perf_takes(t, c)) {
+            if (li >= 0)
+                fprintf(stderr, "%s: --%s: not an option of %s (see --help)\n", prog,
+                        lopts[li].name, prog);
+            else
+                fprintf(stderr, "%s: -%c: not an option of %s (see --help)\n", prog, c, prog);
+            return TOOL_EXIT_USAGE;
+        }
+        li = -1;
         switch (c) {
         case 'p': bad = tool_arg_int(prog, "-p", optarg, 1, 65535, "a TCP port", &o->port); break;
         case 'b': o->bind = optarg; break;
@@ -154,8 +202,8 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
             break;
         case 'G': o->gbits = 1; break;
         case 'J': o->json = 1; break;
-        case 'h': perf_usage(prog, what, stdout); exit(0);
-        default: perf_usage(prog, what, stderr); return TOOL_EXIT_USAGE;
+        case 'h': perf_usage(t, stdout); exit(0);
+        default: perf_usage(t, stderr); return TOOL_EXIT_USAGE;
         }
         if (bad)
             return TOOL_EXIT_USAGE;
@@ -180,6 +228,18 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o, const c
     explicit_bzero(tok, sizeof(tok));
     o->token = o->token_buf;
     return 0;
+}
+
+/* The sizes to run: the sweep's (-a), else -s.  Returns how many. */
+static inline int perf_sizes(const struct perf_tool *t, const struct perf_opts *o,
+                             size_t sizes[PERF_SWEEP_MAX])
+{
+    int n = 0;
+    if (!o->all)
+        sizes[n++] = o->size;
+    for (size_t s = t->sweep_min; o->all && s <= t->sweep_max && n < PERF_SWEEP_MAX; s *= 2)
+        sizes[n++] = s;
+    return n;
 }
 
 /*

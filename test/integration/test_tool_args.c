@@ -75,6 +75,15 @@ static const struct args_case cases[] = {
     { "cfx_run", { "-n", "1", "-t", "shm,tcp", "true" }, 0, NULL, NULL, 0 },
     /* cfx_get_lat */
     { "cfx_get_lat", { "-s", "100G" }, 2, "-s", "'100G'", 0 },
+    /* the other tool's options are refused, not ignored (they were taken and did nothing) */
+    { "cfx_get_lat", { "-u" }, 2, "-u: not an option of cfx_get_lat", NULL, 0 },
+    { "cfx_get_lat", { "-s", "64", "-m" }, 2, "-m: not an option of cfx_get_lat", NULL, 0 },
+    { "cfx_get_lat", { "--memcpy-ref" }, 2, "--memcpy-ref: not an option of cfx_get_lat", NULL,
+      0 },
+    { "cfx_get_lat", { "--report_gbits" }, 2, "--report_gbits: not an option of cfx_get_lat",
+      NULL, 0 },
+    { "cfx_get_bw", { "-r" }, 2, "-r: not an option of cfx_get_bw", NULL, 0 },
+    { "cfx_get_bw", { "--repeat" }, 2, "--repeat: not an option of cfx_get_bw", NULL, 0 },
     { "cfx_get_lat", { "-n", " 5" }, 2, "-n", "' 5'", 0 },
     { "cfx_get_lat", { "-w", "1e3" }, 2, "-w", "'1e3'", 0 },
     /* cfx_obj_perf */
@@ -382,6 +391,80 @@ ParameterizedTest(size_t *ip, tool_args, each, .init = case_init, .fini = coord_
     if (c->val)
         cr_assert(strstr(err, c->val), "%s%s: stderr does not name %s:\n%s", c->tool, cmd,
                   c->val, err);
+}
+
+/* Each perf tool's --help lists the options it takes and none it refuses;
+ * cfx_get_lat's sweep is perftest's ib_*_lat -a, 2 bytes .. 8 MiB. */
+Test(tool_args, get_tools_help_lists_what_they_take, .timeout = 60)
+{
+    static char out[1 << 14];
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/cfx_get_lat --help", CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "-a, --all            sweep sizes 2 .. 8M by powers of two, one row"),
+              "%s", out);
+    cr_assert(strstr(out, "--repeat") && strstr(out, "--chunk-size"), "%s", out);
+    cr_assert(!strstr(out, "--user-buf") && !strstr(out, "--memcpy-ref") &&
+              !strstr(out, "--report_gbits"), "cfx_get_lat --help lists what it refuses:\n%s",
+              out);
+    snprintf(cmd, sizeof(cmd), "%s/cfx_get_bw --help", CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "sweep sizes 4K .. 64M") && strstr(out, "--user-buf") &&
+              strstr(out, "--memcpy-ref") && strstr(out, "--report_gbits"), "%s", out);
+    cr_assert(!strstr(out, "--repeat"), "cfx_get_bw --help lists --repeat:\n%s", out);
+}
+
+/*
+ * cfx_get_lat -a on both sides: one row per size, 2 bytes to 8 MiB by
+ * powers of two, in order, each of -n gets, and the server serves every
+ * size and exits 0.  (-a was taken and ignored: one row of -s.)  -a on one
+ * side only is a mismatch both sides report, as another -s is.
+ */
+Test(tool_args, get_lat_sweeps_sizes, .init = case_init, .timeout = 180)
+{
+    static char out[1 << 14], srv[1 << 12];
+    char cmd[2048], srv_path[128];
+    snprintf(srv_path, sizeof(srv_path), "/tmp/cfx-latsweep-%d.srv", (int)getpid());
+    for (int k = 0; k < 3; k++) {
+        const char *srv_a = k == 2 ? "" : "-a", *cli_a = k == 1 ? "" : "-a";
+        int port = cfx_test_free_port();
+        cr_assert_gt(port, 0);
+        snprintf(cmd, sizeof(cmd),
+                 "CFX_TIMEOUT_MS=60000; export CFX_TIMEOUT_MS; "
+                 "timeout 120 %s/cfx_get_lat -p %d -t tcp -n 2 -w 1 %s >/dev/null 2>%s & srv=$!; "
+                 "timeout 120 %s/cfx_get_lat -p %d -t tcp -n 2 -w 1 %s 127.0.0.1 2>&1; st=$?; "
+                 "wait $srv; echo \"server exit $?\" >>%s; exit $st",
+                 CFX_BIN_DIR, port, srv_a, srv_path, CFX_BIN_DIR, port, cli_a, srv_path);
+        cr_log_info("%s", cmd);
+        int st = cfx_test_run_output(cmd, out, sizeof(out));
+        cfx_test_take_file(srv_path, srv, sizeof(srv));
+        if (k > 0) { /* -a on one side */
+            cr_assert_eq(st, 1, "server %s, client %s: client exit %d:\n%s", srv_a, cli_a, st,
+                         out);
+            cr_assert(strstr(out, "size mismatch") && strstr(out, "the same -s (and -a)"),
+                      "%s", out);
+            cr_assert(strstr(srv, "server exit 1"), "%s", srv);
+            continue;
+        }
+        cr_assert_eq(st, 0, "client exit %d:\n%s\nserver:\n%s", st, out, srv);
+        cr_assert(strstr(srv, "server exit 0"), "%s", srv);
+        size_t want = 2;
+        int rows = 0;
+        for (const char *l = strstr(out, "#bytes"); l && (l = strchr(l, '\n')); ) {
+            size_t bytes;
+            long iters;
+            l++;
+            if (sscanf(l, " %zu %ld ", &bytes, &iters) != 2)
+                continue; /* the rules */
+            cr_assert_eq(bytes, want, "row %d has %zu bytes, want %zu:\n%s", rows, bytes, want,
+                         out);
+            cr_assert_eq(iters, 2, "row of %zu bytes: %ld iterations:\n%s", bytes, iters, out);
+            want *= 2;
+            rows++;
+        }
+        cr_assert_eq(rows, 23, "%d rows, want 23 (2 bytes .. 8 MiB):\n%s", rows, out);
+    }
+    unlink(srv_path);
 }
 
 /* conflux-coord --metrics PORT: on loopback, announced on stdout, and it
