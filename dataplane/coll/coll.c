@@ -788,7 +788,9 @@ static int coll_exec_run(struct coll_exec *x)
     if (rc != CFX_OK) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", cfx_last_error());
-        coll_cleanup(x, disagree);
+        /* without headers (CFX_COLL_CHECK=0) the data is what tells a peer
+         * of the disagreement: its sends keep their grace */
+        coll_cleanup(x, disagree && (alongside || x->listen));
         cfx__err(rc, "%s", keep);
     }
     return rc;
