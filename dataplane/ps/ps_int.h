@@ -319,6 +319,7 @@ struct cfx_ps {
     uint16_t *owner_was;        /* server: map.owner as of the map before (where the state of
                                    a block that became ours comes from) */
     uint32_t owner_was_n;
+    uint32_t owner_was_version; /* ... the version of that map */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */

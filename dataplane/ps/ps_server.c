@@ -289,7 +289,7 @@ static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struc
         .clock = b ? b->version : 0,
         .held_ns = req->held_ns,
     };
-    if (status != CFX_OK && !b)
+    if (status != CFX_OK && !b && req->kind != PS_REQ_INIT)
         h.forwarded = awaited_from(ps, req->block);
     void *copy = NULL;
     size_t len = 0;
@@ -889,11 +889,14 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
 }
 
 /* Which server the state of each block this map gives us comes from: its
- * owner under the map before (a map fetched past versions names the owner
- * of the one we had; the state may then come through others). */
+ * owner under the map before (none known after a map that skipped
+ * versions). */
 static void note_sources(struct cfx_ps *ps)
 {
     const struct ps_map *m = &ps->map;
+    /* a map that skipped versions: the owner we knew may have handed the
+     * block on already, and its death says nothing of the state's way here */
+    const bool next = ps->owner_was_version + 1 == m->version;
     for (uint32_t i = 0; i < m->nblocks; i++) {
         struct ps_block *b = i < ps->nblocks_cap ? ps->blocks[i] : NULL;
         if (m->owner[i] != me(ps)) {
@@ -905,17 +908,17 @@ static void note_sources(struct cfx_ps *ps)
             continue;
         b = block_slot(ps, i, true);
         if (b && !(b->moved_to < 0 && b->param))
-            b->from = ps->owner_was[i] + 1u;
+            b->from = next ? ps->owner_was[i] + 1u : 0;
     }
-    if (!m->nblocks)
-        return;
     if (m->nblocks > ps->owner_was_n) {
         uint16_t *o = realloc(ps->owner_was, m->nblocks * sizeof(*o));
         if (!o)
-            return; /* the sources of blocks past owner_was_n stay unknown */
+            return; /* the next map's sources stay unknown (not the next version) */
         ps->owner_was = o;
     }
-    memcpy(ps->owner_was, m->owner, m->nblocks * sizeof(*m->owner));
+    if (m->nblocks)
+        memcpy(ps->owner_was, m->owner, m->nblocks * sizeof(*m->owner));
+    ps->owner_was_version = m->version;
     ps->owner_was_n = m->nblocks;
 }
 
