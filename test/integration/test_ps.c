@@ -25,13 +25,21 @@ static int status_of(int st)
     return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static int pstest(int n, const char *tp, const char *args)
+/* cfx_pstest on @p n ranks over @p tp, with @p env before cfx_run and
+ * @p run_opts to it (each "" for none); its exit status. */
+static int pstest_with(const char *env, int n, const char *tp, const char *run_opts,
+                       const char *args)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/cfx_run -n %d --transport %s --timeout 90 %s/cfx_pstest %s",
-             CFX_BIN_DIR, n, tp, CFX_BIN_DIR, args);
+    snprintf(cmd, sizeof(cmd), "%s %s/cfx_run -n %d --transport %s --timeout 90 %s %s/cfx_pstest "
+             "%s", env, CFX_BIN_DIR, n, tp, run_opts, CFX_BIN_DIR, args);
     cr_log_info("%s", cmd);
     return status_of(system(cmd));
+}
+
+static int pstest(int n, const char *tp, const char *args)
+{
+    return pstest_with("", n, tp, "", args);
 }
 
 struct tp_param {
@@ -212,14 +220,9 @@ ParameterizedTestParameters(ps, retire_after_handover)
  */
 ParameterizedTest(struct tp_param *p, ps, retire_after_handover, .timeout = 120)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "CFX_PS_TEST_MIGRATE_DELAY_MS=1500 CFX_PS_TEST_MIGRATE_SERVER=1 "
-             "%s/cfx_run -n 5 --transport %s --timeout 90 %s/cfx_pstest --servers 3 "
-             "--workers 2 --steps 60 --pace 20000 --remove-at 5:1 --wait-retired",
-             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    cr_log_info("%s", cmd);
-    int rc = status_of(system(cmd));
+    int rc = pstest_with("CFX_PS_TEST_MIGRATE_DELAY_MS=1500 CFX_PS_TEST_MIGRATE_SERVER=1", 5,
+                         p->tp, "", "--servers 3 --workers 2 --steps 60 --pace 20000 "
+                         "--remove-at 5:1 --wait-retired");
     cr_assert_eq(rc, 0, "server 1 slow to hand over its blocks, over %s: exited %d", p->tp, rc);
 }
 
@@ -239,15 +242,9 @@ ParameterizedTestParameters(ps, handover_lost)
  */
 ParameterizedTest(struct tp_param *p, ps, handover_lost, .timeout = 120)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "CFX_PS_TEST_MIGRATE_DIE=1 CFX_PS_TEST_MIGRATE_SERVER=1 "
-             "%s/cfx_run -n 5 --transport %s --timeout 90 --allow-fail 1 %s/cfx_pstest "
-             "--servers 3 --workers 2 --steps 60 --pace 20000 --remove-at 5:1 "
-             "--handover-lost 1",
-             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    cr_log_info("%s", cmd);
-    int rc = status_of(system(cmd));
+    int rc = pstest_with("CFX_PS_TEST_MIGRATE_DIE=1 CFX_PS_TEST_MIGRATE_SERVER=1", 5, p->tp,
+                         "--allow-fail 1", "--servers 3 --workers 2 --steps 60 --pace 20000 "
+                         "--remove-at 5:1 --handover-lost 1");
     cr_assert_eq(rc, 0, "server 1 died handing its blocks over, over %s: exited %d", p->tp, rc);
 }
 
@@ -262,13 +259,8 @@ ParameterizedTestParameters(ps, scheduler_lost)
  * exits 0; a rank that waits on instead is caught by cfx_run --timeout). */
 ParameterizedTest(struct tp_param *p, ps, scheduler_lost, .timeout = 120)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "%s/cfx_run -n 5 --transport %s --timeout 90 --allow-fail 0 %s/cfx_pstest "
-             "--servers 2 --workers 3 --steps 5000 --consistency asp --sched-dies-at 5",
-             CFX_BIN_DIR, p->tp, CFX_BIN_DIR);
-    cr_log_info("%s", cmd);
-    int rc = status_of(system(cmd));
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 0", "--servers 2 --workers 3 --steps 5000 "
+                         "--consistency asp --sched-dies-at 5");
     cr_assert_eq(rc, 0, "scheduler killed over %s: exited %d", p->tp, rc);
 }
 
