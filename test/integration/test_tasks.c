@@ -540,57 +540,47 @@ Test(tasks, replaced_when_its_node_dies)
     cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
 }
 
-Test(tasks, fails_naming_the_dead_node_when_its_input_went_with_it)
+/* The input is made on worker 1 and held nowhere else; the task reading it
+ * goes there and waits for "tasks/go", and worker 1 is killed (@p left
+ * false) or leaves in good order, its context destroyed: the destroy
+ * cancels that get and the task's end is not reported, so it goes as with
+ * a death.  The task fails naming the node and how it went. */
+static void input_went_with(bool left)
 {
-    /* the input is made on worker 1 and held nowhere else; the task reading
-     * it goes there, waits for "tasks/go", and worker 1 is killed */
     struct cfx_object_id in, r;
-    struct work_arg mk = { .make = 1, .seed = 5, .size = BIG };
-    cr_assert_eq(run("tasks/lost/in", NULL, 0, mk, wk[1].node), wk[1].node);
-    oid("tasks/lost/in", &in);
+    struct work_arg mk = { .make = 1, .seed = left ? 6 : 5, .size = BIG };
+    cr_assert_eq(run(left ? "tasks/left/in" : "tasks/lost/in", NULL, 0, mk, wk[1].node),
+                 wk[1].node);
+    oid(left ? "tasks/left/in" : "tasks/lost/in", &in);
     struct cfx_task_params p;
     struct cfx_task *t;
     struct work_arg a = { .wait_go = 1 };
-    oid("tasks/lost/r", &r);
-    cr_assert_eq(cfx_task_submit(ctx, "work", &in, 1, &r, 1, NULL, targ(&p, &a), &t), CFX_OK,
-                 "%s", cfx_last_error());
-    cr_assert_eq(cfx_task_node(t), wk[1].node);
-    uint32_t dead = wk[1].node;
-    worker_kill(&wk[1]);
-    uint32_t ran = 0;
-    cr_assert_eq(cfx_task_wait(t, CALL_MS, &ran), CFX_ERR_PEER_FAILED);
-    char want[32];
-    snprintf(want, sizeof(want), "node %u died", dead);
-    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
-    cfx_task_free(t);
-}
-
-Test(tasks, fails_naming_the_node_that_left_with_its_input)
-{
-    /* as above, but worker 1 leaves in good order (its context destroyed)
-     * while the task waits for "tasks/go": the destroy cancels that get and
-     * the task's end is not reported, so it goes as with a death, and the
-     * text says the node left */
-    struct cfx_object_id in, r;
-    struct work_arg mk = { .make = 1, .seed = 6, .size = BIG };
-    cr_assert_eq(run("tasks/left/in", NULL, 0, mk, wk[1].node), wk[1].node);
-    oid("tasks/left/in", &in);
-    struct cfx_task_params p;
-    struct cfx_task *t;
-    struct work_arg a = { .wait_go = 1 };
-    oid("tasks/left/r", &r);
+    oid(left ? "tasks/left/r" : "tasks/lost/r", &r);
     cr_assert_eq(cfx_task_submit(ctx, "work", &in, 1, &r, 1, NULL, targ(&p, &a), &t), CFX_OK,
                  "%s", cfx_last_error());
     cr_assert_eq(cfx_task_node(t), wk[1].node);
     uint32_t gone = wk[1].node;
-    worker_end(&wk[1]);
+    if (left)
+        worker_end(&wk[1]);
+    else
+        worker_kill(&wk[1]);
     uint32_t ran = 0;
     cr_assert_eq(cfx_task_wait(t, CALL_MS, &ran), CFX_ERR_PEER_FAILED);
     char want[48];
-    snprintf(want, sizeof(want), "node %u left while it ran there", gone);
+    snprintf(want, sizeof(want), "node %u %s while it ran there", gone, left ? "left" : "died");
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     cr_assert_eq(ran, gone);
     cfx_task_free(t);
+}
+
+Test(tasks, fails_naming_the_dead_node_when_its_input_went_with_it)
+{
+    input_went_with(false);
+}
+
+Test(tasks, fails_naming_the_node_that_left_with_its_input)
+{
+    input_went_with(true);
 }
 
 Test(tasks, chain_of_results)
