@@ -87,6 +87,9 @@ struct cfx_tp_ep {
     int status;                       /* sticky: CFX_OK until the ep fails */
     void *user;                       /* owned by the engine */
     char peer_name[64];               /* "node 3 (127.0.0.1:4321)" for messages */
+    const char *why;                  /* NULL, or a static text: why the transport failed it
+                                         where the status alone does not say (shm: the peer
+                                         is another user), for the engine's messages */
 };
 
 struct cfx_tp_mr {

@@ -238,8 +238,9 @@ bool cfx__conn_fallback(struct cfx_conn *conn, int status)
         return false;
 
     int old_tp = conn->tp;
-    CFX_LOG(WARN, CONN, "node %u: connecting to %s failed (%s); trying the next transport",
-            ctx->node_id, conn->name, cfx_errname(status));
+    CFX_LOG(WARN, CONN, "node %u: connecting to %s failed (%s%s%s); trying the next transport",
+            ctx->node_id, conn->name, cfx_errname(status), conn->ep && conn->ep->why ? ": " : "",
+            conn->ep && conn->ep->why ? conn->ep->why : "");
     ctx->tp[old_tp].ops->ep_close(conn->ep);
     conn->ep = NULL;
     ctx->conn_gen++; /* completions of the old endpoint in this batch are stale */

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -255,14 +256,19 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
     case CFX_TP_COMP_CONNECTED:
         cfx__conn_connected(conn);
         break;
-    case CFX_TP_COMP_EP_ERROR:
+    case CFX_TP_COMP_EP_ERROR: {
         /* a connect that failed tries the next transport both sides share */
         if (conn->state == CFX_CONN_CONNECTING &&
             cfx__conn_fallback(conn, c->status ? c->status : CFX_ERR_CONNECT))
             break;
-        cfx__conn_fail(conn, c->status ? c->status : CFX_ERR_PEER_FAILED,
-                       "transport reported the endpoint failed");
+        const char *why = conn->ep ? conn->ep->why : NULL;
+        char text[160] = "transport reported the endpoint failed";
+        if (why)
+            snprintf(text, sizeof(text), "the %s transport refused the peer: %s",
+                     ctx->tp[conn->tp].ops->name, why);
+        cfx__conn_fail(conn, c->status ? c->status : CFX_ERR_PEER_FAILED, text);
         break;
+    }
     }
 }
 

@@ -213,6 +213,7 @@ static void send_hello(struct cfx__shm_ep *ep)
          * reach it, and the engine tries the next transport (tcp asks
          * for the token) */
         log_refused(iface, ep, why);
+        ep->super.why = why;
         cfx__shm_ep_fail(ep, CFX_ERR_CONNECT, false);
         return;
     }
