@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -269,4 +270,13 @@ uint64_t cfx__random_u64(void)
     if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
         v = (uint64_t)cfx__random_u32() << 32 | cfx__random_u32();
     return v ? v : 1;
+}
+
+int cfx__mask_check(uint64_t mask, uint64_t known, const char *what, const char *field)
+{
+    uint64_t unknown = mask & ~known;
+    if (likely(!unknown))
+        return CFX_OK;
+    return cfx__err(CFX_ERR_UNSUPPORTED, "%s: %s has bits %#" PRIx64 " this library does not "
+                    "know (conflux %s)", what, field, unknown, CFX_VERSION_STRING);
 }

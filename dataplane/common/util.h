@@ -116,6 +116,14 @@ void cfx__err_clear(void);
 /* Map an errno value to a status (the one place errno is translated). */
 int cfx__status_from_errno(int err);
 
+/* A public params struct's field_mask against the bits this library knows
+ * (@p known: the header's CFX_*_ALL): CFX_OK, or CFX_ERR_UNSUPPORTED naming
+ * the call @p what, the @p field ("cfx_obj_params.field_mask"), the unknown
+ * bits and this library's version, so that a caller built against a newer
+ * header that sets a field this library lacks hears so instead of the
+ * field being ignored. */
+int cfx__mask_check(uint64_t mask, uint64_t known, const char *what, const char *field);
+
 /* Parse "host:port" (IPv4 or name) into a sockaddr_in.  CFX_OK / CFX_ERR_INVALID. */
 struct sockaddr_in;
 int cfx__parse_hostport(const char *s, struct sockaddr_in *out);

@@ -507,6 +507,10 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx__err_clear();
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "cfx_context_create: out is NULL");
+    rc = cfx__mask_check(params ? params->field_mask : 0, CFX_CTX_PARAM_ALL, "cfx_context_create",
+                         "cfx_context_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return cfx__err(CFX_ERR_NOMEM, "cfx_context_create: out of memory");

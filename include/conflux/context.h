@@ -54,9 +54,16 @@ enum cfx_context_param_field {
     CFX_CTX_PARAM_BIND_ADDR  = 1u << 6, /* IP address the data plane listens on */
     CFX_CTX_PARAM_SECURE     = 1u << 7, /* sealing of control and tcp connections */
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_CTX_PARAM_ALL                                                               \
+    ((uint64_t)(CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS |  \
+                CFX_CTX_PARAM_CHUNK_SIZE | CFX_CTX_PARAM_TIMEOUT | CFX_CTX_PARAM_NAME | \
+                CFX_CTX_PARAM_BIND_ADDR | CFX_CTX_PARAM_SECURE))
 
 struct cfx_context_params {
-    uint64_t field_mask;    /* which of the fields below are set */
+    uint64_t field_mask;    /* which of the fields below are set (CFX_CTX_PARAM_*); a
+                             * bit this library does not know: CFX_ERR_UNSUPPORTED */
     const char *coord;      /* "host:port"; default $CFX_COORD */
     const char *token;      /* cluster token; default $CFX_TOKEN or $CFX_TOKEN_FILE */
     const char *transports; /* comma list, e.g. "tcp"; default $CFX_TRANSPORT or

@@ -112,6 +112,31 @@ Test(context, wrong_token_refused)
               cfx_last_error());
 }
 
+/* A field_mask bit this library does not know (a field of a newer header)
+ * is refused with CFX_ERR_UNSUPPORTED naming the bits, before anything is
+ * done: no node joins.  It was ignored, and the context joined. */
+Test(context, unknown_field_bit_is_refused)
+{
+    uint32_t joined0, joined, alive;
+    cfx__coord_member_counts(coord, &joined0, &alive);
+    struct cfx_context *c = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | (1ull << 40),
+        .coord = coord_addr, .token = token,
+    };
+    int rc = cfx_context_create(&p, &c);
+    cr_assert_eq(rc, CFX_ERR_UNSUPPORTED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(c);
+    cr_assert(strstr(cfx_last_error(), "cfx_context_create: cfx_context_params.field_mask has "
+                     "bits 0x10000000000 this library does not know (conflux "
+                     CFX_VERSION_STRING ")"), "%s", cfx_last_error());
+    cfx__coord_member_counts(coord, &joined, &alive);
+    cr_assert_eq(joined, joined0, "a node joined");
+    p.field_mask &= CFX_CTX_PARAM_ALL;
+    cr_assert_eq(cfx_context_create(&p, &c), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(c);
+}
+
 Test(context, no_coordinator)
 {
     struct cfx_context *a = NULL;
