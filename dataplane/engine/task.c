@@ -523,6 +523,9 @@ static int task_msg(const char *what, const char *name, const struct cfx_object_
 {
     uint64_t f = needs ? needs->field_mask : 0;
 
+    int rc = cfx__mask_check(f, CFX_TASK_NEEDS_ALL, what, "cfx_task_needs.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     if (n_inputs > CFX_TASK_IO_MAX || n_results > CFX_TASK_IO_MAX ||
         (n_inputs && !inputs) || (n_results && !results))
         return cfx__err(CFX_ERR_INVALID, "%s: %zu inputs and %zu results (at most %d each)",
@@ -584,6 +587,10 @@ int cfx_task_submit(struct cfx_context *ctx, const char *name,
         *out = NULL;
     if (!ctx)
         return cfx__err(CFX_ERR_INVALID, "cfx_task_submit: NULL context");
+    rc = cfx__mask_check(params ? params->field_mask : 0, CFX_TASK_PARAM_ALL, "cfx_task_submit",
+                         "cfx_task_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     rc = name_check(name, "cfx_task_submit");
     if (rc != CFX_OK)
         return rc;

@@ -115,6 +115,12 @@ enum cfx_task_needs_field {
     CFX_TASK_NEEDS_GROUP   = 1u << 5,
     CFX_TASK_NEEDS_RESERVE = 1u << 6,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_TASK_NEEDS_ALL                                                            \
+    ((uint64_t)(CFX_TASK_NEEDS_CORES | CFX_TASK_NEEDS_MEMORY | CFX_TASK_NEEDS_GPUS |  \
+                CFX_TASK_NEEDS_NODES | CFX_TASK_NEEDS_POLICY | CFX_TASK_NEEDS_GROUP | \
+                CFX_TASK_NEEDS_RESERVE))
 
 enum cfx_task_policy {
     CFX_TASK_SPREAD = 0, /* among equally local nodes, the least loaded (default) */
@@ -123,7 +129,9 @@ enum cfx_task_policy {
 
 /** A task's needs; unset fields: 1 core, no memory, no GPU, any node, spread. */
 struct cfx_task_needs {
-    uint64_t field_mask;                /* which fields are set */
+    uint64_t field_mask;                /* which fields are set (CFX_TASK_NEEDS_*); a bit
+                                           this library does not know:
+                                           CFX_ERR_UNSUPPORTED */
     uint32_t cores;                     /* cores it keeps busy (reserved while it runs) */
     uint64_t memory;                    /* bytes of memory it needs */
     uint32_t gpus;                      /* GPUs it needs */
@@ -142,9 +150,13 @@ enum cfx_task_param_field {
     CFX_TASK_PARAM_TIMEOUT = 1u << 0,
     CFX_TASK_PARAM_ARG     = 1u << 1,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_TASK_PARAM_ALL ((uint64_t)(CFX_TASK_PARAM_TIMEOUT | CFX_TASK_PARAM_ARG))
 
 struct cfx_task_params {
-    uint64_t field_mask;    /* which fields are set */
+    uint64_t field_mask;    /* which fields are set (CFX_TASK_PARAM_*); a bit this
+                               library does not know: CFX_ERR_UNSUPPORTED */
     int timeout_ms;         /* the task's deadline from submission (queueing and
                                running); default the context's; < 0: none */
     const void *arg;        /* bytes handed to the function (copied) */

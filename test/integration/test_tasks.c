@@ -504,6 +504,43 @@ Test(tasks, reservation_out_of_range_is_refused)
     cr_assert(worker, "placed on node %u, not a worker", node);
 }
 
+/* A field_mask bit this library does not know (a field of a newer header),
+ * in a task's needs or params, is refused with CFX_ERR_UNSUPPORTED naming
+ * the bits, and nothing runs: the task's result never appears.  The bit was
+ * ignored: the task ran and the query answered. */
+Test(tasks, unknown_field_bits_are_refused)
+{
+    const uint64_t newer = 1ull << 40;
+    struct cfx_object_id r;
+    struct cfx_task_params p;
+    struct work_arg a = { .make = 1, .seed = 9, .size = 64 };
+    struct cfx_task_needs nd = { .field_mask = CFX_TASK_NEEDS_CORES | newer, .cores = 1 };
+    struct cfx_task *t = NULL;
+    uint32_t node = 0;
+    oid("tasks/newer/r", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &nd, targ(&p, &a), &t),
+                 CFX_ERR_UNSUPPORTED, "%s", cfx_last_error());
+    cr_assert_null(t);
+    cr_assert(strstr(cfx_last_error(), "cfx_task_submit: cfx_task_needs.field_mask has bits "
+                     "0x10000000000 this library does not know"), "%s", cfx_last_error());
+    targ(&p, &a);
+    p.field_mask |= newer;
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, NULL, &p, &t), CFX_ERR_UNSUPPORTED,
+                 "%s", cfx_last_error());
+    cr_assert_null(t);
+    cr_assert(strstr(cfx_last_error(), "cfx_task_submit: cfx_task_params.field_mask has bits "
+                     "0x10000000000 this library does not know"), "%s", cfx_last_error());
+    cr_assert_eq(cfx_place(ctx, "work", &nd, NULL, 0, &node), CFX_ERR_UNSUPPORTED, "%s",
+                 cfx_last_error());
+    cr_assert_eq(node, 0);
+    cr_assert(strstr(cfx_last_error(), "cfx_place: cfx_task_needs.field_mask has bits "
+                     "0x10000000000 this library does not know"), "%s", cfx_last_error());
+    struct cfx_obj_params wait = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
+    uint8_t b[64];
+    int rc = cfx_get(ctx, &r, b, sizeof(b), NULL, &wait);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
+}
+
 Test(tasks, replaced_when_its_node_dies)
 {
     /* a task waiting for "tasks/go", its input inline (held by the
