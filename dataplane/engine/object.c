@@ -135,10 +135,15 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
 {
     char hex[CFX_OBJECT_ID_HEX_LEN];
     uint64_t deadline;
+    int rc;
 
     cfx__err_clear();
     if (!ctx || !id)
         return cfx__err(CFX_ERR_INVALID, "cfx_delete: NULL %s", !ctx ? "context" : "id");
+    rc = cfx__mask_check(params ? params->field_mask : 0, CFX_OBJ_PARAM_ALL, "cfx_delete",
+                         "cfx_obj_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     cfx_object_id_to_hex(id, hex);
     deadline = cfx__deadline_ns(obj_timeout(ctx, params));
 
@@ -172,7 +177,7 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     bool announced = obj->announced;
     pthread_mutex_unlock(&ctx->lock);
 
-    int rc = CFX_OK;
+    rc = CFX_OK;
     if (announced)
         rc = end ? cfx__ctl_obj_delete(ctx->ctl, id, deadline)
                  : cfx__ctl_obj_drop(ctx->ctl, id, deadline);

@@ -30,11 +30,16 @@ static inline int check_memtype(enum cfx_memtype mt, const char *what)
 #define CFX_OBJ_FLAGS_KNOWN \
     (CFX_OBJ_FLAG_NO_INLINE | CFX_OBJ_FLAG_NO_KEEP | CFX_OBJ_FLAG_ALLREDUCE)
 
-/* The params a call takes: its memory type usable here (check_memtype), and
- * no flag this library does not know (a caller's typo or a newer library's
- * flag is an error, not ignored). */
+/* The params a call takes: no field this library does not know
+ * (CFX_ERR_UNSUPPORTED: a newer header's field is not ignored), its memory
+ * type usable here (check_memtype), and no flag this library does not know
+ * (a caller's typo or a newer library's flag is an error, not ignored). */
 static inline int check_params(const struct cfx_obj_params *p, const char *what)
 {
+    int rc = cfx__mask_check(p ? p->field_mask : 0, CFX_OBJ_PARAM_ALL, what,
+                             "cfx_obj_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     if (p && (p->field_mask & CFX_OBJ_PARAM_FLAGS) && (p->flags & ~(uint64_t)CFX_OBJ_FLAGS_KNOWN))
         return cfx__err(CFX_ERR_INVALID, "%s: unknown flags %#llx", what,
                         (unsigned long long)(p->flags & ~(uint64_t)CFX_OBJ_FLAGS_KNOWN));

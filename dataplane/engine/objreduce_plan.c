@@ -638,6 +638,13 @@ static int reduce_call(struct cfx_context *ctx, const struct cfx_object_id *inpu
     cfx__err_clear();
     if (!ctx || !inputs || !result)
         return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: NULL argument");
+    uint64_t m = params ? params->field_mask : 0;
+    rc = cfx__mask_check(m, CFX_OBJ_PARAM_ALL, "cfx_reduce_objects", "cfx_obj_params.field_mask");
+    if (rc == CFX_OK && (m & CFX_OBJ_PARAM_PLACE) && params->place)
+        rc = cfx__mask_check(params->place->field_mask, CFX_TASK_NEEDS_ALL, "cfx_reduce_objects",
+                             "cfx_task_needs.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     if (n == 0 || n > MAX_INPUTS || k == 0 || k > n)
         return cfx__err(CFX_ERR_INVALID, "cfx_reduce_objects: need 1 <= k <= n <= %d "
                         "(k = %zu, n = %zu)", MAX_INPUTS, k, n);

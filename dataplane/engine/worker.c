@@ -127,6 +127,10 @@ int cfx_put_nb(struct cfx_context *ctx, const struct cfx_object_id *id, const vo
     cfx__err_clear();
     if (!ctx || !id || !req || (!buf && size))
         return cfx__err(CFX_ERR_INVALID, "cfx_put_nb: NULL argument");
+    int rc = cfx__mask_check(params ? params->field_mask : 0, CFX_OBJ_PARAM_ALL, "cfx_put_nb",
+                             "cfx_obj_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     return submit(ctx, CFX_REQ_PUT, id, (void *)buf, size, params, req);
 }
 
@@ -136,6 +140,10 @@ int cfx_get_nb(struct cfx_context *ctx, const struct cfx_object_id *id, void *bu
     cfx__err_clear();
     if (!ctx || !id || !req || (!buf && capacity))
         return cfx__err(CFX_ERR_INVALID, "cfx_get_nb: NULL argument");
+    int rc = cfx__mask_check(params ? params->field_mask : 0, CFX_OBJ_PARAM_ALL, "cfx_get_nb",
+                             "cfx_obj_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     return submit(ctx, CFX_REQ_GET, id, buf, capacity, params, req);
 }
 

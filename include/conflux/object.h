@@ -113,6 +113,11 @@ enum cfx_obj_param_field {
     CFX_OBJ_PARAM_FLAGS      = 1u << 3,
     CFX_OBJ_PARAM_PLACE      = 1u << 4,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_OBJ_PARAM_ALL                                                                  \
+    ((uint64_t)(CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_MEMTYPE | CFX_OBJ_PARAM_CHUNK_SIZE | \
+                CFX_OBJ_PARAM_FLAGS | CFX_OBJ_PARAM_PLACE))
 
 enum cfx_obj_flags {
     /* put: serve the object through the data plane even when it is small
@@ -133,7 +138,8 @@ struct cfx_task_needs; /* conflux/task.h */
 #define CFX_CHUNK_SIZE_MAX (64u * 1024 * 1024)
 
 struct cfx_obj_params {
-    uint64_t field_mask;          /* which fields are set */
+    uint64_t field_mask;          /* which fields are set (CFX_OBJ_PARAM_*); a bit this
+                                   * library does not know: CFX_ERR_UNSUPPORTED */
     int timeout_ms;               /* deadline; default the context's; <0 = forever; 0 (or
                                    * less than a round trip to the coordinator): a get
                                    * finds only a copy held on this node */

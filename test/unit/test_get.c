@@ -1057,3 +1057,86 @@ Test(get, timeout_zero_finds_only_a_copy_held_here)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/* The text of a refusal of field_mask bit 40 by @p call for @p field. */
+static void expect_unknown_bit(const char *call, const char *field)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "%s: %s has bits 0x10000000000 this library does not know "
+             "(conflux %s)", call, field, CFX_VERSION_STRING);
+    cr_assert(strstr(cfx_last_error(), want), "%s: %s", call, cfx_last_error());
+}
+
+/* A field_mask bit this library does not know (a field of a newer header)
+ * fails every object call with CFX_ERR_UNSUPPORTED naming the bits, before
+ * the call does anything.  The bit was ignored: a put with it returned
+ * CFX_OK and published the object. */
+Test(get, unknown_field_bits_are_refused)
+{
+    const size_t size = 300000;
+    struct cfx_context *a, *b;
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    struct cfx_object_id id, res;
+    cfx_object_id_generate(a, &id);
+    cfx_object_id_generate(a, &res);
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    cfx_test_fill(src, size, 7);
+    const uint64_t newer = 1ull << 40;
+    struct cfx_obj_params bad = { .field_mask = CFX_OBJ_PARAM_TIMEOUT | newer,
+                                  .timeout_ms = 5000 };
+    struct cfx_obj_params wait = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 300 };
+    struct cfx_request *req = NULL;
+    const char *field = "cfx_obj_params.field_mask";
+
+    cr_assert_eq(cfx_put(a, &id, src, size, &bad), CFX_ERR_UNSUPPORTED, "%s", cfx_last_error());
+    expect_unknown_bit("cfx_put", field);
+    cr_assert_eq(cfx_put_nb(a, &id, src, size, &bad, &req), CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_put_nb", field);
+    cr_assert_null(req);
+    /* nothing was put: the other node waits for it in vain, and the id is free */
+    int rc = cfx_get(b, &id, buf, size, NULL, &wait);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    /* gets of it: nothing lands, no request, no buffer */
+    memset(buf, 0xA5, size);
+    cr_assert_eq(cfx_get(b, &id, buf, size, NULL, &bad), CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_get", field);
+    cr_assert_eq(cfx_get_nb(b, &id, buf, size, &bad, &req), CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_get_nb", field);
+    cr_assert_null(req);
+    void *alloc = NULL;
+    cr_assert_eq(cfx_get_alloc(b, &id, &alloc, NULL, &bad), CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_get_alloc", field);
+    cr_assert_null(alloc);
+    for (size_t j = 0; j < size; j++)
+        cr_assert_eq(buf[j], 0xA5, "byte %zu written", j);
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(b, &st), CFX_OK);
+    cr_assert_eq(st.bytes_received, 0, "%llu bytes moved", (unsigned long long)st.bytes_received);
+
+    /* a reduce, its own params or its placement's needs: no result */
+    struct cfx_task_needs place = { .field_mask = CFX_TASK_NEEDS_MEMORY | newer, .memory = 1 };
+    struct cfx_obj_params placed = { .field_mask = CFX_OBJ_PARAM_PLACE, .place = &place };
+    cr_assert_eq(cfx_reduce_objects(b, &id, 1, 1, CFX_DTYPE_U8, CFX_OP_SUM, &res, &bad, NULL),
+                 CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_reduce_objects", field);
+    cr_assert_eq(cfx_reduce_objects(b, &id, 1, 1, CFX_DTYPE_U8, CFX_OP_SUM, &res, &placed, NULL),
+                 CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_reduce_objects", "cfx_task_needs.field_mask");
+    rc = cfx_get(a, &res, buf, size, NULL, &wait);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
+
+    /* a delete: the object stays */
+    cr_assert_eq(cfx_delete(a, &id, &bad), CFX_ERR_UNSUPPORTED);
+    expect_unknown_bit("cfx_delete", field);
+    cr_assert_eq(cfx_get(b, &id, buf, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(buf, size, 7), (size_t)-1, "wrong bytes");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(src);
+    free(buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
