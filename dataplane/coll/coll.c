@@ -897,6 +897,9 @@ static int run_schedule(struct coll_exec *x)
 int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *what)
 {
     const uint64_t m = a->params.field_mask;
+    int rc = cfx__mask_check(m, CFX_COLL_PARAM_ALL, what, "cfx_coll_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     if ((m & CFX_COLL_PARAM_TIMEOUT) && a->params.timeout_ms < 1)
         return cfx__err(CFX_ERR_INVALID, "%s: timeout %d ms: every call has a deadline "
                         "(>= 1 ms)", what, a->params.timeout_ms);
@@ -918,7 +921,7 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
         if ((int)mt < 0 || mt >= CFX_MEMTYPE_LAST)
             return cfx__err(CFX_ERR_INVALID, "%s: unknown memory type %d", what, (int)mt);
         /* built without CUDA: UNSUPPORTED; no driver or device: NO_DEVICE */
-        int rc = cfx__memtype_require(mt, what);
+        rc = cfx__memtype_require(mt, what);
         if (rc != CFX_OK)
             return rc;
     }

@@ -408,7 +408,8 @@ const char *cfx__coll_kind_name(enum coll_kind kind);
  * two children of @p rank in tree @p t (0 or 1) of @p n ranks; -1 = none. */
 void cfx__coll_dtree(int n, int rank, int t, int *parent, int *child0, int *child1);
 
-/* Local checks of a call's arguments (before anything is sent or queued). */
+/* Local checks of a call's arguments (before anything is sent or queued), a
+ * field_mask bit this library does not know first (CFX_ERR_UNSUPPORTED). */
 int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *what);
 
 /* ---- group.c --------------------------------------------------------------------- */

@@ -667,7 +667,11 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_group_create: NULL argument");
     *out = NULL;
-    int rc = cfx__ctx_enter(ctx, "cfx_group_create");
+    int rc = cfx__mask_check(params ? params->field_mask : 0, CFX_GROUP_PARAM_ALL,
+                             "cfx_group_create", "cfx_group_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
+    rc = cfx__ctx_enter(ctx, "cfx_group_create");
     if (rc != CFX_OK)
         return rc;
     rc = group_create(ctx, params, out);
@@ -942,6 +946,10 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
         return cfx__err(CFX_ERR_INVALID, "group %s %s: peer %d is not another rank of %d",
                         g->name, what, peer, g->size);
     uint64_t m = params ? params->field_mask : 0;
+    int rc = cfx__mask_check(m, CFX_COLL_PARAM_ALL, send ? "cfx_group_send" : "cfx_group_recv",
+                             "cfx_coll_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     enum cfx_memtype mt = (m & CFX_COLL_PARAM_MEMTYPE) ? params->memtype : CFX_MEMTYPE_HOST;
     int timeout = (m & CFX_COLL_PARAM_TIMEOUT) ? params->timeout_ms : g->timeout_ms;
     if (cfx__fork_gen() != g->fork_gen)
@@ -950,9 +958,9 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
                         what);
     /* group_enter and the wait for queued collectives in one hold */
     pthread_mutex_lock(&g->lock);
-    int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",
-                                  what, g->name)
-                       : cfx__ctx_enter(g->ctx, what);
+    rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed", what,
+                              g->name)
+                   : cfx__ctx_enter(g->ctx, what);
     while (rc == CFX_OK && !cfx_list_empty(&g->queue))
         pthread_cond_wait(&g->cond, &g->lock);
     pthread_mutex_unlock(&g->lock);

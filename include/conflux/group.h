@@ -50,9 +50,15 @@ enum cfx_group_param_field {
     CFX_GROUP_PARAM_SIZE    = 1u << 2,
     CFX_GROUP_PARAM_TIMEOUT = 1u << 3,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_GROUP_PARAM_ALL                                                          \
+    ((uint64_t)(CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE | \
+                CFX_GROUP_PARAM_TIMEOUT))
 
 struct cfx_group_params {
-    uint64_t field_mask;   /* which fields are set */
+    uint64_t field_mask;   /* which fields are set (CFX_GROUP_PARAM_*); a bit this
+                              library does not know: CFX_ERR_UNSUPPORTED */
     const char *name;      /* group name, unique among live groups; default "world" */
     int rank;              /* this process's rank; default from the environment */
     int size;              /* number of ranks; default from the environment */
@@ -110,9 +116,16 @@ enum cfx_coll_param_field {
     CFX_COLL_PARAM_MEMTYPE = 1u << 2,
     CFX_COLL_PARAM_STREAM  = 1u << 3,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_COLL_PARAM_ALL                                                              \
+    ((uint64_t)(CFX_COLL_PARAM_TIMEOUT | CFX_COLL_PARAM_ALGO | CFX_COLL_PARAM_MEMTYPE | \
+                CFX_COLL_PARAM_STREAM))
 
 struct cfx_coll_params {
-    uint64_t field_mask;      /* which fields are set */
+    uint64_t field_mask;      /* which fields are set (CFX_COLL_PARAM_*); a bit this
+                                 library does not know: CFX_ERR_UNSUPPORTED, refused as
+                                 bad arguments are (the other ranks hear it) */
     int timeout_ms;           /* deadline of this call, >= 1 (else CFX_ERR_INVALID) */
     enum cfx_algo algo;       /* force an algorithm (else $CFX_ALGO, else auto) */
     enum cfx_memtype memtype; /* memory type of the buffers (default host) */
