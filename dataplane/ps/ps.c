@@ -464,11 +464,14 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     cfx__err_clear();
     if (!ctx || !out)
         return cfx__err(CFX_ERR_INVALID, "cfx_ps_create: NULL argument");
+    int rc = cfx__mask_check(params ? params->field_mask : 0, CFX_PS_PARAM_ALL, "cfx_ps_create",
+                             "cfx_ps_params.field_mask");
+    if (rc != CFX_OK)
+        return rc;
     struct cfx_ps *ps = calloc(1, sizeof(*ps));
     if (!ps)
         return cfx__err(CFX_ERR_NOMEM, "cfx_ps_create: out of memory");
     ps->fork_gen = cfx__fork_gen();
-    int rc;
     defaults(&ps->params, params, ctx);
     if ((rc = validate(&ps->params, params ? params->field_mask : 0)) != CFX_OK)
         goto err_free;

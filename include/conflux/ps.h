@@ -82,6 +82,14 @@ enum cfx_ps_param_field {
     CFX_PS_PARAM_MEMTYPE     = 1u << 12,
     CFX_PS_PARAM_STREAM      = 1u << 13,
 };
+/* The fields this library knows: a field_mask bit outside them (a field of a
+ * newer header) fails the call with CFX_ERR_UNSUPPORTED, not ignored. */
+#define CFX_PS_PARAM_ALL                                                                      \
+    ((uint64_t)(CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |                   \
+                CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |                         \
+                CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_STALENESS | CFX_PS_PARAM_BLOCK_SIZE | \
+                CFX_PS_PARAM_OPTIMIZER | CFX_PS_PARAM_TIMEOUT | CFX_PS_PARAM_BALANCE |        \
+                CFX_PS_PARAM_STANDBY | CFX_PS_PARAM_MEMTYPE | CFX_PS_PARAM_STREAM))
 
 /* Optimizer hyper-parameters (server side).  g is the aggregated gradient:
  * grad_scale times the sum of the round's pushes (BSP) or one push (SSP,
@@ -110,7 +118,9 @@ struct cfx_ps_balance {
 };
 
 struct cfx_ps_params {
-    uint64_t field_mask;                 /* which fields are set */
+    uint64_t field_mask;                 /* which fields are set (CFX_PS_PARAM_*); a bit
+                                            this library does not know:
+                                            CFX_ERR_UNSUPPORTED */
     const char *job;                     /* job name; default "ps" */
     enum cfx_ps_role role;               /* default from $CFX_PS_ROLE (worker or server;
                                             another value: CFX_ERR_INVALID), else WORKER */

@@ -87,6 +87,33 @@ Test(ps_create, worker_alone_names_the_missing_scheduler)
               "%s", cfx_last_error());
 }
 
+/* A field_mask bit this library does not know (a field of a newer header)
+ * is refused at once with CFX_ERR_UNSUPPORTED naming the bits, and nothing
+ * is announced: a worker of the job finds no scheduler.  The bit was
+ * ignored, and the server waited for its worker until its deadline. */
+Test(ps_create, unknown_field_bit_is_refused)
+{
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_NUM_WORKERS |
+                      CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT | (1ull << 40),
+        .job = "newer",
+        .role = CFX_PS_SERVER,
+        .num_workers = 1,
+        .num_servers = 1,
+        .timeout_ms = 300,
+    };
+    struct cfx_ps *ps = NULL;
+    int rc = cfx_ps_create(ctx, &pp, &ps);
+    cr_assert_eq(rc, CFX_ERR_UNSUPPORTED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(ps);
+    cr_assert(strstr(cfx_last_error(), "cfx_ps_create: cfx_ps_params.field_mask has bits "
+                     "0x10000000000 this library does not know"), "%s", cfx_last_error());
+    rc = create_in(ctx, "newer", CFX_PS_WORKER, 0, 300, &ps);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "job newer: server 0 (the scheduler) did not announce"),
+              "%s", cfx_last_error());
+}
+
 /* ---- a BSP round that one worker holds ----------------------------------------- */
 
 struct member {
