@@ -1000,6 +1000,28 @@ static int coll_run_dev(struct coll_exec *x)
  * this rank in the call is dropped without a warning (g->quiet).  Returns
  * @p rc with its text.
  */
+/* The schedule the others run for @p a, when this rank's arguments name one
+ * (a kind, dtype, count, root and forced algorithm the check passes; a NULL
+ * buffer, say, or a cancel): the news of the refusal follows its edges. */
+static bool refused_sched(const struct cfx_group *g, const struct coll_args *a,
+                          enum cfx_algo *algo)
+{
+    if (a->kind < COLL_BARRIER || a->kind >= COLL_KIND_LAST)
+        return false;
+    size_t esz = a->kind == COLL_BARRIER ? 1 : cfx_dtype_size(a->dtype);
+    if (!esz || a->count > SIZE_MAX / esz / (size_t)g->size ||
+        (coll_has_root(a->kind) && (a->root < 0 || a->root >= g->size)))
+        return false;
+    enum cfx_algo forced = CFX_ALGO_AUTO;
+    if (a->params.field_mask & CFX_COLL_PARAM_ALGO) {
+        forced = a->params.algo;
+        if ((int)forced < 0 || forced >= CFX_ALGO_LAST)
+            return false;
+    }
+    *algo = cfx__coll_choose(g, a->kind, vector_bytes(a, esz, g->size), forced);
+    return true;
+}
+
 static int coll_refused(struct cfx_group *g, const struct coll_args *a, const char *what, int rc)
 {
     if (g->size < 2 || !g->chan_chk) /* alone, or the joining barrier */
@@ -1025,6 +1047,7 @@ static int coll_refused(struct cfx_group *g, const struct coll_args *a, const ch
         .blame_via = -1,
         .blame_status = rc,
     };
+    x.sched_unknown = !refused_sched(g, a, &x.algo);
     cfx__coll_gave_up(&x, rc);
     pthread_mutex_lock(&g->ctx->lock);
     g->quiet = true;

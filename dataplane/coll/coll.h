@@ -309,7 +309,9 @@ struct coll_exec {
     int blame_via;              /* the rank that told us, -1 */
     int32_t blame_status;       /* its status of the call, 0: ours */
     int gave_rank;              /* a rank whose news that it gave up the call stopped a wait */
-    bool gave_told;             /* our news went to every rank */
+    bool gave_told;             /* our news went to our edges (or every rank) */
+    bool sched_unknown;         /* no schedule: refused arguments that name none; the news
+                                 * goes to every rank */
     bool canceled;              /* a wait stopped: the call's request was canceled */
     struct coll_chk_msg gave_msg;
     int failed_h;               /* a wait stopped: 1 + the handle of a message of the call
@@ -395,6 +397,23 @@ int cfx__coll_gather_direct(struct coll_exec *x, const void *s, void *r, int roo
 int cfx__coll_scatter_direct(struct coll_exec *x, const void *s, void *r, int root);
 int cfx__coll_alltoall_pairwise(struct coll_exec *x, const void *s, void *r);
 
+/* ---- the edges of a call (coll_peers.c) ---------------------------------------- */
+
+/* Groups up to this size tell every rank that they gave a call up: at most
+ * 3 messages a rank, over connections the creation's barrier and the
+ * schedules mostly hold already, and the cause is named first hand. */
+#define COLL_NEWS_ALL_MAX 4
+
+/* The ranks this rank exchanges messages with in a call of @p kind with
+ * schedule @p algo (its schedule's and the argument exchange's peers): set
+ * in @p peer[g->size], which the caller cleared (this rank's own entry may
+ * be set).  False: not known (a root out of range, an unknown kind). */
+bool cfx__coll_peers(const struct cfx_group *g, enum coll_kind kind, enum cfx_algo algo, int root,
+                     size_t count, bool *peer);
+/* coll_rooted.c: parent and children of rank @p me in the chain (@p chain)
+ * or binomial tree of @p n ranks from @p root, set in @p peer. */
+void cfx__coll_tree_peers(int n, int me, int root, bool chain, bool *peer);
+
 /* ---- tuning (coll.c) ------------------------------------------------------------ */
 
 /* The schedule for a call: CFX_COLL_PARAM_ALGO, else $CFX_ALGO, else the
@@ -453,7 +472,9 @@ int cfx__coll_check_end(struct coll_exec *x, int rc);
  * of a message with @p peer that failed with @p rc (its text in
  * cfx_last_error()), named after the rank that died or gave up when that is
  * known; the error of a wait that saw group member @p dead gone; the news
- * that this rank gave up a call with @p rc, to every other rank. */
+ * that this rank gave up a call with @p rc, to the ranks of its edges and
+ * those that asked it a question in the call (every rank in a group of up
+ * to COLL_NEWS_ALL_MAX, or with x->sched_unknown). */
 int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc);
 int cfx__coll_member_gone(struct coll_exec *x, int dead);
 void cfx__coll_gave_up(struct coll_exec *x, int rc);

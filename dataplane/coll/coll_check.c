@@ -398,14 +398,17 @@ static bool edge_broken(void *arg)
 
 static bool rank_gone(struct coll_exec *x, int r);
 
-/* @p c on the check channel to every other rank (@p skip_gone: not to the
- * ranks known gone); a post that fails is only logged, as the call is
- * failing or asking anyway. */
-static void chk_to_all(struct coll_exec *x, struct coll_chk_msg *c, bool skip_gone)
+/* @p c on the check channel to every other rank, or those set in @p only
+ * (@p skip_gone: not to the ranks known gone); a post that fails is only
+ * logged, as the call is failing or asking anyway. */
+static void chk_to_all(struct coll_exec *x, struct coll_chk_msg *c, bool skip_gone,
+                       const bool *only)
 {
     struct cfx_group *g = x->g;
     for (int d = 1; d < g->size; d++) {
         int to = (g->rank + d) % g->size;
+        if (only && !only[to])
+            continue;
         if (skip_gone) {
             pthread_mutex_lock(&g->ctx->lock);
             bool gone = rank_gone(x, to);
@@ -488,7 +491,7 @@ static void edge_ask(struct coll_exec *x, bool failed)
         c->bad = teller ? x->news.me : x->news.bad;
         c->bad_rank = teller ? x->news_rank : x->news.bad_rank;
     }
-    chk_to_all(x, c, false);
+    chk_to_all(x, c, false, NULL);
 }
 
 bool cfx__coll_peer_out(struct coll_exec *x, int peer)
@@ -887,11 +890,12 @@ void cfx__coll_ask(struct coll_exec *x, int peer)
  * reached it: it would name a living rank.  So a rank that gives a call up
  * for any reason but a disagreement (a rank died or left, a wait timed out,
  * a message failed, an error of its own such as a device kernel that
- * refused a buffer, whatever its code) first tells every other rank why, on
- * the check channel (struct coll_chk_fail: the rank it blames and how it
- * knows), before it withdraws anything; and a rank whose message with a live-looking peer
- * failed waits briefly (COLL_BLAME_WAIT_MS, woken by every arrival) for that
- * peer's news or a death event before it says what happened:
+ * refused a buffer, whatever its code) first tells the ranks of its edges
+ * why, on the check channel (struct coll_chk_fail: the rank it blames and
+ * how it knows), before it withdraws anything; and a rank whose message
+ * with a live-looking peer failed waits briefly (COLL_BLAME_WAIT_MS, woken
+ * by every arrival) for that peer's news or a death event before it says
+ * what happened:
  *   - a known death (the peer's news, else the coordinator's events, the
  *     earliest first): "rank 2 (node 3) died (...)", whatever message failed;
  *   - the peer's news of another cause: "rank 3 (node 1) gave up the call
@@ -909,6 +913,16 @@ void cfx__coll_ask(struct coll_exec *x, int peer)
  * a call that ends well forgets the news of the calls before it.  The
  * leftover messages of a call this rank gave up are dropped without the
  * warning of a disagreement (they show none).
+ *
+ * The news goes along the call's edges (news_to(), coll_peers.c), not to
+ * every rank: told to every rank by every rank that failed, one failure of
+ * an n-rank group made up to n (n - 1) messages and connected every rank
+ * to every other (a socket, or a queue pair with its receive buffers,
+ * each).  A rank that gives up because of news passes it on to its own
+ * edges (blame_relay(): still naming the rank that failed first), so it
+ * reaches every rank still waiting on it, one hop per rank; coll_peers.c
+ * says why for each schedule.  Groups of up to COLL_NEWS_ALL_MAX ranks,
+ * and a refusal whose arguments name no schedule, still tell every rank.
  */
 
 static const char *const why_gone[] = { [COLL_WHY_DIED] = "died",
@@ -1223,6 +1237,58 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
                     g->ids[peer], why, peer);
 }
 
+/* Scan of the check channel (lock held): the ranks that asked this rank a
+ * question in the running call (their wait for it ran long). */
+struct asked_arg {
+    struct coll_exec *x;
+    bool *to;
+};
+
+static bool asked_us(void *arg, const struct cfx_eager_unexp *u)
+{
+    struct asked_arg *d = arg;
+    struct coll_chk_msg c;
+    if (u->tag != d->x->tag || u->len != sizeof(c))
+        return false;
+    memcpy(&c, u->data, sizeof(c));
+    int from = edge_rank(d->x->g, u->node_id);
+    if (from >= 0 && !c.failed && c.me.magic == COLL_HDR_MAGIC)
+        d->to[from] = true;
+    return false; /* all of them */
+}
+
+/* Who hears that this rank gave the call up: its edges (coll_peers.c),
+ * every rank it posted a message to or from or asked, and every rank that
+ * asked it (a rank of another schedule, or a late one, waiting for it),
+ * less those that gave the call up themselves.  NULL: every rank (a small
+ * group, no schedule, no memory). */
+static bool *news_to(struct coll_exec *x)
+{
+    struct cfx_group *g = x->g;
+    const struct coll_args *a = x->a;
+    if (g->size <= COLL_NEWS_ALL_MAX || x->sched_unknown)
+        return NULL;
+    bool *to = calloc((size_t)g->size, sizeof(*to));
+    if (!to)
+        return NULL;
+    if (!cfx__coll_peers(g, a->kind, x->algo, a->root, a->count, to)) {
+        free(to);
+        return NULL;
+    }
+    for (int q = 0; x->dir && q < g->size; q++)
+        if (x->dir[q] & (EDGE_SENT | EDGE_RECVD | EDGE_ASKED))
+            to[q] = true;
+    struct asked_arg d = { .x = x, .to = to };
+    pthread_mutex_lock(&g->ctx->lock);
+    cfx__eager_unexp_scan(g->ctx, g->chan_chk, asked_us, &d);
+    pthread_mutex_unlock(&g->ctx->lock);
+    to[g->rank] = false;
+    for (int q = 0; q < g->size; q++)
+        if (to[q] && q != g->rank && cfx__coll_peer_out(x, q))
+            to[q] = false; /* out of the call already: nothing waits there */
+    return to;
+}
+
 void cfx__coll_gave_up(struct coll_exec *x, int rc)
 {
     struct cfx_group *g = x->g;
@@ -1240,7 +1306,9 @@ void cfx__coll_gave_up(struct coll_exec *x, int rc)
     c->fail.why = x->blame_rank >= 0 ? x->blame_why : (uint8_t)COLL_WHY_OTHER;
     char keep[512];
     snprintf(keep, sizeof(keep), "%s", cfx_last_error());
-    chk_to_all(x, c, true);
+    bool *to = news_to(x);
+    chk_to_all(x, c, true, to);
+    free(to);
     cfx__err(rc, "%s", keep);
 }
 

@@ -47,6 +47,19 @@ static void tree_binomial(int n, int me, int root, struct tree *t)
             t->child[t->nchild++] = (vr + mask + root) % n;
 }
 
+void cfx__coll_tree_peers(int n, int me, int root, bool chain, bool *peer)
+{
+    struct tree t;
+    if (chain)
+        tree_chain(n, me, root, &t);
+    else
+        tree_binomial(n, me, root, &t);
+    if (t.parent >= 0)
+        peer[t.parent] = true;
+    for (int c = 0; c < t.nchild; c++)
+        peer[t.child[c]] = true;
+}
+
 static int *handles(struct coll_exec *x, size_t n)
 {
     int *h = malloc((n ? n : 1) * sizeof(*h));
