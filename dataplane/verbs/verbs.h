@@ -82,6 +82,7 @@
 #define CFX_VERBS_MIN_RNR_TIMER 12   /* 0.64 ms */
 #define CFX_VERBS_HOP_LIMIT    64
 #define CFX_VERBS_RESOLVE_MS   2000  /* rdma_cm address and route resolution */
+#define CFX_VERBS_ACCEPT_MS    10000 /* oob: an accepted socket's exchange must be done by then */
 
 #define CFX_VERBS_MEMLOCK_NEED (64ull << 20) /* default RLIMIT_MEMLOCK wanted */
 #define CFX_VERBS_IDLE_MAX     256           /* idle cached registrations */
@@ -231,6 +232,7 @@ struct cfx__verbs_ep {
     struct cfx__verbs_oob_info oob_in;   /* what we receive */
     uint32_t oob_sent, oob_got;  /* bytes of oob_out sent / oob_in received */
     bool oob_ready_sent;         /* connect side: READY byte sent */
+    uint64_t accept_deadline;    /* oob accept side: dropped unless up by then (ns) */
 
     struct ibv_qp *qp;
     uint32_t max_inline;         /* inline bytes the QP accepts */
@@ -305,6 +307,8 @@ struct cfx__verbs_iface {
     struct rdma_cm_id *listen_id;
     int listen_fd;               /* oob */
     uint32_t poll_count;         /* polls since the fds were last looked at */
+    uint32_t accept_ms;          /* oob: CFX_IB_OOB_ACCEPT_MS, exchange deadline of a socket */
+    uint64_t accept_check;       /* oob: next look for accepted sockets past it (ns) */
 
     /* endpoints */
     struct cfx__tp_table ep_tab; /* endpoints (struct cfx__verbs_ep) by wr_id slot */
@@ -429,6 +433,8 @@ int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *d
 void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface);
 void cfx__verbs_oob_progress(struct cfx__verbs_ep *ep, uint32_t events);
 void cfx__verbs_oob_sock_close(struct cfx__verbs_ep *ep);
+/* Drop accepted connections whose exchange is not done by their deadline. */
+void cfx__verbs_oob_accept_expire(struct cfx__verbs_iface *iface, uint64_t now);
 
 /* verbs_mr.c */
 int cfx__verbs_rcache_open(struct cfx__verbs_iface *iface);

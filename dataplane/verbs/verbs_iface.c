@@ -11,6 +11,7 @@
  *   CFX_IB_MEMLOCK_MIN  locked memory required at iface_open (default 64M)
  *   CFX_IB_RCACHE_MAX   idle registrations kept cached (default 256)
  *   CFX_IB_FORK_INIT    0: do not call ibv_fork_init() on kernels that need it
+ *   CFX_IB_OOB_ACCEPT_MS oob: ms an accepted socket has to finish the exchange (10000)
  *
  * Without a bind address, or with a loopback one that no RDMA device
  * carries, the iface binds to the IPv4 address of the selected port's RoCE
@@ -613,6 +614,13 @@ static void fds_progress(struct cfx__verbs_iface *iface)
         }
     }
     iface->poll_count = 0;
+    if (iface->mode == CFX_VERBS_OOB) {
+        uint64_t now = cfx__now_ns();
+        if (now > iface->accept_check) {
+            iface->accept_check = now + 100 * 1000000ull;
+            cfx__verbs_oob_accept_expire(iface, now);
+        }
+    }
 }
 
 static void ep_bury(struct cfx_list *link)

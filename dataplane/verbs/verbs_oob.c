@@ -15,6 +15,12 @@
  * The socket stays open for the life of the endpoint: a hang-up means the
  * peer process is gone (CFX_ERR_PEER_FAILED) and a 'B' byte that it closed
  * the endpoint (CFX_ERR_CLOSED).  Keepalive notices a vanished host.
+ *
+ * Anyone may connect to the listening socket, and each accepted socket
+ * holds an endpoint (registered buffers, CQ entries, a table slot) before
+ * the peer has said a word: one whose exchange is not done within
+ * CFX_IB_OOB_ACCEPT_MS (default CFX_VERBS_ACCEPT_MS) is dropped, as tcp
+ * drops a connection that sends no HELLO.
  */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -43,6 +49,8 @@ int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface)
     if (rc != CFX_OK)
         return rc;
     snprintf(iface->addr, sizeof(iface->addr), "oob:%s:%u", iface->ip_str, iface->port);
+    iface->accept_ms = (uint32_t)cfx__env_ll_clamp("CFX_IB_OOB_ACCEPT_MS", CFX_VERBS_ACCEPT_MS,
+                                                   1, 3600 * 1000);
     return cfx__verbs_epoll_add(iface, iface->listen_fd, EPOLLIN, &iface->listen_src);
 }
 
@@ -109,11 +117,26 @@ void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface)
         }
         ep->oob_fd = fd;
         ep->state = CFX_VERBS_EP_ACCEPTING;
+        ep->accept_deadline = cfx__now_ns() + (uint64_t)iface->accept_ms * 1000000ull;
         if (set_events(ep, EPOLLIN) != CFX_OK) {
             ep->oob_fd = -1;
             close(fd);
             cfx__verbs_ep_fail(ep, CFX_ERR_IO);
         }
+    }
+}
+
+void cfx__verbs_oob_accept_expire(struct cfx__verbs_iface *iface, uint64_t now)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &iface->eps) {
+        struct cfx__verbs_ep *ep = cfx_list_entry(pos, struct cfx__verbs_ep, link);
+        if (ep->visible || ep->state != CFX_VERBS_EP_ACCEPTING || now <= ep->accept_deadline)
+            continue;
+        CFX_LOG(WARN, VERBS, "iface %s: connection from %s did not finish the out-of-band "
+                "exchange in %u ms (%u of %zu bytes came); dropped", iface->addr, ep->addr,
+                iface->accept_ms, ep->oob_got, sizeof(ep->oob_in));
+        cfx__verbs_ep_fail(ep, CFX_ERR_TIMEOUT); /* invisible: to the graveyard */
     }
 }
 

@@ -9,9 +9,13 @@
  */
 #include <criterion/criterion.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "dataplane/common/util.h"
 #include "dataplane/transport.h"
@@ -347,4 +351,86 @@ Test(verbs, inline_boundary_every_byte, .timeout = 240)
         free(sides[i]->msg);
         free(sides[i]->len);
     }
+}
+
+/* --- out-of-band strangers ------------------------------------------------------ */
+
+#define OOB_ACCEPT_MS "1000"
+
+/* A TCP connection to the oob listener at "oob:IP:PORT". */
+static int oob_raw_connect(const char *addr)
+{
+    char ip[64];
+    unsigned port;
+    cr_assert_eq(sscanf(addr, "oob:%63[^:]:%u", ip, &port), 2, "address '%s'", addr);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    cr_assert_eq(inet_pton(AF_INET, ip, &sa.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect to %s", addr);
+    return fd;
+}
+
+/* Anyone may connect to the oob port, and each accepted socket holds an
+ * endpoint (registered buffers, CQ entries): one that stays silent, or
+ * stops halfway through the exchange, is closed once CFX_IB_OOB_ACCEPT_MS
+ * ran out, and nothing is reported; a real peer still connects. */
+Test(verbs, oob_silent_stranger_dropped, .timeout = 120)
+{
+    const struct cfx_transport_ops *ops = verbs_or_skip();
+    setenv("CFX_IB_CONNECT", "oob", 1);
+    setenv("CFX_IB_OOB_ACCEPT_MS", OOB_ACCEPT_MS, 1);
+    struct cfx_tp_iface *b = open_or_skip(ops, 2);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(b, addr, &len), CFX_OK);
+
+    int fd1 = oob_raw_connect(addr);
+    int fd2 = oob_raw_connect(addr);
+    static const uint8_t half[10] = { 0x56, 0x58, 0x46, 0x43, 1, 0 }; /* magic, version */
+    cr_assert_eq(send(fd2, half, sizeof(half), 0), (ssize_t)sizeof(half));
+    uint64_t end = cfx__deadline_ns(IL_WAIT_MS);
+    bool closed1 = false, closed2 = false;
+    size_t reported = 0;
+    char c;
+    while (!(closed1 && closed2)) {
+        cr_assert(cfx__now_ns() < end, "stranger not dropped: silent %s, half an exchange %s",
+                  closed1 ? "closed" : "open", closed2 ? "closed" : "open");
+        struct cfx_tp_completion comp[8];
+        int n = ops->poll(b, comp, 8);
+        cr_assert_geq(n, 0, "poll: %s", cfx_errname(n));
+        reported += (size_t)n;
+        closed1 = closed1 || recv(fd1, &c, 1, MSG_DONTWAIT) == 0;
+        closed2 = closed2 || recv(fd2, &c, 1, MSG_DONTWAIT) == 0;
+    }
+    cr_assert_eq(reported, 0, "%zu completions reported for strangers", reported);
+    close(fd1);
+    close(fd2);
+
+    /* A peer that does the exchange is accepted as before. */
+    struct cfx_tp_iface *a = open_or_skip(ops, 1);
+    struct cfx_tp_ep *ab, *ba = NULL;
+    bool conn = false;
+    cr_assert_eq(ops->ep_connect(a, addr, len, 2, &ab), CFX_OK, "%s", cfx_last_error());
+    end = cfx__deadline_ns(IL_WAIT_MS);
+    while (!conn || !ba) {
+        cr_assert(cfx__now_ns() < end, "no connection");
+        struct cfx_tp_completion comp[8];
+        int n = ops->poll(a, comp, 8);
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(comp[i].type, CFX_TP_COMP_CONNECTED, "a: completion type %d (%s)",
+                         comp[i].type, cfx_errname(comp[i].status));
+            conn = true;
+        }
+        n = ops->poll(b, comp, 8);
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(comp[i].type, CFX_TP_COMP_ACCEPT, "b: completion type %d",
+                         comp[i].type);
+            ba = comp[i].ep;
+        }
+    }
+    ops->ep_close(ab);
+    ops->ep_close(ba);
+    ops->iface_close(a);
+    ops->iface_close(b);
 }
