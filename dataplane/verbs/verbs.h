@@ -363,6 +363,9 @@ int cfx__verbs_iface_use_device(struct cfx__verbs_iface *iface, const char *name
 /* One pass over the CQ (completions go to the software queue); returns
  * the CQEs taken. */
 int cfx__verbs_cq_pass(struct cfx__verbs_iface *iface);
+/* Read and act on the device's pending async events (QP and CQ errors, port
+ * and device events). */
+void cfx__verbs_async_progress(struct cfx__verbs_iface *iface);
 int cfx__verbs_cq_reserve(struct cfx__verbs_iface *iface, uint32_t n);
 void cfx__verbs_cq_unreserve(struct cfx__verbs_iface *iface, uint32_t n);
 int cfx__verbs_epoll_add(struct cfx__verbs_iface *iface, int fd, uint32_t events,

@@ -931,6 +931,17 @@ static void wc_error(struct cfx__verbs_ep *ep, const struct ibv_wc *wc, bool rq)
     const char *hint = "";
     int st;
 
+    if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+        /* A flush says only that the QP is in the error state, not why.
+         * When the HCA moved it there itself (a responder's access error,
+         * a local work queue error), the cause is an affiliated async event
+         * (IBV_EVENT_QP_ACCESS_ERR, QP_REQ_ERR, QP_FATAL) that the provider
+         * may deliver after the flushed CQEs were written: read it first,
+         * so that a refused write is counted and reported as one. */
+        cfx__verbs_async_progress(ep->iface);
+        if (ep->state >= CFX_VERBS_EP_FAILED)
+            return;
+    }
     if (rq && (wc->status == IBV_WC_REM_ACCESS_ERR || wc->status == IBV_WC_LOC_ACCESS_ERR ||
                wc->status == IBV_WC_LOC_PROT_ERR)) {
         /* A receive completes with an access error when the peer's

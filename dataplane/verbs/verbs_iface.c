@@ -529,7 +529,7 @@ static void fail_all(struct cfx__verbs_iface *iface, int status, const char *why
     }
 }
 
-static void async_progress(struct cfx__verbs_iface *iface)
+void cfx__verbs_async_progress(struct cfx__verbs_iface *iface)
 {
     struct ibv_async_event ev;
 
@@ -599,7 +599,7 @@ static void fds_progress(struct cfx__verbs_iface *iface)
             comp_channel_drain(iface);
             break;
         case CFX_VERBS_SRC_ASYNC:
-            async_progress(iface);
+            cfx__verbs_async_progress(iface);
             break;
         case CFX_VERBS_SRC_CM:
             cfx__verbs_cm_progress(iface);
