@@ -242,8 +242,7 @@ void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status)
     if (!worker && ps->role == CFX_PS_SERVER)
         cfx__ps_server_peer_gone(ps, idx);
     if (!worker && ps->role == CFX_PS_WORKER)
-        cfx__ps_worker_server_failed(ps, idx,
-                                     status == CFX_ERR_CLOSED ? CFX_ERR_PEER_FAILED : status);
+        cfx__ps_worker_server_failed(ps, idx, status);
 }
 
 /* ---- threads ------------------------------------------------------------------------------ */

@@ -560,8 +560,11 @@ void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
             op_fail(ps, s->op, lost, "%s (server %u, node %u, went too)", why, srv,
                     ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0);
         else
-            op_fail(ps, s->op, status, "tensor %s block %u: server %u (node %u) failed: %s",
-                    tensor_name(ps, s->op->tensor), s->block, srv,
+            /* whatever broke the mailbox (closed, reset, a connect that
+             * failed to a server that went): the server failed, as
+             * docs/PARAMETER_SERVER.md says; its reason is in the text */
+            op_fail(ps, s->op, CFX_ERR_PEER_FAILED, "tensor %s block %u: server %u (node %u) "
+                    "failed: %s", tensor_name(ps, s->op->tensor), s->block, srv,
                     ps->servers[srv] ? ps->servers[srv]->rec.node_id : 0, cfx_strerror(status));
         s->op->unknown = true; /* it may have applied the push before it went */
         sub_done(ps, s);
