@@ -130,6 +130,31 @@ struct cfx__verbs_hello {
 } __attribute__((packed));
 _Static_assert(sizeof(struct cfx__verbs_hello) <= 56, "hello fits REQ private data");
 
+/* Why an acceptor rejected a connection (rdma_cm: the REJ's private data, at
+ * most 148 bytes on IB and RoCE, rdma_reject(3)), little endian.  Sent only
+ * for a refusal the peer would meet over any transport (cfx__conn_fallback);
+ * anything else is a plain reject, CFX_ERR_CONNECT at the connector.  The
+ * connector trusts none of it: a REJECTED event counts as a reason only with
+ * status IB_CM_REJ_CONSUMER_DEFINED, at least sizeof(struct) bytes, the magic
+ * and a version of 1 or more (a later one may append fields, never change
+ * these), and a reason it knows (cfx__verbs_rej_decode). */
+#define CFX_VERBS_REJ_MAGIC    0x43465852u /* "RXFC" */
+#define CFX_VERBS_REJ_VERSION  1
+#define CFX_VERBS_REJ_CONSUMER 28          /* IB_CM_REJ_CONSUMER_DEFINED: rdma_reject's */
+
+enum cfx__verbs_rej_reason {
+    CFX_VERBS_REJ_R_VERSION = 1, /* another verbs protocol version: CFX_ERR_VERSION */
+    CFX_VERBS_REJ_R_AUTH,        /* credentials refused: CFX_ERR_AUTH */
+    CFX_VERBS_REJ_R_HELLO,       /* the hello was not understood: CFX_ERR_PROTO */
+};
+
+struct cfx__verbs_rej {
+    uint32_t magic;        /* CFX_VERBS_REJ_MAGIC */
+    uint16_t version;      /* CFX_VERBS_REJ_VERSION */
+    uint16_t reason;       /* enum cfx__verbs_rej_reason */
+} __attribute__((packed));
+_Static_assert(sizeof(struct cfx__verbs_rej) <= 148, "reason fits REJ private data");
+
 /* Out-of-band exchange: hello plus what rdma_cm would otherwise negotiate. */
 struct cfx__verbs_oob_info {
     struct cfx__verbs_hello hello;
@@ -428,6 +453,14 @@ int cfx__verbs_cm_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *ds
 void cfx__verbs_cm_progress(struct cfx__verbs_iface *iface);
 void cfx__verbs_cm_disconnect(struct cfx__verbs_ep *ep);
 void cfx__verbs_cm_destroy(struct cfx__verbs_ep *ep);
+/* The reject private data saying why @p status refused a peer into @p r: its
+ * length, 0 when @p status is no reason to send (a plain reject). */
+size_t cfx__verbs_rej_fill(struct cfx__verbs_rej *r, int status);
+/* What an rdma_cm REJECTED with @p cm_status and private data @p data, @p len
+ * (from the network: only those bytes are read) means: CFX_ERR_VERSION,
+ * CFX_ERR_AUTH or CFX_ERR_PROTO with a static text in *@p why, else
+ * CFX_ERR_CONNECT with *@p why NULL. */
+int cfx__verbs_rej_decode(int cm_status, const void *data, size_t len, const char **why);
 
 /* verbs_oob.c */
 int cfx__verbs_oob_listen(struct cfx__verbs_iface *iface);

@@ -14,13 +14,18 @@
  *            RTR, RTS -> rdma_accept(qp_num, hello) -> ESTABLISHED (or the
  *            first message, which proves the same): ACCEPT.
  *
- * DISCONNECTED, or an error event, fails the endpoint.
+ * DISCONNECTED, or an error event, fails the endpoint.  A side that refuses
+ * the other's hello (another version, not understood) says why in its
+ * reject's private data (struct cfx__verbs_rej): the connector then fails
+ * with CFX_ERR_VERSION (or AUTH, PROTO) rather than CFX_ERR_CONNECT, and the
+ * engine does not try another transport for a refusal it would meet there.
  *
  * The event channel fd is non-blocking and sits in the iface's epoll set.
  * Every event is copied and acknowledged before it is acted on, so that
  * destroying an id from a handler never waits for an unacknowledged event.
  */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -52,6 +57,56 @@ static void conn_param_init(struct cfx__verbs_ep *ep, struct rdma_conn_param *cp
     cp->retry_count = CFX_VERBS_RETRY_CNT;
     cp->rnr_retry_count = CFX_VERBS_RNR_RETRY;
     cp->qp_num = ep->qp->qp_num; /* our QP: rdma_cm does not own it */
+}
+
+size_t cfx__verbs_rej_fill(struct cfx__verbs_rej *r, int status)
+{
+    uint16_t reason;
+
+    switch (status) {
+    case CFX_ERR_VERSION: reason = CFX_VERBS_REJ_R_VERSION; break;
+    case CFX_ERR_AUTH: reason = CFX_VERBS_REJ_R_AUTH; break;
+    case CFX_ERR_PROTO: reason = CFX_VERBS_REJ_R_HELLO; break;
+    default: return 0; /* our own trouble (resources): a plain reject */
+    }
+    r->magic = htole32(CFX_VERBS_REJ_MAGIC);
+    r->version = htole16(CFX_VERBS_REJ_VERSION);
+    r->reason = htole16(reason);
+    return sizeof(*r);
+}
+
+int cfx__verbs_rej_decode(int cm_status, const void *data, size_t len, const char **why)
+{
+    struct cfx__verbs_rej r;
+
+    *why = NULL;
+    if (cm_status != CFX_VERBS_REJ_CONSUMER || !data || len < sizeof(r))
+        return CFX_ERR_CONNECT;
+    memcpy(&r, data, sizeof(r));
+    if (le32toh(r.magic) != CFX_VERBS_REJ_MAGIC || le16toh(r.version) < 1)
+        return CFX_ERR_CONNECT;
+    switch (le16toh(r.reason)) {
+    case CFX_VERBS_REJ_R_VERSION:
+        *why = "it rejected our hello: it speaks another verbs protocol version";
+        return CFX_ERR_VERSION;
+    case CFX_VERBS_REJ_R_AUTH:
+        *why = "it rejected our credentials";
+        return CFX_ERR_AUTH;
+    case CFX_VERBS_REJ_R_HELLO:
+        *why = "it rejected our hello as malformed";
+        return CFX_ERR_PROTO;
+    default:
+        return CFX_ERR_CONNECT;
+    }
+}
+
+/* Reject a connection request (or reply) that @p status refused, saying why
+ * where the reason is one the peer would meet over any transport. */
+static void reject(struct rdma_cm_id *id, int status)
+{
+    struct cfx__verbs_rej r;
+    size_t n = cfx__verbs_rej_fill(&r, status);
+    rdma_reject(id, n ? &r : NULL, (uint8_t)n);
 }
 
 int cfx__verbs_cm_listen(struct cfx__verbs_iface *iface)
@@ -173,7 +228,7 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     if ((rc = cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep)) != CFX_OK) {
         CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected: %s", iface->addr, addr,
                 cfx_last_error());
-        rdma_reject(id, NULL, 0);
+        reject(id, rc);
         rdma_destroy_id(id);
         return;
     }
@@ -197,7 +252,7 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
 err_reject:
     CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected (%s): %s", iface->addr,
             ep->super.peer_name, cfx_errname(rc), cfx_last_error());
-    rdma_reject(id, NULL, 0);
+    reject(id, rc);
     cfx__verbs_ep_fail(ep, rc); /* invisible: to the graveyard, id destroyed there */
 }
 
@@ -241,7 +296,7 @@ static void on_connect_response(struct cfx__verbs_ep *ep, const struct cm_event 
 {
     int rc;
     if ((rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len)) != CFX_OK) {
-        rdma_reject(ep->cm_id, NULL, 0);
+        reject(ep->cm_id, rc);
         CFX_VERBS_EP_FAIL(ep, ERR, rc, "%s", cfx_last_error());
         return;
     }
@@ -275,12 +330,20 @@ static void on_error_event(struct cfx__verbs_ep *ep, const struct cm_event *ev)
                           ev->status);
         return;
     }
-    if (ev->type == RDMA_CM_EVENT_REJECTED)
-        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_cm REJECTED (reason %d): nobody "
-                          "listens at %s, or it refused us", ev->status, ep->addr);
-    else
+    if (ev->type == RDMA_CM_EVENT_REJECTED) {
+        const char *why;
+        int rc = cfx__verbs_rej_decode(ev->status, ev->priv, ev->priv_len, &why);
+        if (why) { /* a refusal we would meet over any transport */
+            ep->super.why = why;
+            CFX_VERBS_EP_FAIL(ep, WARN, rc, "rdma_cm REJECTED by %s: %s", ep->addr, why);
+        } else {
+            CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_cm REJECTED (reason %d): "
+                              "nobody listens at %s, or it refused us", ev->status, ep->addr);
+        }
+    } else {
         CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_cm %s (status %d) while connecting "
                           "to %s", what, ev->status, ep->addr);
+    }
 }
 
 static void dispatch(struct cfx__verbs_iface *iface, const struct cm_event *ev)

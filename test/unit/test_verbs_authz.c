@@ -10,12 +10,21 @@
  * side is unauthorized (no no-op write is posted to a QP that would refuse
  * it); once authorized, granted writes land byte for byte.
  *
+ * A peer refused while connecting over rdma_cm learns why: the acceptor's
+ * reject carries a reason (another version, a hello not understood), which
+ * the connector reports as that status, not as CFX_ERR_CONNECT; the reject
+ * decoder trusts no byte of a reject it does not recognise.
+ *
  * On a host without RDMA every test skips (no device); the Soft-RoCE guest
  * runs them for real (test/vm/run.sh).
  */
 #include <criterion/criterion.h>
 
+#include <arpa/inet.h>
 #include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,6 +325,236 @@ Test(verbs_authz, authorized_one_way, .timeout = 240)
     pair_close(&p);
     free(src);
     free(dst);
+}
+
+/* --- why a connection was rejected (rdma_cm) --------------------------------------------- */
+
+/* The reject private data a conflux acceptor sends (verbs.h, struct
+ * cfx__verbs_rej), written out byte by byte: the wire format is pinned. */
+static void rej_bytes(uint8_t out[8], uint32_t magic, uint16_t version, uint16_t reason)
+{
+    out[0] = (uint8_t)magic, out[1] = (uint8_t)(magic >> 8);
+    out[2] = (uint8_t)(magic >> 16), out[3] = (uint8_t)(magic >> 24);
+    out[4] = (uint8_t)version, out[5] = (uint8_t)(version >> 8);
+    out[6] = (uint8_t)reason, out[7] = (uint8_t)(reason >> 8);
+}
+
+struct raw_ev {
+    enum rdma_cm_event_type type;
+    int status;
+    struct rdma_cm_id *id;
+    uint8_t priv[64];
+    size_t priv_len;
+};
+
+static struct rdma_event_channel *raw_channel(void)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    cr_assert_not_null(ch, "rdma_create_event_channel: %s", strerror(errno));
+    int fl = fcntl(ch->fd, F_GETFL);
+    cr_assert(fl >= 0 && fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0);
+    return ch;
+}
+
+/* The next event on @p ch, which must be @p want; @p s's iface is polled
+ * meanwhile (the conflux side of the exchange progresses there). */
+static void raw_wait(const struct cfx_transport_ops *ops, struct side *s,
+                     struct rdma_event_channel *ch, enum rdma_cm_event_type want,
+                     struct raw_ev *ev)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    struct rdma_cm_event *e;
+
+    while (rdma_get_cm_event(ch, &e)) {
+        cr_assert(errno == EAGAIN || errno == EINTR, "rdma_get_cm_event: %s", strerror(errno));
+        cr_assert(cfx__now_ns() < end, "no rdma_cm %s", rdma_event_str(want));
+        side_poll(ops, s);
+    }
+    memset(ev, 0, sizeof(*ev));
+    ev->type = e->event;
+    ev->status = e->status;
+    ev->id = e->id;
+    if (e->param.conn.private_data) {
+        ev->priv_len = CFX_MIN((size_t)e->param.conn.private_data_len, sizeof(ev->priv));
+        memcpy(ev->priv, e->param.conn.private_data, ev->priv_len);
+    }
+    rdma_ack_cm_event(e);
+    cr_assert_eq(ev->type, want, "rdma_cm %s (status %d), %s expected",
+                 rdma_event_str(ev->type), ev->status, rdma_event_str(want));
+}
+
+static struct sockaddr_in iface_sockaddr(const struct cfx_transport_ops *ops,
+                                         struct cfx_tp_iface *iface)
+{
+    char addr[CFX_TP_ADDR_MAX], ip[INET_ADDRSTRLEN];
+    size_t len = sizeof(addr);
+    unsigned port;
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    cr_assert_eq(ops->iface_addr(iface, addr, &len), CFX_OK);
+    if (strncmp(addr, "oob:", 4) == 0)
+        cr_skip_test("CFX_IB_CONNECT=oob: no rdma_cm");
+    cr_assert_eq(sscanf(addr, "%15[0-9.]:%u", ip, &port), 2, "address %s", addr);
+    cr_assert_eq(inet_pton(AF_INET, ip, &sa.sin_addr), 1);
+    sa.sin_port = htons((uint16_t)port);
+    return sa;
+}
+
+/* A hello the acceptor refuses gets a reject that says why: another
+ * protocol version, or a hello it does not understand (too short). */
+Test(verbs_authz, refused_hello_rejected_with_reason, .timeout = 240)
+{
+    const struct cfx_transport_ops *ops = cfx__transport_find("verbs");
+    cr_assert_not_null(ops);
+    struct side b = { .iface = open_or_skip(ops, 2) };
+    struct sockaddr_in dst = iface_sockaddr(ops, b.iface), src = dst;
+    src.sin_port = 0;
+    struct rdma_event_channel *ch = raw_channel();
+
+    for (int round = 0; round < 2; round++) {
+        struct cfx__verbs_hello h = {
+            .magic = htole32(CFX_VERBS_MAGIC),
+            .version = htole16(round == 0 ? CFX_VERBS_VERSION + 1 : CFX_VERBS_VERSION),
+            .rq_depth = htole32(CFX_VERBS_RQ_DEPTH),
+        };
+        struct rdma_conn_param cp = {
+            .private_data = &h,
+            .private_data_len = round == 0 ? (uint8_t)sizeof(h) : 8,
+            .responder_resources = 1,
+            .initiator_depth = 1,
+            .retry_count = 7,
+            .qp_num = 0x123, /* no QP: the acceptor refuses before it makes its own */
+        };
+        struct rdma_cm_id *id;
+        struct raw_ev ev;
+        uint8_t want[8];
+
+        cr_assert_eq(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), 0, "%s", strerror(errno));
+        cr_assert_eq(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst,
+                                       CFX_VERBS_RESOLVE_MS), 0, "%s", strerror(errno));
+        raw_wait(ops, &b, ch, RDMA_CM_EVENT_ADDR_RESOLVED, &ev);
+        cr_assert_eq(rdma_resolve_route(id, CFX_VERBS_RESOLVE_MS), 0, "%s", strerror(errno));
+        raw_wait(ops, &b, ch, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev);
+        cr_assert_eq(rdma_connect(id, &cp), 0, "rdma_connect: %s", strerror(errno));
+        raw_wait(ops, &b, ch, RDMA_CM_EVENT_REJECTED, &ev);
+        cr_assert_eq(ev.status, 28, "REJECTED status %d (IB_CM_REJ_CONSUMER_DEFINED expected)",
+                     ev.status);
+        cr_assert_geq(ev.priv_len, sizeof(want), "%zu bytes of private data", ev.priv_len);
+        rej_bytes(want, 0x43465852u, 1, round == 0 ? 1 : 3); /* version; hello */
+        cr_assert_arr_eq(ev.priv, want, sizeof(want), "round %d: reject reason differs", round);
+        rdma_destroy_id(id);
+    }
+    cr_assert_null(b.ep, "a refused peer was accepted");
+    rdma_destroy_event_channel(ch);
+    ops->iface_close(b.iface);
+}
+
+/* The connector maps a reject with a reason to the status it names (the
+ * engine does not try another transport for those: cfx__conn_fallback);
+ * a plain reject, a foreign magic or an unknown reason is CFX_ERR_CONNECT.
+ * (A REJ's private data arrives padded to 148 bytes: short data is for the
+ * decoder test.) */
+Test(verbs_authz, rejected_with_reason_fails_with_it, .timeout = 240)
+{
+    static const struct {
+        uint32_t magic;
+        uint16_t version, reason;
+        size_t len;
+        int status;
+        const char *why;
+    } rounds[] = {
+        { 0x43465852u, 1, 1, 8, CFX_ERR_VERSION, "protocol version" },
+        { 0x43465852u, 1, 2, 8, CFX_ERR_AUTH, "credentials" },
+        { 0x43465852u, 2, 3, 8, CFX_ERR_PROTO, "malformed" },
+        { 0, 0, 0, 0, CFX_ERR_CONNECT, NULL },           /* plain rdma_reject */
+        { 0x43465853u, 1, 1, 8, CFX_ERR_CONNECT, NULL }, /* another magic */
+        { 0x43465852u, 0, 1, 8, CFX_ERR_CONNECT, NULL }, /* version 0 */
+        { 0x43465852u, 1, 77, 8, CFX_ERR_CONNECT, NULL }, /* unknown reason */
+    };
+    const struct cfx_transport_ops *ops = cfx__transport_find("verbs");
+    cr_assert_not_null(ops);
+    struct side a = { .iface = open_or_skip(ops, 1) };
+    struct sockaddr_in sa = iface_sockaddr(ops, a.iface);
+    sa.sin_port = 0;
+    struct rdma_event_channel *ch = raw_channel();
+    struct rdma_cm_id *lid;
+    cr_assert_eq(rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP), 0, "%s", strerror(errno));
+    cr_assert_eq(rdma_bind_addr(lid, (struct sockaddr *)&sa), 0, "%s", strerror(errno));
+    cr_assert_eq(rdma_listen(lid, 8), 0, "%s", strerror(errno));
+    char addr[CFX_TP_ADDR_MAX], ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+    snprintf(addr, sizeof(addr), "%s:%u", ip, ntohs(rdma_get_src_port(lid)));
+
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(rounds); i++) {
+        struct raw_ev ev;
+        uint8_t rej[8];
+        a.ep_error = 0;
+        a.n_ep_error = 0;
+        cr_assert_eq(ops->ep_connect(a.iface, addr, strlen(addr) + 1, 9, &a.ep), CFX_OK, "%s",
+                     cfx_last_error());
+        raw_wait(ops, &a, ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev);
+        rej_bytes(rej, rounds[i].magic, rounds[i].version, rounds[i].reason);
+        cr_assert_eq(rdma_reject(ev.id, rounds[i].len ? rej : NULL, (uint8_t)rounds[i].len), 0,
+                     "rdma_reject: %s", strerror(errno));
+        rdma_destroy_id(ev.id);
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        while (!a.n_ep_error) {
+            cr_assert(cfx__now_ns() < end, "round %zu: no EP_ERROR", i);
+            side_poll(ops, &a);
+        }
+        cr_assert_eq(a.ep_error, rounds[i].status, "round %zu: %s, %s expected", i,
+                     cfx_errname(a.ep_error), cfx_errname(rounds[i].status));
+        if (rounds[i].why)
+            cr_assert(a.ep->why && strstr(a.ep->why, rounds[i].why), "round %zu: why: %s", i,
+                      a.ep->why ? a.ep->why : "(none)");
+        else
+            cr_assert_null(a.ep->why, "round %zu: why: %s", i, a.ep->why);
+        ops->ep_close(a.ep);
+    }
+    rdma_destroy_id(lid);
+    rdma_destroy_event_channel(ch);
+    ops->iface_close(a.iface);
+}
+
+/* The decoder on its own, no device needed: nothing but a well-formed
+ * reason from a consumer reject is one. */
+Test(verbs_authz, reject_reason_decode)
+{
+    uint8_t buf[148] = { 0 };
+    const char *why;
+    struct cfx__verbs_rej r;
+
+    cr_assert_eq(cfx__verbs_rej_fill(&r, CFX_ERR_NOMEM), 0);
+    cr_assert_eq(cfx__verbs_rej_fill(&r, CFX_ERR_CONNECT), 0);
+    static const int st[] = { CFX_ERR_VERSION, CFX_ERR_AUTH, CFX_ERR_PROTO };
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(st); i++) {
+        cr_assert_eq(cfx__verbs_rej_fill(&r, st[i]), sizeof(r));
+        memcpy(buf, &r, sizeof(r));
+        rej_bytes(buf + 100, 0x43465852u, 1, (uint16_t)(i + 1));
+        cr_assert_arr_eq(buf, buf + 100, 8, "wire bytes of %s", cfx_errname(st[i]));
+        cr_assert_eq(cfx__verbs_rej_decode(28, buf, sizeof(buf), &why), st[i]);
+        cr_assert_not_null(why);
+        cr_assert_eq(cfx__verbs_rej_decode(28, buf, sizeof(r), &why), st[i]);
+        for (size_t n = 0; n < sizeof(r); n++) {
+            cr_assert_eq(cfx__verbs_rej_decode(28, buf, n, &why), CFX_ERR_CONNECT);
+            cr_assert_null(why);
+        }
+        cr_assert_eq(cfx__verbs_rej_decode(8, buf, sizeof(buf), &why), CFX_ERR_CONNECT);
+        cr_assert_null(why);
+        cr_assert_eq(cfx__verbs_rej_decode(28, NULL, sizeof(buf), &why), CFX_ERR_CONNECT);
+    }
+    for (int b = 0; b < 4; b++) { /* a flipped bit in the magic */
+        rej_bytes(buf, 0x43465852u, 1, 1);
+        buf[b] ^= 0x10;
+        cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_CONNECT, "byte %d", b);
+    }
+    rej_bytes(buf, 0x43465852u, 0, 1);
+    cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_CONNECT);
+    rej_bytes(buf, 0x43465852u, 1, 0);
+    cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_CONNECT);
+    rej_bytes(buf, 0x43465852u, 1, 4);
+    cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_CONNECT);
+    rej_bytes(buf, 0x43465852u, 9, 2); /* a later version: its first fields still count */
+    cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_AUTH);
 }
 
 #endif
