@@ -348,11 +348,30 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
             (unsigned)CFX_PROTO_VERSION);
     family(b, "conflux_coord_uptime_seconds", "gauge", "Seconds since the coordinator started.");
     bprintf(b, "conflux_coord_uptime_seconds %.3f\n", (double)(cfx__now_ns() - co->start_ns) / 1e9);
+    /* workers by state, as rdmactl status counts them: a tool's connection
+     * (an observer, rdmactl ps) is no member, and is counted apart while
+     * it is connected */
+    uint32_t alive = 0, dead = 0, left = 0, observers = 0;
+    cfx_list_for_each(pos, &co->nodes)
+    {
+        const struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (n->rec.flags & CFX_NODE_F_OBSERVER)
+            observers += n->rec.alive;
+        else if (n->rec.alive)
+            alive++;
+        else if (n->rec.flags & CFX_NODE_F_LEFT)
+            left++;
+        else
+            dead++;
+    }
     family(b, "conflux_coord_members", "gauge",
-           "Members by state: alive, or dead (and still listed).");
-    bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", co->nodes_alive);
-    bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", co->nodes_dead - co->nodes_left);
-    bprintf(b, "conflux_coord_members{state=\"left\"} %u\n", co->nodes_left);
+           "Members by state: alive, dead or left (and still listed); observers apart.");
+    bprintf(b, "conflux_coord_members{state=\"alive\"} %u\n", alive);
+    bprintf(b, "conflux_coord_members{state=\"dead\"} %u\n", dead);
+    bprintf(b, "conflux_coord_members{state=\"left\"} %u\n", left);
+    family(b, "conflux_coord_observers", "gauge",
+           "Tools' connections joined as observers (rdmactl ps), while connected.");
+    bprintf(b, "conflux_coord_observers %u\n", observers);
     const struct scalar gauges[] = {
         { "conflux_coord_objects", "Objects in the directory.", co->nobjects },
         { "conflux_coord_object_bytes", "Sum of the sizes of the objects in the directory.",

@@ -19,7 +19,9 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client.h"
 #include "control/coord.h"
+#include "dataplane/engine/engine.h"
 #include "testutil.h"
 
 #define DEADLINE_S 20
@@ -268,6 +270,40 @@ Test(coord_metrics, two_nodes_three_objects)
     expect_sample(b2, "conflux_coord_objects", 2);
     expect_sample(b2, "conflux_coord_object_bytes", 1100);
     cr_assert_eq(promtool(b2, out, sizeof(out)), 0, "promtool:\n%s\non:\n%s", out, b2);
+    free(r2);
+    cfx_context_destroy(a);
+}
+
+/*
+ * A tool's connection (rdmactl ps joins as an observer) is no member: the
+ * member counts are those rdmactl status shows, with observers counted
+ * apart while connected, and one that has gone is not counted as left.
+ */
+Test(coord_metrics, observers_counted_apart)
+{
+    struct cfx_context *a, *t;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
+        .coord = coord_addr, .token = token, .name = "a-tool",
+    };
+
+    cr_assert_eq(join(&a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__context_create_flags(&p, CFX_NODE_F_OBSERVER, &t), CFX_OK, "%s",
+                 cfx_last_error());
+    char *r1 = scrape();
+    const char *b1 = body_of(r1);
+    expect_sample(b1, "conflux_coord_members{state=\"alive\"}", 1);
+    expect_sample(b1, "conflux_coord_observers", 1);
+    free(r1);
+
+    /* the tool is done: gone, and no member left */
+    cfx_context_destroy(t);
+    char *r2 = scrape();
+    const char *b2 = body_of(r2);
+    expect_sample(b2, "conflux_coord_members{state=\"alive\"}", 1);
+    expect_sample(b2, "conflux_coord_members{state=\"left\"}", 0);
+    expect_sample(b2, "conflux_coord_members{state=\"dead\"}", 0);
+    expect_sample(b2, "conflux_coord_observers", 0);
     free(r2);
     cfx_context_destroy(a);
 }
