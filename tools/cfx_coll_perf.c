@@ -708,13 +708,9 @@ int main(int argc, char **argv)
     const struct op_desc *d = &ops[o.op];
     R.esize = cfx_dtype_size(o.dtype);
 
-    /* the coordinator may still be starting when a launcher starts us */
-    for (int tries = 0;; tries++) {
-        rc = cfx_context_create(NULL, &ctx);
-        if (rc != CFX_ERR_CONNECT || tries >= 50)
-            break;
-        usleep(100 * 1000);
-    }
+    /* the coordinator may still be starting when a launcher starts us: the
+     * context retries it until its deadline (CFX_TIMEOUT_MS) */
+    rc = cfx_context_create(NULL, &ctx);
     if (rc != CFX_OK) {
         fprintf(stderr, "cfx_coll_perf: cannot join the cluster: %s: %s\n", cfx_errname(rc),
                 cfx_last_error());

@@ -703,12 +703,9 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
 
-    for (int tries = 0;; tries++) { /* the coordinator may still be starting */
-        rc = cfx_context_create(NULL, &R.ctx);
-        if (rc != CFX_ERR_CONNECT || tries >= 50)
-            break;
-        usleep(100 * 1000);
-    }
+    /* the coordinator may still be starting: the context retries it until
+     * its deadline (CFX_TIMEOUT_MS) */
+    rc = cfx_context_create(NULL, &R.ctx);
     if (rc != CFX_OK) {
         fprintf(stderr, "%s: cannot join the cluster: %s: %s\n", PROG, cfx_errname(rc),
                 cfx_last_error());

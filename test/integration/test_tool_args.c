@@ -585,6 +585,44 @@ Test(tool_args, status_counts_left_members_apart, .init = case_init, .fini = coo
     cfx_context_destroy(stays);
 }
 
+/*
+ * A rank tool started with no coordinator listening gives up at its
+ * context's deadline (CFX_TIMEOUT_MS), which the library spends retrying
+ * already: the tools tried the whole deadline 51 times more (a default
+ * deadline of 30 s held them 25 minutes), so here, 1 s, past the limit.
+ */
+Test(tool_args, rank_tools_give_up_at_the_deadline, .init = case_init, .timeout = 120)
+{
+    static const struct args_case tools[] = {
+        { "cfx_coll_perf", { "-b", "1K", "-e", "1K", "-n", "1" }, 1, NULL, NULL, 0 },
+        { "cfx_obj_perf", { "-b", "1K", "-e", "1K", "-n", "1" }, 1, NULL, NULL, 0 },
+    };
+    static char err[1 << 16];
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    char addr[64];
+
+    /* a port nobody listens on: one the kernel gave us, closed again */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+    setenv("CFX_COORD", addr, 1);
+    setenv("CFX_TIMEOUT_MS", "1000", 1);
+    setenv("CFX_RANK", "0", 1);
+    setenv("CFX_WORLD_SIZE", "1", 1);
+    for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+        int st = run_case(&tools[i], err, sizeof(err));
+        cr_assert_neq(st, -1, "%s: still trying %s after %d ms with a deadline of 1000 ms; "
+                      "stderr:\n%s", tools[i].tool, addr, HANG_LIMIT_MS, err);
+        cr_assert_eq(st, 1, "%s: exit %d, want 1; stderr:\n%s", tools[i].tool, st, err);
+        cr_assert(strstr(err, "cannot join the cluster") && strstr(err, addr),
+                  "%s: stderr does not name the coordinator %s:\n%s", tools[i].tool, addr, err);
+    }
+}
+
 /* rdmactl devices: what it says of DPDK, and its exit status (0 when it
  * lists a device of either kind, as ibv_devinfo with one). */
 static int devices(const char *env, char *out, size_t cap)
