@@ -57,8 +57,9 @@ static void usage(FILE *f)
             "  --token T           cluster token (default $CFX_TOKEN); visible in ps, so\n"
             "                      a warning says so: prefer --token-file\n"
             "  --token-file F      read the cluster token from F (default $CFX_TOKEN_FILE)\n"
-            "  --heartbeat-ms N    interval members heartbeat at, >= 1 (default 250)\n"
-            "  --dead-after-ms N   silence after which a member is dead (default 1500)\n"
+            "  --heartbeat-ms N    interval members heartbeat at, 1..3600000 (default 250)\n"
+            "  --dead-after-ms N   silence after which a member is dead, more than the\n"
+            "                      heartbeat interval, at most 3600000 (default 1500)\n"
             "  --fanout N          uploads one holder is given before others, 1..1024 (default:\n"
             "                      per object: 1, a chain, for objects of 4 chunks or more;\n"
             "                      2 for smaller ones)\n"
@@ -111,8 +112,8 @@ static void usage(FILE *f)
             "Every cap, when hit, answers the caller CFX_ERR_NO_RESOURCE with a text naming\n"
             "it (max_nodes, max_node_objects, ...); a refused connection gets that error\n"
             "before the close.  SIZE takes K, M, G suffixes.\n"
-            "Times are whole milliseconds, 1..2147483647.  A bad value is named on stderr;\n"
-            "usage errors exit with status 2.\n",
+            "Other times are whole milliseconds, 1..2147483647.  A bad value is named on\n"
+            "stderr; usage errors exit with status 2.\n",
             DEFAULT_PORT);
 }
 
