@@ -519,7 +519,8 @@ static void on_request(struct metrics_conn *c)
         answer(c, 405, "Method Not Allowed", text, "only GET\n", 9);
         return;
     }
-    if (strcmp(path, "/metrics")) {
+    /* a query (a scrape config's params) does not change the answer */
+    if (strcspn(path, "?") != 8 || strncmp(path, "/metrics", 8)) {
         answer(c, 404, "Not Found", text, "only /metrics\n", 14);
         return;
     }

@@ -477,6 +477,8 @@ Test(coord_metrics, only_get_of_metrics)
     static const char other[] = "GET / HTTP/1.1\r\n\r\n";
     static const char junk[] = "hello\r\n\r\n";
     static const char head[] = "HEAD /metrics HTTP/1.0\r\n\r\n";
+    static const char query[] = "GET /metrics?format=prometheus HTTP/1.1\r\n\r\n";
+    static const char longer[] = "GET /metricsx HTTP/1.1\r\n\r\n";
     char *r;
 
     r = exchange(post, sizeof(post) - 1);
@@ -493,6 +495,15 @@ Test(coord_metrics, only_get_of_metrics)
     cr_expect_eq(strncmp(r, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", r);
     cr_expect_eq(strcmp(strstr(r, "\r\n\r\n"), "\r\n\r\n"), 0, "a HEAD has no body: %s", r);
     cr_expect_not_null(strstr(r, "\r\nContent-Length: 0\r\n"), "%s", r);
+    free(r);
+    /* a query string (Prometheus sends a scrape config's params so) is
+     * still /metrics; another path is not */
+    r = exchange(query, sizeof(query) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 200 OK\r\n", 17), 0, "%s", r);
+    cr_expect_not_null(strstr(r, "\nconflux_coord_objects 0\n"), "%s", r);
+    free(r);
+    r = exchange(longer, sizeof(longer) - 1);
+    cr_expect_eq(strncmp(r, "HTTP/1.1 404 Not Found\r\n", 24), 0, "%s", r);
     free(r);
 }
 
