@@ -1331,6 +1331,15 @@ int main(int argc, char **argv)
         token_drop(token_copy);
         return 2;
     }
+    /* so is a CFX_SECURE that names no mode (every command but devices
+     * reads it: ctl_get, and rdmactl ps's context) */
+    int smode;
+    if (cfx__seal_mode_parse(getenv("CFX_SECURE"), &smode) != CFX_OK) {
+        fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
+        free(a.args);
+        token_drop(token_copy);
+        return 2;
+    }
     int lrc = cfx__token_load(token_copy, r.token, sizeof(r.token));
     token_drop(token_copy);
     if (lrc != CFX_OK) {

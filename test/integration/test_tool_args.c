@@ -585,6 +585,22 @@ Test(tool_args, status_counts_left_members_apart, .init = case_init, .fini = coo
     cfx_context_destroy(stays);
 }
 
+/* A CFX_SECURE that names no mode is a usage error of rdmactl (exit 2, as a
+ * CFX_COORD that is no address), not a coordinator it could not reach. */
+Test(tool_args, rdmactl_bad_secure_mode_is_usage, .init = case_init, .fini = coord_stop,
+     .timeout = 60)
+{
+    static char out[1 << 14];
+    static const char *const cmds[] = { "status", "nodes", "ps --job j shards" };
+    coord_start();
+    setenv("CFX_SECURE", "bogus", 1);
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        cr_assert_eq(rdmactl_out(cmds[i], out, sizeof(out)), 2, "rdmactl %s:\n%s", cmds[i], out);
+        cr_assert_not_null(strstr(out, "CFX_SECURE=bogus"), "rdmactl %s:\n%s", cmds[i], out);
+    }
+    unsetenv("CFX_SECURE");
+}
+
 /*
  * A rank tool started with no coordinator listening gives up at its
  * context's deadline (CFX_TIMEOUT_MS), which the library spends retrying
