@@ -455,7 +455,8 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
             if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT &&
                 !call->done)
                 rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
-                             (unsigned long long)((deadline - start) / 1000000ull));
+                             (unsigned long long)(deadline > start ? (deadline - start) /
+                                                  1000000ull : 0));
         }
         cfx_list_del(&call->link);
         /* lost before the reply: again on the next connection */

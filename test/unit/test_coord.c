@@ -112,6 +112,28 @@ Test(coord, unreachable_coordinator)
     cr_assert_eq(cfx__ctl_open(&p, &c), CFX_ERR_AUTH);
 }
 
+/* A call whose deadline had passed when it was made (rdmactl ps --timeout 0)
+ * says it timed out after 0 ms, not after a wrapped-around number. */
+Test(coord, call_with_a_past_deadline_says_0_ms)
+{
+    struct cfx_ctl *a = open_node("a", NULL);
+    struct cfx_object_id id;
+    struct cfx_ctl_source src;
+    make_id(&id, "missing");
+    /* the coordinator answers a lookup with no time left at once (TIMEOUT,
+     * "has no holder"); the client's own wait usually ends first: until it
+     * does */
+    bool mine = false;
+    for (int i = 0; i < 1000 && !mine; i++) {
+        int rc = cfx__ctl_obj_lookup(a, &id, NULL, 0, cfx__now_ns() - 1000000, &src);
+        cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+        mine = strstr(cfx_last_error(), "timed out after") != NULL;
+    }
+    cr_assert(mine, "the coordinator answered first 1000 times");
+    cr_assert(strstr(cfx_last_error(), "timed out after 0 ms"), "%s", cfx_last_error());
+    cfx__ctl_close(a);
+}
+
 Test(coord, lookup_of_missing_object_times_out_by_its_deadline)
 {
     struct cfx_ctl *a = open_node("a", NULL);
