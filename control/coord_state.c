@@ -175,12 +175,14 @@ int cfx__coord_state_open(struct cfx_coord *co, const char *dir)
         return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s",
                         dir, strerror(errno));
     co->state_dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-    if (co->state_dirfd < 0)
-        return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s%s",
-                        dir, strerror(errno),
-                        errno == ELOOP || errno == ENOTDIR ? " (a symbolic link is refused)"
-                                                           : "");
     struct stat st;
+    if (co->state_dirfd < 0) {
+        int e = errno;
+        /* ENOTDIR: a file, or a symbolic link (O_NOFOLLOW) */
+        bool link = e == ELOOP || (e == ENOTDIR && lstat(dir, &st) == 0 && S_ISLNK(st.st_mode));
+        return cfx__err(cfx__status_from_errno(e), "coordinator state directory %s: %s",
+                        dir, link ? "a symbolic link is refused" : strerror(e));
+    }
     if (fstat(co->state_dirfd, &st) < 0)
         return cfx__err(cfx__status_from_errno(errno), "coordinator state directory %s: %s",
                         dir, strerror(errno));

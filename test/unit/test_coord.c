@@ -715,6 +715,17 @@ Test(coord, unsafe_state_dir_is_refused)
     p.state_dir = link;
     cr_assert_neq(cfx__coord_start(&p, &co), CFX_OK);
     cr_assert(strstr(cfx_last_error(), "symbolic link"), "%s", cfx_last_error());
+    /* a file is no directory, and no link either */
+    char file[80];
+    snprintf(file, sizeof(file), "%s/file", dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    p.state_dir = file;
+    cr_assert_neq(cfx__coord_start(&p, &co), CFX_OK);
+    cr_assert(strstr(cfx_last_error(), "Not a directory") &&
+              !strstr(cfx_last_error(), "symbolic link"), "%s", cfx_last_error());
+    unlink(file);
     p.state_dir = dir;
     cr_assert_eq(cfx__coord_start(&p, &co), CFX_OK, "%s", cfx_last_error());
     cfx__coord_stop(co);
