@@ -695,6 +695,17 @@ static int survivors_group(struct run *R, struct cfx_context *ctx, struct cfx_gr
     return cfx_group_create(ctx, &gp, out);
 }
 
+/* A rank that fails after the group is made still leaves it and the
+ * cluster in order: its group's records go, and the coordinator lists it
+ * as left, not dead.  Exit status 1. */
+static int leave(struct run *R)
+{
+    if (R->g)
+        cfx_group_destroy(R->g);
+    cfx_context_destroy(R->ctx);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
@@ -761,7 +772,7 @@ int main(int argc, char **argv)
     }
     if ((rc = cfx_group_broadcast(R.g, &R.tag, 1, CFX_DTYPE_I64, 0, &R.cp)) != CFX_OK) {
         fprintf(stderr, "%s: rank %d: %s: %s\n", PROG, R.rank, cfx_errname(rc), cfx_last_error());
-        return 1;
+        return leave(&R);
     }
     rc = cfx_buf_alloc(R.ctx, o.sw.max_bytes, (void **)&R.buf);
     if (rc == CFX_OK && o.op != OP_BROADCAST)
@@ -769,7 +780,7 @@ int main(int argc, char **argv)
     if (rc != CFX_OK) {
         fprintf(stderr, "%s: rank %d: cannot allocate %zu bytes: %s\n", PROG, R.rank,
                 o.sw.max_bytes, cfx_last_error());
-        return 1;
+        return leave(&R);
     }
     memset(R.buf, 0, o.sw.max_bytes);
     if (R.res)
@@ -782,7 +793,7 @@ int main(int argc, char **argv)
     double *times = calloc((size_t)o.sw.iters, sizeof(*times));
     if (!all || !alive || !used || !times) {
         fprintf(stderr, "%s: out of memory\n", PROG);
-        return 1;
+        return leave(&R);
     }
     for (int r = 0; r < R.n; r++)
         alive[r] = true;
@@ -810,7 +821,7 @@ int main(int argc, char **argv)
                 if (grc != CFX_OK) {
                     fprintf(stderr, "%s: rank %d: survivors' group: %s: %s\n", PROG, R.rank,
                             cfx_errname(grc), cfx_last_error());
-                    return 1;
+                    return leave(&R);
                 }
                 /* the root told nobody what it reduced: it says it now */
                 if (o.op != OP_BROADCAST && o.sw.root != o.kill_rank) {
@@ -825,7 +836,7 @@ int main(int argc, char **argv)
                 if (grc != CFX_OK) {
                     fprintf(stderr, "%s: rank %d: survivors' report: %s: %s\n", PROG, R.rank,
                             cfx_errname(grc), cfx_last_error());
-                    return 1;
+                    return leave(&R);
                 }
                 for (int r = 0, j = 0; r < R.n; r++)
                     all[r] = r == o.kill_rank ? (struct sample){ 0, -1, 0, 0 } : sv[j++];
@@ -836,7 +847,7 @@ int main(int argc, char **argv)
             if (rc != CFX_OK) {
                 fprintf(stderr, "%s: rank %d: iteration %ld of %zu B: %s: %s\n", PROG, R.rank, it,
                         bytes, cfx_errname(rc), cfx_last_error());
-                return 1;
+                return leave(&R);
             }
             for (int r = 0; r < R.n; r++) {
                 if (!alive[r])
@@ -851,7 +862,7 @@ int main(int argc, char **argv)
             if ((rc = cleanup(&R, bytes, it)) != CFX_OK) {
                 fprintf(stderr, "%s: rank %d: after iteration %ld: %s: %s\n", PROG, R.rank, it,
                         cfx_errname(rc), cfx_last_error());
-                return 1;
+                return leave(&R);
             }
         }
         wrong_total += wrong;

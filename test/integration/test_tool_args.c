@@ -602,6 +602,36 @@ Test(tool_args, rdmactl_bad_secure_mode_is_usage, .init = case_init, .fini = coo
 }
 
 /*
+ * cfx_obj_perf ranks that fail after their group is made (here: one runs
+ * broadcast, the other reduce) still leave in order: the coordinator lists
+ * them as left, not dead, and their group's records are gone (they stayed
+ * in the directory, and in its state directory, for good).
+ */
+Test(tool_args, obj_perf_failing_ranks_leave, .init = case_init, .fini = coord_stop,
+     .timeout = 120)
+{
+    static char out[1 << 16];
+    char cmd[1024];
+    coord_start();
+    snprintf(cmd, sizeof(cmd),
+             "export CFX_WORLD_SIZE=2 CFX_TIMEOUT_MS=10000; "
+             "CFX_RANK=0 timeout 60 %s/cfx_obj_perf -b 1M -e 1M -n 1 >/dev/null 2>&1 & "
+             "CFX_RANK=1 timeout 60 %s/cfx_obj_perf -o reduce -b 1M -e 1M -n 1 >/dev/null 2>&1; "
+             "a=$?; wait $!; echo \"exit $a $?\"", CFX_BIN_DIR, CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "exit 1 1"), "both ranks fail: %s", out);
+    /* each rank's leave is a call the coordinator answered before it exited */
+    cr_assert_eq(rdmactl_out("nodes --all", out, sizeof(out)), 0, "%s", out);
+    cr_log_info("%s", out);
+    cr_assert(!strstr(out, " alive ") && !strstr(out, " dead "), "%s", out);
+    cr_assert_eq(rdmactl_out("status --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\"nodes_alive\":0,\"nodes_dead\":0,\"nodes_left\":2,"),
+                       "%s", out);
+    cr_assert_eq(rdmactl_out("objects --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert_eq(strcmp(out, "[]\n"), 0, "the failed job's objects are still listed:\n%s", out);
+}
+
+/*
  * A rank tool started with no coordinator listening gives up at its
  * context's deadline (CFX_TIMEOUT_MS), which the library spends retrying
  * already: the tools tried the whole deadline 51 times more (a default
