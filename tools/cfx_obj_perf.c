@@ -793,7 +793,7 @@ int main(int argc, char **argv)
     double *times = calloc((size_t)o.sw.iters, sizeof(*times));
     if (!all || !alive || !used || !times) {
         fprintf(stderr, "%s: out of memory\n", PROG);
-        return leave(&R);
+        goto err_leave;
     }
     for (int r = 0; r < R.n; r++)
         alive[r] = true;
@@ -821,7 +821,7 @@ int main(int argc, char **argv)
                 if (grc != CFX_OK) {
                     fprintf(stderr, "%s: rank %d: survivors' group: %s: %s\n", PROG, R.rank,
                             cfx_errname(grc), cfx_last_error());
-                    return leave(&R);
+                    goto err_leave;
                 }
                 /* the root told nobody what it reduced: it says it now */
                 if (o.op != OP_BROADCAST && o.sw.root != o.kill_rank) {
@@ -836,7 +836,8 @@ int main(int argc, char **argv)
                 if (grc != CFX_OK) {
                     fprintf(stderr, "%s: rank %d: survivors' report: %s: %s\n", PROG, R.rank,
                             cfx_errname(grc), cfx_last_error());
-                    return leave(&R);
+                    free(sv);
+                    goto err_leave;
                 }
                 for (int r = 0, j = 0; r < R.n; r++)
                     all[r] = r == o.kill_rank ? (struct sample){ 0, -1, 0, 0 } : sv[j++];
@@ -847,7 +848,7 @@ int main(int argc, char **argv)
             if (rc != CFX_OK) {
                 fprintf(stderr, "%s: rank %d: iteration %ld of %zu B: %s: %s\n", PROG, R.rank, it,
                         bytes, cfx_errname(rc), cfx_last_error());
-                return leave(&R);
+                goto err_leave;
             }
             for (int r = 0; r < R.n; r++) {
                 if (!alive[r])
@@ -862,7 +863,7 @@ int main(int argc, char **argv)
             if ((rc = cleanup(&R, bytes, it)) != CFX_OK) {
                 fprintf(stderr, "%s: rank %d: after iteration %ld: %s: %s\n", PROG, R.rank, it,
                         cfx_errname(rc), cfx_last_error());
-                return leave(&R);
+                goto err_leave;
             }
         }
         wrong_total += wrong;
@@ -893,4 +894,11 @@ int main(int argc, char **argv)
     cfx_group_destroy(R.g);
     cfx_context_destroy(R.ctx);
     return status;
+
+err_leave:
+    free(all);
+    free(alive);
+    free(used);
+    free(times);
+    return leave(&R);
 }
