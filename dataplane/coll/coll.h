@@ -193,6 +193,8 @@ struct cfx_group {
     /* bootstrap objects to withdraw at destroy */
     struct cfx_object_id *held;
     int nheld;
+    uint8_t stale;              /* this rank's slots a gone node's object held (bit per slot) */
+    int slot;                   /* the slot this rank's own object is in */
     bool size_clash;            /* creation failed: another rank's object says another size */
 
     /* tuning, read once at creation */

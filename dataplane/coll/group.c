@@ -14,7 +14,9 @@
  * the next slot is used, by the owner and the readers alike (after a
  * coordinator restart the coordinator answers about a node that has not
  * rejoined yet only once it has, or its rejoin window ended: so a live rank
- * slow to reconnect is not taken for a dead one).  An object whose
+ * slow to reconnect is not taken for a dead one).  Once the group has
+ * formed, each rank withdraws the stale objects in its own slots
+ * (boot_sweep()), so killed jobs do not use the slots up.  An object whose
  * node is alive but is not ours means another process joined as this rank:
  * CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
  * directory keeps them across a restart (kill -9 included), so ranks that
@@ -348,6 +350,8 @@ static int boot_publish(struct cfx_group *g, uint64_t deadline)
             if (got.node_id != me.node_id && node_alive(g, got.node_id, deadline))
                 return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
                                 g->name, g->rank, got.node_id);
+            if (got.node_id != me.node_id)
+                g->stale |= (uint8_t)(1u << slot);
             continue;
         }
         if (rc == CFX_ERR_INVALID)
@@ -359,13 +363,16 @@ static int boot_publish(struct cfx_group *g, uint64_t deadline)
             return rc;
         if ((rc = boot_read(g, &id, deadline, &got)) != CFX_OK)
             return rc;
-        if (got.node_id == me.node_id && got.nonce == me.nonce)
+        if (got.node_id == me.node_id && got.nonce == me.nonce) {
+            g->slot = slot;
             return CFX_OK;
+        }
         if (node_alive(g, got.node_id, deadline))
             return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
                             g->name, g->rank, got.node_id);
         CFX_LOG(DEBUG, COLL, "group %s: rank %d slot %d is stale (node %u is gone)", g->name,
                 g->rank, slot, got.node_id);
+        g->stale |= (uint8_t)(1u << slot);
     }
     return cfx__err(CFX_ERR_NO_RESOURCE, "group %s: rank %d found %d stale bootstrap objects",
                     g->name, g->rank, BOOT_SLOTS);
@@ -472,6 +479,61 @@ static bool boot_keep(struct cfx_group *g, const struct cfx_object_id *id)
         }
     }
     return false;
+}
+
+/* Whether this rank's @p slot holds an object of a gone node (read now, not
+ * waited for); this node holds it then, so its delete may take it. */
+static bool boot_stale_now(struct cfx_group *g, const struct cfx_object_id *id)
+{
+    struct cfx_ctl_source src;
+    struct boot_rec rec;
+    memset(&src, 0, sizeof(src));
+    if (cfx__ctl_obj_lookup_now(g->ctx->ctl, id, NULL, 0, cfx__deadline_ns(1000), &src) !=
+        CFX_OK)
+        return false;
+    bool ours = src.is_inline && src.size == sizeof(rec) && src.data;
+    if (ours)
+        memcpy(&rec, src.data, sizeof(rec));
+    free(src.data);
+    if (!ours || rec.magic != BOOT_MAGIC || rec.node_id == g->ctx->node_id ||
+        node_alive(g, rec.node_id, cfx__deadline_ns(1000))) {
+        (void)hold(g, id); /* a holder now: the destroy withdraws this node's copy */
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Once every rank has joined (the joining barrier: nobody reads a slot any
+ * more), withdraw the objects that gone nodes left in this rank's slots (a
+ * job killed before it destroyed its groups).  Kept, they pile up: each
+ * killed run of a job pushes the next one a slot further, and after
+ * BOOT_SLOTS of them the name could not be joined again on that
+ * coordinator.  The slots below this rank's own held such objects (this
+ * rank read each, so it holds them, and their putters are gone: its delete
+ * takes them, state-directory records included); those above are looked at
+ * when any below was stale (a run that found slot 0 free left them).  A
+ * delete that fails leaves a slot the next creation skips again.
+ */
+static void boot_sweep(struct cfx_group *g)
+{
+    for (int slot = 0; g->stale && slot < BOOT_SLOTS; slot++) {
+        struct cfx_object_id id;
+        boot_id(g, g->rank, slot, &id);
+        if (slot == g->slot || (slot < g->slot && !(g->stale & (1u << slot))) ||
+            (slot > g->slot && !boot_stale_now(g, &id)))
+            continue;
+        int rc = cfx__ctl_obj_delete(g->ctx->ctl, &id, cfx__deadline_ns(1000));
+        if (rc != CFX_OK)
+            CFX_LOG(INFO, COLL, "group %s: rank %d: the object a gone node left in slot %d "
+                    "stays: %s", g->name, g->rank, slot, cfx_last_error());
+        for (int i = 0; i < g->nheld; i++)
+            if (!memcmp(&g->held[i], &id, sizeof(id))) {
+                g->held[i] = g->held[--g->nheld]; /* destroy need not delete it again */
+                break;
+            }
+    }
+    g->stale = 0;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -784,6 +846,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
                           g->name, rank, cfx_last_error());
             goto err_withdraw;
         }
+        boot_sweep(g);
     }
     CFX_LOG(INFO, COLL, "group %s: rank %d of %d (node %u), epoch %" PRIu32 ", algo %s, "
             "segment %zu B, agreement check %s", g->name, rank, size, ctx->node_id, g->epoch,

@@ -21,13 +21,17 @@
  */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
@@ -809,4 +813,116 @@ Test(coord_restart, rank_slow_to_rejoin)
     cr_assert_eq(crc, CFX_OK, "rank 1 (child): %s", cfx_strerror(crc));
     cfx_group_destroy(r0.g);
     cfx_context_destroy(r0.ctx);
+}
+
+/* ---- jobs killed before they destroyed their groups ----------------------------- */
+
+/*
+ * Rank RANK of the 2-rank group "killed" in a child process (an exec'd
+ * image of this binary, as above): it creates the group, writes its status
+ * and node id to the pipe, and waits to be killed with SIGKILL, leaving its
+ * bootstrap object behind as a crashed or OOM-killed rank does.
+ */
+#define KILLED_CHILD_ENV "CFX_TEST_KILLED_RANK"
+#define KILLED_RUNS      12 /* more than the slots a rank's object may take */
+
+__attribute__((constructor)) static void killed_child_main(void)
+{
+    const char *spec = getenv(KILLED_CHILD_ENV); /* "FD RANK ADDR TOKEN" */
+    int fd, rank;
+    char a[64], tok[64];
+    if (!spec || sscanf(spec, "%d %d %63s %63s", &fd, &rank, a, tok) != 4)
+        return;
+    struct cfx_context *ctx = coord_run_join_at(a, tok, 20000);
+    struct cfx_group *g = NULL;
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "killed", .rank = rank, .size = 2, .timeout_ms = 20000,
+    };
+    int32_t out[2] = { ctx ? cfx_group_create(ctx, &gp, &g) : CFX_ERR_CONNECT,
+                       ctx ? (int32_t)cfx_context_node_id(ctx) : 0 };
+    if (out[0] != CFX_OK)
+        fprintf(stderr, "rank %d (child): %s\n", rank, cfx_last_error());
+    if (write(fd, out, sizeof(out)) != sizeof(out))
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+static int durable_objects_in(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    cr_assert(d, "opendir %s: %s", dir, strerror(errno));
+    for (struct dirent *e; (e = readdir(d));)
+        n += !strncmp(e->d_name, "obj.", 4);
+    closedir(d);
+    return n;
+}
+
+/*
+ * A job whose ranks are killed right after they joined, KILLED_RUNS times
+ * in a row on one coordinator: every run joins.  Each killed rank leaves
+ * its bootstrap object (durable: the coordinator keeps it), and the next
+ * rank of that number skips it for the next slot; without withdrawing them
+ * once its group formed, the run after BOOT_SLOTS such kills failed with
+ * CFX_ERR_NO_RESOURCE ("found 8 stale bootstrap objects") on that
+ * coordinator for good.  The state directory keeps at most 2 per rank.
+ */
+Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
+{
+    char exe[512];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    struct cfx_ctl *probe = open_ctl("probe");
+    for (int run = 0; run < KILLED_RUNS; run++) {
+        pid_t pid[2];
+        int rfd[2];
+        int32_t got[2][2]; /* status, node id */
+        for (int r = 0; r < 2; r++) {
+            int fds[2];
+            char spec[192];
+            cr_assert_eq(pipe(fds), 0);
+            snprintf(spec, sizeof(spec), "%d %d %s %s", fds[1], r, co.cc.addr, co.token);
+            pid[r] = fork();
+            cr_assert_geq(pid[r], 0);
+            if (pid[r] == 0) {
+                close(fds[0]);
+                setenv(KILLED_CHILD_ENV, spec, 1);
+                execl(exe, exe, (char *)NULL);
+                _exit(127);
+            }
+            close(fds[1]);
+            rfd[r] = fds[0];
+        }
+        for (int r = 0; r < 2; r++) {
+            struct pollfd pfd = { .fd = rfd[r], .events = POLLIN };
+            if (poll(&pfd, 1, 30000) != 1 ||
+                read(rfd[r], got[r], sizeof(got[r])) != (ssize_t)sizeof(got[r]))
+                got[r][0] = CFX_ERR_TIMEOUT;
+            close(rfd[r]);
+        }
+        for (int r = 0; r < 2; r++) {
+            kill(pid[r], SIGKILL);
+            waitpid(pid[r], NULL, 0);
+        }
+        for (int r = 0; r < 2; r++)
+            cr_assert_eq(got[r][0], CFX_OK, "run %d, rank %d: %s (its stderr says why)", run,
+                         r, cfx_errname(got[r][0]));
+        /* the coordinator saw both connections close: the nodes are gone */
+        for (int r = 0; r < 2; r++) {
+            struct cfx_node_rec rec = { .alive = 1 };
+            uint64_t dl = cfx__deadline_ns(15000);
+            while (cfx__ctl_node_get(probe, (uint32_t)got[r][1], &rec, dl) == CFX_OK &&
+                   rec.alive && cfx__now_ns() < dl)
+                usleep(5 * 1000);
+            cr_assert(!rec.alive, "run %d: rank %d (node %d) still alive", run, r,
+                      (int)got[r][1]);
+        }
+    }
+    cfx__ctl_close(probe);
+    int left = durable_objects_in(co.statedir);
+    cr_assert_leq(left, 4, "%d bootstrap records of killed jobs stay", left);
 }
