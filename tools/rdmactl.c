@@ -1039,6 +1039,12 @@ static int cmd_top(struct rdmactl *r, const struct cmd_args *a)
                 "for machines\n");
         return TOOL_EXIT_USAGE;
     }
+    if (once && a->count && count != 1) {
+        fprintf(stderr, "rdmactl top: --once prints one frame, --count %d asks for %d: drop "
+                "one (without a terminal, frames follow each other without escapes)\n", count,
+                count);
+        return TOOL_EXIT_USAGE;
+    }
     if (once)
         count = 1;
     if (!ctl_get(r))

@@ -197,6 +197,7 @@ static const struct args_case cases[] = {
     { "rdmactl", { "top", "--bogus" }, 2, "rdmactl top: unknown option", "'--bogus'", 1 },
     { "rdmactl", { "top", "--count" }, 2, "rdmactl top: --count", "needs a value", 1 },
     { "rdmactl", { "top", "--once", "--json" }, 2, "rdmactl top", "--json is not supported", 1 },
+    { "rdmactl", { "top", "--once", "--count", "2" }, 2, "rdmactl top: --once", "--count 2", 1 },
     { "rdmactl", { "ps", "shards", "--bogus" }, 2, "rdmactl ps: unknown option", "'--bogus'", 1 },
     { "rdmactl", { "ps", "--auto", "shards" }, 2, "ps shards", "--auto goes with add-server", 1 },
     { "rdmactl", { "status", "--", "--json" }, 2, "rdmactl status: unexpected argument",
