@@ -6,6 +6,7 @@
 #include "coll.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -906,8 +907,15 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
     if (a->kind != COLL_BARRIER) {
         if (cfx_dtype_size(a->dtype) == 0)
             return cfx__err(CFX_ERR_INVALID, "%s: unknown dtype %d", what, (int)a->dtype);
-        if (a->count && a->count > SIZE_MAX / cfx_dtype_size(a->dtype) / (size_t)g->size)
-            return cfx__err(CFX_ERR_INVALID, "%s: count %zu overflows", what, a->count);
+        /* No buffer holds more than PTRDIFF_MAX bytes: a count beyond that is
+         * a caller's mistake, and would be copied or sent as if it were not
+         * (an in-place call of one rank returned CFX_OK, another wrote past
+         * its buffers) */
+        if (a->count && a->count > (size_t)PTRDIFF_MAX / cfx_dtype_size(a->dtype) /
+                                       (size_t)g->size)
+            return cfx__err(CFX_ERR_INVALID, "%s: count %zu overflows: %d rank(s) of %zu-byte "
+                            "elements need more than %td bytes", what, a->count, g->size,
+                            cfx_dtype_size(a->dtype), PTRDIFF_MAX);
     }
     if (coll_has_op(a->kind) && ((int)a->op < 0 || a->op >= CFX_OP_LAST))
         return cfx__err(CFX_ERR_INVALID, "%s: unknown reduction op %d", what, (int)a->op);

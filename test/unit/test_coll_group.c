@@ -11,6 +11,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -846,6 +847,12 @@ Test(coll_group, size_one_and_count_zero, .timeout = 60)
     cr_assert_eq(cfx_group_allreduce(g, NULL, r, 5, CFX_DTYPE_F64, CFX_OP_SUM, NULL),
                  CFX_ERR_INVALID);
     cr_assert_eq(cfx_group_send(g, s, 8, 0, 1, NULL), CFX_ERR_INVALID);
+    /* a count no buffer can hold: refused, not copied or sent as if it were one */
+    cr_assert_eq(cfx_group_allreduce(g, s, s, SIZE_MAX, CFX_DTYPE_U8, CFX_OP_SUM, NULL),
+                 CFX_ERR_INVALID, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "overflows"), "%s", cfx_last_error());
+    cr_assert_eq(cfx_group_broadcast(g, s, (size_t)PTRDIFF_MAX + 1, CFX_DTYPE_U8, 0, NULL),
+                 CFX_ERR_INVALID);
     struct cfx_request *req = NULL;
     cr_assert_eq(cfx_group_ibroadcast(g, s, 5, CFX_DTYPE_F64, 3, NULL, &req), CFX_ERR_INVALID);
     cr_assert_null(req, "a failed call hands out no request");
