@@ -66,6 +66,8 @@
 #define CFX_STORE_BUCKETS  1024
 #define CFX_CHUNK_MIN      CFX_CHUNK_SIZE_MIN
 #define CFX_CHUNK_MAX      CFX_CHUNK_SIZE_MAX
+#define CFX_XFER_SIZE_MAX  (1ull << 46) /* largest object or message: ~CFX_MAX_CHUNKS of
+                                           CFX_CHUNK_MAX bytes (64 TiB) */
 
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 

@@ -21,7 +21,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     cfx__err_clear();
     if (!ctx || !id || (!buf && size))
         return cfx__err(CFX_ERR_INVALID, "cfx_put: NULL %s", !ctx ? "context" : !id ? "id" : "buffer");
-    if (size > (1ull << 46))
+    if (size > CFX_XFER_SIZE_MAX)
         return cfx__err(CFX_ERR_TOO_BIG, "cfx_put: %zu bytes is larger than an object may be", size);
     rc = check_params(params, "cfx_put");
     if (rc != CFX_OK)

@@ -214,6 +214,12 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
     if (mt != CFX_MEMTYPE_HOST && mt != CFX_MEMTYPE_CUDA)
         return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
+    /* beyond it no chunk size fits the chunk numbers (it came out 0) */
+    if (len > CFX_XFER_SIZE_MAX)
+        return cfx__err(CFX_ERR_TOO_BIG, "%s %zu bytes %s node %u: larger than a message "
+                        "may be (%llu bytes)", kind == CFX_P2P_SEND ? "send of" : "receive of",
+                        len, kind == CFX_P2P_SEND ? "to" : "from", peer->node_id,
+                        CFX_XFER_SIZE_MAX);
     uint32_t chunk = cfx__chunk_size_for(len, ctx->cfg.chunk_size);
     pthread_mutex_lock(&ctx->lock);
     struct p2p_block *b = block_take(ctx, len, chunk);

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,13 @@ ParameterizedTest(struct tp_param *p, p2p, fifo_and_errors, .timeout = 60)
     cr_assert(strstr(cfx_last_error(), "disagree"), "%s", cfx_last_error());
     cfx__p2p_free(ss);
     cfx__p2p_free(rr);
+
+    /* a size no chunk size carries: refused at once (it divided by a chunk size of 0) */
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 9, 6, big, SIZE_MAX, CFX_MEMTYPE_HOST, &ss),
+                 CFX_ERR_TOO_BIG, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "larger than a message may be"), "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 6, big, (size_t)1 << 50, CFX_MEMTYPE_HOST, &rr),
+                 CFX_ERR_TOO_BIG, "%s", cfx_last_error());
 
     /* nobody sends: the receive times out by its deadline and says on whom */
     cr_assert_eq(cfx__p2p_irecv(b, &ra, 9, 3, small, sizeof(small), CFX_MEMTYPE_HOST, &rr), CFX_OK);
