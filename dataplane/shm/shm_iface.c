@@ -45,15 +45,35 @@ static int epoll_add(int epfd, int fd, struct cfx__shm_ev *ev)
     return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e);
 }
 
+/* $name in [min, max], rounded down to a power of two (min and max are
+ * powers of two); a value beyond them or between two is brought to the
+ * nearest one below (the bound beyond them), with a warning naming it. */
 static size_t env_pow2(const char *name, size_t def, size_t min, size_t max)
 {
-    size_t v = cfx__env_size(name, def);
-    if (v < min || v > max || (v & (v - 1))) {
-        CFX_LOG(WARN, CONFIG, "ignoring %s=%zu: want a power of two in [%zu, %zu]",
-                name, v, min, max);
-        return def;
-    }
-    return v;
+    size_t v = cfx__env_size(name, def), used = v;
+    if (used < min)
+        used = min;
+    if (used > max)
+        used = max;
+    while (used & (used - 1))
+        used &= used - 1; /* the highest bit alone */
+    if (used != v)
+        CFX_LOG(WARN, CONFIG, "%s=%zu: using %zu (a power of two in [%zu, %zu])", name, v, used,
+                min, max);
+    return used;
+}
+
+/* $CFX_SHM_FRAG_SIZE in [CFX_SHM_FRAG_MIN, ring / 4]: a value beyond is
+ * brought to the nearest bound, with a warning naming it. */
+static size_t env_frag(size_t ring)
+{
+    size_t def = CFX_MIN((size_t)CFX_SHM_FRAG_DEFAULT, ring / 4);
+    size_t v = cfx__env_size("CFX_SHM_FRAG_SIZE", def);
+    size_t used = CFX_MIN(CFX_MAX(v, (size_t)CFX_SHM_FRAG_MIN), ring / 4);
+    if (used != v)
+        CFX_LOG(WARN, CONFIG, "CFX_SHM_FRAG_SIZE=%zu: using %zu (%u .. a quarter of the "
+                "%zu-byte ring)", v, used, CFX_SHM_FRAG_MIN, ring);
+    return used;
 }
 
 static int shm_iface_open(const struct cfx_tp_iface_params *params,
@@ -84,9 +104,7 @@ static int shm_iface_open(const struct cfx_tp_iface_params *params,
     iface->pid = getpid();
     iface->ring_size = env_pow2("CFX_SHM_RING_SIZE", CFX_SHM_RING_DEFAULT,
                                 CFX_SHM_RING_MIN, CFX_SHM_RING_MAX);
-    iface->frag_size = cfx__env_size("CFX_SHM_FRAG_SIZE", CFX_SHM_FRAG_DEFAULT);
-    if (iface->frag_size < CFX_SHM_FRAG_MIN || iface->frag_size > iface->ring_size / 4)
-        iface->frag_size = CFX_MIN((size_t)CFX_SHM_FRAG_DEFAULT, iface->ring_size / 4);
+    iface->frag_size = env_frag(iface->ring_size);
     cfx__tp_table_init(&iface->mrs, 64, 0x10000u, 32, "shm registration");
     iface->listen_ev.kind = CFX_SHM_EV_LISTEN;
     iface->doorbell_ev.kind = CFX_SHM_EV_DOORBELL;

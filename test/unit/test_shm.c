@@ -363,6 +363,46 @@ Test(shm, unsealed_memfd_is_staged, .timeout = 60)
     check_paths(true, false);
 }
 
+/* ---- sizes from the environment ------------------------------------------------------ */
+
+/* Ring and fragment sizes beyond their bounds are brought to the nearest one
+ * with a warning naming it (a fragment size out of range was replaced by the
+ * default without a word). */
+static void sizes_from_env(const char *ring, const char *frag, size_t want_ring,
+                           size_t want_frag, const char *said)
+{
+    char path[] = "/tmp/cfx-test-shmenv-XXXXXX";
+    int fd;
+    setenv("CFX_SHM_RING_SIZE", ring, 1);
+    setenv("CFX_SHM_FRAG_SIZE", frag, 1);
+    int saved = cfx_test_stderr_to(path, &fd);
+    struct cfx_tp_iface *i = open_iface(1);
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unsetenv("CFX_SHM_RING_SIZE");
+    unsetenv("CFX_SHM_FRAG_SIZE");
+    const struct cfx__shm_iface *si = (const struct cfx__shm_iface *)i;
+    size_t got_ring = si->ring_size, got_frag = si->frag_size;
+    ops->iface_close(i);
+    int found = cfx_test_file_contains(path, said);
+    unlink(path);
+    cr_assert_eq(got_ring, want_ring, "ring %s: %zu", ring, got_ring);
+    cr_assert_eq(got_frag, want_frag, "fragment %s: %zu", frag, got_frag);
+    cr_assert(found, "no warning \"%s\"", said);
+}
+
+Test(shm, sizes_from_env_brought_into_range, .timeout = 30)
+{
+    sizes_from_env("100K", "1", 64u << 10, CFX_SHM_FRAG_MIN,
+                   "CFX_SHM_FRAG_SIZE=1: using 4096");
+    sizes_from_env("100K", "64K", 64u << 10, 16u << 10,
+                   "CFX_SHM_RING_SIZE=102400: using 65536");
+    sizes_from_env("1G", "64K", CFX_SHM_RING_MAX, 64u << 10,
+                   "CFX_SHM_RING_SIZE=1073741824: using 268435456");
+    sizes_from_env("4K", "8K", CFX_SHM_RING_MIN, 8u << 10,
+                   "CFX_SHM_RING_SIZE=4096: using 65536");
+}
+
 /* ---- wrap-around and ordering -------------------------------------------------------- */
 
 Test(shm, wrap_interleaved, .timeout = 60)
