@@ -175,8 +175,12 @@ static void ctl_rx(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *s
         ep = ep_by_sess(iface, h->msg_id);
         if (!ep || ep->state != CFX_DPDK_EP_OPEN || ep->peer_sess != h->ack ||
             !same_addr(&ep->peer, src)) {
+            /* the pinger's session is not ours (a process restarted on
+             * this address, a session closed): reset it, from the id it
+             * sent to, which the pinger checks a reset of its open
+             * session against */
             if (h->seq == CFX_DPDK_CTL_PING)
-                cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, 0, h->ack,
+                cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_RST, h->msg_id, h->ack,
                                    (uint32_t)CFX_ERR_PEER_FAILED);
             return;
         }
