@@ -230,6 +230,7 @@ struct cfx__dpdk_ep {
     bool rx_expect;          /* the next message is a chunk's bytes */
     uint32_t rx_len;         /* its length */
     uint32_t rx_mr_idx, rx_mr_gen; /* its registration */
+    uint64_t rx_key;         /* its grant's key: each packet lands only while it is live */
     uint64_t rx_off;         /* where it lands */
     bool rx_last;            /* it ends the write */
     uint32_t rx_imm, rx_total;

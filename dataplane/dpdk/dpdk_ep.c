@@ -85,10 +85,15 @@ static int deliver_chunk(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
     }
     if (ep->rx_last && ep->rx_unreported >= CFX_DPDK_RX_MAX)
         return CFX_ERR_AGAIN;
-    /* the registration may have gone since its header was checked: then the
-     * bytes go nowhere and the write reports nothing; buf NULL: rel_place
+    /* the registration may have gone or its grant been revoked since the
+     * header was checked: then the bytes go nowhere (rel_place dropped
+     * those after it) and the write reports nothing; buf NULL: rel_place
      * put them in place already */
     struct cfx__dpdk_mr *mr = cfx__tp_table_get(&iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
+    if (unlikely(mr && mr->grant_key != ep->rx_key)) {
+        atomic_fetch_add_explicit(&iface->n_late_dropped, 1, memory_order_relaxed);
+        mr = NULL;
+    }
     if (mr && len && buf)
         memcpy((uint8_t *)mr->super.addr + ep->rx_off, buf, len);
     ep->rx_expect = false;
@@ -197,6 +202,7 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
             ep->rx_len = hlen;
             ep->rx_mr_idx = UINT32_MAX;
             ep->rx_mr_gen = 0;
+            ep->rx_key = 0;
             ep->rx_off = 0;
             ep->rx_last = false;
             return CFX_OK;
@@ -212,6 +218,7 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
         ep->rx_len = hlen;
         ep->rx_mr_idx = mr->idx;
         ep->rx_mr_gen = mr->gen;
+        ep->rx_key = mr->grant_key;
         ep->rx_off = off;
         ep->rx_last = h.flags & CFX_DPDK_OP_F_LAST;
         ep->rx_imm = le32toh(h.imm);
@@ -259,9 +266,11 @@ static int rel_deliver(void *ctx, const void *buf, size_t len)
 /*
  * The write chunk due next goes straight into its granted window: its
  * header was checked (cfx__dpdk_mr_lookup: key, bounds, access) when it
- * came, and the registration is looked up again for every packet, so bytes
- * never land in a region deregistered meanwhile.  Sealed chunks are opened
- * into a buffer first (rel_deliver).
+ * came, and the registration and its grant are looked up again for every
+ * packet, so bytes never land in a region deregistered meanwhile, nor
+ * after the receiver revoked the grant (a transfer it gave up while the
+ * chunk was on its way: a later grant of the region is another peer's).
+ * Sealed chunks are opened into a buffer first (rel_deliver).
  */
 static void *rel_place(void *ctx, uint32_t msg_len, uint32_t off, uint32_t len)
 {
@@ -272,7 +281,9 @@ static void *rel_place(void *ctx, uint32_t msg_len, uint32_t off, uint32_t len)
         msg_len != ep->rx_len || !msg_len)
         return NULL;
     struct cfx__dpdk_mr *mr = cfx__tp_table_get(&ep->iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
-    return mr ? (uint8_t *)mr->super.addr + ep->rx_off + off : NULL;
+    if (!mr || mr->grant_key != ep->rx_key)
+        return NULL;
+    return (uint8_t *)mr->super.addr + ep->rx_off + off;
 }
 
 static const struct cfx__dpdk_rel_ops rel_ops = {

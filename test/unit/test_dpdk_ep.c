@@ -54,3 +54,61 @@ Test(dpdk_ep, a_ping_to_a_session_gone_is_reset, .timeout = 60)
     pair_close(&p);
 #endif
 }
+
+#ifdef CFX_HAVE_DPDK
+static bool b_chunk_under_way(struct pair *p, void *arg)
+{
+    (void)arg;
+    return cfx__dpdk_ep_of(p->ba)->rx_expect;
+}
+#endif
+
+/*
+ * A chunk of a write is checked against its grant at its header, and its
+ * packets then land one by one as they come, over many polls.  The
+ * receiver revokes the grant with a chunk under way (it gave the transfer
+ * up; the region may be granted next to another source): no byte of it
+ * that comes after lands, nor anything of the chunks after it, and the
+ * write reports no WRITE_IMM; the connection lives on.  The rest of the
+ * chunk under way used to land all the same, the registration being
+ * still there.
+ */
+Test(dpdk_ep, a_revoked_grant_stops_the_chunk_under_way, .timeout = 60)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK");
+#else
+    enum { LEN = 4 * CFX_DPDK_CHUNK };
+    struct pair p;
+    struct region src, dst;
+    struct cfx_tp_rdesc grant;
+    pair_open(&p, &dpdk_param);
+    pair_connect(&p);
+    region_reg(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0x11);
+    region_reg(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    int rc = p.ops->mr_grant(dst.mr, p.ba, &grant);
+    cr_assert_eq(rc, CFX_OK, "mr_grant: %s", cfx_last_error());
+
+    post_write(&p, p.ab, &src, 0, &grant, 0, LEN, 7, 1);
+    /* the first header taken: the window of 16 packets the session
+     * starts with holds a few of the chunk's 183 packets at most */
+    drive(&p, b_chunk_under_way, NULL, WAIT_MS, "a chunk under way at b");
+    struct cfx__dpdk_ep *b = cfx__dpdk_ep_of(p.ba);
+    size_t landed = b->rx_off + (size_t)b->sess.asm_next * CFX_DPDK_MTU;
+    cr_assert_lt(landed, (size_t)CFX_DPDK_CHUNK);
+    p.ops->mr_revoke(dst.mr);
+
+    struct ev *e = wait_ev(&p, 0, CFX_TP_COMP_WRITE, p.ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK, "the writer's status %s", cfx_errname(e->status));
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, p.ba), "WRITE_IMM reported");
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_EP_ERROR, p.ba), "the endpoint failed");
+    for (size_t i = 0; i < landed; i++)
+        cr_assert_eq(dst.buf[i], 0x11, "byte %zu, before the revoke, did not land", i);
+    for (size_t i = landed; i < LEN; i++)
+        cr_assert_eq(dst.buf[i], 0xAA, "byte %zu landed after the grant was revoked", i);
+    cr_assert_geq(b->iface->n_late_dropped, 4);
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+#endif
+}
