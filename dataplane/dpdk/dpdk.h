@@ -73,6 +73,7 @@
 #define CFX_DPDK_LINK_CHECK_MS   100  /* poll() looks at the link this often */
 #define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */
 #define CFX_DPDK_SEND_INLINE 256 /* sends up to this (with header) need no allocation */
+#define CFX_DPDK_HALF_OPEN_MAX 256 /* endpoints accepted whose peer sent nothing on them yet */
 #define CFX_DPDK_NODE_NONE  UINT32_MAX
 #define CFX_DPDK_CQ_PER_EP  (CFX_DPDK_TXQ_DEPTH + CFX_DPDK_RX_MAX + 2)
 
@@ -203,6 +204,7 @@ struct cfx__dpdk_ep {
     uint32_t peer_sess;        /* the peer's (OPEN) */
     struct cfx__dpdk_addr peer; /* where the peer's port is */
     bool sess_up;              /* sess is initialised */
+    bool half_open;            /* accepted, and nothing came from the peer on it yet */
     struct cfx__dpdk_sess sess;
     uint64_t connect_deadline; /* CONNECTING: fail after (ns) */
     uint64_t syn_next;         /* CONNECTING: next SYN (ns) */
@@ -267,6 +269,9 @@ struct cfx__dpdk_iface {
     unsigned restart_fails;       /* port restarts in a row with no link after (link_watch
                                      backs off) */
     uint64_t data_at;             /* last packet of a session received (ns) */
+    uint32_t half_open;           /* endpoints half_open (CFX_DPDK_HALF_OPEN_MAX at most) */
+    uint64_t syn_refused;         /* SYNs dropped for want of room, since the last report */
+    uint64_t syn_log_at;          /* ... reported again from then (ns) */
     uint64_t quiet_ns;            /* CFX_DPDK_QUIET_MS: no data this long is quiet; 0: never */
 };
 
@@ -308,6 +313,11 @@ int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess);
 void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep);
 /* Fail ep with status (sticky): flush its ops, report EP_ERROR once. */
 void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why);
+/* The peer spoke on ep's session (a packet of it, a PING or a PONG): it
+ * is alive, and got our SYNACK if ep was accepted. */
+void cfx__dpdk_ep_heard(struct cfx__dpdk_ep *ep);
+/* ep no longer counts as half open (it is closed). */
+void cfx__dpdk_ep_half_open_end(struct cfx__dpdk_ep *ep);
 /* A packet of ep's session arrived. */
 void cfx__dpdk_ep_rx(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_hdr *h, const void *payload);
 /* Timers, queued ops, retransmissions. */

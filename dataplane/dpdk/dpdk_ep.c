@@ -352,10 +352,26 @@ int cfx__dpdk_ep_open(struct cfx__dpdk_ep *ep, uint32_t peer_sess)
     return CFX_OK;
 }
 
+void cfx__dpdk_ep_half_open_end(struct cfx__dpdk_ep *ep)
+{
+    if (ep->half_open) {
+        ep->half_open = false;
+        ep->iface->half_open--;
+    }
+}
+
+void cfx__dpdk_ep_heard(struct cfx__dpdk_ep *ep)
+{
+    ep->heard = ep->iface->now;
+    if (unlikely(ep->half_open))
+        cfx__dpdk_ep_half_open_end(ep);
+}
+
 void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
 {
     struct cfx__dpdk_iface *iface = ep->iface;
     cfx__dpdk_port_settle(iface->port); /* its messages are freed below */
+    cfx__dpdk_ep_half_open_end(ep);
     cfx_list_del(&ep->link);
     if (ep->in_tab) {
         cfx__tp_table_remove(&iface->eps_tab, ep->idx);
@@ -422,7 +438,7 @@ void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
 
 void cfx__dpdk_ep_rx(struct cfx__dpdk_ep *ep, const struct cfx__dpdk_hdr *h, const void *payload)
 {
-    ep->heard = ep->iface->now;
+    cfx__dpdk_ep_heard(ep);
     /* it came after the last poll: the time since is the most it waited
      * here unread (a burst left in the ring by that poll waited longer,
      * and is taken as waiting less: the safe side) */
@@ -657,6 +673,7 @@ void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
         cfx__dpdk_port_flush(iface->port);
     }
     ep->state = CFX_DPDK_EP_FAILED;
+    cfx__dpdk_ep_half_open_end(ep); /* its memory goes at the next poll */
     cfx__tp_cq_drop_ep(&iface->cq, tp_ep);
     /* its session id answers with a reset from now on */
     cfx__tp_table_remove(&iface->eps_tab, ep->idx);

@@ -119,6 +119,26 @@ static void accept_syn(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_add
         return;
     }
     uint32_t node = (uint32_t)h->sack;
+    if (unlikely(iface->half_open >= CFX_DPDK_HALF_OPEN_MAX)) {
+        /* a SYN costs its sender one frame and us an endpoint with its
+         * session's rings (some 480 KB), kept until the peer is silent for
+         * CFX_DPDK_DEAD_MS: SYNs from addresses that never answer (forged)
+         * would take every slot and all memory.  Dropped, not refused: a
+         * real connector repeats its SYN (CFX_DPDK_SYN_MS) until its
+         * deadline, and gets in as the endpoints before it hear from
+         * their peers. */
+        iface->syn_refused++;
+        if (iface->now >= iface->syn_log_at) {
+            CFX_LOG(WARN, DPDK, "iface %s: %d endpoints accepted whose peers sent nothing yet: "
+                    "%" PRIu64 " connection requests dropped (the last from node %u, "
+                    "%u.%u.%u.%u:%u)", iface->name, CFX_DPDK_HALF_OPEN_MAX,
+                    iface->syn_refused, node, src->ip >> 24, src->ip >> 16 & 0xFF,
+                    src->ip >> 8 & 0xFF, src->ip & 0xFF, src->port);
+            iface->syn_refused = 0;
+            iface->syn_log_at = iface->now + 10000000000ull;
+        }
+        return;
+    }
     if (cfx__dpdk_ep_new(iface, src, node, &ep) != CFX_OK) {
         CFX_LOG(WARN, DPDK, "iface %s: connection from node %u refused: %s", iface->name, node,
                 cfx_last_error());
@@ -130,6 +150,8 @@ static void accept_syn(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_add
         cfx__dpdk_ep_destroy(ep);
         return;
     }
+    ep->half_open = true;
+    iface->half_open++;
     struct cfx_tp_completion *c = cfx__tp_cq_push(&iface->cq);
     c->type = CFX_TP_COMP_ACCEPT;
     c->ep = &ep->super;
@@ -184,7 +206,7 @@ static void ctl_rx(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *s
                                    (uint32_t)CFX_ERR_PEER_FAILED);
             return;
         }
-        ep->heard = iface->now;
+        cfx__dpdk_ep_heard(ep);
         if (h->seq == CFX_DPDK_CTL_PING)
             cfx__dpdk_ctl_send(iface, src, CFX_DPDK_CTL_PONG, ep->sess_id, ep->peer_sess, 0);
         return;

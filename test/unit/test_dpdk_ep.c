@@ -112,3 +112,69 @@ Test(dpdk_ep, a_revoked_grant_stops_the_chunk_under_way, .timeout = 60)
     pair_close(&p);
 #endif
 }
+
+#ifdef CFX_HAVE_DPDK
+static uint64_t port_rx(struct cfx_tp_iface *i)
+{
+    struct cfx__dpdk_port_stats st;
+    cfx__dpdk_port_get_stats(container_of(i, struct cfx__dpdk_iface, super)->port, &st);
+    return st.rx;
+}
+
+/* b's port has taken *(uint64_t *)arg frames */
+static bool b_took(struct pair *p, void *arg)
+{
+    return port_rx(p->s[1].iface) >= *(uint64_t *)arg;
+}
+
+/* n SYNs from a's port to b's, each under a session id of its own that
+ * no endpoint of a has (as forged ones are), taken by b */
+static void forged_syns(struct pair *p, uint32_t first, uint32_t n)
+{
+    struct cfx__dpdk_iface *a = container_of(p->s[0].iface, struct cfx__dpdk_iface, super);
+    struct cfx__dpdk_iface *b = container_of(p->s[1].iface, struct cfx__dpdk_iface, super);
+    uint64_t want = port_rx(p->s[1].iface);
+    for (uint32_t i = first; i < first + n; i++) {
+        cfx__dpdk_ctl_send(a, &b->local, CFX_DPDK_CTL_SYN, 0x40000000u | i, 0, 99);
+        want++;
+        if (i % 16 == 15 || i + 1 == first + n) {
+            cfx__dpdk_port_flush(a->port);
+            drive(p, b_took, &want, WAIT_MS, "b taking the SYNs");
+        }
+    }
+}
+#endif
+
+/*
+ * Every SYN made an endpoint with its session's rings (some 480 KB), kept
+ * until its peer had been silent for 3 s: SYNs from addresses that never
+ * answer took up to 65534 of them, 30 GB.  Endpoints accepted whose peer
+ * has sent nothing on them yet are capped; a SYN past the cap is dropped
+ * (its connector repeats it), and one gets in again as soon as an
+ * endpoint hears from its peer.
+ */
+Test(dpdk_ep, connection_requests_past_the_half_open_cap_wait, .timeout = 60)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK");
+#else
+    struct pair p;
+    pair_open(&p, &dpdk_param);
+    pair_connect(&p); /* b's endpoint is half open: a sent nothing on it yet */
+    struct cfx__dpdk_iface *b = container_of(p.s[1].iface, struct cfx__dpdk_iface, super);
+    cr_assert_eq(b->half_open, 1);
+
+    forged_syns(&p, 0, CFX_DPDK_HALF_OPEN_MAX + 16);
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_ACCEPT, NULL), CFX_DPDK_HALF_OPEN_MAX,
+                 "accepted %zu", count_ev(&p.s[1], CFX_TP_COMP_ACCEPT, NULL));
+    cr_assert_eq(b->half_open, CFX_DPDK_HALF_OPEN_MAX);
+
+    /* a speaks on its endpoint: b's is open whole, and one more SYN gets in */
+    post_send(&p, p.ab, "x", 1, 1);
+    wait_ev(&p, 1, CFX_TP_COMP_RECV, p.ba, WAIT_MS);
+    cr_assert_eq(b->half_open, CFX_DPDK_HALF_OPEN_MAX - 1);
+    forged_syns(&p, CFX_DPDK_HALF_OPEN_MAX + 16, 2);
+    cr_assert_eq(count_ev(&p.s[1], CFX_TP_COMP_ACCEPT, NULL), CFX_DPDK_HALF_OPEN_MAX + 1);
+    pair_close(&p);
+#endif
+}
