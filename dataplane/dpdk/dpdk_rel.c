@@ -823,7 +823,13 @@ static void on_timeout(struct cfx__dpdk_sess *s, uint64_t now)
             if (!t->sacked)
                 mark_lost(s, t);
         }
-        s->ssthresh = s->cwnd / 2 > 2.0 ? s->cwnd / 2 : 2.0;
+        /* the threshold is halved at the first timeout of a series only:
+         * at the next ones the window is the one packet the first left, and
+         * halving it again would leave the threshold at 2 after any outage
+         * longer than two RTOs (RFC 5681, 3.1: held constant once the
+         * segment went again by the timer) */
+        if (s->retries == 1)
+            s->ssthresh = s->cwnd / 2 > 2.0 ? s->cwnd / 2 : 2.0;
         s->cwnd = 1.0;
         s->recover = s->snd_nxt;
     } else {

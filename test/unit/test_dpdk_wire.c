@@ -495,3 +495,33 @@ Test(dpdk_rel, timeout_with_only_acks_lost_is_undone)
     cr_assert_eq(st.rto_undone, 1);
     cr_assert_geq(cwnd, 16.0, "the window came back to %.1f of 16", cwnd);
 }
+
+/*
+ * Sixteen packets in flight and nothing acked: the first timeout halves
+ * the threshold and leaves one packet of window; the ones after it, with
+ * the same packet still unacknowledged, keep the threshold (RFC 5681,
+ * 3.1).  It was halved again from that one-packet window, to 2: after an
+ * outage of two RTOs the flow grew back one packet per RTT.
+ */
+Test(dpdk_rel, repeated_timeouts_keep_the_threshold)
+{
+    static struct wire ws;
+    static uint8_t bufs[16][100];
+    struct cfx__dpdk_sess s;
+    const uint64_t t0 = 1000000;
+    memset(&ws, 0, sizeof(ws));
+    struct cfx__dpdk_rel_params p = { .mtu_payload = 1024, .msg_max = 4096 };
+    cr_assert_eq(cfx__dpdk_sess_init(&s, &p, &wire_ops, &ws, 1, 2, "receiver"), CFX_OK);
+    for (uint32_t i = 0; i < 16; i++)
+        cr_assert_eq(cfx__dpdk_sess_send(&s, bufs[i], sizeof(bufs[i]), NULL, t0), CFX_OK);
+    cr_assert_eq(ws.n, 16);
+    uint64_t t = t0;
+    for (int i = 1; i <= 3; i++) {
+        t = cfx__dpdk_sess_deadline(&s);
+        cr_assert_eq(cfx__dpdk_sess_poll(&s, t), CFX_OK);
+        cr_assert_eq(s.stats.rto, (uint64_t)i);
+        cr_assert_eq(s.cwnd, 1.0);
+        cr_assert_eq(s.ssthresh, 8.0, "threshold %.1f after timeout %d", s.ssthresh, i);
+    }
+    cfx__dpdk_sess_fini(&s);
+}
