@@ -812,3 +812,26 @@ def test_forked_child_leaves_the_parents_context_alone(coord):
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "fork ok" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def test_ray_shutdown_then_start_begins_a_new_job():
+    # conflux.ray's driver side without Ray itself: shutdown() used to stop the
+    # coordinator but keep this process's Context and groups, so the job of the
+    # next start() was refused ("already joined another Conflux job") and a
+    # call without job= waited out its deadline on the stopped coordinator
+    import conflux.ray as cr
+    job = cr.start(bind="127.0.0.1", timeout=10)
+    try:
+        ref = cr.put(np.arange(5.0), job=job)
+        assert np.array_equal(cr.get(ref, job=job), np.arange(5.0))
+        cr.init_collective_group(1, 0, group_name="restart", job=job)
+        cr.shutdown()
+        assert not cr.is_group_initialized("restart")
+        job2 = cr.start(bind="127.0.0.1", timeout=10)
+        assert job2 != job
+        ref2 = cr.put(np.arange(3.0), job=job2)
+        assert np.array_equal(cr.get(ref2), np.arange(3.0))
+        cr.init_collective_group(1, 0, group_name="restart", job=job2)
+        assert np.array_equal(cr.allreduce(np.ones(4), "restart"), np.ones(4))
+    finally:
+        cr.shutdown()

@@ -94,9 +94,22 @@ def start(bind: str | None = None, timeout: float = 60.0) -> Job:
 
 
 def shutdown() -> None:
-    """Driver: stop the coordinator (actors should have left their groups)."""
-    global _coordinator
+    """Driver: stop the coordinator (actors should have left their groups).
+
+    This process leaves the job first: its groups and its Context close and
+    its puts are withdrawn, so that a later start() begins a new job that
+    this process can join (the old Context would point at the stopped
+    coordinator).
+    """
+    global _coordinator, _ctx, _ctx_job
     with _lock:
+        for g in _groups.values():
+            g.close()
+        _groups.clear()
+        _puts.clear()
+        if _ctx is not None:
+            _ctx.close()
+            _ctx, _ctx_job = None, None
         if _coordinator is not None:
             _coordinator.stop()
             _coordinator = None
