@@ -662,8 +662,15 @@ int cfx__coll_check_end(struct coll_exec *x, int rc)
 {
     struct cfx_group *g = x->g;
     struct cfx_context *ctx = g->ctx;
-    if (rc == CFX_ERR_INVALID && x->disagree)
-        edge_ask(x, true); /* e.g. message sizes that disagree: tell the others */
+    if (rc == CFX_ERR_INVALID && x->disagree) {
+        /* e.g. message sizes that disagree: tell the others.  A send to a
+         * rank that has left fails meanwhile ("node 2 left the cluster"),
+         * which must not become the text of this call's error */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        edge_ask(x, true);
+        cfx__err(rc, "%s", why);
+    }
     pthread_mutex_lock(&ctx->lock);
     bool bad = rc == CFX_OK && edge_broken(x);
     if ((rc == CFX_ERR_CANCELED || rc == CFX_ERR_NOT_FOUND) && !x->canceled) {

@@ -548,6 +548,36 @@ def test_work_waited_by_two_threads(coord):
         g1.close()
 
 
+def test_disagreement_with_a_rank_that_left_is_named(coord):
+    """Rank 0 sends its part of an allreduce of another size and leaves the
+    cluster; rank 1's call fails with CFX_ERR_INVALID naming the call and
+    the disagreement (it used to say only "node N left the cluster": the
+    text of its failed attempt to tell rank 0)."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=20)
+    a, b = conflux.Context(**kw), conflux.Context(**kw)
+    groups = [None, None]
+
+    def join(r, c):
+        groups[r] = conflux.Group(c, "left-disagreeing", rank=r, size=2)
+
+    ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((a, b))]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(30)
+    g0, g1 = groups
+    with pytest.raises(conflux.TimeoutError):
+        g0.allreduce(np.ones(1000, np.float32), timeout=0.5)  # its message is on its way
+    g0.close()
+    a.close()
+    with pytest.raises(conflux.PeerFailedError):  # until rank 1 knows that rank 0 left
+        g1.recv(np.zeros(1, np.float32), 0, tag=7, timeout=10)
+    with pytest.raises(conflux.InvalidError) as ei:
+        g1.allreduce(np.ones(4, np.float32), timeout=10)
+    assert "allreduce #0" in ei.value.detail and "disagree" in ei.value.detail, ei.value.detail
+    g1.close()
+    b.close()
+
 def test_collective_out_must_match(ctx):
     """out= of another dtype is a TypeError naming both (it was filled with
     the input's bits); of another size a ValueError; a matching one is filled."""
