@@ -33,6 +33,18 @@ def test_object_ids():
         conflux.ObjectId.from_name(b"weights")
 
 
+def test_names_with_a_nul_are_refused(ctx):
+    # the C layer reads a name up to its first NUL: "w\0a" and "w\0b" were
+    # both the id of "w", so a get of one returned the other's bytes
+    for bad in ("weights\x00layer1", "\x00"):
+        with pytest.raises(ValueError, match="NUL"):
+            conflux.ObjectId.from_name(bad)
+        with pytest.raises(ValueError, match="NUL"):
+            ctx.put(bad, np.arange(3.0))
+    with pytest.raises(ValueError, match="NUL"):
+        conflux.ObjectId.from_hex("ab" * 20 + "\x00")
+    assert conflux.ObjectId.from_name("weights") != conflux.ObjectId.from_name("weights2")
+
 def test_int_id_refused(ctx):
     a = np.arange(3, dtype=np.float64)
     with pytest.raises(TypeError):

@@ -243,9 +243,23 @@ int cfx__py_check_dtype(int dtype)
 
 /* ---- module functions ---------------------------------------------------- */
 
+/* @p arg as UTF-8 for the C layer, which reads up to the first NUL: a
+ * string holding one is a ValueError naming @p what (cut there, "w\0a" and
+ * "w\0b" would both be "w"). */
+static const char *utf8_without_nul(PyObject *arg, const char *what)
+{
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (s && strlen(s) != (size_t)len) {
+        PyErr_Format(PyExc_ValueError, "%s %R holds a NUL character", what, arg);
+        return NULL;
+    }
+    return s;
+}
+
 static PyObject *mod_id_from_name(PyObject *self, PyObject *arg)
 {
-    const char *name = PyUnicode_AsUTF8(arg);
+    const char *name = utf8_without_nul(arg, "an object name");
     if (!name)
         return NULL;
     struct cfx_object_id id;
@@ -257,7 +271,7 @@ static PyObject *mod_id_from_name(PyObject *self, PyObject *arg)
 
 static PyObject *mod_id_from_hex(PyObject *self, PyObject *arg)
 {
-    const char *hex = PyUnicode_AsUTF8(arg);
+    const char *hex = utf8_without_nul(arg, "an object id's hex");
     if (!hex)
         return NULL;
     struct cfx_object_id id;
