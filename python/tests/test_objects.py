@@ -877,3 +877,21 @@ def test_ray_shutdown_then_start_begins_a_new_job():
         assert np.array_equal(cr.allreduce(np.ones(4), "restart"), np.ones(4))
     finally:
         cr.shutdown()
+
+
+def test_ray_job_joined_from_the_environment_then_named(monkeypatch):
+    # an actor started with runtime_env=cr.runtime_env(job) joins from
+    # CFX_COORD / CFX_TOKEN; a group it is declared in, or any call given
+    # job=, then names the same job, which was refused ("this process
+    # already joined another Conflux job")
+    import conflux.ray as cr
+    job = cr.start(bind="127.0.0.1", timeout=10)
+    try:
+        for k, v in cr.runtime_env(job)["env_vars"].items():
+            monkeypatch.setenv(k, v)
+        ref = cr.put(np.arange(4.0))
+        assert np.array_equal(cr.get(ref, job=job), np.arange(4.0))
+        cr.init_collective_group(1, 0, group_name="env-then-job", job=job)
+        assert np.array_equal(cr.allreduce(np.ones(2), "env-then-job"), np.ones(2))
+    finally:
+        cr.shutdown()

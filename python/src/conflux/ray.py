@@ -72,6 +72,7 @@ _coordinator: Coordinator | None = None
 _lock = threading.Lock()
 _ctx: Context | None = None
 _ctx_job: Job | None = None
+_ctx_coord: str | None = None  # the coordinator _ctx joined (from job or CFX_COORD)
 _groups: dict[str, Group] = {}
 _puts: dict[str, Any] = {}
 
@@ -101,7 +102,7 @@ def shutdown() -> None:
     this process can join (the old Context would point at the stopped
     coordinator).
     """
-    global _coordinator, _ctx, _ctx_job
+    global _coordinator, _ctx, _ctx_job, _ctx_coord
     with _lock:
         for g in _groups.values():
             g.close()
@@ -109,7 +110,7 @@ def shutdown() -> None:
         _puts.clear()
         if _ctx is not None:
             _ctx.close()
-            _ctx, _ctx_job = None, None
+            _ctx, _ctx_job, _ctx_coord = None, None, None
         if _coordinator is not None:
             _coordinator.stop()
             _coordinator = None
@@ -122,9 +123,12 @@ def runtime_env(job: Job) -> dict[str, Any]:
 
 def context(job: Job | None = None) -> Context:
     """This process's Context for the job (made on first use; from CFX_* when job is None)."""
-    global _ctx, _ctx_job
+    global _ctx, _ctx_job, _ctx_coord
     with _lock:
-        if _ctx is not None and (job is None or job == _ctx_job):
+        # joined from the environment (runtime_env(job)), then named by its
+        # Job (a declared group, job=): the same job, at the same coordinator
+        if _ctx is not None and (job is None or job == _ctx_job or
+                                 (_ctx_job is None and job.coord == _ctx_coord)):
             return _ctx
         if _ctx is not None:
             raise RuntimeError("this process already joined another Conflux job")
@@ -132,10 +136,12 @@ def context(job: Job | None = None) -> Context:
             if "CFX_COORD" not in os.environ:
                 raise RuntimeError("no Conflux job: pass job= (from conflux.ray.start()) "
                                    "or set CFX_COORD and CFX_TOKEN")
+            coord = os.environ["CFX_COORD"]
             _ctx = Context()
         else:
+            coord = job.coord
             _ctx = Context(coord=job.coord, token=job.token, timeout=job.timeout)
-        _ctx_job = job
+        _ctx_job, _ctx_coord = job, coord
         return _ctx
 
 
