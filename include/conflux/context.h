@@ -16,10 +16,11 @@
  * freed under it, and so are its groups) and returns.  Groups of the
  * context may outlive it: their calls then fail with CFX_ERR_CANCELED ("its
  * context was destroyed"), and cfx_group_destroy() frees them.  No call may
- * begin after cfx_context_destroy() has returned (the context is gone);
- * parameter-server handles (cfx_ps_*) must still be destroyed before their
- * context, and requests (cfx_*_nb, cfx_group_i*) waited for and freed
- * before it: cfx_request_wait() and cfx_request_free() use the context.
+ * begin after cfx_context_destroy() has returned (the context is gone).
+ * Parameter-server handles may outlive it too: their calls then fail with
+ * CFX_ERR_CANCELED and cfx_ps_destroy() frees them (conflux/ps.h).
+ * Requests (cfx_*_nb, cfx_group_i*) must be waited for and freed before
+ * it: cfx_request_wait() and cfx_request_free() use the context.
  *
  * fork(): a context, its groups and parameter-server handles belong to the
  * process that created them.  In a forked child the copies are not usable
