@@ -471,6 +471,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
     if (!ps)
         return cfx__err(CFX_ERR_NOMEM, "cfx_ps_create: out of memory");
     ps->fork_gen = cfx__fork_gen();
+    ps->refs = 1;
     defaults(&ps->params, params, ctx);
     if ((rc = validate(&ps->params, params ? params->field_mask : 0)) != CFX_OK)
         goto err_free;
@@ -686,8 +687,10 @@ static void ps_teardown(struct cfx_ps *ps, bool goodbye)
     unpublish(ps);
 }
 
-static void ps_free(struct cfx_ps *ps)
+void cfx__ps_unref(struct cfx_ps *ps)
 {
+    if (__atomic_sub_fetch(&ps->refs, 1, __ATOMIC_ACQ_REL))
+        return;
     cfx__ps_map_free(&ps->map);
     pthread_cond_destroy(&ps->cond);
     pthread_mutex_destroy(&ps->lock);
@@ -738,7 +741,7 @@ void cfx_ps_destroy(struct cfx_ps *ps)
         if (ps->attached)
             cfx__ctx_leave(ctx, CFX_OK);
     }
-    ps_free(ps);
+    cfx__ps_unref(ps); /* requests not freed yet keep it */
 }
 
 /*

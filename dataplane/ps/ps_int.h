@@ -288,6 +288,8 @@ struct cfx_ps {
     int timeout_ms;
     struct cfx_ps_params params;
 
+    int refs;                   /* the handle, and each request not freed yet (atomic):
+                                   the last drop frees the lock and what is left */
     pthread_mutex_t lock;       /* API <-> loop hand-over */
     pthread_cond_t cond;        /* ops completed, maps applied, loop stopped */
     pthread_t loop_thread;
@@ -350,6 +352,11 @@ static inline bool cfx__ps_forked(const struct cfx_ps *ps)
 
 /* CFX_OK, or CFX_ERR_CANCELED (set as the thread's error) when the
  * handle's context was destroyed before it (ps.c: ps_detach). */
+/* Drop a reference to @p ps (cfx_ps_destroy(), a request freed): the last
+ * one frees what cfx_ps_destroy() left, the lock among it, so that a
+ * request waited for on another thread while the handle is destroyed
+ * still has it. */
+void cfx__ps_unref(struct cfx_ps *ps);
 int cfx__ps_gone(const struct cfx_ps *ps);
 
 /* Put @p buf (@p len bytes, malloc'd) as @p id; on CFX_OK it is the

@@ -223,8 +223,10 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
     __atomic_store_n(&r->status, op->status, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&ps->cond);
     pthread_mutex_unlock(&ps->lock);
-    if (freed)
+    if (freed) {
         free(r);
+        cfx__ps_unref(ps); /* not the last: the handle's own is held here */
+    }
     op_free(op);
 }
 
@@ -772,6 +774,7 @@ static int post(struct cfx_ps *ps, struct ps_op *op, struct cfx_ps_request **out
         return cfx__err(CFX_ERR_NOMEM, "job %s: out of memory", ps->job);
     }
     r->ps = ps;
+    __atomic_add_fetch(&ps->refs, 1, __ATOMIC_RELAXED); /* dropped when r is freed */
     r->status = CFX_ERR_AGAIN;
     op->req = r;
     op->status = CFX_OK;
@@ -927,17 +930,20 @@ void cfx_ps_request_free(struct cfx_ps_request *req)
 {
     if (!req)
         return;
+    struct cfx_ps *ps = req->ps;
     if (__atomic_load_n(&req->status, __ATOMIC_ACQUIRE) != CFX_ERR_AGAIN) {
         free(req); /* ended: nothing of the handle's refers to it */
+        cfx__ps_unref(ps);
         return;
     }
-    struct cfx_ps *ps = req->ps;
     pthread_mutex_lock(&ps->lock);
     bool running = req->status == CFX_ERR_AGAIN;
     req->freed = running;
     pthread_mutex_unlock(&ps->lock);
-    if (!running)
+    if (!running) {
         free(req);
+        cfx__ps_unref(ps);
+    }
 }
 
 /* Complete a request just posted (@p rc is the posting's status; *@p reqp is

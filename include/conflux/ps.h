@@ -25,7 +25,8 @@
  *
  * Thread safety: a worker handle may be used from several threads; ops of
  * one tensor are applied in the order they were posted.  cfx_ps_destroy()
- * must not race with other calls on the same handle.  Every wait is bounded
+ * must not race with other calls on the same handle (a wait for one of its
+ * requests may: cfx_ps_request_free()).  Every wait is bounded
  * by a deadline and fails with CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming
  * the server or worker it waited for (cfx_last_error()); a reply already
  * arriving into the caller's buffer at the deadline is taken in first (up
@@ -239,7 +240,9 @@ CFX_API int cfx_ps_test(struct cfx_ps_request *req);
 CFX_API int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms);
 /** Free a request; one still running completes in the background.  NULL: no-op.
  *  cfx_ps_destroy() ends every request of its handle (CFX_ERR_CANCELED):
- *  a request may still be waited for, tested and freed after it. */
+ *  a request may still be waited for, tested and freed after it, and a wait
+ *  of it on another thread while the handle is destroyed ends with
+ *  CFX_ERR_CANCELED (the handle's last memory goes with its last request). */
 CFX_API void cfx_ps_request_free(struct cfx_ps_request *req);
 
 /* What a handle knows about the job, from its latest shard map. */

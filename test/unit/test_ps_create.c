@@ -10,13 +10,18 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <conflux/conflux.h>
 
 #include "control/coord.h"
+#include "dataplane/common/util.h"
 #include "testutil.h"
 
 static struct cfx_coord *coord;
@@ -216,6 +221,86 @@ Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
 
     for (int i = 2; i >= 0; i--) {
         cfx_ps_destroy(m[i].ps);
+        if (i)
+            cfx_context_destroy(m[i].ctx);
+    }
+}
+
+/* ---- a request waited for while its handle is destroyed ------------------------- */
+
+struct waiter {
+    struct cfx_ps_request *req;
+    pid_t tid;   /* the waiting thread (atomic) */
+    int rc;
+};
+
+static void *wait_req(void *arg)
+{
+    struct waiter *w = arg;
+    __atomic_store_n(&w->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    w->rc = cfx_ps_wait(w->req, 20000);
+    return NULL;
+}
+
+/* Whether thread @p tid of this process sleeps ("S" in its stat). */
+static bool sleeping(pid_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    return p && p[1] == ' ' && p[2] == 'S';
+}
+
+/* Worker 0's push-pull waits for worker 1's step (BSP) while a thread waits
+ * for the request and the handle is destroyed on another: the wait ends with
+ * CFX_ERR_CANCELED, and the request is tested and freed after.  The destroy
+ * used to free the lock and condition the waiter sleeps on (a Python Work
+ * waited for on one thread while another closed its ParameterServer), which
+ * went unnoticed only while the woken waiter left before the destroy's
+ * goodbye to the scheduler was answered; the requests not freed yet now
+ * keep them (run under ASan by the test script's sanitize stage). */
+Test(ps_create, request_waited_for_while_its_handle_is_destroyed, .timeout = 60)
+{
+    struct member m[3] = { { .role = CFX_PS_SERVER, .index = 0, .job = "waitdestroy" },
+                           { .role = CFX_PS_WORKER, .index = 0, .job = "waitdestroy" },
+                           { .role = CFX_PS_WORKER, .index = 1, .job = "waitdestroy" } };
+    m[0].ctx = ctx;
+    for (int i = 0; i < 3; i++)
+        m[i].timeout_ms = 20000;
+    for (int i = 1; i < 3; i++)
+        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
+                     "%s", cfx_last_error());
+    all_at_once(m, 3, member_create);
+    all_at_once(m + 1, 2, member_register);
+
+    const float g[4] = { 1, 1, 1, 1 };
+    float out[4];
+    struct waiter w = { 0 };
+    cr_assert_eq(cfx_ps_ipushpull(m[1].ps, 0, g, out, &w.req), CFX_OK, "%s",
+                 cfx_last_error());
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, wait_req, &w), 0);
+    /* the waiter asleep in its wait (it sleeps nowhere else) */
+    uint64_t dl = cfx__deadline_ns(10000);
+    pid_t tid = 0;
+    while (cfx__now_ns() < dl &&
+           (!(tid = __atomic_load_n(&w.tid, __ATOMIC_ACQUIRE)) || !sleeping(tid)))
+        sched_yield();
+    cr_assert(tid && sleeping(tid), "the waiter never slept in its wait");
+    cfx_ps_destroy(m[1].ps);
+    pthread_join(t, NULL);
+    cr_assert_eq(w.rc, CFX_ERR_CANCELED, "the wait: %s", cfx_errname(w.rc));
+    cr_assert_eq(cfx_ps_test(w.req), CFX_ERR_CANCELED);
+    cfx_ps_request_free(w.req);
+    for (int i = 2; i >= 0; i--) {
+        if (i != 1)
+            cfx_ps_destroy(m[i].ps);
         if (i)
             cfx_context_destroy(m[i].ctx);
     }
