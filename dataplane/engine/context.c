@@ -932,7 +932,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
         while (ctx->store.buckets[b]) {
             struct cfx_obj *obj = ctx->store.buckets[b];
             if (obj->in) {
-                obj->in->status = CFX_ERR_CLOSED;
+                cfx__status_set(&obj->in->status, CFX_ERR_CLOSED);
                 obj->in = NULL;
             }
             cfx__obj_release(ctx, obj);

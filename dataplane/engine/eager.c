@@ -137,11 +137,11 @@ void cfx__eager_pump(struct cfx_conn *conn)
         }
         cfx_list_del(&obj->p2p_link);
         if (copy_rc != CFX_OK) {
-            obj->p2p_status = copy_rc;
+            cfx__status_set(&obj->p2p_status, copy_rc);
             wake(ctx);
             continue;
         }
-        obj->p2p_status = rc;
+        cfx__status_set(&obj->p2p_status, rc);
         obj->eager = rc == CFX_OK;
         wake(ctx);
         if (rc != CFX_OK) {
@@ -213,7 +213,7 @@ static void deliver(struct cfx_context *ctx, struct cfx_obj *obj, const void *da
     }
     obj->complete = st == CFX_OK;
     if (in && in->status == CFX_ERR_AGAIN)
-        in->status = st;
+        cfx__status_set(&in->status, st);
     wake(ctx);
 }
 
@@ -405,7 +405,7 @@ int cfx__eager_recv_post(struct cfx_context *ctx, struct cfx_obj *obj, struct cf
     }
     if (cfx__node_is_dead(ctx, obj->peer_node) || node_gone(ctx, obj->peer_node)) {
         /* what it sent before it went was matched above */
-        in->status = CFX_ERR_PEER_FAILED;
+        cfx__status_set(&in->status, CFX_ERR_PEER_FAILED);
         return CFX_OK;
     }
     cfx_list_add_tail(&obj->p2p_link, &ctx->eager_posted);
@@ -447,7 +447,7 @@ void cfx__eager_recv_cancel(struct cfx_context *ctx, struct cfx_obj *obj, struct
         return;
     cfx_list_del(&obj->p2p_link);
     cfx_list_init(&obj->p2p_link);
-    in->status = CFX_ERR_CANCELED;
+    cfx__status_set(&in->status, CFX_ERR_CANCELED);
     wake(ctx);
 }
 
@@ -462,7 +462,7 @@ static void fail_posted(struct cfx_context *ctx, uint32_t node_id, int status)
         cfx_list_del(&obj->p2p_link);
         cfx_list_init(&obj->p2p_link);
         if (obj->in && obj->in->status == CFX_ERR_AGAIN)
-            obj->in->status = status;
+            cfx__status_set(&obj->in->status, status);
         wake(ctx);
     }
 }
@@ -481,7 +481,7 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
         cfx_list_del(&obj->p2p_link);
         cfx_list_init(&obj->p2p_link);
-        obj->p2p_status = CFX_ERR_PEER_FAILED;
+        cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
         wake(ctx);
     }
     if (conn->node_id) {
@@ -525,6 +525,6 @@ void cfx__eager_destroy_all(struct cfx_context *ctx)
         cfx_list_del(pos);
         cfx_list_init(&obj->p2p_link);
         if (obj->in && obj->in->status == CFX_ERR_AGAIN)
-            obj->in->status = CFX_ERR_CLOSED;
+            cfx__status_set(&obj->in->status, CFX_ERR_CLOSED);
     }
 }

@@ -379,7 +379,7 @@ struct cfx_obj {
     uint32_t peer_node;
     uint64_t chan;
     uint32_t tag;
-    int p2p_status;             /* send: CFX_ERR_AGAIN until done */
+    int p2p_status;             /* send: CFX_ERR_AGAIN until done (cfx__status_set) */
     struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched; conn->eager_q while a
                                    send waits for its connection or credits; ctx->eager_posted
                                    while an eager receive waits */
@@ -518,7 +518,7 @@ struct cfx_xfer_in {
     uint32_t src_node;
     uint32_t window;            /* credits granted per round */
     uint32_t owed;              /* chunks landed, credit not yet returned */
-    int status;                 /* CFX_ERR_AGAIN while running */
+    int status;                 /* CFX_ERR_AGAIN while running (cfx__status_set) */
     bool cancel_sent;
     bool cached;                /* source from the location cache: GET_REQ says so */
     bool small;                 /* may ask for the object in one GET_DATA message */
@@ -624,7 +624,7 @@ enum cfx_req_type { CFX_REQ_PUT = 1, CFX_REQ_GET };
 struct cfx_request {
     struct cfx_context *ctx;
     enum cfx_req_type type;
-    int status;                 /* CFX_ERR_AGAIN while running */
+    int status;                 /* CFX_ERR_AGAIN while running (cfx__status_set) */
     size_t size;
     pthread_cond_t cond;        /* signalled under ctx->lock on progress */
     /* non-blocking requests run on a worker thread */
@@ -774,6 +774,17 @@ struct cfx_tp_slot {
 static inline void cfx__tp_count(uint64_t *ctr, uint64_t n)
 {
     __atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+}
+
+/* Set the status a request's waiter watches: a cfx_obj's p2p_status, a
+ * cfx_xfer_in's or a cfx_request's status (ctx->lock held).  The waiter
+ * reads it without the lock while it spins (cfx__progress_poll_wait,
+ * cfx__p2p_test, cfx_request_test: acquire), so the store is atomic; a
+ * plain one races with that read.  The rest of the request is read under
+ * ctx->lock once the status says it ended. */
+static inline void cfx__status_set(int *st, int status)
+{
+    __atomic_store_n(st, status, __ATOMIC_RELEASE);
 }
 
 /* Count @p n bytes sent (@p tx) or received on @p conn, for its transport

@@ -507,7 +507,7 @@ static int get_attempt(struct get_op *g)
     if (!in)
         return cfx__err(CFX_ERR_NOMEM, "get of object %s: out of memory", g->hex);
     in->obj = obj;
-    in->status = CFX_ERR_AGAIN;
+    cfx__status_set(&in->status, CFX_ERR_AGAIN);
     in->src_node = g->src.node.node_id;
     in->cached = g->cached;
     /* a complete holder answers a small object in one message (the

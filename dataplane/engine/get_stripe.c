@@ -294,7 +294,7 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
             goto end;
         }
         st.src[i].in->obj = obj;
-        st.src[i].in->status = CFX_OK;
+        cfx__status_set(&st.src[i].in->status, CFX_OK);
     }
     CFX_LOG(DEBUG, OBJ, "node %u: get of %s (%" PRIu64 " B) from %u complete holders in %u "
             "blocks of %u chunks", ctx->node_id, hex, obj->size, st.nsrc, st.nblocks,

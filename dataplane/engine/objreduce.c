@@ -356,7 +356,7 @@ static int child_start(struct cfx_context *ctx, struct cfx_rtask *t, struct cfx_
         return status;
 
     ch->in.obj = ch->scratch;
-    ch->in.status = CFX_ERR_AGAIN;
+    cfx__status_set(&ch->in.status, CFX_ERR_AGAIN);
     ch->in.rchild = ch;
     ch->in.src_node = ch->node.node_id;
     ch->in.window = ch->ring;
@@ -391,7 +391,7 @@ static void child_named(struct cfx_rtask *t, uint32_t c, const struct cfx_dp_nod
 {
     struct cfx_rchild *ch = &t->child[c];
     ch->task = t;
-    ch->in.status = CFX_ERR_CANCELED; /* not started */
+    cfx__status_set(&ch->in.status, CFX_ERR_CANCELED); /* not started */
     dp_to_rec(node, &ch->node);
     memcpy(ch->src.bytes, obj, CFX_OBJECT_ID_LEN);
 }
@@ -723,7 +723,7 @@ static void rtask_adopt(struct cfx_context *ctx, struct cfx_conn *conn,
         struct cfx_rchild *ch = &t->child[t->nchildren++];
         memset(ch, 0, sizeof(*ch));
         ch->task = t;
-        ch->in.status = CFX_ERR_CANCELED; /* not started */
+        cfx__status_set(&ch->in.status, CFX_ERR_CANCELED); /* not started */
         dp_to_rec(&a->child[i], &ch->node);
         memcpy(ch->src.bytes, a->child_obj[i], CFX_OBJECT_ID_LEN);
         for (uint32_t c = g; c < out->nchunks; c++)
@@ -843,7 +843,7 @@ void cfx__rtask_destroy_all(struct cfx_context *ctx)
     cfx_list_for_each_safe(pos, tmp, &ctx->rtasks) {
         struct cfx_rtask *t = cfx_list_entry(pos, struct cfx_rtask, link);
         for (uint32_t c = 0; c < t->nchildren; c++)
-            t->child[c].in.status = CFX_ERR_CLOSED;
+            cfx__status_set(&t->child[c].in.status, CFX_ERR_CLOSED);
         rtask_free(ctx, t);
     }
     cfx_list_for_each_safe(pos, tmp, &ctx->waiting_gets) {

@@ -135,7 +135,7 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                 .status = CFX_ERR_INVALID,
             };
             cfx__conn_send(conn, &n, sizeof(n));
-            obj->p2p_status = CFX_ERR_INVALID;
+            cfx__status_set(&obj->p2p_status, CFX_ERR_INVALID);
             pthread_cond_broadcast(&ctx->obj_cond);
             return;
         }
@@ -180,7 +180,7 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
     if (cfx_list_empty(&obj->uploads)) {
         /* not matched yet */
         cfx_list_del(&obj->p2p_link);
-        obj->p2p_status = CFX_ERR_CANCELED;
+        cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
         pthread_cond_broadcast(&ctx->obj_cond);
         return;
     }
@@ -199,7 +199,7 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
         if (obj->peer_node != node_id)
             continue;
         cfx_list_del(&obj->p2p_link);
-        obj->p2p_status = CFX_ERR_PEER_FAILED;
+        cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
         pthread_cond_broadcast(&ctx->obj_cond);
     }
 }
@@ -239,7 +239,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     obj->chan = chan;
     obj->tag = tag;
     obj->urgent = urgent;
-    obj->p2p_status = CFX_ERR_AGAIN;
+    cfx__status_set(&obj->p2p_status, CFX_ERR_AGAIN);
     cfx_list_init(&obj->p2p_link);
     req->ctx = ctx;
     req->obj = obj;
@@ -270,7 +270,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
         }
     } else {
         req->in.obj = obj;
-        req->in.status = CFX_ERR_AGAIN;
+        cfx__status_set(&req->in.status, CFX_ERR_AGAIN);
         req->in.src_node = peer->node_id;
         obj->in = &req->in;
         if (cfx__eager_class(len, ctx->cfg.eager_max))
@@ -615,7 +615,7 @@ static void send_withdraw(struct cfx_p2p_req *req)
     if (p2p_status(req) == CFX_ERR_AGAIN) {
         if (!cfx_list_empty(&obj->p2p_link))
             cfx_list_del(&obj->p2p_link);
-        obj->p2p_status = CFX_ERR_CANCELED;
+        cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
     }
     cfx__progress_leave(ctx, was_held);
 }

@@ -18,7 +18,7 @@
 static void complete_locked(struct cfx_request *req, int status, size_t size)
 {
     req->size = size;
-    req->status = status;
+    cfx__status_set(&req->status, status);
     if (status != CFX_OK)
         snprintf(req->err, sizeof(req->err), "%s", cfx_last_error());
     pthread_cond_broadcast(&req->cond);
@@ -87,7 +87,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
         return cfx__err(CFX_ERR_NOMEM, "out of memory for a request");
     req->ctx = ctx;
     req->type = type;
-    req->status = CFX_ERR_AGAIN;
+    cfx__status_set(&req->status, CFX_ERR_AGAIN);
     req->id = *id;
     req->buf = buf;
     req->capacity = len;
@@ -355,7 +355,7 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx)
     if (!req)
         return NULL;
     req->ctx = ctx;
-    req->status = CFX_ERR_AGAIN;
+    cfx__status_set(&req->status, CFX_ERR_AGAIN);
     cfx__cond_init_mono(&req->cond);
     return req;
 }

@@ -60,7 +60,7 @@ void cfx__xfer_in_finish(struct cfx_context *ctx, struct cfx_xfer_in *in, int st
     if (in->conn && ctx->slots[in->slot] == in)
         ctx->slots[in->slot] = NULL;
     in->conn = NULL;
-    in->status = status;
+    cfx__status_set(&in->status, status);
     pthread_cond_broadcast(&ctx->obj_cond);
     if (in->rchild && status != CFX_OK)
         cfx__rtask_child_failed(ctx, in->rchild, status);
@@ -169,7 +169,7 @@ void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,
     }
     struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
     if (!conn) {
-        in->status = CFX_ERR_AGAIN;
+        cfx__status_set(&in->status, CFX_ERR_AGAIN);
         cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
         return;
     }
@@ -220,7 +220,7 @@ int cfx__xfer_stripe_start(struct cfx_context *ctx, struct cfx_xfer_in *in,
 {
     int status = CFX_OK;
 
-    in->status = CFX_ERR_AGAIN;
+    cfx__status_set(&in->status, CFX_ERR_AGAIN);
     struct cfx_conn *conn = cfx__conn_get(ctx, src, &status);
     if (!conn) {
         cfx__xfer_in_finish(ctx, in, status == CFX_ERR_UNSUPPORTED ? status : CFX_ERR_CONNECT);
@@ -326,7 +326,7 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
     in->abandoned = true;
     in->conn->abandoned++; /* capped: cfx__conn_get() */
     in->obj = NULL;
-    in->status = CFX_ERR_CANCELED;
+    cfx__status_set(&in->status, CFX_ERR_CANCELED);
     obj->in = NULL;
     return true;
 }
@@ -358,7 +358,7 @@ bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
     bool gone = cfx__xfer_get_abandon(ctx, spare); /* true: running and posted */
     in->conn = NULL;
     in->obj = NULL;
-    in->status = CFX_ERR_CANCELED;
+    cfx__status_set(&in->status, CFX_ERR_CANCELED);
     return gone;
 }
 
@@ -562,7 +562,9 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
     bool canceled = up->canceled || up->aborted;
     free(up);
     if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
-        obj->p2p_status = finished ? CFX_OK : canceled ? CFX_ERR_CANCELED : CFX_ERR_PEER_FAILED;
+        cfx__status_set(&obj->p2p_status, finished   ? CFX_OK
+                                          : canceled ? CFX_ERR_CANCELED
+                                                     : CFX_ERR_PEER_FAILED);
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
         /* a reduce intermediate is freed by its task, when the driver says
@@ -862,7 +864,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
     if (obj->nchunks && !cfx__obj_mr(ctx, obj, conn->tp, &status)) {
         send_nack(conn, req->hdr.slot, status);
         if (obj->p2p == CFX_P2P_SEND) {
-            obj->p2p_status = status;
+            cfx__status_set(&obj->p2p_status, status);
             pthread_cond_broadcast(&ctx->obj_cond);
         }
         return;
@@ -871,7 +873,7 @@ void cfx__xfer_upload_start(struct cfx_context *ctx, struct cfx_conn *conn,
         /* nothing to write: tell the receiver it is complete */
         send_nack(conn, req->hdr.slot, CFX_OK);
         if (obj->p2p == CFX_P2P_SEND) {
-            obj->p2p_status = CFX_OK;
+            cfx__status_set(&obj->p2p_status, CFX_OK);
             pthread_cond_broadcast(&ctx->obj_cond);
         }
         return;
