@@ -972,7 +972,8 @@ struct cfx_context {
     unsigned pollers;           /* API threads polling in a wait (atomic) */
     unsigned obj_waiters;       /* threads asleep in cfx__obj_wait (ctx->lock) */
     bool aside;                 /* progress thread stands aside for a poller (ctx->lock) */
-    bool paused_req;            /* tests: park the progress thread (cfx__progress_pause) */
+    bool paused_req;            /* tests: park the progress thread (cfx__progress_pause;
+                                   ctx->lock, read atomically as a hint) */
     bool paused;                /* ... and it is parked (ctx->lock) */
     int epfd;
     int cmd_fd;                 /* eventfd */

@@ -698,7 +698,9 @@ static void *progress_main(void *arg)
     struct epoll_event evs[CFX_MAX_TPS + 1];
 
     for (;;) {
-        if (unlikely(ctx->paused_req)) {
+        /* a hint read without ctx->lock (set atomically, under it, by
+         * cfx__progress_pause): atomic, else it races with that store */
+        if (unlikely(__atomic_load_n(&ctx->paused_req, __ATOMIC_RELAXED))) {
             pthread_mutex_lock(&ctx->lock);
             while (ctx->paused_req && !ctx->stop) {
                 ctx->paused = true; /* tests: only API threads drive now */
