@@ -734,24 +734,26 @@ static int body_coord_gone(struct rank_run *rr)
 
 Test(coll_group, destroy_without_coordinator_does_not_wait, .timeout = 60)
 {
+    /* the level is read by every thread that logs, with no lock (log.h:
+     * set once): set it while none runs, before up() and after down() */
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_INFO;
     up("tcp", 2);
     char path[] = "/tmp/cfx-test-gone-XXXXXX";
     int fd;
     int saved = cfx_test_stderr_to(path, &fd);
-    int level = cfx__log_level;
-    cfx__log_level = CFX_LOG_LEVEL_INFO;
     pthread_barrier_init(&gone_bar, NULL, 2);
     struct rank_run rr[2];
     run_ranks(2, "gone", 20000, body_coord_gone, rr);
     pthread_barrier_destroy(&gone_bar);
-    cfx__log_level = level;
     cfx_test_stderr_back(saved);
     close(fd);
+    down(2);
+    cfx__log_level = level;
     all_ok(2, rr);
     int said = cfx_test_file_contains(path, "group gone: the coordinator is unreachable");
     unlink(path);
     cr_assert(said, "the destroy did not skip the unreachable coordinator");
-    down(2);
 }
 
 Test(coll_group, duplicate_rank, .timeout = 60)
