@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -419,6 +420,65 @@ def test_close_while_a_call_waits(coord):
     assert len(errs) == 1 and isinstance(errs[0], (conflux.TimeoutError, conflux.ClosedError))
     with pytest.raises(conflux.ClosedError):
         c.get("x", timeout=0.1)
+
+
+def _asleep(tid):
+    """Whether thread ``tid`` of this process sleeps (state S in its stat)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "S"
+    except OSError:
+        return False
+
+
+def test_group_closed_while_a_call_waits_for_its_turn(coord):
+    """close() on a third thread while two calls hold and wait for the group: rank 0's
+    recv holds it (rank 1 never sends), a send and the close() wait behind it.  Whichever
+    of them gets its turn first, the send runs on the live group or raises ClosedError;
+    it never runs on the group the close freed (the check is made in its turn, under the
+    group's lock, not before it waited), and every call after the close raises."""
+    kw = dict(coord=coord.address, token=coord.token, timeout=10, transports="tcp")
+    with conflux.Context(**kw) as c0, conflux.Context(**kw) as c1:
+        gs = [None, None]
+
+        def join(r, c):
+            gs[r] = conflux.Group(c, "close-turn", rank=r, size=2)
+
+        ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((c0, c1))]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(30)
+        g0, g1 = gs
+        out = {}
+
+        def call(name, fn):
+            out[name + ".tid"] = threading.get_native_id()
+            try:
+                out[name] = fn()
+            except conflux.Error as e:
+                out[name] = e
+
+        recv = threading.Thread(target=call, args=(
+            "recv", lambda: g0.recv(np.zeros(4, np.int32), 1, tag=7, timeout=1.5)))
+        recv.start()
+        deadline = time.monotonic() + 10
+        while not _asleep(out.get("recv.tid", 0)) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        send = threading.Thread(target=call, args=(
+            "send", lambda: g0.send(np.ones(4, np.int32), 1, tag=8)))
+        send.start()
+        while not _asleep(out.get("send.tid", 0)) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        g0.close()  # waits behind the recv, in turn with the send
+        for t in (recv, send):
+            t.join(30)
+            assert not t.is_alive()
+        assert isinstance(out["recv"], conflux.TimeoutError), out["recv"]
+        assert out["send"] is None or isinstance(out["send"], conflux.ClosedError), out["send"]
+        with pytest.raises(conflux.ClosedError):
+            g0.send(np.ones(4, np.int32), 1, tag=9)
+        g1.close()
 
 
 def test_get_nb_progress(coord, monkeypatch):

@@ -13,6 +13,9 @@ typedef struct {
     PyThread_type_lock lock; /* a group is used by one thread at a time */
     Py_ssize_t pending;      /* non-blocking requests not yet complete */
     int closing;             /* close() came while requests were pending */
+    int destroyed;           /* the C group is gone (self->lock): a call that took the
+                                group before a close() on another thread and its turn
+                                after it must not use it */
 } GroupObject;
 
 static void group_destroy_now(GroupObject *self)
@@ -27,6 +30,7 @@ static void group_destroy_now(GroupObject *self)
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
         cfx_group_destroy(g);
+        self->destroyed = 1;
         PyThread_release_lock(self->lock);
         Py_END_ALLOW_THREADS
     }
@@ -518,17 +522,25 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         if (!ro)
             goto out;
         struct cfx_request *req = NULL;
+        int gone;
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        switch (kind) {
+        switch (self->destroyed ? -1 : (int)kind) {
         case K_ALLREDUCE: rc = cfx_group_iallreduce(g, s, r, cnt, dt, rop, &p, &req); break;
         case K_BROADCAST: rc = cfx_group_ibroadcast(g, r, cnt, dt, root, &p, &req); break;
         case K_REDUCE: rc = cfx_group_ireduce(g, s, r, cnt, dt, rop, root, &p, &req); break;
         case K_ALLGATHER: rc = cfx_group_iallgather(g, s, r, cnt, dt, &p, &req); break;
         default: break;
         }
+        gone = self->destroyed;
         PyThread_release_lock(self->lock);
         Py_END_ALLOW_THREADS
+        if (gone) {
+            Py_DECREF(ro);
+            cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group was closed (on another "
+                                        "thread) while this call waited for its turn");
+            goto out;
+        }
         if (rc) {
             Py_DECREF(ro);
             cfx__py_raise_status(rc);
@@ -545,9 +557,10 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         ret = (PyObject *)ro;
         goto out;
     }
+    int gone;
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    switch (kind) {
+    switch (self->destroyed ? -1 : (int)kind) {
     case K_ALLREDUCE: rc = cfx_group_allreduce(g, s, r, cnt, dt, rop, &p); break;
     case K_BROADCAST: rc = cfx_group_broadcast(g, r, cnt, dt, root, &p); break;
     case K_REDUCE: rc = cfx_group_reduce(g, s, r, cnt, dt, rop, root, &p); break;
@@ -559,10 +572,15 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     case K_SEND: rc = cfx_group_send(g, s, n, root, tag, &p); break;
     case K_RECV: rc = cfx_group_recv(g, r, n, root, tag, &p); break;
     case K_BARRIER: rc = cfx_group_barrier(g, &p); break;
+    default: break; /* closed on another thread meanwhile */
     }
+    gone = self->destroyed;
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
-    if (rc)
+    if (gone)
+        cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group was closed (on another thread) "
+                                    "while this call waited for its turn");
+    else if (rc)
         cfx__py_raise_status(rc);
     else
         ret = Py_NewRef(Py_None);
