@@ -236,6 +236,7 @@ struct cfx__dpdk_ep {
     uint64_t rx_off;         /* where it lands */
     bool rx_last;            /* it ends the write */
     uint32_t rx_imm, rx_total;
+    uint64_t rx_sum;         /* bytes the chunks of the write under way carried so far */
     struct cfx__dpdk_rx_slot rx_slots[CFX_DPDK_RX_SLOTS];
     uint32_t rx_slot_head, rx_slot_ret, rx_slot_tail; /* as in tcp.h */
     uint32_t rx_unreported;  /* RECV/WRITE_IMM pushed, not returned */

@@ -200,6 +200,7 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
             atomic_fetch_add_explicit(&ep->iface->n_late_dropped, 1, memory_order_relaxed);
             ep->rx_expect = true;
             ep->rx_len = hlen;
+            ep->rx_sum = (h.flags & CFX_DPDK_OP_F_LAST) ? 0 : ep->rx_sum + hlen;
             ep->rx_mr_idx = UINT32_MAX;
             ep->rx_mr_gen = 0;
             ep->rx_key = 0;
@@ -214,6 +215,18 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
             ep_proto(ep, CFX_ERR_PROTO, msg);
             return CFX_OK;
         }
+        /* the length the last chunk reports is what the chunks carried,
+         * not what a peer says (tcp reports its frames, shm what it pulled) */
+        ep->rx_sum += hlen;
+        if ((h.flags & CFX_DPDK_OP_F_LAST) && ep->rx_sum != le32toh(h.total)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "a write said %" PRIu32 " bytes, its chunks carried %"
+                     PRIu64, le32toh(h.total), ep->rx_sum);
+            ep_proto(ep, CFX_ERR_PROTO, msg);
+            return CFX_OK;
+        }
+        if (h.flags & CFX_DPDK_OP_F_LAST)
+            ep->rx_sum = 0;
         ep->rx_expect = true;
         ep->rx_len = hlen;
         ep->rx_mr_idx = mr->idx;

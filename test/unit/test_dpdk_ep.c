@@ -178,3 +178,48 @@ Test(dpdk_ep, connection_requests_past_the_half_open_cap_wait, .timeout = 60)
     pair_close(&p);
 #endif
 }
+
+/*
+ * The length a write reports (WRITE_IMM) is what its chunks carried: a
+ * last chunk whose header says another total than the chunks of its write
+ * brought is a protocol breach, the endpoint fails and nothing is
+ * reported.  The receiver used to report the total the peer wrote, whatever
+ * had landed (tcp reports its frames, shm what it pulled).  a queues, in
+ * its session, one write of 8 bytes whose header claims 4096.
+ */
+Test(dpdk_ep, a_write_reports_what_its_chunks_carried, .timeout = 60)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK");
+#else
+    struct pair p;
+    struct region dst;
+    struct cfx_tp_rdesc grant;
+    struct cfx__dpdk_rkey k;
+    pair_open(&p, &dpdk_param);
+    pair_connect(&p);
+    region_reg(&p, 1, &dst, 4096, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    int rc = p.ops->mr_grant(dst.mr, p.ba, &grant);
+    cr_assert_eq(rc, CFX_OK, "mr_grant: %s", cfx_last_error());
+    memcpy(&k, grant.data, sizeof(k));
+
+    struct cfx__dpdk_ep *a = cfx__dpdk_ep_of(p.ab);
+    struct cfx__dpdk_op_hdr h = {
+        .type = CFX_DPDK_OP_WRITE, .flags = CFX_DPDK_OP_F_LAST, .imm = htole32(5),
+        .key_idx = k.idx, .len = htole32(8), .total = htole32(4096), .key = k.key,
+    };
+    static const uint8_t bytes[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    uint64_t now = cfx__now_ns();
+    cr_assert_eq(cfx__dpdk_sess_send(&a->sess, &h, sizeof(h), NULL, now), CFX_OK);
+    cr_assert_eq(cfx__dpdk_sess_send(&a->sess, bytes, sizeof(bytes), NULL, now), CFX_OK);
+    cfx__dpdk_port_flush(a->iface->port);
+
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert_eq(e->status, CFX_ERR_PROTO, "EP_ERROR status %s", cfx_errname(e->status));
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, p.ba), "WRITE_IMM reported");
+    for (size_t i = 0; i < 4096; i++)
+        cr_assert_eq(dst.buf[i], 0xAA, "byte %zu landed", i);
+    region_free(&p, &dst);
+    pair_close(&p);
+#endif
+}
