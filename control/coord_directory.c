@@ -915,15 +915,6 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
         put_copy(co, c, m, o);
         return;
     }
-    if (c->node && m->u.put.has_data && !o &&
-        size > co->max_node_bytes - CFX_MIN(co->max_node_bytes, c->node->put_bytes)) {
-        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
-                             "coordinator %s: max_node_bytes reached (node %u stores %llu "
-                             "inline bytes, %llu more asked; conflux-coord --max-node-bytes)",
-                             co->addr, me, (unsigned long long)c->node->put_bytes,
-                             (unsigned long long)size);
-        return;
-    }
     /* small objects normally carry their data (inline); a putter may keep
      * one on the data plane (CFX_OBJ_FLAG_NO_INLINE) */
     if (o) {
@@ -979,6 +970,17 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
         return;
     }
 
+    /* a new object from here on (a stale record of the putter's id may
+     * have been withdrawn above): its inline bytes count as any put's */
+    if (c->node && m->u.put.has_data &&
+        size > co->max_node_bytes - CFX_MIN(co->max_node_bytes, c->node->put_bytes)) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
+                             "coordinator %s: max_node_bytes reached (node %u stores %llu "
+                             "inline bytes, %llu more asked; conflux-coord --max-node-bytes)",
+                             co->addr, me, (unsigned long long)c->node->put_bytes,
+                             (unsigned long long)size);
+        return;
+    }
     if (objects_full(co, c, m->req_id, hex))
         return;
     if (m->u.put.has_data && co->inline_bytes + size > COORD_INLINE_TOTAL_MAX) {

@@ -579,3 +579,51 @@ Test(coord_dir, extra_sources_are_complete_idle_holders)
     cfx__ctl_close(c1);
     cfx__ctl_close(p);
 }
+
+/*
+ * A put sent again (CFX_PROTO_PUT_AGAIN) that replaces a stale record of
+ * the putter's id (another member announced a copy of an earlier put under
+ * it) is a new inline object: it counts against max_node_bytes as any put.
+ * Before, the cap was looked at only while the stale record still stood,
+ * so such a put stored any number of inline bytes.
+ */
+Test(coord_dir, put_again_over_a_stale_copy_counts_against_max_node_bytes)
+{
+    cfx__coord_stop(coord);
+    caps.max_node_bytes = 100;
+    start_coord();
+    char text[CFX_PROTO_TEXT_MAX];
+    static uint8_t data[4000];
+    int a = raw_auth_role(CFX_CTL_ROLE_NODE), b = raw_auth_role(CFX_CTL_ROLE_NODE);
+    int64_t aid = raw_join(a, 0, 1, NULL, 0);
+    cr_assert_gt(aid, 0);
+    cr_assert_gt(raw_join(b, 0, 1, NULL, 0), 0);
+
+    struct cfx_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_PUT;
+    m.req_id = 2;
+    memset(m.u.put.id.bytes, 0x77, sizeof(m.u.put.id.bytes));
+    m.u.put.size = sizeof(data);
+    m.u.put.chunk_size = 65536;
+    m.u.put.copy = 1;
+    m.u.put.putter = (uint32_t)aid;
+    m.u.put.tag = 1;
+    raw_send(b, &m);
+    cr_assert_eq(raw_answer(b, 2, text, sizeof(text)), 0, "%s", text);
+
+    m.req_id = 3;
+    m.u.put.copy = 0;
+    m.u.put.putter = 0;
+    m.u.put.again = 1;
+    m.u.put.tag = 2;
+    m.u.put.has_data = 1;
+    m.u.put.data = data;
+    raw_send(a, &m);
+    cr_assert_eq(raw_answer(a, 3, text, sizeof(text)), CFX_ERR_NO_RESOURCE,
+                 "a put of %zu inline bytes over a stale copy was taken (max_node_bytes 100)",
+                 sizeof(data));
+    cr_assert(strstr(text, "max_node_bytes"), "%s", text);
+    close(a);
+    close(b);
+}
