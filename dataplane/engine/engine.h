@@ -446,6 +446,8 @@ struct cfx_conn {
     struct cfx_list link;       /* ctx->conns */
     struct cfx_list pending;    /* struct cfx_pending_msg queued while connecting */
     struct cfx_list uploads;    /* struct cfx_upload.conn_link */
+    unsigned p2p_rtrs;          /* its receive requests on ctx->p2p_rtrs (CFX_XFER_SLOTS at
+                                   most: one per transfer slot of the peer's) */
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
     struct cfx_node_rec *peer;  /* outbound: the peer's record (owned), for trying the next
                                    transport when a connect fails */

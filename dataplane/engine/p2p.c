@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -146,6 +147,17 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
         cfx__xfer_upload_start(ctx, conn, obj, req);
         return;
     }
+    /* Kept until a send matches it.  A receiver asks once per receive, and
+     * each of its receives takes one of its CFX_XFER_SLOTS transfer slots:
+     * a peer with more waiting here is not one (each costs memory and a
+     * step of every later send's match). */
+    if (conn->p2p_rtrs >= CFX_XFER_SLOTS) {
+        char why[128];
+        snprintf(why, sizeof(why), "%u receive requests wait for sends here, more than a "
+                 "receiver has transfer slots (%u)", conn->p2p_rtrs + 1, CFX_XFER_SLOTS);
+        cfx__conn_fail(conn, CFX_ERR_PROTO, why);
+        return;
+    }
     struct cfx_p2p_rtr *rtr = malloc(sizeof(*rtr));
     if (!rtr) {
         cfx__conn_fail(conn, CFX_ERR_NOMEM, "out of memory queueing a receive request");
@@ -154,6 +166,7 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
     rtr->conn = conn;
     rtr->req = *req;
     cfx_list_add_tail(&rtr->link, &ctx->p2p_rtrs);
+    conn->p2p_rtrs++;
 }
 
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj)
@@ -164,6 +177,7 @@ void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj)
         if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
             continue;
         cfx_list_del(&rtr->link);
+        rtr->conn->p2p_rtrs--;
         /* re-run as if the request had just arrived: one matching path */
         cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_sends);
         cfx__p2p_rtr(ctx, rtr->conn, &rtr->req);

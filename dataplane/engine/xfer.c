@@ -1090,6 +1090,7 @@ void cfx__xfer_forget_req(struct cfx_context *ctx, struct cfx_conn *conn, uint32
             struct cfx_p2p_rtr *w = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
             if (w->conn == conn && (slot == UINT32_MAX || w->req.hdr.slot == slot)) {
                 cfx_list_del(&w->link);
+                conn->p2p_rtrs -= lists[l] == &ctx->p2p_rtrs;
                 free(w);
             }
         }

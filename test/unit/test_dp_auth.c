@@ -376,6 +376,51 @@ Test(dp_auth, write_without_a_grant_is_refused_and_counted)
     raw_close(&r);
 }
 
+/* A receive request (a P2P GET_REQ) that no posted send of the node matches:
+ * it is kept until one does. */
+static void send_rtr(struct raw *r, uint32_t slot)
+{
+    struct cfx_dp_get_req g;
+    memset(&g, 0, sizeof(g));
+    g.hdr = (struct cfx_dp_hdr){ CFX_DP_MAGIC, CFX_DP_VERSION, CFX_DP_GET_REQ,
+                                 slot % CFX_XFER_SLOTS };
+    g.size = 1u << 20;
+    g.chunk_size = CHUNK;
+    g.credits = 1;
+    g.flags = CFX_DP_GET_P2P;
+    g.chan = 0x5eed;
+    g.tag = 3;
+    cr_assert_eq(r->ops->mr_pack(r->mr, &g.rdesc), CFX_OK);
+    raw_send(r, &g, sizeof(g));
+}
+
+/* An authenticated peer asks for messages nobody sends: a receiver has one
+ * transfer slot per receive, so the node keeps CFX_XFER_SLOTS of its
+ * requests (the connection still serves), and the next one fails the
+ * connection.  Each was kept, without a bound: a peer repeating a slot
+ * number made the node allocate for ever. */
+Test(dp_auth, receive_requests_past_the_slots_close_the_connection, .timeout = 60)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    send_auth(&r, token, nonce);
+    for (uint32_t i = 0; i < CFX_XFER_SLOTS; i++) {
+        send_rtr(&r, i);
+        if (i % 256 == 255)
+            raw_poll(&r, 1);
+    }
+    send_get(&r); /* after them, in order: served, so none of them closed it */
+    for (int i = 0; i < 100 && r.writes < (int)(OBJ_SIZE / CHUNK) && !r.closed; i++)
+        raw_poll(&r, 50);
+    cr_assert_eq(r.writes, (int)(OBJ_SIZE / CHUNK), "closed %d", r.closed);
+    send_rtr(&r, 0); /* a slot number again: one request more than slots */
+    raw_poll(&r, 10000); /* returns once closed */
+    cr_assert(r.closed, "the node kept %u receive requests of one peer", CFX_XFER_SLOTS + 1);
+    raw_close(&r);
+}
+
 /* A peer that says HELLO and then nothing does not keep its connection (and
  * the node's buffers for it) for ever: it is closed after CFX_CONN_AUTH_MS. */
 Test(dp_auth, silent_peer_is_closed_after_the_auth_deadline, .timeout = 60)
