@@ -17,8 +17,9 @@
  * slow to reconnect is not taken for a dead one).  Once the group has
  * formed, each rank withdraws the stale objects in its own slots
  * (boot_sweep()), so killed jobs do not use the slots up.  An object whose
- * node is alive but is not ours means another process joined as this rank:
- * CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
+ * node is alive but is not ours, in this rank's slot or in one above (a
+ * sweep frees the slots below a live rank's), means another process joined
+ * as this rank: CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
  * directory keeps them across a restart (kill -9 included), so ranks that
  * create the group after it still find the ranks that published before.  A
  * bootstrap call cut off by the coordinator's loss is made again on the new
@@ -324,6 +325,50 @@ static int boot_read(struct cfx_group *g, const struct cfx_object_id *id, uint64
     return CFX_OK;
 }
 
+/*
+ * This rank's object went in @p slot: look at the slots above it.  The
+ * sweep (boot_sweep()) frees the slots below a live rank's own, so a second
+ * process joining as that rank may find a lower slot free: a live node's
+ * object above ours means the rank is joined already (CFX_ERR_EXISTS).  A
+ * gone node's is marked for the sweep.  A slot that cannot be read, or
+ * whose node's state is unknown, is left alone.
+ */
+static int boot_check_above(struct cfx_group *g, int slot, uint64_t deadline)
+{
+    for (int s = slot + 1; s < BOOT_SLOTS; s++) {
+        struct cfx_object_id id;
+        struct cfx_ctl_source src;
+        struct boot_rec rec;
+        struct cfx_node_rec node;
+        int rc;
+        boot_id(g, g->rank, s, &id);
+        do {
+            memset(&src, 0, sizeof(src));
+            rc = cfx__ctl_obj_lookup_now(g->ctx->ctl, &id, NULL, 0, deadline, &src);
+        } while (boot_retry(rc, deadline));
+        if (rc != CFX_OK)
+            continue; /* nothing there (answered at once) */
+        bool ours = src.is_inline && src.size == sizeof(rec) && src.data;
+        if (ours)
+            memcpy(&rec, src.data, sizeof(rec));
+        free(src.data);
+        if ((rc = hold(g, &id)) != CFX_OK) /* a holder now: withdrawn with ours */
+            return rc;
+        if (!ours || rec.magic != BOOT_MAGIC || rec.node_id == g->ctx->node_id)
+            continue;
+        do
+            rc = cfx__ctl_node_get(g->ctx->ctl, rec.node_id, &node, deadline);
+        while (boot_retry(rc, deadline));
+        if (rc != CFX_OK)
+            continue;
+        if (node.alive)
+            return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
+                            g->name, g->rank, rec.node_id);
+        g->stale |= (uint8_t)(1u << s);
+    }
+    return CFX_OK;
+}
+
 static int boot_publish(struct cfx_group *g, uint64_t deadline)
 {
     struct cfx_ctl *ctl = g->ctx->ctl;
@@ -365,7 +410,7 @@ static int boot_publish(struct cfx_group *g, uint64_t deadline)
             return rc;
         if (got.node_id == me.node_id && got.nonce == me.nonce) {
             g->slot = slot;
-            return CFX_OK;
+            return boot_check_above(g, slot, deadline);
         }
         if (node_alive(g, got.node_id, deadline))
             return cfx__err(CFX_ERR_EXISTS, "group %s: rank %d already joined by node %u",
@@ -481,48 +526,24 @@ static bool boot_keep(struct cfx_group *g, const struct cfx_object_id *id)
     return false;
 }
 
-/* Whether this rank's @p slot holds an object of a gone node (read now, not
- * waited for); this node holds it then, so its delete may take it. */
-static bool boot_stale_now(struct cfx_group *g, const struct cfx_object_id *id)
-{
-    struct cfx_ctl_source src;
-    struct boot_rec rec;
-    memset(&src, 0, sizeof(src));
-    if (cfx__ctl_obj_lookup_now(g->ctx->ctl, id, NULL, 0, cfx__deadline_ns(1000), &src) !=
-        CFX_OK)
-        return false;
-    bool ours = src.is_inline && src.size == sizeof(rec) && src.data;
-    if (ours)
-        memcpy(&rec, src.data, sizeof(rec));
-    free(src.data);
-    if (!ours || rec.magic != BOOT_MAGIC || rec.node_id == g->ctx->node_id ||
-        node_alive(g, rec.node_id, cfx__deadline_ns(1000))) {
-        (void)hold(g, id); /* a holder now: the destroy withdraws this node's copy */
-        return false;
-    }
-    return true;
-}
-
 /*
  * Once every rank has joined (the joining barrier: nobody reads a slot any
  * more), withdraw the objects that gone nodes left in this rank's slots (a
- * job killed before it destroyed its groups).  Kept, they pile up: each
- * killed run of a job pushes the next one a slot further, and after
- * BOOT_SLOTS of them the name could not be joined again on that
- * coordinator.  The slots below this rank's own held such objects (this
- * rank read each, so it holds them, and their putters are gone: its delete
- * takes them, state-directory records included); those above are looked at
- * when any below was stale (a run that found slot 0 free left them).  A
- * delete that fails leaves a slot the next creation skips again.
+ * job killed before it destroyed its groups), below its own and above
+ * (boot_publish(), boot_check_above()).  Kept, they pile up: each killed
+ * run of a job pushes the next one a slot further, and after BOOT_SLOTS of
+ * them the name could not be joined again on that coordinator.  This rank
+ * read each, so it holds them, and their putters are gone: its delete
+ * takes them, state-directory records included.  A delete that fails
+ * leaves a slot the next creation skips again.
  */
 static void boot_sweep(struct cfx_group *g)
 {
     for (int slot = 0; g->stale && slot < BOOT_SLOTS; slot++) {
         struct cfx_object_id id;
-        boot_id(g, g->rank, slot, &id);
-        if (slot == g->slot || (slot < g->slot && !(g->stale & (1u << slot))) ||
-            (slot > g->slot && !boot_stale_now(g, &id)))
+        if (slot == g->slot || !(g->stale & (1u << slot)))
             continue;
+        boot_id(g, g->rank, slot, &id);
         int rc = cfx__ctl_obj_delete(g->ctx->ctl, &id, cfx__deadline_ns(1000));
         if (rc != CFX_OK)
             CFX_LOG(INFO, COLL, "group %s: rank %d: the object a gone node left in slot %d "

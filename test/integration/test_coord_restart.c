@@ -564,6 +564,9 @@ Test(coord_restart, durable_objects)
 struct rank_arg {
     struct cfx_context *ctx;
     int rank;
+    const char *name;           /* "survivors" when NULL */
+    int size;                   /* 3 when 0 */
+    int timeout_ms;             /* 40000 when 0 */
     struct cfx_group *g;
     int rc;
     char err[256];
@@ -575,10 +578,10 @@ static void *rank_create(void *p)
     struct cfx_group_params gp = {
         .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
                       CFX_GROUP_PARAM_TIMEOUT,
-        .name = "survivors",
+        .name = r->name ? r->name : "survivors",
         .rank = r->rank,
-        .size = 3,
-        .timeout_ms = 40000,
+        .size = r->size ? r->size : 3,
+        .timeout_ms = r->timeout_ms ? r->timeout_ms : 40000,
     };
     r->rc = cfx_group_create(r->ctx, &gp, &r->g);
     if (r->rc != CFX_OK)
@@ -862,6 +865,57 @@ static int durable_objects_in(const char *dir)
 }
 
 /*
+ * Run @p run of the job: both ranks of "killed" join in child processes and
+ * are killed with SIGKILL; returns once the coordinator saw both nodes go.
+ */
+static void killed_run(struct cfx_ctl *probe, const char *exe, int run)
+{
+    pid_t pid[2];
+    int rfd[2];
+    int32_t got[2][2]; /* status, node id */
+    for (int r = 0; r < 2; r++) {
+        int fds[2];
+        char spec[192];
+        cr_assert_eq(pipe(fds), 0);
+        snprintf(spec, sizeof(spec), "%d %d %s %s", fds[1], r, co.cc.addr, co.token);
+        pid[r] = fork();
+        cr_assert_geq(pid[r], 0);
+        if (pid[r] == 0) {
+            close(fds[0]);
+            setenv(KILLED_CHILD_ENV, spec, 1);
+            execl(exe, exe, (char *)NULL);
+            _exit(127);
+        }
+        close(fds[1]);
+        rfd[r] = fds[0];
+    }
+    for (int r = 0; r < 2; r++) {
+        struct pollfd pfd = { .fd = rfd[r], .events = POLLIN };
+        if (poll(&pfd, 1, 30000) != 1 ||
+            read(rfd[r], got[r], sizeof(got[r])) != (ssize_t)sizeof(got[r]))
+            got[r][0] = CFX_ERR_TIMEOUT;
+        close(rfd[r]);
+    }
+    for (int r = 0; r < 2; r++) {
+        kill(pid[r], SIGKILL);
+        waitpid(pid[r], NULL, 0);
+    }
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(got[r][0], CFX_OK, "run %d, rank %d: %s (its stderr says why)", run,
+                     r, cfx_errname(got[r][0]));
+    /* the coordinator saw both connections close: the nodes are gone */
+    for (int r = 0; r < 2; r++) {
+        struct cfx_node_rec rec = { .alive = 1 };
+        uint64_t dl = cfx__deadline_ns(15000);
+        while (cfx__ctl_node_get(probe, (uint32_t)got[r][1], &rec, dl) == CFX_OK &&
+               rec.alive && cfx__now_ns() < dl)
+            usleep(5 * 1000);
+        cr_assert(!rec.alive, "run %d: rank %d (node %d) still alive", run, r,
+                  (int)got[r][1]);
+    }
+}
+
+/*
  * A job whose ranks are killed right after they joined, KILLED_RUNS times
  * in a row on one coordinator: every run joins.  Each killed rank leaves
  * its bootstrap object (durable: the coordinator keeps it), and the next
@@ -877,52 +931,55 @@ Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
     cr_assert_gt(n, 0);
     exe[n] = '\0';
     struct cfx_ctl *probe = open_ctl("probe");
-    for (int run = 0; run < KILLED_RUNS; run++) {
-        pid_t pid[2];
-        int rfd[2];
-        int32_t got[2][2]; /* status, node id */
-        for (int r = 0; r < 2; r++) {
-            int fds[2];
-            char spec[192];
-            cr_assert_eq(pipe(fds), 0);
-            snprintf(spec, sizeof(spec), "%d %d %s %s", fds[1], r, co.cc.addr, co.token);
-            pid[r] = fork();
-            cr_assert_geq(pid[r], 0);
-            if (pid[r] == 0) {
-                close(fds[0]);
-                setenv(KILLED_CHILD_ENV, spec, 1);
-                execl(exe, exe, (char *)NULL);
-                _exit(127);
-            }
-            close(fds[1]);
-            rfd[r] = fds[0];
-        }
-        for (int r = 0; r < 2; r++) {
-            struct pollfd pfd = { .fd = rfd[r], .events = POLLIN };
-            if (poll(&pfd, 1, 30000) != 1 ||
-                read(rfd[r], got[r], sizeof(got[r])) != (ssize_t)sizeof(got[r]))
-                got[r][0] = CFX_ERR_TIMEOUT;
-            close(rfd[r]);
-        }
-        for (int r = 0; r < 2; r++) {
-            kill(pid[r], SIGKILL);
-            waitpid(pid[r], NULL, 0);
-        }
-        for (int r = 0; r < 2; r++)
-            cr_assert_eq(got[r][0], CFX_OK, "run %d, rank %d: %s (its stderr says why)", run,
-                         r, cfx_errname(got[r][0]));
-        /* the coordinator saw both connections close: the nodes are gone */
-        for (int r = 0; r < 2; r++) {
-            struct cfx_node_rec rec = { .alive = 1 };
-            uint64_t dl = cfx__deadline_ns(15000);
-            while (cfx__ctl_node_get(probe, (uint32_t)got[r][1], &rec, dl) == CFX_OK &&
-                   rec.alive && cfx__now_ns() < dl)
-                usleep(5 * 1000);
-            cr_assert(!rec.alive, "run %d: rank %d (node %d) still alive", run, r,
-                      (int)got[r][1]);
-        }
-    }
+    for (int run = 0; run < KILLED_RUNS; run++)
+        killed_run(probe, exe, run);
     cfx__ctl_close(probe);
     int left = durable_objects_in(co.statedir);
     cr_assert_leq(left, 4, "%d bootstrap records of killed jobs stay", left);
+}
+
+/*
+ * A killed run leaves its bootstrap objects in slot 0; the next run joins in
+ * slot 1 and, once formed, withdraws them: slot 0 is free below a live
+ * rank.  A process joining as rank 0 of that name meanwhile is told that the
+ * rank is joined (CFX_ERR_EXISTS), as it was while the killed run's object
+ * stood in slot 0.  It used to take slot 0 unopposed (and with a rank 1 of
+ * its own, form a second group under the name).
+ */
+Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
+{
+    char exe[512];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    struct cfx_ctl *probe = open_ctl("probe");
+    killed_run(probe, exe, 0);
+
+    struct rank_arg r[3];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 3; i++) {
+        r[i].ctx = join();
+        r[i].rank = i % 2;
+        r[i].name = "killed";
+        r[i].size = 2;
+    }
+    run_ranks(r, 2, rank_create);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(r[i].rc, CFX_OK, "rank %d: %s", i, r[i].err);
+    struct cfx_object_id id;
+    struct cfx_ctl_source src = { 0 };
+    cfx_object_id_from_name("cfx.group/killed/0/0/0", &id);
+    int rc = cfx__ctl_obj_lookup_now(probe, &id, NULL, 0, cfx__deadline_ns(5000), &src);
+    free(src.data);
+    cr_assert_neq(rc, CFX_OK, "the killed rank 0's object stayed in slot 0");
+    cfx__ctl_close(probe);
+
+    r[2].timeout_ms = 5000;
+    rank_create(&r[2]);
+    cr_assert_eq(r[2].rc, CFX_ERR_EXISTS, "%s: %s", cfx_errname(r[2].rc), r[2].err);
+    cr_assert(strstr(r[2].err, "already joined"), "%s", r[2].err);
+    for (int i = 0; i < 3; i++) {
+        cfx_group_destroy(r[i].g);
+        cfx_context_destroy(r[i].ctx);
+    }
 }
