@@ -523,6 +523,11 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
             goto out;
         struct cfx_request *req = NULL;
         int gone;
+        /* counted before the GIL goes: a close() on another thread while
+         * this call waits for its turn or has just posted defers to it (it
+         * would otherwise destroy the group, and let the context go, under
+         * a request not counted yet) */
+        self->pending++;
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
         switch (self->destroyed ? -1 : (int)kind) {
@@ -535,20 +540,21 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         gone = self->destroyed;
         PyThread_release_lock(self->lock);
         Py_END_ALLOW_THREADS
-        if (gone) {
+        if (gone || rc) {
             Py_DECREF(ro);
-            cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group was closed (on another "
-                                        "thread) while this call waited for its turn");
-            goto out;
-        }
-        if (rc) {
-            Py_DECREF(ro);
-            cfx__py_raise_status(rc);
+            if (gone)
+                cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group was closed (on another "
+                                            "thread) while this call waited for its turn");
+            else
+                cfx__py_raise_status(rc);
+            if (--self->pending == 0 && self->closing) { /* a close() deferred to it */
+                self->closing = 0;
+                group_destroy_now(self);
+            }
             goto out;
         }
         ro->req = req;
         ro->group = (GroupObject *)Py_NewRef(self);
-        self->pending++;
         ro->sb = sb;
         ro->rb = rb;
         ro->have_sb = have_sb;
