@@ -19,12 +19,12 @@
  * (boot_sweep()), so killed jobs do not use the slots up.  An object whose
  * node is alive but is not ours, in this rank's slot or in one above (a
  * sweep frees the slots below a live rank's), means another process joined
- * as this rank: CFX_ERR_EXISTS.  The objects are put durable: a coordinator with a state
- * directory keeps them across a restart (kill -9 included), so ranks that
- * create the group after it still find the ranks that published before.  A
- * bootstrap call cut off by the coordinator's loss is made again on the new
- * connection until the deadline (each may be repeated: a put that landed
- * before the loss is accepted again as this node's).
+ * as this rank: CFX_ERR_EXISTS.  The objects are put durable: a coordinator
+ * with a state directory keeps them across a restart (kill -9 included), so
+ * ranks that create the group after it still find the ranks that published
+ * before.  A bootstrap call cut off by the coordinator's loss is made again
+ * on the new connection until the deadline (each may be repeated: a put
+ * that landed before the loss is accepted again as this node's).
  *
  * Channel.  Collectives travel on a p2p channel hashed from the name, the
  * epoch and rank 0's node id, so no message of an earlier group of the same
