@@ -422,6 +422,21 @@ def test_close_while_a_call_waits(coord):
         c.get("x", timeout=0.1)
 
 
+def _two_ranks(c0, c1, name):
+    """The two ranks of group ``name`` on contexts c0 and c1, joined on two threads."""
+    gs = [None, None]
+
+    def join(r, c):
+        gs[r] = conflux.Group(c, name, rank=r, size=2)
+
+    ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((c0, c1))]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(30)
+    return gs
+
+
 def _asleep(tid):
     """Whether thread ``tid`` of this process sleeps (state S in its stat)."""
     try:
@@ -439,17 +454,7 @@ def test_group_closed_while_a_call_waits_for_its_turn(coord):
     group's lock, not before it waited), and every call after the close raises."""
     kw = dict(coord=coord.address, token=coord.token, timeout=10, transports="tcp")
     with conflux.Context(**kw) as c0, conflux.Context(**kw) as c1:
-        gs = [None, None]
-
-        def join(r, c):
-            gs[r] = conflux.Group(c, "close-turn", rank=r, size=2)
-
-        ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((c0, c1))]
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join(30)
-        g0, g1 = gs
+        g0, g1 = _two_ranks(c0, c1, "close-turn")
         out = {}
 
         def call(name, fn):
@@ -589,17 +594,7 @@ def test_work_waited_by_two_threads(coord):
     contexts close cleanly after."""
     kw = dict(coord=coord.address, token=coord.token, timeout=20)
     with conflux.Context(**kw) as a, conflux.Context(**kw) as b:
-        groups = [None, None]
-
-        def join(r, c):
-            groups[r] = conflux.Group(c, "two-waiters-work", rank=r, size=2)
-
-        ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((a, b))]
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join(30)
-        g0, g1 = groups
+        g0, g1 = _two_ranks(a, b, "two-waiters-work")
         n = 1 << 16
         for step in range(5):
             x0 = np.arange(n, dtype=np.float32) + step
@@ -627,17 +622,7 @@ def test_disagreement_with_a_rank_that_left_is_named(coord):
     text of its failed attempt to tell rank 0)."""
     kw = dict(coord=coord.address, token=coord.token, timeout=20)
     a, b = conflux.Context(**kw), conflux.Context(**kw)
-    groups = [None, None]
-
-    def join(r, c):
-        groups[r] = conflux.Group(c, "left-disagreeing", rank=r, size=2)
-
-    ths = [threading.Thread(target=join, args=(r, c)) for r, c in enumerate((a, b))]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(30)
-    g0, g1 = groups
+    g0, g1 = _two_ranks(a, b, "left-disagreeing")
     with pytest.raises(conflux.TimeoutError):
         g0.allreduce(np.ones(1000, np.float32), timeout=0.5)  # its message is on its way
     g0.close()

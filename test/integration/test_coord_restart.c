@@ -659,6 +659,15 @@ Test(coord_restart, group_bootstrap_across_restart)
     }
 }
 
+/* This binary's path, for a child that execs a fresh image of it (the
+ * constructors below run the child's part). */
+static void self_exe(char *exe, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", exe, len - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+}
+
 /* ---- a rank slow to reconnect is not taken for a dead one --------------------------- */
 
 /*
@@ -751,9 +760,7 @@ Test(coord_restart, rank_slow_to_rejoin)
     int fds[2];
     char spec[192], exe[512];
     cr_assert_eq(pipe(fds), 0);
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
+    self_exe(exe, sizeof(exe));
     snprintf(spec, sizeof(spec), "%d %s %s", fds[1], co.cc.addr, co.token);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
@@ -927,9 +934,7 @@ static void killed_run(struct cfx_ctl *probe, const char *exe, int run)
 Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
 {
     char exe[512];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
+    self_exe(exe, sizeof(exe));
     struct cfx_ctl *probe = open_ctl("probe");
     for (int run = 0; run < KILLED_RUNS; run++)
         killed_run(probe, exe, run);
@@ -949,9 +954,7 @@ Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
 Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
 {
     char exe[512];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
+    self_exe(exe, sizeof(exe));
     struct cfx_ctl *probe = open_ctl("probe");
     killed_run(probe, exe, 0);
 

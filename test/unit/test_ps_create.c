@@ -201,29 +201,48 @@ static void admins_up(struct member m[2])
  * of time, and its error named only the server ("no answer from server
  * 0").  The server tells the worker, at half the timeout, which worker's
  * push the round lacks; the error names worker 1. */
-Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
+/* A BSP job @p job (NULL: "bsp", its timeout 3 s; else @p timeout_ms):
+ * server 0 on the suite's context, workers 0 and 1 on contexts of their
+ * own, created and registered. */
+static void bsp_up(struct member m[3], const char *job, int timeout_ms)
 {
-    struct member m[3] = { { .role = CFX_PS_SERVER, .index = 0 },
-                           { .role = CFX_PS_WORKER, .index = 0 },
-                           { .role = CFX_PS_WORKER, .index = 1 } };
-    m[0].ctx = ctx;
+    m[0] = (struct member){ .role = CFX_PS_SERVER, .index = 0, .ctx = ctx };
+    m[1] = (struct member){ .role = CFX_PS_WORKER, .index = 0 };
+    m[2] = (struct member){ .role = CFX_PS_WORKER, .index = 1 };
+    for (int i = 0; i < 3; i++) {
+        m[i].job = job;
+        m[i].timeout_ms = timeout_ms;
+    }
     for (int i = 1; i < 3; i++)
         cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
                      "%s", cfx_last_error());
     all_at_once(m, 3, member_create);
     all_at_once(m + 1, 2, member_register);
+}
+
+/* Worker 1's handle and every context but the suite's (worker 0's handle
+ * too unless @p w0_gone). */
+static void bsp_down(struct member m[3], bool w0_gone)
+{
+    for (int i = 2; i >= 0; i--) {
+        if (i != 1 || !w0_gone)
+            cfx_ps_destroy(m[i].ps);
+        if (i)
+            cfx_context_destroy(m[i].ctx);
+    }
+}
+
+Test(ps_create, bsp_timeout_names_the_worker_the_round_waits_for, .timeout = 60)
+{
+    struct member m[3];
+    bsp_up(m, NULL, 0);
 
     const float g[4] = { 1, 1, 1, 1 };
     float out[4];
     int rc = cfx_ps_pushpull(m[1].ps, 0, g, out);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "worker 1 has not"), "%s", cfx_last_error());
-
-    for (int i = 2; i >= 0; i--) {
-        cfx_ps_destroy(m[i].ps);
-        if (i)
-            cfx_context_destroy(m[i].ctx);
-    }
+    bsp_down(m, false);
 }
 
 /* ---- a request waited for while its handle is destroyed ------------------------- */
@@ -267,17 +286,8 @@ static bool sleeping(pid_t tid)
  * keep them (run under ASan by the test script's sanitize stage). */
 Test(ps_create, request_waited_for_while_its_handle_is_destroyed, .timeout = 60)
 {
-    struct member m[3] = { { .role = CFX_PS_SERVER, .index = 0, .job = "waitdestroy" },
-                           { .role = CFX_PS_WORKER, .index = 0, .job = "waitdestroy" },
-                           { .role = CFX_PS_WORKER, .index = 1, .job = "waitdestroy" } };
-    m[0].ctx = ctx;
-    for (int i = 0; i < 3; i++)
-        m[i].timeout_ms = 20000;
-    for (int i = 1; i < 3; i++)
-        cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[i].ctx), CFX_OK,
-                     "%s", cfx_last_error());
-    all_at_once(m, 3, member_create);
-    all_at_once(m + 1, 2, member_register);
+    struct member m[3];
+    bsp_up(m, "waitdestroy", 20000);
 
     const float g[4] = { 1, 1, 1, 1 };
     float out[4];
@@ -298,12 +308,7 @@ Test(ps_create, request_waited_for_while_its_handle_is_destroyed, .timeout = 60)
     cr_assert_eq(w.rc, CFX_ERR_CANCELED, "the wait: %s", cfx_errname(w.rc));
     cr_assert_eq(cfx_ps_test(w.req), CFX_ERR_CANCELED);
     cfx_ps_request_free(w.req);
-    for (int i = 2; i >= 0; i--) {
-        if (i != 1)
-            cfx_ps_destroy(m[i].ps);
-        if (i)
-            cfx_context_destroy(m[i].ctx);
-    }
+    bsp_down(m, true);
 }
 
 /* ---- a push lost in a hand-over ------------------------------------------------- */
