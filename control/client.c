@@ -810,9 +810,13 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
     rc = cfx__parse_hostport(ctl->coord, &sa);
     if (rc != CFX_OK)
         return rc; /* the detail already names the bad address */
-    ctl->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (ctl->fd < 0)
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
         return cfx__err(cfx__status_from_errno(errno), "socket: %s", strerror(errno));
+    /* a reconnect runs while callers' sends read ctl->fd under send_lock */
+    pthread_mutex_lock(&ctl->send_lock);
+    ctl->fd = fd;
+    pthread_mutex_unlock(&ctl->send_lock);
     setsockopt(ctl->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (connect(ctl->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
         return CFX_OK;

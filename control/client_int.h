@@ -37,7 +37,8 @@ struct ctl_aput {
 };
 
 struct cfx_ctl {
-    int fd;
+    int fd;                          /* once the reader runs only it sets this, under
+                                      * send_lock; other threads read it there only */
     int wake_fd;                     /* eventfd: wakes the reader for close */
     char coord[128];                 /* "host:port" as given, for messages */
     enum cfx_ctl_role role;
