@@ -1023,11 +1023,13 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
                      cfx__msg_type_name(m.type));
         goto out_free;
     }
-    ctl->node_id = m.u.join_reply.node_id;
-    ctl->heartbeat_ms = m.u.join_reply.heartbeat_ms;
-    ctl->dead_after_ms = m.u.join_reply.dead_after_ms;
-    if (ctl->dead_after_ms < ctl->heartbeat_ms)
-        ctl->dead_after_ms = 2 * ctl->heartbeat_ms;
+    uint32_t hb = m.u.join_reply.heartbeat_ms, dead = m.u.join_reply.dead_after_ms;
+    if (dead < hb)
+        dead = 2 * hb;
+    /* other threads read these meanwhile (cfx__ctl_node_id(), a send's deadline) */
+    __atomic_store_n(&ctl->node_id, m.u.join_reply.node_id, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctl->heartbeat_ms, hb, __ATOMIC_RELAXED);
+    __atomic_store_n(&ctl->dead_after_ms, dead, __ATOMIC_RELAXED);
     rc = CFX_OK;
 
 out_free:
@@ -1199,7 +1201,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->thread_started = 1;
     CFX_LOG(INFO, CTL, "connected to coordinator %s as %s%s%.0u (CFX_SECURE=%s)", ctl->coord,
             ctl->role == CFX_CTL_ROLE_NODE ? "node" : "admin",
-            ctl->role == CFX_CTL_ROLE_NODE ? " " : "", ctl->node_id,
+            ctl->role == CFX_CTL_ROLE_NODE ? " " : "", cfx__ctl_node_id(ctl),
             cfx__seal_mode_name(ctl->secure));
     *out = ctl;
     return CFX_OK;
@@ -1256,17 +1258,17 @@ void cfx__ctl_interrupt(struct cfx_ctl *ctl, bool on)
 
 uint32_t cfx__ctl_node_id(const struct cfx_ctl *ctl)
 {
-    return ctl ? ctl->node_id : 0;
+    return ctl ? __atomic_load_n(&ctl->node_id, __ATOMIC_RELAXED) : 0;
 }
 
 uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl)
 {
-    return ctl ? ctl->heartbeat_ms : 0;
+    return ctl ? __atomic_load_n(&ctl->heartbeat_ms, __ATOMIC_RELAXED) : 0;
 }
 
 uint32_t cfx__ctl_dead_after_ms(const struct cfx_ctl *ctl)
 {
-    return ctl ? ctl->dead_after_ms : 0;
+    return ctl ? __atomic_load_n(&ctl->dead_after_ms, __ATOMIC_RELAXED) : 0;
 }
 
 const char *cfx__ctl_coord_addr(const struct cfx_ctl *ctl)
@@ -1317,5 +1319,5 @@ int cfx__ctl_send_nowait(struct cfx_ctl *ctl, struct cfx_msg *m, const char *wha
     pthread_mutex_lock(&ctl->lock);
     m->req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);
-    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)ctl->dead_after_ms + 1000), what);
+    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)cfx__ctl_dead_after_ms(ctl) + 1000), what);
 }

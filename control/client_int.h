@@ -42,6 +42,8 @@ struct cfx_ctl {
     int wake_fd;                     /* eventfd: wakes the reader for close */
     char coord[128];                 /* "host:port" as given, for messages */
     enum cfx_ctl_role role;
+    /* From the join reply; a rejoin sets them again on the reader thread while
+     * other threads read them: atomic (relaxed) stores and, off the reader, loads */
     uint32_t node_id;
     uint32_t heartbeat_ms;
     uint32_t dead_after_ms;

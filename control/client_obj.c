@@ -33,7 +33,7 @@ static int send_async(struct cfx_ctl *ctl, struct cfx_msg *m, const char *what)
     pthread_mutex_lock(&ctl->lock);
     m->req_id = ++ctl->next_req;
     pthread_mutex_unlock(&ctl->lock);
-    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    return cfx__ctl_send(ctl, m, cfx__deadline_ns((int)cfx__ctl_heartbeat_ms(ctl) * 4), what);
 }
 
 static int obj_put(struct cfx_ctl *ctl, const struct cfx_object_id *id, uint64_t size,
@@ -242,7 +242,7 @@ int cfx__ctl_obj_put_async(struct cfx_ctl *ctl, const struct cfx_object_id *id, 
     m.req_id = ++ctl->next_req;
     cfx__ctl_aput_add(ctl, m.req_id, id); /* before the answer can come */
     pthread_mutex_unlock(&ctl->lock);
-    int rc = cfx__ctl_send(ctl, &m, cfx__deadline_ns((int)ctl->heartbeat_ms * 4), what);
+    int rc = cfx__ctl_send(ctl, &m, cfx__deadline_ns((int)cfx__ctl_heartbeat_ms(ctl) * 4), what);
     if (rc != CFX_OK) {
         pthread_mutex_lock(&ctl->lock);
         cfx__ctl_aput_unsent(ctl, m.req_id);
