@@ -889,9 +889,11 @@ static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *param
             snprintf(why, sizeof(why), "%s", cfx_last_error());
             why_rc = rc;
         }
+        pthread_mutex_lock(&ctl->send_lock); /* a reconnect's senders read it there */
         if (ctl->fd >= 0)
             close(ctl->fd);
         ctl->fd = -1;
+        pthread_mutex_unlock(&ctl->send_lock);
         int left = cfx__ms_left(deadline);
         if (left == 0)
             return cfx__err(why_rc, "%s (tried %d times for %llu ms)", why, attempts,
