@@ -15,6 +15,7 @@
 
 #include <conflux/status.h>
 
+#include "control/ctl_seal.h"
 #include "control/proto.h"
 #include "dataplane/dpdk/dpdk_io.h"
 #include "dataplane/engine/engine.h"
@@ -360,6 +361,81 @@ static void proto(void)
 }
 
 /* A data-plane seed: the wire bytes of host-form @p msg (dp_msg.c). */
+/* Sealed control frames (fuzz_ctl_seal): a mode byte, a u16 tamper, then
+ * plain frames an honest sender seals, or the wire bytes themselves. */
+static void ctl_seal(void)
+{
+    /* the keys of fuzz_ctl_seal.c: token, nonces, role */
+    static const uint8_t ns[CFX_AUTH_NONCE_LEN] = { 1, 2, 3, 4 }, nc[CFX_AUTH_NONCE_LEN] = { 5, 6 };
+    static uint8_t plain[4096], wire[4096], in[4096];
+    uint8_t data[40];
+    struct cfx_msg m;
+    size_t n = 0, w = 0;
+
+    for (unsigned i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(i * 7);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_LOOKUP;
+    m.req_id = 4;
+    memset(m.u.lookup.id.bytes, 0xab, sizeof(m.u.lookup.id.bytes));
+    m.u.lookup.timeout_ms = 1000;
+    n += enc(&m, plain + n, sizeof(plain) - n);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_OBJ_PUT;
+    m.req_id = 5;
+    memset(m.u.put.id.bytes, 0xcd, sizeof(m.u.put.id.bytes));
+    m.u.put.size = sizeof(data);
+    m.u.put.chunk_size = 65536;
+    m.u.put.has_data = 1;
+    m.u.put.data = data;
+    n += enc(&m, plain + n, sizeof(plain) - n);
+    memset(&m, 0, sizeof(m));
+    m.type = CFX_MSG_LEAVE;
+    n += enc(&m, plain + n, sizeof(plain) - n);
+
+    for (uint8_t mode = 0; mode < 4; mode++) {
+        static const char *names[] = { "honest_integrity", "honest_encrypt",
+                                       "honest_integrity_coord", "honest_encrypt_coord" };
+        in[0] = mode;
+        in[1] = in[2] = 0;
+        memcpy(in + 3, plain, n);
+        put("fuzz_ctl_seal", names[mode], in, 3 + n);
+    }
+    in[0] = 1;
+    in[1] = 8 * 20 + 1; /* bit 0 of the first frame's payload byte 4 */
+    in[2] = 0;
+    put("fuzz_ctl_seal", "tampered", in, 3 + n);
+
+    /* what the client puts on the wire, sealed with the same keys */
+    struct cfx_ctl_seal s = { 0 };
+    if (cfx__ctl_seal_start(&s, CFX_SEAL_ENCRYPT, "fuzz-token", ns, nc, 1, true) != CFX_OK) {
+        fprintf(stderr, "seal start: %s\n", cfx_last_error());
+        exit(1);
+    }
+    for (size_t off = 0; off < n;) {
+        struct cfx_msg_hdr h;
+        size_t wl;
+        cfx__msg_hdr_decode(plain + off, n - off, &h);
+        size_t len = CFX_PROTO_HDR_LEN + h.payload_len;
+        memcpy(wire + w, plain + off, len);
+        if (cfx__ctl_seal_frame(&s, wire + w, len, len + CFX_SEAL_TAG_LEN, &wl) != CFX_OK) {
+            fprintf(stderr, "seal: %s\n", cfx_last_error());
+            exit(1);
+        }
+        off += len;
+        w += wl;
+    }
+    cfx__ctl_seal_stop(&s);
+    in[0] = 4 | 1;
+    memcpy(in + 3, wire, w);
+    put("fuzz_ctl_seal", "wire_encrypt", in, 3 + w);
+    /* a sealed header whose payload_len is shorter than the tag */
+    memcpy(in + 3, plain, CFX_PROTO_HDR_LEN);
+    in[3 + 4] = CFX_SEAL_TAG_LEN - 1;
+    in[3 + 5] = in[3 + 6] = in[3 + 7] = 0;
+    put("fuzz_ctl_seal", "wire_short", in, 3 + CFX_PROTO_HDR_LEN);
+}
+
 static void put_dp(const char *name, const void *msg, size_t len)
 {
     static uint8_t wire[CFX_TP_SEND_MAX];
@@ -648,6 +724,7 @@ int main(int argc, char **argv)
         return 1;
     }
     proto();
+    ctl_seal();
     dp();
     tcp();
     shm();

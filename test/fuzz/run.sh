@@ -13,7 +13,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${1:?usage: test/fuzz/run.sh BUILD_DIR [SECONDS]}
 seconds=${2:-20}
-targets=${CFX_FUZZ_TARGETS:-"fuzz_proto fuzz_dp_msg fuzz_tcp_hdr fuzz_shm_msg fuzz_shm_ring fuzz_dpdk_hdr"}
+all_targets="fuzz_proto fuzz_ctl_seal fuzz_dp_msg fuzz_tcp_hdr fuzz_shm_msg fuzz_shm_ring"
+all_targets+=" fuzz_dpdk_hdr"
+targets=${CFX_FUZZ_TARGETS:-$all_targets}
 cc=${CFX_FUZZ_CC:-clang}
 
 case $build_dir in /*) ;; *) build_dir=$PWD/$build_dir ;; esac
@@ -38,7 +40,7 @@ for t in $targets; do
     cp "$repo/test/fuzz/corpus/$t/"* "$dir/corpus/"
     max_len=4096
     [[ $t == fuzz_shm_msg ]] && max_len=4160
-    [[ $t == fuzz_proto ]] && max_len=16384
+    [[ $t == fuzz_proto || $t == fuzz_ctl_seal ]] && max_len=16384
     [[ $t == fuzz_dpdk_hdr ]] && max_len=9200
     start=$SECONDS
     rc=0
