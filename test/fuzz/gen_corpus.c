@@ -436,6 +436,52 @@ static void ctl_seal(void)
     put("fuzz_ctl_seal", "wire_short", in, 3 + CFX_PROTO_HDR_LEN);
 }
 
+/* A state-directory record (fuzz_coord_state): a mode byte, then the file:
+ * "CFXSTAT1", u64 version, u32 key_len, u32 val_len, key, value, u64 FNV-1a
+ * of all before it (control/coord_state.c). */
+static void state_rec(const char *name, uint8_t mode, const char *key, const void *val, size_t vlen)
+{
+    static uint8_t b[1 + 24 + 64 + 256 + 8];
+    size_t klen = strlen(key), n = 1;
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    b[0] = mode;
+    memcpy(b + n, "CFXSTAT1", 8);
+    n += 8;
+    for (int i = 0; i < 8; i++)
+        b[n++] = (uint8_t)(i == 0 ? 3 : 0); /* version 3 */
+    for (int i = 0; i < 4; i++)
+        b[n++] = (uint8_t)(klen >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        b[n++] = (uint8_t)(vlen >> (8 * i));
+    memcpy(b + n, key, klen);
+    n += klen;
+    memcpy(b + n, val, vlen);
+    n += vlen;
+    for (size_t i = 1; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    for (int i = 0; i < 8; i++)
+        b[n++] = (uint8_t)(h >> (8 * i));
+    put("fuzz_coord_state", name, b, n);
+}
+
+static void coord_state(void)
+{
+    uint8_t ids[4] = { 0x40, 0x1f, 0, 0 }, obj[1 + 20 + 4 + 8 + 4 + 16] = { 1 };
+
+    state_rec("node_ids", 1, "coord.node_ids", ids, sizeof(ids));
+    memset(obj + 1, 0xab, 20);
+    obj[21] = 7;  /* putter */
+    obj[25] = 16; /* size */
+    obj[35] = 1;  /* chunk size 65536 */
+    memset(obj + 37, 0x5a, 16);
+    state_rec("durable_obj", 1 | 2, "obj.abababababababababababababababababababab", obj,
+              sizeof(obj));
+    state_rec("other_name", 0, "coord.node_ids", ids, sizeof(ids));
+}
+
 static void put_dp(const char *name, const void *msg, size_t len)
 {
     static uint8_t wire[CFX_TP_SEND_MAX];
@@ -725,6 +771,7 @@ int main(int argc, char **argv)
     }
     proto();
     ctl_seal();
+    coord_state();
     dp();
     tcp();
     shm();
