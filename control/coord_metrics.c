@@ -9,13 +9,15 @@
  * loopback unless told otherwise (--metrics ADDR:PORT).
  *
  * A minimal, bounded, read-only responder: a request is one head of at
- * most METRICS_REQ_MAX bytes (a longer one: 431), only GET (405) of
- * /metrics (404); every answer ends its connection (the endpoint shuts
+ * most CFX_METRICS_REQ_MAX bytes (a longer one: 431), only GET (405) of
+ * /metrics (404), judged by cfx__coord_metrics_req_parse (coord_metrics_req.c,
+ * fuzzed on its own); every answer ends its connection (the endpoint shuts
  * its side, reads what the client still sends until it closes too).  At most
  * METRICS_CONNS_MAX connections at once (more are closed at accept), and
  * each has METRICS_TIMEOUT_MS from accept to its last byte sent.
  */
 #include "control/coord_int.h"
+#include "control/coord_metrics_req.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,7 +36,6 @@
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
 
-#define METRICS_REQ_MAX    4096 /* bytes of one request head */
 #define METRICS_CONNS_MAX  16   /* scrapers at once */
 #define METRICS_TIMEOUT_MS 5000 /* from accept to the last byte of the answer */
 
@@ -45,7 +46,7 @@ struct metrics_conn {
     struct cfx_ev_timer timer; /* METRICS_TIMEOUT_MS after accept */
     int fd;
     char peer[48];
-    char req[METRICS_REQ_MAX + 1];
+    char req[CFX_METRICS_REQ_MAX + 1];
     size_t req_len;
     char *out; /* the answer (malloc'd) once the request is read */
     size_t out_len, out_off;
@@ -503,25 +504,18 @@ static void answer(struct metrics_conn *c, int code, const char *reason, const c
     cfx__ev_io_set(c->m->co->loop, &c->io, CFX_EV_WRITE);
 }
 
-static void on_request(struct metrics_conn *c)
+/* Answer the request whose head cfx__coord_metrics_req_parse() judged @p code. */
+static void on_request(struct metrics_conn *c, int code, bool head)
 {
-    char method[8] = "", path[64] = "";
     static const char text[] = "text/plain; charset=utf-8";
     static const char prom[] = "text/plain; version=0.0.4; charset=utf-8";
 
-    /* "GET /metrics HTTP/1.1": the request line is all we read */
-    int n = sscanf(c->req, "%7[A-Z] %63[^ \r\n] HTTP/1.%*1[01]", method, path);
-    if (n != 2) {
-        answer(c, 400, "Bad Request", text, "bad request\n", 12);
-        return;
-    }
-    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
-        answer(c, 405, "Method Not Allowed", text, "only GET\n", 9);
-        return;
-    }
-    /* a query (a scrape config's params) does not change the answer */
-    if (strcspn(path, "?") != 8 || strncmp(path, "/metrics", 8)) {
-        answer(c, 404, "Not Found", text, "only /metrics\n", 14);
+    switch (code) {
+    case 400: answer(c, 400, "Bad Request", text, "bad request\n", 12); return;
+    case 405: answer(c, 405, "Method Not Allowed", text, "only GET\n", 9); return;
+    case 404: answer(c, 404, "Not Found", text, "only /metrics\n", 14); return;
+    case 431:
+        answer(c, 431, "Request Header Fields Too Large", text, "request too large\n", 18);
         return;
     }
     struct buf b = { 0 };
@@ -532,8 +526,7 @@ static void on_request(struct metrics_conn *c)
         return;
     }
     c->m->scrapes++;
-    answer(c, 200, "OK", prom, !strcmp(method, "HEAD") ? "" : b.p,
-           !strcmp(method, "HEAD") ? 0 : b.len);
+    answer(c, 200, "OK", prom, head ? "" : b.p, head ? 0 : b.len);
     free(b.p);
 }
 
@@ -552,7 +545,7 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
         return; /* bounded by the connection's timer */
     }
     if (!c->out) {
-        ssize_t r = read(c->fd, c->req + c->req_len, METRICS_REQ_MAX - c->req_len);
+        ssize_t r = read(c->fd, c->req + c->req_len, CFX_METRICS_REQ_MAX - c->req_len);
         if (r < 0 && (errno == EAGAIN || errno == EINTR))
             return;
         if (r <= 0) {
@@ -561,11 +554,10 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
         }
         c->req_len += (size_t)r;
         c->req[c->req_len] = '\0';
-        if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
-            on_request(c);
-        else if (c->req_len >= METRICS_REQ_MAX)
-            answer(c, 431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
-                   "request too large\n", 18);
+        bool head;
+        int code = cfx__coord_metrics_req_parse(c->req, c->req_len, &head);
+        if (code)
+            on_request(c, code, head);
         return;
     }
     while (c->out_off < c->out_len) {

@@ -482,6 +482,40 @@ static void coord_state(void)
     state_rec("other_name", 0, "coord.node_ids", ids, sizeof(ids));
 }
 
+/* The metrics endpoint's request head (fuzz_metrics_req): reads, each a
+ * length byte and its bytes. */
+static void metrics_req(const char *name, const char *const *reads, int n)
+{
+    uint8_t b[512];
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(reads[i]);
+        b[len++] = (uint8_t)l;
+        memcpy(b + len, reads[i], l);
+        len += l;
+    }
+    put("fuzz_metrics_req", name, b, len);
+}
+
+static void metrics(void)
+{
+    static const char *const get[] = {
+        "GET /metrics HTTP/1.1\r\nHost: coord:9464\r\nUser-Agent: Prometheus/2.45.0\r\n"
+        "Accept: text/plain\r\n\r\n"
+    };
+    static const char *const head[] = { "HEAD /metrics?job=conflux HTTP/1.0\r\n\r\n" };
+    static const char *const split[] = { "GE", "T /met", "rics HTTP/1.1\r\n", "Host: x\r\n",
+                                         "\r\n" };
+    static const char *const post[] = { "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n" };
+    static const char *const lf[] = { "GET / HTTP/1.1\n\n" };
+
+    metrics_req("get", get, 1);
+    metrics_req("head_query", head, 1);
+    metrics_req("split", split, 5);
+    metrics_req("post", post, 1);
+    metrics_req("lf_other_path", lf, 1);
+}
+
 static void put_dp(const char *name, const void *msg, size_t len)
 {
     static uint8_t wire[CFX_TP_SEND_MAX];
@@ -772,6 +806,7 @@ int main(int argc, char **argv)
     proto();
     ctl_seal();
     coord_state();
+    metrics();
     dp();
     tcp();
     shm();

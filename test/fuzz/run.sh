@@ -14,7 +14,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build_dir=${1:?usage: test/fuzz/run.sh BUILD_DIR [SECONDS]}
 seconds=${2:-20}
 all_targets="fuzz_proto fuzz_ctl_seal fuzz_dp_msg fuzz_tcp_hdr fuzz_shm_msg fuzz_shm_ring"
-all_targets+=" fuzz_dpdk_hdr fuzz_coord_state"
+all_targets+=" fuzz_dpdk_hdr fuzz_coord_state fuzz_metrics_req"
 targets=${CFX_FUZZ_TARGETS:-$all_targets}
 cc=${CFX_FUZZ_CC:-clang}
 

@@ -21,6 +21,7 @@
 
 #include "control/client.h"
 #include "control/coord.h"
+#include "control/coord_metrics_req.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
@@ -505,6 +506,33 @@ Test(coord_metrics, only_get_of_metrics)
     r = exchange(longer, sizeof(longer) - 1);
     cr_expect_eq(strncmp(r, "HTTP/1.1 404 Not Found\r\n", 24), 0, "%s", r);
     free(r);
+}
+
+/* The head alone (cfx__coord_metrics_req_parse): nothing until it ends,
+ * then the status; a full buffer that never ends is 431. */
+static int judge(const char *req, bool *head)
+{
+    return cfx__coord_metrics_req_parse(req, strlen(req), head);
+}
+
+Test(coord_metrics, request_head_judged)
+{
+    static char big[CFX_METRICS_REQ_MAX + 1];
+    bool head = true;
+
+    cr_expect_eq(judge("GET /metrics HTTP/1.1\r\nHost: x\r\n", &head), 0);
+    cr_expect_eq(judge("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", &head), 200);
+    cr_expect_not(head);
+    cr_expect_eq(judge("HEAD /metrics?job=c HTTP/1.0\n\n", &head), 200);
+    cr_expect(head);
+    cr_expect_eq(judge("POST /metrics HTTP/1.1\r\n\r\n", &head), 405);
+    cr_expect_not(head);
+    cr_expect_eq(judge("GET /metricsx HTTP/1.1\r\n\r\n", &head), 404);
+    cr_expect_eq(judge("hello\r\n\r\n", &head), 400);
+    memset(big, 'a', CFX_METRICS_REQ_MAX - 1);
+    cr_expect_eq(cfx__coord_metrics_req_parse(big, CFX_METRICS_REQ_MAX - 1, &head), 0);
+    big[CFX_METRICS_REQ_MAX - 1] = 'a';
+    cr_expect_eq(cfx__coord_metrics_req_parse(big, CFX_METRICS_REQ_MAX, &head), 431);
 }
 
 /* A head past 4096 bytes: 431, and the connection closed. */
