@@ -83,21 +83,24 @@ int cfx__ctl_err(const struct cfx_ctl *ctl, int status, const char *what, const 
 /* ------------------------------------------------------------------------ */
 /* Wire I/O                                                                  */
 
-static void mark_broken(struct cfx_ctl *ctl, int fd)
+/* The send on connection @p gen failed: it is broken, unless the reader has
+ * replaced it meanwhile (a reconnect under way, or done: then the new one
+ * is left alone; told apart by generation, as a new socket may get the old
+ * one's number). */
+static void mark_broken(struct cfx_ctl *ctl, uint64_t gen)
 {
     pthread_mutex_lock(&ctl->lock);
-    int current = !ctl->reconnecting;
+    int current = !ctl->reconnecting && gen == __atomic_load_n(&ctl->conn_gen, __ATOMIC_ACQUIRE);
     if (current) {
         ctl->broken = 1;
         if (!ctl->lost_ns)
             ctl->lost_ns = cfx__now_ns();
     }
     pthread_mutex_unlock(&ctl->lock);
-    /* Wakes the reader, which fails the waiting calls; a send that failed on
-     * a connection the reader already replaced leaves the new one alone. */
+    /* Wakes the reader, which fails the waiting calls. */
     pthread_mutex_lock(&ctl->send_lock);
-    if (current && fd == ctl->fd)
-        shutdown(fd, SHUT_RDWR);
+    if (current && gen == ctl->conn_gen)
+        shutdown(ctl->fd, SHUT_RDWR);
     pthread_mutex_unlock(&ctl->send_lock);
 }
 
@@ -133,7 +136,7 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
         return cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what,
                             "another send held the connection to the coordinator past the "
                             "deadline (coordinator not reading)");
-    int fd = ctl->fd;
+    uint64_t gen = ctl->conn_gen; /* the connection this send goes on */
     /* While the reader reconnects only it writes (the handshake). */
     if (__atomic_load_n(&ctl->reconnecting, __ATOMIC_ACQUIRE) &&
         !pthread_equal(pthread_self(), ctl->thread)) {
@@ -148,7 +151,7 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
     if (rc != CFX_OK) {
         pthread_mutex_unlock(&ctl->send_lock);
         rc = cfx__ctl_err(ctl, rc, what, "%s", cfx_last_error());
-        mark_broken(ctl, fd);
+        mark_broken(ctl, gen);
         return rc;
     }
     while (off < len) {
@@ -179,7 +182,7 @@ static int send_all(struct cfx_ctl *ctl, uint8_t *buf, size_t len, size_t cap,
     }
     pthread_mutex_unlock(&ctl->send_lock);
     if (rc != CFX_OK && (off > 0 || sealed || rc == CFX_ERR_CONNECT))
-        mark_broken(ctl, fd);
+        mark_broken(ctl, gen);
     return rc;
 }
 
@@ -816,6 +819,7 @@ static int connect_deadline(struct cfx_ctl *ctl, uint64_t deadline)
     /* a reconnect runs while callers' sends read ctl->fd under send_lock */
     pthread_mutex_lock(&ctl->send_lock);
     ctl->fd = fd;
+    __atomic_store_n(&ctl->conn_gen, ctl->conn_gen + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ctl->send_lock);
     setsockopt(ctl->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (connect(ctl->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)

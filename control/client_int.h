@@ -39,6 +39,9 @@ struct ctl_aput {
 struct cfx_ctl {
     int fd;                          /* once the reader runs only it sets this, under
                                       * send_lock; other threads read it there only */
+    uint64_t conn_gen;               /* bumped with each new socket in fd (under
+                                      * send_lock, atomic): a number the kernel gives
+                                      * again does not make an old connection current */
     int wake_fd;                     /* eventfd: wakes the reader for close */
     char coord[128];                 /* "host:port" as given, for messages */
     enum cfx_ctl_role role;
