@@ -360,7 +360,9 @@ Test(coord_restart, copy_announced_after_putter_left)
 
 /* ---- durable inline objects ------------------------------------------------------ */
 
-static struct cfx_ctl *open_ctl(const char *name)
+/* A member client named @p name; @p on_dead (may be NULL) hears the
+ * coordinator's node-death events. */
+static struct cfx_ctl *open_ctl_with(const char *name, void (*on_dead)(void *, uint32_t))
 {
     struct cfx_node_rec self;
     struct cfx_ctl *c = NULL;
@@ -374,9 +376,15 @@ static struct cfx_ctl *open_ctl(const char *name)
         .role = CFX_CTL_ROLE_NODE,
         .self = &self,
         .timeout_ms = 5000,
+        .on_node_dead = on_dead,
     };
     cr_assert_eq(cfx__ctl_open(&p, &c), CFX_OK, "%s", cfx_last_error());
     return c;
+}
+
+static struct cfx_ctl *open_ctl(const char *name)
+{
+    return open_ctl_with(name, NULL);
 }
 
 static void ctl_wait_reconnects(struct cfx_ctl *c, uint64_t n)
@@ -871,15 +879,53 @@ static int durable_objects_in(const char *dir)
     return n;
 }
 
+/* The node deaths the coordinator told the probe of (its client thread
+ * writes, the test waits on the condition). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    uint32_t ids[16];
+    int n;
+} deaths = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void on_death(void *arg, uint32_t node_id)
+{
+    (void)arg;
+    pthread_mutex_lock(&deaths.lock);
+    if (deaths.n < (int)CFX_ARRAY_SIZE(deaths.ids))
+        deaths.ids[deaths.n++] = node_id;
+    pthread_cond_broadcast(&deaths.cond);
+    pthread_mutex_unlock(&deaths.lock);
+}
+
+static struct cfx_ctl *open_probe(void)
+{
+    cfx__cond_init_mono(&deaths.cond);
+    deaths.n = 0;
+    return open_ctl_with("probe", on_death);
+}
+
+static bool death_heard(uint32_t node_id) /* deaths.lock held */
+{
+    for (int i = 0; i < deaths.n; i++)
+        if (deaths.ids[i] == node_id)
+            return true;
+    return false;
+}
+
 /*
  * Run @p run of the job: both ranks of "killed" join in child processes and
- * are killed with SIGKILL; returns once the coordinator saw both nodes go.
+ * are killed with SIGKILL; returns once the coordinator told the probe
+ * (open_probe()) that both nodes died.
  */
-static void killed_run(struct cfx_ctl *probe, const char *exe, int run)
+static void killed_run(const char *exe, int run)
 {
     pid_t pid[2];
     int rfd[2];
     int32_t got[2][2]; /* status, node id */
+    pthread_mutex_lock(&deaths.lock);
+    deaths.n = 0; /* the runs before have been heard */
+    pthread_mutex_unlock(&deaths.lock);
     for (int r = 0; r < 2; r++) {
         int fds[2];
         char spec[192];
@@ -910,16 +956,20 @@ static void killed_run(struct cfx_ctl *probe, const char *exe, int run)
     for (int r = 0; r < 2; r++)
         cr_assert_eq(got[r][0], CFX_OK, "run %d, rank %d: %s (its stderr says why)", run,
                      r, cfx_errname(got[r][0]));
-    /* the coordinator saw both connections close: the nodes are gone */
+    /* the coordinator saw both connections close and told the probe */
+    uint64_t dl = cfx__deadline_ns(15000);
+    pthread_mutex_lock(&deaths.lock);
     for (int r = 0; r < 2; r++) {
-        struct cfx_node_rec rec = { .alive = 1 };
-        uint64_t dl = cfx__deadline_ns(15000);
-        while (cfx__ctl_node_get(probe, (uint32_t)got[r][1], &rec, dl) == CFX_OK &&
-               rec.alive && cfx__now_ns() < dl)
-            usleep(5 * 1000);
-        cr_assert(!rec.alive, "run %d: rank %d (node %d) still alive", run, r,
+        while (!death_heard((uint32_t)got[r][1]) &&
+               cfx__cond_wait_until(&deaths.cond, &deaths.lock, dl))
+            ;
+        bool heard = death_heard((uint32_t)got[r][1]);
+        if (!heard)
+            pthread_mutex_unlock(&deaths.lock);
+        cr_assert(heard, "run %d: rank %d (node %d) not reported dead", run, r,
                   (int)got[r][1]);
     }
+    pthread_mutex_unlock(&deaths.lock);
 }
 
 /*
@@ -935,9 +985,9 @@ Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
 {
     char exe[512];
     self_exe(exe, sizeof(exe));
-    struct cfx_ctl *probe = open_ctl("probe");
+    struct cfx_ctl *probe = open_probe();
     for (int run = 0; run < KILLED_RUNS; run++)
-        killed_run(probe, exe, run);
+        killed_run(exe, run);
     cfx__ctl_close(probe);
     int left = durable_objects_in(co.statedir);
     cr_assert_leq(left, 4, "%d bootstrap records of killed jobs stay", left);
@@ -955,8 +1005,8 @@ Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
 {
     char exe[512];
     self_exe(exe, sizeof(exe));
-    struct cfx_ctl *probe = open_ctl("probe");
-    killed_run(probe, exe, 0);
+    struct cfx_ctl *probe = open_probe();
+    killed_run(exe, 0);
 
     struct rank_arg r[3];
     memset(r, 0, sizeof(r));
