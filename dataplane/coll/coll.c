@@ -6,6 +6,7 @@
 #include "coll.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,6 +252,7 @@ int cfx__coll_post_on(struct coll_exec *x, uint64_t chan, int peer, bool send, v
     m->chk_in = false;
     m->prev_h = -1;
     void *wire = bounce ? bounce : buf;
+    m->wire = wire;
     if (bounce)
         mt = CFX_MEMTYPE_HOST;
     /* x->more: the next post is another piece to this peer (post_split) */
@@ -602,6 +604,39 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
     return rc != CFX_OK ? rc : cfx__coll_wait(x, hs);
 }
 
+/* This thread's stack: its lowest address (UINTPTR_MAX: not known). */
+static __thread uintptr_t stack_lo;
+
+/* Is @p p in this thread's stack below @p live, the frame running now: in a
+ * frame that has returned? */
+static bool in_returned_frame(const void *p, const void *live)
+{
+    if (!stack_lo) {
+        pthread_attr_t at;
+        void *lo = NULL;
+        size_t sz = 0;
+        if (pthread_getattr_np(pthread_self(), &at) == 0) {
+            if (pthread_attr_getstack(&at, &lo, &sz) != 0)
+                lo = NULL;
+            pthread_attr_destroy(&at);
+        }
+        stack_lo = lo ? (uintptr_t)lo : UINTPTR_MAX;
+    }
+    return (uintptr_t)p >= stack_lo && (uintptr_t)p < (uintptr_t)live;
+}
+
+/* A message still running whose buffer was a local of a function that has
+ * returned: the transfer would read or write a frame that is gone (a defect
+ * of the schedule that posted it; the frame's memory is another's now).
+ * Stopped here, as a transport called off the progress lock is. */
+static void stale_buffer(const struct coll_exec *x, const struct coll_msg *m)
+{
+    CFX_LOG(ERR, COLL, "group %s rank %d: %s #%" PRIu32 ": a %s rank %d of %zu bytes is still "
+            "posted on a buffer in a stack frame that has returned", x->g->name, x->g->rank,
+            x->what, x->a->seq, m->send ? "send to" : "receive from", m->peer, m->len);
+    abort();
+}
+
 /*
  * After a failure: receives still running are withdrawn at once; sends get
  * a short grace period first, so a peer that is about to take its message
@@ -613,6 +648,10 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
 static void coll_cleanup(struct coll_exec *x, bool hdr_only)
 {
     uint64_t grace = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_SEND_GRACE_MS));
+    const void *here = __builtin_frame_address(0);
+    for (int h = 0; h < x->nmsgs; h++)
+        if (x->msgs[h].req && in_returned_frame(x->msgs[h].wire, here))
+            stale_buffer(x, &x->msgs[h]);
     for (int h = 0; h < x->nmsgs; h++) {
         struct coll_msg *m = &x->msgs[h];
         if (!m->req || !m->send || (!m->hdr && hdr_only))

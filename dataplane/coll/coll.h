@@ -243,6 +243,8 @@ struct coll_msg {
     bool hdr;                   /* an argument header (coll.c), not data */
     void *bounce;               /* device data: the host copy on the wire (arena), or NULL */
     void *dev;                  /* a receive's device destination of the bounce */
+    void *wire;                 /* what the transfer reads or writes: the bounce, or the
+                                 * caller's buffer (outlives the message: coll_cleanup()) */
     size_t len;
     /* EDGES check: the first message between two ranks has the header in
      * front (front), in pfx for host data, in the bounce (at off) for device
@@ -261,6 +263,12 @@ struct coll_msg {
 #define EDGE_RECVD 2u   /* a message from the rank was posted: its first carries its header */
 #define EDGE_SEEN  4u   /* during a scan of the unexpected queue (coll_check.c) */
 #define EDGE_ASKED 8u   /* our header went to the rank on chan_chk as a question */
+
+/* The dissemination exchange's message (cfx__coll_agree_all()). */
+struct coll_agree_msg {
+    struct coll_hdr lo, hi;     /* smallest / largest header seen */
+    int32_t lo_rank, hi_rank;
+};
 
 /* Execution state of one collective on one rank. */
 struct coll_exec {
@@ -316,6 +324,8 @@ struct coll_exec {
                                  * goes to every rank */
     bool canceled;              /* a wait stopped: the call's request was canceled */
     struct coll_chk_msg gave_msg;
+    struct coll_agree_msg seq_me, seq_in; /* cfx__coll_agree_all()'s round, sent and
+                                 * received: withdrawn only by coll_cleanup() */
     int failed_h;               /* a wait stopped: 1 + the handle of a message of the call
                                  * that failed meanwhile (its error is the call's), 0 none */
 

@@ -41,11 +41,6 @@ static int post(struct coll_exec *x, int peer, bool send, void *buf, size_t len,
  * costs CPU on both ends (on a host with fewer cores than ranks, or a
  * kernel network path, that is the barrier's time).
  */
-struct coll_agree_msg {
-    struct coll_hdr lo, hi;  /* smallest / largest header seen */
-    int32_t lo_rank, hi_rank;
-};
-
 static int hdr_cmp(const struct coll_hdr *a, const struct coll_hdr *b)
 {
     return memcmp(a, b, sizeof(*a));
@@ -65,7 +60,10 @@ int cfx__coll_agree_all(struct coll_exec *x)
 {
     struct cfx_group *g = x->g;
     const struct coll_args *a = x->a;
-    struct coll_agree_msg me, in;
+    /* in the call's state, not on this stack: a round that fails leaves its
+     * messages to coll_cleanup(), after this returns */
+    struct coll_agree_msg *mine = &x->seq_me, *theirs = &x->seq_in;
+    struct coll_agree_msg me;
     memset(&me, 0, sizeof(me));
     me.lo.magic = COLL_HDR_MAGIC;
     me.lo.seq = a->seq;
@@ -83,10 +81,11 @@ int cfx__coll_agree_all(struct coll_exec *x)
         int to = pow2 ? g->rank ^ d : (g->rank + d) % g->size;
         int from = pow2 ? to : coll_mod(g->rank - d, g->size);
         /* headers live in host memory whatever the buffers are */
-        int hr = post(x, from, false, &in, sizeof(in), CFX_MEMTYPE_HOST);
+        int hr = post(x, from, false, theirs, sizeof(*theirs), CFX_MEMTYPE_HOST);
         if (hr < 0)
             return hr;
-        int hs = post(x, to, true, &me, sizeof(me), CFX_MEMTYPE_HOST);
+        *mine = me;
+        int hs = post(x, to, true, mine, sizeof(*mine), CFX_MEMTYPE_HOST);
         if (hs < 0)
             return hs;
         int rc = cfx__coll_wait(x, hr);
@@ -94,6 +93,7 @@ int cfx__coll_agree_all(struct coll_exec *x)
             rc = cfx__coll_wait(x, hs);
         if (rc != CFX_OK)
             return rc;
+        const struct coll_agree_msg in = *theirs;
         if (in.lo.magic != COLL_HDR_MAGIC || in.hi.magic != COLL_HDR_MAGIC)
             return cfx__err(CFX_ERR_PROTO, "%s #%" PRIu32 ": rank %d got a malformed header "
                             "from rank %d", x->what, a->seq, g->rank, from);
