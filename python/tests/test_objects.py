@@ -757,6 +757,24 @@ def test_group_rank_and_size_in_range(ctx):
         assert (g.rank, g.size) == (0, 1)
 
 
+def test_rank_arguments_are_ints(ctx):
+    """root= and peer= take a rank: True passed for rank 1 (a broadcast from
+    rank 1 in a group of 2), a float or a string are a TypeError naming the
+    argument; numpy integers are ranks."""
+    with conflux.Group(ctx, "ranks", rank=0, size=1) as g:
+        x = np.arange(4, dtype=np.float32)
+        calls = (lambda r: g.broadcast(x, root=r), lambda r: g.reduce(x, root=r),
+                 lambda r: g.gather(x, root=r), lambda r: g.scatter(x, x, root=r),
+                 lambda r: g.send(x, r), lambda r: g.recv(x, r))
+        for i, call in enumerate(calls):
+            what = "peer" if i >= 4 else "root"
+            for bad in (True, False, np.bool_(False), 0.0, "0", None):
+                with pytest.raises(TypeError, match=f"^{what} must be a rank"):
+                    call(bad)
+        assert g.broadcast(x, root=np.int64(0)) is x
+        assert np.array_equal(g.reduce(x, root=np.int32(0)), np.arange(4, dtype=np.float32))
+
+
 _LAUNCHER_VARS = ("CFX_RANK", "CFX_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                   "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK",
                   "PMI_SIZE")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import math
 import numbers
+import operator
 import os
 import sys
 import time
@@ -409,6 +410,7 @@ class Group(_c.Group):
     def broadcast(self, tensor: Any, root: int = 0, *, timeout: float | None = None,
                   algo: str | None = None, async_op: bool = False) -> Any:
         """Root's ``tensor`` to every rank, in place."""
+        root = _rank(root, "root")
         arr, code, count, _ = self._mov(tensor)
         kw = dict(recv=arr, count=count, dtype=code, root=root, **self._kw(timeout, algo))
         if async_op:
@@ -423,6 +425,7 @@ class Group(_c.Group):
 
         Returns the result at root, None elsewhere.
         """
+        root = _rank(root, "root")
         arr, code, _ = self._red(tensor, writable=out is None and self.rank == root)
         dst = None
         if self.rank == root:
@@ -485,6 +488,7 @@ class Group(_c.Group):
     def gather(self, tensor: Any, root: int = 0, *, out: Any = None,
                timeout: float | None = None, algo: str | None = None) -> Any:
         """Every rank's ``tensor`` stacked at root (shape (size, *shape)); None elsewhere."""
+        root = _rank(root, "root")
         arr, code, count, is_t = self._mov(tensor, writable=False)
         dst = None
         if self.rank == root:
@@ -499,6 +503,7 @@ class Group(_c.Group):
     def scatter(self, out: Any, tensor: Any = None, root: int = 0, *,
                 timeout: float | None = None, algo: str | None = None) -> Any:
         """Block r of root's ``tensor`` (size blocks) into rank r's ``out``.  Returns ``out``."""
+        root = _rank(root, "root")
         dst, code, count, _ = self._mov(out)
         src = None
         if self.rank == root:
@@ -512,12 +517,14 @@ class Group(_c.Group):
 
     def send(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``tensor`` to rank ``peer``; matched in order with the peer's recv of the same tag."""
+        peer = _rank(peer, "peer")
         arr, code, count, _ = self._mov(tensor, writable=False)
         super().send(send=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
 
     def recv(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """Receive from rank ``peer`` into ``tensor`` (sizes must agree).  Returns ``tensor``."""
+        peer = _rank(peer, "peer")
         arr, code, count, _ = self._mov(tensor)
         super().recv(recv=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
@@ -531,6 +538,17 @@ class Group(_c.Group):
 _ROLES = {"worker": 0, "server": 1}
 _CONSISTENCY = {"bsp": 0, "ssp": 1, "asp": 2}
 _OPTIMIZERS = {"sum": 0, "sgd": 1, "momentum": 2, "adam": 3}
+
+
+def _rank(v: Any, what: str) -> int:
+    """A rank argument (root, peer): an integer, numpy's too; not a bool, which would
+    pass for rank 0 or 1."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a rank (an int), not {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be a rank (an int), not {type(v).__name__}") from None
 
 
 def _choice(what: str, value: str, table: dict[str, int]) -> int:

@@ -167,6 +167,6 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
     if not arr.flags.c_contiguous:
         raise ValueError("the array must be C-contiguous")
     if writable and not arr.flags.writeable:
-        raise ValueError("the output array is read-only (Ray passes numpy arguments "
-                         "read-only: pass a copy, np.array(x))")
+        raise ValueError("the output array is read-only: pass a writable one, e.g. a copy "
+                         "np.array(x) (the arrays a Ray task is passed are read-only)")
     return arr, numpy_code(arr.dtype), False
