@@ -539,6 +539,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx_list_init(&ctx->p2p_cache);
     cfx_list_init(&ctx->unexp_cache);
     cfx_list_init(&ctx->async_q);
+    cfx_list_init(&ctx->reqs);
     cfx_list_init(&ctx->arena.segs);
     cfx_list_init(&ctx->arena.doomed);
     ctx->epfd = ctx->cmd_fd = -1;
@@ -884,6 +885,7 @@ void cfx_context_destroy(struct cfx_context *ctx)
     detach_users(ctx);
     cfx__task_stop(ctx);
     cfx__worker_stop(ctx);
+    cfx__request_detach_all(ctx);
     /* leave first, so no new getter is sent our way */
     cfx__reannounce_stop(ctx);
     cfx__ctl_close(ctx->ctl);

@@ -639,6 +639,9 @@ struct cfx_request {
     bool in_lookup;             /* the get waits for the directory: its buffer is not
                                    exposed, and nothing writes it before it looks again */
     struct cfx_list link;       /* ctx->async_q */
+    struct cfx_list live;       /* ctx->reqs until freed; at the context's destroy the
+                                   request is taken off and ctx set to NULL: it keeps
+                                   its final status for test, wait and free */
     struct cfx_object_id id;
     void *buf;
     size_t capacity;
@@ -1016,6 +1019,8 @@ struct cfx_context {
     pthread_t workers[2];
     int nworkers;
     struct cfx_list async_q;
+    struct cfx_list reqs;       /* struct cfx_request: every request not yet freed */
+    unsigned req_waiters;       /* threads in cfx_request_wait() (ctx->lock) */
     pthread_cond_t async_cond;
     bool workers_stop;          /* context destroy: workers finish and exit */
 
@@ -1226,6 +1231,9 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx);
 /* Complete @p req with @p status (a failure's detail is the calling thread's
  * cfx_last_error(): call it on the thread that ran the operation). */
 void cfx__request_complete(struct cfx_request *req, int status, size_t size);
+/* The context's destroy, once its workers and groups stopped: every request
+ * not yet freed is let go of the context (include/conflux/context.h). */
+void cfx__request_detach_all(struct cfx_context *ctx);
 
 /* eager.c: small messages pushed whole to the receiver (see p2p.h). */
 #define CFX_FREE_LIST_MAX    64  /* entries kept by each free list of a context */

@@ -23,6 +23,7 @@ static void complete_locked(struct cfx_request *req, int status, size_t size)
         snprintf(req->err, sizeof(req->err), "%s", cfx_last_error());
     pthread_cond_broadcast(&req->cond);
     if (req->freed_by_user) {
+        cfx_list_del(&req->live);
         pthread_cond_destroy(&req->cond);
         free(req);
     }
@@ -115,6 +116,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
         return cfx__err(CFX_ERR_NO_RESOURCE, "cannot start a worker thread");
     }
     cfx_list_add_tail(&req->link, &ctx->async_q);
+    cfx_list_add_tail(&req->live, &ctx->reqs);
     pthread_cond_signal(&ctx->async_cond);
     pthread_mutex_unlock(&ctx->lock);
     *out = req;
@@ -159,6 +161,8 @@ int cfx_request_test(struct cfx_request *req)
     cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_test: NULL request");
+    if (!req->ctx) /* its context was destroyed: the status is final */
+        return finished(req);
     if (cfx__ctx_forked(req->ctx))
         return forked_err("cfx_request_test");
     /* the worker running it may wait on a transfer only progress moves: a
@@ -198,16 +202,23 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     cfx__err_clear();
     if (!req)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_wait: NULL request");
+    if (!req->ctx) /* its context was destroyed: the status is final */
+        return finished(req);
     if (cfx__ctx_forked(req->ctx)) /* nothing here would ever complete it */
         return forked_err("cfx_request_wait");
     struct cfx_context *ctx = req->ctx;
     uint64_t deadline = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ctx->lock);
+    /* counted: a destroy on another thread ends the request and waits for
+     * this thread to leave ctx->lock before it frees the context */
+    ctx->req_waiters++;
     while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&req->cond, &ctx->lock, deadline))
         ;
     int st = req->status == CFX_ERR_AGAIN ? CFX_ERR_AGAIN : finished(req);
     if (st == CFX_ERR_AGAIN)
         st = still_running(req, timeout_ms);
+    if (--ctx->req_waiters == 0 && ctx->closing)
+        pthread_cond_broadcast(&ctx->calls_cond);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }
@@ -250,13 +261,21 @@ int cfx_request_progress(struct cfx_request *req, uint64_t *done, uint64_t *tota
     cfx__err_clear();
     if (!req || !done || !total)
         return cfx__err(CFX_ERR_INVALID, "cfx_request_progress: NULL argument");
-    if (cfx__ctx_forked(req->ctx))
+    if (req->ctx && cfx__ctx_forked(req->ctx))
         return forked_err("cfx_request_progress");
     *done = 0;
     *total = 0;
     if (req->type != CFX_REQ_PUT && req->type != CFX_REQ_GET)
         return cfx__err(CFX_ERR_UNSUPPORTED,
                         "cfx_request_progress: a collective's request has no byte count");
+    if (!req->ctx) { /* its context was destroyed: the status is final */
+        if (req->status != CFX_OK)
+            return cfx__err(req->status, "cfx_request_progress: the %s failed: %s",
+                            req->type == CFX_REQ_PUT ? "put" : "get",
+                            req->err[0] ? req->err : cfx_errname(req->status));
+        *done = *total = req->size;
+        return CFX_OK;
+    }
     struct cfx_context *ctx = req->ctx;
     int rc = CFX_OK;
     pthread_mutex_lock(&ctx->lock);
@@ -287,6 +306,11 @@ size_t cfx_request_size(const struct cfx_request *req)
 
 void cfx_request_free(struct cfx_request *req)
 {
+    if (req && !req->ctx) { /* its context was destroyed, which ended it */
+        pthread_cond_destroy(&req->cond);
+        free(req);
+        return;
+    }
     if (!req || cfx__ctx_forked(req->ctx)) /* a forked child's copy goes with it */
         return;
     struct cfx_context *ctx = req->ctx;
@@ -312,6 +336,7 @@ void cfx_request_free(struct cfx_request *req)
     if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
         /* still queued behind other requests: it never runs */
         cfx_list_del(&req->link);
+        cfx_list_del(&req->live);
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_destroy(&req->cond);
         free(req);
@@ -344,6 +369,7 @@ void cfx_request_free(struct cfx_request *req)
             return;
         }
     }
+    cfx_list_del(&req->live);
     pthread_mutex_unlock(&ctx->lock);
     pthread_cond_destroy(&req->cond);
     free(req);
@@ -357,6 +383,9 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx)
     req->ctx = ctx;
     cfx__status_set(&req->status, CFX_ERR_AGAIN);
     cfx__cond_init_mono(&req->cond);
+    pthread_mutex_lock(&ctx->lock);
+    cfx_list_add_tail(&req->live, &ctx->reqs);
+    pthread_mutex_unlock(&ctx->lock);
     return req;
 }
 
@@ -365,6 +394,30 @@ void cfx__request_complete(struct cfx_request *req, int status, size_t size)
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
     complete_locked(req, status, size);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+void cfx__request_detach_all(struct cfx_context *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    while (!cfx_list_empty(&ctx->reqs)) {
+        struct cfx_request *req = cfx_list_entry(ctx->reqs.next, struct cfx_request, live);
+        cfx_list_del(&req->live);
+        if (req->status == CFX_ERR_AGAIN) { /* none should be left running: never hang */
+            snprintf(req->err, sizeof(req->err), "the context of node %u was destroyed "
+                     "before the request ended", ctx->node_id);
+            cfx__status_set(&req->status, CFX_ERR_CANCELED);
+            pthread_cond_broadcast(&req->cond);
+        }
+        req->ctx = NULL;
+        if (req->freed_by_user) { /* nobody holds it any more */
+            pthread_cond_destroy(&req->cond);
+            free(req);
+        }
+    }
+    /* waits begun before the destroy leave ctx->lock before it is freed */
+    while (ctx->req_waiters)
+        pthread_cond_wait(&ctx->calls_cond, &ctx->lock);
     pthread_mutex_unlock(&ctx->lock);
 }
 

@@ -19,8 +19,12 @@
  * begin after cfx_context_destroy() has returned (the context is gone).
  * Parameter-server handles may outlive it too: their calls then fail with
  * CFX_ERR_CANCELED and cfx_ps_destroy() frees them (conflux/ps.h).
- * Requests (cfx_*_nb, cfx_group_i*) must be waited for and freed before
- * it: cfx_request_wait() and cfx_request_free() use the context.
+ * Requests (cfx_*_nb, cfx_group_i*) may outlive it too: the destroy ends
+ * those still running (CFX_ERR_CANCELED; a get's buffer is not written
+ * after it returns) and lets them go of the context, so that a later
+ * cfx_request_test(), _wait() or _progress() returns the final status at
+ * once and cfx_request_free() frees them.  A wait already blocked on
+ * another thread when the destroy begins returns before the destroy does.
  *
  * fork(): a context, its groups and parameter-server handles belong to the
  * process that created them.  In a forked child the copies are not usable
