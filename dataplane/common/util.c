@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -117,11 +118,21 @@ int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, 
 
 long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long long hi)
 {
-    long long v = cfx__env_ll(name, def);
+    const char *s = getenv(name);
+    char *end;
+    long long v;
+    errno = 0;
+    if (s && *s && (v = strtoll(s, &end, 10), errno == ERANGE) && end != s && !*end) {
+        /* a whole integer past what a long long holds is still beyond the
+         * bounds, not "not an integer": brought to the nearest one as well */
+        v = v < 0 ? LLONG_MIN : LLONG_MAX;
+    } else {
+        v = cfx__env_ll(name, def);
+    }
     if (v >= lo && v <= hi)
         return v;
     long long to = v < lo ? lo : hi;
-    CFX_LOG(WARN, CONFIG, "%s=%lld is outside [%lld, %lld]: %lld is used", name, v, lo, hi, to);
+    CFX_LOG(WARN, CONFIG, "%s=%s is outside [%lld, %lld]: %lld is used", name, s, lo, hi, to);
     return to;
 }
 

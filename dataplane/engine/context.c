@@ -136,7 +136,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         cfg->timeout_ms = (int)v;
     cfg->inline_max = cfx__env_size_max("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX,
                                         CFX_OBJECT_INLINE_MAX);
-    cfg->window_bytes = (uint32_t)cfx__env_size("CFX_WINDOW", 16u << 20);
+    /* window_bytes is 32 bits: 4G wrapped to 0 (the least window, silently) */
+    cfg->window_bytes = (uint32_t)cfx__env_size_max("CFX_WINDOW", 16u << 20, CFX_WINDOW_MAX);
     if (cfx__env_ll_in("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     cfg->spin_us = (uint32_t)v;

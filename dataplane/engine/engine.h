@@ -54,6 +54,7 @@
 #define CFX_MAX_TPS        4         /* transports open at once */
 #define CFX_GET_SOURCES_DEFAULT 4    /* CFX_GET_SOURCES: sources of a striped get */
 #define CFX_GET_SOURCES_MAX     8    /* its cap (CFX_PROTO_SOURCES_MAX) */
+#define CFX_WINDOW_MAX          (1u << 31) /* CFX_WINDOW's bound (2G; 32-bit field) */
 #define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
 #define CFX_CONN_ABANDONED_MAX 64    /* transfers from one peer left at their deadline whose

@@ -40,8 +40,9 @@ int cfx__task_init(struct cfx_context *ctx)
     cfx_list_init(&rt->running);
     if (getrandom(&rt->key_base, sizeof(rt->key_base), 0) != sizeof(rt->key_base))
         rt->key_base = cfx__now_ns() ^ ((uint64_t)getpid() << 32); /* unique enough */
-    rt->cores = (uint32_t)cfx__env_ll("CFX_TASK_CORES", ncpu > 0 ? ncpu : 1);
-    rt->gpus = (uint32_t)cfx__env_ll("CFX_TASK_GPUS", 0);
+    /* counts: a negative one wrapped to 4 billion offered, silently */
+    rt->cores = (uint32_t)cfx__env_ll_clamp("CFX_TASK_CORES", ncpu > 0 ? ncpu : 1, 0, UINT32_MAX);
+    rt->gpus = (uint32_t)cfx__env_ll_clamp("CFX_TASK_GPUS", 0, 0, UINT32_MAX);
     rt->memory = cfx__env_size("CFX_TASK_MEMORY",
                                sysinfo(&si) == 0 ? (size_t)si.totalram * si.mem_unit : 0);
     ctx->tasks = rt;

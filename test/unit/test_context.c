@@ -27,6 +27,7 @@
 #include "control/coord.h"
 #include "dataplane/common/log.h"
 #include "dataplane/engine/engine.h"
+#include "dataplane/engine/task_int.h"
 #include "dataplane/shm/shm.h"
 #include "dataplane/tcp/tcp.h"
 #include "testutil.h"
@@ -414,6 +415,10 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     } clamp[] = {
         { "CFX_GET_SOURCES", "9" }, { "CFX_EAGER_MAX", "5000" }, { "CFX_WAITER_NAP_MS", "1001" },
         { "CFX_INLINE_MAX", "1G" }, { "CFX_SPIN_YIELD", "0" }, { "CFX_CHUNK_SIZE", "128M" },
+        /* past 32 bits: it wrapped to 0, silently; past a long long: "not an
+         * integer", and the default taken; a negative count: 4 billion */
+        { "CFX_WINDOW", "4G" }, { "CFX_SPIN_ADAPT_US", "9223372036854775808" },
+        { "CFX_TASK_CORES", "-1" }, { "CFX_TASK_GPUS", "-99999999999999999999" },
     };
     for (size_t i = 0; i < sizeof(clamp) / sizeof(clamp[0]); i++)
         cr_assert_eq(setenv(clamp[i].var, clamp[i].val, 1), 0);
@@ -427,6 +432,10 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     cr_assert_eq(c->cfg.inline_max, CFX_OBJECT_INLINE_MAX);
     cr_assert_eq(c->cfg.spin_yield, 1);
     cr_assert_eq(c->cfg.chunk_size, CFX_CHUNK_MAX);
+    cr_assert_eq(c->cfg.window_bytes, CFX_WINDOW_MAX);
+    cr_assert_eq(c->cfg.spin_adapt_us, 10000);
+    cr_assert_eq(c->tasks->cores, 0);
+    cr_assert_eq(c->tasks->gpus, 0);
     cfx_context_destroy(c);
     cr_assert_eq(setenv("CFX_CHUNK_SIZE", "1K", 1), 0);
     rc = cfx_context_create(&p, &c);
