@@ -151,6 +151,17 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     while (ctx->reannounce_hold && !ctx->reannounce_held && cfx__obj_wait(ctx, deadline))
         ; /* test hook: see reannounce.c */
     struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+    /* A copy on its way out (an earlier delete that timed out, a copy its
+     * putter withdrew) may still be read by uploads or reduce tasks: none
+     * of the answers below may hand the buffer back before it has left. */
+    while (obj && obj->deleting && cfx__obj_wait(ctx, deadline))
+        obj = cfx__store_find(&ctx->store, id);
+    if (obj && obj->deleting) {
+        pthread_mutex_unlock(&ctx->lock);
+        return cfx__err(CFX_ERR_TIMEOUT, "cfx_delete: node %u could not release object %s: "
+                        "its copy here was still being released at the deadline (uploads "
+                        "draining, or reduce tasks reading it)", ctx->node_id, hex);
+    }
     if ((!obj || obj->deleting) && cfx__withdrawn_take(ctx, id)) {
         /* its putter withdrew the copy this node got (on_obj_gone): done
          * already, as when the putter left */

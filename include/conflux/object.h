@@ -206,8 +206,10 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
  * returns: the buffer is the caller's again and the id may be put at once.
  * @return CFX_OK; CFX_ERR_NOT_FOUND when this node holds no copy;
  *         CFX_ERR_TIMEOUT when uploads of it were still draining at the
- *         deadline (cfx_last_error() says so); CFX_ERR_CONNECT when the
- *         coordinator was unreachable until the deadline (named in
+ *         deadline (cfx_last_error() says so): the buffer is not the
+ *         caller's yet; a later delete of the id waits for that copy to
+ *         go (up to its own deadline) before it answers; CFX_ERR_CONNECT
+ *         when the coordinator was unreachable until the deadline (named in
  *         cfx_last_error()): this node's copy is released all the same, and
  *         the object is not announced again should the coordinator return.
  */
