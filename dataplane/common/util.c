@@ -132,7 +132,8 @@ long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long 
     if (v >= lo && v <= hi)
         return v;
     long long to = v < lo ? lo : hi;
-    CFX_LOG(WARN, CONFIG, "%s=%s is outside [%lld, %lld]: %lld is used", name, s, lo, hi, to);
+    CFX_LOG(WARN, CONFIG, "%s=%s is outside [%lld, %lld]: %lld is used", name, s ? s : "",
+            lo, hi, to);
     return to;
 }
 
