@@ -148,6 +148,44 @@ def test_put_pins_buffer_until_delete(ctx):
     assert ctx.put_ids() == []
 
 
+def test_put_whose_export_cannot_be_kept_is_undone(ctx):
+    """A put that succeeded in the library but could not record its buffer's export (out
+    of memory) withdraws the object before it raises: the library never serves a buffer
+    whose export was released (a bytearray resized, freed memory sent to getters)."""
+    testcapi = pytest.importorskip("_testcapi")
+    low_put = conflux._conflux.Context.put
+    # five records fill the smallest dict: the next one allocates a larger table
+    kept = [ctx.put(f"put-nomem-kept-{i}", b"kept") for i in range(5)]
+    buf = bytearray(b"conflux!" * 16)
+    failures = 0
+    for n in range(400):
+        oid = conflux.ObjectId.from_name(f"put-nomem-{n}")
+        raw = bytes(oid)
+        testcapi.set_nomemory(n, n + 1)  # the n-th allocation from here fails
+        try:
+            low_put(ctx, raw, buf)
+        except MemoryError:
+            failures += 1
+            testcapi.remove_mem_hooks()
+            assert raw not in ctx.put_ids()
+            buf.append(0)  # the export was released: the buffer is the caller's again
+            del buf[-1]
+            with pytest.raises(conflux.TimeoutError):  # and nothing was left published
+                ctx.get(oid, timeout=0.2)
+            continue
+        finally:
+            testcapi.remove_mem_hooks()
+        assert bytes(ctx.get(oid)) == bytes(buf)
+        ctx.delete(oid)
+        break
+    else:
+        pytest.fail("every put ran out of memory")
+    assert failures >= 3  # the key, the capsule and the record each failed once
+    for oid in kept:
+        ctx.delete(oid)
+    assert ctx.put_ids() == []
+
+
 def test_errors_by_code(ctx):
     ctx.put("dup", b"abc")
     with pytest.raises(conflux.ExistsError) as ei:

@@ -215,6 +215,30 @@ static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline, struct
 }
 
 /* put(id, buffer, timeout_ms=None, chunk_size=0, no_inline=False) */
+/* A put succeeded but its export could not be kept (out of memory): the
+ * object is withdrawn again, so the call fails as a whole.  @p cap (its
+ * view) is released only when the delete gave the buffer back; otherwise
+ * uploads may still read it, and the export is kept for the process's
+ * life.  The caller's error stays set. */
+static void put_undo(struct cfx_context *ctx, const struct cfx_object_id *id, PyObject *timeout,
+                     PyObject *cap)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    struct cfx_obj_params p;
+    int rc = CFX_ERR_NOMEM;
+    if (obj_params(timeout, 0, 0, &p) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cfx_delete(ctx, id, &p);
+        Py_END_ALLOW_THREADS
+    }
+    PyErr_Clear();
+    /* as Context_delete: these three release this node's copy (object.h) */
+    if (rc == CFX_OK || rc == CFX_ERR_CONNECT || rc == CFX_ERR_NOT_FOUND)
+        Py_DECREF(cap);
+    PyErr_Restore(et, ev, tb);
+}
+
 static PyObject *Context_put(ContextObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "id", "buffer", "timeout_ms", "chunk_size", "no_inline", NULL };
@@ -264,8 +288,11 @@ static PyObject *Context_put(ContextObject *self, PyObject *args, PyObject *kw)
     /* The library now serves this memory: keep the export until delete (or
      * the context's end, which a close() during the call brings now). */
     int err = PyDict_SetItem(self->puts, key, cap);
-    Py_DECREF(cap);
     Py_DECREF(key);
+    if (err < 0)
+        put_undo(ctx, &id, timeout, cap); /* with the error set */
+    else
+        Py_DECREF(cap);
     cfx__py_context_child_gone(self);
     if (err < 0)
         return NULL;
