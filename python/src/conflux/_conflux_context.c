@@ -214,7 +214,6 @@ static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline, struct
     return 0;
 }
 
-/* put(id, buffer, timeout_ms=None, chunk_size=0, no_inline=False) */
 /* A put succeeded but its export could not be kept (out of memory): the
  * object is withdrawn again, so the call fails as a whole.  @p cap (its
  * view) is released only when the delete gave the buffer back; otherwise
@@ -223,8 +222,12 @@ static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline, struct
 static void put_undo(struct cfx_context *ctx, const struct cfx_object_id *id, PyObject *timeout,
                      PyObject *cap)
 {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
+#endif
     struct cfx_obj_params p;
     int rc = CFX_ERR_NOMEM;
     if (obj_params(timeout, 0, 0, &p) == 0) {
@@ -236,9 +239,14 @@ static void put_undo(struct cfx_context *ctx, const struct cfx_object_id *id, Py
     /* as Context_delete: these three release this node's copy (object.h) */
     if (rc == CFX_OK || rc == CFX_ERR_CONNECT || rc == CFX_ERR_NOT_FOUND)
         Py_DECREF(cap);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
     PyErr_Restore(et, ev, tb);
+#endif
 }
 
+/* put(id, buffer, timeout_ms=None, chunk_size=0, no_inline=False) */
 static PyObject *Context_put(ContextObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "id", "buffer", "timeout_ms", "chunk_size", "no_inline", NULL };
