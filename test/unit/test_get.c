@@ -1140,3 +1140,84 @@ Test(get, unknown_field_bits_are_refused)
     cfx_context_destroy(b);
     cfx_context_destroy(a);
 }
+
+/* ---- a delete of a copy still being released ------------------------------------------
+ *
+ * Once cfx_delete() returns anything but CFX_ERR_TIMEOUT, the engine refers
+ * to the caller's buffer no more.  A delete that timed out leaves the entry
+ * draining (an upload's writes, a reduce task reading it as its input); a
+ * second delete of the id answered CFX_ERR_NOT_FOUND at once, while the entry
+ * still pointed at the buffer, and a caller that took that as "no copy here"
+ * (the Python binding drops its pin of the buffer on it) freed memory the
+ * engine still read.
+ */
+#define DEL_SIZE (256u * 1024)
+
+/* The buffer the entry of @p id serves from, NULL when there is none. */
+static void *entry_buf(struct cfx_context *c, const struct cfx_object_id *id)
+{
+    pthread_mutex_lock(&c->lock);
+    struct cfx_obj *o = cfx__store_find(&c->store, id);
+    void *b = o ? o->buf : NULL;
+    pthread_mutex_unlock(&c->lock);
+    return b;
+}
+
+/* A reduce task reading @p id as its input (objreduce.c) takes or drops
+ * its reference; the last one dropped finishes a release under way. */
+static void hold(struct cfx_context *c, const struct cfx_object_id *id, bool take)
+{
+    pthread_mutex_lock(&c->lock);
+    struct cfx_obj *o = cfx__store_find(&c->store, id);
+    cr_assert(o, "the entry is gone while a reference holds it");
+    if (take) {
+        o->refs++;
+    } else {
+        o->refs--;
+        pthread_cond_broadcast(&c->obj_cond);
+        if (!o->refs && o->releasing)
+            cfx__cmd_must(c, CFX_CMD_OBJ_RELEASE, o);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+Test(get, second_delete_of_a_draining_copy_waits_for_it)
+{
+    struct cfx_context *a;
+    join("tcp", false, &a);
+    uint8_t *buf = malloc(DEL_SIZE);
+    cr_assert(buf);
+    cfx_test_fill(buf, DEL_SIZE, 3);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, buf, DEL_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
+    hold(a, &id, true);
+
+    struct cfx_obj_params short_dl = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 50 };
+    int rc = cfx_delete(a, &id, &short_dl);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(entry_buf(a, &id), buf, "the copy still drains from the caller's buffer");
+
+    /* asked again while it drains: not "no copy here" */
+    rc = cfx_delete(a, &id, &short_dl);
+    cr_expect_eq(rc, CFX_ERR_TIMEOUT, "a delete while the copy still drains from the buffer "
+                 "returned %s (%s)", cfx_errname(rc), cfx_last_error());
+    if (rc != CFX_ERR_TIMEOUT)
+        cr_expect_null(entry_buf(a, &id), "%s, and the engine still serves from the buffer",
+                       cfx_errname(rc));
+
+    /* the reader ends: the release finishes, and a delete says so */
+    hold(a, &id, false);
+    rc = cfx_delete(a, &id, NULL);
+    cr_assert(rc == CFX_OK || rc == CFX_ERR_NOT_FOUND, "%s: %s", cfx_errname(rc),
+              cfx_last_error());
+    cr_assert_null(entry_buf(a, &id));
+    cr_assert_eq(cfx_test_check(buf, DEL_SIZE, 3), (size_t)-1, "the buffer was changed");
+    /* the id is free again */
+    cr_assert_eq(cfx_put(a, &id, buf, DEL_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(a);
+    free(buf);
+}
