@@ -422,6 +422,21 @@ static void run_loop(struct run *r)
                 cfx__run_stream_close(r, &r->ranks[i], &r->ranks[i].out[s]);
 }
 
+/* --allow-fail names ranks of this job only: a rank past -n (-a 5 with -n 2)
+ * is a typo that would otherwise do nothing.  0, or -1 after naming it. */
+static int allow_fail_check(const struct run_opts *o)
+{
+    for (int rk = o->nranks; rk < 64; rk++) {
+        if (o->may_fail & (1ull << rk)) {
+            fprintf(stderr, "cfx_run: --allow-fail: rank %d is not a rank of this job "
+                    "(0..%d with %d rank%s)\n", rk, o->nranks - 1, o->nranks,
+                    o->nranks == 1 ? "" : "s");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct run r = { .state = RUN_RUNNING,
@@ -443,7 +458,8 @@ int main(int argc, char **argv)
     char token_path[PATH_MAX] = "";     /* file the ranks read; ours to remove when made here */
     bool token_path_ours = false;
     char file_token[CFX_TOKEN_MAX + 1];
-    if (cfx__run_parse_opts(argc, argv, &r.opts) < 0)
+    if (cfx__run_parse_opts(argc, argv, &r.opts) < 0 ||
+        (!r.opts.hosts && allow_fail_check(&r.opts) < 0))
         return TOOL_EXIT_USAGE;
     if (r.opts.hosts) {
         /* every check of --hosts before anything starts */
@@ -451,6 +467,10 @@ int main(int argc, char **argv)
             return TOOL_EXIT_USAGE;
         if (r.opts.nranks == 0)
             r.opts.nranks = CFX_MIN(hosts.total_slots, RUN_MAX_RANKS);
+        if (allow_fail_check(&r.opts) < 0) {
+            rc = TOOL_EXIT_USAGE;
+            goto out_hosts;
+        }
         host_of = calloc((size_t)r.opts.nranks, sizeof(*host_of));
         local_of = calloc((size_t)r.opts.nranks, sizeof(*local_of));
         if (!host_of || !local_of) {

@@ -117,6 +117,14 @@ static void usage(FILE *f)
             DEFAULT_PORT);
 }
 
+/* An option given an empty value (--state-dir "$UNSET"): a usage error naming
+ * it and what it takes, never a fall back to its default.  Returns 2. */
+static int empty_value(const char *opt, const char *what)
+{
+    fprintf(stderr, "conflux-coord: %s: '' is not %s (it must not be empty)\n", opt, what);
+    return TOOL_EXIT_USAGE;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -158,7 +166,11 @@ int main(int argc, char **argv)
 
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'b': params.bind_addr = optarg; break;
+        case 'b':
+            if (!*optarg)
+                return empty_value("--bind", "an IPv4 address or host name");
+            params.bind_addr = optarg;
+            break;
         case 'p':
             if (tool_arg_int(PROG, "--port", optarg, 0, 65535, "a TCP port", &v))
                 return TOOL_EXIT_USAGE;
@@ -185,7 +197,11 @@ int main(int argc, char **argv)
                     "command line, where ps and /proc/PID/cmdline show it; use --token-file "
                     "or CFX_TOKEN_FILE\n");
             break;
-        case 'f': token_file = optarg; break;
+        case 'f':
+            if (!*optarg)
+                return empty_value("--token-file", "a file name");
+            token_file = optarg;
+            break;
         case 'H':
             if (tool_arg_int(PROG, "--heartbeat-ms", optarg, 1, CFX_PROTO_TIMING_MAX_MS,
                              "an interval in ms", &v))
@@ -214,8 +230,15 @@ int main(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             params.stall_timeout_ms = (uint32_t)v;
             break;
-        case 'd': params.state_dir = optarg; break;
+        case 'd':
+            /* no silent fallback to running without durable state */
+            if (!*optarg)
+                return empty_value("--state-dir", "a directory");
+            params.state_dir = optarg;
+            break;
         case 'X':
+            if (!*optarg) /* CFX_SECURE='' is unset; an empty option is a mistake */
+                return empty_value("--secure", "off, integrity or encrypt");
             secure = optarg;
             secure_from = "--secure";
             break;

@@ -1139,10 +1139,27 @@ static void token_drop(char *copy)
     }
 }
 
+/* --coord '' (--coord "$UNSET"): named as the option given, not as "no
+ * coordinator: set CFX_COORD", which may be set.  Prints and returns 1 then. */
+static int coord_empty(const char *val)
+{
+    if (*val)
+        return 0;
+    fprintf(stderr, "rdmactl: --coord: '' is not HOST:PORT (it must not be empty)\n");
+    return 1;
+}
+
 /* --token's value: copied, and the argv bytes overwritten (ps shows them
  * only until here).  0, or -1 out of memory. */
+/* --token's value: copied, and the argv bytes overwritten.  0; 2 (usage)
+ * for an empty one, which would fall back to $CFX_TOKEN unsaid; -1 out of
+ * memory. */
 static int take_token(char *val, char **copy)
 {
+    if (!*val) {
+        fprintf(stderr, "rdmactl: --token: '' is not a token (it must not be empty)\n");
+        return TOOL_EXIT_USAGE;
+    }
     fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
             "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
     token_drop(*copy); /* a second --token: the first one's bytes go too */
@@ -1240,11 +1257,17 @@ static int cmd_scan(struct rdmactl *r, const struct rdmactl_cmd *cmd, int argc, 
             }
         }
         switch (cmd_opts[k].short_name ? cmd_opts[k].short_name : (int)cmd_opts[k].bit) {
-        case 'c': r->coord = val; break;
-        case 't':
-            if (take_token(val, token_copy))
-                return -1;
+        case 'c':
+            if (coord_empty(val))
+                return TOOL_EXIT_USAGE;
+            r->coord = val;
             break;
+        case 't': {
+            int t = take_token(val, token_copy);
+            if (t)
+                return t;
+            break;
+        }
         case 'j': r->json = 1; break;
         case 'h': help = 1; break;
         case OPT_ALL: a->all = 1; break;
@@ -1281,11 +1304,17 @@ int main(int argc, char **argv)
     /* "+": stop at the command; what follows it is scanned with its own options. */
     while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': r.coord = optarg; break;
-        case 't':
-            if (take_token(optarg, &token_copy))
-                return 1;
+        case 'c':
+            if (coord_empty(optarg))
+                return TOOL_EXIT_USAGE;
+            r.coord = optarg;
             break;
+        case 't': {
+            int t = take_token(optarg, &token_copy);
+            if (t)
+                return t < 0 ? 1 : t;
+            break;
+        }
         case 'j': r.json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

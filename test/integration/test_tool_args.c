@@ -176,6 +176,24 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--secure", "bogus" }, 2, "--secure", "'bogus'", 0 },
     { "conflux-coord", { "--token", "" }, 2, "--token", "''", 0 },
     { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
+    /* an empty value is refused, not taken as the default: --state-dir ''
+     * ran without durable state, --secure '' ran off, --bind '' exited 1 and
+     * --token-file '' said "set CFX_TOKEN" while it was set */
+    { "conflux-coord", { "--state-dir", "" }, 2, "--state-dir: ''", "must not be empty", 0 },
+    { "conflux-coord", { "--secure", "" }, 2, "--secure: ''", "must not be empty", 0 },
+    { "conflux-coord", { "--bind", "" }, 2, "--bind: ''", "must not be empty", 0 },
+    { "conflux-coord", { "--token-file", "" }, 2, "--token-file: ''", "must not be empty", 0 },
+    { "cfx_run", { "-n", "2", "--token-file", "", "true" }, 2, "--token-file: ''",
+      "must not be empty", 0 },
+    /* a rank past -n did nothing, exit 0 */
+    { "cfx_run", { "-n", "2", "--allow-fail", "0,5", "true" }, 2, "--allow-fail: rank 5",
+      "(0..1 with 2 ranks)", 0 },
+    { "cfx_run", { "--hosts", "a,b", "--rsh", "true", "-a", "2", "true" }, 2,
+      "--allow-fail: rank 2", "(0..1 with 2 ranks)", 0 },
+    /* --token '' fell back to $CFX_TOKEN (exit 0); --coord '' said "set CFX_COORD" */
+    { "rdmactl", { "--token", "", "status" }, 2, "--token: ''", "must not be empty", 1 },
+    { "rdmactl", { "status", "--token=" }, 2, "--token: ''", "must not be empty", 1 },
+    { "rdmactl", { "--coord", "", "status" }, 2, "--coord: ''", "must not be empty", 1 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
     /* an address that is none: exit 1, "cannot reach the coordinator" */
