@@ -46,6 +46,7 @@
 #define COLL_NAME_MAX     128
 #define COLL_SEG_DEFAULT  (256u * 1024) /* pipeline segment; CFX_COLL_SEG overrides */
 #define COLL_SEG_MIN      (4u * 1024)
+#define COLL_SEG_MAX      (1u << 30) /* past it, segment arithmetic overflowed */
 #define COLL_SEG_PIPE_MIN (16u * 1024)  /* smallest segment a rooted pipeline cuts by itself */
 #define COLL_WINDOW       4             /* receives posted ahead in pipelines */
 #define COLL_SEND_GRACE_MS 500          /* on failure: let peers take what we sent */

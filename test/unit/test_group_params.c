@@ -6,14 +6,17 @@
  * check is (coll.c coll_refused), so they fail at once naming it instead of
  * waiting for it until their deadline.  The bit was ignored: every such
  * call returned CFX_OK.  One process: an embedded coordinator, a context
- * and a thread per rank.
+ * and a thread per rank.  Also a group's parameter from the environment
+ * (CFX_COLL_SEG) past its bound.
  */
 #include <criterion/criterion.h>
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "dataplane/coll/coll.h"
 #include "dataplane/engine/engine.h"
 #define MAX_RANKS 2
 #include "group_ranks.h"
@@ -140,4 +143,34 @@ Test(group_params, group_create_refused, .timeout = 60)
     cr_assert_eq(cfx_group_create(ctxs[0], &gp, &g), CFX_OK, "%s", cfx_last_error());
     cfx_group_destroy(g);
     down(1);
+}
+
+/* In place, one float per rank: the call whose scratch size wrapped. */
+static int rs_body(struct rank_run *rr)
+{
+    float buf[2] = { 1.0f, 2.0f };
+    if (rr->g->seg_bytes != COLL_SEG_MAX)
+        return cfx__err(CFX_ERR_INTERNAL, "rank %d: seg_bytes %zu, want %u", rr->rank,
+                        rr->g->seg_bytes, COLL_SEG_MAX);
+    int rc = cfx_group_reduce_scatter(rr->g, buf, buf + rr->rank, 1, CFX_DTYPE_F32, CFX_OP_SUM,
+                                      NULL);
+    if (rc != CFX_OK)
+        return fail(rr, "reduce_scatter", rc);
+    if (buf[rr->rank] != 2.0f * (float)(rr->rank + 1))
+        return cfx__err(CFX_ERR_INTERNAL, "rank %d: got %g", rr->rank, buf[rr->rank]);
+    return CFX_OK;
+}
+
+/* CFX_COLL_SEG past its bound (2^63) is brought to COLL_SEG_MAX, as README
+ * says of every variable: it was taken whole, and a reduce_scatter failed
+ * with CFX_ERR_NOMEM asking for 9223372036854775808 bytes of scratch. */
+Test(group_params, coll_seg_past_its_bound_is_brought_to_it, .timeout = 60)
+{
+    struct rank_run rr[2];
+    cr_assert_eq(setenv("CFX_COLL_SEG", "9223372036854775808", 1), 0);
+    up("tcp", 2);
+    run_ranks(2, "seg", DEADLINE_MS, rs_body, rr);
+    unsetenv("CFX_COLL_SEG");
+    all_ok(2, rr);
+    down(2);
 }
