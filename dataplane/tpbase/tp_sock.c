@@ -5,6 +5,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -76,6 +77,12 @@ int cfx__tp_sock_connect(const char *who, const char *peer, const struct sockadd
     return fd;
 }
 
+int cfx__tp_sock_env_buf(const char *name)
+{
+    /* a negative one or one past an int was dropped without a word */
+    return (int)cfx__env_ll_clamp(name, 0, 0, INT_MAX);
+}
+
 void cfx__tp_sock_setup(int fd, bool bufs_from_env)
 {
     int one = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
@@ -89,14 +96,10 @@ void cfx__tp_sock_setup(int fd, bool bufs_from_env)
         return;
     /* Socket buffers are left to kernel autotuning unless asked for: a fixed
      * size turns autotuning off (see tcp(7)). */
-    long long sndbuf = cfx__env_ll("CFX_TCP_SNDBUF", 0);
-    long long rcvbuf = cfx__env_ll("CFX_TCP_RCVBUF", 0);
-    if (sndbuf > 0 && sndbuf <= 0x7fffffff) {
-        int v = (int)sndbuf;
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-    }
-    if (rcvbuf > 0 && rcvbuf <= 0x7fffffff) {
-        int v = (int)rcvbuf;
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
-    }
+    int sndbuf = cfx__tp_sock_env_buf("CFX_TCP_SNDBUF");
+    int rcvbuf = cfx__tp_sock_env_buf("CFX_TCP_RCVBUF");
+    if (sndbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
 }

@@ -251,6 +251,10 @@ int cfx__tp_sock_connect(const char *who, const char *peer, const struct sockadd
  * CFX_TCP_SNDBUF / CFX_TCP_RCVBUF when @p bufs_from_env (they turn kernel
  * autotuning off, see tcp(7)). */
 void cfx__tp_sock_setup(int fd, bool bufs_from_env);
+/* $CFX_TCP_SNDBUF / $CFX_TCP_RCVBUF (@p name) in bytes, 0 (kernel autotuning)
+ * when unset; a value outside [0, INT_MAX] is brought to the nearest bound
+ * with a warning naming it. */
+int cfx__tp_sock_env_buf(const char *name);
 
 /* ---- grants revoked lately --------------------------------------------------
  *

@@ -1,11 +1,15 @@
 /*
  * The transport base (dataplane/tpbase): the completion queue's overflow
  * rule (nothing lost, order kept, a loss past the cap reported), the slot
- * table's generations and the graveyard.  Pure logic: no transport.
+ * table's generations and the graveyard, and the socket buffers taken from
+ * the environment.  Pure logic and one unconnected socket: no transport.
  */
 #include <criterion/criterion.h>
 
+#include <limits.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "dataplane/tpbase/tpbase.h"
@@ -251,4 +255,35 @@ Test(tp_ops, mem_invalidate_is_optional)
         if (!ops->mem_invalidate)
             cr_assert_eq(cfx__tp_mem_invalidate(ops, NULL, region, sizeof(region)), 0);
     }
+}
+
+/* CFX_TCP_SNDBUF / CFX_TCP_RCVBUF outside [0, INT_MAX] are brought to the
+ * nearest bound, as README says of every variable: a negative one and one
+ * past an int were dropped without a word (and 2^63 was "not an integer"). */
+Test(tp_sock, socket_buffers_from_the_environment_are_brought_to_their_bounds)
+{
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "-1", 1), 0);
+    cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), 0);
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "9223372036854775808", 1), 0);
+    cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), INT_MAX);
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "4294967296", 1), 0);
+    cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), INT_MAX);
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "65536", 1), 0);
+    cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), 65536);
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "", 1), 0);
+    cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), 0);
+
+    /* and the socket gets it: the most the kernel allows, not its default */
+    int plain = socket(AF_INET, SOCK_STREAM, 0), big = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(plain >= 0 && big >= 0);
+    int v0 = 0, v1 = 0;
+    socklen_t l0 = sizeof(v0), l1 = sizeof(v1);
+    cr_assert_eq(getsockopt(plain, SOL_SOCKET, SO_SNDBUF, &v0, &l0), 0);
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "9223372036854775808", 1), 0);
+    cfx__tp_sock_setup(big, true);
+    unsetenv("CFX_TCP_SNDBUF");
+    cr_assert_eq(getsockopt(big, SOL_SOCKET, SO_SNDBUF, &v1, &l1), 0);
+    cr_expect_gt(v1, v0, "SO_SNDBUF %d, the default %d", v1, v0);
+    close(plain);
+    close(big);
 }
