@@ -208,3 +208,32 @@ Test(bootstrap, master_addr_without_port)
                                    "neither MASTER_PORT nor CFX_COORD_PORT"),
                        "%s", out);
 }
+
+/* MASTER_ADDR with CFX_RANK="" (and RANK=""): empty counts as unset, and the
+ * error says they are set but empty; it said only "set ... CFX_RANK", to a
+ * user who had set it. */
+Test(bootstrap, empty_rank_variable_is_named)
+{
+    static char out[1 << 16];
+    int p[2];
+    cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        char *argv[] = { CFX_BIN_DIR "/cfx_boottest", "1", NULL };
+        char *envp[] = { "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "CFX_RANK=", "RANK=",
+                         NULL };
+        execve(argv[0], argv, envp);
+        _exit(127);
+    }
+    close(p[1]);
+    read_until(p[0], out, sizeof(out), 0, NULL);
+    close(p[0]);
+    cr_assert_eq(wait_exit(pid), 1, "%s", out);
+    cr_expect_not_null(strstr(out, "-> CFX_ERR_INVALID (MASTER_ADDR=127.0.0.1 is set but no "
+                                   "rank (CFX_RANK, RANK set but empty, which counts as "
+                                   "unset): set RANK"),
+                       "%s", out);
+}
