@@ -10,7 +10,9 @@
 #include <criterion/criterion.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +53,57 @@ Test(request, get_nb_held_across_the_context_destroy, .timeout = 60)
     expect_canceled_after_destroy(req);
     for (size_t i = 0; i < sizeof(buf); i++)
         cr_assert_eq(buf[i], 0x5A, "byte %zu of the buffer written", i);
+    cfx__coord_stop(coord);
+}
+
+/* A thread waits (no deadline) on a get nobody can serve. */
+struct waiter {
+    struct cfx_request *req;
+    int rc;
+    char err[256];
+};
+
+static void *wait_main(void *arg)
+{
+    struct waiter *w = arg;
+    w->rc = cfx_request_wait(w->req, -1);
+    snprintf(w->err, sizeof(w->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/* The destroy on one thread while another is blocked in cfx_request_wait():
+ * the wait ends canceled, and the destroy returns only once that thread has
+ * let go of the context (ASan: no use of it after its free). */
+Test(request, wait_blocked_on_another_thread_during_the_destroy, .timeout = 60)
+{
+    up("tcp", 1);
+    struct cfx_context *c = ctxs[0];
+    struct cfx_object_id id;
+    memset(&id, 0xB3, sizeof(id)); /* nobody puts it */
+    uint8_t buf[64];
+    memset(buf, 0x3C, sizeof(buf));
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    struct waiter w = { .rc = CFX_OK };
+    cr_assert_eq(cfx_get_nb(c, &id, buf, sizeof(buf), &op, &w.req), CFX_OK, "%s",
+                 cfx_last_error());
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, wait_main, &w), 0);
+    /* the waiter is inside its wait (counted under the lock) */
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        unsigned in = c->req_waiters;
+        pthread_mutex_unlock(&c->lock);
+        if (in)
+            break;
+        sched_yield();
+    }
+    cfx_context_destroy(c);
+    ctxs[0] = NULL;
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_expect_eq(w.rc, CFX_ERR_CANCELED, "%s: %s", cfx_errname(w.rc), w.err);
+    expect_canceled_after_destroy(w.req);
+    for (size_t i = 0; i < sizeof(buf); i++)
+        cr_assert_eq(buf[i], 0x3C, "byte %zu of the buffer written", i);
     cfx__coord_stop(coord);
 }
 
