@@ -92,10 +92,12 @@
  * holders are soft state, so a getter is a holder again once it looks the
  * object up, and the putter once it puts it again.  The putter's delete
  * counts even before that (it is the one that would otherwise be unable to
- * withdraw it).  A durable object stays without holders and after its
- * putter left; it goes, record first, when its putter deletes it, or any
- * holder once the putter is gone (nobody else could).  Without a state
- * directory the flag is ignored.
+ * withdraw it).  A durable object stays without holders and while its
+ * putter may come back; it goes, record first, when its putter deletes it,
+ * or any holder once the putter is gone (nobody else could).  When the
+ * putter is gone for good (its death, or the end of its rejoin window after
+ * a restart) the record goes and the object lives on as an ordinary one
+ * (dur_putter_gone).  Without a state directory the flag is ignored.
  */
 #include "control/coord_int.h"
 
@@ -386,6 +388,29 @@ static void obj_withdraw(struct cfx_coord *co, struct coord_obj *o, const char *
 }
 
 /* ---- durable objects (see the top of the file) ---------------------------------- */
+
+static int dur_unrecord(struct cfx_coord *co, struct coord_obj *o);
+
+/* @p o is durable and its putter is gone for good (dead, or not back by the
+ * end of the rejoin window).  Its record served only that putter's live
+ * group (readers take the object of a gone node as stale) and nobody would
+ * delete it, so a killed job under a new group name left one for good in
+ * memory and in the state directory.  Its record goes now and the object
+ * as an ordinary one: at once, or with the last live complete copy. */
+static void dur_putter_gone(struct cfx_coord *co, struct coord_obj *o)
+{
+    char hex[CFX_OBJECT_ID_HEX_LEN], why[96];
+    if (dur_unrecord(co, o) != CFX_OK) {
+        CFX_LOG(WARN, CTL, "coordinator %s keeps object %s of gone node %u: %s", co->addr,
+                idhex(&o->id, hex), o->putter, cfx_last_error());
+        return;
+    }
+    if (other_complete(o, NULL))
+        return;
+    snprintf(why, sizeof(why), "its putter node %u is gone and no live node held a complete "
+             "copy (durable)", o->putter);
+    obj_withdraw(co, o, why, o->putter, NULL);
+}
 
 static void dur_key(const struct cfx_object_id *id, char key[DUR_KEY_LEN + 1])
 {
@@ -1211,12 +1236,27 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
      * memory) until their workers left. */
     cfx_list_for_each_safe(pos, tmp, &co->objects) {
         struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        if (o->durable && o->putter == n->rec.node_id) {
+            dur_putter_gone(co, o); /* its own copy was dropped above */
+            continue;
+        }
         if (o->submitter != n->rec.node_id)
             continue;
         char why[96];
         snprintf(why, sizeof(why), "node %u, which submitted the task that put it on node %u, "
                  "left", o->submitter, o->putter);
         obj_withdraw(co, o, why, n->rec.node_id, NULL);
+    }
+}
+
+void cfx__coord_dir_rejoin_over(struct cfx_coord *co)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &co->objects) {
+        struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        struct coord_node *pn = o->durable ? cfx__coord_node_find(co, o->putter) : NULL;
+        if (o->durable && !(pn && pn->rec.alive))
+            dur_putter_gone(co, o);
     }
 }
 

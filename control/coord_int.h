@@ -555,6 +555,9 @@ void cfx__coord_dir_progress(struct cfx_coord *co, struct coord_node *n,
                              const struct cfx_msg_heartbeat *hb);
 /* A node died or left: drop its holdings. */
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n);
+/* The rejoin window after a restart ended: durable objects whose putter did
+ * not come back lose their record and go as ordinary objects. */
+void cfx__coord_dir_rejoin_over(struct cfx_coord *co);
 /* A connection closes or stops being a member: drop its parked lookups. */
 void cfx__coord_dir_conn_gone(struct cfx_coord *co, struct coord_conn *c);
 

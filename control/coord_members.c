@@ -494,6 +494,7 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
         free(co->reclaimed); /* no id of before can be taken back any more */
         co->reclaimed = NULL;
         co->nreclaimed = 0;
+        cfx__coord_dir_rejoin_over(co);
     }
 
     cfx_list_for_each(pos, &co->nodes) {

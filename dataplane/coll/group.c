@@ -10,7 +10,8 @@
  * old group's objects, even while slow ranks still hold them; like the group
  * counter of torch.distributed it assumes every rank creates a name the same
  * number of times.  A slot's object can be stale (its node died without
- * withdrawing it; the coordinator keeps inline bytes of dead putters): then
+ * withdrawing it, and another node still holds a copy, or the coordinator
+ * has not seen the death yet): then
  * the next slot is used, by the owner and the readers alike (after a
  * coordinator restart the coordinator answers about a node that has not
  * rejoined yet only once it has, or its rejoin window ended: so a live rank

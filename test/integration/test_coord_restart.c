@@ -846,17 +846,17 @@ Test(coord_restart, rank_slow_to_rejoin)
 
 __attribute__((constructor)) static void killed_child_main(void)
 {
-    const char *spec = getenv(KILLED_CHILD_ENV); /* "FD RANK ADDR TOKEN" */
+    const char *spec = getenv(KILLED_CHILD_ENV); /* "FD RANK ADDR TOKEN NAME" */
     int fd, rank;
-    char a[64], tok[64];
-    if (!spec || sscanf(spec, "%d %d %63s %63s", &fd, &rank, a, tok) != 4)
+    char a[64], tok[64], name[32];
+    if (!spec || sscanf(spec, "%d %d %63s %63s %31s", &fd, &rank, a, tok, name) != 5)
         return;
     struct cfx_context *ctx = coord_run_join_at(a, tok, 20000);
     struct cfx_group *g = NULL;
     struct cfx_group_params gp = {
         .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
                       CFX_GROUP_PARAM_TIMEOUT,
-        .name = "killed", .rank = rank, .size = 2, .timeout_ms = 20000,
+        .name = name, .rank = rank, .size = 2, .timeout_ms = 20000,
     };
     int32_t out[2] = { ctx ? cfx_group_create(ctx, &gp, &g) : CFX_ERR_CONNECT,
                        ctx ? (int32_t)cfx_context_node_id(ctx) : 0 };
@@ -914,11 +914,11 @@ static bool death_heard(uint32_t node_id) /* deaths.lock held */
 }
 
 /*
- * Run @p run of the job: both ranks of "killed" join in child processes and
- * are killed with SIGKILL; returns once the coordinator told the probe
+ * Run @p run of the job: both ranks of group @p name join in child processes
+ * and are killed with SIGKILL; returns once the coordinator told the probe
  * (open_probe()) that both nodes died.
  */
-static void killed_run(const char *exe, int run)
+static void killed_run(const char *exe, int run, const char *name)
 {
     pid_t pid[2];
     int rfd[2];
@@ -930,7 +930,8 @@ static void killed_run(const char *exe, int run)
         int fds[2];
         char spec[192];
         cr_assert_eq(pipe(fds), 0);
-        snprintf(spec, sizeof(spec), "%d %d %s %s", fds[1], r, co.cc.addr, co.token);
+        snprintf(spec, sizeof(spec), "%d %d %s %s %s", fds[1], r, co.cc.addr, co.token,
+                 name);
         pid[r] = fork();
         cr_assert_geq(pid[r], 0);
         if (pid[r] == 0) {
@@ -974,12 +975,12 @@ static void killed_run(const char *exe, int run)
 
 /*
  * A job whose ranks are killed right after they joined, KILLED_RUNS times
- * in a row on one coordinator: every run joins.  Each killed rank leaves
- * its bootstrap object (durable: the coordinator keeps it), and the next
- * rank of that number skips it for the next slot; without withdrawing them
- * once its group formed, the run after BOOT_SLOTS such kills failed with
- * CFX_ERR_NO_RESOURCE ("found 8 stale bootstrap objects") on that
- * coordinator for good.  The state directory keeps at most 2 per rank.
+ * in a row on one coordinator: every run joins.  A killed rank's bootstrap
+ * object used to stay (durable), and the next rank of that number skipped
+ * it for the next slot; without withdrawing them once its group formed, the
+ * run after BOOT_SLOTS such kills failed with CFX_ERR_NO_RESOURCE ("found 8
+ * stale bootstrap objects") on that coordinator for good.  The coordinator
+ * now drops them when it sees their putters die: no record stays.
  */
 Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
 {
@@ -987,10 +988,76 @@ Test(coord_restart, killed_jobs_leave_no_pile_of_bootstrap_objects)
     self_exe(exe, sizeof(exe));
     struct cfx_ctl *probe = open_probe();
     for (int run = 0; run < KILLED_RUNS; run++)
-        killed_run(exe, run);
+        killed_run(exe, run, "killed");
     cfx__ctl_close(probe);
     int left = durable_objects_in(co.statedir);
-    cr_assert_leq(left, 4, "%d bootstrap records of killed jobs stay", left);
+    cr_assert_eq(left, 0, "%d bootstrap records of killed jobs stay", left);
+}
+
+/* The directory's object count and the state directory's records. */
+static void expect_counts(struct cfx_ctl *probe, uint32_t objects, int records, int run)
+{
+    struct cfx_ctl_status st;
+    cr_assert_eq(cfx__ctl_status(probe, &st, cfx__deadline_ns(5000)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(st.objects, objects, "after run %d: %u objects", run, st.objects);
+    int left = durable_objects_in(co.statedir);
+    cr_assert_eq(left, records, "after run %d: %d records", run, left);
+}
+
+/*
+ * Jobs killed with SIGKILL, each under a group name of its own (a job id in
+ * the name, as a platform's jobs have): no later group of that name sweeps
+ * their slots, and a durable object outlived its putter for as long as
+ * nobody deleted it, so each killed rank left one object in the directory
+ * and one record in the state directory for good (a long-running
+ * coordinator filled up to --max-objects).  They go when their putter dies.
+ */
+Test(coord_restart, killed_jobs_under_new_names_leave_no_records)
+{
+    char exe[512], name[32];
+    self_exe(exe, sizeof(exe));
+    struct cfx_ctl *probe = open_probe();
+    expect_counts(probe, 0, 0, -1);
+    for (int run = 0; run < 4; run++) {
+        snprintf(name, sizeof(name), "job-%d", run);
+        killed_run(exe, run, name);
+        expect_counts(probe, 0, 0, run);
+    }
+    cfx__ctl_close(probe);
+}
+
+/*
+ * A durable object whose putter dies while the coordinator is down: the
+ * restarted coordinator loads it and waits for the putter to rejoin; once
+ * its rejoin window ended (a NODE_GET of it is answered NOT_FOUND in the
+ * same tick), the record and the object go.
+ */
+Test(coord_restart, durable_object_of_a_putter_not_back_goes)
+{
+    struct cfx_ctl *a = open_ctl("putter");
+    uint32_t ida = cfx__ctl_node_id(a);
+    uint8_t d[100];
+    cfx_test_fill(d, sizeof(d), 21);
+    struct cfx_object_id x;
+    char path[320];
+    struct stat sb;
+    cfx_object_id_from_name("restart/orphan", &x);
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &x, sizeof(d), 128, d, cfx__deadline_ns(5000)),
+                 CFX_OK, "%s", cfx_last_error());
+    coord_run_kill(&co);
+    cfx__ctl_close(a); /* dies while the coordinator is down */
+    coord_run_start(&co);
+
+    struct cfx_ctl *probe = open_ctl("probe");
+    rec_path(&x, path, sizeof(path));
+    cr_assert_eq(stat(path, &sb), 0, "no record %s", path);
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(probe, ida, &rec, cfx__deadline_ns(30000)),
+                 CFX_ERR_NOT_FOUND, "%s", cfx_last_error());
+    cr_assert_neq(stat(path, &sb), 0, "the record of a putter gone for good stays");
+    expect_counts(probe, 0, 0, 0);
+    cfx__ctl_close(probe);
 }
 
 /*
@@ -1006,7 +1073,7 @@ Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
     char exe[512];
     self_exe(exe, sizeof(exe));
     struct cfx_ctl *probe = open_probe();
-    killed_run(exe, 0);
+    killed_run(exe, 0, "killed");
 
     struct rank_arg r[3];
     memset(r, 0, sizeof(r));
@@ -1019,12 +1086,18 @@ Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
     run_ranks(r, 2, rank_create);
     for (int i = 0; i < 2; i++)
         cr_assert_eq(r[i].rc, CFX_OK, "rank %d: %s", i, r[i].err);
+    /* the killed run's objects went with their putters: slot 0 is the
+     * new rank 0's */
     struct cfx_object_id id;
     struct cfx_ctl_source src = { 0 };
+    uint32_t in_slot = 0;
     cfx_object_id_from_name("cfx.group/killed/0/0/0", &id);
     int rc = cfx__ctl_obj_lookup_now(probe, &id, NULL, 0, cfx__deadline_ns(5000), &src);
+    if (rc == CFX_OK && src.size >= 8)
+        memcpy(&in_slot, (const uint8_t *)src.data + 4, 4); /* boot_rec.node_id */
     free(src.data);
-    cr_assert_neq(rc, CFX_OK, "the killed rank 0's object stayed in slot 0");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(in_slot, cfx_context_node_id(r[0].ctx), "slot 0 holds node %u", in_slot);
     cfx__ctl_close(probe);
 
     r[2].timeout_ms = 5000;
