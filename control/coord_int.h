@@ -528,7 +528,9 @@ int cfx__coord_state_put(struct cfx_coord *co, const char *key, const void *val,
 /* A malloc'd copy of the record (caller frees *val); CFX_ERR_NOT_FOUND. */
 int cfx__coord_state_get(struct cfx_coord *co, const char *key, void **val, size_t *len,
                          uint64_t *version);
-int cfx__coord_state_del(struct cfx_coord *co, const char *key);
+/* @p sync: the removal is on disk when this returns (else it may come back
+ * after a crash: for a record whose removal is made again then). */
+int cfx__coord_state_del(struct cfx_coord *co, const char *key, bool sync);
 /* Call @p fn for each record whose key starts with @p prefix, in load/put
  * order.  @p fn sees the stored bytes and must not put or delete records. */
 void cfx__coord_state_foreach(struct cfx_coord *co, const char *prefix,

@@ -397,7 +397,7 @@ int cfx__coord_state_get(struct cfx_coord *co, const char *key, void **val, size
     return CFX_OK;
 }
 
-int cfx__coord_state_del(struct cfx_coord *co, const char *key)
+int cfx__coord_state_del(struct cfx_coord *co, const char *key, bool sync)
 {
     char name[COORD_STATE_KEY_MAX + 8];
     struct coord_record *r = key_ok(key) ? rec_find(co, key) : NULL;
@@ -409,7 +409,7 @@ int cfx__coord_state_del(struct cfx_coord *co, const char *key)
             return cfx__err(CFX_ERR_IO, "cannot remove state record %s/%s: %s", co->state_dir,
                             name, strerror(errno));
         co->state_writes++;
-        if (state_fsync(co, co->state_dirfd) < 0)
+        if (sync && state_fsync(co, co->state_dirfd) < 0)
             return cfx__err(CFX_ERR_IO, "cannot sync state directory %s after removing %s: %s",
                             co->state_dir, name, strerror(errno));
     }

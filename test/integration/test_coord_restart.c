@@ -1061,12 +1061,13 @@ Test(coord_restart, durable_object_of_a_putter_not_back_goes)
 }
 
 /*
- * A killed run leaves its bootstrap objects in slot 0; the next run joins in
- * slot 1 and, once formed, withdraws them: slot 0 is free below a live
- * rank.  A process joining as rank 0 of that name meanwhile is told that the
- * rank is joined (CFX_ERR_EXISTS), as it was while the killed run's object
- * stood in slot 0.  It used to take slot 0 unopposed (and with a rank 1 of
- * its own, form a second group under the name).
+ * A process joining as rank 0 of a group whose rank 0 is joined is told so
+ * (CFX_ERR_EXISTS), after a killed run of that name.  The killed run's
+ * bootstrap objects go with their putters now, so the next run's rank 0
+ * takes slot 0.  (While a gone putter's record stood, the next run joined in
+ * slot 1 and withdrew slot 0 below it, and a second rank 0 took that slot
+ * unopposed until creations looked above theirs: a record still outlives its
+ * putter until the rejoin window after a coordinator restart ends.)
  */
 Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
 {

@@ -68,7 +68,7 @@ Test(coord_state, records_survive_a_restart_with_their_versions)
     cr_assert_eq(v, 2);
     cr_assert_eq(cfx__coord_state_put(co, "shardmap.w", "v1", 2, &v), CFX_OK);
     cr_assert_eq(cfx__coord_state_put(co, "gone", "x", 1, &v), CFX_OK);
-    cr_assert_eq(cfx__coord_state_del(co, "gone"), CFX_OK);
+    cr_assert_eq(cfx__coord_state_del(co, "gone", true), CFX_OK);
     cr_assert_eq(cfx__coord_state_put(co, "../escape", "x", 1, &v), CFX_ERR_INVALID);
     cr_assert_eq(cfx__coord_state_put(co, "", "x", 1, &v), CFX_ERR_INVALID);
     close_store(co);
