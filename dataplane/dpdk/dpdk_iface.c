@@ -471,7 +471,8 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     if (!ip)
         pp.ip = 0x0A4D0000u | ((nth + 1) & 0xFFu); /* 10.77.0.<n + 1> */
     /* a memif client may start before its server: wait for it a while */
-    pp.start_wait_ms = (uint32_t)cfx__env_ll("CFX_DPDK_START_MS", 10000);
+    /* a negative one wrapped to 49 days of retries */
+    pp.start_wait_ms = (uint32_t)cfx__env_ll_clamp("CFX_DPDK_START_MS", 10000, 0, 3600000);
     pp.tx_copy = cfx__env_ll("CFX_DPDK_TX_ZC", 1) == 0;
     pp.mtu_need = CFX_DPDK_MTU + 20 + 8 + CFX_DPDK_HDR_DATA; /* 1500: IPv4, UDP, data header */
     long long quiet = cfx__env_ll_clamp("CFX_DPDK_QUIET_MS", CFX_DPDK_QUIET_MS, 0, 60000);

@@ -324,6 +324,7 @@ struct cfx__verbs_iface {
 
     /* queue sizing, after device limits */
     uint32_t sq_depth, rq_depth, sig_interval;
+    uint8_t sl, tc;             /* CFX_IB_SL, CFX_IB_TC (0..15, 0..255) */
 
     /* events */
     int epfd;

@@ -355,7 +355,7 @@ int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_o
         .min_rnr_timer = CFX_VERBS_MIN_RNR_TIMER,
         .ah_attr = {
             .dlid = le16toh(peer->lid),
-            .sl = (uint8_t)cfx__env_ll("CFX_IB_SL", 0),
+            .sl = iface->sl,
             .src_path_bits = 0,
             .port_num = iface->port_num,
         },
@@ -366,7 +366,7 @@ int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_o
         memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
         a.ah_attr.grh.sgid_index = (uint8_t)iface->gid_index;
         a.ah_attr.grh.hop_limit = CFX_VERBS_HOP_LIMIT;
-        a.ah_attr.grh.traffic_class = (uint8_t)cfx__env_ll("CFX_IB_TC", 0);
+        a.ah_attr.grh.traffic_class = iface->tc;
     }
     rc = qp_modify(ep, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER, "RTR");

@@ -7,7 +7,9 @@
  *   CFX_IB_CONNECT      cm (default) or oob: connection establishment
  *   CFX_IB_HCA          device name, optionally name:port (params->device wins)
  *   CFX_IB_GID_INDEX    GID index (oob; with cm the kernel picks the GID by IP)
- *   CFX_IB_SIG_INTERVAL signal every Nth send WR (default 16)
+ *   CFX_IB_SIG_INTERVAL signal every Nth send WR (default 16, at most a quarter of
+ *                       the send queue)
+ *   CFX_IB_SL, CFX_IB_TC service level (0..15), RoCE traffic class (0..255); 0
  *   CFX_IB_MEMLOCK_MIN  locked memory required at iface_open (default 64M)
  *   CFX_IB_RCACHE_MAX   idle registrations kept cached (default 256)
  *   CFX_IB_FORK_INIT    0: do not call ibv_fork_init() on kernels that need it
@@ -848,9 +850,14 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     while (iface->sq_depth > (uint32_t)iface->dev_attr.max_qp_wr)
         iface->sq_depth /= 2;
     iface->rq_depth = CFX_MIN(CFX_VERBS_RQ_DEPTH, (uint32_t)iface->dev_attr.max_qp_wr);
-    iface->sig_interval = (uint32_t)CFX_MAX(1, CFX_MIN(cfx__env_ll("CFX_IB_SIG_INTERVAL",
-                                                                   CFX_VERBS_SIG_INTERVAL),
-                                                       (long long)iface->sq_depth / 4));
+    iface->sig_interval = (uint32_t)cfx__env_ll_clamp("CFX_IB_SIG_INTERVAL",
+                                                      CFX_MIN(CFX_VERBS_SIG_INTERVAL,
+                                                              CFX_MAX(1u, iface->sq_depth / 4)),
+                                                      1, CFX_MAX(1u, iface->sq_depth / 4));
+    /* read once per interface (a warning per connection otherwise): an SL
+     * is 4 bits, a traffic class 8; past them they were cut to other values */
+    iface->sl = (uint8_t)cfx__env_ll_clamp("CFX_IB_SL", 0, 0, 15);
+    iface->tc = (uint8_t)cfx__env_ll_clamp("CFX_IB_TC", 0, 0, 255);
     if (iface->sq_depth < 8 || iface->rq_depth < 8) {
         rc = cfx__err(CFX_ERR_NO_DEVICE, "verbs: device %s allows only %d WRs per queue",
                       iface->dev_name, iface->dev_attr.max_qp_wr);

@@ -83,7 +83,8 @@ int cfx__verbs_rcache_open(struct cfx__verbs_iface *iface)
     long page = sysconf(_SC_PAGESIZE);
     struct cfx__verbs_rcache_params p = {
         .page_size = page > 0 ? (size_t)page : 4096,
-        .max_idle = (uint32_t)CFX_MAX(0, cfx__env_ll("CFX_IB_RCACHE_MAX", CFX_VERBS_IDLE_MAX)),
+        .max_idle = (uint32_t)cfx__env_ll_clamp("CFX_IB_RCACHE_MAX", CFX_VERBS_IDLE_MAX, 0,
+                                                UINT32_MAX),
         .max_idle_bytes = cfx__env_size("CFX_IB_RCACHE_BYTES", CFX_VERBS_IDLE_BYTES),
         .ops = &rcache_ops,
         .arg = iface,
