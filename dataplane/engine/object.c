@@ -153,8 +153,9 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
     /* A copy on its way out (an earlier delete that timed out, a copy its
      * putter withdrew) may still be read by uploads or reduce tasks: none
-     * of the answers below may hand the buffer back before it has left. */
-    while (obj && obj->deleting && cfx__obj_wait(ctx, deadline))
+     * of the answers below may hand the buffer back before it has left.  A
+     * destroy ends the wait (closing): the call is one in flight. */
+    while (obj && obj->deleting && !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline))
         obj = cfx__store_find(&ctx->store, id);
     if (obj && obj->deleting) {
         pthread_mutex_unlock(&ctx->lock);

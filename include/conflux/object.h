@@ -208,7 +208,9 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
  *         CFX_ERR_TIMEOUT when uploads of it were still draining at the
  *         deadline (cfx_last_error() says so): the buffer is not the
  *         caller's yet; a later delete of the id waits for that copy to
- *         go (up to its own deadline) before it answers; CFX_ERR_CONNECT
+ *         go (up to its own deadline; a context destroy on another
+ *         thread ends the wait, CFX_ERR_CANCELED) before it answers;
+ *         CFX_ERR_CONNECT
  *         when the coordinator was unreachable until the deadline (named in
  *         cfx_last_error()): this node's copy is released all the same, and
  *         the object is not announced again should the coordinator return.

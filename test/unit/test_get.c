@@ -10,6 +10,10 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1219,5 +1223,65 @@ Test(get, second_delete_of_a_draining_copy_waits_for_it)
     cr_assert_eq(cfx_put(a, &id, buf, DEL_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     cfx_context_destroy(a);
+    free(buf);
+}
+
+/* A delete waiting for a draining copy to leave is a call in flight: the
+ * context's destroy ends it at once with CFX_ERR_CANCELED (context.h).  It
+ * waited on past the destroy's drain until its own deadline, none here: the
+ * destroy gave up on it after 10 s, left the context allocated, and the
+ * delete never returned (this test then hangs until its timeout). */
+struct del_waiter {
+    struct cfx_context *c;
+    struct cfx_object_id id;
+    int rc;
+};
+
+static void *del_main(void *arg)
+{
+    struct del_waiter *w = arg;
+    struct cfx_obj_params dl = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = -1 };
+    w->rc = cfx_delete(w->c, &w->id, &dl);
+    return NULL;
+}
+
+Test(get, delete_waiting_for_a_draining_copy_ends_at_the_destroy, .timeout = 40)
+{
+    struct cfx_context *a;
+    join("tcp", false, &a);
+    uint8_t *buf = malloc(DEL_SIZE);
+    cr_assert(buf);
+    cfx_test_fill(buf, DEL_SIZE, 5);
+    struct del_waiter w = { .c = a, .rc = CFX_OK };
+    cfx_object_id_generate(a, &w.id);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &w.id, buf, DEL_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
+    hold(a, &w.id, true); /* a reader that never ends */
+#if defined(__SANITIZE_ADDRESS__)
+    /* the destroy drops an entry a reader still holds without freeing it;
+     * a real reader (a reduce task) is stopped before, this one never is */
+    pthread_mutex_lock(&a->lock);
+    __lsan_ignore_object(cfx__store_find(&a->store, &w.id));
+    pthread_mutex_unlock(&a->lock);
+#endif
+    struct cfx_obj_params short_dl = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 50 };
+    int rc = cfx_delete(a, &w.id, &short_dl);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
+
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, del_main, &w), 0);
+    for (;;) { /* the second delete waits for the entry to leave */
+        pthread_mutex_lock(&a->lock);
+        unsigned in = a->obj_waiters;
+        pthread_mutex_unlock(&a->lock);
+        if (in)
+            break;
+        sched_yield();
+    }
+    cfx_context_destroy(a);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_expect_eq(w.rc, CFX_ERR_CANCELED, "the delete returned %s after the destroy",
+                 cfx_errname(w.rc));
     free(buf);
 }
