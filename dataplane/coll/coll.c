@@ -604,14 +604,16 @@ int cfx__coll_sendrecv(struct coll_exec *x, int to, const void *sbuf, size_t sle
     return rc != CFX_OK ? rc : cfx__coll_wait(x, hs);
 }
 
-/* This thread's stack: its lowest address (UINTPTR_MAX: not known). */
-static __thread uintptr_t stack_lo;
+/* This thread's stack, [stack_lo, stack_hi) (stack_hi 0: not known yet;
+ * stack_lo UINTPTR_MAX: not known at all). */
+static __thread uintptr_t stack_lo, stack_hi;
 
 /* Is @p p in this thread's stack below @p live, the frame running now: in a
- * frame that has returned? */
+ * frame that has returned?  Only said when @p live is on that stack too (a
+ * call run on a coroutine's or a signal's stack is not checked). */
 static bool in_returned_frame(const void *p, const void *live)
 {
-    if (!stack_lo) {
+    if (!stack_hi) {
         pthread_attr_t at;
         void *lo = NULL;
         size_t sz = 0;
@@ -621,8 +623,11 @@ static bool in_returned_frame(const void *p, const void *live)
             pthread_attr_destroy(&at);
         }
         stack_lo = lo ? (uintptr_t)lo : UINTPTR_MAX;
+        stack_hi = lo ? (uintptr_t)lo + sz : 1;
     }
-    return (uintptr_t)p >= stack_lo && (uintptr_t)p < (uintptr_t)live;
+    uintptr_t here = (uintptr_t)live;
+    return here >= stack_lo && here < stack_hi && (uintptr_t)p >= stack_lo &&
+           (uintptr_t)p < here;
 }
 
 /* A message still running whose buffer was a local of a function that has

@@ -304,6 +304,18 @@ size_t cfx_request_size(const struct cfx_request *req)
     return req ? req->size : 0;
 }
 
+/* One wait of cfx_request_free() for @p req to end (ctx->lock held),
+ * counted as cfx_request_wait()'s are: a destroy on another thread ends the
+ * request, lets it go of the context and frees the context only once this
+ * thread has left ctx->lock. */
+static void counted_wait(struct cfx_context *ctx, struct cfx_request *req)
+{
+    ctx->req_waiters++;
+    pthread_cond_wait(&req->cond, &ctx->lock);
+    if (--ctx->req_waiters == 0 && ctx->closing)
+        pthread_cond_broadcast(&ctx->calls_cond);
+}
+
 void cfx_request_free(struct cfx_request *req)
 {
     if (req && !req->ctx) { /* its context was destroyed, which ended it */
@@ -331,7 +343,7 @@ void cfx_request_free(struct cfx_request *req)
             return;
         }
         while (req->status == CFX_ERR_AGAIN)
-            pthread_cond_wait(&req->cond, &ctx->lock);
+            counted_wait(ctx, req);
     }
     if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
         /* still queued behind other requests: it never runs */
@@ -362,7 +374,7 @@ void cfx_request_free(struct cfx_request *req)
         req->cancel = true;
         pthread_cond_broadcast(&ctx->obj_cond);
         while (req->status == CFX_ERR_AGAIN && !req->in_lookup)
-            pthread_cond_wait(&req->cond, &ctx->lock);
+            counted_wait(ctx, req);
         if (req->status == CFX_ERR_AGAIN) {
             req->freed_by_user = true;
             pthread_mutex_unlock(&ctx->lock);
