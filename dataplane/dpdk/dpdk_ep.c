@@ -685,6 +685,12 @@ void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
         cfx__dpdk_ep_goodbye(ep);
         cfx__dpdk_port_flush(iface->port);
     }
+    /* its ops are dropped without completions, and the engine hands their
+     * sources back at once: no frame may still point at them.  A flush the
+     * gate put off left the batch as it was: its frames sent from payloads
+     * are dropped (lost, to the other endpoints' sessions), and the reset,
+     * a copy, waits for the next flush */
+    cfx__dpdk_port_settle(iface->port);
     ep->state = CFX_DPDK_EP_FAILED;
     cfx__dpdk_ep_half_open_end(ep); /* its memory goes at the next poll */
     cfx__tp_cq_drop_ep(&iface->cq, tp_ep);

@@ -84,6 +84,7 @@ struct cfx__dpdk_port {
                                   * until a restart succeeds */
     unsigned restart_fails;      /* restarts failed in a row */
     uint32_t rx_drop_ppm;        /* test hook */
+    bool test_gate_shut;         /* test hook: every burst finds the gate open */
     uint64_t rng;                /* its PRNG state */
     char name[RTE_ETH_NAME_MAX_LEN];
     struct cfx__dpdk_port_stats stats;
@@ -261,6 +262,8 @@ static void gate_drop(void)
 /* Enters a data-path section of port if the interrupt thread is parked. */
 static inline bool gate_try(const struct cfx__dpdk_port *port)
 {
+    if (unlikely(port->test_gate_shut))
+        return false;
     if (!port->gated)
         return true;
     /* seq_cst both ways: gate_park stores parked then loads inside, we add
@@ -808,6 +811,11 @@ int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *
     return CFX_OK;
 }
 
+void cfx__dpdk_port_test_gate_shut(struct cfx__dpdk_port *port, bool shut)
+{
+    port->test_gate_shut = shut;
+}
+
 bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port)
 {
     return port->zc;
@@ -868,10 +876,21 @@ void cfx__dpdk_port_settle(struct cfx__dpdk_port *port)
         tx_batch(port);
         gate_leave(port);
     }
-    if (port->ntx) { /* the gate is held elsewhere: these frames are lost */
-        rte_pktmbuf_free_bulk(port->txb, port->ntx);
-        port->stats.tx_full += port->ntx;
-        port->ntx = 0;
+    if (port->ntx) {
+        /* the gate is open: the frames sent from payloads are lost (their
+         * memory may go as soon as this returns); copied ones (a reset, an
+         * ack) wait for the next flush */
+        unsigned kept = 0;
+        for (unsigned i = 0; i < port->ntx; i++) {
+            struct rte_mbuf *m = port->txb[i];
+            if (m->nb_segs == 1) {
+                port->txb[kept++] = m;
+                continue;
+            }
+            rte_pktmbuf_free(m);
+            port->stats.tx_full++;
+        }
+        port->ntx = kept;
     }
     uint16_t held = rte_mbuf_ext_refcnt_read(&port->zc_shinfo) - 1;
     if (likely(!held))

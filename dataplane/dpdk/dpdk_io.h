@@ -165,6 +165,11 @@ int cfx__dpdk_port_tx(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *
 int cfx__dpdk_port_tx_zc(struct cfx__dpdk_port *port, const struct cfx__dpdk_addr *dst,
                          const struct cfx__dpdk_hdr *h, const void *payload);
 #define CFX_DPDK_ZC_MIN 512u
+/* Test hook: while shut, every burst of the port is put off as when EAL's
+ * interrupt thread is not held (the gate of dpdk_io.c), whatever the
+ * device: frames wait in the batch, nothing is received.  Open it again
+ * before closing the port. */
+void cfx__dpdk_port_test_gate_shut(struct cfx__dpdk_port *port, bool shut);
 /* Whether cfx__dpdk_port_tx_zc sends from the payload where it lies. */
 bool cfx__dpdk_port_zc(const struct cfx__dpdk_port *port);
 /* Whether the kernel's network stack also gets the frames this port
@@ -175,8 +180,9 @@ bool cfx__dpdk_port_kernel_shared(const struct cfx__dpdk_port *port);
 int cfx__dpdk_port_flush(struct cfx__dpdk_port *port);
 /*
  * After it, no frame refers to a payload given to cfx__dpdk_port_tx_zc:
- * the batch is sent (or, when it cannot go now, dropped: lost on the
- * wire, to the layer above), and the device holds none of them.
+ * the batch is sent (or, when it cannot go now, its frames sent from
+ * payloads are dropped: lost on the wire, to the layer above; copied ones
+ * wait for the next flush), and the device holds none of them.
  */
 void cfx__dpdk_port_settle(struct cfx__dpdk_port *port);
 

@@ -223,3 +223,82 @@ Test(dpdk_ep, a_write_reports_what_its_chunks_carried, .timeout = 60)
     pair_close(&p);
 #endif
 }
+
+#ifdef CFX_HAVE_DPDK
+static struct cfx__dpdk_port *port_of(struct cfx_tp_iface *i)
+{
+    return container_of(i, struct cfx__dpdk_iface, super)->port;
+}
+#endif
+
+/*
+ * Closing an endpoint drops its writes without completions, and the engine
+ * hands their sources back to their owner at once (a failed send's status
+ * is set before the close, under the same lock).  With zero-copy transmit,
+ * frames of those writes queued in the port's batch point into the
+ * sources: the close must leave none there.  a's gate is shut (as when
+ * EAL's interrupt thread is not held), so its write's frames wait in the
+ * batch; a closes its endpoint, the owner reuses the source, and a's batch
+ * goes.  The owner's new bytes are the old 16-bit words, each pair
+ * swapped within its packet: the UDP checksum, summed when a frame was
+ * built, cannot tell them apart.  b must get none of them: the close used
+ * to flush only, which the gate put off, and the frames left in the batch
+ * went later, read from the reused source, into b's granted window.
+ */
+Test(dpdk_ep, a_closed_endpoint_leaves_no_frame_of_its_writes, .timeout = 60)
+{
+#ifndef CFX_HAVE_DPDK
+    cr_skip_test("built without DPDK");
+#else
+    enum { LEN = 6 * CFX_DPDK_MTU };
+    _Static_assert(CFX_DPDK_MTU % 4 == 0, "word pairs within a packet");
+    struct pair p;
+    struct region src, dst;
+    struct cfx_tp_rdesc grant;
+    struct cfx__dpdk_port_stats st;
+    pair_open(&p, &dpdk_param);
+    pair_connect(&p);
+    struct cfx__dpdk_port *a = port_of(p.s[0].iface);
+    if (!cfx__dpdk_port_zc(a))
+        cr_skip_test("no zero-copy transmit (CFX_DPDK_TX_ZC=0)");
+    region_reg(&p, 0, &src, LEN, CFX_TP_ACCESS_LOCAL, 0);
+    for (size_t i = 0; i < LEN; i++)
+        src.buf[i] = (uint8_t)(i * 7 + i / 251 + 1);
+    region_reg(&p, 1, &dst, LEN, CFX_TP_ACCESS_REMOTE_WRITE, 0xAA);
+    int rc = p.ops->mr_grant(dst.mr, p.ba, &grant);
+    cr_assert_eq(rc, CFX_OK, "mr_grant: %s", cfx_last_error());
+
+    cfx__dpdk_port_test_gate_shut(a, true);
+    cfx__dpdk_port_get_stats(a, &st);
+    uint64_t zc_before = st.tx_zc;
+    rc = p.ops->ep_write(p.ab, src.mr, 0, &grant, 0, LEN, 7, 1);
+    cr_assert_eq(rc, CFX_OK, "ep_write: %s", cfx_errname(rc));
+    cfx__dpdk_port_get_stats(a, &st);
+    cr_assert_gt(st.tx_zc, zc_before, "no frame of the write went zero-copy");
+    p.ops->ep_close(p.ab);
+    p.ab = NULL;
+    for (size_t i = 0; i < LEN; i += 4) { /* the owner's again */
+        uint8_t w[2];
+        memcpy(w, src.buf + i, 2);
+        memcpy(src.buf + i, src.buf + i + 2, 2);
+        memcpy(src.buf + i + 2, w, 2);
+    }
+    cfx__dpdk_port_test_gate_shut(a, false);
+    /* the batch (the close's reset at least) goes once the gate is held */
+    uint64_t deadline = cfx__deadline_ns(WAIT_MS);
+    while (cfx__dpdk_port_flush(a) == 0) {
+        cr_assert_lt(cfx__now_ns(), deadline, "a's batch did not go");
+        sched_yield();
+    }
+
+    struct ev *e = wait_ev(&p, 1, CFX_TP_COMP_EP_ERROR, p.ba, WAIT_MS);
+    cr_assert_eq(e->status, CFX_ERR_CLOSED, "EP_ERROR status %s", cfx_errname(e->status));
+    for (size_t i = 0; i < LEN; i++)
+        cr_assert_eq(dst.buf[i], 0xAA, "byte %zu landed (0x%02x) after the close", i,
+                     dst.buf[i]);
+    cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_WRITE_IMM, p.ba), "WRITE_IMM reported");
+    region_free(&p, &src);
+    region_free(&p, &dst);
+    pair_close(&p);
+#endif
+}
