@@ -455,18 +455,24 @@ static void tampering(int mode)
     struct cfx_ctl_seal sl;
     struct cfx_msg m;
     cr_assert_not_null(mkdtemp(dir));
-    caps.state_dir = dir; /* durable puts: a put acted upon outlives its putter */
+    /* durable puts: one acted upon is a record written to the state
+     * directory (and its removal another when its putter dies, which the
+     * refusal brings: the listing alone cannot show that nothing was put) */
+    caps.state_dir = dir;
     restart(mode, mode);
     fill(data, sizeof(data), 9);
+    const char *const writes = "conflux_coord_state_writes_total";
 
     /* one payload bit flipped */
     int s = raw_sealed_node(mode, &sl, "flipper");
+    unsigned long long w0 = metric(writes);
     put_msg(&m, 0x61, data, sizeof(data), 3);
     size_t n = seal_msg(&sl, &m, buf, sizeof(buf));
     buf[CFX_PROTO_HDR_LEN + 30] ^= 0x04;
     send_bytes(s, buf, n);
     refused(s, &sl, "tampered", 1);
     cr_assert_not(listed(0x61));
+    expect_metric(writes, w0);
 
     /* a frame replayed: put, delete, the put's bytes again */
     s = raw_sealed_node(mode, &sl, "replayer");
@@ -483,13 +489,16 @@ static void tampering(int mode)
     send_bytes(s, buf, seal_msg(&sl, &m, buf, sizeof(buf)));
     cr_assert_eq(sealed_read(s, &sl, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_OK);
+    w0 = metric(writes);
     send_bytes(s, copy, n);
     refused(s, &sl, "replayed", 2);
     cr_assert_not(listed(0x62));
+    expect_metric(writes, w0);
 
     /* a plain frame after AUTH_OK, and a plain one too short for a tag */
     for (int k = 0; k < 2; k++) {
         s = raw_sealed_node(mode, &sl, "plain");
+        w0 = metric(writes);
         if (k == 0) {
             put_msg(&m, 0x63, data, sizeof(data), 3);
         } else {
@@ -499,18 +508,22 @@ static void tampering(int mode)
         }
         raw_send(s, &m);
         refused(s, &sl, "plain", 3 + (unsigned)k);
+        expect_metric(writes, w0);
     }
     cr_assert_not(listed(0x63));
 
-    /* and a well-sealed put is taken (not vacuous) */
+    /* and a well-sealed put is taken (not vacuous): listed and recorded
+     * while its putter lives (its death takes it: putter gone for good) */
     s = raw_sealed_node(mode, &sl, "honest");
+    w0 = metric(writes);
     put_msg(&m, 0x64, data, sizeof(data), 3);
     send_bytes(s, buf, seal_msg(&sl, &m, buf, sizeof(buf)));
     cr_assert_eq(sealed_read(s, &sl, buf, sizeof(buf), &m), CFX_OK);
     cr_assert_eq(m.type, CFX_MSG_OK);
+    cr_assert(listed(0x64));
+    cr_assert_gt(metric(writes), w0);
     close(s);
     cfx__ctl_seal_stop(&sl);
-    cr_assert(listed(0x64));
     cfx__coord_stop(coord);
     caps.state_dir = NULL;
     rm_state_dir(dir);
