@@ -183,11 +183,10 @@ Test(bootstrap, rank0_without_token_refuses_to_host)
     cr_expect_not_null(strstr(out, "CFX_TOKEN_FILE"), "%s", out);
 }
 
-/* MASTER_ADDR without MASTER_PORT (nor CFX_COORD_PORT): CFX_ERR_INVALID
- * naming both. */
-Test(bootstrap, master_addr_without_port)
+/* cfx_boottest with exactly the environment @p envp: its exit status, its
+ * output in @p out. */
+static int boottest_env(char *const envp[], char *out, size_t len)
 {
-    static char out[1 << 16];
     int p[2];
     cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
     pid_t pid = fork();
@@ -196,14 +195,22 @@ Test(bootstrap, master_addr_without_port)
         dup2(p[1], 1);
         dup2(p[1], 2);
         char *argv[] = { CFX_BIN_DIR "/cfx_boottest", "1", NULL };
-        char *envp[] = { "MASTER_ADDR=127.0.0.1", "RANK=1", "WORLD_SIZE=2", NULL };
         execve(argv[0], argv, envp);
         _exit(127);
     }
     close(p[1]);
-    read_until(p[0], out, sizeof(out), 0, NULL);
+    read_until(p[0], out, len, 0, NULL);
     close(p[0]);
-    cr_assert_eq(wait_exit(pid), 1, "%s", out);
+    return wait_exit(pid);
+}
+
+/* MASTER_ADDR without MASTER_PORT (nor CFX_COORD_PORT): CFX_ERR_INVALID
+ * naming both. */
+Test(bootstrap, master_addr_without_port)
+{
+    static char out[1 << 16];
+    char *envp[] = { "MASTER_ADDR=127.0.0.1", "RANK=1", "WORLD_SIZE=2", NULL };
+    cr_assert_eq(boottest_env(envp, out, sizeof(out)), 1, "%s", out);
     cr_expect_not_null(strstr(out, "-> CFX_ERR_INVALID (MASTER_ADDR=127.0.0.1 is set but "
                                    "neither MASTER_PORT nor CFX_COORD_PORT"),
                        "%s", out);
@@ -215,23 +222,8 @@ Test(bootstrap, master_addr_without_port)
 Test(bootstrap, empty_rank_variable_is_named)
 {
     static char out[1 << 16];
-    int p[2];
-    cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        char *argv[] = { CFX_BIN_DIR "/cfx_boottest", "1", NULL };
-        char *envp[] = { "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "CFX_RANK=", "RANK=",
-                         NULL };
-        execve(argv[0], argv, envp);
-        _exit(127);
-    }
-    close(p[1]);
-    read_until(p[0], out, sizeof(out), 0, NULL);
-    close(p[0]);
-    cr_assert_eq(wait_exit(pid), 1, "%s", out);
+    char *envp[] = { "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "CFX_RANK=", "RANK=", NULL };
+    cr_assert_eq(boottest_env(envp, out, sizeof(out)), 1, "%s", out);
     cr_expect_not_null(strstr(out, "-> CFX_ERR_INVALID (MASTER_ADDR=127.0.0.1 is set but no "
                                    "rank (CFX_RANK, RANK set but empty, which counts as "
                                    "unset): set RANK"),
