@@ -87,6 +87,14 @@ int tool_arg_double(const char *prog, const char *opt, const char *s, double min
     return 0;
 }
 
+int tool_arg_nonempty(const char *prog, const char *opt, const char *s, const char *what)
+{
+    if (s && *s)
+        return 0;
+    fprintf(stderr, "%s: %s: '' is not %s (it must not be empty)\n", prog, opt, what);
+    return -1;
+}
+
 int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,
                   size_t *out)
 {

@@ -31,6 +31,11 @@ int tool_arg_timeout_ms(const char *prog, const char *opt, const char *s, int *o
 int tool_arg_double(const char *prog, const char *opt, const char *s, double min, double max,
                     const char *what, double *out);
 
+/* A value that must not be empty (a path, an address, a token): "$UNSET"
+ * would otherwise fall back to a default unsaid.  @p what names what it
+ * takes ("a directory"). */
+int tool_arg_nonempty(const char *prog, const char *opt, const char *s, const char *what);
+
 /* A byte count with an optional K/M/G suffix (KiB, MB, ...) in [min, max]. */
 int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,
                   size_t *out);

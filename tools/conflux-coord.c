@@ -117,14 +117,6 @@ static void usage(FILE *f)
             DEFAULT_PORT);
 }
 
-/* An option given an empty value (--state-dir "$UNSET"): a usage error naming
- * it and what it takes, never a fall back to its default.  Returns 2. */
-static int empty_value(const char *opt, const char *what)
-{
-    fprintf(stderr, "conflux-coord: %s: '' is not %s (it must not be empty)\n", opt, what);
-    return TOOL_EXIT_USAGE;
-}
-
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -167,8 +159,8 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
         case 'b':
-            if (!*optarg)
-                return empty_value("--bind", "an IPv4 address or host name");
+            if (tool_arg_nonempty(PROG, "--bind", optarg, "an IPv4 address or host name"))
+                return TOOL_EXIT_USAGE;
             params.bind_addr = optarg;
             break;
         case 'p':
@@ -177,11 +169,8 @@ int main(int argc, char **argv)
             params.port = (uint16_t)v;
             break;
         case 't':
-            if (!*optarg) {
-                fprintf(stderr, "conflux-coord: --token: '' is not a token (it must not be "
-                        "empty)\n");
+            if (tool_arg_nonempty(PROG, "--token", optarg, "a token"))
                 return TOOL_EXIT_USAGE;
-            }
             /* copied, and the argv bytes overwritten: ps shows them only until here */
             if (token_arg) { /* given twice: the last one counts */
                 explicit_bzero(token_arg, strlen(token_arg));
@@ -198,8 +187,8 @@ int main(int argc, char **argv)
                     "or CFX_TOKEN_FILE\n");
             break;
         case 'f':
-            if (!*optarg)
-                return empty_value("--token-file", "a file name");
+            if (tool_arg_nonempty(PROG, "--token-file", optarg, "a file name"))
+                return TOOL_EXIT_USAGE;
             token_file = optarg;
             break;
         case 'H':
@@ -232,13 +221,14 @@ int main(int argc, char **argv)
             break;
         case 'd':
             /* no silent fallback to running without durable state */
-            if (!*optarg)
-                return empty_value("--state-dir", "a directory");
+            if (tool_arg_nonempty(PROG, "--state-dir", optarg, "a directory"))
+                return TOOL_EXIT_USAGE;
             params.state_dir = optarg;
             break;
         case 'X':
-            if (!*optarg) /* CFX_SECURE='' is unset; an empty option is a mistake */
-                return empty_value("--secure", "off, integrity or encrypt");
+            /* CFX_SECURE='' is unset; an empty option is a mistake */
+            if (tool_arg_nonempty(PROG, "--secure", optarg, "off, integrity or encrypt"))
+                return TOOL_EXIT_USAGE;
             secure = optarg;
             secure_from = "--secure";
             break;

@@ -1139,16 +1139,6 @@ static void token_drop(char *copy)
     }
 }
 
-/* --coord '' (--coord "$UNSET"): named as the option given, not as "no
- * coordinator: set CFX_COORD", which may be set.  Prints and returns 1 then. */
-static int coord_empty(const char *val)
-{
-    if (*val)
-        return 0;
-    fprintf(stderr, "rdmactl: --coord: '' is not HOST:PORT (it must not be empty)\n");
-    return 1;
-}
-
 /* --token's value: copied, and the argv bytes overwritten (ps shows them
  * only until here).  0, or -1 out of memory. */
 /* --token's value: copied, and the argv bytes overwritten.  0; 2 (usage)
@@ -1156,10 +1146,8 @@ static int coord_empty(const char *val)
  * memory. */
 static int take_token(char *val, char **copy)
 {
-    if (!*val) {
-        fprintf(stderr, "rdmactl: --token: '' is not a token (it must not be empty)\n");
+    if (tool_arg_nonempty("rdmactl", "--token", val, "a token"))
         return TOOL_EXIT_USAGE;
-    }
     fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
             "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
     token_drop(*copy); /* a second --token: the first one's bytes go too */
@@ -1258,7 +1246,8 @@ static int cmd_scan(struct rdmactl *r, const struct rdmactl_cmd *cmd, int argc, 
         }
         switch (cmd_opts[k].short_name ? cmd_opts[k].short_name : (int)cmd_opts[k].bit) {
         case 'c':
-            if (coord_empty(val))
+            /* named as given, not "no coordinator: set CFX_COORD" */
+            if (tool_arg_nonempty("rdmactl", "--coord", val, "HOST:PORT"))
                 return TOOL_EXIT_USAGE;
             r->coord = val;
             break;
@@ -1305,7 +1294,8 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
-            if (coord_empty(optarg))
+            /* named as given, not "no coordinator: set CFX_COORD" */
+            if (tool_arg_nonempty("rdmactl", "--coord", optarg, "HOST:PORT"))
                 return TOOL_EXIT_USAGE;
             r.coord = optarg;
             break;

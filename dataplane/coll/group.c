@@ -800,11 +800,8 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     g->env_algo = algo_from_env();
     /* a segment past COLL_SEG_MAX (CFX_COLL_SEG=2^63) made scratch sizes
      * wrap: a reduce_scatter asked for 2^63 bytes and failed */
-    size_t seg = cfx__env_size("CFX_COLL_SEG", COLL_SEG_DEFAULT);
-    g->seg_bytes = CFX_MIN(CFX_MAX(seg, (size_t)COLL_SEG_MIN), (size_t)COLL_SEG_MAX);
-    if (g->seg_bytes != seg)
-        CFX_LOG(WARN, CONFIG, "CFX_COLL_SEG=%zu is outside [%u, %u]: %zu is used", seg,
-                COLL_SEG_MIN, COLL_SEG_MAX, g->seg_bytes);
+    g->seg_bytes = cfx__env_size_clamp("CFX_COLL_SEG", COLL_SEG_DEFAULT, COLL_SEG_MIN,
+                                       COLL_SEG_MAX);
     long long chk = cfx__env_ll_clamp("CFX_COLL_CHECK", COLL_CHECK_EDGES, 0, 2);
     g->check = chk <= 0 ? COLL_CHECK_OFF : chk == 1 ? COLL_CHECK_EDGES : COLL_CHECK_ALL;
     if (g->check == COLL_CHECK_OFF)

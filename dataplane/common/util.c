@@ -60,15 +60,16 @@ const char *cfx__env_str(const char *name, const char *def)
     return (v && *v) ? v : def;
 }
 
+static const struct cfx_launcher_vars launchers[] = {
+    { "CFX_RANK", "CFX_WORLD_SIZE" },
+    { "RANK", "WORLD_SIZE" },
+    { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+    { "SLURM_PROCID", "SLURM_NTASKS" },
+    { "PMI_RANK", "PMI_SIZE" },
+};
+
 const struct cfx_launcher_vars *cfx__launcher(void)
 {
-    static const struct cfx_launcher_vars launchers[] = {
-        { "CFX_RANK", "CFX_WORLD_SIZE" },
-        { "RANK", "WORLD_SIZE" },
-        { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
-        { "SLURM_PROCID", "SLURM_NTASKS" },
-        { "PMI_RANK", "PMI_SIZE" },
-    };
     for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
         const struct cfx_launcher_vars *l = &launchers[i];
         /* RANK alone is too common a name to mean torchrun ahead of the
@@ -77,6 +78,17 @@ const struct cfx_launcher_vars *cfx__launcher(void)
             return l;
     }
     return cfx__env_str("RANK", NULL) ? &launchers[1] : NULL;
+}
+
+void cfx__launcher_empty_ranks(char *out, size_t len)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]) && n < len; i++) {
+        const char *v = getenv(launchers[i].rank);
+        if (v && !*v)
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? ", " : "", launchers[i].rank);
+    }
 }
 
 /* @p v whole as a decimal integer into @p out */
@@ -137,13 +149,14 @@ long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long 
     return to;
 }
 
-size_t cfx__env_size_max(const char *name, size_t def, size_t max)
+size_t cfx__env_size_clamp(const char *name, size_t def, size_t lo, size_t hi)
 {
     size_t v = cfx__env_size(name, def);
-    if (v <= max)
+    if (v >= lo && v <= hi)
         return v;
-    CFX_LOG(WARN, CONFIG, "%s=%zu is more than its limit %zu: %zu is used", name, v, max, max);
-    return max;
+    size_t to = v < lo ? lo : hi;
+    CFX_LOG(WARN, CONFIG, "%s=%zu is outside [%zu, %zu]: %zu is used", name, v, lo, hi, to);
+    return to;
 }
 
 size_t cfx__env_size(const char *name, size_t def)

@@ -135,10 +135,10 @@ long long cfx__env_ll(const char *name, long long def);
  * it: for values that must not quietly fall back to a default */
 int cfx__env_ll_in(const char *name, long long def, long long lo, long long hi, long long *out);
 size_t cfx__env_size(const char *name, size_t def); /* accepts K/M/G suffixes */
-/* As cfx__env_ll() / cfx__env_size(), a value outside [lo, hi] (above max)
- * brought to the nearest bound, with a warning that says which is used. */
+/* As cfx__env_ll() / cfx__env_size(), a value outside [lo, hi] brought to
+ * the nearest bound, with a warning that says which is used. */
 long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long long hi);
-size_t cfx__env_size_max(const char *name, size_t def, size_t max);
+size_t cfx__env_size_clamp(const char *name, size_t def, size_t lo, size_t hi);
 const char *cfx__env_str(const char *name, const char *def);
 
 /* A launcher's rank and world-size variables. */
@@ -154,6 +154,10 @@ struct cfx_launcher_vars {
  * The log's rank, the rank that hosts the coordinator and the group's rank
  * and size all come from it, so they agree. */
 const struct cfx_launcher_vars *cfx__launcher(void);
+/* The launchers' rank variables set to the empty string (which counts as
+ * unset), comma-separated into @p out ("" when none), for an error that
+ * says why no rank was found. */
+void cfx__launcher_empty_ranks(char *out, size_t len);
 
 /* Parse a size with optional K/M/G suffix.  CFX_OK / CFX_ERR_INVALID. */
 int cfx__parse_size(const char *s, size_t *out);

@@ -83,15 +83,8 @@ int cfx__boot_resolve(struct cfx_boot *b, char *coord, size_t len)
     if (b->rank < 0) {
         /* CFX_RANK="" counts as unset, as every variable: say so, or a user
          * who did set it reads "set CFX_RANK" */
-        static const char *const rank_vars[] = { "CFX_RANK", "RANK", "OMPI_COMM_WORLD_RANK",
-                                                 "SLURM_PROCID", "PMI_RANK" };
-        char empty[128] = "";
-        for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++) {
-            const char *v = getenv(rank_vars[i]);
-            if (v && !*v)
-                snprintf(empty + strlen(empty), sizeof(empty) - strlen(empty), "%s%s",
-                         *empty ? ", " : "", rank_vars[i]);
-        }
+        char empty[128];
+        cfx__launcher_empty_ranks(empty, sizeof(empty));
         return cfx__err(CFX_ERR_INVALID,
                         "MASTER_ADDR=%s is set but no rank%s%s%s: set RANK (torchrun), "
                         "SLURM_PROCID, OMPI_COMM_WORLD_RANK or CFX_RANK; rank 0 hosts the "

@@ -134,10 +134,10 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         return CFX_ERR_INVALID;
     else
         cfg->timeout_ms = (int)v;
-    cfg->inline_max = cfx__env_size_max("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX,
-                                        CFX_OBJECT_INLINE_MAX);
+    cfg->inline_max = cfx__env_size_clamp("CFX_INLINE_MAX", CFX_OBJECT_INLINE_MAX, 0,
+                                          CFX_OBJECT_INLINE_MAX);
     /* window_bytes is 32 bits: 4G wrapped to 0 (the least window, silently) */
-    cfg->window_bytes = (uint32_t)cfx__env_size_max("CFX_WINDOW", 16u << 20, CFX_WINDOW_MAX);
+    cfg->window_bytes = (uint32_t)cfx__env_size_clamp("CFX_WINDOW", 16u << 20, 0, CFX_WINDOW_MAX);
     if (cfx__env_ll_in("CFX_SPIN_US", 20, 0, 1000000, &v) != CFX_OK)
         return CFX_ERR_INVALID;
     cfg->spin_us = (uint32_t)v;
@@ -148,11 +148,12 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     cfg->waiter_nap_ms =
         (uint32_t)cfx__env_ll_clamp("CFX_WAITER_NAP_MS", DEFAULT_WAITER_NAP_MS, 0, 1000);
     cfg->eager_max =
-        (uint32_t)cfx__env_size_max("CFX_EAGER_MAX", DEFAULT_EAGER_MAX, CFX_EAGER_LIMIT);
+        (uint32_t)cfx__env_size_clamp("CFX_EAGER_MAX", DEFAULT_EAGER_MAX, 0, CFX_EAGER_LIMIT);
     cfg->upload_rate = cfx__env_size("CFX_UPLOAD_RATE", 0);
     cfg->get_sources = (uint32_t)cfx__env_ll_clamp("CFX_GET_SOURCES", CFX_GET_SOURCES_DEFAULT, 1,
                                                    CFX_GET_SOURCES_MAX);
-    cfg->loc_cache = (uint32_t)cfx__env_size_max("CFX_LOC_CACHE", DEFAULT_LOC_CACHE, LOC_CACHE_MAX);
+    cfg->loc_cache =
+        (uint32_t)cfx__env_size_clamp("CFX_LOC_CACHE", DEFAULT_LOC_CACHE, 0, LOC_CACHE_MAX);
     if (cfx__seal_mode_parse((m & CFX_CTX_PARAM_SECURE) ? p->secure : getenv("CFX_SECURE"),
                              &cfg->secure) != CFX_OK)
         /* name what was wrong where it was given: the parameter, or the

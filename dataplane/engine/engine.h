@@ -1021,7 +1021,8 @@ struct cfx_context {
     int nworkers;
     struct cfx_list async_q;
     struct cfx_list reqs;       /* struct cfx_request: every request not yet freed */
-    unsigned req_waiters;       /* threads in cfx_request_wait() (ctx->lock) */
+    unsigned req_waiters;       /* threads waiting in cfx_request_wait() or _free()
+                                   (ctx->lock) */
     pthread_cond_t async_cond;
     bool workers_stop;          /* context destroy: workers finish and exit */
 

@@ -197,6 +197,19 @@ static int still_running(struct cfx_request *req, int timeout_ms)
                     " of %" PRIu64 " bytes landed", hex, timeout_ms, done, total);
 }
 
+/* One wait on @p req's condition until @p deadline (ctx->lock held; as
+ * cfx__cond_wait_until), counted: a destroy on another thread ends the
+ * request, lets it go of the context and frees the context only once this
+ * thread has left ctx->lock. */
+static bool counted_wait(struct cfx_context *ctx, struct cfx_request *req, uint64_t deadline)
+{
+    ctx->req_waiters++;
+    bool more = cfx__cond_wait_until(&req->cond, &ctx->lock, deadline);
+    if (--ctx->req_waiters == 0 && ctx->closing)
+        pthread_cond_broadcast(&ctx->calls_cond);
+    return more;
+}
+
 int cfx_request_wait(struct cfx_request *req, int timeout_ms)
 {
     cfx__err_clear();
@@ -209,16 +222,11 @@ int cfx_request_wait(struct cfx_request *req, int timeout_ms)
     struct cfx_context *ctx = req->ctx;
     uint64_t deadline = cfx__deadline_ns(timeout_ms);
     pthread_mutex_lock(&ctx->lock);
-    /* counted: a destroy on another thread ends the request and waits for
-     * this thread to leave ctx->lock before it frees the context */
-    ctx->req_waiters++;
-    while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&req->cond, &ctx->lock, deadline))
+    while (req->status == CFX_ERR_AGAIN && counted_wait(ctx, req, deadline))
         ;
     int st = req->status == CFX_ERR_AGAIN ? CFX_ERR_AGAIN : finished(req);
     if (st == CFX_ERR_AGAIN)
         st = still_running(req, timeout_ms);
-    if (--ctx->req_waiters == 0 && ctx->closing)
-        pthread_cond_broadcast(&ctx->calls_cond);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }
@@ -304,26 +312,16 @@ size_t cfx_request_size(const struct cfx_request *req)
     return req ? req->size : 0;
 }
 
-/* One wait of cfx_request_free() for @p req to end (ctx->lock held),
- * counted as cfx_request_wait()'s are: a destroy on another thread ends the
- * request, lets it go of the context and frees the context only once this
- * thread has left ctx->lock. */
-static void counted_wait(struct cfx_context *ctx, struct cfx_request *req)
-{
-    ctx->req_waiters++;
-    pthread_cond_wait(&req->cond, &ctx->lock);
-    if (--ctx->req_waiters == 0 && ctx->closing)
-        pthread_cond_broadcast(&ctx->calls_cond);
-}
-
 void cfx_request_free(struct cfx_request *req)
 {
-    if (req && !req->ctx) { /* its context was destroyed, which ended it */
+    if (!req)
+        return;
+    if (!req->ctx) { /* its context was destroyed, which ended it */
         pthread_cond_destroy(&req->cond);
         free(req);
         return;
     }
-    if (!req || cfx__ctx_forked(req->ctx)) /* a forked child's copy goes with it */
+    if (cfx__ctx_forked(req->ctx)) /* a forked child's copy goes with it */
         return;
     struct cfx_context *ctx = req->ctx;
     pthread_mutex_lock(&ctx->lock);
@@ -343,7 +341,7 @@ void cfx_request_free(struct cfx_request *req)
             return;
         }
         while (req->status == CFX_ERR_AGAIN)
-            counted_wait(ctx, req);
+            counted_wait(ctx, req, UINT64_MAX);
     }
     if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
         /* still queued behind other requests: it never runs */
@@ -374,7 +372,7 @@ void cfx_request_free(struct cfx_request *req)
         req->cancel = true;
         pthread_cond_broadcast(&ctx->obj_cond);
         while (req->status == CFX_ERR_AGAIN && !req->in_lookup)
-            counted_wait(ctx, req);
+            counted_wait(ctx, req, UINT64_MAX);
         if (req->status == CFX_ERR_AGAIN) {
             req->freed_by_user = true;
             pthread_mutex_unlock(&ctx->lock);

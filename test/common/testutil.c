@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,23 @@ int cfx_test_file_contains(const char *path, const char *needle)
     free(buf);
     fclose(f);
     return found;
+}
+
+bool cfx_test_await_count(pthread_mutex_t *lock, const unsigned *n, int ms)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pthread_mutex_lock(lock);
+        unsigned v = *n;
+        pthread_mutex_unlock(lock);
+        if (v)
+            return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
+            return false;
+        sched_yield();
+    }
 }
 
 int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, int ms)

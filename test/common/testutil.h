@@ -2,6 +2,8 @@
 #ifndef CFX_TEST_UTIL_H
 #define CFX_TEST_UTIL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +40,11 @@ struct cfx_object_id;
  * CFX_OK; CFX_ERR_TIMEOUT after @p ms; another put error as it came.
  */
 int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, int ms);
+
+/* Yield until *@p n, a count the engine keeps under @p lock (the waiters of
+ * a kind: nothing signals that one more has begun to wait), is nonzero, for
+ * at most @p ms; whether it became so. */
+bool cfx_test_await_count(pthread_mutex_t *lock, const unsigned *n, int ms);
 
 /* A loopback TCP port nothing listens on now (bound to 0, read, closed);
  * -1 if no socket could be bound. */

@@ -68,6 +68,20 @@ static void node(struct cfx_node_rec *n, uint32_t id)
     memcpy(n->addr[1].addr, "@cfx-shm-1", 10);
 }
 
+/* An inline put of @p len bytes at @p data under the id of bytes @p idb. */
+static void put_inline_msg(struct cfx_msg *m, uint32_t req_id, uint8_t idb, uint8_t *data,
+                           size_t len)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = CFX_MSG_OBJ_PUT;
+    m->req_id = req_id;
+    memset(m->u.put.id.bytes, idb, sizeof(m->u.put.id.bytes));
+    m->u.put.size = len;
+    m->u.put.chunk_size = 65536;
+    m->u.put.has_data = 1;
+    m->u.put.data = data;
+}
+
 static void proto(void)
 {
     static uint8_t buf[1u << 17];
@@ -98,14 +112,7 @@ static void proto(void)
     node(&m.u.join, 0);
     put("fuzz_proto", "join", buf, enc(&m, buf, sizeof(buf)));
 
-    memset(&m, 0, sizeof(m));
-    m.type = CFX_MSG_OBJ_PUT;
-    m.req_id = 3;
-    memset(m.u.put.id.bytes, 0xab, sizeof(m.u.put.id.bytes));
-    m.u.put.size = sizeof(data);
-    m.u.put.chunk_size = 65536;
-    m.u.put.has_data = 1;
-    m.u.put.data = data;
+    put_inline_msg(&m, 3, 0xab, data, sizeof(data));
     put("fuzz_proto", "put_inline", buf, enc(&m, buf, sizeof(buf)));
     m.u.put.durable = 1;
     put("fuzz_proto", "put_durable", buf, enc(&m, buf, sizeof(buf)));
@@ -380,14 +387,7 @@ static void ctl_seal(void)
     memset(m.u.lookup.id.bytes, 0xab, sizeof(m.u.lookup.id.bytes));
     m.u.lookup.timeout_ms = 1000;
     n += enc(&m, plain + n, sizeof(plain) - n);
-    memset(&m, 0, sizeof(m));
-    m.type = CFX_MSG_OBJ_PUT;
-    m.req_id = 5;
-    memset(m.u.put.id.bytes, 0xcd, sizeof(m.u.put.id.bytes));
-    m.u.put.size = sizeof(data);
-    m.u.put.chunk_size = 65536;
-    m.u.put.has_data = 1;
-    m.u.put.data = data;
+    put_inline_msg(&m, 5, 0xcd, data, sizeof(data));
     n += enc(&m, plain + n, sizeof(plain) - n);
     memset(&m, 0, sizeof(m));
     m.type = CFX_MSG_LEAVE;

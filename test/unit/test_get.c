@@ -10,7 +10,6 @@
 
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -1271,14 +1270,9 @@ Test(get, delete_waiting_for_a_draining_copy_ends_at_the_destroy, .timeout = 40)
 
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, del_main, &w), 0);
-    for (;;) { /* the second delete waits for the entry to leave */
-        pthread_mutex_lock(&a->lock);
-        unsigned in = a->obj_waiters;
-        pthread_mutex_unlock(&a->lock);
-        if (in)
-            break;
-        sched_yield();
-    }
+    /* the second delete waits for the entry to leave */
+    cr_assert(cfx_test_await_count(&a->lock, &a->obj_waiters, 20000),
+              "the second delete never waited");
     cfx_context_destroy(a);
     cr_assert_eq(pthread_join(t, NULL), 0);
     cr_expect_eq(w.rc, CFX_ERR_CANCELED, "the delete returned %s after the destroy",

@@ -10,7 +10,6 @@
 #include <criterion/criterion.h>
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,14 +88,8 @@ Test(request, wait_blocked_on_another_thread_during_the_destroy, .timeout = 60)
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, wait_main, &w), 0);
     /* the waiter is inside its wait (counted under the lock) */
-    for (;;) {
-        pthread_mutex_lock(&c->lock);
-        unsigned in = c->req_waiters;
-        pthread_mutex_unlock(&c->lock);
-        if (in)
-            break;
-        sched_yield();
-    }
+    cr_assert(cfx_test_await_count(&c->lock, &c->req_waiters, 20000),
+              "the waiter never waited");
     cfx_context_destroy(c);
     ctxs[0] = NULL;
     cr_assert_eq(pthread_join(t, NULL), 0);

@@ -116,11 +116,9 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
                     "line, where ps and /proc/PID/cmdline show it; use --token-file\n");
             break;
         case 'K':
-            if (!*optarg) { /* not "no token: set CFX_TOKEN", which may well be set */
-                fprintf(stderr, "cfx_run: --token-file: '' is not a file name (it must not "
-                        "be empty)\n");
+            /* not "no token: set CFX_TOKEN", which may well be set */
+            if (tool_arg_nonempty("cfx_run", "--token-file", optarg, "a file name"))
                 return -1;
-            }
             o->token_file = optarg;
             break;
         case 'p': {
