@@ -49,6 +49,8 @@ struct rdmactl {
     char token[CFX_TOKEN_MAX + 1];
     int json;               /* --json */
     struct cfx_ctl *ctl;    /* opened lazily by ctl_get() */
+    int check_only;         /* main's first pass: check the command's arguments only */
+    int checked;            /* ... and they passed: the command got as far as ctl_get() */
 };
 
 /* A command's own options, one bit each (struct rdmactl_cmd.opts). */
@@ -177,6 +179,10 @@ static void node_tps(const struct cfx_node_rec *n, char *buf, size_t len)
 
 static struct cfx_ctl *ctl_get(struct rdmactl *r)
 {
+    if (r->check_only) { /* every argument was checked before this: reach nothing */
+        r->checked = 1;
+        return NULL;
+    }
     if (r->ctl)
         return r->ctl;
     struct cfx_ctl_params p = {
@@ -1334,6 +1340,18 @@ int main(int argc, char **argv)
         token_drop(token_copy);
         status = cmd->fn(&r, &a);
         free(a.args);
+        return status;
+    }
+    /* A command's own usage errors (ps --timeout -1, top --interval 5) come
+     * first, as with getopt tools, not after "no coordinator" or "no cluster
+     * token": a first pass runs the command up to where it would reach the
+     * coordinator (ctl_get() answers NULL then, having noted it). */
+    r.check_only = 1;
+    status = cmd->fn(&r, &a);
+    r.check_only = 0;
+    if (!r.checked) {
+        free(a.args);
+        token_drop(token_copy);
         return status;
     }
     if (!r.coord)

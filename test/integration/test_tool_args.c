@@ -241,6 +241,13 @@ static const struct args_case cases[] = {
     { "rdmactl", { "ps", "--job", "nosuchjob", "shards" }, 1, "nosuchjob", "no such job", 1 },
     { "rdmactl", { "ps", "--job", "nosuchjob", "rebalance" }, 1, "nosuchjob", "no such job", 1 },
     { "rdmactl", { "ps", "--job", "nosuchjob", "auto", "on" }, 1, "nosuchjob", "no such job", 1 },
+    /* a command's own usage error comes first, with no coordinator named
+     * (it said "no coordinator: pass --coord HOST:PORT or set CFX_COORD") */
+    { "rdmactl", { "ps", "--timeout", "-1", "shards" }, 2,
+      "rdmactl: --timeout: '-1' is not a timeout in ms", NULL, 0 },
+    { "rdmactl", { "ps", "--job", "a/b", "shards" }, 2, "--job", "'a/b' is not a job name", 0 },
+    { "rdmactl", { "ps", "auto", "maybe" }, 2, "auto", "'maybe'", 0 },
+    { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 0 },
     /* good vectors still work */
     { "cfx_reduce_bench", { "-s", "4K", "-n", "2", "-w", "0", "-d", "float", "-o", "sum" }, 0,
       NULL, NULL, 0 },
