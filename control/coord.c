@@ -1223,8 +1223,10 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         cfx_list_init(&co->unauth_ip[i]);
     cfx__coord_members_init(co);
     snprintf(co->token, sizeof(co->token), "%s", params->token);
-    co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms : 250;
-    co->dead_after_ms = params->dead_after_ms ? params->dead_after_ms : 1500;
+    co->heartbeat_ms = params->heartbeat_ms ? params->heartbeat_ms
+                                            : CFX_COORD_HEARTBEAT_MS_DEFAULT;
+    co->dead_after_ms = params->dead_after_ms ? params->dead_after_ms
+                                              : CFX_COORD_DEAD_AFTER_MS_DEFAULT;
     co->fanout = params->fanout; /* 0: per object */
     co->secure = params->secure;
     co->auth_timeout_ms = params->auth_timeout_ms ? params->auth_timeout_ms : 5000;

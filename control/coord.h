@@ -11,6 +11,10 @@
 
 struct cfx_coord;
 
+/* Defaults of the member timing; dead-after must exceed the heartbeat. */
+#define CFX_COORD_HEARTBEAT_MS_DEFAULT 250
+#define CFX_COORD_DEAD_AFTER_MS_DEFAULT 1500
+
 struct cfx_coord_params {
     const char *bind_addr;   /* default "127.0.0.1" */
     uint16_t port;           /* 0 = ephemeral */

@@ -324,6 +324,21 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* The pair is checked here too, so that it is a usage error naming the
+     * option (the coordinator's own check said "dead-after (100 ms) must
+     * exceed the heartbeat interval (250 ms)", exit 1). */
+    uint32_t hb = params.heartbeat_ms ? params.heartbeat_ms : CFX_COORD_HEARTBEAT_MS_DEFAULT;
+    uint32_t dead = params.dead_after_ms ? params.dead_after_ms : CFX_COORD_DEAD_AFTER_MS_DEFAULT;
+    if (dead <= hb) {
+        if (params.dead_after_ms)
+            fprintf(stderr, "conflux-coord: --dead-after-ms: '%u' is not more than the heartbeat "
+                    "interval (%u ms%s)\n", dead, hb,
+                    params.heartbeat_ms ? ", --heartbeat-ms" : "");
+        else
+            fprintf(stderr, "conflux-coord: --heartbeat-ms: '%u' is not less than the dead-after "
+                    "time (%u ms by default; raise --dead-after-ms)\n", hb, dead);
+        return TOOL_EXIT_USAGE;
+    }
     if (cfx__seal_mode_parse(secure, &params.secure) != CFX_OK) {
         fprintf(stderr, "conflux-coord: %s '%s': expected off, integrity or encrypt (or 0, 1, "
                 "on, yes, no)\n", secure_from, secure);

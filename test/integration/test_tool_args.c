@@ -174,6 +174,12 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--metrics", "abc" }, 2, "--metrics", "'abc'", 0 },
     { "conflux-coord", { "--metrics", "127.0.0.1:99999" }, 2, "--metrics", "'99999'", 0 },
     { "conflux-coord", { "--secure", "bogus" }, 2, "--secure", "'bogus'", 0 },
+    /* dead-after within its range but not above the heartbeat: the
+     * coordinator refused it, exit 1, naming no option */
+    { "conflux-coord", { "--dead-after-ms", "100" }, 2, "--dead-after-ms", "'100'", 0 },
+    { "conflux-coord", { "--heartbeat-ms", "2000" }, 2, "--heartbeat-ms", "'2000'", 0 },
+    { "conflux-coord", { "--heartbeat-ms", "500", "--dead-after-ms", "400" }, 2,
+      "--dead-after-ms", "'400'", 0 },
     { "conflux-coord", { "--token", "" }, 2, "--token", "''", 0 },
     { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
     /* an empty value is refused, not taken as the default: --state-dir ''
