@@ -7,7 +7,8 @@
  * L_s the bytes it owns; the step takes max_s T_s.  The decision:
  *
  *  1. blocks on servers that are not ACTIVE (draining, standby) move to the
- *     active server whose T would grow least;
+ *     active server whose T would grow least; a server that is gone (its
+ *     mailbox failed) takes no block, and keeps its own until it is removed;
  *  2. exploration: every active server keeps at least max(1 block,
  *     explore * total / active) bytes, taken from the server with the
  *     largest T, so a demoted server keeps being measured and can win
@@ -125,7 +126,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
 
     uint32_t nactive = 0;
     for (uint32_t s = 0; s < in->nservers; s++)
-        if (in->state[s] == CFX_PS_SERVER_ACTIVE) {
+        if (in->state[s] == CFX_PS_SERVER_ACTIVE && !(in->gone && in->gone[s])) {
             b.active[s] = true;
             nactive++;
         }
@@ -168,7 +169,9 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     bool forced = false;
     for (uint32_t i = 0; i < in->nblocks; i++) {
         uint32_t s = own[i];
-        if (s < in->nservers && b.active[s])
+        /* an active server not counted active is gone: its blocks' states went
+         * with it, so they stay, and its workers hear of it from there */
+        if (s < in->nservers && (b.active[s] || in->state[s] == CFX_PS_SERVER_ACTIVE))
             continue;
         move(&b, i, best_dest(&b, (double)in->bytes[i], UINT32_MAX));
         forced = true;

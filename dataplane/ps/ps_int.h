@@ -123,6 +123,8 @@ struct ps_balance_in {
     uint32_t nblocks;
     const uint64_t *bytes;      /* [nblocks] */
     const uint8_t *movable;     /* [nblocks] 0: pinned (tensor not ready) */
+    const uint8_t *gone;        /* [nservers] or NULL; 1: its mailbox failed: it takes no
+                                   block (a state sent there is lost) */
     const struct cfx_ps_balance *knobs;
     bool force;                 /* ignore min_gain (admin rebalance, server added) */
 };
@@ -135,8 +137,8 @@ struct ps_balance_out {
 };
 
 /* Decide a new assignment in @p owner (in/out, [nblocks]).  Blocks on servers
- * that are not ACTIVE always move.  @return CFX_OK or CFX_ERR_INVALID (no
- * active server). */
+ * that are not ACTIVE always move (a gone active server keeps its own, and
+ * takes none).  @return CFX_OK or CFX_ERR_INVALID (no active server). */
 int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_balance_out *out);
 void cfx__ps_balance_defaults(struct cfx_ps_balance *k);
 

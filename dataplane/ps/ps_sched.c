@@ -67,6 +67,7 @@ struct ps_sched {
     uint32_t settled[PS_MAX_SERVERS]; /* latest map under which it holds all its blocks */
     bool auto_on;
     bool srv_done[PS_MAX_SERVERS];  /* confirmed its end (DONE) or failed */
+    uint8_t gone[PS_MAX_SERVERS];   /* its mailbox failed before its end: no blocks for it */
     bool told_end[PS_MAX_SERVERS];  /* was sent the notice that ends its service */
     uint64_t leave_deadline;        /* leaving: 0 not yet */
     /* a change is in ps->map but its publish failed (the coordinator out,
@@ -289,6 +290,7 @@ static int decide(struct cfx_ps *ps, bool force, const char *why)
         .nblocks = m->nblocks,
         .bytes = bytes,
         .movable = movable,
+        .gone = s->gone,
         .knobs = &ps->params.balance,
         .force = force,
     };
@@ -375,6 +377,13 @@ static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)
         if (idx < 0 || (uint32_t)idx >= m->nservers) {
             snprintf(why, sizeof(why), "server %d has not joined the job", idx);
             admin_reply(ps, n, CFX_ERR_NOT_FOUND, why);
+            return;
+        }
+        if (s->gone[idx]) {
+            /* blocks handed to it would lose their state on the way */
+            snprintf(why, sizeof(why), "server %d (node %u) is gone", idx,
+                     m->server[idx].node_id);
+            admin_reply(ps, n, CFX_ERR_PEER_FAILED, why);
             return;
         }
         if (m->server[idx].state == CFX_PS_SERVER_ACTIVE) {
@@ -699,6 +708,7 @@ void cfx__ps_sched_server_gone(struct cfx_ps *ps, uint32_t srv, int status)
     CFX_LOG(WARN, PS, "job %s: server %u (node %u) is gone before confirming its end: %s", ps->job,
             srv, p ? p->rec.node_id : 0, cfx_strerror(status));
     s->srv_done[srv] = true;
+    s->gone[srv] = 1;
 }
 
 bool cfx__ps_sched_awaits(const struct cfx_ps *ps, uint32_t srv)

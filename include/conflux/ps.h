@@ -302,7 +302,8 @@ CFX_API int cfx_ps_server_set_delay(struct cfx_ps *ps, uint32_t us);
  * with CFX_ERR_NOT_FOUND (no wait); a negative @p timeout_ms is
  * CFX_ERR_INVALID.  While the job's tensors are still being registered (its
  * first moments) a request is asked again until @p timeout_ms, then
- * CFX_ERR_TIMEOUT says so.
+ * CFX_ERR_TIMEOUT says so.  A server the scheduler has seen fail is not
+ * added: CFX_ERR_PEER_FAILED naming it.
  */
 CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server,
                               int timeout_ms, uint32_t *version_out);

@@ -172,3 +172,36 @@ Test(ps_balance, unequal_blocks)
     double share = l1 / (l0 + l1);
     cr_assert(share > 0.28 && share < 0.39, "share %.3f", share);
 }
+
+/* A server whose mailbox failed (gone) takes no block: the state handed to
+ * it would be lost with it.  A forced decision (another server drained, an
+ * admin rebalance) gave a healthy server's blocks to a dead one, whose fast
+ * measurement made it the best destination, and so lost their values; a
+ * gone standby server admitted got its share the same way.  Its own blocks
+ * stay where the workers hear it is gone. */
+Test(ps_balance, gone_server_takes_no_block)
+{
+    uint8_t gone[4] = { 0, 0, 1, 1 };
+    for (int i = 0; i < NB; i++)
+        owner[i] = (uint16_t)(i % 3);
+    state[1] = CFX_PS_SERVER_DRAINING;
+    state[2] = state[3] = CFX_PS_SERVER_ACTIVE;
+    npb[2] = npb[3] = 0.01; /* measured fastest before they went */
+    struct ps_balance_in in = {
+        .nservers = 4,
+        .state = state,
+        .ns_per_byte = npb,
+        .nblocks = NB,
+        .bytes = bytes,
+        .gone = gone,
+        .knobs = &knobs,
+        .force = true,
+    };
+    struct ps_balance_out out;
+    cr_assert_eq(cfx__ps_balance(&in, owner, &out), CFX_OK);
+    cr_assert_eq(count(1), 0, "the drained server kept %u blocks", count(1));
+    cr_assert_eq(count(2), 13, "the gone server owns %u blocks, not its 13", count(2));
+    cr_assert_eq(count(3), 0, "the gone standby server got %u blocks", count(3));
+    cr_assert_eq(count(0), NB - 13);
+    cr_assert_eq(out.moves, 13);
+}

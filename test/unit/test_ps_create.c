@@ -613,3 +613,66 @@ Test(ps_create, server_past_the_next_index_is_told_the_next, .timeout = 60)
         cfx_context_destroy(m[i].ctx);
     }
 }
+
+/* A standby server that went before it was added (its context destroyed,
+ * which ends its connections as a kill would) is refused by add-server,
+ * named, and nothing moves.  It was admitted, and the forced decision that
+ * follows an admission handed it a share of the healthy servers' blocks,
+ * whose states were lost on the way: every later request of them failed. */
+Test(ps_create, gone_standby_server_is_not_added, .timeout = 60)
+{
+    char logpath[] = "/tmp/cfx_ps_gone_XXXXXX";
+    int logfd;
+    int saved = cfx_test_stderr_to(logpath, &logfd);
+    struct member m[2];
+    admins_up(m);
+    all_at_once(m + 1, 1, member_register);
+    struct cfx_context *sctx;
+    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &sctx), CFX_OK, "%s",
+                 cfx_last_error());
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_TIMEOUT | CFX_PS_PARAM_STANDBY,
+        .job = "admins", .role = CFX_PS_SERVER, .index = 1, .num_workers = 1,
+        .num_servers = 1, .timeout_ms = 20000, .standby = 1,
+    };
+    struct cfx_ps *standby = NULL;
+    cr_assert_eq(cfx_ps_create(sctx, &pp, &standby), CFX_OK, "%s", cfx_last_error());
+    uint32_t node = cfx_context_node_id(sctx);
+    cfx_context_destroy(sctx);
+    /* the scheduler has seen it go */
+    char line[128];
+    snprintf(line, sizeof(line), "job admins: server 1 (node %u) is gone before confirming",
+             node);
+    uint64_t dl = cfx__deadline_ns(15000);
+    while (!cfx_test_file_contains(logpath, line) && cfx__now_ns() < dl)
+        sched_yield();
+    bool seen = cfx_test_file_contains(logpath, line);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    unlink(logpath);
+    cr_assert(seen, "the scheduler did not see server 1 go");
+
+    uint32_t ver = 0;
+    int rc = cfx_ps_add_server(ctx, "admins", 1, 20000, &ver);
+    cr_assert_eq(rc, CFX_ERR_PEER_FAILED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    snprintf(line, sizeof(line), "server 1 (node %u) is gone", node);
+    cr_assert(strstr(cfx_last_error(), line), "%s", cfx_last_error());
+    struct cfx_ps_stats st;
+    cr_assert_eq(cfx_ps_shards(ctx, "admins", 20000, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.nservers, 2);
+    cr_assert_eq(st.servers[1].state, CFX_PS_SERVER_STANDBY);
+    cr_assert_eq(st.servers[1].blocks, 0, "server 1 got %u blocks", st.servers[1].blocks);
+    cr_assert_eq(st.servers[0].blocks, st.nblocks);
+    const float g[4] = { 1, 1, 1, 1 };
+    float out[4] = { 0 };
+    cr_assert_eq(cfx_ps_pushpull(m[1].ps, 0, g, out), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(out[i], (float)(i + 2), "element %d: %g", i, (double)out[i]);
+    cfx_ps_destroy(standby);
+    for (int i = 1; i >= 0; i--) {
+        cfx_ps_destroy(m[i].ps);
+        cfx_context_destroy(m[i].ctx);
+    }
+}
