@@ -676,3 +676,35 @@ Test(ps_create, gone_standby_server_is_not_added, .timeout = 60)
         cfx_context_destroy(m[i].ctx);
     }
 }
+
+/* cfx_ps_optim is taken whole once CFX_PS_PARAM_OPTIMIZER is set: a struct
+ * filled in part (type and lr) left grad_scale 0, and the servers' SGD then
+ * ignored every push without a word (the parameters never moved).  It is
+ * refused, named, as is an Adam beta of 1 (its bias correction divides by
+ * 1 - beta^t); a SUM job, which ignores the factors, is not. */
+Test(ps_create, optimizer_filled_in_part_is_refused)
+{
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_NUM_WORKERS |
+                      CFX_PS_PARAM_NUM_SERVERS | CFX_PS_PARAM_TIMEOUT | CFX_PS_PARAM_OPTIMIZER,
+        .job = "partial", .role = CFX_PS_SERVER, .num_workers = 1, .num_servers = 1,
+        .timeout_ms = 300, .optim = { .type = CFX_PS_OPT_SGD, .lr = 0.5 },
+    };
+    struct cfx_ps *ps = NULL;
+    int rc = cfx_ps_create(ctx, &pp, &ps);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(ps);
+    cr_assert(strstr(cfx_last_error(), "grad_scale 0 would ignore every push"), "%s",
+              cfx_last_error());
+    pp.optim = (struct cfx_ps_optim){ .type = CFX_PS_OPT_ADAM, .lr = 0.001, .beta1 = 1,
+                                      .beta2 = 0.999, .eps = 1e-8, .grad_scale = 1 };
+    rc = cfx_ps_create(ctx, &pp, &ps);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "Adam beta1 1 and beta2 0.999 must be in [0, 1)"), "%s",
+              cfx_last_error());
+    pp.optim = (struct cfx_ps_optim){ .type = CFX_PS_OPT_SUM };
+    rc = cfx_ps_create(ctx, &pp, &ps); /* taken: it waits for its worker */
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "job partial: worker 0 did not join"), "%s",
+              cfx_last_error());
+}
