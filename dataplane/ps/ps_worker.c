@@ -817,8 +817,10 @@ static int post_data_op(struct cfx_ps *ps, enum ps_op_kind kind, int key, const 
                         void *out, struct cfx_ps_request **req)
 {
     cfx__err_clear();
-    if (!ps || !req || ps->role != CFX_PS_WORKER)
+    if (!ps || ps->role != CFX_PS_WORKER)
         return cfx__err(CFX_ERR_INVALID, "ps: not a worker handle");
+    if (!req)
+        return cfx__err(CFX_ERR_INVALID, "job %s: NULL request pointer", ps->job);
     if (cfx__ps_forked(ps))
         return cfx__err(CFX_ERR_INVALID, "job %s: the handle was created before this process "
                         "forked: a child creates its own", ps->job);

@@ -63,3 +63,23 @@ Test(ps_input, state_of_a_block_of_no_map_is_refused)
     cr_assert_eq(state_msg(ps->map.nblocks, 256), CFX_ERR_PROTO);
     cr_assert_eq(ps->nblocks_cap, 0, "the block table grew to %u slots", ps->nblocks_cap);
 }
+
+/* A worker's non-blocking call given no place for its request is refused
+ * as such; it said "not a worker handle", of a worker's handle. */
+Test(ps_input, null_request_pointer_is_named)
+{
+    const float g[4] = { 0 };
+    float out[4];
+    struct cfx_ps_request *req = NULL;
+    ps->role = CFX_PS_WORKER;
+    int rc[3] = { cfx_ps_ipush(ps, 0, g, NULL), cfx_ps_ipull(ps, 0, out, NULL),
+                  cfx_ps_ipushpull(ps, 0, g, out, NULL) };
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(rc[i], CFX_ERR_INVALID, "call %d: %s", i, cfx_errname(rc[i]));
+    cr_assert(strstr(cfx_last_error(), "job input: NULL request pointer"), "%s",
+              cfx_last_error());
+    ps->role = CFX_PS_SERVER;
+    cr_assert_eq(cfx_ps_ipull(ps, 0, out, &req), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "not a worker handle"), "%s", cfx_last_error());
+    cr_assert_null(req);
+}
