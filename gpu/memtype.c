@@ -282,6 +282,26 @@ int cfx__memtype_stream_for(enum cfx_memtype type, void **slot, pthread_mutex_t 
     return cfx__memtype_wait_default(type, s);
 }
 
+int cfx__memtype_device(enum cfx_memtype type, int *out)
+{
+    const struct cfx_memtype_ops *ops;
+    int rc = queue_ops(type, &ops);
+
+    *out = -1;
+    return rc != CFX_OK || !ops || !ops->get_device ? rc : ops->get_device(out);
+}
+
+int cfx__memtype_set_device(enum cfx_memtype type, int dev)
+{
+    const struct cfx_memtype_ops *ops;
+    int rc;
+
+    if (dev < 0)
+        return CFX_OK;
+    rc = queue_ops(type, &ops);
+    return rc != CFX_OK || !ops || !ops->set_device ? rc : ops->set_device(dev);
+}
+
 int cfx__memcpy_typed_wait(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,
                            size_t len, void *stream)
 {

@@ -69,6 +69,13 @@ struct cfx_memtype_ops {
 
     /* The device line of cfx__gpu_describe(); NULL for host. */
     int (*describe)(char *buf, size_t len);
+
+    /* The calling thread's current device (for CUDA cudaGetDevice), and
+     * making one current (cudaSetDevice): work handed to another thread
+     * (a worker, the group's thread) runs on the device of the thread that
+     * posted it.  NULL entries: the type has no devices (host). */
+    int (*get_device)(int *out);
+    int (*set_device)(int dev);
 };
 
 #ifdef CFX_HAVE_CUDA
@@ -177,6 +184,19 @@ int cfx__memtype_wait_default(enum cfx_memtype type, void *stream);
  */
 int cfx__memtype_stream_for(enum cfx_memtype type, void **slot, pthread_mutex_t *lock,
                             void **out);
+
+/*
+ * The calling thread's current device of @p type in *@p out (-1 for host),
+ * to hand to cfx__memtype_set_device() on the thread that does the work:
+ * streams, scratch and kernel launches belong to the current device, and a
+ * new thread's is device 0 whatever the application chose.
+ * @return CFX_OK; CFX_ERR_UNSUPPORTED / CFX_ERR_NO_DEVICE; a device error's.
+ */
+int cfx__memtype_device(enum cfx_memtype type, int *out);
+
+/* Make @p dev (from cfx__memtype_device()) the calling thread's current
+ * device of @p type; CFX_OK at once for a @p dev below 0. */
+int cfx__memtype_set_device(enum cfx_memtype type, int dev);
 
 /* cfx__memcpy_typed_async() on @p stream, then wait for that stream. */
 int cfx__memcpy_typed_wait(void *dst, enum cfx_memtype dt, const void *src, enum cfx_memtype st,

@@ -23,6 +23,7 @@
 
 #define SIM_DELAY_NS  20000 /* a queued operation starts this long after it could */
 #define SIM_GARBAGE   0xa5  /* fresh device memory holds this, as cudaMalloc's holds garbage */
+#define SIM_NDEV      CFX__GPU_SIM_NDEV
 
 /* One device allocation: the address handed out (PROT_NONE here) and the
  * mapping of the same pages that the streams work on. */
@@ -31,6 +32,7 @@ struct sim_alloc {
     char *back;
     size_t len;    /* as asked */
     size_t maplen; /* page multiple */
+    int device;    /* the device current when it was allocated */
 };
 
 enum sim_dir { SIM_H2H, SIM_H2D, SIM_D2H, SIM_D2D };
@@ -54,6 +56,7 @@ struct sim_stream {
     struct sim_op *head, *tail;
     unsigned pending;        /* queued or running */
     bool stop;
+    int device;              /* current when it was made; -1: the legacy stream, every device's */
     struct cfx__gpu_sim_counts counts;
 };
 
@@ -65,7 +68,20 @@ static struct {
     struct sim_stream *streams;     /* live streams, the legacy one among them */
     struct sim_stream *legacy;      /* the NULL stream */
     struct cfx__gpu_sim_counts gone; /* counts of destroyed streams */
+    unsigned used;                  /* devices some thread worked on (atomic) */
 } sim = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* The calling thread's current device, as cudaSetDevice keeps it: a new
+ * thread starts on device 0. */
+static __thread int sim_cur;
+
+/* The current device, which the caller is about to work on (as a CUDA call
+ * that makes or uses the current device's context). */
+static int sim_here(void)
+{
+    __atomic_fetch_or(&sim.used, 1u << sim_cur, __ATOMIC_RELAXED);
+    return sim_cur;
+}
 
 /* ---- memory ---------------------------------------------------------------- */
 
@@ -85,7 +101,8 @@ static struct sim_alloc *alloc_find(const void *p)
  * device memory, @p p itself for host memory.  Refuses a device range that
  * runs past its allocation.
  */
-static int translate(const void *p, size_t len, const char *which, const void **out, bool *is_dev)
+static int translate(const void *p, size_t len, const char *which, const void **out, bool *is_dev,
+                     int *device)
 {
     pthread_mutex_lock(&sim.lock);
     struct sim_alloc *a = alloc_find(p);
@@ -93,12 +110,15 @@ static int translate(const void *p, size_t len, const char *which, const void **
     bool fits = a && off <= a->len && len <= a->len - off;
     const void *q = a ? a->back + off : p;
     size_t alen = a ? a->len : 0;
+    int dev = a ? a->device : -1;
     pthread_mutex_unlock(&sim.lock);
     if (a && !fits)
         return cfx__err(CFX_ERR_INVALID, "simulated device: %s [%p, +%zu) crosses the end of "
                         "its allocation (%zu bytes at offset %zu)", which, p, len, alen, off);
     *out = q;
     *is_dev = a != NULL;
+    if (device)
+        *device = dev;
     return CFX_OK;
 }
 
@@ -132,7 +152,7 @@ static int sim_alloc(size_t len, void **out)
         sim.allocs = na;
         sim.cap = cap;
     }
-    sim.allocs[sim.nallocs++] = (struct sim_alloc){ dev, back, len ? len : 1, maplen };
+    sim.allocs[sim.nallocs++] = (struct sim_alloc){ dev, back, len ? len : 1, maplen, sim_here() };
     pthread_mutex_unlock(&sim.lock);
     *out = dev;
     return CFX_OK;
@@ -275,6 +295,8 @@ static int enqueue(void *stream, const struct sim_op *tmpl, const char *what)
     int rc = stream_get(stream, what, &s);
     if (rc != CFX_OK)
         return rc;
+    if (!stream)
+        sim_here();
     struct sim_op *op = malloc(sizeof(*op));
     if (!op)
         return cfx__err(CFX_ERR_NOMEM, "simulated device: out of memory queueing a %s", what);
@@ -306,8 +328,8 @@ static int sim_copy(void *dst, const void *src, size_t len, void *stream)
     if (!dst || !src)
         return cfx__err(CFX_ERR_INVALID, "simulated device: copy with a NULL %s",
                         dst ? "source" : "destination");
-    if ((rc = translate(dst, len, "copy destination", &d, &ddev)) != CFX_OK ||
-        (rc = translate(src, len, "copy source", &sp, &sdev)) != CFX_OK)
+    if ((rc = translate(dst, len, "copy destination", &d, &ddev, NULL)) != CFX_OK ||
+        (rc = translate(src, len, "copy source", &sp, &sdev, NULL)) != CFX_OK)
         return rc;
     op.dst = (void *)d;
     op.a = sp;
@@ -322,7 +344,8 @@ static int sim_reduce(void *dst, const void *a, const void *b, size_t count,
     const void *const in[3] = { dst, a, b };
     static const char *const names[3] = { "dst", "a", "b" };
     const void *out[3];
-    int rc;
+    struct sim_stream *s = NULL;
+    int rc, dev;
 
     if (!esz || (unsigned)op >= CFX_OP_LAST)
         return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: unknown dtype %d or op %d",
@@ -331,16 +354,28 @@ static int sim_reduce(void *dst, const void *a, const void *b, size_t count,
         return CFX_OK;
     if (count > SIZE_MAX / esz)
         return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: count %zu overflows", count);
+    /* a kernel runs on the current device, launched only into its streams */
+    if ((rc = stream_get(stream, "reduce", &s)) != CFX_OK)
+        return rc;
+    if (s->device >= 0 && s->device != sim_cur)
+        return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: kernel launch into a stream "
+                        "of device %d from a thread whose current device is %d", s->device,
+                        sim_cur);
     for (int i = 0; i < 3; i++) {
         bool is_dev;
         if (!in[i])
             return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: NULL %s", names[i]);
-        if ((rc = translate(in[i], count * esz, names[i], &out[i], &is_dev)) != CFX_OK)
+        if ((rc = translate(in[i], count * esz, names[i], &out[i], &is_dev, &dev)) != CFX_OK)
             return rc;
         if (!is_dev)
             return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: %s %p is host memory "
                             "the device cannot reach", names[i], in[i]);
+        if (dev != sim_cur)
+            return cfx__err(CFX_ERR_INVALID, "simulated device: reduce: %s %p is memory of "
+                            "device %d, the kernel runs on device %d", names[i], in[i], dev,
+                            sim_cur);
     }
+    sim_here();
     struct sim_op o = {
         .reduce = true, .dst = (void *)out[0], .a = out[1], .b = out[2], .n = count,
         .dtype = dtype, .op = op,
@@ -351,6 +386,8 @@ static int sim_reduce(void *dst, const void *a, const void *b, size_t count,
 static int sim_sync(void *stream)
 {
     struct sim_stream *s = NULL;
+    if (!stream)
+        sim_here();
     int rc = stream_get(stream, "synchronize", &s);
     if (rc == CFX_OK)
         stream_drain(s);
@@ -363,7 +400,7 @@ static int sim_wait_default(void *stream)
 {
     struct sim_stream *s = NULL;
     int rc = stream_get(stream, "wait for the default stream", &s);
-    return rc == CFX_OK ? sim_sync(NULL) : rc;
+    return rc == CFX_OK ? sim_sync(NULL) : rc; /* the current device's legacy stream */
 }
 
 static int sim_stream_create(void **out)
@@ -372,6 +409,7 @@ static int sim_stream_create(void **out)
     int rc = stream_start(&s);
     if (rc != CFX_OK)
         return rc;
+    s->device = sim_here();
     pthread_mutex_lock(&sim.lock);
     s->next = sim.streams;
     sim.streams = s;
@@ -427,6 +465,22 @@ static int sim_describe(char *buf, size_t len)
     return buf && len ? snprintf(buf, len, "cuda: simulated device (tests; no GPU)") : 0;
 }
 
+static int sim_get_device(int *out)
+{
+    *out = sim_cur;
+    return CFX_OK;
+}
+
+static int sim_set_device(int dev)
+{
+    if (dev < 0 || dev >= SIM_NDEV)
+        return cfx__err(CFX_ERR_NO_DEVICE, "simulated device: no device %d (it has %d)", dev,
+                        SIM_NDEV);
+    sim_cur = dev;
+    sim_here(); /* as cudaSetDevice, which makes the device's context */
+    return CFX_OK;
+}
+
 static const struct cfx_memtype_ops sim_ops = {
     .type = CFX_MEMTYPE_CUDA,
     .name = "cuda",
@@ -441,6 +495,8 @@ static const struct cfx_memtype_ops sim_ops = {
     .stream_destroy = sim_stream_destroy,
     .wait_default = sim_wait_default,
     .describe = sim_describe,
+    .get_device = sim_get_device,
+    .set_device = sim_set_device,
 };
 
 /* ---- installation and counts --------------------------------------------------- */
@@ -455,6 +511,7 @@ int cfx__gpu_sim_install(void)
     struct sim_stream *s = NULL;
     int rc = stream_start(&s);
     if (rc == CFX_OK) {
+        s->device = -1;
         s->next = sim.streams;
         sim.streams = s;
         sim.legacy = s;
@@ -487,4 +544,9 @@ void cfx__gpu_sim_counts(struct cfx__gpu_sim_counts *out)
         pthread_mutex_unlock(&s->lock);
     }
     pthread_mutex_unlock(&sim.lock);
+}
+
+unsigned cfx__gpu_sim_devices_used(void)
+{
+    return __atomic_load_n(&sim.used, __ATOMIC_RELAXED);
 }

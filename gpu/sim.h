@@ -20,6 +20,11 @@
  *    a kernel); an unknown stream, a range that crosses the end of its
  *    allocation, or a NULL pointer is refused with CFX_ERR_INVALID.
  * Freeing device memory waits for every stream first (as cudaFree does).
+ * It has CFX__GPU_SIM_NDEV devices, current per thread (set_device of the
+ * table, as cudaSetDevice; a new thread's is device 0): memory and streams
+ * belong to the device current when they are made, and a reduction is
+ * refused when launched into a stream of another device than the current
+ * one, or on memory of another device (no peer access), as on CUDA.
  * The simulated "legacy default stream" (NULL) is one more stream; it does
  * not implicitly order other streams, which is stricter than CUDA.
  *
@@ -57,5 +62,11 @@ int cfx__gpu_sim_stream_counts(void *stream, struct cfx__gpu_sim_counts *out);
 
 /* Counts of every stream, live or destroyed, since installation. */
 void cfx__gpu_sim_counts(struct cfx__gpu_sim_counts *out);
+
+#define CFX__GPU_SIM_NDEV 4 /* devices of the simulated machine */
+
+/* Bit d set: some thread made memory, a stream or work on device d, or
+ * made it current (what makes a CUDA context on a GPU). */
+unsigned cfx__gpu_sim_devices_used(void);
 
 #endif

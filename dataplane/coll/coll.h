@@ -171,6 +171,8 @@ struct coll_args {
     struct cfx_request *req;    /* non-blocking: completed when done */
     int refused;                /* non-blocking call refused when posted (its status):
                                  * queued only to tell the others in its turn */
+    int device;                 /* non-blocking on device memory: the poster's current
+                                 * device, made current on the group's thread; else -1 */
     struct cfx_list link;       /* group->queue */
 };
 

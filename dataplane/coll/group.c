@@ -598,7 +598,15 @@ static void *group_thread(void *arg)
                                   "ran (its request was freed, or its group destroyed)",
                                   cfx__coll_kind_name(a->kind), a->seq);
         }
-        int rc = cfx__coll_run(g, a);
+        /* device buffers: on the device the poster had current (its
+         * streams, scratch and kernels are that device's), not this
+         * thread's */
+        int rc = a->refused ? CFX_OK : cfx__memtype_set_device(CFX_MEMTYPE_CUDA, a->device);
+        if (rc != CFX_OK)
+            a->refused = cfx__err(rc, "i%s #%" PRIu32 ": device %d on the group's thread: %s",
+                                  cfx__coll_kind_name(a->kind), a->seq, a->device,
+                                  cfx_last_error());
+        rc = cfx__coll_run(g, a);
         /* done before it leaves the queue: a blocking call waiting for its
          * turn must not return while this request still reads as running */
         size_t bytes = a->kind == COLL_BARRIER ? 0 : a->count * cfx_dtype_size(a->dtype);
@@ -671,6 +679,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
 {
     cfx__err_clear();
     const char *what = cfx__coll_kind_name(tmpl->kind);
+    int rc;
     if (!g)
         return cfx__err(CFX_ERR_INVALID, "i%s: NULL group", what);
     /* A call that fails returns no request, but it is a call of the group's
@@ -683,6 +692,12 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
      * memory for that, it only takes its number. */
     int refused = req ? cfx__coll_check(g, tmpl, what)
                       : cfx__err(CFX_ERR_INVALID, "i%s: NULL request pointer", what);
+    /* device buffers: the group's thread works on the device current here */
+    int device = -1;
+    if (refused == CFX_OK && (tmpl->params.field_mask & CFX_COLL_PARAM_MEMTYPE) &&
+        tmpl->params.memtype == CFX_MEMTYPE_CUDA &&
+        (rc = cfx__memtype_device(CFX_MEMTYPE_CUDA, &device)) != CFX_OK)
+        refused = cfx__err(rc, "i%s: the current device: %s", what, cfx_last_error());
     char why[512] = "";
     if (refused != CFX_OK)
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -691,7 +706,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
      * until the call is queued: a destroy meanwhile waits for this post,
      * and one that came first fails it (CFX_ERR_CANCELED), instead of the
      * post starting a group thread on a freed context. */
-    int rc = group_enter(g, what);
+    rc = group_enter(g, what);
     if (rc != CFX_OK)
         return refused != CFX_OK ? cfx__err(refused, "%s", why) : rc;
     struct cfx_context *ctx = g->ctx;
@@ -700,6 +715,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
         *a = *tmpl;
         a->refused = refused;
         a->req = refused == CFX_OK ? cfx__request_new(ctx) : NULL;
+        a->device = device;
     }
     if (!a || (refused == CFX_OK && !a->req)) {
         free(a);

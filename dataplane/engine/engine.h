@@ -647,6 +647,8 @@ struct cfx_request {
     void *buf;
     size_t capacity;
     struct cfx_obj_params params;
+    int device;                 /* device memory: the poster's current device, made
+                                   current on the worker that runs it; else -1 */
     uint64_t seq0;              /* get: the store's last_seq at submission; its entry
                                    is a later one (cfx_request_progress) */
     uint64_t seen_done;         /* get: the last progress seen of its entry, for when the */

@@ -5,6 +5,8 @@
  */
 #include "engine.h"
 
+#include "gpu/memtype.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +63,16 @@ static void *worker_main(void *arg)
         req->started = true;
         pthread_mutex_unlock(&ctx->lock);
 
-        int rc;
         size_t size = 0;
-        if (req->type == CFX_REQ_PUT) {
+        /* device memory: on the device the poster had current, not this
+         * thread's (streams, and the default stream the copy is ordered
+         * after, are the current device's) */
+        int rc = cfx__memtype_set_device(CFX_MEMTYPE_CUDA, req->device);
+        if (rc != CFX_OK) {
+            rc = cfx__err(rc, "%s of device memory: device %d on a worker thread: %s",
+                          req->type == CFX_REQ_PUT ? "cfx_put_nb" : "cfx_get_nb", req->device,
+                          cfx_last_error());
+        } else if (req->type == CFX_REQ_PUT) {
             rc = cfx_put(ctx, &req->id, req->buf, req->capacity, &req->params);
             size = req->capacity;
         } else {
@@ -94,6 +103,18 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     req->capacity = len;
     if (params)
         req->params = *params;
+    /* device memory: the worker works on the device current here */
+    req->device = -1;
+    int drc = params && (params->field_mask & CFX_OBJ_PARAM_MEMTYPE) &&
+                      params->memtype == CFX_MEMTYPE_CUDA &&
+                      cfx__memtype_available(CFX_MEMTYPE_CUDA)
+                  ? cfx__memtype_device(CFX_MEMTYPE_CUDA, &req->device)
+                  : CFX_OK;
+    if (drc != CFX_OK) {
+        free(req);
+        return cfx__err(drc, "%s of device memory: the current device: %s",
+                        type == CFX_REQ_PUT ? "cfx_put_nb" : "cfx_get_nb", cfx_last_error());
+    }
     cfx__cond_init_mono(&req->cond);
 
     pthread_mutex_lock(&ctx->lock);
@@ -391,6 +412,7 @@ struct cfx_request *cfx__request_new(struct cfx_context *ctx)
     if (!req)
         return NULL;
     req->ctx = ctx;
+    req->device = -1;
     cfx__status_set(&req->status, CFX_ERR_AGAIN);
     cfx__cond_init_mono(&req->cond);
     pthread_mutex_lock(&ctx->lock);

@@ -74,6 +74,7 @@ struct ps_op {
     void *hout;           /* ... and of the result, which goes on to dout */
     void *dout;
     size_t bytes;         /* of each */
+    int device;           /* device buffers: the poster's current device, for dout's copy */
 };
 
 struct ps_sub {
@@ -192,9 +193,12 @@ static void op_complete(struct cfx_ps *ps, struct ps_op *op)
 {
     struct cfx_ps_request *r = op->req;
     if (op->dout && op->status == CFX_OK) {
-        /* the result on to the device before anyone hears it is done */
-        op->status = dev_copy(ps, op->dout, ps->params.memtype, op->hout, CFX_MEMTYPE_HOST,
-                              op->bytes);
+        /* the result on to the device before anyone hears it is done, on
+         * the device the poster had current (this thread's may be another) */
+        op->status = cfx__memtype_set_device(ps->params.memtype, op->device);
+        if (op->status == CFX_OK)
+            op->status = dev_copy(ps, op->dout, ps->params.memtype, op->hout, CFX_MEMTYPE_HOST,
+                                  op->bytes);
         if (op->status != CFX_OK)
             snprintf(op->err, sizeof(op->err), "job %s: result of tensor %d to the device: %s",
                      ps->job, op->tensor, cfx_last_error());
@@ -791,8 +795,8 @@ static int post(struct cfx_ps *ps, struct ps_op *op, struct cfx_ps_request **out
 static int stage_op(struct cfx_ps *ps, struct ps_op *op)
 {
     const enum cfx_memtype mt = ps->params.memtype;
-    int rc = CFX_OK;
-    if (op->grad) {
+    int rc = cfx__memtype_device(mt, &op->device);
+    if (rc == CFX_OK && op->grad) {
         op->hgrad = malloc(op->bytes ? op->bytes : 1);
         rc = op->hgrad ? dev_copy(ps, op->hgrad, CFX_MEMTYPE_HOST, op->grad, mt, op->bytes)
                        : CFX_ERR_NOMEM;

@@ -342,6 +342,27 @@ static int mt_wait_default(void *stream)
     return rc;
 }
 
+static int mt_get_device(int *out)
+{
+    int rc = need_cuda("cudaGetDevice");
+
+    if (rc != CFX_OK)
+        return rc;
+    return cfx__cuda_status(cudaGetDevice(out), "cudaGetDevice");
+}
+
+static int mt_set_device(int dev)
+{
+    int cur = -1, rc = need_cuda("cudaSetDevice");
+
+    if (rc != CFX_OK)
+        return rc;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == dev)
+        return CFX_OK;
+    (void)cudaGetLastError();
+    return cfx__cuda_status(cudaSetDevice(dev), "cudaSetDevice");
+}
+
 const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .type = CFX_MEMTYPE_CUDA,
     .name = "cuda",
@@ -356,4 +377,6 @@ const struct cfx_memtype_ops cfx__memtype_cuda_ops = {
     .stream_destroy = mt_stream_destroy,
     .wait_default = mt_wait_default,
     .describe = cfx__cuda_describe,
+    .get_device = mt_get_device,
+    .set_device = mt_set_device,
 };

@@ -558,6 +558,67 @@ DEVICE_TEST(cuda_coll_sim, put_get_device, true, "pg", body_put_get)
 DEVICE_TEST(cuda_coll_sim, allreduce_device, true, "ar", body_allreduce)
 DEVICE_TEST(cuda_coll_sim, every_collective_device, true, "all", body_every_kind)
 
+/* ---- non-blocking calls on a device other than 0 --------------------------------------- */
+
+/*
+ * Rank r works on device 1 + r % 3 (as a process that drives several
+ * devices, or one that is not device 0) and posts non-blocking allreduces,
+ * which the group's thread runs: its stream, scratch and kernels must be the
+ * poster's device's (the simulated device refuses a kernel launched into a
+ * stream of another device, or on memory of another device, as CUDA does),
+ * with and without the caller's stream; and nothing may use device 0, where
+ * a GPU would get a context (and the default stream waited for) of a device
+ * the application never chose.
+ */
+static int body_nb_own_device(struct rank_run *rr)
+{
+    const size_t count = 70001;
+    const int n = rr->size;
+    int32_t *h = malloc(count * sizeof(*h));
+    void *ds = NULL, *dr = NULL, *stream = NULL;
+    int rc = h ? cfx__memtype_set_device(CFX_MEMTYPE_CUDA, 1 + rr->rank % 3) : CFX_ERR_NOMEM;
+    if (rc == CFX_OK && (rc = dev_alloc(count * 4, &ds)) == CFX_OK &&
+        (rc = dev_alloc(count * 4, &dr)) == CFX_OK)
+        rc = cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &stream);
+    for (size_t i = 0; rc == CFX_OK && i < count; i++)
+        h[i] = (int32_t)(i * 3 + 1000 * (size_t)rr->rank);
+    if (rc == CFX_OK)
+        rc = to_dev(ds, h, count * 4);
+    for (int v = 0; v < 2 && rc == CFX_OK; v++) {
+        struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_MEMTYPE | CFX_COLL_PARAM_ALGO,
+                                     .memtype = CFX_MEMTYPE_CUDA,
+                                     .algo = CFX_ALGO_RING };
+        if (v) {
+            p.field_mask |= CFX_COLL_PARAM_STREAM;
+            p.stream = stream;
+        }
+        struct cfx_request *req = NULL;
+        rc = cfx_group_iallreduce(rr->g, ds, dr, count, CFX_DTYPE_I32, CFX_OP_SUM, &p, &req);
+        if (rc == CFX_OK) {
+            rc = cfx_request_wait(req, 30000);
+            cfx_request_free(req);
+        }
+        if (rc == CFX_OK)
+            rc = from_dev(h, dr, count * 4);
+        for (size_t i = 0; rc == CFX_OK && i < count; i++) {
+            int32_t want = (int32_t)(i * 3 * (size_t)n + 1000 * (size_t)(n * (n - 1) / 2));
+            if (h[i] != want)
+                rc = cfx__err(CFX_ERR_INTERNAL, "iallreduce%s: element %zu is %d, want %d",
+                              v ? " on the caller's stream" : "", i, h[i], want);
+        }
+    }
+    if (rc == CFX_OK && (cfx__gpu_sim_devices_used() & 1u))
+        rc = cfx__err(CFX_ERR_INTERNAL, "rank %d: device 0 was used (devices %#x)", rr->rank,
+                      cfx__gpu_sim_devices_used());
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, stream);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, ds);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, dr);
+    free(h);
+    return rc;
+}
+
+DEVICE_TEST(cuda_coll_sim, nb_on_the_posters_device, true, "nbdev", body_nb_own_device)
+
 /* ---- a rank that fails on its own in the middle of a call ----------------------------- */
 
 #define LOCAL_COUNT 1024

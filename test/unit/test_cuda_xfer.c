@@ -281,3 +281,40 @@ Test(cuda_xfer_sim, truncated_get_says_the_size, .timeout = 60)
     dev_obj_free(&o);
     down();
 }
+
+/*
+ * cfx_put_nb / cfx_get_nb of device memory on device 2, posted from the
+ * thread that made it current: the worker thread that runs them must work
+ * on device 2 too (its stream, and the default stream the copies are
+ * ordered after, are the current device's), never on device 0, its own
+ * thread's default, which the application never chose.
+ */
+Test(cuda_xfer_sim, nb_calls_on_the_posters_device, .timeout = 60)
+{
+    const size_t n = (1u << 20) + 7;
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    up("tcp");
+    cr_assert_eq(cfx__memtype_set_device(CFX_MEMTYPE_CUDA, 2), CFX_OK, "%s", cfx_last_error());
+    struct cfx_object_id id;
+    struct dev_obj o;
+    struct cfx_request *req = NULL;
+    dev_obj_setup(&o, n, 23);
+    cr_assert_eq(cfx_object_id_from_name("cuda-sim-nb-dev2", &id), CFX_OK);
+    cr_assert_eq(cfx_put_nb(a, &id, o.dsrc, n, &dev_params, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cfx_request_free(req);
+    cr_assert_eq(cfx_get_nb(b, &id, o.ddst, n, &dev_params, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cfx_request_free(req);
+    cr_assert_eq(cfx__memcpy_typed(o.back, CFX_MEMTYPE_HOST, o.ddst, CFX_MEMTYPE_CUDA, n),
+                 CFX_OK);
+    cr_assert_eq(cfx_test_check(o.back, n, 23), (size_t)-1);
+    cr_assert_eq(cfx__gpu_sim_devices_used(), 1u << 2, "devices used: %#x, want only 2",
+                 cfx__gpu_sim_devices_used());
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
+    cfx_delete(b, &id, NULL);
+    dev_obj_free(&o);
+    down();
+}

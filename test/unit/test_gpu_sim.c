@@ -4,10 +4,12 @@
  * late and in order (a result read before the sync is stale), the legacy
  * stream is synchronous, reductions match the host reference byte for byte
  * and take device memory only, bad pointers, ranges and streams are refused
- * by their code, and the counts say where the work went.
+ * by their code, the counts say where the work went, and devices are
+ * current per thread as on CUDA.
  */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,4 +207,48 @@ Test(gpu_sim, device_memory_is_not_cpu_memory)
                   (WTERMSIG(status) == SIGSEGV || WTERMSIG(status) == SIGBUS),
               "a host write to device memory did not fault (status %#x)", status);
     cfx__memtype_free(CFX_MEMTYPE_CUDA, d);
+}
+
+static void *current_device(void *arg)
+{
+    cfx__memtype_device(CFX_MEMTYPE_CUDA, arg);
+    return NULL;
+}
+
+/* Devices, current per thread as cudaSetDevice keeps them: a kernel goes
+ * only into a stream of the current device, on memory of that device; a
+ * copy may use any stream; a new thread starts on device 0; the devices
+ * worked on are told. */
+Test(gpu_sim, devices_are_current_per_thread)
+{
+    void *d1 = NULL, *d2 = NULL, *s1 = NULL;
+    int dev = -1, other = -1;
+    pthread_t th;
+
+    cr_assert_eq(cfx__memtype_device(CFX_MEMTYPE_CUDA, &dev), CFX_OK);
+    cr_assert_eq(dev, 0);
+    cr_assert_eq(cfx__gpu_sim_devices_used(), 0u);
+    cr_assert_eq(cfx__memtype_set_device(CFX_MEMTYPE_CUDA, CFX__GPU_SIM_NDEV),
+                 CFX_ERR_NO_DEVICE);
+    cr_assert_eq(cfx__memtype_set_device(CFX_MEMTYPE_CUDA, 1), CFX_OK);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, 4096, &d1), CFX_OK);
+    cr_assert_eq(cfx__memtype_stream_create(CFX_MEMTYPE_CUDA, &s1), CFX_OK);
+    cr_assert_eq(pthread_create(&th, NULL, current_device, &other), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(other, 0, "a new thread's current device is %d", other);
+    cr_assert_eq(cfx__memtype_reduce3(CFX_MEMTYPE_CUDA, d1, d1, d1, 1024, CFX_DTYPE_F32,
+                                      CFX_OP_SUM, s1), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__memtype_set_device(CFX_MEMTYPE_CUDA, 2), CFX_OK);
+    cr_assert_eq(cfx__memtype_alloc(CFX_MEMTYPE_CUDA, 4096, &d2), CFX_OK);
+    cr_assert_eq(cfx__memtype_reduce3(CFX_MEMTYPE_CUDA, d2, d2, d2, 1024, CFX_DTYPE_F32,
+                                      CFX_OP_SUM, s1), CFX_ERR_INVALID); /* s1 is device 1's */
+    cr_assert_eq(cfx__memtype_reduce3(CFX_MEMTYPE_CUDA, d2, d2, d1, 1024, CFX_DTYPE_F32,
+                                      CFX_OP_SUM, NULL), CFX_ERR_INVALID); /* d1 too */
+    cr_assert(strstr(cfx_last_error(), "device 1"), "%s", cfx_last_error());
+    cr_assert_eq(cfx__memcpy_typed_wait(d2, CFX_MEMTYPE_CUDA, d1, CFX_MEMTYPE_CUDA, 4096, s1),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__gpu_sim_devices_used(), (1u << 1) | (1u << 2));
+    cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, s1);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, d1);
+    cfx__memtype_free(CFX_MEMTYPE_CUDA, d2);
 }
