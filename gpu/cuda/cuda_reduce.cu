@@ -244,6 +244,10 @@ cudaError_t launch(void *dst, const void *a, const void *b, size_t count, cudaSt
     const size_t per_vec = sizeof(uint4) / sizeof(T);
     size_t done = 0;
 
+    /* what cudaGetLastError() says below is these launches' own: an error
+     * an earlier call of this thread left (and returned to its caller)
+     * must not fail a reduction that was queued; a sticky one stays */
+    (void)cudaGetLastError();
     if ((((uintptr_t)dst | (uintptr_t)a | (uintptr_t)b) & (sizeof(uint4) - 1)) == 0) {
         size_t nvec = count / per_vec;
         if (nvec) {
