@@ -3,9 +3,11 @@
  */
 #include "args.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +95,64 @@ int tool_arg_nonempty(const char *prog, const char *opt, const char *s, const ch
         return 0;
     fprintf(stderr, "%s: %s: '' is not %s (it must not be empty)\n", prog, opt, what);
     return -1;
+}
+
+/* NULL when @p h is a host cfx__parse_hostport() takes; else what follows
+ * "is not" in the error (a static string, or written into @p buf). */
+static const char *host_why(const char *h, char *buf, size_t len)
+{
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    struct in_addr a;
+
+    if (!*h)
+        return "an IPv4 address or a host name (it must not be empty)";
+    if (strchr(h, ':') || h[0] == '[')
+        return "an IPv4 address or a host name (IPv6 is not supported)";
+    if (strlen(h) > 253) /* the longest DNS name */
+        return "an IPv4 address or a host name (too long)";
+    if (inet_pton(AF_INET, h, &a) == 1)
+        return NULL;
+    /* digits and dots are an address (no top-level domain is numeric):
+     * parsed as getaddrinfo parses one (127.1 is taken), never looked up */
+    if (strspn(h, "0123456789.") == strlen(h))
+        hints.ai_flags = AI_NUMERICHOST;
+    int rc = getaddrinfo(h, NULL, &hints, &res);
+    if (rc == 0 && res) {
+        freeaddrinfo(res);
+        return NULL;
+    }
+    if (hints.ai_flags & AI_NUMERICHOST)
+        return "an IPv4 address";
+    snprintf(buf, len, "an IPv4 address or a host name that has one (%s)", gai_strerror(rc));
+    return buf;
+}
+
+int tool_arg_host(const char *prog, const char *opt, const char *s)
+{
+    char buf[160];
+    const char *why = host_why(s ? s : "", buf, sizeof(buf));
+    if (!why)
+        return 0;
+    fprintf(stderr, "%s: %s: '%s' is not %s\n", prog, opt, s ? s : "", why);
+    return -1;
+}
+
+int tool_arg_hostport(const char *prog, const char *opt, const char *s)
+{
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    char host[300];
+    char *end = NULL;
+    long port = colon && colon != s ? strtol(colon + 1, &end, 10) : 0;
+    /* strtol takes blanks and signs: a port is digits only */
+    if (!end || end == colon + 1 || *end || colon[1] < '0' || colon[1] > '9' || port <= 0 ||
+        port > 65535) {
+        fprintf(stderr, "%s: %s: '%s' is not HOST:PORT with a port of 1..65535\n", prog, opt,
+                s ? s : "");
+        return -1;
+    }
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - s), s);
+    return tool_arg_host(prog, opt, host);
 }
 
 int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,

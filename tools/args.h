@@ -36,6 +36,23 @@ int tool_arg_double(const char *prog, const char *opt, const char *s, double min
  * takes ("a directory"). */
 int tool_arg_nonempty(const char *prog, const char *opt, const char *s, const char *what);
 
+/*
+ * A host to bind or reach, as the library takes one (cfx__parse_hostport):
+ * an IPv4 address, or a host name that resolves to one (looked up now).  A
+ * value made of digits and dots is an address and is never looked up, so
+ * '256.1.1.1' is refused at once.  The error names the value and why:
+ *   conflux-coord: --bind: '256.1.1.1' is not an IPv4 address
+ *   rdmactl: --coord: 'nohost' is not an IPv4 address or a host name that
+ *   has one (Name or service not known)
+ * A usage error: a value that is an address but cannot be bound or reached
+ * (in use, not local, nobody listening) is the caller's run-time error.
+ */
+int tool_arg_host(const char *prog, const char *opt, const char *s);
+
+/* HOST:PORT (CFX_COORD's form): a port of 1..65535 after the last ':' and a
+ * host that tool_arg_host() takes before it. */
+int tool_arg_hostport(const char *prog, const char *opt, const char *s);
+
 /* A byte count with an optional K/M/G suffix (KiB, MB, ...) in [min, max]. */
 int tool_arg_size(const char *prog, const char *opt, const char *s, size_t min, size_t max,
                   size_t *out);

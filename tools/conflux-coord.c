@@ -52,7 +52,9 @@ static void usage(FILE *f)
             "                     [--max-queued-tasks N] [--metrics [ADDR:]PORT]\n"
             "                     [--task-grace-ms N] [--secure off|integrity|encrypt]\n"
             "\n"
-            "  --bind ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --bind ADDR         IPv4 address, or a host name that has one, to listen on\n"
+            "                      (default 127.0.0.1); one that does not parse or resolve\n"
+            "                      is a usage error, one that cannot be bound exits 1\n"
             "  --port N            TCP port, 0 for any free one (default %d)\n"
             "  --token T           cluster token (default $CFX_TOKEN); visible in ps, so\n"
             "                      a warning says so: prefer --token-file\n"
@@ -150,7 +152,7 @@ int main(int argc, char **argv)
     };
     struct cfx_coord_params params = { .bind_addr = "127.0.0.1", .port = DEFAULT_PORT };
     char *token_arg = NULL;
-    char metrics[80];
+    char metrics[300]; /* --metrics: a host name of up to 253 bytes, ':', a port */
     const char *token_file = NULL;
     const char *secure = getenv("CFX_SECURE"), *secure_from = "CFX_SECURE";
     char token[CFX_TOKEN_MAX + 1];
@@ -159,7 +161,10 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "b:p:t:f:h", opts, NULL)) != -1) {
         switch (c) {
         case 'b':
-            if (tool_arg_nonempty(PROG, "--bind", optarg, "an IPv4 address or host name"))
+            /* one that does not parse or resolve is a usage error, named
+             * before anything starts; one that cannot be bound (in use,
+             * not this host's) fails the start: exit 1 */
+            if (tool_arg_host(PROG, "--bind", optarg))
                 return TOOL_EXIT_USAGE;
             params.bind_addr = optarg;
             break;
@@ -308,10 +313,14 @@ int main(int argc, char **argv)
             if (tool_arg_int(PROG, "--metrics", colon ? colon + 1 : optarg, 0, 65535, "[ADDR:]PORT",
                              &v))
                 return TOOL_EXIT_USAGE;
-            if (colon && colon != optarg)
-                snprintf(metrics, sizeof(metrics), "%.*s:%d", (int)(colon - optarg), optarg, v);
-            else
+            if (colon && colon != optarg) {
+                snprintf(metrics, sizeof(metrics), "%.*s", (int)(colon - optarg), optarg);
+                if (tool_arg_host(PROG, "--metrics", metrics))
+                    return TOOL_EXIT_USAGE;
+                snprintf(metrics + strlen(metrics), sizeof(metrics) - strlen(metrics), ":%d", v);
+            } else {
                 snprintf(metrics, sizeof(metrics), "127.0.0.1:%d", v);
+            }
             params.metrics_addr = metrics;
             break;
         }

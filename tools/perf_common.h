@@ -165,7 +165,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
         li = -1;
         switch (c) {
         case 'p': bad = tool_arg_int(prog, "-p", optarg, 1, 65535, "a TCP port", &o->port); break;
-        case 'b': o->bind = optarg; break;
+        case 'b': bad = tool_arg_host(prog, "-b", optarg); o->bind = optarg; break;
         case 's':
             /* the memory check below, once the sweep and -m are known */
             bad = tool_arg_size(prog, "-s", optarg, 1, PERF_SIZE_MAX, &o->size);
@@ -208,6 +208,10 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
         if (bad)
             return TOOL_EXIT_USAGE;
     }
+    /* an address that does not parse or resolve is named now, as a bad -b
+     * is: not a coordinator that cannot be started or joined (exit 1) */
+    if (optind < argc && tool_arg_host(prog, "host", argv[optind]))
+        return TOOL_EXIT_USAGE;
     if (optind < argc)
         o->host = argv[optind++];
     if (optind < argc) {

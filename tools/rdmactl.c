@@ -1362,14 +1362,10 @@ int main(int argc, char **argv)
         token_drop(token_copy);
         return 2;
     }
-    /* a value that is no address at all is a usage error, not a coordinator
-     * that cannot be reached (exit 1 said so) */
-    const char *colon = strrchr(r.coord, ':');
-    char *end = NULL;
-    long port = colon && colon != r.coord ? strtol(colon + 1, &end, 10) : 0;
-    if (!end || end == colon + 1 || *end || port <= 0 || port > 65535) {
-        fprintf(stderr, "rdmactl: --coord (or CFX_COORD) '%s' is not HOST:PORT with a port of "
-                "1..65535\n", r.coord);
+    /* a value that is no address at all (no port, a host that does not
+     * parse or resolve) is a usage error, not a coordinator that cannot be
+     * reached (exit 1 said so) */
+    if (tool_arg_hostport("rdmactl", "--coord (or CFX_COORD)", r.coord)) {
         free(a.args);
         token_drop(token_copy);
         return 2;

@@ -160,8 +160,12 @@ static const struct args_case cases[] = {
     { "cfx_run", { "-n", "1", "--rsh", "ssh", "true" }, 2, "--hosts", NULL, 0 },
     { "cfx_run", { "--hosts", "a", "-x", "1BAD", "true" }, 2, "-x", "'1BAD'", 0 },
     { "cfx_run", { "--hosts", "a", "-x", "CFX_TOKEN=v", "true" }, 2, "-x", "never travels", 0 },
+    /* an address that does not parse or resolve is a usage error, named
+     * before anything starts (it was exit 1, after the hosts' checks) */
     { "cfx_run", { "--hosts", "a", "--rsh", "true", "--coord-addr", "no-such-host.invalid",
-                   "true" }, 1, "--coord-addr", "'no-such-host.invalid'", 0 },
+                   "true" }, 2, "--coord-addr", "'no-such-host.invalid'", 0 },
+    { "cfx_run", { "--hosts", "a", "--rsh", "true", "--coord-addr", "256.1.1.1", "true" }, 2,
+      "--coord-addr: '256.1.1.1' is not an IPv4 address", NULL, 0 },
     /* cfx_train */
     { "cfx_train", { "--epochs", "-3" }, 2, "--epochs", "'-3'", 0 },
     { "cfx_train", { "--batch", "abc" }, 2, "--batch", "'abc'", 0 },
@@ -180,6 +184,21 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--heartbeat-ms", "2000" }, 2, "--heartbeat-ms", "'2000'", 0 },
     { "conflux-coord", { "--heartbeat-ms", "500", "--dead-after-ms", "400" }, 2,
       "--dead-after-ms", "'400'", 0 },
+    /* a --bind that does not parse or resolve: exit 2 before anything
+     * starts, not the library's error with exit 1 (an address that cannot
+     * be bound still exits 1: coord_bind_of_an_address_not_free_exits_1) */
+    { "conflux-coord", { "--bind", "256.1.1.1" }, 2, "--bind: '256.1.1.1' is not an IPv4 address",
+      NULL, 0 },
+    { "conflux-coord", { "--bind", "no-such-host.invalid" }, 2, "--bind",
+      "'no-such-host.invalid' is not an IPv4 address or a host name that has one", 0 },
+    { "conflux-coord", { "--bind", "::1" }, 2, "--bind: '::1'", "IPv6 is not supported", 0 },
+    { "conflux-coord", { "--metrics", "256.1.1.1:9100" }, 2,
+      "--metrics: '256.1.1.1' is not an IPv4 address", NULL, 0 },
+    { "conflux-coord", { "--metrics", "no-such-host.invalid:9100" }, 2, "--metrics",
+      "'no-such-host.invalid'", 0 },
+    { "conflux-coord", { "--bind", "127.0.0.1", "--help" }, 0, NULL, NULL, 0 },
+    { "conflux-coord", { "--bind", "localhost", "--metrics", "localhost:0", "--help" }, 0,
+      NULL, NULL, 0 },
     { "conflux-coord", { "--token", "" }, 2, "--token", "''", 0 },
     { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
     /* an empty value is refused, not taken as the default: --state-dir ''
@@ -207,6 +226,17 @@ static const struct args_case cases[] = {
     { "rdmactl", { "--coord", "127.0.0.1:99999", "status" }, 2, "--coord",
       "'127.0.0.1:99999'", 0 },
     { "rdmactl", { "--coord", "127.0.0.1:", "status" }, 2, "--coord", "'127.0.0.1:'", 0 },
+    { "rdmactl", { "--coord", "256.1.1.1:5000", "status" }, 2,
+      "--coord (or CFX_COORD): '256.1.1.1' is not an IPv4 address", NULL, 0 },
+    { "rdmactl", { "--coord", "no-such-host.invalid:5000", "nodes" }, 2, "--coord",
+      "'no-such-host.invalid' is not an IPv4 address or a host name that has one", 0 },
+    /* the perf tools: the server's -b and the client's host alike */
+    { "cfx_get_bw", { "-b", "256.1.1.1" }, 2, "-b: '256.1.1.1' is not an IPv4 address", NULL,
+      0 },
+    { "cfx_get_lat", { "-b", "no-such-host.invalid" }, 2, "-b", "'no-such-host.invalid'", 0 },
+    { "cfx_get_bw", { "256.1.1.1" }, 2, "host: '256.1.1.1' is not an IPv4 address", NULL, 0 },
+    { "cfx_get_lat", { "-n", "1", "no-such-host.invalid" }, 2, "host",
+      "'no-such-host.invalid'", 0 },
     /* every command refuses what it does not take, alike: status 2, one line */
     { "rdmactl", { "status", "extra" }, 2, "rdmactl status: unexpected argument", "'extra'", 1 },
     { "rdmactl", { "status", "--bogus" }, 2, "rdmactl status: unknown option", "'--bogus'", 1 },
@@ -497,6 +527,45 @@ Test(tool_args, get_lat_sweeps_sizes, .init = case_init, .timeout = 180)
         cr_assert_eq(rows, 23, "%d rows, want 23 (2 bytes .. 8 MiB):\n%s", rows, out);
     }
     unlink(srv_path);
+}
+
+/*
+ * A --bind that parses but cannot be bound stays a run-time error: exit 1
+ * with the library's reason, not a usage error.  The address and port of
+ * the suite's coordinator are in use; 192.0.2.1 (TEST-NET-1) is no address
+ * of this host, unless the kernel binds any (ip_nonlocal_bind).
+ */
+Test(tool_args, coord_bind_of_an_address_not_free_exits_1, .init = case_init,
+     .fini = coord_stop, .timeout = 60)
+{
+    static char err[1 << 14];
+    char port[16];
+    coord_start();
+    const char *colon = strrchr(coord_addr, ':');
+    cr_assert_not_null(colon, "%s", coord_addr);
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    struct args_case in_use = { "conflux-coord", { "--bind", "127.0.0.1", "--port", port }, 1,
+                                "cannot bind 127.0.0.1:", NULL, 0 };
+    int st = run_case(&in_use, err, sizeof(err));
+    cr_assert_eq(st, 1, "--bind 127.0.0.1 --port %s (in use): exit %d, want 1; stderr:\n%s",
+                 port, st, err);
+    cr_assert(strstr(err, in_use.opt) && strstr(err, "CFX_ERR_BUSY"), "%s", err);
+
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_nonlocal_bind", "r");
+    int nonlocal = 0;
+    if (f) {
+        cr_assert_eq(fscanf(f, "%d", &nonlocal), 1);
+        fclose(f);
+    }
+    if (nonlocal) {
+        cr_log_warn("ip_nonlocal_bind is set: an address not of this host binds; not tried");
+        return;
+    }
+    struct args_case not_local = { "conflux-coord", { "--bind", "192.0.2.1", "--port", "0" },
+                                   1, "cannot bind 192.0.2.1:0", NULL, 0 };
+    st = run_case(&not_local, err, sizeof(err));
+    cr_assert_eq(st, 1, "--bind 192.0.2.1 (not local): exit %d, want 1; stderr:\n%s", st, err);
+    cr_assert(strstr(err, not_local.opt), "%s", err);
 }
 
 /* conflux-coord --metrics PORT: on loopback, announced on stdout, and it

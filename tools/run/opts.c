@@ -161,7 +161,13 @@ int cfx__run_parse_opts(int argc, char **argv, struct run_opts *o)
         }
         case 'H': o->hosts = optarg; break;
         case 'R': o->rsh = optarg; break;
-        case 'A': o->coord_host = optarg; break;
+        case 'A':
+            /* named before anything starts, as every bad value (it was
+             * found after the hosts' checks, exit 1) */
+            if (tool_arg_host("cfx_run", "--coord-addr", optarg))
+                return -1;
+            o->coord_host = optarg;
+            break;
         case 'O': o->oversubscribe = true; break;
         case 'x': {
             size_t nl = strcspn(optarg, "=");
