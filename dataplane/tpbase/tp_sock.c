@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -83,6 +84,23 @@ int cfx__tp_sock_env_buf(const char *name)
     return (int)cfx__env_ll_clamp(name, 0, 0, INT_MAX);
 }
 
+/*
+ * The buffers every data socket of this process gets, read at its first
+ * one: read per socket, a value out of bounds was warned about once per
+ * connection, the same line again and again in a job of many connections.
+ * Process-wide by nature, as the environment it comes from (and the log
+ * level, log.c); a change to the environment after the first socket is
+ * not seen.
+ */
+static pthread_once_t env_bufs_once = PTHREAD_ONCE_INIT;
+static int env_sndbuf, env_rcvbuf; /* bytes, 0: kernel autotuning; set once */
+
+static void env_bufs_read(void)
+{
+    env_sndbuf = cfx__tp_sock_env_buf("CFX_TCP_SNDBUF");
+    env_rcvbuf = cfx__tp_sock_env_buf("CFX_TCP_RCVBUF");
+}
+
 void cfx__tp_sock_setup(int fd, bool bufs_from_env)
 {
     int one = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
@@ -96,10 +114,9 @@ void cfx__tp_sock_setup(int fd, bool bufs_from_env)
         return;
     /* Socket buffers are left to kernel autotuning unless asked for: a fixed
      * size turns autotuning off (see tcp(7)). */
-    int sndbuf = cfx__tp_sock_env_buf("CFX_TCP_SNDBUF");
-    int rcvbuf = cfx__tp_sock_env_buf("CFX_TCP_RCVBUF");
-    if (sndbuf > 0)
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-    if (rcvbuf > 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    pthread_once(&env_bufs_once, env_bufs_read);
+    if (env_sndbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &env_sndbuf, sizeof(env_sndbuf));
+    if (env_rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &env_rcvbuf, sizeof(env_rcvbuf));
 }

@@ -249,11 +249,12 @@ int cfx__tp_sock_connect(const char *who, const char *peer, const struct sockadd
 /* Options of a data or control connection: no Nagle, keepalive that notices
  * a silent peer in about 25 s (idle 10 s, then 3 probes 5 s apart), and
  * CFX_TCP_SNDBUF / CFX_TCP_RCVBUF when @p bufs_from_env (they turn kernel
- * autotuning off, see tcp(7)). */
+ * autotuning off, see tcp(7)), read once per process, at its first such
+ * socket (a bound's warning is said once).  Any thread. */
 void cfx__tp_sock_setup(int fd, bool bufs_from_env);
 /* $CFX_TCP_SNDBUF / $CFX_TCP_RCVBUF (@p name) in bytes, 0 (kernel autotuning)
  * when unset; a value outside [0, INT_MAX] is brought to the nearest bound
- * with a warning naming it. */
+ * with a warning naming it.  Reads the environment at each call. */
 int cfx__tp_sock_env_buf(const char *name);
 
 /* ---- grants revoked lately --------------------------------------------------

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dataplane/common/log.h"
 #include "dataplane/tpbase/tpbase.h"
 
 TestSuite(tp_cq);
@@ -258,6 +259,38 @@ Test(tp_ops, mem_invalidate_is_optional)
     }
 }
 
+static int so_buf(int fd, int opt)
+{
+    int v = 0;
+    socklen_t len = sizeof(v);
+    cr_assert_eq(getsockopt(fd, SOL_SOCKET, opt, &v, &len), 0);
+    return v;
+}
+
+/* The most SO_SNDBUF the kernel gives: twice the net.core.wmem_max a
+ * request is cut to (socket(7)), whatever the host's default is. */
+static int sndbuf_max(void)
+{
+    FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
+    long wmem_max = 0;
+    cr_assert(f && fscanf(f, "%ld", &wmem_max) == 1, "net.core.wmem_max unreadable");
+    fclose(f);
+    return (int)(2 * wmem_max);
+}
+
+/* Lines of the file @p path that hold @p needle. */
+static int lines_with(const char *path, const char *needle)
+{
+    char line[2048];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
 /* CFX_TCP_SNDBUF / CFX_TCP_RCVBUF outside [0, INT_MAX] are brought to the
  * nearest bound, as README says of every variable: a negative one and one
  * past an int were dropped without a word (and 2^63 was "not an integer"). */
@@ -274,21 +307,59 @@ Test(tp_sock, socket_buffers_from_the_environment_are_brought_to_their_bounds)
     cr_assert_eq(setenv("CFX_TCP_SNDBUF", "", 1), 0);
     cr_assert_eq(cfx__tp_sock_env_buf("CFX_TCP_SNDBUF"), 0);
 
-    /* and the socket gets it: the most the kernel allows (twice the
-     * net.core.wmem_max the request is cut to, socket(7)), whatever the
-     * host's default is */
-    FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
-    long wmem_max = 0;
-    cr_assert(f && fscanf(f, "%ld", &wmem_max) == 1, "net.core.wmem_max unreadable");
-    fclose(f);
+    /* and the socket gets it: the most the kernel allows */
     int big = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert(big >= 0);
-    int v = 0;
-    socklen_t len = sizeof(v);
     cr_assert_eq(setenv("CFX_TCP_SNDBUF", "9223372036854775808", 1), 0);
     cfx__tp_sock_setup(big, true);
     unsetenv("CFX_TCP_SNDBUF");
-    cr_assert_eq(getsockopt(big, SOL_SOCKET, SO_SNDBUF, &v, &len), 0);
-    cr_expect_eq(v, 2 * wmem_max, "SO_SNDBUF %d, net.core.wmem_max %ld", v, wmem_max);
+    cr_expect_eq(so_buf(big, SO_SNDBUF), sndbuf_max(), "SO_SNDBUF %d", so_buf(big, SO_SNDBUF));
     close(big);
+}
+
+/*
+ * A job of many connections logged the same clamping warning once per
+ * socket.  The variables are read once per process, at its first socket:
+ * each bound is warned about once, and every socket gets the same buffers
+ * (the environment changed after the first is not seen).
+ */
+Test(tp_sock, socket_buffers_are_read_once_per_process)
+{
+    enum { SOCKETS = 16 };
+    char path[] = "/tmp/cfx-test-sockbuf-XXXXXX";
+    int lfd = mkstemp(path);
+    cr_assert_geq(lfd, 0);
+    close(lfd);
+    /* this process's lines go to the file from its first (read once) */
+    cr_assert_eq(setenv("CFX_LOG_FILE", path, 1), 0);
+    cfx__log_init();
+    cfx__log_level = CFX_LOG_LEVEL_WARN;
+    cr_assert_eq(setenv("CFX_TCP_SNDBUF", "9223372036854775808", 1), 0);
+    cr_assert_eq(setenv("CFX_TCP_RCVBUF", "-1", 1), 0);
+
+    int plain = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(plain >= 0);
+    int rcv_default = so_buf(plain, SO_RCVBUF);
+    close(plain);
+    for (int i = 0; i <= SOCKETS; i++) {
+        if (i == SOCKETS) /* too late: the first socket's reading holds */
+            cr_assert_eq(setenv("CFX_TCP_SNDBUF", "4096", 1), 0);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        cfx__tp_sock_setup(fd, true);
+        cr_assert_eq(so_buf(fd, SO_SNDBUF), sndbuf_max(), "socket %d: SO_SNDBUF %d", i,
+                     so_buf(fd, SO_SNDBUF));
+        /* -1 is brought to 0: autotuning, the buffer left as it comes */
+        cr_assert_eq(so_buf(fd, SO_RCVBUF), rcv_default, "socket %d: SO_RCVBUF %d, not %d", i,
+                     so_buf(fd, SO_RCVBUF), rcv_default);
+        close(fd);
+    }
+    unsetenv("CFX_TCP_SNDBUF");
+    unsetenv("CFX_TCP_RCVBUF");
+    cr_assert_eq(lines_with(path, "CFX_TCP_SNDBUF=9223372036854775808 is outside "
+                                  "[0, 2147483647]: 2147483647 is used"), 1);
+    cr_assert_eq(lines_with(path, "CFX_TCP_RCVBUF=-1 is outside [0, 2147483647]: 0 is used"),
+                 1);
+    cr_assert_eq(lines_with(path, "CFX_TCP_"), 2, "other lines name the variables");
+    unlink(path);
 }
