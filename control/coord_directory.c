@@ -96,8 +96,10 @@
  * putter may come back; it goes, record first, when its putter deletes it,
  * or any holder once the putter is gone (nobody else could).  When the
  * putter is gone for good (its death, or the end of its rejoin window after
- * a restart) the record goes and the object lives on as an ordinary one
- * (dur_putter_gone).  Without a state directory the flag is ignored.
+ * a restart, which every loaded putter gets, even when the node id record
+ * was lost: cfx__coord_dir_load) the record goes and the object lives on as
+ * an ordinary one (dur_putter_gone).  Without a state directory the flag is
+ * ignored.
  */
 #include "control/coord_int.h"
 
@@ -521,11 +523,35 @@ bad:
 
 void cfx__coord_dir_load(struct cfx_coord *co)
 {
-    uint32_t before = co->nobjects;
+    uint32_t before = co->nobjects, mark = 0;
+    struct cfx_list *pos;
     cfx__coord_state_foreach(co, COORD_OBJ_KEY_PREFIX, dur_load_one, co);
     if (co->nobjects > before)
         CFX_LOG(INFO, CTL, "coordinator state %s: %u durable object%s loaded", co->state_dir,
                 co->nobjects - before, co->nobjects - before == 1 ? "" : "s");
+    /*
+     * A putter's id was given before this start, whatever the id record
+     * says.  That record is a file of its own and may be lost alone
+     * (removed, or corrupt and skipped): the coordinator then gave ids
+     * afresh from 1 and opened no rejoin window, so a newcomer given a
+     * putter's id was taken for the putter (its life kept the record, its
+     * delete withdrew the object, readers took a gone rank's bootstrap
+     * record for a live one's), the putter itself came back under another
+     * id and could not put its object again (CFX_ERR_EXISTS), and a record
+     * whose putter's id nobody got again stayed for good.  Removing such
+     * records at once would also remove those of live groups whose ranks
+     * are about to reconnect.  So the putters' ids count as of before, as
+     * a recorded mark would have it: new ids continue above them, a putter
+     * back within the rejoin window takes its id and its objects back, and
+     * the records of those not back go when the window ends
+     * (cfx__coord_dir_rejoin_over), as after any restart.
+     */
+    cfx_list_for_each(pos, &co->objects) {
+        const struct coord_obj *o = cfx_list_entry(pos, struct coord_obj, link);
+        if (o->durable && o->putter && o->putter >= mark && o->putter < UINT32_MAX)
+            mark = o->putter + 1;
+    }
+    cfx__coord_members_of_before(co, mark);
 }
 
 #define DIR_CHAIN_MIN_CHUNKS 4 /* objects of at least this many chunks: a chain */

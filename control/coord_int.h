@@ -406,7 +406,8 @@ struct cfx_coord {
     uint32_t restart_mark;      /* ids below it may belong to nodes of before the restart */
     uint64_t rejoin_until_ns;   /* until then such a node may still rejoin (0: no restart) */
     uint8_t ids_of_before;      /* no state directory, and a node of before a restart
-                                 * rejoined: a node that joined afresh may hold an id
+                                 * rejoined, or a state directory without its id
+                                 * record: a node that joined afresh may hold an id
                                  * that another process held before (coord.c) */
     struct cfx_list node_waits[COORD_NODE_WAIT_BUCKETS]; /* struct coord_node_wait, parked
                                  * NODE_GETs by a keyed hash of the node id: a rejoin walks
@@ -482,6 +483,11 @@ void cfx__coord_members_init(struct cfx_coord *co);
 void cfx__coord_members_fini(struct cfx_coord *co);
 /* Resume node ids after the recorded high-water mark (state loaded). */
 void cfx__coord_members_load(struct cfx_coord *co);
+/* Ids below @p mark were given before this start (durable objects loaded
+ * from the state directory name them as putters), whatever the id record
+ * says: a mark above the recorded one is taken as if recorded, and opens
+ * the rejoin window (see cfx__coord_dir_load). */
+void cfx__coord_members_of_before(struct cfx_coord *co, uint32_t mark);
 struct coord_node *cfx__coord_node_find(struct cfx_coord *co, uint32_t node_id);
 void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m);
 void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c);
@@ -541,8 +547,10 @@ void cfx__coord_state_foreach(struct cfx_coord *co, const char *prefix,
 /* coord_directory.c */
 int cfx__coord_dir_init(struct cfx_coord *co);
 /* Put the durable inline objects of the state store back into the directory
- * (after cfx__coord_state_open() and cfx__coord_dir_init()).  A record that
- * does not parse is logged and skipped. */
+ * (after cfx__coord_state_open(), cfx__coord_members_load() and
+ * cfx__coord_dir_init()).  A record that does not parse is logged and
+ * skipped.  Their putters' ids count as of before the restart even when
+ * the id record is lost (cfx__coord_members_of_before). */
 void cfx__coord_dir_load(struct cfx_coord *co);
 /* Free the directory; durable records stay in the state directory. */
 void cfx__coord_dir_fini(struct cfx_coord *co);

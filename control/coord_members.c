@@ -272,6 +272,26 @@ void cfx__coord_members_load(struct cfx_coord *co)
     free(val);
 }
 
+void cfx__coord_members_of_before(struct cfx_coord *co, uint32_t mark)
+{
+    if (mark <= co->restart_mark)
+        return; /* the id record said as much (or more) */
+    CFX_LOG(WARN, CTL, "coordinator state %s: %s node id record, yet durable objects name "
+            "nodes up to %u as their putters: ids below %u count as of before the restart, "
+            "new ones continue above", co->state_dir, co->restart_mark ? "a lower" : "no",
+            mark - 1, mark);
+    co->restart_mark = mark;
+    if (mark > co->next_node_id)
+        co->next_node_id = mark; /* ids_reserve() records the mark at the next join */
+    if (!co->rejoin_until_ns)
+        co->rejoin_until_ns = cfx__now_ns() +
+            (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
+    /* ids above the putters' were given too, to nodes that put nothing
+     * durable: a newcomer may get one that a node of before has not taken
+     * back yet, as without a state directory (coord.c, stateless_rejoin) */
+    co->ids_of_before = 1;
+}
+
 /* Record that ids below @p upto are taken (before handing one out). */
 static int ids_reserve(struct cfx_coord *co, uint32_t upto)
 {
@@ -330,7 +350,9 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
                              "coordinator %s has run out of node ids", co->addr);
         return;
     }
-    if (ids_reserve(co, id + 1) != CFX_OK) {
+    /* a rejoin's id is below the mark; the mark itself may not be recorded
+     * yet (cfx__coord_members_of_before) */
+    if (ids_reserve(co, CFX_MAX(id + 1, co->next_node_id)) != CFX_OK) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_IO,
                              "coordinator %s cannot record node ids in its state directory",
                              co->addr);
@@ -490,11 +512,14 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
 
     if (co->rejoin_until_ns && now >= co->rejoin_until_ns) {
         co->rejoin_until_ns = 0; /* whoever of before has not rejoined is gone */
+        /* their durable records first: a NODE_GET answered below is on the
+         * wire at once, and its asker may look for them the moment it hears
+         * (it found a gone node's record still there) */
+        cfx__coord_dir_rejoin_over(co);
         node_waits_answer(co, 0, NULL);
         free(co->reclaimed); /* no id of before can be taken back any more */
         co->reclaimed = NULL;
         co->nreclaimed = 0;
-        cfx__coord_dir_rejoin_over(co);
     }
 
     cfx_list_for_each(pos, &co->nodes) {

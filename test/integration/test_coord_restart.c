@@ -17,7 +17,9 @@
  * process stopped across the restart) is not taken for a dead one by a rank
  * that reads its bootstrap object before it is back.  A node that a
  * coordinator without its old state gives a new id takes that id in its
- * log lines and on its data plane.
+ * log lines and on its data plane.  A state directory that lost its node id
+ * record still knows its durable objects' putters: they get their ids back
+ * within the rejoin window, and the records of those not back then go.
  */
 #include <criterion/criterion.h>
 
@@ -361,8 +363,10 @@ Test(coord_restart, copy_announced_after_putter_left)
 /* ---- durable inline objects ------------------------------------------------------ */
 
 /* A member client named @p name; @p on_dead (may be NULL) hears the
- * coordinator's node-death events. */
-static struct cfx_ctl *open_ctl_with(const char *name, void (*on_dead)(void *, uint32_t))
+ * coordinator's node-death events, @p on_back (may be NULL) its rejoins
+ * after a reconnect. */
+static struct cfx_ctl *open_ctl_cb(const char *name, void (*on_dead)(void *, uint32_t),
+                                   void (*on_back)(void *))
 {
     struct cfx_node_rec self;
     struct cfx_ctl *c = NULL;
@@ -377,9 +381,15 @@ static struct cfx_ctl *open_ctl_with(const char *name, void (*on_dead)(void *, u
         .self = &self,
         .timeout_ms = 5000,
         .on_node_dead = on_dead,
+        .on_reconnected = on_back,
     };
     cr_assert_eq(cfx__ctl_open(&p, &c), CFX_OK, "%s", cfx_last_error());
     return c;
+}
+
+static struct cfx_ctl *open_ctl_with(const char *name, void (*on_dead)(void *, uint32_t))
+{
+    return open_ctl_cb(name, on_dead, NULL);
 }
 
 static struct cfx_ctl *open_ctl(const char *name)
@@ -1030,8 +1040,9 @@ Test(coord_restart, killed_jobs_under_new_names_leave_no_records)
 /*
  * A durable object whose putter dies while the coordinator is down: the
  * restarted coordinator loads it and waits for the putter to rejoin; once
- * its rejoin window ended (a NODE_GET of it is answered NOT_FOUND in the
- * same tick), the record and the object go.
+ * its rejoin window ended, the record and the object go, before a NODE_GET
+ * of it is answered NOT_FOUND in the same tick (the answer came first, and
+ * a loaded machine saw the record still there).
  */
 Test(coord_restart, durable_object_of_a_putter_not_back_goes)
 {
@@ -1058,6 +1069,101 @@ Test(coord_restart, durable_object_of_a_putter_not_back_goes)
     cr_assert_neq(stat(path, &sb), 0, "the record of a putter gone for good stays");
     expect_counts(probe, 0, 0, 0);
     cfx__ctl_close(probe);
+}
+
+/* The rejoins of the clients opened with on_rejoined (their client threads
+ * count, the test waits on the condition). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    int n;
+} rejoins = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void on_rejoined(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&rejoins.lock);
+    rejoins.n++;
+    pthread_cond_broadcast(&rejoins.cond);
+    pthread_mutex_unlock(&rejoins.lock);
+}
+
+/* Until @p n rejoins were heard, for at most @p ms; whether they were. */
+static bool rejoins_heard(int n, int ms)
+{
+    uint64_t dl = cfx__deadline_ns(ms);
+    pthread_mutex_lock(&rejoins.lock);
+    while (rejoins.n < n && cfx__cond_wait_until(&rejoins.cond, &rejoins.lock, dl))
+        ;
+    bool heard = rejoins.n >= n;
+    pthread_mutex_unlock(&rejoins.lock);
+    return heard;
+}
+
+/*
+ * A state directory that lost its node id record (removed here; a corrupt
+ * one is skipped alike) but kept its durable objects.  The restarted
+ * coordinator gave ids afresh from 1 and opened no rejoin window: the
+ * putter that stayed came back under the gone putter's id and was taken
+ * for it, could not put its own object again (CFX_ERR_EXISTS), and the
+ * gone putter's record stayed for as long as some node held its id.  The
+ * putters' ids count as of before the restart now: the one that stayed
+ * takes its id and its object back, a newcomer gets an id above theirs,
+ * and the record of the putter not back goes when the window ends.
+ */
+Test(coord_restart, durable_objects_of_a_state_without_its_id_record)
+{
+    cfx__cond_init_mono(&rejoins.cond);
+    struct cfx_ctl *a = open_ctl("gone putter"), *b = open_ctl_cb("putter", NULL, on_rejoined);
+    uint32_t ida = cfx__ctl_node_id(a), idb = cfx__ctl_node_id(b);
+    cr_assert_lt(ida, idb);
+    uint8_t da[100], db[200];
+    cfx_test_fill(da, sizeof(da), 31);
+    cfx_test_fill(db, sizeof(db), 32);
+    struct cfx_object_id xa, xb;
+    char ids[320], patha[320], pathb[320];
+    struct stat sb;
+    cfx_object_id_from_name("restart/no-ids/gone", &xa);
+    cfx_object_id_from_name("restart/no-ids/stays", &xb);
+    uint64_t dl = cfx__deadline_ns(5000);
+    cr_assert_eq(cfx__ctl_obj_put_durable(a, &xa, sizeof(da), 128, da, dl), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put_durable(b, &xb, sizeof(db), 128, db, dl), CFX_OK, "%s",
+                 cfx_last_error());
+    rec_path(&xa, patha, sizeof(patha));
+    rec_path(&xb, pathb, sizeof(pathb));
+    snprintf(ids, sizeof(ids), "%s/coord.node_ids.rec", co.statedir);
+
+    coord_run_kill(&co);
+    cfx__ctl_close(a); /* dies while the coordinator is down */
+    cr_assert_eq(unlink(ids), 0, "%s: %s", ids, strerror(errno));
+    coord_run_start(&co);
+
+    cr_assert(rejoins_heard(1, 15000), "node %u did not rejoin", idb);
+    cr_assert_eq(cfx__ctl_node_id(b), idb, "the putter that stayed came back as node %u",
+                 cfx__ctl_node_id(b));
+    struct cfx_ctl *probe = open_ctl("probe");
+    uint32_t idp = cfx__ctl_node_id(probe);
+    cr_assert_gt(idp, idb, "a newcomer was given id %u, an id of before (putters %u, %u)", idp,
+                 ida, idb);
+    /* b's object is still b's: b may put it again (it holds it again) */
+    expect_inline(probe, &xb, sizeof(db), 128, 32);
+    cr_assert_eq(cfx__ctl_obj_put_durable(b, &xb, sizeof(db), 128, db, cfx__deadline_ns(5000)),
+                 CFX_OK, "%s", cfx_last_error());
+
+    /* a's id waits for its rejoin, then is not known; its record goes in
+     * that tick (the status asked after it is answered after it) */
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(probe, ida, &rec, cfx__deadline_ns(30000)),
+                 CFX_ERR_NOT_FOUND, "%s", cfx_last_error());
+    expect_counts(probe, 1, 1, 0);
+    cr_assert_neq(stat(patha, &sb), 0, "the record of a putter gone for good stays");
+    cr_assert_eq(stat(pathb, &sb), 0, "the record of the putter that stayed went");
+    cr_assert_eq(stat(ids, &sb), 0, "the node id record was not written again");
+    cr_assert(cfx_test_file_contains(co.logpath, "no node id record, yet durable objects"),
+              "the coordinator did not say why ids continue above %u", idb);
+    cfx__ctl_close(probe);
+    cfx__ctl_close(b);
 }
 
 /*
