@@ -84,8 +84,12 @@ void cfx__cuda_dev_free(void *ptr); /* NULL is a no-op */
 
 /*
  * Copy between any two of host/device memory (cudaMemcpyDefault).  @p stream
- * (a cudaStream_t) NULL: synchronous, complete on return.  Otherwise queued
- * on the stream; the caller synchronizes.
+ * (a cudaStream_t) NULL: cudaMemcpy, so @p src may be reused on return and a
+ * copy to the host has landed; a copy from pageable host memory to the
+ * device may still be on its way (CUDA's synchronous-copy rules), ordered
+ * before later work on the legacy default stream and the streams that
+ * synchronize with it, not before work on a non-blocking stream.
+ * Otherwise queued on the stream; the caller synchronizes.
  */
 int cfx__cuda_copy(void *dst, const void *src, size_t len, void *stream);
 
