@@ -483,6 +483,26 @@ void cfx__coord_leave(struct cfx_coord *co, struct coord_conn *c)
         node_kill(co, c->node, "left the cluster", 0);
 }
 
+/*
+ * The rejoin window is over at @p now: whoever of before has not rejoined is
+ * gone.  Their durable records go first: a NODE_GET answered NOT_FOUND below
+ * is on the wire at once, and its asker may look for them the moment it
+ * hears.  Run by the tick, and by a NODE_GET that comes between the end of
+ * the window and the next tick (it was answered NOT_FOUND at once, with the
+ * records still there).
+ */
+static void rejoin_end(struct cfx_coord *co, uint64_t now)
+{
+    if (!co->rejoin_until_ns || now < co->rejoin_until_ns)
+        return;
+    co->rejoin_until_ns = 0;
+    cfx__coord_dir_rejoin_over(co);
+    node_waits_answer(co, 0, NULL);
+    free(co->reclaimed); /* no id of before can be taken back any more */
+    co->reclaimed = NULL;
+    co->nreclaimed = 0;
+}
+
 void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
 {
     struct cfx_list *pos, *tmp;
@@ -510,17 +530,7 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
     }
     co->last_tick_ns = now;
 
-    if (co->rejoin_until_ns && now >= co->rejoin_until_ns) {
-        co->rejoin_until_ns = 0; /* whoever of before has not rejoined is gone */
-        /* their durable records first: a NODE_GET answered below is on the
-         * wire at once, and its asker may look for them the moment it hears
-         * (it found a gone node's record still there) */
-        cfx__coord_dir_rejoin_over(co);
-        node_waits_answer(co, 0, NULL);
-        free(co->reclaimed); /* no id of before can be taken back any more */
-        co->reclaimed = NULL;
-        co->nreclaimed = 0;
-    }
+    rejoin_end(co, now);
 
     cfx_list_for_each(pos, &co->nodes) {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
@@ -551,9 +561,11 @@ void cfx__coord_members_tick(struct cfx_coord *co, uint64_t now)
 void cfx__coord_node_get(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)
 {
     uint32_t id = m->u.node_get.node_id;
+    uint64_t now = cfx__now_ns();
+    rejoin_end(co, now); /* over since the last tick: its records go before the answer */
     struct coord_node *n = cfx__coord_node_find(co, id);
     if (!n && id != 0 && id < co->restart_mark && co->rejoin_until_ns &&
-        cfx__now_ns() < co->rejoin_until_ns) {
+        now < co->rejoin_until_ns) {
         /* maybe a live node that has not reconnected yet: wait for it,
          * within the caps of parked lookups (coord_waits.c) */
         const uint32_t share = cfx__coord_wait_share(co);
