@@ -375,12 +375,15 @@ static int validate(const struct cfx_ps_params *p, uint64_t m)
         return cfx__err(CFX_ERR_INVALID, "ps: lr %g and eps %g must not be negative", o->lr,
                         o->eps);
     /* the struct is taken whole once its bit is set: one filled in part left
-     * grad_scale 0, and every push was ignored without a word */
-    if (o->type != CFX_PS_OPT_SUM && o->grad_scale == 0)
+     * grad_scale 0, and every push was ignored without a word.  Only server
+     * 0's settings are the job's (ps.h): the other members' are not judged
+     * by what they would do */
+    bool job_optim = p->role == CFX_PS_SERVER && p->index == 0;
+    if (job_optim && o->type != CFX_PS_OPT_SUM && o->grad_scale == 0)
         return cfx__err(CFX_ERR_INVALID, "ps: optimizer grad_scale 0 would ignore every push "
                         "(with CFX_PS_PARAM_OPTIMIZER every field of cfx_ps_optim is taken as "
                         "given: the defaults apply to none; grad_scale's is 1)");
-    if (o->type == CFX_PS_OPT_ADAM &&
+    if (job_optim && o->type == CFX_PS_OPT_ADAM &&
         (o->beta1 < 0 || o->beta1 >= 1 || o->beta2 < 0 || o->beta2 >= 1))
         return cfx__err(CFX_ERR_INVALID, "ps: Adam beta1 %g and beta2 %g must be in [0, 1) "
                         "(the bias correction divides by 1 - beta^t)", o->beta1, o->beta2);

@@ -95,9 +95,9 @@ enum cfx_ps_param_field {
 /* Optimizer hyper-parameters (server side).  g is the aggregated gradient:
  * grad_scale times the sum of the round's pushes (BSP) or one push (SSP,
  * ASP).  The defaults below apply when CFX_PS_PARAM_OPTIMIZER is not set;
- * with it every field is taken as given, and an optimizer other than SUM
- * with grad_scale 0 (every push ignored), or Adam with a beta outside
- * [0, 1), is refused with CFX_ERR_INVALID. */
+ * with it every field is taken as given, and server 0 (whose settings are
+ * the job's) refuses an optimizer other than SUM with grad_scale 0 (every
+ * push ignored), or Adam with a beta outside [0, 1): CFX_ERR_INVALID. */
 struct cfx_ps_optim {
     enum cfx_ps_optimizer type;
     double lr;           /* learning rate; default 0.01 */

@@ -707,4 +707,10 @@ Test(ps_create, optimizer_filled_in_part_is_refused)
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "job partial: worker 0 did not join"), "%s",
               cfx_last_error());
+    /* a worker's optimizer is not the job's (server 0's is): not judged */
+    pp.role = CFX_PS_WORKER;
+    pp.optim = (struct cfx_ps_optim){ .type = CFX_PS_OPT_SGD, .lr = 0.5 };
+    rc = cfx_ps_create(ctx, &pp, &ps);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(strstr(cfx_last_error(), "grad_scale"), "%s", cfx_last_error());
 }
