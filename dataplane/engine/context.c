@@ -89,8 +89,14 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     uint64_t m = p ? p->field_mask : 0;
     char host[64];
 
-    copy_str(cfg->coord, sizeof(cfg->coord),
-             (m & CFX_CTX_PARAM_COORD) && p->coord ? p->coord : cfx__env_str("CFX_COORD", NULL));
+    const char *coord =
+        (m & CFX_CTX_PARAM_COORD) && p->coord ? p->coord : cfx__env_str("CFX_COORD", NULL);
+    if (coord && strlen(coord) >= sizeof(cfg->coord)) /* cut short, it named another host */
+        return cfx__err(CFX_ERR_INVALID, "coordinator address '%s' (%s) is longer than %zu bytes",
+                        coord, (m & CFX_CTX_PARAM_COORD) && p->coord ? "the coord parameter"
+                                                                     : "CFX_COORD",
+                        sizeof(cfg->coord) - 1);
+    copy_str(cfg->coord, sizeof(cfg->coord), coord);
     if (!cfg->coord[0]) {
         int rc = cfx__boot_resolve(&cfg->boot, cfg->coord, sizeof(cfg->coord));
         if (rc != CFX_OK)

@@ -69,7 +69,7 @@ enum cfx_context_param_field {
 struct cfx_context_params {
     uint64_t field_mask;    /* which of the fields below are set (CFX_CTX_PARAM_*); a
                              * bit this library does not know: CFX_ERR_UNSUPPORTED */
-    const char *coord;      /* "host:port"; default $CFX_COORD */
+    const char *coord;      /* "host:port", at most 127 bytes; default $CFX_COORD */
     const char *token;      /* cluster token; default $CFX_TOKEN or $CFX_TOKEN_FILE */
     const char *transports; /* comma list, e.g. "tcp"; default $CFX_TRANSPORT or
                              * "shm,verbs,tcp" (those this build and host lack are

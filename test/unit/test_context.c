@@ -151,6 +151,17 @@ Test(context, no_coordinator)
               cfx_last_error());
     cr_assert_null(a);
     cr_assert_eq(cfx_context_create(NULL, NULL), CFX_ERR_INVALID);
+    /* a name longer than the address kept is refused, not cut short (the
+     * cut named another host, or none) */
+    char longname[200];
+    memset(longname, 'a', sizeof(longname));
+    memcpy(longname + sizeof(longname) - 7, ":29500", 7);
+    p.coord = longname;
+    rc = cfx_context_create(&p, &a);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "(the coord parameter) is longer than 127 bytes"), "%s",
+              cfx_last_error());
+    cr_assert_null(a);
 }
 
 struct late_coord {
