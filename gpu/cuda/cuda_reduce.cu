@@ -244,22 +244,34 @@ cudaError_t launch(void *dst, const void *a, const void *b, size_t count, cudaSt
     const size_t per_vec = sizeof(uint4) / sizeof(T);
     size_t done = 0;
 
-    /* what cudaGetLastError() says below is these launches' own: an error
-     * an earlier call of this thread left (and returned to its caller)
-     * must not fail a reduction that was queued; a sticky one stays */
-    (void)cudaGetLastError();
+    /* Each launch is judged by what cudaLaunchKernel returns for it, not by
+     * cudaGetLastError(): that also returns an error an earlier call of
+     * this thread left (a failed cudaMalloc the application handled), which
+     * would fail a reduction that was queued, and clearing the slot first
+     * would take the application's error away from it. */
     if ((((uintptr_t)dst | (uintptr_t)a | (uintptr_t)b) & (sizeof(uint4) - 1)) == 0) {
         size_t nvec = count / per_vec;
         if (nvec) {
-            reduce_vec<D, OP><<<grid_for(nvec, (size_t)kThreads * kUnroll), kThreads, 0, s>>>(
-                (uint4 *)dst, (const uint4 *)a, (const uint4 *)b, nvec);
+            uint4 *vd = (uint4 *)dst;
+            const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
+            void *args[] = { &vd, &va, &vb, &nvec };
+            cudaError_t err = cudaLaunchKernel((const void *)reduce_vec<D, OP>,
+                                               dim3(grid_for(nvec, (size_t)kThreads * kUnroll)),
+                                               dim3(kThreads), args, 0, s);
+            if (err != cudaSuccess)
+                return err;
             done = nvec * per_vec;
         }
     }
-    if (done < count)
-        reduce_scalar<D, OP><<<grid_for(count - done, kThreads), kThreads, 0, s>>>(
-            (T *)dst + done, (const T *)a + done, (const T *)b + done, count - done);
-    return cudaGetLastError();
+    if (done < count) {
+        T *sd = (T *)dst + done;
+        const T *sa = (const T *)a + done, *sb = (const T *)b + done;
+        size_t n = count - done;
+        void *args[] = { &sd, &sa, &sb, &n };
+        return cudaLaunchKernel((const void *)reduce_scalar<D, OP>, dim3(grid_for(n, kThreads)),
+                                dim3(kThreads), args, 0, s);
+    }
+    return cudaSuccess;
 }
 
 typedef cudaError_t (*launch_fn)(void *, const void *, const void *, size_t, cudaStream_t);
