@@ -173,12 +173,23 @@ int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int server, int 
     return admin(ctx, job, PS_ADMIN_ADD, server, timeout_ms, version_out);
 }
 
+/* The nodes of @p st's standby servers not yet @p tried into @p nodes. */
+static size_t standby_nodes(const struct cfx_ps_stats *st, const bool *tried, uint32_t *nodes)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < st->nservers && n < CFX_TASK_NODES_MAX; i++)
+        if (st->servers[i].state == CFX_PS_SERVER_STANDBY && !tried[i])
+            nodes[n++] = st->servers[i].node_id;
+    return n;
+}
+
 int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout_ms,
                            int *server_out, uint32_t *version_out)
 {
     struct cfx_ps_stats *st;
     uint32_t nodes[CFX_TASK_NODES_MAX], node = 0;
-    size_t n = 0;
+    bool tried[CFX_ARRAY_SIZE(st->servers)] = { false };
+    size_t n;
     int rc, index = -1;
 
     cfx__err_clear();
@@ -190,34 +201,43 @@ int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout
     rc = cfx_ps_shards(ctx, job, timeout_ms, st);
     if (rc != CFX_OK)
         goto out;
-    for (uint32_t i = 0; i < st->nservers && n < CFX_TASK_NODES_MAX; i++)
-        if (st->servers[i].state == CFX_PS_SERVER_STANDBY)
-            nodes[n++] = st->servers[i].node_id;
-    if (!n) {
+    if (!(n = standby_nodes(st, tried, nodes))) {
         rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: no standby server to add (shard map %u)", job,
                       st->map_version);
         goto out;
     }
-    /* the placement's choice among their nodes: the least loaded (spread) */
-    struct cfx_task_needs needs = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = nodes,
-                                    .n_nodes = n };
-    rc = cfx_place(ctx, CFX_TASK_PS_SERVER, &needs, NULL, 0, &node);
-    if (rc != CFX_OK) {
-        rc = cfx__err(rc, "job %s: placement among %zu standby server(s): %s", job, n,
-                      cfx_last_error());
-        goto out;
-    }
-    for (uint32_t i = 0; i < st->nservers; i++)
-        if (st->servers[i].state == CFX_PS_SERVER_STANDBY && st->servers[i].node_id == node)
-            index = st->servers[i].index;
-    if (index < 0) {
-        rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: placement chose node %u, which runs no "
-                      "standby server of it", job, node);
-        goto out;
-    }
-    CFX_LOG(INFO, PS, "job %s: placement chose standby server %d on node %u", job, index,
-            node);
-    rc = cfx_ps_add_server(ctx, job, index, timeout_ms, version_out);
+    /* The placement's choice among their nodes: the least loaded (spread).
+     * A standby the scheduler has seen go (its handle gone, its node still
+     * alive, so placement may choose it) is refused with CFX_ERR_PEER_FAILED:
+     * the others are tried in turn. */
+    do {
+        struct cfx_task_needs needs = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = nodes,
+                                        .n_nodes = n };
+        rc = cfx_place(ctx, CFX_TASK_PS_SERVER, &needs, NULL, 0, &node);
+        if (rc != CFX_OK) {
+            rc = cfx__err(rc, "job %s: placement among %zu standby server(s): %s", job, n,
+                          cfx_last_error());
+            goto out;
+        }
+        int at = -1;
+        for (uint32_t i = 0; i < st->nservers; i++)
+            if (st->servers[i].state == CFX_PS_SERVER_STANDBY && !tried[i] &&
+                st->servers[i].node_id == node)
+                at = (int)i;
+        if (at < 0) {
+            rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: placement chose node %u, which runs no "
+                          "standby server of it", job, node);
+            goto out;
+        }
+        tried[at] = true;
+        index = st->servers[at].index;
+        CFX_LOG(INFO, PS, "job %s: placement chose standby server %d on node %u", job, index,
+                node);
+        rc = cfx_ps_add_server(ctx, job, index, timeout_ms, version_out);
+        if (rc == CFX_ERR_PEER_FAILED)
+            CFX_LOG(WARN, PS, "job %s: %s; trying another standby server", job,
+                    cfx_last_error());
+    } while (rc == CFX_ERR_PEER_FAILED && (n = standby_nodes(st, tried, nodes)));
     if (rc == CFX_OK && server_out)
         *server_out = index;
 out:
