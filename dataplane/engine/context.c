@@ -481,6 +481,7 @@ static void on_obj_gone(void *arg, const struct cfx_object_id *id)
     char hex[CFX_OBJECT_ID_HEX_LEN];
 
     pthread_mutex_lock(&ctx->lock);
+    cfx__gone_note(ctx, id);
     struct cfx_obj *o = cfx__store_find(&ctx->store, id);
     if (o)
         cfx__copy_withdrawn(ctx, o);

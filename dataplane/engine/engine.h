@@ -354,6 +354,8 @@ struct cfx_obj {
     bool deleting;              /* withdrawn: serve no new uploads */
     bool announced;             /* known to the directory */
     bool owned;                 /* put here (cfx_put, a reduce result): this node is its putter */
+    bool putting;               /* its cfx_put awaits the directory: no object yet, for gets
+                                   and deletes here (it may be refused, CFX_ERR_EXISTS) */
     bool releasing;             /* being freed once uploads drain */
     bool ephemeral;             /* reduce intermediate: freed by its task */
     bool unrecorded;            /* a copy got from a cached location: the directory does not
@@ -399,6 +401,7 @@ struct cfx_p2p_rtr {
 };
 
 #define CFX_WITHDRAWN_KEEP 64 /* withdrawn copies remembered for their holder's delete */
+#define CFX_GONE_RECENT 64    /* withdrawals a get that is about to keep a copy looks back on */
 
 struct cfx_store {
     struct cfx_obj *buckets[CFX_STORE_BUCKETS];
@@ -411,6 +414,8 @@ struct cfx_obj *cfx__store_find(struct cfx_store *s, const struct cfx_object_id 
  * withdrew this node's copy of @p id (ctx->lock held). */
 void cfx__withdrawn_add(struct cfx_context *ctx, const struct cfx_object_id *id);
 bool cfx__withdrawn_take(struct cfx_context *ctx, const struct cfx_object_id *id);
+void cfx__gone_note(struct cfx_context *ctx, const struct cfx_object_id *id);
+bool cfx__gone_since(const struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t seq);
 void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o);
 void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o);
 uint32_t cfx__chunk_size_for(uint64_t size, size_t configured);
@@ -900,6 +905,10 @@ struct cfx_context {
      * succeeds, as when the putter left (object.c) */
     struct cfx_object_id withdrawn[CFX_WITHDRAWN_KEEP];
     unsigned nwithdrawn;        /* entries used */
+    /* every withdrawal the directory sent (on_obj_gone), copy held or not:
+     * a get whose lookup was answered before it keeps no copy (get.c) */
+    struct cfx_object_id gone_recent[CFX_GONE_RECENT]; /* by gone_seq % CFX_GONE_RECENT */
+    uint64_t gone_seq;          /* withdrawals so far */
     /* the latest connection failures (conn.c cfx__conn_fail; ctx->lock): a
      * get whose source failed names why its connection did (a refused shm
      * peer of another user, a wrong token ...), not only that it failed */
@@ -1045,6 +1054,8 @@ struct cfx_context {
                                                  connects over this transport fail */
     bool reannounce_held;       /* ... a round has its list and waits for a delete */
     bool test_hold_entry;       /* test hook (get.c): gets wait before their store entry */
+    bool test_hold_put;         /* test hook (object.c): puts wait before the directory */
+    bool test_put_held;         /* ... and one did */
     bool test_entry_held;       /* ... and one did */
 };
 

@@ -43,8 +43,11 @@ static int get_local(struct cfx_context *ctx, struct cfx_obj *obj, const char *h
  * after the get; @p buf is kept only when it is the caller's arena buffer
  * (cfx_get_alloc, @p arena).
  */
+static void test_hold(struct cfx_context *ctx, uint64_t deadline);
+
 static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
-                        const struct cfx_ctl_source *src, bool arena)
+                        const struct cfx_ctl_source *src, bool arena, uint64_t gone_seq,
+                        uint64_t deadline)
 {
     uint64_t size = src->size;
     void *copy = NULL; /* the engine's copy (cfx_get), freed with the entry */
@@ -75,7 +78,10 @@ static void hold_inline(struct cfx_context *ctx, const struct cfx_object_id *id,
     pthread_mutex_lock(&ctx->lock);
     if (arena) /* the engine's heap copy is in no segment */
         cfx__arena_lookup(ctx, obj->buf, &obj->shm_fd, &obj->shm_off);
-    if (cfx__store_find(&ctx->store, id)) {
+    test_hold(ctx, deadline);
+    /* withdrawn since the directory answered (its putter deleted it): the
+     * get keeps the bytes, but no copy of an object that went */
+    if (cfx__store_find(&ctx->store, id) || cfx__gone_since(ctx, id, gone_seq)) {
         pthread_mutex_unlock(&ctx->lock);
         free(copy);
         free(obj->bitmap);
@@ -166,6 +172,7 @@ struct get_op {
     unsigned local_retries;              /* another get of the id here won the store entry */
     bool striped;                        /* pulled from several sources once (get_stripe.c) */
     struct cfx_obj *obj;                 /* our entry in the store while it fills */
+    uint64_t gone_seq;                   /* ctx->gone_seq when the directory was asked */
 };
 
 /* The get's request was freed while it ran (cfx_request_free): it ends
@@ -253,7 +260,7 @@ static int get_held(struct get_op *g)
             cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
             continue;
         }
-        if (obj->complete) {
+        if (obj->complete && !obj->putting) { /* a put here the directory took */
             rc = get_copy_held(g, obj);
             if (rc == GET_AGAIN)
                 continue;
@@ -301,7 +308,7 @@ static int get_inline(struct get_op *g)
         memcpy(buf, g->src.data, g->src.size);
     free(g->src.data);
     if (rc == CFX_OK) {
-        hold_inline(ctx, g->id, buf, &g->src, g->alloc);
+        hold_inline(ctx, g->id, buf, &g->src, g->alloc, g->gone_seq, g->deadline);
         pthread_mutex_lock(&ctx->lock);
         ctx->stats.gets_inline++;
         pthread_mutex_unlock(&ctx->lock);
@@ -332,6 +339,7 @@ static int get_source(struct get_op *g)
         g->cached = false;
     }
     ctx->stats.loc_hits += g->cached;
+    g->gone_seq = ctx->gone_seq;
     struct cfx_request *req = cfx__cur_req;
     if (req && !g->cached) {
         /* nothing exposes the buffer while the directory is asked: a free
@@ -390,6 +398,18 @@ static int get_source(struct get_op *g)
     return GET_FETCH;
 }
 
+/* Test hook (test_get.c; ctx->lock held): hold the get here, where the
+ * directory has named this node a holder and the store has no entry yet. */
+static void test_hold(struct cfx_context *ctx, uint64_t deadline)
+{
+    if (ctx->test_hold_entry) {
+        ctx->test_entry_held = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        while (ctx->test_hold_entry && cfx__obj_wait(ctx, deadline))
+            ;
+    }
+}
+
 /* Step 3: a partial copy in the store, fed by the source; others may read
  * from it while it fills.  CFX_OK with ctx->lock held and g->obj in the
  * store; GET_AGAIN (lock not held) when another copy of the id got there
@@ -420,14 +440,7 @@ static int get_entry(struct get_op *g)
     }
 
     pthread_mutex_lock(&ctx->lock);
-    /* test hook (test_get.c): hold the get here, where the directory has
-     * named this node a holder and the store has no entry yet */
-    if (ctx->test_hold_entry) {
-        ctx->test_entry_held = true;
-        pthread_cond_broadcast(&ctx->obj_cond);
-        while (ctx->test_hold_entry && cfx__obj_wait(ctx, g->deadline))
-            ;
-    }
+    test_hold(ctx, g->deadline);
     if (!g->alloc) {
         obj->buf = g->buf;
         cfx__arena_lookup(ctx, g->buf, &obj->shm_fd, &obj->shm_off);
@@ -453,6 +466,9 @@ static int get_entry(struct get_op *g)
     }
     cfx__store_insert(&ctx->store, obj);
     cfx__withdrawn_take(ctx, g->id); /* a new copy: its delete is its own */
+    /* withdrawn after the directory answered, before the entry was here to
+     * be told: the bytes are the caller's, but no copy (get_finish) */
+    obj->withdrawn = cfx__gone_since(ctx, g->id, g->gone_seq);
     if (obj->nchunks == 0)
         obj->complete = true;
     g->obj = obj;
@@ -604,8 +620,17 @@ static int get_failover(struct get_op *g, int rc)
                         g->hex, ctx->node_id, failed, cause);
     }
     free(g->src.data);
-    if (g->src.is_inline || g->src.size != obj->size || g->src.chunk_size != obj->chunk_size)
-        return cfx__err(CFX_ERR_PROTO, "object %s changed shape between sources", g->hex);
+    g->src.data = NULL;
+    /* The directory names the holders of what the id names now: another
+     * put of it (the one being got was deleted meanwhile) is another
+     * object, whose chunks must not be mixed with those that landed. */
+    if (g->src.is_inline || g->src.size != obj->size || g->src.chunk_size != obj->chunk_size ||
+        (g->src.tag && obj->put_tag &&
+         (g->src.tag != obj->put_tag || g->src.putter != obj->putter_node)))
+        return cfx__err(CFX_ERR_PEER_FAILED,
+                        "get of object %s on node %u: the object went while it was being "
+                        "got (put by node %u; the id names another put by node %u now)",
+                        g->hex, ctx->node_id, obj->putter_node, g->src.putter);
     return CFX_OK;
 }
 

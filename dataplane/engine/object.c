@@ -43,6 +43,7 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     obj->memtype = obj_memtype(params);
     obj->complete = true;
     obj->owned = true;
+    obj->putting = true;
     obj->ready_chunks = obj->nchunks;
 
     uint64_t deadline = cfx__deadline_ns(obj_timeout(ctx, params));
@@ -76,6 +77,12 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     cfx__store_insert(&ctx->store, obj);
     cfx__withdrawn_take(ctx, id);
     uint64_t tag = obj->seq; /* tells this put apart from other puts of the id */
+    if (ctx->test_hold_put) { /* test hook (test_get_races.c) */
+        ctx->test_put_held = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        while (ctx->test_hold_put && cfx__obj_wait(ctx, deadline))
+            ;
+    }
     pthread_mutex_unlock(&ctx->lock);
 
     bool no_inline = params && (params->field_mask & CFX_OBJ_PARAM_FLAGS) &&
@@ -86,6 +93,8 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
      * after a reconnect, or re-announced first (reannounce.c). */
     rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, tag, deadline);
     pthread_mutex_lock(&ctx->lock);
+    obj->putting = false;
+    pthread_cond_broadcast(&ctx->obj_cond); /* gets here waited for the answer */
     if (rc != CFX_OK) {
         obj->deleting = true;
         cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
@@ -176,7 +185,10 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         pthread_mutex_unlock(&ctx->lock);
         return cfx__ctl_obj_delete(ctx->ctl, id, deadline);
     }
-    if (!obj || obj->deleting || !obj->complete) {
+    /* obj->in: a get here still owns the entry (its last chunk landed, the
+     * getter has yet to finish it): no copy here until that get returns;
+     * obj->putting: nor before the directory took this node's put */
+    if (!obj || obj->deleting || !obj->complete || obj->in || obj->putting) {
         pthread_mutex_unlock(&ctx->lock);
         return cfx__err(CFX_ERR_NOT_FOUND, "cfx_delete: node %u holds no object %s",
                         ctx->node_id, hex);

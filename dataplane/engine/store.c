@@ -122,3 +122,20 @@ bool cfx__withdrawn_take(struct cfx_context *ctx, const struct cfx_object_id *id
     }
     return false;
 }
+
+void cfx__gone_note(struct cfx_context *ctx, const struct cfx_object_id *id)
+{
+    ctx->gone_recent[ctx->gone_seq++ % CFX_GONE_RECENT] = *id;
+}
+
+/* Was @p id withdrawn since withdrawal count @p seq?  Too many since to
+ * tell: taken as yes. */
+bool cfx__gone_since(const struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t seq)
+{
+    if (ctx->gone_seq - seq >= CFX_GONE_RECENT)
+        return ctx->gone_seq != seq;
+    for (uint64_t s = seq; s < ctx->gone_seq; s++)
+        if (!memcmp(ctx->gone_recent[s % CFX_GONE_RECENT].bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return true;
+    return false;
+}

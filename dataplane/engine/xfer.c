@@ -837,10 +837,12 @@ static void handle_get_req(struct cfx_context *ctx, struct cfx_conn *conn,
         return;
     }
     if (obj->size != req->size || obj->chunk_size != req->chunk_size) {
-        CFX_LOG(WARN, XFER, "node %u: %s asked for %s as %" PRIu64 " B / %u B chunks; we hold %"
+        /* not the object asked for: it went, and the id names another put
+         * of it here now; the getter asks the directory (NOT_FOUND) */
+        CFX_LOG(INFO, XFER, "node %u: %s asked for %s as %" PRIu64 " B / %u B chunks; we hold %"
                 PRIu64 " B / %u B", ctx->node_id, conn->name, hex, req->size, req->chunk_size,
                 obj->size, obj->chunk_size);
-        send_nack(conn, req->hdr.slot, CFX_ERR_INVALID);
+        send_nack(conn, req->hdr.slot, CFX_ERR_NOT_FOUND);
         return;
     }
     if (req->flags & CFX_DP_GET_SMALL) {

@@ -1,0 +1,356 @@
+/*
+ * A get racing a delete on the object's own id, each race forced in order
+ * with the engine's test hooks (no sleeps):
+ *  - the putter deletes an inline object between the directory's answer to
+ *    a get and the getter keeping its copy: the get keeps the bytes, but no
+ *    copy of the withdrawn object stays to answer later gets there, nor to
+ *    refuse a put of the id there;
+ *  - the putter deletes and puts the id again with another size between the
+ *    directory's answer and the getter's request: the get fails as for an
+ *    object that went (CFX_ERR_PEER_FAILED), never CFX_ERR_INVALID;
+ *  - a cfx_delete on the getter's node while the get's last chunk has landed
+ *    but the get has not finished: no copy is held yet (CFX_ERR_NOT_FOUND),
+ *    and the get ends with every byte and keeps its copy;
+ *  - a get and a delete on the node of a put the directory has not answered
+ *    yet (and refuses: the id exists): the put's bytes are no object.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "testutil.h"
+
+#define CHUNK   4096u
+#define NCHUNKS 16u
+#define WAIT_MS 10000
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void teardown(void)
+{
+    unsetenv("CFX_XFER_TEST_STALL");
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(get_races, .init = setup, .fini = teardown, .timeout = 60);
+
+static struct cfx_context *join(const char *stall)
+{
+    struct cfx_context *c;
+    if (stall)
+        setenv("CFX_XFER_TEST_STALL", stall, 1);
+    int rc = cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &c);
+    unsetenv("CFX_XFER_TEST_STALL");
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    return c;
+}
+
+struct bg {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    uint8_t *buf;
+    size_t cap, size;
+    int rc;
+    char err[256];
+};
+
+static void *bg_main(void *arg)
+{
+    struct bg *g = arg;
+    g->rc = cfx_get(g->ctx, g->id, g->buf, g->cap, &g->size, NULL);
+    snprintf(g->err, sizeof(g->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void bg_start(struct bg *g, struct cfx_context *c, const struct cfx_object_id *id,
+                     size_t cap)
+{
+    *g = (struct bg){ .ctx = c, .id = id, .cap = cap, .buf = malloc(cap) };
+    cr_assert(g->buf);
+    memset(g->buf, 0xA5, cap);
+    cr_assert_eq(pthread_create(&g->thr, NULL, bg_main, g), 0);
+}
+
+/* Hold @p b's gets where the directory has answered and nothing is in the
+ * store yet; true once one is held there. */
+static bool held(struct cfx_context *b)
+{
+    uint64_t dl = cfx__deadline_ns(WAIT_MS);
+    pthread_mutex_lock(&b->lock);
+    while (!b->test_entry_held && cfx__obj_wait(b, dl))
+        ;
+    bool h = b->test_entry_held;
+    pthread_mutex_unlock(&b->lock);
+    return h;
+}
+
+static void set_hold(struct cfx_context *b, bool on)
+{
+    pthread_mutex_lock(&b->lock);
+    b->test_hold_entry = on;
+    b->test_entry_held = false;
+    pthread_cond_broadcast(&b->obj_cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
+Test(get_races, inline_object_deleted_before_its_copy_is_kept)
+{
+    const size_t size = 1000;
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *mine = malloc(size), *out = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 21);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct bg g;
+    set_hold(b, true);
+    bg_start(&g, b, &id, size);
+    cr_assert(held(b), "the get never got the directory's answer");
+    /* every holder, b included, has dropped its copy when this returns */
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    set_hold(b, false);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 21), (size_t)-1, "wrong bytes");
+
+    /* the withdrawn bytes answer no get on b, and the id is free there */
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    int rc = cfx_get(b, &id, out, size, NULL, &now);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get of the deleted object: %s",
+                 cfx_errname(rc));
+    cfx_test_fill(mine, size, 22);
+    rc = cfx_put(b, &id, mine, size, NULL);
+    cr_assert_eq(rc, CFX_OK, "put after the delete: %s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(g.buf);
+    free(out);
+    free(mine);
+    free(src);
+}
+
+Test(get_races, object_put_again_with_another_size_before_the_request)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK, size2 = size + CHUNK;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *src2 = malloc(size2);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 31);
+    cfx_test_fill(src2, size2, 32);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    struct bg g;
+    set_hold(b, true);
+    bg_start(&g, b, &id, size2);
+    cr_assert(held(b), "the get never got the directory's answer");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &id, src2, size2, &pp), CFX_OK, "%s", cfx_last_error());
+    set_hold(b, false); /* the request names the first object's size */
+    pthread_join(g.thr, NULL);
+    if (g.rc == CFX_OK) /* only ever the object the id names now, whole */
+        cr_assert(g.size == size2 && cfx_test_check(g.buf, size2, 32) == (size_t)-1,
+                  "the get returned %zu bytes not of the second put", g.size);
+    else
+        cr_assert_eq(g.rc, CFX_ERR_PEER_FAILED, "%s (%s)", cfx_errname(g.rc), g.err);
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(g.buf);
+    free(src2);
+    free(src);
+}
+
+/* A watched get whose callback stops the getter once a prefix landed, so
+ * that the rest lands (the progress thread) while the get has not ended. */
+struct stopper {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool in, go;
+};
+
+static int stop_here(void *arg, const void *buf, size_t from, size_t upto)
+{
+    (void)buf, (void)from, (void)upto;
+    struct stopper *s = arg;
+    pthread_mutex_lock(&s->lock);
+    s->in = true;
+    pthread_cond_broadcast(&s->cond);
+    while (!s->go)
+        pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+    return CFX_OK;
+}
+
+struct watched {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    struct cfx__get_watch w;
+    void *buf;
+    size_t size;
+    int rc;
+};
+
+static void *watched_main(void *arg)
+{
+    struct watched *g = arg;
+    g->rc = cfx__get_alloc_watched(g->ctx, g->id, &g->buf, &g->size, NULL, &g->w);
+    return NULL;
+}
+
+static bool entry_complete(struct cfx_context *b, const struct cfx_object_id *id)
+{
+    uint64_t dl = cfx__deadline_ns(WAIT_MS);
+    bool done = false;
+    pthread_mutex_lock(&b->lock);
+    for (;;) {
+        struct cfx_obj *o = cfx__store_find(&b->store, id);
+        done = o && o->complete;
+        if (done || !cfx__obj_wait(b, dl))
+            break;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return done;
+}
+
+Test(get_races, delete_while_the_get_finishes)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_context *a = join("4"), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 41);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+    struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
+    cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
+    pthread_mutex_lock(&s.lock);
+    while (!s.in) /* the holder stalls after 4 chunks: a prefix is told */
+        pthread_cond_wait(&s.cond, &s.lock);
+    pthread_mutex_unlock(&s.lock);
+    cfx__xfer_test_resume(a); /* the rest lands while the getter is stopped */
+    cr_assert(entry_complete(b, &id), "the rest of the object never landed");
+
+    int rc = cfx_delete(b, &id, NULL);
+    pthread_mutex_lock(&s.lock);
+    s.go = true;
+    pthread_cond_broadcast(&s.cond);
+    pthread_mutex_unlock(&s.lock);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(rc, CFX_ERR_NOT_FOUND, "a delete took the copy of a get still running: %s",
+                 cfx_errname(rc));
+    cr_assert_eq(g.rc, CFX_OK, "%s", cfx_errname(g.rc));
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 41), (size_t)-1, "wrong bytes");
+    /* the get kept its copy: b's delete of it now finds it */
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_buf_free(b, g.buf);
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+}
+
+struct put_bg {
+    pthread_t thr;
+    struct cfx_context *c;
+    const struct cfx_object_id *id;
+    const void *buf;
+    size_t size;
+    int rc;
+};
+
+static void *put_main(void *arg)
+{
+    struct put_bg *q = arg;
+    q->rc = cfx_put(q->c, q->id, q->buf, q->size, NULL);
+    return NULL;
+}
+
+/* A put of an id that exists, held before the directory refuses it: until
+ * then its bytes are no object, so a get on its node does not return them
+ * and a delete there does not take its entry; the put then fails
+ * CFX_ERR_EXISTS and the node gets the object the id names. */
+Test(get_races, put_refused_by_the_directory_is_never_read)
+{
+    const size_t size = 3000;
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *mine = malloc(size), *out = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 51);
+    cfx_test_fill(mine, size, 52);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct put_bg p = { .c = b, .id = &id, .buf = mine, .size = size };
+    pthread_mutex_lock(&b->lock);
+    b->test_hold_put = true;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert_eq(pthread_create(&p.thr, NULL, put_main, &p), 0);
+    uint64_t dl = cfx__deadline_ns(WAIT_MS);
+    pthread_mutex_lock(&b->lock);
+    while (!b->test_put_held && cfx__obj_wait(b, dl))
+        ;
+    bool put_held = b->test_put_held;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(put_held, "the put never reached the directory");
+
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    memset(out, 0xA5, size);
+    int grc = cfx_get(b, &id, out, size, NULL, &now);
+    int drc = cfx_delete(b, &id, NULL);
+    pthread_mutex_lock(&b->lock);
+    b->test_hold_put = false;
+    pthread_cond_broadcast(&b->obj_cond);
+    pthread_mutex_unlock(&b->lock);
+    pthread_join(p.thr, NULL);
+    cr_assert_neq(grc, CFX_OK, "a get returned the bytes of a put not yet taken (%s)",
+                  cfx_test_check(out, size, 52) == (size_t)-1 ? "that put's" : "others");
+    cr_assert_eq(grc, CFX_ERR_TIMEOUT, "%s", cfx_errname(grc));
+    cr_assert_eq(drc, CFX_ERR_NOT_FOUND, "a delete took a put not yet taken: %s",
+                 cfx_errname(drc));
+    cr_assert_eq(p.rc, CFX_ERR_EXISTS, "%s", cfx_errname(p.rc));
+
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, out, size, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, size);
+    cr_assert_eq(cfx_test_check(out, size, 51), (size_t)-1, "not the object the id names");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(out);
+    free(mine);
+    free(src);
+}
