@@ -335,7 +335,7 @@ static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_pa
     const char *want = (params && (params->field_mask & CFX_TP_IFACE_PARAM_DEVICE) &&
                         params->device && params->device[0])
                            ? params->device
-                           : getenv("CFX_DPDK_PORT");
+                           : cfx__dpdk_env("CFX_DPDK_PORT");
     char name[64], names[256] = "";
     unsigned n = 0;
     for (unsigned i = 0; cfx__dpdk_port_name(i, name, sizeof(name)) == CFX_OK; i++, n++) {
@@ -367,7 +367,7 @@ static int pick_port(struct cfx__dpdk_iface *iface, const struct cfx_tp_iface_pa
         return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: port %s was closed by an earlier "
                         "context of this process, and DPDK cannot open a port again in the "
                         "same process: a new context needs a new process", closed);
-    if (!getenv("CFX_DPDK_VDEV") && !getenv("CFX_DPDK_EAL"))
+    if (!cfx__dpdk_env("CFX_DPDK_VDEV") && !cfx__dpdk_env("CFX_DPDK_EAL"))
         return cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: no DPDK port asked for: set "
                         "CFX_DPDK_VDEV (a virtual device such as "
                         "net_memif0,role=server,socket=NAME) or CFX_DPDK_EAL");

@@ -300,11 +300,16 @@ static bool gate_enter_wait(const struct cfx__dpdk_port *port, int timeout_ms)
     }
 }
 
+const char *cfx__dpdk_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[strspn(v, " \t")] ? v : NULL;
+}
+
 /* CFX_DPDK_EAL when set to something (set but empty means the defaults). */
 static const char *eal_env(void)
 {
-    const char *args = getenv("CFX_DPDK_EAL");
-    return args && args[strspn(args, " \t")] ? args : NULL;
+    return cfx__dpdk_env("CFX_DPDK_EAL");
 }
 
 int cfx__dpdk_eal_init(const char *args)
@@ -323,10 +328,13 @@ int cfx__dpdk_eal_init(const char *args)
             cfx__err(rc, "%s", eal_why); /* every caller learns why, not only the first */
         goto out_unlock;
     }
+    /* what the user set, for the errors: a default line is CFX_DPDK_VDEV's */
+    const char *from = "CFX_DPDK_EAL";
     if (!args)
         args = eal_env();
     if (!args) {
-        const char *vdev = getenv("CFX_DPDK_VDEV");
+        const char *vdev = cfx__dpdk_env("CFX_DPDK_VDEV");
+        from = vdev ? "CFX_DPDK_VDEV, in EAL's default line" : "EAL's default line";
         snprintf(defaults, sizeof(defaults),
                  "--no-huge -m 512 --no-pci --file-prefix=cfx%d -l 0 --log-level=*:warning "
                  "--no-telemetry%s%s",
@@ -353,7 +361,7 @@ int cfx__dpdk_eal_init(const char *args)
         if (argc == EAL_ARGV_MAX - 1) {
             /* told to the caller, now and at every later call, as a word
              * EAL did not take is: the transport's error carries it */
-            rc = eal_state = cfx__err(CFX_ERR_INVALID, "CFX_DPDK_EAL: more than %d words",
+            rc = eal_state = cfx__err(CFX_ERR_INVALID, "%s: more than %d words", from,
                                       EAL_ARGV_MAX - 2);
             snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
             CFX_LOG(ERR, DPDK, "%s", eal_why);
@@ -381,8 +389,9 @@ int cfx__dpdk_eal_init(const char *args)
         for (int i = took + 1, off = 0; i < argc && off < (int)sizeof(left); i++)
             off += snprintf(left + off, sizeof(left) - (size_t)off, "%s%s", off ? " " : "",
                             argv[i]);
-        rc = eal_state = cfx__err(CFX_ERR_INVALID, "CFX_DPDK_EAL (%s): EAL did not take \"%s\": "
-                                  "not an EAL option, or a value where none belongs", args, left);
+        rc = eal_state = cfx__err(CFX_ERR_INVALID, "%s (%s): EAL did not take \"%s\": "
+                                  "not an EAL option, or a value where none belongs", from, args,
+                                  left);
         snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
         CFX_LOG(ERR, DPDK, "%s", eal_why);
         rte_eal_cleanup();
@@ -399,6 +408,15 @@ int cfx__dpdk_eal_init(const char *args)
         CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args,
                 rte_errno ? rte_strerror(rte_errno) : "see EAL's messages before this one");
         rc = eal_state = CFX_ERR_NO_DEVICE;
+        if (rte_errno == EINVAL) {
+            /* its command line refused (an option it does not know, a bad
+             * value): the user's mistake, as a word it did not take is,
+             * not a missing device that a list such as dpdk,tcp may skip */
+            rc = eal_state = cfx__err(CFX_ERR_INVALID, "%s (%s): EAL refused its command line: "
+                                      "an option it does not know, or a bad value (EAL's "
+                                      "message before this one names it)", from, args);
+            snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
+        }
         /* what it made of its runtime directory goes at once */
         const char *dir = rte_eal_get_runtime_dir();
         if (own_prefix && dir && *dir) {
@@ -432,7 +450,7 @@ int cfx__dpdk_ports_print(FILE *out, int json)
 
     if (json)
         fputc('[', out);
-    bool asked = eal_env() || getenv("CFX_DPDK_VDEV");
+    bool asked = eal_env() || cfx__dpdk_env("CFX_DPDK_VDEV");
     bool eal_up = asked && cfx__dpdk_eal_init(NULL) == CFX_OK;
     if (!asked && !json)
         fprintf(out, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with --vdev)\n");

@@ -102,14 +102,20 @@ struct cfx__dpdk_port_stats {
                             (net_memif, dpdk_io.c) */
 };
 
+/* The environment variable @p name when set to something other than blanks,
+ * else NULL: a variable set empty is one not set. */
+const char *cfx__dpdk_env(const char *name);
+
 /*
  * Initialises DPDK's EAL once per process.  args: the EAL command line, or
  * NULL for $CFX_DPDK_EAL, or when that is unset the default
  *   --no-huge -m 512 --no-pci --file-prefix=cfx<pid> -l 0 --log-level=*:warning
  * (and --no-telemetry) plus --vdev=$CFX_DPDK_VDEV when set.  (--in-memory is refused with
  * --no-huge in DPDK 22.11, and --no-shconf breaks net_memif.)  The calling
- * thread keeps its CPU affinity.  Returns 0 (also on later calls), or
- * CFX_ERR_NO_DEVICE when EAL failed, now or on the first call.
+ * thread keeps its CPU affinity.  Returns 0 (also on later calls), or, now
+ * or on the first call: CFX_ERR_INVALID when EAL refused its command line
+ * (a word or an option it does not take; the error names CFX_DPDK_EAL, or
+ * CFX_DPDK_VDEV in the default line), CFX_ERR_NO_DEVICE when EAL failed.
  */
 int cfx__dpdk_eal_init(const char *args);
 

@@ -899,6 +899,95 @@ Test(dpdk_ports, eal_too_many_words_says_why, .timeout = 60)
     }
 }
 
+/*
+ * An option EAL does not know (or a bad value of one) in CFX_DPDK_EAL makes
+ * EAL refuse its command line itself: the same mistake as a word it did not
+ * take, so CFX_ERR_INVALID naming the variable, at every call.  It was
+ * CFX_ERR_NO_DEVICE, "DPDK's EAL did not start", which a list such as
+ * dpdk,tcp skipped, going on over tcp.
+ */
+Test(dpdk_ports, eal_refuses_an_option_it_does_not_know, .timeout = 60)
+{
+    char eal[512];
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxo%d -l 0 --no-such-option "
+             "--log-level=*:warning --no-telemetry",
+             (int)getpid());
+    setenv("CFX_DPDK_EAL", eal, 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    for (int call = 0; call < 2; call++) {
+        struct cfx_tp_iface *a = NULL;
+        cr_assert_eq(ops->iface_open(NULL, &a), CFX_ERR_INVALID, "call %d: %s", call,
+                     cfx_last_error());
+        cr_assert(strstr(cfx_last_error(), "dpdk iface_open: CFX_DPDK_EAL (--no-huge") &&
+                      strstr(cfx_last_error(), "EAL refused its command line"),
+                  "call %d: %s", call, cfx_last_error());
+    }
+}
+
+/*
+ * A word EAL does not take that came in CFX_DPDK_VDEV (a blank inside the
+ * device's arguments) is named as CFX_DPDK_VDEV's, the variable the user
+ * set: the error named CFX_DPDK_EAL, which was not set.
+ */
+Test(dpdk_ports, a_word_of_the_vdev_names_cfx_dpdk_vdev, .timeout = 60)
+{
+    unsetenv("CFX_DPDK_EAL");
+    setenv("CFX_DPDK_VDEV", "net_memif0,role=server, socket=cfxv", 1);
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "CFX_DPDK_VDEV, in EAL's default line (--no-huge") &&
+                  strstr(cfx_last_error(), "EAL did not take \"socket=cfxv\""),
+              "%s", cfx_last_error());
+}
+
+/* CFX_DPDK_PORT and CFX_DPDK_VDEV set empty are not set: the first free
+ * port is taken, and with no port asked for the error says so.  An empty
+ * CFX_DPDK_PORT was "no DPDK port  (CFX_DPDK_PORT)". */
+Test(dpdk_ports, empty_port_and_vdev_are_unset, .timeout = 60)
+{
+    char dir[] = "/tmp/cfx_memif_XXXXXX", sock[128];
+    memif_server_eal(dir, "cfxe", sock, sizeof(sock));
+    setenv("CFX_DPDK_PORT", "", 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    struct cfx_tp_iface *a = NULL, *b = NULL;
+    int rc = ops->iface_open(NULL, &a);
+    char why[512];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    /* the port it took is the one there is: a second context finds it held */
+    int rc2 = rc == CFX_OK ? ops->iface_open(NULL, &b) : rc;
+    char why2[512];
+    snprintf(why2, sizeof(why2), "%s", cfx_last_error());
+    if (rc == CFX_OK)
+        ops->iface_close(a);
+    unlink(sock);
+    rmdir(dir);
+    cr_assert_eq(rc, CFX_OK, "CFX_DPDK_PORT='': %s", why);
+    cr_assert_eq(rc2, CFX_ERR_BUSY, "%s", why2);
+    cr_assert(strstr(why2, "(net_memif0) is held by another context"), "%s", why2);
+}
+
+Test(dpdk_ports, empty_vdev_asks_for_no_port, .timeout = 60)
+{
+    unsetenv("CFX_DPDK_EAL");
+    setenv("CFX_DPDK_VDEV", "", 1);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 0);
+    fclose(f);
+    cr_assert_str_eq(buf, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with "
+                          "--vdev)\n");
+    free(buf);
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    struct cfx_tp_iface *a = NULL;
+    cr_assert_eq(ops->iface_open(NULL, &a), CFX_ERR_NO_DEVICE);
+    cr_assert(strstr(cfx_last_error(), "no DPDK port asked for: set CFX_DPDK_VDEV"), "%s",
+              cfx_last_error());
+}
+
 /* Runs @p cmd with sh; its exit status (-1: not run). */
 static int sh(const char *cmd)
 {
