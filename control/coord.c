@@ -476,7 +476,7 @@ static void handle_status(struct cfx_coord *co, struct coord_conn *c, const stru
  */
 static void stateless_rejoin(struct cfx_coord *co, const struct cfx_msg *m)
 {
-    uint64_t window = (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
+    uint64_t window = (uint64_t)cfx__coord_rejoin_ms(co) * 1000000ull;
     uint64_t now = cfx__now_ns();
 
     if (co->state_dirfd >= 0 || !m->u.join.node_id || now - co->start_ns >= window)

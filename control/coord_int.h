@@ -483,6 +483,13 @@ void cfx__coord_members_init(struct cfx_coord *co);
 void cfx__coord_members_fini(struct cfx_coord *co);
 /* Resume node ids after the recorded high-water mark (state loaded). */
 void cfx__coord_members_load(struct cfx_coord *co);
+/* The rejoin window after a restart, ms: a node of before reconnects within
+ * CFX_PROTO_RECONNECT_MAX_MS, and one that does not is dead by then. */
+static inline uint32_t cfx__coord_rejoin_ms(const struct cfx_coord *co)
+{
+    return CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms;
+}
+
 /* Ids below @p mark were given before this start (durable objects loaded
  * from the state directory name them as putters), whatever the id record
  * says: a mark above the recorded one is taken as if recorded, and opens

@@ -84,7 +84,7 @@ static void node_waits_answer_in(struct cfx_coord *co, struct cfx_list *bucket, 
             cfx__coord_reply_err(w->conn, w->req_id, CFX_ERR_NOT_FOUND,
                                  "node %u is not known to coordinator %s: it did not rejoin "
                                  "within %u ms of the coordinator's restart", w->node_id,
-                                 co->addr, CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms);
+                                 co->addr, cfx__coord_rejoin_ms(co));
         }
         node_wait_free(w);
     }
@@ -265,7 +265,7 @@ void cfx__coord_members_load(struct cfx_coord *co)
             co->ids_reserved = mark;
             co->restart_mark = mark;
             co->rejoin_until_ns = cfx__now_ns() +
-                (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
+                (uint64_t)cfx__coord_rejoin_ms(co) * 1000000ull;
             CFX_LOG(INFO, CTL, "coordinator %s: node ids continue at %u", co->addr, mark);
         }
     }
@@ -285,7 +285,7 @@ void cfx__coord_members_of_before(struct cfx_coord *co, uint32_t mark)
         co->next_node_id = mark; /* ids_reserve() records the mark at the next join */
     if (!co->rejoin_until_ns)
         co->rejoin_until_ns = cfx__now_ns() +
-            (uint64_t)(CFX_PROTO_RECONNECT_MAX_MS + co->dead_after_ms) * 1000000ull;
+            (uint64_t)cfx__coord_rejoin_ms(co) * 1000000ull;
     /* ids above the putters' were given too, to nodes that put nothing
      * durable: a newcomer may get one that a node of before has not taken
      * back yet, as without a state directory (coord.c, stateless_rejoin) */
