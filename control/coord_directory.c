@@ -1128,7 +1128,9 @@ void cfx__coord_obj_done(struct cfx_coord *co, struct coord_conn *c, const struc
                              "is not recorded", me, idhex(&o->id, hex));
         return;
     }
-    if (rh && rh->src == m->u.done.source_node)
+    /* a complete copy pulls from nobody (another get of the node may have
+     * been assigned a source since this one's, and ended without a word) */
+    if (rh && (rh->src == m->u.done.source_node || m->u.done.complete))
         holder_release_src(o, rh);
     else
         CFX_LOG(DEBUG, CTL, "node %u: done with object %s from node %u, which it was not "

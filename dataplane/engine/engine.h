@@ -363,6 +363,8 @@ struct cfx_obj {
                                    answers no get (the next get fetches again) */
     bool withdrawn;             /* a copy whose object the directory withdrew while it was
                                    being got: the get keeps the bytes, the store drops it */
+    bool loc_src;               /* being got from a cached location: no directory record
+                                   of this node stands for it */
     uint32_t ready_chunks;      /* contiguous prefix received */
     bool watched;               /* its getter handles the prefix as it grows: wake it */
     bool serve_landed;          /* a gather's output, whose stripes fill side by side:
@@ -416,6 +418,14 @@ void cfx__withdrawn_add(struct cfx_context *ctx, const struct cfx_object_id *id)
 bool cfx__withdrawn_take(struct cfx_context *ctx, const struct cfx_object_id *id);
 void cfx__gone_note(struct cfx_context *ctx, const struct cfx_object_id *id);
 bool cfx__gone_since(const struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t seq);
+/* This node sends the directory what may drop its record of @p id (a get's
+ * OBJ_DONE without a copy, a delete): gets of the id here whose lookups the
+ * record may stand for keep no copy, as after a withdrawal, for nobody
+ * would tell this node when the object goes.  _begin before the message
+ * (its result is for _end), _end once it is sent: it drops the copies such
+ * gets kept meanwhile (ctx->lock held for both). */
+uint64_t cfx__record_drop_begin(struct cfx_context *ctx, const struct cfx_object_id *id);
+void cfx__record_drop_end(struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t seq);
 void cfx__store_insert(struct cfx_store *s, struct cfx_obj *o);
 void cfx__store_remove(struct cfx_store *s, struct cfx_obj *o);
 uint32_t cfx__chunk_size_for(uint64_t size, size_t configured);

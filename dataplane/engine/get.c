@@ -122,13 +122,31 @@ static int dir_lookup(struct cfx_context *ctx, const struct cfx_object_id *id,
     return cfx__ctl_obj_lookup_sources(ctx->ctl, id, exclude, nexclude, want, deadline, src);
 }
 
-/* The get no longer pulls from @p src: tell the directory, which assigned
- * it (a source from the location cache was never assigned). */
+/* The get no longer pulls from @p src and keeps no copy: tell the directory,
+ * which assigned it (a source from the location cache was never assigned),
+ * and drops this node's record of the id unless it is a complete copy's.
+ * That record is the node's, not this get's: when another get of the id
+ * here fills an entry on the directory's word, that get's own OBJ_DONE
+ * settles it, and this one sends none (cfx__record_drop_begin otherwise).
+ * ctx->lock not held. */
 static void src_done(struct cfx_context *ctx, const struct cfx_object_id *id,
                      const struct cfx_ctl_source *src, bool cached)
 {
-    if (!cached && src->node.node_id)
-        cfx__ctl_obj_done(ctx->ctl, id, src->node.node_id, 0, cfx__deadline_ns(1000));
+    if (cached || !src->node.node_id)
+        return;
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    if (o && !o->deleting && !o->owned && !o->announced && !o->unrecorded && !o->withdrawn &&
+        !o->loc_src) {
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    uint64_t seq = cfx__record_drop_begin(ctx, id);
+    pthread_mutex_unlock(&ctx->lock);
+    cfx__ctl_obj_done(ctx->ctl, id, src->node.node_id, 0, cfx__deadline_ns(1000));
+    pthread_mutex_lock(&ctx->lock);
+    cfx__record_drop_end(ctx, id, seq);
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 /*
@@ -203,7 +221,7 @@ static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
         if (rc != CFX_OK)
             return rc;
         obj = cfx__store_find(&ctx->store, g->id);
-        if (!obj || !obj->complete || obj->deleting || obj->size > sz) {
+        if (!obj || !obj->complete || obj->deleting || obj->withdrawn || obj->size > sz) {
             cfx__arena_free(ctx, p);
             return GET_AGAIN;
         }
@@ -260,7 +278,9 @@ static int get_held(struct get_op *g)
             cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
             continue;
         }
-        if (obj->complete && !obj->putting) { /* a put here the directory took */
+        /* (a copy withdrawn while it was got, or got from a cached location, is
+         * its get's to drop or mark unrecorded: waited for) */
+        if (obj->complete && !obj->putting && !obj->withdrawn && !obj->loc_src) {
             rc = get_copy_held(g, obj);
             if (rc == GET_AGAIN)
                 continue;
@@ -428,6 +448,7 @@ static int get_entry(struct get_op *g)
     obj->watched = g->watch != NULL;
     obj->putter_node = g->src.putter;
     obj->put_tag = g->src.tag;
+    obj->loc_src = g->cached;
     if (g->alloc) {
         rc = cfx__arena_alloc(ctx, g->src.size, &obj->buf, &obj->shm_fd, &obj->shm_off);
         if (rc != CFX_OK) {
@@ -449,8 +470,9 @@ static int get_entry(struct get_op *g)
     if (other) {
         /* meanwhile another thread of ours started the same get, or a reduce
          * task here started producing the object: wait for that copy (a
-         * copy being released is waited for in step 1, and is no retry) */
-        bool releasing = other->deleting;
+         * copy being released, withdrawn or got from a cached location is
+         * waited for in step 1 and leaves after, and is no retry) */
+        bool releasing = other->deleting || other->withdrawn || other->loc_src;
         if (obj->arena)
             cfx__arena_free(ctx, obj->buf);
         pthread_mutex_unlock(&ctx->lock);
@@ -773,10 +795,12 @@ static int get_finish_caller(struct get_op *g)
     struct cfx_obj *obj = g->obj;
     obj->deleting = true; /* refuses new requests: they fail over */
     get_account(g);
+    uint64_t seq = cfx__record_drop_begin(ctx, g->id);
     pthread_mutex_unlock(&ctx->lock);
     if (!g->cached)
         cfx__ctl_obj_done_async(ctx->ctl, g->id, g->src.node.node_id, 0);
     pthread_mutex_lock(&ctx->lock);
+    cfx__record_drop_end(ctx, g->id, seq);
     /* the copy was never announced complete: a withdrawal meanwhile
      * (cfx__copy_withdrawn) passes a deleting entry by, so it is ours */
     uint64_t until = g->deadline;
@@ -840,6 +864,7 @@ static int get_finish(struct get_op *g)
     if (obj && obj->seq == entry_seq && !obj->deleting) {
         obj->announced = rc == CFX_OK;
         obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
+        pthread_cond_broadcast(&ctx->obj_cond); /* gets here waiting for it (get_held) */
     }
     get_account(g);
     pthread_mutex_unlock(&ctx->lock);

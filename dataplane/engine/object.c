@@ -64,7 +64,10 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
             cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, old);
             continue; /* released here at once (no memory for a command) it is gone */
         }
-        if (!old->deleting || !cfx__obj_wait(ctx, deadline))
+        /* (a copy withdrawn while it was got is on its way out too, and one
+         * got from a cached location gives way once its get is done) */
+        if ((!old->deleting && !old->withdrawn && !(old->loc_src && !old->unrecorded)) ||
+            !cfx__obj_wait(ctx, deadline))
             break;
     }
     if (cfx__store_find(&ctx->store, id)) {
@@ -181,9 +184,16 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     if (!obj && end && !cfx__ctl_lost_ms(ctx->ctl)) {
         /* no copy here: the task this node submitted may have put it (the
          * coordinator decides; NOT_FOUND from it names what it knows); with
-         * the coordinator lost, the local answer at once, as before */
+         * the coordinator lost, the local answer at once, as before.  The
+         * directory drops this node's record of the id, which a get of it
+         * here may have just made (cfx__record_drop_begin). */
+        uint64_t seq = cfx__record_drop_begin(ctx, id);
         pthread_mutex_unlock(&ctx->lock);
-        return cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+        rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+        pthread_mutex_lock(&ctx->lock);
+        cfx__record_drop_end(ctx, id, seq);
+        pthread_mutex_unlock(&ctx->lock);
+        return rc;
     }
     /* obj->in: a get here still owns the entry (its last chunk landed, the
      * getter has yet to finish it): no copy here until that get returns;
@@ -199,6 +209,9 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
     while (obj->reannouncing && cfx__obj_wait(ctx, deadline))
         ;
     bool announced = obj->announced;
+    /* gets of the id here whose lookups came before it keep no copy (a
+     * putter's own withdrawal is not told to it) */
+    uint64_t seq = announced ? cfx__record_drop_begin(ctx, id) : 0;
     pthread_mutex_unlock(&ctx->lock);
 
     rc = CFX_OK;
@@ -207,6 +220,8 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
                  : cfx__ctl_obj_drop(ctx->ctl, id, deadline);
 
     pthread_mutex_lock(&ctx->lock);
+    if (announced)
+        cfx__record_drop_end(ctx, id, seq);
     obj->announced = false;
     int drc = cfx__obj_drain_release(ctx, obj, deadline);
     ctx->deletes_done++;

@@ -139,3 +139,17 @@ bool cfx__gone_since(const struct cfx_context *ctx, const struct cfx_object_id *
             return true;
     return false;
 }
+
+uint64_t cfx__record_drop_begin(struct cfx_context *ctx, const struct cfx_object_id *id)
+{
+    cfx__gone_note(ctx, id);
+    return ctx->store.last_seq;
+}
+
+void cfx__record_drop_end(struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t seq)
+{
+    cfx__gone_note(ctx, id);
+    struct cfx_obj *o = cfx__store_find(&ctx->store, id);
+    if (o && o->seq > seq) /* kept by a get whose lookup the message may have overtaken */
+        cfx__copy_withdrawn(ctx, o);
+}

@@ -17,6 +17,7 @@
 #include <criterion/criterion.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -351,5 +352,237 @@ Test(get_races, put_refused_by_the_directory_is_never_read)
     cfx_context_destroy(a);
     free(out);
     free(mine);
+    free(src);
+}
+
+/*
+ * The directory keeps one record per node and id, which every get of the id
+ * on that node stands on.  Whatever drops it (a get that keeps nothing, a
+ * delete on that node) leaves the node's other gets of the id with a copy
+ * the directory knows nothing of: nobody tells the node when the object
+ * goes, and the copy must not be kept.  Each case ends the same way: once
+ * the putter's delete returned, the node answers no get of the id and
+ * takes a put of it.
+ */
+static void assert_id_free_on(struct cfx_context *b, const struct cfx_object_id *id,
+                              size_t size, int seed)
+{
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    uint8_t *out = malloc(size), *mine = malloc(size);
+    cr_assert(out && mine);
+    int rc = cfx_get(b, id, out, size, NULL, &now);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get of the deleted object: %s (%s)",
+                 cfx_errname(rc), rc == CFX_OK && cfx_test_check(out, size, seed) == (size_t)-1
+                                      ? "its bytes" : "other bytes");
+    cfx_test_fill(mine, size, seed + 1);
+    rc = cfx_put(b, id, mine, size, NULL);
+    cr_assert_eq(rc, CFX_OK, "put after the delete: %s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(cfx_delete(b, id, NULL), CFX_OK, "%s", cfx_last_error());
+    free(mine);
+    free(out);
+}
+
+/* A get on b that ends at once (its buffer is too small) beside one whose
+ * entry is not in the store yet: its end drops b's record. */
+Test(get_races, get_that_keeps_nothing_beside_a_get)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), small[16];
+    size_t got = 0;
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 61);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    struct bg g;
+    set_hold(b, true);
+    bg_start(&g, b, &id, size);
+    cr_assert(held(b), "the get never got the directory's answer");
+    int rc = cfx_get(b, &id, small, sizeof(small), &got, NULL);
+    cr_assert_eq(rc, CFX_ERR_TRUNCATED, "%s", cfx_errname(rc));
+    cr_assert_eq(got, size);
+    set_hold(b, false);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 61), (size_t)-1, "wrong bytes");
+
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    assert_id_free_on(b, &id, size, 61);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(g.buf);
+    free(src);
+}
+
+/* A delete on b, which holds no copy yet, beside b's get of an inline
+ * object: the directory drops b's record, so the get keeps no copy. */
+Test(get_races, delete_without_a_copy_beside_a_get)
+{
+    const size_t size = 1000;
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 71);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct bg g;
+    set_hold(b, true);
+    bg_start(&g, b, &id, size);
+    cr_assert(held(b), "the get never got the directory's answer");
+    /* the directory counts b a holder since it answered the get */
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    set_hold(b, false);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 71), (size_t)-1, "wrong bytes");
+
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    assert_id_free_on(b, &id, size, 71);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(g.buf);
+    free(src);
+}
+
+/* b's get of an id waits for its put, which b then makes and deletes: no
+ * withdrawal is told to the putter, yet its get keeps no copy. */
+Test(get_races, own_put_deleted_before_its_get_keeps_it)
+{
+    const size_t size = 1000;
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size);
+    cfx_object_id_generate(b, &id);
+    cfx_test_fill(src, size, 81);
+
+    struct bg g;
+    set_hold(b, true);
+    bg_start(&g, b, &id, size);
+    /* it asks the directory (and waits there for a put) before b puts it */
+    struct cfx_context_stats st = { 0 };
+    uint64_t dl = cfx__deadline_ns(WAIT_MS);
+    while (cfx_context_stats(b, &st) == CFX_OK && !st.dir_lookups && cfx__now_ns() < dl)
+        sched_yield();
+    cr_assert_eq(st.dir_lookups, 1, "the get never asked the directory");
+    cr_assert_eq(cfx_put(b, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert(held(b), "the get never got the directory's answer");
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    set_hold(b, false);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 81), (size_t)-1, "wrong bytes");
+
+    assert_id_free_on(b, &id, size, 81);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(g.buf);
+    free(src);
+}
+
+/* The putter deletes an object whose copy on b is complete but its get has
+ * not ended: another get on b does not answer from that copy. */
+Test(get_races, copy_withdrawn_before_its_get_ends)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_context *a = join("4"), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 91);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+    struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
+    cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
+    pthread_mutex_lock(&s.lock);
+    while (!s.in)
+        pthread_cond_wait(&s.cond, &s.lock);
+    pthread_mutex_unlock(&s.lock);
+    cfx__xfer_test_resume(a);
+    cr_assert(entry_complete(b, &id), "the rest of the object never landed");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    uint8_t *out = malloc(size);
+    int rc = cfx_get(b, &id, out, size, NULL, &now);
+    pthread_mutex_lock(&s.lock);
+    s.go = true;
+    pthread_cond_broadcast(&s.cond);
+    pthread_mutex_unlock(&s.lock);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get from a withdrawn copy: %s",
+                 cfx_errname(rc));
+    cr_assert_eq(g.rc, CFX_OK, "%s", cfx_errname(g.rc));
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 91), (size_t)-1, "wrong bytes");
+    assert_id_free_on(b, &id, size, 91);
+    cfx_buf_free(b, g.buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(out);
+    free(src);
+}
+
+/* The same from a cached location (no directory record at all): the putter
+ * deletes while b's copy from there is complete but its get has not ended. */
+Test(get_races, copy_from_a_cached_location_before_its_get_ends)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *out = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 95);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    /* b learns where it lives, and lets its copy go */
+    cr_assert_eq(cfx_get(b, &id, out, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx__xfer_test_stall(a, 4);
+
+    struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+    struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
+    cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
+    pthread_mutex_lock(&s.lock);
+    while (!s.in)
+        pthread_cond_wait(&s.cond, &s.lock);
+    pthread_mutex_unlock(&s.lock);
+    cfx__xfer_test_resume(a);
+    cr_assert(entry_complete(b, &id), "the rest of the object never landed");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
+    int rc = cfx_get(b, &id, out, size, NULL, &now);
+    pthread_mutex_lock(&s.lock);
+    s.go = true;
+    pthread_cond_broadcast(&s.cond);
+    pthread_mutex_unlock(&s.lock);
+    pthread_join(g.thr, NULL);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get from a copy of a deleted object: %s",
+                 cfx_errname(rc));
+    cr_assert_eq(g.rc, CFX_OK, "%s", cfx_errname(g.rc));
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(cfx_test_check(g.buf, size, 95), (size_t)-1, "wrong bytes");
+    struct cfx_context_stats st;
+    cr_assert_eq(cfx_context_stats(b, &st), CFX_OK);
+    cr_assert_eq(st.loc_hits, 1, "the second get was not from the cached location");
+    assert_id_free_on(b, &id, size, 95);
+    cfx_buf_free(b, g.buf);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(out);
     free(src);
 }
