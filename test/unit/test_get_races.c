@@ -113,6 +113,16 @@ static void set_hold(struct cfx_context *b, bool on)
     pthread_mutex_unlock(&b->lock);
 }
 
+/* Let @p b's held get go and check it got the @p size bytes of @p seed. */
+static void bg_end_ok(struct cfx_context *b, struct bg *g, size_t size, int seed)
+{
+    set_hold(b, false);
+    pthread_join(g->thr, NULL);
+    cr_assert_eq(g->rc, CFX_OK, "%s (%s)", cfx_errname(g->rc), g->err);
+    cr_assert_eq(g->size, size);
+    cr_assert_eq(cfx_test_check(g->buf, size, seed), (size_t)-1, "wrong bytes");
+}
+
 Test(get_races, inline_object_deleted_before_its_copy_is_kept)
 {
     const size_t size = 1000;
@@ -129,11 +139,7 @@ Test(get_races, inline_object_deleted_before_its_copy_is_kept)
     cr_assert(held(b), "the get never got the directory's answer");
     /* every holder, b included, has dropped its copy when this returns */
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
-    set_hold(b, false);
-    pthread_join(g.thr, NULL);
-    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
-    cr_assert_eq(g.size, size);
-    cr_assert_eq(cfx_test_check(g.buf, size, 21), (size_t)-1, "wrong bytes");
+    bg_end_ok(b, &g, size, 21);
 
     /* the withdrawn bytes answer no get on b, and the id is free there */
     struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
@@ -208,6 +214,24 @@ static int stop_here(void *arg, const void *buf, size_t from, size_t upto)
     return CFX_OK;
 }
 
+/* Wait until @p s stopped its getter. */
+static void stopper_wait_in(struct stopper *s)
+{
+    pthread_mutex_lock(&s->lock);
+    while (!s->in)
+        pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Let @p s's getter go on. */
+static void stopper_go(struct stopper *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->go = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
 struct watched {
     pthread_t thr;
     struct cfx_context *ctx;
@@ -256,18 +280,12 @@ Test(get_races, delete_while_the_get_finishes)
     struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
     struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
     cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
-    pthread_mutex_lock(&s.lock);
-    while (!s.in) /* the holder stalls after 4 chunks: a prefix is told */
-        pthread_cond_wait(&s.cond, &s.lock);
-    pthread_mutex_unlock(&s.lock);
+    stopper_wait_in(&s); /* the holder stalls after 4 chunks: a prefix is told */
     cfx__xfer_test_resume(a); /* the rest lands while the getter is stopped */
     cr_assert(entry_complete(b, &id), "the rest of the object never landed");
 
     int rc = cfx_delete(b, &id, NULL);
-    pthread_mutex_lock(&s.lock);
-    s.go = true;
-    pthread_cond_broadcast(&s.cond);
-    pthread_mutex_unlock(&s.lock);
+    stopper_go(&s);
     pthread_join(g.thr, NULL);
     cr_assert_eq(rc, CFX_ERR_NOT_FOUND, "a delete took the copy of a get still running: %s",
                  cfx_errname(rc));
@@ -405,11 +423,7 @@ Test(get_races, get_that_keeps_nothing_beside_a_get)
     int rc = cfx_get(b, &id, small, sizeof(small), &got, NULL);
     cr_assert_eq(rc, CFX_ERR_TRUNCATED, "%s", cfx_errname(rc));
     cr_assert_eq(got, size);
-    set_hold(b, false);
-    pthread_join(g.thr, NULL);
-    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
-    cr_assert_eq(g.size, size);
-    cr_assert_eq(cfx_test_check(g.buf, size, 61), (size_t)-1, "wrong bytes");
+    bg_end_ok(b, &g, size, 61);
 
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     assert_id_free_on(b, &id, size, 61);
@@ -437,11 +451,7 @@ Test(get_races, delete_without_a_copy_beside_a_get)
     cr_assert(held(b), "the get never got the directory's answer");
     /* the directory counts b a holder since it answered the get */
     cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
-    set_hold(b, false);
-    pthread_join(g.thr, NULL);
-    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
-    cr_assert_eq(g.size, size);
-    cr_assert_eq(cfx_test_check(g.buf, size, 71), (size_t)-1, "wrong bytes");
+    bg_end_ok(b, &g, size, 71);
 
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     assert_id_free_on(b, &id, size, 71);
@@ -474,11 +484,7 @@ Test(get_races, own_put_deleted_before_its_get_keeps_it)
     cr_assert_eq(cfx_put(b, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert(held(b), "the get never got the directory's answer");
     cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
-    set_hold(b, false);
-    pthread_join(g.thr, NULL);
-    cr_assert_eq(g.rc, CFX_OK, "%s (%s)", cfx_errname(g.rc), g.err);
-    cr_assert_eq(g.size, size);
-    cr_assert_eq(cfx_test_check(g.buf, size, 81), (size_t)-1, "wrong bytes");
+    bg_end_ok(b, &g, size, 81);
 
     assert_id_free_on(b, &id, size, 81);
     cfx_context_destroy(b);
@@ -505,10 +511,7 @@ Test(get_races, copy_withdrawn_before_its_get_ends)
     struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
     struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
     cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
-    pthread_mutex_lock(&s.lock);
-    while (!s.in)
-        pthread_cond_wait(&s.cond, &s.lock);
-    pthread_mutex_unlock(&s.lock);
+    stopper_wait_in(&s);
     cfx__xfer_test_resume(a);
     cr_assert(entry_complete(b, &id), "the rest of the object never landed");
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
@@ -516,10 +519,7 @@ Test(get_races, copy_withdrawn_before_its_get_ends)
     struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
     uint8_t *out = malloc(size);
     int rc = cfx_get(b, &id, out, size, NULL, &now);
-    pthread_mutex_lock(&s.lock);
-    s.go = true;
-    pthread_cond_broadcast(&s.cond);
-    pthread_mutex_unlock(&s.lock);
+    stopper_go(&s);
     pthread_join(g.thr, NULL);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get from a withdrawn copy: %s",
                  cfx_errname(rc));
@@ -556,20 +556,14 @@ Test(get_races, copy_from_a_cached_location_before_its_get_ends)
     struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
     struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
     cr_assert_eq(pthread_create(&g.thr, NULL, watched_main, &g), 0);
-    pthread_mutex_lock(&s.lock);
-    while (!s.in)
-        pthread_cond_wait(&s.cond, &s.lock);
-    pthread_mutex_unlock(&s.lock);
+    stopper_wait_in(&s);
     cfx__xfer_test_resume(a);
     cr_assert(entry_complete(b, &id), "the rest of the object never landed");
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
 
     struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
     int rc = cfx_get(b, &id, out, size, NULL, &now);
-    pthread_mutex_lock(&s.lock);
-    s.go = true;
-    pthread_cond_broadcast(&s.cond);
-    pthread_mutex_unlock(&s.lock);
+    stopper_go(&s);
     pthread_join(g.thr, NULL);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "b answered a get from a copy of a deleted object: %s",
                  cfx_errname(rc));
