@@ -32,7 +32,9 @@
  *    the id waits for a new put.  A putter that publishes for others stays
  *    until they have it.
  *  - cfx_put() of an id that exists fails with CFX_ERR_EXISTS, whichever
- *    node calls it; it never succeeds while the old bytes are served.
+ *    node calls it; it never succeeds while the old bytes are served (but
+ *    for a known gap: from another node while the putter's delete waits
+ *    for the holders to drop their copies, docs/ARCHITECTURE.md, Delete).
  *  - The putter's cfx_delete() withdraws the object with every copy; when
  *    it returns, the id is free: a cfx_put() of it from any node, this one
  *    included, succeeds at once, and no node answers a cfx_get() of the id
