@@ -434,8 +434,9 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
     if (!out)
         return cfx__err(CFX_ERR_INVALID, "dpdk iface_open: NULL argument");
     if ((rc = cfx__dpdk_eal_init(NULL)) != CFX_OK)
-        return rc == CFX_ERR_INVALID
-                   ? cfx__err(rc, "dpdk iface_open: %s", cfx_last_error())
+        return rc == CFX_ERR_INVALID || cfx__dpdk_eal_why()
+                   ? cfx__err(rc == CFX_ERR_INVALID ? rc : CFX_ERR_NO_DEVICE,
+                              "dpdk iface_open: %s", cfx_last_error())
                    : cfx__err(CFX_ERR_NO_DEVICE, "dpdk iface_open: DPDK's EAL did not start");
     iface = calloc(1, sizeof(*iface));
     if (!iface)

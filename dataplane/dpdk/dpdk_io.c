@@ -306,6 +306,11 @@ const char *cfx__dpdk_env(const char *name)
     return v && v[strspn(v, " \t")] ? v : NULL;
 }
 
+const char *cfx__dpdk_eal_why(void)
+{
+    return eal_why[0] ? eal_why : NULL;
+}
+
 /* CFX_DPDK_EAL when set to something (set but empty means the defaults). */
 static const char *eal_env(void)
 {
@@ -407,16 +412,16 @@ int cfx__dpdk_eal_init(const char *args)
          * lines above say why then */
         CFX_LOG(ERR, DPDK, "rte_eal_init(%s) failed: %s", args,
                 rte_errno ? rte_strerror(rte_errno) : "see EAL's messages before this one");
-        rc = eal_state = CFX_ERR_NO_DEVICE;
-        if (rte_errno == EINVAL) {
-            /* its command line refused (an option it does not know, a bad
-             * value): the user's mistake, as a word it did not take is,
-             * not a missing device that a list such as dpdk,tcp may skip */
-            rc = eal_state = cfx__err(CFX_ERR_INVALID, "%s (%s): EAL refused its command line: "
-                                      "an option it does not know, or a bad value (EAL's "
-                                      "message before this one names it)", from, args);
-            snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
-        }
+        /* EAL says EINVAL ("Invalid 'command line' arguments") for an
+         * option it does not know and a bad value, but also when it cannot
+         * make its runtime directory (/var/run/dpdk without root): no
+         * device here, which a list such as dpdk,tcp goes on without; the
+         * error names the variable and the line, EAL's own lines say which */
+        rc = eal_state = cfx__err(CFX_ERR_NO_DEVICE, "%s (%s): EAL did not start (%s): it "
+                                  "refused an option or a value, or could not set itself up; "
+                                  "EAL's messages before this one say which", from, args,
+                                  rte_errno ? rte_strerror(rte_errno) : "no reason given");
+        snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
         /* what it made of its runtime directory goes at once */
         const char *dir = rte_eal_get_runtime_dir();
         if (own_prefix && dir && *dir) {

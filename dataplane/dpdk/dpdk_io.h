@@ -113,11 +113,17 @@ const char *cfx__dpdk_env(const char *name);
  * (and --no-telemetry) plus --vdev=$CFX_DPDK_VDEV when set.  (--in-memory is refused with
  * --no-huge in DPDK 22.11, and --no-shconf breaks net_memif.)  The calling
  * thread keeps its CPU affinity.  Returns 0 (also on later calls), or, now
- * or on the first call: CFX_ERR_INVALID when EAL refused its command line
- * (a word or an option it does not take; the error names CFX_DPDK_EAL, or
- * CFX_DPDK_VDEV in the default line), CFX_ERR_NO_DEVICE when EAL failed.
+ * or on the first call: CFX_ERR_INVALID for a word EAL would not take as
+ * an option (the error names CFX_DPDK_EAL, or CFX_DPDK_VDEV in the default
+ * line), CFX_ERR_NO_DEVICE when EAL failed (an option or value it refused
+ * included: it says EINVAL for those and for a runtime directory it cannot
+ * make alike); the error names the variable and the line.
  */
 int cfx__dpdk_eal_init(const char *args);
+
+/* Why EAL did not start, when that failure has a text of its own (else
+ * NULL): what cfx__dpdk_eal_init() said, for later callers to repeat. */
+const char *cfx__dpdk_eal_why(void);
 
 /*
  * Lists the DPDK ports (rdmactl devices) on out: text lines
