@@ -113,6 +113,15 @@ static void set_hold(struct cfx_context *b, bool on)
     pthread_mutex_unlock(&b->lock);
 }
 
+/* Start a get of @p id on @p b in @p g, held where the directory answered. */
+static void held_get_start(struct cfx_context *b, struct bg *g, const struct cfx_object_id *id,
+                           size_t size)
+{
+    set_hold(b, true);
+    bg_start(g, b, id, size);
+    cr_assert(held(b), "the get never got the directory's answer");
+}
+
 /* Let @p b's held get go and check it got the @p size bytes of @p seed. */
 static void bg_end_ok(struct cfx_context *b, struct bg *g, size_t size, int seed)
 {
@@ -134,9 +143,7 @@ Test(get_races, inline_object_deleted_before_its_copy_is_kept)
     cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
 
     struct bg g;
-    set_hold(b, true);
-    bg_start(&g, b, &id, size);
-    cr_assert(held(b), "the get never got the directory's answer");
+    held_get_start(b, &g, &id, size);
     /* every holder, b included, has dropped its copy when this returns */
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     bg_end_ok(b, &g, size, 21);
@@ -173,9 +180,7 @@ Test(get_races, object_put_again_with_another_size_before_the_request)
     cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
 
     struct bg g;
-    set_hold(b, true);
-    bg_start(&g, b, &id, size2);
-    cr_assert(held(b), "the get never got the directory's answer");
+    held_get_start(b, &g, &id, size2);
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_put(a, &id, src2, size2, &pp), CFX_OK, "%s", cfx_last_error());
     set_hold(b, false); /* the request names the first object's size */
@@ -417,9 +422,7 @@ Test(get_races, get_that_keeps_nothing_beside_a_get)
     cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
 
     struct bg g;
-    set_hold(b, true);
-    bg_start(&g, b, &id, size);
-    cr_assert(held(b), "the get never got the directory's answer");
+    held_get_start(b, &g, &id, size);
     int rc = cfx_get(b, &id, small, sizeof(small), &got, NULL);
     cr_assert_eq(rc, CFX_ERR_TRUNCATED, "%s", cfx_errname(rc));
     cr_assert_eq(got, size);
@@ -446,9 +449,7 @@ Test(get_races, delete_without_a_copy_beside_a_get)
     cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
 
     struct bg g;
-    set_hold(b, true);
-    bg_start(&g, b, &id, size);
-    cr_assert(held(b), "the get never got the directory's answer");
+    held_get_start(b, &g, &id, size);
     /* the directory counts b a holder since it answered the get */
     cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
     bg_end_ok(b, &g, size, 71);
