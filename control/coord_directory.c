@@ -62,8 +62,9 @@
  * go on at another holder); with none, it goes at once, inline bytes and
  * partial copies included.  Another holder's delete withdraws its own copy
  * only; the object goes with the last.  A put of an id in the directory
- * fails with CFX_ERR_EXISTS, whoever sends it.  Durable objects outlive all
- * holders (below).
+ * fails with CFX_ERR_EXISTS, whoever sends it, and so does one while the
+ * putter's delete of it waits for holders (coord_waits.c).  Durable
+ * objects outlive all holders (below).
  *
  * Task results.  A task's worker puts its results, but only the task's
  * submitter knows when they may go; a worker never deletes them, so they
@@ -965,6 +966,9 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     idhex(&m->u.put.id, hex);
     if (node_objects_full(co, c, m->req_id, o))
         return;
+    /* not free while its putter's delete waits for holders (coord_waits.c) */
+    if (!o && cfx__coord_del_waits_put(co, c, m->req_id, &m->u.put.id, m->u.put.copy))
+        return;
     if (m->u.put.copy) {
         put_copy(co, c, m, o);
         return;
@@ -1183,9 +1187,10 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
         return;
     }
     if (owner) {
-        /* The id is free for a new put from now on; the reply waits until
-         * every other holder dropped its copy (so that none of them answers
-         * a get of the id with these bytes once the delete returned). */
+        /* The reply waits until every other holder dropped its copy (so
+         * that none of them answers a get of the id with these bytes once
+         * the delete returned), and the id is free for a new put from then
+         * on (coord_waits.c). */
         char why[96];
         if (o->putter == me)
             snprintf(why, sizeof(why), "its putter node %u deleted it", me);

@@ -277,6 +277,7 @@ struct coord_parked {
  * object said it dropped its copy (EV_OBJ_GONE -> OBJ_GONE_ACK), or died. */
 struct coord_del_wait {
     struct cfx_list link;       /* bucket of coord->del_waits by token */
+    struct cfx_list id_link;    /* bucket of coord->del_ids by object id */
     struct cfx_ev_timer timer;  /* the deadline: dead_after_ms + COORD_DEL_WAIT_MARGIN_MS */
     struct coord_conn *conn;    /* the putter's connection, to reply on */
     uint64_t req_id;            /* its OBJ_DELETE */
@@ -436,6 +437,7 @@ struct cfx_coord {
     uint32_t nparked_buckets;   /* power of two */
     uint64_t parked_seed;       /* keys the hash: ids are the peers' to choose */
     struct cfx_list *del_waits; /* struct coord_del_wait by token, COORD_DEL_WAIT_BUCKETS */
+    struct cfx_list *del_ids;   /* the same by object id (id_link), COORD_DEL_WAIT_BUCKETS */
     uint64_t next_token;        /* last EV_OBJ_GONE token handed out */
     struct coord_gone gone[COORD_GONE_KEEP]; /* ring of recent withdrawals */
     uint32_t gone_next;         /* next slot of the ring */
@@ -602,6 +604,13 @@ struct cfx_list *cfx__coord_parked_bucket(struct cfx_coord *co, const struct cfx
 /* True (and @p c answered) when @p c may not have one more delete waiting. */
 bool cfx__coord_del_waits_full(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
                                const struct cfx_object_id *id);
+/* True (and @p c answered CFX_ERR_EXISTS) when a delete of @p id waits for
+ * holders other than @p c's node: the id is not free yet.  A plain put from
+ * a holder it waits for counts as that holder's acknowledgement (its store
+ * let the put through, so its copy left); a copy re-announced (@p copy) is
+ * one still held, and does not. */
+bool cfx__coord_del_waits_put(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                              const struct cfx_object_id *id, bool copy);
 /* A waiting delete for up to @p nholders acknowledgements, or NULL (no memory). */
 struct coord_del_wait *cfx__coord_del_wait_new(struct cfx_coord *co, struct coord_conn *c,
                                                uint64_t req_id, const struct cfx_object_id *id,

@@ -27,14 +27,24 @@
  * but never acknowledges (a broken or hostile client) held the delete for
  * ever.  So each waiting delete has a deadline, dead_after_ms plus
  * COORD_DEL_WAIT_MARGIN_MS after the withdrawal, by which a stopped holder
- * is dead.  At it the delete is complete as far as the directory goes (the
- * id left it with the withdrawal, and a put of it succeeds), and the
- * putter is answered CFX_ERR_PEER_FAILED naming the holders that did not
- * acknowledge: those may still answer a get of the withdrawn bytes that
- * reaches them without the directory.  One connection may have
- * COORD_DEL_WAITS_PER_CONN deletes waiting; beyond, a delete is refused
- * (CFX_ERR_NO_RESOURCE, nothing withdrawn).  Acknowledgements find their
- * delete by token in a hash table.
+ * is dead.  At it the delete is complete, and the putter is answered
+ * CFX_ERR_PEER_FAILED naming the holders that did not acknowledge: those
+ * may still answer a get of the withdrawn bytes that reaches them without
+ * the directory.  One connection may have COORD_DEL_WAITS_PER_CONN deletes
+ * waiting; beyond, a delete is refused (CFX_ERR_NO_RESOURCE, nothing
+ * withdrawn).  Acknowledgements find their delete by token in a hash
+ * table.
+ *
+ * The id of a waiting delete is not free yet.  It has left the directory
+ * (lookups find nothing, a get waits for a new put), but a put of it from
+ * any node is refused CFX_ERR_EXISTS until the delete is answered: a put
+ * that succeeded there while a holder had not yet taken the event let that
+ * holder answer its own gets of the new object with the withdrawn bytes (a
+ * randomized stress saw it a few times a run).  The exception is a holder
+ * the delete waits for: its store let its put through only once its copy
+ * had left, so that put is its acknowledgement (its own OBJ_GONE_ACK may
+ * still be on its way behind it).  Puts find the waits by id in a second
+ * hash table, keyed as the parked lookups are.
  *
  * Everything here runs on the coordinator's loop thread.
  */
@@ -73,17 +83,21 @@ int cfx__coord_waits_init(struct cfx_coord *co)
 {
     co->parked = malloc(PARKED_BUCKETS_INITIAL * sizeof(*co->parked));
     co->del_waits = malloc(COORD_DEL_WAIT_BUCKETS * sizeof(*co->del_waits));
-    if (!co->parked || !co->del_waits) {
+    co->del_ids = malloc(COORD_DEL_WAIT_BUCKETS * sizeof(*co->del_ids));
+    if (!co->parked || !co->del_waits || !co->del_ids) {
         free(co->parked);
         free(co->del_waits);
-        co->parked = co->del_waits = NULL;
+        free(co->del_ids);
+        co->parked = co->del_waits = co->del_ids = NULL;
         return cfx__err(CFX_ERR_NOMEM, "no memory for the directory's waits");
     }
     co->nparked_buckets = PARKED_BUCKETS_INITIAL;
     for (uint32_t i = 0; i < co->nparked_buckets; i++)
         cfx_list_init(&co->parked[i]);
-    for (uint32_t i = 0; i < COORD_DEL_WAIT_BUCKETS; i++)
+    for (uint32_t i = 0; i < COORD_DEL_WAIT_BUCKETS; i++) {
         cfx_list_init(&co->del_waits[i]);
+        cfx_list_init(&co->del_ids[i]);
+    }
     co->parked_seed = cfx__random_u64();
     return CFX_OK;
 }
@@ -92,6 +106,7 @@ static void del_wait_free(struct cfx_coord *co, struct coord_del_wait *w)
 {
     cfx__ev_timer_stop(co->loop, &w->timer);
     cfx_list_del(&w->link);
+    cfx_list_del(&w->id_link);
     w->conn->ndel_waits--;
     free(w->wait);
     free(w);
@@ -107,6 +122,8 @@ void cfx__coord_waits_fini(struct cfx_coord *co)
         free(co->del_waits);
         co->del_waits = NULL;
     }
+    free(co->del_ids);
+    co->del_ids = NULL;
     if (co->parked) {
         for (uint32_t i = 0; i < co->nparked_buckets; i++)
             while (!cfx_list_empty(&co->parked[i]))
@@ -244,6 +261,81 @@ static struct cfx_list *del_bucket(struct cfx_coord *co, uint64_t token)
     return &co->del_waits[token & (COORD_DEL_WAIT_BUCKETS - 1)];
 }
 
+static struct cfx_list *del_id_bucket(struct cfx_coord *co, const struct cfx_object_id *id)
+{
+    return &co->del_ids[parked_hash(co, id) & (COORD_DEL_WAIT_BUCKETS - 1)];
+}
+
+static struct coord_del_wait *del_wait_find(struct cfx_coord *co,
+                                            const struct cfx_object_id *id)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, del_id_bucket(co, id)) {
+        struct coord_del_wait *w = cfx_list_entry(pos, struct coord_del_wait, id_link);
+        if (!memcmp(w->id.bytes, id->bytes, CFX_OBJECT_ID_LEN))
+            return w;
+    }
+    return NULL;
+}
+
+static bool del_wait_has(const struct coord_del_wait *w, uint32_t node)
+{
+    for (uint32_t i = 0; i < w->nwait; i++)
+        if (w->wait[i] == node)
+            return true;
+    return false;
+}
+
+/* "3, 7, 12" (the holders @p w waits for) into @p who. */
+static void del_wait_who(const struct coord_del_wait *w, char *who, size_t len)
+{
+    size_t off = 0;
+    who[0] = '\0';
+    for (uint32_t i = 0; i < w->nwait && off < len - 16; i++) {
+        int k = snprintf(who + off, len - off, "%s%u", i ? ", " : "", w->wait[i]);
+        off += k > 0 ? (size_t)k : 0;
+    }
+    if (off >= len - 16 && w->nwait)
+        snprintf(who + off, len - off, ", ...");
+}
+
+/* @p w's holder @p node answered or is gone; the delete is answered with the last. */
+static void del_wait_drop(struct cfx_coord *co, struct coord_del_wait *w, uint32_t node)
+{
+    for (uint32_t i = 0; i < w->nwait; i++) {
+        if (w->wait[i] == node) {
+            w->wait[i] = w->wait[--w->nwait];
+            break;
+        }
+    }
+    if (w->nwait)
+        return;
+    cfx__coord_reply_ok(w->conn, w->req_id);
+    del_wait_free(co, w);
+}
+
+bool cfx__coord_del_waits_put(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                              const struct cfx_object_id *id, bool copy)
+{
+    const uint32_t me = c->node ? c->node->rec.node_id : 0;
+    struct coord_del_wait *w;
+    char hex[CFX_OBJECT_ID_HEX_LEN], who[128];
+
+    while ((w = del_wait_find(co, id)) && !copy && me && del_wait_has(w, me))
+        del_wait_drop(co, w, me); /* may answer the delete, and free it */
+    if (!w)
+        return false;
+    cfx_object_id_to_hex(id, hex);
+    del_wait_who(w, who, sizeof(who));
+    cfx__coord_reply_err(c, req_id, CFX_ERR_EXISTS,
+                         "object %s is being deleted by node %u: node%s %s ha%s not yet "
+                         "dropped %s copy; the id is free once that delete returns", hex,
+                         w->conn->node ? w->conn->node->rec.node_id : 0,
+                         w->nwait == 1 ? "" : "s", who, w->nwait == 1 ? "s" : "ve",
+                         w->nwait == 1 ? "its" : "their");
+    return true;
+}
+
 bool cfx__coord_del_waits_full(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
                                const struct cfx_object_id *id)
 {
@@ -264,16 +356,9 @@ static void on_del_wait_timeout(struct cfx_ev_loop *loop, struct cfx_ev_timer *t
     struct coord_del_wait *w = t->arg;
     struct cfx_coord *co = w->conn->coord;
     char hex[CFX_OBJECT_ID_HEX_LEN], who[128];
-    size_t off = 0;
     (void)loop;
 
-    who[0] = '\0';
-    for (uint32_t i = 0; i < w->nwait && off < sizeof(who) - 16; i++) {
-        int k = snprintf(who + off, sizeof(who) - off, "%s%u", i ? ", " : "", w->wait[i]);
-        off += k > 0 ? (size_t)k : 0;
-    }
-    if (off >= sizeof(who) - 16 && w->nwait)
-        snprintf(who + off, sizeof(who) - off, ", ...");
+    del_wait_who(w, who, sizeof(who));
     cfx_object_id_to_hex(&w->id, hex);
     CFX_LOG(WARN, CTL, "object %s: node%s %s did not acknowledge its withdrawal within %u ms; "
             "the delete of node %u is answered without them", hex, w->nwait == 1 ? "" : "s",
@@ -314,25 +399,11 @@ void cfx__coord_del_wait_start(struct cfx_coord *co, struct coord_del_wait *w)
         return;
     }
     cfx_list_add_tail(&w->link, del_bucket(co, w->token));
+    cfx_list_add_tail(&w->id_link, del_id_bucket(co, &w->id));
     w->conn->ndel_waits++;
     cfx__ev_timer_start(co->loop, &w->timer,
                         cfx__now_ns() + (uint64_t)(co->dead_after_ms + COORD_DEL_WAIT_MARGIN_MS) *
                                             1000000ull);
-}
-
-/* @p w's holder @p node answered or is gone; the delete is answered with the last. */
-static void del_wait_drop(struct cfx_coord *co, struct coord_del_wait *w, uint32_t node)
-{
-    for (uint32_t i = 0; i < w->nwait; i++) {
-        if (w->wait[i] == node) {
-            w->wait[i] = w->wait[--w->nwait];
-            break;
-        }
-    }
-    if (w->nwait)
-        return;
-    cfx__coord_reply_ok(w->conn, w->req_id);
-    del_wait_free(co, w);
 }
 
 void cfx__coord_obj_gone_ack(struct cfx_coord *co, struct coord_conn *c, const struct cfx_msg *m)

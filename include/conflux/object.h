@@ -32,9 +32,9 @@
  *    the id waits for a new put.  A putter that publishes for others stays
  *    until they have it.
  *  - cfx_put() of an id that exists fails with CFX_ERR_EXISTS, whichever
- *    node calls it; it never succeeds while the old bytes are served (but
- *    for a known gap: from another node while the putter's delete waits
- *    for the holders to drop their copies, docs/ARCHITECTURE.md, Delete).
+ *    node calls it; it never succeeds while the old bytes are served: while
+ *    the putter's cfx_delete() of the id has not returned, a put of it
+ *    fails so too (docs/ARCHITECTURE.md, Delete).
  *  - The putter's cfx_delete() withdraws the object with every copy; when
  *    it returns, the id is free: a cfx_put() of it from any node, this one
  *    included, succeeds at once, and no node answers a cfx_get() of the id
@@ -157,8 +157,9 @@ struct cfx_obj_params {
  * this node becomes its putter (see the lifecycle).
  * @return CFX_OK; CFX_ERR_EXISTS if @p id exists (put by any node, and
  *         neither deleted by its putter nor gone with its last complete
- *         copy; cfx_last_error() names the putter), or this node holds a
- *         copy of it;
+ *         copy; cfx_last_error() names the putter), or its putter's
+ *         delete has not returned yet (it names the holders that delete
+ *         waits for), or this node holds a copy of it;
  *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
  *         CFX_ERR_CONNECT when the coordinator was unreachable until the
  *         deadline (named in cfx_last_error()); CFX_ERR_TIMEOUT when it did

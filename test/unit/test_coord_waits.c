@@ -164,6 +164,93 @@ Test(coord_waits, a_silent_holder_holds_a_delete_until_its_deadline_only)
     close(a);
 }
 
+/* The token of the next EV_OBJ_GONE on @p s (other frames passed by). */
+static uint64_t gone_token(int s)
+{
+    struct cfx_msg m;
+    do
+        cr_assert_eq(raw_read_frame(s, frame, sizeof(frame), &m), CFX_OK);
+    while (m.type != CFX_MSG_EV_OBJ_GONE);
+    cr_assert_neq(m.req_id, 0, "a putter's delete asks for an acknowledgement");
+    return m.req_id;
+}
+
+static void send_gone_ack(int s, uint32_t k, uint64_t tok)
+{
+    struct cfx_msg r = { .type = CFX_MSG_OBJ_GONE_ACK, .req_id = tok };
+    r.u.gone.id = nid(k);
+    raw_send(s, &r);
+}
+
+/*
+ * The id of a putter's delete that waits for a holder is not free: a put of
+ * it from a third node succeeded there, while the holder that had not yet
+ * taken the event still answered its own gets with the withdrawn bytes.
+ * Such a put is refused CFX_ERR_EXISTS naming the holder, and succeeds
+ * once the delete is answered.  A plain put from the holder waited for is
+ * its acknowledgement (its store let it through once its copy left); a
+ * copy it re-announces is one it still holds, refused and not counted.
+ */
+Test(coord_waits, an_id_stays_taken_while_its_delete_waits_for_a_holder)
+{
+    uint32_t aid, bid;
+    int a = node_id(&aid), b = node_id(&bid), c = node(), all[3];
+    char text[CFX_PROTO_TEXT_MAX], want[32];
+    uint64_t req;
+    uint8_t type;
+    all[0] = a;
+    all[1] = b;
+    all[2] = c;
+    snprintf(want, sizeof(want), "node %u", bid);
+    for (uint32_t k = 0; k < 2; k++) {
+        send_put(a, k, 10 + k);
+        cr_assert_eq(answer(a, all, 3, NULL, NULL, text, sizeof(text)), 0, "%s", text);
+        send_lookup(b, k, 0, 10 + k);
+        cr_assert_eq(answer(b, all, 3, NULL, &type, text, sizeof(text)), 0, "%s", text);
+        cr_assert_eq(type, CFX_MSG_LOOKUP_REPLY);
+    }
+
+    /* object 0: a third node's put waits for b's acknowledgement */
+    send_delete(a, 0, 100);
+    uint64_t tok = gone_token(b);
+    send_put(c, 0, 30);
+    cr_assert_eq(answer(c, all, 3, NULL, NULL, text, sizeof(text)), CFX_ERR_EXISTS, "%s", text);
+    cr_assert(strstr(text, "being deleted") && strstr(text, want), "%s", text);
+    send_lookup(c, 0, 0, 31); /* gone from the directory all the same: no wait */
+    cr_assert_eq(answer(c, all, 3, NULL, NULL, text, sizeof(text)), CFX_ERR_TIMEOUT, "%s",
+                 text);
+    send_gone_ack(b, 0, tok);
+    cr_assert_eq(answer(a, all, 3, &req, NULL, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(req, 100);
+    send_put(c, 0, 32);
+    cr_assert_eq(answer(c, all, 3, NULL, NULL, text, sizeof(text)), 0, "%s", text);
+
+    /* object 1: b re-announcing its copy is refused and answers nothing;
+     * b's own put of the id answers the delete (its ack comes after) */
+    send_delete(a, 1, 101);
+    tok = gone_token(b);
+    struct cfx_msg r = { .type = CFX_MSG_OBJ_PUT, .req_id = 40 };
+    r.u.put.id = nid(1);
+    r.u.put.size = BIG;
+    r.u.put.chunk_size = 65536;
+    r.u.put.copy = 1;
+    r.u.put.putter = aid;
+    raw_send(b, &r);
+    cr_assert_eq(answer(b, all, 3, NULL, NULL, text, sizeof(text)), CFX_ERR_EXISTS, "%s", text);
+    send_put(b, 1, 41);
+    cr_assert_eq(answer(b, all, 3, &req, NULL, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(req, 41);
+    cr_assert_eq(answer(a, all, 3, &req, NULL, text, sizeof(text)), 0, "%s", text);
+    cr_assert_eq(req, 101);
+    send_gone_ack(b, 1, tok); /* late: nothing waits for it */
+    send_put(c, 1, 42); /* b's object now */
+    cr_assert_eq(answer(c, all, 3, NULL, NULL, text, sizeof(text)), CFX_ERR_EXISTS, "%s", text);
+    cr_assert(strstr(text, "already exists"), "%s", text);
+    close(c);
+    close(b);
+    close(a);
+}
+
 /*
  * Parked lookups: a member may hold its share of max_parked (at least
  * COORD_PARKED_SHARE_MIN), so one member cannot take the whole budget;
