@@ -418,6 +418,12 @@ int cfx__ctl_obj_done_async(struct cfx_ctl *ctl, const struct cfx_object_id *id,
  * that put it.  CFX_ERR_NOT_FOUND if it held none and may not end it. */
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns);
+/* As cfx__ctl_obj_delete(), from a node that holds no copy of @p id: a put
+ * of it by this node withdraws only if its tag is below @p put_below (the
+ * node's next store sequence when it found no copy; a put begun after that
+ * is not this delete's to take: CFX_ERR_NOT_FOUND). */
+int cfx__ctl_obj_delete_before(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                               uint64_t put_below, uint64_t deadline_ns);
 /* As cfx__ctl_obj_delete(), but a task's submitter only drops its own copy
  * (a cfx_get_alloc buffer freed is no decision to end the result). */
 int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,

@@ -267,7 +267,7 @@ int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *i
 }
 
 static int obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id, bool end,
-                      uint64_t deadline_ns)
+                      uint64_t put_below, uint64_t deadline_ns)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
@@ -278,18 +278,25 @@ static int obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id, bool 
              cfx__ctl_idhex(id, hex));
     m.u.del.id = *id;
     m.u.del.end = end;
+    m.u.del.put_below = put_below;
     return expect_ok(ctl, &m, deadline_ns, what);
 }
 
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns)
 {
-    return obj_delete(ctl, id, true, deadline_ns);
+    return obj_delete(ctl, id, true, 0, deadline_ns);
+}
+
+int cfx__ctl_obj_delete_before(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                               uint64_t put_below, uint64_t deadline_ns)
+{
+    return obj_delete(ctl, id, true, put_below, deadline_ns);
 }
 
 int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                       uint64_t deadline_ns)
 {
-    return obj_delete(ctl, id, false, deadline_ns);
+    return obj_delete(ctl, id, false, 0, deadline_ns);
 }
 

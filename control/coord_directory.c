@@ -1176,6 +1176,16 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
                              "node %u holds no copy of object %s", me, hex);
         return;
     }
+    /* A delete that found no copy on its node takes no put of it that
+     * began there after (a put on another thread): that put was still
+     * held there, unwithdrawn, answering the node's own gets, after the
+     * directory had let another node put the id. */
+    if (o->putter == me && m->u.del.put_below && o->tag >= m->u.del.put_below) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "node %u held no copy of object %s when it deleted it (its put "
+                             "of the id began after)", me, hex);
+        return;
+    }
     /* The putter's delete waits for the holders' acknowledgements: a
      * connection has so many such deletes at most (coord_waits.c). */
     if (owner && cfx__coord_del_waits_full(co, c, m->req_id, &m->u.del.id))

@@ -308,6 +308,7 @@ static int encode_payload(const struct cfx_msg *m, struct wr *w)
     case CFX_MSG_OBJ_DELETE:
         wr_bytes(w, m->u.del.id.bytes, CFX_OBJECT_ID_LEN);
         wr_u8(w, m->u.del.end ? 1 : 0);
+        wr_u64(w, m->u.del.put_below);
         break;
     case CFX_MSG_NODE_GET:
         wr_u32(w, m->u.node_get.node_id);
@@ -671,6 +672,7 @@ static void decode_payload(struct rd *r, struct cfx_msg *m)
     case CFX_MSG_OBJ_DELETE:
         rd_bytes(r, m->u.del.id.bytes, CFX_OBJECT_ID_LEN, "object id");
         m->u.del.end = rd_flag(r, "end flag");
+        m->u.del.put_below = rd_u64(r, "put tag bound");
         break;
     case CFX_MSG_NODE_GET:
         m->u.node_get.node_id = rd_u32(r, "node id");

@@ -42,7 +42,7 @@
 #include "control/client.h"
 
 #define CFX_PROTO_MAGIC        0xCF1Cu
-#define CFX_PROTO_VERSION      12u /* 2: host name and flags in node records, object names;
+#define CFX_PROTO_VERSION      13u /* 2: host name and flags in node records, object names;
                                     * 3: EV_OBJ_GONE / OBJ_GONE_ACK, put tags and copies,
                                     * the putter in LOOKUP_REPLY;
                                     * 4: tasks (TASK_*), load in HEARTBEAT;
@@ -67,7 +67,9 @@
                                     *     TASK_SUBMIT, TASK_ANNOUNCE;
                                     * 11: EV_STOPPING, the coordinator's goodbye;
                                     * 12: OBJ_DELETE's end flag (a task's submitter
-                                    *     withdraws its results) */
+                                    *     withdraws its results);
+                                    * 13: OBJ_DELETE's put_below (a delete that
+                                    *     found no copy takes no later put) */
 #define CFX_PROTO_HDR_LEN      16u
 #define CFX_PROTO_MAX_PAYLOAD  (1u << 20)  /* 1 MiB; fits a 64 KiB inline object and a listing page */
 #define CFX_PROTO_NONCE_LEN    32u
@@ -338,6 +340,10 @@ struct cfx_msg {
                                  * putter always does; the submitter of the task
                                  * that put it only with this); 0: drop this
                                  * node's copy (a cfx_get_alloc buffer freed) */
+            uint64_t put_below; /* 0: any put of this node's goes; else only
+                                 * one with a tag below it (sent by a delete
+                                 * that found no copy on its node: a put
+                                 * there begun after it is not its to take) */
         } del;
         struct {
             uint32_t node_id;

@@ -188,8 +188,11 @@ static int delete_call(struct cfx_context *ctx, const struct cfx_object_id *id,
          * directory drops this node's record of the id, which a get of it
          * here may have just made (cfx__record_drop_begin). */
         uint64_t seq = cfx__record_drop_begin(ctx, id);
+        /* a put of the id here from now on is not this delete's to take:
+         * it is tagged with a later store sequence (cfx__store_insert) */
+        uint64_t put_below = ctx->store.last_seq + 1;
         pthread_mutex_unlock(&ctx->lock);
-        rc = cfx__ctl_obj_delete(ctx->ctl, id, deadline);
+        rc = cfx__ctl_obj_delete_before(ctx->ctl, id, put_below, deadline);
         pthread_mutex_lock(&ctx->lock);
         cfx__record_drop_end(ctx, id, seq);
         pthread_mutex_unlock(&ctx->lock);

@@ -161,10 +161,11 @@ static void proto(void)
     put("fuzz_proto", "obj_gone_ack", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));
-    m.type = CFX_MSG_OBJ_DELETE; /* protocol 12: the end flag */
+    m.type = CFX_MSG_OBJ_DELETE; /* protocol 12: the end flag; 13: put_below */
     m.req_id = 12;
     memset(m.u.del.id.bytes, 0xcd, sizeof(m.u.del.id.bytes));
     m.u.del.end = 1;
+    m.u.del.put_below = 77;
     put("fuzz_proto", "obj_delete", buf, enc(&m, buf, sizeof(buf)));
 
     memset(&m, 0, sizeof(m));

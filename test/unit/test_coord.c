@@ -352,6 +352,36 @@ Test(coord, put_conflicts_and_delete)
 }
 
 /*
+ * A delete from a node that found no copy of the id in its store carries
+ * its next store sequence: a put of the id by that node tagged at or after
+ * it began after the delete looked, and is not the delete's to take.  (It
+ * took it: the put's entry stayed on its node answering that node's gets
+ * with the old bytes after the directory let another node put the id.)
+ * Without the bound, or below it, the putter's delete withdraws as ever.
+ */
+Test(coord, delete_without_a_copy_takes_no_later_put)
+{
+    struct cfx_ctl *a = open_node("a", NULL), *b = open_node("b", NULL);
+    struct cfx_object_id id;
+    make_id(&id, "later-put");
+    uint64_t dl = cfx__deadline_ns(CALL_MS);
+
+    cr_assert_eq(cfx__ctl_obj_put_own(a, &id, BIG, 1024, NULL, 7, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_obj_delete_before(a, &id, 7, dl), CFX_ERR_NOT_FOUND);
+    cr_assert(strstr(cfx_last_error(), "began after"), "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(b, &id, BIG, 1024, NULL, dl), CFX_ERR_EXISTS,
+                 "the later put stays");
+    cr_assert_eq(cfx__ctl_obj_delete_before(a, &id, 8, dl), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ctl_obj_put(b, &id, BIG, 1024, NULL, dl), CFX_OK, "%s",
+                 cfx_last_error());
+    /* a bound concerns the sender's own puts only */
+    cr_assert_eq(cfx__ctl_obj_delete_before(a, &id, 1, dl), CFX_ERR_NOT_FOUND);
+    cr_assert_eq(cfx__ctl_obj_delete_before(b, &id, 1, dl), CFX_OK, "%s", cfx_last_error());
+    cfx__ctl_close(b);
+    cfx__ctl_close(a);
+}
+
+/*
  * A node in a child process: joins, puts an object, reports its id on a pipe,
  * waits to be killed or stopped.  The child execs a fresh image of this
  * binary (the constructor below runs the node) instead of going on after

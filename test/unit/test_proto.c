@@ -265,6 +265,8 @@ static void sample_msg(uint8_t type, struct cfx_msg *m)
         break;
     case CFX_MSG_OBJ_DELETE:
         sample_id(&m->u.del.id, 5);
+        m->u.del.end = 1;
+        m->u.del.put_below = 0x0102030405060708ull;
         break;
     case CFX_MSG_NODE_GET:
         m->u.node_get.node_id = 12;
@@ -481,6 +483,8 @@ static void assert_msg_eq(const struct cfx_msg *a, const struct cfx_msg *b)
         break;
     case CFX_MSG_OBJ_DELETE:
         cr_assert_arr_eq(a->u.del.id.bytes, b->u.del.id.bytes, CFX_OBJECT_ID_LEN);
+        cr_assert_eq(a->u.del.end, b->u.del.end);
+        cr_assert_eq(a->u.del.put_below, b->u.del.put_below);
         break;
     case CFX_MSG_NODE_GET:
         cr_assert_eq(a->u.node_get.node_id, b->u.node_get.node_id);
