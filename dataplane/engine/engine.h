@@ -1067,6 +1067,7 @@ struct cfx_context {
     bool test_hold_put;         /* test hook (object.c): puts wait before the directory */
     bool test_put_held;         /* ... and one did */
     bool test_entry_held;       /* ... and one did */
+    uint32_t test_entry_passes; /* ... and how many held went on */
 };
 
 /* reannounce.c: after the coordinator client reconnected (a restarted

@@ -164,8 +164,8 @@ static void round_reduce(struct cfx_context *ctx, long i)
         in[e] = (float)(rank + 1 + (int)(e % 7));
     CHECK_OK(cfx_put(ctx, &ids[rank], in, RED_BYTES, &pp));
     hold(&ids[rank]);
-    /* the others read the result once the driver says it is complete: a get
-     * on the node still producing it would fail with CFX_ERR_BUSY */
+    /* the others read the result once the driver says it is complete (a
+     * get on the node still producing it waits for it there) */
     struct cfx_object_id done;
     uint8_t one = 1;
     name_id(&done, "red-done", i, 0);

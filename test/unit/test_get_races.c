@@ -581,3 +581,62 @@ Test(get_races, copy_from_a_cached_location_before_its_get_ends)
     free(out);
     free(src);
 }
+
+/*
+ * A get that another entry of its id beats to the store waits for that
+ * copy and tries again, as often as it takes within its deadline: three
+ * threads getting one id with CFX_OBJ_FLAG_NO_KEEP (whose entries leave
+ * without a copy) made such a get fail CFX_ERR_BUSY, which cfx_get does not
+ * document, after its third round.  Here a put of the id on the getter's
+ * node beats it each round, held before the directory refuses it.
+ */
+Test(get_races, get_beaten_to_its_entry_round_after_round)
+{
+    const size_t size = CFX_OBJECT_INLINE_MAX + 1000; /* not inline */
+    struct cfx_context *a = join(NULL), *b = join(NULL);
+    struct cfx_object_id id;
+    uint8_t *src = malloc(size), *mine = malloc(size);
+    cfx_object_id_generate(a, &id);
+    cfx_test_fill(src, size, 61);
+    cfx_test_fill(mine, size, 62);
+    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+
+    struct bg g;
+    held_get_start(b, &g, &id, size);
+    for (int round = 0; round < 5; round++) {
+        struct put_bg p = { .c = b, .id = &id, .buf = mine, .size = size };
+        uint64_t dl = cfx__deadline_ns(WAIT_MS);
+        pthread_mutex_lock(&b->lock);
+        b->test_hold_put = true;
+        b->test_put_held = false;
+        pthread_mutex_unlock(&b->lock);
+        cr_assert_eq(pthread_create(&p.thr, NULL, put_main, &p), 0);
+        pthread_mutex_lock(&b->lock);
+        while (!b->test_put_held && cfx__obj_wait(b, dl))
+            ;
+        cr_assert(b->test_put_held, "round %d: the put never reached the directory", round);
+        /* the get goes on into the put's entry, and is held at its next try */
+        uint32_t passes = b->test_entry_passes;
+        b->test_hold_entry = false;
+        b->test_entry_held = false;
+        pthread_cond_broadcast(&b->obj_cond);
+        while (b->test_entry_passes == passes && cfx__obj_wait(b, dl))
+            ;
+        cr_assert_neq(b->test_entry_passes, passes, "round %d: the get stayed held", round);
+        b->test_hold_entry = true;
+        /* the directory refuses the put: its entry goes, the get tries again */
+        b->test_hold_put = false;
+        pthread_cond_broadcast(&b->obj_cond);
+        pthread_mutex_unlock(&b->lock);
+        pthread_join(p.thr, NULL);
+        cr_assert_eq(p.rc, CFX_ERR_EXISTS, "round %d: %s", round, cfx_errname(p.rc));
+        cr_assert(held(b), "round %d: the get did not try again (%s)", round,
+                  cfx_errname(g.rc));
+    }
+    bg_end_ok(b, &g, size, 61);
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(mine);
+    free(src);
+}
