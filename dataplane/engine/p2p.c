@@ -12,7 +12,6 @@
 #define P2P_CANCEL_GRACE_MS 1000
 #define P2P_DRAIN_POLL_MS   20 /* a withdrawn send looks at its writes in flight */
 #define DEATH_GRACE_MS      300 /* see cfx__p2p_wait_watch() */
-#define LEFT_GRACE_MS       2000 /* ... for a node that left, when it is not the peer */
 
 struct cfx_p2p_req {
     struct cfx_context *ctx;
@@ -429,11 +428,25 @@ static bool conn_open_to(const struct cfx_context *ctx, uint32_t node)
 
 /* ctx->lock held: index in @p nodes of a node known dead or gone in good
  * order (either way it sends nothing more), or -1. */
-static int watch_dead(struct cfx_context *ctx, const uint32_t *nodes, int nnodes)
+/*
+ * ctx->lock held: the index of a node of @p nodes gone for @p req, or -1.
+ * One that died is; one that left in good order only when it is the peer:
+ * a group member leaves once its part of the calls is done (a barrier's
+ * first rank out may leave while the others still wait for each other),
+ * so its leaving says nothing of a wait for a live peer.  Such a wait ended
+ * 2 s after the leave (a grace for a slow peer), and a loaded machine ran
+ * past it: the last rank's barrier failed naming a rank that had finished.
+ * A call that the leave did break ends all the same: the ranks that wait
+ * for the leaver fail and tell the others (coll_check.c, the news).
+ */
+static int watch_dead(struct cfx_context *ctx, const struct cfx_p2p_req *req,
+                      const uint32_t *nodes, int nnodes)
 {
-    for (int i = 0; i < nnodes; i++)
-        if (cfx__node_gone(ctx, nodes[i]))
+    for (int i = 0; i < nnodes; i++) {
+        int gone = cfx__node_gone(ctx, nodes[i]);
+        if (gone == CFX_NODE_DEAD || (gone && nodes[i] == req->peer))
             return i;
+    }
     return -1;
 }
 
@@ -467,7 +480,7 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
         *was_stopped = false;
     poll_wait(req, deadline_ns);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
-           (who = watch_dead(ctx, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
+           (who = watch_dead(ctx, req, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
            !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline_ns))
         ;
     if (st == CFX_ERR_AGAIN && who < 0 && !stopped && cfx__ctx_closing(ctx)) {
@@ -485,13 +498,8 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     if (st == CFX_ERR_AGAIN && who >= 0) {
         /* The news of a death can overtake what the node sent just before
          * it went (a rank that finished and exited): let bytes already on
-         * their way land before calling the call failed.  A group member
-         * that left in good order may have left after finishing its part of
-         * the very call waiting here (a barrier's first rank out), while
-         * this message comes from a live peer that is only slower (a
-         * loaded machine): that peer gets longer. */
-        bool bystander = node_left(ctx, nodes[who]) && nodes[who] != req->peer;
-        uint64_t grace = cfx__deadline_ns(bystander ? LEFT_GRACE_MS : DEATH_GRACE_MS);
+         * their way land before calling the call failed. */
+        uint64_t grace = cfx__deadline_ns(DEATH_GRACE_MS);
         if (grace > deadline_ns)
             grace = deadline_ns;
         while ((st = p2p_status(req)) == CFX_ERR_AGAIN && cfx__obj_wait(ctx, grace))

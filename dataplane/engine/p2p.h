@@ -71,13 +71,13 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns);
 int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
 
 /* As cfx__p2p_wait(), and also fail with CFX_ERR_PEER_FAILED (setting *dead
- * to its index) as soon as any of @p nodes is known dead or left the
- * cluster in good order (cfx__p2p_node_left() tells which) — so every
- * member of a group learns of it, not only the ones that talk to that
- * node.  *dead is -1 otherwise.  What is already on its way may still
- * land first: 300 ms of grace, 2 s when the node left in good order and
- * is not this request's peer (it may have left after its part of the
- * call), and while a connection with a node that left is open. */
+ * to its index) as soon as any of @p nodes is known dead, or the request's
+ * peer left the cluster in good order (cfx__p2p_node_left() tells which) —
+ * so every member of a group learns of a death, not only the ones that
+ * talk to that node (a member that left in good order may have finished
+ * its part of the call: only the peer's leave ends a wait).  *dead is -1
+ * otherwise.  What is already on its way may still land first: 300 ms of
+ * grace, and while a connection with a node that left is open. */
 int cfx__p2p_wait_watch(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint32_t *nodes,
                         int nnodes, int *dead);
 

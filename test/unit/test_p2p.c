@@ -1067,3 +1067,61 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_dropped, .timeout = 
         cfx__p2p_free(s[i]);
     down();
 }
+
+/*
+ * A member that left in good order ends a wait only for a message of its
+ * own: it leaves once its part of the calls is done, while the others may
+ * still wait for each other (a barrier's first rank out).  Any member's
+ * leave ended every watched wait 2 s later, and a loaded machine's last
+ * rank failed its barrier naming a rank that had finished.  Here c leaves
+ * while a waits for b and for c: the wait for c fails naming it, the wait
+ * for b runs to its deadline past those 2 s, no node blamed, and then
+ * takes b's message.
+ */
+ParameterizedTestParameters(p2p, a_member_that_left_ends_only_waits_for_itself)
+{
+    return cr_make_param_array(struct tp_param, tps, sizeof(tps) / sizeof(tps[0]));
+}
+
+ParameterizedTest(struct tp_param *p, p2p, a_member_that_left_ends_only_waits_for_itself,
+                  .timeout = 60)
+{
+    enum { N = 64 };
+    struct cfx_context *c;
+    struct cfx_node_rec rc_rec;
+    uint8_t src[N], dst[N], dc[N];
+    struct cfx_p2p_req *from_b, *from_c, *s;
+    int dead;
+
+    up(p->tp);
+    join(p->tp, &c);
+    const uint32_t cid = c->node_id, nodes[3] = { a->node_id, b->node_id, cid };
+    cr_assert_eq(cfx__ctl_node_get(a->ctl, cid, &rc_rec, cfx__deadline_ns(5000)), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(a, &rb, 31, 1, dst, N, CFX_MEMTYPE_HOST, &from_b), CFX_OK);
+    cr_assert_eq(cfx__p2p_irecv(a, &rc_rec, 31, 2, dc, N, CFX_MEMTYPE_HOST, &from_c), CFX_OK);
+    cfx_context_destroy(c);
+    uint64_t dl = cfx__deadline_ns(20000);
+    pthread_mutex_lock(&a->lock);
+    while (cfx__node_gone(a, cid) != CFX_NODE_LEFT && cfx__obj_wait(a, dl))
+        ;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert(cfx__p2p_node_left(a, cid), "a never heard that c left");
+
+    cr_assert_eq(cfx__p2p_wait_watch(from_c, cfx__deadline_ns(20000), nodes, 3, &dead),
+                 CFX_ERR_PEER_FAILED, "%s", cfx_last_error());
+    cr_assert_eq(dead, 2);
+    cr_assert_eq(cfx__p2p_wait_watch(from_b, cfx__deadline_ns(2500), nodes, 3, &dead),
+                 CFX_ERR_TIMEOUT, "%s", cfx_last_error());
+    cr_assert_eq(dead, -1);
+
+    cfx_test_fill(src, N, 31);
+    cr_assert_eq(cfx__p2p_isend(b, &ra, 31, 1, src, N, CFX_MEMTYPE_HOST, &s), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait_watch(from_b, cfx__deadline_ns(20000), nodes, 3, &dead), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(dst, N, 31), (size_t)-1, "wrong bytes");
+    cr_assert_eq(cfx__p2p_wait(s, cfx__deadline_ns(20000)), CFX_OK, "%s", cfx_last_error());
+    cfx__p2p_free(s);
+    cfx__p2p_free(from_b);
+    cfx__p2p_free(from_c);
+    down();
+}
