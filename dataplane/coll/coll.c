@@ -389,6 +389,20 @@ static int post_split(struct coll_exec *x, int peer, bool send, void *buf, size_
     return prev;
 }
 
+/* Whether a message of @p len bytes to or from @p peer may go as pieces:
+ * within the call's COLL_SPLIT_BUDGET for that peer and direction.  Both
+ * sides count the same messages in the same order, so they decide alike. */
+static bool split_budget(struct coll_exec *x, int peer, bool send, size_t len, bool front)
+{
+    size_t n = front ? 1 + (len - COLL_HDR_INLINE + CFX_EAGER_LIMIT - 1) / CFX_EAGER_LIMIT
+                     : (len + CFX_EAGER_LIMIT - 1) / CFX_EAGER_LIMIT;
+    uint16_t *used = &x->split_used[2 * peer + send];
+    if (*used + n > COLL_SPLIT_BUDGET)
+        return false;
+    *used = (uint16_t)(*used + n);
+    return true;
+}
+
 /*
  * A message of the call's data.  With the check along the messages, the
  * first one between two ranks in each direction carries the sender's
@@ -405,7 +419,8 @@ static int post_data(struct coll_exec *x, int peer, bool send, void *buf, size_t
     if (front)
         x->dir[peer] |= bit;
     const size_t hl = front ? sizeof(struct coll_hdr) : 0;
-    if (hl + len > CFX_EAGER_LIMIT && len <= cfx__coll_split_max(x->g, peer))
+    if (hl + len > CFX_EAGER_LIMIT && len <= cfx__coll_split_max(x->g, peer) &&
+        split_budget(x, peer, send, len, front))
         return post_split(x, peer, send, buf, len, front);
     if (!front)
         return post(x, peer, send, buf, len, x->mt);
@@ -1180,6 +1195,13 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
         x.cin = g->edge_cin;
         x.ask_at = cfx__deadline_ns(COLL_CHECK_ASK_MS);
     }
+    if (!g->split_used) {
+        g->split_used = calloc(2 * (size_t)g->size, sizeof(*g->split_used));
+        if (!g->split_used)
+            return cfx__err(CFX_ERR_NOMEM, "%s #%" PRIu32 ": out of memory", what, a->seq);
+    }
+    memset(g->split_used, 0, 2 * (size_t)g->size * sizeof(*g->split_used));
+    x.split_used = g->split_used;
 
     if (x.mt != CFX_MEMTYPE_HOST && a->kind != COLL_BARRIER && !empty) {
         rc = coll_run_dev(&x); /* device buffers */

@@ -143,6 +143,15 @@ struct coll_gave {
  * cost more than the request's round trip (docs/PERFORMANCE.md). */
 #define COLL_SPLIT_MAX     (16u * 1024)
 #define COLL_SPLIT_MAX_SHM (64u * 1024)
+/* Eager pieces one call sends one rank, at most (its messages past them go
+ * by rendezvous): enough for one message of COLL_SPLIT_MAX_SHM.  Pieces wait
+ * in the receiver's unexpected queue until it reaches the call, each on one
+ * of the pair's CFX_EAGER_CREDITS, which every group and cfx_group_send()
+ * share: a 256 KiB broadcast of four 64 KiB pieced segments took them all,
+ * and another group's call, which the receiver had to finish first, waited
+ * behind them until both deadlines.  Three calls at the budget leave the
+ * urgent credits (CFX_EAGER_URGENT). */
+#define COLL_SPLIT_BUDGET  20u
 
 enum coll_kind {
     COLL_BARRIER = 1,
@@ -209,6 +218,7 @@ struct cfx_group {
     struct coll_hdr *edge_hin;  /* [size]: coll_exec.hin of the running call */
     struct coll_chk_msg *edge_cin; /* [size]: coll_exec.cin of the running call */
     int *edge_hrx;              /* [size]: coll_exec.hrx of the running call */
+    uint16_t *split_used;       /* [2 * size]: coll_exec.split_used of the running call */
     /* failures (coll_check.c "failures"): what each rank said when it gave
      * up a call, and the last call this rank failed other than by a
      * disagreement (its leftover messages are no sign of one); ctx->lock */
@@ -286,6 +296,8 @@ struct coll_exec {
     uint32_t tag;
     bool more;                  /* the post being made has another to the same peer right
                                  * behind it (post_split): sent together */
+    uint16_t *split_used;       /* [2 * size]: eager pieces received from [2 r] and sent
+                                 * to [2 r + 1] rank r so far (COLL_SPLIT_BUDGET) */
     struct coll_msg *msgs;
     int nmsgs;
     int cap;

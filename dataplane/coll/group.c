@@ -1013,6 +1013,7 @@ void cfx_group_destroy(struct cfx_group *g)
     free(g->edge_hin);
     free(g->edge_cin);
     free(g->edge_hrx);
+    free(g->split_used);
     free(g->gave);
     free(g->ids);
     free(g->nodes);
