@@ -1234,7 +1234,12 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
         if (news_own(&n, peer)) /* as gave_fail() says it */
             return cfx__err(CFX_ERR_PEER_FAILED, "%s #%" PRIu32 ": rank %d: %s (rank %d was %s "
                             "it: %s)", x->what, x->a->seq, me, cause, me, dir, why);
-        return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): rank %d gave up "
+        /* the code of the cause, as gave_fail() gives it: not the message's
+         * own (CFX_ERR_CANCELED when the peer withdrew it on giving up
+         * because a third rank canceled the call, as if this rank's own
+         * call had been canceled) */
+        return cfx__err(n.f.status == CFX_ERR_TIMEOUT ? CFX_ERR_TIMEOUT : CFX_ERR_PEER_FAILED,
+                        "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): rank %d gave up "
                         "the call because of another failure: %s (%s)", x->what, x->a->seq, me,
                         dir, peer, g->ids[peer], peer, cause, why);
     }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dataplane/coll/coll.h"
 #include "dataplane/engine/engine.h"
 #include "group_ranks.h"
 
@@ -193,4 +194,49 @@ static int body_destroy_queued(struct rank_run *rr)
 Test(coll_cancel, destroy_cancels_what_is_queued, .timeout = 60)
 {
     pair_ok("tcp", "cancel_destroy", body_destroy_queued);
+}
+
+/* A cancel heard second-hand.  Rank 2 canceled a reduce; rank 0 gave it up
+ * on that news and withdrew its receive of rank 1's message, whose send so
+ * failed with CFX_ERR_CANCELED, and the news of rank 0 explains it.  Rank
+ * 1's call ended with that CFX_ERR_CANCELED, as if its own request had been
+ * freed, where the same news heard before the message failed gives
+ * CFX_ERR_PEER_FAILED (a randomized stress of canceled calls showed both).
+ * The message failure is put to rank 1's call directly, the news in. */
+static int body_cancel_relayed(struct rank_run *rr)
+{
+    if (rr->rank != 1)
+        return CFX_OK;
+    struct cfx_group *g = rr->g;
+    struct coll_args a = { .kind = COLL_REDUCE, .count = 1, .dtype = CFX_DTYPE_F32, .root = 2,
+                           .seq = 7 };
+    struct coll_exec x = { .g = g, .a = &a, .what = "reduce", .esz = sizeof(float),
+                           .timeout_ms = 10000, .tag = 7, .bad_rank = -1, .news_rank = -1,
+                           .blame_rank = -1, .blame_via = -1, .gave_rank = -1 };
+    x.deadline = cfx__deadline_ns(x.timeout_ms);
+    pthread_mutex_lock(&g->ctx->lock);
+    g->gave[0] = (struct coll_gave){
+        .set = true, .seq = 7, .bad_rank = 2,
+        .f = { .magic = COLL_FAIL_MAGIC, .status = CFX_ERR_CANCELED, .via = -1,
+               .why = COLL_WHY_CANCELED },
+    };
+    g->ngave++;
+    pthread_mutex_unlock(&g->ctx->lock);
+    cfx__err(CFX_ERR_CANCELED, "send to node %u (tag 7) failed: operation canceled", g->ids[0]);
+    int rc = cfx__coll_msg_failed(&x, 0, true, CFX_ERR_CANCELED);
+    cfx__coll_news_forget(&(struct coll_exec){ .g = g, .a = &(struct coll_args){ .seq = 8 } });
+    if (rc != CFX_ERR_PEER_FAILED)
+        return fail(rr, cfx_last_error());
+    if (!strstr(cfx_last_error(), "rank 2 (node") || !strstr(cfx_last_error(), "canceled"))
+        return fail(rr, cfx_last_error());
+    return CFX_OK;
+}
+
+Test(coll_cancel, a_cancel_heard_second_hand_is_a_peer_failure, .timeout = 60)
+{
+    struct rank_run rr[3];
+    up("tcp", 3);
+    run_ranks(3, "cancel_relayed", 20000, body_cancel_relayed, rr);
+    all_ok(3, rr);
+    down(3);
 }
