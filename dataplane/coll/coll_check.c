@@ -1187,7 +1187,9 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
         disagree = x->agree ? agree_broken(x) : x->listen && edge_broken(x);
         if (g->chan_chk && g->size > 1)
             cfx__eager_unexp_scan(ctx, g->chan_chk, gave_scan, x);
-        if (g->gave && g->gave[peer].set)
+        /* this call's news: one of an earlier call (a rank that canceled
+         * that one, its news read in a later call's sweep) is no cause */
+        if (g->gave && g->gave[peer].set && g->gave[peer].seq == x->a->seq)
             n = g->gave[peer];
         d = first_gone(x, &left);
         t = news_death(g); /* another rank's news of a death */

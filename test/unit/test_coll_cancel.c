@@ -240,3 +240,44 @@ Test(coll_cancel, a_cancel_heard_second_hand_is_a_peer_failure, .timeout = 60)
     all_ok(3, rr);
     down(3);
 }
+
+/* News of an earlier call.  Rank 0 canceled call #5 and its news reached
+ * rank 1 late, read by the sweep of a later call; in call #7, canceled by
+ * another rank, rank 1's message with rank 0 failed before rank 0's news of
+ * #7 came, and rank 1 blamed rank 0's cancel of #5 ("rank 0 canceled the
+ * call"), naming the wrong rank.  News of another call is no cause. */
+static int body_stale_news(struct rank_run *rr)
+{
+    if (rr->rank != 1)
+        return CFX_OK;
+    struct cfx_group *g = rr->g;
+    struct coll_args a = { .kind = COLL_ALLREDUCE, .count = 1, .dtype = CFX_DTYPE_I32,
+                           .seq = 7 };
+    struct coll_exec x = { .g = g, .a = &a, .what = "allreduce", .esz = sizeof(int32_t),
+                           .timeout_ms = 10000, .tag = 7, .bad_rank = -1, .news_rank = -1,
+                           .blame_rank = -1, .blame_via = -1, .gave_rank = -1 };
+    x.deadline = cfx__deadline_ns(x.timeout_ms);
+    pthread_mutex_lock(&g->ctx->lock);
+    g->gave[0] = (struct coll_gave){
+        .set = true, .seq = 5, .bad_rank = 0,
+        .f = { .magic = COLL_FAIL_MAGIC, .status = CFX_ERR_CANCELED, .via = -1,
+               .why = COLL_WHY_CANCELED },
+    };
+    g->ngave++;
+    pthread_mutex_unlock(&g->ctx->lock);
+    cfx__err(CFX_ERR_CANCELED, "send to node %u (tag 7) failed: operation canceled", g->ids[0]);
+    int rc = cfx__coll_msg_failed(&x, 0, true, CFX_ERR_CANCELED);
+    cfx__coll_news_forget(&(struct coll_exec){ .g = g, .a = &(struct coll_args){ .seq = 8 } });
+    if (rc == CFX_OK || strstr(cfx_last_error(), "canceled the call"))
+        return fail(rr, cfx_last_error());
+    return CFX_OK;
+}
+
+Test(coll_cancel, news_of_an_earlier_call_is_no_cause, .timeout = 60)
+{
+    struct rank_run rr[2];
+    up("tcp", 2);
+    run_ranks(2, "cancel_stale", 20000, body_stale_news, rr);
+    all_ok(2, rr);
+    down(2);
+}
