@@ -689,6 +689,12 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
         if (rc == CFX_OK)
             rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
     }
+    /* a request of this wait outlived the wait's own timeout (a repeat
+     * sent once that had passed, as by a poll, is not waited for): the
+     * task goes on.  CFX_ERR_TIMEOUT would say the task's deadline passed */
+    if (rc == CFX_ERR_TIMEOUT && wait_dl != UINT64_MAX && cfx__now_ns() >= wait_dl)
+        rc = cfx__err(CFX_ERR_AGAIN, "task %llu has not ended after %d ms (%s)",
+                      (unsigned long long)task->id, timeout_ms, cfx_last_error());
     if (rc == CFX_OK) {
         cfx__err_clear(); /* what the first wait said of an unknown task */
         if (node_out)

@@ -324,6 +324,37 @@ Test(tasks_restart, queued_task_placed_by_the_new_coordinator_runs_once)
     cr_assert_eq(wk.seen['q'], 1, "'q' ran %u times", wk.seen['q']);
 }
 
+Test(tasks_restart, poll_that_submits_again_says_again_not_timeout)
+{
+    /* 'q' is queued behind 'e' at the old coordinator; the new one does
+     * not know it, so a poll (timeout 0) submits it again.  The poll's
+     * timeout passed, not the task's deadline: CFX_ERR_AGAIN, and the task
+     * goes on.  (Before: the repeat was sent with the poll's deadline,
+     * already past, and its CFX_ERR_TIMEOUT, which names the task's own
+     * deadline, was the answer.) */
+    struct count_arg e = { .tag = 'e', .gate = 1, .seed = 17, .size = 40 };
+    struct count_arg q = { .tag = 'p', .gate = 0, .seed = 18, .size = 5000 };
+    struct cfx_task *te = submit("trestart/e", &e);
+    started(&wk, 'e');
+    struct cfx_task *tq = submit("trestart/p", &q);
+    cr_assert_eq(cfx_task_node(tq), 0, "placed at once on node %u", cfx_task_node(tq));
+    coord_run_restart(&co);
+    struct cfx_ctl_status st; /* a call that waits for the reconnection */
+    cr_assert_eq(cfx__ctl_status(ctx->ctl, &st, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_task_wait(tq, 0, NULL), CFX_ERR_AGAIN, "%s", cfx_last_error());
+    release(&wk);
+    cr_assert_eq(cfx_task_wait(tq, CALL_MS, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(te, CALL_MS, NULL), CFX_OK, "%s", cfx_last_error());
+    check_result("trestart/e", 17, 40);
+    check_result("trestart/p", 18, 5000);
+    cfx_task_free(te);
+    cfx_task_free(tq);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['e'], 1, "'e' ran %u times", wk.seen['e']);
+    cr_assert_eq(wk.seen['p'], 1, "'p' ran %u times", wk.seen['p']);
+}
+
 /* A raw TASK_SUBMIT of "count" with @p key, as cfx_task_submit sends it
  * (with @p flags: CFX_PROTO_TASK_AGAIN as its repeat after a lost reply). */
 static int raw_submit(uint64_t key, uint8_t flags, const char *result, struct count_arg *a,
