@@ -389,6 +389,20 @@ static void refresh_request(struct cfx_msg *req, uint64_t deadline, int attempt)
         req->u.task.flags |= CFX_PROTO_TASK_AGAIN;
 }
 
+/* Until when a call waits for a lost connection to come back: its
+ * deadline, but for a task wait, whose deadline has CFX_PROTO_WAIT_MARGIN_MS
+ * over its timeout for the answer's round trip (refresh_request): an
+ * unreachable coordinator is waited for until the timeout only (task.h:
+ * CFX_ERR_CONNECT when it stayed unreachable for the whole wait). */
+static uint64_t call_connect_deadline(const struct cfx_msg *req, uint64_t deadline)
+{
+    uint64_t margin = CFX_PROTO_WAIT_MARGIN_MS * 1000000ull;
+
+    if (req->type != CFX_MSG_TASK_WAIT || deadline == UINT64_MAX)
+        return deadline;
+    return deadline > margin ? deadline - margin : 0;
+}
+
 /*
  * Send @p req and wait for its reply by @p deadline.  On CFX_OK call->reply
  * holds a non-ERROR reply and call->frame must be freed by the caller; an
@@ -409,6 +423,7 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
 {
     pthread_condattr_t attr;
     uint64_t start = cfx__now_ns();
+    uint64_t conn_dl = call_connect_deadline(req, deadline);
     int rc;
 
     memset(call, 0, sizeof(*call));
@@ -421,7 +436,7 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
      * the deadline bounds this loop; the count bounds a call without one */
     for (int attempt = 0;; attempt++) {
         pthread_mutex_lock(&ctl->lock);
-        rc = wait_connected(ctl, deadline, start, what);
+        rc = wait_connected(ctl, conn_dl, start, what);
         if (rc != CFX_OK) {
             pthread_mutex_unlock(&ctl->lock);
             goto out_destroy;

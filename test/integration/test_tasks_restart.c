@@ -355,6 +355,31 @@ Test(tasks_restart, poll_that_submits_again_says_again_not_timeout)
     cr_assert_eq(wk.seen['p'], 1, "'p' ran %u times", wk.seen['p']);
 }
 
+Test(tasks_restart, wait_without_a_coordinator_ends_at_its_timeout)
+{
+    /* the coordinator is gone: a wait of 300 ms fails with CFX_ERR_CONNECT
+     * once those 300 ms passed, as its error says.  (Before: it waited for
+     * the reconnection CFX_PROTO_WAIT_MARGIN_MS longer, the margin a
+     * wait's call keeps for the coordinator's answer, and said "within the
+     * call's 10299 ms".)  The task ran and its end is known to the
+     * coordinator that comes back. */
+    struct count_arg f = { .tag = 'f', .gate = 0, .seed = 19, .size = 64 };
+    struct cfx_task *t = submit("trestart/f", &f);
+    started(&wk, 'f');
+    coord_run_kill(&co);
+    cr_assert_eq(cfx_task_wait(t, 300, NULL), CFX_ERR_CONNECT, "%s", cfx_last_error());
+    const char *within = strstr(cfx_last_error(), "within the call's ");
+    cr_assert(within, "%s", cfx_last_error());
+    cr_assert_leq(atoi(within + strlen("within the call's ")), 300, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), co.cc.addr), "%s", cfx_last_error());
+    coord_run_start(&co);
+    cr_assert_eq(cfx_task_wait(t, CALL_MS, NULL), CFX_OK, "%s", cfx_last_error());
+    check_result("trestart/f", 19, 64);
+    cfx_task_free(t);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['f'], 1, "'f' ran %u times", wk.seen['f']);
+}
+
 /* A raw TASK_SUBMIT of "count" with @p key, as cfx_task_submit sends it
  * (with @p flags: CFX_PROTO_TASK_AGAIN as its repeat after a lost reply). */
 static int raw_submit(uint64_t key, uint8_t flags, const char *result, struct count_arg *a,
