@@ -694,7 +694,11 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
     retry_queue(co);
 }
 
-/* Place the queued tasks that fit now, oldest first. */
+/* Place the queued tasks that fit now, oldest first.  One whose function no
+ * live node offers now stays queued: a node that registers it places it, or
+ * its deadline ends it (CFX_ERR_TIMEOUT).  Ending it with placement's
+ * CFX_ERR_NOT_FOUND gave its waiter a status that, for cfx_task_wait(),
+ * says the task ended and was forgotten long ago. */
 static void retry_queue(struct cfx_coord *co)
 {
     struct cfx_list *pos, *tmp;
@@ -710,7 +714,7 @@ static void retry_queue(struct cfx_coord *co)
         int rc = cfx__coord_place(co, &t->t, 0, &n, why, sizeof(why));
         if (rc == CFX_OK)
             rc = task_start(co, t, n);
-        if (rc != CFX_OK && rc != CFX_ERR_BUSY)
+        if (rc != CFX_OK && rc != CFX_ERR_BUSY && rc != CFX_ERR_NOT_FOUND)
             task_end(co, t, rc, why);
     }
 }

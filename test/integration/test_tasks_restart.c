@@ -470,6 +470,38 @@ Test(tasks_restart, worker_killed_while_the_coordinator_is_down)
     cfx_task_free(t);
 }
 
+Test(tasks_restart, queued_task_waits_for_a_worker_when_the_last_one_dies)
+{
+    /* 'r' runs on the worker's one core, 'u' is queued behind it; the
+     * worker dies, the only one offering "count": 'r' fails naming it, and
+     * 'u' waits for the worker that registers next and runs there once.
+     * (Before: 'u' ended with placement's CFX_ERR_NOT_FOUND, "no live node
+     * registered the function", which for a wait says that the task ended
+     * and was forgotten long ago.) */
+    struct count_arg r = { .tag = 'r', .gate = 1, .seed = 20, .size = 30 };
+    struct count_arg u = { .tag = 'u', .gate = 0, .seed = 22, .size = 7000 };
+    struct cfx_task *tr = submit("trestart/r", &r);
+    uint32_t dead = wk.node;
+    started(&wk, 'r');
+    struct cfx_task *tu = submit("trestart/u", &u);
+    cr_assert_eq(cfx_task_node(tu), 0, "placed at once on node %u", cfx_task_node(tu));
+    worker_kill(&wk);
+    cr_assert_eq(cfx_task_wait(tr, CALL_MS, NULL), CFX_ERR_PEER_FAILED, "%s",
+                 cfx_last_error());
+    char want[32];
+    snprintf(want, sizeof(want), "node %u died", dead);
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    worker_start(&wk);
+    uint32_t node = 0;
+    cr_assert_eq(cfx_task_wait(tu, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(node, wk.node);
+    check_result("trestart/u", 22, 7000);
+    cfx_task_free(tr);
+    cfx_task_free(tu);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['u'], 1, "'u' ran %u times", wk.seen['u']);
+}
+
 /* ---- without a state directory -------------------------------------------------- */
 
 /* Start the coordinator of co on co.port without --state-dir (what coord_run
