@@ -39,7 +39,9 @@
  *    fails with CFX_ERR_PEER_FAILED naming that node, or is placed again
  *    when its inputs are held elsewhere.  Not covered: a fire-and-forget
  *    submission (out NULL) still queued when the coordinator died is lost,
- *    and a task whose end neither its worker (60 s) nor the coordinator
+ *    and so is one whose worker died while the coordinator was down
+ *    (nobody re-announces it, and no handle submits it again: its result
+ *    never comes, so a cfx_get() of it ends at its timeout), and a task whose end neither its worker (60 s) nor the coordinator
  *    remembers is submitted and run again by a late wait
  *    (docs/ARCHITECTURE.md, "Tasks and placement").
  *
@@ -194,6 +196,8 @@ CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
  *         naming the node that died with it when it could not be placed
  *         again (also when that node died while the coordinator was down);
  *         CFX_ERR_TIMEOUT when the task's own deadline passed;
+ *         CFX_ERR_NO_RESOURCE when, queued, its needs or node set no longer
+ *         fit any live node that could run it (its nodes died, say);
  *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on);
  *         CFX_ERR_NOT_FOUND when the coordinator ended and forgot it long
  *         ago (it is not run again); CFX_ERR_CONNECT when the coordinator
