@@ -196,6 +196,32 @@ Test(coll_cancel, destroy_cancels_what_is_queued, .timeout = 60)
     pair_ok("tcp", "cancel_destroy", body_destroy_queued);
 }
 
+/* Rank 1's call #7 (@p kind) once rank 0's news of call @p news_seq came in
+ * (a cancel, blaming @p bad_rank): its send to rank 0 fails
+ * CFX_ERR_CANCELED; what cfx__coll_msg_failed() makes of it. */
+static int failed_after_news(struct cfx_group *g, enum coll_kind kind, const char *what,
+                             uint32_t news_seq, int bad_rank)
+{
+    struct coll_args a = { .kind = kind, .count = 1, .dtype = CFX_DTYPE_F32, .root = 2,
+                           .seq = 7 };
+    struct coll_exec x = { .g = g, .a = &a, .what = what, .esz = sizeof(float),
+                           .timeout_ms = 10000, .tag = 7, .bad_rank = -1, .news_rank = -1,
+                           .blame_rank = -1, .blame_via = -1, .gave_rank = -1 };
+    x.deadline = cfx__deadline_ns(x.timeout_ms);
+    pthread_mutex_lock(&g->ctx->lock);
+    g->gave[0] = (struct coll_gave){
+        .set = true, .seq = news_seq, .bad_rank = bad_rank,
+        .f = { .magic = COLL_FAIL_MAGIC, .status = CFX_ERR_CANCELED, .via = -1,
+               .why = COLL_WHY_CANCELED },
+    };
+    g->ngave++;
+    pthread_mutex_unlock(&g->ctx->lock);
+    cfx__err(CFX_ERR_CANCELED, "send to node %u (tag 7) failed: operation canceled", g->ids[0]);
+    int rc = cfx__coll_msg_failed(&x, 0, true, CFX_ERR_CANCELED);
+    cfx__coll_news_forget(&(struct coll_exec){ .g = g, .a = &(struct coll_args){ .seq = 8 } });
+    return rc;
+}
+
 /* A cancel heard second-hand.  Rank 2 canceled a reduce; rank 0 gave it up
  * on that news and withdrew its receive of rank 1's message, whose send so
  * failed with CFX_ERR_CANCELED, and the news of rank 0 explains it.  Rank
@@ -207,24 +233,7 @@ static int body_cancel_relayed(struct rank_run *rr)
 {
     if (rr->rank != 1)
         return CFX_OK;
-    struct cfx_group *g = rr->g;
-    struct coll_args a = { .kind = COLL_REDUCE, .count = 1, .dtype = CFX_DTYPE_F32, .root = 2,
-                           .seq = 7 };
-    struct coll_exec x = { .g = g, .a = &a, .what = "reduce", .esz = sizeof(float),
-                           .timeout_ms = 10000, .tag = 7, .bad_rank = -1, .news_rank = -1,
-                           .blame_rank = -1, .blame_via = -1, .gave_rank = -1 };
-    x.deadline = cfx__deadline_ns(x.timeout_ms);
-    pthread_mutex_lock(&g->ctx->lock);
-    g->gave[0] = (struct coll_gave){
-        .set = true, .seq = 7, .bad_rank = 2,
-        .f = { .magic = COLL_FAIL_MAGIC, .status = CFX_ERR_CANCELED, .via = -1,
-               .why = COLL_WHY_CANCELED },
-    };
-    g->ngave++;
-    pthread_mutex_unlock(&g->ctx->lock);
-    cfx__err(CFX_ERR_CANCELED, "send to node %u (tag 7) failed: operation canceled", g->ids[0]);
-    int rc = cfx__coll_msg_failed(&x, 0, true, CFX_ERR_CANCELED);
-    cfx__coll_news_forget(&(struct coll_exec){ .g = g, .a = &(struct coll_args){ .seq = 8 } });
+    int rc = failed_after_news(rr->g, COLL_REDUCE, "reduce", 7, 2);
     if (rc != CFX_ERR_PEER_FAILED)
         return fail(rr, cfx_last_error());
     if (!strstr(cfx_last_error(), "rank 2 (node") || !strstr(cfx_last_error(), "canceled"))
@@ -250,24 +259,7 @@ static int body_stale_news(struct rank_run *rr)
 {
     if (rr->rank != 1)
         return CFX_OK;
-    struct cfx_group *g = rr->g;
-    struct coll_args a = { .kind = COLL_ALLREDUCE, .count = 1, .dtype = CFX_DTYPE_I32,
-                           .seq = 7 };
-    struct coll_exec x = { .g = g, .a = &a, .what = "allreduce", .esz = sizeof(int32_t),
-                           .timeout_ms = 10000, .tag = 7, .bad_rank = -1, .news_rank = -1,
-                           .blame_rank = -1, .blame_via = -1, .gave_rank = -1 };
-    x.deadline = cfx__deadline_ns(x.timeout_ms);
-    pthread_mutex_lock(&g->ctx->lock);
-    g->gave[0] = (struct coll_gave){
-        .set = true, .seq = 5, .bad_rank = 0,
-        .f = { .magic = COLL_FAIL_MAGIC, .status = CFX_ERR_CANCELED, .via = -1,
-               .why = COLL_WHY_CANCELED },
-    };
-    g->ngave++;
-    pthread_mutex_unlock(&g->ctx->lock);
-    cfx__err(CFX_ERR_CANCELED, "send to node %u (tag 7) failed: operation canceled", g->ids[0]);
-    int rc = cfx__coll_msg_failed(&x, 0, true, CFX_ERR_CANCELED);
-    cfx__coll_news_forget(&(struct coll_exec){ .g = g, .a = &(struct coll_args){ .seq = 8 } });
+    int rc = failed_after_news(rr->g, COLL_ALLREDUCE, "allreduce", 5, 0);
     if (rc == CFX_OK || strstr(cfx_last_error(), "canceled the call"))
         return fail(rr, cfx_last_error());
     return CFX_OK;
