@@ -224,7 +224,8 @@ static int get_copy_held(struct get_op *g, struct cfx_obj *obj)
             cfx__arena_free(ctx, p);
             return GET_AGAIN;
         }
-        memcpy(p, obj->buf, obj->size);
+        if (obj->size) /* an empty object has no buffer */
+            memcpy(p, obj->buf, obj->size);
         *g->out_buf = p;
         if (g->size_out)
             *g->size_out = obj->size;

@@ -1006,6 +1006,37 @@ Test(get, truncated_local_copy_names_the_object)
 }
 
 /*
+ * cfx_get_alloc of an empty object held on the caller's node copied from
+ * the entry's buffer, which an empty object does not have: memcpy from
+ * NULL (undefined, reported by UBSan in the object-store stress).  On the
+ * putter's node and on a node that got it, every form of get returns it.
+ */
+Test(get, alloc_of_an_empty_object_held_here)
+{
+    struct cfx_context *a, *b;
+    struct cfx_object_id id;
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, NULL, 0, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t got = 1;
+    cr_assert_eq(cfx_get(b, &id, NULL, 0, &got, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, 0);
+    struct cfx_context *holders[2] = { a, b };
+    for (int i = 0; i < 2; i++) {
+        void *buf = NULL;
+        got = 1;
+        cr_assert_eq(cfx_get_alloc(holders[i], &id, &buf, &got, NULL), CFX_OK, "node %d: %s",
+                     i, cfx_last_error());
+        cr_assert_eq(got, 0, "node %d", i);
+        cfx_buf_free(holders[i], buf);
+    }
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+}
+
+/*
  * A get with a timeout of 0 finds only a copy held on its own node
  * (object.h): elsewhere it fails with CFX_ERR_TIMEOUT at once, without
  * asking the directory, and writes nothing.  It asked, and on a fast
