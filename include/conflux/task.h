@@ -41,9 +41,10 @@
  *    submission (out NULL) still queued when the coordinator died is lost,
  *    and so is one whose worker died while the coordinator was down
  *    (nobody re-announces it, and no handle submits it again: its result
- *    never comes, so a cfx_get() of it ends at its timeout), and a task whose end neither its worker (60 s) nor the coordinator
- *    remembers is submitted and run again by a late wait
- *    (docs/ARCHITECTURE.md, "Tasks and placement").
+ *    never comes, so a cfx_get() of it ends at its timeout), and a task
+ *    whose end neither its worker (60 s) nor the coordinator remembers is
+ *    submitted and run again by a late wait (docs/ARCHITECTURE.md, "Tasks
+ *    and placement").
  *
  * Thread safety: every function here may be called from any thread, the
  * task functions themselves included (a task may submit tasks).
