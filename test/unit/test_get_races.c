@@ -637,6 +637,7 @@ Test(get_races, get_beaten_to_its_entry_round_after_round)
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
     cfx_context_destroy(b);
     cfx_context_destroy(a);
+    free(g.buf);
     free(mine);
     free(src);
 }
