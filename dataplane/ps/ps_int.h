@@ -261,6 +261,7 @@ struct ps_tx {
     struct ps_hdr hdr;
     void *owned;            /* payload to free when sent */
     uint32_t peer;          /* PS_ID, for messages */
+    int hs, ds;             /* the two sends' states when reaped (poll_tx) */
 };
 
 /* The member object of (role, idx): its node id and flags. */

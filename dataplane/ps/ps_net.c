@@ -174,8 +174,9 @@ static int poll_tx(struct cfx_ps *ps)
     cfx_list_for_each_safe(pos, tmp, &ps->tx)
     {
         struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
-        if (cfx__p2p_status_locked(tx->hreq) == CFX_ERR_AGAIN ||
-            (tx->dreq && cfx__p2p_status_locked(tx->dreq) == CFX_ERR_AGAIN))
+        tx->hs = cfx__p2p_status_locked(tx->hreq);
+        tx->ds = tx->dreq ? cfx__p2p_status_locked(tx->dreq) : CFX_OK;
+        if (tx->hs == CFX_ERR_AGAIN || tx->ds == CFX_ERR_AGAIN)
             continue;
         cfx_list_del(&tx->link);
         cfx_list_add_tail(&tx->link, &done);
@@ -184,11 +185,10 @@ static int poll_tx(struct cfx_ps *ps)
     cfx_list_for_each_safe(pos, tmp, &done)
     {
         struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
-        int hs = cfx__p2p_test(tx->hreq);
-        int ds = tx->dreq ? cfx__p2p_test(tx->dreq) : CFX_OK;
-        if (hs != CFX_OK || ds != CFX_OK)
+        if (tx->hs != CFX_OK || tx->ds != CFX_OK)
             CFX_LOG(WARN, PS, "job %s: message %u to %s %u failed: %s", ps->job, tx->hdr.type,
-                    role_name(tx->peer), tx->peer & 0xffff, cfx_strerror(hs != CFX_OK ? hs : ds));
+                    role_name(tx->peer), tx->peer & 0xffff,
+                    cfx_strerror(tx->hs != CFX_OK ? tx->hs : tx->ds));
         cfx_list_del(&tx->link);
         cfx__p2p_free(tx->hreq);
         cfx__p2p_free(tx->dreq);

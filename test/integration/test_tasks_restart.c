@@ -299,17 +299,29 @@ Test(tasks_restart, running_task_ends_once_across_a_kill_9)
     cr_assert_eq(wk.seen['a'], 1, "the task ran %u times", wk.seen['a']);
 }
 
+/* The worker's one core runs @p run (held at its gate); @p queued waits
+ * behind it at the coordinator, which is then killed and restarted: only
+ * the submitter knows of the queued task after that.  The handles go to
+ * *@p tr and *@p tq. */
+static void queue_then_restart(const char *rname, struct count_arg *run, const char *qname,
+                               struct count_arg *queued, struct cfx_task **tr,
+                               struct cfx_task **tq)
+{
+    *tr = submit(rname, run);
+    started(&wk, run->tag);
+    *tq = submit(qname, queued);
+    cr_assert_eq(cfx_task_node(*tq), 0, "placed at once on node %u", cfx_task_node(*tq));
+    coord_run_restart(&co);
+}
+
 Test(tasks_restart, queued_task_placed_by_the_new_coordinator_runs_once)
 {
     /* the worker's one core runs 'b'; 'q' is queued behind it at the old
      * coordinator, which only its submitter knows of after the kill */
     struct count_arg a = { .tag = 'b', .gate = 1, .seed = 12, .size = 100 };
     struct count_arg q = { .tag = 'q', .gate = 0, .seed = 13, .size = 70000 };
-    struct cfx_task *tb = submit("trestart/b", &a);
-    started(&wk, 'b');
-    struct cfx_task *tq = submit("trestart/q", &q);
-    cr_assert_eq(cfx_task_node(tq), 0, "placed at once on node %u", cfx_task_node(tq));
-    coord_run_restart(&co);
+    struct cfx_task *tb, *tq;
+    queue_then_restart("trestart/b", &a, "trestart/q", &q, &tb, &tq);
     release(&wk);
     uint32_t node = 0;
     cr_assert_eq(cfx_task_wait(tq, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
@@ -334,11 +346,8 @@ Test(tasks_restart, poll_that_submits_again_says_again_not_timeout)
      * deadline, was the answer.) */
     struct count_arg e = { .tag = 'e', .gate = 1, .seed = 17, .size = 40 };
     struct count_arg q = { .tag = 'p', .gate = 0, .seed = 18, .size = 5000 };
-    struct cfx_task *te = submit("trestart/e", &e);
-    started(&wk, 'e');
-    struct cfx_task *tq = submit("trestart/p", &q);
-    cr_assert_eq(cfx_task_node(tq), 0, "placed at once on node %u", cfx_task_node(tq));
-    coord_run_restart(&co);
+    struct cfx_task *te, *tq;
+    queue_then_restart("trestart/e", &e, "trestart/p", &q, &te, &tq);
     struct cfx_ctl_status st; /* a call that waits for the reconnection */
     cr_assert_eq(cfx__ctl_status(ctx->ctl, &st, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
                  cfx_last_error());

@@ -132,15 +132,33 @@ static void bg_end_ok(struct cfx_context *b, struct bg *g, size_t size, int seed
     cr_assert_eq(cfx_test_check(g->buf, size, seed), (size_t)-1, "wrong bytes");
 }
 
+/* Objects of NCHUNKS chunks kept on the data plane. */
+static const struct cfx_obj_params chunked = {
+    .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+    .chunk_size = CHUNK,
+    .flags = CFX_OBJ_FLAG_NO_INLINE,
+};
+
+/* A new id in @p id, put by @p a: @p size bytes of @p seed (the returned
+ * buffer, the caller's to free once the object is deleted). */
+static uint8_t *put_new(struct cfx_context *a, struct cfx_object_id *id, size_t size, int seed,
+                        const struct cfx_obj_params *pp)
+{
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_object_id_generate(a, id);
+    cfx_test_fill(src, size, seed);
+    cr_assert_eq(cfx_put(a, id, src, size, pp), CFX_OK, "%s", cfx_last_error());
+    return src;
+}
+
 Test(get_races, inline_object_deleted_before_its_copy_is_kept)
 {
     const size_t size = 1000;
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *mine = malloc(size), *out = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 21);
-    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    uint8_t *mine = malloc(size), *out = malloc(size);
+    uint8_t *src = put_new(a, &id, size, 21, NULL);
 
     struct bg g;
     held_get_start(b, &g, &id, size);
@@ -168,21 +186,16 @@ Test(get_races, inline_object_deleted_before_its_copy_is_kept)
 Test(get_races, object_put_again_with_another_size_before_the_request)
 {
     const size_t size = (size_t)NCHUNKS * CHUNK, size2 = size + CHUNK;
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *src2 = malloc(size2);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 31);
+    uint8_t *src2 = malloc(size2);
     cfx_test_fill(src2, size2, 32);
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 31, &chunked);
 
     struct bg g;
     held_get_start(b, &g, &id, size2);
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(cfx_put(a, &id, src2, size2, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(a, &id, src2, size2, &chunked), CFX_OK, "%s", cfx_last_error());
     set_hold(b, false); /* the request names the first object's size */
     pthread_join(g.thr, NULL);
     if (g.rc == CFX_OK) /* only ever the object the id names now, whole */
@@ -272,15 +285,9 @@ static bool entry_complete(struct cfx_context *b, const struct cfx_object_id *id
 Test(get_races, delete_while_the_get_finishes)
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_context *a = join("4"), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 41);
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 41, &chunked);
 
     struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
     struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
@@ -322,6 +329,33 @@ static void *put_main(void *arg)
     return NULL;
 }
 
+/* Start @p p's put, held on its node once its entry is in the store and
+ * before the directory answers it (put_release() lets it go on). */
+static void held_put_start(struct put_bg *p)
+{
+    struct cfx_context *b = p->c;
+    uint64_t dl = cfx__deadline_ns(WAIT_MS);
+    pthread_mutex_lock(&b->lock);
+    b->test_hold_put = true;
+    b->test_put_held = false;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert_eq(pthread_create(&p->thr, NULL, put_main, p), 0);
+    pthread_mutex_lock(&b->lock);
+    while (!b->test_put_held && cfx__obj_wait(b, dl))
+        ;
+    bool put_held = b->test_put_held;
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(put_held, "the put never reached the directory");
+}
+
+static void put_release(struct cfx_context *b)
+{
+    pthread_mutex_lock(&b->lock);
+    b->test_hold_put = false;
+    pthread_cond_broadcast(&b->obj_cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
 /* A put of an id that exists, held before the directory refuses it: until
  * then its bytes are no object, so a get on its node does not return them
  * and a delete there does not take its entry; the put then fails
@@ -331,33 +365,18 @@ Test(get_races, put_refused_by_the_directory_is_never_read)
     const size_t size = 3000;
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *mine = malloc(size), *out = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 51);
+    uint8_t *mine = malloc(size), *out = malloc(size);
     cfx_test_fill(mine, size, 52);
-    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 51, NULL);
 
     struct put_bg p = { .c = b, .id = &id, .buf = mine, .size = size };
-    pthread_mutex_lock(&b->lock);
-    b->test_hold_put = true;
-    pthread_mutex_unlock(&b->lock);
-    cr_assert_eq(pthread_create(&p.thr, NULL, put_main, &p), 0);
-    uint64_t dl = cfx__deadline_ns(WAIT_MS);
-    pthread_mutex_lock(&b->lock);
-    while (!b->test_put_held && cfx__obj_wait(b, dl))
-        ;
-    bool put_held = b->test_put_held;
-    pthread_mutex_unlock(&b->lock);
-    cr_assert(put_held, "the put never reached the directory");
+    held_put_start(&p);
 
     struct cfx_obj_params now = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 0 };
     memset(out, 0xA5, size);
     int grc = cfx_get(b, &id, out, size, NULL, &now);
     int drc = cfx_delete(b, &id, NULL);
-    pthread_mutex_lock(&b->lock);
-    b->test_hold_put = false;
-    pthread_cond_broadcast(&b->obj_cond);
-    pthread_mutex_unlock(&b->lock);
+    put_release(b);
     pthread_join(p.thr, NULL);
     cr_assert_neq(grc, CFX_OK, "a get returned the bytes of a put not yet taken (%s)",
                   cfx_test_check(out, size, 52) == (size_t)-1 ? "that put's" : "others");
@@ -410,16 +429,11 @@ static void assert_id_free_on(struct cfx_context *b, const struct cfx_object_id 
 Test(get_races, get_that_keeps_nothing_beside_a_get)
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), small[16];
+    uint8_t small[16];
     size_t got = 0;
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 61);
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 61, &chunked);
 
     struct bg g;
     held_get_start(b, &g, &id, size);
@@ -443,10 +457,7 @@ Test(get_races, delete_without_a_copy_beside_a_get)
     const size_t size = 1000;
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 71);
-    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 71, NULL);
 
     struct bg g;
     held_get_start(b, &g, &id, size);
@@ -499,15 +510,9 @@ Test(get_races, own_put_deleted_before_its_get_keeps_it)
 Test(get_races, copy_withdrawn_before_its_get_ends)
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_context *a = join("4"), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 91);
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 91, &chunked);
 
     struct stopper s = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
     struct watched g = { .ctx = b, .id = &id, .w = { .landed = stop_here, .arg = &s } };
@@ -540,15 +545,10 @@ Test(get_races, copy_withdrawn_before_its_get_ends)
 Test(get_races, copy_from_a_cached_location_before_its_get_ends)
 {
     const size_t size = (size_t)NCHUNKS * CHUNK;
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *out = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 95);
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    uint8_t *out = malloc(size);
+    uint8_t *src = put_new(a, &id, size, 95, &chunked);
     /* b learns where it lives, and lets its copy go */
     cr_assert_eq(cfx_get(b, &id, out, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
@@ -595,27 +595,18 @@ Test(get_races, get_beaten_to_its_entry_round_after_round)
     const size_t size = CFX_OBJECT_INLINE_MAX + 1000; /* not inline */
     struct cfx_context *a = join(NULL), *b = join(NULL);
     struct cfx_object_id id;
-    uint8_t *src = malloc(size), *mine = malloc(size);
-    cfx_object_id_generate(a, &id);
-    cfx_test_fill(src, size, 61);
+    uint8_t *mine = malloc(size);
     cfx_test_fill(mine, size, 62);
-    cr_assert_eq(cfx_put(a, &id, src, size, NULL), CFX_OK, "%s", cfx_last_error());
+    uint8_t *src = put_new(a, &id, size, 61, NULL);
 
     struct bg g;
     held_get_start(b, &g, &id, size);
     for (int round = 0; round < 5; round++) {
         struct put_bg p = { .c = b, .id = &id, .buf = mine, .size = size };
         uint64_t dl = cfx__deadline_ns(WAIT_MS);
-        pthread_mutex_lock(&b->lock);
-        b->test_hold_put = true;
-        b->test_put_held = false;
-        pthread_mutex_unlock(&b->lock);
-        cr_assert_eq(pthread_create(&p.thr, NULL, put_main, &p), 0);
-        pthread_mutex_lock(&b->lock);
-        while (!b->test_put_held && cfx__obj_wait(b, dl))
-            ;
-        cr_assert(b->test_put_held, "round %d: the put never reached the directory", round);
+        held_put_start(&p);
         /* the get goes on into the put's entry, and is held at its next try */
+        pthread_mutex_lock(&b->lock);
         uint32_t passes = b->test_entry_passes;
         b->test_hold_entry = false;
         b->test_entry_held = false;
