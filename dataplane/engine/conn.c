@@ -170,6 +170,7 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     cfx_list_init(&conn->pending);
     cfx_list_init(&conn->uploads);
     cfx_list_init(&conn->eager_q);
+    cfx_list_init(&conn->eager_uq);
     conn->eager_id = ++ctx->eager_conn_ids;
 
     ctx->n_dials++;
@@ -483,7 +484,7 @@ int cfx__conn_flush_all(struct cfx_context *ctx)
             if (k < 0)
                 continue; /* failed and freed */
         }
-        if (unlikely(!cfx_list_empty(&conn->eager_q)) && conn->eager_credits) {
+        if (unlikely(cfx__eager_queued(conn)) && conn->eager_credits) {
             /* eager sends that met a full send queue */
             uint64_t gen = ctx->conn_gen;
             cfx__eager_pump(conn);
@@ -518,6 +519,7 @@ struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_
     cfx_list_init(&conn->pending);
     cfx_list_init(&conn->uploads);
     cfx_list_init(&conn->eager_q);
+    cfx_list_init(&conn->eager_uq);
     conn->eager_id = ++ctx->eager_conn_ids;
     snprintf(conn->name, sizeof(conn->name), "unidentified peer (%s %s)",
              ctx->tp[tp].ops->name, ep->peer_name);

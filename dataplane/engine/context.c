@@ -692,7 +692,7 @@ static bool sending(struct cfx_context *ctx)
         struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
         if (c->state != CFX_CONN_FAILED &&
             (c->sends_out || !cfx_list_empty(&c->pending) || !cfx_list_empty(&c->uploads) ||
-             !cfx_list_empty(&c->eager_q)))
+             cfx__eager_queued(c)))
             return true;
     }
     return false;

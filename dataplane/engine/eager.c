@@ -25,10 +25,11 @@
  * a peer can hold at most CFX_EAGER_CREDITS entries in the unexpected queue
  * per connection.  Ordinary sends leave the last CFX_EAGER_URGENT credits
  * to urgent ones (a group's check channel: a question, the news that a call
- * failed), which pass them in the queue: messages the receiver never takes
- * (a rank of another opinion sent them) hold their credits until its call
- * ends, and the news that would end it must not wait behind them.  The
- * receiver sees one grant as before.
+ * failed), which wait in a queue of their own that goes first (each queue
+ * keeps posting order; no channel carries both kinds): messages the
+ * receiver never takes (a rank of another opinion sent them) hold their
+ * credits until its call ends, and the news that would end it must not
+ * wait behind them.  The receiver sees one grant as before.
  *
  * Threads: the progress-lock holder (the progress thread, or an API thread
  * that posts or waits while the lock is free) sends, receives and returns
@@ -87,72 +88,83 @@ static int eager_push(struct cfx_conn *conn, struct cfx_obj *obj, int *copy_rc)
     return rc;
 }
 
-/* Send what the connection's queue allows: in posting order, a rendezvous-
- * class send leaves for the rendezvous FIFO; eager ones go while credits
- * last (the first one that waits holds back the eager ones behind it only). */
+/* Post the rendezvous-class sends queued before the handshake told the
+ * threshold (each class keeps posting order on its own). */
+static void sort_queued(struct cfx_conn *conn, struct cfx_list *q)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, q) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (cfx__eager_class(obj->size, conn->eager_max))
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        /* matching a waiting request may serve (and fail) other
+         * connections, never this outbound one: tmp stays valid */
+        cfx__p2p_send_post(conn->ctx, obj);
+    }
+}
+
+/* Send from the head of @p q while more than @p keep credits last.  0: the
+ * queue is empty; 1: it waits (credits, or a full send queue); < 0: the
+ * send failed with that code, and with it the connection (the caller fails
+ * it). */
+static int pump_queue(struct cfx_conn *conn, struct cfx_list *q, uint32_t keep)
+{
+    struct cfx_context *ctx = conn->ctx;
+    while (!cfx_list_empty(q)) {
+        if (conn->eager_credits <= keep)
+            return 1;
+        struct cfx_obj *obj = cfx_list_entry(q->next, struct cfx_obj, p2p_link);
+        int copy_rc;
+        int rc = eager_push(conn, obj, &copy_rc);
+        if (rc == CFX_ERR_AGAIN)
+            return 1;
+        cfx_list_del(&obj->p2p_link);
+        cfx__status_set(&obj->p2p_status, copy_rc != CFX_OK ? copy_rc : rc);
+        obj->eager = copy_rc == CFX_OK && rc == CFX_OK;
+        wake(ctx);
+        if (copy_rc == CFX_OK && rc != CFX_OK)
+            return rc;
+    }
+    return 0;
+}
+
+/* Send what the connection's queues allow: urgent sends while any credit
+ * lasts, then ordinary ones while more than the urgent reserve (less under
+ * a small grant: every kind of send must still go) lasts, each queue in
+ * posting order.  Every pass stops at the first send that waits, so a pass
+ * costs what it sends, not what is queued. */
 void cfx__eager_pump(struct cfx_conn *conn)
 {
     struct cfx_context *ctx = conn->ctx;
     const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
     struct cfx_tp_ep *ep = conn->ep;
-    struct cfx_list *pos, *tmp;
-    bool blocked = false, blocked_plain = false;
 
     if (!conn->eager_known || conn->state != CFX_CONN_READY || !conn->authed)
         return;
+    if (unlikely(conn->eager_unsorted)) {
+        conn->eager_unsorted = false;
+        sort_queued(conn, &conn->eager_uq);
+        sort_queued(conn, &conn->eager_q);
+    }
+    if (!cfx__eager_queued(conn) || !conn->eager_credits)
+        return;
     /* Several waiting (credits came back, or posts queued while the lock
      * was busy): let the transport send them together (tcp: one sendmsg). */
-    bool batch = !cfx_list_empty(&conn->eager_q) && conn->eager_q.next->next != &conn->eager_q &&
-                 conn->eager_credits > 1;
+    bool u = !cfx_list_empty(&conn->eager_uq), o = !cfx_list_empty(&conn->eager_q);
+    bool batch = conn->eager_credits > 1 &&
+                 (u + o > 1 || conn->eager_uq.next->next != &conn->eager_uq ||
+                  conn->eager_q.next->next != &conn->eager_q);
     if (batch)
         cfx__tp_ep_batch(ops, ep, true);
-    cfx_list_for_each_safe(pos, tmp, &conn->eager_q) {
-        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
-        if (!cfx__eager_class(obj->size, conn->eager_max)) {
-            cfx_list_del(&obj->p2p_link);
-            /* matching a waiting request may serve (and fail) other
-             * connections, never this outbound one: tmp stays valid */
-            cfx__p2p_send_post(ctx, obj);
-            continue;
-        }
-        if (blocked || (blocked_plain && !obj->urgent))
-            continue;
-        /* what an ordinary send leaves (less under a small grant: every
-         * kind of send must still go) */
-        uint32_t keep = obj->urgent ? 0 : CFX_MIN(CFX_EAGER_URGENT, conn->eager_granted / 2);
-        if (conn->eager_credits <= keep) {
-            /* an ordinary send waits for credits, holding back the ordinary
-             * ones behind it; an urgent one waits only when none is left */
-            if (obj->urgent)
-                blocked = true;
-            else
-                blocked_plain = true;
-            continue;
-        }
-        int copy_rc;
-        int rc = eager_push(conn, obj, &copy_rc);
-        if (rc == CFX_ERR_AGAIN) {
-            blocked = true;
-            continue;
-        }
-        cfx_list_del(&obj->p2p_link);
-        if (copy_rc != CFX_OK) {
-            cfx__status_set(&obj->p2p_status, copy_rc);
-            wake(ctx);
-            continue;
-        }
-        cfx__status_set(&obj->p2p_status, rc);
-        obj->eager = rc == CFX_OK;
-        wake(ctx);
-        if (rc != CFX_OK) {
-            if (batch)
-                cfx__tp_ep_batch(ops, ep, false);
-            cfx__conn_fail(conn, rc, "eager send failed"); /* fails the rest of the queue */
-            return;
-        }
-    }
+    int rc = pump_queue(conn, &conn->eager_uq, 0);
+    if (rc == 0)
+        rc = pump_queue(conn, &conn->eager_q,
+                        CFX_MIN(CFX_EAGER_URGENT, conn->eager_granted / 2));
     if (batch)
         cfx__tp_ep_batch(ops, ep, false);
+    if (rc < 0)
+        cfx__conn_fail(conn, rc, "eager send failed"); /* fails the rest of the queues */
 }
 
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
@@ -172,7 +184,13 @@ void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
         wake(ctx);
         return;
     }
-    cfx_list_add_tail(&obj->p2p_link, &conn->eager_q);
+    if (conn->eager_known && !conn->eager_unsorted &&
+        !cfx__eager_class(obj->size, conn->eager_max)) {
+        cfx__p2p_send_post(ctx, obj); /* rendezvous: the receiver drives it */
+        return;
+    }
+    conn->eager_unsorted |= !conn->eager_known;
+    cfx_list_add_tail(&obj->p2p_link, obj->urgent ? &conn->eager_uq : &conn->eager_q);
     if (!more)
         cfx__eager_pump(conn);
 }
@@ -476,13 +494,15 @@ static void fail_posted(struct cfx_context *ctx, uint32_t node_id, int status)
  */
 void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
 {
-    struct cfx_list *pos, *tmp;
-    cfx_list_for_each_safe(pos, tmp, &conn->eager_q) {
-        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
-        cfx_list_del(&obj->p2p_link);
-        cfx_list_init(&obj->p2p_link);
-        cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
-        wake(ctx);
+    struct cfx_list *pos, *tmp, *queues[] = { &conn->eager_uq, &conn->eager_q };
+    for (size_t i = 0; i < CFX_ARRAY_SIZE(queues); i++) {
+        cfx_list_for_each_safe(pos, tmp, queues[i]) {
+            struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+            cfx_list_del(&obj->p2p_link);
+            cfx_list_init(&obj->p2p_link);
+            cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
+            wake(ctx);
+        }
     }
     if (conn->node_id) {
         /* a peer that left is not reported dead: remember that it went */

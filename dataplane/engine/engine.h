@@ -385,7 +385,7 @@ struct cfx_obj {
     uint64_t chan;
     uint32_t tag;
     int p2p_status;             /* send: CFX_ERR_AGAIN until done (cfx__status_set) */
-    struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched; conn->eager_q while a
+    struct cfx_list p2p_link;   /* ctx->p2p_sends while unmatched; conn->eager_q/uq while a
                                    send waits for its connection or credits; ctx->eager_posted
                                    while an eager receive waits */
     bool eager;                 /* receive: in the eager class (eager.c) */
@@ -478,8 +478,12 @@ struct cfx_conn {
     bool eager_known;           /* the acceptor's AUTH told eager_max and the grant */
     uint32_t eager_max;         /* receiver's threshold: sends up to this go eager */
     uint32_t eager_credits;     /* eager messages we may still send */
-    struct cfx_list eager_q;    /* struct cfx_obj.p2p_link: sends in posting order waiting
-                                   for the handshake (all) or for credits (eager ones) */
+    struct cfx_list eager_q;    /* struct cfx_obj.p2p_link: ordinary sends in posting order
+                                   waiting for the handshake (all) or for credits (eager
+                                   ones) */
+    struct cfx_list eager_uq;   /* ... urgent ones (they pass the ordinary ones) */
+    bool eager_unsorted;        /* a send queued before eager_max was known: the queues
+                                   may hold rendezvous-class ones (the next pump posts them) */
     /* Receiver side (a peer's connection to us): */
     uint64_t eager_id;          /* names this connection in unexpected-queue entries */
     uint32_t eager_granted;     /* credits granted in our AUTH */
@@ -1285,6 +1289,10 @@ static inline bool cfx__eager_class(uint64_t len, uint32_t max)
 void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
                           const struct cfx_node_rec *peer, bool more);
 void cfx__eager_pump(struct cfx_conn *conn);
+static inline bool cfx__eager_queued(const struct cfx_conn *c)
+{
+    return !cfx_list_empty(&c->eager_q) || !cfx_list_empty(&c->eager_uq);
+}
 void cfx__eager_msg(struct cfx_context *ctx, struct cfx_conn *conn, const void *msg, size_t len);
 void cfx__eager_credit_msg(struct cfx_conn *conn, uint32_t credits);
 void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn);

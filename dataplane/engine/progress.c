@@ -313,7 +313,7 @@ static bool progress_wanted(struct cfx_context *ctx)
     cfx_list_for_each(pos, &ctx->conns) {
         struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
         if (c->state != CFX_CONN_READY || !c->authed || !cfx_list_empty(&c->pending) ||
-            !cfx_list_empty(&c->eager_q) || !cfx_list_empty(&c->uploads))
+            cfx__eager_queued(c) || !cfx_list_empty(&c->uploads))
             return true;
     }
     return false;

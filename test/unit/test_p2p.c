@@ -1125,3 +1125,70 @@ ParameterizedTest(struct tp_param *p, p2p, a_member_that_left_ends_only_waits_fo
     cfx__p2p_free(from_c);
     down();
 }
+
+ParameterizedTestParameters(p2p, rendezvous_passes_eager_sends_out_of_credits)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* Eager sends that wait for credits hold back only eager sends: large ones
+ * to the same peer go by rendezvous meanwhile, whether they were queued
+ * before the handshake told the threshold (a's first sends to b) or
+ * posted after it, and each class keeps its posting order. */
+ParameterizedTest(struct tp_param *p, p2p, rendezvous_passes_eager_sends_out_of_credits,
+                  .timeout = 60)
+{
+    enum { N = 3 * CFX_EAGER_CREDITS, NB = 3, BIG = 300000 };
+    up(p->tp);
+    uint64_t src[N], dst[N];
+    uint8_t *big[NB], *got[NB];
+    struct cfx_p2p_req *s[N], *bs[NB], *r;
+    for (int k = 0; k < NB; k++) {
+        big[k] = malloc(BIG);
+        got[k] = calloc(1, BIG);
+        cr_assert(big[k] && got[k]);
+        cfx_test_fill(big[k], BIG, 900 + (uint64_t)k);
+    }
+    /* no connection yet: the first large one waits in the queue with the
+     * eager ones; the second is posted behind a full grant's worth */
+    for (int i = 0; i < N; i++) {
+        if (i == 1 || i == CFX_EAGER_CREDITS + 1)
+            cr_assert_eq(cfx__p2p_isend(a, &rb, 42, 8, big[i > 1], BIG, CFX_MEMTYPE_HOST,
+                                        &bs[i > 1]), CFX_OK);
+        src[i] = 0xe4e4000000000000ull + (uint64_t)i;
+        dst[i] = 0;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 42, 7, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    /* the eager ones have used what ordinary sends may of the grant */
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - CFX_EAGER_URGENT - 1],
+                               cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "the last eager send went early");
+    /* ... and the third large one is posted while they wait for credits */
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 42, 8, big[2], BIG, CFX_MEMTYPE_HOST, &bs[2]), CFX_OK);
+    for (int k = 0; k < NB; k++) {
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 42, 8, got[k], BIG, CFX_MEMTYPE_HOST, &r), CFX_OK);
+        cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "large %d: %s", k,
+                     cfx_last_error());
+        cr_assert_eq(cfx_test_check(got[k], BIG, 900 + (uint64_t)k), (size_t)-1,
+                     "large %d: out of order or wrong", k);
+        cr_assert_eq(cfx__p2p_wait_free(bs[k], cfx__deadline_ns(10000)), CFX_OK, "%s",
+                     cfx_last_error());
+    }
+    cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "eager sends got credits unreceived");
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 42, 7, &dst[i], sizeof(dst[i]), CFX_MEMTYPE_HOST, &r),
+                     CFX_OK);
+        cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "message %d: %s", i,
+                     cfx_last_error());
+        cr_assert_eq(dst[i], src[i], "message %d out of order or wrong", i);
+    }
+    cr_assert_eq(cfx__p2p_waitall(s, N, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(s[i]);
+    for (int k = 0; k < NB; k++) {
+        free(big[k]);
+        free(got[k]);
+    }
+    down();
+}
