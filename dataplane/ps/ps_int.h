@@ -316,6 +316,7 @@ struct cfx_ps {
     struct ps_peer *workers[PS_MAX_WORKERS];
     struct ps_peer *servers[PS_MAX_SERVERS];
     struct cfx_list tx;         /* struct ps_tx: sends in flight */
+    unsigned tx_sweeps;         /* poll_tx calls (every PS_TX_FULL_EVERY-th sweeps all) */
 
     struct ps_block **blocks;   /* server: [map.nblocks] or NULL entries */
     uint64_t expire_at;         /* server: next sweep of requests held too long (ns) */

@@ -160,8 +160,15 @@ err_free:
  * states under one lock: cfx__p2p_test() makes a pass for every request
  * still running, and with a step's thousands of small blocks in flight
  * each sweep made thousands of passes (a step took time in the square of
- * its blocks: 2 MiB in blocks of 1 KiB, 3 s).
+ * its blocks: 2 MiB in blocks of 1 KiB, 3 s).  Sends finish about in the
+ * order they were posted (a connection's eager queue is a FIFO, a peer
+ * takes its messages in order), so a sweep stops after PS_TX_AHEAD that
+ * have not; every PS_TX_FULL_EVERY-th looks at all (one stuck behind a
+ * slow peer holds the others' memory only that long).
  */
+#define PS_TX_AHEAD      64
+#define PS_TX_FULL_EVERY 64
+
 static int poll_tx(struct cfx_ps *ps)
 {
     int n = 0;
@@ -170,14 +177,19 @@ static int poll_tx(struct cfx_ps *ps)
         return 0;
     cfx__progress_test_pass(ps->ctx);
     cfx_list_init(&done);
+    bool full = ++ps->tx_sweeps % PS_TX_FULL_EVERY == 0;
+    unsigned running = 0;
     pthread_mutex_lock(&ps->ctx->lock);
     cfx_list_for_each_safe(pos, tmp, &ps->tx)
     {
         struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
         tx->hs = cfx__p2p_status_locked(tx->hreq);
         tx->ds = tx->dreq ? cfx__p2p_status_locked(tx->dreq) : CFX_OK;
-        if (tx->hs == CFX_ERR_AGAIN || tx->ds == CFX_ERR_AGAIN)
+        if (tx->hs == CFX_ERR_AGAIN || tx->ds == CFX_ERR_AGAIN) {
+            if (++running == PS_TX_AHEAD && !full)
+                break;
             continue;
+        }
         cfx_list_del(&tx->link);
         cfx_list_add_tail(&tx->link, &done);
     }

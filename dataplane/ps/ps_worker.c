@@ -79,6 +79,7 @@ struct ps_op {
 
 struct ps_sub {
     struct cfx_list link; /* w->subs */
+    struct cfx_list id_link; /* w->by_id[req_id % PS_SUB_BUCKETS] */
     struct ps_op *op;
     uint32_t block;
     uint64_t req_id;
@@ -103,10 +104,16 @@ struct ps_sub {
  * reply is still not in then is failed, which withdraws the receive. */
 #define PS_REPLY_GRACE_MS 2000
 
+/* Buckets of outstanding requests by id: a reply finds its request in
+ * one (a step of small blocks has thousands out, answered by several
+ * servers out of each other's order). */
+#define PS_SUB_BUCKETS 1024
+
 struct ps_worker {
     struct cfx_list queue; /* struct ps_op posted by API threads (ps->lock) */
     struct cfx_list ops;   /* running (loop) */
-    struct cfx_list subs;  /* outstanding requests (loop) */
+    struct cfx_list subs;  /* outstanding requests (loop), in the order their ops started */
+    struct cfx_list by_id[PS_SUB_BUCKETS]; /* the same, by req_id */
     uint64_t next_req;
     uint64_t clock[PS_MAX_TENSORS]; /* pushes posted per tensor (ps->lock) */
     /* per tensor, bit i of unsure_mask: the push of step unsure_base + i
@@ -136,6 +143,8 @@ int cfx__ps_worker_create(struct cfx_ps *ps)
     cfx_list_init(&w->queue);
     cfx_list_init(&w->ops);
     cfx_list_init(&w->subs);
+    for (size_t i = 0; i < PS_SUB_BUCKETS; i++)
+        cfx_list_init(&w->by_id[i]);
     w->next_req = 1;
     w->last_report = cfx__now_ns();
     ps->w = w;
@@ -252,6 +261,7 @@ static void sub_free(struct ps_worker *w, struct ps_sub *s)
 {
     (void)w;
     cfx_list_del(&s->link);
+    cfx_list_del(&s->id_link);
     free(s);
 }
 
@@ -409,6 +419,7 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
             s->out_len = n * esz;
         }
         cfx_list_add_tail(&s->link, &w->subs);
+        cfx_list_add_tail(&s->id_link, &w->by_id[s->req_id % PS_SUB_BUCKETS]);
     }
     if (op->nsub == 0) {
         cfx_list_del(&op->link);
@@ -433,9 +444,9 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
 static struct ps_sub *find_sub(struct ps_worker *w, uint64_t req_id)
 {
     struct cfx_list *pos;
-    cfx_list_for_each(pos, &w->subs)
+    cfx_list_for_each(pos, &w->by_id[req_id % PS_SUB_BUCKETS])
     {
-        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+        struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, id_link);
         if (s->req_id == req_id)
             return s;
     }
@@ -654,14 +665,16 @@ int cfx__ps_worker_tick(struct cfx_ps *ps)
     memcpy(why, ps->lost_why, sizeof(why));
     pthread_mutex_unlock(&ps->lock);
     uint64_t cgone = lost ? 0 : cfx__ctl_lost_ms(ps->ctx->ctl);
-    /* deadlines */
+    /* deadlines: w->subs is in the order ops started, each op's deadline
+     * its start plus the one timeout, so the first sub not due ends the
+     * walk (a tick costs what is due, not what is in flight) */
     uint64_t now = cfx__now_ns();
 again:
     cfx_list_for_each_safe(pos, tmp, &w->subs)
     {
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
         if (!lost && now < s->op->deadline)
-            continue;
+            break;
         struct ps_peer *p = s->server < PS_MAX_SERVERS ? ps->servers[s->server] : NULL;
         if (s->rx_live && p && !p->closed) {
             /* its reply is landing in the op's buffer: wait for it, or
