@@ -10,7 +10,8 @@
  * use one number without the receiver needing a connection first, and two
  * ranks with different CFX_EAGER_MAX never disagree.  Until the handshake
  * told it, every send to that peer waits on the connection, in posting
- * order, then goes eager or to the rendezvous FIFO (p2p.c).
+ * order, then goes eager or to the rendezvous FIFO (p2p.c); after it, a
+ * rendezvous-class send goes to that FIFO at once.
  *
  * Matching.  Eager receives match eager messages only, in posting order per
  * (peer, channel, tag); the rendezvous class keeps its own FIFO.  A message
@@ -187,6 +188,8 @@ void cfx__eager_send_post(struct cfx_context *ctx, struct cfx_obj *obj,
     if (conn->eager_known && !conn->eager_unsorted &&
         !cfx__eager_class(obj->size, conn->eager_max)) {
         cfx__p2p_send_post(ctx, obj); /* rendezvous: the receiver drives it */
+        if (!more && cfx__eager_queued(conn))
+            cfx__eager_pump(conn); /* what cfx__p2p_isend_more queued before it */
         return;
     }
     conn->eager_unsorted |= !conn->eager_known;

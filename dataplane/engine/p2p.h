@@ -46,8 +46,8 @@ int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer
 
 /* As cfx__p2p_isend of host memory, for a small control message that must
  * reach @p peer while ordinary eager sends to it wait for credits: it may
- * use the CFX_EAGER_URGENT credits those leave, and passes them in the
- * connection's queue (order is kept among urgent sends, and among the
+ * use the CFX_EAGER_URGENT credits those leave, and waits in a queue of
+ * its own that goes first (order is kept among urgent sends, and among the
  * others).  A group's check channel.  (Over the peer's eager threshold it
  * goes by rendezvous as any send.) */
 int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *peer,

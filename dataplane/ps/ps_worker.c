@@ -398,6 +398,7 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
     size_t esz = cfx_dtype_size((enum cfx_dtype)t->dtype);
     op->nsub = t->nblocks;
     op->deadline = cfx__deadline_ns(ps->timeout_ms);
+    struct cfx_list *first = w->subs.prev; /* this op's subs follow it */
     for (uint32_t i = 0; i < t->nblocks; i++) {
         struct ps_sub *s = calloc(1, sizeof(*s));
         if (!s) {
@@ -429,7 +430,7 @@ static void start_op(struct cfx_ps *ps, struct ps_op *op)
     /* send after queueing all: send_sub may complete the op */
     struct cfx_list *pos, *tmp;
     uint32_t left = op->nsub;
-    cfx_list_for_each_safe(pos, tmp, &w->subs)
+    for (pos = first->next, tmp = pos->next; pos != &w->subs; pos = tmp, tmp = pos->next)
     {
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
         if (s->op != op || s->map_version)

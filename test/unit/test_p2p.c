@@ -1149,8 +1149,13 @@ ParameterizedTest(struct tp_param *p, p2p, rendezvous_passes_eager_sends_out_of_
         cr_assert(big[k] && got[k]);
         cfx_test_fill(big[k], BIG, 900 + (uint64_t)k);
     }
-    /* no connection yet: the first large one waits in the queue with the
-     * eager ones; the second is posted behind a full grant's worth */
+    /* no connection yet, and a's progress thread parked, so nothing drives
+     * the handshake: the first large one waits in the queue with the eager
+     * ones; the second is posted behind a full grant's worth.  a's waits
+     * poll for as long as they wait meanwhile. */
+    uint32_t spin = a->cfg.spin_us;
+    a->cfg.spin_us = 20u * 1000 * 1000;
+    cr_assert_eq(cfx__progress_pause(a, true), CFX_OK, "%s", cfx_last_error());
     for (int i = 0; i < N; i++) {
         if (i == 1 || i == CFX_EAGER_CREDITS + 1)
             cr_assert_eq(cfx__p2p_isend(a, &rb, 42, 8, big[i > 1], BIG, CFX_MEMTYPE_HOST,
@@ -1164,6 +1169,8 @@ ParameterizedTest(struct tp_param *p, p2p, rendezvous_passes_eager_sends_out_of_
     cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - CFX_EAGER_URGENT - 1],
                                cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "the last eager send went early");
+    a->cfg.spin_us = spin;
+    cr_assert_eq(cfx__progress_pause(a, false), CFX_OK);
     /* ... and the third large one is posted while they wait for credits */
     cr_assert_eq(cfx__p2p_isend(a, &rb, 42, 8, big[2], BIG, CFX_MEMTYPE_HOST, &bs[2]), CFX_OK);
     for (int k = 0; k < NB; k++) {
