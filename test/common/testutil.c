@@ -155,9 +155,23 @@ int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, 
     }
 }
 
-int cfx_test_free_port(void)
+/* The first port of the kernel's ephemeral range (32768 if unreadable). */
+static int ephemeral_low(void)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int lo = 32768, hi = 0;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(f);
+    }
+    return lo;
+}
+
+static int bind_port(int port)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)port) };
     socklen_t sl = sizeof(sa);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
@@ -166,6 +180,25 @@ int cfx_test_free_port(void)
              getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
     close(fd);
     return ok ? ntohs(sa.sin_port) : -1;
+}
+
+int cfx_test_free_port(void)
+{
+    enum { FIRST = 10000, TRIES = 64 };
+    int lo = ephemeral_low();
+    if (lo - FIRST >= 1024) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t x = mix(((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+                         ((uint64_t)getpid() << 32));
+        for (int i = 0; i < TRIES; i++) {
+            x = mix(x + (uint64_t)i);
+            int p = bind_port(FIRST + (int)(x % (uint64_t)(lo - FIRST)));
+            if (p > 0)
+                return p;
+        }
+    }
+    return bind_port(0); /* the kernel's choice */
 }
 
 int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, char *token,

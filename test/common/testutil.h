@@ -46,8 +46,11 @@ int cfx_test_wait_gone(struct cfx_context *ctx, const struct cfx_object_id *id, 
  * at most @p ms; whether it became so. */
 bool cfx_test_await_count(pthread_mutex_t *lock, const unsigned *n, int ms);
 
-/* A loopback TCP port nothing listens on now (bound to 0, read, closed);
- * -1 if no socket could be bound. */
+/* A loopback TCP port nothing is bound to now, below the kernel's range of
+ * ephemeral ports where it can (so the outgoing connections of tests that
+ * run beside this one do not take it before the caller binds it; another
+ * caller of this function still may, rarely); -1 if no socket could be
+ * bound. */
 int cfx_test_free_port(void);
 
 struct cfx_coord;
