@@ -685,7 +685,13 @@ static void coll_cleanup(struct coll_exec *x, bool hdr_only)
         if (!cfx__coll_peer_out(x, m->peer))
             cfx__p2p_wait(m->req, grace);
     }
-    for (int h = 0; h < x->nmsgs; h++) {
+    /* Withdrawn from the last posted to the first: messages of one peer and
+     * tag match in posting order, so while they go one by one what is left
+     * is always the head of the sequence.  First to last, the peer could
+     * match our message k+1 with its k in between (ours k withdrawn): a
+     * size mismatch (CFX_ERR_INVALID) instead of the cause, or with equal
+     * sizes the wrong bytes taken as its message k. */
+    for (int h = x->nmsgs - 1; h >= 0; h--) {
         struct coll_msg *m = &x->msgs[h];
         if (m->req)
             cfx__p2p_free(m->req);
