@@ -17,6 +17,15 @@
  * receiver's buffer.  Sizes must agree exactly: a mismatch fails both sides
  * with CFX_ERR_INVALID.  Each class matches in posting order on its own.
  *
+ * Withdrawal (cfx__p2p_free of a running request) keeps that order, as
+ * MPI's cancel does: a receive withdrawn before its message was matched
+ * leaves the message to the next receive of its (peer, channel, tag), and
+ * a withdrawn send leaves its receive to the next send.  So a caller that
+ * withdraws several messages of one key goes from the last posted to the
+ * first: what is left is then the head of the sequence on both sides,
+ * and no message of it is taken by a receive meant for a later one (the
+ * collectives' cleanup, coll.c).
+ *
  * Any thread may call these; a request is used by one thread at a time.
  */
 #ifndef CFX_ENGINE_P2P_H

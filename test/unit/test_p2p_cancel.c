@@ -4,7 +4,9 @@
  * the sender's answer, the receive buffer's grant is withdrawn at once so
  * the sender's late writes are refused and the caller's buffer keeps the
  * bytes it had, and the same pair exchanges messages afterwards.  Over tcp
- * and shm; two contexts and an embedded coordinator in one process.
+ * and shm; two contexts and an embedded coordinator in one process.  And
+ * the order withdrawn messages leave behind (p2p.h, "Withdrawal"), over
+ * tcp.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -244,4 +246,152 @@ Test(p2p_cancel, stalled_sender_never_answers, .init = setup, .fini = teardown, 
     cfx__p2p_free(s); /* the receiver is gone: ends at once or after the grace */
     cfx_context_destroy(a);
     free(src);
+}
+
+/* Receive requests of @p from on (chan 1, @p tag) waiting at @p c. */
+static int rtrs_of(struct cfx_context *c, uint32_t from, uint32_t tag)
+{
+    int n = 0;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &c->p2p_rtrs) {
+        const struct cfx_p2p_rtr *r = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        n += r->conn->node_id == from && r->req.chan == 1 && r->req.tag == tag;
+    }
+    return n;
+}
+
+/* Wait (generously) until exactly @p n receive requests of @p from on @p tag
+ * wait at @p c (the receives asked, or withdrew, and no send took them);
+ * how many there were at the end. */
+static int wait_rtrs(struct cfx_context *c, uint32_t from, uint32_t tag, int n)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&c->lock);
+    int have = rtrs_of(c, from, tag);
+    while (have != n) {
+        /* a request's arrival or withdrawal signals nothing: look every 10 ms */
+        uint64_t look = cfx__deadline_ns(10);
+        if (!cfx__obj_wait(c, CFX_MIN(look, dl)) && cfx__now_ns() >= dl)
+            break;
+        have = rtrs_of(c, from, tag);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return have;
+}
+
+#define MSG 262144u /* a rendezvous message (a ring allreduce's segment) */
+
+struct pair {
+    struct cfx_context *a, *b; /* a sends, b receives */
+    struct cfx_node_rec ra, rb;
+    uint8_t *src[2], *dst[3];
+};
+
+static void pair_up(struct pair *p)
+{
+    join("tcp", false, &p->a);
+    join("tcp", false, &p->b);
+    uint64_t dl = cfx__deadline_ns(5000);
+    cr_assert_eq(cfx__ctl_node_get(p->b->ctl, p->a->node_id, &p->ra, dl), CFX_OK);
+    cr_assert_eq(cfx__ctl_node_get(p->a->ctl, p->b->node_id, &p->rb, dl), CFX_OK);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_not_null(p->src[i] = malloc(MSG));
+        cfx_test_fill(p->src[i], MSG, 31 + (uint64_t)i);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert_not_null(p->dst[i] = malloc(MSG));
+        memset(p->dst[i], 0xA5, MSG);
+    }
+}
+
+static void pair_down(struct pair *p)
+{
+    cfx_context_destroy(p->b);
+    cfx_context_destroy(p->a);
+    for (int i = 0; i < 2; i++)
+        free(p->src[i]);
+    for (int i = 0; i < 3; i++)
+        free(p->dst[i]);
+}
+
+/* b receives into dst[@p d] and a sends src[@p s] on @p tag: both complete
+ * and the bytes are src[s]'s. */
+static void exchange(struct pair *p, uint32_t tag, int d, struct cfx_p2p_req *r, int s,
+                     struct cfx_p2p_req *sq)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    cr_assert_eq(cfx__p2p_wait(r, dl), CFX_OK, "receive %d: %s", d, cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait(sq, dl), CFX_OK, "send %d: %s", s, cfx_last_error());
+    cr_assert_eq(cfx_test_check(p->dst[d], MSG, 31 + (uint64_t)s), (size_t)-1,
+                 "receive %d on tag %u does not hold message %d", d, tag, s);
+    cfx__p2p_free(r);
+    cfx__p2p_free(sq);
+}
+
+/*
+ * A receive withdrawn while its request waited at the sender leaves its
+ * message to the next receive of the key (MPI's cancel): b posts receives
+ * 0 and 1, both requests reach a, b withdraws 0; a's message 0 then lands
+ * in receive 1 and message 1 in the receive b posts next.
+ */
+Test(p2p_cancel, a_withdrawn_recv_leaves_its_message_to_the_next, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+    struct pair p = { 0 };
+    pair_up(&p);
+    struct cfx_p2p_req *r[3], *s[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx__p2p_irecv(p.b, &p.ra, 1, 11, p.dst[i], MSG, CFX_MEMTYPE_HOST, &r[i]),
+                     CFX_OK);
+    cr_assert_eq(wait_rtrs(p.a, p.b->node_id, 11, 2), 2, "the requests never reached a");
+    cfx__p2p_free(r[0]);
+    cr_assert_eq(wait_rtrs(p.a, p.b->node_id, 11, 1), 1, "the withdrawal never reached a");
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx__p2p_isend(p.a, &p.rb, 1, 11, p.src[i], MSG, CFX_MEMTYPE_HOST, &s[i]),
+                     CFX_OK);
+    exchange(&p, 11, 1, r[1], 0, s[0]);
+    cr_assert_eq(cfx__p2p_irecv(p.b, &p.ra, 1, 11, p.dst[2], MSG, CFX_MEMTYPE_HOST, &r[2]),
+                 CFX_OK);
+    exchange(&p, 11, 2, r[2], 1, s[1]);
+    for (size_t i = 0; i < MSG; i++)
+        cr_assert_eq(p.dst[0][i], 0xA5, "the withdrawn receive's buffer was written at %zu", i);
+    pair_down(&p);
+}
+
+/*
+ * Withdrawn from the last to the first (as a failed collective withdraws
+ * its messages, coll.c), two receives of one key leave what is left the
+ * head of the sequence at each step, and nothing once both went: messages
+ * 0 and 1, sent after, land in the next two receives in order.  (First to
+ * last, a send of a's posted between the two withdrawals took receive 1's
+ * request for message 0: with a ring allreduce's segments of unequal
+ * sizes both sides failed CFX_ERR_INVALID, with equal sizes receive 1 took
+ * the wrong bytes.)
+ */
+Test(p2p_cancel, recvs_withdrawn_last_to_first_leave_the_sequence_whole, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+    struct pair p = { 0 };
+    pair_up(&p);
+    struct cfx_p2p_req *r[2], *s[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx__p2p_irecv(p.b, &p.ra, 1, 12, p.dst[i], MSG, CFX_MEMTYPE_HOST, &r[i]),
+                     CFX_OK);
+    cr_assert_eq(wait_rtrs(p.a, p.b->node_id, 12, 2), 2, "the requests never reached a");
+    cfx__p2p_free(r[1]);
+    int left = wait_rtrs(p.a, p.b->node_id, 12, 1);
+    cr_assert_eq(left, 1, "a holds %d requests after the last was withdrawn", left);
+    cfx__p2p_free(r[0]);
+    left = wait_rtrs(p.a, p.b->node_id, 12, 0);
+    cr_assert_eq(left, 0, "a holds %d requests after both were withdrawn", left);
+    /* the pair goes on in step on that tag */
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx__p2p_isend(p.a, &p.rb, 1, 12, p.src[i], MSG, CFX_MEMTYPE_HOST, &s[i]),
+                     CFX_OK);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx__p2p_irecv(p.b, &p.ra, 1, 12, p.dst[i], MSG, CFX_MEMTYPE_HOST, &r[i]),
+                     CFX_OK);
+    exchange(&p, 12, 0, r[0], 0, s[0]);
+    exchange(&p, 12, 1, r[1], 1, s[1]);
+    pair_down(&p);
 }
