@@ -150,6 +150,13 @@ static unsigned long long node_inline_bytes(const struct coord_node *n)
     return n->put_bytes;
 }
 
+/* A tool's connection (an observer, rdmactl ps) is no member: the per-node
+ * families leave it out, as conflux_coord_members does. */
+static bool is_member(const struct coord_node *n)
+{
+    return !(n->rec.flags & CFX_NODE_F_OBSERVER);
+}
+
 /* A gauge family with one sample per member, labelled by its node id. */
 static void node_gauge(struct buf *b, struct cfx_coord *co, const char *name, const char *help,
                        unsigned long long (*value)(const struct coord_node *))
@@ -159,7 +166,8 @@ static void node_gauge(struct buf *b, struct cfx_coord *co, const char *name, co
     cfx_list_for_each(pos, &co->nodes)
     {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        bprintf(b, "%s{node=\"%u\"} %llu\n", name, n->rec.node_id, value(n));
+        if (is_member(n))
+            bprintf(b, "%s{node=\"%u\"} %llu\n", name, n->rec.node_id, value(n));
     }
 }
 
@@ -203,6 +211,8 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
         cfx_list_for_each(pos, &co->nodes)
         {
             struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            if (!is_member(n))
+                continue;
             for (unsigned t = 0; n->rec.alive && t < n->load.ntp && t < CFX_LOAD_TPS_MAX; t++) {
                 const struct cfx_load_tp *tp = &n->load.tp[t];
                 bprintf(b, "%s{node=\"%u\",transport=\"", traffic[i].name, n->rec.node_id);
@@ -225,6 +235,8 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
         cfx_list_for_each(pos, &co->nodes)
         {
             struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+            if (!is_member(n))
+                continue;
             for (unsigned k = 0; n->rec.alive && k < n->npeers; k++) {
                 const struct cfx_ctl_peer_traffic *p = &n->peers[k];
                 if (p->tp >= n->load.ntp || p->tp >= CFX_LOAD_TPS_MAX)
@@ -242,7 +254,7 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
     cfx_list_for_each(pos, &co->nodes)
     {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        if (!n->rec.alive)
+        if (!n->rec.alive || !is_member(n))
             continue;
         bprintf(b, "conflux_coord_node_transfers_active{node=\"%u\",direction=\"in\"} %u\n",
                 n->rec.node_id, n->load.xfers_in_active);
@@ -255,7 +267,7 @@ static void node_reports(struct buf *b, struct cfx_coord *co)
         {
             struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
             uint64_t v;
-            if (!n->rec.alive)
+            if (!n->rec.alive || !is_member(n))
                 continue;
             memcpy(&v, (const uint8_t *)&n->load + events[i].off, sizeof(v));
             bprintf(b, "%s{node=\"%u\"} %llu\n", events[i].name, n->rec.node_id,
@@ -432,6 +444,8 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     cfx_list_for_each(pos, &co->nodes)
     {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
+        if (!is_member(n))
+            continue;
         bprintf(b, "conflux_coord_node_alive{node=\"%u\",name=\"", n->rec.node_id);
         blabel(b, n->rec.name);
         bprintf(b, "\",host=\"");
@@ -448,7 +462,7 @@ static void metrics_text(struct coord_metrics *m, struct buf *b)
     cfx_list_for_each(pos, &co->nodes)
     {
         struct coord_node *n = cfx_list_entry(pos, struct coord_node, link);
-        if (n->rec.alive)
+        if (n->rec.alive && is_member(n))
             bprintf(b, "conflux_coord_node_load{node=\"%u\"} %.3f\n", n->rec.node_id,
                     n->load.load_milli / 1000.0);
     }

@@ -295,6 +295,11 @@ Test(coord_metrics, observers_counted_apart)
     const char *b1 = body_of(r1);
     expect_sample(b1, "conflux_coord_members{state=\"alive\"}", 1);
     expect_sample(b1, "conflux_coord_observers", 1);
+    /* nor in the per-node families, which list members */
+    char tool[64];
+    snprintf(tool, sizeof(tool), "{node=\"%u\"", cfx_context_node_id(t));
+    cr_assert(!strstr(b1, "name=\"a-tool\""), "the observer has a node_alive sample:\n%s", b1);
+    cr_assert(!strstr(b1, tool), "the observer has a per-node sample:\n%s", b1);
     free(r1);
 
     /* the tool is done: gone, and no member left */
