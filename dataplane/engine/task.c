@@ -360,9 +360,13 @@ static void run_job(struct cfx_context *ctx, struct task_job *j)
     char text[CFX_PROTO_TEXT_MAX] = "";
     uint64_t alias[TASK_ALIAS_MAX];
     unsigned nalias;
-    if (rc != CFX_OK)
+    if (rc != CFX_OK && cfx_last_error()[0])
         snprintf(text, sizeof(text), "task %llu ('%s') on node %u: %s",
                  (unsigned long long)j->t.task_id, j->t.name, ctx->node_id, cfx_last_error());
+    else if (rc != CFX_OK) /* the function returned a status without a failed call's text */
+        snprintf(text, sizeof(text), "task %llu ('%s') on node %u: the function returned %s (%s)",
+                 (unsigned long long)j->t.task_id, j->t.name, ctx->node_id, cfx_errname(rc),
+                 cfx_strerror(rc));
     /* remembered before the report: a report lost with the coordinator is
      * sent again after the reconnection (task_keep.c) */
     pthread_mutex_lock(&rt->mu);

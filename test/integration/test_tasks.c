@@ -357,8 +357,9 @@ Test(tasks, resources_respected)
     oid("tasks/res/bad", &r);
     cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, 1, &on0, targ(&p, &bad), &t), CFX_OK);
     cr_assert_eq(cfx_task_wait(t, CALL_MS, &node), CFX_ERR_INVALID);
-    char want[32];
-    snprintf(want, sizeof(want), "on node %u", wk[0].node);
+    char want[96];
+    snprintf(want, sizeof(want), "on node %u: the function returned CFX_ERR_INVALID",
+             wk[0].node);
     cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
     cfx_task_free(t);
 }
