@@ -337,8 +337,9 @@ static int transports_open(struct cfx_context *ctx)
         int rc = order[i]->iface_open(&ip, &s->iface);
         if (rc == CFX_ERR_NO_DEVICE || rc == CFX_ERR_UNSUPPORTED) {
             /* named by the user (not the default list): the job runs on
-             * without it, which the user must be told */
-            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
+             * without it, which the user must be told; when no transport
+             * opened and none is left to try, the error below says it all */
+            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS) && (ctx->ntp > 0 || i + 1 < n))
                 CFX_LOG(WARN, INIT, "transport %s (CFX_TRANSPORT=%s) not available here, the "
                         "others are used: %s", order[i]->name, ctx->cfg.transports,
                         cfx_last_error());

@@ -1437,3 +1437,30 @@ Test(context, named_transport_not_available_warns)
         cr_skip_test("an RDMA device is here: verbs opened");
     cr_assert(warned, "no warning that verbs, named, is not used");
 }
+
+/* The only transport named, not available: no warning that "the others are
+ * used" (there are none); the context's error names the transport and why. */
+Test(context, only_named_transport_not_available_is_the_error)
+{
+    if (!cfx__transport_find("verbs"))
+        cr_skip_test("built without verbs");
+    char path[] = "/tmp/cfx-test-tponly-XXXXXX";
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    struct cfx_context *a = NULL;
+    int rc = join(token, "verbs", &a);
+    char err[1024];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    fflush(stderr);
+    int warned = cfx_test_file_contains(path, "the others are used");
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unlink(path);
+    if (rc == CFX_OK) {
+        cfx_context_destroy(a);
+        cr_skip_test("an RDMA device is here: verbs opened");
+    }
+    cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "%s: %s", cfx_errname(rc), err);
+    cr_assert(strstr(err, "no usable transport among 'verbs' (verbs: "), "%s", err);
+    cr_assert(!warned, "a warning said other transports are used, with none named");
+}
