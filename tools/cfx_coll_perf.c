@@ -3,8 +3,9 @@
  *
  *   cfx_run -n 4 build/bin/cfx_coll_perf -o allreduce -b 8 -e 64M -f 2
  *
- * or one process per node, each with CFX_COORD, CFX_TOKEN, CFX_RANK and
- * CFX_WORLD_SIZE (or another launcher's rank variables) in its environment.
+ * or one process per node, each with CFX_COORD, CFX_TOKEN (or CFX_TOKEN_FILE),
+ * CFX_RANK and CFX_WORLD_SIZE (or another launcher's rank variables) in its
+ * environment.
  *
  * Every rank runs the same sweep; rank 0 prints the table (the others print
  * only errors).  Columns and bandwidth conventions are those of nccl-tests
@@ -143,8 +144,8 @@ static void usage(FILE *f)
         "for those blocked ops, whole elements per rank): a size below one gives no row,\n"
         "and a sweep with no size of one element or more is refused.  Ranks and the\n"
         "cluster come from the environment\n"
-        "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).  A bad value is\n"
-        "named on stderr; usage errors exit with status 2.\n");
+        "(cfx_run sets CFX_RANK, CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN_FILE).  A bad value\n"
+        "is named on stderr; usage errors exit with status 2.\n");
 }
 
 static int parse_op(const char *s, enum op_kind *out)

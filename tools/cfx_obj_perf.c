@@ -9,8 +9,9 @@
  *   cfx_run -n 4 build/bin/cfx_obj_perf -o broadcast -e 256M --kill 2@1000
  *   cfx_run -n 5 build/bin/cfx_obj_perf -o broadcast -r 1 --replicas 3
  *
- * or one process per node, each with CFX_COORD, CFX_TOKEN, CFX_RANK and
- * CFX_WORLD_SIZE (or another launcher's rank variables) in its environment.
+ * or one process per node, each with CFX_COORD, CFX_TOKEN (or CFX_TOKEN_FILE),
+ * CFX_RANK and CFX_WORLD_SIZE (or another launcher's rank variables) in its
+ * environment.
  *
  * One iteration of each op, after a barrier of all ranks:
  *   broadcast  the root puts an object of SIZE bytes; every other rank gets
@@ -152,8 +153,9 @@ static void usage(FILE *f)
             "  -h, --help\n"
             "\n"
             "Ranks and the cluster come from the environment (cfx_run sets CFX_RANK,\n"
-            "CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN).  A bad value is named on stderr; usage\n"
-            "errors exit with status 2.  Exit status 1 when a call failed or data was wrong.\n",
+            "CFX_WORLD_SIZE, CFX_COORD, CFX_TOKEN_FILE).  A bad value is named on stderr;\n"
+            "usage errors exit with status 2.  Exit status 1 when a call failed or data was\n"
+            "wrong.\n",
             ITERS_MAX);
 }
 

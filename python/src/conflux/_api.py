@@ -111,7 +111,7 @@ class Context(_c.Context):
     """One process's membership in a Conflux cluster.
 
     Unset arguments come from the CFX_* variables (cfx_run sets CFX_COORD and
-    CFX_TOKEN)::
+    CFX_TOKEN_FILE)::
 
         with conflux.Context(coord="127.0.0.1:5000", token="t", timeout=30) as ctx:
             ctx.put("weights", arr)
