@@ -1255,6 +1255,9 @@ void cfx__coord_dir_progress(struct cfx_coord *co, struct coord_node *n,
 void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
 {
     struct cfx_list *pos, *tmp;
+    /* the words say whether it said goodbye or was found dead (killed, or
+     * its connection lost), as the task messages do (coord_task.c) */
+    const char *how = n->rec.flags & CFX_NODE_F_LEFT ? "left" : "died";
     /* deletes waiting for it to drop its copies wait no more */
     cfx__coord_del_waits_node_gone(co, n->rec.node_id);
     /* A node holds an object once, so the next entry of its holdings never
@@ -1266,11 +1269,11 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
             /* partial copies cannot complete without a complete one */
             char why[96];
             if (o->putter == n->rec.node_id)
-                snprintf(why, sizeof(why), "its putter node %u left and no other node held "
-                         "a complete copy", o->putter);
+                snprintf(why, sizeof(why), "its putter node %u %s and no other node held "
+                         "a complete copy", o->putter, how);
             else
-                snprintf(why, sizeof(why), "node %u, which held its last complete copy, left "
-                         "(its putter node %u gone)", n->rec.node_id, o->putter);
+                snprintf(why, sizeof(why), "node %u, which held its last complete copy, %s "
+                         "(its putter node %u gone)", n->rec.node_id, how, o->putter);
             obj_withdraw(co, o, why, n->rec.node_id, NULL);
             continue;
         }
@@ -1290,7 +1293,7 @@ void cfx__coord_dir_node_gone(struct cfx_coord *co, struct coord_node *n)
             continue;
         char why[96];
         snprintf(why, sizeof(why), "node %u, which submitted the task that put it on node %u, "
-                 "left", o->submitter, o->putter);
+                 "%s", o->submitter, o->putter, how);
         obj_withdraw(co, o, why, n->rec.node_id, NULL);
     }
 }

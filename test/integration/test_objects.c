@@ -147,7 +147,8 @@ ParameterizedTestParameters(objects, putter_gone)
  * partial copy failed with "source node N failed and no other holder was
  * found", N the partial copy (alive), after its whole deadline: the error
  * named the wrong node.  Both the relay and the reader must now fail with
- * CFX_ERR_PEER_FAILED saying that the putter node left. */
+ * CFX_ERR_PEER_FAILED saying that the putter node died (it was killed; the
+ * text said "left" for that too). */
 ParameterizedTest(struct case_param *p, objects, putter_gone, .timeout = 180)
 {
     int rc = run_with("CFX_UPLOAD_RATE=24M CFX_CHUNK_SIZE=262144", 3, p->tp,

@@ -327,7 +327,8 @@ static void mode_failover(struct cfx_context *ctx, size_t size)
  * gets it from rank 1's partial copy.  Once the reader has bytes from the
  * relay, rank 0 is SIGKILLed: no complete copy is left, so the object goes.
  * Both gets must fail with CFX_ERR_PEER_FAILED naming the cause, the putter
- * node that left, not the relay (alive) as a source that failed.
+ * node that died (killed: it did not leave), not the relay (alive) as a
+ * source that failed.
  */
 static void pg_expect_gone(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                            size_t size, uint32_t putter, const char *who)
@@ -335,7 +336,7 @@ static void pg_expect_gone(struct cfx_context *ctx, const struct cfx_object_id *
     char want[64];
     int rc = cfx_get(ctx, id, buf, size, NULL, NULL);
     const char *err = cfx_last_error();
-    snprintf(want, sizeof(want), "its putter node %u left", putter);
+    snprintf(want, sizeof(want), "its putter node %u died and no other node held", putter);
     if (rc != CFX_ERR_PEER_FAILED || !strstr(err, want))
         DIE("%s: get after the putter (node %u) died -> %s (%s); want CFX_ERR_PEER_FAILED "
             "saying \"%s\"", who, putter, cfx_errname(rc), err, want);
