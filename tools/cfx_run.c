@@ -306,15 +306,16 @@ static void reap(struct run *r)
 
 static void on_signal(struct run *r, int sig)
 {
-    char sbuf[32];
+    char sbuf[32], fbuf[32];
 
     if (sig == SIGCHLD) {
         reap(r);
         return;
     }
     if (r->state == RUN_INTERRUPTED) {
-        fprintf(stderr, "cfx_run: %s again: killing every rank\n",
-                signame(sig, sbuf, sizeof(sbuf)));
+        /* the second may not be the first again (SIGINT, then SIGTERM) */
+        fprintf(stderr, "cfx_run: second signal (%s; the first was %s): killing every rank\n",
+                signame(sig, sbuf, sizeof(sbuf)), signame(r->first_sig, fbuf, sizeof(fbuf)));
         signal_ranks(r, SIGKILL);
         return;
     }
@@ -324,6 +325,7 @@ static void on_signal(struct run *r, int sig)
         if (r->state == RUN_RUNNING)
             r->exit_code = 128 + sig;
         r->state = RUN_INTERRUPTED;
+        r->first_sig = sig;
         signal_ranks(r, sig);
         return;
     }

@@ -349,6 +349,33 @@ Test(cfx_run, sigterm_is_forwarded)
     free(out);
 }
 
+/* SIGINT, then SIGTERM: the second kills every rank, and the message names
+ * both signals (it said "SIGTERM again" though the first was SIGINT).  The
+ * ranks ignore SIGINT, so only the second signal ends them; the SIGTERM is
+ * sent once cfx_run said it forwarded the SIGINT. */
+Test(cfx_run, second_signal_names_both)
+{
+    char cmd[2048], *out;
+
+    snprintf(
+        cmd, sizeof(cmd),
+        "d=$(mktemp -d); "
+        "%s/cfx_run -n 2 sh -c 'trap \"\" INT; touch '$d'/$CFX_RANK; exec sleep 60' "
+        ">$d/out 2>&1 & p=$!; "
+        "i=0; while [ $i -lt 200 ] && ! [ -e $d/0 -a -e $d/1 ]; do sleep 0.1; i=$((i+1)); done; "
+        "kill -INT $p; "
+        "i=0; while [ $i -lt 200 ] && ! grep -q forwarding $d/out; do sleep 0.1; i=$((i+1)); "
+        "done; kill -TERM $p; wait $p; echo \"status $?\"; cat $d/out; rm -rf $d",
+        CFX_BIN_DIR);
+    int rc = run_sh(cmd, &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(has_line(out, "cfx_run: got SIGINT: forwarding to 2 ranks"), "output:\n%s", out);
+    cr_assert(has_line(out, "cfx_run: second signal (SIGTERM; the first was SIGINT): killing "
+                            "every rank"), "output:\n%s", out);
+    cr_assert(has_line(out, "status 130"), "output:\n%s", out);
+    free(out);
+}
+
 /*
  * A rank killed from outside (SIGKILL, as the OOM killer or an operator
  * would) while cfx_run waits for its ranks.  Rank 1 writes its pid and

@@ -79,6 +79,7 @@ struct run {
     int running; /* ranks not yet reaped */
     enum run_state state;
     int exit_code;           /* decided when the state leaves RUNNING */
+    int first_sig;           /* the signal that interrupted the run; 0 none yet */
     uint64_t deadline_ns;    /* --timeout; UINT64_MAX none */
     uint64_t kill_at_ns;     /* SIGKILL stragglers then; UINT64_MAX none */
     uint64_t drain_until_ns; /* stop reading pipes then; UINT64_MAX none */
