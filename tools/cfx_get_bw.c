@@ -8,7 +8,8 @@
  * and deletes its copy (not timed), so every get crosses the data plane.
  * Objects are named by position (size index, iteration), not by size, so a
  * client run with another -s than its server finds the server's object and
- * reports the mismatch at once instead of waiting for an object nobody puts.
+ * reports the mismatch at once instead of waiting for an object nobody puts;
+ * it tells the server so in its "done" object, and the server names it too.
  */
 #include "perf_common.h"
 
@@ -169,6 +170,7 @@ int main(int argc, char **argv)
                     fprintf(stderr, "%s: size mismatch: the server put %zu bytes where this "
                             "client expects %zu: give both sides the same -s (and -a)\n",
                             argv[0], got, sizes[s]);
+                    perf_mismatch_tell(ctx, "bw-done", got, sizes[s]);
                     status = 1;
                     break;
                 }

@@ -56,6 +56,7 @@ static int measure(struct cfx_context *ctx, const struct perf_opts *o, int s, si
         if ((rc == CFX_OK || rc == CFX_ERR_TRUNCATED) && got != size) {
             fprintf(stderr, "%s: size mismatch: the server put %zu bytes where this client "
                     "expects %zu: give both sides the same -s (and -a)\n", prog, got, size);
+            perf_mismatch_tell(ctx, "lat-done", got, size);
             return 1;
         }
         if (rc != CFX_OK) {
@@ -126,7 +127,8 @@ int main(int argc, char **argv)
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
-        /* a client that failed (and so said nothing) or was killed ends it */
+        /* a client that failed (saying why when the sizes disagree) or was
+         * killed ends it */
         if (perf_server_wait(ctx, coord, "lat-done") != CFX_OK) {
             fprintf(stderr, "%s: client did not finish: %s\n", argv[0], cfx_last_error());
             status = 1;

@@ -314,24 +314,68 @@ static inline void perf_id(struct cfx_object_id *id, const char *tool, size_t si
     cfx_object_id_from_name(name, id);
 }
 
+#define PERF_DONE_TEXT_MAX 512 /* a failed client's word to its server, NUL in */
+
+/*
+ * Client: a run that failed on a cause its server should name too (the
+ * sizes disagree) says so in its "done" object @p done_name, @p text where
+ * a run that succeeded puts one byte.  Not checked: the client fails
+ * anyway, and a server that does not get it sees the client leave.
+ */
+static inline void perf_client_failed(struct cfx_context *ctx, const char *done_name,
+                                      const char *text)
+{
+    struct cfx_object_id id;
+    size_t len = strnlen(text, PERF_DONE_TEXT_MAX - 1) + 1;
+    char buf[PERF_DONE_TEXT_MAX];
+    memcpy(buf, text, len - 1);
+    buf[len - 1] = '\0';
+    perf_id(&id, done_name, 0, 0);
+    (void)cfx_put(ctx, &id, buf, len, NULL);
+}
+
+/* Client: the server put @p put bytes where this client expects @p want. */
+static inline void perf_mismatch_tell(struct cfx_context *ctx, const char *done_name, size_t put,
+                                      size_t want)
+{
+    char text[PERF_DONE_TEXT_MAX];
+    snprintf(text, sizeof(text), "size mismatch: this server put %zu bytes where the client "
+             "expects %zu: give both sides the same -s (and -a)", put, want);
+    perf_client_failed(ctx, done_name, text);
+}
+
+/* One look for the client's "done": CFX_OK (one byte), the client's text as
+ * a CFX_ERR_INVALID error (perf_client_failed), or the get's error. */
+static inline int perf_done_get(struct cfx_context *ctx, const struct cfx_object_id *id,
+                                const struct cfx_obj_params *p)
+{
+    char done[PERF_DONE_TEXT_MAX];
+    size_t got = 0;
+    int rc = cfx_get(ctx, id, done, sizeof(done), &got, p);
+    if (rc != CFX_OK || got <= 1)
+        return rc;
+    done[got - 1] = '\0';
+    return cfx__err(CFX_ERR_INVALID, "the client failed: %s", done);
+}
+
 /*
  * Server: waits for the client's "done" (the object @p done_name), for
  * PERF_SERVER_WAIT_MS at most, in slices, and looks at the (in-process)
  * coordinator's members between them:
  * a client that joined and is gone without its "done" (killed, or failed
- * and left) ends the wait at once, as perftest's server does not.
+ * and left) ends the wait at once, as perftest's server does not.  A client
+ * that failed and said why (perf_client_failed) ends it with its text.
  */
 static inline int perf_server_wait(struct cfx_context *ctx, struct cfx_coord *coord,
                                    const char *done_name)
 {
     struct cfx_object_id id;
-    uint8_t done;
     struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
     uint64_t end = cfx__now_ns() + (uint64_t)PERF_SERVER_WAIT_MS * 1000000ull;
 
     perf_id(&id, done_name, 0, 0);
     for (;;) {
-        int rc = cfx_get(ctx, &id, &done, 1, NULL, &p);
+        int rc = perf_done_get(ctx, &id, &p);
         if (rc != CFX_ERR_TIMEOUT)
             return rc;
         /* someone joined besides this server and no one is left but it:
@@ -340,12 +384,13 @@ static inline int perf_server_wait(struct cfx_context *ctx, struct cfx_coord *co
          * landed just after the last look, so one more */
         uint32_t joined, alive;
         cfx__coord_member_counts(coord, &joined, &alive);
-        if (joined > 1 && alive <= 1)
-            return cfx_get(ctx, &id, &done, 1, NULL, &p) == CFX_OK
-                       ? CFX_OK
-                       : cfx__err(CFX_ERR_PEER_FAILED,
-                                  "the client left the cluster (killed, or it failed) before "
-                                  "it said it was done");
+        if (joined > 1 && alive <= 1) {
+            rc = perf_done_get(ctx, &id, &p);
+            if (rc == CFX_OK || rc == CFX_ERR_INVALID)
+                return rc;
+            return cfx__err(CFX_ERR_PEER_FAILED, "the client left the cluster (killed, or it "
+                            "failed) before it said it was done");
+        }
         if (cfx__now_ns() >= end)
             return cfx__err(CFX_ERR_TIMEOUT, "no client finished within %d s",
                             PERF_SERVER_WAIT_MS / 1000);
