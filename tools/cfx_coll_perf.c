@@ -97,6 +97,7 @@ struct coll_opts {
 
 /* Buffers and the parameters of one call. */
 struct coll_run {
+    struct cfx_context *ctx;
     struct cfx_group *g;
     const struct coll_opts *o;
     struct cfx_coll_params cp;       /* params of the measured calls */
@@ -663,10 +664,14 @@ static void print_time(double us)
         printf("  %7.2f", us);
 }
 
+/* After a failed call: say what failed, leave the cluster (the coordinator
+ * would list a rank that only exits as dead) and exit 1. */
 static void die(struct coll_run *R, const char *what, size_t size, int rc)
 {
     fprintf(stderr, "cfx_coll_perf: rank %d: %s %s of %zu bytes: %s: %s\n", R->rank,
             ops[R->o->op].name, what, size, cfx_errname(rc), cfx_last_error());
+    cfx_group_destroy(R->g);
+    cfx_context_destroy(R->ctx);
     exit(1);
 }
 
@@ -717,6 +722,7 @@ int main(int argc, char **argv)
                 cfx_last_error());
         return 1;
     }
+    R.ctx = ctx;
     rc = cfx_group_create(ctx, NULL, &R.g);
     if (rc != CFX_OK) {
         fprintf(stderr, "cfx_coll_perf: cannot create the group: %s: %s\n", cfx_errname(rc),
@@ -787,6 +793,8 @@ int main(int argc, char **argv)
     if (rc != CFX_OK || !R.expect) {
         fprintf(stderr, "cfx_coll_perf: rank %d: cannot allocate 2 x %zu bytes: %s\n", R.rank,
                 bufbytes, cfx_last_error());
+        cfx_group_destroy(R.g);
+        cfx_context_destroy(ctx); /* arena buffers go with it; malloc'd ones at exit */
         return 1;
     }
     memset(R.send, 1, bufbytes);

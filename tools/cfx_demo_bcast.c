@@ -55,6 +55,7 @@ int main(int argc, char **argv)
     uint64_t *buf;
     if ((rc = cfx_buf_alloc(ctx, size, (void **)&buf)) != CFX_OK) {
         fprintf(stderr, "cannot allocate %zu bytes: %s\n", size, cfx_last_error());
+        cfx_context_destroy(ctx); /* leave, not just vanish: the coordinator logs a death */
         return 1;
     }
     int status = 0;

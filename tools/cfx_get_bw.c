@@ -108,6 +108,9 @@ int main(int argc, char **argv)
                 rc = cfx_put(ctx, &id, buf, sizes[s], &pp);
                 if (rc != CFX_OK) {
                     fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+                    cfx_buf_free(ctx, buf);
+                    cfx_context_destroy(ctx);
+                    cfx__coord_stop(coord);
                     return 1;
                 }
             }

@@ -121,6 +121,9 @@ int main(int argc, char **argv)
                 perf_id(&id, "lat", (size_t)s, i); /* by position: see cfx_get_bw */
                 if ((rc = cfx_put(ctx, &id, buf, sizes[s], &pp)) != CFX_OK) {
                     fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+                    free(buf);
+                    cfx_context_destroy(ctx);
+                    cfx__coord_stop(coord);
                     return 1;
                 }
             }

@@ -211,6 +211,7 @@ int main(int argc, char **argv)
     int rc = cfx_ps_create(ctx, &p, &ps);
     if (rc != CFX_OK) {
         fprintf(stderr, "cfx_ps_create: %s\n", cfx_last_error());
+        cfx_context_destroy(ctx); /* leave, not just vanish: the coordinator logs a death */
         return 1;
     }
     int status = 0;
@@ -228,6 +229,8 @@ int main(int argc, char **argv)
     int key;
     if ((rc = cfx_ps_register(ps, "bench", CFX_DTYPE_F32, n, init, &key)) != CFX_OK) {
         fprintf(stderr, "register: %s\n", cfx_last_error());
+        cfx_ps_destroy(ps);
+        cfx_context_destroy(ctx);
         return 1;
     }
     int bal_end = o.n_static + o.n_warm + o.n_steps;

@@ -47,10 +47,20 @@
 
 static int epochs = 8, batch = 32, slow_us = 1500, use_allreduce = 0;
 
+/* this process's context and workers' group, for DIE */
+static struct cfx_context *train_ctx;
+static struct cfx_group *train_group;
+
+/* Say what failed, leave the cluster (a process that only exits is listed
+ * as dead by the coordinator) and exit 1. */
 #define DIE(...)                                     \
     do {                                             \
         fprintf(stderr, __VA_ARGS__);                \
         fprintf(stderr, ": %s\n", cfx_last_error()); \
+        if (train_group)                             \
+            cfx_group_destroy(train_group);          \
+        if (train_ctx)                               \
+            cfx_context_destroy(train_ctx);          \
         exit(1);                                     \
     } while (0)
 
@@ -248,6 +258,7 @@ static int run_worker(struct cfx_context *ctx, int w, int workers)
     struct cfx_group *g;
     if (cfx_group_create(ctx, &gp, &g) != CFX_OK)
         DIE("worker %d: cannot join the workers' group", w);
+    train_group = g;
 
     /* worker 0 initializes; everyone gets the same model by broadcast */
     float *params = malloc(NPARAM * sizeof(float)), *grad = malloc(NPARAM * sizeof(float));
@@ -358,6 +369,7 @@ static int run_worker(struct cfx_context *ctx, int w, int workers)
         /* the servers wait for the slow signal only in parameter-server mode */
     }
     cfx_ps_destroy(ps);
+    train_group = NULL;
     cfx_group_destroy(g);
     free(params);
     free(grad);
@@ -412,6 +424,7 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     if (cfx_context_create(NULL, &ctx) != CFX_OK)
         DIE("cannot join the cluster");
+    train_ctx = ctx;
     int rc = rank < NSERVERS ? run_server(ctx, rank, workers)
                              : run_worker(ctx, rank - NSERVERS, workers);
     cfx_context_destroy(ctx);

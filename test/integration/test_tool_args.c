@@ -733,6 +733,30 @@ Test(tool_args, obj_perf_failing_ranks_leave, .init = case_init, .fini = coord_s
 }
 
 /*
+ * cfx_coll_perf ranks whose collective fails (here: the two ask for other
+ * sizes, so their allreduce disagrees) leave the cluster before they exit
+ * 1: the coordinator lists them as left, not dead.  They exited at once
+ * and it logged each as dead ("its connection closed").
+ */
+Test(tool_args, coll_perf_failing_ranks_leave, .init = case_init, .fini = coord_stop,
+     .timeout = 120)
+{
+    static char out[1 << 16];
+    char cmd[1024];
+    coord_start();
+    snprintf(cmd, sizeof(cmd),
+             "export CFX_WORLD_SIZE=2 CFX_TIMEOUT_MS=10000; "
+             "CFX_RANK=0 timeout 60 %s/cfx_coll_perf -b 1K -e 1K -w 1 -n 1 >/dev/null 2>&1 & "
+             "CFX_RANK=1 timeout 60 %s/cfx_coll_perf -b 4K -e 4K -w 1 -n 1 >/dev/null 2>&1; "
+             "a=$?; wait $!; echo \"exit $a $?\"", CFX_BIN_DIR, CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "exit 1 1"), "both ranks fail: %s", out);
+    cr_assert_eq(rdmactl_out("status --json", out, sizeof(out)), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\"nodes_alive\":0,\"nodes_dead\":0,\"nodes_left\":2,"),
+                       "%s", out);
+}
+
+/*
  * A rank tool started with no coordinator listening gives up at its
  * context's deadline (CFX_TIMEOUT_MS), which the library spends retrying
  * already: the tools tried the whole deadline 51 times more (a default
