@@ -141,17 +141,26 @@ int cfx__token_load(const char *explicit_token, char *buf, size_t len)
         return cfx__err(CFX_ERR_AUTH,
                         "no cluster token: set CFX_TOKEN to the token or CFX_TOKEN_FILE "
                         "to a file holding it");
+    char from[512]; /* for the errors: a longer path is cut there */
+    snprintf(from, sizeof(from), "CFX_TOKEN_FILE=%s", v);
+    return cfx__token_load_file(v, from, buf, len);
+}
 
+int cfx__token_load_file(const char *path, const char *from, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return cfx__err(CFX_ERR_INVALID, "no buffer for the cluster token");
+    buf[0] = '\0';
     char line[CFX_TOKEN_MAX + 2];
-    FILE *f = fopen(v, "re");
+    FILE *f = fopen(path, "re");
     if (!f)
-        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file CFX_TOKEN_FILE=%s: %s",
-                        v, strerror(errno));
+        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s: %s", from,
+                        strerror(errno));
     size_t n = fread(line, 1, sizeof(line) - 1, f);
     int ferr = ferror(f);
     fclose(f);
     if (ferr)
-        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file CFX_TOKEN_FILE=%s", v);
+        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s", from);
     line[n] = '\0';
     /* The token is the first line; a trailing newline (or CRLF) is not part of it. */
     char *nl = memchr(line, '\n', n);
@@ -160,13 +169,11 @@ int cfx__token_load(const char *explicit_token, char *buf, size_t len)
         n = (size_t)(nl - line);
     } else if (n > CFX_TOKEN_MAX) {
         OPENSSL_cleanse(line, sizeof(line));
-        return cfx__err(CFX_ERR_TOO_BIG, "the cluster token in CFX_TOKEN_FILE=%s is longer "
-                        "than %d bytes", v, CFX_TOKEN_MAX);
+        return cfx__err(CFX_ERR_TOO_BIG, "the cluster token in %s is longer than %d bytes", from,
+                        CFX_TOKEN_MAX);
     }
     if (n && line[n - 1] == '\r')
         line[--n] = '\0';
-    char from[64];
-    snprintf(from, sizeof(from), "CFX_TOKEN_FILE");
     int rc = token_copy(line, strlen(line), from, buf, len);
     OPENSSL_cleanse(line, sizeof(line));
     return rc;

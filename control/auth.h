@@ -93,6 +93,14 @@ void cfx__auth_dp_bind(uint32_t connector_node, uint32_t acceptor_node,
  */
 int cfx__token_load(const char *explicit_token, char *buf, size_t len);
 
+/*
+ * The first line of the file @p path as the cluster token, as
+ * cfx__token_load() reads $CFX_TOKEN_FILE; @p from names where the path
+ * came from in the errors ("CFX_TOKEN_FILE=PATH" there; a tool's option
+ * gives the path alone and names the option itself).
+ */
+int cfx__token_load_file(const char *path, const char *from, char *buf, size_t len);
+
 #define CFX_TOKEN_MIN_BITS 128  /* below this, tools warn */
 
 /* At most how many bits of entropy @p token can hold: 4 per character when

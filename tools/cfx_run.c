@@ -503,12 +503,18 @@ int main(int argc, char **argv)
         goto out_hosts;
     }
     if (r.opts.token_file) {
-        /* read it as the ranks will, so that a bad file fails here */
-        if (setenv("CFX_TOKEN_FILE", r.opts.token_file, 1) < 0 || unsetenv("CFX_TOKEN") < 0 ||
-            cfx__token_load(NULL, file_token, sizeof(file_token)) != CFX_OK) {
+        /* read it as the ranks will, so that a bad file fails here: a bad
+         * value of the option, a usage error (exit 2) as conflux-coord's */
+        if (setenv("CFX_TOKEN_FILE", r.opts.token_file, 1) < 0 || unsetenv("CFX_TOKEN") < 0) {
             fprintf(stderr, "cfx_run: --token-file %s: %s\n", r.opts.token_file,
-                    cfx_last_error());
+                    strerror(errno));
             rc = 1;
+            goto out_hosts;
+        }
+        if (cfx__token_load_file(r.opts.token_file, r.opts.token_file, file_token,
+                                 sizeof(file_token)) != CFX_OK) {
+            fprintf(stderr, "cfx_run: --token-file: %s\n", cfx_last_error());
+            rc = TOOL_EXIT_USAGE;
             goto out_hosts;
         }
         if (!realpath(r.opts.token_file, token_path)) {

@@ -360,19 +360,20 @@ int main(int argc, char **argv)
     }
     if (token_file && setenv("CFX_TOKEN_FILE", token_file, 1) == 0)
         unsetenv("CFX_TOKEN"); /* an explicit file wins over the environment */
-    rc = cfx__token_load(token_arg, token, sizeof(token));
+    /* a file given on the command line is named as given there, not as the
+     * CFX_TOKEN_FILE the library reads otherwise */
+    rc = token_file ? cfx__token_load_file(token_file, token_file, token, sizeof(token))
+                    : cfx__token_load(token_arg, token, sizeof(token));
     if (token_arg) {
         explicit_bzero(token_arg, strlen(token_arg));
         free(token_arg);
     }
     if (rc != CFX_OK) {
-        /* the library names the variable; the user gave the option */
-        if (token_file)
-            fprintf(stderr, "conflux-coord: --token-file %s: %s\n", token_file,
-                    cfx_last_error());
-        else
-            fprintf(stderr, "conflux-coord: %s\n", cfx_last_error());
-        return 2;
+        /* a value of the option or the variable that gives no token: a
+         * usage error, as a bad value of any option */
+        fprintf(stderr, "conflux-coord: %s%s\n", token_file ? "--token-file: " : "",
+                cfx_last_error());
+        return TOOL_EXIT_USAGE;
     }
     params.token = token;
     if (cfx__token_bits(token) < CFX_TOKEN_MIN_BITS)

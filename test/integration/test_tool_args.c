@@ -200,7 +200,17 @@ static const struct args_case cases[] = {
     { "conflux-coord", { "--bind", "localhost", "--metrics", "localhost:0", "--help" }, 0,
       NULL, NULL, 0 },
     { "conflux-coord", { "--token", "" }, 2, "--token", "''", 0 },
-    { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file /dev/null", "empty", 0 },
+    { "conflux-coord", { "--token-file", "/dev/null" }, 2, "--token-file: ",
+      "the cluster token from /dev/null is empty", 0 },
+    /* a token file that cannot be read: named as the option gave it (both
+     * said "CFX_TOKEN_FILE=..."), a usage error of both tools (cfx_run
+     * exited 1) */
+    { "conflux-coord", { "--token-file", "/nonexistent" }, 2,
+      "conflux-coord: --token-file: cannot read the cluster token file /nonexistent: ", NULL, 0 },
+    { "cfx_run", { "-n", "2", "-K", "/nonexistent", "true" }, 2,
+      "cfx_run: --token-file: cannot read the cluster token file /nonexistent: ", NULL, 0 },
+    { "cfx_run", { "-n", "2", "--token-file", "/dev/null", "true" }, 2, "--token-file: ",
+      "the cluster token from /dev/null is empty", 0 },
     /* an empty value is refused, not taken as the default: --state-dir ''
      * ran without durable state, --secure '' ran off, --bind '' exited 1 and
      * --token-file '' said "set CFX_TOKEN" while it was set */
