@@ -1199,3 +1199,57 @@ ParameterizedTest(struct tp_param *p, p2p, rendezvous_passes_eager_sends_out_of_
     }
     down();
 }
+
+ParameterizedTestParameters(p2p, queued_sends_fail_when_the_receiver_dies)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* The receiver goes while ordinary and urgent eager sends wait for its
+ * credits (it takes nothing): every send still queued, of either kind,
+ * ends with CFX_ERR_PEER_FAILED naming it, none hangs. */
+ParameterizedTest(struct tp_param *p, p2p, queued_sends_fail_when_the_receiver_dies,
+                  .timeout = 60)
+{
+    enum { N = 2 * CFX_EAGER_CREDITS, U = CFX_EAGER_URGENT + 3 };
+    up(p->tp);
+    uint64_t src[N], usrc[U];
+    struct cfx_p2p_req *s[N], *us[U];
+    for (int i = 0; i < N; i++) {
+        src[i] = 0xdead000000000000ull + (uint64_t)i;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 43, 1, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    /* the ordinary ones have taken what they may of the grant ... */
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - CFX_EAGER_URGENT - 1],
+                               cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    /* ... the urgent ones the rest, and the last few of them wait too */
+    for (int i = 0; i < U; i++) {
+        usrc[i] = 0xbeef0000u + (uint64_t)i;
+        cr_assert_eq(cfx__p2p_isend_urgent(a, &rb, 44, 1, &usrc[i], sizeof(usrc[i]), &us[i]),
+                     CFX_OK);
+    }
+    cr_assert_eq(cfx__p2p_wait(us[CFX_EAGER_URGENT - 1], cfx__deadline_ns(10000)), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx__p2p_test(us[U - 1]), CFX_ERR_AGAIN, "an urgent send beyond the grant went");
+    cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "a send beyond the grant went");
+    uint32_t b_id = b->node_id;
+    cfx_context_destroy(b);
+    b = NULL;
+    char want[32];
+    snprintf(want, sizeof(want), "node %u", b_id);
+    int failed = 0;
+    for (int i = 0; i < N + U; i++) {
+        struct cfx_p2p_req *r = i < N ? s[i] : us[i - N];
+        int st = cfx__p2p_wait(r, cfx__deadline_ns(10000));
+        if (st != CFX_OK) {
+            cr_assert_eq(st, CFX_ERR_PEER_FAILED, "send %d: %s", i, cfx_last_error());
+            cr_assert(strstr(cfx_last_error(), want), "send %d: %s", i, cfx_last_error());
+            failed++;
+        }
+        cfx__p2p_free(r);
+    }
+    cr_assert_geq(failed, N - CFX_EAGER_CREDITS + 3, "only %d sends failed", failed);
+    cfx_context_destroy(a);
+    cfx__coord_stop(coord);
+}
