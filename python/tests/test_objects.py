@@ -996,3 +996,15 @@ def test_ray_job_joined_from_the_environment_then_named(monkeypatch):
         assert np.array_equal(cr.allreduce(np.ones(2), "env-then-job"), np.ones(2))
     finally:
         cr.shutdown()
+
+
+def test_coordinator_timeout_is_checked_first():
+    """Coordinator(timeout=) is seconds, checked before the coordinator starts:
+    NaN was a deadline that never passed, -1 started it only to stop it and
+    raise TimeoutError."""
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout is in seconds and must be finite"):
+            conflux.Coordinator(timeout=bad)
+    for bad in (True, "5"):
+        with pytest.raises(TypeError, match="timeout is a number of seconds"):
+            conflux.Coordinator(timeout=bad)

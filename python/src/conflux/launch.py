@@ -1,6 +1,8 @@
 """Start a coordinator, or find the launcher, shipped inside the package."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import secrets
 import shutil
@@ -85,7 +87,9 @@ class Coordinator:
 
     ``secure`` ("off", "integrity" or "encrypt") seals its connections after
     the token handshake (``conflux-coord --secure``); every member's
-    Context(secure=...) or $CFX_SECURE must say the same.
+    Context(secure=...) or $CFX_SECURE must say the same.  ``timeout`` is how
+    many seconds to wait for it to report ready (finite and >= 0, else
+    ValueError; builtin TimeoutError when it passes).
 
     The coordinator does not outlive this process: it is stopped when the
     object is collected or the interpreter exits, and on Linux (started from
@@ -95,6 +99,15 @@ class Coordinator:
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  timeout: float = 30.0, state_dir: str | None = None,
                  secure: str | None = None):
+        # checked before anything starts: a NaN deadline never passed (a
+        # coordinator that never got ready was waited for forever) and a
+        # negative one started the coordinator only to stop it again
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout is a number of seconds, not {type(timeout).__name__} "
+                            f"{timeout!r}")
+        if not timeout >= 0 or math.isinf(timeout):
+            raise ValueError("timeout is in seconds and must be finite and >= 0, "
+                             f"not {timeout!r}")
         self.token = token or secrets.token_hex(16)
         if not self.token.isprintable() or any(c.isspace() for c in self.token):
             # the coordinator reads one line of the file, members the whole string
