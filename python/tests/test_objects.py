@@ -791,6 +791,11 @@ def test_group_rank_and_size_in_range(ctx):
             conflux.Group(ctx, "range", **kw)
     with pytest.raises(TypeError):
         conflux.Group(ctx, "range", rank="0", size=1)
+    # a bool is not a rank or a size (True was taken as 1)
+    for kw in ({"rank": True, "size": 2}, {"rank": 0, "size": True},
+               {"rank": np.bool_(False), "size": 1}):
+        with pytest.raises(TypeError, match="must be an int"):
+            conflux.Group(ctx, "range", timeout=0.1, **kw)
     with conflux.Group(ctx, "range", rank=0, size=1) as g:
         assert (g.rank, g.size) == (0, 1)
 

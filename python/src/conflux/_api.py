@@ -331,6 +331,9 @@ class Group(_c.Group):
 
     def __init__(self, context: Context, name: str | None = None, *, rank: int | None = None,
                  size: int | None = None, timeout: float | None = None):
+        for what, v in (("rank", rank), ("size", size)):
+            if isinstance(v, (bool, np.bool_)):  # True would pass for rank or size 1
+                raise TypeError(f"{what} must be an int, not {v!r}")
         super().__init__(context, name=name, rank=rank, size=size, timeout_ms=_ms(timeout))
         self.context = context
 
