@@ -915,6 +915,10 @@ def test_arrays_of_python_objects_are_refused(ctx):
     ctx.put("objarr/bytes", np.arange(2, dtype=np.int64))
     with pytest.raises(TypeError, match="Python objects"):
         ctx.get("objarr/bytes", out=np.empty(2, dtype=object))
+    # asked of a new array: refused before the fetch, in the same words
+    # (it was numpy's "Cannot change data-type for array of references")
+    with pytest.raises(TypeError, match="Python objects"):
+        ctx.get("objarr/bytes", dtype=object)
     with conflux.Group(ctx, name="objarr", rank=0, size=1) as g:
         with pytest.raises(TypeError, match="Python objects"):
             g.allgather(objs)
@@ -1013,3 +1017,15 @@ def test_coordinator_timeout_is_checked_first():
     for bad in (True, "5"):
         with pytest.raises(TypeError, match="timeout is a number of seconds"):
             conflux.Coordinator(timeout=bad)
+
+
+def test_get_dtype_and_shape_are_not_for_out(ctx):
+    """dtype= and shape= shape the array get() makes; with out= they were
+    silently ignored (the float32 asked for came back as out's int64)."""
+    ctx.put("get-out-dtype", np.arange(4, dtype=np.int64))
+    for kw in ({"dtype": np.float32}, {"shape": (2, 2)}):
+        with pytest.raises(TypeError, match="dtype and shape describe the array get"):
+            ctx.get("get-out-dtype", np.zeros(4, np.int64), **kw)
+    out = np.zeros(4, np.int64)
+    assert ctx.get("get-out-dtype", out) is out and out.tolist() == [0, 1, 2, 3]
+    assert ctx.get("get-out-dtype", dtype=np.int64, shape=(2, 2)).tolist() == [[0, 1], [2, 3]]

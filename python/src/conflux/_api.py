@@ -182,20 +182,29 @@ class Context(_c.Context):
         Without, a new numpy array over registered arena memory is returned
         (no copy): uint8, or ``dtype`` (numpy/torch dtype or name) and
         ``shape``; this node serves the object from it until ``delete(id)``,
-        so it must not be changed.
+        so it must not be changed.  ``dtype`` and ``shape`` go without
+        ``out`` only (TypeError with it, or for a dtype of Python objects).
         Raises TimeoutError (conflux), TruncatedError when ``out`` is too small.
         """
         raw = _id(id)
         if out is not None:
+            if dtype is not None or shape is not None:
+                # they were ignored: the bytes land in out as out's own type
+                raise TypeError("get: dtype and shape describe the array get() makes; "
+                                "with out= the object lands in out as out's type")
             arr, _, _ = as_array(out, writable=True)
             n = self.get_into(raw, arr, timeout_ms=_ms(timeout))
             if n == arr.nbytes:
                 return out
             return arr.reshape(-1).view(np.uint8)[:n]
+        # the dtype is checked before the fetch, which makes this node a holder
+        dt = None if dtype is None else _np_dtype(dtype)
+        if dt is not None and dt.hasobject:
+            raise TypeError(f"get: dtype {dt} holds Python objects, not data: an object's "
+                            "bytes cannot be read as one")
         buf = self.get_alloc(raw, timeout_ms=_ms(timeout))
         a = np.frombuffer(buf, dtype=np.uint8)
-        if dtype is not None:
-            dt = _np_dtype(dtype)
+        if dt is not None:
             a = a.view(dt)
         if shape is not None:
             a = a.reshape(shape)
