@@ -270,7 +270,12 @@ CFX_API int cfx_delete(struct cfx_context *ctx, const struct cfx_object_id *id,
  * @param used  NULL, or k entries that receive the indices (into @p inputs)
  *              of the inputs reduced, in the order they became ready.
  * @return CFX_OK once the result is complete; CFX_ERR_TIMEOUT when fewer than
- *         k inputs appeared in time (cfx_last_error() names the missing ones);
+ *         k inputs appeared in time (cfx_last_error() names the missing ones),
+ *         or when they had and the result was not complete by the deadline:
+ *         the tree then runs on, as a task does after its waiter gave up, and
+ *         the result may appear later (a cfx_get() of it may still succeed,
+ *         and a reduce into the same id again then fails CFX_ERR_EXISTS: a
+ *         retry takes a new result id);
  *         CFX_ERR_INVALID for bad arguments or inputs of different sizes;
  *         CFX_ERR_EXISTS when @p result names an object already (put before
  *         the reduce, or while it ran: that object stays the only one
