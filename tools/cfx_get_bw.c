@@ -224,6 +224,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: cannot tell the server we are done: %s\n", argv[0],
                     cfx_last_error());
             status = 1;
+        } else if (!status) {
+            perf_client_ack_wait(ctx, "bw-done");
         }
     }
     if (o.arena || !o.host)

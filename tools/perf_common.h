@@ -314,7 +314,55 @@ static inline void perf_id(struct cfx_object_id *id, const char *tool, size_t si
     cfx_object_id_from_name(name, id);
 }
 
-#define PERF_DONE_TEXT_MAX 512 /* a failed client's word to its server, NUL in */
+#define PERF_DONE_TEXT_MAX 512   /* a failed client's word to its server, NUL in */
+#define PERF_ACK_WAIT_MS   10000 /* a client waits this long for its server to read it */
+
+static inline void perf_ack_id(struct cfx_object_id *id, const char *done_name)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "%s-ack", done_name);
+    perf_id(id, name, 0, 0);
+}
+
+/*
+ * Client, after putting its "done" object @p done_name (either kind): wait
+ * until the server has read it.  An object goes with its putter, so a
+ * client that left at once could take its word with it before a server
+ * not yet waiting for it had looked (a client failing on its first get
+ * while the server still put its objects did): the server then said only
+ * that the client left.  Bounded: a server that is gone never answers.
+ */
+static inline void perf_client_ack_wait(struct cfx_context *ctx, const char *done_name)
+{
+    struct cfx_object_id id;
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                .timeout_ms = PERF_ACK_WAIT_MS };
+    uint8_t ack;
+    perf_ack_id(&id, done_name);
+    (void)cfx_get(ctx, &id, &ack, 1, NULL, &p);
+}
+
+/* Server: the client's "done" @p done_name was read (perf_client_ack_wait).
+ * The ack goes with this process, which runs the coordinator too: wait
+ * (bounded) for the client to have left with it before going on. */
+static inline void perf_server_ack(struct cfx_context *ctx, struct cfx_coord *coord,
+                                   const char *done_name)
+{
+    struct cfx_object_id id;
+    uint8_t one = 1;
+    perf_ack_id(&id, done_name);
+    if (cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK)
+        return;
+    uint64_t end = cfx__now_ns() + (uint64_t)PERF_ACK_WAIT_MS * 1000000ull;
+    for (;;) {
+        uint32_t joined, alive;
+        cfx__coord_member_counts(coord, &joined, &alive);
+        if (alive <= 1 || cfx__now_ns() >= end)
+            return;
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
 
 /*
  * Client: a run that failed on a cause its server should name too (the
@@ -331,7 +379,8 @@ static inline void perf_client_failed(struct cfx_context *ctx, const char *done_
     memcpy(buf, text, len - 1);
     buf[len - 1] = '\0';
     perf_id(&id, done_name, 0, 0);
-    (void)cfx_put(ctx, &id, buf, len, NULL);
+    if (cfx_put(ctx, &id, buf, len, NULL) == CFX_OK)
+        perf_client_ack_wait(ctx, done_name);
 }
 
 /* Client: the server put @p put bytes where this client expects @p want. */
@@ -376,6 +425,12 @@ static inline int perf_server_wait(struct cfx_context *ctx, struct cfx_coord *co
     perf_id(&id, done_name, 0, 0);
     for (;;) {
         int rc = perf_done_get(ctx, &id, &p);
+        if (rc == CFX_OK || rc == CFX_ERR_INVALID) {
+            char why[PERF_DONE_TEXT_MAX + 64];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            perf_server_ack(ctx, coord, done_name); /* its calls set the last error */
+            return rc == CFX_OK ? CFX_OK : cfx__err(rc, "%s", why);
+        }
         if (rc != CFX_ERR_TIMEOUT)
             return rc;
         /* someone joined besides this server and no one is left but it:
@@ -387,7 +442,7 @@ static inline int perf_server_wait(struct cfx_context *ctx, struct cfx_coord *co
         if (joined > 1 && alive <= 1) {
             rc = perf_done_get(ctx, &id, &p);
             if (rc == CFX_OK || rc == CFX_ERR_INVALID)
-                return rc;
+                return rc; /* its putter has gone: nobody to tell */
             return cfx__err(CFX_ERR_PEER_FAILED, "the client left the cluster (killed, or it "
                             "failed) before it said it was done");
         }
