@@ -711,7 +711,16 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
     }
     obj->in = NULL;
     obj->deleting = true;
-    /* the release frees the block, this request with it: touch neither after */
+    /* The release frees the block, this request with it: touch neither
+     * after.  With the progress lock free, this thread runs it (after what
+     * others queued first), as a post does: queued for the progress thread,
+     * it woke that thread from standing aside for a poller, once per
+     * rendezvous message, to contend with the caller for ctx->lock. */
+    bool drive = cfx__progress_trylock(ctx);
     cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
+    if (drive) {
+        cfx__progress_run_cmds(ctx);
+        cfx__progress_unlock(ctx);
+    }
     pthread_mutex_unlock(&ctx->lock);
 }
