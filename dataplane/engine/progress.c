@@ -384,11 +384,12 @@ static bool arm_all(struct cfx_context *ctx)
     return true;
 }
 
-/* One spell of spinning (see cfx__progress_poll_wait); true if @p st is
- * no longer CFX_ERR_AGAIN. */
-static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
+/* One spell of spinning (see cfx__progress_poll_wait), which work done
+ * lengthens up to @p cap_ns; true if @p st is no longer CFX_ERR_AGAIN. */
+static bool spin(struct cfx_context *ctx, const int *st, bool *polled, uint64_t cap_ns)
 {
-    uint64_t end = cfx__now_ns() + (uint64_t)ctx->cfg.spin_us * 1000;
+    const uint64_t spin_ns = (uint64_t)ctx->cfg.spin_us * 1000;
+    uint64_t end = cfx__now_ns() + spin_ns;
     uint32_t idle = 0, yield_every = ctx->cfg.spin_yield;
     for (unsigned i = 0; i < (1u << 20); i++) { /* bounded even if the clock stalls */
         int work = cfx__progress_drive(ctx);
@@ -400,7 +401,13 @@ static bool spin(struct cfx_context *ctx, const int *st, bool *polled)
         if ((i & 15) == 15 && cfx__now_ns() >= end)
             break;
         if (work > 0) {
+            /* something came: more is likely on its way (a message's
+             * chunks, the peer's next packet), so the spell runs
+             * CFX_SPIN_US from the last work, not from its start; a nap
+             * between two chunks of one message cost a wake-up each */
             idle = 0;
+            uint64_t more = CFX_MIN(cfx__now_ns() + spin_ns, cap_ns);
+            end = CFX_MAX(end, more);
             continue;
         }
         /* Nothing came.  A sched_yield costs a system call, most of a
@@ -541,7 +548,7 @@ void cfx__progress_poll_wait(struct cfx_context *ctx, const int *st, uint64_t de
     if (nap_end > deadline_ns)
         nap_end = deadline_ns;
     cfx__progress_poll_begin(ctx);
-    while (!spin(ctx, st, &polled) && cfx__now_ns() < nap_end &&
+    while (!spin(ctx, st, &polled, nap_end) && cfx__now_ns() < nap_end &&
            waiter_nap(ctx, st, nap_end, &polled, &polling))
         ;
     pthread_mutex_lock(&ctx->lock);
