@@ -520,7 +520,8 @@ static bool waiter_nap(struct cfx_context *ctx, const int *st, uint64_t until_ns
 }
 
 /*
- * Caller-driven progress.  For up to CFX_SPIN_US the waiting thread drives
+ * Caller-driven progress.  For up to CFX_SPIN_US (past the last pass that
+ * did work, within the nap period below) the waiting thread drives
  * the transports itself (one pass of the progress loop whenever the
  * progress lock is free: its own message is read off the wire by this
  * thread, with no wake-up in between) and watches the request; the
