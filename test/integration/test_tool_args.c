@@ -718,26 +718,36 @@ Test(tool_args, rdmactl_bad_secure_mode_is_usage, .init = case_init, .fini = coo
  * them as left, not dead, and their group's records are gone (they stayed
  * in the directory, and in its state directory, for good).
  */
+/* Ranks 0 and 1 of a 2-rank job run tool @p tool with @p args0 and @p args1,
+ * which make them fail: both exit 1, and the coordinator lists both as left
+ * (each rank's leave is a call it answered before the rank exited). */
+static void two_failing_ranks_leave(const char *tool, const char *args0, const char *args1,
+                                    char *out, size_t outlen)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "export CFX_WORLD_SIZE=2 CFX_TIMEOUT_MS=10000; "
+             "CFX_RANK=0 timeout 60 %s/%s %s >/dev/null 2>&1 & "
+             "CFX_RANK=1 timeout 60 %s/%s %s >/dev/null 2>&1; "
+             "a=$?; wait $!; echo \"exit $a $?\"", CFX_BIN_DIR, tool, args0, CFX_BIN_DIR, tool,
+             args1);
+    cr_assert_eq(cfx_test_run_output(cmd, out, outlen), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "exit 1 1"), "both ranks fail: %s", out);
+    cr_assert_eq(rdmactl_out("status --json", out, outlen), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "\"nodes_alive\":0,\"nodes_dead\":0,\"nodes_left\":2,"),
+                       "%s", out);
+}
+
 Test(tool_args, obj_perf_failing_ranks_leave, .init = case_init, .fini = coord_stop,
      .timeout = 120)
 {
     static char out[1 << 16];
-    char cmd[1024];
     coord_start();
-    snprintf(cmd, sizeof(cmd),
-             "export CFX_WORLD_SIZE=2 CFX_TIMEOUT_MS=10000; "
-             "CFX_RANK=0 timeout 60 %s/cfx_obj_perf -b 1M -e 1M -n 1 >/dev/null 2>&1 & "
-             "CFX_RANK=1 timeout 60 %s/cfx_obj_perf -o reduce -b 1M -e 1M -n 1 >/dev/null 2>&1; "
-             "a=$?; wait $!; echo \"exit $a $?\"", CFX_BIN_DIR, CFX_BIN_DIR);
-    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "exit 1 1"), "both ranks fail: %s", out);
-    /* each rank's leave is a call the coordinator answered before it exited */
+    two_failing_ranks_leave("cfx_obj_perf", "-b 1M -e 1M -n 1", "-o reduce -b 1M -e 1M -n 1",
+                            out, sizeof(out));
     cr_assert_eq(rdmactl_out("nodes --all", out, sizeof(out)), 0, "%s", out);
     cr_log_info("%s", out);
     cr_assert(!strstr(out, " alive ") && !strstr(out, " dead "), "%s", out);
-    cr_assert_eq(rdmactl_out("status --json", out, sizeof(out)), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "\"nodes_alive\":0,\"nodes_dead\":0,\"nodes_left\":2,"),
-                       "%s", out);
     cr_assert_eq(rdmactl_out("objects --json", out, sizeof(out)), 0, "%s", out);
     cr_assert_eq(strcmp(out, "[]\n"), 0, "the failed job's objects are still listed:\n%s", out);
 }
@@ -752,18 +762,9 @@ Test(tool_args, coll_perf_failing_ranks_leave, .init = case_init, .fini = coord_
      .timeout = 120)
 {
     static char out[1 << 16];
-    char cmd[1024];
     coord_start();
-    snprintf(cmd, sizeof(cmd),
-             "export CFX_WORLD_SIZE=2 CFX_TIMEOUT_MS=10000; "
-             "CFX_RANK=0 timeout 60 %s/cfx_coll_perf -b 1K -e 1K -w 1 -n 1 >/dev/null 2>&1 & "
-             "CFX_RANK=1 timeout 60 %s/cfx_coll_perf -b 4K -e 4K -w 1 -n 1 >/dev/null 2>&1; "
-             "a=$?; wait $!; echo \"exit $a $?\"", CFX_BIN_DIR, CFX_BIN_DIR);
-    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "exit 1 1"), "both ranks fail: %s", out);
-    cr_assert_eq(rdmactl_out("status --json", out, sizeof(out)), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "\"nodes_alive\":0,\"nodes_dead\":0,\"nodes_left\":2,"),
-                       "%s", out);
+    two_failing_ranks_leave("cfx_coll_perf", "-b 1K -e 1K -w 1 -n 1", "-b 4K -e 4K -w 1 -n 1",
+                            out, sizeof(out));
 }
 
 /*
