@@ -217,15 +217,12 @@ int main(int argc, char **argv)
         else
             printf("---------------------------------------------------------------------------\n");
         uint8_t one = 1;
-        perf_id(&id, "bw-done", 0, 0);
         /* after a failure the server may be gone with the coordinator it
          * runs; if not, it sees this process leave */
-        if (!status && cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK) {
+        if (!status && perf_client_done(ctx, "bw-done", &one, 1) != CFX_OK) {
             fprintf(stderr, "%s: cannot tell the server we are done: %s\n", argv[0],
                     cfx_last_error());
             status = 1;
-        } else if (!status) {
-            perf_client_ack_wait(ctx, "bw-done");
         }
     }
     if (o.arena || !o.host)

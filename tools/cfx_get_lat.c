@@ -163,15 +163,12 @@ int main(int argc, char **argv)
             printf("---------------------------------------------------------------------------\n");
         free(lat);
         uint8_t one = 1;
-        perf_id(&id, "lat-done", 0, 0);
         /* only a run that succeeded says done: the server sees a failed
          * one leave without it, and fails too */
-        if (!status && cfx_put(ctx, &id, &one, 1, NULL) != CFX_OK) {
+        if (!status && perf_client_done(ctx, "lat-done", &one, 1) != CFX_OK) {
             fprintf(stderr, "%s: cannot tell the server we are done: %s\n", argv[0],
                     cfx_last_error());
             status = 1;
-        } else if (!status) {
-            perf_client_ack_wait(ctx, "lat-done");
         }
     }
     free(buf);

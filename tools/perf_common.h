@@ -364,6 +364,20 @@ static inline void perf_server_ack(struct cfx_context *ctx, struct cfx_coord *co
     }
 }
 
+/* Client: put the "done" object @p done_name (@p len bytes of @p buf: one
+ * byte for a run that succeeded, perf_client_failed's text for one that
+ * did not) and wait for the server to have read it.  cfx_put's status. */
+static inline int perf_client_done(struct cfx_context *ctx, const char *done_name,
+                                   const void *buf, size_t len)
+{
+    struct cfx_object_id id;
+    perf_id(&id, done_name, 0, 0);
+    int rc = cfx_put(ctx, &id, buf, len, NULL);
+    if (rc == CFX_OK)
+        perf_client_ack_wait(ctx, done_name);
+    return rc;
+}
+
 /*
  * Client: a run that failed on a cause its server should name too (the
  * sizes disagree) says so in its "done" object @p done_name, @p text where
@@ -373,14 +387,11 @@ static inline void perf_server_ack(struct cfx_context *ctx, struct cfx_coord *co
 static inline void perf_client_failed(struct cfx_context *ctx, const char *done_name,
                                       const char *text)
 {
-    struct cfx_object_id id;
     size_t len = strnlen(text, PERF_DONE_TEXT_MAX - 1) + 1;
     char buf[PERF_DONE_TEXT_MAX];
     memcpy(buf, text, len - 1);
     buf[len - 1] = '\0';
-    perf_id(&id, done_name, 0, 0);
-    if (cfx_put(ctx, &id, buf, len, NULL) == CFX_OK)
-        perf_client_ack_wait(ctx, done_name);
+    (void)perf_client_done(ctx, done_name, buf, len);
 }
 
 /* Client: the server put @p put bytes where this client expects @p want. */

@@ -130,6 +130,15 @@ static int pump_queue(struct cfx_conn *conn, struct cfx_list *q, uint32_t keep)
     return 0;
 }
 
+/* More than one send in the connection's two queues together. */
+static bool several_queued(const struct cfx_conn *conn)
+{
+    const struct cfx_list *u = &conn->eager_uq, *o = &conn->eager_q;
+    unsigned n = (u->next != u) + (u->next != u && u->next->next != u) + (o->next != o) +
+                 (o->next != o && o->next->next != o);
+    return n > 1;
+}
+
 /* Send what the connection's queues allow: urgent sends while any credit
  * lasts, then ordinary ones while more than the urgent reserve (less under
  * a small grant: every kind of send must still go) lasts, each queue in
@@ -152,10 +161,7 @@ void cfx__eager_pump(struct cfx_conn *conn)
         return;
     /* Several waiting (credits came back, or posts queued while the lock
      * was busy): let the transport send them together (tcp: one sendmsg). */
-    bool u = !cfx_list_empty(&conn->eager_uq), o = !cfx_list_empty(&conn->eager_q);
-    bool batch = conn->eager_credits > 1 &&
-                 (u + o > 1 || conn->eager_uq.next->next != &conn->eager_uq ||
-                  conn->eager_q.next->next != &conn->eager_q);
+    bool batch = conn->eager_credits > 1 && several_queued(conn);
     if (batch)
         cfx__tp_ep_batch(ops, ep, true);
     int rc = pump_queue(conn, &conn->eager_uq, 0);
