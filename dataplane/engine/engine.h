@@ -346,7 +346,7 @@ struct cfx_obj {
                                    by whichever lets go last, its cfx_buf_free() or the
                                    entry's release; a delete leaves it the caller's */
     bool heap;                  /* buf is the engine's malloc'd copy (an inline object got
-                                   by cfx_get), freed with the entry */
+                                   by cfx_get, a detached send), freed with the entry */
     int shm_fd;                 /* arena segment fd (-1 otherwise) */
     uint64_t shm_off;
     struct cfx_tp_mr *mr[CFX_MAX_TPS]; /* lazily registered per transport */

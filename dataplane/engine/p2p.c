@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gpu/memtype.h"
 
 #define P2P_CANCEL_GRACE_MS 1000
 #define P2P_DRAIN_POLL_MS   20 /* a withdrawn send looks at its writes in flight */
@@ -83,6 +84,8 @@ static struct p2p_block *block_alloc(uint64_t len, uint32_t chunk)
 
 static void block_free(struct p2p_block *b)
 {
+    if (b->obj.heap)
+        free(b->obj.buf); /* a detached send's copy */
     free(b->obj.bitmap);
     free(b);
 }
@@ -91,6 +94,10 @@ static void block_free(struct p2p_block *b)
  * list; false: the list is full, the caller frees it (block_free). */
 static bool block_put(struct cfx_context *ctx, struct p2p_block *b)
 {
+    if (b->obj.heap) {
+        free(b->obj.buf);
+        b->obj.heap = false;
+    }
     if (ctx->p2p_ncached >= CFX_FREE_LIST_MAX)
         return false;
     cfx_list_add_head(&b->obj.p2p_link, &ctx->p2p_cache); /* the warmest first */
@@ -670,6 +677,45 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
     else
         describe(req, st);
     cfx__p2p_free(req);
+    return rc;
+}
+
+int cfx__p2p_send_detach(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    struct cfx_obj *obj = req->obj;
+    int rc = CFX_OK;
+    pthread_mutex_lock(&ctx->lock);
+    /* and the progress lock: a post still queued as a command runs first,
+     * and no pass pushes or matches the send while its buffer changes */
+    bool was_held = cfx__progress_enter(ctx);
+    if (req->kind != CFX_P2P_SEND) {
+        rc = cfx__err(CFX_ERR_INVALID, "detach: not a send");
+    } else if (p2p_status(req) != CFX_ERR_AGAIN || obj->heap || !obj->size) {
+        rc = CFX_OK; /* reads no caller memory any more (or none at all) */
+    } else if (!cfx_list_empty(&obj->uploads)) {
+        rc = CFX_ERR_AGAIN; /* the transport reads it now */
+    } else {
+        void *copy = malloc(obj->size);
+        if (!copy)
+            rc = cfx__err(CFX_ERR_NOMEM, "detach: no memory for a copy of %" PRIu64 " bytes",
+                          obj->size);
+        else if (obj->memtype == CFX_MEMTYPE_HOST)
+            memcpy(copy, obj->buf, obj->size);
+        else
+            rc = cfx__memcpy_typed(copy, CFX_MEMTYPE_HOST, obj->buf, obj->memtype, obj->size);
+        if (rc == CFX_OK) {
+            obj->buf = copy;
+            obj->memtype = CFX_MEMTYPE_HOST;
+            obj->heap = true;
+            obj->shm_fd = -1; /* not in the arena any more */
+            obj->shm_off = 0;
+        } else {
+            free(copy);
+        }
+    }
+    cfx__progress_leave(ctx, was_held);
+    pthread_mutex_unlock(&ctx->lock);
     return rc;
 }
 

@@ -124,6 +124,17 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns);
  * request stays the caller's to free. */
 int cfx__p2p_cancel(struct cfx_p2p_req *req);
 
+/* A send whose caller takes the buffer back before the send ended (the
+ * caller's own call failed at its deadline while the message still waits
+ * for credits or for the receiver): from here on the send reads a copy the
+ * engine made of the buffer now, freed with the request; its outcome and
+ * its place in the order are unchanged.  CFX_OK also when the send no
+ * longer reads the buffer (ended; eager and handed over).  CFX_ERR_AGAIN:
+ * matched and writing from the buffer (wait for it, or free it to withdraw
+ * it); CFX_ERR_NOMEM: no memory for the copy (the same); CFX_ERR_INVALID:
+ * not a send. */
+int cfx__p2p_send_detach(struct cfx_p2p_req *req);
+
 /* Free a request; one still running is withdrawn first (the peer sees its
  * side fail).  NULL is a no-op. */
 void cfx__p2p_free(struct cfx_p2p_req *req);

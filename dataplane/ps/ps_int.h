@@ -260,6 +260,7 @@ struct ps_tx {
     struct cfx_p2p_req *dreq;
     struct ps_hdr hdr;
     void *owned;            /* payload to free when sent */
+    const void *borrowed;   /* payload that is the caller's (a push's gradient) */
     uint32_t peer;          /* PS_ID, for messages */
     int hs, ds;             /* the two sends' states when reaped (poll_tx) */
 };
@@ -381,6 +382,9 @@ void cfx__ps_peer_down(struct cfx_ps *ps, struct ps_peer *p);
  * freed once sent.  On failure @p owned is freed too. */
 int cfx__ps_send(struct cfx_ps *ps, struct ps_peer *to, struct ps_hdr *hdr, const void *payload,
                  size_t len, void *owned);
+/* Sends whose payload lies in [@p base, + @p len), a buffer going back to
+ * its caller, stop reading it (they copy it, or end; ps_net.c). */
+void cfx__ps_net_unborrow(struct cfx_ps *ps, const void *base, size_t len);
 /* Poll every mailbox and the sends; returns the number of events. */
 int cfx__ps_net_poll(struct cfx_ps *ps);
 void cfx__ps_net_close(struct cfx_ps *ps);

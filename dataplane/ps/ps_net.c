@@ -130,6 +130,7 @@ int cfx__ps_send(struct cfx_ps *ps, struct ps_peer *to, struct ps_hdr *hdr, cons
     hdr->len = len;
     tx->hdr = *hdr;
     tx->owned = owned;
+    tx->borrowed = owned || !len ? NULL : payload;
     tx->peer = to->id;
     uint64_t chan = cfx__ps_chan(ps->job, to->id);
     rc = cfx__p2p_isend(ps->ctx, &to->rec, chan, PS_TAG_HDR, &tx->hdr, sizeof(tx->hdr),
@@ -209,6 +210,43 @@ static int poll_tx(struct cfx_ps *ps)
         n++;
     }
     return n;
+}
+
+/*
+ * A push that failed hands its gradient back to the caller, who may change
+ * it at once (with device buffers, its host copy is freed): its payloads
+ * still waiting to go (for credits, behind a server that stalls, or for
+ * the server to ask) take a copy of their bytes now, so a server that
+ * takes them later applies the step that was pushed, never other bytes.
+ * One the transport is writing from is waited for; if it is still writing
+ * at the deadline it is withdrawn, and the server then sees this worker's
+ * mailbox fail.
+ */
+#define PS_UNBORROW_MS 2000
+
+void cfx__ps_net_unborrow(struct cfx_ps *ps, const void *base, size_t len)
+{
+    const uint8_t *lo = base, *hi = lo + len;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ps->tx)
+    {
+        struct ps_tx *tx = cfx_list_entry(pos, struct ps_tx, link);
+        const uint8_t *pay = tx->borrowed;
+        if (!pay || pay < lo || pay >= hi)
+            continue;
+        tx->borrowed = NULL;
+        if (!tx->dreq || cfx__p2p_send_detach(tx->dreq) == CFX_OK)
+            continue;
+        int rc = cfx__p2p_wait(tx->dreq, cfx__deadline_ns(CFX_MIN(ps->timeout_ms,
+                                                                  PS_UNBORROW_MS)));
+        if (rc != CFX_ERR_TIMEOUT)
+            continue;
+        CFX_LOG(WARN, PS, "job %s: a failed push's payload to %s %u still being written after "
+                "%d ms: withdrawn", ps->job, role_name(tx->peer), tx->peer & 0xffff,
+                CFX_MIN(ps->timeout_ms, PS_UNBORROW_MS));
+        cfx__p2p_free(tx->dreq);
+        tx->dreq = NULL;
+    }
 }
 
 /*

@@ -201,6 +201,8 @@ static void note_unsure(struct ps_worker *w, const struct ps_op *op)
 static void op_complete(struct cfx_ps *ps, struct ps_op *op)
 {
     struct cfx_ps_request *r = op->req;
+    if (op->status != CFX_OK && op->grad && op->bytes)
+        cfx__ps_net_unborrow(ps, op->grad, op->bytes); /* the caller's again: sends copy it */
     if (op->dout && op->status == CFX_OK) {
         /* the result on to the device before anyone hears it is done, on
          * the device the poster had current (this thread's may be another) */

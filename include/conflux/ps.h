@@ -227,7 +227,9 @@ CFX_API int cfx_ps_pull(struct cfx_ps *ps, int key, void *out);
 CFX_API int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *out);
 
 /* Non-blocking forms: buffers stay owned by the caller and must stay valid
- * (and @p grad unchanged) until the request completes.  On CFX_OK *req is
+ * (and @p grad unchanged) until the request completes, and are not read
+ * after it, even when it failed (blocks of @p grad still on their way then
+ * go on with a copy).  On CFX_OK *req is
  * set; complete it with cfx_ps_wait() or cfx_ps_test() and release it with
  * cfx_ps_request_free().  On an error no request exists. */
 CFX_API int cfx_ps_ipush(struct cfx_ps *ps, int key, const void *grad,

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <criterion/parameterized.h>
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1252,4 +1253,60 @@ ParameterizedTest(struct tp_param *p, p2p, queued_sends_fail_when_the_receiver_d
     cr_assert_geq(failed, N - CFX_EAGER_CREDITS + 3, "only %d sends failed", failed);
     cfx_context_destroy(a);
     cfx__coord_stop(coord);
+}
+
+ParameterizedTestParameters(p2p, detached_sends_carry_the_bytes_they_were_posted_with)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* A caller takes its buffers back while eager sends wait for credits and a
+ * rendezvous send waits for its receive (cfx__p2p_send_detach): the
+ * buffers are overwritten, and the receiver still gets every message as it
+ * was posted, in order. */
+ParameterizedTest(struct tp_param *p, p2p, detached_sends_carry_the_bytes_they_were_posted_with,
+                  .timeout = 60)
+{
+    enum { N = 2 * CFX_EAGER_CREDITS, BIG = 300000 };
+    up(p->tp);
+    uint64_t src[N], dst;
+    uint8_t *big = malloc(BIG), *got = calloc(1, BIG);
+    cr_assert(big && got);
+    cfx_test_fill(big, BIG, 77);
+    struct cfx_p2p_req *s[N], *bs, *r;
+    for (int i = 0; i < N; i++) {
+        src[i] = 0x5e7d000000000000ull + (uint64_t)i;
+        cr_assert_eq(cfx__p2p_isend(a, &rb, 45, 1, &src[i], sizeof(src[i]), CFX_MEMTYPE_HOST,
+                                    &s[i]), CFX_OK);
+    }
+    cr_assert_eq(cfx__p2p_isend(a, &rb, 45, 2, big, BIG, CFX_MEMTYPE_HOST, &bs), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait(s[CFX_EAGER_CREDITS - CFX_EAGER_URGENT - 1],
+                               cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_test(s[N - 1]), CFX_ERR_AGAIN, "a send beyond the grant went");
+    cr_assert_eq(cfx__p2p_test(bs), CFX_ERR_AGAIN, "the large send ended unreceived");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cfx__p2p_send_detach(s[i]), CFX_OK, "send %d: %s", i, cfx_last_error());
+    cr_assert_eq(cfx__p2p_send_detach(bs), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_send_detach(bs), CFX_OK, "detached twice: %s", cfx_last_error());
+    memset(src, 0xee, sizeof(src));
+    memset(big, 0xee, BIG);
+    for (int i = 0; i < N; i++) {
+        dst = 0;
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 45, 1, &dst, sizeof(dst), CFX_MEMTYPE_HOST, &r),
+                     CFX_OK);
+        cr_assert_eq(cfx__p2p_send_detach(r), CFX_ERR_INVALID, "a receive detached");
+        cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "message %d: %s",
+                     i, cfx_last_error());
+        cr_assert_eq(dst, 0x5e7d000000000000ull + (uint64_t)i, "message %d: %#" PRIx64, i, dst);
+    }
+    cr_assert_eq(cfx__p2p_irecv(b, &ra, 45, 2, got, BIG, CFX_MEMTYPE_HOST, &r), CFX_OK);
+    cr_assert_eq(cfx__p2p_wait_free(r, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(got, BIG, 77), (size_t)-1, "the large message has other bytes");
+    cr_assert_eq(cfx__p2p_waitall(s, N, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__p2p_wait_free(bs, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++)
+        cfx__p2p_free(s[i]);
+    free(big);
+    free(got);
+    down();
 }

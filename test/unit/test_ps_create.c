@@ -3,8 +3,9 @@
  * its CFX_ERR_TIMEOUT names who was waited for; and a BSP request that runs
  * out of time names the worker the round waits for.  The cause used to be lost
  * in the handle's teardown (its own calls reset the thread's error detail),
- * and the caller got "timed out" with no detail.  One process: an embedded
- * coordinator and one context.
+ * and the caller got "timed out" with no detail.  Also lost pushes, handles
+ * outliving their context, and a failed push's gradient back with its
+ * caller.  One process: an embedded coordinator, contexts of their own.
  */
 #include <criterion/criterion.h>
 
@@ -577,6 +578,75 @@ Test(ps_create, context_destroyed_before_the_handle, .timeout = 60)
     cfx_context_destroy(m[0].ctx);
     rc = cfx_ps_serve(m[0].ps, 1000);
     cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cfx_ps_destroy(m[0].ps);
+}
+
+/* ---- a failed push gives its gradient back ---------------------------------------- */
+
+#define BORROW_N       4096 /* floats in blocks of 64 B: 512 messages, past a connection's grant */
+#define BORROW_TIMEOUT 2000
+
+static void *member_borrow_create(void *arg)
+{
+    struct member *m = arg;
+    struct cfx_ps_params pp = {
+        .field_mask = CFX_PS_PARAM_JOB | CFX_PS_PARAM_ROLE | CFX_PS_PARAM_INDEX |
+                      CFX_PS_PARAM_NUM_WORKERS | CFX_PS_PARAM_NUM_SERVERS |
+                      CFX_PS_PARAM_CONSISTENCY | CFX_PS_PARAM_BLOCK_SIZE | CFX_PS_PARAM_TIMEOUT,
+        .job = "borrow",
+        .role = m->role,
+        .index = 0,
+        .num_workers = 1,
+        .num_servers = 1,
+        .consistency = CFX_PS_ASP,
+        .block_size = 64,
+        .timeout_ms = BORROW_TIMEOUT,
+    };
+    m->rc = cfx_ps_create(m->ctx, &pp, &m->ps);
+    snprintf(m->err, sizeof(m->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+/* A push runs out of time while most of its blocks still wait to go (the
+ * server takes a second per request, and the connection's credits are
+ * spent): the caller has its gradient back and overwrites it.  The blocks
+ * that went later carried it as pushed: every element ends at init + 1,
+ * none at init + 1000 (they read the caller's buffer when they went).  The
+ * pull after it goes behind every block of the push, so it sees them all. */
+Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
+{
+    struct member m[2] = { { .role = CFX_PS_SERVER, .ctx = ctx }, { .role = CFX_PS_WORKER } };
+    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[1].ctx), CFX_OK, "%s",
+                 cfx_last_error());
+    all_at_once(m, 2, member_borrow_create);
+    float *init = malloc(BORROW_N * sizeof(float)), *g = malloc(BORROW_N * sizeof(float));
+    float *out = malloc(BORROW_N * sizeof(float));
+    cr_assert(init && g && out);
+    for (int i = 0; i < BORROW_N; i++) {
+        init[i] = (float)i;
+        g[i] = 1;
+    }
+    int key;
+    cr_assert_eq(cfx_ps_register(m[1].ps, "w", CFX_DTYPE_F32, BORROW_N, init, &key), CFX_OK,
+                 "%s", cfx_last_error());
+    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 1000 * 1000), CFX_OK);
+    int rc = cfx_ps_push(m[1].ps, key, g);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the push: %s: %s", cfx_errname(rc), cfx_last_error());
+    for (int i = 0; i < BORROW_N; i++)
+        g[i] = 1000; /* the caller's again */
+    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 0), CFX_OK);
+    uint64_t dl = cfx__deadline_ns(60000);
+    while ((rc = cfx_ps_pull(m[1].ps, key, out)) == CFX_ERR_TIMEOUT && cfx__now_ns() < dl)
+        ; /* the server may still sleep on its last slow request */
+    cr_assert_eq(rc, CFX_OK, "the pull: %s: %s", cfx_errname(rc), cfx_last_error());
+    for (int i = 0; i < BORROW_N; i++)
+        cr_assert_eq(out[i], init[i] + 1, "element %d: %g, pushed %g", i, (double)out[i],
+                     (double)(init[i] + 1));
+    free(init);
+    free(g);
+    free(out);
+    cfx_ps_destroy(m[1].ps);
+    cfx_context_destroy(m[1].ctx);
     cfx_ps_destroy(m[0].ps);
 }
 
