@@ -65,6 +65,25 @@ def test_every_status_has_a_class():
     assert issubclass(conflux.ConnectError, ConnectionError)
 
 
+def test_errors_made_by_hand_have_the_attributes():
+    """A raised error carries status, name, text and detail; one made by hand
+    (a test double, a wrapper re-raising) has its class's, detail empty."""
+    e = conflux.TimeoutError("x")
+    assert (e.status, e.name, e.text, e.detail) == (-3, "CFX_ERR_TIMEOUT", "timed out", "")
+    assert e.status == conflux.TimeoutError.STATUS and str(e) == "x"
+    for n in dir(conflux):
+        cls = getattr(conflux, n)
+        if isinstance(cls, type) and issubclass(cls, conflux.Error) and cls is not conflux.Error:
+            e = cls()
+            assert e.status == cls.STATUS and e.name == conflux._conflux.errname(cls.STATUS)
+            assert e.text == conflux._conflux.strerror(cls.STATUS) and e.detail == ""
+    e = conflux.Error("x")
+    assert (e.status, e.name, e.detail) == (-22, "CFX_ERR_INTERNAL", "")
+    # a raised one's own attributes win over the class's
+    with pytest.raises(conflux.InvalidError) as ei:
+        conflux.ObjectId.from_hex("zz")
+    assert ei.value.status == -1 and ei.value.detail and conflux.InvalidError.detail == ""
+
 def test_every_status_class_is_named_for_type_checkers():
     """The classes are made at import; type checkers see only the names written
     out: each one in conflux/__init__.py as "X as X" (a re-export under mypy

@@ -101,14 +101,34 @@ static void class_name(const char *errname, char *out, size_t len)
     memcpy(out + n, "Error", 6);
 }
 
+/* The class-level attributes of an exception class: what an exception of it
+ * made by hand (conflux.TimeoutError("x")) reads, where a raised one has
+ * its own (set_attr above).  STATUS too, for the per-status classes. */
+static PyObject *error_dict(int status, int with_const)
+{
+    PyObject *d = Py_BuildValue("{s:i,s:s,s:s,s:s}", "status", status, "name", cfx_errname(status),
+                                "text", cfx_strerror(status), "detail", "");
+    if (d && with_const && PyDict_SetItemString(d, "STATUS", PyDict_GetItemString(d, "status")) < 0)
+        Py_CLEAR(d);
+    return d;
+}
+
 static int make_errors(PyObject *m)
 {
+    /* conflux.Error made by hand names no status of its own: it reads as
+     * CFX_ERR_INTERNAL (an int, as a raised one's status always is) */
+    PyObject *dict = error_dict(CFX_ERR_INTERNAL, 0);
+    if (!dict)
+        return -1;
     error_base = PyErr_NewExceptionWithDoc(
         "conflux.Error",
         "A Conflux call failed.  Attributes: status (the negative cfx_status), "
         "name ('CFX_ERR_TIMEOUT'), text (cfx_strerror) and detail "
-        "(cfx_last_error(): what was waited for, on which node, and why).",
-        NULL, NULL);
+        "(cfx_last_error(): what was waited for, on which node, and why).  One made by "
+        "hand has its class's status, name and text and an empty detail (conflux.Error "
+        "itself: CFX_ERR_INTERNAL's).",
+        NULL, dict);
+    Py_DECREF(dict);
     if (!error_base || PyModule_AddObjectRef(m, "Error", error_base) < 0)
         return -1;
     for (int s = -1; s > CFX_STATUS_LAST; s--) {
@@ -128,17 +148,12 @@ static int make_errors(PyObject *m)
         PyObject *bases = extra ? PyTuple_Pack(2, error_base, extra) : PyTuple_Pack(1, error_base);
         if (!bases)
             return -1;
-        PyObject *t = PyErr_NewException(qual, bases, NULL);
+        dict = error_dict(s, 1);
+        PyObject *t = dict ? PyErr_NewException(qual, bases, dict) : NULL;
+        Py_XDECREF(dict);
         Py_DECREF(bases);
         if (!t)
             return -1;
-        PyObject *code = PyLong_FromLong(s);
-        if (!code || PyObject_SetAttrString(t, "STATUS", code) < 0) {
-            Py_XDECREF(code);
-            Py_DECREF(t);
-            return -1;
-        }
-        Py_DECREF(code);
         cfx__py_error_types[-s] = t;
         if (PyModule_AddObjectRef(m, cls, t) < 0)
             return -1;
