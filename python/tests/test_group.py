@@ -24,3 +24,16 @@ def test_group_errors():
 
 def test_algorithm_mismatch():
     run_ranks(2, "algo_ranks.py")
+
+
+def test_ctrl_c_ends_waits():
+    """KeyboardInterrupt in a Work's and a get_nb request's wait (ranks/interrupt_ranks.py).
+    The waits' deadlines are 60 s: the harness's 45 s timeout fails a wait that ignores
+    Ctrl-C."""
+    run_ranks(2, "interrupt_ranks.py", timeout=45)
+
+
+def test_ctrl_c_ends_a_parameter_server_call():
+    """KeyboardInterrupt in a blocking pushpull that waits for the other worker; the op runs
+    on (ranks/ps_interrupt_ranks.py).  Deadlines of 60 s, the harness's timeout 45 s."""
+    run_ranks(3, "ps_interrupt_ranks.py", timeout=45)

@@ -314,7 +314,11 @@ class Work:
         self._req, self._result = req, result
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Until complete (raises its error; conflux.TimeoutError leaves it running)."""
+        """Until complete (raises its error; conflux.TimeoutError leaves it running).
+
+        On the main thread Ctrl-C ends the wait within about 0.1 s
+        (KeyboardInterrupt), leaving the operation running too.
+        """
         self._req.wait(timeout_ms=_ms(timeout))
         return self._result
 
@@ -659,7 +663,10 @@ class ParameterServer(_c.ParameterServer):
         """Send this step's gradient (or update, with the "sum" optimizer).
 
         ``async_op=True``: returns a ``Work`` at once (``grad`` must not change
-        until it completes); its ``wait()`` returns None.
+        until it completes); its ``wait()`` returns None.  Ctrl-C in a
+        blocking call (main thread) raises KeyboardInterrupt within about
+        0.1 s and leaves the operation running, its buffers in use (push,
+        pull and pushpull alike; docs/PYTHON.md).
         """
         g = self._arr(key, grad, "push")
         if async_op:

@@ -26,6 +26,9 @@
  */
 #include "_conflux.h"
 
+#include <pthread.h>
+#include <time.h>
+
 /* ---- errors ------------------------------------------------------------- */
 
 static PyObject *error_base;             /* conflux.Error */
@@ -51,8 +54,9 @@ PyObject *cfx__py_raise_status(int status)
 
 PyObject *cfx__py_raise_status_detail(int status, const char *detail)
 {
-    /* Ctrl-C during the call (it ran to its deadline or failed meanwhile:
-     * the library's waits do not look at Python's signals): raise
+    /* Ctrl-C during the call (one that does not wait in slices ran to its
+     * deadline or failed meanwhile: the library's waits do not look at
+     * Python's signals; a sliced wait's last slice ran out): raise
      * KeyboardInterrupt alone, not as an exception raised while handling
      * the call's error */
     if (PyErr_CheckSignals() < 0)
@@ -215,8 +219,49 @@ int cfx__py_wait_args(PyObject *args, PyObject *kw, int *ms)
     return 0;
 }
 
-int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
-                     char *why, size_t len)
+/* ---- waits that let Python's signal handlers run --------------------------- */
+
+/* The thread CPython runs signal handlers on (its main thread): the only one
+ * where PyErr_CheckSignals() can raise, so the only one whose waits are
+ * sliced.  Set at import, and in a forked child to the thread that forked,
+ * which CPython makes the child's main thread. */
+static unsigned long main_thread;
+
+static void main_thread_after_fork(void)
+{
+    main_thread = PyThread_get_thread_ident();
+}
+
+static int main_thread_init(void)
+{
+    PyObject *mt = NULL, *ident = NULL, *threading = PyImport_ImportModule("threading");
+    if (threading && (mt = PyObject_CallMethod(threading, "main_thread", NULL)))
+        ident = PyObject_GetAttrString(mt, "ident");
+    if (ident)
+        main_thread = PyLong_AsUnsignedLong(ident);
+    Py_XDECREF(ident);
+    Py_XDECREF(mt);
+    Py_XDECREF(threading);
+    if (PyErr_Occurred())
+        return -1;
+    if (pthread_atfork(NULL, NULL, main_thread_after_fork)) {
+        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+        return -1;
+    }
+    return 0;
+}
+
+int cfx__py_main_thread(void)
+{
+    return PyThread_get_thread_ident() == main_thread;
+}
+
+/* One wait without the GIL: @p wait(req, ms) and, when that times out,
+ * @p test(req), since the operation may have ended meanwhile.  Its final
+ * status, or CFX_ERR_AGAIN while it runs on; @p why gets the failure's (or
+ * the wait's timeout's) text. */
+static int wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
+                    char *why, size_t len)
 {
     int rc = wait(req, ms);
     if (rc == CFX_ERR_TIMEOUT) {
@@ -229,6 +274,92 @@ int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*te
     if (rc)
         snprintf(why, len, "%s", cfx_last_error());
     return rc;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A wait that ran out after slices: its text ("... still running after
+ * 37 ms") names the last slice; make it name the whole wait. */
+static void why_whole(char *why, size_t len, int slice, int ms)
+{
+    char was[32], tail[512];
+    snprintf(was, sizeof(was), "after %d ms", slice);
+    char *p = strstr(why, was);
+    if (!p)
+        return;
+    snprintf(tail, sizeof(tail), "%s", p + strlen(was));
+    snprintf(p, len - (size_t)(p - why), "after %d ms%s", ms, tail);
+}
+
+int cfx__py_wait_sliced(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
+                        char *why, size_t len)
+{
+    int rc;
+    if (!cfx__py_main_thread() || (ms >= 0 && ms <= CFX_PY_SLICE_MS)) {
+        /* nothing to look at between slices (a signal handler raises on the
+         * main thread only), or a single slice: the raise of its timeout
+         * looks at the signals first (cfx__py_raise_status_detail) */
+        Py_BEGIN_ALLOW_THREADS
+        rc = wait_req(req, ms, wait, test, why, len);
+        Py_END_ALLOW_THREADS
+        return rc;
+    }
+    uint64_t end = ms >= 0 ? now_ms() + (uint64_t)ms : 0;
+    for (;;) {
+        int slice = CFX_PY_SLICE_MS;
+        if (ms >= 0) {
+            uint64_t now = now_ms();
+            if (now >= end)
+                slice = 0;
+            else if (end - now < (uint64_t)slice)
+                slice = (int)(end - now);
+        }
+        Py_BEGIN_ALLOW_THREADS
+        rc = wait_req(req, slice, wait, test, why, len);
+        Py_END_ALLOW_THREADS
+        if (rc != CFX_ERR_AGAIN)
+            return rc;
+        if (PyErr_CheckSignals() < 0)
+            return CFX_PY_INTERRUPTED;
+        if (ms >= 0 && now_ms() >= end) {
+            why_whole(why, len, slice, ms);
+            return CFX_ERR_AGAIN;
+        }
+    }
+}
+
+PyObject *cfx__py_exc_take(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (!type)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+void cfx__py_exc_put(PyObject *exc)
+{
+    if (!exc)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
 }
 
 int cfx__py_parse_id(PyObject *o, struct cfx_object_id *id)
@@ -382,11 +513,11 @@ PyMODINIT_FUNC PyInit__conflux(void)
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    if (make_errors(m) < 0 || PyModule_AddFunctions(m, cfx__py_ps_functions) < 0 ||
-        PyType_Ready(&cfx__py_context_type) < 0 ||
-        PyType_Ready(&cfx__py_group_type) < 0 || PyType_Ready(&cfx__py_request_type) < 0 ||
-        PyType_Ready(&cfx__py_ps_type) < 0 || PyType_Ready(&cfx__py_arena_type) < 0 ||
-        cfx__py_ps_ready(m) < 0 ||
+    if (make_errors(m) < 0 || main_thread_init() < 0 ||
+        PyModule_AddFunctions(m, cfx__py_ps_functions) < 0 ||
+        PyType_Ready(&cfx__py_context_type) < 0 || PyType_Ready(&cfx__py_group_type) < 0 ||
+        PyType_Ready(&cfx__py_request_type) < 0 || PyType_Ready(&cfx__py_ps_type) < 0 ||
+        PyType_Ready(&cfx__py_arena_type) < 0 || cfx__py_ps_ready(m) < 0 ||
         PyModule_AddObjectRef(m, "Context", (PyObject *)&cfx__py_context_type) < 0 ||
         PyModule_AddObjectRef(m, "Group", (PyObject *)&cfx__py_group_type) < 0 ||
         PyModule_AddObjectRef(m, "Request", (PyObject *)&cfx__py_request_type) < 0 ||

@@ -33,13 +33,29 @@ int cfx__py_parse_timeout(PyObject *o, int *ms, int *set);
 /* The arguments of a request's wait(timeout_ms=None): *ms = -1 for None
  * (the operation's own deadline).  -1 with an exception set. */
 int cfx__py_wait_args(PyObject *args, PyObject *kw, int *ms);
-/* A request's wait, called without the GIL: @p wait(req, ms) (ms < 0: until
- * the operation's own end) and, when that times out, @p test(req), since
- * the operation may have ended meanwhile.  Its final status, or
- * CFX_ERR_AGAIN while it runs on; @p why gets the failure's (or the wait's
- * timeout's) text. */
-int cfx__py_wait_req(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
-                     char *why, size_t len);
+/* Whether this is the thread CPython runs signal handlers on (its main
+ * thread), where a wait is sliced (below). */
+int cfx__py_main_thread(void);
+/* Longest wait without the GIL on the main thread between looks at
+ * Python's signals: about how long Ctrl-C takes to reach a sliced wait. */
+#define CFX_PY_SLICE_MS 100
+/* cfx__py_wait_sliced() returned because a signal handler raised (Ctrl-C:
+ * KeyboardInterrupt); the exception is set and the operation runs on. */
+#define CFX_PY_INTERRUPTED 1
+/* A request's wait, called with the GIL, which it releases while it waits:
+ * @p wait(req, ms) (ms < 0: until the operation's own end) and, when that
+ * times out, @p test(req), since the operation may have ended meanwhile.
+ * On the main thread it waits in slices of at most CFX_PY_SLICE_MS, the
+ * first a plain wait as any other, and runs Python's signal handlers
+ * between them (PyErr_CheckSignals).  Returns the final status;
+ * CFX_ERR_AGAIN when @p ms passed with the operation still running; or
+ * CFX_PY_INTERRUPTED.  @p why gets the failure's (or the timeout's) text. */
+int cfx__py_wait_sliced(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
+                        char *why, size_t len);
+/* The pending exception taken aside (NULL: none), while cleanup that may
+ * run Python code (a buffer's release) goes on; and set again. */
+PyObject *cfx__py_exc_take(void);
+void cfx__py_exc_put(PyObject *exc);
 /* An int as a C long, one beyond a C long as LONG_MAX (out of every
  * caller's range); -1 with the exception set when @p o is no int. */
 int cfx__py_long_sat(PyObject *o, long *out);

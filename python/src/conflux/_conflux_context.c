@@ -222,12 +222,7 @@ static int obj_params(PyObject *timeout, Py_ssize_t chunk, int no_inline, struct
 static void put_undo(struct cfx_context *ctx, const struct cfx_object_id *id, PyObject *timeout,
                      PyObject *cap)
 {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-#else
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-#endif
+    PyObject *exc = cfx__py_exc_take();
     struct cfx_obj_params p;
     int rc = CFX_ERR_NOMEM;
     if (obj_params(timeout, 0, 0, &p) == 0) {
@@ -239,11 +234,7 @@ static void put_undo(struct cfx_context *ctx, const struct cfx_object_id *id, Py
     /* as Context_delete: these three release this node's copy (object.h) */
     if (rc == CFX_OK || rc == CFX_ERR_CONNECT || rc == CFX_ERR_NOT_FOUND)
         Py_DECREF(cap);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(exc);
-#else
-    PyErr_Restore(et, ev, tb);
-#endif
+    cfx__py_exc_put(exc);
 }
 
 /* put(id, buffer, timeout_ms=None, chunk_size=0, no_inline=False) */

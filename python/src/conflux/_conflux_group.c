@@ -259,7 +259,9 @@ static int rq_test(void *req)
 }
 
 /* wait(timeout_ms=None): None waits for the operation, which ends by its own
- * deadline (the group's or the call's timeout). */
+ * deadline (the group's or the call's timeout).  On the main thread a signal
+ * handler's exception (Ctrl-C) ends the wait within a slice and leaves the
+ * operation running, as a timeout does. */
 static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
 {
     int ms;
@@ -270,13 +272,13 @@ static PyObject *Request_wait(RequestObject *self, PyObject *args, PyObject *kw)
         char why[512] = "";
         int rc;
         self->inside++;
-        Py_BEGIN_ALLOW_THREADS
-        rc = cfx__py_wait_req(req, ms, rq_wait, rq_test, why, sizeof(why));
-        Py_END_ALLOW_THREADS
+        rc = cfx__py_wait_sliced(req, ms, rq_wait, rq_test, why, sizeof(why));
         self->inside--;
-        if (rc != CFX_ERR_AGAIN)
+        if (rc != CFX_ERR_AGAIN && rc != CFX_PY_INTERRUPTED)
             request_finish(self, rc); /* no-op when another thread was first */
         request_release(self);
+        if (rc == CFX_PY_INTERRUPTED) /* Ctrl-C: it runs on, as after a timeout */
+            return NULL;
         if (!self->done) /* still running: wait again later */
             return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
     }

@@ -12,6 +12,9 @@ typedef struct {
     int closing;       /* close() called while calls were in flight */
     Py_ssize_t busy;   /* calls in flight without the GIL; the last one destroys */
     PyObject *sizes;   /* dict: key -> bytes of the tensor */
+    PyObject *orphans; /* list: PSRequests of blocking calls interrupted (Ctrl-C)
+                        * while their op ran on, keeping its buffers exported
+                        * until it ends (ps_reap) */
 } PSObject;
 
 static void ps_destroy_now(PSObject *self)
@@ -26,6 +29,7 @@ static void ps_destroy_now(PSObject *self)
         Py_BEGIN_ALLOW_THREADS
         cfx_ps_destroy(ps);
         Py_END_ALLOW_THREADS
+        Py_CLEAR(self->orphans); /* the destroy ended their ops (CFX_ERR_CANCELED) */
     }
     if (self->owner) {
         cfx__py_context_child_gone(self->owner);
@@ -93,7 +97,7 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
                                      .eps = eps,
                                      .weight_decay = wd,
                                      .grad_scale = gs };
-    if (!(self->sizes = PyDict_New()))
+    if (!(self->sizes = PyDict_New()) || !(self->orphans = PyList_New(0)))
         return -1;
     struct cfx_ps *ps = NULL;
     int rc;
@@ -114,6 +118,7 @@ static void PS_dealloc(PSObject *self)
 {
     ps_destroy_now(self);
     Py_CLEAR(self->sizes);
+    Py_CLEAR(self->orphans);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -271,8 +276,9 @@ static int psrq_test(void *req)
     return cfx_ps_test(req);
 }
 
-/* wait(timeout_ms=None): until its end (raising its error); TimeoutError
- * leaves it running. */
+/* wait(timeout_ms=None): until its end (raising its error); TimeoutError,
+ * or a signal handler's exception (Ctrl-C, on the main thread), leaves it
+ * running. */
 static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject *kw)
 {
     int ms;
@@ -283,13 +289,13 @@ static PyObject *PSRequest_wait(PSRequestObject *self, PyObject *args, PyObject 
         char why[512] = "";
         int rc;
         self->inside++;
-        Py_BEGIN_ALLOW_THREADS
-        rc = cfx__py_wait_req(req, ms, psrq_wait, psrq_test, why, sizeof(why));
-        Py_END_ALLOW_THREADS
+        rc = cfx__py_wait_sliced(req, ms, psrq_wait, psrq_test, why, sizeof(why));
         self->inside--;
-        if (rc != CFX_ERR_AGAIN)
+        if (rc != CFX_ERR_AGAIN && rc != CFX_PY_INTERRUPTED)
             psreq_finish(self, rc, why);
         psreq_release(self);
+        if (rc == CFX_PY_INTERRUPTED) /* Ctrl-C: it runs on, as after a timeout */
+            return NULL;
         if (!self->done)
             return cfx__py_raise_status_detail(CFX_ERR_TIMEOUT, why);
     }
@@ -353,6 +359,46 @@ int cfx__py_ps_ready(PyObject *m)
     return PyModule_AddObjectRef(m, "PSRequest", (PyObject *)&psreq_type);
 }
 
+/* The handle's orphans whose op has ended let go of their buffers. */
+static void ps_reap(PSObject *self)
+{
+    if (!self->orphans)
+        return;
+    for (Py_ssize_t i = PyList_GET_SIZE(self->orphans) - 1; i >= 0; i--) {
+        PSRequestObject *r = (PSRequestObject *)PyList_GET_ITEM(self->orphans, i);
+        if (cfx_ps_test(r->req) != CFX_ERR_AGAIN && PySequence_DelItem(self->orphans, i) < 0)
+            PyErr_Clear(); /* (a list's del does not fail) */
+    }
+}
+
+/* A blocking push, pull or pushpull on the main thread: @p r (consumed),
+ * just posted, waited for in slices; cfx_ps_push() and the others post and
+ * wait the same way, so this costs no more.  Interrupted (Ctrl-C), the op
+ * runs on: the library cannot withdraw it and may write the output until
+ * it ends (by the handle's timeout), so @p r keeps the buffers exported
+ * among the handle's orphans until then. */
+static PyObject *psreq_block(PSObject *self, PSRequestObject *r)
+{
+    char why[512] = "";
+    self->busy++; /* a close() meanwhile waits for this call, as for a blocking one */
+    int rc = cfx__py_wait_sliced(r->req, -1, psrq_wait, psrq_test, why, sizeof(why));
+    if (rc == CFX_PY_INTERRUPTED) {
+        PyObject *exc = cfx__py_exc_take(); /* the cleanup may run Python code */
+        if (PyList_Append(self->orphans, (PyObject *)r) < 0)
+            PyErr_Clear(); /* no memory: dropping r waits for its end instead */
+        Py_DECREF(r);
+        ps_leave(self);
+        cfx__py_exc_put(exc);
+        return NULL;
+    }
+    psreq_finish(r, rc, why);
+    psreq_release(r);
+    ps_leave(self);
+    PyObject *res = psreq_result(r);
+    Py_DECREF(r);
+    return res;
+}
+
 enum ps_op { PS_PUSH, PS_PULL, PS_PUSHPULL };
 
 static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
@@ -366,6 +412,7 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     struct cfx_ps *ps = live_ps(self);
     if (!ps)
         return NULL;
+    ps_reap(self);
     PyObject *k = PyLong_FromLong(key);
     if (!k)
         return NULL;
@@ -395,7 +442,10 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
         PyErr_Format(PyExc_ValueError, "tensor %d has %zu bytes; buffers must match", key, bytes);
         goto fail;
     }
-    if (nb) {
+    /* On the main thread a blocking call is its request and a sliced wait
+     * (psreq_block), so that Ctrl-C ends it; elsewhere nothing could raise
+     * between slices, and the C call does the same */
+    if (nb || cfx__py_main_thread()) {
         PSRequestObject *r = PyObject_New(PSRequestObject, &psreq_type);
         if (!r)
             goto fail;
@@ -418,7 +468,7 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
             Py_DECREF(r);
             return NULL;
         }
-        return (PyObject *)r;
+        return nb ? (PyObject *)r : psreq_block(self, r);
     }
     self->busy++;
     Py_BEGIN_ALLOW_THREADS

@@ -1,0 +1,58 @@
+"""Ctrl-C (KeyboardInterrupt) ends waits that another rank holds up, long
+before their 60 s deadline, and leaves the group and the context usable.
+
+Rank 0 is interrupted; rank 1 holds it up and learns of the interrupt
+through an object rank 0 puts.  The calls' deadlines are 60 s and the
+test's harness gives up sooner: a wait that ignored Ctrl-C fails the test
+by the harness's timeout, not by a measured time.
+"""
+import sys
+
+import numpy as np
+
+import conflux
+from sigint import interrupted
+
+ctx = conflux.Context(timeout=60)
+g = conflux.Group(ctx, "sigint", timeout=60)
+rank = g.rank
+
+
+def fail(msg):
+    sys.exit(f"rank {rank}: {msg}")
+
+
+def told(name):
+    """Rank 1 waits for rank 0's word (an object it puts)."""
+    ctx.get(name, timeout=60)
+
+
+# 1. A Work's wait for an allreduce rank 1 has not joined: Ctrl-C ends the
+#    wait and leaves the allreduce running, as a timeout of the wait does.
+x = np.full(4, rank + 1, np.float32)
+if rank == 0:
+    w = g.allreduce(x, async_op=True)
+    interrupted("Request.wait", w.wait)
+    if w.is_completed():
+        fail("the allreduce completed without rank 1")
+    ctx.put("work-waited", b"1")
+    if not (w.wait() == 3).all():
+        fail(f"the interrupted Work's allreduce gave {x}")
+else:
+    told("work-waited")
+    g.allreduce(x)
+
+# 2. A get_nb request's wait for an object nobody put: the same; the request
+#    dropped then cancels the get.
+if rank == 0:
+    out = np.zeros(8, np.uint8)
+    req = ctx.get_nb("never-put", out)
+    interrupted("Request.wait", req.wait)
+    if req.test():
+        fail("a get of an object never put completed")
+    del req
+
+g.barrier()
+g.close()
+ctx.close()
+print(f"rank {rank}: ok", flush=True)
