@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GET_RELEASE_WAIT_MS 2000 /* a failed get waits this long for uploads of its copy to stop */
+#define GET_RELEASE_WAIT_MS 2000 /* a copy let go: its uploads' writes move within this, or end */
 #define MAX_SOURCES 16 /* sources a get tries before giving up */
 
 /* The object (@p hex) is complete on this node already (ctx->lock held). */
@@ -717,15 +717,13 @@ static void get_release(struct get_op *g, bool keep_buf)
      * still read the buffer until their posted writes complete (tcp sends
      * from it, verbs reads it by DMA): the buffer goes back to its caller
      * only once the entry has left, or another node would get what the
-     * caller writes there next.  A completion or two; bounded. */
-    uint64_t until = cfx__deadline_ns(GET_RELEASE_WAIT_MS);
-    struct cfx_obj *left;
-    while ((left = cfx__store_find(&g->ctx->store, &id)) && left->deleting &&
-           cfx__obj_wait(g->ctx, until))
-        ;
-    if ((left = cfx__store_find(&g->ctx->store, &id)) && left->deleting)
-        CFX_LOG(WARN, OBJ, "node %u: get of %s ended, but uploads of its partial copy still "
-                "read the buffer after %d ms", g->ctx->node_id, g->hex, GET_RELEASE_WAIT_MS);
+     * caller writes there next.  A completion or two; writes to a reader
+     * that stopped taking them are ended with its connection.  (The wait
+     * gave up after 2 s with a warning, and a reader that took its writes
+     * later kept the caller's new bytes as the object's chunks.) */
+    if (!cfx__obj_wait_released(g->ctx, &id, GET_RELEASE_WAIT_MS))
+        CFX_LOG(WARN, OBJ, "node %u: get of %s ended, but its partial copy was still "
+                "held after its uploads ended", g->ctx->node_id, g->hex);
 }
 
 /* Step 5, the get failed (ctx->lock held on entry, not on return).
@@ -806,12 +804,16 @@ static int get_finish_caller(struct get_op *g)
     if (ctx->cfg.timeout_ms > 0)
         until = CFX_MIN(until, cfx__deadline_ns(ctx->cfg.timeout_ms));
     int rc = cfx__obj_drain_release(ctx, obj, until);
+    /* readers whose writes did not drain by then are cut off: their
+     * connections failed, as the buffer goes back to the caller (it was
+     * handed back with them still reading it, under a CFX_ERR_TIMEOUT) */
+    if (rc != CFX_OK && cfx__obj_wait_released(ctx, g->id, GET_RELEASE_WAIT_MS))
+        rc = CFX_OK;
     pthread_mutex_unlock(&ctx->lock);
     g->obj = NULL;
     if (rc != CFX_OK)
-        return cfx__err(rc, "get of object %s on node %u: the bytes are in, but uploads of "
-                        "its copy to other nodes were still reading the buffer after the "
-                        "deadline", g->hex, ctx->node_id);
+        return cfx__err(rc, "get of object %s on node %u: the bytes are in, but its copy "
+                        "was still held after the deadline", g->hex, ctx->node_id);
     return CFX_OK;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #define RELEASE_WAIT_MS 2000 /* a delete waits past its deadline this long for its release */
+#define RELEASE_POLL_MS 20   /* cfx__obj_wait_released() looks at the writes in flight */
 
 /* ---- put ------------------------------------------------------------------- */
 
@@ -135,6 +136,51 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
         ;
     left = cfx__store_find(&ctx->store, &id);
     return !left || !left->deleting ? CFX_OK : CFX_ERR_TIMEOUT;
+}
+
+/* Writes of @p obj's uploads posted and not completed (ctx->lock held). */
+static uint64_t upload_writes(const struct cfx_obj *obj)
+{
+    uint64_t n = 0;
+    const struct cfx_list *pos;
+    cfx_list_for_each(pos, &obj->uploads)
+        n += cfx_list_entry(pos, const struct cfx_upload, obj_link)->inflight;
+    return n;
+}
+
+bool cfx__obj_wait_released(struct cfx_context *ctx, const struct cfx_object_id *id,
+                            int grace_ms)
+{
+    uint64_t grace = 0, left = UINT64_MAX;
+    struct cfx_obj *o;
+    while ((o = cfx__store_find(&ctx->store, id)) && o->deleting) {
+        uint64_t now_left = upload_writes(o);
+        if (now_left < left)
+            grace = cfx__deadline_ns(grace_ms); /* still draining */
+        left = now_left;
+        if (cfx__now_ns() >= grace)
+            break;
+        /* write completions signal nothing here: look again every poll */
+        cfx__obj_wait(ctx, CFX_MIN(grace, cfx__deadline_ns(RELEASE_POLL_MS)));
+    }
+    bool was_held = cfx__progress_enter(ctx);
+    while ((o = cfx__store_find(&ctx->store, id)) && o->deleting &&
+           !cfx_list_empty(&o->uploads)) {
+        struct cfx_upload *up = cfx_list_entry(o->uploads.next, struct cfx_upload, obj_link);
+        if (up->conn->state == CFX_CONN_FAILED)
+            break; /* its teardown is under way: it ends the upload */
+        /* held while the connection goes, so that the entry's release (its
+         * registrations with it) comes after the endpoint closed, not
+         * under the writes still queued there */
+        o->refs++;
+        cfx__conn_fail(up->conn, CFX_ERR_TIMEOUT, "writes from a copy whose buffer goes back "
+                       "to its caller did not drain in time");
+        if (!--o->refs && o->releasing)
+            cfx__obj_release(ctx, o);
+    }
+    cfx__progress_leave(ctx, was_held);
+    o = cfx__store_find(&ctx->store, id);
+    return !o || !o->deleting;
 }
 
 /* ---- delete ---------------------------------------------------------------- */

@@ -59,6 +59,17 @@ static inline struct cfx_obj *obj_new(const struct cfx_object_id *id, uint64_t s
  * the store.  CFX_OK, CFX_ERR_NOMEM, or CFX_ERR_TIMEOUT (still draining). */
 int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_t deadline);
 
+/* object.c: ctx->lock held, the entry of @p id released (deleting, its
+ * uploads told to stop), its buffer about to go back to its caller: wait
+ * until the entry has left the store.  Uploads still writing from it read
+ * the buffer until their posted writes complete (tcp sends from it, shm
+ * peers and verbs devices read it); the wait starts again whenever one
+ * completes, and writes that make no progress for @p grace_ms have their
+ * connection failed, which ends them (as a withdrawn send's, p2p.c).
+ * False when the entry is still there (a reader that is no upload). */
+bool cfx__obj_wait_released(struct cfx_context *ctx, const struct cfx_object_id *id,
+                            int grace_ms);
+
 /* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                   size_t capacity, size_t *size_out, const struct cfx_obj_params *params);

@@ -15,8 +15,12 @@
  *    again when the get returns: the nodes reading it while the bytes
  *    landed get theirs first (the get returns once they are done, or at
  *    its deadline, where they are cut off and fail over to another
- *    holder), and nothing is kept.  Objects small enough to travel inline
- *    are kept in a copy of the engine's own either way.
+ *    holder), and nothing is kept.  So is the buffer of a cfx_get() that
+ *    failed, its readers cut off.  Cut off, nothing reads the buffer after
+ *    the get returned (writes from it still on their way then are waited
+ *    for, and ended with their connection when they do not move for 2 s).
+ *    Objects small enough to travel inline are kept in a copy of the
+ *    engine's own either way.
  *  - cfx_get_alloc() hands out an arena buffer that the caller releases
  *    with cfx_buf_free() (which also ends this node's copy); the caller
  *    must not change it.

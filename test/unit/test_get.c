@@ -1314,3 +1314,155 @@ Test(get, delete_waiting_for_a_draining_copy_ends_at_the_destroy, .timeout = 40)
                  cfx_errname(w.rc));
     free(buf);
 }
+
+/*
+ * A get that ends without a copy (it failed, or kept none: NO_KEEP) hands
+ * its buffer back to its caller, who may write it at once; another node
+ * was reading the chunks that had landed (a get sent here, a partial
+ * holder), and the transport still had writes of them on their way to it,
+ * a reader that had stopped taking them (tcp sends from the buffer).  The
+ * get waited 2 s for them and returned all the same (the NO_KEEP one
+ * with CFX_ERR_TIMEOUT), and once the reader went on it took what the
+ * caller had written since as the object's chunks, kept them, and its own
+ * get ended CFX_OK.  Now writes that do not drain have their connection
+ * failed before the buffer goes back: the reader fails over to the putter
+ * and gets every byte as put.
+ */
+struct timed_get {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    uint8_t *buf;
+    size_t size;
+    struct cfx_obj_params params;
+    int rc;
+    char err[256];
+};
+
+static void *timed_get_main(void *arg)
+{
+    struct timed_get *g = arg;
+    g->rc = cfx_get(g->ctx, g->id, g->buf, g->size, NULL, &g->params);
+    snprintf(g->err, sizeof(g->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void timed_get_start(struct timed_get *g, struct cfx_context *c,
+                            const struct cfx_object_id *id, size_t size, int timeout_ms,
+                            bool no_keep)
+{
+    *g = (struct timed_get){ .ctx = c, .id = id, .size = size, .buf = malloc(size) };
+    cr_assert(g->buf);
+    memset(g->buf, 0xA5, size);
+    g->params.field_mask = CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_FLAGS;
+    g->params.timeout_ms = timeout_ms;
+    g->params.flags = no_keep ? CFX_OBJ_FLAG_NO_KEEP : 0;
+    cr_assert_eq(pthread_create(&g->thr, NULL, timed_get_main, g), 0);
+}
+
+/* Until @p c's entry of @p id is there and @p pred holds for it (c->lock
+ * held); nothing signals either: looked at every 20 ms, 10 s at most. */
+static bool entry_until(struct cfx_context *c, const struct cfx_object_id *id,
+                        bool (*pred)(const struct cfx_obj *))
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    bool ok = false;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        const struct cfx_obj *o = cfx__store_find(&c->store, id);
+        if ((ok = o && !o->deleting && pred(o)) || cfx__now_ns() >= dl)
+            break;
+        cfx__obj_wait(c, cfx__deadline_ns(20));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return ok;
+}
+
+#define CUT_CHUNK (64u * 1024) /* a chunk's write outgrows the small socket buffers */
+#define CUT_HAVE  8u           /* chunks the putter sends before it stalls */
+
+static bool has_half(const struct cfx_obj *o)
+{
+    return o->ready_chunks >= CUT_HAVE;
+}
+
+static bool is_read(const struct cfx_obj *o)
+{
+    return !cfx_list_empty(&o->uploads);
+}
+
+static bool writes_out(const struct cfx_obj *o)
+{
+    return is_read(o) && cfx_list_entry(o->uploads.next, struct cfx_upload, obj_link)->inflight;
+}
+
+static void buffer_back_with_a_stopped_reader(bool no_keep)
+{
+    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
+    /* a receiver that stops reading leaves the writes to it posted */
+    setenv("CFX_TCP_SNDBUF", "4096", 1);
+    setenv("CFX_TCP_RCVBUF", "4096", 1);
+    struct cfx_context *a, *b, *d;
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    join("tcp", false, &d);
+    struct cfx_object_id id;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_test_fill(src, size, 23);
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cfx__xfer_test_stall(a, CUT_HAVE);
+
+    /* b gets the first chunks, then waits for the rest */
+    struct timed_get gb, gd;
+    timed_get_start(&gb, b, &id, size, 5000, no_keep);
+    cr_assert(entry_until(b, &id, has_half), "b never got the first %u chunks", CUT_HAVE);
+    /* d is sent to b, the newest holder; b serves it one chunk, then d
+     * stops reading and b writes the others */
+    cfx__xfer_test_stall(b, 1);
+    timed_get_start(&gd, d, &id, size, 30000, false);
+    cr_assert(entry_until(b, &id, is_read), "d did not read b's partial copy");
+    cfx__progress_lock(d);
+    cfx__xfer_test_resume(b);
+    bool out = entry_until(b, &id, writes_out);
+    if (no_keep)
+        cfx__xfer_test_resume(a); /* b's get completes; its reader is still reading */
+
+    pthread_join(gb.thr, NULL);
+    if (no_keep) {
+        cr_assert_eq(gb.rc, CFX_OK, "%s (%s)", cfx_errname(gb.rc), gb.err);
+        cr_assert_eq(cfx_test_check(gb.buf, size, 23), (size_t)-1, "b: wrong bytes");
+    } else {
+        cr_assert_eq(gb.rc, CFX_ERR_TIMEOUT, "%s (%s)", cfx_errname(gb.rc), gb.err);
+    }
+    memset(gb.buf, 0xEE, size); /* the caller's again */
+    cfx__progress_unlock(d);
+    cfx__xfer_test_resume(a);
+    pthread_join(gd.thr, NULL);
+    cr_assert(out, "no write of b's to d stayed posted: the case was not made");
+    cr_assert_eq(gd.rc, CFX_OK, "%s (%s)", cfx_errname(gd.rc), gd.err);
+    size_t bad = cfx_test_check(gd.buf, size, 23);
+    cr_assert_eq(bad, (size_t)-1, "d got byte %zu (chunk %zu) as b's caller wrote it after "
+                 "b's get returned", bad, bad / CUT_CHUNK);
+
+    cfx_context_destroy(d);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(gb.buf);
+    free(gd.buf);
+    free(src);
+}
+
+Test(get, failed_get_leaves_the_buffer_to_its_caller)
+{
+    buffer_back_with_a_stopped_reader(false);
+}
+
+Test(get, no_keep_get_leaves_the_buffer_to_its_caller)
+{
+    buffer_back_with_a_stopped_reader(true);
+}
