@@ -318,6 +318,8 @@ struct cfx_ps {
     struct ps_peer *servers[PS_MAX_SERVERS];
     struct cfx_list tx;         /* struct ps_tx: sends in flight */
     unsigned tx_sweeps;         /* poll_tx calls (every PS_TX_FULL_EVERY-th sweeps all) */
+    unsigned cancels;           /* requests freed while running, not yet canceled by the
+                                   loop (atomic) */
 
     struct ps_block **blocks;   /* server: [map.nblocks] or NULL entries */
     uint64_t expire_at;         /* server: next sweep of requests held too long (ns) */

@@ -49,6 +49,7 @@ struct cfx_ps_request {
     struct cfx_ps *ps;
     int status; /* CFX_ERR_AGAIN while running (ps->lock) */
     bool freed; /* freed by the user while running */
+    bool cancel; /* freed while running: the loop cancels its op (ps->lock) */
     char err[240];
 };
 
@@ -68,6 +69,7 @@ struct ps_op {
     int status;
     bool unknown;         /* a push's block ended with no answer (deadline, server lost):
                              it may have been applied there */
+    bool canceled;        /* its request was freed: its subs went to the head of w->subs */
     char err[240];
     uint64_t deadline;
     void *hgrad;          /* device buffers: host copy of the gradient ... */
@@ -103,6 +105,7 @@ struct ps_sub {
  * op's host copy), so the op may not end before they land.  A server whose
  * reply is still not in then is failed, which withdraws the receive. */
 #define PS_REPLY_GRACE_MS 2000
+#define PS_FREE_WAIT_MS   30000 /* a freed request's cancel: replies' grace, payloads' drain */
 
 /* Buckets of outstanding requests by id: a reply finds its request in
  * one (a step of small blocks has thousands out, answered by several
@@ -636,6 +639,50 @@ static void report(struct cfx_ps *ps, bool force)
     cfx__ps_send(ps, sch, &h, buf, n * sizeof(ent[0]), buf);
 }
 
+/*
+ * Requests freed while their ops ran (cfx_ps_request_free): each op's subs
+ * go to the head of w->subs with the op due now, so the deadline walk below
+ * ends them as a deadline would (the walk's order holds: whatever is not
+ * due yet stays behind everything that is, in start order): a
+ * reply already landing in the op's buffer gets its grace, and the op's
+ * payloads still on their way are copied off the caller's gradient as it
+ * completes (op_complete).  The walk of every op and sub is the rare
+ * path's.
+ */
+static int cancel_ops(struct cfx_ps *ps)
+{
+    struct ps_worker *w = ps->w;
+    int n = 0;
+    __atomic_store_n(&ps->cancels, 0, __ATOMIC_RELEASE);
+    struct cfx_list *pos, *tmp, *opos;
+    cfx_list_for_each(opos, &w->ops)
+    {
+        struct ps_op *op = cfx_list_entry(opos, struct ps_op, link);
+        if (op->canceled || !op->req || !__atomic_load_n(&op->req->cancel, __ATOMIC_ACQUIRE))
+            continue;
+        op->canceled = true;
+        op->deadline = cfx__now_ns(); /* due now; a reply landing gets its grace from now */
+        struct cfx_list head;
+        cfx_list_init(&head);
+        cfx_list_for_each_safe(pos, tmp, &w->subs)
+        {
+            struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
+            if (s->op != op)
+                continue;
+            cfx_list_del(&s->link);
+            cfx_list_add_tail(&s->link, &head);
+        }
+        if (!cfx_list_empty(&head)) {
+            head.prev->next = w->subs.next; /* the op's subs, in order, before the rest */
+            w->subs.next->prev = head.prev;
+            w->subs.next = head.next;
+            head.next->prev = &w->subs;
+        }
+        n++;
+    }
+    return n;
+}
+
 int cfx__ps_worker_tick(struct cfx_ps *ps)
 {
     struct ps_worker *w = ps->w;
@@ -656,9 +703,17 @@ int cfx__ps_worker_tick(struct cfx_ps *ps)
     {
         struct ps_op *op = cfx_list_entry(pos, struct ps_op, link);
         cfx_list_del(pos);
-        start_op(ps, op);
+        if (__atomic_load_n(&op->req->cancel, __ATOMIC_ACQUIRE)) {
+            op_fail(ps, op, CFX_ERR_CANCELED, "job %s: the request was freed before it ran",
+                    ps->job);
+            op_complete(ps, op);
+        } else {
+            start_op(ps, op);
+        }
         n++;
     }
+    if (__atomic_load_n(&ps->cancels, __ATOMIC_ACQUIRE))
+        n += cancel_ops(ps);
     /* the coordinator gone for the job's timeout ends every request now;
      * one gone for less names it in a request that runs out of time */
     pthread_mutex_lock(&ps->lock);
@@ -693,7 +748,11 @@ again:
             n++;
             goto again;
         }
-        if (lost)
+        if (s->op->canceled)
+            op_fail(ps, s->op, CFX_ERR_CANCELED,
+                    "job %s: the request was freed while it ran (tensor %s block %u had no "
+                    "answer yet)", ps->job, tensor_name(ps, s->op->tensor), s->block);
+        else if (lost)
             op_fail(ps, s->op, CFX_ERR_CONNECT, "%s", why);
         else if (cgone)
             op_fail(ps, s->op, CFX_ERR_CONNECT,
@@ -958,11 +1017,26 @@ void cfx_ps_request_free(struct cfx_ps_request *req)
         cfx__ps_unref(ps);
         return;
     }
+    /* running: the loop cancels it (cancel_ops), and the free returns once
+     * its buffers are the caller's again */
     pthread_mutex_lock(&ps->lock);
+    if (req->status == CFX_ERR_AGAIN) {
+        __atomic_store_n(&req->cancel, true, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&ps->cancels, 1, __ATOMIC_ACQ_REL);
+        pthread_mutex_unlock(&ps->lock);
+        cfx__ps_kick(ps);
+        uint64_t dl = cfx__deadline_ns(PS_FREE_WAIT_MS);
+        pthread_mutex_lock(&ps->lock);
+        while (req->status == CFX_ERR_AGAIN && cfx__cond_wait_until(&ps->cond, &ps->lock, dl))
+            ;
+    }
     bool running = req->status == CFX_ERR_AGAIN;
-    req->freed = running;
+    req->freed = running; /* still: it frees itself when it ends (op_complete) */
     pthread_mutex_unlock(&ps->lock);
-    if (!running) {
+    if (running)
+        CFX_LOG(WARN, PS, "job %s: a request freed while it ran had not ended %d ms later: "
+                "it ends in the background", ps->job, PS_FREE_WAIT_MS);
+    else {
         free(req);
         cfx__ps_unref(ps);
     }

@@ -243,7 +243,12 @@ CFX_API int cfx_ps_test(struct cfx_ps_request *req);
 /** Wait up to @p timeout_ms (<0: until the op's own deadline); final status
  *  (cfx_last_error() names the server on failure) or CFX_ERR_TIMEOUT. */
 CFX_API int cfx_ps_wait(struct cfx_ps_request *req, int timeout_ms);
-/** Free a request; one still running completes in the background.  NULL: no-op.
+/** Free a request.  One still running is canceled first, and the free returns
+ *  once its buffers are the caller's again: a reply already landing in @p out
+ *  is let finish (2 s at most, then that server's mailbox is failed), blocks
+ *  of @p grad still on their way go on with a copy, so a canceled push may
+ *  have been applied by some servers (its step stays taken, as one that ran
+ *  out of time).  NULL: no-op.
  *  cfx_ps_destroy() ends every request of its handle (CFX_ERR_CANCELED):
  *  a request may still be waited for, tested and freed after it, and a wait
  *  of it on another thread while the handle is destroyed ends with

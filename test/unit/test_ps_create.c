@@ -650,6 +650,70 @@ Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
     cfx_ps_destroy(m[0].ps);
 }
 
+/* The same job, its requests freed while they run (cfx_ps_request_free
+ * cancels them): a push's blocks still on their way carry the gradient as
+ * pushed, and nothing lands in a pull's buffer once the free returned
+ * (the pull after it goes behind every reply the freed one had coming).
+ * The free used to let them run on in the background, reading and writing
+ * the caller's buffers at a time it could not know. */
+Test(ps_create, freed_requests_leave_their_buffers_to_the_caller, .timeout = 90)
+{
+    struct member m[2] = { { .role = CFX_PS_SERVER, .ctx = ctx }, { .role = CFX_PS_WORKER } };
+    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[1].ctx), CFX_OK, "%s",
+                 cfx_last_error());
+    all_at_once(m, 2, member_borrow_create);
+    float *init = malloc(BORROW_N * sizeof(float)), *g = malloc(BORROW_N * sizeof(float));
+    float *out = malloc(BORROW_N * sizeof(float)), *late = malloc(BORROW_N * sizeof(float));
+    cr_assert(init && g && out && late);
+    for (int i = 0; i < BORROW_N; i++) {
+        init[i] = (float)i;
+        g[i] = 1;
+    }
+    int key, rc;
+    cr_assert_eq(cfx_ps_register(m[1].ps, "w", CFX_DTYPE_F32, BORROW_N, init, &key), CFX_OK,
+                 "%s", cfx_last_error());
+    struct cfx_ps_request *r;
+    struct cfx_context_stats st0, st;
+    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 1000 * 1000), CFX_OK);
+    cr_assert_eq(cfx_context_stats(ctx, &st0), CFX_OK);
+    cr_assert_eq(cfx_ps_ipush(m[1].ps, key, g, &r), CFX_OK, "%s", cfx_last_error());
+    /* running: its first blocks reached the server (freed while still
+     * queued it would never run, and the blocks would not test the copy) */
+    uint64_t dl = cfx__deadline_ns(20000);
+    do {
+        sched_yield();
+        cr_assert_eq(cfx_context_stats(ctx, &st), CFX_OK);
+    } while (st.bytes_received - st0.bytes_received < 64 * 64 && cfx__now_ns() < dl);
+    cr_assert_geq(st.bytes_received - st0.bytes_received, 64 * 64, "the push never went");
+    cfx_ps_request_free(r);
+    for (int i = 0; i < BORROW_N; i++)
+        g[i] = 1000; /* the caller's again */
+    memset(late, 0x7f, BORROW_N * sizeof(float));
+    cr_assert_eq(cfx_ps_ipull(m[1].ps, key, late, &r), CFX_OK, "%s", cfx_last_error());
+    cfx_ps_request_free(r);
+    memset(late, 0x5a, BORROW_N * sizeof(float)); /* what the caller put there since */
+    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 0), CFX_OK);
+    dl = cfx__deadline_ns(60000);
+    while ((rc = cfx_ps_pull(m[1].ps, key, out)) == CFX_ERR_TIMEOUT && cfx__now_ns() < dl)
+        ; /* the server may still sleep on its last slow request */
+    cr_assert_eq(rc, CFX_OK, "the pull: %s: %s", cfx_errname(rc), cfx_last_error());
+    for (int i = 0; i < BORROW_N; i++) {
+        cr_assert_eq(out[i], init[i] + 1, "element %d: %g, pushed %g", i, (double)out[i],
+                     (double)(init[i] + 1));
+        uint32_t v;
+        memcpy(&v, &late[i], sizeof(v));
+        cr_assert_eq(v, 0x5a5a5a5au, "element %d of the freed pull's buffer written after "
+                     "the free", i);
+    }
+    free(init);
+    free(g);
+    free(out);
+    free(late);
+    cfx_ps_destroy(m[1].ps);
+    cfx_context_destroy(m[1].ctx);
+    cfx_ps_destroy(m[0].ps);
+}
+
 /* $CFX_PS_ROLE other than worker or server (here a typo, "sever") made a
  * worker, silently, that then waited for a scheduler; it is refused, named. */
 Test(ps_create, bad_role_variable_is_refused)
