@@ -34,6 +34,6 @@ def test_ctrl_c_ends_waits():
 
 
 def test_ctrl_c_ends_a_parameter_server_call():
-    """KeyboardInterrupt in a blocking pushpull that waits for the other worker; the op runs
-    on (ranks/ps_interrupt_ranks.py).  Deadlines of 60 s, the harness's timeout 45 s."""
+    """KeyboardInterrupt in a blocking pushpull that waits for the other worker; the op is
+    canceled (ranks/ps_interrupt_ranks.py).  Deadlines of 60 s, the harness's timeout 45 s."""
     run_ranks(3, "ps_interrupt_ranks.py", timeout=45)

@@ -12,9 +12,6 @@ typedef struct {
     int closing;       /* close() called while calls were in flight */
     Py_ssize_t busy;   /* calls in flight without the GIL; the last one destroys */
     PyObject *sizes;   /* dict: key -> bytes of the tensor */
-    PyObject *orphans; /* list: PSRequests of blocking calls interrupted (Ctrl-C)
-                        * while their op ran on, keeping its buffers exported
-                        * until it ends (ps_reap) */
 } PSObject;
 
 static void ps_destroy_now(PSObject *self)
@@ -29,7 +26,6 @@ static void ps_destroy_now(PSObject *self)
         Py_BEGIN_ALLOW_THREADS
         cfx_ps_destroy(ps);
         Py_END_ALLOW_THREADS
-        Py_CLEAR(self->orphans); /* the destroy ended their ops (CFX_ERR_CANCELED) */
     }
     if (self->owner) {
         cfx__py_context_child_gone(self->owner);
@@ -97,7 +93,7 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
                                      .eps = eps,
                                      .weight_decay = wd,
                                      .grad_scale = gs };
-    if (!(self->sizes = PyDict_New()) || !(self->orphans = PyList_New(0)))
+    if (!(self->sizes = PyDict_New()))
         return -1;
     struct cfx_ps *ps = NULL;
     int rc;
@@ -118,7 +114,6 @@ static void PS_dealloc(PSObject *self)
 {
     ps_destroy_now(self);
     Py_CLEAR(self->sizes);
-    Py_CLEAR(self->orphans);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -359,24 +354,13 @@ int cfx__py_ps_ready(PyObject *m)
     return PyModule_AddObjectRef(m, "PSRequest", (PyObject *)&psreq_type);
 }
 
-/* The handle's orphans whose op has ended let go of their buffers. */
-static void ps_reap(PSObject *self)
-{
-    if (!self->orphans)
-        return;
-    for (Py_ssize_t i = PyList_GET_SIZE(self->orphans) - 1; i >= 0; i--) {
-        PSRequestObject *r = (PSRequestObject *)PyList_GET_ITEM(self->orphans, i);
-        if (cfx_ps_test(r->req) != CFX_ERR_AGAIN && PySequence_DelItem(self->orphans, i) < 0)
-            PyErr_Clear(); /* (a list's del does not fail) */
-    }
-}
-
 /* A blocking push, pull or pushpull on the main thread: @p r (consumed),
  * just posted, waited for in slices; cfx_ps_push() and the others post and
  * wait the same way, so this costs no more.  Interrupted (Ctrl-C), the op
- * runs on: the library cannot withdraw it and may write the output until
- * it ends (by the handle's timeout), so @p r keeps the buffers exported
- * among the handle's orphans until then. */
+ * is canceled: cfx_ps_request_free() returns once the library is done with
+ * its buffers (a reply already landing is let finish; a push's blocks still
+ * on their way go on with a copy, so some servers may have applied it), and
+ * they are let go before KeyboardInterrupt reaches the caller. */
 static PyObject *psreq_block(PSObject *self, PSRequestObject *r)
 {
     char why[512] = "";
@@ -384,8 +368,12 @@ static PyObject *psreq_block(PSObject *self, PSRequestObject *r)
     int rc = cfx__py_wait_sliced(r->req, -1, psrq_wait, psrq_test, why, sizeof(why));
     if (rc == CFX_PY_INTERRUPTED) {
         PyObject *exc = cfx__py_exc_take(); /* the cleanup may run Python code */
-        if (PyList_Append(self->orphans, (PyObject *)r) < 0)
-            PyErr_Clear(); /* no memory: dropping r waits for its end instead */
+        struct cfx_ps_request *req = r->req;
+        r->req = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        cfx_ps_request_free(req);
+        Py_END_ALLOW_THREADS
+        psreq_finish(r, CFX_ERR_CANCELED, NULL);
         Py_DECREF(r);
         ps_leave(self);
         cfx__py_exc_put(exc);
@@ -412,7 +400,6 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     struct cfx_ps *ps = live_ps(self);
     if (!ps)
         return NULL;
-    ps_reap(self);
     PyObject *k = PyLong_FromLong(key);
     if (!k)
         return NULL;

@@ -1,5 +1,6 @@
 """Ctrl-C (KeyboardInterrupt) ends a blocking pushpull held up by the other
-worker (BSP) long before its 60 s deadline; the op runs on, and the job
+worker (BSP) long before its 60 s deadline; the op is canceled (the push it
+made, held by the server, is applied in its round), and the job
 goes on with the next step.
 
 Rank 0 serves; ranks 1 and 2 are workers 0 and 1.  Worker 0 is
@@ -46,7 +47,7 @@ with conflux.Context(timeout=60) as ctx:
                 got = ps.pushpull(key, grad(1, 0))
                 if not np.array_equal(got, init + grad(0, 0) + grad(1, 0)):
                     fail("step 0 lost the interrupted worker's push")
-            # the interrupted op ran on: step 1 follows it on both workers
+            # the interrupted push counts as made: step 1 follows it on both workers
             got = ps.pushpull(key, grad(index, 1))
             want = init + sum(grad(w, s) for w in (0, 1) for s in (0, 1))
             if not np.array_equal(got, want):
