@@ -1070,6 +1070,8 @@ struct cfx_context {
     bool test_hold_entry;       /* test hook (get.c): gets wait before their store entry */
     bool test_hold_put;         /* test hook (object.c): puts wait before the directory */
     bool test_put_held;         /* ... and one did */
+    bool test_put_late;         /* test hook (object.c): a put the directory took waits, then
+                                   fails CFX_ERR_TIMEOUT as if its answer came too late */
     bool test_entry_held;       /* ... and one did */
     uint32_t test_entry_passes; /* ... and how many held went on */
 };

@@ -97,11 +97,27 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
      * after a reconnect, or re-announced first (reannounce.c). */
     rc = cfx__ctl_obj_put_own(ctx->ctl, id, size, chunk, inl ? buf : NULL, tag, deadline);
     pthread_mutex_lock(&ctx->lock);
+    if (unlikely(ctx->test_put_late) && rc == CFX_OK) {
+        /* test hook (test_get_handback.c): the directory took the put, and
+         * its answer comes after the put's deadline */
+        ctx->test_put_held = true;
+        pthread_cond_broadcast(&ctx->obj_cond);
+        while (ctx->test_put_late && cfx__obj_wait(ctx, deadline))
+            ;
+        rc = CFX_ERR_TIMEOUT;
+    }
     obj->putting = false;
     pthread_cond_broadcast(&ctx->obj_cond); /* gets here waited for the answer */
     if (rc != CFX_OK) {
         obj->deleting = true;
         cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
+        /* A directory that took the put (its answer late, or lost with the
+         * connection) may have sent getters here already: writes of theirs
+         * read the buffer until they complete, and the caller has it back
+         * when this returns. */
+        if (!cfx__obj_wait_released(ctx, id, RELEASE_WAIT_MS))
+            CFX_LOG(WARN, OBJ, "node %u: failed put of %s: its entry was still held after its "
+                    "uploads ended", ctx->node_id, hex);
     } else {
         obj->announced = true;
         ctx->stats.puts++;

@@ -1,0 +1,300 @@
+/*
+ * Buffers handed back to their callers while other nodes still read them:
+ * a get that ends without keeping its copy (it failed, or NO_KEEP) and a
+ * put whose directory answer came too late.  Other nodes may be reading
+ * the buffer (getters the directory sent there), with writes of it still
+ * posted to a reader that stopped taking them; the call must not return
+ * before those writes ended, or the reader takes what the caller writes
+ * next as the object's bytes.  One process: an embedded coordinator and
+ * three contexts over tcp with small socket buffers.
+ */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
+#include "dataplane/engine/engine.h"
+#include "testutil.h"
+
+static struct cfx_coord *coord;
+static char coord_addr[64];
+static char token[64];
+
+static void setup(void)
+{
+    cfx_test_token(token, sizeof(token));
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+}
+
+static void teardown(void)
+{
+    unsetenv("CFX_TCP_SNDBUF");
+    unsetenv("CFX_TCP_RCVBUF");
+    cfx__coord_stop(coord);
+    coord = NULL;
+}
+
+TestSuite(get_handback, .init = setup, .fini = teardown, .timeout = 60);
+
+static void join(const char *tps, bool unused, struct cfx_context **out)
+{
+    (void)unused;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
+                      CFX_CTX_PARAM_TRANSPORTS,
+        .coord = coord_addr,
+        .token = token,
+        .timeout_ms = 5000,
+        .transports = tps,
+    };
+    cr_assert_eq(cfx_context_create(&p, out), CFX_OK, "%s", cfx_last_error());
+}
+
+/*
+ * A get that ends without a copy (it failed, or kept none: NO_KEEP) hands
+ * its buffer back to its caller, who may write it at once; another node
+ * was reading the chunks that had landed (a get sent here, a partial
+ * holder), and the transport still had writes of them on their way to it,
+ * a reader that had stopped taking them (tcp sends from the buffer).  The
+ * get waited 2 s for them and returned all the same (the NO_KEEP one
+ * with CFX_ERR_TIMEOUT), and once the reader went on it took what the
+ * caller had written since as the object's chunks, kept them, and its own
+ * get ended CFX_OK.  Now writes that do not drain have their connection
+ * failed before the buffer goes back: the reader fails over to the putter
+ * and gets every byte as put.
+ */
+struct timed_get {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    uint8_t *buf;
+    size_t size;
+    struct cfx_obj_params params;
+    int rc;
+    char err[256];
+};
+
+static void *timed_get_main(void *arg)
+{
+    struct timed_get *g = arg;
+    g->rc = cfx_get(g->ctx, g->id, g->buf, g->size, NULL, &g->params);
+    snprintf(g->err, sizeof(g->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void timed_get_start(struct timed_get *g, struct cfx_context *c,
+                            const struct cfx_object_id *id, size_t size, int timeout_ms,
+                            bool no_keep)
+{
+    *g = (struct timed_get){ .ctx = c, .id = id, .size = size, .buf = malloc(size) };
+    cr_assert(g->buf);
+    memset(g->buf, 0xA5, size);
+    g->params.field_mask = CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_FLAGS;
+    g->params.timeout_ms = timeout_ms;
+    g->params.flags = no_keep ? CFX_OBJ_FLAG_NO_KEEP : 0;
+    cr_assert_eq(pthread_create(&g->thr, NULL, timed_get_main, g), 0);
+}
+
+/* Until @p c's entry of @p id is there and @p pred holds for it (c->lock
+ * held); nothing signals either: looked at every 20 ms, 10 s at most. */
+static bool entry_until(struct cfx_context *c, const struct cfx_object_id *id,
+                        bool (*pred)(const struct cfx_obj *))
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    bool ok = false;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        const struct cfx_obj *o = cfx__store_find(&c->store, id);
+        if ((ok = o && !o->deleting && pred(o)) || cfx__now_ns() >= dl)
+            break;
+        cfx__obj_wait(c, cfx__deadline_ns(20));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return ok;
+}
+
+#define CUT_CHUNK (64u * 1024) /* a chunk's write outgrows the small socket buffers */
+#define CUT_HAVE  8u           /* chunks the putter sends before it stalls */
+
+static bool has_half(const struct cfx_obj *o)
+{
+    return o->ready_chunks >= CUT_HAVE;
+}
+
+static bool is_read(const struct cfx_obj *o)
+{
+    return !cfx_list_empty(&o->uploads);
+}
+
+static bool writes_out(const struct cfx_obj *o)
+{
+    return is_read(o) && cfx_list_entry(o->uploads.next, struct cfx_upload, obj_link)->inflight;
+}
+
+static void buffer_back_with_a_stopped_reader(bool no_keep)
+{
+    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
+    /* a receiver that stops reading leaves the writes to it posted */
+    setenv("CFX_TCP_SNDBUF", "4096", 1);
+    setenv("CFX_TCP_RCVBUF", "4096", 1);
+    struct cfx_context *a, *b, *d;
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    join("tcp", false, &d);
+    struct cfx_object_id id;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_test_fill(src, size, 23);
+    cfx_object_id_generate(a, &id);
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cfx__xfer_test_stall(a, CUT_HAVE);
+
+    /* b gets the first chunks, then waits for the rest */
+    struct timed_get gb, gd;
+    timed_get_start(&gb, b, &id, size, 5000, no_keep);
+    cr_assert(entry_until(b, &id, has_half), "b never got the first %u chunks", CUT_HAVE);
+    /* d is sent to b, the newest holder; b serves it one chunk, then d
+     * stops reading and b writes the others */
+    cfx__xfer_test_stall(b, 1);
+    timed_get_start(&gd, d, &id, size, 30000, false);
+    cr_assert(entry_until(b, &id, is_read), "d did not read b's partial copy");
+    cfx__progress_lock(d);
+    cfx__xfer_test_resume(b);
+    bool out = entry_until(b, &id, writes_out);
+    if (no_keep)
+        cfx__xfer_test_resume(a); /* b's get completes; its reader is still reading */
+
+    pthread_join(gb.thr, NULL);
+    if (no_keep) {
+        cr_assert_eq(gb.rc, CFX_OK, "%s (%s)", cfx_errname(gb.rc), gb.err);
+        cr_assert_eq(cfx_test_check(gb.buf, size, 23), (size_t)-1, "b: wrong bytes");
+    } else {
+        cr_assert_eq(gb.rc, CFX_ERR_TIMEOUT, "%s (%s)", cfx_errname(gb.rc), gb.err);
+    }
+    memset(gb.buf, 0xEE, size); /* the caller's again */
+    cfx__progress_unlock(d);
+    cfx__xfer_test_resume(a);
+    pthread_join(gd.thr, NULL);
+    cr_assert(out, "no write of b's to d stayed posted: the case was not made");
+    cr_assert_eq(gd.rc, CFX_OK, "%s (%s)", cfx_errname(gd.rc), gd.err);
+    size_t bad = cfx_test_check(gd.buf, size, 23);
+    cr_assert_eq(bad, (size_t)-1, "d got byte %zu (chunk %zu) as b's caller wrote it after "
+                 "b's get returned", bad, bad / CUT_CHUNK);
+
+    cfx_context_destroy(d);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(gb.buf);
+    free(gd.buf);
+    free(src);
+}
+
+Test(get_handback, failed_get_leaves_the_buffer_to_its_caller)
+{
+    buffer_back_with_a_stopped_reader(false);
+}
+
+Test(get_handback, no_keep_get_leaves_the_buffer_to_its_caller)
+{
+    buffer_back_with_a_stopped_reader(true);
+}
+
+/*
+ * A put the directory took, whose answer came after the put's deadline: it
+ * fails CFX_ERR_TIMEOUT, and the caller has its buffer back, but a getter
+ * the directory sent to it was already reading it.  The put waited for
+ * nothing then (its release was only queued), and writes to a reader that
+ * had stopped taking them read the caller's next bytes.  Now they are
+ * waited for, and cut off with the reader's connection when they do not
+ * move: the getter never gets other bytes than the put's.
+ */
+struct bg_put {
+    pthread_t thr;
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    const uint8_t *buf;
+    size_t size;
+    int rc;
+};
+
+static void *bg_put_main(void *arg)
+{
+    struct bg_put *q = arg;
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    q->rc = cfx_put(q->ctx, q->id, q->buf, q->size, &pp);
+    return NULL;
+}
+
+Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
+{
+    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
+    setenv("CFX_TCP_SNDBUF", "4096", 1);
+    setenv("CFX_TCP_RCVBUF", "4096", 1);
+    struct cfx_context *a, *d;
+    join("tcp", false, &a);
+    join("tcp", false, &d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size);
+    cr_assert(src);
+    cfx_test_fill(src, size, 31);
+
+    /* a's put reaches the directory; its answer is held back */
+    pthread_mutex_lock(&a->lock);
+    a->test_put_late = true;
+    a->test_put_held = false;
+    pthread_mutex_unlock(&a->lock);
+    struct bg_put q = { .ctx = a, .id = &id, .buf = src, .size = size };
+    cr_assert_eq(pthread_create(&q.thr, NULL, bg_put_main, &q), 0);
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&a->lock);
+    while (!a->test_put_held && cfx__obj_wait(a, dl))
+        ;
+    bool held = a->test_put_held;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert(held, "the put never had its answer");
+
+    /* d gets it from a: one chunk, then d stops reading and a writes the
+     * others, which stay posted */
+    cfx__xfer_test_stall(a, 1);
+    struct timed_get gd;
+    timed_get_start(&gd, d, &id, size, 8000, false); /* it ends failed: a let go */
+    cr_assert(entry_until(a, &id, is_read), "d did not read a's copy");
+    cfx__progress_lock(d);
+    cfx__xfer_test_resume(a);
+    bool out = entry_until(a, &id, writes_out);
+
+    pthread_mutex_lock(&a->lock);
+    a->test_put_late = false;
+    pthread_cond_broadcast(&a->obj_cond);
+    pthread_mutex_unlock(&a->lock);
+    pthread_join(q.thr, NULL);
+    cr_assert_eq(q.rc, CFX_ERR_TIMEOUT, "the put: %s", cfx_errname(q.rc));
+    memset(src, 0xEE, size); /* the caller's again */
+    cfx__progress_unlock(d);
+    pthread_join(gd.thr, NULL);
+    cr_assert(out, "no write of a's to d stayed posted: the case was not made");
+    /* a was the only holder and has let go: d fails, or has every byte as put */
+    if (gd.rc == CFX_OK) {
+        size_t bad = cfx_test_check(gd.buf, size, 31);
+        cr_assert_eq(bad, (size_t)-1, "d got byte %zu (chunk %zu) as a's caller wrote it "
+                     "after the put returned", bad, bad / CUT_CHUNK);
+    }
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(gd.buf);
+    free(src);
+}
