@@ -488,7 +488,8 @@ static int dpdk_ports(int json)
     if (json)
         printf("[]");
     else
-        printf("dpdk: this build has no dpdk transport (libdpdk-dev was not found)\n");
+        printf("dpdk: this build has no dpdk transport (configured with CFX_WITH_DPDK=OFF, or "
+               "libdpdk-dev was not found)\n");
 #endif
     if (json)
         printf(", ");

@@ -481,8 +481,10 @@ int cfx__dpdk_ports_print(FILE *out, int json)
                 fprintf(out, "dpdk port %s: mac %s\n", name, m);
             n++;
         }
+        /* the variable the user set: CFX_DPDK_EAL rules when both are */
         if (!n && !json)
-            fprintf(out, "dpdk: EAL started but found no port (check CFX_DPDK_VDEV)\n");
+            fprintf(out, "dpdk: EAL started but found no port (check %s)\n",
+                    eal_env() ? "the --vdev or PCI device of CFX_DPDK_EAL" : "CFX_DPDK_VDEV");
     }
     if (json)
         fputc(']', out);

@@ -825,6 +825,25 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
     rmdir(dir);
 }
 
+/* An EAL line of CFX_DPDK_EAL that gives EAL no port: rdmactl devices points
+ * at that line, not at CFX_DPDK_VDEV (which it said, though unset). */
+Test(dpdk_ports, no_port_in_the_eal_line_names_cfx_dpdk_eal, .timeout = 60)
+{
+    char eal[256], *buf = NULL;
+    size_t len = 0;
+    unsetenv("CFX_DPDK_VDEV");
+    snprintf(eal, sizeof(eal),
+             "--no-huge -m 256 --no-pci --file-prefix=cfxp%d -l 0 --log-level=*:warning "
+             "--no-telemetry", (int)getpid());
+    setenv("CFX_DPDK_EAL", eal, 1);
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 0);
+    fclose(f);
+    cr_assert_str_eq(buf, "dpdk: EAL started but found no port (check the --vdev or PCI device "
+                          "of CFX_DPDK_EAL)\n");
+    free(buf);
+}
+
 /*
  * A word in CFX_DPDK_EAL that EAL does not take fails its start, naming
  * the word: EAL itself stops at it (or, as glibc reorders the words, leaves
