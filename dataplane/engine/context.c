@@ -285,14 +285,16 @@ static int transports_open(struct cfx_context *ctx)
         snprintf(name, sizeof(name), "%.*s", (int)len, p);
         /* the default list names transports a build may lack */
         if (len && !cfx__transport_find(name) && strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
-            return cfx__err(CFX_ERR_INVALID,
-                            strcmp(name, "verbs") && strcmp(name, "dpdk")
-                                ? "CFX_TRANSPORT names '%s', which is not a transport "
-                                  "(tcp, shm, verbs, dpdk)"
-                                : "CFX_TRANSPORT names '%s', which this build was made without "
-                                  "(CFX_WITH_VERBS or CFX_WITH_DPDK off, or the library not "
-                                  "found when it was configured)",
-                            name);
+        {
+            bool verbs = !strcmp(name, "verbs"), dpdk = !strcmp(name, "dpdk");
+            if (!verbs && !dpdk)
+                return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which is not a "
+                                "transport (tcp, shm, verbs, dpdk)", name);
+            return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which this build was "
+                            "made without (configured with %s=OFF, or %s not found then)",
+                            name, verbs ? "CFX_WITH_VERBS" : "CFX_WITH_DPDK",
+                            verbs ? "libibverbs-dev and librdmacm-dev" : "libdpdk-dev");
+        }
         p += len + (p[len] == ',');
     }
     /* a DPDK port asked for while dpdk is not among the transports: the

@@ -357,6 +357,28 @@ Test(context, unknown_transport)
     cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
 }
 
+/* A transport this build lacks, named in CFX_TRANSPORT: refused, naming the
+ * transport and the one build option that leaves it out (the text named
+ * both CFX_WITH_VERBS and CFX_WITH_DPDK whichever was asked for). */
+Test(context, transport_the_build_lacks_names_its_option)
+{
+#if defined(CFX_HAVE_DPDK) && defined(CFX_HAVE_VERBS)
+    cr_skip_test("this build has every transport: none to find missing");
+#else
+#ifndef CFX_HAVE_DPDK
+    const char *tp = "dpdk,tcp", *opt = "CFX_WITH_DPDK=OFF", *other = "CFX_WITH_VERBS";
+#else
+    const char *tp = "verbs,tcp", *opt = "CFX_WITH_VERBS=OFF", *other = "CFX_WITH_DPDK";
+#endif
+    struct cfx_context *a = NULL;
+    int rc = join(token, tp, &a);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s", cfx_errname(rc));
+    cr_assert(strstr(cfx_last_error(), "which this build was made without") &&
+                  strstr(cfx_last_error(), opt) && !strstr(cfx_last_error(), other),
+              "%s", cfx_last_error());
+#endif
+}
+
 /* No transport of the list can open: the error says why each was not
  * available (it was logged at INFO only, and the error said just "no
  * usable transport"). */
