@@ -107,7 +107,7 @@ static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on *
 
 /* The runtime directory EAL made for a file prefix of our own (ending in
  * our pid: no other process shares it) goes at exit instead of piling up
- * under /var/run/dpdk. */
+ * under /var/run/dpdk (root; else $XDG_RUNTIME_DIR/dpdk or /tmp/dpdk). */
 static char eal_rundir[512];
 
 static void rundir_remove(const char *dir)
@@ -414,7 +414,7 @@ int cfx__dpdk_eal_init(const char *args)
                 rte_errno ? rte_strerror(rte_errno) : "see EAL's messages before this one");
         /* EAL says EINVAL ("Invalid 'command line' arguments") for an
          * option it does not know and a bad value, but also when it cannot
-         * make its runtime directory (/var/run/dpdk without root): no
+         * make its runtime directory (an unwritable $XDG_RUNTIME_DIR): no
          * device here, which a list such as dpdk,tcp goes on without; the
          * error names the variable and the line, EAL's own lines say which */
         rc = eal_state = cfx__err(CFX_ERR_NO_DEVICE, "%s (%s): EAL did not start (%s): it "
