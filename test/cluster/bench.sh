@@ -36,6 +36,8 @@
 # the bound the link rate sets (S/B for broadcast and reduce, 2(n-1)/n S/B
 # for allreduce; a barrier has no size and no bound: one row, "0 B").  Every run has a timeout; everything started is stopped
 # by PID and the cluster is torn down on exit.  Needs root.
+# Exit status: 0, 1 when a run failed (or the set-up did), 2 on a usage
+# error (an unknown option or a bad value, named on stderr).
 set -euo pipefail
 
 CMDLINE="$0 $*"
@@ -66,6 +68,7 @@ PREBUILT=0
 TRANSPORT=tcp
 
 die() { echo "bench.sh: $*" >&2; exit 1; }
+bad() { echo "bench.sh: $*" >&2; exit 2; } # a usage error, as an unknown option
 log() { echo "bench.sh: $*" >&2; }
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -100,24 +103,33 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-[[ $NODES =~ ^[0-9]+$ ]] && [ "$NODES" -ge 2 ] && [ "$NODES" -le 64 ] || die "--nodes: 2..64"
-[[ $SIZES =~ ^([0-9]+[KMG]?):([0-9]+[KMG]?)$ ]] || die "--sizes: MIN:MAX, e.g. 1M:64M"
+[[ $NODES =~ ^[0-9]+$ ]] && [ "$NODES" -ge 2 ] && [ "$NODES" -le 64 ] || bad "--nodes: 2..64"
+# one rate for every link: the table's bound is computed from it
+[[ $RATE =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] ||
+    bad "--rate: one rate such as 1gbit, 500mbit, 100kbit, not '$RATE'"
+[[ $SIZES =~ ^([0-9]+[KMG]?):([0-9]+[KMG]?)$ ]] || bad "--sizes: MIN:MAX, e.g. 1M:64M"
 MINB=${BASH_REMATCH[1]}
 MAXB=${BASH_REMATCH[2]}
 bytes() { numfmt --from=iec "$1"; }
-[ "$(bytes "$MINB")" -le "$(bytes "$MAXB")" ] || die "--sizes: MIN ($MINB) above MAX ($MAXB)"
-[[ $ITERS =~ ^[0-9]+$ ]] && [ "$ITERS" -ge 1 ] || die "--iters: a positive number"
-[[ $WARMUP =~ ^[0-9]+$ ]] || die "--warmup: a number"
-[[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && [ "$RUN_TIMEOUT" -ge 10 ] || die "--timeout: seconds, >= 10"
-[[ $PORT =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65535 ] || die "--port"
+[ "$(bytes "$MINB")" -le "$(bytes "$MAXB")" ] || bad "--sizes: MIN ($MINB) above MAX ($MAXB)"
+[[ $ITERS =~ ^[0-9]+$ ]] && [ "$ITERS" -ge 1 ] || bad "--iters: a positive number"
+[[ $WARMUP =~ ^[0-9]+$ ]] || bad "--warmup: a number"
+[[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && [ "$RUN_TIMEOUT" -ge 10 ] || bad "--timeout: seconds, >= 10"
+[[ $PORT =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65535 ] || bad "--port"
 for op in $OPS; do
-    case "$op" in broadcast | reduce | allreduce | barrier) ;; *) die "--ops: broadcast, reduce, allreduce, barrier" ;; esac
+    case "$op" in
+    broadcast | reduce | allreduce | barrier) ;;
+    *) bad "--ops: broadcast, reduce, allreduce, barrier" ;;
+    esac
 done
 for op in $OBJ_OPS; do
-    case "$op" in broadcast | reduce | allreduce) ;; *) die "--obj-ops: broadcast, reduce, allreduce" ;; esac
+    case "$op" in
+    broadcast | reduce | allreduce) ;;
+    *) bad "--obj-ops: broadcast, reduce, allreduce" ;;
+    esac
 done
-[[ $SPACING =~ ^[0-9]+$ ]] || die "--spacing: milliseconds"
-case "$TRANSPORT" in tcp | dpdk) ;; *) die "--transport: tcp or dpdk" ;; esac
+[[ $SPACING =~ ^[0-9]+$ ]] || bad "--spacing: milliseconds"
+case "$TRANSPORT" in tcp | dpdk) ;; *) bad "--transport: tcp or dpdk" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 [ -z "${CFX_BENCH_LOCKED:-}" ] || die "already inside a bench run"
 if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 1 ]; then

@@ -16,7 +16,7 @@
 #                               remote shell for mpirun's plm_rsh_agent)
 #
 # Names: every namespace, link and /etc/netns entry starts with $PREFIX
-# (default cfxc, from $CFX_CLUSTER_PREFIX):
+# (default cfxc, from $CFX_CLUSTER_PREFIX: 1 to 10 letters, digits or _):
 #   PREFIX-br            namespace holding the bridge PREFIX-br0
 #   PREFIX-nI            node I; its link is PREFIX-eI, peered with PREFIX-bI
 #                        on the bridge; address 10.77.0.(I+1)/24
@@ -30,6 +30,8 @@
 #
 # Every subcommand may be re-run: up creates what is missing, reshapes what
 # exists and removes nodes beyond N; down on no cluster does nothing.
+# Exit status: 0, 1 when a step fails, 2 on a usage error (a bad argument or
+# prefix, named on stderr).
 set -euo pipefail
 
 PREFIX=${CFX_CLUSTER_PREFIX:-cfxc}
@@ -42,6 +44,12 @@ BR_NS=$PREFIX-br
 BR=$PREFIX-br0
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
+bad() { echo "cluster.sh: $*" >&2; exit 2; } # a usage error
+
+# every name is PREFIX plus at most 5 characters (-b199), and a link name
+# holds 15; the prefix also goes into patterns, so plain characters only
+[[ $PREFIX =~ ^[A-Za-z0-9_]{1,10}$ ]] ||
+    bad "CFX_CLUSTER_PREFIX '$PREFIX': 1 to 10 letters, digits or _ (link names hold 15)"
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -117,16 +125,16 @@ remove_node() { # i
 }
 
 cmd_up() {
-    [ $# -eq 2 ] || die "usage: cluster.sh up N RATE[,RATE...]"
+    [ $# -eq 2 ] || bad "usage: cluster.sh up N RATE[,RATE...]"
     local n=$1 i ns e b rate rates desc
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAX_NODES ] ||
-        die "N must be 1..$MAX_NODES, not '$n'"
+        bad "N must be 1..$MAX_NODES, not '$n'"
     IFS=, read -r -a rates <<< "$2"
-    [ "${#rates[@]}" -ge 1 ] || die "RATE must look like 1gbit, 500mbit, 100kbit, not '$2'"
-    [ "${#rates[@]}" -le "$n" ] || die "${#rates[@]} rates for $n nodes"
+    [ "${#rates[@]}" -ge 1 ] || bad "RATE must look like 1gbit, 500mbit, 100kbit, not '$2'"
+    [ "${#rates[@]}" -le "$n" ] || bad "${#rates[@]} rates for $n nodes"
     for rate in "${rates[@]}"; do
         valid_rate "$rate" ||
-            die "each RATE must look like 1gbit, 500mbit, 100kbit, not '$rate' (in '$2')"
+            bad "each RATE must look like 1gbit, 500mbit, 100kbit, not '$rate' (in '$2')"
     done
     need_root
 
@@ -195,10 +203,10 @@ cmd_down() {
 }
 
 cmd_exec() {
-    [ $# -ge 2 ] || die "usage: cluster.sh exec I CMD..."
+    [ $# -ge 2 ] || bad "usage: cluster.sh exec I CMD..."
     local i=$1 ns
     shift
-    [[ $i =~ ^[0-9]+$ ]] || die "node index must be a number, not '$i'"
+    [[ $i =~ ^[0-9]+$ ]] || bad "node index must be a number, not '$i'"
     ns=$(node_ns "$i")
     ns_exists "$ns" || die "no node $i (namespace $ns): run 'cluster.sh up N RATE' first"
     # own UTS namespace: the node's hostname is its namespace's name, as on a
@@ -209,7 +217,7 @@ cmd_exec() {
 cmd_rsh() {
     # called as an ssh stand-in: [options] HOST CMD...; CMD is a shell command
     while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
-    [ $# -ge 2 ] || die "usage: cluster.sh rsh HOST CMD..."
+    [ $# -ge 2 ] || bad "usage: cluster.sh rsh HOST CMD..."
     local host=$1
     shift
     [[ $host =~ ^$PREFIX-n([0-9]+)$ ]] || die "rsh: '$host' is not a node of cluster $PREFIX"
@@ -219,8 +227,11 @@ cmd_rsh() {
 }
 
 cmd_addr() {
-    [ $# -eq 1 ] && [[ $1 =~ ^[0-9]+$ ]] || die "usage: cluster.sh addr I"
-    node_ip "$1"
+    [ $# -eq 1 ] && [[ $1 =~ ^[0-9]+$ ]] || bad "usage: cluster.sh addr I"
+    # 10.77.0.(I+1) is an address for the nodes up can make, no other
+    [[ $1 =~ ^[0-9]{1,9}$ ]] && [ "$((10#$1))" -lt "$MAX_NODES" ] ||
+        bad "addr: node index 0..$((MAX_NODES - 1)), not '$1'"
+    node_ip "$((10#$1))"
 }
 
 cmd_status() {
@@ -255,5 +266,5 @@ rsh) cmd_rsh "$@" ;;
 addr) cmd_addr "$@" ;;
 status) need_root; cmd_status "$@" ;;
 -h | --help | help) usage ;;
-*) usage >&2; exit 2 ;;
+*) echo "cluster.sh: unknown command '$sub'" >&2; usage >&2; exit 2 ;;
 esac
