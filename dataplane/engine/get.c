@@ -143,7 +143,13 @@ static void src_done(struct cfx_context *ctx, const struct cfx_object_id *id,
     }
     uint64_t seq = cfx__record_drop_begin(ctx, id);
     pthread_mutex_unlock(&ctx->lock);
+    /* whatever the directory answers (it may have forgotten the id: the
+     * putter deleted it meanwhile) is not the get's outcome: the text of
+     * the get's own error, set before this, is what its caller reads */
+    char why[CFX__ERR_TEXT_MAX];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
     cfx__ctl_obj_done(ctx->ctl, id, src->node.node_id, 0, cfx__deadline_ns(1000));
+    cfx__err(CFX_OK, "%s", why);
     pthread_mutex_lock(&ctx->lock);
     cfx__record_drop_end(ctx, id, seq);
     pthread_mutex_unlock(&ctx->lock);

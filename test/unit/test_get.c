@@ -10,6 +10,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -1312,5 +1313,71 @@ Test(get, delete_waiting_for_a_draining_copy_ends_at_the_destroy, .timeout = 40)
     cr_assert_eq(pthread_join(t, NULL), 0);
     cr_expect_eq(w.rc, CFX_ERR_CANCELED, "the delete returned %s after the destroy",
                  cfx_errname(w.rc));
+    free(buf);
+}
+
+/* ---- a get that times out after its object was deleted ------------------------------
+ *
+ * A get whose holder stalls runs out of time; meanwhile the putter deleted
+ * the object, so the directory no longer knows the id when the getter tells
+ * it the transfer ended.  The get fails CFX_ERR_TIMEOUT saying so, naming
+ * the holder and how far it got.  The text was that of the transfer-end
+ * message's own refusal ("transfer end of object ... is not in the
+ * directory"), which hid why the get failed (seen over dpdk, where a slow
+ * get let its putter's wait end first).
+ */
+static void *delete_main(void *arg)
+{
+    struct del_waiter *w = arg;
+    w->rc = cfx_delete(w->c, &w->id, NULL);
+    return NULL;
+}
+
+Test(get, timeout_after_the_delete_says_the_get_timed_out)
+{
+    const size_t size = (size_t)NCHUNKS * CHUNK;
+    struct cfx_context *a, *b;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    join("tcp", true, &a);
+    join("tcp", false, &b);
+    struct del_waiter w = { .c = a, .rc = CFX_OK };
+    cfx_object_id_generate(a, &w.id);
+    cfx_test_fill(src, size, 9);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &w.id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    /* the get runs until the holder stalls, then the putter deletes */
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 3000 };
+    struct cfx_request *req = NULL;
+    cr_assert_eq(cfx_get_nb(b, &w.id, buf, size, &gp, &req), CFX_OK, "%s", cfx_last_error());
+    uint64_t done = 0, total = 0, dl = cfx__deadline_ns(20000);
+    while (done < (uint64_t)STALL_AT * CHUNK && cfx__now_ns() < dl) {
+        int pr = cfx_request_progress(req, &done, &total);
+        cr_assert(pr == CFX_OK || pr == CFX_ERR_AGAIN, "%s: %s", cfx_errname(pr),
+                  cfx_last_error());
+        sched_yield();
+    }
+    cr_assert_eq(done, (uint64_t)STALL_AT * CHUNK, "the get never reached the stall");
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, delete_main, &w), 0);
+
+    int rc = cfx_request_wait(req, -1);
+    char why[CFX__ERR_TEXT_MAX];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    cfx_request_free(req);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_log_info("get: %s; delete: %s", why, cfx_errname(w.rc));
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s (%s)", cfx_errname(rc), why);
+    char holder[32];
+    snprintf(holder, sizeof(holder), "from node %u ", cfx_context_node_id(a));
+    cr_assert(strstr(why, "timed out after 3000 ms") && strstr(why, holder) &&
+                  !strstr(why, "transfer end"),
+              "%s", why);
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
     free(buf);
 }
