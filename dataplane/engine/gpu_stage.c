@@ -142,12 +142,16 @@ int cfx__gpu_stage_get(struct cfx_context *ctx, const struct cfx_object_id *id, 
     }
     if ((rc == CFX_OK || size > capacity) && size_out)
         *size_out = size; /* truncated too, as a host get says it */
-    /* A buffer that holds the store's copy stays to serve other getters
-     * (freed on delete); a private copy of a local object goes now. */
+    /* A buffer that holds the store's copy stays to serve other getters:
+     * lent to no caller, the entry's release frees it (its delete, or one
+     * under way now, after its uploads drained; as cfx_buf_free lets go).
+     * A private copy of a local object goes now. */
     pthread_mutex_lock(&ctx->lock);
     struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
-    backs_object = obj && obj->arena && obj->buf == host && !obj->deleting;
-    if (!backs_object)
+    backs_object = obj && obj->arena && obj->buf == host;
+    if (backs_object)
+        obj->lent = false;
+    else
         cfx__arena_free(ctx, host);
     pthread_mutex_unlock(&ctx->lock);
     return rc;

@@ -318,3 +318,41 @@ Test(cuda_xfer_sim, nb_calls_on_the_posters_device, .timeout = 60)
     dev_obj_free(&o);
     down();
 }
+
+/*
+ * A get into device memory stages the object in an arena buffer, which
+ * stays as this node's copy to serve other getters: the copy's delete frees
+ * it.  The buffer was kept as lent to a caller (there is none), so the
+ * delete's release left it allocated: every device get of an object, then
+ * deleted, kept its size of the arena in use for the context's life.
+ */
+Test(cuda_xfer_sim, device_get_copy_goes_with_its_delete, .timeout = 60)
+{
+    const size_t n = 3u << 20;
+    cr_assert_eq(cfx__gpu_sim_install(), CFX_OK, "%s", cfx_last_error());
+    up("tcp");
+    struct cfx_object_id id;
+    struct dev_obj o;
+    dev_obj_setup(&o, n, 81);
+    cr_assert_eq(cfx_object_id_from_name("cuda-sim-copy-freed", &id), CFX_OK);
+    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    uint64_t before = __atomic_load_n(&b->arena.used_bytes, __ATOMIC_RELAXED);
+    size_t got = 0;
+    cr_assert_eq(cfx_get(b, &id, o.ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(got, n);
+    cr_assert_gt(__atomic_load_n(&b->arena.used_bytes, __ATOMIC_RELAXED), before,
+                 "the copy is in no arena buffer: the case was not made");
+    cr_assert_eq(cfx_delete(b, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&b->lock);
+    while (cfx__store_find(&b->store, &id) && cfx__obj_wait(b, dl))
+        ;
+    bool gone = !cfx__store_find(&b->store, &id);
+    pthread_mutex_unlock(&b->lock);
+    cr_assert(gone, "b's copy never left its store");
+    cr_assert_eq(__atomic_load_n(&b->arena.used_bytes, __ATOMIC_RELAXED), before,
+                 "the copy's arena buffer stayed in use after its delete");
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK);
+    dev_obj_free(&o);
+    down();
+}
