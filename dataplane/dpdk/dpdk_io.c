@@ -58,6 +58,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
+#include <rte_version.h>
 
 #include <conflux/status.h>
 
@@ -317,6 +318,123 @@ static const char *eal_env(void)
     return cfx__dpdk_env("CFX_DPDK_EAL");
 }
 
+/*
+ * The words of an EAL line, looked at before EAL runs: EAL skips a word
+ * that is not one of its options (cfx__dpdk_eal_init refuses the start
+ * then), but only after it set itself up, and a failure there (hugepages,
+ * where the word was meant to be --no-huge) would be told instead of the
+ * word.  A word with a quote in it is refused: the line is split at
+ * blanks, not as a shell would, so its quotes would reach EAL.  So is a
+ * word that cannot be the value of the word before it: the first word, one
+ * after a word that is not an option (itself a value, or stray), after
+ * "--", or after an option given its value with '='.  A word after an
+ * option that takes none (--no-pci junk) is told from a value only by
+ * EAL's own option table: EAL's parse finds it.  Returns the word, or NULL.
+ */
+static const char *eal_word_stray(int argc, char *const argv[], bool *quote)
+{
+    bool may_be_value = false; /* the word before may take the next as its value */
+    for (int i = 1; i < argc; i++) {
+        const char *w = argv[i];
+        *quote = strpbrk(w, "\"'") != NULL;
+        if (*quote)
+            return w;
+        bool option = w[0] == '-' && w[1];
+        if (!option && !may_be_value)
+            return w;
+        may_be_value = option && strcmp(w, "--") && !strchr(w, '=');
+    }
+    return NULL;
+}
+
+/*
+ * The keys of DPDK 22.11's net_memif: valid_arguments[] of
+ * drivers/net/memif/rte_eth_memif.c, as librte_net_memif.so.23 (22.11.11)
+ * has them.  The driver hands them to rte_kvargs_parse(), which fails on a
+ * key not among them, and then goes on with every default: a client on
+ * /run/memif.sock, whatever role and socket were given.  (owner-uid and
+ * owner-gid came in a later release.)  Another release's list is not known
+ * here: built against one, the keys are not checked.
+ */
+#if RTE_VER_YEAR == 22 && RTE_VER_MONTH == 11
+#define MEMIF_KEYS_OF "DPDK 22.11's net_memif takes "
+static const char *const memif_keys[] = {
+    "id", "role", "bsize", "rsize", "socket", "socket-abstract", "mac", "zero-copy", "secret", NULL
+};
+#else
+#define MEMIF_KEYS_OF ""
+static const char *const memif_keys[] = { NULL };
+#endif
+
+/*
+ * A net_memif device of the EAL line (NAME,KEY=VALUE,...; from names the
+ * variable it came from): CFX_ERR_INVALID for a key the driver does not
+ * know (above), a key without a value (22.11's driver reads the value
+ * that is not there: SEGV, with role, socket and id), or a role other than
+ * server or client (the driver
+ * refuses most others only when it probes the device, leaving EAL up with
+ * no port, and takes "master", "slave" and any value containing "server"
+ * or "client": the transport tells a server by role=server).  Other
+ * devices: CFX_OK.
+ */
+static int memif_args_check(const char *dev, const char *from)
+{
+    if (strncmp(dev, "net_memif", strlen("net_memif")))
+        return CFX_OK;
+    for (const char *p = strchr(dev, ','); p && *p;) {
+        const char *key = ++p;
+        bool list = false; /* inside a [a,b] value (rte_kvargs): its commas are the value's */
+        while (*p && (list || *p != ',')) {
+            list = *p == '[' ? true : *p == ']' ? false : list;
+            p++;
+        }
+        int n = (int)(p - key), kn = (int)strcspn(key, "=");
+        if (n == 0)
+            continue; /* an empty pair, which rte_kvargs skips */
+        kn = kn < n ? kn : n;
+        bool known = !memif_keys[0];
+        for (const char *const *k = memif_keys; *k && !known; k++)
+            known = (int)strlen(*k) == kn && !strncmp(key, *k, (size_t)kn);
+        if (!known) {
+            char keys[160] = "";
+            for (int i = 0, off = 0; memif_keys[i] && off < (int)sizeof(keys); i++)
+                off += snprintf(keys + off, sizeof(keys) - (size_t)off, "%s%s", i ? ", " : "",
+                                memif_keys[i]);
+            return cfx__err(CFX_ERR_INVALID, "%s (%s): net_memif has no key \"%.*s\": %s%s "
+                            "(with any other key it would start with all of its defaults, a "
+                            "client on /run/memif.sock)", from, dev, kn, key, MEMIF_KEYS_OF,
+                            keys);
+        }
+        if (kn == n)
+            return cfx__err(CFX_ERR_INVALID, "%s (%s): net_memif's key \"%.*s\" has no value "
+                            "(KEY=VALUE)", from, dev, kn, key);
+        const char *v = key + kn + 1;
+        int vn = n - kn - 1;
+        if (kn == 4 && !strncmp(key, "role", 4) &&
+            !(vn == 6 && (!strncmp(v, "server", 6) || !strncmp(v, "client", 6))))
+            return cfx__err(CFX_ERR_INVALID, "%s (%s): role=%.*s: net_memif's role is server "
+                            "or client", from, dev, vn, v);
+    }
+    return CFX_OK;
+}
+
+/* The net_memif devices of an EAL line (--vdev DEV, --vdev=DEV, or an
+ * abbreviation getopt takes, --vd=DEV) through memif_args_check(). */
+static int eal_vdevs_check(int argc, char *const argv[], const char *from)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *w = argv[i];
+        size_t on = strcspn(w, "=");
+        if (on < strlen("--vd") || on > strlen("--vdev") || strncmp(w, "--vdev", on))
+            continue;
+        const char *dev = w[on] ? w + on + 1 : i + 1 < argc ? argv[++i] : NULL;
+        int rc = dev ? memif_args_check(dev, from) : CFX_OK;
+        if (rc != CFX_OK)
+            return rc;
+    }
+    return CFX_OK;
+}
+
 int cfx__dpdk_eal_init(const char *args)
 {
     bool own_prefix = false;
@@ -335,11 +453,13 @@ int cfx__dpdk_eal_init(const char *args)
     }
     /* what the user set, for the errors: a default line is CFX_DPDK_VDEV's */
     const char *from = "CFX_DPDK_EAL";
+    bool from_vdev = false; /* the line is the default one, with CFX_DPDK_VDEV's device */
     if (!args)
         args = eal_env();
     if (!args) {
         const char *vdev = cfx__dpdk_env("CFX_DPDK_VDEV");
         from = vdev ? "CFX_DPDK_VDEV, in EAL's default line" : "EAL's default line";
+        from_vdev = vdev != NULL;
         snprintf(defaults, sizeof(defaults),
                  "--no-huge -m 512 --no-pci --file-prefix=cfx%d -l 0 --log-level=*:warning "
                  "--no-telemetry%s%s",
@@ -375,6 +495,27 @@ int cfx__dpdk_eal_init(const char *args)
         argv[argc++] = tok;
     }
     argv[argc] = NULL;
+
+    /* before EAL: a mistake it would skip, or its driver take as no mistake */
+    bool quote;
+    const char *stray = eal_word_stray(argc, argv, &quote);
+    if (stray) {
+        rc = eal_state = cfx__err(CFX_ERR_INVALID,
+                                  quote ? "%s (%s): \"%s\": a quote, kept as it is (the line is "
+                                          "split at blanks, not as a shell would)"
+                                        : "%s (%s): \"%s\" is neither an EAL option nor the "
+                                          "value of one",
+                                  from, args, stray);
+    } else {
+        rc = eal_vdevs_check(argc, argv, from_vdev ? "CFX_DPDK_VDEV" : "CFX_DPDK_EAL");
+        if (rc != CFX_OK)
+            eal_state = rc;
+    }
+    if (rc != CFX_OK) {
+        snprintf(eal_why, sizeof(eal_why), "%s", cfx_last_error());
+        CFX_LOG(ERR, DPDK, "%s", eal_why);
+        goto out_free;
+    }
 
     /* EAL pins the calling thread to its main lcore: give it its CPUs back */
     bool have_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0;

@@ -115,9 +115,13 @@ const char *cfx__dpdk_env(const char *name);
  * thread keeps its CPU affinity.  Returns 0 (also on later calls), or, now
  * or on the first call: CFX_ERR_INVALID for a word EAL would not take as
  * an option (the error names CFX_DPDK_EAL, or CFX_DPDK_VDEV in the default
- * line), CFX_ERR_NO_DEVICE when EAL failed (an option or value it refused
- * included: it says EINVAL for those and for a runtime directory it cannot
- * make alike); the error names the variable and the line.
+ * line) or one with a quote, and for a net_memif device with a key its
+ * driver does not know, a key without a value or a role other than server
+ * or client (these are found before EAL starts, and so are the stray words
+ * that need no knowledge of EAL's options), CFX_ERR_NO_DEVICE when EAL
+ * failed (an option or value it refused included: it says EINVAL for those
+ * and for a runtime directory it cannot make alike); the error names the
+ * variable and the line (or the device).
  */
 int cfx__dpdk_eal_init(const char *args);
 

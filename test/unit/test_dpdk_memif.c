@@ -14,6 +14,7 @@
  * Also the frame builder and parser, which need no DPDK.
  */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -849,13 +850,14 @@ Test(dpdk_ports, no_port_in_the_eal_line_names_cfx_dpdk_eal, .timeout = 60)
  * the word: EAL itself stops at it (or, as glibc reorders the words, leaves
  * it over at the end) and went on without it, and with it whatever option
  * came after it in some callers (rdmactl's "+" getopt).  Every later call
- * learns why too.
+ * learns why too.  (After --no-pci, an option with no value, only EAL's
+ * parse tells the word from a value: cfx__dpdk_eal_init finds it after.)
  */
 Test(dpdk_ports, eal_refuses_a_word_that_is_not_its_option, .timeout = 60)
 {
     char eal[512];
     snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxj%d -l 0 junk --log-level=*:warning "
+             "--no-huge -m 256 --no-pci junk --file-prefix=cfxj%d -l 0 --log-level=*:warning "
              "--no-telemetry --vdev=net_memif0,role=server,socket=cfxj%d,id=0",
              (int)getpid(), (int)getpid());
     setenv("CFX_DPDK_EAL", eal, 1);
@@ -886,7 +888,7 @@ Test(dpdk_ports, eal_refused_start_gives_the_thread_its_cpus_back, .timeout = 60
         cr_skip_test("one CPU here: a pinning could not be told from none");
     char eal[512];
     snprintf(eal, sizeof(eal),
-             "--no-huge -m 256 --no-pci --file-prefix=cfxa%d -l 0 junk --log-level=*:warning "
+             "--no-huge -m 256 --file-prefix=cfxa%d -l 0 --no-pci junk --log-level=*:warning "
              "--no-telemetry",
              (int)getpid());
     cr_assert_eq(cfx__dpdk_eal_init(eal), CFX_ERR_INVALID, "%s", cfx_last_error());
@@ -956,8 +958,145 @@ Test(dpdk_ports, a_word_of_the_vdev_names_cfx_dpdk_vdev, .timeout = 60)
     setenv("CFX_DPDK_VDEV", "net_memif0,role=server, socket=cfxv", 1);
     cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID);
     cr_assert(strstr(cfx_last_error(), "CFX_DPDK_VDEV, in EAL's default line (--no-huge") &&
-                  strstr(cfx_last_error(), "EAL did not take \"socket=cfxv\""),
+                  strstr(cfx_last_error(), "\"socket=cfxv\" is neither an EAL option nor the "
+                                           "value of one"),
               "%s", cfx_last_error());
+}
+
+/*
+ * net_memif devices that DPDK 22.11's driver would not take as meant are
+ * refused before EAL starts, CFX_ERR_INVALID naming the variable, the
+ * device and the key, at every call.  A key the driver does not know made
+ * it start a client on /run/memif.sock with all of its defaults (owner-uid
+ * is a later release's key), a key without a value crashed it, a role it
+ * did not know left EAL up with no port, and "master" (its old name for
+ * server) gave a server the transport took for a client.
+ */
+struct memif_bad {
+    const char *var;  /* the variable set (the other is unset) */
+    const char *line; /* its value */
+    const char *want; /* in the error */
+};
+
+static const struct memif_bad memif_bad[] = {
+    { "CFX_DPDK_VDEV", "net_memif0,role=server,socket=cfxk,bogus=1",
+      "CFX_DPDK_VDEV (net_memif0,role=server,socket=cfxk,bogus=1): net_memif has no key "
+      "\"bogus\": DPDK 22.11's net_memif takes id, role, bsize, rsize, socket, "
+      "socket-abstract, mac, zero-copy, secret (with any other key it would start with all of "
+      "its defaults, a client on /run/memif.sock)" },
+    { "CFX_DPDK_EAL", "--no-huge -m 256 --no-pci -l 0 --vdev net_memif0,socket=cfxk,owner-uid=0",
+      "CFX_DPDK_EAL (net_memif0,socket=cfxk,owner-uid=0): net_memif has no key \"owner-uid\"" },
+    { "CFX_DPDK_EAL", "--no-huge -m 256 -l 0 --vdev=net_null0 --vdev=net_memif1,Role=client",
+      "CFX_DPDK_EAL (net_memif1,Role=client): net_memif has no key \"Role\"" },
+    { "CFX_DPDK_EAL", "--no-huge -m 256 --no-pci -l 0 --vd=net_memif0,socket=cfxk,zerocopy=yes",
+      "CFX_DPDK_EAL (net_memif0,socket=cfxk,zerocopy=yes): net_memif has no key \"zerocopy\"" },
+    { "CFX_DPDK_VDEV", "net_memif0,role=master,socket=cfxk",
+      "CFX_DPDK_VDEV (net_memif0,role=master,socket=cfxk): role=master: net_memif's role is "
+      "server or client" },
+    { "CFX_DPDK_VDEV", "net_memif0,socket=cfxk,role=bogus",
+      "CFX_DPDK_VDEV (net_memif0,socket=cfxk,role=bogus): role=bogus: net_memif's role is" },
+    { "CFX_DPDK_VDEV", "net_memif0,role=server,socket",
+      "CFX_DPDK_VDEV (net_memif0,role=server,socket): net_memif's key \"socket\" has no value "
+      "(KEY=VALUE)" },
+};
+
+ParameterizedTestParameters(dpdk_ports, memif_device_refused_before_eal)
+{
+    static size_t idx[sizeof(memif_bad) / sizeof(memif_bad[0])];
+    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
+        idx[i] = i;
+    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+}
+
+ParameterizedTest(size_t *i, dpdk_ports, memif_device_refused_before_eal, .timeout = 60)
+{
+    const struct memif_bad *c = &memif_bad[*i];
+    unsetenv("CFX_DPDK_EAL");
+    unsetenv("CFX_DPDK_VDEV");
+    setenv(c->var, c->line, 1);
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID, "%s=%s: %s", c->var, c->line,
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), c->want) == cfx_last_error(), "%s=%s: %s", c->var,
+              c->line, cfx_last_error());
+    cr_assert_eq(cfx__dpdk_port_name(0, (char[64]){ 0 }, 64), CFX_ERR_NOT_FOUND, "EAL is up");
+    const struct cfx_transport_ops *ops = cfx__transport_find("dpdk");
+    cr_assert_not_null(ops);
+    for (int call = 0; call < 2; call++) {
+        struct cfx_tp_iface *a = NULL;
+        cr_assert_eq(ops->iface_open(NULL, &a), CFX_ERR_INVALID, "call %d", call);
+        cr_assert(strstr(cfx_last_error(), "dpdk iface_open: ") == cfx_last_error() &&
+                      strstr(cfx_last_error(), c->want),
+                  "call %d: %s", call, cfx_last_error());
+    }
+}
+
+/* Every key of DPDK 22.11's net_memif is taken, and reaches the driver:
+ * the port has the MAC given (with a key the driver refused, its default
+ * would be there).  Empty pairs (",,"), which rte_kvargs skips, too. */
+Test(dpdk_ports, memif_device_with_every_key_starts, .timeout = 60)
+{
+    char vdev[256], *buf = NULL;
+    size_t len = 0;
+    snprintf(vdev, sizeof(vdev),
+             "net_memif0,id=3,role=client,bsize=2048,rsize=10,socket=cfxk%d,socket-abstract=yes,"
+             "mac=02:00:00:00:00:0c,zero-copy=no,,secret=s3,",
+             (int)getpid());
+    unsetenv("CFX_DPDK_EAL");
+    setenv("CFX_DPDK_VDEV", vdev, 1);
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_OK, "%s", cfx_last_error());
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 1);
+    fclose(f);
+    cr_assert_str_eq(buf, "dpdk port net_memif0: mac 02:00:00:00:00:0c\n");
+    free(buf);
+}
+
+/*
+ * The words of CFX_DPDK_EAL are checked before EAL starts: a quote (the
+ * line is split at blanks, no shell quoting), and a word that cannot be
+ * the value of the word before it.  '"unterminated' alone was an EAL that
+ * went on to hugepages and failed there ("Permission denied", not root:
+ * CFX_ERR_NO_DEVICE), naming neither; CFX_ERR_INVALID and the word now.
+ */
+struct eal_bad {
+    const char *line;
+    const char *want; /* in the error, after "CFX_DPDK_EAL (LINE): " */
+};
+
+static const struct eal_bad eal_bad[] = {
+    { "\"unterminated",
+      "\"\"unterminated\": a quote, kept as it is (the line is split at blanks, not as a "
+      "shell would)" },
+    { "--no-huge --vdev='net_memif0,role=server,socket=cfxk'", "\"--vdev='net_memif0," },
+    { "junk --no-huge -m 256 --no-pci -l 0",
+      "\"junk\" is neither an EAL option nor the value of one" },
+    { "--no-huge -m 256 --no-pci -l 0 junk", "\"junk\" is neither" },
+    { "--no-huge --file-prefix=cfxk junk -l 0", "\"junk\" is neither" },
+    { "--no-huge -l 0 -- junk", "\"junk\" is neither" },
+};
+
+ParameterizedTestParameters(dpdk_ports, eal_word_refused_before_eal)
+{
+    static size_t idx[sizeof(eal_bad) / sizeof(eal_bad[0])];
+    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
+        idx[i] = i;
+    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+}
+
+ParameterizedTest(size_t *i, dpdk_ports, eal_word_refused_before_eal, .timeout = 60)
+{
+    const struct eal_bad *c = &eal_bad[*i];
+    char want[512];
+    unsetenv("CFX_DPDK_VDEV");
+    setenv("CFX_DPDK_EAL", c->line, 1);
+    snprintf(want, sizeof(want), "CFX_DPDK_EAL (%s): %s", c->line, c->want);
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID, "%s: %s", c->line,
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), want) == cfx_last_error(), "%s: %s", c->line,
+              cfx_last_error());
+    cfx__err_clear();
+    cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), want) == cfx_last_error(), "later: %s", cfx_last_error());
 }
 
 /* CFX_DPDK_PORT and CFX_DPDK_VDEV set empty are not set: the first free
