@@ -474,23 +474,31 @@ static int cmd_objects(struct rdmactl *r, const struct cmd_args *a)
     return 0;
 }
 
-/* DPDK ports (when CFX_DPDK_VDEV or CFX_DPDK_EAL names some): text lines,
- * or a "dpdk": [...] member followed by ", " (json). */
-/* Prints the DPDK ports; returns how many. */
+/* Prints the DPDK ports (when CFX_DPDK_VDEV or CFX_DPDK_EAL names some):
+ * text lines, or (json) a "dpdk": [...] member and, with no port, a
+ * "dpdk_error" member saying why (the text form's "dpdk: ..." line; not
+ * "error", which is the RDMA devices' in the same object), followed by
+ * ", ".  Returns how many. */
 static int dpdk_ports(int json)
 {
+    char why[600] = "";
     int n = 0;
     if (json)
         printf("\"dpdk\": ");
 #ifdef CFX_HAVE_DPDK
-    n = cfx__dpdk_ports_print(stdout, json);
+    n = cfx__dpdk_ports_print(stdout, json, why, sizeof(why));
 #else
+    snprintf(why, sizeof(why), "this build has no dpdk transport (configured with "
+             "CFX_WITH_DPDK=OFF, or libdpdk-dev was not found)");
     if (json)
         printf("[]");
     else
-        printf("dpdk: this build has no dpdk transport (configured with CFX_WITH_DPDK=OFF, or "
-               "libdpdk-dev was not found)\n");
+        printf("dpdk: %s\n", why);
 #endif
+    if (json && !n && why[0]) {
+        printf(", \"dpdk_error\": ");
+        json_str(why);
+    }
     if (json)
         printf(", ");
     return n;

@@ -589,8 +589,9 @@ out_unlock:
     return rc;
 }
 
-int cfx__dpdk_ports_print(FILE *out, int json)
+int cfx__dpdk_ports_print(FILE *out, int json, char *why, size_t cap)
 {
+    char none[600] = ""; /* why there is no port */
     uint16_t pid;
     int n = 0;
 
@@ -598,10 +599,13 @@ int cfx__dpdk_ports_print(FILE *out, int json)
         fputc('[', out);
     bool asked = eal_env() || cfx__dpdk_env("CFX_DPDK_VDEV");
     bool eal_up = asked && cfx__dpdk_eal_init(NULL) == CFX_OK;
-    if (!asked && !json)
-        fprintf(out, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with --vdev)\n");
-    else if (!eal_up && !json)
-        fprintf(out, "dpdk: EAL did not start (its messages, on stderr, say why)\n");
+    if (!asked)
+        snprintf(none, sizeof(none), "no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with "
+                 "--vdev)");
+    else if (!eal_up && eal_why[0])
+        snprintf(none, sizeof(none), "EAL did not start: %s", eal_why);
+    else if (!eal_up)
+        snprintf(none, sizeof(none), "EAL did not start (its messages, on stderr, say why)");
     if (eal_up) {
         RTE_ETH_FOREACH_DEV(pid) {
             char name[RTE_ETH_NAME_MAX_LEN];
@@ -623,12 +627,16 @@ int cfx__dpdk_ports_print(FILE *out, int json)
             n++;
         }
         /* the variable the user set: CFX_DPDK_EAL rules when both are */
-        if (!n && !json)
-            fprintf(out, "dpdk: EAL started but found no port (check %s)\n",
-                    eal_env() ? "the --vdev or PCI device of CFX_DPDK_EAL" : "CFX_DPDK_VDEV");
+        if (!n)
+            snprintf(none, sizeof(none), "EAL started but found no port (check %s)",
+                     eal_env() ? "the --vdev or PCI device of CFX_DPDK_EAL" : "CFX_DPDK_VDEV");
     }
     if (json)
         fputc(']', out);
+    else if (!n)
+        fprintf(out, "dpdk: %s\n", none);
+    if (why && cap)
+        snprintf(why, cap, "%s", n ? "" : none);
     return n;
 }
 

@@ -131,13 +131,15 @@ const char *cfx__dpdk_eal_why(void);
 
 /*
  * Lists the DPDK ports (rdmactl devices) on out: text lines
- * "dpdk port NAME: mac M, link up|down", or with json a JSON array of
- * {"name", "mac", "link"} objects.  EAL is started only when CFX_DPDK_EAL
- * or CFX_DPDK_VDEV asks for it (no port exists otherwise).  With no port,
- * a text line "dpdk: ..." says why (nothing asked for, EAL failed, none
- * found), or json prints [].  Returns the number of ports.
+ * "dpdk port NAME: mac M", or with json a JSON array of {"name", "mac"}
+ * objects.  EAL is started only when CFX_DPDK_EAL or CFX_DPDK_VDEV asks
+ * for it (no port exists otherwise).  With no port, why (cap bytes, when
+ * not NULL) says why: nothing asked for, EAL did not start (and the error
+ * it failed with), none found; the text form prints it too, as a line
+ * "dpdk: WHY", and json prints [] (the caller puts why beside it); with
+ * ports why is "".  Returns the number of ports.
  */
-int cfx__dpdk_ports_print(FILE *out, int json);
+int cfx__dpdk_ports_print(FILE *out, int json, char *why, size_t cap);
 
 /* Name of the n-th available port (0, 1, ...) in name (len bytes).
  * CFX_ERR_NOT_FOUND past the last port or before EAL is up. */

@@ -805,14 +805,15 @@ Test(tool_args, rank_tools_give_up_at_the_deadline, .init = case_init, .timeout 
     }
 }
 
-/* rdmactl devices: what it says of DPDK, and its exit status (0 when it
- * lists a device of either kind, as ibv_devinfo with one). */
-static int devices(const char *env, char *out, size_t cap)
+/* rdmactl devices (with args, e.g. "--json"): what it says of DPDK, and its
+ * exit status (0 when it lists a device of either kind, as ibv_devinfo with
+ * one). */
+static int devices(const char *env, const char *args, char *out, size_t cap)
 {
-    char path[128], cmd[512];
+    char path[128], cmd[768];
     snprintf(path, sizeof(path), "/tmp/cfx-devices-%d.out", (int)getpid());
     snprintf(cmd, sizeof(cmd), "env -u CFX_DPDK_EAL -u CFX_DPDK_VDEV %s timeout 60 %s/rdmactl "
-             "devices >%s 2>/dev/null", env, CFX_BIN_DIR, path);
+             "devices %s >%s 2>/dev/null", env, CFX_BIN_DIR, args, path);
     int st = system(cmd);
     cr_assert(st != -1 && WIFEXITED(st), "%s", cmd);
     cfx_test_take_file(path, out, cap);
@@ -822,19 +823,62 @@ static int devices(const char *env, char *out, size_t cap)
 Test(tool_args, devices_says_what_of_dpdk, .timeout = 120)
 {
     char out[4096];
-    devices("", out, sizeof(out));
+    devices("", "", out, sizeof(out));
 #ifdef CFX_HAVE_DPDK
     cr_assert_not_null(strstr(out, "dpdk: no port asked for (set CFX_DPDK_VDEV"), "%s", out);
     char env[256];
     snprintf(env, sizeof(env), "CFX_DPDK_VDEV=net_memif0,role=server,socket=/tmp/cfx-dev-%d.sock",
              (int)getpid());
-    int st = devices(env, out, sizeof(out));
+    int st = devices(env, "", out, sizeof(out));
     cr_assert_not_null(strstr(out, "dpdk port net_memif0: mac "), "%s", out);
     cr_assert_eq(st, 0, "a DPDK port listed, exit %d: %s", st, out);
-    st = devices("CFX_DPDK_VDEV=no_such_driver0", out, sizeof(out));
+    st = devices("CFX_DPDK_VDEV=no_such_driver0", "", out, sizeof(out));
     cr_assert_not_null(strstr(out, "dpdk: EAL did not start"), "%s", out);
 #else
     cr_assert_not_null(strstr(out, "dpdk: this build has no dpdk transport (configured with "
                               "CFX_WITH_DPDK=OFF, or libdpdk-dev was not found)"), "%s", out);
+#endif
+}
+
+/*
+ * rdmactl devices --json says why "dpdk" is [] in a "dpdk_error" member
+ * (the RDMA devices' reason is "error", in the same object), in the words
+ * of the text form's "dpdk: ..." line: there was no reason at all, while
+ * the text said "EAL did not start (its messages, on stderr, say why)".
+ * A net_memif device with a key the driver does not know is refused
+ * before EAL starts, and the reason names the key and the variable.
+ */
+Test(tool_args, devices_json_says_why_dpdk_has_no_port, .timeout = 120)
+{
+    char out[4096];
+    devices("", "--json", out, sizeof(out));
+#ifdef CFX_HAVE_DPDK
+    char env[256], want[512];
+    cr_assert_not_null(strstr(out, "\"dpdk\": [], \"dpdk_error\": \"no port asked for (set "
+                                   "CFX_DPDK_VDEV, or CFX_DPDK_EAL with --vdev)\", "),
+                       "%s", out);
+    snprintf(env, sizeof(env), "CFX_DPDK_VDEV=net_memif0,role=server,socket=cfx-dev-%d,bogus=1",
+             (int)getpid());
+    devices(env, "--json", out, sizeof(out));
+    snprintf(want, sizeof(want), "\"dpdk\": [], \"dpdk_error\": \"EAL did not start: "
+             "CFX_DPDK_VDEV (net_memif0,role=server,socket=cfx-dev-%d,bogus=1): net_memif has "
+             "no key \\\"bogus\\\": ", (int)getpid());
+    cr_assert_not_null(strstr(out, want), "%s", out);
+    devices(env, "", out, sizeof(out));
+    snprintf(want, sizeof(want), "\ndpdk: EAL did not start: CFX_DPDK_VDEV "
+             "(net_memif0,role=server,socket=cfx-dev-%d,bogus=1): net_memif has no key "
+             "\"bogus\": ", (int)getpid());
+    cr_assert_not_null(strstr(out, want), "%s", out);
+    snprintf(env, sizeof(env), "CFX_DPDK_VDEV=net_memif0,role=server,socket=cfx-dev-%d",
+             (int)getpid());
+    int st = devices(env, "--json", out, sizeof(out));
+    cr_assert_not_null(strstr(out, "\"dpdk\": [{\"name\": \"net_memif0\", \"mac\": \""), "%s",
+                       out);
+    cr_assert_null(strstr(out, "dpdk_error"), "a port listed, and a reason: %s", out);
+    cr_assert_eq(st, 0, "a DPDK port listed, exit %d: %s", st, out);
+#else
+    cr_assert_not_null(strstr(out, "\"dpdk\": [], \"dpdk_error\": \"this build has no dpdk "
+                                   "transport"),
+                       "%s", out);
 #endif
 }

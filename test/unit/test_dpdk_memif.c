@@ -815,10 +815,12 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
     char dir[] = "/tmp/cfx_memif_XXXXXX", sock[128], *buf = NULL;
     size_t len = 0;
     memif_server_eal(dir, "cfxl", sock, sizeof(sock));
+    char why[600] = "unchanged";
     FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 1);
-    cr_assert_eq(cfx__dpdk_ports_print(f, 1), 1);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0, NULL, 0), 1);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 1, why, sizeof(why)), 1);
     fclose(f);
+    cr_assert_str_eq(why, "", "no reason with a port");
     cr_assert(strstr(buf, "dpdk port net_memif0: mac "), "text: %s", buf);
     cr_assert(strstr(buf, "[{\"name\": \"net_memif0\", \"mac\": \""), "json: %s", buf);
     free(buf);
@@ -830,7 +832,7 @@ Test(dpdk_ports, listed_for_rdmactl_devices, .timeout = 60)
  * at that line, not at CFX_DPDK_VDEV (which it said, though unset). */
 Test(dpdk_ports, no_port_in_the_eal_line_names_cfx_dpdk_eal, .timeout = 60)
 {
-    char eal[256], *buf = NULL;
+    char eal[256], why[600], *buf = NULL;
     size_t len = 0;
     unsetenv("CFX_DPDK_VDEV");
     snprintf(eal, sizeof(eal),
@@ -838,10 +840,12 @@ Test(dpdk_ports, no_port_in_the_eal_line_names_cfx_dpdk_eal, .timeout = 60)
              "--no-telemetry", (int)getpid());
     setenv("CFX_DPDK_EAL", eal, 1);
     FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 0);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0, why, sizeof(why)), 0);
     fclose(f);
     cr_assert_str_eq(buf, "dpdk: EAL started but found no port (check the --vdev or PCI device "
                           "of CFX_DPDK_EAL)\n");
+    cr_assert_str_eq(why, "EAL started but found no port (check the --vdev or PCI device of "
+                          "CFX_DPDK_EAL)");
     free(buf);
 }
 
@@ -1045,7 +1049,7 @@ Test(dpdk_ports, memif_device_with_every_key_starts, .timeout = 60)
     setenv("CFX_DPDK_VDEV", vdev, 1);
     cr_assert_eq(cfx__dpdk_eal_init(NULL), CFX_OK, "%s", cfx_last_error());
     FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 1);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0, NULL, 0), 1);
     fclose(f);
     cr_assert_str_eq(buf, "dpdk port net_memif0: mac 02:00:00:00:00:0c\n");
     free(buf);
@@ -1099,6 +1103,28 @@ ParameterizedTest(size_t *i, dpdk_ports, eal_word_refused_before_eal, .timeout =
     cr_assert(strstr(cfx_last_error(), want) == cfx_last_error(), "later: %s", cfx_last_error());
 }
 
+/* rdmactl devices when EAL did not start: the reason, for the
+ * "dpdk_error" member beside its "dpdk": [] and in the text line (which
+ * said only "its messages, on stderr, say why"). */
+Test(dpdk_ports, ports_say_why_eal_did_not_start, .timeout = 60)
+{
+    char why[600] = "", *buf = NULL;
+    size_t len = 0;
+    const char *want = "EAL did not start: CFX_DPDK_VDEV (net_memif0,bogus=1): net_memif has "
+                       "no key \"bogus\": ";
+    unsetenv("CFX_DPDK_EAL");
+    setenv("CFX_DPDK_VDEV", "net_memif0,bogus=1", 1);
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 1, why, sizeof(why)), 0);
+    cr_assert_eq(fflush(f), 0);
+    cr_assert_str_eq(buf, "[]");
+    cr_assert(strstr(why, want) == why, "%s", why);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0, NULL, 0), 0);
+    fclose(f);
+    cr_assert(!strncmp(buf + 2, "dpdk: ", 6) && strstr(buf + 2, want) == buf + 8, "%s", buf);
+    free(buf);
+}
+
 /* CFX_DPDK_PORT and CFX_DPDK_VDEV set empty are not set: the first free
  * port is taken, and with no port asked for the error says so.  An empty
  * CFX_DPDK_PORT was "no DPDK port  (CFX_DPDK_PORT)". */
@@ -1133,7 +1159,7 @@ Test(dpdk_ports, empty_vdev_asks_for_no_port, .timeout = 60)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(cfx__dpdk_ports_print(f, 0), 0);
+    cr_assert_eq(cfx__dpdk_ports_print(f, 0, NULL, 0), 0);
     fclose(f);
     cr_assert_str_eq(buf, "dpdk: no port asked for (set CFX_DPDK_VDEV, or CFX_DPDK_EAL with "
                           "--vdev)\n");
