@@ -155,7 +155,7 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
 }
 
 /* Writes of @p obj's uploads posted and not completed (ctx->lock held). */
-static uint64_t upload_writes(const struct cfx_obj *obj)
+uint64_t cfx__obj_writes_in_flight(const struct cfx_obj *obj)
 {
     uint64_t n = 0;
     const struct cfx_list *pos;
@@ -170,7 +170,7 @@ bool cfx__obj_wait_released(struct cfx_context *ctx, const struct cfx_object_id 
     uint64_t grace = 0, left = UINT64_MAX;
     struct cfx_obj *o;
     while ((o = cfx__store_find(&ctx->store, id)) && o->deleting) {
-        uint64_t now_left = upload_writes(o);
+        uint64_t now_left = cfx__obj_writes_in_flight(o);
         if (now_left < left)
             grace = cfx__deadline_ns(grace_ms); /* still draining */
         left = now_left;

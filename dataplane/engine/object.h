@@ -69,6 +69,9 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
  * False when the entry is still there (a reader that is no upload). */
 bool cfx__obj_wait_released(struct cfx_context *ctx, const struct cfx_object_id *id,
                             int grace_ms);
+/* object.c: writes of @p obj's uploads posted and not completed (ctx->lock
+ * held); a withdrawn send's drain watches them too (p2p.c). */
+uint64_t cfx__obj_writes_in_flight(const struct cfx_obj *obj);
 
 /* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,

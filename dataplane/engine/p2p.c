@@ -9,6 +9,7 @@
 
 #include "engine.h"
 #include "gpu/memtype.h"
+#include "object.h"
 
 #define P2P_CANCEL_GRACE_MS 1000
 #define P2P_DRAIN_POLL_MS   20 /* a withdrawn send looks at its writes in flight */
@@ -597,16 +598,6 @@ static void recv_withdraw(struct cfx_p2p_req *req)
     free(spare);
 }
 
-/* Writes of @p obj's uploads posted and not completed (ctx->lock held). */
-static uint64_t writes_in_flight(const struct cfx_obj *obj)
-{
-    uint64_t n = 0;
-    const struct cfx_list *pos;
-    cfx_list_for_each(pos, &obj->uploads)
-        n += cfx_list_entry(pos, const struct cfx_upload, obj_link)->inflight;
-    return n;
-}
-
 /* A pending send is freed (ctx->lock held): unmatched it ends at once;
  * matched, its writes in flight still read the caller's buffer, so the
  * upload stops and we wait for the transport to finish them.  The grace
@@ -620,9 +611,9 @@ static void send_withdraw(struct cfx_p2p_req *req)
     struct cfx_obj *obj = req->obj;
     cfx__cmd_must(ctx, CFX_CMD_P2P_CANCEL, obj);
     uint64_t grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS);
-    uint64_t left = writes_in_flight(obj);
+    uint64_t left = cfx__obj_writes_in_flight(obj);
     while (p2p_status(req) == CFX_ERR_AGAIN) {
-        uint64_t now_left = writes_in_flight(obj);
+        uint64_t now_left = cfx__obj_writes_in_flight(obj);
         if (now_left < left)
             grace = cfx__deadline_ns(P2P_CANCEL_GRACE_MS); /* still draining */
         left = now_left;

@@ -607,21 +607,15 @@ static void *member_borrow_create(void *arg)
     return NULL;
 }
 
-/* A push runs out of time while most of its blocks still wait to go (the
- * server takes a second per request, and the connection's credits are
- * spent): the caller has its gradient back and overwrites it.  The blocks
- * that went later carried it as pushed: every element ends at init + 1,
- * none at init + 1000 (they read the caller's buffer when they went).  The
- * pull after it goes behind every block of the push, so it sees them all. */
-Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
+/* Job "borrow": server 0 on the suite's context, worker 0 on one of its
+ * own, tensor "w" registered with init[i] = i, every g[i] = 1.  Its key. */
+static int borrow_up(struct member m[2], float *init, float *g)
 {
-    struct member m[2] = { { .role = CFX_PS_SERVER, .ctx = ctx }, { .role = CFX_PS_WORKER } };
+    m[0] = (struct member){ .role = CFX_PS_SERVER, .ctx = ctx };
+    m[1] = (struct member){ .role = CFX_PS_WORKER };
     cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[1].ctx), CFX_OK, "%s",
                  cfx_last_error());
     all_at_once(m, 2, member_borrow_create);
-    float *init = malloc(BORROW_N * sizeof(float)), *g = malloc(BORROW_N * sizeof(float));
-    float *out = malloc(BORROW_N * sizeof(float));
-    cr_assert(init && g && out);
     for (int i = 0; i < BORROW_N; i++) {
         init[i] = (float)i;
         g[i] = 1;
@@ -629,11 +623,14 @@ Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
     int key;
     cr_assert_eq(cfx_ps_register(m[1].ps, "w", CFX_DTYPE_F32, BORROW_N, init, &key), CFX_OK,
                  "%s", cfx_last_error());
-    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 1000 * 1000), CFX_OK);
-    int rc = cfx_ps_push(m[1].ps, key, g);
-    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the push: %s: %s", cfx_errname(rc), cfx_last_error());
-    for (int i = 0; i < BORROW_N; i++)
-        g[i] = 1000; /* the caller's again */
+    return key;
+}
+
+/* The server at full speed again, a pull behind everything pushed: every
+ * element at init + 1 (the push applied once, with the bytes pushed). */
+static void borrow_pull_expect(struct member m[2], int key, const float *init, float *out)
+{
+    int rc;
     cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 0), CFX_OK);
     uint64_t dl = cfx__deadline_ns(60000);
     while ((rc = cfx_ps_pull(m[1].ps, key, out)) == CFX_ERR_TIMEOUT && cfx__now_ns() < dl)
@@ -642,12 +639,38 @@ Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
     for (int i = 0; i < BORROW_N; i++)
         cr_assert_eq(out[i], init[i] + 1, "element %d: %g, pushed %g", i, (double)out[i],
                      (double)(init[i] + 1));
-    free(init);
-    free(g);
-    free(out);
+}
+
+static void borrow_down(struct member m[2])
+{
     cfx_ps_destroy(m[1].ps);
     cfx_context_destroy(m[1].ctx);
     cfx_ps_destroy(m[0].ps);
+}
+
+/* A push runs out of time while most of its blocks still wait to go (the
+ * server takes a second per request, and the connection's credits are
+ * spent): the caller has its gradient back and overwrites it.  The blocks
+ * that went later carried it as pushed: every element ends at init + 1,
+ * none at init + 1000 (they read the caller's buffer when they went).  The
+ * pull after it goes behind every block of the push, so it sees them all. */
+Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
+{
+    struct member m[2];
+    float *init = malloc(BORROW_N * sizeof(float)), *g = malloc(BORROW_N * sizeof(float));
+    float *out = malloc(BORROW_N * sizeof(float));
+    cr_assert(init && g && out);
+    int key = borrow_up(m, init, g);
+    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 1000 * 1000), CFX_OK);
+    int rc = cfx_ps_push(m[1].ps, key, g);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the push: %s: %s", cfx_errname(rc), cfx_last_error());
+    for (int i = 0; i < BORROW_N; i++)
+        g[i] = 1000; /* the caller's again */
+    borrow_pull_expect(m, key, init, out);
+    free(init);
+    free(g);
+    free(out);
+    borrow_down(m);
 }
 
 /* The same job, its requests freed while they run (cfx_ps_request_free
@@ -658,20 +681,11 @@ Test(ps_create, failed_push_leaves_the_gradient_to_its_caller, .timeout = 90)
  * the caller's buffers at a time it could not know. */
 Test(ps_create, freed_requests_leave_their_buffers_to_the_caller, .timeout = 90)
 {
-    struct member m[2] = { { .role = CFX_PS_SERVER, .ctx = ctx }, { .role = CFX_PS_WORKER } };
-    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &m[1].ctx), CFX_OK, "%s",
-                 cfx_last_error());
-    all_at_once(m, 2, member_borrow_create);
+    struct member m[2];
     float *init = malloc(BORROW_N * sizeof(float)), *g = malloc(BORROW_N * sizeof(float));
     float *out = malloc(BORROW_N * sizeof(float)), *late = malloc(BORROW_N * sizeof(float));
     cr_assert(init && g && out && late);
-    for (int i = 0; i < BORROW_N; i++) {
-        init[i] = (float)i;
-        g[i] = 1;
-    }
-    int key, rc;
-    cr_assert_eq(cfx_ps_register(m[1].ps, "w", CFX_DTYPE_F32, BORROW_N, init, &key), CFX_OK,
-                 "%s", cfx_last_error());
+    int key = borrow_up(m, init, g);
     struct cfx_ps_request *r;
     struct cfx_context_stats st0, st;
     cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 1000 * 1000), CFX_OK);
@@ -692,14 +706,8 @@ Test(ps_create, freed_requests_leave_their_buffers_to_the_caller, .timeout = 90)
     cr_assert_eq(cfx_ps_ipull(m[1].ps, key, late, &r), CFX_OK, "%s", cfx_last_error());
     cfx_ps_request_free(r);
     memset(late, 0x5a, BORROW_N * sizeof(float)); /* what the caller put there since */
-    cr_assert_eq(cfx_ps_server_set_delay(m[0].ps, 0), CFX_OK);
-    dl = cfx__deadline_ns(60000);
-    while ((rc = cfx_ps_pull(m[1].ps, key, out)) == CFX_ERR_TIMEOUT && cfx__now_ns() < dl)
-        ; /* the server may still sleep on its last slow request */
-    cr_assert_eq(rc, CFX_OK, "the pull: %s: %s", cfx_errname(rc), cfx_last_error());
+    borrow_pull_expect(m, key, init, out);
     for (int i = 0; i < BORROW_N; i++) {
-        cr_assert_eq(out[i], init[i] + 1, "element %d: %g, pushed %g", i, (double)out[i],
-                     (double)(init[i] + 1));
         uint32_t v;
         memcpy(&v, &late[i], sizeof(v));
         cr_assert_eq(v, 0x5a5a5a5au, "element %d of the freed pull's buffer written after "
@@ -709,9 +717,7 @@ Test(ps_create, freed_requests_leave_their_buffers_to_the_caller, .timeout = 90)
     free(g);
     free(out);
     free(late);
-    cfx_ps_destroy(m[1].ps);
-    cfx_context_destroy(m[1].ctx);
-    cfx_ps_destroy(m[0].ps);
+    borrow_down(m);
 }
 
 /* $CFX_PS_ROLE other than worker or server (here a typo, "sever") made a
