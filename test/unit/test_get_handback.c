@@ -44,18 +44,10 @@ static void teardown(void)
 
 TestSuite(get_handback, .init = setup, .fini = teardown, .timeout = 60);
 
-static void join(const char *tps, bool unused, struct cfx_context **out)
+static void join(struct cfx_context **out)
 {
-    (void)unused;
-    struct cfx_context_params p = {
-        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
-                      CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
-        .timeout_ms = 5000,
-        .transports = tps,
-    };
-    cr_assert_eq(cfx_context_create(&p, out), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, out), CFX_OK, "%s",
+                 cfx_last_error());
 }
 
 /*
@@ -146,9 +138,9 @@ static void buffer_back_with_a_stopped_reader(bool no_keep)
     setenv("CFX_TCP_SNDBUF", "4096", 1);
     setenv("CFX_TCP_RCVBUF", "4096", 1);
     struct cfx_context *a, *b, *d;
-    join("tcp", false, &a);
-    join("tcp", false, &b);
-    join("tcp", false, &d);
+    join(&a);
+    join(&b);
+    join(&d);
     struct cfx_object_id id;
     struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
                                  .chunk_size = CUT_CHUNK,
@@ -244,8 +236,8 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
     setenv("CFX_TCP_SNDBUF", "4096", 1);
     setenv("CFX_TCP_RCVBUF", "4096", 1);
     struct cfx_context *a, *d;
-    join("tcp", false, &a);
-    join("tcp", false, &d);
+    join(&a);
+    join(&d);
     struct cfx_object_id id;
     cfx_object_id_generate(a, &id);
     uint8_t *src = malloc(size);
