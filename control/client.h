@@ -424,6 +424,12 @@ int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
  * is not this delete's to take: CFX_ERR_NOT_FOUND). */
 int cfx__ctl_obj_delete_before(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                                uint64_t put_below, uint64_t deadline_ns);
+/* Withdraw the put of @p id this node sent with @p tag, which failed on this
+ * side (its answer late, or lost with the connection) and which the
+ * directory may have taken all the same; a later put of the id here stays.
+ * CFX_ERR_NOT_FOUND: the directory holds no such put. */
+int cfx__ctl_obj_put_withdraw(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                              uint64_t tag, uint64_t deadline_ns);
 /* As cfx__ctl_obj_delete(), but a task's submitter only drops its own copy
  * (a cfx_get_alloc buffer freed is no decision to end the result). */
 int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,

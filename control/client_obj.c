@@ -267,15 +267,14 @@ int cfx__ctl_obj_delete_async(struct cfx_ctl *ctl, const struct cfx_object_id *i
 }
 
 static int obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id, bool end,
-                      uint64_t put_below, uint64_t deadline_ns)
+                      uint64_t put_below, uint64_t deadline_ns, const char *verb)
 {
     char what[96], hex[CFX_OBJECT_ID_HEX_LEN];
     struct cfx_msg m = { .type = CFX_MSG_OBJ_DELETE };
 
     if (!ctl || !id)
         return cfx__err(CFX_ERR_INVALID, "delete: NULL client or object id");
-    snprintf(what, sizeof(what), "%s of object %s", end ? "delete" : "drop of the copy",
-             cfx__ctl_idhex(id, hex));
+    snprintf(what, sizeof(what), "%s of object %s", verb, cfx__ctl_idhex(id, hex));
     m.u.del.id = *id;
     m.u.del.end = end;
     m.u.del.put_below = put_below;
@@ -285,18 +284,26 @@ static int obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id, bool 
 int cfx__ctl_obj_delete(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                         uint64_t deadline_ns)
 {
-    return obj_delete(ctl, id, true, 0, deadline_ns);
+    return obj_delete(ctl, id, true, 0, deadline_ns, "delete");
 }
 
 int cfx__ctl_obj_delete_before(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                                uint64_t put_below, uint64_t deadline_ns)
 {
-    return obj_delete(ctl, id, true, put_below, deadline_ns);
+    return obj_delete(ctl, id, true, put_below, deadline_ns, "delete");
+}
+
+int cfx__ctl_obj_put_withdraw(struct cfx_ctl *ctl, const struct cfx_object_id *id,
+                              uint64_t tag, uint64_t deadline_ns)
+{
+    /* a drop takes no object its submitter may end: only this node's put,
+     * and of its puts none begun after this one */
+    return obj_delete(ctl, id, false, tag + 1, deadline_ns, "withdrawal of the failed put");
 }
 
 int cfx__ctl_obj_drop(struct cfx_ctl *ctl, const struct cfx_object_id *id,
                       uint64_t deadline_ns)
 {
-    return obj_delete(ctl, id, false, 0, deadline_ns);
+    return obj_delete(ctl, id, false, 0, deadline_ns, "drop of the copy");
 }
 

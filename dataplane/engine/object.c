@@ -13,6 +13,30 @@
 
 /* ---- put ------------------------------------------------------------------- */
 
+/*
+ * A put that failed on this side (its answer late, or lost with a
+ * connection since restored) may have been taken by the directory all the
+ * same, which would then send getters here for an object this node no
+ * longer holds: they would wait for it to their deadlines and fail naming
+ * this node as a failed source.  The directory withdraws it (this put only:
+ * not a later put of the id here, nor anyone else's object).  With the
+ * connection lost, the coordinator drops this node's records when it finds
+ * the node gone.  The put's own error stays the caller's.
+ */
+static void put_withdraw(struct cfx_context *ctx, const struct cfx_object_id *id, uint64_t tag,
+                         int put_rc)
+{
+    char why[CFX__ERR_TEXT_MAX], hex[CFX_OBJECT_ID_HEX_LEN];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    int rc = cfx__ctl_obj_put_withdraw(ctx->ctl, id, tag, cfx__deadline_ns(RELEASE_WAIT_MS));
+    if (rc != CFX_OK && rc != CFX_ERR_NOT_FOUND) {
+        cfx_object_id_to_hex(id, hex);
+        CFX_LOG(WARN, OBJ, "node %u: failed put of %s: the directory may still name this node "
+                "as its holder: %s", ctx->node_id, hex, cfx_last_error());
+    }
+    cfx__err(put_rc, "%s", why);
+}
+
 static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
                     const void *buf, size_t size, const struct cfx_obj_params *params)
 {
@@ -123,6 +147,8 @@ static int put_call(struct cfx_context *ctx, const struct cfx_object_id *id,
         ctx->stats.puts++;
     }
     pthread_mutex_unlock(&ctx->lock);
+    if ((rc == CFX_ERR_TIMEOUT || rc == CFX_ERR_CONNECT) && !cfx__ctl_lost_ms(ctx->ctl))
+        put_withdraw(ctx, id, tag, rc);
     if (rc == CFX_OK)
         CFX_LOG(DEBUG, OBJ, "node %u: put %s (%zu B, %u B chunks)", ctx->node_id, hex, size, chunk);
     return rc;

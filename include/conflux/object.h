@@ -167,7 +167,9 @@ struct cfx_obj_params {
  *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
  *         CFX_ERR_CONNECT when the coordinator was unreachable until the
  *         deadline (named in cfx_last_error()); CFX_ERR_TIMEOUT when it did
- *         not answer in time.
+ *         not answer in time.  A put that failed is withdrawn from the
+ *         directory should it have taken it after all (this costs the
+ *         failed call one more round trip to the coordinator, 2 s at most).
  */
 CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
                     const void *buf, size_t size, const struct cfx_obj_params *params);

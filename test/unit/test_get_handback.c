@@ -230,6 +230,36 @@ static void *bg_put_main(void *arg)
     return NULL;
 }
 
+/* @p q's put (on q->ctx) reaches the directory, and its answer is held
+ * back until late_put_end(), when the put ends CFX_ERR_TIMEOUT. */
+static void late_put_start(struct bg_put *q)
+{
+    struct cfx_context *a = q->ctx;
+    pthread_mutex_lock(&a->lock);
+    a->test_put_late = true;
+    a->test_put_held = false;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert_eq(pthread_create(&q->thr, NULL, bg_put_main, q), 0);
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&a->lock);
+    while (!a->test_put_held && cfx__obj_wait(a, dl))
+        ;
+    bool held = a->test_put_held;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert(held, "the put never had its answer");
+}
+
+static int late_put_end(struct bg_put *q)
+{
+    struct cfx_context *a = q->ctx;
+    pthread_mutex_lock(&a->lock);
+    a->test_put_late = false;
+    pthread_cond_broadcast(&a->obj_cond);
+    pthread_mutex_unlock(&a->lock);
+    pthread_join(q->thr, NULL);
+    return q->rc;
+}
+
 Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
 {
     const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
@@ -244,20 +274,8 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
     cr_assert(src);
     cfx_test_fill(src, size, 31);
 
-    /* a's put reaches the directory; its answer is held back */
-    pthread_mutex_lock(&a->lock);
-    a->test_put_late = true;
-    a->test_put_held = false;
-    pthread_mutex_unlock(&a->lock);
     struct bg_put q = { .ctx = a, .id = &id, .buf = src, .size = size };
-    cr_assert_eq(pthread_create(&q.thr, NULL, bg_put_main, &q), 0);
-    uint64_t dl = cfx__deadline_ns(10000);
-    pthread_mutex_lock(&a->lock);
-    while (!a->test_put_held && cfx__obj_wait(a, dl))
-        ;
-    bool held = a->test_put_held;
-    pthread_mutex_unlock(&a->lock);
-    cr_assert(held, "the put never had its answer");
+    late_put_start(&q);
 
     /* d gets it from a: one chunk, then d stops reading and a writes the
      * others, which stay posted */
@@ -269,12 +287,8 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
     cfx__xfer_test_resume(a);
     bool out = entry_until(a, &id, writes_out);
 
-    pthread_mutex_lock(&a->lock);
-    a->test_put_late = false;
-    pthread_cond_broadcast(&a->obj_cond);
-    pthread_mutex_unlock(&a->lock);
-    pthread_join(q.thr, NULL);
-    cr_assert_eq(q.rc, CFX_ERR_TIMEOUT, "the put: %s", cfx_errname(q.rc));
+    int rc = late_put_end(&q);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the put: %s", cfx_errname(rc));
     memset(src, 0xEE, size); /* the caller's again */
     cfx__progress_unlock(d);
     pthread_join(gd.thr, NULL);
@@ -288,5 +302,48 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
     cfx_context_destroy(d);
     cfx_context_destroy(a);
     free(gd.buf);
+    free(src);
+}
+
+/*
+ * The put that failed for its late answer had been taken by the directory,
+ * which went on naming its node as the holder of an object the node no
+ * longer held: a get of the id was sent there, waited to its deadline and
+ * failed CFX_ERR_PEER_FAILED naming that node a failed source.  The failed
+ * put withdraws itself: a get finds no holder (CFX_ERR_TIMEOUT), and the
+ * put made again serves every byte.
+ */
+Test(get_handback, late_put_answer_withdraws_the_put)
+{
+    const size_t size = 4 * (size_t)CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    join(&d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size);
+    cr_assert(src && dst);
+    cfx_test_fill(src, size, 37);
+
+    struct bg_put q = { .ctx = a, .id = &id, .buf = src, .size = size };
+    late_put_start(&q);
+    int rc = late_put_end(&q);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the put: %s", cfx_errname(rc));
+
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
+    memset(dst, 0xA5, size);
+    rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "a get of the failed put's id: %s (%s)", cfx_errname(rc),
+                 cfx_last_error());
+
+    bg_put_main(&q); /* the put again, answered in time */
+    cr_assert_eq(q.rc, CFX_OK, "the put again: %s", cfx_last_error());
+    rc = cfx_get(d, &id, dst, size, NULL, NULL);
+    cr_assert_eq(rc, CFX_OK, "the get after the put again: %s", cfx_last_error());
+    size_t bad = cfx_test_check(dst, size, 37);
+    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(dst);
     free(src);
 }
