@@ -23,6 +23,7 @@
  */
 #include "control/client.h"
 #include "control/client_int.h"
+#include "dataplane/common/intr.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -424,6 +425,9 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
     pthread_condattr_t attr;
     uint64_t start = cfx__now_ns();
     uint64_t conn_dl = call_connect_deadline(req, deadline);
+    /* waits on other processes (an object to be put, a task to end), not
+     * on the coordinator: its thread's interrupt may end them */
+    const bool intr = req->type == CFX_MSG_OBJ_LOOKUP || req->type == CFX_MSG_TASK_WAIT;
     int rc;
 
     memset(call, 0, sizeof(*call));
@@ -464,17 +468,24 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
 
         pthread_mutex_lock(&ctl->lock);
         while (rc == CFX_OK && !call->done) {
-            if (deadline == UINT64_MAX) {
+            uint64_t until = intr ? cfx__intr_until(deadline) : deadline;
+            if (until == UINT64_MAX) {
                 pthread_cond_wait(&call->cond, &ctl->lock);
                 continue;
             }
-            struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
-                                   .tv_nsec = (long)(deadline % 1000000000ull) };
-            if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) == ETIMEDOUT &&
-                !call->done)
-                rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
-                             (unsigned long long)(deadline > start ? (deadline - start) /
-                                                  1000000ull : 0));
+            struct timespec ts = { .tv_sec = (time_t)(until / 1000000000ull),
+                                   .tv_nsec = (long)(until % 1000000000ull) };
+            if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) != ETIMEDOUT ||
+                call->done)
+                continue;
+            if (until != deadline) { /* the thread's interrupt check is due */
+                if (cfx__intr_poll(&ctl->lock) && !call->done)
+                    rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted on its thread");
+                continue;
+            }
+            rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",
+                              (unsigned long long)(deadline > start ? (deadline - start) /
+                                                   1000000ull : 0));
         }
         cfx_list_del(&call->link);
         /* lost before the reply: again on the next connection */

@@ -625,7 +625,9 @@ static int msg_failed(const struct coll_exec *x)
 bool cfx__coll_stop(void *arg)
 {
     struct coll_exec *x = arg;
-    if (x->a->req && x->a->req->cancel) { /* ctx->lock held, as the canceler sets it */
+    /* ctx->lock held, as the canceler sets it; or the blocking call's
+     * interrupt (on the caller's thread, the only one it stops) */
+    if ((x->a->req && x->a->req->cancel) || (!x->a->req && cfx__intr_fired())) {
         x->canceled = true;
         return true;
     }
@@ -857,8 +859,9 @@ int cfx__coll_stopped(struct coll_exec *x)
         x->blame_why = COLL_WHY_CANCELED;
         x->blame_via = -1;
         x->blame_status = CFX_ERR_CANCELED;
-        return cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": canceled while it ran (its request "
-                        "was freed, or its group destroyed)", x->what, x->a->seq);
+        return cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": canceled while it ran (%s)",
+                        x->what, x->a->seq, x->a->req ? "its request was freed, or its group "
+                        "destroyed" : "interrupted on its thread");
     }
     if (x->bad_rank >= 0 || x->news_rank >= 0)
         return edge_fail(x);
@@ -1054,8 +1057,8 @@ static void cause_text(const struct cfx_group *g, int teller, const struct coll_
                  "its own error says which)", b, g->ids[b], cfx_errname(n->f.status));
         break;
     case COLL_WHY_CANCELED:
-        snprintf(buf, len, "rank %d (node %u) canceled the call (its request was freed, or "
-                 "its group destroyed)", b, g->ids[b]);
+        snprintf(buf, len, "rank %d (node %u) canceled the call (its request was freed, its "
+                 "group destroyed, or its call interrupted)", b, g->ids[b]);
         break;
     default:
         snprintf(buf, len, "rank %d (node %u) gave the call up on an error of its own (%s; its "

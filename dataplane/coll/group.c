@@ -669,7 +669,9 @@ static int run_blocking(struct cfx_group *g, struct coll_args *a)
     if (rc != CFX_OK)
         return rc;
     a->seq = wait_turn(g);
+    cfx__intr_begin();
     rc = cfx__coll_run(g, a);
+    cfx__intr_end();
     if (rc == CFX_OK)
         cfx__err_clear(); /* a wait that ran long and then succeeded left its text */
     return cfx__ctx_leave(g->ctx, rc);

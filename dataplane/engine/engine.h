@@ -46,6 +46,7 @@
 
 #include "control/client.h"
 #include "control/seal.h"
+#include "dataplane/common/intr.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
@@ -1205,6 +1206,10 @@ void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_o
 /* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline
  * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);
+/* As cfx__obj_wait(), running the thread's interrupt check when due
+ * (without ctx->lock; dataplane/common/intr.h): true also when it ran, so
+ * that the caller looks at cfx__req_canceled() or its stop predicate. */
+bool cfx__obj_wait_intr(struct cfx_context *ctx, uint64_t deadline);
 
 /* xfer.c (progress-lock holder, ctx->lock held) */
 void cfx__xfer_get_start(struct cfx_context *ctx, struct cfx_obj *obj,

@@ -202,8 +202,9 @@ struct get_op {
  * now, the buffer withdrawn as at a deadline (ctx->lock held). */
 static int get_canceled(const struct get_op *g)
 {
-    return cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (its request was "
-                    "freed)", g->hex, g->ctx->node_id);
+    return cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (%s)", g->hex,
+                    g->ctx->node_id, cfx__cur_req ? "its request was freed"
+                                                  : "interrupted on its thread");
 }
 
 /* Step 1, the object is complete here: copy it out (ctx->lock held on
@@ -376,6 +377,8 @@ static int get_source(struct get_op *g)
     pthread_mutex_unlock(&ctx->lock);
 
     rc = g->cached ? CFX_OK : dir_lookup(ctx, g->id, NULL, 0, g->deadline, &g->src);
+    if (rc == CFX_ERR_CANCELED && !req && cfx__intr_fired())
+        return get_canceled(g);
     if (req && !g->cached) {
         pthread_mutex_lock(&ctx->lock);
         req->in_lookup = false;
@@ -575,7 +578,7 @@ static int get_attempt(struct get_op *g)
     /* A destroy of the context ends the wait as the deadline would (the
      * caller's leave says CFX_ERR_CANCELED). */
     while (in->status == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) && !cfx__req_canceled() &&
-           cfx__obj_wait(ctx, g->deadline))
+           cfx__obj_wait_intr(ctx, g->deadline))
         watch_prefix(ctx, obj, g->watch);
     if (in->status == CFX_ERR_AGAIN && cfx__req_canceled() && get_abandon(g, in))
         return get_canceled(g);
@@ -903,27 +906,32 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
 
     g.deadline = cfx__deadline_ns(g.timeout_ms);
     cfx_object_id_to_hex(id, g.hex);
+    cfx__intr_begin();
     for (;;) {
         rc = get_held(&g); /* 1 (GET_MISSING: ctx->lock held) */
         if (rc != GET_MISSING)
-            return rc;
+            break;
         rc = get_source(&g); /* 2 */
         if (rc == GET_AGAIN)
             continue;
         if (rc != GET_FETCH)
-            return rc;
+            break;
         rc = get_entry(&g); /* 3 (CFX_OK: ctx->lock held) */
         if (rc == GET_AGAIN)
             continue;
         if (rc != CFX_OK)
-            return rc;
+            break;
         rc = get_pull(&g); /* 4 */
-        if (rc == CFX_OK)
-            return get_finish(&g); /* 5 */
+        if (rc == CFX_OK) {
+            rc = get_finish(&g); /* 5 */
+            break;
+        }
         rc = get_fail(&g, rc);
         if (rc != GET_AGAIN)
-            return rc;
+            break;
     }
+    cfx__intr_end();
+    return rc;
 }
 
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,

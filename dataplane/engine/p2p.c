@@ -487,9 +487,12 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     if (was_stopped)
         *was_stopped = false;
     poll_wait(req, deadline_ns);
+    /* a wait that can be stopped is a collective's, which a blocking call's
+     * interrupt stops as a cancel does (cfx__coll_stop) */
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN &&
            (who = watch_dead(ctx, req, nodes, nnodes)) < 0 && !(stopped = stop && stop(arg)) &&
-           !cfx__ctx_closing(ctx) && cfx__obj_wait(ctx, deadline_ns))
+           !cfx__ctx_closing(ctx) &&
+           (stop ? cfx__obj_wait_intr(ctx, deadline_ns) : cfx__obj_wait(ctx, deadline_ns)))
         ;
     if (st == CFX_ERR_AGAIN && who < 0 && !stopped && cfx__ctx_closing(ctx)) {
         pthread_mutex_unlock(&ctx->lock);

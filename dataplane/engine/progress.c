@@ -142,6 +142,16 @@ bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
     return r;
 }
 
+bool cfx__obj_wait_intr(struct cfx_context *ctx, uint64_t deadline)
+{
+    uint64_t until = cfx__intr_until(deadline);
+    if (until == deadline)
+        return cfx__obj_wait(ctx, deadline);
+    if (!cfx__obj_wait(ctx, until)) /* the check is due */
+        cfx__intr_poll(&ctx->lock);
+    return true;
+}
+
 /* Run one command (progress lock and ctx->lock held). */
 static void cmd_exec(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {

@@ -684,6 +684,7 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
     rc = cfx__ctx_enter(task->ctx, "cfx_task_wait");
     if (rc != CFX_OK)
         return rc;
+    cfx__intr_begin();
     rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
     /* unknown: the coordinator restarted and nobody re-announced it yet;
      * the same key again, which the coordinator runs at most once */
@@ -693,6 +694,7 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
         if (rc == CFX_OK)
             rc = wait_once(task, wait_dl, timeout_ms, &reply, &frame);
     }
+    cfx__intr_end();
     /* a request of this wait outlived the wait's own timeout (a repeat
      * sent once that had passed, as by a poll, is not waited for): the
      * task goes on.  CFX_ERR_TIMEOUT would say the task's deadline passed */

@@ -45,7 +45,9 @@ _Thread_local struct cfx_request *cfx__cur_req;
 
 bool cfx__req_canceled(void)
 {
-    return cfx__cur_req && cfx__cur_req->cancel;
+    /* a request's own cancel, or the interrupt of a blocking call (never
+     * on a worker: it runs no check) */
+    return (cfx__cur_req && cfx__cur_req->cancel) || cfx__intr_fired();
 }
 
 static void *worker_main(void *arg)

@@ -192,8 +192,12 @@ CFX_API int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *r
  * it stops at its next wait and the free returns once neither buffer is
  * touched any more (within about half a second: what it sent to ranks
  * still in the call gets that long to be taken).  The other ranks'
- * matching calls fail with
- * CFX_ERR_PEER_FAILED naming this rank; the group goes on with the next.
+ * matching calls fail with CFX_ERR_PEER_FAILED naming this rank (or
+ * complete, correct, when this rank had already sent all they needed of
+ * it: the eager messages of a small call); the group goes on with the next.
+ * A blocking call that the thread's interrupt check ends
+ * (cfx_set_interrupt_check(), conflux/context.h) is canceled the same way
+ * and returns CFX_ERR_CANCELED.
  */
 CFX_API int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
                                  size_t count, enum cfx_dtype dtype, enum cfx_redop op,

@@ -190,7 +190,9 @@ CFX_API int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id,
  *         which, naming the putter node);
  *         CFX_ERR_CONNECT when a holder had to be looked up and the
  *         coordinator was unreachable until the deadline (named in
- *         cfx_last_error()).
+ *         cfx_last_error()); CFX_ERR_CANCELED when the thread's interrupt
+ *         check ended it (cfx_set_interrupt_check(): nothing lands in
+ *         @p buf once it returned).
  */
 CFX_API int cfx_get(struct cfx_context *ctx, const struct cfx_object_id *id,
                     void *buf, size_t capacity, size_t *size_out,

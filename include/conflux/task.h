@@ -199,7 +199,9 @@ CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
  *         CFX_ERR_TIMEOUT when the task's own deadline passed;
  *         CFX_ERR_NO_RESOURCE when, queued, its needs or node set no longer
  *         fit any live node that could run it (its nodes died, say);
- *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on);
+ *         CFX_ERR_AGAIN when @p timeout_ms passed first (it goes on), and
+ *         CFX_ERR_CANCELED when the thread's interrupt check ended the wait
+ *         (cfx_set_interrupt_check(); it goes on too);
  *         CFX_ERR_NOT_FOUND when the coordinator ended and forgot it long
  *         ago (it is not run again); CFX_ERR_CONNECT when the coordinator
  *         stayed unreachable for the whole wait.

@@ -273,3 +273,62 @@ Test(coll_cancel, news_of_an_earlier_call_is_no_cause, .timeout = 60)
     all_ok(2, rr);
     down(2);
 }
+
+/*
+ * Interrupting a blocking call (cfx_set_interrupt_check, as Ctrl-C in
+ * Python): rank 0's allreduce waits for rank 1, which has not called it;
+ * the check, run on rank 0's thread with no lock of the library held,
+ * asks to stop, and the call ends CFX_ERR_CANCELED as a freed request's
+ * would.  Rank 1's side then hears the cancel, and the group goes on.
+ */
+struct intr_probe {
+    struct cfx_context *ctx;
+    int calls;
+};
+
+static int intr_check(void *arg)
+{
+    struct intr_probe *p = arg;
+    p->calls++;
+    /* held by this thread, the lock would never come (the test's timeout) */
+    pthread_mutex_lock(&p->ctx->lock);
+    pthread_mutex_unlock(&p->ctx->lock);
+    return 1;
+}
+
+static int body_interrupted(struct rank_run *rr)
+{
+    float *buf = malloc(COUNT * sizeof(float));
+    int rc = CFX_OK;
+    for (size_t i = 0; i < COUNT; i++)
+        buf[i] = 1.0f;
+    if (rr->rank == 0) {
+        struct intr_probe p = { .ctx = rr->ctx };
+        cfx_set_interrupt_check(intr_check, &p);
+        rc = cfx_group_allreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+        cfx_set_interrupt_check(NULL, NULL);
+        if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+            rc = fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
+        else if (p.calls != 1)
+            rc = fail(rr, "the check ran again after it asked to stop");
+        else
+            rc = CFX_OK;
+        memset(buf, 0x5A, COUNT * sizeof(float));
+        pthread_barrier_wait(&bar);
+        pthread_barrier_wait(&bar); /* rank 1 made its side of the call */
+        for (size_t i = 0; rc == CFX_OK && i < COUNT * sizeof(float); i++)
+            if (((uint8_t *)buf)[i] != 0x5A)
+                rc = fail(rr, "the interrupted call wrote the buffer after it returned");
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = peer_sees_cancel(rr, buf);
+        pthread_barrier_wait(&bar);
+    }
+    free(buf);
+    return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)
+{
+    pair_ok("tcp", "cancel_intr", body_interrupted);
+}

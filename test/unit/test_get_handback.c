@@ -18,6 +18,7 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client_int.h"
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
@@ -344,6 +345,106 @@ Test(get_handback, late_put_answer_withdraws_the_put)
     cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
     cfx_context_destroy(d);
     cfx_context_destroy(a);
+    free(dst);
+    free(src);
+}
+
+/*
+ * A blocking get interrupted (cfx_set_interrupt_check, as Ctrl-C in
+ * Python): its check runs on the getter's thread, holding no lock of the
+ * library, and asks to stop, and the get ends CFX_ERR_CANCELED: while the
+ * directory is asked for an object nobody put yet, and mid-transfer, when
+ * the buffer is the caller's again once it returned.
+ */
+struct intr_probe {
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id; /* stop once a chunk of it landed; NULL: at once */
+    int calls;
+};
+
+static int intr_check(void *arg)
+{
+    struct intr_probe *p = arg;
+    p->calls++;
+    /* held by this thread, either lock would never come (the test's timeout) */
+    pthread_mutex_lock(&p->ctx->ctl->lock);
+    pthread_mutex_unlock(&p->ctx->ctl->lock);
+    pthread_mutex_lock(&p->ctx->lock);
+    const struct cfx_obj *o = p->id ? cfx__store_find(&p->ctx->store, p->id) : NULL;
+    bool stop = !p->id || (o && o->ready_chunks > 0);
+    pthread_mutex_unlock(&p->ctx->lock);
+    return stop;
+}
+
+Test(get_handback, interrupted_get_of_an_object_not_put_yet)
+{
+    const size_t size = 4 * (size_t)CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    join(&d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size);
+    cr_assert(src && dst);
+    cfx_test_fill(src, size, 41);
+
+    struct intr_probe p = { .ctx = d };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    cr_assert_eq(p.calls, 1);
+
+    /* the directory's late answer to the lookup leaves nothing behind */
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(d, &id, dst, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t bad = cfx_test_check(dst, size, 41);
+    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(dst);
+    free(src);
+}
+
+Test(get_handback, interrupted_get_mid_transfer_leaves_the_buffer)
+{
+    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    join(&d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size), *again = malloc(size);
+    cr_assert(src && dst && again);
+    cfx_test_fill(src, size, 43);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    cfx__xfer_test_stall(a, 1); /* a sends one chunk, then nothing */
+    struct intr_probe p = { .ctx = d, .id = &id };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    memset(dst, 0x5A, size); /* the caller's again */
+
+    cfx__xfer_test_resume(a);
+    cr_assert_eq(cfx_get(d, &id, again, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    size_t bad = cfx_test_check(again, size, 43);
+    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
+    for (size_t i = 0; i < size; i++)
+        cr_assert_eq(dst[i], 0x5A, "the interrupted get wrote byte %zu after it returned", i);
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(again);
     free(dst);
     free(src);
 }

@@ -59,7 +59,7 @@ PyObject *cfx__py_raise_status_detail(int status, const char *detail)
      * Python's signals; a sliced wait's last slice ran out): raise
      * KeyboardInterrupt alone, not as an exception raised while handling
      * the call's error */
-    if (PyErr_CheckSignals() < 0)
+    if (PyErr_Occurred() || PyErr_CheckSignals() < 0) /* a handler raised in the call */
         return NULL;
     PyObject *type = error_base;
     if (status < 0 && status > CFX_STATUS_LAST && cfx__py_error_types[-status])
@@ -254,6 +254,32 @@ static int main_thread_init(void)
 int cfx__py_main_thread(void)
 {
     return PyThread_get_thread_ident() == main_thread;
+}
+
+/* The library's interrupt check on the main thread, called without the
+ * GIL and without any lock of the library: Python's signal handlers run. */
+static int interrupt_check(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE st = PyGILState_Ensure();
+    int stop = PyErr_CheckSignals() < 0;
+    PyGILState_Release(st);
+    return stop;
+}
+
+int cfx__py_intr_begin(void)
+{
+    if (!cfx__py_main_thread())
+        return 0;
+    cfx_set_interrupt_check(interrupt_check, NULL);
+    return 1;
+}
+
+int cfx__py_intr_end(int token)
+{
+    if (token)
+        cfx_set_interrupt_check(NULL, NULL);
+    return token && PyErr_Occurred() ? -1 : 0;
 }
 
 /* One wait without the GIL: @p wait(req, ms) and, when that times out,

@@ -52,6 +52,15 @@ int cfx__py_main_thread(void);
  * CFX_PY_INTERRUPTED.  @p why gets the failure's (or the timeout's) text. */
 int cfx__py_wait_sliced(void *req, int ms, int (*wait)(void *req, int ms), int (*test)(void *req),
                         char *why, size_t len);
+/* Around a blocking library call that waits on other processes (a
+ * collective, a get), called with the GIL: on the main thread the library
+ * runs Python's signal handlers every 0.1 s or so of the wait
+ * (cfx_set_interrupt_check), and one that raises (Ctrl-C) ends the call
+ * CFX_ERR_CANCELED with its exception set.  cfx__py_intr_begin() returns
+ * the token cfx__py_intr_end() takes; that returns -1 when a handler raised
+ * (the call may have completed all the same), else 0. */
+int cfx__py_intr_begin(void);
+int cfx__py_intr_end(int token);
 /* The pending exception taken aside (NULL: none), while cleanup that may
  * run Python code (a buffer's release) goes on; and set again. */
 PyObject *cfx__py_exc_take(void);

@@ -320,11 +320,15 @@ static PyObject *Context_get_into(ContextObject *self, PyObject *args, PyObject 
     size_t size = 0;
     int rc;
     self->children++;
+    int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_get(ctx, &id, view.buf, (size_t)view.len, &size, &p);
     Py_END_ALLOW_THREADS
+    intr = cfx__py_intr_end(intr);
     cfx__py_context_child_gone(self);
     PyBuffer_Release(&view);
+    if (intr < 0) /* Ctrl-C: KeyboardInterrupt, whether or not the get completed */
+        return NULL;
     if (rc)
         return cfx__py_raise_status(rc);
     return PyLong_FromSize_t(size);
@@ -426,9 +430,11 @@ static PyObject *Context_get_alloc(ContextObject *self, PyObject *args, PyObject
     size_t size = 0;
     int rc;
     self->children++;
+    int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_get_alloc(ctx, &id, &buf, &size, &p);
     Py_END_ALLOW_THREADS
+    intr = cfx__py_intr_end(intr);
     if (rc) {
         cfx__py_context_child_gone(self);
         Py_DECREF(a);
@@ -439,6 +445,12 @@ static PyObject *Context_get_alloc(ContextObject *self, PyObject *args, PyObject
     a->buf = buf;
     a->len = (Py_ssize_t)size;
     a->owner = (ContextObject *)Py_NewRef(self);
+    if (intr < 0) { /* Ctrl-C as it completed: the buffer goes back at once */
+        PyObject *exc = cfx__py_exc_take();
+        Py_DECREF(a);
+        cfx__py_exc_put(exc);
+        return NULL;
+    }
     return (PyObject *)a;
 }
 

@@ -566,6 +566,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         goto out;
     }
     int gone;
+    int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
     switch (self->destroyed ? -1 : (int)kind) {
@@ -585,7 +586,9 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     gone = self->destroyed;
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
-    if (gone)
+    if (cfx__py_intr_end(intr) < 0)
+        ; /* Ctrl-C: KeyboardInterrupt (the call canceled, or complete all the same) */
+    else if (gone)
         cfx__py_raise_status_detail(CFX_ERR_CLOSED, "the group was closed (on another thread) "
                                     "while this call waited for its turn");
     else if (rc)

@@ -1,5 +1,6 @@
 """Ctrl-C (KeyboardInterrupt) ends waits that another rank holds up, long
-before their 60 s deadline, and leaves the group and the context usable.
+before their 60 s deadline, and leaves the group and the context usable:
+the waits of requests, and blocking collectives and gets.
 
 Rank 0 is interrupted; rank 1 holds it up and learns of the interrupt
 through an object rank 0 puts.  The calls' deadlines are 60 s and the
@@ -51,6 +52,33 @@ if rank == 0:
     if req.test():
         fail("a get of an object never put completed")
     del req
+
+# 3. A blocking allreduce rank 1 has not joined: Ctrl-C cancels it, as a
+#    freed request's cancel does; rank 1's side of it hears so, and the
+#    group's next call pairs as usual.  (1 MiB: rank 0 cannot have sent its
+#    whole part ahead, as an eager message of a small call is, with which
+#    rank 1 would complete the call.)
+big = np.full(256 * 1024, rank + 1, np.float32)
+if rank == 0:
+    interrupted("Group.allreduce", g.allreduce, big)
+    ctx.put("allreduce-canceled", b"1")
+else:
+    told("allreduce-canceled")
+    try:
+        g.allreduce(big)
+        fail("rank 0's canceled allreduce completed here")
+    except conflux.PeerFailedError as e:
+        if "rank 0" not in str(e) or "canceled" not in str(e):
+            fail(f"rank 0's cancel, said as: {e}")
+y = np.full(4, rank + 1, np.float32)
+if not (g.allreduce(y) == 3).all():
+    fail(f"the allreduce after the cancel gave {y}")
+
+# 4. A blocking get of an object nobody put: Ctrl-C ends it (into a buffer,
+#    and into the arena).
+if rank == 0:
+    interrupted("Context.get_into", ctx.get, "never-put", np.zeros(8, np.uint8))
+    interrupted("Context.get_alloc", ctx.get, "never-put")
 
 g.barrier()
 g.close()
