@@ -140,7 +140,7 @@ struct coll_gave {
  * registration and the wake-ups of two threads per side (a 2-rank ping-pong
  * of 64 KiB: 27-33 us in pieces, 34-115 us by rendezvous), up to
  * COLL_SPLIT_MAX_SHM; elsewhere up to COLL_SPLIT_MAX, past which the pieces
- * cost more than the request's round trip (docs/PERFORMANCE.md). */
+ * cost more than the request's round trip (docs/PERFORMANCE_LATENCY.md). */
 #define COLL_SPLIT_MAX     (16u * 1024)
 #define COLL_SPLIT_MAX_SHM (64u * 1024)
 /* Eager pieces one call sends one rank, at most (its messages past them go

@@ -119,7 +119,7 @@ static void params_fill(struct cfx__dpdk_rel_params *p)
     /* eRPC's RTO.  A host-stack timer has to outlast the host's own
      * stalls (a polling thread that lost its core for a few ms) or it
      * resends what is merely not read yet, and the timeout's window of
-     * one packet then throttles the flow: docs/PERFORMANCE.md, 200 us
+     * one packet then throttles the flow: docs/PERFORMANCE_DPDK.md, 200 us
      * against 5 ms under load.  Losses with later packets behind them are
      * found from the sack (RACK) and a lost tail by the probe, both
      * without waiting for the timer. */
@@ -353,7 +353,7 @@ static void cc_delay_cut(struct cfx__dpdk_sess *s, double factor)
  * Timely's gradient rule (a cut whenever the RTT between t_low and t_high
  * rises) is not used: on a host that stalls, consecutive samples differ by
  * the stalls, and with it, or with cuts on single samples, the window sat
- * at one packet on the 2-core cluster (docs/PERFORMANCE.md).  The
+ * at one packet on the 2-core cluster (docs/PERFORMANCE_DPDK.md).  The
  * thresholds are absolute RTTs: every flow through the same queue sees
  * the same signal and cuts by the same factor, which is what makes AIMD
  * converge to equal shares.  (Against each flow's own minimum RTT a flow

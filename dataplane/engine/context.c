@@ -20,7 +20,7 @@
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_TRANSPORTS "shm,verbs,tcp" /* preference order */
-#define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE.md */
+#define DEFAULT_EAGER_MAX  CFX_EAGER_LIMIT  /* bytes; see docs/PERFORMANCE_LATENCY.md */
 #define DEFAULT_LOC_CACHE  4096u            /* location cache entries (loccache.c) */
 #define DEFAULT_SPIN_ADAPT_US 250          /* see progress_main() */
 #define DEFAULT_WAITER_NAP_MS 10           /* see cfx__progress_poll_wait() */
