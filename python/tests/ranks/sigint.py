@@ -3,30 +3,37 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 def sigint_inside(qualname):
-    """Send this process SIGINT once its main thread has entered the extension's
+    """Send this process SIGINT once its main thread is inside the extension's
     ``qualname`` (``"Group.allreduce"``, ``"Request.wait"``).
 
     A profile hook sees the call begin and wakes a thread that sends the
-    signal; between the hook and the call no Python code runs on the main
-    thread, so the signal is taken by the call itself, not by the code
-    before it.  No sleep: the call either ends with KeyboardInterrupt or,
-    ignoring the signal, runs to its deadline (the harness's timeout then
-    fails the test first).
+    signal once the main thread runs the call itself: its top frame is then
+    the one that made the call (the call releases the GIL to wait, which
+    lets this thread run).  Sent while the main thread still ran Python code
+    (the hook's own last lines, should the GIL change hands there), the
+    signal would raise KeyboardInterrupt before the call began, and the
+    call would never reach the library.  The call either ends with
+    KeyboardInterrupt or, ignoring the signal, runs to its deadline (the
+    harness's timeout then fails the test first).
     """
-    r, w = os.pipe()
+    main = threading.main_thread().ident
+    entered = threading.Event()
+    caller = []
 
     def hook(frame, event, arg):
         if event == "c_call" and getattr(arg, "__qualname__", "") == qualname:
             sys.setprofile(None)
-            os.write(w, b"!")
+            caller.append(frame)
+            entered.set()  # releases no GIL: the main thread goes on into the call
 
     def send():
-        os.read(r, 1)
-        os.close(r)
-        os.close(w)
+        entered.wait()
+        while sys._current_frames().get(main) is not caller[0]:
+            time.sleep(0.001)  # the main thread is still on its way into the call
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=send, daemon=True).start()
