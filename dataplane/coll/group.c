@@ -776,7 +776,12 @@ int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *par
     rc = cfx__ctx_enter(ctx, "cfx_group_create");
     if (rc != CFX_OK)
         return rc;
+    cfx__intr_begin(); /* the wait for the other ranks may be interrupted */
     rc = group_create(ctx, params, out);
+    if (rc == CFX_ERR_CANCELED && cfx__intr_fired())
+        rc = cfx__err(rc, "cfx_group_create: interrupted on its thread while the ranks "
+                      "joined (%s)", cfx_last_error());
+    cfx__intr_end();
     /* attached before the leave, while the context is sure to be alive; a
      * destroy that began meanwhile detaches it like any other group */
     if (rc == CFX_OK)

@@ -164,15 +164,16 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
 /**
  * Let the calling thread's blocking calls be interrupted (Ctrl-C in an
  * interpreter that runs its signal handlers on this thread).  While a
- * blocking collective (conflux/group.h), a cfx_get() or cfx_get_alloc(),
- * or a cfx_task_wait() of this thread waits on other processes, it calls
- * @p check(@p arg) on this thread every 100 ms or so of the wait (never in
- * a call that completes sooner), holding no lock of the library; @p check
- * must not call the library.  A nonzero return ends the call with
- * CFX_ERR_CANCELED as a free of its request would: a collective tells the
- * other ranks that this rank canceled it (their calls fail saying so, and
- * the group's next call pairs as usual), and a get writes nothing into the
- * buffer once it returned.  Per thread; NULL @p check removes it.
+ * blocking collective or cfx_group_create() (conflux/group.h), a cfx_get()
+ * or cfx_get_alloc(), or a cfx_task_wait() of this thread waits on other
+ * processes, it calls @p check(@p arg) on this thread every 100 ms or so of
+ * the wait (never in a call that completes sooner), holding no lock of the
+ * library; @p check must not call the library.  A nonzero return ends the
+ * call with CFX_ERR_CANCELED as a free of its request would: a collective
+ * tells the other ranks that this rank canceled it (their calls fail
+ * saying so, and the group's next call pairs as usual), a group's creation
+ * withdraws what it published, and a get writes nothing into the buffer
+ * once it returned.  Per thread; NULL @p check removes it.
  */
 CFX_API void cfx_set_interrupt_check(int (*check)(void *arg), void *arg);
 

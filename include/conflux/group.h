@@ -79,8 +79,10 @@ struct cfx_group_params {
  *         CFX_ERR_TIMEOUT naming the ranks that did not join;
  *         CFX_ERR_EXISTS when another process already joined as this rank, or
  *         when this context already has a group of this name (until
- *         cfx_group_destroy() of that one).  On failure *out is set to NULL
- *         (do not pass the variable that holds a live group).
+ *         cfx_group_destroy() of that one); CFX_ERR_CANCELED when the
+ *         thread's interrupt check ended the wait (cfx_set_interrupt_check()).
+ *         On failure *out is set to NULL (do not pass the variable that
+ *         holds a live group).
  */
 CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_params *params,
                              struct cfx_group **out);

@@ -332,3 +332,30 @@ Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)
 {
     pair_ok("tcp", "cancel_intr", body_interrupted);
 }
+
+/* The creation of a group waits for ranks that have not come: rank 0's
+ * check asks to stop, the creation fails CFX_ERR_CANCELED having withdrawn
+ * what it published, and the group is then created by both ranks. */
+Test(coll_cancel, an_interrupted_group_creation_leaves_the_name_free, .timeout = 60)
+{
+    up("tcp", 2);
+    struct intr_probe p = { .ctx = ctxs[0] };
+    struct cfx_group_params gp = {
+        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
+                      CFX_GROUP_PARAM_TIMEOUT,
+        .name = "intr_create", .rank = 0, .size = 2, .timeout_ms = 20000,
+    };
+    struct cfx_group *g = NULL;
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_group_create(ctxs[0], &gp, &g);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    cr_assert_null(g);
+    cr_assert_eq(p.calls, 1);
+
+    struct rank_run rr[2];
+    run_ranks(2, "intr_create", 20000, sum_ok, rr);
+    all_ok(2, rr);
+    down(2);
+}

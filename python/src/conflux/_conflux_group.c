@@ -103,9 +103,18 @@ static int Group_init(GroupObject *self, PyObject *args, PyObject *kw)
     }
     struct cfx_group *g = NULL;
     int rc;
+    int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_group_create(ctx, &p, &g);
     Py_END_ALLOW_THREADS
+    if (cfx__py_intr_end(intr) < 0) { /* Ctrl-C: KeyboardInterrupt */
+        if (g) { /* it completed all the same: the others' calls pair with none here */
+            Py_BEGIN_ALLOW_THREADS
+            cfx_group_destroy(g);
+            Py_END_ALLOW_THREADS
+        }
+        return -1;
+    }
     if (rc) {
         cfx__py_raise_status(rc);
         return -1;

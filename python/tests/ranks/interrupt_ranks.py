@@ -28,6 +28,11 @@ def told(name):
     ctx.get(name, timeout=60)
 
 
+# 0. A group rank 1 never joins: Ctrl-C ends rank 0's wait in its creation.
+if rank == 0:
+    interrupted("Group.__init__", conflux.Group, ctx, "lonely", rank=0, size=2, timeout=60)
+
+
 # 1. A Work's wait for an allreduce rank 1 has not joined: Ctrl-C ends the
 #    wait and leaves the allreduce running, as a timeout of the wait does.
 x = np.full(4, rank + 1, np.float32)

@@ -8,7 +8,9 @@ import time
 
 def sigint_inside(qualname):
     """Send this process SIGINT once its main thread is inside the extension's
-    ``qualname`` (``"Group.allreduce"``, ``"Request.wait"``).
+    ``qualname`` (``"Group.allreduce"``, ``"Request.wait"``), or inside the
+    extension's call that the Python function ``qualname`` makes
+    (``"Group.__init__"``).
 
     A profile hook sees the call begin and wakes a thread that sends the
     signal once the main thread runs the call itself: its top frame is then
@@ -25,7 +27,10 @@ def sigint_inside(qualname):
     caller = []
 
     def hook(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__qualname__", "") == qualname:
+        # a method of the extension, or a Python function around one (a type's
+        # __init__ called through super() is no c_call)
+        if ((event == "c_call" and getattr(arg, "__qualname__", "") == qualname) or
+                (event == "call" and frame.f_code.co_qualname == qualname)):
             sys.setprofile(None)
             caller.append(frame)
             entered.set()  # releases no GIL: the main thread goes on into the call
