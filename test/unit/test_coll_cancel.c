@@ -76,27 +76,23 @@ static void pair_ok(const char *tp, const char *name, int (*body)(struct rank_ru
     down(2);
 }
 
-/* Rank 0 frees its running iallreduce while rank 1 has not called it yet. */
-static int body_free_running(struct rank_run *rr)
+/* Rank 0 cancels its 1 MiB allreduce by @p cancel while rank 1 has not
+ * called it yet; @p cancel fills the buffer with 0x5A once the call let go
+ * of it.  Rank 1 then makes its side and hears the cancel; the canceled
+ * call never writes the buffer after that, and the next call sums. */
+static int canceled_by_rank0(struct rank_run *rr, int (*cancel)(struct rank_run *, float *))
 {
     float *buf = malloc(COUNT * sizeof(float));
     int rc = CFX_OK;
     for (size_t i = 0; i < COUNT; i++)
         buf[i] = 1.0f;
     if (rr->rank == 0) {
-        struct cfx_request *req;
-        rc = cfx_group_iallreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &req);
-        if (rc == CFX_OK && !started(rr->ctx, req))
-            rc = fail(rr, "the call never started");
-        if (rc == CFX_OK) {
-            cfx_request_free(req); /* returns once the call let go of the buffer */
-            memset(buf, 0x5A, COUNT * sizeof(float));
-        }
+        rc = cancel(rr, buf);
         pthread_barrier_wait(&bar);
         pthread_barrier_wait(&bar); /* rank 1 made its side of the call */
         for (size_t i = 0; rc == CFX_OK && i < COUNT * sizeof(float); i++)
             if (((uint8_t *)buf)[i] != 0x5A)
-                rc = fail(rr, "the canceled call wrote the buffer after the free returned");
+                rc = fail(rr, "the canceled call wrote the buffer after it let go");
     } else {
         pthread_barrier_wait(&bar);
         rc = peer_sees_cancel(rr, buf);
@@ -104,6 +100,25 @@ static int body_free_running(struct rank_run *rr)
     }
     free(buf);
     return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+/* Rank 0 frees its running iallreduce. */
+static int free_running(struct rank_run *rr, float *buf)
+{
+    struct cfx_request *req;
+    int rc = cfx_group_iallreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &req);
+    if (rc == CFX_OK && !started(rr->ctx, req))
+        rc = fail(rr, "the call never started");
+    if (rc == CFX_OK) {
+        cfx_request_free(req); /* returns once the call let go of the buffer */
+        memset(buf, 0x5A, COUNT * sizeof(float));
+    }
+    return rc;
+}
+
+static int body_free_running(struct rank_run *rr)
+{
+    return canceled_by_rank0(rr, free_running);
 }
 
 Test(coll_cancel, freeing_a_running_call_cancels_it, .timeout = 60)
@@ -296,36 +311,23 @@ static int intr_check(void *arg)
     return 1;
 }
 
+static int interrupt_blocking(struct rank_run *rr, float *buf)
+{
+    struct intr_probe p = { .ctx = rr->ctx };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_group_allreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+        return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
+    if (p.calls != 1)
+        return fail(rr, "the check ran again after it asked to stop");
+    memset(buf, 0x5A, COUNT * sizeof(float)); /* the call returned: the buffer is ours */
+    return CFX_OK;
+}
+
 static int body_interrupted(struct rank_run *rr)
 {
-    float *buf = malloc(COUNT * sizeof(float));
-    int rc = CFX_OK;
-    for (size_t i = 0; i < COUNT; i++)
-        buf[i] = 1.0f;
-    if (rr->rank == 0) {
-        struct intr_probe p = { .ctx = rr->ctx };
-        cfx_set_interrupt_check(intr_check, &p);
-        rc = cfx_group_allreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
-        cfx_set_interrupt_check(NULL, NULL);
-        if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
-            rc = fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
-        else if (p.calls != 1)
-            rc = fail(rr, "the check ran again after it asked to stop");
-        else
-            rc = CFX_OK;
-        memset(buf, 0x5A, COUNT * sizeof(float));
-        pthread_barrier_wait(&bar);
-        pthread_barrier_wait(&bar); /* rank 1 made its side of the call */
-        for (size_t i = 0; rc == CFX_OK && i < COUNT * sizeof(float); i++)
-            if (((uint8_t *)buf)[i] != 0x5A)
-                rc = fail(rr, "the interrupted call wrote the buffer after it returned");
-    } else {
-        pthread_barrier_wait(&bar);
-        rc = peer_sees_cancel(rr, buf);
-        pthread_barrier_wait(&bar);
-    }
-    free(buf);
-    return rc == CFX_OK ? sum_ok(rr) : rc;
+    return canceled_by_rank0(rr, interrupt_blocking);
 }
 
 Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)

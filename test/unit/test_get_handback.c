@@ -306,6 +306,55 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
     free(src);
 }
 
+/* Two contexts, @p a putting and @p d getting, an id of a's, and @p size
+ * bytes of source (pattern @p seed) and of destination. */
+struct pair {
+    struct cfx_context *a, *d;
+    struct cfx_object_id id;
+    uint8_t *src, *dst;
+    size_t size;
+    int seed;
+};
+
+static void pair_up(struct pair *p, size_t size, int seed)
+{
+    *p = (struct pair){ .size = size, .seed = seed };
+    join(&p->a);
+    join(&p->d);
+    cfx_object_id_generate(p->a, &p->id);
+    p->src = malloc(size);
+    p->dst = malloc(size);
+    cr_assert(p->src && p->dst);
+    cfx_test_fill(p->src, size, seed);
+}
+
+static void pair_put(struct pair *p)
+{
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(p->a, &p->id, p->src, p->size, &pp), CFX_OK, "the put: %s",
+                 cfx_last_error());
+}
+
+/* d gets the object into @p buf: every byte as put */
+static void pair_get_ok(struct pair *p, uint8_t *buf)
+{
+    memset(buf, 0xA5, p->size);
+    int rc = cfx_get(p->d, &p->id, buf, p->size, NULL, NULL);
+    cr_assert_eq(rc, CFX_OK, "the get: %s", cfx_last_error());
+    size_t bad = cfx_test_check(buf, p->size, p->seed);
+    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
+}
+
+static void pair_down(struct pair *p)
+{
+    cfx_context_destroy(p->d);
+    cfx_context_destroy(p->a);
+    free(p->dst);
+    free(p->src);
+}
+
 /*
  * The put that failed for its late answer had been taken by the directory,
  * which went on naming its node as the holder of an object the node no
@@ -316,37 +365,20 @@ Test(get_handback, late_put_answer_leaves_the_buffer_to_its_caller)
  */
 Test(get_handback, late_put_answer_withdraws_the_put)
 {
-    const size_t size = 4 * (size_t)CUT_CHUNK;
-    struct cfx_context *a, *d;
-    join(&a);
-    join(&d);
-    struct cfx_object_id id;
-    cfx_object_id_generate(a, &id);
-    uint8_t *src = malloc(size), *dst = malloc(size);
-    cr_assert(src && dst);
-    cfx_test_fill(src, size, 37);
-
-    struct bg_put q = { .ctx = a, .id = &id, .buf = src, .size = size };
+    struct pair p;
+    pair_up(&p, 4 * (size_t)CUT_CHUNK, 37);
+    struct bg_put q = { .ctx = p.a, .id = &p.id, .buf = p.src, .size = p.size };
     late_put_start(&q);
     int rc = late_put_end(&q);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "the put: %s", cfx_errname(rc));
 
     struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
-    memset(dst, 0xA5, size);
-    rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    rc = cfx_get(p.d, &p.id, p.dst, p.size, NULL, &gp);
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "a get of the failed put's id: %s (%s)", cfx_errname(rc),
                  cfx_last_error());
-
-    bg_put_main(&q); /* the put again, answered in time */
-    cr_assert_eq(q.rc, CFX_OK, "the put again: %s", cfx_last_error());
-    rc = cfx_get(d, &id, dst, size, NULL, NULL);
-    cr_assert_eq(rc, CFX_OK, "the get after the put again: %s", cfx_last_error());
-    size_t bad = cfx_test_check(dst, size, 37);
-    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
-    cfx_context_destroy(d);
-    cfx_context_destroy(a);
-    free(dst);
-    free(src);
+    pair_put(&p); /* again, answered in time */
+    pair_get_ok(&p, p.dst);
+    pair_down(&p);
 }
 
 /*
@@ -376,75 +408,46 @@ static int intr_check(void *arg)
     return stop;
 }
 
-Test(get_handback, interrupted_get_of_an_object_not_put_yet)
+/* d's get of the pair's id, with @p probe as its thread's check: canceled */
+static void get_interrupted(struct pair *p, struct intr_probe *probe)
 {
-    const size_t size = 4 * (size_t)CUT_CHUNK;
-    struct cfx_context *a, *d;
-    join(&a);
-    join(&d);
-    struct cfx_object_id id;
-    cfx_object_id_generate(a, &id);
-    uint8_t *src = malloc(size), *dst = malloc(size);
-    cr_assert(src && dst);
-    cfx_test_fill(src, size, 41);
-
-    struct intr_probe p = { .ctx = d };
     struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
-    cfx_set_interrupt_check(intr_check, &p);
-    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cfx_set_interrupt_check(intr_check, probe);
+    int rc = cfx_get(p->d, &p->id, p->dst, p->size, NULL, &gp);
     cfx_set_interrupt_check(NULL, NULL);
     cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
-    cr_assert_eq(p.calls, 1);
+}
 
+Test(get_handback, interrupted_get_of_an_object_not_put_yet)
+{
+    struct pair p;
+    pair_up(&p, 4 * (size_t)CUT_CHUNK, 41);
+    struct intr_probe probe = { .ctx = p.d };
+    get_interrupted(&p, &probe);
+    cr_assert_eq(probe.calls, 1);
     /* the directory's late answer to the lookup leaves nothing behind */
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(cfx_get(d, &id, dst, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
-    size_t bad = cfx_test_check(dst, size, 41);
-    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
-    cfx_context_destroy(d);
-    cfx_context_destroy(a);
-    free(dst);
-    free(src);
+    pair_put(&p);
+    pair_get_ok(&p, p.dst);
+    pair_down(&p);
 }
 
 Test(get_handback, interrupted_get_mid_transfer_leaves_the_buffer)
 {
-    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
-    struct cfx_context *a, *d;
-    join(&a);
-    join(&d);
-    struct cfx_object_id id;
-    cfx_object_id_generate(a, &id);
-    uint8_t *src = malloc(size), *dst = malloc(size), *again = malloc(size);
-    cr_assert(src && dst && again);
-    cfx_test_fill(src, size, 43);
-    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
-                                 .chunk_size = CUT_CHUNK,
-                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
-    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    struct pair p;
+    pair_up(&p, 2 * (size_t)CUT_HAVE * CUT_CHUNK, 43);
+    uint8_t *again = malloc(p.size);
+    cr_assert(again);
+    pair_put(&p);
+    cfx__xfer_test_stall(p.a, 1); /* a sends one chunk, then nothing */
+    struct intr_probe probe = { .ctx = p.d, .id = &p.id };
+    get_interrupted(&p, &probe);
+    memset(p.dst, 0x5A, p.size); /* the caller's again */
 
-    cfx__xfer_test_stall(a, 1); /* a sends one chunk, then nothing */
-    struct intr_probe p = { .ctx = d, .id = &id };
-    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
-    cfx_set_interrupt_check(intr_check, &p);
-    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
-    cfx_set_interrupt_check(NULL, NULL);
-    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
-    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
-    memset(dst, 0x5A, size); /* the caller's again */
-
-    cfx__xfer_test_resume(a);
-    cr_assert_eq(cfx_get(d, &id, again, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
-    size_t bad = cfx_test_check(again, size, 43);
-    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
-    for (size_t i = 0; i < size; i++)
-        cr_assert_eq(dst[i], 0x5A, "the interrupted get wrote byte %zu after it returned", i);
-    cfx_context_destroy(d);
-    cfx_context_destroy(a);
+    cfx__xfer_test_resume(p.a);
+    pair_get_ok(&p, again);
+    for (size_t i = 0; i < p.size; i++)
+        cr_assert_eq(p.dst[i], 0x5A, "the interrupted get wrote byte %zu after it returned", i);
     free(again);
-    free(dst);
-    free(src);
+    pair_down(&p);
 }
