@@ -1176,6 +1176,17 @@ void cfx__coord_obj_delete(struct cfx_coord *co, struct coord_conn *c, const str
                              "node %u holds no copy of object %s", me, hex);
         return;
     }
+    /* A failed put's withdrawal (a drop bounded by the put's tag,
+     * object.c put_withdraw) takes the node's own put only: a copy it
+     * holds of another node's object (got on another thread meanwhile)
+     * stays recorded, or the putter's delete would pass it by, and the
+     * node answer its gets of the id from it after the delete. */
+    if (!m->u.del.end && m->u.del.put_below && o->putter != me) {
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_NOT_FOUND,
+                             "node %u put no object %s (node %u did): its withdrawal takes "
+                             "nothing", me, hex, o->putter);
+        return;
+    }
     /* A delete that found no copy on its node takes no put of it that
      * began there after (a put on another thread): that put was still
      * held there, unwithdrawn, answering the node's own gets, after the

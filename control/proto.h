@@ -343,7 +343,9 @@ struct cfx_msg {
             uint64_t put_below; /* 0: any put of this node's goes; else only
                                  * one with a tag below it (sent by a delete
                                  * that found no copy on its node: a put
-                                 * there begun after it is not its to take) */
+                                 * there begun after it is not its to take;
+                                 * with end 0, a failed put's withdrawal,
+                                 * which takes no other node's object) */
         } del;
         struct {
             uint32_t node_id;

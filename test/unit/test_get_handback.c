@@ -451,3 +451,45 @@ Test(get_handback, interrupted_get_mid_transfer_leaves_the_buffer)
     free(again);
     pair_down(&p);
 }
+
+/*
+ * A failed put's withdrawal (a drop bounded by the put's tag) takes this
+ * node's put of the id and nothing else: a copy the node holds of another
+ * node's object under that id (got on another thread while the put's
+ * answer was late) stays recorded.  Dropped from the directory, the copy
+ * was left out of its putter's delete, and the node went on answering its
+ * own gets of the id from it after the delete.
+ */
+Test(get_handback, put_withdrawal_leaves_a_copy_of_another_nodes_object)
+{
+    const size_t size = 4 * (size_t)CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    join(&d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size), *again = malloc(size);
+    cr_assert(src && dst && again);
+    cfx_test_fill(src, size, 47);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(d, &id, dst, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+
+    /* d's completion went first on its connection */
+    int rc = cfx__ctl_obj_put_withdraw(d->ctl, &id, 1, cfx__deadline_ns(5000));
+    cr_assert_eq(rc, CFX_ERR_NOT_FOUND, "withdrawal of a put d never made: %s (%s)",
+                 cfx_errname(rc), cfx_last_error());
+
+    /* a's delete reaches d's copy: d's get of the id finds none */
+    cr_assert_eq(cfx_delete(a, &id, NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 300 };
+    rc = cfx_get(d, &id, again, size, NULL, &gp);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "d's get after a's delete: %s (%s)", cfx_errname(rc),
+                 cfx_last_error());
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(again);
+    free(dst);
+    free(src);
+}
