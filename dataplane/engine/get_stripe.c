@@ -322,8 +322,9 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
             break;
         }
         if (cfx__req_canceled()) {
-            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (its request "
-                          "was freed)", hex, ctx->node_id);
+            rc = cfx__err(CFX_ERR_CANCELED, "get of object %s on node %u: canceled (%s)", hex,
+                          ctx->node_id, cfx__cur_req ? "its request was freed"
+                                                     : "interrupted on its thread");
             break;
         }
         if (!active) {
@@ -339,8 +340,9 @@ int cfx__get_stripe(struct cfx_context *ctx, struct cfx_obj *obj,
         uint64_t next = stripe_stalls(&st, idle, &dropped);
         if (dropped)
             continue;
+        /* (a blocking get's interrupt check runs in the wait: get.c get_attempt) */
         uint64_t until = idle ? CFX_MIN(deadline, next) : deadline;
-        if (cfx__obj_wait(ctx, until) || cfx__now_ns() < deadline)
+        if (cfx__obj_wait_intr(ctx, until) || cfx__now_ns() < deadline)
             continue;
         /* name the sources whose blocks are still out */
         char who[CFX_GET_SOURCES_MAX * 12] = "";

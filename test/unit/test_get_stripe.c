@@ -18,6 +18,7 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client_int.h"
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
@@ -496,6 +497,68 @@ Test(get_stripe, small_object_one_source)
     for (unsigned i = 0; i < 3; i++)
         serving += sent(h[i]) != before[i];
     cr_expect_eq(serving, 1);
+    cfx_context_destroy(g);
+    destroy_all(h, 3);
+    free(src);
+}
+
+/* The getter's interrupt check (cfx_set_interrupt_check): takes the locks a
+ * check run under them would never get (the test's timeout), and asks to
+ * stop once a chunk of the object landed. */
+struct intr_probe {
+    struct cfx_context *ctx;
+    const struct cfx_object_id *id;
+    int calls;
+};
+
+static int intr_check(void *arg)
+{
+    struct intr_probe *p = arg;
+    p->calls++;
+    pthread_mutex_lock(&p->ctx->ctl->lock);
+    pthread_mutex_unlock(&p->ctx->ctl->lock);
+    pthread_mutex_lock(&p->ctx->lock);
+    const struct cfx_obj *o = cfx__store_find(&p->ctx->store, p->id);
+    bool stop = o && o->ready_chunks > 0;
+    pthread_mutex_unlock(&p->ctx->lock);
+    return stop;
+}
+
+/* A striped get whose sources all stalled mid-block, interrupted on its
+ * thread: it ends CFX_ERR_CANCELED saying so (it waited for its deadline,
+ * the check never run), and nothing lands in its buffer once it returned. */
+Test(get_stripe, interrupted_striped_get_is_canceled)
+{
+    struct cfx_context *h[3], *g;
+    struct cfx_object_id id;
+
+    for (unsigned i = 0; i < 3; i++)
+        h[i] = join("tcp", NULL);
+    g = join("tcp", NULL);
+    uint8_t *src = replicate(h, 3, &id, SIZE);
+    for (unsigned i = 0; i < 3; i++)
+        cfx__xfer_test_stall(h[i], 2);
+
+    uint8_t *buf = malloc(SIZE);
+    cr_assert(buf);
+    struct intr_probe p = { .ctx = g, .id = &id };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT | CFX_OBJ_PARAM_FLAGS,
+                                 .timeout_ms = 10000,
+                                 .flags = CFX_OBJ_FLAG_NO_KEEP };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_get(g, &id, buf, SIZE, NULL, &gp);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    cr_assert_geq(p.calls, 1);
+    memset(buf, 0x5A, SIZE); /* the caller's again */
+
+    for (unsigned i = 0; i < 3; i++)
+        cfx__xfer_test_resume(h[i]);
+    get_checked(g, &id, SIZE);
+    for (size_t i = 0; i < SIZE; i++)
+        cr_assert_eq(buf[i], 0x5A, "the interrupted get wrote byte %zu after it returned", i);
+    free(buf);
     cfx_context_destroy(g);
     destroy_all(h, 3);
     free(src);
