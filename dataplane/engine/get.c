@@ -300,7 +300,9 @@ static int get_held(struct get_op *g)
                           g->hex, ctx->node_id);
             break;
         }
-        if (!cfx__obj_wait(ctx, g->deadline)) {
+        /* (a blocking get's interrupt check runs here too: the other get
+         * waits on other processes) */
+        if (!cfx__obj_wait_intr(ctx, g->deadline)) {
             rc = cfx__err(CFX_ERR_TIMEOUT,
                           "get of object %s on node %u: another get of it "
                           "on this node did not finish within %d ms",

@@ -493,3 +493,74 @@ Test(get_handback, put_withdrawal_leaves_a_copy_of_another_nodes_object)
     free(dst);
     free(src);
 }
+
+/*
+ * A blocking get of an id that another thread of its node is getting waits
+ * for that get (get.c get_held): interrupted there, it ends
+ * CFX_ERR_CANCELED at once, while the other get goes on (it waited for the
+ * other get to end, the check never run).
+ */
+struct behind_get {
+    struct timed_get g;
+    bool ended;
+};
+
+static void *behind_main(void *arg)
+{
+    struct behind_get *b = arg;
+    timed_get_main(&b->g);
+    __atomic_store_n(&b->ended, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static bool has_one(const struct cfx_obj *o)
+{
+    return o->ready_chunks > 0;
+}
+
+Test(get_handback, interrupted_get_behind_another_threads_get)
+{
+    const size_t size = 2 * (size_t)CUT_HAVE * CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    join(&d);
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size);
+    cr_assert(src && dst);
+    cfx_test_fill(src, size, 53);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_CHUNK_SIZE | CFX_OBJ_PARAM_FLAGS,
+                                 .chunk_size = CUT_CHUNK,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    /* another thread of d gets it: one chunk, then a sends nothing more */
+    cfx__xfer_test_stall(a, 1);
+    struct behind_get b = { .g = { .ctx = d, .id = &id, .size = size, .buf = malloc(size) } };
+    cr_assert(b.g.buf);
+    b.g.params.field_mask = CFX_OBJ_PARAM_TIMEOUT;
+    b.g.params.timeout_ms = 20000;
+    cr_assert_eq(pthread_create(&b.g.thr, NULL, behind_main, &b), 0);
+    cr_assert(entry_until(d, &id, has_one), "d's other thread never got a chunk");
+
+    struct intr_probe p = { .ctx = d };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cfx_set_interrupt_check(NULL, NULL);
+    bool other_ended = __atomic_load_n(&b.ended, __ATOMIC_ACQUIRE);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    cr_assert(!other_ended, "the interrupted get waited for the other thread's get to end");
+
+    cfx__xfer_test_resume(a);
+    pthread_join(b.g.thr, NULL);
+    cr_assert_eq(b.g.rc, CFX_OK, "%s (%s)", cfx_errname(b.g.rc), b.g.err);
+    size_t bad = cfx_test_check(b.g.buf, size, 53);
+    cr_assert_eq(bad, (size_t)-1, "byte %zu differs from the put's", bad);
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(b.g.buf);
+    free(dst);
+    free(src);
+}
