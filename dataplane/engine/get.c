@@ -627,6 +627,10 @@ static int get_failover(struct get_op *g, int rc)
      * releases the old source's upload slot. */
     rc = dir_lookup(ctx, g->id, g->exclude, g->nexclude, g->deadline, &g->src);
     pthread_mutex_lock(&ctx->lock);
+    if (rc == CFX_ERR_CANCELED && !cfx__cur_req && cfx__intr_fired()) {
+        g->src.node.node_id = 0; /* the lookup was interrupted: nothing to release */
+        return get_canceled(g);
+    }
     if (rc == CFX_ERR_PEER_FAILED) {
         /* the directory says why the object went (its putter left with no
          * complete copy anywhere, or deleted it): that is the cause, not

@@ -564,3 +564,50 @@ Test(get_handback, interrupted_get_behind_another_threads_get)
     free(dst);
     free(src);
 }
+
+/*
+ * A blocking get whose source failed looks for another holder (get.c
+ * get_failover), a lookup that waits for one: interrupted there, it ends
+ * CFX_ERR_CANCELED saying so, not that the source failed and no other
+ * holder was found in time.  d cannot connect to a (test hook
+ * CFX_TEST_CONNECT_BREAK), the object's only holder.
+ */
+static int failover_check(void *arg)
+{
+    struct intr_probe *p = arg;
+    p->calls++;
+    pthread_mutex_lock(&p->ctx->lock);
+    bool stop = p->ctx->stats.source_failovers > 0; /* in the failover's lookup */
+    pthread_mutex_unlock(&p->ctx->lock);
+    return stop;
+}
+
+Test(get_handback, interrupted_failover_lookup_says_so)
+{
+    const size_t size = 4 * (size_t)CUT_CHUNK;
+    struct cfx_context *a, *d;
+    join(&a);
+    setenv("CFX_TEST_CONNECT_BREAK", "tcp", 1);
+    join(&d);
+    unsetenv("CFX_TEST_CONNECT_BREAK");
+    struct cfx_object_id id;
+    cfx_object_id_generate(a, &id);
+    uint8_t *src = malloc(size), *dst = malloc(size);
+    cr_assert(src && dst);
+    cfx_test_fill(src, size, 59);
+    struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
+
+    struct intr_probe p = { .ctx = d };
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
+    cfx_set_interrupt_check(failover_check, &p);
+    int rc = cfx_get(d, &id, dst, size, NULL, &gp);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    cfx_context_destroy(d);
+    cfx_context_destroy(a);
+    free(dst);
+    free(src);
+}
