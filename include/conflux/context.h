@@ -164,7 +164,8 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
 /**
  * Let the calling thread's blocking calls be interrupted (Ctrl-C in an
  * interpreter that runs its signal handlers on this thread).  While a
- * blocking collective or cfx_group_create() (conflux/group.h), a cfx_get()
+ * blocking collective (not cfx_group_send/recv: point to point, no
+ * collective) or cfx_group_create() (conflux/group.h), a cfx_get()
  * or cfx_get_alloc(), or a cfx_task_wait() of this thread waits on other
  * processes, it calls @p check(@p arg) on this thread every 100 ms or so of
  * the wait (never in a call that completes sooner), holding no lock of the
