@@ -468,6 +468,10 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
 
         pthread_mutex_lock(&ctl->lock);
         while (rc == CFX_OK && !call->done) {
+            if (intr && cfx__intr_fired()) { /* earlier in the call that makes this one */
+                rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted on its thread");
+                break;
+            }
             uint64_t until = intr ? cfx__intr_until(deadline) : deadline;
             if (until == UINT64_MAX) {
                 pthread_cond_wait(&call->cond, &ctl->lock);

@@ -267,17 +267,23 @@ static int interrupt_check(void *arg)
     return stop;
 }
 
+/* Calls with the check set on this thread: a signal handler the check ran
+ * may make a call of its own, which must leave the outer call's check in
+ * place (main thread only, with the GIL). */
+static int intr_depth;
+
 int cfx__py_intr_begin(void)
 {
     if (!cfx__py_main_thread())
         return 0;
-    cfx_set_interrupt_check(interrupt_check, NULL);
+    if (!intr_depth++)
+        cfx_set_interrupt_check(interrupt_check, NULL);
     return 1;
 }
 
 int cfx__py_intr_end(int token)
 {
-    if (token)
+    if (token && !--intr_depth)
         cfx_set_interrupt_check(NULL, NULL);
     return token && PyErr_Occurred() ? -1 : 0;
 }

@@ -16,7 +16,33 @@ typedef struct {
     int destroyed;           /* the C group is gone (self->lock): a call that took the
                                 group before a close() on another thread and its turn
                                 after it must not use it */
+    unsigned long holder;    /* the thread holding self->lock (atomic; 0: none) */
 } GroupObject;
+
+static void group_lock(GroupObject *self)
+{
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    __atomic_store_n(&self->holder, PyThread_get_thread_ident(), __ATOMIC_RELAXED);
+}
+
+static void group_unlock(GroupObject *self)
+{
+    __atomic_store_n(&self->holder, 0, __ATOMIC_RELAXED);
+    PyThread_release_lock(self->lock);
+}
+
+/* A signal handler runs inside a blocking call of the group (the library
+ * runs them in its waits: cfx__py_intr_begin): should it use the group
+ * again, it would wait for the lock its own thread holds.  -1 with
+ * RuntimeError then. */
+static int group_reentered(GroupObject *self)
+{
+    if (__atomic_load_n(&self->holder, __ATOMIC_RELAXED) != PyThread_get_thread_ident())
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the group was used from a signal handler that ran "
+                    "inside a call of the same group on this thread");
+    return -1;
+}
 
 static void group_destroy_now(GroupObject *self)
 {
@@ -28,10 +54,10 @@ static void group_destroy_now(GroupObject *self)
         struct cfx_group *g = self->g;
         self->g = NULL;
         Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        group_lock(self);
         cfx_group_destroy(g);
         self->destroyed = 1;
-        PyThread_release_lock(self->lock);
+        group_unlock(self);
         Py_END_ALLOW_THREADS
     }
     if (self->owner) {
@@ -144,6 +170,8 @@ static struct cfx_group *live_group(GroupObject *self)
 
 static PyObject *Group_close(GroupObject *self, PyObject *unused)
 {
+    if (group_reentered(self) < 0)
+        return NULL;
     group_destroy_now(self);
     Py_RETURN_NONE;
 }
@@ -431,7 +459,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
                                      &op, &root, &timeout, &algo, &tag))
         return NULL;
     struct cfx_group *g = live_group(self);
-    if (!g || cfx__py_check_dtype(dtype) < 0)
+    if (!g || group_reentered(self) < 0 || cfx__py_check_dtype(dtype) < 0)
         return NULL;
     if (count < 0) {
         PyErr_SetString(PyExc_ValueError, "count must be >= 0");
@@ -540,7 +568,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
          * a request not counted yet) */
         self->pending++;
         Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        group_lock(self);
         switch (self->destroyed ? -1 : (int)kind) {
         case K_ALLREDUCE: rc = cfx_group_iallreduce(g, s, r, cnt, dt, rop, &p, &req); break;
         case K_BROADCAST: rc = cfx_group_ibroadcast(g, r, cnt, dt, root, &p, &req); break;
@@ -549,7 +577,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
         default: break;
         }
         gone = self->destroyed;
-        PyThread_release_lock(self->lock);
+        group_unlock(self);
         Py_END_ALLOW_THREADS
         if (gone || rc) {
             Py_DECREF(ro);
@@ -577,7 +605,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     int gone;
     int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    group_lock(self);
     switch (self->destroyed ? -1 : (int)kind) {
     case K_ALLREDUCE: rc = cfx_group_allreduce(g, s, r, cnt, dt, rop, &p); break;
     case K_BROADCAST: rc = cfx_group_broadcast(g, r, cnt, dt, root, &p); break;
@@ -593,7 +621,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     default: break; /* closed on another thread meanwhile */
     }
     gone = self->destroyed;
-    PyThread_release_lock(self->lock);
+    group_unlock(self);
     Py_END_ALLOW_THREADS
     if (cfx__py_intr_end(intr) < 0)
         ; /* Ctrl-C: KeyboardInterrupt (the call canceled, or complete all the same) */

@@ -7,12 +7,13 @@ through an object rank 0 puts.  The calls' deadlines are 60 s and the
 test's harness gives up sooner: a wait that ignored Ctrl-C fails the test
 by the harness's timeout, not by a measured time.
 """
+import signal
 import sys
 
 import numpy as np
 
 import conflux
-from sigint import interrupted
+from sigint import interrupted, sigint_inside
 
 ctx = conflux.Context(timeout=60)
 g = conflux.Group(ctx, "sigint", timeout=60)
@@ -84,6 +85,33 @@ if not (g.allreduce(y) == 3).all():
 if rank == 0:
     interrupted("Context.get_into", ctx.get, "never-put", np.zeros(8, np.uint8))
     interrupted("Context.get_alloc", ctx.get, "never-put")
+
+# 5. A signal handler that uses the group whose call it interrupts: the
+#    call holds the group, so the handler gets RuntimeError (where it would
+#    wait for itself), which cancels the call.
+if rank == 0:
+    def reenter(signum, frame):
+        g.barrier()
+
+    old = signal.signal(signal.SIGINT, reenter)
+    try:
+        sigint_inside("Group.allreduce")
+        g.allreduce(big)
+        fail("the allreduce completed without rank 1")
+    except RuntimeError as e:
+        if "signal handler" not in str(e):
+            fail(f"the handler's call into its own group: {e}")
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGINT, old)
+    ctx.put("reentered", b"1")
+else:
+    told("reentered")
+    try:
+        g.allreduce(big)
+        fail("rank 0's canceled allreduce completed here")
+    except conflux.PeerFailedError:
+        pass
 
 g.barrier()
 g.close()
