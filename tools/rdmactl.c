@@ -729,10 +729,15 @@ static int cmd_tasks(struct rdmactl *r, const struct cmd_args *a)
             json_str(t->name);
             printf(",\"state\":\"%s\",\"node\":%u,\"submitter\":%u,\"placements\":%u,"
                    "\"age_ms\":%u,\"cores\":%u,\"gpus\":%u,\"memory\":%llu,\"inputs\":%u,"
-                   "\"results\":%u,\"result\":\"%s\",\"status\":\"%s\",\"error\":",
+                   "\"results\":%u,\"result\":\"%s\",\"status\":",
                    task_state(t), t->node_id, t->submitter, t->placements, t->age_ms, t->cores,
-                   t->gpus, (unsigned long long)t->memory, t->ninputs, t->nresults, hex,
-                   cfx_errname(t->status));
+                   t->gpus, (unsigned long long)t->memory, t->ninputs, t->nresults, hex);
+            /* a queued or running task has no status yet (the table's "-") */
+            if (t->state == CFX_CTL_TASK_DONE)
+                printf("\"%s\"", cfx_errname(t->status));
+            else
+                printf("null");
+            printf(",\"error\":");
             json_str(t->text);
             printf("}");
         }

@@ -1,7 +1,8 @@
 /*
  * rdmactl top: its frames read from a pipe (--once, --count), after two
  * nodes join, put three objects and one gets another's object.  rdmactl
- * objects: a partial copy held mid-transfer shows the bytes it has.
+ * objects: a partial copy held mid-transfer shows the bytes it has.  rdmactl
+ * tasks --json: a task not ended has no status yet.
  */
 #include <criterion/criterion.h>
 
@@ -300,4 +301,66 @@ Test(rdmactl_top, once_shows_ps_servers_and_blocks)
     cfx_ps_destroy(srv);
     cfx_context_destroy(w);
     cfx_context_destroy(s);
+}
+
+TestSuite(rdmactl_tasks, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A task that runs until the object "rdmactl-tasks/go" exists. */
+static int hold_until_go(const struct cfx_task_call *call, void *arg)
+{
+    struct cfx_object_id go;
+    char b;
+    (void)arg;
+    cfx_object_id_from_name("rdmactl-tasks/go", &go);
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                 .timeout_ms = call->timeout_ms };
+    int rc = cfx_get(call->ctx, &go, &b, 1, NULL, &op);
+    return rc != CFX_OK ? rc : cfx_task_result_put(call, 0, &b, 1);
+}
+
+/*
+ * `rdmactl --json tasks`: a task still running has no status yet ("status"
+ * null, as the table's "-"), not CFX_OK; once it ended, its status.
+ */
+Test(rdmactl_tasks, json_status_only_once_ended)
+{
+    struct cfx_context *w, *s;
+    struct cfx_object_id go, res;
+    struct cfx_task *t;
+    static char out[16384];
+    char want[256];
+    const char b = 1;
+
+    cr_assert_eq(join("tasks-w", &w), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join("tasks-s", &s), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_register(w, "hold", hold_until_go, NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_object_id_from_name("rdmactl-tasks/result", &res), CFX_OK);
+    cr_assert_eq(cfx_task_submit(s, "hold", NULL, 0, &res, 1, NULL, NULL, &t), CFX_OK, "%s",
+                 cfx_last_error());
+
+    snprintf(want, sizeof(want), "{\"id\":%llu,\"function\":\"hold\",\"state\":\"running\"",
+             (unsigned long long)cfx_task_id(t));
+    cr_assert(rdmactl_until("--json tasks", want, out, sizeof(out)), "no '%s' in:\n%s", want,
+              out);
+    const char *rec = strstr(out, want), *end = strchr(rec, '}');
+    const char *st = strstr(rec, "\"status\":");
+    cr_assert(st && st < end, "%s", out);
+    cr_expect_eq(strncmp(st, "\"status\":null,", 14), 0, "a running task's status: %s", out);
+
+    cr_assert_eq(cfx_object_id_from_name("rdmactl-tasks/go", &go), CFX_OK);
+    cr_assert_eq(cfx_put(s, &go, &b, 1, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(t, 30000, NULL), CFX_OK, "%s", cfx_last_error());
+    snprintf(want, sizeof(want), "{\"id\":%llu,\"function\":\"hold\",\"state\":\"ok\"",
+             (unsigned long long)cfx_task_id(t));
+    cr_assert(rdmactl_until("--json tasks", want, out, sizeof(out)), "no '%s' in:\n%s", want,
+              out);
+    rec = strstr(out, want);
+    cr_expect_not_null(strstr(rec, "\"status\":\"CFX_OK\","), "%s", out);
+
+    cfx_task_free(t);
+    cr_assert_eq(cfx_delete(s, &res, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_delete(s, &go, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_context_destroy(s);
+    cfx_context_destroy(w);
 }
