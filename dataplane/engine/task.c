@@ -531,10 +531,13 @@ static int task_msg(const char *what, const char *name, const struct cfx_object_
     int rc = cfx__mask_check(f, CFX_TASK_NEEDS_ALL, what, "cfx_task_needs.field_mask");
     if (rc != CFX_OK)
         return rc;
-    if (n_inputs > CFX_TASK_IO_MAX || n_results > CFX_TASK_IO_MAX ||
-        (n_inputs && !inputs) || (n_results && !results))
+    if (n_inputs > CFX_TASK_IO_MAX || n_results > CFX_TASK_IO_MAX)
         return cfx__err(CFX_ERR_INVALID, "%s: %zu inputs and %zu results (at most %d each)",
                         what, n_inputs, n_results, CFX_TASK_IO_MAX);
+    if ((n_inputs && !inputs) || (n_results && !results))
+        return cfx__err(CFX_ERR_INVALID, "%s: %zu %s at NULL", what,
+                        n_inputs && !inputs ? n_inputs : n_results,
+                        n_inputs && !inputs ? "inputs" : "results");
     snprintf(t->name, sizeof(t->name), "%s", name ? name : "");
     t->cores = (f & CFX_TASK_NEEDS_CORES) ? needs->cores : 1;
     t->memory = (f & CFX_TASK_NEEDS_MEMORY) ? needs->memory : 0;

@@ -542,6 +542,33 @@ Test(tasks, unknown_field_bits_are_refused)
     cr_assert_eq(rc, CFX_ERR_TIMEOUT, "%s: %s", cfx_errname(rc), cfx_last_error());
 }
 
+/* Input or result ids at NULL are refused, named as such; the text spoke of
+ * the counts ("1 inputs and 1 results (at most 16 each)"), which were in
+ * range. */
+Test(tasks, ids_at_null_are_named)
+{
+    struct cfx_object_id r;
+    struct cfx_task *t = NULL;
+    uint32_t node = 0;
+    oid("tasks/null/r", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 1, &r, 1, NULL, NULL, &t), CFX_ERR_INVALID,
+                 "%s", cfx_last_error());
+    cr_assert_null(t);
+    cr_assert(strstr(cfx_last_error(), "cfx_task_submit: 1 inputs at NULL"), "%s",
+              cfx_last_error());
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, NULL, 2, NULL, NULL, &t), CFX_ERR_INVALID,
+                 "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "cfx_task_submit: 2 results at NULL"), "%s",
+              cfx_last_error());
+    cr_assert_eq(cfx_place(ctx, "work", NULL, NULL, 3, &node), CFX_ERR_INVALID, "%s",
+                 cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "cfx_place: 3 inputs at NULL"), "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r, CFX_TASK_IO_MAX + 1, NULL, NULL, &t),
+                 CFX_ERR_INVALID, "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "0 inputs and 17 results (at most 16 each)"), "%s",
+              cfx_last_error());
+}
+
 Test(tasks, replaced_when_its_node_dies)
 {
     /* a task waiting for "tasks/go", its input inline (held by the
