@@ -495,15 +495,16 @@ static void conn_close(struct metrics_conn *c)
     c->m->nconns--;
 }
 
-static void answer(struct metrics_conn *c, int code, const char *reason, const char *ctype,
-                   const char *body, size_t body_len)
+/* The answer to a HEAD (@p head) has the GET's Content-Length and no body. */
+static void answer_as(struct metrics_conn *c, int code, const char *reason, const char *ctype,
+                      const char *body, size_t body_len, bool head)
 {
     struct buf b = { 0 };
     bprintf(&b,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
             "Connection: close\r\nCache-Control: no-store\r\n%s\r\n",
-            code, reason, ctype, body_len, code == 405 ? "Allow: GET\r\n" : "");
-    if (!b.oom && body_len) {
+            code, reason, ctype, body_len, code == 405 ? "Allow: GET, HEAD\r\n" : "");
+    if (!b.oom && body_len && !head) {
         bprintf(&b, "%.*s", (int)body_len, body);
     }
     if (b.oom) {
@@ -518,6 +519,12 @@ static void answer(struct metrics_conn *c, int code, const char *reason, const c
     cfx__ev_io_set(c->m->co->loop, &c->io, CFX_EV_WRITE);
 }
 
+static void answer(struct metrics_conn *c, int code, const char *reason, const char *ctype,
+                   const char *body, size_t body_len)
+{
+    answer_as(c, code, reason, ctype, body, body_len, false);
+}
+
 /* Answer the request whose head cfx__coord_metrics_req_parse() judged @p code. */
 static void on_request(struct metrics_conn *c, int code, bool head)
 {
@@ -526,7 +533,7 @@ static void on_request(struct metrics_conn *c, int code, bool head)
 
     switch (code) {
     case 400: answer(c, 400, "Bad Request", text, "bad request\n", 12); return;
-    case 405: answer(c, 405, "Method Not Allowed", text, "only GET\n", 9); return;
+    case 405: answer(c, 405, "Method Not Allowed", text, "only GET and HEAD\n", 18); return;
     case 404: answer(c, 404, "Not Found", text, "only /metrics\n", 14); return;
     case 431:
         answer(c, 431, "Request Header Fields Too Large", text, "request too large\n", 18);
@@ -540,7 +547,7 @@ static void on_request(struct metrics_conn *c, int code, bool head)
         return;
     }
     c->m->scrapes++;
-    answer(c, 200, "OK", prom, head ? "" : b.p, head ? 0 : b.len);
+    answer_as(c, 200, "OK", prom, b.p, b.len, head);
     free(b.p);
 }
 
