@@ -157,10 +157,11 @@ int cfx__token_load_file(const char *path, const char *from, char *buf, size_t l
         return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s: %s", from,
                         strerror(errno));
     size_t n = fread(line, 1, sizeof(line) - 1, f);
-    int ferr = ferror(f);
+    int ferr = ferror(f) ? errno : 0;
     fclose(f);
-    if (ferr)
-        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s", from);
+    if (ferr) /* a directory opens, and fails its read with EISDIR */
+        return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s: %s", from,
+                        strerror(ferr));
     line[n] = '\0';
     /* The token is the first line; a trailing newline (or CRLF) is not part of it. */
     char *nl = memchr(line, '\n', n);

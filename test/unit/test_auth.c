@@ -176,6 +176,10 @@ Test(auth, token_missing_says_what_to_set)
     cr_assert(strstr(cfx_last_error(), "cannot read the cluster token file "
                                        "/nonexistent/cfx-token: ") &&
               !strstr(cfx_last_error(), "CFX_TOKEN_FILE"), "%s", cfx_last_error());
+    /* a directory opens but does not read: the reason is named too */
+    cr_assert_eq(cfx__token_load_file("/", "/", buf, sizeof(buf)), CFX_ERR_AUTH);
+    cr_assert(strstr(cfx_last_error(), "cannot read the cluster token file /: Is a directory"),
+              "%s", cfx_last_error());
     write_token_file("\n", 1);
     cr_assert_eq(cfx__token_load(NULL, buf, sizeof(buf)), CFX_ERR_AUTH);
 }
