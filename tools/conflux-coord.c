@@ -12,7 +12,8 @@
  *                 [--task-grace-ms N] [--metrics [ADDR:]PORT] [--secure MODE]
  *
  * Prints "conflux-coord listening on ADDR:PORT" once ready, runs until
- * SIGINT or SIGTERM, then exits 0.  A bad argument: one line naming the option
+ * SIGINT, SIGTERM or SIGHUP (its terminal gone), then stops in order
+ * (members are told it is stopping) and exits 0.  A bad argument: one line naming the option
  * and the value on stderr, exit 2.
  */
 #include <errno.h>
@@ -394,6 +395,7 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP); /* the terminal it ran in closed: an orderly stop too */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 

@@ -345,8 +345,7 @@ static void run_job(struct cfx_context *ctx, struct task_job *j)
          * end says so too, also to a coordinator that restarted since (a
          * re-announced CFX_OK would list it as done) */
         if (rc == CFX_OK && j->deadline_ns != UINT64_MAX && cfx__now_ns() > j->deadline_ns)
-            rc = cfx__err(CFX_ERR_TIMEOUT, "task %llu ('%s') ended past its deadline",
-                          (unsigned long long)j->t.task_id, j->t.name);
+            rc = cfx__err(CFX_ERR_TIMEOUT, "it ended past its deadline"); /* named below */
     }
     pthread_mutex_lock(&ctx->lock);
     bool closing = cfx__ctx_closing(ctx);

@@ -705,3 +705,20 @@ Test(coord_abuse, rdmactl_lists_workers_by_host_name_and_escapes_peer_names)
     cfx__ctl_close(evil);
     cfx__ctl_close(good);
 }
+
+/* The terminal a coordinator ran in closed (SIGHUP, as when the ssh session
+ * that started it ends): it stopped at once, killed by the signal, and its
+ * members found it lost instead of told of an orderly stop.  SIGHUP now
+ * stops it in order, as SIGTERM and SIGINT do: exit 0, said in the log. */
+Test(coord_abuse, sighup_stops_in_order)
+{
+    kill(cc.pid, SIGHUP);
+    int st = 0;
+    cr_assert_eq(waitpid(cc.pid, &st, 0), cc.pid);
+    cc.pid = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "conflux-coord on SIGHUP: %s %d",
+              WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st)
+                                                               : WTERMSIG(st));
+    cr_assert(cfx_test_file_contains(logpath, "shutting down"), "no orderly stop in %s",
+              logpath);
+}
