@@ -1127,7 +1127,11 @@ static void usage(FILE *f)
 /* rdmactl COMMAND --help */
 static void cmd_usage(const struct rdmactl_cmd *cmd)
 {
-    printf("usage: " GLOBAL_USAGE " %s\n\n%s\n", cmd->usage, cmd->help);
+    if (cmd->fn == cmd_top) /* the one command without --json */
+        printf("usage: rdmactl [--coord HOST:PORT] [--token T] %s\n\n%s\n", cmd->usage,
+               cmd->help);
+    else
+        printf("usage: " GLOBAL_USAGE " %s\n\n%s\n", cmd->usage, cmd->help);
     if (cmd->fn == cmd_status)
         printf("  nodes: workers alive, dead (lost) and left (in good order), the states\n"
                "  'rdmactl nodes --all' shows; the coordinator lists the dead and gone for a\n"

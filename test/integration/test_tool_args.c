@@ -465,7 +465,7 @@ ParameterizedTest(size_t *ip, tool_args, each, .init = case_init, .fini = coord_
                   c->val, err);
 }
 
-/* Each perf tool's --help lists the options it takes and none it refuses;
+/* Each perf tool's --help (and rdmactl's) lists the options it takes and none it refuses;
  * cfx_get_lat's sweep is perftest's ib_*_lat -a, 2 bytes .. 8 MiB. */
 Test(tool_args, get_tools_help_lists_what_they_take, .timeout = 60)
 {
@@ -484,6 +484,13 @@ Test(tool_args, get_tools_help_lists_what_they_take, .timeout = 60)
     cr_assert(strstr(out, "sweep sizes 4K .. 64M") && strstr(out, "--user-buf") &&
               strstr(out, "--memcpy-ref") && strstr(out, "--report_gbits"), "%s", out);
     cr_assert(!strstr(out, "--repeat"), "cfx_get_bw --help lists --repeat:\n%s", out);
+    /* rdmactl's commands take the global --json, but for top */
+    snprintf(cmd, sizeof(cmd), "%s/rdmactl top --help", CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "top [--once]") && !strstr(out, "[--json]"), "%s", out);
+    snprintf(cmd, sizeof(cmd), "%s/rdmactl tasks --help", CFX_BIN_DIR);
+    cr_assert_eq(cfx_test_run_output(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "[--json] tasks"), "%s", out);
 }
 
 /*
