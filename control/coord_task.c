@@ -714,8 +714,13 @@ static void retry_queue(struct cfx_coord *co)
         int rc = cfx__coord_place(co, &t->t, 0, &n, why, sizeof(why));
         if (rc == CFX_OK)
             rc = task_start(co, t, n);
-        if (rc != CFX_OK && rc != CFX_ERR_BUSY && rc != CFX_ERR_NOT_FOUND)
-            task_end(co, t, rc, why);
+        if (rc != CFX_OK && rc != CFX_ERR_BUSY && rc != CFX_ERR_NOT_FOUND) {
+            /* its nodes changed since it was queued (one left or died) */
+            char text[CFX_PROTO_TEXT_MAX + CFX_TASK_NAME_MAX + 64]; /* task_end cuts it */
+            snprintf(text, sizeof(text), "task %llu ('%s'), queued, can no longer be placed: "
+                     "%s", (unsigned long long)t->id, t->t.name, why);
+            task_end(co, t, rc, text);
+        }
     }
 }
 
