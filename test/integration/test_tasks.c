@@ -605,6 +605,39 @@ Test(tasks, replaced_when_its_node_dies)
     cr_assert_eq(cfx_delete(ctx, &go, NULL), CFX_OK);
 }
 
+/* A task queued behind another for the one node of its node set: that node
+ * dies, and the queued task can no longer be placed.  It fails
+ * CFX_ERR_NO_RESOURCE, its text naming it (it named neither the task nor
+ * that it had been queued). */
+Test(tasks, a_queued_task_its_node_gone_is_named)
+{
+    struct cfx_task_needs all = { .field_mask = CFX_TASK_NEEDS_CORES | CFX_TASK_NEEDS_NODES,
+                                  .cores = 2, .nodes = &wk[0].node, .n_nodes = 1 };
+    struct cfx_object_id r1, r2;
+    struct cfx_task_params p1, p2;
+    struct cfx_task *t1, *t2;
+    struct work_arg a = { .wait_go = 1 };
+    oid("tasks/qgone/r1", &r1);
+    oid("tasks/qgone/r2", &r2);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r1, 1, &all, targ(&p1, &a), &t1),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t1), wk[0].node);
+    cr_assert_eq(cfx_task_submit(ctx, "work", NULL, 0, &r2, 1, &all, targ(&p2, &a), &t2),
+                 CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_node(t2), 0, "placed at once on node %u", cfx_task_node(t2));
+    worker_kill(&wk[0]);
+
+    cr_assert_eq(cfx_task_wait(t2, CALL_MS, NULL), CFX_ERR_NO_RESOURCE, "%s",
+                 cfx_last_error());
+    char want[96];
+    snprintf(want, sizeof(want), "task %llu ('work'), queued, can no longer be placed",
+             (unsigned long long)cfx_task_id(t2));
+    cr_assert(strstr(cfx_last_error(), want), "%s", cfx_last_error());
+    cr_assert_eq(cfx_task_wait(t1, CALL_MS, NULL), CFX_ERR_PEER_FAILED, "%s", cfx_last_error());
+    cfx_task_free(t2);
+    cfx_task_free(t1);
+}
+
 /* The input is made on worker 1 and held nowhere else; the task reading it
  * goes there and waits for "tasks/go", and worker 1 is killed (@p left
  * false) or leaves in good order, its context destroyed: the destroy
