@@ -681,9 +681,13 @@ static void coll_cleanup(struct coll_exec *x, bool hdr_only)
          * every call queued behind a death, or a rank's cancel, half a
          * second).  A live rank still in the call keeps it: a send
          * withdrawn under it would fail its receive (NOT_FOUND) before
-         * the news of the cause reached it. */
-        if (!cfx__coll_peer_out(x, m->peer))
-            cfx__p2p_wait(m->req, grace);
+         * the news of the cause reached it.  A call this rank canceled
+         * (its request freed, Ctrl-C) keeps no send its peer has not asked
+         * for: the peer learns the cause from the news, and the wait only
+         * held up the cancel by the whole grace when the peer was late. */
+        if (cfx__coll_peer_out(x, m->peer) || (x->canceled && cfx__p2p_send_unasked(m->req)))
+            continue;
+        cfx__p2p_wait(m->req, grace);
     }
     /* Withdrawn from the last posted to the first: messages of one peer and
      * tag match in posting order, so while they go one by one what is left

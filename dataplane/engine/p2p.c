@@ -674,6 +674,21 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return rc;
 }
 
+bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    struct cfx_obj *obj = req->obj;
+    pthread_mutex_lock(&ctx->lock);
+    /* and the progress lock: a post still queued as a command runs first,
+     * and no request of the receiver matches the send while we look */
+    bool was_held = cfx__progress_enter(ctx);
+    bool unasked = req->kind == CFX_P2P_SEND && !obj->eager &&
+                   p2p_status(req) == CFX_ERR_AGAIN && cfx_list_empty(&obj->uploads);
+    cfx__progress_leave(ctx, was_held);
+    pthread_mutex_unlock(&ctx->lock);
+    return unasked;
+}
+
 int cfx__p2p_send_detach(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;

@@ -111,6 +111,11 @@ int cfx__node_gone(const struct cfx_context *ctx, uint32_t node);
 /* Status of @p req (CFX_ERR_AGAIN while running); the context lock held. */
 int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
 
+/* A send its receiver has not asked for yet (ctx->lock not held): freed
+ * now, it fails nothing on the receiver's side, whose request, when it
+ * comes, waits here for a send that matches it. */
+bool cfx__p2p_send_unasked(struct cfx_p2p_req *req);
+
 /* cfx__p2p_wait() then cfx__p2p_free(), the request gone either way
  * (cfx_last_error() still names the peer on failure).  An eager message
  * that completed goes back to the free list in the same hold of the

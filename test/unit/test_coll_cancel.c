@@ -38,7 +38,8 @@ static bool started(struct cfx_context *ctx, struct cfx_request *req)
 static int fail(struct rank_run *rr, const char *why)
 {
     snprintf(rr->err, sizeof(rr->err), "%s", why);
-    return CFX_ERR_INTERNAL;
+    /* rank_main() reports cfx_last_error() (@p why may be it: copied first) */
+    return cfx__err(CFX_ERR_INTERNAL, "%s", rr->err);
 }
 
 /* The ranks' common last call: the group still serves after the cancel. */
@@ -110,8 +111,11 @@ static int free_running(struct rank_run *rr, float *buf)
     if (rc == CFX_OK && !started(rr->ctx, req))
         rc = fail(rr, "the call never started");
     if (rc == CFX_OK) {
+        uint64_t t0 = cfx__now_ns();
         cfx_request_free(req); /* returns once the call let go of the buffer */
         memset(buf, 0x5A, COUNT * sizeof(float));
+        if (cfx__now_ns() - t0 >= COLL_SEND_GRACE_MS * 1000000ull)
+            rc = fail(rr, "the free waited out the send grace for a rank that had not called");
     }
     return rc;
 }
@@ -294,17 +298,21 @@ Test(coll_cancel, news_of_an_earlier_call_is_no_cause, .timeout = 60)
  * Python): rank 0's allreduce waits for rank 1, which has not called it;
  * the check, run on rank 0's thread with no lock of the library held,
  * asks to stop, and the call ends CFX_ERR_CANCELED as a freed request's
- * would.  Rank 1's side then hears the cancel, and the group goes on.
+ * would, without waiting for rank 1 to take its sends (it waited out a
+ * half-second grace: Ctrl-C took 0.5 s instead of 0.1 s).  Rank 1's side
+ * then hears the cancel, and the group goes on.
  */
 struct intr_probe {
     struct cfx_context *ctx;
     int calls;
+    uint64_t stop_ns;           /* when the check asked to stop */
 };
 
 static int intr_check(void *arg)
 {
     struct intr_probe *p = arg;
     p->calls++;
+    p->stop_ns = cfx__now_ns();
     /* held by this thread, the lock would never come (the test's timeout) */
     pthread_mutex_lock(&p->ctx->lock);
     pthread_mutex_unlock(&p->ctx->lock);
@@ -321,6 +329,12 @@ static int interrupt_blocking(struct rank_run *rr, float *buf)
         return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
     if (p.calls != 1)
         return fail(rr, "the check ran again after it asked to stop");
+    /* Ctrl-C ends the call within about a check's period: its sends that
+     * rank 1 never asked for are withdrawn at once, not kept for the grace
+     * a peer still in the call gets (the news of the cancel tells it) */
+    if (cfx__now_ns() - p.stop_ns >= COLL_SEND_GRACE_MS * 1000000ull)
+        return fail(rr, "the interrupted call waited out the send grace for a rank that had "
+                    "not called it");
     memset(buf, 0x5A, COUNT * sizeof(float)); /* the call returned: the buffer is ours */
     return CFX_OK;
 }
