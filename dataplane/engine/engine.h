@@ -1028,6 +1028,8 @@ struct cfx_context {
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
     uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
     uint64_t n_dials;           /* outbound connections started (ctx->lock; tests) */
+    uint64_t n_sends_unasked;   /* canceled collectives' sends withdrawn unasked, without
+                                 * their grace (cfx__p2p_send_unasked; ctx->lock; tests) */
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */

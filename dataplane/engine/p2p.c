@@ -684,6 +684,7 @@ bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
     bool was_held = cfx__progress_enter(ctx);
     bool unasked = req->kind == CFX_P2P_SEND && !obj->eager &&
                    p2p_status(req) == CFX_ERR_AGAIN && cfx_list_empty(&obj->uploads);
+    ctx->n_sends_unasked += unasked;
     cfx__progress_leave(ctx, was_held);
     pthread_mutex_unlock(&ctx->lock);
     return unasked;

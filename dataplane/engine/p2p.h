@@ -113,7 +113,8 @@ int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
 
 /* A send its receiver has not asked for yet (ctx->lock not held): freed
  * now, it fails nothing on the receiver's side, whose request, when it
- * comes, waits here for a send that matches it. */
+ * comes, waits here for a send that matches it.  Counted when true
+ * (ctx->n_sends_unasked: the caller withdraws it without a grace). */
 bool cfx__p2p_send_unasked(struct cfx_p2p_req *req);
 
 /* cfx__p2p_wait() then cfx__p2p_free(), the request gone either way
