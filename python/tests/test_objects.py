@@ -137,6 +137,13 @@ def test_get_typed(ctx):
     assert got.shape == (6, 7) and np.array_equal(got, src)
     got2 = ctx.get("typed", dtype="float64", shape=42)
     assert np.array_equal(got2, src.reshape(-1))
+    # a shape or dtype the object's bytes do not make: named with its size
+    with pytest.raises(ValueError, match=r"'typed' has 336 bytes, which do not make an array "
+                       r"of float64 of shape \(5, 7\)"):
+        ctx.get("typed", dtype=np.float64, shape=(5, 7))
+    with pytest.raises(ValueError, match="'typed' has 336 bytes, which do not make an array "
+                       r"of \|S5"):
+        ctx.get("typed", dtype="S5")  # 5-byte items: 336 is no multiple of them
     ctx.delete("typed")
 
 
@@ -839,6 +846,16 @@ def test_rank_arguments_are_ints(ctx):
                     call(bad)
         assert g.broadcast(x, root=np.int64(0)) is x
         assert np.array_equal(g.reduce(x, root=np.int32(0)), np.arange(4, dtype=np.float32))
+        # beyond a C int: a ValueError naming the argument, not a bare OverflowError
+        for i, call in enumerate(calls):
+            what = "peer" if i >= 4 else "root"
+            with pytest.raises(ValueError, match=f"^{what} {2**40} is out of range"):
+                call(2**40)
+        for call in (lambda t: g.send(x, 0, tag=t), lambda t: g.recv(x, 0, tag=t)):
+            with pytest.raises(ValueError, match=r"^tag -1099511627776 is out of range"):
+                call(-(2**40))
+            with pytest.raises(TypeError, match="^tag must be an int"):
+                call(True)
 
 
 _LAUNCHER_VARS = ("CFX_RANK", "CFX_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",

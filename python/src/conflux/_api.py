@@ -204,10 +204,15 @@ class Context(_c.Context):
                             "bytes cannot be read as one")
         buf = self.get_alloc(raw, timeout_ms=_ms(timeout))
         a = np.frombuffer(buf, dtype=np.uint8)
-        if dt is not None:
-            a = a.view(dt)
-        if shape is not None:
-            a = a.reshape(shape)
+        try:
+            if dt is not None:
+                a = a.view(dt)
+            if shape is not None:
+                a = a.reshape(shape)
+        except ValueError as e:  # numpy's words name neither the object nor its size
+            want = f"{dt or 'uint8'}" + (f" of shape {shape}" if shape is not None else "")
+            raise ValueError(f"get: object {id!r} has {a.nbytes} bytes, which do not make "
+                             f"an array of {want} ({e})") from None
         return a
 
     def get_nb(self, id: ObjectId | str, out: Buffer, *,
@@ -533,14 +538,14 @@ class Group(_c.Group):
 
     def send(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``tensor`` to rank ``peer``; matched in order with the peer's recv of the same tag."""
-        peer = _rank(peer, "peer")
+        peer, tag = _rank(peer, "peer"), _tag(tag)
         arr, code, count, _ = self._mov(tensor, writable=False)
         super().send(send=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
 
     def recv(self, tensor: Any, peer: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """Receive from rank ``peer`` into ``tensor`` (sizes must agree).  Returns ``tensor``."""
-        peer = _rank(peer, "peer")
+        peer, tag = _rank(peer, "peer"), _tag(tag)
         arr, code, count, _ = self._mov(tensor)
         super().recv(recv=arr, count=count, dtype=code, root=peer, tag=tag,
                      timeout_ms=_ms(timeout))
@@ -556,15 +561,35 @@ _CONSISTENCY = {"bsp": 0, "ssp": 1, "asp": 2}
 _OPTIMIZERS = {"sum": 0, "sgd": 1, "momentum": 2, "adam": 3}
 
 
+_C_INT_MIN, _C_INT_MAX = -(2**31), 2**31 - 1
+
+
 def _rank(v: Any, what: str) -> int:
     """A rank argument (root, peer): an integer, numpy's too; not a bool, which would
-    pass for rank 0 or 1."""
+    pass for rank 0 or 1.  One past a C int is a ValueError naming it (the C layer
+    judges the rest against the group's size)."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{what} must be a rank (an int), not {v!r}")
     try:
-        return operator.index(v)
+        r = operator.index(v)
     except TypeError:
         raise TypeError(f"{what} must be a rank (an int), not {type(v).__name__}") from None
+    if not _C_INT_MIN <= r <= _C_INT_MAX:
+        raise ValueError(f"{what} {r} is out of range: 0 <= rank < the group's size")
+    return r
+
+
+def _tag(v: Any) -> int:
+    """A message tag: an int within a C int, -2**31 .. 2**31 - 1 (not a bool)."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"tag must be an int, not {v!r}")
+    try:
+        t = operator.index(v)
+    except TypeError:
+        raise TypeError(f"tag must be an int, not {type(v).__name__}") from None
+    if not _C_INT_MIN <= t <= _C_INT_MAX:
+        raise ValueError(f"tag {t} is out of range: -2**31 <= tag < 2**31")
+    return t
 
 
 def _choice(what: str, value: str, table: dict[str, int]) -> int:
