@@ -14,9 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "control/client_int.h"
 #include "dataplane/coll/coll.h"
 #include "dataplane/engine/engine.h"
 #include "group_ranks.h"
+#include "intr_probe.h"
 
 #define COUNT (256u * 1024) /* floats: a ring allreduce of several steps */
 
@@ -313,21 +315,6 @@ Test(coll_cancel, news_of_an_earlier_call_is_no_cause, .timeout = 60)
  * half-second grace: Ctrl-C took 0.5 s instead of 0.1 s).  Rank 1's side
  * then hears the cancel, and the group goes on.
  */
-struct intr_probe {
-    struct cfx_context *ctx;
-    int calls;
-};
-
-static int intr_check(void *arg)
-{
-    struct intr_probe *p = arg;
-    p->calls++;
-    /* held by this thread, the lock would never come (the test's timeout) */
-    pthread_mutex_lock(&p->ctx->lock);
-    pthread_mutex_unlock(&p->ctx->lock);
-    return 1;
-}
-
 static int interrupt_blocking(struct rank_run *rr, float *buf)
 {
     struct intr_probe p = { .ctx = rr->ctx };

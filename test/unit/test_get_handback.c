@@ -21,6 +21,7 @@
 #include "control/client_int.h"
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
+#include "intr_probe.h"
 #include "testutil.h"
 
 static struct cfx_coord *coord;
@@ -388,26 +389,6 @@ Test(get_handback, late_put_answer_withdraws_the_put)
  * directory is asked for an object nobody put yet, and mid-transfer, when
  * the buffer is the caller's again once it returned.
  */
-struct intr_probe {
-    struct cfx_context *ctx;
-    const struct cfx_object_id *id; /* stop once a chunk of it landed; NULL: at once */
-    int calls;
-};
-
-static int intr_check(void *arg)
-{
-    struct intr_probe *p = arg;
-    p->calls++;
-    /* held by this thread, either lock would never come (the test's timeout) */
-    pthread_mutex_lock(&p->ctx->ctl->lock);
-    pthread_mutex_unlock(&p->ctx->ctl->lock);
-    pthread_mutex_lock(&p->ctx->lock);
-    const struct cfx_obj *o = p->id ? cfx__store_find(&p->ctx->store, p->id) : NULL;
-    bool stop = !p->id || (o && o->ready_chunks > 0);
-    pthread_mutex_unlock(&p->ctx->lock);
-    return stop;
-}
-
 /* d's get of the pair's id, with @p probe as its thread's check: canceled */
 static void get_interrupted(struct pair *p, struct intr_probe *probe)
 {

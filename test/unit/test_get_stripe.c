@@ -21,6 +21,7 @@
 #include "control/client_int.h"
 #include "control/coord.h"
 #include "dataplane/engine/engine.h"
+#include "intr_probe.h"
 #include "testutil.h"
 
 #define CHUNK   65536u
@@ -500,28 +501,6 @@ Test(get_stripe, small_object_one_source)
     cfx_context_destroy(g);
     destroy_all(h, 3);
     free(src);
-}
-
-/* The getter's interrupt check (cfx_set_interrupt_check): takes the locks a
- * check run under them would never get (the test's timeout), and asks to
- * stop once a chunk of the object landed. */
-struct intr_probe {
-    struct cfx_context *ctx;
-    const struct cfx_object_id *id;
-    int calls;
-};
-
-static int intr_check(void *arg)
-{
-    struct intr_probe *p = arg;
-    p->calls++;
-    pthread_mutex_lock(&p->ctx->ctl->lock);
-    pthread_mutex_unlock(&p->ctx->ctl->lock);
-    pthread_mutex_lock(&p->ctx->lock);
-    const struct cfx_obj *o = cfx__store_find(&p->ctx->store, p->id);
-    bool stop = o && o->ready_chunks > 0;
-    pthread_mutex_unlock(&p->ctx->lock);
-    return stop;
 }
 
 /* A striped get whose sources all stalled mid-block, interrupted on its

@@ -564,32 +564,29 @@ _OPTIMIZERS = {"sum": 0, "sgd": 1, "momentum": 2, "adam": 3}
 _C_INT_MIN, _C_INT_MAX = -(2**31), 2**31 - 1
 
 
-def _rank(v: Any, what: str) -> int:
-    """A rank argument (root, peer): an integer, numpy's too; not a bool, which would
-    pass for rank 0 or 1.  One past a C int is a ValueError naming it (the C layer
-    judges the rest against the group's size)."""
+def _c_int(v: Any, what: str, kind: str) -> int:
+    """An int argument bound for a C int: an integer, numpy's too; not a bool (which
+    would pass for 0 or 1); one past a C int is a ValueError naming it."""
     if isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{what} must be a rank (an int), not {v!r}")
+        raise TypeError(f"{what} must be {kind}, not {v!r}")
     try:
         r = operator.index(v)
     except TypeError:
-        raise TypeError(f"{what} must be a rank (an int), not {type(v).__name__}") from None
+        raise TypeError(f"{what} must be {kind}, not {type(v).__name__}") from None
     if not _C_INT_MIN <= r <= _C_INT_MAX:
-        raise ValueError(f"{what} {r} is out of range: 0 <= rank < the group's size")
+        rule = "0 <= rank < the group's size" if what != "tag" else "-2**31 <= tag < 2**31"
+        raise ValueError(f"{what} {r} is out of range: {rule}")
     return r
 
 
+def _rank(v: Any, what: str) -> int:
+    """A rank argument (root, peer); the C layer judges it against the group's size."""
+    return _c_int(v, what, "a rank (an int)")
+
+
 def _tag(v: Any) -> int:
-    """A message tag: an int within a C int, -2**31 .. 2**31 - 1 (not a bool)."""
-    if isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"tag must be an int, not {v!r}")
-    try:
-        t = operator.index(v)
-    except TypeError:
-        raise TypeError(f"tag must be an int, not {type(v).__name__}") from None
-    if not _C_INT_MIN <= t <= _C_INT_MAX:
-        raise ValueError(f"tag {t} is out of range: -2**31 <= tag < 2**31")
-    return t
+    """A message tag: any C int."""
+    return _c_int(v, "tag", "an int")
 
 
 def _choice(what: str, value: str, table: dict[str, int]) -> int:
