@@ -468,7 +468,7 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
 
         pthread_mutex_lock(&ctl->lock);
         while (rc == CFX_OK && !call->done) {
-            if (intr && cfx__intr_fired()) { /* earlier in the call that makes this one */
+            if (intr && cfx__intr_fired()) { /* here, or earlier in the call making this one */
                 rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted on its thread");
                 break;
             }
@@ -482,9 +482,8 @@ int cfx__ctl_call(struct cfx_ctl *ctl, struct cfx_msg *req, uint64_t deadline,
             if (pthread_cond_timedwait(&call->cond, &ctl->lock, &ts) != ETIMEDOUT ||
                 call->done)
                 continue;
-            if (until != deadline) { /* the thread's interrupt check is due */
-                if (cfx__intr_poll(&ctl->lock) && !call->done)
-                    rc = cfx__ctl_err(ctl, CFX_ERR_CANCELED, what, "interrupted on its thread");
+            if (until != deadline) { /* the check is due: one that fires ends it above */
+                cfx__intr_poll(&ctl->lock);
                 continue;
             }
             rc = cfx__ctl_err(ctl, CFX_ERR_TIMEOUT, what, "timed out after %llu ms",

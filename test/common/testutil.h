@@ -99,6 +99,15 @@ int cfx_test_run_output(const char *cmd, char *out, size_t cap);
  * when @p expr is not CFX_OK, naming the call, the status and the detail.
  * CFX_TEST_DIE is a DIE for programs that need no prefix.
  */
+/* A ParameterizedTestParameters body whose parameters are the indexes of
+ * @p table: a test may run in a fresh process image (ASLR), where pointers
+ * copied from this one (a table of structs holding strings) would not hold. */
+#define CFX_TEST_INDEX_PARAMS(table)                                           \
+    static size_t idx_[sizeof(table) / sizeof((table)[0])];                    \
+    for (size_t i_ = 0; i_ < sizeof(idx_) / sizeof(idx_[0]); i_++)             \
+        idx_[i_] = i_;                                                         \
+    return cr_make_param_array(size_t, idx_, sizeof(idx_) / sizeof(idx_[0]))
+
 #define CHECK_OK(expr)                                                         \
     do {                                                                       \
         int rc_ = (expr);                                                      \

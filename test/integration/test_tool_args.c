@@ -431,14 +431,10 @@ static void case_init(void)
     unsetenv("CFX_PS_JOB");
 }
 
-/* The parameter is an index into cases[]: a test may run in a fresh process
- * image (ASLR), where pointers copied from this one would not hold. */
+/* The parameter is an index into cases[] (CFX_TEST_INDEX_PARAMS). */
 ParameterizedTestParameters(tool_args, each)
 {
-    static size_t idx[sizeof(cases) / sizeof(cases[0])];
-    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
-        idx[i] = i;
-    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+    CFX_TEST_INDEX_PARAMS(cases);
 }
 
 ParameterizedTest(size_t *ip, tool_args, each, .init = case_init, .fini = coord_stop,

@@ -135,6 +135,16 @@ static void dev_obj_setup(struct dev_obj *o, size_t n, unsigned seed)
                  CFX_OK);
 }
 
+/* @p o set up (n bytes, pattern @p seed) and put from device memory on a
+ * as the object named @p name (its id in @p id). */
+static void dev_obj_put(struct dev_obj *o, size_t n, unsigned seed, const char *name,
+                        struct cfx_object_id *id)
+{
+    dev_obj_setup(o, n, seed);
+    cr_assert_eq(cfx_object_id_from_name(name, id), CFX_OK);
+    cr_assert_eq(cfx_put(a, id, o->dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+}
+
 static void dev_obj_free(struct dev_obj *o)
 {
     cfx__memtype_free(CFX_MEMTYPE_CUDA, o->dsrc);
@@ -228,9 +238,7 @@ Test(cuda_xfer_sim, get_copies_parts_as_they_land, .timeout = 60)
     up("tcp");
     struct cfx_object_id id;
     struct dev_obj o;
-    dev_obj_setup(&o, n, 77);
-    cr_assert_eq(cfx_object_id_from_name("cuda-sim-paced", &id), CFX_OK);
-    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    dev_obj_put(&o, n, 77, "cuda-sim-paced", &id);
 
     size_t got = 0;
     cr_assert_eq(cfx_get(b, &id, o.ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());
@@ -263,9 +271,7 @@ Test(cuda_xfer_sim, truncated_get_says_the_size, .timeout = 60)
     up("tcp");
     struct cfx_object_id id;
     struct dev_obj o;
-    dev_obj_setup(&o, n, 91);
-    cr_assert_eq(cfx_object_id_from_name("cuda-sim-truncated", &id), CFX_OK);
-    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    dev_obj_put(&o, n, 91, "cuda-sim-truncated", &id);
     size_t said = 0;
     cr_assert_eq(cfx_get(b, &id, o.ddst, n - 1, &said, &dev_params), CFX_ERR_TRUNCATED, "%s",
                  cfx_last_error());
@@ -333,9 +339,7 @@ Test(cuda_xfer_sim, device_get_copy_goes_with_its_delete, .timeout = 60)
     up("tcp");
     struct cfx_object_id id;
     struct dev_obj o;
-    dev_obj_setup(&o, n, 81);
-    cr_assert_eq(cfx_object_id_from_name("cuda-sim-copy-freed", &id), CFX_OK);
-    cr_assert_eq(cfx_put(a, &id, o.dsrc, n, &dev_params), CFX_OK, "%s", cfx_last_error());
+    dev_obj_put(&o, n, 81, "cuda-sim-copy-freed", &id);
     uint64_t before = __atomic_load_n(&b->arena.used_bytes, __ATOMIC_RELAXED);
     size_t got = 0;
     cr_assert_eq(cfx_get(b, &id, o.ddst, n, &got, &dev_params), CFX_OK, "%s", cfx_last_error());

@@ -1006,10 +1006,7 @@ static const struct memif_bad memif_bad[] = {
 
 ParameterizedTestParameters(dpdk_ports, memif_device_refused_before_eal)
 {
-    static size_t idx[sizeof(memif_bad) / sizeof(memif_bad[0])];
-    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
-        idx[i] = i;
-    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+    CFX_TEST_INDEX_PARAMS(memif_bad);
 }
 
 ParameterizedTest(size_t *i, dpdk_ports, memif_device_refused_before_eal, .timeout = 60)
@@ -1081,10 +1078,7 @@ static const struct eal_bad eal_bad[] = {
 
 ParameterizedTestParameters(dpdk_ports, eal_word_refused_before_eal)
 {
-    static size_t idx[sizeof(eal_bad) / sizeof(eal_bad[0])];
-    for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++)
-        idx[i] = i;
-    return cr_make_param_array(size_t, idx, sizeof(idx) / sizeof(idx[0]));
+    CFX_TEST_INDEX_PARAMS(eal_bad);
 }
 
 ParameterizedTest(size_t *i, dpdk_ports, eal_word_refused_before_eal, .timeout = 60)
