@@ -1073,7 +1073,9 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
     pthread_mutex_unlock(&g->lock);
     if (rc != CFX_OK)
         return rc;
+    cfx__intr_begin(); /* the wait for the peer may be interrupted */
     rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
+    cfx__intr_end();
     return cfx__ctx_leave(g->ctx, rc);
 }
 
@@ -1121,11 +1123,17 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
                 cfx_buf_free(g->ctx, buf);
             return rc;
         }
-        rc = cfx__p2p_wait_free(req, cfx__deadline_ns(timeout));
+        rc = cfx__p2p_wait_free_intr(req, cfx__deadline_ns(timeout));
     }
     if (rc != CFX_OK) {
         char why[256];
-        snprintf(why, sizeof(why), "%s", cfx_last_error());
+        if (rc == CFX_ERR_CANCELED && cfx__intr_fired())
+            snprintf(why, sizeof(why), "interrupted on its thread: %s",
+                     send ? "the message was withdrawn (not sent, or its receive fails)"
+                          : "the receive was withdrawn (a message not under way yet is left "
+                            "for the next receive of the tag)");
+        else
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
         rc = cfx__err(rc, "group %s %s: rank %d %s rank %d (node %u), tag %d: %s", g->name,
                       what, g->rank, send ? "sending to" : "receiving from", peer,
                       g->nodes[peer].node_id, tag, why);

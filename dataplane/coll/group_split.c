@@ -133,6 +133,13 @@ static int split_send(struct cfx_group *g, const void *buf, size_t bytes, int pe
             n++;
     }
     pthread_mutex_unlock(&g->split_lock);
+    /* Interrupted before piece 0 left (waiting for the receiver's slots),
+     * the message is withdrawn whole and the receiver sees none of it.  Once
+     * piece 0 left, the rest follow it within the deadline: withdrawn, they
+     * would leave the receiver a message without its end. */
+    if (rc == CFX_OK && cfx__p2p_wait_intr(req[0], deadline) == CFX_ERR_CANCELED &&
+        cfx__intr_fired() && cfx__p2p_withdraw_unsent(req, n))
+        return wait_all(req, n, CFX_ERR_CANCELED, 0, false); /* frees them */
     return wait_all(req, n, rc, deadline, false);
 }
 
@@ -180,8 +187,11 @@ static int rx_first(struct cfx_group *g, uint8_t *first, int peer, uint32_t tag,
                             CFX_EAGER_LIMIT, CFX_MEMTYPE_HOST, &req);
     if (rc != CFX_OK)
         return rc;
-    rc = cfx__p2p_wait(req, deadline);
-    if (rc == CFX_ERR_TIMEOUT && cfx__p2p_cancel(req) == CFX_OK)
+    rc = cfx__p2p_wait_intr(req, deadline);
+    /* timed out, or interrupted (the call's thread's check: then CFX_ERR_
+     * CANCELED, the receive withdrawn here with nothing taken) */
+    if ((rc == CFX_ERR_TIMEOUT || (rc == CFX_ERR_CANCELED && cfx__intr_fired())) &&
+        cfx__p2p_cancel(req) == CFX_OK)
         rc = CFX_OK;
     char why[256];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -219,14 +229,20 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
     int n = 0, rc = CFX_OK;
 
     pthread_mutex_lock(&g->split_lock);
-    while (rx_busy(g, peer, me.tag))
-        if (!cfx__cond_wait_until(&g->split_cond, &g->split_lock, deadline)) {
-            pthread_mutex_unlock(&g->split_lock);
-            return cfx__err(CFX_ERR_TIMEOUT,
-                            "group %s: receive of %zu bytes from rank %d (node %u), tag %d: "
-                            "timed out behind another thread's receive of that rank and tag",
-                            g->name, bytes, peer, g->nodes[peer].node_id, tag);
-        }
+    while (rx_busy(g, peer, me.tag)) {
+        uint64_t until = cfx__intr_until(deadline);
+        if (cfx__cond_wait_until(&g->split_cond, &g->split_lock, until))
+            continue;
+        if (until != deadline && !cfx__intr_poll(&g->split_lock))
+            continue; /* the check ran and let the call go on */
+        pthread_mutex_unlock(&g->split_lock);
+        if (until != deadline)
+            return CFX_ERR_CANCELED; /* interrupted: the caller says so */
+        return cfx__err(CFX_ERR_TIMEOUT,
+                        "group %s: receive of %zu bytes from rank %d (node %u), tag %d: "
+                        "timed out behind another thread's receive of that rank and tag",
+                        g->name, bytes, peer, g->nodes[peer].node_id, tag);
+    }
     cfx_list_add_tail(&me.link, &g->split_rx);
     pthread_mutex_unlock(&g->split_lock);
 

@@ -232,7 +232,8 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
                    bool more, bool urgent, struct cfx_p2p_req **out)
 {
     if (!ctx || !peer || !out || (!buf && len))
-        return cfx__err(CFX_ERR_INVALID, "%s: NULL argument", kind == CFX_P2P_SEND ? "send" : "recv");
+        return cfx__err(CFX_ERR_INVALID, "%s: NULL argument",
+                        kind == CFX_P2P_SEND ? "send" : "recv");
     if (mt != CFX_MEMTYPE_HOST && mt != CFX_MEMTYPE_CUDA)
         return cfx__err(CFX_ERR_INVALID, "unknown memory type %d", (int)mt);
     /* beyond it no chunk size fits the chunk numbers (it came out 0) */
@@ -396,7 +397,12 @@ static void describe(const struct cfx_p2p_req *req, int st)
         cfx__err(st, "%s node %u (tag %u) failed: %s", req->kind == CFX_P2P_SEND ? "send to"
                  : "receive from", req->peer, req->tag,
                  st == CFX_ERR_INVALID ? "the two sides disagree on the message size"
-                                       : cfx_strerror(st));
+                 /* the other side withdrew it under way (cfx__p2p_withdraw) */
+                 : st == CFX_ERR_CANCELED && req->kind == CFX_P2P_SEND
+                     ? "the receiver withdrew its receive while the message was under way"
+                 : st == CFX_ERR_NOT_FOUND && req->kind == CFX_P2P_RECV
+                     ? "the sender withdrew the message while it was under way"
+                     : cfx_strerror(st));
 }
 
 int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns)
@@ -545,7 +551,17 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
     return st;
 }
 
-int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
+/* One sleep of a request's wait (ctx->lock held): false at the deadline,
+ * and with @p intr (a blocking call's wait its thread's interrupt check may
+ * stop) once the check fired. */
+static bool wait_on(struct cfx_context *ctx, uint64_t deadline_ns, bool intr)
+{
+    if (!intr)
+        return cfx__obj_wait(ctx, deadline_ns);
+    return !cfx__intr_fired() && cfx__obj_wait_intr(ctx, deadline_ns);
+}
+
+static int wait_all(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns, bool intr)
 {
     if (n <= 0)
         return CFX_OK;
@@ -554,8 +570,12 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
         int st;
         poll_wait(reqs[i], deadline_ns);
         while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-               cfx__obj_wait(ctx, deadline_ns))
+               wait_on(ctx, deadline_ns, intr))
             ;
+        if (st == CFX_ERR_AGAIN && intr && cfx__intr_fired()) {
+            pthread_mutex_unlock(&ctx->lock);
+            return CFX_ERR_CANCELED; /* still running: the caller withdraws it */
+        }
         if (st == CFX_ERR_AGAIN && cfx__ctx_closing(ctx)) {
             pthread_mutex_unlock(&ctx->lock);
             return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being "
@@ -571,6 +591,16 @@ int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
         }
     }
     return CFX_OK;
+}
+
+int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns)
+{
+    return wait_all(reqs, n, deadline_ns, false);
+}
+
+int cfx__p2p_wait_intr(struct cfx_p2p_req *req, uint64_t deadline_ns)
+{
+    return wait_all(&req, 1, deadline_ns, true);
 }
 
 /* A pending rendezvous receive is freed (ctx->lock held).  A sender that is
@@ -643,14 +673,39 @@ static void send_withdraw(struct cfx_p2p_req *req)
     cfx__progress_leave(ctx, was_held);
 }
 
-int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
+int cfx__p2p_withdraw(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (req->kind == CFX_P2P_RECV && req->obj->eager)
+        cfx__eager_recv_cancel(ctx, req->obj, &req->in);
+    else if (p2p_status(req) == CFX_ERR_AGAIN && req->kind == CFX_P2P_RECV)
+        recv_withdraw(req);
+    else if (p2p_status(req) == CFX_ERR_AGAIN)
+        send_withdraw(req);
+    int st = p2p_status(req);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+static int wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns, bool intr)
 {
     struct cfx_context *ctx = req->ctx;
     int st;
     poll_wait(req, deadline_ns);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-           cfx__obj_wait(ctx, deadline_ns))
+           wait_on(ctx, deadline_ns, intr))
         ;
+    if (st == CFX_ERR_AGAIN && intr && cfx__intr_fired()) {
+        /* interrupted: withdrawn as a free would, unless it ended first */
+        pthread_mutex_unlock(&ctx->lock);
+        st = cfx__p2p_withdraw(req);
+        if (st == CFX_ERR_CANCELED) {
+            cfx__p2p_free(req);
+            return st; /* the caller says why */
+        }
+        pthread_mutex_lock(&ctx->lock);
+    }
     if (likely(st == CFX_OK && req->obj->eager)) {
         /* cfx__p2p_free's first case, in the hold the wait ends with: an
          * eager message that completed was never registered nor shared
@@ -674,6 +729,16 @@ int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return rc;
 }
 
+int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns)
+{
+    return wait_free(req, deadline_ns, false);
+}
+
+int cfx__p2p_wait_free_intr(struct cfx_p2p_req *req, uint64_t deadline_ns)
+{
+    return wait_free(req, deadline_ns, true);
+}
+
 bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
@@ -688,6 +753,24 @@ bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
     cfx__progress_leave(ctx, was_held);
     pthread_mutex_unlock(&ctx->lock);
     return unasked;
+}
+
+bool cfx__p2p_withdraw_unsent(struct cfx_p2p_req **reqs, int n)
+{
+    struct cfx_context *ctx = reqs[0]->ctx;
+    struct cfx_obj *first = reqs[0]->obj;
+    pthread_mutex_lock(&ctx->lock);
+    /* and the progress lock: posts still queued as commands run first, and
+     * no pass pushes one of the sends or matches a receiver's request with
+     * one while they go: all or none */
+    bool was_held = cfx__progress_enter(ctx);
+    bool unsent = reqs[0]->kind == CFX_P2P_SEND && p2p_status(reqs[0]) == CFX_ERR_AGAIN &&
+                  cfx_list_empty(&first->uploads);
+    for (int i = 0; unsent && i < n; i++)
+        cfx__p2p_send_cancel(ctx, reqs[i]->obj);
+    cfx__progress_leave(ctx, was_held);
+    pthread_mutex_unlock(&ctx->lock);
+    return unsent;
 }
 
 int cfx__p2p_send_detach(struct cfx_p2p_req *req)

@@ -79,6 +79,12 @@ int cfx__p2p_wait(struct cfx_p2p_req *req, uint64_t deadline_ns);
  * CFX_ERR_TIMEOUT.  Requests stay owned by the caller. */
 int cfx__p2p_waitall(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns);
 
+/* As cfx__p2p_wait(), in a blocking call whose thread's interrupt check may
+ * stop it (within cfx__intr_begin() .. _end()): CFX_ERR_CANCELED once the
+ * check fired, the request left running (error text left to the caller,
+ * who withdraws it: cfx__p2p_withdraw(), cfx__p2p_cancel()). */
+int cfx__p2p_wait_intr(struct cfx_p2p_req *req, uint64_t deadline_ns);
+
 /* As cfx__p2p_wait(), and also fail with CFX_ERR_PEER_FAILED (setting *dead
  * to its index) as soon as any of @p nodes is known dead, or the request's
  * peer left the cluster in good order (cfx__p2p_node_left() tells which) —
@@ -117,11 +123,34 @@ int cfx__p2p_status_locked(const struct cfx_p2p_req *req);
  * (ctx->n_sends_unasked: the caller withdraws it without a grace). */
 bool cfx__p2p_send_unasked(struct cfx_p2p_req *req);
 
+/* Sends @p reqs[0..n-1] of one peer, posted in that order, are withdrawn
+ * together if the first has not left yet (an eager send still queued for
+ * the receiver's slots, a rendezvous send not asked for), so the receiver
+ * sees none of them; true then (their requests end CFX_ERR_CANCELED, still
+ * the caller's to free).  False, and nothing withdrawn, once it left. */
+bool cfx__p2p_withdraw_unsent(struct cfx_p2p_req **reqs, int n);
+
 /* cfx__p2p_wait() then cfx__p2p_free(), the request gone either way
  * (cfx_last_error() still names the peer on failure).  An eager message
  * that completed goes back to the free list in the same hold of the
  * context lock as the end of its wait. */
 int cfx__p2p_wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns);
+
+/* As cfx__p2p_wait_free(), in a blocking call whose thread's interrupt
+ * check may stop it (within cfx__intr_begin() .. _end()): once the check
+ * fired, the request is withdrawn as cfx__p2p_withdraw() does and, unless
+ * it ended first, freed with CFX_ERR_CANCELED (the caller says why). */
+int cfx__p2p_wait_free_intr(struct cfx_p2p_req *req, uint64_t deadline_ns);
+
+/* Withdraw a request still running, as its free would (ctx->lock not
+ * held), and return its status after: CFX_ERR_CANCELED when withdrawn,
+ * else how it ended first.  A receive not yet matched takes nothing (the
+ * message, when it comes, is left for the next receive of its tag); one
+ * under way (rendezvous) is cut off, and its sender's send fails
+ * CFX_ERR_CANCELED.  A send not yet taken is not sent; one under way
+ * drains the writes in flight and stops, and its receive fails
+ * CFX_ERR_NOT_FOUND.  The request stays the caller's to free. */
+int cfx__p2p_withdraw(struct cfx_p2p_req *req);
 
 /* An eager receive still waiting is withdrawn (it cannot take a message
  * any more); then, as for any request, its status: CFX_ERR_CANCELED when

@@ -164,17 +164,23 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
 /**
  * Let the calling thread's blocking calls be interrupted (Ctrl-C in an
  * interpreter that runs its signal handlers on this thread).  While a
- * blocking collective (not cfx_group_send/recv: point to point, no
- * collective) or cfx_group_create() (conflux/group.h), a cfx_get()
- * or cfx_get_alloc(), or a cfx_task_wait() of this thread waits on other
- * processes, it calls @p check(@p arg) on this thread every 100 ms or so of
- * the wait (never in a call that completes sooner), holding no lock of the
- * library; @p check must not call the library.  A nonzero return ends the
- * call with CFX_ERR_CANCELED as a free of its request would: a collective
- * tells the other ranks that this rank canceled it (their calls fail
- * saying so, and the group's next call pairs as usual), a group's creation
- * withdraws what it published, and a get writes nothing into the buffer
- * once it returned.  Per thread; NULL @p check removes it.
+ * blocking collective, cfx_group_send() or cfx_group_recv(), or
+ * cfx_group_create() (conflux/group.h), a cfx_get() or cfx_get_alloc(), or
+ * a cfx_task_wait() of this thread waits on other processes, it calls
+ * @p check(@p arg) on this thread every 100 ms or so of the wait (never in a
+ * call that completes sooner), holding no lock of the library; @p check
+ * must not call the library.  A nonzero return ends the call with
+ * CFX_ERR_CANCELED as a free of its request would: a collective tells the
+ * other ranks that this rank canceled it (their calls fail saying so, and
+ * the group's next call pairs as usual), a group's creation withdraws what
+ * it published, and a get writes nothing into the buffer once it returned.
+ * A receive is withdrawn: a message not under way yet is left for the
+ * next receive of its tag, one under way is cut off (its send fails
+ * CFX_ERR_CANCELED).  A send its receiver has not taken yet is withdrawn
+ * and never arrives; one under way is cut off (its receive fails
+ * CFX_ERR_NOT_FOUND), but a message of eager pieces whose first piece left
+ * goes on to its end, within the call's deadline.  Per thread; NULL
+ * @p check removes it.
  */
 CFX_API void cfx_set_interrupt_check(int (*check)(void *arg), void *arg);
 

@@ -144,7 +144,9 @@ struct cfx_coll_params {
  * 4072 B by default; eager pieces up to 16 KiB, up to 64 KiB between two
  * ranks of one host that both have the shm transport; the rendezvous
  * above: docs/COLLECTIVES.md) the receive does not take the message and
- * times out; the message waits for a receive of its own kind. */
+ * times out; the message waits for a receive of its own kind.  Both run
+ * their thread's interrupt check while they wait, and one interrupted
+ * withdraws its message (cfx_set_interrupt_check(), conflux/context.h). */
 CFX_API int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer,
                            int tag, const struct cfx_coll_params *params);
 CFX_API int cfx_group_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, int tag,

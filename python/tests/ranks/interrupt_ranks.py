@@ -1,6 +1,6 @@
 """Ctrl-C (KeyboardInterrupt) ends waits that another rank holds up, long
 before their 60 s deadline, and leaves the group and the context usable:
-the waits of requests, and blocking collectives and gets.
+the waits of requests, and blocking collectives, sends, receives and gets.
 
 Rank 0 is interrupted; rank 1 holds it up and learns of the interrupt
 through an object rank 0 puts.  The calls' deadlines are 60 s and the
@@ -112,6 +112,26 @@ if rank == 0:
     ctx.put("reentered", b"1")
 else:
     hears_cancel("reentered", big)
+
+# 6. A blocking recv of a message rank 1 has not sent, and a blocking send of
+#    1 MiB rank 1 has not asked for: Ctrl-C withdraws each.  The message
+#    rank 1 sends after goes to rank 0's next recv of the tag, and rank 1's
+#    recv gets the send rank 0 makes after, not the withdrawn one.
+if rank == 0:
+    small = np.zeros(1024, np.float32)
+    interrupted("Group.recv", g.recv, small, 1, tag=3)
+    interrupted("Group.send", g.send, np.full(256 * 1024, 7, np.float32), 1, tag=4)
+    ctx.put("p2p-interrupted", b"1")
+    g.recv(small, 1, tag=3)
+    if not (small == 5).all():
+        fail(f"the recv after the interrupted one gave {small[:4]}")
+    g.send(np.full(256 * 1024, 8, np.float32), 1, tag=4)
+else:
+    told("p2p-interrupted")
+    g.send(np.full(1024, 5, np.float32), 0, tag=3)
+    got = g.recv(np.zeros(256 * 1024, np.float32), 0, tag=4)
+    if not (got == 8).all():
+        fail(f"the recv after rank 0's withdrawn send gave {got[:4]}")
 
 g.barrier()
 g.close()

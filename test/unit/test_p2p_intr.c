@@ -1,0 +1,290 @@
+/*
+ * Interrupted point-to-point calls: cfx_group_send() and cfx_group_recv()
+ * run their thread's interrupt check (cfx_set_interrupt_check()) while they
+ * wait for the peer, as the collectives do.  A check that asks to stop
+ * withdraws the message and the call fails CFX_ERR_CANCELED, saying it was
+ * interrupted: a receive takes nothing (the message, sent later, goes to
+ * the next receive of the tag), and a send is not sent (the next message of
+ * the tag is the one the receiver gets).  Each size class: one eager send
+ * (64 B), eager pieces (8 KiB) and the rendezvous (256 KiB).  Before, these
+ * waits never ran the check: Ctrl-C in Python's Group.recv() waited for the
+ * call's deadline.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/client_int.h"
+#include "dataplane/coll/coll.h"
+#include "dataplane/engine/engine.h"
+#include "group_ranks.h"
+#include "intr_probe.h"
+#include "testutil.h"
+
+#define TAG    7
+#define FILLER 1 /* the tag of the messages that use up the receiver's slots */
+
+static const struct {
+    const char *tp;
+    size_t size;
+} cases[] = {
+    { "tcp", 64 }, { "tcp", 8192 }, { "tcp", 256 * 1024 },
+    { "shm", 64 }, { "shm", 8192 }, { "shm", 256 * 1024 },
+};
+
+static size_t cur; /* the case the ranks run */
+static pthread_barrier_t bar;
+
+static void pattern(uint8_t *b, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * 131 + seed * 17 + (i >> 8));
+}
+
+static int fail(struct rank_run *rr, const char *why)
+{
+    snprintf(rr->err, sizeof(rr->err), "%s", why);
+    return cfx__err(CFX_ERR_INTERNAL, "%s", rr->err);
+}
+
+/* A call interrupted by @p p's check: CFX_ERR_CANCELED, saying so. */
+static int interrupted(struct rank_run *rr, int rc, const struct intr_probe *p)
+{
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+        return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
+    if (p->calls < 1)
+        return fail(rr, "the check never ran");
+    return CFX_OK;
+}
+
+/* Receive @p n bytes of tag @p tag from the other rank and compare them
+ * with pattern @p seed. */
+static int recv_check(struct rank_run *rr, size_t n, int tag, unsigned seed)
+{
+    uint8_t *got = malloc(n), *want = malloc(n);
+    pattern(want, n, seed);
+    memset(got, 0xEE, n);
+    int rc = cfx_group_recv(rr->g, got, n, 1 - rr->rank, tag, NULL);
+    if (rc == CFX_OK && memcmp(got, want, n) != 0)
+        rc = fail(rr, "the message received is not the one sent last");
+    free(got);
+    free(want);
+    return rc;
+}
+
+static int send_pattern(struct rank_run *rr, size_t n, int tag, unsigned seed,
+                        struct intr_probe *p)
+{
+    uint8_t *b = malloc(n);
+    pattern(b, n, seed);
+    if (p)
+        cfx_set_interrupt_check(intr_check, p);
+    int rc = cfx_group_send(rr->g, b, n, 1 - rr->rank, tag, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    free(b);
+    return rc;
+}
+
+/* Rank 0's receive is interrupted before rank 1 sends; rank 1 then sends,
+ * and rank 0's next receive of the tag gets the message whole. */
+static int body_recv(struct rank_run *rr)
+{
+    size_t n = cases[cur].size;
+    int rc = CFX_OK;
+    if (rr->rank == 0) {
+        uint8_t *buf = malloc(n);
+        memset(buf, 0xEE, n);
+        struct intr_probe p = { .ctx = rr->ctx };
+        cfx_set_interrupt_check(intr_check, &p);
+        rc = interrupted(rr, cfx_group_recv(rr->g, buf, n, 1, TAG, NULL), &p);
+        cfx_set_interrupt_check(NULL, NULL);
+        for (size_t i = 0; rc == CFX_OK && i < n; i++)
+            if (buf[i] != 0xEE)
+                rc = fail(rr, "the interrupted receive wrote the buffer");
+        free(buf);
+        pthread_barrier_wait(&bar);
+        if (rc == CFX_OK)
+            rc = recv_check(rr, n, TAG, 1);
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = send_pattern(rr, n, TAG, 1, NULL);
+    }
+    return rc;
+}
+
+/* Sends of 8 B fillers that complete at once, until one waits for the
+ * receiver's slots (it has taken none of them): that one is interrupted and
+ * withdrawn.  Returns how many went, or -1. */
+static int fill(struct rank_run *rr, struct intr_probe *p)
+{
+    for (uint64_t i = 0; i <= CFX_EAGER_CREDITS; i++) {
+        cfx_set_interrupt_check(intr_check, p);
+        int rc = cfx_group_send(rr->g, &i, sizeof(i), 1, FILLER, NULL);
+        cfx_set_interrupt_check(NULL, NULL);
+        if (rc == CFX_ERR_CANCELED)
+            return interrupted(rr, rc, p) == CFX_OK ? (int)i : -1;
+        if (rc != CFX_OK) {
+            fail(rr, cfx_last_error());
+            return -1;
+        }
+    }
+    fail(rr, "every filler went: the receiver's slots never ran out");
+    return -1;
+}
+
+/* Rank 0's send of the case's size is interrupted while it waits: the
+ * rendezvous for a receive, an eager one for the receiver's slots (fillers
+ * took them).  Rank 1 then receives the fillers and the next message of
+ * the tag, which must be the one rank 0 sends after (seed 2), not the
+ * withdrawn one; and after the fillers, the next filler is the one sent
+ * after the withdrawn filler.  (The ranks tell each other how many fillers
+ * went through memory: rank 0 has no slot left for a message.) */
+static int nfill;
+
+static int body_send(struct rank_run *rr)
+{
+    size_t n = cases[cur].size;
+    bool rndv = n > cfx__coll_split_max(rr->g, 1 - rr->rank);
+    int rc = CFX_OK;
+    if (rr->rank == 0) {
+        struct intr_probe p = { .ctx = rr->ctx };
+        nfill = rndv ? 0 : fill(rr, &p);
+        if (nfill < 0)
+            rc = CFX_ERR_INTERNAL;
+        if (rc == CFX_OK) {
+            p.calls = 0;
+            rc = interrupted(rr, send_pattern(rr, n, TAG, 1, &p), &p);
+        }
+        if (rc != CFX_OK)
+            nfill = -1;
+        pthread_barrier_wait(&bar);
+        if (rc != CFX_OK)
+            return rc;
+        uint64_t last = UINT64_MAX;
+        rc = cfx_group_send(rr->g, &last, sizeof(last), 1, FILLER, NULL);
+        return rc == CFX_OK ? send_pattern(rr, n, TAG, 2, NULL) : rc;
+    }
+    pthread_barrier_wait(&bar);
+    if (nfill < 0)
+        return fail(rr, "rank 0 failed");
+    for (uint64_t i = 0; rc == CFX_OK && i <= (uint64_t)nfill; i++) {
+        uint64_t got = 0, want = i < (uint64_t)nfill ? i : UINT64_MAX;
+        rc = cfx_group_recv(rr->g, &got, sizeof(got), 0, FILLER, NULL);
+        if (rc == CFX_OK && got != want)
+            rc = fail(rr, got == (uint64_t)nfill ? "the withdrawn filler was received"
+                                                 : "the fillers came out of order");
+    }
+    return rc == CFX_OK ? recv_check(rr, n, TAG, 2) : rc;
+}
+
+static void pair(size_t i, const char *name, int (*body)(struct rank_run *))
+{
+    struct rank_run rr[2];
+    cur = i;
+    up(cases[i].tp, 2);
+    pthread_barrier_init(&bar, NULL, 2);
+    run_ranks(2, name, 20000, body, rr);
+    pthread_barrier_destroy(&bar);
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(rr[r].rc, CFX_OK, "%s, %zu B, rank %d: %s: %s", cases[i].tp,
+                     cases[i].size, r, cfx_errname(rr[r].rc), rr[r].err);
+    down(2);
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(rr[r].rc, CFX_OK);
+}
+
+ParameterizedTestParameters(p2p_intr, an_interrupted_receive_leaves_the_message)
+{
+    CFX_TEST_INDEX_PARAMS(cases);
+}
+
+ParameterizedTest(size_t *i, p2p_intr, an_interrupted_receive_leaves_the_message,
+                  .timeout = 60)
+{
+    pair(*i, "intr_recv", body_recv);
+}
+
+ParameterizedTestParameters(p2p_intr, an_interrupted_send_is_not_sent)
+{
+    CFX_TEST_INDEX_PARAMS(cases);
+}
+
+ParameterizedTest(size_t *i, p2p_intr, an_interrupted_send_is_not_sent, .timeout = 60)
+{
+    pair(*i, "intr_send", body_send);
+}
+
+/* Rank 0's receive of 8 MiB is interrupted mid-transfer (rank 1 stalls
+ * after one chunk; the check asks to stop once bytes landed): the receive
+ * is cut off and fails, the buffer is the caller's again once it returned
+ * (nothing of the rest lands in it), and rank 1's send fails saying the
+ * receiver withdrew it.  The next message of the tag then goes whole. */
+#define MID_SIZE (8u << 20)
+
+struct landed_probe {
+    struct cfx_context *ctx;
+    uint64_t base; /* bytes_received before the receive */
+};
+
+static int landed_check(void *arg)
+{
+    struct landed_probe *p = arg;
+    pthread_mutex_lock(&p->ctx->lock);
+    bool stop = p->ctx->stats.bytes_received > p->base;
+    pthread_mutex_unlock(&p->ctx->lock);
+    return stop;
+}
+
+static struct cfx_context *sender_ctx; /* rank 1's, which rank 0 resumes */
+
+static int body_mid(struct rank_run *rr)
+{
+    int rc;
+    if (rr->rank == 1) {
+        sender_ctx = rr->ctx;
+        cfx__xfer_test_stall(rr->ctx, 1);
+        pthread_barrier_wait(&bar);
+        rc = send_pattern(rr, MID_SIZE, TAG, 1, NULL);
+        if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "the receiver withdrew"))
+            return fail(rr, rc == CFX_OK ? "the send completed" : cfx_last_error());
+        return send_pattern(rr, MID_SIZE, TAG, 2, NULL);
+    }
+    uint8_t *buf = malloc(MID_SIZE);
+    memset(buf, 0xEE, MID_SIZE);
+    pthread_barrier_wait(&bar);
+    pthread_mutex_lock(&rr->ctx->lock);
+    struct landed_probe p = { .ctx = rr->ctx, .base = rr->ctx->stats.bytes_received };
+    pthread_mutex_unlock(&rr->ctx->lock);
+    cfx_set_interrupt_check(landed_check, &p);
+    rc = cfx_group_recv(rr->g, buf, MID_SIZE, 1, TAG, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+        rc = fail(rr, rc == CFX_OK ? "the interrupted receive completed" : cfx_last_error());
+    else
+        rc = CFX_OK;
+    memset(buf, 0x5A, MID_SIZE); /* the caller's again */
+    cfx__xfer_test_resume(sender_ctx);
+    if (rc == CFX_OK)
+        rc = recv_check(rr, MID_SIZE, TAG, 2);
+    for (size_t i = 0; rc == CFX_OK && i < MID_SIZE; i++)
+        if (buf[i] != 0x5A)
+            rc = fail(rr, "the interrupted receive wrote the buffer after it returned");
+    free(buf);
+    return rc;
+}
+
+ParameterizedTestParameters(p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off)
+{
+    static size_t tps[] = { 0, 3 }; /* tcp and shm (cases[]) */
+    return cr_make_param_array(size_t, tps, 2);
+}
+
+ParameterizedTest(size_t *i, p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off,
+                  .timeout = 60)
+{
+    pair(*i, "intr_mid", body_mid);
+}
