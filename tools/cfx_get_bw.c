@@ -55,7 +55,7 @@ static const struct perf_tool tool = {
     .iters = 20,
     .sweep_min = 4096,
     .sweep_max = 64u << 20,
-    .unused = "r", /* --repeat is cfx_get_lat's */
+    .unused = "rN", /* --repeat and --no-keep are cfx_get_lat's */
 };
 
 int main(int argc, char **argv)

@@ -9,7 +9,9 @@
  * Objects go through the data plane unless --inline is given.  With
  * --repeat each object is got once unmeasured and its copy deleted first,
  * so the measured get is a second one, whose location this node knows
- * (the location cache: no directory lookup).  With -a it runs every size
+ * (the location cache: no directory lookup).  With --no-keep the measured
+ * gets keep no copy here (CFX_OBJ_FLAG_NO_KEEP, as Python's get into a
+ * buffer), so none is deleted after them.  With -a it runs every size
  * from 2 bytes to 8 MiB by powers of two, one row each, as perftest's
  * ib_*_lat -a: the server puts the objects of every size, named by position
  * (size index, iteration) as cfx_get_bw's, so a client with another -s or
@@ -50,8 +52,10 @@ static int measure(struct cfx_context *ctx, const struct perf_opts *o, int s, si
             }
             cfx_delete(ctx, &id, NULL);
         }
+        struct cfx_obj_params nk = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                     .flags = CFX_OBJ_FLAG_NO_KEEP };
         double t = perf_now();
-        rc = cfx_get(ctx, &id, buf, size, &got, NULL);
+        rc = cfx_get(ctx, &id, buf, size, &got, o->no_keep ? &nk : NULL);
         t = perf_now() - t;
         if ((rc == CFX_OK || rc == CFX_ERR_TRUNCATED) && got != size) {
             fprintf(stderr, "%s: size mismatch: the server put %zu bytes where this client "
@@ -63,7 +67,8 @@ static int measure(struct cfx_context *ctx, const struct perf_opts *o, int s, si
             fprintf(stderr, "%s: get of %zu bytes: %s\n", prog, size, cfx_last_error());
             return 1;
         }
-        cfx_delete(ctx, &id, NULL);
+        if (!o->no_keep)
+            cfx_delete(ctx, &id, NULL);
         if (i >= o->warmup)
             lat[i - o->warmup] = t * 1e6;
     }
@@ -80,10 +85,12 @@ static void report(const struct perf_opts *o, size_t size, double *lat)
     double p50 = lat[o->iters / 2], p99 = lat[(o->iters * 99) / 100];
     if (o->json)
         printf("{\"tool\":\"cfx_get_lat\",\"transport\":\"%s\",\"bytes\":%zu,"
-               "\"iterations\":%ld,\"inline\":%s,\"repeat\":%s,\"t_min_us\":%.2f,"
-               "\"t_p50_us\":%.2f,\"t_p99_us\":%.2f,\"t_max_us\":%.2f,\"t_avg_us\":%.2f}\n",
+               "\"iterations\":%ld,\"inline\":%s,\"repeat\":%s,\"no_keep\":%s,"
+               "\"t_min_us\":%.2f,\"t_p50_us\":%.2f,\"t_p99_us\":%.2f,\"t_max_us\":%.2f,"
+               "\"t_avg_us\":%.2f}\n",
                o->transport ? o->transport : "auto", size, o->iters,
-               o->inline_ok ? "true" : "false", o->repeat ? "true" : "false", lat[0], p50, p99,
+               o->inline_ok ? "true" : "false", o->repeat ? "true" : "false",
+               o->no_keep ? "true" : "false", lat[0], p50, p99,
                lat[o->iters - 1], sum / (double)o->iters);
     else
         printf(" %-8zu %-12ld %-10.2f %-10.2f %-10.2f %-10.2f %-10.2f\n", size, o->iters,
@@ -149,7 +156,8 @@ int main(int argc, char **argv)
             printf(" Transport       : %s\n", o.transport ? o.transport : "auto");
             printf(" Path            : %s\n",
                    o.inline_ok ? "inline via coordinator" : "data plane");
-            printf(" Measured get    : %s\n", o.repeat ? "second of each object" : "first");
+            printf(" Measured get    : %s%s\n", o.repeat ? "second of each object" : "first",
+                   o.no_keep ? ", keeping no copy" : "");
             printf("---------------------------------------------------------------------------\n");
             printf(" %-8s %-12s %-10s %-10s %-10s %-10s %-10s\n", "#bytes", "#iterations",
                    "t_min[us]", "t_p50[us]", "t_p99[us]", "t_max[us]", "t_avg[us]");

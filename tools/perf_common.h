@@ -39,6 +39,7 @@ struct perf_opts {
     int inline_ok;           /* let small objects go through the coordinator */
     int memcpy_ref;
     int repeat;              /* cfx_get_lat: measure the second get of each object */
+    int no_keep;             /* cfx_get_lat: the measured gets keep no copy */
     const char *token;       /* token_buf once parsed */
     char token_buf[CFX_TOKEN_MAX + 1];
 };
@@ -111,6 +112,9 @@ static inline void perf_usage(const struct perf_tool *t, FILE *f)
     if (perf_takes(t, 'r'))
         fputs("  -r, --repeat         get each object, delete the copy, and measure a second\n"
               "                       get of it (its location is known by then)\n", f);
+    if (perf_takes(t, 'N'))
+        fputs("      --no-keep        the measured gets keep no copy here (CFX_OBJ_FLAG_NO_KEEP,\n"
+              "                       as Python's get into a buffer)\n", f);
     fputs("  -k, --token=T        cluster token (default $CFX_TOKEN, else the first line of\n"
           "                       $CFX_TOKEN_FILE); on the command line ps shows it\n", f);
     if (perf_takes(t, 'G'))
@@ -138,7 +142,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
         { "chunk-size", required_argument, NULL, 'c' },
         { "user-buf", no_argument, NULL, 'u' },     { "inline", no_argument, NULL, 'i' },
         { "memcpy-ref", no_argument, NULL, 'm' },   { "token", required_argument, NULL, 'k' },
-        { "repeat", no_argument, NULL, 'r' },
+        { "repeat", no_argument, NULL, 'r' },       { "no-keep", no_argument, NULL, 'N' },
         { "report_gbits", no_argument, NULL, 'G' }, { "json", no_argument, NULL, 'J' },
         { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
     };
@@ -192,6 +196,7 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
         case 'i': o->inline_ok = 1; break;
         case 'm': o->memcpy_ref = 1; break;
         case 'r': o->repeat = 1; break;
+        case 'N': o->no_keep = 1; break;
         case 'k':
             fprintf(stderr, "%s: warning: --token puts the cluster token on the command line, "
                     "where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n", prog);

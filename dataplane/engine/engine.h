@@ -1205,6 +1205,11 @@ int cfx__cmd_new(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj
  * progress-lock holder (cfx__progress_enter: ctx->lock is dropped while it
  * waits for that lock, so the caller looks again at what it had seen). */
 void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj);
+/* As cfx__cmd_must(), and when the progress lock is free this thread runs
+ * the queue itself (the command after those queued before it), as a post
+ * does, instead of waking the progress thread for it: a caller that then
+ * waits for the command's effect (a release) waits on no thread hop. */
+void cfx__cmd_must_here(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj);
 /* Wait on ctx->obj_cond (ctx->lock held) until woken or @p deadline
  * (CLOCK_MONOTONIC ns; UINT64_MAX = none).  False once the deadline passed. */
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline);

@@ -169,7 +169,7 @@ int cfx__obj_drain_release(struct cfx_context *ctx, struct cfx_obj *obj, uint64_
     while ((!cfx_list_empty(&obj->uploads) || obj->refs) && !cfx__ctx_closing(ctx) &&
            cfx__obj_wait(ctx, deadline))
         ;
-    cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
+    cfx__cmd_must_here(ctx, CFX_CMD_OBJ_RELEASE, obj);
     /* until the entry has left, a put or get of the id here would find it */
     uint64_t until = CFX_MAX(deadline, cfx__deadline_ns(RELEASE_WAIT_MS));
     struct cfx_obj *left;

@@ -855,11 +855,6 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
      * others queued first), as a post does: queued for the progress thread,
      * it woke that thread from standing aside for a poller, once per
      * rendezvous message, to contend with the caller for ctx->lock. */
-    bool drive = cfx__progress_trylock(ctx);
-    cfx__cmd_must(ctx, CFX_CMD_OBJ_RELEASE, obj);
-    if (drive) {
-        cfx__progress_run_cmds(ctx);
-        cfx__progress_unlock(ctx);
-    }
+    cfx__cmd_must_here(ctx, CFX_CMD_OBJ_RELEASE, obj);
     pthread_mutex_unlock(&ctx->lock);
 }

@@ -134,6 +134,16 @@ void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_o
     cfx__progress_leave(ctx, was_held);
 }
 
+void cfx__cmd_must_here(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj)
+{
+    bool drive = !cfx__progress_held(ctx) && cfx__progress_trylock(ctx);
+    cfx__cmd_must(ctx, type, obj);
+    if (drive) {
+        cfx__progress_run_cmds(ctx);
+        cfx__progress_unlock(ctx);
+    }
+}
+
 bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
 {
     ctx->obj_waiters++; /* someone relies on the progress thread (handback) */
