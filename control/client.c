@@ -1234,6 +1234,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
         goto err_free;
     }
     ctl->thread_started = 1;
+    pthread_setname_np(ctl->thread, "cfx-ctl");
     CFX_LOG(INFO, CTL, "connected to coordinator %s as %s%s%.0u (CFX_SECURE=%s)", ctl->coord,
             ctl->role == CFX_CTL_ROLE_NODE ? "node" : "admin",
             ctl->role == CFX_CTL_ROLE_NODE ? " " : "", cfx__ctl_node_id(ctl),

@@ -1314,6 +1314,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         goto err_free;
     }
     co->thread_started = 1;
+    pthread_setname_np(co->thread, "cfx-coord");
     char fanout_txt[16];
     if (co->fanout)
         snprintf(fanout_txt, sizeof(fanout_txt), "%u", co->fanout);

@@ -744,6 +744,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
                                                 "i%s: cannot start the group's thread", what));
         }
         g->thread_started = true;
+        pthread_setname_np(g->thread, "cfx-group");
     }
     a->seq = g->next_seq++;
     /* once queued, @a belongs to the group's thread, which may run and

@@ -882,6 +882,7 @@ int cfx__progress_start(struct cfx_context *ctx)
         rc = cfx__err(CFX_ERR_NOMEM, "cannot start the progress thread: %s", strerror(rc));
         goto err_close_cmd;
     }
+    pthread_setname_np(ctx->progress, "cfx-progress");
     return CFX_OK;
 
 err_close_cmd:

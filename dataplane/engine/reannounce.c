@@ -282,10 +282,12 @@ void cfx__reannounce_on_reconnected(void *arg)
     pthread_mutex_lock(&ra->mu);
     ra->pending = true;
     if (!ra->started && !ra->stop) {
-        if (pthread_create(&ra->thread, NULL, reannounce_thread, ra) == 0)
+        if (pthread_create(&ra->thread, NULL, reannounce_thread, ra) == 0) {
             ra->started = true;
-        else
+            pthread_setname_np(ra->thread, "cfx-reannounce");
+        } else {
             CFX_LOG(ERR, CTL, "node %u: no thread to re-announce objects", ctx->node_id);
+        }
     }
     pthread_cond_signal(&ra->cond);
     pthread_mutex_unlock(&ra->mu);

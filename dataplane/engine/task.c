@@ -431,6 +431,7 @@ static int start_runners(struct cfx_context *ctx)
             return cfx__err(CFX_ERR_NO_RESOURCE, "node %u: cannot start a task runner: %s",
                             ctx->node_id, strerror(e));
         }
+        pthread_setname_np(rt->threads[rt->nthreads], "cfx-task");
         rt->nthreads++;
     }
     return CFX_OK;

@@ -130,6 +130,7 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
     while (ctx->nworkers < NWORKERS) {
         if (pthread_create(&ctx->workers[ctx->nworkers], NULL, worker_main, ctx))
             break;
+        pthread_setname_np(ctx->workers[ctx->nworkers], "cfx-worker");
         ctx->nworkers++;
     }
     if (!ctx->nworkers) {

@@ -570,6 +570,7 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         goto err_delete;
     }
     ps->loop_started = true;
+    pthread_setname_np(ps->loop_thread, "cfx-ps");
     if (ps->sched && (rc = cfx__ps_sched_start(ps)) != CFX_OK) {
         rc = cfx__err(rc, "job %s: cannot start the scheduler's watchers", ps->job);
         goto err_delete;

@@ -585,9 +585,11 @@ int cfx__ps_sched_start(struct cfx_ps *ps)
     if (pthread_create(&s->join_thread, NULL, watch_joins, ps))
         return CFX_ERR_NOMEM;
     s->join_started = true;
+    pthread_setname_np(s->join_thread, "cfx-ps-joins");
     if (pthread_create(&s->admin_thread, NULL, watch_admin, ps))
         return CFX_ERR_NOMEM;
     s->admin_started = true;
+    pthread_setname_np(s->admin_thread, "cfx-ps-admin");
     return CFX_OK;
 }
 

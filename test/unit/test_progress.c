@@ -7,8 +7,11 @@
  */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <conflux/conflux.h>
 
@@ -81,3 +84,36 @@ Test(progress, api_thread_transport_call_aborts)
     cr_skip_test("built without CFX_THREAD_CHECKS: transports do not check the calling thread");
 }
 #endif
+
+/* The library's threads carry names (top -H, ps -L, gdb, perf show them):
+ * a context's progress thread and coordinator client thread, and the
+ * embedded coordinator's thread, are among this process's threads. */
+static bool thread_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+        if (!f)
+            continue;
+        if (fgets(comm, sizeof(comm), f))
+            comm[strcspn(comm, "\n")] = '\0';
+        fclose(f);
+        found = strcmp(comm, name) == 0;
+    }
+    closedir(d);
+    return found;
+}
+
+Test(progress, the_library_threads_are_named)
+{
+    struct cfx_context *ctx = join("tcp");
+    static const char *const names[] = { "cfx-progress", "cfx-ctl", "cfx-coord" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        cr_expect(thread_named(names[i]), "no thread named %s", names[i]);
+    cfx_context_destroy(ctx);
+}
