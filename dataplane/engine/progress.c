@@ -137,6 +137,10 @@ void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_o
 void cfx__cmd_must_here(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj)
 {
     bool drive = !cfx__progress_held(ctx) && cfx__progress_trylock(ctx);
+    /* those queued before it first: with no memory for the command,
+     * cfx__cmd_must() runs it at once, as the holder we now are */
+    if (drive && !cfx_list_empty(&ctx->cmds))
+        cfx__progress_run_cmds(ctx);
     cfx__cmd_must(ctx, type, obj);
     if (drive) {
         cfx__progress_run_cmds(ctx);
