@@ -134,6 +134,8 @@ void cfx__cmd_must(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_o
     cfx__progress_leave(ctx, was_held);
 }
 
+static bool progress_wanted(struct cfx_context *ctx);
+
 void cfx__cmd_must_here(struct cfx_context *ctx, enum cfx_cmd_type type, struct cfx_obj *obj)
 {
     bool drive = !cfx__progress_held(ctx) && cfx__progress_trylock(ctx);
@@ -144,6 +146,11 @@ void cfx__cmd_must_here(struct cfx_context *ctx, enum cfx_cmd_type type, struct 
     cfx__cmd_must(ctx, type, obj);
     if (drive) {
         cfx__progress_run_cmds(ctx);
+        /* what the commands left for later (a refusal queued on a busy
+         * connection, uploads draining) is the progress thread's: queued,
+         * the command had woken it */
+        if (progress_wanted(ctx))
+            cfx__progress_wake(ctx);
         cfx__progress_unlock(ctx);
     }
 }

@@ -6,9 +6,10 @@
  * interrupted: a receive takes nothing (the message, sent later, goes to
  * the next receive of the tag), and a send is not sent (the next message of
  * the tag is the one the receiver gets).  Each size class: one eager send
- * (64 B), eager pieces (8 KiB) and the rendezvous (256 KiB).  Before, these
- * waits never ran the check: Ctrl-C in Python's Group.recv() waited for the
- * call's deadline.
+ * (64 B), eager pieces (8 KiB) and the rendezvous (256 KiB); and a
+ * rendezvous message cut off mid-transfer from either side, the other
+ * side's call failing so.  Before, these waits never ran the check: Ctrl-C
+ * in Python's Group.recv() waited for the call's deadline.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -89,6 +90,32 @@ static int send_pattern(struct rank_run *rr, size_t n, int tag, unsigned seed,
     return rc;
 }
 
+/* Rank 1 (@p at) no longer keeps a receive request of rank 0's for the
+ * tag: the withdrawn rendezvous receive's CANCEL was read there.  Waited
+ * for (generously), so that rank 1's send cannot take the stale request
+ * before it reads the CANCEL on a loaded machine (then the send fails as
+ * cut off by its receiver, correctly, and the test would have raced). */
+static bool request_dropped(struct rank_run *rr, struct cfx_context *at)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&at->lock);
+    for (;;) {
+        int n = 0;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &at->p2p_rtrs) {
+            const struct cfx_p2p_rtr *r = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+            n += r->conn->node_id == rr->ctx->node_id && r->req.chan == rr->g->chan_user &&
+                 r->req.tag == TAG;
+        }
+        /* a request's withdrawal signals nothing: look every 10 ms */
+        if (!n || cfx__now_ns() >= dl) {
+            pthread_mutex_unlock(&at->lock);
+            return !n;
+        }
+        cfx__obj_wait(at, CFX_MIN(dl, cfx__deadline_ns(10)));
+    }
+}
+
 /* Rank 0's receive is interrupted before rank 1 sends; rank 1 then sends,
  * and rank 0's next receive of the tag gets the message whole. */
 static int body_recv(struct rank_run *rr)
@@ -106,6 +133,8 @@ static int body_recv(struct rank_run *rr)
             if (buf[i] != 0xEE)
                 rc = fail(rr, "the interrupted receive wrote the buffer");
         free(buf);
+        if (rc == CFX_OK && !request_dropped(rr, ctxs[1]))
+            rc = fail(rr, "rank 1 kept the withdrawn receive's request");
         pthread_barrier_wait(&bar);
         if (rc == CFX_OK)
             rc = recv_check(rr, n, TAG, 1);
@@ -225,16 +254,30 @@ ParameterizedTest(size_t *i, p2p_intr, an_interrupted_send_is_not_sent, .timeout
  * receiver withdrew it.  The next message of the tag then goes whole. */
 #define MID_SIZE (8u << 20)
 
-struct landed_probe {
+static size_t mid_tps[] = { 0, 3 }; /* tcp and shm (cases[]) */
+
+/* An interrupt check that asks to stop once @p count (a counter of the
+ * context's stats: bytes received, bytes sent) grew past its value when the
+ * probe was made. */
+struct bytes_probe {
     struct cfx_context *ctx;
-    uint64_t base; /* bytes_received before the receive */
+    const uint64_t *count;
+    uint64_t base;
 };
 
-static int landed_check(void *arg)
+static struct bytes_probe bytes_probe(struct cfx_context *ctx, const uint64_t *count)
 {
-    struct landed_probe *p = arg;
+    pthread_mutex_lock(&ctx->lock);
+    struct bytes_probe p = { .ctx = ctx, .count = count, .base = *count };
+    pthread_mutex_unlock(&ctx->lock);
+    return p;
+}
+
+static int bytes_check(void *arg)
+{
+    struct bytes_probe *p = arg;
     pthread_mutex_lock(&p->ctx->lock);
-    bool stop = p->ctx->stats.bytes_received > p->base;
+    bool stop = *p->count > p->base;
     pthread_mutex_unlock(&p->ctx->lock);
     return stop;
 }
@@ -256,10 +299,8 @@ static int body_mid(struct rank_run *rr)
     uint8_t *buf = malloc(MID_SIZE);
     memset(buf, 0xEE, MID_SIZE);
     pthread_barrier_wait(&bar);
-    pthread_mutex_lock(&rr->ctx->lock);
-    struct landed_probe p = { .ctx = rr->ctx, .base = rr->ctx->stats.bytes_received };
-    pthread_mutex_unlock(&rr->ctx->lock);
-    cfx_set_interrupt_check(landed_check, &p);
+    struct bytes_probe p = bytes_probe(rr->ctx, &rr->ctx->stats.bytes_received);
+    cfx_set_interrupt_check(bytes_check, &p);
     rc = cfx_group_recv(rr->g, buf, MID_SIZE, 1, TAG, NULL);
     cfx_set_interrupt_check(NULL, NULL);
     if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
@@ -279,12 +320,51 @@ static int body_mid(struct rank_run *rr)
 
 ParameterizedTestParameters(p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off)
 {
-    static size_t tps[] = { 0, 3 }; /* tcp and shm (cases[]) */
-    return cr_make_param_array(size_t, tps, 2);
+    return cr_make_param_array(size_t, mid_tps, 2);
 }
 
 ParameterizedTest(size_t *i, p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off,
                   .timeout = 60)
 {
     pair(*i, "intr_mid", body_mid);
+}
+
+/* Rank 0's send of 8 MiB is interrupted mid-transfer (it stalls after one
+ * chunk; the check asks to stop once bytes went): the send is withdrawn and
+ * fails, and rank 1's receive fails saying the sender withdrew the message.
+ * The next message of the tag then goes whole. */
+static int body_send_mid(struct rank_run *rr)
+{
+    int rc;
+    if (rr->rank == 1) {
+        uint8_t *buf = malloc(MID_SIZE);
+        rc = cfx_group_recv(rr->g, buf, MID_SIZE, 0, TAG, NULL);
+        free(buf);
+        if (rc != CFX_ERR_NOT_FOUND || !strstr(cfx_last_error(), "the sender withdrew"))
+            return fail(rr, rc == CFX_OK ? "the receive completed" : cfx_last_error());
+        return recv_check(rr, MID_SIZE, TAG, 2);
+    }
+    cfx__xfer_test_stall(rr->ctx, 1);
+    uint8_t *b = malloc(MID_SIZE);
+    pattern(b, MID_SIZE, 1);
+    struct bytes_probe p = bytes_probe(rr->ctx, &rr->ctx->stats.bytes_sent);
+    cfx_set_interrupt_check(bytes_check, &p);
+    rc = cfx_group_send(rr->g, b, MID_SIZE, 1, TAG, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    free(b);
+    cfx__xfer_test_resume(rr->ctx);
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+        return fail(rr, rc == CFX_OK ? "the interrupted send completed" : cfx_last_error());
+    return send_pattern(rr, MID_SIZE, TAG, 2, NULL);
+}
+
+ParameterizedTestParameters(p2p_intr, a_send_interrupted_mid_transfer_is_cut_off)
+{
+    return cr_make_param_array(size_t, mid_tps, 2);
+}
+
+ParameterizedTest(size_t *i, p2p_intr, a_send_interrupted_mid_transfer_is_cut_off,
+                  .timeout = 60)
+{
+    pair(*i, "intr_smid", body_send_mid);
 }
