@@ -1064,20 +1064,27 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
         return cfx__err(CFX_ERR_INVALID, "group %s %s: the group was created before this "
                         "process forked: a child creates its own context and groups", g->name,
                         what);
-    /* group_enter and the wait for queued collectives in one hold */
+    /* group_enter and the wait for queued collectives in one hold; the
+     * wait for those (bounded by their deadlines) and for the peer may be
+     * interrupted */
+    cfx__intr_begin();
     pthread_mutex_lock(&g->lock);
     rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed", what,
                               g->name)
                    : cfx__ctx_enter(g->ctx, what);
-    while (rc == CFX_OK && !cfx_list_empty(&g->queue))
-        pthread_cond_wait(&g->cond, &g->lock);
+    bool entered = rc == CFX_OK;
+    while (rc == CFX_OK && !cfx_list_empty(&g->queue)) {
+        if (cfx__cond_wait_until(&g->cond, &g->lock, cfx__intr_until(UINT64_MAX)))
+            continue;
+        if (cfx__intr_poll(&g->lock))
+            rc = cfx__err(CFX_ERR_CANCELED, "group %s %s: interrupted on its thread while it "
+                          "waited for the group's non-blocking calls before it", g->name, what);
+    }
     pthread_mutex_unlock(&g->lock);
-    if (rc != CFX_OK)
-        return rc;
-    cfx__intr_begin(); /* the wait for the peer may be interrupted */
-    rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
+    if (rc == CFX_OK)
+        rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
     cfx__intr_end();
-    return cfx__ctx_leave(g->ctx, rc);
+    return entered ? cfx__ctx_leave(g->ctx, rc) : rc;
 }
 
 static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,

@@ -145,7 +145,8 @@ struct cfx_coll_params {
  * ranks of one host that both have the shm transport; the rendezvous
  * above: docs/COLLECTIVES.md) the receive does not take the message and
  * times out; the message waits for a receive of its own kind.  Both run
- * their thread's interrupt check while they wait, and one interrupted
+ * their thread's interrupt check while they wait (for the peer, and for
+ * the group's non-blocking calls before them), and one interrupted
  * withdraws its message (cfx_set_interrupt_check(), conflux/context.h). */
 CFX_API int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer,
                            int tag, const struct cfx_coll_params *params);

@@ -368,3 +368,39 @@ ParameterizedTest(size_t *i, p2p_intr, a_send_interrupted_mid_transfer_is_cut_of
 {
     pair(*i, "intr_smid", body_send_mid);
 }
+
+/* Rank 0's receive waits first for the group's non-blocking allreduce
+ * before it, which rank 1 has not joined: the check ends that wait too,
+ * and the allreduce then completes when rank 1 joins it. */
+static int body_behind_queue(struct rank_run *rr)
+{
+    int32_t v = rr->rank + 1, sum = 0;
+    int rc;
+    if (rr->rank == 1) {
+        pthread_barrier_wait(&bar);
+        rc = cfx_group_allreduce(rr->g, &v, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
+        return rc == CFX_OK && sum != 3 ? fail(rr, "wrong sum") : rc;
+    }
+    struct cfx_request *req = NULL;
+    rc = cfx_group_iallreduce(rr->g, &v, &sum, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL, &req);
+    if (rc != CFX_OK)
+        return rc;
+    uint8_t buf[64];
+    struct intr_probe p = { .ctx = rr->ctx };
+    cfx_set_interrupt_check(intr_check, &p);
+    rc = interrupted(rr, cfx_group_recv(rr->g, buf, sizeof(buf), 1, TAG, NULL), &p);
+    cfx_set_interrupt_check(NULL, NULL);
+    if (rc == CFX_OK && !strstr(cfx_last_error(), "non-blocking calls before it"))
+        rc = fail(rr, cfx_last_error());
+    pthread_barrier_wait(&bar);
+    int wrc = cfx_request_wait(req, 20000);
+    cfx_request_free(req);
+    if (rc == CFX_OK && (wrc != CFX_OK || sum != 3))
+        rc = wrc != CFX_OK ? wrc : fail(rr, "wrong sum");
+    return rc;
+}
+
+Test(p2p_intr, a_receive_waiting_behind_queued_calls_is_interrupted, .timeout = 60)
+{
+    pair(0, "intr_queue", body_behind_queue);
+}
