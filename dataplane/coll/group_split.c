@@ -30,8 +30,11 @@
  * CFX_EAGER_LIMIT bytes on the caller's stack; the rest are sent from and
  * received into the caller's buffer.  A message's pieces are sent under
  * g->split_lock, so that two threads sending on one peer and tag never
- * interleave their pieces.  Every piece request is waited for and freed,
- * even after one failed (the others end at once or at the deadline).
+ * interleave their pieces, and as one batch (cfx__p2p_isend_batch): they
+ * leave together once the receiver's slots take all of them, so a send
+ * that ends before (its deadline, an interrupt, a failed post) withdraws
+ * the whole message and the receiver never holds part of one.  Every piece
+ * request is waited for and freed, even after one failed.
  */
 #include "coll.h"
 
@@ -109,6 +112,12 @@ static int wait_all(struct cfx_p2p_req **req, int n, int rc, uint64_t deadline, 
     return rc == CFX_OK ? CFX_OK : cfx__err(rc, "%s", why);
 }
 
+/* Once piece 0 left (or was taken), the rest of its message are waited for
+ * at least this long, past the call's deadline if need be: they left with
+ * it, so they are a moment behind, and withdrawn they would be left for the
+ * next receive of (peer, tag). */
+#define SPLIT_REST_GRACE_MS 1000
+
 static int split_send(struct cfx_group *g, const void *buf, size_t bytes, int peer, int tag,
                       uint64_t deadline)
 {
@@ -123,7 +132,10 @@ static int split_send(struct cfx_group *g, const void *buf, size_t bytes, int pe
     for (int i = 0; i < np && rc == CFX_OK; i++) {
         const void *p = i ? (const uint8_t *)buf + piece_off(i) : first;
         size_t len = i ? piece_len(bytes, i) : CFX_EAGER_LIMIT;
-        if (i + 1 < np) /* the others ride with the last */
+        if (i == 0) /* all or none of them go (none: the receiver never sees it) */
+            rc = cfx__p2p_isend_batch(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p,
+                                      len, np, &req[n]);
+        else if (i + 1 < np) /* the others ride with the last */
             rc = cfx__p2p_isend_more(g->ctx, &g->nodes[peer], g->chan_split, (uint32_t)tag, p,
                                      len, &req[n]);
         else
@@ -133,14 +145,20 @@ static int split_send(struct cfx_group *g, const void *buf, size_t bytes, int pe
             n++;
     }
     pthread_mutex_unlock(&g->split_lock);
-    /* Interrupted before piece 0 left (waiting for the receiver's slots),
-     * the message is withdrawn whole and the receiver sees none of it.  Once
-     * piece 0 left, the rest follow it within the deadline: withdrawn, they
-     * would leave the receiver a message without its end. */
-    if (rc == CFX_OK && cfx__p2p_wait_intr(req[0], deadline) == CFX_ERR_CANCELED &&
-        cfx__intr_fired() && cfx__p2p_withdraw_unsent(req, n))
-        return wait_all(req, n, CFX_ERR_CANCELED, 0, false); /* frees them */
-    return wait_all(req, n, rc, deadline, false);
+    if (rc != CFX_OK) /* the others withdrawn: an incomplete batch never goes */
+        return wait_all(req, n, rc, 0, false);
+    /* The pieces go together once the receiver's slots take them all.
+     * Until then an interrupt or the deadline withdraws the message whole,
+     * and the receiver sees none of it.  Once piece 0 left, the rest went
+     * with it or follow as the transport drains: waited for within a grace
+     * past the deadline (withdrawn, they would leave the receiver a message
+     * without its end, and it would take the next one's pieces for it). */
+    int r0 = cfx__p2p_wait_intr(req[0], deadline);
+    if ((r0 == CFX_ERR_TIMEOUT || (r0 == CFX_ERR_CANCELED && cfx__intr_fired())) &&
+        cfx__p2p_withdraw_unsent(req, n))
+        return wait_all(req, n, r0, 0, false); /* frees them */
+    return wait_all(req, n, CFX_OK, CFX_MAX(deadline, cfx__deadline_ns(SPLIT_REST_GRACE_MS)),
+                    false);
 }
 
 /* A receive between its first piece and the posting of the rest: no other
@@ -170,11 +188,6 @@ static void rx_done(struct cfx_group *g, struct split_rx *me)
     pthread_mutex_unlock(&g->split_lock);
 }
 
-/* Once piece 0 is taken, the rest of its message are waited for at least
- * this long, past the call's deadline if need be: the sender sent them with
- * it, so they are a moment behind, and withdrawn they would be left for the
- * next receive of (peer, tag). */
-#define SPLIT_REST_GRACE_MS 1000
 
 /* Piece 0 of the next message of (peer, tag) into @p first; CFX_OK when it
  * came, also when it landed as its wait timed out (so that no piece 0 is

@@ -105,10 +105,27 @@ static void sort_queued(struct cfx_conn *conn, struct cfx_list *q)
     }
 }
 
-/* Send from the head of @p q while more than @p keep credits last.  0: the
- * queue is empty; 1: it waits (credits, or a full send queue); < 0: the
- * send failed with that code, and with it the connection (the caller fails
- * it). */
+/* Can the batch that @p first (at the head of @p q) begins go whole: all
+ * its sends queued, and credits for all of them above @p keep?  A batch
+ * larger than the grant allows ever goes as credits come, as before. */
+static bool batch_fits(const struct cfx_conn *conn, const struct cfx_list *q,
+                       const struct cfx_obj *first, uint32_t keep)
+{
+    uint32_t n = first->eager_batch;
+    if (conn->eager_granted <= keep || n > conn->eager_granted - keep)
+        return true;
+    if (conn->eager_credits < keep + n)
+        return false;
+    uint32_t queued = 0;
+    for (const struct cfx_list *pos = &first->p2p_link; pos != q && queued < n; pos = pos->next)
+        queued++;
+    return queued == n;
+}
+
+/* Send from the head of @p q while more than @p keep credits last (a batch:
+ * only once all of it fits).  0: the queue is empty; 1: it waits (credits,
+ * or a full send queue); < 0: the send failed with that code, and with it
+ * the connection (the caller fails it). */
 static int pump_queue(struct cfx_conn *conn, struct cfx_list *q, uint32_t keep)
 {
     struct cfx_context *ctx = conn->ctx;
@@ -116,6 +133,8 @@ static int pump_queue(struct cfx_conn *conn, struct cfx_list *q, uint32_t keep)
         if (conn->eager_credits <= keep)
             return 1;
         struct cfx_obj *obj = cfx_list_entry(q->next, struct cfx_obj, p2p_link);
+        if (unlikely(obj->eager_batch > 1) && !batch_fits(conn, q, obj, keep))
+            return 1;
         int copy_rc;
         int rc = eager_push(conn, obj, &copy_rc);
         if (rc == CFX_ERR_AGAIN)

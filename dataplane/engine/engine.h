@@ -391,6 +391,8 @@ struct cfx_obj {
                                    while an eager receive waits */
     bool eager;                 /* receive: in the eager class (eager.c) */
     bool urgent;                /* send: may use the credits kept back (CFX_EAGER_URGENT) */
+    uint16_t eager_batch;       /* send: the first of this many eager sends that go to the
+                                   peer together or not at all (cfx__p2p_isend_batch) */
 };
 
 enum { CFX_P2P_SEND = 1, CFX_P2P_RECV = 2 };

@@ -229,7 +229,7 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
                    uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
-                   bool more, bool urgent, struct cfx_p2p_req **out)
+                   bool more, bool urgent, uint16_t batch, struct cfx_p2p_req **out)
 {
     if (!ctx || !peer || !out || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument",
@@ -261,6 +261,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     obj->chan = chan;
     obj->tag = tag;
     obj->urgent = urgent;
+    obj->eager_batch = batch;
     cfx__status_set(&obj->p2p_status, CFX_ERR_AGAIN);
     cfx_list_init(&obj->p2p_link);
     req->ctx = ctx;
@@ -317,7 +318,7 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, false,
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, false, 0,
                    out);
 }
 
@@ -325,7 +326,17 @@ int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer
                         uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out)
 {
     return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
-                   false, out);
+                   false, 0, out);
+}
+
+int cfx__p2p_isend_batch(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                         uint64_t chan, uint32_t tag, const void *buf, size_t len, int n,
+                         struct cfx_p2p_req **out)
+{
+    if (n < 2 || n > UINT16_MAX)
+        return cfx__err(CFX_ERR_INVALID, "a batch of %d sends", n);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
+                   false, (uint16_t)n, out);
 }
 
 int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *peer,
@@ -333,14 +344,14 @@ int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *pe
                           struct cfx_p2p_req **out)
 {
     return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, false,
-                   true, out);
+                   true, 0, out);
 }
 
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, false, out);
+    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, false, 0, out);
 }
 
 /* ctx->lock held */
@@ -391,7 +402,7 @@ static void describe(const struct cfx_p2p_req *req, int st)
     if (st == CFX_ERR_TIMEOUT)
         cfx__err(st, "%s node %u (tag %u) did not complete in time: %s", req->kind == CFX_P2P_SEND
                  ? "send to" : "receive from", req->peer, req->tag,
-                 req->kind == CFX_P2P_SEND ? "the receiver never asked for it"
+                 req->kind == CFX_P2P_SEND ? "the receiver never took it"
                                            : "the sender never sent it");
     else if (st != CFX_OK)
         cfx__err(st, "%s node %u (tag %u) failed: %s", req->kind == CFX_P2P_SEND ? "send to"

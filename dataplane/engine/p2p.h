@@ -53,6 +53,15 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
 int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                         uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out);
 
+/* As cfx__p2p_isend_more, for the first of @p n (>= 2) eager sends to
+ * @p peer posted next on one queue (the others by cfx__p2p_isend_more, the
+ * last by cfx__p2p_isend): they go to the peer together, once the peer's
+ * slots take all of them, or not at all (withdrawn or failed while they
+ * wait): never some of them.  The pieces of one message. */
+int cfx__p2p_isend_batch(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                         uint64_t chan, uint32_t tag, const void *buf, size_t len, int n,
+                         struct cfx_p2p_req **out);
+
 /* As cfx__p2p_isend of host memory, for a small control message that must
  * reach @p peer while ordinary eager sends to it wait for credits: it may
  * use the CFX_EAGER_URGENT credits those leave, and waits in a queue of

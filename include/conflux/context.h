@@ -178,8 +178,8 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
  * next receive of its tag, one under way is cut off (its send fails
  * CFX_ERR_CANCELED).  A send its receiver has not taken yet is withdrawn
  * and never arrives; one under way is cut off (its receive fails
- * CFX_ERR_NOT_FOUND), but a message of eager pieces whose first piece left
- * goes on to its end, within the call's deadline.  A message that
+ * CFX_ERR_NOT_FOUND).  (A message of eager pieces leaves whole, once the
+ * receiver has room for all of it, or not at all.)  A message that
  * completed while @p check ran is not withdrawn: the call returns CFX_OK.
  * Per thread; NULL @p check removes it.
  */

@@ -256,6 +256,17 @@ ParameterizedTest(size_t *i, p2p_intr, an_interrupted_send_is_not_sent, .timeout
 
 static size_t mid_tps[] = { 0, 3 }; /* tcp and shm (cases[]) */
 
+/* Test @p name: @p body on two ranks of group @p gname, over tcp and shm. */
+#define TP_PAIR_TEST(name, gname, body)                                        \
+    ParameterizedTestParameters(p2p_intr, name)                                \
+    {                                                                          \
+        return cr_make_param_array(size_t, mid_tps, 2);                        \
+    }                                                                          \
+    ParameterizedTest(size_t *i, p2p_intr, name, .timeout = 60)                \
+    {                                                                          \
+        pair(*i, gname, body);                                                 \
+    }
+
 /* An interrupt check that asks to stop once @p count (a counter of the
  * context's stats: bytes received, bytes sent) grew past its value when the
  * probe was made. */
@@ -318,16 +329,7 @@ static int body_mid(struct rank_run *rr)
     return rc;
 }
 
-ParameterizedTestParameters(p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off)
-{
-    return cr_make_param_array(size_t, mid_tps, 2);
-}
-
-ParameterizedTest(size_t *i, p2p_intr, a_receive_interrupted_mid_transfer_is_cut_off,
-                  .timeout = 60)
-{
-    pair(*i, "intr_mid", body_mid);
-}
+TP_PAIR_TEST(a_receive_interrupted_mid_transfer_is_cut_off, "intr_mid", body_mid)
 
 /* Rank 0's send of 8 MiB is interrupted mid-transfer (it stalls after one
  * chunk; the check asks to stop once bytes went): the send is withdrawn and
@@ -358,16 +360,7 @@ static int body_send_mid(struct rank_run *rr)
     return send_pattern(rr, MID_SIZE, TAG, 2, NULL);
 }
 
-ParameterizedTestParameters(p2p_intr, a_send_interrupted_mid_transfer_is_cut_off)
-{
-    return cr_make_param_array(size_t, mid_tps, 2);
-}
-
-ParameterizedTest(size_t *i, p2p_intr, a_send_interrupted_mid_transfer_is_cut_off,
-                  .timeout = 60)
-{
-    pair(*i, "intr_smid", body_send_mid);
-}
+TP_PAIR_TEST(a_send_interrupted_mid_transfer_is_cut_off, "intr_smid", body_send_mid)
 
 /* Rank 0's receive waits first for the group's non-blocking allreduce
  * before it, which rank 1 has not joined: the check ends that wait too,
@@ -404,3 +397,86 @@ Test(p2p_intr, a_receive_waiting_behind_queued_calls_is_interrupted, .timeout = 
 {
     pair(0, "intr_queue", body_behind_queue);
 }
+
+/*
+ * Messages of eager pieces sent ahead until the receiver's slots run out,
+ * with as many slots left as part of a message takes: the next message
+ * goes whole once its slots are there, or not at all.  Interrupted, or at
+ * its deadline, it is withdrawn whole, and the receiver takes every message
+ * before it and the one sent after it byte for byte.  Before, the slots
+ * left took the first pieces of it; Ctrl-C then waited for the deadline,
+ * after which the rest were withdrawn, and the receiver took the next
+ * message's pieces as that one's end (a size disagreement, a message lost).
+ */
+#define PIECES_TAG 11
+#define PIECES_MSG 8192u /* three pieces */
+
+/* Credits of this node's connection to @p node above those ordinary sends
+ * leave to urgent ones: slots of the receiver this node may fill. */
+static int free_slots(struct cfx_context *ctx, uint32_t node)
+{
+    int n = -1;
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == node && c->outbound && c->state == CFX_CONN_READY)
+            n = (int)c->eager_credits -
+                (int)CFX_MIN(CFX_EAGER_URGENT, c->eager_granted / 2);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+static int body_pieces(struct rank_run *rr)
+{
+    int rc = CFX_OK;
+    uint8_t *b = malloc(PIECES_MSG);
+    if (rr->rank == 0) {
+        struct intr_probe p = { .ctx = rr->ctx };
+        uint32_t node = rr->g->nodes[1].node_id;
+        nfill = 0;
+        /* a first message makes the connection; then one of 8 B if need be,
+         * so that the slots left after the last whole message are one or two */
+        for (;; nfill++) {
+            if (nfill == 1 && free_slots(rr->ctx, node) % 3 == 0 &&
+                (rc = send_pattern(rr, 8, PIECES_TAG + 1, 0, NULL)) != CFX_OK)
+                break;
+            pattern(b, PIECES_MSG, 100 + (unsigned)nfill);
+            cfx_set_interrupt_check(intr_check, &p);
+            rc = cfx_group_send(rr->g, b, PIECES_MSG, 1, PIECES_TAG, NULL);
+            cfx_set_interrupt_check(NULL, NULL);
+            if (rc != CFX_OK || nfill > CFX_EAGER_CREDITS)
+                break;
+        }
+        if (rc == CFX_ERR_CANCELED)
+            rc = interrupted(rr, rc, &p);
+        else if (rc == CFX_OK)
+            rc = fail(rr, "every message went: the slots never ran out");
+        struct cfx_coll_params cp = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 300 };
+        if (rc == CFX_OK) {
+            pattern(b, PIECES_MSG, 99);
+            rc = cfx_group_send(rr->g, b, PIECES_MSG, 1, PIECES_TAG, &cp);
+            rc = rc == CFX_ERR_TIMEOUT ? CFX_OK
+                                       : fail(rr, rc == CFX_OK ? "the send at its deadline "
+                                              "went" : cfx_last_error());
+        }
+        if (rc != CFX_OK)
+            nfill = -1;
+        pthread_barrier_wait(&bar);
+        if (rc == CFX_OK)
+            rc = send_pattern(rr, PIECES_MSG, PIECES_TAG, 7, NULL);
+    } else {
+        pthread_barrier_wait(&bar);
+        if (nfill < 0)
+            rc = fail(rr, "rank 0 failed");
+        for (int i = 0; rc == CFX_OK && i < nfill; i++)
+            rc = recv_check(rr, PIECES_MSG, PIECES_TAG, 100 + (unsigned)i);
+        if (rc == CFX_OK)
+            rc = recv_check(rr, PIECES_MSG, PIECES_TAG, 7);
+    }
+    free(b);
+    return rc;
+}
+
+TP_PAIR_TEST(messages_of_pieces_go_whole_or_not_at_all, "intr_pieces", body_pieces)
