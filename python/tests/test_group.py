@@ -1,7 +1,23 @@
 """Group collectives under cfx_run: every op and dtype checked byte for byte in the ranks."""
+import subprocess
+import sys
+
 import pytest
 
 from conftest import have_torch, run_ranks
+
+
+def test_python_m_conflux_is_the_launcher():
+    """``python -m conflux`` runs the package's cfx_run: its usage, and a job of 2 ranks."""
+    m = [sys.executable, "-m", "conflux"]
+    p = subprocess.run(m + ["--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "usage: cfx_run -n N" in p.stdout + p.stderr, p
+    prog = "import os; print('rank', os.environ['CFX_RANK'], 'of', os.environ['CFX_WORLD_SIZE'])"
+    p = subprocess.run(m + ["-n", "2", sys.executable, "-c", prog], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p
+    for r in range(2):
+        assert f"[{r}] rank {r} of 2" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])
