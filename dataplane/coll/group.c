@@ -1074,11 +1074,11 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
                    : cfx__ctx_enter(g->ctx, what);
     bool entered = rc == CFX_OK;
     while (rc == CFX_OK && !cfx_list_empty(&g->queue)) {
-        if (cfx__cond_wait_until(&g->cond, &g->lock, cfx__intr_until(UINT64_MAX)))
-            continue;
-        if (cfx__intr_poll(&g->lock))
+        if (cfx__intr_fired())
             rc = cfx__err(CFX_ERR_CANCELED, "group %s %s: interrupted on its thread while it "
                           "waited for the group's non-blocking calls before it", g->name, what);
+        else
+            cfx__cond_wait_intr(&g->cond, &g->lock, UINT64_MAX);
     }
     pthread_mutex_unlock(&g->lock);
     if (rc == CFX_OK)

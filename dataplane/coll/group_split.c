@@ -188,7 +188,6 @@ static void rx_done(struct cfx_group *g, struct split_rx *me)
     pthread_mutex_unlock(&g->split_lock);
 }
 
-
 /* Piece 0 of the next message of (peer, tag) into @p first; CFX_OK when it
  * came, also when it landed as its wait timed out (so that no piece 0 is
  * ever lost: the rest of its message would pass for the next one's). */
@@ -243,13 +242,12 @@ static int split_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, in
 
     pthread_mutex_lock(&g->split_lock);
     while (rx_busy(g, peer, me.tag)) {
-        uint64_t until = cfx__intr_until(deadline);
-        if (cfx__cond_wait_until(&g->split_cond, &g->split_lock, until))
+        bool in_time = !cfx__intr_fired() &&
+                       cfx__cond_wait_intr(&g->split_cond, &g->split_lock, deadline);
+        if (in_time)
             continue;
-        if (until != deadline && !cfx__intr_poll(&g->split_lock))
-            continue; /* the check ran and let the call go on */
         pthread_mutex_unlock(&g->split_lock);
-        if (until != deadline)
+        if (cfx__intr_fired())
             return CFX_ERR_CANCELED; /* interrupted: the caller says so */
         return cfx__err(CFX_ERR_TIMEOUT,
                         "group %s: receive of %zu bytes from rank %d (node %u), tag %d: "

@@ -55,6 +55,16 @@ bool cfx__intr_poll(pthread_mutex_t *held)
     return stop;
 }
 
+bool cfx__cond_wait_intr(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline)
+{
+    uint64_t until = cfx__intr_until(deadline);
+    if (until == deadline)
+        return cfx__cond_wait_until(cond, mu, deadline);
+    if (!cfx__cond_wait_until(cond, mu, until)) /* the check is due */
+        cfx__intr_poll(mu);
+    return true;
+}
+
 bool cfx__intr_fired(void)
 {
     return intr_fired;

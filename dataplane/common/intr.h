@@ -30,5 +30,10 @@ uint64_t cfx__intr_until(uint64_t deadline);
  * stop (then no check runs again in this call). */
 bool cfx__intr_poll(pthread_mutex_t *held);
 bool cfx__intr_fired(void);
+/* Wait on @p cond (@p mu held) until woken or @p deadline, running the
+ * check when due: false once the deadline passed (as cfx__cond_wait_until),
+ * true also when the check ran, so that the caller looks at
+ * cfx__intr_fired(). */
+bool cfx__cond_wait_intr(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t deadline);
 
 #endif

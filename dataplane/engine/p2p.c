@@ -684,16 +684,23 @@ static void send_withdraw(struct cfx_p2p_req *req)
     cfx__progress_leave(ctx, was_held);
 }
 
-int cfx__p2p_withdraw(struct cfx_p2p_req *req)
+/* A request still running is withdrawn (ctx->lock held): an eager receive
+ * taken off the posted list, a rendezvous receive or any send as above. */
+static void withdraw_locked(struct cfx_p2p_req *req)
 {
-    struct cfx_context *ctx = req->ctx;
-    pthread_mutex_lock(&ctx->lock);
     if (req->kind == CFX_P2P_RECV && req->obj->eager)
-        cfx__eager_recv_cancel(ctx, req->obj, &req->in);
+        cfx__eager_recv_cancel(req->ctx, req->obj, &req->in); /* nothing in flight for it */
     else if (p2p_status(req) == CFX_ERR_AGAIN && req->kind == CFX_P2P_RECV)
         recv_withdraw(req);
     else if (p2p_status(req) == CFX_ERR_AGAIN)
         send_withdraw(req);
+}
+
+int cfx__p2p_withdraw(struct cfx_p2p_req *req)
+{
+    struct cfx_context *ctx = req->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    withdraw_locked(req);
     int st = p2p_status(req);
     pthread_mutex_unlock(&ctx->lock);
     return st;
@@ -750,6 +757,14 @@ int cfx__p2p_wait_free_intr(struct cfx_p2p_req *req, uint64_t deadline_ns)
     return wait_free(req, deadline_ns, true);
 }
 
+/* A send no receiver took yet (ctx->lock and the progress lock held): still
+ * running, and no upload of it began. */
+static bool send_untaken(const struct cfx_p2p_req *req)
+{
+    return req->kind == CFX_P2P_SEND && p2p_status(req) == CFX_ERR_AGAIN &&
+           cfx_list_empty(&req->obj->uploads);
+}
+
 bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
 {
     struct cfx_context *ctx = req->ctx;
@@ -758,8 +773,7 @@ bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
     /* and the progress lock: a post still queued as a command runs first,
      * and no request of the receiver matches the send while we look */
     bool was_held = cfx__progress_enter(ctx);
-    bool unasked = req->kind == CFX_P2P_SEND && !obj->eager &&
-                   p2p_status(req) == CFX_ERR_AGAIN && cfx_list_empty(&obj->uploads);
+    bool unasked = !obj->eager && send_untaken(req);
     ctx->n_sends_unasked += unasked;
     cfx__progress_leave(ctx, was_held);
     pthread_mutex_unlock(&ctx->lock);
@@ -769,14 +783,12 @@ bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)
 bool cfx__p2p_withdraw_unsent(struct cfx_p2p_req **reqs, int n)
 {
     struct cfx_context *ctx = reqs[0]->ctx;
-    struct cfx_obj *first = reqs[0]->obj;
     pthread_mutex_lock(&ctx->lock);
     /* and the progress lock: posts still queued as commands run first, and
      * no pass pushes one of the sends or matches a receiver's request with
      * one while they go: all or none */
     bool was_held = cfx__progress_enter(ctx);
-    bool unsent = reqs[0]->kind == CFX_P2P_SEND && p2p_status(reqs[0]) == CFX_ERR_AGAIN &&
-                  cfx_list_empty(&first->uploads);
+    bool unsent = send_untaken(reqs[0]);
     for (int i = 0; unsent && i < n; i++)
         cfx__p2p_send_cancel(ctx, reqs[i]->obj);
     cfx__progress_leave(ctx, was_held);
@@ -853,12 +865,7 @@ void cfx__p2p_free(struct cfx_p2p_req *req)
             block_free(b);
         return;
     }
-    if (p2p_status(req) == CFX_ERR_AGAIN) {
-        if (req->kind == CFX_P2P_RECV)
-            recv_withdraw(req);
-        else
-            send_withdraw(req);
-    }
+    withdraw_locked(req);
     obj->in = NULL;
     obj->deleting = true;
     /* The release frees the block, this request with it: touch neither

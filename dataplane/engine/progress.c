@@ -165,12 +165,10 @@ bool cfx__obj_wait(struct cfx_context *ctx, uint64_t deadline)
 
 bool cfx__obj_wait_intr(struct cfx_context *ctx, uint64_t deadline)
 {
-    uint64_t until = cfx__intr_until(deadline);
-    if (until == deadline)
-        return cfx__obj_wait(ctx, deadline);
-    if (!cfx__obj_wait(ctx, until)) /* the check is due */
-        cfx__intr_poll(&ctx->lock);
-    return true;
+    ctx->obj_waiters++; /* as cfx__obj_wait */
+    bool r = cfx__cond_wait_intr(&ctx->obj_cond, &ctx->lock, deadline);
+    ctx->obj_waiters--;
+    return r;
 }
 
 /* Run one command (progress lock and ctx->lock held). */
