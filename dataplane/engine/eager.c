@@ -248,8 +248,8 @@ static void deliver(struct cfx_context *ctx, struct cfx_obj *obj, const void *da
     struct cfx_xfer_in *in = obj->in;
     int st = CFX_OK;
     if (len != obj->size) {
-        CFX_LOG(WARN, P2P, "node %u: node %u sent %u bytes on tag %u, the receive wants %" PRIu64,
-                ctx->node_id, obj->peer_node, len, obj->tag, obj->size);
+        CFX_LOG(WARN, P2P, "node %u: node %u sent %u bytes on tag %d, the receive wants %" PRIu64,
+                ctx->node_id, obj->peer_node, len, (int)obj->tag, obj->size);
         st = CFX_ERR_INVALID;
     } else if (len) {
         if (likely(obj->memtype == CFX_MEMTYPE_HOST))

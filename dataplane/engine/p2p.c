@@ -135,8 +135,8 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
             continue;
         cfx_list_del(&obj->p2p_link);
         if (obj->size != req->size) {
-            CFX_LOG(WARN, P2P, "node %u: %s wants %" PRIu64 " bytes on tag %u, we send %" PRIu64,
-                    ctx->node_id, conn->name, req->size, req->tag, obj->size);
+            CFX_LOG(WARN, P2P, "node %u: %s wants %" PRIu64 " bytes on tag %d, we send %" PRIu64,
+                    ctx->node_id, conn->name, req->size, (int)req->tag, obj->size);
             struct cfx_dp_nack n = {
                 .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
                          .type = CFX_DP_GET_NACK, .slot = req->hdr.slot },
@@ -392,21 +392,21 @@ static void describe(const struct cfx_p2p_req *req, int st)
         int gone = cfx__node_gone(req->ctx, req->peer);
         pthread_mutex_unlock(&req->ctx->lock);
         if (gone) {
-            cfx__err(st, "%s node %u (tag %u) failed: node %u %s", req->kind == CFX_P2P_SEND
-                     ? "send to" : "receive from", req->peer, req->tag, req->peer,
+            cfx__err(st, "%s node %u (tag %d) failed: node %u %s", req->kind == CFX_P2P_SEND
+                     ? "send to" : "receive from", req->peer, (int)req->tag, req->peer,
                      gone == CFX_NODE_LEFT ? "left the cluster"
                                            : "died (the coordinator reported it)");
             return;
         }
     }
     if (st == CFX_ERR_TIMEOUT)
-        cfx__err(st, "%s node %u (tag %u) did not complete in time: %s", req->kind == CFX_P2P_SEND
-                 ? "send to" : "receive from", req->peer, req->tag,
+        cfx__err(st, "%s node %u (tag %d) did not complete in time: %s", req->kind == CFX_P2P_SEND
+                 ? "send to" : "receive from", req->peer, (int)req->tag,
                  req->kind == CFX_P2P_SEND ? "the receiver never took it"
                                            : "the sender never sent it");
     else if (st != CFX_OK)
-        cfx__err(st, "%s node %u (tag %u) failed: %s", req->kind == CFX_P2P_SEND ? "send to"
-                 : "receive from", req->peer, req->tag,
+        cfx__err(st, "%s node %u (tag %d) failed: %s", req->kind == CFX_P2P_SEND ? "send to"
+                 : "receive from", req->peer, (int)req->tag,
                  st == CFX_ERR_INVALID ? "the two sides disagree on the message size"
                  /* the other side withdrew it under way (cfx__p2p_withdraw) */
                  : st == CFX_ERR_CANCELED && req->kind == CFX_P2P_SEND
@@ -513,9 +513,9 @@ int cfx__p2p_wait_stop(struct cfx_p2p_req *req, uint64_t deadline_ns, const uint
         ;
     if (st == CFX_ERR_AGAIN && who < 0 && !stopped && cfx__ctx_closing(ctx)) {
         pthread_mutex_unlock(&ctx->lock);
-        return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being destroyed",
+        return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %d): the context is being destroyed",
                         req->kind == CFX_P2P_SEND ? "send to" : "receive from", req->peer,
-                        req->tag);
+                        (int)req->tag);
     }
     if (st == CFX_ERR_AGAIN && stopped) {
         pthread_mutex_unlock(&ctx->lock);
@@ -589,9 +589,9 @@ static int wait_all(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns, bool
         }
         if (st == CFX_ERR_AGAIN && cfx__ctx_closing(ctx)) {
             pthread_mutex_unlock(&ctx->lock);
-            return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %u): the context is being "
+            return cfx__err(CFX_ERR_CANCELED, "%s node %u (tag %d): the context is being "
                             "destroyed", reqs[i]->kind == CFX_P2P_SEND ? "send to"
-                            : "receive from", reqs[i]->peer, reqs[i]->tag);
+                            : "receive from", reqs[i]->peer, (int)reqs[i]->tag);
         }
         if (st == CFX_ERR_AGAIN)
             st = CFX_ERR_TIMEOUT;

@@ -1319,7 +1319,7 @@ static int body_split_disagree(struct rank_run *rr)
     if (rr->rank == 0) {
         cfx_test_fill(buf, sizeof(buf), 1);
         if ((rc = cfx_group_send(rr->g, buf, 2 * CFX_EAGER_LIMIT, 1, 3, NULL)) != CFX_OK ||
-            (rc = cfx_group_send(rr->g, buf, 2 * CFX_EAGER_LIMIT, 1, 4, NULL)) != CFX_OK ||
+            (rc = cfx_group_send(rr->g, buf, 2 * CFX_EAGER_LIMIT, 1, -4, NULL)) != CFX_OK ||
             (rc = cfx_group_send(rr->g, buf, 2 * CFX_EAGER_LIMIT + 6, 1, 5, NULL)) != CFX_OK)
             return rc;
     } else {
@@ -1327,8 +1327,10 @@ static int body_split_disagree(struct rank_run *rr)
         if (rc != CFX_ERR_INVALID || !strstr(cfx_last_error(), "disagree on the message size"))
             return cfx__err(CFX_ERR_INTERNAL, "a receive 1 byte short gave %s (%s)",
                             cfx_errname(rc), cfx_last_error());
-        rc = cfx_group_recv(rr->g, buf, 100, 0, 4, &shortp);
-        if (rc != CFX_ERR_TIMEOUT)
+        /* a negative tag is told as the caller wrote it, by both layers */
+        rc = cfx_group_recv(rr->g, buf, 100, 0, -4, &shortp);
+        if (rc != CFX_ERR_TIMEOUT || !strstr(cfx_last_error(), "tag -4:") ||
+            !strstr(cfx_last_error(), "(tag -4)"))
             return cfx__err(CFX_ERR_INTERNAL, "a 100-byte receive of pieces gave %s (%s)",
                             cfx_errname(rc), cfx_last_error());
         /* a piece fewer than the message: only the size ahead of the data
