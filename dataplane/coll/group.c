@@ -629,16 +629,52 @@ static void *group_thread(void *arg)
     return NULL;
 }
 
-/* Take the next sequence number and wait until the calls queued before
- * have run. */
-static uint32_t wait_turn(struct cfx_group *g)
+/* Take the next sequence number for @p a and wait until the calls queued
+ * before have run (each within its deadline).  The thread's interrupt check
+ * runs meanwhile: one that fires cancels the call as a freed request of a
+ * queued call is canceled.  It cannot simply leave, since it holds its
+ * place in the sequence the other ranks run (the next call would pair with
+ * their this one), nor tell them now, ahead of the calls before it: a copy
+ * of its arguments, refused, goes to the queue's end, and the group's thread
+ * tells the others in its turn (coll.c coll_refused), touching no buffer.
+ * With no memory for the copy the wait goes on, uninterrupted. */
+static int wait_turn(struct cfx_group *g, struct coll_args *a)
 {
+    const char *what = cfx__coll_kind_name(a->kind);
+    int rc = CFX_OK;
     pthread_mutex_lock(&g->lock);
-    uint32_t seq = g->next_seq++;
-    while (!cfx_list_empty(&g->queue))
-        pthread_cond_wait(&g->cond, &g->lock);
+    a->seq = g->next_seq++;
+    size_t before = 0;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &g->queue)
+        before++;
+    bool give_up = true;
+    while (!cfx_list_empty(&g->queue)) {
+        if (!give_up || !cfx__intr_fired()) {
+            cfx__cond_wait_intr(&g->cond, &g->lock, UINT64_MAX);
+            continue;
+        }
+        struct coll_args *c = malloc(sizeof(*c));
+        if (!c) {
+            give_up = false;
+            continue;
+        }
+        *c = *a;
+        c->sbuf = NULL; /* refused: read by nothing */
+        c->rbuf = NULL;
+        c->req = NULL;
+        c->device = -1;
+        c->refused = cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": interrupted on its thread "
+                              "while it waited for the group's %zu non-blocking call%s before "
+                              "it (it never ran; the other ranks are told in its turn)", what,
+                              a->seq, before, before == 1 ? "" : "s");
+        rc = c->refused;
+        cfx_list_add_tail(&c->link, &g->queue); /* the thread runs: the queue is not empty */
+        pthread_cond_broadcast(&g->cond);
+        break;
+    }
     pthread_mutex_unlock(&g->lock);
-    return seq;
+    return rc;
 }
 
 /*
@@ -668,9 +704,10 @@ static int run_blocking(struct cfx_group *g, struct coll_args *a)
     int rc = group_enter(g, cfx__coll_kind_name(a->kind));
     if (rc != CFX_OK)
         return rc;
-    a->seq = wait_turn(g);
     cfx__intr_begin();
-    rc = cfx__coll_run(g, a);
+    rc = wait_turn(g, a);
+    if (rc == CFX_OK)
+        rc = cfx__coll_run(g, a);
     cfx__intr_end();
     if (rc == CFX_OK)
         cfx__err_clear(); /* a wait that ran long and then succeeded left its text */

@@ -202,7 +202,8 @@ CFX_API int cfx_group_alltoall(struct cfx_group *g, const void *sendbuf, void *r
  * it: the eager messages of a small call); the group goes on with the next.
  * A blocking call that the thread's interrupt check ends
  * (cfx_set_interrupt_check(), conflux/context.h) is canceled the same way
- * and returns CFX_ERR_CANCELED.
+ * and returns CFX_ERR_CANCELED; one ended while it waited for the group's
+ * non-blocking calls before it never runs, as a queued call freed.
  */
 CFX_API int cfx_group_iallreduce(struct cfx_group *g, const void *sendbuf, void *recvbuf,
                                  size_t count, enum cfx_dtype dtype, enum cfx_redop op,

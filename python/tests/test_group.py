@@ -44,7 +44,8 @@ def test_algorithm_mismatch():
 
 def test_ctrl_c_ends_waits():
     """KeyboardInterrupt in a Work's and a get_nb request's wait, a group's creation, a
-    blocking allreduce, send, recv and get (ranks/interrupt_ranks.py).
+    blocking allreduce (also one waiting behind a Work's), send, recv and get
+    (ranks/interrupt_ranks.py).
     The waits' deadlines are 60 s: the harness's 45 s timeout fails a wait that ignores
     Ctrl-C."""
     run_ranks(2, "interrupt_ranks.py", timeout=45)

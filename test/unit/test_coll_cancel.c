@@ -343,6 +343,68 @@ Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)
     pair_ok("tcp", "cancel_intr", body_interrupted);
 }
 
+/* Rank 0's blocking allreduce waits behind its non-blocking one, which
+ * waits for rank 1: the check ends that wait too (before, it was a plain
+ * condition wait, bounded only by the deadline of the call before).  The
+ * interrupted call never ran: its buffer is untouched, the call before it
+ * completes when rank 1 joins, and rank 1's side of the interrupted one
+ * hears the cancel in its turn. */
+static int body_interrupted_queued(struct rank_run *rr)
+{
+    float *a = malloc(COUNT * sizeof(float)), *b = malloc(COUNT * sizeof(float));
+    int rc = CFX_OK;
+    for (size_t i = 0; i < COUNT; i++)
+        a[i] = b[i] = (float)(rr->rank + 1);
+    if (rr->rank == 0) {
+        struct cfx_request *ra;
+        rc = cfx_group_iallreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &ra);
+        if (rc != CFX_OK)
+            ra = NULL;
+        if (rc == CFX_OK && !started(rr->ctx, ra))
+            rc = fail(rr, "the first call never started");
+        if (rc == CFX_OK) {
+            struct intr_probe p = { .ctx = rr->ctx };
+            cfx_set_interrupt_check(intr_check, &p);
+            int brc = cfx_group_allreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+            cfx_set_interrupt_check(NULL, NULL);
+            if (brc != CFX_ERR_CANCELED ||
+                !strstr(cfx_last_error(), "non-blocking call before it"))
+                rc = fail(rr, brc == CFX_OK ? "the interrupted call completed"
+                                            : cfx_last_error());
+            else if (p.calls != 1)
+                rc = fail(rr, "the check ran again after it asked to stop");
+        }
+        pthread_barrier_wait(&bar);
+        if (ra) {
+            int wrc = cfx_request_wait(ra, 20000);
+            cfx_request_free(ra);
+            if (rc == CFX_OK && wrc != CFX_OK)
+                rc = wrc;
+        }
+        for (size_t i = 0; rc == CFX_OK && i < COUNT; i++)
+            if (a[i] != 3.0f || b[i] != 1.0f)
+                rc = fail(rr, a[i] != 3.0f ? "the first call's sum is wrong"
+                                           : "the interrupted call wrote its buffer");
+        pthread_barrier_wait(&bar);
+    } else {
+        pthread_barrier_wait(&bar);
+        rc = cfx_group_allreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+        if (rc == CFX_OK && a[0] != 3.0f)
+            rc = fail(rr, "the first call's sum is wrong");
+        if (rc == CFX_OK)
+            rc = peer_sees_cancel(rr, b);
+        pthread_barrier_wait(&bar);
+    }
+    free(a);
+    free(b);
+    return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+Test(coll_cancel, an_interrupted_call_waiting_behind_queued_ones_never_runs, .timeout = 60)
+{
+    pair_ok("shm", "cancel_intr_queued", body_interrupted_queued);
+}
+
 /* The creation of a group waits for ranks that have not come: rank 0's
  * check asks to stop, the creation fails CFX_ERR_CANCELED having withdrawn
  * what it published, and the group is then created by both ranks. */

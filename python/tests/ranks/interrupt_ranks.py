@@ -133,6 +133,29 @@ else:
     if not (got == 8).all():
         fail(f"the recv after rank 0's withdrawn send gave {got[:4]}")
 
+# 7. A blocking allreduce waiting behind a Work's allreduce rank 1 has not
+#    joined: Ctrl-C ends that wait too.  The interrupted call never runs:
+#    the Work's completes when rank 1 joins it, and rank 1's side of the
+#    interrupted one hears the cancel.
+if rank == 0:
+    w = g.allreduce(np.full(4, 1, np.float32), async_op=True)
+    interrupted("Group.allreduce", g.allreduce, big)
+    if not (big == 1).all():
+        fail("the interrupted allreduce wrote its buffer")
+    ctx.put("queued-interrupted", b"1")
+    if not (w.wait() == 3).all():
+        fail("the allreduce before the interrupted one went wrong")
+else:
+    told("queued-interrupted")
+    if not (g.allreduce(np.full(4, 2, np.float32)) == 3).all():
+        fail("the allreduce before rank 0's interrupted one went wrong")
+    try:
+        g.allreduce(big)
+        fail("rank 0's interrupted allreduce completed here")
+    except conflux.PeerFailedError as e:
+        if "rank 0" not in str(e) or "canceled" not in str(e):
+            fail(f"rank 0's cancel, said as: {e}")
+
 g.barrier()
 g.close()
 ctx.close()
