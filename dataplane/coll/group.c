@@ -1159,8 +1159,8 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
         rc = cfx__group_split_p2p(g, send, buf, bytes, peer, tag, cfx__deadline_ns(timeout));
     } else {
         struct cfx_p2p_req *req;
-        rc = send ? cfx__p2p_isend(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
-                                   bytes, mt, &req)
+        rc = send ? cfx__p2p_isend_reoffer(g->ctx, &g->nodes[peer], g->chan_user,
+                                           (uint32_t)tag, buf, bytes, mt, &req)
                   : cfx__p2p_irecv(g->ctx, &g->nodes[peer], g->chan_user, (uint32_t)tag, buf,
                                    bytes, mt, &req);
         if (rc != CFX_OK) {

@@ -18,7 +18,7 @@
  *                   end_chunk u32 | rdesc.len u8 | rdesc.data[48]
  *   GET_NACK (12)   hdr | status i32
  *   CREDIT, EAGER_CREDIT (12)  hdr | credits u32
- *   CANCEL, CANCEL_ACK (8)     hdr
+ *   CANCEL, CANCEL_UNSEEN, CANCEL_ACK (8)  hdr
  *   REDUCE_DONE, _ABORT, _LOST (24)  hdr | task u64 | status i32 | node_id u32
  *   REDUCE_TASK     hdr | task u64 | input[20] | output[20] | size u64 |
  *                   chunk_size u32 | timeout_ms u32 | dtype u8 | op u8 |
@@ -239,6 +239,7 @@ int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap)
         w_u32(&w, m->credit.credits);
         break;
     case CFX_DP_CANCEL:
+    case CFX_DP_CANCEL_UNSEEN:
     case CFX_DP_CANCEL_ACK:
         break;
     case CFX_DP_REDUCE_DONE:
@@ -386,6 +387,7 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         host = sizeof(m->credit);
         break;
     case CFX_DP_CANCEL:
+    case CFX_DP_CANCEL_UNSEEN:
     case CFX_DP_CANCEL_ACK:
         memset(&m->hdr, 0, sizeof(m->hdr));
         host = sizeof(m->hdr);
@@ -480,6 +482,7 @@ static int check(const union cfx_dp_msg *msg, size_t len)
         [CFX_DP_CREDIT] = sizeof(struct cfx_dp_credit),
         [CFX_DP_CANCEL] = sizeof(struct cfx_dp_hdr),
         [CFX_DP_CANCEL_ACK] = sizeof(struct cfx_dp_hdr),
+        [CFX_DP_CANCEL_UNSEEN] = sizeof(struct cfx_dp_hdr),
         [CFX_DP_AUTH] = sizeof(struct cfx_dp_auth),
         [CFX_DP_REDUCE_TASK] = sizeof(struct cfx_dp_reduce_task),
         [CFX_DP_REDUCE_DONE] = sizeof(struct cfx_dp_reduce_done),

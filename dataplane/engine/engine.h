@@ -23,9 +23,8 @@
  *    p2p wait or get polls the transports itself, spinning CFX_SPIN_US at
  *    a time and napping on the transports' fds in between for up to
  *    CFX_WAITER_NAP_MS (cfx__progress_poll_wait), then sleeps on
- *    ctx->obj_cond.  (An eager receive is matched against the
- *    unexpected queue and posted right on the calling thread: memory only,
- *    eager.c.)
+ *    ctx->obj_cond.  (An eager receive is matched against the unexpected
+ *    queue and posted right on the calling thread: memory only, eager.c.)
  *  - The progress thread does what must happen with no caller polling:
  *    serving uploads, partial copies, accepting connections, commands.  It
  *    polls while work is in flight, stands aside while an API thread polls
@@ -74,7 +73,7 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 10        /* 2: HELLO carries a nonce; AUTH handshake;
+#define CFX_DP_VERSION 11        /* 2: HELLO carries a nonce; AUTH handshake;
                                     3: eager messages, AUTH grants eager credits;
                                     4: explicit little-endian layout (dp_msg.c), node
                                        records of every address;
@@ -83,15 +82,12 @@
                                     6: CFX_SECURE mode in HELLO and AUTH, under the
                                        MACs; sealed tcp after the handshake;
                                     7: end_chunk in GET_REQ (a striped get's range);
-                                    8: offset, putter and stripes in REDUCE_TASK
-                                       (striped reduces and their gathers);
-                                    9: a collective's check channel carries a rank's
-                                       news that it gave a call up (coll.h), which an
-                                       older rank would take for a disagreement;
+                                    8: offset, putter and stripes in REDUCE_TASK;
+                                    9: a group's check channel carries news that a
+                                       rank gave a call up (coll.h);
                                    10: group messages of 16-64 KiB between ranks of one
-                                       host with shm go as eager pieces
-                                       (cfx__coll_split_max), where an older rank waits
-                                       for a rendezvous and both time out */
+                                       host with shm go as eager pieces;
+                                   11: CANCEL_UNSEEN (cfx__p2p_send_reoffer) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -112,6 +108,7 @@ enum cfx_dp_type {
     CFX_DP_EAGER_CREDIT,/* receiver -> sender: eager messages consumed, send more */
     CFX_DP_GET_DATA,    /* source -> receiver: a whole small object, answering a GET_REQ
                            flagged CFX_DP_GET_SMALL */
+    CFX_DP_CANCEL_UNSEEN,/* as CANCEL, from a p2p receive none of whose message landed */
     CFX_DP_TYPE_MAX
 };
 
@@ -391,6 +388,7 @@ struct cfx_obj {
                                    while an eager receive waits */
     bool eager;                 /* receive: in the eager class (eager.c) */
     bool urgent;                /* send: may use the credits kept back (CFX_EAGER_URGENT) */
+    bool reoffer;               /* send: cfx__p2p_send_reoffer (a group's send) */
     uint16_t eager_batch;       /* send: the first of this many eager sends that go to the
                                    peer together or not at all (cfx__p2p_isend_batch) */
 };
@@ -522,6 +520,7 @@ struct cfx_upload {
     uint32_t inflight;          /* writes posted, not yet completed */
     uint32_t ring;              /* receiver's scratch ring slots (0 = linear) */
     bool canceled;              /* receiver withdrew: CANCEL_ACK once drained */
+    bool unseen;                /* ... before any of it landed there (CANCEL_UNSEEN) */
     bool aborted;               /* we release the object: NACK once drained */
     bool cancel_held;           /* test hook: a CANCEL that came while stalled,
                                    taken at cfx__xfer_test_resume() */
@@ -1028,16 +1027,17 @@ struct cfx_context {
     uint64_t n_waiter_polls;    /* spells of a waiter polling on in place of a nap: a
                                  * busy-polled transport had connections (ctx->lock; tests) */
     uint64_t n_kicks;           /* command eventfd writes (ctx->lock; tests) */
-    uint64_t n_rearms;          /* ifaces re-armed by a leaving poller, no wake-up (ctx->lock; tests) */
+    uint64_t n_rearms;          /* ifaces re-armed by a leaving poller (ctx->lock; tests) */
     uint64_t n_dials;           /* outbound connections started (ctx->lock; tests) */
+    uint64_t n_sends_reoffered; /* cfx__p2p_send_reoffer (ctx->lock; tests) */
     uint64_t n_sends_unasked;   /* canceled collectives' sends withdrawn unasked, without
                                  * their grace (cfx__p2p_send_unasked; ctx->lock; tests) */
     bool stop;
     struct cfx_list cmds;
     pthread_cond_t cmd_done;    /* broadcast when a command finished */
-    /* Free lists of the small-message path, so that a steady stream of
-     * messages does no malloc/free (ctx->lock; each bounded by
-     * CFX_FREE_LIST_MAX, emptied by cfx_context_destroy) */
+    /* Free lists of the small-message path, so that a steady stream of messages
+     * does no malloc/free (ctx->lock; each bounded by CFX_FREE_LIST_MAX, emptied
+     * by cfx_context_destroy) */
     struct cfx_list p2p_cache; /* p2p request blocks (p2p.c), by obj.p2p_link */
     unsigned p2p_ncached;
     struct cfx_list unexp_cache; /* struct cfx_eager_unexp of CFX_UNEXP_CACHED_LEN bytes */
@@ -1341,6 +1341,7 @@ void cfx__p2p_cache_destroy(struct cfx_context *ctx);
 /* p2p.c (progress-lock holder, ctx->lock held) */
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                   const struct cfx_dp_get_req *req);
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id);
@@ -1400,7 +1401,6 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,
                               int *status);
-
 
 /* ---- tasks (task.c) ------------------------------------------------------- */
 

@@ -212,6 +212,28 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
         cfx__xfer_upload_abort(ctx, cfx_list_entry(pos, struct cfx_upload, obj_link));
 }
 
+/* The receive that matched @p obj (a cfx__p2p_isend_reoffer send) was
+ * withdrawn before any of it landed (CANCEL_UNSEEN), and the upload drained:
+ * the message is offered again as if never matched, ahead of the later
+ * sends of its key (they were posted after it), to the next request of the
+ * receiver's. */
+void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj)
+{
+    ctx->n_sends_reoffered++;
+    cfx_list_add_head(&obj->p2p_link, &ctx->p2p_sends);
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->p2p_rtrs) {
+        struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+        if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
+            continue;
+        cfx_list_del(&rtr->link);
+        rtr->conn->p2p_rtrs--;
+        cfx__p2p_rtr(ctx, rtr->conn, &rtr->req); /* matches @p obj: the first of its key */
+        free(rtr);
+        return;
+    }
+}
+
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 {
     struct cfx_list *pos, *tmp;
@@ -227,9 +249,15 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 
 /* ---- API side ---------------------------------------------------------------- */
 
+enum {
+    P2P_MORE = 1u << 0,    /* cfx__p2p_isend_more */
+    P2P_URGENT = 1u << 1,  /* cfx__p2p_isend_urgent */
+    P2P_REOFFER = 1u << 2, /* cfx__p2p_isend_reoffer */
+};
+
 static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_rec *peer,
                    uint64_t chan, uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
-                   bool more, bool urgent, uint16_t batch, struct cfx_p2p_req **out)
+                   unsigned flags, uint16_t batch, struct cfx_p2p_req **out)
 {
     if (!ctx || !peer || !out || (!buf && len))
         return cfx__err(CFX_ERR_INVALID, "%s: NULL argument",
@@ -260,7 +288,8 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     obj->peer_node = peer->node_id;
     obj->chan = chan;
     obj->tag = tag;
-    obj->urgent = urgent;
+    obj->urgent = flags & P2P_URGENT;
+    obj->reoffer = flags & P2P_REOFFER;
     obj->eager_batch = batch;
     cfx__status_set(&obj->p2p_status, CFX_ERR_AGAIN);
     cfx_list_init(&obj->p2p_link);
@@ -286,7 +315,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
             /* we drive: what others queued first, then ours, with no
              * command to allocate, queue and free */
             cfx__progress_run_cmds(ctx);
-            cfx__eager_send_post(ctx, obj, peer, more);
+            cfx__eager_send_post(ctx, obj, peer, flags & P2P_MORE);
             rc = CFX_OK;
         } else {
             rc = cfx__cmd_new(ctx, CFX_CMD_P2P_SEND, obj, peer);
@@ -318,15 +347,22 @@ int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uin
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, false, false, 0,
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, 0, 0, out);
+}
+
+int cfx__p2p_isend_reoffer(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                           uint64_t chan, uint32_t tag, const void *buf, size_t len,
+                           enum cfx_memtype mt, struct cfx_p2p_req **out)
+{
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, mt, P2P_REOFFER, 0,
                    out);
 }
 
 int cfx__p2p_isend_more(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                         uint32_t tag, const void *buf, size_t len, struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
-                   false, 0, out);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST,
+                   P2P_MORE, 0, out);
 }
 
 int cfx__p2p_isend_batch(struct cfx_context *ctx, const struct cfx_node_rec *peer,
@@ -335,23 +371,23 @@ int cfx__p2p_isend_batch(struct cfx_context *ctx, const struct cfx_node_rec *pee
 {
     if (n < 2 || n > UINT16_MAX)
         return cfx__err(CFX_ERR_INVALID, "a batch of %d sends", n);
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, true,
-                   false, (uint16_t)n, out);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST,
+                   P2P_MORE, (uint16_t)n, out);
 }
 
 int cfx__p2p_isend_urgent(struct cfx_context *ctx, const struct cfx_node_rec *peer,
                           uint64_t chan, uint32_t tag, const void *buf, size_t len,
                           struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST, false,
-                   true, 0, out);
+    return p2p_new(ctx, CFX_P2P_SEND, peer, chan, tag, (void *)buf, len, CFX_MEMTYPE_HOST,
+                   P2P_URGENT, 0, out);
 }
 
 int cfx__p2p_irecv(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out)
 {
-    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, false, false, 0, out);
+    return p2p_new(ctx, CFX_P2P_RECV, peer, chan, tag, buf, len, mt, 0, 0, out);
 }
 
 /* ctx->lock held */
@@ -743,6 +779,14 @@ static int wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns, bool intr)
         rc = cfx__p2p_wait(req, deadline_ns);
     else
         describe(req, st);
+    if (rc == CFX_ERR_TIMEOUT && req->kind == CFX_P2P_RECV && !req->obj->eager &&
+        cfx__p2p_withdraw(req) == CFX_OK) {
+        /* the message landed whole while its receive was withdrawn (its send
+         * took the request before it read the CANCEL, and completed):
+         * taken, as the sender was told */
+        cfx__err_clear();
+        rc = CFX_OK;
+    }
     cfx__p2p_free(req);
     return rc;
 }

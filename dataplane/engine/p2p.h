@@ -19,7 +19,8 @@
  *
  * Withdrawal (cfx__p2p_free of a running request) keeps that order, as
  * MPI's cancel does: a receive withdrawn before its message was matched
- * leaves the message to the next receive of its (peer, channel, tag), and
+ * leaves the message to the next receive of its (peer, channel, tag) (one
+ * matched but with none of it landed too, for cfx__p2p_isend_reoffer), and
  * a withdrawn send leaves its receive to the next send.  So a caller that
  * withdraws several messages of one key goes from the last posted to the
  * first: what is left is then the head of the sequence on both sides,
@@ -46,6 +47,16 @@ struct cfx_p2p_req;
 int cfx__p2p_isend(struct cfx_context *ctx, const struct cfx_node_rec *peer, uint64_t chan,
                    uint32_t tag, const void *buf, size_t len, enum cfx_memtype mt,
                    struct cfx_p2p_req **out);
+
+/* As cfx__p2p_isend, for a message whose receiver may withdraw a receive
+ * and post another (a group's send): when the receive that matched it is
+ * withdrawn before any of it landed there (it may have matched a request the
+ * receiver had withdrawn already), the message goes on to the next receive
+ * of its key instead of failing.  A collective's send fails so: its call is
+ * over on the receiver's side. */
+int cfx__p2p_isend_reoffer(struct cfx_context *ctx, const struct cfx_node_rec *peer,
+                           uint64_t chan, uint32_t tag, const void *buf, size_t len,
+                           enum cfx_memtype mt, struct cfx_p2p_req **out);
 
 /* As cfx__p2p_isend of host memory, when another send to @p peer follows at
  * once: an eager send is queued for that one to send with it (tcp: one

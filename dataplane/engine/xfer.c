@@ -32,6 +32,36 @@ static void send_hdr(struct cfx_conn *conn, uint8_t type, uint32_t slot)
     cfx__conn_send(conn, &h, sizeof(h));
 }
 
+/* The CANCEL of @p in: CANCEL_UNSEEN from a p2p receive none of whose
+ * message landed here (a group's send then goes on to the next receive:
+ * cfx__p2p_send_reoffer), the plain one otherwise. */
+static void send_cancel(struct cfx_xfer_in *in)
+{
+    const struct cfx_obj *obj = in->obj;
+    bool unseen = obj && obj->p2p == CFX_P2P_RECV && obj->bitmap;
+    for (uint32_t w = 0; unseen && w < (obj->nchunks + 63) / 64; w++)
+        unseen = !obj->bitmap[w];
+    in->cancel_sent = true;
+    send_hdr(in->conn, unseen ? CFX_DP_CANCEL_UNSEEN : CFX_DP_CANCEL, in->slot);
+}
+
+/* A withdrawn p2p receive whose every chunk landed before the CANCEL_ACK
+ * (the writes come before it): its send matched it before reading the
+ * CANCEL and finished (or wrote its last chunk), and completes; so does the
+ * receive, marked complete here, where failing it lost the message. */
+static bool p2p_landed_whole(struct cfx_xfer_in *in)
+{
+    struct cfx_obj *obj = in->obj;
+    if (!obj || obj->p2p != CFX_P2P_RECV)
+        return false;
+    for (uint32_t c = 0; c < obj->nchunks; c++)
+        if (!((obj->bitmap[c / 64] >> (c % 64)) & 1))
+            return false;
+    obj->ready_chunks = obj->nchunks;
+    obj->complete = true;
+    return true;
+}
+
 static void send_nack(struct cfx_conn *conn, uint32_t slot, int status)
 {
     struct cfx_dp_nack n = {
@@ -270,8 +300,7 @@ void cfx__xfer_get_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
         return;
     }
     if (!in->cancel_sent) {
-        in->cancel_sent = true;
-        send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
+        send_cancel(in);
     } else {
         /* second cancel: the source never acked; stop waiting for it.  A
          * direct shm write of its may still land in the buffer, so arena
@@ -304,10 +333,8 @@ bool cfx__xfer_get_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in)
         obj->in = NULL;
         return false;
     }
-    if (!in->cancel_sent) {
-        in->cancel_sent = true;
-        send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
-    }
+    if (!in->cancel_sent)
+        send_cancel(in);
     /* From here a write into the window lands nothing: the transport drops
      * it whole (tcp in clear, shm, dpdk: a grant revoked lately, the
      * connection kept) or refuses it (verbs, or past the last 64 grants
@@ -341,10 +368,8 @@ bool cfx__xfer_in_abandon(struct cfx_context *ctx, struct cfx_xfer_in *in,
         /* no memory for the engine's copy: cut the transfer off in place,
          * as a second cancel does (grant revoked, slot freed; a late write
          * is refused and fails the connection) */
-        if (!in->cancel_sent) {
-            in->cancel_sent = true;
-            send_hdr(in->conn, CFX_DP_CANCEL, in->slot);
-        }
+        if (!in->cancel_sent)
+            send_cancel(in);
         if (obj->shm_fd >= 0)
             cfx__arena_taint(ctx, obj->buf);
         cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
@@ -438,8 +463,15 @@ void cfx__xfer_write_imm(struct cfx_context *ctx, struct cfx_conn *conn, uint32_
         cfx__conn_fail(conn, CFX_ERR_PROTO, "write of a chunk outside the object");
         return;
     }
-    if (in->cancel_sent)
-        return; /* withdrawn: the bytes are not ours to use any more */
+    if (in->cancel_sent) {
+        /* withdrawn: the bytes are not ours to use any more, but for a p2p
+         * receive's, which its send may have matched before it read the
+         * CANCEL: one whose every chunk landed by the CANCEL_ACK was taken
+         * (p2p_landed_whole), as its sender was told */
+        if (obj->p2p == CFX_P2P_RECV)
+            obj->bitmap[chunk / 64] |= 1ull << (chunk % 64);
+        return;
+    }
     if (in->end) {
         /* a striped get's range: each of its chunks comes once, in order
          * (one connection); the range is done at its last write, also
@@ -551,17 +583,26 @@ static void get_data_send(struct cfx_context *ctx, struct cfx_conn *conn, struct
 }
 
 
-static void upload_free(struct cfx_context *ctx, struct cfx_upload *up)
+/* @p up ends: drained (its writes in flight completed), or not (@p cut: its
+ * connection failed).  A p2p send whose every write completed is done,
+ * also where its receiver withdrew meanwhile (the receive then completes
+ * too: p2p_landed_whole); one cut off before that fails, or goes on to the
+ * next receive (cfx__p2p_send_reoffer). */
+static void upload_free(struct cfx_context *ctx, struct cfx_upload *up, bool cut)
 {
     struct cfx_obj *obj = up->obj;
     cfx_list_del(&up->obj_link);
     cfx_list_del(&up->conn_link);
     if (up->busy)
         cfx_list_del(&up->busy_link);
-    bool finished = up->next == up->end && !up->canceled && !up->aborted;
+    bool finished = !cut && up->next == up->end && !up->aborted;
     bool canceled = up->canceled || up->aborted;
+    bool reoffer = !finished && !cut && up->canceled && up->unseen && !up->aborted &&
+                   obj->reoffer;
     free(up);
-    if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
+    if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && reoffer)
+        cfx__p2p_send_reoffer(ctx, obj);
+    else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
         cfx__status_set(&obj->p2p_status, finished   ? CFX_OK
                                           : canceled ? CFX_ERR_CANCELED
                                                      : CFX_ERR_PEER_FAILED);
@@ -582,18 +623,18 @@ static bool upload_maybe_done(struct cfx_context *ctx, struct cfx_upload *up)
         return false;
     if (up->aborted) {
         send_nack(up->conn, up->slot, CFX_ERR_NOT_FOUND);
-        upload_free(ctx, up);
+        upload_free(ctx, up, false);
         return true;
     }
     if (up->canceled) {
         send_hdr(up->conn, CFX_DP_CANCEL_ACK, up->slot);
-        upload_free(ctx, up);
+        upload_free(ctx, up, false);
         return true;
     }
     if (up->next == up->end) {
         if (unlikely(up->cancel_held)) /* test hook: as a CANCEL finding no upload is */
             send_hdr(up->conn, CFX_DP_CANCEL_ACK, up->slot);
-        upload_free(ctx, up);
+        upload_free(ctx, up, false);
         return true;
     }
     return false;
@@ -985,8 +1026,11 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         }
         break;
     }
-    case CFX_DP_CANCEL: {
+    case CFX_DP_CANCEL:
+    case CFX_DP_CANCEL_UNSEEN: {
         struct cfx_upload *up = upload_find(conn, h.slot);
+        if (up)
+            up->unseen = h.type == CFX_DP_CANCEL_UNSEEN;
         if (unlikely(ctx->test_stall) && up) {
             /* test hook: the stalled holder answers only once it resumes,
              * after the writes it had on their way (cfx__xfer_test_resume);
@@ -1028,7 +1072,7 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         if (in && in->conn == conn && in->abandoned)
             in_drop(ctx, in);
         else if (in && in->conn == conn && in->cancel_sent)
-            cfx__xfer_in_finish(ctx, in, CFX_ERR_CANCELED);
+            cfx__xfer_in_finish(ctx, in, p2p_landed_whole(in) ? CFX_OK : CFX_ERR_CANCELED);
         break;
     }
     }
@@ -1116,7 +1160,7 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     cfx_list_for_each_safe(pos, tmp, &conn->uploads) {
         struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
         up->inflight = 0; /* the endpoint is closed right after: nothing completes */
-        upload_free(ctx, up);
+        upload_free(ctx, up, true);
     }
     cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
     cfx__eager_conn_failed(ctx, conn);

@@ -147,7 +147,13 @@ struct cfx_coll_params {
  * times out; the message waits for a receive of its own kind.  Both run
  * their thread's interrupt check while they wait (for the peer, and for
  * the group's non-blocking calls before them), and one interrupted
- * withdraws its message (cfx_set_interrupt_check(), conflux/context.h). */
+ * withdraws its message (cfx_set_interrupt_check(), conflux/context.h).
+ * A receive withdrawn (interrupted, or at its deadline) takes nothing
+ * unless its message landed whole meanwhile (then it returns CFX_OK, as
+ * the send does); the message goes to the next receive of the tag, also
+ * where the send had begun to write it, none of it having landed (it
+ * took the receive's request before it heard of the withdrawal).  One cut
+ * off with part of its message landed fails that send, saying so. */
 CFX_API int cfx_group_send(struct cfx_group *g, const void *buf, size_t bytes, int peer,
                            int tag, const struct cfx_coll_params *params);
 CFX_API int cfx_group_recv(struct cfx_group *g, void *buf, size_t bytes, int peer, int tag,

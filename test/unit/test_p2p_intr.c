@@ -8,13 +8,15 @@
  * the tag is the one the receiver gets).  Each size class: one eager send
  * (64 B), eager pieces (8 KiB) and the rendezvous (256 KiB); and a
  * rendezvous message cut off mid-transfer from either side, the other
- * side's call failing so.  Before, these waits never ran the check: Ctrl-C
+ * side's call failing so; and a send that takes the request of a receive
+ * withdrawn already.  Before, these waits never ran the check: Ctrl-C
  * in Python's Group.recv() waited for the call's deadline.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,6 +363,147 @@ static int body_send_mid(struct rank_run *rr)
 }
 
 TP_PAIR_TEST(a_send_interrupted_mid_transfer_is_cut_off, "intr_smid", body_send_mid)
+
+/* Whether rank 1 holds a request of rank 0's for the tag is @p want
+ * (generously waited for). */
+static bool request_queued(struct rank_run *rr, int from_rank, bool want)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    uint32_t from = rr->g->nodes[from_rank].node_id;
+    pthread_mutex_lock(&rr->ctx->lock);
+    for (;;) {
+        bool found = false;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &rr->ctx->p2p_rtrs) {
+            const struct cfx_p2p_rtr *r = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
+            found |= r->conn->node_id == from && r->req.chan == rr->g->chan_user &&
+                     r->req.tag == TAG;
+        }
+        if (found == want || cfx__now_ns() >= dl) {
+            pthread_mutex_unlock(&rr->ctx->lock);
+            return found == want;
+        }
+        cfx__obj_wait(rr->ctx, CFX_MIN(dl, cfx__deadline_ns(10)));
+    }
+}
+
+static atomic_bool stale_go;
+
+static int stale_check(void *arg)
+{
+    (void)arg;
+    return atomic_load(&stale_go);
+}
+
+/* Rank 0 (@p at) sent the CANCEL of a withdrawn receive (generously waited
+ * for): on loopback it is in rank 1's queue once the send returned. */
+static bool cancel_sent(struct cfx_context *at)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&at->lock);
+    for (;;) {
+        bool sent = false;
+        for (unsigned i = 0; i < CFX_XFER_SLOTS; i++)
+            sent |= at->slots[i] && at->slots[i]->cancel_sent;
+        if (sent || cfx__now_ns() >= dl) {
+            pthread_mutex_unlock(&at->lock);
+            return sent;
+        }
+        cfx__obj_wait(at, CFX_MIN(dl, cfx__deadline_ns(1)));
+    }
+}
+
+/*
+ * A send that takes a request its receiver has withdrawn already: rank 0's
+ * rendezvous receive is interrupted after its request reached rank 1, whose
+ * progress thread is parked, so that nobody there reads the CANCEL; rank 1
+ * posts its send once the CANCEL went, and the send matches that request
+ * and starts writing before it reads it.  Before, a send that could write
+ * every chunk at once completed while the receive failed (the message was
+ * lost), and one that could not failed as cut off by its receiver, though
+ * the receive took nothing.  Now:
+ *  - 8 MiB (one credit window of its chunks, no more credit coming): the
+ *    CANCEL says none of it landed (CANCEL_UNSEEN), and the send goes on
+ *    to rank 0's next receive, which gets it whole;
+ *  - 256 KiB (every chunk written at once): it lands whole before the
+ *    CANCEL's answer, and the interrupted receive completes with it.
+ */
+static size_t stale_size;
+
+/* Rank 1's progress thread goes on once the send took the stale request
+ * (the send's wait polls only for a while, then leaves it to that thread). */
+static void *stale_resume(void *arg)
+{
+    struct rank_run *rr = arg;
+    if (!request_queued(rr, 0, false))
+        fail(rr, "the send never took rank 0's request");
+    cfx__progress_pause(rr->ctx, false);
+    return NULL;
+}
+
+static int body_stale(struct rank_run *rr)
+{
+    int rc = CFX_OK;
+    if (rr->rank == 0) {
+        uint8_t *got = malloc(stale_size), *want = malloc(stale_size);
+        pattern(want, stale_size, 3);
+        cfx_set_interrupt_check(stale_check, NULL);
+        rc = cfx_group_recv(rr->g, got, stale_size, 1, TAG, NULL);
+        cfx_set_interrupt_check(NULL, NULL);
+        if (stale_size == MID_SIZE && (rc != CFX_ERR_CANCELED ||
+                                       !strstr(cfx_last_error(), "interrupted")))
+            rc = fail(rr, rc == CFX_OK ? "the interrupted receive completed" : cfx_last_error());
+        else if (stale_size == MID_SIZE)
+            rc = recv_check(rr, stale_size, TAG, 3);
+        else if (rc == CFX_OK && memcmp(got, want, stale_size) != 0)
+            rc = fail(rr, "the message received is not the one sent");
+        free(got);
+        free(want);
+        return rc;
+    }
+    atomic_store(&stale_go, false);
+    if (!request_queued(rr, 0, true))
+        return fail(rr, "rank 0's request never came");
+    if ((rc = cfx__progress_pause(rr->ctx, true)) != CFX_OK)
+        return rc;
+    atomic_store(&stale_go, true);
+    if (!cancel_sent(ctxs[0])) {
+        cfx__progress_pause(rr->ctx, false);
+        return fail(rr, "rank 0 never withdrew its receive");
+    }
+    pthread_mutex_lock(&rr->ctx->lock);
+    uint64_t before = rr->ctx->n_sends_reoffered;
+    pthread_mutex_unlock(&rr->ctx->lock);
+    pthread_t t;
+    pthread_create(&t, NULL, stale_resume, rr);
+    rc = send_pattern(rr, stale_size, TAG, 3, NULL);
+    pthread_join(t, NULL);
+    if (rc == CFX_OK && rr->err[0])
+        rc = CFX_ERR_INTERNAL;
+    pthread_mutex_lock(&rr->ctx->lock);
+    uint64_t reoffered = rr->ctx->n_sends_reoffered - before;
+    pthread_mutex_unlock(&rr->ctx->lock);
+    if (rc == CFX_OK && reoffered != (stale_size == MID_SIZE))
+        rc = fail(rr, reoffered ? "a message that landed whole was offered again"
+                                : "the send never took the withdrawn request");
+    return rc;
+}
+
+static int body_stale_reoffer(struct rank_run *rr)
+{
+    stale_size = MID_SIZE;
+    return body_stale(rr);
+}
+
+static int body_stale_whole(struct rank_run *rr)
+{
+    stale_size = 256u << 10;
+    return body_stale(rr);
+}
+
+TP_PAIR_TEST(a_send_that_takes_a_withdrawn_request_goes_to_the_next_receive, "intr_stale",
+             body_stale_reoffer)
+TP_PAIR_TEST(a_withdrawn_receive_that_landed_whole_completes, "intr_whole", body_stale_whole)
 
 /* Rank 0's receive waits first for the group's non-blocking allreduce
  * before it, which rank 1 has not joined: the check ends that wait too,
