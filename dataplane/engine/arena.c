@@ -15,6 +15,7 @@
 #include <string.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #define ARENA_CACHE_MAX  (1024ull * 1024 * 1024) /* bytes of free segments kept */
@@ -49,6 +50,18 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
         return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes cannot be allocated", size);
     if (len == 0)
         len = ARENA_ALIGN;
+    /* A segment's pages are had as they are first touched (shmem overcommits:
+     * a 32 TiB buffer came back CFX_OK on a 23 GiB machine, to die of SIGBUS
+     * or the OOM killer when written).  What this machine's memory and swap
+     * together could never back is refused now; below that, running short is
+     * found when the pages are touched, as with malloc. */
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) {
+        unsigned long long cap = ((unsigned long long)si.totalram + si.totalswap) * si.mem_unit;
+        if (len > cap)
+            return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes: more than this machine's memory "
+                            "and swap together (%llu bytes)", size, cap);
+    }
 
     if (!locked)
         pthread_mutex_lock(&ctx->lock);

@@ -497,7 +497,6 @@ static int get_entry(struct get_op *g)
         return GET_AGAIN;
     }
     cfx__store_insert(&ctx->store, obj);
-    cfx__withdrawn_take(ctx, g->id); /* a new copy: its delete is its own */
     /* withdrawn after the directory answered, before the entry was here to
      * be told: the bytes are the caller's, but no copy (get_finish) */
     obj->withdrawn = cfx__gone_since(ctx, g->id, g->gone_seq);
@@ -806,6 +805,7 @@ static int get_finish_caller(struct get_op *g)
     struct cfx_context *ctx = g->ctx;
     struct cfx_obj *obj = g->obj;
     obj->deleting = true; /* refuses new requests: they fail over */
+    cfx__withdrawn_take(ctx, g->id); /* got anew: a delete here is of no old copy */
     get_account(g);
     uint64_t seq = cfx__record_drop_begin(ctx, g->id);
     pthread_mutex_unlock(&ctx->lock);
@@ -878,6 +878,10 @@ static int get_finish(struct get_op *g)
     pthread_mutex_lock(&ctx->lock);
     obj = cfx__store_find(&ctx->store, g->id);
     if (obj && obj->seq == entry_seq && !obj->deleting) {
+        /* a new copy here: its delete is its own.  Only now: a get that
+         * failed (of an id whose copy here its putter withdrew) leaves that
+         * delete's answer as it was (CFX_OK) */
+        cfx__withdrawn_take(ctx, g->id);
         obj->announced = rc == CFX_OK;
         obj->unrecorded = rc != CFX_OK; /* cached, or the directory was not told */
         pthread_cond_broadcast(&ctx->obj_cond); /* gets here waiting for it (get_held) */

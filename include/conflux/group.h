@@ -59,7 +59,8 @@ enum cfx_group_param_field {
 struct cfx_group_params {
     uint64_t field_mask;   /* which fields are set (CFX_GROUP_PARAM_*); a bit this
                               library does not know: CFX_ERR_UNSUPPORTED */
-    const char *name;      /* group name, unique among live groups; default "world" */
+    const char *name;      /* group name, unique among live groups; default (also
+                              when NULL) "world" */
     int rank;              /* this process's rank; default from the environment */
     int size;              /* number of ranks; default from the environment */
     int timeout_ms;        /* default deadline of the group's calls, >= 1 (else
@@ -75,7 +76,10 @@ struct cfx_group_params {
  * SLURM_PROCID/SLURM_NTASKS (Slurm), PMI_RANK/PMI_SIZE.  Waits until
  * every rank has joined (the group's deadline).
  *
- * @return CFX_OK; CFX_ERR_INVALID (no rank/size found, rank out of range);
+ * @return CFX_OK; CFX_ERR_INVALID (no rank/size found, rank out of range,
+ *         or ranks that disagree on the size: the rank that sees it fails at
+ *         once and tells the others while its context lives; one that exits
+ *         on the error leaves them to their deadline);
  *         CFX_ERR_TIMEOUT naming the ranks that did not join;
  *         CFX_ERR_EXISTS when another process already joined as this rank, or
  *         when this context already has a group of this name (until

@@ -33,6 +33,11 @@ CFX_API const char *cfx_memtype_name(enum cfx_memtype type);
  * between processes of one host, so puts and gets through it take the
  * fewest copies.  Release with cfx_buf_free().
  *
+ * The pages are had as they are first touched, as malloc's are: a size
+ * this machine's memory and swap together could never back fails here
+ * with CFX_ERR_NOMEM, and one that merely does not fit now is found short
+ * when written (the kernel's overcommit rules).
+ *
  * @return CFX_OK, CFX_ERR_INVALID (NULL ctx/out, size 0), CFX_ERR_NOMEM.
  */
 CFX_API int cfx_buf_alloc(struct cfx_context *ctx, size_t size, void **out);

@@ -165,6 +165,7 @@ struct cfx_obj_params {
  *         delete has not returned yet (it names the holders that delete
  *         waits for), or this node holds a copy of it;
  *         CFX_ERR_INVALID (NULL ctx/id, NULL buf with size > 0);
+ *         CFX_ERR_TOO_BIG when @p size is beyond the largest object (64 TiB);
  *         CFX_ERR_CONNECT when the coordinator was unreachable until the
  *         deadline (named in cfx_last_error()); CFX_ERR_TIMEOUT when it did
  *         not answer in time.  A put that failed is withdrawn from the

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -767,14 +768,24 @@ Test(context, api_misuse)
     cr_assert_eq(cfx_delete(a, &id, NULL), CFX_ERR_NOT_FOUND);
     cr_assert_eq(cfx_buf_alloc(a, 0, (void **)&b), CFX_ERR_INVALID);
     /* sizes whose rounding to the arena's 4 KiB wraps (they returned a
-     * 4 KiB buffer and CFX_OK), and one that merely cannot be had */
+     * 4 KiB buffer and CFX_OK), one that merely cannot be had, and ones
+     * that map but more than memory and swap could back (the mapping
+     * overcommits: 1 TiB and 32 TiB came back CFX_OK) */
+    struct sysinfo si;
+    cr_assert_eq(sysinfo(&si), 0);
+    size_t backable = ((size_t)si.totalram + si.totalswap) * si.mem_unit;
     const size_t huge[] = { SIZE_MAX, SIZE_MAX - 100, SIZE_MAX - 4094, SIZE_MAX - 4095,
-                            (size_t)1 << 62 };
+                            (size_t)1 << 62, (size_t)1 << 45, backable + 4096 };
     for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
         void *hb = b;
         cr_assert_eq(cfx_buf_alloc(a, huge[i], &hb), CFX_ERR_NOMEM, "size %zu: %s", huge[i],
                      cfx_last_error());
+        cr_assert_eq(hb, b, "a refused allocation wrote its out pointer");
     }
+    void *hb = NULL;
+    cr_assert_eq(cfx_buf_alloc(a, (size_t)1 << 45, &hb), CFX_ERR_NOMEM);
+    cr_assert(strstr(cfx_last_error(), "more than this machine's memory"), "%s",
+              cfx_last_error());
     /* the default deadline must be one: 0 and negative ones are refused
      * (a negative one left every call without a deadline) */
     for (int t = -5; t <= 0; t += 5) {

@@ -494,6 +494,43 @@ Test(get, stale_cached_alloc_copy_gives_way_to_a_put)
 }
 
 /*
+ * A holder's own delete of a copy its putter withdrew returns CFX_OK
+ * (conflux/object.h), also after a get of the id that failed in between.
+ * b gets x, a deletes it (b's copy is withdrawn), b tries a get of x (the
+ * location cache sends it to a, which has none; it times out), then deletes
+ * x.  That delete gave CFX_ERR_NOT_FOUND ("holds no object"): the failed
+ * get's entry took the note of the withdrawn copy when it began.
+ */
+Test(get, a_failed_get_leaves_a_withdrawn_copys_delete_ok)
+{
+    const size_t size = 100000;
+    struct cfx_context *a, *b;
+    struct cfx_object_id x;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    cr_assert(src && buf);
+    cfx_test_fill(src, size, 44);
+    join("tcp", false, &a);
+    join("tcp", false, &b);
+    cfx_object_id_from_name("withdrawn-then-failed-get", &x);
+    struct cfx_obj_params np = { .field_mask = CFX_OBJ_PARAM_FLAGS,
+                                 .flags = CFX_OBJ_FLAG_NO_INLINE };
+    cr_assert_eq(cfx_put(a, &x, src, size, &np), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get(b, &x, buf, size, NULL, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_test_check(buf, size, 44), (size_t)-1, "wrong bytes");
+    cr_assert_eq(cfx_delete(a, &x, NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx_obj_params tp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 300 };
+    int rc = cfx_get(b, &x, buf, size, NULL, &tp);
+    cr_assert(rc == CFX_ERR_TIMEOUT || rc == CFX_ERR_NOT_FOUND, "a get of a deleted id: %s (%s)",
+              cfx_errname(rc), cfx_last_error());
+    rc = cfx_delete(b, &x, NULL);
+    cr_assert_eq(rc, CFX_OK, "the holder's delete: %s (%s)", cfx_errname(rc), cfx_last_error());
+    cfx_context_destroy(b);
+    cfx_context_destroy(a);
+    free(src);
+    free(buf);
+}
+
+/*
  * A getter the directory sends to a partial holder that has the
  * directory's answer but not yet its entry in the store: the holder keeps
  * the request (GET_WAIT) and serves it from the entry once it exists, so
