@@ -241,6 +241,8 @@ void cfx__ps_peer_failed(struct cfx_ps *ps, struct ps_peer *p, int status)
     cfx__ps_peer_down(ps, p);
     if (!worker && ps->role == CFX_PS_SERVER)
         cfx__ps_server_peer_gone(ps, idx);
+    if (worker && ps->role == CFX_PS_SERVER && status == CFX_ERR_PEER_FAILED)
+        cfx__ps_server_worker_gone(ps, idx);
     if (!worker && ps->role == CFX_PS_WORKER)
         cfx__ps_worker_server_failed(ps, idx, status);
 }

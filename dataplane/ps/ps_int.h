@@ -191,7 +191,8 @@ struct ps_hdr {
                                state was to come from, which it did not (0: none) */
     uint64_t req_id;        /* worker's request id */
     uint64_t clock;         /* PUSH: the worker's step; REPLY: block version */
-    uint64_t min_version;   /* PULL, PUSHPULL: wait until the block has this version */
+    uint64_t min_version;   /* PULL, PUSHPULL: wait until the block has this version;
+                               failed REPLY: 1 + a gone worker whose push it waited for */
     uint64_t len;           /* payload bytes */
     uint64_t lost_base;     /* PUSH, PUSHPULL, PULL: bit i of lost_mask set: the worker's */
     uint64_t lost_mask;     /* push of step lost_base + i of the tensor ended with no answer
@@ -316,6 +317,9 @@ struct cfx_ps {
     /* peers indexed by role */
     struct ps_peer *workers[PS_MAX_WORKERS];
     struct ps_peer *servers[PS_MAX_SERVERS];
+    bool worker_gone[PS_MAX_WORKERS]; /* server: its mailbox failed with no goodbye: a round
+                                   that lacks its push fails (cfx__ps_server_worker_gone) */
+    bool any_worker_gone;
     struct cfx_list tx;         /* struct ps_tx: sends in flight */
     unsigned tx_sweeps;         /* poll_tx calls (every PS_TX_FULL_EVERY-th sweeps all) */
     unsigned cancels;           /* requests freed while running, not yet canceled by the
@@ -428,6 +432,11 @@ void cfx__ps_server_free(struct cfx_ps *ps);
 /* Server: server @p srv's mailbox failed: the requests held here for blocks
  * whose state was to come from it fail, naming it. */
 void cfx__ps_server_peer_gone(struct cfx_ps *ps, uint32_t srv);
+/* Worker @p w's mailbox failed with no goodbye (it died, or left): requests
+ * held for a round (BSP) or a version (SSP) that lacks its push fail now,
+ * naming it, and so do those held later (the expiry sweep), where they
+ * waited for the job's deadline. */
+void cfx__ps_server_worker_gone(struct cfx_ps *ps, uint32_t w);
 /* Server: whether every block of a ready tensor that ps->map gives this
  * server has its state here (none is on its way). */
 bool cfx__ps_server_settled(const struct cfx_ps *ps);

@@ -270,8 +270,19 @@ static bool awaits_the_gone(const struct cfx_ps *ps, uint32_t id)
     return p && p->closed;
 }
 
+static void reply_gone(struct cfx_ps *ps, const struct ps_hdr *req, int status,
+                       struct ps_block *b, bool with_data, uint32_t gone);
+
 static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struct ps_block *b,
                   bool with_data)
+{
+    reply_gone(ps, req, status, b, with_data, 0);
+}
+
+/* reply(); a failure that names worker @p gone - 1 as the one whose push
+ * the request waited for (0: none). */
+static void reply_gone(struct cfx_ps *ps, const struct ps_hdr *req, int status,
+                       struct ps_block *b, bool with_data, uint32_t gone)
 {
     struct ps_peer *w = req->worker < PS_MAX_WORKERS ? ps->workers[req->worker] : NULL;
     if (!w || w->closed) {
@@ -287,6 +298,7 @@ static void reply(struct cfx_ps *ps, const struct ps_hdr *req, int status, struc
         .status = status,
         .req_id = req->req_id,
         .clock = b ? b->version : 0,
+        .min_version = status != CFX_OK ? gone : 0,
         .held_ns = req->held_ns,
     };
     if (status != CFX_OK && !b && req->kind != PS_REQ_INIT)
@@ -1003,6 +1015,57 @@ static void tell_waiting(struct cfx_ps *ps, const struct ps_block *b, struct ps_
     cfx__ps_send(ps, to, &h, NULL, 0, NULL);
 }
 
+/* 1 + a gone worker (cfx__ps_server_worker_gone) whose push of a round
+ * before version @p want @p b still lacks, or 0. */
+static uint32_t gone_lagging(const struct cfx_ps *ps, const struct ps_block *b, uint64_t want)
+{
+    for (uint32_t w = 0; w < b->nworkers && w < PS_MAX_WORKERS; w++)
+        if (ps->worker_gone[w] && b->pushed[w] < want)
+            return w + 1;
+    return 0;
+}
+
+/* Fail the requests held for a round or a version that lacks a gone
+ * worker's push: it never comes.  (A deferred push waits for the round
+ * after the current: every worker's push of the current one.) */
+static int fail_gone_waits(struct cfx_ps *ps)
+{
+    int n = 0;
+    for (uint32_t i = 0; ps->any_worker_gone && i < ps->nblocks_cap; i++) {
+        struct ps_block *b = ps->blocks[i];
+        if (!b)
+            continue;
+        struct cfx_list *lists[] = { &b->deferred, &b->parked };
+        for (unsigned l = 0; l < 2; l++) {
+            struct cfx_list *pos, *tmp;
+            cfx_list_for_each_safe(pos, tmp, lists[l])
+            {
+                struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+                uint32_t g = gone_lagging(ps, b, l ? p->h.min_version : b->version + 1);
+                if (!g)
+                    continue;
+                CFX_LOG(INFO, PS, "job %s: server %d: block %u: worker %u's %s of step %" PRIu64
+                        " waits for worker %u, which is gone: failed", ps->job, ps->index,
+                        b->id, p->h.worker, l ? "pull" : "push", p->h.clock, g - 1);
+                cfx_list_del(pos);
+                reply_gone(ps, &p->h, CFX_ERR_PEER_FAILED, NULL, false, g);
+                pend_free(p);
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+void cfx__ps_server_worker_gone(struct cfx_ps *ps, uint32_t w)
+{
+    if (w >= PS_MAX_WORKERS || ps->worker_gone[w])
+        return;
+    ps->worker_gone[w] = true;
+    ps->any_worker_gone = true;
+    fail_gone_waits(ps);
+}
+
 /* Deferred pushes and parked pulls their workers gave up on (held past
  * twice the job's timeout: the worker's request ended at one) go, with
  * their payload copies; a push that never comes (its worker's request
@@ -1047,6 +1110,7 @@ int cfx__ps_server_tick(struct cfx_ps *ps)
     if (ps->timeout_ms > 0 && now - ps->expire_at < (1ull << 63)) {
         ps->expire_at = now + 100000000ull; /* every 100 ms */
         n += expire_waiting(ps, now);
+        n += fail_gone_waits(ps); /* held since a worker went */
     }
     cfx_list_for_each_safe(pos, tmp, &ps->orphans)
     {

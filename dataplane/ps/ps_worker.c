@@ -527,12 +527,18 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
         uint32_t was = h->forwarded && h->forwarded <= PS_MAX_SERVERS ? h->forwarded - 1
                                                                       : UINT32_MAX;
         const struct ps_peer *wp = was < PS_MAX_SERVERS ? ps->servers[was] : NULL;
+        /* a round (or version) that waited for a worker that is gone */
+        uint64_t gone = h->min_version;
         char src[160] = "";
         if (was != UINT32_MAX)
             snprintf(src, sizeof(src), "; it was to come from server %u (node %u), its owner "
                      "before, which %s", was, wp ? wp->rec.node_id : 0,
                      st == CFX_ERR_PEER_FAILED ? "went before handing it over"
                                                : "has not handed it over");
+        else if (gone && gone <= ps->map.nworkers && gone <= PS_MAX_WORKERS)
+            snprintf(src, sizeof(src), ": the step waited for worker %u (node %u), which is "
+                     "gone with no goodbye: its push never comes", (unsigned)(gone - 1),
+                     ps->map.worker_node[gone - 1]);
         op_fail(ps, op, st, "tensor %s block %u: server %u (node %u) answered %s%s",
                 tensor_name(ps, op->tensor), s->block, from, fp ? fp->rec.node_id : 0,
                 st == h->status ? cfx_strerror(st) : "a status that is none", src);

@@ -264,6 +264,26 @@ ParameterizedTest(struct tp_param *p, ps, scheduler_lost, .timeout = 120)
     cr_assert_eq(rc, 0, "scheduler killed over %s: exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, worker_lost)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* The last worker's rank is SIGKILLed at step 10 (BSP, then SSP): the other
+ * workers' requests that wait for its push fail with CFX_ERR_PEER_FAILED
+ * naming it as soon as a server sees its mailbox fail (cfx_pstest checks
+ * the text; they waited for the job's deadline and timed out), and the
+ * servers end the job as usual. */
+ParameterizedTest(struct tp_param *p, ps, worker_lost, .timeout = 120)
+{
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 4",
+                         "--servers 2 --workers 3 --steps 40 --worker-dies-at 10");
+    cr_assert_eq(rc, 0, "a worker killed under BSP over %s: exited %d", p->tp, rc);
+    rc = pstest_with("", 5, p->tp, "--allow-fail 4", "--servers 2 --workers 3 --steps 40 "
+                     "--consistency ssp --staleness 2 --worker-dies-at 10");
+    cr_assert_eq(rc, 0, "a worker killed under SSP over %s: exited %d", p->tp, rc);
+}
+
 /* rdmactl ps: shards, remove-server while training runs. */
 Test(ps, rdmactl, .timeout = 120)
 {

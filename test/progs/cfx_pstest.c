@@ -34,6 +34,9 @@
  *   --sched-dies-at STEP      worker 0 lets the scheduler's rank (server 0) SIGKILL itself
  *                             before STEP; every other rank must then get
  *                             CFX_ERR_PEER_FAILED naming the scheduler's node (exit 0)
+ *   --worker-dies-at STEP     the last worker SIGKILLs itself before STEP (BSP or SSP):
+ *                             every other worker's op of a step its push is missing from
+ *                             must fail with CFX_ERR_PEER_FAILED naming it (exit 0)
  *   --handover-lost SERVER    SERVER dies as it hands its blocks over (run with
  *                             CFX_PS_TEST_MIGRATE_DIE=1 CFX_PS_TEST_MIGRATE_SERVER=SERVER
  *                             and --remove-at STEP:SERVER): every worker's op from STEP on
@@ -70,7 +73,7 @@
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
-           HANDOVER_LOST = -1, RUNS = 1,
+           HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -302,6 +305,19 @@ static void expect_lost(struct cfx_ps *ps, int rc, const char *role, int index, 
     printf("%s %d: lost server %d: %s\n", role, index, srv, err);
 }
 
+/* --worker-dies-at: @p rc must be CFX_ERR_PEER_FAILED naming worker
+ * @p gone as the one whose push the step waited for. */
+static void expect_worker_gone(int rc, int w, int gone)
+{
+    char err[512], want[64];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    snprintf(want, sizeof(want), "waited for worker %d (node ", gone);
+    if (rc != CFX_ERR_PEER_FAILED || !strstr(err, want) || !strstr(err, "is gone"))
+        DIE("worker %d: got %s (%s), want CFX_ERR_PEER_FAILED saying the step %s...)", w,
+            cfx_errname(rc), err, want);
+    printf("worker %d: lost worker %d: %s\n", w, gone, err);
+}
+
 static int run_server(struct cfx_context *ctx, int index, bool late)
 {
     struct cfx_ps_params p = base_params();
@@ -470,6 +486,8 @@ static int run_worker(struct cfx_context *ctx, int w)
         }
         if (w == 0 && step == SCHED_DIES_AT)
             signal_obj(ctx, "die", 0);
+        if (w == W - 1 && step == WORKER_DIES_AT)
+            raise(SIGKILL);
         if (w == 0 && step == REBAL_AT) {
             uint32_t v = 0;
             CHECK_OK(cfx_ps_rebalance(ctx, JOB, 20000, &v));
@@ -489,6 +507,10 @@ static int run_worker(struct cfx_context *ctx, int w)
             int rc = cfx_ps_wait(req[t], -1);
             if (rc != CFX_OK && SCHED_DIES_AT >= 0 && lost == CFX_OK) {
                 expect_lost(ps, rc, "worker", w, 0);
+                lost = rc;
+            } else if (rc != CFX_OK && WORKER_DIES_AT >= 0 && step >= WORKER_DIES_AT &&
+                       lost == CFX_OK) {
+                expect_worker_gone(rc, w, W - 1);
                 lost = rc;
             } else if (rc != CFX_OK && HANDOVER_LOST >= 0 && step >= REMOVE_AT &&
                        lost == CFX_OK) {
@@ -523,6 +545,8 @@ static int run_worker(struct cfx_context *ctx, int w)
     if (SCHED_DIES_AT >= 0 || HANDOVER_LOST >= 0)
         DIE("worker %d: %d steps and server %d's death was never seen", w, STEPS,
             SCHED_DIES_AT >= 0 ? 0 : HANDOVER_LOST);
+    if (WORKER_DIES_AT >= 0)
+        DIE("worker %d: %d steps and worker %d's death was never seen", w, STEPS, W - 1);
     double secs = (double)(now_ns() - t0) / 1e9;
     if (TRACE) {
         char path[512];
@@ -665,6 +689,8 @@ int main(int argc, char **argv)
             EXPECT_REMOVED = atoi(v), i++;
         else if (!strcmp(a, "--sched-dies-at"))
             SCHED_DIES_AT = atoi(v), i++;
+        else if (!strcmp(a, "--worker-dies-at"))
+            WORKER_DIES_AT = atoi(v), i++;
         else if (!strcmp(a, "--handover-lost"))
             HANDOVER_LOST = atoi(v), i++;
         else if (!strcmp(a, "--wait-retired"))
