@@ -174,9 +174,10 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
  * other ranks that this rank canceled it (their calls fail saying so, and
  * the group's next call pairs as usual), a group's creation withdraws what
  * it published, and a get writes nothing into the buffer once it returned.
- * A receive is withdrawn: a message not under way yet is left for the
- * next receive of its tag, one under way is cut off (its send fails
- * CFX_ERR_CANCELED).  A send its receiver has not taken yet is withdrawn
+ * A receive is withdrawn: a message none of which landed yet is left for
+ * the next receive of its tag, one part of which landed is cut off (its
+ * send fails CFX_ERR_CANCELED), and one that landed whole meanwhile is
+ * taken (the call returns CFX_OK).  A send its receiver has not taken yet is withdrawn
  * and never arrives; one under way is cut off (its receive fails
  * CFX_ERR_NOT_FOUND).  (A message of eager pieces leaves whole, once the
  * receiver has room for all of it, or not at all.)  A message that
