@@ -24,13 +24,19 @@ W = 3
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def ray_session():
     ray.init(num_cpus=W + 1, include_dashboard=False, namespace="conflux-tests", log_to_driver=True,
              configure_logging=False)
-    job = cr.start(timeout=60)
-    yield job
+    cr.start(timeout=60)
+    yield
     ray.shutdown()
     cr.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_session):
+    """The job now running (a test may have ended the first and started another)."""
+    return cr.start(timeout=60)
 
 
 @ray.remote(num_cpus=1)
@@ -133,6 +139,13 @@ class Worker:
     def leave(self, group_name):
         cr.destroy_collective_group(group_name)
         return True
+
+    def rank_of(self, group_name):
+        """get_rank (a declared group's first call joins it), or the RuntimeError's text."""
+        try:
+            return cr.get_rank(group_name)
+        except RuntimeError as e:
+            return str(e)
 
 
 def _check(outs):
@@ -238,3 +251,53 @@ def test_objects_of_every_kind(cluster):
     assert got[3][0] == "bfloat16" and got[3][2] == bits  # ml_dtypes bfloat16 or uint16 bits
     assert got[4] == ("torch", (300,), bits)
     assert got[5][0] == "refused" and "bfloat16" in got[5][1], got[5]
+
+
+def test_destroy_elsewhere_keeps_the_declared_group(cluster):
+    """destroy_collective_group() in an actor that is not a member, in a member
+    before its first call, or in a member a second time, leaves the driver's
+    record alone: it used to remove it, and the members' next get_rank raised
+    "collective group 'g4' is not initialized here"."""
+    ws = [Worker.remote(r) for r in range(W)]
+    outsider = Worker.remote(0)
+    cr.create_collective_group(ws, W, [1, 2, 0], group_name="g4", job=cluster)
+    assert ray.get(outsider.leave.remote("g4"), timeout=60)  # not a member: nothing to leave
+    assert ray.get(ws[0].leave.remote("g4"), timeout=60)  # a member, before it joined
+    assert ray.get([w.rank_of.remote("g4") for w in ws], timeout=120) == [1, 2, 0]
+    ray.get([w.leave.remote("g4") for w in ws], timeout=60)
+    ray.get([w.leave.remote("g4") for w in ws], timeout=60)  # each a second time
+    # the record is still there: the members join the group again
+    assert ray.get([w.rank_of.remote("g4") for w in ws], timeout=120) == [1, 2, 0]
+    ray.get([w.leave.remote("g4") for w in ws], timeout=60)
+    with pytest.raises(RuntimeError, match="'g4' is already declared"):
+        cr.create_collective_group(ws, W, [0, 1, 2], group_name="g4", job=cluster)
+    # the driver's destroy removes it: the group is gone for everyone
+    cr.destroy_collective_group("g4")
+    assert ray.get(ws[0].rank_of.remote("g4"), timeout=60) == \
+        "collective group 'g4' is not initialized here"
+    for w in ws + [outsider]:
+        ray.kill(w)
+
+
+def test_new_job_declares_the_same_group(cluster):
+    """cr.shutdown() removes the records the driver declared: the job started
+    after it declares the same group name, and its actors read the new
+    record (the old one, detached, outlived the job: ActorAlreadyExistsError
+    for the declaration, "not a member" for the new actors)."""
+    ws = [Worker.remote(r) for r in range(W)]
+    cr.create_collective_group(ws, W, [0, 1, 2], group_name="g5", job=cluster)
+    assert ray.get([w.rank_of.remote("g5") for w in ws], timeout=120) == [0, 1, 2]
+    ray.get([w.leave.remote("g5") for w in ws], timeout=60)
+    for w in ws:  # their CPUs are the new actors'
+        ray.kill(w)
+    cr.shutdown()
+    job = cr.start(timeout=60)
+    assert job != cluster
+    ws2 = [Worker.remote(r) for r in range(W)]
+    cr.create_collective_group(ws2, W, [2, 1, 0], group_name="g5", job=job)
+    assert ray.get([w.rank_of.remote("g5") for w in ws2], timeout=120) == [2, 1, 0]
+    _check(ray.get([w.collectives.remote("g5") for w in reversed(ws2)], timeout=120))
+    ray.get([w.leave.remote("g5") for w in ws2], timeout=60)
+    cr.destroy_collective_group("g5")
+    for w in ws2:
+        ray.kill(w)

@@ -25,7 +25,8 @@ passing through Ray's object store: ``ref = cr.put(arr)`` in one actor,
 ``cr.get(ref)`` in another (the ref is a small picklable handle).
 
 Each actor process has one Conflux Context for the job (made on first use);
-``shutdown()`` in the driver stops the coordinator.
+``shutdown()`` in the driver stops the coordinator and removes the groups
+it declared.
 """
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ _ctx_job: Job | None = None
 _ctx_coord: str | None = None  # the coordinator _ctx joined (from job or CFX_COORD)
 _groups: dict[str, Group] = {}
 _puts: dict[str, Any] = {}
+# group name -> (Ray job id, record): the records (named actors)
+# create_collective_group() made in this process, which only this process
+# removes (destroy_collective_group(), shutdown())
+_declared: dict[str, tuple[str, Any]] = {}
 
 
 def _node_ip() -> str:
@@ -97,10 +102,11 @@ def start(bind: str | None = None, timeout: float = 60.0) -> Job:
 def shutdown() -> None:
     """Driver: stop the coordinator (actors should have left their groups).
 
-    This process leaves the job first: its groups and its Context close and
-    its puts are withdrawn, so that a later start() begins a new job that
-    this process can join (the old Context would point at the stopped
-    coordinator).
+    This process leaves the job first: its groups and its Context close, its
+    puts are withdrawn and the records of the groups it declared are removed,
+    so that a later start() begins a new job that this process can join (the
+    old Context would point at the stopped coordinator) and that may declare
+    those groups again.
     """
     global _coordinator, _ctx, _ctx_job, _ctx_coord
     with _lock:
@@ -108,6 +114,8 @@ def shutdown() -> None:
             g.close()
         _groups.clear()
         _puts.clear()
+        for name in list(_declared):
+            _remove_record(name)
         if _ctx is not None:
             _ctx.close()
             _ctx, _ctx_job, _ctx_coord = None, None, None
@@ -169,7 +177,10 @@ def create_collective_group(actors: Sequence[Any], world_size: int, ranks: Seque
     """Driver: declare a group of actors; each joins on its first collective call.
 
     As in ray.util.collective, the declaration lives in a named actor that
-    the members read, so the actors need no setup method of their own.
+    the members read, so the actors need no setup method of their own.  It
+    belongs to this process: destroy_collective_group() or shutdown() here
+    removes it, and it ends with this process's Ray job.  A group name
+    declared and not yet removed is a RuntimeError.
     """
     import ray
     if len(actors) != len(ranks) or sorted(ranks) != list(range(world_size)):
@@ -185,8 +196,35 @@ def create_collective_group(actors: Sequence[Any], world_size: int, ranks: Seque
         def get(self):
             return self.v
 
-    _Info.options(name=_info_name(group_name), lifetime="detached").remote(
-        ids, list(ranks), world_size, job)
+    # Not detached: the record is this process's (its handle is kept in
+    # _declared), so it goes when this job ends, whatever the way, and never
+    # outlives it for a later job to find.
+    try:
+        info = _Info.options(name=_info_name(group_name)).remote(
+            ids, list(ranks), world_size, job)
+    except ValueError as e:  # Ray's ActorAlreadyExistsError
+        if "already" not in str(e):
+            raise
+        raise RuntimeError(f"collective group {group_name!r} is already declared in this Ray "
+                           "job (destroy_collective_group() in the process that declared "
+                           "it removes it)") from None
+    _declared[group_name] = (ray.get_runtime_context().get_job_id(), info)
+
+
+def _remove_record(group_name: str) -> None:
+    """Remove the record this process declared for ``group_name`` and wait until it is gone."""
+    declared = _declared.pop(group_name, None)
+    if declared is None:
+        return
+    import ray
+    job_id, info = declared
+    if not ray.is_initialized() or ray.get_runtime_context().get_job_id() != job_id:
+        return  # the Ray job that declared it ended (ray.shutdown()), and the record with it
+    # Ray's own graceful end (as ray.util.queue's): ready once the record has
+    # exited, which frees its name for a later declaration
+    done, _ = ray.wait([info.__ray_terminate__.remote()], timeout=30)
+    if not done:
+        ray.kill(info)
 
 
 def _group(group_name: str) -> Group:
@@ -198,7 +236,10 @@ def _group(group_name: str) -> Group:
         info = ray.get_actor(_info_name(group_name))
     except ValueError:
         raise RuntimeError(f"collective group {group_name!r} is not initialized here") from None
-    ids, world, job = ray.get(info.get.remote())
+    try:
+        ids, world, job = ray.get(info.get.remote())
+    except ray.exceptions.RayActorError:  # removed while we asked
+        raise RuntimeError(f"collective group {group_name!r} is not initialized here") from None
     me = ray.get_runtime_context().get_actor_id()
     if me not in ids:
         raise RuntimeError(f"this actor is not a member of group {group_name!r}")
@@ -207,16 +248,17 @@ def _group(group_name: str) -> Group:
 
 
 def destroy_collective_group(group_name: str = "default") -> None:
-    """Leave the group in this process (the driver also removes a declared group's record)."""
+    """Leave the group in this process; in the process that declared it
+    (create_collective_group), also remove its record.
+
+    Elsewhere the record stays for the other members: a process that is not
+    in the group, that left it already or that never made a call in it has
+    nothing to leave, and this does nothing there.
+    """
     g = _groups.pop(group_name, None)
     if g is not None:
         g.close()
-        return
-    try:
-        import ray
-        ray.kill(ray.get_actor(_info_name(group_name)))
-    except Exception:
-        pass
+    _remove_record(group_name)
 
 
 def is_group_initialized(group_name: str = "default") -> bool:
