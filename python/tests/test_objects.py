@@ -858,6 +858,30 @@ def test_rank_arguments_are_ints(ctx):
                 call(True)
 
 
+def test_op_is_not_a_bool(ctx):
+    """op= takes a name or its code: True was taken as code 1 ("prod") and
+    False as "sum"; a bool is a TypeError, in every call that reduces."""
+    with conflux.Group(ctx, "ops", rank=0, size=1) as g:
+        x = np.arange(1, 5, dtype=np.float32)
+        calls = (lambda op: g.allreduce(x.copy(), op),
+                 lambda op: g.reduce(x.copy(), 0, op),
+                 lambda op: g.reduce_scatter(x.copy(), op),
+                 lambda op: conflux.reduce_local(x.copy(), x, op))
+        for call in calls:
+            for bad in (True, False, np.bool_(True)):
+                with pytest.raises(TypeError, match=r"^op must be one of \['max', 'min', 'prod', "
+                                                    r"'sum'\] \(or its code 0-3\), not "):
+                    call(bad)
+        with pytest.raises(TypeError, match="^op must be one of"):
+            ctx.reduce_objects(["a"], "b", dtype=np.float32, op=True, timeout=1)
+        # names and codes as before
+        assert np.array_equal(g.allreduce(x.copy(), "prod"), x)
+        assert np.array_equal(g.allreduce(x.copy(), 1), x)
+        y = x.copy()
+        conflux.reduce_local(y, x, 1)
+        assert np.array_equal(y, x * x)
+
+
 _LAUNCHER_VARS = ("CFX_RANK", "CFX_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                   "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK",
                   "PMI_SIZE")

@@ -78,10 +78,10 @@ class Worker:
         cr.allreduce(t, group_name)
         return t.float().numpy()
 
-    def put(self, n):
+    def put(self, n, job=None):
         a = (np.arange(n, dtype=np.float64) * 0.25).reshape(-1, 4)
         self.kept = a
-        return cr.put(a)
+        return cr.put(a, job=job)
 
     def get(self, ref):
         return cr.get(ref, timeout=30)
@@ -126,6 +126,26 @@ class Worker:
             except TypeError as e:
                 out.append(("refused", str(e)))
         return out
+
+    def get_out(self, job, ref):
+        """get into out= of every kind: what came back, is it out, out's bytes; or the error."""
+        import torch
+        cr.context(job)
+        outs = [np.zeros(ref.shape, np.float64), torch.zeros(ref.shape, dtype=torch.float64),
+                bytearray(8 * int(np.prod(ref.shape))),
+                np.zeros((2 * ref.shape[0], ref.shape[1]), np.float64),  # larger
+                np.zeros(int(np.prod(ref.shape)), np.float64),  # as many elements, flat
+                np.zeros((1, 4), np.float64),  # smaller
+                bytearray(8 * int(np.prod(ref.shape)) + 1)]
+        res = []
+        for out in outs:
+            try:
+                got = cr.get(ref, out=out, timeout=30)
+            except ValueError as e:
+                res.append(("ValueError", str(e)))
+            else:
+                res.append((got is out, bytes(memoryview(np.asarray(out)).cast("B"))))
+        return res
 
     def step(self, grad, group_name):
         """The docs' Trainer.step: Ray hands the array read-only, so copy it first."""
@@ -301,3 +321,23 @@ def test_new_job_declares_the_same_group(cluster):
     cr.destroy_collective_group("g5")
     for w in ws2:
         ray.kill(w)
+
+
+def test_get_into_out_fills_out(cluster):
+    """cr.get(ref, out=...) fills out and returns it: an array or tensor of the
+    put's dtype and shape, or a buffer of its size.  Another shape or size
+    is a ValueError: a larger out got the bytes at its start and a numpy
+    uint8 view of them back instead of out."""
+    pytest.importorskip("torch")
+    a, b = Worker.remote(0), Worker.remote(1)
+    ref = ray.get(a.put.remote(64, cluster), timeout=60)  # (16, 4) float64
+    want = (np.arange(64, dtype=np.float64) * 0.25).tobytes()
+    res = ray.get(b.get_out.remote(cluster, ref), timeout=120)
+    assert res[:3] == [(True, want)] * 3
+    assert res[3:] == [
+        ("ValueError", "get: the object has shape (16, 4), out has shape (32, 4)"),
+        ("ValueError", "get: the object has shape (16, 4), out has shape (64,)"),
+        ("ValueError", "get: the object has shape (16, 4), out has shape (1, 4)"),
+        ("ValueError", "get: the object has 512 bytes, out has 513")]
+    ray.kill(a)
+    ray.kill(b)

@@ -80,6 +80,30 @@ def test_group_torch_dtypes_in_process(coord):
                 g.allreduce(torch.zeros(4, dtype=torch.int16))  # not reducible
 
 
+def test_hook_state_checks_its_arguments(coord):
+    """AllreduceHookState refuses what is not a group, or a timeout that is not
+    a number of seconds >= 0, when it is made: they were taken and failed
+    only inside backward(), as a RuntimeError naming another error."""
+    import torch
+    import conflux.torch as cft
+    for bad in (None, "ddp", object()):
+        with pytest.raises(TypeError, match="^AllreduceHookState: group must be a conflux.Group, "
+                                            f"not {type(bad).__name__} "):
+            cft.AllreduceHookState(bad)
+    with conflux.Context(coord=coord.address, token=coord.token, timeout=20) as ctx:
+        with conflux.Group(ctx, "solo-hook", rank=0, size=1) as g:
+            for bad in (-1, -0.5, float("nan"), float("inf"), 2.0**31):
+                with pytest.raises(ValueError, match="^timeout "):
+                    cft.AllreduceHookState(g, timeout=bad)
+            for bad in (True, "5"):
+                with pytest.raises(TypeError, match="^timeout is a number of seconds"):
+                    cft.AllreduceHookState(g, timeout=bad)
+            for t in (None, 0, 2.5):
+                st = cft.AllreduceHookState(g, timeout=t, compress=torch.bfloat16)
+                assert st.timeout == t and st.group is g
+                st.close()
+
+
 def _bits(t):
     import torch
     return t.contiguous().view(torch.uint8) if t.element_size() == 1 else \

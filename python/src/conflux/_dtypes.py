@@ -38,7 +38,12 @@ OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 
 
 def op_code(op: str | int) -> int:
-    """enum cfx_redop of "sum", "prod", "min" or "max" (or the code itself)."""
+    """enum cfx_redop of "sum", "prod", "min" or "max" (or the code itself).
+
+    A bool is a TypeError: True would pass for code 1, "prod".
+    """
+    if isinstance(op, (bool, np.bool_)):
+        raise TypeError(f"op must be one of {sorted(OPS)} (or its code 0-3), not {op!r}")
     if isinstance(op, int) and 0 <= op < 4:
         return op
     try:

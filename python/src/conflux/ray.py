@@ -30,6 +30,7 @@ it declared.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -390,13 +391,29 @@ def _dtype_str(x: Any, a: np.ndarray | None = None) -> str:
 
 def get(ref: ObjectRef, out: Any = None, timeout: float | None = None,
         job: Job | None = None) -> Any:
-    """Fetch ``ref`` into ``out`` or a new numpy array of its dtype and shape."""
+    """Fetch ``ref`` into ``out`` or a new numpy array of its dtype and shape.
+
+    ``out`` (an array or tensor of the put's dtype and shape, or a writable
+    buffer of its size in bytes) is filled and returned; another dtype is a
+    TypeError, another shape or size a ValueError.
+    """
     ctx = context(job)
     if out is not None:
         # its bytes are taken as out's elements: an array or tensor of
         # another type gets garbage (a bytearray or memoryview takes bytes)
-        if hasattr(out, "dtype") and _dtype_str(out) != ref.dtype:
-            raise TypeError(f"get: the object holds {ref.dtype}, out is {out.dtype}")
+        if hasattr(out, "dtype"):
+            if _dtype_str(out) != ref.dtype:
+                raise TypeError(f"get: the object holds {ref.dtype}, out is {out.dtype}")
+            if tuple(out.shape) != ref.shape:
+                # a larger out got the bytes at its start and a uint8 view of
+                # them back, not out
+                raise ValueError(f"get: the object has shape {ref.shape}, out has shape "
+                                 f"{tuple(out.shape)}")
+        else:
+            size = math.prod(ref.shape) * _np_dtype(ref.dtype).itemsize
+            if memoryview(out).nbytes != size:
+                raise ValueError(f"get: the object has {size} bytes, out has "
+                                 f"{memoryview(out).nbytes}")
         return ctx.get(ref.id, out=out, timeout=timeout)
     return ctx.get(ref.id, timeout=timeout, dtype=_np_dtype(ref.dtype), shape=ref.shape)
 

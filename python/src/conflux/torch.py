@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from ._api import Group, ParameterServer
+from ._api import Group, ParameterServer, _ms
 
 __all__ = ["AllreduceHookState", "allreduce_hook", "ParameterServerOptimizer"]
 
@@ -32,11 +32,23 @@ class AllreduceHookState:
         compress: None, torch.float16 or torch.bfloat16: buckets travel in that
             dtype and are cast back (as DDP's fp16/bf16 compression hooks do).
         overlap: run allreduces on a background thread (default); False runs
-            each inside the hook.
+            each inside the hook.  On the background thread Ctrl-C waits for
+            them (their deadline, when a peer hangs); inside the hook, on the
+            main thread, it cancels the bucket's allreduce and backward()
+            raises RuntimeError naming KeyboardInterrupt.
+
+    A group that is not a conflux.Group is a TypeError, a timeout that is not
+    a number of seconds >= 0 a TypeError or ValueError (here, not in backward()).
     """
 
     def __init__(self, group: Group, *, timeout: float | None = None,
                  compress: torch.dtype | None = None, overlap: bool = True):
+        # checked here, not first in backward(), where a failed bucket's
+        # error reaches the caller as a RuntimeError naming it
+        if not isinstance(group, Group):
+            raise TypeError(f"AllreduceHookState: group must be a conflux.Group, not "
+                            f"{type(group).__name__} {group!r}")
+        _ms(timeout)  # a number of seconds, finite and >= 0, or None (TypeError / ValueError)
         if compress not in (None, torch.float16, torch.bfloat16):
             raise ValueError("compress must be None, torch.float16 or torch.bfloat16")
         self.group = group
