@@ -57,6 +57,28 @@ def test_ddp_hook_bf16_compression(tmp_path, gloo):
                 assert np.array_equal(cfx[r][k], cfx[0][k])
 
 
+def test_ddp_example_runs_again_with_the_same_store(tmp_path):
+    """The example removes its FileStore file at its end, so the same command
+    runs again (the file was left behind, and a second run with it waited
+    torch's 30 minutes); a file left by a run that did not end cleanly is
+    refused at once, with what to do."""
+    store = tmp_path / "ddp.store"
+    cmd = [sys.executable, str(EXAMPLES / "ddp_train.py"), "--backend", "conflux", "--store",
+           str(store), "--out", str(tmp_path / "c"), "--steps", "2"]
+    for run in range(2):
+        p = conflux.cfx_run(2, cmd, timeout=120)
+        assert p.returncode == 0, (run, p.stdout[-4000:] + p.stderr[-4000:])
+        assert not store.exists(), run
+    store.write_text("left by a run that died")
+    p = conflux.cfx_run(2, cmd, timeout=120)
+    assert p.returncode != 0
+    # each rank says so; cfx_run may end the others before they do, once the first exited
+    assert f": --store {store} exists and is not empty: left by a run that did not end " \
+           "cleanly, it would make this one wait; remove it or pass another path" in p.stderr, \
+        p.stderr[-4000:]
+    assert store.read_text() == "left by a run that died"
+
+
 def test_parameter_server_optimizer():
     run_ranks(3, "ps_torch_ranks.py", timeout=240)
 
