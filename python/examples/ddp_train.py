@@ -3,8 +3,8 @@
 Run as ranks of cfx_run (rank and size from CFX_RANK / CFX_WORLD_SIZE);
 ``python -m conflux`` is the cfx_run of the installed package:
 
-    python -m conflux -n 2 python ddp_train.py --backend conflux --store /tmp/ddp.store --out /tmp/c
-    python -m conflux -n 2 python ddp_train.py --backend gloo    --store /tmp/ddp.store2 --out /tmp/g
+    python -m conflux -n 2 python ddp_train.py --backend conflux --store /tmp/s1 --out /tmp/c
+    python -m conflux -n 2 python ddp_train.py --backend gloo    --store /tmp/s2 --out /tmp/g
 
 Both runs start from the same weights and see the same data, so their losses
 agree to float rounding.  Each rank writes its losses and final parameters
