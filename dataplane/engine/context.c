@@ -541,6 +541,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     cfx_list_init(&ctx->paced_uploads);
     cfx_list_init(&ctx->p2p_sends);
     cfx_list_init(&ctx->p2p_rtrs);
+    cfx_list_init(&ctx->p2p_awaits);
     cfx_list_init(&ctx->eager_posted);
     cfx_list_init(&ctx->eager_unexp);
     cfx_list_init(&ctx->rtasks);

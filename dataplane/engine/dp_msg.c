@@ -16,7 +16,7 @@
  *   GET_REQ (121)   hdr | id[20] | size u64 | chunk_size u32 | first_chunk u32 |
  *                   credits u32 | flags u32 | chan u64 | tag u32 | ring u32 |
  *                   end_chunk u32 | rdesc.len u8 | rdesc.data[48]
- *   GET_NACK (12)   hdr | status i32
+ *   GET_NACK, CANCEL_DONE (12)  hdr | status i32
  *   CREDIT, EAGER_CREDIT (12)  hdr | credits u32
  *   CANCEL, CANCEL_UNSEEN, CANCEL_ACK (8)  hdr
  *   REDUCE_DONE, _ABORT, _LOST (24)  hdr | task u64 | status i32 | node_id u32
@@ -232,6 +232,7 @@ int cfx__dp_msg_encode(const void *msg, size_t len, void *out, size_t cap)
         w_bytes(&w, m->get_req.rdesc.data, sizeof(m->get_req.rdesc.data));
         break;
     case CFX_DP_GET_NACK:
+    case CFX_DP_CANCEL_DONE:
         w_u32(&w, (uint32_t)m->nack.status);
         break;
     case CFX_DP_CREDIT:
@@ -376,6 +377,7 @@ static int decode(const void *buf, size_t len, union cfx_dp_msg *m, size_t *out_
         host = sizeof(m->get_req);
         break;
     case CFX_DP_GET_NACK:
+    case CFX_DP_CANCEL_DONE:
         memset(&m->nack, 0, sizeof(m->nack));
         m->nack.status = (int32_t)r_u32(&r);
         host = sizeof(m->nack);
@@ -483,6 +485,7 @@ static int check(const union cfx_dp_msg *msg, size_t len)
         [CFX_DP_CANCEL] = sizeof(struct cfx_dp_hdr),
         [CFX_DP_CANCEL_ACK] = sizeof(struct cfx_dp_hdr),
         [CFX_DP_CANCEL_UNSEEN] = sizeof(struct cfx_dp_hdr),
+        [CFX_DP_CANCEL_DONE] = sizeof(struct cfx_dp_nack),
         [CFX_DP_AUTH] = sizeof(struct cfx_dp_auth),
         [CFX_DP_REDUCE_TASK] = sizeof(struct cfx_dp_reduce_task),
         [CFX_DP_REDUCE_DONE] = sizeof(struct cfx_dp_reduce_done),

@@ -73,21 +73,12 @@
 /* ---- data-plane control messages (sent with ep_send) --------------------- */
 
 #define CFX_DP_MAGIC   0xCF1Du
-#define CFX_DP_VERSION 11        /* 2: HELLO carries a nonce; AUTH handshake;
-                                    3: eager messages, AUTH grants eager credits;
-                                    4: explicit little-endian layout (dp_msg.c), node
-                                       records of every address;
-                                    5: the connector proves the token first; both
-                                       node ids under the MACs (conn_auth.c);
-                                    6: CFX_SECURE mode in HELLO and AUTH, under the
-                                       MACs; sealed tcp after the handshake;
-                                    7: end_chunk in GET_REQ (a striped get's range);
-                                    8: offset, putter and stripes in REDUCE_TASK;
-                                    9: a group's check channel carries news that a
-                                       rank gave a call up (coll.h);
-                                   10: group messages of 16-64 KiB between ranks of one
-                                       host with shm go as eager pieces;
-                                   11: CANCEL_UNSEEN (cfx__p2p_send_reoffer) */
+#define CFX_DP_VERSION 11        /* 2: HELLO nonce, AUTH; 3: eager messages; 4: explicit
+                                    little-endian layout; 5: the connector proves the token
+                                    first; 6: CFX_SECURE in HELLO and AUTH; 7: end_chunk in
+                                    GET_REQ; 8: striped REDUCE_TASKs; 9: a group's news that
+                                    a rank gave a call up; 10: eager pieces of 16-64 KiB on
+                                    one host; 11: CANCEL_UNSEEN and CANCEL_DONE (p2p.c) */
 #define CFX_DP_NONCE_LEN 32
 #define CFX_DP_MAC_LEN   32
 
@@ -109,6 +100,8 @@ enum cfx_dp_type {
     CFX_DP_GET_DATA,    /* source -> receiver: a whole small object, answering a GET_REQ
                            flagged CFX_DP_GET_SMALL */
     CFX_DP_CANCEL_UNSEEN,/* as CANCEL, from a p2p receive none of whose message landed */
+    CFX_DP_CANCEL_DONE, /* receiver -> source, after a p2p receive's CANCEL_ACK: CFX_OK (the
+                           message landed whole: taken) or not (struct cfx_dp_nack) */
     CFX_DP_TYPE_MAX
 };
 
@@ -389,6 +382,8 @@ struct cfx_obj {
     bool eager;                 /* receive: in the eager class (eager.c) */
     bool urgent;                /* send: may use the credits kept back (CFX_EAGER_URGENT) */
     bool reoffer;               /* send: cfx__p2p_send_reoffer (a group's send) */
+    uint32_t await_slot;        /* send on ctx->p2p_awaits: its withdrawn receive's slot */
+    bool await_unseen;          /* ... whose CANCEL said none of it landed then */
     uint16_t eager_batch;       /* send: the first of this many eager sends that go to the
                                    peer together or not at all (cfx__p2p_isend_batch) */
 };
@@ -544,6 +539,7 @@ struct cfx_xfer_in {
     uint32_t owed;              /* chunks landed, credit not yet returned */
     int status;                 /* CFX_ERR_AGAIN while running (cfx__status_set) */
     bool cancel_sent;
+    bool verdict;               /* a p2p receive's CANCEL: its ACK is answered (CANCEL_DONE) */
     bool cached;                /* source from the location cache: GET_REQ says so */
     bool small;                 /* may ask for the object in one GET_DATA message */
     bool wait;                  /* the source is a partial holder whose entry may not
@@ -945,6 +941,7 @@ struct cfx_context {
     struct cfx_list paced_uploads;
     struct cfx_list p2p_sends;  /* struct cfx_obj.p2p_link: posted, unmatched */
     struct cfx_list p2p_rtrs;   /* struct cfx_p2p_rtr: receivers waiting for a send */
+    struct cfx_list p2p_awaits; /* struct cfx_obj.p2p_link: sends awaiting CANCEL_DONE */
     struct cfx_list eager_posted; /* struct cfx_obj.p2p_link: eager receives, posting order */
     struct cfx_list eager_unexp;  /* struct cfx_eager_unexp: arrived before their receive */
     /* channels closed for good (a destroyed group's): what is queued on
@@ -1342,6 +1339,9 @@ void cfx__p2p_cache_destroy(struct cfx_context *ctx);
 void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj);
+void cfx__p2p_send_await(struct cfx_context *ctx, struct cfx_obj *obj, uint32_t slot,
+                         bool unseen);
+void cfx__p2p_cancel_done(struct cfx_context *ctx, uint32_t node, uint32_t slot, int status);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                   const struct cfx_dp_get_req *req);
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id);

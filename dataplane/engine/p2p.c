@@ -234,6 +234,44 @@ void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj)
     }
 }
 
+/* @p obj (a send) was written whole, but its receive withdrew before it
+ * heard so: whether the receiver took it comes in its CANCEL_DONE for
+ * @p slot (it does not when it gave the receive up after its grace: the
+ * writes landed nowhere).  The send waits for that, still running. */
+void cfx__p2p_send_await(struct cfx_context *ctx, struct cfx_obj *obj, uint32_t slot,
+                         bool unseen)
+{
+    obj->await_slot = slot;
+    obj->await_unseen = unseen;
+    cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_awaits);
+}
+
+/* The CANCEL_DONE of node @p node's slot @p slot (UINT32_MAX: every one of
+ * the node's, its connection failed): a send awaiting it completes (taken),
+ * goes on to the next receive (dropped, none of it having landed when the
+ * receive withdrew; a group's send), or fails. */
+void cfx__p2p_cancel_done(struct cfx_context *ctx, uint32_t node, uint32_t slot, int status)
+{
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &ctx->p2p_awaits) {
+        struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+        if (obj->peer_node != node || (slot != UINT32_MAX && obj->await_slot != slot))
+            continue;
+        cfx_list_del(&obj->p2p_link);
+        if (status == CFX_OK)
+            cfx__status_set(&obj->p2p_status, CFX_OK);
+        else if (status == CFX_ERR_PEER_FAILED)
+            cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
+        else if (obj->reoffer && obj->await_unseen)
+            cfx__p2p_send_reoffer(ctx, obj);
+        else
+            cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
+        pthread_cond_broadcast(&ctx->obj_cond);
+        if (slot != UINT32_MAX)
+            return;
+    }
+}
+
 void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
 {
     struct cfx_list *pos, *tmp;
@@ -245,6 +283,7 @@ void cfx__p2p_node_dead(struct cfx_context *ctx, uint32_t node_id)
         cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
         pthread_cond_broadcast(&ctx->obj_cond);
     }
+    cfx__p2p_cancel_done(ctx, node_id, UINT32_MAX, CFX_ERR_PEER_FAILED);
 }
 
 /* ---- API side ---------------------------------------------------------------- */

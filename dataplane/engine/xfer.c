@@ -42,6 +42,7 @@ static void send_cancel(struct cfx_xfer_in *in)
     for (uint32_t w = 0; unseen && w < (obj->nchunks + 63) / 64; w++)
         unseen = !obj->bitmap[w];
     in->cancel_sent = true;
+    in->verdict = obj && obj->p2p == CFX_P2P_RECV;
     send_hdr(in->conn, unseen ? CFX_DP_CANCEL_UNSEEN : CFX_DP_CANCEL, in->slot);
 }
 
@@ -52,8 +53,8 @@ static void send_cancel(struct cfx_xfer_in *in)
 static bool p2p_landed_whole(struct cfx_xfer_in *in)
 {
     struct cfx_obj *obj = in->obj;
-    if (!obj || obj->p2p != CFX_P2P_RECV)
-        return false;
+    if (!obj || obj->p2p != CFX_P2P_RECV || !obj->nchunks)
+        return false; /* an empty one comes whole as a NACK of CFX_OK */
     for (uint32_t c = 0; c < obj->nchunks; c++)
         if (!((obj->bitmap[c / 64] >> (c % 64)) & 1))
             return false;
@@ -62,14 +63,18 @@ static bool p2p_landed_whole(struct cfx_xfer_in *in)
     return true;
 }
 
-static void send_nack(struct cfx_conn *conn, uint32_t slot, int status)
+static void send_nack_type(struct cfx_conn *conn, uint8_t type, uint32_t slot, int status)
 {
     struct cfx_dp_nack n = {
-        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION,
-                 .type = CFX_DP_GET_NACK, .slot = slot },
+        .hdr = { .magic = CFX_DP_MAGIC, .version = CFX_DP_VERSION, .type = type, .slot = slot },
         .status = status,
     };
     cfx__conn_send(conn, &n, sizeof(n));
+}
+
+static void send_nack(struct cfx_conn *conn, uint32_t slot, int status)
+{
+    send_nack_type(conn, CFX_DP_GET_NACK, slot, status);
 }
 
 /* ---- receiver side -------------------------------------------------------- */
@@ -584,10 +589,11 @@ static void get_data_send(struct cfx_context *ctx, struct cfx_conn *conn, struct
 
 
 /* @p up ends: drained (its writes in flight completed), or not (@p cut: its
- * connection failed).  A p2p send whose every write completed is done,
- * also where its receiver withdrew meanwhile (the receive then completes
- * too: p2p_landed_whole); one cut off before that fails, or goes on to the
- * next receive (cfx__p2p_send_reoffer). */
+ * connection failed).  A p2p send whose every write completed is done;
+ * where its receiver withdrew meanwhile, the receiver's CANCEL_DONE says
+ * whether the message was taken (cfx__p2p_send_await).  One stopped before
+ * its last write fails, or goes on to the next receive when none of it had
+ * landed (cfx__p2p_send_reoffer). */
 static void upload_free(struct cfx_context *ctx, struct cfx_upload *up, bool cut)
 {
     struct cfx_obj *obj = up->obj;
@@ -595,12 +601,20 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up, bool cut
     cfx_list_del(&up->conn_link);
     if (up->busy)
         cfx_list_del(&up->busy_link);
-    bool finished = !cut && up->next == up->end && !up->aborted;
+    bool written = !cut && up->next == up->end && !up->aborted;
+    bool finished = written && !up->canceled;
     bool canceled = up->canceled || up->aborted;
-    bool reoffer = !finished && !cut && up->canceled && up->unseen && !up->aborted &&
+    /* written whole to a receive that withdrew: its answer to our
+     * CANCEL_ACK says whether it took it */
+    bool await = written && up->canceled;
+    bool reoffer = !written && !cut && up->canceled && up->unseen && !up->aborted &&
                    obj->reoffer;
+    uint32_t slot = up->slot;
+    bool unseen = up->unseen;
     free(up);
-    if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && reoffer)
+    if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && await)
+        cfx__p2p_send_await(ctx, obj, slot, unseen);
+    else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && reoffer)
         cfx__p2p_send_reoffer(ctx, obj);
     else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
         cfx__status_set(&obj->p2p_status, finished   ? CFX_OK
@@ -1068,13 +1082,28 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
         get_data_recv(ctx, conn, data);
         break;
     case CFX_DP_CANCEL_ACK: {
+        /* a p2p receive's source learns what became of its message, which
+         * it may have written whole before it read the CANCEL (a send that
+         * took a request withdrawn already): taken, or dropped (abandoned
+         * after the grace: its writes landed nowhere) */
         struct cfx_xfer_in *in = ctx->slots[h.slot];
-        if (in && in->conn == conn && in->abandoned)
+        if (in && in->conn == conn && in->abandoned) {
+            if (in->verdict)
+                send_nack_type(conn, CFX_DP_CANCEL_DONE, in->slot, CFX_ERR_CANCELED);
             in_drop(ctx, in);
-        else if (in && in->conn == conn && in->cancel_sent)
-            cfx__xfer_in_finish(ctx, in, p2p_landed_whole(in) ? CFX_OK : CFX_ERR_CANCELED);
+        } else if (in && in->conn == conn && in->cancel_sent) {
+            bool whole = p2p_landed_whole(in);
+            if (in->verdict)
+                send_nack_type(conn, CFX_DP_CANCEL_DONE, in->slot,
+                               whole ? CFX_OK : CFX_ERR_CANCELED);
+            cfx__xfer_in_finish(ctx, in, whole ? CFX_OK : CFX_ERR_CANCELED);
+        }
         break;
     }
+    case CFX_DP_CANCEL_DONE:
+        cfx__p2p_cancel_done(ctx, conn->node_id, h.slot,
+                             ((const struct cfx_dp_nack *)data)->status);
+        break;
     }
 }
 
@@ -1163,6 +1192,7 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
         upload_free(ctx, up, true);
     }
     cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
+    cfx__p2p_cancel_done(ctx, conn->node_id, UINT32_MAX, CFX_ERR_PEER_FAILED);
     cfx__eager_conn_failed(ctx, conn);
 }
 

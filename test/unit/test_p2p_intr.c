@@ -296,6 +296,7 @@ static int bytes_check(void *arg)
 }
 
 static struct cfx_context *sender_ctx; /* rank 1's, which rank 0 resumes */
+static size_t mid_size;                /* the message of body_mid */
 
 static int body_mid(struct rank_run *rr)
 {
@@ -304,17 +305,17 @@ static int body_mid(struct rank_run *rr)
         sender_ctx = rr->ctx;
         cfx__xfer_test_stall(rr->ctx, 1);
         pthread_barrier_wait(&bar);
-        rc = send_pattern(rr, MID_SIZE, TAG, 1, NULL);
+        rc = send_pattern(rr, mid_size, TAG, 1, NULL);
         if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "the receiver withdrew"))
             return fail(rr, rc == CFX_OK ? "the send completed" : cfx_last_error());
-        return send_pattern(rr, MID_SIZE, TAG, 2, NULL);
+        return send_pattern(rr, mid_size, TAG, 2, NULL);
     }
     uint8_t *buf = malloc(MID_SIZE);
     memset(buf, 0xEE, MID_SIZE);
     pthread_barrier_wait(&bar);
     struct bytes_probe p = bytes_probe(rr->ctx, &rr->ctx->stats.bytes_received);
     cfx_set_interrupt_check(bytes_check, &p);
-    rc = cfx_group_recv(rr->g, buf, MID_SIZE, 1, TAG, NULL);
+    rc = cfx_group_recv(rr->g, buf, mid_size, 1, TAG, NULL);
     cfx_set_interrupt_check(NULL, NULL);
     if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
         rc = fail(rr, rc == CFX_OK ? "the interrupted receive completed" : cfx_last_error());
@@ -323,7 +324,7 @@ static int body_mid(struct rank_run *rr)
     memset(buf, 0x5A, MID_SIZE); /* the caller's again */
     cfx__xfer_test_resume(sender_ctx);
     if (rc == CFX_OK)
-        rc = recv_check(rr, MID_SIZE, TAG, 2);
+        rc = recv_check(rr, mid_size, TAG, 2);
     for (size_t i = 0; rc == CFX_OK && i < MID_SIZE; i++)
         if (buf[i] != 0x5A)
             rc = fail(rr, "the interrupted receive wrote the buffer after it returned");
@@ -331,7 +332,52 @@ static int body_mid(struct rank_run *rr)
     return rc;
 }
 
-TP_PAIR_TEST(a_receive_interrupted_mid_transfer_is_cut_off, "intr_mid", body_mid)
+static int body_mid_window(struct rank_run *rr)
+{
+    mid_size = MID_SIZE; /* more than one credit window of chunks */
+    return body_mid(rr);
+}
+
+TP_PAIR_TEST(a_receive_interrupted_mid_transfer_is_cut_off, "intr_mid", body_mid_window)
+
+/* As above with 256 KiB, whose every chunk the stalled sender writes once
+ * it resumes, after rank 0 gave its receive up (the CANCEL unanswered for
+ * its grace: the writes land nowhere).  The receiver's CANCEL_DONE says it
+ * dropped the message, and the send fails: it completed, and the message
+ * was lost. */
+static int body_mid_whole(struct rank_run *rr)
+{
+    mid_size = 256u << 10;
+    return body_mid(rr);
+}
+
+TP_PAIR_TEST(a_send_written_whole_after_its_receive_gave_up_fails, "intr_midw", body_mid_whole)
+
+/* A receive of 0 bytes by rendezvous (CFX_EAGER_MAX=0: every message is) that
+ * times out with no send takes nothing: it came back CFX_OK, a message of
+ * nothing landed "whole"; the message sent after goes to the next receive. */
+static int body_empty(struct rank_run *rr)
+{
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 300 };
+    char none;
+    int rc;
+    if (rr->rank == 0) {
+        rc = cfx_group_recv(rr->g, &none, 0, 1, TAG, &p);
+        if (rc != CFX_ERR_TIMEOUT)
+            return fail(rr, rc == CFX_OK ? "a receive with no send completed" : cfx_last_error());
+        pthread_barrier_wait(&bar);
+        return cfx_group_recv(rr->g, &none, 0, 1, TAG, NULL);
+    }
+    pthread_barrier_wait(&bar);
+    return cfx_group_send(rr->g, &none, 0, 0, TAG, NULL);
+}
+
+Test(p2p_intr, an_empty_receive_that_times_out_takes_nothing, .timeout = 60)
+{
+    setenv("CFX_EAGER_MAX", "0", 1);
+    pair(0, "intr_empty", body_empty);
+    unsetenv("CFX_EAGER_MAX");
+}
 
 /* Rank 0's send of 8 MiB is interrupted mid-transfer (it stalls after one
  * chunk; the check asks to stop once bytes went): the send is withdrawn and
