@@ -520,8 +520,55 @@ static void fail_posted(struct cfx_context *ctx, uint32_t node_id, int status)
  * groups anyway).  Messages already in the unexpected queue stay: they
  * arrived whole, and a rank that sent and exited may be matched later.
  */
+/*
+ * Messages a closed connection left in the unexpected queue stay for the
+ * receives that want them (sent before their sender went), but no credit
+ * bounds them any more: a peer that holds the token could close and open
+ * connections (under any node id it names) and pile up 64 on each, without
+ * end.  So what closed connections left is capped: EAGER_ORPHANS_NODE of one
+ * node, EAGER_ORPHANS_ALL in all; past that the oldest go, with a warning
+ * (an honest peer leaves that many only after several connections failed
+ * with its messages unread).
+ */
+#define EAGER_ORPHANS_NODE (4 * CFX_EAGER_CREDITS)
+#define EAGER_ORPHANS_ALL  (64 * CFX_EAGER_CREDITS)
+
+/* Mark what @p conn left as orphans (conn_id 0: no credit goes back for it)
+ * and enforce the caps, oldest first. */
+static void orphans_cap(struct cfx_context *ctx, const struct cfx_conn *conn)
+{
+    unsigned node = 0, all = 0, dropped = 0;
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each(pos, &ctx->eager_unexp) {
+        struct cfx_eager_unexp *u = cfx_list_entry(pos, struct cfx_eager_unexp, link);
+        if (u->conn_id == conn->eager_id)
+            u->conn_id = 0;
+        all += !u->conn_id;
+        node += !u->conn_id && u->node_id == conn->node_id;
+    }
+    cfx_list_for_each_safe(pos, tmp, &ctx->eager_unexp) {
+        struct cfx_eager_unexp *u = cfx_list_entry(pos, struct cfx_eager_unexp, link);
+        if (node <= EAGER_ORPHANS_NODE && all <= EAGER_ORPHANS_ALL)
+            break;
+        bool mine = u->node_id == conn->node_id;
+        if (u->conn_id || !((mine && node > EAGER_ORPHANS_NODE) || all > EAGER_ORPHANS_ALL))
+            continue;
+        node -= mine;
+        all--;
+        dropped++;
+        cfx_list_del(&u->link);
+        unexp_put(ctx, u);
+    }
+    if (dropped)
+        CFX_LOG(WARN, P2P, "node %u: dropped the %u oldest messages that closed connections "
+                "left here unreceived (node %u's now hold %u; more than %u of one node's, or "
+                "%u in all, are not kept)", ctx->node_id, dropped, conn->node_id, node,
+                EAGER_ORPHANS_NODE, EAGER_ORPHANS_ALL);
+}
+
 void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
 {
+    orphans_cap(ctx, conn);
     struct cfx_list *pos, *tmp, *queues[] = { &conn->eager_uq, &conn->eager_q };
     for (size_t i = 0; i < CFX_ARRAY_SIZE(queues); i++) {
         cfx_list_for_each_safe(pos, tmp, queues[i]) {

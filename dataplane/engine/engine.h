@@ -147,8 +147,8 @@ struct cfx_dp_eager {
 
 /* Largest eager payload any transport carries in one ep_send. */
 #define CFX_EAGER_LIMIT   (CFX_TP_SEND_MAX - (uint32_t)sizeof(struct cfx_dp_eager))
-#define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (unexpected-queue
-                                   bound per peer: 64 x 4 KiB) */
+#define CFX_EAGER_CREDITS 64    /* eager messages granted per connection (its unexpected-
+                                   queue bound; closed ones' entries: eager.c orphans_cap) */
 #define CFX_EAGER_URGENT  4     /* ... of which ordinary sends leave this many to urgent ones
                                    (cfx__p2p_isend_urgent), which data the peer does not
                                    receive must not hold up (eager.c, "Credits") */

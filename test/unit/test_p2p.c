@@ -286,6 +286,100 @@ ParameterizedTest(struct tp_param *p, p2p, eager_unexpected_flood, .timeout = 12
     down();
 }
 
+ParameterizedTestParameters(p2p, orphans_of_closed_connections_are_capped)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/* @p at has no live connection with node @p node (waited for, bounded). */
+static bool no_conn(struct cfx_context *at, uint32_t node)
+{
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&at->lock);
+    for (;;) {
+        bool live = false;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &at->conns) {
+            const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+            live |= c->node_id == node && c->state != CFX_CONN_FAILED;
+        }
+        if (!live || cfx__now_ns() >= dl) {
+            pthread_mutex_unlock(&at->lock);
+            return !live;
+        }
+        cfx__obj_wait(at, CFX_MIN(dl, cfx__deadline_ns(1)));
+    }
+}
+
+/*
+ * What closed connections left in the unexpected queue is capped: a peer
+ * that holds the token, piling a credit grant of messages nobody receives
+ * on each of a run of connections, made the receiver hold them all (an
+ * adversarial trial grew one by 10,240 entries and 41 MB, without end).
+ * Here a's connection to b closes after each of 6 rounds of 60 messages:
+ * b keeps the newest 4 grants' worth (256), which its receives then take
+ * in order.
+ */
+ParameterizedTest(struct tp_param *p, p2p, orphans_of_closed_connections_are_capped,
+                  .timeout = 120)
+{
+    enum { ROUNDS = 6, PER = CFX_EAGER_CREDITS - CFX_EAGER_URGENT, KEPT = 4 * CFX_EAGER_CREDITS };
+    up(p->tp);
+    uint64_t *src = malloc(ROUNDS * PER * sizeof(*src));
+    unsigned held = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < PER; i++) {
+            int k = round * PER + i;
+            struct cfx_p2p_req *s;
+            src[k] = 0x0ff50000ull + (uint64_t)k;
+            cr_assert_eq(cfx__p2p_isend(a, &rb, 13, 5, &src[k], sizeof(src[k]),
+                                        CFX_MEMTYPE_HOST, &s), CFX_OK);
+            cr_assert_eq(cfx__p2p_wait(s, cfx__deadline_ns(10000)), CFX_OK, "%s",
+                         cfx_last_error());
+            cfx__p2p_free(s);
+        }
+        uint64_t dl = cfx__deadline_ns(10000);
+        pthread_mutex_lock(&b->lock);
+        for (;;) { /* each arrival wakes obj_cond */
+            unsigned n = 0;
+            struct cfx_list *q;
+            cfx_list_for_each(q, &b->eager_unexp)
+                n++;
+            if (n >= held + PER || !cfx__obj_wait(b, dl))
+                break;
+        }
+        pthread_mutex_unlock(&b->lock);
+        cr_assert_eq(unexpected_count(b), held + PER, "round %d", round);
+        cfx__progress_lock(b);
+        pthread_mutex_lock(&b->lock);
+        struct cfx_list *pos, *tmp;
+        cfx_list_for_each_safe(pos, tmp, &b->conns) {
+            struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+            if (c->node_id == a->node_id)
+                cfx__conn_fail(c, CFX_ERR_IO, "test: closed");
+        }
+        pthread_mutex_unlock(&b->lock);
+        cfx__progress_unlock(b);
+        cr_assert(no_conn(a, b->node_id), "a kept its connection to b");
+        held = CFX_MIN(held + PER, (unsigned)KEPT);
+        cr_assert_eq(unexpected_count(b), held, "round %d: held", round);
+    }
+    for (unsigned i = 0; i < held; i++) {
+        uint64_t got = 0;
+        struct cfx_p2p_req *r;
+        cr_assert_eq(cfx__p2p_irecv(b, &ra, 13, 5, &got, sizeof(got), CFX_MEMTYPE_HOST, &r),
+                     CFX_OK);
+        cr_assert_eq(cfx__p2p_wait(r, cfx__deadline_ns(10000)), CFX_OK, "%s", cfx_last_error());
+        cfx__p2p_free(r);
+        size_t k = ROUNDS * PER - held + i; /* the newest kept, oldest first */
+        cr_assert_eq(got, src[k], "message %u: got %llx, want %llx", i,
+                     (unsigned long long)got, (unsigned long long)src[k]);
+    }
+    cr_assert_eq(unexpected_count(b), 0);
+    free(src);
+    down();
+}
+
 ParameterizedTestParameters(p2p, urgent_passes_what_is_not_received)
 {
     return cr_make_param_array(struct tp_param, tps, 2);
