@@ -664,9 +664,10 @@ static int wait_turn(struct cfx_group *g, struct coll_args *a)
         c->rbuf = NULL;
         c->req = NULL;
         c->device = -1;
-        c->refused = cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": interrupted on its thread "
-                              "while it waited for the group's %zu non-blocking call%s before "
-                              "it (it never ran; the other ranks are told in its turn)", what,
+        c->refused = cfx__err(CFX_ERR_CANCELED, "group %s %s #%" PRIu32 ": interrupted on its "
+                              "thread while it waited for %zu call%s queued before it (a "
+                              "non-blocking call, or one given up as this one; it never ran, "
+                              "and the other ranks are told in its turn)", g->name, what,
                               a->seq, before, before == 1 ? "" : "s");
         rc = c->refused;
         cfx_list_add_tail(&c->link, &g->queue); /* the thread runs: the queue is not empty */

@@ -50,18 +50,6 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
         return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes cannot be allocated", size);
     if (len == 0)
         len = ARENA_ALIGN;
-    /* A segment's pages are had as they are first touched (shmem overcommits:
-     * a 32 TiB buffer came back CFX_OK on a 23 GiB machine, to die of SIGBUS
-     * or the OOM killer when written).  What this machine's memory and swap
-     * together could never back is refused now; below that, running short is
-     * found when the pages are touched, as with malloc. */
-    struct sysinfo si;
-    if (sysinfo(&si) == 0) {
-        unsigned long long cap = ((unsigned long long)si.totalram + si.totalswap) * si.mem_unit;
-        if (len > cap)
-            return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes: more than this machine's memory "
-                            "and swap together (%llu bytes)", size, cap);
-    }
 
     if (!locked)
         pthread_mutex_lock(&ctx->lock);
@@ -86,6 +74,19 @@ static int arena_alloc(struct cfx_context *ctx, size_t size, void **out, int *fd
     }
     if (!locked)
         pthread_mutex_unlock(&ctx->lock);
+
+    /* A new segment's pages are had as they are first touched (shmem
+     * overcommits: a 32 TiB buffer came back CFX_OK on a 23 GiB machine, to
+     * die of SIGBUS or the OOM killer when written).  What this machine's
+     * memory and swap together could never back is refused now; below that,
+     * running short is found when the pages are touched, as with malloc. */
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) {
+        unsigned long long cap = ((unsigned long long)si.totalram + si.totalswap) * si.mem_unit;
+        if (len > cap)
+            return cfx__err(CFX_ERR_NOMEM, "arena: %zu bytes: more than this machine's memory "
+                            "and swap together (%llu bytes)", size, cap);
+    }
 
     seg = calloc(1, sizeof(*seg));
     if (!seg)

@@ -368,7 +368,7 @@ static int body_interrupted_queued(struct rank_run *rr)
             int brc = cfx_group_allreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
             cfx_set_interrupt_check(NULL, NULL);
             if (brc != CFX_ERR_CANCELED ||
-                !strstr(cfx_last_error(), "non-blocking call before it"))
+                !strstr(cfx_last_error(), "1 call queued before it"))
                 rc = fail(rr, brc == CFX_OK ? "the interrupted call completed"
                                             : cfx_last_error());
             else if (p.calls != 1)
