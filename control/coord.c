@@ -816,45 +816,6 @@ static void on_conn_io(struct cfx_ev_loop *loop, struct cfx_ev_io *io, unsigned 
     conn_parse(co, c);
 }
 
-/*
- * A WARN line for an event a flood repeats (a refusal, an eviction, an fd
- * shed): the first at once, then at most one a second, saying how many it
- * stands for; on_tick writes what a quiet second leaves over
- * (ratelog_flush).  One line per refused connection filled the disk (45 MB
- * in 21 s of a flood).
- */
-static void ratelog(struct coord_ratelog *rl, uint64_t now, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void ratelog(struct coord_ratelog *rl, uint64_t now, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(rl->last, sizeof(rl->last), fmt, ap);
-    va_end(ap);
-    if (rl->logged_ns && now - rl->logged_ns < 1000000000ull) {
-        rl->held++;
-        return;
-    }
-    if (rl->held)
-        CFX_LOG(WARN, CTL, "%s (and %llu more like it since the last such line)", rl->last,
-                (unsigned long long)rl->held);
-    else
-        CFX_LOG(WARN, CTL, "%s", rl->last);
-    rl->logged_ns = now;
-    rl->held = 0;
-}
-
-static void ratelog_flush(struct coord_ratelog *rl, uint64_t now)
-{
-    if (!rl->held || now - rl->logged_ns < 1000000000ull)
-        return;
-    CFX_LOG(WARN, CTL, "%llu more like this in the last second, the latest: %s",
-            (unsigned long long)rl->held, rl->last);
-    rl->logged_ns = now;
-    rl->held = 0;
-}
-
 /* One ERROR frame of @p status saying @p text on @p fd, best effort: the
  * peer has not read yet, and the close says it anyway. */
 static void send_error_now(int fd, int status, const char *text)
@@ -881,8 +842,8 @@ static void refuse_at_cap(struct cfx_coord *co, int fd, const char *peer, const 
     co->refused_conns++;
     snprintf(text, sizeof(text), "coordinator %s refuses the connection: %s (%u) reached (%s)",
              co->addr, cap, limit, why);
-    ratelog(&co->refuse_log, cfx__now_ns(), "refusing %s: %s (%u) reached (%s)", peer, cap,
-            limit, why);
+    CFX_RATELOG(&co->refuse_log, CTL, cfx__now_ns(), "refusing %s: %s (%u) reached (%s)", peer,
+                cap, limit, why);
     send_error_now(fd, CFX_ERR_NO_RESOURCE, text);
     close(fd);
 }
@@ -909,8 +870,8 @@ static void evict_unauth(struct cfx_coord *co, struct coord_conn *old, const cha
              "it is the oldest not authenticated (%llu ms)", co->addr, cap, limit, ms);
     if (cfx_list_empty(&old->outq)) /* its challenge went out whole */
         send_error_now(old->fd, CFX_ERR_NO_RESOURCE, text);
-    ratelog(&co->evict_log, now, "closing %s: %s (%u) reached, and it is the oldest not "
-            "authenticated (%llu ms)", old->peer, cap, limit, ms);
+    CFX_RATELOG(&co->evict_log, CTL, now, "closing %s: %s (%u) reached, and it is the oldest "
+                "not authenticated (%llu ms)", old->peer, cap, limit, ms);
     co->evicted_conns++;
     cfx__coord_conn_fail(old);
 }
@@ -997,30 +958,21 @@ err_close:
  * Out of file descriptors (EMFILE/ENFILE).  The pending connection would
  * keep the level-triggered listening socket readable and the loop would
  * spin, so shed it: give up the reserve fd, accept, close, take the reserve
- * back (the libev/libuv trick).  Without a reserve, stop accepting until the
- * next tick.  Logged at most once a second (ratelog).
+ * back (cfx__accept_shed).  Without a reserve, stop accepting until the
+ * next tick.  Logged at most once a second (CFX_RATELOG).
  */
 static int accept_shed(struct cfx_coord *co, int err)
 {
-    int shed = 0;
+    int shed = cfx__accept_shed(co->listen_fd, &co->spare_fd);
 
-    if (co->spare_fd >= 0) {
-        close(co->spare_fd);
-        co->spare_fd = -1;
-        int fd = accept4(co->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-            close(fd);
-            shed = 1;
-        }
-        co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
     if (!shed && co->spare_fd < 0) {
         cfx__ev_io_set(co->loop, &co->listen_io, 0);
         co->listen_paused = 1;
     }
-    ratelog(&co->emfile_log, cfx__now_ns(), "coordinator %s is out of file descriptors (%s, "
-            "%u connections open): %s", co->addr, strerror(err), co->nconns,
-            shed ? "shed a new connection" : "accepting paused until the next tick");
+    CFX_RATELOG(&co->emfile_log, CTL, cfx__now_ns(), "coordinator %s is out of file "
+                "descriptors (%s, %u connections open): %s", co->addr, strerror(err),
+                co->nconns,
+                shed ? "shed a new connection" : "accepting paused until the next tick");
     return shed;
 }
 
@@ -1089,14 +1041,14 @@ static void on_tick(struct cfx_ev_loop *loop, struct cfx_ev_timer *t)
             cfx__coord_conn_fail(c);
         }
     }
-    ratelog_flush(&co->refuse_log, now);
-    ratelog_flush(&co->evict_log, now);
-    ratelog_flush(&co->emfile_log, now);
+    CFX_RATELOG_FLUSH(&co->refuse_log, CTL, now);
+    CFX_RATELOG_FLUSH(&co->evict_log, CTL, now);
+    CFX_RATELOG_FLUSH(&co->emfile_log, CTL, now);
     cfx__coord_members_tick(co, now);
     cfx__coord_task_tick(co, now);
     if (co->listen_paused) {
         if (co->spare_fd < 0)
-            co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            co->spare_fd = cfx__spare_fd_open();
         co->listen_paused = 0;
         cfx__ev_io_set(loop, &co->listen_io, CFX_EV_READ);
     }
@@ -1213,7 +1165,7 @@ int cfx__coord_start(const struct cfx_coord_params *params, struct cfx_coord **o
         pthread_cond_init(&co->alive_cond, &ca);
         pthread_condattr_destroy(&ca);
     }
-    co->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    co->spare_fd = cfx__spare_fd_open();
     co->state_dirfd = -1; /* so that coord_free() before the state opens closes nothing */
     cfx_list_init(&co->records);
     cfx_list_init(&co->conns);

@@ -17,6 +17,7 @@
 #include "control/ctl_seal.h"
 #include "control/evloop.h"
 #include "control/proto.h"
+#include "dataplane/common/flood.h"
 #include "dataplane/common/list.h"
 
 #define COORD_PARKED_PER_CONN 4096          /* parked lookups one connection (one member)
@@ -305,14 +306,6 @@ struct coord_node_wait {
     uint32_t node_id;           /* the node asked about */
 };
 
-/* A line for an event a flood repeats (a refusal, an eviction, an fd shed):
- * the first at once, then at most one a second (coord.c ratelog). */
-struct coord_ratelog {
-    uint64_t logged_ns;         /* when the last line was written */
-    uint64_t held;              /* events since, in no line yet */
-    char last[160];             /* the latest of those */
-};
-
 struct cfx_coord {
     struct cfx_ev_loop *loop;
     pthread_t thread;
@@ -347,10 +340,10 @@ struct cfx_coord {
     char state_dir[256];
     uint32_t ids_reserved;      /* node ids below this are recorded as taken */
     int listen_paused;          /* no fd even to shed with: accept resumes on a tick */
-    struct coord_ratelog emfile_log; /* "out of fds": connections shed */
-    struct coord_ratelog refuse_log; /* connections refused at max_conns or
+    struct cfx_ratelog emfile_log; /* "out of fds": connections shed */
+    struct cfx_ratelog refuse_log; /* connections refused at max_conns or
                                       * max_unauth_per_ip */
-    struct coord_ratelog evict_log;  /* unauthenticated connections closed at
+    struct cfx_ratelog evict_log;  /* unauthenticated connections closed at
                                       * max_unauth_conns for a newer one */
     uint64_t refused_conns;     /* connections refused at a cap (metrics) */
     uint64_t evicted_conns;     /* unauthenticated connections closed for a newer one */
