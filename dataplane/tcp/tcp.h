@@ -50,6 +50,7 @@
 #include <stdint.h>
 
 #include "control/seal.h"
+#include "dataplane/common/flood.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
 #include "dataplane/tpbase/tpbase.h"
@@ -67,6 +68,13 @@
 #define CFX_TCP_NODE_NONE UINT32_MAX              /* peer node id not known */
 #define CFX_TCP_RDESC_TAG 0x54                    /* 'T': first byte of a tcp rdesc */
 #define CFX_TCP_F_LAST_CLEAR 0x01                 /* hdr.flags: the sender seals what follows */
+
+/* Accepted connections whose peer has not proven the cluster token yet (from
+ * accept until the engine's ep_authorize): at a cap the oldest goes for the
+ * newcomer (tcp_iface.c).  CFX_TCP_MAX_UNAUTH / CFX_TCP_MAX_UNAUTH_PER_IP
+ * set them, read when the iface opens. */
+#define CFX_TCP_UNAUTH_MAX    128 /* of all sources */
+#define CFX_TCP_UNAUTH_PER_IP 32  /* of one source address */
 
 /* Sealed records (CFX_SECURE) */
 #define CFX_TCP_REC_MAX     (16u * 1024) /* frame-stream bytes per record: one rxbuf */
@@ -188,6 +196,10 @@ struct cfx__tcp_ep {
     int fd;
     int state;             /* enum cfx__tcp_ep_state */
     uint64_t hello_deadline; /* HELLO_WAIT: dropped unless the HELLO is in by then (ns) */
+    bool unauth;             /* accepted, the peer has not proven the token: on iface->unauth */
+    struct cfx_list unauth_link; /* iface->unauth, oldest first */
+    uint32_t ip;             /* accepted: the peer's IPv4 address (network order) */
+    uint64_t accepted_ns;    /* accepted: when */
     uint32_t epoll_events; /* events registered now */
     char addr[32];         /* peer "ip:port" (connect side: dialled) */
 
@@ -249,6 +261,22 @@ struct cfx__tcp_iface {
     struct cfx__tp_graveyard graveyard; /* closed eps freed at the next poll */
     struct cfx_list rx_backlog; /* eps with buffered frames waiting for slots/credits */
 
+    /* strangers (tcp_iface.c): caps on connections not authorized yet, and
+     * what is left to do when the process is out of descriptors */
+    struct cfx_list unauth;    /* accepted eps not yet authorized, oldest first */
+    uint32_t nunauth;          /* eps on it */
+    uint32_t max_unauth;       /* cap of all of them (CFX_TCP_MAX_UNAUTH) */
+    uint32_t max_unauth_per_ip; /* cap of one source address (CFX_TCP_MAX_UNAUTH_PER_IP) */
+    int spare_fd;              /* reserve fd: freed to shed a connection at EMFILE */
+    uint64_t accept_resume;    /* accepting paused (no fd even to shed) until then (ns); 0: on */
+    struct cfx_ratelog evict_log;  /* unauthorized eps closed for a newcomer */
+    struct cfx_ratelog emfile_log; /* out of descriptors at accept */
+    struct cfx_ratelog accept_log; /* other accept failures, eps that could not be made */
+    struct cfx_ratelog hello_log;  /* accepted eps dropped for a HELLO that never came */
+    _Atomic uint64_t n_unauth_evicted; /* eps closed at a cap or out of fds (any thread) */
+    _Atomic uint64_t n_accept_shed;    /* connections accepted and closed at once, out of
+                                        * fds with nothing to evict (any thread) */
+
     struct cfx__tp_cq cq;      /* completions, capacity reserved per ep */
     struct cfx__tp_table mrs;  /* registrations (struct cfx__tcp_mr), by rkey index */
     uint8_t *discard;  /* scratch for draining dropped payloads */
@@ -295,6 +323,13 @@ void cfx__tcp_ep_hello_expire(struct cfx__tcp_iface *iface, uint64_t now);
 
 int cfx__tcp_ep_create(struct cfx__tcp_iface *iface, int fd, int state, uint32_t peer_node,
                        const char *addr, struct cfx__tcp_ep **out);
+/* Close an accepted ep not yet authorized to make room for a newcomer
+ * (@p why, static): quietly before its HELLO, else reported as EP_ERROR
+ * (CFX_ERR_NO_RESOURCE). */
+void cfx__tcp_ep_evict(struct cfx__tcp_ep *ep, const char *why);
+/* ops->ep_authorize: the engine's handshake proved the peer holds the
+ * token; the ep no longer counts against the caps on strangers. */
+int cfx__tcp_ep_authorize(struct cfx_tp_ep *ep);
 void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep);
 void cfx__tcp_ep_progress(struct cfx__tcp_ep *ep, uint32_t events);
 /* Parse the frames of backlogged eps (buffered while poll() owed room). */

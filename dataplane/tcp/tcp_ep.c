@@ -141,6 +141,16 @@ static void sock_close(struct cfx__tcp_ep *ep)
     ep->fd = -1;
 }
 
+/* @p ep no longer waits to prove the token: it did, or it is going. */
+static void unauth_drop(struct cfx__tcp_ep *ep)
+{
+    if (!ep->unauth)
+        return;
+    ep->unauth = false;
+    ep->iface->nunauth--;
+    cfx_list_del(&ep->unauth_link);
+}
+
 /* Empty the send queue, completing each user op with @p status if @p report. */
 static void txq_drop(struct cfx__tcp_ep *ep, bool report, int status)
 {
@@ -172,6 +182,7 @@ static void ep_fail(struct cfx__tcp_ep *ep, int status)
 {
     if (ep->state == CFX_TCP_EP_FAILED)
         return;
+    unauth_drop(ep);
     sock_close(ep);
     rx_release_mr(ep);
     rx_buf_drop(ep);
@@ -195,8 +206,9 @@ void cfx__tcp_ep_hello_expire(struct cfx__tcp_iface *iface, uint64_t now)
     cfx_list_for_each_safe(pos, tmp, &iface->eps) {
         struct cfx__tcp_ep *ep = cfx_list_entry(pos, struct cfx__tcp_ep, link);
         if (ep->state == CFX_TCP_EP_HELLO_WAIT && now > ep->hello_deadline) {
-            CFX_LOG(WARN, TCP, "iface %s: connection from %s sent no HELLO in %d ms; dropped",
-                    iface->addr, ep->addr, CFX_TCP_HELLO_MS);
+            /* a flood of silent peers: one line a second */
+            CFX_RATELOG(&iface->hello_log, TCP, now, "iface %s: connection from %s sent no "
+                        "HELLO in %d ms; dropped", iface->addr, ep->addr, CFX_TCP_HELLO_MS);
             ep_fail(ep, CFX_ERR_TIMEOUT); /* to the graveyard: only this one leaves the list */
         }
     }
@@ -322,6 +334,21 @@ void cfx__tcp_ep_destroy(struct cfx__tcp_ep *ep)
     free(ep);
 }
 
+void cfx__tcp_ep_evict(struct cfx__tcp_ep *ep, const char *why)
+{
+    ep->super.why = why;
+    ep_fail(ep, CFX_ERR_NO_RESOURCE);
+}
+
+int cfx__tcp_ep_authorize(struct cfx_tp_ep *tp_ep)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    if (!tp_ep)
+        return cfx__err(CFX_ERR_INVALID, "tcp ep_authorize: NULL endpoint");
+    unauth_drop(cfx__tcp_ep_of(tp_ep));
+    return CFX_OK;
+}
+
 /* --- connect / close ----------------------------------------------------------- */
 
 int cfx__tcp_ep_connect(struct cfx_tp_iface *tp_iface, const void *addr, size_t len,
@@ -438,6 +465,7 @@ void cfx__tcp_ep_close(struct cfx_tp_ep *tp_ep)
         struct cfx__tcp_hdr bye = { .type = CFX_TCP_FRAME_BYE };
         send_raw_frame(ep, &bye);
     }
+    unauth_drop(ep);
     sock_close(ep);
     rx_release_mr(ep);
     rx_buf_drop(ep);

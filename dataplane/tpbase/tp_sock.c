@@ -45,7 +45,7 @@ int cfx__tp_sock_listen(const char *who, const struct in_addr *ip, int *fd_out, 
     return CFX_OK;
 }
 
-int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len)
+int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len, uint32_t *ip_out)
 {
     struct sockaddr_in sa;
     socklen_t salen = sizeof(sa);
@@ -56,6 +56,8 @@ int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len)
         return -1;
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
     snprintf(addr, addr_len, "%s:%u", ip, ntohs(sa.sin_port));
+    if (ip_out)
+        *ip_out = sa.sin_addr.s_addr;
     return fd;
 }
 

@@ -239,9 +239,12 @@ struct sockaddr_in;
  * is CFX_ERR_NO_DEVICE.  @p who prefixes the error detail. */
 int cfx__tp_sock_listen(const char *who, const struct in_addr *ip, int *fd, uint16_t *port);
 /* Accept one connection (non-blocking, close-on-exec) and name its peer
- * "ip:port" in @p addr.  The fd, or -1 with errno set (EAGAIN: none). */
-int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len);
-/* True when an accept4 errno is worth a warning (not "none left"). */
+ * "ip:port" in @p addr, its IPv4 address (network order) in *@p ip unless
+ * NULL.  The fd, or -1 with errno set (EAGAIN: none). */
+int cfx__tp_sock_accept(int listen_fd, char *addr, size_t addr_len, uint32_t *ip);
+/* True when an accept4 errno is worth a warning (not "none left"; EMFILE
+ * and ENFILE are, and need more than a warning: the listener stays
+ * readable, so the caller sheds or pauses, tcp_iface.c). */
 bool cfx__tp_sock_accept_err_notable(int err);
 /* Non-blocking socket connecting to @p dst (EINPROGRESS is success): the fd,
  * or a negative status with the detail "<who> to <peer>: ...". */

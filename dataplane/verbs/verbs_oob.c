@@ -102,7 +102,7 @@ void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface)
         char addr[32];
         struct cfx__verbs_ep *ep;
 
-        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr));
+        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr), NULL);
         if (fd < 0) {
             if (cfx__tp_sock_accept_err_notable(errno))
                 CFX_LOG(WARN, VERBS, "iface %s: accept: %s", iface->addr, strerror(errno));

@@ -13,7 +13,9 @@
 
 #include <poll.h>
 
+#include <arpa/inet.h>
 #include <endian.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <pthread.h>
@@ -23,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -439,6 +443,214 @@ Test(dp_auth, silent_peer_is_closed_after_the_auth_deadline, .timeout = 60)
     cr_assert_geq(secs, CFX_CONN_AUTH_MS / 1000.0 - 0.5);
     raw_close(&r);
     cr_assert(cfx_test_file_contains(logpath, "no authentication within"), "not logged");
+}
+
+/* --- strangers at the tcp data port ----------------------------------------- */
+
+/* The node's tcp iface (its caps, its counters). */
+static struct cfx__tcp_iface *node_tcp(void)
+{
+    for (int i = 0; i < node->ntp; i++)
+        if (!strcmp(node->tp[i].ops->name, "tcp"))
+            return cfx__tcp_iface_of(node->tp[i].iface);
+    cr_assert_fail("the node has no tcp iface");
+    return NULL;
+}
+
+/* A plain connection to the node's tcp port that
+ * never says anything: a stranger without the token, from @p from_ip
+ * (127.0.0.x).  -1 on failure. */
+static int stranger_connect(const char *from_ip)
+{
+    const struct cfx_node_addr *a = &node->self.addr[0];
+    struct sockaddr_in from = { .sin_family = AF_INET }, dst;
+    char host[64];
+
+    snprintf(host, sizeof(host), "%.*s", (int)strnlen((const char *)a->addr, a->len), a->addr);
+    if (cfx__parse_hostport(host, &dst) != CFX_OK ||
+        inet_pton(AF_INET, from_ip, &from.sin_addr) != 1)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (bind(fd, (struct sockaddr *)&from, sizeof(from)) < 0 ||
+        (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) < 0 && errno != EINPROGRESS)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Strangers of @p fds whose connection the node closed (they send nothing,
+ * so anything readable is the close), waiting up to @p ms on their sockets
+ * for at least @p want of them.  Syscalls only (used in a forked child). */
+static int strangers_closed(struct pollfd *fds, int n, int want, int ms)
+{
+    uint64_t deadline = cfx__deadline_ns(ms);
+    int closed;
+    for (;;) {
+        closed = 0;
+        for (int i = 0; i < n; i++) {
+            fds[i].events = POLLIN | POLLRDHUP;
+            fds[i].revents = 0;
+        }
+        (void)poll(fds, (nfds_t)n, 0);
+        for (int i = 0; i < n; i++)
+            closed += (fds[i].revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
+        uint64_t now = cfx__now_ns();
+        if (closed >= want || now >= deadline)
+            return closed;
+        /* sleep until one of them changes (or 100 ms: count again) */
+        for (int i = 0; i < n; i++)
+            fds[i].events = fds[i].revents ? 0 : (POLLIN | POLLRDHUP);
+        (void)poll(fds, (nfds_t)n, 100);
+    }
+}
+
+/* Lines of the node's log holding @p needle. */
+static int log_lines_with(const char *needle)
+{
+    FILE *f = fopen(logpath, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+    cr_assert_not_null(f);
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
+/* A token holder after a flood: HELLO, the right proof, the node's proof. */
+static int token_holder_gets_in(void)
+{
+    struct raw r;
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    raw_open(&r);
+    hello_and_challenge(&r, nonce);
+    send_auth(&r, token, nonce);
+    for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
+        raw_poll(&r, 100);
+    int ok = r.got_auth == 2 && !r.closed && proof_ok(&r, nonce);
+    raw_close(&r);
+    return ok;
+}
+
+/*
+ * Strangers without the token hold at most CFX_TCP_UNAUTH_PER_IP
+ * connections of one address and CFX_TCP_UNAUTH_MAX of all: beyond, the
+ * oldest of them is closed for the newcomer, long before their HELLO
+ * deadline, and a token holder behind the flood's own address still gets
+ * in.  Each kind of line is written at most once a second.  (Before, every
+ * connection was kept until its 10 s HELLO deadline: none of the strangers
+ * was closed early, and one line per stranger was written at that
+ * deadline.)
+ */
+Test(dp_auth, stranger_flood_is_capped_and_token_holder_gets_in, .timeout = 60)
+{
+    enum { ADDRS = 5, PER_ADDR = CFX_TCP_UNAUTH_PER_IP + 8, N = ADDRS * PER_ADDR };
+    struct cfx__tcp_iface *tif = node_tcp();
+    static struct pollfd fds[N];
+    cr_assert_eq(tif->max_unauth_per_ip, CFX_TCP_UNAUTH_PER_IP);
+    cr_assert_eq(tif->max_unauth, CFX_TCP_UNAUTH_MAX);
+    cr_assert_lt(CFX_TCP_UNAUTH_MAX, ADDRS * CFX_TCP_UNAUTH_PER_IP, "the total cap is reached");
+
+    uint64_t t0 = cfx__now_ns();
+    for (int i = 0; i < N; i++) {
+        char ip[16];
+        snprintf(ip, sizeof(ip), "127.0.0.%d", 1 + i % ADDRS);
+        fds[i].fd = stranger_connect(ip);
+        cr_assert_geq(fds[i].fd, 0, "stranger %d: %s", i, strerror(errno));
+    }
+    /* every address past its cap, then all of them past the total: the
+     * node keeps CFX_TCP_UNAUTH_MAX and closes the rest as they come */
+    int want = N - CFX_TCP_UNAUTH_MAX;
+    int closed = strangers_closed(fds, N, want, CFX_TCP_HELLO_MS - 2000);
+    cr_assert_eq(closed, want, "%d of %d strangers closed, not %d (none past a cap before)",
+                 closed, N, want);
+    cr_assert_eq(atomic_load(&tif->n_unauth_evicted), (uint64_t)want);
+    cr_assert(token_holder_gets_in(), "a token holder did not get in after the flood");
+    /* the oldest stranger made room for it */
+    cr_assert_eq(strangers_closed(fds, N, want + 1, 5000), want + 1);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    cr_assert_eq(log_lines_with("sent no HELLO"), 0, "closed at the deadline, not for a cap");
+
+    /* one line a second at most: the first at once, then the count */
+    int lines = log_lines_with("the oldest not authenticated");
+    cr_log_info("%d evictions in %.1f s: %d lines", want + 1, secs, lines);
+    cr_assert_geq(lines, 1, "evictions not logged");
+    cr_assert_leq(lines, (int)secs + 2, "%d lines for %d evictions in %.1f s", lines, want + 1,
+                  secs);
+    for (int i = 0; i < N; i++)
+        close(fds[i].fd);
+}
+
+/*
+ * Out of file descriptors: the process may open only a few more, and a
+ * child floods the port with strangers that say nothing.  accept() fails
+ * with EMFILE: the oldest stranger is closed for the newcomer, so no
+ * accept spins on the readable listener, the line saying so is written at
+ * most once a second, and a token holder who comes after the flood is
+ * answered and gets in.  (Before: the progress thread retried at once,
+ * logging "accept: Too many open files" each time, millions of lines, and
+ * the token holder got no challenge until the strangers' 10 s deadline.)
+ */
+Test(dp_auth, out_of_fds_sheds_strangers_and_token_holder_gets_in, .timeout = 60)
+{
+    enum { ROOM = 24, N = 200 };
+    struct cfx__tcp_iface *tif = node_tcp();
+    int go[2];
+    cr_assert_eq(pipe(go), 0);
+    struct rlimit old;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* 0: in; 30: no go; 31: a connect failed; 32: strangers kept; 33: refused */
+        static struct pollfd fds[N];
+        char b;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(go[1]);
+        if (read(go[0], &b, 1) != 1)
+            _exit(30);
+        for (int i = 0; i < N; i++)
+            if ((fds[i].fd = stranger_connect("127.0.0.1")) < 0)
+                _exit(31);
+        /* the node can hold no more than ROOM of them */
+        if (strangers_closed(fds, N, N - ROOM, CFX_TCP_HELLO_MS - 3000) < N - ROOM)
+            _exit(32);
+        _exit(token_holder_gets_in() ? 0 : 33);
+    }
+    close(go[0]);
+    /* this process may open ROOM descriptors more, and no more */
+    int probe = dup(0);
+    cr_assert_geq(probe, 0);
+    close(probe);
+    struct rlimit low = { .rlim_cur = (rlim_t)probe + ROOM, .rlim_max = old.rlim_max };
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    uint64_t t0 = cfx__now_ns();
+    cr_assert_eq(write(go[1], "g", 1), 1);
+    close(go[1]);
+    int wst;
+    cr_assert_eq(waitpid(pid, &wst, 0), pid);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+
+    cr_assert(WIFEXITED(wst), "the child died");
+    cr_assert_eq(WEXITSTATUS(wst), 0, "child exit %d: 31 a connect failed, 32 the node kept "
+                 "the strangers, 33 the token holder did not get in", WEXITSTATUS(wst));
+    cr_assert_eq(log_lines_with("sent no HELLO"), 0, "closed at the deadline, not for room");
+    cr_assert_eq(log_lines_with("accept: Too many open files"), 0,
+                 "a line per failed accept");
+    int lines = log_lines_with("out of file descriptors");
+    uint64_t evicted = atomic_load(&tif->n_unauth_evicted);
+    cr_log_info("%llu evicted, %llu shed in %.1f s: %d lines", (unsigned long long)evicted,
+                (unsigned long long)atomic_load(&tif->n_accept_shed), secs, lines);
+    cr_assert_geq(evicted, (uint64_t)(N - ROOM), "strangers not closed for room");
+    cr_assert_geq(lines, 1, "running out of descriptors not logged");
+    cr_assert_leq(lines, (int)secs + 2, "%d lines in %.1f s", lines, secs);
 }
 
 /* The acceptor proves nothing before the connector has: its answer to HELLO
