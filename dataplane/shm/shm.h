@@ -49,6 +49,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "dataplane/common/flood.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
 #include "dataplane/tpbase/tpbase.h"
@@ -256,6 +257,7 @@ struct cfx__shm_iface {
     char token[257];              /* cluster token (CFX_TOKEN_MAX + 1), "" for none */
     uint64_t n_refused;           /* peers refused: another uid or user namespace,
                                      or no proof of the token */
+    struct cfx_ratelog refuse_log; /* their lines: another user may connect at will */
     uint64_t ep_serial;           /* last ep serial handed out */
     _Atomic uint64_t n_grant_refused; /* writes refused: no live grant, another ep's,
                                          or out of bounds (read by any thread) */

@@ -173,14 +173,20 @@ static const char *peer_check(struct cfx__shm_ep *ep, int sock)
     return NULL;
 }
 
+/*
+ * Any local user may connect to the abstract socket as often as it likes,
+ * and each refusal wrote a line to the job's log: so at most one a second
+ * (the first at once, then one with a count, as the coordinator's refusals;
+ * CFX_RATELOG, flushed by sock_check).
+ */
 static void log_refused(struct cfx__shm_iface *iface, const struct cfx__shm_ep *ep,
                         const char *why)
 {
     iface->n_refused++;
-    CFX_LOG(WARN, SHM, "node %u: refused shm peer pid %d uid %d (%s): %s "
-            "(%llu refused so far)", iface->super.node_id, (int)ep->peer_pid,
-            (int)ep->peer_uid, ep->super.peer_name, why,
-            (unsigned long long)iface->n_refused);
+    CFX_RATELOG(&iface->refuse_log, SHM, cfx__now_ns(), "node %u: refused shm peer pid %d uid "
+                "%d (%s): %s (%llu refused so far)", iface->super.node_id, (int)ep->peer_pid,
+                (int)ep->peer_uid, ep->super.peer_name, why,
+                (unsigned long long)iface->n_refused);
 }
 
 static bool has_token(const struct cfx__shm_iface *iface)
@@ -340,11 +346,13 @@ void cfx__shm_accept(struct cfx__shm_iface *iface)
     }
 }
 
-/* A peer that never became visible to the user goes away quietly. */
+/* A peer that never became visible to the user goes away quietly (its
+ * refusal said why, rate-limited, when @p why is NULL). */
 static void drop_unaccepted(struct cfx__shm_ep *ep, const char *why)
 {
-    CFX_LOG(WARN, SHM, "node %u: dropping connection from %s: %s",
-            ep->iface->super.node_id, ep->super.peer_name, why);
+    if (why)
+        CFX_LOG(WARN, SHM, "node %u: dropping connection from %s: %s",
+                ep->iface->super.node_id, ep->super.peer_name, why);
     ep->iface->handshaking--;
     ep->state = CFX_SHM_EP_FAILED;
     cfx_list_del(&ep->link);
@@ -435,7 +443,7 @@ static void on_auth(struct cfx__shm_ep *ep, const struct cfx__shm_ctl *m, int *f
         cfx__auth_verify(iface->token, CFX_AUTH_SHM_CONNECT, ep->nonce, ep->peer_nonce,
                          m->mac) != CFX_OK) {
         log_refused(iface, ep, "it does not prove the cluster token");
-        drop_unaccepted(ep, "no proof of the cluster token");
+        drop_unaccepted(ep, NULL);
         return;
     }
     struct cfx__shm_ctl proof;

@@ -258,6 +258,7 @@ static void sock_check(struct cfx__shm_iface *iface, uint64_t now)
     int n;
 
     iface->next_sock_check = now + CFX_SHM_SOCK_CHECK_NS;
+    CFX_RATELOG_FLUSH(&iface->refuse_log, SHM, now);
     n = epoll_wait(iface->epfd, evs, SHM_EVENTS, 0);
     for (int i = 0; i < n; i++) {
         struct cfx__shm_ev *ev = evs[i].data.ptr;

@@ -1130,6 +1130,88 @@ Test(shm, refused_other_uid, .timeout = 60)
     pair_close(&p);
 }
 
+/* Lines of the file @p path holding @p needle. */
+static int lines_with(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+    cr_assert_not_null(f, "%s", path);
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
+/*
+ * Another user connecting to a job's abstract socket again and again is
+ * refused each time, and counted each time, but its refusals write at most
+ * one line a second to the job's log (the first at once, then one with the
+ * count).  Before, each refusal wrote a WARN line: another user drove the
+ * job's log to grow without bound.
+ */
+Test(shm, refusals_of_another_user_are_rate_limited, .timeout = 60)
+{
+    enum { TRIES = 200 };
+    if (geteuid() != 0)
+        cr_skip_test("needs root to fork a child as another uid (nobody)");
+    char path[] = "/tmp/cfx-test-shmref-XXXXXX";
+    int logfd;
+    int saved = cfx_test_stderr_to(path, &logfd);
+    struct pair p = { .s = { { .iface = open_iface(1) } } };
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(p.s[0].iface, addr, &alen), CFX_OK);
+    uint64_t t0 = cfx__now_ns();
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* 0: hung up on every time; 10: answered; 2x: could not try */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!become_nobody())
+            _exit(20);
+        struct sockaddr_un sun = { .sun_family = AF_UNIX };
+        size_t nlen = strlen(addr);
+        memcpy(sun.sun_path, addr, nlen);
+        sun.sun_path[0] = '\0';
+        for (int i = 0; i < TRIES; i++) {
+            int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+            if (fd < 0 || connect(fd, (struct sockaddr *)&sun,
+                                  (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nlen)))
+                _exit(21);
+            /* the blocking read ends with the hang-up; the timeout ends a hang */
+            struct timeval tv = { .tv_sec = WAIT_MS / 1000 };
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+            char b;
+            ssize_t r = recv(fd, &b, 1, 0);
+            if (r > 0)
+                _exit(10);
+            if (r < 0 && errno != ECONNRESET)
+                _exit(22);
+            close(fd);
+        }
+        _exit(0);
+    }
+    int code = reap_pumping(&p, pid);
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    struct cfx__shm_iface *si = cfx__shm_iface_of(p.s[0].iface);
+    uint64_t refused = si->n_refused;
+    pair_close(&p);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    int lines = lines_with(path, "refused shm peer");
+    unlink(path);
+    cr_assert_neq(code, 20, "the child could not become nobody");
+    cr_assert_eq(code, 0, "another user's connection was not refused (child exit %d)", code);
+    cr_assert_eq(refused, TRIES, "refused %llu", (unsigned long long)refused);
+    cr_log_info("%d refusals in %.2f s: %d lines", TRIES, secs, lines);
+    cr_assert_geq(lines, 1, "refusals not logged");
+    cr_assert_leq(lines, (int)secs + 2, "%d lines for %d refusals in %.2f s", lines, TRIES,
+                  secs);
+}
+
 /*
  * A hand-made connector: connect to the shm socket at @p addr and send a
  * well-formed HELLO (a ring segment and a doorbell) with a fresh nonce in
