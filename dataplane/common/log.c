@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,11 +65,44 @@ static void log_init_once(void)
 
 /*
  * CFX_LOG_FILE: lines are appended to it (O_APPEND: one write per line, so
- * the lines of several threads and processes sharing it stay whole); a
- * file it creates is the user's alone (0600), since lines name peers,
- * addresses and objects.  A file that cannot be opened leaves the lines on
- * stderr, after a line saying why.
+ * the lines of several threads and processes sharing it stay whole).  Lines
+ * name peers, addresses and objects, so the file must be the user's alone:
+ * a file it creates is 0600; one that exists already is taken only if it
+ * is a regular file owned by the effective uid that neither group nor
+ * others may read or write (another user could have made it 0666 in /tmp
+ * to read the job's lines); a symlink is never followed (O_NOFOLLOW: one
+ * planted there would send the lines where its maker chose).  A file that
+ * cannot be opened, or is refused, leaves the lines on stderr, after one
+ * line saying why.
  */
+static int sink_open(const char *path, const char **why)
+{
+    const int flags = O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW;
+    struct stat st;
+
+    *why = NULL;
+    int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 || errno != EEXIST)
+        return fd; /* created: ours, 0600 (whatever the umask adds, it only takes away) */
+    fd = open(path, flags);
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0) {
+        *why = strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        *why = "it is not a regular file";
+    } else if (st.st_uid != geteuid()) {
+        *why = "it belongs to another user";
+    } else if (st.st_mode & (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)) {
+        *why = "group or others may read or write it (chmod 600 it)";
+    }
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static void sink_init_once(void)
 {
     const struct cfx_launcher_vars *l = cfx__launcher(); /* the group's rank's */
@@ -78,10 +112,11 @@ static void sink_init_once(void)
     const char *path = getenv("CFX_LOG_FILE");
     if (!path || !*path)
         return;
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+    const char *why;
+    int fd = sink_open(path, &why);
     if (fd < 0)
-        fprintf(stderr, "conflux: cannot open CFX_LOG_FILE=%s: %s; logging to stderr\n", path,
-                strerror(errno));
+        fprintf(stderr, "conflux: cannot use CFX_LOG_FILE=%s: %s; logging to stderr\n", path,
+                why ? why : errno == ELOOP ? "it is a symbolic link" : strerror(errno));
     else
         log_fd = fd;
 }

@@ -1,7 +1,9 @@
 /*
  * Logging: per-subsystem macros, level from CFX_LOG_LEVEL (ERR, WARN, INFO,
  * DEBUG, TRACE; default WARN).  Output goes to stderr, or is appended to
- * CFX_LOG_FILE (created 0600), one line per call:
+ * CFX_LOG_FILE (created 0600; an existing one only if it is a regular file
+ * of the effective uid that group and others cannot read or write; never
+ * through a symlink), one line per call:
  *
  *   2026-12-02T06:30:01.123456Z conflux[PID] node=3 rank=1 INFO CTL client.c:994: text
  *

@@ -196,3 +196,107 @@ Test(log, file_appended, .timeout = 30)
     cr_expect_eq(strcmp(buf + strlen(buf) - 8, ": after\n"), 0, "%s", buf);
     unlink(path);
 }
+
+/*
+ * Open CFX_LOG_FILE=@p path with stderr in a file of its own, log one WARN
+ * line, and return what reached stderr in @p err (NUL terminated).
+ */
+static void log_once_to(const char *path, char *err, size_t cap)
+{
+    char errpath[] = "/tmp/cfx-test-logerr-XXXXXX";
+    int efd = mkstemp(errpath);
+    cr_assert_geq(efd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    cr_assert_geq(saved, 0);
+    cr_assert_eq(dup2(efd, 2), 2);
+    cr_assert_eq(setenv("CFX_LOG_FILE", path, 1), 0);
+    cfx__log_init();
+    int level = cfx__log_level;
+    cfx__log_level = CFX_LOG_LEVEL_WARN;
+    CFX_LOG(WARN, TEST, "a line naming peer 10.0.0.7:4242");
+    cfx__log_level = level;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(efd);
+    slurp(errpath, err, cap);
+    unlink(errpath);
+}
+
+/*
+ * An existing CFX_LOG_FILE another user could read is not used: a file
+ * pre-created 0666 (as anyone can in /tmp) gets no line; the lines stay on
+ * stderr after one line saying why.  Before, the job's lines were appended
+ * to it for its maker to read.
+ */
+Test(log, existing_file_others_can_read_is_refused, .timeout = 30)
+{
+    char path[] = "/tmp/cfx-test-log0666-XXXXXX", err[4096], buf[4096];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchmod(fd, 0666), 0);
+    close(fd);
+    log_once_to(path, err, sizeof(err));
+    cr_expect_eq(slurp(path, buf, sizeof(buf)), 0u, "the 0666 file got lines: %s", buf);
+    cr_expect_not_null(strstr(err, "cannot use CFX_LOG_FILE="), "%s", err);
+    cr_expect_not_null(strstr(err, "group or others may read or write it"), "%s", err);
+    cr_expect_not_null(strstr(err, "a line naming peer 10.0.0.7:4242"), "lines lost: %s", err);
+    unlink(path);
+}
+
+/*
+ * A symlink at CFX_LOG_FILE is not followed, even to a file of ours that
+ * is 0600: whoever planted it chose where the lines go.  Before, the lines
+ * were appended to its target.
+ */
+Test(log, symlink_is_not_followed, .timeout = 30)
+{
+    char target[] = "/tmp/cfx-test-logtgt-XXXXXX", link[64], err[4096], buf[4096];
+    int fd = mkstemp(target); /* 0600, ours: only the link is wrong */
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(link, sizeof(link), "%s.lnk", target);
+    cr_assert_eq(symlink(target, link), 0);
+    log_once_to(link, err, sizeof(err));
+    cr_expect_eq(slurp(target, buf, sizeof(buf)), 0u, "the link was followed: %s", buf);
+    cr_expect_not_null(strstr(err, "it is a symbolic link"), "%s", err);
+    cr_expect_not_null(strstr(err, "a line naming peer"), "lines lost: %s", err);
+    unlink(link);
+    unlink(target);
+}
+
+/* A file of another user is refused even when it is 0600 (it can read it). */
+Test(log, existing_file_of_another_user_is_refused, .timeout = 30)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to give a file to another uid (nobody)");
+    char path[] = "/tmp/cfx-test-logown-XXXXXX", err[4096], buf[4096];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchown(fd, 65534, 65534), 0);
+    close(fd);
+    log_once_to(path, err, sizeof(err));
+    cr_expect_eq(slurp(path, buf, sizeof(buf)), 0u, "another user's file got lines: %s", buf);
+    cr_expect_not_null(strstr(err, "it belongs to another user"), "%s", err);
+    unlink(path);
+}
+
+/* A new file is still made, 0600, whatever the umask. */
+Test(log, new_file_created_0600, .timeout = 30)
+{
+    char dir[] = "/tmp/cfx-test-lognew-XXXXXX", path[128], err[4096], buf[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/conflux.log", dir);
+    mode_t old = umask(0);
+    log_once_to(path, err, sizeof(err));
+    umask(old);
+    struct stat st;
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0600, "mode %o", st.st_mode & 0777);
+    slurp(path, buf, sizeof(buf));
+    cr_expect_not_null(strstr(buf, "a line naming peer"), "%s", buf);
+    cr_expect_null(strstr(err, "CFX_LOG_FILE"), "%s", err);
+    unlink(path);
+    rmdir(dir);
+}
