@@ -46,13 +46,19 @@
 #include <openssl/crypto.h>
 
 #include "control/auth.h"
+#include "dataplane/common/flood.h"
 
 _Static_assert(CFX_DP_NONCE_LEN == CFX_AUTH_NONCE_LEN, "nonce sizes");
 _Static_assert(CFX_DP_MAC_LEN == CFX_AUTH_MAC_LEN, "MAC sizes");
 
-static void refuse(struct cfx_conn *conn, int status, const char *why)
+void cfx__conn_refuse(struct cfx_conn *conn, int status, const char *why)
 {
-    CFX_LOG(WARN, CONN, "node %u: refused %s: %s", conn->ctx->node_id, conn->name, why);
+    /* a stranger drives these as fast as it can connect and send a wrong
+     * proof: a line a second at most (per thread: the progress-lock holder
+     * of each context writes its own) */
+    static __thread struct cfx_ratelog refused;
+    CFX_RATELOG(&refused, CONN, cfx__now_ns(), "node %u: refused %s: %s", conn->ctx->node_id,
+                conn->name, why);
     cfx__conn_fail(conn, status, why);
 }
 
@@ -143,9 +149,8 @@ static bool mode_agrees(struct cfx_conn *conn, uint32_t peer)
     char why[128];
     snprintf(why, sizeof(why), "it runs with CFX_SECURE=%s, this node with %s",
              cfx__seal_mode_name((int)peer), cfx__seal_mode_name(self));
-    CFX_LOG(WARN, CONN, "node %u: refused %s: %s", conn->ctx->node_id, conn->name, why);
     cfx__err(CFX_ERR_AUTH, "%s: %s", conn->name, why);
-    cfx__conn_fail(conn, CFX_ERR_AUTH, why);
+    cfx__conn_refuse(conn, CFX_ERR_AUTH, why);
     return false;
 }
 
@@ -190,7 +195,7 @@ void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m
     struct cfx_dp_auth a;
 
     if (conn->auth_sent) {
-        refuse(conn, CFX_ERR_PROTO, "a second HELLO");
+        cfx__conn_refuse(conn, CFX_ERR_PROTO, "a second HELLO");
         return;
     }
     memcpy(conn->peer_nonce, m->nonce, sizeof(conn->peer_nonce));
@@ -236,12 +241,12 @@ static void connector_check(struct cfx_conn *conn, const struct cfx_dp_auth *m)
         return;
     if (CRYPTO_memcmp(m->nonce, conn->peer_nonce, sizeof(conn->peer_nonce)) ||
         conn_verify(conn, CFX_AUTH_DP_ACCEPT, m->mac) != CFX_OK) {
-        refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token (or it is not node "
-                                   "the directory named for its address)");
+        cfx__conn_refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token (or it is "
+                                             "not node the directory named for its address)");
         return;
     }
     if (m->eager_max > CFX_EAGER_LIMIT || m->eager_credits > 4 * CFX_EAGER_CREDITS) {
-        refuse(conn, CFX_ERR_PROTO, "an eager threshold or grant out of range");
+        cfx__conn_refuse(conn, CFX_ERR_PROTO, "an eager threshold or grant out of range");
         return;
     }
     conn->eager_max = m->eager_max;
@@ -263,7 +268,7 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
     struct cfx_dp_auth a;
 
     if (conn->authed) {
-        refuse(conn, CFX_ERR_PROTO, "AUTH on an authenticated connection");
+        cfx__conn_refuse(conn, CFX_ERR_PROTO, "AUTH on an authenticated connection");
         return;
     }
     if (conn->outbound) {
@@ -278,8 +283,8 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
         return;
     if (!conn->auth_sent || CRYPTO_memcmp(m->nonce, conn->nonce, sizeof(conn->nonce)) ||
         conn_verify(conn, CFX_AUTH_DP_CONNECT, m->mac) != CFX_OK) {
-        refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token for the node id it "
-                                   "claims");
+        cfx__conn_refuse(conn, CFX_ERR_AUTH, "it does not prove the cluster token for the "
+                                             "node id it claims");
         return;
     }
     auth_init(conn, &a, conn->nonce);

@@ -1379,14 +1379,12 @@ void cfx__conn_node_dead(struct cfx_context *ctx, uint32_t node_id);
 int cfx__conn_tp_for(struct cfx_context *ctx, const struct cfx_node_rec *node);
 /* @p node's address on transport @p tp (its name), or NULL when it has none. */
 const struct cfx_node_addr *cfx__node_addr(const struct cfx_node_rec *node, const char *tp);
-/* An outbound connection failed before it connected (@p status): connect
- * again over the next transport both sides share, its queued requests
- * granted anew over that one.  False when there is none left (the caller
- * fails the connection); true when the connection was taken care of
- * (connecting again, or failed and freed). */
+/* An outbound connection failed before it connected (@p status): connect again
+ * over the next transport both sides share, its queued requests granted anew
+ * over that one.  False when there is none left (the caller fails it); true
+ * when it was taken care of (connecting again, or failed and freed). */
 bool cfx__conn_fallback(struct cfx_conn *conn, int status);
-/* Queue a handshake message ahead of everything else and flush.  A failure
- * has ended the connection (it is freed). */
+/* Queue a handshake message ahead of everything else and flush (a failure freed it). */
 int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
 /* Flush queued messages once the connection is usable; returns how many. */
 int cfx__conn_flush(struct cfx_conn *conn);
@@ -1395,8 +1393,10 @@ int cfx__conn_flush(struct cfx_conn *conn);
  * Connector: HELLO{C, Nc} -> acceptor: AUTH{Na} -> connector: AUTH{Na,
  * MAC_conn(Na,Nc,C,A)} -> acceptor checks it, is authenticated and answers
  * AUTH{Na, MAC_acc(Na,Nc,C,A), eager}; the connector is once it checked that.
- * Nothing but HELLO and AUTH is accepted on an unauthenticated connection. */
-int cfx__conn_auth_hello_out(struct cfx_conn *conn); /* a failure ended the connection */
+ * Nothing but HELLO and AUTH is accepted on an unauthenticated connection:
+ * cfx__conn_refuse() fails one (a line a second at most).  A failure ended it. */
+int cfx__conn_auth_hello_out(struct cfx_conn *conn);
+void cfx__conn_refuse(struct cfx_conn *conn, int status, const char *why);
 void cfx__conn_auth_hello_in(struct cfx_conn *conn, const struct cfx_dp_hello *m);
 void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m);
 struct cfx_tp_mr *cfx__obj_mr(struct cfx_context *ctx, struct cfx_obj *obj, int tp,

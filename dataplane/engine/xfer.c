@@ -974,17 +974,13 @@ void cfx__xfer_recv(struct cfx_context *ctx, struct cfx_conn *conn, const void *
     }
     h = u.hdr;
     if (type != CFX_DP_HELLO && conn->node_id == 0) {
-        CFX_LOG(WARN, CONN, "node %u: refused %s: message before HELLO", ctx->node_id,
-                conn->name);
-        cfx__conn_fail(conn, CFX_ERR_PROTO, "message before HELLO");
+        cfx__conn_refuse(conn, CFX_ERR_PROTO, "message before HELLO");
         return;
     }
     if (type != CFX_DP_HELLO && type != CFX_DP_AUTH && !conn->authed) {
         /* Nothing is served to, or taken from, a peer that has not proved
          * it holds the cluster token (conn_auth.c). */
-        CFX_LOG(WARN, CONN, "node %u: refused %s: message before authentication",
-                ctx->node_id, conn->name);
-        cfx__conn_fail(conn, CFX_ERR_AUTH, "message before authentication");
+        cfx__conn_refuse(conn, CFX_ERR_AUTH, "message before authentication");
         return;
     }
     switch (type) {

@@ -104,6 +104,8 @@ struct raw {
 
 #define RAW_NODE 4242u   /* the node id the raw peer claims */
 
+static int log_lines_with(const char *needle);
+
 static void raw_open(struct raw *r)
 {
     memset(r, 0, sizeof(*r));
@@ -290,6 +292,32 @@ Test(dp_auth, wrong_token_gets_nothing_and_is_closed)
     cr_assert(cfx_test_file_contains(logpath, "does not prove the cluster token"),
               "refusal not logged");
     cr_assert(!cfx_test_file_contains(logpath, wrong), "the wrong token appears in the log");
+}
+
+/* Wrong proofs as fast as a stranger can make them: the refusals are logged
+ * a line a second at most (each was a WARN line: a stranger could fill the
+ * node's log). */
+Test(dp_auth, wrong_proofs_are_logged_a_line_a_second)
+{
+    enum { N = 40 };
+    char wrong[64];
+    cfx_test_token(wrong, sizeof(wrong));
+    uint64_t t0 = cfx__now_ns();
+    for (int i = 0; i < N; i++) {
+        struct raw r;
+        uint8_t nonce[CFX_DP_NONCE_LEN];
+        raw_open(&r);
+        hello_and_challenge(&r, nonce);
+        send_auth(&r, wrong, nonce);
+        raw_poll(&r, 3000);
+        cr_assert(r.closed, "attempt %d: a wrong proof was not refused", i);
+        raw_close(&r);
+    }
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    int lines = log_lines_with(": refused "); /* the WARN line, not the connection's INFO */
+    cr_log_info("%d refusals in %.1f s: %d lines", N, secs, lines);
+    cr_assert_geq(lines, 1, "refusals not logged");
+    cr_assert_leq(lines, (int)secs + 2, "%d lines for %d refusals in %.1f s", lines, N, secs);
 }
 
 Test(dp_auth, replayed_proof_is_refused)
