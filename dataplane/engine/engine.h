@@ -1341,6 +1341,7 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj);
 void cfx__p2p_send_await(struct cfx_context *ctx, struct cfx_obj *obj, uint32_t slot,
                          bool unseen);
+void cfx__p2p_limbo_over(struct cfx_context *ctx, const struct cfx_obj *obj);
 void cfx__p2p_cancel_done(struct cfx_context *ctx, uint32_t node, uint32_t slot, int status);
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                   const struct cfx_dp_get_req *req);
@@ -1386,8 +1387,7 @@ const struct cfx_node_addr *cfx__node_addr(const struct cfx_node_rec *node, cons
 bool cfx__conn_fallback(struct cfx_conn *conn, int status);
 /* Queue a handshake message ahead of everything else and flush (a failure freed it). */
 int cfx__conn_send_hs(struct cfx_conn *conn, const void *msg, size_t len);
-/* Flush queued messages once the connection is usable; returns how many. */
-int cfx__conn_flush(struct cfx_conn *conn);
+int cfx__conn_flush(struct cfx_conn *conn); /* once usable: queued messages; how many */
 
 /* conn_auth.c (progress-lock holder, ctx->lock held): the data-plane handshake.
  * Connector: HELLO{C, Nc} -> acceptor: AUTH{Na} -> connector: AUTH{Na,

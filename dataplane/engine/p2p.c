@@ -124,11 +124,36 @@ static bool p2p_match(const struct cfx_obj *obj, uint32_t node, const struct cfx
     return obj->peer_node == node && obj->chan == r->chan && obj->tag == r->tag;
 }
 
+/* A send of @p r's key is in limbo: it took a receive that withdrew, and
+ * whether it goes on to the next receive is not known yet (its upload stops
+ * and drains, or it awaits the receiver's CANCEL_DONE).  A request for the
+ * key waits until that is known: a later send of the key must not pass it
+ * (a receive given up after its grace comes back with its next request
+ * before its sender read the CANCEL). */
+static bool key_in_limbo(struct cfx_context *ctx, struct cfx_conn *conn,
+                         const struct cfx_dp_get_req *r)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->p2p_awaits)
+        if (p2p_match(cfx_list_entry(pos, struct cfx_obj, p2p_link), conn->node_id, r))
+            return true;
+    cfx_list_for_each(pos, &conn->uploads) {
+        const struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
+        /* (a CANCEL held by the test hook counts as read: it came first) */
+        if ((up->canceled || up->cancel_held) && up->obj->p2p == CFX_P2P_SEND &&
+            p2p_match(up->obj, conn->node_id, r))
+            return true;
+    }
+    return false;
+}
+
 /* A receiver asks for a message: serve a posted send, or keep the request. */
 void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
                   const struct cfx_dp_get_req *req)
 {
     struct cfx_list *pos;
+    if (key_in_limbo(ctx, conn, req))
+        goto keep;
     cfx_list_for_each(pos, &ctx->p2p_sends) {
         struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
         if (!p2p_match(obj, conn->node_id, req))
@@ -154,6 +179,7 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
         cfx__xfer_upload_start(ctx, conn, obj, req);
         return;
     }
+keep:
     /* Kept until a send matches it.  A receiver asks once per receive, and
      * each of its receives takes one of its CFX_XFER_SLOTS transfer slots:
      * a peer with more waiting here is not one (each costs memory and a
@@ -176,22 +202,51 @@ void cfx__p2p_rtr(struct cfx_context *ctx, struct cfx_conn *conn,
     conn->p2p_rtrs++;
 }
 
-void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj)
+/* @p obj is on ctx->p2p_sends: a request of its receiver's that came before
+ * it takes it, re-run as if it had just arrived (one matching path).  A
+ * queued request means no send of its key was queued when it came, so the
+ * send it matches is @p obj. */
+static bool take_queued_rtr(struct cfx_context *ctx, struct cfx_obj *obj)
 {
     struct cfx_list *pos;
     cfx_list_for_each(pos, &ctx->p2p_rtrs) {
         struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
         if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
             continue;
+        if (key_in_limbo(ctx, rtr->conn, &rtr->req))
+            return false; /* it waits, first of its key still */
         cfx_list_del(&rtr->link);
         rtr->conn->p2p_rtrs--;
-        /* re-run as if the request had just arrived: one matching path */
-        cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_sends);
         cfx__p2p_rtr(ctx, rtr->conn, &rtr->req);
         free(rtr);
-        return;
+        return true;
     }
+    return false;
+}
+
+/* The send @p obj, in limbo (key_in_limbo), ended instead of going on: the
+ * requests its key kept meanwhile take the sends queued behind it, in order. */
+void cfx__p2p_limbo_over(struct cfx_context *ctx, const struct cfx_obj *obj)
+{
+    for (;;) {
+        struct cfx_obj *next = NULL;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &ctx->p2p_sends) {
+            struct cfx_obj *o = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+            if (o->peer_node == obj->peer_node && o->chan == obj->chan && o->tag == obj->tag) {
+                next = o;
+                break;
+            }
+        }
+        if (!next || !take_queued_rtr(ctx, next))
+            return; /* no send or no request of the key waits, or it is in limbo again */
+    }
+}
+
+void cfx__p2p_send_post(struct cfx_context *ctx, struct cfx_obj *obj)
+{
     cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_sends);
+    take_queued_rtr(ctx, obj);
 }
 
 void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
@@ -199,9 +254,10 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
     if (obj->p2p_status != CFX_ERR_AGAIN)
         return;
     if (cfx_list_empty(&obj->uploads)) {
-        /* not matched yet */
+        /* not matched yet, or awaiting its receiver's CANCEL_DONE */
         cfx_list_del(&obj->p2p_link);
         cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
+        cfx__p2p_limbo_over(ctx, obj);
         pthread_cond_broadcast(&ctx->obj_cond);
         return;
     }
@@ -221,17 +277,7 @@ void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj)
 {
     ctx->n_sends_reoffered++;
     cfx_list_add_head(&obj->p2p_link, &ctx->p2p_sends);
-    struct cfx_list *pos;
-    cfx_list_for_each(pos, &ctx->p2p_rtrs) {
-        struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
-        if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
-            continue;
-        cfx_list_del(&rtr->link);
-        rtr->conn->p2p_rtrs--;
-        cfx__p2p_rtr(ctx, rtr->conn, &rtr->req); /* matches @p obj: the first of its key */
-        free(rtr);
-        return;
-    }
+    take_queued_rtr(ctx, obj);
 }
 
 /* @p obj (a send) was written whole, but its receive withdrew before it
@@ -258,14 +304,14 @@ void cfx__p2p_cancel_done(struct cfx_context *ctx, uint32_t node, uint32_t slot,
         if (obj->peer_node != node || (slot != UINT32_MAX && obj->await_slot != slot))
             continue;
         cfx_list_del(&obj->p2p_link);
-        if (status == CFX_OK)
-            cfx__status_set(&obj->p2p_status, CFX_OK);
-        else if (status == CFX_ERR_PEER_FAILED)
-            cfx__status_set(&obj->p2p_status, CFX_ERR_PEER_FAILED);
-        else if (obj->reoffer && obj->await_unseen)
+        if (status != CFX_OK && status != CFX_ERR_PEER_FAILED && obj->reoffer &&
+            obj->await_unseen) {
             cfx__p2p_send_reoffer(ctx, obj);
-        else
-            cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
+        } else {
+            cfx__status_set(&obj->p2p_status, status == CFX_OK || status == CFX_ERR_PEER_FAILED
+                                                  ? status : CFX_ERR_CANCELED);
+            cfx__p2p_limbo_over(ctx, obj);
+        }
         pthread_cond_broadcast(&ctx->obj_cond);
         if (slot != UINT32_MAX)
             return;

@@ -611,15 +611,19 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up, bool cut
                    obj->reoffer;
     uint32_t slot = up->slot;
     bool unseen = up->unseen;
+    bool limbo = up->canceled; /* requests of its key waited (p2p.c key_in_limbo) */
     free(up);
     if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && await)
         cfx__p2p_send_await(ctx, obj, slot, unseen);
     else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && reoffer)
         cfx__p2p_send_reoffer(ctx, obj);
-    else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN)
+    else if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN) {
         cfx__status_set(&obj->p2p_status, finished   ? CFX_OK
                                           : canceled ? CFX_ERR_CANCELED
                                                      : CFX_ERR_PEER_FAILED);
+        if (limbo)
+            cfx__p2p_limbo_over(ctx, obj);
+    }
     if (cfx_list_empty(&obj->uploads)) {
         pthread_cond_broadcast(&ctx->obj_cond);
         /* a reduce intermediate is freed by its task, when the driver says

@@ -1025,51 +1025,13 @@ static uint32_t gone_lagging(const struct cfx_ps *ps, const struct ps_block *b, 
     return 0;
 }
 
-/* Fail the requests held for a round or a version that lacks a gone
- * worker's push: it never comes.  (A deferred push waits for the round
- * after the current: every worker's push of the current one.) */
-static int fail_gone_waits(struct cfx_ps *ps)
-{
-    int n = 0;
-    for (uint32_t i = 0; ps->any_worker_gone && i < ps->nblocks_cap; i++) {
-        struct ps_block *b = ps->blocks[i];
-        if (!b)
-            continue;
-        struct cfx_list *lists[] = { &b->deferred, &b->parked };
-        for (unsigned l = 0; l < 2; l++) {
-            struct cfx_list *pos, *tmp;
-            cfx_list_for_each_safe(pos, tmp, lists[l])
-            {
-                struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
-                uint32_t g = gone_lagging(ps, b, l ? p->h.min_version : b->version + 1);
-                if (!g)
-                    continue;
-                CFX_LOG(INFO, PS, "job %s: server %d: block %u: worker %u's %s of step %" PRIu64
-                        " waits for worker %u, which is gone: failed", ps->job, ps->index,
-                        b->id, p->h.worker, l ? "pull" : "push", p->h.clock, g - 1);
-                cfx_list_del(pos);
-                reply_gone(ps, &p->h, CFX_ERR_PEER_FAILED, NULL, false, g);
-                pend_free(p);
-                n++;
-            }
-        }
-    }
-    return n;
-}
-
-void cfx__ps_server_worker_gone(struct cfx_ps *ps, uint32_t w)
-{
-    if (w >= PS_MAX_WORKERS || ps->worker_gone[w])
-        return;
-    ps->worker_gone[w] = true;
-    ps->any_worker_gone = true;
-    fail_gone_waits(ps);
-}
-
 /* Deferred pushes and parked pulls their workers gave up on (held past
  * twice the job's timeout: the worker's request ended at one) go, with
  * their payload copies; a push that never comes (its worker's request
- * failed on another block) no longer holds every later one for ever. */
+ * failed on another block) no longer holds every later one for ever.  Those
+ * held for a round or a version that lacks a gone worker's push fail now,
+ * naming it: that push never comes.  (A deferred push waits for the round
+ * after the current: every worker's push of the current one.) */
 static int expire_waiting(struct cfx_ps *ps, uint64_t now)
 {
     uint64_t max_ns = 2ull * (uint64_t)CFX_MAX(ps->timeout_ms, 1) * 1000000ull;
@@ -1084,6 +1046,20 @@ static int expire_waiting(struct cfx_ps *ps, uint64_t now)
             cfx_list_for_each_safe(pos, tmp, lists[l])
             {
                 struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+                uint32_t g = ps->any_worker_gone
+                                 ? gone_lagging(ps, b, l ? p->h.min_version : b->version + 1)
+                                 : 0;
+                if (g) {
+                    CFX_LOG(INFO, PS, "job %s: server %d: block %u: worker %u's %s of step "
+                            "%" PRIu64 " waits for worker %u, which is gone: failed", ps->job,
+                            ps->index, b->id, p->h.worker, l ? "pull" : "push", p->h.clock,
+                            g - 1);
+                    cfx_list_del(pos);
+                    reply_gone(ps, &p->h, CFX_ERR_PEER_FAILED, NULL, false, g);
+                    pend_free(p);
+                    n++;
+                    continue;
+                }
                 if (!p->told && now - p->since >= max_ns / 4)
                     tell_waiting(ps, b, p, l == 1);
                 if (now - p->since < max_ns)
@@ -1102,6 +1078,15 @@ static int expire_waiting(struct cfx_ps *ps, uint64_t now)
     return n;
 }
 
+void cfx__ps_server_worker_gone(struct cfx_ps *ps, uint32_t w)
+{
+    if (w >= PS_MAX_WORKERS || ps->worker_gone[w])
+        return;
+    ps->worker_gone[w] = true;
+    ps->any_worker_gone = true;
+    expire_waiting(ps, cfx__now_ns()); /* what waits for it fails now, not on a tick */
+}
+
 int cfx__ps_server_tick(struct cfx_ps *ps)
 {
     int n = 0;
@@ -1110,7 +1095,6 @@ int cfx__ps_server_tick(struct cfx_ps *ps)
     if (ps->timeout_ms > 0 && now - ps->expire_at < (1ull << 63)) {
         ps->expire_at = now + 100000000ull; /* every 100 ms */
         n += expire_waiting(ps, now);
-        n += fail_gone_waits(ps); /* held since a worker went */
     }
     cfx_list_for_each_safe(pos, tmp, &ps->orphans)
     {

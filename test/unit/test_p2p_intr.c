@@ -551,6 +551,98 @@ TP_PAIR_TEST(a_send_that_takes_a_withdrawn_request_goes_to_the_next_receive, "in
              body_stale_reoffer)
 TP_PAIR_TEST(a_withdrawn_receive_that_landed_whole_completes, "intr_whole", body_stale_whole)
 
+/*
+ * Order kept around a withdrawn receive: rank 1 has messages A and B of
+ * one tag.  Rank 0's receive R1 is withdrawn and given up (rank 1 parked,
+ * the CANCEL unread), then A takes R1's stale request and writes a chunk
+ * (rank 1 stalls after one), and rank 0's next receive R2 asks while rank 1
+ * holds the CANCEL, undecided about A.  R2 must wait for that: A goes on to
+ * it (none of A had landed when R1 was withdrawn), and B to R3.  Before, R2
+ * took B, and A came after it.
+ */
+static int body_order(struct rank_run *rr)
+{
+    struct cfx_node_rec *peer = &rr->g->nodes[1 - rr->rank];
+    uint64_t chan = rr->g->chan_user;
+    int rc = CFX_OK;
+    if (rr->rank == 0) {
+        uint8_t *buf = malloc(MID_SIZE), *want = malloc(MID_SIZE);
+        cfx_set_interrupt_check(stale_check, NULL);
+        rc = cfx_group_recv(rr->g, buf, MID_SIZE, 1, TAG, NULL);
+        cfx_set_interrupt_check(NULL, NULL);
+        if (rc != CFX_ERR_CANCELED)
+            rc = fail(rr, rc == CFX_OK ? "the interrupted receive completed" : cfx_last_error());
+        else
+            rc = CFX_OK;
+        pthread_barrier_wait(&bar); /* rank 1 posts A and B */
+        pthread_barrier_wait(&bar); /* ... and holds the CANCEL */
+        struct cfx_p2p_req *r2 = NULL;
+        if (rc == CFX_OK)
+            rc = cfx__p2p_irecv(rr->ctx, peer, chan, TAG, buf, MID_SIZE, CFX_MEMTYPE_HOST, &r2);
+        if (rc == CFX_OK && !request_queued(&(struct rank_run){ .ctx = ctxs[1], .g = rr->g }, 0,
+                                            true))
+            rc = fail(rr, "rank 1 never held R2's request");
+        cfx__xfer_test_resume(ctxs[1]);
+        if (r2) {
+            int wrc = cfx__p2p_wait_free(r2, cfx__deadline_ns(20000));
+            pattern(want, MID_SIZE, 1);
+            if (rc == CFX_OK && wrc != CFX_OK)
+                rc = wrc;
+            else if (rc == CFX_OK && memcmp(buf, want, MID_SIZE) != 0)
+                rc = fail(rr, "R2 did not get A, the message sent first");
+        }
+        if (rc == CFX_OK)
+            rc = recv_check(rr, MID_SIZE, TAG, 2);
+        free(buf);
+        free(want);
+        return rc;
+    }
+    atomic_store(&stale_go, false);
+    if (!request_queued(rr, 0, true))
+        return fail(rr, "rank 0's request never came");
+    if ((rc = cfx__progress_pause(rr->ctx, true)) != CFX_OK)
+        return rc;
+    atomic_store(&stale_go, true);
+    pthread_barrier_wait(&bar); /* R1 given up after its grace */
+    cfx__xfer_test_stall(rr->ctx, 1);
+    uint8_t *a = malloc(MID_SIZE), *b = malloc(MID_SIZE);
+    pattern(a, MID_SIZE, 1);
+    pattern(b, MID_SIZE, 2);
+    struct cfx_p2p_req *ra = NULL, *rb = NULL;
+    rc = cfx__p2p_isend_reoffer(rr->ctx, peer, chan, TAG, a, MID_SIZE, CFX_MEMTYPE_HOST, &ra);
+    if (rc == CFX_OK)
+        rc = cfx__p2p_isend_reoffer(rr->ctx, peer, chan, TAG, b, MID_SIZE, CFX_MEMTYPE_HOST, &rb);
+    cfx__progress_pause(rr->ctx, false);
+    /* the CANCEL read (held: the upload is stalled) before R2 is asked for */
+    uint64_t dl = cfx__deadline_ns(10000);
+    pthread_mutex_lock(&rr->ctx->lock);
+    for (;;) {
+        bool held = false;
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &rr->ctx->conns) {
+            struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+            struct cfx_list *u;
+            cfx_list_for_each(u, &c->uploads)
+                held |= cfx_list_entry(u, struct cfx_upload, conn_link)->cancel_held;
+        }
+        if (held || cfx__now_ns() >= dl)
+            break;
+        cfx__obj_wait(rr->ctx, CFX_MIN(dl, cfx__deadline_ns(1))); /* it signals nothing */
+    }
+    pthread_mutex_unlock(&rr->ctx->lock);
+    pthread_barrier_wait(&bar);
+    int arc = ra ? cfx__p2p_wait_free(ra, cfx__deadline_ns(20000)) : rc;
+    int brc = rb ? cfx__p2p_wait_free(rb, cfx__deadline_ns(20000)) : rc;
+    free(a);
+    free(b);
+    return rc != CFX_OK ? rc : arc != CFX_OK ? arc : brc;
+}
+
+Test(p2p_intr, a_withdrawn_receive_keeps_the_order_of_its_tag, .timeout = 60)
+{
+    pair(0, "intr_order", body_order);
+}
+
 /* Rank 0's receive waits first for the group's non-blocking allreduce
  * before it, which rank 1 has not joined: the check ends that wait too,
  * and the allreduce then completes when rank 1 joins it. */
