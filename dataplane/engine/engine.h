@@ -382,7 +382,7 @@ struct cfx_obj {
     bool eager;                 /* receive: in the eager class (eager.c) */
     bool urgent;                /* send: may use the credits kept back (CFX_EAGER_URGENT) */
     bool reoffer;               /* send: cfx__p2p_send_reoffer (a group's send) */
-    uint32_t await_slot;        /* send on ctx->p2p_awaits: its withdrawn receive's slot */
+    uint32_t await_slot;        /* send on ctx->p2p_awaits: 1 + its withdrawn receive's slot */
     bool await_unseen;          /* ... whose CANCEL said none of it landed then */
     uint16_t eager_batch;       /* send: the first of this many eager sends that go to the
                                    peer together or not at all (cfx__p2p_isend_batch) */

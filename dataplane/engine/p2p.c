@@ -213,8 +213,8 @@ static bool take_queued_rtr(struct cfx_context *ctx, struct cfx_obj *obj)
         struct cfx_p2p_rtr *rtr = cfx_list_entry(pos, struct cfx_p2p_rtr, link);
         if (!p2p_match(obj, rtr->conn->node_id, &rtr->req))
             continue;
-        if (key_in_limbo(ctx, rtr->conn, &rtr->req))
-            return false; /* it waits, first of its key still */
+        if (rtr->conn->state == CFX_CONN_FAILED || key_in_limbo(ctx, rtr->conn, &rtr->req))
+            return false; /* it waits, first of its key still (or goes with its connection) */
         cfx_list_del(&rtr->link);
         rtr->conn->p2p_rtrs--;
         cfx__p2p_rtr(ctx, rtr->conn, &rtr->req);
@@ -256,6 +256,7 @@ void cfx__p2p_send_cancel(struct cfx_context *ctx, struct cfx_obj *obj)
     if (cfx_list_empty(&obj->uploads)) {
         /* not matched yet, or awaiting its receiver's CANCEL_DONE */
         cfx_list_del(&obj->p2p_link);
+        obj->await_slot = 0;
         cfx__status_set(&obj->p2p_status, CFX_ERR_CANCELED);
         cfx__p2p_limbo_over(ctx, obj);
         pthread_cond_broadcast(&ctx->obj_cond);
@@ -287,7 +288,7 @@ void cfx__p2p_send_reoffer(struct cfx_context *ctx, struct cfx_obj *obj)
 void cfx__p2p_send_await(struct cfx_context *ctx, struct cfx_obj *obj, uint32_t slot,
                          bool unseen)
 {
-    obj->await_slot = slot;
+    obj->await_slot = slot + 1;
     obj->await_unseen = unseen;
     cfx_list_add_tail(&obj->p2p_link, &ctx->p2p_awaits);
 }
@@ -301,9 +302,10 @@ void cfx__p2p_cancel_done(struct cfx_context *ctx, uint32_t node, uint32_t slot,
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &ctx->p2p_awaits) {
         struct cfx_obj *obj = cfx_list_entry(pos, struct cfx_obj, p2p_link);
-        if (obj->peer_node != node || (slot != UINT32_MAX && obj->await_slot != slot))
+        if (obj->peer_node != node || (slot != UINT32_MAX && obj->await_slot != slot + 1))
             continue;
         cfx_list_del(&obj->p2p_link);
+        obj->await_slot = 0;
         if (status != CFX_OK && status != CFX_ERR_PEER_FAILED && obj->reoffer &&
             obj->await_unseen) {
             cfx__p2p_send_reoffer(ctx, obj);
@@ -891,7 +893,7 @@ int cfx__p2p_wait_free_intr(struct cfx_p2p_req *req, uint64_t deadline_ns)
 static bool send_untaken(const struct cfx_p2p_req *req)
 {
     return req->kind == CFX_P2P_SEND && p2p_status(req) == CFX_ERR_AGAIN &&
-           cfx_list_empty(&req->obj->uploads);
+           cfx_list_empty(&req->obj->uploads) && !req->obj->await_slot;
 }
 
 bool cfx__p2p_send_unasked(struct cfx_p2p_req *req)

@@ -611,7 +611,7 @@ static void upload_free(struct cfx_context *ctx, struct cfx_upload *up, bool cut
                    obj->reoffer;
     uint32_t slot = up->slot;
     bool unseen = up->unseen;
-    bool limbo = up->canceled; /* requests of its key waited (p2p.c key_in_limbo) */
+    bool limbo = up->canceled || up->cancel_held; /* requests of its key waited (key_in_limbo) */
     free(up);
     if (obj->p2p == CFX_P2P_SEND && obj->p2p_status == CFX_ERR_AGAIN && await)
         cfx__p2p_send_await(ctx, obj, slot, unseen);
@@ -1185,13 +1185,16 @@ void cfx__xfer_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
             cfx__xfer_in_finish(ctx, in, CFX_ERR_PEER_FAILED);
         }
     }
+    /* its requests go first: an upload ending below may hand a request of
+     * its key the next send (cfx__p2p_limbo_over), which must not start an
+     * upload on this connection */
+    cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &conn->uploads) {
         struct cfx_upload *up = cfx_list_entry(pos, struct cfx_upload, conn_link);
         up->inflight = 0; /* the endpoint is closed right after: nothing completes */
         upload_free(ctx, up, true);
     }
-    cfx__xfer_forget_req(ctx, conn, UINT32_MAX);
     cfx__p2p_cancel_done(ctx, conn->node_id, UINT32_MAX, CFX_ERR_PEER_FAILED);
     cfx__eager_conn_failed(ctx, conn);
 }

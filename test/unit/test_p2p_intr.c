@@ -560,6 +560,23 @@ TP_PAIR_TEST(a_withdrawn_receive_that_landed_whole_completes, "intr_whole", body
  * it (none of A had landed when R1 was withdrawn), and B to R3.  Before, R2
  * took B, and A came after it.
  */
+static bool order_cut; /* body_order: rank 1's connection fails instead of resuming */
+
+/* Every connection of @p at with node @p node fails. */
+static void conns_fail(struct cfx_context *at, uint32_t node)
+{
+    cfx__progress_lock(at);
+    pthread_mutex_lock(&at->lock);
+    struct cfx_list *pos, *tmp;
+    cfx_list_for_each_safe(pos, tmp, &at->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == node)
+            cfx__conn_fail(c, CFX_ERR_IO, "test: cut");
+    }
+    pthread_mutex_unlock(&at->lock);
+    cfx__progress_unlock(at);
+}
+
 static int body_order(struct rank_run *rr)
 {
     struct cfx_node_rec *peer = &rr->g->nodes[1 - rr->rank];
@@ -582,6 +599,20 @@ static int body_order(struct rank_run *rr)
         if (rc == CFX_OK && !request_queued(&(struct rank_run){ .ctx = ctxs[1], .g = rr->g }, 0,
                                             true))
             rc = fail(rr, "rank 1 never held R2's request");
+        if (order_cut) {
+            /* the connection goes with A undecided and R2 held: nothing of
+             * it may start B on it (B ran on with an upload whose connection
+             * was freed, and its withdrawal used it) */
+            conns_fail(ctxs[1], rr->ctx->node_id);
+            pthread_barrier_wait(&bar); /* rank 1 looks at B */
+            cfx__xfer_test_resume(ctxs[1]);
+            int wrc = r2 ? cfx__p2p_wait_free(r2, cfx__deadline_ns(20000)) : rc;
+            free(buf);
+            free(want);
+            return rc != CFX_OK ? rc : wrc == CFX_ERR_PEER_FAILED ? CFX_OK
+                 : fail(rr, wrc == CFX_OK ? "R2 completed over a cut connection"
+                                          : cfx_last_error());
+        }
         cfx__xfer_test_resume(ctxs[1]);
         if (r2) {
             int wrc = cfx__p2p_wait_free(r2, cfx__deadline_ns(20000));
@@ -631,11 +662,50 @@ static int body_order(struct rank_run *rr)
     }
     pthread_mutex_unlock(&rr->ctx->lock);
     pthread_barrier_wait(&bar);
+    if (order_cut) {
+        /* B is still queued, asked for by nobody: R2's request went with
+         * the connection */
+        pthread_barrier_wait(&bar);
+        bool queued = false;
+        pthread_mutex_lock(&rr->ctx->lock);
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &rr->ctx->p2p_sends) {
+            const struct cfx_obj *o = cfx_list_entry(pos, struct cfx_obj, p2p_link);
+            queued |= o->peer_node == peer->node_id && o->chan == chan && o->tag == TAG;
+        }
+        pthread_mutex_unlock(&rr->ctx->lock);
+        if (!queued)
+            rc = fail(rr, "B started on the connection that failed");
+        /* A fails with its connection; B is taken by nobody: it ends at its
+         * deadline, withdrawn */
+        int arc = ra ? cfx__p2p_wait_free(ra, cfx__deadline_ns(20000)) : rc;
+        int brc = rb ? cfx__p2p_wait_free(rb, cfx__deadline_ns(2000)) : rc;
+        free(a);
+        free(b);
+        if (rc != CFX_OK)
+            return rc;
+        if (arc != CFX_ERR_PEER_FAILED)
+            return fail(rr, arc == CFX_OK ? "A completed over a cut connection"
+                                          : cfx_last_error());
+        return brc == CFX_ERR_TIMEOUT ? CFX_OK : fail(rr, brc == CFX_OK ? "B completed unasked"
+                                                                        : cfx_last_error());
+    }
     int arc = ra ? cfx__p2p_wait_free(ra, cfx__deadline_ns(20000)) : rc;
     int brc = rb ? cfx__p2p_wait_free(rb, cfx__deadline_ns(20000)) : rc;
     free(a);
     free(b);
     return rc != CFX_OK ? rc : arc != CFX_OK ? arc : brc;
+}
+
+static int body_order_cut(struct rank_run *rr)
+{
+    order_cut = true;
+    return body_order(rr);
+}
+
+Test(p2p_intr, a_connection_cut_with_a_send_undecided_starts_no_other, .timeout = 60)
+{
+    pair(0, "intr_ordcut", body_order_cut);
 }
 
 Test(p2p_intr, a_withdrawn_receive_keeps_the_order_of_its_tag, .timeout = 60)
