@@ -140,6 +140,47 @@ static int conn_verify(const struct cfx_conn *conn, enum cfx_auth_side side, con
     return cfx__auth_verify_bound(conn->ctx->token, side, na, nc, bind, n, mac);
 }
 
+/*
+ * Authenticated peers' connections into this node are capped: each holds an
+ * endpoint's buffers and up to its eager grant of unreceived messages, and a
+ * token holder could open them without end (under any node id it claims).
+ * Of one node id at most CONN_IN_PER_NODE live at once: a newer one closes
+ * the oldest (an honest node has one, and one more while a connection it
+ * lost is still being found dead); of all, CFX_MAX_PEER_CONNS (default
+ * 4096, the coordinator's --max-conns): one more is refused.  False when
+ * @p conn was refused (it is gone).
+ */
+#define CONN_IN_PER_NODE 4
+
+static bool inbound_room(struct cfx_conn *conn)
+{
+    struct cfx_context *ctx = conn->ctx;
+    long long max = cfx__env_ll_clamp("CFX_MAX_PEER_CONNS", 4096, 1, 1 << 20);
+    struct cfx_conn *oldest = NULL;
+    unsigned of_node = 0;
+    long long all = 0;
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c == conn || c->outbound || !c->authed || c->state == CFX_CONN_FAILED)
+            continue;
+        all++;
+        if (c->node_id == conn->node_id && !of_node++)
+            oldest = c;
+    }
+    if (all >= max) {
+        char why[160];
+        snprintf(why, sizeof(why), "this node holds %lld connections of authenticated peers, "
+                 "the most it takes (CFX_MAX_PEER_CONNS)", all);
+        cfx__conn_refuse(conn, CFX_ERR_NO_RESOURCE, why);
+        return false;
+    }
+    if (of_node >= CONN_IN_PER_NODE)
+        cfx__conn_refuse(oldest, CFX_ERR_PROTO, "the oldest of its connections here: a newer "
+                         "one came, and a node holds at most 4 (CONN_IN_PER_NODE)");
+    return true;
+}
+
 /* Both sides must seal alike: a mismatch is refused, naming both settings. */
 static bool mode_agrees(struct cfx_conn *conn, uint32_t peer)
 {
@@ -287,6 +328,8 @@ void cfx__conn_auth_msg(struct cfx_conn *conn, const struct cfx_dp_auth *m)
                                              "node id it claims");
         return;
     }
+    if (!inbound_room(conn))
+        return; /* refused: it is gone */
     auth_init(conn, &a, conn->nonce);
     if (conn_mac(conn, CFX_AUTH_DP_ACCEPT, a.mac) != CFX_OK) {
         CFX_LOG(ERR, CONN, "node %u: cannot answer %s: %s", ctx->node_id, conn->name,

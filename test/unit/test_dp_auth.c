@@ -88,6 +88,14 @@ static void teardown(void)
 
 TestSuite(dp_auth, .init = setup, .fini = teardown, .timeout = 60);
 
+static void setup_capped(void)
+{
+    setenv("CFX_MAX_PEER_CONNS", "2", 1);
+    setup();
+}
+
+TestSuite(dp_auth_capped, .init = setup_capped, .fini = teardown, .timeout = 60);
+
 struct raw {
     const struct cfx_transport_ops *ops;
     struct cfx_tp_iface *iface;
@@ -563,6 +571,42 @@ static int token_holder_gets_in(void)
     int ok = r.got_auth == 2 && !r.closed && proof_ok(&r, nonce);
     raw_close(&r);
     return ok;
+}
+
+/* @p r: HELLO and the right proof; whether the node answered with its own
+ * (authenticated) and kept the connection. */
+static int raw_authenticate(struct raw *r)
+{
+    uint8_t nonce[CFX_DP_NONCE_LEN];
+    hello_and_challenge(r, nonce);
+    send_auth(r, token, nonce);
+    for (int i = 0; i < 50 && r->got_auth < 2 && !r->closed; i++)
+        raw_poll(r, 100);
+    return r->got_auth == 2 && !r->closed && proof_ok(r, nonce);
+}
+
+/* Authenticated connections claiming one node id: a node holds at most 4,
+ * the newest closing the oldest (a token holder opened them without end,
+ * under one id, each holding buffers and an eager grant). */
+Test(dp_auth, a_node_id_holds_at_most_4_connections_here)
+{
+    enum { N = 5 };
+    struct raw r[N];
+    for (int i = 0; i < N; i++) {
+        raw_open(&r[i]);
+        cr_assert(raw_authenticate(&r[i]), "connection %d was not authenticated", i);
+    }
+    for (int i = 0; i < 30 && !r[0].closed; i++)
+        raw_poll(&r[0], 100);
+    cr_assert(r[0].closed, "the oldest of 5 connections of one node id was kept");
+    for (int i = 1; i < N; i++) {
+        raw_poll(&r[i], 0);
+        cr_assert(!r[i].closed, "connection %d was closed", i);
+    }
+    for (int i = 0; i < N; i++)
+        raw_close(&r[i]);
+    cr_assert(cfx_test_file_contains(logpath, "the oldest of its connections here"),
+              "the eviction was not logged");
 }
 
 /*
@@ -1043,4 +1087,26 @@ Test(dp_auth_uid, other_user_falls_back_to_tcp, .timeout = 60)
     cr_assert_eq(WEXITSTATUS(wst), 0, "the other user's node did not get the object "
                  "(child exit %d: 21 join, 22 get, 23 bytes)", WEXITSTATUS(wst));
     cr_assert(refused, "shm was not tried, so the test proves nothing");
+}
+
+/* CFX_MAX_PEER_CONNS: a node takes that many authenticated peers'
+ * connections (of any node ids), and refuses one more, saying so. */
+Test(dp_auth_capped, authenticated_connections_are_capped)
+{
+    struct raw r[3];
+    for (int i = 0; i < 2; i++) {
+        raw_open(&r[i]);
+        cr_assert(raw_authenticate(&r[i]), "connection %d was not authenticated", i);
+    }
+    raw_open(&r[2]);
+    cr_assert(!raw_authenticate(&r[2]), "a connection past CFX_MAX_PEER_CONNS was taken");
+    cr_assert(r[2].closed, "a connection past CFX_MAX_PEER_CONNS was kept");
+    for (int i = 0; i < 2; i++) {
+        raw_poll(&r[i], 0);
+        cr_assert(!r[i].closed, "connection %d was closed", i);
+    }
+    for (int i = 0; i < 3; i++)
+        raw_close(&r[i]);
+    cr_assert(cfx_test_file_contains(logpath, "the most it takes (CFX_MAX_PEER_CONNS)"),
+              "the refusal was not logged");
 }
