@@ -143,31 +143,34 @@ Test(coll_cancel, freeing_a_running_call_cancels_it, .timeout = 60)
     pair_ok("tcp", "cancel_run", body_free_running);
 }
 
-/* Rank 0 posts two, frees the second while it waits behind the first. */
-static int body_free_queued(struct rank_run *rr)
+/* Rank 0 posts allreduce a (of 1 MiB), which waits for rank 1, and has the
+ * next call, on b, canceled by @p cancel_b while it waits behind a.  The
+ * canceled call never runs: b is untouched, a completes when rank 1 joins,
+ * and rank 1's side of the canceled one hears the cancel in its turn. */
+static int queued_then_canceled(struct rank_run *rr, int (*cancel_b)(struct rank_run *, float *),
+                                const char *wrote)
 {
     float *a = malloc(COUNT * sizeof(float)), *b = malloc(COUNT * sizeof(float));
     int rc = CFX_OK;
     for (size_t i = 0; i < COUNT; i++)
         a[i] = b[i] = (float)(rr->rank + 1);
     if (rr->rank == 0) {
-        struct cfx_request *ra, *rb;
+        struct cfx_request *ra = NULL;
         rc = cfx_group_iallreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &ra);
-        if (rc == CFX_OK)
-            rc = cfx_group_iallreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &rb);
         if (rc == CFX_OK && !started(rr->ctx, ra))
             rc = fail(rr, "the first call never started");
         if (rc == CFX_OK)
-            cfx_request_free(rb); /* queued: returns at once, it never runs */
+            rc = cancel_b(rr, b);
         pthread_barrier_wait(&bar);
-        if (rc == CFX_OK) {
-            rc = cfx_request_wait(ra, 20000);
+        if (ra) {
+            int wrc = cfx_request_wait(ra, 20000);
             cfx_request_free(ra);
+            if (rc == CFX_OK && wrc != CFX_OK)
+                rc = wrc;
         }
         for (size_t i = 0; rc == CFX_OK && i < COUNT; i++)
             if (a[i] != 3.0f || b[i] != 1.0f)
-                rc = fail(rr, a[i] != 3.0f ? "the first call's sum is wrong"
-                                           : "the canceled call wrote its buffer");
+                rc = fail(rr, a[i] != 3.0f ? "the first call's sum is wrong" : wrote);
         pthread_barrier_wait(&bar);
     } else {
         pthread_barrier_wait(&bar);
@@ -181,6 +184,21 @@ static int body_free_queued(struct rank_run *rr)
     free(a);
     free(b);
     return rc == CFX_OK ? sum_ok(rr) : rc;
+}
+
+/* The second call posted and its request freed while it waits. */
+static int free_queued(struct rank_run *rr, float *b)
+{
+    struct cfx_request *rb;
+    int rc = cfx_group_iallreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &rb);
+    if (rc == CFX_OK)
+        cfx_request_free(rb); /* queued: returns at once, it never runs */
+    return rc;
+}
+
+static int body_free_queued(struct rank_run *rr)
+{
+    return queued_then_canceled(rr, free_queued, "the canceled call wrote its buffer");
 }
 
 Test(coll_cancel, freeing_a_queued_call_means_it_never_runs, .timeout = 60)
@@ -343,61 +361,25 @@ Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)
     pair_ok("tcp", "cancel_intr", body_interrupted);
 }
 
-/* Rank 0's blocking allreduce waits behind its non-blocking one, which
- * waits for rank 1: the check ends that wait too (before, it was a plain
- * condition wait, bounded only by the deadline of the call before).  The
- * interrupted call never ran: its buffer is untouched, the call before it
- * completes when rank 1 joins, and rank 1's side of the interrupted one
- * hears the cancel in its turn. */
+/* The second call a blocking one, its wait behind the first ended by the
+ * interrupt check (before, it was a plain condition wait, bounded only by
+ * the deadline of the call before). */
+static int interrupt_queued(struct rank_run *rr, float *b)
+{
+    struct intr_probe p = { .ctx = rr->ctx };
+    cfx_set_interrupt_check(intr_check, &p);
+    int rc = cfx_group_allreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "1 call queued before it"))
+        return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
+    if (p.calls != 1)
+        return fail(rr, "the check ran again after it asked to stop");
+    return CFX_OK;
+}
+
 static int body_interrupted_queued(struct rank_run *rr)
 {
-    float *a = malloc(COUNT * sizeof(float)), *b = malloc(COUNT * sizeof(float));
-    int rc = CFX_OK;
-    for (size_t i = 0; i < COUNT; i++)
-        a[i] = b[i] = (float)(rr->rank + 1);
-    if (rr->rank == 0) {
-        struct cfx_request *ra;
-        rc = cfx_group_iallreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL, &ra);
-        if (rc != CFX_OK)
-            ra = NULL;
-        if (rc == CFX_OK && !started(rr->ctx, ra))
-            rc = fail(rr, "the first call never started");
-        if (rc == CFX_OK) {
-            struct intr_probe p = { .ctx = rr->ctx };
-            cfx_set_interrupt_check(intr_check, &p);
-            int brc = cfx_group_allreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
-            cfx_set_interrupt_check(NULL, NULL);
-            if (brc != CFX_ERR_CANCELED ||
-                !strstr(cfx_last_error(), "1 call queued before it"))
-                rc = fail(rr, brc == CFX_OK ? "the interrupted call completed"
-                                            : cfx_last_error());
-            else if (p.calls != 1)
-                rc = fail(rr, "the check ran again after it asked to stop");
-        }
-        pthread_barrier_wait(&bar);
-        if (ra) {
-            int wrc = cfx_request_wait(ra, 20000);
-            cfx_request_free(ra);
-            if (rc == CFX_OK && wrc != CFX_OK)
-                rc = wrc;
-        }
-        for (size_t i = 0; rc == CFX_OK && i < COUNT; i++)
-            if (a[i] != 3.0f || b[i] != 1.0f)
-                rc = fail(rr, a[i] != 3.0f ? "the first call's sum is wrong"
-                                           : "the interrupted call wrote its buffer");
-        pthread_barrier_wait(&bar);
-    } else {
-        pthread_barrier_wait(&bar);
-        rc = cfx_group_allreduce(rr->g, a, a, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
-        if (rc == CFX_OK && a[0] != 3.0f)
-            rc = fail(rr, "the first call's sum is wrong");
-        if (rc == CFX_OK)
-            rc = peer_sees_cancel(rr, b);
-        pthread_barrier_wait(&bar);
-    }
-    free(a);
-    free(b);
-    return rc == CFX_OK ? sum_ok(rr) : rc;
+    return queued_then_canceled(rr, interrupt_queued, "the interrupted call wrote its buffer");
 }
 
 Test(coll_cancel, an_interrupted_call_waiting_behind_queued_ones_never_runs, .timeout = 60)

@@ -559,16 +559,13 @@ static int log_lines_with(const char *needle)
 }
 
 /* A token holder after a flood: HELLO, the right proof, the node's proof. */
+static int raw_authenticate(struct raw *r);
+
 static int token_holder_gets_in(void)
 {
     struct raw r;
-    uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
-    hello_and_challenge(&r, nonce);
-    send_auth(&r, token, nonce);
-    for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
-        raw_poll(&r, 100);
-    int ok = r.got_auth == 2 && !r.closed && proof_ok(&r, nonce);
+    int ok = raw_authenticate(&r);
     raw_close(&r);
     return ok;
 }

@@ -459,6 +459,19 @@ static bool cancel_sent(struct cfx_context *at)
     }
 }
 
+/* Rank 1 (@p rr): once rank 0's receive request is here, park the progress
+ * thread (nobody reads what comes next) and let rank 0's check fire. */
+static int park_with_request(struct rank_run *rr)
+{
+    atomic_store(&stale_go, false);
+    if (!request_queued(rr, 0, true))
+        return fail(rr, "rank 0's request never came");
+    int rc = cfx__progress_pause(rr->ctx, true);
+    if (rc == CFX_OK)
+        atomic_store(&stale_go, true);
+    return rc;
+}
+
 /*
  * A send that takes a request its receiver has withdrawn already: rank 0's
  * rendezvous receive is interrupted after its request reached rank 1, whose
@@ -507,12 +520,8 @@ static int body_stale(struct rank_run *rr)
         free(want);
         return rc;
     }
-    atomic_store(&stale_go, false);
-    if (!request_queued(rr, 0, true))
-        return fail(rr, "rank 0's request never came");
-    if ((rc = cfx__progress_pause(rr->ctx, true)) != CFX_OK)
+    if ((rc = park_with_request(rr)) != CFX_OK)
         return rc;
-    atomic_store(&stale_go, true);
     if (!cancel_sent(ctxs[0])) {
         cfx__progress_pause(rr->ctx, false);
         return fail(rr, "rank 0 never withdrew its receive");
@@ -628,12 +637,8 @@ static int body_order(struct rank_run *rr)
         free(want);
         return rc;
     }
-    atomic_store(&stale_go, false);
-    if (!request_queued(rr, 0, true))
-        return fail(rr, "rank 0's request never came");
-    if ((rc = cfx__progress_pause(rr->ctx, true)) != CFX_OK)
+    if ((rc = park_with_request(rr)) != CFX_OK)
         return rc;
-    atomic_store(&stale_go, true);
     pthread_barrier_wait(&bar); /* R1 given up after its grace */
     cfx__xfer_test_stall(rr->ctx, 1);
     uint8_t *a = malloc(MID_SIZE), *b = malloc(MID_SIZE);
