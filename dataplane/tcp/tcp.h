@@ -53,6 +53,7 @@
 #include "dataplane/common/flood.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tp_strangers.h"
 #include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 
@@ -196,10 +197,7 @@ struct cfx__tcp_ep {
     int fd;
     int state;             /* enum cfx__tcp_ep_state */
     uint64_t hello_deadline; /* HELLO_WAIT: dropped unless the HELLO is in by then (ns) */
-    bool unauth;             /* accepted, the peer has not proven the token: on iface->unauth */
-    struct cfx_list unauth_link; /* iface->unauth, oldest first */
-    uint32_t ip;             /* accepted: the peer's IPv4 address (network order) */
-    uint64_t accepted_ns;    /* accepted: when */
+    struct cfx__tp_stranger stranger; /* accepted, the token not proven yet: on strangers */
     uint32_t epoll_events; /* events registered now */
     char addr[32];         /* peer "ip:port" (connect side: dialled) */
 
@@ -261,21 +259,9 @@ struct cfx__tcp_iface {
     struct cfx__tp_graveyard graveyard; /* closed eps freed at the next poll */
     struct cfx_list rx_backlog; /* eps with buffered frames waiting for slots/credits */
 
-    /* strangers (tcp_iface.c): caps on connections not authorized yet, and
-     * what is left to do when the process is out of descriptors */
-    struct cfx_list unauth;    /* accepted eps not yet authorized, oldest first */
-    uint32_t nunauth;          /* eps on it */
-    uint32_t max_unauth;       /* cap of all of them (CFX_TCP_MAX_UNAUTH) */
-    uint32_t max_unauth_per_ip; /* cap of one source address (CFX_TCP_MAX_UNAUTH_PER_IP) */
-    int spare_fd;              /* reserve fd: freed to shed a connection at EMFILE */
-    uint64_t accept_resume;    /* accepting paused (no fd even to shed) until then (ns); 0: on */
-    struct cfx_ratelog evict_log;  /* unauthorized eps closed for a newcomer */
-    struct cfx_ratelog emfile_log; /* out of descriptors at accept */
+    struct cfx__tp_strangers strangers; /* accepted eps not yet authorized (tp_strangers.h) */
     struct cfx_ratelog accept_log; /* other accept failures, eps that could not be made */
     struct cfx_ratelog hello_log;  /* accepted eps dropped for a HELLO that never came */
-    _Atomic uint64_t n_unauth_evicted; /* eps closed at a cap or out of fds (any thread) */
-    _Atomic uint64_t n_accept_shed;    /* connections accepted and closed at once, out of
-                                        * fds with nothing to evict (any thread) */
 
     struct cfx__tp_cq cq;      /* completions, capacity reserved per ep */
     struct cfx__tp_table mrs;  /* registrations (struct cfx__tcp_mr), by rkey index */

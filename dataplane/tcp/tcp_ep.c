@@ -144,11 +144,7 @@ static void sock_close(struct cfx__tcp_ep *ep)
 /* @p ep no longer waits to prove the token: it did, or it is going. */
 static void unauth_drop(struct cfx__tcp_ep *ep)
 {
-    if (!ep->unauth)
-        return;
-    ep->unauth = false;
-    ep->iface->nunauth--;
-    cfx_list_del(&ep->unauth_link);
+    cfx__tp_stranger_del(&ep->iface->strangers, &ep->stranger);
 }
 
 /* Empty the send queue, completing each user op with @p status if @p report. */

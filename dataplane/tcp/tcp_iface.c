@@ -73,120 +73,36 @@ int cfx__tcp_epoll_set(struct cfx__tcp_ep *ep, uint32_t events)
  * descriptor and an endpoint's buffers until its peer proves the token (the
  * engine's handshake ends in ep_authorize) or its deadline passes (10 s for
  * the HELLO, CFX_TCP_HELLO_MS, and as long again for the proof,
- * CFX_CONN_AUTH_MS).  So, as the coordinator does (control/coord.c):
- *
- *  - connections not yet authorized are capped, of all sources
- *    (max_unauth) and of one address (max_unauth_per_ip); at a cap the
- *    oldest of them (of the newcomer's address at the second) is closed
- *    for the newcomer rather than the newcomer refused: it proved nothing
- *    for the longest time, while a refusal would let a flood lock every
- *    token holder out until its connections' deadlines.  A token holder's
- *    handshake takes a round trip or two, so a flood must open a whole
- *    cap's worth within it to push it out;
- *  - out of descriptors (EMFILE/ENFILE), the pending connection keeps the
- *    level-triggered listener readable and the progress thread would spin
- *    (it logged 3.4 million lines in 20 s): the oldest unauthorized
- *    connection is closed for it as at a cap; with none, it is accepted on
- *    the reserve fd and closed (cfx__accept_shed); with no reserve either,
- *    accepting pauses for ACCEPT_PAUSE_MS;
- *  - each of these lines is written at most once a second (CFX_RATELOG).
- *
- * The caps are small, so the oldest of an address is found by walking the
- * list (no hash of addresses as the coordinator's thousands need).
+ * CFX_CONN_AUTH_MS).  They are capped (CFX_TCP_MAX_UNAUTH of all,
+ * CFX_TCP_MAX_UNAUTH_PER_IP of one address), and a process out of
+ * descriptors sheds them rather than spin, as tp_strangers.h says.
  */
-#define ACCEPT_PAUSE_MS 100
-#define PAUSE_TEXT      "100 ms" /* ACCEPT_PAUSE_MS, in the log line */
-
-/* Close the oldest unauthorized ep (of @p ip unless @p any) when the cap it
- * reached says so.  Returns whether one was closed. */
-static bool unauth_make_room(struct cfx__tcp_iface *iface, uint32_t ip, uint64_t now)
+static void stranger_evict(struct cfx__tp_stranger *st, const char *why)
 {
-    struct cfx__tcp_ep *oldest_ip = NULL, *old = NULL;
-    const char *cap = NULL, *why;
-    uint32_t from = 0, limit = 0;
-    struct cfx_list *pos;
-
-    cfx_list_for_each(pos, &iface->unauth) {
-        struct cfx__tcp_ep *ep = cfx_list_entry(pos, struct cfx__tcp_ep, unauth_link);
-        if (ep->ip == ip && from++ == 0)
-            oldest_ip = ep;
-    }
-    if (from >= iface->max_unauth_per_ip) {
-        old = oldest_ip;
-        cap = "CFX_TCP_MAX_UNAUTH_PER_IP";
-        limit = iface->max_unauth_per_ip;
-        why = "the oldest connection of its address not authenticated, closed for a newer one";
-    } else if (iface->nunauth >= iface->max_unauth) {
-        old = cfx_list_entry(iface->unauth.next, struct cfx__tcp_ep, unauth_link);
-        cap = "CFX_TCP_MAX_UNAUTH";
-        limit = iface->max_unauth;
-        why = "the oldest connection not authenticated, closed for a newer one";
-    }
-    if (!old)
-        return false;
-    CFX_RATELOG(&iface->evict_log, TCP, now, "iface %s: closing %s: %s (%u) reached, and it is "
-                "the oldest not authenticated (%llu ms)", iface->addr, old->addr, cap, limit,
-                (unsigned long long)((now - old->accepted_ns) / 1000000ull));
-    atomic_fetch_add_explicit(&iface->n_unauth_evicted, 1, memory_order_relaxed);
-    cfx__tcp_ep_evict(old, why);
-    return true;
+    cfx__tcp_ep_evict(container_of(st, struct cfx__tcp_ep, stranger), why);
 }
 
-static void listen_events(struct cfx__tcp_iface *iface, uint32_t events)
+static void listen_events(struct cfx__tp_strangers *s, bool on)
 {
-    struct epoll_event ev = { .events = events, .data.ptr = NULL };
+    struct cfx__tcp_iface *iface = container_of(s, struct cfx__tcp_iface, strangers);
+    struct epoll_event ev = { .events = on ? EPOLLIN : 0, .data.ptr = NULL };
     epoll_ctl(iface->epfd, EPOLL_CTL_MOD, iface->listen_fd, &ev);
-}
-
-/* accept() failed with EMFILE/ENFILE (@p err).  Returns whether to accept
- * again: a descriptor was freed. */
-static bool accept_out_of_fds(struct cfx__tcp_iface *iface, int err, uint64_t now)
-{
-    if (iface->nunauth) {
-        struct cfx__tcp_ep *old =
-            cfx_list_entry(iface->unauth.next, struct cfx__tcp_ep, unauth_link);
-        CFX_RATELOG(&iface->evict_log, TCP, now, "iface %s: closing %s: out of file "
-                    "descriptors (%s), and it is the oldest not authenticated (%llu ms)",
-                    iface->addr, old->addr, strerror(err),
-                    (unsigned long long)((now - old->accepted_ns) / 1000000ull));
-        atomic_fetch_add_explicit(&iface->n_unauth_evicted, 1, memory_order_relaxed);
-        cfx__tcp_ep_evict(old, "the oldest connection not authenticated, closed for a newer "
-                               "one: out of file descriptors");
-        return true;
-    }
-    bool shed = cfx__accept_shed(iface->listen_fd, &iface->spare_fd);
-    if (shed) {
-        atomic_fetch_add_explicit(&iface->n_accept_shed, 1, memory_order_relaxed);
-    } else {
-        listen_events(iface, 0);
-        iface->accept_resume = now + ACCEPT_PAUSE_MS * 1000000ull;
-    }
-    CFX_RATELOG(&iface->emfile_log, TCP, now, "iface %s is out of file descriptors (%s, none "
-                "waiting to authenticate): %s", iface->addr, strerror(err),
-                shed ? "shed a new connection" : "accepting paused for " PAUSE_TEXT);
-    return shed;
 }
 
 /* On the poll's tick: accepting again after a pause, lines a flood held. */
 static void accept_tick(struct cfx__tcp_iface *iface, uint64_t now)
 {
-    if (iface->accept_resume && now >= iface->accept_resume) {
-        if (iface->spare_fd < 0)
-            iface->spare_fd = cfx__spare_fd_open();
-        iface->accept_resume = 0;
-        listen_events(iface, EPOLLIN);
-    }
-    CFX_RATELOG_FLUSH(&iface->evict_log, TCP, now);
-    CFX_RATELOG_FLUSH(&iface->emfile_log, TCP, now);
+    cfx__tp_strangers_tick(&iface->strangers, now);
     CFX_RATELOG_FLUSH(&iface->accept_log, TCP, now);
     CFX_RATELOG_FLUSH(&iface->hello_log, TCP, now);
 }
 
 static void iface_accept(struct cfx__tcp_iface *iface)
 {
+    struct cfx__tp_strangers *s = &iface->strangers;
     uint64_t now = cfx__now_ns();
 
-    for (int i = 0; i < ACCEPT_BURST && !iface->accept_resume; i++) {
+    for (int i = 0; i < ACCEPT_BURST && !cfx__tp_strangers_paused(s); i++) {
         char addr[32];
         struct cfx__tcp_ep *ep;
         uint32_t ip = 0;
@@ -195,7 +111,7 @@ static void iface_accept(struct cfx__tcp_iface *iface)
         if (fd < 0) {
             int err = errno;
             if (err == EMFILE || err == ENFILE) {
-                if (accept_out_of_fds(iface, err, now))
+                if (cfx__tp_strangers_out_of_fds(s, iface->listen_fd, err, now))
                     continue;
             } else if (cfx__tp_sock_accept_err_notable(err)) {
                 CFX_RATELOG(&iface->accept_log, TCP, now, "iface %s: accept: %s", iface->addr,
@@ -203,7 +119,7 @@ static void iface_accept(struct cfx__tcp_iface *iface)
             }
             return;
         }
-        unauth_make_room(iface, ip, now);
+        cfx__tp_strangers_admit(s, ip, now);
         if (cfx__tcp_ep_create(iface, fd, CFX_TCP_EP_HELLO_WAIT, CFX_TCP_NODE_NONE, addr, &ep) !=
             CFX_OK) {
             CFX_RATELOG(&iface->accept_log, TCP, now, "iface %s: dropping connection from %s: "
@@ -211,11 +127,7 @@ static void iface_accept(struct cfx__tcp_iface *iface)
             close(fd);
             continue;
         }
-        ep->ip = ip;
-        ep->accepted_ns = now;
-        ep->unauth = true;
-        iface->nunauth++;
-        cfx_list_add_tail(&ep->unauth_link, &iface->unauth);
+        cfx__tp_stranger_add(s, &ep->stranger, ip, ep->addr, now);
     }
 }
 
@@ -243,12 +155,6 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
                                ? params->node_id
                                : CFX_TCP_NODE_NONE;
     iface->listen_fd = -1;
-    iface->spare_fd = -1;
-    cfx_list_init(&iface->unauth);
-    iface->max_unauth =
-        (uint32_t)cfx__env_ll_clamp("CFX_TCP_MAX_UNAUTH", CFX_TCP_UNAUTH_MAX, 1, 1 << 20);
-    iface->max_unauth_per_ip = (uint32_t)cfx__env_ll_clamp("CFX_TCP_MAX_UNAUTH_PER_IP",
-                                                           CFX_TCP_UNAUTH_PER_IP, 1, 1 << 20);
     cfx__tp_table_init(&iface->mrs, 16, 1u << 24, 32, "tcp registration");
     cfx_list_init(&iface->eps);
     cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
@@ -282,7 +188,13 @@ static int tcp_iface_open(const struct cfx_tp_iface_params *params, struct cfx_t
         goto err_close_listen;
     }
 
-    iface->spare_fd = cfx__spare_fd_open(); /* none: shedding pauses instead */
+    struct cfx__tp_strangers_params sp = {
+        .who = iface->addr, .subsys = "TCP",
+        .env_max = "CFX_TCP_MAX_UNAUTH", .def_max = CFX_TCP_UNAUTH_MAX,
+        .env_per_ip = "CFX_TCP_MAX_UNAUTH_PER_IP", .def_per_ip = CFX_TCP_UNAUTH_PER_IP,
+        .evict = stranger_evict, .listen = listen_events,
+    };
+    cfx__tp_strangers_init(&iface->strangers, &sp, true);
     CFX_LOG(DEBUG, TCP, "iface listening on %s", iface->addr);
     *out = &iface->super;
     return CFX_OK;
@@ -310,8 +222,7 @@ static void tcp_iface_close(struct cfx_tp_iface *tp_iface)
     cfx__tp_graveyard_free(&iface->graveyard);
     cfx__tcp_mr_table_free(iface);
     cfx__keystream_wipe(&iface->keys);
-    if (iface->spare_fd >= 0)
-        close(iface->spare_fd);
+    cfx__tp_strangers_fini(&iface->strangers);
     close(iface->listen_fd);
     close(iface->epfd);
     cfx__tp_cq_fini(&iface->cq);

@@ -54,6 +54,7 @@
 #include "dataplane/common/list.h"
 #include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tp_strangers.h"
 #include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 #include "verbs_credit.h"
@@ -83,6 +84,12 @@
 #define CFX_VERBS_HOP_LIMIT    64
 #define CFX_VERBS_RESOLVE_MS   2000  /* rdma_cm address and route resolution */
 #define CFX_VERBS_ACCEPT_MS    10000 /* oob: an accepted socket's exchange must be done by then */
+/* Accepted endpoints whose peer has not proven the token (until the engine's
+ * ep_authorize), of all sources and of one address: at a cap the oldest is
+ * closed for the newcomer (tpbase/tp_strangers.h).  CFX_IB_MAX_UNAUTH and
+ * CFX_IB_MAX_UNAUTH_PER_IP set them when the iface opens. */
+#define CFX_VERBS_UNAUTH_MAX    128
+#define CFX_VERBS_UNAUTH_PER_IP 32
 
 #define CFX_VERBS_MEMLOCK_NEED (64ull << 20) /* default RLIMIT_MEMLOCK wanted */
 #define CFX_VERBS_IDLE_MAX     256           /* idle cached registrations */
@@ -247,6 +254,7 @@ struct cfx__verbs_ep {
     bool visible;                /* the user holds it (connect side, or ACCEPT reported) */
     bool touched;                /* on iface->touched */
     char addr[32];               /* peer "ip:port" */
+    struct cfx__tp_stranger stranger; /* accepted, the token not proven: on iface->strangers */
 
     /* connection */
     struct rdma_cm_id *cm_id;    /* cm mode */
@@ -334,7 +342,10 @@ struct cfx__verbs_iface {
     int listen_fd;               /* oob */
     uint32_t poll_count;         /* polls since the fds were last looked at */
     uint32_t accept_ms;          /* oob: CFX_IB_OOB_ACCEPT_MS, exchange deadline of a socket */
-    uint64_t accept_check;       /* oob: next look for accepted sockets past it (ns) */
+    uint64_t accept_check;       /* next look for strangers past a deadline, caps' lines (ns) */
+    struct cfx__tp_strangers strangers; /* accepted eps not yet authorized */
+    struct cfx_ratelog expire_log; /* oob: accepted sockets dropped at their deadline */
+    struct cfx_ratelog accept_log; /* accepts that failed, connections refused or dropped */
 
     /* endpoints */
     struct cfx__tp_table ep_tab; /* endpoints (struct cfx__verbs_ep) by wr_id slot */

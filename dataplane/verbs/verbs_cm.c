@@ -20,6 +20,11 @@
  * with CFX_ERR_VERSION (or AUTH, PROTO) rather than CFX_ERR_CONNECT, and the
  * engine does not try another transport for a refusal it would meet there.
  *
+ * Anyone who reaches the port may ask, and each accepted request holds an
+ * endpoint (QP, registered buffers, CQ room) until the engine's handshake
+ * authorizes it or its deadline passes: those not yet authorized are capped
+ * as tcp's connections are (tp_strangers.h).
+ *
  * The event channel fd is non-blocking and sits in the iface's epoll set.
  * Every event is copied and acknowledged before it is acted on, so that
  * destroying an id from a handler never waits for an unacknowledged event.
@@ -212,22 +217,27 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     struct rdma_conn_param cp;
     struct cfx__verbs_hello h;
     char addr[32], ip[INET_ADDRSTRLEN] = "?";
+    uint64_t now = cfx__now_ns();
+    uint32_t ip4 = 0; /* 0: not IPv4, no per-address cap */
     int rc;
 
-    if (peer && peer->sin_family == AF_INET)
+    if (peer && peer->sin_family == AF_INET) {
         inet_ntop(AF_INET, &peer->sin_addr, ip, sizeof(ip));
+        ip4 = peer->sin_addr.s_addr;
+    }
     snprintf(addr, sizeof(addr), "%s:%u", ip, peer ? ntohs(peer->sin_port) : 0);
 
     if (!id->verbs || strcmp(ibv_get_device_name(id->verbs->device), iface->dev_name)) {
-        CFX_LOG(WARN, VERBS, "iface %s: connection from %s arrived on another device; rejected",
-                iface->addr, addr);
+        CFX_RATELOG(&iface->accept_log, VERBS, now, "iface %s: connection from %s arrived on "
+                    "another device; rejected", iface->addr, addr);
         rdma_reject(id, NULL, 0);
         rdma_destroy_id(id);
         return;
     }
+    cfx__tp_strangers_admit(&iface->strangers, ip4, now);
     if ((rc = cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep)) != CFX_OK) {
-        CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected: %s", iface->addr, addr,
-                cfx_last_error());
+        CFX_RATELOG(&iface->accept_log, VERBS, now, "iface %s: connection from %s rejected: "
+                    "%s", iface->addr, addr, cfx_last_error());
         reject(id, rc);
         rdma_destroy_id(id);
         return;
@@ -235,6 +245,7 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     ep->cm_id = id;
     id->context = ep;
     ep->state = CFX_VERBS_EP_ACCEPTING;
+    cfx__tp_stranger_add(&iface->strangers, &ep->stranger, ip4, ep->addr, now);
     if ((rc = cfx__verbs_ep_hello_take(ep, ev->priv, ev->priv_len)) != CFX_OK)
         goto err_reject;
     if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK ||
@@ -250,8 +261,8 @@ static void on_connect_request(struct cfx__verbs_iface *iface, const struct cm_e
     return;
 
 err_reject:
-    CFX_LOG(WARN, VERBS, "iface %s: connection from %s rejected (%s): %s", iface->addr,
-            ep->super.peer_name, cfx_errname(rc), cfx_last_error());
+    CFX_RATELOG(&iface->accept_log, VERBS, now, "iface %s: connection from %s rejected (%s): "
+                "%s", iface->addr, ep->super.peer_name, cfx_errname(rc), cfx_last_error());
     reject(id, rc);
     cfx__verbs_ep_fail(ep, rc); /* invisible: to the graveyard, id destroyed there */
 }

@@ -502,6 +502,7 @@ void cfx__verbs_ep_fail(struct cfx__verbs_ep *ep, int status)
         return;
     int prev = ep->state;
     ep->state = CFX_VERBS_EP_FAILED;
+    cfx__tp_stranger_del(&iface->strangers, &ep->stranger);
     qp_to_error(ep); /* the hardware stops touching the buffers */
     if (ep->cm_id && prev != CFX_VERBS_EP_RESOLVING)
         cfx__verbs_cm_disconnect(ep);
@@ -554,6 +555,7 @@ void cfx__verbs_ep_close(struct cfx_tp_ep *tp_ep)
         cfx__verbs_oob_sock_close(ep);
     }
     drop_pending(ep);
+    cfx__tp_stranger_del(&iface->strangers, &ep->stranger);
     cfx__tp_cq_drop_ep(&iface->swq, tp_ep);
     ep->state = CFX_VERBS_EP_CLOSED;
     /* Destroyed at the next poll(): data of RECVs it returned stays valid. */
@@ -895,6 +897,7 @@ int cfx__verbs_ep_authorize(struct cfx_tp_ep *tp_ep)
                         ep->super.peer_name);
     if (ep->authorized)
         return CFX_OK;
+    cfx__tp_stranger_del(&ep->iface->strangers, &ep->stranger);
     /* RTS -> RTS with the access flags alone: an optional attribute of that
      * transition for RC (IBTA 11.2.4.2; ib_modify_qp_is_ok). */
     struct ibv_qp_attr a = { .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };

@@ -616,12 +616,14 @@ static void fds_progress(struct cfx__verbs_iface *iface)
         }
     }
     iface->poll_count = 0;
-    if (iface->mode == CFX_VERBS_OOB) {
-        uint64_t now = cfx__now_ns();
-        if (now > iface->accept_check) {
-            iface->accept_check = now + 100 * 1000000ull;
+    uint64_t now = cfx__now_ns();
+    if (now > iface->accept_check) {
+        iface->accept_check = now + 100 * 1000000ull;
+        if (iface->mode == CFX_VERBS_OOB)
             cfx__verbs_oob_accept_expire(iface, now);
-        }
+        cfx__tp_strangers_tick(&iface->strangers, now);
+        CFX_RATELOG_FLUSH(&iface->expire_log, VERBS, now);
+        CFX_RATELOG_FLUSH(&iface->accept_log, VERBS, now);
     }
 }
 
@@ -722,6 +724,27 @@ static int verbs_iface_addr(struct cfx_tp_iface *tp_iface, void *buf, size_t *le
 
 /* --- open / close ------------------------------------------------------------------- */
 
+/* Strangers (tpbase/tp_strangers.h): accepted eps whose peer has not proven
+ * the token hold a QP, registered buffers and CQ room each; they are capped
+ * as tcp's are.  A stranger closed for a newcomer fails CFX_ERR_NO_RESOURCE
+ * (the engine drops it), one not yet shown goes away. */
+static void stranger_evict(struct cfx__tp_stranger *st, const char *why)
+{
+    struct cfx__verbs_ep *ep = container_of(st, struct cfx__verbs_ep, stranger);
+    ep->super.why = why;
+    CFX_VERBS_EP_FAIL(ep, INFO, CFX_ERR_NO_RESOURCE, "%s", why);
+}
+
+/* oob: the listener's events on or off (a pause out of descriptors). */
+static void listen_events(struct cfx__tp_strangers *s, bool on)
+{
+    struct cfx__verbs_iface *iface = container_of(s, struct cfx__verbs_iface, strangers);
+    if (iface->listen_fd < 0)
+        return;
+    struct epoll_event ev = { .events = on ? EPOLLIN : 0, .data.ptr = &iface->listen_src };
+    epoll_ctl(iface->epfd, EPOLL_CTL_MOD, iface->listen_fd, &ev);
+}
+
 static void iface_release(struct cfx__verbs_iface *iface)
 {
     cfx__verbs_rcache_destroy(iface->rcache);
@@ -746,6 +769,7 @@ static void iface_release(struct cfx__verbs_iface *iface)
     if (iface->epfd >= 0)
         close(iface->epfd);
     cfx__tp_table_fini(&iface->ep_tab);
+    cfx__tp_strangers_fini(&iface->strangers);
     cfx__tp_cq_fini(&iface->swq);
     free(iface);
 }
@@ -801,6 +825,13 @@ static int verbs_iface_open(const struct cfx_tp_iface_params *params, struct cfx
     }
     snprintf(iface->ip_str, sizeof(iface->ip_str), "%s", bind_addr);
     snprintf(iface->addr, sizeof(iface->addr), "verbs(%s)", bind_addr); /* until listening */
+    struct cfx__tp_strangers_params sp = {
+        .who = iface->addr, .subsys = "VERBS",
+        .env_max = "CFX_IB_MAX_UNAUTH", .def_max = CFX_VERBS_UNAUTH_MAX,
+        .env_per_ip = "CFX_IB_MAX_UNAUTH_PER_IP", .def_per_ip = CFX_VERBS_UNAUTH_PER_IP,
+        .evict = stranger_evict, .listen = listen_events,
+    };
+    cfx__tp_strangers_init(&iface->strangers, &sp, iface->mode == CFX_VERBS_OOB);
     if ((rc = cfx__tp_cq_init(&iface->swq, SWQ_INITIAL, iface->addr)) != CFX_OK) {
         rc = cfx__err(rc, "verbs iface_open: out of memory");
         goto err_free;
@@ -920,6 +951,7 @@ err_release:
     iface_release(iface);
     return rc;
 err_free:
+    cfx__tp_strangers_fini(&iface->strangers);
     cfx__tp_cq_fini(&iface->swq);
     free(iface);
     return rc;

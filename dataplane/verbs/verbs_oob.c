@@ -20,7 +20,9 @@
  * holds an endpoint (registered buffers, CQ entries, a table slot) before
  * the peer has said a word: one whose exchange is not done within
  * CFX_IB_OOB_ACCEPT_MS (default CFX_VERBS_ACCEPT_MS) is dropped, as tcp
- * drops a connection that sends no HELLO.
+ * drops a connection that sends no HELLO, and those not yet authorized are
+ * capped, with the out-of-descriptors rule, as tcp's (tp_strangers.h).
+ * Lines a flood repeats are written once a second at most.
  */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -98,26 +100,38 @@ int cfx__verbs_oob_connect(struct cfx__verbs_ep *ep, const struct sockaddr_in *d
 
 void cfx__verbs_oob_accept(struct cfx__verbs_iface *iface)
 {
-    for (int i = 0; i < ACCEPT_BURST; i++) {
+    struct cfx__tp_strangers *s = &iface->strangers;
+    uint64_t now = cfx__now_ns();
+
+    for (int i = 0; i < ACCEPT_BURST && !cfx__tp_strangers_paused(s); i++) {
         char addr[32];
         struct cfx__verbs_ep *ep;
+        uint32_t ip = 0;
 
-        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr), NULL);
+        int fd = cfx__tp_sock_accept(iface->listen_fd, addr, sizeof(addr), &ip);
         if (fd < 0) {
-            if (cfx__tp_sock_accept_err_notable(errno))
-                CFX_LOG(WARN, VERBS, "iface %s: accept: %s", iface->addr, strerror(errno));
+            int err = errno;
+            if (err == EMFILE || err == ENFILE) {
+                if (cfx__tp_strangers_out_of_fds(s, iface->listen_fd, err, now))
+                    continue;
+            } else if (cfx__tp_sock_accept_err_notable(err)) {
+                CFX_RATELOG(&iface->accept_log, VERBS, now, "iface %s: accept: %s",
+                            iface->addr, strerror(err));
+            }
             return;
         }
+        cfx__tp_strangers_admit(s, ip, now);
         cfx__tp_sock_setup(fd, false);
         if (cfx__verbs_ep_create(iface, CFX_VERBS_NODE_NONE, addr, &ep) != CFX_OK) {
-            CFX_LOG(WARN, VERBS, "iface %s: dropping connection from %s: %s", iface->addr, addr,
-                    cfx_last_error());
+            CFX_RATELOG(&iface->accept_log, VERBS, now, "iface %s: dropping connection from "
+                        "%s: %s", iface->addr, addr, cfx_last_error());
             close(fd);
             continue;
         }
         ep->oob_fd = fd;
         ep->state = CFX_VERBS_EP_ACCEPTING;
-        ep->accept_deadline = cfx__now_ns() + (uint64_t)iface->accept_ms * 1000000ull;
+        ep->accept_deadline = now + (uint64_t)iface->accept_ms * 1000000ull;
+        cfx__tp_stranger_add(s, &ep->stranger, ip, ep->addr, now);
         if (set_events(ep, EPOLLIN) != CFX_OK) {
             ep->oob_fd = -1;
             close(fd);
@@ -133,9 +147,9 @@ void cfx__verbs_oob_accept_expire(struct cfx__verbs_iface *iface, uint64_t now)
         struct cfx__verbs_ep *ep = cfx_list_entry(pos, struct cfx__verbs_ep, link);
         if (ep->visible || ep->state != CFX_VERBS_EP_ACCEPTING || now <= ep->accept_deadline)
             continue;
-        CFX_LOG(WARN, VERBS, "iface %s: connection from %s did not finish the out-of-band "
-                "exchange in %u ms (%u of %zu bytes came); dropped", iface->addr, ep->addr,
-                iface->accept_ms, ep->oob_got, sizeof(ep->oob_in));
+        CFX_RATELOG(&iface->expire_log, VERBS, now, "iface %s: connection from %s did not "
+                    "finish the out-of-band exchange in %u ms (%u of %zu bytes came); dropped",
+                    iface->addr, ep->addr, iface->accept_ms, ep->oob_got, sizeof(ep->oob_in));
         cfx__verbs_ep_fail(ep, CFX_ERR_TIMEOUT); /* invisible: to the graveyard */
     }
 }

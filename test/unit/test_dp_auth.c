@@ -621,8 +621,8 @@ Test(dp_auth, stranger_flood_is_capped_and_token_holder_gets_in, .timeout = 60)
     enum { ADDRS = 5, PER_ADDR = CFX_TCP_UNAUTH_PER_IP + 8, N = ADDRS * PER_ADDR };
     struct cfx__tcp_iface *tif = node_tcp();
     static struct pollfd fds[N];
-    cr_assert_eq(tif->max_unauth_per_ip, CFX_TCP_UNAUTH_PER_IP);
-    cr_assert_eq(tif->max_unauth, CFX_TCP_UNAUTH_MAX);
+    cr_assert_eq(tif->strangers.max_per_ip, CFX_TCP_UNAUTH_PER_IP);
+    cr_assert_eq(tif->strangers.max, CFX_TCP_UNAUTH_MAX);
     cr_assert_lt(CFX_TCP_UNAUTH_MAX, ADDRS * CFX_TCP_UNAUTH_PER_IP, "the total cap is reached");
 
     uint64_t t0 = cfx__now_ns();
@@ -638,7 +638,7 @@ Test(dp_auth, stranger_flood_is_capped_and_token_holder_gets_in, .timeout = 60)
     int closed = strangers_closed(fds, N, want, CFX_TCP_HELLO_MS - 2000);
     cr_assert_eq(closed, want, "%d of %d strangers closed, not %d (none past a cap before)",
                  closed, N, want);
-    cr_assert_eq(atomic_load(&tif->n_unauth_evicted), (uint64_t)want);
+    cr_assert_eq(atomic_load(&tif->strangers.n_evicted), (uint64_t)want);
     cr_assert(token_holder_gets_in(), "a token holder did not get in after the flood");
     /* the oldest stranger made room for it */
     cr_assert_eq(strangers_closed(fds, N, want + 1, 5000), want + 1);
@@ -714,9 +714,9 @@ Test(dp_auth, out_of_fds_sheds_strangers_and_token_holder_gets_in, .timeout = 60
     cr_assert_eq(log_lines_with("accept: Too many open files"), 0,
                  "a line per failed accept");
     int lines = log_lines_with("out of file descriptors");
-    uint64_t evicted = atomic_load(&tif->n_unauth_evicted);
+    uint64_t evicted = atomic_load(&tif->strangers.n_evicted);
     cr_log_info("%llu evicted, %llu shed in %.1f s: %d lines", (unsigned long long)evicted,
-                (unsigned long long)atomic_load(&tif->n_accept_shed), secs, lines);
+                (unsigned long long)atomic_load(&tif->strangers.n_shed), secs, lines);
     cr_assert_geq(evicted, (uint64_t)(N - ROOM), "strangers not closed for room");
     cr_assert_geq(lines, 1, "running out of descriptors not logged");
     cr_assert_leq(lines, (int)secs + 2, "%d lines in %.1f s", lines, secs);

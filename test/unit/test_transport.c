@@ -1381,3 +1381,78 @@ Test(transport_shm, pull_revoked_mid_copy_reports_nothing, .timeout = 60)
     region_free(&p, &dst);
     pair_close(&p);
 }
+
+/* --- strangers -------------------------------------------------------------------- */
+
+/* The transports whose accepted connections anyone may open and hold until
+ * the engine authorizes them (tpbase/tp_strangers.h). */
+static bool takes_strangers(const struct cfx_transport_ops *ops)
+{
+    return !strcmp(ops->name, "tcp") || !strcmp(ops->name, "verbs");
+}
+
+/* One more connection from a to b, left unauthorized: b's ep, a's in *ab. */
+static struct cfx_tp_ep *stranger_connect(struct pair *p, struct cfx_tp_ep **ab)
+{
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    get_addr(p, 1, addr, &len);
+    int rc = p->ops->ep_connect(p->s[0].iface, addr, len, NODE_B, ab);
+    cr_assert_eq(rc, CFX_OK, "ep_connect: %s %s", cfx_errname(rc), cfx_last_error());
+    struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, *ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK, "connect: %s", cfx_errname(e->status));
+    e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    return e->ep;
+}
+
+/* b closed @p ba (and so a's @p ab) for a newer stranger, saying why. */
+static void expect_evicted(struct pair *p, int i, struct cfx_tp_ep *ab, struct cfx_tp_ep *ba)
+{
+    struct ev *e = wait_ev(p, 1, CFX_TP_COMP_EP_ERROR, ba, WAIT_MS);
+    cr_assert_eq(e->status, CFX_ERR_NO_RESOURCE, "stranger %d: %s", i, cfx_errname(e->status));
+    cr_assert(ba->why && strstr(ba->why, "closed for a newer one"), "stranger %d: why '%s'", i,
+              ba->why ? ba->why : "(none)");
+    e = wait_ev(p, 0, CFX_TP_COMP_EP_ERROR, ab, WAIT_MS);
+    cr_assert_neq(e->status, CFX_OK);
+    p->ops->ep_close(ba);
+    p->ops->ep_close(ab);
+}
+
+/*
+ * Connections not authorized yet hold at most CFX_TCP_MAX_UNAUTH_PER_IP
+ * (CFX_IB_MAX_UNAUTH_PER_IP on verbs) of one address: the next closes the
+ * oldest of them, on both sides, with CFX_ERR_NO_RESOURCE and a reason,
+ * and an authorized one is never closed for a stranger.  (On verbs, before:
+ * every connection was kept, each with a QP and registered buffers, until
+ * the engine's deadline; a stranger could open them without end.)
+ */
+TP_TEST_WHERE(transport, strangers_past_a_cap_close_the_oldest, takes_strangers, 180)
+{
+    enum { CAP = 3, N = 8 };
+    setenv("CFX_TCP_MAX_UNAUTH_PER_IP", "3", 1);
+    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "3", 1);
+    struct cfx_tp_ep *ab[N], *ba[N];
+    struct pair p;
+    pair_open(&p, param);
+
+    for (int i = 0; i < CAP + 2; i++)
+        ba[i] = stranger_connect(&p, &ab[i]);
+    /* the 4th and the 5th closed the two oldest */
+    expect_evicted(&p, 0, ab[0], ba[0]);
+    expect_evicted(&p, 1, ab[1], ba[1]);
+    authorize(&p, ba[2]); /* proven: no stranger any more */
+    for (int i = CAP + 2; i < N; i++)
+        ba[i] = stranger_connect(&p, &ab[i]);
+    /* 3, 4 and 5 made the cap; 6 and 7 closed 3 and 4, not 2 */
+    expect_evicted(&p, 3, ab[3], ba[3]);
+    expect_evicted(&p, 4, ab[4], ba[4]);
+    const int kept[] = { 2, 5, 6, 7 };
+    for (size_t k = 0; k < CFX_ARRAY_SIZE(kept); k++) {
+        int i = kept[k];
+        cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_EP_ERROR, ba[i]), "%d was closed", i);
+        cr_assert_eq(ba[i]->status, CFX_OK);
+        p.ops->ep_close(ba[i]);
+        p.ops->ep_close(ab[i]);
+    }
+    pair_close(&p);
+}

@@ -371,6 +371,38 @@ static int oob_raw_connect(const char *addr)
     return fd;
 }
 
+/* A peer that does the exchange connects to @p b at @p addr; both ifaces
+ * are closed after. */
+static void real_peer_connects(const struct cfx_transport_ops *ops, struct cfx_tp_iface *b,
+                               const char *addr, size_t len)
+{
+    struct cfx_tp_iface *a = open_or_skip(ops, 1);
+    struct cfx_tp_ep *ab, *ba = NULL;
+    bool conn = false;
+    cr_assert_eq(ops->ep_connect(a, addr, len, 2, &ab), CFX_OK, "%s", cfx_last_error());
+    uint64_t end = cfx__deadline_ns(IL_WAIT_MS);
+    while (!conn || !ba) {
+        cr_assert(cfx__now_ns() < end, "no connection");
+        struct cfx_tp_completion comp[8];
+        int n = ops->poll(a, comp, 8);
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(comp[i].type, CFX_TP_COMP_CONNECTED, "a: completion type %d (%s)",
+                         comp[i].type, cfx_errname(comp[i].status));
+            conn = true;
+        }
+        n = ops->poll(b, comp, 8);
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(comp[i].type, CFX_TP_COMP_ACCEPT, "b: completion type %d",
+                         comp[i].type);
+            ba = comp[i].ep;
+        }
+    }
+    ops->ep_close(ab);
+    ops->ep_close(ba);
+    ops->iface_close(a);
+    ops->iface_close(b);
+}
+
 /* Anyone may connect to the oob port, and each accepted socket holds an
  * endpoint (registered buffers, CQ entries): one that stays silent, or
  * stops halfway through the exchange, is closed once CFX_IB_OOB_ACCEPT_MS
@@ -408,29 +440,51 @@ Test(verbs, oob_silent_stranger_dropped, .timeout = 120)
     close(fd2);
 
     /* A peer that does the exchange is accepted as before. */
-    struct cfx_tp_iface *a = open_or_skip(ops, 1);
-    struct cfx_tp_ep *ab, *ba = NULL;
-    bool conn = false;
-    cr_assert_eq(ops->ep_connect(a, addr, len, 2, &ab), CFX_OK, "%s", cfx_last_error());
-    end = cfx__deadline_ns(IL_WAIT_MS);
-    while (!conn || !ba) {
-        cr_assert(cfx__now_ns() < end, "no connection");
+    real_peer_connects(ops, b, addr, len);
+}
+
+/* Silent strangers at the oob port hold at most CFX_IB_MAX_UNAUTH_PER_IP
+ * connections of one address: the next closes the oldest, long before
+ * their exchange deadline, and a real peer still connects.  (Before, each
+ * was kept with its endpoint until CFX_IB_OOB_ACCEPT_MS ran out.) */
+Test(verbs, oob_strangers_past_a_cap_close_the_oldest, .timeout = 120)
+{
+    enum { CAP = 3, N = 7 };
+    const struct cfx_transport_ops *ops = verbs_or_skip();
+    setenv("CFX_IB_CONNECT", "oob", 1);
+    setenv("CFX_IB_OOB_ACCEPT_MS", "600000", 1); /* no deadline within the test */
+    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "3", 1);
+    struct cfx_tp_iface *b = open_or_skip(ops, 2);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t len = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(b, addr, &len), CFX_OK);
+
+    int fd[N];
+    bool closed[N] = { false };
+    int nclosed = 0;
+    char c;
+    for (int i = 0; i < N; i++)
+        fd[i] = oob_raw_connect(addr);
+    uint64_t end = cfx__deadline_ns(IL_WAIT_MS);
+    while (nclosed < N - CAP) {
+        cr_assert(cfx__now_ns() < end, "%d of %d strangers closed, not %d", nclosed, N,
+                  N - CAP);
         struct cfx_tp_completion comp[8];
-        int n = ops->poll(a, comp, 8);
-        for (int i = 0; i < n; i++) {
-            cr_assert_eq(comp[i].type, CFX_TP_COMP_CONNECTED, "a: completion type %d (%s)",
-                         comp[i].type, cfx_errname(comp[i].status));
-            conn = true;
-        }
-        n = ops->poll(b, comp, 8);
-        for (int i = 0; i < n; i++) {
-            cr_assert_eq(comp[i].type, CFX_TP_COMP_ACCEPT, "b: completion type %d",
-                         comp[i].type);
-            ba = comp[i].ep;
+        int n = ops->poll(b, comp, 8);
+        cr_assert_eq(n, 0, "%d completions for strangers", n);
+        for (int i = 0; i < N; i++) {
+            if (!closed[i] && recv(fd[i], &c, 1, MSG_DONTWAIT) == 0) {
+                closed[i] = true;
+                nclosed++;
+            }
         }
     }
-    ops->ep_close(ab);
-    ops->ep_close(ba);
-    ops->iface_close(a);
-    ops->iface_close(b);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(closed[i], i < N - CAP, "stranger %d %s", i,
+                     closed[i] ? "closed, not one of the oldest" : "kept past the cap");
+
+    /* a real peer connects (and closes the oldest stranger left) */
+    real_peer_connects(ops, b, addr, len);
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
 }
