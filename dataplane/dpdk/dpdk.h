@@ -50,6 +50,7 @@
 #include "control/seal.h"
 #include "dataplane/common/list.h"
 #include "dataplane/common/util.h"
+#include "dataplane/tpbase/tp_strangers.h"
 #include "dataplane/tpbase/tpbase.h"
 #include "dataplane/transport.h"
 #include "dpdk_io.h"
@@ -74,6 +75,13 @@
 #define CFX_DPDK_LINK_RESTART_MS 1000 /* a link down this long restarts the port */
 #define CFX_DPDK_SEND_INLINE 256 /* sends up to this (with header) need no allocation */
 #define CFX_DPDK_HALF_OPEN_MAX 256 /* endpoints accepted whose peer sent nothing on them yet */
+/* Endpoints whose peer answered (so no forged address) but has not proven
+ * the token (until the engine's ep_authorize), of all sources and of one
+ * address: at a cap the oldest is closed for the newcomer, as tcp's
+ * connections are (tpbase/tp_strangers.h).  CFX_DPDK_MAX_UNAUTH and
+ * CFX_DPDK_MAX_UNAUTH_PER_IP set them when the iface opens. */
+#define CFX_DPDK_UNAUTH_MAX    128
+#define CFX_DPDK_UNAUTH_PER_IP 32
 #define CFX_DPDK_NODE_NONE  UINT32_MAX
 #define CFX_DPDK_CQ_PER_EP  (CFX_DPDK_TXQ_DEPTH + CFX_DPDK_RX_MAX + 2)
 
@@ -205,6 +213,8 @@ struct cfx__dpdk_ep {
     struct cfx__dpdk_addr peer; /* where the peer's port is */
     bool sess_up;              /* sess is initialised */
     bool half_open;            /* accepted, and nothing came from the peer on it yet */
+    bool authorized;           /* the engine's handshake proved the peer (ep_authorize) */
+    struct cfx__tp_stranger stranger; /* accepted, heard from, not authorized: on strangers */
     struct cfx__dpdk_sess sess;
     uint64_t connect_deadline; /* CONNECTING: fail after (ns) */
     uint64_t syn_next;         /* CONNECTING: next SYN (ns) */
@@ -271,6 +281,7 @@ struct cfx__dpdk_iface {
                                      backs off) */
     uint64_t data_at;             /* last packet of a session received (ns) */
     uint32_t half_open;           /* endpoints half_open (CFX_DPDK_HALF_OPEN_MAX at most) */
+    struct cfx__tp_strangers strangers; /* endpoints heard from, not yet authorized */
     uint64_t syn_refused;         /* SYNs dropped for want of room, since the last report */
     uint64_t syn_log_at;          /* ... reported again from then (ns) */
     uint64_t quiet_ns;            /* CFX_DPDK_QUIET_MS: no data this long is quiet; 0: never */
@@ -315,8 +326,13 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep);
 /* Fail ep with status (sticky): flush its ops, report EP_ERROR once. */
 void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why);
 /* The peer spoke on ep's session (a packet of it, a PING or a PONG): it
- * is alive, and got our SYNACK if ep was accepted. */
+ * is alive, and got our SYNACK if ep was accepted (which makes an
+ * accepted ep a stranger until it is authorized). */
 void cfx__dpdk_ep_heard(struct cfx__dpdk_ep *ep);
+/* ops->ep_authorize: ep's peer proved the token, it is no stranger. */
+int cfx__dpdk_ep_authorize(struct cfx_tp_ep *ep);
+/* tp_strangers' evict: close a stranger for a newcomer, telling its peer. */
+void cfx__dpdk_ep_evict(struct cfx__tp_stranger *st, const char *why);
 /* ep no longer counts as half open (it is closed). */
 void cfx__dpdk_ep_half_open_end(struct cfx__dpdk_ep *ep);
 /* A packet of ep's session arrived. */

@@ -375,9 +375,36 @@ void cfx__dpdk_ep_half_open_end(struct cfx__dpdk_ep *ep)
 
 void cfx__dpdk_ep_heard(struct cfx__dpdk_ep *ep)
 {
-    ep->heard = ep->iface->now;
-    if (unlikely(ep->half_open))
-        cfx__dpdk_ep_half_open_end(ep);
+    struct cfx__dpdk_iface *iface = ep->iface;
+    ep->heard = iface->now;
+    if (likely(!ep->half_open))
+        return;
+    cfx__dpdk_ep_half_open_end(ep);
+    if (ep->authorized || ep->state != CFX_DPDK_EP_OPEN)
+        return;
+    cfx__tp_strangers_admit(&iface->strangers, ep->peer.ip, iface->now);
+    cfx__tp_stranger_add(&iface->strangers, &ep->stranger, ep->peer.ip, ep->super.peer_name,
+                         iface->now);
+}
+
+int cfx__dpdk_ep_authorize(struct cfx_tp_ep *tp_ep)
+{
+    CFX_TP_THREAD_CHECK(tp_ep ? tp_ep->iface : NULL);
+    if (!tp_ep)
+        return cfx__err(CFX_ERR_INVALID, "dpdk ep_authorize: NULL endpoint");
+    struct cfx__dpdk_ep *ep = cfx__dpdk_ep_of(tp_ep);
+    ep->authorized = true;
+    cfx__tp_stranger_del(&ep->iface->strangers, &ep->stranger);
+    return CFX_OK;
+}
+
+void cfx__dpdk_ep_evict(struct cfx__tp_stranger *st, const char *why)
+{
+    struct cfx__dpdk_ep *ep = container_of(st, struct cfx__dpdk_ep, stranger);
+    cfx__dpdk_ctl_send(ep->iface, &ep->peer, CFX_DPDK_CTL_RST, ep->sess_id, ep->peer_sess,
+                       (uint32_t)CFX_ERR_NO_RESOURCE);
+    ep->super.why = why;
+    cfx__dpdk_ep_fail(ep, CFX_ERR_NO_RESOURCE, why);
 }
 
 void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
@@ -385,6 +412,7 @@ void cfx__dpdk_ep_destroy(struct cfx__dpdk_ep *ep)
     struct cfx__dpdk_iface *iface = ep->iface;
     cfx__dpdk_port_settle(iface->port); /* its messages are freed below */
     cfx__dpdk_ep_half_open_end(ep);
+    cfx__tp_stranger_del(&iface->strangers, &ep->stranger);
     cfx_list_del(&ep->link);
     if (ep->in_tab) {
         cfx__tp_table_remove(&iface->eps_tab, ep->idx);
@@ -424,13 +452,17 @@ void cfx__dpdk_ep_fail(struct cfx__dpdk_ep *ep, int status, const char *why)
     struct cfx__dpdk_iface *iface = ep->iface;
     if (ep->state == CFX_DPDK_EP_FAILED)
         return;
-    /* the peer closing its end is the normal end of a connection */
-    int lvl = status == CFX_ERR_CLOSED ? CFX_LOG_LEVEL_INFO : CFX_LOG_LEVEL_WARN;
+    /* the peer closing its end is the normal end of a connection; a
+     * stranger closed for a newcomer has its (rate-limited) line already */
+    int lvl = status == CFX_ERR_CLOSED ? CFX_LOG_LEVEL_INFO
+              : ep->stranger.on && status == CFX_ERR_NO_RESOURCE ? CFX_LOG_LEVEL_DEBUG
+                                                                  : CFX_LOG_LEVEL_WARN;
     if (lvl <= cfx__log_level)
         cfx__log(lvl, "DPDK", __FILE__, __LINE__, "node %u: connection to %s failed (%s): %s",
                  iface->super.node_id, ep->super.peer_name, cfx_errname(status), why);
     ep->state = CFX_DPDK_EP_FAILED;
     ep->super.status = status;
+    cfx__tp_stranger_del(&iface->strangers, &ep->stranger);
     cfx__dpdk_port_settle(iface->port); /* before the ops' memory goes */
     /* every outstanding op completes, in order, with the status */
     for (; ep->op_tail != ep->op_head; ep->op_tail++) {
@@ -693,6 +725,7 @@ void cfx__dpdk_ep_close(struct cfx_tp_ep *tp_ep)
     cfx__dpdk_port_settle(iface->port);
     ep->state = CFX_DPDK_EP_FAILED;
     cfx__dpdk_ep_half_open_end(ep); /* its memory goes at the next poll */
+    cfx__tp_stranger_del(&iface->strangers, &ep->stranger);
     cfx__tp_cq_drop_ep(&iface->cq, tp_ep);
     /* its session id answers with a reset from now on */
     cfx__tp_table_remove(&iface->eps_tab, ep->idx);

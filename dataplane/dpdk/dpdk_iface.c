@@ -190,7 +190,10 @@ static void ctl_rx(struct cfx__dpdk_iface *iface, const struct cfx__dpdk_addr *s
             st = CFX_ERR_PEER_FAILED;
         cfx__dpdk_ep_fail(ep, st,
                           st == CFX_ERR_CLOSED ? "the peer closed the connection"
-                                               : "the peer reset the connection");
+                          : st == CFX_ERR_NO_RESOURCE
+                              ? "the peer closed it for a newer one: it holds as many "
+                                "connections not yet authenticated as it takes"
+                              : "the peer reset the connection");
         return;
     case CFX_DPDK_CTL_PING:
     case CFX_DPDK_CTL_PONG:
@@ -301,8 +304,10 @@ static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *co
     cfx_list_for_each_safe(pos, n, &iface->eps)
         cfx__dpdk_ep_progress(cfx_list_entry(pos, struct cfx__dpdk_ep, link));
     cfx__dpdk_port_flush(iface->port);
-    if (unlikely(iface->now >= iface->link_check))
+    if (unlikely(iface->now >= iface->link_check)) {
         link_watch(iface);
+        cfx__tp_strangers_tick(&iface->strangers, iface->now);
+    }
 
     while (got < max) {
         struct cfx_tp_completion *c = cfx__tp_cq_head(&iface->cq);
@@ -318,6 +323,13 @@ static int dpdk_poll(struct cfx_tp_iface *tp_iface, struct cfx_tp_completion *co
 static void ep_bury(struct cfx_list *link)
 {
     cfx__dpdk_ep_destroy(cfx_list_entry(link, struct cfx__dpdk_ep, link));
+}
+
+/* Strangers' pause out of descriptors: sessions take none. */
+static void no_listener(struct cfx__tp_strangers *s, bool on)
+{
+    (void)s;
+    (void)on;
 }
 
 static int parse_ip(const char *s, uint32_t *ip)
@@ -447,6 +459,13 @@ static int dpdk_iface_open(const struct cfx_tp_iface_params *params, struct cfx_
                                : CFX_DPDK_NODE_NONE;
     cfx_list_init(&iface->eps);
     cfx__tp_graveyard_init(&iface->graveyard, ep_bury);
+    struct cfx__tp_strangers_params sp = {
+        .who = iface->name, .subsys = "DPDK",
+        .env_max = "CFX_DPDK_MAX_UNAUTH", .def_max = CFX_DPDK_UNAUTH_MAX,
+        .env_per_ip = "CFX_DPDK_MAX_UNAUTH_PER_IP", .def_per_ip = CFX_DPDK_UNAUTH_PER_IP,
+        .evict = cfx__dpdk_ep_evict, .listen = no_listener,
+    };
+    cfx__tp_strangers_init(&iface->strangers, &sp, false); /* no descriptor per peer */
     cfx__tp_table_init(&iface->mrs, 16, 1u << 24, 32, "dpdk registration");
     cfx__tp_table_init(&iface->eps_tab, 16, 0xFFFEu, 15, "dpdk endpoint");
     /* session ids are (slot, generation): random generations, so that a
@@ -655,6 +674,7 @@ const struct cfx_transport_ops cfx__dpdk_ops = {
     .iface_arm = dpdk_iface_arm,
     .ep_connect = cfx__dpdk_ep_connect,
     .ep_close = cfx__dpdk_ep_close,
+    .ep_authorize = cfx__dpdk_ep_authorize,
     .mem_reg = cfx__dpdk_mem_reg,
     .mem_dereg = cfx__dpdk_mem_dereg,
     .mr_pack = cfx__dpdk_mr_pack,

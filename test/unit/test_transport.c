@@ -1388,10 +1388,14 @@ Test(transport_shm, pull_revoked_mid_copy_reports_nothing, .timeout = 60)
  * the engine authorizes them (tpbase/tp_strangers.h). */
 static bool takes_strangers(const struct cfx_transport_ops *ops)
 {
-    return !strcmp(ops->name, "tcp") || !strcmp(ops->name, "verbs");
+    return !strcmp(ops->name, "tcp") || !strcmp(ops->name, "verbs") ||
+           !strcmp(ops->name, "dpdk");
 }
 
-/* One more connection from a to b, left unauthorized: b's ep, a's in *ab. */
+/* One more connection from a to b, left unauthorized, with a message from a
+ * (on dpdk an accepted session counts as a stranger's once its peer is
+ * heard: before, it may be a forged address, capped as half open): b's
+ * ep, a's in *ab. */
 static struct cfx_tp_ep *stranger_connect(struct pair *p, struct cfx_tp_ep **ab)
 {
     uint8_t addr[CFX_TP_ADDR_MAX];
@@ -1402,7 +1406,13 @@ static struct cfx_tp_ep *stranger_connect(struct pair *p, struct cfx_tp_ep **ab)
     struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, *ab, WAIT_MS);
     cr_assert_eq(e->status, CFX_OK, "connect: %s", cfx_errname(e->status));
     e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
-    return e->ep;
+    struct cfx_tp_ep *ba = e->ep;
+    post_send(p, *ab, "hello", 5, 1);
+    e = wait_ev(p, 1, CFX_TP_COMP_RECV, ba, WAIT_MS);
+    cr_assert_eq(e->len, 5);
+    cr_assert_eq(memcmp(e->data, "hello", 5), 0);
+    wait_ev(p, 0, CFX_TP_COMP_SEND, *ab, WAIT_MS);
+    return ba;
 }
 
 /* b closed @p ba (and so a's @p ab) for a newer stranger, saying why. */
@@ -1420,17 +1430,19 @@ static void expect_evicted(struct pair *p, int i, struct cfx_tp_ep *ab, struct c
 
 /*
  * Connections not authorized yet hold at most CFX_TCP_MAX_UNAUTH_PER_IP
- * (CFX_IB_MAX_UNAUTH_PER_IP on verbs) of one address: the next closes the
+ * (CFX_IB_ on verbs, CFX_DPDK_ on dpdk) of one address: the next closes the
  * oldest of them, on both sides, with CFX_ERR_NO_RESOURCE and a reason,
- * and an authorized one is never closed for a stranger.  (On verbs, before:
- * every connection was kept, each with a QP and registered buffers, until
- * the engine's deadline; a stranger could open them without end.)
+ * and an authorized one is never closed for a stranger.  (On verbs and
+ * dpdk, before: every connection was kept, with a QP and registered
+ * buffers or a session's rings, until the engine's deadline; a stranger
+ * could open them without end.)
  */
 TP_TEST_WHERE(transport, strangers_past_a_cap_close_the_oldest, takes_strangers, 180)
 {
     enum { CAP = 3, N = 8 };
     setenv("CFX_TCP_MAX_UNAUTH_PER_IP", "3", 1);
     setenv("CFX_IB_MAX_UNAUTH_PER_IP", "3", 1);
+    setenv("CFX_DPDK_MAX_UNAUTH_PER_IP", "3", 1);
     struct cfx_tp_ep *ab[N], *ba[N];
     struct pair p;
     pair_open(&p, param);
