@@ -1322,6 +1322,11 @@ uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl)
     return t && now > t ? (now - t) / 1000000ull : 0;
 }
 
+bool cfx__ctl_reconnecting(const struct cfx_ctl *ctl)
+{
+    return ctl && __atomic_load_n(&ctl->reconnecting, __ATOMIC_ACQUIRE);
+}
+
 uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl)
 {
     if (!ctl)

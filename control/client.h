@@ -313,6 +313,11 @@ uint64_t cfx__ctl_reconnects(struct cfx_ctl *ctl);
 /* How long the connection has been lost, in ms (0 while connected; any
  * thread).  A NODE client is reconnecting meanwhile. */
 uint64_t cfx__ctl_lost_ms(struct cfx_ctl *ctl);
+/* Whether a NODE client has found its connection lost and is making a new
+ * one (any thread, no lock taken: callable under the owner's locks).  Its
+ * node id (cfx__ctl_node_id) is the new connection's once this is false
+ * again. */
+bool cfx__ctl_reconnecting(const struct cfx_ctl *ctl);
 /* Heartbeat interval and death timeout the coordinator announced. */
 uint32_t cfx__ctl_heartbeat_ms(const struct cfx_ctl *ctl);
 /* Added by the control plane: silence after which the coordinator declares a

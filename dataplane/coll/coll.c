@@ -581,6 +581,8 @@ static int coll_wait_one(struct coll_exec *x, int h)
     /* failed or timed out: left for coll_cleanup() to withdraw */
     if (dead >= 0)
         return cfx__coll_member_gone(x, dead);
+    if (rc == CFX_ERR_TIMEOUT && cfx__group_moved(g))
+        return cfx__coll_moved_fail(x);
     if (rc == CFX_ERR_TIMEOUT) {
         char why[256];
         snprintf(why, sizeof(why), "%s", cfx_last_error());
@@ -1138,6 +1140,11 @@ static int coll_refused(struct cfx_group *g, const struct coll_args *a, const ch
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
 {
     const char *what = cfx__coll_kind_name(a->kind);
+    if (cfx__group_moved(g)) { /* nobody to tell: the others dropped this rank */
+        char call[48];
+        snprintf(call, sizeof(call), "%s #%" PRIu32, what, a->seq);
+        return cfx__group_moved_err(g, call);
+    }
     int rc = a->refused ? a->refused : cfx__coll_check(g, a, what);
     if (rc != CFX_OK)
         return coll_refused(g, a, what, rc);

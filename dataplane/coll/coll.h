@@ -463,6 +463,25 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
 /* Run one collective to completion on the calling thread. */
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a);
 
+/*
+ * This rank's node rejoined under another id (group.c "a rank that came
+ * back as another node"): the coordinator declared it dead (stopped or cut
+ * off past its heartbeat deadline) and the other ranks dropped it, or a
+ * restarted coordinator did not give its id back; either way they know
+ * nothing of the new id, and the group is unusable from this rank.
+ * cfx__group_moved(): whether that happened (any thread, any lock; false
+ * in a group of one).  cfx__group_moved_err(): CFX_ERR_PEER_FAILED saying
+ * so, for call @p what.  cfx__group_moved_wait(): after a message of a call
+ * failed, whether it happened, waiting (ctx->lock not held) while this
+ * node's control connection is being made again, up to
+ * COLL_REJOIN_WAIT_MS and @p deadline: the failure may be the others
+ * dropping this node, which the new id tells.
+ */
+#define COLL_REJOIN_WAIT_MS 2500 /* one reconnection attempt (control/client.c) and more */
+bool cfx__group_moved(const struct cfx_group *g);
+int cfx__group_moved_err(const struct cfx_group *g, const char *what);
+bool cfx__group_moved_wait(struct cfx_group *g, uint64_t deadline);
+
 /* Post a message of @p len bytes on channel @p chan (the group's, or its
  * check channel); a handle >= 0 or a status.  Device data goes through a
  * host bounce. */
@@ -515,9 +534,11 @@ void cfx__coll_news_forget(struct coll_exec *x);
  * (once per rank and call). */
 void cfx__coll_ask(struct coll_exec *x, int peer);
 /* Stop predicate of every wait (lock held), and the error of a stopped
- * wait: the ranks disagree. */
+ * wait: the ranks disagree (or this rank's node rejoined as another,
+ * cfx__group_moved: the error of cfx__coll_moved_fail). */
 bool cfx__coll_stop(void *arg);
 int cfx__coll_stopped(struct coll_exec *x);
+int cfx__coll_moved_fail(struct coll_exec *x);
 /* Drop the messages nobody will receive: of earlier calls, and with
  * @p upto of this one (its end). */
 void cfx__coll_strays_sweep(struct coll_exec *x, bool upto);

@@ -500,7 +500,7 @@ bool cfx__coll_peer_out(struct coll_exec *x, int peer)
     pthread_mutex_lock(&g->ctx->lock);
     const struct coll_gave *n = g->gave ? &g->gave[peer] : NULL;
     bool out = x->gave_rank == peer || rank_gone(x, peer) ||
-               (n && n->set && n->seq == x->a->seq);
+               (n && n->set && n->seq == x->a->seq) || cfx__group_moved(g);
     pthread_mutex_unlock(&g->ctx->lock);
     return out;
 }
@@ -631,6 +631,8 @@ bool cfx__coll_stop(void *arg)
         x->canceled = true;
         return true;
     }
+    if (cfx__group_moved(x->g))
+        return true; /* the others dropped this rank: nothing more comes */
     strays_drop(x, false);
     if (x->agree ? agree_broken(x) : x->listen ? edge_broken(x) : false)
         return true;
@@ -863,9 +865,22 @@ int cfx__coll_stopped(struct coll_exec *x)
                         x->what, x->a->seq, x->a->req ? "its request was freed, or its group "
                         "destroyed" : "interrupted on its thread");
     }
+    if (cfx__group_moved(x->g))
+        return cfx__coll_moved_fail(x);
     if (x->bad_rank >= 0 || x->news_rank >= 0)
         return edge_fail(x);
     return x->gave_rank >= 0 ? gave_fail(x) : agree_fail(x);
+}
+
+int cfx__coll_moved_fail(struct coll_exec *x)
+{
+    char call[48];
+    snprintf(call, sizeof(call), "%s #%" PRIu32, x->what, x->a->seq);
+    x->blame_rank = x->g->rank; /* told to nobody (cfx__coll_gave_up) */
+    x->blame_why = COLL_WHY_DIED;
+    x->blame_via = -1;
+    x->blame_status = 0;
+    return cfx__group_moved_err(x->g, call);
 }
 
 int cfx__coll_chk_check(struct coll_exec *x, int from, const struct coll_chk_msg *c)
@@ -1171,6 +1186,8 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
     const bool lost = rc == CFX_ERR_PEER_FAILED || rc == CFX_ERR_CONNECT ||
                       rc == CFX_ERR_CLOSED || rc == CFX_ERR_IO ||
                       ((rc == CFX_ERR_CANCELED || rc == CFX_ERR_NOT_FOUND) && !closing);
+    if (cfx__group_moved(g))
+        return cfx__coll_moved_fail(x);
     if (!lost) {
         if (rc == CFX_ERR_INVALID)
             x->disagree = true; /* the two sides' message sizes differ */
@@ -1181,10 +1198,13 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
     /* the peer's news, or a death event, is on its way or in */
     uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_BLAME_WAIT_MS));
     struct coll_gave n = { 0 }, o = { 0 };
-    bool left = false, disagree;
+    bool left = false, disagree, moved;
     int d, t;
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
+        /* this rank's own node was declared dead: the peer dropped it */
+        if ((moved = cfx__group_moved(g)))
+            break;
         /* a peer that withdrew because the ranks disagree: that is the
          * error (cfx__coll_check_end(), cfx__coll_agree_finish()) */
         disagree = x->agree ? agree_broken(x) : x->listen && edge_broken(x);
@@ -1199,9 +1219,11 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
         if (disagree || n.set || d >= 0 || t >= 0 || !cfx__obj_wait(ctx, until))
             break;
     }
-    if (t >= 0)
+    if (!moved && t >= 0)
         o = g->gave[t];
     pthread_mutex_unlock(&ctx->lock);
+    if (moved)
+        return cfx__coll_moved_fail(x);
     if (disagree)
         return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s", x->what,
                         x->a->seq, me, dir, peer, g->ids[peer], why);
@@ -1248,6 +1270,10 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
                         "the call because of another failure: %s (%s)", x->what, x->a->seq, me,
                         dir, peer, g->ids[peer], peer, cause, why);
     }
+    /* no news: the cause may be this rank's own death, which its control
+     * connection, being made again, tells with its new node id */
+    if (cfx__group_moved_wait(g, x->deadline))
+        return cfx__coll_moved_fail(x);
     return cfx__err(rc, "%s #%" PRIu32 ": rank %d, %s rank %d (node %u): %s (no rank of the "
                     "group is known to have died, and rank %d did not say why: it gave the "
                     "call up, or died unseen)", x->what, x->a->seq, me, dir, peer,
@@ -1309,7 +1335,8 @@ static bool *news_to(struct coll_exec *x)
 void cfx__coll_gave_up(struct coll_exec *x, int rc)
 {
     struct cfx_group *g = x->g;
-    if (x->gave_told || !g->chan_chk || g->size < 2)
+    /* a rank the others dropped (cfx__group_moved) has nobody to tell */
+    if (x->gave_told || !g->chan_chk || g->size < 2 || cfx__group_moved(g))
         return;
     x->gave_told = true;
     struct coll_chk_msg *c = &x->gave_msg;

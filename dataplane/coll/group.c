@@ -86,7 +86,10 @@ static enum cfx_algo algo_from_env(void)
  *
  * Process-wide because the count belongs to (context, name) and outlives the
  * groups; struct cfx_context is the engine's, so the table lives here, keyed
- * by node id (unique per context).
+ * by the node id the context joined with (unique per context, and kept when
+ * a rejoin gives it another: a rank that came back as another node destroys
+ * its old group and creates the name again at the same epoch as the others,
+ * not at 0 under the new id, where it never met them).
  */
 struct epoch_ent {
     struct epoch_ent *next;
@@ -520,7 +523,7 @@ static bool boot_keep(struct cfx_group *g, const struct cfx_object_id *id)
         struct cfx_object_id own;
         boot_id(g, g->rank, slot, &own);
         if (!memcmp(&own, id, sizeof(own))) {
-            epoch_kept_add(g->ctx->node_id, g->name, id);
+            epoch_kept_add(g->ctx->joined_id, g->name, id);
             return true;
         }
     }
@@ -697,6 +700,53 @@ static int group_enter(struct cfx_group *g, const char *what)
     return rc;
 }
 
+/* ---- a rank that came back as another node ---------------------------------------
+ *
+ * A rank whose process was stopped (SIGSTOP, a stalled machine) or cut off
+ * past the coordinator's heartbeat deadline is declared dead: the other
+ * ranks hear it (their calls fail naming it, coll_check.c), drop its
+ * connections and go on without it.  Once it runs again its control client
+ * rejoins under a new node id, since an id declared dead is never given
+ * back (engine/reannounce.c adopt_node_id).  None of the group's ranks knows
+ * that id, so the group is unusable from this rank: its calls fail at once
+ * with CFX_ERR_PEER_FAILED saying so (a running one at its next wait, or
+ * once its failed message's cause is known), not at their deadline nor
+ * blaming a live rank that "did not say why".  The way on is a new group,
+ * with the same name or another: epochs are counted under the id the
+ * context joined with.  A coordinator that restarted and did not give the
+ * id back leaves the group the same way.
+ */
+bool cfx__group_moved(const struct cfx_group *g)
+{
+    uint32_t now = cfx__ctl_node_id(g->ctx->ctl);
+    return g->size > 1 && g->ids && now && now != g->ids[g->rank];
+}
+
+int cfx__group_moved_err(const struct cfx_group *g, const char *what)
+{
+    const uint32_t was = g->ids[g->rank];
+    return cfx__err(CFX_ERR_PEER_FAILED, "%s: group %s: rank %d: coordinator %s declared this "
+                    "rank's node %u dead while it was stopped or cut off (or restarted and did "
+                    "not give the id back), and it rejoined as node %u: the other ranks know "
+                    "rank %d as node %u, dead to them, and go on without it; the group is "
+                    "unusable from this rank (destroy it and create a new group)", what,
+                    g->name, g->rank, g->ctx->cfg.coord, was, cfx__ctl_node_id(g->ctx->ctl),
+                    g->rank, was);
+}
+
+bool cfx__group_moved_wait(struct cfx_group *g, uint64_t deadline)
+{
+    struct cfx_context *ctx = g->ctx;
+    uint64_t until = CFX_MIN(deadline, cfx__deadline_ns(COLL_REJOIN_WAIT_MS));
+    /* woken when the loss is seen (context.c on_node_dead), by the new id
+     * (reannounce.c adopt_node_id) and at the re-announce's end */
+    pthread_mutex_lock(&ctx->lock);
+    while (!cfx__group_moved(g) && cfx__ctl_reconnecting(ctx->ctl) && cfx__obj_wait(ctx, until))
+        ;
+    pthread_mutex_unlock(&ctx->lock);
+    return cfx__group_moved(g);
+}
+
 static int run_blocking(struct cfx_group *g, struct coll_args *a)
 {
     cfx__err_clear();
@@ -750,6 +800,11 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     if (rc != CFX_OK)
         return refused != CFX_OK ? cfx__err(refused, "%s", why) : rc;
     struct cfx_context *ctx = g->ctx;
+    if (cfx__group_moved(g)) { /* nobody to tell: fails here, queued nowhere */
+        char call[32];
+        snprintf(call, sizeof(call), "i%s", what);
+        return cfx__ctx_leave(ctx, cfx__group_moved_err(g, call));
+    }
     struct coll_args *a = malloc(sizeof(*a));
     if (a) {
         *a = *tmpl;
@@ -876,7 +931,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     cfx__cond_init_mono(&g->split_cond);
     cfx_list_init(&g->split_rx);
     pthread_cond_init(&g->cond, NULL);
-    if ((rc = epoch_take(ctx->node_id, g->name, &g->epoch)) != CFX_OK) {
+    if ((rc = epoch_take(ctx->joined_id, g->name, &g->epoch)) != CFX_OK) {
         rc = rc == CFX_ERR_EXISTS
                  ? cfx__err(rc, "group %s already exists on node %u: destroy it before "
                             "creating it again", name, ctx->node_id)
@@ -886,7 +941,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     {
         /* what a creation that disagreed on the size left for the others */
         struct cfx_object_id kept[BOOT_SLOTS];
-        int nkept = epoch_kept_take(ctx->node_id, g->name, kept);
+        int nkept = epoch_kept_take(ctx->joined_id, g->name, kept);
         for (int i = 0; i < nkept; i++)
             cfx__ctl_obj_delete(ctx->ctl, &kept[i], cfx__deadline_ns(1000));
     }
@@ -949,9 +1004,9 @@ err_withdraw: {
     cfx__err(rc, "%s", why);
     free(g->held);
     if (!found && !g->size_clash)
-        epoch_unwind(ctx->node_id, g->name, g->epoch);
+        epoch_unwind(ctx->joined_id, g->name, g->epoch);
     else
-        epoch_release(ctx->node_id, g->name);
+        epoch_release(ctx->joined_id, g->name);
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
@@ -1017,7 +1072,7 @@ static void group_release_ctx(struct cfx_group *g)
                 "dropped at its destroy", g->name, g->rank, dropped);
     cfx_buf_free(g->ctx, g->scratch);
     g->scratch = NULL;
-    epoch_release(g->ctx->node_id, g->name);
+    epoch_release(g->ctx->joined_id, g->name);
 }
 
 /* The context is being destroyed before the group: its side goes now (all
@@ -1119,8 +1174,13 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
             cfx__cond_wait_intr(&g->cond, &g->lock, UINT64_MAX);
     }
     pthread_mutex_unlock(&g->lock);
-    if (rc == CFX_OK)
+    if (rc == CFX_OK && cfx__group_moved(g)) {
+        char call[COLL_NAME_MAX + 16];
+        snprintf(call, sizeof(call), "group %s %s", g->name, what);
+        rc = cfx__group_moved_err(g, call);
+    } else if (rc == CFX_OK) {
         rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
+    }
     cfx__intr_end();
     return entered ? cfx__ctx_leave(g->ctx, rc) : rc;
 }
@@ -1156,8 +1216,9 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
     if (dev)
         mt = CFX_MEMTYPE_HOST;
 
+    const uint64_t deadline = cfx__deadline_ns(timeout);
     if (mt == CFX_MEMTYPE_HOST && cfx__group_split_size(g, peer, bytes)) {
-        rc = cfx__group_split_p2p(g, send, buf, bytes, peer, tag, cfx__deadline_ns(timeout));
+        rc = cfx__group_split_p2p(g, send, buf, bytes, peer, tag, deadline);
     } else {
         struct cfx_p2p_req *req;
         rc = send ? cfx__p2p_isend_reoffer(g->ctx, &g->nodes[peer], g->chan_user,
@@ -1169,11 +1230,17 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
                 cfx_buf_free(g->ctx, buf);
             return rc;
         }
-        rc = cfx__p2p_wait_free_intr(req, cfx__deadline_ns(timeout));
+        rc = cfx__p2p_wait_free_intr(req, deadline);
     }
-    if (rc != CFX_OK) {
+    const bool intr = rc == CFX_ERR_CANCELED && cfx__intr_fired();
+    if (rc != CFX_OK && !intr && cfx__group_moved_wait(g, deadline)) {
+        /* the peer dropped this node (it was declared dead meanwhile) */
+        char call[COLL_NAME_MAX + 16];
+        snprintf(call, sizeof(call), "group %s %s", g->name, what);
+        rc = cfx__group_moved_err(g, call);
+    } else if (rc != CFX_OK) {
         char why[256];
-        if (rc == CFX_ERR_CANCELED && cfx__intr_fired())
+        if (intr)
             snprintf(why, sizeof(why), "interrupted on its thread: %s",
                      send ? "the message was withdrawn (not sent, or its receive fails)"
                           : "the receive was withdrawn (a message not under way yet is left "

@@ -126,6 +126,16 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
         conn = cfx_list_entry(pos, struct cfx_conn, link);
         if (conn->outbound && conn->node_id == node->node_id &&
             conn->state != CFX_CONN_FAILED) {
+            if (unlikely(conn->self_id != ctx->node_id)) {
+                /* made as the node this one was before it rejoined under a
+                 * new id (reannounce.c adopt_node_id): the peer takes what
+                 * comes on it for that node's, which it dropped as dead */
+                char why[96];
+                snprintf(why, sizeof(why), "made as node %u, before this node rejoined as "
+                         "node %u", conn->self_id, ctx->node_id);
+                cfx__conn_fail(conn, CFX_ERR_CLOSED, why);
+                break;
+            }
             if (likely(conn->abandoned < CFX_CONN_ABANDONED_MAX))
                 return conn;
             /* Each transfer abandoned at its deadline keeps its slot until
@@ -165,6 +175,7 @@ struct cfx_conn *cfx__conn_get(struct cfx_context *ctx, const struct cfx_node_re
     *conn->peer = *node;
     conn->ctx = ctx;
     conn->node_id = node->node_id;
+    conn->self_id = ctx->node_id;
     conn->outbound = true;
     conn->state = CFX_CONN_CONNECTING;
     cfx_list_init(&conn->pending);
@@ -513,6 +524,7 @@ struct cfx_conn *cfx__conn_accepted(struct cfx_context *ctx, int tp, struct cfx_
         return NULL;
     }
     conn->ctx = ctx;
+    conn->self_id = ctx->node_id;
     conn->tp = tp;
     conn->ep = ep;
     conn->state = CFX_CONN_READY;

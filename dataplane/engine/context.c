@@ -385,6 +385,12 @@ static void on_node_dead(void *arg, uint32_t node_id)
          * a second line, at ERR, made a job's orderly end (a Ray driver's
          * shutdown() before its actors are gone) look like a failure */
         CFX_LOG(DEBUG, CTL, "node %u: lost the coordinator %s", ctx->node_id, ctx->cfg.coord);
+        /* a group call whose message failed meanwhile waits for the
+         * reconnection's node id: the cause may be this node's own death
+         * (coll_check.c cfx__coll_msg_failed) */
+        pthread_mutex_lock(&ctx->lock);
+        pthread_cond_broadcast(&ctx->obj_cond);
+        pthread_mutex_unlock(&ctx->lock);
         return;
     }
     /* its locations go at once (memory only): a get after this event asks
@@ -651,6 +657,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     if (rc != CFX_OK)
         goto err_stop_progress;
     ctx->node_id = cfx__ctl_node_id(ctx->ctl);
+    ctx->joined_id = ctx->node_id;
     ctx->self.node_id = ctx->node_id;
     for (int t = 0; t < ctx->ntp; t++)
         ctx->tp[t].iface->node_id = ctx->node_id;

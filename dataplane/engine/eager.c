@@ -579,7 +579,10 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
             wake(ctx);
         }
     }
-    if (conn->node_id) {
+    /* one made as the node this one was before a rejoin under a new id
+     * ended because the peer dropped that node, not because the peer went:
+     * receives from the peer under the new id go on */
+    if (conn->node_id && conn->self_id == ctx->node_id) {
         /* a peer that left is not reported dead: remember that it went */
         ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
         /* The node's messages come on its own (inbound) connection; the

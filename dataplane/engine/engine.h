@@ -451,6 +451,7 @@ struct cfx_conn {
     struct cfx_tp_ep *ep;
     int tp;                     /* index into ctx->tp[] */
     uint32_t node_id;           /* 0 until HELLO on accepted connections */
+    uint32_t self_id;           /* ctx->node_id when made: a rejoin's new id drops it (conn.c) */
     uint8_t peer_slot;          /* ctx->peer_bytes[] index + 1 of its traffic; 0: not yet */
     bool outbound;              /* we connected (used for our gets) */
     enum cfx_conn_state state;
@@ -489,8 +490,7 @@ struct cfx_conn {
      * CFX_TP_COMP_SEND: they may still sit in its user-space queue, and
      * closing the endpoint would drop them (cfx_context_destroy waits) */
     uint32_t sends_out;
-    uint32_t abandoned;         /* our transfers from this peer abandoned at their
-                                   deadline, its answer to their CANCEL still out */
+    uint32_t abandoned;         /* our transfers from it abandoned at deadline, CANCEL unanswered */
 };
 
 struct cfx_pending_msg {
@@ -905,6 +905,7 @@ struct cfx_context {
     struct cfx_coord *hosted; /* the coordinator this rank 0 hosts (bootstrap.c), or NULL */
     struct cfx_ctl *ctl;
     uint32_t node_id;
+    uint32_t joined_id;         /* node_id when it joined, kept across a rejoin (group.c) */
     struct cfx_node_rec self;
 
     struct cfx_tp_slot tp[CFX_MAX_TPS];
@@ -1048,8 +1049,7 @@ struct cfx_context {
     int nworkers;
     struct cfx_list async_q;
     struct cfx_list reqs;       /* struct cfx_request: every request not yet freed */
-    unsigned req_waiters;       /* threads waiting in cfx_request_wait() or _free()
-                                   (ctx->lock) */
+    unsigned req_waiters;       /* threads in cfx_request_wait() or _free() (ctx->lock) */
     pthread_cond_t async_cond;
     bool workers_stop;          /* context destroy: workers finish and exit */
 

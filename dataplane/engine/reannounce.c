@@ -86,11 +86,19 @@ static void adopt_node_id(struct cfx_context *ctx)
     cfx__log_retag(old_tag, tag);
     CFX_LOG(WARN, CTL, "node %u: on rejoining, coordinator %s gave this node id %u (it was %u: "
             "the coordinator restarted, or declared this node dead while it was stopped or cut "
-            "off)", id, ctx->cfg.coord, id, ctx->node_id);
+            "off); the groups it was a rank of are unusable here: create new ones", id,
+            ctx->cfg.coord, id, ctx->node_id);
     ctx->node_id = id;
     ctx->self.node_id = id;
     for (int t = 0; t < ctx->ntp; t++)
         ctx->tp[t].iface->node_id = id;
+    /* the connections that ended meanwhile were the old node's, which the
+     * peers dropped as dead: the peers are not gone (eager.c node_gone);
+     * those still open are dropped at their next use (conn.c) */
+    ctx->eager_ngone = 0;
+    /* the groups of the old id are unusable here: their calls stop at once
+     * (coll/group.c cfx__group_moved) */
+    pthread_cond_broadcast(&ctx->obj_cond);
 }
 
 /* Copy out what to announce (ctx->lock held). */

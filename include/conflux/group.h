@@ -16,6 +16,16 @@
  * group's timeout unless a call's params say otherwise) and fails with
  * CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming the rank it waited for.
  *
+ * A rank whose process was stopped (SIGSTOP) or cut off past the
+ * coordinator's heartbeat deadline is declared dead: the other ranks' calls
+ * fail naming it, and they go on without it.  Once it runs again it
+ * rejoins the cluster as a new node (a new node id), which no rank of its
+ * groups knows: every call of such a group on that rank then fails at once
+ * with CFX_ERR_PEER_FAILED saying so (its old and new node ids; a call
+ * running at the time stops at its next wait).  The group is unusable
+ * from that rank: destroy it and create a new group (the same name may be
+ * used again).
+ *
  * Buffers may be host memory (and CUDA device memory in CUDA builds: say so
  * with CFX_COLL_PARAM_MEMTYPE).  In-place operation: pass the same pointer
  * as send and receive buffer (for allgather / gather, the rank's own block
