@@ -684,6 +684,20 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
     if (!task)
         return cfx__err(CFX_ERR_INVALID, "cfx_task_wait: NULL task");
     uint64_t wait_dl = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
+    /* The task's own deadline bounds the wait: by then the coordinator has
+     * ended it for its waiters (CFX_ERR_TIMEOUT), so waiting longer only
+     * waits on a coordinator that is gone.  The margin lets its answer
+     * come; a wait begun after that still asks it once. */
+    bool by_task = false;
+    if (task->deadline_ns != UINT64_MAX) {
+        uint64_t now = cfx__now_ns();
+        uint64_t bound = (task->deadline_ns > now ? task->deadline_ns : now) +
+                         CFX_PROTO_WAIT_MARGIN_MS * 1000000ull;
+        if (bound < wait_dl) {
+            wait_dl = bound;
+            by_task = true;
+        }
+    }
     rc = cfx__ctx_enter(task->ctx, "cfx_task_wait");
     if (rc != CFX_OK)
         return rc;
@@ -701,7 +715,10 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
     /* a request of this wait outlived the wait's own timeout (a repeat
      * sent once that had passed, as by a poll, is not waited for): the
      * task goes on.  CFX_ERR_TIMEOUT would say the task's deadline passed */
-    if (rc == CFX_ERR_TIMEOUT && wait_dl != UINT64_MAX && cfx__now_ns() >= wait_dl)
+    if (rc == CFX_ERR_TIMEOUT && by_task)
+        rc = cfx__err(CFX_ERR_TIMEOUT, "task %llu: its deadline passed with no answer from "
+                      "the coordinator (%s)", (unsigned long long)task->id, cfx_last_error());
+    else if (rc == CFX_ERR_TIMEOUT && wait_dl != UINT64_MAX && cfx__now_ns() >= wait_dl)
         rc = cfx__err(CFX_ERR_AGAIN, "task %llu has not ended after %d ms (%s)",
                       (unsigned long long)task->id, timeout_ms, cfx_last_error());
     if (rc == CFX_OK) {
@@ -711,7 +728,9 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
         task->node = reply.u.task_st.node_id ? reply.u.task_st.node_id : task->node;
         rc = reply.u.task_st.status;
         task->ended = rc != CFX_ERR_AGAIN;
-        if (rc == CFX_ERR_AGAIN)
+        if (rc == CFX_ERR_AGAIN && by_task)
+            cfx__err(rc, "task %llu has not ended by its deadline", (unsigned long long)task->id);
+        else if (rc == CFX_ERR_AGAIN)
             cfx__err(rc, "task %llu has not ended after %d ms", (unsigned long long)task->id,
                      timeout_ms);
         else if (rc != CFX_OK)

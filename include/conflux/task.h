@@ -187,7 +187,11 @@ CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
                             const struct cfx_task_params *params, struct cfx_task **out);
 
 /**
- * Wait until the task ended or @p timeout_ms passed (<0: forever).
+ * Wait until the task ended or @p timeout_ms passed (<0: forever, but a
+ * task with a deadline (CFX_TASK_PARAM_TIMEOUT, else the context's) is
+ * waited for until that deadline and 10 s for the coordinator's answer at
+ * most: past it, an unreachable coordinator fails the wait with
+ * CFX_ERR_CONNECT naming it).
  * @param node_out  NULL, or receives the node that ran it (or last held it)
  * Across a coordinator restart the wait goes on on the new connection; when
  * the new coordinator does not know the task it is submitted again from

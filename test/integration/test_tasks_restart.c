@@ -389,6 +389,33 @@ Test(tasks_restart, wait_without_a_coordinator_ends_at_its_timeout)
     cr_assert_eq(wk.seen['f'], 1, "'f' ran %u times", wk.seen['f']);
 }
 
+Test(tasks_restart, wait_forever_ends_at_the_tasks_deadline_without_a_coordinator)
+{
+    /* a wait without a timeout of its own (-1) on a task with a deadline:
+     * the coordinator is gone for good, so the wait ends once the task's
+     * deadline (and the margin for an answer) passed, with
+     * CFX_ERR_CONNECT naming the coordinator.  (Before: it waited for the
+     * reconnection forever, long after the task had ended for its waiter.) */
+    struct count_arg g = { .tag = 'g', .gate = 1, .seed = 23, .size = 64 };
+    struct cfx_object_id r;
+    struct cfx_task_params p = { .field_mask = CFX_TASK_PARAM_ARG | CFX_TASK_PARAM_TIMEOUT,
+                                 .arg = &g, .arg_len = sizeof(g), .timeout_ms = 200 };
+    struct cfx_task *t = NULL;
+    oid("trestart/g", &r);
+    cr_assert_eq(cfx_task_submit(ctx, "count", NULL, 0, &r, 1, NULL, &p, &t), CFX_OK,
+                 "submit: %s", cfx_last_error());
+    started(&wk, 'g');
+    coord_run_kill(&co);
+    int rc = cfx_task_wait(t, -1, NULL);
+    cr_assert_eq(rc, CFX_ERR_CONNECT, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), co.cc.addr), "%s", cfx_last_error());
+    cfx_task_free(t);
+    release(&wk);
+    coord_run_start(&co);
+    worker_end(&wk);
+    cr_assert_eq(wk.seen['g'], 1, "'g' ran %u times", wk.seen['g']);
+}
+
 /* A raw TASK_SUBMIT of "count" with @p key, as cfx_task_submit sends it
  * (with @p flags: CFX_PROTO_TASK_AGAIN as its repeat after a lost reply). */
 static int raw_submit(uint64_t key, uint8_t flags, const char *result, struct count_arg *a,
