@@ -198,6 +198,9 @@ static inline int perf_parse(int argc, char **argv, struct perf_opts *o,
         case 'r': o->repeat = 1; break;
         case 'N': o->no_keep = 1; break;
         case 'k':
+            /* '' is refused, not taken as $CFX_TOKEN (as rdmactl --token '') */
+            if (tool_arg_nonempty(prog, "-k", optarg, "a token"))
+                return TOOL_EXIT_USAGE;
             fprintf(stderr, "%s: warning: --token puts the cluster token on the command line, "
                     "where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n", prog);
             /* loaded below from this copy; argv's bytes are overwritten */

@@ -57,6 +57,9 @@ static const struct args_case cases[] = {
     { "cfx_get_bw", { "-p", "99999" }, 2, "-p", "'99999'", 0 },
     { "cfx_get_bw", { "-p", "12x" }, 2, "-p", "'12x'", 0 },
     { "cfx_get_bw", { "-c", "0" }, 2, "-c", "'0'", 0 },
+    /* -k '' fell back to $CFX_TOKEN_FILE and started a server */
+    { "cfx_get_bw", { "-k", "" }, 2, "-k: ''", "must not be empty", 0 },
+    { "cfx_get_lat", { "--token=", "127.0.0.1" }, 2, "-k: ''", "must not be empty", 0 },
     /* -t: one spelling for every tool, CFX_TRANSPORT's (lower-case names, a
      * list, ^LIST), refused with status 2 and the choices before the library
      * sees it (it said "CFX_TRANSPORT names 'TCP', which this build does not
