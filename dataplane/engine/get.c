@@ -645,14 +645,17 @@ static int get_failover(struct get_op *g, int rc)
     if (rc != CFX_OK) {
         g->src.node.node_id = 0;
         const struct cfx_conn_failure *f = cfx__conn_failure(ctx, failed);
-        char cause[160] = "";
+        char cause[160] = "", lookup[320] = "";
         if (f && f->at_ns >= g->t0) /* not an older connection's */
             snprintf(cause, sizeof(cause), " (its connection: %s, %s: %s)", f->why,
                      cfx_errname(f->status), cfx_strerror(f->status));
+        if (rc == CFX_ERR_CONNECT) /* the lookup's text names the coordinator */
+            snprintf(lookup, sizeof(lookup), ": the directory could not be asked (%s)",
+                     cfx_last_error());
         return cfx__err(rc == CFX_ERR_TIMEOUT ? CFX_ERR_PEER_FAILED : rc,
                         "get of object %s on node %u: source node %u failed%s and no other "
-                        "holder was found in time",
-                        g->hex, ctx->node_id, failed, cause);
+                        "holder was found in time%s",
+                        g->hex, ctx->node_id, failed, cause, lookup);
     }
     free(g->src.data);
     g->src.data = NULL;

@@ -548,22 +548,12 @@ Test(get_handback, interrupted_get_behind_another_threads_get)
 
 /*
  * A blocking get whose source failed looks for another holder (get.c
- * get_failover), a lookup that waits for one: interrupted there, it ends
- * CFX_ERR_CANCELED saying so, not that the source failed and no other
- * holder was found in time.  d cannot connect to a (test hook
- * CFX_TEST_CONNECT_BREAK), the object's only holder.
+ * get_failover), a lookup that waits for one.  d cannot connect to a (test
+ * hook CFX_TEST_CONNECT_BREAK), the object's only holder; d's get runs
+ * with @p check as its interrupt check, which sees the failover begun
+ * (stats.source_failovers) and returns whether to stop.
  */
-static int failover_check(void *arg)
-{
-    struct intr_probe *p = arg;
-    p->calls++;
-    pthread_mutex_lock(&p->ctx->lock);
-    bool stop = p->ctx->stats.source_failovers > 0; /* in the failover's lookup */
-    pthread_mutex_unlock(&p->ctx->lock);
-    return stop;
-}
-
-Test(get_handback, interrupted_failover_lookup_says_so)
+static int failover_get(int (*check)(void *arg), int timeout_ms, uint8_t seed)
 {
     const size_t size = 4 * (size_t)CUT_CHUNK;
     struct cfx_context *a, *d;
@@ -575,22 +565,72 @@ Test(get_handback, interrupted_failover_lookup_says_so)
     cfx_object_id_generate(a, &id);
     uint8_t *src = malloc(size), *dst = malloc(size);
     cr_assert(src && dst);
-    cfx_test_fill(src, size, 59);
+    cfx_test_fill(src, size, seed);
     struct cfx_obj_params pp = { .field_mask = CFX_OBJ_PARAM_FLAGS,
                                  .flags = CFX_OBJ_FLAG_NO_INLINE };
     cr_assert_eq(cfx_put(a, &id, src, size, &pp), CFX_OK, "%s", cfx_last_error());
 
     struct intr_probe p = { .ctx = d };
-    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 20000 };
-    cfx_set_interrupt_check(failover_check, &p);
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = timeout_ms };
+    cfx_set_interrupt_check(check, &p);
     int rc = cfx_get(d, &id, dst, size, NULL, &gp);
     cfx_set_interrupt_check(NULL, NULL);
-    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
-    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+    char err[1024];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
     cfx_context_destroy(d);
     cfx_context_destroy(a);
     free(dst);
     free(src);
+    cfx__err(rc, "%s", err);
+    return rc;
+}
+
+static bool in_failover(struct intr_probe *p)
+{
+    pthread_mutex_lock(&p->ctx->lock);
+    bool failover = p->ctx->stats.source_failovers > 0; /* in the failover's lookup */
+    pthread_mutex_unlock(&p->ctx->lock);
+    return failover;
+}
+
+/* Interrupted in that lookup, the get ends CFX_ERR_CANCELED saying so, not
+ * that the source failed and no other holder was found in time. */
+static int failover_check(void *arg)
+{
+    return in_failover(arg);
+}
+
+Test(get_handback, interrupted_failover_lookup_says_so)
+{
+    int rc = failover_get(failover_check, 20000, 59);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+}
+
+/* With the coordinator gone (stopped once that lookup began) the get fails
+ * with CFX_ERR_CONNECT and its error names the coordinator, as cfx_get's
+ * header says.  (Before, it said only that the source failed and no other
+ * holder was found in time.) */
+static int stop_coord_at_failover(void *arg)
+{
+    if (in_failover(arg) && coord) {
+        cfx__coord_stop(coord);
+        coord = NULL;
+    }
+    return 0;
+}
+
+Test(get_handback, failover_lookup_without_a_coordinator_names_it)
+{
+    char addr[sizeof(coord_addr)];
+    snprintf(addr, sizeof(addr), "%s", coord_addr);
+    int rc = failover_get(stop_coord_at_failover, 2000, 61);
+    cr_assert_null(coord, "the get never came to its failover's lookup");
+    cr_assert_eq(rc, CFX_ERR_CONNECT, "%s (%s)", cfx_errname(rc), cfx_last_error());
+    cr_log_info("%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "source node"), "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), addr), "the coordinator %s is not named: %s", addr,
+              cfx_last_error());
 }
 
 /*
