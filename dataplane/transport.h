@@ -279,11 +279,12 @@ struct cfx_transport_ops {
      * side's memory through the grants it is given.  Until then a
      * transport whose hardware takes remote writes by itself (verbs: the
      * QP's remote access flags) refuses every write of the peer, whatever
-     * key it names.  tcp counts an accepted ep against its caps on
-     * strangers until then (tcp_iface.c).  Idempotent.  An error fails @p ep
-     * (sticky status).  NULL: the transport checks every write against its
-     * grants itself and keeps no strangers' caps (shm, dpdk), so
-     * authentication changes nothing there. */
+     * key it names.  tcp, verbs and dpdk count an accepted ep against
+     * their caps on strangers until then (tpbase/tp_strangers.h).
+     * Idempotent.  An error fails @p ep (sticky status).  NULL: the
+     * transport checks every write against its grants itself and keeps no
+     * strangers' caps (shm: same user only), so authentication changes
+     * nothing there. */
     int (*ep_authorize)(struct cfx_tp_ep *ep);
 
     /* Optional (CFX_TP_CAP_SEAL: tcp, dpdk).  The engine's token handshake on

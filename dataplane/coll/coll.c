@@ -1140,14 +1140,15 @@ static int coll_refused(struct cfx_group *g, const struct coll_args *a, const ch
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
 {
     const char *what = cfx__coll_kind_name(a->kind);
-    if (cfx__group_moved(g)) { /* nobody to tell: the others dropped this rank */
+    int rc = a->refused ? a->refused : cfx__coll_check(g, a, what);
+    bool moved = cfx__group_moved(g); /* nobody to tell: the others dropped this rank */
+    if (rc != CFX_OK)
+        return moved ? rc : coll_refused(g, a, what, rc);
+    if (moved) {
         char call[48];
         snprintf(call, sizeof(call), "%s #%" PRIu32, what, a->seq);
         return cfx__group_moved_err(g, call);
     }
-    int rc = a->refused ? a->refused : cfx__coll_check(g, a, what);
-    if (rc != CFX_OK)
-        return coll_refused(g, a, what, rc);
     struct coll_exec x = {
         .g = g,
         .a = a,

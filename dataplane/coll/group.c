@@ -803,7 +803,8 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     if (cfx__group_moved(g)) { /* nobody to tell: fails here, queued nowhere */
         char call[32];
         snprintf(call, sizeof(call), "i%s", what);
-        return cfx__ctx_leave(ctx, cfx__group_moved_err(g, call));
+        return cfx__ctx_leave(ctx, refused != CFX_OK ? cfx__err(refused, "%s", why)
+                                                     : cfx__group_moved_err(g, call));
     }
     struct coll_args *a = malloc(sizeof(*a));
     if (a) {
@@ -1233,7 +1234,10 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
         rc = cfx__p2p_wait_free_intr(req, deadline);
     }
     const bool intr = rc == CFX_ERR_CANCELED && cfx__intr_fired();
-    if (rc != CFX_OK && !intr && cfx__group_moved_wait(g, deadline)) {
+    /* a lost peer may be this node's own death: the peers dropped it */
+    const bool lost = rc == CFX_ERR_PEER_FAILED || rc == CFX_ERR_CONNECT ||
+                      rc == CFX_ERR_CLOSED || rc == CFX_ERR_IO || rc == CFX_ERR_TIMEOUT;
+    if (lost && cfx__group_moved_wait(g, deadline)) {
         /* the peer dropped this node (it was declared dead meanwhile) */
         char call[COLL_NAME_MAX + 16];
         snprintf(call, sizeof(call), "group %s %s", g->name, what);

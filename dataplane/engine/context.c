@@ -457,6 +457,12 @@ void cfx__copy_withdrawn(struct cfx_context *ctx, struct cfx_obj *o)
  * task functions registered again (each on a thread of its own). */
 static void on_reconnected(void *arg)
 {
+    struct cfx_context *ctx = arg;
+    /* a group call that waits to learn whether this node came back as
+     * another (coll/group.c cfx__group_moved_wait) looks again */
+    pthread_mutex_lock(&ctx->lock);
+    pthread_cond_broadcast(&ctx->obj_cond);
+    pthread_mutex_unlock(&ctx->lock);
     cfx__reannounce_on_reconnected(arg);
     cfx__task_on_reconnected(arg);
 }

@@ -164,6 +164,13 @@ static void calls_after_rejoin(const char *tp)
     rc = cfx_group_iallreduce(b[1].g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL, &req);
     says_moved("iallreduce", rc, cfx_last_error(), was, now);
     cr_expect_null(req, "a failed post returned a request");
+    /* a call wrong in itself is still told so, before anything else */
+    rc = cfx_group_allreduce(b[1].g, NULL, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
+    cr_expect_eq(rc, CFX_ERR_INVALID, "allreduce of NULL: %s: %s", cfx_errname(rc),
+                 cfx_last_error());
+    rc = cfx_group_iallreduce(b[1].g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL, NULL);
+    cr_expect_eq(rc, CFX_ERR_INVALID, "iallreduce without a request pointer: %s: %s",
+                 cfx_errname(rc), cfx_last_error());
 
     /* the other rank says that this one died, naming its old id */
     rc = cfx_group_allreduce(b[0].g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
