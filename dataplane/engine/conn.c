@@ -239,23 +239,57 @@ static int conn_regrant(struct cfx_conn *conn, int old_tp)
     return CFX_OK;
 }
 
+/*
+ * A connection closed by the peer before the handshake ended may have been
+ * closed for a newer one at the peer's caps on connections not yet
+ * authenticated (tpbase/tp_strangers.h): a burst of connections from
+ * token holders does that (an alltoall of 100 ranks on one host did, at
+ * 32 of one address).  It is dialled again over the same transport, up to
+ * CFX_CONN_REDIALS times within its auth deadline; a peer that is gone
+ * refuses the new one (CFX_ERR_CONNECT), which moves on as before.
+ */
+static bool conn_redial(const struct cfx_conn *conn, int status)
+{
+    return conn->redials < CFX_CONN_REDIALS &&
+           (status == CFX_ERR_PEER_FAILED || status == CFX_ERR_CLOSED ||
+            status == CFX_ERR_NO_RESOURCE || status == CFX_ERR_IO);
+}
+
 bool cfx__conn_fallback(struct cfx_conn *conn, int status)
 {
     struct cfx_context *ctx = conn->ctx;
     /* a peer that refused us (token, version) would refuse us over any
      * transport: only a connection that could not be made moves on */
-    if (!conn->outbound || conn->state != CFX_CONN_CONNECTING || !conn->peer ||
-        status == CFX_ERR_AUTH || status == CFX_ERR_VERSION ||
-        tp_next(ctx, conn->peer, conn->tps_tried) < 0)
+    if (!conn->outbound || conn->authed || !conn->peer || status == CFX_ERR_AUTH ||
+        status == CFX_ERR_VERSION)
+        return false;
+    bool again = conn_redial(conn, status);
+    if (!again && (conn->state != CFX_CONN_CONNECTING ||
+                   tp_next(ctx, conn->peer, conn->tps_tried) < 0))
         return false;
 
     int old_tp = conn->tp;
-    CFX_LOG(WARN, CONN, "node %u: connecting to %s failed (%s%s%s); trying the next transport",
-            ctx->node_id, conn->name, cfx_errname(status), conn->ep && conn->ep->why ? ": " : "",
-            conn->ep && conn->ep->why ? conn->ep->why : "");
+    if (again) {
+        conn->redials++;
+        conn->tps_tried &= ~(1u << old_tp);
+        conn->state = CFX_CONN_CONNECTING;
+        CFX_LOG(INFO, CONN, "node %u: %s closed the connection before the handshake ended "
+                "(%s%s%s; at its cap on connections not yet authenticated?): dialling again "
+                "(%u of %u)", ctx->node_id, conn->name, cfx_errname(status),
+                conn->ep && conn->ep->why ? ": " : "", conn->ep && conn->ep->why ?
+                conn->ep->why : "", conn->redials, CFX_CONN_REDIALS);
+    } else {
+        CFX_LOG(WARN, CONN, "node %u: connecting to %s failed (%s%s%s); trying the next "
+                "transport", ctx->node_id, conn->name, cfx_errname(status),
+                conn->ep && conn->ep->why ? ": " : "", conn->ep && conn->ep->why ?
+                conn->ep->why : "");
+    }
     ctx->tp[old_tp].ops->ep_close(conn->ep);
     conn->ep = NULL;
     ctx->conn_gen++; /* completions of the old endpoint in this batch are stale */
+    conn->sends_out = 0; /* its handshake messages: dropped with it */
+    conn->auth_sent = false;
+    conn->eager_known = false;
     /* the handshake starts again on the new endpoint */
     struct cfx_list *pos, *tmp;
     cfx_list_for_each_safe(pos, tmp, &conn->pending) {
@@ -272,7 +306,8 @@ bool cfx__conn_fallback(struct cfx_conn *conn, int status)
         cfx__conn_fail(conn, rc, "no transport left to connect over");
         return true;
     }
-    CFX_LOG(INFO, CONN, "node %u: connecting to %s instead", ctx->node_id, conn->name);
+    if (!again)
+        CFX_LOG(INFO, CONN, "node %u: connecting to %s instead", ctx->node_id, conn->name);
     cfx__conn_auth_hello_out(conn); /* a failure ended the connection */
     return true;
 }

@@ -56,10 +56,10 @@
 #define CFX_GET_SOURCES_MAX     8    /* its cap (CFX_PROTO_SOURCES_MAX) */
 #define CFX_WINDOW_MAX          (1u << 31) /* CFX_WINDOW's bound (2G; 32-bit field) */
 #define CFX_CONN_AUTH_MS   10000     /* an accepted connection proves the token within this */
+#define CFX_CONN_REDIALS   8         /* a connection closed before auth is dialled again */
 #define CFX_XFER_SLOTS     4096      /* incoming transfers in flight per node */
-#define CFX_CONN_ABANDONED_MAX 64    /* transfers from one peer left at their deadline whose
-                                        CANCEL it has not answered: at this many its
-                                        connection is closed, which frees their slots */
+#define CFX_CONN_ABANDONED_MAX 64    /* transfers from one peer left at their deadline, CANCEL
+                                        unanswered: at this many its connection is closed */
 #define CFX_PEER_BYTES_MAX 64 /* (peer, transport) pairs whose traffic a context counts apart */
 #define CFX_IMM_SLOT_SHIFT 20        /* imm = slot << 20 | chunk */
 #define CFX_IMM_CHUNK_MASK ((1u << CFX_IMM_SLOT_SHIFT) - 1)
@@ -462,9 +462,9 @@ struct cfx_conn {
     unsigned p2p_rtrs;          /* its receive requests on ctx->p2p_rtrs (CFX_XFER_SLOTS at
                                    most: one per transfer slot of the peer's) */
     char name[96];              /* "node 3 (tcp 127.0.0.1:4000)" */
-    struct cfx_node_rec *peer;  /* outbound: the peer's record (owned), for trying the next
-                                   transport when a connect fails */
+    struct cfx_node_rec *peer;  /* outbound: the peer's record (owned), to dial it again */
     uint32_t tps_tried;         /* outbound: ctx->tp[] indices tried (bit mask) */
+    uint8_t redials;            /* outbound: dialled again, closed before auth (conn.c) */
     /* cluster-token handshake (conn_auth.c) */
     bool authed;                /* peer proved the token: serve it, flush pending */
     uint64_t auth_deadline;     /* not authed by then (ns): failed; 0 until first looked at */

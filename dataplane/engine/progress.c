@@ -286,8 +286,9 @@ static void handle_comp(struct cfx_context *ctx, int tp, const struct cfx_tp_com
         cfx__conn_connected(conn);
         break;
     case CFX_TP_COMP_EP_ERROR: {
-        /* a connect that failed tries the next transport both sides share */
-        if (conn->state == CFX_CONN_CONNECTING &&
+        /* a connect that failed tries the next transport both sides share,
+         * one closed before the handshake ended the same again (conn.c) */
+        if ((conn->state == CFX_CONN_CONNECTING || (conn->outbound && !conn->authed)) &&
             cfx__conn_fallback(conn, c->status ? c->status : CFX_ERR_CONNECT))
             break;
         const char *why = conn->ep ? conn->ep->why : NULL;
