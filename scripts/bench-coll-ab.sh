@@ -25,14 +25,24 @@ while getopts "n:s:r:" o; do
 done
 shift $((OPTIND - 1))
 [[ $# -ge 1 ]] || usage
+[[ $runs =~ ^[0-9]+$ && $runs -ge 1 ]] || { echo "bench-coll-ab.sh: -r: '$runs' is not a run count (>= 1)" >&2; exit 2; }
 for d in "$a" "$b"; do
     [[ -x $d/bin/cfx_run && -x $d/bin/cfx_coll_perf ]] || { echo "no cfx_run/cfx_coll_perf in $d/bin" >&2; exit 2; }
 done
 
-# one_run DIR OP TP: the time column (us) of rank 0's row
+# one_run DIR OP TP: the time column (us) of rank 0's row; a failed run (a bad
+# OP or size, a rank that failed, the timeout) shows its output and ends the script
 one_run() {
-    "$1/bin/cfx_run" -n "$n" -t "$3" --timeout 120 "$1/bin/cfx_coll_perf" -o "$2" -b "$size" \
-        -e "$size" -n 200 -w 20 -c 0 2>&1 | awk '/^\[0\] +[0-9]+ /{print $7}'
+    local out rc=0 t
+    out=$("$1/bin/cfx_run" -n "$n" -t "$3" --timeout 120 "$1/bin/cfx_coll_perf" -o "$2" \
+        -b "$size" -e "$size" -n 200 -w 20 -c 0 2>&1) || rc=$?
+    t=$(awk '/^\[0\] +[0-9]+ /{print $7; exit}' <<<"$out")
+    if [[ $rc != 0 || -z $t ]]; then
+        tail -n 5 <<<"$out" >&2
+        echo "bench-coll-ab.sh: $1: cfx_coll_perf -o $2 over $3 failed (status $rc)" >&2
+        exit 2
+    fi
+    echo "$t"
 }
 
 median() { sort -n | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "nan"}'; }

@@ -51,6 +51,10 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
+    -r | -n | -w | --sizes | --build-dir | --timeout | --only)
+        [ $# -ge 2 ] || die "$1 needs a value" ;;
+    esac
+    case "$1" in
     --check) CHECK=1; shift ;;
     -r) RUNS=$2; shift 2 ;;
     -n) ITERS=$2; shift 2 ;;
@@ -60,7 +64,7 @@ while [ $# -gt 0 ]; do
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
-    *) usage >&2; exit 2 ;;
+    *) echo "bench-latency: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
     esac
 done
 [[ $RUNS =~ ^[0-9]+$ ]] && [ "$RUNS" -ge 1 ] && [ "$RUNS" -le 99 ] || die "-r: 1..99"

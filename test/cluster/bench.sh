@@ -157,7 +157,9 @@ if [ "$DO_MPI" = 1 ] && ! command -v mpicc >/dev/null; then
             apt-get install -y -q openmpi-bin libopenmpi-dev >&2; }
 fi
 if [ "$DO_CFX" = 1 ] && [ "$PREBUILT" = 0 ]; then
-    [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -DCFX_WITH_CUDA=OFF >&2
+    # a Release build, as the figures in docs/PERFORMANCE.md were measured
+    [ -f "$BUILD/CMakeCache.txt" ] ||
+        cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCFX_WITH_CUDA=OFF >&2
     cmake --build "$BUILD" -j"$(nproc)" --target cfx_coll_perf cfx_obj_perf conflux-coord >&2 ||
         die "build of the Conflux tools failed (--no-conflux runs the MPI side alone)"
 fi
