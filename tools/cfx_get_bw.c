@@ -68,6 +68,8 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     const int nsizes = perf_sizes(&tool, &o, sizes);
+    struct perf_shape shape; /* what the server puts; a put keeps it to the end */
+    perf_shape_set(&shape, sizes, nsizes, &o);
     size_t maxsize = 1;
     for (int i = 0; i < nsizes; i++)
         maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;
@@ -114,6 +116,13 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
+        if (perf_shape_put(ctx, "bw-done", &shape) != CFX_OK) {
+            fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+            cfx_buf_free(ctx, buf);
+            cfx_context_destroy(ctx);
+            cfx__coord_stop(coord);
+            return 1;
+        }
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
@@ -159,6 +168,7 @@ int main(int argc, char **argv)
                    o.gbits ? "BW average[Gb/sec]" : "BW average[GB/sec]", "CPU[s/GB]",
                    "memcpy ratio");
         }
+        status = perf_shape_check(ctx, argv[0], "bw-done", &shape);
         for (int s = 0; s < nsizes && !status; s++) {
             double total = 0, best = INFINITY, cpu0 = cpu_now();
             for (long i = 0; i < o.iters + o.warmup; i++) {

@@ -108,6 +108,8 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     const int nsizes = perf_sizes(&tool, &o, sizes);
+    struct perf_shape shape; /* what the server puts; a put keeps it to the end */
+    perf_shape_set(&shape, sizes, nsizes, &o);
     const size_t maxsize = sizes[nsizes - 1]; /* a sweep grows */
     struct cfx_context *ctx = perf_join(&o, &coord, argv[0]);
     uint8_t *buf = malloc(maxsize);
@@ -134,6 +136,13 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
+        if (perf_shape_put(ctx, "lat-done", &shape) != CFX_OK) {
+            fprintf(stderr, "%s: put: %s\n", argv[0], cfx_last_error());
+            free(buf);
+            cfx_context_destroy(ctx);
+            cfx__coord_stop(coord);
+            return 1;
+        }
         if (!o.json)
             printf("Waiting for a client on port %d...\n", o.port);
         fflush(stdout);
@@ -162,6 +171,8 @@ int main(int argc, char **argv)
             printf(" %-8s %-12s %-10s %-10s %-10s %-10s %-10s\n", "#bytes", "#iterations",
                    "t_min[us]", "t_p50[us]", "t_p99[us]", "t_max[us]", "t_avg[us]");
         }
+        if (!status)
+            status = perf_shape_check(ctx, argv[0], "lat-done", &shape);
         for (int s = 0; s < nsizes && !status; s++) {
             status = measure(ctx, &o, s, sizes[s], buf, lat, argv[0]);
             if (!status)

@@ -412,6 +412,68 @@ static inline void perf_mismatch_tell(struct cfx_context *ctx, const char *done_
     perf_client_failed(ctx, done_name, text);
 }
 
+/*
+ * What a server puts: its sizes and the gets of each (-n + -w), published as
+ * the object "DONE-shape" so that a client whose -s or -a differs says so
+ * before its first get: the names of a sweep's first size and of -s alone
+ * are the same, so a get alone sees no mismatch there (server -a, client -s
+ * of the sweep's first size passed; client -a waited for a second size).
+ */
+struct perf_shape {
+    uint64_t nsizes, gets, sizes[PERF_SWEEP_MAX];
+};
+
+static inline void perf_shape_set(struct perf_shape *sh, const size_t *sizes, int n,
+                                  const struct perf_opts *o)
+{
+    memset(sh, 0, sizeof(*sh));
+    sh->nsizes = (uint64_t)n;
+    sh->gets = (uint64_t)(o->iters + o->warmup);
+    for (int i = 0; i < n; i++)
+        sh->sizes[i] = sizes[i];
+}
+
+static inline int perf_shape_put(struct cfx_context *ctx, const char *done_name,
+                                 const struct perf_shape *sh)
+{
+    struct cfx_object_id id;
+    char name[96];
+    snprintf(name, sizeof(name), "%s-shape", done_name);
+    perf_id(&id, name, 0, 0);
+    return cfx_put(ctx, &id, sh, sizeof(*sh), NULL);
+}
+
+/* Client: 0 when the server put what this client gets (the same sizes, at
+ * least as many gets of each); else 1, said on stderr and to the server. */
+static inline int perf_shape_check(struct cfx_context *ctx, const char *prog,
+                                   const char *done_name, const struct perf_shape *mine)
+{
+    struct cfx_object_id id;
+    struct perf_shape srv;
+    char name[96], text[PERF_DONE_TEXT_MAX];
+    size_t got = 0;
+    snprintf(name, sizeof(name), "%s-shape", done_name);
+    perf_id(&id, name, 0, 0);
+    if (cfx_get(ctx, &id, &srv, sizeof(srv), &got, NULL) != CFX_OK) {
+        fprintf(stderr, "%s: cannot read what the server puts: %s\n", prog, cfx_last_error());
+        return 1;
+    }
+    if (got == sizeof(srv) && !memcmp(srv.sizes, mine->sizes, sizeof(srv.sizes)) &&
+        srv.nsizes == mine->nsizes && srv.gets >= mine->gets)
+        return 0;
+    snprintf(text, sizeof(text), "size mismatch: the server put %llu size(s) of %llu .. %llu "
+             "bytes, %llu of each, where this client gets %llu of %llu .. %llu bytes, %llu of "
+             "each: give both sides the same -s (and -a), -n and -w",
+             (unsigned long long)srv.nsizes, (unsigned long long)srv.sizes[0],
+             (unsigned long long)srv.sizes[srv.nsizes ? (srv.nsizes - 1) % PERF_SWEEP_MAX : 0],
+             (unsigned long long)srv.gets, (unsigned long long)mine->nsizes,
+             (unsigned long long)mine->sizes[0],
+             (unsigned long long)mine->sizes[mine->nsizes - 1], (unsigned long long)mine->gets);
+    fprintf(stderr, "%s: %s\n", prog, text);
+    perf_client_failed(ctx, done_name, text);
+    return 1;
+}
+
 /* One look for the client's "done": CFX_OK (one byte), the client's text as
  * a CFX_ERR_INVALID error (perf_client_failed), or the get's error. */
 static inline int perf_done_get(struct cfx_context *ctx, const struct cfx_object_id *id,

@@ -496,15 +496,19 @@ Test(tool_args, get_tools_help_lists_what_they_take, .timeout = 60)
  * cfx_get_lat -a on both sides: one row per size, 2 bytes to 8 MiB by
  * powers of two, in order, each of -n gets, and the server serves every
  * size and exits 0.  (-a was taken and ignored: one row of -s.)  -a on one
- * side only is a mismatch both sides report, as another -s is.
+ * side only is a mismatch both sides report, as another -s is, also when the
+ * other side's -s is the sweep's first size (whose objects have the same
+ * names: the server's -a passed, the client's waited for a second size).
  */
 Test(tool_args, get_lat_sweeps_sizes, .init = case_init, .timeout = 180)
 {
     static char out[1 << 14], srv[1 << 12];
     char cmd[2048], srv_path[128];
     snprintf(srv_path, sizeof(srv_path), "/tmp/cfx-latsweep-%d.srv", (int)getpid());
-    for (int k = 0; k < 3; k++) {
-        const char *srv_a = k == 2 ? "" : "-a", *cli_a = k == 1 ? "" : "-a";
+    static const char *const srv_args[] = { "-a", "-a", "", "-a", "-s 2" };
+    static const char *const cli_args[] = { "-a", "", "-a", "-s 2", "-a" };
+    for (int k = 0; k < 5; k++) {
+        const char *srv_a = srv_args[k], *cli_a = cli_args[k];
         int port = cfx_test_free_port();
         cr_assert_gt(port, 0);
         snprintf(cmd, sizeof(cmd),
