@@ -13,7 +13,14 @@
 # tool fails.  Uses only 127.0.0.1 and ports 18515-18530 and 5299.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case ${1:-} in
+-h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+-*) echo "bench-get.sh: unknown option '$1' (--help says what it takes)" >&2; exit 2 ;;
+esac
 bin=${1:-$repo/build}/bin
+for t in cfx_get_bw cfx_get_lat; do
+    [[ -x $bin/$t ]] || { echo "bench-get.sh: no $bin/$t: build first, or name the build directory" >&2; exit 2; }
+done
 size=${CFX_BENCH_SIZE:-64M}
 iters=${CFX_BENCH_ITERS:-20}
 export CFX_TOKEN=${CFX_TOKEN:-bench-$$-$RANDOM}
@@ -26,7 +33,7 @@ trap cleanup EXIT
 pair() {
     local tool=$1 port=$2
     shift 2
-    "$bin/$tool" -p "$port" "$@" >/dev/null &
+    timeout 300 "$bin/$tool" -p "$port" "$@" >/dev/null & # a server whose client died
     local spid=$!
     pids+=("$spid")
     local out rc=0

@@ -29,6 +29,7 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
+[[ $runs =~ ^[0-9]+$ && $runs -ge 1 ]] || { echo "bench-goals.sh: -r: '$runs' is not a run count (>= 1)" >&2; exit 2; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${1:-$repo/build}/bin
 for t in test_shm test_coord_abuse cfx_run cfx_ps_bench cfx_faulttest; do

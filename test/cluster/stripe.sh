@@ -29,8 +29,13 @@ BUILD=$ROOT/build-perf
 PORT=5000
 
 die() { echo "stripe.sh: $*" >&2; exit 1; }
+usage_die() { echo "stripe.sh: $*" >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
+    case "$1" in
+    --nodes | --rates | --size | --runs | --iters | --build-dir)
+        [ $# -ge 2 ] || usage_die "$1 needs a value" ;;
+    esac
     case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --rates) RATES=$2; shift 2 ;;
@@ -39,11 +44,11 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=$2; shift 2 ;;
     --build-dir) BUILD=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (--help)" ;;
+    *) usage_die "unknown argument '$1' (--help)" ;;
     esac
 done
-[[ $NODES =~ ^[0-9]+$ ]] && [ "$NODES" -ge 3 ] || die "--nodes: at least 3"
-[[ $RUNS =~ ^[0-9]+$ ]] && [ "$RUNS" -ge 1 ] || die "--runs: a count"
+[[ $NODES =~ ^[0-9]+$ ]] && [ "$NODES" -ge 3 ] || usage_die "--nodes: at least 3"
+[[ $RUNS =~ ^[0-9]+$ ]] && [ "$RUNS" -ge 1 ] || usage_die "--runs: a count"
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 [ -x "$BUILD/bin/cfx_obj_perf" ] && [ -x "$BUILD/bin/conflux-coord" ] ||
     die "no cfx_obj_perf / conflux-coord in $BUILD/bin (cmake --build $BUILD --target cfx_obj_perf conflux-coord)"
