@@ -22,6 +22,7 @@ struct cfx_p2p_req {
     uint8_t kind;               /* CFX_P2P_SEND / CFX_P2P_RECV */
     uint32_t peer;
     uint32_t tag;
+    uint32_t self_id;           /* this node's id (its control client's) when posted */
 };
 
 /*
@@ -385,6 +386,7 @@ static int p2p_new(struct cfx_context *ctx, uint8_t kind, const struct cfx_node_
     req->kind = kind;
     req->peer = peer->node_id;
     req->tag = tag;
+    req->self_id = cfx__ctl_node_id(ctx->ctl);
 
     /* With the progress lock free, this thread posts the message itself:
      * an eager send is copied into the transport before we return, with no
@@ -695,6 +697,26 @@ static bool wait_on(struct cfx_context *ctx, uint64_t deadline_ns, bool intr)
     return !cfx__intr_fired() && cfx__obj_wait_intr(ctx, deadline_ns);
 }
 
+/*
+ * A group's wait (the interruptible ones): this node came back under
+ * another node id since @p req was posted (its control connection was cut
+ * past the heartbeat deadline: coll/group.c cfx__group_moved).  The peers
+ * dropped the node it was, so nothing of the request can come any more.
+ */
+static bool node_moved(const struct cfx_p2p_req *req)
+{
+    uint32_t id = cfx__ctl_node_id(req->ctx->ctl);
+    return id && id != req->self_id;
+}
+
+static int moved_err(const struct cfx_p2p_req *req)
+{
+    return cfx__err(CFX_ERR_PEER_FAILED, "%s node %u (tag %d): this node came back as node %u "
+                    "(it was node %u), whom the peer does not know", req->kind == CFX_P2P_SEND
+                    ? "send to" : "receive from", req->peer, (int)req->tag,
+                    cfx__ctl_node_id(req->ctx->ctl), req->self_id);
+}
+
 static int wait_all(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns, bool intr)
 {
     if (n <= 0)
@@ -704,11 +726,15 @@ static int wait_all(struct cfx_p2p_req **reqs, int n, uint64_t deadline_ns, bool
         int st;
         poll_wait(reqs[i], deadline_ns);
         while ((st = p2p_status(reqs[i])) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-               wait_on(ctx, deadline_ns, intr))
+               !(intr && node_moved(reqs[i])) && wait_on(ctx, deadline_ns, intr))
             ;
         if (st == CFX_ERR_AGAIN && intr && cfx__intr_fired()) {
             pthread_mutex_unlock(&ctx->lock);
             return CFX_ERR_CANCELED; /* still running: the caller withdraws it */
+        }
+        if (st == CFX_ERR_AGAIN && intr && node_moved(reqs[i])) {
+            pthread_mutex_unlock(&ctx->lock);
+            return moved_err(reqs[i]); /* still running: the caller withdraws it */
         }
         if (st == CFX_ERR_AGAIN && cfx__ctx_closing(ctx)) {
             pthread_mutex_unlock(&ctx->lock);
@@ -835,15 +861,19 @@ static int wait_free(struct cfx_p2p_req *req, uint64_t deadline_ns, bool intr)
     int st;
     poll_wait(req, deadline_ns);
     while ((st = p2p_status(req)) == CFX_ERR_AGAIN && !cfx__ctx_closing(ctx) &&
-           wait_on(ctx, deadline_ns, intr))
+           !(intr && node_moved(req)) && wait_on(ctx, deadline_ns, intr))
         ;
-    if (st == CFX_ERR_AGAIN && intr && cfx__intr_fired()) {
-        /* interrupted: withdrawn as a free would, unless it ended first */
+    if (st == CFX_ERR_AGAIN && intr && (cfx__intr_fired() || node_moved(req))) {
+        /* interrupted, or this node came back as another: withdrawn as a
+         * free would, unless it ended first */
+        bool moved = !cfx__intr_fired();
         pthread_mutex_unlock(&ctx->lock);
         st = cfx__p2p_withdraw(req);
         if (st == CFX_ERR_CANCELED) {
+            if (moved)
+                st = moved_err(req);
             cfx__p2p_free(req);
-            return st; /* the caller says why */
+            return st; /* interrupted: the caller says why */
         }
         pthread_mutex_lock(&ctx->lock);
     }

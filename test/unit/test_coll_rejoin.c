@@ -196,15 +196,60 @@ static void calls_after_rejoin(const char *tp)
 
 ON_TCP_AND_SHM(calls_after_a_rejoin_as_another_node_fail_at_once, calls_after_rejoin)
 
-/* Context @p c's group thread runs @p req and its receive is posted (the
- * call is in its wait: rank 0 sends nothing). */
-static bool waiting(struct cfx_context *c, struct cfx_request *req)
+/* A call of rank 1's, started by one of the two below and ended by
+ * call_end(): an iallreduce (its request), or a blocking receive on a
+ * thread of its own. */
+struct call {
+    struct cfx_group *g;
+    struct cfx_request *req;
+    pthread_t th;
+    int32_t v, s;
+    int rc;
+    char err[512];
+};
+
+static void *recv_main(void *arg)
+{
+    struct call *c = arg;
+    c->rc = cfx_group_recv(c->g, &c->v, sizeof(c->v), 0, 9, NULL);
+    snprintf(c->err, sizeof(c->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static void start_iallreduce(struct call *c)
+{
+    c->v = 2;
+    int rc = cfx_group_iallreduce(c->g, &c->v, &c->s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL,
+                                  &c->req);
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+}
+
+static void start_recv(struct call *c)
+{
+    cr_assert_eq(pthread_create(&c->th, NULL, recv_main, c), 0);
+}
+
+static void call_end(struct call *c)
+{
+    if (!c->req) {
+        pthread_join(c->th, NULL);
+        return;
+    }
+    c->rc = cfx_request_wait(c->req, HANG_MS);
+    snprintf(c->err, sizeof(c->err), "%s", cfx_last_error());
+    cfx_request_free(c->req);
+}
+
+/* Context @p c's call is in its wait: its receive is posted (rank 0 sends
+ * nothing), and a request's call has started on the group's thread. */
+static bool waiting(struct cfx_context *c, const struct call *call)
 {
     uint64_t dl = cfx__deadline_ns(HANG_MS);
+    bool w;
     pthread_mutex_lock(&c->lock);
-    while ((!req->started || cfx_list_empty(&c->eager_posted)) && cfx__now_ns() < dl)
+    while (!(w = (!call->req || call->req->started) && !cfx_list_empty(&c->eager_posted)) &&
+           cfx__now_ns() < dl)
         cfx__obj_wait(c, CFX_MIN(dl, cfx__deadline_ns(1))); /* marked without a wake-up */
-    bool w = req->started && !cfx_list_empty(&c->eager_posted);
     pthread_mutex_unlock(&c->lock);
     return w;
 }
@@ -214,30 +259,39 @@ static bool waiting(struct cfx_context *c, struct cfx_request *req)
  * stands still meanwhile, so nothing of rank 1's call fails on the data
  * plane (rank 0 neither drops the old node's connections nor reads): the
  * call ends because its rank came back as another node, at once, not at
- * its deadline, and says so.
+ * its deadline, and says so.  (Before, a receive waited for the peer to
+ * drop the old node's connection, or for its deadline.)
  */
-static void running_call(const char *tp)
+static void running_call(const char *tp, const char *name, void (*start)(struct call *))
 {
     struct both b[2];
     up(tp, 2);
-    group_up(b, "rejoin_running");
+    group_up(b, name);
     const uint32_t was = ctxs[1]->node_id;
     cr_assert_eq(cfx__progress_pause(ctxs[0], true), CFX_OK, "%s", cfx_last_error());
 
-    int32_t v = 2, s = 0;
-    struct cfx_request *req = NULL;
-    int rc = cfx_group_iallreduce(b[1].g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL, &req);
-    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
-    cr_assert(waiting(ctxs[1], req), "the call never came to its wait");
+    struct call c = { .g = b[1].g };
+    start(&c);
+    cr_assert(waiting(ctxs[1], &c), "the call never came to its wait");
     const uint32_t now = cut_and_rejoin(was);
-    rc = cfx_request_wait(req, HANG_MS);
-    says_moved("running iallreduce", rc, cfx_last_error(), was, now);
-    cfx_request_free(req);
+    call_end(&c);
+    says_moved(name, c.rc, c.err, was, now);
 
     cr_assert_eq(cfx__progress_pause(ctxs[0], false), CFX_OK);
     death_heard(was);
-    new_group_works(b, "rejoin_running");
+    new_group_works(b, name);
     down(2);
 }
 
-ON_TCP_AND_SHM(a_running_call_ends_when_its_rank_rejoins_as_another_node, running_call)
+static void running_iallreduce(const char *tp)
+{
+    running_call(tp, "rejoin_running", start_iallreduce);
+}
+
+static void waiting_recv(const char *tp)
+{
+    running_call(tp, "rejoin_recv", start_recv);
+}
+
+ON_TCP_AND_SHM(a_running_call_ends_when_its_rank_rejoins_as_another_node, running_iallreduce)
+ON_TCP_AND_SHM(a_waiting_recv_ends_when_its_rank_rejoins_as_another_node, waiting_recv)
