@@ -485,24 +485,35 @@ static void push_done(struct cfx_ps *ps, struct ps_block *b, const struct ps_hdr
     }
 }
 
-/* Run deferred pushes that became applicable, until none does. */
+/* Run deferred pushes that became applicable, until none does.  The pulls
+ * parked for a version are served as soon as the block reaches it, before a
+ * deferred push of a later round is applied: a BSP pull of step t gets the
+ * values of round t, also when the pushes of round t + 1 are all here
+ * (behind a step counted empty, or forwarded in a hand-over). */
 static void run_deferred(struct cfx_ps *ps, struct ps_block *b)
 {
     bool progress = true;
+    serve_parked(ps, b);
     while (progress) {
         progress = false;
         struct cfx_list *pos, *tmp;
         cfx_list_for_each_safe(pos, tmp, &b->deferred)
         {
             struct ps_pend *p = cfx_list_entry(pos, struct ps_pend, link);
+            uint64_t v = b->version;
             if (skip_lost(ps, b, &p->h))
                 progress = true;
+            if (b->version != v)
+                serve_parked(ps, b);
+            v = b->version;
             if (!try_push(ps, b, &p->h, p->payload))
                 continue;
             cfx_list_del(pos);
             p->h.held_ns += cfx__now_ns() - p->since;
             push_done(ps, b, &p->h);
             pend_free(p);
+            if (b->version != v)
+                serve_parked(ps, b);
             progress = true;
         }
     }

@@ -468,6 +468,47 @@ Test(ps_lost, next_pull_counts_the_lost_step_empty)
     lost_last_step(&j);
 }
 
+/* Under BSP a pull of step t gets the values of round t, also when the
+ * pushes of round t + 1 are already waiting at the block: worker 1's pull
+ * waits for round 1 (worker 0's push of it was lost) and its push of step 2
+ * waits behind it; worker 0's push-pull of step 2 counts its lost step empty,
+ * which completes round 1, and its push with the one waiting completes round
+ * 2.  The pull used to be served only after both rounds, with round 2 in it. */
+Test(ps_lost, pull_parked_for_a_round_gets_that_round)
+{
+    struct lost_job j;
+    lost_job_up(&j);
+    lost_first_steps(&j);
+    static const float vinit[1] = { 7 };
+    float vout[1], g[2][LOST_N], out[2][LOST_N];
+    int vkey[2];
+    for (int w = 0; w < 2; w++)
+        cr_assert_eq(cfx_ps_register(j.m[1 + w].ps, "v", CFX_DTYPE_F32, 1, vinit, &vkey[w]),
+                     CFX_OK, "worker %d: %s", w, cfx_last_error());
+    struct cfx_ps_request *pull1, *push1, *pp0;
+    lost_grad(g[1], 1, 2);
+    cr_assert_eq(cfx_ps_ipull(j.m[2].ps, 0, out[1], &pull1), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_ps_ipush(j.m[2].ps, 0, g[1], &push1), CFX_OK, "%s", cfx_last_error());
+    /* answered after the two before it on the same connection: both wait at the block */
+    cr_assert_eq(cfx_ps_pull(j.m[2].ps, vkey[1], vout), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(vout[0], 7.0f);
+    lost_grad(g[0], 0, 2);
+    cr_assert_eq(cfx_ps_ipushpull(j.m[1].ps, 0, g[0], out[0], &pp0), CFX_OK, "%s",
+                 cfx_last_error());
+    int rc[3] = { cfx_ps_wait(pp0, -1), cfx_ps_wait(pull1, -1), cfx_ps_wait(push1, -1) };
+    cfx_ps_request_free(pp0);
+    cfx_ps_request_free(pull1);
+    cfx_ps_request_free(push1);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(rc[i], CFX_OK, "request %d: %s", i, cfx_errname(rc[i]));
+    lost_expect(&j, out[1], "worker 1's pull of round 1");
+    for (int i = 0; i < LOST_N; i++)
+        j.want[i] += g[0][i] + g[1][i];
+    lost_expect(&j, out[0], "worker 0's push-pull of step 2");
+    lost_expect_counted(&j);
+    lost_job_down(&j);
+}
+
 /* ---- administrators at once ------------------------------------------------------ */
 
 #define ADMINS 4
