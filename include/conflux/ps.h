@@ -231,7 +231,10 @@ CFX_API int cfx_ps_pushpull(struct cfx_ps *ps, int key, const void *grad, void *
  * after it, even when it failed (blocks of @p grad still on their way then
  * go on with a copy).  On CFX_OK *req is
  * set; complete it with cfx_ps_wait() or cfx_ps_test() and release it with
- * cfx_ps_request_free().  On an error no request exists. */
+ * cfx_ps_request_free().  On an error no request exists.  Under BSP, with
+ * several push-pulls of one tensor in flight while its blocks move between
+ * servers (add, remove, rebalance), a block of a result may already hold
+ * the next round (docs/PARAMETER_SERVER.md). */
 CFX_API int cfx_ps_ipush(struct cfx_ps *ps, int key, const void *grad,
                          struct cfx_ps_request **req);
 CFX_API int cfx_ps_ipull(struct cfx_ps *ps, int key, void *out, struct cfx_ps_request **req);
