@@ -214,6 +214,21 @@ int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout
         struct cfx_task_needs needs = { .field_mask = CFX_TASK_NEEDS_NODES, .nodes = nodes,
                                         .n_nodes = n };
         rc = cfx_place(ctx, CFX_TASK_PS_SERVER, &needs, NULL, 0, &node);
+        if (rc == CFX_ERR_NO_RESOURCE) {
+            /* none of their nodes is one placement may choose (they died or
+             * left): no standby server is left to add (ps.h) */
+            char names[192] = "";
+            size_t len = 0;
+            for (uint32_t i = 0; i < st->nservers && len < sizeof(names); i++)
+                if (st->servers[i].state == CFX_PS_SERVER_STANDBY && !tried[i])
+                    len += (size_t)snprintf(names + len, sizeof(names) - len, "%sserver %d "
+                                            "(node %u)", len ? ", " : "", st->servers[i].index,
+                                            st->servers[i].node_id);
+            rc = cfx__err(CFX_ERR_NOT_FOUND, "job %s: no standby server left to add: "
+                          "placement may choose none of %s (gone, or not serving it): %s",
+                          job, names, cfx_last_error());
+            goto out;
+        }
         if (rc != CFX_OK) {
             rc = cfx__err(rc, "job %s: placement among %zu standby server(s): %s", job, n,
                           cfx_last_error());

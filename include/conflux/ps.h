@@ -325,7 +325,8 @@ CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int serv
  * server offers itself; among their nodes, the least loaded); *server_out
  * (may be NULL) receives its index.  A chosen one the scheduler has seen
  * go (CFX_ERR_PEER_FAILED) is passed over for the next choice.
- * CFX_ERR_NOT_FOUND when the job has no standby server. */
+ * CFX_ERR_NOT_FOUND when the job has no standby server, or none on a node
+ * placement may choose (they died or left: named). */
 CFX_API int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout_ms,
                                    int *server_out, uint32_t *version_out);
 /* Drain @p server's blocks to the others; it stops serving once no request

@@ -840,6 +840,13 @@ Test(ps_create, gone_standby_server_is_not_added, .timeout = 60)
     cr_assert_eq(rc, CFX_ERR_PEER_FAILED, "got %s: %s", cfx_errname(rc), cfx_last_error());
     snprintf(line, sizeof(line), "server 1 (node %u) is gone", node);
     cr_assert(strstr(cfx_last_error(), line), "%s", cfx_last_error());
+    /* nor by placement's choice: no standby server is left (before:
+     * CFX_ERR_NO_RESOURCE, "none of the nodes ... offers what it needs") */
+    int idx = -1;
+    rc = cfx_ps_add_server_auto(ctx, "admins", 20000, &idx, &ver);
+    cr_assert_eq(rc, CFX_ERR_NOT_FOUND, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    snprintf(line, sizeof(line), "none of server 1 (node %u)", node);
+    cr_assert(strstr(cfx_last_error(), line), "%s", cfx_last_error());
     struct cfx_ps_stats st;
     cr_assert_eq(cfx_ps_shards(ctx, "admins", 20000, &st), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(st.nservers, 2);
