@@ -27,15 +27,21 @@ struct rank_run {
     char err[512];
 };
 
-static inline void *rank_main(void *arg)
+/* @p rr's group: its name, rank, size and timeout, on its context. */
+static inline int rank_group_create(struct rank_run *rr)
 {
-    struct rank_run *rr = arg;
     struct cfx_group_params gp = {
         .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
                       CFX_GROUP_PARAM_TIMEOUT,
         .name = rr->name, .rank = rr->rank, .size = rr->size, .timeout_ms = rr->timeout_ms,
     };
-    rr->rc = cfx_group_create(rr->ctx, &gp, &rr->g);
+    return cfx_group_create(rr->ctx, &gp, &rr->g);
+}
+
+static inline void *rank_main(void *arg)
+{
+    struct rank_run *rr = arg;
+    rr->rc = rank_group_create(rr);
     if (rr->rc == CFX_OK && rr->body)
         rr->rc = rr->body(rr);
     if (rr->rc != CFX_OK)

@@ -333,17 +333,27 @@ Test(coll_cancel, news_of_an_earlier_call_is_no_cause, .timeout = 60)
  * half-second grace: Ctrl-C took 0.5 s instead of 0.1 s).  Rank 1's side
  * then hears the cancel, and the group goes on.
  */
-static int interrupt_blocking(struct rank_run *rr, float *buf)
+/* A blocking allreduce on @p rr's group under intr_check: CFX_ERR_CANCELED
+ * saying @p why, the check run once. */
+static int allreduce_interrupted(struct rank_run *rr, float *buf, const char *why)
 {
     struct intr_probe p = { .ctx = rr->ctx };
-    uint64_t before = unasked(rr->ctx);
     cfx_set_interrupt_check(intr_check, &p);
     int rc = cfx_group_allreduce(rr->g, buf, buf, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
     cfx_set_interrupt_check(NULL, NULL);
-    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "interrupted"))
+    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), why))
         return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
     if (p.calls != 1)
         return fail(rr, "the check ran again after it asked to stop");
+    return CFX_OK;
+}
+
+static int interrupt_blocking(struct rank_run *rr, float *buf)
+{
+    uint64_t before = unasked(rr->ctx);
+    int rc = allreduce_interrupted(rr, buf, "interrupted");
+    if (rc != CFX_OK)
+        return rc;
     if (unasked(rr->ctx) == before)
         return fail(rr, "the interrupted call kept the sends of a rank that had not called for "
                     "the grace");
@@ -366,15 +376,7 @@ Test(coll_cancel, an_interrupted_blocking_call_is_canceled, .timeout = 60)
  * the deadline of the call before). */
 static int interrupt_queued(struct rank_run *rr, float *b)
 {
-    struct intr_probe p = { .ctx = rr->ctx };
-    cfx_set_interrupt_check(intr_check, &p);
-    int rc = cfx_group_allreduce(rr->g, b, b, COUNT, CFX_DTYPE_F32, CFX_OP_SUM, NULL);
-    cfx_set_interrupt_check(NULL, NULL);
-    if (rc != CFX_ERR_CANCELED || !strstr(cfx_last_error(), "1 call queued before it"))
-        return fail(rr, rc == CFX_OK ? "the interrupted call completed" : cfx_last_error());
-    if (p.calls != 1)
-        return fail(rr, "the check ran again after it asked to stop");
-    return CFX_OK;
+    return allreduce_interrupted(rr, b, "1 call queued before it");
 }
 
 static int body_interrupted_queued(struct rank_run *rr)

@@ -27,35 +27,23 @@
 #include "control/client_int.h"
 #include "dataplane/coll/coll.h"
 #include "dataplane/engine/engine.h"
-#include "cluster_up.h"
+#include "group_ranks.h"
 
 #define GROUP_MS 60000 /* past the test's .timeout: a call must not wait for it */
 #define HANG_MS  20000 /* a condition that never comes: ends a hang only */
 
-struct both {
-    int rank;
-    const char *name;
-    struct cfx_group *g;
-    int rc;
-    char err[512];
-};
-
+/* A rank's group (group_ranks.h), created on both ranks at once. */
 static void *create_one(void *arg)
 {
-    struct both *b = arg;
-    struct cfx_group_params gp = {
-        .field_mask = CFX_GROUP_PARAM_NAME | CFX_GROUP_PARAM_RANK | CFX_GROUP_PARAM_SIZE |
-                      CFX_GROUP_PARAM_TIMEOUT,
-        .name = b->name, .rank = b->rank, .size = 2, .timeout_ms = GROUP_MS,
-    };
-    b->rc = cfx_group_create(ctxs[b->rank], &gp, &b->g);
+    struct rank_run *b = arg;
+    b->rc = rank_group_create(b);
     snprintf(b->err, sizeof(b->err), "%s", cfx_last_error());
     return NULL;
 }
 
 static void *sum_one(void *arg)
 {
-    struct both *b = arg;
+    struct rank_run *b = arg;
     int32_t v = b->rank + 1, s = 0;
     b->rc = cfx_group_allreduce(b->g, &v, &s, 1, CFX_DTYPE_I32, CFX_OP_SUM, NULL);
     snprintf(b->err, sizeof(b->err), "%s", cfx_last_error());
@@ -65,7 +53,7 @@ static void *sum_one(void *arg)
 }
 
 /* @p fn on both ranks at once (a creation waits for the other rank). */
-static void on_both(struct both *b, void *(*fn)(void *))
+static void on_both(struct rank_run *b, void *(*fn)(void *))
 {
     pthread_t th[2];
     for (int r = 0; r < 2; r++)
@@ -77,10 +65,11 @@ static void on_both(struct both *b, void *(*fn)(void *))
 }
 
 /* Group @p name of ranks 0 and 1 (contexts 0 and 1), its allreduce right. */
-static void group_up(struct both *b, const char *name)
+static void group_up(struct rank_run *b, const char *name)
 {
     for (int r = 0; r < 2; r++)
-        b[r] = (struct both){ .rank = r, .name = name };
+        b[r] = (struct rank_run){ .rank = r, .size = 2, .name = name,
+                                  .timeout_ms = GROUP_MS, .ctx = ctxs[r] };
     on_both(b, create_one);
     on_both(b, sum_one);
 }
@@ -132,7 +121,7 @@ static void says_moved(const char *call, int rc, const char *err, uint32_t was, 
 /* Destroy the old group on both ranks, create @p name again (the same
  * name: the rank that came back meets the other at the next epoch), and
  * its allreduce is right. */
-static void new_group_works(struct both *b, const char *name)
+static void new_group_works(struct rank_run *b, const char *name)
 {
     for (int r = 0; r < 2; r++)
         cfx_group_destroy(b[r].g);
@@ -143,7 +132,7 @@ static void new_group_works(struct both *b, const char *name)
 
 static void calls_after_rejoin(const char *tp)
 {
-    struct both b[2];
+    struct rank_run b[2];
     up(tp, 2);
     group_up(b, "rejoin");
     const uint32_t was = ctxs[1]->node_id;
@@ -264,7 +253,7 @@ static bool waiting(struct cfx_context *c, const struct call *call)
  */
 static void running_call(const char *tp, const char *name, void (*start)(struct call *))
 {
-    struct both b[2];
+    struct rank_run b[2];
     up(tp, 2);
     group_up(b, name);
     const uint32_t was = ctxs[1]->node_id;
