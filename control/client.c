@@ -1089,6 +1089,10 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
         struct pollfd p = { .fd = ctl->wake_fd, .events = POLLIN };
         if (poll(&p, 1, backoff) > 0)
             return CFX_ERR_CLOSED; /* cfx__ctl_close() */
+        pthread_mutex_lock(&ctl->lock);
+        while (ctl->hold_reconnect && !ctl->closing) /* test hook */
+            pthread_cond_wait(&ctl->conn_cond, &ctl->lock);
+        pthread_mutex_unlock(&ctl->lock);
         attempts++;
         pthread_mutex_lock(&ctl->send_lock);
         if (ctl->fd >= 0)
@@ -1260,6 +1264,7 @@ void cfx__ctl_close(struct cfx_ctl *ctl)
     }
     pthread_mutex_lock(&ctl->lock);
     ctl->closing = 1;
+    pthread_cond_broadcast(&ctl->conn_cond); /* a reconnect held by the test hook */
     pthread_mutex_unlock(&ctl->lock);
     if (ctl->thread_started) {
         uint64_t one = 1;
@@ -1289,6 +1294,14 @@ void cfx__ctl_interrupt(struct cfx_ctl *ctl, bool on)
         }
         pthread_cond_broadcast(&ctl->conn_cond);
     }
+    pthread_mutex_unlock(&ctl->lock);
+}
+
+void cfx__ctl_test_hold_reconnect(struct cfx_ctl *ctl, bool on)
+{
+    pthread_mutex_lock(&ctl->lock);
+    ctl->hold_reconnect = on;
+    pthread_cond_broadcast(&ctl->conn_cond);
     pthread_mutex_unlock(&ctl->lock);
 }
 

@@ -7,6 +7,7 @@
 #define CFX_CONTROL_CLIENT_INT_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "control/client.h"
@@ -81,6 +82,7 @@ struct cfx_ctl {
     uint64_t reconnects;             /* successful reconnections */
     int coord_stopping;              /* reader only: EV_STOPPING came on this connection */
     int stopped_in_order;            /* reader only: ... on the one lost (while reconnecting) */
+    int hold_reconnect;              /* test hook (cfx__ctl_test_hold_reconnect), under lock */
     struct ctl_aput aput[CTL_APUT_MAX]; /* async puts unanswered: a ring, under lock */
     unsigned aput_head, aput_n;
 
@@ -114,5 +116,9 @@ int cfx__ctl_unexpected(struct cfx_ctl *ctl, struct ctl_call *call, const char *
  * forget one never sent. */
 void cfx__ctl_aput_add(struct cfx_ctl *ctl, uint64_t req_id, const struct cfx_object_id *id);
 void cfx__ctl_aput_unsent(struct cfx_ctl *ctl, uint64_t req_id);
+/* Test hook: while on, a NODE client that lost its coordinator does not try
+ * to reconnect (a node cut off from it, its data plane still up); off lets
+ * it go on.  Set it before the connection is lost. */
+void cfx__ctl_test_hold_reconnect(struct cfx_ctl *ctl, bool on);
 
 #endif

@@ -39,6 +39,7 @@
  * they hold the progress lock).
  */
 #include "engine.h"
+#include "p2p.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -581,8 +582,10 @@ void cfx__eager_conn_failed(struct cfx_context *ctx, struct cfx_conn *conn)
     }
     /* one made as the node this one was before a rejoin under a new id
      * ended because the peer dropped that node, not because the peer went:
-     * receives from the peer under the new id go on */
-    if (conn->node_id && conn->self_id == ctx->node_id) {
+     * receives from the peer under the new id go on; unless the peer did go
+     * (its leave learnt on rejoining, progress.c node_missed) */
+    if (conn->node_id &&
+        (conn->self_id == ctx->node_id || cfx__node_gone(ctx, conn->node_id))) {
         /* a peer that left is not reported dead: remember that it went */
         ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = conn->node_id;
         /* The node's messages come on its own (inbound) connection; the

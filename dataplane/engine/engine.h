@@ -31,8 +31,7 @@
  *    (ctx->pollers), then sleeps on an epoll set of the ifaces' wait fds
  *    and a command eventfd.
  *  - The coordinator client's thread reports dead nodes (queued as commands).
- * ctx->lock protects the store, the transfer tables, the connection table
- * and the command queue.
+ * ctx->lock protects the store, the transfer tables, connections, commands.
  */
 #ifndef CFX_ENGINE_H
 #define CFX_ENGINE_H
@@ -683,6 +682,7 @@ enum cfx_cmd_type {
     CFX_CMD_OBJ_RELEASE,    /* deregister and free an object entry */
     CFX_CMD_NODE_DEAD,      /* fail everything with a node */
     CFX_CMD_NODE_LEFT,      /* a node left in good order: group waits stop waiting for it */
+    CFX_CMD_NODE_MISSED,    /* cmd->node died or left unheard: a rejoin found (progress.c) */
     CFX_CMD_P2P_SEND,       /* post a send: match a waiting receiver or queue */
     CFX_CMD_P2P_CANCEL,     /* withdraw an unfinished send */
     CFX_CMD_RTASK,          /* start or send a reduce task (cmd->msg) */
@@ -701,8 +701,8 @@ struct cfx_cmd {
     struct cfx_list link;
     enum cfx_cmd_type type;
     struct cfx_obj *obj;
-    struct cfx_node_rec node;   /* GET_START: source */
-    uint32_t node_id;           /* NODE_DEAD; RTASK: node to run it (0 = here) */
+    struct cfx_node_rec node;   /* GET_START: source; NODE_MISSED: the coordinator's record */
+    uint32_t node_id;           /* NODE_DEAD, _LEFT; RTASK: node to run it (0 = here) */
     void *msg;                  /* RTASK: reduce task or abort, owned by the command */
     size_t msg_len;
 };
@@ -952,7 +952,7 @@ struct cfx_context {
     unsigned closed_next;
     uint64_t eager_conn_ids;    /* last cfx_conn.eager_id handed out */
     uint32_t eager_gone[64];    /* nodes whose connection ended (ring): a receive from one
-                                   with none live fails at once (eager.c) */
+                                   with none live fails at once (eager.c, progress.c) */
     unsigned eager_ngone;
     struct cfx_list rtasks;     /* struct cfx_rtask running here */
     struct cfx_list rwaits;     /* struct cfx_rwait: reduces this node drives */

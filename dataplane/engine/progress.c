@@ -14,6 +14,7 @@
  * and a stand-aside never lasts longer than ASIDE_MS in any case.
  */
 #include "engine.h"
+#include "p2p.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -171,6 +172,69 @@ bool cfx__obj_wait_intr(struct cfx_context *ctx, uint64_t deadline)
     return r;
 }
 
+/* The coordinator reported node @p id dead.  Once: the same news heard
+ * again (the event, and a rejoin's look at the peers, reannounce.c) finds
+ * it done. */
+static void node_dead(struct cfx_context *ctx, uint32_t id)
+{
+    if (cfx__node_gone(ctx, id) == CFX_NODE_DEAD)
+        return;
+    cfx__conn_node_dead(ctx, id);
+    cfx__p2p_node_dead(ctx, id);
+    cfx__eager_node_dead(ctx, id);
+    cfx__rtask_node_dead(ctx, id);
+    if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
+        ctx->dead[ctx->ndead++] = id;
+    else /* forget the oldest: groups hold live members only */
+        memmove(ctx->dead, ctx->dead + 1, sizeof(ctx->dead) - sizeof(ctx->dead[0])),
+            ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = id;
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+/* It left in good order (once, as above). */
+static void node_left(struct cfx_context *ctx, uint32_t id)
+{
+    if (cfx__node_gone(ctx, id))
+        return;
+    cfx__conn_peer_departed(ctx, id);
+    if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
+        ctx->left[ctx->nleft++] = id;
+    else /* forget the oldest, as for the dead */
+        memmove(ctx->left, ctx->left + 1, sizeof(ctx->left) - sizeof(ctx->left[0])),
+            ctx->left[CFX_ARRAY_SIZE(ctx->left) - 1] = id;
+    pthread_cond_broadcast(&ctx->obj_cond);
+}
+
+/*
+ * The coordinator's record @p rec of a peer that died or left while this
+ * node was cut off from it, learnt on rejoining (reannounce.c): the event
+ * went to the members of then.  A death is handled as its event would have
+ * been.  A leave too, and, as the peer's connections with this node ended
+ * meanwhile (or end later, eager.c), its eager receives fail once none is
+ * open: those ends may have been seen before the rejoin, under the old id,
+ * and forgotten with the peers that only dropped that id.
+ */
+static void node_missed(struct cfx_context *ctx, const struct cfx_node_rec *rec)
+{
+    uint32_t id = rec->node_id;
+    if (cfx__node_gone(ctx, id))
+        return;
+    if (!(rec->flags & CFX_NODE_F_LEFT)) {
+        cfx__loc_forget_node(&ctx->loc, id);
+        node_dead(ctx, id);
+        return;
+    }
+    node_left(ctx, id);
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns) {
+        const struct cfx_conn *c = cfx_list_entry(pos, struct cfx_conn, link);
+        if (c->node_id == id && c->state != CFX_CONN_FAILED)
+            return; /* what it sent last may still be unread: its end fails them */
+    }
+    ctx->eager_gone[ctx->eager_ngone++ % CFX_ARRAY_SIZE(ctx->eager_gone)] = id;
+    cfx__eager_node_dead(ctx, id);
+}
+
 /* Run one command (progress lock and ctx->lock held). */
 static void cmd_exec(struct cfx_context *ctx, struct cfx_cmd *cmd)
 {
@@ -185,25 +249,13 @@ static void cmd_exec(struct cfx_context *ctx, struct cfx_cmd *cmd)
         cfx__obj_release(ctx, cmd->obj);
         break;
     case CFX_CMD_NODE_DEAD:
-        cfx__conn_node_dead(ctx, cmd->node_id);
-        cfx__p2p_node_dead(ctx, cmd->node_id);
-        cfx__eager_node_dead(ctx, cmd->node_id);
-        cfx__rtask_node_dead(ctx, cmd->node_id);
-        if (ctx->ndead < CFX_ARRAY_SIZE(ctx->dead))
-            ctx->dead[ctx->ndead++] = cmd->node_id;
-        else /* forget the oldest: groups hold live members only */
-            memmove(ctx->dead, ctx->dead + 1, sizeof(ctx->dead) - sizeof(ctx->dead[0])),
-                ctx->dead[CFX_ARRAY_SIZE(ctx->dead) - 1] = cmd->node_id;
-        pthread_cond_broadcast(&ctx->obj_cond);
+        node_dead(ctx, cmd->node_id);
         break;
     case CFX_CMD_NODE_LEFT:
-        cfx__conn_peer_departed(ctx, cmd->node_id);
-        if (ctx->nleft < CFX_ARRAY_SIZE(ctx->left))
-            ctx->left[ctx->nleft++] = cmd->node_id;
-        else /* forget the oldest, as for the dead */
-            memmove(ctx->left, ctx->left + 1, sizeof(ctx->left) - sizeof(ctx->left[0])),
-                ctx->left[CFX_ARRAY_SIZE(ctx->left) - 1] = cmd->node_id;
-        pthread_cond_broadcast(&ctx->obj_cond);
+        node_left(ctx, cmd->node_id);
+        break;
+    case CFX_CMD_NODE_MISSED:
+        node_missed(ctx, &cmd->node);
         break;
     case CFX_CMD_P2P_SEND:
         cfx__eager_send_post(ctx, cmd->obj, &cmd->node, false);

@@ -35,8 +35,26 @@
  * Data-plane transfers do not need the coordinator and go on while it is
  * away; gets that need a lookup wait for the reconnection until their
  * deadline.
+ *
+ * Events missed meanwhile.  The coordinator tells its members of a death
+ * or a leave once, as it happens; a node cut off then (stopped, or its
+ * control connection lost past the heartbeat deadline) never hears it, and
+ * rejoins under a new id (the coordinator declared it dead; or restarted
+ * and did not give the id back).  So after such a rejoin, before the
+ * announcements, the thread asks the coordinator about every peer this node
+ * deals with and has not heard gone (connections, messages posted to or
+ * from it, traffic counted with it, connections that ended: known_peers),
+ * one NODE_GET each.  One not alive, or not known any more (forgotten after
+ * its dead_keep_ms), is handed to the progress thread as its event would
+ * have been (CFX_CMD_NODE_MISSED, progress.c; once: whichever of it and the
+ * event comes second finds it done).  A rejoin that kept the id follows a
+ * restart, which every member was away for alike and whose coordinator
+ * knows nothing of before: nothing is asked then (a query of a node of
+ * before waits until it is back or its rejoin window ends, and every member
+ * would ask about all its peers at once).
  */
 #include "engine.h"
+#include "p2p.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,12 +91,12 @@ static bool stopping(struct cfx_reannounce *ra)
     return s;
 }
 
-/* The coordinator may have given us a new id (ours was taken). */
-static void adopt_node_id(struct cfx_context *ctx)
+/* The coordinator may have given us a new id (ours was taken): true then. */
+static bool adopt_node_id(struct cfx_context *ctx)
 {
     uint32_t id = cfx__ctl_node_id(ctx->ctl);
     if (!id || id == ctx->node_id)
-        return;
+        return false;
     /* the log's node= follows, as at the start (context.c) */
     char old_tag[16], tag[16];
     snprintf(old_tag, sizeof(old_tag), "%u", ctx->node_id);
@@ -93,12 +111,113 @@ static void adopt_node_id(struct cfx_context *ctx)
     for (int t = 0; t < ctx->ntp; t++)
         ctx->tp[t].iface->node_id = id;
     /* the connections that ended meanwhile were the old node's, which the
-     * peers dropped as dead: the peers are not gone (eager.c node_gone);
-     * those still open are dropped at their next use (conn.c) */
+     * peers dropped as dead: the peers are not gone (eager.c node_gone),
+     * unless the coordinator says so (ask_peers); those still open are
+     * dropped at their next use (conn.c) */
     ctx->eager_ngone = 0;
     /* the groups of the old id are unusable here: their calls stop at once
      * (coll/group.c cfx__group_moved) */
     pthread_cond_broadcast(&ctx->obj_cond);
+    return true;
+}
+
+struct peers {
+    uint32_t *ids;
+    size_t n, cap;
+};
+
+static void peers_add(struct peers *p, uint32_t id)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 64;
+        uint32_t *ids = realloc(p->ids, cap * sizeof(*ids));
+        if (!ids)
+            return; /* one fewer asked about: its event stays missed, as before */
+        p->ids = ids;
+        p->cap = cap;
+    }
+    p->ids[p->n++] = id;
+}
+
+static int u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The peers this node deals with and has not heard gone, each once
+ * (ctx->lock held, before adopt_node_id clears ctx->eager_gone). */
+static struct peers known_peers(struct cfx_context *ctx)
+{
+    struct peers p = { 0 };
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &ctx->conns)
+        peers_add(&p, cfx_list_entry(pos, struct cfx_conn, link)->node_id);
+    cfx_list_for_each(pos, &ctx->eager_posted)
+        peers_add(&p, cfx_list_entry(pos, struct cfx_obj, p2p_link)->peer_node);
+    cfx_list_for_each(pos, &ctx->p2p_sends)
+        peers_add(&p, cfx_list_entry(pos, struct cfx_obj, p2p_link)->peer_node);
+    unsigned used = __atomic_load_n(&ctx->npeer_bytes, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0; i < used; i++) {
+        struct cfx_ctl_peer_traffic t;
+        if (cfx__peer_bytes_read(ctx, i, &t))
+            peers_add(&p, t.peer);
+    }
+    for (unsigned i = 0; i < ctx->eager_ngone && i < CFX_ARRAY_SIZE(ctx->eager_gone); i++)
+        peers_add(&p, ctx->eager_gone[i]);
+    if (p.n)
+        qsort(p.ids, p.n, sizeof(*p.ids), u32_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < p.n; i++) {
+        uint32_t id = p.ids[i];
+        /* an id of this node's own (a connection to itself) is not a peer */
+        if (id && (!k || id != p.ids[k - 1]) && id != ctx->node_id && id != ctx->joined_id &&
+            !cfx__node_gone(ctx, id))
+            p.ids[k++] = id;
+    }
+    p.n = k;
+    return p;
+}
+
+/* Ask the coordinator about each of @p p: the ones that died or left while
+ * this node was away go to the progress thread (see the top). */
+static void ask_peers(struct cfx_context *ctx, struct cfx_reannounce *ra, const struct peers *p)
+{
+    int ms = ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms : 30000;
+    size_t missed = 0;
+    for (size_t i = 0; i < p->n && !stopping(ra); i++) {
+        struct cfx_node_rec rec;
+        int rc = cfx__ctl_node_get(ctx->ctl, p->ids[i], &rec, cfx__deadline_ns(ms));
+        if (rc == CFX_OK && rec.alive)
+            continue;
+        if (rc == CFX_ERR_NOT_FOUND) { /* forgotten since: gone for good, how unknown */
+            rec = (struct cfx_node_rec){ .node_id = p->ids[i] };
+        } else if (rc == CFX_ERR_CANCELED) { /* the context is being destroyed */
+            break;
+        } else if (rc != CFX_OK) {
+            CFX_LOG(WARN, CTL, "node %u: on rejoining, cannot ask coordinator %s about node "
+                    "%u: %s; what waits on it here learns of its going by its connection "
+                    "only", ctx->node_id, ctx->cfg.coord, p->ids[i], cfx_last_error());
+            continue;
+        }
+        CFX_LOG(INFO, CTL, "node %u: node %u %s while this node was away from coordinator "
+                "%s (not heard then)", ctx->node_id, rec.node_id,
+                rc == CFX_ERR_NOT_FOUND    ? "went (not known to the coordinator any more)"
+                : rec.flags & CFX_NODE_F_LEFT ? "left the cluster"
+                                             : "died", ctx->cfg.coord);
+        pthread_mutex_lock(&ctx->lock);
+        rc = cfx__cmd_new(ctx, CFX_CMD_NODE_MISSED, NULL, &rec);
+        pthread_mutex_unlock(&ctx->lock);
+        if (rc == CFX_OK)
+            missed++;
+        else
+            CFX_LOG(ERR, CTL, "node %u: out of memory: node %u's going not handled here",
+                    ctx->node_id, rec.node_id);
+    }
+    if (missed)
+        CFX_LOG(WARN, CTL, "node %u: %zu of the %zu peers it dealt with went while it was away "
+                "from coordinator %s; what waited on them here fails now", ctx->node_id,
+                missed, p->n, ctx->cfg.coord);
 }
 
 /* Copy out what to announce (ctx->lock held). */
@@ -183,7 +302,16 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     size_t n = 0, done = 0, gone = 0;
 
     pthread_mutex_lock(&ctx->lock);
-    adopt_node_id(ctx);
+    /* taken before the id, and with it ctx->eager_gone, changes */
+    struct peers peers = { 0 };
+    if (cfx__ctl_node_id(ctx->ctl) != ctx->node_id)
+        peers = known_peers(ctx);
+    bool moved = adopt_node_id(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    if (moved)
+        ask_peers(ctx, ra, &peers);
+    free(peers.ids);
+    pthread_mutex_lock(&ctx->lock);
     struct announcement *a = collect(ctx, &n);
     if (a && ctx->reannounce_hold)
         hold_for_delete(ctx, ra);
