@@ -19,7 +19,9 @@
  * coordinator without its old state gives a new id takes that id in its
  * log lines and on its data plane.  A state directory that lost its node id
  * record still knows its durable objects' putters: they get their ids back
- * within the rejoin window, and the records of those not back then go.
+ * within the rejoin window, and the records of those not back then go.  A
+ * rank back only after that window gets a new id, and its group calls say
+ * that the other ranks were not told.
  */
 #include <criterion/criterion.h>
 
@@ -37,6 +39,7 @@
 
 #include <conflux/conflux.h>
 
+#include "control/client_int.h"
 #include "coord_run.h"
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
@@ -1212,6 +1215,61 @@ Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
     cr_assert_eq(r[2].rc, CFX_ERR_EXISTS, "%s: %s", cfx_errname(r[2].rc), r[2].err);
     cr_assert(strstr(r[2].err, "already joined"), "%s", r[2].err);
     for (int i = 0; i < 3; i++) {
+        cfx_group_destroy(r[i].g);
+        cfx_context_destroy(r[i].ctx);
+    }
+}
+
+/*
+ * A rank whose node the restarted coordinator did not give its id back (it
+ * came back after its rejoin window: its client held from reconnecting
+ * until the window ended, as for a process stopped across the restart).
+ * Its call on its group fails at once, as after a death while it was
+ * stopped, but the text no longer says that the other ranks heard it died
+ * and went on without it: nobody told them (the new coordinator never knew
+ * the old id), and their calls with it wait until their deadline.
+ */
+Test(coord_restart, a_rank_back_after_its_window_says_the_others_were_not_told)
+{
+    struct rank_arg r[2];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 2; i++) {
+        r[i].ctx = join();
+        r[i].rank = i;
+        r[i].name = "late";
+        r[i].size = 2;
+    }
+    run_ranks(r, 2, rank_create);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(r[i].rc, CFX_OK, "rank %d: %s", i, r[i].err);
+    const uint32_t was = cfx_context_node_id(r[1].ctx);
+
+    cfx__ctl_test_hold_reconnect(r[1].ctx->ctl, true);
+    coord_run_restart(&co);
+    /* a query of the old id waits until the window ends, then not found */
+    struct cfx_node_rec rec;
+    cr_assert_eq(cfx__ctl_node_get(r[0].ctx->ctl, was, &rec, cfx__deadline_ns(30000)),
+                 CFX_ERR_NOT_FOUND, "%s", cfx_last_error());
+    cfx__ctl_test_hold_reconnect(r[1].ctx->ctl, false);
+    uint64_t dl = cfx__deadline_ns(20000);
+    pthread_mutex_lock(&r[1].ctx->lock);
+    while (r[1].ctx->node_id == was && cfx__obj_wait(r[1].ctx, dl))
+        ;
+    const uint32_t now = r[1].ctx->node_id;
+    pthread_mutex_unlock(&r[1].ctx->lock);
+    cr_assert_neq(now, was, "node %u got its id back after its window", was);
+
+    int rc = cfx_group_barrier(r[1].g, NULL);
+    const char *err = cfx_last_error();
+    char want[96];
+    cr_expect_eq(rc, CFX_ERR_PEER_FAILED, "%s: %s", cfx_errname(rc), err);
+    snprintf(want, sizeof(want), "rejoined as node %u", now);
+    cr_expect(strstr(err, want), "'%s' missing: %s", want, err);
+    cr_expect(strstr(err, "restarted and did not give the id back"), "%s", err);
+    cr_expect(strstr(err, "nobody tells them"), "%s", err);
+    cr_expect(!strstr(err, "dead to them"), "%s", err);
+    cr_expect(strstr(err, "create a new group"), "%s", err);
+    for (int i = 0; i < 2; i++) {
         cfx_group_destroy(r[i].g);
         cfx_context_destroy(r[i].ctx);
     }
