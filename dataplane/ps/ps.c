@@ -7,6 +7,7 @@
 #include "gpu/memtype.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,11 @@
 #define PS_IDLE_MAX_NS \
     5000000ull /* longest idle sleep: p2p progress and API calls
                                          wake the loop earlier */
+
+static const char *role_name(const struct cfx_ps *ps)
+{
+    return ps->role == CFX_PS_SERVER ? "server" : "worker";
+}
 
 /* ---- map changes ----------------------------------------------------------------------- */
 
@@ -98,6 +104,27 @@ void cfx__ps_sched_lost(struct cfx_ps *ps, const char *how)
     pthread_mutex_unlock(&ps->lock);
 }
 
+void cfx__ps_start_aborted(struct cfx_ps *ps, int status, const char *why, size_t len)
+{
+    /* the peer's numbers: a status that is no failure is its error */
+    int st = status < 0 && status > CFX_STATUS_LAST && status != CFX_ERR_AGAIN ? status
+                                                                                : CFX_ERR_PROTO;
+    size_t n = why ? strnlen(why, len) : 0;
+    if (!n) {
+        why = "the scheduler (server 0) gave up";
+        n = strlen(why);
+    }
+    pthread_mutex_lock(&ps->lock);
+    if (!ps->lost_status) {
+        ps->lost_status = st;
+        snprintf(ps->lost_why, sizeof(ps->lost_why), "job %s: %s %d: the job did not start: %.*s",
+                 ps->job, role_name(ps), ps->index, (int)n, why);
+        CFX_LOG(WARN, PS, "%s", ps->lost_why);
+    }
+    pthread_cond_broadcast(&ps->cond);
+    pthread_mutex_unlock(&ps->lock);
+}
+
 int cfx__ps_lost_err(struct cfx_ps *ps)
 {
     return ps->lost_status ? cfx__err(ps->lost_status, "%s", ps->lost_why) : CFX_OK;
@@ -169,6 +196,13 @@ void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hd
         if (ps->role == CFX_PS_SERVER && !ps->sched && !ps->finished)
             cfx__ps_sched_lost(ps, "left");
         return;
+    case PS_MSG_ABORT:
+        /* before the first map only: then create still waits to be listed */
+        if (!ps->sched && from->id == PS_ID(CFX_PS_SERVER, 0) && !ps->map.version) {
+            cfx__ps_start_aborted(ps, h->status, payload, h->len);
+            cfx__ps_peer_down(ps, from); /* it leaves: no goodbye waits for its answer */
+        }
+        break;
     case PS_MSG_DONE:
     case PS_MSG_SETTLED:
         if (ps->sched)
@@ -398,6 +432,67 @@ static int validate(const struct cfx_ps_params *p, uint64_t m)
     return CFX_OK;
 }
 
+/*
+ * No shard map came: the job did not start, because the scheduler waits
+ * for every initial member (servers 0..S-1, workers 0..W-1, as this member
+ * counts them) to announce itself.  Into @p out, those that have not (one
+ * listing of the directory), so that the error names the member to look
+ * at (an index no process took, one that died) and not this member's own.
+ */
+static void not_started(struct cfx_ps *ps, char *out, size_t len)
+{
+    int ns = ps->params.num_servers, nw = ps->params.num_workers, n = ns + nw;
+    struct cfx_object_id *ids = calloc((size_t)n, sizeof(*ids));
+    bool *present = calloc((size_t)n, sizeof(*present));
+    int rc = ids && present ? CFX_OK : CFX_ERR_NOMEM;
+    for (int i = 0; rc == CFX_OK && i < n; i++)
+        cfx__ps_obj_id(ps->job, i < ns ? "server" : "worker", i < ns ? i : i - ns, 0, &ids[i]);
+    if (rc == CFX_OK)
+        rc = cfx__ps_probe(ps->ctx, ids, (size_t)n, cfx__deadline_ns(2000), present);
+    size_t at = (size_t)snprintf(out, len, "the job did not start (no shard map): ");
+    int missing = 0;
+    for (int i = 0; rc == CFX_OK && i < n && at < len; i++) {
+        if (present[i])
+            continue;
+        if (missing++ < 3)
+            at += (size_t)snprintf(out + at, len - at, "%s%s %d", missing > 1 ? ", " : "",
+                                   i < ns ? "server" : "worker", i < ns ? i : i - ns);
+    }
+    if (at < len && rc != CFX_OK)
+        snprintf(out + at, len - at, "the directory could not be listed (%s)",
+                 cfx_strerror(rc));
+    else if (at < len && !missing)
+        snprintf(out + at, len - at, "every initial member announced itself, and the scheduler "
+                 "(server 0) published no map (its own error says why)");
+    else if (at < len)
+        snprintf(out + at, len - at, "%s %s not announced %s (the scheduler waits for every "
+                 "initial member: servers 0..%d, workers 0..%d)",
+                 missing > 3 ? " and others" : "", missing > 1 ? "have" : "has",
+                 missing > 1 ? "themselves" : "itself", ns - 1, nw - 1);
+    free(ids);
+    free(present);
+}
+
+/* Whether the job has published a map (a server joining a running job
+ * hears of none before it is listed): then *@p v and *@p nservers are the
+ * latest one's. */
+static bool job_started(struct cfx_ps *ps, uint32_t *v, uint32_t *nservers)
+{
+    struct cfx_object_id id;
+    bool present = false;
+    cfx__ps_obj_id(ps->job, "map", 1, 0, &id);
+    if (cfx__ps_probe(ps->ctx, &id, 1, cfx__deadline_ns(2000), &present) != CFX_OK || !present)
+        return false;
+    struct ps_map m;
+    cfx__ps_map_init(&m);
+    if (cfx__ps_map_latest(ps->ctx, ps->job, 2000, &m) == CFX_OK) {
+        *v = m.version;
+        *nservers = m.nservers;
+    }
+    cfx__ps_map_free(&m);
+    return true;
+}
+
 static bool listed(const struct cfx_ps *ps)
 {
     const struct ps_map *m = &ps->map;
@@ -415,14 +510,35 @@ static int join_sched(struct cfx_ps *ps)
     struct cfx_object_id id;
     size_t sz = 0;
     cfx__ps_obj_id(ps->job, "server", 0, 0, &id);
-    uint64_t now = cfx__now_ns();
-    int left_ms = ps->create_dl > now ? (int)((ps->create_dl - now) / 1000000) + 1 : 1;
-    int rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz, left_ms);
+    /* in slices: a scheduler that announced itself and died before we
+     * looked took its announcement with it, and a wait for it to the
+     * deadline ended "did not announce itself", long after its node was
+     * declared dead.  Each slice that ends says whether the record went,
+     * and with which node (cfx__ps_went_dead) */
+    int rc;
+    char why[CFX__ERR_TEXT_MAX] = "";
+    for (;;) {
+        int left_ms = cfx__ms_left(ps->create_dl);
+        rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz,
+                         CFX_MAX(CFX_MIN(left_ms, PS_JOIN_SLICE_MS), 1));
+        if (rc != CFX_ERR_TIMEOUT)
+            break;
+        if (*cfx__ps_went_clause(cfx_last_error())) /* a later slice's may not say it */
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+        uint32_t dead = cfx__ps_went_dead(ps->ctx, why);
+        if (dead)
+            return cfx__err(CFX_ERR_PEER_FAILED, "job %s: %s %d: the scheduler (server 0, "
+                            "node %u) died before this %s joined: its announcement went with "
+                            "it", ps->job, role_name(ps), ps->index, dead, role_name(ps));
+        if (cfx__now_ns() >= ps->create_dl)
+            break;
+    }
     if (rc != CFX_OK || sz != sizeof(m0) || m0.magic != PS_MAGIC)
         return cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
                         "job %s: server 0 (the scheduler) "
-                        "did not announce itself within %d ms",
-                        ps->job, ps->timeout_ms);
+                        "did not announce itself within %d ms%s%s",
+                        ps->job, ps->timeout_ms, *cfx__ps_went_clause(why) ? " " : "",
+                        cfx__ps_went_clause(why));
     struct ps_peer *p = cfx__ps_peer(ps, PS_ID(CFX_PS_SERVER, 0), m0.node_id);
     if (!p)
         return cfx__err(CFX_ERR_PEER_FAILED,
@@ -457,6 +573,14 @@ static int wait_listed(struct cfx_ps *ps)
     if (ps->role == CFX_PS_WORKER && v)
         return cfx__err(CFX_ERR_EXISTS, "job %s: shard map %u lists another node as worker %d",
                         ps->job, v, ps->index);
+    if (!v && !job_started(ps, &v, &nservers)) {
+        /* not this member's fault: name who the scheduler still waits for */
+        char why[320];
+        not_started(ps, why, sizeof(why));
+        return cfx__err(CFX_ERR_TIMEOUT, "job %s: %s %d was not listed by the scheduler "
+                        "(server 0) within %d ms: %s", ps->job, role_name(ps), ps->index,
+                        ps->timeout_ms, why);
+    }
     if (ps->role == CFX_PS_SERVER && ps->index > 0 && (!v || (uint32_t)ps->index > nservers))
         /* the scheduler watches the next index alone: a server past it is
          * never seen (and, not listed, gets no map that would say which) */
@@ -557,6 +681,12 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
         goto err_lock;
     }
 
+    if (ps->role == CFX_PS_SERVER && cfx__env_ll("CFX_PS_TEST_DIE_ANNOUNCED", -1) == ps->index) {
+        /* test hook: a server killed during the job's startup */
+        CFX_LOG(WARN, PS, "job %s: server %d: test hook: killed right after announcing itself",
+                ps->job, ps->index);
+        raise(SIGKILL);
+    }
     if (ps->role == CFX_PS_SERVER && (rc = cfx__ps_load_start(ps)) != CFX_OK)
         goto err_delete;
     if (ps->role == CFX_PS_WORKER && (rc = cfx__ps_worker_create(ps)) != CFX_OK)

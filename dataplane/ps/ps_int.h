@@ -48,6 +48,8 @@
 #define PS_TAG_DATA         2
 #define PS_BLOCK_DEFAULT    (4u << 20)
 #define PS_BLOCK_MIN        64u
+#define PS_JOIN_SLICE_MS    250               /* startup: a wait for a member's announcement
+                                                 looks at deaths this often */
 
 /* ---- shard map (ps_map.c) ---------------------------------------------------- */
 
@@ -164,6 +166,8 @@ enum ps_msg_type {
     PS_MSG_WAITING,     /* server -> worker: request hdr.req_id has been held half the
                            job's timeout for version hdr.min_version, which waits for
                            hdr.forwarded workers' pushes, the first worker hdr.clock */
+    PS_MSG_ABORT,       /* scheduler -> member, before the first map: the job does not
+                           start (hdr.status); payload: why, NUL-terminated */
 };
 
 /* PS_MSG_MAP's hdr.clock. */
@@ -305,7 +309,7 @@ struct cfx_ps {
     uint64_t create_dl;         /* cfx_ps_create's one deadline, for all its waits (ns) */
     uint64_t bye_dl;            /* a goodbye waits for its answer until then at most (ns; 0:
                                    its own bound): a failed create's teardown keeps its deadline */
-    char lost_why[384];         /* ... and the text cfx_last_error() gives for it */
+    char lost_why[CFX__ERR_TEXT_MAX]; /* ... and the text cfx_last_error() gives for it */
 
     struct ps_map map;          /* loop thread's current map */
     uint32_t map_applied;       /* version visible to API threads (ps->lock) */
@@ -397,6 +401,14 @@ void cfx__ps_net_close(struct cfx_ps *ps);
 /* cfx_get() of a small object into a buffer the caller may free afterwards. */
 int cfx__ps_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf, size_t cap,
                 size_t *size, int timeout_ms);
+/* A get that timed out (cfx_last_error() @p err): the node that had put the
+ * object before it went, when the directory said so (object.h) and this
+ * context has heard that node declared dead; else 0.  A record of a member
+ * that announced itself and died (its announcement went with it). */
+uint32_t cfx__ps_went_dead(struct cfx_context *ctx, const char *err);
+/* The directory's "(the id was put by node N before, and went: ...)" in a
+ * get's @p err, or "". */
+const char *cfx__ps_went_clause(const char *err);
 /* Which of @p n objects exist now (one directory listing, no waiting). */
 int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n,
                   uint64_t deadline, bool *present);
@@ -498,6 +510,9 @@ void cfx__ps_server_end(struct cfx_ps *ps);
 /* The scheduler is gone before this member's end: remember why (ps->lock
  * taken here) so that waits return CFX_ERR_PEER_FAILED naming its node. */
 void cfx__ps_sched_lost(struct cfx_ps *ps, const char *how);
+/* The scheduler told this member, before the first map, that the job does
+ * not start (PS_MSG_ABORT): create's wait ends with its @p status and @p why. */
+void cfx__ps_start_aborted(struct cfx_ps *ps, int status, const char *why, size_t len);
 /* ps->lock held: the status of a lost scheduler, recorded as this thread's
  * last error; CFX_OK when it is not lost. */
 int cfx__ps_lost_err(struct cfx_ps *ps);

@@ -438,6 +438,30 @@ int cfx__ps_get(struct cfx_context *ctx, const struct cfx_object_id *id, void *b
     return CFX_OK;
 }
 
+/* The directory's words when an id's object went before a get began (the
+ * get's timeout says so: include/conflux/object.h, cfx_get). */
+#define PS_WENT "(the id was put by node "
+
+const char *cfx__ps_went_clause(const char *err)
+{
+    const char *w = err ? strstr(err, PS_WENT) : NULL;
+    return w ? w : "";
+}
+
+uint32_t cfx__ps_went_dead(struct cfx_context *ctx, const char *err)
+{
+    const char *w = cfx__ps_went_clause(err);
+    unsigned node = 0;
+    if (!*w || sscanf(w + strlen(PS_WENT), "%u", &node) != 1 || !node)
+        return 0;
+    /* only a death this context heard of: a record that went long ago (a
+     * job of the same name that ended so) says nothing of this one */
+    pthread_mutex_lock(&ctx->lock);
+    int gone = cfx__node_gone(ctx, node);
+    pthread_mutex_unlock(&ctx->lock);
+    return gone == CFX_NODE_DEAD ? node : 0;
+}
+
 int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
                     struct ps_map *m)
 {

@@ -186,6 +186,95 @@ int cfx__ps_sched_publish(struct cfx_ps *ps)
     return CFX_OK;
 }
 
+/*
+ * Startup.  The scheduler waits for every initial member's announcement,
+ * workers first, then servers, each until the one deadline of create.  A
+ * member may die meanwhile (the job cannot start: a server's blocks would
+ * be lost, a worker's pushes never come): one read already is checked
+ * between slices of the wait, and one that announced itself and died
+ * before it was read took its announcement with it, which the slice's end
+ * says (cfx__ps_went_dead).  Either ends the startup at once with
+ * CFX_ERR_PEER_FAILED naming it, where the scheduler waited out its
+ * deadline ("did not join") or started the job with a dead server.  When
+ * the startup fails, the members that announced themselves hear why
+ * (PS_MSG_ABORT), instead of waiting out their own deadline to be listed.
+ */
+
+/* A member read at startup whose node has gone since: CFX_ERR_PEER_FAILED. */
+static int start_alive(struct cfx_ps *ps, const int nread[2])
+{
+    const struct ps_map *m = &ps->map;
+    for (int r = 0; r < 2; r++)
+        for (int i = r; i < nread[r]; i++) { /* server 0 is this one */
+            uint32_t node = r ? m->server[i].node_id : m->worker_node[i];
+            pthread_mutex_lock(&ps->ctx->lock);
+            int gone = cfx__node_gone(ps->ctx, node);
+            pthread_mutex_unlock(&ps->ctx->lock);
+            if (gone)
+                return cfx__err(CFX_ERR_PEER_FAILED, "job %s: %s %d (node %u) %s before the job "
+                                "started", ps->job, r ? "server" : "worker", i, node,
+                                gone == CFX_NODE_DEAD ? "died" : "left");
+        }
+    return CFX_OK;
+}
+
+/* Servers past the initial ones that announced themselves: an index
+ * skipped among the initial servers shows as one of them. */
+static int start_skipped(struct cfx_ps *ps)
+{
+    int first = ps->params.num_servers, n = PS_MAX_SERVERS - first;
+    struct cfx_object_id ids[PS_MAX_SERVERS];
+    bool present[PS_MAX_SERVERS];
+    for (int i = 0; i < n; i++)
+        cfx__ps_obj_id(ps->job, "server", first + i, 0, &ids[i]);
+    if (n <= 0 || cfx__ps_probe(ps->ctx, ids, (size_t)n, cfx__deadline_ns(2000), present))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (present[i])
+            return first + i;
+    return -1;
+}
+
+/* The startup failed with @p rc (the thread's error says why): every member
+ * that announced itself and is alive hears it; returns @p rc, the error kept. */
+static int start_failed(struct cfx_ps *ps, int rc)
+{
+    char why[CFX__ERR_TEXT_MAX];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    int nw = ps->params.num_workers, n = nw + PS_MAX_SERVERS - 1;
+    struct cfx_object_id *ids = calloc((size_t)n, sizeof(*ids));
+    bool *present = calloc((size_t)n, sizeof(*present));
+    for (int i = 0; ids && present && i < n; i++)
+        cfx__ps_obj_id(ps->job, i < nw ? "worker" : "server", i < nw ? i : i - nw + 1, 0,
+                       &ids[i]);
+    if (!ids || !present || cfx__ps_probe(ps->ctx, ids, (size_t)n, cfx__deadline_ns(2000),
+                                          present) != CFX_OK)
+        n = 0;
+    for (int i = 0; i < n; i++) {
+        struct ps_member mem;
+        size_t sz = 0;
+        if (!present[i] || cfx__ps_get(ps->ctx, &ids[i], &mem, sizeof(mem), &sz, 1000) ||
+            sz != sizeof(mem) || mem.magic != PS_MAGIC)
+            continue;
+        pthread_mutex_lock(&ps->ctx->lock);
+        int gone = cfx__node_gone(ps->ctx, mem.node_id);
+        pthread_mutex_unlock(&ps->ctx->lock);
+        uint32_t id = i < nw ? PS_ID(CFX_PS_WORKER, i) : PS_ID(CFX_PS_SERVER, i - nw + 1);
+        struct ps_peer *p = gone ? NULL : cfx__ps_peer(ps, id, mem.node_id);
+        char *text = p ? malloc(CFX__ERR_TEXT_MAX) : NULL;
+        if (!text)
+            continue;
+        int len = snprintf(text, CFX__ERR_TEXT_MAX, "the scheduler (server 0, node %u) gave "
+                           "up: %s", ps->ctx->node_id, why);
+        len = CFX_MIN(len, CFX__ERR_TEXT_MAX - 1);
+        struct ps_hdr h = { .type = PS_MSG_ABORT, .status = rc };
+        cfx__ps_send(ps, p, &h, text, (size_t)len + 1, text); /* the teardown lets it go out */
+    }
+    free(ids);
+    free(present);
+    return cfx__err(rc, "%s", why);
+}
+
 int cfx__ps_sched_create(struct cfx_ps *ps)
 {
     struct ps_sched *s = calloc(1, sizeof(*s));
@@ -194,7 +283,7 @@ int cfx__ps_sched_create(struct cfx_ps *ps)
     ps->sched = s;
     s->auto_on = ps->params.balance.enabled != 0;
     const struct cfx_ps_params *p = &ps->params;
-    uint64_t deadline = cfx__deadline_ns(ps->timeout_ms);
+    uint64_t deadline = ps->create_dl;
 
     /* wait for every initial member's announcement */
     struct ps_map *m = &ps->map;
@@ -205,30 +294,68 @@ int cfx__ps_sched_create(struct cfx_ps *ps)
     m->conf.optim = p->optim;
     m->nworkers = (uint32_t)p->num_workers;
     m->nservers = (uint32_t)p->num_servers;
+    int nread[2] = { 0, 0 };
     for (int r = 0; r < 2; r++) {
         int n = r ? p->num_servers : p->num_workers;
         for (int i = 0; i < n; i++) {
             struct cfx_object_id id;
             struct ps_member mem;
             size_t sz = 0;
-            cfx__ps_obj_id(ps->job, r ? "server" : "worker", i, 0, &id);
-            int rc = cfx__ps_get(ps->ctx, &id, &mem, sizeof(mem), &sz, cfx__ms_left(deadline));
-            if (rc != CFX_OK || sz != sizeof(mem) || mem.magic != PS_MAGIC)
-                return cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
-                                "job %s: %s %d did not join within %d ms (%s)", ps->job,
-                                r ? "server" : "worker", i, ps->timeout_ms, cfx_strerror(rc));
+            char why[CFX__ERR_TEXT_MAX] = "";
+            const char *role = r ? "server" : "worker";
+            cfx__ps_obj_id(ps->job, role, i, 0, &id);
+            int rc;
+            for (;;) {
+                rc = cfx__ps_get(ps->ctx, &id, &mem, sizeof(mem), &sz,
+                                 CFX_MAX(CFX_MIN(cfx__ms_left(deadline), PS_JOIN_SLICE_MS), 1));
+                if (rc != CFX_ERR_TIMEOUT)
+                    break;
+                if (*cfx__ps_went_clause(cfx_last_error())) /* a later slice's may not say it */
+                    snprintf(why, sizeof(why), "%s", cfx_last_error());
+                uint32_t dead = cfx__ps_went_dead(ps->ctx, why);
+                if (dead)
+                    return start_failed(ps, cfx__err(CFX_ERR_PEER_FAILED, "job %s: %s %d "
+                                                     "(node %u) died before the job started: "
+                                                     "its announcement went with it", ps->job,
+                                                     role, i, dead));
+                if ((rc = start_alive(ps, nread)) != CFX_OK)
+                    return start_failed(ps, rc);
+                rc = CFX_ERR_TIMEOUT;
+                if (cfx__now_ns() >= deadline)
+                    break;
+            }
+            if (rc != CFX_OK || sz != sizeof(mem) || mem.magic != PS_MAGIC) {
+                /* a server missing while one past the initial ones came:
+                 * the servers' indices skip one (say so, not just "late") */
+                int past = r && rc == CFX_ERR_TIMEOUT ? start_skipped(ps) : -1;
+                char hint[200] = "";
+                if (past >= 0)
+                    snprintf(hint, sizeof(hint), "; server %d did, past the job's %d initial "
+                             "servers: initial servers take indices 0..%d, none skipped",
+                             past, p->num_servers, p->num_servers - 1);
+                const char *went = cfx__ps_went_clause(why);
+                return start_failed(ps, cfx__err(rc == CFX_OK ? CFX_ERR_PROTO : rc,
+                                                 "job %s: %s %d did not join within %d ms "
+                                                 "(%s)%s%s%s", ps->job, role, i,
+                                                 ps->timeout_ms, cfx_strerror(rc), hint,
+                                                 *went ? " " : "", went));
+            }
             if (r) {
                 m->server[i].node_id = mem.node_id;
                 m->server[i].state = CFX_PS_SERVER_ACTIVE;
             } else {
                 m->worker_node[i] = mem.node_id;
             }
+            nread[r] = i + 1;
         }
     }
+    int rc = start_alive(ps, nread);
+    if (rc != CFX_OK)
+        return start_failed(ps, rc);
     s->watch_server = (uint32_t)p->num_servers;
     s->watch_admin = 1;
     m->version = 0;
-    int rc = cfx__ps_sched_publish(ps);
+    rc = cfx__ps_sched_publish(ps);
     if (rc != CFX_OK)
         return cfx__err(rc, "job %s: cannot publish the first shard map: %s", ps->job,
                         cfx_strerror(rc));

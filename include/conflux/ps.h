@@ -152,11 +152,22 @@ struct cfx_ps_params {
  * then publishes shard map 1.  The others wait for a map that lists them.
  * A server whose index is at least the initial server count joins a running
  * job: it is admitted at once (or on cfx_ps_add_server() when standby) and
- * receives blocks at the next rebalance.
+ * receives blocks at the next rebalance.  A job that cannot start fails
+ * every member's create: when server 0 gives up, the members that announced
+ * themselves hear why from it, with its status ("the job did not start").
  *
  * @param out  receives the handle; release with cfx_ps_destroy().
  * @return CFX_OK; CFX_ERR_INVALID (role, index, counts); CFX_ERR_TIMEOUT
- *         naming the members that did not appear.
+ *         naming the members that did not appear (with a server past the
+ *         initial ones present, that the initial servers' indices skip
+ *         one; a member that got no map names the initial members still
+ *         missing, not its own index); CFX_ERR_PEER_FAILED naming, with its
+ *         node, a member that died before the job started (also when its
+ *         announcement went with it before server 0 read it), or the
+ *         scheduler (server 0) when it died before this member joined:
+ *         at once, once the coordinator declared the node dead (for a
+ *         death this member's context heard of; docs/PARAMETER_SERVER.md,
+ *         "Startup").
  */
 CFX_API int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params,
                           struct cfx_ps **out);

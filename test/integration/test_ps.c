@@ -284,6 +284,67 @@ ParameterizedTest(struct tp_param *p, ps, worker_lost, .timeout = 120)
     cr_assert_eq(rc, 0, "a worker killed under SSP over %s: exited %d", p->tp, rc);
 }
 
+/*
+ * The job's startup, when it cannot start.  cfx_pstest checks every rank's
+ * cfx_ps_create status and text and exits 0 when each says why.
+ *
+ * The initial servers' indices skip one (the rank of server 1 takes index 2,
+ * past the job's two initial servers): server 0 gives up at its timeout
+ * naming server 1 as missing and server 2 as past the initial ones, and
+ * every other member (waiting longer) hears that from it: CFX_ERR_TIMEOUT,
+ * "the job did not start".  Server 2 was told that a server added must take
+ * the next index (which it had), the workers that the scheduler had not
+ * listed them.
+ */
+Test(ps, start_skipped_server_index, .timeout = 120)
+{
+    int rc = pstest(5, "shm", "--servers 2 --workers 3 --skip-server 1 --timeout 3000");
+    cr_assert_eq(rc, 0, "servers 0 and 2 of a job of 2: exited %d", rc);
+}
+
+ParameterizedTestParameters(ps, start_server_killed)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * Server 1 is SIGKILLed right after it announced itself (test-only
+ * CFX_PS_TEST_DIE_ANNOUNCED), before the scheduler read it (the last worker
+ * comes only once server 1's announcement went with its node).  Server 0
+ * fails at once with CFX_ERR_PEER_FAILED, "server 1 (node N) died before
+ * the job started", and so does every other member, which hears it from
+ * server 0 (the job's timeout is 60 s: a wait for it fails the rank's
+ * check).  Server 0 said "server 1 did not join" at its deadline, the
+ * workers that the scheduler had not listed them.
+ */
+ParameterizedTest(struct tp_param *p, ps, start_server_killed, .timeout = 120)
+{
+    int rc = pstest_with("CFX_PS_TEST_DIE_ANNOUNCED=1", 5, p->tp, "--allow-fail 1",
+                         "--servers 2 --workers 3 --dies-at-start 1 --timeout 60000");
+    cr_assert_eq(rc, 0, "server 1 killed at the start, over %s: exited %d", p->tp, rc);
+}
+
+ParameterizedTestParameters(ps, start_scheduler_killed)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * The scheduler (server 0) is SIGKILLed right after it announced itself;
+ * the last worker, whose context has heard the node declared dead, calls
+ * cfx_ps_create only once the announcement went with it.  It fails at once
+ * with CFX_ERR_PEER_FAILED naming the scheduler's node ("died before this
+ * worker joined"), as the members that were already waiting do ("is
+ * gone"); it waited out the job's timeout (60 s) and said "did not
+ * announce itself".
+ */
+ParameterizedTest(struct tp_param *p, ps, start_scheduler_killed, .timeout = 120)
+{
+    int rc = pstest_with("CFX_PS_TEST_DIE_ANNOUNCED=0", 5, p->tp, "--allow-fail 0",
+                         "--servers 2 --workers 3 --dies-at-start 0 --timeout 60000");
+    cr_assert_eq(rc, 0, "the scheduler killed at the start, over %s: exited %d", p->tp, rc);
+}
+
 /* rdmactl ps: shards, remove-server while training runs. */
 Test(ps, rdmactl, .timeout = 120)
 {

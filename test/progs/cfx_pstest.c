@@ -48,6 +48,20 @@
  *   --device sim|cuda         workers push from and pull into device memory (sim: the
  *                             simulated device of gpu/sim.h; cuda: a real GPU); the
  *                             values are checked on host copies of the device buffers
+ *   --timeout MS              the job's timeout (default 30000)
+ *   --skip-server K           the rank of server K is server S instead: no process takes
+ *                             index K (the initial servers' indices skip it).  The job
+ *                             must not start: server 0 gives up at the timeout naming
+ *                             server K as missing and server S as past the initial ones,
+ *                             and every other member (waiting three times as long) hears
+ *                             that from it (CFX_ERR_TIMEOUT; exit 0)
+ *   --dies-at-start K         server K is killed right after it announced itself (run with
+ *                             CFX_PS_TEST_DIE_ANNOUNCED=K), once every other rank's
+ *                             context has joined; the last worker creates its
+ *                             handle only once K's announcement went with its node.  The
+ *                             job must not start, and every member must fail with
+ *                             CFX_ERR_PEER_FAILED naming K's death (K 0: the scheduler's),
+ *                             well before the timeout (exit 0)
  * Exits non-zero with a message on the first wrong value or failed call.
  */
 #include <conflux/conflux.h>
@@ -73,7 +87,8 @@
 static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = -1, REMOVE_SRV = -1,
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
-           HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1,
+           HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1, TIMEOUT_MS = 30000,
+           SKIP_SRV = -1, DIES_AT_START = -1,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -237,7 +252,7 @@ static struct cfx_ps_params base_params(void)
         .staleness = STALE,
         .block_size = BLOCK,
         .optim = optim(),
-        .timeout_ms = 30000,
+        .timeout_ms = TIMEOUT_MS,
     };
     if (DEVICE) {
         p.field_mask |= CFX_PS_PARAM_MEMTYPE;
@@ -318,6 +333,72 @@ static void expect_worker_gone(int rc, int w, int gone)
     printf("worker %d: lost worker %d: %s\n", w, gone, err);
 }
 
+/* --dies-at-start: the node of server K's announcement once it went with
+ * that node (a get's timeout then says who had put it: object.h), polled
+ * with a deadline; the copy a get that still found it keeps is dropped, or
+ * it would keep the announcement served. */
+static uint32_t wait_went(struct cfx_context *ctx, int k)
+{
+    static const char key[] = "(the id was put by node ";
+    char name[96];
+    struct cfx_object_id id;
+    snprintf(name, sizeof(name), "ps/%s/server/%d/0", JOB, k); /* dataplane/ps: cfx__ps_obj_id */
+    cfx_object_id_from_name(name, &id);
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 200 };
+    uint64_t dl = now_ns() + 30000000000ull;
+    while (now_ns() < dl) {
+        uint8_t buf[64];
+        size_t sz = 0;
+        int rc = cfx_get(ctx, &id, buf, sizeof(buf), &sz, &op);
+        const char *w = rc == CFX_ERR_TIMEOUT ? strstr(cfx_last_error(), key) : NULL;
+        unsigned node = 0;
+        if (w && sscanf(w + strlen(key), "%u", &node) == 1 && node)
+            return node;
+        if (rc == CFX_OK) {
+            cfx_delete(ctx, &id, NULL);
+            usleep(10000); /* still served: look again */
+        }
+    }
+    DIE("server %d's announcement did not go within 30 s", k);
+}
+
+/* --skip-server, --dies-at-start: the job must not start, and create's
+ * @p rc must say why (@p went: the dead node, when this member knows it). */
+static void expect_no_start(int rc, bool server, int index, uint32_t went)
+{
+    char err[512];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    const char *role = server ? "server" : "worker";
+    bool sched = server && index == 0;
+    char want[3][96] = { "", "", "" };
+    int code = CFX_ERR_PEER_FAILED;
+    if (SKIP_SRV >= 0) {
+        code = CFX_ERR_TIMEOUT;
+        snprintf(want[0], sizeof(want[0]), "server %d did not join", SKIP_SRV);
+        snprintf(want[1], sizeof(want[1]), "server %d did, past the job's %d initial", S, S);
+        if (!sched)
+            snprintf(want[2], sizeof(want[2]), "the job did not start");
+    } else if (DIES_AT_START == 0) {
+        int n = snprintf(want[0], sizeof(want[0]), "the scheduler (server 0, node ");
+        if (went) {
+            snprintf(want[0] + n, sizeof(want[0]) - (size_t)n, "%u)", went);
+            snprintf(want[1], sizeof(want[1]), "died before this worker joined");
+        }
+    } else {
+        int n = snprintf(want[0], sizeof(want[0]), "server %d (node ", DIES_AT_START);
+        if (went)
+            snprintf(want[0] + n, sizeof(want[0]) - (size_t)n, "%u)", went);
+        snprintf(want[1], sizeof(want[1]), "died before the job started");
+        if (!sched)
+            snprintf(want[2], sizeof(want[2]), "the job did not start");
+    }
+    for (int i = 0; i < 3; i++)
+        if (rc != code || (want[i][0] && !strstr(err, want[i])))
+            DIE("%s %d: create got %s (%s), want %s saying '%s'", role, index, cfx_errname(rc),
+                err, cfx_errname(code), want[i]);
+    printf("%s %d: the job did not start: %s\n", role, index, err);
+}
+
 static int run_server(struct cfx_context *ctx, int index, bool late)
 {
     struct cfx_ps_params p = base_params();
@@ -325,8 +406,23 @@ static int run_server(struct cfx_context *ctx, int index, bool late)
     p.index = index;
     p.field_mask |= CFX_PS_PARAM_STANDBY;
     p.standby = late && STANDBY;
+    /* every other rank's context has joined before K goes, and so hears
+     * that its node died (a member reads a gone announcement as a death
+     * only then: one that went before it joined may be a previous job's) */
+    for (int r = 0; index == DIES_AT_START && r < S + W; r++)
+        if (r != index)
+            wait_obj(ctx, "up", r, 60000);
+    if (SKIP_SRV >= 0 && index > 0)
+        p.timeout_ms = 3 * TIMEOUT_MS; /* the scheduler gives up first, and says why */
     struct cfx_ps *ps;
-    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
+    int crc = cfx_ps_create(ctx, &p, &ps);
+    if (SKIP_SRV >= 0 || DIES_AT_START >= 0) {
+        if (crc == CFX_OK)
+            DIE("server %d: the job started", index);
+        expect_no_start(crc, true, index, 0);
+        return 0;
+    }
+    CHECK_OK(crc);
     if (index == DELAY_SRV)
         CHECK_OK(cfx_ps_server_set_delay(ps, DELAY_US));
     if (index == 0 && SCHED_DIES_AT >= 0) {
@@ -421,7 +517,19 @@ static int run_worker(struct cfx_context *ctx, int w)
     for (int t = 0; t < NT; t++)
         tsz[t] = tcount[t] * cfx_dtype_size(tdt[t]);
     device_setup(tsz); /* before the handle: it checks that the memory type is usable */
-    CHECK_OK(cfx_ps_create(ctx, &p, &ps));
+    if (SKIP_SRV >= 0)
+        p.timeout_ms = 3 * TIMEOUT_MS; /* the scheduler gives up first, and says why */
+    uint32_t went = 0;
+    if (DIES_AT_START >= 0 && w == W - 1) /* the scheduler waits for it: K is gone before */
+        went = wait_went(ctx, DIES_AT_START);
+    int crc = cfx_ps_create(ctx, &p, &ps);
+    if (SKIP_SRV >= 0 || DIES_AT_START >= 0) {
+        if (crc == CFX_OK)
+            DIE("worker %d: the job started", w);
+        expect_no_start(crc, false, w, went);
+        return 0;
+    }
+    CHECK_OK(crc);
     for (int t = 0; t < NT; t++) {
         size_t sz = tsz[t];
         void *init = malloc(sz);
@@ -693,6 +801,12 @@ int main(int argc, char **argv)
             WORKER_DIES_AT = atoi(v), i++;
         else if (!strcmp(a, "--handover-lost"))
             HANDOVER_LOST = atoi(v), i++;
+        else if (!strcmp(a, "--timeout"))
+            TIMEOUT_MS = atoi(v), i++;
+        else if (!strcmp(a, "--skip-server"))
+            SKIP_SRV = atoi(v), i++;
+        else if (!strcmp(a, "--dies-at-start"))
+            DIES_AT_START = atoi(v), i++;
         else if (!strcmp(a, "--wait-retired"))
             WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
@@ -744,9 +858,12 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     CHECK_OK(cfx_context_create(NULL, &ctx));
     int rc = 0;
+    if (DIES_AT_START >= 0 && rank != DIES_AT_START)
+        signal_obj(ctx, "up", rank);
     if (rank < S + W) {
         for (RUN = 0; RUN < RUNS && !rc; RUN++) {
-            rc = rank < S ? run_server(ctx, rank, false) : run_worker(ctx, rank - S);
+            rc = rank < S ? run_server(ctx, rank == SKIP_SRV ? S : rank, false)
+                          : run_worker(ctx, rank - S);
             if (RUNS == 1)
                 break;
             /* the job ended everywhere before its name is used again:
