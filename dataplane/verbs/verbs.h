@@ -421,7 +421,8 @@ int cfx__verbs_ep_qp_create(struct cfx__verbs_ep *ep);
 /* oob: RTR, RTS with the peer's info (after cfx__verbs_ep_hello_take). */
 int cfx__verbs_ep_qp_rtr_rts(struct cfx__verbs_ep *ep, const struct cfx__verbs_oob_info *peer,
                              uint32_t my_psn);
-/* cm: RTR, RTS with what rdma_init_qp_attr() says (after the hello). */
+/* cm: RTR, RTS with what rdma_init_qp_attr() says (after the hello);
+ * CFX_ERR_PEER_FAILED when the peer rejected the connection meanwhile. */
 int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep);
 /* Path MTU for this connection: the smaller active MTU of both ports. */
 enum ibv_mtu cfx__verbs_ep_path_mtu(const struct cfx__verbs_ep *ep);

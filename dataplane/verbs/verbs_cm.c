@@ -23,7 +23,18 @@
  * Anyone who reaches the port may ask, and each accepted request holds an
  * endpoint (QP, registered buffers, CQ room) until the engine's handshake
  * authorizes it or its deadline passes: those not yet authorized are capped
- * as tcp's connections are (tp_strangers.h).
+ * as tcp's connections are (tp_strangers.h).  A connection the acceptor
+ * closes at its cap before the engine's handshake ended must reach the
+ * connector as tcp's does, CFX_ERR_PEER_FAILED, which the engine dials again
+ * (conn.c, conn_redial), not CFX_ERR_CONNECT, which moves on to the next
+ * transport: a peer that answered with a REP is there.  So a connection that
+ * fails after the REP came is CFX_ERR_PEER_FAILED however it ends: a REJ,
+ * DISCONNECTED or an error event once open, and the REP's QP attributes or
+ * the RTU refused because a REJ came first (the acceptor closed it between
+ * REP and RTU: destroying the id sent a plain REJ).  The acceptor does not
+ * rdma_reject() with a reason after its REP: the kernel (6.1) keeps the REP's
+ * MAD outstanding then, and rdma_destroy_id() waits for its retries
+ * (cm_destroy_id_wait_timeout, the progress thread stuck for a minute).
  *
  * The event channel fd is non-blocking and sits in the iface's epoll set.
  * Every event is copied and acknowledged before it is acted on, so that
@@ -40,6 +51,10 @@
 #include "verbs.h"
 
 #define LISTEN_BACKLOG 128
+
+/* The reason of a connection that failed after the peer's REP (above). */
+static const char closed_after_rep[] = "it closed the connection after its REP, before our RTU "
+                                       "reached it";
 
 struct cm_event {
     enum rdma_cm_event_type type;
@@ -302,7 +317,10 @@ static void on_route_resolved(struct cfx__verbs_ep *ep)
             ep->iface->addr, ep->super.peer_name, ep->qp->qp_num);
 }
 
-/* Active side: the peer accepted; its hello came with the REP. */
+/* Active side: the peer accepted; its hello came with the REP.  Where the
+ * acceptor closed the connection since (its REJ came first: the REJECTED
+ * event is next, dropped for a failed ep), rdma_init_qp_attr() and
+ * rdma_establish() refuse with EINVAL: CFX_ERR_PEER_FAILED, to dial again. */
 static void on_connect_response(struct cfx__verbs_ep *ep, const struct cm_event *ev, bool rtu)
 {
     int rc;
@@ -313,11 +331,20 @@ static void on_connect_response(struct cfx__verbs_ep *ep, const struct cm_event 
     }
     if ((rc = cfx__verbs_ep_qp_cm_rtr_rts(ep)) != CFX_OK) {
         rdma_reject(ep->cm_id, NULL, 0);
-        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "%s", cfx_last_error());
+        if (rc == CFX_ERR_PEER_FAILED)
+            ep->super.why = closed_after_rep;
+        else
+            rc = CFX_ERR_CONNECT;
+        CFX_VERBS_EP_FAIL(ep, WARN, rc, "%s", cfx_last_error());
         return;
     }
     if (rtu && rdma_establish(ep->cm_id)) {
-        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_CONNECT, "rdma_establish: %s", strerror(errno));
+        int err = errno;
+        if (err == EINVAL)
+            ep->super.why = closed_after_rep;
+        CFX_VERBS_EP_FAIL(ep, WARN, err == EINVAL ? CFX_ERR_PEER_FAILED : CFX_ERR_CONNECT,
+                          "rdma_establish: %s%s%s", strerror(err), err == EINVAL ? ": " : "",
+                          err == EINVAL ? closed_after_rep : "");
         return;
     }
     cfx__verbs_ep_established(ep);
@@ -337,8 +364,11 @@ static void on_error_event(struct cfx__verbs_ep *ep, const struct cm_event *ev)
     const char *what = rdma_event_str(ev->type);
 
     if (ep->state == CFX_VERBS_EP_OPEN) {
-        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "rdma_cm %s (status %d)", what,
-                          ev->status);
+        if (ev->type == RDMA_CM_EVENT_REJECTED) /* it crossed our RTU */
+            ep->super.why = closed_after_rep;
+        CFX_VERBS_EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "rdma_cm %s (status %d)%s%s", what,
+                          ev->status, ep->super.why ? ": " : "",
+                          ep->super.why ? ep->super.why : "");
         return;
     }
     if (ev->type == RDMA_CM_EVENT_REJECTED) {

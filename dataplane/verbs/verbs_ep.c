@@ -255,6 +255,16 @@ enum ibv_mtu cfx__verbs_ep_path_mtu(const struct cfx__verbs_ep *ep)
     return m;
 }
 
+/* rdma_init_qp_attr() failed: EINVAL once the connection left the states
+ * that make one, the peer having rejected it meanwhile (verbs_cm.c). */
+static int cm_attr_err(struct cfx__verbs_ep *ep, const char *what)
+{
+    int err = errno;
+    return cfx__err(err == EINVAL ? CFX_ERR_PEER_FAILED : CFX_ERR_CONNECT,
+                    "verbs ep to %s: rdma_init_qp_attr(%s): %s%s", ep->super.peer_name, what,
+                    strerror(err), err == EINVAL ? " (the peer rejected the connection)" : "");
+}
+
 int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep)
 {
     struct ibv_qp_attr a;
@@ -263,8 +273,7 @@ int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep)
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
     if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
-        return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(RTR): %s",
-                        ep->super.peer_name, strerror(errno));
+        return cm_attr_err(ep, "RTR");
     enum ibv_mtu mtu = cfx__verbs_ep_path_mtu(ep);
     if (!(mask & IBV_QP_PATH_MTU) || a.path_mtu > mtu || a.path_mtu < IBV_MTU_256)
         a.path_mtu = mtu;
@@ -280,8 +289,7 @@ int cfx__verbs_ep_qp_cm_rtr_rts(struct cfx__verbs_ep *ep)
     mask = 0;
     a.qp_state = IBV_QPS_RTS;
     if (rdma_init_qp_attr(ep->cm_id, &a, &mask))
-        return cfx__err(CFX_ERR_CONNECT, "verbs ep to %s: rdma_init_qp_attr(RTS): %s",
-                        ep->super.peer_name, strerror(errno));
+        return cm_attr_err(ep, "RTS");
     /* Ours, not the CM's packet-lifetime default (seconds for RoCE). */
     a.timeout = CFX_VERBS_ACK_TIMEOUT;
     a.retry_cnt = CFX_VERBS_RETRY_CNT;

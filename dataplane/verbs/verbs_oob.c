@@ -14,7 +14,11 @@
  *
  * The socket stays open for the life of the endpoint: a hang-up means the
  * peer process is gone (CFX_ERR_PEER_FAILED) and a 'B' byte that it closed
- * the endpoint (CFX_ERR_CLOSED).  Keepalive notices a vanished host.
+ * the endpoint (CFX_ERR_CLOSED).  Keepalive notices a vanished host.  A
+ * hang-up during the exchange, the TCP connection made, is the acceptor
+ * closing it (at its cap on strangers, below) and CFX_ERR_PEER_FAILED too,
+ * as on tcp: the engine dials again (conn.c, conn_redial), where
+ * CFX_ERR_CONNECT (a refused or failed TCP connect) moves on.
  *
  * Anyone may connect to the listening socket, and each accepted socket
  * holds an endpoint (registered buffers, CQ entries, a table slot) before
@@ -200,12 +204,22 @@ static const char *xfer_why(void)
     return errno ? strerror(errno) : "connection closed by peer";
 }
 
+/* The status of a failed xfer() (errno) for the connect side (an accepted
+ * ep is not shown: its status goes nowhere): the peer closed the connection
+ * (a hang-up, a reset), or another failure. */
+static int xfer_status(void)
+{
+    return errno == 0 || errno == ECONNRESET || errno == EPIPE ? CFX_ERR_PEER_FAILED
+                                                                : CFX_ERR_CONNECT;
+}
+
 /* Send what is left of our info; false when the ep failed or must wait. */
-static bool send_info(struct cfx__verbs_ep *ep, int fail_status)
+static bool send_info(struct cfx__verbs_ep *ep)
 {
     int r = xfer(ep, true, &ep->oob_out, sizeof(ep->oob_out), &ep->oob_sent);
     if (r < 0) {
-        OOB_FAIL(ep, fail_status, "out-of-band send: %s", xfer_why());
+        int st = xfer_status();
+        OOB_FAIL(ep, st, "out-of-band send: %s", xfer_why());
         return false;
     }
     if (r == 0) {
@@ -227,8 +241,9 @@ static void connect_progress(struct cfx__verbs_ep *ep)
             err = errno;
         if (err == EINPROGRESS || err == EALREADY)
             return;
-        if (err) {
-            OOB_FAIL(ep, CFX_ERR_CONNECT, "connect to %s: %s", ep->addr, strerror(err));
+        if (err) { /* refused: nobody listens; reset: accepted, then closed */
+            OOB_FAIL(ep, err == ECONNRESET ? CFX_ERR_PEER_FAILED : CFX_ERR_CONNECT,
+                     "connect to %s: %s", ep->addr, strerror(err));
             return;
         }
         if ((rc = cfx__verbs_ep_qp_create(ep)) != CFX_OK) {
@@ -237,11 +252,12 @@ static void connect_progress(struct cfx__verbs_ep *ep)
         }
         fill_info(ep, random_psn());
     }
-    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep, CFX_ERR_CONNECT))
+    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep))
         return;
     int r = xfer(ep, false, &ep->oob_in, sizeof(ep->oob_in), &ep->oob_got);
     if (r < 0) {
-        OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band exchange with %s: %s", ep->addr, xfer_why());
+        int st = xfer_status();
+        OOB_FAIL(ep, st, "out-of-band exchange with %s: %s", ep->addr, xfer_why());
         return;
     }
     if (r == 0)
@@ -254,7 +270,8 @@ static void connect_progress(struct cfx__verbs_ep *ep)
     static const uint8_t ready = CFX_VERBS_OOB_READY;
     uint32_t sent = 0;
     if (xfer(ep, true, (void *)&ready, 1, &sent) != 1) {
-        OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band READY: %s", xfer_why());
+        int st = xfer_status();
+        OOB_FAIL(ep, st, "out-of-band READY: %s", xfer_why());
         return;
     }
     cfx__verbs_ep_established(ep);
@@ -281,7 +298,7 @@ static void accept_progress(struct cfx__verbs_ep *ep)
         }
         fill_info(ep, psn);
     }
-    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep, CFX_ERR_CONNECT))
+    if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep))
         return;
     uint8_t b;
     uint32_t got = 0;

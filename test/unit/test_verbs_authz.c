@@ -15,6 +15,12 @@
  * the connector reports as that status, not as CFX_ERR_CONNECT; the reject
  * decoder trusts no byte of a reject it does not recognise.
  *
+ * A token holder's connection that the acceptor closes at its cap on
+ * connections not yet authenticated before the engine's handshake ended
+ * (tpbase/tp_strangers.h) fails with CFX_ERR_PEER_FAILED, as on tcp, and the
+ * engine dials it again: over rdma_cm and over the out-of-band exchange,
+ * the get completes byte for byte.
+ *
  * On a host without RDMA every test skips (no device); the Soft-RoCE guest
  * runs them for real (test/vm/run.sh).
  */
@@ -24,11 +30,22 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <conflux/conflux.h>
+
+#include "control/coord.h"
 #include "dataplane/common/util.h"
+#include "dataplane/engine/engine.h"
 #include "dataplane/transport.h"
 #ifdef CFX_HAVE_VERBS
 #include "dataplane/verbs/verbs.h"
@@ -555,6 +572,310 @@ Test(verbs_authz, reject_reason_decode)
     cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_CONNECT);
     rej_bytes(buf, 0x43465852u, 9, 2); /* a later version: its first fields still count */
     cr_assert_eq(cfx__verbs_rej_decode(28, buf, 8, &why), CFX_ERR_AUTH);
+}
+
+/* --- closed at the acceptor's cap before the handshake ended ------------------------------ */
+
+/* Until the acceptor's REJ reached @p ep, whose REP waits unread: its id
+ * left the states that make a connection (rdma_init_qp_attr, a query,
+ * refuses).  @p s, when not NULL, is polled meanwhile. */
+static void await_rej(struct cfx__verbs_ep *ep, struct side *s)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTR };
+    int mask;
+    while (rdma_init_qp_attr(ep->cm_id, &qa, &mask) == 0) {
+        cr_assert(cfx__now_ns() < end, "the acceptor's REJ never came");
+        if (s)
+            side_poll(cfx__transport_find("verbs"), s);
+        sched_yield();
+    }
+    cr_assert_eq(errno, EINVAL, "rdma_init_qp_attr: %s", strerror(errno));
+}
+
+/*
+ * b, at its cap of one connection not authenticated per address, accepts
+ * a's request (REP sent), then c's, and closes a's for it before a's RTU
+ * (a's REP read only once b's REJ came): a fails with CFX_ERR_PEER_FAILED
+ * saying b closed it, which the engine dials again (tcp's status for a
+ * connection its acceptor closed).  Before: CFX_ERR_CONNECT (the REP's QP
+ * attributes refused), on which the engine moved on to the next transport.
+ */
+Test(verbs_authz, closed_at_the_cap_after_its_rep_is_peer_failed, .timeout = 240)
+{
+    setenv("CFX_IB_CONNECT", "cm", 1);
+    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "1", 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("verbs");
+    cr_assert_not_null(ops);
+    struct side a = { .iface = open_or_skip(ops, 1) }, b = { .iface = open_or_skip(ops, 2) },
+                c = { .iface = open_or_skip(ops, 3) };
+    struct cfx__verbs_iface *bv = cfx__verbs_iface_of(b.iface);
+    cr_assert_eq(bv->strangers.max_per_ip, 1);
+    char addr[CFX_TP_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    cr_assert_eq(ops->iface_addr(b.iface, addr, &alen), CFX_OK);
+
+    /* a alone until its REQ is out, b alone until it took it (REP sent) */
+    cr_assert_eq(ops->ep_connect(a.iface, addr, alen, 2, &a.ep), CFX_OK, "%s", cfx_last_error());
+    struct cfx__verbs_ep *av = cfx__verbs_ep_of(a.ep);
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (av->state == CFX_VERBS_EP_RESOLVING) {
+        cr_assert(cfx__now_ns() < end, "a sent no REQ");
+        side_poll(ops, &a);
+    }
+    cr_assert_eq(av->state, CFX_VERBS_EP_CONNECTING);
+    while (bv->strangers.n == 0) {
+        cr_assert(cfx__now_ns() < end, "b did not accept a's request");
+        side_poll(ops, &b);
+    }
+    /* c connects (a not polled: no RTU from it); b closes a's for c's */
+    cr_assert_eq(ops->ep_connect(c.iface, addr, alen, 2, &c.ep), CFX_OK, "%s", cfx_last_error());
+    while (!b.ep) {
+        cr_assert(cfx__now_ns() < end, "b did not accept c");
+        side_poll(ops, &c);
+        side_poll(ops, &b);
+    }
+    cr_assert_eq(atomic_load(&bv->strangers.n_evicted), 1);
+    await_rej(av, &b);
+    while (!a.n_ep_error) {
+        cr_assert(cfx__now_ns() < end, "a's connection did not fail");
+        side_poll(ops, &a);
+    }
+    cr_assert_eq(a.ep_error, CFX_ERR_PEER_FAILED, "a failed with %s: %s", cfx_errname(a.ep_error),
+                 a.ep->why ? a.ep->why : "(no reason)");
+    cr_assert(a.ep->why && strstr(a.ep->why, "closed the connection"), "why: %s",
+              a.ep->why ? a.ep->why : "(none)");
+    cr_assert_eq(a.n_ep_error, 1);
+    cr_assert_eq(b.n_ep_error + c.n_ep_error, 0, "c's connection failed");
+    ops->ep_close(a.ep);
+    ops->ep_close(b.ep);
+    ops->ep_close(c.ep);
+    ops->iface_close(a.iface);
+    ops->iface_close(b.iface);
+    ops->iface_close(c.iface);
+}
+
+/* ---- the engine: a token holder closed at the cap dials again ----------------------------- */
+
+#define OBJ_SIZE (1u << 20)
+
+struct getter {
+    struct cfx_context *ctx;
+    struct cfx_object_id oid;
+    uint8_t *buf;
+    int rc;
+    char err[512];
+};
+
+static void *get_main(void *arg)
+{
+    struct getter *g = arg;
+    struct cfx_obj_params gp = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = WAIT_MS };
+    g->rc = cfx_get(g->ctx, &g->oid, g->buf, OBJ_SIZE, NULL, &gp);
+    snprintf(g->err, sizeof(g->err), "%s", cfx_last_error());
+    return NULL;
+}
+
+static struct cfx__verbs_iface *ctx_verbs(struct cfx_context *ctx)
+{
+    cr_assert_eq(ctx->ntp, 1);
+    cr_assert_str_eq(ctx->tp[0].ops->name, "verbs");
+    return cfx__verbs_iface_of(ctx->tp[0].iface);
+}
+
+/* @p v's endpoint whose REQ is out and whose REP was not read (its
+ * progress lock held), or NULL. */
+static struct cfx__verbs_ep *connecting_ep(struct cfx__verbs_iface *v)
+{
+    struct cfx_list *pos;
+    cfx_list_for_each(pos, &v->eps) {
+        struct cfx__verbs_ep *ep = cfx_list_entry(pos, struct cfx__verbs_ep, link);
+        if (ep->state == CFX_VERBS_EP_CONNECTING)
+            return ep;
+    }
+    return NULL;
+}
+
+/* Until an event waits on @p fd (it is not read). */
+static void await_readable(int fd, const char *what)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    int n;
+    while ((n = poll(&p, 1, WAIT_MS)) < 0 && errno == EINTR)
+        ;
+    cr_assert_eq(n, 1, "%s: nothing came in %d ms", what, WAIT_MS);
+}
+
+/* Until @p n connections wait in the accept queue of listener @p fd. */
+static void accept_queue_reaches(int fd, unsigned n)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    struct tcp_info ti;
+    for (;;) {
+        socklen_t len = sizeof(ti);
+        cr_assert_eq(getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len), 0);
+        if (ti.tcpi_unacked >= n)
+            return;
+        cr_assert(cfx__now_ns() < end, "%u connections never waited to be accepted", n);
+        sched_yield();
+    }
+}
+
+/* The stranger: over rdma_cm a transport endpoint of its own iface that
+ * connects and never speaks (the engine's handshake); out of band a TCP
+ * connection that sends nothing, from the node's address as the getter's. */
+struct stranger {
+    const struct cfx_transport_ops *ops;
+    struct side s;
+    int fd;
+};
+
+static void stranger_oob_connect(struct stranger *st, const struct cfx__verbs_iface *nv)
+{
+    struct sockaddr_in from = { .sin_family = AF_INET, .sin_addr = nv->ip };
+    struct sockaddr_in to = from;
+    to.sin_port = htons(nv->port);
+    st->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(st->fd, 0);
+    cr_assert_eq(bind(st->fd, (struct sockaddr *)&from, sizeof(from)), 0, "%s", strerror(errno));
+    cr_assert_eq(connect(st->fd, (struct sockaddr *)&to, sizeof(to)), 0, "connect to %s: %s",
+                 nv->addr, strerror(errno));
+}
+
+/* Until the node closed the stranger's connection (for the getter's). */
+static void stranger_closed(struct stranger *st)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    if (st->fd >= 0) {
+        struct pollfd p = { .fd = st->fd, .events = POLLIN | POLLRDHUP };
+        cr_assert_eq(poll(&p, 1, WAIT_MS), 1, "the stranger's connection stayed open");
+        return;
+    }
+    while (!st->s.n_ep_error) {
+        cr_assert(cfx__now_ns() < end, "the stranger's connection stayed open");
+        side_poll(st->ops, &st->s);
+    }
+    cr_assert_neq(st->s.ep_error, CFX_OK);
+}
+
+/*
+ * The node holds one connection not authenticated per address
+ * (CFX_IB_MAX_UNAUTH_PER_IP=1).  The getter's connection is accepted, and
+ * a stranger's after it closes it before the getter's handshake ended: over
+ * rdma_cm between the node's REP and the getter's RTU (the getter held
+ * still until the node's REJ came), out of band during the exchange.  The
+ * getter dials again (the stranger's connection is closed for it in turn)
+ * and gets the object byte for byte.  (Before, the getter's endpoint failed
+ * with CFX_ERR_CONNECT, the engine moved on to the next transport, found
+ * none, and the get failed; on tcp: test_dp_auth,
+ * a_token_holder_closed_at_the_cap_dials_again.)
+ */
+static void closed_at_the_cap_dials_again(const char *mode)
+{
+    bool oob = !strcmp(mode, "oob");
+    setenv("CFX_IB_CONNECT", mode, 1);
+    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "1", 1);
+    setenv("CFX_LOG_LEVEL", "INFO", 1);
+    struct cfx_coord *coord;
+    char token[64], caddr[64];
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), caddr, sizeof(caddr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
+    struct cfx_context *node;
+    int rc = cfx_test_join(caddr, token, "verbs", NULL, WAIT_MS, &node);
+    if (rc == CFX_ERR_NO_DEVICE)
+        cr_skip_test("no RDMA device: %s", cfx_last_error());
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    struct getter g = { .buf = calloc(1, OBJ_SIZE) };
+    uint8_t *src = malloc(OBJ_SIZE);
+    cr_assert(g.buf && src);
+    cr_assert_eq(cfx_test_join(caddr, token, "verbs", NULL, WAIT_MS, &g.ctx), CFX_OK, "%s",
+                 cfx_last_error());
+    cfx_test_fill(src, OBJ_SIZE, 7);
+    cfx_object_id_generate(node, &g.oid);
+    cr_assert_eq(cfx_put(node, &g.oid, src, OBJ_SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    struct cfx__verbs_iface *nv = ctx_verbs(node), *gv = ctx_verbs(g.ctx);
+    cr_assert_eq(nv->strangers.max_per_ip, 1);
+    struct stranger st = { .ops = cfx__transport_find("verbs"), .fd = -1 };
+    char logpath[] = "/tmp/cfx-test-capdial-XXXXXX";
+    int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
+
+    /* the node accepts nothing until both connections wait (oob) or the
+     * getter's REQ is out (rdma_cm) */
+    cr_assert_eq(cfx__progress_pause(node, true), CFX_OK, "%s", cfx_last_error());
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, get_main, &g), 0);
+    if (oob) {
+        accept_queue_reaches(nv->listen_fd, 1);
+        stranger_oob_connect(&st, nv);
+        accept_queue_reaches(nv->listen_fd, 2);
+        cr_assert_eq(cfx__progress_pause(node, false), CFX_OK);
+    } else {
+        /* the getter is held still (its progress lock taken) once its REQ
+         * is out, so that it reads the node's REP only when a stranger made
+         * the node close its connection and the REJ for it came */
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        struct cfx__verbs_ep *gep;
+        for (;;) {
+            cfx__progress_lock(g.ctx);
+            if ((gep = connecting_ep(gv)))
+                break;
+            cfx__progress_unlock(g.ctx);
+            cr_assert(cfx__now_ns() < end, "the getter sent no connection request");
+            sched_yield();
+        }
+        cr_assert_eq(cfx__progress_pause(node, false), CFX_OK);
+        await_readable(gv->cm_ch->fd, "the node's REP");
+        st.s.iface = open_or_skip(st.ops, 99);
+        cr_assert_eq(st.ops->ep_connect(st.s.iface, nv->addr, strlen(nv->addr) + 1,
+                                        node->node_id, &st.s.ep), CFX_OK, "%s",
+                     cfx_last_error());
+        while (cfx__verbs_ep_of(st.s.ep)->state != CFX_VERBS_EP_OPEN) {
+            cr_assert(cfx__now_ns() < end, "the stranger did not connect");
+            side_poll(st.ops, &st.s);
+        }
+        cr_assert_eq(atomic_load(&nv->strangers.n_evicted), 1);
+        cr_assert_eq(connecting_ep(gv), gep);
+        await_rej(gep, &st.s);
+        cfx__progress_unlock(g.ctx);
+    }
+
+    pthread_join(th, NULL);
+    cr_assert_eq(g.rc, CFX_OK, "%s: %s", cfx_errname(g.rc), g.err);
+    cr_assert_eq(cfx_test_check(g.buf, OBJ_SIZE, 7), (size_t)-1, "the bytes differ");
+    stranger_closed(&st);
+    cr_assert_geq(atomic_load(&nv->strangers.n_evicted), 2);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    cr_assert(cfx_test_file_contains(logpath, "CFX_IB_MAX_UNAUTH_PER_IP (1) reached"),
+              "no eviction logged");
+    cr_assert(cfx_test_file_contains(logpath, "dialling again (1 of"), "no redial logged");
+    /* the redial's line names the transport's status and reason */
+    cr_assert(cfx_test_file_contains(logpath, oob ? "(CFX_ERR_PEER_FAILED; at its cap" :
+                                     "(CFX_ERR_PEER_FAILED: it closed the connection after its "
+                                     "REP, before our RTU reached it; at its cap"),
+              "the redial does not say why");
+    unlink(logpath);
+    if (st.fd >= 0) {
+        close(st.fd);
+    } else {
+        st.ops->ep_close(st.s.ep);
+        st.ops->iface_close(st.s.iface);
+    }
+    cfx_context_destroy(g.ctx);
+    cfx_context_destroy(node);
+    cfx__coord_stop(coord);
+    free(g.buf);
+    free(src);
+}
+
+Test(verbs_authz, token_holder_closed_at_the_cap_dials_again_cm, .timeout = 240)
+{
+    closed_at_the_cap_dials_again("cm");
+}
+
+Test(verbs_authz, token_holder_closed_at_the_cap_dials_again_oob, .timeout = 240)
+{
+    closed_at_the_cap_dials_again("oob");
 }
 
 #endif
