@@ -518,19 +518,14 @@ static int join_sched(struct cfx_ps *ps)
     int rc;
     char why[CFX__ERR_TEXT_MAX] = "";
     for (;;) {
-        int left_ms = cfx__ms_left(ps->create_dl);
-        rc = cfx__ps_get(ps->ctx, &id, &m0, sizeof(m0), &sz,
-                         CFX_MAX(CFX_MIN(left_ms, PS_JOIN_SLICE_MS), 1));
-        if (rc != CFX_ERR_TIMEOUT)
-            break;
-        if (*cfx__ps_went_clause(cfx_last_error())) /* a later slice's may not say it */
-            snprintf(why, sizeof(why), "%s", cfx_last_error());
-        uint32_t dead = cfx__ps_went_dead(ps->ctx, why);
+        uint32_t dead;
+        rc = cfx__ps_announce_slice(ps->ctx, &id, &m0, sizeof(m0), &sz, ps->create_dl, why,
+                                    &dead);
         if (dead)
             return cfx__err(CFX_ERR_PEER_FAILED, "job %s: %s %d: the scheduler (server 0, "
                             "node %u) died before this %s joined: its announcement went with "
                             "it", ps->job, role_name(ps), ps->index, dead, role_name(ps));
-        if (cfx__now_ns() >= ps->create_dl)
+        if (rc != CFX_ERR_TIMEOUT || cfx__now_ns() >= ps->create_dl)
             break;
     }
     if (rc != CFX_OK || sz != sizeof(m0) || m0.magic != PS_MAGIC)

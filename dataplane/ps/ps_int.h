@@ -409,6 +409,14 @@ uint32_t cfx__ps_went_dead(struct cfx_context *ctx, const char *err);
 /* The directory's "(the id was put by node N before, and went: ...)" in a
  * get's @p err, or "". */
 const char *cfx__ps_went_clause(const char *err);
+/* One slice of a wait for a member's announcement @p id: cfx__ps_get for at
+ * most PS_JOIN_SLICE_MS, to @p deadline (ns).  When the slice times out,
+ * @p why (CFX__ERR_TEXT_MAX bytes) keeps the last text that said the record
+ * went, and the return is *@p dead = cfx__ps_went_dead's node when nonzero
+ * (CFX_ERR_PEER_FAILED), else CFX_ERR_TIMEOUT. */
+int cfx__ps_announce_slice(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                           size_t cap, size_t *size, uint64_t deadline, char *why,
+                           uint32_t *dead);
 /* Which of @p n objects exist now (one directory listing, no waiting). */
 int cfx__ps_probe(struct cfx_context *ctx, const struct cfx_object_id *ids, size_t n,
                   uint64_t deadline, bool *present);

@@ -462,6 +462,20 @@ uint32_t cfx__ps_went_dead(struct cfx_context *ctx, const char *err)
     return gone == CFX_NODE_DEAD ? node : 0;
 }
 
+int cfx__ps_announce_slice(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
+                           size_t cap, size_t *size, uint64_t deadline, char *why, uint32_t *dead)
+{
+    *dead = 0;
+    int rc = cfx__ps_get(ctx, id, buf, cap, size,
+                         CFX_MAX(CFX_MIN(cfx__ms_left(deadline), PS_JOIN_SLICE_MS), 1));
+    if (rc != CFX_ERR_TIMEOUT)
+        return rc;
+    if (*cfx__ps_went_clause(cfx_last_error())) /* a later slice's may not say it */
+        snprintf(why, CFX__ERR_TEXT_MAX, "%s", cfx_last_error());
+    *dead = cfx__ps_went_dead(ctx, why);
+    return *dead ? CFX_ERR_PEER_FAILED : CFX_ERR_TIMEOUT;
+}
+
 int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, int timeout_ms,
                     struct ps_map *m)
 {

@@ -306,18 +306,16 @@ int cfx__ps_sched_create(struct cfx_ps *ps)
             cfx__ps_obj_id(ps->job, role, i, 0, &id);
             int rc;
             for (;;) {
-                rc = cfx__ps_get(ps->ctx, &id, &mem, sizeof(mem), &sz,
-                                 CFX_MAX(CFX_MIN(cfx__ms_left(deadline), PS_JOIN_SLICE_MS), 1));
-                if (rc != CFX_ERR_TIMEOUT)
-                    break;
-                if (*cfx__ps_went_clause(cfx_last_error())) /* a later slice's may not say it */
-                    snprintf(why, sizeof(why), "%s", cfx_last_error());
-                uint32_t dead = cfx__ps_went_dead(ps->ctx, why);
+                uint32_t dead;
+                rc = cfx__ps_announce_slice(ps->ctx, &id, &mem, sizeof(mem), &sz, deadline,
+                                            why, &dead);
                 if (dead)
                     return start_failed(ps, cfx__err(CFX_ERR_PEER_FAILED, "job %s: %s %d "
                                                      "(node %u) died before the job started: "
                                                      "its announcement went with it", ps->job,
                                                      role, i, dead));
+                if (rc != CFX_ERR_TIMEOUT)
+                    break;
                 if ((rc = start_alive(ps, nread)) != CFX_OK)
                     return start_failed(ps, rc);
                 rc = CFX_ERR_TIMEOUT;
