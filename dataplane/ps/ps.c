@@ -109,16 +109,22 @@ void cfx__ps_start_aborted(struct cfx_ps *ps, int status, const char *why, size_
     /* the peer's numbers: a status that is no failure is its error */
     int st = status < 0 && status > CFX_STATUS_LAST && status != CFX_ERR_AGAIN ? status
                                                                                 : CFX_ERR_PROTO;
-    size_t n = why ? strnlen(why, len) : 0;
-    if (!n) {
-        why = "the scheduler (server 0) gave up";
-        n = strlen(why);
+    /* the peer's text goes into errors and log lines: a byte outside
+     * printable ASCII (a terminal's escape, a line break) becomes '?' */
+    char text[CFX__ERR_TEXT_MAX];
+    size_t n = why ? strnlen(why, CFX_MIN(len, sizeof(text) - 1)) : 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)why[i];
+        text[i] = c < 0x20 || c > 0x7e ? '?' : (char)c;
     }
+    text[n] = '\0';
+    if (!n)
+        snprintf(text, sizeof(text), "the scheduler (server 0) gave up");
     pthread_mutex_lock(&ps->lock);
     if (!ps->lost_status) {
         ps->lost_status = st;
-        snprintf(ps->lost_why, sizeof(ps->lost_why), "job %s: %s %d: the job did not start: %.*s",
-                 ps->job, role_name(ps), ps->index, (int)n, why);
+        snprintf(ps->lost_why, sizeof(ps->lost_why), "job %s: %s %d: the job did not start: %s",
+                 ps->job, role_name(ps), ps->index, text);
         CFX_LOG(WARN, PS, "%s", ps->lost_why);
     }
     pthread_cond_broadcast(&ps->cond);

@@ -83,3 +83,25 @@ Test(ps_input, null_request_pointer_is_named)
     cr_assert(strstr(cfx_last_error(), "not a worker handle"), "%s", cfx_last_error());
     cr_assert_null(req);
 }
+
+/* The scheduler's word that the job did not start (PS_MSG_ABORT) is a
+ * peer's: its status must be a failure (else CFX_ERR_PROTO), its text is
+ * read up to the message's length, and a byte outside printable ASCII
+ * reaches the error and the log as '?'. */
+Test(ps_input, a_start_abort_is_taken_as_a_peer_text)
+{
+    ps->role = CFX_PS_WORKER;
+    ps->index = 2;
+    static const char why[] = "server 1 \x1b[31mdied\n\x7f\xff;rest unread";
+    cfx__ps_start_aborted(ps, CFX_ERR_PEER_FAILED, why, strlen(why) - strlen(";rest unread"));
+    cr_assert_eq(cfx__ps_lost_err(ps), CFX_ERR_PEER_FAILED);
+    cr_assert_str_eq(cfx_last_error(),
+                     "job input: worker 2: the job did not start: server 1 ?[31mdied???");
+    ps->lost_status = 0; /* another job's handle, as it were */
+    cfx__ps_start_aborted(ps, 7, NULL, 0);
+    cr_assert_eq(cfx__ps_lost_err(ps), CFX_ERR_PROTO);
+    cr_assert_str_eq(cfx_last_error(), "job input: worker 2: the job did not start: the scheduler "
+                     "(server 0) gave up");
+    ps->role = CFX_PS_SERVER; /* teardown frees a server's state */
+    ps->index = 1;
+}
