@@ -239,8 +239,11 @@ static int start_skipped(struct cfx_ps *ps)
  * that announced itself and is alive hears it; returns @p rc, the error kept. */
 static int start_failed(struct cfx_ps *ps, int rc)
 {
-    char why[CFX__ERR_TEXT_MAX];
+    char why[CFX__ERR_TEXT_MAX], job[sizeof(ps->job) + 8];
     snprintf(why, sizeof(why), "%s", cfx_last_error());
+    /* the members name the job themselves */
+    size_t jl = (size_t)snprintf(job, sizeof(job), "job %s: ", ps->job);
+    const char *reason = strncmp(why, job, jl) ? why : why + jl;
     int nw = ps->params.num_workers, n = nw + PS_MAX_SERVERS - 1;
     struct cfx_object_id *ids = calloc((size_t)n, sizeof(*ids));
     bool *present = calloc((size_t)n, sizeof(*present));
@@ -265,7 +268,7 @@ static int start_failed(struct cfx_ps *ps, int rc)
         if (!text)
             continue;
         int len = snprintf(text, CFX__ERR_TEXT_MAX, "the scheduler (server 0, node %u) gave "
-                           "up: %s", ps->ctx->node_id, why);
+                           "up: %s", ps->ctx->node_id, reason);
         len = CFX_MIN(len, CFX__ERR_TEXT_MAX - 1);
         struct ps_hdr h = { .type = PS_MSG_ABORT, .status = rc };
         cfx__ps_send(ps, p, &h, text, (size_t)len + 1, text); /* the teardown lets it go out */
