@@ -448,4 +448,46 @@ static inline void post_send(struct pair *p, struct cfx_tp_ep *ep, const void *b
         ;
 }
 
+/* --- strangers (tpbase/tp_strangers.h) ---------------------------------------- */
+
+/* One more connection from a to b, left unauthorized, with a message from a
+ * (on dpdk an accepted session counts as a stranger's once its peer is
+ * heard: before, it may be a forged address, capped as half open): b's
+ * ep, a's in *ab. */
+static inline struct cfx_tp_ep *stranger_connect(struct pair *p, struct cfx_tp_ep **ab)
+{
+    uint8_t addr[CFX_TP_ADDR_MAX];
+    size_t len;
+    get_addr(p, 1, addr, &len);
+    int rc = p->ops->ep_connect(p->s[0].iface, addr, len, NODE_B, ab);
+    cr_assert_eq(rc, CFX_OK, "ep_connect: %s %s", cfx_errname(rc), cfx_last_error());
+    struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, *ab, WAIT_MS);
+    cr_assert_eq(e->status, CFX_OK, "connect: %s", cfx_errname(e->status));
+    e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
+    struct cfx_tp_ep *ba = e->ep;
+    post_send(p, *ab, "hello", 5, 1);
+    e = wait_ev(p, 1, CFX_TP_COMP_RECV, ba, WAIT_MS);
+    cr_assert_eq(e->len, 5);
+    cr_assert_eq(memcmp(e->data, "hello", 5), 0);
+    wait_ev(p, 0, CFX_TP_COMP_SEND, *ab, WAIT_MS);
+    return ba;
+}
+
+/* b closed @p ba (and so a's @p ab) for a newer stranger, saying why: at the
+ * total cap (@p total) or its address's. */
+static inline void expect_evicted(struct pair *p, int i, struct cfx_tp_ep *ab,
+                                  struct cfx_tp_ep *ba, bool total)
+{
+    const char *why = total ? "the oldest connection not authenticated, closed for a newer one"
+                            : "the oldest connection of its address not authenticated, closed";
+    struct ev *e = wait_ev(p, 1, CFX_TP_COMP_EP_ERROR, ba, WAIT_MS);
+    cr_assert_eq(e->status, CFX_ERR_NO_RESOURCE, "stranger %d: %s", i, cfx_errname(e->status));
+    cr_assert(ba->why && strstr(ba->why, why), "stranger %d: why '%s'", i,
+              ba->why ? ba->why : "(none)");
+    e = wait_ev(p, 0, CFX_TP_COMP_EP_ERROR, ab, WAIT_MS);
+    cr_assert_neq(e->status, CFX_OK);
+    p->ops->ep_close(ba);
+    p->ops->ep_close(ab);
+}
+
 #endif

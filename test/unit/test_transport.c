@@ -1392,79 +1392,93 @@ static bool takes_strangers(const struct cfx_transport_ops *ops)
            !strcmp(ops->name, "dpdk");
 }
 
-/* One more connection from a to b, left unauthorized, with a message from a
- * (on dpdk an accepted session counts as a stranger's once its peer is
- * heard: before, it may be a forged address, capped as half open): b's
- * ep, a's in *ab. */
-static struct cfx_tp_ep *stranger_connect(struct pair *p, struct cfx_tp_ep **ab)
+/* b's caps on strangers (only the transports takes_strangers names have them). */
+static struct cfx__tp_strangers *strangers_of(struct pair *p)
 {
-    uint8_t addr[CFX_TP_ADDR_MAX];
-    size_t len;
-    get_addr(p, 1, addr, &len);
-    int rc = p->ops->ep_connect(p->s[0].iface, addr, len, NODE_B, ab);
-    cr_assert_eq(rc, CFX_OK, "ep_connect: %s %s", cfx_errname(rc), cfx_last_error());
-    struct ev *e = wait_ev(p, 0, CFX_TP_COMP_CONNECTED, *ab, WAIT_MS);
-    cr_assert_eq(e->status, CFX_OK, "connect: %s", cfx_errname(e->status));
-    e = wait_ev(p, 1, CFX_TP_COMP_ACCEPT, NULL, WAIT_MS);
-    struct cfx_tp_ep *ba = e->ep;
-    post_send(p, *ab, "hello", 5, 1);
-    e = wait_ev(p, 1, CFX_TP_COMP_RECV, ba, WAIT_MS);
-    cr_assert_eq(e->len, 5);
-    cr_assert_eq(memcmp(e->data, "hello", 5), 0);
-    wait_ev(p, 0, CFX_TP_COMP_SEND, *ab, WAIT_MS);
-    return ba;
-}
-
-/* b closed @p ba (and so a's @p ab) for a newer stranger, saying why. */
-static void expect_evicted(struct pair *p, int i, struct cfx_tp_ep *ab, struct cfx_tp_ep *ba)
-{
-    struct ev *e = wait_ev(p, 1, CFX_TP_COMP_EP_ERROR, ba, WAIT_MS);
-    cr_assert_eq(e->status, CFX_ERR_NO_RESOURCE, "stranger %d: %s", i, cfx_errname(e->status));
-    cr_assert(ba->why && strstr(ba->why, "closed for a newer one"), "stranger %d: why '%s'", i,
-              ba->why ? ba->why : "(none)");
-    e = wait_ev(p, 0, CFX_TP_COMP_EP_ERROR, ab, WAIT_MS);
-    cr_assert_neq(e->status, CFX_OK);
-    p->ops->ep_close(ba);
-    p->ops->ep_close(ab);
+    struct cfx_tp_iface *i = p->s[1].iface;
+    if (!strcmp(p->ops->name, "tcp"))
+        return &cfx__tcp_iface_of(i)->strangers;
+#ifdef CFX_HAVE_DPDK
+    if (!strcmp(p->ops->name, "dpdk"))
+        return &cfx__dpdk_iface_of(i)->strangers;
+#endif
+#ifdef CFX_HAVE_VERBS
+    if (!strcmp(p->ops->name, "verbs"))
+        return &cfx__verbs_iface_of(i)->strangers;
+#endif
+    cr_assert_fail("%s takes no strangers", p->ops->name);
+    return NULL;
 }
 
 /*
  * Connections not authorized yet hold at most CFX_TCP_MAX_UNAUTH_PER_IP
- * (CFX_IB_ on verbs, CFX_DPDK_ on dpdk) of one address: the next closes the
- * oldest of them, on both sides, with CFX_ERR_NO_RESOURCE and a reason,
- * and an authorized one is never closed for a stranger.  (On verbs and
- * dpdk, before: every connection was kept, with a QP and registered
- * buffers or a session's rings, until the engine's deadline; a stranger
- * could open them without end.)
+ * (CFX_IB_ on verbs, CFX_DPDK_ on dpdk) of one address, or with @p total
+ * CFX_TCP_MAX_UNAUTH of all (one address here, its cap out of reach): the
+ * next closes the oldest of them, on both sides, with CFX_ERR_NO_RESOURCE
+ * and a reason, counted and logged naming the cap, and an authorized one is
+ * never closed for a stranger.  (On verbs and dpdk, before: every
+ * connection was kept, with a QP and registered buffers or a session's
+ * rings, until the engine's deadline; a stranger could open them without
+ * end.)
  */
-TP_TEST_WHERE(transport, strangers_past_a_cap_close_the_oldest, takes_strangers, 180)
+static void strangers_past_a_cap(struct tp_param *param, bool total)
 {
     enum { CAP = 3, N = 8 };
-    setenv("CFX_TCP_MAX_UNAUTH_PER_IP", "3", 1);
-    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "3", 1);
-    setenv("CFX_DPDK_MAX_UNAUTH_PER_IP", "3", 1);
+    static const char *const pfx[] = { "CFX_TCP_", "CFX_IB_", "CFX_DPDK_" };
+    char var[64], line[96];
+    for (size_t k = 0; k < CFX_ARRAY_SIZE(pfx); k++) {
+        snprintf(var, sizeof(var), "%sMAX_UNAUTH%s", pfx[k], total ? "" : "_PER_IP");
+        setenv(var, "3", 1);
+        snprintf(var, sizeof(var), "%sMAX_UNAUTH%s", pfx[k], total ? "_PER_IP" : "");
+        setenv(var, "64", 1);
+    }
     struct cfx_tp_ep *ab[N], *ba[N];
     struct pair p;
     pair_open(&p, param);
+    struct cfx__tp_strangers *s = strangers_of(&p);
+    cr_assert_eq(total ? s->max : s->max_per_ip, CAP);
+    cr_assert_eq(total ? s->max_per_ip : s->max, 64);
+    char logpath[] = "/tmp/cfx-test-strangers-XXXXXX";
+    int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
 
     for (int i = 0; i < CAP + 2; i++)
         ba[i] = stranger_connect(&p, &ab[i]);
     /* the 4th and the 5th closed the two oldest */
-    expect_evicted(&p, 0, ab[0], ba[0]);
-    expect_evicted(&p, 1, ab[1], ba[1]);
+    expect_evicted(&p, 0, ab[0], ba[0], total);
+    expect_evicted(&p, 1, ab[1], ba[1], total);
     authorize(&p, ba[2]); /* proven: no stranger any more */
     for (int i = CAP + 2; i < N; i++)
         ba[i] = stranger_connect(&p, &ab[i]);
     /* 3, 4 and 5 made the cap; 6 and 7 closed 3 and 4, not 2 */
-    expect_evicted(&p, 3, ab[3], ba[3]);
-    expect_evicted(&p, 4, ab[4], ba[4]);
+    expect_evicted(&p, 3, ab[3], ba[3], total);
+    expect_evicted(&p, 4, ab[4], ba[4], total);
     const int kept[] = { 2, 5, 6, 7 };
     for (size_t k = 0; k < CFX_ARRAY_SIZE(kept); k++) {
         int i = kept[k];
         cr_assert_null(find_ev(&p.s[1], CFX_TP_COMP_EP_ERROR, ba[i]), "%d was closed", i);
         cr_assert_eq(ba[i]->status, CFX_OK);
-        p.ops->ep_close(ba[i]);
-        p.ops->ep_close(ab[i]);
+    }
+    cr_assert_eq(atomic_load(&s->n_evicted), 4);
+    cr_assert_eq(s->n, 3, "strangers 5, 6 and 7 left");
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    snprintf(line, sizeof(line), "%s (3) reached, and it is the oldest",
+             total ? s->p.env_max : s->p.env_per_ip);
+    cr_assert(cfx_test_file_contains(logpath, line), "no line '%s'", line);
+    unlink(logpath);
+    for (size_t k = 0; k < CFX_ARRAY_SIZE(kept); k++) {
+        p.ops->ep_close(ba[kept[k]]);
+        p.ops->ep_close(ab[kept[k]]);
     }
     pair_close(&p);
+}
+
+TP_TEST_WHERE(transport, strangers_past_a_cap_close_the_oldest, takes_strangers, 180)
+{
+    strangers_past_a_cap(param, false);
+}
+
+TP_TEST_WHERE(transport, strangers_past_the_total_cap_close_the_oldest, takes_strangers, 180)
+{
+    strangers_past_a_cap(param, true);
 }
