@@ -21,6 +21,10 @@
  * engine dials it again: over rdma_cm and over the out-of-band exchange,
  * the get completes byte for byte.
  *
+ * The out-of-band port out of descriptors (EMFILE) closes the oldest
+ * strangers, then sheds newcomers, without a line per accept, and accepts
+ * again once descriptors are free.
+ *
  * On a host without RDMA every test skips (no device); the Soft-RoCE guest
  * runs them for real (test/vm/run.sh).
  */
@@ -38,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -132,7 +137,7 @@ static struct cfx_tp_iface *open_or_skip(const struct cfx_transport_ops *ops, ui
 }
 
 /* Connected both ways; neither side authorized. */
-static void pair_connect(struct pair *p)
+static void pair_open(struct pair *p)
 {
     memset(p, 0, sizeof(*p));
     p->ops = cfx__transport_find("verbs");
@@ -144,6 +149,11 @@ static void pair_connect(struct pair *p)
         s->len = calloc(BURST, sizeof(uint32_t));
         cr_assert(s->msg && s->len);
     }
+}
+
+/* a connects to b: both ends open, neither authorized. */
+static void pair_join(struct pair *p)
+{
     char addr[CFX_TP_ADDR_MAX];
     size_t alen = sizeof(addr);
     cr_assert_eq(p->ops->iface_addr(p->b.iface, addr, &alen), CFX_OK);
@@ -154,6 +164,12 @@ static void pair_connect(struct pair *p)
         cr_assert(cfx__now_ns() < end, "no connection");
         poll_both(p);
     }
+}
+
+static void pair_connect(struct pair *p)
+{
+    pair_open(p);
+    pair_join(p);
 }
 
 static void pair_close(struct pair *p)
@@ -876,6 +892,151 @@ Test(verbs_authz, token_holder_closed_at_the_cap_dials_again_cm, .timeout = 240)
 Test(verbs_authz, token_holder_closed_at_the_cap_dials_again_oob, .timeout = 240)
 {
     closed_at_the_cap_dials_again("oob");
+}
+
+/* ---- the out-of-band port out of descriptors ---------------------------------------------- */
+
+static int lines_with(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+    cr_assert_not_null(f);
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
+/* Until b accepted and closed or kept everything: @p want strangers taken. */
+static void strangers_taken(struct side *b, const struct cfx__tp_strangers *s, uint64_t want)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    for (;;) {
+        uint64_t got = s->n + atomic_load(&s->n_evicted) + atomic_load(&s->n_shed);
+        if (got >= want)
+            break;
+        cr_assert(cfx__now_ns() < end, "%llu of %llu connections taken (%u kept, %llu "
+                  "closed, %llu shed)", (unsigned long long)got, (unsigned long long)want,
+                  s->n, (unsigned long long)atomic_load(&s->n_evicted),
+                  (unsigned long long)atomic_load(&s->n_shed));
+        side_poll(cfx__transport_find("verbs"), b);
+    }
+    cr_assert_null(b->ep, "a stranger was reported");
+}
+
+/* Whether b closed our end @p fd of a connection (waits for it when @p wait). */
+static bool hung_up(int fd, bool wait)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+    char c;
+    if (wait)
+        cr_assert_eq(poll(&p, 1, WAIT_MS), 1, "connection %d stayed open", fd);
+    return recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+/*
+ * The out-of-band port runs out of descriptors (the process may open ROOM
+ * more; tcp shares the code: test_dp_auth, out_of_fds_sheds_strangers_...).
+ * accept() fails with EMFILE and the port neither spins on its readable
+ * listener nor stops: with strangers waiting the oldest of them are closed
+ * for the newcomers, the newest kept; with none, each newcomer is accepted
+ * on the reserve descriptor and closed (shed); each line at most once a
+ * second, no line per failed accept; once descriptors are free it accepts
+ * again and a real peer connects.
+ */
+Test(verbs_authz, oob_out_of_fds_closes_the_oldest_then_sheds, .timeout = 240)
+{
+    enum { ROOM = 4, N = 12, M = 3, DUPS = 64 };
+    setenv("CFX_IB_CONNECT", "oob", 1);
+    setenv("CFX_IB_OOB_ACCEPT_MS", "600000", 1); /* no deadline within the test */
+    setenv("CFX_IB_MAX_UNAUTH", "1000", 1);      /* the caps out of reach */
+    setenv("CFX_IB_MAX_UNAUTH_PER_IP", "1000", 1);
+    struct pair p;
+    pair_open(&p);
+    struct cfx__verbs_iface *bv = cfx__verbs_iface_of(p.b.iface);
+    struct cfx__tp_strangers *s = &bv->strangers;
+    cr_assert_geq(s->spare_fd, 0, "no reserve descriptor");
+    struct sockaddr_in to = { .sin_family = AF_INET, .sin_addr = bv->ip,
+                              .sin_port = htons(bv->port) };
+    int fd[N + M + 1], dups[DUPS], ndups = 0;
+    for (int i = 0; i < N + M + 1; i++) /* ours made before the limit */
+        cr_assert_geq(fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), 0);
+    char logpath[] = "/tmp/cfx-test-oobfds-XXXXXX";
+    int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
+    struct rlimit old;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = dup(0);
+    cr_assert_geq(probe, 0);
+    close(probe);
+    struct rlimit low = { .rlim_cur = (rlim_t)probe + ROOM, .rlim_max = old.rlim_max };
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    uint64_t t0 = cfx__now_ns();
+
+    /* N strangers, room for ROOM: the oldest closed for the newest */
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(connect(fd[i], (struct sockaddr *)&to, sizeof(to)), 0, "%s",
+                     strerror(errno));
+    strangers_taken(&p.b, s, N);
+    uint32_t kept = s->n;
+    cr_assert(kept >= 1 && kept <= ROOM, "%u strangers kept with room for %d", kept, ROOM);
+    cr_assert_eq(atomic_load(&s->n_evicted), N - kept);
+    cr_assert_eq(atomic_load(&s->n_shed), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(hung_up(fd[i], i < (int)(N - kept)), i < (int)(N - kept), "stranger %d "
+                     "of %d %s", i, N, i < (int)(N - kept) ? "kept" : "closed, not the oldest");
+
+    /* none left to close (those kept hang up), no descriptor free: shed */
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (s->n) {
+        cr_assert(cfx__now_ns() < end, "%u strangers stayed after hanging up", s->n);
+        side_poll(p.ops, &p.b);
+    }
+    while (ndups < DUPS && (dups[ndups] = dup(0)) >= 0)
+        ndups++;
+    cr_assert_eq(errno, EMFILE, "%d descriptors taken: %s", ndups, strerror(errno));
+    for (int i = N; i < N + M; i++)
+        cr_assert_eq(connect(fd[i], (struct sockaddr *)&to, sizeof(to)), 0, "%s",
+                     strerror(errno));
+    strangers_taken(&p.b, s, N - kept + M);
+    cr_assert_eq(atomic_load(&s->n_shed), M);
+    cr_assert_eq(atomic_load(&s->n_evicted), N - kept);
+    for (int i = N; i < N + M; i++)
+        cr_assert(hung_up(fd[i], true), "newcomer %d not shed", i - N);
+
+    /* descriptors free again: accepted, and a real peer connects */
+    while (ndups)
+        close(dups[--ndups]);
+    cr_assert_eq(connect(fd[N + M], (struct sockaddr *)&to, sizeof(to)), 0);
+    strangers_taken(&p.b, s, N - kept + M + 1);
+    cr_assert_eq(s->n, 1, "the last newcomer not kept");
+    cr_assert(!hung_up(fd[N + M], false), "the last newcomer closed");
+    double secs = (double)(cfx__now_ns() - t0) / 1e9;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    pair_join(&p);
+    cr_assert_eq(p.a.n_ep_error + p.b.n_ep_error, 0);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+
+    int closing = lines_with(logpath, "out of file descriptors (Too many open files), and it "
+                             "is the oldest not authenticated");
+    int shed = lines_with(logpath, "out of file descriptors (Too many open files, none waiting "
+                          "to authenticate): shed a new connection");
+    cr_log_info("%d closing and %d shedding lines in %.1f s", closing, shed, secs);
+    cr_assert(closing >= 1 && closing <= (int)secs + 2, "%d lines for %d closed in %.1f s",
+              closing, (int)(N - kept), secs);
+    cr_assert(shed >= 1 && shed <= (int)secs + 2, "%d lines for %d shed in %.1f s", shed, M,
+              secs);
+    cr_assert_eq(lines_with(logpath, "accept: Too many open files"), 0, "a line per accept");
+    unlink(logpath);
+    close(fd[N + M]);
+    for (int i = N; i < N + M; i++)
+        close(fd[i]);
+    pair_close(&p);
 }
 
 #endif
