@@ -162,15 +162,23 @@ struct cfx__verbs_rej {
 } __attribute__((packed));
 _Static_assert(sizeof(struct cfx__verbs_rej) <= 148, "reason fits REJ private data");
 
-/* Out-of-band exchange: hello plus what rdma_cm would otherwise negotiate. */
+/* Out-of-band exchange: hello plus what rdma_cm would otherwise negotiate,
+ * 64 bytes, little endian.  An acceptor that refuses the connector's hello
+ * answers with a refusal before it closes (as rdma_cm's REJ says why): its
+ * magic and version in the hello, the rest zero but @refused, an enum
+ * cfx__verbs_rej_reason.  A connector reads the hello's first 6 bytes
+ * (magic, version) as soon as they came, so that another version's
+ * exchange of another size still shows as CFX_ERR_VERSION. */
 struct cfx__verbs_oob_info {
     struct cfx__verbs_hello hello;
     uint32_t qpn;          /* sender's QP number */
     uint32_t psn;          /* sender's initial send PSN */
     uint8_t gid[16];       /* sender's GID */
     uint16_t lid;          /* sender's LID (IB) */
-    uint16_t rsv;
+    uint16_t refused;      /* 0, or a refusal: why (enum cfx__verbs_rej_reason) */
 } __attribute__((packed));
+_Static_assert(sizeof(struct cfx__verbs_oob_info) == 64, "the oob exchange's size");
+#define CFX_VERBS_OOB_HEAD 6 /* magic and version: what every version keeps */
 
 #define CFX_VERBS_OOB_READY 0x52 /* 'R': connect side reached RTS (oob) */
 
@@ -264,6 +272,7 @@ struct cfx__verbs_ep {
     struct cfx__verbs_oob_info oob_out;  /* what we send */
     struct cfx__verbs_oob_info oob_in;   /* what we receive */
     uint32_t oob_sent, oob_got;  /* bytes of oob_out sent / oob_in received */
+    char oob_why[112];           /* connect side: the acceptor's refusal (super.why) */
     bool oob_ready_sent;         /* connect side: READY byte sent */
     uint64_t accept_deadline;    /* oob accept side: dropped unless up by then (ns) */
 

@@ -18,7 +18,11 @@
  * hang-up during the exchange, the TCP connection made, is the acceptor
  * closing it (at its cap on strangers, below) and CFX_ERR_PEER_FAILED too,
  * as on tcp: the engine dials again (conn.c, conn_redial), where
- * CFX_ERR_CONNECT (a refused or failed TCP connect) moves on.
+ * CFX_ERR_CONNECT (a refused or failed TCP connect) moves on.  So an
+ * acceptor that refuses the hello (another version, one not understood)
+ * answers with a refusal record before it closes (verbs.h, struct
+ * cfx__verbs_oob_info), and the connector fails with its reason,
+ * CFX_ERR_VERSION naming both versions, which is not dialled again.
  *
  * Anyone may connect to the listening socket, and each accepted socket
  * holds an endpoint (registered buffers, CQ entries, a table slot) before
@@ -230,6 +234,46 @@ static bool send_info(struct cfx__verbs_ep *ep)
     return true;
 }
 
+/* The peer's magic and version came (its exchange's first
+ * CFX_VERBS_OOB_HEAD bytes, which every version keeps), and it speaks
+ * another version: whatever the size of its exchange, or of its refusal,
+ * nothing more need come. */
+static bool other_version(const struct cfx__verbs_ep *ep)
+{
+    const struct cfx__verbs_hello *h = &ep->oob_in.hello;
+    return ep->oob_got >= CFX_VERBS_OOB_HEAD && le32toh(h->magic) == CFX_VERBS_MAGIC &&
+           le16toh(h->version) != CFX_VERBS_VERSION;
+}
+
+/* The acceptor refused our hello (another version, or its refusal record,
+ * accept_progress): fail with its reason, which the engine does not dial
+ * again for (CFX_ERR_VERSION, CFX_ERR_AUTH: cfx__conn_fallback), where a
+ * bare hang-up is CFX_ERR_PEER_FAILED, dialled CFX_CONN_REDIALS times. */
+static void connect_refused(struct cfx__verbs_ep *ep)
+{
+    const struct cfx__verbs_hello *h = &ep->oob_in.hello;
+    int st;
+
+    if (other_version(ep)) {
+        st = CFX_ERR_VERSION;
+        snprintf(ep->oob_why, sizeof(ep->oob_why), "it refused our hello: it speaks verbs "
+                 "protocol version %u, we speak %u", le16toh(h->version), CFX_VERBS_VERSION);
+    } else {
+        struct cfx__verbs_rej rej = { .magic = htole32(CFX_VERBS_REJ_MAGIC),
+                                      .version = htole16(CFX_VERBS_REJ_VERSION),
+                                      .reason = ep->oob_in.refused };
+        const char *why;
+        st = cfx__verbs_rej_decode(CFX_VERBS_REJ_CONSUMER, &rej, sizeof(rej), &why);
+        if (why)
+            snprintf(ep->oob_why, sizeof(ep->oob_why), "%s", why);
+        else
+            snprintf(ep->oob_why, sizeof(ep->oob_why), "it refused us (reason %u)",
+                     le16toh(ep->oob_in.refused));
+    }
+    ep->super.why = ep->oob_why;
+    OOB_FAIL(ep, st, "out-of-band exchange with %s: %s", ep->addr, ep->oob_why);
+}
+
 static void connect_progress(struct cfx__verbs_ep *ep)
 {
     int rc;
@@ -255,6 +299,10 @@ static void connect_progress(struct cfx__verbs_ep *ep)
     if (ep->oob_sent < sizeof(ep->oob_out) && !send_info(ep))
         return;
     int r = xfer(ep, false, &ep->oob_in, sizeof(ep->oob_in), &ep->oob_got);
+    if (other_version(ep) || (r > 0 && ep->oob_in.refused)) {
+        connect_refused(ep);
+        return;
+    }
     if (r < 0) {
         int st = xfer_status();
         OOB_FAIL(ep, st, "out-of-band exchange with %s: %s", ep->addr, xfer_why());
@@ -277,21 +325,49 @@ static void connect_progress(struct cfx__verbs_ep *ep)
     cfx__verbs_ep_established(ep);
 }
 
+/* Refuse the connector's hello for @p status (cfx_last_error() says why),
+ * telling it why before closing, as rdma_cm's REJ does (a bare hang-up it
+ * takes for a cap's and dials again): a refusal record, our magic and
+ * version, the reason, no QP (struct cfx__verbs_oob_info).  Best effort:
+ * nothing of ours is in the socket's buffer yet. */
+static void accept_refuse(struct cfx__verbs_ep *ep, int status)
+{
+    struct cfx__verbs_iface *iface = ep->iface;
+    struct cfx__verbs_oob_info *o = &ep->oob_out;
+    struct cfx__verbs_rej rej;
+
+    /* short: the line keeps 160 bytes (flood.h) */
+    CFX_RATELOG(&iface->accept_log, VERBS, cfx__now_ns(), "iface %s: refused %s: %s",
+                iface->addr, ep->addr, cfx_last_error());
+    if (cfx__verbs_rej_fill(&rej, status)) {
+        memset(o, 0, sizeof(*o));
+        o->hello.magic = htole32(CFX_VERBS_MAGIC);
+        o->hello.version = htole16(CFX_VERBS_VERSION);
+        o->refused = rej.reason; /* little endian already */
+        (void)!send(ep->oob_fd, o, sizeof(*o), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    OOB_FAIL(ep, status, "%s", cfx_last_error());
+}
+
 static void accept_progress(struct cfx__verbs_ep *ep)
 {
     int rc;
 
     if (ep->oob_got < sizeof(ep->oob_in)) {
         int r = xfer(ep, false, &ep->oob_in, sizeof(ep->oob_in), &ep->oob_got);
-        if (r < 0) {
+        if (r < 0 && !other_version(ep)) {
             OOB_FAIL(ep, CFX_ERR_CONNECT, "out-of-band exchange: %s", xfer_why());
             return;
         }
-        if (r == 0)
+        if (r == 0 && !other_version(ep))
             return;
+        /* (another version's hello is refused as soon as its head came) */
+        if ((rc = cfx__verbs_ep_hello_take(ep, &ep->oob_in.hello, sizeof(ep->oob_in.hello)))) {
+            accept_refuse(ep, rc);
+            return;
+        }
         uint32_t psn = random_psn();
-        if ((rc = cfx__verbs_ep_hello_take(ep, &ep->oob_in.hello, sizeof(ep->oob_in.hello))) ||
-            (rc = cfx__verbs_ep_qp_create(ep)) ||
+        if ((rc = cfx__verbs_ep_qp_create(ep)) ||
             (rc = cfx__verbs_ep_qp_rtr_rts(ep, &ep->oob_in, psn))) {
             OOB_FAIL(ep, rc, "%s", cfx_last_error());
             return;

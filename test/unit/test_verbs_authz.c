@@ -13,7 +13,9 @@
  * A peer refused while connecting over rdma_cm learns why: the acceptor's
  * reject carries a reason (another version, a hello not understood), which
  * the connector reports as that status, not as CFX_ERR_CONNECT; the reject
- * decoder trusts no byte of a reject it does not recognise.
+ * decoder trusts no byte of a reject it does not recognise.  Out of band
+ * the acceptor answers a refused hello with a refusal record before it
+ * closes, and the connector fails with its reason, not a hang-up's.
  *
  * A token holder's connection that the acceptor closes at its cap on
  * connections not yet authenticated before the engine's handshake ended
@@ -1037,6 +1039,174 @@ Test(verbs_authz, oob_out_of_fds_closes_the_oldest_then_sheds, .timeout = 240)
     for (int i = N; i < N + M; i++)
         close(fd[i]);
     pair_close(&p);
+}
+
+/* ---- the out-of-band exchange refused: the connector learns why --------------------------- */
+
+/* A TCP connection to @p v's out-of-band port. */
+static int oob_dial(const struct cfx__verbs_iface *v)
+{
+    struct sockaddr_in to = { .sin_family = AF_INET, .sin_addr = v->ip,
+                              .sin_port = htons(v->port) };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0, "connect to %s: %s",
+                 v->addr, strerror(errno));
+    return fd;
+}
+
+/* Read from non-blocking @p fd into @p buf (@p cap) until the peer closed
+ * it, polling @p s meanwhile: the bytes that came. */
+static size_t read_to_close(int fd, struct side *s, uint8_t *buf, size_t cap)
+{
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    size_t len = 0;
+    for (;;) {
+        side_poll(cfx__transport_find("verbs"), s);
+        ssize_t k = recv(fd, buf + len, cap - len, MSG_DONTWAIT);
+        if (k == 0)
+            return len;
+        if (k > 0)
+            len += (size_t)k;
+        else
+            cr_assert(errno == EAGAIN || errno == EWOULDBLOCK, "recv: %s", strerror(errno));
+        cr_assert_lt(len, cap, "more than %zu bytes came", cap);
+        cr_assert(cfx__now_ns() < end, "not closed: %zu bytes came", len);
+    }
+}
+
+/*
+ * A hello of another version at the out-of-band port, the whole exchange or
+ * its first bytes only (a version whose exchange is shorter), is answered
+ * with a refusal record before the acceptor closes: 64 bytes, little
+ * endian, its magic and version, reason CFX_VERBS_REJ_R_VERSION, no QP;
+ * nothing is reported, and the refusal is logged naming both versions.
+ * (Before: the whole one was closed without a word, which the connector
+ * took for a cap's and dialled again 8 times; the first bytes alone waited
+ * for the acceptor's CFX_IB_OOB_ACCEPT_MS.)
+ */
+Test(verbs_authz, oob_hello_of_another_version_answered_with_a_refusal, .timeout = 240)
+{
+    setenv("CFX_IB_CONNECT", "oob", 1);
+    setenv("CFX_IB_OOB_ACCEPT_MS", "600000", 1); /* no deadline within the test */
+    const struct cfx_transport_ops *ops = cfx__transport_find("verbs");
+    cr_assert_not_null(ops);
+    struct side b = { .iface = open_or_skip(ops, 2) };
+    struct cfx__verbs_iface *bv = cfx__verbs_iface_of(b.iface);
+    char logpath[] = "/tmp/cfx-test-oobver-XXXXXX";
+    int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
+
+    for (int whole = 1; whole >= 0; whole--) {
+        struct cfx__verbs_oob_info hello = { 0 };
+        hello.hello.magic = htole32(CFX_VERBS_MAGIC);
+        hello.hello.version = htole16(CFX_VERBS_VERSION + 1);
+        hello.hello.rq_depth = htole32(64);
+        size_t n = whole ? sizeof(hello) : CFX_VERBS_OOB_HEAD + 2;
+        int fd = oob_dial(bv);
+        cr_assert_eq(send(fd, &hello, n, 0), (ssize_t)n);
+        uint8_t got[128];
+        size_t len = read_to_close(fd, &b, got, sizeof(got));
+        close(fd);
+        cr_assert_eq(len, 64, "%s hello: %zu bytes of refusal", whole ? "whole" : "head", len);
+        uint8_t want[64] = { 0x56, 0x58, 0x46, 0x43, CFX_VERBS_VERSION, 0 }; /* magic, ver */
+        want[62] = CFX_VERBS_REJ_R_VERSION; /* refused, little endian; the rest zero */
+        for (size_t i = 0; i < sizeof(want); i++)
+            cr_assert_eq(got[i], want[i], "%s hello: refusal byte %zu is %#x, not %#x",
+                         whole ? "whole" : "head", i, got[i], want[i]);
+    }
+    cr_assert_null(b.ep, "a refused stranger was reported");
+    cr_assert_eq(b.n_ep_error, 0);
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    char line[160];
+    snprintf(line, sizeof(line), "speaks verbs protocol version %u, we speak %u",
+             CFX_VERBS_VERSION + 1, CFX_VERBS_VERSION);
+    cr_assert(cfx_test_file_contains(logpath, line), "the refusal not logged: '%s'", line);
+    snprintf(line, sizeof(line), "%s: refused ", bv->addr);
+    cr_assert(cfx_test_file_contains(logpath, line), "no line '%s'", line);
+    unlink(logpath);
+    ops->iface_close(b.iface);
+}
+
+/*
+ * The connector meets an acceptor that refuses its hello: one of another
+ * version that sends its magic and version and closes (its exchange of
+ * another size), or one of ours whose refusal record says the hello was
+ * malformed.  The connection fails with CFX_ERR_VERSION naming both
+ * versions, or CFX_ERR_PROTO saying so: statuses the engine does not dial
+ * again for (cfx__conn_fallback).  (Before: CFX_ERR_PEER_FAILED, dialled
+ * again CFX_CONN_REDIALS times, and CFX_ERR_CONNECT.)
+ */
+Test(verbs_authz, oob_connector_told_why_it_was_refused, .timeout = 240)
+{
+    setenv("CFX_IB_CONNECT", "oob", 1);
+    const struct cfx_transport_ops *ops = cfx__transport_find("verbs");
+    cr_assert_not_null(ops);
+    struct cfx_tp_iface *ai = open_or_skip(ops, 1);
+    const struct cfx__verbs_iface *av = cfx__verbs_iface_of(ai);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr = av->ip };
+    socklen_t slen = sizeof(sa);
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    cr_assert_geq(lfd, 0);
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+    cr_assert_eq(listen(lfd, 4), 0);
+    cr_assert_eq(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+    char addr[CFX_TP_ADDR_MAX], ip[INET_ADDRSTRLEN];
+    cr_assert_not_null(inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip)));
+    snprintf(addr, sizeof(addr), "oob:%s:%u", ip, ntohs(sa.sin_port));
+    char why_version[96];
+    snprintf(why_version, sizeof(why_version), "it refused our hello: it speaks verbs protocol "
+             "version %u, we speak %u", CFX_VERBS_VERSION + 1, CFX_VERBS_VERSION);
+    const struct {
+        uint16_t version, refused;
+        size_t len;
+        int status;
+        const char *why;
+    } cases[] = {
+        { CFX_VERBS_VERSION + 1, 0, CFX_VERBS_OOB_HEAD + 2, CFX_ERR_VERSION, why_version },
+        { CFX_VERBS_VERSION, CFX_VERBS_REJ_R_HELLO, 64, CFX_ERR_PROTO,
+          "it rejected our hello as malformed" },
+    };
+
+    for (size_t c = 0; c < CFX_ARRAY_SIZE(cases); c++) {
+        struct side a = { .iface = ai };
+        cr_assert_eq(ops->ep_connect(ai, addr, strlen(addr) + 1, 2, &a.ep), CFX_OK, "%s",
+                     cfx_last_error());
+        /* take the connector's exchange whole (no reset for bytes unread) */
+        struct cfx__verbs_oob_info in, out = { 0 };
+        uint32_t got = 0;
+        int fd = -1;
+        uint64_t end = cfx__deadline_ns(WAIT_MS);
+        while (got < sizeof(in)) {
+            cr_assert(cfx__now_ns() < end, "case %zu: %u bytes of the exchange came", c, got);
+            side_poll(ops, &a);
+            cr_assert_eq(a.n_ep_error, 0, "case %zu: failed before the refusal", c);
+            if (fd < 0 && (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+                continue;
+            ssize_t k = recv(fd, (uint8_t *)&in + got, sizeof(in) - got, MSG_DONTWAIT);
+            if (k > 0)
+                got += (uint32_t)k;
+        }
+        cr_assert_eq(le16toh(in.hello.version), CFX_VERBS_VERSION);
+        out.hello.magic = htole32(CFX_VERBS_MAGIC);
+        out.hello.version = htole16(cases[c].version);
+        out.refused = htole16(cases[c].refused);
+        cr_assert_eq(send(fd, &out, cases[c].len, 0), (ssize_t)cases[c].len);
+        close(fd);
+        while (!a.n_ep_error) {
+            cr_assert(cfx__now_ns() < end, "case %zu: the connection did not fail", c);
+            side_poll(ops, &a);
+        }
+        cr_assert_eq(a.n_ep_error, 1);
+        cr_assert_eq(a.ep_error, cases[c].status, "case %zu: %s: %s", c,
+                     cfx_errname(a.ep_error), a.ep->why ? a.ep->why : "(no reason)");
+        cr_assert(a.ep->why && !strcmp(a.ep->why, cases[c].why), "case %zu: why '%s', not '%s'",
+                  c, a.ep->why ? a.ep->why : "(none)", cases[c].why);
+        ops->ep_close(a.ep);
+    }
+    cr_assert_lt(accept4(lfd, NULL, NULL, SOCK_CLOEXEC), 0, "dialled again");
+    close(lfd);
+    ops->iface_close(ai);
 }
 
 #endif
