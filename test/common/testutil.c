@@ -116,6 +116,21 @@ int cfx_test_file_contains(const char *path, const char *needle)
     return found;
 }
 
+int cfx_test_lines_with(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+    if (!f)
+        return -1;
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
 bool cfx_test_await_count(pthread_mutex_t *lock, const unsigned *n, int ms)
 {
     struct timespec t0, t;

@@ -28,6 +28,8 @@ void cfx_test_stderr_back(int saved);
 
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
+/* Lines of the file @p path holding @p needle (-1: the file cannot be read). */
+int cfx_test_lines_with(const char *path, const char *needle);
 
 struct cfx_context;
 struct cfx_object_id;

@@ -1133,15 +1133,8 @@ Test(shm, refused_other_uid, .timeout = 60)
 /* Lines of the file @p path holding @p needle. */
 static int lines_with(const char *path, const char *needle)
 {
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    int n = 0;
-    cr_assert_not_null(f, "%s", path);
-    while (getline(&line, &cap, f) > 0)
-        n += strstr(line, needle) != NULL;
-    free(line);
-    fclose(f);
+    int n = cfx_test_lines_with(path, needle);
+    cr_assert_geq(n, 0, "%s", path);
     return n;
 }
 
