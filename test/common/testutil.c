@@ -116,6 +116,18 @@ int cfx_test_file_contains(const char *path, const char *needle)
     return found;
 }
 
+int cfx_test_fds_leave(int room, struct rlimit *old)
+{
+    if (getrlimit(RLIMIT_NOFILE, old) != 0)
+        return -1;
+    int probe = dup(0); /* the lowest free descriptor */
+    if (probe < 0)
+        return -1;
+    close(probe);
+    struct rlimit low = { .rlim_cur = (rlim_t)probe + (rlim_t)room, .rlim_max = old->rlim_max };
+    return setrlimit(RLIMIT_NOFILE, &low);
+}
+
 int cfx_test_lines_with(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
 
 /* Deterministic pattern: byte i of stream @p seed (xorshift based). */
 void cfx_test_fill(void *buf, size_t len, uint64_t seed);
@@ -28,6 +29,9 @@ void cfx_test_stderr_back(int saved);
 
 /* 1 when the text @p needle occurs in the file @p path (log checks). */
 int cfx_test_file_contains(const char *path, const char *needle);
+/* Lower RLIMIT_NOFILE so that this process may open @p room descriptors
+ * more, and no more; *@p old: the limits before.  0, or -1 with errno. */
+int cfx_test_fds_leave(int room, struct rlimit *old);
 /* Lines of the file @p path holding @p needle (-1: the file cannot be read). */
 int cfx_test_lines_with(const char *path, const char *needle);
 

@@ -962,12 +962,7 @@ Test(verbs_authz, oob_out_of_fds_closes_the_oldest_then_sheds, .timeout = 240)
     char logpath[] = "/tmp/cfx-test-oobfds-XXXXXX";
     int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
     struct rlimit old;
-    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = dup(0);
-    cr_assert_geq(probe, 0);
-    close(probe);
-    struct rlimit low = { .rlim_cur = (rlim_t)probe + ROOM, .rlim_max = old.rlim_max };
-    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    cr_assert_eq(cfx_test_fds_leave(ROOM, &old), 0, "%s", strerror(errno));
     uint64_t t0 = cfx__now_ns();
 
     /* N strangers, room for ROOM: the oldest closed for the newest */
