@@ -123,8 +123,8 @@ void cfx__ps_start_aborted(struct cfx_ps *ps, int status, const char *why, size_
     pthread_mutex_lock(&ps->lock);
     if (!ps->lost_status) {
         ps->lost_status = st;
-        snprintf(ps->lost_why, sizeof(ps->lost_why), "job %s: %s %d: the job did not start: %s",
-                 ps->job, role_name(ps), ps->index, text);
+        snprintf(ps->lost_why, sizeof(ps->lost_why), "job %s: %s %d: the job did not start: "
+                 "%.*s", ps->job, role_name(ps), ps->index, (int)strlen(text), text);
         CFX_LOG(WARN, PS, "%s", ps->lost_why);
     }
     pthread_cond_broadcast(&ps->cond);
