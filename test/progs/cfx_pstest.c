@@ -66,12 +66,15 @@
  */
 #include <conflux/conflux.h>
 
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
+#include <sys/pidfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -333,13 +336,60 @@ static void expect_worker_gone(int rc, int w, int gone)
     printf("worker %d: lost worker %d: %s\n", w, gone, err);
 }
 
+/* --dies-at-start: this rank's process id, put at its start (every rank
+ * shares the host: cfx_run), for the last worker to wait for its exit. */
+static void signal_pid(struct cfx_context *ctx, int rank)
+{
+    static int32_t pid;
+    struct cfx_object_id id;
+    pid = (int32_t)getpid();
+    name_id(&id, "pid", rank);
+    CHECK_OK(cfx_put(ctx, &id, &pid, sizeof(pid), NULL));
+}
+
+/* --dies-at-start: pidfds of the ranks that may hold a copy of server K's
+ * announcement (K, and when K is the scheduler the other members, which
+ * read it), opened by the last worker before its "up" lets K go: they are
+ * all alive then, so a pid names its rank's process. */
+static int exit_fd[64];
+static int n_exit_fd;
+
+static void watch_exits(struct cfx_context *ctx, int k)
+{
+    for (int r = 0; r < S + W - 1 && n_exit_fd < 64; r++) {
+        if (r != k && k != 0)
+            continue;
+        int32_t pid = 0;
+        size_t sz = 0;
+        struct cfx_object_id id;
+        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+        name_id(&id, "pid", r);
+        CHECK_OK(cfx_get(ctx, &id, &pid, sizeof(pid), &sz, &op));
+        CHECK_OK(cfx_delete(ctx, &id, NULL));
+        int fd = pidfd_open((pid_t)pid, 0);
+        if (fd < 0)
+            DIE("pidfd_open(%d), rank %d's process: %s", (int)pid, r, strerror(errno));
+        exit_fd[n_exit_fd++] = fd;
+    }
+}
+
 /* --dies-at-start: the node of server K's announcement once it went with
- * that node (a get's timeout then says who had put it: object.h), polled
- * with a deadline; the copy a get that still found it keeps is dropped, or
- * it would keep the announcement served. */
+ * that node (a get's timeout then says who had put it: object.h).  It
+ * goes when no process holds a copy: K, and when K is the scheduler the
+ * other members, which read it and fail at once when K dies.  Their
+ * exits are waited for (watch_exits); the directory then drops their
+ * copies as the coordinator hears their connections close, which each get
+ * (a round trip to it, 200 ms at most) looks for.  A get that still finds
+ * the announcement then is a defect. */
 static uint32_t wait_went(struct cfx_context *ctx, int k)
 {
     static const char key[] = "(the id was put by node ";
+    for (int i = 0; i < n_exit_fd; i++) {
+        struct pollfd pe = { .fd = exit_fd[i], .events = POLLIN };
+        if (poll(&pe, 1, 60000) != 1)
+            DIE("a rank holding server %d's announcement did not exit within 60 s", k);
+        close(exit_fd[i]);
+    }
     char name[96];
     struct cfx_object_id id;
     snprintf(name, sizeof(name), "ps/%s/server/%d/0", JOB, k); /* dataplane/ps: cfx__ps_obj_id */
@@ -354,12 +404,10 @@ static uint32_t wait_went(struct cfx_context *ctx, int k)
         unsigned node = 0;
         if (w && sscanf(w + strlen(key), "%u", &node) == 1 && node)
             return node;
-        if (rc == CFX_OK) {
-            cfx_delete(ctx, &id, NULL);
-            usleep(10000); /* still served: look again */
-        }
+        if (rc == CFX_OK)
+            DIE("server %d's announcement is still served after its holders exited", k);
     }
-    DIE("server %d's announcement did not go within 30 s", k);
+    DIE("server %d's announcement did not go within 30 s of its holders' exit", k);
 }
 
 /* --skip-server, --dies-at-start: the job must not start, and create's
@@ -858,6 +906,10 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     CHECK_OK(cfx_context_create(NULL, &ctx));
     int rc = 0;
+    if (DIES_AT_START >= 0)
+        signal_pid(ctx, rank);
+    if (DIES_AT_START >= 0 && rank == S + W - 1)
+        watch_exits(ctx, DIES_AT_START);
     if (DIES_AT_START >= 0 && rank != DIES_AT_START)
         signal_obj(ctx, "up", rank);
     if (rank < S + W) {
