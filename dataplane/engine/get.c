@@ -935,6 +935,15 @@ static int get_impl(struct cfx_context *ctx, const struct cfx_object_id *id, voi
         if (rc != CFX_OK)
             break;
         rc = get_pull(&g); /* 4 */
+        if (rc == CFX_OK && cfx__cur_req && cfx__cur_req->cancel) {
+            /* its request was freed while the last bytes landed (the
+             * free waits for the get; a waiter napping on the transports
+             * sees the cancel only once the transfer ended): the buffer
+             * is the caller's again, so it is no copy here.  Kept, the
+             * node served, and later gets here answered with, whatever
+             * the caller wrote into it next. */
+            rc = get_canceled(&g);
+        }
         if (rc == CFX_OK) {
             rc = get_finish(&g); /* 5 */
             break;

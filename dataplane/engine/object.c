@@ -383,6 +383,20 @@ void cfx_buf_free(struct cfx_context *ctx, void *buf)
     }
 }
 
+void cfx__copy_drop_freed(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          const void *buf)
+{
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_obj *obj = cfx__store_find(&ctx->store, id);
+    bool held = obj && obj->buf == buf && !obj->arena && !obj->deleting;
+    pthread_mutex_unlock(&ctx->lock);
+    /* with the coordinator lost, at once (as cfx_buf_free) */
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 100 };
+    if (held && cfx__ctx_enter(ctx, "cfx_request_free") == CFX_OK)
+        cfx__api_done(ctx, delete_call(ctx, id, cfx__ctl_lost_ms(ctx->ctl) ? &p : NULL,
+                                       false));
+}
+
 /* ---- the API: each call counted for cfx_context_destroy() ------------------- */
 
 int cfx_put(struct cfx_context *ctx, const struct cfx_object_id *id, const void *buf,

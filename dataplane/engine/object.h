@@ -73,6 +73,12 @@ bool cfx__obj_wait_released(struct cfx_context *ctx, const struct cfx_object_id 
  * held); a withdrawn send's drain watches them too (p2p.c). */
 uint64_t cfx__obj_writes_in_flight(const struct cfx_obj *obj);
 
+/* object.c: a cfx_get_nb() whose request was freed while it ran made a
+ * copy here in @p buf all the same (worker.c): this node's copy goes, as a
+ * freed cfx_get_alloc() buffer's does; nothing when @p buf holds none. */
+void cfx__copy_drop_freed(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          const void *buf);
+
 /* get.c: cfx_get() and cfx_get_alloc() once counted as calls (object.c). */
 int cfx__get_call(struct cfx_context *ctx, const struct cfx_object_id *id, void *buf,
                   size_t capacity, size_t *size_out, const struct cfx_obj_params *params);

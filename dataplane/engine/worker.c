@@ -4,6 +4,7 @@
  * context's worker threads (started on first use) and return a request.
  */
 #include "engine.h"
+#include "object.h"
 
 #include "gpu/memtype.h"
 
@@ -81,6 +82,13 @@ static void *worker_main(void *arg)
             cfx__cur_req = req;
             rc = cfx_get(ctx, &req->id, req->buf, req->capacity, &size, &req->params);
             cfx__cur_req = NULL;
+            pthread_mutex_lock(&ctx->lock);
+            bool freed = req->cancel;
+            pthread_mutex_unlock(&ctx->lock);
+            /* freed after the get kept its copy, before it reported: the
+             * free returns the buffer to the caller, so the copy goes */
+            if (rc == CFX_OK && freed)
+                cfx__copy_drop_freed(ctx, &req->id, req->buf);
         }
 
         pthread_mutex_lock(&ctx->lock);

@@ -348,7 +348,8 @@ CFX_API size_t cfx_request_size(const struct cfx_request *req);
  *  (A group collective's request: include/conflux/group.h.)
  *  A get that may be writing its buffer is withdrawn before this returns
  *  (the holder's writes land nothing from then on), so the buffer is the
- *  caller's again; one still waiting for the directory is let go at once
+ *  caller's again, and no copy of this node's (also when its last bytes
+ *  landed meanwhile); one still waiting for the directory is let go at once
  *  (it writes nothing after).  A put or get still queued behind others
  *  never runs; a put running runs on to its end (its buffer is served
  *  until cfx_delete(), as ever).  As with free(), a request freed
