@@ -214,12 +214,16 @@ CFX_API int cfx_get_alloc(struct cfx_context *ctx, const struct cfx_object_id *i
  * Stop holding @p id on this node and withdraw it from the directory: the
  * putter's delete ends the object everywhere (see the lifecycle), another
  * node's delete withdraws its own copy.  Waits for uploads of it to other
- * nodes in progress to finish (up to the deadline).  Complete when it
- * returns: the buffer is the caller's again and the id may be put at once.
- * @return CFX_OK; CFX_ERR_NOT_FOUND when this node holds no copy;
- *         CFX_ERR_TIMEOUT when uploads of it were still draining at the
- *         deadline (cfx_last_error() says so): the buffer is not the
- *         caller's yet; a later delete of the id waits for that copy to
+ * nodes in progress to finish, up to the deadline; those still running
+ * then are stopped (their getters go on at another holder, or fail when
+ * the object went with this delete) and waited for, up to 2 s past the
+ * deadline, to let go of the buffer.  Complete when it returns: the
+ * buffer is the caller's again and the id may be put at once.
+ * @return CFX_OK (also when uploads were stopped at the deadline);
+ *         CFX_ERR_NOT_FOUND when this node holds no copy;
+ *         CFX_ERR_TIMEOUT when the uploads stopped at the deadline had
+ *         not let go of the buffer 2 s later (cfx_last_error() says so):
+ *         the buffer is not the caller's yet; a later delete of the id waits for that copy to
  *         go (up to its own deadline; a context destroy on another
  *         thread ends the wait, CFX_ERR_CANCELED) before it answers;
  *         CFX_ERR_CONNECT
