@@ -180,11 +180,16 @@ static int place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t av
         return CFX_OK;
     }
     if (!nregistered) {
+        char besides[32] = ""; /* the node that died or left: it may be either */
+        if (avoid)
+            snprintf(besides, sizeof(besides), " besides node %u", avoid);
         if (data)
             snprintf(why, why_len, "no live member");
+        else if (!t->name[0]) /* a query for any function */
+            snprintf(why, why_len, "no live node registered any function%s", besides);
         else
             snprintf(why, why_len, "no live node registered the function '%s'%s", what,
-                     avoid ? " (besides the dead one)" : "");
+                     besides);
         return CFX_ERR_NOT_FOUND;
     }
     if (!ncapable) {
@@ -203,8 +208,9 @@ static int place(struct cfx_coord *co, const struct cfx_msg_task *t, uint32_t av
         snprintf(why, why_len, "every capable node has max_node_tasks (%u) tasks placed",
                  co->max_node_tasks);
     else
-        snprintf(why, why_len, "all %u capable node(s) are busy (cores, GPUs, memory or "
-                 "anti-affinity group '%s' taken)", ncapable, t->group);
+        snprintf(why, why_len, "all %u capable node(s) are busy (cores, GPUs%s%s%s or memory "
+                 "taken)", ncapable, t->group[0] ? ", anti-affinity group '" : "", t->group,
+                 t->group[0] ? "'" : "");
     return CFX_ERR_BUSY;
 }
 

@@ -504,6 +504,66 @@ Test(place, a_task_that_cannot_move_names_its_node)
     cr_assert_eq(st.node_id, only, "node %u, want %u", st.node_id, only);
 }
 
+/* Refusals name what was asked for: all capable nodes busy for a task of
+ * no anti-affinity group, a task whose only worker left, a query for any
+ * function with no worker left.  They said "anti-affinity group ''", "the
+ * function 'f' (besides the dead one)" of a node that left in good order,
+ * and "no live node registered the function '(any)'" (a new user's trial). */
+Test(place, refusals_name_what_was_asked)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st;
+    struct worker asker = { 0 };
+    uint32_t only = W[0].id;
+    char want[96];
+
+    /* w0 offers 4 cores: four queries take them all */
+    for (int i = 0; i < 4; i++) {
+        task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, &only, 1);
+        cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "query %d: %s", i, cfx_last_error());
+    }
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, &only, 1);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_ERR_BUSY);
+    cr_assert(strstr(cfx_last_error(), "all 1 capable node(s) are busy (cores, GPUs or memory "
+                     "taken)"), "%s", cfx_last_error());
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, &only, 1);
+    snprintf(m.u.task.group, sizeof(m.u.task.group), "g");
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_ERR_BUSY);
+    cr_assert(strstr(cfx_last_error(), "(cores, GPUs, anti-affinity group 'g' or memory "
+                     "taken)"), "%s", cfx_last_error());
+
+    /* w0 is the last worker (the queries went with w1); a task runs there
+     * and w0 leaves */
+    member_open(&asker, "asker", 0);
+    worker_close(&W[1]);
+    worker_close(&W[2]);
+    cr_assert_eq(cfx__coord_wait_members(coord, 2, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    cr_assert_eq(ask(asker.c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, only);
+    uint64_t id = st.task_id;
+    worker_close(&W[0]);
+    cr_assert_eq(cfx__coord_wait_members(coord, 1, cfx__deadline_ns(CALL_MS)), CFX_OK, "%s",
+                 cfx_last_error());
+    struct cfx_msg w = { .type = CFX_MSG_TASK_WAIT };
+    w.u.task_st.task_id = id;
+    w.u.task_st.timeout_ms = CFX_PROTO_TIMEOUT_NONE;
+    cr_assert_eq(ask(asker.c, &w, &st), CFX_ERR_PEER_FAILED);
+    snprintf(want, sizeof(want), "no live node registered the function 'f' besides node %u",
+             only);
+    cr_assert(strstr(st.text, want), "%s", st.text);
+    cr_assert(!strstr(st.text, "dead one"), "%s", st.text);
+
+    /* a query for any function, with no worker left */
+    task_init(&m, CFX_MSG_TASK_PLACE, NULL, 0, NULL, 0);
+    m.u.task.name[0] = '\0';
+    cr_assert_eq(ask(asker.c, &m, &st), CFX_ERR_NOT_FOUND);
+    cr_assert(strstr(cfx_last_error(), "no live node registered any function"), "%s",
+              cfx_last_error());
+    worker_close(&asker);
+}
+
 /* More tasks than one page of the listing (CFX_PROTO_TASKS_PAGE): the
  * client asks page after page and gets every task once, by id. */
 Test(place, listing_pages_through_every_task)
