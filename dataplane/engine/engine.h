@@ -663,8 +663,8 @@ struct cfx_request {
     void *buf;
     size_t capacity;
     struct cfx_obj_params params;
-    int device;                 /* device memory: the poster's current device, made
-                                   current on the worker that runs it; else -1 */
+    int device;                 /* device memory: the poster's device, made the worker's; -1 */
+    uint64_t queued_ns;         /* queued with all workers busy (else 0): deadline from then */
     uint64_t seq0;              /* get: the store's last_seq at submission; its entry
                                    is a later one (cfx_request_progress) */
     uint64_t seen_done;         /* get: the last progress seen of its entry, for when the */
@@ -1045,8 +1045,8 @@ struct cfx_context {
     uint64_t cmd_seq_done;
 
     /* async workers for the non-blocking calls */
-    pthread_t workers[2];
-    int nworkers;
+    pthread_t workers[64];      /* started while requests outnumber the idle ones (worker.c) */
+    int nworkers, nidle, nqueued; /* idle: waiting for a request; queued: not taken yet */
     struct cfx_list async_q;
     struct cfx_list reqs;       /* struct cfx_request: every request not yet freed */
     unsigned req_waiters;       /* threads in cfx_request_wait() or _free() (ctx->lock) */

@@ -13,7 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NWORKERS 2
+/* Worker threads a context may start: one for each request that finds no
+ * idle one, so that a request never waits behind others that wait (two
+ * gets of objects nobody had put yet held up a third of an object held
+ * here, past its own deadline, until theirs ran out).  Beyond this many a
+ * request waits in the queue, its deadline running from its submission. */
+#define NWORKERS ((int)(sizeof(((struct cfx_context *)0)->workers) / sizeof(pthread_t)))
 
 /* Set the final status (ctx->lock held).  A failure keeps this thread's
  * cfx_last_error(), the operation's own words (the peer it failed with,
@@ -51,27 +56,58 @@ bool cfx__req_canceled(void)
     return (cfx__cur_req && cfx__cur_req->cancel) || cfx__intr_fired();
 }
 
+/* A request taken off the queue after it waited for a worker (all NWORKERS
+ * busy when it came): what is left of its deadline, counted from its
+ * submission, becomes its call's timeout.  CFX_ERR_TIMEOUT when it ran out
+ * in the queue. */
+static int deadline_left(struct cfx_context *ctx, struct cfx_request *req)
+{
+    struct cfx_obj_params *p = &req->params;
+    int t = (p->field_mask & CFX_OBJ_PARAM_TIMEOUT) ? p->timeout_ms : ctx->cfg.timeout_ms;
+    if (!req->queued_ns || t <= 0) /* a worker was free; no deadline, or a get of a copy
+                                      held here only */
+        return CFX_OK;
+    uint64_t waited_ms = (cfx__now_ns() - req->queued_ns) / 1000000u;
+    if (waited_ms < (uint64_t)t) {
+        p->field_mask |= CFX_OBJ_PARAM_TIMEOUT;
+        p->timeout_ms = t - (int)waited_ms;
+        return CFX_OK;
+    }
+    char hex[CFX_OBJECT_ID_HEX_LEN];
+    cfx_object_id_to_hex(&req->id, hex);
+    return cfx__err(CFX_ERR_TIMEOUT, "%s of object %s on node %u: its %d ms passed while it "
+                    "waited for one of the context's %d worker threads, all busy",
+                    req->type == CFX_REQ_PUT ? "cfx_put_nb" : "cfx_get_nb", hex, ctx->node_id, t,
+                    NWORKERS);
+}
+
 static void *worker_main(void *arg)
 {
     struct cfx_context *ctx = arg;
 
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
-        while (cfx_list_empty(&ctx->async_q) && !ctx->workers_stop)
+        while (cfx_list_empty(&ctx->async_q) && !ctx->workers_stop) {
+            ctx->nidle++;
             pthread_cond_wait(&ctx->async_cond, &ctx->lock);
+            ctx->nidle--;
+        }
         if (cfx_list_empty(&ctx->async_q))
             break;
         struct cfx_request *req = cfx_list_entry(ctx->async_q.next, struct cfx_request, link);
         cfx_list_del(&req->link);
+        ctx->nqueued--;
         req->started = true;
         pthread_mutex_unlock(&ctx->lock);
 
         size_t size = 0;
-        /* device memory: on the device the poster had current, not this
-         * thread's (streams, and the default stream the copy is ordered
-         * after, are the current device's) */
-        int rc = cfx__memtype_set_device(CFX_MEMTYPE_CUDA, req->device);
+        int rc = deadline_left(ctx, req);
         if (rc != CFX_OK) {
+            /* its deadline passed in the queue (said so) */
+        } else if ((rc = cfx__memtype_set_device(CFX_MEMTYPE_CUDA, req->device)) != CFX_OK) {
+            /* device memory: on the device the poster had current, not
+             * this thread's (streams, and the default stream the copy is
+             * ordered after, are the current device's) */
             rc = cfx__err(rc, "%s of device memory: device %d on a worker thread: %s",
                           req->type == CFX_REQ_PUT ? "cfx_put_nb" : "cfx_get_nb", req->device,
                           cfx_last_error());
@@ -135,11 +171,13 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
         free(req);
         return cfx__err(CFX_ERR_CLOSED, "context is being destroyed");
     }
-    while (ctx->nworkers < NWORKERS) {
-        if (pthread_create(&ctx->workers[ctx->nworkers], NULL, worker_main, ctx))
-            break;
+    /* a worker for each request queued: an idle one, else a new one */
+    bool behind = ctx->nqueued + 1 > ctx->nidle;
+    if (behind && ctx->nworkers < NWORKERS &&
+        !pthread_create(&ctx->workers[ctx->nworkers], NULL, worker_main, ctx)) {
         pthread_setname_np(ctx->workers[ctx->nworkers], "cfx-worker");
         ctx->nworkers++;
+        behind = false;
     }
     if (!ctx->nworkers) {
         pthread_mutex_unlock(&ctx->lock);
@@ -147,6 +185,9 @@ static int submit(struct cfx_context *ctx, enum cfx_req_type type, const struct 
         free(req);
         return cfx__err(CFX_ERR_NO_RESOURCE, "cannot start a worker thread");
     }
+    /* none free for it: it waits for one, on its own deadline */
+    req->queued_ns = behind ? cfx__now_ns() : 0;
+    ctx->nqueued++;
     cfx_list_add_tail(&req->link, &ctx->async_q);
     cfx_list_add_tail(&req->live, &ctx->reqs);
     pthread_cond_signal(&ctx->async_cond);
@@ -378,6 +419,7 @@ void cfx_request_free(struct cfx_request *req)
     if (req->status == CFX_ERR_AGAIN && req->type && !req->started) {
         /* still queued behind other requests: it never runs */
         cfx_list_del(&req->link);
+        ctx->nqueued--;
         cfx_list_del(&req->live);
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_destroy(&req->cond);

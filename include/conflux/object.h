@@ -303,7 +303,11 @@ CFX_API int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_
                                const struct cfx_obj_params *params, size_t *used);
 
 /* Non-blocking variants.  On CFX_OK *req is set and must be freed with
- * cfx_request_free() after it completes; on error no request exists. */
+ * cfx_request_free() after it completes; on error no request exists.
+ * Each runs on a worker thread of the context, one started for each
+ * request that finds none idle (up to 64), so a request does not wait
+ * behind others that wait; beyond that it waits in a queue, its deadline
+ * counted from the call (CFX_ERR_TIMEOUT saying so when it passes there). */
 CFX_API int cfx_put_nb(struct cfx_context *ctx, const struct cfx_object_id *id,
                        const void *buf, size_t size, const struct cfx_obj_params *params,
                        struct cfx_request **req);

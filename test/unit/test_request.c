@@ -5,7 +5,8 @@
  * held at cfx_context_destroy() is in the same place.  Their test, wait and
  * free locked the freed context (a new user's trial: a wait that hung).
  * Now the destroy ends each request and lets it go of the context: it is
- * tested, waited for and freed afterwards with its final status.
+ * tested, waited for and freed afterwards with its final status.  And a
+ * request does not wait behind others that wait (the last test).
  */
 #include <criterion/criterion.h>
 
@@ -130,4 +131,67 @@ Test(request, group_request_held_across_the_context_destroy, .timeout = 60)
     pthread_barrier_destroy(&bar);
     all_ok(2, rr);
     down(2);
+}
+
+/*
+ * A non-blocking call never waits behind others that wait: two gets of
+ * objects nobody has put yet, then a get of an object held here.  The
+ * context had two worker threads, both held by the first two gets, so the
+ * third waited until their deadlines ran out, long past its own (a new
+ * user's trial: done after 8 s with a deadline of 1 s, behind two gets of
+ * 8 s).  Now a request that finds no idle worker starts one, up to 64;
+ * beyond, it waits in the queue with its deadline running from its
+ * submission, and fails by it, saying so.
+ */
+#define NB_WORKERS_MAX 64
+
+Test(request, a_request_does_not_wait_behind_waiting_ones, .timeout = 120)
+{
+    up("tcp", 1);
+    struct cfx_object_id none[NB_WORKERS_MAX], held;
+    struct cfx_request *wait_req[NB_WORKERS_MAX], *req;
+    uint8_t src[256], buf[256], nbuf[NB_WORKERS_MAX][8];
+    struct cfx_obj_params slow = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    struct cfx_obj_params fast = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 500 };
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    memset(&held, 0xC3, sizeof(held));
+    cr_assert_eq(cfx_put(ctxs[0], &held, src, sizeof(src), NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    for (int i = 0; i < NB_WORKERS_MAX; i++) {
+        memset(&none[i], 0xD0, sizeof(none[i]));
+        none[i].bytes[0] = (uint8_t)i; /* nobody puts these (until below) */
+    }
+
+    /* two gets that wait, then one of the object held here */
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(cfx_get_nb(ctxs[0], &none[i], nbuf[i], sizeof(nbuf[i]), &slow,
+                                &wait_req[i]), CFX_OK, "%s", cfx_last_error());
+    memset(buf, 0, sizeof(buf));
+    cr_assert_eq(cfx_get_nb(ctxs[0], &held, buf, sizeof(buf), &slow, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(memcmp(buf, src, sizeof(src)), 0, "wrong bytes");
+    cfx_request_free(req);
+
+    /* every worker busy: a request waits in the queue and its deadline,
+     * counted from its submission, passes there */
+    for (int i = 2; i < NB_WORKERS_MAX; i++)
+        cr_assert_eq(cfx_get_nb(ctxs[0], &none[i], nbuf[i], sizeof(nbuf[i]), &slow,
+                                &wait_req[i]), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_get_nb(ctxs[0], &held, buf, sizeof(buf), &fast, &req), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 1000), CFX_ERR_TIMEOUT); /* still queued */
+    cr_assert_eq(cfx_request_test(req), CFX_ERR_AGAIN);
+    /* one waiting get is served: its worker takes the queued request, late */
+    cr_assert_eq(cfx_put(ctxs[0], &none[0], src, sizeof(nbuf[0]), NULL), CFX_OK, "%s",
+                 cfx_last_error());
+    cr_assert_eq(cfx_request_wait(wait_req[0], 20000), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_request_wait(req, 20000), CFX_ERR_TIMEOUT);
+    cr_assert(strstr(cfx_last_error(), "its 500 ms passed while it waited for one of the "
+                     "context's 64 worker threads, all busy"), "%s", cfx_last_error());
+    cfx_request_free(req);
+    for (int i = 0; i < NB_WORKERS_MAX; i++)
+        cfx_request_free(wait_req[i]);
+    down(1);
 }
