@@ -360,7 +360,12 @@ CFX_API size_t cfx_request_size(const struct cfx_request *req);
  *  landed meanwhile); one still waiting for the directory is let go at once
  *  (it writes nothing after).  A put or get still queued behind others
  *  never runs; a put running runs on to its end (its buffer is served
- *  until cfx_delete(), as ever).  As with free(), a request freed
+ *  until cfx_delete(), as ever).  A get that completed before the free
+ *  (its test or wait would have said CFX_OK, which a caller that frees it
+ *  unasked cannot know) keeps its copy in the buffer, as a cfx_get()
+ *  does: to have the buffer back either way, get with
+ *  CFX_OBJ_FLAG_NO_KEEP, or cfx_delete() the id after the free
+ *  (CFX_ERR_NOT_FOUND: no copy stayed).  As with free(), a request freed
  *  once is gone: freeing or using it again is undefined. */
 CFX_API void cfx_request_free(struct cfx_request *req);
 
