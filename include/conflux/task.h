@@ -23,8 +23,10 @@
  *    cfx_delete() withdraws every copy), and they go when it leaves
  *    (docs/TASKS.md, "Who ends a result").
  *  - A worker that dies with tasks placed on it: each task is placed again
- *    when its inputs are still held elsewhere, else it fails with
- *    CFX_ERR_PEER_FAILED naming the dead node.  A worker whose context is
+ *    when its inputs are still held elsewhere and another live node that
+ *    registered the function could meet its needs (it waits queued while
+ *    those are busy), else it fails with CFX_ERR_PEER_FAILED naming the
+ *    dead node and why (the lost input; no other node offering it).  A worker whose context is
  *    destroyed cuts its tasks short (their ends are not reported): they are
  *    treated the same, and the text says the node left.
  *  - Tasks survive a coordinator restart and run at most once.  Each
