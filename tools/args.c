@@ -104,11 +104,14 @@ static const char *host_why(const char *h, char *buf, size_t len)
     struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
     struct addrinfo *res = NULL;
     struct in_addr a;
+    struct in6_addr a6;
 
     if (!*h)
         return "an IPv4 address or a host name (it must not be empty)";
-    if (strchr(h, ':') || h[0] == '[')
+    if (h[0] == '[' || inet_pton(AF_INET6, h, &a6) == 1)
         return "an IPv4 address or a host name (IPv6 is not supported)";
+    if (strchr(h, ':')) /* a typo ("127.0.0.1:5000:1"), not IPv6 */
+        return "an IPv4 address or a host name (a host has no colon)";
     if (strlen(h) > 253) /* the longest DNS name */
         return "an IPv4 address or a host name (too long)";
     if (inet_pton(AF_INET, h, &a) == 1)

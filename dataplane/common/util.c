@@ -183,12 +183,18 @@ int cfx__parse_hostport(const char *s, struct sockaddr_in *out)
         return cfx__err(CFX_ERR_INVALID, "address '%s' is not host:port", s ? s : "(null)");
     memcpy(host, s, (size_t)(colon - s));
     host[colon - s] = '\0';
-    if (host[0] == '[' || strchr(host, ':'))
+    /* IPv6 only when it is one ("127.0.0.1:5000:1" is a typo, not IPv6) */
+    struct in6_addr a6;
+    if (host[0] == '[' || inet_pton(AF_INET6, host, &a6) == 1)
         return cfx__err(CFX_ERR_INVALID, "address '%s': IPv6 is not supported; give an IPv4 "
                         "address or a host name that has one", s);
+    if (strchr(host, ':'))
+        return cfx__err(CFX_ERR_INVALID, "address '%s' is not host:port (one colon, before "
+                        "the port)", s);
+    /* digits only, as the tools take it: no sign, no blank */
     errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (errno || *end != '\0' || port <= 0 || port > 65535)
+    long port = colon[1] >= '0' && colon[1] <= '9' ? strtol(colon + 1, &end, 10) : -1;
+    if (port < 0 || errno || *end != '\0' || port == 0 || port > 65535)
         return cfx__err(CFX_ERR_INVALID, "address '%s' has a bad port", s);
 
     memset(out, 0, sizeof(*out));

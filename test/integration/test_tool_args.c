@@ -236,6 +236,9 @@ static const struct args_case cases[] = {
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
     /* an address that is none: exit 1, "cannot reach the coordinator" */
     { "rdmactl", { "--coord", "nocolon", "status" }, 2, "--coord", "'nocolon'", 0 },
+    /* a second colon is a typo, not IPv6 (it said "IPv6 is not supported") */
+    { "rdmactl", { "--coord", "127.0.0.1:5000:1", "status" }, 2,
+      "--coord (or CFX_COORD): '127.0.0.1:5000' is not", "(a host has no colon)", 0 },
     { "rdmactl", { "--coord", "127.0.0.1:99999", "status" }, 2, "--coord",
       "'127.0.0.1:99999'", 0 },
     { "rdmactl", { "--coord", "127.0.0.1:", "status" }, 2, "--coord", "'127.0.0.1:'", 0 },

@@ -132,6 +132,8 @@ Test(util, parse_hostport_rejects_garbage)
         "127.0.0.1:80x",
         "127.0.0.1: 80x",
         "127.0.0.1:99999999999999999999",
+        "127.0.0.1:+80", /* the tools refuse a sign or a blank: so does the library */
+        "127.0.0.1: 80",
     };
     struct sockaddr_in sa;
 
@@ -154,6 +156,18 @@ Test(util, parse_hostport_says_ipv6_is_not_supported)
         cr_assert(strstr(cfx_last_error(), "IPv6 is not supported"), "'%s': %s", v6[i],
                   cfx_last_error());
     }
+}
+
+/* A second colon is a typo, not IPv6: it was answered "IPv6 is not
+ * supported" (a new user's trial, CFX_COORD=127.0.0.1:41455:1). */
+Test(util, parse_hostport_a_typo_is_not_ipv6)
+{
+    struct sockaddr_in sa;
+
+    cr_assert_eq(cfx__parse_hostport("127.0.0.1:5000:1", &sa), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "'127.0.0.1:5000:1' is not host:port"), "%s",
+              cfx_last_error());
+    cr_assert(!strstr(cfx_last_error(), "IPv6"), "%s", cfx_last_error());
 }
 
 Test(util, parse_hostport_names_the_address)
