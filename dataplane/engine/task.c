@@ -683,6 +683,10 @@ int cfx_task_wait(struct cfx_task *task, int timeout_ms, uint32_t *node_out)
     cfx__err_clear();
     if (!task)
         return cfx__err(CFX_ERR_INVALID, "cfx_task_wait: NULL task");
+    /* a wait that ends with no answer (interrupted, the coordinator away)
+     * says where the task was last known to be; an answer overwrites it */
+    if (node_out)
+        *node_out = task->node;
     uint64_t wait_dl = timeout_ms < 0 ? UINT64_MAX : cfx__deadline_ns(timeout_ms);
     /* The task's own deadline bounds the wait: by then the coordinator has
      * ended it for its waiters (CFX_ERR_TIMEOUT), so waiting longer only

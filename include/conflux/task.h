@@ -194,7 +194,9 @@ CFX_API int cfx_task_submit(struct cfx_context *ctx, const char *name,
  * waited for until that deadline and 10 s for the coordinator's answer at
  * most: past it, an unreachable coordinator fails the wait with
  * CFX_ERR_CONNECT naming it).
- * @param node_out  NULL, or receives the node that ran it (or last held it)
+ * @param node_out  NULL, or receives the node that ran it (or last held it;
+ *                  when the wait ends with no answer from the coordinator,
+ *                  the node the task was last known on, as cfx_task_node())
  * Across a coordinator restart the wait goes on on the new connection; when
  * the new coordinator does not know the task it is submitted again from
  * the handle (same key, same id) and waited for, all within @p timeout_ms.
