@@ -100,10 +100,13 @@ struct ps_map {
 void cfx__ps_map_init(struct ps_map *m);
 void cfx__ps_map_free(struct ps_map *m);
 int cfx__ps_map_copy(struct ps_map *dst, const struct ps_map *src);
-/* Append a tensor; its blocks go to the active servers with the fewest bytes.
- * @return the tensor index, or a negative status. */
+/* Append a tensor; its blocks go to the active servers with the fewest bytes,
+ * none to a server @p gone marks (NULL: none is; [nservers], 1: its mailbox
+ * failed or its node died).  @return the tensor index, or a negative status:
+ * CFX_ERR_INVALID with no active server, CFX_ERR_PEER_FAILED when every
+ * active one is gone. */
 int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype,
-                           uint64_t count);
+                           uint64_t count, const uint8_t *gone);
 int cfx__ps_map_find(const struct ps_map *m, const char *name);
 /* Tensor, first element and element count of global block @p b. */
 int cfx__ps_map_block(const struct ps_map *m, uint32_t b, uint32_t *tensor, uint64_t *off,

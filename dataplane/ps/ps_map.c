@@ -115,7 +115,8 @@ void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint
         *bytes = by;
 }
 
-int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype, uint64_t count)
+int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dtype, uint64_t count,
+                           const uint8_t *gone)
 {
     size_t esz = cfx_dtype_size(dtype);
     if (!name || !*name || strlen(name) >= PS_TENSOR_NAME_MAX || !esz || !count ||
@@ -131,13 +132,20 @@ int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dt
     if (nb > PS_MAX_BLOCKS - m->nblocks)
         return CFX_ERR_NO_RESOURCE;
 
-    /* bytes per active server so far: new blocks go to the least loaded */
+    /* bytes per active server so far: new blocks go to the least loaded
+     * that is not gone (a block given to a dead server would never be
+     * initialized: its tensor never gets ready) */
     uint64_t load[PS_MAX_SERVERS] = { 0 };
-    bool any = false;
-    for (uint32_t s = 0; s < m->nservers; s++)
-        any |= m->server[s].state == CFX_PS_SERVER_ACTIVE;
+    bool any = false, live = false;
+    for (uint32_t s = 0; s < m->nservers; s++) {
+        bool active = m->server[s].state == CFX_PS_SERVER_ACTIVE;
+        any |= active;
+        live |= active && !(gone && gone[s]);
+    }
     if (!any)
         return CFX_ERR_INVALID;
+    if (!live)
+        return CFX_ERR_PEER_FAILED;
     for (uint32_t b = 0; b < m->nblocks; b++)
         load[m->owner[b]] += cfx__ps_map_block_bytes(m, b);
 
@@ -162,7 +170,7 @@ int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dt
         uint64_t bytes = CFX_MIN(be, count - i * be) * esz;
         uint32_t best = UINT32_MAX;
         for (uint32_t s = 0; s < m->nservers; s++)
-            if (m->server[s].state == CFX_PS_SERVER_ACTIVE &&
+            if (m->server[s].state == CFX_PS_SERVER_ACTIVE && !(gone && gone[s]) &&
                 (best == UINT32_MAX || load[s] < load[best]))
                 best = s;
         m->owner[m->nblocks + i] = (uint16_t)best;

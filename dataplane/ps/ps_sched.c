@@ -753,6 +753,29 @@ void cfx__ps_sched_stop(struct cfx_ps *ps)
         cfx_delete(ps->ctx, &aid, &op);
 }
 
+/*
+ * Servers whose node this context heard declared dead (or gone) count as
+ * gone now, before their mailbox reports it (the loop polls it later): the
+ * scheduler's record of the deaths it knows of, for where blocks may go.
+ */
+static void sched_note_dead(struct cfx_ps *ps)
+{
+    struct ps_sched *s = ps->sched;
+    const struct ps_map *m = &ps->map;
+    for (uint32_t i = 1; i < m->nservers; i++) {
+        if (s->gone[i] || m->server[i].state == CFX_PS_SERVER_RETIRED)
+            continue;
+        pthread_mutex_lock(&ps->ctx->lock);
+        int gone = cfx__node_gone(ps->ctx, m->server[i].node_id);
+        pthread_mutex_unlock(&ps->ctx->lock);
+        if (!gone)
+            continue;
+        CFX_LOG(WARN, PS, "job %s: server %u (node %u) %s: it takes no more blocks", ps->job, i,
+                m->server[i].node_id, gone == CFX_NODE_DEAD ? "died" : "left");
+        s->gone[i] = 1;
+    }
+}
+
 /* ---- messages from workers ------------------------------------------------------------ */
 
 void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h,
@@ -783,7 +806,12 @@ void cfx__ps_sched_handle(struct cfx_ps *ps, struct ps_peer *from, const struct 
             return;
         memcpy(&t, payload, sizeof(t));
         t.name[sizeof(t.name) - 1] = '\0';
-        int rc = cfx__ps_map_add_tensor(m, t.name, (enum cfx_dtype)t.dtype, t.count);
+        /* no block for a server seen gone: it would never be initialized,
+         * the tensor never ready, and every worker's register would wait
+         * out its deadline (server 0, this one, is always live and active) */
+        if (cfx__ps_map_find(m, t.name) < 0)
+            sched_note_dead(ps);
+        int rc = cfx__ps_map_add_tensor(m, t.name, (enum cfx_dtype)t.dtype, t.count, s->gone);
         if (rc == CFX_ERR_EXISTS)
             return; /* the worker compares what the map says */
         if (rc < 0) {

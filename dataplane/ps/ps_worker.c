@@ -1140,7 +1140,7 @@ static int register_fits(struct cfx_ps *ps, const char *name, enum cfx_dtype dty
     pthread_mutex_unlock(&ps->lock);
     void *buf = rc == CFX_OK ? malloc(PS_MAP_MAX) : NULL;
     if (rc == CFX_OK)
-        rc = buf ? cfx__ps_map_add_tensor(&probe, name, dtype, count) : CFX_ERR_NOMEM;
+        rc = buf ? cfx__ps_map_add_tensor(&probe, name, dtype, count, NULL) : CFX_ERR_NOMEM;
     if (rc >= 0 && cfx__ps_map_encode(&probe, buf, PS_MAP_MAX) < 0)
         rc = CFX_ERR_NO_RESOURCE;
     free(buf);

@@ -248,6 +248,34 @@ ParameterizedTest(struct tp_param *p, ps, handover_lost, .timeout = 120)
     cr_assert_eq(rc, 0, "server 1 died handing its blocks over, over %s: exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, register_after_server_died)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * A tensor registered after a server died, as the scheduler saw (server 1
+ * SIGKILLs itself after the last step; worker 0 waits for its exit and for
+ * an add-server of it to fail naming it), gets no block there.  The
+ * scheduler gave it blocks on the dead server: worker 0's register failed
+ * naming server 1 (it could not store the initial values there) and the
+ * other worker's waited out the job's timeout, then blamed worker 0 ("worker
+ * 0 stores its initial values").  cfx_pstest --late-tensor checks that every
+ * register succeeds, the tensor's values exactly (its initial values and 5
+ * BSP push-pulls), that server 1's blocks stayed as many, and that the old
+ * tensors' pulls are exact or fail with CFX_ERR_PEER_FAILED naming server
+ * 1's node.  The same after a removal: the removed server gets none.
+ */
+ParameterizedTest(struct tp_param *p, ps, register_after_server_died, .timeout = 120)
+{
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 1", "--servers 3 --workers 2 --steps 10 "
+                         "--late-tensor --server-dies 1");
+    cr_assert_eq(rc, 0, "a tensor registered after server 1 died, over %s: exited %d", p->tp, rc);
+    rc = pstest(5, p->tp, "--servers 3 --workers 2 --steps 10 --remove-at 5:1 --late-tensor");
+    cr_assert_eq(rc, 0, "a tensor registered after server 1 was removed, over %s: exited %d",
+                 p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

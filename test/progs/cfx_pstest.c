@@ -48,6 +48,19 @@
  *   --device sim|cuda         workers push from and pull into device memory (sim: the
  *                             simulated device of gpu/sim.h; cuda: a real GPU); the
  *                             values are checked on host copies of the device buffers
+ *   --late-tensor             after the last step every worker registers one more tensor
+ *                             ("late", f32, 9 blocks) and runs LATE_STEPS BSP push-pulls of
+ *                             it: its initial values and every result exact; worker 0
+ *                             checks that no block of it went to a server that is not
+ *                             active (removed) or that died (--server-dies)
+ *   --server-dies K           (with --late-tensor) server K SIGKILLs itself after the last
+ *                             step; worker 0 waits for its exit (a pidfd) and for the
+ *                             scheduler to have seen it go (cfx_ps_add_server of K fails
+ *                             with CFX_ERR_PEER_FAILED naming K and its node), then the
+ *                             late tensor is registered: every register must succeed (none
+ *                             may time out or blame a worker), and the old tensors' final
+ *                             pulls are exact or fail with CFX_ERR_PEER_FAILED naming K's
+ *                             node, at least one failing (run with --allow-fail K)
  *   --timeout MS              the job's timeout (default 30000)
  *   --skip-server K           the rank of server K is server S instead: no process takes
  *                             index K (the initial servers' indices skip it).  The job
@@ -91,7 +104,7 @@ static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = 
            JOIN_AT = -1, REBAL_AT = -1, DELAY_SRV = -1, EXPECT_MOVES = 0, EXTRA = 0, PACE_US = 0,
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
            HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1, TIMEOUT_MS = 30000,
-           SKIP_SRV = -1, DIES_AT_START = -1,
+           SKIP_SRV = -1, DIES_AT_START = -1, LATE_TENSOR = 0, SERVER_DIES = -1,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -447,6 +460,140 @@ static void expect_no_start(int rc, bool server, int index, uint32_t went)
     printf("%s %d: the job did not start: %s\n", role, index, err);
 }
 
+/* --late-tensor: "late", f32, 9 blocks of 4 KiB (the default --block). */
+#define LATE_COUNT 9000
+#define LATE_STEPS 5
+
+/* --server-dies: server K's process ended (its pidfd, opened while it was
+ * alive), then the scheduler's record says it is gone: an add-server of it
+ * fails with CFX_ERR_PEER_FAILED naming it and its node ("already active"
+ * before).  The record is the scheduler's alone: asked again, 10 ms apart,
+ * for 30 s at most. */
+static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, int k, int fd)
+{
+    struct pollfd pe = { .fd = fd, .events = POLLIN };
+    if (poll(&pe, 1, 60000) != 1)
+        DIE("server %d's process did not exit within 60 s of its signal", k);
+    close(fd);
+    struct cfx_ps_stats st;
+    CHECK_OK(cfx_ps_stats(ps, &st));
+    char want[64];
+    snprintf(want, sizeof(want), "server %d (node %u) is gone", k, st.servers[k].node_id);
+    uint64_t dl = now_ns() + 30000000000ull;
+    for (;;) {
+        int rc = cfx_ps_add_server(ctx, JOB, k, 5000, NULL);
+        if (rc == CFX_ERR_PEER_FAILED && strstr(cfx_last_error(), want)) {
+            printf("worker 0: the scheduler saw server %d go: %s\n", k, cfx_last_error());
+            return;
+        }
+        if (rc != CFX_OK)
+            DIE("add-server of dead server %d: got %s (%s), want CFX_OK (already active) or "
+                "CFX_ERR_PEER_FAILED saying '%s'", k, cfx_errname(rc), cfx_last_error(), want);
+        if (now_ns() > dl)
+            DIE("the scheduler did not see server %d go within 30 s of its exit", k);
+        usleep(10000);
+    }
+}
+
+/* --late-tensor: every worker registers "late" after the last step (after
+ * server SERVER_DIES died, as the scheduler saw), checks its initial
+ * values and LATE_STEPS BSP push-pulls exactly; worker 0 checks that its
+ * blocks went to live active servers only. */
+static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
+{
+    struct cfx_ps_stats before = { 0 };
+    if (w == 0 && SERVER_DIES > 0) {
+        int32_t pid = 0;
+        size_t sz = 0;
+        struct cfx_object_id id;
+        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+        name_id(&id, "pid", SERVER_DIES);
+        CHECK_OK(cfx_get(ctx, &id, &pid, sizeof(pid), &sz, &op));
+        int fd = pidfd_open((pid_t)pid, 0); /* alive: it waits for "die" */
+        if (fd < 0)
+            DIE("pidfd_open(%d), server %d's process: %s", (int)pid, SERVER_DIES, strerror(errno));
+        signal_obj(ctx, "die", SERVER_DIES);
+        wait_server_seen_dead(ctx, ps, SERVER_DIES, fd);
+        signal_obj(ctx, "dead-seen", 0);
+    } else if (SERVER_DIES > 0) {
+        wait_obj(ctx, "dead-seen", 0, 120000);
+    }
+    if (w == 0)
+        CHECK_OK(cfx_ps_stats(ps, &before)); /* the map the late tensor is added to */
+    size_t sz = LATE_COUNT * sizeof(float);
+    float *init = malloc(sz), *grad = malloc(sz), *out = malloc(sz);
+    if (!init || !grad || !out)
+        DIE("out of memory");
+    fill(init, CFX_DTYPE_F32, LATE_COUNT, init_f, 0, 0);
+    int key;
+    int rc = cfx_ps_register(ps, "late", CFX_DTYPE_F32, LATE_COUNT, w == 0 ? init : NULL, &key);
+    if (rc != CFX_OK)
+        DIE("worker %d: register of 'late'%s: got %s (%s), want CFX_OK", w,
+            SERVER_DIES > 0 ? " after a server died" : "", cfx_errname(rc), cfx_last_error());
+    memset(out, 0xee, sz);
+    CHECK_OK(cfx_ps_pull(ps, key, out));
+    for (size_t i = 0; i < LATE_COUNT; i++)
+        if (out[i] != (float)init_v(i))
+            DIE("worker %d: late[%zu] = %g after registration, want %g", w, i, out[i],
+                init_v(i));
+    signal_obj(ctx, "late-registered", w);
+    for (int o = 0; o < W; o++)
+        wait_obj(ctx, "late-registered", o, 60000);
+    for (int step = 0; step < LATE_STEPS; step++) {
+        fill(grad, CFX_DTYPE_F32, LATE_COUNT, grad_v, w, step);
+        memset(out, 0xee, sz);
+        CHECK_OK(cfx_ps_pushpull(ps, key, grad, out));
+        for (size_t i = 0; i < LATE_COUNT; i++)
+            if (out[i] != (float)expect_closed(i, step + 1))
+                DIE("worker %d: late step %d: late[%zu] = %.9g, want %.9g", w, step, i, out[i],
+                    expect_closed(i, step + 1));
+    }
+    free(init);
+    free(grad);
+    free(out);
+    if (w != 0)
+        return;
+    struct cfx_ps_stats after;
+    CHECK_OK(cfx_ps_stats(ps, &after));
+    uint32_t nb = (LATE_COUNT * sizeof(float) + BLOCK - 1) / BLOCK;
+    if (after.nblocks != before.nblocks + nb || after.nservers != before.nservers)
+        DIE("the late tensor took %u blocks over %u servers, want %u over %u",
+            after.nblocks - before.nblocks, after.nservers, nb, before.nservers);
+    for (uint32_t s = 0; s < after.nservers; s++) {
+        bool live = after.servers[s].state == CFX_PS_SERVER_ACTIVE && (int)s != SERVER_DIES;
+        if (!live && after.servers[s].blocks != before.servers[s].blocks)
+            DIE("server %u (%s) went from %u to %u blocks with the late tensor", s,
+                (int)s == SERVER_DIES ? "dead" : "not active", before.servers[s].blocks,
+                after.servers[s].blocks);
+    }
+    printf("worker 0: late tensor: %u blocks, none on a dead or removed server; values exact\n",
+           nb);
+}
+
+/* --server-dies: worker 0's final pulls of the first tensors: exact, or
+ * CFX_ERR_PEER_FAILED naming the dead server's node (a block of it there);
+ * at least one is. */
+static void final_after_death(struct cfx_ps *ps, int *key, void **out)
+{
+    int lost = 0;
+    for (int t = 0; t < NT; t++) {
+        size_t sz = tcount[t] * cfx_dtype_size(tdt[t]);
+        memset(out[t], 0xee, sz);
+        int rc = cfx_ps_pull(ps, key[t], out[t]);
+        if (rc != CFX_OK) {
+            expect_lost(ps, rc, "worker", 0, SERVER_DIES);
+            lost++;
+            continue;
+        }
+        for (size_t i = 0; i < tcount[t]; i++)
+            if (get(out[t], tdt[t], i) != expect_closed(i, STEPS))
+                DIE("final %s[%zu] = %.9g, want %.9g", tname[t], i, get(out[t], tdt[t], i),
+                    expect_closed(i, STEPS));
+    }
+    if (!lost)
+        DIE("no tensor had a block on dead server %d: the check would be vacuous", SERVER_DIES);
+}
+
 static int run_server(struct cfx_context *ctx, int index, bool late)
 {
     struct cfx_ps_params p = base_params();
@@ -475,6 +622,10 @@ static int run_server(struct cfx_context *ctx, int index, bool late)
         CHECK_OK(cfx_ps_server_set_delay(ps, DELAY_US));
     if (index == 0 && SCHED_DIES_AT >= 0) {
         wait_obj(ctx, "die", 0, 120000);
+        raise(SIGKILL);
+    }
+    if (index == SERVER_DIES) {
+        wait_obj(ctx, "die", index, 120000); /* serving meanwhile (the loop thread) */
         raise(SIGKILL);
     }
     int rc;
@@ -704,6 +855,8 @@ static int run_worker(struct cfx_context *ctx, int w)
     if (WORKER_DIES_AT >= 0)
         DIE("worker %d: %d steps and worker %d's death was never seen", w, STEPS, W - 1);
     double secs = (double)(now_ns() - t0) / 1e9;
+    if (LATE_TENSOR)
+        late_tensor(ctx, ps, w);
     if (TRACE) {
         char path[512];
         snprintf(path, sizeof(path), "%s/w%d.trace", TRACE, w);
@@ -719,7 +872,9 @@ static int run_worker(struct cfx_context *ctx, int w)
         for (int v = 1; v < W; v++)
             wait_obj(ctx, "done", v, 60000);
         /* every push was applied before its push-pull returned: the sums are final */
-        if (!replaying)
+        if (SERVER_DIES > 0)
+            final_after_death(ps, key, out);
+        else if (!replaying)
             for (int t = 0; t < NT; t++) {
                 CHECK_OK(cfx_ps_pull(ps, key[t], pull_buf(t, out[t])));
                 pulled(t, out[t], tsz[t]);
@@ -855,6 +1010,10 @@ int main(int argc, char **argv)
             SKIP_SRV = atoi(v), i++;
         else if (!strcmp(a, "--dies-at-start"))
             DIES_AT_START = atoi(v), i++;
+        else if (!strcmp(a, "--late-tensor"))
+            LATE_TENSOR = 1;
+        else if (!strcmp(a, "--server-dies"))
+            SERVER_DIES = atoi(v), i++;
         else if (!strcmp(a, "--wait-retired"))
             WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
@@ -891,6 +1050,11 @@ int main(int argc, char **argv)
             DIE("unknown option %s", a);
         }
     }
+    if (SERVER_DIES >= 0 && (SERVER_DIES == 0 || SERVER_DIES >= S || !LATE_TENSOR || DEVICE ||
+                             OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
+        DIE("--server-dies K takes 0 < K < S, --late-tensor, BSP and SUM on host buffers");
+    if (LATE_TENSOR && (DEVICE || OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
+        DIE("--late-tensor is checked under BSP and SUM on host buffers, one run");
     if (RUNS > 1 && (W > 1 || L || EXTRA))
         DIE("--runs takes one worker and no late servers (the others leave with worker 0)");
     if (OPT != CFX_PS_OPT_SUM)
@@ -906,7 +1070,7 @@ int main(int argc, char **argv)
     struct cfx_context *ctx;
     CHECK_OK(cfx_context_create(NULL, &ctx));
     int rc = 0;
-    if (DIES_AT_START >= 0)
+    if (DIES_AT_START >= 0 || (SERVER_DIES > 0 && rank == SERVER_DIES))
         signal_pid(ctx, rank);
     if (DIES_AT_START >= 0 && rank == S + W - 1)
         watch_exits(ctx, DIES_AT_START);

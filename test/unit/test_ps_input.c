@@ -32,7 +32,7 @@ static void setup(void)
     ps->map.nservers = 2;
     ps->map.server[0].state = ps->map.server[1].state = CFX_PS_SERVER_ACTIVE;
     /* 4 blocks of 1024 floats */
-    cr_assert_geq(cfx__ps_map_add_tensor(&ps->map, "w", CFX_DTYPE_F32, 4096), 0);
+    cr_assert_geq(cfx__ps_map_add_tensor(&ps->map, "w", CFX_DTYPE_F32, 4096, NULL), 0);
 }
 
 static void teardown(void)

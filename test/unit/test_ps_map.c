@@ -35,9 +35,9 @@ TestSuite(ps_map, .init = setup, .fini = teardown);
 Test(ps_map, blocks_tile_tensors)
 {
     /* 4096-byte blocks: 1024 floats, 512 doubles */
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 2500), 0);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_F64, 512), 1);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "c", CFX_DTYPE_U8, 1), 2);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 2500, NULL), 0);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_F64, 512, NULL), 1);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "c", CFX_DTYPE_U8, 1, NULL), 2);
     cr_assert_eq(m.nblocks, 3 + 1 + 1);
     uint32_t t;
     uint64_t off, n;
@@ -52,15 +52,15 @@ Test(ps_map, blocks_tile_tensors)
     cr_assert_eq(cfx__ps_map_block_bytes(&m, 2), 452 * 4);
     cr_assert_eq(cfx__ps_map_find(&m, "b"), 1);
     cr_assert_eq(cfx__ps_map_find(&m, "zz"), CFX_ERR_NOT_FOUND);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1), CFX_ERR_EXISTS);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "", CFX_DTYPE_F32, 1), CFX_ERR_INVALID);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "z", CFX_DTYPE_F32, 0), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1, NULL), CFX_ERR_EXISTS);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "", CFX_DTYPE_F32, 1, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "z", CFX_DTYPE_F32, 0, NULL), CFX_ERR_INVALID);
 }
 
 Test(ps_map, initial_assignment_balances_bytes_over_active_servers)
 {
     m.server[1].state = CFX_PS_SERVER_STANDBY;
-    cr_assert_geq(cfx__ps_map_add_tensor(&m, "w", CFX_DTYPE_F32, 1024 * 10), 0);
+    cr_assert_geq(cfx__ps_map_add_tensor(&m, "w", CFX_DTYPE_F32, 1024 * 10, NULL), 0);
     uint32_t nb[3];
     uint64_t by[3];
     for (uint32_t s = 0; s < 3; s++)
@@ -69,6 +69,32 @@ Test(ps_map, initial_assignment_balances_bytes_over_active_servers)
     cr_assert_eq(nb[0] + nb[2], 10);
     cr_assert_eq(nb[0], 5);
     cr_assert_eq(by[0], by[2]);
+}
+
+/* A server the scheduler has seen go (its mailbox failed, its node died)
+ * takes no block of a tensor registered after: the block would never be
+ * initialized, and the tensor never ready.  With every active server gone
+ * the tensor is refused, CFX_ERR_PEER_FAILED. */
+Test(ps_map, a_gone_server_gets_no_new_block)
+{
+    uint8_t gone[3] = { 0, 1, 0 };
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "w", CFX_DTYPE_F32, 1024 * 10, gone), 0);
+    uint32_t nb[3];
+    uint64_t by[3];
+    for (uint32_t s = 0; s < 3; s++)
+        cfx__ps_map_load(&m, s, &nb[s], &by[s]);
+    cr_assert_eq(nb[1], 0, "gone server 1 got %u blocks", nb[1]);
+    cr_assert(nb[0] == 5 && nb[2] == 5 && by[0] == by[2], "blocks %u and %u", nb[0], nb[2]);
+    /* the least loaded is the gone one now: it still gets none */
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "v", CFX_DTYPE_F32, 1024 * 4, gone), 1);
+    cfx__ps_map_load(&m, 1, &nb[1], NULL);
+    cr_assert_eq(nb[1], 0, "gone server 1 got %u blocks", nb[1]);
+    /* a standby server is no live one to fall back on */
+    m.server[2].state = CFX_PS_SERVER_STANDBY;
+    gone[0] = 1;
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "u", CFX_DTYPE_F32, 1, gone), CFX_ERR_PEER_FAILED);
+    cr_assert_eq(m.ntensors, 2);
+    cr_assert_eq(m.nblocks, 14);
 }
 
 Test(ps_map, encode_decode_round_trip)
@@ -81,8 +107,8 @@ Test(ps_map, encode_decode_round_trip)
     m.conf.optim.type = CFX_PS_OPT_ADAM;
     m.conf.optim.lr = 0.125;
     m.server[2].ns_per_byte = 3.5;
-    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 5000);
-    cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_I64, 77);
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 5000, NULL);
+    cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_I64, 77, NULL);
     m.tensors[0].ready = 1;
     uint8_t buf[PS_MAP_MAX];
     int len = cfx__ps_map_encode(&m, buf, sizeof(buf));
@@ -113,7 +139,7 @@ Test(ps_map, encode_decode_round_trip)
 
 Test(ps_map, copy_is_deep)
 {
-    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 3000);
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 3000, NULL);
     struct ps_map c;
     cfx__ps_map_init(&c);
     cr_assert_eq(cfx__ps_map_copy(&c, &m), CFX_OK);
@@ -126,7 +152,7 @@ Test(ps_map, copy_is_deep)
 
 Test(ps_map, stats)
 {
-    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1024 * 6);
+    cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1024 * 6, NULL);
     m.version = 4;
     struct cfx_ps_stats st;
     memset(&st, 0, sizeof(st));
@@ -140,16 +166,19 @@ Test(ps_map, stats)
  * wrapped into a tensor of 0 blocks that then does nothing. */
 Test(ps_map, sizes_that_do_not_fit_are_refused)
 {
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, SIZE_MAX), CFX_ERR_INVALID);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX - 5), CFX_ERR_INVALID);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX / 4),
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, SIZE_MAX, NULL), CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX - 5, NULL),
+                 CFX_ERR_INVALID);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, UINT64_MAX / 4, NULL),
                  CFX_ERR_NO_RESOURCE);
     /* one block past the map's limit (1024 floats a block) */
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, (uint64_t)PS_MAX_BLOCKS * 1024 + 1),
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32,
+                                        (uint64_t)PS_MAX_BLOCKS * 1024 + 1, NULL),
                  CFX_ERR_NO_RESOURCE);
-    cr_assert_geq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, (uint64_t)PS_MAX_BLOCKS * 1024), 0);
+    cr_assert_geq(cfx__ps_map_add_tensor(&m, "x", CFX_DTYPE_F32, (uint64_t)PS_MAX_BLOCKS * 1024,
+                                         NULL), 0);
     cr_assert_eq(m.nblocks, PS_MAX_BLOCKS);
-    cr_assert_eq(cfx__ps_map_add_tensor(&m, "y", CFX_DTYPE_F32, 1), CFX_ERR_NO_RESOURCE);
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "y", CFX_DTYPE_F32, 1, NULL), CFX_ERR_NO_RESOURCE);
     cr_assert_eq(m.ntensors, 1);
 }
 
