@@ -651,6 +651,12 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             CFX_LOG(WARN, PS, "job %s: server %d: test-only: worker %ld's push of step %ld is "
                     "dropped", ps->job, ps->index, dw, ds);
         }
+        const char *dt = getenv("CFX_PS_TEST_DIE_TENSOR");
+        if (ps->index > 0 && dt && *dt && cfx__env_ll("CFX_PS_TEST_DIE_SERVER", 1) == ps->index) {
+            snprintf(ps->die_tensor, sizeof(ps->die_tensor), "%s", dt);
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only: SIGKILLed by a map that gives it a "
+                    "block of tensor '%s' before it is ready", ps->job, ps->index, dt);
+        }
         if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
             ps->hold_end = true;
             CFX_LOG(WARN, PS,

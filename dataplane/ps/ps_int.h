@@ -344,6 +344,8 @@ struct cfx_ps {
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
     uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */
     bool migrate_die;           /* test-only: SIGKILL itself there instead */
+    char die_tensor[PS_TENSOR_NAME_MAX]; /* test-only: SIGKILL itself when a map gives it a
+                                   block of this tensor before it is ready ("": never) */
     uint32_t drop_worker;       /* test-only: drop this worker's push of step drop_at - 1, */
     uint64_t drop_at;           /* once, as a hand-over that lost it would (0: none) */
     uint32_t settled_sent;      /* server: last map version reported PS_MSG_SETTLED */

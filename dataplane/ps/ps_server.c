@@ -962,9 +962,29 @@ void cfx__ps_server_peer_gone(struct cfx_ps *ps, uint32_t srv)
     }
 }
 
+/* Test hook (CFX_PS_TEST_DIE_TENSOR): a server that dies as the scheduler
+ * gives it blocks of a tensor being registered, before the scheduler can
+ * have seen it go. */
+static void die_on_new_tensor(struct cfx_ps *ps)
+{
+    int t = ps->die_tensor[0] ? cfx__ps_map_find(&ps->map, ps->die_tensor) : -1;
+    if (t < 0 || ps->map.tensors[t].ready)
+        return;
+    const struct ps_tensor *tt = &ps->map.tensors[t];
+    for (uint32_t b = tt->first_block; b < tt->first_block + tt->nblocks && b < ps->map.nblocks;
+         b++)
+        if (ps->map.owner[b] == me(ps)) {
+            CFX_LOG(WARN, PS, "job %s: server %d: test hook: killed by map %u, which gives it "
+                    "block %u of tensor '%s' before it is ready", ps->job, ps->index,
+                    ps->map.version, b, tt->name);
+            raise(SIGKILL);
+        }
+}
+
 void cfx__ps_server_map_changed(struct cfx_ps *ps)
 {
     bool slept = false;
+    die_on_new_tensor(ps);
     cfx__ps_load_owned(ps);
     note_sources(ps);
     for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {

@@ -133,6 +133,10 @@ struct ps_worker {
     uint32_t reqs[PS_MAX_SERVERS];
     uint64_t last_report;
     uint32_t last_report_ver;
+    /* servers whose mailbox failed here, and how (ps->lock): a tensor with
+     * a block on one never gets ready (cfx_ps_register fails naming it) */
+    bool srv_failed[PS_MAX_SERVERS];
+    int srv_fail_status[PS_MAX_SERVERS];
     struct ps_op *bye; /* waiting for the scheduler's answer */
     bool bye_answered; /* the scheduler answered our goodbye */
     void *dev_stream;  /* device buffers without the caller's stream: ours (made on first use) */
@@ -572,6 +576,13 @@ void cfx__ps_worker_server_failed(struct cfx_ps *ps, uint32_t srv, int status)
 {
     struct ps_worker *w = ps->w;
     struct cfx_list *pos, *tmp;
+    if (srv < PS_MAX_SERVERS) {
+        pthread_mutex_lock(&ps->lock);
+        w->srv_failed[srv] = true;
+        w->srv_fail_status[srv] = status;
+        pthread_cond_broadcast(&ps->cond); /* a register waiting for its tensor */
+        pthread_mutex_unlock(&ps->lock);
+    }
     cfx_list_for_each_safe(pos, tmp, &w->subs)
     {
         struct ps_sub *s = cfx_list_entry(pos, struct ps_sub, link);
@@ -1126,6 +1137,28 @@ static bool tensor_ready(struct cfx_ps *ps, const void *name)
     return t >= 0 && ps->map.tensors[t].ready;
 }
 
+/* ps->lock held: the first block of tensor @p name (not ready) on a server
+ * whose mailbox failed here (the map gave it blocks before the scheduler
+ * saw it go): worker 0 cannot store its initial values, and the tensor
+ * never gets ready.  UINT32_MAX: none. */
+static uint32_t tensor_lost_block(struct cfx_ps *ps, const char *name)
+{
+    const struct ps_map *m = &ps->map;
+    int t = cfx__ps_map_find(m, name);
+    if (t < 0 || m->tensors[t].ready)
+        return UINT32_MAX;
+    for (uint32_t b = m->tensors[t].first_block;
+         b < m->tensors[t].first_block + m->tensors[t].nblocks && b < m->nblocks; b++)
+        if (m->owner[b] < PS_MAX_SERVERS && ps->w->srv_failed[m->owner[b]])
+            return b;
+    return UINT32_MAX;
+}
+
+static bool tensor_ready_or_lost(struct cfx_ps *ps, const void *name)
+{
+    return tensor_ready(ps, name) || tensor_lost_block(ps, name) != UINT32_MAX;
+}
+
 /* Would the scheduler take the tensor into the map we hold?  It checks
  * the same and only logs a refusal (the worker would wait out its
  * deadline), so worker 0 asks first, with the limits named. */
@@ -1240,8 +1273,16 @@ int cfx_ps_register(struct cfx_ps *ps, const char *name, enum cfx_dtype dtype, s
             return rc;
     }
     pthread_mutex_lock(&ps->lock);
-    ok = wait_map(ps, dl, tensor_ready, name);
-    rc = ok ? CFX_OK : cfx__ps_lost_err(ps);
+    ok = wait_map(ps, dl, tensor_ready_or_lost, name) && tensor_ready(ps, name);
+    rc = ok ? CFX_OK : cfx__ps_lost_err(ps); /* a lost scheduler first: it is the cause */
+    uint32_t lb = ok || rc != CFX_OK ? UINT32_MAX : tensor_lost_block(ps, name);
+    if (lb != UINT32_MAX) {
+        uint32_t srv = ps->map.owner[lb];
+        rc = cfx__err(CFX_ERR_PEER_FAILED, "job %s: tensor '%s' block %u: server %u (node %u) "
+                      "failed before the tensor's initial values were stored there: %s",
+                      ps->job, name, lb, srv, ps->map.server[srv].node_id,
+                      cfx_strerror(ps->w->srv_fail_status[srv]));
+    }
     pthread_mutex_unlock(&ps->lock);
     if (rc != CFX_OK)
         return rc;

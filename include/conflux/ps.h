@@ -216,10 +216,11 @@ CFX_API int cfx_ps_serve(struct cfx_ps *ps, int timeout_ms);
  * @param key  receives the tensor's key for push/pull.
  * @return CFX_OK; CFX_ERR_INVALID (a worker disagrees); CFX_ERR_UNSUPPORTED
  *         (an optimizer other than SUM on an integer dtype); CFX_ERR_TIMEOUT;
- *         CFX_ERR_PEER_FAILED naming the scheduler's node when it is lost,
- *         or a server (and its node) worker 0 could not store the initial
- *         values on (a server the scheduler has seen fail gets no block of
- *         a tensor registered after);
+ *         CFX_ERR_PEER_FAILED naming the scheduler's node when it is lost, or
+ *         naming a server and its node that failed before the tensor's
+ *         initial values were stored on it (at once, once this worker's
+ *         connection to it failed; a server the scheduler has seen fail
+ *         gets no block of a tensor registered after);
  *         CFX_ERR_CONNECT naming the coordinator's address when it has been
  *         unreachable for the handle's timeout, or is unreachable when the
  *         wait runs out (the shard maps come through its directory).

@@ -276,6 +276,30 @@ ParameterizedTest(struct tp_param *p, ps, register_after_server_died, .timeout =
                  p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, register_server_killed)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * Server 1 dies as the scheduler gives it blocks of a tensor being
+ * registered, before the scheduler can have seen it go (test-only
+ * CFX_PS_TEST_DIE_TENSOR: the map that does kills it).  The tensor never
+ * gets ready: worker 0's register fails naming server 1 (it cannot store
+ * the initial values there), and so must the other worker's, as soon as
+ * its mailbox to server 1 fails; it waited out the job's timeout (30 s)
+ * and blamed worker 0.  cfx_pstest --dies-registering checks the code and
+ * that the text names server 1 and its node, and no worker.
+ */
+ParameterizedTest(struct tp_param *p, ps, register_server_killed, .timeout = 120)
+{
+    int rc = pstest_with("CFX_PS_TEST_DIE_TENSOR=late CFX_PS_TEST_DIE_SERVER=1", 5, p->tp,
+                         "--allow-fail 1", "--servers 3 --workers 2 --steps 10 --late-tensor "
+                         "--server-dies 1 --dies-registering");
+    cr_assert_eq(rc, 0, "server 1 killed by a tensor's registration, over %s: exited %d", p->tp,
+                 rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

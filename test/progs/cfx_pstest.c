@@ -61,6 +61,12 @@
  *                             may time out or blame a worker), and the old tensors' final
  *                             pulls are exact or fail with CFX_ERR_PEER_FAILED naming K's
  *                             node, at least one failing (run with --allow-fail K)
+ *   --dies-registering        (with --server-dies K) K dies instead as the scheduler gives
+ *                             it blocks of the late tensor, before the scheduler can have
+ *                             seen it go (run with CFX_PS_TEST_DIE_TENSOR=late
+ *                             CFX_PS_TEST_DIE_SERVER=K): every worker's register of it
+ *                             must fail with CFX_ERR_PEER_FAILED naming K and its node, not
+ *                             a worker, well before the job's timeout
  *   --timeout MS              the job's timeout (default 30000)
  *   --skip-server K           the rank of server K is server S instead: no process takes
  *                             index K (the initial servers' indices skip it).  The job
@@ -105,6 +111,7 @@ static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = 
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
            HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1, TIMEOUT_MS = 30000,
            SKIP_SRV = -1, DIES_AT_START = -1, LATE_TENSOR = 0, SERVER_DIES = -1,
+           DIES_REGISTERING = 0,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -495,6 +502,38 @@ static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, in
     }
 }
 
+/* --dies-registering: the register of "late" fails at once, naming server
+ * SERVER_DIES and its node (a block of it there was never initialized);
+ * no worker is blamed (the others waited out the job's timeout, then said
+ * that worker 0 stores the initial values). */
+static void late_tensor_lost(struct cfx_ps *ps, int w)
+{
+    float *init = malloc(LATE_COUNT * sizeof(float));
+    if (!init)
+        DIE("out of memory");
+    fill(init, CFX_DTYPE_F32, LATE_COUNT, init_f, 0, 0);
+    uint64_t t0 = now_ns();
+    int key = -1;
+    int rc = cfx_ps_register(ps, "late", CFX_DTYPE_F32, LATE_COUNT, w == 0 ? init : NULL, &key);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    char err[512];
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    free(init);
+    struct cfx_ps_stats st;
+    CHECK_OK(cfx_ps_stats(ps, &st));
+    char want[2][64];
+    snprintf(want[0], sizeof(want[0]), "server %d (node %u)", SERVER_DIES,
+             st.servers[SERVER_DIES].node_id);
+    snprintf(want[1], sizeof(want[1]), "server %d (node %u,", SERVER_DIES,
+             st.servers[SERVER_DIES].node_id);
+    if (rc != CFX_ERR_PEER_FAILED || (!strstr(err, want[0]) && !strstr(err, want[1])) ||
+        strstr(err, "worker"))
+        DIE("worker %d: register of 'late' as server %d died: got %s (%s) after %.1f s, want "
+            "CFX_ERR_PEER_FAILED naming '%s' and no worker", w, SERVER_DIES, cfx_errname(rc),
+            err, secs, want[0]);
+    printf("worker %d: register of 'late' failed in %.2f s: %s\n", w, secs, err);
+}
+
 /* --late-tensor: every worker registers "late" after the last step (after
  * server SERVER_DIES died, as the scheduler saw), checks its initial
  * values and LATE_STEPS BSP push-pulls exactly; worker 0 checks that its
@@ -502,6 +541,10 @@ static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, in
 static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
 {
     struct cfx_ps_stats before = { 0 };
+    if (DIES_REGISTERING) {
+        late_tensor_lost(ps, w);
+        return;
+    }
     if (w == 0 && SERVER_DIES > 0) {
         int32_t pid = 0;
         size_t sz = 0;
@@ -1012,6 +1055,8 @@ int main(int argc, char **argv)
             DIES_AT_START = atoi(v), i++;
         else if (!strcmp(a, "--late-tensor"))
             LATE_TENSOR = 1;
+        else if (!strcmp(a, "--dies-registering"))
+            DIES_REGISTERING = 1;
         else if (!strcmp(a, "--server-dies"))
             SERVER_DIES = atoi(v), i++;
         else if (!strcmp(a, "--wait-retired"))
@@ -1053,6 +1098,8 @@ int main(int argc, char **argv)
     if (SERVER_DIES >= 0 && (SERVER_DIES == 0 || SERVER_DIES >= S || !LATE_TENSOR || DEVICE ||
                              OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--server-dies K takes 0 < K < S, --late-tensor, BSP and SUM on host buffers");
+    if (DIES_REGISTERING && SERVER_DIES <= 0)
+        DIE("--dies-registering takes --server-dies K");
     if (LATE_TENSOR && (DEVICE || OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--late-tensor is checked under BSP and SUM on host buffers, one run");
     if (RUNS > 1 && (W > 1 || L || EXTRA))
