@@ -714,9 +714,10 @@ static int group_enter(struct cfx_group *g, const char *what)
  * blaming a live rank that "did not say why".  The way on is a new group,
  * with the same name or another: epochs are counted under the id the
  * context joined with.  A coordinator that restarted and did not give the
- * id back leaves the group the same way, but tells the other ranks nothing
- * (it never knew the old id): their calls with the rank end at their
- * deadline, and the text says so.
+ * id back leaves the group the same way; it never knew the old id and sends
+ * no event, but each other rank, having kept its id, asks it about its
+ * peers as it rejoins (engine/reannounce.c) and is told the old id is gone
+ * once the rank's rejoin window ended: their calls with the rank fail then.
  */
 bool cfx__group_moved(const struct cfx_group *g)
 {
@@ -730,10 +731,10 @@ int cfx__group_moved_err(const struct cfx_group *g, const char *what)
     return cfx__err(CFX_ERR_PEER_FAILED, "%s: group %s: rank %d: coordinator %s declared this "
                     "rank's node %u dead while it was stopped or cut off, or restarted and did "
                     "not give the id back, and it rejoined as node %u; the other ranks know "
-                    "rank %d only as node %u (after a death they were told and go on without "
-                    "it; after such a restart nobody tells them, and their calls with it wait "
-                    "until their deadline): the group is unusable from this rank (destroy it "
-                    "and create a new group)", what, g->name, g->rank, g->ctx->cfg.coord, was,
+                    "rank %d only as node %u (they were told it died, after such a restart "
+                    "once its rejoin window ended, and their calls with it fail): the group "
+                    "is unusable from this rank (destroy it and create a new group)", what,
+                    g->name, g->rank, g->ctx->cfg.coord, was,
                     cfx__ctl_node_id(g->ctx->ctl), g->rank, was);
 }
 

@@ -37,24 +37,35 @@
  * deadline.
  *
  * Events missed meanwhile.  The coordinator tells its members of a death
- * or a leave once, as it happens; a node cut off then (stopped, or its
- * control connection lost past the heartbeat deadline) never hears it, and
- * rejoins under a new id (the coordinator declared it dead; or restarted
- * and did not give the id back).  So after such a rejoin, before the
- * announcements, the thread asks the coordinator about every peer this node
+ * or a leave once, as it happens; a node cut off then (stopped, its control
+ * connection lost, or the coordinator restarting) never hears it.  So after
+ * every rejoin the thread asks the coordinator about every peer this node
  * deals with and has not heard gone (connections, messages posted to or
  * from it, traffic counted with it, connections that ended: known_peers),
  * one NODE_GET each.  One not alive, or not known any more (forgotten after
- * its dead_keep_ms), is handed to the progress thread as its event would
- * have been (CFX_CMD_NODE_MISSED, progress.c; once: whichever of it and the
- * event comes second finds it done).  A rejoin that kept the id follows a
- * restart, which every member was away for alike and whose coordinator
- * knows nothing of before: nothing is asked then (a query of a node of
- * before waits until it is back or its rejoin window ends, and every member
- * would ask about all its peers at once).
+ * its dead_keep_ms, or not back by the end of its rejoin window after a
+ * restart), is handed to the progress thread as its event would have been
+ * (CFX_CMD_NODE_MISSED, progress.c; once: whichever of it and the event
+ * comes second finds it done).
+ *
+ * A rejoin under a new id (the coordinator declared this node dead, or
+ * restarted and did not give the id back) asks before the announcements.
+ * One that kept its id follows a restart, and asks after them: the
+ * restarted coordinator holds a query of a node of before until that node
+ * is back or its rejoin window ends (coord_members.c), and the
+ * announcements must not wait for the slowest peer.  A peer stopped past
+ * that window (it comes back under a new id) is then learnt gone as the
+ * window ends, where before the node's calls with it waited for their
+ * deadline.  The queries have one deadline for the round: the context's
+ * timeout, or the window when longer (the coordinator's dead_after_ms, told
+ * at the join, plus CFX_PROTO_RECONNECT_MAX_MS); a peer not asked in time
+ * is named in the log, and what waits on it keeps its own deadline.  The
+ * queries run on this thread only, with no lock held, and the context's
+ * destroy interrupts them (cfx__reannounce_stop).
  */
 #include "engine.h"
 #include "p2p.h"
+#include "control/proto.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,15 +190,32 @@ static struct peers known_peers(struct cfx_context *ctx)
     return p;
 }
 
+/* The round's deadline for the queries (see the top): a restarted
+ * coordinator may hold one until the rejoin window of its start ends. */
+static uint64_t ask_deadline(struct cfx_context *ctx)
+{
+    uint64_t ms = ctx->cfg.timeout_ms > 0 ? (uint64_t)ctx->cfg.timeout_ms : 30000;
+    uint64_t window = CFX_PROTO_RECONNECT_MAX_MS + cfx__ctl_dead_after_ms(ctx->ctl) + 1000;
+    ms = CFX_MAX(ms, window);
+    return cfx__deadline_ns((int)CFX_MIN(ms, (uint64_t)INT32_MAX));
+}
+
 /* Ask the coordinator about each of @p p: the ones that died or left while
  * this node was away go to the progress thread (see the top). */
 static void ask_peers(struct cfx_context *ctx, struct cfx_reannounce *ra, const struct peers *p)
 {
-    int ms = ctx->cfg.timeout_ms > 0 ? ctx->cfg.timeout_ms : 30000;
+    uint64_t deadline = ask_deadline(ctx);
     size_t missed = 0;
     for (size_t i = 0; i < p->n && !stopping(ra); i++) {
         struct cfx_node_rec rec;
-        int rc = cfx__ctl_node_get(ctx->ctl, p->ids[i], &rec, cfx__deadline_ns(ms));
+        if (cfx__now_ns() >= deadline) {
+            CFX_LOG(WARN, CTL, "node %u: on rejoining, no time left to ask coordinator %s "
+                    "about node %u and %zu more peers; what waits on them here learns of "
+                    "their going by their connections only", ctx->node_id, ctx->cfg.coord,
+                    p->ids[i], p->n - i - 1);
+            break;
+        }
+        int rc = cfx__ctl_node_get(ctx->ctl, p->ids[i], &rec, deadline);
         if (rc == CFX_OK && rec.alive)
             continue;
         if (rc == CFX_ERR_NOT_FOUND) { /* forgotten since: gone for good, how unknown */
@@ -303,14 +331,13 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
 
     pthread_mutex_lock(&ctx->lock);
     /* taken before the id, and with it ctx->eager_gone, changes */
-    struct peers peers = { 0 };
-    if (cfx__ctl_node_id(ctx->ctl) != ctx->node_id)
-        peers = known_peers(ctx);
+    struct peers peers = known_peers(ctx);
     bool moved = adopt_node_id(ctx);
     pthread_mutex_unlock(&ctx->lock);
-    if (moved)
+    if (moved) {
         ask_peers(ctx, ra, &peers);
-    free(peers.ids);
+        peers.n = 0;
+    }
     pthread_mutex_lock(&ctx->lock);
     struct announcement *a = collect(ctx, &n);
     if (a && ctx->reannounce_hold)
@@ -318,6 +345,8 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     pthread_mutex_unlock(&ctx->lock);
     if (!a) {
         CFX_LOG(ERR, CTL, "node %u: out of memory re-announcing objects", ctx->node_id);
+        ask_peers(ctx, ra, &peers);
+        free(peers.ids);
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -367,6 +396,9 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
     ctx->reannounce_rounds++;
     pthread_cond_broadcast(&ctx->obj_cond);
     pthread_mutex_unlock(&ctx->lock);
+    /* the id kept: a restart's queries may wait for its window (see the top) */
+    ask_peers(ctx, ra, &peers);
+    free(peers.ids);
 }
 
 static void *reannounce_thread(void *arg)
@@ -450,8 +482,13 @@ void cfx__reannounce_stop(struct cfx_context *ctx)
     pthread_cond_signal(&ra->cond);
     bool started = ra->started;
     pthread_mutex_unlock(&ra->mu);
-    if (started)
+    if (started) {
+        /* a query parked in a restarted coordinator (ask_peers) ends now and
+         * none starts: the destroy does not wait for the rejoin window */
+        cfx__ctl_interrupt(ctx->ctl, true);
         pthread_join(ra->thread, NULL);
+        cfx__ctl_interrupt(ctx->ctl, false);
+    }
     pthread_cond_destroy(&ra->cond);
     pthread_mutex_destroy(&ra->mu);
     free(ra);

@@ -25,8 +25,9 @@
  * running at the time stops at its next wait).  The group is unusable
  * from that rank: destroy it and create a new group (the same name may be
  * used again).  A restarted coordinator that did not give the rank's node
- * its id back leaves the group so too, but tells the other ranks nothing:
- * their calls with that rank end at their deadline (CFX_ERR_TIMEOUT).
+ * its id back leaves the group so too; the other ranks learn it as they
+ * rejoin and ask the coordinator about their peers: once the rank's rejoin
+ * window ended, their calls with it fail with CFX_ERR_PEER_FAILED naming it.
  *
  * Buffers may be host memory (and CUDA device memory in CUDA builds: say so
  * with CFX_COLL_PARAM_MEMTYPE).  In-place operation: pass the same pointer

@@ -20,8 +20,8 @@
  * log lines and on its data plane.  A state directory that lost its node id
  * record still knows its durable objects' putters: they get their ids back
  * within the rejoin window, and the records of those not back then go.  A
- * rank back only after that window gets a new id, and its group calls say
- * that the other ranks were not told.
+ * rank back only after that window gets a new id; the other rank learns
+ * its old id is gone as the window ends, and its calls with it fail.
  */
 #include <criterion/criterion.h>
 
@@ -1224,12 +1224,15 @@ Test(coord_restart, a_rank_above_a_withdrawn_slot_is_still_taken)
  * A rank whose node the restarted coordinator did not give its id back (it
  * came back after its rejoin window: its client held from reconnecting
  * until the window ended, as for a process stopped across the restart).
- * Its call on its group fails at once, as after a death while it was
- * stopped, but the text no longer says that the other ranks heard it died
- * and went on without it: nobody told them (the new coordinator never knew
- * the old id), and their calls with it wait until their deadline.
+ * The new coordinator never knew the old id and sends no event; the other
+ * rank, which kept its id, asks it about its peers as it rejoins and is
+ * told, once the window ended, that the old id is gone.  Its barrier with
+ * the rank, running from before then, and its receive from it fail with
+ * CFX_ERR_PEER_FAILED naming the old id (before, they waited until their
+ * deadline, 60 s here, and ended CFX_ERR_TIMEOUT).  The late rank's own
+ * call fails at once, saying the others were told.
  */
-Test(coord_restart, a_rank_back_after_its_window_says_the_others_were_not_told)
+Test(coord_restart, a_rank_back_after_its_window_fails_the_others_calls_with_it)
 {
     struct rank_arg r[2];
     memset(r, 0, sizeof(r));
@@ -1238,18 +1241,36 @@ Test(coord_restart, a_rank_back_after_its_window_says_the_others_were_not_told)
         r[i].rank = i;
         r[i].name = "late";
         r[i].size = 2;
+        r[i].timeout_ms = 60000; /* past the window by far: a call must not wait for it */
     }
     run_ranks(r, 2, rank_create);
     for (int i = 0; i < 2; i++)
         cr_assert_eq(r[i].rc, CFX_OK, "rank %d: %s", i, r[i].err);
     const uint32_t was = cfx_context_node_id(r[1].ctx);
+    const uint32_t a_id = cfx_context_node_id(r[0].ctx);
 
     cfx__ctl_test_hold_reconnect(r[1].ctx->ctl, true);
     coord_run_restart(&co);
-    /* a query of the old id waits until the window ends, then not found */
+    wait_reconnected(r[0].ctx, 15000);
+    cr_assert_eq(cfx_context_node_id(r[0].ctx), a_id, "rank 0 did not keep its id");
+    /* rank 0's barrier waits for rank 1, until it hears the old id is gone */
+    int rc = cfx_group_barrier(r[0].g, NULL);
+    const char *err = cfx_last_error();
+    char want[96];
+    cr_expect_eq(rc, CFX_ERR_PEER_FAILED, "barrier: %s: %s", cfx_errname(rc), err);
+    snprintf(want, sizeof(want), "rank 1 (node %u)", was);
+    cr_expect(strstr(err, want), "barrier: '%s' missing: %s", want, err);
+    cr_expect(strstr(err, "died"), "barrier: %s", err);
+    int32_t v = 0;
+    rc = cfx_group_recv(r[0].g, &v, sizeof(v), 1, 7, NULL);
+    err = cfx_last_error();
+    cr_expect_eq(rc, CFX_ERR_PEER_FAILED, "recv: %s: %s", cfx_errname(rc), err);
+    cr_expect(strstr(err, want), "recv: '%s' missing: %s", want, err);
+    /* the coordinator says the same of the old id now */
     struct cfx_node_rec rec;
     cr_assert_eq(cfx__ctl_node_get(r[0].ctx->ctl, was, &rec, cfx__deadline_ns(30000)),
                  CFX_ERR_NOT_FOUND, "%s", cfx_last_error());
+
     cfx__ctl_test_hold_reconnect(r[1].ctx->ctl, false);
     uint64_t dl = cfx__deadline_ns(20000);
     pthread_mutex_lock(&r[1].ctx->lock);
@@ -1259,15 +1280,14 @@ Test(coord_restart, a_rank_back_after_its_window_says_the_others_were_not_told)
     pthread_mutex_unlock(&r[1].ctx->lock);
     cr_assert_neq(now, was, "node %u got its id back after its window", was);
 
-    int rc = cfx_group_barrier(r[1].g, NULL);
-    const char *err = cfx_last_error();
-    char want[96];
+    rc = cfx_group_barrier(r[1].g, NULL);
+    err = cfx_last_error();
     cr_expect_eq(rc, CFX_ERR_PEER_FAILED, "%s: %s", cfx_errname(rc), err);
     snprintf(want, sizeof(want), "rejoined as node %u", now);
     cr_expect(strstr(err, want), "'%s' missing: %s", want, err);
     cr_expect(strstr(err, "restarted and did not give the id back"), "%s", err);
-    cr_expect(strstr(err, "nobody tells them"), "%s", err);
-    cr_expect(!strstr(err, "dead to them"), "%s", err);
+    cr_expect(strstr(err, "once its rejoin window ended"), "%s", err);
+    cr_expect(!strstr(err, "nobody tells them"), "%s", err);
     cr_expect(strstr(err, "create a new group"), "%s", err);
     for (int i = 0; i < 2; i++) {
         cfx_group_destroy(r[i].g);

@@ -17,10 +17,13 @@
  * Meanwhile peer B leaves (its context destroyed), or B, a process of its
  * own, is killed by its pid, or B is cut off too while serving A a get (the
  * coordinator declares it dead with its data plane up).  Then A is let go
- * and rejoins under a new id.  Each step waits for its condition (the
- * members the coordinator counts alive, the new id), never for a time; the
- * calls' deadline (60 s) is past the test's limit, so one that waited for
- * it fails the test.
+ * and rejoins under a new id.  And a rejoin that keeps its id: the
+ * coordinator restarts while B is held from reconnecting past the new
+ * coordinator's rejoin window; A is told B's old id is gone once the window
+ * ended (before, such a rejoin asked nothing).  Each step waits for its
+ * condition (the members the coordinator counts alive, the new id, the
+ * re-announce round), never for a time; the calls' deadline (60 s) is past
+ * the test's limit, so one that waited for it fails the test.
  */
 #include <criterion/criterion.h>
 
@@ -323,6 +326,68 @@ static void peer_dead_get(const char *tp)
     free(dst);
 }
 
+/* ---- a peer gone across a coordinator restart, the id kept ------------------- */
+
+/* Stop the coordinator and start a new one on its port, without a state
+ * directory: it learns it restarted from the first rejoin that names an id,
+ * gives ids back within its rejoin window (coord.c) and holds a query of an
+ * id of before until that node is back or the window ends. */
+static void restart_coord(void)
+{
+    uint16_t port = cfx__coord_port(coord);
+    cfx__coord_stop(coord);
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = port, .token = token };
+    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "%s", cfx_last_error());
+}
+
+/* Until @p ctx finished its re-announce round after the restart; it kept
+ * its id @p was. */
+static void back_as(struct cfx_context *ctx, uint32_t was)
+{
+    uint64_t dl = cfx__deadline_ns(HANG_MS);
+    pthread_mutex_lock(&ctx->lock);
+    while (ctx->reannounce_rounds == 0 && cfx__obj_wait(ctx, dl))
+        ;
+    const uint64_t rounds = ctx->reannounce_rounds;
+    const uint32_t now = ctx->node_id;
+    pthread_mutex_unlock(&ctx->lock);
+    cr_assert_gt(rounds, 0, "node %u did not rejoin", was);
+    cr_assert_eq(now, was, "node %u rejoined as node %u", was, now);
+}
+
+/*
+ * A (context 0) has had messages from B and C; the coordinator restarts; B
+ * is held from reconnecting past the new coordinator's rejoin window (a
+ * process stopped across the restart: its data plane up, nothing on A's
+ * connection with it says so), A and C rejoin at once and keep their ids.
+ * The new coordinator never knew B and sends nobody an event.  A asks it
+ * about its peers as it rejoins and hears, once the window ended, that B's
+ * id is not known: its receive from B fails with CFX_ERR_PEER_FAILED naming
+ * B (before, a rejoin that kept its id asked nothing and the receive
+ * waited for its deadline).  C's message still arrives; B comes back under
+ * a new id.
+ */
+static void peer_gone_across_restart(const char *tp)
+{
+    up(tp, 3);
+    struct cfx_context *a = ctxs[0], *bc = ctxs[1], *c = ctxs[2];
+    message(bc, a, 1);
+    message(c, a, 2);
+    const struct cfx_node_rec b = node_rec(a, bc->node_id);
+    const uint32_t a_was = a->node_id, c_was = c->node_id;
+
+    cfx__ctl_test_hold_reconnect(bc->ctl, true);
+    restart_coord();
+    back_as(a, a_was);
+    back_as(c, c_was);
+
+    recv_fails(a, &b, "died");
+    message(c, a, 3);
+
+    let_back(bc, b.node_id);
+    down(3);
+}
+
 /* Test @p name_tcp and @p name_shm: @p fn over that transport. */
 #define ON_TCP_AND_SHM(name, fn)                     \
     Test(rejoin_missed, name##_tcp, .timeout = 40) \
@@ -337,3 +402,5 @@ static void peer_dead_get(const char *tp)
 ON_TCP_AND_SHM(a_receive_from_a_peer_that_left_meanwhile_fails_at_once, peer_left)
 ON_TCP_AND_SHM(a_receive_from_a_peer_killed_meanwhile_fails_at_once, peer_killed)
 ON_TCP_AND_SHM(a_get_from_a_peer_declared_dead_meanwhile_fails_at_once, peer_dead_get)
+ON_TCP_AND_SHM(a_receive_from_a_peer_gone_across_a_restart_fails_the_id_kept,
+               peer_gone_across_restart)
