@@ -1068,7 +1068,10 @@ static size_t read_to_close(int fd, struct side *s, uint8_t *buf, size_t cap)
  * its first bytes only (a version whose exchange is shorter), is answered
  * with a refusal record before the acceptor closes: 64 bytes, little
  * endian, its magic and version, reason CFX_VERBS_REJ_R_VERSION, no QP;
- * nothing is reported, and the refusal is logged naming both versions.
+ * nothing is reported, and the refusal is logged naming both versions.  A
+ * hello of ours that is malformed (1 receive announced) is refused so too,
+ * with reason CFX_VERBS_REJ_R_HELLO (its line falls within the log's one
+ * a second: flood.h).
  * (Before: the whole one was closed without a word, which the connector
  * took for a cap's and dialled again 8 times; the first bytes alone waited
  * for the acceptor's CFX_IB_OOB_ACCEPT_MS.)
@@ -1084,23 +1087,27 @@ Test(verbs_authz, oob_hello_of_another_version_answered_with_a_refusal, .timeout
     char logpath[] = "/tmp/cfx-test-oobver-XXXXXX";
     int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
 
-    for (int whole = 1; whole >= 0; whole--) {
+    /* 1, 0: another version's, whole and its head; -1: one of ours that
+     * announces 1 receive (at least 4 are needed), refused as malformed */
+    for (int whole = 1; whole >= -1; whole--) {
         struct cfx__verbs_oob_info hello = { 0 };
         hello.hello.magic = htole32(CFX_VERBS_MAGIC);
-        hello.hello.version = htole16(CFX_VERBS_VERSION + 1);
-        hello.hello.rq_depth = htole32(64);
+        hello.hello.version = htole16(CFX_VERBS_VERSION + (whole >= 0));
+        hello.hello.rq_depth = htole32(whole >= 0 ? 64 : 1);
         size_t n = whole ? sizeof(hello) : CFX_VERBS_OOB_HEAD + 2;
         int fd = oob_dial(bv);
         cr_assert_eq(send(fd, &hello, n, 0), (ssize_t)n);
         uint8_t got[128];
         size_t len = read_to_close(fd, &b, got, sizeof(got));
         close(fd);
-        cr_assert_eq(len, 64, "%s hello: %zu bytes of refusal", whole ? "whole" : "head", len);
+        const char *what = whole > 0 ? "whole" : whole ? "malformed" : "head";
+        cr_assert_eq(len, 64, "%s hello: %zu bytes of refusal", what, len);
         uint8_t want[64] = { 0x56, 0x58, 0x46, 0x43, CFX_VERBS_VERSION, 0 }; /* magic, ver */
-        want[62] = CFX_VERBS_REJ_R_VERSION; /* refused, little endian; the rest zero */
+        /* refused, little endian; the rest zero */
+        want[62] = whole >= 0 ? CFX_VERBS_REJ_R_VERSION : CFX_VERBS_REJ_R_HELLO;
         for (size_t i = 0; i < sizeof(want); i++)
-            cr_assert_eq(got[i], want[i], "%s hello: refusal byte %zu is %#x, not %#x",
-                         whole ? "whole" : "head", i, got[i], want[i]);
+            cr_assert_eq(got[i], want[i], "%s hello: refusal byte %zu is %#x, not %#x", what,
+                         i, got[i], want[i]);
     }
     cr_assert_null(b.ep, "a refused stranger was reported");
     cr_assert_eq(b.n_ep_error, 0);
@@ -1120,9 +1127,10 @@ Test(verbs_authz, oob_hello_of_another_version_answered_with_a_refusal, .timeout
  * The connector meets an acceptor that refuses its hello: one of another
  * version that sends its magic and version and closes (its exchange of
  * another size), or one of ours whose refusal record says the hello was
- * malformed.  The connection fails with CFX_ERR_VERSION naming both
- * versions, or CFX_ERR_PROTO saying so: statuses the engine does not dial
- * again for (cfx__conn_fallback).  (Before: CFX_ERR_PEER_FAILED, dialled
+ * malformed, or that our credentials were refused.  The connection fails
+ * with CFX_ERR_VERSION naming both versions, or CFX_ERR_PROTO or
+ * CFX_ERR_AUTH saying so: statuses the engine does not dial again for
+ * (cfx__conn_fallback).  (Before: CFX_ERR_PEER_FAILED, dialled
  * again CFX_CONN_REDIALS times, and CFX_ERR_CONNECT.)
  */
 Test(verbs_authz, oob_connector_told_why_it_was_refused, .timeout = 240)
@@ -1154,6 +1162,8 @@ Test(verbs_authz, oob_connector_told_why_it_was_refused, .timeout = 240)
         { CFX_VERBS_VERSION + 1, 0, CFX_VERBS_OOB_HEAD + 2, CFX_ERR_VERSION, why_version },
         { CFX_VERBS_VERSION, CFX_VERBS_REJ_R_HELLO, 64, CFX_ERR_PROTO,
           "it rejected our hello as malformed" },
+        { CFX_VERBS_VERSION, CFX_VERBS_REJ_R_AUTH, 64, CFX_ERR_AUTH,
+          "it rejected our credentials" },
     };
 
     for (size_t c = 0; c < CFX_ARRAY_SIZE(cases); c++) {
