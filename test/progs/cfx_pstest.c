@@ -374,23 +374,28 @@ static void signal_pid(struct cfx_context *ctx, int rank)
 static int exit_fd[64];
 static int n_exit_fd;
 
+/* A pidfd of rank @p r's process, from the id it put (signal_pid); its
+ * copy here is dropped, so the object goes with the rank. */
+static int pidfd_of_rank(struct cfx_context *ctx, int r)
+{
+    int32_t pid = 0;
+    size_t sz = 0;
+    struct cfx_object_id id;
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    name_id(&id, "pid", r);
+    CHECK_OK(cfx_get(ctx, &id, &pid, sizeof(pid), &sz, &op));
+    CHECK_OK(cfx_delete(ctx, &id, NULL));
+    int fd = pidfd_open((pid_t)pid, 0);
+    if (fd < 0)
+        DIE("pidfd_open(%d), rank %d's process: %s", (int)pid, r, strerror(errno));
+    return fd;
+}
+
 static void watch_exits(struct cfx_context *ctx, int k)
 {
-    for (int r = 0; r < S + W - 1 && n_exit_fd < 64; r++) {
-        if (r != k && k != 0)
-            continue;
-        int32_t pid = 0;
-        size_t sz = 0;
-        struct cfx_object_id id;
-        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
-        name_id(&id, "pid", r);
-        CHECK_OK(cfx_get(ctx, &id, &pid, sizeof(pid), &sz, &op));
-        CHECK_OK(cfx_delete(ctx, &id, NULL));
-        int fd = pidfd_open((pid_t)pid, 0);
-        if (fd < 0)
-            DIE("pidfd_open(%d), rank %d's process: %s", (int)pid, r, strerror(errno));
-        exit_fd[n_exit_fd++] = fd;
-    }
+    for (int r = 0; r < S + W - 1 && n_exit_fd < 64; r++)
+        if (r == k || k == 0)
+            exit_fd[n_exit_fd++] = pidfd_of_rank(ctx, r);
 }
 
 /* --dies-at-start: the node of server K's announcement once it went with
@@ -546,15 +551,7 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
         return;
     }
     if (w == 0 && SERVER_DIES > 0) {
-        int32_t pid = 0;
-        size_t sz = 0;
-        struct cfx_object_id id;
-        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
-        name_id(&id, "pid", SERVER_DIES);
-        CHECK_OK(cfx_get(ctx, &id, &pid, sizeof(pid), &sz, &op));
-        int fd = pidfd_open((pid_t)pid, 0); /* alive: it waits for "die" */
-        if (fd < 0)
-            DIE("pidfd_open(%d), server %d's process: %s", (int)pid, SERVER_DIES, strerror(errno));
+        int fd = pidfd_of_rank(ctx, SERVER_DIES); /* alive: it waits for "die" */
         signal_obj(ctx, "die", SERVER_DIES);
         wait_server_seen_dead(ctx, ps, SERVER_DIES, fd);
         signal_obj(ctx, "dead-seen", 0);
