@@ -2,9 +2,11 @@
 #include "control/auth.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -13,6 +15,7 @@
 
 #include <conflux/status.h>
 
+#include "dataplane/common/log.h"
 #include "dataplane/common/util.h"
 
 static const char *const side_label[] = {
@@ -156,6 +159,18 @@ int cfx__token_load_file(const char *path, const char *from, char *buf, size_t l
     if (!f)
         return cfx__err(CFX_ERR_AUTH, "cannot read the cluster token file %s: %s", from,
                         strerror(errno));
+    /* Anyone who reads the token joins the cluster and reads and writes
+     * its objects (docs/SECURITY.md): a file group or others may read is
+     * said so, once a process (every context loads it; a refusal would
+     * break a team's shared file all at once, as ssh's would) */
+    static atomic_bool warned;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) &&
+        (st.st_mode & (S_IRWXG | S_IRWXO)) && !atomic_exchange(&warned, true))
+        CFX_LOG(WARN, AUTH, "the cluster token file %s is open to %s (mode %03o): whoever "
+                "reads it can join the cluster; chmod 600 it", from,
+                (st.st_mode & S_IRWXO) ? "other users" : "its group",
+                (unsigned)(st.st_mode & 0777));
     size_t n = fread(line, 1, sizeof(line) - 1, f);
     int ferr = ferror(f) ? errno : 0;
     fclose(f);

@@ -4,11 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <conflux/status.h>
 
 #include "control/auth.h"
+#include "test/common/testutil.h"
 
 static char tmpfile_path[64];
 
@@ -182,6 +184,37 @@ Test(auth, token_missing_says_what_to_set)
               "%s", cfx_last_error());
     write_token_file("\n", 1);
     cr_assert_eq(cfx__token_load(NULL, buf, sizeof(buf)), CFX_ERR_AUTH);
+}
+
+/*
+ * A token file that group or others may read is said so: whoever reads it
+ * joins the cluster.  One line a process (every context loads the token),
+ * naming the file, who may read it, its mode and the remedy; a private file
+ * says nothing, and the token is taken either way.
+ */
+Test(auth, token_file_open_to_others_is_said_once)
+{
+    char logpath[] = "/tmp/cfx-test-tokmode-XXXXXX";
+    int logfd, saved = cfx_test_stderr_to(logpath, &logfd);
+    char buf[64], want[256];
+    write_token_file("tok-mode\n", 9); /* mkstemp: 0600 */
+    cr_assert_eq(cfx__token_load(NULL, buf, sizeof(buf)), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(chmod(tmpfile_path, 0644), 0);
+    for (int i = 0; i < 2; i++) {
+        memset(buf, 0, sizeof(buf));
+        cr_assert_eq(cfx__token_load(NULL, buf, sizeof(buf)), CFX_OK, "%s", cfx_last_error());
+        cr_assert_str_eq(buf, "tok-mode");
+    }
+    cfx_test_stderr_back(saved);
+    close(logfd);
+    snprintf(want, sizeof(want), "the cluster token file CFX_TOKEN_FILE=%s is open to other "
+             "users (mode 644): whoever reads it can join the cluster; chmod 600 it",
+             tmpfile_path);
+    int n = cfx_test_lines_with(logpath, "chmod 600");
+    bool named = cfx_test_file_contains(logpath, want);
+    unlink(logpath);
+    cr_assert_eq(n, 1, "%d lines about the token file's mode, not 1", n);
+    cr_assert(named, "no line '%s'", want);
 }
 
 Test(auth, token_too_long)
