@@ -24,8 +24,7 @@ int cfx__seal_mode_parse(const char *s, int *mode)
     } else if (!strcasecmp(s, "integrity")) {
         *mode = CFX_SEAL_INTEGRITY;
     } else {
-        return cfx__err(CFX_ERR_INVALID,
-                        "CFX_SECURE=%.32s: expected 0/off, 1/on/encrypt or integrity", s);
+        return cfx__err(CFX_ERR_INVALID, "CFX_SECURE=%.32s: expected " CFX_SEAL_MODE_WORDS, s);
     }
     return CFX_OK;
 }

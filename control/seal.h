@@ -62,6 +62,8 @@ struct cfx_seal_dir {
  * "on", "yes", "encrypt" -> ENCRYPT; "integrity" -> INTEGRITY.  CFX_OK, or
  * CFX_ERR_INVALID naming the value. */
 int cfx__seal_mode_parse(const char *s, int *mode);
+/* The words cfx__seal_mode_parse takes, for errors that name them. */
+#define CFX_SEAL_MODE_WORDS "0/off/no, 1/on/yes/encrypt or integrity"
 /* "off", "integrity" or "encrypt". */
 const char *cfx__seal_mode_name(int mode);
 

@@ -165,8 +165,8 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
         /* name what was wrong where it was given: the parameter, or the
          * variable (the parser's text) */
         return (m & CFX_CTX_PARAM_SECURE)
-                   ? cfx__err(CFX_ERR_INVALID, "secure parameter '%.32s': expected off, "
-                              "on/encrypt or integrity", p->secure)
+                   ? cfx__err(CFX_ERR_INVALID, "secure parameter '%.32s': expected "
+                              CFX_SEAL_MODE_WORDS, p->secure)
                    : CFX_ERR_INVALID;
     const char *ba = getenv("CFX_BIND_ADDR"), *ifn = getenv("CFX_SOCKET_IFNAME");
     struct in_addr probe;

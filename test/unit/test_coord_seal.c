@@ -725,8 +725,17 @@ Test(coord_seal, contexts_seal_both_planes)
               cfx_last_error());
     cp.secure = "bogus";
     cr_assert_eq(cfx_context_create(&cp, &c), CFX_ERR_INVALID);
-    cr_assert(strstr(cfx_last_error(), "secure parameter 'bogus'"),
-              "a bad parameter must be named as the parameter: %s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "secure parameter 'bogus': expected 0/off/no, "
+                     "1/on/yes/encrypt or integrity"),
+              "a bad parameter must be named as the parameter, with every word taken: %s",
+              cfx_last_error());
+    /* so is the variable (yes and no are taken, as their words say) */
+    setenv("CFX_SECURE", "bogus", 1);
+    cp.field_mask &= ~CFX_CTX_PARAM_SECURE;
+    cr_assert_eq(cfx_context_create(&cp, &c), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "CFX_SECURE=bogus: expected 0/off/no, "
+                     "1/on/yes/encrypt or integrity"), "%s", cfx_last_error());
+    unsetenv("CFX_SECURE");
     free(src);
     free(dst);
     cfx_context_destroy(b);
