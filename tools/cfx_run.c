@@ -72,17 +72,32 @@
 
 /* ---- starting ranks --------------------------------------------------------- */
 
-static void child_write(const char *s)
+/* The parts of one line, written with one write(): a line of at most
+ * PIPE_BUF bytes reaches the pipe whole, so a rank terminated right after
+ * (another rank failed first) leaves the whole reason or none of it (five
+ * writes left "cannot execute X: " without its cause).  Async-signal-safe;
+ * a part is cut to what is left of the line. */
+static void child_say(const char *const *parts, int n)
 {
-    size_t len = strlen(s);
+    char line[512];
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        size_t k = strlen(parts[i]);
+        if (k > sizeof(line) - 1 - len)
+            k = sizeof(line) - 1 - len;
+        memcpy(line + len, parts[i], k);
+        len += k;
+    }
+    line[len++] = '\n';
+    const char *s = line;
     while (len) {
-        ssize_t n = write(2, s, len);
-        if (n < 0 && errno == EINTR)
+        ssize_t w = write(2, s, len);
+        if (w < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
+        if (w <= 0)
             return;
-        s += n;
-        len -= (size_t)n;
+        s += w;
+        len -= (size_t)w;
     }
 }
 
@@ -120,11 +135,8 @@ child_exec(struct run *r, struct run_rank *rk, int pipes[3][2], int devnull, pid
     execvpe(argv[0], argv, rk->envp);
 
     int err = errno;
-    child_write("cfx_run: cannot execute ");
-    child_write(argv[0]);
-    child_write(": ");
-    child_write(strerror(err));
-    child_write("\n");
+    const char *parts[] = { "cfx_run: cannot execute ", argv[0], ": ", strerror(err) };
+    child_say(parts, 4);
     _exit(err == ENOENT ? 127 : 126);
 }
 

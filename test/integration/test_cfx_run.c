@@ -321,7 +321,24 @@ Test(cfx_run, usage_errors)
     free(out);
     /* the rank's own status: 127, the shell's "not found" */
     cr_assert_eq(run("-n 1 /nonexistent/program", &out, NULL), 127);
-    cr_assert(strstr(out, "cannot execute /nonexistent/program"), "output:\n%s", out);
+    cr_assert(strstr(out, "cannot execute /nonexistent/program: No such file or directory\n"),
+              "output:\n%s", out);
+    free(out);
+    /* several ranks: the first to fail ends the others, each of which said
+     * why in one line or not at all (its reason came in a write of its own
+     * before, and a rank terminated between the two left "...: " alone) */
+    cr_assert_eq(run("-n 4 /nonexistent/program", &out, NULL), 127);
+    int whole = 0;
+    for (const char *l = out; (l = strstr(l, "cannot execute ")); l++) {
+        const char *eol = strchr(l, '\n');
+        cr_assert(eol, "a line without its end:\n%s", out);
+        static const char why[] = "/nonexistent/program: No such file or directory";
+        cr_assert((size_t)(eol - l) == strlen("cannot execute ") + strlen(why) &&
+                  !strncmp(l + strlen("cannot execute "), why, strlen(why)),
+                  "a line cut short:\n%s", out);
+        whole++;
+    }
+    cr_assert_geq(whole, 1, "output:\n%s", out);
     free(out);
 }
 
