@@ -1085,8 +1085,8 @@ static int coord_listen(struct cfx_coord *co, const char *bind_addr, uint16_t po
     setsockopt(co->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(co->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         int e = errno;
-        return cfx__err(e == EADDRINUSE ? CFX_ERR_BUSY : cfx__status_from_errno(e),
-                        "coordinator cannot bind %s:%u: %s", bind_addr, port, strerror(e));
+        return cfx__err(cfx__status_from_errno(e), "coordinator cannot bind %s:%u: %s",
+                        bind_addr, port, strerror(e));
     }
     if (listen(co->listen_fd, SOMAXCONN) < 0) /* bursts of joins: a short backlog drops SYNs */
         return cfx__err(cfx__status_from_errno(errno), "listen on %s:%u: %s", bind_addr, port,

@@ -62,6 +62,7 @@ int cfx__status_from_errno(int err)
     case EINVAL:       return CFX_ERR_INVALID;
     case ENOMEM:       return CFX_ERR_NOMEM;
     case ETIMEDOUT:    return CFX_ERR_TIMEOUT;
+    case EADDRINUSE:   return CFX_ERR_BUSY; /* a port another process holds */
     case EAGAIN:       return CFX_ERR_AGAIN;
     case ECONNREFUSED:
     case EHOSTUNREACH:

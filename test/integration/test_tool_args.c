@@ -573,6 +573,14 @@ Test(tool_args, coord_bind_of_an_address_not_free_exits_1, .init = case_init,
     cr_assert_eq(st, 1, "--bind 127.0.0.1 --port %s (in use): exit %d, want 1; stderr:\n%s",
                  port, st, err);
     cr_assert(strstr(err, in_use.opt) && strstr(err, "CFX_ERR_BUSY"), "%s", err);
+    /* the metrics port so too (it said CFX_ERR_IO) */
+    char mport[32];
+    snprintf(mport, sizeof(mport), "127.0.0.1:%s", port);
+    struct args_case m_in_use = { "conflux-coord", { "--port", "0", "--metrics", mport }, 1,
+                                  "metrics endpoint cannot listen on 127.0.0.1:", NULL, 0 };
+    st = run_case(&m_in_use, err, sizeof(err));
+    cr_assert_eq(st, 1, "--metrics %s (in use): exit %d, want 1; stderr:\n%s", mport, st, err);
+    cr_assert(strstr(err, m_in_use.opt) && strstr(err, "CFX_ERR_BUSY"), "%s", err);
 
     FILE *f = fopen("/proc/sys/net/ipv4/ip_nonlocal_bind", "r");
     int nonlocal = 0;
