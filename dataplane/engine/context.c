@@ -206,6 +206,10 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     if (gethostname(host, sizeof(host)) != 0)
         copy_str(host, sizeof(host), "localhost");
     host[sizeof(host) - 1] = '\0';
+    if ((m & CFX_CTX_PARAM_NAME) && p->name && strlen(p->name) >= sizeof(cfg->name))
+        /* refused, not cut short, as the coordinator's address is */
+        return cfx__err(CFX_ERR_INVALID, "node name '%.32s...' (the name parameter) is longer "
+                        "than %zu bytes", p->name, sizeof(cfg->name) - 1);
     if ((m & CFX_CTX_PARAM_NAME) && p->name)
         copy_str(cfg->name, sizeof(cfg->name), p->name);
     else

@@ -77,7 +77,8 @@ struct cfx_context_params {
     size_t chunk_size;      /* 0 = follow object size; default $CFX_CHUNK_SIZE */
     int timeout_ms;         /* default deadline, >= 1 (else CFX_ERR_INVALID); default
                              * $CFX_TIMEOUT_MS or 30000 */
-    const char *name;       /* node name; default hostname:pid */
+    const char *name;       /* node name, at most 63 bytes (else CFX_ERR_INVALID);
+                               default hostname:pid */
     const char *bind_addr;  /* data-plane listen address; default $CFX_BIND_ADDR or the coordinator-facing address */
     /* Added later: "off", "integrity" or "encrypt" (also "0", "1"); default
      * $CFX_SECURE, else off: seals the coordinator connection and the tcp

@@ -163,6 +163,23 @@ Test(context, no_coordinator)
     cr_assert(strstr(cfx_last_error(), "(the coord parameter) is longer than 127 bytes"), "%s",
               cfx_last_error());
     cr_assert_null(a);
+    /* so is a node name longer than the record keeps (it was cut to 63
+     * bytes without a word, and rdmactl showed the cut name) */
+    char longnode[65];
+    memset(longnode, 'n', 64);
+    longnode[64] = '\0';
+    p.coord = "127.0.0.1:1";
+    p.field_mask |= CFX_CTX_PARAM_NAME;
+    p.name = longnode;
+    rc = cfx_context_create(&p, &a);
+    cr_assert_eq(rc, CFX_ERR_INVALID, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "(the name parameter) is longer than 63 bytes"), "%s",
+              cfx_last_error());
+    cr_assert_null(a);
+    longnode[63] = '\0'; /* 63 bytes are taken: the create gets as far as the coordinator */
+    rc = cfx_context_create(&p, &a);
+    cr_assert_eq(rc, CFX_ERR_CONNECT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(a);
 }
 
 struct late_coord {

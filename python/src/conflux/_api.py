@@ -122,7 +122,7 @@ class Context(_c.Context):
         transports: preference list, e.g. "shm,tcp".
         timeout: default deadline of blocking calls, in seconds.
         chunk_size: fixed chunk size in bytes (default follows the object size).
-        name: node name shown by rdmactl.
+        name: node name shown by rdmactl, at most 63 bytes (else InvalidError).
         bind_addr: IP address the data plane listens on.
         secure: "off", "integrity" or "encrypt": seal control and tcp connections
             (default $CFX_SECURE, else off; every node and the coordinator must agree).
