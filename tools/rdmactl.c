@@ -1,7 +1,8 @@
 /*
  * rdmactl: inspect a Conflux cluster through its coordinator.
  *
- *   rdmactl [--coord HOST:PORT] [--token T] [--json] COMMAND [COMMAND OPTIONS]
+ *   rdmactl [--coord HOST:PORT] [--token-file F | --token T] [--json] COMMAND
+ *           [COMMAND OPTIONS]
  *
  * The global options may also follow the command (rdmactl objects --json),
  * as kubectl's do.  Every command refuses an option or argument it does not
@@ -47,6 +48,7 @@
 struct rdmactl {
     const char *coord;      /* "host:port" */
     char token[CFX_TOKEN_MAX + 1];
+    const char *token_file; /* --token-file */
     int json;               /* --json */
     struct cfx_ctl *ctl;    /* opened lazily by ctl_get() */
     int check_only;         /* main's first pass: check the command's arguments only */
@@ -1105,14 +1107,15 @@ static const struct rdmactl_cmd commands[] = {
       "auto on|off | shards" },
 };
 
-#define GLOBAL_USAGE "rdmactl [--coord HOST:PORT] [--token T] [--json]"
+#define GLOBAL_USAGE "rdmactl [--coord HOST:PORT] [--token-file F | --token T] [--json]"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: " GLOBAL_USAGE " COMMAND [OPTIONS] [ARGS]\n\n"
                "  --coord HOST:PORT  coordinator (default $CFX_COORD)\n"
+               "  --token-file F     read the cluster token from F (default $CFX_TOKEN_FILE)\n"
                "  --token T          cluster token (default $CFX_TOKEN or $CFX_TOKEN_FILE);\n"
-               "                     visible in ps: prefer CFX_TOKEN_FILE\n"
+               "                     visible in ps: prefer --token-file\n"
                "  --json             machine-readable output (every command but top)\n"
                "These global options may also follow the command, as kubectl's do:\n"
                "'rdmactl objects --json' is 'rdmactl --json objects'.  A command refuses an\n"
@@ -1128,8 +1131,8 @@ static void usage(FILE *f)
 static void cmd_usage(const struct rdmactl_cmd *cmd)
 {
     if (cmd->fn == cmd_top) /* the one command without --json */
-        printf("usage: rdmactl [--coord HOST:PORT] [--token T] %s\n\n%s\n", cmd->usage,
-               cmd->help);
+        printf("usage: rdmactl [--coord HOST:PORT] [--token-file F | --token T] %s\n\n%s\n",
+               cmd->usage, cmd->help);
     else
         printf("usage: " GLOBAL_USAGE " %s\n\n%s\n", cmd->usage, cmd->help);
     if (cmd->fn == cmd_status)
@@ -1151,7 +1154,8 @@ static void cmd_usage(const struct rdmactl_cmd *cmd)
                "  --timeout MS   deadline of the request, 0..2147483647 (default %d)\n"
                "  N              a server index (0, 1, ...); auto takes on or off (yes/no)\n",
                RDMACTL_PS_TIMEOUT_MS);
-    printf("The global options (--coord, --token, --json) may come before or after the\n"
+    printf("The global options (--coord, --token-file, --token, --json) may come before or "
+           "after the\n"
            "command; options and arguments may come in any order; '--' ends the options.\n");
 }
 
@@ -1173,7 +1177,7 @@ static int take_token(char *val, char **copy)
     if (tool_arg_nonempty("rdmactl", "--token", val, "a token"))
         return TOOL_EXIT_USAGE;
     fprintf(stderr, "rdmactl: warning: --token puts the cluster token on the command "
-            "line, where ps and /proc/PID/cmdline show it; use CFX_TOKEN_FILE\n");
+            "line, where ps and /proc/PID/cmdline show it; use --token-file\n");
     token_drop(*copy); /* a second --token: the first one's bytes go too */
     *copy = strdup(val);
     if (!*copy) {
@@ -1193,6 +1197,7 @@ static const struct {
     unsigned bit;    /* OPT_*; 0 for a global option */
 } cmd_opts[] = {
     { "coord", 'c', 1, 0 },          { "token", 't', 1, 0 },       { "json", 'j', 0, 0 },
+    { "token-file", 'f', 1, 0 },
     { "help", 'h', 0, 0 },           { "all", 0, 0, OPT_ALL },     { "once", 0, 0, OPT_ONCE },
     { "interval", 0, 1, OPT_INTERVAL }, { "count", 0, 1, OPT_COUNT }, { "job", 0, 1, OPT_JOB },
     { "timeout", 0, 1, OPT_TIMEOUT }, { "auto", 0, 0, OPT_AUTO },
@@ -1281,6 +1286,11 @@ static int cmd_scan(struct rdmactl *r, const struct rdmactl_cmd *cmd, int argc, 
                 return t;
             break;
         }
+        case 'f':
+            if (tool_arg_nonempty("rdmactl", "--token-file", val, "a file name"))
+                return TOOL_EXIT_USAGE;
+            r->token_file = val;
+            break;
         case 'j': r->json = 1; break;
         case 'h': help = 1; break;
         case OPT_ALL: a->all = 1; break;
@@ -1305,6 +1315,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         { "coord", required_argument, NULL, 'c' },
         { "token", required_argument, NULL, 't' },
+        { "token-file", required_argument, NULL, 'f' },
         { "json", no_argument, NULL, 'j' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
@@ -1315,7 +1326,7 @@ int main(int argc, char **argv)
     int c;
 
     /* "+": stop at the command; what follows it is scanned with its own options. */
-    while ((c = getopt_long(argc, argv, "+c:t:jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+c:t:f:jh", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
             /* named as given, not "no coordinator: set CFX_COORD" */
@@ -1329,6 +1340,11 @@ int main(int argc, char **argv)
                 return t < 0 ? 1 : t;
             break;
         }
+        case 'f':
+            if (tool_arg_nonempty("rdmactl", "--token-file", optarg, "a file name"))
+                return TOOL_EXIT_USAGE;
+            r.token_file = optarg;
+            break;
         case 'j': r.json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -1397,10 +1413,20 @@ int main(int argc, char **argv)
         token_drop(token_copy);
         return 2;
     }
-    int lrc = cfx__token_load(token_copy, r.token, sizeof(r.token));
+    if (r.token_file && token_copy) {
+        fprintf(stderr, "rdmactl: give --token-file or --token, not both\n");
+        free(a.args);
+        token_drop(token_copy);
+        return 2;
+    }
+    /* --token-file as conflux-coord and cfx_run take it: the file's first line */
+    int lrc = r.token_file ? cfx__token_load_file(r.token_file, r.token_file, r.token,
+                                                  sizeof(r.token))
+                           : cfx__token_load(token_copy, r.token, sizeof(r.token));
     token_drop(token_copy);
     if (lrc != CFX_OK) {
-        fprintf(stderr, "rdmactl: %s\n", cfx_last_error());
+        fprintf(stderr, "rdmactl: %s%s\n", r.token_file ? "--token-file: " : "",
+                cfx_last_error());
         free(a.args);
         return 2;
     }

@@ -232,6 +232,13 @@ static const struct args_case cases[] = {
     { "rdmactl", { "--token", "", "status" }, 2, "--token: ''", "must not be empty", 1 },
     { "rdmactl", { "status", "--token=" }, 2, "--token: ''", "must not be empty", 1 },
     { "rdmactl", { "--coord", "", "status" }, 2, "--coord: ''", "must not be empty", 1 },
+    /* --token-file as conflux-coord and cfx_run take it (rdmactl had none) */
+    { "rdmactl", { "--token-file", "", "status" }, 2, "--token-file: ''", "must not be empty",
+      1 },
+    { "rdmactl", { "status", "--token-file", "/nonexistent" }, 2,
+      "rdmactl: --token-file: cannot read the cluster token file /nonexistent: ", NULL, 1 },
+    { "rdmactl", { "--token", "t", "--token-file", "/nonexistent", "status" }, 2,
+      "give --token-file or --token, not both", NULL, 1 },
     { "rdmactl", { "top", "--interval", "5" }, 2, "--interval", "'5'", 1 },
     { "rdmactl", { "tasks", "extra" }, 2, "tasks", "'extra'", 1 },
     /* an address that is none: exit 1, "cannot reach the coordinator" */
@@ -719,6 +726,30 @@ Test(tool_args, status_counts_left_members_apart, .init = case_init, .fini = coo
 
 /* A CFX_SECURE that names no mode is a usage error of rdmactl (exit 2, as a
  * CFX_COORD that is no address), not a coordinator it could not reach. */
+/* rdmactl --token-file reads the token from the file (its first line), as
+ * conflux-coord's and cfx_run's do: with $CFX_TOKEN wrong, the file's token
+ * gets the status; the wrong one alone is refused (exit 1). */
+Test(tool_args, rdmactl_token_file_is_read, .init = case_init, .fini = coord_stop,
+     .timeout = 60)
+{
+    static char err[1 << 14];
+    char path[] = "/tmp/cfx-rdmactl-token-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "tool-args-test\n", 15), 15);
+    close(fd);
+    coord_start();
+    setenv("CFX_TOKEN", "not-the-token", 1);
+    struct args_case with_file = { "rdmactl", { "--token-file", path, "status" }, 0, NULL,
+                                   NULL, 1 };
+    int st = run_case(&with_file, err, sizeof(err));
+    struct args_case without = { "rdmactl", { "status" }, 1, NULL, NULL, 1 };
+    int st2 = run_case(&without, err + strlen(err), sizeof(err) - strlen(err));
+    unlink(path);
+    cr_assert_eq(st, 0, "rdmactl --token-file %s status: exit %d; stderr:\n%s", path, st, err);
+    cr_assert_eq(st2, 1, "rdmactl status with a wrong token: exit %d; stderr:\n%s", st2, err);
+}
+
 Test(tool_args, rdmactl_bad_secure_mode_is_usage, .init = case_init, .fini = coord_stop,
      .timeout = 60)
 {
