@@ -398,6 +398,31 @@ static void watch_exits(struct cfx_context *ctx, int k)
             exit_fd[n_exit_fd++] = pidfd_of_rank(ctx, r);
 }
 
+/* The node that had put object @p id, once the directory dropped it with
+ * that node (a get's timeout then says who had put it: object.h): each
+ * get is a round trip to the coordinator, parked 200 ms when the object is
+ * gone.  Its holders have exited (pidfds) before this is asked; a get that
+ * still finds it is a defect. */
+static uint32_t went_node(struct cfx_context *ctx, const struct cfx_object_id *id,
+                          const char *what, int k)
+{
+    static const char key[] = "(the id was put by node ";
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 200 };
+    uint64_t dl = now_ns() + 30000000000ull;
+    while (now_ns() < dl) {
+        uint8_t buf[64];
+        size_t sz = 0;
+        int rc = cfx_get(ctx, id, buf, sizeof(buf), &sz, &op);
+        const char *w = rc == CFX_ERR_TIMEOUT ? strstr(cfx_last_error(), key) : NULL;
+        unsigned node = 0;
+        if (w && sscanf(w + strlen(key), "%u", &node) == 1 && node)
+            return node;
+        if (rc == CFX_OK)
+            DIE("server %d's %s is still served after its holders exited", k, what);
+    }
+    DIE("server %d's %s did not go within 30 s of its holders' exit", k, what);
+}
+
 /* --dies-at-start: the node of server K's announcement once it went with
  * that node (a get's timeout then says who had put it: object.h).  It
  * goes when no process holds a copy: K, and when K is the scheduler the
@@ -408,7 +433,6 @@ static void watch_exits(struct cfx_context *ctx, int k)
  * the announcement then is a defect. */
 static uint32_t wait_went(struct cfx_context *ctx, int k)
 {
-    static const char key[] = "(the id was put by node ";
     for (int i = 0; i < n_exit_fd; i++) {
         struct pollfd pe = { .fd = exit_fd[i], .events = POLLIN };
         if (poll(&pe, 1, 60000) != 1)
@@ -419,20 +443,7 @@ static uint32_t wait_went(struct cfx_context *ctx, int k)
     struct cfx_object_id id;
     snprintf(name, sizeof(name), "ps/%s/server/%d/0", JOB, k); /* dataplane/ps: cfx__ps_obj_id */
     cfx_object_id_from_name(name, &id);
-    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 200 };
-    uint64_t dl = now_ns() + 30000000000ull;
-    while (now_ns() < dl) {
-        uint8_t buf[64];
-        size_t sz = 0;
-        int rc = cfx_get(ctx, &id, buf, sizeof(buf), &sz, &op);
-        const char *w = rc == CFX_ERR_TIMEOUT ? strstr(cfx_last_error(), key) : NULL;
-        unsigned node = 0;
-        if (w && sscanf(w + strlen(key), "%u", &node) == 1 && node)
-            return node;
-        if (rc == CFX_OK)
-            DIE("server %d's announcement is still served after its holders exited", k);
-    }
-    DIE("server %d's announcement did not go within 30 s of its holders' exit", k);
+    return went_node(ctx, &id, "announcement", k);
 }
 
 /* --skip-server, --dies-at-start: the job must not start, and create's
@@ -479,14 +490,21 @@ static void expect_no_start(int rc, bool server, int index, uint32_t went)
 /* --server-dies: server K's process ended (its pidfd, opened while it was
  * alive), then the scheduler's record says it is gone: an add-server of it
  * fails with CFX_ERR_PEER_FAILED naming it and its node ("already active"
- * before).  The record is the scheduler's alone: asked again, 10 ms apart,
- * for 30 s at most. */
+ * before).  The death reaches the scheduler with the drop of K's objects
+ * (went_node), so the first ask finds it as a rule; asked again while it
+ * does not, each ask a round trip, for 30 s at most. */
 static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, int k, int fd)
 {
     struct pollfd pe = { .fd = fd, .events = POLLIN };
     if (poll(&pe, 1, 60000) != 1)
         DIE("server %d's process did not exit within 60 s of its signal", k);
     close(fd);
+    /* its objects went with its node: the coordinator declared it dead,
+     * and told the scheduler then, 200 ms (a parked get) before this
+     * learns it (this node's copy of its pid went: pidfd_of_rank) */
+    struct cfx_object_id id;
+    name_id(&id, "pid", k);
+    went_node(ctx, &id, "process id object", k);
     struct cfx_ps_stats st;
     CHECK_OK(cfx_ps_stats(ps, &st));
     char want[64];
@@ -503,7 +521,6 @@ static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, in
                 "CFX_ERR_PEER_FAILED saying '%s'", k, cfx_errname(rc), cfx_last_error(), want);
         if (now_ns() > dl)
             DIE("the scheduler did not see server %d go within 30 s of its exit", k);
-        usleep(10000);
     }
 }
 
