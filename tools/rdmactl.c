@@ -560,11 +560,18 @@ static int cmd_devices(struct rdmactl *r, const struct cmd_args *a)
 #endif
 }
 
+/* A shard map's server state by name; "?" for one past the table. */
+static const char *ps_state(const char *const *states, int state)
+{
+    return state >= CFX_PS_SERVER_ACTIVE && state <= CFX_PS_SERVER_FAILED ? states[state] : "?";
+}
+
 /* ps: administer a parameter-server job.  Joins the cluster as a member for
  * the duration of the command (the scheduler answers through small objects). */
 static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
 {
-    static const char *const states[] = { "?", "active", "standby", "draining", "retired" };
+    static const char *const states[] = { "?", "active", "standby", "draining", "retired",
+                                          "failed" };
     static const char *const subs[] = { "add-server", "remove-server", "rebalance", "auto",
                                         "shards", NULL };
     enum { PS_ADD, PS_REMOVE, PS_REBALANCE, PS_AUTO, PS_SHARDS };
@@ -665,7 +672,7 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
         for (uint32_t s = 0; s < st.nservers; s++)
             printf("%s{\"index\":%d,\"node\":%u,\"state\":\"%s\",\"blocks\":%u,\"bytes\":%llu,"
                    "\"ns_per_byte\":%.4f,\"straggler\":%s}", s ? "," : "", st.servers[s].index,
-                   st.servers[s].node_id, st.servers[s].state >= 1 && st.servers[s].state <= 4 ? states[st.servers[s].state] : "?",
+                   st.servers[s].node_id, ps_state(states, st.servers[s].state),
                    st.servers[s].blocks, (unsigned long long)st.servers[s].bytes,
                    st.servers[s].ns_per_byte, st.servers[s].straggler ? "true" : "false");
         printf("]}\n");
@@ -678,9 +685,23 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
             const struct cfx_ps_server_info *x = &st.servers[s];
             char b[32];
             printf("%6d %6u %-9s %7u %12s %12.4f %s\n", x->index, x->node_id,
-                   x->state >= 1 && x->state <= 4 ? states[x->state] : "?", x->blocks,
-                   human_bytes(x->bytes, b, sizeof(b)), x->ns_per_byte,
-                   x->straggler ? "straggler" : "");
+                   ps_state(states, x->state), x->blocks, human_bytes(x->bytes, b, sizeof(b)),
+                   x->ns_per_byte, x->straggler ? "straggler" : "");
+        }
+        /* what a failed server's blocks are now: the map still lists them
+         * as its own, and nothing serves them (no replication) */
+        for (uint32_t s = 0; s < st.nservers; s++) {
+            const struct cfx_ps_server_info *x = &st.servers[s];
+            char b[32];
+            if (x->state != CFX_PS_SERVER_FAILED)
+                continue;
+            if (x->blocks)
+                printf("\nserver %d (node %u) failed: its %u blocks (%s) are not served; "
+                       "requests for them fail naming it\n", x->index, x->node_id, x->blocks,
+                       human_bytes(x->bytes, b, sizeof(b)));
+            else
+                printf("\nserver %d (node %u) failed: it owned no blocks\n", x->index,
+                       x->node_id);
         }
     }
     cfx_context_destroy(ctx);

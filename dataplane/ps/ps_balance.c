@@ -8,7 +8,8 @@
  *
  *  1. blocks on servers that are not ACTIVE (draining, standby) move to the
  *     active server whose T would grow least; a server that is gone (its
- *     mailbox failed) takes no block, and keeps its own until it is removed;
+ *     mailbox failed) or FAILED takes no block, and keeps its own until it
+ *     is removed;
  *  2. exploration: every active server keeps at least max(1 block,
  *     explore * total / active) bytes, taken from the server with the
  *     largest T, so a demoted server keeps being measured and can win
@@ -169,9 +170,12 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     bool forced = false;
     for (uint32_t i = 0; i < in->nblocks; i++) {
         uint32_t s = own[i];
-        /* an active server not counted active is gone: its blocks' states went
-         * with it, so they stay, and its workers hear of it from there */
-        if (s < in->nservers && (b.active[s] || in->state[s] == CFX_PS_SERVER_ACTIVE))
+        /* an active server not counted active is gone, and a failed one
+         * too: its blocks' states went with it, so they stay, and its
+         * workers hear of it from there (a failed one removed comes as
+         * DRAINING: its blocks move) */
+        if (s < in->nservers && (b.active[s] || in->state[s] == CFX_PS_SERVER_ACTIVE ||
+                                 in->state[s] == CFX_PS_SERVER_FAILED))
             continue;
         move(&b, i, best_dest(&b, (double)in->bytes[i], UINT32_MAX));
         forced = true;

@@ -114,7 +114,9 @@ int cfx__ps_map_block(const struct ps_map *m, uint32_t b, uint32_t *tensor, uint
 uint64_t cfx__ps_map_block_bytes(const struct ps_map *m, uint32_t b);
 /* Blocks and bytes server @p s owns. */
 void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint64_t *bytes);
-/* Flat little-endian encoding; encode returns the length or a negative status. */
+/* Flat little-endian encoding; encode returns the length or a negative status,
+ * decode CFX_OK or CFX_ERR_PROTO with the reason (a server state this build
+ * does not know among them) as the thread's error. */
 int cfx__ps_map_encode(const struct ps_map *m, void *buf, size_t cap);
 int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *m);
 void cfx__ps_map_stats(const struct ps_map *m, struct cfx_ps_stats *out);
@@ -142,8 +144,9 @@ struct ps_balance_out {
 };
 
 /* Decide a new assignment in @p owner (in/out, [nblocks]).  Blocks on servers
- * that are not ACTIVE always move (a gone active server keeps its own, and
- * takes none).  @return CFX_OK or CFX_ERR_INVALID (no active server). */
+ * that are not ACTIVE always move (a gone active server and a FAILED one keep
+ * their own, and take none).  @return CFX_OK or CFX_ERR_INVALID (no active
+ * server). */
 int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_balance_out *out);
 void cfx__ps_balance_defaults(struct cfx_ps_balance *k);
 

@@ -302,12 +302,24 @@ int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *out)
     if (m.conf.consistency > CFX_PS_ASP || m.conf.staleness > PS_MAX_STALENESS ||
         m.conf.optim.type > CFX_PS_OPT_ADAM)
         goto bad;
+    /* a state is a name's index to readers (rdmactl, Python): one this build
+     * does not know is refused, named, not shown as another or read past */
+    for (uint32_t s = 0; s < m.nservers; s++)
+        if (m.server[s].state < CFX_PS_SERVER_ACTIVE || m.server[s].state > CFX_PS_SERVER_FAILED) {
+            cfx__err(CFX_ERR_PROTO,
+                     "server %u (node %u) is in state %u, which this build "
+                     "does not know (%d..%d)",
+                     s, m.server[s].node_id, m.server[s].state, CFX_PS_SERVER_ACTIVE,
+                     CFX_PS_SERVER_FAILED);
+            cfx__ps_map_free(&m);
+            return CFX_ERR_PROTO;
+        }
     cfx__ps_map_free(out);
     *out = m;
     return CFX_OK;
 bad:
     cfx__ps_map_free(&m);
-    return CFX_ERR_PROTO;
+    return cfx__err(CFX_ERR_PROTO, "counts, sizes or settings out of range");
 nomem:
     cfx__ps_map_free(&m);
     return CFX_ERR_NOMEM;

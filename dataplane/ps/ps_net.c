@@ -489,9 +489,12 @@ int cfx__ps_map_get(struct cfx_context *ctx, const char *job, uint32_t version, 
     if (rc == CFX_OK) {
         rc = cfx__ps_map_decode(buf, size, m);
         if (rc == CFX_OK && m->version != version)
-            rc = CFX_ERR_PROTO;
-        if (rc != CFX_OK)
-            cfx__err(rc, "job %s: shard map %u is malformed", job, version);
+            rc = cfx__err(CFX_ERR_PROTO, "it says it is version %u", m->version);
+        if (rc != CFX_OK) {
+            char why[CFX__ERR_TEXT_MAX];
+            snprintf(why, sizeof(why), "%s", cfx_last_error());
+            cfx__err(rc, "job %s: shard map %u is malformed: %s", job, version, why);
+        }
     }
     free(buf);
     return rc;

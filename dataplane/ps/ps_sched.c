@@ -68,6 +68,8 @@ struct ps_sched {
     bool auto_on;
     bool srv_done[PS_MAX_SERVERS];  /* confirmed its end (DONE) or failed */
     uint8_t gone[PS_MAX_SERVERS];   /* its mailbox failed before its end: no blocks for it */
+    bool removed[PS_MAX_SERVERS];   /* FAILED and removed: decisions move its blocks away */
+    bool failed_news;               /* a server marked FAILED in ps->map, not yet published */
     bool told_end[PS_MAX_SERVERS];  /* was sent the notice that ends its service */
     uint64_t leave_deadline;        /* leaving: 0 not yet */
     /* a change is in ps->map but its publish failed (the coordinator out,
@@ -172,6 +174,7 @@ int cfx__ps_sched_publish(struct cfx_ps *ps)
         CFX_LOG(INFO, PS, "job %s: shard map %u published after all", ps->job, next.version);
     ps->sched->republish_at = 0;
     ps->sched->republish_ms = 0;
+    ps->sched->failed_news = false;
     pthread_mutex_lock(&ps->lock);
     struct ps_map old = ps->map;
     ps->map = next;
@@ -404,7 +407,9 @@ static int decide(struct cfx_ps *ps, bool force, const char *why)
         return CFX_ERR_NOMEM;
     }
     for (uint32_t i = 0; i < m->nservers; i++)
-        state[i] = m->server[i].state;
+        state[i] = m->server[i].state == CFX_PS_SERVER_FAILED && s->removed[i]
+                       ? CFX_PS_SERVER_DRAINING /* its blocks move, as any removed one's */
+                       : m->server[i].state;
     for (uint32_t b = 0; b < m->nblocks; b++) {
         uint32_t t = 0;
         cfx__ps_map_block(m, b, &t, NULL, NULL);
@@ -539,8 +544,9 @@ static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)
             admin_reply(ps, n, CFX_ERR_NOT_FOUND, why);
             return;
         }
+        bool failed = m->server[idx].state == CFX_PS_SERVER_FAILED;
         if (m->server[idx].state == CFX_PS_SERVER_DRAINING ||
-            m->server[idx].state == CFX_PS_SERVER_RETIRED) {
+            m->server[idx].state == CFX_PS_SERVER_RETIRED || (failed && s->removed[idx])) {
             admin_reply(ps, n, CFX_OK, "already removed");
             return;
         }
@@ -555,8 +561,13 @@ static void admin(struct cfx_ps *ps, uint32_t n, const struct ps_admin_req *req)
             admin_reply(ps, n, CFX_ERR_INVALID, "it is the last active server");
             return;
         }
-        m->server[idx].state = CFX_PS_SERVER_DRAINING;
-        snprintf(why, sizeof(why), "server %d removed", idx);
+        /* a failed server's blocks move as a removed one's do, but its
+         * state stays what happened to it: it does not drain, nor retire */
+        if (failed)
+            s->removed[idx] = true;
+        else
+            m->server[idx].state = CFX_PS_SERVER_DRAINING;
+        snprintf(why, sizeof(why), "server %d removed%s", idx, failed ? " (it had failed)" : "");
         if (decide(ps, true, why) <= 0)
             cfx__ps_sched_publish(ps);
         s->drain_version[idx] = m->version;
@@ -754,6 +765,31 @@ void cfx__ps_sched_stop(struct cfx_ps *ps)
 }
 
 /*
+ * Server @p i is gone before its end, as the scheduler just learned: it
+ * takes no block (gone[]), and unless it was retired or the job is over
+ * (its going is then no failure), the map names it FAILED, published
+ * from this loop pass's tick, so every reader (members, rdmactl ps shards)
+ * sees which server went and that its blocks are not served; they stayed
+ * "active" until some later change.  Server 0 runs this.
+ */
+static void sched_failed(struct cfx_ps *ps, uint32_t i)
+{
+    struct ps_sched *s = ps->sched;
+    struct ps_server_ent *e = &ps->map.server[i];
+    s->gone[i] = 1;
+    if (e->state == CFX_PS_SERVER_RETIRED || e->state == CFX_PS_SERVER_FAILED ||
+        (ps->map.flags & PS_MAP_SHUTDOWN) || s->leave_deadline)
+        return;
+    uint32_t nb = 0;
+    cfx__ps_map_load(&ps->map, i, &nb, NULL);
+    CFX_LOG(WARN, PS, "job %s: server %u (node %u) failed; the next shard map says so (%u "
+            "blocks on it not served)", ps->job, i, e->node_id, nb);
+    s->removed[i] = e->state == CFX_PS_SERVER_DRAINING; /* what it still owns moves on */
+    e->state = CFX_PS_SERVER_FAILED;
+    s->failed_news = true;
+}
+
+/*
  * Servers whose node this context heard declared dead (or gone) count as
  * gone now, before their mailbox reports it (the loop polls it later): the
  * scheduler's record of the deaths it knows of, for where blocks may go.
@@ -772,7 +808,7 @@ static void sched_note_dead(struct cfx_ps *ps)
             continue;
         CFX_LOG(WARN, PS, "job %s: server %u (node %u) %s: it takes no more blocks", ps->job, i,
                 m->server[i].node_id, gone == CFX_NODE_DEAD ? "died" : "left");
-        s->gone[i] = 1;
+        sched_failed(ps, i);
     }
 }
 
@@ -866,7 +902,10 @@ void cfx__ps_sched_server_gone(struct cfx_ps *ps, uint32_t srv, int status)
     CFX_LOG(WARN, PS, "job %s: server %u (node %u) is gone before confirming its end: %s", ps->job,
             srv, p ? p->rec.node_id : 0, cfx_strerror(status));
     s->srv_done[srv] = true;
-    s->gone[srv] = 1;
+    if (srv < ps->map.nservers)
+        sched_failed(ps, srv);
+    else
+        s->gone[srv] = 1;
 }
 
 bool cfx__ps_sched_awaits(const struct cfx_ps *ps, uint32_t srv)
@@ -1010,6 +1049,8 @@ int cfx__ps_sched_tick(struct cfx_ps *ps)
     struct ps_map *m = &ps->map;
     if (s->republish_at && cfx__now_ns() >= s->republish_at)
         n += cfx__ps_sched_publish(ps) == CFX_OK;
+    else if (s->failed_news && !s->republish_at)
+        n += cfx__ps_sched_publish(ps) == CFX_OK; /* a failure seen: its map now */
     n += leave_tick(ps);
     if (s->nbye == m->nworkers && !(m->flags & PS_MAP_SHUTDOWN)) {
         m->flags |= PS_MAP_SHUTDOWN;

@@ -289,6 +289,10 @@ enum cfx_ps_server_state {
     CFX_PS_SERVER_STANDBY,      /* joined, waits for add-server */
     CFX_PS_SERVER_DRAINING,     /* being removed: its blocks move away */
     CFX_PS_SERVER_RETIRED,      /* removed and drained */
+    CFX_PS_SERVER_FAILED,       /* the scheduler saw it go (its mailbox failed, or its node
+                                   died) before its end: the blocks it owns are not served
+                                   (no replication) and it takes none; remove-server moves
+                                   them, their values lost, and it stays failed */
 };
 
 struct cfx_ps_stats {
@@ -345,7 +349,9 @@ CFX_API int cfx_ps_add_server(struct cfx_context *ctx, const char *job, int serv
 CFX_API int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int timeout_ms,
                                    int *server_out, uint32_t *version_out);
 /* Drain @p server's blocks to the others; it stops serving once no request
- * can reach it any more.  Server 0 (the scheduler) cannot be removed. */
+ * can reach it any more.  Server 0 (the scheduler) cannot be removed.  A
+ * FAILED server's blocks move the same way, without their values (they
+ * went with it), and it stays FAILED. */
 CFX_API int cfx_ps_remove_server(struct cfx_context *ctx, const char *job, int server,
                                  int timeout_ms, uint32_t *version_out);
 /* Decide now from the latest measurements (ignores the minimum gain). */
@@ -354,7 +360,10 @@ CFX_API int cfx_ps_rebalance(struct cfx_context *ctx, const char *job, int timeo
 /* Turn automatic load distribution on (1) or off (0). */
 CFX_API int cfx_ps_set_auto(struct cfx_context *ctx, const char *job, int enabled,
                             int timeout_ms);
-/* The latest shard map as stats (no scheduler round trip). */
+/* The latest shard map as stats (no scheduler round trip): a server the
+ * scheduler saw go is CFX_PS_SERVER_FAILED from the map it published then,
+ * with the blocks it held.  CFX_ERR_PROTO, naming the server and the state,
+ * for a map with a server state this build does not know. */
 CFX_API int cfx_ps_shards(struct cfx_context *ctx, const char *job, int timeout_ms,
                           struct cfx_ps_stats *out);
 

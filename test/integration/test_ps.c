@@ -300,6 +300,33 @@ ParameterizedTest(struct tp_param *p, ps, register_server_killed, .timeout = 120
                  rc);
 }
 
+ParameterizedTestParameters(ps, server_failed_published)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * A server that dies mid-job is named failed in the shard map that the
+ * scheduler publishes as it learns of the death.  cfx_pstest --server-dies
+ * 2 SIGKILLs server 2 after the last step; worker 0 waits for its exit
+ * (pidfd), then for each next map version as it is put, until the latest
+ * (cfx_ps_shards, as rdmactl reads it) names server 2 failed with its node
+ * and the blocks it held; rdmactl ps shards and its --json say the same,
+ * and that those blocks are not served.  The final pulls are exact on the
+ * blocks of live servers and fail naming server 2's node on its own, and
+ * a tensor registered after gets no block there.  Before, nothing was
+ * published: the map said "active" until some later change, and the wait
+ * ran out after 30 s.
+ */
+ParameterizedTest(struct tp_param *p, ps, server_failed_published, .timeout = 120)
+{
+    char args[512];
+    snprintf(args, sizeof(args), "--servers 3 --workers 2 --steps 10 --late-tensor "
+             "--server-dies 2 --rdmactl %s/rdmactl", CFX_BIN_DIR);
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 2", args);
+    cr_assert_eq(rc, 0, "server 2 died and the map must say so, over %s: exited %d", p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

@@ -54,13 +54,17 @@
  *                             checks that no block of it went to a server that is not
  *                             active (removed) or that died (--server-dies)
  *   --server-dies K           (with --late-tensor) server K SIGKILLs itself after the last
- *                             step; worker 0 waits for its exit (a pidfd) and for the
- *                             scheduler to have seen it go (cfx_ps_add_server of K fails
- *                             with CFX_ERR_PEER_FAILED naming K and its node), then the
- *                             late tensor is registered: every register must succeed (none
- *                             may time out or blame a worker), and the old tensors' final
- *                             pulls are exact or fail with CFX_ERR_PEER_FAILED naming K's
- *                             node, at least one failing (run with --allow-fail K)
+ *                             step; worker 0 waits for its exit (a pidfd) and for the shard
+ *                             map the scheduler publishes when it sees K go, which must
+ *                             name K failed with the blocks it held (read as rdmactl ps
+ *                             shards reads it, each version waited for as it is put), then
+ *                             the late tensor is registered: every register must succeed
+ *                             (none may time out or blame a worker), and the old tensors'
+ *                             final pulls are exact or fail with CFX_ERR_PEER_FAILED naming
+ *                             K's node, at least one failing, their blocks on live servers
+ *                             exact all the same (run with --allow-fail K)
+ *   --rdmactl PATH            (with --server-dies K) worker 0 runs PATH ps shards, text and
+ *                             --json, once the map names K failed: both must say so
  *   --dies-registering        (with --server-dies K) K dies instead as the scheduler gives
  *                             it blocks of the late tensor, before the scheduler can have
  *                             seen it go (run with CFX_PS_TEST_DIE_TENSOR=late
@@ -94,9 +98,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "dataplane/ps/ps_int.h" /* the shard map's owners, for --server-dies */
 #include "gpu/memtype.h"
 #include "gpu/sim.h"
 #include "test/common/testutil.h"
@@ -119,6 +125,7 @@ static enum cfx_ps_consistency CONS = CFX_PS_BSP;
 static enum cfx_ps_optimizer OPT = CFX_PS_OPT_SUM;
 static const char *TRACE;
 static const char *DEVICE; /* --device */
+static const char *RDMACTL; /* --rdmactl */
 
 static const char *const tname[NT] = { "w_f32", "w_f64", "w_i32" };
 static enum cfx_dtype tdt[NT] = { CFX_DTYPE_F32, CFX_DTYPE_F64, CFX_DTYPE_I32 };
@@ -488,41 +495,108 @@ static void expect_no_start(int rc, bool server, int index, uint32_t went)
 #define LATE_COUNT 9000
 #define LATE_STEPS 5
 
-/* --server-dies: server K's process ended (its pidfd, opened while it was
- * alive), then the scheduler's record says it is gone: an add-server of it
- * fails with CFX_ERR_PEER_FAILED naming it and its node ("already active"
- * before).  The death reaches the scheduler with the drop of K's objects
- * (went_node), so the first ask finds it as a rule; asked again while it
- * does not, each ask a round trip, for 30 s at most. */
-static void wait_server_seen_dead(struct cfx_context *ctx, struct cfx_ps *ps, int k, int fd)
+/* The output of "RDMACTL [--json] ps --job JOB shards" (rc: its exit status). */
+static char *rdmactl_shards(bool json, int *rc)
 {
+    static char out[16384];
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s%s ps --job " JOB " shards 2>&1", RDMACTL,
+             json ? " --json" : "");
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        DIE("popen(%s): %s", cmd, strerror(errno));
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return out;
+}
+
+/* --rdmactl: rdmactl ps shards names server K failed, with its node and the
+ * blocks it held, which it says are not served; so does its JSON. */
+static void rdmactl_says_failed(int k, const struct cfx_ps_server_info *x)
+{
+    char row[128], note[256], bytes[32], json[160];
+    int rc;
+    snprintf(row, sizeof(row), "\n%6d %6u %-9s %7u ", k, x->node_id, "failed", x->blocks);
+    static const char *const unit[] = { "B", "KiB", "MiB", "GiB" }; /* as rdmactl's */
+    double d = (double)x->bytes;
+    unsigned u = 0;
+    for (; d >= 1024 && u < 3; u++)
+        d /= 1024;
+    if (u)
+        snprintf(bytes, sizeof(bytes), "%.1f %s", d, unit[u]);
+    else
+        snprintf(bytes, sizeof(bytes), "%llu B", (unsigned long long)x->bytes);
+    snprintf(note, sizeof(note), "\nserver %d (node %u) failed: its %u blocks (%s) are not "
+             "served; requests for them fail naming it\n", k, x->node_id, x->blocks, bytes);
+    const char *text = rdmactl_shards(false, &rc);
+    if (rc || !strstr(text, row) || !strstr(text, note))
+        DIE("rdmactl ps shards (exit %d) does not say '%s' and '%s':\n%s", rc, row + 1,
+            note + 1, text);
+    printf("worker 0: rdmactl ps shards says: %s", note + 1);
+    snprintf(json, sizeof(json), "{\"index\":%d,\"node\":%u,\"state\":\"failed\",\"blocks\":%u,"
+             "\"bytes\":%llu,", k, x->node_id, x->blocks, (unsigned long long)x->bytes);
+    text = rdmactl_shards(true, &rc);
+    if (rc || !strstr(text, json))
+        DIE("rdmactl --json ps shards (exit %d) does not say '%s':\n%s", rc, json, text);
+}
+
+/* --server-dies: server K's process ended (its pidfd, opened while it was
+ * alive), then the shard map the scheduler publishes as it learns of the
+ * death names K failed: each version is waited for as it is put (a get of
+ * its object waits for it), and the latest read the way rdmactl ps shards
+ * reads it.  K's entry keeps its node and the blocks it held (not served:
+ * nothing moves them), and no other server changed state.  Before, the
+ * scheduler published nothing: the map said "active" until some later
+ * change, and this waited for an add-server of K to fail instead. */
+static void wait_server_failed(struct cfx_context *ctx, int k, int fd,
+                               const struct cfx_ps_server_info *pre)
+{
+    struct cfx_ps_server_info alive_k = *pre; /* the last map's before it failed */
     struct pollfd pe = { .fd = fd, .events = POLLIN };
     if (poll(&pe, 1, 60000) != 1)
         DIE("server %d's process did not exit within 60 s of its signal", k);
     close(fd);
-    /* its objects went with its node: the coordinator declared it dead,
-     * and told the scheduler then, 200 ms (a parked get) before this
-     * learns it (this node's copy of its pid went: pidfd_of_rank) */
-    struct cfx_object_id id;
-    name_id(&id, "pid", k);
-    went_node(ctx, &id, "process id object", k);
-    struct cfx_ps_stats st;
-    CHECK_OK(cfx_ps_stats(ps, &st));
-    char want[64];
-    snprintf(want, sizeof(want), "server %d (node %u) is gone", k, st.servers[k].node_id);
+    static uint8_t buf[PS_MAP_MAX]; /* a got object is served from it until dropped */
+    struct cfx_ps_stats before, st;
+    CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &before));
+    st = before;
     uint64_t dl = now_ns() + 30000000000ull;
-    for (;;) {
-        int rc = cfx_ps_add_server(ctx, JOB, k, 5000, NULL);
-        if (rc == CFX_ERR_PEER_FAILED && strstr(cfx_last_error(), want)) {
-            printf("worker 0: the scheduler saw server %d go: %s\n", k, cfx_last_error());
-            return;
-        }
-        if (rc != CFX_OK)
-            DIE("add-server of dead server %d: got %s (%s), want CFX_OK (already active) or "
-                "CFX_ERR_PEER_FAILED saying '%s'", k, cfx_errname(rc), cfx_last_error(), want);
-        if (now_ns() > dl)
-            DIE("the scheduler did not see server %d go within 30 s of its exit", k);
+    while (st.servers[k].state != CFX_PS_SERVER_FAILED) {
+        if (st.servers[k].state != CFX_PS_SERVER_ACTIVE)
+            DIE("shard map %u: dead server %d is in state %d, neither active nor failed",
+                st.map_version, k, st.servers[k].state);
+        struct cfx_object_id id;
+        cfx__ps_obj_id(JOB, "map", (long)st.map_version + 1, 0, &id);
+        alive_k = st.servers[k]; /* the map before the one that says it failed */
+        int left = (int)(((int64_t)dl - (int64_t)now_ns()) / 1000000);
+        struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                     .timeout_ms = left > 0 ? left : 1 };
+        size_t sz = 0;
+        int rc = cfx_get(ctx, &id, buf, sizeof(buf), &sz, &op);
+        if (rc == CFX_ERR_TIMEOUT)
+            DIE("no shard map after %u within 30 s of server %d's exit: the scheduler did "
+                "not publish its death", st.map_version, k);
+        CHECK_OK(rc);
+        CHECK_OK(cfx_delete(ctx, &id, NULL)); /* this copy, before buf is used again */
+        CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
     }
+    const struct cfx_ps_server_info *x = &st.servers[k];
+    if (x->node_id != alive_k.node_id || x->blocks != alive_k.blocks ||
+        x->bytes != alive_k.bytes || st.nservers != before.nservers)
+        DIE("shard map %u: failed server %d is node %u with %u blocks (%llu B), want node %u "
+            "with the %u blocks (%llu B) it held", st.map_version, k, x->node_id, x->blocks,
+            (unsigned long long)x->bytes, alive_k.node_id, alive_k.blocks,
+            (unsigned long long)alive_k.bytes);
+    for (uint32_t s = 0; s < st.nservers; s++)
+        if ((int)s != k && st.servers[s].state != before.servers[s].state)
+            DIE("shard map %u: server %u went from state %d to %d with server %d's death",
+                st.map_version, s, before.servers[s].state, st.servers[s].state, k);
+    printf("worker 0: shard map %u names server %d (node %u) failed, %u blocks not served\n",
+           st.map_version, k, x->node_id, x->blocks);
+    if (RDMACTL)
+        rdmactl_says_failed(k, x);
 }
 
 /* --dies-registering: the register of "late" fails at once, naming server
@@ -570,8 +644,15 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
     }
     if (w == 0 && SERVER_DIES > 0) {
         int fd = pidfd_of_rank(ctx, SERVER_DIES); /* alive: it waits for "die" */
+        struct cfx_ps_stats st;
+        CHECK_OK(cfx_ps_shards(ctx, JOB, 5000, &st));
+        if (st.servers[SERVER_DIES].state != CFX_PS_SERVER_ACTIVE ||
+            !st.servers[SERVER_DIES].blocks)
+            DIE("server %d is in state %d with %u blocks before its death, want active with "
+                "some", SERVER_DIES, st.servers[SERVER_DIES].state,
+                st.servers[SERVER_DIES].blocks);
         signal_obj(ctx, "die", SERVER_DIES);
-        wait_server_seen_dead(ctx, ps, SERVER_DIES, fd);
+        wait_server_failed(ctx, SERVER_DIES, fd, &st.servers[SERVER_DIES]);
         signal_obj(ctx, "dead-seen", 0);
     } else if (SERVER_DIES > 0) {
         wait_obj(ctx, "dead-seen", 0, 120000);
@@ -628,26 +709,42 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
            nb);
 }
 
-/* --server-dies: worker 0's final pulls of the first tensors: exact, or
- * CFX_ERR_PEER_FAILED naming the dead server's node (a block of it there);
- * at least one is. */
-static void final_after_death(struct cfx_ps *ps, int *key, void **out)
+/* --server-dies: worker 0's final pulls of the first tensors: exact where
+ * no block is on the dead server, else CFX_ERR_PEER_FAILED naming its node
+ * (at least one is), with every element of the tensor's blocks on live
+ * servers exact all the same (the map's owners say which: the dead one's
+ * stayed its own).  @p ctx reads the latest map. */
+static void final_after_death(struct cfx_context *ctx, struct cfx_ps *ps, int *key, void **out)
 {
+    struct ps_map m;
+    cfx__ps_map_init(&m);
+    CHECK_OK(cfx__ps_map_latest(ctx, JOB, 5000, &m));
     int lost = 0;
     for (int t = 0; t < NT; t++) {
+        int mt = cfx__ps_map_find(&m, tname[t]);
+        if (mt < 0)
+            DIE("tensor %s is not in shard map %u", tname[t], m.version);
+        const struct ps_tensor *x = &m.tensors[mt];
+        uint32_t on_dead = 0;
+        for (uint32_t b = 0; b < x->nblocks; b++)
+            on_dead += m.owner[x->first_block + b] == (uint32_t)SERVER_DIES;
         size_t sz = tcount[t] * cfx_dtype_size(tdt[t]);
         memset(out[t], 0xee, sz);
         int rc = cfx_ps_pull(ps, key[t], out[t]);
         if (rc != CFX_OK) {
             expect_lost(ps, rc, "worker", 0, SERVER_DIES);
             lost++;
-            continue;
         }
+        if ((rc != CFX_OK) != (on_dead != 0))
+            DIE("final pull of %s: %s with %u of its blocks on dead server %d", tname[t],
+                cfx_errname(rc), on_dead, SERVER_DIES);
         for (size_t i = 0; i < tcount[t]; i++)
-            if (get(out[t], tdt[t], i) != expect_closed(i, STEPS))
-                DIE("final %s[%zu] = %.9g, want %.9g", tname[t], i, get(out[t], tdt[t], i),
-                    expect_closed(i, STEPS));
+            if (m.owner[x->first_block + i / x->block_elems] != (uint32_t)SERVER_DIES &&
+                get(out[t], tdt[t], i) != expect_closed(i, STEPS))
+                DIE("final %s[%zu] (block %zu, on a live server) = %.9g, want %.9g", tname[t],
+                    i, i / x->block_elems, get(out[t], tdt[t], i), expect_closed(i, STEPS));
     }
+    cfx__ps_map_free(&m);
     if (!lost)
         DIE("no tensor had a block on dead server %d: the check would be vacuous", SERVER_DIES);
 }
@@ -931,7 +1028,7 @@ static int run_worker(struct cfx_context *ctx, int w)
             wait_obj(ctx, "done", v, 60000);
         /* every push was applied before its push-pull returned: the sums are final */
         if (SERVER_DIES > 0)
-            final_after_death(ps, key, out);
+            final_after_death(ctx, ps, key, out);
         else if (!replaying)
             for (int t = 0; t < NT; t++) {
                 CHECK_OK(cfx_ps_pull(ps, key[t], pull_buf(t, out[t])));
@@ -973,6 +1070,7 @@ static int run_worker(struct cfx_context *ctx, int w)
                    st.servers[s].state == CFX_PS_SERVER_ACTIVE     ? "active"
                    : st.servers[s].state == CFX_PS_SERVER_RETIRED  ? "retired"
                    : st.servers[s].state == CFX_PS_SERVER_DRAINING ? "draining"
+                   : st.servers[s].state == CFX_PS_SERVER_FAILED   ? "failed"
                                                                    : "standby",
                    st.servers[s].blocks);
         printf("\n");
@@ -1074,6 +1172,8 @@ int main(int argc, char **argv)
             DIES_REGISTERING = 1;
         else if (!strcmp(a, "--server-dies"))
             SERVER_DIES = atoi(v), i++;
+        else if (!strcmp(a, "--rdmactl"))
+            RDMACTL = v, i++;
         else if (!strcmp(a, "--wait-retired"))
             WAIT_RETIRED = 1;
         else if (!strcmp(a, "--standby"))
@@ -1113,8 +1213,8 @@ int main(int argc, char **argv)
     if (SERVER_DIES >= 0 && (SERVER_DIES == 0 || SERVER_DIES >= S || !LATE_TENSOR || DEVICE ||
                              OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--server-dies K takes 0 < K < S, --late-tensor, BSP and SUM on host buffers");
-    if (DIES_REGISTERING && SERVER_DIES <= 0)
-        DIE("--dies-registering takes --server-dies K");
+    if ((DIES_REGISTERING || RDMACTL) && SERVER_DIES <= 0)
+        DIE("--dies-registering and --rdmactl take --server-dies K");
     if (LATE_TENSOR && (DEVICE || OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--late-tensor is checked under BSP and SUM on host buffers, one run");
     if (RUNS > 1 && (W > 1 || L || EXTRA))

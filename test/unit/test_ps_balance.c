@@ -205,3 +205,24 @@ Test(ps_balance, gone_server_takes_no_block)
     cr_assert_eq(count(0), NB - 13);
     cr_assert_eq(out.moves, 13);
 }
+
+/* A server the map names FAILED keeps its blocks (their states went with
+ * it: moved, they would come without values) and takes none, also with no
+ * gone[] record (a decision from a map alone); removed, the scheduler
+ * passes it as DRAINING and its blocks move.  Before, a FAILED server was
+ * one that is not active: its blocks moved at every decision. */
+Test(ps_balance, failed_server_keeps_its_blocks_and_takes_none)
+{
+    for (int i = 0; i < NB; i++)
+        owner[i] = (uint16_t)(i % 3);
+    state[2] = CFX_PS_SERVER_FAILED;
+    npb[2] = 0.01; /* measured fastest before it went */
+    struct ps_balance_out out = run(3, true);
+    cr_assert_eq(count(2), 13, "the failed server owns %u blocks, not its 13", count(2));
+    cr_assert_eq(count(0) + count(1), NB - 13);
+    cr_assert_eq(out.moves, 0, "%u blocks moved", out.moves);
+    state[2] = CFX_PS_SERVER_DRAINING; /* removed */
+    out = run(3, true);
+    cr_assert_eq(count(2), 0, "the removed failed server kept %u blocks", count(2));
+    cr_assert_eq(out.moves, 13);
+}

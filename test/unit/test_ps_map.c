@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,6 +135,45 @@ Test(ps_map, encode_decode_round_trip)
     cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_ERR_PROTO);
     /* too small a buffer */
     cr_assert_eq(cfx__ps_map_encode(&m, buf, 16), CFX_ERR_TOO_BIG);
+    cfx__ps_map_free(&d);
+}
+
+/* A server the map names FAILED travels as such and takes no block of a
+ * tensor registered after (no gone[] record needed); a state this build
+ * does not know (0, or past FAILED: a newer peer's) is refused with
+ * CFX_ERR_PROTO naming the server, its node and the state, never indexed
+ * into a reader's table of names. */
+Test(ps_map, failed_state_travels_and_unknown_ones_are_refused)
+{
+    m.server[1].state = CFX_PS_SERVER_FAILED;
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1024 * 4, NULL), 0);
+    uint32_t nb = 0;
+    cfx__ps_map_load(&m, 1, &nb, NULL);
+    cr_assert_eq(nb, 0, "failed server 1 got %u blocks", nb);
+    static uint8_t buf[PS_MAP_MAX];
+    int len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(len, 0);
+    struct ps_map d;
+    cfx__ps_map_init(&d);
+    cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(d.server[1].state, CFX_PS_SERVER_FAILED);
+    struct cfx_ps_stats st;
+    memset(&st, 0, sizeof(st));
+    cfx__ps_map_stats(&d, &st);
+    cr_assert_eq(st.servers[1].state, CFX_PS_SERVER_FAILED);
+    static const uint32_t bad[] = { 0, CFX_PS_SERVER_FAILED + 1, 0xFFFFFFFFu };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        m.server[2].state = bad[i];
+        len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+        cr_assert_gt(len, 0);
+        cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_ERR_PROTO, "state %u",
+                     bad[i]);
+        char want[128];
+        snprintf(want, sizeof(want), "server 2 (node 22) is in state %u, which this build "
+                 "does not know (1..5)", bad[i]);
+        cr_assert_str_eq(cfx_last_error(), want);
+    }
+    cr_assert_eq(d.server[1].state, CFX_PS_SERVER_FAILED, "a refused map changed the output");
     cfx__ps_map_free(&d);
 }
 

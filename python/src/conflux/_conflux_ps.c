@@ -501,6 +501,7 @@ static const char *server_state(int s)
     case CFX_PS_SERVER_STANDBY: return "standby";
     case CFX_PS_SERVER_DRAINING: return "draining";
     case CFX_PS_SERVER_RETIRED: return "retired";
+    case CFX_PS_SERVER_FAILED: return "failed";
     default: return "unknown";
     }
 }
