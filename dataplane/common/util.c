@@ -151,7 +151,16 @@ long long cfx__env_ll_clamp(const char *name, long long def, long long lo, long 
 
 size_t cfx__env_size_clamp(const char *name, size_t def, size_t lo, size_t hi)
 {
-    size_t v = cfx__env_size(name, def);
+    const char *s = getenv(name);
+    size_t v;
+    /* a negative size or count ("-5") is below the bounds, as one past them
+     * is above: brought to the lower one, not taken for "not a size" and
+     * the default used */
+    if (s && s[0] == '-' && cfx__parse_size(s + 1, &v) == CFX_OK) {
+        CFX_LOG(WARN, CONFIG, "%s=%s is outside [%zu, %zu]: %zu is used", name, s, lo, hi, lo);
+        return lo;
+    }
+    v = cfx__env_size(name, def);
     if (v >= lo && v <= hi)
         return v;
     size_t to = v < lo ? lo : hi;

@@ -470,6 +470,8 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
          * integer", and the default taken; a negative count: 4 billion */
         { "CFX_WINDOW", "4G" }, { "CFX_SPIN_ADAPT_US", "9223372036854775808" },
         { "CFX_TASK_CORES", "-1" }, { "CFX_TASK_GPUS", "-99999999999999999999" },
+        /* a count, not a size: -5 was "not a size", the default taken */
+        { "CFX_LOC_CACHE", "-5" },
     };
     for (size_t i = 0; i < sizeof(clamp) / sizeof(clamp[0]); i++)
         cr_assert_eq(setenv(clamp[i].var, clamp[i].val, 1), 0);
@@ -487,6 +489,7 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     cr_assert_eq(c->cfg.spin_adapt_us, 10000);
     cr_assert_eq(c->tasks->cores, 0);
     cr_assert_eq(c->tasks->gpus, 0);
+    cr_assert_eq(c->cfg.loc_cache, 0);
     cfx_context_destroy(c);
     cr_assert_eq(setenv("CFX_CHUNK_SIZE", "1K", 1), 0);
     rc = cfx_context_create(&p, &c);

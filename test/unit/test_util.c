@@ -237,6 +237,25 @@ Test(util, env_size)
     cr_assert_eq(cfx__env_size("CFX_TEST_SIZE", 100), 100);
 }
 
+/* a bounded size or count: past a bound it is brought to that bound, a
+ * negative one to the lower (it was "not a size", and the default taken) */
+Test(util, env_size_clamp)
+{
+    setenv("CFX_TEST_SIZE", "-5", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 2, 1000), 2);
+    setenv("CFX_TEST_SIZE", "-4K", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 0, 1000), 0);
+    setenv("CFX_TEST_SIZE", "1K", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 0, 1000), 1000);
+    setenv("CFX_TEST_SIZE", "1", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 2, 1000), 2);
+    setenv("CFX_TEST_SIZE", "500", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 2, 1000), 500);
+    setenv("CFX_TEST_SIZE", "-lots", 1);
+    cr_assert_eq(cfx__env_size_clamp("CFX_TEST_SIZE", 100, 2, 1000), 100);
+    unsetenv("CFX_TEST_SIZE");
+}
+
 /* ---- time helpers ----------------------------------------------------------------- */
 
 Test(util, deadlines)
