@@ -30,10 +30,9 @@ static char token[64];
 
 static void setup(void)
 {
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
+                                      sizeof(coord_addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)

@@ -31,10 +31,9 @@ static char token[64];
 static void setup(void)
 {
     char addr[64];
-    cfx_test_token(token, sizeof(token));
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = 0, .token = token };
-    cr_assert_eq(cfx__coord_start(&p, &coord), CFX_OK, "coordinator: %s", cfx_last_error());
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfx__coord_port(coord));
+    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), addr,
+                                      sizeof(addr)),
+                 CFX_OK, "coordinator: %s", cfx_last_error());
     for (int i = 0; i < NCTX; i++) {
         struct cfx_context_params cp = {
             .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
