@@ -23,6 +23,12 @@
  *
  * A server whose time per byte exceeds straggler_factor times the median is
  * flagged as a straggler (reported, and the reason its share shrinks).
+ *
+ * A server that is gone or FAILED serves nothing: its blocks, which it
+ * keeps, are out of the measurement (neither its stale time per byte in
+ * the median nor their predicted time in the step's), so the survivors'
+ * shares follow their own speeds alone, and a decision waits for no
+ * traffic to it (cfx__ps_balance_unmeasured).
  */
 #include "ps_int.h"
 
@@ -50,13 +56,33 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(const double *v, uint32_t n)
+bool cfx__ps_balance_serves(uint32_t state, bool gone)
+{
+    return !gone && state != CFX_PS_SERVER_FAILED;
+}
+
+static bool serves(const struct ps_balance_in *in, uint32_t s)
+{
+    return cfx__ps_balance_serves(in->state[s], in->gone && in->gone[s]);
+}
+
+int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint32_t *nblk,
+                               const double *measured)
+{
+    for (uint32_t s = 0; s < in->nservers && s < PS_MAX_SERVERS; s++)
+        if (nblk[s] && measured[s] <= 0 && serves(in, s))
+            return (int)s;
+    return -1;
+}
+
+/* Of the servers that serve: a failed one's last measurement is history. */
+static double median(const struct ps_balance_in *in)
 {
     double tmp[PS_MAX_SERVERS];
     uint32_t k = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (v[i] > 0)
-            tmp[k++] = v[i];
+    for (uint32_t i = 0; i < in->nservers; i++)
+        if (in->ns_per_byte[i] > 0 && serves(in, i))
+            tmp[k++] = in->ns_per_byte[i];
     if (!k)
         return 0;
     qsort(tmp, k, sizeof(double), cmp_double);
@@ -134,7 +160,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     if (!nactive)
         return CFX_ERR_INVALID;
 
-    double med = median(in->ns_per_byte, in->nservers);
+    double med = median(in);
     double fac = in->knobs->straggler_factor > 1 ? in->knobs->straggler_factor : 1.5;
     for (uint32_t s = 0; s < in->nservers; s++) {
         double npb = in->ns_per_byte[s] > 0 ? in->ns_per_byte[s] : (med > 0 ? med : 1.0);
@@ -161,9 +187,11 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
         nmovable += !in->movable || in->movable[i];
     }
     out->cur_max = max_t(&b, NULL);
-    /* the slowest of all owners, draining ones included */
+    /* the slowest of all owners that serve, draining ones included: a
+     * failed one's blocks take no time (they are not served), and its
+     * stale prediction made any small gain among the survivors pass */
     for (uint32_t s = 0; s < in->nservers; s++)
-        if (!b.active[s] && b.nblk[s])
+        if (!b.active[s] && b.nblk[s] && serves(in, s))
             out->cur_max = dmax(out->cur_max, t_of(&b, s, 0));
 
     /* 1. forced moves */

@@ -149,6 +149,14 @@ struct ps_balance_out {
  * server). */
 int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_balance_out *out);
 void cfx__ps_balance_defaults(struct cfx_ps_balance *k);
+/* Whether a server in @p state serves its blocks: not gone, not FAILED.  One
+ * that does not is waited for by nothing (measurements, settlements). */
+bool cfx__ps_balance_serves(uint32_t state, bool gone);
+/* The first server that owns blocks (@p nblk [nservers]), serves them and
+ * has no traffic measured (@p measured [nservers], bytes): a decision waits
+ * for it.  -1 when there is none; in->state and in->gone are read. */
+int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint32_t *nblk,
+                               const double *measured);
 
 /* ---- messages ------------------------------------------------------------------ */
 

@@ -9,13 +9,15 @@
  * has requests under; reports older than the window's map version are
  * dropped, so a window never mixes two assignments.  A decision needs at
  * least interval_ms of data, a report from every worker still in the job and
- * traffic to every server that owns blocks.
+ * traffic to every server that owns blocks and serves them (a failed one's
+ * blocks get none: they are out of the measurement).
  *
  * Retiring.  A removed server is DRAINING once a map moves its blocks away;
  * it becomes RETIRED when every worker reports that it has no request left
  * under an older map, so nothing can reach it any more, and every server
  * that owns blocks under the current map reports (SETTLED) that it holds
- * their states, so nothing from it is still on its way: the retirement makes
+ * their states (a failed one is not waited for: its states went with it),
+ * so nothing from it is still on its way: the retirement makes
  * every server stop listening to it, and it ends.
  *
  * The end of the job.  When every worker has said goodbye (or failed) the
@@ -458,21 +460,26 @@ static void estimate(struct cfx_ps *ps)
             s->est[i] = s->busy[i] / s->bytes[i];
 }
 
+/* A decision's data: interval_ms of it, a report from every worker still in
+ * the job, and traffic to every server that owns blocks and serves them.  A
+ * failed server's blocks get none, ever: waiting for it stopped every
+ * later decision, and the survivors' blocks no longer followed their speed. */
 static bool window_full(struct cfx_ps *ps)
 {
     struct ps_sched *s = ps->sched;
+    const struct ps_map *m = &ps->map;
     if (cfx__now_ns() - s->win_start < (uint64_t)ps->params.balance.interval_ms * 1000000ull)
         return false;
-    for (uint32_t w = 0; w < ps->map.nworkers; w++)
+    for (uint32_t w = 0; w < m->nworkers; w++)
         if (!s->bye[w] && !s->reports[w])
             return false;
-    for (uint32_t i = 0; i < ps->map.nservers; i++) {
-        uint32_t nb = 0;
-        cfx__ps_map_load(&ps->map, i, &nb, NULL);
-        if (nb && s->bytes[i] <= 0)
-            return false;
+    uint32_t state[PS_MAX_SERVERS], nb[PS_MAX_SERVERS];
+    for (uint32_t i = 0; i < m->nservers; i++) {
+        state[i] = m->server[i].state;
+        cfx__ps_map_load(m, i, &nb[i], NULL);
     }
-    return true;
+    struct ps_balance_in in = { .nservers = m->nservers, .state = state, .gone = s->gone };
+    return cfx__ps_balance_unmeasured(&in, nb, s->bytes) < 0;
 }
 
 /* ---- admin requests and joins ------------------------------------------------------- */
@@ -929,6 +936,9 @@ void cfx__ps_sched_worker_gone(struct cfx_ps *ps, uint32_t w)
  * state.  There is one copy of a block's state: once its owner under the
  * current map has it, no STATE for it travels any more, so none from a
  * draining server is lost when its retirement stops everyone listening.
+ * A failed server is not asked: it never says so again, and its blocks'
+ * states went with it (none travels to or from it); waiting for it kept
+ * every draining server from retiring.
  */
 static bool blocks_settled(struct cfx_ps *ps)
 {
@@ -939,7 +949,8 @@ static bool blocks_settled(struct cfx_ps *ps)
     for (uint32_t i = 1; i < m->nservers; i++) {
         uint32_t nb = 0;
         cfx__ps_map_load(m, i, &nb, NULL);
-        if (nb && s->settled[i] < m->version)
+        if (nb && s->settled[i] < m->version &&
+            cfx__ps_balance_serves(m->server[i].state, s->gone[i]))
             return false;
     }
     return true;

@@ -327,6 +327,32 @@ ParameterizedTest(struct tp_param *p, ps, server_failed_published, .timeout = 12
     cr_assert_eq(rc, 0, "server 2 died and the map must say so, over %s: exited %d", p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, survivors_after_server_failed)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * Server 2 dies after the last step (cfx_pstest --server-dies 2); the map
+ * names it failed, with its blocks.  Then, with automatic balancing turned
+ * on (it was off, so nothing moved before), the workers push-pull the late
+ * tensor step after step, every element checked: straggler server 1 (a
+ * test-only 2 ms per request) must lose blocks to server 0, and once it
+ * has, its removal must end with it retired, server 2 keeping its blocks
+ * throughout (cfx_pstest --survivors 1; each phase waits for the maps,
+ * 30 s at most).  Before, a decision waited for traffic to failed server
+ * 2's blocks and a retirement for its settlement, both for ever: "no shard
+ * map moved blocks off straggler server 1", "removed server 1 was not
+ * retired".  The final pulls are exact on every live server's blocks.
+ */
+ParameterizedTest(struct tp_param *p, ps, survivors_after_server_failed, .timeout = 120)
+{
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 2", "--servers 3 --workers 2 --steps 5 "
+                         "--late-tensor --server-dies 2 --survivors 1 --delay 1:2000");
+    cr_assert_eq(rc, 0, "balancing and retiring after server 2 failed, over %s: exited %d",
+                 p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

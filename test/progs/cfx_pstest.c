@@ -63,6 +63,15 @@
  *                             final pulls are exact or fail with CFX_ERR_PEER_FAILED naming
  *                             K's node, at least one failing, their blocks on live servers
  *                             exact all the same (run with --allow-fail K)
+ *   --survivors SRV           (with --server-dies K and --delay SRV:US) the job starts with
+ *                             automatic balancing off; once the map names K failed and
+ *                             "late" is registered, worker 0 turns it on and the workers
+ *                             push-pull "late" step after step, every element checked,
+ *                             until the map moves blocks off straggler SRV (K's missing
+ *                             traffic must not hold the decision), then worker 0 removes
+ *                             SRV and they go on until it is retired (K's missing
+ *                             settlement must not hold it); K keeps its blocks throughout.
+ *                             Each phase waits for the map (30 s at most)
  *   --rdmactl PATH            (with --server-dies K) worker 0 runs PATH ps shards, text and
  *                             --json, once the map names K failed: both must say so
  *   --dies-registering        (with --server-dies K) K dies instead as the scheduler gives
@@ -117,7 +126,7 @@ static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = 
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
            HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1, TIMEOUT_MS = 30000,
            SKIP_SRV = -1, DIES_AT_START = -1, LATE_TENSOR = 0, SERVER_DIES = -1,
-           DIES_REGISTERING = 0,
+           DIES_REGISTERING = 0, SURVIVORS = -1,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -287,6 +296,12 @@ static struct cfx_ps_params base_params(void)
     if (DEVICE) {
         p.field_mask |= CFX_PS_PARAM_MEMTYPE;
         p.memtype = CFX_MEMTYPE_CUDA;
+    }
+    if (SURVIVORS > 0) { /* --survivors: nothing moves before the death */
+        p.field_mask |= CFX_PS_PARAM_BALANCE;
+        cfx__ps_balance_defaults(&p.balance);
+        p.balance.enabled = 0;
+        p.balance.interval_ms = 500;
     }
     return p;
 }
@@ -631,6 +646,92 @@ static void late_tensor_lost(struct cfx_ps *ps, int w)
     printf("worker %d: register of 'late' failed in %.2f s: %s\n", w, secs, err);
 }
 
+/* One BSP push-pull of "late" (its step @p step), every element checked. */
+static void late_step(struct cfx_ps *ps, int w, int key, int step, float *grad, float *out)
+{
+    fill(grad, CFX_DTYPE_F32, LATE_COUNT, grad_v, w, step);
+    memset(out, 0xee, LATE_COUNT * sizeof(float));
+    CHECK_OK(cfx_ps_pushpull(ps, key, grad, out));
+    for (size_t i = 0; i < LATE_COUNT; i++)
+        if (out[i] != (float)expect_closed(i, step + 1))
+            DIE("worker %d: late step %d: late[%zu] = %.9g, want %.9g", w, step, i, out[i],
+                expect_closed(i, step + 1));
+}
+
+/* --survivors: worker 0's word after each late step, 1 to go on, 0 to stop
+ * (it puts "late-go/STEP"; the others wait for it). */
+static bool late_go(struct cfx_context *ctx, int w, int step, bool more)
+{
+    static uint8_t v[2] = { 0, 1 }, got; /* a put object is served from its buffer */
+    struct cfx_object_id id;
+    name_id(&id, "late-go", step);
+    if (w == 0) {
+        CHECK_OK(cfx_put(ctx, &id, &v[more], 1, NULL));
+        return more;
+    }
+    size_t sz = 0;
+    struct cfx_obj_params op = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    CHECK_OK(cfx_get(ctx, &id, &got, 1, &sz, &op));
+    return got;
+}
+
+/* --survivors: after server K's failure, "late" steps until the map moved
+ * blocks off straggler SRV (phase 0), then SRV removed (phase 1) until it
+ * is retired.  Worker 0 reads its own latest map after each step. */
+static int survivors_steps(struct cfx_context *ctx, struct cfx_ps *ps, int w, int key,
+                           float *grad, float *out)
+{
+    const int k = SERVER_DIES, srv = SURVIVORS;
+    struct cfx_ps_stats st, first;
+    CHECK_OK(cfx_ps_stats(ps, &first));
+    if (w == 0) {
+        if (first.servers[k].state != CFX_PS_SERVER_FAILED || !first.servers[k].blocks ||
+            first.servers[srv].state != CFX_PS_SERVER_ACTIVE || !first.servers[srv].blocks)
+            DIE("map %u: server %d in state %d with %u blocks, straggler %d in state %d with "
+                "%u: want failed and active, each with blocks", first.map_version, k,
+                first.servers[k].state, first.servers[k].blocks, srv,
+                first.servers[srv].state, first.servers[srv].blocks);
+        CHECK_OK(cfx_ps_set_auto(ctx, JOB, 1, 5000));
+    }
+    int phase = 0, step = 0;
+    uint64_t dl = now_ns() + 30000000000ull;
+    for (bool more = true; more; step++) {
+        late_step(ps, w, key, step, grad, out);
+        if (w == 0) {
+            CHECK_OK(cfx_ps_stats(ps, &st));
+            if (st.servers[k].state != CFX_PS_SERVER_FAILED ||
+                st.servers[k].blocks != first.servers[k].blocks)
+                DIE("map %u: failed server %d is in state %d with %u blocks, want failed with "
+                    "its %u", st.map_version, k, st.servers[k].state, st.servers[k].blocks,
+                    first.servers[k].blocks);
+            if (phase == 0 && st.servers[srv].blocks < first.servers[srv].blocks) {
+                printf("worker 0: step %d: map %u moved straggler %d from %u to %u blocks "
+                       "with server %d failed\n", step, st.map_version, srv,
+                       first.servers[srv].blocks, st.servers[srv].blocks, k);
+                uint32_t v = 0;
+                CHECK_OK(cfx_ps_remove_server(ctx, JOB, srv, 20000, &v));
+                printf("worker 0: removed server %d (map %u)\n", srv, v);
+                phase = 1;
+                dl = now_ns() + 30000000000ull;
+            } else if (phase == 1 && st.servers[srv].state == CFX_PS_SERVER_RETIRED) {
+                printf("worker 0: step %d: server %d retired (map %u)\n", step, srv,
+                       st.map_version);
+                phase = 2;
+            } else if (now_ns() > dl && phase == 0) {
+                DIE("no shard map moved blocks off straggler server %d within 30 s with "
+                    "server %d failed (auto on): it owns %u blocks (map %u)", srv, k,
+                    st.servers[srv].blocks, st.map_version);
+            } else if (now_ns() > dl) {
+                DIE("removed server %d was not retired within 30 s with server %d failed: "
+                    "state %d, %u blocks (map %u)", srv, k, st.servers[srv].state,
+                    st.servers[srv].blocks, st.map_version);
+            }
+        }
+        more = late_go(ctx, w, step, phase < 2);
+    }
+    return step;
+}
+
 /* --late-tensor: every worker registers "late" after the last step (after
  * server SERVER_DIES died, as the scheduler saw), checks its initial
  * values and LATE_STEPS BSP push-pulls exactly; worker 0 checks that its
@@ -678,20 +779,21 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
     signal_obj(ctx, "late-registered", w);
     for (int o = 0; o < W; o++)
         wait_obj(ctx, "late-registered", o, 60000);
-    for (int step = 0; step < LATE_STEPS; step++) {
-        fill(grad, CFX_DTYPE_F32, LATE_COUNT, grad_v, w, step);
-        memset(out, 0xee, sz);
-        CHECK_OK(cfx_ps_pushpull(ps, key, grad, out));
-        for (size_t i = 0; i < LATE_COUNT; i++)
-            if (out[i] != (float)expect_closed(i, step + 1))
-                DIE("worker %d: late step %d: late[%zu] = %.9g, want %.9g", w, step, i, out[i],
-                    expect_closed(i, step + 1));
-    }
+    int steps = LATE_STEPS;
+    if (SURVIVORS > 0)
+        steps = survivors_steps(ctx, ps, w, key, grad, out);
+    else
+        for (int step = 0; step < LATE_STEPS; step++)
+            late_step(ps, w, key, step, grad, out);
     free(init);
     free(grad);
     free(out);
     if (w != 0)
         return;
+    if (SURVIVORS > 0) {
+        printf("worker 0: late tensor: %d steps exact\n", steps);
+        return; /* its blocks moved: checked step by step */
+    }
     struct cfx_ps_stats after;
     CHECK_OK(cfx_ps_stats(ps, &after));
     uint32_t nb = (LATE_COUNT * sizeof(float) + BLOCK - 1) / BLOCK;
@@ -1172,6 +1274,8 @@ int main(int argc, char **argv)
             DIES_REGISTERING = 1;
         else if (!strcmp(a, "--server-dies"))
             SERVER_DIES = atoi(v), i++;
+        else if (!strcmp(a, "--survivors"))
+            SURVIVORS = atoi(v), i++;
         else if (!strcmp(a, "--rdmactl"))
             RDMACTL = v, i++;
         else if (!strcmp(a, "--wait-retired"))
@@ -1215,6 +1319,9 @@ int main(int argc, char **argv)
         DIE("--server-dies K takes 0 < K < S, --late-tensor, BSP and SUM on host buffers");
     if ((DIES_REGISTERING || RDMACTL) && SERVER_DIES <= 0)
         DIE("--dies-registering and --rdmactl take --server-dies K");
+    if (SURVIVORS >= 0 && (SERVER_DIES <= 0 || SURVIVORS == 0 || SURVIVORS == SERVER_DIES ||
+                           SURVIVORS >= S || DELAY_SRV != SURVIVORS || DIES_REGISTERING))
+        DIE("--survivors SRV takes --server-dies K, 0 < SRV < S, SRV != K and --delay SRV:US");
     if (LATE_TENSOR && (DEVICE || OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--late-tensor is checked under BSP and SUM on host buffers, one run");
     if (RUNS > 1 && (W > 1 || L || EXTRA))

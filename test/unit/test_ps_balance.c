@@ -226,3 +226,69 @@ Test(ps_balance, failed_server_keeps_its_blocks_and_takes_none)
     cr_assert_eq(count(2), 0, "the removed failed server kept %u blocks", count(2));
     cr_assert_eq(out.moves, 13);
 }
+
+/* Survivors 0 and 1 own 11 and 9 blocks, failed server 2 its 20.  The best
+ * split of the survivors' blocks (10/10) gains 9%, under min_gain: nothing
+ * moves.  Before, the failed server's blocks counted in the step's
+ * predicted time (20 000 ns, though nobody serves them) and let any small
+ * gain pass: a block moved. */
+Test(ps_balance, failed_servers_blocks_are_out_of_the_measurement)
+{
+    for (int i = 0; i < NB; i++)
+        owner[i] = (uint16_t)(i < 11 ? 0 : i < 20 ? 1 : 2);
+    state[2] = CFX_PS_SERVER_FAILED;
+    struct ps_balance_out out = run(3, false);
+    cr_assert_eq(out.moves, 0, "%u blocks moved for a 9%% gain", out.moves);
+    cr_assert_eq(out.cur_max, 11000.0, "predicted step %.0f ns, want server 0's 11000",
+                 out.cur_max);
+    cr_assert_eq(count(0), 11);
+    cr_assert_eq(count(1), 9);
+    cr_assert_eq(count(2), 20);
+}
+
+/* Server 1 is 4x slower than server 0; failed server 2 was measured slower
+ * still (5 ns/B) before it went.  Among the survivors (median 2.5) server
+ * 1 is a straggler and keeps a fifth of their bytes; the failed server's
+ * stale time made the median 4 and hid it (not flagged).  Server 2 keeps
+ * its 20 blocks. */
+Test(ps_balance, straggler_among_survivors_of_a_failed_server)
+{
+    for (int i = 0; i < NB; i++)
+        owner[i] = (uint16_t)(i < 10 ? 0 : i < 20 ? 1 : 2);
+    state[2] = CFX_PS_SERVER_FAILED;
+    npb[1] = 4.0;
+    npb[2] = 5.0;
+    struct ps_balance_out out = run(3, false);
+    cr_assert_eq(out.stragglers, 2u, "stragglers 0x%llx, want server 1 (0x2)",
+                 (unsigned long long)out.stragglers);
+    cr_assert_eq(out.cur_max, 40000.0, "predicted step %.0f ns, want server 1's 40000",
+                 out.cur_max);
+    cr_assert_eq(count(1), 4, "server 1 keeps %u blocks, want 4", count(1));
+    cr_assert_eq(count(0), 16);
+    cr_assert_eq(count(2), 20);
+    cr_assert_eq(out.moves, 6);
+}
+
+/* What a decision waits for: traffic to every server that owns blocks and
+ * serves them.  A failed server (by its state, or by the scheduler's gone[]
+ * record alone) never gets any: waiting for it held every later decision.
+ * A draining one still serves its blocks until they moved: waited for. */
+Test(ps_balance, decision_waits_for_no_failed_server)
+{
+    uint32_t nblk[4] = { 5, 5, 5, 5 };
+    double measured[4] = { 100, 100, 0, 0 };
+    uint8_t gone[4] = { 0, 0, 0, 1 };
+    state[2] = CFX_PS_SERVER_FAILED;
+    state[3] = CFX_PS_SERVER_ACTIVE;
+    struct ps_balance_in in = { .nservers = 4, .state = state, .gone = gone };
+    cr_assert_eq(cfx__ps_balance_unmeasured(&in, nblk, measured), -1);
+    state[2] = CFX_PS_SERVER_DRAINING;
+    cr_assert_eq(cfx__ps_balance_unmeasured(&in, nblk, measured), 2);
+    nblk[2] = 0; /* drained: nothing to measure */
+    cr_assert_eq(cfx__ps_balance_unmeasured(&in, nblk, measured), -1);
+    measured[1] = 0; /* a live active owner not measured yet */
+    cr_assert_eq(cfx__ps_balance_unmeasured(&in, nblk, measured), 1);
+    cr_assert(!cfx__ps_balance_serves(CFX_PS_SERVER_FAILED, false));
+    cr_assert(!cfx__ps_balance_serves(CFX_PS_SERVER_ACTIVE, true));
+    cr_assert(cfx__ps_balance_serves(CFX_PS_SERVER_DRAINING, false));
+}
