@@ -740,6 +740,11 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
 {
     struct cfx_ps_stats before = { 0 };
     if (DIES_REGISTERING) {
+        /* K dies as worker 0 registers: every worker has had its last
+         * step's replies by then (one still waiting for them failed) */
+        signal_obj(ctx, "steps-done", w);
+        for (int o = 0; o < W; o++)
+            wait_obj(ctx, "steps-done", o, 60000);
         late_tensor_lost(ps, w);
         return;
     }
