@@ -964,6 +964,10 @@ void cfx__coord_obj_put(struct cfx_coord *co, struct coord_conn *c, const struct
     uint64_t size = m->u.put.size;
 
     idhex(&m->u.put.id, hex);
+    /* a result of a task that moved off this node while it was taken for
+     * dead: its run goes on, but only the task's run may put it */
+    if (!m->u.put.copy && cfx__coord_task_put_fenced(co, c, m->req_id, &m->u.put.id))
+        return;
     if (node_objects_full(co, c, m->req_id, o))
         return;
     /* not free while its putter's delete waits for holders (coord_waits.c) */

@@ -64,6 +64,7 @@
 #define COORD_NODE_FUNCS_MAX  64            /* functions one node may register */
 #define COORD_TASKS_DONE_KEEP 1024          /* ended tasks remembered for late waits */
 #define COORD_TASK_DONE_KEEP_MS 60000       /* ... and for at most this long */
+#define COORD_TASK_FENCED_MAX 8             /* fenced nodes a task keeps (the latest) */
 #define COORD_TASK_GRACE_MS   5000          /* default task_grace_ms: after a start,
                                              * repeated submissions wait this long at
                                              * most for workers to re-announce */
@@ -147,6 +148,11 @@ struct coord_node {
     struct coord_worker *worker; /* functions it registered (coord_task.c), or NULL */
     uint8_t rejoined;           /* took back its id of before the restart: the process that
                                  * held that id then (a hint naming the id means it) */
+    uint8_t stale_runs;         /* rejoined under a new id while tasks that moved off its
+                                 * old one may still run here: its puts are checked against
+                                 * their fences (coord_task.c, "Fences") */
+    uint32_t was_id;            /* the id it asked for at its join and did not get back
+                                 * (its id before it was declared dead), or 0 */
     uint32_t nqueries;          /* placement queries' reservations it asked for, live
                                  * (COORD_NODE_QUERIES_MAX) */
 };
@@ -214,6 +220,10 @@ struct coord_task {
     struct coord_resv *resv;    /* while placed */
     uint8_t adopted;            /* its node announced the run (TASK_ANNOUNCE); 0: this
                                  * coordinator sent it (EV_TASK_RUN) */
+    uint8_t nfenced;
+    uint32_t fenced[COORD_TASK_FENCED_MAX]; /* nodes whose run of it is not the task's: it
+                                 * moved off them when they were declared dead, and the ids
+                                 * they rejoined under (coord_task.c, "Fences") */
 };
 
 /* A TASK_WAIT parked until its task ends or its timeout. */
@@ -641,6 +651,13 @@ void cfx__coord_task_tick(struct cfx_coord *co, uint64_t now);
 /* Node @p n died or left (its holdings are dropped already): its tasks are
  * placed again or fail naming it; its reservations and functions go. */
 void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n);
+/* Node @p n joined asking for id @p was and got another: the tasks that
+ * moved off @p was when it was declared dead fence @p n too. */
+void cfx__coord_task_rejoined(struct cfx_coord *co, struct coord_node *n, uint32_t was);
+/* A put of @p id by the node of @p c that is a result of a task fenced
+ * against it: refused here (CFX_ERR_CANCELED, answered) and true. */
+bool cfx__coord_task_put_fenced(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                                const struct cfx_object_id *id);
 void cfx__coord_task_conn_gone(struct cfx_coord *co, struct coord_conn *c);
 
 /* coord_place.c: choose a node for @p t.  CFX_OK with *out; CFX_ERR_NOT_FOUND

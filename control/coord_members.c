@@ -331,6 +331,7 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     struct coord_node *n;
     uint32_t id = co->next_node_id;
     uint32_t want = m->u.join.node_id; /* previous id of a rejoining node, 0 if none */
+    const uint32_t asked = want;
 
     if (co->nodes_alive >= co->max_nodes) {
         cfx__coord_reply_err(c, m->req_id, CFX_ERR_NO_RESOURCE,
@@ -402,6 +403,10 @@ void cfx__coord_join(struct cfx_coord *co, struct coord_conn *c, const struct cf
     cfx__coord_alive_publish(co);
     c->node = n;
     c->state = COORD_CONN_NODE;
+    /* declared dead while only paused or cut off: its runs of the tasks
+     * that moved meanwhile are fenced before anything it sends is read */
+    if (asked && asked != id)
+        cfx__coord_task_rejoined(co, n, asked);
     CFX_LOG(INFO, CTL, "node %u %s: name '%s', host '%s' (%s), pid %u, from %s%s", id,
             want ? "rejoined" : "joined", n->rec.name, n->rec.host, n->rec.host_id, n->rec.pid,
             c->peer, (n->rec.flags & CFX_NODE_F_OBSERVER) ? " (observer)" : "");

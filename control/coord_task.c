@@ -43,6 +43,21 @@
  * an id of this incarnation that is no longer known ended long ago and is
  * not run again (CFX_ERR_NOT_FOUND).
  *
+ * Fences.  A node declared dead may only have been paused or cut off: its
+ * run of a task goes on, and nothing can stop it (no message reaches a
+ * stopped process).  The task, placed again, runs elsewhere, so the
+ * function runs twice, but only one run's results may count: a task keeps
+ * the ids of the nodes it moved off when they were declared dead, and the
+ * process of such a node, which rejoins under a new id asking for its old
+ * one, is fenced too (cfx__coord_task_rejoined).  A fenced node's
+ * re-announcement of the task, its puts of the task's results and its
+ * report of the run's end are refused or ignored, its puts and
+ * re-announcement with CFX_ERR_CANCELED naming the task and where it
+ * went; its run keeps a reservation, as run_detach's, until that end.
+ * The fence lives as long as the task's record (COORD_TASK_DONE_KEEP_MS
+ * after its end); the worker, told by the refused re-announcement, also
+ * refuses cfx_task_result_put itself for as long as the run goes on.
+ *
  * Caps on what peers push: re-announced tasks count against max_node_tasks
  * of their node, held repeats against max_queued_tasks; the keys remembered
  * are those of the live tasks and of the ended ones kept for late waits
@@ -197,6 +212,104 @@ static struct coord_resv *run_find(struct cfx_coord *co, uint64_t run_id, uint32
     return NULL;
 }
 
+/* Whether node @p node's run of @p t is not the task's (see "Fences"). */
+static bool task_fences(const struct coord_task *t, uint32_t node)
+{
+    for (unsigned i = 0; i < t->nfenced; i++)
+        if (t->fenced[i] == node)
+            return true;
+    return false;
+}
+
+static void fence_add(struct coord_task *t, uint32_t node)
+{
+    if (task_fences(t, node))
+        return;
+    if (t->nfenced == COORD_TASK_FENCED_MAX) { /* the oldest goes: a chain that long is moot */
+        memmove(t->fenced, t->fenced + 1, sizeof(t->fenced) - sizeof(t->fenced[0]));
+        t->nfenced--;
+    }
+    t->fenced[t->nfenced++] = node;
+}
+
+/* Why fenced node @p n's run of @p t is not the task's, into @p buf. */
+static void fence_text(const struct coord_task *t, const struct coord_node *n, char *buf,
+                       size_t len)
+{
+    char where[48];
+    uint32_t was = n->was_id ? n->was_id : n->rec.node_id;
+
+    if (t->node_id && !task_fences(t, t->node_id))
+        snprintf(where, sizeof(where), "moved to node %u", t->node_id);
+    else
+        snprintf(where, sizeof(where), "was taken from it");
+    snprintf(buf, len, "task %llu ('%s') %s when node %u was declared dead while it ran "
+             "there (only paused or cut off: it rejoined as node %u); the run it goes on with "
+             "is not the task's", (unsigned long long)t->id, t->t.name, where, was,
+             n->rec.node_id);
+}
+
+/* The task, live or ended, of id @p id that fences node @p node, or NULL. */
+static struct coord_task *fenced_find(struct cfx_coord *co, uint64_t id, uint32_t node)
+{
+    struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
+    for (int l = 0; l < 2; l++)
+        cfx_list_for_each(pos, lists[l]) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (t->id == id && task_fences(t, node))
+                return t;
+        }
+    return NULL;
+}
+
+void cfx__coord_task_rejoined(struct cfx_coord *co, struct coord_node *n, uint32_t was)
+{
+    struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
+    char text[CFX_PROTO_TEXT_MAX];
+
+    n->was_id = was;
+    for (int l = 0; l < 2; l++)
+        cfx_list_for_each(pos, lists[l]) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (!task_fences(t, was))
+                continue;
+            fence_add(t, n->rec.node_id);
+            n->stale_runs = 1;
+            fence_text(t, n, text, sizeof(text));
+            CFX_LOG(WARN, CTL, "%s: its result puts and its end will be refused", text);
+        }
+}
+
+bool cfx__coord_task_put_fenced(struct cfx_coord *co, struct coord_conn *c, uint64_t req_id,
+                                const struct cfx_object_id *id)
+{
+    struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
+    struct coord_node *n = c->node;
+    char text[CFX_PROTO_TEXT_MAX - 128], hex[CFX_OBJECT_ID_HEX_LEN];
+
+    /* only a node that rejoined with runs of moved tasks pays for the look */
+    if (!n || !n->stale_runs)
+        return false;
+    for (int l = 0; l < 2; l++)
+        cfx_list_for_each(pos, lists[l]) {
+            struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
+            if (!task_fences(t, n->rec.node_id))
+                continue;
+            for (unsigned i = 0; i < t->t.nresults; i++) {
+                if (memcmp(&t->t.results[i], id, sizeof(*id)))
+                    continue;
+                fence_text(t, n, text, sizeof(text));
+                cfx_object_id_to_hex(id, hex);
+                CFX_LOG(WARN, CTL, "node %u puts object %s, result %u of task %llu: refused: "
+                        "%s", n->rec.node_id, hex, i, (unsigned long long)t->id, text);
+                cfx__coord_reply_err(c, req_id, CFX_ERR_CANCELED, "result %u of %s: its put "
+                                     "is refused", i, text);
+                return true;
+            }
+        }
+    return false;
+}
+
 /* The results of @p t, which ran on its node: its submitter may withdraw
  * them (cfx__coord_dir_task_result; docs/TASKS.md, "Results"). */
 static void results_grant(struct cfx_coord *co, const struct coord_task *t, uint32_t node)
@@ -274,6 +387,13 @@ static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_n
     t->node_id = n->rec.node_id;
     t->run_id = t->id;
     t->adopted = 0;
+    /* placed back on a node it was fenced against (rejoined): that node
+     * runs the key once (task_keep.c), so the run it goes on with counts */
+    for (unsigned i = 0; i < t->nfenced; i++)
+        if (t->fenced[i] == t->node_id) {
+            t->fenced[i] = t->fenced[--t->nfenced];
+            break;
+        }
     t->placements++;
     ev.u.task = t->t;
     ev.u.task.task_id = t->id;
@@ -668,6 +788,21 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
      * re-announcement ends it): the report does not count */
     if (!t) {
         struct coord_resv *r = run_find(co, m->u.task_st.task_id, node);
+        struct coord_task *moved = fenced_find(co, m->u.task_st.task_id, node);
+        if (moved) {
+            /* a run that went on after its node was declared dead: the
+             * task is another run's (see "Fences") */
+            char text[CFX_PROTO_TEXT_MAX - 64];
+            fence_text(moved, c->node, text, sizeof(text));
+            CFX_LOG(INFO, CTL, "node %u ended its run of task %llu (%s): the end does not "
+                    "count: %s", node, (unsigned long long)m->u.task_st.task_id,
+                    cfx_errname(m->u.task_st.status), text);
+            if (r) {
+                cfx__coord_resv_free(co, r);
+                retry_queue(co);
+            }
+            return;
+        }
         if (r) {
             /* a run that went on after its task ended for its waiter:
              * the end counted already (a timed-out task stays timed out);
@@ -849,6 +984,8 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
         if (t->state != COORD_TASK_PLACED || t->node_id != dead)
             continue;
         cfx__coord_resv_free(co, t->resv);
+        /* a node declared dead may only be paused: its run is no longer the task's */
+        fence_add(t, dead);
         lost = input_lost(co, t, dead);
         if (lost) {
             char hex[CFX_OBJECT_ID_HEX_LEN];
@@ -989,6 +1126,22 @@ void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
         return;
     }
     t = task_find_key(co, mt->key);
+    if (t && task_fences(t, node)) {
+        /* this node was declared dead while it ran the task, which moved:
+         * the run goes on (nothing stops it) and keeps its cores, as
+         * run_detach's, until it reports its end; it is not the task's */
+        char text[CFX_PROTO_TEXT_MAX - 64];
+        fence_text(t, n, text, sizeof(text));
+        CFX_LOG(WARN, CTL, "node %u re-announces task %llu: refused: %s", node,
+                (unsigned long long)mt->task_id, text);
+        if (!run_find(co, mt->task_id, node) && n->worker->nres < co->max_node_tasks) {
+            struct coord_resv *r = cfx__coord_resv_take(co, n, &t->t, UINT64_MAX);
+            if (r)
+                r->run_id = mt->task_id;
+        }
+        cfx__coord_reply_err(c, m->req_id, CFX_ERR_CANCELED, "%s", text);
+        return;
+    }
     if (t && t->state == COORD_TASK_PLACED && t->node_id != node && t->adopted) {
         /* two nodes each say they run it: both runs are real (one was taken
          * for dead before the restart and spoke again); the first stays */

@@ -99,6 +99,7 @@ void cfx__task_on_run(void *arg, const struct cfx_msg_task *t)
     }
     j->t = *t;
     j->nalias = 0;
+    j->moved = false;
     if (t->arg_len)
         memcpy(j->arg, t->arg, t->arg_len);
     j->t.arg = j->arg;
@@ -310,10 +311,13 @@ static void run_job(struct cfx_context *ctx, struct task_job *j)
     for (unsigned i = 0; i < rt->nfns; i++)
         if (!strcmp(rt->fns[i].name, j->t.name))
             ent = rt->fns[i];
+    bool moved = j->moved;
     pthread_mutex_unlock(&rt->mu);
 
     cfx__err_clear();
-    if (!ent.fn) {
+    if (moved) { /* moved before it started (task_keep.c): not run at all */
+        rc = cfx__err(CFX_ERR_CANCELED, "%s", j->moved_text);
+    } else if (!ent.fn) {
         rc = cfx__err(CFX_ERR_NOT_FOUND, "node %u offers no function '%s'", ctx->node_id,
                       j->t.name);
     } else {
@@ -367,12 +371,21 @@ static void run_job(struct cfx_context *ctx, struct task_job *j)
                  (unsigned long long)j->t.task_id, j->t.name, ctx->node_id, cfx_errname(rc),
                  cfx_strerror(rc));
     /* remembered before the report: a report lost with the coordinator is
-     * sent again after the reconnection (task_keep.c) */
+     * sent again after the reconnection (task_keep.c); not a run that is no
+     * longer the task's (re-announced after a restart, its end could pass
+     * for the task's): its end is reported once, which frees its cores at
+     * the coordinator and counts for nothing else */
     pthread_mutex_lock(&rt->mu);
-    cfx__task_ended_add(rt, j, rc, text);
+    moved = j->moved;
+    if (!moved)
+        cfx__task_ended_add(rt, j, rc, text);
     nalias = j->nalias;
     memcpy(alias, j->alias, sizeof(alias));
     pthread_mutex_unlock(&rt->mu);
+    if (moved)
+        CFX_LOG(INFO, CTL, "node %u: task %llu ('%s') ended here (%s), but this run was not "
+                "the task's any more: %s", ctx->node_id, (unsigned long long)j->t.task_id,
+                j->t.name, cfx_errname(rc), j->moved_text);
     cfx__task_report(ctx, &j->t, alias, nalias, rc, text);
 }
 
@@ -791,6 +804,29 @@ int cfx_place(struct cfx_context *ctx, const char *name,
     return cfx__ctx_leave(ctx, rc);
 }
 
+/* The run of @p call is no longer its task's (see task_keep.c): its result
+ * puts fail at once, naming the task and where it went. */
+static int moved_check(const struct cfx_task_call *call, size_t index)
+{
+    struct cfx_task_rt *rt = call->ctx->tasks;
+    char text[CFX_PROTO_TEXT_MAX] = "";
+    struct cfx_list *pos;
+
+    pthread_mutex_lock(&rt->mu);
+    cfx_list_for_each(pos, &rt->running) {
+        struct task_job *j = cfx_list_entry(pos, struct task_job, link);
+        if (j->moved && j->t.task_id == call->task_id && j->t.results == call->results) {
+            memcpy(text, j->moved_text, sizeof(text));
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->mu);
+    if (!text[0])
+        return CFX_OK;
+    return cfx__err(CFX_ERR_CANCELED, "cfx_task_result_put: result %zu of task %llu ('%s') is "
+                    "refused: %s", index, (unsigned long long)call->task_id, call->name, text);
+}
+
 int cfx_task_result_put(const struct cfx_task_call *call, size_t index,
                                 const void *buf, size_t size)
 {
@@ -801,6 +837,9 @@ int cfx_task_result_put(const struct cfx_task_call *call, size_t index,
     if (!call || index >= call->n_results || (size && !buf))
         return cfx__err(CFX_ERR_INVALID, "cfx_task_result_put: result %zu of %zu%s", index,
                         call ? call->n_results : 0, size && !buf ? ", NULL buffer" : "");
+    rc = moved_check(call, index);
+    if (rc != CFX_OK)
+        return rc;
     if (size) {
         rc = cfx_buf_alloc(call->ctx, size, &copy);
         if (rc != CFX_OK)

@@ -36,6 +36,10 @@ struct task_job {
     uint64_t deadline_ns;
     uint64_t alias[TASK_ALIAS_MAX]; /* other placements of its key: the end goes to each */
     unsigned nalias;
+    bool moved;                 /* the coordinator refused its re-announcement: this node
+                                 * was declared dead while it ran and the task moved; the
+                                 * run goes on, but is not the task's (task_keep.c) */
+    char moved_text[CFX_PROTO_TEXT_MAX]; /* ... the coordinator's words */
     uint8_t arg[];
 };
 

@@ -17,6 +17,14 @@
  *    runs, waits or ended here is not run again: its end is reported under
  *    the new id as well (at most once, even if a repeat came after the grace
  *    and was placed here again).
+ *  - A node declared dead while it was only paused or cut off rejoins under
+ *    a new id, and its re-announcements follow.  A task that moved off it
+ *    meanwhile is refused (CFX_ERR_CANCELED, control/coord_task.c,
+ *    "Fences"): one still queued here is dropped, never run; a run going on
+ *    is marked moved (its cfx_task_result_put fails at once with the
+ *    coordinator's words, and its end is reported, not remembered); an end
+ *    remembered here is forgotten and reported once more (that frees the
+ *    run's cores at the coordinator, and counts for nothing else).
  *
  * Threads: cfx__task_dedup() runs on the control client's thread and never
  * waits for a reply; cfx__task_announce() runs on a runner; resubmission on
@@ -86,6 +94,8 @@ bool cfx__task_dedup(struct cfx_context *ctx, const struct cfx_msg_task *t)
         j = job_by_key(&rt->jobs, t->key);
     if (j) {
         alias_add(j->alias, &j->nalias, t->task_id, j->t.task_id);
+        /* placed here again after it moved off: the run is the task's again */
+        j->moved = false;
         pthread_mutex_unlock(&rt->mu);
         CFX_LOG(INFO, CTL, "node %u: task %llu ('%s') runs here already as task %llu: not run "
                 "twice", ctx->node_id, (unsigned long long)t->task_id, t->name,
@@ -191,6 +201,49 @@ static int announce_one(struct cfx_context *ctx, struct cfx_msg_task *t)
     return rc;
 }
 
+/* The coordinator refused the re-announcement of @p a with CFX_ERR_CANCELED:
+ * the task moved off this node while it was taken for dead (see the top). */
+static void task_moved(struct cfx_context *ctx, const struct announce_ent *a)
+{
+    struct cfx_task_rt *rt = ctx->tasks;
+    struct task_job *queued, *running = NULL;
+    struct task_ended *e, end;
+    char why[CFX_PROTO_TEXT_MAX];
+
+    snprintf(why, sizeof(why), "%s", cfx_last_error()[0] ? cfx_last_error()
+                                                          : "the task moved to another node");
+    pthread_mutex_lock(&ctx->lock);
+    bool closing = cfx__ctx_closing(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    if (closing) /* the request was cut short by the destroy, not refused */
+        return;
+    pthread_mutex_lock(&rt->mu);
+    queued = job_by_key(&rt->jobs, a->t.key);
+    if (queued)
+        cfx_list_del(&queued->link);
+    else if ((running = job_by_key(&rt->running, a->t.key))) {
+        running->moved = true;
+        memcpy(running->moved_text, why, sizeof(why));
+    }
+    /* ended, before the list was taken or since */
+    e = ended_by_key(rt, a->t.key);
+    if (e) {
+        end = *e;
+        e->ended_ns = 0;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    CFX_LOG(INFO, CTL, "node %u: task %llu ('%s') %s: %s", ctx->node_id,
+            (unsigned long long)a->t.task_id, a->t.name,
+            queued ? "is dropped, not run" : running ? "runs on, but not as the task's run"
+                                                     : "ended here, not as the task's run", why);
+    if (queued) {
+        cfx__task_report(ctx, &queued->t, queued->alias, queued->nalias, CFX_ERR_CANCELED, why);
+        free(queued);
+    }
+    if (e)
+        cfx__task_report(ctx, &end.t, end.alias, end.nalias, end.status, end.text);
+}
+
 void cfx__task_announce(struct cfx_context *ctx)
 {
     struct cfx_task_rt *rt = ctx->tasks;
@@ -231,9 +284,12 @@ void cfx__task_announce(struct cfx_context *ctx)
     for (size_t i = 0; i < n; i++) {
         /* an ended one's end at once: were this node to die before it, the
          * coordinator would place the task again */
-        if (announce_one(ctx, &v[i]->t) == CFX_OK && v[i]->ended)
+        int rc = announce_one(ctx, &v[i]->t);
+        if (rc == CFX_OK && v[i]->ended)
             cfx__task_report(ctx, &v[i]->t, v[i]->alias, v[i]->nalias, v[i]->status,
                              v[i]->text);
+        else if (rc == CFX_ERR_CANCELED)
+            task_moved(ctx, v[i]);
         free(v[i]);
     }
     free(v);

@@ -29,6 +29,20 @@
  *    dead node and why (the lost input; no other node offering it).  A worker whose context is
  *    destroyed cuts its tasks short (their ends are not reported): they are
  *    treated the same, and the text says the node left.
+ *  - A node declared dead may only have been paused or cut off (missed
+ *    heartbeats): its run of the task goes on when it resumes (nothing can
+ *    stop it), while the task was placed again and runs on another node.
+ *    So the function may run twice, but only one run's results count: the
+ *    stale run (its process rejoins under a new node id) is refused, by
+ *    the coordinator and by its own node once told at the rejoin.  Its
+ *    cfx_task_result_put(), and its cfx_put() of a result id, fail with
+ *    CFX_ERR_CANCELED, the text naming the task and the node it moved to;
+ *    its end does not count; the submitter's cfx_task_wait() and cfx_get()
+ *    see the winning run's status and bytes only.  Side effects a function
+ *    has outside Conflux must therefore be idempotent.  (The coordinator
+ *    recognizes a stale put while it remembers the task: 60 s after the
+ *    task's end; the stale node's own refusal of cfx_task_result_put()
+ *    holds for as long as the run goes on.)
  *  - Tasks survive a coordinator restart and run at most once.  Each
  *    submission carries an idempotency key the library chooses: a submit
  *    sent again after a lost reply is the same task.  After the restart the
@@ -247,7 +261,10 @@ CFX_API int cfx_place(struct cfx_context *ctx, const char *name,
  * @p buf (the copy lives in the context's arena and is freed when the object
  * is deleted): the convenient way for a task to put a result whose buffer it
  * does not keep.
- * @return as cfx_put(); CFX_ERR_INVALID for an index out of range.
+ * @return as cfx_put(); CFX_ERR_INVALID for an index out of range;
+ *         CFX_ERR_CANCELED when this run is no longer the task's (its node
+ *         was declared dead while it ran and the task moved: see the top),
+ *         naming the task and the node it moved to.
  */
 CFX_API int cfx_task_result_put(const struct cfx_task_call *call, size_t index,
                                 const void *buf, size_t size);
