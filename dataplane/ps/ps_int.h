@@ -204,7 +204,8 @@ struct ps_hdr {
     uint32_t worker;        /* worker the request belongs to */
     uint32_t block;         /* global block id (REQ, STATE); tensor (READY) */
     uint32_t map_version;   /* sender's map version */
-    int32_t status;         /* REPLY */
+    int32_t status;         /* REPLY; STATE: CFX_ERR_PEER_FAILED, no payload: the block's
+                               values were lost with failed server forwarded - 1 */
     uint32_t forwarded;     /* REQ: hops so far; failed REPLY: 1 + the server the block's
                                state was to come from, which it did not (0: none) */
     uint64_t req_id;        /* worker's request id */

@@ -20,6 +20,9 @@
  * forwarded behind it.  A request for a block whose state has not arrived
  * yet waits in `orphans`; one for a block this server neither has nor owns
  * is answered with REDIRECT and the worker re-sends it with a newer map.
+ * A block whose owner before is FAILED in the map (removed after it failed,
+ * or it died handing the block over) is `lost`: no state comes, and every
+ * request for it fails naming that server, here and wherever it moves on.
  */
 #include "ps_int.h"
 
@@ -49,6 +52,8 @@ struct ps_block {
     uint32_t id;
     int32_t moved_to; /* -1: owned here; else the server it went to */
     uint32_t from;    /* 1 + the server its state is to come from (0: none known) */
+    uint32_t lost;    /* 1 + the failed server its values went with: no state ever comes,
+                         and every request for it fails naming that server (0: none) */
     uint32_t dtype;
     uint64_t elems;
     size_t bytes;
@@ -259,12 +264,17 @@ static void apply_update(struct cfx_ps *ps, struct ps_block *b, const void *g)
 static uint32_t awaited_from(const struct cfx_ps *ps, uint32_t id)
 {
     const struct ps_block *b = id < ps->nblocks_cap ? ps->blocks[id] : NULL;
-    return b && !(b->moved_to < 0 && b->param) ? b->from : 0;
+    return b && !(b->moved_to < 0 && b->param) ? (b->lost ? b->lost : b->from) : 0;
 }
 
-/* Whether block @p id waits for the state of a server that is gone. */
+/* Whether block @p id waits for the state of a server that is gone, or
+ * lost its values with a failed one (whose mailbox here may not have failed
+ * yet: the map said it). */
 static bool awaits_the_gone(const struct cfx_ps *ps, uint32_t id)
 {
+    const struct ps_block *b = id < ps->nblocks_cap ? ps->blocks[id] : NULL;
+    if (b && b->lost && b->moved_to < 0)
+        return true;
     uint32_t from = awaited_from(ps, id);
     const struct ps_peer *p = from && from <= PS_MAX_SERVERS ? ps->servers[from - 1] : NULL;
     return p && p->closed;
@@ -700,6 +710,7 @@ static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *
     block_free_data(b);
     b->moved_to = -1;
     b->from = 0;
+    b->lost = 0;
     int rc = block_alloc(ps, b);
     if (rc != CFX_OK) {
         block_free_arrays(b);
@@ -736,6 +747,51 @@ static int install_state(struct cfx_ps *ps, const struct ps_hdr *h, const void *
     return CFX_OK;
 }
 
+/*
+ * A block whose values were lost with a failed server moves on as what it
+ * is: its new owner hears, in a STATE with no payload and status
+ * CFX_ERR_PEER_FAILED (forwarded: 1 + that server), that none comes, and
+ * fails its requests naming that server, as this one did; without it the
+ * new owner would wait for a state this server does not have.
+ */
+static void hand_lost(struct cfx_ps *ps, struct ps_block *b, uint32_t to)
+{
+    struct ps_peer *p = to < PS_MAX_SERVERS ? ps->servers[to] : NULL;
+    if (!p) {
+        CFX_LOG(ERR, PS, "job %s: server %d: lost block %u goes to server %u, which we cannot "
+                "reach", ps->job, ps->index, b->id, to);
+        return;
+    }
+    struct ps_hdr h = { .type = PS_MSG_STATE, .block = b->id, .status = CFX_ERR_PEER_FAILED,
+                        .forwarded = b->lost };
+    CFX_LOG(INFO, PS, "job %s: server %d: block %u (lost with server %u) -> server %u", ps->job,
+            ps->index, b->id, b->lost - 1, to);
+    cfx__ps_send(ps, p, &h, NULL, 0, NULL);
+    b->moved_to = (int32_t)to;
+    b->lost = 0;
+}
+
+static int install_lost(struct cfx_ps *ps, const struct ps_hdr *h)
+{
+    if (h->block >= ps->map.nblocks || !h->forwarded || h->forwarded > PS_MAX_SERVERS)
+        return CFX_ERR_PROTO;
+    struct ps_block *b = block_slot(ps, h->block, true);
+    if (!b)
+        return CFX_ERR_NOMEM;
+    if (b->moved_to < 0 && b->param) {
+        CFX_LOG(ERR, PS, "job %s: server %d: block %u said lost, but we own its values",
+                ps->job, ps->index, h->block);
+        return CFX_ERR_PROTO;
+    }
+    block_free_data(b);
+    b->moved_to = -1;
+    b->from = 0;
+    b->lost = h->forwarded;
+    CFX_LOG(WARN, PS, "job %s: server %d: block %u came without values: they were lost with "
+            "failed server %u", ps->job, ps->index, h->block, h->forwarded - 1);
+    return CFX_OK;
+}
+
 /* ---- handing blocks over before a retirement -------------------------------------- */
 
 bool cfx__ps_server_settled(const struct cfx_ps *ps)
@@ -748,6 +804,8 @@ bool cfx__ps_server_settled(const struct cfx_ps *ps)
         if (cfx__ps_map_block(m, i, &t, NULL, NULL) != CFX_OK || !m->tensors[t].ready)
             continue; /* pinned where worker 0's init puts it: no state travels */
         const struct ps_block *b = i < ps->nblocks_cap ? ps->blocks[i] : NULL;
+        if (b && b->lost && b->moved_to < 0)
+            continue; /* its values went with a failed server: no state travels */
         if (!b || b->moved_to >= 0 || !b->param)
             return false; /* its state is still on its way here */
     }
@@ -844,6 +902,11 @@ static void run_orphans(struct cfx_ps *ps)
         cfx_list_del(pos);
         if (route(ps, &p->h, p->payload, true)) {
             free(p);
+        } else if (awaits_the_gone(ps, p->h.block)) {
+            /* held before the map that says so came: fail it now, not
+             * at its deadline */
+            reply(ps, &p->h, CFX_ERR_PEER_FAILED, NULL, false);
+            pend_free(p);
         } else {
             cfx_list_add_tail(&p->link, &ps->orphans);
         }
@@ -874,7 +937,8 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
     if (h.map_version > ps->map.version)
         cfx__ps_map_fetch(ps, h.map_version); /* the sender saw a newer map: get it now */
     if (h.type == PS_MSG_STATE) {
-        int rc = install_state(ps, &h, payload);
+        bool lost = h.status != CFX_OK;
+        int rc = lost ? install_lost(ps, &h) : install_state(ps, &h, payload);
         if (owned)
             free(payload);
         if (rc != CFX_OK) {
@@ -883,8 +947,13 @@ int cfx__ps_server_handle(struct cfx_ps *ps, const struct ps_hdr *hin, void *pay
             return rc;
         }
         struct ps_block *b = ps->blocks[h.block];
-        if (h.block < ps->map.nblocks && ps->map.owner[h.block] != me(ps))
-            migrate(ps, b, ps->map.owner[h.block]); /* a newer map moved it on */
+        if (h.block < ps->map.nblocks && ps->map.owner[h.block] != me(ps)) {
+            /* a newer map moved it on */
+            if (lost)
+                hand_lost(ps, b, ps->map.owner[h.block]);
+            else
+                migrate(ps, b, ps->map.owner[h.block]);
+        }
         run_orphans(ps);
         report_settled(ps);
         return CFX_OK;
@@ -927,11 +996,23 @@ static void note_sources(struct cfx_ps *ps)
                 b->from = 0;
             continue;
         }
-        if (i >= ps->owner_was_n || ps->owner_was[i] == me(ps))
+        if (i >= ps->owner_was_n)
             continue;
-        b = block_slot(ps, i, true);
-        if (b && !(b->moved_to < 0 && b->param))
-            b->from = next ? ps->owner_was[i] + 1u : 0;
+        if (ps->owner_was[i] != me(ps)) {
+            b = block_slot(ps, i, true);
+            if (b && !(b->moved_to < 0 && b->param))
+                b->from = next ? ps->owner_was[i] + 1u : 0;
+        }
+        /* its state was to come from a server the map says failed (removed
+         * since, or it died handing it over): its values went with it, and
+         * none ever comes (no replication) */
+        uint32_t was = b && !(b->moved_to < 0 && b->param) && !b->lost ? b->from : 0;
+        if (was && was <= m->nservers && m->server[was - 1].state == CFX_PS_SERVER_FAILED) {
+            b->lost = was;
+            CFX_LOG(WARN, PS, "job %s: server %d: block %u is ours (map %u) without its "
+                    "values: they were lost with failed server %u", ps->job, ps->index, i,
+                    m->version, was - 1);
+        }
     }
     if (m->nblocks > ps->owner_was_n) {
         uint16_t *o = realloc(ps->owner_was, m->nblocks * sizeof(*o));
@@ -989,6 +1070,10 @@ void cfx__ps_server_map_changed(struct cfx_ps *ps)
     note_sources(ps);
     for (uint32_t i = 0; i < ps->nblocks_cap && i < ps->map.nblocks; i++) {
         struct ps_block *b = ps->blocks[i];
+        if (b && b->moved_to < 0 && b->lost && ps->map.owner[i] != me(ps)) {
+            hand_lost(ps, b, ps->map.owner[i]);
+            continue;
+        }
         if (b && b->moved_to < 0 && b->param && ps->map.owner[i] != me(ps)) {
             if (ps->migrate_die) {
                 /* test hook: a server that dies while it hands its blocks over */

@@ -533,8 +533,15 @@ void cfx__ps_worker_handle(struct cfx_ps *ps, const struct ps_hdr *h, void *payl
         const struct ps_peer *wp = was < PS_MAX_SERVERS ? ps->servers[was] : NULL;
         /* a round (or version) that waited for a worker that is gone */
         uint64_t gone = h->min_version;
-        char src[160] = "";
-        if (was != UINT32_MAX)
+        char src[200] = "";
+        /* the map says it failed: its values went with it (no replication) */
+        bool failed = was < ps->map.nservers &&
+                      ps->map.server[was].state == CFX_PS_SERVER_FAILED;
+        if (was != UINT32_MAX && failed && st == CFX_ERR_PEER_FAILED)
+            snprintf(src, sizeof(src), "; its state was to come from server %u (node %u), its "
+                     "owner before, which failed: the block's values were lost with it", was,
+                     ps->map.server[was].node_id);
+        else if (was != UINT32_MAX)
             snprintf(src, sizeof(src), "; it was to come from server %u (node %u), its owner "
                      "before, which %s", was, wp ? wp->rec.node_id : 0,
                      st == CFX_ERR_PEER_FAILED ? "went before handing it over"

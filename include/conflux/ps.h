@@ -292,7 +292,8 @@ enum cfx_ps_server_state {
     CFX_PS_SERVER_FAILED,       /* the scheduler saw it go (its mailbox failed, or its node
                                    died) before its end: the blocks it owns are not served
                                    (no replication) and it takes none; remove-server moves
-                                   them, their values lost, and it stays failed */
+                                   them, their values lost (requests for them still fail
+                                   naming it), and it stays failed */
 };
 
 struct cfx_ps_stats {
@@ -351,7 +352,13 @@ CFX_API int cfx_ps_add_server_auto(struct cfx_context *ctx, const char *job, int
 /* Drain @p server's blocks to the others; it stops serving once no request
  * can reach it any more.  Server 0 (the scheduler) cannot be removed.  A
  * FAILED server's blocks move the same way, without their values (they
- * went with it), and it stays FAILED. */
+ * went with it), and it stays FAILED: their new owners wait for no state
+ * and serve no made-up values; every push and pull of a tensor with such a
+ * block fails at once, for the rest of the job, with CFX_ERR_PEER_FAILED
+ * naming the failed server and its node and saying the block's values were
+ * lost (there is no call that stores a tensor's values again: register the
+ * values under a new name to go on).  It holds no removal of a live
+ * server after. */
 CFX_API int cfx_ps_remove_server(struct cfx_context *ctx, const char *job, int server,
                                  int timeout_ms, uint32_t *version_out);
 /* Decide now from the latest measurements (ignores the minimum gain). */

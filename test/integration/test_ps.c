@@ -353,6 +353,27 @@ ParameterizedTest(struct tp_param *p, ps, survivors_after_server_failed, .timeou
                  p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, removed_failed_server_values_lost)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * Server 2 dies after the last step (cfx_pstest --server-dies 2), the map
+ * names it failed, and worker 0 removes it (cfx_pstest --remove-failed):
+ * the map moves its blocks to live servers, but their values went with it.
+ * A pull, a second pull and a push of each tensor with such a block must
+ * fail at once with CFX_ERR_PEER_FAILED naming server 2, its node and its
+ * values lost; the elements of the other blocks exact.
+ */
+ParameterizedTest(struct tp_param *p, ps, removed_failed_server_values_lost, .timeout = 120)
+{
+    int rc = pstest_with("", 5, p->tp, "--allow-fail 2", "--servers 3 --workers 2 --steps 10 "
+                         "--late-tensor --server-dies 2 --remove-failed");
+    cr_assert_eq(rc, 0, "failed server 2 removed, its blocks' values lost, over %s: exited %d",
+                 p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

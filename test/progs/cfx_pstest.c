@@ -72,6 +72,9 @@
  *                             SRV and they go on until it is retired (K's missing
  *                             settlement must not hold it); K keeps its blocks throughout.
  *                             Each phase waits for the map (30 s at most)
+ *   --remove-failed           (with --server-dies K, K != 1) instead of the final pulls
+ *                             worker 0 removes failed K, then live server 1: see
+ *                             removed_failed()
  *   --rdmactl PATH            (with --server-dies K) worker 0 runs PATH ps shards, text and
  *                             --json, once the map names K failed: both must say so
  *   --dies-registering        (with --server-dies K) K dies instead as the scheduler gives
@@ -101,6 +104,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -126,7 +130,7 @@ static int S = 2, W = 2, L = 0, STEPS = 20, STALE = 1, SKEW_US = 0, REMOVE_AT = 
            EXPECT_REMOVED = -1, STANDBY = 0, AUTO_ADD = 0, WAIT_RETIRED = 0, SCHED_DIES_AT = -1,
            HANDOVER_LOST = -1, WORKER_DIES_AT = -1, RUNS = 1, TIMEOUT_MS = 30000,
            SKIP_SRV = -1, DIES_AT_START = -1, LATE_TENSOR = 0, SERVER_DIES = -1,
-           DIES_REGISTERING = 0, SURVIVORS = -1,
+           DIES_REGISTERING = 0, SURVIVORS = -1, REMOVE_FAILED = 0,
            RUN = 0; /* --runs: the job again, same name, same contexts */
 static size_t BLOCK = 4096;
 static uint32_t DELAY_US = 0;
@@ -816,6 +820,102 @@ static void late_tensor(struct cfx_context *ctx, struct cfx_ps *ps, int w)
            nb);
 }
 
+/* --remove-failed: wait (30 s at most) until this handle's map (its requests
+ * go where it says) gives removed server @p srv no block and has it retired
+ * (@p retired) or, failed, still failed. */
+static void wait_moved_off(struct cfx_ps *ps, int srv, uint32_t v, bool retired)
+{
+    struct cfx_ps_stats st;
+    uint64_t dl = now_ns() + 30000000000ull;
+    for (;;) {
+        CHECK_OK(cfx_ps_stats(ps, &st));
+        if (st.map_version >= v && !st.servers[srv].blocks &&
+            st.servers[srv].state == (retired ? CFX_PS_SERVER_RETIRED : CFX_PS_SERVER_FAILED))
+            break;
+        if (now_ns() > dl)
+            DIE("removed server %d is in state %d with %u blocks in map %u (removal: map %u) "
+                "after 30 s, with server %d failed", srv, st.servers[srv].state,
+                st.servers[srv].blocks, st.map_version, v, SERVER_DIES);
+        sched_yield();
+    }
+    printf("worker 0: map %u: server %d has no block%s\n", st.map_version, srv,
+           retired ? ", retired" : "");
+}
+
+/* --remove-failed: @p what ("pull" or "push") of every tensor; those with a
+ * block that failed server K held under map @p m must fail at once with
+ * CFX_ERR_PEER_FAILED naming K, its node and the values lost; the elements
+ * of every other block (a pull's) exact. */
+static void lost_ops(struct cfx_ps *ps, int *key, void **out, const struct ps_map *m,
+                     const char *what, const char *when)
+{
+    const int k = SERVER_DIES;
+    struct cfx_ps_stats st;
+    CHECK_OK(cfx_ps_stats(ps, &st)); /* K's node */
+    char want[2][96];
+    snprintf(want[0], sizeof(want[0]), "server %d (node %u)", k, st.servers[k].node_id);
+    snprintf(want[1], sizeof(want[1]), "values were lost");
+    bool pull = !strcmp(what, "pull");
+    int lost = 0;
+    for (int t = 0; t < NT; t++) {
+        int mt = cfx__ps_map_find(m, tname[t]);
+        if (mt < 0)
+            DIE("tensor %s is not in shard map %u", tname[t], m->version);
+        const struct ps_tensor *x = &m->tensors[mt];
+        uint32_t was_k = 0;
+        for (uint32_t b = 0; b < x->nblocks; b++)
+            was_k += m->owner[x->first_block + b] == (uint32_t)k;
+        memset(out[t], 0xee, tcount[t] * cfx_dtype_size(tdt[t]));
+        uint64_t t0 = now_ns();
+        int rc = pull ? cfx_ps_pull(ps, key[t], out[t])
+                      : cfx_ps_push(ps, key[t], out[t]); /* any gradient */
+        double secs = (double)(now_ns() - t0) / 1e9;
+        char err[512];
+        snprintf(err, sizeof(err), "%s", cfx_last_error());
+        if (!was_k && rc != CFX_OK)
+            DIE("%s of %s %s (no block of it on server %d): %s (%s)", what, tname[t], when, k,
+                cfx_errname(rc), err);
+        if (was_k && (rc != CFX_ERR_PEER_FAILED || !strstr(err, want[0]) ||
+                      !strstr(err, want[1]) || secs > TIMEOUT_MS / 4000.0))
+            DIE("%s of %s %s, %u of its blocks held by failed server %d: got %s (%s) after "
+                "%.1f s, want CFX_ERR_PEER_FAILED at once naming '%s' and '%s'", what,
+                tname[t], when, was_k, k, cfx_errname(rc), err, secs, want[0], want[1]);
+        for (size_t i = 0; pull && i < tcount[t]; i++)
+            if (m->owner[x->first_block + i / x->block_elems] != (uint32_t)k &&
+                get(out[t], tdt[t], i) != expect_closed(i, STEPS))
+                DIE("%s[%zu] (block %zu, not held by server %d) = %.9g %s, want %.9g", tname[t],
+                    i, i / x->block_elems, k, get(out[t], tdt[t], i), when,
+                    expect_closed(i, STEPS));
+        if (was_k)
+            printf("worker 0: %s of %s %s: %s\n", what, tname[t], when, err);
+        lost += was_k != 0;
+    }
+    if (!lost)
+        DIE("no tensor had a block on failed server %d: the check would be vacuous", k);
+}
+
+/* --remove-failed: failed server K removed (cfx_ps_remove_server), its
+ * blocks (the owners of map @p m say which) go to live servers, but their
+ * values went with K: a pull, a second pull, and after live server 1 was
+ * removed too (it must retire: a block with no state to wait for holds no
+ * settlement) a third pull and a push of each tensor with such a block fail
+ * at once naming K and the values lost, never waiting for a state that
+ * cannot come nor served with values that are not the tensor's. */
+static void removed_failed(struct cfx_context *ctx, struct cfx_ps *ps, int *key, void **out,
+                           const struct ps_map *m)
+{
+    const int k = SERVER_DIES;
+    uint32_t v = 0;
+    CHECK_OK(cfx_ps_remove_server(ctx, JOB, k, 20000, &v));
+    wait_moved_off(ps, k, v, false);
+    lost_ops(ps, key, out, m, "pull", "after its removal");
+    lost_ops(ps, key, out, m, "pull", "again");
+    CHECK_OK(cfx_ps_remove_server(ctx, JOB, 1, 20000, &v));
+    wait_moved_off(ps, 1, v, true);
+    lost_ops(ps, key, out, m, "pull", "after server 1's retirement");
+    lost_ops(ps, key, out, m, "push", "after server 1's retirement");
+}
+
 /* --server-dies: worker 0's final pulls of the first tensors: exact where
  * no block is on the dead server, else CFX_ERR_PEER_FAILED naming its node
  * (at least one is), with every element of the tensor's blocks on live
@@ -826,6 +926,11 @@ static void final_after_death(struct cfx_context *ctx, struct cfx_ps *ps, int *k
     struct ps_map m;
     cfx__ps_map_init(&m);
     CHECK_OK(cfx__ps_map_latest(ctx, JOB, 5000, &m));
+    if (REMOVE_FAILED) {
+        removed_failed(ctx, ps, key, out, &m);
+        cfx__ps_map_free(&m);
+        return;
+    }
     int lost = 0;
     for (int t = 0; t < NT; t++) {
         int mt = cfx__ps_map_find(&m, tname[t]);
@@ -1281,6 +1386,8 @@ int main(int argc, char **argv)
             SERVER_DIES = atoi(v), i++;
         else if (!strcmp(a, "--survivors"))
             SURVIVORS = atoi(v), i++;
+        else if (!strcmp(a, "--remove-failed"))
+            REMOVE_FAILED = 1;
         else if (!strcmp(a, "--rdmactl"))
             RDMACTL = v, i++;
         else if (!strcmp(a, "--wait-retired"))
@@ -1322,8 +1429,10 @@ int main(int argc, char **argv)
     if (SERVER_DIES >= 0 && (SERVER_DIES == 0 || SERVER_DIES >= S || !LATE_TENSOR || DEVICE ||
                              OPT != CFX_PS_OPT_SUM || CONS != CFX_PS_BSP || RUNS > 1))
         DIE("--server-dies K takes 0 < K < S, --late-tensor, BSP and SUM on host buffers");
-    if ((DIES_REGISTERING || RDMACTL) && SERVER_DIES <= 0)
-        DIE("--dies-registering and --rdmactl take --server-dies K");
+    if ((DIES_REGISTERING || RDMACTL || REMOVE_FAILED) && SERVER_DIES <= 0)
+        DIE("--dies-registering, --rdmactl and --remove-failed take --server-dies K");
+    if (REMOVE_FAILED && (SERVER_DIES == 1 || SURVIVORS >= 0 || DIES_REGISTERING || S < 3))
+        DIE("--remove-failed takes --server-dies K > 1, and removes server 1 too");
     if (SURVIVORS >= 0 && (SERVER_DIES <= 0 || SURVIVORS == 0 || SURVIVORS == SERVER_DIES ||
                            SURVIVORS >= S || DELAY_SRV != SURVIVORS || DIES_REGISTERING))
         DIE("--survivors SRV takes --server-dies K, 0 < SRV < S, SRV != K and --delay SRV:US");
