@@ -554,6 +554,7 @@ static int coll_wait_one(struct coll_exec *x, int h)
     bool ask = x->listen && !(x->dir[m->peer] & EDGE_ASKED);
     uint64_t until = ask ? CFX_MIN(x->ask_at, x->deadline) : x->deadline;
     int rc;
+    x->wait_peer = m->peer; /* what this rank waits for, should news stop the wait */
     for (;;) {
         rc = cfx__p2p_wait_stop(m->req, until, g->ids, g->size, &dead, cfx__coll_stop, x,
                                 &stopped);
@@ -576,6 +577,7 @@ static int coll_wait_one(struct coll_exec *x, int h)
     if (rc == CFX_OK) {
         cfx__p2p_free(m->req);
         m->req = NULL;
+        x->wait_peer = -1;
         return msg_done(x, m);
     }
     /* failed or timed out: left for coll_cleanup() to withdraw */
@@ -1121,6 +1123,7 @@ static int coll_refused(struct cfx_group *g, const struct coll_args *a, const ch
         .bad_rank = -1,
         .news_rank = -1,
         .gave_rank = -1,
+        .wait_peer = -1,
         .blame_rank = g->rank,
         .blame_why = rc == CFX_ERR_CANCELED ? COLL_WHY_CANCELED : COLL_WHY_REFUSED,
         .blame_via = -1,
@@ -1185,6 +1188,7 @@ int cfx__coll_run(struct cfx_group *g, const struct coll_args *a)
     x.blame_rank = -1;
     x.blame_via = -1;
     x.gave_rank = -1;
+    x.wait_peer = -1;
     x.listen = g->check == COLL_CHECK_EDGES && g->size > 1 && g->chan_chk; /* not while joining */
     x.edges = x.listen && a->kind != COLL_BARRIER;
     if (x.listen) {

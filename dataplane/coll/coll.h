@@ -334,6 +334,7 @@ struct coll_exec {
     int blame_via;              /* the rank that told us, -1 */
     int32_t blame_status;       /* its status of the call, 0: ours */
     int gave_rank;              /* a rank whose news that it gave up the call stopped a wait */
+    int wait_peer;              /* the rank of the message a wait is for now, -1 */
     bool gave_told;             /* our news went to our edges (or every rank) */
     bool sched_unknown;         /* no schedule: refused arguments that name none; the news
                                  * goes to every rank */

@@ -925,7 +925,9 @@ void cfx__coll_ask(struct coll_exec *x, int peer)
  *     earliest first): "rank 2 (node 3) died (...)", whatever message failed;
  *   - the peer's news of another cause: "rank 3 (node 1) gave up the call
  *     because of another failure: rank 3 (node 1) waited for rank 2 (node 3)
- *     until its deadline";
+ *     until its deadline"; news that the peer waited for this very rank
+ *     names what this rank was waiting for itself (gave_fail()), since
+ *     this rank is not the one missing;
  *   - the peer's news of an error of its own (refused arguments, a cancel,
  *     a failure of its own): "rank 0 (node 1) gave the call up on an error
  *     of its own (CFX_ERR_INVALID; its own error says which)";
@@ -1134,6 +1136,20 @@ static int gave_fail(struct coll_exec *x)
                         "(rank %d (node %u) gave up the call because of it)", x->what,
                         x->a->seq, g->rank, n.bad_rank, g->ids[n.bad_rank],
                         why_gone[n.f.why], p, g->ids[p]);
+    const int w = x->wait_peer;
+    if (n.f.why == COLL_WHY_TIMEOUT && n.bad_rank == g->rank && w >= 0 && w != p) {
+        /* "rank p waited for this rank until its deadline": this rank was
+         * waiting itself, for rank w, which is the rank to name (it would
+         * say that this rank was the one missing); passed on as our wait */
+        x->blame_rank = w;
+        x->blame_why = COLL_WHY_TIMEOUT;
+        x->blame_via = -1;
+        x->blame_status = CFX_ERR_TIMEOUT;
+        return cfx__err(CFX_ERR_TIMEOUT, "%s #%" PRIu32 ": rank %d waited for rank %d (node %u) "
+                        "when rank %d (node %u), which waited for rank %d, gave the call up at "
+                        "its deadline", x->what, x->a->seq, g->rank, w, g->ids[w], p,
+                        g->ids[p], g->rank);
+    }
     char cause[192];
     cause_text(g, p, &n, cause, sizeof(cause));
     if (news_own(&n, p))

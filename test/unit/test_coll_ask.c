@@ -311,6 +311,63 @@ Test(coll_ask, a_timeout_travels_round_the_ring, .timeout = 60)
     news_run(NEWS_RING_TIMEOUT, "news_timeout");
 }
 
+/* ---- news that the rank waiting for this one gave up at its deadline ------------- */
+
+#define BLAME_RANKS 3
+static pthread_barrier_t blame_bar;
+static size_t blame_count;
+
+/* A chain reduce to rank 0 that rank 2 never calls: rank 0 gives up at its
+ * deadline (300 ms) and tells rank 1, the rank it waited for, which was
+ * itself waiting for rank 2 (20 s).  Rank 1's error names rank 2, the
+ * rank missing, with CFX_ERR_TIMEOUT.  It said "rank 0 waited for rank 1
+ * until its deadline", blaming itself, and no rank's error named rank 2. */
+static int body_blame(struct rank_run *rr)
+{
+    static float in[BLAME_RANKS][100000], out[BLAME_RANKS][100000];
+    const int me = rr->rank;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_ALGO | CFX_COLL_PARAM_TIMEOUT,
+                                 .algo = CFX_ALGO_CHAIN, .timeout_ms = me == 0 ? 300 : 20000 };
+    int rc = CFX_OK;
+    if (me != 2)
+        rc = cfx_group_reduce(rr->g, in[me], out[me], blame_count, CFX_DTYPE_F32, CFX_OP_SUM,
+                              0, &p);
+    char why[512], want[160], line[1024];
+    snprintf(why, sizeof(why), "%s", cfx_last_error());
+    pthread_barrier_wait(&blame_bar); /* rank 2 stays until the others are out */
+    if (me == 2)
+        return CFX_OK;
+    const uint32_t *ids = rr->g->ids;
+    if (me == 0)
+        snprintf(want, sizeof(want), "rank 0 waited for rank 1 (node %u): timed out", ids[1]);
+    else
+        snprintf(want, sizeof(want), "rank 1 waited for rank 2 (node %u) when rank 0 (node %u), "
+                 "which waited for rank 1, gave the call up", ids[2], ids[0]);
+    if (rc == CFX_ERR_TIMEOUT && strstr(why, want))
+        return CFX_OK;
+    snprintf(line, sizeof(line), "%s, wanted CFX_ERR_TIMEOUT with \"%s\": %s", cfx_errname(rc),
+             want, why);
+    return fail(rr, line);
+}
+
+static void blame_run(const char *tps, size_t count)
+{
+    struct rank_run rr[BLAME_RANKS];
+    blame_count = count;
+    pthread_barrier_init(&blame_bar, NULL, BLAME_RANKS);
+    up(tps, BLAME_RANKS);
+    run_ranks(BLAME_RANKS, "blame", 20000, body_blame, rr);
+    pthread_barrier_destroy(&blame_bar);
+    all_ok(BLAME_RANKS, rr);
+    down(BLAME_RANKS);
+}
+
+Test(coll_ask, a_rank_told_it_was_waited_for_names_the_rank_it_waits_for, .timeout = 60)
+{
+    blame_run("tcp", 16);     /* eager messages */
+    blame_run("shm", 100000); /* rendezvous segments */
+}
+
 /* The edges the news follows (coll_peers.c), for every schedule, group size
  * 2 .. 40, root and a few counts: symmetric (a rank tells the ranks that
  * wait on it) and connected (passed on, it reaches every rank). */
