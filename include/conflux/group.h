@@ -12,9 +12,14 @@
  * have written its buffer.  With CFX_COLL_CHECK=2 every rank fails in the
  * same call and a failed in-place call has written nothing, at the cost of
  * a barrier per call (docs/COLLECTIVES.md, "Argument check").  After such a
- * failure the group stays usable.  Every blocking call has a deadline (the
- * group's timeout unless a call's params say otherwise) and fails with
- * CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming the rank it waited for.
+ * failure the group stays usable.  By default a rank waiting for a rank of
+ * the other opinion that already left the call so (a gather's or reduce's
+ * root waiting for a rank that took another rank for the root and sent
+ * there) is not told: it fails at its deadline with CFX_ERR_TIMEOUT naming
+ * that rank, as for a rank that never came.  Every blocking call has a
+ * deadline (the group's timeout unless a call's params say otherwise) and
+ * fails with CFX_ERR_TIMEOUT or CFX_ERR_PEER_FAILED naming the rank it
+ * waited for.
  *
  * A rank whose process was stopped (SIGSTOP) or cut off past the
  * coordinator's heartbeat deadline is declared dead: the other ranks' calls
@@ -72,8 +77,9 @@ enum cfx_group_param_field {
 struct cfx_group_params {
     uint64_t field_mask;   /* which fields are set (CFX_GROUP_PARAM_*); a bit this
                               library does not know: CFX_ERR_UNSUPPORTED */
-    const char *name;      /* group name, unique among live groups; default (also
-                              when NULL) "world" */
+    const char *name;      /* group name, 1 to 127 bytes (else CFX_ERR_INVALID), unique
+                              among the context's live groups; default (also when
+                              NULL) "world" */
     int rank;              /* this process's rank; default from the environment */
     int size;              /* number of ranks; default from the environment */
     int timeout_ms;        /* default deadline of the group's calls, >= 1 (else
@@ -106,7 +112,10 @@ CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_par
 
 /** Leave the group and free it; NULL is a no-op.  Its non-blocking calls
  * still queued or running are canceled first (their requests end with
- * CFX_ERR_CANCELED, still to be freed; the other ranks are told).  May come
+ * CFX_ERR_CANCELED, still to be freed; the other ranks are told).  A
+ * blocking call of the group on another thread is not: the group is used
+ * by one thread at a time (top of this file), and a destroy during such a
+ * call frees what the call still uses (the process may crash).  May come
  * after cfx_context_destroy() of its context, or race with it on another
  * thread (the context then does the leaving, this frees the memory); the
  * group's calls fail with CFX_ERR_CANCELED once that destroy has begun. */
