@@ -1121,6 +1121,10 @@ static int ctl_reconnect(struct cfx_ctl *ctl)
     }
     /* puts sent on the lost connection will have no answer */
     aput_answered(ctl, UINT64_MAX, CFX_OK, "");
+    /* the owner answers to the id it rejoined with before anything it sends
+     * from now on can name this node to a peer */
+    if (ctl->on_rejoined)
+        ctl->on_rejoined(ctl->arg);
     pthread_mutex_lock(&ctl->lock);
     ctl->broken = 0;
     ctl->lost_ns = 0;
@@ -1197,6 +1201,7 @@ int cfx__ctl_open(const struct cfx_ctl_params *params, struct cfx_ctl **out)
     ctl->on_node_dead = params->on_node_dead;
     ctl->on_node_left = params->on_node_left;
     ctl->on_reconnected = params->on_reconnected;
+    ctl->on_rejoined = params->on_rejoined;
     ctl->on_obj_gone = params->on_obj_gone;
     ctl->on_put_answer = params->on_put_answer;
     ctl->on_task_run = params->on_task_run;

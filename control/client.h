@@ -253,6 +253,14 @@ struct cfx_ctl_params {
      * re-announces what it holds, but not from this thread (the replies are
      * read here): hand off to another thread.  May be NULL. */
     void (*on_reconnected)(void *arg);
+    /* Called from the client thread as a NODE client's rejoin succeeded,
+     * before the calls that waited for the reconnection go on (and before
+     * on_reconnected): the owner takes cfx__ctl_node_id() as its id now (a
+     * new one when the coordinator did not give the old back), so that a
+     * peer that learns the new id from what this node sends next does not
+     * find it still answering to the old one.  Same rules as on_node_dead.
+     * May be NULL. */
+    void (*on_rejoined)(void *arg);
     /* Called from the client thread when the directory withdrew object @p id
      * that this node holds (a copy, or part of one): its putter deleted it or
      * it went with its last complete copy.  The client acknowledges the

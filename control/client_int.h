@@ -54,6 +54,7 @@ struct cfx_ctl {
     void (*on_node_dead)(void *arg, uint32_t node_id);
     void (*on_node_left)(void *arg, uint32_t node_id);
     void (*on_reconnected)(void *arg);
+    void (*on_rejoined)(void *arg);
     void (*on_obj_gone)(void *arg, const struct cfx_object_id *id);
     void (*on_put_answer)(void *arg, const struct cfx_object_id *id, int status,
                           const char *why);

@@ -655,6 +655,7 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .on_node_dead = on_node_dead,
         .on_node_left = on_node_left,
         .on_reconnected = on_reconnected,
+        .on_rejoined = cfx__reannounce_on_rejoined,
         .on_put_answer = on_put_answer,
         .on_obj_gone = on_obj_gone,
         .on_task_run = cfx__task_on_run,

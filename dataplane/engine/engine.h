@@ -1062,8 +1062,7 @@ struct cfx_context {
     uint64_t reduce_id_checks;  /* reduces that found their result's id free (tests wait on it) */
     uint64_t deletes_done;      /* cfx_delete calls that returned */
     bool reannounce_hold;       /* test hook CFX_REANNOUNCE_TEST_HOLD (reannounce.c) */
-    bool test_cmd_nomem;        /* test hook: cfx__cmd_must() runs every command inline, as
-                                   with no memory for it (test_p2p_cancel) */
+    bool test_cmd_nomem;        /* test hook: cfx__cmd_must() inline, as if out of memory */
     uint32_t test_stall;        /* test hook CFX_XFER_TEST_STALL: each upload stops after
                                    this many chunks (0: off; xfer.c) */
     char test_connect_break[CFX_TP_NAME_MAX]; /* test hook CFX_TEST_CONNECT_BREAK (conn.c):
@@ -1080,8 +1079,9 @@ struct cfx_context {
 
 /* reannounce.c: after the coordinator client reconnected (a restarted
  * coordinator knows no objects), announce again every complete object this
- * node holds, from a thread of its own.  on_reconnected runs on the client
- * thread; stop joins that thread (call before cfx__ctl_close). */
+ * node holds, from a thread of its own.  on_rejoined (the id taken) and on_reconnected
+ * run on the client thread; stop joins that thread (call before cfx__ctl_close). */
+void cfx__reannounce_on_rejoined(void *arg);
 void cfx__reannounce_on_reconnected(void *arg);
 void cfx__reannounce_stop(struct cfx_context *ctx);
 

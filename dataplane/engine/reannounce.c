@@ -41,7 +41,8 @@
  * connection lost, or the coordinator restarting) never hears it.  So after
  * every rejoin the thread asks the coordinator about every peer this node
  * deals with and has not heard gone (connections, messages posted to or
- * from it, traffic counted with it, connections that ended: known_peers),
+ * from it, traffic counted with it, connections that ended: known_peers,
+ * taken on the client thread as the rejoin succeeds, with the new id),
  * one NODE_GET each.  One not alive, or not known any more (forgotten after
  * its dead_keep_ms, or not back by the end of its rejoin window after a
  * restart), is handed to the progress thread as its event would have been
@@ -71,6 +72,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct peers {
+    uint32_t *ids;
+    size_t n, cap;
+};
+
 struct cfx_reannounce {
     struct cfx_context *ctx;
     pthread_mutex_t mu;
@@ -79,6 +85,8 @@ struct cfx_reannounce {
     bool started;       /* thread running */
     bool pending;       /* a reconnect not announced for yet */
     bool stop;          /* context being destroyed */
+    bool moved;         /* a rejoin since the last round gave this node a new id */
+    struct peers peers; /* the peers to ask about, taken as the id changed or kept */
 };
 
 /* ctx->reannounce once the context is being destroyed (never written). */
@@ -131,11 +139,6 @@ static bool adopt_node_id(struct cfx_context *ctx)
     pthread_cond_broadcast(&ctx->obj_cond);
     return true;
 }
-
-struct peers {
-    uint32_t *ids;
-    size_t n, cap;
-};
 
 static void peers_add(struct peers *p, uint32_t id)
 {
@@ -329,11 +332,13 @@ static void announce_all(struct cfx_context *ctx, struct cfx_reannounce *ra)
 {
     size_t n = 0, done = 0, gone = 0;
 
-    pthread_mutex_lock(&ctx->lock);
-    /* taken before the id, and with it ctx->eager_gone, changes */
-    struct peers peers = known_peers(ctx);
-    bool moved = adopt_node_id(ctx);
-    pthread_mutex_unlock(&ctx->lock);
+    /* taken at the rejoin, as the id changed (cfx__reannounce_on_rejoined) */
+    pthread_mutex_lock(&ra->mu);
+    struct peers peers = ra->peers;
+    bool moved = ra->moved;
+    ra->peers = (struct peers){ 0 };
+    ra->moved = false;
+    pthread_mutex_unlock(&ra->mu);
     if (moved) {
         ask_peers(ctx, ra, &peers);
         peers.n = 0;
@@ -421,31 +426,74 @@ static void *reannounce_thread(void *arg)
     return NULL;
 }
 
-void cfx__reannounce_on_reconnected(void *arg)
+/* ctx->reannounce, made on the first rejoin (ctx->lock held); NULL once
+ * the context is being destroyed, or out of memory. */
+static struct cfx_reannounce *ra_of(struct cfx_context *ctx)
 {
-    struct cfx_context *ctx = arg;
-    struct cfx_reannounce *ra;
-
-    pthread_mutex_lock(&ctx->lock);
-    ra = ctx->reannounce;
-    if (ra == &reannounce_closed) {
-        pthread_mutex_unlock(&ctx->lock);
-        return;
-    }
+    struct cfx_reannounce *ra = ctx->reannounce;
+    if (ra == &reannounce_closed)
+        return NULL;
     if (!ra) {
         ra = calloc(1, sizeof(*ra));
         if (!ra) {
-            pthread_mutex_unlock(&ctx->lock);
             CFX_LOG(ERR, CTL, "node %u: out of memory: objects not re-announced",
                     ctx->node_id);
-            return;
+            return NULL;
         }
         ra->ctx = ctx;
         pthread_mutex_init(&ra->mu, NULL);
         pthread_cond_init(&ra->cond, NULL);
         ctx->reannounce = ra;
     }
+    return ra;
+}
+
+/*
+ * The client thread, as the rejoin succeeded and before the calls waiting
+ * for it go on: the node answers to its new id from now on.  It took it on
+ * the re-announce thread before, so a peer that learnt the new id from a
+ * put this node made at once (a task's result) could connect while the
+ * data plane still proved the old one, be refused ("does not prove the
+ * cluster token for the node id it claims"), and its get wait for another
+ * holder until its deadline.  The peers to ask about are taken first, as
+ * adopting the id forgets which connections ended meanwhile.
+ */
+void cfx__reannounce_on_rejoined(void *arg)
+{
+    struct cfx_context *ctx = arg;
+
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_reannounce *ra = ra_of(ctx);
+    if (!ra) {
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+    }
+    struct peers p = known_peers(ctx);
+    bool moved = adopt_node_id(ctx);
+    pthread_mutex_lock(&ra->mu);
+    /* a round not yet run for an earlier rejoin asks about its peers too */
+    for (size_t i = 0; i < p.n; i++) {
+        size_t k = 0;
+        while (k < ra->peers.n && ra->peers.ids[k] != p.ids[i])
+            k++;
+        if (k == ra->peers.n) /* each asked about once */
+            peers_add(&ra->peers, p.ids[i]);
+    }
+    ra->moved = ra->moved || moved;
+    pthread_mutex_unlock(&ra->mu);
     pthread_mutex_unlock(&ctx->lock);
+    free(p.ids);
+}
+
+void cfx__reannounce_on_reconnected(void *arg)
+{
+    struct cfx_context *ctx = arg;
+
+    pthread_mutex_lock(&ctx->lock);
+    struct cfx_reannounce *ra = ra_of(ctx);
+    pthread_mutex_unlock(&ctx->lock);
+    if (!ra)
+        return;
 
     pthread_mutex_lock(&ra->mu);
     ra->pending = true;
@@ -491,5 +539,6 @@ void cfx__reannounce_stop(struct cfx_context *ctx)
     }
     pthread_cond_destroy(&ra->cond);
     pthread_mutex_destroy(&ra->mu);
+    free(ra->peers.ids);
     free(ra);
 }

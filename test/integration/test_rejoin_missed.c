@@ -388,6 +388,83 @@ static void peer_gone_across_restart(const char *tp)
     down(3);
 }
 
+/* ---- the new id taken before the calls go on --------------------------------------- */
+
+struct waiting_call {
+    struct cfx_context *ctx;
+    uint32_t peer;
+    int rc;
+    bool done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+/* A control call that waits for @p arg's node to rejoin. */
+static void *waiting_call_main(void *arg)
+{
+    struct waiting_call *w = arg;
+    struct cfx_node_rec rec;
+    int rc = cfx__ctl_node_get(w->ctx->ctl, w->peer, &rec, cfx__deadline_ns(CALL_MS));
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->done = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/*
+ * A rejoin under a new id: the calls that waited for it go on only once the
+ * data plane answers to the new id.  It took it on the re-announce thread,
+ * after they went on: a task's result that A put at once was looked up
+ * under the new id by a peer, whose connection A refused ("does not prove
+ * the cluster token for the node id it claims", the proof being bound to
+ * A's old id), and the peer's get waited for another holder until its
+ * deadline.  Here A's context lock is held while A rejoins, so the id
+ * cannot be taken: a control call waiting for the rejoin must not return
+ * meanwhile.  It did (the id still the old one) before.
+ */
+static void new_id_before_calls(const char *tp)
+{
+    up(tp, 2);
+    struct cfx_context *a = ctxs[0];
+    struct waiting_call w = { .ctx = a, .peer = ctxs[1]->node_id };
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    const uint32_t was = a->node_id;
+    pthread_t th;
+
+    cut_off(a, 1);
+    cr_assert_eq(pthread_create(&th, NULL, waiting_call_main, &w), 0);
+    pthread_mutex_lock(&a->lock);
+    cfx__ctl_test_hold_reconnect(a->ctl, false);
+    /* the client rejoins at once (its attempt waited for the hold), then needs
+     * the lock held here before the call may go on: it did not go on within
+     * 2 s (before: at once) */
+    uint64_t dl = cfx__deadline_ns(2000);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done && cfx__now_ns() < dl)
+        cfx__cond_wait_until(&w.cv, &w.mu, dl);
+    const bool went = w.done;
+    pthread_mutex_unlock(&w.mu);
+    const uint32_t then = a->node_id;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert(!went, "a call that waited for the rejoin went on while the data plane still "
+              "answered to node %u (the coordinator gave node %u)", then,
+              cfx__ctl_node_id(a->ctl));
+    pthread_join(th, NULL);
+    cr_assert_eq(w.rc, CFX_OK, "%s", cfx_last_error());
+    pthread_mutex_lock(&a->lock);
+    const uint32_t now = a->node_id;
+    pthread_mutex_unlock(&a->lock);
+    cr_assert_neq(now, was, "node %u did not rejoin under a new id", was);
+    cr_assert_eq(now, cfx__ctl_node_id(a->ctl));
+    message(ctxs[1], a, 1); /* the peer reaches it under the new id */
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    down(2);
+}
+
 /* Test @p name_tcp and @p name_shm: @p fn over that transport. */
 #define ON_TCP_AND_SHM(name, fn)                     \
     Test(rejoin_missed, name##_tcp, .timeout = 40) \
@@ -404,3 +481,4 @@ ON_TCP_AND_SHM(a_receive_from_a_peer_killed_meanwhile_fails_at_once, peer_killed
 ON_TCP_AND_SHM(a_get_from_a_peer_declared_dead_meanwhile_fails_at_once, peer_dead_get)
 ON_TCP_AND_SHM(a_receive_from_a_peer_gone_across_a_restart_fails_the_id_kept,
                peer_gone_across_restart)
+ON_TCP_AND_SHM(a_rejoin_takes_its_new_id_before_the_waiting_calls_go_on, new_id_before_calls)
