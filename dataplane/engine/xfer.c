@@ -666,20 +666,20 @@ void cfx__xfer_upload_abort(struct cfx_context *ctx, struct cfx_upload *up)
     upload_maybe_done(ctx, up);
 }
 
-static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
+/* Post @p up's chunks while it has credits and chunks to send: CFX_OK (the
+ * rest waits for credits, room or its pace), or a write's failure. */
+static int upload_post(struct cfx_context *ctx, struct cfx_upload *up)
 {
     struct cfx_obj *obj = up->obj;
     struct cfx_conn *conn = up->conn;
     const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
     struct cfx_tp_mr *mr = obj->mr[conn->tp];
 
-    if (up->busy || up->canceled || up->aborted || conn->state != CFX_CONN_READY)
-        return;
     while (up->credits && up->next < up->end &&
            (obj->complete || up->next < obj->ready_chunks ||
             (obj->serve_landed && (obj->bitmap[up->next / 64] >> (up->next % 64)) & 1))) {
         if (unlikely(ctx->test_stall) && up->next - up->first >= ctx->test_stall)
-            return; /* test hook: a holder that stalls mid-transfer */
+            return CFX_OK; /* test hook: a holder that stalls mid-transfer */
         uint64_t off = (uint64_t)up->next * obj->chunk_size;
         size_t len = (size_t)CFX_MIN((uint64_t)obj->chunk_size, obj->size - off);
         if (unlikely(ctx->cfg.upload_rate)) {
@@ -688,7 +688,7 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
             if (now < up->next_send_ns) {
                 up->busy = up->paced = true;
                 cfx_list_add_tail(&up->busy_link, &ctx->paced_uploads);
-                return;
+                return CFX_OK;
             }
             up->next_send_ns = CFX_MAX(now, up->next_send_ns) +
                                (uint64_t)len * 1000000000ull / ctx->cfg.upload_rate;
@@ -700,18 +700,34 @@ static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
         if (rc == CFX_ERR_AGAIN) {
             up->busy = true;
             cfx_list_add_tail(&up->busy_link, &ctx->busy_uploads);
-            return;
+            return CFX_OK;
         }
-        if (unlikely(rc != CFX_OK)) {
-            cfx__conn_fail(conn, rc, "write failed");
-            return;
-        }
+        if (unlikely(rc != CFX_OK))
+            return rc;
         up->next++;
         up->credits--;
         up->inflight++;
         ctx->stats.bytes_sent += len;
         cfx__conn_count(conn, true, len);
     }
+    return CFX_OK;
+}
+
+static void upload_serve(struct cfx_context *ctx, struct cfx_upload *up)
+{
+    struct cfx_conn *conn = up->conn;
+    const struct cfx_transport_ops *ops = ctx->tp[conn->tp].ops;
+
+    if (up->busy || up->canceled || up->aborted || conn->state != CFX_CONN_READY)
+        return;
+    /* the chunks that may go now leave together (tcp: one sendmsg of up to
+     * 32 frames; one per chunk cost a 1 MiB message 16 system calls) */
+    bool batch = cfx__tp_ep_batch(ops, conn->ep, true) == CFX_OK;
+    int rc = upload_post(ctx, up);
+    if (batch)
+        cfx__tp_ep_batch(ops, conn->ep, false);
+    if (unlikely(rc != CFX_OK))
+        cfx__conn_fail(conn, rc, "write failed");
 }
 
 /*
