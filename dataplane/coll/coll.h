@@ -465,11 +465,11 @@ int cfx__coll_check(struct cfx_group *g, const struct coll_args *a, const char *
 int cfx__coll_run(struct cfx_group *g, const struct coll_args *a);
 
 /*
- * This rank's node rejoined under another id (group.c "a rank that came
- * back as another node"): the coordinator declared it dead (stopped or cut
- * off past its heartbeat deadline) and the other ranks dropped it, or a
- * restarted coordinator did not give its id back; either way they know
- * nothing of the new id, and the group is unusable from this rank.
+ * group_moved.c: this rank's node rejoined under another id (the comment
+ * there): the coordinator declared it dead (stopped or cut off past its
+ * heartbeat deadline) and the other ranks dropped it, or a restarted
+ * coordinator did not give its id back; either way they know nothing of
+ * the new id, and the group is unusable from this rank.
  * cfx__group_moved(): whether that happened (any thread, any lock; false
  * in a group of one).  cfx__group_moved_err(): CFX_ERR_PEER_FAILED saying
  * so, for call @p what.  cfx__group_moved_wait(): after a message of a call
