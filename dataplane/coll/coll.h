@@ -246,7 +246,21 @@ struct cfx_group {
     /* the context's destroy may come first (context.c "handles") */
     struct cfx_ctx_user user;   /* attached to ctx->users while the group lives */
     bool orphan;                /* its context was destroyed: calls fail (lock) */
+
+    /* the group's own destroy during calls on other threads (group.c
+     * "calls in flight"): lock */
+    unsigned calls;             /* public calls between group_enter() and group_leave() */
+    bool closing;               /* destroy has begun: new calls fail, running ones stop
+                                 * (set atomically: read under other locks and by the
+                                 * calls' interruptible waits, cfx__intr_flag()) */
+    pthread_cond_t calls_cond;  /* calls reached 0 while closing */
 };
+
+/* Whether the group's destroy has begun (any lock, or none). */
+static inline bool cfx__group_closing(const struct cfx_group *g)
+{
+    return __atomic_load_n(&g->closing, __ATOMIC_ACQUIRE);
+}
 
 /* An outstanding message of the running collective. */
 struct coll_msg {

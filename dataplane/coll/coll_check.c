@@ -626,8 +626,10 @@ bool cfx__coll_stop(void *arg)
 {
     struct coll_exec *x = arg;
     /* ctx->lock held, as the canceler sets it; or the blocking call's
-     * interrupt (on the caller's thread, the only one it stops) */
-    if ((x->a->req && x->a->req->cancel) || (!x->a->req && cfx__intr_fired())) {
+     * interrupt (on the caller's thread, the only one it stops); or the
+     * group's destroy on another thread (group.c "calls in flight") */
+    if ((x->a->req && x->a->req->cancel) || (!x->a->req && cfx__intr_fired()) ||
+        cfx__group_closing(x->g)) {
         x->canceled = true;
         return true;
     }
@@ -861,6 +863,9 @@ int cfx__coll_stopped(struct coll_exec *x)
         x->blame_why = COLL_WHY_CANCELED;
         x->blame_via = -1;
         x->blame_status = CFX_ERR_CANCELED;
+        if (cfx__group_closing(x->g))
+            return cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": canceled while it ran: group "
+                            "%s was destroyed", x->what, x->a->seq, x->g->name);
         return cfx__err(CFX_ERR_CANCELED, "%s #%" PRIu32 ": canceled while it ran (%s)",
                         x->what, x->a->seq, x->a->req ? "its request was freed, or its group "
                         "destroyed" : "interrupted on its thread");

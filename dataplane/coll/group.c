@@ -634,13 +634,15 @@ static void *group_thread(void *arg)
 
 /* Take the next sequence number for @p a and wait until the calls queued
  * before have run (each within its deadline).  The thread's interrupt check
- * runs meanwhile: one that fires cancels the call as a freed request of a
- * queued call is canceled.  It cannot simply leave, since it holds its
- * place in the sequence the other ranks run (the next call would pair with
- * their this one), nor tell them now, ahead of the calls before it: a copy
- * of its arguments, refused, goes to the queue's end, and the group's thread
- * tells the others in its turn (coll.c coll_refused), touching no buffer.
- * With no memory for the copy the wait goes on, uninterrupted. */
+ * runs meanwhile: one that fires (or the group's destroy on another thread)
+ * cancels the call as a freed request of a queued call is canceled.  It
+ * cannot simply leave, since it holds its place in the sequence the other
+ * ranks run (the next call would pair with their this one), nor tell them
+ * now, ahead of the calls before it: a copy of its arguments, refused, goes
+ * to the queue's end, and the group's thread tells the others in its turn
+ * (coll.c coll_refused), touching no buffer.  With no memory for the copy
+ * the wait goes on, uninterrupted (a destroy cancels the calls before it,
+ * and the call then stops at its first wait). */
 static int wait_turn(struct cfx_group *g, struct coll_args *a)
 {
     const char *what = cfx__coll_kind_name(a->kind);
@@ -667,11 +669,13 @@ static int wait_turn(struct cfx_group *g, struct coll_args *a)
         c->rbuf = NULL;
         c->req = NULL;
         c->device = -1;
-        c->refused = cfx__err(CFX_ERR_CANCELED, "group %s %s #%" PRIu32 ": interrupted on its "
-                              "thread while it waited for %zu call%s queued before it (a "
-                              "non-blocking call, or one given up as this one; it never ran, "
-                              "and the other ranks are told in its turn)", g->name, what,
-                              a->seq, before, before == 1 ? "" : "s");
+        c->refused = cfx__err(CFX_ERR_CANCELED, "group %s %s #%" PRIu32 ": %s while it "
+                              "waited for %zu call%s queued before it (a non-blocking call, or "
+                              "one given up as this one; it never ran, and the other ranks are "
+                              "told in its turn)", g->name, what, a->seq,
+                              cfx__group_closing(g) ? "the group was destroyed"
+                                                    : "interrupted on its thread",
+                              before, before == 1 ? "" : "s");
         rc = c->refused;
         cfx_list_add_tail(&c->link, &g->queue); /* the thread runs: the queue is not empty */
         pthread_cond_broadcast(&g->cond);
@@ -682,20 +686,50 @@ static int wait_turn(struct cfx_group *g, struct coll_args *a)
 }
 
 /*
- * A call on the group counts as a call on its context (cfx__ctx_enter()),
- * so that the context's destroy waits for it to leave.  Entered under
- * g->lock: the destroy marks the group an orphan under that lock before it
- * frees the context, so g->ctx is alive here unless g->orphan.
+ * Calls in flight.  A call on the group counts as a call on its context
+ * (cfx__ctx_enter()), so that the context's destroy waits for it to leave,
+ * and as one of the group's own (g->calls), so that the group's destroy on
+ * another thread does: it marks the group closing, which fails new calls
+ * at once and stops the running ones at their next wake-up as their
+ * thread's interrupt check would (cfx__intr_flag(): the waits of
+ * wait_turn(), of cfx_group_send/recv and of a collective, whose stop
+ * predicate cfx__coll_stop() looks at it too), wakes what they sleep on,
+ * and waits for them to leave before it frees anything (group_close()).
+ * The other ranks hear of a stopped collective as of an interrupted one.
+ * Entered under g->lock: the context's destroy marks the group an orphan
+ * under that lock before it frees the context, so g->ctx is alive here
+ * unless g->orphan.
  */
+static int group_enter_locked(struct cfx_group *g, const char *what)
+{
+    int rc = cfx__group_closing(g) ? cfx__err(CFX_ERR_CANCELED, "%s: group %s was destroyed",
+                                              what, g->name)
+             : g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was "
+                                    "destroyed", what, g->name)
+                         : cfx__ctx_enter(g->ctx, what);
+    if (rc == CFX_OK)
+        g->calls++;
+    return rc;
+}
+
 static int group_enter(struct cfx_group *g, const char *what)
 {
     if (cfx__fork_gen() != g->fork_gen) /* before any lock: a parent's thread may hold it */
         return cfx__err(CFX_ERR_INVALID, "%s: group %s was created before this process "
                         "forked: a child creates its own context and groups", what, g->name);
     pthread_mutex_lock(&g->lock);
-    int rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed",
-                                  what, g->name)
-                       : cfx__ctx_enter(g->ctx, what);
+    int rc = group_enter_locked(g, what);
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
+/* The call leaves with @p rc; the group may be freed once it returns. */
+static int group_leave(struct cfx_group *g, int rc)
+{
+    rc = cfx__ctx_leave(g->ctx, rc);
+    pthread_mutex_lock(&g->lock);
+    if (--g->calls == 0 && cfx__group_closing(g))
+        pthread_cond_broadcast(&g->calls_cond);
     pthread_mutex_unlock(&g->lock);
     return rc;
 }
@@ -709,13 +743,15 @@ static int run_blocking(struct cfx_group *g, struct coll_args *a)
     if (rc != CFX_OK)
         return rc;
     cfx__intr_begin();
+    const bool *was = cfx__intr_flag(&g->closing);
     rc = wait_turn(g, a);
     if (rc == CFX_OK)
         rc = cfx__coll_run(g, a);
+    cfx__intr_flag(was);
     cfx__intr_end();
     if (rc == CFX_OK)
         cfx__err_clear(); /* a wait that ran long and then succeeded left its text */
-    return cfx__ctx_leave(g->ctx, rc);
+    return group_leave(g, rc);
 }
 
 static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_request **req)
@@ -756,8 +792,8 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     if (cfx__group_moved(g)) { /* nobody to tell: fails here, queued nowhere */
         char call[32];
         snprintf(call, sizeof(call), "i%s", what);
-        return cfx__ctx_leave(ctx, refused != CFX_OK ? cfx__err(refused, "%s", why)
-                                                     : cfx__group_moved_err(g, call));
+        return group_leave(g, refused != CFX_OK ? cfx__err(refused, "%s", why)
+                                                : cfx__group_moved_err(g, call));
     }
     struct coll_args *a = malloc(sizeof(*a));
     if (a) {
@@ -769,11 +805,11 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     if (!a || (refused == CFX_OK && !a->req)) {
         free(a);
         if (refused == CFX_OK)
-            return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
+            return group_leave(g, cfx__err(CFX_ERR_NOMEM, "i%s: out of memory", what));
         pthread_mutex_lock(&g->lock);
         g->next_seq++;
         pthread_mutex_unlock(&g->lock);
-        return cfx__ctx_leave(ctx, cfx__err(refused, "%s", why));
+        return group_leave(g, cfx__err(refused, "%s", why));
     }
     pthread_mutex_lock(&g->lock);
     if (!g->thread_started) {
@@ -784,11 +820,11 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
             struct cfx_request *r = a->req;
             free(a);
             if (refused != CFX_OK)
-                return cfx__ctx_leave(ctx, cfx__err(refused, "%s", why));
+                return group_leave(g, cfx__err(refused, "%s", why));
             cfx__request_complete(r, CFX_ERR_NO_RESOURCE, 0);
             cfx_request_free(r);
-            return cfx__ctx_leave(ctx, cfx__err(CFX_ERR_NO_RESOURCE,
-                                                "i%s: cannot start the group's thread", what));
+            return group_leave(g, cfx__err(CFX_ERR_NO_RESOURCE,
+                                           "i%s: cannot start the group's thread", what));
         }
         g->thread_started = true;
         pthread_setname_np(g->thread, "cfx-group");
@@ -801,7 +837,7 @@ static int run_nb(struct cfx_group *g, const struct coll_args *tmpl, struct cfx_
     cfx_list_add_tail(&a->link, &g->queue);
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->lock);
-    return cfx__ctx_leave(ctx, refused == CFX_OK ? CFX_OK : cfx__err(refused, "%s", why));
+    return group_leave(g, refused == CFX_OK ? CFX_OK : cfx__err(refused, "%s", why));
 }
 
 /* ---- create / destroy -------------------------------------------------------------- */
@@ -885,6 +921,7 @@ static int group_create(struct cfx_context *ctx, const struct cfx_group_params *
     cfx__cond_init_mono(&g->split_cond);
     cfx_list_init(&g->split_rx);
     pthread_cond_init(&g->cond, NULL);
+    cfx__cond_init_mono(&g->calls_cond);
     if ((rc = epoch_take(ctx->joined_id, g->name, &g->epoch)) != CFX_OK) {
         rc = rc == CFX_ERR_EXISTS
                  ? cfx__err(rc, "group %s already exists on node %u: destroy it before "
@@ -964,6 +1001,7 @@ err_withdraw: {
 }
 err_destroy_sync:
     pthread_cond_destroy(&g->cond);
+    pthread_cond_destroy(&g->calls_cond);
     pthread_cond_destroy(&g->split_cond);
     pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
@@ -1042,9 +1080,52 @@ static void group_detach(struct cfx_ctx_user *u)
     group_release_ctx(g);
 }
 
+/* The destroy begins ("calls in flight"): calls of the group on other
+ * threads stop and leave.  False when some did not within
+ * CFX_DESTROY_DRAIN_MS (stuck outside every wait it can end): the group is
+ * then left allocated, as a context is, so that they touch no freed memory. */
+static bool group_close(struct cfx_group *g)
+{
+    pthread_mutex_lock(&g->lock);
+    __atomic_store_n(&g->closing, true, __ATOMIC_RELEASE); /* before the wake-ups */
+    unsigned n = g->calls;
+    if (!g->orphan) { /* the context is alive: its destroy's detach takes g->lock */
+        pthread_mutex_lock(&g->ctx->lock);
+        struct cfx_list *pos;
+        cfx_list_for_each(pos, &g->queue) { /* run, each would wait for its deadline */
+            struct coll_args *a = cfx_list_entry(pos, struct coll_args, link);
+            if (a->req)
+                a->req->cancel = true;
+        }
+        pthread_cond_broadcast(&g->ctx->obj_cond); /* p2p and collective waits */
+        pthread_mutex_unlock(&g->ctx->lock);
+    }
+    pthread_cond_broadcast(&g->cond); /* wait_turn(), p2p()'s wait for the queue */
+    pthread_mutex_unlock(&g->lock);
+    pthread_mutex_lock(&g->split_lock); /* a receive behind another (group_split.c) */
+    pthread_cond_broadcast(&g->split_cond);
+    pthread_mutex_unlock(&g->split_lock);
+    if (n)
+        CFX_LOG(INFO, COLL, "group %s: rank %d: destroy: %u call(s) in flight on other threads "
+                "end with CFX_ERR_CANCELED", g->name, g->rank, n);
+    uint64_t dl = cfx__deadline_ns(CFX_DESTROY_DRAIN_MS);
+    pthread_mutex_lock(&g->lock);
+    while (g->calls && cfx__cond_wait_until(&g->calls_cond, &g->lock, dl))
+        ;
+    n = g->calls;
+    pthread_mutex_unlock(&g->lock);
+    if (n)
+        CFX_LOG(ERR, COLL, "group %s: rank %d: destroy: %u call(s) still in flight after %d "
+                "ms; the group is left allocated (not freed) so that they do not touch freed "
+                "memory", g->name, g->rank, n, CFX_DESTROY_DRAIN_MS);
+    return n == 0;
+}
+
 void cfx_group_destroy(struct cfx_group *g)
 {
     if (!g || cfx__fork_gen() != g->fork_gen) /* a forked child's copy: see the context's */
+        return;
+    if (!group_close(g))
         return;
     struct cfx_context *ctx = g->ctx;
     int r = cfx__ctx_user_release(ctx, &g->user);
@@ -1061,6 +1142,7 @@ void cfx_group_destroy(struct cfx_group *g)
     cfx__memtype_free(CFX_MEMTYPE_CUDA, g->dscratch); /* waits for the device, as cudaFree */
     cfx__memtype_stream_destroy(CFX_MEMTYPE_CUDA, g->dstream);
     pthread_cond_destroy(&g->cond);
+    pthread_cond_destroy(&g->calls_cond);
     pthread_cond_destroy(&g->split_cond);
     pthread_mutex_destroy(&g->split_lock);
     pthread_mutex_destroy(&g->lock);
@@ -1113,17 +1195,18 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
                         what);
     /* group_enter and the wait for queued collectives in one hold; the
      * wait for those (bounded by their deadlines) and for the peer may be
-     * interrupted */
+     * interrupted, or stopped by the group's destroy ("calls in flight") */
     cfx__intr_begin();
+    const bool *was = cfx__intr_flag(&g->closing);
     pthread_mutex_lock(&g->lock);
-    rc = g->orphan ? cfx__err(CFX_ERR_CANCELED, "%s: group %s: its context was destroyed", what,
-                              g->name)
-                   : cfx__ctx_enter(g->ctx, what);
+    rc = group_enter_locked(g, what);
     bool entered = rc == CFX_OK;
     while (rc == CFX_OK && !cfx_list_empty(&g->queue)) {
         if (cfx__intr_fired())
-            rc = cfx__err(CFX_ERR_CANCELED, "group %s %s: interrupted on its thread while it "
-                          "waited for the group's non-blocking calls before it", g->name, what);
+            rc = cfx__err(CFX_ERR_CANCELED, "group %s %s: %s while it waited for the group's "
+                          "non-blocking calls before it", g->name, what,
+                          cfx__group_closing(g) ? "the group was destroyed"
+                                                : "interrupted on its thread");
         else
             cfx__cond_wait_intr(&g->cond, &g->lock, UINT64_MAX);
     }
@@ -1135,8 +1218,9 @@ static int p2p(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer
     } else if (rc == CFX_OK) {
         rc = p2p_call(g, send, buf, bytes, peer, tag, params, mt, timeout);
     }
+    cfx__intr_flag(was);
     cfx__intr_end();
-    return entered ? cfx__ctx_leave(g->ctx, rc) : rc;
+    return entered ? group_leave(g, rc) : rc;
 }
 
 static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int peer, int tag,
@@ -1198,7 +1282,9 @@ static int p2p_call(struct cfx_group *g, bool send, void *buf, size_t bytes, int
     } else if (rc != CFX_OK) {
         char why[256];
         if (intr)
-            snprintf(why, sizeof(why), "interrupted on its thread: %s",
+            snprintf(why, sizeof(why), "%s: %s",
+                     cfx__group_closing(g) ? "the group was destroyed meanwhile"
+                                           : "interrupted on its thread",
                      send ? "the message was withdrawn (not sent, or its receive fails)"
                           : "the receive was withdrawn (a message not under way yet is left "
                             "for the next receive of the tag)");

@@ -10,6 +10,7 @@ static _Thread_local void *intr_arg;
 static _Thread_local bool intr_fired;
 static _Thread_local unsigned intr_depth; /* interruptible calls this thread is in */
 static _Thread_local uint64_t intr_next; /* the next check due (CLOCK_MONOTONIC ns) */
+static _Thread_local const bool *intr_flag; /* cfx__intr_flag() */
 
 void cfx_set_interrupt_check(int (*check)(void *arg), void *arg)
 {
@@ -67,5 +68,12 @@ bool cfx__cond_wait_intr(pthread_cond_t *cond, pthread_mutex_t *mu, uint64_t dea
 
 bool cfx__intr_fired(void)
 {
-    return intr_fired;
+    return intr_fired || (intr_flag && __atomic_load_n(intr_flag, __ATOMIC_ACQUIRE));
+}
+
+const bool *cfx__intr_flag(const bool *flag)
+{
+    const bool *was = intr_flag;
+    intr_flag = flag;
+    return was;
 }

@@ -30,6 +30,12 @@ uint64_t cfx__intr_until(uint64_t deadline);
  * stop (then no check runs again in this call). */
 bool cfx__intr_poll(pthread_mutex_t *held);
 bool cfx__intr_fired(void);
+/* A flag that, once set (atomically, before its setter wakes the waits),
+ * stops this thread's interruptible waits as a check that fired does, and
+ * reads as fired (a group destroyed on another thread while a call of it
+ * waits here: coll/group.c).  NULL: none.  Returns the flag it replaces, to
+ * put back when the call ends. */
+const bool *cfx__intr_flag(const bool *flag);
 /* Wait on @p cond (@p mu held) until woken or @p deadline, running the
  * check when due: false once the deadline passed (as cfx__cond_wait_until),
  * true also when the check ran, so that the caller looks at

@@ -113,9 +113,14 @@ CFX_API int cfx_group_create(struct cfx_context *ctx, const struct cfx_group_par
 /** Leave the group and free it; NULL is a no-op.  Its non-blocking calls
  * still queued or running are canceled first (their requests end with
  * CFX_ERR_CANCELED, still to be freed; the other ranks are told).  A
- * blocking call of the group on another thread is not: the group is used
- * by one thread at a time (top of this file), and a destroy during such a
- * call frees what the call still uses (the process may crash).  May come
+ * call of the group already running on another thread (a blocking
+ * collective, cfx_group_send/recv, a post) stops at its next wake-up and
+ * returns CFX_ERR_CANCELED saying the group was destroyed (the other ranks
+ * hear of a stopped collective as of an interrupted one); one that begins
+ * while the destroy runs fails so at once.  The destroy waits for them to
+ * return before it frees anything (at most 10 s: a call stuck past that
+ * leaves the group allocated, never freed under it).  A call made after
+ * the destroy returned uses a freed handle: the caller's error.  May come
  * after cfx_context_destroy() of its context, or race with it on another
  * thread (the context then does the leaving, this frees the memory); the
  * group's calls fail with CFX_ERR_CANCELED once that destroy has begun. */
