@@ -187,12 +187,36 @@ int cfx__ps_map_retry(struct cfx_ps *ps)
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
+/* Test hook (CFX_PS_TEST_SKIP_FAILED_MAPS): a server deaf to the notice of
+ * map @p version when it names a failed server and this one active (not
+ * the job's end): it learns of it, or a newer one, from a request that
+ * carries it, and fetches that directly, the versions between skipped. */
+static bool skips_notice(struct cfx_ps *ps, uint32_t version)
+{
+    struct ps_map m;
+    bool skip = false;
+    cfx__ps_map_init(&m);
+    if (version <= ps->map.version ||
+        cfx__ps_map_get(ps->ctx, ps->job, version, CFX_MIN(ps->timeout_ms, 5000), &m) != CFX_OK)
+        return false; /* as without the hook: the fetch tries again */
+    if ((uint32_t)ps->index < m.nservers && !(m.flags & PS_MAP_SHUTDOWN) &&
+        m.server[ps->index].state == CFX_PS_SERVER_ACTIVE)
+        for (uint32_t s = 0; s < m.nservers; s++)
+            skip |= m.server[s].state == CFX_PS_SERVER_FAILED;
+    cfx__ps_map_free(&m);
+    if (skip)
+        CFX_LOG(WARN, PS, "job %s: server %d: test hook: the notice of map %u is not heeded",
+                ps->job, ps->index, version);
+    return skip;
+}
+
 void cfx__ps_deliver(struct cfx_ps *ps, struct ps_peer *from, const struct ps_hdr *h, void *payload,
                      bool owned)
 {
     switch (h->type) {
     case PS_MSG_MAP:
-        cfx__ps_map_fetch(ps, h->map_version);
+        if (!ps->skip_failed_maps || !skips_notice(ps, h->map_version))
+            cfx__ps_map_fetch(ps, h->map_version);
         /* the notice alone says the job is over for us, should the map
          * itself not come */
         if (ps->role == CFX_PS_SERVER && !ps->sched && (h->clock & PS_NOTICE_END))
@@ -656,6 +680,11 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
             snprintf(ps->die_tensor, sizeof(ps->die_tensor), "%s", dt);
             CFX_LOG(WARN, PS, "job %s: server %d: test-only: SIGKILLed by a map that gives it a "
                     "block of tensor '%s' before it is ready", ps->job, ps->index, dt);
+        }
+        if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_SKIP_FAILED_MAPS", -1) == ps->index) {
+            ps->skip_failed_maps = true;
+            CFX_LOG(WARN, PS, "job %s: server %d: test-only: deaf to the notices of maps that "
+                    "name a failed server while it is active in them", ps->job, ps->index);
         }
         if (ps->index > 0 && cfx__env_ll("CFX_PS_TEST_HOLD_END", -1) == ps->index) {
             ps->hold_end = true;

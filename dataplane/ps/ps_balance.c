@@ -29,6 +29,13 @@
  * the median nor their predicted time in the step's), so the survivors'
  * shares follow their own speeds alone, and a decision waits for no
  * traffic to it (cfx__ps_balance_unmeasured).
+ *
+ * A block whose values were lost (in->lost: moved off a failed server) is
+ * served by nobody either: every request for it fails at once, and failed
+ * requests are not measured.  It is out of the measurement wherever it
+ * is: it counts in no server's load, a decision waits for no traffic to
+ * it (a live server that owns nothing else held every decision: it now
+ * counts as owning nothing), and it moves only off a server that drains.
  */
 #include "ps_int.h"
 
@@ -66,11 +73,20 @@ static bool serves(const struct ps_balance_in *in, uint32_t s)
     return cfx__ps_balance_serves(in->state[s], in->gone && in->gone[s]);
 }
 
-int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint32_t *nblk,
+static bool is_lost(const struct ps_balance_in *in, uint32_t i)
+{
+    return in->lost && in->lost[i];
+}
+
+int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint16_t *owner,
                                const double *measured)
 {
+    bool owns[PS_MAX_SERVERS] = { false };
+    for (uint32_t i = 0; i < in->nblocks; i++)
+        if (owner[i] < PS_MAX_SERVERS && !is_lost(in, i))
+            owns[owner[i]] = true;
     for (uint32_t s = 0; s < in->nservers && s < PS_MAX_SERVERS; s++)
-        if (nblk[s] && measured[s] <= 0 && serves(in, s))
+        if (owns[s] && measured[s] <= 0 && serves(in, s))
             return (int)s;
     return -1;
 }
@@ -118,16 +134,24 @@ static double max_t(const struct bal *b, uint32_t *who)
     return m;
 }
 
+/* A block's bytes and count in its owner's load: none when its values
+ * were lost (nobody serves it). */
+static double load_of(const struct bal *b, uint32_t blk)
+{
+    return is_lost(b->in, blk) ? 0 : (double)b->in->bytes[blk];
+}
+
 static void move(struct bal *b, uint32_t blk, uint32_t to)
 {
     uint32_t from = b->owner[blk];
-    double sz = (double)b->in->bytes[blk];
+    double sz = load_of(b, blk);
+    uint32_t n = !is_lost(b->in, blk);
     if (from < b->in->nservers) {
         b->load[from] -= sz;
-        b->nblk[from]--;
+        b->nblk[from] -= n;
     }
     b->load[to] += sz;
-    b->nblk[to]++;
+    b->nblk[to] += n;
     b->owner[blk] = (uint16_t)to;
 }
 
@@ -179,6 +203,8 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
     uint32_t nmovable = 0;
     for (uint32_t i = 0; i < in->nblocks; i++) {
         uint32_t s = own[i];
+        if (is_lost(in, i))
+            continue; /* out of the measurement, and moved only when forced */
         if (s < in->nservers) {
             b.load[s] += (double)in->bytes[i];
             b.nblk[s]++;
@@ -205,7 +231,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
         if (s < in->nservers && (b.active[s] || in->state[s] == CFX_PS_SERVER_ACTIVE ||
                                  in->state[s] == CFX_PS_SERVER_FAILED))
             continue;
-        move(&b, i, best_dest(&b, (double)in->bytes[i], UINT32_MAX));
+        move(&b, i, best_dest(&b, load_of(&b, i), UINT32_MAX));
         forced = true;
     }
 
@@ -227,7 +253,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
                     break;
                 uint32_t pick = UINT32_MAX;
                 for (uint32_t i = 0; i < in->nblocks; i++)
-                    if (own[i] == src && (!in->movable || in->movable[i]) &&
+                    if (own[i] == src && (!in->movable || in->movable[i]) && !is_lost(in, i) &&
                         (pick == UINT32_MAX || in->bytes[i] < in->bytes[pick]))
                         pick = i;
                 if (pick == UINT32_MAX)
@@ -246,7 +272,7 @@ int cfx__ps_balance(const struct ps_balance_in *in, uint16_t *owner, struct ps_b
         uint32_t best_blk = UINT32_MAX, best_to = UINT32_MAX;
         double best_t = tmax;
         for (uint32_t i = 0; i < in->nblocks; i++) {
-            if (own[i] != hi || (in->movable && !in->movable[i]))
+            if (own[i] != hi || (in->movable && !in->movable[i]) || is_lost(in, i))
                 continue;
             double sz = (double)in->bytes[i];
             if (b.load[hi] - sz < floor_bytes)

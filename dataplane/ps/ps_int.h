@@ -34,7 +34,8 @@
 #include "dataplane/engine/engine.h" /* struct cfx_ctx_user */
 #include "dataplane/engine/p2p.h"
 
-#define PS_MAGIC            0xCF505332u /* 2: ps_hdr.lost_base, lost_mask, held_ns */
+#define PS_MAGIC            0xCF505333u /* 2: ps_hdr.lost_base, lost_mask, held_ns; 3: a
+                                           map's owner words carry lost marks */
 #define PS_JOB_MAX          64
 #define PS_TENSOR_NAME_MAX  48
 #define PS_MAX_SERVERS      64
@@ -95,7 +96,16 @@ struct ps_map {
     struct ps_tensor *tensors;  /* [ntensors] */
     uint32_t nblocks;
     uint16_t *owner;            /* [nblocks] server index */
+    uint8_t *lost;              /* [nblocks] or NULL (none): 1 + the FAILED server a block's
+                                   values were lost with (0: not lost), set by the map that
+                                   moved it off that server and kept wherever it moves */
 };
+
+/* 1 + the failed server block @p b's values were lost with, or 0. */
+static inline uint32_t cfx__ps_map_lost(const struct ps_map *m, uint32_t b)
+{
+    return m->lost && b < m->nblocks ? m->lost[b] : 0;
+}
 
 void cfx__ps_map_init(struct ps_map *m);
 void cfx__ps_map_free(struct ps_map *m);
@@ -116,7 +126,8 @@ uint64_t cfx__ps_map_block_bytes(const struct ps_map *m, uint32_t b);
 void cfx__ps_map_load(const struct ps_map *m, uint32_t s, uint32_t *blocks, uint64_t *bytes);
 /* Flat little-endian encoding; encode returns the length or a negative status,
  * decode CFX_OK or CFX_ERR_PROTO with the reason (a server state this build
- * does not know among them) as the thread's error. */
+ * does not know, a lost mark naming no failed server, among them) as the
+ * thread's error.  An owner word is the owner | lost mark << 8. */
 int cfx__ps_map_encode(const struct ps_map *m, void *buf, size_t cap);
 int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *m);
 void cfx__ps_map_stats(const struct ps_map *m, struct cfx_ps_stats *out);
@@ -132,6 +143,9 @@ struct ps_balance_in {
     const uint8_t *movable;     /* [nblocks] 0: pinned (tensor not ready) */
     const uint8_t *gone;        /* [nservers] or NULL; 1: its mailbox failed: it takes no
                                    block (a state sent there is lost) */
+    const uint8_t *lost;        /* [nblocks] or NULL; nonzero: the block's values were lost
+                                   (ps_map.lost): nobody serves it, it is out of the
+                                   measurement, and it moves only off a server that drains */
     const struct cfx_ps_balance *knobs;
     bool force;                 /* ignore min_gain (admin rebalance, server added) */
 };
@@ -152,10 +166,11 @@ void cfx__ps_balance_defaults(struct cfx_ps_balance *k);
 /* Whether a server in @p state serves its blocks: not gone, not FAILED.  One
  * that does not is waited for by nothing (measurements, settlements). */
 bool cfx__ps_balance_serves(uint32_t state, bool gone);
-/* The first server that owns blocks (@p nblk [nservers]), serves them and
- * has no traffic measured (@p measured [nservers], bytes): a decision waits
- * for it.  -1 when there is none; in->state and in->gone are read. */
-int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint32_t *nblk,
+/* The first server that owns blocks whose values are not lost (@p owner
+ * [in->nblocks], in->lost), serves them and has no traffic measured
+ * (@p measured [nservers], bytes): a decision waits for it.  -1 when there
+ * is none; in->state and in->gone are read. */
+int cfx__ps_balance_unmeasured(const struct ps_balance_in *in, const uint16_t *owner,
                                const double *measured);
 
 /* ---- messages ------------------------------------------------------------------ */
@@ -354,6 +369,8 @@ struct cfx_ps {
     uint32_t owner_was_version; /* ... the version of that map */
     uint32_t delay_us;          /* test-only service delay (ps->lock) */
     bool hold_end;              /* test-only: hold the scheduler's end notice (ps_net.c) */
+    bool skip_failed_maps;      /* test-only: deaf to notices of maps naming a failed server
+                                   while active in them (ps.c: skips_notice) */
     uint32_t migrate_delay_ms;  /* test-only: sleep before a map's migrations (ps_server.c) */
     bool migrate_die;           /* test-only: SIGKILL itself there instead */
     char die_tensor[PS_TENSOR_NAME_MAX]; /* test-only: SIGKILL itself when a map gives it a

@@ -9,6 +9,11 @@
  * The wire form is a flat record in host byte order (every member of a
  * cluster runs the same build): fixed header, workers, servers, tensors,
  * owners.  Decoding checks every count and index before use.
+ *
+ * A block whose values were lost with a failed server (moved off it after
+ * it failed: no state ever comes) carries the mark in the map itself, in
+ * the high byte of its owner word: every owner, whichever versions it saw,
+ * knows it from the map alone.
  */
 #include "ps_int.h"
 
@@ -27,8 +32,10 @@ void cfx__ps_map_free(struct ps_map *m)
         return;
     free(m->tensors);
     free(m->owner);
+    free(m->lost);
     m->tensors = NULL;
     m->owner = NULL;
+    m->lost = NULL;
     m->ntensors = m->nblocks = 0;
 }
 
@@ -37,6 +44,7 @@ int cfx__ps_map_copy(struct ps_map *dst, const struct ps_map *src)
     struct ps_map tmp = *src;
     tmp.tensors = NULL;
     tmp.owner = NULL;
+    tmp.lost = NULL;
     if (src->ntensors) {
         tmp.tensors = malloc(src->ntensors * sizeof(*tmp.tensors));
         if (!tmp.tensors)
@@ -50,6 +58,15 @@ int cfx__ps_map_copy(struct ps_map *dst, const struct ps_map *src)
             return CFX_ERR_NOMEM;
         }
         memcpy(tmp.owner, src->owner, src->nblocks * sizeof(*tmp.owner));
+    }
+    if (src->nblocks && src->lost) {
+        tmp.lost = malloc(src->nblocks);
+        if (!tmp.lost) {
+            free(tmp.tensors);
+            free(tmp.owner);
+            return CFX_ERR_NOMEM;
+        }
+        memcpy(tmp.lost, src->lost, src->nblocks);
     }
     cfx__ps_map_free(dst);
     *dst = tmp;
@@ -157,6 +174,13 @@ int cfx__ps_map_add_tensor(struct ps_map *m, const char *name, enum cfx_dtype dt
     if (!no)
         return CFX_ERR_NOMEM;
     m->owner = no;
+    if (m->lost) {
+        uint8_t *nl = realloc(m->lost, m->nblocks + nb);
+        if (!nl)
+            return CFX_ERR_NOMEM;
+        memset(nl + m->nblocks, 0, nb);
+        m->lost = nl;
+    }
 
     struct ps_tensor *t = &m->tensors[m->ntensors];
     memset(t, 0, sizeof(*t));
@@ -218,7 +242,10 @@ int cfx__ps_map_encode(const struct ps_map *m, void *buf, size_t cap)
     PUT(&w, m->ntensors);
     put(&w, m->tensors, m->ntensors * sizeof(m->tensors[0]));
     PUT(&w, m->nblocks);
-    put(&w, m->owner, m->nblocks * sizeof(m->owner[0]));
+    for (uint32_t b = 0; b < m->nblocks; b++) {
+        uint16_t word = (uint16_t)(m->owner[b] | cfx__ps_map_lost(m, b) << 8);
+        PUT(&w, word);
+    }
     return w.over ? CFX_ERR_TOO_BIG : (int)w.len;
 }
 
@@ -276,9 +303,14 @@ int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *out)
         goto bad;
     if (m.nblocks) {
         m.owner = malloc(m.nblocks * sizeof(*m.owner));
-        if (!m.owner)
+        m.lost = malloc(m.nblocks);
+        if (!m.owner || !m.lost)
             goto nomem;
         get(&r, m.owner, m.nblocks * sizeof(*m.owner));
+        for (uint32_t b = 0; b < m.nblocks; b++) {
+            m.lost[b] = (uint8_t)(m.owner[b] >> 8);
+            m.owner[b] &= 0xff;
+        }
     }
     if (r.bad || r.off != len)
         goto bad;
@@ -314,6 +346,20 @@ int cfx__ps_map_decode(const void *buf, size_t len, struct ps_map *out)
             cfx__ps_map_free(&m);
             return CFX_ERR_PROTO;
         }
+    /* a lost mark names the failed server the values went with: failed in
+     * this map (a failed state is final), and not the block's owner */
+    for (uint32_t b = 0; b < m.nblocks; b++) {
+        uint32_t l = m.lost[b];
+        if (l && (l > m.nservers || m.server[l - 1].state != CFX_PS_SERVER_FAILED ||
+                  l - 1 == m.owner[b])) {
+            cfx__err(CFX_ERR_PROTO, "block %u is marked lost with server %u, which %s", b, l - 1,
+                     l > m.nservers        ? "is not in the job"
+                     : l - 1 == m.owner[b] ? "owns it"
+                                           : "has not failed");
+            cfx__ps_map_free(&m);
+            return CFX_ERR_PROTO;
+        }
+    }
     cfx__ps_map_free(out);
     *out = m;
     return CFX_OK;

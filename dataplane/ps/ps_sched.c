@@ -10,7 +10,8 @@
  * dropped, so a window never mixes two assignments.  A decision needs at
  * least interval_ms of data, a report from every worker still in the job and
  * traffic to every server that owns blocks and serves them (a failed one's
- * blocks get none: they are out of the measurement).
+ * blocks get none, nor do blocks whose values were lost with one: they are
+ * out of the measurement).
  *
  * Retiring.  A removed server is DRAINING once a map moves its blocks away;
  * it becomes RETIRED when every worker reports that it has no request left
@@ -395,6 +396,29 @@ static bool all_ready(const struct ps_map *m)
     return true;
 }
 
+/*
+ * The blocks a decision moved off a FAILED server (removed after it
+ * failed) are marked lost in the map (@p was: the owners before): their
+ * values went with it, and the mark goes with them wherever they move, so
+ * that every owner knows it from the map alone, whichever versions it saw,
+ * and decisions keep them out of the measurement.  The servers' own rule
+ * (ps_server.c: an owner before that is FAILED in the map) says the same
+ * of these blocks.
+ */
+static void mark_lost(struct ps_map *m, const uint16_t *was)
+{
+    for (uint32_t b = 0; b < m->nblocks; b++) {
+        if (was[b] == m->owner[b] || was[b] >= m->nservers || (m->lost && m->lost[b]) ||
+            m->server[was[b]].state != CFX_PS_SERVER_FAILED)
+            continue;
+        if (!m->lost)
+            m->lost = calloc(m->nblocks, 1);
+        if (!m->lost)
+            return; /* its owner's own rule still marks it (a map that skipped none) */
+        m->lost[b] = (uint8_t)(was[b] + 1);
+    }
+}
+
 /* Run the algorithm on ps->map; publish when blocks move.  Returns moves. */
 static int decide(struct cfx_ps *ps, bool force, const char *why)
 {
@@ -403,11 +427,15 @@ static int decide(struct cfx_ps *ps, bool force, const char *why)
     uint32_t state[PS_MAX_SERVERS];
     uint64_t *bytes = calloc(m->nblocks + 1, sizeof(*bytes));
     uint8_t *movable = calloc(m->nblocks + 1, 1);
-    if (!bytes || !movable) {
+    uint16_t *was = malloc((m->nblocks + 1) * sizeof(*was));
+    if (!bytes || !movable || !was) {
         free(bytes);
         free(movable);
+        free(was);
         return CFX_ERR_NOMEM;
     }
+    if (m->nblocks)
+        memcpy(was, m->owner, m->nblocks * sizeof(*was));
     for (uint32_t i = 0; i < m->nservers; i++)
         state[i] = m->server[i].state == CFX_PS_SERVER_FAILED && s->removed[i]
                        ? CFX_PS_SERVER_DRAINING /* its blocks move, as any removed one's */
@@ -426,6 +454,7 @@ static int decide(struct cfx_ps *ps, bool force, const char *why)
         .bytes = bytes,
         .movable = movable,
         .gone = s->gone,
+        .lost = m->lost,
         .knobs = &ps->params.balance,
         .force = force,
     };
@@ -434,6 +463,9 @@ static int decide(struct cfx_ps *ps, bool force, const char *why)
     int rc = m->nblocks ? cfx__ps_balance(&in, owner, &out) : CFX_OK;
     free(bytes);
     free(movable);
+    if (rc == CFX_OK && m->nblocks)
+        mark_lost(m, was);
+    free(was);
     if (rc != CFX_OK || !m->nblocks)
         return rc;
     s->stragglers = out.stragglers;
@@ -462,8 +494,9 @@ static void estimate(struct cfx_ps *ps)
 
 /* A decision's data: interval_ms of it, a report from every worker still in
  * the job, and traffic to every server that owns blocks and serves them.  A
- * failed server's blocks get none, ever: waiting for it stopped every
- * later decision, and the survivors' blocks no longer followed their speed. */
+ * failed server's blocks get none, ever, nor do blocks whose values were
+ * lost (their requests fail): waiting for them stopped every later
+ * decision, and the survivors' blocks no longer followed their speed. */
 static bool window_full(struct cfx_ps *ps)
 {
     struct ps_sched *s = ps->sched;
@@ -473,13 +506,12 @@ static bool window_full(struct cfx_ps *ps)
     for (uint32_t w = 0; w < m->nworkers; w++)
         if (!s->bye[w] && !s->reports[w])
             return false;
-    uint32_t state[PS_MAX_SERVERS], nb[PS_MAX_SERVERS];
-    for (uint32_t i = 0; i < m->nservers; i++) {
+    uint32_t state[PS_MAX_SERVERS];
+    for (uint32_t i = 0; i < m->nservers; i++)
         state[i] = m->server[i].state;
-        cfx__ps_map_load(m, i, &nb[i], NULL);
-    }
-    struct ps_balance_in in = { .nservers = m->nservers, .state = state, .gone = s->gone };
-    return cfx__ps_balance_unmeasured(&in, nb, s->bytes) < 0;
+    struct ps_balance_in in = { .nservers = m->nservers, .state = state, .gone = s->gone,
+                                .nblocks = m->nblocks, .lost = m->lost };
+    return cfx__ps_balance_unmeasured(&in, m->owner, s->bytes) < 0;
 }
 
 /* ---- admin requests and joins ------------------------------------------------------- */

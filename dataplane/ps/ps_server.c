@@ -23,6 +23,8 @@
  * A block whose owner before is FAILED in the map (removed after it failed,
  * or it died handing the block over) is `lost`: no state comes, and every
  * request for it fails naming that server, here and wherever it moves on.
+ * The map marks the first kind itself (ps_map.lost), so its owner knows
+ * whichever versions it saw; the second is known from the map before.
  */
 #include "ps_int.h"
 
@@ -994,6 +996,23 @@ static void note_sources(struct cfx_ps *ps)
         if (m->owner[i] != me(ps)) {
             if (b)
                 b->from = 0;
+            continue;
+        }
+        /* the map says its values were lost (the scheduler moved it off a
+         * failed server): so whichever versions this server saw, where
+         * the rule below needs the map before (its owner then) */
+        uint32_t mark = cfx__ps_map_lost(m, i);
+        if (mark) {
+            b = block_slot(ps, i, true);
+            if (b && !(b->moved_to < 0 && b->param) && !(b->moved_to < 0 && b->lost)) {
+                block_free_data(b);
+                b->moved_to = -1;
+                b->from = 0;
+                b->lost = mark;
+                CFX_LOG(WARN, PS, "job %s: server %d: block %u is ours (map %u) without its "
+                        "values: the map says they were lost with failed server %u", ps->job,
+                        ps->index, i, m->version, mark - 1);
+            }
             continue;
         }
         if (i >= ps->owner_was_n)

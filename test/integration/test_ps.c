@@ -374,6 +374,32 @@ ParameterizedTest(struct tp_param *p, ps, removed_failed_server_values_lost, .ti
                  p->tp, rc);
 }
 
+ParameterizedTestParameters(ps, removed_failed_server_values_lost_map_skipped)
+{
+    return cr_make_param_array(struct tp_param, tps, 2);
+}
+
+/*
+ * As removed_failed_server_values_lost, with server 1 deaf to the notices
+ * of maps that name a failed server (test-only CFX_PS_TEST_SKIP_FAILED_MAPS):
+ * it never sees the map naming server 2 failed, and fetches the removal
+ * map directly when worker 0's pull carries it.  The removal gives it some
+ * of server 2's blocks; their pulls and pushes must still fail at once
+ * with CFX_ERR_PEER_FAILED naming server 2, its node and the values lost.
+ * Before, a server that skipped a version took the block's state source
+ * as unknown, waited for a state that never comes, and the pull failed
+ * with CFX_ERR_TIMEOUT after the job's timeout.
+ */
+ParameterizedTest(struct tp_param *p, ps, removed_failed_server_values_lost_map_skipped,
+                  .timeout = 120)
+{
+    int rc = pstest_with("CFX_PS_TEST_SKIP_FAILED_MAPS=1", 5, p->tp, "--allow-fail 2",
+                         "--servers 3 --workers 2 --steps 10 --late-tensor --server-dies 2 "
+                         "--remove-failed");
+    cr_assert_eq(rc, 0, "failed server 2 removed, server 1 skipping its maps, over %s: exited "
+                 "%d", p->tp, rc);
+}
+
 ParameterizedTestParameters(ps, scheduler_lost)
 {
     return cr_make_param_array(struct tp_param, tps, 2);

@@ -74,7 +74,11 @@
  *                             Each phase waits for the map (30 s at most)
  *   --remove-failed           (with --server-dies K, K != 1) instead of the final pulls
  *                             worker 0 removes failed K, then live server 1: see
- *                             removed_failed()
+ *                             removed_failed(); with CFX_PS_TEST_SKIP_FAILED_MAPS=S in
+ *                             the environment (server S deaf to the notices of maps
+ *                             naming K failed) worker 0 registers a 1-element tensor
+ *                             first, so that S skips a map, and the removal must give
+ *                             S a block of K's
  *   --rdmactl PATH            (with --server-dies K) worker 0 runs PATH ps shards, text and
  *                             --json, once the map names K failed: both must say so
  *   --dies-registering        (with --server-dies K) K dies instead as the scheduler gives
@@ -906,8 +910,33 @@ static void removed_failed(struct cfx_context *ctx, struct cfx_ps *ps, int *key,
 {
     const int k = SERVER_DIES;
     uint32_t v = 0;
+    const char *skip = getenv("CFX_PS_TEST_SKIP_FAILED_MAPS");
+    if (skip) {
+        /* two maps (the register, the values stored) that the deaf server
+         * hears of from no request, or only the first: it skips at least
+         * the one before the removal */
+        const float one = 1;
+        int pad = -1;
+        CHECK_OK(cfx_ps_register(ps, "pad", CFX_DTYPE_F32, 1, &one, &pad));
+    }
     CHECK_OK(cfx_ps_remove_server(ctx, JOB, k, 20000, &v));
     wait_moved_off(ps, k, v, false);
+    if (skip) {
+        /* that server hears of the removal map only from our pull, and
+         * skips the map naming K failed: it must own one of K's blocks */
+        struct ps_map r;
+        cfx__ps_map_init(&r);
+        CHECK_OK(cfx__ps_map_get(ctx, JOB, v, 5000, &r));
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < m->nblocks; b++)
+            n += m->owner[b] == (uint32_t)k && r.owner[b] == (uint32_t)atoi(skip);
+        cfx__ps_map_free(&r);
+        if (!n)
+            DIE("removal map %u gives server %s no block of failed server %d: the check of "
+                "a server that skipped a map would be vacuous", v, skip, k);
+        printf("worker 0: map %u gives server %s (deaf to notices) %u of server %d's blocks\n",
+               v, skip, n, k);
+    }
     lost_ops(ps, key, out, m, "pull", "after its removal");
     lost_ops(ps, key, out, m, "pull", "again");
     CHECK_OK(cfx_ps_remove_server(ctx, JOB, 1, 20000, &v));

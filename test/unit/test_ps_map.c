@@ -177,6 +177,57 @@ Test(ps_map, failed_state_travels_and_unknown_ones_are_refused)
     cfx__ps_map_free(&d);
 }
 
+/* A block whose values were lost with a failed server carries the mark in
+ * the map (the high byte of its owner word): it travels, is copied, and
+ * stays with the block when tensors are added.  A mark that names a server
+ * not in the job, one that has not failed or the block's own owner is
+ * refused naming the block and the server. */
+Test(ps_map, lost_marks_travel_and_are_checked)
+{
+    m.server[2].state = CFX_PS_SERVER_FAILED;
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 1024 * 4, NULL), 0);
+    m.lost = calloc(m.nblocks, 1);
+    cr_assert(m.lost);
+    m.lost[1] = 3; /* lost with server 2 */
+    cr_assert_eq(cfx__ps_map_add_tensor(&m, "b", CFX_DTYPE_F32, 1024 * 2, NULL), 1);
+    cr_assert_eq(m.nblocks, 6);
+    static uint8_t buf[PS_MAP_MAX];
+    int len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+    cr_assert_gt(len, 0);
+    struct ps_map d, c;
+    cfx__ps_map_init(&d);
+    cfx__ps_map_init(&c);
+    cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx__ps_map_copy(&c, &d), CFX_OK);
+    for (uint32_t b = 0; b < 6; b++) {
+        cr_assert_eq(d.owner[b], m.owner[b], "block %u: owner %u, want %u", b, d.owner[b],
+                     m.owner[b]);
+        cr_assert_eq(cfx__ps_map_lost(&d, b), b == 1 ? 3u : 0u, "block %u", b);
+        cr_assert_eq(cfx__ps_map_lost(&c, b), b == 1 ? 3u : 0u, "copied block %u", b);
+    }
+    cfx__ps_map_free(&c);
+    static const struct {
+        uint8_t mark;
+        uint16_t owner;
+        const char *want;
+    } bad[] = {
+        { 2, 0, "block 1 is marked lost with server 1, which has not failed" },
+        { 9, 0, "block 1 is marked lost with server 8, which is not in the job" },
+        { 3, 2, "block 1 is marked lost with server 2, which owns it" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        m.lost[1] = bad[i].mark;
+        m.owner[1] = bad[i].owner;
+        len = cfx__ps_map_encode(&m, buf, sizeof(buf));
+        cr_assert_gt(len, 0);
+        cr_assert_eq(cfx__ps_map_decode(buf, (size_t)len, &d), CFX_ERR_PROTO, "mark %u",
+                     bad[i].mark);
+        cr_assert_str_eq(cfx_last_error(), bad[i].want);
+    }
+    cr_assert_eq(cfx__ps_map_lost(&d, 1), 3u, "a refused map changed the output");
+    cfx__ps_map_free(&d);
+}
+
 Test(ps_map, copy_is_deep)
 {
     cfx__ps_map_add_tensor(&m, "a", CFX_DTYPE_F32, 3000, NULL);
