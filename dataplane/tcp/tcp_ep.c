@@ -18,7 +18,9 @@
  * their payload is placed.  A payload with at least a buffer's worth still
  * to come is received straight into its destination (a write's registered
  * memory): large writes stay zero-copy, small frames cost one copy out of
- * the buffer.  When parsing must stop with bytes buffered (the user holds
+ * the buffer.  The read that ends such a payload takes what follows it into
+ * the buffer too (recvmsg, two iovecs), so a stream of chunks costs one
+ * read per chunk, not one for the payload and one for the next header.  When parsing must stop with bytes buffered (the user holds
  * every RECV slot or RX_MAX completions), the ep goes on iface->rx_backlog
  * and poll() resumes it: the socket may have nothing more to say.
  *
@@ -990,6 +992,27 @@ static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
     }
 }
 
+/* recvmsg() into @p iov: as rx_read(). */
+static inline ssize_t rx_readv(struct cfx__tcp_ep *ep, struct iovec *iov, int n)
+{
+    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+    for (;;) {
+        ssize_t got = recvmsg(ep->fd, &msg, MSG_DONTWAIT);
+        if (likely(got > 0))
+            return got;
+        if (got == 0) {
+            EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "connection closed by peer");
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        EP_FAIL(ep, WARN, sock_errno_status(errno), "recvmsg: %s", strerror(errno));
+        return -1;
+    }
+}
+
 /*
  * Parse the frames buffered in rxbuf.  true: the buffer is used up; false:
  * stop (the ep failed, or the user must poll first: then the ep is on the
@@ -1065,8 +1088,10 @@ static bool rx_parse(struct cfx__tcp_ep *ep)
 }
 
 /* The rest of a large payload, straight from the socket into its
- * destination.  true: go on reading; false: the socket is empty or the ep
- * failed. */
+ * destination, and in the same call what follows it into rxbuf (the next
+ * frame's header: a chunk cost a read for its payload and one for the next
+ * header).  true: go on (rxbuf may hold bytes to parse); false: the socket
+ * is empty (what came is parsed) or the ep failed. */
 static bool rx_direct(struct cfx__tcp_ep *ep, size_t left)
 {
     ssize_t n;
@@ -1082,13 +1107,30 @@ static bool rx_direct(struct cfx__tcp_ep *ep, size_t left)
         }
         return (size_t)n == want;
     }
-    if ((n = rx_read(ep, ep->rx_dst + ep->rx_got, left)) <= 0)
+    struct iovec iov[2] = {
+        { .iov_base = ep->rx_dst + ep->rx_got, .iov_len = left },
+        { .iov_base = ep->rxbuf, .iov_len = CFX_TCP_RXBUF_SIZE },
+    };
+    if ((n = rx_readv(ep, iov, 2)) <= 0)
         return false;
-    ep->rx_got += (size_t)n;
+    ep->rx_got += CFX_MIN((size_t)n, left);
     if ((size_t)n < left)
         return false; /* short read: the socket is empty */
+    /* in rxbuf before the frame ends: a last-clear mark moves what follows
+     * it to the record buffer (rx_switch) */
+    const size_t behind = (size_t)n - left;
+    ep->rxb_off = 0;
+    ep->rxb_len = (uint32_t)behind;
     rx_frame_done(ep);
-    return ep->state != CFX_TCP_EP_FAILED;
+    if (ep->state == CFX_TCP_EP_FAILED)
+        return false;
+    if (behind < CFX_TCP_RXBUF_SIZE) {
+        /* short read: the socket is empty; parse what came and stop */
+        if (rx_parse(ep) && unlikely(ep->rx_seal == CFX_TCP_RX_SEALED))
+            ep_rx_sealed(ep); /* records came right behind the mark */
+        return false;
+    }
+    return true;
 }
 
 static void ep_rx_progress(struct cfx__tcp_ep *ep)

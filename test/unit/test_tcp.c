@@ -629,6 +629,74 @@ Test(tcp, recv_parses_frames_split_anywhere)
     unreg(&dst);
 }
 
+/* A frame (or a buffer's worth of frames) right behind a large write's
+ * payload comes in the same read as the payload's end (into the receive
+ * buffer, after the payload went straight to its destination): the next
+ * write, the messages behind it, all byte for byte and in order, whether
+ * what follows fills the buffer or not. */
+Test(tcp, frames_behind_a_direct_payload)
+{
+    struct region dst;
+    enum { W1 = 2 * CFX_TCP_RXBUF_SIZE + 3, W2 = 3 * CFX_TCP_RXBUF_SIZE, NMSG = 40, MLEN = 600 };
+    static uint8_t stream[2 * 32 + W1 + W2 + (NMSG + 1) * (32 + MLEN)];
+    size_t len = 0;
+
+    reg(B.iface, &dst, W1 + W2, CFX_TP_ACCESS_REMOTE_WRITE, 0);
+    int fd = raw_connect(B.iface);
+    raw_hello(fd, 9, CFX_TCP_VERSION);
+    struct cfx_tp_ep *ba = wait_ev(&B, CFX_TP_COMP_ACCEPT, NULL)->c.ep;
+    struct cfx__tcp_rkey k;
+    memcpy(&k, dst.rd.data, sizeof(k));
+
+    /* W1, one message, W2, then NMSG messages (more than a buffer's worth) */
+    for (int part = 0; part < 2; part++) {
+        uint32_t wlen = part ? W2 : W1;
+        struct cfx__tcp_hdr w = { .type = CFX_TCP_FRAME_WRITE, .len = htole32(wlen),
+                                  .imm = htole32((uint32_t)part + 1), .key_lo = k.key_lo,
+                                  .key_idx = k.idx, .key_hi = k.key_hi,
+                                  .off = htole64(part ? W1 : 0) };
+        memcpy(stream + len, &w, sizeof(w));
+        len += sizeof(w);
+        cfx_test_fill(stream + len, wlen, (unsigned)part + 50);
+        len += wlen;
+        for (int i = 0; i < (part ? NMSG : 1); i++) {
+            struct cfx__tcp_hdr h = { .type = CFX_TCP_FRAME_SEND, .len = htole32(MLEN) };
+            memcpy(stream + len, &h, sizeof(h));
+            len += sizeof(h);
+            cfx_test_fill(stream + len, MLEN, (unsigned)(part * 100 + i));
+            len += MLEN;
+        }
+    }
+    raw_send(fd, stream, len); /* all of it in the socket before B reads */
+
+    uint64_t end = cfx__deadline_ns(WAIT_MS);
+    while (count_ev(&B, CFX_TP_COMP_RECV, ba) < NMSG + 1 ||
+           count_ev(&B, CFX_TP_COMP_WRITE_IMM, ba) < 2) {
+        cr_assert(cfx__now_ns() < end, "timed out");
+        poll_side(&B, 64);
+    }
+    /* in stream order: W1, message 0, W2, messages 100.. */
+    int n = 0;
+    for (size_t i = 0; i < B.n; i++) {
+        struct ev *e = &B.evs[i];
+        if (e->c.type == CFX_TP_COMP_WRITE_IMM) {
+            cr_assert_eq(e->c.imm, n == 0 ? 1u : 2u, "write %u after %d messages", e->c.imm, n);
+            cr_assert_eq(e->c.len, e->c.imm == 1 ? W1 : W2);
+        } else if (e->c.type == CFX_TP_COMP_RECV) {
+            unsigned seed = n == 0 ? 0 : 100 + (unsigned)(n - 1);
+            cr_assert_eq(e->c.len, MLEN);
+            cr_assert_eq(cfx_test_check(e->data, MLEN, seed), (size_t)-1, "message %d differs",
+                         n);
+            n++;
+        }
+    }
+    cr_assert_eq(n, NMSG + 1);
+    cr_assert_eq(cfx_test_check(dst.buf, W1, 50), (size_t)-1, "write 1 differs");
+    cr_assert_eq(cfx_test_check(dst.buf + W1, W2, 51), (size_t)-1, "write 2 differs");
+    close(fd);
+    unreg(&dst);
+}
+
 /*
  * A peer that dies fails every ep to it (here two, as the engine has one
  * each way): the first failure is a warning naming the node, the second
