@@ -972,14 +972,17 @@ static inline void rx_slots_reclaim(struct cfx__tcp_ep *ep)
     }
 }
 
-/* recv() wrapper: > 0 bytes, 0 would block, -1 ep failed. */
-static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
+/* Read into @p iov: > 0 bytes, 0 would block, -1 ep failed. */
+static inline ssize_t rx_readv(struct cfx__tcp_ep *ep, struct iovec *iov, int n)
 {
+    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)n };
     for (;;) {
-        ssize_t n = recv(ep->fd, buf, len, MSG_DONTWAIT);
-        if (likely(n > 0))
-            return n;
-        if (n == 0) {
+        /* one buffer: recv(), the cheaper call, on the small frames' path */
+        ssize_t got = n == 1 ? recv(ep->fd, iov->iov_base, iov->iov_len, MSG_DONTWAIT)
+                             : recvmsg(ep->fd, &msg, MSG_DONTWAIT);
+        if (likely(got > 0))
+            return got;
+        if (got == 0) {
             EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "connection closed by peer");
             return -1;
         }
@@ -992,25 +995,10 @@ static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
     }
 }
 
-/* recvmsg() into @p iov: as rx_read(). */
-static inline ssize_t rx_readv(struct cfx__tcp_ep *ep, struct iovec *iov, int n)
+static inline ssize_t rx_read(struct cfx__tcp_ep *ep, void *buf, size_t len)
 {
-    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)n };
-    for (;;) {
-        ssize_t got = recvmsg(ep->fd, &msg, MSG_DONTWAIT);
-        if (likely(got > 0))
-            return got;
-        if (got == 0) {
-            EP_FAIL(ep, WARN, CFX_ERR_PEER_FAILED, "connection closed by peer");
-            return -1;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        EP_FAIL(ep, WARN, sock_errno_status(errno), "recvmsg: %s", strerror(errno));
-        return -1;
-    }
+    struct iovec iov = { .iov_base = buf, .iov_len = len };
+    return rx_readv(ep, &iov, 1);
 }
 
 /*
