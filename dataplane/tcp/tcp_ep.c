@@ -20,7 +20,8 @@
  * memory): large writes stay zero-copy, small frames cost one copy out of
  * the buffer.  The read that ends such a payload takes what follows it into
  * the buffer too (recvmsg, two iovecs), so a stream of chunks costs one
- * read per chunk, not one for the payload and one for the next header.  When parsing must stop with bytes buffered (the user holds
+ * read per chunk, not one for the payload and one for the next header.
+ * When parsing must stop with bytes buffered (the user holds
  * every RECV slot or RX_MAX completions), the ep goes on iface->rx_backlog
  * and poll() resumes it: the socket may have nothing more to say.
  *

@@ -123,6 +123,7 @@
 #include "gpu/memtype.h"
 #include "gpu/sim.h"
 #include "test/common/testutil.h"
+#include "cfx_pstest/pstest.h"
 
 #define DIE CFX_TEST_DIE
 
@@ -518,53 +519,6 @@ static void expect_no_start(int rc, bool server, int index, uint32_t went)
 #define LATE_COUNT 9000
 #define LATE_STEPS 5
 
-/* The output of "RDMACTL [--json] ps --job JOB shards" (rc: its exit status). */
-static char *rdmactl_shards(bool json, int *rc)
-{
-    static char out[16384];
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s%s ps --job " JOB " shards 2>&1", RDMACTL,
-             json ? " --json" : "");
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        DIE("popen(%s): %s", cmd, strerror(errno));
-    size_t n = fread(out, 1, sizeof(out) - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    return out;
-}
-
-/* --rdmactl: rdmactl ps shards names server K failed, with its node and the
- * blocks it held, which it says are not served; so does its JSON. */
-static void rdmactl_says_failed(int k, const struct cfx_ps_server_info *x)
-{
-    char row[128], note[256], bytes[32], json[160];
-    int rc;
-    snprintf(row, sizeof(row), "\n%6d %6u %-9s %7u ", k, x->node_id, "failed", x->blocks);
-    static const char *const unit[] = { "B", "KiB", "MiB", "GiB" }; /* as rdmactl's */
-    double d = (double)x->bytes;
-    unsigned u = 0;
-    for (; d >= 1024 && u < 3; u++)
-        d /= 1024;
-    if (u)
-        snprintf(bytes, sizeof(bytes), "%.1f %s", d, unit[u]);
-    else
-        snprintf(bytes, sizeof(bytes), "%llu B", (unsigned long long)x->bytes);
-    snprintf(note, sizeof(note), "\nserver %d (node %u) failed: its %u blocks (%s) are not "
-             "served; requests for them fail naming it\n", k, x->node_id, x->blocks, bytes);
-    const char *text = rdmactl_shards(false, &rc);
-    if (rc || !strstr(text, row) || !strstr(text, note))
-        DIE("rdmactl ps shards (exit %d) does not say '%s' and '%s':\n%s", rc, row + 1,
-            note + 1, text);
-    printf("worker 0: rdmactl ps shards says: %s", note + 1);
-    snprintf(json, sizeof(json), "{\"index\":%d,\"node\":%u,\"state\":\"failed\",\"blocks\":%u,"
-             "\"bytes\":%llu,", k, x->node_id, x->blocks, (unsigned long long)x->bytes);
-    text = rdmactl_shards(true, &rc);
-    if (rc || !strstr(text, json))
-        DIE("rdmactl --json ps shards (exit %d) does not say '%s':\n%s", rc, json, text);
-}
-
 /* --server-dies: server K's process ended (its pidfd, opened while it was
  * alive), then the shard map the scheduler publishes as it learns of the
  * death names K failed: each version is waited for as it is put (a get of
@@ -619,7 +573,7 @@ static void wait_server_failed(struct cfx_context *ctx, int k, int fd,
     printf("worker 0: shard map %u names server %d (node %u) failed, %u blocks not served\n",
            st.map_version, k, x->node_id, x->blocks);
     if (RDMACTL)
-        rdmactl_says_failed(k, x);
+        pstest_rdmactl_says_failed(RDMACTL, JOB, k, x);
 }
 
 /* --dies-registering: the register of "late" fails at once, naming server
