@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "control/client_int.h"
@@ -452,8 +453,9 @@ static void *in_flight_main(void *arg)
     return NULL;
 }
 
-/* The call is inside the group and asleep in a wait (polled: nothing
- * signals it), up to a generous deadline: entered on the context, and a
+/* The call is inside the group and asleep in a wait (looked at again
+ * after each yield, as cfx_test_await_count does: nothing signals a thread
+ * falling asleep), up to a generous deadline: entered on the context, and a
  * thread asleep on the engine (the call, or the queued one it waits behind,
  * having taken its number: wait_turn() sleeps in the hold it takes it in). */
 static bool call_waits(struct cfx_group *g, struct cfx_context *ctx, bool queued)
@@ -467,7 +469,7 @@ static bool call_waits(struct cfx_group *g, struct cfx_context *ctx, bool queued
         pthread_mutex_unlock(&ctx->lock);
         pthread_mutex_unlock(&g->lock);
         if (!in)
-            usleep(1000);
+            sched_yield();
     }
     return in;
 }
