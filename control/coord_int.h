@@ -221,9 +221,13 @@ struct coord_task {
     uint8_t adopted;            /* its node announced the run (TASK_ANNOUNCE); 0: this
                                  * coordinator sent it (EV_TASK_RUN) */
     uint8_t nfenced;
-    uint32_t fenced[COORD_TASK_FENCED_MAX]; /* nodes whose run of it is not the task's: it
-                                 * moved off them when they were declared dead, and the ids
-                                 * they rejoined under (coord_task.c, "Fences") */
+    struct coord_fence {
+        uint32_t node;          /* a node whose run of it is not the task's: it moved off
+                                 * the node when it was declared dead, or the id that node
+                                 * rejoined under (coord_task.c, "Fences") */
+        uint8_t ended;          /* that run reported its end: a later re-announcement of it
+                                 * holds no cores */
+    } fenced[COORD_TASK_FENCED_MAX];
 };
 
 /* A TASK_WAIT parked until its task ends or its timeout. */

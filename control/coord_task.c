@@ -53,7 +53,9 @@
  * re-announcement of the task, its puts of the task's results and its
  * report of the run's end are refused or ignored, its puts and
  * re-announcement with CFX_ERR_CANCELED naming the task and where it
- * went; its run keeps a reservation, as run_detach's, until that end.
+ * went; its run keeps a reservation, as run_detach's, until that end (an
+ * end heard before the re-announcement is remembered in the fence: that
+ * re-announcement then holds nothing).
  * The fence lives as long as the task's record (COORD_TASK_DONE_KEEP_MS
  * after its end); the worker, told by the refused re-announcement, also
  * refuses cfx_task_result_put itself for as long as the run goes on.
@@ -212,13 +214,19 @@ static struct coord_resv *run_find(struct cfx_coord *co, uint64_t run_id, uint32
     return NULL;
 }
 
-/* Whether node @p node's run of @p t is not the task's (see "Fences"). */
-static bool task_fences(const struct coord_task *t, uint32_t node)
+/* The index in t->fenced of the fence against node @p node's run of @p t,
+ * or -1: that run is the task's (see "Fences"). */
+static int fence_of(const struct coord_task *t, uint32_t node)
 {
     for (unsigned i = 0; i < t->nfenced; i++)
-        if (t->fenced[i] == node)
-            return true;
-    return false;
+        if (t->fenced[i].node == node)
+            return (int)i;
+    return -1;
+}
+
+static bool task_fences(const struct coord_task *t, uint32_t node)
+{
+    return fence_of(t, node) >= 0;
 }
 
 static void fence_add(struct coord_task *t, uint32_t node)
@@ -229,7 +237,7 @@ static void fence_add(struct coord_task *t, uint32_t node)
         memmove(t->fenced, t->fenced + 1, sizeof(t->fenced) - sizeof(t->fenced[0]));
         t->nfenced--;
     }
-    t->fenced[t->nfenced++] = node;
+    t->fenced[t->nfenced++] = (struct coord_fence){ .node = node };
 }
 
 /* Why fenced node @p n's run of @p t is not the task's, into @p buf. */
@@ -390,7 +398,7 @@ static int task_start(struct cfx_coord *co, struct coord_task *t, struct coord_n
     /* placed back on a node it was fenced against (rejoined): that node
      * runs the key once (task_keep.c), so the run it goes on with counts */
     for (unsigned i = 0; i < t->nfenced; i++)
-        if (t->fenced[i] == t->node_id) {
+        if (t->fenced[i].node == t->node_id) {
             t->fenced[i] = t->fenced[--t->nfenced];
             break;
         }
@@ -797,6 +805,9 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
             CFX_LOG(INFO, CTL, "node %u ended its run of task %llu (%s): the end does not "
                     "count: %s", node, (unsigned long long)m->u.task_st.task_id,
                     cfx_errname(m->u.task_st.status), text);
+            /* remembered: a re-announcement of the run sent before this
+             * end but handled after it must not hold its cores again */
+            moved->fenced[fence_of(moved, node)].ended = 1;
             if (r) {
                 cfx__coord_resv_free(co, r);
                 retry_queue(co);
@@ -1129,12 +1140,14 @@ void cfx__coord_task_announce(struct cfx_coord *co, struct coord_conn *c,
     if (t && task_fences(t, node)) {
         /* this node was declared dead while it ran the task, which moved:
          * the run goes on (nothing stops it) and keeps its cores, as
-         * run_detach's, until it reports its end; it is not the task's */
+         * run_detach's, until it reports its end (unless it did already);
+         * it is not the task's */
         char text[CFX_PROTO_TEXT_MAX - 64];
         fence_text(t, n, text, sizeof(text));
         CFX_LOG(WARN, CTL, "node %u re-announces task %llu: refused: %s", node,
                 (unsigned long long)mt->task_id, text);
-        if (!run_find(co, mt->task_id, node) && n->worker->nres < co->max_node_tasks) {
+        if (!t->fenced[fence_of(t, node)].ended && !run_find(co, mt->task_id, node) &&
+            n->worker->nres < co->max_node_tasks) {
             struct coord_resv *r = cfx__coord_resv_take(co, n, &t->t, UINT64_MAX);
             if (r)
                 r->run_id = mt->task_id;

@@ -264,8 +264,13 @@ void cfx__task_announce(struct cfx_context *ctx)
         collect_jobs(&rt->jobs, v, &n, cap);
         for (unsigned i = 0; rt->ended && i < TASK_ENDED_KEEP && n < cap; i++) {
             struct task_ended *e = &rt->ended[i];
+            /* a run that just ended is still on rt->running until its
+             * runner takes it off: announced once, as running (its end
+             * follows the list); twice, a refused one's second
+             * announcement could come after its end and hold its cores at
+             * the coordinator for good */
             if (!e->ended_ns || !ended_by_key(rt, e->t.key) ||
-                !(v[n] = malloc(sizeof(**v))))
+                job_by_key(&rt->running, e->t.key) || !(v[n] = malloc(sizeof(**v))))
                 continue;
             v[n]->t = e->t;
             v[n]->t.timeout_ms = CFX_PROTO_TIMEOUT_NONE; /* its end follows at once */

@@ -9,11 +9,13 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <conflux/status.h>
 
 #include "control/client.h"
+#include "control/client_int.h"
 #include "control/coord.h"
 #include "control/proto.h"
 #include "dataplane/common/util.h"
@@ -38,6 +40,7 @@ struct worker {
     unsigned fills;             /* heartbeats filled */
     uint64_t runs[16];          /* EV_TASK_RUN task ids, in order */
     unsigned nruns;
+    unsigned backs;             /* reconnections */
     char last_name[CFX_TASK_NAME_MAX + 1];
 };
 
@@ -65,6 +68,14 @@ static void on_fill(void *arg, struct cfx_msg_load *out)
     pthread_mutex_unlock(&w->mu);
 }
 
+static void on_back(void *arg)
+{
+    struct worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->backs++;
+    pthread_mutex_unlock(&w->mu);
+}
+
 /* A member with no function: a data-plane node, or an observer's tool. */
 static void member_open(struct worker *w, const char *name, uint8_t flags)
 {
@@ -78,15 +89,16 @@ static void member_open(struct worker *w, const char *name, uint8_t flags)
     pthread_cond_init(&w->cond, NULL);
     struct cfx_ctl_params p = {
         .coord = addr, .token = token, .role = CFX_CTL_ROLE_NODE, .self = &self,
-        .timeout_ms = CALL_MS, .on_task_run = on_run, .load_fill = on_fill, .arg = w,
+        .timeout_ms = CALL_MS, .on_task_run = on_run, .load_fill = on_fill, .on_reconnected = on_back,
+        .arg = w,
     };
     cr_assert_eq(cfx__ctl_open(&p, &w->c), CFX_OK, "open %s: %s", name, cfx_last_error());
     w->id = cfx__ctl_node_id(w->c);
 }
 
-static void worker_open(struct worker *w, const char *name)
+/* @p w offers "f" (4 cores, 1 GPU, 1 GiB). */
+static void worker_reg(struct worker *w)
 {
-    member_open(w, name, 0);
     struct cfx_msg m = { .type = CFX_MSG_TASK_REG };
     snprintf(m.u.task_reg.name, sizeof(m.u.task_reg.name), "f");
     m.u.task_reg.cores = 4;
@@ -94,6 +106,12 @@ static void worker_open(struct worker *w, const char *name)
     m.u.task_reg.memory = 1ull << 30;
     cr_assert_eq(cfx__ctl_request(w->c, &m, cfx__deadline_ns(CALL_MS), "reg", CFX_MSG_OK, NULL,
                                   NULL), CFX_OK, "%s", cfx_last_error());
+}
+
+static void worker_open(struct worker *w, const char *name)
+{
+    member_open(w, name, 0);
+    worker_reg(w);
 }
 
 static void worker_close(struct worker *w)
@@ -720,6 +738,61 @@ Test(placecap, reannouncements_and_held_repeats_are_capped)
     cr_assert_eq(announce(&idle, 1006, 506, "f"), CFX_ERR_INVALID);
     cr_assert(strstr(cfx_last_error(), "registered no function"), "%s", cfx_last_error());
     cfx__ctl_close(idle.c);
+}
+
+/*
+ * A fenced run's end that the coordinator hears before the run's
+ * re-announcement (coord_task.c, "Fences"): the worker that was taken for
+ * dead reported the end of its run as it came back, and its re-announcement
+ * list, taken while the run was still on its running list, named it after.
+ * The refused re-announcement holds no cores then: before, it took a
+ * reservation for a run that had already ended, and nothing ever freed it,
+ * so a task pinned to that node waited for ever (a flaky tasks_moved).
+ */
+Test(place, a_fenced_run_that_ended_holds_no_cores_when_announced_after)
+{
+    struct cfx_msg m;
+    struct cfx_msg_task_st st = { 0 };
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, NULL, 0);
+    cr_assert_eq(ask(W[1].c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    const uint64_t key = m.u.task.key, id = st.task_id;
+    int k = 0;
+    while (k < 3 && W[k].id != st.node_id)
+        k++;
+    cr_assert_lt(k, 3, "placed on node %u, not a worker", st.node_id);
+    struct worker *w = &W[k], *other = &W[(k + 1) % 3];
+    const uint32_t was = w->id;
+    cr_assert_eq(nth_run(w, 1), id);
+
+    /* its connection cut: declared dead, the task moves; it rejoins anew */
+    shutdown(w->c->fd, SHUT_RDWR);
+    cr_assert(cfx_test_await_count(&w->mu, &w->backs, CALL_MS), "node %u did not come back",
+              was);
+    w->id = cfx__ctl_node_id(w->c);
+    cr_assert_neq(w->id, was, "node %u rejoined under its old id", was);
+    worker_reg(w);
+    struct cfx_msg wt = { .type = CFX_MSG_TASK_WAIT };
+    wt.u.task_st.task_id = id;
+    cr_assert_eq(ask(other->c, &wt, &st), CFX_ERR_AGAIN, "%s", cfx_last_error());
+    cr_assert_neq(st.node_id, was);
+    cr_assert_neq(st.node_id, 0u, "the task did not move");
+
+    /* the run's end, then its re-announcement: refused, naming the move */
+    struct cfx_msg d = { .type = CFX_MSG_TASK_DONE };
+    d.u.task_st.task_id = id;
+    cr_assert_eq(cfx__ctl_send_nowait(w->c, &d, "done"), CFX_OK);
+    cr_assert_eq(announce(w, key, id, "f"), CFX_ERR_CANCELED, "%s", cfx_last_error());
+    char want[64];
+    snprintf(want, sizeof(want), "moved to node %u", st.node_id);
+    cr_assert(strstr(cfx_last_error(), want), "'%s' missing: %s", want, cfx_last_error());
+
+    /* all four of its cores are free: a task that takes them runs there now */
+    task_init(&m, CFX_MSG_TASK_SUBMIT, NULL, 0, &w->id, 1);
+    m.u.task.cores = 4;
+    cr_assert_eq(ask(other->c, &m, &st), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(st.node_id, w->id, "a 4-core task pinned to node %u was queued (node %u): a "
+                 "core is held for the run that ended", w->id, st.node_id);
+    cr_assert_eq(nth_run(w, 2), st.task_id);
 }
 
 /*
