@@ -97,6 +97,7 @@ struct cfx_tp_mr {
     void *addr;
     size_t len;
     enum cfx_memtype memtype;
+    unsigned access;                  /* CFX_TP_ACCESS_* it was registered with */
 };
 
 /* What mem_reg is told about a region: what the memory is, never what a

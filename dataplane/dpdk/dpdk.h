@@ -138,10 +138,8 @@ _Static_assert(sizeof(struct cfx__dpdk_rkey) <= CFX_TP_RDESC_MAX, "rkey fits an 
 
 struct cfx__dpdk_mr {
     struct cfx_tp_mr super;
-    unsigned access;    /* CFX_TP_ACCESS_* */
     uint32_t idx, gen;  /* slot in the iface table and its generation */
-    uint64_t grant_key; /* live grant's key; 0: none */
-    uint64_t grant_ep;  /* serial of the only ep that may write; 0: any */
+    struct cfx__tp_grant grant; /* the live write grant (tpbase.h) */
 };
 
 /* One posted op. */

@@ -90,7 +90,7 @@ static int deliver_chunk(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
      * those after it) and the write reports nothing; buf NULL: rel_place
      * put them in place already */
     struct cfx__dpdk_mr *mr = cfx__tp_table_get(&iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
-    if (unlikely(mr && mr->grant_key != ep->rx_key)) {
+    if (unlikely(mr && mr->grant.key != ep->rx_key)) {
         atomic_fetch_add_explicit(&iface->n_late_dropped, 1, memory_order_relaxed);
         mr = NULL;
     }
@@ -231,7 +231,7 @@ static int deliver_clear(struct cfx__dpdk_ep *ep, const void *buf, size_t len)
         ep->rx_len = hlen;
         ep->rx_mr_idx = mr->idx;
         ep->rx_mr_gen = mr->gen;
-        ep->rx_key = mr->grant_key;
+        ep->rx_key = mr->grant.key;
         ep->rx_off = off;
         ep->rx_last = h.flags & CFX_DPDK_OP_F_LAST;
         ep->rx_imm = le32toh(h.imm);
@@ -294,7 +294,7 @@ static void *rel_place(void *ctx, uint32_t msg_len, uint32_t off, uint32_t len)
         msg_len != ep->rx_len || !msg_len)
         return NULL;
     struct cfx__dpdk_mr *mr = cfx__tp_table_get(&ep->iface->mrs, ep->rx_mr_idx, ep->rx_mr_gen);
-    if (!mr || mr->grant_key != ep->rx_key)
+    if (!mr || mr->grant.key != ep->rx_key)
         return NULL;
     return (uint8_t *)mr->super.addr + ep->rx_off + off;
 }

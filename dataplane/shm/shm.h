@@ -122,10 +122,8 @@ _Static_assert(sizeof(struct cfx__shm_rdesc) <= CFX_TP_RDESC_MAX, "shm rdesc fit
 
 struct cfx__shm_mr {
     struct cfx_tp_mr super;
-    unsigned access;       /* CFX_TP_ACCESS_* */
     uint32_t key;          /* index in the iface table */
-    uint64_t grant_key;    /* live grant's random key; 0: none (no write accepted) */
-    uint64_t grant_ep;     /* serial of the only ep that may write; 0: any */
+    struct cfx__tp_grant grant; /* the live write grant (tpbase.h) */
     int shm_fd;            /* -1, or fd holding addr (not owned) */
     uint64_t shm_off;
     uint64_t ino;

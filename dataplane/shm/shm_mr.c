@@ -2,9 +2,8 @@
  * shm registrations and the receiver's cache of mapped peer source regions.
  *
  * A registration is a slot in the iface table.  It takes no remote write
- * until it is granted (mr_grant): a grant draws 64 fresh random bits as its
- * key and may name the one endpoint allowed to write; revoking, granting
- * again or deregistering clears it.  Every write, staged or one-copy, is
+ * until it is granted (tpbase.h, "registrations and write grants checked in
+ * software").  Every write, staged or one-copy, is
  * checked against the grant (key, writer, bounds) before its first byte
  * lands, and by the receiver: its memory is written by no one else.
  *
@@ -56,25 +55,20 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
                      unsigned access, struct cfx_tp_mr **out)
 {
     CFX_TP_THREAD_CHECK(tpi);
-    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpi);
     struct cfx__shm_mr *mr;
+    struct cfx_tp_mr base;
     struct stat st;
     uint32_t idx;
     int rc;
 
-    if (!mem || !out || !mem->addr || !mem->len)
-        return CFX_ERR_INVALID;
-    if (mem->memtype != CFX_MEMTYPE_HOST)
-        return cfx__err(CFX_ERR_UNSUPPORTED, "shm: cannot register %s memory",
-                        cfx_memtype_name(mem->memtype));
+    if (!out)
+        return cfx__err(CFX_ERR_INVALID, "shm mem_reg: NULL argument");
+    if ((rc = cfx__tp_host_reg("shm", tpi, mem, access, &base)) != CFX_OK)
+        return rc;
     mr = calloc(1, sizeof(*mr));
     if (!mr)
-        return cfx__err(CFX_ERR_NOMEM, "shm: out of memory for a registration");
-    mr->super.iface = tpi;
-    mr->super.addr = mem->addr;
-    mr->super.len = mem->len;
-    mr->super.memtype = mem->memtype;
-    mr->access = access;
+        return cfx__err(CFX_ERR_NOMEM, "shm mem_reg: out of memory for a registration");
+    mr->super = base;
     mr->shm_fd = -1;
     /* a source the receiver may read from (one copy): only a file sealed
      * against shrinking (the receiver checks too), else its writes stage */
@@ -85,7 +79,7 @@ int cfx__shm_mem_reg(struct cfx_tp_iface *tpi, const struct cfx_tp_mem_desc *mem
         mr->shm_off = mem->file_off;
         mr->ino = st.st_ino;
     }
-    if ((rc = cfx__tp_table_add(&iface->mrs, mr, &idx, NULL)) != CFX_OK) {
+    if ((rc = cfx__tp_table_add(&cfx__shm_iface_of(tpi)->mrs, mr, &idx, NULL)) != CFX_OK) {
         free(mr);
         return rc;
     }
@@ -106,7 +100,7 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
     mr = cfx__shm_mr_of(tpm);
     iface = cfx__shm_iface_of(tpm->iface);
     idx = mr->key & 0xffffu;
-    cfx__tp_revoked_add(&iface->revoked, mr->grant_key, mr->grant_ep);
+    cfx__tp_grant_end(&mr->grant, &iface->revoked);
     cfx__tp_table_remove(&iface->mrs, idx);
     free(mr);
 }
@@ -114,25 +108,20 @@ void cfx__shm_mem_dereg(struct cfx_tp_mr *tpm)
 int cfx__shm_mr_grant(struct cfx_tp_mr *tpm, struct cfx_tp_ep *tpe, struct cfx_tp_rdesc *out)
 {
     CFX_TP_THREAD_CHECK(tpm ? tpm->iface : NULL);
-    struct cfx__shm_mr *mr;
     struct cfx__shm_rdesc rd;
-
-    if (!tpm || !out || (tpe && tpe->iface != tpm->iface))
-        return cfx__err(CFX_ERR_INVALID, "shm mr_grant: NULL argument or another iface's ep");
-    mr = cfx__shm_mr_of(tpm);
-    if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
-        return cfx__err(CFX_ERR_INVALID, "shm mr_grant: region %p is not remote-writable",
-                        tpm->addr);
-    cfx__tp_revoked_add(&cfx__shm_iface_of(tpm->iface)->revoked, mr->grant_key,
-                        mr->grant_ep); /* a grant again ends the one before */
-    mr->grant_key = cfx__keystream_next(&cfx__shm_iface_of(tpm->iface)->keys);
-    mr->grant_ep = tpe ? cfx__shm_ep_of(tpe)->serial : 0;
+    int rc = cfx__tp_grant_args("shm", tpm, tpe, out);
+    if (rc != CFX_OK)
+        return rc;
+    struct cfx__shm_mr *mr = cfx__shm_mr_of(tpm);
+    struct cfx__shm_iface *iface = cfx__shm_iface_of(tpm->iface);
+    cfx__tp_grant_new(&mr->grant, &iface->revoked, &iface->keys,
+                      tpe ? cfx__shm_ep_of(tpe)->serial : 0);
     memset(&rd, 0, sizeof(rd));
-    rd.grant = mr->grant_key;
+    rd.grant = mr->grant.key;
     rd.tag = CFX_SHM_RDESC_TAG;
     rd.key = mr->key;
     rd.len = mr->super.len;
-    rd.pid = cfx__shm_iface_of(tpm->iface)->pid;
+    rd.pid = iface->pid;
     rd.fd = -1; /* the receiver copies: a writer needs no way to its file */
     memset(out, 0, sizeof(*out));
     out->len = sizeof(rd);
@@ -145,17 +134,14 @@ void cfx__shm_mr_revoke(struct cfx_tp_mr *tpm)
     CFX_TP_THREAD_CHECK(tpm ? tpm->iface : NULL);
     if (!tpm)
         return;
-    struct cfx__shm_mr *mr = cfx__shm_mr_of(tpm);
-    cfx__tp_revoked_add(&cfx__shm_iface_of(tpm->iface)->revoked, mr->grant_key, mr->grant_ep);
-    mr->grant_key = 0;
-    mr->grant_ep = 0;
+    cfx__tp_grant_end(&cfx__shm_mr_of(tpm)->grant, &cfx__shm_iface_of(tpm->iface)->revoked);
 }
 
 int cfx__shm_mr_pack(struct cfx_tp_mr *tpm, struct cfx_tp_rdesc *out)
 {
     if (!tpm || !out)
-        return CFX_ERR_INVALID;
-    if (!(cfx__shm_mr_of(tpm)->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
+        return cfx__err(CFX_ERR_INVALID, "shm mr_pack: NULL argument");
+    if (!(tpm->access & CFX_TP_ACCESS_REMOTE_WRITE)) {
         /* described all the same; its key matches nothing */
         struct cfx__shm_rdesc rd = {
             .tag = CFX_SHM_RDESC_TAG, .key = cfx__shm_mr_of(tpm)->key, .len = tpm->len, .fd = -1
@@ -173,17 +159,10 @@ struct cfx__shm_mr *cfx__shm_mr_lookup(struct cfx__shm_iface *iface, const struc
                                        const char **why)
 {
     struct cfx__shm_mr *mr = cfx__tp_table_at(&iface->mrs, key);
-
-    if (unlikely(!mr || !mr->grant_key || mr->grant_key != grant)) {
-        *why = "no live grant with that key";
-        return NULL;
-    }
-    if (unlikely(mr->grant_ep && mr->grant_ep != ep->serial)) {
-        *why = "granted to another peer";
-        return NULL;
-    }
-    if (unlikely(off > mr->super.len || len > mr->super.len - off)) {
-        *why = "outside the granted bytes";
+    const char *no = cfx__tp_grant_refuses(mr ? &mr->grant : NULL, mr ? mr->super.len : 0,
+                                           grant, ep->serial, off, len);
+    if (unlikely(no)) {
+        *why = no;
         return NULL;
     }
     return mr;

@@ -132,10 +132,8 @@ _Static_assert(sizeof(struct cfx__tcp_rkey) <= CFX_TP_RDESC_MAX, "rkey fits an r
 
 struct cfx__tcp_mr {
     struct cfx_tp_mr super;
-    unsigned access;  /* CFX_TP_ACCESS_* */
     uint32_t idx;     /* slot in the iface table */
-    uint64_t grant_key; /* live grant's random key; 0: none (no write accepted) */
-    uint64_t grant_ep;  /* serial of the only ep that may write; 0: any */
+    struct cfx__tp_grant grant; /* the live write grant (tpbase.h) */
     uint32_t rx_busy; /* eps currently receiving a payload into it */
     uint32_t tx_busy; /* queued writes reading from it */
 };

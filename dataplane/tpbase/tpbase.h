@@ -300,4 +300,67 @@ static inline bool cfx__tp_revoked_has(const struct cfx__tp_revoked *r, uint64_t
     return false;
 }
 
+/* ---- registrations and write grants checked in software (shm, tcp, dpdk) --------
+ *
+ * A registration of these transports takes no remote write until it is
+ * granted (mr_grant): a grant draws 64 fresh random bits (the iface's
+ * keystream) as its key and may name the one endpoint allowed to write.
+ * Their receive paths check key, writer and bounds (cfx__tp_grant_refuses)
+ * before a byte of a write lands.  Revoking, granting again or
+ * deregistering ends the grant, remembered among the revoked ones above, so
+ * a key that outlived its transfer, or one learned from an earlier grant,
+ * matches nothing.  (verbs grants are the NIC's: memory windows, verbs_mr.c.)
+ */
+struct cfx__tp_grant {
+    uint64_t key;   /* the live grant's random key; 0: none (no write accepted) */
+    uint64_t ep;    /* serial of the only endpoint that may write; 0: any */
+};
+
+/* mem_reg of host memory: the arguments checked (CFX_ERR_INVALID, or
+ * CFX_ERR_UNSUPPORTED for memory that is not host memory; the detail
+ * begins "<who> mem_reg: "), then @p mr's common part filled in for
+ * @p iface. */
+int cfx__tp_host_reg(const char *who, struct cfx_tp_iface *iface,
+                     const struct cfx_tp_mem_desc *mem, unsigned access, struct cfx_tp_mr *mr);
+
+/* mr_grant's arguments: CFX_OK, or CFX_ERR_INVALID (NULL, another iface's
+ * endpoint, a region not registered for remote writes) with the detail
+ * "<who> mr_grant: ...". */
+int cfx__tp_grant_args(const char *who, const struct cfx_tp_mr *mr, const struct cfx_tp_ep *ep,
+                       const struct cfx_tp_rdesc *out);
+
+/* A new grant for endpoint serial @p ep (0: any) under a fresh key from
+ * @p ks; the one before ends. */
+static inline void cfx__tp_grant_new(struct cfx__tp_grant *g, struct cfx__tp_revoked *r,
+                                     struct cfx__keystream *ks, uint64_t ep)
+{
+    cfx__tp_revoked_add(r, g->key, g->ep);
+    g->key = cfx__keystream_next(ks);
+    g->ep = ep;
+}
+
+/* The grant ends (mr_revoke, mem_dereg): no write is accepted under it. */
+static inline void cfx__tp_grant_end(struct cfx__tp_grant *g, struct cfx__tp_revoked *r)
+{
+    cfx__tp_revoked_add(r, g->key, g->ep);
+    g->key = 0;
+    g->ep = 0;
+}
+
+/* Why a write of @p len bytes at @p off under @p key from endpoint serial
+ * @p ep is refused by grant @p g of a region of @p size bytes (@p g NULL: no
+ * such registration), or NULL: it may land. */
+static inline const char *cfx__tp_grant_refuses(const struct cfx__tp_grant *g, size_t size,
+                                                uint64_t key, uint64_t ep, uint64_t off,
+                                                uint64_t len)
+{
+    if (unlikely(!g || !g->key || g->key != key))
+        return "no live grant with that key";
+    if (unlikely(g->ep && g->ep != ep))
+        return "granted to another peer";
+    if (unlikely(off > size || len > size - off))
+        return "outside the granted bytes";
+    return NULL;
+}
+
 #endif

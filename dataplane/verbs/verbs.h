@@ -227,7 +227,6 @@ struct cfx__verbs_src {
 struct cfx__verbs_mr {
     struct cfx_tp_mr super;
     struct cfx__verbs_region *region;  /* from the rcache, one reference held */
-    unsigned access;                   /* CFX_TP_ACCESS_* */
     struct ibv_mw *grant_mw;           /* live grant to an endpoint, or NULL */
     uint32_t grant_rkey;               /* its rkey as bound */
     uint32_t bind_slot, bind_gen;      /* endpoint whose QP bound it */

@@ -131,7 +131,7 @@ int cfx__verbs_mem_reg(struct cfx_tp_iface *tp_iface, const struct cfx_tp_mem_de
     mr->super.addr = mem->addr;
     mr->super.len = mem->len;
     mr->super.memtype = mem->memtype;
-    mr->access = access;
+    mr->super.access = access;
     *out = &mr->super;
     return CFX_OK;
 }
@@ -251,17 +251,15 @@ int cfx__verbs_mr_grant(struct cfx_tp_mr *tp_mr, struct cfx_tp_ep *tp_ep,
                         struct cfx_tp_rdesc *out)
 {
     CFX_TP_THREAD_CHECK(tp_mr ? tp_mr->iface : NULL);
-    if (!tp_mr || !out || (tp_ep && tp_ep->iface != tp_mr->iface))
-        return cfx__err(CFX_ERR_INVALID, "verbs mr_grant: NULL argument or foreign endpoint");
+    int rc = cfx__tp_grant_args("verbs", tp_mr, tp_ep, out);
+    if (rc != CFX_OK)
+        return rc;
     struct cfx__verbs_mr *mr = cfx__verbs_mr_of(tp_mr);
     struct cfx__verbs_iface *iface = cfx__verbs_iface_of(tp_mr->iface);
-    if (!(mr->access & CFX_TP_ACCESS_REMOTE_WRITE))
-        return cfx__err(CFX_ERR_INVALID, "verbs mr_grant: %zu bytes at %p are not registered "
-                        "for remote writes", tp_mr->len, tp_mr->addr);
 
     cfx__verbs_mr_revoke(tp_mr); /* one live grant per registration */
-    int rc = tp_ep && iface->has_mw2 ? grant_by_mw(iface, mr, cfx__verbs_ep_of(tp_ep))
-                                     : grant_by_reg(iface, mr);
+    rc = tp_ep && iface->has_mw2 ? grant_by_mw(iface, mr, cfx__verbs_ep_of(tp_ep))
+                                 : grant_by_reg(iface, mr);
     if (rc == CFX_ERR_AGAIN) {
         /* The endpoint's send queue has no room for the bind (credits keep
          * it far from full, so this is rare): exact bytes and the
@@ -327,7 +325,7 @@ int cfx__verbs_mr_pack(struct cfx_tp_mr *tp_mr, struct cfx_tp_rdesc *out)
     struct cfx__verbs_mr *mr = cfx__verbs_mr_of(tp_mr);
     /* Remotely writable: a grant to any peer (transport.h); local-only:
      * the region's rkey, which writes nothing. */
-    if (mr->access & CFX_TP_ACCESS_REMOTE_WRITE)
+    if (mr->super.access & CFX_TP_ACCESS_REMOTE_WRITE)
         return cfx__verbs_mr_grant(tp_mr, NULL, out);
 
     memset(&k, 0, sizeof(k));

@@ -519,9 +519,9 @@ static int check_no_live_grant(struct cfx_context *c, const struct cfx_object_id
         if (!mr)
             continue;
         if (c->tp[t].ops == &cfx__tcp_ops)
-            key = container_of(mr, struct cfx__tcp_mr, super)->grant_key;
+            key = container_of(mr, struct cfx__tcp_mr, super)->grant.key;
         else if (c->tp[t].ops == &cfx__shm_ops)
-            key = container_of(mr, struct cfx__shm_mr, super)->grant_key;
+            key = container_of(mr, struct cfx__shm_mr, super)->grant.key;
         else
             continue;
         cr_assert_eq(key, 0, "%s: the destination is still granted after the get returned",
