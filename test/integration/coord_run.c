@@ -1,8 +1,13 @@
 /* A restartable conflux-coord child with a state directory (coord_run.h). */
 #include "coord_run.h"
 
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <conflux/conflux.h>
@@ -110,4 +115,101 @@ struct cfx_context *coord_run_join(struct coord_run *r, int timeout_ms)
     struct cfx_context *ctx = coord_run_join_at(r->cc.addr, r->token, timeout_ms);
     cr_assert(ctx, "context: %s", cfx_last_error());
     return ctx;
+}
+
+void coord_run_worker_start(struct coord_run *r, struct coord_run_worker *w, const char *env,
+                            const char *dirs, const char *const *envs, int timeout_ms)
+{
+    int down[2], up[2], p[COORD_RUN_PIPES_MAX][2], child[COORD_RUN_PIPES_MAX];
+    int np = (int)strlen(dirs);
+    char spec[256], exe[512];
+    size_t at;
+
+    cr_assert_leq(np, COORD_RUN_PIPES_MAX);
+    memset(w, 0, sizeof(*w));
+    cr_assert_eq(pipe(down), 0);
+    cr_assert_eq(pipe(up), 0);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    cr_assert_gt(n, 0);
+    exe[n] = '\0';
+    at = (size_t)snprintf(spec, sizeof(spec), "%d %d", down[0], up[1]);
+    for (int i = 0; i < np; i++) {
+        cr_assert_eq(pipe(p[i]), 0);
+        child[i] = dirs[i] == 'r' ? p[i][0] : p[i][1];
+        w->fd[i] = dirs[i] == 'r' ? p[i][1] : p[i][0];
+        at += (size_t)snprintf(spec + at, sizeof(spec) - at, " %d", child[i]);
+    }
+    snprintf(spec + at, sizeof(spec) - at, " %s %s", r->cc.addr, r->token);
+    w->pid = fork();
+    cr_assert_geq(w->pid, 0);
+    if (w->pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        for (int i = 0; i < np; i++)
+            close(w->fd[i]);
+        setenv(env, spec, 1);
+        for (int i = 0; envs && envs[i]; i++)
+            putenv((char *)envs[i]); /* exec follows: the strings outlive it */
+        execl(exe, exe, (char *)NULL);
+        _exit(127);
+    }
+    close(down[0]);
+    close(up[1]);
+    for (int i = 0; i < np; i++)
+        close(child[i]);
+    w->to = down[1];
+    w->from = up[0];
+    w->npipes = np;
+    struct pollfd pf = { .fd = w->from, .events = POLLIN };
+    cr_assert(poll(&pf, 1, timeout_ms) == 1 && read(w->from, &w->node, 4) == 4,
+              "worker did not start (log %s)", r->logpath);
+}
+
+/* Wait for @p w's exit, at most @p timeout_ms (a pidfd turns readable when
+ * the process ends; waitpid has no timeout), then SIGKILL. */
+static void worker_reap(struct coord_run_worker *w, int timeout_ms)
+{
+    int st = 0;
+    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
+    if (pfd >= 0) {
+        struct pollfd p = { .fd = pfd, .events = POLLIN };
+        poll(&p, 1, timeout_ms);
+        close(pfd);
+    }
+    if (waitpid(w->pid, &st, WNOHANG) == 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, &st, 0);
+    }
+    w->pid = 0;
+}
+
+void coord_run_worker_stop(struct coord_run_worker *w, int timeout_ms)
+{
+    char c = 'D';
+    if (!w->pid)
+        return;
+    kill(w->pid, SIGCONT);
+    if (write(w->to, &c, 1) != 1) { /* gone already */
+    }
+    worker_reap(w, timeout_ms);
+}
+
+void coord_run_worker_kill(struct coord_run_worker *w)
+{
+    if (!w->pid)
+        return;
+    kill(w->pid, SIGKILL);
+    worker_reap(w, 30000);
+}
+
+void coord_run_worker_close(struct coord_run_worker *w)
+{
+    int *fds[2 + COORD_RUN_PIPES_MAX] = { &w->to, &w->from };
+    for (int i = 0; i < w->npipes; i++)
+        fds[2 + i] = &w->fd[i];
+    for (int i = 0; i < 2 + w->npipes; i++)
+        if (*fds[i] > 0) {
+            close(*fds[i]);
+            *fds[i] = -1;
+        }
 }

@@ -8,6 +8,8 @@
 #define CFX_TEST_COORD_RUN_H
 
 #include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "coord_child.h"
 
@@ -56,5 +58,31 @@ struct cfx_task_call;
 void coord_run_task_worker(const char *addr, const char *token, const char *name,
                            int (*fn)(const struct cfx_task_call *, void *), int in, int out,
                            int timeout_ms) __attribute__((noreturn));
+
+/* A task worker child: this test binary exec'd again, whose constructor
+ * finds @p env set and runs coord_run_task_worker, with pipes to it. */
+#define COORD_RUN_PIPES_MAX 4
+struct coord_run_worker {
+    pid_t pid;                       /* 0: none */
+    int to, from;                    /* control pipe: 'D' ends it; its node id came back */
+    int fd[COORD_RUN_PIPES_MAX];     /* this side's ends of the extra pipes, in order */
+    int npipes;
+    uint32_t node;                   /* its node id at the start */
+};
+
+/* Start one on @p r's coordinator and wait for its node id.  The child
+ * finds @p env set to "IN OUT P... ADDR TOKEN": its ends of the control
+ * pipe, then of one extra pipe per letter of @p dirs ('r': the child reads
+ * it, this side writes fd[i]; 'w': the other way), and the "NAME=VALUE"
+ * strings of @p envs (NULL-ended) in its environment. */
+void coord_run_worker_start(struct coord_run *r, struct coord_run_worker *w, const char *env,
+                            const char *dirs, const char *const *envs, int timeout_ms);
+/* 'D' to it (and SIGCONT, for one a test stopped), then its exit waited
+ * for, at most @p timeout_ms before SIGKILL; its pipes stay open. */
+void coord_run_worker_stop(struct coord_run_worker *w, int timeout_ms);
+/* SIGKILL, then its exit waited for; its pipes stay open. */
+void coord_run_worker_kill(struct coord_run_worker *w);
+/* Close this side's ends of its pipes. */
+void coord_run_worker_close(struct coord_run_worker *w);
 
 #endif

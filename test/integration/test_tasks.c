@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <conflux/conflux.h>
@@ -127,80 +125,27 @@ __attribute__((constructor)) static void tasks_child_main(void)
 
 /* ---- the submitter -------------------------------------------------------------- */
 
-struct worker {
-    pid_t pid;
-    int to, from;
-    uint32_t node;
-};
-
 static struct coord_run co;
-static struct worker wk[NWORKERS];
+static struct coord_run_worker wk[NWORKERS];
 static struct cfx_context *ctx;
 
-static void worker_start(struct worker *w, int gpus)
+static void worker_start(struct coord_run_worker *w, int gpus)
 {
-    int down[2], up[2];
-    char spec[256], exe[512];
-    cr_assert_eq(pipe(down), 0);
-    cr_assert_eq(pipe(up), 0);
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %d %s %s", down[0], up[1], co.cc.addr, co.token);
-    w->pid = fork();
-    cr_assert_geq(w->pid, 0);
-    if (w->pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        setenv(CHILD_ENV, spec, 1);
-        setenv("CFX_TASK_CORES", "2", 1);
-        setenv("CFX_TASK_GPUS", gpus ? "1" : "0", 1);
-        setenv("CFX_TASK_MEMORY", "1G", 1);
-        execl(exe, exe, (char *)NULL);
-        _exit(127);
-    }
-    close(down[0]);
-    close(up[1]);
-    w->to = down[1];
-    w->from = up[0];
-    struct pollfd p = { .fd = w->from, .events = POLLIN };
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->from, &w->node, 4) == 4,
-              "worker did not start (log %s)", co.logpath);
+    const char *envs[] = { "CFX_TASK_CORES=2", gpus ? "CFX_TASK_GPUS=1" : "CFX_TASK_GPUS=0",
+                           "CFX_TASK_MEMORY=1G", NULL };
+    coord_run_worker_start(&co, w, CHILD_ENV, "", envs, CALL_MS);
 }
 
-static void worker_end(struct worker *w)
+static void worker_end(struct coord_run_worker *w)
 {
-    int st = 0;
-    char c = 'D';
-    if (!w->pid)
-        return;
-    if (write(w->to, &c, 1) != 1) { /* gone already */
-    }
-    close(w->to);
-    close(w->from);
-    /* wait for its exit itself, bounded: a pidfd turns readable when the
-     * process ends (waitpid has no timeout) */
-    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
-    if (pfd >= 0) {
-        struct pollfd p = { .fd = pfd, .events = POLLIN };
-        poll(&p, 1, 30000);
-        close(pfd);
-    }
-    if (waitpid(w->pid, &st, WNOHANG) == 0) {
-        kill(w->pid, SIGKILL);
-        waitpid(w->pid, &st, 0);
-    }
-    w->pid = 0;
+    coord_run_worker_stop(w, 30000);
+    coord_run_worker_close(w);
 }
 
-static void worker_kill(struct worker *w)
+static void worker_kill(struct coord_run_worker *w)
 {
-    int st;
-    kill(w->pid, SIGKILL);
-    waitpid(w->pid, &st, 0);
-    close(w->to);
-    close(w->from);
-    w->pid = 0;
+    coord_run_worker_kill(w);
+    coord_run_worker_close(w);
 }
 
 static void setup(void)

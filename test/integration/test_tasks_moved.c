@@ -27,8 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <conflux/conflux.h>
@@ -107,112 +105,51 @@ __attribute__((constructor)) static void moved_child_main(void)
 
 /* ---- the submitter -------------------------------------------------------------- */
 
-struct worker {
-    pid_t pid;
-    int to, from;   /* control pipe: 'D' ends it; its node id comes back */
-    int runs;       /* read end: a byte per run started */
-    int gate;       /* write end: a byte lets a run put its result */
-    int said;       /* read end: a struct said per run that put */
-    uint32_t node;  /* its id at the start */
+/* A worker's pipes beside its control pipe (coord_run_worker's fd[]). */
+enum {
+    RUNS, /* read end: a byte per run started */
+    GATE, /* write end: a byte lets a run put its result */
+    SAID, /* read end: a struct said per run that put */
 };
 
 static struct coord_run co;
-static struct worker wa, wb;
+static struct coord_run_worker wa, wb;
 static struct cfx_context *ctx;
 
-static void worker_start(struct worker *w)
+static void worker_start(struct coord_run_worker *w)
 {
-    int down[2], up[2], runs[2], gate[2], said[2];
-    char spec[256], exe[512];
-    cr_assert_eq(pipe(down), 0);
-    cr_assert_eq(pipe(up), 0);
-    cr_assert_eq(pipe(runs), 0);
-    cr_assert_eq(pipe(gate), 0);
-    cr_assert_eq(pipe(said), 0);
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %d %d %d %d %s %s", down[0], up[1], runs[1], gate[0],
-             said[1], co.cc.addr, co.token);
-    memset(w, 0, sizeof(*w));
-    w->pid = fork();
-    cr_assert_geq(w->pid, 0);
-    if (w->pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        close(runs[0]);
-        close(gate[1]);
-        close(said[0]);
-        setenv(CHILD_ENV, spec, 1);
-        setenv("CFX_TASK_CORES", "1", 1);
-        setenv("CFX_TASK_MEMORY", "1G", 1);
-        execl(exe, exe, (char *)NULL);
-        _exit(127);
-    }
-    close(down[0]);
-    close(up[1]);
-    close(runs[1]);
-    close(gate[0]);
-    close(said[1]);
-    w->to = down[1];
-    w->from = up[0];
-    w->runs = runs[0];
-    w->gate = gate[1];
-    w->said = said[0];
-    struct pollfd p = { .fd = w->from, .events = POLLIN };
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->from, &w->node, 4) == 4,
-              "worker did not start (log %s)", co.logpath);
+    const char *envs[] = { "CFX_TASK_CORES=1", "CFX_TASK_MEMORY=1G", NULL };
+    coord_run_worker_start(&co, w, CHILD_ENV, "wrw", envs, CALL_MS);
 }
 
 /* A run started on @p w (an event: its byte). */
-static void started(struct worker *w)
+static void started(struct coord_run_worker *w)
 {
-    struct pollfd p = { .fd = w->runs, .events = POLLIN };
+    struct pollfd p = { .fd = w->fd[RUNS], .events = POLLIN };
     char c;
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->runs, &c, 1) == 1,
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->fd[RUNS], &c, 1) == 1,
               "no run started on the worker of node %u (log %s)", w->node, co.logpath);
 }
 
-static void release(struct worker *w)
+static void release(struct coord_run_worker *w)
 {
-    cr_assert_eq(write(w->gate, "g", 1), 1);
+    cr_assert_eq(write(w->fd[GATE], "g", 1), 1);
 }
 
 /* What @p w's run said of its puts. */
-static struct said said(struct worker *w)
+static struct said said(struct coord_run_worker *w)
 {
-    struct pollfd p = { .fd = w->said, .events = POLLIN };
+    struct pollfd p = { .fd = w->fd[SAID], .events = POLLIN };
     struct said s;
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->said, &s, sizeof(s)) == (ssize_t)sizeof(s),
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->fd[SAID], &s, sizeof(s)) == (ssize_t)sizeof(s),
               "the run on the worker of node %u said nothing (log %s)", w->node, co.logpath);
     return s;
 }
 
-static void worker_end(struct worker *w)
+static void worker_end(struct coord_run_worker *w)
 {
-    int st = 0;
-    char c = 'D';
-    if (!w->pid)
-        return;
-    kill(w->pid, SIGCONT); /* a test that failed while it was stopped */
-    if (write(w->to, &c, 1) != 1) { /* gone already */
-    }
-    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
-    if (pfd >= 0) {
-        struct pollfd p = { .fd = pfd, .events = POLLIN };
-        poll(&p, 1, CALL_MS);
-        close(pfd);
-    }
-    if (waitpid(w->pid, &st, WNOHANG) == 0) {
-        kill(w->pid, SIGKILL);
-        waitpid(w->pid, &st, 0);
-    }
-    close(w->to);
-    close(w->from);
-    close(w->runs);
-    close(w->gate);
-    close(w->said);
-    w->pid = 0;
+    coord_run_worker_stop(w, CALL_MS);
+    coord_run_worker_close(w);
 }
 
 static void setup(void)

@@ -21,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <conflux/conflux.h>
@@ -96,13 +94,13 @@ __attribute__((constructor)) static void restart_child_main(void)
 
 /* ---- the submitter -------------------------------------------------------------- */
 
+/* A worker: its child process and pipes (fd[GATE]: write end, one byte
+ * lets one gated task go on; fd[RUNS]: read end, a tag byte per run
+ * started), and the runs started, by tag, read so far. */
+enum { GATE, RUNS };
 struct worker {
-    pid_t pid;
-    int to, from;       /* control pipe: 'D' ends it; its node id comes back */
-    int gate;           /* write end: one byte lets one gated task go on */
-    int runs;           /* read end: a tag byte per run started */
-    uint32_t node;
-    unsigned seen[256]; /* runs started, by tag, read so far */
+    struct coord_run_worker c;
+    unsigned seen[256];
 };
 
 static struct coord_run co;
@@ -111,105 +109,45 @@ static struct cfx_context *ctx;
 
 static void worker_start(struct worker *w)
 {
-    int down[2], up[2], gate[2], runs[2];
-    char spec[256], exe[512];
-    cr_assert_eq(pipe(down), 0);
-    cr_assert_eq(pipe(up), 0);
-    cr_assert_eq(pipe(gate), 0);
-    cr_assert_eq(pipe(runs), 0);
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    cr_assert_gt(n, 0);
-    exe[n] = '\0';
-    snprintf(spec, sizeof(spec), "%d %d %d %d %s %s", down[0], up[1], gate[0], runs[1],
-             co.cc.addr, co.token);
-    memset(w, 0, sizeof(*w));
-    w->pid = fork();
-    cr_assert_geq(w->pid, 0);
-    if (w->pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        close(gate[1]);
-        close(runs[0]);
-        setenv(CHILD_ENV, spec, 1);
-        setenv("CFX_TASK_CORES", "1", 1);
-        setenv("CFX_TASK_MEMORY", "1G", 1);
-        execl(exe, exe, (char *)NULL);
-        _exit(127);
-    }
-    close(down[0]);
-    close(up[1]);
-    close(gate[0]);
-    close(runs[1]);
-    w->to = down[1];
-    w->from = up[0];
-    w->gate = gate[1];
-    w->runs = runs[0];
-    struct pollfd p = { .fd = w->from, .events = POLLIN };
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->from, &w->node, 4) == 4,
-              "worker did not start (log %s)", co.logpath);
+    const char *envs[] = { "CFX_TASK_CORES=1", "CFX_TASK_MEMORY=1G", NULL };
+    memset(w->seen, 0, sizeof(w->seen));
+    coord_run_worker_start(&co, &w->c, CHILD_ENV, "rw", envs, CALL_MS);
 }
 
 /* The next run started on @p w has tag @p tag (an event: the byte). */
 static void started(struct worker *w, uint8_t tag)
 {
-    struct pollfd p = { .fd = w->runs, .events = POLLIN };
+    struct pollfd p = { .fd = w->c.fd[RUNS], .events = POLLIN };
     uint8_t got = 0;
-    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->runs, &got, 1) == 1,
-              "no task started on node %u", w->node);
+    cr_assert(poll(&p, 1, CALL_MS) == 1 && read(w->c.fd[RUNS], &got, 1) == 1,
+              "no task started on node %u", w->c.node);
     cr_assert_eq(got, tag, "run of '%c' started, want '%c'", got, tag);
     w->seen[got]++;
 }
 
 static void release(struct worker *w)
 {
-    cr_assert_eq(write(w->gate, "g", 1), 1);
-}
-
-/* Wait for @p w's exit (bounded: a pidfd turns readable when it ends). */
-static void reap(struct worker *w)
-{
-    int st = 0;
-    int pfd = (int)syscall(SYS_pidfd_open, w->pid, 0);
-    if (pfd >= 0) {
-        struct pollfd p = { .fd = pfd, .events = POLLIN };
-        poll(&p, 1, CALL_MS);
-        close(pfd);
-    }
-    if (waitpid(w->pid, &st, WNOHANG) == 0) {
-        kill(w->pid, SIGKILL);
-        waitpid(w->pid, &st, 0);
-    }
-    w->pid = 0;
+    cr_assert_eq(write(w->c.fd[GATE], "g", 1), 1);
 }
 
 /* End @p w, then read every run byte it left: the pipe ends with it. */
 static void worker_end(struct worker *w)
 {
-    char c = 'D';
     uint8_t buf[64];
     ssize_t n;
-    if (!w->pid)
+    if (!w->c.pid)
         return;
-    if (write(w->to, &c, 1) != 1) { /* gone already */
-    }
-    reap(w);
-    while ((n = read(w->runs, buf, sizeof(buf))) > 0)
+    coord_run_worker_stop(&w->c, CALL_MS);
+    while ((n = read(w->c.fd[RUNS], buf, sizeof(buf))) > 0)
         for (ssize_t i = 0; i < n; i++)
             w->seen[buf[i]]++;
-    close(w->to);
-    close(w->from);
-    close(w->gate);
-    close(w->runs);
+    coord_run_worker_close(&w->c);
 }
 
 static void worker_kill(struct worker *w)
 {
-    kill(w->pid, SIGKILL);
-    reap(w);
-    close(w->to);
-    close(w->from);
-    close(w->gate);
-    close(w->runs);
+    coord_run_worker_kill(&w->c);
+    coord_run_worker_close(&w->c);
 }
 
 static void setup(void)
@@ -291,7 +229,7 @@ Test(tasks_restart, running_task_ends_once_across_a_kill_9)
     coord_run_start(&co);
     pthread_join(w.th, NULL);
     cr_assert_eq(w.rc, CFX_OK, "wait: %s", w.err);
-    cr_assert_eq(w.node, wk.node);
+    cr_assert_eq(w.node, wk.c.node);
     cr_assert_eq(cfx_task_id(w.t), id, "the task changed its id");
     check_result("trestart/a", 11, 3000);
     cfx_task_free(w.t);
@@ -325,7 +263,7 @@ Test(tasks_restart, queued_task_placed_by_the_new_coordinator_runs_once)
     release(&wk);
     uint32_t node = 0;
     cr_assert_eq(cfx_task_wait(tq, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(node, wk.node);
+    cr_assert_eq(node, wk.c.node);
     cr_assert_eq(cfx_task_wait(tb, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
     check_result("trestart/b", 12, 100);
     check_result("trestart/q", 13, 70000);
@@ -464,7 +402,7 @@ Test(tasks_restart, submission_repeated_with_its_key_runs_once)
     cr_assert_eq(raw_submit(key, CFX_PROTO_TASK_AGAIN, "trestart/c", &a, &s2), CFX_OK, "%s",
                  cfx_last_error());
     cr_assert_eq(s2.task_id, s1.task_id);
-    cr_assert_eq(s2.node_id, wk.node);
+    cr_assert_eq(s2.node_id, wk.c.node);
     started(&wk, 'c');
     release(&wk);
     cr_assert_eq(raw_wait(s1.task_id), CFX_OK, "%s", cfx_last_error());
@@ -492,7 +430,7 @@ Test(tasks_restart, worker_killed_while_the_coordinator_is_down)
      * coordinator waits the grace for it, then fails the task naming it */
     struct count_arg a = { .tag = 'k', .gate = 1, .seed = 16, .size = 10 };
     struct cfx_task *t = submit("trestart/k", &a);
-    uint32_t dead = wk.node;
+    uint32_t dead = wk.c.node;
     started(&wk, 'k');
     coord_run_kill(&co);
     worker_kill(&wk);
@@ -517,7 +455,7 @@ Test(tasks_restart, queued_task_waits_for_a_worker_when_the_last_one_dies)
     struct count_arg r = { .tag = 'r', .gate = 1, .seed = 20, .size = 30 };
     struct count_arg u = { .tag = 'u', .gate = 0, .seed = 22, .size = 7000 };
     struct cfx_task *tr = submit("trestart/r", &r);
-    uint32_t dead = wk.node;
+    uint32_t dead = wk.c.node;
     started(&wk, 'r');
     struct cfx_task *tu = submit("trestart/u", &u);
     cr_assert_eq(cfx_task_node(tu), 0, "placed at once on node %u", cfx_task_node(tu));
@@ -530,7 +468,7 @@ Test(tasks_restart, queued_task_waits_for_a_worker_when_the_last_one_dies)
     worker_start(&wk);
     uint32_t node = 0;
     cr_assert_eq(cfx_task_wait(tu, CALL_MS, &node), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(node, wk.node);
+    cr_assert_eq(node, wk.c.node);
     check_result("trestart/u", 22, 7000);
     cfx_task_free(tr);
     cfx_task_free(tu);
@@ -591,7 +529,7 @@ Test(tasks_stateless, nodes_keep_their_ids_and_the_task_runs_once)
     for (int i = 0; i < 2; i++)
         cfx_context_destroy(gone[i]);
     uint32_t me = cfx_context_node_id(ctx);
-    cr_assert_eq(wk.node, 3);
+    cr_assert_eq(wk.c.node, 3);
     cr_assert_eq(me, 4);
 
     struct count_arg a = { .tag = 's', .gate = 1, .seed = 21, .size = 2000 };
@@ -605,7 +543,7 @@ Test(tasks_stateless, nodes_keep_their_ids_and_the_task_runs_once)
     release(&wk);
     pthread_join(w.th, NULL);
     cr_assert_eq(w.rc, CFX_OK, "wait: %s", w.err);
-    cr_assert_eq(w.node, wk.node, "ended on node %u; the worker was node %u", w.node, wk.node);
+    cr_assert_eq(w.node, wk.c.node, "ended on node %u; the worker was node %u", w.node, wk.c.node);
     cr_assert_eq(cfx_task_id(w.t), id, "the task changed its id");
     cr_assert_eq(cfx_context_node_id(ctx), me, "the submitter is node %u now, was %u",
                  cfx_context_node_id(ctx), me);
