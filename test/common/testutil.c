@@ -244,6 +244,19 @@ int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, cha
     return rc;
 }
 
+int cfx_test_coord_up(struct cfx_test_coord *c)
+{
+    return cfx_test_coord_start(NULL, &c->coord, c->token, sizeof(c->token), c->addr,
+                                sizeof(c->addr));
+}
+
+void cfx_test_coord_down(struct cfx_test_coord *c)
+{
+    if (c->coord)
+        cfx__coord_stop(c->coord);
+    c->coord = NULL;
+}
+
 int cfx_test_join(const char *addr, const char *tok, const char *tps, const char *name,
                   int timeout_ms, struct cfx_context **out)
 {

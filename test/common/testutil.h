@@ -61,19 +61,30 @@ int cfx_test_free_port(void);
 
 struct cfx_coord;
 
+struct cfx_seal_keys;
+/* Sealing keys (control/seal.h) that both ends of a test connection derive
+ * alike, as a handshake would give them.  CFX_OK or the derivation's status. */
+int cfx_test_seal_keys(struct cfx_seal_keys *out);
+
 /*
  * Start an in-process coordinator on 127.0.0.1 (a port the kernel picks)
  * under a fresh token: the token into @p token, "127.0.0.1:PORT" into
  * @p addr.  @p metrics_addr: where it serves /metrics (NULL: nowhere).
  * The status of cfx__coord_start() (cfx_last_error() says why).
  */
-struct cfx_seal_keys;
-/* Sealing keys (control/seal.h) that both ends of a test connection derive
- * alike, as a handshake would give them.  CFX_OK or the derivation's status. */
-int cfx_test_seal_keys(struct cfx_seal_keys *out);
-
 int cfx_test_coord_start(const char *metrics_addr, struct cfx_coord **coord, char *token,
                          size_t token_len, char *addr, size_t addr_len);
+
+/* A suite's in-process coordinator, as cfx_test_coord_start gives it. */
+struct cfx_test_coord {
+    struct cfx_coord *coord; /* NULL: none */
+    char addr[64];           /* "127.0.0.1:PORT" */
+    char token[64];
+};
+/* cfx_test_coord_start into @p c, serving no /metrics. */
+int cfx_test_coord_up(struct cfx_test_coord *c);
+/* Stop it (none: nothing to do). */
+void cfx_test_coord_down(struct cfx_test_coord *c);
 
 /* cfx_context_create() at @p addr with token @p tok, transports @p tps
  * (NULL: the default), node name @p name (NULL: none) and @p timeout_ms. */

@@ -23,20 +23,16 @@
 #error "CFX_BIN_DIR must name the bin directory of the build"
 #endif
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
-    cfx__coord_stop(coord);
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(rdmactl_top, .init = setup, .fini = teardown, .timeout = 60);
@@ -45,8 +41,8 @@ TestSuite(rdmactl_top, .init = setup, .fini = teardown, .timeout = 60);
 static int rdmactl(const char *args, char *out, size_t cap)
 {
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "CFX_TOKEN=%s %s/rdmactl --coord %s %s", token, CFX_BIN_DIR,
-             coord_addr, args);
+    snprintf(cmd, sizeof(cmd), "CFX_TOKEN=%s %s/rdmactl --coord %s %s", co.token, CFX_BIN_DIR,
+             co.addr, args);
     int st = cfx_test_run_output(cmd, out, cap);
     cr_assert_neq(st, -1, "cannot run %s", cmd);
     return st;
@@ -54,7 +50,7 @@ static int rdmactl(const char *args, char *out, size_t cap)
 
 static int join(const char *name, struct cfx_context **out)
 {
-    return cfx_test_join(coord_addr, token, "tcp", name, 10000, out);
+    return cfx_test_join(co.addr, co.token, "tcp", name, 10000, out);
 }
 
 Test(rdmactl_top, once_shows_members_copies_and_transfers)

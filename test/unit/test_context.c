@@ -33,28 +33,23 @@
 #include "dataplane/tcp/tcp.h"
 #include "testutil.h"
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(context, .init = setup, .fini = teardown, .timeout = 60);
 
 static int join(const char *tok, const char *tps, struct cfx_context **out)
 {
-    return cfx_test_join(coord_addr, tok, tps, NULL, 5000, out);
+    return cfx_test_join(co.addr, tok, tps, NULL, 5000, out);
 }
 
 /*
@@ -69,11 +64,11 @@ Test(context, token_from_environment_is_removed_from_it)
     struct cfx_context *a, *b;
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TIMEOUT,
-        .coord = coord_addr,
+        .coord = co.addr,
         .timeout_ms = 5000,
     };
     unsetenv("CFX_TOKEN_FILE");
-    cr_assert_eq(setenv("CFX_TOKEN", token, 1), 0);
+    cr_assert_eq(setenv("CFX_TOKEN", co.token, 1), 0);
     cr_assert_eq(cfx_context_create(&p, &a), CFX_OK, "%s", cfx_last_error());
     cr_assert_null(getenv("CFX_TOKEN"), "CFX_TOKEN is still in the environment");
     cr_assert_eq(cfx_context_create(&p, &b), CFX_OK, "%s", cfx_last_error());
@@ -85,8 +80,8 @@ Test(context, token_from_environment_is_removed_from_it)
 Test(context, join_and_config)
 {
     struct cfx_context *a, *b;
-    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, NULL, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, NULL, &b), CFX_OK, "%s", cfx_last_error());
     cr_assert_neq(cfx_context_node_id(a), 0u);
     cr_assert_neq(cfx_context_node_id(a), cfx_context_node_id(b));
 
@@ -120,11 +115,11 @@ Test(context, wrong_token_refused)
 Test(context, unknown_field_bit_is_refused)
 {
     uint32_t joined0, joined, alive;
-    cfx__coord_member_counts(coord, &joined0, &alive);
+    cfx__coord_member_counts(co.coord, &joined0, &alive);
     struct cfx_context *c = NULL;
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | (1ull << 40),
-        .coord = coord_addr, .token = token,
+        .coord = co.addr, .token = co.token,
     };
     int rc = cfx_context_create(&p, &c);
     cr_assert_eq(rc, CFX_ERR_UNSUPPORTED, "got %s: %s", cfx_errname(rc), cfx_last_error());
@@ -132,7 +127,7 @@ Test(context, unknown_field_bit_is_refused)
     cr_assert(strstr(cfx_last_error(), "cfx_context_create: cfx_context_params.field_mask has "
                      "bits 0x10000000000 this library does not know (conflux "
                      CFX_VERSION_STRING ")"), "%s", cfx_last_error());
-    cfx__coord_member_counts(coord, &joined, &alive);
+    cfx__coord_member_counts(co.coord, &joined, &alive);
     cr_assert_eq(joined, joined0, "a node joined");
     p.field_mask &= CFX_CTX_PARAM_ALL;
     cr_assert_eq(cfx_context_create(&p, &c), CFX_OK, "%s", cfx_last_error());
@@ -144,7 +139,7 @@ Test(context, no_coordinator)
     struct cfx_context *a = NULL;
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
-        .coord = "127.0.0.1:1", .token = token, .timeout_ms = 2000,
+        .coord = "127.0.0.1:1", .token = co.token, .timeout_ms = 2000,
     };
     int rc = cfx_context_create(&p, &a);
     cr_assert_eq(rc, CFX_ERR_CONNECT, "got %s: %s", cfx_errname(rc), cfx_last_error());
@@ -193,7 +188,7 @@ static void *late_coord_main(void *arg)
     struct late_coord *lc = arg;
     /* the joiner below is already being refused by now */
     poll(NULL, 0, 300);
-    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = lc->port, .token = token };
+    struct cfx_coord_params p = { .bind_addr = "127.0.0.1", .port = lc->port, .token = co.token };
     lc->rc = cfx__coord_start(&p, &lc->coord);
     return NULL;
 }
@@ -213,7 +208,7 @@ Test(context, coordinator_started_late)
     struct cfx_context *a = NULL;
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
-        .coord = addr, .token = token, .timeout_ms = 30000,
+        .coord = addr, .token = co.token, .timeout_ms = 30000,
     };
     int rc = cfx_context_create(&p, &a);
     pthread_join(th, NULL);
@@ -242,7 +237,7 @@ static int join_if(const char *var, const char *val, char *addr, size_t len)
 {
     struct cfx_context *c = NULL;
     cr_assert_eq(setenv(var, val, 1), 0);
-    int rc = join(token, "tcp", &c);
+    int rc = join(co.token, "tcp", &c);
     unsetenv(var);
     if (rc == CFX_OK) {
         config_bind_addr(c, addr, len);
@@ -346,7 +341,7 @@ Test(context, rank0_hosts_coordinator_on_cfx_coord_port)
     setenv("RANK", "0", 1);
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT | CFX_CTX_PARAM_TRANSPORTS,
-        .token = token, .timeout_ms = 5000, .transports = "tcp",
+        .token = co.token, .timeout_ms = 5000, .transports = "tcp",
     };
     cr_assert_eq(cfx_context_create(&cp, &a), CFX_OK, "%s", cfx_last_error());
     cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
@@ -370,7 +365,7 @@ Test(context, rank0_hosts_coordinator_on_cfx_coord_port)
 Test(context, unknown_transport)
 {
     struct cfx_context *a = NULL;
-    int rc = join(token, "carrier-pigeon", &a);
+    int rc = join(co.token, "carrier-pigeon", &a);
     cr_assert_eq(rc, CFX_ERR_INVALID, "got %s", cfx_errname(rc));
     cr_assert(strstr(cfx_last_error(), "carrier-pigeon"), "%s", cfx_last_error());
 }
@@ -389,7 +384,7 @@ Test(context, transport_the_build_lacks_names_its_option)
     const char *tp = "verbs,tcp", *opt = "CFX_WITH_VERBS=OFF", *other = "CFX_WITH_DPDK";
 #endif
     struct cfx_context *a = NULL;
-    int rc = join(token, tp, &a);
+    int rc = join(co.token, tp, &a);
     cr_assert_eq(rc, CFX_ERR_INVALID, "got %s", cfx_errname(rc));
     cr_assert(strstr(cfx_last_error(), "which this build was made without") &&
                   strstr(cfx_last_error(), opt) && !strstr(cfx_last_error(), other),
@@ -406,7 +401,7 @@ Test(context, no_usable_transport_says_why)
     struct cfx_context *a = NULL;
     unsetenv("CFX_DPDK_VDEV");
     unsetenv("CFX_DPDK_EAL");
-    int rc = join(token, "dpdk", &a);
+    int rc = join(co.token, "dpdk", &a);
     cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "got %s", cfx_errname(rc));
     /* the reason itself depends on the host (no port given; EAL unable to
      * start): it is there, after the transport's name */
@@ -435,8 +430,8 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     };
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
+        .coord = co.addr,
+        .token = co.token,
         .transports = "tcp",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -535,8 +530,8 @@ static int check_no_live_grant(struct cfx_context *c, const struct cfx_object_id
 static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
 {
     struct cfx_context *a, *b;
-    cr_assert_eq(join(token, tps, &a), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, tps, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, tps, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, tps, &b), CFX_OK, "%s", cfx_last_error());
 
     struct cfx_object_id id;
     cfx_object_id_generate(a, &id);
@@ -582,8 +577,8 @@ static void two_context_roundtrip(const char *tps, size_t size, int use_arena)
 Test(context, forked_child_leaves_the_parents_context_alone)
 {
     struct cfx_context *a, *b;
-    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, "shm", &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm", &b), CFX_OK, "%s", cfx_last_error());
     enum { N = 100000 };
     static uint8_t src[N], dst[N];
     struct cfx_object_id before, after;
@@ -652,7 +647,7 @@ __attribute__((constructor)) static void nobody_get(void)
 Test(context, a_refused_shm_peer_is_named_in_the_get_error)
 {
     struct cfx_context *a;
-    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm", &a), CFX_OK, "%s", cfx_last_error());
     enum { N = 1 << 20 };
     static uint8_t src[N];
     struct cfx_object_id id;
@@ -665,8 +660,8 @@ Test(context, a_refused_shm_peer_is_named_in_the_get_error)
     cr_assert_gt(sl, 0);
     self[sl] = '\0';
     snprintf(env_id, sizeof(env_id), "%s=%s", NOBODY_ENV, hex);
-    snprintf(env_coord, sizeof(env_coord), "CFX_COORD=%s", coord_addr);
-    snprintf(env_tok, sizeof(env_tok), "CFX_TOKEN=%s", token);
+    snprintf(env_coord, sizeof(env_coord), "CFX_COORD=%s", co.addr);
+    snprintf(env_tok, sizeof(env_tok), "CFX_TOKEN=%s", co.token);
     char *const argv[] = { self, NULL };
     char *const envp[] = { env_id, env_coord, env_tok, "CFX_TRANSPORT=shm", NULL };
     int pfd[2];
@@ -711,9 +706,9 @@ Test(context, a_refused_shm_peer_is_named_in_the_get_error)
 static void callers_buffer(const char *tps)
 {
     struct cfx_context *a, *b, *c;
-    cr_assert_eq(join(token, tps, &a), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, tps, &b), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, tps, &c), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, tps, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, tps, &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, tps, &c), CFX_OK, "%s", cfx_last_error());
     const size_t big = (1u << 20) + 13, small = 100;
     struct cfx_object_id ib, is;
     cfx_object_id_generate(a, &ib);
@@ -778,7 +773,7 @@ Test(context, api_misuse)
     struct cfx_context *a;
     struct cfx_object_id id;
     uint8_t b[8];
-    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, NULL, &a), CFX_OK, "%s", cfx_last_error());
     cfx_object_id_from_name("misuse", &id);
     cr_assert_eq(cfx_put(NULL, &id, b, 8, NULL), CFX_ERR_INVALID);
     cr_assert_eq(cfx_put(a, NULL, b, 8, NULL), CFX_ERR_INVALID);
@@ -812,7 +807,7 @@ Test(context, api_misuse)
         struct cfx_context *c = NULL;
         struct cfx_context_params tp = {
             .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
-            .coord = coord_addr, .token = token, .timeout_ms = t,
+            .coord = co.addr, .token = co.token, .timeout_ms = t,
         };
         cr_assert_eq(cfx_context_create(&tp, &c), CFX_ERR_INVALID, "timeout_ms %d", t);
         cr_assert(strstr(cfx_last_error(), "timeout_ms"), "%s", cfx_last_error());
@@ -864,7 +859,7 @@ Test(context, last_error_cleared_by_success)
     char buf[2048];
     struct cfx_context_stats st;
     int32_t x = 1, y = 2;
-    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, NULL, &a), CFX_OK, "%s", cfx_last_error());
 #define FAIL_THEN(call)                                                                      \
     do {                                                                                     \
         cr_assert_eq(cfx_object_id_from_hex("xyz", &id), CFX_ERR_INVALID);                   \
@@ -904,7 +899,7 @@ Test(context, last_error_cleared_by_success)
 static struct cfx_ctl *admin_open(void)
 {
     struct cfx_ctl *adm = NULL;
-    struct cfx_ctl_params p = { .coord = coord_addr, .token = token,
+    struct cfx_ctl_params p = { .coord = co.addr, .token = co.token,
                                 .role = CFX_CTL_ROLE_ADMIN, .timeout_ms = 5000 };
     cr_assert_eq(cfx__ctl_open(&p, &adm), CFX_OK, "%s", cfx_last_error());
     return adm;
@@ -925,7 +920,7 @@ static const struct cfx_ctl_obj_rec *obj_listed(const struct cfx_ctl_obj_rec *v,
 Test(context, objects_carry_their_names)
 {
     struct cfx_context *a;
-    cr_assert_eq(join(token, NULL, &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, NULL, &a), CFX_OK, "%s", cfx_last_error());
     static uint8_t big[200000], small[100];
     memset(big, 'B', sizeof(big));
     memset(small, 'A', sizeof(small));
@@ -989,7 +984,7 @@ Test(context, observer_context_is_marked)
     struct cfx_context *t;
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
-        .coord = coord_addr, .token = token, .name = "a-tool",
+        .coord = co.addr, .token = co.token, .name = "a-tool",
     };
     cr_assert_eq(cfx__context_create_flags(&p, CFX_NODE_F_OBSERVER, &t), CFX_OK, "%s",
                  cfx_last_error());
@@ -1029,7 +1024,7 @@ static void arena_give(struct cfx_context *ctx, void *p, bool taint)
 Test(context, tainted_arena_segment_is_not_reused)
 {
     struct cfx_context *a;
-    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm", &a), CFX_OK, "%s", cfx_last_error());
     const size_t len = 1u << 20;
     void *p;
 
@@ -1065,7 +1060,7 @@ static int open_fds(void)
 Test(context, freed_arena_segments_are_cached_up_to_a_count)
 {
     struct cfx_context *a;
-    cr_assert_eq(join(token, "shm", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm", &a), CFX_OK, "%s", cfx_last_error());
     int before = open_fds();
     ino_t last = 0;
     void *p;
@@ -1189,8 +1184,8 @@ static unsigned calls_in_flight(struct cfx_context *ctx)
 Test(context, destroy_with_calls_in_flight)
 {
     struct cfx_context *a = NULL, *b = NULL;
-    cr_assert_eq(join(token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
     struct cfx_group *ga_p2p, *gb_p2p, *ga_coll, *gb_coll;
     make_group(a, b, "inflight-p2p", &ga_p2p, &gb_p2p);
     make_group(a, b, "inflight-coll", &ga_coll, &gb_coll);
@@ -1253,8 +1248,8 @@ Test(context, group_and_context_destroyed_at_once)
 {
     for (int round = 0; round < 8; round++) {
         struct cfx_context *a = NULL, *b = NULL;
-        cr_assert_eq(join(token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
-        cr_assert_eq(join(token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(join(co.token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(join(co.token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
         struct cfx_group *ga, *gb;
         make_group(a, b, "both-at-once", &ga, &gb);
         pthread_t th;
@@ -1281,8 +1276,8 @@ static struct cfx_group *abandoned_group;
 Test(context, destroy_gives_up_on_a_stuck_call)
 {
     struct cfx_context *b = NULL;
-    cr_assert_eq(join(token, "tcp", &abandoned_ctx), CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(join(token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "tcp", &abandoned_ctx), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "tcp", &b), CFX_OK, "%s", cfx_last_error());
     struct cfx_group *gb;
     make_group(abandoned_ctx, b, "stuck", &abandoned_group, &gb);
     cr_assert_eq(cfx__ctx_enter(abandoned_ctx, "a stuck call"), CFX_OK);
@@ -1335,7 +1330,7 @@ Test(context, orderly_coordinator_stop_is_not_a_failure)
 
     /* a connection cut without a goodbye: a warning */
     struct cfx_context *a = NULL;
-    cr_assert_eq(join(token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "tcp", &a), CFX_OK, "%s", cfx_last_error());
     shutdown(a->ctl->fd, SHUT_RDWR);
     uint64_t end = cfx__deadline_ns(10000);
     while (cfx__ctl_lost_ms(a->ctl) == 0 && cfx__now_ns() < end)

@@ -18,28 +18,23 @@
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(context, .init = setup, .fini = teardown, .timeout = 60);
 
 static int join(const char *tok, const char *tps, struct cfx_context **out)
 {
-    return cfx_test_join(coord_addr, tok, tps, NULL, 5000, out);
+    return cfx_test_join(co.addr, tok, tps, NULL, 5000, out);
 }
 
 /*
@@ -53,9 +48,9 @@ Test(context, failed_connect_falls_back_to_the_next_transport)
 {
     const size_t size = (1u << 20) + 13;
     struct cfx_context *a, *b;
-    cr_assert_eq(join(token, "shm,tcp", &a), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(join(co.token, "shm,tcp", &a), CFX_OK, "%s", cfx_last_error());
     setenv("CFX_TEST_CONNECT_BREAK", "shm", 1);
-    int rc = join(token, "shm,tcp", &b);
+    int rc = join(co.token, "shm,tcp", &b);
     unsetenv("CFX_TEST_CONNECT_BREAK");
     cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
 
@@ -98,7 +93,7 @@ Test(context, dpdk_port_without_dpdk_transport_warns)
     int saved = cfx_test_stderr_to(path, &fd);
     setenv("CFX_DPDK_VDEV", "net_memif0,role=server,socket=cfx-test-unused", 1);
     struct cfx_context *a = NULL;
-    int rc = join(token, "tcp", &a);
+    int rc = join(co.token, "tcp", &a);
     unsetenv("CFX_DPDK_VDEV");
     fflush(stderr);
     int warned = cfx_test_file_contains(path, "CFX_DPDK_VDEV is set, but the transports are 'tcp'");
@@ -122,7 +117,7 @@ Test(context, named_transport_not_available_warns)
     int fd;
     int saved = cfx_test_stderr_to(path, &fd);
     struct cfx_context *a = NULL;
-    int rc = join(token, "verbs,tcp", &a);
+    int rc = join(co.token, "verbs,tcp", &a);
     fflush(stderr);
     int warned = cfx_test_file_contains(path, "transport verbs (CFX_TRANSPORT=verbs,tcp) not "
                                         "available here, the others are used");
@@ -148,7 +143,7 @@ Test(context, only_named_transport_not_available_is_the_error)
     int fd;
     int saved = cfx_test_stderr_to(path, &fd);
     struct cfx_context *a = NULL;
-    int rc = join(token, "verbs", &a);
+    int rc = join(co.token, "verbs", &a);
     char err[1024];
     snprintf(err, sizeof(err), "%s", cfx_last_error());
     fflush(stderr);

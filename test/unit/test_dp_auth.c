@@ -43,9 +43,7 @@
 #define OBJ_SIZE (1u << 20)
 #define CHUNK    (64u * 1024)
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 static char logpath[128];
 static struct cfx_context *node;
 static struct cfx_object_id oid;
@@ -61,14 +59,12 @@ static void setup(void)
     close(fd);
     setenv("CFX_LOG_LEVEL", "DEBUG", 1);
 
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
+        .coord = co.addr,
+        .token = co.token,
         .timeout_ms = 5000,
         .transports = "tcp",
     };
@@ -82,9 +78,9 @@ static void setup(void)
 static void teardown(void)
 {
     cfx_context_destroy(node);
-    cfx__coord_stop(coord);
+    cfx_test_coord_down(&co);
     free(src);
-    cr_expect(!cfx_test_file_contains(logpath, token), "the token appears in the log");
+    cr_expect(!cfx_test_file_contains(logpath, co.token), "the token appears in the log");
     unlink(logpath);
 }
 
@@ -250,7 +246,7 @@ static int proof_ok(const struct raw *r, const uint8_t nonce[CFX_DP_NONCE_LEN])
 {
     uint8_t bind[CFX_AUTH_DP_BIND_LEN];
     cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
-    return cfx__auth_verify_bound(token, CFX_AUTH_DP_ACCEPT, r->auth.nonce, nonce, bind,
+    return cfx__auth_verify_bound(co.token, CFX_AUTH_DP_ACCEPT, r->auth.nonce, nonce, bind,
                                   sizeof(bind), r->proof.mac) == CFX_OK;
 }
 
@@ -352,7 +348,7 @@ Test(dp_auth, replayed_proof_is_refused)
     };
     memcpy(proof.nonce, r1.auth.nonce, sizeof(proof.nonce));
     cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
-    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r1.auth.nonce, n1, bind, sizeof(bind),
+    cfx__auth_mac_bound(co.token, CFX_AUTH_DP_CONNECT, r1.auth.nonce, n1, bind, sizeof(bind),
                         proof.mac);
     raw_close(&r1);
 
@@ -378,7 +374,7 @@ Test(dp_auth, right_token_is_served)
     uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth(&r, token, nonce);
+    send_auth(&r, co.token, nonce);
     for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
         raw_poll(&r, 100);
     cr_assert_eq(r.got_auth, 2, "the node did not answer a right proof with its own");
@@ -402,7 +398,7 @@ Test(dp_auth, write_without_a_grant_is_refused_and_counted)
     struct cfx_context_stats st;
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth(&r, token, nonce);
+    send_auth(&r, co.token, nonce);
     send_get(&r); /* served: the node registered its object with tcp */
     for (int i = 0; i < 100 && r.writes < (int)(OBJ_SIZE / CHUNK) && !r.closed; i++)
         raw_poll(&r, 50);
@@ -455,7 +451,7 @@ Test(dp_auth, receive_requests_past_the_slots_close_the_connection, .timeout = 6
     uint8_t nonce[CFX_DP_NONCE_LEN];
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth(&r, token, nonce);
+    send_auth(&r, co.token, nonce);
     for (uint32_t i = 0; i < CFX_XFER_SLOTS; i++) {
         send_rtr(&r, i);
         if (i % 256 == 255)
@@ -579,7 +575,7 @@ static int raw_authenticate(struct raw *r)
 {
     uint8_t nonce[CFX_DP_NONCE_LEN];
     hello_and_challenge(r, nonce);
-    send_auth(r, token, nonce);
+    send_auth(r, co.token, nonce);
     for (int i = 0; i < 50 && r->got_auth < 2 && !r->closed; i++)
         raw_poll(r, 100);
     return r->got_auth == 2 && !r->closed && proof_ok(r, nonce);
@@ -767,7 +763,7 @@ Test(dp_auth_cap1, a_token_holder_closed_at_the_cap_dials_again, .timeout = 60)
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr, .token = token, .timeout_ms = 30000, .transports = "tcp",
+        .coord = co.addr, .token = co.token, .timeout_ms = 30000, .transports = "tcp",
     };
     struct ctx_getter g = { .buf = calloc(1, OBJ_SIZE) };
     cr_assert_not_null(g.buf);
@@ -847,7 +843,7 @@ Test(dp_auth, proof_for_another_node_id_or_role_is_refused)
 
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth_as(&r, token, nonce, CFX_AUTH_DP_CONNECT, RAW_NODE + 1);
+    send_auth_as(&r, co.token, nonce, CFX_AUTH_DP_CONNECT, RAW_NODE + 1);
     send_get(&r);
     raw_poll(&r, 10000);
     cr_assert(r.closed, "a proof for node %u opened a connection claimed by node %u",
@@ -858,7 +854,7 @@ Test(dp_auth, proof_for_another_node_id_or_role_is_refused)
 
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth_as(&r, token, nonce, CFX_AUTH_DP_ACCEPT, RAW_NODE);
+    send_auth_as(&r, co.token, nonce, CFX_AUTH_DP_ACCEPT, RAW_NODE);
     send_get(&r);
     raw_poll(&r, 10000);
     cr_assert(r.closed, "the acceptor's MAC opened a connection as the connector's");
@@ -871,7 +867,7 @@ Test(dp_auth, proof_for_another_node_id_or_role_is_refused)
     /* the same peer with a proof for its own id is served: not vacuous */
     raw_open(&r);
     hello_and_challenge(&r, nonce);
-    send_auth(&r, token, nonce);
+    send_auth(&r, co.token, nonce);
     for (int i = 0; i < 50 && r.got_auth < 2 && !r.closed; i++)
         raw_poll(&r, 100);
     cr_assert_eq(r.got_auth, 2);
@@ -916,7 +912,7 @@ static int raw_member_serves(uint32_t id_offset, int *get_rc, int *node_mac_ok)
     size_t alen = sizeof(self.addr[0].addr);
     cr_assert_eq(r.ops->iface_addr(r.iface, self.addr[0].addr, &alen), CFX_OK);
     self.addr[0].len = (uint8_t)alen;
-    struct cfx_ctl_params cp = { .coord = coord_addr, .token = token,
+    struct cfx_ctl_params cp = { .coord = co.addr, .token = co.token,
                                  .role = CFX_CTL_ROLE_NODE, .self = &self, .timeout_ms = 5000 };
     struct cfx_ctl *ctl = NULL;
     cr_assert_eq(cfx__ctl_open(&cp, &ctl), CFX_OK, "%s", cfx_last_error());
@@ -960,7 +956,7 @@ static int raw_member_serves(uint32_t id_offset, int *get_rc, int *node_mac_ok)
                 } else if (type == CFX_DP_AUTH && stage == 1) {
                     uint8_t bind[CFX_AUTH_DP_BIND_LEN];
                     cfx__auth_dp_bind(node->node_id, me, bind);
-                    *node_mac_ok = cfx__auth_verify_bound(token, CFX_AUTH_DP_CONNECT, na,
+                    *node_mac_ok = cfx__auth_verify_bound(co.token, CFX_AUTH_DP_CONNECT, na,
                                                           hello.nonce, bind, sizeof(bind),
                                                           m.auth.mac) == CFX_OK;
                     struct cfx_dp_auth pr = {
@@ -970,7 +966,7 @@ static int raw_member_serves(uint32_t id_offset, int *get_rc, int *node_mac_ok)
                     };
                     memcpy(pr.nonce, na, sizeof(na));
                     cfx__auth_dp_bind(node->node_id, me + id_offset, bind);
-                    cfx__auth_mac_bound(token, CFX_AUTH_DP_ACCEPT, na, hello.nonce, bind,
+                    cfx__auth_mac_bound(co.token, CFX_AUTH_DP_ACCEPT, na, hello.nonce, bind,
                                         sizeof(bind), pr.mac);
                     raw_send(&r, &pr, sizeof(pr));
                     stage = 2;
@@ -1029,7 +1025,7 @@ static void send_auth_mode(struct raw *r, const uint8_t nonce[CFX_DP_NONCE_LEN],
     cfx__auth_dp_bind(RAW_NODE, node->node_id, bind);
     bind[CFX_AUTH_DP_BIND_LEN] = (uint8_t)mac_mode;
     memcpy(a.nonce, r->auth.nonce, sizeof(a.nonce));
-    cfx__auth_mac_bound(token, CFX_AUTH_DP_CONNECT, r->auth.nonce, nonce, bind, sizeof(bind),
+    cfx__auth_mac_bound(co.token, CFX_AUTH_DP_CONNECT, r->auth.nonce, nonce, bind, sizeof(bind),
                         a.mac);
     raw_send(r, &a, sizeof(a));
 }
@@ -1132,10 +1128,8 @@ Test(dp_auth_uid, other_user_falls_back_to_tcp, .timeout = 60)
     char path[] = "/tmp/cfx-test-uid-XXXXXX";
     int logfd;
     int saved = cfx_test_stderr_to(path, &logfd);
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
-    cr_assert_eq(cfx_test_join(coord_addr, token, "shm,tcp", "root", 5000, &node), CFX_OK, "%s",
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_join(co.addr, co.token, "shm,tcp", "root", 5000, &node), CFX_OK, "%s",
                  cfx_last_error());
     src = malloc(OBJ_SIZE);
     cfx_test_fill(src, OBJ_SIZE, 7);
@@ -1143,13 +1137,13 @@ Test(dp_auth_uid, other_user_falls_back_to_tcp, .timeout = 60)
                                  .flags = CFX_OBJ_FLAG_NO_INLINE };
     cr_assert_eq(cfx_put(node, &oid, src, OBJ_SIZE, &pp), CFX_OK, "%s", cfx_last_error());
     char msg[192];
-    int len = snprintf(msg, sizeof(msg), "%s %s", coord_addr, token);
+    int len = snprintf(msg, sizeof(msg), "%s %s", co.addr, co.token);
     cr_assert_eq(write(to_child[1], msg, (size_t)len), len);
     close(to_child[1]);
     int wst;
     cr_assert_eq(waitpid(pid, &wst, 0), pid);
     cfx_context_destroy(node);
-    cfx__coord_stop(coord);
+    cfx_test_coord_down(&co);
     free(src);
     cfx_test_stderr_back(saved);
     close(logfd);

@@ -31,22 +31,17 @@
 #define TIMEOUT_MS 1000 /* long enough for the lookup, the connection and the first chunks */
 #define SLACK_MS   700 /* scheduling on a loaded machine; the old wait was 1000 past */
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
     unsetenv("CFX_XFER_TEST_STALL");
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(get, .init = setup, .fini = teardown, .timeout = 60);
@@ -56,8 +51,8 @@ static void join(const char *tps, bool stall, struct cfx_context **out)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
+        .coord = co.addr,
+        .token = co.token,
         .timeout_ms = 5000,
         .transports = tps,
     };
@@ -365,8 +360,7 @@ Test(get, alloc_buffer_freed_without_a_coordinator)
     cr_assert_eq(cfx_get_alloc(b, &x, &got, &n, NULL), CFX_OK, "%s", cfx_last_error());
     cr_assert_eq(cfx_test_check(got, size, 51), (size_t)-1);
 
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
     uint64_t dl = cfx__deadline_ns(5000);
     while (!cfx__ctl_lost_ms(b->ctl) && cfx__now_ns() < dl)
         poll(NULL, 0, 5); /* b has noticed */

@@ -24,30 +24,25 @@
 #include "intr_probe.h"
 #include "testutil.h"
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
     unsetenv("CFX_TCP_SNDBUF");
     unsetenv("CFX_TCP_RCVBUF");
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(get_handback, .init = setup, .fini = teardown, .timeout = 60);
 
 static void join(struct cfx_context **out)
 {
-    cr_assert_eq(cfx_test_join(coord_addr, token, "tcp", NULL, 5000, out), CFX_OK, "%s",
+    cr_assert_eq(cfx_test_join(co.addr, co.token, "tcp", NULL, 5000, out), CFX_OK, "%s",
                  cfx_last_error());
 }
 
@@ -612,19 +607,19 @@ Test(get_handback, interrupted_failover_lookup_says_so)
  * holder was found in time.) */
 static int stop_coord_at_failover(void *arg)
 {
-    if (in_failover(arg) && coord) {
-        cfx__coord_stop(coord);
-        coord = NULL;
+    if (in_failover(arg) && co.coord) {
+        cfx_test_coord_down(&co);
+        co.coord = NULL;
     }
     return 0;
 }
 
 Test(get_handback, failover_lookup_without_a_coordinator_names_it)
 {
-    char addr[sizeof(coord_addr)];
-    snprintf(addr, sizeof(addr), "%s", coord_addr);
+    char addr[sizeof(co.addr)];
+    snprintf(addr, sizeof(addr), "%s", co.addr);
     int rc = failover_get(stop_coord_at_failover, 2000, 61);
-    cr_assert_null(coord, "the get never came to its failover's lookup");
+    cr_assert_null(co.coord, "the get never came to its failover's lookup");
     cr_assert_eq(rc, CFX_ERR_CONNECT, "%s (%s)", cfx_errname(rc), cfx_last_error());
     cr_log_info("%s", cfx_last_error());
     cr_assert(strstr(cfx_last_error(), "source node"), "%s", cfx_last_error());

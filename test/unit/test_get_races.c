@@ -33,22 +33,17 @@
 #define NCHUNKS 16u
 #define WAIT_MS 10000
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
     unsetenv("CFX_XFER_TEST_STALL");
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(get_races, .init = setup, .fini = teardown, .timeout = 60);
@@ -58,7 +53,7 @@ static struct cfx_context *join(const char *stall)
     struct cfx_context *c;
     if (stall)
         setenv("CFX_XFER_TEST_STALL", stall, 1);
-    int rc = cfx_test_join(coord_addr, token, "tcp", NULL, 5000, &c);
+    int rc = cfx_test_join(co.addr, co.token, "tcp", NULL, 5000, &c);
     unsetenv("CFX_XFER_TEST_STALL");
     cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
     return c;

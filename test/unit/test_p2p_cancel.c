@@ -26,21 +26,17 @@
 #define NCHUNKS  64u /* far above the eager limit: a rendezvous message */
 #define STALL_AT 4u  /* the sender writes chunks [0, STALL_AT) and stalls */
 
-static struct cfx_coord *coord;
-static char coord_addr[64], token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
     unsetenv("CFX_XFER_TEST_STALL");
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 static void join(const char *tps, bool stall, struct cfx_context **out)
@@ -48,7 +44,7 @@ static void join(const char *tps, bool stall, struct cfx_context **out)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TRANSPORTS |
                       CFX_CTX_PARAM_CHUNK_SIZE,
-        .coord = coord_addr, .token = token, .transports = tps, .chunk_size = CHUNK,
+        .coord = co.addr, .token = co.token, .transports = tps, .chunk_size = CHUNK,
     };
     char at[16];
     snprintf(at, sizeof(at), "%u", STALL_AT);

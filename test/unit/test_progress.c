@@ -19,21 +19,16 @@
 #include "dataplane/engine/engine.h"
 #include "testutil.h"
 
-static struct cfx_coord *coord;
-static char coord_addr[64];
-static char token[64];
+static struct cfx_test_coord co;
 
 static void setup(void)
 {
-    cr_assert_eq(cfx_test_coord_start(NULL, &coord, token, sizeof(token), coord_addr,
-                                      sizeof(coord_addr)),
-                 CFX_OK, "coordinator: %s", cfx_last_error());
+    cr_assert_eq(cfx_test_coord_up(&co), CFX_OK, "coordinator: %s", cfx_last_error());
 }
 
 static void teardown(void)
 {
-    cfx__coord_stop(coord);
-    coord = NULL;
+    cfx_test_coord_down(&co);
 }
 
 TestSuite(progress, .init = setup, .fini = teardown, .timeout = 60);
@@ -43,8 +38,8 @@ static struct cfx_context *join(const char *tps)
     struct cfx_context_params p = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT |
                       CFX_CTX_PARAM_TRANSPORTS,
-        .coord = coord_addr,
-        .token = token,
+        .coord = co.addr,
+        .token = co.token,
         .timeout_ms = 5000,
         .transports = tps,
     };
