@@ -227,6 +227,8 @@ struct coord_task {
                                  * rejoined under (coord_task.c, "Fences") */
         uint8_t ended;          /* that run reported its end: a later re-announcement of it
                                  * holds no cores */
+        uint64_t run_id;        /* the id that run goes by (its TASK_DONE names it): the
+                                 * task's, or one a re-announcement merged into it */
     } fenced[COORD_TASK_FENCED_MAX];
 };
 

@@ -229,7 +229,8 @@ static bool task_fences(const struct coord_task *t, uint32_t node)
     return fence_of(t, node) >= 0;
 }
 
-static void fence_add(struct coord_task *t, uint32_t node)
+/* Fence node @p node's run of @p t, which goes by @p run_id. */
+static void fence_add(struct coord_task *t, uint32_t node, uint64_t run_id)
 {
     if (task_fences(t, node))
         return;
@@ -237,7 +238,7 @@ static void fence_add(struct coord_task *t, uint32_t node)
         memmove(t->fenced, t->fenced + 1, sizeof(t->fenced) - sizeof(t->fenced[0]));
         t->nfenced--;
     }
-    t->fenced[t->nfenced++] = (struct coord_fence){ .node = node };
+    t->fenced[t->nfenced++] = (struct coord_fence){ .node = node, .run_id = run_id };
 }
 
 /* Why fenced node @p n's run of @p t is not the task's, into @p buf. */
@@ -257,15 +258,21 @@ static void fence_text(const struct coord_task *t, const struct coord_node *n, c
              n->rec.node_id);
 }
 
-/* The task, live or ended, of id @p id that fences node @p node, or NULL. */
-static struct coord_task *fenced_find(struct cfx_coord *co, uint64_t id, uint32_t node)
+/* The task, live or ended, that fences node @p node's run going by @p id
+ * (the task's id, or the one a re-announcement merged into it), or NULL;
+ * that fence in *@p fence. */
+static struct coord_task *fenced_find(struct cfx_coord *co, uint64_t id, uint32_t node,
+                                      struct coord_fence **fence)
 {
     struct cfx_list *lists[2] = { &co->tasks, &co->tasks_done }, *pos;
     for (int l = 0; l < 2; l++)
         cfx_list_for_each(pos, lists[l]) {
             struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
-            if (t->id == id && task_fences(t, node))
+            int k = fence_of(t, node);
+            if (k >= 0 && (t->id == id || t->fenced[k].run_id == id)) {
+                *fence = &t->fenced[k];
                 return t;
+            }
         }
     return NULL;
 }
@@ -281,7 +288,7 @@ void cfx__coord_task_rejoined(struct cfx_coord *co, struct coord_node *n, uint32
             struct coord_task *t = cfx_list_entry(pos, struct coord_task, link);
             if (!task_fences(t, was))
                 continue;
-            fence_add(t, n->rec.node_id);
+            fence_add(t, n->rec.node_id, t->fenced[fence_of(t, was)].run_id);
             n->stale_runs = 1;
             fence_text(t, n, text, sizeof(text));
             CFX_LOG(WARN, CTL, "%s: its result puts and its end will be refused", text);
@@ -796,7 +803,8 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
      * re-announcement ends it): the report does not count */
     if (!t) {
         struct coord_resv *r = run_find(co, m->u.task_st.task_id, node);
-        struct coord_task *moved = fenced_find(co, m->u.task_st.task_id, node);
+        struct coord_fence *fence = NULL;
+        struct coord_task *moved = fenced_find(co, m->u.task_st.task_id, node, &fence);
         if (moved) {
             /* a run that went on after its node was declared dead: the
              * task is another run's (see "Fences") */
@@ -807,7 +815,7 @@ void cfx__coord_task_done(struct cfx_coord *co, struct coord_conn *c, const stru
                     cfx_errname(m->u.task_st.status), text);
             /* remembered: a re-announcement of the run sent before this
              * end but handled after it must not hold its cores again */
-            moved->fenced[fence_of(moved, node)].ended = 1;
+            fence->ended = 1;
             if (r) {
                 cfx__coord_resv_free(co, r);
                 retry_queue(co);
@@ -996,7 +1004,7 @@ void cfx__coord_task_node_gone(struct cfx_coord *co, struct coord_node *n)
             continue;
         cfx__coord_resv_free(co, t->resv);
         /* a node declared dead may only be paused: its run is no longer the task's */
-        fence_add(t, dead);
+        fence_add(t, dead, t->run_id);
         lost = input_lost(co, t, dead);
         if (lost) {
             char hex[CFX_OBJECT_ID_HEX_LEN];
