@@ -10,8 +10,9 @@
 #
 # 1. A venv with Ray, PyTorch (ray.util.collective's "gloo" backend is
 #    torch.distributed's gloo in Ray 2.x), numpy and the conflux package:
-#    --venv DIR, else the test venv ($BUILD/venv, scripts/test.sh stage 4a)
-#    when Ray and torch import there, else $BUILD/venv-ray, created and
+#    --venv DIR, else the test venv ($CFX_VENV, by default
+#    ~/.cache/conflux/venv-X.Y: scripts/test.sh stage 4a) when Ray and torch
+#    import there, else $BUILD/venv-ray, created and
 #    filled from PyPI on first use (about 6 GB: PyPI's torch carries CUDA).
 #    The conflux package is (re)built into it each run (its CMake tree in
 #    $BUILD/python-wheel-ray, so a rerun only recompiles what changed).
@@ -70,7 +71,9 @@ done
 # ---- venv ------------------------------------------------------------------------
 has_ray() { [ -x "$1/bin/python" ] && "$1/bin/python" -c 'import ray, torch' 2>/dev/null; }
 if [ -z "$VENV" ]; then
-    if has_ray "$BUILD/venv"; then VENV=$BUILD/venv; else VENV=$BUILD/venv-ray; fi
+    ver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    TESTVENV=${CFX_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/conflux/venv-$ver}
+    if has_ray "$TESTVENV"; then VENV=$TESTVENV; else VENV=$BUILD/venv-ray; fi
 fi
 if ! has_ray "$VENV"; then
     log "installing Ray and PyTorch into $VENV (PyPI; torch pulls its CUDA libraries: ~6 GB)"

@@ -26,6 +26,7 @@ packages=(
     prometheus        # promtool: the metrics test checks the coordinator's exposition
     clang             # libFuzzer targets; the clang Release build
     stress-ng         # CPU hogs: kernel-cap tests, test-repeat.sh --load
+    ccache            # compiler cache: test.sh's six builds of the same sources
     python3-venv      # the Python package's test venv (test.sh stage 4a)
     python3-dev       # Python.h for its extension module
     python3-pip

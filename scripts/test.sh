@@ -29,7 +29,7 @@
 #   CFX_TEST_BUDGET    seconds the whole script may take (default 1680, 28 min);
 #                      a ctest run still going when it is spent is killed
 #   CFX_SKIP_DEPS      1 to skip stage 1
-#   CFX_TEST_PYTHON    0 to skip stage 4a (venv: $CFX_BUILD_DIR/venv)
+#   CFX_TEST_PYTHON    0 to skip stage 4a (venv: $CFX_VENV, below)
 #   CFX_TEST_TORCH     0 to leave PyTorch out of that venv (by default it is
 #                      installed, 2.15.0, for the torch tests when 12 GB are free
 #                      there: PyPI has only the CUDA build, 5.3 GB installed,
@@ -43,6 +43,12 @@
 #                      into that venv; the conflux.ray tests then run when Ray
 #                      is importable there, else skip.  By default they run
 #                      (a local Ray cluster: 10-30 s)
+#   CFX_VENV           the venv of stage 4a (default ~/.cache/conflux/venv-X.Y,
+#                      X.Y the Python's version): its third-party packages are
+#                      installed once per machine, the conflux package each run
+#   CFX_CCACHE         0 to compile without ccache (by default every build goes
+#                      through it when it is installed: the same sources are
+#                      compiled six times, and again by each run)
 #
 # Exits non-zero when any stage fails; prints the elapsed time either way.
 set -euo pipefail
@@ -58,6 +64,7 @@ read -r -a extra_cmake_args <<<"${CFX_CMAKE_ARGS:-}"
 
 start=$SECONDS
 hog_pid=
+
 finish() {
     local rc=$?
     if [[ -n $hog_pid ]]; then
@@ -120,6 +127,16 @@ else
     echo "skipped (CFX_SKIP_DEPS=1)"
 fi
 
+# Every build below (and the Python package's) compiles through ccache
+# (stage 1 installs it), with paths taken relative to the repository, so a
+# fresh clone elsewhere hits what an earlier run compiled.  The compiler's
+# output is the same either way.
+if [[ ${CFX_CCACHE:-1} != 0 ]] && command -v ccache >/dev/null 2>&1; then
+    export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+    export CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+    export CCACHE_BASEDIR=$repo CCACHE_NOHASHDIR=1
+fi
+
 # ---- 2, 3. configure and build ---------------------------------------------
 stage "configure + build: $build_dir"
 configure_and_build "$build_dir"
@@ -135,8 +152,9 @@ run_ctest "$build_dir"
 # multi-process tests start their ranks with the package's cfx_run.
 stage "python"
 if [[ ${CFX_TEST_PYTHON:-1} != 0 ]]; then
-    py_venv="$repo/$build_dir/venv"
     py=${CFX_PYTHON:-/usr/bin/python3}
+    py_ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    py_venv=${CFX_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/conflux/venv-$py_ver}
     [[ -x $py_venv/bin/python ]] || "$py" -m venv "$py_venv"
     # already-satisfied requirements cost no network round trip
     "$py_venv/bin/pip" install -q --disable-pip-version-check numpy pytest \
@@ -216,8 +234,10 @@ stage "sanitize"
 if [[ ${CFX_TEST_SANITIZE:-1} != 0 ]]; then
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # -O1: ASan's own advice for tests of any length (at -O0 they run about
+    # twice as long; every check is still made)
     configure_and_build "${build_dir}-asan" -DCFX_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
-        -DCFX_WITH_CUDA=OFF
+        -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCFX_WITH_CUDA=OFF
     run_ctest "${build_dir}-asan"
     unset ASAN_OPTIONS UBSAN_OPTIONS
 else
