@@ -217,23 +217,37 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     return CFX_OK;
 }
 
-/* Is @p name selected by the transport list ("tcp,shm" or "^shm")? */
-static bool tp_selected(const char *list, const char *name, int *rank)
+/* Whether the comma-separated @p list names @p name; its place in *@p rank. */
+static bool tp_listed(const char *list, const char *name, int *rank)
 {
-    bool exclude = list[0] == '^';
-    const char *p = exclude ? list + 1 : list;
-    int i = 0;
-    while (*p) {
+    const char *p = list;
+    for (int i = 0; *p; i++) {
         size_t n = strcspn(p, ",");
         if (n == strlen(name) && !strncmp(p, name, n)) {
             *rank = i;
-            return !exclude;
+            return true;
         }
         p += n + (p[n] == ',');
-        i++;
     }
     *rank = 100;
-    return exclude;
+    return false;
+}
+
+/* Is @p name selected by the transport list: "tcp,shm" (those, in that
+ * order of preference) or "^shm" (the default list less those)?  Its
+ * place in the order in *@p rank. */
+static bool tp_selected(const char *list, const char *name, int *rank)
+{
+    if (list[0] != '^')
+        return tp_listed(list, name, rank);
+    return !tp_listed(list + 1, name, rank) && tp_listed(DEFAULT_TRANSPORTS, name, rank);
+}
+
+/* Whether the user named the transports to use (not the default list, nor
+ * the default less some): one of those missing here is worth a warning. */
+static bool tp_named(const char *list)
+{
+    return list[0] != '^' && strcmp(list, DEFAULT_TRANSPORTS);
 }
 
 /*
@@ -287,17 +301,18 @@ static int transports_open(struct cfx_context *ctx)
         size_t len = strcspn(p, ",");
         char name[CFX_TP_NAME_MAX];
         snprintf(name, sizeof(name), "%.*s", (int)len, p);
-        /* the default list names transports a build may lack */
-        if (len && !cfx__transport_find(name) && strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
-        {
+        if (len && !cfx__transport_find(name)) {
             bool verbs = !strcmp(name, "verbs"), dpdk = !strcmp(name, "dpdk");
             if (!verbs && !dpdk)
                 return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which is not a "
                                 "transport (tcp, shm, verbs, dpdk)", name);
-            return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which this build was "
-                            "made without (configured with %s=OFF, or %s not found then)",
-                            name, verbs ? "CFX_WITH_VERBS" : "CFX_WITH_DPDK",
-                            verbs ? "libibverbs-dev and librdmacm-dev" : "libdpdk-dev");
+            /* the default list names transports a build may lack, and one
+             * left out of it need not be there */
+            if (tp_named(ctx->cfg.transports))
+                return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names '%s', which this build "
+                                "was made without (configured with %s=OFF, or %s not found "
+                                "then)", name, verbs ? "CFX_WITH_VERBS" : "CFX_WITH_DPDK",
+                                verbs ? "libibverbs-dev and librdmacm-dev" : "libdpdk-dev");
         }
         p += len + (p[len] == ',');
     }
@@ -332,7 +347,7 @@ static int transports_open(struct cfx_context *ctx)
             !(order[i]->caps & (CFX_TP_CAP_SEAL | CFX_TP_CAP_SAME_HOST))) {
             /* its traffic could not be sealed: not opened at all, so no
              * peer can reach this node through it (docs/SECURITY.md) */
-            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS))
+            if (tp_named(ctx->cfg.transports))
                 return cfx__err(CFX_ERR_INVALID, "CFX_TRANSPORT names %s, which cannot seal its "
                                 "traffic, and CFX_SECURE=%s asks for sealing",
                                 order[i]->name, cfx__seal_mode_name(ctx->cfg.secure));
@@ -345,7 +360,7 @@ static int transports_open(struct cfx_context *ctx)
             /* named by the user (not the default list): the job runs on
              * without it, which the user must be told; when no transport
              * opened and none is left to try, the error below says it all */
-            if (strcmp(ctx->cfg.transports, DEFAULT_TRANSPORTS) && (ctx->ntp > 0 || i + 1 < n))
+            if (tp_named(ctx->cfg.transports) && (ctx->ntp > 0 || i + 1 < n))
                 CFX_LOG(WARN, INIT, "transport %s (CFX_TRANSPORT=%s) not available here, the "
                         "others are used: %s", order[i]->name, ctx->cfg.transports,
                         cfx_last_error());

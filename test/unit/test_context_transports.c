@@ -133,6 +133,41 @@ Test(context, named_transport_not_available_warns)
     cr_assert(warned, "no warning that verbs, named, is not used");
 }
 
+/* "^LIST" is the default list (shm,verbs,tcp) less those: "^shm" opens tcp
+ * (and verbs where a device is), never dpdk, and warns of nothing (a
+ * transport of the default that is missing here is no news); excluding
+ * all of the default leaves none.  Before, "^shm" took every transport
+ * built but shm: each process started DPDK's EAL and warned that verbs and
+ * dpdk were not available here. */
+Test(context, an_exclusion_is_the_default_less_those)
+{
+    char path[] = "/tmp/cfx-test-tpexcl-XXXXXX";
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    struct cfx_context *a = NULL;
+    int rc = join(co.token, "^shm", &a);
+    fflush(stderr);
+    int warned = cfx_test_lines_with(path, " WARN ");
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unlink(path);
+    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+    char buf[2048];
+    cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
+    cfx_context_destroy(a);
+    const char *line = strstr(buf, "transports = ");
+    char got[96] = "";
+    cr_assert(line && sscanf(line, "%95[^\n]", got) == 1, "%s", buf);
+    cr_assert(!strcmp(got, "transports = tcp (requested ^shm)") ||
+              !strcmp(got, "transports = verbs,tcp (requested ^shm)"), "%s", got);
+    cr_assert_eq(warned, 0, "%d warnings", warned);
+
+    rc = join(co.token, "^shm,verbs,tcp", &a);
+    cr_assert_eq(rc, CFX_ERR_NO_DEVICE, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "no usable transport among '^shm,verbs,tcp'"), "%s",
+              cfx_last_error());
+}
+
 /* The only transport named, not available: no warning that "the others are
  * used" (there are none); the context's error names the transport and why. */
 Test(context, only_named_transport_not_available_is_the_error)
