@@ -692,10 +692,21 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
     snprintf(tag, sizeof(tag), "%u", ctx->node_id);
     cfx__log_set_tag(tag);
     if (cfx__log_level >= CFX_LOG_LEVEL_INFO) {
-        char cfgtxt[1024];
+        /* one line, as every log line is (docs/OPERATING.md): "k = v; k = v" */
+        char cfgtxt[1024], line[1536];
+        size_t o = 0;
         cfx_context_config(ctx, cfgtxt, sizeof(cfgtxt));
-        CFX_LOG(INFO, INIT, "joined %s as node %u; effective configuration:\n%s",
-                ctx->cfg.coord, ctx->node_id, cfgtxt);
+        for (const char *c = cfgtxt; *c && o + 3 < sizeof(line); c++) {
+            if (*c != '\n')
+                line[o++] = *c;
+            else if (c[1]) {
+                line[o++] = ';';
+                line[o++] = ' ';
+            }
+        }
+        line[o] = '\0';
+        CFX_LOG(INFO, INIT, "joined %s as node %u; effective configuration: %s", ctx->cfg.coord,
+                ctx->node_id, line);
     }
     cfx__err_clear(); /* transports skipped or coordinator retries on the way */
     *out = ctx;
