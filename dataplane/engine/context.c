@@ -113,14 +113,19 @@ static int config_resolve(struct cfx_config *cfg, const struct cfx_context_param
     } else {
         /* a tuning variable out of range is brought to the nearest bound
          * (README, "Environment") */
-        cfg->chunk_size = cfx__env_size("CFX_CHUNK_SIZE", 0);
-        size_t want = cfg->chunk_size;
-        if (want && want < CFX_CHUNK_MIN)
+        /* (0, or unset: chosen per object; a negative one is below the
+         * bounds, not "not a size") */
+        const char *cs = getenv("CFX_CHUNK_SIZE");
+        size_t mag;
+        bool neg = cs && cs[0] == '-' && cfx__parse_size(cs + 1, &mag) == CFX_OK;
+        size_t want = neg ? 0 : cfx__env_size("CFX_CHUNK_SIZE", 0);
+        cfg->chunk_size = want;
+        if (neg || (want && want < CFX_CHUNK_MIN))
             cfg->chunk_size = CFX_CHUNK_MIN;
         else if (want > CFX_CHUNK_MAX)
             cfg->chunk_size = CFX_CHUNK_MAX;
-        if (cfg->chunk_size != want)
-            CFX_LOG(WARN, INIT, "CFX_CHUNK_SIZE=%zu is outside %u..%u: using %zu", want,
+        if (neg || cfg->chunk_size != want)
+            CFX_LOG(WARN, INIT, "CFX_CHUNK_SIZE=%s is outside %u..%u: using %zu", cs,
                     CFX_CHUNK_MIN, CFX_CHUNK_MAX, cfg->chunk_size);
     }
     /* read where each reduce is planned (objreduce_plan.c, objstripe.c):

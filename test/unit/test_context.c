@@ -486,12 +486,18 @@ Test(context, deadline_and_spin_from_the_environment_are_checked)
     cr_assert_eq(c->tasks->gpus, 0);
     cr_assert_eq(c->cfg.loc_cache, 0);
     cfx_context_destroy(c);
-    cr_assert_eq(setenv("CFX_CHUNK_SIZE", "1K", 1), 0);
-    rc = cfx_context_create(&p, &c);
-    unsetenv("CFX_CHUNK_SIZE");
-    cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
-    cr_assert_eq(c->cfg.chunk_size, CFX_CHUNK_MIN);
-    cfx_context_destroy(c);
+    /* below the bounds, and a negative one too (it was "not a size", and
+     * chunks were chosen per object as if it were unset) */
+    static const char *const low[] = { "1K", "-4K" };
+    for (size_t i = 0; i < sizeof(low) / sizeof(low[0]); i++) {
+        cr_assert_eq(setenv("CFX_CHUNK_SIZE", low[i], 1), 0);
+        rc = cfx_context_create(&p, &c);
+        unsetenv("CFX_CHUNK_SIZE");
+        cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
+        cr_assert_eq(c->cfg.chunk_size, CFX_CHUNK_MIN, "CFX_CHUNK_SIZE=%s: %zu", low[i],
+                     c->cfg.chunk_size);
+        cfx_context_destroy(c);
+    }
 }
 
 /* After a get returned, the destination it granted to its source takes no
