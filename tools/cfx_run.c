@@ -255,9 +255,12 @@ static void rank_exited(struct run *r, struct run_rank *rk, int wstatus)
 
     bool ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
     if (!ok && rk->rank < 64 && (r->opts.may_fail >> rk->rank) & 1) {
-        fprintf(stderr, "cfx_run: rank %d%s (allowed to fail) %s\n", rk->rank, where,
-                WIFSIGNALED(wstatus) ? signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf))
-                                     : "exited non-zero");
+        if (WIFSIGNALED(wstatus))
+            fprintf(stderr, "cfx_run: rank %d%s (allowed to fail) exited with signal %s\n",
+                    rk->rank, where, signame(WTERMSIG(wstatus), sbuf, sizeof(sbuf)));
+        else
+            fprintf(stderr, "cfx_run: rank %d%s (allowed to fail) exited with status %d\n",
+                    rk->rank, where, WEXITSTATUS(wstatus));
         return;
     }
     bool first_failure = !ok && r->state == RUN_RUNNING;

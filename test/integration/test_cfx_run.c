@@ -283,6 +283,18 @@ Test(cfx_run, rank_ignoring_sigterm_is_killed)
     free(out);
 }
 
+/* A rank allowed to fail that does: its status is said, as any rank's is
+ * (it said "exited non-zero"), and cfx_run exits 0. */
+Test(cfx_run, allowed_rank_failing_says_its_status)
+{
+    char *out;
+    int rc = run("-n 2 --allow-fail 1 sh -c 'exit $((CFX_RANK * 9))'", &out, NULL);
+    cr_assert_eq(rc, 0, "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 (allowed to fail) exited with status 9"),
+              "output:\n%s", out);
+    free(out);
+}
+
 Test(cfx_run, killed_rank_gives_128_plus_signal)
 {
     char *out;
@@ -445,7 +457,8 @@ Test(cfx_run, allowed_rank_killed_while_waiting)
         CFX_BIN_DIR);
     int rc = run_sh(cmd, &out, NULL);
     cr_assert_eq(rc, 0, "output:\n%s", out);
-    cr_assert(strstr(out, "cfx_run: rank 1 (allowed to fail) SIGKILL"), "output:\n%s", out);
+    cr_assert(strstr(out, "cfx_run: rank 1 (allowed to fail) exited with signal SIGKILL"),
+              "output:\n%s", out);
     cr_assert(has_line(out, "[0] rank 0 saw the victim gone"), "output:\n%s", out);
     cr_assert(has_line(out, "[2] rank 2 saw the victim gone"), "output:\n%s", out);
     cr_assert(has_line(out, "status 0"), "output:\n%s", out);
