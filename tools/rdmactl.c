@@ -51,6 +51,7 @@ struct rdmactl {
     const char *token_file; /* --token-file */
     int json;               /* --json */
     struct cfx_ctl *ctl;    /* opened lazily by ctl_get() */
+    int open_ms;            /* ctl_get()'s deadline (0: RDMACTL_TIMEOUT_MS) */
     int check_only;         /* main's first pass: check the command's arguments only */
     int checked;            /* ... and they passed: the command got as far as ctl_get() */
 };
@@ -191,7 +192,7 @@ static struct cfx_ctl *ctl_get(struct rdmactl *r)
         .coord = r->coord,
         .token = r->token,
         .role = CFX_CTL_ROLE_ADMIN,
-        .timeout_ms = RDMACTL_TIMEOUT_MS,
+        .timeout_ms = r->open_ms ? r->open_ms : RDMACTL_TIMEOUT_MS,
     };
     /* the coordinator's mode: nodes and tools share CFX_SECURE */
     int rc = cfx__seal_mode_parse(getenv("CFX_SECURE"), &p.secure);
@@ -620,13 +621,21 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
     if (which == PS_AUTO && tool_arg_bool("rdmactl", "auto", a->args[1], &on))
         return TOOL_EXIT_USAGE;
     /* reached as every other command reaches it first (RDMACTL_TIMEOUT_MS): a
-     * context's join waits for a coordinator that is not up yet, 30 s */
+     * context's join waits for a coordinator that is not up yet, 30 s; with
+     * --timeout the command's deadline bounds all three steps */
+    const uint64_t dl = cfx__deadline_ns(timeout);
+    if (a->timeout)
+        r->open_ms = timeout > 0 ? timeout : 1;
     if (!ctl_get(r))
         return 1;
     struct cfx_context_params cp = {
         .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_NAME,
         .coord = r->coord, .token = r->token, .name = "rdmactl",
     };
+    if (a->timeout) {
+        cp.field_mask |= CFX_CTX_PARAM_TIMEOUT;
+        cp.timeout_ms = cfx__ms_left(dl) > 0 ? cfx__ms_left(dl) : 1;
+    }
     struct cfx_context *ctx;
     /* an observer: rdmactl nodes does not list it as a worker */
     if (cfx__context_create_flags(&cp, CFX_NODE_F_OBSERVER, &ctx) != CFX_OK) {
@@ -637,6 +646,8 @@ static int cmd_ps(struct rdmactl *r, const struct cmd_args *a)
     int rc;
     uint32_t v = 0;
     struct cfx_ps_stats st;
+    if (a->timeout)
+        timeout = cfx__ms_left(dl) > 0 ? cfx__ms_left(dl) : 0;
     switch (which) {
     case PS_ADD:
         rc = add_auto ? cfx_ps_add_server_auto(ctx, job, timeout, &server, &v)
@@ -712,7 +723,8 @@ usage:
                     "  (options before or after the subcommand)\n"
                     "  --job J       the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
                     "                exist is reported as soon as the coordinator answers\n"
-                    "  --timeout MS  deadline of the request, 0..2147483647 (default %d)\n"
+                    "  --timeout MS  deadline of the command (reaching the coordinator, joining,\n"
+                    "                the request), 0..2147483647 (default: the request's %d)\n"
                     "  N             a server index (0, 1, ...); auto takes on or off (yes/no)\n",
             RDMACTL_PS_TIMEOUT_MS);
     return TOOL_EXIT_USAGE;
@@ -1172,7 +1184,8 @@ static void cmd_usage(const struct rdmactl_cmd *cmd)
     if (cmd->opts & OPT_JOB)
         printf("  --job J        the job (default $CFX_PS_JOB or 'ps'); one that does not\n"
                "                 exist is reported as soon as the coordinator answers\n"
-               "  --timeout MS   deadline of the request, 0..2147483647 (default %d)\n"
+               "  --timeout MS   deadline of the command (reaching the coordinator, joining,\n"
+               "                 the request), 0..2147483647 (default: the request's %d)\n"
                "  N              a server index (0, 1, ...); auto takes on or off (yes/no)\n",
                RDMACTL_PS_TIMEOUT_MS);
     printf("The global options (--coord, --token-file, --token, --json) may come before or "
