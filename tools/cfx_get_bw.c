@@ -208,13 +208,19 @@ int main(int argc, char **argv)
             double avg = (double)sizes[s] * (double)o.iters / total;
             double peak = (double)sizes[s] / best;
             double ref = o.memcpy_ref ? memcpy_bw(sizes[s], o.iters) : 0;
-            if (o.json)
+            if (o.json) {
+                /* without -m there is no reference: null, as the table's '-' */
+                char mbw[32] = "null", mratio[32] = "null";
+                if (ref > 0) {
+                    snprintf(mbw, sizeof(mbw), "%.4f", ref * scale);
+                    snprintf(mratio, sizeof(mratio), "%.4f", avg / ref);
+                }
                 printf("%s{\"bytes\":%zu,\"iterations\":%ld,\"bw_peak\":%.4f,\"bw_avg\":%.4f,"
-                       "\"unit\":\"%s\",\"cpu_s_per_gb\":%.4f,\"memcpy_bw\":%.4f,"
-                       "\"memcpy_ratio\":%.4f}",
+                       "\"unit\":\"%s\",\"cpu_s_per_gb\":%.4f,\"memcpy_bw\":%s,"
+                       "\"memcpy_ratio\":%s}",
                        s ? "," : "", sizes[s], o.iters, peak * scale, avg * scale,
-                       o.gbits ? "Gb/s" : "GB/s", cpu, ref * scale, ref > 0 ? avg / ref : 0.0);
-            else if (ref > 0)
+                       o.gbits ? "Gb/s" : "GB/s", cpu, mbw, mratio);
+            } else if (ref > 0)
                 printf(" %-12zu %-12ld %-18.3f %-20.3f %-10.3f %.3f (memcpy %.3f)\n", sizes[s],
                        o.iters, peak * scale, avg * scale, cpu, avg / ref, ref * scale);
             else
