@@ -200,6 +200,8 @@ static void epoch_release(uint32_t node_id, const char *name)
 
 /* ---- rank and size -------------------------------------------------------------- */
 
+/* $name as a rank or size into *@p out: 1; 0 when unset; -1 when not a
+ * number, -2 when a number out of 0..INT32_MAX. */
 static int env_int(const char *name, int *out)
 {
     const char *s = getenv(name);
@@ -207,9 +209,11 @@ static int env_int(const char *name, int *out)
         return 0;
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < 0 || v > INT32_MAX)
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end)
         return -1;
+    if (errno || v < 0 || v > INT32_MAX)
+        return -2;
     *out = (int)v;
     return 1;
 }
@@ -246,8 +250,8 @@ static int rank_size(const struct cfx_group_params *p, int *rank, int *size)
             continue;
         int got = env_int(names[i], outs[i]);
         if (got < 0)
-            return cfx__err(CFX_ERR_INVALID, "group: %s=%s is not a number", names[i],
-                            getenv(names[i]));
+            return cfx__err(CFX_ERR_INVALID, "group: %s=%s is %s", names[i], getenv(names[i]),
+                            got == -1 ? "not a number" : "out of range (0..2147483647)");
         if (got == 0)
             return cfx__err(CFX_ERR_INVALID, "group: %s is set but not %s", names[1 - i],
                             names[i]);

@@ -1029,6 +1029,11 @@ Test(coll_group, rank_from_environment, .timeout = 60)
     cr_assert(strstr(cfx_last_error(), "out of range"), "%s", cfx_last_error());
     setenv("CFX_RANK", "x", 1);
     cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "CFX_RANK=x is not a number"), "%s", cfx_last_error());
+    /* a number, out of range: said so (it was "not a number") */
+    setenv("CFX_RANK", "-1", 1);
+    cr_assert_eq(cfx_group_create(ctxs[0], NULL, &g), CFX_ERR_INVALID);
+    cr_assert(strstr(cfx_last_error(), "CFX_RANK=-1 is out of range"), "%s", cfx_last_error());
     unsetenv("CFX_RANK");
     unsetenv("CFX_WORLD_SIZE");
     unsetenv("OMPI_COMM_WORLD_RANK");
