@@ -42,6 +42,10 @@ def test_algorithm_mismatch():
     run_ranks(2, "algo_ranks.py")
 
 
+def test_call_refused_in_python_takes_its_turn():
+    run_ranks(2, "refused_ranks.py")
+
+
 def test_ctrl_c_ends_waits():
     """KeyboardInterrupt in a Work's and a get_nb request's wait, a group's creation, a
     blocking allreduce (also one waiting behind a Work's), send, recv and get

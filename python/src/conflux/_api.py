@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import numbers
 import operator
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -332,6 +333,27 @@ class Work:
         return self._req.test()
 
 
+def _takes_turn(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A collective this module refuses before it reaches the library (a
+    read-only output, a dtype, a timeout, an interrupt...) still takes its
+    turn in the group's call order, and the other ranks hear of the refusal
+    at once, as for a call the library refuses itself: else this rank's
+    next call paired with the other ranks' this one, and one of the same
+    arguments reduced the wrong data without an error."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(self: "Group", *args: Any, **kwargs: Any) -> Any:
+            turns = self._turns
+            try:
+                return fn(self, *args, **kwargs)
+            except BaseException:
+                if self._turns == turns:  # it never reached the library
+                    self._refuse(kind, bool(kwargs.get("async_op", False)))
+                raise
+        return call
+    return deco
+
+
 class Group(_c.Group):
     """A fixed set of ranks 0..size-1 running collectives on numpy arrays and torch CPU tensors.
 
@@ -408,6 +430,7 @@ class Group(_c.Group):
         return {"timeout_ms": _ms(timeout), "algo": a}
 
     # -- collectives
+    @_takes_turn("allreduce")
     def allreduce(self, tensor: Any, op: str = "sum", *, out: Any = None,
                   timeout: float | None = None, algo: str | None = None,
                   async_op: bool = False) -> Any:
@@ -428,6 +451,7 @@ class Group(_c.Group):
         super().allreduce(*args, **self._kw(timeout, algo))
         return res
 
+    @_takes_turn("broadcast")
     def broadcast(self, tensor: Any, root: int = 0, *, timeout: float | None = None,
                   algo: str | None = None, async_op: bool = False) -> Any:
         """Root's ``tensor`` to every rank, in place."""
@@ -439,6 +463,7 @@ class Group(_c.Group):
         super().broadcast(**kw)
         return tensor
 
+    @_takes_turn("reduce")
     def reduce(self, tensor: Any, root: int = 0, op: str = "sum", *, out: Any = None,
                timeout: float | None = None, algo: str | None = None,
                async_op: bool = False) -> Any:
@@ -461,6 +486,7 @@ class Group(_c.Group):
         super().reduce(*args, **self._kw(timeout, algo))
         return res
 
+    @_takes_turn("allgather")
     def allgather(self, tensor: Any, *, out: Any = None, timeout: float | None = None,
                   algo: str | None = None, async_op: bool = False) -> Any:
         """Every rank's ``tensor`` stacked: result shape (size, *tensor.shape)."""
@@ -475,6 +501,7 @@ class Group(_c.Group):
         super().allgather(arr, dst, count, code, **self._kw(timeout, algo))
         return out
 
+    @_takes_turn("reduce_scatter")
     def reduce_scatter(self, tensor: Any, op: str = "sum", *, out: Any = None,
                        timeout: float | None = None, algo: str | None = None) -> Any:
         """Block ``rank`` of ``op`` over ranks; ``tensor`` holds size blocks (first axis or flat)."""
@@ -492,6 +519,7 @@ class Group(_c.Group):
         super().reduce_scatter(arr, dst, count, code, op_code(op), **self._kw(timeout, algo))
         return out
 
+    @_takes_turn("alltoall")
     def alltoall(self, tensor: Any, *, out: Any = None, timeout: float | None = None,
                  algo: str | None = None) -> Any:
         """Block r of this rank's ``tensor`` goes to rank r; block q of the result came from q."""
@@ -506,6 +534,7 @@ class Group(_c.Group):
         super().alltoall(arr, dst, total // self.size, code, **self._kw(timeout, algo))
         return out
 
+    @_takes_turn("gather")
     def gather(self, tensor: Any, root: int = 0, *, out: Any = None,
                timeout: float | None = None, algo: str | None = None) -> Any:
         """Every rank's ``tensor`` stacked at root (shape (size, *shape)); None elsewhere."""
@@ -521,6 +550,7 @@ class Group(_c.Group):
         super().gather(arr, dst, count, code, root=root, **self._kw(timeout, algo))
         return out if self.rank == root else None
 
+    @_takes_turn("scatter")
     def scatter(self, out: Any, tensor: Any = None, root: int = 0, *,
                 timeout: float | None = None, algo: str | None = None) -> Any:
         """Block r of root's ``tensor`` (size blocks) into rank r's ``out``.  Returns ``out``."""
@@ -551,6 +581,7 @@ class Group(_c.Group):
                      timeout_ms=_ms(timeout))
         return tensor
 
+    @_takes_turn("barrier")
     def barrier(self, *, timeout: float | None = None) -> None:
         """Wait until every rank has called barrier()."""
         super().barrier(timeout_ms=_ms(timeout))

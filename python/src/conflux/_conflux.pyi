@@ -100,6 +100,9 @@ class Group:
     ibroadcast = iallreduce
     ireduce = iallreduce
     iallgather = iallreduce
+    # a call of `kind` refused before it reached the module takes its turn
+    _turns: int
+    def _refuse(self, kind: str, nb: bool = ...) -> None: ...
 
 class ParameterServer:
     def __init__(self, context: Context, job: str | None = ..., role: int = ..., index: int = ...,

@@ -17,6 +17,9 @@ typedef struct {
                                 group before a close() on another thread and its turn
                                 after it must not use it */
     unsigned long holder;    /* the thread holding self->lock (atomic; 0: none) */
+    unsigned long turns;     /* collectives handed to the library, refused ones too
+                                (refuse_turn): _api.py tells by it whether a call it
+                                refused itself took its turn */
 } GroupObject;
 
 static void group_lock(GroupObject *self)
@@ -444,10 +447,81 @@ PyTypeObject cfx__py_request_type = {
     .tp_methods = Request_methods,
 };
 
+/*
+ * This rank's @p kind call was refused before the library saw it (an
+ * argument this module or _api.py turned down).  It still takes its turn
+ * in the group's call order, and the other ranks hear of the refusal at
+ * once, as for a call the library refuses itself (coll.c coll_refused):
+ * left out, this rank's next call paired with the others' this one, and one
+ * of the same arguments passed the argument check and reduced the wrong
+ * data.  The library is handed arguments it refuses itself (a 0 ms
+ * deadline, an unknown dtype, no buffers), which it answers exactly so.
+ * The caller's Python error stands.  Point-to-point calls are matched by
+ * tag, not by turn: nothing to do.
+ */
+static void refuse_turn(GroupObject *self, enum coll_kind kind, int nb)
+{
+    if (kind == K_SEND || kind == K_RECV || !self->g ||
+        __atomic_load_n(&self->holder, __ATOMIC_RELAXED) == PyThread_get_thread_ident())
+        return; /* closed, or inside a call of its own (group_reentered) */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    struct cfx_group *g = self->g;
+    struct cfx_coll_params p = { .field_mask = CFX_COLL_PARAM_TIMEOUT, .timeout_ms = 0 };
+    const enum cfx_dtype bad = (enum cfx_dtype)255;
+    struct cfx_request *req = NULL;
+    self->turns++;
+    Py_BEGIN_ALLOW_THREADS
+    group_lock(self);
+    switch (self->destroyed ? -1 : (int)kind) {
+    case K_ALLREDUCE:
+        (void)(nb ? cfx_group_iallreduce(g, NULL, NULL, 1, bad, CFX_OP_SUM, &p, &req)
+                  : cfx_group_allreduce(g, NULL, NULL, 1, bad, CFX_OP_SUM, &p));
+        break;
+    case K_BROADCAST:
+        (void)(nb ? cfx_group_ibroadcast(g, NULL, 1, bad, 0, &p, &req)
+                  : cfx_group_broadcast(g, NULL, 1, bad, 0, &p));
+        break;
+    case K_REDUCE:
+        (void)(nb ? cfx_group_ireduce(g, NULL, NULL, 1, bad, CFX_OP_SUM, 0, &p, &req)
+                  : cfx_group_reduce(g, NULL, NULL, 1, bad, CFX_OP_SUM, 0, &p));
+        break;
+    case K_ALLGATHER:
+        (void)(nb ? cfx_group_iallgather(g, NULL, NULL, 1, bad, &p, &req)
+                  : cfx_group_allgather(g, NULL, NULL, 1, bad, &p));
+        break;
+    case K_REDUCE_SCATTER: cfx_group_reduce_scatter(g, NULL, NULL, 1, bad, CFX_OP_SUM, &p); break;
+    case K_GATHER: cfx_group_gather(g, NULL, NULL, 1, bad, 0, &p); break;
+    case K_SCATTER: cfx_group_scatter(g, NULL, NULL, 1, bad, 0, &p); break;
+    case K_ALLTOALL: cfx_group_alltoall(g, NULL, NULL, 1, bad, &p); break;
+    case K_BARRIER: cfx_group_barrier(g, &p); break;
+    default: break;
+    }
+    group_unlock(self);
+    Py_END_ALLOW_THREADS
+    if (req) /* not reached: a refused call hands out no request */
+        cfx_request_free(req);
+    PyErr_Restore(et, ev, tb);
+}
+
 /* One entry point for every collective: buffers are checked against the
- * sizes the C call will touch, so no call reads or writes past a buffer. */
+ * sizes the C call will touch, so no call reads or writes past a buffer.
+ * A call refused here still takes its turn (refuse_turn). */
+static PyObject *group_coll_run(GroupObject *self, enum coll_kind kind, int nb, PyObject *args,
+                                PyObject *kw);
+
 static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyObject *args,
                             PyObject *kw)
+{
+    unsigned long turns = self->turns;
+    PyObject *ret = group_coll_run(self, kind, nb, args, kw);
+    if (!ret && self->turns == turns)
+        refuse_turn(self, kind, nb);
+    return ret;
+}
+
+static PyObject *group_coll_run(GroupObject *self, enum coll_kind kind, int nb, PyObject *args,
+                                PyObject *kw)
 {
     /* root is the peer of send / recv */
     static char *kwlist[] = { "send", "recv",       "count", "dtype", "op",
@@ -567,6 +641,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
          * would otherwise destroy the group, and let the context go, under
          * a request not counted yet) */
         self->pending++;
+        self->turns++;
         Py_BEGIN_ALLOW_THREADS
         group_lock(self);
         switch (self->destroyed ? -1 : (int)kind) {
@@ -604,6 +679,7 @@ static PyObject *group_coll(GroupObject *self, enum coll_kind kind, int nb, PyOb
     }
     int gone;
     int intr = cfx__py_intr_begin();
+    self->turns++;
     Py_BEGIN_ALLOW_THREADS
     group_lock(self);
     switch (self->destroyed ? -1 : (int)kind) {
@@ -661,6 +737,32 @@ COLL_METHOD(Group_ibroadcast, K_BROADCAST, 1)
 COLL_METHOD(Group_ireduce, K_REDUCE, 1)
 COLL_METHOD(Group_iallgather, K_ALLGATHER, 1)
 
+/* _refuse(kind, nb): the call of @p kind (its name) that _api.py refused
+ * before reaching this module takes its turn all the same (refuse_turn). */
+static PyObject *Group_refuse(GroupObject *self, PyObject *args)
+{
+    static const char *const names[] = { "allreduce", "broadcast", "reduce", "allgather",
+                                         "reduce_scatter", "gather", "scatter", "alltoall",
+                                         "send", "recv", "barrier" };
+    const char *name;
+    int nb = 0;
+    if (!PyArg_ParseTuple(args, "s|p", &name, &nb))
+        return NULL;
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+        if (!strcmp(name, names[k])) {
+            refuse_turn(self, (enum coll_kind)k, nb);
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "no collective is called '%s'", name);
+    return NULL;
+}
+
+static PyObject *Group_get_turns(GroupObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(self->turns);
+}
+
 #define COLL_DEF(name, fn, doc)                                                  \
     {                                                                            \
         name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc \
@@ -686,12 +788,15 @@ static PyMethodDef Group_methods[] = {
     COLL_DEF("ibroadcast", Group_ibroadcast, "as broadcast, returning a Request"),
     COLL_DEF("ireduce", Group_ireduce, "as reduce, returning a Request"),
     COLL_DEF("iallgather", Group_iallgather, "as allgather, returning a Request"),
+    { "_refuse", (PyCFunction)Group_refuse, METH_VARARGS,
+      "_refuse(kind, nb=False): a call refused before it got here takes its turn" },
     { 0 } /* sentinel */
 };
 
 static PyGetSetDef Group_getset[] = {
     { "rank", (getter)Group_get_rank, NULL, "This process's rank.", NULL },
     { "size", (getter)Group_get_size, NULL, "Number of ranks.", NULL },
+    { "_turns", (getter)Group_get_turns, NULL, "Collectives that took their turn.", NULL },
     { 0 } /* sentinel */
 };
 
