@@ -893,6 +893,20 @@ static int handshake(struct cfx_ctl *ctl, const struct cfx_ctl_params *params, u
  * meet the per-source cap.  Any other refusal (token, version, mode; a
  * JOIN refused at max_nodes or out of node ids) is final.  ADMIN clients (rdmactl) try once.
  */
+/* Sleep @p ms between two attempts to reach the coordinator, running the
+ * calling thread's interrupt check when due (within cfx__intr_begin():
+ * cfx_context_create()); whether it asked to stop. */
+static bool nap_intr(int ms)
+{
+    uint64_t end = cfx__deadline_ns(ms);
+    for (uint64_t now = cfx__now_ns(); now < end; now = cfx__now_ns()) {
+        poll(NULL, 0, (int)((cfx__intr_until(end) - now + 999999) / 1000000));
+        if (cfx__intr_poll(NULL))
+            return true;
+    }
+    return false;
+}
+
 static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *params,
                          uint64_t deadline)
 {
@@ -933,7 +947,10 @@ static int connect_first(struct cfx_ctl *ctl, const struct cfx_ctl_params *param
                             (unsigned long long)((cfx__now_ns() - t0) / 1000000ull));
         if (attempts == 1)
             CFX_LOG(INFO, CTL, "%s; retrying until the deadline (%d ms left)", why, left);
-        poll(NULL, 0, backoff < left ? backoff : left);
+        if (nap_intr(backoff < left ? backoff : left))
+            return cfx__err(CFX_ERR_CANCELED, "interrupted while waiting for coordinator %s, "
+                            "after %d attempt%s (%s)", ctl->coord, attempts,
+                            attempts == 1 ? "" : "s", why);
         backoff = backoff * 2 > CTL_BACKOFF_MAX_MS ? CTL_BACKOFF_MAX_MS : backoff * 2;
     }
 }

@@ -684,7 +684,11 @@ int cfx__context_create_flags(const struct cfx_context_params *params, uint8_t n
         .arg = ctx,
         .secure = ctx->cfg.secure,
     };
+    /* a coordinator not up yet is waited for until the deadline, unless the
+     * thread's interrupt check (cfx_set_interrupt_check) says stop */
+    cfx__intr_begin();
     rc = cfx__ctl_open(&cp, &ctx->ctl);
+    cfx__intr_end();
     if (rc != CFX_OK)
         goto err_stop_progress;
     ctx->node_id = cfx__ctl_node_id(ctx->ctl);

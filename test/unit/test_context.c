@@ -220,6 +220,39 @@ Test(context, coordinator_started_late)
     cfx__coord_stop(lc.coord);
 }
 
+static int stop_at_the_second_check(void *arg)
+{
+    int *n = arg;
+    return ++*n >= 2;
+}
+
+/* A join that waits for a coordinator nobody runs ends when the thread's
+ * interrupt check says stop (Ctrl-C in Python), with CFX_ERR_CANCELED
+ * naming the coordinator, not at its deadline: before, the check never ran
+ * there, and an interpreter ignored Ctrl-C for the whole deadline. */
+Test(context, a_join_waiting_for_its_coordinator_is_interrupted)
+{
+    int port = cfx_test_free_port(); /* nothing listens on it */
+    cr_assert_gt(port, 0);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    struct cfx_context *a = NULL;
+    struct cfx_context_params p = {
+        .field_mask = CFX_CTX_PARAM_COORD | CFX_CTX_PARAM_TOKEN | CFX_CTX_PARAM_TIMEOUT,
+        .coord = addr, .token = co.token, .timeout_ms = 45000, /* past the suite's 60 s */
+    };
+    int checks = 0;
+    cfx_set_interrupt_check(stop_at_the_second_check, &checks);
+    int rc = cfx_context_create(&p, &a);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(a);
+    cr_assert_eq(checks, 2);
+    char want[128];
+    snprintf(want, sizeof(want), "interrupted while waiting for coordinator %s", addr);
+    cr_assert(strstr(cfx_last_error(), want), "'%s' missing: %s", want, cfx_last_error());
+}
+
 /* The bind address a context resolved, from its configuration text. */
 static void config_bind_addr(struct cfx_context *c, char *out, size_t len)
 {

@@ -104,9 +104,19 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
         return -1;
     struct cfx_context *ctx = NULL;
     int rc;
+    /* Ctrl-C ends a wait for a coordinator that is not up yet */
+    int intr = cfx__py_intr_begin();
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_context_create(&p, &ctx);
     Py_END_ALLOW_THREADS
+    if (cfx__py_intr_end(intr) < 0) { /* KeyboardInterrupt, or the handler's exception */
+        if (ctx) { /* it joined all the same as the check ran */
+            Py_BEGIN_ALLOW_THREADS
+            cfx_context_destroy(ctx);
+            Py_END_ALLOW_THREADS
+        }
+        return -1;
+    }
     if (rc) {
         cfx__py_raise_status(rc);
         return -1;

@@ -1,6 +1,7 @@
 """Ctrl-C (KeyboardInterrupt) ends waits that another rank holds up, long
 before their 60 s deadline, and leaves the group and the context usable:
-the waits of requests, and blocking collectives, sends, receives and gets.
+the waits of requests, and blocking collectives, sends, receives and gets,
+a group's creation and a context's join.
 
 Rank 0 is interrupted; rank 1 holds it up and learns of the interrupt
 through an object rank 0 puts.  The calls' deadlines are 60 s and the
@@ -46,8 +47,12 @@ def fails_canceled(x):
 
 
 # 0. A group rank 1 never joins: Ctrl-C ends rank 0's wait in its creation.
+#    A context whose coordinator does not answer (nothing listens on port 1):
+#    Ctrl-C ends its wait to join (it waited out its deadline).
 if rank == 0:
     interrupted("Group.__init__", conflux.Group, ctx, "lonely", rank=0, size=2, timeout=60)
+    interrupted("Context.__init__", conflux.Context, coord="127.0.0.1:1", token="t" * 32,
+                timeout=60)
 
 
 # 1. A Work's wait for an allreduce rank 1 has not joined: Ctrl-C ends the
