@@ -1220,7 +1220,7 @@ int cfx__coll_msg_failed(struct coll_exec *x, int peer, bool send, int rc)
     uint64_t until = CFX_MIN(x->deadline, cfx__deadline_ns(COLL_BLAME_WAIT_MS));
     struct coll_gave n = { 0 }, o = { 0 };
     bool left = false, disagree, moved;
-    int d, t;
+    int d = -1, t = -1;
     pthread_mutex_lock(&ctx->lock);
     for (;;) {
         /* this rank's own node was declared dead: the peer dropped it */

@@ -617,7 +617,7 @@ static void durable_puts_while_members_beat(uint32_t delay_ms, int puts)
     struct deaths d[4];
     struct cfx_ctl *n[4];
     for (int i = 0; i < 4; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof(name), "beater%d", i);
         deaths_init(&d[i]);
         n[i] = open_node(name, &d[i]);

@@ -67,7 +67,7 @@ Test(coord_dir, concurrent_lookups_form_a_tree)
     struct cfx_object_id id;
     make_id(&id, "broadcast");
     for (int i = 0; i < N; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof(name), "getter%d", i);
         g[i] = open_node(name, NULL);
     }
@@ -148,7 +148,7 @@ Test(coord_dir, fanout_follows_the_object)
     fanout = FANOUT;
     struct cfx_ctl *p = open_node("putter", NULL), *g[N];
     for (int i = 0; i < N; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof(name), "getter%d", i);
         g[i] = open_node(name, NULL);
     }
@@ -216,7 +216,7 @@ Test(coord_dir, fanout_follows_reported_links)
     node_report = &rep;
     struct cfx_ctl *p = open_node("putter", NULL), *g[N];
     for (int i = 0; i < N; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof(name), "getter%d", i);
         g[i] = open_node(name, NULL);
     }
