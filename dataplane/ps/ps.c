@@ -709,11 +709,18 @@ int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, s
                                      .standby = !!ps->params.standby };
     struct cfx_object_id id;
     cfx__ps_obj_id(ps->job, ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index, 0, &id);
-    rc = cfx_put(ctx, &id, &ps->member, sizeof(ps->member), NULL);
+    /* within the create's deadline (the context's default was used: a
+     * coordinator down held a create of 1 s for the context's 30), and the
+     * put's own words, which name the coordinator */
+    int left = cfx__ms_left(ps->create_dl); /* -1: none */
+    struct cfx_obj_params ap = { .field_mask = CFX_OBJ_PARAM_TIMEOUT,
+                                 .timeout_ms = left < 0 ? -1 : CFX_MAX(left, 1) };
+    rc = cfx_put(ctx, &id, &ps->member, sizeof(ps->member), &ap);
     if (rc != CFX_OK) {
         rc = cfx__err(rc, "job %s: cannot announce %s %d: %s", ps->job,
                       ps->role == CFX_PS_SERVER ? "server" : "worker", ps->index,
-                      rc == CFX_ERR_EXISTS ? "another process uses that index" : cfx_strerror(rc));
+                      rc == CFX_ERR_EXISTS ? "another process uses that index"
+                                           : cfx_last_error());
         goto err_lock;
     }
 

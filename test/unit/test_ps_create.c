@@ -98,6 +98,28 @@ Test(ps_create, worker_alone_names_the_missing_scheduler)
  * is refused at once with CFX_ERR_UNSUPPORTED naming the bits, and nothing
  * is announced: a worker of the job finds no scheduler.  The bit was
  * ignored, and the server waited for its worker until its deadline. */
+/* The coordinator down: the create fails within its own deadline, not the
+ * context's (it announced itself under the context's 5 s), saying what the
+ * put that failed says, which names the coordinator (it said "connection
+ * failed" alone). */
+Test(ps_create, coordinator_down_is_named_within_the_create_deadline)
+{
+    cfx__coord_stop(coord);
+    coord = NULL;
+    struct cfx_ps *ps = NULL;
+    int rc = create_in(ctx, "down", CFX_PS_WORKER, 0, 700, &ps);
+    cr_assert_null(ps);
+    cr_assert_eq(rc, CFX_ERR_CONNECT, "%s: %s", cfx_errname(rc), cfx_last_error());
+    char want[160];
+    snprintf(want, sizeof(want), "at coordinator %s: the coordinator is unreachable",
+             coord_addr);
+    cr_assert(strstr(cfx_last_error(), "job down: cannot announce worker 0: put of object"),
+              "%s", cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), want), "'%s' missing: %s", want, cfx_last_error());
+    cr_assert(!strstr(cfx_last_error(), "5000 ms"), "the context's deadline: %s",
+              cfx_last_error());
+}
+
 Test(ps_create, unknown_field_bit_is_refused)
 {
     struct cfx_ps_params pp = {
