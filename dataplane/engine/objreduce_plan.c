@@ -553,7 +553,15 @@ static int reduce_attempt(struct rplan *pl, struct arrival *arr, uint32_t *who)
             reroutes += r == CFX_OK;
             continue;
         }
-        if (cfx__ctx_closing(ctx) || !cfx__obj_wait(ctx, pl->deadline))
+        /* the thread's interrupt check (cfx_set_interrupt_check) may end
+         * the wait: the plan's tasks are stopped as on a failure */
+        if (cfx__intr_fired()) {
+            snprintf(why, sizeof(why), "reduce into %s: interrupted while waiting for its "
+                     "result", pl->hex);
+            wait.status = CFX_ERR_CANCELED;
+            break;
+        }
+        if (cfx__ctx_closing(ctx) || !cfx__obj_wait_intr(ctx, pl->deadline))
             break;
     }
     int st = wait.status;
@@ -765,6 +773,8 @@ int cfx_reduce_objects(struct cfx_context *ctx, const struct cfx_object_id *inpu
     int rc = ctx ? cfx__ctx_enter(ctx, "cfx_reduce_objects") : CFX_OK;
     if (rc != CFX_OK)
         return rc;
+    cfx__intr_begin(); /* its wait for the result runs the thread's interrupt check */
     rc = reduce_call(ctx, inputs, n, k, dtype, op, result, params, used);
+    cfx__intr_end();
     return ctx ? cfx__ctx_leave(ctx, rc) : rc;
 }

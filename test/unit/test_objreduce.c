@@ -83,6 +83,43 @@ static void all_read(const struct cfx_object_id *id, float v)
     free(buf);
 }
 
+static int stop_at_the_second_check(void *arg)
+{
+    int *n = arg;
+    return ++*n >= 2;
+}
+
+/* A reduce whose inputs nobody puts ends when the thread's interrupt check
+ * says stop (Ctrl-C in Python), with CFX_ERR_CANCELED saying so, not at its
+ * deadline: before, the check never ran in its waits.  The context is usable
+ * after: a reduce of inputs that are there completes, every float right. */
+Test(objreduce, a_reduce_waiting_for_its_inputs_is_interrupted)
+{
+    struct cfx_object_id in[2], r;
+    cfx_object_id_from_name("objreduce/intr/a", &in[0]);
+    cfx_object_id_from_name("objreduce/intr/b", &in[1]);
+    cfx_object_id_from_name("objreduce/intr/r", &r);
+    struct cfx_obj_params p = { .field_mask = CFX_OBJ_PARAM_TIMEOUT, .timeout_ms = 60000 };
+    int checks = 0;
+    cfx_set_interrupt_check(stop_at_the_second_check, &checks);
+    int rc = cfx_reduce_objects(ctx[0], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &r, &p, NULL);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "%s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_eq(checks, 2);
+    /* (in the wait for the inputs' holders, or for the result) */
+    cr_assert(strstr(cfx_last_error(), "interrupted"), "%s", cfx_last_error());
+
+    float *a = filled(1.5f), *b = filled(2.0f);
+    cr_assert_eq(cfx_put(ctx[1], &in[0], a, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cr_assert_eq(cfx_put(ctx[2], &in[1], b, SIZE, NULL), CFX_OK, "%s", cfx_last_error());
+    cfx_object_id_from_name("objreduce/intr/r2", &r);
+    rc = cfx_reduce_objects(ctx[0], in, 2, 2, CFX_DTYPE_F32, CFX_OP_SUM, &r, NULL, NULL);
+    cr_assert_eq(rc, CFX_OK, "%s: %s", cfx_errname(rc), cfx_last_error());
+    all_read(&r, 3.5f);
+    free(a);
+    free(b);
+}
+
 /* The id was taken before the reduce started: refused at once. */
 Test(objreduce, result_id_taken_before)
 {

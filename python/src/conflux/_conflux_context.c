@@ -580,11 +580,14 @@ static PyObject *Context_reduce_objects(ContextObject *self, PyObject *args, PyO
             goto out;
     int rc;
     self->children++;
+    int intr = cfx__py_intr_begin(); /* Ctrl-C ends its waits */
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_reduce_objects(ctx, ids, (size_t)n, (size_t)k, (enum cfx_dtype)dtype,
                             (enum cfx_redop)op, &result, &p, used);
     Py_END_ALLOW_THREADS
     cfx__py_context_child_gone(self);
+    if (cfx__py_intr_end(intr) < 0)
+        goto out; /* KeyboardInterrupt (the reduce canceled, or complete all the same) */
     if (rc) {
         cfx__py_raise_status(rc);
         goto out;
