@@ -154,11 +154,12 @@ Test(bootstrap, torchrun_variables_rank0_late)
     for (size_t i = 0; i < 262147; i++)
         for (int r = 0; r < WORLD; r++)
             total += (long long)((i * 7 + (size_t)r * 13) % 1001) - 500;
-    /* rank 1 logged its configuration (INFO): where its coordinator came from */
+    /* rank 1 logged its configuration (INFO, one line of "k = v; "): where
+     * its coordinator came from */
     char cfgline[96];
-    snprintf(cfgline, sizeof(cfgline), "\ncoordinator = 127.0.0.1:%d (from MASTER_ADDR)\n",
+    snprintf(cfgline, sizeof(cfgline), "; coordinator = 127.0.0.1:%d (from MASTER_ADDR); ",
              coord_port);
-    cr_expect_not_null(strstr(out[1], cfgline), "rank 1 lacks '%s':\n%s", cfgline + 1, out[1]);
+    cr_expect_not_null(strstr(out[1], cfgline), "rank 1 lacks '%s':\n%s", cfgline + 2, out[1]);
     for (int r = 0; r < WORLD; r++) {
         char want[64];
         snprintf(want, sizeof(want), "rank %d/%d ok: %lld\n", r, WORLD, total);
