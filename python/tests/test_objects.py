@@ -52,7 +52,18 @@ def test_int_id_refused(ctx):
         ctx.put(20, a)
     with pytest.raises(TypeError):
         ctx.get(20, timeout=0)
+    # said as an id ("cannot convert 'NoneType' object to bytes" did not say which)
+    with pytest.raises(TypeError, match="^an object id is an ObjectId, a name .* not NoneType"):
+        ctx.put(None, a)
     assert ctx.put_ids() == []
+
+
+def test_group_rank_and_size_are_ints(ctx):
+    """A float rank or size is a TypeError naming the argument ("'float' object cannot
+    be interpreted as an integer" did not say which)."""
+    for kw, what in (({"rank": 0.0, "size": 1}, "rank"), ({"rank": 0, "size": 1.0}, "size")):
+        with pytest.raises(TypeError, match=f"^{what} must be an int, not float"):
+            conflux.Group(ctx, "floats", **kw)
 
 
 def test_every_status_has_a_class():

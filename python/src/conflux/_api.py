@@ -98,6 +98,10 @@ def _id(x: "ObjectId | str | bytes") -> bytes:
         return x._b
     if isinstance(x, str):
         return _c.id_from_name(x)
+    if not isinstance(x, (bytes, bytearray, memoryview)):
+        # said as what it is: an id ("cannot convert 'NoneType' object to bytes")
+        raise TypeError(f"an object id is an ObjectId, a name (str) or "
+                        f"{_c.OBJECT_ID_LEN} bytes, not {type(x).__name__} {x!r}")
     return ObjectId(x)._b
 
 

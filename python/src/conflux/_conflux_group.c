@@ -74,6 +74,11 @@ static void group_destroy_now(GroupObject *self)
 static int parse_rank_arg(PyObject *o, const char *what, long lo, int *out)
 {
     long v;
+    if (!PyIndex_Check(o)) { /* said by name: "'float' object cannot be interpreted ..." */
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.40s %R", what,
+                     Py_TYPE(o)->tp_name, o);
+        return -1;
+    }
     if (cfx__py_long_sat(o, &v) < 0)
         return -1;
     if (v < lo || v > INT_MAX) {

@@ -407,7 +407,9 @@ static PyObject *ps_op(PSObject *self, enum ps_op op, PyObject *args)
     Py_DECREF(k);
     if (!bo) {
         if (!PyErr_Occurred())
-            PyErr_Format(PyExc_KeyError, "no tensor with key %d was registered here", key);
+            /* ValueError, as pull's (not a bare KeyError) */
+            PyErr_Format(PyExc_ValueError, "tensor %d was not registered on this worker "
+                         "(register it first)", key);
         return NULL;
     }
     size_t bytes = PyLong_AsSize_t(bo);

@@ -1,6 +1,7 @@
 """Element types: numpy / torch dtypes <-> the library's enum cfx_dtype."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,8 @@ def as_array(x: Any, writable: bool = False) -> tuple[np.ndarray, int | None, bo
     if not arr.flags.c_contiguous:
         raise ValueError("the array must be C-contiguous")
     if writable and not arr.flags.writeable:
+        # the likely cause where Ray runs, a distraction elsewhere
+        ray = " (the arrays a Ray task is passed are read-only)" if "ray" in sys.modules else ""
         raise ValueError("the output array is read-only: pass a writable one, e.g. a copy "
-                         "np.array(x) (the arrays a Ray task is passed are read-only)")
+                         f"np.array(x){ray}")
     return arr, numpy_code(arr.dtype), False
