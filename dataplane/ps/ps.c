@@ -622,7 +622,23 @@ static int wait_listed(struct cfx_ps *ps)
 
 static void ps_detach(struct cfx_ctx_user *u);
 
+static int ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params,
+                     struct cfx_ps **out);
+
 int cfx_ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params, struct cfx_ps **out)
+{
+    /* its waits for the job's other members (gets of their announcements)
+     * run the thread's interrupt check (cfx_set_interrupt_check): one that
+     * fires ends the create with CFX_ERR_CANCELED, its member withdrawn as
+     * on any failure */
+    cfx__intr_begin();
+    int rc = ps_create(ctx, params, out);
+    cfx__intr_end();
+    return rc;
+}
+
+static int ps_create(struct cfx_context *ctx, const struct cfx_ps_params *params,
+                     struct cfx_ps **out)
 {
     cfx__err_clear();
     if (!ctx || !out)

@@ -167,9 +167,9 @@ CFX_API int cfx_context_stats(struct cfx_context *ctx, struct cfx_context_stats 
  * interpreter that runs its signal handlers on this thread).  While a
  * blocking collective, cfx_group_send() or cfx_group_recv(), or
  * cfx_group_create() (conflux/group.h), a cfx_get() or cfx_get_alloc(), a
- * cfx_reduce_objects(), a cfx_task_wait(), or a cfx_context_create()
- * waiting for a coordinator that does not answer yet, of this thread waits
- * on other processes, it calls
+ * cfx_reduce_objects(), a cfx_ps_create() (conflux/ps.h), a cfx_task_wait(),
+ * or a cfx_context_create() waiting for a coordinator that does not answer
+ * yet, of this thread waits on other processes, it calls
  * @p check(@p arg) on this thread every 100 ms or so of the wait (never in a
  * call that completes sooner), holding no lock of the library; @p check
  * must not call the library.  A nonzero return ends the call with

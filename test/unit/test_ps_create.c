@@ -94,6 +94,33 @@ Test(ps_create, worker_alone_names_the_missing_scheduler)
               "%s", cfx_last_error());
 }
 
+static int stop_at_the_second_check(void *arg)
+{
+    int *n = arg;
+    return ++*n >= 2;
+}
+
+/* A worker alone with a long deadline: the thread's interrupt check (Ctrl-C
+ * in Python) ends its wait for the scheduler with CFX_ERR_CANCELED, and its
+ * announcement is withdrawn (a worker of that index joins again at once,
+ * then fails as before, at its short deadline).  Before, the check never
+ * ran there: the wait went on to its deadline. */
+Test(ps_create, a_create_waiting_for_the_job_is_interrupted)
+{
+    struct cfx_ps *ps;
+    int checks = 0;
+    cfx_set_interrupt_check(stop_at_the_second_check, &checks);
+    int rc = create_in(ctx, "intr", CFX_PS_WORKER, 0, 45000, &ps);
+    cfx_set_interrupt_check(NULL, NULL);
+    cr_assert_eq(rc, CFX_ERR_CANCELED, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert_null(ps);
+    cr_assert_eq(checks, 2);
+    rc = create_in(ctx, "intr", CFX_PS_WORKER, 0, 300, &ps);
+    cr_assert_eq(rc, CFX_ERR_TIMEOUT, "got %s: %s", cfx_errname(rc), cfx_last_error());
+    cr_assert(strstr(cfx_last_error(), "(the scheduler) did not announce itself"), "%s",
+              cfx_last_error());
+}
+
 /* A field_mask bit this library does not know (a field of a newer header)
  * is refused at once with CFX_ERR_UNSUPPORTED naming the bits, and nothing
  * is announced: a worker of the job finds no scheduler.  The bit was

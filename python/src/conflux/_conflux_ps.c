@@ -97,9 +97,18 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
         return -1;
     struct cfx_ps *ps = NULL;
     int rc;
+    int intr = cfx__py_intr_begin(); /* Ctrl-C ends its wait for the job's members */
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_ps_create(ctx, &p, &ps);
     Py_END_ALLOW_THREADS
+    if (cfx__py_intr_end(intr) < 0) { /* KeyboardInterrupt, or the handler's exception */
+        if (ps) { /* it joined all the same as the check ran */
+            Py_BEGIN_ALLOW_THREADS
+            cfx_ps_destroy(ps);
+            Py_END_ALLOW_THREADS
+        }
+        return -1;
+    }
     if (rc) {
         cfx__py_raise_status(rc);
         return -1;

@@ -1,7 +1,8 @@
 """Ctrl-C (KeyboardInterrupt) ends waits that another rank holds up, long
 before their 60 s deadline, and leaves the group and the context usable:
 the waits of requests, and blocking collectives, sends, receives and gets,
-a group's creation, a context's join and a reduce of objects.
+a group's, a context's and a parameter server's creation and a reduce of
+objects.
 
 Rank 0 is interrupted; rank 1 holds it up and learns of the interrupt
 through an object rank 0 puts.  The calls' deadlines are 60 s and the
@@ -56,6 +57,9 @@ if rank == 0:
     # a reduce of objects nobody puts: Ctrl-C ends its wait for them
     interrupted("Context.reduce_objects", ctx.reduce_objects, ["sigint/never/a", "sigint/never/b"],
                 "sigint/never/r", dtype=np.float32, timeout=60)
+    # a parameter-server worker whose job has no server: Ctrl-C ends its wait
+    interrupted("ParameterServer.__init__", conflux.ParameterServer, ctx, "sigint-ps",
+                role="worker", num_workers=1, num_servers=1, timeout=60)
 
 
 # 1. A Work's wait for an allreduce rank 1 has not joined: Ctrl-C ends the
