@@ -83,23 +83,36 @@ Test(context, failed_connect_falls_back_to_the_next_transport)
     cfx_context_destroy(a);
 }
 
+/* join() over @p tps with stderr captured: the context into *@p a, its
+ * status returned (its text kept in cfx_last_error()); the lines of what it
+ * logged that hold @p needle into *@p lines. */
+static int join_logged(const char *tps, struct cfx_context **a, const char *needle, int *lines)
+{
+    char path[] = "/tmp/cfx-test-tplog-XXXXXX", err[1024];
+    int fd;
+    int saved = cfx_test_stderr_to(path, &fd);
+    int rc = join(co.token, tps, a);
+    snprintf(err, sizeof(err), "%s", cfx_last_error());
+    fflush(stderr);
+    *lines = cfx_test_lines_with(path, needle);
+    cfx_test_stderr_back(saved);
+    close(fd);
+    unlink(path);
+    if (rc != CFX_OK)
+        cfx__err(rc, "%s", err); /* what the join said, not what the capture did */
+    return rc;
+}
+
 /* A DPDK port asked for (CFX_DPDK_VDEV) while dpdk is not among the
  * transports, as after a misspelt CFX_TRANSPORT: a warning says so and how
  * to ask for dpdk.  Before, the context came up over tcp without a word. */
 Test(context, dpdk_port_without_dpdk_transport_warns)
 {
-    char path[] = "/tmp/cfx-test-dpdkenv-XXXXXX";
-    int fd;
-    int saved = cfx_test_stderr_to(path, &fd);
     setenv("CFX_DPDK_VDEV", "net_memif0,role=server,socket=cfx-test-unused", 1);
     struct cfx_context *a = NULL;
-    int rc = join(co.token, "tcp", &a);
+    int warned;
+    int rc = join_logged("tcp", &a, "CFX_DPDK_VDEV is set, but the transports are 'tcp'", &warned);
     unsetenv("CFX_DPDK_VDEV");
-    fflush(stderr);
-    int warned = cfx_test_file_contains(path, "CFX_DPDK_VDEV is set, but the transports are 'tcp'");
-    cfx_test_stderr_back(saved);
-    close(fd);
-    unlink(path);
     cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
     cfx_context_destroy(a);
     cr_assert(warned, "no warning that CFX_DPDK_VDEV goes unused");
@@ -113,17 +126,10 @@ Test(context, named_transport_not_available_warns)
 {
     if (!cfx__transport_find("verbs"))
         cr_skip_test("built without verbs");
-    char path[] = "/tmp/cfx-test-tpnamed-XXXXXX";
-    int fd;
-    int saved = cfx_test_stderr_to(path, &fd);
     struct cfx_context *a = NULL;
-    int rc = join(co.token, "verbs,tcp", &a);
-    fflush(stderr);
-    int warned = cfx_test_file_contains(path, "transport verbs (CFX_TRANSPORT=verbs,tcp) not "
-                                        "available here, the others are used");
-    cfx_test_stderr_back(saved);
-    close(fd);
-    unlink(path);
+    int warned;
+    int rc = join_logged("verbs,tcp", &a, "transport verbs (CFX_TRANSPORT=verbs,tcp) not "
+                         "available here, the others are used", &warned);
     cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
     char buf[2048];
     cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
@@ -141,16 +147,9 @@ Test(context, named_transport_not_available_warns)
  * dpdk were not available here. */
 Test(context, an_exclusion_is_the_default_less_those)
 {
-    char path[] = "/tmp/cfx-test-tpexcl-XXXXXX";
-    int fd;
-    int saved = cfx_test_stderr_to(path, &fd);
     struct cfx_context *a = NULL;
-    int rc = join(co.token, "^shm", &a);
-    fflush(stderr);
-    int warned = cfx_test_lines_with(path, " WARN ");
-    cfx_test_stderr_back(saved);
-    close(fd);
-    unlink(path);
+    int warned;
+    int rc = join_logged("^shm", &a, " WARN ", &warned);
     cr_assert_eq(rc, CFX_OK, "%s", cfx_last_error());
     char buf[2048];
     cr_assert_gt(cfx_context_config(a, buf, sizeof(buf)), 0);
@@ -174,18 +173,11 @@ Test(context, only_named_transport_not_available_is_the_error)
 {
     if (!cfx__transport_find("verbs"))
         cr_skip_test("built without verbs");
-    char path[] = "/tmp/cfx-test-tponly-XXXXXX";
-    int fd;
-    int saved = cfx_test_stderr_to(path, &fd);
     struct cfx_context *a = NULL;
-    int rc = join(co.token, "verbs", &a);
+    int warned;
+    int rc = join_logged("verbs", &a, "the others are used", &warned);
     char err[1024];
     snprintf(err, sizeof(err), "%s", cfx_last_error());
-    fflush(stderr);
-    int warned = cfx_test_file_contains(path, "the others are used");
-    cfx_test_stderr_back(saved);
-    close(fd);
-    unlink(path);
     if (rc == CFX_OK) {
         cfx_context_destroy(a);
         cr_skip_test("an RDMA device is here: verbs opened");
