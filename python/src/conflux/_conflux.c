@@ -288,6 +288,18 @@ int cfx__py_intr_end(int token)
     return token && PyErr_Occurred() ? -1 : 0;
 }
 
+int cfx__py_intr_end_undo(int token, void (*undo)(void *), void *obj)
+{
+    if (cfx__py_intr_end(token) == 0)
+        return 0;
+    if (obj) { /* it was made as the check ran */
+        Py_BEGIN_ALLOW_THREADS
+        undo(obj);
+        Py_END_ALLOW_THREADS
+    }
+    return -1;
+}
+
 /* One wait without the GIL: @p wait(req, ms) and, when that times out,
  * @p test(req), since the operation may have ended meanwhile.  Its final
  * status, or CFX_ERR_AGAIN while it runs on; @p why gets the failure's (or

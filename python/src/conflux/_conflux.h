@@ -61,6 +61,10 @@ int cfx__py_wait_sliced(void *req, int ms, int (*wait)(void *req, int ms), int (
  * (the call may have completed all the same), else 0. */
 int cfx__py_intr_begin(void);
 int cfx__py_intr_end(int token);
+/* The same for a call that makes an object: when a handler raised (-1), the
+ * object it made all the same, @p obj (NULL: none), is undone by
+ * @p undo(@p obj), run without the GIL. */
+int cfx__py_intr_end_undo(int token, void (*undo)(void *), void *obj);
 /* The pending exception taken aside (NULL: none), while cleanup that may
  * run Python code (a buffer's release) goes on; and set again. */
 PyObject *cfx__py_exc_take(void);

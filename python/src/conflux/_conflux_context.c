@@ -47,6 +47,11 @@ struct cfx_context *cfx__py_live_ctx(ContextObject *c)
     return c->ctx;
 }
 
+static void context_undo(void *ctx)
+{
+    cfx_context_destroy(ctx);
+}
+
 static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "coord",      "token", "transports", "timeout_ms",
@@ -109,14 +114,8 @@ static int Context_init(ContextObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_context_create(&p, &ctx);
     Py_END_ALLOW_THREADS
-    if (cfx__py_intr_end(intr) < 0) { /* KeyboardInterrupt, or the handler's exception */
-        if (ctx) { /* it joined all the same as the check ran */
-            Py_BEGIN_ALLOW_THREADS
-            cfx_context_destroy(ctx);
-            Py_END_ALLOW_THREADS
-        }
-        return -1;
-    }
+    if (cfx__py_intr_end_undo(intr, context_undo, ctx) < 0)
+        return -1; /* KeyboardInterrupt, or the handler's exception */
     if (rc) {
         cfx__py_raise_status(rc);
         return -1;

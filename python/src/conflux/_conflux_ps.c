@@ -33,6 +33,11 @@ static void ps_destroy_now(PSObject *self)
     }
 }
 
+static void ps_undo(void *ps)
+{
+    cfx_ps_destroy(ps);
+}
+
 static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = { "context",     "job",         "role",        "index",
@@ -101,14 +106,8 @@ static int PS_init(PSObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     rc = cfx_ps_create(ctx, &p, &ps);
     Py_END_ALLOW_THREADS
-    if (cfx__py_intr_end(intr) < 0) { /* KeyboardInterrupt, or the handler's exception */
-        if (ps) { /* it joined all the same as the check ran */
-            Py_BEGIN_ALLOW_THREADS
-            cfx_ps_destroy(ps);
-            Py_END_ALLOW_THREADS
-        }
-        return -1;
-    }
+    if (cfx__py_intr_end_undo(intr, ps_undo, ps) < 0)
+        return -1; /* KeyboardInterrupt, or the handler's exception */
     if (rc) {
         cfx__py_raise_status(rc);
         return -1;
