@@ -104,7 +104,10 @@ struct cfx__dpdk_port {
 static pthread_mutex_t eal_lock = PTHREAD_MUTEX_INITIALIZER;
 static int eal_state;       /* 0: not tried; 1: up; negative: the failure */
 static char eal_why[512];   /* the failure's text, when it has one of its own */
-static char *eal_args_kept; /* EAL keeps pointers into its argv: ours lives on */
+/* EAL keeps pointers into its argv: ours lives on.  volatile: never read, a
+ * plain static's store is dropped at -O1 and up, and the leak checker then
+ * takes the block for lost */
+static char *volatile eal_args_kept;
 
 /* The runtime directory EAL made for a file prefix of our own (ending in
  * our pid: no other process shares it) goes at exit instead of piling up
