@@ -514,7 +514,7 @@ static int destroy_under_call(struct rank_run *rr)
         if (req) {
             int st = cfx_request_wait(req, 0);
             if (st != CFX_ERR_CANCELED && rc == CFX_OK) {
-                char why[600];
+                char why[400];
                 snprintf(why, sizeof(why), "the queued call: %s: %s", cfx_errname(st),
                          st == CFX_ERR_AGAIN ? "it still runs" : cfx_last_error());
                 rc = fail(rr, why);
